@@ -1,0 +1,5 @@
+import sys
+
+from maxinstr.cli import main
+
+sys.exit(main())

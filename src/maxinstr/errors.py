@@ -1,0 +1,26 @@
+"""Errors maxinstr raises at its boundaries. Vendor errors are translated into these where
+they enter, so callers never handle pynvml/amdsmi/sqlite exception types."""
+
+from __future__ import annotations
+
+
+class MaxinstrError(Exception):
+    """Base of every error maxinstr raises on purpose."""
+
+
+class TraceError(MaxinstrError):
+    """A trace file cannot be read. The message names the file and the problem in one line."""
+
+    def __init__(self, path: object, problem: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+class RunDirError(MaxinstrError):
+    """A run directory cannot be read. The message names the directory and the problem."""
+
+    def __init__(self, path: object, problem: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")

@@ -1,0 +1,184 @@
+"""The one columnar in-memory model every trace reader produces.
+
+Readers (nsys SQLite, rocprofv3, RPD, Kineto, in-process CUPTI) fill a :class:`Trace`;
+attribution and analysis only ever see this model. Every table is a struct of numpy
+columns of equal length; names are interned once into ``Trace.strings`` and referred to
+by int32 ids (``-1`` means "none"). Times are int64 nanoseconds on the trace's own clock
+(``Trace.clock`` says which); readers never convert row by row in Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from enum import IntEnum
+
+import numpy as np
+
+NO_ID = -1
+"""Sentinel for a missing id / string / payload in integer columns."""
+
+
+class RangeStyle(IntEnum):
+    """How a host range was opened and closed."""
+
+    PUSH_POP = 0  # nvtxRangePush/Pop, roctxRangePush/Pop, record_function: same thread
+    START_END = 1  # nvtxRangeStart/End, roctxRangeStart/Stop: may end on another thread
+    MARK = 2  # instant event (start == end)
+
+
+class OpKind(IntEnum):
+    """What a GPU op is."""
+
+    KERNEL = 0
+    MEMCPY = 1
+    MEMSET = 2
+
+
+class CallKind(IntEnum):
+    """Which API layer a host call belongs to."""
+
+    RUNTIME = 0  # cudaLaunchKernel, hipLaunchKernel, ...
+    DRIVER = 1  # cuLaunchKernel, ...
+    GRAPH = 2  # cudaGraphLaunch / hipGraphLaunch: one call, many ops
+
+
+def _empty(dtype: str | type) -> np.ndarray:
+    return np.empty(0, dtype=dtype)
+
+
+class _Table:
+    """Struct-of-arrays base: every dataclass field is a numpy column of one length."""
+
+    def __len__(self) -> int:
+        first = fields(self)[0].name  # type: ignore[arg-type]
+        return len(getattr(self, first))
+
+    def validate(self) -> None:
+        """Raise ValueError when the columns do not all have the same length."""
+        lengths = {f.name: len(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"{type(self).__name__}: columns differ in length: {lengths}")
+
+    def take(self, index: np.ndarray):
+        """A new table holding the rows at ``index`` (an int array or boolean mask)."""
+        return type(self)(**{f.name: getattr(self, f.name)[index] for f in fields(self)})  # type: ignore[arg-type]
+
+
+@dataclass
+class Ranges(_Table):
+    """Host annotation ranges: NVTX, roctx, record_function, and maxinstr stages.
+
+    ``payload`` holds the int64 NVTX payload when one was attached (maxinstr puts its stage
+    record id there); ``NO_ID`` otherwise. ``end_tid`` differs from ``tid`` only for
+    start/end ranges closed on another thread.
+    """
+
+    start_ns: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    end_ns: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    name_id: np.ndarray = field(default_factory=lambda: _empty(np.int32))
+    domain_id: np.ndarray = field(default_factory=lambda: _empty(np.int32))
+    tid: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    end_tid: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    pid: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    style: np.ndarray = field(default_factory=lambda: _empty(np.int8))
+    payload: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+
+
+@dataclass
+class Calls(_Table):
+    """Host API calls that launched GPU work, keyed by ``correlation_id``.
+
+    Only the calls that matter for attribution are kept (one row per correlation id and
+    layer; backtrace/duplicate rows are dropped by the reader).
+    """
+
+    start_ns: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    end_ns: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    tid: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    pid: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    correlation_id: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    name_id: np.ndarray = field(default_factory=lambda: _empty(np.int32))
+    kind: np.ndarray = field(default_factory=lambda: _empty(np.int8))
+
+
+@dataclass
+class GpuOps(_Table):
+    """Kernels, copies and sets that ran on a GPU.
+
+    ``graph_node_id`` is ``NO_ID`` unless the op was replayed from a CUDA/HIP graph.
+    ``bytes`` is 0 for kernels.
+    """
+
+    start_ns: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    end_ns: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    kind: np.ndarray = field(default_factory=lambda: _empty(np.int8))
+    name_id: np.ndarray = field(default_factory=lambda: _empty(np.int32))
+    device_id: np.ndarray = field(default_factory=lambda: _empty(np.int32))
+    stream_id: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    pid: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    correlation_id: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    graph_node_id: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    bytes: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+
+
+@dataclass
+class Trace:
+    """A vendor trace in columnar form.
+
+    ``strings[name_id]`` gives a name. ``thread_names`` maps tid -> name where the trace
+    has them. ``clock`` names the timebase of every ``*_ns`` column (e.g. ``"nsys-session"``,
+    ``"CLOCK_MONOTONIC"``, ``"kineto-us"``); ``session_start_utc_ns`` is the capture start on
+    the wall clock when known. ``notes`` collects what a reader had to work around (one
+    line each), so a report can say plainly when a trace lacked something.
+    """
+
+    source: str
+    format: str
+    strings: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
+    ranges: Ranges = field(default_factory=Ranges)
+    calls: Calls = field(default_factory=Calls)
+    ops: GpuOps = field(default_factory=GpuOps)
+    thread_names: dict[int, str] = field(default_factory=dict)
+    clock: str = "unknown"
+    session_start_utc_ns: int | None = None
+    notes: list[str] = field(default_factory=list)
+    meta: dict[str, object] = field(default_factory=dict)
+
+    def name(self, name_id: int) -> str:
+        """The string for ``name_id`` ('' for ``NO_ID``)."""
+        return "" if name_id < 0 else str(self.strings[name_id])
+
+    def validate(self) -> None:
+        """Raise ValueError when a table is ragged or a name id points outside ``strings``."""
+        n_strings = len(self.strings)
+        for table in (self.ranges, self.calls, self.ops):
+            table.validate()
+            ids = table.name_id
+            if len(ids) and (ids.max() >= n_strings or ids.min() < NO_ID):
+                raise ValueError(f"{self.source}: {type(table).__name__}.name_id out of range")
+
+
+class StringTable:
+    """Interns names while a reader builds a trace; ``ids_for`` works on whole arrays."""
+
+    def __init__(self) -> None:
+        self._index: dict[str, int] = {}
+        self._values: list[str] = []
+
+    def intern(self, value: str) -> int:
+        """The id of ``value``, adding it when new."""
+        found = self._index.get(value)
+        if found is None:
+            found = self._index[value] = len(self._values)
+            self._values.append(value)
+        return found
+
+    def ids_for(self, values: np.ndarray) -> np.ndarray:
+        """int32 ids for an array of strings (interning each distinct value once)."""
+        uniques, inverse = np.unique(np.asarray(values, dtype=object).astype(str), return_inverse=True)
+        mapping = np.fromiter((self.intern(u) for u in uniques), dtype=np.int32, count=len(uniques))
+        return mapping[inverse].astype(np.int32, copy=False)
+
+    def to_array(self) -> np.ndarray:
+        """The interned strings, indexable by id."""
+        return np.array(self._values, dtype=object)

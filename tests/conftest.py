@@ -1,0 +1,39 @@
+"""Shared test set-up: fixture paths and the `gpu` marker's skip rule."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+
+
+def _has_gpu() -> bool:
+    for tool in ("nvidia-smi", "rocm-smi"):
+        if shutil.which(tool):
+            try:
+                return subprocess.run([tool], capture_output=True, timeout=20).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                return False
+    return False
+
+
+HAS_GPU = _has_gpu()
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="no GPU on this machine (run on the lent H200)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The copied real profiler fixtures (see tests/data/PROVENANCE.md)."""
+    return DATA
