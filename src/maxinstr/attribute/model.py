@@ -1,0 +1,73 @@
+"""What attribution produces: which range owns each GPU op, and per-range-instance totals.
+
+Everything is columnar: per-op arrays have ``len(trace.ops)`` rows, per-range arrays have
+``len(trace.ranges)`` rows, aligned with the trace's tables. Analysis and rendering read
+only this (plus the run directory); they never re-join the trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+from maxinstr.traces.model import Trace
+
+
+class Rule(IntEnum):
+    """How an op was tied to a range. Reported per stage so users know what to trust."""
+
+    NONE = 0  # not attributed
+    SAME_THREAD = 1  # launch call inside the range, on the range's thread (nsys's rule)
+    START_END = 2  # start/end range (may span threads): launch on the start thread inside it
+    CROSS_THREAD = 3  # launched by another thread while the range was open (worker, autograd)
+    GRAPH = 4  # replayed from a CUDA/HIP graph whose launch call was inside the range
+    TIME_OVERLAP = 5  # fallback: the trace lacks correlation; GPU start inside the range
+
+
+class JoinMethod(IntEnum):
+    """How trace ranges were matched to the run directory's stage records."""
+
+    NONE = 0
+    PAYLOAD = 1  # NVTX int64 payload == record id (exact)
+    THREAD_NAME_ORDER = 2  # (tid, name, k-th occurrence)
+
+
+@dataclass
+class Attribution:
+    """The result of attributing ``trace.ops`` to ``trace.ranges``.
+
+    Per op: ``op_range`` is the innermost owning range (index into ``trace.ranges``, -1 when
+    none) and ``op_rule`` the :class:`Rule` used. The whole stack of an op is found by
+    following ``range_parent`` from ``op_range``.
+
+    Per range instance (inclusive of nested child ranges, as ``nsys stats`` counts them):
+    projected GPU span, GPU busy time (union of op intervals across streams), op counts,
+    copy/set bytes and time, idle gaps inside the projected span, and the rule(s) used.
+    ``-1`` in ``proj_start_ns`` means the range owns no op.
+    """
+
+    trace: Trace
+    op_range: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    op_rule: np.ndarray = field(default_factory=lambda: np.empty(0, np.int8))
+    range_parent: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    range_depth: np.ndarray = field(default_factory=lambda: np.empty(0, np.int16))
+    proj_start_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    proj_end_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    busy_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    op_count: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    kernel_count: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    kernel_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    memcpy_bytes: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    memcpy_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    memset_bytes: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    memset_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    idle_gap_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    range_rules: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint8))
+    """Bit set of ``1 << Rule`` values used for the ops of each range."""
+    range_record_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    """The run directory's stage record id joined to each range, -1 when none."""
+    join_method: JoinMethod = JoinMethod.NONE
+    notes: list[str] = field(default_factory=list)
+    """Plain statements about fallbacks used (e.g. 'no correlation ids: time overlap used')."""
