@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs on the lent H200 (device tool) from the repo root: builds and installs maxinstr into
+# /tmp/site, then runs each benchmarks/device/NN-*.sh step (or only those named), each with
+# its own time limit, and packs every step's results and log into $OUT/results.tgz (the device
+# tool returns at most 8 files, so everything travels in one archive; the summary is printed).
+#   usage: bash benchmarks/device/run_all.sh [STEP_NAME_SUBSTRING ...]
+set -u
+REAL_OUT=${OUT:?OUT is set by the device tool}
+export OUT=/tmp/results && rm -rf "$OUT" && mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+[ -f .device/nsys-env.sh ] && source .device/nsys-env.sh
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 --version; command -v nsys ncu; } > "$OUT/machine.txt" 2>&1
+t0=$(date +%s)
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > "$OUT/wheels.log" 2>&1
+fi
+python3 -m pip install --no-build-isolation --no-deps --no-compile --target /tmp/site . > "$OUT/build.log" 2>&1
+echo "build rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
+export PYTHONPATH=/tmp/site
+budget=${STEP_TIMEOUT:-240}
+for step in benchmarks/device/[0-9]*.sh; do
+  name=$(basename "$step" .sh)
+  if [ $# -gt 0 ]; then keep=0; for want in "$@"; do [[ $name == *$want* ]] && keep=1; done; [ $keep = 1 ] || continue; fi
+  s0=$(date +%s)
+  timeout -k 10 "$budget" bash "$step" > "$OUT/$name.log" 2>&1
+  rc=$?
+  echo "$name rc=$rc in $(( $(date +%s) - s0 )) s" | tee -a "$OUT/summary.txt"
+  tail -n 25 "$OUT/$name.log" | sed "s/^/  [$name] /"
+done
+tar czf "$REAL_OUT/results.tgz" -C "$OUT" . && ls -la "$REAL_OUT"
+cat "$OUT/summary.txt"
