@@ -1,0 +1,66 @@
+"""Run directory format, version 1: the constants every writer and reader shares.
+
+docs/formats.md is the specification; this module is its executable half. Keep them equal.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+FORMAT_NAME = "maxinstr-run"
+FORMAT_VERSION = 1
+
+META_FILE = "meta.json"
+PARTS_DIR = "parts"
+STAGES_FILE = "stages.bin"
+STRINGS_FILE = "strings.jsonl"
+ATTRS_FILE = "attrs.jsonl"
+EVENTS_FILE = "events.jsonl"
+PART_FILE = "part.json"
+SAMPLES_FILE = "samples.bin"
+SAMPLES_LAYOUT_FILE = "samples.json"
+
+STAGE_DTYPE = np.dtype(
+    [
+        ("id", "<i8"),
+        ("parent_id", "<i8"),
+        ("tid", "<i8"),
+        ("host_start_ns", "<i8"),
+        ("host_end_ns", "<i8"),
+        ("gpu_start_ns", "<i8"),
+        ("gpu_end_ns", "<i8"),
+        ("step", "<i8"),
+        ("name_id", "<i4"),
+        ("depth", "<i2"),
+        ("flags", "<u2"),
+    ]
+)
+"""One stage record as stored in ``stages.bin`` (72 bytes, little-endian, no padding)."""
+
+assert STAGE_DTYPE.itemsize == 72
+
+# `flags` bits
+EXCEPTION = 1 << 0  # the stage was left by an exception
+GPU_TIMED = 1 << 1  # gpu_start_ns / gpu_end_ns are valid
+MARK = 1 << 2  # instant event: host_end_ns == host_start_ns
+GPU_DROPPED = 1 << 3  # GPU time wanted but not recorded (event pool exhausted or event error)
+UNCLOSED = 1 << 4  # still open when the process/session ended; host_end_ns = time of close
+KNOWN_FLAGS = EXCEPTION | GPU_TIMED | MARK | GPU_DROPPED | UNCLOSED
+
+NO_VALUE = -1
+"""Sentinel for a missing int64 value (parent_id, gpu_*_ns, step)."""
+
+
+def part_name(pid: int | None = None, rank: int | str | None = None) -> str:
+    """The part folder name of a process: ``p<pid>``, or ``r<rank>.p<pid>`` when a rank is set.
+
+    With ``rank=None`` the torchrun-style ``RANK`` environment variable is used when present.
+    """
+    pid = os.getpid() if pid is None else pid
+    if rank is None:
+        rank = os.environ.get("RANK")
+    if rank is None or str(rank).strip() == "":
+        return f"p{pid}"
+    return f"r{int(rank)}.p{pid}"

@@ -1,0 +1,263 @@
+"""What reproduces a run: collected once at session start into meta.json.
+
+Everything here is cheap and side-effect free: no framework is imported that the program
+has not imported already (versions of the others come from installed package metadata),
+and no CUDA context is created (GPU facts come from NVML, which does not create one).
+Each probe is isolated: one that fails leaves its field empty.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ENV_NAMES = {
+    "MODULAR_ENABLE_PROFILING",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_LAUNCH_BLOCKING",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "CUDA_MODULE_LOADING",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "NVIDIA_TF32_OVERRIDE",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_HIP_ALLOC_CONF",
+    "TORCH_CUDA_ARCH_LIST",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMP_NUM_THREADS",
+    "XLA_FLAGS",
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "JAX_PLATFORMS",
+    "NVTX_INJECTION64_PATH",
+}
+ENV_PREFIXES = ("NCCL_", "MAXINSTR_", "MODULAR_", "RCCL_", "HSA_")
+_SECRET = re.compile(r"TOKEN|SECRET|PASSW|KEY|CREDENTIAL|AUTH", re.IGNORECASE)
+
+# import name -> distributions that provide it (first installed wins)
+FRAMEWORKS: dict[str, tuple[str, ...]] = {
+    "torch": ("torch",),
+    "cupy": ("cupy", "cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x", "cupy-rocm-6-0", "cupy-rocm-5-0"),
+    "jax": ("jax",),
+    "jaxlib": ("jaxlib",),
+    "max": ("max", "modular"),
+    "triton": ("triton", "pytorch-triton-rocm"),
+}
+
+
+def collect(*, warmup: int = 0, user: dict[str, Any] | None = None, requested_path: str | None = None) -> dict[str, Any]:
+    """The metadata of docs/formats.md's meta.json for a run starting now."""
+    import maxinstr
+    from maxinstr.rundir import format as fmt
+
+    mono, real = _clock_pair()
+    meta: dict[str, Any] = {
+        "format": fmt.FORMAT_NAME,
+        "version": fmt.FORMAT_VERSION,
+        "status": "running",
+        "warmup": int(warmup),
+        "clock": {"host": "CLOCK_MONOTONIC", "monotonic_ns": mono, "realtime_ns": real},
+        "command": list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]),
+        "argv": list(sys.argv),
+        "cwd": os.getcwd(),
+        "git": git_info(_script_dir()),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+        "maxinstr": maxinstr.__version__,
+        "pid": os.getpid(),
+    }
+    meta.update(gpu_info())
+    meta["frameworks"] = framework_versions()
+    meta["env"] = relevant_env()
+    meta["user"] = dict(user or {})
+    meta["requested_path"] = requested_path
+    meta["profiler"] = _profiler_from_env()
+    return meta
+
+
+def _clock_pair() -> tuple[int, int]:
+    """CLOCK_MONOTONIC and wall-clock ns read back to back (the tighter of 3 tries), so
+    host times can be placed on the wall clock."""
+    best = None
+    for _ in range(3):
+        a = time.monotonic_ns()
+        r = time.time_ns()
+        b = time.monotonic_ns()
+        if best is None or b - a < best[0]:
+            best = (b - a, (a + b) // 2, r)
+    assert best is not None
+    return best[1], best[2]
+
+
+def _script_dir() -> Path:
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path:
+        return Path(path).resolve().parent
+    return Path.cwd()
+
+
+def git_info(where: Path) -> dict[str, Any] | None:
+    """``{"commit", "dirty", "root"}`` of the git repo containing ``where``; None outside one."""
+    try:
+        def git(*args: str) -> str:
+            out = subprocess.run(
+                ["git", "-C", str(where), *args], capture_output=True, text=True, timeout=3, check=True
+            )
+            return out.stdout.strip()
+
+        commit = git("rev-parse", "HEAD")
+        root = git("rev-parse", "--show-toplevel")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+        return {"commit": commit, "dirty": dirty, "root": root}
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def gpu_info() -> dict[str, Any]:
+    """GPU names and driver/CUDA/ROCm versions from NVML / ROCm files, never a CUDA context."""
+    out: dict[str, Any] = {"gpus": [], "driver": None, "cuda": None, "rocm": None}
+    out.update({k: v for k, v in _nvml_info().items() if v})
+    rocm = _rocm_version()
+    if rocm:
+        out["rocm"] = rocm
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            out["cuda_runtime"] = getattr(torch.version, "cuda", None)
+            hip = getattr(torch.version, "hip", None)
+            if hip:
+                out["hip_runtime"] = hip
+        except Exception:  # noqa: BLE001
+            pass
+    return out
+
+
+def _nvml_info() -> dict[str, Any]:
+    try:
+        import pynvml  # nvidia-ml-py
+    except Exception:  # noqa: BLE001 - not installed or broken: no NVIDIA facts
+        return {}
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver / no GPU
+        return {}
+    info: dict[str, Any] = {"gpus": []}
+    try:
+        def text(value: Any) -> str:
+            return value.decode() if isinstance(value, bytes) else str(value)
+
+        try:
+            info["driver"] = text(pynvml.nvmlSystemGetDriverVersion())
+        except Exception:  # noqa: BLE001
+            pass
+        try:
+            v = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())
+            info["cuda"] = f"{v // 1000}.{(v % 1000) // 10}"
+        except Exception:  # noqa: BLE001
+            pass
+        for index in range(int(pynvml.nvmlDeviceGetCount())):
+            gpu: dict[str, Any] = {"index": index}
+            try:
+                h = pynvml.nvmlDeviceGetHandleByIndex(index)
+                gpu["name"] = text(pynvml.nvmlDeviceGetName(h))
+                gpu["uuid"] = text(pynvml.nvmlDeviceGetUUID(h))
+                gpu["memory_total_bytes"] = int(pynvml.nvmlDeviceGetMemoryInfo(h).total)
+                try:
+                    gpu["pci_bus_id"] = text(pynvml.nvmlDeviceGetPciInfo(h).busId)
+                except Exception:  # noqa: BLE001
+                    pass
+            except Exception as exc:  # noqa: BLE001
+                gpu["error"] = str(exc)
+            info["gpus"].append(gpu)
+    except Exception:  # noqa: BLE001
+        pass
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+    return info
+
+
+def _rocm_version() -> str | None:
+    for base in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
+        if not base:
+            continue
+        try:
+            return Path(base, ".info", "version").read_text().strip() or None
+        except OSError:
+            continue
+    return None
+
+
+def framework_versions() -> dict[str, Any]:
+    """Versions of the GPU frameworks: from the module when already imported, else from the
+    installed distribution's metadata (without importing it). cuDNN only when torch is loaded."""
+    out: dict[str, Any] = {}
+    for module, dists in FRAMEWORKS.items():
+        loaded = sys.modules.get(module)
+        version = getattr(loaded, "__version__", None) if loaded is not None else None
+        if version is None:
+            for dist in dists:
+                try:
+                    version = md.version(dist)
+                    break
+                except md.PackageNotFoundError:
+                    continue
+                except Exception:  # noqa: BLE001 - broken metadata
+                    continue
+        if version is not None:
+            out[module] = str(version)
+            out[f"{module}_imported"] = loaded is not None
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            cudnn = torch.backends.cudnn.version()  # loads libcudnn, creates no CUDA context
+            if cudnn:
+                out["cudnn"] = str(cudnn)
+        except Exception:  # noqa: BLE001
+            pass
+    return out
+
+
+def relevant_env() -> dict[str, str]:
+    """Environment variables that change what a GPU program does (secrets left out)."""
+    return {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if (k in ENV_NAMES or k.startswith(ENV_PREFIXES)) and not _SECRET.search(k)
+    }
+
+
+def _profiler_from_env() -> Any:
+    """``maxinstr run`` says which profiler wraps the process through MAXINSTR_PROFILER (JSON)."""
+    raw = os.environ.get("MAXINSTR_PROFILER")
+    if not raw:
+        return None
+    import json
+
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"name": raw}

@@ -1,0 +1,359 @@
+"""Read a run directory back into numpy columns (see docs/formats.md).
+
+The reader merges every part (process / rank) into one table of stage records sorted by
+host start. A torn tail (the last row or line of a file cut by a kill or a full disk) is
+dropped and said so in :attr:`Run.notes`; anything else that is not the format is a
+:class:`~maxinstr.errors.RunDirError` naming the file and the problem in one line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from maxinstr.errors import RunDirError
+from maxinstr.rundir import format as fmt
+
+RUN_STAGE_DTYPE = np.dtype(
+    list(fmt.STAGE_DTYPE.descr) + [("part", "<i4"), ("pid", "<i8"), ("rank", "<i4")]
+)
+"""The columns of :attr:`Run.stages`: the file's columns (``name_id`` re-numbered into
+:attr:`Run.names`) plus the index of the record's part, its process id, and its rank (-1
+when the process had none)."""
+
+
+@dataclass
+class Run:
+    """A loaded run: stage records of every part as numpy columns, plus metadata.
+
+    ``stages`` is a structured array (:data:`RUN_STAGE_DTYPE`) sorted by ``host_start_ns``;
+    ``names[stages["name_id"]]`` are the stage names. ``attrs`` maps a record id to the
+    attrs given to that stage. ``parts`` has one dict per part (its part.json plus
+    ``name``, ``path``, ``rows``). ``samples`` maps a part name to what the sampler reader
+    returned (or ``{"layout": ..., "raw": bytes}`` when no reader is available).
+    """
+
+    path: Path | None
+    meta: dict[str, Any]
+    stages: np.ndarray
+    names: np.ndarray
+    attrs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    parts: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    samples: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.stages)
+
+    def __getitem__(self, column: str) -> np.ndarray:
+        """A column of :attr:`stages`; also ``"name"``, ``"part_name"`` and ``"warmup"``."""
+        if column == "name":
+            return self.stage_names()
+        if column == "part_name":
+            return np.array([p["name"] for p in self.parts] or [""], dtype=object)[self.stages["part"]] if len(self.stages) else np.empty(0, object)
+        if column == "warmup":
+            return self.warmup_mask()
+        return self.stages[column]
+
+    @property
+    def warmup(self) -> int:
+        """The ``warmup=N`` the session was opened with (0 when none)."""
+        return int(self.meta.get("warmup") or 0)
+
+    def stage_names(self) -> np.ndarray:
+        """The name of every stage record (object array aligned with :attr:`stages`)."""
+        return self.names[self.stages["name_id"]] if len(self.stages) else np.empty(0, dtype=object)
+
+    def warmup_mask(self, warmup: int | None = None) -> np.ndarray:
+        """True for records that are warm-up: the first ``warmup`` instances of each stage
+        name in each part, by host start (docs/formats.md). Marks are never warm-up."""
+        n = self.warmup if warmup is None else int(warmup)
+        s = self.stages
+        mask = np.zeros(len(s), dtype=bool)
+        if n <= 0 or len(s) == 0:
+            return mask
+        # stages are sorted by host start already; a stable sort by (part, name) keeps that
+        key = s["part"].astype(np.int64) << 32 | s["name_id"].astype(np.int64)
+        order = np.argsort(key, kind="stable")
+        sorted_key = key[order]
+        group_start = np.r_[0, np.flatnonzero(np.diff(sorted_key)) + 1]
+        group_len = np.diff(np.r_[group_start, len(s)])
+        rank_in_group = np.arange(len(s)) - np.repeat(group_start, group_len)
+        mask[order] = rank_in_group < n
+        mask &= (s["flags"] & fmt.MARK) == 0
+        return mask
+
+    def to_pandas(self):
+        """The stage records as a pandas DataFrame (columns of :attr:`stages` plus ``name``,
+        ``part_name``, ``warmup`` and ``attrs``). Needs pandas."""
+        try:
+            import pandas as pd
+        except ImportError as exc:  # pragma: no cover - pandas is in the test extra
+            raise ImportError("Run.to_pandas() needs pandas: pip install 'maxinstr[pandas]'") from exc
+        df = pd.DataFrame({name: self.stages[name] for name in self.stages.dtype.names})
+        df["name"] = self.stage_names()
+        df["part_name"] = self["part_name"]
+        df["warmup"] = self.warmup_mask()
+        attrs = np.full(len(self.stages), None, dtype=object)
+        if self.attrs and len(self.stages):
+            ids = np.fromiter(self.attrs.keys(), dtype=np.int64, count=len(self.attrs))
+            order = np.argsort(self.stages["id"], kind="stable")
+            pos = np.searchsorted(self.stages["id"], ids, sorter=order)
+            pos = np.clip(pos, 0, len(order) - 1)
+            hit = self.stages["id"][order[pos]] == ids
+            values = np.empty(len(ids), dtype=object)
+            values[:] = list(self.attrs.values())
+            attrs[order[pos[hit]]] = values[hit]
+        df["attrs"] = attrs
+        return df
+
+
+def load(path: str | Path) -> Run:
+    """Read the run directory at ``path`` (every part merged).
+
+    Raises :class:`~maxinstr.errors.RunDirError` (one line: file and problem) when ``path``
+    is not a readable run directory of a known version.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise RunDirError(root, "no such run directory")
+    if not root.is_dir():
+        raise RunDirError(root, "not a directory (a run directory holds meta.json and parts/)")
+    meta = _read_meta(root / fmt.META_FILE)
+    notes: list[str] = []
+    parts_root = root / fmt.PARTS_DIR
+    part_dirs: list[Path] = []
+    if parts_root.is_dir():
+        part_dirs = sorted(p for p in parts_root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    elif parts_root.exists():
+        raise RunDirError(parts_root, "not a directory")
+    if not part_dirs:
+        notes.append("the run has no parts yet: no stage was recorded")
+
+    names = _Interner()
+    tables: list[np.ndarray] = []
+    attrs: dict[int, dict[str, Any]] = {}
+    parts: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    samples: dict[str, Any] = {}
+    for index, pdir in enumerate(part_dirs):
+        info = _read_part(pdir, index, names, tables, attrs, events, samples, notes)
+        parts.append(info)
+
+    if tables:
+        stages = np.concatenate(tables)
+        stages = stages[np.argsort(stages["host_start_ns"], kind="stable")]
+    else:
+        stages = np.empty(0, dtype=RUN_STAGE_DTYPE)
+    if meta.get("status") == "running":
+        notes.append("the run was not closed (still running, or killed): its last records may be missing")
+    return Run(
+        path=root,
+        meta=meta,
+        stages=stages,
+        names=names.to_array(),
+        attrs=attrs,
+        parts=parts,
+        events=events,
+        samples=samples,
+        notes=notes,
+    )
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise RunDirError(path, "missing meta.json: not a maxinstr run directory")
+    try:
+        meta = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RunDirError(path, f"not valid JSON ({_short(exc)})") from None
+    except OSError as exc:
+        raise RunDirError(path, f"cannot read: {exc.strerror or exc}") from None
+    if not isinstance(meta, dict) or meta.get("format") != fmt.FORMAT_NAME:
+        raise RunDirError(path, f"not a maxinstr run (\"format\" is not {fmt.FORMAT_NAME!r})")
+    version = meta.get("version")
+    if version != fmt.FORMAT_VERSION:
+        raise RunDirError(
+            path, f"run directory format version {version!r} is not supported (this maxinstr reads {fmt.FORMAT_VERSION})"
+        )
+    return meta
+
+
+def _read_part(
+    pdir: Path,
+    index: int,
+    names: "_Interner",
+    tables: list[np.ndarray],
+    attrs: dict[int, dict[str, Any]],
+    events: list[dict[str, Any]],
+    samples: dict[str, Any],
+    notes: list[str],
+) -> dict[str, Any]:
+    info: dict[str, Any] = {}
+    part_json = pdir / fmt.PART_FILE
+    if part_json.is_file():
+        try:
+            loaded = json.loads(part_json.read_bytes())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RunDirError(part_json, f"not valid JSON ({_short(exc)})") from None
+        if not isinstance(loaded, dict):
+            raise RunDirError(part_json, "not a JSON object")
+        info.update(loaded)
+    pid, rank = _pid_rank_from_name(pdir.name)
+    info.setdefault("pid", pid)
+    info.setdefault("rank", rank)
+    info["name"] = pdir.name
+    info["path"] = str(pdir)
+
+    local_names = {}
+    for rec in _read_jsonl(pdir / fmt.STRINGS_FILE, notes):
+        try:
+            local_names[int(rec["id"])] = str(rec["s"])
+        except (KeyError, TypeError, ValueError):
+            raise RunDirError(pdir / fmt.STRINGS_FILE, f"line is not {{\"id\": int, \"s\": str}}: {_clip(rec)}") from None
+    for rec in _read_jsonl(pdir / fmt.ATTRS_FILE, notes):
+        try:
+            attrs[int(rec["id"])] = dict(rec["attrs"])
+        except (KeyError, TypeError, ValueError):
+            raise RunDirError(pdir / fmt.ATTRS_FILE, f"line is not {{\"id\": int, \"attrs\": {{...}}}}: {_clip(rec)}") from None
+    for rec in _read_jsonl(pdir / fmt.EVENTS_FILE, notes):
+        if isinstance(rec, dict):
+            events.append({"part": pdir.name, **rec})
+
+    rows = _read_stages(pdir / fmt.STAGES_FILE, notes)
+    info["rows"] = len(rows)
+    table = np.zeros(len(rows), dtype=RUN_STAGE_DTYPE)
+    for col in fmt.STAGE_DTYPE.names:
+        table[col] = rows[col]
+    if len(rows):
+        used = np.unique(rows["name_id"])
+        missing = [int(i) for i in used if int(i) not in local_names]
+        if missing:
+            notes.append(f"{pdir / fmt.STRINGS_FILE}: {len(missing)} name id(s) used by stages but not defined")
+        mapping_ids = np.array([names.intern(local_names.get(int(i), f"<name {int(i)}>")) for i in used], dtype=np.int32)
+        table["name_id"] = mapping_ids[np.searchsorted(used, rows["name_id"])]
+    table["part"] = index
+    table["pid"] = info["pid"] if info["pid"] is not None else -1
+    table["rank"] = -1 if info.get("rank") is None else int(info["rank"])
+    tables.append(table)
+
+    if (pdir / fmt.SAMPLES_FILE).exists() or (pdir / fmt.SAMPLES_LAYOUT_FILE).exists():
+        samples[pdir.name] = _read_samples(pdir, notes)
+    return info
+
+
+def _read_stages(path: Path, notes: list[str]) -> np.ndarray:
+    if not path.exists():
+        return np.empty(0, dtype=fmt.STAGE_DTYPE)
+    try:
+        size = path.stat().st_size
+        count = size // fmt.STAGE_DTYPE.itemsize
+        rows = np.fromfile(path, dtype=fmt.STAGE_DTYPE, count=count)
+    except OSError as exc:
+        raise RunDirError(path, f"cannot read: {exc.strerror or exc}") from None
+    torn = size - count * fmt.STAGE_DTYPE.itemsize
+    if torn:
+        notes.append(f"{path}: ignored a torn last record ({torn} of {fmt.STAGE_DTYPE.itemsize} bytes)")
+    if len(rows) and not rows.dtype.isnative:
+        rows = rows.astype(rows.dtype.newbyteorder("="))
+    bad = (
+        ((rows["flags"] & ~np.uint16(fmt.KNOWN_FLAGS)) != 0)
+        | (rows["depth"] < 0)
+        | (rows["name_id"] < 0)
+        | (rows["host_end_ns"] < rows["host_start_ns"])
+    )
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise RunDirError(
+            path, f"{int(bad.sum())} of {len(rows)} rows are not stage records (first at row {first}): file damaged or not a stages.bin"
+        )
+    return rows
+
+
+def _read_jsonl(path: Path, notes: list[str]) -> list[Any]:
+    if not path.exists():
+        return []
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RunDirError(path, f"cannot read: {exc.strerror or exc}") from None
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" when the file ends with a newline
+    out: list[Any] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RunDirError(path, f"line {number} is not JSON ({_short(exc)})") from None
+    if tail.strip():
+        notes.append(f"{path}: ignored a torn last line ({len(tail)} bytes without a newline)")
+    return out
+
+
+def _read_samples(pdir: Path, notes: list[str]) -> Any:
+    """Samples through the sampler's own reader when it has one; else the raw bytes."""
+    try:
+        from maxinstr import sample as sample_mod
+
+        reader = getattr(sample_mod, "read_samples", None) or getattr(sample_mod, "load_samples", None)
+    except Exception:  # noqa: BLE001 - a broken sampler must not break load()
+        reader = None
+    if reader is not None:
+        try:
+            return reader(pdir)
+        except Exception as exc:  # noqa: BLE001
+            notes.append(f"{pdir}: samples not read ({type(exc).__name__}: {_short(exc)}); raw bytes kept")
+    layout = None
+    layout_path = pdir / fmt.SAMPLES_LAYOUT_FILE
+    if layout_path.is_file():
+        try:
+            layout = json.loads(layout_path.read_bytes())
+        except (ValueError, OSError) as exc:
+            notes.append(f"{layout_path}: not read ({_short(exc)})")
+    raw_path = pdir / fmt.SAMPLES_FILE
+    raw = raw_path.read_bytes() if raw_path.is_file() else b""
+    return {"layout": layout, "raw": raw}
+
+
+def _pid_rank_from_name(name: str) -> tuple[int | None, int | None]:
+    pid = rank = None
+    for piece in name.split("."):
+        if piece[:1] == "p" and piece[1:].isdigit():
+            pid = int(piece[1:])
+        elif piece[:1] == "r" and piece[1:].isdigit():
+            rank = int(piece[1:])
+    return pid, rank
+
+
+class _Interner:
+    def __init__(self) -> None:
+        self._index: dict[str, int] = {}
+        self._values: list[str] = []
+
+    def intern(self, value: str) -> int:
+        found = self._index.get(value)
+        if found is None:
+            found = self._index[value] = len(self._values)
+            self._values.append(value)
+        return found
+
+    def to_array(self) -> np.ndarray:
+        out = np.empty(len(self._values), dtype=object)
+        out[:] = self._values
+        return out
+
+
+def _short(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+
+
+def _clip(obj: Any) -> str:
+    text = json.dumps(obj, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,238 @@
+"""Append-only writer of one part of a run directory (see docs/formats.md).
+
+Crash safety comes from the order and shape of the writes, not from fsync:
+
+* every batch goes out as whole lines / whole 72-byte rows with one ``write`` per file, into
+  files opened ``O_APPEND``; once ``write`` returns, the bytes are in the kernel's page cache and
+  survive a SIGKILL of this process (only a machine crash can lose them, bounded by the fsync
+  interval);
+* names and attrs are written before the stage rows that use them, so a reader never finds a
+  row whose name is missing unless the files were damaged;
+* a short write (disk full) is cut back to the last whole record, so the files stay aligned.
+
+Disk errors never reach the user's program: the writer warns once (:class:`RunDirWarning`),
+stops writing, and counts what it had to drop.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from maxinstr.rundir import format as fmt
+
+
+class RunDirWarning(RuntimeWarning):
+    """Recording to the run directory failed; the program keeps running without it."""
+
+
+def json_line(obj: Any) -> bytes:
+    """One compact JSON line (non-JSON values become their ``str``)."""
+    return (json.dumps(obj, separators=(",", ":"), default=str, ensure_ascii=False) + "\n").encode()
+
+
+def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
+    """Write ``obj`` as pretty JSON to ``path`` through a temporary file and a rename, so a
+    reader sees the old file or the new one, never half of one.
+
+    With ``exclusive=True`` an existing file is left alone (returns False then).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    data = (json.dumps(obj, indent=2, default=str, ensure_ascii=False) + "\n").encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        if exclusive:
+            try:
+                os.link(tmp, path)  # fails when path exists: no clobbering another writer
+            except FileExistsError:
+                return False
+            return True
+        os.replace(tmp, path)
+        return True
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+class _AppendFile:
+    """One O_APPEND file that writes whole records or is cut back to the last whole one."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.size = os.fstat(self.fd).st_size if path.is_file() else 0
+
+    def append(self, data: bytes) -> None:
+        if not data:
+            return
+        try:
+            _write_all(self.fd, data)
+        except OSError:
+            # Keep the file aligned on whole records: drop what part of this batch got out.
+            try:
+                if self.path.is_file():
+                    os.ftruncate(self.fd, self.size)
+            except OSError:
+                pass
+            raise
+        self.size += len(data)
+
+    def fsync(self) -> None:
+        try:
+            os.fsync(self.fd)
+        except OSError as exc:  # /dev/full, pipes and some FUSE mounts cannot fsync
+            if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EROFS):
+                raise
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+class PartWriter:
+    """Writes the files of ``RUN/parts/<part>/`` for one process.
+
+    Not thread-safe on its own: the session serialises calls with its lock.
+    """
+
+    def __init__(self, part_dir: Path, part_info: dict[str, Any], *, fsync_interval_s: float = 1.0) -> None:
+        self.part_dir = Path(part_dir)
+        self.info = dict(part_info)
+        self.fsync_interval_s = fsync_interval_s
+        self.failed: str | None = None  # first disk error, when writing stopped
+        self.rows_written = 0
+        self.rows_dropped = 0  # rows lost to a disk error
+        self._files: dict[str, _AppendFile] = {}
+        self._names_written: set[int] = set()
+        self._last_fsync = time.monotonic()
+        self._opened = False
+
+    # -- opening ----------------------------------------------------------------------
+    def open(self) -> None:
+        """Create the part folder and its files now (raises OSError when it cannot)."""
+        if self._opened:
+            return
+        self.part_dir.mkdir(parents=True, exist_ok=True)
+        for name in (fmt.STRINGS_FILE, fmt.ATTRS_FILE, fmt.STAGES_FILE, fmt.EVENTS_FILE):
+            self._files[name] = _AppendFile(self.part_dir / name)
+        self._opened = True
+        self.write_part_json(status="running")
+
+    def open_or_warn(self) -> bool:
+        """:meth:`open`, turning a failure into the one warning. True when open."""
+        if self.failed:
+            return False
+        try:
+            self.open()
+            return True
+        except OSError as exc:
+            self._fail(exc, "cannot create")
+            return False
+
+    # -- writing ----------------------------------------------------------------------
+    def write(
+        self,
+        rows: np.ndarray,
+        names: dict[int, str],
+        attrs: Iterable[tuple[int, dict[str, Any]]] = (),
+    ) -> None:
+        """Append stage ``rows`` (STAGE_DTYPE) with the names they need and their attrs.
+
+        ``names`` maps every name id the process knows to its name; only the ids used by
+        ``rows`` and not yet in this part are written.
+        """
+        attrs = list(attrs)
+        if len(rows) == 0 and not attrs:
+            return
+        if self.failed or not self.open_or_warn():
+            self.rows_dropped += len(rows)
+            return
+        try:
+            if len(rows):
+                used = np.unique(rows["name_id"]).tolist()
+                new = [i for i in used if i not in self._names_written]
+                if new:
+                    self._files[fmt.STRINGS_FILE].append(
+                        b"".join(json_line({"id": i, "s": names.get(i, f"<name {i}>")}) for i in new)
+                    )
+                    self._names_written.update(new)
+            if attrs:
+                self._files[fmt.ATTRS_FILE].append(b"".join(json_line({"id": rid, "attrs": a}) for rid, a in attrs))
+            if len(rows):
+                self._files[fmt.STAGES_FILE].append(np.ascontiguousarray(rows, dtype=fmt.STAGE_DTYPE).tobytes())
+                self.rows_written += len(rows)
+            if self.fsync_interval_s >= 0 and time.monotonic() - self._last_fsync >= self.fsync_interval_s:
+                self.fsync()
+        except OSError as exc:
+            self.rows_dropped += len(rows)
+            self._fail(exc, "cannot write to")
+
+    def event(self, kind: str, message: str, **fields: Any) -> None:
+        """Append one warning/error line to events.jsonl (best effort)."""
+        if self.failed or not self._opened:
+            return
+        try:
+            self._files[fmt.EVENTS_FILE].append(
+                json_line({"time_ns": time.monotonic_ns(), "kind": kind, "message": message, **fields})
+            )
+        except OSError as exc:
+            self._fail(exc, "cannot write to")
+
+    def fsync(self) -> None:
+        self._last_fsync = time.monotonic()
+        for f in self._files.values():
+            f.fsync()
+
+    def write_part_json(self, **updates: Any) -> None:
+        self.info.update(updates)
+        self.info["rows_written"] = self.rows_written
+        self.info["rows_dropped_disk"] = self.rows_dropped
+        write_json_atomic(self.part_dir / fmt.PART_FILE, self.info)
+
+    def close(self, **updates: Any) -> None:
+        """Write the final part.json, fsync and close the files (best effort)."""
+        if self._opened and not self.failed:
+            try:
+                self.fsync()
+                self.write_part_json(**updates)
+            except OSError as exc:
+                self._fail(exc, "cannot write to")
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+        self._opened = False
+
+    # -- errors -----------------------------------------------------------------------
+    def _fail(self, exc: OSError, what: str) -> None:
+        if self.failed:
+            return
+        self.failed = f"{exc.strerror or exc}"
+        where = exc.filename or self.part_dir
+        warnings.warn(
+            f"maxinstr: {what} run directory {where}: {self.failed}; "
+            "recording continues without it (stages are no longer saved)",
+            RunDirWarning,
+            stacklevel=2,
+        )
