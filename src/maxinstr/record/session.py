@@ -1,0 +1,863 @@
+"""Sessions: where stage records go, and the run directory they are written to.
+
+    with maxinstr.session("runs/decode", warmup=2, dtype="bf16"):
+        ...
+
+A session owns a run directory (docs/formats.md). While it is open, a flusher thread drains
+the native core's completed stage records every ``flush_interval_s`` (50 ms) and appends
+them to ``parts/<part>/``; the sampler (when ``maxinstr.sample`` has one) writes its samples
+next to them. What is lost if the process dies:
+
+* SIGKILL / OOM kill: the records completed in the last flush interval (at most
+  ``flush_interval_s`` plus one drain) and the stages still open. Written rows are in the
+  kernel's page cache as soon as ``write`` returns, so they survive the process.
+* machine crash / power loss: additionally up to ``fsync_interval_s`` (1 s) of rows.
+* normal exit, an exception escaping the program, SIGTERM, SIGINT: nothing; still-open
+  stages are closed and written flagged ``UNCLOSED``.
+
+Rules for unbalanced use (all tested in tests/session/):
+
+* ``close()`` twice: the second call does nothing.
+* A session opened while another is open in the same process *joins* it: its stages go to
+  the outer run directory; its path, warm-up and user metadata are recorded in the outer
+  meta.json under ``nested_sessions`` (and, when the outer session was started from the
+  environment by ``maxinstr run``, they become the run's own warm-up and user metadata).
+* Stages are not owned by a session object: one that completes while no session is open
+  (for example, opened after its session closed) goes to the default in-memory session,
+  ``maxinstr.current_session()``.
+* Child processes never mix records with their parent: each process writes its own part
+  ``p<pid>`` (``r<rank>.p<pid>`` under torchrun). fork children continue the parent's run
+  in a part of their own; spawn/forkserver children (and any subprocess that imports
+  maxinstr) join through ``MAXINSTR_SESSION_DIR``, which an open session sets.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+import weakref
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from maxinstr.rundir import format as fmt
+from maxinstr.rundir.writer import PartWriter, RunDirWarning, write_json_atomic
+
+__all__ = ["Session", "session", "current_session", "ensure_env_session", "RunDirWarning"]
+
+ENV_RUN_DIR = "MAXINSTR_RUN_DIR"  # set by `maxinstr run`: every session writes here
+ENV_SESSION_DIR = "MAXINSTR_SESSION_DIR"  # set by an open session: child processes join it
+ENV_SESSION_PID = "MAXINSTR_SESSION_PID"  # the pid of the process that owns that session
+ENV_CAPTURE = "MAXINSTR_CAPTURE"  # set by `maxinstr run`: start the profiler at steady state
+ENV_MEMORY_RECORDS = "MAXINSTR_MEMORY_RECORDS"  # bound of the default in-memory session
+
+DEFAULT_FLUSH_INTERVAL_S = 0.05
+DEFAULT_SAMPLE_HZ = 100.0
+_BUSY_ROWS = 4096  # a drain this big means records arrive fast: drain again without sleeping
+
+
+def _native():
+    """The native core, or None when it is not built (sessions still write metadata)."""
+    try:
+        from maxinstr import _native as native  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - missing or broken extension: record nothing
+        return None
+    return native
+
+
+def _clock_ns() -> int:
+    native = _native()
+    if native is not None:
+        try:
+            return int(native.clock_ns())
+        except Exception:  # noqa: BLE001
+            pass
+    return time.monotonic_ns()  # the same CLOCK_MONOTONIC on Linux
+
+
+class _MemorySink:
+    """Keeps drained records in memory, up to ``limit`` rows (the rest are counted)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.chunks: list[np.ndarray] = []
+        self.attrs: dict[int, dict[str, Any]] = {}
+        self.rows = 0
+        self.dropped = 0
+
+    def write(self, rows: np.ndarray, names: dict[int, str], attrs: list[tuple[int, dict[str, Any]]]) -> None:
+        room = max(self.limit - self.rows, 0)
+        if len(rows) > room:
+            self.dropped += len(rows) - room
+            rows = rows[:room]
+        if len(rows):
+            self.chunks.append(rows.copy())
+            self.rows += len(rows)
+            kept = set(rows["id"].tolist()) if attrs else set()
+            for rid, a in attrs:
+                if rid in kept:
+                    self.attrs[int(rid)] = a
+
+
+class _Process:
+    """Per-process recording state. Replaced wholesale in a fork child."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.lock = threading.RLock()  # serialises drains and writes
+        self.names: dict[int, str] = {}  # every name id this process has seen
+        self.root: Session | None = None  # the session that owns this process's part
+        self.stack: list[Session] = []  # open sessions of this process, outermost first
+        limit = int(os.environ.get(ENV_MEMORY_RECORDS) or 1 << 20)
+        self.memory = _MemorySink(limit)
+        self.flusher: threading.Thread | None = None
+        self.stop = threading.Event()
+        self.exited = False
+
+
+_proc = _Process()
+
+
+# ------------------------------------------------------------------------------------------
+# the session
+
+
+class Session:
+    """A recording session. Use :func:`session` to make one.
+
+    ``path=None`` makes an in-memory session (no directory, no sampler). The attributes
+    ``path`` (where it writes), ``part`` (this process's part folder name) and ``closed``
+    are public.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None,
+        *,
+        warmup: int = 0,
+        sample_hz: float = DEFAULT_SAMPLE_HZ,
+        flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+        fsync_interval_s: float = 1.0,
+        _role: str = "owner",
+        **user_meta: Any,
+    ) -> None:
+        if warmup < 0:
+            raise ValueError("warmup must be >= 0")
+        self.requested_path = None if path is None else str(path)
+        env_dir = os.environ.get(ENV_RUN_DIR)
+        if path is not None and env_dir and _role == "owner":
+            path = env_dir  # `maxinstr run` decides where runs go
+        self.path: Path | None = None if path is None else Path(path).absolute()
+        self.warmup = int(warmup)
+        self.sample_hz = float(sample_hz or 0.0)
+        self.flush_interval_s = float(flush_interval_s)
+        self.fsync_interval_s = float(fsync_interval_s)
+        self.user_meta = dict(user_meta)
+        self.role = _role  # "owner" | "child" (joined from the environment) | "memory"
+        self.auto = False  # started by ensure_env_session(), adopts the first nested session's settings
+        self.part: str | None = None
+        self.meta: dict[str, Any] | None = None
+        self.failed: str | None = None
+        self.started = False
+        self.closed = False
+        self._pid = os.getpid()
+        self._host: Session | None = None  # the session this one joined, when nested
+        self._writer: PartWriter | None = None
+        self._sampler: Any = None
+        self._signals: dict[int, Any] = {}
+        self._env_saved: dict[str, str | None] = {}
+        self._top_counts: dict[int, int] = {}
+        self._steady_pending = False
+        self._capture = False
+        self._capture_started = False
+        self._writes_meta = False
+        self._memory: _MemorySink | None = None
+        self._last_dropped = 0
+
+    # -- context manager --------------------------------------------------------------
+    def __enter__(self) -> Session:
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else ("open" if self.started else "new")
+        return f"<maxinstr.Session {self.path or 'in-memory'} part={self.part} {state}>"
+
+    # -- lifecycle --------------------------------------------------------------------
+    def start(self) -> Session:
+        """Open the session (idempotent). Returns ``self``."""
+        if self.closed:
+            raise RuntimeError("this maxinstr session is closed; open a new one with maxinstr.session(...)")
+        if self.started:
+            return self
+        proc = _proc
+        with proc.lock:
+            self.started = True
+            self._pid = os.getpid()
+            if proc.root is not None and not proc.root.closed:
+                self._join(proc.root)
+                proc.stack.append(self)
+                return self
+            # Records completed before this session belong to the in-memory session.
+            _flush_locked(proc)
+            proc.root = self
+            proc.stack.append(self)
+            self._open_root()
+        if self.path is not None:
+            _ensure_flusher(proc)
+        return self
+
+    def _join(self, host: Session) -> None:
+        self._host = host
+        self.part = host.part
+        entry = {
+            "requested_path": self.requested_path,
+            "warmup": self.warmup,
+            "user": self.user_meta,
+            "start_ns": _clock_ns(),
+        }
+        if host.auto and not host._adopted_once():
+            # The script's own session inside `maxinstr run`: its settings are the run's.
+            host.warmup = self.warmup
+            host.user_meta.update(self.user_meta)
+            if host.meta is not None:
+                host.meta["warmup"] = self.warmup
+                host.meta["user"] = dict(host.user_meta)
+                host.meta["requested_path"] = self.requested_path
+                host._arm_steady_state()
+        elif self.path is not None and host.path is not None and self.path != host.path:
+            warnings.warn(
+                f"maxinstr: session {self.requested_path} opened inside the open session {host.path}: "
+                "its stages are recorded in the outer run",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        if host.meta is not None:
+            host.meta.setdefault("nested_sessions", []).append(entry)
+            host._write_meta()
+
+    def _adopted_once(self) -> bool:
+        return bool(self.meta and self.meta.get("nested_sessions"))
+
+    def _open_root(self) -> None:
+        rank = os.environ.get("RANK")
+        self.part = fmt.part_name(self._pid, rank if rank not in (None, "") else None)
+        if self.path is None:
+            self.role = "memory"
+            self._memory = _MemorySink(_proc.memory.limit)
+            return
+        from maxinstr.rundir import metadata
+
+        part_dir = self.path / fmt.PARTS_DIR / self.part
+        self._writer = PartWriter(part_dir, self._part_info(rank), fsync_interval_s=self.fsync_interval_s)
+        if self.role == "owner":
+            self.meta = metadata.collect(warmup=self.warmup, user=self.user_meta, requested_path=self.requested_path)
+            self.meta["session"] = {"pid": self._pid, "part": self.part, "start_ns": _clock_ns(), "end_ns": None}
+            self._writes_meta = rank in (None, "", "0")
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+                if self._writes_meta:
+                    write_json_atomic(self.path / fmt.META_FILE, self.meta)
+                else:  # another rank: only when rank 0 has not written it (it overwrites ours)
+                    write_json_atomic(self.path / fmt.META_FILE, self.meta, exclusive=True)
+                self._writer.open()
+            except OSError as exc:
+                self._disk_failed(exc)
+                return
+            self._set_child_env()
+            self._arm_steady_state()
+            local_rank = os.environ.get("LOCAL_RANK")
+            if self.sample_hz > 0 and local_rank in (None, "", "0"):
+                self._start_sampler(part_dir)
+        # children create their part lazily, at their first record: a helper process that
+        # records nothing leaves no empty part behind
+        self._install_signal_handlers()
+        _register_mp_exit_hook()
+
+    def _part_info(self, rank: str | None) -> dict[str, Any]:
+        import socket
+
+        def env_int(name: str) -> int | None:
+            value = os.environ.get(name)
+            try:
+                return int(value) if value not in (None, "") else None
+            except ValueError:
+                return None
+
+        return {
+            "part": self.part,
+            "pid": self._pid,
+            "ppid": os.getppid(),
+            "rank": env_int("RANK"),
+            "local_rank": env_int("LOCAL_RANK"),
+            "world_size": env_int("WORLD_SIZE"),
+            "host": socket.gethostname(),
+            "role": self.role,
+            "started_ns": _clock_ns(),
+            "started_unix_ns": time.time_ns(),
+            "closed_ns": None,
+            "status": "running",
+        }
+
+    def _disk_failed(self, exc: OSError) -> None:
+        self.failed = exc.strerror or str(exc)
+        warnings.warn(
+            f"maxinstr: cannot write run directory {exc.filename or self.path}: {self.failed}; "
+            "the program continues and stages are kept in memory only",
+            RunDirWarning,
+            stacklevel=4,
+        )
+        self._writer = None
+        self._memory = _MemorySink(_proc.memory.limit)
+
+    def close(self) -> None:
+        """Flush and close the session (a second call does nothing)."""
+        if self.closed or not self.started:
+            self.closed = True
+            return
+        proc = _proc
+        if os.getpid() != self._pid:
+            # A fork child leaving the parent's `with session(...)`: close the child's part,
+            # never the parent's run.
+            _exit_process(reason="closed")
+            self.closed = True
+            return
+        with proc.lock:
+            self.closed = True
+            if self in proc.stack:
+                proc.stack.remove(self)
+            if self._host is not None:
+                host = self._host
+                if host.meta is not None:
+                    for entry in host.meta.get("nested_sessions", []):
+                        if entry.get("requested_path") == self.requested_path and entry.get("end_ns") is None:
+                            entry["end_ns"] = _clock_ns()
+                            break
+                    host._write_meta()
+                return
+            self._close_root(proc, reason="closed")
+        _stop_flusher_if_idle(proc)
+
+    def _close_root(self, proc: _Process, *, reason: str) -> None:
+        """Final flush and files of the process's root session (caller holds the lock)."""
+        native = _native()
+        if native is not None and self._capture_started:
+            try:
+                native.profiler_stop()
+            except Exception:  # noqa: BLE001
+                pass
+            if self.meta is not None:
+                self.meta.setdefault("capture", {})["stop_ns"] = _clock_ns()
+        if self._sampler is not None:
+            try:
+                self._sampler.stop()
+            except Exception as exc:  # noqa: BLE001 - a broken sampler must not break close
+                self._event("error", f"sampler stop failed: {type(exc).__name__}: {exc}")
+            self._sampler = None
+        _flush_locked(proc, block=True)
+        stats = _native_stats()
+        if self._writer is not None:
+            self._writer.close(
+                status=reason,
+                closed_ns=_clock_ns(),
+                native=stats,
+                dropped_records=int(stats.get("dropped_records", 0) or 0),
+            )
+        if self.meta is not None:
+            self.meta["status"] = "closed"
+            self.meta["session"]["end_ns"] = _clock_ns()
+            self.meta["session"]["end_reason"] = reason
+            self._write_meta()
+        self._restore_signal_handlers()
+        self._restore_env()
+        if proc.root is self:
+            proc.root = None
+        if self in proc.stack:
+            proc.stack.remove(self)
+
+    def _write_meta(self) -> None:
+        if self.meta is None or self.path is None or self.failed or not self._writes_meta or os.getpid() != self._pid:
+            return
+        try:
+            write_json_atomic(self.path / fmt.META_FILE, self.meta)
+        except OSError as exc:
+            if self._writer is not None:
+                self._writer._fail(exc, "cannot write to")
+
+    # -- records ------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Write every completed record now (blocks until finished GPU events resolve)."""
+        with _proc.lock:
+            _flush_locked(_proc, block=True)
+
+    def records(self):
+        """The records of this session so far, as a :class:`maxinstr.Run` (flushes first).
+
+        For a directory session this is ``maxinstr.load(path)``; for the in-memory session
+        the records held in memory.
+        """
+        target = self._host or self
+        with _proc.lock:
+            _flush_locked(_proc, block=False)
+        if target.path is not None and not target.failed:
+            from maxinstr.rundir import load
+
+            return load(target.path)
+        sink = target._memory if target._memory is not None else _proc.memory
+        return _memory_run(sink, target)
+
+    # -- internal: writing ----------------------------------------------------------------
+    def _sink(self):
+        if self._writer is not None and not self.failed:
+            return self._writer
+        return self._memory if self._memory is not None else _proc.memory
+
+    def _event(self, kind: str, message: str, **fields: Any) -> None:
+        if self._writer is not None:
+            self._writer.event(kind, message, **fields)
+
+    def _start_sampler(self, part_dir: Path) -> None:
+        try:
+            from maxinstr import sample
+
+            start = getattr(sample, "start_sampler", None)
+            if start is None:
+                return
+            self._sampler = start(part_dir, 1.0 / self.sample_hz)
+        except Exception as exc:  # noqa: BLE001 - sampling is optional; recording goes on
+            self._sampler = None
+            self._event("warning", f"sampler not started: {type(exc).__name__}: {exc}")
+
+    # -- internal: warm-up and the profiler capture range ---------------------------------
+    def _arm_steady_state(self) -> None:
+        self._capture = bool(os.environ.get(ENV_CAPTURE)) and self.role == "owner"
+        self._steady_pending = True
+        self._top_counts.clear()
+        if self.warmup == 0:
+            self._enter_steady_state(None, _clock_ns())
+
+    def _observe(self, rows: np.ndarray) -> None:
+        """Count completed top-level stages; steady state begins once some top-level name
+        has completed ``warmup`` times (its next instance is the first steady one)."""
+        if not self._steady_pending or len(rows) == 0:
+            return
+        top = rows[(rows["depth"] == 0) & ((rows["flags"] & fmt.MARK) == 0)]
+        if len(top) == 0:
+            return
+        top = top[np.argsort(top["host_end_ns"], kind="stable")]
+        ids, counts = np.unique(top["name_id"], return_counts=True)
+        for name_id, count in zip(ids.tolist(), counts.tolist()):
+            before = self._top_counts.get(name_id, 0)
+            self._top_counts[name_id] = before + count
+            if before + count >= self.warmup:
+                # the warmup-th instance of this name ends the warm-up
+                nth = top["host_end_ns"][top["name_id"] == name_id][self.warmup - before - 1]
+                self._enter_steady_state(name_id, int(nth))
+                return
+
+    def _enter_steady_state(self, name_id: int | None, at_ns: int) -> None:
+        self._steady_pending = False
+        if self.meta is None:
+            return
+        self.meta["steady_state"] = {
+            "name": None if name_id is None else _proc.names.get(name_id),
+            "start_ns": at_ns,
+            "detected_ns": _clock_ns(),
+        }
+        if self._capture and not self._capture_started:
+            native = _native()
+            ok = False
+            if native is not None:
+                try:
+                    ok = bool(native.profiler_start())
+                except Exception as exc:  # noqa: BLE001
+                    self._event("warning", f"profiler_start failed: {type(exc).__name__}: {exc}")
+            self._capture_started = ok
+            self.meta["capture"] = {"requested": os.environ.get(ENV_CAPTURE), "start_ns": _clock_ns(), "started": ok}
+        self._write_meta()
+
+    # -- internal: child processes ---------------------------------------------------------
+    def _set_child_env(self) -> None:
+        assert self.path is not None
+        for key, value in ((ENV_SESSION_DIR, str(self.path)), (ENV_SESSION_PID, str(self._pid))):
+            self._env_saved[key] = os.environ.get(key)
+            os.environ[key] = value
+
+    def _restore_env(self) -> None:
+        if os.getpid() != self._pid:
+            return
+        for key, value in self._env_saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._env_saved.clear()
+
+    # -- internal: signals -------------------------------------------------------------------
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal.signal only works there; atexit still closes the session
+        wanted = [signal.SIGTERM, signal.SIGHUP]
+        if signal.getsignal(signal.SIGINT) is signal.SIG_DFL:
+            wanted.append(signal.SIGINT)  # Python's KeyboardInterrupt already unwinds cleanly
+        for signum in wanted:
+            try:
+                previous = signal.getsignal(signum)
+                if previous is signal.SIG_IGN or previous is None:
+                    continue
+                signal.signal(signum, _on_signal)
+                self._signals[signum] = previous
+            except (ValueError, OSError):
+                continue
+
+    def _restore_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread() or os.getpid() != self._pid:
+            self._signals.clear()
+            return
+        for signum, previous in self._signals.items():
+            try:
+                if signal.getsignal(signum) is _on_signal:  # leave a handler set after ours alone
+                    signal.signal(signum, previous)
+            except (ValueError, OSError):
+                pass
+        self._signals.clear()
+
+
+# ------------------------------------------------------------------------------------------
+# draining and the flusher thread
+
+
+def _native_stats() -> dict[str, Any]:
+    native = _native()
+    if native is None:
+        return {}
+    try:
+        return dict(native.stats())
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def _flush_locked(proc: _Process, *, block: bool = False) -> int:
+    """Drain the native core once into the current sink. Returns the rows drained."""
+    native = _native()
+    if native is None:
+        return 0
+    try:
+        native.resolve(block)
+        data, new_names, attrs = native.drain(-1)
+    except Exception as exc:  # noqa: BLE001 - never let recording break the program
+        root = proc.root
+        if root is not None:
+            root._event("error", f"drain failed: {type(exc).__name__}: {exc}")
+        return 0
+    for name_id, name in new_names:
+        proc.names[int(name_id)] = name
+    rows = np.frombuffer(data, dtype=fmt.STAGE_DTYPE) if data else np.empty(0, dtype=fmt.STAGE_DTYPE)
+    attrs = [(int(rid), a) for rid, a in attrs]
+    root = proc.root
+    sink = root._sink() if root is not None else proc.memory
+    sink.write(rows, proc.names, attrs)
+    if root is not None:
+        root._observe(rows)
+        _note_drops(root)
+    return len(rows)
+
+
+def _note_drops(root: Session) -> None:
+    """Say in events.jsonl (and once as a warning) when the native buffer dropped records."""
+    stats = _native_stats()
+    dropped = int(stats.get("dropped_records", 0) or 0)
+    if dropped > root._last_dropped:
+        if root._last_dropped == 0:
+            warnings.warn(
+                f"maxinstr: the record buffer was full and dropped {dropped} stage record(s); "
+                "the count is kept in part.json",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        root._event("warning", "record buffer full: records dropped", dropped_records=dropped)
+        root._last_dropped = dropped
+
+
+def _flusher_main(proc_ref: "weakref.ref[_Process]") -> None:
+    while True:
+        proc = proc_ref()
+        if proc is None or proc is not _proc or proc.pid != os.getpid():
+            return
+        root = proc.root
+        if root is None or proc.stop.is_set():
+            return
+        interval = root.flush_interval_s
+        if root._steady_pending and root._capture:
+            interval = min(interval, 0.01)  # start the capture close to the warm-up's end
+        try:
+            with proc.lock:
+                drained = _flush_locked(proc)
+        except Exception:  # noqa: BLE001 - a flusher that dies loses the run; keep going
+            drained = 0
+        if drained < _BUSY_ROWS:
+            proc.stop.wait(interval)
+        del proc, root
+
+
+def _ensure_flusher(proc: _Process) -> None:
+    if proc.flusher is not None and proc.flusher.is_alive():
+        return
+    proc.stop.clear()
+    proc.flusher = threading.Thread(
+        target=_flusher_main, args=(weakref.ref(proc),), name="maxinstr-flusher", daemon=True
+    )
+    proc.flusher.start()
+
+
+def _stop_flusher_if_idle(proc: _Process) -> None:
+    if proc.root is not None:
+        return
+    proc.stop.set()
+    t = proc.flusher
+    if t is not None and t is not threading.current_thread():
+        t.join(timeout=2.0)
+    proc.flusher = None
+
+
+# ------------------------------------------------------------------------------------------
+# process exit: atexit, signals, multiprocessing children, fork
+
+
+def _exit_process(reason: str = "exit") -> None:
+    """Close this process's recording: close still-open stages (flag UNCLOSED), write the
+    last records, close the part and (owner) meta.json. Idempotent per process."""
+    proc = _proc
+    if proc.pid != os.getpid() or proc.exited:
+        return
+    acquired = proc.lock.acquire(timeout=5.0)  # never hang an exiting program
+    try:
+        if proc.exited:
+            return
+        proc.exited = True
+        root = proc.root
+        if root is None:
+            return
+        native = _native()
+        if native is not None:
+            try:
+                native.close_open(reason)
+            except Exception:  # noqa: BLE001
+                pass
+        for s in list(proc.stack):
+            s.closed = True
+        root.closed = True
+        root._close_root(proc, reason=reason)
+        proc.stack.clear()
+    finally:
+        if acquired:
+            proc.lock.release()
+    proc.stop.set()
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    proc = _proc
+    root = proc.root
+    previous = root._signals.get(signum) if root is not None else None
+    if callable(previous):
+        # The program has its own handler: make everything so far durable, then let it decide.
+        if proc.lock.acquire(timeout=2.0):
+            try:
+                _flush_locked(proc)
+            finally:
+                proc.lock.release()
+        previous(signum, frame)
+        return
+    # Default action (terminate): finish the run, then die by the same signal.
+    _exit_process(reason=signal.Signals(signum).name)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+atexit.register(_exit_process)
+
+_MP_TOKEN = type("_MPToken", (), {})()  # kept alive: multiprocessing's after-fork registry is weak
+
+
+def _register_mp_exit_hook() -> None:
+    """multiprocessing children end with os._exit (no atexit); their finalizers do run."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:
+        return
+    try:
+        if mp.parent_process() is None:
+            return
+        from multiprocessing import util
+
+        util.Finalize(None, _exit_process, exitpriority=-100)
+        # a child's bootstrap clears finalizers registered before it; this re-registers after
+        util.register_after_fork(_MP_TOKEN, lambda _: util.Finalize(None, _exit_process, exitpriority=-100))
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _before_fork() -> None:
+    # Hold the lock across fork so the child never inherits a half-written batch.
+    _proc.lock.acquire(timeout=1.0)
+
+
+def _after_fork_parent() -> None:
+    try:
+        _proc.lock.release()
+    except RuntimeError:
+        pass
+
+
+def _after_fork_child() -> None:
+    """A fork child records into a part of its own; nothing of the parent's is kept."""
+    global _proc
+    parent = _proc
+    child = _Process()  # fresh locks (the parent's may be held by a thread that is gone)
+    child.names = dict(parent.names)
+    root = parent.root
+    if root is not None and root.path is not None and not root.failed:
+        joined = Session(root.path, _role="child", sample_hz=0, flush_interval_s=root.flush_interval_s)
+        joined.started = True
+        joined._pid = child.pid
+        joined._signals = dict(root._signals)  # the parent's handlers are still installed here
+        _proc = child
+        child.root = joined
+        child.stack.append(joined)
+        joined.part = fmt.part_name(child.pid)
+        joined._writer = PartWriter(
+            root.path / fmt.PARTS_DIR / joined.part, joined._part_info(os.environ.get("RANK")),
+            fsync_interval_s=root.fsync_interval_s,
+        )
+        if root._writer is not None:
+            for f in root._writer._files.values():  # the parent's descriptors: not ours to write
+                f.close()
+        _ensure_flusher(child)
+        mp_util = sys.modules.get("multiprocessing.util")
+        if mp_util is not None:
+            try:
+                mp_util.register_after_fork(
+                    _MP_TOKEN, lambda _: mp_util.Finalize(None, _exit_process, exitpriority=-100)
+                )
+            except Exception:  # noqa: BLE001
+                pass
+    else:
+        _proc = child
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child)
+
+
+# ------------------------------------------------------------------------------------------
+# public functions
+
+
+def session(
+    path: str | os.PathLike[str] | None,
+    *,
+    warmup: int = 0,
+    sample_hz: float = DEFAULT_SAMPLE_HZ,
+    flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+    **user_meta: Any,
+) -> Session:
+    """A recording session writing the run directory ``path`` (docs/sessions.md).
+
+    Use it as a context manager, or call ``.start()`` and ``.close()``. ``warmup=N``: the
+    first N instances of each stage name are warm-up. ``sample_hz`` sets the GPU sampler's
+    rate (0: off). Other keyword arguments (dtype, checkpoint, flags...) go to meta.json
+    under ``"user"``. Under ``maxinstr run`` (``MAXINSTR_RUN_DIR`` set) the run is written
+    where ``maxinstr run`` says, and ``path`` is recorded as ``requested_path``.
+    """
+    return Session(path, warmup=warmup, sample_hz=sample_hz, flush_interval_s=flush_interval_s, **user_meta)
+
+
+_default = Session(None, _role="memory")
+_default.started = True
+
+
+def current_session() -> Session:
+    """The innermost open session of this process, or the default in-memory session that
+    keeps stages recorded outside any session (bounded by ``MAXINSTR_MEMORY_RECORDS``,
+    default 1Mi records; the rest are counted in ``records().notes``)."""
+    proc = _proc
+    if proc.stack:
+        return proc.stack[-1]
+    return _default
+
+
+def ensure_env_session() -> Session | None:
+    """Open the session the environment asks for, if any, and return the open root session.
+
+    * ``MAXINSTR_SESSION_DIR`` set by another process's open session: join it (this
+      process writes its own part; the other owns meta.json).
+    * ``MAXINSTR_RUN_DIR`` set (``maxinstr run``): open the run's session here; a session
+      the script opens later joins it and gives the run its warm-up and user metadata.
+
+    Called by ``maxinstr run``'s start-up hook and when ``maxinstr.record`` is imported.
+    """
+    proc = _proc
+    if proc.root is not None and not proc.root.closed:
+        return proc.root
+    joined_dir = os.environ.get(ENV_SESSION_DIR)
+    owner = os.environ.get(ENV_SESSION_PID)
+    try:
+        if joined_dir and owner and owner != str(os.getpid()):
+            s = Session(joined_dir, _role="child", sample_hz=0)
+            return s.start()
+        run_dir = os.environ.get(ENV_RUN_DIR)
+        if run_dir:
+            s = Session(run_dir)
+            s.auto = True
+            s.requested_path = None
+            return s.start()
+    except Exception as exc:  # noqa: BLE001 - instrumentation must never stop the program
+        warnings.warn(f"maxinstr: could not open the session from the environment: {exc}", RuntimeWarning, stacklevel=2)
+    return None
+
+
+def _memory_run(sink: _MemorySink, owner: Session):
+    from maxinstr.rundir.reader import RUN_STAGE_DTYPE, Run
+
+    rows = np.concatenate(sink.chunks) if sink.chunks else np.empty(0, dtype=fmt.STAGE_DTYPE)
+    out = np.zeros(len(rows), dtype=RUN_STAGE_DTYPE)
+    for col in fmt.STAGE_DTYPE.names:
+        out[col] = rows[col]
+    names_map = _proc.names
+    used = np.unique(rows["name_id"]) if len(rows) else np.empty(0, np.int32)
+    names = np.empty(len(used), dtype=object)
+    names[:] = [names_map.get(int(i), f"<name {int(i)}>") for i in used]
+    if len(rows):
+        out["name_id"] = np.searchsorted(used, rows["name_id"]).astype(np.int32)
+    out["pid"] = os.getpid()
+    rank = os.environ.get("RANK")
+    out["rank"] = int(rank) if rank not in (None, "") and rank.isdigit() else -1
+    out = out[np.argsort(out["host_start_ns"], kind="stable")]
+    notes = []
+    if sink.dropped:
+        notes.append(f"in-memory session full: {sink.dropped} record(s) dropped (limit {sink.limit})")
+    dropped_native = int(_native_stats().get("dropped_records", 0) or 0)
+    if dropped_native:
+        notes.append(f"record buffer full: {dropped_native} record(s) dropped before they were drained")
+    meta = {
+        "format": fmt.FORMAT_NAME,
+        "version": fmt.FORMAT_VERSION,
+        "status": "memory",
+        "warmup": owner.warmup,
+        "user": dict(owner.user_meta),
+    }
+    return Run(
+        path=None,
+        meta=meta,
+        stages=out,
+        names=names,
+        attrs=dict(sink.attrs),
+        parts=[{"name": fmt.part_name(), "pid": os.getpid(), "rows": len(out)}],
+        notes=notes,
+    )
