@@ -1,0 +1,431 @@
+"""NVIDIA devices through NVML (nvidia-ml-py, imported lazily).
+
+NVML errors are translated here and nowhere else: a metric a device does not support is
+dropped from that device's read list and recorded once (its column stays NaN); a lost GPU
+raises :class:`~maxinstr.sample.base.DeviceLost`; anything else is recorded once per
+(metric, error) and the metric is tried again next row (dropped after many failures in a
+row). Per-row work is a fixed tuple of small closures over precomputed handles.
+
+GPM (Hopper and later: SM activity, occupancy, tensor activity, DRAM bandwidth) compares
+two GPM samples; NVML wants them >= 100 ms apart, so GPM runs on its own slower cadence
+(``gpm_interval_s``, at least 0.1 s) and its columns are NaN in the rows between (flag GPM
+marks the rows that carry them; a value covers the time since the previous GPM row).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Collection, Mapping
+
+from maxinstr.sample.base import (
+    ABSENT,
+    COL,
+    FLAG_GPM,
+    LOST,
+    MAX_FAILS_IN_A_ROW,
+    RETRY,
+    Backend,
+    Device,
+    DeviceInfo,
+    ErrorLog,
+    Probe,
+    ProbeDevice,
+)
+from maxinstr.sample.devices import MigInstance, PhysicalGpu, nvidia_visible
+
+# NVML's ABI values (nvml.h); stable across releases. Kept here rather than read from the
+# module so a mocked module cannot change them (tests check them against nvidia-ml-py).
+NVML_SUCCESS = 0
+ERR_UNINITIALIZED = 1
+ERR_NOT_SUPPORTED = 3
+ERR_NO_PERMISSION = 4
+ERR_NOT_FOUND = 6
+ERR_DRIVER_NOT_LOADED = 9
+ERR_LIBRARY_NOT_FOUND = 12
+ERR_FUNCTION_NOT_FOUND = 13
+ERR_GPU_IS_LOST = 15
+ERR_RESET_REQUIRED = 16
+ERR_LIB_RM_VERSION_MISMATCH = 18
+ERR_ARGUMENT_VERSION_MISMATCH = 25
+ERR_DEPRECATED = 26
+ERR_GPU_NOT_FOUND = 28
+
+CLOCK_SM = 1
+CLOCK_MEM = 2
+TEMPERATURE_GPU = 0
+
+GPM_SM_UTIL = 2
+GPM_SM_OCCUPANCY = 3
+GPM_ANY_TENSOR_UTIL = 5
+GPM_DRAM_BW_UTIL = 10
+GPM_METRICS_GET_VERSION = 1
+GPM_MIN_INTERVAL_S = 0.1
+
+# (GPM metric id, column)
+GPM_COLUMNS: tuple[tuple[int, str], ...] = (
+    (GPM_SM_UTIL, "sm_active_pct"),
+    (GPM_SM_OCCUPANCY, "sm_occupancy_pct"),
+    (GPM_ANY_TENSOR_UTIL, "tensor_active_pct"),
+    (GPM_DRAM_BW_UTIL, "dram_bw_util_pct"),
+)
+
+# NVML clocks-event reasons 0x1..0x100 are, bit for bit, our neutral bits 0..8 (idle,
+# app_clocks, sw_power_cap, hw_slowdown, sync_boost, sw_thermal, hw_thermal, hw_power_brake,
+# display_clocks). UserDefinedClocks is an alias of ApplicationsClocksSetting (0x2) in NVML.
+NVML_REASON_MASK = 0x1FF
+
+_ABSENT = {ERR_NOT_SUPPORTED, ERR_NO_PERMISSION, ERR_FUNCTION_NOT_FOUND, ERR_ARGUMENT_VERSION_MISMATCH, ERR_DEPRECATED}
+_LOST = {
+    ERR_GPU_IS_LOST,
+    ERR_GPU_NOT_FOUND,
+    ERR_RESET_REQUIRED,
+    ERR_DRIVER_NOT_LOADED,
+    ERR_UNINITIALIZED,
+    ERR_LIB_RM_VERSION_MISMATCH,
+}
+
+
+class Unavailable(Exception):
+    """NVML cannot be used here; the message says why in one line."""
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _code(exc: BaseException) -> int | None:
+    value = getattr(exc, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def import_pynvml() -> Any:
+    """The pynvml module, or :class:`Unavailable`. Imported only when sampling starts."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise Unavailable(f"nvidia-ml-py is not installed ({exc})") from None
+    return pynvml
+
+
+class NvmlDevice(ProbeDevice):
+    """One visible NVIDIA GPU or MIG instance."""
+
+    def __init__(
+        self,
+        nv: Any,
+        handle: Any,
+        info: DeviceInfo,
+        errors: ErrorLog,
+        *,
+        pids: Collection[int] | None,
+        slow_every: int,
+        gpm_interval_s: float,
+        parent: Any = None,
+        gpu_instance_id: int = -1,
+    ) -> None:
+        self.nv = nv
+        self.h = handle
+        self.info = info
+        self.errors = errors
+        self._slow_every = max(1, slow_every)
+        self._throttle_raw = 0
+        self._parent = parent
+        self._gi = gpu_instance_id
+        self._fast: tuple[Probe, ...] = self._fast_probes()
+        self._slow: tuple[Probe, ...] = self._slow_probes(pids)
+        self._gpm_ns = int(max(gpm_interval_s, GPM_MIN_INTERVAL_S) * 1e9)
+        self._gpm_t = -(1 << 62)
+        self._gpm_ok = False
+        self._gpm_fails = 0
+        self._gpm_samples: list[Any] = []
+        if info.gpm:
+            self._gpm_ok = self._gpm_setup()
+
+    # -- probes ------------------------------------------------------------------------
+    def _fast_probes(self) -> tuple[Probe, ...]:
+        nv, h = self.nv, self.h
+        c_gpu, c_mem = COL["gpu_util_pct"], COL["mem_util_pct"]
+        c_used, c_sm, c_mclk = COL["mem_used_bytes"], COL["sm_clock_mhz"], COL["mem_clock_mhz"]
+        c_pow, c_en = COL["power_w"], COL["energy_j"]
+
+        def util(v: list) -> None:
+            u = nv.nvmlDeviceGetUtilizationRates(h)
+            v[c_gpu] = u.gpu
+            v[c_mem] = u.memory
+
+        def memory(v: list) -> None:
+            v[c_used] = nv.nvmlDeviceGetMemoryInfo(h).used
+
+        def sm_clock(v: list) -> None:
+            v[c_sm] = nv.nvmlDeviceGetClockInfo(h, CLOCK_SM)
+
+        def mem_clock(v: list) -> None:
+            v[c_mclk] = nv.nvmlDeviceGetClockInfo(h, CLOCK_MEM)
+
+        def power(v: list) -> None:
+            v[c_pow] = nv.nvmlDeviceGetPowerUsage(h) * 1e-3  # mW -> W
+
+        def energy(v: list) -> None:
+            v[c_en] = nv.nvmlDeviceGetTotalEnergyConsumption(h) * 1e-3  # mJ -> J
+
+        reasons = [nv.nvmlDeviceGetCurrentClocksEventReasons]
+
+        def throttle(v: list) -> None:
+            try:
+                self._throttle_raw = reasons[0](h)
+            except nv.NVMLError as exc:
+                # drivers before 535 lack the "ClocksEvent" name: fall back to the old one, once
+                if _code(exc) != ERR_FUNCTION_NOT_FOUND or reasons[0] is nv.nvmlDeviceGetCurrentClocksThrottleReasons:
+                    raise
+                reasons[0] = nv.nvmlDeviceGetCurrentClocksThrottleReasons
+                self._throttle_raw = reasons[0](h)
+
+        return tuple(
+            Probe(*p)
+            for p in (
+                ("gpu_util_pct", util, ("gpu_util_pct", "mem_util_pct")),
+                ("mem_used_bytes", memory, None),
+                ("sm_clock_mhz", sm_clock, None),
+                ("mem_clock_mhz", mem_clock, None),
+                ("power_w", power, None),
+                ("energy_j", energy, None),
+                ("throttle", throttle, ()),
+            )
+        )
+
+    def _slow_probes(self, pids: Collection[int] | None) -> tuple[Probe, ...]:
+        nv, h = self.nv, self.h
+        c_proc, c_temp = COL["proc_mem_bytes"], COL["temp_c"]
+        watched = None if pids is None else frozenset(pids)
+
+        def proc_mem(v: list) -> None:
+            total = 0
+            for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
+                if watched is None or p.pid in watched:
+                    used = p.usedGpuMemory
+                    if used is not None:  # None: not available (e.g. Windows WDDM)
+                        total += used
+            v[c_proc] = total
+
+        def temp(v: list) -> None:
+            v[c_temp] = nv.nvmlDeviceGetTemperature(h, TEMPERATURE_GPU)
+
+        return (Probe("proc_mem_bytes", proc_mem), Probe("temp_c", temp))
+
+    # -- GPM ---------------------------------------------------------------------------
+    def _gpm_setup(self) -> bool:
+        nv = self.nv
+        try:
+            self._gpm_samples = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
+            get = nv.c_nvmlGpmMetricsGet_t()
+            get.version = GPM_METRICS_GET_VERSION
+            get.numMetrics = len(GPM_COLUMNS)
+            for i, (metric_id, _) in enumerate(GPM_COLUMNS):
+                get.metrics[i].metricId = metric_id
+            self._gpm_get = get
+        except Exception as exc:  # noqa: BLE001 - vendor boundary
+            self._absent_gpm(f"GPM set-up failed: {_text(exc)}")
+            return False
+        self._gpm_cur = 0
+        self._gpm_have_prev = False
+        self._gpm_cols = tuple(COL[c] for _, c in GPM_COLUMNS)
+        return True
+
+    def _absent_gpm(self, why: str) -> None:
+        self._gpm_ok = False
+        for _, col in GPM_COLUMNS:
+            if col not in self.info.absent:
+                self.info.absent.append(col)
+        self.errors.once((self.info.visible_index, "gpm"), "absent", f"gpu{self.info.visible_index}: GPM metrics absent: {why}",
+                         self.info.visible_index, "gpm")
+
+    def _read_gpm(self, v: list, now_ns: int) -> int:
+        nv = self.nv
+        sample = self._gpm_samples[self._gpm_cur]
+        if self._parent is not None:
+            nv.nvmlGpmMigSampleGet(self._parent, self._gi, sample)
+        else:
+            nv.nvmlGpmSampleGet(self.h, sample)
+        self._gpm_t = now_ns
+        flags = 0
+        if self._gpm_have_prev:
+            get = self._gpm_get
+            get.sample1 = self._gpm_samples[self._gpm_cur ^ 1]
+            get.sample2 = sample
+            nv.nvmlGpmMetricsGet(get)
+            metrics = get.metrics
+            for i, col in enumerate(self._gpm_cols):
+                m = metrics[i]
+                if m.nvmlReturn == NVML_SUCCESS:
+                    v[col] = m.value
+                else:
+                    name = GPM_COLUMNS[i][1]
+                    self.errors.once((self.info.visible_index, name, m.nvmlReturn), "metric",
+                                     f"gpu{self.info.visible_index}: GPM {name}: NVML error {m.nvmlReturn}",
+                                     self.info.visible_index, name)
+            flags = FLAG_GPM
+        self._gpm_have_prev = True
+        self._gpm_cur ^= 1
+        self._gpm_fails = 0
+        return flags
+
+    # -- errors ------------------------------------------------------------------------
+    def classify(self, exc: Exception) -> tuple[str, str, object]:
+        if not isinstance(exc, self.nv.NVMLError):
+            return ABSENT, f"{type(exc).__name__}: {exc}", type(exc).__name__
+        code = _code(exc)
+        what = f"NVML: {_text(exc)}"
+        if code in _LOST:
+            return LOST, what, code
+        return (ABSENT if code in _ABSENT else RETRY), what, code
+
+    # -- the per-row read --------------------------------------------------------------
+    def read(self, values: list[float], tick: int, now_ns: int) -> tuple[int, int, int]:
+        self._throttle_raw = 0
+        flags = self.read_probes(values, tick)
+        if self._gpm_ok and now_ns - self._gpm_t >= self._gpm_ns:
+            try:
+                flags |= self._read_gpm(values, now_ns)
+            except Exception as exc:  # noqa: BLE001 - vendor boundary
+                kind, what, key = self.classify(exc)
+                if kind == LOST:
+                    self.fail(Probe("gpm", lambda v: None, ()), exc)  # raises DeviceLost
+                self._gpm_fails += 1
+                if kind == ABSENT or self._gpm_fails >= MAX_FAILS_IN_A_ROW:
+                    self._absent_gpm(what)
+                else:
+                    idx = self.info.visible_index
+                    self.errors.once((idx, "gpm", key), "metric", f"gpu{idx}: GPM: {what} (retrying)", idx, "gpm")
+                self._gpm_t = now_ns  # retry on the GPM cadence, not every row
+        raw = self._throttle_raw
+        return flags, raw & NVML_REASON_MASK, raw
+
+    def close(self) -> None:
+        for sample in self._gpm_samples:
+            try:
+                self.nv.nvmlGpmSampleFree(sample)
+            except Exception:  # noqa: BLE001 - best effort at close
+                pass
+        self._gpm_samples = []
+
+
+def _try(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - static info is optional
+        return None
+
+
+class NvmlBackend(Backend):
+    """NVML opened; one :class:`NvmlDevice` per visible GPU."""
+
+    name = "nvml"
+
+    def __init__(
+        self,
+        errors: ErrorLog,
+        *,
+        env: Mapping[str, str] | None = None,
+        pids: Collection[int] | None = None,
+        interval_s: float = 0.01,
+        gpm_interval_s: float | None = None,
+        slow_interval_s: float = 0.1,
+        nv: Any = None,
+    ) -> None:
+        self.nv = nv if nv is not None else import_pynvml()
+        self.errors = errors
+        try:
+            self.nv.nvmlInit()
+        except Exception as exc:  # noqa: BLE001 - vendor boundary: library missing, driver not loaded
+            raise Unavailable(f"NVML: {_text(exc)}") from None
+        self._env = os.environ if env is None else env
+        self._pids = (os.getpid(),) if pids is None else pids
+        self._interval_s = interval_s
+        self._gpm_interval_s = max(GPM_MIN_INTERVAL_S, interval_s if gpm_interval_s is None else gpm_interval_s)
+        self._slow_every = max(1, round(slow_interval_s / interval_s)) if interval_s > 0 else 1
+        self.notes: list[str] = []
+        self.source = ""
+
+    def versions(self) -> dict[str, str]:
+        out = {}
+        driver = _try(self.nv.nvmlSystemGetDriverVersion)
+        if driver is not None:
+            out["driver"] = _text(driver)
+        cuda = _try(self.nv.nvmlSystemGetCudaDriverVersion)
+        if isinstance(cuda, int):
+            out["cuda_driver"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
+        return out
+
+    def _physical(self, want_mig: bool) -> tuple[list[PhysicalGpu], list[Any]]:
+        nv = self.nv
+        gpus, handles = [], []
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            migs: list[MigInstance] = []
+            if want_mig and (_try(nv.nvmlDeviceGetMigMode, h) or [0])[0] == 1:
+                for k in range(_try(nv.nvmlDeviceGetMaxMigDeviceCount, h) or 0):
+                    mh = _try(nv.nvmlDeviceGetMigDeviceHandleByIndex, h, k)
+                    if mh is None:
+                        continue
+                    migs.append(
+                        MigInstance(
+                            uuid=_text(_try(nv.nvmlDeviceGetUUID, mh) or ""),
+                            gpu_instance_id=_try(nv.nvmlDeviceGetGpuInstanceId, mh) or -1,
+                            compute_instance_id=_try(nv.nvmlDeviceGetComputeInstanceId, mh) or -1,
+                            index=k,
+                        )
+                    )
+            gpus.append(PhysicalGpu(index=i, uuid=_text(nv.nvmlDeviceGetUUID(h)), name=_text(_try(nv.nvmlDeviceGetName, h) or ""), mig=tuple(migs)))
+            handles.append(h)
+        return gpus, handles
+
+    def devices(self) -> list[Device]:
+        nv = self.nv
+        want_mig = "MIG" in self._env.get("CUDA_VISIBLE_DEVICES", "").upper()
+        gpus, handles = self._physical(want_mig)
+        vis = nvidia_visible(gpus, self._env)
+        self.notes.extend(vis.notes)
+        self.source = vis.source
+        out: list[Device] = []
+        for g in vis.gpus:
+            parent = handles[g.physical_index]
+            if g.mig is not None:
+                h = nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, g.mig.index)
+            else:
+                h = parent
+            gpm_support = _try(nv.nvmlGpmQueryDeviceSupport, parent)
+            mem = _try(nv.nvmlDeviceGetMemoryInfo, h)
+            limit_mw = _try(nv.nvmlDeviceGetEnforcedPowerLimit, h)
+            pci = _try(nv.nvmlDeviceGetPciInfo, parent)
+            info = DeviceInfo(
+                vendor="nvidia",
+                visible_index=g.visible_index,
+                physical_index=g.physical_index,
+                name=_text(_try(nv.nvmlDeviceGetName, h) or ""),
+                uuid=g.uuid,
+                pci_bus_id=_text(pci.busId) if pci is not None else "",
+                mig=g.mig is not None,
+                sm_clock_max_mhz=_try(nv.nvmlDeviceGetMaxClockInfo, h, CLOCK_SM),
+                mem_clock_max_mhz=_try(nv.nvmlDeviceGetMaxClockInfo, h, CLOCK_MEM),
+                mem_total_bytes=float(mem.total) if mem is not None else None,
+                power_limit_w=limit_mw * 1e-3 if isinstance(limit_mw, (int, float)) else None,
+                gpm=bool(getattr(gpm_support, "isSupportedDevice", 0)) if gpm_support is not None else False,
+            )
+            if not info.gpm:
+                info.absent.extend(c for _, c in GPM_COLUMNS)
+                self.errors.once((g.visible_index, "gpm"), "absent",
+                                 f"gpu{g.visible_index}: GPM metrics absent (needs Hopper or later)", g.visible_index, "gpm")
+            out.append(
+                NvmlDevice(
+                    nv, h, info, self.errors,
+                    pids=self._pids,
+                    slow_every=self._slow_every,
+                    gpm_interval_s=self._gpm_interval_s,
+                    parent=parent if g.mig is not None else None,
+                    gpu_instance_id=g.mig.gpu_instance_id if g.mig is not None else -1,
+                )
+            )
+        return out
+
+    def shutdown(self) -> None:
+        _try(self.nv.nvmlShutdown)

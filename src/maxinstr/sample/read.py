@@ -1,0 +1,134 @@
+"""Read a part's samples back as numpy columns (for ``maxinstr.load``, reports, snapshot).
+
+The row layout comes from samples.json (so older or newer writers stay readable); a torn
+last row (process killed mid-write) is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from maxinstr.errors import RunDirError
+from maxinstr.sample.base import FLAG_GPM, FLAG_LOST, FLAG_SLOW, HW_THROTTLE_MASK, IDLE_MASK, SETTING_MASK
+from maxinstr.sample.writer import SAMPLES_BIN, SAMPLES_JSON
+
+_HEADER_FIELDS = ("t_ns", "device", "flags", "read_ns", "throttle", "throttle_raw")
+
+
+@dataclass
+class Samples:
+    """Sampler rows of one part, one row per (tick, device), in time order per device.
+
+    ``rows`` is the structured array (fields named in ``meta['row']``); the common columns
+    are exposed as attributes. Float metrics are NaN where absent or not read in that row.
+    ``devices`` is samples.json's device list (``device`` indexes it).
+    """
+
+    rows: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+    torn_bytes: int = 0
+
+    @property
+    def t_ns(self) -> np.ndarray:
+        return self.rows["t_ns"]
+
+    @property
+    def device(self) -> np.ndarray:
+        return self.rows["device"]
+
+    @property
+    def flags(self) -> np.ndarray:
+        return self.rows["flags"]
+
+    @property
+    def throttle(self) -> np.ndarray:
+        return self.rows["throttle"]
+
+    @property
+    def devices(self) -> list[dict[str, Any]]:
+        return list(self.meta.get("devices", []))
+
+    @property
+    def metric_names(self) -> list[str]:
+        return [f["name"] for f in self.meta.get("row", {}).get("fields", []) if f["name"] not in _HEADER_FIELDS]
+
+    @property
+    def units(self) -> dict[str, str]:
+        return {f["name"]: f.get("unit", "") for f in self.meta.get("row", {}).get("fields", [])}
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        return list(self.meta.get("errors", []))
+
+    @property
+    def unavailable(self) -> str | None:
+        return self.meta.get("unavailable")
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def column(self, name: str) -> np.ndarray:
+        """One metric column (float, NaN where absent)."""
+        return self.rows[name]
+
+    def for_device(self, device: int) -> "Samples":
+        """Only the rows of ``device`` (an index into ``devices``), in time order."""
+        rows = self.rows[self.rows["device"] == device]
+        order = np.argsort(rows["t_ns"], kind="stable")
+        return Samples(rows[order], self.meta, 0)
+
+    def hw_throttled(self) -> np.ndarray:
+        """Per row: hardware/firmware throttling (not idle, not a clock setting) was seen."""
+        return (self.rows["throttle"] & HW_THROTTLE_MASK) != 0
+
+    def idle(self) -> np.ndarray:
+        return (self.rows["throttle"] & IDLE_MASK) != 0
+
+    def setting_limited(self) -> np.ndarray:
+        return (self.rows["throttle"] & SETTING_MASK) != 0
+
+
+def dtype_from_layout(layout: dict[str, Any], where: Path) -> np.dtype:
+    """The numpy dtype of a samples.bin row described in samples.json."""
+    try:
+        dtype = np.dtype([(f["name"], f["type"]) for f in layout["fields"]])
+        size = int(layout["size"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RunDirError(where, f"bad row layout in {SAMPLES_JSON}: {exc}") from None
+    if dtype.itemsize != size:
+        raise RunDirError(where, f"{SAMPLES_JSON} says rows are {size} bytes but its fields add up to {dtype.itemsize}")
+    return dtype
+
+
+def read_samples(part_dir: Path | str) -> Samples:
+    """The samples in ``part_dir``. No samples.json and no samples.bin: an empty result (the
+    sampler never ran). A samples.bin without samples.json, or a malformed samples.json:
+    :class:`~maxinstr.errors.RunDirError`."""
+    part = Path(part_dir)
+    meta_path, bin_path = part / SAMPLES_JSON, part / SAMPLES_BIN
+    if not meta_path.exists():
+        if bin_path.exists() and bin_path.stat().st_size:
+            raise RunDirError(bin_path, f"has no {SAMPLES_JSON} beside it: the row layout is unknown")
+        return Samples(np.empty(0, dtype=[("t_ns", "<i8"), ("device", "<u2"), ("flags", "<u2"), ("throttle", "<u4")]))
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RunDirError(meta_path, f"cannot be read: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("format") != "maxinstr-samples":
+        raise RunDirError(meta_path, "is not a maxinstr samples description")
+    if int(meta.get("version", 0)) > 1:
+        raise RunDirError(meta_path, f"samples format version {meta.get('version')} is newer than this maxinstr reads (1)")
+    dtype = dtype_from_layout(meta.get("row", {}), meta_path)
+    raw = np.fromfile(bin_path, dtype=np.uint8) if bin_path.exists() else np.empty(0, np.uint8)
+    n = len(raw) // dtype.itemsize
+    torn = len(raw) - n * dtype.itemsize
+    rows = raw[: n * dtype.itemsize].view(dtype) if n else np.empty(0, dtype=dtype)
+    return Samples(rows, meta, torn)
+
+
+__all__ = ["FLAG_GPM", "FLAG_LOST", "FLAG_SLOW", "Samples", "dtype_from_layout", "read_samples"]

@@ -1,0 +1,304 @@
+"""The sampler thread: reads every visible device at a fixed rate and appends one fixed-size
+row per device to ``samples.bin``.
+
+Rows of one tick are packed with ``struct.pack_into`` into a preallocated buffer and handed
+to the OS in one ``os.write`` per tick (the GIL is released during the write), so a process
+killed by SIGKILL loses at most the tick being read. ``samples.json`` (layout, devices,
+errors, the sampler's own cost) is replaced atomically at start, when a new error is seen,
+and at stop. Nothing here raises into the user's program: failures become entries in
+``samples.json``'s ``errors``.
+"""
+
+from __future__ import annotations
+
+import array
+import atexit
+import json
+import os
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from maxinstr.sample.base import (
+    FLAG_GPM,
+    FLAG_LOST,
+    FLAG_SLOW,
+    HEADER,
+    METRICS,
+    NAN,
+    ROW_FORMAT,
+    THROTTLE_BITS,
+    Backend,
+    Device,
+    DeviceLost,
+    ErrorLog,
+)
+
+try:  # the native core's clock (CLOCK_MONOTONIC ns, the clock stage records use)
+    from maxinstr._native import clock_ns as _clock_ns  # type: ignore[attr-defined]
+except Exception:  # noqa: BLE001 - no native build: time.monotonic_ns is CLOCK_MONOTONIC on Linux
+    _clock_ns = time.monotonic_ns
+
+clock_ns: Callable[[], int] = _clock_ns
+
+SAMPLES_BIN = "samples.bin"
+SAMPLES_JSON = "samples.json"
+FORMAT_VERSION = 1
+
+_NUMPY_TYPE = {"q": "<i8", "H": "<u2", "I": "<u4", "Q": "<u8", "f": "<f4", "d": "<f8"}
+ROW_SIZE = struct.calcsize(ROW_FORMAT)
+_COST_RING = 8192  # recent per-tick costs kept for percentiles
+_U32_MAX = 0xFFFFFFFF
+
+
+def row_layout() -> dict[str, Any]:
+    """The samples.bin row layout as written into samples.json."""
+    return {
+        "size": ROW_SIZE,
+        "byteorder": "little",
+        "fields": [{"name": n, "type": _NUMPY_TYPE[c], "unit": u, "desc": d} for n, c, u, d in HEADER + METRICS],
+    }
+
+
+def _write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, allow_nan=False, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+class Sampler:
+    """A running (or finished) sampler for one part directory. Use :meth:`stop`."""
+
+    def __init__(
+        self,
+        part_dir: Path,
+        interval_s: float,
+        backend: Backend,
+        *,
+        unavailable: str = "",
+        notes: list[str] | None = None,
+        errors: ErrorLog | None = None,
+        pids: list[int] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.part_dir = Path(part_dir)
+        self.interval_s = interval_s
+        self.backend = backend
+        self.unavailable = unavailable
+        self.notes = list(notes or [])
+        self.errors = errors or ErrorLog(clock_ns)
+        self.errors.on_new = self._on_new_error
+        self.pids = pids
+        self.extra = dict(extra or {})
+        self.devices: list[Device] = []
+        self._json_lock = threading.Lock()
+        self._stop_evt = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._fd = -1
+        self._stopped = False
+        self.started_ns = clock_ns()
+        self.stopped_ns: int | None = None
+        # cost accounting (written by the thread only)
+        self.ticks = 0
+        self.rows = 0
+        self.missed_ticks = 0
+        self._cost_sum_ns = 0
+        self._cost_max_ns = 0
+        self._costs = array.array("q", bytes(8 * _COST_RING))
+        self._thread_cpu_ns = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> "Sampler":
+        try:
+            self.part_dir.mkdir(parents=True, exist_ok=True)
+            if not self.unavailable:
+                try:
+                    self.devices = self.backend.devices()
+                except Exception as exc:  # noqa: BLE001 - vendor boundary: enumeration failed
+                    self.unavailable = f"{self.backend.name}: listing devices failed: {type(exc).__name__}: {exc}"
+                    self.devices = []
+            self.notes.extend(getattr(self.backend, "notes", []))
+            self._fd = os.open(self.part_dir / SAMPLES_BIN, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self.write_json("running")
+            if self.devices:
+                self._thread = threading.Thread(target=self._run, name="maxinstr-sampler", daemon=True)
+                self._thread.start()
+                atexit.register(self.stop)
+        except Exception as exc:  # noqa: BLE001 - the sampler never raises into the user's program
+            self.errors.once(("start",), "internal", f"sampler did not start: {type(exc).__name__}: {exc}")
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread, write the final samples.json, close the vendor library.
+        Idempotent; never raises."""
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            atexit.unregister(self.stop)
+            self._stop_evt.set()
+            if self._thread is not None:
+                self._thread.join(timeout=max(2.0, 5 * self.interval_s))
+            self.stopped_ns = clock_ns()
+            for dev in self.devices:
+                try:
+                    dev.close()
+                except Exception:  # noqa: BLE001
+                    pass
+            try:
+                self.backend.shutdown()
+            except Exception:  # noqa: BLE001
+                pass
+            self.write_json("closed")
+        except Exception:  # noqa: BLE001 - never raise at stop
+            pass
+        finally:
+            if self._fd >= 0:
+                try:
+                    os.close(self._fd)
+                except OSError:
+                    pass
+                self._fd = -1
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- the thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        cpu0 = time.thread_time_ns()
+        try:
+            self._loop()
+        except Exception as exc:  # noqa: BLE001 - a bug here must not reach the user
+            self.errors.once(("thread",), "internal", f"sampler thread stopped: {type(exc).__name__}: {exc}")
+        finally:
+            self._thread_cpu_ns = time.thread_time_ns() - cpu0
+
+    def _loop(self) -> None:
+        active = list(enumerate(self.devices))  # (row device index, device)
+        n_metrics = len(METRICS)
+        template = [NAN] * n_metrics
+        values = [NAN] * n_metrics
+        buf = bytearray(ROW_SIZE * max(1, len(active)))
+        view = memoryview(buf)
+        pack_into = struct.Struct(ROW_FORMAT).pack_into
+        fd = self._fd
+        interval_ns = max(1, int(self.interval_s * 1e9))
+        wait = self._stop_evt.wait
+        costs, ring = self._costs, _COST_RING
+        clock = clock_ns
+        tick = 0
+        next_ns = clock()
+        while active and not self._stop_evt.is_set():
+            t_tick = clock()
+            off = 0
+            lost: list[int] = []
+            for k, (index, dev) in enumerate(active):
+                values[:] = template
+                t0 = clock()
+                try:
+                    flags, bits, raw = dev.read(values, tick, t0)
+                except DeviceLost:
+                    flags, bits, raw = FLAG_LOST, 0, 0
+                    lost.append(k)
+                except Exception as exc:  # noqa: BLE001 - a vendor module bug: stop that device only
+                    self.errors.once((index, "internal"), "internal",
+                                     f"gpu{dev.info.visible_index}: sampling stopped: {type(exc).__name__}: {exc}", index)
+                    flags, bits, raw = FLAG_LOST, 0, 0
+                    lost.append(k)
+                read_ns = clock() - t0
+                pack_into(buf, off, t0, index, flags, read_ns if read_ns < _U32_MAX else _U32_MAX, bits, raw, *values)
+                off += ROW_SIZE
+            if off:
+                os.write(fd, view[:off])
+                self.rows += len(active)
+            if lost:
+                active = [a for k, a in enumerate(active) if k not in lost]
+            cost = clock() - t_tick
+            costs[tick % ring] = cost
+            self._cost_sum_ns += cost
+            if cost > self._cost_max_ns:
+                self._cost_max_ns = cost
+            tick += 1
+            self.ticks = tick
+            next_ns += interval_ns
+            now = clock()
+            if next_ns <= now:  # fell behind (GIL held by the program, slow vendor call): skip, don't burst
+                skipped = (now - next_ns) // interval_ns + 1
+                self.missed_ticks += skipped
+                next_ns += skipped * interval_ns
+            wait((next_ns - now) * 1e-9)
+
+    # -- samples.json ----------------------------------------------------------------
+    def _on_new_error(self) -> None:
+        if self._fd >= 0 and not self._stopped:
+            self.write_json("running")
+
+    def cost_summary(self) -> dict[str, Any]:
+        n = min(self.ticks, _COST_RING)
+        out: dict[str, Any] = {"ticks": self.ticks, "rows": self.rows, "missed_ticks": self.missed_ticks}
+        if n:
+            import numpy as np
+
+            recent = np.frombuffer(self._costs, dtype=np.int64)[:n]
+            out["per_tick_ns"] = {
+                "mean": self._cost_sum_ns / self.ticks,
+                "p50": float(np.percentile(recent, 50)),
+                "p99": float(np.percentile(recent, 99)),
+                "max": self._cost_max_ns,
+                "percentiles_over_last_ticks": int(n),
+            }
+            out["per_device_row_ns_mean"] = self._cost_sum_ns / max(1, self.rows)
+        if self.stopped_ns is not None and self._thread_cpu_ns:
+            elapsed = max(1, self.stopped_ns - self.started_ns)
+            out["thread_cpu_ns"] = self._thread_cpu_ns
+            out["thread_cpu_pct"] = 100.0 * self._thread_cpu_ns / elapsed
+        return out
+
+    def write_json(self, status: str) -> None:
+        doc: dict[str, Any] = {
+            "format": "maxinstr-samples",
+            "version": FORMAT_VERSION,
+            "status": status,
+            "clock": "CLOCK_MONOTONIC",
+            "backend": self.backend.name if not self.unavailable else "none",
+            "unavailable": self.unavailable or None,
+            "backend_versions": _safe(self.backend.versions) or {},
+            "visible": getattr(self.backend, "source", "") or None,
+            "interval_s": self.interval_s,
+            **self.extra,
+            "row": row_layout(),
+            "flags": {"GPM": FLAG_GPM, "SLOW": FLAG_SLOW, "LOST": FLAG_LOST},
+            "throttle_bits": [{"bit": i, "name": n, "group": g} for i, (n, g) in enumerate(THROTTLE_BITS)],
+            "devices": [d.info.to_json() for d in self.devices],
+            "pids": self.pids,
+            "started_ns": self.started_ns,
+            "stopped_ns": self.stopped_ns,
+            "cost": self.cost_summary(),
+            "notes": self.notes,
+            "errors": self.errors.snapshot(),
+        }
+        with self._json_lock:
+            _write_json_atomic(self.part_dir / SAMPLES_JSON, _finite(doc))
+
+
+def _safe(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _finite(obj: Any) -> Any:
+    """JSON cannot hold NaN: replace non-finite floats by None."""
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
