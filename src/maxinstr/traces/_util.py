@@ -1,0 +1,304 @@
+"""Small columnar helpers shared by the non-nsys readers (rocprofv3, RPD, Kineto).
+
+Everything here works on whole numpy columns; the only per-row Python work is what the
+csv / json / sqlite3 modules themselves do while parsing.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import sqlite3
+import tempfile
+import zlib
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from maxinstr.errors import TraceError
+from maxinstr.traces.model import NO_ID, RangeStyle, Ranges, StringTable
+
+Progress = Callable[[str], None]
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def report(progress: Progress | None, message: str) -> None:
+    """Call the optional progress callback."""
+    if progress is not None:
+        progress(message)
+
+
+def int_column(values, path: object, what: str) -> np.ndarray:
+    """``values`` (strings, ints or floats) as int64; a TraceError naming the first bad value."""
+    arr = values if isinstance(values, np.ndarray) else np.asarray(values)
+    try:
+        if arr.dtype.kind in "iu":
+            if arr.dtype.kind == "u" and len(arr) and arr.max() > np.iinfo(np.int64).max:
+                raise OverflowError
+            return arr.astype(np.int64, copy=False)
+        if arr.dtype.kind == "b":
+            return arr.astype(np.int64)
+        if arr.dtype.kind == "f":
+            if len(arr) and not (np.all(np.isfinite(arr)) and np.abs(arr).max() < 9.2e18):
+                raise ValueError
+            return arr.astype(np.int64)
+        if arr.dtype.kind in "USO":
+            return np.array(arr.tolist(), dtype=np.int64)
+    except (ValueError, TypeError, OverflowError):
+        pass
+    for i, value in enumerate(arr.tolist()):
+        try:
+            _strict_int(value)
+        except (ValueError, TypeError, OverflowError):
+            raise TraceError(path, f"{what}: row {i + 1}: not an integer: {str(value)[:40]!r}") from None
+    raise TraceError(path, f"{what}: values out of the int64 range")
+
+
+def intern(strings: StringTable, values) -> np.ndarray:
+    """int32 ids in ``strings`` for a column of names.
+
+    Unlike ``StringTable.ids_for`` this never builds a fixed-width unicode array (kernel names
+    run to thousands of characters: a 1M-row '<U4000' array would need 16 GB); a dict assigns
+    local codes in one pass and each distinct name is interned once.
+    """
+    seq = values.tolist() if isinstance(values, np.ndarray) else list(values)
+    if not seq:
+        return np.empty(0, dtype=np.int32)
+    local: dict = {}
+    codes = np.fromiter((local.setdefault(v, len(local)) for v in seq), dtype=np.int64, count=len(seq))
+    mapping = np.fromiter((strings.intern(_as_text(u)) for u in local), dtype=np.int32, count=len(local))
+    return mapping[codes]
+
+
+def _as_text(value) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else str(value)
+
+
+def _strict_int(value) -> int:
+    if isinstance(value, bool) or value is None:
+        raise TypeError(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(value)
+        return int(value)
+    if isinstance(value, (int, np.integer)):
+        result = int(value)
+    elif isinstance(value, (str, bytes)):
+        result = int(value)
+    else:
+        raise TypeError(value)
+    if not -(2**63) <= result < 2**63:
+        raise OverflowError(value)
+    return result
+
+
+def trailing_int(values: np.ndarray, path: object, what: str) -> np.ndarray:
+    """Integers from strings like ``"Agent 1"`` or ``"1"`` (parsed once per distinct value)."""
+    uniques, inverse = np.unique(np.asarray(values).astype(str), return_inverse=True)
+    parsed = np.empty(len(uniques), dtype=np.int64)
+    for i, u in enumerate(uniques):
+        digits = u.rstrip()
+        j = len(digits)
+        while j > 0 and digits[j - 1].isdigit():
+            j -= 1
+        if j == len(digits):
+            raise TraceError(path, f"{what}: no number in {u[:40]!r}")
+        parsed[i] = int(digits[j:])
+    return parsed[inverse]
+
+
+def pair_push_pop(
+    tid: np.ndarray, time_ns: np.ndarray, is_push: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Pair push and pop events per thread, without a Python loop over events.
+
+    Returns ``(push_index, pop_index, unmatched_pops, unclosed_pushes)``: indices into the
+    input arrays of each matched pair. Within one thread the nesting depth is a +1/-1 walk;
+    a push that reaches depth d and the next pop that leaves depth d belong together, and
+    in each (thread, d) group pushes and pops strictly alternate. A pop with no earlier push
+    (group starts with a pop) and a push never popped (group ends with a push) are dropped
+    and counted.
+    """
+    n = len(tid)
+    if n == 0:
+        empty = np.empty(0, np.int64)
+        return empty, empty, 0, 0
+    order = np.lexsort((np.arange(n), time_ns, tid))
+    t_sorted = tid[order]
+    step = np.where(is_push[order], 1, -1).astype(np.int64)
+    depth = np.cumsum(step)
+    # restart the walk at each thread boundary
+    starts = np.flatnonzero(np.r_[True, t_sorted[1:] != t_sorted[:-1]])
+    base = np.repeat(depth[starts] - step[starts], np.diff(np.r_[starts, n]))
+    depth = depth - base
+    level = np.where(step > 0, depth, depth + 1)
+    grp_order = np.lexsort((np.arange(n), level, t_sorted))
+    g_tid = t_sorted[grp_order]
+    g_level = level[grp_order]
+    g_push = step[grp_order] > 0
+    new_group = np.r_[True, (g_tid[1:] != g_tid[:-1]) | (g_level[1:] != g_level[:-1])]
+    # rank within group; groups alternate, so a push pairs with the element right after it
+    # when that element is in the same group and is a pop
+    same_next = np.r_[~new_group[1:], False]
+    next_is_pop = np.r_[~g_push[1:], False]
+    pair_start = g_push & same_next & next_is_pop
+    push_pos = np.flatnonzero(pair_start)
+    pop_pos = push_pos + 1
+    push_idx = order[grp_order[push_pos]]
+    pop_idx = order[grp_order[pop_pos]]
+    n_push = int(g_push.sum())
+    unclosed = n_push - len(push_idx)
+    unmatched = (n - n_push) - len(pop_idx)
+    return push_idx.astype(np.int64), pop_idx.astype(np.int64), unmatched, unclosed
+
+
+def ranges_table(
+    start_ns: np.ndarray,
+    end_ns: np.ndarray,
+    name_id: np.ndarray,
+    tid: np.ndarray,
+    pid: np.ndarray,
+    style: np.ndarray | int,
+    *,
+    domain_id: np.ndarray | int = NO_ID,
+    end_tid: np.ndarray | None = None,
+) -> Ranges:
+    """A :class:`Ranges` table sorted by start time, scalar columns broadcast."""
+    n = len(start_ns)
+    order = np.argsort(start_ns, kind="stable")
+
+    def col(value, dtype):
+        arr = np.asarray(value, dtype=dtype)
+        return np.full(n, arr, dtype=dtype) if arr.ndim == 0 else arr[order]
+
+    tid_col = col(tid, np.int64)
+    return Ranges(
+        start_ns=col(start_ns, np.int64),
+        end_ns=col(end_ns, np.int64),
+        name_id=col(name_id, np.int32),
+        domain_id=col(domain_id, np.int32),
+        tid=tid_col,
+        end_tid=tid_col.copy() if end_tid is None else col(end_tid, np.int64),
+        pid=col(pid, np.int64),
+        style=col(style, np.int8),
+        payload=np.full(n, NO_ID, dtype=np.int64),
+    )
+
+
+def concat_ranges(parts: list[Ranges]) -> Ranges:
+    """Concatenate range tables and sort the result by start time."""
+    if not parts:
+        return Ranges()
+    merged = Ranges(**{k: np.concatenate([getattr(p, k) for p in parts]) for k in Ranges.__dataclass_fields__})
+    return merged.take(np.argsort(merged.start_ns, kind="stable"))
+
+
+def read_head(path: Path, n: int = 64) -> bytes:
+    """The first ``n`` bytes of a file (TraceError when unreadable)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(n)
+    except OSError as exc:
+        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+def read_bytes(path: Path) -> bytes:
+    """The whole file, gunzipped when it is gzip (TraceError when unreadable or corrupt)."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+    if data[:2] == GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceError(path, f"corrupt or truncated gzip data ({exc})") from None
+    return data
+
+
+@contextmanager
+def sqlite_file(path: Path) -> Iterator[sqlite3.Connection]:
+    """Open a SQLite database read-only; a gzip-compressed one is inflated into a temp file.
+
+    sqlite3 errors while opening become TraceError. The temp copy is removed on exit.
+    """
+    head = read_head(path, 16)
+    tmpdir = None
+    db_path = path
+    if head[:2] == GZIP_MAGIC:
+        tmpdir = tempfile.mkdtemp(prefix="maxinstr-")
+        db_path = Path(tmpdir) / (path.name[:-3] if path.name.endswith(".gz") else path.name + ".db")
+        try:
+            with gzip.open(path, "rb") as src, open(db_path, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        except (OSError, EOFError, zlib.error) as exc:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+            raise TraceError(path, f"corrupt or truncated gzip data ({exc})") from None
+        head = read_head(db_path, 16)
+    if head != SQLITE_MAGIC:
+        if tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+        raise TraceError(path, "not a SQLite database")
+    con = None
+    try:
+        con = sqlite3.connect(f"file:{os.fspath(db_path)}?mode=ro", uri=True)
+        con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        yield con
+    except sqlite3.Error as exc:
+        raise TraceError(path, f"SQLite error: {exc}") from None
+    finally:
+        if con is not None:
+            con.close()
+        if tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def sqlite_tables(con: sqlite3.Connection) -> dict[str, str]:
+    """name -> type ('table' / 'view') of every table and view."""
+    return {name: kind for name, kind in con.execute("SELECT name, type FROM sqlite_master WHERE type IN ('table','view')")}
+
+
+def sqlite_columns(con: sqlite3.Connection, table: str) -> set[str]:
+    """Column names of a table or view."""
+    return {row[1] for row in con.execute(f'PRAGMA table_info("{table}")')}
+
+
+def fetch_columns(con: sqlite3.Connection, sql: str, n_cols: int) -> list[np.ndarray]:
+    """Run ``sql`` and return its result as ``n_cols`` numpy object/int columns."""
+    rows = con.execute(sql).fetchall()
+    if not rows:
+        return [np.empty(0, dtype=object) for _ in range(n_cols)]
+    return [np.array(col) for col in zip(*rows)]
+
+
+def style_array(n: int, style: RangeStyle) -> np.ndarray:
+    """A constant style column."""
+    return np.full(n, int(style), dtype=np.int8)
+
+
+def graph_node_ordinals(op_corr: np.ndarray, op_start: np.ndarray, graph_corr: np.ndarray) -> np.ndarray:
+    """Stand-in graph node ids for ops launched by a graph launch call.
+
+    rocprofv3 and RPD record no graph node id; ops that share the correlation id of a
+    ``hipGraphLaunch`` get their order within that launch (0, 1, ... by start time), which
+    names the same node across replays of one graph. Other ops get ``NO_ID``.
+    """
+    out = np.full(len(op_corr), NO_ID, dtype=np.int64)
+    in_graph = np.isin(op_corr, graph_corr) & (op_corr != NO_ID)
+    idx = np.flatnonzero(in_graph)
+    if not len(idx):
+        return out
+    order = idx[np.lexsort((op_start[idx], op_corr[idx]))]
+    corr_sorted = op_corr[order]
+    group_start = np.flatnonzero(np.r_[True, corr_sorted[1:] != corr_sorted[:-1]])
+    ranks = np.arange(len(order)) - np.repeat(group_start, np.diff(np.r_[group_start, len(order)]))
+    out[order] = ranks
+    return out

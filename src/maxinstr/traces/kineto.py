@@ -1,0 +1,362 @@
+"""PyTorch profiler (Kineto) Chrome-trace JSON, plain or gzip.
+
+Host ranges are the ``X`` events of category ``user_annotation`` (``record_function``) and
+``cpu_op`` (ATen ops); runtime/driver calls are ``cuda_runtime``/``cuda_driver`` (HIP names on
+ROCm) carrying ``args.correlation``; GPU ops are ``kernel``/``gpu_memcpy``/``gpu_memset`` with
+the same ``args.correlation``, ``stream``, ``device`` and ``bytes``. ``ac2g`` flow events repeat
+the correlation link and are used only where an op lacks ``args.correlation``.
+``gpu_user_annotation`` (the GPU-side copy of a record_function range) goes to
+``trace.meta["gpu_annotations"]``.
+
+Times are microseconds as JSON numbers, relative to ``baseTimeNanoseconds`` (wall clock) in
+recent Kineto, absolute Unix-epoch microseconds in older traces. They are converted to int64
+nanoseconds by splitting integer and fractional microseconds, which is exact while a
+timestamp is below 2**43 us (about 100 days); above that float64 cannot carry the third
+decimal and a note says how many nanoseconds may be off.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from maxinstr.errors import TraceError
+from maxinstr.traces import _util
+from maxinstr.traces._util import Progress, ranges_table, report
+from maxinstr.traces.model import NO_ID, CallKind, Calls, GpuOps, OpKind, RangeStyle, StringTable, Trace
+from maxinstr.traces.rocprof import _malformed
+
+HOST_RANGE_CATS = ("user_annotation", "cpu_op")
+CALL_CATS = {"cuda_runtime": CallKind.RUNTIME, "cuda_driver": CallKind.DRIVER}
+OP_CATS = {"kernel": OpKind.KERNEL, "gpu_memcpy": OpKind.MEMCPY, "gpu_memset": OpKind.MEMSET}
+_MAX_US = 9.2e15  # int64 nanoseconds overflow above this many microseconds
+
+
+def read_kineto(path: str | Path, *, progress: Progress | None = None, document: object = None) -> Trace:
+    """Read a Kineto trace (``*.pt.trace.json`` or ``.json.gz``).
+
+    ``document`` is the already-parsed JSON when the caller has it (open_trace sniffs it).
+    """
+    path = Path(path)
+    if document is None:
+        report(progress, f"parsing {path.name}")
+        data = _util.read_bytes(path)
+        try:
+            document = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise TraceError(path, f"not valid JSON ({str(exc)[:80]})") from None
+    if isinstance(document, dict):
+        events = document.get("traceEvents")
+        if not isinstance(events, list):
+            raise TraceError(path, "no 'traceEvents' list (not a Kineto / Chrome trace)")
+    elif isinstance(document, list):
+        events, document = document, {}
+    else:
+        raise TraceError(path, "not a Kineto / Chrome trace (top level is neither an object nor a list)")
+    with _malformed(path, "Kineto JSON"):
+        return _read(path, document, events, progress)
+
+
+def us_to_ns(us: np.ndarray) -> tuple[np.ndarray, float]:
+    """Microsecond floats -> int64 ns, and the worst rounding error in ns the float64 input allows."""
+    us = np.asarray(us, dtype=np.float64)
+    whole = np.floor(us)
+    ns = whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
+    if not len(us):
+        return ns, 0.0
+    has_fraction = bool(np.any(us != whole))
+    worst = float(np.spacing(np.abs(us).max())) * 1000 / 2 if has_fraction else 0.0
+    return ns, worst
+
+
+def _col(evs: list, key: str, default=None) -> list:
+    return [e.get(key, default) for e in evs]
+
+
+def _args_col(evs: list, key: str, default=None) -> list:
+    out = []
+    for e in evs:
+        a = e.get("args")
+        out.append(a.get(key, default) if isinstance(a, dict) else default)
+    return out
+
+
+def _loose_ints(values: list) -> np.ndarray:
+    """Ints where the value is one (or a numeric string like '7' / 'stream 7'), else NO_ID."""
+    try:
+        arr = np.array(values, dtype=np.int64)
+        return arr
+    except (ValueError, TypeError, OverflowError):
+        pass
+    out = np.full(len(values), NO_ID, dtype=np.int64)
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or v is None:
+            continue
+        if isinstance(v, (int, float)) and v == v and abs(v) < 9.2e18:
+            out[i] = int(v)
+        elif isinstance(v, str):
+            digits = v.strip().split(" ")[-1]
+            if digits.lstrip("-").isdigit() and len(digits) < 19:
+                out[i] = int(digits)
+    return out
+
+
+def _times(evs: list, path: Path, what: str) -> tuple[np.ndarray, np.ndarray, float]:
+    ts = np.array(_col(evs, "ts"), dtype=np.float64)
+    dur = np.array(_col(evs, "dur", 0), dtype=np.float64)
+    if len(ts) and not (np.all(np.isfinite(ts)) and np.all(np.isfinite(dur))):
+        raise TraceError(path, f"{what}: a timestamp is missing or not a number")
+    if len(ts) and (np.abs(ts).max() > _MAX_US or np.abs(dur).max() > _MAX_US):
+        raise TraceError(path, f"{what}: timestamps out of range")
+    start, err1 = us_to_ns(ts)
+    length, err2 = us_to_ns(dur)
+    return start, start + length, max(err1, err2)
+
+
+def _read(path: Path, doc: dict, events: list, progress: Progress | None) -> Trace:
+    report(progress, f"{len(events)} trace events")
+    notes: list[str] = []
+    strings = StringTable()
+    ph = _col(events, "ph")
+    cat = _col(events, "cat")
+    x_idx = [i for i, (p, c) in enumerate(zip(ph, cat)) if p == "X" and c is not None]
+    by_cat: dict[str, list] = {}
+    for i in x_idx:
+        by_cat.setdefault(cat[i], []).append(events[i])
+    worst_ns = 0.0
+
+    # host ranges
+    range_parts = []
+    for c in HOST_RANGE_CATS:
+        evs = by_cat.get(c, [])
+        if not evs:
+            continue
+        start, end, err = _times(evs, path, c)
+        worst_ns = max(worst_ns, err)
+        range_parts.append(
+            ranges_table(
+                start,
+                end,
+                _util.intern(strings, _col(evs, "name", "")),
+                _loose_ints(_col(evs, "tid")),
+                _loose_ints(_col(evs, "pid")),
+                int(RangeStyle.PUSH_POP),
+                domain_id=strings.intern(c),
+            )
+        )
+    ranges = _util.concat_ranges(range_parts)
+
+    # runtime / driver calls
+    c_parts = []
+    for c, kind in CALL_CATS.items():
+        evs = by_cat.get(c, [])
+        if not evs:
+            continue
+        start, end, err = _times(evs, path, c)
+        worst_ns = max(worst_ns, err)
+        name_id = _util.intern(strings, _col(evs, "name", ""))
+        c_parts.append(
+            dict(
+                start=start,
+                end=end,
+                tid=_loose_ints(_col(evs, "tid")),
+                pid=_loose_ints(_col(evs, "pid")),
+                corr=_loose_ints(_args_col(evs, "correlation")),
+                name_id=name_id,
+                kind=np.full(len(evs), int(kind), np.int8),
+                size=_loose_ints(_args_col(evs, "size")),
+            )
+        )
+    if c_parts:
+        cc = {k: np.concatenate([p[k] for p in c_parts]) for k in c_parts[0]}
+        table = strings.to_array()
+        is_graph = np.array(["GraphLaunch" in str(s) for s in table], dtype=bool)[cc["name_id"]]
+        cc["kind"] = np.where(is_graph, int(CallKind.GRAPH), cc["kind"]).astype(np.int8)
+        calls = Calls(
+            start_ns=cc["start"],
+            end_ns=cc["end"],
+            tid=cc["tid"],
+            pid=cc["pid"],
+            correlation_id=cc["corr"],
+            name_id=cc["name_id"],
+            kind=cc["kind"],
+        )
+        call_size = cc["size"]
+        # keep calls that can launch work: one per (correlation id, layer); unknown ids dropped
+        has_corr = calls.correlation_id != NO_ID
+        order = np.lexsort((np.arange(len(calls)), calls.kind, calls.correlation_id))
+        k_sorted = calls.kind[order]
+        c_sorted = calls.correlation_id[order]
+        first = np.r_[True, (c_sorted[1:] != c_sorted[:-1]) | (k_sorted[1:] != k_sorted[:-1])]
+        keep = np.zeros(len(calls), bool)
+        keep[order[first]] = True
+        keep &= has_corr
+        if (~has_corr).any():
+            notes.append(f"{int((~has_corr).sum())} runtime calls without a correlation id dropped")
+        dup = int((has_corr & ~keep).sum())
+        if dup:
+            notes.append(f"{dup} duplicate runtime calls (same correlation id and layer) dropped")
+        calls = calls.take(keep)
+        call_size = call_size[keep]
+        order = np.argsort(calls.start_ns, kind="stable")
+        calls, call_size = calls.take(order), call_size[order]
+    else:
+        calls, call_size = Calls(), np.empty(0, np.int64)
+
+    # GPU ops
+    o_parts = []
+    for c, kind in OP_CATS.items():
+        evs = by_cat.get(c, [])
+        if not evs:
+            continue
+        start, end, err = _times(evs, path, c)
+        worst_ns = max(worst_ns, err)
+        device = _loose_ints(_args_col(evs, "device"))
+        device = np.where(device == NO_ID, _loose_ints(_col(evs, "pid")), device)
+        stream = _loose_ints(_args_col(evs, "stream"))
+        stream = np.where(stream == NO_ID, _loose_ints(_col(evs, "tid")), stream)
+        o_parts.append(
+            dict(
+                start=start,
+                end=end,
+                kind=np.full(len(evs), int(kind), np.int8),
+                name_id=_util.intern(strings, _col(evs, "name", "")),
+                device=device.astype(np.int32),
+                stream=stream,
+                corr=_loose_ints(_args_col(evs, "correlation")),
+                bytes=_loose_ints(_args_col(evs, "bytes")) if kind != OpKind.KERNEL else np.zeros(len(evs), np.int64),
+                graph=_loose_ints(_args_col(evs, "graph node id")),
+                flow_key=[(e.get("pid"), e.get("tid"), e.get("ts")) for e in evs],
+            )
+        )
+    if o_parts:
+        oc = {k: (np.concatenate([p[k] for p in o_parts]) if k != "flow_key" else sum((p[k] for p in o_parts), []))
+              for k in o_parts[0]}
+        corr = oc["corr"]
+        if (corr == NO_ID).any():
+            corr = _corr_from_flows(events, ph, cat, oc["flow_key"], corr, notes)
+        ops = GpuOps(
+            start_ns=oc["start"],
+            end_ns=oc["end"],
+            kind=oc["kind"],
+            name_id=oc["name_id"],
+            device_id=oc["device"],
+            stream_id=oc["stream"],
+            pid=np.full(len(corr), NO_ID, np.int64),
+            correlation_id=corr,
+            graph_node_id=oc["graph"],
+            bytes=np.maximum(oc["bytes"], 0),
+        )
+        ops = ops.take(np.argsort(ops.start_ns, kind="stable"))
+        ops.pid, ops.bytes = _from_calls(ops, calls, call_size, notes)
+    else:
+        ops = GpuOps()
+
+    # thread names and GPU-side annotations
+    thread_names: dict[int, str] = {}
+    host_pids = set(np.unique(np.r_[ranges.pid, calls.pid]).tolist())
+    for i, (p, c) in enumerate(zip(ph, cat)):
+        if p == "M":
+            e = events[i]
+            if e.get("name") == "thread_name" and isinstance(e.get("args"), dict):
+                tid, pid = e.get("tid"), e.get("pid")
+                if isinstance(tid, int) and pid in host_pids and not isinstance(tid, bool):
+                    thread_names[tid] = str(e["args"].get("name", "")).strip()
+    meta: dict[str, object] = {}
+    gpu_ann = by_cat.get("gpu_user_annotation", [])
+    if gpu_ann:
+        start, end, _ = _times(gpu_ann, path, "gpu_user_annotation")
+        meta["gpu_annotations"] = ranges_table(
+            start,
+            end,
+            _util.intern(strings, _col(gpu_ann, "name", "")),
+            _loose_ints(_args_col(gpu_ann, "stream", None)),
+            _loose_ints(_args_col(gpu_ann, "device", None)),
+            int(RangeStyle.PUSH_POP),
+            domain_id=strings.intern("gpu_user_annotation"),
+        )
+    for key in ("schemaVersion", "cuda_runtime_version", "cuda_driver_version", "trace_id", "distributedInfo"):
+        if key in doc:
+            meta[key] = doc[key]
+    if isinstance(doc.get("deviceProperties"), list):
+        meta["devices"] = [d.get("name") for d in doc["deviceProperties"] if isinstance(d, dict)]
+    if any(str(strings.to_array()[i]).startswith("hip") for i in np.unique(calls.name_id)):
+        meta["runtime"] = "hip"
+    if worst_ns > 0.5:
+        notes.append(f"timestamps beyond 2**43 us lose nanoseconds in float64: up to {worst_ns:.0f} ns off")
+
+    base = doc.get("baseTimeNanoseconds")
+    session_start = None
+    t0_candidates = [a.min() for a in (ranges.start_ns, calls.start_ns, ops.start_ns) if len(a)]
+    if t0_candidates:
+        t0 = int(min(t0_candidates))
+        if isinstance(base, int) and not isinstance(base, bool):
+            session_start = base + t0
+            meta["base_time_ns"] = base
+        elif t0 > 946_684_800 * 10**9:  # after 2000-01-01: absolute Unix-epoch microseconds
+            session_start = t0
+    trace = Trace(
+        source=str(path),
+        format="kineto",
+        strings=strings.to_array(),
+        ranges=ranges,
+        calls=calls,
+        ops=ops,
+        thread_names=thread_names,
+        clock="kineto-us",
+        session_start_utc_ns=session_start,
+        notes=notes,
+        meta=meta,
+    )
+    trace.validate()
+    return trace
+
+
+def _corr_from_flows(events: list, ph: list, cat: list, op_keys: list, corr: np.ndarray, notes: list) -> np.ndarray:
+    """Fill missing op correlation ids from ``ac2g`` flow-end events at the op's (pid, tid, ts)."""
+    ends = {}
+    for i, (p, c) in enumerate(zip(ph, cat)):
+        if c == "ac2g" and p == "f":
+            e = events[i]
+            ends[(e.get("pid"), e.get("tid"), e.get("ts"))] = e.get("id")
+    out = corr.copy()
+    filled = 0
+    for i in np.flatnonzero(corr == NO_ID).tolist():
+        fid = ends.get(op_keys[i])
+        if isinstance(fid, int) and not isinstance(fid, bool):
+            out[i] = fid
+            filled += 1
+    missing = int((out == NO_ID).sum())
+    if filled:
+        notes.append(f"{filled} GPU ops took their correlation id from ac2g flow events")
+    if missing:
+        notes.append(f"{missing} GPU ops have no correlation id")
+    return out
+
+
+def _from_calls(ops: GpuOps, calls: Calls, call_size: np.ndarray, notes: list) -> tuple[np.ndarray, np.ndarray]:
+    """Host pid of each op (from its launching call), and copy bytes from the call's ``size``
+    argument where the op has none (ROCm Kineto copies carry no ``bytes``)."""
+    pid = np.full(len(ops), NO_ID, np.int64)
+    nbytes = ops.bytes.copy()
+    if len(calls):
+        order = np.argsort(calls.correlation_id, kind="stable")
+        sc = calls.correlation_id[order]
+        pos = np.minimum(np.searchsorted(sc, ops.correlation_id), len(sc) - 1)
+        hit = (sc[pos] == ops.correlation_id) & (ops.correlation_id != NO_ID)
+        pid[hit] = calls.pid[order][pos[hit]]
+        need = hit & (ops.kind != int(OpKind.KERNEL)) & (nbytes == 0)
+        size = call_size[order][pos]
+        fill = need & (size > 0)
+        nbytes[fill] = size[fill]
+        if fill.any():
+            notes.append(f"{int(fill.sum())} copies took their byte count from the runtime call's size argument")
+        unknown = (ops.correlation_id != NO_ID) & ~hit
+        if unknown.any():
+            notes.append(f"{int(unknown.sum())} GPU ops have a correlation id with no runtime call in the trace")
+        host = np.unique(calls.pid)
+        if len(host) == 1:
+            pid[~hit] = host[0]
+    return pid, nbytes

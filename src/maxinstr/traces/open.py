@@ -1,0 +1,151 @@
+"""``open_trace``: sniff a trace's format from its bytes, name and folder contents, and read it.
+
+| what it finds | reader |
+|---|---|
+| SQLite with nsys tables (``StringIds``, ``CUPTI_ACTIVITY_KIND_*``, ``NVTX_EVENTS``), ``.nsys-rep`` | :func:`maxinstr.traces.nsys.read_nsys` |
+| SQLite with ``rocpd_api`` + ``rocpd_op`` (plain or gzip) | :func:`maxinstr.traces.rpd.read_rpd` |
+| SQLite with ``rocpd_kernel_dispatch`` / ``rocpd_info_*`` (ROCm >= 7) | :func:`maxinstr.traces.rocprof.read_rocpd` |
+| JSON (plain or gzip) with ``traceEvents`` or a bare event list | :func:`maxinstr.traces.kineto.read_kineto` |
+| JSON with ``rocprofiler-sdk-tool`` | :func:`maxinstr.traces.rocprof.read_rocprof_json` |
+| ``*_trace.csv`` file or a folder of them | :func:`maxinstr.traces.rocprof.read_rocprof_csv` |
+
+Anything else is a :class:`~maxinstr.errors.TraceError` naming the file and what it looked like.
+"""
+
+from __future__ import annotations
+
+import gzip
+import inspect
+import json
+import sqlite3
+import zlib
+from pathlib import Path
+
+from maxinstr.errors import TraceError
+from maxinstr.traces import _util
+from maxinstr.traces._util import GZIP_MAGIC, SQLITE_MAGIC, Progress
+from maxinstr.traces.model import Trace
+
+_NSYS_TABLES = ("StringIds", "NVTX_EVENTS", "TARGET_INFO_SESSION_START_TIME", "CUPTI_ACTIVITY_KIND_KERNEL",
+                "CUPTI_ACTIVITY_KIND_RUNTIME", "ThreadNames", "TARGET_INFO_GPU")
+
+
+def open_trace(path: str | Path, *, progress: Progress | None = None) -> Trace:
+    """Read any supported vendor trace into a :class:`~maxinstr.traces.model.Trace`.
+
+    ``progress`` (optional) is called with short status lines while a large trace is read.
+    Raises :class:`~maxinstr.errors.TraceError` (one line: the file and the problem) for a
+    missing, unreadable, unrecognised, truncated or malformed input.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(path, "no such file or folder")
+    if path.is_dir():
+        return _open_folder(path, progress)
+    if not path.is_file():
+        raise TraceError(path, "not a regular file")
+    name = path.name.lower()
+    if name.endswith(".nsys-rep") or name.endswith(".qdrep"):
+        return _nsys(path, progress)
+    head = _util.read_head(path, 64)
+    if not head:
+        raise TraceError(path, "empty file")
+    if head.startswith(SQLITE_MAGIC):
+        return _open_sqlite(path, path, progress)
+    if head.startswith(GZIP_MAGIC):
+        inner = _gunzip_head(path)
+        if inner.startswith(SQLITE_MAGIC):
+            return _open_sqlite(path, path, progress)
+        return _open_json(path, progress)
+    if name.endswith(".csv"):
+        from maxinstr.traces.rocprof import read_rocprof_csv
+
+        return read_rocprof_csv(path, progress=progress)
+    stripped = head.lstrip()
+    if stripped[:1] in (b"{", b"[") or name.endswith(".json"):
+        return _open_json(path, progress)
+    if name.endswith((".sqlite", ".db", ".rpd")):
+        raise TraceError(path, "not a SQLite database (bad header: truncated or corrupt?)")
+    raise TraceError(path, "unrecognised trace format (expected nsys SQLite/.nsys-rep, rocprofv3, RPD or Kineto JSON)")
+
+
+def _gunzip_head(path: Path) -> bytes:
+    try:
+        with gzip.open(path, "rb") as fh:
+            return fh.read(64)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise TraceError(path, f"corrupt or truncated gzip data ({exc})") from None
+
+
+def _nsys(path: Path, progress: Progress | None) -> Trace:
+    try:
+        from maxinstr.traces.nsys import read_nsys
+    except ImportError:
+        raise TraceError(path, "the Nsight Systems reader is not available in this build") from None
+    if "progress" in inspect.signature(read_nsys).parameters:
+        return read_nsys(path, progress=progress)
+    _util.report(progress, f"reading {path.name} (Nsight Systems)")
+    return read_nsys(path)
+
+
+def _open_sqlite(path: Path, source: Path, progress: Progress | None) -> Trace:
+    with _util.sqlite_file(path) as con:
+        try:
+            tables = _util.sqlite_tables(con)
+        except sqlite3.Error as exc:
+            raise TraceError(path, f"SQLite error: {exc}") from None
+    from maxinstr.traces import rocprof, rpd
+
+    if rpd.is_rpd(tables):
+        return rpd.read_rpd(path, progress=progress)
+    if rocprof.is_rocpd(tables):
+        return rocprof.read_rocpd(path, progress=progress)
+    if any(t in tables for t in _NSYS_TABLES) or any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in tables):
+        if path.name.endswith(".gz"):
+            raise TraceError(path, "gzip-compressed nsys SQLite: decompress it first")
+        return _nsys(path, progress)
+    if not tables:
+        raise TraceError(path, "SQLite database with no tables (empty or truncated)")
+    raise TraceError(path, f"SQLite database of an unknown kind (tables: {', '.join(sorted(tables)[:6])})")
+
+
+def _open_json(path: Path, progress: Progress | None) -> Trace:
+    _util.report(progress, f"parsing {path.name}")
+    data = _util.read_bytes(path)
+    try:
+        document = json.loads(data)
+    except RecursionError:
+        raise TraceError(path, "not valid JSON (nested too deeply)") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise TraceError(path, f"not valid JSON ({str(exc)[:80]})") from None
+    if isinstance(document, dict) and "rocprofiler-sdk-tool" in document:
+        from maxinstr.traces.rocprof import read_rocprof_json
+
+        return read_rocprof_json(path, progress=progress, document=document)
+    if (isinstance(document, dict) and "traceEvents" in document) or isinstance(document, list):
+        from maxinstr.traces.kineto import read_kineto
+
+        return read_kineto(path, progress=progress, document=document)
+    raise TraceError(path, "JSON of an unknown kind (no 'traceEvents' nor 'rocprofiler-sdk-tool' key)")
+
+
+def _open_folder(path: Path, progress: Progress | None) -> Trace:
+    from maxinstr.traces.rocprof import csv_kind
+
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    if any(csv_kind(p.name) for p in files):
+        from maxinstr.traces.rocprof import read_rocprof_csv
+
+        return read_rocprof_csv(path, progress=progress)
+    candidates = [
+        p
+        for p in files
+        if p.name.endswith(("_results.json", "_results.db", ".rpd", ".rpd.gz", ".pt.trace.json", ".pt.trace.json.gz"))
+        or p.suffix in (".nsys-rep", ".sqlite")
+    ]
+    if len(candidates) == 1:
+        return open_trace(candidates[0], progress=progress)
+    if len(candidates) > 1:
+        listed = ", ".join(p.name for p in candidates[:4])
+        raise TraceError(path, f"folder holds several traces ({listed}...): name one")
+    raise TraceError(path, "no trace found in folder (rocprofv3 CSV/JSON/db, RPD, Kineto or nsys)")

@@ -1,0 +1,804 @@
+"""rocprofv3 output: the CSV set, the ``--output-format json`` file, and the rocpd SQLite
+database that ROCm >= 7 writes by default.
+
+All three carry the same records: HIP API calls (with a correlation id), kernel dispatches and
+memory copies (with the correlation id of the call that issued them), and roctx markers, which
+rocprofv3 already pairs into ranges (a ``roctxRangePush``/``Pop`` pair is one row whose
+``Function`` is the message). Raw, unpaired ``roctxRangePush``/``roctxRangePop`` rows are
+paired here per thread, columnarly. Timestamps are rocprofiler-sdk nanoseconds (int64).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import sqlite3
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from maxinstr.errors import TraceError
+from maxinstr.traces import _util
+from maxinstr.traces._util import Progress, int_column, pair_push_pop, ranges_table, report, trailing_int
+from maxinstr.traces.model import NO_ID, CallKind, Calls, GpuOps, OpKind, RangeStyle, StringTable, Trace
+
+CLOCK = "rocprofiler-sdk-ns"
+
+# file-name suffixes of the rocprofv3 CSV set (files may carry a "<pid>_" or other prefix)
+_CSV_KINDS = {
+    "kernel_trace.csv": "kernel",
+    "hip_api_trace.csv": "hip",
+    "hip_runtime_trace.csv": "hip",
+    "hip_compiler_trace.csv": "hip",
+    "marker_api_trace.csv": "marker",
+    "memory_copy_trace.csv": "memcpy",
+}
+_CSV_REQUIRED = {
+    "kernel": ("Kernel_Name", "Correlation_Id", "Start_Timestamp", "End_Timestamp"),
+    "hip": ("Function", "Process_Id", "Thread_Id", "Correlation_Id", "Start_Timestamp", "End_Timestamp"),
+    "marker": ("Function", "Process_Id", "Thread_Id", "Start_Timestamp", "End_Timestamp"),
+    "memcpy": ("Direction", "Correlation_Id", "Start_Timestamp", "End_Timestamp"),
+}
+_GRAPH_LAUNCH = re.compile(r"GraphLaunch", re.IGNORECASE)
+_RAW_PUSH = {"roctxRangePushA", "roctxRangePush"}
+_RAW_POP = {"roctxRangePop", "roctxRangePopA"}
+_MARK_OPS = {"roctxMarkA", "roctxMark"}
+_START_OPS = {"roctxRangeStartA", "roctxRangeStart"}
+
+
+def csv_kind(name: str) -> str | None:
+    """Which table of the rocprofv3 CSV set a file name holds, or None."""
+    for suffix, kind in _CSV_KINDS.items():
+        if name.endswith(suffix):
+            return kind
+    return None
+
+
+@contextmanager
+def _malformed(path: object, what: str) -> Iterator[None]:
+    """Translate the errors malformed content raises while we pick it apart into TraceError."""
+    try:
+        yield
+    except TraceError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
+        raise TraceError(path, f"malformed {what}: {type(exc).__name__}: {str(exc)[:80]}") from None
+    except RecursionError:
+        raise TraceError(path, f"malformed {what}: nested too deeply") from None
+
+
+# --------------------------------------------------------------------------------------
+# Columns shared by the three rocprofv3 flavours, then one assembler
+
+
+@dataclass
+class _Parts:
+    """Raw columns gathered by one flavour before they become a Trace."""
+
+    calls: list[dict] = field(default_factory=list)  # start,end,tid,pid,corr,name(str array)
+    kernels: list[dict] = field(default_factory=list)  # start,end,name,device,stream,pid,corr
+    copies: list[dict] = field(default_factory=list)  # start,end,name,device,stream,pid,corr,bytes
+    markers: list[dict] = field(default_factory=list)  # start,end,name,tid,pid,style(op names opt.)
+    notes: list[str] = field(default_factory=list)
+    thread_names: dict[int, str] = field(default_factory=dict)
+
+
+def _cat(parts: list[dict], key: str, dtype) -> np.ndarray:
+    if not parts:
+        return np.empty(0, dtype=dtype)
+    return np.concatenate([np.asarray(p[key]).astype(dtype, copy=False) for p in parts])
+
+
+def _assemble(path: Path, fmt: str, parts: _Parts, meta: dict) -> Trace:
+    strings = StringTable()
+
+    # host calls: one row per correlation id (rocprofv3 ids are unique per process)
+    c_corr = _cat(parts.calls, "corr", np.int64)
+    c_names = _cat(parts.calls, "name", object)
+    c_pid = _cat(parts.calls, "pid", np.int64)
+    keep = _first_per_key(c_pid, c_corr)
+    c_name_id = _util.intern(strings, c_names)
+    calls_kind = _graph_kind(strings, c_name_id)
+    calls = Calls(
+        start_ns=_cat(parts.calls, "start", np.int64),
+        end_ns=_cat(parts.calls, "end", np.int64),
+        tid=_cat(parts.calls, "tid", np.int64),
+        pid=c_pid,
+        correlation_id=c_corr,
+        name_id=c_name_id,
+        kind=calls_kind,
+    ).take(keep)
+    if len(keep) < len(c_corr):
+        parts.notes.append(f"{len(c_corr) - len(keep)} duplicate API rows (same correlation id) dropped")
+    calls = calls.take(np.argsort(calls.start_ns, kind="stable"))
+
+    # GPU ops
+    op_parts = []
+    for kind, group in ((OpKind.KERNEL, parts.kernels), (OpKind.MEMCPY, parts.copies)):
+        if not group:
+            continue
+        names = _cat(group, "name", object)
+        n = len(names)
+        op_parts.append(
+            dict(
+                start=_cat(group, "start", np.int64),
+                end=_cat(group, "end", np.int64),
+                kind=np.full(n, int(kind), np.int8),
+                name_id=_util.intern(strings, names),
+                device=_cat(group, "device", np.int32),
+                stream=_cat(group, "stream", np.int64),
+                pid=_cat(group, "pid", np.int64),
+                corr=_cat(group, "corr", np.int64),
+                bytes=_cat(group, "bytes", np.int64) if kind == OpKind.MEMCPY else np.zeros(n, np.int64),
+            )
+        )
+    if op_parts:
+        cols = {k: np.concatenate([p[k] for p in op_parts]) for k in op_parts[0]}
+        ops = GpuOps(
+            start_ns=cols["start"],
+            end_ns=cols["end"],
+            kind=cols["kind"],
+            name_id=cols["name_id"],
+            device_id=cols["device"],
+            stream_id=cols["stream"],
+            pid=cols["pid"],
+            correlation_id=cols["corr"],
+            graph_node_id=np.full(len(cols["start"]), NO_ID, np.int64),
+            bytes=cols["bytes"],
+        )
+        ops = ops.take(np.argsort(ops.start_ns, kind="stable"))
+        ops.pid = _fill_pid_from_calls(ops.pid, ops.correlation_id, calls)
+        graph_corr = calls.correlation_id[calls.kind == int(CallKind.GRAPH)]
+        ops.graph_node_id = _util.graph_node_ordinals(ops.correlation_id, ops.start_ns, graph_corr)
+        if (ops.graph_node_id != NO_ID).any():
+            parts.notes.append(
+                "graph node ids are stand-ins: the order of each op within its hipGraphLaunch"
+            )
+    else:
+        ops = GpuOps()
+
+    # ranges
+    range_tables = []
+    for m in parts.markers:
+        names = np.asarray(m["name"], dtype=object)
+        if not len(names):
+            continue
+        range_tables.append(
+            ranges_table(
+                np.asarray(m["start"], np.int64),
+                np.asarray(m["end"], np.int64),
+                _util.intern(strings, names),
+                np.asarray(m["tid"], np.int64),
+                np.asarray(m["pid"], np.int64),
+                np.asarray(m["style"], np.int8),
+                end_tid=np.asarray(m.get("end_tid", m["tid"]), np.int64),
+            )
+        )
+    ranges = _util.concat_ranges(range_tables)
+
+    bad = int(np.count_nonzero(ops.end_ns < ops.start_ns)) + int(np.count_nonzero(calls.end_ns < calls.start_ns))
+    if bad:
+        parts.notes.append(f"{bad} rows end before they start (kept as recorded)")
+    trace = Trace(
+        source=str(path),
+        format=fmt,
+        strings=strings.to_array(),
+        ranges=ranges,
+        calls=calls,
+        ops=ops,
+        thread_names=parts.thread_names,
+        clock=CLOCK,
+        notes=parts.notes,
+        meta=meta,
+    )
+    trace.validate()
+    return trace
+
+
+def _graph_kind(strings: StringTable, name_id: np.ndarray) -> np.ndarray:
+    """CallKind per call: GRAPH for hipGraphLaunch-like names, RUNTIME otherwise."""
+    if not len(name_id):
+        return np.empty(0, dtype=np.int8)
+    table = strings.to_array()
+    flag = np.array([bool(_GRAPH_LAUNCH.search(str(n))) for n in table], dtype=bool)
+    return np.where(flag[name_id], int(CallKind.GRAPH), int(CallKind.RUNTIME)).astype(np.int8)
+
+
+def _first_per_key(pid: np.ndarray, corr: np.ndarray) -> np.ndarray:
+    """Indices of the first row of each (pid, correlation id), in original order."""
+    if not len(corr):
+        return np.empty(0, np.int64)
+    order = np.lexsort((np.arange(len(corr)), corr, pid))
+    first = np.r_[True, (pid[order][1:] != pid[order][:-1]) | (corr[order][1:] != corr[order][:-1])]
+    return np.sort(order[first])
+
+
+def _fill_pid_from_calls(op_pid: np.ndarray, op_corr: np.ndarray, calls: Calls) -> np.ndarray:
+    """Give ops without a pid the pid of the call with their correlation id (or the only pid)."""
+    missing = op_pid == NO_ID
+    if not missing.any() or not len(calls):
+        return op_pid
+    out = op_pid.copy()
+    pids = np.unique(calls.pid)
+    if len(pids) == 1:
+        out[missing] = pids[0]
+        return out
+    order = np.argsort(calls.correlation_id, kind="stable")
+    sorted_corr = calls.correlation_id[order]
+    pos = np.searchsorted(sorted_corr, op_corr[missing])
+    pos_c = np.minimum(pos, len(sorted_corr) - 1)
+    hit = sorted_corr[pos_c] == op_corr[missing]
+    filled = np.where(hit, calls.pid[order][pos_c], NO_ID)
+    out[missing] = filled
+    return out
+
+
+def _marker_styles(start: np.ndarray, end: np.ndarray, tid: np.ndarray, op_names: np.ndarray | None) -> np.ndarray:
+    """Style of paired marker rows: marks are instants, start/stop ranges have no thread (tid 0)."""
+    style = np.full(len(start), int(RangeStyle.PUSH_POP), np.int8)
+    if op_names is not None:
+        ops = np.asarray(op_names).astype(str)
+        style[np.isin(ops, list(_START_OPS))] = int(RangeStyle.START_END)
+        style[np.isin(ops, list(_MARK_OPS))] = int(RangeStyle.MARK)
+    else:
+        style[tid == 0] = int(RangeStyle.START_END)
+        style[start == end] = int(RangeStyle.MARK)
+    return style
+
+
+def _markers_from_rows(
+    start: np.ndarray,
+    end: np.ndarray,
+    name: np.ndarray,
+    tid: np.ndarray,
+    pid: np.ndarray,
+    op_names: np.ndarray | None,
+    notes: list[str],
+) -> dict:
+    """Marker rows -> range columns. Raw push/pop rows are paired; paired rows are kept."""
+    ops = np.asarray(op_names).astype(str) if op_names is not None else np.asarray(name).astype(str)
+    is_push = np.isin(ops, list(_RAW_PUSH))
+    is_pop = np.isin(ops, list(_RAW_POP))
+    raw = is_pop.any()
+    if raw:
+        idx = np.flatnonzero(is_push | is_pop)
+        push_i, pop_i, unmatched, unclosed = pair_push_pop(tid[idx], start[idx], is_push[idx])
+        push_i, pop_i = idx[push_i], idx[pop_i]
+        if unmatched or unclosed:
+            notes.append(f"roctx push/pop: {unmatched} pops without a push and {unclosed} pushes never popped dropped")
+        rest = np.flatnonzero(~(is_push | is_pop))
+        r_style = _marker_styles(start[rest], end[rest], tid[rest], op_names[rest] if op_names is not None else None)
+        # a raw pop row carries no message; the push's name (message when known) names the range
+        return dict(
+            start=np.r_[start[push_i], start[rest]],
+            end=np.r_[end[pop_i], end[rest]],
+            name=np.r_[name[push_i], name[rest]].astype(object),
+            tid=np.r_[tid[push_i], tid[rest]],
+            pid=np.r_[pid[push_i], pid[rest]],
+            style=np.r_[np.full(len(push_i), int(RangeStyle.PUSH_POP), np.int8), r_style],
+        )
+    style = _marker_styles(start, end, tid, op_names)
+    no_thread = (style == int(RangeStyle.START_END)) & (tid == 0)
+    if no_thread.any():
+        notes.append(f"{int(no_thread.sum())} roctx start/stop ranges carry no thread id (rocprofv3 writes 0)")
+    tid = np.where(no_thread, NO_ID, tid)
+    return dict(start=start, end=end, name=name.astype(object), tid=tid, pid=pid, style=style)
+
+
+# --------------------------------------------------------------------------------------
+# CSV set
+
+
+def _read_csv(path: Path) -> dict[str, np.ndarray]:
+    """One rocprofv3 CSV file as name -> numpy string column (header row required)."""
+    data = _util.read_bytes(path)
+    if not data.strip():
+        raise TraceError(path, "empty file (no CSV header)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceError(path, f"not UTF-8 text (byte {exc.start})") from None
+    if "\x00" in text:
+        raise TraceError(path, "binary data in a CSV file")
+    try:
+        rows = list(csv.reader(io.StringIO(text)))
+    except csv.Error as exc:
+        raise TraceError(path, f"bad CSV: {exc}") from None
+    header = rows[0]
+    body = [r for r in rows[1:] if r]
+    width = len(header)
+    if width == 0 or len(set(header)) != width:
+        raise TraceError(path, "bad CSV header")
+    lengths = np.fromiter((len(r) for r in body), np.int64, len(body))
+    bad = np.flatnonzero(lengths != width)
+    if len(bad):
+        i = int(bad[0])
+        raise TraceError(path, f"row {i + 2} has {lengths[i]} fields, the header has {width} (truncated or corrupt?)")
+    if not body:
+        return {name: np.empty(0, dtype=object) for name in header}
+    columns = list(zip(*body))
+    out = {}
+    for name, col in zip(header, columns):
+        arr = np.empty(len(col), dtype=object)
+        arr[:] = col
+        out[name] = arr
+    return out
+
+
+def _need(path: Path, table: dict, kind: str) -> None:
+    missing = [c for c in _CSV_REQUIRED[kind] if c not in table]
+    if missing:
+        raise TraceError(path, f"column {missing[0]!r} missing (not a rocprofv3 {kind} trace, or a wrong version)")
+
+
+def _csv_groups(path: Path) -> dict[str, dict[str, Path]]:
+    """prefix -> {kind: file} for a folder or one file of a rocprofv3 CSV set."""
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.csv") if p.is_file())
+    else:
+        kind = csv_kind(path.name)
+        if kind is None:
+            raise TraceError(path, "not a rocprofv3 trace CSV (expected *kernel_trace.csv, *hip_api_trace.csv, ...)")
+        prefix = path.name[: -len(next(s for s in _CSV_KINDS if path.name.endswith(s)))]
+        files = [p for p in sorted(path.parent.glob(prefix + "*.csv")) if p.name[len(prefix) :] in _CSV_KINDS]
+    groups: dict[str, dict[str, Path]] = {}
+    for f in files:
+        for suffix, kind in _CSV_KINDS.items():
+            if f.name.endswith(suffix):
+                key = str(f.parent / f.name[: -len(suffix)])
+                slot = groups.setdefault(key, {})
+                if kind in slot and kind == "hip":
+                    slot.setdefault("hip2", f)  # hip_runtime + hip_compiler both present
+                else:
+                    slot.setdefault(kind, f)
+                break
+    return groups
+
+
+def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> Trace:
+    """Read a rocprofv3 CSV set: a folder, or any one of its ``*_trace.csv`` files.
+
+    A folder holding several sets (one per process, ``<pid>_kernel_trace.csv``) is read whole;
+    correlation ids are per process there, so each set's ids are offset by ``set << 40``.
+    """
+    path = Path(path)
+    groups = _csv_groups(path)
+    if not groups:
+        raise TraceError(path, "no rocprofv3 trace CSV files (*kernel_trace.csv, *hip_api_trace.csv, ...) found")
+    parts = _Parts()
+    files: list[str] = []
+    headers: set[str] = set()
+    for g, (prefix, kinds) in enumerate(sorted(groups.items())):
+        offset = np.int64(g) << np.int64(40) if len(groups) > 1 else np.int64(0)
+        pids: list[np.ndarray] = []
+        for kind in ("hip", "hip2", "marker", "kernel", "memcpy"):
+            f = kinds.get(kind)
+            if f is None:
+                continue
+            report(progress, f"reading {f.name}")
+            files.append(str(f))
+            t = _read_csv(f)
+            base = "hip" if kind == "hip2" else kind
+            _need(f, t, base)
+            start = int_column(t["Start_Timestamp"], f, "Start_Timestamp")
+            end = int_column(t["End_Timestamp"], f, "End_Timestamp")
+            if base == "hip":
+                pid = int_column(t["Process_Id"], f, "Process_Id")
+                pids.append(pid)
+                parts.calls.append(
+                    dict(
+                        start=start,
+                        end=end,
+                        tid=int_column(t["Thread_Id"], f, "Thread_Id"),
+                        pid=pid,
+                        corr=int_column(t["Correlation_Id"], f, "Correlation_Id") + offset,
+                        name=t["Function"],
+                    )
+                )
+            elif base == "marker":
+                pid = int_column(t["Process_Id"], f, "Process_Id")
+                pids.append(pid)
+                parts.markers.append(
+                    _markers_from_rows(
+                        start, end, t["Function"], int_column(t["Thread_Id"], f, "Thread_Id"), pid, None, parts.notes
+                    )
+                )
+            elif base == "kernel":
+                headers.add("rocprofv3 >= 7 (Stream_Id)" if "Stream_Id" in t else "rocprofv3 < 7 (no Stream_Id)")
+                n = len(start)
+                device = trailing_int(t["Agent_Id"], f, "Agent_Id") if "Agent_Id" in t else np.full(n, NO_ID)
+                if "Stream_Id" in t:
+                    stream = int_column(t["Stream_Id"], f, "Stream_Id")
+                elif "Queue_Id" in t:
+                    stream = int_column(t["Queue_Id"], f, "Queue_Id")
+                else:
+                    stream = np.full(n, NO_ID)
+                parts.kernels.append(
+                    dict(
+                        start=start,
+                        end=end,
+                        name=t["Kernel_Name"],
+                        device=device,
+                        stream=stream,
+                        pid=np.full(n, _single(pids)),
+                        corr=int_column(t["Correlation_Id"], f, "Correlation_Id") + offset,
+                    )
+                )
+            else:  # memcpy
+                n = len(start)
+                direction = t["Direction"]
+                src = trailing_int(t["Source_Agent_Id"], f, "Source_Agent_Id") if "Source_Agent_Id" in t else None
+                dst = (
+                    trailing_int(t["Destination_Agent_Id"], f, "Destination_Agent_Id")
+                    if "Destination_Agent_Id" in t
+                    else None
+                )
+                if src is not None and dst is not None:
+                    to_device = np.char.find(direction.astype(str), "HOST_TO_DEVICE") >= 0
+                    device = np.where(to_device, dst, src)
+                else:
+                    device = np.full(n, NO_ID)
+                size_col = next((c for c in ("Bytes", "Size", "Copy_Bytes") if c in t), None)
+                nbytes = int_column(t[size_col], f, size_col) if size_col else np.zeros(n, np.int64)
+                if size_col is None and n:
+                    parts.notes.append(f"{f.name}: no byte counts in this rocprofv3 version (bytes = 0)")
+                stream_col = next((c for c in ("Stream_Id", "Queue_Id") if c in t), None)
+                parts.copies.append(
+                    dict(
+                        start=start,
+                        end=end,
+                        name=direction,
+                        device=device,
+                        stream=int_column(t[stream_col], f, stream_col) if stream_col else np.full(n, NO_ID),
+                        pid=np.full(n, _single(pids)),
+                        corr=int_column(t["Correlation_Id"], f, "Correlation_Id") + offset,
+                        bytes=nbytes,
+                    )
+                )
+        if "hip" not in kinds and "kernel" in kinds:
+            parts.notes.append("no HIP API trace next to the kernel trace: kernels cannot be tied to launches")
+    if len(groups) > 1:
+        parts.notes.append(f"{len(groups)} CSV sets read; correlation ids offset by set index << 40")
+    meta = {"files": files, "header": sorted(headers)}
+    return _assemble(path, "rocprofv3-csv", parts, meta)
+
+
+def _single(pids: list[np.ndarray]) -> int:
+    """The one process id seen in this set's host tables, or NO_ID."""
+    if not pids:
+        return NO_ID
+    u = np.unique(np.concatenate(pids))
+    return int(u[0]) if len(u) == 1 else NO_ID
+
+
+# --------------------------------------------------------------------------------------
+# JSON (rocprofv3 --output-format json; schema: rocprofiler-sdk source/docs/rocprofv3-schema.json)
+
+
+def read_rocprof_json(path: str | Path, *, progress: Progress | None = None, document: object = None) -> Trace:
+    """Read rocprofv3's JSON output (``<name>_results.json``).
+
+    ``document`` is the already-parsed JSON when the caller has it (open_trace sniffs it).
+    """
+    path = Path(path)
+    if document is None:
+        report(progress, f"parsing {path.name}")
+        data = _util.read_bytes(path)
+        try:
+            document = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise TraceError(path, f"not valid JSON ({str(exc)[:80]})") from None
+    if not isinstance(document, dict) or "rocprofiler-sdk-tool" not in document:
+        raise TraceError(path, "not rocprofv3 JSON (no 'rocprofiler-sdk-tool' key)")
+    procs = document["rocprofiler-sdk-tool"]
+    if isinstance(procs, dict):
+        procs = [procs]
+    if not isinstance(procs, list):
+        raise TraceError(path, "'rocprofiler-sdk-tool' is neither a list nor an object")
+    parts = _Parts()
+    meta: dict[str, object] = {"processes": len(procs)}
+    with _malformed(path, "rocprofv3 JSON"):
+        for g, proc in enumerate(procs):
+            offset = np.int64(g) << np.int64(40) if len(procs) > 1 else np.int64(0)
+            _json_process(path, proc, offset, parts, progress)
+    if len(procs) > 1:
+        parts.notes.append(f"{len(procs)} processes; correlation ids offset by process index << 40")
+    return _assemble(path, "rocprofv3-json", parts, meta)
+
+
+def _json_process(path: Path, proc: dict, offset: np.int64, parts: _Parts, progress: Progress | None) -> None:
+    if not isinstance(proc, dict):
+        raise TraceError(path, "a 'rocprofiler-sdk-tool' entry is not an object")
+    pid = int((proc.get("metadata") or {}).get("pid", NO_ID))
+    strings = proc.get("strings") or {}
+    kinds = strings.get("buffer_records") or []
+    op_names = [list(k.get("operations") or []) for k in kinds]
+
+    def op_name(kind: np.ndarray, op: np.ndarray) -> np.ndarray:
+        out = np.empty(len(kind), dtype=object)
+        for k, o in set(zip(kind.tolist(), op.tolist())):
+            sel = (kind == k) & (op == o)
+            name = op_names[k][o] if 0 <= k < len(op_names) and 0 <= o < len(op_names[k]) else f"op{k}.{o}"
+            out[sel] = str(name)
+        return out
+
+    # agents: handle -> GPU ordinal (GPU agents in listed order)
+    gpu_ordinal: dict[int, int] = {}
+    for agent in proc.get("agents") or []:
+        if agent.get("type") == 2:
+            gpu_ordinal[int(agent["id"]["handle"])] = int(agent.get("gpu_index", len(gpu_ordinal)))
+
+    def device_of(handles: np.ndarray) -> np.ndarray:
+        if not len(handles):
+            return np.empty(0, np.int32)
+        u, inv = np.unique(handles, return_inverse=True)
+        return np.array([gpu_ordinal.get(int(h), NO_ID) for h in u], np.int32)[inv]
+
+    symbols = {}
+    for s in proc.get("kernel_symbols") or []:
+        name = s.get("formatted_kernel_name") or s.get("demangled_kernel_name") or s.get("kernel_name") or ""
+        symbols[int(s["kernel_id"])] = str(name)
+    messages = {int(m["key"]): str(m["value"]) for m in strings.get("marker_api") or []}
+
+    buffers = proc.get("buffer_records") or {}
+    if not isinstance(buffers, dict):
+        raise TraceError(path, "'buffer_records' is not an object")
+
+    def ints(recs, getter, what):
+        return int_column([getter(r) for r in recs], path, what)
+
+    hip = buffers.get("hip_api") or []
+    if hip:
+        report(progress, f"{len(hip)} HIP API records")
+        kind = ints(hip, lambda r: r["kind"], "hip_api.kind")
+        op = ints(hip, lambda r: r["operation"], "hip_api.operation")
+        parts.calls.append(
+            dict(
+                start=ints(hip, lambda r: r["start_timestamp"], "hip_api.start_timestamp"),
+                end=ints(hip, lambda r: r["end_timestamp"], "hip_api.end_timestamp"),
+                tid=ints(hip, lambda r: r["thread_id"], "hip_api.thread_id"),
+                pid=np.full(len(hip), pid),
+                corr=ints(hip, lambda r: r["correlation_id"]["internal"], "hip_api.correlation_id") + offset,
+                name=op_name(kind, op),
+            )
+        )
+    kd = buffers.get("kernel_dispatch") or buffers.get("kernel_dispatches") or []
+    if kd:
+        report(progress, f"{len(kd)} kernel dispatches")
+        info = [r["dispatch_info"] for r in kd]
+        kid = int_column([i["kernel_id"] for i in info], path, "dispatch_info.kernel_id")
+        u, inv = np.unique(kid, return_inverse=True)
+        names = np.array([symbols.get(int(k), f"kernel_{int(k)}") for k in u], dtype=object)[inv]
+        if any(int(k) not in symbols for k in u):
+            parts.notes.append("some kernel ids have no kernel_symbols entry (named kernel_<id>)")
+        streams = [r.get("stream_id") for r in kd]
+        if all(isinstance(s, dict) for s in streams):
+            stream = int_column([s["handle"] for s in streams], path, "stream_id")
+        else:
+            stream = int_column([i["queue_id"]["handle"] for i in info], path, "queue_id")
+        parts.kernels.append(
+            dict(
+                start=ints(kd, lambda r: r["start_timestamp"], "kernel_dispatch.start_timestamp"),
+                end=ints(kd, lambda r: r["end_timestamp"], "kernel_dispatch.end_timestamp"),
+                name=names,
+                device=device_of(int_column([i["agent_id"]["handle"] for i in info], path, "agent_id")),
+                stream=stream,
+                pid=np.full(len(kd), pid),
+                corr=ints(kd, lambda r: r["correlation_id"]["internal"], "kernel_dispatch.correlation_id") + offset,
+            )
+        )
+    mc = buffers.get("memory_copy") or []
+    if mc:
+        kind = ints(mc, lambda r: r["kind"], "memory_copy.kind")
+        op = ints(mc, lambda r: r["operation"], "memory_copy.operation")
+        direction = op_name(kind, op)
+        src = device_of(ints(mc, lambda r: r["src_agent_id"]["handle"], "src_agent_id"))
+        dst = device_of(ints(mc, lambda r: r["dst_agent_id"]["handle"], "dst_agent_id"))
+        parts.copies.append(
+            dict(
+                start=ints(mc, lambda r: r["start_timestamp"], "memory_copy.start_timestamp"),
+                end=ints(mc, lambda r: r["end_timestamp"], "memory_copy.end_timestamp"),
+                name=direction,
+                device=np.where(dst != NO_ID, dst, src),
+                stream=np.array(
+                    [(r.get("stream_id") or {}).get("handle", NO_ID) for r in mc], dtype=np.int64
+                ),
+                pid=np.full(len(mc), pid),
+                corr=ints(mc, lambda r: r["correlation_id"]["internal"], "memory_copy.correlation_id") + offset,
+                bytes=ints(mc, lambda r: r.get("bytes", 0), "memory_copy.bytes"),
+            )
+        )
+    mk = buffers.get("marker_api") or []
+    if mk:
+        kind = ints(mk, lambda r: r["kind"], "marker_api.kind")
+        op = ints(mk, lambda r: r["operation"], "marker_api.operation")
+        ops = op_name(kind, op)
+        corr = ints(mk, lambda r: r["correlation_id"]["internal"], "marker_api.correlation_id")
+        names = np.array([messages.get(int(c), o) for c, o in zip(corr.tolist(), ops.tolist())], dtype=object)
+        parts.markers.append(
+            _markers_from_rows(
+                ints(mk, lambda r: r["start_timestamp"], "marker_api.start_timestamp"),
+                ints(mk, lambda r: r["end_timestamp"], "marker_api.end_timestamp"),
+                names,
+                ints(mk, lambda r: r["thread_id"], "marker_api.thread_id"),
+                np.full(len(mk), pid),
+                ops,
+                parts.notes,
+            )
+        )
+
+
+# --------------------------------------------------------------------------------------
+# rocpd SQLite (ROCm >= 7 default output; schema: rocprofiler-sdk-rocpd/rocpd_tables.sql)
+
+_ROCPD_TABLES = (
+    "rocpd_string",
+    "rocpd_info_process",
+    "rocpd_info_thread",
+    "rocpd_info_agent",
+    "rocpd_event",
+    "rocpd_region",
+    "rocpd_kernel_dispatch",
+    "rocpd_info_kernel_symbol",
+    "rocpd_memory_copy",
+)
+_ROCPD_REQUIRED = ("rocpd_string", "rocpd_event", "rocpd_region", "rocpd_kernel_dispatch", "rocpd_info_kernel_symbol")
+
+
+def is_rocpd(tables: dict[str, str]) -> bool:
+    """Whether a SQLite database's tables look like rocpd (ROCm >= 7), not RPD."""
+    return any(t.startswith("rocpd_kernel_dispatch") or t.startswith("rocpd_info_process") for t in tables)
+
+
+def _rocpd_sources(path: Path, tables: dict[str, str]) -> dict[str, str]:
+    """Logical table -> SQL source. rocpd stores ``<table><uuid>`` tables and plain-named views;
+    when the views are missing, the suffixed tables of every uuid are read with UNION ALL."""
+    out = {}
+    for logical in _ROCPD_TABLES:
+        if logical in tables:
+            out[logical] = f'"{logical}"'
+            continue
+        uuid_tables = sorted(
+            t for t in tables if t.startswith(logical) and re.fullmatch(r"[_0-9a-fA-F]+", t[len(logical) :] or "x")
+        )
+        if uuid_tables:
+            out[logical] = "(" + " UNION ALL ".join(f'SELECT * FROM "{t}"' for t in uuid_tables) + ")"
+    missing = [t for t in _ROCPD_REQUIRED if t not in out]
+    if missing:
+        raise TraceError(path, f"rocpd database lacks table {missing[0]!r} (truncated, or a wrong version)")
+    return out
+
+
+def read_rocpd(path: str | Path, *, progress: Progress | None = None) -> Trace:
+    """Read a rocpd SQLite database written by rocprofv3 (ROCm >= 7)."""
+    path = Path(path)
+    with _util.sqlite_file(path) as con:
+        try:
+            return _read_rocpd(path, con, progress)
+        except sqlite3.Error as exc:
+            raise TraceError(path, f"rocpd: SQLite error: {exc}") from None
+
+
+def _read_rocpd(path: Path, con: sqlite3.Connection, progress: Progress | None) -> Trace:
+    tables = _util.sqlite_tables(con)
+    src = _rocpd_sources(path, tables)
+    parts = _Parts()
+    meta: dict[str, object] = {}
+    if "rocpd_metadata" in tables:
+        meta["rocpd_metadata"] = {str(k): str(v) for k, v in con.execute('SELECT tag, value FROM "rocpd_metadata"')}
+    proc = src.get("rocpd_info_process")
+    thr = src.get("rocpd_info_thread")
+    pid_sql = f"(SELECT P.pid FROM {proc} P WHERE P.id = X.pid AND P.guid = X.guid)" if proc else "X.pid"
+    tid_sql = f"(SELECT T.tid FROM {thr} T WHERE T.id = X.tid AND T.guid = X.guid)" if thr else "X.tid"
+    cat_sql = (
+        f"(SELECT S.string FROM {src['rocpd_string']} S WHERE S.id = E.category_id AND S.guid = E.guid)"
+    )
+    fetch = _util.fetch_columns
+
+    report(progress, "reading rocpd regions")
+    start, end, name, pid, tid, corr, cat = fetch(
+        con,
+        f"""SELECT X.start, X.end, S.string, {pid_sql}, {tid_sql}, E.correlation_id, {cat_sql}
+            FROM {src['rocpd_region']} X
+            JOIN {src['rocpd_string']} S ON S.id = X.name_id AND S.guid = X.guid
+            LEFT JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
+        7,
+    )
+    if len(start):
+        cat = np.where(np.equal(cat, None), "", cat).astype(str)
+        start = int_column(start, path, "rocpd_region.start")
+        end = int_column(end, path, "rocpd_region.end")
+        pid = _ints_or(pid, path, "pid")
+        tid = _ints_or(tid, path, "tid")
+        corr = _ints_or(corr, path, "correlation_id")
+        is_marker = np.char.startswith(cat, "MARKER")
+        is_api = ~is_marker & (np.char.find(cat, "_API") >= 0) & ~np.char.startswith(cat, "HSA")
+        m = np.flatnonzero(is_marker)
+        if len(m):
+            ops = np.where(np.char.find(cat[m], "RANGE") >= 0, "roctxRangeStartA", "roctxRangePushA")
+            ops = np.where(start[m] == end[m], "roctxMarkA", ops)
+            parts.markers.append(
+                _markers_from_rows(start[m], end[m], name[m].astype(object), tid[m], pid[m], ops, parts.notes)
+            )
+        a = np.flatnonzero(is_api)
+        parts.calls.append(dict(start=start[a], end=end[a], tid=tid[a], pid=pid[a], corr=corr[a], name=name[a]))
+        meta["region_categories"] = sorted(set(cat.tolist()))
+
+    report(progress, "reading rocpd kernel dispatches")
+    agent = src.get("rocpd_info_agent")
+    dev_sql = (
+        f"(SELECT COALESCE(A.type_index, A.logical_index, A.absolute_index) FROM {agent} A "
+        "WHERE A.id = X.agent_id AND A.guid = X.guid)"
+        if agent
+        else "X.agent_id"
+    )
+    start, end, name, dev, stream, pid, corr = fetch(
+        con,
+        f"""SELECT X.start, X.end, COALESCE(K.display_name, K.kernel_name, ''), {dev_sql}, X.stream_id,
+                   {pid_sql}, E.correlation_id
+            FROM {src['rocpd_kernel_dispatch']} X
+            LEFT JOIN {src['rocpd_info_kernel_symbol']} K ON K.id = X.kernel_id AND K.guid = X.guid
+            LEFT JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
+        7,
+    )
+    if len(start):
+        parts.kernels.append(
+            dict(
+                start=int_column(start, path, "rocpd_kernel_dispatch.start"),
+                end=int_column(end, path, "rocpd_kernel_dispatch.end"),
+                name=name.astype(object),
+                device=_ints_or(dev, path, "agent"),
+                stream=_ints_or(stream, path, "stream_id"),
+                pid=_ints_or(pid, path, "pid"),
+                corr=_ints_or(corr, path, "correlation_id"),
+            )
+        )
+    if "rocpd_memory_copy" in src:
+        report(progress, "reading rocpd memory copies")
+        dst_sql = dev_sql.replace("X.agent_id", "X.dst_agent_id")
+        src_sql = dev_sql.replace("X.agent_id", "X.src_agent_id")
+        gpu = (
+            f"(SELECT A.type FROM {agent} A WHERE A.id = X.dst_agent_id AND A.guid = X.guid)" if agent else "'GPU'"
+        )
+        start, end, name, dst, srcd, dst_type, stream, pid, corr, size = fetch(
+            con,
+            f"""SELECT X.start, X.end, S.string, {dst_sql}, {src_sql}, {gpu}, X.stream_id, {pid_sql},
+                       E.correlation_id, X.size
+                FROM {src['rocpd_memory_copy']} X
+                JOIN {src['rocpd_string']} S ON S.id = X.name_id AND S.guid = X.guid
+                LEFT JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
+            10,
+        )
+        if len(start):
+            dst_i = _ints_or(dst, path, "dst_agent")
+            src_i = _ints_or(srcd, path, "src_agent")
+            parts.copies.append(
+                dict(
+                    start=int_column(start, path, "rocpd_memory_copy.start"),
+                    end=int_column(end, path, "rocpd_memory_copy.end"),
+                    name=name.astype(object),
+                    device=np.where(np.asarray(dst_type, dtype=object) == "GPU", dst_i, src_i),
+                    stream=_ints_or(stream, path, "stream_id"),
+                    pid=_ints_or(pid, path, "pid"),
+                    corr=_ints_or(corr, path, "correlation_id"),
+                    bytes=_ints_or(size, path, "size", default=0),
+                )
+            )
+    if thr:
+        for t, n in con.execute(f"SELECT tid, name FROM {thr} WHERE name IS NOT NULL"):
+            if isinstance(t, int):
+                parts.thread_names[t] = str(n)
+    return _assemble(path, "rocpd", parts, meta)
+
+
+def _ints_or(values: np.ndarray, path: Path, what: str, default: int = NO_ID) -> np.ndarray:
+    """An int64 column where SQL NULL becomes ``default``."""
+    arr = np.asarray(values, dtype=object) if np.asarray(values).dtype == object else np.asarray(values)
+    if arr.dtype == object:
+        arr = np.where(np.equal(arr, None), default, arr)
+    return int_column(arr, path, what)
