@@ -20,10 +20,10 @@ class Rule(IntEnum):
 
     NONE = 0  # not attributed
     SAME_THREAD = 1  # launch call inside the range, on the range's thread (nsys's rule)
-    START_END = 2  # start/end range (may span threads): launch on the start thread inside it
-    CROSS_THREAD = 3  # launched by another thread while the range was open (worker, autograd)
-    GRAPH = 4  # replayed from a CUDA/HIP graph whose launch call was inside the range
-    TIME_OVERLAP = 5  # fallback: the trace lacks correlation; GPU start inside the range
+    START_END = 2  # start/end range ended on another thread: launch on its start or end thread
+    CROSS_THREAD = 3  # launching thread had no range: innermost range of another thread, same process
+    GRAPH = 4  # replayed from a CUDA/HIP graph whose launch call was inside the range (same thread)
+    TIME_OVERLAP = 5  # fallback: the op has no launch call in the trace; GPU start inside the range
 
 
 class JoinMethod(IntEnum):
@@ -57,6 +57,9 @@ class Attribution:
     proj_end_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     busy_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     op_count: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    launch_count: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    """Distinct launch calls behind the range's ops (a graph replay is one launch of many ops):
+    what ``nsys stats`` counts as "GPU Ops" (distinct correlation ids)."""
     kernel_count: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     kernel_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     memcpy_bytes: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))

@@ -1,0 +1,146 @@
+"""Columnar interval machinery for attribution: innermost containing range, segmented unions.
+
+All functions work on whole numpy arrays; the only Python loops run over threads or over
+nesting depth, never over trace rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def dense_index(*keys: np.ndarray) -> tuple[np.ndarray, int]:
+    """A dense int64 id per distinct tuple of the given equal-length int64 columns."""
+    if not keys or len(keys[0]) == 0:
+        return np.empty(0, np.int64), 0
+    if len(keys) == 1:
+        uniq, inv = np.unique(keys[0], return_inverse=True)
+        return inv.astype(np.int64), len(uniq)
+    stacked = np.stack([np.asarray(k, np.int64) for k in keys], axis=1)
+    uniq, inv = np.unique(stacked, axis=0, return_inverse=True)
+    return inv.reshape(-1).astype(np.int64), len(uniq)
+
+
+@dataclass
+class IntervalIndex:
+    """Intervals grouped by an integer group (a thread), sorted by (group, start, -end).
+
+    ``parent[i]`` (sorted positions) is the nearest earlier interval of the same group whose
+    end is >= this one's end: the latest-starting interval containing it (for properly nested
+    push/pop ranges, the enclosing range). ``rows`` maps sorted positions to caller rows.
+    """
+
+    rows: np.ndarray
+    group: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    parent: np.ndarray
+    group_ids: np.ndarray  # distinct groups present, ascending
+    group_lo: np.ndarray  # first sorted position of each of group_ids
+    group_hi: np.ndarray  # one past the last
+
+    @classmethod
+    def build(cls, rows: np.ndarray, group: np.ndarray, start: np.ndarray, end: np.ndarray) -> "IntervalIndex":
+        order = np.lexsort((-end, start, group))
+        g, s, e = group[order], start[order], end[order]
+        n = len(order)
+        # Previous-greater-or-equal element by pointer jumping: candidates only ever move to
+        # elements whose end is smaller than the query's, so none is skipped wrongly.
+        cand = np.arange(n, dtype=np.int64) - 1
+        if n:
+            cand[0] = -1
+            cand[np.flatnonzero(np.r_[True, g[1:] != g[:-1]])] = -1
+        active = np.flatnonzero(cand >= 0)
+        while len(active):
+            c = cand[active]
+            bad = e[c] < e[active]
+            active = active[bad]
+            if not len(active):
+                break
+            cand[active] = cand[cand[active]]
+            active = active[cand[active] >= 0]
+        group_ids, lo = np.unique(g, return_index=True)
+        hi = np.r_[lo[1:], n].astype(np.int64) if len(lo) else np.empty(0, np.int64)
+        return cls(rows[order], g, s, e, cand, group_ids, lo.astype(np.int64), hi)
+
+    def innermost(self, q_group: np.ndarray, q_start: np.ndarray, q_end: np.ndarray) -> np.ndarray:
+        """Per query, the caller row of the latest-starting interval in ``q_group`` with
+        start <= q_start and end >= q_end (bounds inclusive, like nsys); -1 when none."""
+        out_pos = np.full(len(q_group), -1, np.int64)
+        if not len(self.rows) or not len(q_group):
+            return np.full(len(q_group), -1, np.int64)
+        gi = np.searchsorted(self.group_ids, q_group)
+        gi_c = np.minimum(gi, len(self.group_ids) - 1)
+        has = self.group_ids[gi_c] == q_group
+        qs = np.flatnonzero(has)
+        if not len(qs):
+            return np.full(len(q_group), -1, np.int64)
+        # Sort queries by group so each group's search runs over one contiguous slice.
+        qs = qs[np.argsort(gi_c[qs], kind="stable")]
+        qg = gi_c[qs]
+        bounds = np.searchsorted(qg, np.arange(len(self.group_ids) + 1))
+        for k in np.flatnonzero(bounds[1:] > bounds[:-1]):  # groups (threads), not rows
+            sel = qs[bounds[k] : bounds[k + 1]]
+            lo, hi = self.group_lo[k], self.group_hi[k]
+            out_pos[sel] = lo + np.searchsorted(self.start[lo:hi], q_start[sel], side="right") - 1
+            out_pos[sel[out_pos[sel] < lo]] = -1
+        # Walk up while the candidate ends before the query does (depth-bounded loop).
+        active = np.flatnonzero(out_pos >= 0)
+        while len(active):
+            bad = self.end[out_pos[active]] < q_end[active]
+            active = active[bad]
+            out_pos[active] = self.parent[out_pos[active]]
+            active = active[out_pos[active] >= 0]
+        result = np.full(len(q_group), -1, np.int64)
+        found = out_pos >= 0
+        result[found] = self.rows[out_pos[found]]
+        return result
+
+    def parents(self) -> np.ndarray:
+        """Caller row of each caller row's parent (-1 for none), aligned with ``rows`` order."""
+        par = np.full(len(self.rows), -1, np.int64)
+        ok = self.parent >= 0
+        par[ok] = self.rows[self.parent[ok]]
+        return par
+
+
+def group_starts(sorted_group: np.ndarray) -> np.ndarray:
+    """Positions where a new group begins in a sorted group column."""
+    if not len(sorted_group):
+        return np.empty(0, np.int64)
+    return np.flatnonzero(np.r_[True, sorted_group[1:] != sorted_group[:-1]])
+
+
+def segmented_union(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per group of intervals sorted by (group, start): (groups, min start, max end, union length).
+
+    The union counts overlapping time once (GPU busy time across streams). A segmented running
+    maximum is done with one ``np.maximum.accumulate`` by lifting each group into its own band
+    of the int64 line; groups are processed in chunks small enough that bands cannot overflow.
+    """
+    if not len(group):
+        z = np.empty(0, np.int64)
+        return z, z, z, z
+    heads = group_starts(group)
+    gid = group[heads]
+    first_start = start[heads]
+    last_end = np.maximum.reduceat(end, heads)
+    seg = np.repeat(np.arange(len(heads)), np.diff(np.r_[heads, len(group)]))
+    rel_s = start - first_start[seg]
+    rel_e = end - first_start[seg]
+    span = int((last_end - first_start).max()) + 1
+    per_chunk = max(1, (1 << 62) // max(span, 1))
+    runmax = np.empty(len(group), np.int64)
+    for c0 in range(0, len(heads), per_chunk):  # one pass unless spans are huge
+        c1 = min(len(heads), c0 + per_chunk)
+        lo, hi = heads[c0], (heads[c1] if c1 < len(heads) else len(group))
+        band = (seg[lo:hi] - c0).astype(np.int64) * span
+        runmax[lo:hi] = np.maximum.accumulate(rel_e[lo:hi] + band) - band
+    prev = np.empty(len(group), np.int64)
+    prev[1:] = runmax[:-1]
+    prev[heads] = np.iinfo(np.int64).min // 2
+    covered = np.maximum(0, rel_e - np.maximum(rel_s, prev))
+    union = np.bincount(seg, weights=covered, minlength=len(heads)).astype(np.int64)
+    return gid, first_start, last_end, union

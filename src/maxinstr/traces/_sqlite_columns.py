@@ -1,0 +1,159 @@
+"""Columnar SQLite reading: the native ``maxinstr._columns`` module, or Python's sqlite3.
+
+Both backends expose the same three calls and give identical arrays:
+
+- ``query(path, sql, kinds)``: run one SELECT; ``kinds`` has one letter per result column,
+  ``i`` (int64), ``f`` (float64) or ``s`` (text, interned: an int32 code array with -1 for
+  NULL, and the list of distinct strings). Integer NULLs must be handled in SQL (``ifnull``).
+- ``query_many(path, [(sql, kinds), ...])``: several queries; the native backend runs them on
+  parallel threads, each on its own read-only connection.
+- ``strings_by_id(path, table, ids)``: ``value`` of ``table`` rows whose ``id`` is in ``ids``
+  (returned in the order of ``ids``; a missing id gives ``""``).
+
+The native path exists because fetching millions of rows through Python objects costs seconds
+(docs/benchmarks.md, "Trace merge"); the Python path is kept as the reference and fallback.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+class ColumnBackend(Protocol):
+    name: str
+
+    def query(self, path: str, sql: str, kinds: str) -> list[Any]: ...
+
+    def query_many(self, path: str, queries: Sequence[tuple[str, str]]) -> list[list[Any]]: ...
+
+    def strings_by_id(self, path: str, table: str, ids: np.ndarray) -> list[str]: ...
+
+
+def _uri(path: str) -> str:
+    # Read-only and immutable: fixtures live in read-only folders, and an exported trace is
+    # never written while we read it. immutable=1 skips locking and journal checks.
+    from urllib.parse import quote
+
+    return f"file:{quote(os.path.abspath(path))}?mode=ro&immutable=1"
+
+
+class PythonBackend:
+    """The reference implementation over Python's sqlite3 (slow for millions of rows)."""
+
+    name = "python-sqlite3"
+
+    def _connect(self, path: str) -> sqlite3.Connection:
+        return sqlite3.connect(_uri(path), uri=True)
+
+    def query(self, path: str, sql: str, kinds: str) -> list[Any]:
+        con = self._connect(path)
+        try:
+            rows = con.execute(sql).fetchall()
+        finally:
+            con.close()
+        if not rows:
+            return [_empty(k) for k in kinds]
+        out: list[Any] = []
+        for k, col in zip(kinds, zip(*rows)):
+            if k == "i":
+                out.append(np.array(col, dtype=np.int64))
+            elif k == "f":
+                out.append(np.array([np.nan if v is None else v for v in col], dtype=np.float64))
+            else:
+                table: dict[str, int] = {}
+                codes = np.fromiter(
+                    (-1 if v is None else table.setdefault(str(v), len(table)) for v in col),
+                    dtype=np.int32,
+                    count=len(col),
+                )
+                out.append((codes, list(table)))
+        return out
+
+    def query_many(self, path: str, queries: Sequence[tuple[str, str]]) -> list[list[Any]]:
+        return [self.query(path, sql, kinds) for sql, kinds in queries]
+
+    def strings_by_id(self, path: str, table: str, ids: np.ndarray) -> list[str]:
+        ids = np.asarray(ids, dtype=np.int64)
+        if len(ids) == 0:
+            return []
+        con = self._connect(path)
+        try:
+            found: dict[int, str] = {}
+            step = 500  # stay under SQLite's host-parameter limit on old builds
+            for i in range(0, len(ids), step):
+                chunk = [int(x) for x in ids[i : i + step]]
+                marks = ",".join("?" * len(chunk))
+                for key, value in con.execute(f"SELECT id, value FROM {table} WHERE id IN ({marks})", chunk):
+                    found[int(key)] = str(value)
+        finally:
+            con.close()
+        return [found.get(int(x), "") for x in ids]
+
+
+def _empty(kind: str) -> Any:
+    if kind == "i":
+        return np.empty(0, np.int64)
+    if kind == "f":
+        return np.empty(0, np.float64)
+    return (np.empty(0, np.int32), [])
+
+
+class NativeBackend:
+    """``maxinstr._columns``: steps statements in C++ straight into numpy buffers."""
+
+    name = "native"
+
+    def __init__(self, module: Any) -> None:
+        self._m = module
+
+    def query(self, path: str, sql: str, kinds: str) -> list[Any]:
+        return self._m.query_many(path, [(sql, kinds)], 1)[0]
+
+    def query_many(self, path: str, queries: Sequence[tuple[str, str]]) -> list[list[Any]]:
+        threads = max(1, min(len(queries), os.cpu_count() or 1))
+        return self._m.query_many(path, list(queries), threads)
+
+    def strings_by_id(self, path: str, table: str, ids: np.ndarray) -> list[str]:
+        return self._m.strings_by_id(path, table, np.ascontiguousarray(ids, dtype=np.int64))
+
+
+def native_module() -> Any | None:
+    """The native module, or None when it is not built or the system SQLite cannot be loaded."""
+    if os.environ.get("MAXINSTR_NO_NATIVE_COLUMNS"):
+        return None
+    try:
+        from maxinstr import _columns  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    try:
+        if not _columns.available():
+            return None
+    except Exception:  # a broken build must not stop the Python path
+        return None
+    return _columns
+
+
+def backend(prefer: str = "auto") -> ColumnBackend:
+    """``"native"``, ``"python"``, or ``"auto"`` (native when it loads, else Python)."""
+    if prefer == "python":
+        return PythonBackend()
+    module = native_module()
+    if module is None:
+        if prefer == "native":
+            raise RuntimeError("maxinstr._columns is not available (not built, or libsqlite3.so.0 not found)")
+        return PythonBackend()
+    return NativeBackend(module)
+
+
+def table_columns(path: str | Path) -> dict[str, set[str]]:
+    """Every table of the database and its column names (schema probing is tiny: Python is fine)."""
+    con = sqlite3.connect(_uri(str(path)), uri=True)
+    try:
+        names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        return {n: {r[1] for r in con.execute(f"PRAGMA table_info('{n}')")} for n in names}
+    finally:
+        con.close()

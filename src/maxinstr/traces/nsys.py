@@ -1,0 +1,500 @@
+"""Nsight Systems SQLite export -> :class:`~maxinstr.traces.model.Trace`.
+
+Works across export schema versions (nsys 2022.2 / schema 2.9 through 2026.2 / 3.25): every
+column that a version lacks is replaced by a literal default in the SELECT, and event-type
+numbers are looked up in ``ENUM_NSYS_EVENT_TYPE`` when the file has it.
+
+What is read, and the traps handled:
+
+- NVTX push/pop and start/end ranges (also the NVTXT file variants) and marks; names inline
+  (``text``) or registered (``textId`` -> StringIds); domain names from the domain-create rows
+  (per process, as nsys joins them); categories named by category rows (kept in
+  ``meta["range_category"]`` / ``meta["category_names"]``); the int64 payload from
+  ``int64Value`` (else ``uint64Value``/``int32Value``/``uint32Value``); unclosed ranges end at
+  the last NVTX timestamp, like ``nsys stats`` does.
+- Kernels (demangled names, as ``nsys stats`` prints them), memcpy (named like nsys,
+  ``[CUDA memcpy Host-to-Device]``), memset, with ``graphNodeId`` for graph-replayed ops.
+- CUDA runtime and driver calls. ``CUPTI_ACTIVITY_KIND_RUNTIME`` may hold backtrace rows
+  (``eventClass`` CUDABACKTRACE) that repeat a correlation id: they are dropped, and only one
+  call per (process, correlation id) is kept, runtime before driver. Only calls that launched a
+  GPU op are kept. ``cudaGraphLaunch``/``cuGraphLaunch`` calls get ``CallKind.GRAPH``.
+- Threads and processes from ``globalTid``: tid = globalTid & 0xFFFFFF, pid = (globalTid >> 24)
+  & 0xFFFFFF; thread names from ``ThreadNames`` and NVTX thread-naming rows.
+- Session start on the wall clock (``TARGET_INFO_SESSION_START_TIME.utcEpochNs``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from maxinstr.errors import TraceError
+from maxinstr.traces import _sqlite_columns as cols
+from maxinstr.traces.model import (
+    NO_ID,
+    CallKind,
+    Calls,
+    GpuOps,
+    OpKind,
+    Ranges,
+    RangeStyle,
+    StringTable,
+    Trace,
+)
+
+# Fallback numbers for files without ENUM_NSYS_EVENT_TYPE (nsys 2022.2 exports lack it).
+_EVENT_TYPES = {
+    "NvtxCategory": 33,
+    "NvtxMark": 34,
+    "NvtxThread": 39,
+    "NvtxPushPopRange": 59,
+    "NvtxStartEndRange": 60,
+    "NvtxtMark": 65,
+    "NvtxtPushPopRange": 70,
+    "NvtxtStartEndRange": 71,
+    "NvtxDomainCreate": 75,
+}
+_EVENT_CLASS_DRIVER = 1
+_EVENT_CLASS_BACKTRACE = 67  # TRACE_PROCESS_EVENT_CUDABACKTRACE
+
+_MEMCPY_KINDS = {
+    0: "Unknown", 1: "Host-to-Device", 2: "Device-to-Host", 3: "Host-to-Array", 4: "Array-to-Host",
+    5: "Array-to-Array", 6: "Array-to-Device", 7: "Device-to-Array", 8: "Device-to-Device",
+    9: "Host-to-Host", 10: "Peer-to-Peer", 11: "Unified Host-to-Device", 12: "Unified Device-to-Host",
+    13: "Unified Device-to-Device",
+}  # fmt: skip
+
+_KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+_MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
+_MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
+_RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+_NVTX = "NVTX_EVENTS"
+
+TID_MASK = 0xFFFFFF
+
+
+def split_global_tid(global_tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(pid, tid) from nsys ``globalTid`` (or ``globalPid``) values."""
+    g = np.asarray(global_tid, dtype=np.int64)
+    return (g >> 24) & TID_MASK, g & TID_MASK
+
+
+def read_nsys(path: str | Path, *, backend: str = "auto") -> Trace:
+    """Read an Nsight Systems SQLite export (or a ``.nsys-rep``, exported first when nsys is on PATH).
+
+    ``backend``: ``"native"`` (the ``maxinstr._columns`` reader), ``"python"`` (sqlite3), or
+    ``"auto"``. Both give identical traces. Raises :class:`TraceError` for unreadable input.
+    """
+    source = Path(path)
+    if source.suffix in (".nsys-rep", ".qdrep"):
+        from maxinstr.traces.nsys_export import sqlite_for_report
+
+        db = sqlite_for_report(source)
+    else:
+        db = source
+    if not db.exists():
+        raise TraceError(db, "no such file")
+    try:
+        schema = cols.table_columns(db)
+    except sqlite3.DatabaseError as exc:
+        raise TraceError(db, f"not an SQLite database ({exc})") from None
+    if "StringIds" not in schema or not ({_KERNEL, _RUNTIME, _NVTX, _MEMCPY, _MEMSET} & set(schema)):
+        raise TraceError(db, "not an Nsight Systems SQLite export (no StringIds, NVTX_EVENTS or CUPTI tables)")
+    try:
+        be = cols.backend(backend)
+        return _Reader(str(db), schema, be).read(source)
+    except sqlite3.DatabaseError as exc:
+        raise TraceError(db, f"SQLite error while reading: {exc}") from None
+    except RuntimeError as exc:  # the native reader reports SQLite errors as RuntimeError
+        raise TraceError(db, str(exc)) from None
+
+
+class _Reader:
+    def __init__(self, db: str, schema: dict[str, set[str]], be: cols.ColumnBackend) -> None:
+        self.db = db
+        self.schema = schema
+        self.be = be
+        self.notes: list[str] = []
+        self.strings = StringTable()
+
+    # -- SQL helpers -------------------------------------------------------------------------
+    def col(self, table: str, name: str, default: str = "-1") -> str:
+        """``ifnull(name, default)`` when the column exists in this version, else the literal."""
+        return f'ifnull("{name}", {default})' if name in self.schema.get(table, ()) else default
+
+    def small(self, sql: str) -> list[tuple]:
+        con = sqlite3.connect(cols._uri(self.db), uri=True)
+        try:
+            return con.execute(sql).fetchall()
+        finally:
+            con.close()
+
+    def enum(self, table: str, defaults: dict[str, int]) -> dict[str, int]:
+        found = dict(defaults)
+        if table in self.schema:
+            for name, value in self.small(f"SELECT name, id FROM {table}"):
+                found[str(name)] = int(value)
+        return found
+
+    # -- main --------------------------------------------------------------------------------
+    def read(self, source: Path) -> Trace:
+        types = self.enum("ENUM_NSYS_EVENT_TYPE", _EVENT_TYPES)
+        queries: list[tuple[str, str]] = []
+        slots: dict[str, int] = {}
+
+        def add(key: str, sql: str, kinds: str) -> None:
+            slots[key] = len(queries)
+            queries.append((sql, kinds))
+
+        k = _KERNEL
+        if k in self.schema:
+            name_col = "demangledName" if "demangledName" in self.schema[k] else "shortName"
+            add(
+                "kernel",
+                f'SELECT start, "end", {self.col(k, "deviceId")}, {self.col(k, "streamId")}, '
+                f'{self.col(k, "correlationId")}, {self.col(k, "globalPid", "0")}, '
+                f'{self.col(k, name_col)}, {self.col(k, "graphNodeId")} FROM {k}',
+                "iiiiiiii",
+            )
+        for key, t in (("memcpy", _MEMCPY), ("memset", _MEMSET)):
+            if t in self.schema:
+                kind_col = self.col(t, "copyKind", "0") if key == "memcpy" else "0"
+                add(
+                    key,
+                    f'SELECT start, "end", {self.col(t, "deviceId")}, {self.col(t, "streamId")}, '
+                    f'{self.col(t, "correlationId")}, {self.col(t, "globalPid", "0")}, '
+                    f'{self.col(t, "bytes", "0")}, {kind_col}, {self.col(t, "graphNodeId")} FROM {t}',
+                    "iiiiiiiii",
+                )
+        if _RUNTIME in self.schema:
+            r = _RUNTIME
+            add(
+                "runtime",
+                f'SELECT start, "end", {self.col(r, "globalTid", "0")}, {self.col(r, "correlationId")}, '
+                f'{self.col(r, "nameId")}, {self.col(r, "eventClass", "0")} FROM {r} '
+                f'WHERE {self.col(r, "eventClass", "0")} != {_EVENT_CLASS_BACKTRACE}',
+                "iiiiii",
+            )
+        if _NVTX in self.schema:
+            n = _NVTX
+            payload = ", ".join(
+                f'"{c}"' for c in ("int64Value", "uint64Value", "int32Value", "uint32Value") if c in self.schema[n]
+            )
+            payload_sql = f"coalesce({payload}, -1)" if payload else "-1"
+            text_sql = '"text"' if "text" in self.schema[n] else "NULL"
+            add(
+                "nvtx",
+                f'SELECT start, {self.col(n, "end")}, eventType, {self.col(n, "globalTid", "0")}, '
+                f'{self.col(n, "endGlobalTid")}, {self.col(n, "textId")}, {self.col(n, "domainId", "0")}, '
+                f'{self.col(n, "category")}, {payload_sql}, {text_sql} FROM {n}',
+                "iiiiiiiiis",
+            )
+        if "ThreadNames" in self.schema:
+            add("threads", "SELECT globalTid, nameId FROM ThreadNames", "ii")
+
+        results = self.be.query_many(self.db, queries)
+        got = {key: results[i] for key, i in slots.items()}
+
+        ops, op_name_sid, memcpy_kinds = self._ops(got)
+        calls, call_name_sid = self._calls(got, ops)
+        ranges, nvtx_parts = self._nvtx(got.get("nvtx"), types)
+
+        # One round trip for every registered string we need, interned in a stable order.
+        thread_rows = got.get("threads")
+        needed = [op_name_sid[op_name_sid >= 0], call_name_sid, nvtx_parts["text_sid"]]
+        if thread_rows is not None:
+            needed.append(thread_rows[1])
+        sids = np.unique(np.concatenate([np.asarray(a, np.int64) for a in needed]))
+        sids = sids[sids >= 0]
+        values = self.be.strings_by_id(self.db, "StringIds", sids)
+        sid_to_name = np.array([self.strings.intern(v) for v in values], dtype=np.int32)
+
+        def by_sid(ids: np.ndarray) -> np.ndarray:
+            ids = np.asarray(ids, np.int64)
+            pos = np.clip(np.searchsorted(sids, ids), 0, max(len(sids) - 1, 0))
+            ok = (ids >= 0) & (len(sids) > 0)
+            if len(sids):
+                ok &= sids[pos] == ids
+            out = np.full(len(ids), NO_ID, np.int32)
+            if len(sids):
+                out[ok] = sid_to_name[pos[ok]]
+            return out
+
+        # Ops: kernels named through StringIds, copies/sets by kind.
+        op_name = by_sid(op_name_sid)
+        if memcpy_kinds is not None:
+            mask, kinds = memcpy_kinds
+            labels = self.enum_labels("ENUM_CUDA_MEMCPY_OPER", _MEMCPY_KINDS)
+            uniq, inv = np.unique(kinds, return_inverse=True)
+            ids = np.array(
+                [self.strings.intern(f"[CUDA memcpy {labels.get(int(u), 'Unknown')}]") for u in uniq], np.int32
+            )
+            op_name[mask] = ids[inv]
+        op_name[ops.kind == OpKind.MEMSET] = self.strings.intern("[CUDA memset]")
+        ops.name_id = op_name
+        calls.name_id = by_sid(call_name_sid)
+        self._mark_graph_calls(calls)
+
+        # Range names: registered (textId) first, else inline text -- as nsys coalesces them.
+        text_codes, text_values = nvtx_parts["text"]
+        local = np.array([self.strings.intern(v) for v in text_values], dtype=np.int32)
+        inline = np.where(text_codes >= 0, local[np.maximum(text_codes, 0)] if len(local) else NO_ID, NO_ID)
+        registered = by_sid(nvtx_parts["text_sid"])
+        ranges.name_id = np.where(registered >= 0, registered, inline).astype(np.int32)
+        self._domains_and_categories(ranges, nvtx_parts, registered, inline)
+
+        thread_names: dict[int, str] = {}
+        if thread_rows is not None and len(thread_rows[0]):
+            _, tids = split_global_tid(thread_rows[0])
+            names = by_sid(thread_rows[1])
+            thread_names = {int(t): self._str(n) for t, n in zip(tids, names) if n >= 0}
+        thread_names.update(nvtx_parts["thread_names"](self))
+
+        trace = Trace(
+            source=str(source),
+            format="nsys-sqlite",
+            strings=self.strings.to_array(),
+            ranges=ranges,
+            calls=calls,
+            ops=ops,
+            thread_names=thread_names,
+            clock="nsys",
+            session_start_utc_ns=self._session_start(),
+            notes=self.notes,
+            meta=self._meta(nvtx_parts),
+        )
+        trace.validate()
+        return trace
+
+    def _str(self, name_id: int) -> str:
+        return self.strings._values[name_id]
+
+    def enum_labels(self, table: str, defaults: dict[int, str]) -> dict[int, str]:
+        found = dict(defaults)
+        if table in self.schema and "label" in self.schema[table]:
+            for value, label in self.small(f"SELECT id, label FROM {table}"):
+                found[int(value)] = str(label)
+        return found
+
+    # -- ops ---------------------------------------------------------------------------------
+    def _ops(self, got: dict[str, list[Any]]) -> tuple[GpuOps, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+        parts: list[dict[str, np.ndarray]] = []
+        name_sid: list[np.ndarray] = []
+        memcpy_kind: list[np.ndarray] = []
+        if "kernel" in got:
+            s, e, dev, stream, corr, gpid, name, node = got["kernel"]
+            parts.append(dict(start=s, end=e, dev=dev, stream=stream, corr=corr, gpid=gpid,
+                              node=node, bytes=np.zeros(len(s), np.int64), kind=OpKind.KERNEL))  # fmt: skip
+            name_sid.append(name)
+            memcpy_kind.append(np.full(len(s), -1, np.int64))
+        for key, kind in (("memcpy", OpKind.MEMCPY), ("memset", OpKind.MEMSET)):
+            if key in got:
+                s, e, dev, stream, corr, gpid, nbytes, ckind, node = got[key]
+                parts.append(dict(start=s, end=e, dev=dev, stream=stream, corr=corr, gpid=gpid,
+                                  node=node, bytes=nbytes, kind=kind))  # fmt: skip
+                name_sid.append(np.full(len(s), -1, np.int64))
+                memcpy_kind.append(ckind if kind == OpKind.MEMCPY else np.full(len(s), -1, np.int64))
+        if not parts:
+            self.notes.append("no kernel, memcpy or memset table: the trace has no GPU ops")
+            return GpuOps(), np.empty(0, np.int64), None
+
+        def cat(key: str) -> np.ndarray:
+            return np.concatenate([p[key] for p in parts])
+
+        kinds = np.concatenate([np.full(len(p["start"]), int(p["kind"]), np.int8) for p in parts])
+        pid, _ = split_global_tid(cat("gpid"))
+        ops = GpuOps(
+            start_ns=cat("start"),
+            end_ns=cat("end"),
+            kind=kinds,
+            name_id=np.full(len(kinds), NO_ID, np.int32),
+            device_id=cat("dev").astype(np.int32),
+            stream_id=cat("stream"),
+            pid=pid,
+            correlation_id=cat("corr"),
+            graph_node_id=cat("node"),
+            bytes=cat("bytes"),
+        )
+        ckind = np.concatenate(memcpy_kind)
+        mask = kinds == OpKind.MEMCPY
+        return ops, np.concatenate(name_sid), (mask, ckind[mask]) if mask.any() else None
+
+    # -- calls -------------------------------------------------------------------------------
+    def _calls(self, got: dict[str, list[Any]], ops: GpuOps) -> tuple[Calls, np.ndarray]:
+        if "runtime" not in got:
+            if len(ops):
+                self.notes.append("no CUDA API table: ops cannot be joined to their launch calls")
+            return Calls(), np.empty(0, np.int64)
+        s, e, gtid, corr, name, eclass = got["runtime"]
+        pid, tid = split_global_tid(gtid)
+        key = correlation_key(pid, corr)
+        # Runtime rows before driver rows for the same correlation id, then one per key.
+        order = np.lexsort((eclass == _EVENT_CLASS_DRIVER, key))
+        key_sorted = key[order]
+        first = np.ones(len(order), bool)
+        first[1:] = key_sorted[1:] != key_sorted[:-1]
+        first &= key_sorted >= 0
+        order, key_sorted = order[first], key_sorted[first]
+        # Keep only the calls some op points at (the launches).
+        op_key = np.unique(correlation_key(ops.pid, ops.correlation_id)) if len(ops) else np.empty(0, np.int64)
+        pos = np.searchsorted(op_key, key_sorted)
+        hit = pos < len(op_key)
+        hit[hit] = op_key[pos[hit]] == key_sorted[hit]
+        keep = order[hit]
+        kind = np.where(eclass[keep] == _EVENT_CLASS_DRIVER, CallKind.DRIVER, CallKind.RUNTIME).astype(np.int8)
+        calls = Calls(
+            start_ns=s[keep],
+            end_ns=e[keep],
+            tid=tid[keep],
+            pid=pid[keep],
+            correlation_id=corr[keep],
+            name_id=np.full(len(keep), NO_ID, np.int32),
+            kind=kind,
+        )
+        return calls, name[keep]
+
+    def _mark_graph_calls(self, calls: Calls) -> None:
+        if not len(calls):
+            return
+        uniq, inv = np.unique(calls.name_id, return_inverse=True)
+        is_graph = np.array(
+            [u >= 0 and self._str(int(u)).split("_v")[0] in ("cudaGraphLaunch", "cuGraphLaunch") for u in uniq], bool
+        )
+        calls.kind[is_graph[inv]] = CallKind.GRAPH
+
+    # -- NVTX --------------------------------------------------------------------------------
+    def _nvtx(self, rows: list[Any] | None, types: dict[str, int]) -> tuple[Ranges, dict[str, Any]]:
+        empty_parts: dict[str, Any] = {
+            "text_sid": np.empty(0, np.int64),
+            "text": (np.empty(0, np.int32), []),
+            "thread_names": lambda reader: {},
+        }
+        if rows is None:
+            return Ranges(), empty_parts
+        start, end, etype, gtid, end_gtid, text_sid, domain, category, payload, text = rows
+        pushpop = (etype == types["NvtxPushPopRange"]) | (etype == types["NvtxtPushPopRange"])
+        startend = (etype == types["NvtxStartEndRange"]) | (etype == types["NvtxtStartEndRange"])
+        mark = (etype == types["NvtxMark"]) | (etype == types["NvtxtMark"])
+        is_range = pushpop | startend
+        keep = is_range | mark
+        open_ = is_range & (end < 0)
+        if open_.any():
+            # nsys stats closes an unclosed range at the last NVTX timestamp; do the same.
+            last = int(max(start[is_range | mark].max(), end[is_range].max()))
+            self.notes.append(f"{int(open_.sum())} NVTX range(s) never ended: closed at the last NVTX timestamp")
+            end = np.where(open_, last, end)
+        end = np.where(mark, start, end)
+        pid, tid = split_global_tid(gtid)
+        _, end_tid = split_global_tid(np.where(end_gtid >= 0, end_gtid, gtid))
+        style = np.where(pushpop, RangeStyle.PUSH_POP, np.where(startend, RangeStyle.START_END, RangeStyle.MARK))
+        ranges = Ranges(
+            start_ns=start[keep],
+            end_ns=end[keep],
+            name_id=np.full(int(keep.sum()), NO_ID, np.int32),
+            domain_id=np.full(int(keep.sum()), NO_ID, np.int32),
+            tid=tid[keep],
+            end_tid=end_tid[keep],
+            pid=pid[keep],
+            style=style[keep].astype(np.int8),
+            payload=payload[keep],
+        )
+        text_codes, text_values = text
+
+        def rows_of(event: str) -> np.ndarray:
+            return np.flatnonzero(etype == types[event])
+
+        def thread_names(reader: _Reader) -> dict[int, str]:
+            idx = rows_of("NvtxThread")
+            out: dict[int, str] = {}
+            for i in idx:  # a handful of naming rows, not trace rows
+                name = text_values[text_codes[i]] if text_codes[i] >= 0 else ""
+                if not name and text_sid[i] >= 0:
+                    name = reader.be.strings_by_id(reader.db, "StringIds", np.array([text_sid[i]]))[0]
+                if name:
+                    out[int(tid[i])] = name
+            return out
+
+        parts = {
+            "keep": keep,
+            "text_sid": text_sid[keep],
+            "text": (text_codes[keep], text_values),
+            "all_text_sid": text_sid,
+            "all_text": text,
+            "domain": domain,
+            "category": category,
+            "pid": pid,
+            "domain_rows": rows_of("NvtxDomainCreate"),
+            "category_rows": rows_of("NvtxCategory"),
+            "thread_names": thread_names,
+        }
+        return ranges, parts
+
+    def _domains_and_categories(
+        self, ranges: Ranges, parts: dict[str, Any], registered: np.ndarray, inline: np.ndarray
+    ) -> None:
+        if "keep" not in parts:
+            return
+        keep = parts["keep"]
+        codes, values = parts["all_text"]
+        sid = parts["all_text_sid"]
+        domain, pid, category = parts["domain"], parts["pid"], parts["category"]
+
+        def label(i: int) -> str:
+            if sid[i] >= 0:
+                return self.be.strings_by_id(self.db, "StringIds", np.array([sid[i]]))[0]
+            return values[codes[i]] if codes[i] >= 0 else ""
+
+        # Domain names are scoped to the process that created them (nsys joins on the pid bits).
+        names: dict[tuple[int, int], int] = {}
+        for i in parts["domain_rows"]:  # one row per nvtxDomainCreate: a handful
+            names.setdefault((int(pid[i]), int(domain[i])), self.strings.intern(label(int(i))))
+        kept_domain, kept_pid = domain[keep], pid[keep]
+        if names:
+            for (p, d), name_id in names.items():
+                ranges.domain_id[(kept_pid == p) & (kept_domain == d)] = name_id
+        cats: dict[tuple[int, int, int], str] = {}
+        for i in parts["category_rows"]:
+            cats[(int(pid[i]), int(domain[i]), int(category[i]))] = label(int(i))
+        self._category = category[keep].astype(np.int32)
+        self._category_names = {f"{p}:{d}:{c}": v for (p, d, c), v in cats.items()}
+
+    # -- session -----------------------------------------------------------------------------
+    def _session_start(self) -> int | None:
+        t = "TARGET_INFO_SESSION_START_TIME"
+        if t in self.schema and "utcEpochNs" in self.schema[t]:
+            rows = self.small(f"SELECT utcEpochNs FROM {t} LIMIT 1")
+            if rows and rows[0][0] is not None:
+                return int(rows[0][0])
+        self.notes.append("no session start time: wall-clock times unknown")
+        return None
+
+    def _meta(self, parts: dict[str, Any]) -> dict[str, object]:
+        meta: dict[str, object] = {"reader_backend": self.be.name}
+        for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
+            if table in self.schema:
+                for name, value in self.small(f"SELECT name, value FROM {table}"):
+                    if name in ("EXPORT_PRODUCT_VERSION", "EXPORT_SCHEMA_VERSION"):
+                        meta["nsys_version" if "PRODUCT" in name else "schema_version"] = str(value)
+        t = "TARGET_INFO_SESSION_START_TIME"
+        if t in self.schema and "systemClockNs" in self.schema[t]:
+            rows = self.small(f"SELECT systemClockNs FROM {t} LIMIT 1")
+            if rows and rows[0][0] is not None:
+                meta["session_start_system_clock_ns"] = int(rows[0][0])
+        if hasattr(self, "_category"):
+            meta["range_category"] = self._category
+            meta["category_names"] = self._category_names
+        return meta
+
+
+def correlation_key(pid: np.ndarray, correlation_id: np.ndarray) -> np.ndarray:
+    """One int64 per (process, correlation id); -1 where the correlation id is missing.
+
+    CUPTI correlation ids are 32-bit and unique per process, nsys pids 24-bit, so they pack.
+    """
+    pid = np.asarray(pid, np.int64)
+    corr = np.asarray(correlation_id, np.int64)
+    ok = (corr >= 0) & (corr < (1 << 32))
+    return np.where(ok, (pid << 32) | (corr & 0xFFFFFFFF), -1)
