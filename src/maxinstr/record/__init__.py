@@ -1,1 +1,38 @@
+"""Recording: `stage`, `mark`, and the process-wide switch.
 
+`stage` and `mark` are the native functions themselves (no Python layer on the hot path).
+
+    with maxinstr.stage("decode", step=i, stream=torch.cuda.current_stream().cuda_stream):
+        ...
+
+    @maxinstr.stage("sample")          # decorator: see maxinstr.record.stage
+    def sample(logits): ...
+
+Set MAXINSTR_DISABLE=1 (or call `disable()`) to make `stage()` return a shared no-op.
+"""
+
+from __future__ import annotations
+
+from maxinstr import _native
+
+# Import the decorator module before binding `stage`: importing a submodule sets the package
+# attribute of the same name, which must not overwrite the function below.
+from maxinstr.record import stage as _stage_module  # noqa: F401
+
+stage = _native.stage
+mark = _native.mark
+is_enabled = _native.is_enabled
+clock_ns = _native.clock_ns
+
+
+def enable() -> None:
+    """Record stages and marks again (process-wide)."""
+    _native.set_enabled(True)
+
+
+def disable() -> None:
+    """Make `stage()` return a shared no-op and `mark()` do nothing (process-wide)."""
+    _native.set_enabled(False)
+
+
+__all__ = ["stage", "mark", "enable", "disable", "is_enabled", "clock_ns"]

@@ -1,0 +1,1556 @@
+// maxinstr._native: the stage core.
+//
+// What lives here (see docs/stage-core.md for the user-facing story):
+//   * the host clock (CLOCK_MONOTONIC ns) of every record and sample;
+//   * the Stage type: a raw CPython type, because the hot path (`with stage("x"): ...`) must cost
+//     a few hundred ns at most and an empty *Python* context manager already costs ~230 ns;
+//   * per-OS-thread stacks of open stages (depth/parent), completed records waiting for drain();
+//   * markers: NVTX3 (header-only, domain "maxinstr", registered strings, int64 payload = record
+//     id) or roctx (dlopened; no payload);
+//   * GPU events: libcuda / libamdhip64 dlopened, a bounded pool of events created once and reused,
+//     one event per stage boundary (siblings and parent/child boundaries share one event when no
+//     work can have been submitted between them), lazy non-blocking resolution, GPU times mapped
+//     onto the host clock through a reference event.
+//
+// Concurrency: every entry point is called from Python with the GIL held, and this module does not
+// release it, so the GIL is the lock of all shared state here (the module declares no free-threading
+// support, so a free-threaded interpreter re-enables the GIL on import). The only code that runs
+// without the GIL is the thread-exit hook, which only stores an atomic flag.
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <nvtx3/nvToolsExt.h>
+
+#if defined(__GNUC__)
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define LIKELY(x) (x)
+#define UNLIKELY(x) (x)
+#endif
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Record layout: maxinstr.rundir.format.STAGE_DTYPE (docs/formats.md), 72 little-endian bytes.
+// ---------------------------------------------------------------------------------------------
+struct Record {
+  int64_t id;
+  int64_t parent_id;
+  int64_t tid;
+  int64_t host_start_ns;
+  int64_t host_end_ns;
+  int64_t gpu_start_ns;
+  int64_t gpu_end_ns;
+  int64_t step;
+  int32_t name_id;
+  int16_t depth;
+  uint16_t flags;
+};
+static_assert(sizeof(Record) == 72, "Record must match STAGE_DTYPE (72 bytes)");
+
+enum : uint16_t {
+  F_EXCEPTION = 1u << 0,
+  F_GPU_TIMED = 1u << 1,
+  F_MARK = 1u << 2,
+  F_GPU_DROPPED = 1u << 3,
+  F_UNCLOSED = 1u << 4,
+};
+
+inline int64_t now_ns() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Process-wide state (protected by the GIL, see the header comment).
+// ---------------------------------------------------------------------------------------------
+struct StageObject;
+
+struct Boundary {  // the last event this thread recorded on one stream (for boundary sharing)
+  uint64_t stream;
+  int ctx;
+  int slot;  // -1: empty
+  int64_t t_ns;
+};
+constexpr int kBoundaries = 4;
+
+struct ThreadState {
+  int64_t tid = 0;
+  std::vector<StageObject*> stack;  // strong references; open stages and "zombies" (see exit)
+  std::atomic<bool> alive{true};
+  Boundary bnd[kBoundaries];
+  int bnd_next = 0;
+  ThreadState() {
+    for (auto& b : bnd) b = Boundary{0, -1, -1, 0};
+  }
+};
+
+struct NameEntry {
+  PyObject* str;  // strong ref
+  std::string utf8;
+  nvtxStringHandle_t nvtx;
+};
+
+struct AttrEntry {
+  uint64_t done_index;  // position of the record in the completed stream
+  int64_t id;
+  PyObject* attrs;  // strong ref
+};
+
+struct Pending {  // a completed stage waiting for its GPU events
+  Record rec;
+  int ev0, ev1, ctx;
+  PyObject* attrs;  // strong ref or NULL
+};
+
+enum Markers { MK_NONE = 0, MK_NVTX = 1, MK_ROCTX = 2 };
+enum Backend { BK_NONE = 0, BK_CUDA = 1, BK_HIP = 2 };
+
+struct GpuApi {
+  int backend = BK_NONE;
+  void* lib = nullptr;
+  std::string lib_name;
+  // CUDA driver and HIP runtime share these shapes: status int (0 = success, 600 = not ready),
+  // opaque handles.
+  int (*ev_create)(void**, unsigned) = nullptr;
+  int (*ev_record)(void*, void*) = nullptr;
+  int (*ev_query)(void*) = nullptr;
+  int (*ev_elapsed)(float*, void*, void*) = nullptr;
+  int (*ev_sync)(void*) = nullptr;
+  int (*ev_destroy)(void*) = nullptr;
+  int (*ctx_current)(void**) = nullptr;  // CUDA: cuCtxGetCurrent
+  int (*get_device)(int*) = nullptr;     // HIP: hipGetDevice
+  int (*prof_start)() = nullptr;
+  int (*prof_stop)() = nullptr;
+};
+
+struct Slot {
+  void* ev;
+  int ctx;
+  int ref;
+};
+
+struct Ctx {
+  void* key;              // CUcontext, or (device + 1) for HIP
+  bool ok = false;        // reference pairing succeeded
+  std::vector<int> free;  // free slots of this context
+  int anchor = -1;        // slot of the newest resolved event (its host time is anchor_ns)
+  int64_t anchor_ns = 0;
+};
+
+struct Globals {
+  bool enabled = true;
+  int64_t pid = 0;
+  uint32_t seq = 0;
+  uint32_t fork_gen = 0;
+
+  // completed records, FIFO: done[done_head:] are undrained
+  std::vector<Record> done;
+  size_t done_head = 0;
+  uint64_t done_pushed = 0;   // records ever pushed (index of the next one)
+  uint64_t done_drained = 0;  // records ever drained
+  std::vector<AttrEntry> attrs;
+  size_t attrs_head = 0;
+  size_t capacity = 1000000;
+  uint64_t records = 0;
+  uint64_t dropped_records = 0;
+
+  PyObject* name_dict = nullptr;  // str -> int name_id
+  std::vector<NameEntry> names;
+  size_t names_reported = 0;
+
+  std::vector<ThreadState*> threads;
+
+  std::vector<std::string> errors;
+  uint64_t errors_dropped = 0;
+
+  // markers
+  int markers = MK_NONE;
+  nvtxDomainHandle_t domain = nullptr;
+  void* roctx_lib = nullptr;
+  int (*roctx_push)(const char*) = nullptr;
+  int (*roctx_pop)() = nullptr;
+  void (*roctx_mark)(const char*) = nullptr;
+  int (*roctx_pause)(uint64_t) = nullptr;
+  int (*roctx_resume)(uint64_t) = nullptr;
+
+  // GPU
+  GpuApi gpu;
+  bool gpu_tried = false;
+  uint32_t gpu_retry = 0;  // HIP: retries of "is the HIP runtime loaded yet"
+  bool gpu_off_after_fork = false;
+  std::vector<Slot> slots;
+  std::vector<Ctx> ctxs;
+  int last_ctx = -1;
+  int pool_max = 4096;
+  int pool_total = 0;
+  int64_t share_ns = 1000;  // see gpu_point(): boundaries closer than this share one event
+  std::vector<Pending> pending;
+  size_t pending_head = 0;
+  uint64_t gpu_exits = 0;
+  uint64_t events_recorded = 0;
+  uint64_t events_shared = 0;
+  uint64_t events_dropped = 0;
+  bool warned_no_ctx = false;
+};
+
+Globals g;
+
+thread_local ThreadState* tls_ts = nullptr;
+struct TlsGuard {  // runs at thread exit, without the GIL: only flips an atomic
+  ThreadState* ts = nullptr;
+  ~TlsGuard() {
+    if (ts) ts->alive.store(false, std::memory_order_release);
+  }
+};
+thread_local TlsGuard tls_guard;
+
+void add_error(const std::string& msg) {
+  for (auto& e : g.errors)
+    if (e == msg) return;
+  if (g.errors.size() >= 64) {
+    g.errors_dropped++;
+    return;
+  }
+  g.errors.push_back(msg);
+}
+
+inline int64_t next_id() { return (g.pid << 32) | (int64_t)(++g.seq); }
+
+inline ThreadState* get_ts() {
+  ThreadState* ts = tls_ts;
+  if (LIKELY(ts != nullptr)) return ts;
+  ts = new ThreadState();
+  ts->tid = (int64_t)syscall(SYS_gettid);
+  g.threads.push_back(ts);
+  tls_ts = ts;
+  tls_guard.ts = ts;
+  return ts;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Completed records
+// ---------------------------------------------------------------------------------------------
+inline size_t done_count() { return g.done.size() - g.done_head; }
+
+void push_done(const Record& r, PyObject* attrs) {
+  g.records++;
+  if (UNLIKELY(done_count() >= g.capacity)) {
+    g.dropped_records++;
+    return;
+  }
+  if (attrs && PyDict_GET_SIZE(attrs) > 0) {
+    Py_INCREF(attrs);
+    g.attrs.push_back(AttrEntry{g.done_pushed, r.id, attrs});
+  }
+  g.done.push_back(r);
+  g.done_pushed++;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Names
+// ---------------------------------------------------------------------------------------------
+int32_t intern_name(PyObject* name) {
+  PyObject* v = PyDict_GetItemWithError(g.name_dict, name);
+  if (LIKELY(v != nullptr)) return (int32_t)PyLong_AS_LONG(v);
+  if (PyErr_Occurred()) return -1;
+  if (!PyUnicode_Check(name)) {
+    PyErr_Format(PyExc_TypeError, "stage name must be str, not %.80s", Py_TYPE(name)->tp_name);
+    return -1;
+  }
+  Py_ssize_t n = 0;
+  const char* u = PyUnicode_AsUTF8AndSize(name, &n);
+  if (!u) return -1;
+  int32_t id = (int32_t)g.names.size();
+  PyObject* idobj = PyLong_FromLong(id);
+  if (!idobj) return -1;
+  if (PyDict_SetItem(g.name_dict, name, idobj) < 0) {
+    Py_DECREF(idobj);
+    return -1;
+  }
+  Py_DECREF(idobj);
+  NameEntry e;
+  e.str = name;
+  Py_INCREF(name);
+  e.utf8.assign(u, (size_t)n);
+  e.nvtx = (g.markers == MK_NVTX) ? nvtxDomainRegisterStringA(g.domain, e.utf8.c_str()) : nullptr;
+  g.names.push_back(std::move(e));
+  return id;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Markers
+// ---------------------------------------------------------------------------------------------
+inline void marker_push(int32_t name_id, int64_t id) {
+  if (g.markers == MK_NVTX) {
+    nvtxEventAttributes_t a;
+    memset(&a, 0, sizeof(a));
+    a.version = NVTX_VERSION;
+    a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    a.messageType = NVTX_MESSAGE_TYPE_REGISTERED;
+    a.message.registered = g.names[name_id].nvtx;
+    a.payloadType = NVTX_PAYLOAD_TYPE_INT64;
+    a.payload.llValue = id;
+    nvtxDomainRangePushEx(g.domain, &a);
+  } else if (g.markers == MK_ROCTX) {
+    g.roctx_push(g.names[name_id].utf8.c_str());
+  }
+}
+
+inline void marker_pop() {
+  if (g.markers == MK_NVTX)
+    nvtxDomainRangePop(g.domain);
+  else if (g.markers == MK_ROCTX)
+    g.roctx_pop();
+}
+
+inline void marker_mark(int32_t name_id, int64_t id) {
+  if (g.markers == MK_NVTX) {
+    nvtxEventAttributes_t a;
+    memset(&a, 0, sizeof(a));
+    a.version = NVTX_VERSION;
+    a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    a.messageType = NVTX_MESSAGE_TYPE_REGISTERED;
+    a.message.registered = g.names[name_id].nvtx;
+    a.payloadType = NVTX_PAYLOAD_TYPE_INT64;
+    a.payload.llValue = id;
+    nvtxDomainMarkEx(g.domain, &a);
+  } else if (g.markers == MK_ROCTX && g.roctx_mark) {
+    g.roctx_mark(g.names[name_id].utf8.c_str());
+  }
+}
+
+const char* env(const char* k) {
+  const char* v = getenv(k);
+  return (v && *v) ? v : nullptr;
+}
+
+bool load_roctx(const char* path) {
+  void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) return false;
+  auto push = (int (*)(const char*))dlsym(h, "roctxRangePushA");
+  auto pop = (int (*)())dlsym(h, "roctxRangePop");
+  if (!push || !pop) {
+    add_error(std::string("roctx: ") + path + " lacks roctxRangePushA/roctxRangePop");
+    dlclose(h);
+    return false;
+  }
+  g.roctx_lib = h;
+  g.roctx_push = push;
+  g.roctx_pop = pop;
+  g.roctx_mark = (void (*)(const char*))dlsym(h, "roctxMarkA");
+  g.roctx_pause = (int (*)(uint64_t))dlsym(h, "roctxProfilerPause");
+  g.roctx_resume = (int (*)(uint64_t))dlsym(h, "roctxProfilerResume");
+  return true;
+}
+
+// MAXINSTR_MARKERS = nvtx | roctx | none | (unset: roctx when a roctx library loads, else nvtx).
+void init_markers() {
+  const char* want = env("MAXINSTR_MARKERS");
+  std::string w = want ? want : "auto";
+  if (w == "none") {
+    g.markers = MK_NONE;
+    return;
+  }
+  if (w == "roctx" || w == "auto") {
+    const char* path = env("MAXINSTR_ROCTX_LIBRARY");
+    bool ok = false;
+    if (path)
+      ok = load_roctx(path);
+    else
+      ok = load_roctx("librocprofiler-sdk-roctx.so") || load_roctx("librocprofiler-sdk-roctx.so.1") ||
+           load_roctx("libroctx64.so") || load_roctx("libroctx64.so.4");
+    if (ok) {
+      g.markers = MK_ROCTX;
+      return;
+    }
+    if (w == "roctx" || path) add_error("roctx requested but no roctx library could be loaded");
+  }
+  g.markers = MK_NVTX;
+  g.domain = nvtxDomainCreateA("maxinstr");
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPU backend: dlopen + dlsym of the few functions used.
+// ---------------------------------------------------------------------------------------------
+void* sym(void* h, const char* a, const char* b = nullptr) {
+  void* p = dlsym(h, a);
+  if (!p && b) p = dlsym(h, b);
+  return p;
+}
+
+bool load_cuda(const char* path) {
+  void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) return false;
+  GpuApi a;
+  a.lib = h;
+  a.lib_name = path;
+  a.ev_create = (int (*)(void**, unsigned))sym(h, "cuEventCreate");
+  a.ev_record = (int (*)(void*, void*))sym(h, "cuEventRecord");
+  a.ev_query = (int (*)(void*))sym(h, "cuEventQuery");
+  a.ev_elapsed = (int (*)(float*, void*, void*))sym(h, "cuEventElapsedTime");
+  a.ev_sync = (int (*)(void*))sym(h, "cuEventSynchronize");
+  a.ev_destroy = (int (*)(void*))sym(h, "cuEventDestroy_v2", "cuEventDestroy");
+  a.ctx_current = (int (*)(void**))sym(h, "cuCtxGetCurrent");
+  a.prof_start = (int (*)())sym(h, "cuProfilerStart");
+  a.prof_stop = (int (*)())sym(h, "cuProfilerStop");
+  if (!a.ev_create || !a.ev_record || !a.ev_query || !a.ev_elapsed || !a.ev_sync || !a.ctx_current) {
+    add_error(std::string("cuda: ") + path + " lacks a needed cuEvent*/cuCtxGetCurrent function");
+    dlclose(h);
+    return false;
+  }
+  a.backend = BK_CUDA;
+  g.gpu = a;
+  return true;
+}
+
+bool load_hip(const char* path, bool only_if_loaded) {
+  void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL | (only_if_loaded ? RTLD_NOLOAD : 0));
+  if (!h) return false;
+  GpuApi a;
+  a.lib = h;
+  a.lib_name = path;
+  a.ev_create = (int (*)(void**, unsigned))sym(h, "hipEventCreateWithFlags");
+  a.ev_record = (int (*)(void*, void*))sym(h, "hipEventRecord");
+  a.ev_query = (int (*)(void*))sym(h, "hipEventQuery");
+  a.ev_elapsed = (int (*)(float*, void*, void*))sym(h, "hipEventElapsedTime");
+  a.ev_sync = (int (*)(void*))sym(h, "hipEventSynchronize");
+  a.ev_destroy = (int (*)(void*))sym(h, "hipEventDestroy");
+  a.get_device = (int (*)(int*))sym(h, "hipGetDevice");
+  a.prof_start = (int (*)())sym(h, "hipProfilerStart");
+  a.prof_stop = (int (*)())sym(h, "hipProfilerStop");
+  if (!a.ev_create || !a.ev_record || !a.ev_query || !a.ev_elapsed || !a.ev_sync || !a.get_device) {
+    add_error(std::string("hip: ") + path + " lacks a needed hipEvent*/hipGetDevice function");
+    dlclose(h);
+    return false;
+  }
+  a.backend = BK_HIP;
+  g.gpu = a;
+  return true;
+}
+
+// Loads the driver once. CUDA: libcuda.so.1 (MAXINSTR_CUDA_LIBRARY overrides). HIP: only a HIP
+// runtime the process has already loaded (so we never initialise a runtime the program does not
+// use), or MAXINSTR_HIP_LIBRARY. Loading is not initialising: no context is ever created here.
+void gpu_try_load() {
+  if (g.gpu.backend != BK_NONE) return;
+  if (g.gpu_tried) {
+    // HIP may be loaded by the framework after our first stage: look again now and then.
+    if ((++g.gpu_retry & 4095) != 0) return;
+    if (!env("MAXINSTR_CUDA_LIBRARY"))
+      load_hip("libamdhip64.so", true) || load_hip("libamdhip64.so.7", true) ||
+          load_hip("libamdhip64.so.6", true);
+    return;
+  }
+  g.gpu_tried = true;
+  if (const char* p = env("MAXINSTR_CUDA_LIBRARY")) {
+    if (!load_cuda(p)) add_error(std::string("MAXINSTR_CUDA_LIBRARY=") + p + " could not be loaded");
+    return;
+  }
+  if (const char* p = env("MAXINSTR_HIP_LIBRARY")) {
+    if (!load_hip(p, false)) add_error(std::string("MAXINSTR_HIP_LIBRARY=") + p + " could not be loaded");
+    return;
+  }
+  if (load_cuda("libcuda.so.1")) return;
+  load_hip("libamdhip64.so", true) || load_hip("libamdhip64.so.7", true) || load_hip("libamdhip64.so.6", true);
+}
+
+inline void* gpu_current_key() {
+  if (g.gpu.backend == BK_CUDA) {
+    void* c = nullptr;
+    if (g.gpu.ctx_current(&c) != 0) return nullptr;
+    return c;
+  }
+  if (g.gpu.backend == BK_HIP) {
+    int d = -1;
+    if (g.gpu.get_device(&d) != 0 || d < 0) return nullptr;
+    return (void*)(intptr_t)(d + 1);
+  }
+  return nullptr;
+}
+
+void slot_release(int s) {
+  if (s < 0) return;
+  Slot& sl = g.slots[(size_t)s];
+  if (--sl.ref == 0) g.ctxs[(size_t)sl.ctx].free.push_back(s);
+}
+
+// Creates up to 64 events in the current context. Only called where ctx is current.
+bool pool_grow(int c) {
+  int room = g.pool_max - g.pool_total;
+  if (room <= 0) return false;
+  int n = room < 64 ? room : 64;
+  for (int i = 0; i < n; i++) {
+    void* ev = nullptr;
+    int rc = g.gpu.ev_create(&ev, 0);
+    if (rc != 0) {
+      add_error("event create failed (status " + std::to_string(rc) + ")");
+      return i > 0;
+    }
+    g.slots.push_back(Slot{ev, c, 0});
+    g.ctxs[(size_t)c].free.push_back((int)g.slots.size() - 1);
+    g.pool_total++;
+  }
+  return true;
+}
+
+size_t resolve_front(size_t n);
+
+// A free slot of context c with ref = 1, or -1 when the pool is exhausted.
+int slot_alloc(int c, bool may_create) {
+  Ctx& cx = g.ctxs[(size_t)c];
+  if (cx.free.empty()) {
+    if (!(may_create && pool_grow(c))) {
+      resolve_front(8);  // the GPU fell behind, or nobody resolves: try to get events back
+      if (g.ctxs[(size_t)c].free.empty()) return -1;
+    }
+  }
+  Ctx& cy = g.ctxs[(size_t)c];
+  int s = cy.free.back();
+  cy.free.pop_back();
+  g.slots[(size_t)s].ref = 1;
+  return s;
+}
+
+// The reference pair: record an event on the legacy default stream, wait for it, and take the
+// midpoint of the host clock around record+wait as its host time (best of three, i.e. the
+// narrowest window). Once per context, at its first GPU stage: the only synchronisation outside
+// resolve(block=True).
+bool ctx_pair_reference(int c) {
+  int best = -1;
+  int64_t best_w = INT64_MAX, best_t = 0;
+  for (int i = 0; i < 3; i++) {
+    int s = slot_alloc(c, true);
+    if (s < 0) break;
+    int64_t t0 = now_ns();
+    int rc = g.gpu.ev_record(g.slots[(size_t)s].ev, nullptr);
+    if (rc == 0) rc = g.gpu.ev_sync(g.slots[(size_t)s].ev);
+    int64_t t1 = now_ns();
+    if (rc != 0) {
+      add_error("reference event failed (status " + std::to_string(rc) + "): GPU times off for this context");
+      slot_release(s);
+      break;
+    }
+    if (t1 - t0 < best_w) {
+      if (best >= 0) slot_release(best);
+      best = s;
+      best_w = t1 - t0;
+      best_t = t0 + (t1 - t0) / 2;
+    } else {
+      slot_release(s);
+    }
+  }
+  if (best < 0) return false;
+  g.ctxs[(size_t)c].anchor = best;
+  g.ctxs[(size_t)c].anchor_ns = best_t;
+  return true;
+}
+
+// Index of the context state for key (the current context), creating it on first use; -1 when
+// its reference pairing failed.
+int ctx_index(void* key) {
+  if (g.last_ctx >= 0 && g.ctxs[(size_t)g.last_ctx].key == key) return g.ctxs[(size_t)g.last_ctx].ok ? g.last_ctx : -1;
+  for (size_t i = 0; i < g.ctxs.size(); i++)
+    if (g.ctxs[i].key == key) {
+      g.last_ctx = (int)i;
+      return g.ctxs[i].ok ? (int)i : -1;
+    }
+  Ctx cx;
+  cx.key = key;
+  g.ctxs.push_back(cx);
+  int c = (int)g.ctxs.size() - 1;
+  g.last_ctx = c;
+  g.ctxs[(size_t)c].ok = ctx_pair_reference(c);
+  return g.ctxs[(size_t)c].ok ? c : -1;
+}
+
+// One stage boundary (enter or exit) on `stream`: returns a slot holding one reference for the
+// caller, or -1 (no event: pool exhausted or driver error).
+//
+// Boundary sharing: if this thread's previous boundary on the same stream and context was less
+// than share_ns ago (host clock), its event is reused instead of recording a new one. Submitting
+// GPU work (a kernel launch, a copy, an event record) costs the host more than ~1 us, so no work
+// of this thread can sit between two boundaries that close: the stream position is the same, and
+// one event stands for both. This turns the exit of a stage and the enter of its next sibling (or
+// a parent's enter and its first child's enter) into one event. Work submitted to the same stream
+// by *another* thread inside that window would be missed; see docs/stage-core.md.
+int gpu_point(ThreadState* ts, int c, uint64_t stream, int64_t t_now, bool may_create) {
+  Boundary* b = nullptr;
+  for (auto& x : ts->bnd)
+    if (x.slot >= 0 && x.stream == stream && x.ctx == c) {
+      b = &x;
+      break;
+    }
+  if (b && t_now - b->t_ns < g.share_ns) {
+    g.slots[(size_t)b->slot].ref++;
+    b->t_ns = t_now;
+    g.events_shared++;
+    return b->slot;
+  }
+  int s = slot_alloc(c, may_create);
+  if (s < 0) {
+    g.events_dropped++;
+    return -1;
+  }
+  int rc = g.gpu.ev_record(g.slots[(size_t)s].ev, (void*)(uintptr_t)stream);
+  if (rc != 0) {
+    add_error("event record failed (status " + std::to_string(rc) + "): stage keeps host times only");
+    slot_release(s);
+    g.events_dropped++;
+    return -1;
+  }
+  g.events_recorded++;
+  if (!b) {
+    b = &ts->bnd[ts->bnd_next];
+    ts->bnd_next = (ts->bnd_next + 1) % kBoundaries;
+  }
+  slot_release(b->slot);
+  g.slots[(size_t)s].ref++;
+  *b = Boundary{stream, c, s, now_ns()};
+  return s;
+}
+
+// 1: resolved (record moved to done, events released); 0: not ready yet.
+int resolve_one(Pending& p, bool block) {
+  GpuApi& a = g.gpu;
+  Slot& e1 = g.slots[(size_t)p.ev1];
+  int rc = block ? a.ev_sync(e1.ev) : a.ev_query(e1.ev);
+  if (rc == 600) return 0;  // CUDA_ERROR_NOT_READY == hipErrorNotReady == 600
+  Ctx& cx = g.ctxs[(size_t)p.ctx];
+  if (rc == 0) {
+    float ms0 = 0.f, ms1 = 0.f;
+    // Absolute placement from the newest resolved event (recent, so float ms keeps ~ns
+    // precision), duration from the stage's own pair.
+    int r0 = a.ev_elapsed(&ms0, g.slots[(size_t)cx.anchor].ev, g.slots[(size_t)p.ev0].ev);
+    int r1 = (p.ev0 == p.ev1) ? 0 : a.ev_elapsed(&ms1, g.slots[(size_t)p.ev0].ev, e1.ev);
+    if (r0 == 0 && r1 == 0) {
+      p.rec.gpu_start_ns = cx.anchor_ns + (int64_t)llround((double)ms0 * 1e6);
+      p.rec.gpu_end_ns = p.rec.gpu_start_ns + (int64_t)llround((double)ms1 * 1e6);
+      p.rec.flags |= F_GPU_TIMED;
+      if (p.rec.gpu_end_ns >= cx.anchor_ns) {  // newest completed event becomes the anchor
+        g.slots[(size_t)p.ev1].ref++;
+        slot_release(cx.anchor);
+        cx.anchor = p.ev1;
+        cx.anchor_ns = p.rec.gpu_end_ns;
+      }
+    } else {
+      add_error("event elapsed-time failed (status " + std::to_string(r0 ? r0 : r1) + ")");
+      p.rec.flags |= F_GPU_DROPPED;
+      g.events_dropped++;
+    }
+  } else {
+    add_error("event query failed (status " + std::to_string(rc) + ")");
+    p.rec.flags |= F_GPU_DROPPED;
+    g.events_dropped++;
+  }
+  slot_release(p.ev0);
+  slot_release(p.ev1);
+  push_done(p.rec, p.attrs);
+  Py_XDECREF(p.attrs);
+  p.attrs = nullptr;
+  return 1;
+}
+
+inline size_t pending_count() { return g.pending.size() - g.pending_head; }
+
+void pending_compact() {
+  if (g.pending_head == g.pending.size()) {
+    g.pending.clear();
+    g.pending_head = 0;
+  } else if (g.pending_head > 1024 && g.pending_head * 2 > g.pending.size()) {
+    g.pending.erase(g.pending.begin(), g.pending.begin() + (ptrdiff_t)g.pending_head);
+    g.pending_head = 0;
+  }
+}
+
+// Resolves up to n records from the front of the queue, stopping at the first not ready.
+size_t resolve_front(size_t n) {
+  size_t k = 0;
+  while (k < n && pending_count() > 0) {
+    if (!resolve_one(g.pending[g.pending_head], false)) break;
+    g.pending_head++;
+    k++;
+  }
+  pending_compact();
+  return k;
+}
+
+size_t resolve_all(bool block) {
+  size_t k = 0;
+  std::vector<Pending> keep;
+  for (size_t i = g.pending_head; i < g.pending.size(); i++) {
+    if (resolve_one(g.pending[i], block))
+      k++;
+    else
+      keep.push_back(g.pending[i]);
+  }
+  g.pending.swap(keep);
+  g.pending_head = 0;
+  return k;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Stage type
+// ---------------------------------------------------------------------------------------------
+enum : uint8_t { ST_IDLE = 0, ST_OPEN = 1, ST_ZOMBIE = 2 };
+
+// A bound __enter__/__exit__ embedded in its Stage (see BoundDescr below).
+struct BoundObject {
+  PyObject_HEAD
+  PyObject* owner;
+  vectorcallfunc vc;
+};
+
+struct StageObject {
+  PyObject_HEAD
+  BoundObject b_enter;
+  BoundObject b_exit;
+  PyObject* name;   // str
+  PyObject* attrs;  // dict or NULL
+  int64_t step_arg;  // -1: inherit
+  uint64_t stream;
+  int8_t gpu_mode;  // -1 auto, 0 off, 1 on
+  uint8_t state;
+  int32_t gpu_ctx;  // -1: no GPU timing for the open record
+  int32_t ev0;
+  uint32_t gen;
+  ThreadState* ts;
+  Record rec;
+};
+
+PyTypeObject StageType;
+PyTypeObject NoopType;
+PyTypeObject BoundType;
+PyTypeObject BoundDescrType;
+PyObject* g_noop = nullptr;
+PyObject* g_wrap = nullptr;  // maxinstr.record.stage.wrap, imported on first decorator use
+PyObject *s_stream, *s_gpu, *s_step;
+
+constexpr int kFreeMax = 256;
+StageObject* g_free[kFreeMax];
+int g_nfree = 0;
+
+PyObject* bound_enter_vc(PyObject* b, PyObject* const* args, size_t nargsf, PyObject* kw);
+PyObject* bound_exit_vc(PyObject* b, PyObject* const* args, size_t nargsf, PyObject* kw);
+
+StageObject* stage_alloc() {
+  StageObject* s;
+  if (LIKELY(g_nfree > 0)) {
+    s = g_free[--g_nfree];
+    PyObject_Init((PyObject*)s, &StageType);
+  } else {
+    s = PyObject_New(StageObject, &StageType);
+    if (!s) return nullptr;
+  }
+  PyTypeObject* bt = &BoundType;
+  Py_SET_TYPE((PyObject*)&s->b_enter, bt);
+  Py_SET_REFCNT((PyObject*)&s->b_enter, 0);
+  s->b_enter.owner = (PyObject*)s;
+  s->b_enter.vc = bound_enter_vc;
+  Py_SET_TYPE((PyObject*)&s->b_exit, bt);
+  Py_SET_REFCNT((PyObject*)&s->b_exit, 0);
+  s->b_exit.owner = (PyObject*)s;
+  s->b_exit.vc = bound_exit_vc;
+  s->name = nullptr;
+  s->attrs = nullptr;
+  s->step_arg = -1;
+  s->stream = 0;
+  s->gpu_mode = -1;
+  s->state = ST_IDLE;
+  s->gpu_ctx = -1;
+  s->ev0 = -1;
+  s->gen = g.fork_gen;
+  s->ts = nullptr;
+  s->rec.id = 0;
+  s->rec.name_id = -1;
+  return s;
+}
+
+void stage_dealloc(PyObject* o) {
+  StageObject* s = (StageObject*)o;
+  Py_CLEAR(s->name);
+  Py_CLEAR(s->attrs);
+  if (g_nfree < kFreeMax)
+    g_free[g_nfree++] = s;
+  else
+    PyObject_Free(o);
+}
+
+inline StageObject* innermost_open(ThreadState* ts) {
+  for (size_t i = ts->stack.size(); i > 0; i--) {
+    StageObject* s = ts->stack[i - 1];
+    if (s->state == ST_OPEN) return s;
+  }
+  return nullptr;
+}
+
+// Pops closed-but-still-pushed stages ("zombies") off the top of this thread's stack, ending
+// their marker ranges. Only ever called on the stack's own thread (markers are per thread).
+inline void pop_zombies(ThreadState* ts) {
+  while (!ts->stack.empty() && ts->stack.back()->state == ST_ZOMBIE) {
+    StageObject* z = ts->stack.back();
+    ts->stack.pop_back();
+    marker_pop();
+    z->state = ST_IDLE;
+    Py_DECREF(z);
+  }
+}
+
+PyObject* stage_enter(PyObject* o, PyObject*) {
+  StageObject* s = (StageObject*)o;
+  if (UNLIKELY(s->state != ST_IDLE && s->gen == g.fork_gen)) {
+    PyErr_SetString(PyExc_RuntimeError, "this stage is already entered; create a new one with maxinstr.stage()");
+    return nullptr;
+  }
+  ThreadState* ts = get_ts();
+  if (UNLIKELY(!ts->stack.empty() && ts->stack.back()->state == ST_ZOMBIE)) pop_zombies(ts);
+  StageObject* parent = innermost_open(ts);
+  Record& r = s->rec;
+  r.id = next_id();
+  r.tid = ts->tid;
+  r.gpu_start_ns = -1;
+  r.gpu_end_ns = -1;
+  r.flags = 0;
+  if (parent) {
+    r.parent_id = parent->rec.id;
+    r.depth = (int16_t)(parent->rec.depth + 1);
+    r.step = s->step_arg >= 0 ? s->step_arg : parent->rec.step;
+  } else {
+    r.parent_id = -1;
+    r.depth = 0;
+    r.step = s->step_arg;
+  }
+  s->state = ST_OPEN;
+  s->gen = g.fork_gen;
+  s->ts = ts;
+  s->gpu_ctx = -1;
+  s->ev0 = -1;
+  Py_INCREF(o);
+  ts->stack.push_back(s);
+  marker_push(r.name_id, r.id);
+  if (s->gpu_mode != 0 && !g.gpu_off_after_fork) {
+    gpu_try_load();
+    void* key = g.gpu.backend ? gpu_current_key() : nullptr;
+    if (key) {
+      int c = ctx_index(key);
+      if (c >= 0) {
+        int64_t t = now_ns();
+        int ev = gpu_point(ts, c, s->stream, t, true);
+        if (ev >= 0) {
+          s->ev0 = ev;
+          s->gpu_ctx = c;
+        } else {
+          r.flags |= F_GPU_DROPPED;
+        }
+      }
+    } else if (s->gpu_mode == 1 && !g.warned_no_ctx) {
+      g.warned_no_ctx = true;
+      add_error(g.gpu.backend ? "gpu=True but no GPU context is current on this thread: host times only"
+                              : "gpu=True but no CUDA/HIP driver could be loaded: host times only");
+    }
+  }
+  r.host_start_ns = now_ns();
+  Py_INCREF(o);
+  return o;
+}
+
+// Finishes s's record at host time t (GPU exit event, then pending or done). Stack untouched.
+void stage_finish(StageObject* s, int64_t t, uint16_t flags, PyObject* attrs_override) {
+  Record& r = s->rec;
+  r.host_end_ns = t;
+  r.flags |= flags;
+  PyObject* attrs = attrs_override ? attrs_override : s->attrs;
+  if (s->gpu_ctx >= 0 && s->ev0 >= 0) {
+    int ev1 = -1;
+    if (!(flags & F_UNCLOSED)) {
+      void* key = gpu_current_key();
+      ev1 = gpu_point(s->ts == tls_ts ? s->ts : get_ts(), s->gpu_ctx, s->stream, now_ns(),
+                      key == g.ctxs[(size_t)s->gpu_ctx].key);
+    }
+    if (ev1 >= 0) {
+      Py_XINCREF(attrs);
+      g.pending.push_back(Pending{r, s->ev0, ev1, s->gpu_ctx, attrs});
+      s->ev0 = -1;
+      s->gpu_ctx = -1;
+      // Opportunistic, small and non-blocking: most resolution happens in resolve(), called
+      // by the session's drain loop.
+      if ((++g.gpu_exits & 63) == 0 || (int)pending_count() * 4 > g.pool_max) resolve_front(4);
+      return;
+    }
+    slot_release(s->ev0);
+    s->ev0 = -1;
+    s->gpu_ctx = -1;
+    if (!(flags & F_UNCLOSED)) r.flags |= F_GPU_DROPPED;
+  }
+  push_done(r, attrs);
+}
+
+PyObject* stage_exit(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
+  int64_t t = now_ns();
+  StageObject* s = (StageObject*)o;
+  if (UNLIKELY(s->state != ST_OPEN || s->gen != g.fork_gen)) Py_RETURN_FALSE;  // closed by close_open / fork
+  uint16_t flags = (nargs > 0 && args[0] != Py_None) ? F_EXCEPTION : 0;
+  stage_finish(s, t, flags, nullptr);
+  ThreadState* ts = s->ts;
+  if (LIKELY(ts == tls_ts && ts->stack.back() == s)) {
+    ts->stack.pop_back();
+    marker_pop();
+    s->state = ST_IDLE;
+    if (UNLIKELY(!ts->stack.empty() && ts->stack.back()->state == ST_ZOMBIE)) pop_zombies(ts);
+    Py_DECREF(o);  // the caller still holds a reference
+  } else {
+    // Exited out of order (an outer stage closed before an inner one, interleaved tasks) or on
+    // another thread than it entered: the record is complete now, but its marker range stays
+    // pushed on the entering thread until everything above it there is popped (markers are
+    // per-thread LIFO stacks; popping now would end someone else's range).
+    s->state = ST_ZOMBIE;
+  }
+  Py_RETURN_FALSE;
+}
+
+PyObject* stage_call(PyObject* o, PyObject* args, PyObject* kwargs) {
+  // Decorator use: @stage("name") -> maxinstr.record.stage.wrap(stage, func)
+  if (!g_wrap) {
+    PyObject* m = PyImport_ImportModule("maxinstr.record.stage");
+    if (!m) return nullptr;
+    g_wrap = PyObject_GetAttrString(m, "wrap");
+    Py_DECREF(m);
+    if (!g_wrap) return nullptr;
+  }
+  if (kwargs && PyDict_GET_SIZE(kwargs)) {
+    PyErr_SetString(PyExc_TypeError, "a stage used as a decorator takes the function only");
+    return nullptr;
+  }
+  if (PyTuple_GET_SIZE(args) != 1 || !PyCallable_Check(PyTuple_GET_ITEM(args, 0))) {
+    PyErr_SetString(PyExc_TypeError, "a stage used as a decorator takes one callable");
+    return nullptr;
+  }
+  return PyObject_CallFunctionObjArgs(g_wrap, o, PyTuple_GET_ITEM(args, 0), nullptr);
+}
+
+PyObject* stage_spec(PyObject* o, PyObject*) {
+  // (name, kwargs) that recreate this stage: the decorator makes a fresh stage per call.
+  StageObject* s = (StageObject*)o;
+  PyObject* kw = s->attrs ? PyDict_Copy(s->attrs) : PyDict_New();
+  if (!kw) return nullptr;
+  PyObject* stream = s->stream ? PyLong_FromUnsignedLongLong(s->stream) : (Py_INCREF(Py_None), Py_None);
+  PyObject* gpu = s->gpu_mode < 0 ? Py_None : (s->gpu_mode ? Py_True : Py_False);
+  Py_INCREF(gpu);
+  PyObject* step = s->step_arg >= 0 ? PyLong_FromLongLong(s->step_arg) : (Py_INCREF(Py_None), Py_None);
+  if (!stream || !step || PyDict_SetItem(kw, s_stream, stream) < 0 || PyDict_SetItem(kw, s_gpu, gpu) < 0 ||
+      PyDict_SetItem(kw, s_step, step) < 0) {
+    Py_XDECREF(stream);
+    Py_DECREF(gpu);
+    Py_XDECREF(step);
+    Py_DECREF(kw);
+    return nullptr;
+  }
+  Py_DECREF(stream);
+  Py_DECREF(gpu);
+  Py_DECREF(step);
+  return Py_BuildValue("(ON)", s->name, kw);
+}
+
+PyObject* stage_get_name(PyObject* o, void*) {
+  PyObject* n = ((StageObject*)o)->name;
+  Py_INCREF(n);
+  return n;
+}
+PyObject* stage_get_id(PyObject* o, void*) { return PyLong_FromLongLong(((StageObject*)o)->rec.id); }
+PyObject* stage_get_attrs(PyObject* o, void*) {
+  StageObject* s = (StageObject*)o;
+  return s->attrs ? PyDict_Copy(s->attrs) : PyDict_New();
+}
+PyObject* stage_get_open(PyObject* o, void*) {
+  StageObject* s = (StageObject*)o;
+  return PyBool_FromLong(s->state == ST_OPEN && s->gen == g.fork_gen);
+}
+
+PyObject* stage_repr(PyObject* o) {
+  StageObject* s = (StageObject*)o;
+  return PyUnicode_FromFormat("<maxinstr.stage %R id=%lld%s>", s->name, (long long)s->rec.id,
+                              s->state == ST_OPEN ? " open" : "");
+}
+
+// `with` looks __enter__/__exit__ up on the type and binds them to the instance, which for a
+// C method allocates a bound builtin-method object each time (~20 ns apiece). Instead, each Stage
+// embeds its two bound callables, and the type's __enter__/__exit__ are descriptors that hand out
+// those embedded objects. An embedded object owns a reference to its Stage exactly while its own
+// refcount is above zero (taken on 0 -> 1 in descr_get, given back by its tp_dealloc on 1 -> 0),
+// and is never freed on its own: its memory is the Stage's.
+PyObject* bound_enter_vc(PyObject* b, PyObject* const* args, size_t nargsf, PyObject* kw) {
+  if (PyVectorcall_NARGS(nargsf) != 0 || (kw && PyTuple_GET_SIZE(kw))) {
+    PyErr_SetString(PyExc_TypeError, "__enter__() takes no arguments");
+    return nullptr;
+  }
+  return stage_enter(((BoundObject*)b)->owner, nullptr);
+}
+PyObject* bound_exit_vc(PyObject* b, PyObject* const* args, size_t nargsf, PyObject* kw) {
+  if (kw && PyTuple_GET_SIZE(kw)) {
+    PyErr_SetString(PyExc_TypeError, "__exit__() takes positional arguments");
+    return nullptr;
+  }
+  return stage_exit(((BoundObject*)b)->owner, args, PyVectorcall_NARGS(nargsf));
+}
+void bound_dealloc(PyObject* b) {
+  // refcount fell to 0: give back the Stage reference taken in descr_get; memory stays.
+  Py_DECREF(((BoundObject*)b)->owner);
+}
+PyObject* bound_repr(PyObject* b) {
+  BoundObject* o = (BoundObject*)b;
+  return PyUnicode_FromFormat("<bound %s of %R>", o->vc == bound_enter_vc ? "__enter__" : "__exit__", o->owner);
+}
+
+struct BoundDescr {
+  PyObject_HEAD
+  int which;  // 0 enter, 1 exit
+};
+PyObject* bound_descr_get(PyObject* d, PyObject* obj, PyObject*) {
+  if (!obj) {
+    Py_INCREF(d);
+    return d;
+  }
+  if (Py_TYPE(obj) != &StageType) {
+    PyErr_SetString(PyExc_TypeError, "descriptor for maxinstr Stage objects only");
+    return nullptr;
+  }
+  StageObject* s = (StageObject*)obj;
+  PyObject* b = ((BoundDescr*)d)->which ? (PyObject*)&s->b_exit : (PyObject*)&s->b_enter;
+  if (Py_REFCNT(b) == 0) {
+    Py_INCREF(obj);
+    Py_SET_REFCNT(b, 1);
+  } else {
+    Py_INCREF(b);
+  }
+  return b;
+}
+
+PyMethodDef stage_methods[] = {
+    {"_spec", (PyCFunction)stage_spec, METH_NOARGS, "(name, kwargs) recreating this stage."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef stage_getset[] = {{"name", stage_get_name, nullptr, "stage name", nullptr},
+                              {"id", stage_get_id, nullptr, "record id of the last enter (0 before)", nullptr},
+                              {"attrs", stage_get_attrs, nullptr, "user attributes", nullptr},
+                              {"open", stage_get_open, nullptr, "True while entered", nullptr},
+                              {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+// The shared no-op returned by stage() while disabled.
+PyObject* noop_exit(PyObject*, PyObject* const*, Py_ssize_t) { Py_RETURN_FALSE; }
+PyObject* noop_call(PyObject*, PyObject* args, PyObject* kwargs) {
+  // Decorating while disabled returns the function itself: zero cost, decided at decoration.
+  if ((kwargs && PyDict_GET_SIZE(kwargs)) || PyTuple_GET_SIZE(args) != 1) {
+    PyErr_SetString(PyExc_TypeError, "a stage used as a decorator takes one callable");
+    return nullptr;
+  }
+  PyObject* f = PyTuple_GET_ITEM(args, 0);
+  Py_INCREF(f);
+  return f;
+}
+PyObject* noop_repr(PyObject*) { return PyUnicode_FromString("<maxinstr.stage (disabled)>"); }
+// __enter__/__exit__ of the no-op are plain builtin functions stored in the type's dict, not
+// method descriptors: `with` then finds them without allocating a bound method (two allocations
+// saved, ~40 ns of the ~70 ns a disabled `with stage("x"): pass` would otherwise cost).
+PyObject* noop_fn_enter(PyObject*, PyObject*) {
+  Py_INCREF(g_noop);
+  return g_noop;
+}
+PyMethodDef noop_fn_defs[] = {{"__enter__", (PyCFunction)noop_fn_enter, METH_NOARGS, nullptr},
+                              {"__exit__", (PyCFunction)(void (*)(void))noop_exit, METH_FASTCALL, nullptr}};
+
+// ---------------------------------------------------------------------------------------------
+// Module functions
+// ---------------------------------------------------------------------------------------------
+bool parse_stream(PyObject* v, uint64_t* out) {
+  if (v == Py_None) {
+    *out = 0;
+    return true;
+  }
+  if (PyLong_Check(v)) {
+    *out = (uint64_t)PyLong_AsUnsignedLongLongMask(v);
+    return !PyErr_Occurred();
+  }
+  // torch.cuda.Stream.cuda_stream, cupy Stream.ptr, MAX DeviceStream native handle
+  static const char* names[] = {"cuda_stream", "ptr", "native_stream_handle", "handle", nullptr};
+  for (int i = 0; names[i]; i++) {
+    PyObject* h = PyObject_GetAttrString(v, names[i]);
+    if (!h) {
+      PyErr_Clear();
+      continue;
+    }
+    bool ok = PyLong_Check(h);
+    if (ok) *out = (uint64_t)PyLong_AsUnsignedLongLongMask(h);
+    Py_DECREF(h);
+    if (ok) return !PyErr_Occurred();
+  }
+  PyErr_Format(PyExc_TypeError,
+               "stream must be an int handle (torch: .cuda_stream, CuPy: .ptr) or None, not %.80s",
+               Py_TYPE(v)->tp_name);
+  return false;
+}
+
+inline bool kw_is(PyObject* k, PyObject* interned) {
+  return k == interned || PyUnicode_Compare(k, interned) == 0;
+}
+
+PyObject* py_stage(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  if (UNLIKELY(!g.enabled)) {
+    Py_INCREF(g_noop);
+    return g_noop;
+  }
+  if (UNLIKELY(nargs != 1)) {
+    PyErr_SetString(PyExc_TypeError, "stage(name, *, stream=None, gpu=None, step=None, **attrs)");
+    return nullptr;
+  }
+  PyObject* name = args[0];
+  int32_t nid = intern_name(name);
+  if (UNLIKELY(nid < 0)) return nullptr;
+  StageObject* s = stage_alloc();
+  if (!s) return nullptr;
+  Py_INCREF(name);
+  s->name = name;
+  s->rec.name_id = nid;
+  if (kwnames) {
+    Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < nk; i++) {
+      PyObject* k = PyTuple_GET_ITEM(kwnames, i);
+      PyObject* v = args[nargs + i];
+      if (kw_is(k, s_stream)) {
+        if (!parse_stream(v, &s->stream)) goto fail;
+      } else if (kw_is(k, s_gpu)) {
+        if (v == Py_None)
+          s->gpu_mode = -1;
+        else {
+          int t = PyObject_IsTrue(v);
+          if (t < 0) goto fail;
+          s->gpu_mode = (int8_t)t;
+        }
+      } else if (kw_is(k, s_step)) {
+        if (v == Py_None)
+          s->step_arg = -1;
+        else {
+          long long st = PyLong_AsLongLong(v);
+          if (st == -1 && PyErr_Occurred()) goto fail;
+          if (st < 0) {
+            PyErr_SetString(PyExc_ValueError, "step must be >= 0 or None");
+            goto fail;
+          }
+          s->step_arg = st;
+        }
+      } else {
+        if (!s->attrs && !(s->attrs = PyDict_New())) goto fail;
+        if (PyDict_SetItem(s->attrs, k, v) < 0) goto fail;
+      }
+    }
+  }
+  return (PyObject*)s;
+fail:
+  Py_DECREF(s);
+  return nullptr;
+}
+
+PyObject* py_mark(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  if (!g.enabled) Py_RETURN_NONE;
+  if (nargs != 1) {
+    PyErr_SetString(PyExc_TypeError, "mark(name, **attrs)");
+    return nullptr;
+  }
+  int32_t nid = intern_name(args[0]);
+  if (nid < 0) return nullptr;
+  PyObject* attrs = nullptr;
+  if (kwnames && PyTuple_GET_SIZE(kwnames)) {
+    attrs = PyDict_New();
+    if (!attrs) return nullptr;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++)
+      if (PyDict_SetItem(attrs, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0) {
+        Py_DECREF(attrs);
+        return nullptr;
+      }
+  }
+  ThreadState* ts = get_ts();
+  StageObject* parent = innermost_open(ts);
+  Record r;
+  r.id = next_id();
+  r.parent_id = parent ? parent->rec.id : -1;
+  r.tid = ts->tid;
+  r.host_start_ns = r.host_end_ns = now_ns();
+  r.gpu_start_ns = r.gpu_end_ns = -1;
+  r.step = parent ? parent->rec.step : -1;
+  r.name_id = nid;
+  r.depth = parent ? (int16_t)(parent->rec.depth + 1) : 0;
+  r.flags = F_MARK;
+  marker_mark(nid, r.id);
+  push_done(r, attrs);
+  Py_XDECREF(attrs);
+  Py_RETURN_NONE;
+}
+
+PyObject* py_clock_ns(PyObject*, PyObject*) { return PyLong_FromLongLong(now_ns()); }
+
+PyObject* py_set_enabled(PyObject*, PyObject* on) {
+  int t = PyObject_IsTrue(on);
+  if (t < 0) return nullptr;
+  g.enabled = t != 0;
+  Py_RETURN_NONE;
+}
+PyObject* py_is_enabled(PyObject*, PyObject*) { return PyBool_FromLong(g.enabled); }
+
+// Frees the state of threads that have exited with nothing open.
+void sweep_threads() {
+  size_t w = 0;
+  for (size_t i = 0; i < g.threads.size(); i++) {
+    ThreadState* ts = g.threads[i];
+    if (!ts->alive.load(std::memory_order_acquire) && innermost_open(ts) == nullptr) {
+      for (StageObject* z : ts->stack) {
+        z->state = ST_IDLE;
+        Py_DECREF(z);
+      }
+      for (auto& b : ts->bnd) slot_release(b.slot);
+      delete ts;
+      continue;
+    }
+    g.threads[w++] = ts;
+  }
+  g.threads.resize(w);
+}
+
+PyObject* py_drain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  long long maxr = -1;
+  if (nargs > 1) {
+    PyErr_SetString(PyExc_TypeError, "drain(max_records=-1)");
+    return nullptr;
+  }
+  if (nargs == 1) {
+    maxr = PyLong_AsLongLong(args[0]);
+    if (maxr == -1 && PyErr_Occurred()) return nullptr;
+  }
+  sweep_threads();
+  size_t n = done_count();
+  if (maxr >= 0 && (size_t)maxr < n) n = (size_t)maxr;
+  PyObject* bytes = PyBytes_FromStringAndSize(n ? (const char*)&g.done[g.done_head] : "", (Py_ssize_t)(n * sizeof(Record)));
+  PyObject* names = PyList_New(0);
+  PyObject* attrs = PyList_New(0);
+  if (!bytes || !names || !attrs) goto fail;
+  for (size_t i = g.names_reported; i < g.names.size(); i++) {
+    PyObject* t = Py_BuildValue("(iO)", (int)i, g.names[i].str);
+    if (!t || PyList_Append(names, t) < 0) {
+      Py_XDECREF(t);
+      goto fail;
+    }
+    Py_DECREF(t);
+  }
+  g.names_reported = g.names.size();
+  g.done_head += n;
+  g.done_drained += n;
+  while (g.attrs_head < g.attrs.size() && g.attrs[g.attrs_head].done_index < g.done_drained) {
+    AttrEntry& e = g.attrs[g.attrs_head];
+    PyObject* t = Py_BuildValue("(LN)", (long long)e.id, e.attrs);  // steals the entry's reference
+    e.attrs = nullptr;
+    g.attrs_head++;
+    if (!t || PyList_Append(attrs, t) < 0) {
+      Py_XDECREF(t);
+      goto fail;
+    }
+    Py_DECREF(t);
+  }
+  if (g.done_head == g.done.size()) {
+    g.done.clear();
+    g.done_head = 0;
+  } else if (g.done_head > 4096 && g.done_head * 2 > g.done.size()) {
+    g.done.erase(g.done.begin(), g.done.begin() + (ptrdiff_t)g.done_head);
+    g.done_head = 0;
+  }
+  if (g.attrs_head == g.attrs.size()) {
+    g.attrs.clear();
+    g.attrs_head = 0;
+  }
+  return Py_BuildValue("(NNN)", bytes, names, attrs);
+fail:
+  Py_XDECREF(bytes);
+  Py_XDECREF(names);
+  Py_XDECREF(attrs);
+  return nullptr;
+}
+
+PyObject* py_resolve(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  int block = 0;
+  PyObject* b = nargs > 0 ? args[0] : (kwnames && PyTuple_GET_SIZE(kwnames) == 1 ? args[0] : nullptr);
+  if (b) {
+    block = PyObject_IsTrue(b);
+    if (block < 0) return nullptr;
+  }
+  if (g.gpu.backend == BK_NONE || pending_count() == 0) return PyLong_FromLong(0);
+  return PyLong_FromSize_t(resolve_all(block != 0));
+}
+
+PyObject* py_close_open(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  PyObject* reason = nullptr;
+  if (nargs > 1) {
+    PyErr_SetString(PyExc_TypeError, "close_open(reason='closed')");
+    return nullptr;
+  }
+  if (nargs == 1) {
+    if (!PyUnicode_Check(args[0])) {
+      PyErr_SetString(PyExc_TypeError, "reason must be str");
+      return nullptr;
+    }
+    reason = args[0];
+    Py_INCREF(reason);
+  } else {
+    reason = PyUnicode_FromString("closed");
+    if (!reason) return nullptr;
+  }
+  int64_t t = now_ns();
+  long closed = 0;
+  for (ThreadState* ts : g.threads) {
+    // innermost first, so each record's end is set before its parent's
+    for (size_t i = ts->stack.size(); i > 0; i--) {
+      StageObject* s = ts->stack[i - 1];
+      if (s->state != ST_OPEN) continue;
+      PyObject* a = s->attrs ? PyDict_Copy(s->attrs) : PyDict_New();
+      if (!a || PyDict_SetItemString(a, "unclosed", reason) < 0) {
+        Py_XDECREF(a);
+        Py_DECREF(reason);
+        return nullptr;
+      }
+      stage_finish(s, t, F_UNCLOSED, a);
+      Py_DECREF(a);
+      s->state = ST_ZOMBIE;
+      closed++;
+    }
+    if (ts == tls_ts) pop_zombies(ts);  // our own thread: end the marker ranges now
+  }
+  Py_DECREF(reason);
+  return PyLong_FromLong(closed);
+}
+
+PyObject* py_set_capacity(PyObject*, PyObject* v) {
+  long long n = PyLong_AsLongLong(v);
+  if (n == -1 && PyErr_Occurred()) return nullptr;
+  if (n < 0) {
+    PyErr_SetString(PyExc_ValueError, "capacity must be >= 0");
+    return nullptr;
+  }
+  g.capacity = (size_t)n;
+  Py_RETURN_NONE;
+}
+
+// _configure_events(pool_size=None, share_ns=None): tests and benchmarks only.
+PyObject* py_configure_events(PyObject*, PyObject* args, PyObject* kwargs) {
+  static const char* kw[] = {"pool_size", "share_ns", nullptr};
+  PyObject *pool = Py_None, *share = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO", (char**)kw, &pool, &share)) return nullptr;
+  if (pool != Py_None) {
+    long n = PyLong_AsLong(pool);
+    if (n == -1 && PyErr_Occurred()) return nullptr;
+    if (n < 4) {
+      PyErr_SetString(PyExc_ValueError, "pool_size must be >= 4");
+      return nullptr;
+    }
+    g.pool_max = (int)n;
+  }
+  if (share != Py_None) {
+    long long n = PyLong_AsLongLong(share);
+    if (n == -1 && PyErr_Occurred()) return nullptr;
+    g.share_ns = n;
+  }
+  return Py_BuildValue("{sisL}", "pool_size", g.pool_max, "share_ns", (long long)g.share_ns);
+}
+
+PyObject* py_stats(PyObject*, PyObject*) {
+  long open_stages = 0;
+  for (ThreadState* ts : g.threads)
+    for (StageObject* s : ts->stack)
+      if (s->state == ST_OPEN) open_stages++;
+  PyObject* errs = PyList_New(0);
+  if (!errs) return nullptr;
+  for (auto& e : g.errors) {
+    PyObject* u = PyUnicode_DecodeUTF8(e.data(), (Py_ssize_t)e.size(), "replace");
+    if (!u || PyList_Append(errs, u) < 0) {
+      Py_XDECREF(u);
+      Py_DECREF(errs);
+      return nullptr;
+    }
+    Py_DECREF(u);
+  }
+  const char* backend = g.gpu.backend == BK_CUDA ? "cuda" : g.gpu.backend == BK_HIP ? "hip" : "none";
+  const char* markers = g.markers == MK_NVTX ? "nvtx" : g.markers == MK_ROCTX ? "roctx" : "none";
+  return Py_BuildValue(
+      "{sKsKsKslsnsKsKsKsisisssssNsLsisssnsOsK}", "records", (unsigned long long)g.records, "dropped_records",
+      (unsigned long long)g.dropped_records, "pending_records", (unsigned long long)done_count(), "open_stages",
+      open_stages, "events_in_flight", (Py_ssize_t)pending_count(), "events_dropped",
+      (unsigned long long)g.events_dropped, "events_recorded", (unsigned long long)g.events_recorded,
+      "events_shared", (unsigned long long)g.events_shared, "event_pool_size", g.pool_total, "event_pool_max",
+      g.pool_max, "gpu_backend", backend, "markers", markers, "errors", errs, "event_share_ns",
+      (long long)g.share_ns, "gpu_contexts", (int)g.ctxs.size(), "gpu_library", g.gpu.lib_name.c_str(),
+      "capacity", (Py_ssize_t)g.capacity, "gpu_off_after_fork", g.gpu_off_after_fork ? Py_True : Py_False,
+      "errors_dropped", (unsigned long long)g.errors_dropped);
+}
+
+PyObject* py_profiler(bool start) {
+  int ok = 0;
+  if (g.markers == MK_ROCTX && (start ? g.roctx_resume : g.roctx_pause)) {
+    ok = (start ? g.roctx_resume : g.roctx_pause)(0) == 0;
+  } else {
+    gpu_try_load();
+    int (*f)() = start ? g.gpu.prof_start : g.gpu.prof_stop;
+    if (f && gpu_current_key()) ok = f() == 0;
+  }
+  return PyBool_FromLong(ok);
+}
+PyObject* py_profiler_start(PyObject*, PyObject*) { return py_profiler(true); }
+PyObject* py_profiler_stop(PyObject*, PyObject*) { return py_profiler(false); }
+
+// After fork() the child starts clean: new pid in the ids, seq from 1, no open stages (the
+// parent's Stage objects become inert: their exit is a no-op), an empty pending buffer, names
+// reported again on the first drain, and no GPU timing (a CUDA context does not survive fork).
+// Only trivial work here: we are inside fork().
+void atfork_child() {
+  g.pid = (int64_t)getpid();
+  g.seq = 0;
+  g.fork_gen++;
+  tls_ts = nullptr;
+  tls_guard.ts = nullptr;
+  g.threads.clear();  // the parent's thread states are leaked on purpose (no Python calls here)
+  g.done.clear();
+  g.done_head = 0;
+  g.done_pushed = 0;
+  g.done_drained = 0;
+  g.attrs.clear();
+  g.attrs_head = 0;
+  g.names_reported = 0;
+  g.records = 0;
+  g.dropped_records = 0;
+  g.pending.clear();
+  g.pending_head = 0;
+  g.slots.clear();
+  g.ctxs.clear();
+  g.last_ctx = -1;
+  g.pool_total = 0;
+  if (g.gpu.backend != BK_NONE) g.gpu_off_after_fork = true;
+  g.gpu_tried = true;
+}
+
+PyMethodDef module_methods[] = {
+    {"clock_ns", py_clock_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns: the host clock of all records and samples."},
+    {"set_enabled", py_set_enabled, METH_O, "Process-wide enable/disable of stages and marks."},
+    {"is_enabled", py_is_enabled, METH_NOARGS, "Whether stages are recorded."},
+    {"stage", (PyCFunction)(void (*)(void))py_stage, METH_FASTCALL | METH_KEYWORDS,
+     "stage(name, *, stream=None, gpu=None, step=None, **attrs) -> Stage"},
+    {"mark", (PyCFunction)(void (*)(void))py_mark, METH_FASTCALL | METH_KEYWORDS, "mark(name, **attrs): instant record."},
+    {"drain", (PyCFunction)(void (*)(void))py_drain, METH_FASTCALL,
+     "drain(max_records=-1) -> (bytes, [(name_id, name)], [(record_id, attrs)])"},
+    {"resolve", (PyCFunction)(void (*)(void))py_resolve, METH_FASTCALL | METH_KEYWORDS,
+     "resolve(block=False) -> int: resolve finished GPU event pairs."},
+    {"close_open", (PyCFunction)(void (*)(void))py_close_open, METH_FASTCALL,
+     "close_open(reason='closed') -> int: close all open stages with flag UNCLOSED."},
+    {"stats", py_stats, METH_NOARGS, "Counters and backend facts."},
+    {"set_capacity", py_set_capacity, METH_O, "Bound on completed-but-undrained records."},
+    {"profiler_start", py_profiler_start, METH_NOARGS, "cuProfilerStart / roctxProfilerResume."},
+    {"profiler_stop", py_profiler_stop, METH_NOARGS, "cuProfilerStop / roctxProfilerPause."},
+    {"_configure_events", (PyCFunction)(void (*)(void))py_configure_events, METH_VARARGS | METH_KEYWORDS,
+     "Tests/benchmarks: event pool bound and boundary-sharing window."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_native", "maxinstr native stage core", -1, module_methods,
+                          nullptr, nullptr, nullptr, nullptr};
+
+}  // namespace
+
+extern "C" PyMODINIT_FUNC PyInit__native(void) {
+  StageType.tp_name = "maxinstr._native.Stage";
+  StageType.tp_basicsize = sizeof(StageObject);
+  StageType.tp_dealloc = stage_dealloc;
+  StageType.tp_flags = Py_TPFLAGS_DEFAULT;
+  StageType.tp_doc = "An instrumented stage: use as a context manager (or decorator via maxinstr.stage).";
+  StageType.tp_methods = stage_methods;
+  StageType.tp_getset = stage_getset;
+  StageType.tp_call = stage_call;
+  StageType.tp_repr = stage_repr;
+  if (PyType_Ready(&StageType) < 0) return nullptr;
+  BoundType.tp_name = "maxinstr._native.BoundStageMethod";
+  BoundType.tp_basicsize = sizeof(BoundObject);
+  BoundType.tp_dealloc = bound_dealloc;
+  BoundType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  BoundType.tp_vectorcall_offset = offsetof(BoundObject, vc);
+  BoundType.tp_call = PyVectorcall_Call;
+  BoundType.tp_repr = bound_repr;
+  if (PyType_Ready(&BoundType) < 0) return nullptr;
+  BoundDescrType.tp_name = "maxinstr._native.StageMethodDescriptor";
+  BoundDescrType.tp_basicsize = sizeof(BoundDescr);
+  BoundDescrType.tp_flags = Py_TPFLAGS_DEFAULT;
+  BoundDescrType.tp_descr_get = bound_descr_get;
+  if (PyType_Ready(&BoundDescrType) < 0) return nullptr;
+  for (int which = 0; which < 2; which++) {
+    BoundDescr* d = PyObject_New(BoundDescr, &BoundDescrType);
+    if (!d) return nullptr;
+    d->which = which;
+    if (PyDict_SetItemString(StageType.tp_dict, which ? "__exit__" : "__enter__", (PyObject*)d) < 0) return nullptr;
+    Py_DECREF(d);
+  }
+  PyType_Modified(&StageType);
+  NoopType.tp_name = "maxinstr._native.NoopStage";
+  NoopType.tp_basicsize = sizeof(PyObject);
+  NoopType.tp_flags = Py_TPFLAGS_DEFAULT;
+  NoopType.tp_call = noop_call;
+  NoopType.tp_repr = noop_repr;
+  NoopType.tp_doc = "The shared stage returned while maxinstr is disabled.";
+  if (PyType_Ready(&NoopType) < 0) return nullptr;
+  for (auto& d : noop_fn_defs) {
+    PyObject* f = PyCFunction_New(&d, nullptr);
+    if (!f || PyDict_SetItemString(NoopType.tp_dict, d.ml_name, f) < 0) return nullptr;
+    Py_DECREF(f);
+  }
+  PyType_Modified(&NoopType);
+
+  PyObject* m = PyModule_Create(&module_def);
+  if (!m) return nullptr;
+  g_noop = PyObject_New(PyObject, &NoopType);
+  s_stream = PyUnicode_InternFromString("stream");
+  s_gpu = PyUnicode_InternFromString("gpu");
+  s_step = PyUnicode_InternFromString("step");
+  g.name_dict = PyDict_New();
+  if (!g_noop || !s_stream || !s_gpu || !s_step || !g.name_dict) return nullptr;
+  Py_INCREF(&StageType);
+  PyModule_AddObject(m, "Stage", (PyObject*)&StageType);
+  Py_INCREF(&NoopType);
+  PyModule_AddObject(m, "NoopStage", (PyObject*)&NoopType);
+  Py_INCREF(g_noop);
+  PyModule_AddObject(m, "NOOP", g_noop);
+  PyModule_AddIntConstant(m, "RECORD_SIZE", (long)sizeof(Record));
+  PyModule_AddIntConstant(m, "FLAG_EXCEPTION", F_EXCEPTION);
+  PyModule_AddIntConstant(m, "FLAG_GPU_TIMED", F_GPU_TIMED);
+  PyModule_AddIntConstant(m, "FLAG_MARK", F_MARK);
+  PyModule_AddIntConstant(m, "FLAG_GPU_DROPPED", F_GPU_DROPPED);
+  PyModule_AddIntConstant(m, "FLAG_UNCLOSED", F_UNCLOSED);
+
+  g.pid = (int64_t)getpid();
+  const char* dis = env("MAXINSTR_DISABLE");
+  if (dis && strcmp(dis, "0") != 0 && strcasecmp(dis, "false") != 0 && strcasecmp(dis, "no") != 0) g.enabled = false;
+  if (const char* p = env("MAXINSTR_EVENT_POOL")) {
+    long n = strtol(p, nullptr, 10);
+    if (n >= 4) g.pool_max = (int)n;
+  }
+  if (const char* p = env("MAXINSTR_EVENT_SHARE_NS")) g.share_ns = strtoll(p, nullptr, 10);
+  init_markers();
+  pthread_atfork(nullptr, nullptr, atfork_child);
+  return m;
+}

@@ -1,0 +1,69 @@
+"""Type stub of maxinstr._native, the C++ stage core (csrc/core/native.cpp; docs/stage-core.md)."""
+
+from typing import Any, Callable, Final, TypeVar
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+RECORD_SIZE: Final[int]  # 72: one row of maxinstr.rundir.format.STAGE_DTYPE
+FLAG_EXCEPTION: Final[int]
+FLAG_GPU_TIMED: Final[int]
+FLAG_MARK: Final[int]
+FLAG_GPU_DROPPED: Final[int]
+FLAG_UNCLOSED: Final[int]
+
+class Stage:
+    """An instrumented stage. Context manager; calling it with a function decorates it."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def id(self) -> int:
+        """Record id of the last enter, `(pid << 32) | seq`; 0 before the first enter."""
+    @property
+    def attrs(self) -> dict[str, Any]: ...
+    @property
+    def open(self) -> bool: ...
+    def __enter__(self) -> Stage: ...
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> bool: ...
+    def __call__(self, func: _F) -> _F: ...
+    def _spec(self) -> tuple[str, dict[str, Any]]: ...
+
+class NoopStage:
+    """The shared object `stage()` returns while disabled; decorating returns the function."""
+
+    def __enter__(self) -> NoopStage: ...
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> bool: ...
+    def __call__(self, func: _F) -> _F: ...
+
+NOOP: Final[NoopStage]
+
+def clock_ns() -> int:
+    """CLOCK_MONOTONIC in ns: the host clock of all records and samples."""
+
+def set_enabled(on: bool) -> None: ...
+def is_enabled() -> bool: ...
+def stage(
+    name: str, *, stream: int | Any | None = None, gpu: bool | None = None, step: int | None = None, **attrs: Any
+) -> Stage | NoopStage:
+    """A stage context manager. stream: int handle (torch `.cuda_stream`, CuPy `.ptr`) or an object
+    with one of those attributes; None = the legacy default stream. gpu: None = time on the GPU when a
+    driver is loaded and a context is current; False = host only. step: None = inherit."""
+
+def mark(name: str, **attrs: Any) -> None:
+    """An instant record (flag MARK) and an NVTX/roctx mark."""
+
+def drain(max_records: int = -1) -> tuple[bytes, list[tuple[int, str]], list[tuple[int, dict[str, Any]]]]:
+    """Completed records since the last drain (all threads) as STAGE_DTYPE bytes; names first seen
+    since the last drain as (name_id, name); attrs of the returned records as (record_id, dict)."""
+
+def resolve(block: bool = False) -> int:
+    """Resolve finished GPU event pairs (non-blocking query); block=True waits (flush/close only)."""
+
+def close_open(reason: str = "closed") -> int:
+    """Close every open stage on every thread with flag UNCLOSED; returns how many."""
+
+def stats() -> dict[str, Any]: ...
+def set_capacity(max_pending_records: int) -> None: ...
+def profiler_start() -> bool: ...
+def profiler_stop() -> bool: ...
+def _configure_events(pool_size: int | None = None, share_ns: int | None = None) -> dict[str, int]: ...

@@ -1,0 +1,112 @@
+"""`@maxinstr.stage(...)` as a decorator: a fresh stage per call (or per resumption).
+
+`maxinstr.stage(name, ...)` returns a native Stage; calling it with a function lands here
+(`Stage.__call__` -> `wrap`). The wrapper keeps the function's name, signature and docstring
+(`functools.wraps`) and its kind, so `inspect` still sees a coroutine function or generator
+function.
+
+- plain function: one stage per call;
+- `async def`: one stage per call, from the call until the coroutine returns (awaits included);
+- generator / async generator: one stage per *resumption* (each `next()`/`send()`/`throw()`,
+  from resuming the body until it yields, returns or raises). A stage around a generator's whole
+  lifetime would contain its consumer's work between yields, making the consumer's stages its
+  children and its time the generator's; per-resumption stages are exactly the time spent in the
+  body, they always nest, and a generator abandoned half-way leaves nothing open.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, TypeVar
+
+from maxinstr import _native
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def wrap(st: Any, func: F) -> F:
+    """Return `func` wrapped so each call (or resumption) runs inside a fresh copy of `st`."""
+    name, kw = st._spec()
+    make = _native.stage
+
+    if inspect.isasyncgenfunction(func):
+
+        @functools.wraps(func)
+        async def agen_wrapper(*args: Any, **kwargs: Any) -> Any:
+            agen = func(*args, **kwargs)
+            sent: Any = None
+            thrown: BaseException | None = None
+            try:
+                while True:
+                    with make(name, **kw):
+                        try:
+                            if thrown is not None:
+                                exc, thrown = thrown, None
+                                value = await agen.athrow(exc)
+                            else:
+                                value = await agen.asend(sent)
+                        except StopAsyncIteration:
+                            return
+                    try:
+                        sent = yield value
+                    except GeneratorExit:
+                        raise
+                    except BaseException as e:  # thrown into us: forward to the body
+                        thrown = e
+            finally:
+                with make(name, **kw):
+                    await agen.aclose()
+
+        return agen_wrapper  # type: ignore[return-value]
+
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def coro_wrapper(*args: Any, **kwargs: Any) -> Any:
+            with make(name, **kw):
+                return await func(*args, **kwargs)
+
+        return coro_wrapper  # type: ignore[return-value]
+
+    if inspect.isgeneratorfunction(func):
+
+        @functools.wraps(func)
+        def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
+            gen = func(*args, **kwargs)
+            sent: Any = None
+            thrown: BaseException | None = None
+            started = False
+            try:
+                while True:
+                    with make(name, **kw):
+                        try:
+                            if thrown is not None:
+                                exc, thrown = thrown, None
+                                value = gen.throw(exc)
+                            else:
+                                value = gen.send(sent)
+                            started = True
+                        except StopIteration as stop:
+                            started = False
+                            return stop.value
+                    try:
+                        sent = yield value
+                    except GeneratorExit:
+                        raise
+                    except BaseException as e:  # thrown into us: forward to the body
+                        thrown = e
+            finally:
+                # Closed half-way (abandoned, or close()): run the body's cleanup in a stage.
+                if started and gen.gi_frame is not None:
+                    with make(name, **kw):
+                        gen.close()
+
+        return gen_wrapper  # type: ignore[return-value]
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with make(name, **kw):
+            return func(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
