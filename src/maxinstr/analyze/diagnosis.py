@@ -1,0 +1,530 @@
+"""Diagnosis rules: each reads the report's evidence and says what it saw.
+
+A rule is a function ``rule(report) -> list[finding]``; :data:`RULES` lists them in the order
+they run. A finding is a plain dict:
+
+``id``        stable rule id (docs/report.md explains each)
+``title``     one line
+``verdict``   ``"fact"`` (measured, holds by the numbers) or ``"hypothesis"`` (a likely cause
+              the numbers point to, to be confirmed)
+``stage``     the stage it concerns, or None
+``evidence``  the numbers that fired it (units in the key names)
+``next_step`` what to do next; ``command`` the exact command where there is one
+``validation`` how to prove an optimisation it suggests worked
+``score``     rough share of time at stake (0..1), used to rank
+
+Rules only read the report dict, so they are tested on reports built from real fixtures.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any, Callable
+
+MATMUL = ("gemv", "gemm", "grouped_matmul")
+DECODE_NAME = re.compile(r"decode|generat|next_?token|token_?step", re.IGNORECASE)
+PREFILL_NAME = re.compile(r"prefill|prompt|context|encode", re.IGNORECASE)
+
+# thresholds, named so docs/report.md and tests can quote them
+HEALTHY_MATMUL_SHARE = 0.5
+MOE_GROUPED_SHARE = 0.15
+ROUTING_RIVALS = 0.5  # routing >= half the grouped matmul time
+QUANT_VS_MATMUL = 0.25
+UNFUSED_ELEMENTWISE_SHARE = 0.3
+REPREFILL_SPEARMAN = 0.8
+REPREFILL_GROWTH = 1.5
+REPREFILL_MIN_STEPS = 8
+LAUNCH_BOUND_BUSY = 0.6
+LAUNCH_BOUND_MIN_KERNELS = 5
+HOST_BOUND_GPU_OVER_HOST = 0.3
+THROTTLED_SHARE = 0.05
+DOMINANT_KERNEL_SHARE = 0.4
+MIN_STAGE_SHARE = 0.05  # stages below this share of the top-level time are not diagnosed
+
+
+def _finding(id: str, title: str, verdict: str, stage: str | None, evidence: dict, next_step: str,
+             command: str | None = None, validation: str | None = None, score: float = 0.0) -> dict[str, Any]:
+    assert verdict in ("fact", "hypothesis")
+    return {"id": id, "title": title, "verdict": verdict, "stage": stage, "evidence": evidence,
+            "next_step": next_step, "command": command, "validation": validation, "score": round(float(score), 4)}
+
+
+def _fam_share(stage: dict, *families: str) -> float:
+    mix = stage.get("mix") or {}
+    return float(sum(f["share"] for f in mix.get("families", []) if f["family"] in families))
+
+
+def _stage_weight(report: dict, stage: dict) -> float:
+    """Share of top-level time a stage accounts for (1.0 when unknown, e.g. a single stage)."""
+    s = stage.get("share_of_top")
+    return 1.0 if s is None else float(s)
+
+
+def _significant(report: dict, stage: dict) -> bool:
+    return stage.get("steady", 0) > 0 and _stage_weight(report, stage) >= MIN_STAGE_SHARE
+
+
+def _report_arg(report: dict) -> str:
+    src = report.get("sources", {})
+    return src.get("run") or src.get("trace") or "REPORT.json"
+
+
+def _compare_cmd(report: dict) -> str:
+    run = report.get("sources", {}).get("run") or "RUN_BEFORE"
+    return f"maxinstr compare {shlex.quote(run)} RUN_AFTER"
+
+
+def _leaf_stages(report: dict) -> list[dict]:
+    """Stages that are no other stage's usual parent: where kernels are most specific."""
+    parents = {s.get("parent") for s in report.get("stages", [])}
+    return [s for s in report.get("stages", []) if s["name"] not in parents]
+
+
+def _mixed_stages(report: dict) -> list[dict]:
+    return [s for s in report.get("stages", []) if s.get("mix") and _significant(report, s)]
+
+
+def _kernel_regex(name: str) -> str:
+    """A short regex that picks a kernel out: its identifier before template/argument lists."""
+    base = re.split(r"[<(]", name.replace("void ", "", 1).strip(), maxsplit=1)[0].strip()
+    base = base.split("::")[-1] or name[:40]
+    return re.escape(base[:60])
+
+
+# ----------------------------------------------------------------------------- rules
+def rule_no_stages(report: dict) -> list[dict]:
+    if report.get("stages"):
+        return []
+    gpu = report.get("gpu") or {}
+    return [_finding(
+        "no_stages", "No stages in this input: only a whole-program kernel breakdown is possible", "fact", None,
+        {"ops": gpu.get("ops", 0), "gpu_ns": gpu.get("gpu_ns", 0)},
+        "Mark the pipeline's stages with maxinstr.stage(...) (or NVTX/roctx ranges) and capture again.",
+        "maxinstr run -- python YOUR_SCRIPT.py",
+        score=0.0)]
+
+
+def rule_unattributed(report: dict) -> list[dict]:
+    gpu = report.get("gpu") or {}
+    share = gpu.get("attributed_share")
+    if share is None or not report.get("stages") or share >= 0.5:
+        return []
+    return [_finding(
+        "unattributed_gpu_time", f"{(1 - share):.0%} of GPU time ran outside every stage", "fact", None,
+        {"attributed_share": share, "gpu_ns": gpu.get("gpu_ns")},
+        "Wrap the remaining GPU work in stages (or check the trace's correlation ids: see sources.notes).",
+        score=1 - share)]
+
+
+def rule_warmup_contamination(report: dict) -> list[dict]:
+    warm_n = report.get("warmup", {}).get("n", 0)
+    by_stage: dict[str, list[dict]] = {}
+    for row in report.get("startup", []):
+        if row["reason"] == "cold_start":
+            by_stage.setdefault(row["stage"], []).append(row)
+    stages = {s["name"]: s for s in report.get("stages", [])}
+    ratios: dict[str, float] = {}
+    worst_stage, worst_ratio, suggested, n_cold = None, 0.0, 0, 0
+    for name, rows in by_stage.items():
+        st = stages.get(name)
+        if not st or not st["host_ns"].get("n"):
+            continue
+        med = st["host_ns"]["median"]
+        worst = max(rows, key=lambda r: r["host_ns"])
+        ratio = worst["host_ns"] / med if med > 0 else float("inf")
+        ratios[name] = round(ratio, 2)
+        n_cold += len(rows)
+        suggested = max(suggested, max(r["occurrence"] for r in rows) + 1)
+        if ratio > worst_ratio:
+            worst_stage, worst_ratio = name, ratio
+    if not ratios:
+        return []
+    names = ", ".join(f"'{k}'" for k in list(ratios)[:4]) + (f" and {len(ratios) - 4} more" if len(ratios) > 4 else "")
+    return [_finding(
+        "warmup_contamination",
+        f"{n_cold} first-call instance(s) of {names} ran up to {worst_ratio:.1f}x the steady median "
+        f"(cold start: compilation, allocation, cache fill)",
+        "fact", worst_stage if len(ratios) == 1 else None,
+        {"cold_instances": n_cold, "worst_stage": worst_stage, "worst_ratio": round(worst_ratio, 2),
+         "ratio_by_stage": ratios, "session_warmup": warm_n, "excluded_from_headline": True},
+        f"Already excluded from the headline numbers. Declare them as warm-up so every tool agrees: "
+        f"maxinstr.session(..., warmup={suggested}), or run warm-up iterations before the measured loop.",
+        f"maxinstr report {shlex.quote(_report_arg(report))} --warmup {suggested}",
+        score=0.01)]
+
+
+def rule_healthy_decode(report: dict) -> list[dict]:
+    out = []
+    for st in _mixed_stages(report):
+        if not DECODE_NAME.search(st["name"]):
+            continue
+        mm = _fam_share(st, *MATMUL)
+        others = {f: _fam_share(st, f) for f in ("attention", "normalization", "elementwise", "softmax", "rope",
+                                                  "reduction", "quantization", "routing")}
+        biggest_other = max(others.items(), key=lambda kv: kv[1])
+        busy = (st.get("gpu_busy_frac") or {}).get("median")
+        if mm >= HEALTHY_MATMUL_SHARE and biggest_other[1] < mm:
+            ev = {"matmul_share": round(mm, 3), **{f"{k}_share": round(v, 3) for k, v in others.items() if v > 0}}
+            if busy is not None:
+                ev["gpu_busy_frac_median"] = round(busy, 3)
+            title = (f"'{st['name']}' kernel mix is healthy dense decode: matmul {mm:.0%} of its GPU time, "
+                     f"{biggest_other[0]} next at {biggest_other[1]:.0%}")
+            if busy is not None and busy < LAUNCH_BOUND_BUSY:
+                title += f" (but the GPU is busy only {busy:.0%} of the stage: see launch_bound/host_bound)"
+            out.append(_finding(
+                "healthy_dense_decode", title, "fact", st["name"], ev,
+                "Decode is weight-bandwidth bound here: the matmuls are the work. Gains now come from fewer bytes "
+                "(lower-precision weights), larger batch, or faster matmul kernels; check the dominant matmul "
+                "against memory bandwidth with a deep dive.",
+                score=0.0))
+    return out
+
+
+def rule_moe_decode(report: dict) -> list[dict]:
+    out = []
+    for st in _mixed_stages(report):
+        grouped = _fam_share(st, "grouped_matmul")
+        routing = _fam_share(st, "routing")
+        if grouped < MOE_GROUPED_SHARE:
+            continue
+        ev = {"grouped_matmul_share": round(grouped, 3), "routing_share": round(routing, 3),
+              "routing_over_grouped": round(routing / grouped, 3) if grouped else None}
+        if routing >= ROUTING_RIVALS * grouped:
+            out.append(_finding(
+                "moe_routing_overhead",
+                f"'{st['name']}': MoE routing takes {routing:.0%} of GPU time, rivalling the expert matmuls ({grouped:.0%})",
+                "hypothesis", st["name"], ev,
+                "Routing (top-k, index creation, permutation) should be a small fraction of the expert matmuls. "
+                "Look for a fused top-k/routing kernel, or unfused sort/scan steps in the routing path.",
+                _deep_dive(report, st, family="routing"),
+                validation=_compare_cmd(report) + "  # routing share and stage median must drop beyond the noise bound",
+                score=routing * _stage_weight(report, st)))
+        else:
+            out.append(_finding(
+                "moe_decode", f"'{st['name']}' is MoE: grouped matmul {grouped:.0%}, routing {routing:.0%} (small)",
+                "fact", st["name"], ev, "Routing is not the problem; the grouped expert matmuls are the work.",
+                score=0.0))
+    return out
+
+
+def rule_low_bit(report: dict) -> list[dict]:
+    out = []
+    for st in _mixed_stages(report):
+        q = _fam_share(st, "quantization")
+        mm = _fam_share(st, *MATMUL)
+        if q <= 0 or mm <= 0:
+            continue
+        ratio = q / mm
+        ev = {"quantization_share": round(q, 3), "matmul_share": round(mm, 3), "quant_over_matmul": round(ratio, 3)}
+        if ratio >= QUANT_VS_MATMUL:
+            out.append(_finding(
+                "low_bit_quant_overhead",
+                f"'{st['name']}': quantize/dequantize/scale kernels cost {ratio:.0%} of the matmul time they feed",
+                "hypothesis", st["name"], ev,
+                "Activation quantization or weight dequantization runs as separate kernels. Fuse it into the matmul "
+                "(prologue/epilogue), pre-quantize weights offline, or use a kernel that takes the low-bit format directly.",
+                _deep_dive(report, st, family="quantization"),
+                validation=_compare_cmd(report) + "  # quantization share must fall and the stage median drop beyond noise; check accuracy too",
+                score=q * _stage_weight(report, st)))
+        else:
+            out.append(_finding(
+                "low_bit_weights", f"'{st['name']}': low-bit path, quantization {ratio:.0%} of matmul time (small)",
+                "fact", st["name"], ev, "Quantization overhead is small relative to the matmuls.", score=0.0))
+    return out
+
+
+def _names(st: dict) -> list[str]:
+    return [k["name"] for k in (st.get("mix") or {}).get("top_kernels", [])]
+
+
+def rule_unfused(report: dict) -> list[dict]:
+    out = []
+    for st in _mixed_stages(report):
+        names = " ".join(_names(st)).lower()
+        mm = _fam_share(st, *MATMUL)
+        att = _fam_share(st, "attention")
+        ew = _fam_share(st, "elementwise")
+        reasons = []
+        ev: dict[str, Any] = {"matmul_share": round(mm, 3), "attention_share": round(att, 3),
+                              "elementwise_share": round(ew, 3)}
+        if mm > 0 and att == 0:
+            soft = _fam_share(st, "softmax")
+            manual_softmax = "exp_kernel" in names and "maxops" in names
+            if soft > 0 or manual_softmax:
+                reasons.append("attention runs as matmul + softmax kernels (no fused attention kernel)")
+                ev["softmax_share"] = round(soft, 3)
+                ev["softmax_from_exp_and_max_reduce"] = manual_softmax
+        if _fam_share(st, "normalization") == 0 and "rsqrt" in names and ("pow_tensor" in names or "meanops" in names):
+            reasons.append("normalization is built from pow/mean/rsqrt kernels (no fused rms_norm/layer_norm)")
+            ev["unfused_norm_markers"] = [m for m in ("pow_tensor", "meanops", "rsqrt") if m in names]
+        if ("cos" in names and "sin" in names) and _fam_share(st, "rope") == 0 and "triton" not in names:
+            reasons.append("rotary embedding computed with separate cos/sin elementwise kernels")
+        if mm > 0 and ew >= UNFUSED_ELEMENTWISE_SHARE:
+            reasons.append(f"elementwise kernels take {ew:.0%} of GPU time next to {mm:.0%} matmul")
+        if not reasons:
+            continue
+        out.append(_finding(
+            "unfused_custom_architecture",
+            f"'{st['name']}' misses fused kernels: " + "; ".join(reasons),
+            "hypothesis", st["name"], ev,
+            "Use the framework's fused ops (scaled_dot_product_attention / flash attention, fused rms_norm, fused "
+            "RoPE) or compile the block (torch.compile, a MAX graph) so these become single kernels.",
+            _deep_dive(report, st, family="elementwise" if ew >= UNFUSED_ELEMENTWISE_SHARE else None),
+            validation=_compare_cmd(report) + "  # expect fewer kernels per instance and a lower median beyond noise",
+            score=max(ew, _fam_share(st, "softmax", "reduction")) * _stage_weight(report, st)))
+    return out
+
+
+def _mix_similarity(a: dict, b: dict) -> float:
+    fa = {f["family"]: f["share"] for f in (a.get("mix") or {}).get("families", [])}
+    fb = {f["family"]: f["share"] for f in (b.get("mix") or {}).get("families", [])}
+    keys = set(fa) | set(fb)
+    if not keys:
+        return 0.0
+    dot = sum(fa.get(k, 0) * fb.get(k, 0) for k in keys)
+    na = sum(v * v for v in fa.values()) ** 0.5
+    nb = sum(v * v for v in fb.values()) ** 0.5
+    return dot / (na * nb) if na and nb else 0.0
+
+
+def rule_reprefill(report: dict) -> list[dict]:
+    out = []
+    stages = report.get("stages", [])
+    prefills = [s for s in stages if PREFILL_NAME.search(s["name"]) and s.get("mix")]
+    for st in stages:
+        tr = st.get("steps")
+        if not tr or tr.get("n_steps", 0) < REPREFILL_MIN_STEPS or not _significant(report, st):
+            continue
+        growth, rho = tr.get("last_over_first", 0), tr.get("spearman", 0)
+        if not (rho >= REPREFILL_SPEARMAN and growth >= REPREFILL_GROWTH):
+            continue
+        ev = {"steps": tr["n_steps"], "basis": tr.get("basis"), "spearman": round(rho, 3),
+              "last_over_first": round(growth, 2), "slope_ns_per_step": round(tr["slope_ns_per_step"], 1),
+              "first_quarter_median_ns": tr["first_quarter_median_ns"],
+              "last_quarter_median_ns": tr["last_quarter_median_ns"]}
+        prefill_like = None
+        if prefills and st.get("mix"):
+            sim = max(_mix_similarity(st, p) for p in prefills)
+            ev["family_mix_similarity_to_prefill"] = round(sim, 3)
+            prefill_like = sim >= 0.9
+        shaped = " and its kernel mix matches the prefill's" if prefill_like else ""
+        out.append(_finding(
+            "reprefill_quadratic",
+            f"'{st['name']}' time grows with the step index ({growth:.1f}x from first to last quarter, "
+            f"Spearman {rho:.2f}){shaped}: the whole sequence may be re-run every step (O(n^2))",
+            "hypothesis", st["name"], ev,
+            "Check that the KV cache is used: each decode step should process one new token, not the whole prefix "
+            "(pass past_key_values / use_cache=True, or the engine's cached decode path). Then re-run and compare.",
+            _compare_cmd(report),
+            validation="after the fix the per-step trend must be flat: 'steps.last_over_first' near 1 and the "
+                       "stage median lower beyond the noise bound in maxinstr compare",
+            score=_stage_weight(report, st) * (1 - 1 / growth)))
+    return out
+
+
+def rule_launch_bound(report: dict) -> list[dict]:
+    out = []
+    for st in report.get("stages", []):
+        if not _significant(report, st):
+            continue
+        busy = st.get("gpu_busy_frac") or {}
+        host = st.get("host_ns") or {}
+        proj = st.get("gpu_proj_ns") or {}
+        busy_ns = st.get("gpu_busy_ns") or {}
+        if busy.get("n", 0) < 3 or not host.get("n"):
+            continue
+        kpi = (st.get("kernels_per_instance") or {}).get("median")
+        gaps = (st.get("idle_gap_ns") or {}).get("median")
+        if busy["median"] < LAUNCH_BOUND_BUSY and (kpi or 0) >= LAUNCH_BOUND_MIN_KERNELS:
+            out.append(_finding(
+                "launch_bound",
+                f"'{st['name']}': the GPU is busy only {busy['median']:.0%} of the stage's GPU span "
+                f"({kpi:.0f} kernels per instance with idle gaps between them)",
+                "fact", st["name"],
+                {"gpu_busy_frac_median": round(busy["median"], 3), "idle_gap_ns_median": gaps,
+                 "gpu_proj_ns_median": proj.get("median"), "kernels_per_instance_median": kpi,
+                 "instances": busy["n"]},
+                "Kernels are short and the host cannot launch them fast enough. Capture the stage in a CUDA/HIP "
+                "graph, fuse small kernels (torch.compile, a MAX graph), or batch more work per launch.",
+                validation=_compare_cmd(report) + "  # gpu_busy_frac must rise and the host median fall beyond noise",
+                score=(1 - busy["median"]) * _stage_weight(report, st)))
+        elif busy["median"] < LAUNCH_BOUND_BUSY:
+            out.append(_finding(
+                "host_bound",
+                f"'{st['name']}': the GPU is busy only {busy['median']:.0%} of the stage's GPU span, between "
+                f"{kpi or 0:.0f} ops per instance: it waits on the host",
+                "fact", st["name"],
+                {"gpu_busy_frac_median": round(busy["median"], 3), "idle_gap_ns_median": gaps,
+                 "gpu_proj_ns_median": proj.get("median"), "kernels_per_instance_median": kpi,
+                 "instances": busy["n"]},
+                "Few GPU ops with long idle gaps: the host side (Python, synchronisation, host copies) sets the pace. "
+                "Look at what the host does between the ops (the trace's CPU rows, py-spy), overlap copies, avoid syncs.",
+                validation=_compare_cmd(report),
+                score=(1 - busy["median"]) * _stage_weight(report, st) * 0.5))
+            continue
+        if busy_ns.get("n") and host.get("median", 0) > 0:
+            ratio = busy_ns["median"] / host["median"]
+            if ratio < HOST_BOUND_GPU_OVER_HOST and busy["median"] >= LAUNCH_BOUND_BUSY:
+                out.append(_finding(
+                    "host_bound",
+                    f"'{st['name']}': GPU work is {ratio:.0%} of the stage's host time: the host side dominates",
+                    "fact", st["name"],
+                    {"gpu_busy_ns_median": busy_ns["median"], "host_ns_median": host["median"],
+                     "gpu_over_host": round(ratio, 3)},
+                    "Profile the host side of this stage (Python, data preparation, synchronisation): "
+                    "py-spy or the trace's CPU rows show where it waits.",
+                    validation=_compare_cmd(report),
+                    score=(1 - ratio) * _stage_weight(report, st) * 0.5))
+    return out
+
+
+def rule_throttled(report: dict) -> list[dict]:
+    out = []
+    for st in report.get("stages", []):
+        smp = st.get("samples") or {}
+        share = smp.get("throttled_share")
+        if share is None or share < THROTTLED_SHARE:
+            continue
+        reasons = smp.get("throttle_reasons", {})
+        out.append(_finding(
+            "throttled",
+            f"'{st['name']}': clocks held back by the hardware in {share:.0%} of its samples ({', '.join(reasons) or 'reason unknown'})",
+            "fact", st["name"],
+            {"throttled_share": round(share, 3), "samples": smp.get("samples"), "reasons": reasons,
+             "sm_clock_mhz_mean": smp.get("sm_clock_mhz_mean"), "power_w_mean": smp.get("power_w_mean")},
+            "Numbers from this run are not steady-state peak: check cooling, the power limit and other tenants "
+            "(nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE), then re-run.",
+            "nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE",
+            score=share * _stage_weight(report, st)))
+    return out
+
+
+def _deep_dive(report: dict, st: dict, family: str | None = None) -> str | None:
+    kernels = (st.get("mix") or {}).get("top_kernels", [])
+    if family:
+        kernels = [k for k in kernels if k["family"] == family] or kernels
+    if not kernels:
+        return None
+    k = kernels[0]
+    return (f"maxinstr deep-dive {shlex.quote(_report_arg(report))} --stage {shlex.quote(st['name'])} "
+            f"--kernel {shlex.quote(_kernel_regex(k['name']))}")
+
+
+def rule_dominant_kernel(report: dict) -> list[dict]:
+    out = []
+    for st in _leaf_stages(report):
+        if not st.get("mix") or not _significant(report, st):
+            continue
+        top = st["mix"]["top_kernels"][:1]
+        if not top or top[0]["share"] < DOMINANT_KERNEL_SHARE:
+            continue
+        k = top[0]
+        out.append(_finding(
+            "dominant_kernel",
+            f"'{st['name']}': one kernel takes {k['share']:.0%} of its GPU time ({k['family']}: {_short(k['name'])})",
+            "fact", st["name"],
+            {"kernel": k["name"], "family": k["family"], "share": round(k["share"], 3), "count": k["count"],
+             "median_ns": k["median_ns"], "per_instance": k.get("per_instance")},
+            "Worth a deep dive: read its achieved bandwidth/throughput against the GPU's peak.",
+            _deep_dive(report, st) if k else None,
+            score=k["share"] * _stage_weight(report, st) * 0.5))
+    gpu = report.get("gpu") or {}
+    if not report.get("stages") and gpu.get("kernels"):
+        k = gpu["kernels"][0]
+        if k["share"] >= DOMINANT_KERNEL_SHARE:
+            out.append(_finding(
+                "dominant_kernel", f"one kernel takes {k['share']:.0%} of all GPU time ({k['family']}: {_short(k['name'])})",
+                "fact", None, {"kernel": k["name"], "family": k["family"], "share": round(k["share"], 3)},
+                "Worth a deep dive.",
+                f"maxinstr deep-dive {shlex.quote(_report_arg(report))} --kernel {shlex.quote(_kernel_regex(k['name']))}",
+                score=k["share"] * 0.5))
+    return out
+
+
+def rule_perturbed(report: dict) -> list[dict]:
+    if not report.get("perturbed") or report.get("headline_source") == "unprofiled_run":
+        return []
+    return [_finding(
+        "profiled_timings", "Timings were taken under a profiler: absolute numbers include its overhead",
+        "fact", None, {"reason": report.get("perturbed_reason")},
+        "Use this capture for attribution (which kernels, which stage); take headline timings from the same "
+        "program run without the profiler, and pass it with --unprofiled.",
+        f"maxinstr report {shlex.quote(_report_arg(report))} --unprofiled RUN_WITHOUT_PROFILER",
+        score=0.0)]
+
+
+def _short(name: str, n: int = 70) -> str:
+    return name if len(name) <= n else name[: n - 3] + "..."
+
+
+RULES: list[Callable[[dict], list[dict]]] = [
+    rule_no_stages,
+    rule_unattributed,
+    rule_perturbed,
+    rule_warmup_contamination,
+    rule_healthy_decode,
+    rule_moe_decode,
+    rule_low_bit,
+    rule_unfused,
+    rule_reprefill,
+    rule_launch_bound,
+    rule_throttled,
+    rule_dominant_kernel,
+]
+
+
+def diagnose(report: dict, rules: list[Callable[[dict], list[dict]]] | None = None) -> list[dict]:
+    """Run every rule over ``report``; findings sorted by score (facts first on ties)."""
+    findings: list[dict] = []
+    for rule in rules or RULES:
+        findings.extend(rule(report))
+    findings = _deepest_only(report, findings)
+    findings.sort(key=lambda f: (-f["score"], f["verdict"] != "fact"))
+    return findings
+
+
+def _deepest_only(report: dict, findings: list[dict]) -> list[dict]:
+    """Drop a finding when a stage nested inside its stage has the same finding: the most
+    specific stage is the actionable one (a launch-bound decode inside a request)."""
+    parent = {s["name"]: s.get("parent") for s in report.get("stages", [])}
+    fired = {(f["id"], f["stage"]) for f in findings if f.get("stage")}
+    ancestors_with: set[tuple[str, str]] = set()
+    for fid, stage in fired:
+        seen, p = {stage}, parent.get(stage)
+        while p is not None and p not in seen:
+            ancestors_with.add((fid, p))
+            seen.add(p)
+            p = parent.get(p)
+    return [f for f in findings if not f.get("stage") or (f["id"], f["stage"]) not in ancestors_with]
+
+
+def rank_bottlenecks(report: dict) -> list[dict]:
+    """Leaf stages ranked by their share of time, each with its top family and kernel and the
+    findings about it. GPU time (projected, else event) when known, else host time."""
+    rows = []
+    findings = report.get("diagnosis", [])
+    leaves = _leaf_stages(report) or report.get("stages", [])
+    basis = next((key for key in ("gpu_busy_ns", "gpu_event_ns", "gpu_proj_ns", "host_ns")
+                  if any((st.get(key) or {}).get("n") for st in leaves)), None)
+    for st in leaves:
+        if basis is None or not (st.get(basis) or {}).get("n"):
+            continue
+        total = float(st[basis]["total"])
+        mix = st.get("mix") or {}
+        fam = mix.get("families", [{}])[0] if mix.get("families") else {}
+        top = mix.get("top_kernels", [{}])[0] if mix.get("top_kernels") else {}
+        rows.append({
+            "stage": st["name"], "basis": basis, "total_ns": total, "median_ns": st[basis]["median"],
+            "instances": st[basis]["n"], "top_family": fam.get("family"), "top_family_share": fam.get("share"),
+            "top_kernel": top.get("name"), "top_kernel_share": top.get("share"),
+            "findings": sorted({f["id"] for f in findings
+                                if f.get("stage") == st["name"] and f["id"] != "healthy_dense_decode"}),
+        })
+    grand = sum(r["total_ns"] for r in rows)
+    for r in rows:
+        r["share"] = r["total_ns"] / grand if grand > 0 else 0.0
+    rows.sort(key=lambda r: -r["total_ns"])
+    for i, r in enumerate(rows, 1):
+        r["rank"] = i
+    return rows

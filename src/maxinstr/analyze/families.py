@@ -1,0 +1,137 @@
+"""Kernel families: classify GPU op names by what they do, not by their exact name.
+
+Exact kernel names change with every GPU generation, library version and vendor
+(``nvjet_sm90_tst_64x8...``, ``ampere_sgemm_128x64_tn``, ``Cijk_Alik_Bljk_F8HS...``), so the
+report groups them by family. The table below is data: an ordered list of
+``(family, regex)``; the FIRST family whose pattern matches (case-insensitive ``re.search``)
+wins, so specific families come before generic ones (grouped matmul before GEMM, attention
+before GEMM because ``fmha_cutlassF`` contains "cutlass", sampling before reduction because
+greedy sampling is an argmax reduction). Extend it by adding a row; every row is exercised by
+the tests on the real fixture names in ``tests/data``.
+
+Classification is vectorised: each distinct name is matched once, then the answer is
+broadcast back to every op with ``np.unique``'s inverse index.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+OTHER = "other"
+"""The family of a name no pattern matches."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """One row of the families table."""
+
+    name: str
+    pattern: str
+    description: str
+
+
+# Order matters: first match wins.
+FAMILIES: tuple[Family, ...] = (
+    Family("memcpy", r"^memcpy|\bmemcpy\b|copybuffer|^copy(devicetodevice|hosttodevice|devicetohost)|\bdtoh\b|\bhtod\b",
+           "GPU copies (host<->device, device<->device), including copy kernels the runtime launches"),
+    Family("memset", r"^memset|\bmemset\b|fillbuffer", "GPU memory sets"),
+    Family("collective", r"nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|alltoall|"
+           r"cross_device|custom_ar|deep_?ep|ep_(dispatch|combine)|(moe|expert)_(dispatch|combine)|"
+           r"\bdispatch_kernel|\bcombine_kernel|sendrecv|p2p_",
+           "collectives (NCCL/RCCL, custom all-reduce, expert-parallel dispatch/combine)"),
+    Family("attention", r"fmha|\bmha|mha_|_mha|flash|attention|attn|paged_att|mla_|_mla|\bmla|sdpa|"
+           r"mem_?eff|xformers|fwd_splitkv|decode_?att|unified_att|ck_tile.*fmha",
+           "attention (mha, fmha, flash, paged/MLA decode attention)"),
+    Family("ssm", r"ssm_|selective_scan|mamba|gated_delta|causal_conv1d|linear_att|chunk_scan|state_passing",
+           "state-space / linear-attention layers (Mamba, gated delta net, conv1d)"),
+    Family("grouped_matmul", r"grouped_?(gemm|matmul|mm)|fused_moe|moe_?(gemm|matmul|mm)|gemm_?grouped|"
+           r"block_?scaled|blockwise.*(gemm|matmul)|(gemm|matmul).*blockwise|_mxf[468]|mxfp[468].*(gemm|matmul|mm)|"
+           r"nvfp4.*(gemm|matmul|mm)|ptr_?array|batched_?moe|expert.*(gemm|matmul)",
+           "grouped / block-scaled matmul (MoE experts, MXFP/NVFP4 block scales)"),
+    Family("routing", r"moe_create_indices|moe_align|moe_sum|moe_permute|moe_unpermute|topk|top_k|"
+           r"router|routing|gating|expert_?(index|indices|count)|token_?(sort|permute)",
+           "top-k / MoE routing (expert selection, token permutation)"),
+    Family("quantization", r"quant|dequant|_q8_|q8_1|fp8_?(cast|convert|scale)|(cast|convert)_?to_?fp8|"
+           r"scale_?(factor|inv)|compute_?scales|amax|swizzle_?scale|per_?token_?group|block_?scale_?interleave",
+           "quantize / dequantize / scale computation"),
+    Family("sampling", r"sampl|argmax|argmin|multinomial|gumbel|top_?p|min_?p|repetition_penalty|"
+           r"distribution_|logits_?proc|temperature",
+           "token sampling and random-number generation (argmax, multinomial, top-p, RNG)"),
+    Family("gemv", r"gemv|mul_mat_vec|matvec|mat_vec|wvsplt|skinny|\bmv_|_mv_kernel|dot_kernel",
+           "matrix-vector products (decode-shaped matmul)"),
+    Family("convolution", r"convolution|conv_?[123]d|\bconv_|_conv_|implicit_gemm|fprop|dgrad|wgrad|scudnn|fft2d|fft_|winograd",
+           "convolutions (cuDNN/MIOpen implicit GEMM, FFT, Winograd)"),
+    Family("gemm", r"gemm|sgemm|hgemm|nvjet|cutlass|cublas|hipblaslt|rocblas|\bcijk_|xmma|wgmma|matmul|"
+           r"\bmm_|_mm\b|bmm|mul_mat|splitkreduce|epilogue::impl|tensorop",
+           "dense matmul (cuBLAS/cuBLASLt/nvjet, CUTLASS, hipBLASLt/Tensile, MAX/Mojo and framework matmuls)"),
+    Family("normalization", r"rms_?norm|layer_?norm|layernorm|group_?norm|batch_?norm|instance_?norm|"
+           r"l2_?norm|norm_kernel|normalize",
+           "normalization (rms_norm, layer_norm, group/batch norm)"),
+    Family("rope", r"rope|rotary|pos_?emb|apply_rotary|mrope",
+           "rotary position embedding"),
+    Family("softmax", r"softmax", "softmax / log-softmax"),
+    Family("kv_cache", r"reshape_and_cache|kv_?cache|cache_?(write|store|append)|store_kv|paged_?kv",
+           "KV-cache writes and layout"),
+    Family("reduction", r"reduce|reduction|sum_functor|\bsum_|norm_?2|cumsum|\bscan|rocprim|cub::|radix|sort|"
+           r"histogram|max_?pool|avg_?pool|average_pool",
+           "reductions, scans, sorts and pooling"),
+    Family("elementwise", r"elementwise|pointwise|triton_poi|vectorized|unrolled|functor|unary|binary|"
+           r"bin_bcast|bcast|silu|gelu|relu|swiglu|act_and_mul|sigmoid|tanh|exp_|fill|copy|cast|convert|"
+           r"index|gather|scatter|get_rows|concat|catarray|\bcat|where|clamp|dropout|transpose|permute|"
+           r"nchw|nhwc|arange|iota|axpy|scale_f|add_kernel|addition|subtract|multiply|mul_kernel|div_kernel",
+           "elementwise / data movement kernels (activations, adds, casts, copies, gathers, fills)"),
+)
+
+
+@lru_cache(maxsize=8)
+def _compiled(table: tuple[Family, ...]) -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(f.pattern, re.IGNORECASE) for f in table)
+
+
+def family_names(table: tuple[Family, ...] = FAMILIES) -> list[str]:
+    """Family names in table order, then ``other``."""
+    return [f.name for f in table] + [OTHER]
+
+
+def classify_one(name: str, table: tuple[Family, ...] = FAMILIES) -> str:
+    """The family of one kernel name (``other`` when nothing matches)."""
+    for family, pattern in zip(table, _compiled(table)):
+        if pattern.search(name):
+            return family.name
+    return OTHER
+
+
+def classify(names: np.ndarray, table: tuple[Family, ...] = FAMILIES) -> np.ndarray:
+    """Family name (object array) for every entry of ``names``.
+
+    Each distinct name is matched once; the result is broadcast with the inverse index, so
+    a million ops with a few hundred distinct names costs a few hundred regex searches.
+    """
+    values = np.asarray(names, dtype=object)
+    if values.size == 0:
+        return np.empty(0, dtype=object)
+    uniques, inverse = np.unique(values.astype(str), return_inverse=True)
+    fams = np.array([classify_one(u, table) for u in uniques], dtype=object)
+    return fams[inverse.reshape(values.shape)]
+
+
+def classify_ids(name_ids: np.ndarray, strings: np.ndarray, table: tuple[Family, ...] = FAMILIES) -> np.ndarray:
+    """Family names for ops given as ids into a string table (``-1``: ``other``).
+
+    Only the ids that occur are classified, so a trace's string table of 100k entries
+    (most of them not kernel names) costs nothing extra.
+    """
+    ids = np.asarray(name_ids, dtype=np.int64)
+    if ids.size == 0:
+        return np.empty(0, dtype=object)
+    used, inverse = np.unique(ids, return_inverse=True)
+    fams = np.array([OTHER if i < 0 else classify_one(str(strings[i]), table) for i in used], dtype=object)
+    return fams[inverse]
+
+
+MATMUL_FAMILIES = frozenset({"gemv", "gemm", "grouped_matmul"})
+"""Families that are matrix multiplies, whatever their shape."""

@@ -1,0 +1,260 @@
+"""The stage-instance table: one row per stage instance, as numpy columns.
+
+It is the common ground of every report input: a run directory's stage records, a vendor
+trace's host ranges with their attribution, or both joined by record id. Analysis
+(statistics, diagnosis) reads only this table and the per-op columns; it never goes back to
+the raw inputs.
+
+Missing int64 values are ``-1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from maxinstr.analyze.stats import cold_start_mask, occurrence_index
+
+MAXINSTR_DOMAIN = "maxinstr"
+UNPREFIXED_DOMAINS = frozenset({"", MAXINSTR_DOMAIN, "user_annotation"})
+"""Domains whose range names are shown bare: maxinstr's own, the default NVTX domain and
+PyTorch's record_function (Kineto ``user_annotation``)."""
+FRAMEWORK_OP_DOMAINS = frozenset({"cpu_op", "python_function", "cuda_runtime", "cuda_driver", "cuBLAS", "cuDNN",
+                                  "gpu_user_annotation", "kernel", "ac2g"})
+"""Domains of ranges a framework or library emits by itself (one per aten op or API call).
+They are not stages: leaving them out keeps the stage table to what the user marked. Ops
+inside them still count towards the enclosing stage. Kept only when nothing else exists."""
+
+
+def _i64(n: int, fill: int = -1) -> np.ndarray:
+    return np.full(n, fill, dtype=np.int64)
+
+
+@dataclass
+class StageInstances:
+    """Columns of stage instances (all the same length).
+
+    ``range_index`` is the row in ``trace.ranges`` the instance came from or joined (-1
+    none); ``record_id`` the run's stage record id (-1 none). ``step`` is the ``step=`` the
+    user marked when ``step_marked``; otherwise the instance's position among same-named
+    siblings under its parent instance (so the k-th decode inside a request gets step k),
+    which is what step trends need. ``warmup`` comes from the session's ``warmup=N``;
+    ``cold`` marks cold-start outliers; ``steady`` is neither (and not a mark).
+    """
+
+    name: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
+    host_start_ns: np.ndarray = field(default_factory=lambda: _i64(0))
+    host_end_ns: np.ndarray = field(default_factory=lambda: _i64(0))
+    gpu_event_ns: np.ndarray = field(default_factory=lambda: _i64(0))
+    proj_start_ns: np.ndarray = field(default_factory=lambda: _i64(0))
+    proj_end_ns: np.ndarray = field(default_factory=lambda: _i64(0))
+    busy_ns: np.ndarray = field(default_factory=lambda: _i64(0))
+    kernel_ns: np.ndarray = field(default_factory=lambda: _i64(0))
+    kernel_count: np.ndarray = field(default_factory=lambda: _i64(0))
+    op_count: np.ndarray = field(default_factory=lambda: _i64(0))
+    idle_gap_ns: np.ndarray = field(default_factory=lambda: _i64(0))
+    memcpy_ns: np.ndarray = field(default_factory=lambda: _i64(0))
+    step: np.ndarray = field(default_factory=lambda: _i64(0))
+    step_marked: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
+    parent: np.ndarray = field(default_factory=lambda: _i64(0))
+    depth: np.ndarray = field(default_factory=lambda: _i64(0))
+    part: np.ndarray = field(default_factory=lambda: _i64(0))
+    tid: np.ndarray = field(default_factory=lambda: _i64(0))
+    record_id: np.ndarray = field(default_factory=lambda: _i64(0))
+    range_index: np.ndarray = field(default_factory=lambda: _i64(0))
+    is_mark: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
+    exception: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
+    warmup: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
+    cold: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
+    cold_z: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float64))
+    occurrence: np.ndarray = field(default_factory=lambda: _i64(0))
+
+    def __len__(self) -> int:
+        return len(self.name)
+
+    @property
+    def host_ns(self) -> np.ndarray:
+        return self.host_end_ns - self.host_start_ns
+
+    @property
+    def proj_ns(self) -> np.ndarray:
+        """Projected GPU span (first op start to last op end), -1 when the instance owns no op."""
+        return np.where(self.proj_start_ns >= 0, self.proj_end_ns - self.proj_start_ns, -1)
+
+    @property
+    def busy_frac(self) -> np.ndarray:
+        """GPU busy time / projected GPU span (NaN without a span): 1.0 = no launch gaps."""
+        span = self.proj_ns
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where((span > 0) & (self.busy_ns >= 0), self.busy_ns / np.maximum(span, 1), np.nan)
+
+    @property
+    def steady(self) -> np.ndarray:
+        return ~(self.warmup | self.cold | self.is_mark)
+
+    def take(self, index: np.ndarray) -> "StageInstances":
+        return StageInstances(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+
+def _parent_positions(n: int, parent: np.ndarray) -> np.ndarray:
+    return np.where((parent >= 0) & (parent < n), parent, -1)
+
+
+def _derive_steps(inst: StageInstances) -> None:
+    """Position among same-named siblings of the same parent (top level: among all of that name)."""
+    key = np.char.add(inst.parent.astype(str).astype(object), ("\x00" + inst.name.astype(str)).astype(object))
+    pos = occurrence_index(key.astype(str), inst.host_start_ns)
+    inst.step = np.where(inst.step_marked, inst.step, pos)
+
+
+def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True) -> StageInstances:
+    """Occurrence order, warm-up and cold-start flags."""
+    n = len(inst)
+    part_name = np.char.add(inst.part.astype(str).astype(object), ("\x00" + inst.name.astype(str)).astype(object)).astype(str)
+    inst.occurrence = occurrence_index(part_name, inst.host_start_ns) if n else _i64(0)
+    inst.warmup = (inst.occurrence < warmup_n) & ~inst.is_mark if warmup_n > 0 else np.zeros(n, dtype=bool)
+    _derive_steps(inst) if n else None
+    inst.cold = np.zeros(n, dtype=bool)
+    inst.cold_z = np.zeros(n, dtype=np.float64)
+    if detect_cold and n:
+        _, codes = np.unique(inst.name.astype(str), return_inverse=True)
+        codes = codes.reshape(-1)
+        for values in (inst.host_ns, inst.proj_ns):
+            eligible = ~inst.warmup & ~inst.is_mark & (values >= 0)
+            mask, z = cold_start_mask(codes, inst.occurrence, values, eligible)
+            inst.cold |= mask
+            inst.cold_z = np.maximum(inst.cold_z, np.where(mask, z, 0.0))
+    return inst
+
+
+def range_names(trace) -> np.ndarray:
+    """Display names of the trace's ranges: the text, prefixed ``domain:`` unless the domain is
+    empty or maxinstr's own."""
+    r = trace.ranges
+    strings = np.asarray(trace.strings, dtype=object)
+    if len(r) == 0:
+        return np.empty(0, dtype=object)
+    text = np.where(r.name_id >= 0, strings[np.maximum(r.name_id, 0)] if len(strings) else "", "").astype(object)
+    dom = np.where(r.domain_id >= 0, strings[np.maximum(r.domain_id, 0)] if len(strings) else "", "").astype(object)
+    prefixed = ~np.isin(dom.astype(str), list(UNPREFIXED_DOMAINS))
+    out = text.copy()
+    out[prefixed] = np.char.add(np.char.add(dom[prefixed].astype(str), ":"), text[prefixed].astype(str)).astype(object)
+    return out
+
+
+def from_trace(trace, attribution=None, warmup_n: int = 0) -> StageInstances:
+    """Stage instances from a trace's host ranges (marks dropped), with attribution's per-range
+    GPU columns when given."""
+    from maxinstr.traces.model import RangeStyle
+
+    r = trace.ranges
+    keep_mask = np.asarray(r.style) != RangeStyle.MARK
+    if len(r):
+        strings = np.asarray(trace.strings, dtype=object)
+        dom = np.where(r.domain_id >= 0, strings[np.maximum(r.domain_id, 0)] if len(strings) else "", "").astype(str)
+        framework = np.isin(dom, list(FRAMEWORK_OP_DOMAINS))
+        if (keep_mask & ~framework).any():
+            keep_mask &= ~framework
+    keep = np.flatnonzero(keep_mask) if len(r) else np.empty(0, np.int64)
+    n_all = len(r)
+    names = range_names(trace)
+    inst = StageInstances(
+        name=names[keep].astype(object),
+        host_start_ns=np.asarray(r.start_ns, np.int64)[keep],
+        host_end_ns=np.asarray(r.end_ns, np.int64)[keep],
+        gpu_event_ns=_i64(len(keep)),
+        step=_i64(len(keep)),
+        step_marked=np.zeros(len(keep), bool),
+        part=np.asarray(r.pid, np.int64)[keep],
+        tid=np.asarray(r.tid, np.int64)[keep],
+        record_id=_i64(len(keep)),
+        range_index=keep.astype(np.int64),
+        is_mark=np.zeros(len(keep), bool),
+        exception=np.zeros(len(keep), bool),
+    )
+    _fill_from_attribution(inst, attribution, keep, n_all)
+    return _finish(inst, warmup_n)
+
+
+def _fill_from_attribution(inst: StageInstances, attribution, rows: np.ndarray, n_ranges: int) -> None:
+    """Copy attribution's per-range columns for ``rows`` (indexes into trace.ranges, -1 none)."""
+    n = len(inst)
+    have = attribution is not None and len(getattr(attribution, "proj_start_ns", [])) == n_ranges and n_ranges > 0
+    ok = (rows >= 0) & have
+    safe = np.where(ok, rows, 0)
+
+    def col(name: str) -> np.ndarray:
+        if not have:
+            return _i64(n)
+        return np.where(ok, np.asarray(getattr(attribution, name), np.int64)[safe], -1)
+
+    inst.proj_start_ns = col("proj_start_ns")
+    inst.proj_end_ns = col("proj_end_ns")
+    no_ops = inst.proj_start_ns < 0
+    for name in ("busy_ns", "kernel_ns", "kernel_count", "op_count", "idle_gap_ns", "memcpy_ns"):
+        values = col(name)
+        # a joined range that owns no op has 0 of everything, not "missing"
+        setattr(inst, name, np.where(ok & no_ops, 0, values) if have else values)
+    if have:
+        parent_range = np.asarray(attribution.range_parent, np.int64)
+        # map parent range indexes to instance rows
+        pos_of_range = _i64(n_ranges)
+        pos_of_range[rows[ok]] = np.flatnonzero(ok)
+        pr = np.where(ok, parent_range[safe], -1)
+        inst.parent = np.where(pr >= 0, pos_of_range[np.maximum(pr, 0)], -1)
+        inst.depth = np.where(ok, np.asarray(attribution.range_depth, np.int64)[safe], 0)
+    elif len(inst.parent) != n:
+        inst.parent = _i64(n)
+        inst.depth = np.zeros(n, np.int64)
+
+
+def from_run(run, trace=None, attribution=None, warmup_n: int | None = None) -> StageInstances:
+    """Stage instances from a run's records; GPU projection columns joined from the trace's
+    attribution by record id (``attribution.range_record_id``) when given."""
+    from maxinstr.rundir import format as fmt
+
+    s = run.stages
+    n = len(s)
+    flags = np.asarray(s["flags"]) if n else np.zeros(0, np.uint16)
+    timed = (flags & fmt.GPU_TIMED) != 0
+    gpu_ns = np.where(timed, np.asarray(s["gpu_end_ns"]) - np.asarray(s["gpu_start_ns"]), -1) if n else _i64(0)
+    ids = np.asarray(s["id"], np.int64) if n else _i64(0)
+    order = np.argsort(ids, kind="stable")
+    parent_ids = np.asarray(s["parent_id"], np.int64) if n else _i64(0)
+    pos = np.searchsorted(ids, parent_ids, sorter=order) if n else _i64(0)
+    pos = np.clip(pos, 0, max(n - 1, 0))
+    found = (parent_ids >= 0) & (ids[order[pos]] == parent_ids) if n else np.zeros(0, bool)
+    parent = np.where(found, order[pos], -1) if n else _i64(0)
+    step = np.asarray(s["step"], np.int64) if n else _i64(0)
+    inst = StageInstances(
+        name=run.stage_names().astype(object),
+        host_start_ns=np.asarray(s["host_start_ns"], np.int64) if n else _i64(0),
+        host_end_ns=np.asarray(s["host_end_ns"], np.int64) if n else _i64(0),
+        gpu_event_ns=gpu_ns.astype(np.int64),
+        step=step,
+        step_marked=step >= 0,
+        parent=parent.astype(np.int64),
+        depth=np.asarray(s["depth"], np.int64) if n else _i64(0),
+        part=np.asarray(s["part"], np.int64) if n else _i64(0),
+        tid=np.asarray(s["tid"], np.int64) if n else _i64(0),
+        record_id=ids,
+        range_index=_i64(n),
+        is_mark=(flags & fmt.MARK) != 0,
+        exception=(flags & fmt.EXCEPTION) != 0,
+    )
+    rows = _i64(n)
+    n_ranges = 0
+    if trace is not None and attribution is not None:
+        n_ranges = len(trace.ranges)
+        rec = np.asarray(getattr(attribution, "range_record_id", _i64(0)), np.int64)
+        if len(rec) == n_ranges and n:
+            joined = np.flatnonzero(rec >= 0)
+            p = np.clip(np.searchsorted(ids, rec[joined], sorter=order), 0, n - 1)
+            hit = ids[order[p]] == rec[joined]
+            rows[order[p[hit]]] = joined[hit]
+    inst.range_index = rows
+    keep_parent, keep_depth = inst.parent, inst.depth
+    _fill_from_attribution(inst, attribution if n_ranges else None, rows, n_ranges)
+    inst.parent, inst.depth = keep_parent, keep_depth  # the run's own nesting is exact
+    return _finish(inst, run.warmup if warmup_n is None else warmup_n)

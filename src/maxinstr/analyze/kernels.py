@@ -1,0 +1,174 @@
+"""Per-op analysis: families, kernel tables and each stage's kernel mix (inclusive of nested
+stages), all as grouped numpy reductions over the trace's op columns."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from maxinstr.analyze.families import OTHER, classify_ids
+from maxinstr.analyze.instances import StageInstances
+from maxinstr.analyze.stats import group_medians
+
+_MAX_DEPTH = 64
+
+
+def op_families(trace) -> np.ndarray:
+    """Family of every op in ``trace.ops``; copies and sets go by their kind, not their name."""
+    from maxinstr.traces.model import OpKind
+
+    ops = trace.ops
+    fam = classify_ids(np.asarray(ops.name_id), np.asarray(trace.strings, dtype=object))
+    kind = np.asarray(ops.kind)
+    fam = fam.astype(object)
+    fam[kind == OpKind.MEMCPY] = "memcpy"
+    fam[kind == OpKind.MEMSET] = "memset"
+    return fam
+
+
+def op_durations(trace) -> np.ndarray:
+    ops = trace.ops
+    return np.maximum(np.asarray(ops.end_ns, np.int64) - np.asarray(ops.start_ns, np.int64), 0)
+
+
+def family_table(dur_ns: np.ndarray, families: np.ndarray) -> list[dict]:
+    """Rows ``{family, gpu_ns, share, count}`` sorted by time, shares of the total given."""
+    if len(dur_ns) == 0:
+        return []
+    fams, inv = np.unique(families.astype(str), return_inverse=True)
+    inv = inv.reshape(-1)
+    ns = np.bincount(inv, weights=dur_ns, minlength=len(fams))
+    cnt = np.bincount(inv, minlength=len(fams))
+    total = float(ns.sum())
+    order = np.argsort(-ns, kind="stable")
+    return [
+        {"family": str(fams[i]), "gpu_ns": float(ns[i]), "share": float(ns[i] / total) if total > 0 else 0.0,
+         "count": int(cnt[i])}
+        for i in order
+    ]
+
+
+def kernel_table(trace, families: np.ndarray, dur_ns: np.ndarray, mask: np.ndarray | None = None,
+                 limit: int | None = None) -> list[dict]:
+    """Per distinct op name: family, count, total/median/max ns and share of the selected ops."""
+    name_id = np.asarray(trace.ops.name_id, np.int64)
+    if mask is not None:
+        name_id, families, dur_ns = name_id[mask], families[mask], dur_ns[mask]
+    if len(name_id) == 0:
+        return []
+    ids, first, inv = np.unique(name_id, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    total = np.bincount(inv, weights=dur_ns, minlength=len(ids))
+    count = np.bincount(inv, minlength=len(ids))
+    med = group_medians(inv, dur_ns, len(ids))
+    mx = np.zeros(len(ids))
+    np.maximum.at(mx, inv, dur_ns)
+    grand = float(total.sum())
+    order = np.argsort(-total, kind="stable")
+    if limit is not None:
+        order = order[:limit]
+    strings = np.asarray(trace.strings, dtype=object)
+    return [
+        {
+            "name": "" if ids[i] < 0 else str(strings[ids[i]]),
+            "family": str(families[first[i]]),
+            "count": int(count[i]),
+            "gpu_ns": float(total[i]),
+            "median_ns": float(med[i]),
+            "max_ns": float(mx[i]),
+            "share": float(total[i] / grand) if grand > 0 else 0.0,
+        }
+        for i in order
+    ]
+
+
+def range_to_instance(inst: StageInstances, attribution, n_ranges: int) -> np.ndarray:
+    """For every trace range, the instance row of itself or its nearest ancestor that is an
+    instance (-1 when none): ops inside an unjoined range still reach the enclosing stage."""
+    pos = np.full(n_ranges, -1, np.int64)
+    ok = inst.range_index >= 0
+    pos[inst.range_index[ok]] = np.flatnonzero(ok)
+    if attribution is None or len(attribution.range_parent) != n_ranges:
+        return pos
+    parent = np.asarray(attribution.range_parent, np.int64)
+    cur = parent.copy()
+    for _ in range(_MAX_DEPTH):
+        todo = (pos < 0) & (cur >= 0)
+        if not todo.any():
+            break
+        pos[todo] = pos[cur[todo]]
+        cur[todo] = parent[cur[todo]]
+    return pos
+
+
+def op_instance_pairs(inst: StageInstances, trace, attribution) -> tuple[np.ndarray, np.ndarray]:
+    """(op index, instance row) for every op and every instance enclosing it (inclusive).
+
+    An op appears once per enclosing instance level; a name nested in itself is counted
+    once per instance, which is what per-instance GPU time means.
+    """
+    if attribution is None or len(attribution.op_range) != len(trace.ops):
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    r2i = range_to_instance(inst, attribution, len(trace.ranges))
+    op_range = np.asarray(attribution.op_range, np.int64)
+    op_idx = np.flatnonzero(op_range >= 0)
+    cur = r2i[op_range[op_idx]]
+    ops_out, inst_out = [], []
+    for _ in range(_MAX_DEPTH):
+        live = cur >= 0
+        if not live.any():
+            break
+        op_idx, cur = op_idx[live], cur[live]
+        ops_out.append(op_idx)
+        inst_out.append(cur)
+        cur = inst.parent[cur]
+    if not ops_out:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    return np.concatenate(ops_out), np.concatenate(inst_out)
+
+
+def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, dur_ns: np.ndarray,
+              top: int = 8) -> dict[str, dict]:
+    """Per stage name, over its steady instances: family table, top kernels, and kernels per
+    instance. Ops are counted in every enclosing stage (inclusive)."""
+    op_i, inst_i = op_instance_pairs(inst, trace, attribution)
+    out: dict[str, dict] = {}
+    if len(op_i) == 0:
+        return out
+    steady = inst.steady[inst_i]
+    op_i, inst_i = op_i[steady], inst_i[steady]
+    names = inst.name[inst_i].astype(str)
+    uniq, code = np.unique(names, return_inverse=True)
+    code = code.reshape(-1)
+    order = np.argsort(code, kind="stable")
+    bounds = np.r_[0, np.flatnonzero(np.diff(code[order])) + 1, len(order)]
+    name_ids = np.asarray(trace.ops.name_id, np.int64)
+    strings = np.asarray(trace.strings, dtype=object)
+    for k in range(len(bounds) - 1):
+        sel = order[bounds[k]:bounds[k + 1]]
+        ops = op_i[sel]
+        stage = str(uniq[code[sel[0]]])
+        d, f = dur_ns[ops], families[ops]
+        n_inst = len(np.unique(inst_i[sel]))
+        ids, first, inv = np.unique(name_ids[ops], return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        tot = np.bincount(inv, weights=d, minlength=len(ids))
+        cnt = np.bincount(inv, minlength=len(ids))
+        med = group_medians(inv, d, len(ids))
+        grand = float(tot.sum())
+        best = np.argsort(-tot, kind="stable")[:top]
+        out[stage] = {
+            "instances": int(n_inst),
+            "gpu_ns": grand,
+            "ops": int(len(ops)),
+            "ops_per_instance": float(len(ops) / n_inst) if n_inst else 0.0,
+            "families": family_table(d, f),
+            "top_kernels": [
+                {"name": "" if ids[i] < 0 else str(strings[ids[i]]), "family": str(f[first[i]]),
+                 "count": int(cnt[i]), "gpu_ns": float(tot[i]), "median_ns": float(med[i]),
+                 "share": float(tot[i] / grand) if grand > 0 else 0.0,
+                 "per_instance": float(cnt[i] / n_inst) if n_inst else 0.0}
+                for i in best
+            ],
+            "other_share": float(d[f == OTHER].sum() / grand) if grand > 0 else 0.0,
+        }
+    return out

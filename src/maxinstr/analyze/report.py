@@ -1,0 +1,359 @@
+"""Build the report: one JSON-serialisable dict (schema ``maxinstr-report``, version 1).
+
+The report is data first: renderers (text, JSON, Markdown, and later Perfetto/HTML) are
+functions of this dict only. docs/report.md documents every field. :func:`analyze` also
+returns the in-memory columns (stage instances, per-op families) that ``compare`` uses for
+noise bounds; :func:`build_report` returns just the dict.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from maxinstr.analyze import instances as inst_mod
+from maxinstr.analyze.kernels import family_table, kernel_table, op_durations, op_families, stage_mix
+from maxinstr.analyze.stats import step_trend, summarize
+
+SCHEMA = "maxinstr-report"
+VERSION = 1
+
+KERNELS_KEPT = 300
+"""Distinct kernel names kept in ``gpu.kernels`` (by total time); enough for compare's
+appeared/disappeared lists without making the JSON huge."""
+
+STARTUP_KEPT = 50
+
+
+@dataclass
+class Analysis:
+    """The report dict plus the columns it was computed from (not serialised)."""
+
+    report: dict[str, Any]
+    instances: inst_mod.StageInstances
+    headline_instances: inst_mod.StageInstances | None = None
+    op_family: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
+    op_ns: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+
+
+def _load_run(run):
+    if run is None or not isinstance(run, (str, Path)):
+        return run
+    from maxinstr.rundir import load
+
+    return load(run)
+
+
+def _load_trace(trace):
+    if trace is None or not isinstance(trace, (str, Path)):
+        return trace
+    from maxinstr.traces import open_trace  # H4's dispatcher
+
+    return open_trace(trace)
+
+
+def _attribute(trace, run):
+    import maxinstr.attribute as pkg
+
+    fn = getattr(pkg, "attribute", None)
+    if fn is None or not callable(fn):  # the package may not re-export it (yet): use the module's function
+        from maxinstr.attribute.attribute import attribute as fn
+    return fn(trace, run=run)
+
+
+def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run=None,
+            warmup: int | None = None) -> Analysis:
+    """Everything :func:`build_report` computes, plus the columns behind it.
+
+    ``run`` and ``unprofiled_run`` may be run directories (paths) or loaded runs; ``trace`` a
+    path or a :class:`~maxinstr.traces.model.Trace`. Attribution is computed when a trace is
+    given without one. ``warmup`` overrides the session's ``warmup=N`` (and sets it for
+    trace-only reports).
+    """
+    run = _load_run(run)
+    unprofiled_run = _load_run(unprofiled_run)
+    trace = _load_trace(trace)
+    if trace is not None and attribution is None:
+        attribution = _attribute(trace, run)
+    if run is not None:
+        inst = inst_mod.from_run(run, trace, attribution, warmup_n=warmup)
+    elif trace is not None:
+        inst = inst_mod.from_trace(trace, attribution, warmup_n=warmup or 0)
+    else:
+        inst = inst_mod.StageInstances()
+    head = inst_mod.from_run(unprofiled_run, warmup_n=warmup) if unprofiled_run is not None else None
+
+    if trace is not None and len(trace.ops):
+        fam = op_families(trace)
+        dur = op_durations(trace)
+    else:
+        fam, dur = np.empty(0, dtype=object), np.empty(0, dtype=np.int64)
+    mix = stage_mix(inst, trace, attribution, fam, dur) if trace is not None else {}
+    if samples is None and run is not None:
+        samples = getattr(run, "samples", None) or None
+    part_names = [p.get("name", "") for p in getattr(run, "parts", [])] if run is not None else []
+    sample_stats = _stage_samples(inst, samples, part_names)
+
+    report: dict[str, Any] = {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "generated": {
+            "maxinstr": _version(),
+            "utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        },
+        "sources": _sources(run, trace, attribution, unprofiled_run, inst),
+        "environment": _environment(run, trace),
+    }
+    perturbed, why = _perturbed(run, trace)
+    report["perturbed"] = perturbed
+    report["perturbed_reason"] = why
+    report["headline_source"] = "unprofiled_run" if head is not None else ("run" if run is not None else "trace")
+    report["warmup"] = {
+        "n": int(run.warmup if (run is not None and warmup is None) else (warmup or 0)),
+        "instances": int(inst.warmup.sum()),
+        "cold_start_instances": int((inst.cold & ~inst.warmup).sum()),
+    }
+    report["stages"] = _stage_rows(inst, head, mix, sample_stats)
+    report["startup"] = _startup_rows(inst)
+    report["gpu"] = _gpu_section(trace, attribution, fam, dur)
+    report["samples"] = sample_stats.get("_overall") if sample_stats else None
+    report["reproduce"] = _reproduce(run, trace, unprofiled_run)
+    from maxinstr.analyze.diagnosis import diagnose, rank_bottlenecks
+
+    report["diagnosis"] = diagnose(report)
+    report["bottlenecks"] = rank_bottlenecks(report)
+    return Analysis(report=report, instances=inst, headline_instances=head, op_family=fam, op_ns=dur)
+
+
+def build_report(run=None, trace=None, attribution=None, samples=None, unprofiled_run=None,
+                 warmup: int | None = None) -> dict[str, Any]:
+    """The report dict (schema ``maxinstr-report`` v1, see docs/report.md) for a run, a trace, or both."""
+    return analyze(run, trace, attribution, samples, unprofiled_run, warmup).report
+
+
+# ----------------------------------------------------------------------------- sections
+def _version() -> str:
+    try:
+        from maxinstr import __version__
+
+        return __version__
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def _sources(run, trace, attribution, unprofiled_run, inst) -> dict[str, Any]:
+    notes: list[str] = []
+    if run is not None:
+        notes += list(getattr(run, "notes", []) or [])
+    if trace is not None:
+        notes += list(getattr(trace, "notes", []) or [])
+    if attribution is not None:
+        notes += list(getattr(attribution, "notes", []) or [])
+    join = None
+    joined = None
+    if attribution is not None and run is not None:
+        join = getattr(getattr(attribution, "join_method", None), "name", None)
+        join = join.lower() if join else None
+        joined = int((inst.range_index >= 0).sum())
+        if joined == 0 and len(inst):
+            notes.append("no stage record joined a trace range: GPU projection per stage is unavailable")
+    return {
+        "run": str(run.path) if run is not None and getattr(run, "path", None) else None,
+        "trace": str(trace.source) if trace is not None else None,
+        "trace_format": str(trace.format) if trace is not None else None,
+        "trace_clock": str(trace.clock) if trace is not None else None,
+        "unprofiled_run": str(unprofiled_run.path) if unprofiled_run is not None and getattr(unprofiled_run, "path", None) else None,
+        "join": join,
+        "records_joined": joined,
+        "attribution_rules": _rules_used(attribution),
+        "notes": notes,
+    }
+
+
+def _rules_used(attribution) -> dict[str, int] | None:
+    if attribution is None or len(getattr(attribution, "op_rule", [])) == 0:
+        return None
+    from maxinstr.attribute.model import Rule
+
+    counts = np.bincount(np.asarray(attribution.op_rule, np.int64), minlength=len(Rule))
+    return {Rule(i).name.lower(): int(c) for i, c in enumerate(counts) if c}
+
+
+_META_KEYS = ("command", "cwd", "git", "host", "python", "maxinstr", "gpus", "driver", "cuda", "rocm",
+              "frameworks", "env", "user", "profiler", "warmup", "clock")
+
+
+def _environment(run, trace) -> dict[str, Any]:
+    env: dict[str, Any] = {}
+    if run is not None:
+        meta = getattr(run, "meta", {}) or {}
+        env = {k: meta.get(k) for k in _META_KEYS if meta.get(k) not in (None, "", {}, [])}
+    if trace is not None and getattr(trace, "meta", None):
+        env["trace_meta"] = {k: v for k, v in trace.meta.items() if isinstance(v, (str, int, float, bool))}
+    return env
+
+
+def _perturbed(run, trace) -> tuple[bool, str | None]:
+    meta = getattr(run, "meta", {}) or {} if run is not None else {}
+    prof = meta.get("profiler") if isinstance(meta, dict) else None
+    if prof:
+        name = prof.get("name", "a profiler") if isinstance(prof, dict) else str(prof)
+        return True, f"captured under {name}: timings include its overhead"
+    if trace is not None:
+        return True, f"timings come from a {trace.format} trace: captured under a profiler, which adds overhead"
+    return False, None
+
+
+def _stat(values: np.ndarray) -> dict[str, float | int]:
+    return summarize(values)
+
+
+def _stage_rows(inst, head, mix: dict, sample_stats: dict) -> list[dict]:
+    if len(inst) == 0:
+        return []
+    names = inst.name.astype(str)
+    uniq, first_idx, code = np.unique(names, return_index=True, return_inverse=True)
+    code = code.reshape(-1)
+    # pipeline order: by first host start
+    first_start = np.full(len(uniq), np.iinfo(np.int64).max)
+    np.minimum.at(first_start, code, inst.host_start_ns)
+    order_u = np.argsort(first_start, kind="stable")
+    steady = inst.steady
+    host = inst.host_ns
+    proj = inst.proj_ns
+    busy_frac = inst.busy_frac
+    top_total = float(host[steady & (inst.depth == 0)].sum())
+    head_names = head.name.astype(str) if head is not None else None
+    rows = []
+    for u in order_u:
+        sel = code == u
+        st = sel & steady
+        name = str(uniq[u])
+        parents = inst.parent[sel]
+        parent_names = inst.name[parents[parents >= 0]].astype(str)
+        pname = None
+        if len(parent_names):
+            pn, pc = np.unique(parent_names, return_counts=True)
+            pname = str(pn[np.argmax(pc)])
+        row: dict[str, Any] = {
+            "name": name,
+            "parent": pname,
+            "depth": int(inst.depth[sel].min()),
+            "instances": int(sel.sum()),
+            "steady": int(st.sum()),
+            "warmup": int((sel & inst.warmup).sum()),
+            "cold_start": int((sel & inst.cold & ~inst.warmup).sum()),
+            "exceptions": int((sel & inst.exception).sum()),
+            "host_ns": _stat(host[st]),
+            "gpu_event_ns": _stat(inst.gpu_event_ns[st]),
+            "gpu_proj_ns": _stat(proj[st]),
+            "gpu_busy_ns": _stat(np.where(inst.proj_start_ns[st] >= 0, inst.busy_ns[st], -1)),
+            "gpu_busy_frac": _stat(busy_frac[st]),
+            "idle_gap_ns": _stat(np.where(inst.proj_start_ns[st] >= 0, inst.idle_gap_ns[st], -1)),
+            "kernels_per_instance": _stat(np.where(inst.range_index[st] >= 0, inst.kernel_count[st], -1)),
+            "share_of_top": float(host[st].sum() / top_total) if top_total > 0 else None,
+            "steps_marked": bool(inst.step_marked[sel].any()),
+            "steps": None,
+            "mix": mix.get(name),
+            "samples": sample_stats.get(name) if sample_stats else None,
+        }
+        # step trend on the best GPU measure available, else host time
+        basis = "gpu_event_ns" if row["gpu_event_ns"]["n"] else ("gpu_proj_ns" if row["gpu_proj_ns"]["n"] else "host_ns")
+        values = {"gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": proj, "host_ns": host}[basis]
+        trend = step_trend(inst.step[st], values[st])
+        if trend.get("n_steps", 0) >= 4:
+            trend["basis"] = basis
+            row["steps"] = trend
+        if head is not None:
+            hs = (head_names == name) & head.steady
+            row["headline_host_ns"] = _stat(head.host_ns[hs])
+            row["headline_gpu_event_ns"] = _stat(head.gpu_event_ns[hs])
+        else:
+            row["headline_host_ns"] = row["host_ns"]
+            row["headline_gpu_event_ns"] = row["gpu_event_ns"]
+        rows.append(row)
+    return rows
+
+
+def _startup_rows(inst) -> list[dict]:
+    idx = np.flatnonzero(inst.warmup | inst.cold)
+    if len(idx) == 0:
+        return []
+    idx = idx[np.argsort(inst.host_start_ns[idx], kind="stable")][:STARTUP_KEPT]
+    host, proj = inst.host_ns, inst.proj_ns
+    return [
+        {
+            "stage": str(inst.name[i]),
+            "occurrence": int(inst.occurrence[i]),
+            "reason": "warmup" if inst.warmup[i] else "cold_start",
+            "host_ns": int(host[i]),
+            "gpu_event_ns": int(inst.gpu_event_ns[i]) if inst.gpu_event_ns[i] >= 0 else None,
+            "gpu_proj_ns": int(proj[i]) if proj[i] >= 0 else None,
+            "robust_z": round(float(inst.cold_z[i]), 2) if inst.cold[i] else None,
+        }
+        for i in idx
+    ]
+
+
+def _gpu_section(trace, attribution, fam, dur) -> dict[str, Any] | None:
+    if trace is None:
+        return None
+    n = len(dur)
+    attributed = None
+    if attribution is not None and len(getattr(attribution, "op_range", [])) == n and n:
+        attributed = float(dur[np.asarray(attribution.op_range) >= 0].sum() / max(dur.sum(), 1))
+    fams = family_table(dur, fam)
+    other = next((f["share"] for f in fams if f["family"] == "other"), 0.0)
+    kernels = kernel_table(trace, fam, dur, limit=KERNELS_KEPT)
+    distinct = len(np.unique(np.asarray(trace.ops.name_id))) if n else 0
+    span = 0
+    if n:
+        span = int(np.asarray(trace.ops.end_ns).max() - np.asarray(trace.ops.start_ns).min())
+    return {
+        "ops": int(n),
+        "gpu_ns": float(dur.sum()),
+        "span_ns": span,
+        "attributed_share": attributed,
+        "families": fams,
+        "other_share": float(other),
+        "distinct_kernels": int(distinct),
+        "kernels": kernels,
+        "kernels_truncated": distinct > len(kernels),
+    }
+
+
+def _stage_samples(inst, samples, part_names) -> dict:
+    """Per-stage sampler statistics (utilisation, clocks, power, throttle reasons)."""
+    from maxinstr.analyze.samples import stage_sample_stats
+
+    try:
+        return stage_sample_stats(inst, samples, part_names)
+    except Exception as exc:  # noqa: BLE001 - a sampler format change must not break the report
+        return {"_overall": {"error": f"samples not analysed: {type(exc).__name__}: {exc}"}}
+
+
+def _reproduce(run, trace, unprofiled) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    meta = getattr(run, "meta", None) or {}
+    cmd = meta.get("command")
+    if cmd:
+        text = shlex.join(cmd) if isinstance(cmd, list) else str(cmd)
+        out.append({"what": "the program, as run", "command": text})
+    prof = meta.get("profiler")
+    if isinstance(prof, dict) and prof.get("command"):
+        pc = prof["command"]
+        out.append({"what": "the profiler capture", "command": shlex.join(pc) if isinstance(pc, list) else str(pc)})
+    parts = ["maxinstr", "report"]
+    if run is not None and getattr(run, "path", None):
+        parts.append(str(run.path))
+    if trace is not None:
+        parts += ["--trace", str(trace.source)]
+    if unprofiled is not None and getattr(unprofiled, "path", None):
+        parts += ["--unprofiled", str(unprofiled.path)]
+    out.append({"what": "this report", "command": shlex.join(parts)})
+    return out

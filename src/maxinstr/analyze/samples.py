@@ -1,0 +1,218 @@
+"""Sampler rows seen per stage: utilisation, clocks, power and throttle reasons during each
+stage's host interval (both on CLOCK_MONOTONIC), over steady instances.
+
+Vectorised with cumulative sums: for each instance, the samples in ``[host_start, host_end]``
+are a contiguous slice of the time-sorted rows, so per-instance sums are differences of
+prefix sums and nested (overlapping) stages cost nothing extra.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from maxinstr.analyze.instances import StageInstances
+
+METRICS = ("gpu_util_pct", "sm_active_pct", "sm_clock_mhz", "power_w", "mem_util_pct", "temp_c",
+           "tensor_active_pct", "dram_bw_util_pct")
+
+
+def _throttle_meta() -> tuple[tuple[str, ...], int]:
+    try:
+        from maxinstr.sample.base import HW_THROTTLE_MASK, THROTTLE_NAMES
+
+        return tuple(THROTTLE_NAMES), int(HW_THROTTLE_MASK)
+    except Exception:  # noqa: BLE001 - the sampler part may be absent; names are then unknown
+        return (), 0
+
+
+def sample_columns(samples: Any) -> dict[str, np.ndarray] | None:
+    """Merge whatever the run holds for samples into one dict of columns (``t_ns`` required).
+
+    Accepts a dict of columns, a numpy structured array, an object with ``columns``/``rows``,
+    or a mapping part -> any of those (the shape ``maxinstr.load`` gives). Raw undecoded
+    bytes are skipped (None when nothing usable).
+    """
+    if samples is None:
+        return None
+    cols = _as_columns(samples)
+    if cols is not None:
+        return cols
+    if isinstance(samples, dict):
+        merged: dict[str, list[np.ndarray]] = {}
+        for value in samples.values():
+            c = _as_columns(value)
+            if c is None:
+                continue
+            for k, v in c.items():
+                merged.setdefault(k, []).append(v)
+        if "t_ns" in merged:
+            n = sum(len(x) for x in merged["t_ns"])
+            return {k: np.concatenate(v) for k, v in merged.items() if sum(len(x) for x in v) == n}
+    return None
+
+
+def _as_columns(obj: Any) -> dict[str, np.ndarray] | None:
+    if isinstance(obj, np.ndarray) and obj.dtype.names and "t_ns" in obj.dtype.names:
+        return {k: np.asarray(obj[k]) for k in obj.dtype.names}
+    if isinstance(obj, dict) and "t_ns" in obj and not isinstance(obj["t_ns"], dict):
+        t = np.asarray(obj["t_ns"])
+        return {k: np.asarray(v) for k, v in obj.items()
+                if isinstance(v, (np.ndarray, list)) and len(v) == len(t)}
+    for attr in ("rows", "columns", "data", "table"):
+        inner = getattr(obj, attr, None)
+        if inner is not None and not callable(inner):
+            c = _as_columns(inner)
+            if c is not None:
+                return c
+    return None
+
+
+def _is_sampler_samples(obj: Any) -> bool:
+    return hasattr(obj, "rows") and hasattr(obj, "for_device") and hasattr(obj, "device")
+
+
+def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str] | None = None) -> dict[str, Any]:
+    """Per stage name: samples seen, mean metrics, throttled share and reasons.
+
+    ``samples`` is what ``maxinstr.load`` gives (part name -> the sampler's ``Samples``),
+    in which case the sampler's own per-stage attribution is used
+    (:func:`maxinstr.sample.attribute.stage_samples`: GPM windows, interpolated energy), or
+    any dict/structured array of columns with ``t_ns``. Key ``_overall`` holds run-wide
+    numbers. Empty dict when there are no decodable samples.
+    """
+    if isinstance(samples, dict) and samples and all(_is_sampler_samples(v) for v in samples.values()):
+        return _from_sampler(inst, samples, part_names or [])
+    if _is_sampler_samples(samples):
+        return _from_sampler(inst, {"": samples}, [""])
+    cols = sample_columns(samples)
+    if not cols or len(cols["t_ns"]) == 0:
+        return {}
+    t = np.asarray(cols["t_ns"], np.int64)
+    order = np.argsort(t, kind="stable")
+    t = t[order]
+    cols = {k: np.asarray(v)[order] for k, v in cols.items()}
+    names, hw_mask = _throttle_meta()
+    throttle = np.asarray(cols.get("throttle", np.zeros(len(t), np.int64)), np.int64)
+    out: dict[str, Any] = {"_overall": _overall(cols, throttle, names, hw_mask)}
+    if len(inst) == 0:
+        return out
+    steady = inst.steady
+    lo = np.searchsorted(t, inst.host_start_ns, "left")
+    hi = np.searchsorted(t, inst.host_end_ns, "right")
+    count = hi - lo
+
+    def per_instance_sum(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x = np.asarray(x, np.float64)
+        ok = np.isfinite(x)
+        cs = np.r_[0.0, np.cumsum(np.where(ok, x, 0.0))]
+        cn = np.r_[0, np.cumsum(ok)]
+        return cs[hi] - cs[lo], cn[hi] - cn[lo]
+
+    thr_hw = np.r_[0, np.cumsum((throttle & hw_mask) != 0)] if hw_mask else np.zeros(len(t) + 1, np.int64)
+    bit_counts = {}
+    for i, name in enumerate(names):
+        if hw_mask >> i & 1:
+            c = np.r_[0, np.cumsum((throttle >> i) & 1)]
+            bit_counts[name] = c[hi] - c[lo]
+    metric_sums = {m: per_instance_sum(cols[m]) for m in METRICS if m in cols}
+    stage_names = inst.name.astype(str)
+    for stage in np.unique(stage_names):
+        sel = (stage_names == stage) & steady
+        n_samples = int(count[sel].sum())
+        row: dict[str, Any] = {"samples": n_samples, "instances_with_samples": int((count[sel] > 0).sum())}
+        for m, (s, c) in metric_sums.items():
+            tot_c = c[sel].sum()
+            row[f"{m}_mean"] = float(s[sel].sum() / tot_c) if tot_c else None
+        throttled = int((thr_hw[hi] - thr_hw[lo])[sel].sum())
+        row["throttled_samples"] = throttled
+        row["throttled_share"] = float(throttled / n_samples) if n_samples else None
+        row["throttle_reasons"] = {k: int(v[sel].sum()) for k, v in bit_counts.items() if v[sel].sum() > 0}
+        out[stage] = row
+    return out
+
+
+def _overall(cols: dict[str, np.ndarray], throttle: np.ndarray, names: tuple[str, ...], hw_mask: int) -> dict[str, Any]:
+    n = len(cols["t_ns"])
+    row: dict[str, Any] = {"samples": int(n), "span_ns": int(cols["t_ns"][-1] - cols["t_ns"][0]) if n else 0}
+    if "device" in cols:
+        row["devices"] = int(len(np.unique(cols["device"])))
+    for m in METRICS:
+        if m in cols:
+            x = np.asarray(cols[m], np.float64)
+            x = x[np.isfinite(x)]
+            row[f"{m}_mean"] = float(x.mean()) if len(x) else None
+            row[f"{m}_max"] = float(x.max()) if len(x) else None
+    row["throttled_samples"] = int(((throttle & hw_mask) != 0).sum()) if hw_mask else 0
+    row["throttle_reasons"] = {name: int(((throttle >> i) & 1).sum()) for i, name in enumerate(names)
+                               if ((throttle >> i) & 1).any()}
+    return row
+
+
+_DEVICE_FIELDS = ("gpu_util_mean_pct", "gpu_util_peak_pct", "mem_util_mean_pct", "sm_active_mean_pct",
+                  "sm_occupancy_mean_pct", "tensor_active_mean_pct", "dram_bw_util_mean_pct",
+                  "mem_used_peak_bytes", "power_mean_w", "power_peak_w", "temp_peak_c",
+                  "energy_per_instance_j", "energy_total_j")
+
+
+def _num(x: Any) -> float | None:
+    x = float(x)
+    return x if np.isfinite(x) else None
+
+
+def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: list[str]) -> dict[str, Any]:
+    """Per stage: one row per device from the sampler's attribution; headline fields from the
+    device the stage kept busiest (the one it ran on)."""
+    from maxinstr.sample.attribute import stage_samples
+
+    names, hw_mask = _throttle_meta()
+    steady = inst.steady
+    stage_names = inst.name.astype(str)
+    uniq, code = np.unique(stage_names, return_inverse=True)
+    code = code.reshape(-1)
+    per_stage: dict[str, list[dict[str, Any]]] = {}
+    all_t, all_thr, n_dev = [], [], 0
+    for part, smp in samples.items():
+        if len(smp) == 0:
+            continue
+        all_t.append(np.asarray(smp.t_ns, np.int64))
+        all_thr.append(np.asarray(smp.throttle, np.int64))
+        n_dev += len(np.unique(smp.device))
+        if part in part_names:
+            sel = steady & (inst.part == part_names.index(part))
+        else:
+            sel = steady.copy()
+        if not sel.any():
+            continue
+        table, _ = stage_samples(smp, inst.host_start_ns[sel], inst.host_end_ns[sel], code[sel])
+        for i in range(len(table)):
+            row = {"part": part, "device": int(table.device[i]), "instances": int(table.instances[i]),
+                   "samples": int(table.samples[i]), "hw_throttle_samples": int(table.hw_throttle_samples[i]),
+                   "throttle_reasons_seen": [n for b, n in enumerate(names) if int(table.throttle_mask[i]) >> b & 1]}
+            for fld in _DEVICE_FIELDS:
+                row[fld] = _num(getattr(table, fld)[i])
+            per_stage.setdefault(str(uniq[int(table.name_id[i])]), []).append(row)
+    out: dict[str, Any] = {}
+    if all_t:
+        thr = np.concatenate(all_thr)
+        out["_overall"] = {
+            "samples": int(sum(len(t) for t in all_t)),
+            "devices": n_dev,
+            "throttled_samples": int(((thr & hw_mask) != 0).sum()) if hw_mask else 0,
+            "throttle_reasons": {n: int(((thr >> b) & 1).sum()) for b, n in enumerate(names) if ((thr >> b) & 1).any()},
+        }
+    for stage, rows in per_stage.items():
+        main = max(rows, key=lambda r: (r["gpu_util_mean_pct"] or -1, r["samples"]))
+        n = main["samples"]
+        out[stage] = {
+            "device": main["device"], "samples": n, "instances_with_samples": None,
+            "gpu_util_pct_mean": main["gpu_util_mean_pct"], "sm_active_pct_mean": main["sm_active_mean_pct"],
+            "power_w_mean": main["power_mean_w"], "energy_per_instance_j": main["energy_per_instance_j"],
+            "throttled_samples": main["hw_throttle_samples"],
+            "throttled_share": (main["hw_throttle_samples"] / n) if n else None,
+            "throttle_reasons": {r: main["hw_throttle_samples"] for r in main["throttle_reasons_seen"]
+                                 if r in names and hw_mask >> names.index(r) & 1},
+            "devices": rows,
+        }
+    return out

@@ -1,0 +1,220 @@
+"""Statistics over numpy columns: summaries, occurrence order, warm-up and cold-start splits,
+and step trends. Every function takes whole arrays; none loops over rows in Python.
+
+Conventions: durations are int64 nanoseconds; a missing value is ``-1`` (never a valid
+duration) and is dropped before summarising, so every summary says how many values it
+rests on (``n``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAD_TO_SIGMA = 1.4826
+"""Scale that turns a median absolute deviation into a normal standard deviation."""
+
+COLD_START_Z = 5.0
+"""Robust z-score above which a leading instance counts as a cold-start outlier."""
+COLD_START_RATIO = 1.5
+"""...and it must also be at least this many times the steady median (so a very tight
+distribution does not flag a 3% wobble as a compile spike)."""
+COLD_START_MAX_PREFIX = 3
+"""At most this many leading instances per name can be cold-start outliers: a compile or
+cache-fill spike happens on the first calls, not in the middle of a run."""
+
+
+def summarize(values: np.ndarray) -> dict[str, float | int]:
+    """count, median, p90, p99, min, max, mean and MAD of ``values`` (missing ``<0`` dropped).
+
+    Returns ``{"n": 0}`` when nothing is left. Percentiles use linear interpolation
+    (numpy's default), the same convention as ``nsys stats`` medians.
+    """
+    v = np.asarray(values)
+    if v.dtype.kind in "iu":
+        v = v[v >= 0]
+    else:
+        v = v[np.isfinite(v)]
+    if v.size == 0:
+        return {"n": 0}
+    v = v.astype(np.float64)
+    med, p90, p99, q1, q3 = np.percentile(v, [50, 90, 99, 25, 75])
+    return {
+        "n": int(v.size),
+        "median": float(med),
+        "p90": float(p90),
+        "p99": float(p99),
+        "min": float(v.min()),
+        "max": float(v.max()),
+        "mean": float(v.mean()),
+        "mad": float(np.median(np.abs(v - med))),
+        "q1": float(q1),
+        "q3": float(q3),
+        "total": float(v.sum()),
+    }
+
+
+def occurrence_index(keys: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """For each row, how many earlier rows (by ``order``) share its key: 0 for the first.
+
+    ``keys`` may be any sortable array (ints, or strings as object arrays); ties in ``order``
+    keep input order.
+    """
+    keys = np.asarray(keys)
+    n = len(keys)
+    if n == 0:
+        return np.empty(0, dtype=np.int64)
+    _, key_codes = np.unique(keys, return_inverse=True)
+    key_codes = key_codes.reshape(-1)
+    perm = np.lexsort((np.arange(n), np.asarray(order), key_codes))
+    sorted_keys = key_codes[perm]
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_keys)) + 1]
+    group_start = np.repeat(starts, np.diff(np.r_[starts, n]))
+    out = np.empty(n, dtype=np.int64)
+    out[perm] = np.arange(n) - group_start
+    return out
+
+
+def group_medians(codes: np.ndarray, values: np.ndarray, n_groups: int) -> np.ndarray:
+    """Median of ``values`` per integer group code (NaN for empty groups), vectorised by a sort."""
+    out = np.full(n_groups, np.nan)
+    if len(codes) == 0:
+        return out
+    perm = np.lexsort((values, codes))
+    c, v = codes[perm], values[perm].astype(np.float64)
+    starts = np.r_[0, np.flatnonzero(np.diff(c)) + 1]
+    ends = np.r_[starts[1:], len(c)]
+    lo = starts + (ends - starts - 1) // 2
+    hi = starts + (ends - starts) // 2
+    out[c[starts]] = (v[lo] + v[hi]) / 2
+    return out
+
+
+def cold_start_mask(
+    codes: np.ndarray,
+    occurrence: np.ndarray,
+    values: np.ndarray,
+    eligible: np.ndarray,
+    z_threshold: float = COLD_START_Z,
+    ratio: float = COLD_START_RATIO,
+    max_prefix: int = COLD_START_MAX_PREFIX,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cold-start outliers: the leading instances of each group that stand far above the rest.
+
+    ``codes`` groups rows (one code per stage name), ``occurrence`` is each row's rank within
+    its group (0 first), ``eligible`` marks the rows that are candidates and form the steady
+    reference (warm-up already removed, values present). A row is an outlier when it is
+    among the first ``max_prefix`` eligible rows of its group, its robust z-score
+    ``(x - median) / (1.4826 * MAD)`` against the group's eligible rows exceeds
+    ``z_threshold`` and ``x >= ratio * median``; only an unbroken leading run counts (the
+    first non-outlier ends it), because compile spikes come first. Returns
+    ``(mask, z)``. The MAD is floored at 1% of the median so identical values still give
+    finite scores.
+    """
+    n = len(codes)
+    mask = np.zeros(n, dtype=bool)
+    z = np.zeros(n, dtype=np.float64)
+    if n == 0 or not eligible.any():
+        return mask, z
+    n_groups = int(codes.max()) + 1
+    idx = np.flatnonzero(eligible)
+    c, v = codes[idx], values[idx].astype(np.float64)
+    med = group_medians(c, v, n_groups)
+    mad = group_medians(c, np.abs(v - med[c]), n_groups)
+    scale = np.maximum(MAD_TO_SIGMA * mad, 0.01 * np.abs(med))
+    scale = np.where(scale > 0, scale, 1.0)
+    zi = (v - med[c]) / scale[c]
+    z[idx] = zi
+    # rank among eligible rows of the group, by occurrence
+    elig_rank = occurrence_index(c, occurrence[idx])
+    candidate = (elig_rank < max_prefix) & (zi > z_threshold) & (v >= ratio * med[c])
+    # keep only an unbroken leading run: ranks before the group's first non-candidate
+    first_non = np.full(n_groups, np.iinfo(np.int64).max)
+    np.minimum.at(first_non, c[~candidate], elig_rank[~candidate])
+    keep = candidate & (elig_rank < first_non[c])
+    mask[idx] = keep
+    return mask, z
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman rank correlation (average ranks for ties); NaN with fewer than 3 points."""
+    if len(x) < 3:
+        return float("nan")
+    rx, ry = _rank(np.asarray(x, float)), _rank(np.asarray(y, float))
+    sx, sy = rx.std(), ry.std()
+    if sx == 0 or sy == 0:
+        return 0.0
+    return float(((rx - rx.mean()) * (ry - ry.mean())).mean() / (sx * sy))
+
+
+def _rank(a: np.ndarray) -> np.ndarray:
+    order = np.argsort(a, kind="mergesort")
+    ranks = np.empty(len(a), dtype=np.float64)
+    ranks[order] = np.arange(len(a), dtype=np.float64)
+    # average the ranks of ties
+    _, inv, counts = np.unique(a, return_inverse=True, return_counts=True)
+    sums = np.bincount(inv.reshape(-1), weights=ranks)
+    return (sums / counts)[inv.reshape(-1)]
+
+
+def step_trend(step: np.ndarray, values: np.ndarray) -> dict[str, float | int]:
+    """How a per-instance duration changes with the step index.
+
+    Per distinct step, the median value; then over those medians: a least-squares slope
+    (ns per step), the Spearman correlation with the step, and the ratio of the last
+    quarter's median to the first quarter's. ``{"n_steps": k}`` only when under 4 steps.
+    """
+    ok = (np.asarray(step) >= 0) & (np.asarray(values) >= 0)
+    s, v = np.asarray(step)[ok], np.asarray(values)[ok]
+    steps = np.unique(s)
+    if len(steps) < 4:
+        return {"n_steps": int(len(steps))}
+    codes = np.searchsorted(steps, s)
+    med = group_medians(codes, v, len(steps))
+    slope, intercept = np.polyfit(steps.astype(float), med, 1)
+    q = max(1, len(steps) // 4)
+    first, last = float(np.median(med[:q])), float(np.median(med[-q:]))
+    return {
+        "n_steps": int(len(steps)),
+        "n_instances": int(len(s)),
+        "first_step": int(steps[0]),
+        "last_step": int(steps[-1]),
+        "slope_ns_per_step": float(slope),
+        "spearman": spearman(steps, med),
+        "first_quarter_median_ns": first,
+        "last_quarter_median_ns": last,
+        "last_over_first": float(last / first) if first > 0 else float("nan"),
+    }
+
+
+def bootstrap_median_diff_bound(a: np.ndarray, b: np.ndarray, q: float = 50.0, n_boot: int = 400,
+                                 seed: int = 0) -> float:
+    """Half-width of the 95% bootstrap interval of ``percentile(b, q) - percentile(a, q)``.
+
+    The noise bound used by ``compare``: a difference smaller than this is within the
+    runs' own spread. Vectorised: all resamples are drawn as one index matrix.
+    """
+    a = np.asarray(a, float)
+    b = np.asarray(b, float)
+    if len(a) < 2 or len(b) < 2:
+        return float("nan")
+    rng = np.random.default_rng(seed)
+    ra = np.percentile(a[rng.integers(0, len(a), (n_boot, len(a)))], q, axis=1)
+    rb = np.percentile(b[rng.integers(0, len(b), (n_boot, len(b)))], q, axis=1)
+    d = rb - ra
+    lo, hi = np.percentile(d, [2.5, 97.5])
+    return float((hi - lo) / 2)
+
+
+def mad_noise_bound(stat_a: dict, stat_b: dict) -> float:
+    """Noise bound on a median difference from two summaries alone (no raw values).
+
+    Two standard errors of the difference, the standard error of a median taken as
+    ``1.2533 * 1.4826 * MAD / sqrt(n)``. Used when comparing saved JSON reports.
+    """
+    def se(s: dict) -> float:
+        n = s.get("n", 0)
+        if n < 2:
+            return float("nan")
+        return 1.2533 * MAD_TO_SIGMA * s.get("mad", 0.0) / np.sqrt(n)
+
+    return float(2.0 * np.hypot(se(stat_a), se(stat_b)))

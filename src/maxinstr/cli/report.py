@@ -1,0 +1,132 @@
+"""`maxinstr report`: a per-stage report from a run directory, a trace, or both."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from pathlib import Path
+
+import click
+
+from maxinstr.errors import MaxinstrError
+
+FORMATS = ("text", "json", "md", "html", "perfetto")
+
+
+def _progress_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def open_trace_with_progress(path: str, quiet: bool = False):
+    """Open a trace through the readers' dispatcher, showing a spinner (and the reader's own
+    progress messages when it gives them) on stderr while it loads."""
+    try:
+        from maxinstr.traces import open_trace
+    except ImportError:
+        raise MaxinstrError("trace readers are not available in this build (maxinstr.traces.open_trace missing)") from None
+    if not Path(path).exists():
+        raise MaxinstrError(f"{path}: no such trace file or folder")
+    takes_progress = "progress" in inspect.signature(open_trace).parameters
+    console = _progress_console()
+    if quiet or not console.is_terminal:
+        return open_trace(path)
+    with console.status(f"reading {path} ...") as status:
+        if takes_progress:
+            return open_trace(path, progress=lambda msg: status.update(f"{path}: {msg}"))
+        return open_trace(path)
+
+
+def load_report_file(path: str) -> dict:
+    """A saved JSON report (``--format json`` output)."""
+    from maxinstr.render.json import load
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise MaxinstrError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return load(text, path)
+
+
+def _is_report_file(path: str) -> bool:
+    p = Path(path)
+    if not p.is_file() or p.suffix.lower() != ".json":
+        return False
+    with open(p, "rb") as fh:
+        head = fh.read(4096)
+    return b"maxinstr-report" in head
+
+
+def render(report: dict, fmt: str, color: bool = False, width: int = 120) -> str:
+    """The report in one of FORMATS (html/perfetto through their own modules when present)."""
+    if fmt == "text":
+        from maxinstr.render.text import render as r
+
+        return r(report, width=width, color=color)
+    if fmt == "json":
+        from maxinstr.render.json import render as r
+
+        return r(report)
+    if fmt == "md":
+        from maxinstr.render.markdown import render as r
+
+        return r(report)
+    module = f"maxinstr.render.{fmt}"
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        raise MaxinstrError(f"--format {fmt}: not available in this build ({module} is missing)") from None
+    out = mod.render(report)
+    return out if isinstance(out, str) else out.decode() if isinstance(out, bytes) else str(out)
+
+
+@click.command("report", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("run_dir", required=False, metavar="[RUN_DIR | REPORT.json]")
+@click.option("--trace", "trace_path", metavar="FILE", help="Vendor trace: nsys .sqlite/.nsys-rep, rocprofv3 folder/CSV, RPD, Kineto JSON.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@click.option("-o", "--output", metavar="PATH", help="Write here instead of stdout.")
+@click.option("--unprofiled", metavar="RUN_DIR", help="An unprofiled run of the same program: headline timings come from it.")
+@click.option("--warmup", type=click.IntRange(min=0), default=None, help="Warm-up instances per stage (overrides the session's).")
+@click.option("--quiet", is_flag=True, help="No progress display.")
+def command(run_dir, trace_path, fmt, output, unprofiled, warmup, quiet):
+    """Per-stage report: where the time goes, stage by stage, and why.
+
+    RUN_DIR is what maxinstr.session() wrote; --trace adds a profiler's kernels. Either alone
+    works. A saved JSON report can be given instead of RUN_DIR to render it again.
+    """
+    if not run_dir and not trace_path:
+        raise click.UsageError("give a RUN_DIR, a --trace FILE, or both")
+    if run_dir and _is_report_file(run_dir):
+        report = load_report_file(run_dir)
+    else:
+        from maxinstr.analyze.report import build_report
+
+        run = None
+        if run_dir:
+            from maxinstr.rundir import load
+
+            run = load(run_dir)
+        trace = open_trace_with_progress(trace_path, quiet) if trace_path else None
+        unprof = None
+        if unprofiled:
+            from maxinstr.rundir import load
+
+            unprof = load(unprofiled)
+        report = build_report(run=run, trace=trace, unprofiled_run=unprof, warmup=warmup)
+    color = output is None and fmt == "text" and sys.stdout.isatty()
+    width = 120
+    if color:
+        import shutil
+
+        width = max(100, shutil.get_terminal_size((120, 40)).columns)
+    text = render(report, fmt, color=color, width=width)
+    if output:
+        try:
+            Path(output).write_text(text)
+        except OSError as exc:
+            raise MaxinstrError(f"{output}: cannot write ({exc.strerror or exc})") from None
+        click.echo(f"maxinstr: wrote {output}", err=True)
+    else:
+        click.echo(text, nl=False)

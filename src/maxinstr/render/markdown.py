@@ -1,0 +1,168 @@
+"""The report as a Markdown diagnosis note: baseline and environment, stage table, ranked
+bottlenecks, facts apart from hypotheses, candidate optimisations with the validation each
+needs, and the exact commands to reproduce."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from maxinstr.render import _fmt as f
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows]
+    return out + [""]
+
+
+def _baseline(report: dict) -> list[str]:
+    src, env = report.get("sources", {}), report.get("environment", {})
+    out = ["## Baseline", ""]
+    for rep in report.get("reproduce", []):
+        if rep["what"] == "the program, as run":
+            out += ["Command:", "", "```sh", rep["command"], "```", ""]
+    rows = []
+    for key, label in (("run", "run directory"), ("trace", "trace"), ("unprofiled_run", "unprofiled run (headline)")):
+        if src.get(key):
+            rows.append([label, f"`{src[key]}`"])
+    if src.get("trace_format"):
+        rows.append(["trace format", src["trace_format"]])
+    if src.get("join"):
+        rows.append(["record join", f"{src['join']} ({src.get('records_joined')} records)"])
+    git = env.get("git") or {}
+    if git:
+        rows.append(["git", f"{git.get('commit', '?')}{' (dirty)' if git.get('dirty') else ''}"])
+    for key in ("host", "python", "driver", "cuda", "rocm", "maxinstr"):
+        if env.get(key):
+            rows.append([key, env[key]])
+    if env.get("gpus"):
+        rows.append(["gpus", ", ".join(str(g.get("name")) for g in env["gpus"])])
+    for key in ("frameworks", "user", "env"):
+        if env.get(key):
+            rows.append([key, ", ".join(f"{k}={v}" for k, v in env[key].items())])
+    w = report.get("warmup", {})
+    rows.append(["warm-up", f"{w.get('n', 0)} declared per stage; {w.get('instances', 0)} warm-up + "
+                            f"{w.get('cold_start_instances', 0)} cold-start instances excluded"])
+    if report.get("perturbed"):
+        head = report.get("headline_source")
+        note = report.get("perturbed_reason")
+        rows.append(["perturbed", f"{note}" + ("; headline timings from the unprofiled run" if head == "unprofiled_run" else "")])
+    return out + _table(["what", "value"], rows)
+
+
+def _stages(report: dict) -> list[str]:
+    stages = report.get("stages") or []
+    if not stages:
+        return ["## Stage timings", "", "No stages in this input.", ""]
+    rows = []
+    for s in stages:
+        head = s.get("headline_host_ns") or s["host_ns"]
+        label, g = f.gpu_stat(s)
+        rows.append([
+            ("&nbsp;&nbsp;" * s.get("depth", 0)) + s["name"], s["steady"], s["warmup"] + s["cold_start"],
+            f.ns(f.stat(head)), f.ns(f.stat(head, "p90")),
+            (f.ns(f.stat(g)) + f" ({label})") if g else "-", f.ns(f.stat(g, "p90")),
+            f.pct(f.stat(s.get("gpu_busy_frac"))),
+        ])
+    return ["## Stage timings (steady state)", "",
+            "Median and p90 over steady instances; warm-up and cold-start instances are counted apart.", ""] + _table(
+        ["stage", "n", "excluded", "host median", "host p90", "GPU median", "GPU p90", "GPU busy"], rows)
+
+
+def _bottlenecks(report: dict) -> list[str]:
+    rows = report.get("bottlenecks") or []
+    if not rows:
+        return []
+    body = [[r["rank"], r["stage"], f.pct(r["share"]), f.ns(r["total_ns"]), r["basis"],
+             f"{r.get('top_family') or '-'} {f.pct(r.get('top_family_share'))}",
+             f"`{f.short(r.get('top_kernel'), 60)}`" if r.get("top_kernel") else "-",
+             ", ".join(r["findings"]) or "-"] for r in rows]
+    return ["## Ranked bottlenecks", ""] + _table(
+        ["#", "stage", "share", "total", "basis", "top family", "top kernel", "findings"], body)
+
+
+def _findings(report: dict, verdict: str, title: str) -> list[str]:
+    fs = [x for x in report.get("diagnosis") or [] if x["verdict"] == verdict]
+    if not fs:
+        return [f"## {title}", "", "None.", ""]
+    out = [f"## {title}", ""]
+    for x in fs:
+        out.append(f"- **{x['id']}**: {x['title']}")
+        ev = f.evidence_text(x.get("evidence") or {}, limit=10)
+        if ev:
+            out.append(f"  - evidence: {ev}")
+        if x.get("next_step"):
+            out.append(f"  - next step: {x['next_step']}")
+        if x.get("command"):
+            out.append(f"  - command: `{x['command']}`")
+    return out + [""]
+
+
+def _optimisations(report: dict) -> list[str]:
+    fs = [x for x in report.get("diagnosis") or [] if x.get("validation")]
+    out = ["## Candidate optimisations", ""]
+    if not fs:
+        return out + ["None suggested by the rules.", ""]
+    for i, x in enumerate(fs, 1):
+        out.append(f"{i}. {x['next_step']} (from **{x['id']}**{', stage ' + x['stage'] if x.get('stage') else ''})")
+        out.append(f"   - validation: {x['validation']}")
+    return out + [""]
+
+
+def _families(report: dict) -> list[str]:
+    gpu = report.get("gpu") or {}
+    if not gpu.get("families"):
+        return []
+    rows = [[r["family"], f.pct(r["share"], 1), f.ns(r["gpu_ns"]), r["count"]] for r in gpu["families"]]
+    out = ["## GPU time by kernel family", ""] + _table(["family", "share", "time", "ops"], rows)
+    ks = gpu.get("kernels") or []
+    if ks:
+        out += ["Top kernels:", ""] + _table(
+            ["kernel", "family", "share", "count", "median"],
+            [[f"`{f.short(k['name'], 90)}`", k["family"], f.pct(k["share"], 1), k["count"], f.ns(k["median_ns"])] for k in ks[:10]])
+    return out
+
+
+def _startup(report: dict) -> list[str]:
+    rows = report.get("startup") or []
+    if not rows:
+        return []
+    body = [[r["stage"], r["occurrence"], r["reason"], f.ns(r["host_ns"]), f.ns(r.get("gpu_proj_ns") or r.get("gpu_event_ns")),
+             r.get("robust_z") if r.get("robust_z") is not None else "-"] for r in rows[:20]]
+    return ["## Startup (kept out of the numbers above)", ""] + _table(
+        ["stage", "occurrence", "why", "host", "GPU", "robust z"], body)
+
+
+def _reproduce(report: dict) -> list[str]:
+    reps = report.get("reproduce") or []
+    out = ["## Reproduce", ""]
+    for r in reps:
+        out += [f"{r['what']}:", "", "```sh", r["command"], "```", ""]
+    return out
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as a Markdown document."""
+    src = report.get("sources", {})
+    title = src.get("run") or src.get("trace") or "report"
+    lines = [f"# Performance note: {title}", "",
+             f"_maxinstr {report.get('generated', {}).get('maxinstr', '?')}, "
+             f"{report.get('generated', {}).get('utc', '')}; report schema {report.get('schema')} v{report.get('version')}_", ""]
+    lines += _baseline(report)
+    lines += _stages(report)
+    lines += _bottlenecks(report)
+    lines += _findings(report, "fact", "Facts (measured)")
+    lines += _findings(report, "hypothesis", "Hypotheses (to confirm)")
+    lines += _optimisations(report)
+    lines += _startup(report)
+    lines += _families(report)
+    lines += _reproduce(report)
+    notes = src.get("notes") or []
+    if notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines)
+

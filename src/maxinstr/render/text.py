@@ -1,0 +1,171 @@
+"""The report as rich terminal tables: readable at a glance, most important first."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from maxinstr.render import _fmt as f
+
+
+def _header(report: dict) -> Panel:
+    src = report.get("sources", {})
+    lines = []
+    if src.get("run"):
+        lines.append(f"run      {src['run']}")
+    if src.get("trace"):
+        lines.append(f"trace    {src['trace']} ({src.get('trace_format')})")
+    if src.get("unprofiled_run"):
+        lines.append(f"headline {src['unprofiled_run']} (unprofiled)")
+    env = report.get("environment", {})
+    gpus = env.get("gpus") or []
+    if gpus:
+        lines.append("gpu      " + ", ".join(str(g.get("name", "?")) for g in gpus[:4])
+                     + (f" | driver {env['driver']}" if env.get("driver") else "")
+                     + (f" | cuda {env['cuda']}" if env.get("cuda") else ""))
+    if src.get("join"):
+        lines.append(f"join     {src['join']} ({src.get('records_joined')} records joined to trace ranges)")
+    w = report.get("warmup", {})
+    lines.append(f"warm-up  {w.get('n', 0)} per stage declared; {w.get('instances', 0)} warm-up and "
+                 f"{w.get('cold_start_instances', 0)} cold-start instances kept out of the numbers below")
+    text = Text("\n".join(lines))
+    if report.get("perturbed") and report.get("headline_source") != "unprofiled_run":
+        text.append(f"\nperturbed: {report.get('perturbed_reason')}", style="yellow")
+    return Panel(text, title="maxinstr report", title_align="left")
+
+
+def _stage_table(report: dict) -> Table | None:
+    stages = report.get("stages") or []
+    if not stages:
+        return None
+    t = Table(title="Stages (steady state)", title_justify="left", header_style="bold")
+    t.add_column("stage")
+    t.add_column("n", justify="right")
+    t.add_column("host median", justify="right")
+    t.add_column("host p90", justify="right")
+    t.add_column("GPU median", justify="right")
+    t.add_column("GPU p90", justify="right")
+    t.add_column("busy", justify="right")
+    t.add_column("kernels", justify="right")
+    t.add_column("top family")
+    for s in stages:
+        label, g = f.gpu_stat(s)
+        head = s.get("headline_host_ns") or s["host_ns"]
+        n = str(s["steady"])
+        extra = s["warmup"] + s["cold_start"]
+        if extra:
+            n += f" (+{extra})"
+        mix = s.get("mix") or {}
+        fam = mix.get("families", [{}])[0] if mix.get("families") else {}
+        t.add_row(
+            "  " * s.get("depth", 0) + s["name"],
+            n,
+            f.ns(f.stat(head)),
+            f.ns(f.stat(head, "p90")),
+            f.ns(f.stat(g)) + (f" {label}" if label == "event" else ""),
+            f.ns(f.stat(g, "p90")),
+            f.pct(f.stat(s.get("gpu_busy_frac"))),
+            f"{f.stat(s.get('kernels_per_instance')):.0f}" if f.stat(s.get("kernels_per_instance")) is not None else "-",
+            f"{fam.get('family')} {f.pct(fam.get('share'))}" if fam else "-",
+        )
+    return t
+
+
+def _bottlenecks(report: dict) -> Table | None:
+    rows = report.get("bottlenecks") or []
+    if not rows:
+        return None
+    t = Table(title="Where the time goes (ranked)", title_justify="left", header_style="bold")
+    for col in ("#", "stage", "share", "total", "top kernel", "findings"):
+        t.add_column(col, justify="right" if col in ("#", "share", "total") else "left")
+    for r in rows[:10]:
+        t.add_row(str(r["rank"]), r["stage"], f.pct(r["share"]), f.ns(r["total_ns"]) + f" ({r['basis'].replace('_ns', '')})",
+                  f"{f.short(r.get('top_kernel'), 50)} {f.pct(r.get('top_kernel_share'))}" if r.get("top_kernel") else "-",
+                  ", ".join(r["findings"]) or "-")
+    return t
+
+
+def _families(report: dict) -> Table | None:
+    gpu = report.get("gpu") or {}
+    fams = gpu.get("families") or []
+    if not fams:
+        return None
+    t = Table(title=f"GPU time by kernel family ({gpu.get('ops')} ops, {f.ns(gpu.get('gpu_ns'))})",
+              title_justify="left", header_style="bold")
+    t.add_column("family")
+    t.add_column("share", justify="right")
+    t.add_column("time", justify="right")
+    t.add_column("ops", justify="right")
+    for r in fams:
+        t.add_row(r["family"], f.pct(r["share"], 1), f.ns(r["gpu_ns"]), str(r["count"]))
+    return t
+
+
+def _kernels(report: dict, n: int = 10) -> Table | None:
+    ks = (report.get("gpu") or {}).get("kernels") or []
+    if not ks:
+        return None
+    t = Table(title=f"Top kernels", title_justify="left", header_style="bold")
+    t.add_column("kernel", overflow="fold", max_width=80)
+    t.add_column("family")
+    t.add_column("share", justify="right")
+    t.add_column("count", justify="right")
+    t.add_column("median", justify="right")
+    for k in ks[:n]:
+        t.add_row(f.short(k["name"], 80), k["family"], f.pct(k["share"], 1), str(k["count"]), f.ns(k["median_ns"]))
+    return t
+
+
+def _diagnosis(report: dict) -> Panel | None:
+    fs = report.get("diagnosis") or []
+    if not fs:
+        return None
+    text = Text()
+    for verdict, style in (("fact", "bold green"), ("hypothesis", "bold yellow")):
+        group = [x for x in fs if x["verdict"] == verdict]
+        if not group:
+            continue
+        text.append(("Facts" if verdict == "fact" else "Hypotheses") + "\n", style=style)
+        for x in group:
+            text.append(f"  [{x['id']}] ", style="bold")
+            text.append(x["title"] + "\n")
+            ev = f.evidence_text(x.get("evidence") or {})
+            if ev:
+                text.append(f"      evidence: {ev}\n", style="dim")
+            if x.get("next_step"):
+                text.append(f"      next: {x['next_step']}\n")
+            if x.get("command"):
+                text.append(f"      $ {x['command']}\n", style="cyan")
+    return Panel(text, title="Diagnosis", title_align="left")
+
+
+def _notes(report: dict) -> Text | None:
+    notes = (report.get("sources") or {}).get("notes") or []
+    if not notes:
+        return None
+    return Text("notes:\n" + "\n".join(f"  - {n}" for n in notes), style="dim")
+
+
+def renderables(report: dict) -> list[Any]:
+    """The report's parts as rich renderables, in reading order."""
+    parts = [_header(report), _stage_table(report), _bottlenecks(report), _diagnosis(report),
+             _families(report), _kernels(report), _notes(report)]
+    return [p for p in parts if p is not None]
+
+
+def render(report: dict, width: int = 120, color: bool = False) -> str:
+    """The report as terminal text (ANSI colours when ``color``)."""
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=color, color_system="auto" if color else None)
+    console.print(Group(*renderables(report)))
+    return buf.getvalue()
+
+
+def print_report(report: dict, console: Console | None = None) -> None:
+    """Print the report to a console (stdout by default)."""
+    (console or Console()).print(Group(*renderables(report)))
