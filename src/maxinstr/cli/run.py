@@ -1,0 +1,170 @@
+"""`maxinstr run [OPTIONS] -- CMD ...`: run a program under the vendor profiler with its
+warm-up kept out of the capture, and print the per-stage report."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from maxinstr.errors import MaxinstrError
+from maxinstr.launch import runner
+from maxinstr.launch.env import detect_environment
+from maxinstr.launch.instrument import parse_spec
+from maxinstr.launch.profilers import DEFAULT_WINDOW_S, Profiler, make_profiler
+
+
+def _interactive() -> bool:
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
+def choose_profiler(requested: str, env, *, window_s: float, capture: str, osrt: bool, extra: list[str]) -> tuple[Profiler, list[str]]:  # noqa: ANN001
+    """The profiler to use and lines to tell the user about the choice (missing tools first)."""
+    notes: list[str] = []
+    name = requested
+    if requested == "auto":
+        name = env.default_profiler()
+        if name == "none":
+            if env.vendor == "nvidia":
+                notes.append(f"nsys not found, running without a profiler; {env.tool('nsys').install_hint()}")
+            elif env.vendor == "amd":
+                notes.append(f"rocprofv3 not found, running without a profiler; {env.tool('rocprofv3').install_hint()}")
+            else:
+                notes.append("no GPU found: running without a profiler (stages still record host times)")
+    if name == "none":
+        return make_profiler("none"), notes
+    tool = env.tool(name)
+    if not tool.found:
+        raise MaxinstrError(f"{name} is not installed: {tool.install_hint()}")
+    if tool.off_path:
+        notes.append(f"using {tool.path} ({name} is not on PATH)")
+    if name == "nsys":
+        return make_profiler("nsys", tool.path, osrt=osrt, capture=capture, window_s=window_s or None, extra=extra), notes
+    return make_profiler(name, tool.path, extra=extra), notes
+
+
+def print_report(run_dir: Path, trace: str | None) -> None:
+    """Print `maxinstr report` for the run, or say how to get it when that part is absent."""
+    args = [str(run_dir)] + (["--trace", trace] if trace else [])
+    try:
+        from maxinstr.cli.report import command as report_command
+    except ImportError:
+        click.echo(f"report: run `maxinstr report {shlex.join(args)}` (the report module is not in this build)")
+        return
+    try:
+        report_command.main(args=args, prog_name="maxinstr report", standalone_mode=False)
+    except (click.ClickException, MaxinstrError) as exc:
+        msg = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+        click.echo(f"report: {msg}", err=True)
+    except Exception as exc:  # noqa: BLE001 - the run is done; never lose it over the report
+        click.echo(f"report: {exc.__class__.__name__}: {exc} (the run directory is intact)", err=True)
+
+
+@click.command(
+    "run",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    short_help="Run a program under the profiler and report per stage.",
+)
+@click.option("-o", "--out", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default runs/<script>-<time>). With --repeat/--sweep, one folder per run inside it.")
+@click.option("--profiler", type=click.Choice(["auto", "nsys", "rocprofv3", "none"]), default="auto", show_default=True,
+              help="Tracer to run under. auto: nsys on NVIDIA, rocprofv3 on AMD, none without a GPU.")
+@click.option("--window", "window_s", type=float, default=DEFAULT_WINDOW_S, show_default=True,
+              help="Seconds of steady state to capture (nsys). 0: until the session closes.")
+@click.option("--capture", type=click.Choice(["steady", "all"]), default="steady", show_default=True,
+              help="steady: capture starts after the session's warm-up (cudaProfilerApi range); all: the whole run.")
+@click.option("--osrt", is_flag=True, help="Also trace OS runtime calls (nsys -t osrt).")
+@click.option("--warmup", type=int, default=None, help="Warm-up instances per stage (sets MAXINSTR_WARMUP for the session).")
+@click.option("--warm-run", is_flag=True, help="Run once unprofiled first (compile, load weights); its wall time is reported as startup.")
+@click.option("--stage", "stages", multiple=True, metavar="MODULE:QUALNAME[=name]",
+              help="Wrap a function/method of code you cannot edit in a stage (repeatable).")
+@click.option("--repeat", type=int, default=1, show_default=True, help="Fresh-process repeats, each in its own run directory.")
+@click.option("--sweep", default=None, metavar="NAME=a,b,c",
+              help="One run per value: NAME is an env var, or a flag appended to the command when it starts with '-'.")
+@click.option("--timeout", "timeout_s", type=float, default=None, help="Stop a run after this many seconds.")
+@click.option("--no-fail-fast", is_flag=True, help="Do not stop the child when its log shows a fatal error.")
+@click.option("--fatal", "fatal", multiple=True, metavar="REGEX", help="Extra log pattern that means the run failed (repeatable).")
+@click.option("--profiler-arg", "profiler_args", multiple=True, metavar="ARG", help="Extra argument for the profiler (repeatable).")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask before running (never asked when not on a terminal).")
+@click.option("--no-report", is_flag=True, help="Do not print the report at the end.")
+@click.option("-q", "--quiet", is_flag=True, help="Do not echo the program's output (it is still in child.log).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def command(out, profiler, window_s, capture, osrt, warmup, warm_run, stages, repeat, sweep, timeout_s,  # noqa: ANN001
+            no_fail_fast, fatal, profiler_args, yes, no_report, quiet, command) -> None:
+    """Run CMD under the vendor profiler with maxinstr's session in it, then report.
+
+    \b
+    maxinstr run -- python decode.py
+    maxinstr run --warm-run --repeat 3 -- python decode.py
+    maxinstr run --sweep BATCH=1,8,32 -- python decode.py
+    maxinstr run --stage max.pipelines.lib.pipeline:TextGenerationPipeline.next_token=decode -- max generate ...
+    """
+    cmd = list(command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise click.UsageError("give the command to run after --")
+    for text in stages:
+        parse_spec(text)  # fail before starting anything
+    env = detect_environment()
+    for line in env.summary_lines():
+        click.echo(f"maxinstr: {line}", err=True)
+    prof, notes = choose_profiler(profiler, env, window_s=window_s, capture=capture, osrt=osrt, extra=list(profiler_args))
+    for note in notes:
+        click.echo(f"maxinstr: {note}", err=True)
+    out_dir = out or runner.default_run_dir(cmd)
+    specs = runner.plan_runs(cmd, Path(out_dir), repeat=repeat, sweep=sweep)
+    options = runner.RunOptions(
+        profiler=prof, warm_run=warm_run, warmup=warmup, stage_specs=list(stages), timeout_s=timeout_s,
+        fail_fast=not no_fail_fast, extra_fatal=list(fatal), echo=None if quiet else runner.sv.print_line,
+        environment=env.to_json(),
+    )
+    click.echo("maxinstr: plan", err=True)
+    for line in runner.plan_lines(specs, options):
+        click.echo(f"  {line}", err=True)
+    if not yes and _interactive() and not click.confirm("Start?", default=True, err=True):
+        raise click.Abort()
+
+    outcomes = []
+    interrupted = False
+    for spec in specs:
+        outcome = runner.execute(spec, options)
+        outcomes.append(outcome)
+        _summarize(outcome, no_report=no_report)
+        if outcome.result.status == runner.sv.STATUS_INTERRUPTED:
+            interrupted = True
+            break  # Ctrl-C ends the whole plan; what ran so far is kept
+    if len(specs) > 1 and not interrupted:
+        dirs = " ".join(shlex.quote(str(o.spec.run_dir)) for o in outcomes)
+        click.echo(f"maxinstr: compare the runs: maxinstr compare {dirs}")
+    if interrupted:
+        raise click.exceptions.Exit(130)
+    if not all(o.ok for o in outcomes):
+        raise click.exceptions.Exit(1)
+
+
+def _summarize(outcome: runner.RunOutcome, *, no_report: bool) -> None:
+    tag = f"[{outcome.spec.label}] " if outcome.spec.label else ""
+    if outcome.warm is not None:
+        click.echo(f"maxinstr: {tag}startup (unprofiled warm run): {outcome.warm.describe()}", err=True)
+    res = outcome.result
+    click.echo(f"maxinstr: {tag}run {res.describe()}", err=True)
+    if not res.ok and res.tail:
+        click.echo("maxinstr: last lines of the log:", err=True)
+        for line in res.tail[-8:]:
+            click.echo(f"    {line}", err=True)
+    art = outcome.artifact
+    if art is not None:
+        if art.ok:
+            click.echo(f"maxinstr: {tag}{art.profiler} trace: {art.kernels} kernels in {art.trace}", err=True)
+        for problem in art.problems:
+            click.echo(f"maxinstr: {tag}{art.profiler}: {problem}", err=True)
+    if outcome.files:
+        click.echo(f"maxinstr: {tag}files:", err=True)
+        for role, path in outcome.files.items():
+            click.echo(f"    {role}: {runner.open_hint(role, path)}", err=True)
+    usable = (outcome.spec.run_dir / "meta.json").exists() or (art is not None and art.ok)
+    if not no_report and usable:
+        print_report(outcome.spec.run_dir, art.trace if art is not None and art.ok else None)

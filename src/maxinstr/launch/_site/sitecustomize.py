@@ -1,0 +1,42 @@
+"""maxinstr's start-up hook. `maxinstr run` puts this folder first on PYTHONPATH so every
+Python process of the run calls maxinstr.launch.bootstrap.startup() before user code.
+It never breaks the program, and it runs the sitecustomize it shadows (if any) afterwards."""
+
+
+def _maxinstr_startup() -> None:
+    import os
+    import sys
+
+    wanted = any(os.environ.get(k) for k in ("MAXINSTR_RUN_DIR", "MAXINSTR_STAGES"))
+    try:
+        from maxinstr.launch.bootstrap import startup
+    except Exception as exc:  # noqa: BLE001 - maxinstr is not importable in this interpreter
+        if wanted:
+            sys.stderr.write(f"maxinstr: not importable in {sys.executable} ({exc}); this process is not instrumented\n")
+        return
+    startup()
+
+
+def _chain_shadowed_sitecustomize() -> None:
+    # Our folder shadows any other sitecustomize (a distro's, a venv's): run that one too.
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - same policy as site.py: report, continue
+        sys.stderr.write(f"Error in sitecustomize {spec.origin}: {exc}\n")
+        return
+    sys.modules["sitecustomize"] = module
+
+
+_maxinstr_startup()
+_chain_shadowed_sitecustomize()

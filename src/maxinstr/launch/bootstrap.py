@@ -1,0 +1,207 @@
+"""Start-up code that `maxinstr run` injects into the profiled Python process.
+
+Two ways in, same effect:
+
+- ``sitecustomize``: `maxinstr run` prepends ``maxinstr/launch/_site`` to PYTHONPATH, so
+  every Python the command starts (``python script.py``, ``max generate``, ``torchrun``
+  workers) runs :func:`startup` before the user's code, with no edit to that code;
+- ``python -m maxinstr.launch.bootstrap [--stage SPEC]... script.py ARGS`` (or ``-m MOD``).
+
+:func:`startup` reads the environment `maxinstr run` set: ``MAXINSTR_STAGES`` (the
+``--stage`` specs, one per line) are applied through the import hook, the capture window
+(``MAXINSTR_CAPTURE_WINDOW_S``) is armed, and ``ensure_env_session()`` opens the session
+that writes into ``MAXINSTR_RUN_DIR`` for scripts that never open one themselves.
+Nothing here may break the user's program: every problem is one line on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import threading
+
+ENV_STAGES = "MAXINSTR_STAGES"
+ENV_WINDOW = "MAXINSTR_CAPTURE_WINDOW_S"
+ENV_RUN_DIR = "MAXINSTR_RUN_DIR"
+ENV_CAPTURE = "MAXINSTR_CAPTURE"
+
+_started = False
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"maxinstr: {message}\n")
+
+
+def stage_specs_from_env(environ: dict[str, str] | os._Environ = os.environ) -> list[str]:
+    """The --stage specs passed down by `maxinstr run` (newline-separated)."""
+    text = environ.get(ENV_STAGES, "")
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def apply_stage_specs(specs: list[str]) -> int:
+    """Apply specs lazily (now for modules already imported). Returns how many were accepted."""
+    from maxinstr.errors import MaxinstrError
+    from maxinstr.launch.instrument import instrument
+
+    accepted = 0
+    for text in specs:
+        try:
+            instrument(text, lazy=True)
+            accepted += 1
+        except MaxinstrError as exc:
+            _say(str(exc))
+    return accepted
+
+
+class CaptureWindow:
+    """Ends the profiler capture ``window_s`` after the session started it.
+
+    The session calls ``maxinstr._native.profiler_start()`` once steady state begins; this
+    wraps that call to arm a timer. The timer calls ``cuProfilerStop`` on the context the
+    start was issued on (made current on the timer thread), which ends an nsys
+    ``--capture-range=cudaProfilerApi`` capture; the session's own stop at close is then
+    a no-op. Loaded with ctypes at run time, like every vendor library here.
+    """
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.started_at: float | None = None
+        self.stopped = threading.Event()
+        self._timer: threading.Timer | None = None
+
+    def install(self) -> bool:
+        try:
+            from maxinstr import _native  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - no native core: the session cannot capture either
+            return False
+        original = getattr(_native, "profiler_start", None)
+        if original is None or getattr(original, "__maxinstr_window__", False):
+            return False
+
+        def profiler_start(*args, **kwargs):
+            result = original(*args, **kwargs)
+            self._arm()
+            return result
+
+        profiler_start.__maxinstr_window__ = True  # type: ignore[attr-defined]
+        try:
+            _native.profiler_start = profiler_start
+        except (AttributeError, TypeError):
+            return False
+        return True
+
+    def _arm(self) -> None:
+        import time
+
+        if self._timer is not None:
+            return
+        self.started_at = time.monotonic()
+        ctx = _current_cuda_context()
+        self._timer = threading.Timer(self.window_s, self._stop, args=(ctx,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _stop(self, ctx) -> None:  # noqa: ANN001
+        try:
+            _cuda_profiler_stop(ctx)
+        except Exception as exc:  # noqa: BLE001
+            _say(f"could not end the capture window: {exc}")
+        self.stopped.set()
+
+
+def _libcuda():
+    import ctypes
+
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def _current_cuda_context():
+    import ctypes
+
+    try:
+        lib = _libcuda()
+        ctx = ctypes.c_void_p()
+        if lib.cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and ctx.value:
+            return ctx
+    except OSError:
+        pass
+    return None
+
+
+def _cuda_profiler_stop(ctx) -> None:  # noqa: ANN001
+    lib = _libcuda()
+    if ctx is not None:
+        lib.cuCtxSetCurrent(ctx)
+    rc = lib.cuProfilerStop()
+    if rc != 0:
+        raise RuntimeError(f"cuProfilerStop returned CUresult {rc}")
+
+
+def startup(environ: dict[str, str] | os._Environ = os.environ) -> None:
+    """Apply what `maxinstr run` asked for, once per process. Never raises."""
+    global _started
+    if _started:
+        return
+    _started = True
+    try:
+        specs = stage_specs_from_env(environ)
+        if specs:
+            apply_stage_specs(specs)
+        window = environ.get(ENV_WINDOW)
+        if window and environ.get(ENV_CAPTURE):
+            try:
+                window_s = float(window)
+            except ValueError:
+                window_s = 0.0
+            if window_s > 0:
+                CaptureWindow(window_s).install()
+        if environ.get(ENV_RUN_DIR):
+            try:
+                from maxinstr.record.session import ensure_env_session
+            except ImportError as exc:
+                _say(f"this maxinstr has no session support ({exc}); no run directory written")
+            else:
+                ensure_env_session()
+    except Exception as exc:  # noqa: BLE001 - the user's program must run regardless
+        _say(f"start-up hook failed: {exc.__class__.__name__}: {exc}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m maxinstr.launch.bootstrap [--stage SPEC]... (SCRIPT | -m MODULE) [ARGS]``"""
+    args = list(sys.argv[1:] if argv is None else argv)
+    specs: list[str] = []
+    while args and args[0] in ("--stage", "-s"):
+        if len(args) < 2:
+            _say("--stage needs MODULE:QUALNAME[=name]")
+            return 2
+        specs.append(args[1])
+        args = args[2:]
+    if args and args[0] == "--":
+        args = args[1:]
+    if not args:
+        _say("usage: python -m maxinstr.launch.bootstrap [--stage SPEC]... (SCRIPT | -m MODULE) [ARGS]")
+        return 2
+    if specs:
+        os.environ[ENV_STAGES] = "\n".join(stage_specs_from_env() + specs)
+    startup()
+    if args[0] == "-m":
+        if len(args) < 2:
+            _say("-m needs a module name")
+            return 2
+        sys.argv = [args[1], *args[2:]]
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(args)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
+        runpy.run_path(args[0], run_name="__main__")
+    return 0
+
+
+def site_dir() -> str:
+    """The folder holding maxinstr's sitecustomize.py (to prepend to PYTHONPATH)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

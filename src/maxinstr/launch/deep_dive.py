@@ -1,0 +1,526 @@
+"""Why is this one kernel slow: hand the dominant kernel of a stage to Nsight Compute.
+
+Steps, each a plain function so it can be used and tested alone:
+
+1. choose the kernel: the one with the most GPU time in a stage (from a trace and, for the
+   stage, maxinstr's ranges; or from a report JSON), or the one the user names;
+2. place it: ``--launch-skip`` = how many launches of that kernel name came before its first
+   launch inside a steady-state instance of the stage, counted in the trace. When the run
+   was captured with maxinstr's steady-state range (nsys ``cudaProfilerApi``), the trace
+   starts at steady state, and ncu is run with ``--profile-from-start off`` so it starts
+   counting at the same ``cuProfilerStart`` the session issues: the two counts line up;
+3. build the ``ncu`` command (kernel-name regex, launch skip/count 1, ``--clock-control
+   none`` so clocks are the ones the application really runs at, a section set);
+4. read ``ncu --import REP --csv --page details`` back into a :class:`Verdict`.
+
+NVIDIA only: on AMD, :func:`amd_equivalent` says what to run instead (rocprof-compute).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from maxinstr.errors import MaxinstrError
+
+DEFAULT_SECTIONS: tuple[str, ...] = (
+    "SpeedOfLight",
+    "LaunchStats",
+    "Occupancy",
+    "ComputeWorkloadAnalysis",
+    "MemoryWorkloadAnalysis",
+)
+# Local-memory instructions executed: non-zero means register spills (or local arrays).
+SPILL_METRICS: tuple[str, ...] = (
+    "sm__sass_inst_executed_op_local_ld.sum",
+    "sm__sass_inst_executed_op_local_st.sum",
+)
+LATENCY_BOUND_PCT = 60.0
+"""Below this % of peak for both SM and memory, ncu's own SOLBottleneck rule calls a kernel latency-bound."""
+
+_KERNEL = 0  # maxinstr.traces.model.OpKind.KERNEL
+
+
+@dataclass
+class KernelChoice:
+    """The kernel to deep-dive and where its steady-state instance is."""
+
+    name: str
+    stage: str | None
+    total_ns: int = 0
+    count: int = 0
+    share: float | None = None
+    """Fraction of the stage's kernel time this kernel takes."""
+    launch_skip: int = 0
+    source: str = ""
+    notes: list[str] = field(default_factory=list)
+    candidates: list[tuple[str, int, int]] = field(default_factory=list)
+    """Top kernels of the stage: (name, total_ns, count)."""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------
+# 1 + 2: choosing and placing the kernel
+
+
+def _stage_kernel_mask(trace: Any, stage: str, warmup_instances: int) -> tuple[np.ndarray, int]:
+    """Boolean mask over ``trace.ops``: kernels launched inside a steady-state instance of
+    ranges named ``stage`` (launch call on the range's thread, within its host interval).
+    Also returns how many instances of the stage were found."""
+    strings = np.asarray(trace.strings, dtype=object)
+    ranges, calls, ops = trace.ranges, trace.calls, trace.ops
+    name_hits = np.flatnonzero(strings == stage)
+    in_stage = np.isin(ranges.name_id, name_hits)
+    r_idx = np.flatnonzero(in_stage)
+    n_inst = len(r_idx)
+    mask = np.zeros(len(ops), dtype=bool)
+    if n_inst == 0 or len(calls) == 0:
+        return mask, n_inst
+    # Warm-up = the first N instances by start time.
+    r_idx = r_idx[np.argsort(ranges.start_ns[r_idx], kind="stable")][warmup_instances:]
+    if len(r_idx) == 0:
+        return mask, n_inst
+    # op -> its launch call, by correlation id (first call row per id).
+    order = np.argsort(calls.correlation_id, kind="stable")
+    corr_sorted = calls.correlation_id[order]
+    pos = np.searchsorted(corr_sorted, ops.correlation_id)
+    pos_c = np.minimum(pos, len(corr_sorted) - 1)
+    has_call = (pos < len(corr_sorted)) & (corr_sorted[pos_c] == ops.correlation_id) & (ops.kind == _KERNEL)
+    call_row = order[pos_c]
+    op_tid = calls.tid[call_row]
+    op_t = calls.start_ns[call_row]
+    # Per thread (few), find the last stage range starting at or before each launch.
+    for tid in np.unique(ranges.tid[r_idx]):
+        rr = r_idx[ranges.tid[r_idx] == tid]
+        rr = rr[np.argsort(ranges.start_ns[rr], kind="stable")]
+        starts, ends = ranges.start_ns[rr], ranges.end_ns[rr]
+        # Ranges of one name on one thread may nest: use the running max of ends so a
+        # launch inside an outer instance is kept even when an inner one ended earlier.
+        ends_max = np.maximum.accumulate(ends)
+        sel = has_call & (op_tid == tid)
+        k = np.searchsorted(starts, op_t[sel], side="right") - 1
+        ok = k >= 0
+        inside = np.zeros(len(k), dtype=bool)
+        inside[ok] = op_t[sel][ok] <= ends_max[k[ok]]
+        idx = np.flatnonzero(sel)
+        mask[idx[inside]] = True
+    return mask, n_inst
+
+
+def choose_from_trace(
+    trace: Any,
+    *,
+    stage: str | None = None,
+    kernel: str | None = None,
+    warmup_instances: int = 0,
+    top: int = 5,
+) -> KernelChoice:
+    """The dominant kernel of ``stage`` (or of the whole trace), or the one matching ``kernel``.
+
+    ``warmup_instances``: how many of the stage's first instances in this trace are warm-up
+    (0 for a trace captured from steady state). ``launch_skip`` is counted over every launch
+    of the kernel's name in the trace, in launch order.
+    """
+    ops = trace.ops
+    strings = np.asarray(trace.strings, dtype=object)
+    is_kernel = ops.kind == _KERNEL
+    notes: list[str] = []
+    if stage is not None:
+        mask, n_inst = _stage_kernel_mask(trace, stage, warmup_instances)
+        if n_inst == 0:
+            raise MaxinstrError(f"{trace.source}: no range named {stage!r} in the trace")
+        if not mask.any():
+            raise MaxinstrError(
+                f"{trace.source}: no kernel was launched inside a steady-state instance of {stage!r} "
+                f"({n_inst} instances, {warmup_instances} treated as warm-up)"
+            )
+    else:
+        mask = is_kernel.copy()
+        if not mask.any():
+            raise MaxinstrError(f"{trace.source}: the trace has no kernels")
+    dur = (ops.end_ns - ops.start_ns).astype(np.int64)
+    ids = ops.name_id[mask]
+    uniq, inv = np.unique(ids, return_inverse=True)
+    totals = np.bincount(inv, weights=dur[mask]).astype(np.int64)
+    counts = np.bincount(inv).astype(np.int64)
+    rank = np.argsort(-totals, kind="stable")
+    candidates = [(str(strings[uniq[i]]), int(totals[i]), int(counts[i])) for i in rank[:top]]
+    if kernel is not None:
+        rx = re.compile(kernel)
+        hits = [i for i in rank if rx.search(str(strings[uniq[i]]))]
+        if not hits:
+            where = f"stage {stage!r}" if stage else "the trace"
+            raise MaxinstrError(f"{trace.source}: no kernel in {where} matches {kernel!r}")
+        pick = hits[0]
+    else:
+        pick = rank[0]
+    name_id = uniq[pick]
+    stage_total = int(totals.sum())
+    # Place it: launches of this name in launch order (GPU start order within a process).
+    same = np.flatnonzero(is_kernel & (ops.name_id == name_id))
+    same = same[np.argsort(ops.start_ns[same], kind="stable")]
+    first_in_stage = np.flatnonzero(mask[same])
+    launch_skip = int(first_in_stage[0]) if len(first_in_stage) else 0
+    if len(np.unique(ops.pid[same])) > 1:
+        notes.append("the kernel ran in several processes: the launch count is over all of them")
+    return KernelChoice(
+        name=str(strings[name_id]),
+        stage=stage,
+        total_ns=int(totals[pick]),
+        count=int(counts[pick]),
+        share=(float(totals[pick]) / stage_total) if stage_total else None,
+        launch_skip=launch_skip,
+        source=str(trace.source),
+        notes=notes,
+        candidates=candidates,
+    )
+
+
+_TIME_KEYS = ("total_ns", "gpu_ns", "time_ns", "sum_ns", "kernel_ns", "busy_ns")
+
+
+def _kernel_rows(obj: Any) -> list[tuple[str, int, int]]:
+    rows = []
+    for k in obj if isinstance(obj, list) else []:
+        if not isinstance(k, dict) or "name" not in k:
+            continue
+        t = next((k[key] for key in _TIME_KEYS if isinstance(k.get(key), (int, float))), None)
+        if t is None:
+            continue
+        rows.append((str(k["name"]), int(t), int(k.get("count", k.get("instances", 0)) or 0)))
+    return sorted(rows, key=lambda r: -r[1])
+
+
+def choose_from_report(data: dict, *, stage: str | None = None, kernel: str | None = None, source: str = "report") -> KernelChoice:
+    """Pick from a `maxinstr report --format json` document: the stage's kernels (a list of
+    objects with ``name`` and a time in ns: ``total_ns``/``gpu_ns``/``time_ns``), or the
+    top-level ``kernels`` when no stage is given. The report has no launch order, so
+    ``launch_skip`` is 0 and a note says so (pass the trace to place the kernel exactly)."""
+    rows: list[tuple[str, int, int]] = []
+    if stage is not None:
+        stages = data.get("stages")
+        entries = stages.items() if isinstance(stages, dict) else (
+            ((s.get("name"), s) for s in stages if isinstance(s, dict)) if isinstance(stages, list) else ()
+        )
+        found = False
+        for name, obj in entries:
+            if name == stage and isinstance(obj, dict):
+                found = True
+                rows = _kernel_rows(obj.get("kernels") or obj.get("top_kernels"))
+                break
+        if not found:
+            raise MaxinstrError(f"{source}: no stage named {stage!r} in the report")
+    else:
+        rows = _kernel_rows(data.get("kernels") or data.get("top_kernels"))
+    if not rows:
+        raise MaxinstrError(f"{source}: the report lists no kernels{' for stage ' + repr(stage) if stage else ''}")
+    if kernel is not None:
+        rx = re.compile(kernel)
+        rows_k = [r for r in rows if rx.search(r[0])]
+        if not rows_k:
+            raise MaxinstrError(f"{source}: no kernel matches {kernel!r}")
+        pick = rows_k[0]
+    else:
+        pick = rows[0]
+    total = sum(r[1] for r in rows)
+    return KernelChoice(
+        name=pick[0], stage=stage, total_ns=pick[1], count=pick[2], share=pick[1] / total if total else None,
+        launch_skip=0, source=source, candidates=rows[:5],
+        notes=["the report has no launch order: launch-skip 0 (give --trace to land on a steady-state instance)"],
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# 3: the ncu command
+
+
+def kernel_regex(name: str) -> tuple[str, str]:
+    """(``--kernel-name-base``, ``-k`` value) matching exactly this trace name.
+
+    Trace readers keep either the demangled signature (has ``(``) or the short function
+    name; ncu can match against either, so the base follows the name's form.
+    """
+    base = "demangled" if "(" in name else "function"
+    return base, f"regex:^{re.escape(name)}$"
+
+
+def ncu_command(
+    choice: KernelChoice,
+    app: list[str],
+    *,
+    output: str | Path,
+    ncu: str = "ncu",
+    sections: tuple[str, ...] = DEFAULT_SECTIONS,
+    metrics: tuple[str, ...] = SPILL_METRICS,
+    from_capture_start: bool = False,
+    launch_count: int = 1,
+) -> list[str]:
+    """The Nsight Compute command that profiles one steady-state launch of the chosen kernel."""
+    base, rx = kernel_regex(choice.name)
+    cmd = [
+        ncu,
+        "--target-processes", "all",
+        "--kernel-name-base", base,
+        "--kernel-name", rx,
+        "--launch-skip", str(choice.launch_skip),
+        "--launch-count", str(launch_count),
+        "--clock-control", "none",
+    ]
+    for s in sections:
+        cmd += ["--section", s]
+    if metrics:
+        cmd += ["--metrics", ",".join(metrics)]
+    if from_capture_start:
+        cmd += ["--profile-from-start", "off"]
+    cmd += ["--force-overwrite", "--export", str(output)]
+    return cmd + list(app)
+
+
+def ncu_import_command(report: str | Path, ncu: str = "ncu") -> list[str]:
+    """Read an .ncu-rep back as the details page in CSV, in base units (ns, byte, hz)."""
+    return [ncu, "--import", str(report), "--csv", "--page", "details", "--print-units", "base"]
+
+
+def amd_equivalent(choice: KernelChoice | None, app: list[str]) -> str:
+    """What to run on AMD, where Nsight Compute does not apply."""
+    kernel = f" --kernel '{choice.name}'" if choice else ""
+    return (
+        "Nsight Compute is NVIDIA-only. On AMD use ROCm Compute Profiler: "
+        f"`rocprof-compute profile -n deepdive{kernel} -- {' '.join(app) or 'CMD'}` then "
+        "`rocprof-compute analyze -p workloads/deepdive/<GPU>` (occupancy, roofline, memory chart)."
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# 4: reading ncu's CSV back
+
+
+@dataclass
+class NcuLaunch:
+    """One profiled launch from ``ncu --csv --page details``."""
+
+    id: str
+    kernel: str
+    block: str = ""
+    grid: str = ""
+    device: str = ""
+    cc: str = ""
+    metrics: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    """(section, metric name) -> (unit, raw value as printed)."""
+    rules: list[dict[str, str]] = field(default_factory=list)
+
+    def value(self, name: str, section: str | None = None) -> float | None:
+        """A metric as a number (thousands separators removed); None when absent or n/a."""
+        for (sec, metric), (_unit, raw) in self.metrics.items():
+            if metric == name and (section is None or sec == section):
+                return _number(raw)
+        return None
+
+    def unit(self, name: str) -> str | None:
+        for (_sec, metric), (unit, _raw) in self.metrics.items():
+            if metric == name:
+                return unit
+        return None
+
+
+def _number(raw: str) -> float | None:
+    text = raw.strip().replace(",", "")
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def parse_ncu_csv(text: str, source: str = "ncu output") -> list[NcuLaunch]:
+    """Parse ``ncu --csv --page details`` output (``==PROF==`` lines and app output before
+    the header are skipped). One :class:`NcuLaunch` per ``ID``, in file order."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID","Process ID"')), None)
+    if start is None:
+        raise MaxinstrError(f"{source}: no ncu CSV header (\"ID\",\"Process ID\",...) found")
+    reader = csv.DictReader(io.StringIO("\n".join(lines[start:])))
+    launches: dict[str, NcuLaunch] = {}
+    for row in reader:
+        if not row.get("ID") or not (row["ID"].strip().isdigit()):
+            continue
+        launch = launches.get(row["ID"])
+        if launch is None:
+            launch = launches[row["ID"]] = NcuLaunch(
+                id=row["ID"], kernel=row.get("Kernel Name") or "", block=row.get("Block Size") or "",
+                grid=row.get("Grid Size") or "", device=row.get("Device") or "", cc=row.get("CC") or "",
+            )
+        section = row.get("Section Name") or ""
+        metric = row.get("Metric Name") or ""
+        if metric:
+            launch.metrics[(section, metric)] = (row.get("Metric Unit") or "", row.get("Metric Value") or "")
+        rule = row.get("Rule Name") or ""
+        if rule:
+            launch.rules.append({
+                "section": section,
+                "rule": rule,
+                "type": row.get("Rule Type") or "",
+                "description": row.get("Rule Description") or "",
+                "speedup": row.get("Estimated Speedup") or "",
+            })
+    if not launches:
+        raise MaxinstrError(f"{source}: the ncu CSV holds no profiled launch (did the kernel filter match?)")
+    return list(launches.values())
+
+
+@dataclass
+class Verdict:
+    """Why this kernel is as fast as it is, in a few numbers and one classification."""
+
+    kernel: str
+    duration_ns: float | None
+    sm_throughput_pct: float | None
+    memory_throughput_pct: float | None
+    dram_throughput_pct: float | None
+    achieved_occupancy_pct: float | None
+    theoretical_occupancy_pct: float | None
+    occupancy_limiter: str | None
+    registers_per_thread: float | None
+    local_memory_instructions: float | None
+    block: str
+    grid: str
+    waves_per_sm: float | None
+    bound: str
+    """'compute-bound' | 'memory-bound' | 'latency-bound' | 'unknown'."""
+    facts: list[str] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+_TIME_SCALE_NS = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "s": 1e9, "second": 1e9}
+_LIMITERS = (
+    ("Block Limit Registers", "registers"),
+    ("Block Limit Shared Mem", "shared memory"),
+    ("Block Limit Warps", "warps per SM (block size)"),
+    ("Block Limit SM", "blocks per SM"),
+    ("Block Limit Barriers", "barriers"),
+)
+
+
+def make_verdict(launch: NcuLaunch) -> Verdict:
+    """Classify one launch: compute-, memory- or latency-bound; occupancy and its limiter;
+    registers and local-memory (spill) traffic. Facts state the numbers they rest on."""
+    v = launch.value
+    sm, mem, dram = v("Compute (SM) Throughput"), v("Memory Throughput"), v("DRAM Throughput")
+    dur = v("Duration")
+    unit = (launch.unit("Duration") or "ns").strip()
+    duration_ns = dur * _TIME_SCALE_NS.get(unit, 1.0) if dur is not None else None
+    achieved, theoretical = v("Achieved Occupancy"), v("Theoretical Occupancy")
+    regs = v("Registers Per Thread")
+    waves = v("Waves Per SM")
+    local = None
+    spill_vals = [v(m) for m in SPILL_METRICS]
+    if any(x is not None for x in spill_vals):
+        local = float(sum(x for x in spill_vals if x is not None))
+    limits = [(v(metric), label) for metric, label in _LIMITERS]
+    limits = [(n, label) for n, label in limits if n is not None]
+    limiter = min(limits)[1] if limits and theoretical is not None and theoretical < 99.5 else None
+
+    facts: list[str] = []
+    advice: list[str] = []
+    if sm is None or mem is None:
+        bound = "unknown"
+        facts.append("SpeedOfLight metrics missing: cannot classify")
+    elif max(sm, mem) < LATENCY_BOUND_PCT:
+        bound = "latency-bound"
+        facts.append(f"SM {sm:.1f}% and memory {mem:.1f}% of peak, both below {LATENCY_BOUND_PCT:.0f}%")
+        advice.append("neither unit is busy: look at occupancy, waves and warp stalls (too few warps, dependent loads, tiny grid)")
+    elif mem >= sm:
+        bound = "memory-bound"
+        facts.append(f"memory throughput {mem:.1f}% of peak is above SM {sm:.1f}%")
+        advice.append("reduce bytes moved (fusion, lower precision, better reuse/caching) before tuning math")
+    else:
+        bound = "compute-bound"
+        facts.append(f"SM throughput {sm:.1f}% of peak is above memory {mem:.1f}%")
+        advice.append("use faster math paths (tensor cores, lower precision) or do less work")
+    if achieved is not None and theoretical is not None:
+        facts.append(f"achieved occupancy {achieved:.1f}% of theoretical {theoretical:.1f}%")
+        if limiter:
+            facts.append(f"theoretical occupancy is limited by {limiter}")
+        if theoretical > 0 and achieved < 0.8 * theoretical:
+            advice.append(
+                "achieved occupancy is well below theoretical: load imbalance, a partial last wave"
+                + (f" ({waves:.2f} waves per SM)" if waves is not None else "")
+                + " or too few blocks"
+            )
+    if regs is not None:
+        facts.append(f"{regs:.0f} registers per thread")
+    if local is not None:
+        if local > 0:
+            facts.append(f"{local:.0f} local-memory load/store instructions executed (register spills or local arrays)")
+            advice.append("local memory traffic: cap registers (__launch_bounds__/maxrregcount) carefully or shrink per-thread state")
+        else:
+            facts.append("no local-memory instructions: no register spills")
+    return Verdict(
+        kernel=launch.kernel,
+        duration_ns=duration_ns,
+        sm_throughput_pct=sm,
+        memory_throughput_pct=mem,
+        dram_throughput_pct=dram,
+        achieved_occupancy_pct=achieved,
+        theoretical_occupancy_pct=theoretical,
+        occupancy_limiter=limiter,
+        registers_per_thread=regs,
+        local_memory_instructions=local,
+        block=launch.block,
+        grid=launch.grid,
+        waves_per_sm=waves,
+        bound=bound,
+        facts=facts,
+        advice=advice,
+    )
+
+
+def verdict_lines(verdict: Verdict, rules: list[dict[str, str]] | None = None) -> list[str]:
+    """The verdict as short lines for the terminal (rendering kept apart from analysis)."""
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.1f}%"
+
+    dur = "n/a" if verdict.duration_ns is None else f"{verdict.duration_ns / 1e3:.1f} us"
+    lines = [
+        f"kernel: {verdict.kernel}",
+        f"  verdict: {verdict.bound}  (duration {dur}, block {verdict.block or '?'}, grid {verdict.grid or '?'})",
+        f"  SM throughput {pct(verdict.sm_throughput_pct)} of peak, memory {pct(verdict.memory_throughput_pct)} "
+        f"(DRAM {pct(verdict.dram_throughput_pct)})",
+        f"  occupancy: achieved {pct(verdict.achieved_occupancy_pct)}, theoretical {pct(verdict.theoretical_occupancy_pct)}"
+        + (f", limited by {verdict.occupancy_limiter}" if verdict.occupancy_limiter else ""),
+        "  registers/thread: " + ("n/a" if verdict.registers_per_thread is None else f"{verdict.registers_per_thread:.0f}")
+        + ", local-memory instructions: "
+        + ("n/a" if verdict.local_memory_instructions is None else f"{verdict.local_memory_instructions:.0f}"),
+    ]
+    lines += [f"  fact: {f}" for f in verdict.facts]
+    lines += [f"  next: {a}" for a in verdict.advice]
+    for r in (rules or [])[:3]:
+        if r.get("type") in ("OPT", "WRN"):
+            sp = f" (est. speedup {r['speedup']}%)" if r.get("speedup") else ""
+            lines.append(f"  ncu {r['rule']}{sp}: {r['description'][:200]}")
+    return lines
+
+
+def load_report_json(path: str | Path) -> dict:
+    """A report JSON document, or a one-line error naming the file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise MaxinstrError(f"{path}: cannot read: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise MaxinstrError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise MaxinstrError(f"{path}: expected a JSON object")
+    return data

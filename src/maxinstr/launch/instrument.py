@@ -1,0 +1,221 @@
+"""Wrap functions and methods of code you cannot edit in maxinstr stages.
+
+    import maxinstr
+    maxinstr.instrument("max.pipelines.lib.pipeline:TextGenerationPipeline.next_token", name="decode")
+
+A target is ``"package.module:QualName"`` where QualName is a function or ``Class.method``
+(nested classes allowed). ``name`` defaults to the QualName. With ``lazy=True`` the wrap is
+applied when the module is first imported (an import hook), which also catches code that
+does ``from module import func`` after that point; `maxinstr run --stage` uses this.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.abc
+import importlib.machinery
+import inspect
+import sys
+import threading
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable
+
+from maxinstr.errors import MaxinstrError
+
+_WRAPPED_FLAG = "__maxinstr_stage__"
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One ``MODULE:QUALNAME[=name]`` target."""
+
+    module: str
+    qualname: str
+    name: str
+
+    @property
+    def target(self) -> str:
+        return f"{self.module}:{self.qualname}"
+
+
+def parse_spec(text: str) -> StageSpec:
+    """Parse ``MODULE:QUALNAME[=name]``; raises MaxinstrError with the reason when malformed."""
+    spec = text.strip()
+    target, _, name = spec.partition("=")
+    module, sep, qualname = target.partition(":")
+    module, qualname, name = module.strip(), qualname.strip(), name.strip()
+    parts = qualname.split(".") if qualname else []
+    if not sep or not module or not parts or not all(p.isidentifier() for p in parts):
+        raise MaxinstrError(f"--stage {text!r}: expected MODULE:QUALNAME[=name], e.g. mypkg.model:Model.forward=forward")
+    if not all(p.isidentifier() for p in module.split(".")):
+        raise MaxinstrError(f"--stage {text!r}: {module!r} is not a module name")
+    return StageSpec(module, qualname, name or qualname)
+
+
+def _default_stage_factory(name: str) -> Callable[[Callable], Callable]:
+    from maxinstr.record import stage
+
+    return stage(name)
+
+
+def _wrap_callable(func: Callable, name: str, stage_factory: Callable[[str], Any]) -> Callable:
+    """``func`` wrapped in a stage named ``name``; the stage object is a decorator that
+    handles plain, async and generator functions and keeps the signature."""
+    wrapped = stage_factory(name)(func)
+    if wrapped is func:  # a factory that returned the function untouched (disabled mode)
+        return func
+    if getattr(wrapped, "__wrapped__", None) is None:
+        functools.update_wrapper(wrapped, func)
+    try:
+        setattr(wrapped, _WRAPPED_FLAG, name)
+    except (AttributeError, TypeError):
+        pass
+    return wrapped
+
+
+def apply_spec(spec: StageSpec, module: ModuleType, stage_factory: Callable[[str], Any] | None = None) -> None:
+    """Replace ``spec.qualname`` inside the imported ``module`` by its stage-wrapped version."""
+    factory = stage_factory or _default_stage_factory
+    parts = spec.qualname.split(".")
+    owner: Any = module
+    for i, part in enumerate(parts[:-1]):
+        try:
+            owner = getattr(owner, part)
+        except AttributeError:
+            raise MaxinstrError(f"--stage {spec.target}: {module.__name__} has no {'.'.join(parts[: i + 1])}") from None
+    attr = parts[-1]
+    # Look in the owner's own __dict__ first: staticmethod/classmethod must be unwrapped
+    # and rewrapped, and an inherited method is wrapped on the named class only.
+    raw = inspect.getattr_static(owner, attr, None) if inspect.isclass(owner) else getattr(owner, attr, None)
+    if raw is None:
+        raise MaxinstrError(f"--stage {spec.target}: {module.__name__} has no {spec.qualname}")
+    if isinstance(raw, staticmethod):
+        func, rewrap = raw.__func__, staticmethod
+    elif isinstance(raw, classmethod):
+        func, rewrap = raw.__func__, classmethod
+    elif callable(raw):
+        func, rewrap = raw, None
+    else:
+        raise MaxinstrError(f"--stage {spec.target}: {spec.qualname} is a {type(raw).__name__}, not a function or method")
+    if getattr(func, _WRAPPED_FLAG, None) is not None:
+        return  # already instrumented (the same spec given twice, or a module reload)
+    new: Any = _wrap_callable(func, spec.name, factory)
+    if rewrap is not None:
+        new = rewrap(new)
+    setattr(owner, attr, new)
+
+
+# ---------------------------------------------------------------------------------------
+# Lazy application: an import hook that applies pending specs right after a module loads.
+
+_lock = threading.RLock()
+_pending: dict[str, list[tuple[StageSpec, Callable[[str], Any] | None]]] = {}
+_errors: list[str] = []
+
+
+class _ApplyAfterExec(importlib.abc.Loader):
+    """Delegates to the real loader, then applies the pending specs of the module."""
+
+    def __init__(self, inner: importlib.abc.Loader, fullname: str) -> None:
+        self._inner = inner
+        self._fullname = fullname
+
+    def create_module(self, spec):  # noqa: ANN001
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)
+        _apply_pending(self._fullname, module)
+
+    def __getattr__(self, item: str) -> Any:  # get_source, is_package, get_filename ...
+        return getattr(self._inner, item)
+
+
+class _StageImportHook(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001
+        with _lock:
+            if fullname not in _pending:
+                return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _ApplyAfterExec(spec.loader, fullname)
+        return spec
+
+
+_hook = _StageImportHook()
+
+
+def _apply_pending(fullname: str, module: ModuleType) -> None:
+    with _lock:
+        todo = _pending.pop(fullname, [])
+    for spec, factory in todo:
+        try:
+            apply_spec(spec, module, factory)
+        except MaxinstrError as exc:
+            # Never break the user's import: record and say it once.
+            _errors.append(str(exc))
+            sys.stderr.write(f"maxinstr: {exc}\n")
+
+
+def _install_hook() -> None:
+    if _hook not in sys.meta_path:
+        sys.meta_path.insert(0, _hook)
+
+
+def instrument(
+    target: str,
+    name: str | None = None,
+    *,
+    lazy: bool = False,
+    stage_factory: Callable[[str], Any] | None = None,
+) -> bool:
+    """Wrap ``"module:QualName"`` in a stage named ``name`` (default: the QualName).
+
+    With ``lazy=False`` (the default) the module is imported now and errors raise
+    :class:`~maxinstr.errors.MaxinstrError`. With ``lazy=True`` the wrap waits for the
+    module's first import (applied now if it is already imported) and problems are printed
+    as one line, never raised into the importing code. Returns True when applied now.
+    ``stage_factory`` replaces :func:`maxinstr.stage` (tests, custom recorders).
+    """
+    spec = parse_spec(target if name is None else f"{target}={name}")
+    module = sys.modules.get(spec.module)
+    if module is None and not lazy:
+        try:
+            module = importlib.import_module(spec.module)
+        except ImportError as exc:
+            raise MaxinstrError(f"--stage {spec.target}: cannot import {spec.module}: {exc}") from None
+    if module is not None:
+        if lazy:
+            try:
+                apply_spec(spec, module, stage_factory)
+            except MaxinstrError as exc:
+                _errors.append(str(exc))
+                sys.stderr.write(f"maxinstr: {exc}\n")
+                return False
+        else:
+            apply_spec(spec, module, stage_factory)
+        return True
+    with _lock:
+        _pending.setdefault(spec.module, []).append((spec, stage_factory))
+    _install_hook()
+    return False
+
+
+def pending_targets() -> list[str]:
+    """Targets still waiting for their module to be imported."""
+    with _lock:
+        return [s.target for specs in _pending.values() for s, _ in specs]
+
+
+def instrument_errors() -> list[str]:
+    """Problems met while applying lazy targets (also printed when they happened)."""
+    return list(_errors)

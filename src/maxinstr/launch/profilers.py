@@ -1,0 +1,268 @@
+"""Command builders for the vendor tracers `maxinstr run` drives, behind one small interface.
+
+A :class:`Profiler` turns the user's command into the wrapped command, says which
+environment variables the child needs (so maxinstr's session drives the capture range),
+and after the run finds, verifies and exports the artifact. :class:`NoProfiler` is the
+real null implementation: the command runs as given and the run directory is the result.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import sqlite3
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from maxinstr.errors import MaxinstrError
+
+DEFAULT_WINDOW_S = 10.0
+"""Captured steady-state window. The seeds found ~10 s enough to see the kernel mix."""
+
+MIN_ARTIFACT_BYTES = 4096
+"""Smaller than this, an .nsys-rep/.sqlite holds no data (empty reports are ~100 KB+)."""
+
+
+@dataclass
+class Artifact:
+    """What a profiler left, and whether it is usable."""
+
+    profiler: str
+    files: dict[str, str] = field(default_factory=dict)
+    """role -> path: 'report' (.nsys-rep), 'sqlite', 'folder' (rocprofv3 CSVs), 'trace' (what readers open)."""
+    kernels: int = 0
+    ok: bool = False
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def trace(self) -> str | None:
+        """The file or folder a trace reader should open."""
+        return self.files.get("trace")
+
+    def to_json(self) -> dict:
+        return {"profiler": self.profiler, "files": self.files, "kernels": self.kernels, "ok": self.ok, "problems": self.problems}
+
+
+class Profiler:
+    """One vendor tracer. Subclasses build commands; the base is the interface."""
+
+    name = "none"
+    uses_capture_range = False
+    """True when the child's maxinstr session must call profiler start/stop (MAXINSTR_CAPTURE)."""
+
+    def wrap(self, command: list[str], output_base: Path) -> list[str]:
+        """The command line to run: ``command`` under this profiler, writing to ``output_base``."""
+        return list(command)
+
+    def child_env(self) -> dict[str, str]:
+        """Environment the profiled child needs (on top of maxinstr's own)."""
+        return {}
+
+    def flags_text(self) -> str:
+        """The profiler flags, for the plan shown before a run."""
+        return "(no profiler)"
+
+    def collect(self, output_base: Path, *, timeout_s: float = 600.0) -> Artifact:
+        """Find, verify and export what the run left under ``output_base``."""
+        return Artifact(profiler=self.name, ok=True)
+
+
+class NoProfiler(Profiler):
+    """Run the command as is: stages, GPU events and samples still go to the run directory."""
+
+
+@dataclass
+class NsysOptions:
+    """What `maxinstr run` lets users change about an Nsight Systems capture."""
+
+    osrt: bool = False
+    capture: str = "steady"  # "steady": cudaProfilerApi range driven by the session; "all": whole run
+    window_s: float | None = DEFAULT_WINDOW_S
+    cuda_graph_trace: str = "node"  # per-kernel rows for CUDA graph replays (attribution needs them)
+    extra: list[str] = field(default_factory=list)
+
+
+class Nsys(Profiler):
+    """Nsight Systems: CUDA + NVTX trace (OS runtime on request), no CPU sampling.
+
+    With ``capture="steady"`` collection starts only when the maxinstr session calls
+    ``cuProfilerStart`` (after the warm-up instances) and ends at ``cuProfilerStop``, so
+    warm-up is not in the trace; the window (default 10 s) is enforced in the child.
+    ``--sample=none --cpuctxsw=none`` matter: without them a tiny script wrote a 2 GB .qdstrm.
+    """
+
+    name = "nsys"
+
+    def __init__(self, path: str = "nsys", options: NsysOptions | None = None) -> None:
+        self.path = path
+        self.options = options or NsysOptions()
+        self.uses_capture_range = self.options.capture == "steady"
+
+    def trace_flags(self) -> list[str]:
+        traces = "cuda,nvtx,osrt" if self.options.osrt else "cuda,nvtx"
+        flags = [f"--trace={traces}", "--sample=none", "--cpuctxsw=none"]
+        if self.options.cuda_graph_trace:
+            flags.append(f"--cuda-graph-trace={self.options.cuda_graph_trace}")
+        return flags
+
+    def capture_flags(self) -> list[str]:
+        if self.options.capture == "steady":
+            # stop: end collection at cuProfilerStop and let the app finish normally.
+            return ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
+        return []
+
+    def wrap(self, command: list[str], output_base: Path) -> list[str]:
+        return [
+            self.path,
+            "profile",
+            *self.trace_flags(),
+            *self.capture_flags(),
+            "--force-overwrite=true",
+            f"--output={output_base}",
+            *self.options.extra,
+            *command,
+        ]
+
+    def child_env(self) -> dict[str, str]:
+        env: dict[str, str] = {}
+        if self.uses_capture_range:
+            env["MAXINSTR_CAPTURE"] = "1"
+            if self.options.window_s:
+                env["MAXINSTR_CAPTURE_WINDOW_S"] = f"{self.options.window_s:g}"
+        return env
+
+    def flags_text(self) -> str:
+        return " ".join(self.trace_flags() + self.capture_flags() + self.options.extra)
+
+    def collect(self, output_base: Path, *, timeout_s: float = 600.0) -> Artifact:
+        art = Artifact(profiler=self.name)
+        rep = Path(f"{output_base}.nsys-rep")
+        qdstrm = Path(f"{output_base}.qdstrm")
+        sqlite_path = Path(f"{output_base}.sqlite")
+        if not rep.exists() and qdstrm.exists():
+            # nsys leaves only the raw stream when its importer is not beside it.
+            importer = shutil.which("QdstrmImporter")
+            if importer:
+                _run_quiet([importer, "-i", str(qdstrm)], timeout_s, art)
+            else:
+                art.problems.append(f"{qdstrm}: only the raw stream was written and QdstrmImporter is not on PATH")
+        if not rep.exists():
+            art.problems.append(f"{rep}: nsys wrote no report (the capture range may never have started)")
+            return art
+        art.files["report"] = str(rep)
+        if rep.stat().st_size < MIN_ARTIFACT_BYTES:
+            art.problems.append(f"{rep}: only {rep.stat().st_size} bytes, nothing was captured")
+        _run_quiet(
+            [self.path, "export", "--type=sqlite", "--force-overwrite=true", f"--output={sqlite_path}", str(rep)],
+            timeout_s,
+            art,
+        )
+        if not sqlite_path.exists():
+            art.problems.append(f"{sqlite_path}: `nsys export --type=sqlite` wrote nothing")
+            return art
+        art.files["sqlite"] = str(sqlite_path)
+        art.files["trace"] = str(sqlite_path)
+        art.kernels = count_nsys_kernels(sqlite_path)
+        if art.kernels == 0:
+            art.problems.append(f"{sqlite_path}: no kernels in the capture (did the steady-state window start?)")
+        art.ok = not art.problems
+        return art
+
+
+def count_nsys_kernels(path: Path) -> int:
+    """Kernel rows in an nsys SQLite export (0 when the table is absent)."""
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return 0
+    try:
+        return int(con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+    finally:
+        con.close()
+
+
+class Rocprofv3(Profiler):
+    """rocprofv3: kernel, marker (roctx) and HIP runtime traces, as CSV files the readers take.
+
+    rocprofv3 has no start/stop API tied to maxinstr's session in this version, so the whole
+    run is traced; the report separates warm-up by the session's ``warmup`` count instead.
+    """
+
+    name = "rocprofv3"
+
+    def __init__(self, path: str = "rocprofv3", extra: list[str] | None = None) -> None:
+        self.path = path
+        self.extra = list(extra or [])
+
+    def trace_flags(self) -> list[str]:
+        return [
+            "--kernel-trace",
+            "--marker-trace",
+            "--hip-runtime-trace",
+            "--memory-copy-trace",
+            "--output-format",
+            "csv",
+        ]
+
+    def wrap(self, command: list[str], output_base: Path) -> list[str]:
+        return [
+            self.path,
+            *self.trace_flags(),
+            "-d",
+            str(output_base),
+            "-o",
+            "trace",
+            *self.extra,
+            "--",
+            *command,
+        ]
+
+    def flags_text(self) -> str:
+        return " ".join(self.trace_flags() + self.extra)
+
+    def collect(self, output_base: Path, *, timeout_s: float = 600.0) -> Artifact:
+        art = Artifact(profiler=self.name)
+        folder = Path(output_base)
+        kernel_csvs = sorted(glob.glob(str(folder / "**" / "*kernel_trace.csv"), recursive=True))
+        if not kernel_csvs:
+            art.problems.append(f"{folder}: rocprofv3 wrote no kernel_trace.csv")
+            return art
+        art.files["folder"] = str(Path(kernel_csvs[0]).parent)
+        art.files["trace"] = art.files["folder"]
+        with open(kernel_csvs[0], "rb") as fh:
+            art.kernels = max(sum(1 for _ in fh) - 1, 0)  # one header line
+        if art.kernels == 0:
+            art.problems.append(f"{kernel_csvs[0]}: no kernel rows")
+        art.ok = not art.problems
+        return art
+
+
+def _run_quiet(cmd: list[str], timeout_s: float, art: Artifact) -> None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        art.problems.append(f"{' '.join(cmd[:2])}: {exc}")
+        return
+    if out.returncode != 0:
+        tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or [""]
+        art.problems.append(f"{' '.join(cmd[:2])} exited {out.returncode}: {tail[0]}")
+
+
+def make_profiler(name: str, path: str | None = None, **options) -> Profiler:
+    """A profiler by name ('nsys', 'rocprofv3', 'none'); ``options`` go to its options."""
+    if name == "nsys":
+        return Nsys(path or "nsys", NsysOptions(**options))
+    if name == "rocprofv3":
+        return Rocprofv3(path or "rocprofv3", extra=options.get("extra"))
+    if name == "none":
+        return NoProfiler()
+    raise MaxinstrError(f"unknown profiler {name!r} (choose nsys, rocprofv3 or none)")
+
+
+def exists_nonempty(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    return p.exists() and (p.is_dir() or p.stat().st_size > 0)

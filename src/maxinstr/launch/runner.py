@@ -1,0 +1,297 @@
+"""`maxinstr run`: one command from a script to a profiled run directory and its report.
+
+The orchestration, separate from the CLI so it can be driven and tested directly:
+plan (:func:`plan_runs`), show (:func:`plan_lines`), execute (:func:`execute`): optional
+unprofiled warm run, the profiled run under a supervisor, artifact verification and
+export, merge into the run directory (``launch.json``, ``meta.json``'s ``profiler``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from maxinstr.errors import MaxinstrError
+from maxinstr.launch import supervise as sv
+from maxinstr.launch.bootstrap import ENV_RUN_DIR, ENV_STAGES, site_dir
+from maxinstr.launch.profilers import Artifact, NoProfiler, Profiler
+
+LAUNCH_FILE = "launch.json"
+LOG_FILE = "child.log"
+WARM_DIR = "warm-run"
+PROFILE_BASE = "profile"
+
+
+@dataclass
+class RunSpec:
+    """One process to run: the command, its run directory and extra environment."""
+
+    command: list[str]
+    run_dir: Path
+    label: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RunOptions:
+    """Settings shared by every run of one `maxinstr run` invocation."""
+
+    profiler: Profiler = field(default_factory=NoProfiler)
+    warm_run: bool = False
+    warmup: int | None = None
+    stage_specs: list[str] = field(default_factory=list)
+    timeout_s: float | None = None
+    fail_fast: bool = True
+    extra_fatal: list[str] = field(default_factory=list)
+    echo: Callable[[str], None] | None = sv.print_line
+    environment: dict | None = None
+    """detect_environment().to_json(), stored with the run."""
+
+
+@dataclass
+class RunOutcome:
+    """What one run produced."""
+
+    spec: RunSpec
+    result: sv.ChildResult
+    artifact: Artifact | None
+    warm: sv.ChildResult | None = None
+    files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.result.ok and (self.artifact is None or self.artifact.ok)
+
+
+def default_run_dir(command: list[str], root: str | Path = "runs", now: _dt.datetime | None = None) -> Path:
+    """``runs/<script or program>-<YYYYmmdd-HHMMSS>``."""
+    script = next((a for a in command if a.endswith(".py")), None)
+    stem = Path(script).stem if script else Path(command[0]).name
+    stamp = (now or _dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    return Path(root) / f"{stem}-{stamp}"
+
+
+def parse_sweep(text: str) -> tuple[str, list[str]]:
+    """``NAME=a,b,c`` -> (NAME, [a, b, c]). NAME is an env var, or a flag when it starts with '-'."""
+    name, sep, values = text.partition("=")
+    items = [v for v in values.split(",") if v != ""]
+    if not sep or not name or not items:
+        raise MaxinstrError(f"--sweep {text!r}: expected NAME=a,b,c (an env var, or a flag such as --batch-size=1,8)")
+    if not name.startswith("-") and not name.replace("_", "").isalnum():
+        raise MaxinstrError(f"--sweep {text!r}: {name!r} is neither an environment variable name nor a flag")
+    return name, items
+
+
+def plan_runs(command: list[str], out: Path, *, repeat: int = 1, sweep: str | None = None) -> list[RunSpec]:
+    """Fresh-process runs, each with its own run directory under ``out`` (``out`` itself
+    when there is just one). Sweep values go into the env var, or after the flag."""
+    if repeat < 1:
+        raise MaxinstrError("--repeat must be at least 1")
+    axis: list[tuple[str, dict[str, str], list[str]]] = [("", {}, [])]
+    if sweep:
+        name, values = parse_sweep(sweep)
+        if name.startswith("-"):
+            axis = [(f"{name.lstrip('-')}={v}", {}, [name, v]) for v in values]
+        else:
+            axis = [(f"{name}={v}", {name: v}, []) for v in values]
+    specs: list[RunSpec] = []
+    single = repeat == 1 and not sweep
+    for label, env, extra_args in axis:
+        for r in range(repeat):
+            parts = [p for p in (label, f"r{r + 1}" if repeat > 1 else "") if p]
+            run_label = ".".join(parts)
+            run_dir = out if single else out / run_label
+            specs.append(RunSpec(command=list(command) + extra_args, run_dir=run_dir, label=run_label, env=dict(env)))
+    return specs
+
+
+def child_env(spec: RunSpec, options: RunOptions, run_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: the user's, plus what maxinstr needs (and nothing else)."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (site_dir(), env.get("PYTHONPATH", "")) if p)
+    env[ENV_RUN_DIR] = str(run_dir.resolve())
+    # MAX's own NVTX ranges nest under ours in nsys; respect a user's explicit choice.
+    env.setdefault("MODULAR_ENABLE_PROFILING", "detailed")
+    if options.warmup is not None:
+        env["MAXINSTR_WARMUP"] = str(options.warmup)
+    if options.stage_specs:
+        env[ENV_STAGES] = "\n".join(options.stage_specs)
+    env.update(spec.env)
+    return env
+
+
+def maxinstr_env_keys(env: dict[str, str]) -> dict[str, str]:
+    """The variables maxinstr set or cares about (stored with the run, never the whole env)."""
+    keep = ("MODULAR_ENABLE_PROFILING", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+    return {k: v for k, v in env.items() if k.startswith("MAXINSTR_") or k in keep}
+
+
+def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:
+    """The plan shown before running: commands, profiler flags, window, output paths."""
+    prof = options.profiler
+    lines = [f"profiler: {prof.name}" + (f"  flags: {prof.flags_text()}" if prof.name != "none" else "")]
+    if prof.name == "nsys":
+        window = getattr(getattr(prof, "options", None), "window_s", None)
+        if prof.uses_capture_range:
+            lines.append(
+                "capture: steady state only (starts after the session's warm-up instances)"
+                + (f", window {window:g} s" if window else ", until the session closes")
+            )
+        else:
+            lines.append("capture: the whole run")
+    elif prof.name == "rocprofv3":
+        lines.append("capture: the whole run (warm-up is separated by the session's warmup count)")
+    if options.warm_run:
+        lines.append("warm run: one unprofiled run first (its wall time is reported as startup)")
+    if options.stage_specs:
+        lines.append("stages injected: " + ", ".join(options.stage_specs))
+    if options.timeout_s:
+        lines.append(f"time limit: {options.timeout_s:g} s per run")
+    for spec in specs:
+        tag = f"[{spec.label}] " if spec.label else ""
+        env = "".join(f"{k}={shlex.quote(v)} " for k, v in spec.env.items())
+        lines.append(f"{tag}{env}{shlex.join(spec.command)}")
+        lines.append(f"    -> {spec.run_dir}/  (log {spec.run_dir / LOG_FILE}"
+                     + (f", trace {spec.run_dir / PROFILE_BASE}.*" if prof.name != "none" else "") + ")")
+    return lines
+
+
+def _fatal_patterns(options: RunOptions) -> list[tuple[str, str]] | None:
+    if not options.fail_fast:
+        return None
+    return list(sv.DEFAULT_FATAL_PATTERNS) + [("user pattern", rx) for rx in options.extra_fatal]
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def merge_meta(run_dir: Path, profiler: Profiler, wrapped: list[str], artifact: Artifact | None) -> bool:
+    """Record the profiler in the session's meta.json (after the child closed it)."""
+    meta_path = run_dir / "meta.json"
+    if not meta_path.exists():
+        return False
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    if profiler.name == "none":
+        meta["profiler"] = None
+    else:
+        window = getattr(getattr(profiler, "options", None), "window_s", None)
+        meta["profiler"] = {
+            "name": profiler.name,
+            "command": wrapped,
+            "capture": "steady" if profiler.uses_capture_range else "all",
+            "window_s": window if profiler.uses_capture_range else None,
+            "trace": artifact.trace if artifact else None,
+        }
+    _write_json(meta_path, meta)
+    return True
+
+
+def execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
+    """Run one planned process end to end. Raises MaxinstrError when the command cannot start."""
+    run_dir = sv.ensure_dir(spec.run_dir)
+    warm: sv.ChildResult | None = None
+    patterns = _fatal_patterns(options)
+    if options.warm_run:
+        warm_dir = sv.ensure_dir(run_dir / WARM_DIR)
+        warm = _supervise(spec.command, child_env(spec, options, warm_dir), warm_dir / LOG_FILE, options, patterns)
+    profiler = options.profiler
+    output_base = (run_dir / PROFILE_BASE).resolve()
+    env = child_env(spec, options, run_dir)
+    env.update(profiler.child_env())
+    wrapped = profiler.wrap(spec.command, output_base)
+    if warm is not None and not warm.ok:
+        # The warm run failed: the profiled run would fail the same way. Say so, stop.
+        outcome = RunOutcome(spec, warm, None, warm=warm)
+        _write_launch(run_dir, spec, options, wrapped, env, outcome)
+        return outcome
+    result = _supervise(wrapped, env, run_dir / LOG_FILE, options, patterns)
+    artifact = None
+    if profiler.name != "none":
+        artifact = profiler.collect(output_base)
+    outcome = RunOutcome(spec, result, artifact, warm=warm)
+    merge_meta(run_dir, profiler, wrapped, artifact)
+    outcome.files = _files(run_dir, artifact)
+    _write_launch(run_dir, spec, options, wrapped, env, outcome)
+    return outcome
+
+
+def _supervise(cmd: list[str], env: dict[str, str], log: Path, options: RunOptions, patterns) -> sv.ChildResult:  # noqa: ANN001
+    try:
+        return sv.supervise(
+            cmd, env=env, log_path=log, timeout_s=options.timeout_s, fatal_patterns=patterns, echo=options.echo
+        )
+    except FileNotFoundError:
+        raise MaxinstrError(f"{cmd[0]}: command not found") from None
+    except PermissionError:
+        raise MaxinstrError(f"{cmd[0]}: not executable") from None
+
+
+def _files(run_dir: Path, artifact: Artifact | None) -> dict[str, str]:
+    files = {"run directory": str(run_dir), "child log": str(run_dir / LOG_FILE), "launch record": str(run_dir / LAUNCH_FILE)}
+    if (run_dir / "meta.json").exists():
+        files["run metadata"] = str(run_dir / "meta.json")
+    if artifact is not None:
+        files.update({f"{artifact.profiler} {role}": path for role, path in artifact.files.items() if role != "trace"})
+    return files
+
+
+def _write_launch(run_dir: Path, spec: RunSpec, options: RunOptions, wrapped: list[str], env: dict[str, str],
+                  outcome: RunOutcome) -> None:
+    prof = options.profiler
+    record = {
+        "format": "maxinstr-launch",
+        "version": 1,
+        "written_unix_s": time.time(),
+        "label": spec.label,
+        "command": spec.command,
+        "profiled_command": wrapped,
+        "env": maxinstr_env_keys(env),
+        "profiler": {
+            "name": prof.name,
+            "flags": prof.flags_text() if prof.name != "none" else "",
+            "capture": "steady" if prof.uses_capture_range else "all",
+            "window_s": getattr(getattr(prof, "options", None), "window_s", None),
+        },
+        "stage_specs": options.stage_specs,
+        "startup": None if outcome.warm is None else {"warm_run_wall_s": round(outcome.warm.wall_s, 3), **outcome.warm.to_json()},
+        "run": outcome.result.to_json(),
+        "artifact": None if outcome.artifact is None else outcome.artifact.to_json(),
+        "environment": options.environment,
+    }
+    _write_json(run_dir / LAUNCH_FILE, record)
+
+
+def read_launch(run_dir: str | Path) -> dict | None:
+    """The launch record `maxinstr run` left in a run directory (None when absent)."""
+    path = Path(run_dir) / LAUNCH_FILE
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise MaxinstrError(f"{path}: unreadable launch record ({exc})") from None
+
+
+def open_hint(role: str, path: str) -> str:
+    """How to open a file we produced."""
+    if path.endswith(".nsys-rep"):
+        return f"nsys-ui {path}   (or `nsys stats {path}`)"
+    if path.endswith(".sqlite"):
+        return f"maxinstr report RUN --trace {path}   (or sqlite3 {path})"
+    if path.endswith(".ncu-rep"):
+        return f"ncu-ui {path}   (or `ncu --import {path} --page details`)"
+    if role.endswith("log"):
+        return f"less {path}"
+    return path

@@ -1,0 +1,232 @@
+"""Run a child command in its own process group, watch its log, stop it fast when it fails.
+
+Why: a profiled run that died at start-up (model not found, OOM, a bad flag) must be
+reported within seconds, not after a timeout; a Ctrl-C must leave a usable partial result
+(nsys writes its report on SIGINT, the run directory is append-only); and only the process
+group maxinstr started may be signalled, never processes found by name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+import subprocess
+from typing import IO, Callable
+
+# Lines that mean the run is already lost. Each is (label, regex). A match starts a short
+# grace period: a child that exits by itself in that time is simply reported as failed;
+# one that keeps running (a server that logged a traceback and hangs) is stopped.
+DEFAULT_FATAL_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("python traceback", r"^Traceback \(most recent call last\):"),
+    ("out of GPU memory", r"CUDA out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|hipErrorOutOfMemory|out of memory"),
+    (
+        "model not found",
+        r"RepositoryNotFoundError|EntryNotFoundError|GatedRepoError|(model|checkpoint|repository|weights?)\b.*\bnot found"
+        r"|does not appear to have a file named|No such file or directory",
+    ),
+    ("bad command-line flag", r"unrecognized arguments:|error: argument |invalid choice:|No such option:|unknown option|Unknown argument"),
+    ("crash", r"Segmentation fault|core dumped|Aborted \(core dumped\)|illegal memory access|CUDA error:|HIP error:"),
+)
+
+STATUS_OK = "ok"
+STATUS_FAILED = "failed"  # exited non-zero by itself
+STATUS_FATAL_LOG = "fatal-log"  # stopped by maxinstr after a fatal line in the log
+STATUS_TIMEOUT = "timeout"
+STATUS_INTERRUPTED = "interrupted"  # Ctrl-C
+
+
+@dataclass
+class ChildResult:
+    """How a supervised child ended."""
+
+    command: list[str]
+    status: str
+    returncode: int | None
+    wall_s: float
+    log_path: str | None
+    fatal_label: str | None = None
+    fatal_line: str | None = None
+    tail: list[str] = field(default_factory=list)
+    stopped_by_maxinstr: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status == STATUS_OK
+
+    def describe(self) -> str:
+        """One line saying how the child ended."""
+        if self.status == STATUS_OK:
+            return f"finished in {self.wall_s:.1f} s"
+        if self.status == STATUS_FAILED:
+            return f"exited with status {self.returncode} after {self.wall_s:.1f} s"
+        if self.status == STATUS_FATAL_LOG:
+            return f"stopped after {self.wall_s:.1f} s: {self.fatal_label}: {self.fatal_line}"
+        if self.status == STATUS_TIMEOUT:
+            return f"stopped at the {self.wall_s:.0f} s time limit"
+        return f"interrupted after {self.wall_s:.1f} s (partial results kept)"
+
+    def to_json(self) -> dict:
+        return {
+            "command": self.command,
+            "status": self.status,
+            "returncode": self.returncode,
+            "wall_s": round(self.wall_s, 3),
+            "log": self.log_path,
+            "fatal": None if self.fatal_label is None else {"label": self.fatal_label, "line": self.fatal_line},
+            "stopped_by_maxinstr": self.stopped_by_maxinstr,
+        }
+
+
+def compile_patterns(patterns: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> list[tuple[str, re.Pattern[str]]]:
+    return [(label, re.compile(rx)) for label, rx in patterns]
+
+
+class _LogPump(threading.Thread):
+    """Copies the child's merged stdout/stderr to the log (and the terminal), line by line,
+    and notes the first line that matches a fatal pattern."""
+
+    def __init__(self, stream: IO[bytes], log: IO[bytes] | None, echo: Callable[[str], None] | None,
+                 patterns: list[tuple[str, re.Pattern[str]]]) -> None:
+        super().__init__(daemon=True, name="maxinstr-log-pump")
+        self.stream, self.log, self.echo, self.patterns = stream, log, echo, patterns
+        self.tail: deque[str] = deque(maxlen=40)
+        self.fatal: tuple[str, str, float] | None = None
+
+    def run(self) -> None:
+        for raw in iter(self.stream.readline, b""):
+            if self.log is not None:
+                self.log.write(raw)
+                self.log.flush()
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            self.tail.append(line)
+            if self.echo is not None:
+                self.echo(line)
+            if self.fatal is None:
+                for label, rx in self.patterns:
+                    if rx.search(line):
+                        self.fatal = (label, line.strip()[:300], time.monotonic())
+                        break
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def stop_group(proc: subprocess.Popen, pgid: int, *, grace_s: float = 20.0, first: int = signal.SIGINT) -> None:
+    """Stop the process group we started: ``first`` (SIGINT lets nsys write its report),
+    then SIGTERM, then SIGKILL, each after a grace period. Never touches other groups."""
+    for sig, wait_s in ((first, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        if proc.poll() is not None:
+            break
+        _signal_group(pgid, sig)
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        except KeyboardInterrupt:  # a second Ctrl-C: stop waiting politely
+            _signal_group(pgid, signal.SIGKILL)
+            proc.wait()
+            break
+    # Stragglers left in our group after the leader exited (e.g. the app under nsys).
+    _signal_group(pgid, signal.SIGTERM)
+
+
+def supervise(
+    command: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    log_path: str | os.PathLike | None = None,
+    timeout_s: float | None = None,
+    fatal_patterns: tuple[tuple[str, str], ...] | list[tuple[str, str]] | None = DEFAULT_FATAL_PATTERNS,
+    fatal_grace_s: float = 3.0,
+    stop_grace_s: float = 20.0,
+    echo: Callable[[str], None] | None = None,
+    poll_s: float = 0.05,
+) -> ChildResult:
+    """Run ``command`` in a new process group and wait for it, stopping it early when its
+    log shows a fatal error (after ``fatal_grace_s``), at ``timeout_s``, or on Ctrl-C.
+
+    Output (stdout and stderr merged) goes to ``log_path`` and, when given, to ``echo``.
+    Raises FileNotFoundError when the executable does not exist.
+    """
+    patterns = compile_patterns(fatal_patterns or ())
+    log = open(log_path, "ab") if log_path else None
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            command,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # own session and process group: we signal only it
+        )
+    except BaseException:
+        if log:
+            log.close()
+        raise
+    pgid = proc.pid
+    pump = _LogPump(proc.stdout, log, echo, patterns)  # type: ignore[arg-type]
+    pump.start()
+    status, stopped = STATUS_OK, False
+    try:
+        while proc.poll() is None:
+            now = time.monotonic()
+            if timeout_s is not None and now - start > timeout_s:
+                status, stopped = STATUS_TIMEOUT, True
+                stop_group(proc, pgid, grace_s=stop_grace_s)
+                break
+            if pump.fatal is not None and now - pump.fatal[2] > fatal_grace_s:
+                status, stopped = STATUS_FATAL_LOG, True
+                stop_group(proc, pgid, grace_s=min(stop_grace_s, 10.0))
+                break
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        status, stopped = STATUS_INTERRUPTED, True
+        stop_group(proc, pgid, grace_s=stop_grace_s)
+    wall_s = time.monotonic() - start
+    returncode = proc.wait()
+    pump.join(timeout=2.0)  # a grandchild may hold the pipe open: do not wait for it
+    if log:
+        log.close()
+    if status == STATUS_OK and returncode != 0:
+        status = STATUS_FAILED
+    fatal_label = fatal_line = None
+    if pump.fatal is not None and status != STATUS_OK:
+        fatal_label, fatal_line = pump.fatal[0], pump.fatal[1]
+    return ChildResult(
+        command=list(command),
+        status=status,
+        returncode=returncode,
+        wall_s=wall_s,
+        log_path=str(log_path) if log_path else None,
+        fatal_label=fatal_label,
+        fatal_line=fatal_line,
+        tail=list(pump.tail),
+        stopped_by_maxinstr=stopped,
+    )
+
+
+def print_line(line: str) -> None:
+    """Echo a child's line to our stdout as it arrives."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def ensure_dir(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    return p
