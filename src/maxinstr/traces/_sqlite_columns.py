@@ -111,14 +111,14 @@ class NativeBackend:
         self._m = module
 
     def query(self, path: str, sql: str, kinds: str) -> list[Any]:
-        return self._m.query_many(path, [(sql, kinds)], 1)[0]
+        return self._m.query_many(_uri(path), [(sql, kinds)], 1)[0]
 
     def query_many(self, path: str, queries: Sequence[tuple[str, str]]) -> list[list[Any]]:
         threads = max(1, min(len(queries), os.cpu_count() or 1))
-        return self._m.query_many(path, list(queries), threads)
+        return self._m.query_many(_uri(path), list(queries), threads)
 
     def strings_by_id(self, path: str, table: str, ids: np.ndarray) -> list[str]:
-        return self._m.strings_by_id(path, table, np.ascontiguousarray(ids, dtype=np.int64))
+        return self._m.strings_by_id(_uri(path), table, np.ascontiguousarray(ids, dtype=np.int64))
 
 
 def native_module() -> Any | None:
