@@ -166,3 +166,26 @@ def render(report: dict[str, Any]) -> str:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines)
 
+
+
+def render_compare(result: dict[str, Any]) -> str:
+    """A comparison (``maxinstr-compare``) as Markdown."""
+    lines = ["# maxinstr compare", ""]
+    for c in result.get("comparisons", []):
+        lines += [f"A = `{c['a']}`, B = `{c['b']}`", ""]
+        for key, title in (("stages", "Host time per stage"), ("gpu_stages", "GPU time per stage")):
+            rows = [r for r in c[key] if "a" in r]
+            if not rows:
+                continue
+            lines += [f"## {title}", ""] + _table(
+                ["stage", "n A/B", "median A", "median B", "delta", "noise bound", "p90 A", "p90 B", "verdict"],
+                [[r["stage"], f"{r['a']['n']}/{r['b']['n']}", f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
+                  f.ns(r["median_delta_ns"]), f.ns(r["noise_bound_ns"]), f.ns(r["a"]["p90"]), f.ns(r["b"]["p90"]),
+                  r["verdict"]] for r in rows])
+        fams = [r for r in c["families"] if r["changed"]]
+        if fams:
+            lines += ["## Kernel-mix changes", ""] + _table(
+                ["family", "A share", "B share"], [[r["family"], f.pct(r["a_share"], 1), f.pct(r["b_share"], 1)] for r in fams])
+        if c["settings"]:
+            lines += ["## Settings that differ", ""] + _table(["setting", "A", "B"], [[r["key"], r["a"], r["b"]] for r in c["settings"]])
+    return "\n".join(lines)

@@ -169,3 +169,78 @@ def render(report: dict, width: int = 120, color: bool = False) -> str:
 def print_report(report: dict, console: Console | None = None) -> None:
     """Print the report to a console (stdout by default)."""
     (console or Console()).print(Group(*renderables(report)))
+
+
+# ----------------------------------------------------------------------------- compare
+_VERDICT_STYLE = {"faster": "green", "slower": "red", "within noise": "dim"}
+
+
+def _signed_ns(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return ("+" if v > 0 else "") + f.ns(v)
+
+
+def _delta_table(title: str, rows: list[dict]) -> Table:
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for col in ("stage", "n A/B", "median A", "median B", "delta", "noise ±", "p90 A", "p90 B", "p90 delta", "verdict"):
+        t.add_column(col, justify="left" if col in ("stage", "verdict") else "right")
+    for r in rows:
+        if "a" not in r:
+            t.add_row(r["stage"], "-", "-", "-", "-", "-", "-", "-", "-", r["verdict"])
+            continue
+        rel = r.get("median_delta_rel")
+        t.add_row(
+            r["stage"], f"{r['a']['n']}/{r['b']['n']}", f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
+            _signed_ns(r["median_delta_ns"]) + (f" ({rel:+.1%})" if rel is not None else ""),
+            f.ns(r["noise_bound_ns"]), f.ns(r["a"]["p90"]), f.ns(r["b"]["p90"]), _signed_ns(r["p90_delta_ns"]),
+            Text(r["verdict"], style=_VERDICT_STYLE.get(r["verdict"], "")),
+        )
+    return t
+
+
+def compare_renderables(result: dict) -> list[Any]:
+    parts: list[Any] = []
+    for c in result.get("comparisons", []):
+        parts.append(Panel(Text(f"A = {c['a']}\nB = {c['b']}"), title="maxinstr compare", title_align="left"))
+        if c["stages"]:
+            parts.append(_delta_table("Host time per stage (steady state)", c["stages"]))
+        if c["gpu_stages"]:
+            parts.append(_delta_table("GPU time per stage", c["gpu_stages"]))
+        fams = [r for r in c["families"] if r["changed"]]
+        if fams:
+            t = Table(title="Kernel-mix changes (share of GPU time)", title_justify="left", header_style="bold")
+            for col in ("family", "A", "B", "change"):
+                t.add_column(col, justify="left" if col == "family" else "right")
+            for r in fams:
+                t.add_row(r["family"], f.pct(r["a_share"], 1), f.pct(r["b_share"], 1), f"{100 * r['delta_share']:+.1f} pt")
+            parts.append(t)
+        for key, label in (("kernels_appeared", "Kernels only in B"), ("kernels_disappeared", "Kernels only in A")):
+            if c[key]:
+                parts.append(Text(f"{label}: " + "; ".join(f"{f.short(k['name'], 60)} [{k['family']}] {f.ns(k['gpu_ns'])}"
+                                                          for k in c[key][:8]), style="dim"))
+        if c["kernels_changed_family"]:
+            parts.append(Text("Kernels classified differently: " + "; ".join(
+                f"{f.short(k['name'], 50)}: {k['a_family']} -> {k['b_family']}" for k in c["kernels_changed_family"][:8])))
+        if c["settings"]:
+            t = Table(title="Settings that differ", title_justify="left", header_style="bold")
+            t.add_column("setting")
+            t.add_column("A", overflow="fold", max_width=45)
+            t.add_column("B", overflow="fold", max_width=45)
+            for r in c["settings"][:40]:
+                t.add_row(r["key"], str(r["a"]), str(r["b"]))
+            parts.append(t)
+        else:
+            parts.append(Text("Settings: no recorded difference.", style="dim"))
+        if any(c["perturbed"].values()):
+            parts.append(Text("note: a side was captured under a profiler: its timings include the profiler's overhead",
+                              style="yellow"))
+    return parts
+
+
+def render_compare(result: dict, width: int = 120, color: bool = False) -> str:
+    """A comparison (``maxinstr-compare``) as terminal text."""
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=color, color_system="auto" if color else None)
+    console.print(Group(*compare_renderables(result)))
+    return buf.getvalue()

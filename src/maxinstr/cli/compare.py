@@ -1,0 +1,74 @@
+"""`maxinstr compare`: what changed between runs, and whether it is beyond noise."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from maxinstr.errors import MaxinstrError
+
+
+def _side(path: str, trace: str | None, warmup: int | None, quiet: bool):
+    from maxinstr.analyze.compare import Side
+    from maxinstr.analyze.report import analyze
+    from maxinstr.cli.report import _is_report_file, load_report_file, open_trace_with_progress
+
+    if _is_report_file(path):
+        return Side(path, load_report_file(path))
+    p = Path(path)
+    if p.is_dir() and (p / "meta.json").exists():
+        from maxinstr.rundir import load
+
+        run = load(p)
+        tr = open_trace_with_progress(trace, quiet) if trace else None
+        return Side(path, analyze(run=run, trace=tr, warmup=warmup))
+    if p.exists():
+        # a bare trace file or folder
+        return Side(path, analyze(trace=open_trace_with_progress(path, quiet), warmup=warmup))
+    raise MaxinstrError(f"{path}: no such run directory, report or trace")
+
+
+@click.command("compare", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("runs", nargs=-1, required=True, metavar="RUN_A RUN_B [RUN ...]")
+@click.option("--trace", "traces", multiple=True, metavar="FILE",
+              help="A trace for each run directory, in order (repeat the option).")
+@click.option("--format", "fmt", type=click.Choice(("text", "json", "md")), default="text", show_default=True)
+@click.option("-o", "--output", metavar="PATH", help="Write here instead of stdout.")
+@click.option("--warmup", type=click.IntRange(min=0), default=None, help="Warm-up instances per stage (overrides the sessions').")
+@click.option("--quiet", is_flag=True, help="No progress display.")
+def command(runs, traces, fmt, output, warmup, quiet):
+    """Compare runs against the first: per-stage median/p90 deltas with a noise bound from the
+    runs' own spread, GPU-time and kernel-mix changes, and the settings that differ.
+
+    Each RUN is a run directory, a saved JSON report, or a trace.
+    """
+    if len(runs) < 2:
+        raise click.UsageError("give at least two runs to compare")
+    if traces and len(traces) != len(runs):
+        raise click.UsageError(f"--trace given {len(traces)} time(s) for {len(runs)} runs: give one per run or none")
+    from maxinstr.analyze.compare import compare
+
+    sides = [_side(r, traces[i] if traces else None, warmup, quiet) for i, r in enumerate(runs)]
+    result = compare(sides)
+    if fmt == "json":
+        from maxinstr.render.json import render
+
+        text = render(result)
+    elif fmt == "md":
+        from maxinstr.render.markdown import render_compare
+
+        text = render_compare(result)
+    else:
+        from maxinstr.render.text import render_compare
+
+        text = render_compare(result, color=output is None and sys.stdout.isatty())
+    if output:
+        try:
+            Path(output).write_text(text)
+        except OSError as exc:
+            raise MaxinstrError(f"{output}: cannot write ({exc.strerror or exc})") from None
+        click.echo(f"maxinstr: wrote {output}", err=True)
+    else:
+        click.echo(text, nl=False)
