@@ -376,6 +376,7 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
     for g, (prefix, kinds) in enumerate(sorted(groups.items())):
         offset = np.int64(g) << np.int64(40) if len(groups) > 1 else np.int64(0)
         pids: list[np.ndarray] = []
+        agents = _agent_map(Path(prefix + "agent_info.csv"))
         for kind in ("hip", "hip2", "marker", "kernel", "memcpy"):
             f = kinds.get(kind)
             if f is None:
@@ -412,6 +413,7 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
                 headers.add("rocprofv3 >= 7 (Stream_Id)" if "Stream_Id" in t else "rocprofv3 < 7 (no Stream_Id)")
                 n = len(start)
                 device = trailing_int(t["Agent_Id"], f, "Agent_Id") if "Agent_Id" in t else np.full(n, NO_ID)
+                device = _gpu_ordinals(device, agents, parts.notes)
                 if "Stream_Id" in t:
                     stream = int_column(t["Stream_Id"], f, "Stream_Id")
                 elif "Queue_Id" in t:
@@ -439,6 +441,7 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
                     else None
                 )
                 if src is not None and dst is not None:
+                    src, dst = _gpu_ordinals(src, agents, parts.notes), _gpu_ordinals(dst, agents, parts.notes)
                     to_device = np.char.find(direction.astype(str), "HOST_TO_DEVICE") >= 0
                     device = np.where(to_device, dst, src)
                 else:
@@ -466,6 +469,30 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
         parts.notes.append(f"{len(groups)} CSV sets read; correlation ids offset by set index << 40")
     meta = {"files": files, "header": sorted(headers)}
     return _assemble(path, "rocprofv3-csv", parts, meta)
+
+
+def _agent_map(path: Path) -> dict[int, int] | None:
+    """rocprofv3 agent number (``Logical_Node_Id``) -> GPU ordinal, from ``*agent_info.csv``."""
+    if not path.is_file():
+        return None
+    t = _read_csv(path)
+    if "Logical_Node_Id" not in t or "Agent_Type" not in t:
+        return None
+    node = int_column(t["Logical_Node_Id"], path, "Logical_Node_Id")
+    is_gpu = np.array([str(v) == "GPU" for v in t["Agent_Type"].tolist()], dtype=bool)
+    gpus = np.sort(node[is_gpu])
+    return {int(n): i for i, n in enumerate(gpus.tolist())}
+
+
+def _gpu_ordinals(agent: np.ndarray, agents: dict[int, int] | None, notes: list[str]) -> np.ndarray:
+    """Agent numbers -> GPU ordinals when the agent table is known; else kept, with a note."""
+    if agents is None:
+        msg = "device ids are rocprofv3 agent numbers (CPU agents count first; no agent_info.csv)"
+        if msg not in notes and len(agent):
+            notes.append(msg)
+        return agent
+    u, inv = np.unique(agent, return_inverse=True)
+    return np.array([agents.get(int(a), NO_ID) for a in u.tolist()], dtype=np.int64)[inv]
 
 
 def _single(pids: list[np.ndarray]) -> int:

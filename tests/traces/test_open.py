@@ -1,0 +1,134 @@
+"""open_trace: format sniffing and dispatch on every real fixture, and one-line errors."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+import rocprof_samples as rs
+
+import maxinstr.traces
+from maxinstr.errors import TraceError
+from maxinstr.traces import open_trace
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+try:
+    from maxinstr.traces.nsys import read_nsys  # noqa: F401  (H3's reader; may not exist yet)
+
+    HAS_NSYS = True
+except ImportError:
+    HAS_NSYS = False
+
+CASES = [
+    ("kineto/h200_decode.pt.trace.json.gz", "kineto"),
+    ("kineto/hta_benchmark_result_493459_1694039959_trace.json.gz", "kineto"),
+    ("kineto/hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz", "kineto"),
+    ("kineto/hta_triton_example.json.gz", "kineto"),
+    ("rocprof/rpd/mytrace.rpd.gz", "rpd"),
+    ("rocprof/rpd/matmul_result.rpd", "rpd"),
+    ("rocprof/rocprofv3_docs", "rocprofv3-csv"),
+    ("rocprof/rocprofv3_docs/marker_api_trace.csv", "rocprofv3-csv"),
+    ("rocprof/rocprofv3_llamacpp_decode", "rocprofv3-csv"),
+    ("rocprof/rocprofv3_llamacpp_decode/decode_hip_api_trace.csv", "rocprofv3-csv"),
+]
+NSYS = sorted(str(p.relative_to(DATA)) for p in (DATA / "nsys").glob("*.sqlite"))
+
+
+def test_exported_from_package():
+    assert maxinstr.traces.open_trace is open_trace
+
+
+@pytest.mark.parametrize(("rel", "fmt"), CASES, ids=[c[0] for c in CASES])
+def test_every_non_nsys_fixture_dispatches(rel, fmt):
+    calls = []
+    t = open_trace(DATA / rel, progress=calls.append)
+    assert t.format == fmt
+    assert len(t.ops) > 0 and calls  # progress was reported
+    t.validate()
+
+
+@pytest.mark.skipif(not HAS_NSYS, reason="maxinstr.traces.nsys not written yet")
+@pytest.mark.parametrize("rel", NSYS)
+def test_nsys_sqlite_dispatches_to_read_nsys(rel):
+    t = open_trace(DATA / rel)
+    assert t.format.startswith("nsys")
+
+
+def test_renamed_files_are_sniffed_by_content(tmp_path):
+    # the extension does not decide: magic bytes and keys do
+    a = tmp_path / "trace.bin"
+    shutil.copy(DATA / "rocprof/rpd/matmul_result.rpd", a)
+    assert open_trace(a).format == "rpd"
+    b = tmp_path / "trace.data"
+    shutil.copy(DATA / "kineto/hta_triton_example.json.gz", b)
+    assert open_trace(b).format == "kineto"
+    c = tmp_path / "plain.txt"
+    c.write_bytes(gzip.decompress((DATA / "kineto/hta_triton_example.json.gz").read_bytes()))
+    assert open_trace(c).format == "kineto"
+
+
+def test_rocprof_json_and_rocpd_dispatch(tmp_path):
+    assert open_trace(rs.write_json(tmp_path / "run_results.json")).format == "rocprofv3-json"
+    assert open_trace(rs.write_rocpd(tmp_path / "run_results.db")).format == "rocpd"
+    only = tmp_path / "only"
+    only.mkdir()
+    rs.write_rocpd(only / "x_results.db")
+    assert open_trace(only).format == "rocpd"  # a folder with one trace in it
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda d: d / "missing.json", "no such file or folder"),
+        (lambda d: _write(d / "empty.json", b""), "empty file"),
+        (lambda d: _write(d / "noise.bin", bytes(range(256)) * 4), "unrecognised trace format"),
+        (lambda d: _write(d / "t.sqlite", b"SQLite format 2\x00" + bytes(100)), "not a SQLite database"),
+        (lambda d: _write(d / "t.json", b'{"traceEvents": [1, 2'), "not valid JSON"),
+        (lambda d: _write(d / "t.json", b'{"hello": 1}'), "JSON of an unknown kind"),
+        (lambda d: _write(d / "t.json.gz", b"\x1f\x8b\x08\x00garbage"), "gzip"),
+        (lambda d: _write(d / "t.json", "\u00e9".encode("latin-1")), "not valid JSON"),
+        (lambda d: _sqlite(d / "other.db"), "SQLite database of an unknown kind"),
+        (lambda d: _truncated_sqlite(d / "cut.rpd"), "cut.rpd: "),
+        (lambda d: _mkdir(d / "nothing"), "no trace found in folder"),
+    ],
+)
+def test_bad_input_is_one_line_trace_error(tmp_path, setup, message):
+    path = setup(tmp_path)
+    with pytest.raises(TraceError) as info:
+        open_trace(path)
+    text = str(info.value)
+    assert message in text
+    assert str(path) in text and "\n" not in text
+
+
+def test_several_traces_in_a_folder_must_be_named():
+    with pytest.raises(TraceError, match="several traces"):
+        open_trace(DATA / "rocprof/rpd")
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir()
+    (path / "readme.txt").write_text("hello")
+    return path
+
+
+def _sqlite(path: Path) -> Path:
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE people (name TEXT)")
+    con.commit()
+    con.close()
+    return path
+
+
+def _truncated_sqlite(path: Path) -> Path:
+    path.write_bytes((DATA / "rocprof/rpd/matmul_result.rpd").read_bytes()[:12_288])
+    return path
