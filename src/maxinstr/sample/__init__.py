@@ -95,7 +95,10 @@ def start_sampler(
     from maxinstr.sample.base import ErrorLog, NullBackend
     from maxinstr.sample.writer import Sampler, clock_ns
 
-    errors = ErrorLog(clock_ns)
+    # a given backend already reports into its own log: share it
+    errors = getattr(backend, "errors", None) if backend is not None else None
+    if not isinstance(errors, ErrorLog):
+        errors = ErrorLog(clock_ns)
     notes: list[str] = []
     try:
         interval = float(interval_s)

@@ -78,9 +78,23 @@ def _one_line(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+_import_failure: str | None = None  # a failed import is not retried in this process (it costs ~20 ms)
+
+
 def import_amdsmi() -> Any:
     """The amdsmi module, or :class:`Unavailable`. Never prints, never raises anything else
-    (but KeyboardInterrupt)."""
+    (but KeyboardInterrupt). A failure is remembered for the life of the process."""
+    global _import_failure
+    if _import_failure is not None:
+        raise Unavailable(_import_failure)
+    try:
+        return _import_amdsmi()
+    except Unavailable as exc:
+        _import_failure = str(exc)
+        raise
+
+
+def _import_amdsmi() -> Any:
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):

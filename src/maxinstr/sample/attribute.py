@@ -37,6 +37,7 @@ class InstanceSamples:
     device: int
     n_samples: np.ndarray
     mean: dict[str, np.ndarray]  # column -> mean over the instance (NaN: no sample)
+    count: dict[str, np.ndarray]  # column -> samples with a value (weights for means over instances)
     peak: dict[str, np.ndarray]  # column -> max over the instance
     energy_j: np.ndarray
     throttle: np.ndarray  # OR of throttle bits (uint32)
@@ -106,6 +107,7 @@ def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np
     n = hi - lo
     names = set(dev.rows.dtype.names or ())
     mean: dict[str, np.ndarray] = {}
+    count: dict[str, np.ndarray] = {}
     peak: dict[str, np.ndarray] = {}
     gpm_window = np.zeros(len(start), dtype=bool)
     for col in _MEAN_COLUMNS:
@@ -115,10 +117,13 @@ def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np
         s, c = _range_sum_count(x, lo, hi)
         with np.errstate(invalid="ignore", divide="ignore"):
             m = np.where(c > 0, s / np.maximum(c, 1), np.nan)
+        c = c.astype(np.float64)
         if col in GPM_METRICS:
             m, used = _gpm_window_fill(t, x, start, end, m)
             gpm_window |= used
+            c = np.where(used, 1.0, c)  # a window-filled instance counts as one sample
         mean[col] = m
+        count[col] = c
     for col in _PEAK_COLUMNS:
         if col in names:
             peak[col] = _range_reduce(np.fmax, dev.rows[col].astype(np.float64), lo, hi, np.nan)
@@ -137,7 +142,7 @@ def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np
     hw = ((dev.throttle & HW_THROTTLE_MASK) != 0).astype(np.int64)
     hw_cs = np.concatenate(([0], np.cumsum(hw)))
     return InstanceSamples(
-        device=device, n_samples=n.astype(np.int64), mean=mean, peak=peak, energy_j=energy,
+        device=device, n_samples=n.astype(np.int64), mean=mean, count=count, peak=peak, energy_j=energy,
         throttle=throttle, hw_throttle_samples=hw_cs[hi] - hw_cs[lo], gpm_window=gpm_window,
     )
 
@@ -191,14 +196,12 @@ def stage_samples(
         put("samples", np.bincount(inverse, weights=inst.n_samples, minlength=k).astype(np.int64))
 
         def wmean(col: str) -> np.ndarray:
-            # mean over samples for directly sampled columns: weight each instance's mean by its samples
+            # the mean over all samples of the name: instance means weighted by their sample counts
             m = inst.mean.get(col)
             if m is None:
                 return np.full(k, np.nan)
             ok = ~np.isnan(m)
-            w = np.where(ok, inst.n_samples.astype(np.float64), 0.0)
-            if col in GPM_METRICS:  # window-filled instances have no samples of their own: weight 1
-                w = np.where(ok, np.maximum(w, 1.0), 0.0)
+            w = np.where(ok, inst.count[col], 0.0)
             num = np.bincount(inverse, weights=np.where(ok, m, 0.0) * w, minlength=k)
             den = np.bincount(inverse, weights=w, minlength=k)
             with np.errstate(invalid="ignore", divide="ignore"):
