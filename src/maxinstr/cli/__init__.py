@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "run": "run",
     "snapshot": "snapshot",
     "deep-dive": "deep_dive",
+    "server": "server",
 }
 
 

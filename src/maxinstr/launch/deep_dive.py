@@ -72,46 +72,72 @@ class KernelChoice:
 # 1 + 2: choosing and placing the kernel
 
 
+def function_name(name: str) -> str:
+    """The bare function name of a kernel, as ncu's ``--kernel-name-base function`` and
+    nsys's short names give it: no return type, namespace, template or parameter list.
+
+    >>> function_name("void at::native::reduce_kernel<(int)512, (int)1>(T3)")
+    'reduce_kernel'
+    """
+    text = name.replace("(anonymous namespace)", "").replace("<unnamed>", "").strip()
+    if text.startswith("void "):
+        text = text[5:]
+    depth, end = 0, len(text)
+    for i, ch in enumerate(text):
+        if ch in "<(":
+            if depth == 0:
+                end = i
+                break
+            depth += 1
+    head = text[:end].strip()
+    return head.split("::")[-1].split()[-1] if head else name
+
+
+def _launch_times(trace: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per op: (has a launch call, launch thread, launch time). Launch time is the API
+    call's start (launch order), or the op's own start when it has no call."""
+    calls, ops = trace.calls, trace.ops
+    if len(calls) == 0:
+        none = np.zeros(len(ops), dtype=bool)
+        return none, np.full(len(ops), -1, np.int64), ops.start_ns.astype(np.int64)
+    order = np.argsort(calls.correlation_id, kind="stable")
+    corr_sorted = calls.correlation_id[order]
+    pos = np.searchsorted(corr_sorted, ops.correlation_id)
+    pos_c = np.minimum(pos, len(corr_sorted) - 1)
+    has_call = (pos < len(corr_sorted)) & (corr_sorted[pos_c] == ops.correlation_id)
+    row = order[pos_c]
+    tid = np.where(has_call, calls.tid[row], -1)
+    t = np.where(has_call, calls.start_ns[row], ops.start_ns)
+    return has_call, tid.astype(np.int64), t.astype(np.int64)
+
+
 def _stage_kernel_mask(trace: Any, stage: str, warmup_instances: int) -> tuple[np.ndarray, int]:
     """Boolean mask over ``trace.ops``: kernels launched inside a steady-state instance of
     ranges named ``stage`` (launch call on the range's thread, within its host interval).
     Also returns how many instances of the stage were found."""
     strings = np.asarray(trace.strings, dtype=object)
-    ranges, calls, ops = trace.ranges, trace.calls, trace.ops
-    name_hits = np.flatnonzero(strings == stage)
-    in_stage = np.isin(ranges.name_id, name_hits)
-    r_idx = np.flatnonzero(in_stage)
+    ranges, ops = trace.ranges, trace.ops
+    r_idx = np.flatnonzero(np.isin(ranges.name_id, np.flatnonzero(strings == stage)))
     n_inst = len(r_idx)
     mask = np.zeros(len(ops), dtype=bool)
-    if n_inst == 0 or len(calls) == 0:
+    has_call, op_tid, op_t = _launch_times(trace)
+    if n_inst == 0 or not has_call.any():
         return mask, n_inst
     # Warm-up = the first N instances by start time.
     r_idx = r_idx[np.argsort(ranges.start_ns[r_idx], kind="stable")][warmup_instances:]
-    if len(r_idx) == 0:
-        return mask, n_inst
-    # op -> its launch call, by correlation id (first call row per id).
-    order = np.argsort(calls.correlation_id, kind="stable")
-    corr_sorted = calls.correlation_id[order]
-    pos = np.searchsorted(corr_sorted, ops.correlation_id)
-    pos_c = np.minimum(pos, len(corr_sorted) - 1)
-    has_call = (pos < len(corr_sorted)) & (corr_sorted[pos_c] == ops.correlation_id) & (ops.kind == _KERNEL)
-    call_row = order[pos_c]
-    op_tid = calls.tid[call_row]
-    op_t = calls.start_ns[call_row]
+    is_kernel = has_call & (ops.kind == _KERNEL)
     # Per thread (few), find the last stage range starting at or before each launch.
     for tid in np.unique(ranges.tid[r_idx]):
         rr = r_idx[ranges.tid[r_idx] == tid]
         rr = rr[np.argsort(ranges.start_ns[rr], kind="stable")]
-        starts, ends = ranges.start_ns[rr], ranges.end_ns[rr]
-        # Ranges of one name on one thread may nest: use the running max of ends so a
-        # launch inside an outer instance is kept even when an inner one ended earlier.
-        ends_max = np.maximum.accumulate(ends)
-        sel = has_call & (op_tid == tid)
-        k = np.searchsorted(starts, op_t[sel], side="right") - 1
-        ok = k >= 0
-        inside = np.zeros(len(k), dtype=bool)
-        inside[ok] = op_t[sel][ok] <= ends_max[k[ok]]
-        idx = np.flatnonzero(sel)
+        starts = ranges.start_ns[rr]
+        # Ranges of one name on one thread may nest: the running max of ends keeps a launch
+        # inside an outer instance even when an inner one ended earlier.
+        ends_max = np.maximum.accumulate(ranges.end_ns[rr])
+        idx = np.flatnonzero(is_kernel & (op_tid == tid))
+        k = np.searchsorted(starts, op_t[idx], side="right") - 1
+        inside = k >= 0
+        inside[inside] = op_t[idx][inside] <= ends_max[k[inside]]
         mask[idx[inside]] = True
     return mask, n_inst
 
@@ -124,11 +150,12 @@ def choose_from_trace(
     warmup_instances: int = 0,
     top: int = 5,
 ) -> KernelChoice:
-    """The dominant kernel of ``stage`` (or of the whole trace), or the one matching ``kernel``.
+    """The dominant kernel of ``stage`` (or of the whole trace), or the top one matching ``kernel``.
 
     ``warmup_instances``: how many of the stage's first instances in this trace are warm-up
-    (0 for a trace captured from steady state). ``launch_skip`` is counted over every launch
-    of the kernel's name in the trace, in launch order.
+    (0 for a trace captured from steady state). ``launch_skip`` counts, in launch order,
+    the launches before the chosen one whose function name is the same: that is what
+    ncu counts with ``--kernel-name-base function`` (see :func:`kernel_regex`).
     """
     ops = trace.ops
     strings = np.asarray(trace.strings, dtype=object)
@@ -150,6 +177,7 @@ def choose_from_trace(
     dur = (ops.end_ns - ops.start_ns).astype(np.int64)
     ids = ops.name_id[mask]
     uniq, inv = np.unique(ids, return_inverse=True)
+    inv = inv.reshape(-1)
     totals = np.bincount(inv, weights=dur[mask]).astype(np.int64)
     counts = np.bincount(inv).astype(np.int64)
     rank = np.argsort(-totals, kind="stable")
@@ -163,17 +191,25 @@ def choose_from_trace(
         pick = hits[0]
     else:
         pick = rank[0]
-    name_id = uniq[pick]
+    name_id = int(uniq[pick])
+    name = str(strings[name_id])
     stage_total = int(totals.sum())
-    # Place it: launches of this name in launch order (GPU start order within a process).
-    same = np.flatnonzero(is_kernel & (ops.name_id == name_id))
-    same = same[np.argsort(ops.start_ns[same], kind="stable")]
-    first_in_stage = np.flatnonzero(mask[same])
-    launch_skip = int(first_in_stage[0]) if len(first_in_stage) else 0
-    if len(np.unique(ops.pid[same])) > 1:
+    # Place it. One Python step per distinct kernel name (not per op): which names share
+    # the chosen one's function name, i.e. which launches ncu's filter will also count.
+    base = function_name(name)
+    kernel_ids = np.unique(ops.name_id[is_kernel])
+    same_base = np.array([i for i in kernel_ids.tolist() if function_name(str(strings[i])) == base], dtype=np.int64)
+    _has, _tid, launch_t = _launch_times(trace)
+    cand = np.flatnonzero(is_kernel & np.isin(ops.name_id, same_base))
+    cand = cand[np.lexsort((ops.start_ns[cand], launch_t[cand]))]
+    chosen = np.flatnonzero(mask[cand] & (ops.name_id[cand] == name_id))
+    launch_skip = int(chosen[0]) if len(chosen) else 0
+    if len(same_base) > 1:
+        notes.append(f"{len(same_base)} kernel names share the function name {base!r}: launch-skip counts them all")
+    if len(np.unique(ops.pid[cand])) > 1:
         notes.append("the kernel ran in several processes: the launch count is over all of them")
     return KernelChoice(
-        name=str(strings[name_id]),
+        name=name,
         stage=stage,
         total_ns=int(totals[pick]),
         count=int(counts[pick]),
@@ -244,13 +280,13 @@ def choose_from_report(data: dict, *, stage: str | None = None, kernel: str | No
 
 
 def kernel_regex(name: str) -> tuple[str, str]:
-    """(``--kernel-name-base``, ``-k`` value) matching exactly this trace name.
+    """(``--kernel-name-base``, ``--kernel-name``) for a trace kernel name.
 
-    Trace readers keep either the demangled signature (has ``(``) or the short function
-    name; ncu can match against either, so the base follows the name's form.
+    Demangled signatures differ between nsys and ncu in details (``(int)512`` vs ``512``),
+    so the match is on the bare function name, which both tools agree on; a namespace
+    prefix is tolerated in case a tool keeps it.
     """
-    base = "demangled" if "(" in name else "function"
-    return base, f"regex:^{re.escape(name)}$"
+    return "function", f"regex:(^|::){re.escape(function_name(name))}$"
 
 
 def ncu_command(

@@ -100,12 +100,21 @@ class Nsys(Profiler):
         self.options = options or NsysOptions()
         self.uses_capture_range = self.options.capture == "steady"
 
-    def trace_flags(self) -> list[str]:
+    def trace_flags_launch(self) -> list[str]:
+        """What to trace (valid for ``nsys profile`` and ``nsys launch``)."""
         traces = "cuda,nvtx,osrt" if self.options.osrt else "cuda,nvtx"
-        flags = [f"--trace={traces}", "--sample=none", "--cpuctxsw=none"]
+        flags = [f"--trace={traces}"]
         if self.options.cuda_graph_trace:
             flags.append(f"--cuda-graph-trace={self.options.cuda_graph_trace}")
         return flags
+
+    def sampling_flags(self) -> list[str]:
+        """No CPU sampling or context switches (valid for ``nsys profile`` and ``nsys start``)."""
+        return ["--sample=none", "--cpuctxsw=none"]
+
+    def trace_flags(self) -> list[str]:
+        t = self.trace_flags_launch()
+        return t[:1] + self.sampling_flags() + t[1:]
 
     def capture_flags(self) -> list[str]:
         if self.options.capture == "steady":

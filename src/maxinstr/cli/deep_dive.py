@@ -1,0 +1,171 @@
+"""`maxinstr deep-dive SOURCE [--stage S] [--kernel RX] [-- CMD ...]`: profile the dominant
+kernel of a stage with Nsight Compute and print why it is as fast as it is."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import click
+
+from maxinstr.errors import MaxinstrError
+from maxinstr.launch import deep_dive as dd
+from maxinstr.launch import runner
+from maxinstr.launch import supervise as sv
+from maxinstr.launch.env import detect_environment, find_tool
+
+
+def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str | None, warmup: int | None):
+    """(choice, app command from the run, from_capture_start, run_dir or None, stage specs)."""
+    run_dir: Path | None = None
+    launch = None
+    app: list[str] = []
+    specs: list[str] = []
+    from_capture = False
+    trace_path = trace_opt
+    report = None
+    if source.is_dir() and (source / "meta.json").exists():
+        run_dir = source
+        launch = runner.read_launch(source)
+        meta = json.loads((source / "meta.json").read_text(encoding="utf-8"))
+        if launch is not None:
+            app = list(launch.get("command") or [])
+            specs = list(launch.get("stage_specs") or [])
+            from_capture = (launch.get("profiler") or {}).get("capture") == "steady" and (launch.get("profiler") or {}).get("name") == "nsys"
+            trace_path = trace_path or ((launch.get("artifact") or {}).get("files") or {}).get("trace")
+        else:
+            app = list(meta.get("command") or [])
+        trace_path = trace_path or ((meta.get("profiler") or {}).get("trace"))
+        if warmup is None:
+            warmup = 0 if from_capture else int(meta.get("warmup") or 0)
+    elif source.suffix == ".json":
+        report = dd.load_report_json(source)
+        trace_path = trace_path or (report.get("sources") or {}).get("trace")
+        run_src = (report.get("sources") or {}).get("run")
+        if run_src and Path(run_src).is_dir():
+            launch = runner.read_launch(run_src)
+            if launch:
+                app = list(launch.get("command") or [])
+                specs = list(launch.get("stage_specs") or [])
+                from_capture = (launch.get("profiler") or {}).get("capture") == "steady"
+    else:
+        trace_path = trace_path or str(source)
+    if trace_path and Path(trace_path).exists():
+        from maxinstr.traces import open_trace
+
+        trace = open_trace(trace_path)
+        choice = dd.choose_from_trace(trace, stage=stage, kernel=kernel, warmup_instances=warmup or 0)
+    elif report is not None:
+        choice = dd.choose_from_report(report, stage=stage, kernel=kernel, source=str(source))
+    else:
+        raise MaxinstrError(f"{source}: no trace to choose a kernel from (give --trace FILE, or a run made by `maxinstr run`)")
+    return choice, app, from_capture, run_dir, specs
+
+
+@click.command(
+    "deep-dive",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True},
+    short_help="Profile the dominant kernel of a stage with Nsight Compute.",
+)
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option("--trace", "trace_opt", default=None, help="Trace to choose from (default: the run's own).")
+@click.option("--stage", default=None, help="Stage whose dominant kernel to take (default: the whole trace).")
+@click.option("--kernel", default=None, metavar="REGEX", help="Take the top kernel whose name matches REGEX instead.")
+@click.option("--warmup", type=int, default=None, help="Warm-up instances of the stage in the trace (default: from the run).")
+@click.option("--launch-skip", type=int, default=None, help="Override the computed launch skip.")
+@click.option("--section", "sections", multiple=True, help=f"ncu sections (default: {', '.join(dd.DEFAULT_SECTIONS)}).")
+@click.option("-o", "--out", type=click.Path(path_type=Path), default=None, help="Output folder (default RUN/deep-dive).")
+@click.option("--ncu", "ncu_path", default=None, help="ncu executable (default: found on PATH).")
+@click.option("--csv", "csv_file", type=click.Path(exists=True, path_type=Path), default=None,
+              help="Read an existing `ncu --csv --page details` output instead of running ncu.")
+@click.option("--dry-run", is_flag=True, help="Print the ncu command, do not run it.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+@click.option("--timeout", "timeout_s", type=float, default=None, help="Stop ncu after this many seconds.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def command(source, trace_opt, stage, kernel, warmup, launch_skip, sections, out, ncu_path, csv_file, dry_run,  # noqa: ANN001
+            as_json, timeout_s, command) -> None:
+    """Pick the dominant kernel of a stage from SOURCE (a run directory made by `maxinstr
+    run`, a trace, or a report JSON), profile one steady-state launch of it with ncu, and
+    print a verdict: compute-, memory- or latency-bound, occupancy and its limiter,
+    registers and spills. The program is re-run: the one recorded in the run, or CMD.
+
+    \b
+    maxinstr deep-dive runs/decode --stage decode
+    maxinstr deep-dive profile.sqlite --kernel gemv -- python decode.py
+    """
+    if csv_file is not None:
+        launches = dd.parse_ncu_csv(csv_file.read_text(encoding="utf-8", errors="replace"), str(csv_file))
+        _print_verdicts(launches, as_json)
+        return
+    choice, app, from_capture, run_dir, specs = _resolve(source, trace_opt, stage, kernel, warmup)
+    cmd_args = list(command)
+    if cmd_args and cmd_args[0] == "--":
+        cmd_args = cmd_args[1:]
+    app = cmd_args or app
+    if launch_skip is not None:
+        choice.launch_skip = launch_skip
+    share = f", {choice.share:.0%} of the stage's kernel time" if choice.share is not None else ""
+    click.echo(f"maxinstr: kernel: {choice.name}", err=True)
+    click.echo(f"maxinstr:   {choice.count} launches, {choice.total_ns / 1e6:.3f} ms{share}; "
+               f"steady-state instance = launch {choice.launch_skip} of its function name"
+               + (" counted from the capture start" if from_capture else ""), err=True)
+    for note in choice.notes:
+        click.echo(f"maxinstr:   note: {note}", err=True)
+
+    env_info = detect_environment(tools=("ncu",), probe_versions=False)
+    if env_info.vendor == "amd":
+        click.echo(f"maxinstr: {dd.amd_equivalent(choice, app)}")
+        return
+    out_dir = out or ((run_dir / "deep-dive") if run_dir else Path("deep-dive"))
+    rep = (out_dir / "kernel.ncu-rep").resolve()
+    ncu = ncu_path or env_info.tool("ncu").path or "ncu"
+    ncu_cmd = dd.ncu_command(choice, app, output=rep, ncu=ncu, sections=tuple(sections) or dd.DEFAULT_SECTIONS,
+                             from_capture_start=from_capture)
+    click.echo(f"maxinstr: ncu command: {shlex.join(ncu_cmd)}", err=True)
+    if dry_run:
+        return
+    if not app:
+        raise MaxinstrError("no program to profile: give it after -- (the run records none)")
+    tool = find_tool("ncu", probe_version=False) if ncu_path is None else None
+    if ncu_path is None and (tool is None or not tool.found):
+        raise MaxinstrError(f"ncu is not installed: {env_info.tool('ncu').install_hint()}")
+    sv.ensure_dir(out_dir)
+    for stale in (out_dir / "ncu.log", out_dir / "details.csv", rep):
+        stale.unlink(missing_ok=True)
+    spec = runner.RunSpec(command=app, run_dir=out_dir / "ncu-run")
+    opts = runner.RunOptions(stage_specs=specs, echo=None)
+    env = runner.child_env(spec, opts, sv.ensure_dir(spec.run_dir))
+    if from_capture:
+        env["MAXINSTR_CAPTURE"] = "1"  # the session issues cuProfilerStart at steady state
+    log = out_dir / "ncu.log"
+    click.echo(f"maxinstr: running ncu (kernel replay is slow; log {log}) ...", err=True)
+    result = sv.supervise(ncu_cmd, env=env, log_path=log, timeout_s=timeout_s, echo=None)
+    if not result.ok:
+        tail = "\n".join("    " + line for line in result.tail[-8:])
+        raise MaxinstrError(f"ncu {result.describe()}; log {log}:\n{tail}")
+    if not rep.exists():
+        raise MaxinstrError(f"{rep}: ncu wrote no report (the kernel filter matched no launch?); log {log}")
+    imported = sv.supervise(dd.ncu_import_command(rep, ncu), log_path=out_dir / "details.csv", echo=None,
+                            fatal_patterns=None, timeout_s=timeout_s)
+    if not imported.ok:
+        raise MaxinstrError(f"`ncu --import {rep}` {imported.describe()}")
+    launches = dd.parse_ncu_csv((out_dir / "details.csv").read_text(encoding="utf-8", errors="replace"),
+                                str(out_dir / "details.csv"))
+    verdicts = _print_verdicts(launches, as_json)
+    (out_dir / "verdict.json").write_text(json.dumps({
+        "choice": choice.to_json(), "ncu_command": ncu_cmd, "verdicts": verdicts,
+    }, indent=2) + "\n", encoding="utf-8")
+    click.echo(f"maxinstr: files: report {rep} (open with `ncu-ui {rep}`), details {out_dir / 'details.csv'}, "
+               f"verdict {out_dir / 'verdict.json'}, log {log}", err=True)
+
+
+def _print_verdicts(launches: list[dd.NcuLaunch], as_json: bool) -> list[dict]:
+    verdicts = [dd.make_verdict(launch) for launch in launches]
+    if as_json:
+        click.echo(json.dumps([v.to_json() for v in verdicts], indent=2))
+    else:
+        for launch, verdict in zip(launches, verdicts):
+            for line in dd.verdict_lines(verdict, launch.rules):
+                click.echo(line)
+    return [v.to_json() for v in verdicts]
