@@ -1,0 +1,146 @@
+"""`maxinstr snapshot`: is my GPU being used? Watch the GPUs for a while (or while a command
+runs) and print, per GPU, utilization, SM activity, memory, power, throttling and a verdict."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import click
+
+
+def _fmt_pct(mean: float, peak: float) -> str:
+    if not math.isfinite(mean):
+        return "-"
+    return f"{mean:.0f}/{peak:.0f}"
+
+
+def _fmt_gib(x: float) -> str:
+    return f"{x / 2**30:.1f}" if math.isfinite(x) else "-"
+
+
+def render(summaries: list, meta: dict[str, Any], console) -> None:
+    """The rich table (rendering only; numbers from maxinstr.sample.summary)."""
+    from rich.table import Table
+
+    from maxinstr.sample.base import THROTTLE_BITS
+    from maxinstr.sample.summary import THRESHOLDS
+
+    groups = dict(THROTTLE_BITS)
+    from rich import box
+
+    table = Table(title="GPU snapshot (mean/peak over the active window)", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("GPU", overflow="fold")
+    for col in ("util %", "SM act %", "mem GiB\npeak/total", "power W"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("HW\nthrottle", justify="right", no_wrap=True)
+    table.add_column("verdict", no_wrap=True)
+    styles = {"busy": "green", "idle": "dim", "host-bound": "yellow", "launch/sync-bound": "yellow"}
+    for s in summaries:
+        reasons = []
+        for name, pct in sorted(s.throttle_pct.items(), key=lambda kv: -kv[1]):
+            label = f"{name} {pct:.0f}%"
+            reasons.append(f"[bold red]{label}[/]" if groups.get(name) == "throttle" else label)
+        s._reasons = ", ".join(reasons) or "none"  # type: ignore[attr-defined]
+        table.add_row(
+            f"{s.visible_index} {s.name}",
+            _fmt_pct(s.util_mean_pct, s.util_peak_pct),
+            _fmt_pct(s.sm_active_mean_pct, s.sm_active_peak_pct) if math.isfinite(s.sm_active_mean_pct) else "n/a",
+            f"{_fmt_gib(s.mem_used_peak_bytes)}/{_fmt_gib(s.mem_total_bytes)}",
+            _fmt_pct(s.power_mean_w, s.power_peak_w),
+            f"[bold red]{s.hw_throttle_pct:.0f}%[/]" if s.hw_throttle_pct else "none",
+            f"[{styles[s.verdict]}]{s.verdict}[/]",
+        )
+    console.print(table)
+    for s in summaries:
+        console.print(f"GPU {s.visible_index}: [{styles[s.verdict]}]{s.verdict}[/]: {s.why}; "
+                      f"clock limits (% of samples): {s._reasons}; "  # type: ignore[attr-defined]
+                      f"{s.samples} samples, active {s.active_s:.1f} of {s.window_s:.1f} s")
+    console.print("thresholds: " + "; ".join(f"{k}: {v}" for k, v in THRESHOLDS.items()), style="dim")
+    console.print("hardware throttling (red) is told apart from idle and from clock settings "
+                  "(app_clocks, user_clocks, sync_boost, display_clocks).", style="dim")
+    for e in meta.get("errors", [])[:10]:
+        console.print(f"note: {e['message']}", style="dim")
+
+
+@click.command("snapshot", context_settings={"ignore_unknown_options": True})
+@click.option("--duration", type=float, default=None,
+              help="Seconds to watch (default 5 without a command; with one: until it ends).")
+@click.option("--interval", type=float, default=0.05, show_default=True, help="Seconds between samples.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of a table.")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
+def command(duration: float | None, interval: float, as_json: bool, cmd: tuple[str, ...]) -> None:
+    """Watch the GPUs and say whether they are used: idle, host-bound, launch/sync-bound or busy.
+
+    \b
+    maxinstr snapshot --duration 10
+    maxinstr snapshot -- python train.py      (exits with the command's status)
+    """
+    from rich.console import Console
+
+    from maxinstr.cli import UserError
+    from maxinstr.sample import read_samples, start_sampler
+    from maxinstr.sample.summary import summarize
+
+    if interval <= 0:
+        raise UserError("--interval must be positive")
+    if duration is not None and duration <= 0:
+        raise UserError("--duration must be positive")
+    # the table goes to stderr when a command runs, so its stdout stays the command's own
+    console = Console(stderr=bool(cmd))
+    with tempfile.TemporaryDirectory(prefix="maxinstr-snapshot-") as tmp:
+        child: subprocess.Popen | None = None
+        if cmd:
+            try:
+                child = subprocess.Popen(list(cmd))
+            except OSError as exc:
+                raise UserError(f"cannot run {cmd[0]}: {exc.strerror or exc}") from None
+        sampler = start_sampler(tmp, interval, pids=[child.pid] if child else [])
+        if sampler.unavailable or not sampler.devices:
+            reason = sampler.unavailable or "no visible GPU"
+            sampler.stop()
+            if child is not None:
+                child.terminate()
+                child.wait()
+            raise UserError(f"no GPU to watch ({reason})")
+        code = 0
+        try:
+            if child is None:
+                time.sleep(5.0 if duration is None else duration)
+            else:
+                deadline = None if duration is None else time.monotonic() + duration
+                while child.poll() is None:
+                    if deadline is not None and time.monotonic() >= deadline and sampler.running:
+                        sampler.stop()  # watched long enough; the command goes on
+                    time.sleep(0.05)
+        except KeyboardInterrupt:
+            pass  # Ctrl-C reached the command too (same process group); summarize what we have
+        finally:
+            sampler.stop()
+            if child is not None:
+                try:
+                    code = child.wait()
+                except KeyboardInterrupt:
+                    child.kill()
+                    code = child.wait()
+        samples = read_samples(tmp)
+    summaries = summarize(samples)
+    if as_json:
+        doc = {"gpus": [s.to_json() for s in summaries], "errors": samples.errors,
+               "backend": samples.meta.get("backend"), "interval_s": interval}
+        click.echo(json.dumps(doc, indent=1), err=bool(cmd))
+    else:
+        render(summaries, samples.meta, console)
+    if code:
+        # a command killed by a signal exits like a shell reports it: 128 + signal number.
+        # SystemExit, not click's Exit: maxinstr.cli.main drops the code click returns for Exit.
+        sys.exit(128 - code if code < 0 else code)
+
+
+__all__ = ["command", "render"]
