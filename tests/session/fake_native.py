@@ -16,19 +16,41 @@ import numpy as np
 from maxinstr.rundir import format as fmt
 
 
-def native():
-    """The real ``maxinstr._native`` when it imports, else this fake installed in its place."""
+def real():
+    """The real ``maxinstr._native`` when it is built and importable, else None."""
     try:
-        from maxinstr import _native  # noqa: F401
-
-        if getattr(_native, "__fake__", False) or hasattr(_native, "drain"):
-            return _native
+        from maxinstr import _native
     except ImportError:
-        pass
-    return install()
+        return None
+    return None if getattr(_native, "__fake__", False) else _native
+
+
+def native():
+    """The real core when built, else the fake installed in its place (for child scripts)."""
+    return real() or install()
+
+
+_STATES: list = []
+
+
+def _reset_all():
+    for state in _STATES:
+        state.reset()
+
+
+os.register_at_fork(after_in_child=_reset_all)
 
 
 def install():
+    mod = make()
+    sys.modules["maxinstr._native"] = mod
+    import maxinstr
+
+    maxinstr._native = mod
+    return mod
+
+
+def make():
     mod = types.ModuleType("maxinstr._native")
     mod.__fake__ = True
     state = _State()
@@ -46,11 +68,7 @@ def install():
     mod.profiler_start = lambda: state.profiler(True)
     mod.profiler_stop = lambda: state.profiler(False)
     mod._state = state
-    sys.modules["maxinstr._native"] = mod
-    import maxinstr
-
-    maxinstr._native = mod
-    os.register_at_fork(after_in_child=state.reset)
+    _STATES.append(state)
     return mod
 
 

@@ -205,8 +205,10 @@ def _read_part(
             raise RunDirError(part_json, "not a JSON object")
         info.update(loaded)
     pid, rank = _pid_rank_from_name(pdir.name)
-    info.setdefault("pid", pid)
-    info.setdefault("rank", rank)
+    for key, fallback in (("pid", pid), ("rank", rank)):
+        value = info.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 31:
+            info[key] = fallback  # the folder name says it too; never trust a damaged value
     info["name"] = pdir.name
     info["path"] = str(pdir)
 
@@ -238,8 +240,8 @@ def _read_part(
         mapping_ids = np.array([names.intern(local_names.get(int(i), f"<name {int(i)}>")) for i in used], dtype=np.int32)
         table["name_id"] = mapping_ids[np.searchsorted(used, rows["name_id"])]
     table["part"] = index
-    table["pid"] = info["pid"] if info["pid"] is not None else -1
-    table["rank"] = -1 if info.get("rank") is None else int(info["rank"])
+    table["pid"] = -1 if info["pid"] is None else info["pid"]
+    table["rank"] = -1 if info["rank"] is None else info["rank"]
     tables.append(table)
 
     if (pdir / fmt.SAMPLES_FILE).exists() or (pdir / fmt.SAMPLES_LAYOUT_FILE).exists():
