@@ -36,3 +36,16 @@ def disable() -> None:
 
 
 __all__ = ["stage", "mark", "enable", "disable", "is_enabled", "clock_ns"]
+
+# A process started from inside an open session (spawn/forkserver children, subprocesses) or
+# under `maxinstr run` joins that run here, so its stages land in a part of its own
+# (maxinstr/record/session.py). Never lets a problem there break `import maxinstr.record`.
+import os as _os
+
+if _os.environ.get("MAXINSTR_SESSION_DIR") or _os.environ.get("MAXINSTR_RUN_DIR"):
+    try:
+        from maxinstr.record.session import ensure_env_session as _ensure_env_session
+
+        _ensure_env_session()
+    except Exception:  # noqa: BLE001
+        pass
