@@ -1,0 +1,329 @@
+"""Stage overhead: median ns per enter+exit, maxinstr against what users do today.
+
+    python benchmarks/stage_overhead.py                 # all cases that can run here
+    python benchmarks/stage_overhead.py --quick --json out.json
+
+Cases (each skipped when its package or a GPU is missing):
+  baseline: empty loop, empty Python context manager
+  maxinstr: disabled; ranges + host clock (gpu=False); ranges + GPU events (boundary sharing on,
+            the default, and off: two events per stage)
+  peers:    nvtx-python `annotate` context manager and domain push/pop with cached attributes;
+            torch.cuda.nvtx push/pop + a torch.cuda.Event pair; torch.profiler.record_function;
+            CuPy Event pair + cupyx.profiler.time_range
+Plus perturbation (GPU only): a decode-like step of 20 tiny launches with 3 stages per step,
+bare vs maxinstr (ranges + GPU events) vs torch's nvtx + Event pair per stage.
+
+Numbers are per enter+exit including the loop (`empty loop` row); ratios are against maxinstr
+ranges + host clock. NVTX calls are nearly free with no tool attached: run it under nsys too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Callable
+
+Case = Callable[[int], None]
+
+
+def _median_ns(fn: Case, n: int, repeats: int) -> float:
+    fn(min(n, 1000))  # warm
+    per = []
+    for _ in range(repeats):
+        gc.disable()
+        t0 = time.perf_counter_ns()
+        fn(n)
+        t1 = time.perf_counter_ns()
+        gc.enable()
+        per.append((t1 - t0) / n)
+    return statistics.median(per)
+
+
+def _cases() -> tuple[dict[str, Case], dict[str, str], dict]:
+    cases: dict[str, Case] = {}
+    skipped: dict[str, str] = {}
+    ctx: dict = {}
+
+    def empty_loop(n):
+        for _ in range(n):
+            pass
+
+    class Empty:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    def empty_cm(n):
+        for _ in range(n):
+            with Empty():
+                pass
+
+    cases["empty loop"] = empty_loop
+    cases["empty Python context manager"] = empty_cm
+
+    # A context must be current for maxinstr's default GPU timing (it never creates one).
+    torch = cupy = None
+    try:
+        import torch as _torch
+
+        if _torch.cuda.is_available():
+            torch = _torch
+            torch.zeros(1, device="cuda")
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        skipped["torch"] = f"{type(e).__name__}: {e}"[:80]
+    try:
+        import cupy as _cupy
+
+        _cupy.zeros(1)
+        _cupy.cuda.Device().synchronize()
+        cupy = _cupy
+    except Exception as e:  # noqa: BLE001
+        skipped["cupy"] = f"{type(e).__name__}: {e}"[:80]
+    ctx["torch"], ctx["cupy"] = torch, cupy
+
+    from maxinstr import _native
+
+    st = _native.stage
+
+    def mi_disabled(n):
+        _native.set_enabled(False)
+        try:
+            for _ in range(n):
+                with st("x"):
+                    pass
+        finally:
+            _native.set_enabled(True)
+
+    def mi_host(n):
+        for _ in range(n):
+            with st("x", gpu=False):
+                pass
+        _native.drain()
+
+    cases["maxinstr disabled"] = mi_disabled
+    cases["maxinstr ranges + host clock"] = mi_host
+
+    # probe GPU timing availability
+    with st("probe"):
+        pass
+    _native.resolve(block=True)
+    _native.drain()
+    stats = _native.stats()
+    ctx["native_stats"] = stats
+    if stats["event_pool_size"] > 0:
+
+        def mi_gpu(n):
+            for _ in range(n):
+                with st("x"):
+                    pass
+            _native.resolve(block=True)
+            _native.drain()
+
+        def mi_gpu_noshare(n):
+            old = _native._configure_events()["share_ns"]
+            _native._configure_events(share_ns=0)
+            try:
+                mi_gpu(n)
+            finally:
+                _native._configure_events(share_ns=old)
+
+        cases["maxinstr ranges + GPU events (shared boundaries)"] = mi_gpu
+        cases["maxinstr ranges + GPU events (2 events/stage)"] = mi_gpu_noshare
+    else:
+        skipped["maxinstr GPU events"] = f"no GPU timing here (backend {stats['gpu_backend']})"
+
+    try:
+        import nvtx
+
+        def nvtx_annotate(n):
+            for _ in range(n):
+                with nvtx.annotate("x"):
+                    pass
+
+        dom = nvtx.get_domain("bench")
+        attr = dom.get_event_attributes(message="x")
+
+        def nvtx_domain(n):
+            push, pop = dom.push_range, dom.pop_range
+            for _ in range(n):
+                push(attr)
+                pop()
+
+        cases["nvtx.annotate context manager"] = nvtx_annotate
+        cases["nvtx domain push/pop, cached attrs"] = nvtx_domain
+    except ImportError as e:
+        skipped["nvtx"] = str(e)[:80]
+
+    if torch is not None:
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        push, pop = torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
+
+        def torch_nvtx_events(n):
+            for _ in range(n):
+                push("x")
+                e0.record()
+                e1.record()
+                pop()
+            torch.cuda.synchronize()
+
+        def torch_record_function(n):
+            rf = torch.profiler.record_function
+            for _ in range(n):
+                with rf("x"):
+                    pass
+
+        cases["torch.cuda.nvtx + Event pair"] = torch_nvtx_events
+        cases["torch.profiler.record_function"] = torch_record_function
+
+    if cupy is not None:
+        from cupyx.profiler import time_range
+
+        c0, c1 = cupy.cuda.Event(), cupy.cuda.Event()
+
+        def cupy_events_range(n):
+            for _ in range(n):
+                with time_range("x"):
+                    c0.record()
+                    c1.record()
+            cupy.cuda.Device().synchronize()
+
+        cases["CuPy Event pair + time_range"] = cupy_events_range
+
+    return cases, skipped, ctx
+
+
+def perturbation(ctx: dict, steps: int) -> dict | None:
+    """A decode-like step: 20 tiny launches, 3 stages (step > attn, mlp), synchronised per step."""
+    torch, cupy = ctx["torch"], ctx["cupy"]
+    from maxinstr import _native
+
+    st = _native.stage
+    if torch is not None:
+        x = torch.zeros(256, device="cuda")
+
+        def launch():
+            x.add_(1.0)
+
+        sync = torch.cuda.synchronize
+        lib = "torch"
+    elif cupy is not None:
+        x = cupy.zeros(256, dtype=cupy.float32)
+
+        def launch():
+            x.__iadd__(1.0)
+
+        sync = cupy.cuda.Device().synchronize
+        lib = "cupy"
+    else:
+        return None
+    if ctx["native_stats"]["event_pool_size"] <= 0:
+        return None
+
+    def bare():
+        for _ in range(10):
+            launch()
+        for _ in range(10):
+            launch()
+        sync()
+
+    def instrumented():
+        with st("step"):
+            with st("attn"):
+                for _ in range(10):
+                    launch()
+            with st("mlp"):
+                for _ in range(10):
+                    launch()
+        sync()
+
+    variants = {"bare": bare, "maxinstr": instrumented}
+    if torch is not None:
+        push, pop = torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(6)]
+
+        def torch_way():
+            push("step")
+            ev[0].record()
+            push("attn")
+            ev[2].record()
+            for _ in range(10):
+                launch()
+            ev[3].record()
+            pop()
+            push("mlp")
+            ev[4].record()
+            for _ in range(10):
+                launch()
+            ev[5].record()
+            pop()
+            ev[1].record()
+            pop()
+            sync()
+
+        variants["torch nvtx + Event pairs"] = torch_way
+
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for f in variants.values():
+        for _ in range(50):
+            f()
+    block = 50
+    for _ in range(max(1, steps // block)):  # interleave blocks against drift
+        for k, f in variants.items():
+            t0 = time.perf_counter_ns()
+            for _ in range(block):
+                f()
+            times[k].append((time.perf_counter_ns() - t0) / block / 1000)
+        _native.resolve()
+        _native.drain()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"lib": lib, "step_us": med, "overhead_pct": {k: 100 * (v / med["bare"] - 1) for k, v in med.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=20000, help="enter+exit per repeat")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=1000, help="perturbation steps per variant")
+    ap.add_argument("--quick", action="store_true", help="n=5000, 5 repeats, 300 steps")
+    ap.add_argument("--json", help="write results here")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.n, a.repeats, a.steps = 5000, 5, 300
+    cases, skipped, ctx = _cases()
+    res = {name: _median_ns(fn, a.n, a.repeats) for name, fn in cases.items()}
+    ref = res["maxinstr ranges + host clock"]
+    tool = "nsys" if any(k.startswith("NSYS") for k in os.environ) or "NVTX_INJECTION64_PATH" in os.environ else "none"
+    print(f"stage overhead, median ns per enter+exit ({a.n} x {a.repeats}), tool attached: {tool}")
+    print(f"python {platform.python_version()}, {platform.machine()}, maxinstr backend "
+          f"{ctx['native_stats']['gpu_backend']}, markers {ctx['native_stats']['markers']}")
+    w = max(len(k) for k in res) + 2
+    print(f"{'case':<{w}}{'ns':>10}{'x maxinstr host':>18}")
+    for k, v in res.items():
+        print(f"{k:<{w}}{v:>10.0f}{v / ref:>18.2f}")
+    for k, why in skipped.items():
+        print(f"skipped {k}: {why}")
+    pert = perturbation(ctx, a.steps)
+    if pert:
+        print(f"\nperturbation ({pert['lib']}, 20 tiny launches, 3 stages/step, median us/step):")
+        for k, v in pert["step_us"].items():
+            print(f"  {k:<28}{v:>9.1f} us  {pert['overhead_pct'][k]:+6.1f} %")
+    else:
+        print("\nperturbation: skipped (needs a GPU with torch or CuPy)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"tool": tool, "n": a.n, "repeats": a.repeats, "ns": res, "skipped": skipped,
+                       "perturbation": pert, "python": sys.version, "stats": ctx["native_stats"]}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
