@@ -100,3 +100,81 @@ def nvtx_sum_csv(stem: str) -> dict[str, dict[str, float]]:
     path = DATA / "nsys" / f"{stem}.stats" / "nvtx_sum.csv"
     with open(path, newline="") as fh:
         return {r["Range"]: {k: float(v) for k, v in r.items() if k not in ("Range", "Style")} for r in csv.DictReader(fh)}
+
+
+def nvtx_host_durations(stem: str) -> dict[str, np.ndarray]:
+    """Host durations (end - start) of every NVTX push/pop range of a fixture, by nsys's range
+    name ('domain:text'), read with sqlite3 straight from NVTX_EVENTS (eventType 59 = PushPop)."""
+    path = DATA / "nsys" / f"{stem}.sqlite"
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        domains = dict(con.execute(
+            "SELECT domainId, COALESCE(text, '') FROM NVTX_EVENTS WHERE eventType = 75").fetchall())
+        rows = con.execute(
+            "SELECT COALESCE(e.text, s.value), e.domainId, e.end - e.start FROM NVTX_EVENTS e "
+            "LEFT JOIN StringIds s ON s.id = e.textId WHERE e.eventType = 59 AND e.end IS NOT NULL"
+        ).fetchall()
+    finally:
+        con.close()
+    out: dict[str, list[int]] = {}
+    for text, dom, dur in rows:
+        out.setdefault(f"{domains.get(dom, '')}:{text}", []).append(dur)
+    return {k: np.array(v, dtype=np.int64) for k, v in out.items()}
+
+
+def run_from_nsys_fixture(dest: Path, stem: str, *, warmup: int = 0, profiler: bool = True,
+                          mark_steps: str | None = "decode") -> Path:
+    """A run directory holding the stage records behind a real nsys fixture's NVTX ranges.
+
+    Every push/pop range of the fixture becomes a record with the range's int64 payload as
+    its id (what maxinstr's NVTX ranges carry), its thread, host times, nesting (parent and
+    depth on the same thread) and, for ``mark_steps`` records, ``step`` = position under the
+    parent. Written through the real :class:`~maxinstr.rundir.writer.PartWriter`. No GPU event
+    times: the fixture's script took none.
+    """
+    from maxinstr.rundir import format as fmt
+    from maxinstr.rundir.writer import PartWriter, write_json_atomic
+
+    path = DATA / "nsys" / f"{stem}.sqlite"
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = con.execute(
+            "SELECT COALESCE(e.text, s.value), e.start, e.end, e.globalTid, e.int64Value FROM NVTX_EVENTS e "
+            "LEFT JOIN StringIds s ON s.id = e.textId WHERE e.eventType = 59 AND e.end IS NOT NULL ORDER BY e.start"
+        ).fetchall()
+    finally:
+        con.close()
+    names = sorted({r[0] for r in rows})
+    name_id = {n: i for i, n in enumerate(names)}
+    rec = np.zeros(len(rows), dtype=fmt.STAGE_DTYPE)
+    stack: dict[int, list[int]] = {}
+    seen_under: dict[tuple[int, str], int] = {}
+    for i, (text, start, end, gtid, payload) in enumerate(rows):
+        tid = int(gtid) & 0xFFFFFF
+        st = stack.setdefault(tid, [])
+        while st and rows[st[-1]][2] < start:
+            st.pop()
+        parent = st[-1] if st else -1
+        rec[i]["id"] = int(payload) if payload is not None else i + 1
+        rec[i]["parent_id"] = rec[parent]["id"] if parent >= 0 else -1
+        rec[i]["tid"] = tid
+        rec[i]["host_start_ns"], rec[i]["host_end_ns"] = start, end
+        rec[i]["gpu_start_ns"] = rec[i]["gpu_end_ns"] = -1
+        key = (parent, text)
+        pos = seen_under.get(key, 0)
+        seen_under[key] = pos + 1
+        rec[i]["step"] = pos if text == mark_steps else -1
+        rec[i]["name_id"] = name_id[text]
+        rec[i]["depth"] = len(st)
+        st.append(i)
+    dest.mkdir(parents=True, exist_ok=True)
+    meta = {"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION, "status": "closed", "warmup": warmup,
+            "command": ["python3", f"tests/data/scenarios/{'decode_loop.py' if 'decode' in stem else 'small_nvtx.py'}"],
+            "gpus": [{"index": 0, "name": "NVIDIA H200"}], "driver": "580.159", "cuda": "13.0",
+            "frameworks": {"torch": "2.11"},
+            "profiler": {"name": "nsys", "command": ["nsys", "profile", "-t", "cuda,nvtx"]} if profiler else None}
+    write_json_atomic(dest / fmt.META_FILE, meta)
+    w = PartWriter(dest / fmt.PARTS_DIR / "p1", {"pid": 1})
+    w.write(rec, {i: n for n, i in name_id.items()})
+    w.close(status="closed")
+    return dest

@@ -32,9 +32,11 @@ MOE_GROUPED_SHARE = 0.15
 ROUTING_RIVALS = 0.5  # routing >= half the grouped matmul time
 QUANT_VS_MATMUL = 0.25
 UNFUSED_ELEMENTWISE_SHARE = 0.3
+UNFUSED_SOFTMAX_SHARE = 0.02  # below this a softmax is more likely a loss's log-softmax than attention
 REPREFILL_SPEARMAN = 0.8
 REPREFILL_GROWTH = 1.5
 REPREFILL_MIN_STEPS = 8
+REPREFILL_KERNEL_OVERLAP = 0.6
 LAUNCH_BOUND_BUSY = 0.6
 LAUNCH_BOUND_MIN_KERNELS = 5
 HOST_BOUND_GPU_OVER_HOST = 0.3
@@ -251,7 +253,7 @@ def rule_unfused(report: dict) -> list[dict]:
         if mm > 0 and att == 0:
             soft = _fam_share(st, "softmax")
             manual_softmax = "exp_kernel" in names and "maxops" in names
-            if soft > 0 or manual_softmax:
+            if soft >= UNFUSED_SOFTMAX_SHARE or manual_softmax:
                 reasons.append("attention runs as matmul + softmax kernels (no fused attention kernel)")
                 ev["softmax_share"] = round(soft, 3)
                 ev["softmax_from_exp_and_max_reduce"] = manual_softmax
@@ -276,16 +278,16 @@ def rule_unfused(report: dict) -> list[dict]:
     return out
 
 
-def _mix_similarity(a: dict, b: dict) -> float:
-    fa = {f["family"]: f["share"] for f in (a.get("mix") or {}).get("families", [])}
-    fb = {f["family"]: f["share"] for f in (b.get("mix") or {}).get("families", [])}
-    keys = set(fa) | set(fb)
-    if not keys:
-        return 0.0
-    dot = sum(fa.get(k, 0) * fb.get(k, 0) for k in keys)
-    na = sum(v * v for v in fa.values()) ** 0.5
-    nb = sum(v * v for v in fb.values()) ** 0.5
-    return dot / (na * nb) if na and nb else 0.0
+def _kernel_overlap(a: dict, b: dict) -> float:
+    """Shared GPU time of two stages' kernel mixes: sum over kernel names of the smaller share.
+
+    1.0 when both run the same kernels in the same proportions. Kernel names carry the tile
+    shape (``nvjet_..._64x8_...`` for a decode GEMV-like matmul, ``..._64x64_...`` for prefill),
+    so a decode step that re-runs the prompt shows the prefill's kernels, not just its families.
+    """
+    ka = {k["name"]: k["share"] for k in (a.get("mix") or {}).get("top_kernels", [])}
+    kb = {k["name"]: k["share"] for k in (b.get("mix") or {}).get("top_kernels", [])}
+    return float(sum(min(ka[n], kb[n]) for n in ka.keys() & kb.keys()))
 
 
 def rule_reprefill(report: dict) -> list[dict]:
@@ -304,11 +306,12 @@ def rule_reprefill(report: dict) -> list[dict]:
               "first_quarter_median_ns": tr["first_quarter_median_ns"],
               "last_quarter_median_ns": tr["last_quarter_median_ns"]}
         prefill_like = None
-        if prefills and st.get("mix"):
-            sim = max(_mix_similarity(st, p) for p in prefills)
-            ev["family_mix_similarity_to_prefill"] = round(sim, 3)
-            prefill_like = sim >= 0.9
-        shaped = " and its kernel mix matches the prefill's" if prefill_like else ""
+        others = [p for p in prefills if p["name"] != st["name"]]
+        if others and st.get("mix"):
+            overlap = max(_kernel_overlap(st, p) for p in others)
+            ev["kernel_overlap_with_prefill"] = round(overlap, 3)
+            prefill_like = overlap >= REPREFILL_KERNEL_OVERLAP
+        shaped = " and it runs the prefill's kernels" if prefill_like else ""
         out.append(_finding(
             "reprefill_quadratic",
             f"'{st['name']}' time grows with the step index ({growth:.1f}x from first to last quarter, "

@@ -114,8 +114,10 @@ def classify(names: np.ndarray, table: tuple[Family, ...] = FAMILIES) -> np.ndar
     values = np.asarray(names, dtype=object)
     if values.size == 0:
         return np.empty(0, dtype=object)
-    uniques, inverse = np.unique(values.astype(str), return_inverse=True)
-    fams = np.array([classify_one(u, table) for u in uniques], dtype=object)
+    # unique over the Python str objects themselves: casting to a fixed-width unicode array
+    # would allocate n x longest-name x 4 bytes (gigabytes for a million templated names)
+    uniques, inverse = np.unique(values, return_inverse=True)
+    fams = np.array([classify_one(str(u), table) for u in uniques], dtype=object)
     return fams[inverse.reshape(values.shape)]
 
 

@@ -24,7 +24,9 @@ FRAMEWORK_OP_DOMAINS = frozenset({"cpu_op", "python_function", "cuda_runtime", "
                                   "gpu_user_annotation", "kernel", "ac2g"})
 """Domains of ranges a framework or library emits by itself (one per aten op or API call).
 They are not stages: leaving them out keeps the stage table to what the user marked. Ops
-inside them still count towards the enclosing stage. Kept only when nothing else exists."""
+inside them still count towards the enclosing stage. Kept only when nothing else exists.
+Ranges whose name is C++-qualified (``aten::mm``, ``_C::rms_norm``: RPD/roctx op markers carry
+no domain) are treated the same way."""
 
 
 def _i64(n: int, fill: int = -1) -> np.ndarray:
@@ -153,7 +155,9 @@ def from_trace(trace, attribution=None, warmup_n: int = 0) -> StageInstances:
     if len(r):
         strings = np.asarray(trace.strings, dtype=object)
         dom = np.where(r.domain_id >= 0, strings[np.maximum(r.domain_id, 0)] if len(strings) else "", "").astype(str)
-        framework = np.isin(dom, list(FRAMEWORK_OP_DOMAINS))
+        text = np.where(r.name_id >= 0, strings[np.maximum(r.name_id, 0)] if len(strings) else "", "").astype(str)
+        # C++-qualified op names (aten::mm, _C::rms_norm) are framework op markers whatever the domain
+        framework = np.isin(dom, list(FRAMEWORK_OP_DOMAINS)) | (np.char.find(text, "::") >= 0)
         if (keep_mask & ~framework).any():
             keep_mask &= ~framework
     keep = np.flatnonzero(keep_mask) if len(r) else np.empty(0, np.int64)

@@ -34,7 +34,7 @@ def family_table(dur_ns: np.ndarray, families: np.ndarray) -> list[dict]:
     """Rows ``{family, gpu_ns, share, count}`` sorted by time, shares of the total given."""
     if len(dur_ns) == 0:
         return []
-    fams, inv = np.unique(families.astype(str), return_inverse=True)
+    fams, inv = np.unique(np.asarray(families, dtype=object), return_inverse=True)
     inv = inv.reshape(-1)
     ns = np.bincount(inv, weights=dur_ns, minlength=len(fams))
     cnt = np.bincount(inv, minlength=len(fams))

@@ -28,6 +28,8 @@ KERNELS_KEPT = 300
 appeared/disappeared lists without making the JSON huge."""
 
 STARTUP_KEPT = 50
+MIX_TOP_KERNELS = 15
+"""Top kernels kept per stage (the diagnosis rules look for markers among them)."""
 
 
 @dataclass
@@ -93,7 +95,7 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
         dur = op_durations(trace)
     else:
         fam, dur = np.empty(0, dtype=object), np.empty(0, dtype=np.int64)
-    mix = stage_mix(inst, trace, attribution, fam, dur) if trace is not None else {}
+    mix = stage_mix(inst, trace, attribution, fam, dur, top=MIX_TOP_KERNELS) if trace is not None else {}
     if samples is None and run is not None:
         samples = getattr(run, "samples", None) or None
     part_names = [p.get("name", "") for p in getattr(run, "parts", [])] if run is not None else []

@@ -1,0 +1,146 @@
+"""Diagnosis rules on reports built from the real fixtures."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from fixture_columns import nvtx_host_durations
+from maxinstr.analyze import diagnosis as dx
+from maxinstr.analyze.stats import step_trend
+
+
+def _ids(report, stage=None):
+    return [f["id"] for f in report["diagnosis"] if stage is None or f["stage"] == stage]
+
+
+def _find(report, fid, stage=None):
+    return next(f for f in report["diagnosis"] if f["id"] == fid and (stage is None or f["stage"] == stage))
+
+
+def test_h200_decode_is_healthy_mix_but_launch_bound(report_of):
+    """The decode fixture's verdict, with the reasons: its kernel mix is dense decode (matmul
+    first, norm and elementwise below), but the GPU idles between launches most of each step."""
+    r = report_of("nsys/h200_decode.sqlite")
+    healthy = _find(r, "healthy_dense_decode", "decode")
+    assert healthy["verdict"] == "fact"
+    ev = healthy["evidence"]
+    assert ev["matmul_share"] >= dx.HEALTHY_MATMUL_SHARE
+    assert ev["normalization_share"] < ev["matmul_share"] and ev["elementwise_share"] < ev["matmul_share"]
+    launch = _find(r, "launch_bound", "decode")
+    assert launch["verdict"] == "fact"
+    assert launch["evidence"]["gpu_busy_frac_median"] < dx.LAUNCH_BOUND_BUSY
+    assert launch["evidence"]["kernels_per_instance_median"] == 19
+    assert "graph" in launch["next_step"] and "maxinstr compare" in launch["validation"]
+    # the GPU span of a decode step is ~500 us while its kernels sum to well under 100 us
+    assert launch["evidence"]["idle_gap_ns_median"] > 0.5 * launch["evidence"]["gpu_proj_ns_median"]
+    # nothing claims MoE, low-bit, unfused or re-prefill on this trace
+    for absent in ("moe_decode", "moe_routing_overhead", "low_bit_quant_overhead", "reprefill_quadratic",
+                   "unfused_custom_architecture", "throttled"):
+        assert absent not in _ids(r)
+
+
+def test_dominant_kernel_names_kernel_and_command(report_of):
+    r = report_of("nsys/h200_decode.sqlite")
+    f = _find(r, "dominant_kernel", "decode")
+    assert f["evidence"]["kernel"] == "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_NNT"
+    assert f["evidence"]["share"] >= dx.DOMINANT_KERNEL_SHARE
+    assert f["command"].startswith("maxinstr deep-dive ")
+    assert "--stage decode" in f["command"] and "--kernel nvjet_sm90_tst_64x8_64x16_4x1_v_bz_NNT" in f["command"]
+
+
+def test_warmup_contamination_is_one_fact_with_numbers(report_of):
+    r = report_of("nsys/h200_decode.sqlite")
+    fs = [f for f in r["diagnosis"] if f["id"] == "warmup_contamination"]
+    assert len(fs) == 1
+    ev = fs[0]["evidence"]
+    assert ev["worst_stage"] == "sample" and ev["worst_ratio"] > 100  # 105.7 ms first sample vs ~0.31 ms
+    assert ev["excluded_from_headline"] is True
+    assert "--warmup" in fs[0]["command"]
+
+
+def test_profiled_trace_is_flagged(report_of):
+    r = report_of("nsys/h200_decode.sqlite")
+    assert _find(r, "profiled_timings")["verdict"] == "fact"
+
+
+def test_unfused_attention_in_cs336(report_of):
+    """cs336 assignment models compute softmax by hand (exp + max/sum reductions) and run
+    attention as plain sgemm: no fused attention kernel."""
+    r = report_of("nsys/cs336_2_7B_nvtx_nsys2024.6.sqlite")
+    f = _find(r, "unfused_custom_architecture")
+    assert f["verdict"] == "hypothesis"
+    assert f["evidence"]["attention_share"] == 0.0 and f["evidence"]["softmax_from_exp_and_max_reduce"] is True
+    assert f["evidence"]["matmul_share"] > 0.5
+
+
+def test_fused_attention_is_not_called_unfused(report_of):
+    r = report_of("kineto/h200_decode.pt.trace.json.gz")  # fmha_cutlassF: fused attention
+    assert "unfused_custom_architecture" not in _ids(r)
+
+
+def test_low_bit_on_vllm_fp8_trace(report_of):
+    r = report_of("rocprof/rpd/mytrace.rpd.gz")  # vLLM on ROCm: fp8 quant kernels feed Cijk F8 GEMMs
+    f = _find(r, "low_bit_weights")
+    assert f["verdict"] == "fact" and 0 < f["evidence"]["quant_over_matmul"] < dx.QUANT_VS_MATMUL
+    assert "low_bit_quant_overhead" not in _ids(r)
+
+
+def test_no_stages_rule_on_trace_without_ranges(report_of):
+    r = report_of("nsys/pipit_cloverleaf_no_nvtx_nsys2024.5.sqlite")
+    assert _find(r, "no_stages")["command"].startswith("maxinstr run")
+
+
+def test_unattributed_time_rule(report_of):
+    r = report_of("nsys/cs336_nsys2026.2.sqlite")  # ranges cover only a few % of the GPU work
+    f = _find(r, "unattributed_gpu_time")
+    assert f["evidence"]["attributed_share"] < 0.5
+
+
+def test_findings_are_deepest_stage_only(report_of):
+    r = report_of("nsys/h200_decode.sqlite")
+    # request (the parent) is launch-bound too, but the finding is reported on decode only
+    assert "launch_bound" not in _ids(r, "request")
+
+
+def test_every_finding_has_the_fields(report_of):
+    for rel in ("nsys/h200_decode.sqlite", "nsys/cs336_two_threads_nsys2025.1.sqlite", "rocprof/rpd/mytrace.rpd.gz"):
+        for f in report_of(rel)["diagnosis"]:
+            assert set(f) >= {"id", "title", "verdict", "stage", "evidence", "next_step", "command", "validation", "score"}
+            if f["verdict"] == "hypothesis":
+                assert f["validation"]  # a hypothesis says how to confirm the fix
+
+
+def test_reprefill_rule_fires_on_growing_steps_only(report_of):
+    """The rule reads ``steps``: flat on the real decode fixture (no finding); on the same
+    fixture's real per-step durations put in increasing order, as a re-prefilling loop's
+    steps would be, it fires. (A real re-prefill capture comes from benchmarks/device/40-report.sh.)"""
+    r = report_of("nsys/h200_decode.sqlite")
+    assert "reprefill_quadratic" not in _ids(r)
+    grown = copy.deepcopy(r)
+    dec = next(s for s in grown["stages"] if s["name"] == "decode")
+    d = nvtx_host_durations("h200_decode")["maxinstr:decode"]
+    dec["steps"] = {**step_trend(np.arange(len(d)), np.sort(d)), "basis": "host_ns"}
+    f = dx.rule_reprefill(grown)
+    assert [x["id"] for x in f] == ["reprefill_quadratic"]
+    assert f[0]["evidence"]["spearman"] >= dx.REPREFILL_SPEARMAN
+    # the real decode runs GEMV-shaped nvjet tiles, the prefill 64x64 tiles: little kernel overlap
+    assert f[0]["evidence"]["kernel_overlap_with_prefill"] < dx.REPREFILL_KERNEL_OVERLAP
+    assert "prefill's kernels" not in f[0]["title"]
+
+
+def test_throttled_rule_reads_stage_samples(report_of):
+    r = copy.deepcopy(report_of("nsys/h200_decode.sqlite"))
+    assert dx.rule_throttled(r) == []
+    dec = next(s for s in r["stages"] if s["name"] == "decode")
+    dec["samples"] = {"samples": 40, "throttled_share": 0.25, "throttle_reasons": {"sw_power_cap": 10}}
+    f = dx.rule_throttled(r)
+    assert f and f[0]["evidence"]["reasons"] == {"sw_power_cap": 10} and f[0]["verdict"] == "fact"
+
+
+@pytest.mark.parametrize("fid", ["moe_decode", "moe_routing_overhead"])
+def test_moe_rules_do_not_fire_without_grouped_matmul(report_of, fid):
+    for rel in ("nsys/h200_decode.sqlite", "rocprof/rpd/mytrace.rpd.gz", "kineto/h200_decode.pt.trace.json.gz"):
+        assert fid not in _ids(report_of(rel))
