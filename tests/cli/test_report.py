@@ -1,0 +1,172 @@
+"""`maxinstr report` and `maxinstr compare` end to end on the real fixtures."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "analyze"))
+
+from fixture_columns import DATA  # noqa: E402
+from maxinstr.cli import main  # noqa: E402
+
+# every trace fixture the readers accept (a folder of rocprofv3 CSVs counts as one trace)
+ALL_TRACES = sorted(
+    [str(p.relative_to(DATA)) for p in DATA.glob("nsys/*.sqlite")]
+    + [str(p.relative_to(DATA)) for p in DATA.glob("nsys/*.nsys-rep")]
+    + [str(p.relative_to(DATA)) for p in DATA.glob("kineto/*.json.gz")]
+    + [str(p.relative_to(DATA)) for p in DATA.glob("rocprof/rpd/*.rpd*")]
+    + [str(p.relative_to(DATA)) for p in DATA.glob("rocprof/*/*_trace.csv")]
+    + ["rocprof/rocprofv3_docs", "rocprof/rocprofv3_llamacpp_decode"]
+)
+
+
+def run_cli(capsys, *args):
+    rc = main(list(args))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.mark.parametrize("rel", ALL_TRACES)
+def test_report_trace_on_every_fixture(rel, capsys):
+    rc, out, err = run_cli(capsys, "report", "--trace", str(DATA / rel), "--format", "json", "--quiet")
+    if rel.endswith(".nsys-rep") and rc != 0:
+        # needs `nsys export` on PATH; without it the one-line error must say so
+        assert rc == 2 and err.count("\n") == 1 and rel.split("/")[-1] in err
+        return
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["schema"] == "maxinstr-report" and doc["gpu"]["ops"] > 0
+
+
+def test_report_text_default(capsys):
+    rc, out, _ = run_cli(capsys, "report", "--trace", str(DATA / "nsys/h200_decode.sqlite"))
+    assert rc == 0
+    assert "Stages (steady state)" in out and "decode" in out and "Diagnosis" in out
+
+
+def test_report_markdown_to_file_and_rerender_from_json(tmp_path, capsys):
+    md, js = tmp_path / "note.md", tmp_path / "r.json"
+    rc, _, err = run_cli(capsys, "report", "--trace", str(DATA / "nsys/h200_small.sqlite"), "--format", "md", "-o", str(md))
+    assert rc == 0 and "wrote" in err and md.read_text().startswith("# Performance note")
+    assert run_cli(capsys, "report", "--trace", str(DATA / "nsys/h200_small.sqlite"), "--format", "json", "-o", str(js))[0] == 0
+    rc, out, _ = run_cli(capsys, "report", str(js), "--format", "md")
+    assert rc == 0 and "## Stage timings (steady state)" in out and "| decode |" in out.replace("&nbsp;", "")
+
+
+def test_report_warmup_option(capsys):
+    rc, out, _ = run_cli(capsys, "report", "--trace", str(DATA / "nsys/h200_small.sqlite"), "--format", "json", "--warmup", "3")
+    doc = json.loads(out)
+    assert rc == 0 and doc["warmup"]["n"] == 3
+    assert all(s["warmup"] == 3 for s in doc["stages"])  # 20 instances each of step/decode/sample
+
+
+def test_report_errors_are_one_line(tmp_path, capsys):
+    rc, _, err = run_cli(capsys, "report")
+    assert rc == 2 and "RUN_DIR" in err
+    rc, _, err = run_cli(capsys, "report", "--trace", str(tmp_path / "missing.sqlite"))
+    assert rc == 2 and err.strip().count("\n") == 0 and "missing.sqlite" in err
+    bad = tmp_path / "bad.sqlite"
+    bad.write_text("not a database")
+    rc, _, err = run_cli(capsys, "report", "--trace", str(bad))
+    assert rc == 2 and err.strip().count("\n") == 0 and "bad.sqlite" in err
+    rc, _, err = run_cli(capsys, "report", str(tmp_path))
+    assert rc == 2 and err.strip().count("\n") == 0 and "meta.json" in err
+
+
+def test_report_html_and_perfetto_use_their_modules_or_say_missing(capsys):
+    import importlib.util
+
+    for fmt in ("html", "perfetto"):
+        rc, out, err = run_cli(capsys, "report", "--trace", str(DATA / "nsys/h200_small.sqlite"), "--format", fmt)
+        if importlib.util.find_spec(f"maxinstr.render.{fmt}") is None:
+            assert rc == 2 and f"--format {fmt}: not available" in err and err.count("\n") == 1
+        else:
+            assert rc == 0 and out
+
+
+def _session_run(path: Path, sleep_s: float, n: int = 12) -> Path:
+    import maxinstr
+
+    with maxinstr.session(path, warmup=2):
+        for i in range(n):
+            with maxinstr.stage("decode", step=i):
+                time.sleep(sleep_s)
+    return path
+
+
+def test_report_on_a_recorded_run(tmp_path, capsys):
+    run = _session_run(tmp_path / "run", 0.001)
+    rc, out, _ = run_cli(capsys, "report", str(run), "--format", "json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["sources"]["run"] == str(run) and doc["perturbed"] is False
+    dec = doc["stages"][0]
+    assert dec["name"] == "decode" and dec["warmup"] == 2 and dec["instances"] == 12
+    assert dec["host_ns"]["median"] >= 1e6  # slept 1 ms
+    assert any(".py" in x["command"] or "pytest" in x["command"] for x in doc["reproduce"])
+
+
+def test_compare_runs_says_slower_and_within_noise(tmp_path, capsys):
+    a = _session_run(tmp_path / "a", 0.002)
+    b = _session_run(tmp_path / "b", 0.008)
+    rc, out, _ = run_cli(capsys, "compare", str(a), str(b), "--format", "json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["schema"] == "maxinstr-compare" and doc["baseline"] == str(a)
+    row = doc["comparisons"][0]["stages"][0]
+    assert row["stage"] == "decode" and row["verdict"] == "slower" and row["noise_method"] == "bootstrap"
+    assert row["median_delta_ns"] > 4e6 and row["noise_bound_ns"] < row["median_delta_ns"]
+    rc, out, _ = run_cli(capsys, "compare", str(a), str(a), "--format", "json")
+    row = json.loads(out)["comparisons"][0]["stages"][0]
+    assert row["verdict"] == "within noise" and row["median_delta_ns"] == 0
+    rc, out, _ = run_cli(capsys, "compare", str(a), str(b))
+    assert rc == 0 and "slower" in out and "Host time per stage" in out
+
+
+def test_compare_traces_kernel_mix_and_saved_report(tmp_path, capsys):
+    saved = tmp_path / "nsys.json"
+    assert run_cli(capsys, "report", "--trace", str(DATA / "nsys/h200_decode.sqlite"), "--format", "json", "-o", str(saved))[0] == 0
+    rc, out, _ = run_cli(capsys, "compare", str(saved), str(DATA / "kineto/h200_decode.pt.trace.json.gz"), "--format", "json")
+    assert rc == 0
+    c = json.loads(out)["comparisons"][0]
+    fam = {f["family"]: f for f in c["families"]}
+    assert fam["attention"]["a_share"] == 0 and fam["attention"]["b_share"] > 0.5 and fam["attention"]["changed"]
+    assert any(k["name"].startswith("fmha_cutlassF") and k["family"] == "attention" for k in c["kernels_appeared"])
+    assert any(k["name"].startswith("nvjet_sm90_tst_128x8") for k in c["kernels_disappeared"])
+    dec = next(r for r in c["stages"] if r["stage"] == "decode")
+    assert dec["noise_method"] == "mad"  # a saved report has summaries only
+    assert next(r for r in c["stages"] if r["stage"] == "request")["verdict"].startswith("only in")
+
+
+def test_compare_settings_diff(tmp_path, capsys):
+    import maxinstr
+
+    for name, dtype in (("a", "bf16"), ("b", "fp8")):
+        with maxinstr.session(tmp_path / name, warmup=0, user={"dtype": dtype}) if _accepts_user() else maxinstr.session(tmp_path / name):
+            with maxinstr.stage("step"):
+                time.sleep(0.001)
+    rc, out, _ = run_cli(capsys, "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--format", "json")
+    settings = {s["key"]: s for s in json.loads(out)["comparisons"][0]["settings"]}
+    assert rc == 0 and "command" not in settings  # same program, same command line
+    if _accepts_user():
+        assert settings["user.dtype"]["a"] == "bf16" and settings["user.dtype"]["b"] == "fp8"
+
+
+def _accepts_user() -> bool:
+    import inspect
+
+    import maxinstr
+
+    try:
+        return "user" in inspect.signature(maxinstr.session).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def test_compare_needs_two(capsys):
+    rc, _, err = run_cli(capsys, "compare", "x")
+    assert rc == 2 and "at least two" in err
