@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,7 @@ struct AttrEntry {
 struct Pending {  // a completed stage waiting for its GPU events
   Record rec;
   int ev0, ev1, ctx;
+  uint64_t stream;
   PyObject* attrs;  // strong ref or NULL
 };
 
@@ -203,8 +205,7 @@ struct Globals {
   int pool_max = 4096;
   int pool_total = 0;
   int64_t share_ns = 1000;  // see gpu_point(): boundaries closer than this share one event
-  std::vector<Pending> pending;
-  size_t pending_head = 0;
+  std::deque<Pending> pending;  // in exit order
   uint64_t gpu_exits = 0;
   uint64_t events_recorded = 0;
   uint64_t events_shared = 0;
@@ -514,10 +515,14 @@ bool pool_grow(int c) {
 
 size_t resolve_front(size_t n);
 
-// A free slot of context c with ref = 1, or -1 when the pool is exhausted.
-int slot_alloc(int c, bool may_create) {
+inline void* gpu_current_key();
+
+// A free slot of context c with ref = 1, or -1 when the pool is exhausted. may_create: 1 = c is
+// current (new events may be created in it), 2 = find out only if events are needed.
+int slot_alloc(int c, int may_create) {
   Ctx& cx = g.ctxs[(size_t)c];
   if (cx.free.empty()) {
+    if (may_create == 2) may_create = gpu_current_key() == cx.key;
     if (!(may_create && pool_grow(c))) {
       resolve_front(8);  // the GPU fell behind, or nobody resolves: try to get events back
       if (g.ctxs[(size_t)c].free.empty()) return -1;
@@ -538,7 +543,7 @@ bool ctx_pair_reference(int c) {
   int best = -1;
   int64_t best_w = INT64_MAX, best_t = 0;
   for (int i = 0; i < 3; i++) {
-    int s = slot_alloc(c, true);
+    int s = slot_alloc(c, 1);
     if (s < 0) break;
     int64_t t0 = now_ns();
     int rc = g.gpu.ev_record(g.slots[(size_t)s].ev, nullptr);
@@ -592,7 +597,7 @@ int ctx_index(void* key) {
 // one event stands for both. This turns the exit of a stage and the enter of its next sibling (or
 // a parent's enter and its first child's enter) into one event. Work submitted to the same stream
 // by *another* thread inside that window would be missed; see docs/stage-core.md.
-int gpu_point(ThreadState* ts, int c, uint64_t stream, int64_t t_now, bool may_create) {
+int gpu_point(ThreadState* ts, int c, uint64_t stream, int64_t t_now, int may_create) {
   Boundary* b = nullptr;
   for (auto& x : ts->bnd)
     if (x.slot >= 0 && x.stream == stream && x.ctx == c) {
@@ -669,41 +674,41 @@ int resolve_one(Pending& p, bool block) {
   return 1;
 }
 
-inline size_t pending_count() { return g.pending.size() - g.pending_head; }
-
-void pending_compact() {
-  if (g.pending_head == g.pending.size()) {
-    g.pending.clear();
-    g.pending_head = 0;
-  } else if (g.pending_head > 1024 && g.pending_head * 2 > g.pending.size()) {
-    g.pending.erase(g.pending.begin(), g.pending.begin() + (ptrdiff_t)g.pending_head);
-    g.pending_head = 0;
-  }
-}
+inline size_t pending_count() { return g.pending.size(); }
 
 // Resolves up to n records from the front of the queue, stopping at the first not ready.
 size_t resolve_front(size_t n) {
   size_t k = 0;
-  while (k < n && pending_count() > 0) {
-    if (!resolve_one(g.pending[g.pending_head], false)) break;
-    g.pending_head++;
+  while (k < n && !g.pending.empty()) {
+    if (!resolve_one(g.pending.front(), false)) break;
+    g.pending.pop_front();
     k++;
   }
-  pending_compact();
   return k;
 }
 
+// Resolves every finished record. Work on one stream completes in order, so once a record of a
+// (context, stream) is not ready, later records of that stream are skipped without a query.
 size_t resolve_all(bool block) {
   size_t k = 0;
-  std::vector<Pending> keep;
-  for (size_t i = g.pending_head; i < g.pending.size(); i++) {
-    if (resolve_one(g.pending[i], block))
+  std::deque<Pending> keep;
+  std::vector<std::pair<int, uint64_t>> blocked;
+  for (Pending& p : g.pending) {
+    bool skip = false;
+    if (!block)
+      for (auto& b : blocked)
+        if (b.first == p.ctx && b.second == p.stream) {
+          skip = true;
+          break;
+        }
+    if (!skip && resolve_one(p, block)) {
       k++;
-    else
-      keep.push_back(g.pending[i]);
+      continue;
+    }
+    if (!skip) blocked.emplace_back(p.ctx, p.stream);
+    keep.push_back(p);
   }
   g.pending.swap(keep);
-  g.pending_head = 0;
   return k;
 }
 
@@ -853,7 +858,7 @@ PyObject* stage_enter(PyObject* o, PyObject*) {
       int c = ctx_index(key);
       if (c >= 0) {
         int64_t t = now_ns();
-        int ev = gpu_point(ts, c, s->stream, t, true);
+        int ev = gpu_point(ts, c, s->stream, t, 1);
         if (ev >= 0) {
           s->ev0 = ev;
           s->gpu_ctx = c;
@@ -880,14 +885,10 @@ void stage_finish(StageObject* s, int64_t t, uint16_t flags, PyObject* attrs_ove
   PyObject* attrs = attrs_override ? attrs_override : s->attrs;
   if (s->gpu_ctx >= 0 && s->ev0 >= 0) {
     int ev1 = -1;
-    if (!(flags & F_UNCLOSED)) {
-      void* key = gpu_current_key();
-      ev1 = gpu_point(s->ts == tls_ts ? s->ts : get_ts(), s->gpu_ctx, s->stream, now_ns(),
-                      key == g.ctxs[(size_t)s->gpu_ctx].key);
-    }
+    if (!(flags & F_UNCLOSED)) ev1 = gpu_point(s->ts == tls_ts ? s->ts : get_ts(), s->gpu_ctx, s->stream, t, 2);
     if (ev1 >= 0) {
       Py_XINCREF(attrs);
-      g.pending.push_back(Pending{r, s->ev0, ev1, s->gpu_ctx, attrs});
+      g.pending.push_back(Pending{r, s->ev0, ev1, s->gpu_ctx, s->stream, attrs});
       s->ev0 = -1;
       s->gpu_ctx = -1;
       // Opportunistic, small and non-blocking: most resolution happens in resolve(), called
@@ -1440,7 +1441,6 @@ void atfork_child() {
   g.records = 0;
   g.dropped_records = 0;
   g.pending.clear();
-  g.pending_head = 0;
   g.slots.clear();
   g.ctxs.clear();
   g.last_ctx = -1;
