@@ -146,25 +146,13 @@ def test_compare_settings_diff(tmp_path, capsys):
     import maxinstr
 
     for name, dtype in (("a", "bf16"), ("b", "fp8")):
-        with maxinstr.session(tmp_path / name, warmup=0, user={"dtype": dtype}) if _accepts_user() else maxinstr.session(tmp_path / name):
+        with maxinstr.session(tmp_path / name, warmup=0, dtype=dtype):  # extra keywords land in meta "user"
             with maxinstr.stage("step"):
                 time.sleep(0.001)
     rc, out, _ = run_cli(capsys, "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--format", "json")
     settings = {s["key"]: s for s in json.loads(out)["comparisons"][0]["settings"]}
     assert rc == 0 and "command" not in settings  # same program, same command line
-    if _accepts_user():
-        assert settings["user.dtype"]["a"] == "bf16" and settings["user.dtype"]["b"] == "fp8"
-
-
-def _accepts_user() -> bool:
-    import inspect
-
-    import maxinstr
-
-    try:
-        return "user" in inspect.signature(maxinstr.session).parameters
-    except (TypeError, ValueError):
-        return False
+    assert settings["user.dtype"]["a"] == "bf16" and settings["user.dtype"]["b"] == "fp8"
 
 
 def test_compare_needs_two(capsys):

@@ -129,13 +129,18 @@ def op_instance_pairs(inst: StageInstances, trace, attribution) -> tuple[np.ndar
 def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, dur_ns: np.ndarray,
               top: int = 8) -> dict[str, dict]:
     """Per stage name, over its steady instances: family table, top kernels, and kernels per
-    instance. Ops are counted in every enclosing stage (inclusive)."""
+    instance. Ops are counted in every enclosing stage (inclusive). A stage with no steady
+    instance at all (e.g. a prefill run once per request, all warm-up) uses every instance,
+    and says so (``"instances_used": "all"``)."""
     op_i, inst_i = op_instance_pairs(inst, trace, attribution)
     out: dict[str, dict] = {}
     if len(op_i) == 0:
         return out
-    steady = inst.steady[inst_i]
-    op_i, inst_i = op_i[steady], inst_i[steady]
+    names_all = inst.name.astype(str)
+    steady_names = np.unique(names_all[inst.steady])
+    no_steady = ~np.isin(names_all, steady_names)  # per instance: its name has no steady instance
+    keep = inst.steady[inst_i] | no_steady[inst_i]
+    op_i, inst_i = op_i[keep], inst_i[keep]
     names = inst.name[inst_i].astype(str)
     uniq, code = np.unique(names, return_inverse=True)
     code = code.reshape(-1)
@@ -158,6 +163,7 @@ def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, du
         best = np.argsort(-tot, kind="stable")[:top]
         out[stage] = {
             "instances": int(n_inst),
+            "instances_used": "all" if stage not in steady_names else "steady",
             "gpu_ns": grand,
             "ops": int(len(ops)),
             "ops_per_instance": float(len(ops) / n_inst) if n_inst else 0.0,
