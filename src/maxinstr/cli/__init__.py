@@ -57,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args or os.environ.get("MAXINSTR_DEBUG") not in (None, "", "0")
     try:
-        cli.main(args=args, prog_name="maxinstr", standalone_mode=False)
+        rv = cli.main(args=args, prog_name="maxinstr", standalone_mode=False)
+        # Without standalone mode click returns (not raises) a command's ctx.exit(code).
+        if isinstance(rv, int) and not isinstance(rv, bool) and rv != 0:
+            return rv
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:

@@ -64,8 +64,10 @@ class CaptureWindow:
     a no-op. Loaded with ctypes at run time, like every vendor library here.
     """
 
-    def __init__(self, window_s: float) -> None:
+    def __init__(self, window_s: float, stop=None, context=None) -> None:  # noqa: ANN001
         self.window_s = window_s
+        self._stop_fn = stop or _cuda_profiler_stop
+        self._context_fn = context or _current_cuda_context
         self.started_at: float | None = None
         self.stopped = threading.Event()
         self._timer: threading.Timer | None = None
@@ -97,14 +99,14 @@ class CaptureWindow:
         if self._timer is not None:
             return
         self.started_at = time.monotonic()
-        ctx = _current_cuda_context()
+        ctx = self._context_fn()
         self._timer = threading.Timer(self.window_s, self._stop, args=(ctx,))
         self._timer.daemon = True
         self._timer.start()
 
     def _stop(self, ctx) -> None:  # noqa: ANN001
         try:
-            _cuda_profiler_stop(ctx)
+            self._stop_fn(ctx)
         except Exception as exc:  # noqa: BLE001
             _say(f"could not end the capture window: {exc}")
         self.stopped.set()

@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from maxinstr.errors import MaxinstrError
+from maxinstr.launch.profilers import Nsys, NsysOptions, Rocprofv3, count_nsys_kernels, make_profiler
+
+from _launch_helpers import FAKES
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def _kernels_in(path: Path) -> int:
+    con = sqlite3.connect(path)
+    try:
+        return con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    finally:
+        con.close()
+
+
+def test_nsys_steady_capture_is_driven_by_the_session():
+    nsys = Nsys("nsys", NsysOptions(window_s=7.5))
+    cmd = nsys.wrap(["python", "x.py", "--n", "3"], Path("/r/profile"))
+    assert cmd[:2] == ["nsys", "profile"]
+    assert cmd[-4:] == ["python", "x.py", "--n", "3"]  # the user's command, untouched, last
+    for flag in ("--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "--capture-range=cudaProfilerApi",
+                 "--capture-range-end=stop", "--output=/r/profile", "--cuda-graph-trace=node"):
+        assert flag in cmd
+    assert nsys.child_env() == {"MAXINSTR_CAPTURE": "1", "MAXINSTR_CAPTURE_WINDOW_S": "7.5"}
+
+
+def test_nsys_whole_run_and_osrt():
+    nsys = Nsys("nsys", NsysOptions(capture="all", osrt=True, extra=["--stats=true"]))
+    cmd = nsys.wrap(["./app"], Path("out"))
+    assert "--trace=cuda,nvtx,osrt" in cmd and "--stats=true" in cmd
+    assert not any(c.startswith("--capture-range") for c in cmd)
+    assert nsys.child_env() == {}  # nothing asks the session to start a capture
+
+
+def test_rocprofv3_traces_kernels_markers_and_hip_as_csv():
+    cmd = Rocprofv3("rocprofv3").wrap(["python", "x.py"], Path("/r/profile"))
+    assert cmd[:1] == ["rocprofv3"] and cmd[-3:] == ["--", "python", "x.py"]
+    for flag in ("--kernel-trace", "--marker-trace", "--hip-runtime-trace"):
+        assert flag in cmd
+    assert cmd[cmd.index("--output-format") + 1] == "csv"
+    assert cmd[cmd.index("-d") + 1] == "/r/profile"
+
+
+def test_unknown_profiler_is_one_line():
+    with pytest.raises(MaxinstrError, match="unknown profiler 'perf'"):
+        make_profiler("perf")
+
+
+def test_nsys_collect_exports_and_counts_kernels(tmp_path):
+    base = tmp_path / "profile"
+    shutil.copyfile(DATA / "nsys" / "h200_small.nsys-rep", f"{base}.nsys-rep")
+    art = Nsys(str(FAKES / "nsys")).collect(base)
+    assert art.ok, art.problems
+    assert art.trace == f"{base}.sqlite" and Path(art.trace).exists()
+    assert art.kernels == _kernels_in(DATA / "nsys" / "h200_small.sqlite") > 0
+
+
+def test_nsys_collect_says_when_nothing_was_captured(tmp_path):
+    art = Nsys(str(FAKES / "nsys")).collect(tmp_path / "profile")
+    assert not art.ok
+    assert art.problems == [f"{tmp_path}/profile.nsys-rep: nsys wrote no report (the capture range may never have started)"]
+    (tmp_path / "profile.nsys-rep").write_bytes(b"\0" * 100)
+    art = Nsys(str(FAKES / "nsys")).collect(tmp_path / "profile")
+    assert not art.ok and "only 100 bytes" in art.problems[0]
+
+
+def test_nsys_collect_flags_a_capture_without_kernels(tmp_path, monkeypatch):
+    # A real export with no kernel table at all (the cloverleaf fixture has kernels; build
+    # an empty-schema copy from a real file by dropping its kernel table).
+    empty = tmp_path / "nokernels.sqlite"
+    shutil.copyfile(DATA / "nsys" / "h200_small.sqlite", empty)
+    con = sqlite3.connect(empty)
+    con.execute("DROP TABLE CUPTI_ACTIVITY_KIND_KERNEL")
+    con.commit()
+    con.close()
+    assert count_nsys_kernels(empty) == 0
+    monkeypatch.setenv("FAKE_NSYS_SQLITE", str(empty))
+    shutil.copyfile(DATA / "nsys" / "h200_small.nsys-rep", tmp_path / "p.nsys-rep")
+    art = Nsys(str(FAKES / "nsys")).collect(tmp_path / "p")
+    assert not art.ok and "no kernels in the capture" in art.problems[0]
+
+
+def test_rocprofv3_collect_finds_the_kernel_csv(tmp_path):
+    folder = tmp_path / "profile" / "host" / "1234"
+    folder.mkdir(parents=True)
+    shutil.copyfile(DATA / "rocprof" / "rocprofv3_llamacpp_decode" / "decode_kernel_trace.csv", folder / "trace_kernel_trace.csv")
+    art = Rocprofv3().collect(tmp_path / "profile")
+    assert art.ok and art.trace == str(folder)
+    assert art.kernels == 144  # PROVENANCE.md: 144 kernels
+    assert not Rocprofv3().collect(tmp_path / "empty").ok

@@ -1,0 +1,212 @@
+"""`maxinstr run` end to end: real child processes, fake profilers first on PATH."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from _launch_helpers import FAKES, base_env, run_cli
+
+ENV_PROBE = """
+import json, os, sys
+keys = ["MAXINSTR_RUN_DIR", "MAXINSTR_CAPTURE", "MAXINSTR_CAPTURE_WINDOW_S", "MODULAR_ENABLE_PROFILING", "BATCH"]
+print("ENV " + json.dumps({k: os.environ.get(k) for k in keys} | {"argv": sys.argv[1:]}), flush=True)
+"""
+
+
+def _env_line(stdout: str) -> dict:
+    return json.loads(next(line for line in stdout.splitlines() if line.startswith("ENV "))[4:])
+
+
+def test_nsys_run_end_to_end(tmp_path, script):
+    prog = script("probe.py", ENV_PROBE)
+    log = tmp_path / "nsys.jsonl"
+    out = tmp_path / "run"
+    res = run_cli(["run", "--profiler", "nsys", "--window", "4", "-o", str(out), "--", sys.executable, str(prog)],
+                  base_env(FAKE_NSYS_LOG=str(log)))
+    assert res.returncode == 0, res.stderr
+    seen = _env_line(res.stdout)
+    assert seen["MAXINSTR_RUN_DIR"] == str(out.resolve())
+    assert seen["MAXINSTR_CAPTURE"] == "1" and seen["MAXINSTR_CAPTURE_WINDOW_S"] == "4"
+    assert seen["MODULAR_ENABLE_PROFILING"] == "detailed"
+    calls = [json.loads(line)["argv"] for line in log.read_text().splitlines()]
+    profile = next(c for c in calls if c[0] == "profile")
+    assert "--capture-range=cudaProfilerApi" in profile and profile[-2:] == [sys.executable, str(prog)]
+    assert any(c[0] == "export" for c in calls)
+    # Artifacts, verified and exported, and where they are.
+    assert (out / "profile.nsys-rep").exists() and (out / "profile.sqlite").exists()
+    launch = json.loads((out / "launch.json").read_text())
+    assert launch["run"]["status"] == "ok" and launch["artifact"]["ok"] and launch["artifact"]["kernels"] > 0
+    assert launch["profiler"]["capture"] == "steady" and launch["profiler"]["window_s"] == 4
+    assert "nsys report: nsys-ui " in res.stderr and str(out / "profile.nsys-rep") in res.stderr
+    # The session the bootstrap opened wrote the run directory; the profiler is merged in.
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["profiler"]["name"] == "nsys" and meta["profiler"]["trace"] == str(out.resolve() / "profile.sqlite")
+    assert meta["command"] == [sys.executable, str(prog)]
+
+
+def test_user_setting_of_modular_profiling_is_kept(tmp_path, script):
+    prog = script("probe.py", ENV_PROBE)
+    res = run_cli(["run", "--profiler", "none", "-o", str(tmp_path / "r"), "--", sys.executable, str(prog)],
+                  base_env(MODULAR_ENABLE_PROFILING="off"))
+    assert res.returncode == 0, res.stderr
+    assert _env_line(res.stdout)["MODULAR_ENABLE_PROFILING"] == "off"
+
+
+def test_missing_profiler_says_the_install_step_before_starting(tmp_path, script):
+    marker = tmp_path / "started"
+    prog = script("touch.py", f"open({str(marker)!r}, 'w').write('x')\n")
+    env = base_env(fakes=False, PATH=str(tmp_path))  # nothing on PATH: no nsys anywhere we look
+    env["PATH"] = os.pathsep.join([str(tmp_path), os.path.dirname(sys.executable)])
+    res = run_cli(["run", "--profiler", "nsys", "-o", str(tmp_path / "r"), "--", sys.executable, str(prog)], env)
+    if "at /" in res.stderr and "nsys:" in res.stderr and "missing" not in res.stderr.split("nsys:")[1].split("\n")[0]:
+        pytest.skip("this machine has nsys in a known install folder")
+    assert res.returncode == 2
+    assert "nsys is not installed: install Nsight Systems: `sudo apt-get install -y nsight-systems`" in res.stderr
+    assert not marker.exists()
+
+
+def test_auto_without_gpu_runs_unprofiled(tmp_path, script):
+    from maxinstr.launch.env import detect_vendor
+
+    if detect_vendor()[0] != "none":
+        pytest.skip("this machine has a GPU")
+    prog = script("ok.py", "print('cpu only')\n")
+    res = run_cli(["run", "--no-report", "-o", str(tmp_path / "r"), "--", sys.executable, str(prog)], base_env())
+    assert res.returncode == 0, res.stderr
+    assert "no GPU found: running without a profiler" in res.stderr
+    assert json.loads((tmp_path / "r" / "launch.json").read_text())["profiler"]["name"] == "none"
+
+
+def test_early_crash_fails_fast_with_the_error(tmp_path, script):
+    prog2 = script("crash2.py", "import json\njson.load(open('/no/such/config.json'))\n")
+    t0 = time.monotonic()
+    res = run_cli(["run", "--profiler", "nsys", "-o", str(tmp_path / "r"), "--", sys.executable, str(prog2)], base_env())
+    assert time.monotonic() - t0 < 30
+    assert res.returncode == 1
+    assert "run exited with status 1" in res.stderr
+    assert "FileNotFoundError: [Errno 2] No such file or directory: '/no/such/config.json'" in res.stderr
+    launch = json.loads((tmp_path / "r" / "launch.json").read_text())
+    assert launch["run"]["fatal"]["label"] == "python traceback"
+
+
+def test_capture_that_never_started_is_a_failure(tmp_path, script):
+    prog = script("ok.py", "print('no GPU work')\n")
+    res = run_cli(["run", "--profiler", "nsys", "-o", str(tmp_path / "r"), "--", sys.executable, str(prog)],
+                  base_env(FAKE_NSYS_NO_REPORT="1"))
+    assert res.returncode == 1
+    assert "nsys wrote no report (the capture range may never have started)" in res.stderr
+
+
+def test_repeat_and_sweep_give_one_process_and_run_dir_each(tmp_path, script):
+    prog = script("probe.py", ENV_PROBE + "import os; print('PID', os.getpid())\n")
+    out = tmp_path / "sweep"
+    res = run_cli(["run", "--profiler", "none", "--repeat", "2", "--sweep", "BATCH=1,8", "-o", str(out), "--",
+                   sys.executable, str(prog)], base_env())
+    assert res.returncode == 0, res.stderr
+    dirs = sorted(p.name for p in out.iterdir())
+    assert dirs == ["BATCH=1.r1", "BATCH=1.r2", "BATCH=8.r1", "BATCH=8.r2"]
+    batches = [json.loads(l[4:])["BATCH"] for l in res.stdout.splitlines() if l.startswith("ENV ")]
+    pids = {l.split()[1] for l in res.stdout.splitlines() if l.startswith("PID ")}
+    assert batches == ["1", "1", "8", "8"] and len(pids) == 4
+    for d in dirs:
+        assert json.loads((out / d / "launch.json").read_text())["run"]["status"] == "ok"
+    assert "maxinstr compare " in res.stdout and str(out / "BATCH=8.r2") in res.stdout
+
+
+def test_sweep_over_a_flag(tmp_path, script):
+    prog = script("probe.py", ENV_PROBE)
+    res = run_cli(["run", "--profiler", "none", "--sweep=--batch-size=2,4", "-o", str(tmp_path / "s"), "--",
+                   sys.executable, str(prog), "--steps", "3"], base_env())
+    assert res.returncode == 0, res.stderr
+    argvs = [json.loads(l[4:])["argv"] for l in res.stdout.splitlines() if l.startswith("ENV ")]
+    assert argvs == [["--steps", "3", "--batch-size", "2"], ["--steps", "3", "--batch-size", "4"]]
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["batch-size=2", "batch-size=4"]
+
+
+def test_warm_run_is_unprofiled_and_reported_as_startup(tmp_path, script):
+    prog = script("slow.py", "import time; time.sleep(0.3); print('done')\n")
+    log = tmp_path / "nsys.jsonl"
+    out = tmp_path / "r"
+    res = run_cli(["run", "--profiler", "nsys", "--warm-run", "-o", str(out), "--", sys.executable, str(prog)],
+                  base_env(FAKE_NSYS_LOG=str(log)))
+    assert res.returncode == 0, res.stderr
+    profiles = [l for l in log.read_text().splitlines() if json.loads(l)["argv"][0] == "profile"]
+    assert len(profiles) == 1  # the warm run was not under nsys
+    launch = json.loads((out / "launch.json").read_text())
+    assert launch["startup"]["warm_run_wall_s"] >= 0.3 and launch["startup"]["status"] == "ok"
+    assert (out / "warm-run" / "child.log").read_text() == "done\n"
+    assert "startup (unprofiled warm run): finished in" in res.stderr
+
+
+def test_rocprofv3_run(tmp_path, script):
+    prog = script("ok.py", "print('hip work')\n")
+    out = tmp_path / "r"
+    res = run_cli(["run", "--profiler", "rocprofv3", "--no-report", "-o", str(out), "--", sys.executable, str(prog)], base_env())
+    assert res.returncode == 0, res.stderr
+    art = json.loads((out / "launch.json").read_text())["artifact"]
+    assert art["ok"] and art["kernels"] == 144 and art["files"]["trace"] == str((out / "profile").resolve())
+
+
+def test_stage_injection_records_third_party_code(tmp_path, script):
+    pytest.importorskip("maxinstr.record")
+    lib = tmp_path / "vendorlib.py"
+    lib.write_text("class Engine:\n    def step(self, i):\n        return i * 2\n\ndef load():\n    return Engine()\n")
+    prog = script("main.py", """
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        from vendorlib import Engine, load
+        e = load()
+        print(sum(e.step(i) for i in range(7)))
+    """)
+    out = tmp_path / "r"
+    res = run_cli(["run", "--profiler", "none", "--no-report", "--stage", "vendorlib:Engine.step=decode",
+                   "--stage", "vendorlib:load", "-o", str(out), "--", sys.executable, str(prog), str(tmp_path)], base_env())
+    assert res.returncode == 0, res.stderr
+    assert "42" in res.stdout
+    import maxinstr
+
+    run = maxinstr.load(out)
+    names, counts = __import__("numpy").unique(run["name"].astype(str), return_counts=True)
+    assert dict(zip(names.tolist(), counts.tolist())) == {"decode": 7, "load": 1}
+
+
+def test_bad_stage_spec_is_rejected_before_starting(tmp_path, script):
+    prog = script("ok.py", "print(1)\n")
+    res = run_cli(["run", "--profiler", "none", "--stage", "nocolon", "--", sys.executable, str(prog)], base_env())
+    assert res.returncode == 2 and "expected MODULE:QUALNAME[=name]" in res.stderr
+
+
+def test_ctrl_c_leaves_a_usable_partial_result(tmp_path, script):
+    pidfile = tmp_path / "child.pid"
+    prog = script("serve.py", f"""
+        import os, time
+        open({str(pidfile)!r}, "w").write(str(os.getpid()))
+        print("serving", flush=True)
+        time.sleep(120)
+    """)
+    out = tmp_path / "r"
+    proc = subprocess.Popen([sys.executable, "-m", "maxinstr", "run", "--profiler", "nsys", "--no-report", "-o", str(out),
+                             "--", sys.executable, str(prog)], env=base_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pidfile.exists(), proc.stderr.read() if proc.poll() is not None else "child never started"
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to maxinstr (the child is in its own group)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    launch = json.loads((out / "launch.json").read_text())
+    assert launch["run"]["status"] == "interrupted"
+    assert launch["artifact"]["ok"]  # nsys wrote its report on SIGINT; exported and verified
+    assert (out / "profile.sqlite").exists()
+    child = int(pidfile.read_text())
+    time.sleep(0.2)
+    assert not Path(f"/proc/{child}").exists() or open(f"/proc/{child}/stat").read().rsplit(")", 1)[-1].split()[0] == "Z"
