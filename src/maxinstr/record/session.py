@@ -119,6 +119,8 @@ class _Process:
         self.flusher: threading.Thread | None = None
         self.stop = threading.Event()
         self.exited = False
+        self.closing = False  # _exit_process is running
+        self.pending_signal: int | None = None
 
 
 _proc = _Process()
@@ -636,8 +638,9 @@ def _exit_process(reason: str = "exit") -> None:
     """Close this process's recording: close still-open stages (flag UNCLOSED), write the
     last records, close the part and (owner) meta.json. Idempotent per process."""
     proc = _proc
-    if proc.pid != os.getpid() or proc.exited:
+    if proc.pid != os.getpid() or proc.exited or proc.closing:
         return
+    proc.closing = True
     acquired = proc.lock.acquire(timeout=5.0)  # never hang an exiting program
     try:
         if proc.exited:
@@ -660,11 +663,19 @@ def _exit_process(reason: str = "exit") -> None:
     finally:
         if acquired:
             proc.lock.release()
+        proc.closing = False
     proc.stop.set()
+    if proc.pending_signal is not None and reason not in ("SIGTERM", "SIGHUP", "SIGINT"):
+        _die_by(proc.pending_signal)  # a terminating signal arrived while we finished
 
 
 def _on_signal(signum: int, frame: Any) -> None:
     proc = _proc
+    if proc.closing:
+        # A second signal while the run is being finished (multiprocessing's terminate()
+        # can send two): let the first finish; it dies by this signal afterwards.
+        proc.pending_signal = signum
+        return
     root = proc.root
     previous = root._signals.get(signum) if root is not None else None
     if callable(previous):
@@ -678,6 +689,10 @@ def _on_signal(signum: int, frame: Any) -> None:
         return
     # Default action (terminate): finish the run, then die by the same signal.
     _exit_process(reason=signal.Signals(signum).name)
+    _die_by(signum)
+
+
+def _die_by(signum: int) -> None:
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
