@@ -14,6 +14,9 @@
 #include <pybind11/stl.h>
 
 #include <dlfcn.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -165,7 +168,17 @@ struct Result {
   std::string error;
 };
 
-void run_query(const std::string& uri, const std::string& sql, const std::string& kinds, Result& out) {
+// A row filter: keep a row only when mask[value of column `col`] is non-zero (values outside
+// the mask are dropped). Used to keep only the API calls whose correlation id some GPU op has.
+struct Filter {
+  int64_t reserve = 1 << 16;  // expected rows: reserving once avoids regrowth copies
+  int col = -1;
+  const uint8_t* mask = nullptr;
+  int64_t size = 0;
+};
+
+void run_query(const std::string& uri, const std::string& sql, const std::string& kinds, const Filter& filter,
+               Result& out) {
   Api& a = require();
   out.columns.resize(kinds.size());
   for (size_t c = 0; c < kinds.size(); ++c) {
@@ -186,7 +199,7 @@ void run_query(const std::string& uri, const std::string& sql, const std::string
   if (ncol != static_cast<int>(kinds.size()))
     throw std::runtime_error("query returns " + std::to_string(ncol) + " columns but " +
                              std::to_string(kinds.size()) + " kinds were given");
-  size_t reserve = 1 << 16;
+  const size_t reserve = static_cast<size_t>(std::max<int64_t>(16, filter.reserve));
   for (auto& col : out.columns) {
     if (col.ints) col.ints->reserve(reserve);
     if (col.reals) col.reals->reserve(reserve);
@@ -197,6 +210,10 @@ void run_query(const std::string& uri, const std::string& sql, const std::string
     int rc = a.step(st.st);
     if (rc == SQLITE_DONE) break;
     if (rc != SQLITE_ROW) throw std::runtime_error(std::string("SQLite step failed: ") + a.errmsg(db.db));
+    if (filter.col >= 0) {
+      const int64_t v = a.column_int64(st.st, filter.col);
+      if (v < 0 || v >= filter.size || !filter.mask[v]) continue;
+    }
     for (int c = 0; c < ncol; ++c) {
       ColumnBuf& col = out.columns[c];
       switch (col.kind) {
@@ -273,9 +290,26 @@ void free_result(Result& r) {
   }
 }
 
-py::list query_many(const std::string& uri, const std::vector<std::pair<std::string, std::string>>& queries,
-                    int threads) {
+py::list query_many(const std::string& uri, const std::vector<py::tuple>& specs, int threads) {
   require();
+  // Each spec: (sql, kinds) or (sql, kinds, filter_column, uint8 mask). Pointers are taken
+  // while the GIL is held; the caller keeps the masks alive for the call.
+  std::vector<std::pair<std::string, std::string>> queries;
+  std::vector<Filter> filters(specs.size());
+  std::vector<py::array_t<uint8_t, py::array::c_style | py::array::forcecast>> masks;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const py::tuple& t = specs[i];
+    queries.emplace_back(t[0].cast<std::string>(), t[1].cast<std::string>());
+    if (t.size() >= 5 && !t[4].is_none()) filters[i].reserve = t[4].cast<int64_t>();
+    if (t.size() >= 4 && !t[3].is_none()) {
+      masks.emplace_back(t[3].cast<py::array_t<uint8_t, py::array::c_style | py::array::forcecast>>());
+      filters[i].col = t[2].cast<int>();
+      filters[i].mask = masks.back().data();
+      filters[i].size = masks.back().size();
+      if (filters[i].col < 0 || filters[i].col >= static_cast<int>(queries[i].second.size()))
+        throw std::runtime_error("filter column out of range");
+    }
+  }
   std::vector<Result> results(queries.size());
   {
     py::gil_scoped_release release;
@@ -283,7 +317,7 @@ py::list query_many(const std::string& uri, const std::vector<std::pair<std::str
     auto worker = [&] {
       for (size_t i = next++; i < queries.size(); i = next++) {
         try {
-          run_query(uri, queries[i].first, queries[i].second, results[i]);
+          run_query(uri, queries[i].first, queries[i].second, filters[i], results[i]);
         } catch (const std::exception& e) {
           results[i].error = e.what();
         }
@@ -304,6 +338,11 @@ py::list query_many(const std::string& uri, const std::vector<std::pair<std::str
   }
   py::list out;
   for (auto& r : results) out.append(to_python(r));
+#if defined(__GLIBC__)
+  // The reader threads' malloc arenas keep SQLite's page caches and scratch after the
+  // connections close; hand that memory back so peak RSS reflects the columns only.
+  malloc_trim(0);
+#endif
   return out;
 }
 
@@ -338,10 +377,22 @@ PYBIND11_MODULE(_columns, m) {
   m.doc() = "Columnar SQLite reading through a dlopened system libsqlite3 (see maxinstr.traces._sqlite_columns)";
   m.def("available", [] { return api().handle != nullptr; }, "True when the system SQLite could be loaded.");
   m.def("load_error", [] { return api().error; }, "Why the system SQLite could not be loaded ('' when it was).");
+  m.def(
+      "release_memory",
+      [] {
+#if defined(__GLIBC__)
+        return malloc_trim(0) != 0;
+#else
+        return false;
+#endif
+      },
+      "Return freed heap memory to the OS (glibc malloc_trim): after a big read, the freed "
+      "slices and scratch otherwise stay in the process's RSS.");
   m.def("sqlite_version", [] { return std::string(require().libversion()); });
   m.def("query_many", &query_many, py::arg("uri"), py::arg("queries"), py::arg("threads") = 1,
-        "Run [(sql, kinds), ...] on parallel read-only connections; per query a list of columns: "
-        "int64/float64 arrays, or (int32 codes, [distinct strings]) for kind 's'.");
+        "Run [(sql, kinds[, filter_column, uint8_mask[, expected_rows]]), ...] on parallel read-only connections; per query "
+        "a list of columns: int64/float64 arrays, or (int32 codes, [distinct strings]) for kind 's'. "
+        "With a mask, only rows whose filter column value v has mask[v] != 0 are kept.");
   m.def("strings_by_id", &strings_by_id, py::arg("uri"), py::arg("table"), py::arg("ids"),
         "value of table rows by integer id, in the order of ids ('' when missing).");
 }

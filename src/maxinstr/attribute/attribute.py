@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from maxinstr.attribute.intervals import IntervalIndex, dense_index, segmented_union
+from maxinstr.attribute.intervals import IntervalIndex, correlation_join, segmented_union
 from maxinstr.attribute.model import Attribution, JoinMethod, Rule
 from maxinstr.traces.model import CallKind, OpKind, RangeStyle, Trace
 
@@ -36,36 +36,11 @@ NSYS_RULES = frozenset({Rule.SAME_THREAD, Rule.GRAPH})
 included (through the graph launch's correlation id)."""
 
 
-def _key(pid: np.ndarray, corr: np.ndarray) -> np.ndarray:
-    pid = np.asarray(pid, np.int64)
-    corr = np.asarray(corr, np.int64)
-    ok = (corr >= 0) & (corr < (1 << 32)) & (pid >= 0) & (pid < (1 << 31))
-    return np.where(ok, (pid << 32) | (corr & 0xFFFFFFFF), -1)
-
-
 def join_ops_to_calls(trace: Trace) -> np.ndarray:
     """Per op, the row of its launch call in ``trace.calls`` (same process, same correlation
-    id), or -1. Large correlation ids (non-CUDA traces) are ranked densely first."""
-    ops, calls = trace.ops, trace.calls
-    if not len(ops) or not len(calls):
-        return np.full(len(ops), -1, np.int64)
-    op_corr, call_corr = ops.correlation_id, calls.correlation_id
-    if max(int(op_corr.max(initial=0)), int(call_corr.max(initial=0))) >= (1 << 32):
-        uniq = np.unique(call_corr)
-        pos = np.clip(np.searchsorted(uniq, op_corr), 0, len(uniq) - 1)
-        op_corr = np.where(uniq[pos] == op_corr, pos, -1)
-        call_corr = np.searchsorted(uniq, call_corr)
-    ck = _key(calls.pid, call_corr)
-    ok = _key(ops.pid, op_corr)
-    if len(ck) > 1 and np.all(ck[1:] >= ck[:-1]):
-        order = np.arange(len(ck))
-    else:
-        order = np.argsort(ck, kind="stable")
-    sk = ck[order]
-    pos = np.searchsorted(sk, ok)
-    pos_c = np.minimum(pos, len(sk) - 1)
-    hit = (ok >= 0) & (sk[pos_c] == ok)
-    return np.where(hit, order[pos_c], -1)
+    id), or -1 (the first call row wins if a reader left duplicates)."""
+    O, C = trace.ops, trace.calls
+    return correlation_join(O.pid, O.correlation_id, C.pid, C.correlation_id)
 
 
 def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = None) -> Attribution:
@@ -85,11 +60,13 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
     split = (style == RangeStyle.START_END) & (R.end_tid != R.tid)
     marks = style == RangeStyle.MARK
 
-    # Threads are (pid, tid) pairs, densely numbered over ranges and calls together.
-    all_pid = np.concatenate([R.pid, R.pid, C.pid])
-    all_tid = np.concatenate([R.tid, R.end_tid, C.tid])
-    thread, _ = dense_index(all_pid, all_tid)
-    r_thread, r_end_thread, c_thread = thread[:n], thread[n : 2 * n], thread[2 * n :]
+    # Threads are (pid, tid) pairs. Only threads holding ranges matter: they get dense ids,
+    # and a call on any other thread gets -1 (it can only match by the cross-thread rule).
+    r_key = _thread_key(R.pid, R.tid)
+    r_end_key = _thread_key(R.pid, R.end_tid)
+    threads = np.unique(np.concatenate([r_key, r_end_key]))
+    r_thread, r_end_thread = np.searchsorted(threads, r_key), np.searchsorted(threads, r_end_key)
+    c_thread = _lookup(threads, _thread_key(C.pid, C.tid))
 
     rows1 = np.flatnonzero(same_thread)
     idx1 = IntervalIndex.build(rows1, r_thread[rows1], R.start_ns[rows1], R.end_ns[rows1])
@@ -186,6 +163,18 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
     return att
 
 
+def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    return (np.asarray(pid, np.int64) << 32) | (np.asarray(tid, np.int64) & 0xFFFFFFFF)
+
+
+def _lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Position of each key in ``sorted_keys``, -1 when absent."""
+    if not len(sorted_keys):
+        return np.full(len(keys), -1, np.int64)
+    pos = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    return np.where(sorted_keys[pos] == keys, pos, -1)
+
+
 def _later(start: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Per element, whichever of ranges a/b started later (-1 = none)."""
     sa = np.where(a >= 0, start[np.maximum(a, 0)], np.iinfo(np.int64).min)
@@ -205,65 +194,86 @@ def _depth(parent: np.ndarray) -> np.ndarray:
 
 
 def _range_totals(att: Attribution, op_call: np.ndarray) -> None:
-    """Fill the per-range inclusive totals from ``op_range`` and ``range_parent``."""
+    """Fill the per-range totals, inclusive of nested ranges, from ``op_range``/``range_parent``.
+
+    Sums are taken per innermost range with ``bincount`` and pushed up the range tree one
+    depth level at a time. Spans and busy time (a union, which does not add up) are computed
+    per depth level over (op, ancestor-at-that-level) pairs: each range sees its whole subtree.
+    """
     trace = att.trace
-    O = trace.ops
-    n = len(trace.ranges)
-    # Each op once per enclosing range: (op, range) pairs, built in op start order so the
-    # later sort by range is nearly sorted already.
-    by_start = np.argsort(O.start_ns, kind="stable")
-    ops_l, rng_l = [], []
-    cur_ops = by_start[att.op_range[by_start] >= 0]
-    cur = att.op_range[cur_ops]
-    while len(cur_ops):
-        ops_l.append(cur_ops)
-        rng_l.append(cur)
-        up = att.range_parent[cur]
-        keep = up >= 0
-        cur_ops, cur = cur_ops[keep], up[keep]
-    pair_op = np.concatenate(ops_l) if ops_l else np.empty(0, np.int64)
-    pair_rng = np.concatenate(rng_l) if rng_l else np.empty(0, np.int64)
-    order = np.argsort(pair_rng, kind="stable")  # keeps start order inside each range
-    pair_op, pair_rng = pair_op[order], pair_rng[order]
-
-    kind = O.kind[pair_op]
-    dur = (O.end_ns - O.start_ns)[pair_op]
-
-    def count(mask: np.ndarray | None = None, weights: np.ndarray | None = None) -> np.ndarray:
-        r = pair_rng if mask is None else pair_rng[mask]
-        w = None if weights is None else (weights if mask is None else weights[mask])
-        return np.bincount(r, weights=w, minlength=n)[:n].astype(np.int64)
-
-    att.op_count = count()
+    O, R = trace.ops, trace.ranges
+    n = len(R)
+    parent, depth = att.range_parent, att.range_depth.astype(np.int64)
+    owned = np.flatnonzero(att.op_range >= 0)
+    orng = att.op_range[owned]
+    kind = O.kind[owned]
+    dur = (O.end_ns - O.start_ns)[owned].astype(np.float64)
+    nbytes = O.bytes[owned].astype(np.float64)
     is_k, is_c, is_s = kind == OpKind.KERNEL, kind == OpKind.MEMCPY, kind == OpKind.MEMSET
-    att.kernel_count = count(is_k)
-    att.kernel_ns = count(is_k, dur)
-    nbytes = O.bytes[pair_op]
-    att.memcpy_bytes, att.memcpy_ns = count(is_c, nbytes), count(is_c, dur)
-    att.memset_bytes, att.memset_ns = count(is_s, nbytes), count(is_s, dur)
-    # Launch calls: every op of one call has the same range, so "first op of its call" counts
-    # distinct calls; an op with no call counts as its own launch (nsys counts correlation ids).
+
+    # Launch calls: every op of one call has the same range, so counting each call's first op
+    # counts distinct calls; an op with no call counts as its own launch (nsys counts
+    # correlation ids, and a graph replay is one of them).
     first = np.ones(len(O), bool)
     called = np.flatnonzero(op_call >= 0)
     if len(called):
-        oc = op_call[called]
-        srt = np.argsort(oc, kind="stable")
-        dup = np.r_[False, oc[srt][1:] == oc[srt][:-1]]
-        first[called[srt[dup]]] = False
-    att.launch_count = count(first[pair_op])
+        first_op = np.full(len(trace.calls), -1, np.int64)
+        first_op[op_call[called][::-1]] = called[::-1]
+        first[called] = first_op[op_call[called]] == called
+    rules = att.op_rule[owned]
+    weights = [  # lambdas: one temporary per weight at a time, not all at once
+        lambda: None, lambda: is_k, lambda: np.where(is_k, dur, 0.0), lambda: np.where(is_c, nbytes, 0.0),
+        lambda: np.where(is_c, dur, 0.0), lambda: np.where(is_s, nbytes, 0.0), lambda: np.where(is_s, dur, 0.0),
+        lambda: first[owned], *[(lambda r=r: rules == r) for r in Rule if r != Rule.NONE],
+    ]  # fmt: skip
+    inc = np.zeros((n, len(weights)), np.float64)
+    for i, w in enumerate(weights):
+        inc[:, i] = np.bincount(orng, weights=w(), minlength=n)[:n]
+    del weights, is_k, is_c, is_s, dur, nbytes, rules, orng, first
+    if n and len(owned):
+        for d in range(int(depth.max()), 0, -1):  # push sums up, deepest level first
+            rows = np.flatnonzero((depth == d) & (parent >= 0))
+            np.add.at(inc, parent[rows], inc[rows])
+    inc = np.rint(inc).astype(np.int64)
+    (att.op_count, att.kernel_count, att.kernel_ns, att.memcpy_bytes, att.memcpy_ns,
+     att.memset_bytes, att.memset_ns, att.launch_count) = (inc[:, i].copy() for i in range(8))  # fmt: skip
+    bits = np.zeros(n, np.uint8)
+    for i, r in enumerate(r for r in Rule if r != Rule.NONE):
+        bits |= np.where(inc[:, 8 + i] > 0, np.uint8(1 << int(r)), np.uint8(0))
+    att.range_rules = bits
 
-    gid, lo, hi, busy = segmented_union(pair_rng, O.start_ns[pair_op], O.end_ns[pair_op])
     att.proj_start_ns = np.full(n, -1, np.int64)
     att.proj_end_ns = np.full(n, -1, np.int64)
     att.busy_ns = np.zeros(n, np.int64)
-    att.proj_start_ns[gid], att.proj_end_ns[gid], att.busy_ns[gid] = lo, hi, busy
+    if len(owned):
+        # Ops in GPU start order; ranges relabelled by host start so that, level by level, the
+        # ancestor keys come out nearly sorted and the stable sort below is cheap.
+        by_start_ops = O.start_ns[owned]
+        op_order = owned[np.argsort(by_start_ops, kind="stable")]
+        by_start = np.argsort(R.start_ns, kind="stable")
+        rank = np.empty(n, np.int64)
+        rank[by_start] = np.arange(n)
+        del by_start_ops
+        cur = att.op_range[op_order]
+        cur_depth = depth[cur].astype(np.int16)
+        for level in range(int(cur_depth.max()), -1, -1):
+            at = np.flatnonzero(cur_depth == level)
+            if not len(at):
+                continue
+            key = rank[cur[at]]
+            srt = np.argsort(key, kind="stable")
+            key = key[srt]
+            ops_l = op_order[at[srt]]
+            del srt
+            gid, lo, hi, busy = segmented_union(key, O.start_ns[ops_l], O.end_ns[ops_l])
+            del ops_l, key
+            rows = by_start[gid]
+            att.proj_start_ns[rows], att.proj_end_ns[rows], att.busy_ns[rows] = lo, hi, busy
+            up = parent[cur[at]]
+            cur[at] = up
+            cur_depth[at] = np.where(up >= 0, depth[np.maximum(up, 0)], -1)
+            del at, up
     att.idle_gap_ns = np.where(att.proj_start_ns >= 0, att.proj_end_ns - att.proj_start_ns - att.busy_ns, 0)
-    rules = np.zeros(n, np.uint8)
-    pr = att.op_rule[pair_op]
-    for r in Rule:
-        if r != Rule.NONE:
-            rules |= np.where(count(pr == r) > 0, np.uint8(1 << int(r)), np.uint8(0))
-    att.range_rules = rules
     att.range_record_id = np.full(n, -1, np.int64)
 
 

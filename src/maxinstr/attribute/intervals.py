@@ -119,28 +119,108 @@ def segmented_union(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tu
     The union counts overlapping time once (GPU busy time across streams). A segmented running
     maximum is done with one ``np.maximum.accumulate`` by lifting each group into its own band
     of the int64 line; groups are processed in chunks small enough that bands cannot overflow.
+    Temporaries are reused in place: this runs over millions of (op, range) pairs.
     """
-    if not len(group):
+    n = len(group)
+    if not n:
         z = np.empty(0, np.int64)
         return z, z, z, z
-    heads = group_starts(group)
+    head = np.empty(n, bool)
+    head[0] = True
+    np.not_equal(group[1:], group[:-1], out=head[1:])
+    heads = np.flatnonzero(head)
+    seg = np.cumsum(head, dtype=np.int64)
+    seg -= 1
+    del head
     gid = group[heads]
     first_start = start[heads]
     last_end = np.maximum.reduceat(end, heads)
-    seg = np.repeat(np.arange(len(heads)), np.diff(np.r_[heads, len(group)]))
-    rel_s = start - first_start[seg]
-    rel_e = end - first_start[seg]
     span = int((last_end - first_start).max()) + 1
-    per_chunk = max(1, (1 << 62) // max(span, 1))
-    runmax = np.empty(len(group), np.int64)
+    per_chunk = max(1, (1 << 62) // span)
+    fs = first_start[seg]
+    run = end - fs  # end relative to the group's first start: >= 0
     for c0 in range(0, len(heads), per_chunk):  # one pass unless spans are huge
         c1 = min(len(heads), c0 + per_chunk)
-        lo, hi = heads[c0], (heads[c1] if c1 < len(heads) else len(group))
-        band = (seg[lo:hi] - c0).astype(np.int64) * span
-        runmax[lo:hi] = np.maximum.accumulate(rel_e[lo:hi] + band) - band
-    prev = np.empty(len(group), np.int64)
-    prev[1:] = runmax[:-1]
+        lo, hi = heads[c0], (heads[c1] if c1 < len(heads) else n)
+        band = seg[lo:hi] - c0
+        band *= span
+        view = run[lo:hi]
+        view += band
+        np.maximum.accumulate(view, out=view)
+        view -= band
+        del band
+    run += fs  # running max of end inside the group, absolute
+    del fs
+    prev = np.empty(n, np.int64)
+    prev[1:] = run[:-1]
+    del run
     prev[heads] = np.iinfo(np.int64).min // 2
-    covered = np.maximum(0, rel_e - np.maximum(rel_s, prev))
-    union = np.bincount(seg, weights=covered, minlength=len(heads)).astype(np.int64)
+    np.maximum(prev, start, out=prev)
+    np.subtract(end, prev, out=prev)
+    np.maximum(prev, 0, out=prev)  # time each interval adds beyond those started before it
+    union = np.bincount(seg, weights=prev, minlength=len(heads)).astype(np.int64)
     return gid, first_start, last_end, union
+
+
+def correlation_join(
+    left_pid: np.ndarray, left_corr: np.ndarray, right_pid: np.ndarray, right_corr: np.ndarray,
+    right_order: np.ndarray | None = None,
+) -> np.ndarray:
+    """Per left row, the right row with the same (pid, correlation id), or -1.
+
+    Where several right rows share a key, the first in ``right_order`` (default: row order)
+    wins. Correlation ids are small dense integers in CUDA/HIP traces, so the join is a
+    direct-address table per process (O(n), no sort); sparse or huge ids fall back to a
+    sort + searchsorted join with the same result.
+    """
+    left_pid = np.asarray(left_pid, np.int64)
+    left_corr = np.asarray(left_corr, np.int64)
+    right_pid = np.asarray(right_pid, np.int64)
+    right_corr = np.asarray(right_corr, np.int64)
+    out = np.full(len(left_corr), -1, np.int64)
+    if not len(left_corr) or not len(right_corr):
+        return out
+    rows = np.arange(len(right_corr), dtype=np.int64) if right_order is None else np.asarray(right_order, np.int64)
+    # Dense slots for processes: almost always one or a few.
+    if left_pid.min() == left_pid.max() == right_pid.min() == right_pid.max():
+        lslot = rslot = 0  # one process: no slot arrays at all
+        n_slots = 1
+    else:
+        pids = np.unique(np.concatenate([np.unique(left_pid), np.unique(right_pid)]))
+        lslot, rslot, n_slots = np.searchsorted(pids, left_pid), np.searchsorted(pids, right_pid), len(pids)
+    r_ok = right_corr[rows] >= 0
+    rows = rows[r_ok]
+    hi = int(max(left_corr.max(), right_corr.max())) + 1
+    if n_slots * hi <= 4 * (len(left_corr) + len(right_corr)) + (1 << 22):
+        table = np.full(n_slots * hi, -1, np.int32 if len(right_corr) < (1 << 31) else np.int64)
+        # Reverse scatter: with repeated keys the first row in right_order is written last.
+        rev = rows[::-1]
+        r_at = right_corr[rev] if n_slots == 1 else np.asarray(rslot)[rev] * hi + right_corr[rev]
+        table[r_at] = rev
+        del r_at, rev
+        ok = left_corr >= 0
+        if ok.all():
+            l_at = left_corr if n_slots == 1 else np.asarray(lslot) * hi + left_corr
+            out[:] = table[l_at]
+        else:
+            l_at = left_corr[ok] if n_slots == 1 else np.asarray(lslot)[ok] * hi + left_corr[ok]
+            out[ok] = table[l_at]
+        return out
+    lslot = np.broadcast_to(np.asarray(lslot), left_corr.shape)
+    rslot = np.broadcast_to(np.asarray(rslot), right_corr.shape)
+    rkey = np.stack([rslot[rows], right_corr[rows]])
+    order = np.lexsort((np.arange(len(rows)), rkey[1], rkey[0]))
+    ks, kc, rr = rkey[0][order], rkey[1][order], rows[order]
+    first = np.r_[True, (ks[1:] != ks[:-1]) | (kc[1:] != kc[:-1])]
+    ks, kc, rr = ks[first], kc[first], rr[first]
+    # Two-level search: slot then correlation id inside the slot's run.
+    for s in range(n_slots):
+        lo, hi_ = np.searchsorted(ks, s), np.searchsorted(ks, s, side="right")
+        sel = np.flatnonzero((lslot == s) & (left_corr >= 0))
+        if not len(sel) or lo == hi_:
+            continue
+        pos = np.searchsorted(kc[lo:hi_], left_corr[sel])
+        pos_c = np.minimum(pos, hi_ - lo - 1)
+        hit = kc[lo:hi_][pos_c] == left_corr[sel]
+        out[sel[hit]] = rr[lo:hi_][pos_c[hit]]
+    return out

@@ -5,8 +5,10 @@ Both backends expose the same three calls and give identical arrays:
 - ``query(path, sql, kinds)``: run one SELECT; ``kinds`` has one letter per result column,
   ``i`` (int64), ``f`` (float64) or ``s`` (text, interned: an int32 code array with -1 for
   NULL, and the list of distinct strings). Integer NULLs must be handled in SQL (``ifnull``).
-- ``query_many(path, [(sql, kinds), ...])``: several queries; the native backend runs them on
-  parallel threads, each on its own read-only connection.
+- ``query_many(path, [(sql, kinds[, filter_column, mask]), ...])``: several queries; the
+  native backend runs them on parallel threads, each on its own read-only connection. With a
+  uint8 ``mask``, only rows whose integer ``filter_column`` value v has ``mask[v] != 0`` are
+  kept (the native reader never stores the others).
 - ``strings_by_id(path, table, ids)``: ``value`` of ``table`` rows whose ``id`` is in ``ids``
   (returned in the order of ``ids``; a missing id gives ``""``).
 
@@ -28,7 +30,7 @@ class ColumnBackend(Protocol):
 
     def query(self, path: str, sql: str, kinds: str) -> list[Any]: ...
 
-    def query_many(self, path: str, queries: Sequence[tuple[str, str]]) -> list[list[Any]]: ...
+    def query_many(self, path: str, queries: Sequence[tuple]) -> list[list[Any]]: ...
 
     def strings_by_id(self, path: str, table: str, ids: np.ndarray) -> list[str]: ...
 
@@ -73,8 +75,14 @@ class PythonBackend:
                 out.append((codes, list(table)))
         return out
 
-    def query_many(self, path: str, queries: Sequence[tuple[str, str]]) -> list[list[Any]]:
-        return [self.query(path, sql, kinds) for sql, kinds in queries]
+    def query_many(self, path: str, queries: Sequence[tuple]) -> list[list[Any]]:
+        out = []
+        for spec in queries:
+            result = self.query(path, spec[0], spec[1])
+            if len(spec) >= 4 and spec[3] is not None:
+                result = apply_filter(result, spec[2], spec[3])
+            out.append(result)
+        return out
 
     def strings_by_id(self, path: str, table: str, ids: np.ndarray) -> list[str]:
         ids = np.asarray(ids, dtype=np.int64)
@@ -92,6 +100,17 @@ class PythonBackend:
         finally:
             con.close()
         return [found.get(int(x), "") for x in ids]
+
+
+def apply_filter(columns: list[Any], col: int, mask: np.ndarray) -> list[Any]:
+    """Keep the rows whose ``columns[col]`` value v has ``mask[v] != 0`` (what the native
+    reader does while stepping)."""
+    v = columns[col]
+    keep = (v >= 0) & (v < len(mask))
+    keep[keep] = np.asarray(mask, np.uint8)[v[keep]] != 0
+    if any(isinstance(c, tuple) for c in columns):
+        raise ValueError("row filters are for queries without text columns")
+    return [c[keep] for c in columns]
 
 
 def _empty(kind: str) -> Any:
@@ -113,12 +132,50 @@ class NativeBackend:
     def query(self, path: str, sql: str, kinds: str) -> list[Any]:
         return self._m.query_many(_uri(path), [(sql, kinds)], 1)[0]
 
-    def query_many(self, path: str, queries: Sequence[tuple[str, str]]) -> list[list[Any]]:
-        threads = max(1, min(len(queries), os.cpu_count() or 1))
+    def query_many(self, path: str, queries: Sequence[tuple]) -> list[list[Any]]:
+        threads = max(1, min(len(queries), worker_count()))
         return self._m.query_many(_uri(path), list(queries), threads)
 
     def strings_by_id(self, path: str, table: str, ids: np.ndarray) -> list[str]:
         return self._m.strings_by_id(_uri(path), table, np.ascontiguousarray(ids, dtype=np.int64))
+
+
+def worker_count() -> int:
+    """CPUs this process may run on (parallel slices for the native reader)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def concat_results(parts: list[list[Any]]) -> list[Any]:
+    """Join the column lists of several slices of one query, in order (strings re-interned)."""
+    if len(parts) == 1:
+        return parts[0]
+    out: list[Any] = []
+    for c in range(len(parts[0])):
+        first = parts[0][c]
+        # (slices are dropped column by column so peak memory stays near one copy)
+        if isinstance(first, tuple):
+            table: dict[str, int] = {}
+            codes = []
+            for p in parts:
+                pc, pv = p[c]
+                remap = np.array([table.setdefault(v, len(table)) for v in pv], dtype=np.int32)
+                codes.append(np.where(pc >= 0, remap[np.maximum(pc, 0)] if len(remap) else -1, -1).astype(np.int32))
+            out.append((np.concatenate(codes), list(table)))
+        else:
+            out.append(np.concatenate([p[c] for p in parts]))
+        for p in parts:
+            p[c] = None
+    return out
+
+
+def release_memory() -> None:
+    """Give freed heap memory back to the OS when the native module is there (glibc only)."""
+    module = native_module()
+    if module is not None and hasattr(module, "release_memory"):
+        module.release_memory()
 
 
 def native_module() -> Any | None:

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from maxinstr.attribute.intervals import correlation_join
 from maxinstr.errors import TraceError
 from maxinstr.traces import _sqlite_columns as cols
 from maxinstr.traces.model import (
@@ -74,6 +75,20 @@ _RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 _NVTX = "NVTX_EVENTS"
 
 TID_MASK = 0xFFFFFF
+_ROWS_PER_SLICE = 200_000  # below this a table is read in one go
+
+
+def _correlation_mask(corr: np.ndarray) -> np.ndarray | None:
+    """uint8 mask over correlation ids that some op has; None when ids are too sparse/big."""
+    corr = corr[corr >= 0]
+    if not len(corr):
+        return np.zeros(1, np.uint8)
+    top = int(corr.max()) + 1
+    if top > max(1 << 26, 8 * len(corr)):
+        return None
+    mask = np.zeros(top, np.uint8)
+    mask[corr] = 1
+    return mask
 
 
 def split_global_tid(global_tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -105,7 +120,9 @@ def read_nsys(path: str | Path, *, backend: str = "auto") -> Trace:
         raise TraceError(db, "not an Nsight Systems SQLite export (no StringIds, NVTX_EVENTS or CUPTI tables)")
     try:
         be = cols.backend(backend)
-        return _Reader(str(db), schema, be).read(source)
+        trace = _Reader(str(db), schema, be).read(source)
+        cols.release_memory()
+        return trace
     except sqlite3.DatabaseError as exc:
         raise TraceError(db, f"SQLite error while reading: {exc}") from None
     except RuntimeError as exc:  # the native reader reports SQLite errors as RuntimeError
@@ -143,11 +160,32 @@ class _Reader:
     def read(self, source: Path) -> Trace:
         types = self.enum("ENUM_NSYS_EVENT_TYPE", _EVENT_TYPES)
         queries: list[tuple[str, str]] = []
-        slots: dict[str, int] = {}
+        slots: dict[str, list[int]] = {}
+        workers = cols.worker_count() if self.be.name == "native" else 1
 
-        def add(key: str, sql: str, kinds: str) -> None:
-            slots[key] = len(queries)
-            queries.append((sql, kinds))
+        def add(key: str, sql: str, kinds: str, filter_col: int = -1, mask: np.ndarray | None = None) -> None:
+            # Big tables are read in rowid slices on parallel connections (native backend);
+            # slices concatenated in rowid order equal one table scan.
+            table = sql.split(" FROM ")[1].split()[0]
+            bounds = [None]
+            top = self.small(f"SELECT ifnull(max(rowid), 0) FROM {table}")[0][0]
+            if workers > 1:
+                n = min(workers, max(1, top // _ROWS_PER_SLICE))
+                if n > 1:
+                    bounds = [(top * i // n, top * (i + 1) // n) for i in range(n)]
+            slots[key] = []
+            for b in bounds:
+                q = sql
+                if b is not None:
+                    cond = f"rowid > {b[0]} AND rowid <= {b[1]}" if b[1] < top else f"rowid > {b[0]}"
+                    q = f"{sql} AND {cond}" if " WHERE " in sql else f"{sql} WHERE {cond}"
+                slots[key].append(len(queries))
+                # Expected rows (rowids are dense in exports) let the native reader size once;
+                # a filtered read keeps about as many rows as there are ops.
+                rows = top if b is None else b[1] - b[0]
+                if mask is not None:
+                    rows = min(rows, int(mask.sum()) + 1024)
+                queries.append((q, kinds, filter_col, mask, int(rows)))
 
         k = _KERNEL
         if k in self.schema:
@@ -169,15 +207,6 @@ class _Reader:
                     f'{self.col(t, "bytes", "0")}, {kind_col}, {self.col(t, "graphNodeId")} FROM {t}',
                     "iiiiiiiii",
                 )
-        if _RUNTIME in self.schema:
-            r = _RUNTIME
-            add(
-                "runtime",
-                f'SELECT start, "end", {self.col(r, "globalTid", "0")}, {self.col(r, "correlationId")}, '
-                f'{self.col(r, "nameId")}, {self.col(r, "eventClass", "0")} FROM {r} '
-                f'WHERE {self.col(r, "eventClass", "0")} != {_EVENT_CLASS_BACKTRACE}',
-                "iiiiii",
-            )
         if _NVTX in self.schema:
             n = _NVTX
             payload = ", ".join(
@@ -195,10 +224,32 @@ class _Reader:
         if "ThreadNames" in self.schema:
             add("threads", "SELECT globalTid, nameId FROM ThreadNames", "ii")
 
-        results = self.be.query_many(self.db, queries)
-        got = {key: results[i] for key, i in slots.items()}
+        def run() -> dict[str, list[Any]]:
+            results = self.be.query_many(self.db, queries)
+            out = {key: cols.concat_results([results[i] for i in idx]) for key, idx in slots.items()}
+            queries.clear()
+            slots.clear()
+            return out
 
+        # Phase 1: GPU ops, NVTX, thread names. Phase 2: the API calls, keeping only rows whose
+        # correlation id some op has (a superset across processes; joined exactly below).
+        got = run()
         ops, op_name_sid, memcpy_kinds = self._ops(got)
+        mask = _correlation_mask(ops.correlation_id)
+        if _RUNTIME in self.schema:
+            r = _RUNTIME
+            add(
+                "runtime",
+                f'SELECT start, "end", {self.col(r, "globalTid", "0")}, {self.col(r, "correlationId")}, '
+                f'{self.col(r, "nameId")}, {self.col(r, "eventClass", "0")} FROM {r} '
+                f'WHERE {self.col(r, "eventClass", "0")} != {_EVENT_CLASS_BACKTRACE}',
+                "iiiiii",
+                3,
+                mask,
+            )
+        got.update(run())
+
+
         calls, call_name_sid = self._calls(got, ops)
         ranges, nvtx_parts = self._nvtx(got.get("nvtx"), types)
 
@@ -285,14 +336,14 @@ class _Reader:
         name_sid: list[np.ndarray] = []
         memcpy_kind: list[np.ndarray] = []
         if "kernel" in got:
-            s, e, dev, stream, corr, gpid, name, node = got["kernel"]
+            s, e, dev, stream, corr, gpid, name, node = got.pop("kernel")
             parts.append(dict(start=s, end=e, dev=dev, stream=stream, corr=corr, gpid=gpid,
                               node=node, bytes=np.zeros(len(s), np.int64), kind=OpKind.KERNEL))  # fmt: skip
             name_sid.append(name)
             memcpy_kind.append(np.full(len(s), -1, np.int64))
         for key, kind in (("memcpy", OpKind.MEMCPY), ("memset", OpKind.MEMSET)):
             if key in got:
-                s, e, dev, stream, corr, gpid, nbytes, ckind, node = got[key]
+                s, e, dev, stream, corr, gpid, nbytes, ckind, node = got.pop(key)
                 parts.append(dict(start=s, end=e, dev=dev, stream=stream, corr=corr, gpid=gpid,
                                   node=node, bytes=nbytes, kind=kind))  # fmt: skip
                 name_sid.append(np.full(len(s), -1, np.int64))
@@ -302,7 +353,9 @@ class _Reader:
             return GpuOps(), np.empty(0, np.int64), None
 
         def cat(key: str) -> np.ndarray:
-            return np.concatenate([p[key] for p in parts])
+            # Drop each slice as soon as it is joined so peak memory stays near one copy.
+            arrays = [p.pop(key) for p in parts]
+            return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
         kinds = np.concatenate([np.full(len(p["start"]), int(p["kind"]), np.int8) for p in parts])
         pid, _ = split_global_tid(cat("gpid"))
@@ -330,20 +383,14 @@ class _Reader:
             return Calls(), np.empty(0, np.int64)
         s, e, gtid, corr, name, eclass = got["runtime"]
         pid, tid = split_global_tid(gtid)
-        key = correlation_key(pid, corr)
-        # Runtime rows before driver rows for the same correlation id, then one per key.
-        order = np.lexsort((eclass == _EVENT_CLASS_DRIVER, key))
-        key_sorted = key[order]
-        first = np.ones(len(order), bool)
-        first[1:] = key_sorted[1:] != key_sorted[:-1]
-        first &= key_sorted >= 0
-        order, key_sorted = order[first], key_sorted[first]
-        # Keep only the calls some op points at (the launches).
-        op_key = np.unique(correlation_key(ops.pid, ops.correlation_id)) if len(ops) else np.empty(0, np.int64)
-        pos = np.searchsorted(op_key, key_sorted)
-        hit = pos < len(op_key)
-        hit[hit] = op_key[pos[hit]] == key_sorted[hit]
-        keep = order[hit]
+        # One call per (process, correlation id): runtime rows win over driver rows, then the
+        # first in table order. Only calls that some op points at (the launches) are kept.
+        is_driver = eclass == _EVENT_CLASS_DRIVER
+        priority = np.concatenate([np.flatnonzero(~is_driver), np.flatnonzero(is_driver)])
+        op_call = correlation_join(ops.pid, ops.correlation_id, pid, corr, right_order=priority)
+        used = np.zeros(len(s), bool)
+        used[op_call[op_call >= 0]] = True
+        keep = np.flatnonzero(used)
         kind = np.where(eclass[keep] == _EVENT_CLASS_DRIVER, CallKind.DRIVER, CallKind.RUNTIME).astype(np.int8)
         calls = Calls(
             start_ns=s[keep],
@@ -487,14 +534,3 @@ class _Reader:
             meta["range_category"] = self._category
             meta["category_names"] = self._category_names
         return meta
-
-
-def correlation_key(pid: np.ndarray, correlation_id: np.ndarray) -> np.ndarray:
-    """One int64 per (process, correlation id); -1 where the correlation id is missing.
-
-    CUPTI correlation ids are 32-bit and unique per process, nsys pids 24-bit, so they pack.
-    """
-    pid = np.asarray(pid, np.int64)
-    corr = np.asarray(correlation_id, np.int64)
-    ok = (corr >= 0) & (corr < (1 << 32))
-    return np.where(ok, (pid << 32) | (corr & 0xFFFFFFFF), -1)
