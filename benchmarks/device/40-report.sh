@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Report on the H200 (run from the repo root after run_all.sh built maxinstr into PYTHONPATH).
+# Captures the pattern the fixtures lack, a decode loop that re-runs the whole prompt every
+# step (benchmarks/scenarios/reprefill_decode.py --mode reprefill), and its healthy contrast
+# (--mode kvcache), each under nsys with maxinstr stages; exports SQLite + nsys's own stats
+# (the same reports as tests/data/nsys/*.stats) so the coordinator can add them as fixtures,
+# then checks the report:
+#   - reprefill: the rule `reprefill_quadratic` fires on `decode` (steps grow with the index)
+#   - kvcache:   it does not; an unprofiled kvcache run gives the headline (--unprofiled)
+#   - maxinstr compare kvcache vs reprefill: decode slower beyond the noise bound
+# Results land in $OUT/report/: <mode>.sqlite, <mode>.stats/*.csv, <mode>-run/ (run dirs),
+# <mode>.report.{json,md,txt}, compare.{json,txt}, checks.txt.
+set -uo pipefail
+out="${OUT:-/tmp/out}/report"
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+rc=0
+[ -f .device/nsys-env.sh ] && source .device/nsys-env.sh
+if ! command -v nsys >/dev/null; then
+  echo "nsys not found (carry .device, see /work/shared/device/README.md)"; exit 1
+fi
+scenario=benchmarks/scenarios/reprefill_decode.py
+for mode in reprefill kvcache; do
+  echo "== capture $mode"
+  rm -rf "$out/$mode-run" /tmp/mi-$mode.*
+  nsys profile -t cuda,nvtx --sample=none --cpuctxsw=none --cuda-graph-trace=node -f true -o /tmp/mi-$mode \
+    python3 $scenario --mode $mode --run-dir "$out/$mode-run" > "$out/$mode.nsys.log" 2>&1 || rc=1
+  grep -v "^Collecting\|^Generating\|^Processing\|^\s*$" "$out/$mode.nsys.log" | tail -5
+  if [ ! -f /tmp/mi-$mode.nsys-rep ] && [ -f /tmp/mi-$mode.qdstrm ]; then
+    QdstrmImporter -i /tmp/mi-$mode.qdstrm >> "$out/$mode.nsys.log" 2>&1
+  fi
+  nsys export --type sqlite -f true -o "$out/$mode.sqlite" /tmp/mi-$mode.nsys-rep >> "$out/$mode.nsys.log" 2>&1 || rc=1
+  mkdir -p "$out/$mode.stats"
+  nsys stats --force-export=false -r nvtx_gpu_proj_sum,nvtx_sum,cuda_gpu_kern_sum -f csv \
+    -o "$out/$mode.stats/x" "$out/$mode.sqlite" >> "$out/$mode.nsys.log" 2>&1
+  for f in "$out/$mode.stats"/x_*.csv; do [ -f "$f" ] && mv "$f" "$out/$mode.stats/${f##*/x_}"; done
+  ls -la "$out/$mode.sqlite" "$out/$mode.stats" 2>&1 | tail -5
+done
+
+echo "== unprofiled kvcache run (headline timings)"
+rm -rf "$out/kvcache-plain-run"
+python3 $scenario --mode kvcache --run-dir "$out/kvcache-plain-run" 2>&1 | tail -2 || rc=1
+python3 $scenario --mode reprefill --run-dir "$out/reprefill-plain-run" 2>&1 | tail -2 || rc=1
+
+echo "== reports"
+for mode in reprefill kvcache; do
+  extra=""
+  [ -d "$out/$mode-plain-run" ] && extra="--unprofiled $out/$mode-plain-run"
+  for fmt in json md text; do
+    ext=$fmt; [ $fmt = text ] && ext=txt
+    python3 -m maxinstr report "$out/$mode-run" --trace "$out/$mode.sqlite" $extra --quiet --format $fmt \
+      -o "$out/$mode.report.$ext" || rc=1
+  done
+  python3 -m maxinstr report --trace "$out/$mode.sqlite" --quiet --format json -o "$out/$mode.trace-only.report.json" || rc=1
+  head -60 "$out/$mode.report.txt"
+done
+
+echo "== compare"
+python3 -m maxinstr compare "$out/kvcache-plain-run" "$out/reprefill-plain-run" --format json -o "$out/compare.json" || rc=1
+python3 -m maxinstr compare "$out/kvcache-plain-run" "$out/reprefill-plain-run" --format text -o "$out/compare.txt" || rc=1
+cat "$out/compare.txt" | head -40
+
+echo "== checks"
+python3 - "$out" <<'PY' 2>&1 | tee "$out/checks.txt"
+import json, sys
+out = sys.argv[1]
+ok = True
+def check(cond, what):
+    global ok
+    ok &= bool(cond)
+    print(("PASS " if cond else "FAIL ") + what)
+for mode in ("reprefill", "kvcache"):
+    r = json.load(open(f"{out}/{mode}.report.json"))
+    ids = [(f["id"], f["stage"]) for f in r["diagnosis"]]
+    dec = next(s for s in r["stages"] if s["name"] == "decode")
+    print(mode, "join", r["sources"]["join"], r["sources"]["records_joined"], "decode steps", dec.get("steps"))
+    print(mode, "findings", ids)
+    check(r["sources"]["join"] == "payload" and r["sources"]["records_joined"] > 0, f"{mode}: records joined by payload")
+    check(dec["gpu_proj_ns"]["n"] > 0, f"{mode}: decode has projected GPU time")
+    fired = ("reprefill_quadratic", "decode") in ids
+    check(fired if mode == "reprefill" else not fired, f"{mode}: reprefill_quadratic {'fires' if mode == 'reprefill' else 'does not fire'}")
+    if mode == "kvcache":
+        check(r["headline_source"] == "unprofiled_run", "kvcache: headline from the unprofiled run")
+c = json.load(open(f"{out}/compare.json"))["comparisons"][0]
+dec = next(x for x in c["stages"] if x["stage"] == "decode")
+print("compare decode", {k: dec.get(k) for k in ("median_delta_ns", "noise_bound_ns", "verdict")})
+check(dec["verdict"] == "slower", "compare: re-prefill decode slower than kvcache beyond noise")
+print("ALL PASS" if ok else "SOME CHECKS FAILED")
+sys.exit(0 if ok else 1)
+PY
+[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+du -sh "$out"/* 2>/dev/null | sort -h | tail -12
+echo "40-report rc=$rc"
+exit $rc
