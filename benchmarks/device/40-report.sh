@@ -60,6 +60,10 @@ python3 -m maxinstr compare "$out/kvcache-plain-run" "$out/reprefill-plain-run" 
 python3 -m maxinstr compare "$out/kvcache-plain-run" "$out/reprefill-plain-run" --format text -o "$out/compare.txt" || rc=1
 cat "$out/compare.txt" | head -40
 
+echo "== GPU tests of the report (samples and GPU events per stage)"
+python3 -m pytest -q -m gpu tests/analyze -p no:cacheprovider -s -rs 2>&1 | tee "$out/pytest-gpu.txt" | tail -40
+[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+
 echo "== checks"
 python3 - "$out" <<'PY' 2>&1 | tee "$out/checks.txt"
 import json, sys
@@ -77,6 +81,8 @@ for mode in ("reprefill", "kvcache"):
     print(mode, "findings", ids)
     check(r["sources"]["join"] == "payload" and r["sources"]["records_joined"] > 0, f"{mode}: records joined by payload")
     check(dec["gpu_proj_ns"]["n"] > 0, f"{mode}: decode has projected GPU time")
+    check((dec.get("samples") or {}).get("samples", 0) > 0, f"{mode}: decode has sampler rows")
+    print(mode, "decode samples", {k: v for k, v in (dec.get("samples") or {}).items() if k != "devices"})
     fired = ("reprefill_quadratic", "decode") in ids
     check(fired if mode == "reprefill" else not fired, f"{mode}: reprefill_quadratic {'fires' if mode == 'reprefill' else 'does not fire'}")
     if mode == "kvcache":

@@ -271,6 +271,8 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict) -> list[dict]:
         if trend.get("n_steps", 0) >= 4:
             trend["basis"] = basis
             row["steps"] = trend
+        if row["steps_marked"]:
+            row["per_step"] = _per_step(inst.step[st], host[st], values[st] if basis != "host_ns" else None, basis)
         if head is not None:
             hs = (head_names == name) & head.steady
             row["headline_host_ns"] = _stat(head.host_ns[hs])
@@ -280,6 +282,31 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict) -> list[dict]:
             row["headline_gpu_event_ns"] = row["gpu_event_ns"]
         rows.append(row)
     return rows
+
+
+PER_STEP_KEPT = 10_000
+
+
+def _per_step(step: np.ndarray, host: np.ndarray, gpu: np.ndarray | None, basis: str) -> dict[str, Any]:
+    """Per marked step: instance count and median host (and GPU) time, as parallel lists."""
+    from maxinstr.analyze.stats import group_medians
+
+    ok = step >= 0
+    steps, code = np.unique(step[ok], return_inverse=True)
+    code = code.reshape(-1)
+    steps = steps[:PER_STEP_KEPT]
+    keep = code < len(steps)
+    out: dict[str, Any] = {
+        "step": steps.astype(int).tolist(),
+        "n": np.bincount(code[keep], minlength=len(steps)).astype(int).tolist(),
+        "host_median_ns": group_medians(code[keep], host[ok][keep], len(steps)).tolist(),
+    }
+    if gpu is not None:
+        g = gpu[ok][keep]
+        good = g >= 0
+        out["gpu_basis"] = basis
+        out["gpu_median_ns"] = group_medians(code[keep][good], g[good], len(steps)).tolist()
+    return out
 
 
 def _startup_rows(inst) -> list[dict]:

@@ -53,6 +53,11 @@ def _stage_table(report: dict) -> Table | None:
     t.add_column("busy", justify="right")
     t.add_column("kernels", justify="right")
     t.add_column("top family")
+    sampled = any(s.get("samples") for s in stages)
+    if sampled:
+        t.add_column("util", justify="right")
+        t.add_column("power", justify="right")
+        t.add_column("throttled", justify="right")
     for s in stages:
         label, g = f.gpu_stat(s)
         head = s.get("headline_host_ns") or s["host_ns"]
@@ -62,6 +67,13 @@ def _stage_table(report: dict) -> Table | None:
             n += f" (+{extra})"
         mix = s.get("mix") or {}
         fam = mix.get("families", [{}])[0] if mix.get("families") else {}
+        cells = []
+        if sampled:
+            smp = s.get("samples") or {}
+            util = smp.get("gpu_util_pct_mean")
+            power = smp.get("power_w_mean")
+            cells = [f"{util:.0f}%" if util is not None else "-", f"{power:.0f} W" if power is not None else "-",
+                     f.pct(smp.get("throttled_share"))]
         t.add_row(
             "  " * s.get("depth", 0) + s["name"],
             n,
@@ -72,6 +84,7 @@ def _stage_table(report: dict) -> Table | None:
             f.pct(f.stat(s.get("gpu_busy_frac"))),
             f"{f.stat(s.get('kernels_per_instance')):.0f}" if f.stat(s.get("kernels_per_instance")) is not None else "-",
             f"{fam.get('family')} {f.pct(fam.get('share'))}" if fam else "-",
+            *cells,
         )
     return t
 
