@@ -108,8 +108,8 @@ def trailing_int(values: np.ndarray, path: object, what: str) -> np.ndarray:
         j = len(digits)
         while j > 0 and digits[j - 1].isdigit():
             j -= 1
-        if j == len(digits):
-            raise TraceError(path, f"{what}: no number in {u[:40]!r}")
+        if j == len(digits) or len(digits) - j > 18:
+            raise TraceError(path, f"{what}: no number (or one out of range) in {u[:40]!r}")
         parsed[i] = int(digits[j:])
     return parsed[inverse]
 
@@ -250,10 +250,14 @@ def sqlite_file(path: Path) -> Iterator[sqlite3.Connection]:
     con = None
     try:
         con = sqlite3.connect(f"file:{os.fspath(db_path)}?mode=ro", uri=True)
+        # corrupt pages can hold invalid UTF-8: replace it rather than fail in the middle of a fetch
+        con.text_factory = lambda b: b.decode("utf-8", "replace")
         con.execute("SELECT count(*) FROM sqlite_master").fetchone()
         yield con
     except sqlite3.Error as exc:
         raise TraceError(path, f"SQLite error: {exc}") from None
+    except UnicodeDecodeError:  # sqlite3 decodes schema text and column names strictly
+        raise TraceError(path, "corrupt database: invalid UTF-8 in its schema") from None
     finally:
         if con is not None:
             con.close()

@@ -533,15 +533,15 @@ def read_rocprof_json(path: str | Path, *, progress: Progress | None = None, doc
         for g, proc in enumerate(procs):
             offset = np.int64(g) << np.int64(40) if len(procs) > 1 else np.int64(0)
             _json_process(path, proc, offset, parts, progress)
-    if len(procs) > 1:
-        parts.notes.append(f"{len(procs)} processes; correlation ids offset by process index << 40")
-    return _assemble(path, "rocprofv3-json", parts, meta)
+        if len(procs) > 1:
+            parts.notes.append(f"{len(procs)} processes; correlation ids offset by process index << 40")
+        return _assemble(path, "rocprofv3-json", parts, meta)
 
 
 def _json_process(path: Path, proc: dict, offset: np.int64, parts: _Parts, progress: Progress | None) -> None:
     if not isinstance(proc, dict):
         raise TraceError(path, "a 'rocprofiler-sdk-tool' entry is not an object")
-    pid = int((proc.get("metadata") or {}).get("pid", NO_ID))
+    pid = int(int_column([(proc.get("metadata") or {}).get("pid", NO_ID)], path, "metadata.pid")[0])
     strings = proc.get("strings") or {}
     kinds = strings.get("buffer_records") or []
     op_names = [list(k.get("operations") or []) for k in kinds]
