@@ -85,6 +85,46 @@ _LOST = {
 }
 
 
+# The NVML calls made on every row: microseconds each in the driver.
+FAST_CALLS = (
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetTotalEnergyConsumption",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+)
+
+
+def hold_gil_for_fast_calls(nv: Any) -> bool:
+    """Make pynvml call the per-row NVML functions with the GIL held.
+
+    pynvml calls NVML through ``ctypes.CDLL``, which releases the GIL around each call. In a
+    program busy in Python, every re-acquisition by the sampler thread waits for the holder to
+    give the GIL up (up to the 5 ms switch interval) and costs the program a thread switch:
+    about seven switches per row. Holding the GIL for these few-microsecond calls makes a row
+    one acquisition, read back to back. Slow or rare calls (process list, GPM, temperature)
+    still release it. Done by pointing pynvml's function cache for ``FAST_CALLS`` at a
+    ``ctypes.PyDLL`` view of the same loaded library; other pynvml users in the process then
+    hold the GIL for those calls too (microseconds). Returns False (nothing changed) unless
+    ``nv`` is the real pynvml with its library loaded.
+    """
+    import ctypes
+
+    try:
+        cache = getattr(nv, "_nvmlGetFunctionPointer_cache", None)
+        lib = getattr(nv, "nvmlLib", None)
+        if not isinstance(cache, dict) or not isinstance(lib, ctypes.CDLL) or isinstance(lib, ctypes.PyDLL):
+            return False
+        pydll = ctypes.PyDLL(lib._name, handle=lib._handle)
+        names = [n for n in FAST_CALLS if hasattr(pydll, n)]
+        for name in names:
+            cache[name] = getattr(pydll, name)
+        return bool(names)
+    except Exception:  # noqa: BLE001 - an optimization only
+        return False
+
+
 class Unavailable(Exception):
     """NVML cannot be used here; the message says why in one line."""
 
@@ -345,6 +385,9 @@ class NvmlBackend(Backend):
         self._slow_every = max(1, round(slow_interval_s / interval_s)) if interval_s > 0 else 1
         self.notes: list[str] = []
         self.source = ""
+        self.gil = "released per call"
+        if os.environ.get("MAXINSTR_SAMPLER_GIL", "hold") != "release" and hold_gil_for_fast_calls(self.nv):
+            self.gil = "held during fast calls"
 
     def versions(self) -> dict[str, str]:
         out = {}

@@ -269,6 +269,7 @@ class Sampler:
             "unavailable": self.unavailable or None,
             "backend_versions": _safe(self.backend.versions) or {},
             "visible": getattr(self.backend, "source", "") or None,
+            "gil": getattr(self.backend, "gil", None),
             "interval_s": self.interval_s,
             **self.extra,
             "row": row_layout(),

@@ -1,0 +1,267 @@
+"""Sampler cost: how much does the background sampler slow the program it watches?
+
+Throughput of (a) a GIL-bound pure-Python loop and (b) a decode-like GPU loop (small matmuls
+and a sync per step; needs torch and a GPU) with the sampler off and at 10, 100 and 1000 Hz,
+in one run. Configurations are interleaved round by round and the median of the per-round
+ratios is reported, so drift of a shared machine affects them alike. Target: <= 1% at 100 Hz.
+
+Devices the sampler reads (``--device``):
+  real       the machine's GPUs through NVML / AMD SMI (the true number; the default with a GPU)
+  fake-nvml  the real pynvml Python code over a tiny C stand-in for libnvidia-ml that spins for
+             ``--spin-ns`` in each call with the GIL released, as the driver does (the H200 measured
+             ~1.7-8 us per NVML call; see /work/shared/device/overheads.txt). Needs a C compiler.
+  null       a device that reads nothing: the thread, row packing and write alone
+
+    python benchmarks/sampler_cost.py                      # auto: real with a GPU, else fake-nvml
+    python benchmarks/sampler_cost.py --device null --seconds 0.5 --rounds 5 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+try:  # the installed package (the device runs one built into PYTHONPATH); else the source tree
+    import maxinstr  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from maxinstr.sample import open_backend, start_sampler  # noqa: E402
+from maxinstr.sample.base import ErrorLog, NullBackend  # noqa: E402
+from maxinstr.sample.writer import clock_ns  # noqa: E402
+
+RATES_HZ = (10, 100, 1000)
+
+FAKE_NVML_C = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+static long spin_ns = -1;
+static void spin(void) {
+  if (spin_ns < 0) { const char *e = getenv("FAKE_NVML_SPIN_NS"); spin_ns = e ? atol(e) : 2000; }
+  struct timespec a, b; clock_gettime(CLOCK_MONOTONIC, &a);
+  do { clock_gettime(CLOCK_MONOTONIC, &b); } while ((b.tv_sec - a.tv_sec) * 1000000000L + (b.tv_nsec - a.tv_nsec) < spin_ns);
+}
+typedef struct { unsigned gpu, memory; } util_t;
+typedef struct { unsigned long long total, free, used; } mem_t;
+typedef struct { unsigned version, supported; } gpm_support_t;
+typedef struct { const char *s, *l, *u; } metric_info_t;
+typedef struct { unsigned id; int ret; double value; metric_info_t info; } gpm_metric_t;
+typedef struct { unsigned version, n; void *s1, *s2; gpm_metric_t m[477]; } gpm_get_t;
+int nvmlInitWithFlags(unsigned f) { return 0; }
+int nvmlShutdown(void) { return 0; }
+const char *nvmlErrorString(int r) { return "fake"; }
+int nvmlSystemGetDriverVersion(char *b, unsigned n) { strncpy(b, "fake-nvml", n); return 0; }
+int nvmlSystemGetCudaDriverVersion(int *v) { *v = 13000; return 0; }
+int nvmlDeviceGetCount_v2(unsigned *c) { *c = 1; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **d) { *d = (void *)(uintptr_t)(0x1000 + i); return 0; }
+int nvmlDeviceGetUUID(void *d, char *b, unsigned n) { strncpy(b, "GPU-fa4e0000-0000-0000-0000-000000000000", n); return 0; }
+int nvmlDeviceGetName(void *d, char *b, unsigned n) { strncpy(b, "fake NVML device", n); return 0; }
+int nvmlDeviceGetMaxClockInfo(void *d, int t, unsigned *c) { *c = 1980; return 0; }
+int nvmlDeviceGetEnforcedPowerLimit(void *d, unsigned *p) { *p = 700000; return 0; }
+int nvmlDeviceGetUtilizationRates(void *d, util_t *u) { spin(); u->gpu = 50; u->memory = 20; return 0; }
+int nvmlDeviceGetMemoryInfo(void *d, mem_t *m) { spin(); m->total = 1ULL << 37; m->used = 1ULL << 30; m->free = m->total - m->used; return 0; }
+int nvmlDeviceGetClockInfo(void *d, int t, unsigned *c) { spin(); *c = 1500; return 0; }
+int nvmlDeviceGetPowerUsage(void *d, unsigned *p) { spin(); *p = 300000; return 0; }
+int nvmlDeviceGetTotalEnergyConsumption(void *d, unsigned long long *e) { spin(); *e = 123456789ULL; return 0; }
+int nvmlDeviceGetCurrentClocksEventReasons(void *d, unsigned long long *r) { spin(); *r = 0; return 0; }
+int nvmlDeviceGetTemperature(void *d, int s, unsigned *t) { spin(); *t = 40; return 0; }
+int nvmlDeviceGetComputeRunningProcesses_v3(void *d, unsigned *c, void *p) { spin(); *c = 0; return 0; }
+int nvmlGpmQueryDeviceSupport(void *d, gpm_support_t *s) { s->supported = 1; return 0; }
+int nvmlGpmSampleAlloc(void **s) { *s = malloc(64); return 0; }
+int nvmlGpmSampleFree(void *s) { free(s); return 0; }
+int nvmlGpmSampleGet(void *d, void *s) { spin(); return 0; }
+int nvmlGpmMetricsGet(gpm_get_t *g) { spin(); for (unsigned i = 0; i < g->n; i++) { g->m[i].ret = 0; g->m[i].value = 42.0; } return 0; }
+"""
+
+
+# --------------------------------------------------------------------------- devices
+def fake_nvml_backend(errors: ErrorLog, lib_path: Path, interval_s: float):
+    import pynvml
+
+    from maxinstr.sample import nvml
+
+    pynvml.nvmlLib = ctypes.CDLL(str(lib_path))  # pynvml loads nothing else once this is set
+    pynvml._nvmlGetFunctionPointer_cache.clear()
+    return nvml.NvmlBackend(errors, nv=pynvml, env={}, interval_s=interval_s)
+
+
+def build_fake_nvml(spin_ns: int) -> Path | None:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    tmp = Path(tempfile.mkdtemp(prefix="fake-nvml-"))
+    (tmp / "fake_nvml.c").write_text(FAKE_NVML_C)
+    lib = tmp / "libfake-nvml.so"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(lib), str(tmp / "fake_nvml.c")], check=True)
+    os.environ["FAKE_NVML_SPIN_NS"] = str(spin_ns)
+    return lib
+
+
+def make_backend_factory(kind: str, spin_ns: int) -> tuple[str, Callable[[float], Any]]:
+    if kind in ("auto", "real"):
+        backend, why = open_backend(ErrorLog(clock_ns))
+        backend.shutdown()
+        if not why:
+            def real(interval_s: float):
+                errors = ErrorLog(clock_ns)
+                b, _ = open_backend(errors, interval_s=interval_s)
+                return b
+            return f"real ({backend.name})", real
+        if kind == "real":
+            sys.exit(f"no GPU to sample: {why}")
+        kind = "fake-nvml"
+    if kind == "fake-nvml":
+        lib = build_fake_nvml(spin_ns)
+        if lib is not None:
+            return (f"fake-nvml (pynvml over a C stub spinning {spin_ns} ns per call)",
+                    lambda interval_s: fake_nvml_backend(ErrorLog(clock_ns), lib, interval_s))
+        print("no C compiler: falling back to the null device", file=sys.stderr)
+    return "null (reads nothing)", lambda interval_s: NullBackend(n_devices=1)
+
+
+# ------------------------------------------------------------------------- workloads
+def python_loop(seconds: float) -> float:
+    """GIL-bound pure Python: iterations per second."""
+    n = 0
+    x = 0
+    deadline = time.perf_counter() + seconds
+    t0 = time.perf_counter()
+    while True:
+        for i in range(2000):
+            x += i * i % 7
+        n += 2000
+        if time.perf_counter() >= deadline:
+            break
+    return n / (time.perf_counter() - t0)
+
+
+def make_gpu_loop() -> Callable[[float], float] | None:
+    """Decode-like: 16 small matmuls (a 1 x 4096 activation through 4096 x 4096 bf16 weights)
+    launched from Python, then a sync, per step: steps per second."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    dev = torch.device("cuda")
+    ws = [torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16) * 0.01 for _ in range(16)]
+    x0 = torch.randn(1, 4096, device=dev, dtype=torch.bfloat16)
+
+    def step() -> None:
+        x = x0
+        for w in ws:
+            x = torch.tanh(x @ w)
+        torch.cuda.synchronize()
+
+    for _ in range(50):
+        step()
+
+    def loop(seconds: float) -> float:
+        n = 0
+        deadline = time.perf_counter() + seconds
+        t0 = time.perf_counter()
+        while time.perf_counter() < deadline:
+            step()
+            n += 1
+        return n / (time.perf_counter() - t0)
+
+    return loop
+
+
+# ---------------------------------------------------------------------------- runner
+def measure(workload: Callable[[float], float], factory: Callable[[float], Any], seconds: float, rounds: int,
+            seed: int) -> dict[str, Any]:
+    configs: list[int | None] = [None, *RATES_HZ]
+    rates: dict[str, list[float]] = {str(c or "off"): [] for c in configs}
+    costs: dict[str, list[dict[str, Any]]] = {str(c): [] for c in RATES_HZ}
+    rng = random.Random(seed)
+    workload(min(0.2, seconds))  # warm up
+    for _ in range(rounds):
+        order = configs[:]
+        rng.shuffle(order)
+        for hz in order:
+            tmp = tempfile.mkdtemp(prefix="sampler-cost-")
+            sampler = None
+            if hz is not None:
+                sampler = start_sampler(tmp, 1.0 / hz, backend=factory(1.0 / hz))
+                time.sleep(0.05)
+            rate = workload(seconds)
+            if sampler is not None:
+                sampler.stop()
+                meta = json.loads((Path(tmp) / "samples.json").read_text())
+                costs[str(hz)].append(meta["cost"])
+            shutil.rmtree(tmp, ignore_errors=True)
+            rates[str(hz or "off")].append(rate)
+    off = rates["off"]
+    out: dict[str, Any] = {"off_median": statistics.median(off),
+                           "off_spread_pct": 100 * (max(off) - min(off)) / statistics.median(off)}
+    for hz in RATES_HZ:
+        on = rates[str(hz)]
+        # per-round ratio to that round's "off", then the median over rounds
+        slow = [100.0 * (1 - r / o) for r, o in zip(on, off)]
+        c = costs[str(hz)]
+        out[str(hz)] = {
+            "median": statistics.median(on),
+            "slowdown_pct_median": statistics.median(slow),
+            "slowdown_pct_rounds": slow,
+            "tick_p50_us": statistics.median(x["per_tick_ns"]["p50"] for x in c) / 1e3 if c and "per_tick_ns" in c[0] else None,
+            "thread_cpu_pct": statistics.median(x.get("thread_cpu_pct", 0.0) for x in c) if c else None,
+            "missed_ticks": sum(x.get("missed_ticks", 0) for x in c),
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=("auto", "real", "fake-nvml", "null"), default="auto")
+    ap.add_argument("--spin-ns", type=int, default=2000, help="fake-nvml: time each NVML call takes (default 2000)")
+    ap.add_argument("--seconds", type=float, default=1.0, help="measuring time per configuration and round")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    args = ap.parse_args(argv)
+
+    device, factory = make_backend_factory(args.device, args.spin_ns)
+    results: dict[str, Any] = {"device": device, "seconds": args.seconds, "rounds": args.rounds,
+                               "python": sys.version.split()[0], "cpus": os.cpu_count()}
+    workloads: list[tuple[str, Callable[[float], float]]] = [("python loop (iter/s)", python_loop)]
+    gpu = make_gpu_loop()
+    if gpu is not None:
+        workloads.append(("decode-like GPU loop (steps/s)", gpu))
+    else:
+        results["gpu_loop"] = "skipped: no torch or no GPU"
+    print(f"sampler cost: device = {device}; {args.rounds} rounds x {args.seconds:g} s per configuration")
+    for name, fn in workloads:
+        r = measure(fn, factory, args.seconds, args.rounds, args.seed)
+        results[name] = r
+        print(f"\n{name}: off {r['off_median']:.4g} (spread of 'off' runs {r['off_spread_pct']:.1f}%)")
+        print(f"  {'rate':>7} {'throughput':>12} {'slowdown':>9} {'tick p50':>9} {'thread CPU':>10} {'missed':>6}")
+        for hz in RATES_HZ:
+            x = r[str(hz)]
+            tick = f"{x['tick_p50_us']:.1f} us" if x["tick_p50_us"] is not None else "-"
+            print(f"  {hz:>5}Hz {x['median']:>12.4g} {x['slowdown_pct_median']:>8.2f}% {tick:>9} "
+                  f"{x['thread_cpu_pct']:>9.2f}% {x['missed_ticks']:>6}")
+    if gpu is None:
+        print("\ndecode-like GPU loop: skipped (no torch or no GPU)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
