@@ -62,14 +62,15 @@ def test_occurrence_index_counts_earlier_rows_of_same_key(rows):
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 10_000)), min_size=1, max_size=50))
 def test_group_medians_equal_numpy(rows):
     codes = np.array([r[0] for r in rows])
-    values = np.array([r[1] for r in rows], dtype=np.float64)
-    got = group_medians(codes, values, 4)
-    for g in range(4):
-        sel = values[codes == g]
-        if len(sel):
-            assert got[g] == pytest.approx(np.median(sel))
-        else:
-            assert np.isnan(got[g])
+    for dtype in (np.float64, np.int64):  # float: lexsort path; int: packed-key sort path
+        values = np.array([r[1] for r in rows], dtype=dtype)
+        got = group_medians(codes, values, 4)
+        for g in range(4):
+            sel = values[codes == g]
+            if len(sel):
+                assert got[g] == pytest.approx(np.median(sel))
+            else:
+                assert np.isnan(got[g])
 
 
 def test_cold_start_on_real_sample_stage():

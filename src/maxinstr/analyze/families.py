@@ -135,5 +135,18 @@ def classify_ids(name_ids: np.ndarray, strings: np.ndarray, table: tuple[Family,
     return fams[inverse]
 
 
+def classify_id_codes(name_ids: np.ndarray, strings: np.ndarray, table: tuple[Family, ...] = FAMILIES) -> np.ndarray:
+    """Like :func:`classify_ids` but as int16 codes into :func:`family_names` (cheap to group)."""
+    ids = np.asarray(name_ids, dtype=np.int64)
+    names = family_names(table)
+    index = {n: i for i, n in enumerate(names)}
+    if ids.size == 0:
+        return np.empty(0, dtype=np.int16)
+    used, inverse = np.unique(ids, return_inverse=True)
+    codes = np.array([index[OTHER] if i < 0 else index[classify_one(str(strings[i]), table)] for i in used],
+                     dtype=np.int16)
+    return codes[inverse]
+
+
 MATMUL_FAMILIES = frozenset({"gemv", "gemm", "grouped_matmul"})
 """Families that are matrix multiplies, whatever their shape."""

@@ -5,23 +5,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from maxinstr.analyze.families import OTHER, classify_ids
+from maxinstr.analyze.families import OTHER, classify_id_codes, family_names
 from maxinstr.analyze.instances import StageInstances
 from maxinstr.analyze.stats import group_medians
 
 _MAX_DEPTH = 64
 
 
+FAMILY_NAMES = np.array(family_names(), dtype=object)
+"""Family name for each int16 family code."""
+_OTHER_CODE = family_names().index(OTHER)
+
+
 def op_families(trace) -> np.ndarray:
-    """Family of every op in ``trace.ops``; copies and sets go by their kind, not their name."""
+    """Family code (int16 into :data:`FAMILY_NAMES`) of every op in ``trace.ops``; copies and
+    sets go by their kind, not their name. Codes, not strings: grouping a million ops by an
+    integer is a bincount, by a string a sort of Python objects."""
     from maxinstr.traces.model import OpKind
 
     ops = trace.ops
-    fam = classify_ids(np.asarray(ops.name_id), np.asarray(trace.strings, dtype=object))
+    fam = classify_id_codes(np.asarray(ops.name_id), np.asarray(trace.strings, dtype=object))
     kind = np.asarray(ops.kind)
-    fam = fam.astype(object)
-    fam[kind == OpKind.MEMCPY] = "memcpy"
-    fam[kind == OpKind.MEMSET] = "memset"
+    names = list(FAMILY_NAMES)
+    fam[kind == OpKind.MEMCPY] = names.index("memcpy")
+    fam[kind == OpKind.MEMSET] = names.index("memset")
     return fam
 
 
@@ -31,17 +38,18 @@ def op_durations(trace) -> np.ndarray:
 
 
 def family_table(dur_ns: np.ndarray, families: np.ndarray) -> list[dict]:
-    """Rows ``{family, gpu_ns, share, count}`` sorted by time, shares of the total given."""
+    """Rows ``{family, gpu_ns, share, count}`` sorted by time, shares of the total given.
+    ``families`` are int codes (:func:`op_families`)."""
     if len(dur_ns) == 0:
         return []
-    fams, inv = np.unique(np.asarray(families, dtype=object), return_inverse=True)
-    inv = inv.reshape(-1)
-    ns = np.bincount(inv, weights=dur_ns, minlength=len(fams))
-    cnt = np.bincount(inv, minlength=len(fams))
+    k = len(FAMILY_NAMES)
+    codes = np.asarray(families, dtype=np.int64)
+    ns = np.bincount(codes, weights=dur_ns, minlength=k)
+    cnt = np.bincount(codes, minlength=k)
     total = float(ns.sum())
-    order = np.argsort(-ns, kind="stable")
+    order = [i for i in np.argsort(-ns, kind="stable") if cnt[i] > 0]
     return [
-        {"family": str(fams[i]), "gpu_ns": float(ns[i]), "share": float(ns[i] / total) if total > 0 else 0.0,
+        {"family": str(FAMILY_NAMES[i]), "gpu_ns": float(ns[i]), "share": float(ns[i] / total) if total > 0 else 0.0,
          "count": int(cnt[i])}
         for i in order
     ]
@@ -70,7 +78,7 @@ def kernel_table(trace, families: np.ndarray, dur_ns: np.ndarray, mask: np.ndarr
     return [
         {
             "name": "" if ids[i] < 0 else str(strings[ids[i]]),
-            "family": str(families[first[i]]),
+            "family": str(FAMILY_NAMES[families[first[i]]]),
             "count": int(count[i]),
             "gpu_ns": float(total[i]),
             "median_ns": float(med[i]),
@@ -136,14 +144,14 @@ def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, du
     out: dict[str, dict] = {}
     if len(op_i) == 0:
         return out
-    names_all = inst.name.astype(str)
-    steady_names = np.unique(names_all[inst.steady])
-    no_steady = ~np.isin(names_all, steady_names)  # per instance: its name has no steady instance
-    keep = inst.steady[inst_i] | no_steady[inst_i]
+    uniq, name_code = np.unique(inst.name.astype(str), return_inverse=True)  # per instance, once
+    name_code = name_code.reshape(-1)
+    has_steady = np.zeros(len(uniq), bool)
+    has_steady[name_code[inst.steady]] = True
+    steady_names = set(uniq[has_steady].tolist())
+    keep = inst.steady[inst_i] | ~has_steady[name_code[inst_i]]
     op_i, inst_i = op_i[keep], inst_i[keep]
-    names = inst.name[inst_i].astype(str)
-    uniq, code = np.unique(names, return_inverse=True)
-    code = code.reshape(-1)
+    code = name_code[inst_i]
     order = np.argsort(code, kind="stable")
     bounds = np.r_[0, np.flatnonzero(np.diff(code[order])) + 1, len(order)]
     name_ids = np.asarray(trace.ops.name_id, np.int64)
@@ -169,12 +177,12 @@ def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, du
             "ops_per_instance": float(len(ops) / n_inst) if n_inst else 0.0,
             "families": family_table(d, f),
             "top_kernels": [
-                {"name": "" if ids[i] < 0 else str(strings[ids[i]]), "family": str(f[first[i]]),
+                {"name": "" if ids[i] < 0 else str(strings[ids[i]]), "family": str(FAMILY_NAMES[f[first[i]]]),
                  "count": int(cnt[i]), "gpu_ns": float(tot[i]), "median_ns": float(med[i]),
                  "share": float(tot[i] / grand) if grand > 0 else 0.0,
                  "per_instance": float(cnt[i] / n_inst) if n_inst else 0.0}
                 for i in best
             ],
-            "other_share": float(d[f == OTHER].sum() / grand) if grand > 0 else 0.0,
+            "other_share": float(d[f == _OTHER_CODE].sum() / grand) if grand > 0 else 0.0,
         }
     return out

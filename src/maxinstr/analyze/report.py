@@ -39,7 +39,8 @@ class Analysis:
     report: dict[str, Any]
     instances: inst_mod.StageInstances
     headline_instances: inst_mod.StageInstances | None = None
-    op_family: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
+    op_family: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int16))
+    """Family code per op (names in ``maxinstr.analyze.kernels.FAMILY_NAMES``)."""
     op_ns: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
 
 
@@ -94,7 +95,7 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
         fam = op_families(trace)
         dur = op_durations(trace)
     else:
-        fam, dur = np.empty(0, dtype=object), np.empty(0, dtype=np.int64)
+        fam, dur = np.empty(0, dtype=np.int16), np.empty(0, dtype=np.int64)
     mix = stage_mix(inst, trace, attribution, fam, dur, top=MIX_TOP_KERNELS) if trace is not None else {}
     if samples is None and run is not None:
         samples = getattr(run, "samples", None) or None

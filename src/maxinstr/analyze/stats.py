@@ -79,8 +79,17 @@ def group_medians(codes: np.ndarray, values: np.ndarray, n_groups: int) -> np.nd
     out = np.full(n_groups, np.nan)
     if len(codes) == 0:
         return out
-    perm = np.lexsort((values, codes))
-    c, v = codes[perm], values[perm].astype(np.float64)
+    codes = np.asarray(codes, dtype=np.int64)
+    values = np.asarray(values)
+    vmax = int(values.max()) if values.dtype.kind in "iu" and len(values) else -1
+    if values.dtype.kind in "iu" and values.min() >= 0 and vmax < (1 << 62) // max(n_groups, 1):
+        # one int64 key (group, value): a plain sort, several times faster than lexsort
+        key = np.sort(codes * (vmax + 1) + values)
+        c = key // (vmax + 1)
+        v = (key - c * (vmax + 1)).astype(np.float64)
+    else:
+        perm = np.lexsort((values, codes))
+        c, v = codes[perm], values[perm].astype(np.float64)
     starts = np.r_[0, np.flatnonzero(np.diff(c)) + 1]
     ends = np.r_[starts[1:], len(c)]
     lo = starts + (ends - starts - 1) // 2
