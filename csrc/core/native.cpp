@@ -1045,6 +1045,11 @@ PyObject* bound_descr_get(PyObject* d, PyObject* obj, PyObject*) {
 }
 
 PyMethodDef stage_methods[] = {
+#ifdef Py_GIL_DISABLED
+    // Free-threaded builds count references differently: plain methods there, no embedding.
+    {"__enter__", (PyCFunction)stage_enter, METH_NOARGS, "Open the stage."},
+    {"__exit__", (PyCFunction)(void (*)(void))stage_exit, METH_FASTCALL, "Close the stage."},
+#endif
     {"_spec", (PyCFunction)stage_spec, METH_NOARGS, "(name, kwargs) recreating this stage."},
     {nullptr, nullptr, 0, nullptr}};
 
@@ -1499,6 +1504,7 @@ extern "C" PyMODINIT_FUNC PyInit__native(void) {
   BoundDescrType.tp_flags = Py_TPFLAGS_DEFAULT;
   BoundDescrType.tp_descr_get = bound_descr_get;
   if (PyType_Ready(&BoundDescrType) < 0) return nullptr;
+#ifndef Py_GIL_DISABLED
   for (int which = 0; which < 2; which++) {
     BoundDescr* d = PyObject_New(BoundDescr, &BoundDescrType);
     if (!d) return nullptr;
@@ -1507,6 +1513,7 @@ extern "C" PyMODINIT_FUNC PyInit__native(void) {
     Py_DECREF(d);
   }
   PyType_Modified(&StageType);
+#endif
   NoopType.tp_name = "maxinstr._native.NoopStage";
   NoopType.tp_basicsize = sizeof(PyObject);
   NoopType.tp_flags = Py_TPFLAGS_DEFAULT;
