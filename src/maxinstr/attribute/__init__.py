@@ -1,1 +1,15 @@
+"""Attribution: which range launched each GPU op, and per-range-instance GPU totals.
 
+``attribute(trace, run=None)`` is the entry point (rules in :mod:`maxinstr.attribute.attribute`
+and docs/attribution.md); :mod:`maxinstr.attribute.summary` gives nsys-style tables and
+kernels per range. Note: after this import ``maxinstr.attribute.attribute`` names the
+function; import the module's other names with ``from maxinstr.attribute.attribute import``.
+"""
+
+from __future__ import annotations
+
+from maxinstr.attribute.attribute import ALL_RULES, NSYS_RULES, attribute
+from maxinstr.attribute.model import Attribution, JoinMethod, Rule
+from maxinstr.attribute.summary import kernels_by_range
+
+__all__ = ["ALL_RULES", "NSYS_RULES", "Attribution", "JoinMethod", "Rule", "attribute", "kernels_by_range"]

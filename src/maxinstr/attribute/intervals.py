@@ -190,6 +190,8 @@ def correlation_join(
         lslot, rslot, n_slots = np.searchsorted(pids, left_pid), np.searchsorted(pids, right_pid), len(pids)
     r_ok = right_corr[rows] >= 0
     rows = rows[r_ok]
+    if not len(rows):
+        return out
     hi = int(max(left_corr.max(), right_corr.max())) + 1
     if n_slots * hi <= 4 * (len(left_corr) + len(right_corr)) + (1 << 22):
         table = np.full(n_slots * hi, -1, np.int32 if len(right_corr) < (1 << 31) else np.int64)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -97,13 +97,16 @@ def split_global_tid(global_tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (g >> 24) & TID_MASK, g & TID_MASK
 
 
-def read_nsys(path: str | Path, *, backend: str = "auto") -> Trace:
+def read_nsys(path: str | Path, *, backend: str = "auto", progress: Callable[[str], None] | None = None) -> Trace:
     """Read an Nsight Systems SQLite export (or a ``.nsys-rep``, exported first when nsys is on PATH).
 
     ``backend``: ``"native"`` (the ``maxinstr._columns`` reader), ``"python"`` (sqlite3), or
     ``"auto"``. Both give identical traces. Raises :class:`TraceError` for unreadable input.
+    ``progress`` (optional) is called with a one-line message per step.
     """
     source = Path(path)
+    if progress is not None:
+        progress(f"reading {source.name} (Nsight Systems)")
     if source.suffix in (".nsys-rep", ".qdrep"):
         from maxinstr.traces.nsys_export import sqlite_for_report
 

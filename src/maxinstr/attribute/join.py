@@ -1,0 +1,103 @@
+"""Join trace ranges to a run directory's stage records (docs/formats.md, "How records join").
+
+1. ``PAYLOAD``: a range in NVTX domain ``maxinstr`` carries its record id as int64 payload:
+   exact. Used whenever any such range's payload is a record id of the run.
+2. ``THREAD_NAME_ORDER``: otherwise (roctx has no payload) the k-th range named N on thread T
+   is the k-th record named N on tid T, both ordered by start; marks pair with marks.
+
+Only ranges in domain ``maxinstr`` take part when the trace has that domain; traces without
+domains (roctx, Kineto) offer all their ranges. Everything is columnar (sort + searchsorted).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from maxinstr.attribute.model import Attribution, JoinMethod
+from maxinstr.traces.model import RangeStyle, Trace
+
+MAXINSTR_DOMAIN = "maxinstr"
+_MARK_FLAG = 1 << 2  # rundir.format.MARK
+
+
+def _records(run: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(stages structured array, per-record names) from a Run or a run directory path."""
+    if isinstance(run, (str, Path)):
+        from maxinstr.rundir import load
+
+        run = load(run)
+    stages = run.stages
+    names = run.stage_names() if hasattr(run, "stage_names") else np.asarray(run.names)[stages["name_id"]]
+    return stages, np.asarray(names, dtype=object)
+
+
+def candidate_ranges(trace: Trace) -> np.ndarray:
+    """Rows of ``trace.ranges`` that may be maxinstr stages."""
+    R = trace.ranges
+    strings = np.asarray(trace.strings, dtype=object)
+    dom = np.flatnonzero(strings == MAXINSTR_DOMAIN) if len(strings) else np.empty(0, np.int64)
+    in_domain = np.isin(R.domain_id, dom) if len(dom) else np.zeros(len(R), bool)
+    return np.flatnonzero(in_domain) if in_domain.any() else np.arange(len(R))
+
+
+def join_records(att: Attribution, run: Any) -> None:
+    """Fill ``att.range_record_id`` and ``att.join_method`` from the run's stage records."""
+    trace = att.trace
+    R = trace.ranges
+    stages, rec_names = _records(run)
+    att.range_record_id = np.full(len(R), -1, np.int64)
+    att.join_method = JoinMethod.NONE
+    cand = candidate_ranges(trace)
+    if not len(stages) or not len(cand):
+        att.notes.append("no stage records or no candidate ranges: ranges not joined to the run")
+        return
+    ids = stages["id"].astype(np.int64)
+    sorted_ids = np.sort(ids)
+
+    payload = R.payload[cand]
+    pos = np.minimum(np.searchsorted(sorted_ids, payload), len(sorted_ids) - 1)
+    hit = (payload >= 0) & (sorted_ids[pos] == payload)
+    if hit.any():
+        att.range_record_id[cand[hit]] = payload[hit]
+        att.join_method = JoinMethod.PAYLOAD
+        _note(att, int(hit.sum()), len(cand), len(stages), "NVTX payload == record id")
+        return
+
+    # (thread, name, mark?) groups on both sides, then the k-th of each group pairs up.
+    r_names = np.array([trace.name(int(i)) for i in R.name_id[cand]], dtype=object)
+    r_mark = (R.style[cand] == RangeStyle.MARK).astype(np.int64)
+    s_mark = ((stages["flags"] & _MARK_FLAG) != 0).astype(np.int64)
+    all_names, name_code = np.unique(np.concatenate([r_names, rec_names]).astype(str), return_inverse=True)
+    name_code = name_code.reshape(-1).astype(np.int64)
+    tid = np.concatenate([R.tid[cand], stages["tid"].astype(np.int64)])
+    mark = np.concatenate([r_mark, s_mark])
+    start = np.concatenate([R.start_ns[cand], stages["host_start_ns"].astype(np.int64)])
+    _, group = np.unique(np.stack([tid, name_code, mark], axis=1), axis=0, return_inverse=True)
+    group = group.reshape(-1).astype(np.int64)
+    side = np.r_[np.zeros(len(cand), np.int64), np.ones(len(stages), np.int64)]
+    order = np.lexsort((start, side, group))
+    g, sd = group[order], side[order]
+    first = np.r_[True, (g[1:] != g[:-1]) | (sd[1:] != sd[:-1])]
+    heads = np.flatnonzero(first)
+    rank = np.arange(len(order)) - np.repeat(heads, np.diff(np.r_[heads, len(order)]))
+    key = g * (int(rank.max()) + 1) + rank
+    is_rec = sd == 1
+    rec_key, rec_row = key[is_rec], order[is_rec] - len(cand)
+    rng_key, rng_row = key[~is_rec], order[~is_rec]
+    srt = np.argsort(rec_key)
+    p = np.minimum(np.searchsorted(rec_key[srt], rng_key), len(srt) - 1)
+    ok = rec_key[srt][p] == rng_key
+    att.range_record_id[cand[rng_row[ok]]] = ids[rec_row[srt][p[ok]]]
+    if ok.any():
+        att.join_method = JoinMethod.THREAD_NAME_ORDER
+    _note(att, int(ok.sum()), len(cand), len(stages), "(thread, name, order)")
+
+
+def _note(att: Attribution, joined: int, ranges: int, records: int, how: str) -> None:
+    att.notes.append(
+        f"{joined} of {ranges} candidate ranges joined to the run's {records} stage records by {how}"
+        + (f"; {records - joined} records have no range in the trace" if records > joined else "")
+    )

@@ -1,0 +1,71 @@
+"""``.nsys-rep`` -> SQLite: ``nsys export --type sqlite``, cached, or a clear error.
+
+Order, as ``nsys stats`` does it: a ``NAME.sqlite`` beside ``NAME.nsys-rep`` is used (nsys
+writes it there with ``--stats`` or ``nsys export``), unless it is older than the report and
+nsys is on PATH to export again; else, with ``nsys`` on PATH, the report is exported beside it
+when that folder is writable, or into a per-user cache keyed by the report's path, size and
+mtime; else a :class:`TraceError` says how to get the SQLite.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from maxinstr.errors import TraceError
+
+HOW = (
+    "maxinstr reads the SQLite export of an Nsight Systems report: install Nsight Systems so that "
+    "`nsys` is on PATH, or run `nsys export --type sqlite -o {stem}.sqlite {name}` where nsys is "
+    "and pass the .sqlite"
+)
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = Path(base) / "maxinstr" / "nsys-sqlite"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    except OSError:
+        path = Path(tempfile.gettempdir()) / f"maxinstr-nsys-sqlite-{os.getuid()}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+def sqlite_for_report(report: str | Path, *, nsys: str | None = None, timeout_s: float = 600.0) -> Path:
+    """The SQLite export of ``report`` (exporting it with nsys when needed)."""
+    report = Path(report)
+    if not report.is_file():
+        raise TraceError(report, "no such file")
+    beside = report.with_suffix(".sqlite")
+    stat = report.stat()
+    exe = nsys or shutil.which("nsys")
+    if beside.is_file() and (beside.stat().st_mtime >= stat.st_mtime or exe is None):
+        return beside
+    if exe is None:
+        raise TraceError(report, "nsys is not on PATH: " + HOW.format(stem=report.stem, name=report.name))
+    if os.access(report.parent, os.W_OK):
+        target = beside
+    else:
+        key = hashlib.sha1(f"{report.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+        target = _cache_dir() / f"{report.stem}-{key}.sqlite"
+        if target.is_file():
+            return target
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp.sqlite")
+    cmd = [exe, "export", "--type", "sqlite", "--force-overwrite", "true", "--output", str(tmp), str(report)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        tmp.unlink(missing_ok=True)
+        raise TraceError(report, f"`nsys export` failed to run ({exc}): " + HOW.format(stem=report.stem, name=report.name)) from None
+    if done.returncode != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        tail = (done.stderr or done.stdout or "").strip().splitlines()[-1:] or ["no output"]
+        raise TraceError(report, f"`nsys export --type sqlite` exited {done.returncode}: {tail[0]}")
+    os.replace(tmp, target)  # atomic: a reader never sees half an export
+    return target

@@ -1,0 +1,77 @@
+"""Property tests of the interval helpers against brute force (small random inputs)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from maxinstr.attribute.intervals import IntervalIndex, correlation_join, segmented_union
+
+interval = st.tuples(st.integers(0, 3), st.integers(0, 60), st.integers(0, 30))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(interval, max_size=25), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 90), st.integers(0, 5)), max_size=20))
+def test_innermost_is_latest_starting_container(ivs, queries):
+    g = np.array([i[0] for i in ivs], np.int64)
+    s = np.array([i[1] for i in ivs], np.int64)
+    e = s + np.array([i[2] for i in ivs], np.int64)
+    idx = IntervalIndex.build(np.arange(len(ivs)), g, s, e)
+    qg = np.array([q[0] for q in queries], np.int64)
+    qs = np.array([q[1] for q in queries], np.int64)
+    qe = qs + np.array([q[2] for q in queries], np.int64)
+    got = idx.innermost(qg, qs, qe)
+    for k in range(len(queries)):
+        holders = [i for i in range(len(ivs)) if g[i] == qg[k] and s[i] <= qs[k] and e[i] >= qe[k]]
+        if not holders:
+            assert got[k] == -1
+        else:
+            # the latest start; among equal starts, the shortest (tightest)
+            best = max(holders, key=lambda i: (s[i], -e[i]))
+            assert (s[got[k]], e[got[k]]) == (s[best], e[best])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(interval, min_size=1, max_size=40))
+def test_segmented_union_matches_brute_force(ivs):
+    ivs = sorted(ivs, key=lambda t: (t[0], t[1]))
+    g = np.array([i[0] for i in ivs], np.int64)
+    s = np.array([i[1] for i in ivs], np.int64)
+    e = s + np.array([i[2] for i in ivs], np.int64)
+    gid, lo, hi, union = segmented_union(g, s, e)
+    for k, grp in enumerate(gid):
+        cover = set()
+        for a, b in zip(s[g == grp], e[g == grp]):
+            cover.update(range(int(a), int(b)))
+        assert union[k] == len(cover)
+        assert lo[k] == s[g == grp].min() and hi[k] == e[g == grp].max()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(-1, 12)), max_size=30),
+       st.lists(st.tuples(st.integers(0, 2), st.integers(-1, 12)), max_size=30))  # fmt: skip
+def test_correlation_join_first_match(left, right):
+    lp = np.array([x[0] for x in left], np.int64)
+    lc = np.array([x[1] for x in left], np.int64)
+    rp = np.array([x[0] for x in right], np.int64)
+    rc = np.array([x[1] for x in right], np.int64)
+    got = correlation_join(lp, lc, rp, rc)
+    for k in range(len(left)):
+        want = next((j for j in range(len(right)) if rp[j] == lp[k] and rc[j] == lc[k] and lc[k] >= 0), -1)
+        assert got[k] == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(-1, 12)), max_size=30),
+       st.lists(st.tuples(st.integers(0, 2), st.integers(-1, 12)), max_size=30))  # fmt: skip
+def test_correlation_join_sparse_ids_take_the_sort_path(left, right):
+    big = 10**12  # too sparse for a direct-address table
+    lp = np.array([x[0] for x in left], np.int64)
+    lc = np.array([x[1] * big if x[1] >= 0 else -1 for x in left], np.int64)
+    rp = np.array([x[0] for x in right], np.int64)
+    rc = np.array([x[1] * big if x[1] >= 0 else -1 for x in right], np.int64)
+    got = correlation_join(lp, lc, rp, rc)
+    for k in range(len(left)):
+        want = next((j for j in range(len(right)) if rp[j] == lp[k] and rc[j] == lc[k] and lc[k] >= 0), -1)
+        assert got[k] == want
