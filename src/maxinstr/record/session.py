@@ -181,6 +181,7 @@ class Session:
         self._writes_meta = False
         self._memory: _MemorySink | None = None
         self._last_dropped = 0
+        self._dropped_base = 0  # the native core's drop count when this session began
 
     # -- context manager --------------------------------------------------------------
     def __enter__(self) -> Session:
@@ -210,6 +211,7 @@ class Session:
                 return self
             # Records completed before this session belong to the in-memory session.
             _flush_locked(proc)
+            self._dropped_base = int(_native_stats().get("dropped_records", 0) or 0)
             proc.root = self
             proc.stack.append(self)
             self._open_root()
@@ -371,7 +373,7 @@ class Session:
                 status=reason,
                 closed_ns=_clock_ns(),
                 native=stats,
-                dropped_records=int(stats.get("dropped_records", 0) or 0),
+                dropped_records=int(stats.get("dropped_records", 0) or 0) - self._dropped_base,
             )
         if self.meta is not None:
             self.meta["status"] = "closed"
@@ -576,7 +578,7 @@ def _flush_locked(proc: _Process, *, block: bool = False) -> int:
 def _note_drops(root: Session) -> None:
     """Say in events.jsonl (and once as a warning) when the native buffer dropped records."""
     stats = _native_stats()
-    dropped = int(stats.get("dropped_records", 0) or 0)
+    dropped = int(stats.get("dropped_records", 0) or 0) - root._dropped_base
     if dropped > root._last_dropped:
         if root._last_dropped == 0:
             warnings.warn(

@@ -227,6 +227,10 @@ def _read_part(
         if isinstance(rec, dict):
             events.append({"part": pdir.name, **rec})
 
+    for key, why in (("dropped_records", "the record buffer was full"), ("rows_dropped_disk", "the disk write failed")):
+        value = info.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            notes.append(f"{pdir.name}: {value} stage record(s) dropped while recording ({why})")
     rows = _read_stages(pdir / fmt.STAGES_FILE, notes)
     info["rows"] = len(rows)
     table = np.zeros(len(rows), dtype=RUN_STAGE_DTYPE)

@@ -126,6 +126,7 @@ class PartWriter:
         self.rows_dropped = 0  # rows lost to a disk error
         self._files: dict[str, _AppendFile] = {}
         self._names_written: set[int] = set()
+        self._names_bitmap = np.zeros(64, dtype=bool)
         self._last_fsync = time.monotonic()
         self._opened = False
 
@@ -171,23 +172,44 @@ class PartWriter:
             return
         try:
             if len(rows):
-                used = np.unique(rows["name_id"]).tolist()
-                new = [i for i in used if i not in self._names_written]
+                new = self._new_name_ids(rows["name_id"])
                 if new:
                     self._files[fmt.STRINGS_FILE].append(
                         b"".join(json_line({"id": i, "s": names.get(i, f"<name {i}>")}) for i in new)
                     )
-                    self._names_written.update(new)
+                    self._mark_written(new)
             if attrs:
                 self._files[fmt.ATTRS_FILE].append(b"".join(json_line({"id": rid, "attrs": a}) for rid, a in attrs))
             if len(rows):
-                self._files[fmt.STAGES_FILE].append(np.ascontiguousarray(rows, dtype=fmt.STAGE_DTYPE).tobytes())
+                # the drained buffer itself when it is one (no copy of a large batch)
+                base = rows.base if isinstance(rows.base, bytes) and len(rows.base) == rows.nbytes else None
+                self._files[fmt.STAGES_FILE].append(base if base is not None else np.ascontiguousarray(rows, dtype=fmt.STAGE_DTYPE).tobytes())
                 self.rows_written += len(rows)
             if self.fsync_interval_s >= 0 and time.monotonic() - self._last_fsync >= self.fsync_interval_s:
                 self.fsync()
         except OSError as exc:
             self.rows_dropped += len(rows)
             self._fail(exc, "cannot write to")
+
+    def _new_name_ids(self, ids: np.ndarray) -> list[int]:
+        """Name ids in ``ids`` not yet written to this part (a bitmap test, no sort, in the
+        common case where every name is known)."""
+        seen = self._names_bitmap
+        if len(ids) == 0:
+            return []
+        top = int(ids.max())
+        if top < len(seen) and int(ids.min()) >= 0 and seen[ids].all():
+            return []
+        return [i for i in np.unique(ids).tolist() if i not in self._names_written]
+
+    def _mark_written(self, new: list[int]) -> None:
+        self._names_written.update(new)
+        top = max(self._names_written) + 1
+        if top > len(self._names_bitmap):
+            grown = np.zeros(max(top, 2 * len(self._names_bitmap)), dtype=bool)
+            grown[: len(self._names_bitmap)] = self._names_bitmap
+            self._names_bitmap = grown
+        self._names_bitmap[[i for i in new if i >= 0]] = True
 
     def event(self, kind: str, message: str, **fields: Any) -> None:
         """Append one warning/error line to events.jsonl (best effort)."""
