@@ -174,12 +174,16 @@ def rule_healthy_decode(report: dict) -> list[dict]:
                      f"{biggest_other[0]} next at {biggest_other[1]:.0%}")
             if busy is not None and busy < LAUNCH_BOUND_BUSY:
                 title += f" (but the GPU is busy only {busy:.0%} of the stage: see launch_bound/host_bound)"
-            out.append(_finding(
-                "healthy_dense_decode", title, "fact", st["name"], ev,
-                "Decode is weight-bandwidth bound here: the matmuls are the work. Gains now come from fewer bytes "
-                "(lower-precision weights), larger batch, or faster matmul kernels; check the dominant matmul "
-                "against memory bandwidth with a deep dive.",
-                score=0.0))
+            if busy is not None and busy < LAUNCH_BOUND_BUSY:
+                step = ("The kernel mix is what dense decode should be; the time is lost between kernels. "
+                        "Fix the launch gaps first (see launch_bound / host_bound), then re-check the matmuls.")
+            else:
+                step = ("With this mix decode is usually weight-bandwidth bound: gains come from fewer bytes "
+                        "(lower-precision weights), larger batch, or faster matmul kernels; check the dominant "
+                        "matmul's achieved bandwidth with a deep dive.")
+            out.append(_finding("healthy_dense_decode", title, "fact", st["name"], ev, step,
+                                _deep_dive(report, st, family="gemv") if busy is None or busy >= LAUNCH_BOUND_BUSY else None,
+                                score=0.0))
     return out
 
 
