@@ -84,9 +84,11 @@ def start_sampler(
     env: Mapping[str, str] | None = None,
     backend: "Backend | None" = None,
     extra: dict[str, Any] | None = None,
+    flush_interval_s: float = 0.1,
 ) -> "Sampler":
     """Start sampling every visible GPU into ``part_dir/samples.bin`` (+ ``samples.json``).
 
+    Rows reach the file every ``flush_interval_s`` (a SIGKILL loses at most that much).
     ``pids``: processes whose GPU memory is recorded as ``proc_mem_bytes`` (default: this
     one). ``backend``: a ready backend (tests, benchmarks); default: :func:`open_backend`.
     Returns the :class:`~maxinstr.sample.writer.Sampler`; call ``.stop()`` when done. With
@@ -116,7 +118,7 @@ def start_sampler(
     except Exception as exc:  # noqa: BLE001 - open_backend never raises, but be sure
         backend, unavailable = NullBackend(str(exc)), str(exc)
     sampler = Sampler(Path(part_dir), interval, backend, unavailable=unavailable, notes=notes, errors=errors,
-                      pids=pid_list, extra=extra)
+                      pids=pid_list, extra=extra, flush_interval_s=flush_interval_s)
     return sampler.start()
 
 

@@ -1,9 +1,11 @@
 """The sampler thread: reads every visible device at a fixed rate and appends one fixed-size
 row per device to ``samples.bin``.
 
-Rows of one tick are packed with ``struct.pack_into`` into a preallocated buffer and handed
-to the OS in one ``os.write`` per tick (the GIL is released during the write), so a process
-killed by SIGKILL loses at most the tick being read. ``samples.json`` (layout, devices,
+Rows are packed with ``struct.pack_into`` into a preallocated buffer and handed to the OS in
+one ``os.write`` per flush interval (default 0.1 s; every tick when the interval is longer), so
+a process killed by SIGKILL loses at most the last flush interval of samples. Writing less often
+matters: ``os.write`` releases the GIL, and taking it back from a program busy in Python costs a
+thread switch and can wait up to the interpreter's 5 ms switch interval. ``samples.json`` (layout, devices,
 errors, the sampler's own cost) is replaced atomically at start, when a new error is seen,
 and at stop. Nothing here raises into the user's program: failures become entries in
 ``samples.json``'s ``errors``.
@@ -84,9 +86,11 @@ class Sampler:
         errors: ErrorLog | None = None,
         pids: list[int] | None = None,
         extra: dict[str, Any] | None = None,
+        flush_interval_s: float = 0.1,
     ) -> None:
         self.part_dir = Path(part_dir)
         self.interval_s = interval_s
+        self.flush_interval_s = flush_interval_s
         self.backend = backend
         self.unavailable = unavailable
         self.notes = list(notes or [])
@@ -183,55 +187,69 @@ class Sampler:
         n_metrics = len(METRICS)
         template = [NAN] * n_metrics
         values = [NAN] * n_metrics
-        buf = bytearray(ROW_SIZE * max(1, len(active)))
+        interval_ns = max(1, int(self.interval_s * 1e9))
+        flush_ns = max(interval_ns, int(self.flush_interval_s * 1e9))
+        # rows of up to one flush interval (+1 tick of slack) are packed here, then written at once
+        ticks_per_flush = flush_ns // interval_ns + 1
+        buf = bytearray(ROW_SIZE * max(1, len(active)) * ticks_per_flush)
         view = memoryview(buf)
+        cap = len(buf)
         pack_into = struct.Struct(ROW_FORMAT).pack_into
         fd = self._fd
-        interval_ns = max(1, int(self.interval_s * 1e9))
         wait = self._stop_evt.wait
         costs, ring = self._costs, _COST_RING
         clock = clock_ns
         tick = 0
+        off = 0
         next_ns = clock()
-        while active and not self._stop_evt.is_set():
-            t_tick = clock()
-            off = 0
-            lost: list[int] = []
-            for k, (index, dev) in enumerate(active):
-                values[:] = template
-                t0 = clock()
-                try:
-                    flags, bits, raw = dev.read(values, tick, t0)
-                except DeviceLost:
-                    flags, bits, raw = FLAG_LOST, 0, 0
-                    lost.append(k)
-                except Exception as exc:  # noqa: BLE001 - a vendor module bug: stop that device only
-                    self.errors.once((index, "internal"), "internal",
-                                     f"gpu{dev.info.visible_index}: sampling stopped: {type(exc).__name__}: {exc}", index)
-                    flags, bits, raw = FLAG_LOST, 0, 0
-                    lost.append(k)
-                read_ns = clock() - t0
-                pack_into(buf, off, t0, index, flags, read_ns if read_ns < _U32_MAX else _U32_MAX, bits, raw, *values)
-                off += ROW_SIZE
+        last_flush = next_ns
+        try:
+            while active and not self._stop_evt.is_set():
+                t_tick = clock()
+                lost: list[int] = []
+                for k, (index, dev) in enumerate(active):
+                    values[:] = template
+                    t0 = clock()
+                    try:
+                        flags, bits, raw = dev.read(values, tick, t0)
+                    except DeviceLost:
+                        flags, bits, raw = FLAG_LOST, 0, 0
+                        lost.append(k)
+                    except Exception as exc:  # noqa: BLE001 - a vendor module bug: stop that device only
+                        self.errors.once((index, "internal"), "internal",
+                                         f"gpu{dev.info.visible_index}: sampling stopped: {type(exc).__name__}: {exc}", index)
+                        flags, bits, raw = FLAG_LOST, 0, 0
+                        lost.append(k)
+                    read_ns = clock() - t0
+                    pack_into(buf, off, t0, index, flags, read_ns if read_ns < _U32_MAX else _U32_MAX, bits, raw, *values)
+                    off += ROW_SIZE
+                self.rows += len(active)
+                if lost:
+                    active = [a for k, a in enumerate(active) if k not in lost]
+                now = clock()
+                # os.write releases the GIL, and getting it back from a busy program costs a
+                # thread switch (and up to the 5 ms switch interval): write once per flush interval
+                if now - last_flush >= flush_ns or off + ROW_SIZE * len(active) > cap or lost:
+                    os.write(fd, view[:off])
+                    off = 0
+                    last_flush = now
+                cost = clock() - t_tick
+                costs[tick % ring] = cost
+                self._cost_sum_ns += cost
+                if cost > self._cost_max_ns:
+                    self._cost_max_ns = cost
+                tick += 1
+                self.ticks = tick
+                next_ns += interval_ns
+                now = clock()
+                if next_ns <= now:  # fell behind (GIL held by the program, slow vendor call): skip, don't burst
+                    skipped = (now - next_ns) // interval_ns + 1
+                    self.missed_ticks += skipped
+                    next_ns += skipped * interval_ns
+                wait((next_ns - now) * 1e-9)
+        finally:
             if off:
                 os.write(fd, view[:off])
-                self.rows += len(active)
-            if lost:
-                active = [a for k, a in enumerate(active) if k not in lost]
-            cost = clock() - t_tick
-            costs[tick % ring] = cost
-            self._cost_sum_ns += cost
-            if cost > self._cost_max_ns:
-                self._cost_max_ns = cost
-            tick += 1
-            self.ticks = tick
-            next_ns += interval_ns
-            now = clock()
-            if next_ns <= now:  # fell behind (GIL held by the program, slow vendor call): skip, don't burst
-                skipped = (now - next_ns) // interval_ns + 1
-                self.missed_ticks += skipped
-                next_ns += skipped * interval_ns
-            wait((next_ns - now) * 1e-9)
 
     # -- samples.json ----------------------------------------------------------------
     def _on_new_error(self) -> None:
@@ -271,6 +289,7 @@ class Sampler:
             "visible": getattr(self.backend, "source", "") or None,
             "gil": getattr(self.backend, "gil", None),
             "interval_s": self.interval_s,
+            "flush_interval_s": max(self.interval_s, self.flush_interval_s),
             **self.extra,
             "row": row_layout(),
             "flags": {"GPM": FLAG_GPM, "SLOW": FLAG_SLOW, "LOST": FLAG_LOST},
