@@ -135,3 +135,36 @@ def test_roctx_missing_library_falls_back_to_nvtx(run_py, tmp_path):
         MAXINSTR_ROCTX_LIBRARY=str(tmp_path / "nope.so"),
     )
     assert out[0] == "nvtx" and any("roctx" in e for e in out[1])
+
+
+def test_nvtx_balanced_under_random_out_of_order_exits(run_py, cc_lib, tmp_path):
+    log = tmp_path / "nvtx.log"
+    out = run_py(
+        """
+        import random
+        rng = random.Random(7)
+        open_, ids = [], []
+        for i in range(400):
+            if open_ and rng.random() < 0.5:
+                open_.pop(rng.randrange(len(open_))).__exit__(None, None, None)
+            else:
+                s = n.stage(f"s{i % 5}"); s.__enter__(); open_.append(s); ids.append(s.id)
+        while open_:
+            open_.pop(rng.randrange(len(open_))).__exit__(None, None, None)
+        with n.stage("last") as last:
+            pass
+        emit([ids + [last.id], n.stats()["open_stages"]])
+        """,
+        NVTX_INJECTION64_PATH=str(cc_lib("nvtx_inject")),
+        MAXINSTR_TEST_NVTX_LOG=str(log),
+    )
+    ids, open_stages = out
+    lines = [x for x in _lines(log) if x[0] in ("push", "pop")]
+    depth, min_depth = 0, 0
+    for x in lines:
+        depth += 1 if x[0] == "push" else -1
+        min_depth = min(min_depth, depth)
+    assert depth == 0 and min_depth == 0  # never popped more than pushed, balanced at the end
+    assert [int(x[-1]) for x in lines if x[0] == "push"] == ids  # one push per stage, in enter order
+    assert lines[-2:] == [["push", lines[-1][1], "maxinstr", "last", "2", str(ids[-1])], ["pop", lines[-1][1], "maxinstr"]]
+    assert open_stages == 0
