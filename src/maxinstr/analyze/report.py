@@ -42,6 +42,12 @@ class Analysis:
     op_family: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int16))
     """Family code per op (names in ``maxinstr.analyze.kernels.FAMILY_NAMES``)."""
     op_ns: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    run: Any = None
+    """The loaded run (records, meta, samples), when one was given."""
+    trace: Any = None
+    """The :class:`~maxinstr.traces.model.Trace`, when one was given."""
+    attribution: Any = None
+    """The trace's :class:`~maxinstr.attribute.model.Attribution` (per-op stage, per-range spans)."""
 
 
 def _load_run(run):
@@ -130,7 +136,8 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
 
     report["diagnosis"] = diagnose(report)
     report["bottlenecks"] = rank_bottlenecks(report)
-    return Analysis(report=report, instances=inst, headline_instances=head, op_family=fam, op_ns=dur)
+    return Analysis(report=report, instances=inst, headline_instances=head, op_family=fam, op_ns=dur,
+                    run=run, trace=trace, attribution=attribution)
 
 
 def build_report(run=None, trace=None, attribution=None, samples=None, unprofiled_run=None,

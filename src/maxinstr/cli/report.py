@@ -59,8 +59,12 @@ def _is_report_file(path: str) -> bool:
     return b"maxinstr-report" in head
 
 
-def render(report: dict, fmt: str, color: bool = False, width: int = 120) -> str:
-    """The report in one of FORMATS (html/perfetto through their own modules when present)."""
+def render(report: dict, fmt: str, color: bool = False, width: int = 120, analysis=None) -> str:
+    """The report in one of FORMATS (html/perfetto through their own modules when present).
+
+    Timeline views need more than the summary dict: their ``render`` receives the
+    :class:`~maxinstr.analyze.report.Analysis` (stage instances, trace, attribution, run with
+    its samples) as ``analysis=`` when it declares that parameter."""
     if fmt == "text":
         from maxinstr.render.text import render as r
 
@@ -78,7 +82,10 @@ def render(report: dict, fmt: str, color: bool = False, width: int = 120) -> str
         mod = importlib.import_module(module)
     except ImportError:
         raise MaxinstrError(f"--format {fmt}: not available in this build ({module} is missing)") from None
-    out = mod.render(report)
+    kwargs = {}
+    if analysis is not None and "analysis" in inspect.signature(mod.render).parameters:
+        kwargs["analysis"] = analysis
+    out = mod.render(report, **kwargs)
     return out if isinstance(out, str) else out.decode() if isinstance(out, bytes) else str(out)
 
 
@@ -98,10 +105,11 @@ def command(run_dir, trace_path, fmt, output, unprofiled, warmup, quiet):
     """
     if not run_dir and not trace_path:
         raise click.UsageError("give a RUN_DIR, a --trace FILE, or both")
+    analysis = None
     if run_dir and _is_report_file(run_dir):
         report = load_report_file(run_dir)
     else:
-        from maxinstr.analyze.report import build_report
+        from maxinstr.analyze.report import analyze
 
         run = None
         if run_dir:
@@ -114,14 +122,15 @@ def command(run_dir, trace_path, fmt, output, unprofiled, warmup, quiet):
             from maxinstr.rundir import load
 
             unprof = load(unprofiled)
-        report = build_report(run=run, trace=trace, unprofiled_run=unprof, warmup=warmup)
+        analysis = analyze(run=run, trace=trace, unprofiled_run=unprof, warmup=warmup)
+        report = analysis.report
     color = output is None and fmt == "text" and sys.stdout.isatty()
     width = 120
     if color:
         import shutil
 
         width = max(100, shutil.get_terminal_size((120, 40)).columns)
-    text = render(report, fmt, color=color, width=width)
+    text = render(report, fmt, color=color, width=width, analysis=analysis)
     if output:
         try:
             Path(output).write_text(text)

@@ -108,8 +108,8 @@ def _families(report: dict) -> Table | None:
     fams = gpu.get("families") or []
     if not fams:
         return None
-    t = Table(title=f"GPU time by kernel family ({gpu.get('ops')} ops, {f.ns(gpu.get('gpu_ns'))})",
-              title_justify="left", header_style="bold")
+    t = Table(title="GPU time by kernel family", caption=f"{gpu.get('ops')} ops, {f.ns(gpu.get('gpu_ns'))} of GPU time",
+              title_justify="left", caption_justify="left", header_style="bold")
     t.add_column("family")
     t.add_column("share", justify="right")
     t.add_column("time", justify="right")
@@ -157,6 +157,21 @@ def _diagnosis(report: dict) -> Panel | None:
     return Panel(text, title="Diagnosis", title_align="left")
 
 
+def _startup(report: dict, n: int = 8) -> Table | None:
+    rows = report.get("startup") or []
+    if not rows:
+        return None
+    t = Table(title=f"Startup, kept out of the numbers above ({len(rows)}{'+' if len(rows) >= 50 else ''} instances)",
+              title_justify="left", header_style="bold")
+    for col in ("stage", "#", "why", "host", "GPU", "robust z"):
+        t.add_column(col, justify="left" if col in ("stage", "why") else "right")
+    for r in sorted(rows, key=lambda r: -r["host_ns"])[:n]:
+        t.add_row(r["stage"], str(r["occurrence"]), r["reason"], f.ns(r["host_ns"]),
+                  f.ns(r.get("gpu_event_ns") if r.get("gpu_event_ns") is not None else r.get("gpu_proj_ns")),
+                  f"{r['robust_z']:.0f}" if r.get("robust_z") is not None else "-")
+    return t
+
+
 def _notes(report: dict) -> Text | None:
     notes = (report.get("sources") or {}).get("notes") or []
     if not notes:
@@ -167,7 +182,7 @@ def _notes(report: dict) -> Text | None:
 def renderables(report: dict) -> list[Any]:
     """The report's parts as rich renderables, in reading order."""
     parts = [_header(report), _stage_table(report), _bottlenecks(report), _diagnosis(report),
-             _families(report), _kernels(report), _notes(report)]
+             _startup(report), _families(report), _kernels(report), _notes(report)]
     return [p for p in parts if p is not None]
 
 
