@@ -306,3 +306,27 @@ def test_session_keeps_user_signal_handlers(tmp_path, native):
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def test_meta_and_part_keys_are_documented(tmp_path, native, stage, monkeypatch):
+    """docs/formats.md stays exact: every key a session writes is in its documented example."""
+    import re
+
+    doc = (Path(__file__).parents[2] / "docs" / "formats.md").read_text()
+    meta_block = doc.split("### meta.json")[1].split("```json")[1].split("```")[0]
+    part_block = doc.split("### part.json and events.jsonl")[1].split("```json")[1].split("```")[0]
+    documented_meta = set(re.findall(r'"(\w+)":', meta_block))
+    documented_part = set(re.findall(r'"(\w+)":', part_block))
+    monkeypatch.setenv(sess.ENV_CAPTURE, "1")
+    with maxinstr.session(tmp_path / "run", sample_hz=0, warmup=1) as s:
+        with pytest.warns(RuntimeWarning):
+            maxinstr.session(tmp_path / "other").start().close()
+        with stage("a"):
+            pass
+    meta = meta_of(tmp_path / "run")
+    assert set(meta) - documented_meta == set()
+    for key in ("clock", "session", "steady_state", "capture"):
+        assert set(meta[key]) - documented_meta == set(), key
+    assert set(meta["nested_sessions"][0]) - documented_meta == set()
+    part = json.loads((tmp_path / "run" / "parts" / s.part / "part.json").read_text())
+    assert set(part) - documented_part == set()
