@@ -194,3 +194,17 @@ def test_nvml_library_missing_is_unavailable(fake_nvml):
     fake.nv.nvmlInit.side_effect = pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
     with pytest.raises(nvml.Unavailable, match="NVML Shared Library Not Found"):
         backend(fake)
+
+
+def test_torchrun_rank_samples_its_own_gpu_only(fake_nvml, tmp_path):
+    fake = fake_nvml(4)
+    env = {"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4"}
+    with mock.patch.object(nvml, "import_pynvml", return_value=fake.nv):
+        s = start_sampler(tmp_path / "a", 0.01, env=env)
+        s.stop()
+        assert [d.info.visible_index for d in s.devices] == [2]
+        s = start_sampler(tmp_path / "b", 0.01, env={**env, "MAXINSTR_SAMPLE_ALL_GPUS": "1"})
+        s.stop()
+        assert len(s.devices) == 4
+    r = read_samples(tmp_path / "a")
+    assert "LOCAL_RANK=2 of 4" in r.meta["notes"][0] and [d["visible_index"] for d in r.devices] == [2]

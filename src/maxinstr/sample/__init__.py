@@ -85,10 +85,14 @@ def start_sampler(
     backend: "Backend | None" = None,
     extra: dict[str, Any] | None = None,
     flush_interval_s: float = 0.1,
+    devices: Collection[int] | None = None,
 ) -> "Sampler":
     """Start sampling every visible GPU into ``part_dir/samples.bin`` (+ ``samples.json``).
 
     Rows reach the file every ``flush_interval_s`` (a SIGKILL loses at most that much).
+    ``devices``: visible indices to sample (default: all; under torchrun-style ``LOCAL_RANK``
+    with several processes, only ``cuda:LOCAL_RANK``, so eight ranks do not each read eight
+    GPUs; ``MAXINSTR_SAMPLE_ALL_GPUS=1`` samples all).
     ``pids``: processes whose GPU memory is recorded as ``proc_mem_bytes`` (default: this
     one). ``backend``: a ready backend (tests, benchmarks); default: :func:`open_backend`.
     Returns the :class:`~maxinstr.sample.writer.Sampler`; call ``.stop()`` when done. With
@@ -111,6 +115,13 @@ def start_sampler(
         notes.append(f"interval_s={interval_s!r} is not a number; {DEFAULT_INTERVAL_S} used")
         interval = DEFAULT_INTERVAL_S
     pid_list = [os.getpid()] if pids is None else list(pids)
+    environ = os.environ if env is None else env
+    if devices is None and environ.get("MAXINSTR_SAMPLE_ALL_GPUS", "") in ("", "0"):
+        local_rank, world = environ.get("LOCAL_RANK", ""), environ.get("LOCAL_WORLD_SIZE", environ.get("WORLD_SIZE", ""))
+        if local_rank.isdigit() and world.isdigit() and int(world) > 1:
+            devices = [int(local_rank)]
+            notes.append(f"LOCAL_RANK={local_rank} of {world}: sampling visible GPU {local_rank} only "
+                         "(MAXINSTR_SAMPLE_ALL_GPUS=1 samples all)")
     unavailable = ""
     try:
         if backend is None:
@@ -118,7 +129,7 @@ def start_sampler(
     except Exception as exc:  # noqa: BLE001 - open_backend never raises, but be sure
         backend, unavailable = NullBackend(str(exc)), str(exc)
     sampler = Sampler(Path(part_dir), interval, backend, unavailable=unavailable, notes=notes, errors=errors,
-                      pids=pid_list, extra=extra, flush_interval_s=flush_interval_s)
+                      pids=pid_list, extra=extra, flush_interval_s=flush_interval_s, only=devices)
     return sampler.start()
 
 

@@ -93,6 +93,7 @@ FAST_CALLS = (
     "nvmlDeviceGetPowerUsage",
     "nvmlDeviceGetTotalEnergyConsumption",
     "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetTemperature",
 )
 
 
@@ -103,8 +104,8 @@ def hold_gil_for_fast_calls(nv: Any) -> bool:
     program busy in Python, every re-acquisition by the sampler thread waits for the holder to
     give the GIL up (up to the 5 ms switch interval) and costs the program a thread switch:
     about seven switches per row. Holding the GIL for these few-microsecond calls makes a row
-    one acquisition, read back to back. Slow or rare calls (process list, GPM, temperature)
-    still release it. Done by pointing pynvml's function cache for ``FAST_CALLS`` at a
+    one acquisition, read back to back. Slow or rare calls (process list, GPM) still release
+    it. Done by pointing pynvml's function cache for ``FAST_CALLS`` at a
     ``ctypes.PyDLL`` view of the same loaded library; other pynvml users in the process then
     hold the GIL for those calls too (microseconds). Returns False (nothing changed) unless
     ``nv`` is the real pynvml with its library loaded.

@@ -87,10 +87,12 @@ class Sampler:
         pids: list[int] | None = None,
         extra: dict[str, Any] | None = None,
         flush_interval_s: float = 0.1,
+        only: Any = None,
     ) -> None:
         self.part_dir = Path(part_dir)
         self.interval_s = interval_s
         self.flush_interval_s = flush_interval_s
+        self.only = None if only is None else set(int(i) for i in only)
         self.backend = backend
         self.unavailable = unavailable
         self.notes = list(notes or [])
@@ -126,6 +128,12 @@ class Sampler:
                     self.unavailable = f"{self.backend.name}: listing devices failed: {type(exc).__name__}: {exc}"
                     self.devices = []
             self.notes.extend(getattr(self.backend, "notes", []))
+            if self.only is not None and self.devices:
+                keep = [d for d in self.devices if d.info.visible_index in self.only]
+                for d in self.devices:
+                    if d not in keep:
+                        d.close()
+                self.devices = keep
             self._fd = os.open(self.part_dir / SAMPLES_BIN, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             self.write_json("running")
             if self.devices:
