@@ -196,15 +196,12 @@ def test_nvml_library_missing_is_unavailable(fake_nvml):
         backend(fake)
 
 
-def test_torchrun_rank_samples_its_own_gpu_only(fake_nvml, tmp_path):
+def test_devices_picks_visible_gpus(fake_nvml, tmp_path):
     fake = fake_nvml(4)
-    env = {"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4"}
     with mock.patch.object(nvml, "import_pynvml", return_value=fake.nv):
-        s = start_sampler(tmp_path / "a", 0.01, env=env)
+        s = start_sampler(tmp_path, 0.01, env={}, devices=[2, 3])
+        time.sleep(0.05)
         s.stop()
-        assert [d.info.visible_index for d in s.devices] == [2]
-        s = start_sampler(tmp_path / "b", 0.01, env={**env, "MAXINSTR_SAMPLE_ALL_GPUS": "1"})
-        s.stop()
-        assert len(s.devices) == 4
-    r = read_samples(tmp_path / "a")
-    assert "LOCAL_RANK=2 of 4" in r.meta["notes"][0] and [d["visible_index"] for d in r.devices] == [2]
+    r = read_samples(tmp_path)
+    assert [d["visible_index"] for d in r.devices] == [2, 3]
+    assert set(np.unique(r.device)) == {0, 1}  # rows index the sampled devices

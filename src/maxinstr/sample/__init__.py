@@ -90,9 +90,8 @@ def start_sampler(
     """Start sampling every visible GPU into ``part_dir/samples.bin`` (+ ``samples.json``).
 
     Rows reach the file every ``flush_interval_s`` (a SIGKILL loses at most that much).
-    ``devices``: visible indices to sample (default: all; under torchrun-style ``LOCAL_RANK``
-    with several processes, only ``cuda:LOCAL_RANK``, so eight ranks do not each read eight
-    GPUs; ``MAXINSTR_SAMPLE_ALL_GPUS=1`` samples all).
+    ``devices``: visible indices to sample (default: all). Under torchrun the session starts
+    the sampler in local rank 0 only, which samples every GPU of the node once.
     ``pids``: processes whose GPU memory is recorded as ``proc_mem_bytes`` (default: this
     one). ``backend``: a ready backend (tests, benchmarks); default: :func:`open_backend`.
     Returns the :class:`~maxinstr.sample.writer.Sampler`; call ``.stop()`` when done. With
@@ -115,13 +114,7 @@ def start_sampler(
         notes.append(f"interval_s={interval_s!r} is not a number; {DEFAULT_INTERVAL_S} used")
         interval = DEFAULT_INTERVAL_S
     pid_list = [os.getpid()] if pids is None else list(pids)
-    environ = os.environ if env is None else env
-    if devices is None and environ.get("MAXINSTR_SAMPLE_ALL_GPUS", "") in ("", "0"):
-        local_rank, world = environ.get("LOCAL_RANK", ""), environ.get("LOCAL_WORLD_SIZE", environ.get("WORLD_SIZE", ""))
-        if local_rank.isdigit() and world.isdigit() and int(world) > 1:
-            devices = [int(local_rank)]
-            notes.append(f"LOCAL_RANK={local_rank} of {world}: sampling visible GPU {local_rank} only "
-                         "(MAXINSTR_SAMPLE_ALL_GPUS=1 samples all)")
+
     unavailable = ""
     try:
         if backend is None:
