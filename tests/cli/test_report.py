@@ -158,3 +158,28 @@ def test_compare_settings_diff(tmp_path, capsys):
 def test_compare_needs_two(capsys):
     rc, _, err = run_cli(capsys, "compare", "x")
     assert rc == 2 and "at least two" in err
+
+
+def test_report_finds_trace_and_warm_run_that_maxinstr_run_left(tmp_path, capsys):
+    """`maxinstr run` records the profiler's trace in meta.json and may leave an unprofiled
+    warm run in RUN/warm-run: `maxinstr report RUN` uses both."""
+    import shutil
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "analyze"))
+    from fixture_columns import run_from_nsys_fixture
+
+    run = run_from_nsys_fixture(tmp_path / "run", "h200_small", warmup=1, mark_steps=None)
+    trace = shutil.copy(DATA / "nsys/h200_small.sqlite", run / "profile.sqlite")
+    meta = json.loads((run / "meta.json").read_text())
+    meta["profiler"]["trace"] = str(trace)
+    (run / "meta.json").write_text(json.dumps(meta))
+    rc, out, _ = run_cli(capsys, "report", str(run), "--format", "json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["sources"]["trace"] == str(trace) and doc["gpu"]["ops"] == 242
+    assert any("profiler.trace" in n for n in doc["sources"]["notes"])
+    assert doc["headline_source"] == "run"
+    _session_run(run / "warm-run", 0.001)
+    rc, out, _ = run_cli(capsys, "report", str(run), "--format", "json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["headline_source"] == "unprofiled_run"
+    assert doc["sources"]["unprofiled_run"] == str(run / "warm-run")

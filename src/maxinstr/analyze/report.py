@@ -281,11 +281,13 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict) -> list[dict]:
             row["steps"] = trend
         if row["steps_marked"]:
             row["per_step"] = _per_step(inst.step[st], host[st], values[st] if basis != "host_ns" else None, basis)
-        if head is not None:
+        row["headline_from"] = "run" if head is None else "unprofiled_run"
+        if head is not None and ((head_names == name) & head.steady).any():
             hs = (head_names == name) & head.steady
             row["headline_host_ns"] = _stat(head.host_ns[hs])
             row["headline_gpu_event_ns"] = _stat(head.gpu_event_ns[hs])
-        else:
+        else:  # no unprofiled run, or it lacks this stage: the profiled numbers, marked as such
+            row["headline_from"] = "run"
             row["headline_host_ns"] = row["host_ns"]
             row["headline_gpu_event_ns"] = row["gpu_event_ns"]
         rows.append(row)

@@ -39,6 +39,31 @@ def open_trace_with_progress(path: str, quiet: bool = False):
         return open_trace(path)
 
 
+WARM_RUN_DIR = "warm-run"
+"""Where `maxinstr run --warm-run` leaves its unprofiled run of the same program."""
+
+
+def discover(run_dir: str, meta: dict, trace_path: str | None, unprofiled: str | None) -> tuple[str | None, str | None, list[str]]:
+    """Inputs `maxinstr run` left beside a run directory: the profiler's trace (meta.json
+    ``profiler.trace``) and the unprofiled warm run (``RUN/warm-run``), used when not given."""
+    notes: list[str] = []
+    prof = meta.get("profiler") if isinstance(meta, dict) else None
+    if trace_path is None and isinstance(prof, dict) and prof.get("trace"):
+        found = Path(str(prof["trace"]))
+        if not found.is_absolute():
+            found = Path(run_dir) / found
+        if found.exists():
+            trace_path = str(found)
+            notes.append(f"trace {found} found in meta.json (profiler.trace)")
+        else:
+            notes.append(f"meta.json names the trace {found}, which is missing: no kernels in this report")
+    warm = Path(run_dir) / WARM_RUN_DIR
+    if unprofiled is None and (warm / "meta.json").is_file():
+        unprofiled = str(warm)
+        notes.append(f"headline timings from the unprofiled warm run {warm}")
+    return trace_path, unprofiled, notes
+
+
 def load_report_file(path: str) -> dict:
     """A saved JSON report (``--format json`` output)."""
     from maxinstr.render.json import load
@@ -112,10 +137,12 @@ def command(run_dir, trace_path, fmt, output, unprofiled, warmup, quiet):
         from maxinstr.analyze.report import analyze
 
         run = None
+        auto_notes: list[str] = []
         if run_dir:
             from maxinstr.rundir import load
 
             run = load(run_dir)
+            trace_path, unprofiled, auto_notes = discover(run_dir, run.meta, trace_path, unprofiled)
         trace = open_trace_with_progress(trace_path, quiet) if trace_path else None
         unprof = None
         if unprofiled:
@@ -124,6 +151,7 @@ def command(run_dir, trace_path, fmt, output, unprofiled, warmup, quiet):
             unprof = load(unprofiled)
         analysis = analyze(run=run, trace=trace, unprofiled_run=unprof, warmup=warmup)
         report = analysis.report
+        report["sources"]["notes"] = auto_notes + report["sources"]["notes"]
     color = output is None and fmt == "text" and sys.stdout.isatty()
     width = 120
     if color:

@@ -43,7 +43,10 @@ def _stage_table(report: dict) -> Table | None:
     stages = report.get("stages") or []
     if not stages:
         return None
-    t = Table(title="Stages (steady state)", title_justify="left", header_style="bold")
+    unprof = any(s.get("headline_from") == "unprofiled_run" for s in stages)
+    t = Table(title="Stages (steady state)", title_justify="left", header_style="bold",
+              caption="* host times from the unprofiled run; GPU columns from the profiled one" if unprof else None,
+              caption_justify="left")
     t.add_column("stage")
     t.add_column("n", justify="right")
     t.add_column("host median", justify="right")
@@ -62,6 +65,8 @@ def _stage_table(report: dict) -> Table | None:
         label, g = f.gpu_stat(s)
         head = s.get("headline_host_ns") or s["host_ns"]
         n = str(s["steady"])
+        if s.get("headline_from") == "unprofiled_run":
+            n = f"{(s.get('headline_host_ns') or {}).get('n', 0)}*"
         extra = s["warmup"] + s["cold_start"]
         if extra:
             n += f" (+{extra})"
