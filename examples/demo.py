@@ -1,0 +1,138 @@
+"""maxinstr demo: a small decode-like pipeline, instrumented, on whatever this machine has.
+
+    python examples/demo.py [RUN_DIR]          # default: runs/demo
+
+It runs a toy "language model" made of numpy matrix products (the CPU stands in for a GPU
+when there is none), marks its stages with `maxinstr.stage`, records them in a run directory
+with `maxinstr.session`, reads the run back with `maxinstr.load`, and prints a per-stage
+summary: warm-up apart from steady state, median and p90 host time, share of the step.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import maxinstr
+
+WARMUP = 2
+STEPS = 24
+LAYERS = 4
+HIDDEN = 256
+
+
+class ToyModel:
+    """Matrix products shaped like a transformer decode step (sizes kept CPU-friendly)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        scale = 1.0 / np.sqrt(HIDDEN)
+        self.attn = [rng.standard_normal((HIDDEN, HIDDEN)).astype(np.float32) * scale for _ in range(LAYERS)]
+        self.mlp_up = [rng.standard_normal((HIDDEN, 4 * HIDDEN)).astype(np.float32) * scale for _ in range(LAYERS)]
+        self.mlp_down = [rng.standard_normal((4 * HIDDEN, HIDDEN)).astype(np.float32) * scale for _ in range(LAYERS)]
+        self.vocab = rng.standard_normal((HIDDEN, 4096)).astype(np.float32) * scale
+        self.cache: list[np.ndarray] = []
+
+    def layer(self, i: int, x: np.ndarray) -> np.ndarray:
+        with maxinstr.stage("attention", layer=i):
+            x = x + np.tanh(x @ self.attn[i])
+        with maxinstr.stage("mlp", layer=i):
+            x = x + np.maximum(x @ self.mlp_up[i], 0) @ self.mlp_down[i]
+        return x / (np.linalg.norm(x, axis=-1, keepdims=True) + 1e-6)
+
+    @maxinstr.stage("prefill")
+    def prefill(self, tokens: np.ndarray) -> np.ndarray:
+        x = np.eye(HIDDEN, dtype=np.float32)[tokens % HIDDEN]
+        for i in range(LAYERS):
+            x = self.layer(i, x)
+        self.cache = [x]
+        return x[-1:]
+
+    def decode(self, x: np.ndarray, step: int) -> np.ndarray:
+        with maxinstr.stage("decode", step=step):
+            if step < WARMUP:
+                time.sleep(0.004)  # stands in for compilation / cache fill on the first steps
+            for i in range(LAYERS):
+                x = self.layer(i, x)
+            with maxinstr.stage("sample"):
+                logits = x @ self.vocab
+                token = int(np.argmax(logits))
+            maxinstr.mark("token", id=token)
+        return x
+
+
+def run(run_dir: Path) -> None:
+    model = ToyModel()
+    with maxinstr.session(run_dir, warmup=WARMUP, dtype="float32", model="toy-4L-256", steps=STEPS):
+        with maxinstr.stage("tokenize"):
+            tokens = np.frombuffer(b"where does the time go, stage by stage?", dtype=np.uint8).astype(np.int64)
+        x = model.prefill(tokens)
+        for step in range(STEPS):
+            x = model.decode(x, step)
+
+
+def summarize(run_dir: Path) -> None:
+    """Per-stage host-time summary of the run directory (steady state apart from warm-up)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    run = maxinstr.load(run_dir)
+    st = run.stages
+    names = run.stage_names()
+    real = (st["flags"] & 4) == 0  # marks have no duration
+    dur_ms = (st["host_end_ns"] - st["host_start_ns"]) / 1e6
+    warm = run.warmup_mask()
+    steady_decode = (names == "decode") & ~warm
+    decode_steady = dur_ms[steady_decode].sum()
+    in_steady_decode = np.isin(st["parent_id"], st["id"][steady_decode])  # direct children
+
+    table = Table(title=f"{run_dir}  ({len(st)} records, warm-up = first {run.warmup} of each stage)")
+    for col in ("stage", "depth", "count", "warm-up", "steady median ms", "steady p90 ms", "warm-up mean ms", "% of steady decode"):
+        table.add_column(col, justify="left" if col == "stage" else "right", no_wrap=col == "stage")
+    order = np.unique(names[real], return_index=True)
+    for name in [n for _, n in sorted(zip(order[1], order[0]))]:
+        sel = (names == name) & real
+        steady = dur_ms[sel & ~warm]
+        warmup = dur_ms[sel & warm]
+        depth = int(st["depth"][sel].min())
+        inside = dur_ms[sel & in_steady_decode].sum()
+        share = f"{100 * inside / decode_steady:.0f}%" if decode_steady > 0 and inside > 0 else ""
+        table.add_row(
+            "  " * depth + str(name),
+            str(depth),
+            str(int(sel.sum())),
+            str(len(warmup)),
+            f"{np.median(steady):.3f}" if len(steady) else "-",
+            f"{np.percentile(steady, 90):.3f}" if len(steady) else "-",
+            f"{warmup.mean():.3f}" if len(warmup) else "-",
+            share,
+        )
+    console = Console()
+    console.print(table)
+    marks = int((~real).sum())
+    meta = run.meta
+    console.print(
+        f"{marks} marks; host {meta.get('host')}, Python {meta.get('python')}, maxinstr {meta.get('maxinstr')}, "
+        f"GPUs: {', '.join(g.get('name', '?') for g in meta.get('gpus') or []) or 'none seen (host timings only)'}"
+    )
+    for note in run.notes:
+        console.print(f"note: {note}")
+    console.print(f"run directory: {run_dir}   (read it back with maxinstr.load({str(run_dir)!r}))")
+
+
+def main(argv: list[str]) -> int:
+    run_dir = Path(argv[1] if len(argv) > 1 else "runs/demo")
+    if run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)  # a fresh run each time
+    run(run_dir)
+    summarize(run_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
