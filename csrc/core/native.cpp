@@ -142,6 +142,9 @@ struct GpuApi {
   int (*get_device)(int*) = nullptr;     // HIP: hipGetDevice
   int (*prof_start)() = nullptr;
   int (*prof_stop)() = nullptr;
+  // Optional (stream capture, CUDA 10+/HIP 5+): see RelaxedCapture and gpu_point.
+  int (*is_capturing)(void*, int*) = nullptr;
+  int (*exch_mode)(int*) = nullptr;
 };
 
 struct Slot {
@@ -156,6 +159,7 @@ struct Ctx {
   std::vector<int> free;  // free slots of this context
   int anchor = -1;        // slot of the newest resolved event (its host time is anchor_ns)
   int64_t anchor_ns = 0;
+  int64_t retry_ns = 0;   // a failed reference pairing is retried after this host time
 };
 
 struct Globals {
@@ -210,6 +214,7 @@ struct Globals {
   uint64_t events_recorded = 0;
   uint64_t events_shared = 0;
   uint64_t events_dropped = 0;
+  uint64_t events_capture = 0;  // boundaries skipped because the stream was capturing a graph
   bool warned_no_ctx = false;
 };
 
@@ -413,6 +418,8 @@ bool load_cuda(const char* path) {
   a.ctx_current = (int (*)(void**))sym(h, "cuCtxGetCurrent");
   a.prof_start = (int (*)())sym(h, "cuProfilerStart");
   a.prof_stop = (int (*)())sym(h, "cuProfilerStop");
+  a.is_capturing = (int (*)(void*, int*))sym(h, "cuStreamIsCapturing");
+  a.exch_mode = (int (*)(int*))sym(h, "cuThreadExchangeStreamCaptureMode");
   if (!a.ev_create || !a.ev_record || !a.ev_query || !a.ev_elapsed || !a.ev_sync || !a.ctx_current) {
     add_error(std::string("cuda: ") + path + " lacks a needed cuEvent*/cuCtxGetCurrent function");
     dlclose(h);
@@ -438,6 +445,8 @@ bool load_hip(const char* path, bool only_if_loaded) {
   a.get_device = (int (*)(int*))sym(h, "hipGetDevice");
   a.prof_start = (int (*)())sym(h, "hipProfilerStart");
   a.prof_stop = (int (*)())sym(h, "hipProfilerStop");
+  a.is_capturing = (int (*)(void*, int*))sym(h, "hipStreamIsCapturing");
+  a.exch_mode = (int (*)(int*))sym(h, "hipThreadExchangeStreamCaptureMode");
   if (!a.ev_create || !a.ev_record || !a.ev_query || !a.ev_elapsed || !a.ev_sync || !a.get_device) {
     add_error(std::string("hip: ") + path + " lacks a needed hipEvent*/hipGetDevice function");
     dlclose(h);
@@ -487,6 +496,22 @@ inline void* gpu_current_key() {
   }
   return nullptr;
 }
+
+// While some stream captures a CUDA graph in the default "global" mode, calls such as
+// cuEventQuery/cuEventSynchronize from any thread are illegal and invalidate that capture. Our
+// queries (resolve(), opportunistic resolution, the reference pairing) run with this thread in
+// "relaxed" capture mode, the documented opt-out for exactly this kind of bookkeeping, and
+// restore the thread's mode afterwards.
+struct RelaxedCapture {
+  int old = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED == hipStreamCaptureModeRelaxed == 2
+  bool on = false;
+  RelaxedCapture() {
+    if (g.gpu.exch_mode) on = g.gpu.exch_mode(&old) == 0;
+  }
+  ~RelaxedCapture() {
+    if (on) g.gpu.exch_mode(&old);
+  }
+};
 
 void slot_release(int s) {
   if (s < 0) return;
@@ -540,6 +565,11 @@ int slot_alloc(int c, int may_create) {
 // narrowest window). Once per context, at its first GPU stage: the only synchronisation outside
 // resolve(block=True).
 bool ctx_pair_reference(int c) {
+  RelaxedCapture relaxed;
+  if (g.gpu.is_capturing) {  // the legacy stream must not be touched while a graph is captured
+    int status = 0;
+    if (g.gpu.is_capturing(nullptr, &status) != 0 || status != 0) return false;
+  }
   int best = -1;
   int64_t best_w = INT64_MAX, best_t = 0;
   for (int i = 0; i < 3; i++) {
@@ -572,18 +602,31 @@ bool ctx_pair_reference(int c) {
 // Index of the context state for key (the current context), creating it on first use; -1 when
 // its reference pairing failed.
 int ctx_index(void* key) {
-  if (g.last_ctx >= 0 && g.ctxs[(size_t)g.last_ctx].key == key) return g.ctxs[(size_t)g.last_ctx].ok ? g.last_ctx : -1;
-  for (size_t i = 0; i < g.ctxs.size(); i++)
-    if (g.ctxs[i].key == key) {
-      g.last_ctx = (int)i;
-      return g.ctxs[i].ok ? (int)i : -1;
-    }
+  int found = -1;
+  if (g.last_ctx >= 0 && g.ctxs[(size_t)g.last_ctx].key == key) {
+    found = g.last_ctx;
+  } else {
+    for (size_t i = 0; i < g.ctxs.size(); i++)
+      if (g.ctxs[i].key == key) found = (int)i;
+  }
+  if (found >= 0) {
+    g.last_ctx = found;
+    Ctx& cx = g.ctxs[(size_t)found];
+    if (LIKELY(cx.ok)) return found;
+    // The pairing failed (e.g. a graph capture was running): try again at most once a second.
+    int64_t t = now_ns();
+    if (t < cx.retry_ns) return -1;
+    cx.ok = ctx_pair_reference(found);
+    if (!cx.ok) g.ctxs[(size_t)found].retry_ns = t + 1000000000LL;
+    return g.ctxs[(size_t)found].ok ? found : -1;
+  }
   Ctx cx;
   cx.key = key;
   g.ctxs.push_back(cx);
   int c = (int)g.ctxs.size() - 1;
   g.last_ctx = c;
   g.ctxs[(size_t)c].ok = ctx_pair_reference(c);
+  if (!g.ctxs[(size_t)c].ok) g.ctxs[(size_t)c].retry_ns = now_ns() + 1000000000LL;
   return g.ctxs[(size_t)c].ok ? c : -1;
 }
 
@@ -609,6 +652,16 @@ int gpu_point(ThreadState* ts, int c, uint64_t stream, int64_t t_now, int may_cr
     b->t_ns = t_now;
     g.events_shared++;
     return b->slot;
+  }
+  if (g.gpu.is_capturing) {
+    // A stream capturing a graph would take our event record into the graph (no timestamp),
+    // and the legacy stream cannot be used while a blocking stream captures: no GPU time then.
+    int status = 0;
+    int rc = g.gpu.is_capturing((void*)(uintptr_t)stream, &status);
+    if (rc != 0 || status != 0) {
+      g.events_capture++;
+      return -1;
+    }
   }
   int s = slot_alloc(c, may_create);
   if (s < 0) {
@@ -678,6 +731,8 @@ inline size_t pending_count() { return g.pending.size(); }
 
 // Resolves up to n records from the front of the queue, stopping at the first not ready.
 size_t resolve_front(size_t n) {
+  if (g.pending.empty()) return 0;
+  RelaxedCapture relaxed;
   size_t k = 0;
   while (k < n && !g.pending.empty()) {
     if (!resolve_one(g.pending.front(), false)) break;
@@ -690,6 +745,7 @@ size_t resolve_front(size_t n) {
 // Resolves every finished record. Work on one stream completes in order, so once a record of a
 // (context, stream) is not ready, later records of that stream are skipped without a query.
 size_t resolve_all(bool block) {
+  RelaxedCapture relaxed;
   size_t k = 0;
   std::deque<Pending> keep;
   std::vector<std::pair<int, uint64_t>> blocked;
@@ -1400,7 +1456,7 @@ PyObject* py_stats(PyObject*, PyObject*) {
   const char* backend = g.gpu.backend == BK_CUDA ? "cuda" : g.gpu.backend == BK_HIP ? "hip" : "none";
   const char* markers = g.markers == MK_NVTX ? "nvtx" : g.markers == MK_ROCTX ? "roctx" : "none";
   return Py_BuildValue(
-      "{sKsKsKslsnsKsKsKsisisssssNsLsisssnsOsK}", "records", (unsigned long long)g.records, "dropped_records",
+      "{sKsKsKslsnsKsKsKsisisssssNsLsisssnsOsKsK}", "records", (unsigned long long)g.records, "dropped_records",
       (unsigned long long)g.dropped_records, "pending_records", (unsigned long long)done_count(), "open_stages",
       open_stages, "events_in_flight", (Py_ssize_t)pending_count(), "events_dropped",
       (unsigned long long)g.events_dropped, "events_recorded", (unsigned long long)g.events_recorded,
@@ -1408,7 +1464,8 @@ PyObject* py_stats(PyObject*, PyObject*) {
       g.pool_max, "gpu_backend", backend, "markers", markers, "errors", errs, "event_share_ns",
       (long long)g.share_ns, "gpu_contexts", (int)g.ctxs.size(), "gpu_library", g.gpu.lib_name.c_str(),
       "capacity", (Py_ssize_t)g.capacity, "gpu_off_after_fork", g.gpu_off_after_fork ? Py_True : Py_False,
-      "errors_dropped", (unsigned long long)g.errors_dropped);
+      "errors_dropped", (unsigned long long)g.errors_dropped, "events_skipped_capture",
+      (unsigned long long)g.events_capture);
 }
 
 PyObject* py_profiler(bool start) {

@@ -334,3 +334,58 @@ def test_fork_child_has_no_gpu_timing(run_fake):
         """
     )
     assert out == "1 0 1"
+
+
+def test_graph_capture_is_never_disturbed(run_fake):
+    out = run_fake(
+        """
+        n._configure_events(share_ns=0)
+        with n.stage("before"):                   # reference pairing happens outside the capture
+            pass
+        fk.fake_begin_capture(ctypes.c_ulonglong(0xCA97), 0)   # a non-blocking stream captures
+        with n.stage("other-stream", stream=0x1234) as o:      # work elsewhere keeps GPU time
+            pass
+        with n.stage("captured", stream=0xCA97) as c:          # no event goes into the graph
+            pass
+        for i in range(200):                                   # opportunistic resolution too
+            with n.stage("more", stream=0x1234):
+                pass
+        resolved = n.resolve()                                 # the session's flusher thread
+        invalid = fk.fake_capture_invalidated()
+        into = fk.fake_recorded_into_capture()
+        mode = fk.fake_thread_mode()
+        fk.fake_end_capture()
+        fk.fake_complete_all(); n.resolve()
+        r = drained()
+        by = {int(x["id"]): int(x["flags"]) for x in r}
+        st = n.stats()
+        emit(dict(invalid=invalid, into=into, mode=mode, skipped=st["events_skipped_capture"],
+                  flags=[by[o.id], by[c.id]], errors=st["errors"]))
+        """
+    )
+    assert out["invalid"] == 0  # our queries ran in relaxed capture mode
+    assert out["into"] == 0  # nothing recorded into the capturing stream
+    assert out["mode"] == 0  # the thread's capture mode was restored
+    assert out["skipped"] >= 1
+    assert out["flags"] == [2, 8]  # other stream: timed; captured stream: GPU_DROPPED
+    assert out["errors"] == []
+
+
+def test_reference_pairing_retried_after_capture(run_fake):
+    out = run_fake(
+        """
+        import time
+        fk.fake_begin_capture(ctypes.c_ulonglong(0xCA97), 1)   # a *blocking* stream captures
+        with n.stage("during"):
+            pass
+        rec_during = count("cuEventRecord")                     # the legacy stream was not touched
+        fk.fake_end_capture()
+        first = drained()["flags"].tolist()
+        time.sleep(1.1)                                         # retried at most once a second
+        with n.stage("after"):
+            pass
+        fk.fake_complete_all(); n.resolve()
+        emit([first, drained()["flags"].tolist(), rec_during])
+        """
+    )
+    assert out == [[0], [2], 0]

@@ -121,3 +121,26 @@ def test_siblings_share_boundaries_on_gpu(n, cp, spin):
         t0, t1 = (int(v) for v in o.get())
         assert abs(int(p["gpu_end_ns"] - p["gpu_start_ns"]) - (t1 - t0)) <= 3 * _tolerance(t1 - t0)
     assert n.stats()["events_shared"] > before
+
+
+def test_cuda_graph_capture_is_not_disturbed(n):
+    torch = pytest.importorskip("torch")
+    x = torch.zeros(1024, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with n.stage("warm"):
+        x.add_(1)
+    torch.cuda.synchronize()
+    with n.stage("around-capture") as around:
+        with torch.cuda.graph(g):  # capture_error_mode="global": any unsafe call would break it
+            with n.stage("captured", stream=torch.cuda.current_stream().cuda_stream) as cap:
+                x.add_(1)
+            n.resolve()  # what a session's flusher thread may do at any moment
+    g.replay()
+    g.replay()
+    torch.cuda.synchronize()
+    assert x[0].item() == 3  # eager add + two replays: the capture was valid
+    r, _, _ = drain_all(n)
+    by = {int(x["id"]): x for x in r}
+    assert by[cap.id]["flags"] & 8  # GPU_DROPPED: no event was recorded into the graph
+    assert by[around.id]["flags"] & 2  # the stage around the capture is still GPU-timed
+    assert n.stats()["events_skipped_capture"] >= 1

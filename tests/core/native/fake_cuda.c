@@ -21,8 +21,24 @@ static void* cur_ctx = (void*)0x1000;
 static int device = 0;
 static const char* names[] = {"cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventElapsedTime",
                               "cuEventSynchronize", "cuEventDestroy", "cuCtxGetCurrent", "cuProfilerStart",
-                              "cuProfilerStop", 0};
-enum { CREATE, RECORD, QUERY, ELAPSED, SYNC, DESTROY, CTX, PSTART, PSTOP, NFUN };
+                              "cuProfilerStop", "cuStreamIsCapturing", "cuThreadExchangeStreamCaptureMode", 0};
+enum { CREATE, RECORD, QUERY, ELAPSED, SYNC, DESTROY, CTX, PSTART, PSTOP, ISCAP, EXCH, NFUN };
+
+/* Stream capture, emulated after the CUDA rules: while a stream captures in global mode, an
+ * "unsafe" call (query, synchronize) from a thread in global mode invalidates the capture and
+ * fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (900); an event recorded into the capturing
+ * stream becomes part of the graph (no timestamp); the legacy stream reports
+ * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (906) while a blocking stream captures. */
+static int capturing = 0, capture_blocking = 0, capture_invalidated = 0, recorded_into_capture = 0;
+static unsigned long long capture_stream = 0;
+static __thread int thread_mode = 0; /* 0 global, 1 thread-local, 2 relaxed */
+static int unsafe_call(void) {
+  if (capturing && thread_mode == 0) {
+    capture_invalidated = 1;
+    return 900;
+  }
+  return 0;
+}
 static long long counts[NFUN];
 static int fail_code[NFUN], fail_left[NFUN];
 #define MAXREC 100000
@@ -45,6 +61,17 @@ static int check(int f) {
 }
 
 /* ---- controls ---- */
+void fake_begin_capture(unsigned long long stream, int blocking) {
+  capturing = 1;
+  capture_stream = stream;
+  capture_blocking = blocking;
+  capture_invalidated = 0;
+  recorded_into_capture = 0;
+}
+void fake_end_capture(void) { capturing = 0; }
+int fake_capture_invalidated(void) { return capture_invalidated; }
+int fake_recorded_into_capture(void) { return recorded_into_capture; }
+int fake_thread_mode(void) { return thread_mode; }
 void fake_set_context(long long ctx) { cur_ctx = (void*)(intptr_t)ctx; }
 void fake_set_gpu_now(long long t) { gpu_now = t; }
 void fake_complete_all(void) { gpu_now = next_ts; }
@@ -83,6 +110,10 @@ int cuEventRecord(void* e, void* stream) {
   int rc = check(RECORD);
   if (rc) return rc;
   Ev* ev = (Ev*)e;
+  if (capturing && (unsigned long long)(uintptr_t)stream == capture_stream) {
+    recorded_into_capture++;
+    return 0;
+  }
   ev->recorded = 1;
   ev->ts = next_ts;
   next_ts += tick;
@@ -96,13 +127,13 @@ int cuEventRecord(void* e, void* stream) {
 }
 int cuEventQuery(void* e) {
   int rc = check(QUERY);
-  if (rc) return rc;
+  if (rc || (rc = unsafe_call())) return rc;
   Ev* ev = (Ev*)e;
   return (!ev->recorded || ev->ts <= gpu_now) ? 0 : 600;
 }
 int cuEventSynchronize(void* e) {
   int rc = check(SYNC);
-  if (rc) return rc;
+  if (rc || (rc = unsafe_call())) return rc;
   Ev* ev = (Ev*)e;
   if (ev->recorded && ev->ts > gpu_now) gpu_now = ev->ts;
   return 0;
@@ -119,6 +150,22 @@ int cuEventElapsedTime(float* ms, void* a, void* b) {
 int cuEventDestroy_v2(void* e) {
   check(DESTROY);
   free(e);
+  return 0;
+}
+int cuStreamIsCapturing(void* stream, int* status) {
+  int rc = check(ISCAP);
+  if (rc) return rc;
+  unsigned long long s = (unsigned long long)(uintptr_t)stream;
+  if (capturing && s == 0 && capture_blocking && capture_stream != 0) return 906;
+  *status = (capturing && s == capture_stream) ? 1 : 0;
+  return 0;
+}
+int cuThreadExchangeStreamCaptureMode(int* mode) {
+  int rc = check(EXCH);
+  if (rc) return rc;
+  int old = thread_mode;
+  thread_mode = *mode;
+  *mode = old;
   return 0;
 }
 int cuProfilerStart(void) { return check(PSTART); }
@@ -139,4 +186,6 @@ int hipEventSynchronize(void* e) { return cuEventSynchronize(e); }
 int hipEventElapsedTime(float* ms, void* a, void* b) { return cuEventElapsedTime(ms, a, b); }
 int hipEventDestroy(void* e) { return cuEventDestroy_v2(e); }
 int hipProfilerStart(void) { return cuProfilerStart(); }
+int hipStreamIsCapturing(void* s, int* st) { return cuStreamIsCapturing(s, st); }
+int hipThreadExchangeStreamCaptureMode(int* m) { return cuThreadExchangeStreamCaptureMode(m); }
 int hipProfilerStop(void) { return cuProfilerStop(); }
