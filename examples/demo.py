@@ -123,6 +123,14 @@ def summarize(run_dir: Path) -> None:
     console.print(f"run directory: {run_dir}   (read it back with maxinstr.load({str(run_dir)!r}))")
 
 
+def report(run_dir: Path) -> None:
+    """The same run through maxinstr's per-stage report (what `maxinstr report RUN_DIR` prints)."""
+    from maxinstr.analyze.report import build_report
+    from maxinstr.render.text import print_report
+
+    print_report(build_report(run=run_dir))
+
+
 def main(argv: list[str]) -> int:
     run_dir = Path(argv[1] if len(argv) > 1 else "runs/demo")
     if run_dir.exists():
@@ -131,6 +139,7 @@ def main(argv: list[str]) -> int:
         shutil.rmtree(run_dir)  # a fresh run each time
     run(run_dir)
     summarize(run_dir)
+    report(run_dir)
     return 0
 
 

@@ -153,3 +153,30 @@ def test_empty_inputs():
     r = build_report()
     assert r["stages"] == [] and r["gpu"] is None
     json.loads(render_json(r))
+
+
+def test_same_name_under_different_parents_is_two_populations(tmp_path):
+    """A layer run inside prefill (many tokens) and inside decode (one token) is two stages,
+    not one distribution with 'cold-start outliers'. Marks are counted apart."""
+    import maxinstr
+
+    with maxinstr.session(tmp_path / "run", warmup=0):
+        with maxinstr.stage("prefill"):
+            for _ in range(4):
+                with maxinstr.stage("layer"):
+                    time.sleep(0.02)
+        for step in range(8):
+            with maxinstr.stage("decode", step=step):
+                for _ in range(4):
+                    with maxinstr.stage("layer"):
+                        time.sleep(0.001)
+                maxinstr.mark("token")
+    r = build_report(run=tmp_path / "run")
+    names = [s["name"] for s in r["stages"]]
+    assert names == ["prefill", "prefill/layer", "decode", "decode/layer"]
+    pl, dl = _stage(r, "prefill/layer"), _stage(r, "decode/layer")
+    assert pl["leaf"] == dl["leaf"] == "layer" and pl["parent"] == "prefill" and dl["depth"] == 1
+    assert pl["instances"] == 4 and dl["instances"] == 32
+    assert pl["host_ns"]["median"] > 10 * dl["host_ns"]["median"]
+    assert pl["cold_start"] == 0  # the prefill layers are not decode's cold start
+    assert r["marks"] == {"decode/token": 8} or r["marks"] == {"token": 8}

@@ -46,7 +46,7 @@ class Side:
         if a is None:
             return None
         inst = a.headline_instances if (key == "host_ns" and a.headline_instances is not None) else a.instances
-        sel = (inst.name.astype(str) == name) & inst.steady
+        sel = (inst.key.astype(str) == name) & inst.steady
         col = {"host_ns": inst.host_ns, "gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": inst.proj_ns}[key]
         v = col[sel]
         return v[v >= 0]

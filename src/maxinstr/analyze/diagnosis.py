@@ -159,7 +159,7 @@ def rule_warmup_contamination(report: dict) -> list[dict]:
 def rule_healthy_decode(report: dict) -> list[dict]:
     out = []
     for st in _mixed_stages(report):
-        if not DECODE_NAME.search(st["name"]):
+        if not DECODE_NAME.search(st.get("leaf", st["name"])):
             continue
         mm = _fam_share(st, *MATMUL)
         others = {f: _fam_share(st, f) for f in ("attention", "normalization", "elementwise", "softmax", "rope",
@@ -297,7 +297,7 @@ def _kernel_overlap(a: dict, b: dict) -> float:
 def rule_reprefill(report: dict) -> list[dict]:
     out = []
     stages = report.get("stages", [])
-    prefills = [s for s in stages if PREFILL_NAME.search(s["name"]) and s.get("mix")]
+    prefills = [s for s in stages if PREFILL_NAME.search(s.get("leaf", s["name"])) and s.get("mix")]
     for st in stages:
         tr = st.get("steps")
         if not tr or tr.get("n_steps", 0) < REPREFILL_MIN_STEPS or not _significant(report, st):
@@ -414,7 +414,7 @@ def _deep_dive(report: dict, st: dict, family: str | None = None) -> str | None:
     if not kernels:
         return None
     k = kernels[0]
-    return (f"maxinstr deep-dive {shlex.quote(_report_arg(report))} --stage {shlex.quote(st['name'])} "
+    return (f"maxinstr deep-dive {shlex.quote(_report_arg(report))} --stage {shlex.quote(st.get('leaf', st['name']))} "
             f"--kernel {shlex.quote(_kernel_regex(k['name']))}")
 
 

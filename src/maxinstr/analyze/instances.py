@@ -71,6 +71,12 @@ class StageInstances:
     cold: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     cold_z: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float64))
     occurrence: np.ndarray = field(default_factory=lambda: _i64(0))
+    key: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
+    """The stage a statistic groups by: the name, or ``parent/.../name`` when the same name
+    occurs under different parents (``prefill/attention`` and ``decode/attention`` are
+    different populations: one processes the prompt, the other one token)."""
+    level: np.ndarray = field(default_factory=lambda: _i64(0))
+    """Nesting level among stage instances (0: no enclosing instance)."""
 
     def __len__(self) -> int:
         return len(self.name)
@@ -110,9 +116,39 @@ def _derive_steps(inst: StageInstances) -> None:
     inst.step = np.where(inst.step_marked, inst.step, pos)
 
 
+def stage_keys(names: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(key, level) per instance: see :attr:`StageInstances.key`. Vectorised per nesting level."""
+    n = len(names)
+    names = np.asarray(names, dtype=object)
+    level = np.zeros(n, dtype=np.int64)
+    cur = parent.copy()
+    for _ in range(_MAX_LEVELS):
+        live = cur >= 0
+        if not live.any():
+            break
+        level[live] += 1
+        cur[live] = parent[cur[live]]
+    path = names.astype(str).astype(object)
+    for lv in range(1, int(level.max()) + 1 if n else 0):
+        sel = np.flatnonzero(level == lv)
+        path[sel] = path[parent[sel]] + np.char.add("/", names[sel].astype(str)).astype(object)
+    if n == 0:
+        return np.empty(0, dtype=object), level
+    upath, first, inv = np.unique(path.astype(str), return_index=True, return_inverse=True)
+    leaf = names[first].astype(str)
+    leaves, counts = np.unique(leaf, return_counts=True)
+    ambiguous = set(leaves[counts > 1].tolist())
+    display = np.array([p if lf in ambiguous else lf for p, lf in zip(upath.tolist(), leaf.tolist())], dtype=object)
+    return display[inv.reshape(-1)], level
+
+
+_MAX_LEVELS = 64
+
+
 def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True) -> StageInstances:
-    """Occurrence order, warm-up and cold-start flags."""
+    """Stage keys, occurrence order, warm-up and cold-start flags."""
     n = len(inst)
+    inst.key, inst.level = stage_keys(inst.name, inst.parent)
     part_name = np.char.add(inst.part.astype(str).astype(object), ("\x00" + inst.name.astype(str)).astype(object)).astype(str)
     inst.occurrence = occurrence_index(part_name, inst.host_start_ns) if n else _i64(0)
     inst.warmup = (inst.occurrence < warmup_n) & ~inst.is_mark if warmup_n > 0 else np.zeros(n, dtype=bool)
@@ -120,7 +156,8 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True) -> St
     inst.cold = np.zeros(n, dtype=bool)
     inst.cold_z = np.zeros(n, dtype=np.float64)
     if detect_cold and n:
-        _, codes = np.unique(inst.name.astype(str), return_inverse=True)
+        # cold starts are outliers within one population: group by stage key
+        _, codes = np.unique(inst.key.astype(str), return_inverse=True)
         codes = codes.reshape(-1)
         for values in (inst.host_ns, inst.proj_ns):
             eligible = ~inst.warmup & ~inst.is_mark & (values >= 0)

@@ -144,7 +144,7 @@ def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, du
     out: dict[str, dict] = {}
     if len(op_i) == 0:
         return out
-    uniq, name_code = np.unique(inst.name.astype(str), return_inverse=True)  # per instance, once
+    uniq, name_code = np.unique(inst.key.astype(str), return_inverse=True)  # per instance, once
     name_code = name_code.reshape(-1)
     has_steady = np.zeros(len(uniq), bool)
     has_steady[name_code[inst.steady]] = True

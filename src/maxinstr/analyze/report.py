@@ -128,6 +128,8 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
         "cold_start_instances": int((inst.cold & ~inst.warmup).sum()),
     }
     report["stages"] = _stage_rows(inst, head, mix, sample_stats)
+    marks, mark_counts = np.unique(inst.key[inst.is_mark].astype(str), return_counts=True) if inst.is_mark.any() else ([], [])
+    report["marks"] = {str(k): int(c) for k, c in zip(marks, mark_counts)}
     report["startup"] = _startup_rows(inst)
     report["gpu"] = _gpu_section(trace, attribution, fam, dur)
     report["samples"] = sample_stats.get("_overall") if sample_stats else None
@@ -226,7 +228,7 @@ def _stat(values: np.ndarray) -> dict[str, float | int]:
 def _stage_rows(inst, head, mix: dict, sample_stats: dict) -> list[dict]:
     if len(inst) == 0:
         return []
-    names = inst.name.astype(str)
+    names = inst.key.astype(str)
     uniq, first_idx, code = np.unique(names, return_index=True, return_inverse=True)
     code = code.reshape(-1)
     # pipeline order: by first host start
@@ -237,15 +239,17 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict) -> list[dict]:
     host = inst.host_ns
     proj = inst.proj_ns
     busy_frac = inst.busy_frac
-    top_total = float(host[steady & (inst.depth == 0)].sum())
-    head_names = head.name.astype(str) if head is not None else None
+    top_total = float(host[steady & (inst.level == 0)].sum())
+    head_names = head.key.astype(str) if head is not None else None
     rows = []
     for u in order_u:
         sel = code == u
+        if inst.is_mark[sel].all():
+            continue  # instant marks have no duration: counted in report["marks"]
         st = sel & steady
         name = str(uniq[u])
         parents = inst.parent[sel]
-        parent_names = inst.name[parents[parents >= 0]].astype(str)
+        parent_names = inst.key[parents[parents >= 0]].astype(str)
         pname = None
         if len(parent_names):
             pn, pc = np.unique(parent_names, return_counts=True)
@@ -253,7 +257,8 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict) -> list[dict]:
         row: dict[str, Any] = {
             "name": name,
             "parent": pname,
-            "depth": int(inst.depth[sel].min()),
+            "depth": int(inst.level[sel].min()),
+            "leaf": str(inst.name[sel][0]),
             "instances": int(sel.sum()),
             "steady": int(st.sum()),
             "warmup": int((sel & inst.warmup).sum()),
@@ -327,7 +332,7 @@ def _startup_rows(inst) -> list[dict]:
     host, proj = inst.host_ns, inst.proj_ns
     return [
         {
-            "stage": str(inst.name[i]),
+            "stage": str(inst.key[i]),
             "occurrence": int(inst.occurrence[i]),
             "reason": "warmup" if inst.warmup[i] else "cold_start",
             "host_ns": int(host[i]),

@@ -117,7 +117,7 @@ def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str]
             c = np.r_[0, np.cumsum((throttle >> i) & 1)]
             bit_counts[name] = c[hi] - c[lo]
     metric_sums = {m: per_instance_sum(cols[m]) for m in METRICS if m in cols}
-    stage_names = inst.name.astype(str)
+    stage_names = inst.key.astype(str)
     for stage in np.unique(stage_names):
         sel = (stage_names == stage) & steady
         n_samples = int(count[sel].sum())
@@ -168,7 +168,7 @@ def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: lis
 
     names, hw_mask = _throttle_meta()
     steady = inst.steady
-    stage_names = inst.name.astype(str)
+    stage_names = inst.key.astype(str)
     uniq, code = np.unique(stage_names, return_inverse=True)
     code = code.reshape(-1)
     per_stage: dict[str, list[dict[str, Any]]] = {}

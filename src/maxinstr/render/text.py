@@ -47,15 +47,19 @@ def _stage_table(report: dict) -> Table | None:
     t = Table(title="Stages (steady state)", title_justify="left", header_style="bold",
               caption="* host times from the unprofiled run; GPU columns from the profiled one" if unprof else None,
               caption_justify="left")
-    t.add_column("stage")
+    gpu_cols = any(f.gpu_stat(s)[1] for s in stages)
+    trace_cols = any((s.get("gpu_busy_frac") or {}).get("n") or s.get("mix") for s in stages)
+    t.add_column("stage", no_wrap=True)
     t.add_column("n", justify="right")
     t.add_column("host median", justify="right")
     t.add_column("host p90", justify="right")
-    t.add_column("GPU median", justify="right")
-    t.add_column("GPU p90", justify="right")
-    t.add_column("busy", justify="right")
-    t.add_column("kernels", justify="right")
-    t.add_column("top family")
+    if gpu_cols:
+        t.add_column("GPU median", justify="right")
+        t.add_column("GPU p90", justify="right")
+    if trace_cols:
+        t.add_column("busy", justify="right")
+        t.add_column("kernels", justify="right")
+        t.add_column("top family")
     sampled = any(s.get("samples") for s in stages)
     if sampled:
         t.add_column("util", justify="right")
@@ -79,18 +83,14 @@ def _stage_table(report: dict) -> Table | None:
             power = smp.get("power_w_mean")
             cells = [f"{util:.0f}%" if util is not None else "-", f"{power:.0f} W" if power is not None else "-",
                      f.pct(smp.get("throttled_share"))]
-        t.add_row(
-            "  " * s.get("depth", 0) + s["name"],
-            n,
-            f.ns(f.stat(head)),
-            f.ns(f.stat(head, "p90")),
-            f.ns(f.stat(g)) + (f" {label}" if label == "event" else ""),
-            f.ns(f.stat(g, "p90")),
-            f.pct(f.stat(s.get("gpu_busy_frac"))),
-            f"{f.stat(s.get('kernels_per_instance')):.0f}" if f.stat(s.get("kernels_per_instance")) is not None else "-",
-            f"{fam.get('family')} {f.pct(fam.get('share'))}" if fam else "-",
-            *cells,
-        )
+        row = ["  " * s.get("depth", 0) + s["name"], n, f.ns(f.stat(head)), f.ns(f.stat(head, "p90"))]
+        if gpu_cols:
+            row += [f.ns(f.stat(g)) + (f" {label}" if label == "event" else ""), f.ns(f.stat(g, "p90"))]
+        if trace_cols:
+            kpi = f.stat(s.get("kernels_per_instance"))
+            row += [f.pct(f.stat(s.get("gpu_busy_frac"))), f"{kpi:.0f}" if kpi is not None else "-",
+                    f"{fam.get('family')} {f.pct(fam.get('share'))}" if fam else "-"]
+        t.add_row(*row, *cells)
     return t
 
 
@@ -200,8 +200,12 @@ def render(report: dict, width: int = 120, color: bool = False) -> str:
 
 
 def print_report(report: dict, console: Console | None = None) -> None:
-    """Print the report to a console (stdout by default)."""
-    (console or Console()).print(Group(*renderables(report)))
+    """Print the report to a console (stdout by default; 120 columns when not a terminal)."""
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=120)
+    console.print(Group(*renderables(report)))
 
 
 # ----------------------------------------------------------------------------- compare
