@@ -99,7 +99,7 @@ def _window(run_dir: Path, duration: float | None, bench: list[str] | None, time
     return ok
 
 
-@command.command("window", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@command.command("window", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True})
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--duration", type=float, default=None, help="Seconds to capture when no benchmark command is given (default 10).")
 @click.option("--timeout", type=float, default=None, help="Stop the benchmark command after this many seconds.")

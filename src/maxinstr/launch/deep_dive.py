@@ -232,14 +232,16 @@ def _kernel_rows(obj: Any) -> list[tuple[str, int, int]]:
         t = next((k[key] for key in _TIME_KEYS if isinstance(k.get(key), (int, float))), None)
         if t is None:
             continue
+        if k.get("family") in ("memcpy", "memset"):
+            continue  # copies are not kernels ncu can profile
         rows.append((str(k["name"]), int(t), int(k.get("count", k.get("instances", 0)) or 0)))
     return sorted(rows, key=lambda r: -r[1])
 
 
 def choose_from_report(data: dict, *, stage: str | None = None, kernel: str | None = None, source: str = "report") -> KernelChoice:
-    """Pick from a `maxinstr report --format json` document: the stage's kernels (a list of
-    objects with ``name`` and a time in ns: ``total_ns``/``gpu_ns``/``time_ns``), or the
-    top-level ``kernels`` when no stage is given. The report has no launch order, so
+    """Pick from a `maxinstr report --format json` document: the stage's kernels
+    (``stages[i].mix.top_kernels``: objects with ``name`` and a time in ns, ``gpu_ns``), or
+    ``gpu.kernels`` when no stage is given. The report has no launch order, so
     ``launch_skip`` is 0 and a note says so (pass the trace to place the kernel exactly)."""
     rows: list[tuple[str, int, int]] = []
     if stage is not None:
@@ -251,12 +253,14 @@ def choose_from_report(data: dict, *, stage: str | None = None, kernel: str | No
         for name, obj in entries:
             if name == stage and isinstance(obj, dict):
                 found = True
-                rows = _kernel_rows(obj.get("kernels") or obj.get("top_kernels"))
+                mix = obj.get("mix") if isinstance(obj.get("mix"), dict) else {}
+                rows = _kernel_rows(obj.get("kernels") or obj.get("top_kernels") or mix.get("top_kernels"))
                 break
         if not found:
             raise MaxinstrError(f"{source}: no stage named {stage!r} in the report")
     else:
-        rows = _kernel_rows(data.get("kernels") or data.get("top_kernels"))
+        gpu = data.get("gpu") if isinstance(data.get("gpu"), dict) else {}
+        rows = _kernel_rows(data.get("kernels") or data.get("top_kernels") or gpu.get("kernels"))
     if not rows:
         raise MaxinstrError(f"{source}: the report lists no kernels{' for stage ' + repr(stage) if stage else ''}")
     if kernel is not None:

@@ -224,6 +224,8 @@ def profile_window(
                                         timeout_s=timeout_s, fatal_patterns=sv.DEFAULT_FATAL_PATTERNS)
         else:
             time.sleep(duration_s if duration_s is not None else 10.0)
+    except FileNotFoundError:
+        raise MaxinstrError(f"{bench[0] if bench else '?'}: command not found") from None
     except KeyboardInterrupt:
         pass  # end the window early; the report of what was collected is still written
     finally:
@@ -248,6 +250,8 @@ def stop_server(run_dir: Path, grace_s: float = 20.0) -> ServerState:
                            timeout=60, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired):
             pass
+    elif state.alive():
+        _kill_group(state, grace_s)  # no profiler session: SIGTERM to the group we started
     deadline = time.monotonic() + grace_s
     while state.alive() and time.monotonic() < deadline:
         _reap(state.pid)
