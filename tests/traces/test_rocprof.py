@@ -249,3 +249,21 @@ def test_json_wrong_types(tmp_path):
     p.write_text(json.dumps(doc))
     with pytest.raises(TraceError, match="buffer_records"):
         read_rocprof_json(p)
+
+
+@pytest.mark.parametrize("folder", [DOCS, LLAMA], ids=["docs", "llamacpp"])
+def test_csv_module_fallback_reads_the_same(monkeypatch, folder):
+    """Without pandas (or when pandas balks) the csv-module path gives the identical trace."""
+    import maxinstr.traces.rocprof as rocprof
+
+    fast = read_rocprof_csv(folder)
+    monkeypatch.setattr(rocprof, "_read_csv_pandas", lambda path: None)
+    slow = read_rocprof_csv(folder)
+    for table in ("ranges", "calls", "ops"):
+        a, b = getattr(fast, table), getattr(slow, table)
+        for col in a.__dataclass_fields__:
+            if col == "name_id":
+                assert names(fast, getattr(a, col)) == names(slow, getattr(b, col))
+            else:
+                assert np.array_equal(getattr(a, col), getattr(b, col)), (table, col)
+    assert fast.notes == slow.notes

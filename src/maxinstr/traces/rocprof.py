@@ -294,8 +294,68 @@ def _markers_from_rows(
 # CSV set
 
 
+# the columns any table of the set is read for; names and other text become shared strings
+_TEXT_COLS = ("Kernel_Name", "Function", "Direction", "Domain", "Kind", "Agent_Id", "Agent_Type",
+              "Source_Agent_Id", "Destination_Agent_Id")
+_USED_COLS = frozenset(
+    _TEXT_COLS
+    + ("Process_Id", "Thread_Id", "Correlation_Id", "Start_Timestamp", "End_Timestamp", "Queue_Id", "Stream_Id",
+       "Bytes", "Size", "Copy_Bytes", "Logical_Node_Id")
+)
+
+
 def _read_csv(path: Path) -> dict[str, np.ndarray]:
-    """One rocprofv3 CSV file as name -> numpy string column (header row required)."""
+    """One rocprofv3 CSV file as column name -> numpy column (header row required).
+
+    pandas' C parser reads the used columns when pandas is installed (about 20x faster than
+    the csv module and without a Python object per field); text columns are read as
+    categories so each distinct name is one string. Any doubt (a parse error, a missing
+    field, no pandas) falls back to the csv module, which names the bad row.
+    """
+    fast = _read_csv_pandas(path)
+    return fast if fast is not None else _read_csv_python(path)
+
+
+def _read_csv_pandas(path: Path) -> dict[str, np.ndarray] | None:
+    try:
+        import pandas as pd
+    except ImportError:
+        return None
+    head = _util.read_head(path, 2)
+    try:
+        with open(path, "rb") as fh:
+            header = next(csv.reader([fh.readline().decode("utf-8")]), [])
+        if not header or len(set(header)) != len(header) or any("\x00" in h for h in header):
+            return None
+        use = [c for c in header if c in _USED_COLS]
+        if not use:
+            return {name: np.empty(0, dtype=object) for name in header}
+        frame = pd.read_csv(
+            path,
+            usecols=use,
+            dtype={c: "category" for c in use if c in _TEXT_COLS},
+            compression="gzip" if head == _util.GZIP_MAGIC else None,
+            engine="c",
+            keep_default_na=False,
+            na_values=[""],
+            encoding="utf-8",
+        )
+    except Exception:  # noqa: BLE001 - any parser complaint: the csv-module path gives the precise error
+        return None
+    if frame.isna().to_numpy().any():
+        return None  # a short (truncated) row or an empty field
+    out: dict[str, np.ndarray] = {}
+    for c in use:
+        col = frame[c]
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            cats = np.asarray(col.cat.categories, dtype=object)
+            out[c] = cats[col.cat.codes.to_numpy()] if len(cats) else np.empty(len(col), dtype=object)
+        else:
+            out[c] = col.to_numpy()
+    return out
+
+
+def _read_csv_python(path: Path) -> dict[str, np.ndarray]:
     data = _util.read_bytes(path)
     if not data.strip():
         raise TraceError(path, "empty file (no CSV header)")
