@@ -217,7 +217,16 @@ def test_async_generator(n):
 
     assert asyncio.run(main()) == [0, 1, 2]
     r, _, _ = drain_all(n)
-    assert len(r) >= 4 and n.stats()["open_stages"] == 0
+    assert len(r) == 4 and n.stats()["open_stages"] == 0  # 3 yields + the end
+
+    async def early():
+        async for x in agen(10):
+            if x == 1:
+                break  # abandoned: the body's cleanup runs in one more stage
+
+    asyncio.run(early())
+    r, _, _ = drain_all(n)
+    assert n.stats()["open_stages"] == 0 and 2 <= len(r) <= 3
 
 
 def test_disabled_mode(n):

@@ -37,6 +37,7 @@ def wrap(st: Any, func: F) -> F:
             agen = func(*args, **kwargs)
             sent: Any = None
             thrown: BaseException | None = None
+            suspended = False  # the body is paused at a yield (so closing it runs its cleanup)
             try:
                 while True:
                     with make(name, **kw):
@@ -46,8 +47,13 @@ def wrap(st: Any, func: F) -> F:
                                 value = await agen.athrow(exc)
                             else:
                                 value = await agen.asend(sent)
+                            suspended = True
                         except StopAsyncIteration:
+                            suspended = False
                             return
+                        except BaseException:
+                            suspended = False
+                            raise
                     try:
                         sent = yield value
                     except GeneratorExit:
@@ -55,8 +61,9 @@ def wrap(st: Any, func: F) -> F:
                     except BaseException as e:  # thrown into us: forward to the body
                         thrown = e
             finally:
-                with make(name, **kw):
-                    await agen.aclose()
+                if suspended:
+                    with make(name, **kw):
+                        await agen.aclose()
 
         return agen_wrapper  # type: ignore[return-value]
 
@@ -90,6 +97,9 @@ def wrap(st: Any, func: F) -> F:
                         except StopIteration as stop:
                             started = False
                             return stop.value
+                        except BaseException:
+                            started = False
+                            raise
                     try:
                         sent = yield value
                     except GeneratorExit:
