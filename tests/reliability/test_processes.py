@@ -362,3 +362,31 @@ def test_full_tmpfs_mid_run(tmp_path):
         _check_full(mnt / "run", out, err, proc.returncode)
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_sigterm_during_main_thread_flushes_loses_nothing(tmp_path):
+    """SIGTERM landing while the main thread itself writes a batch (s.flush()) is handled after
+    that batch: the run is a gap-free prefix of what completed, and closed."""
+    body = """
+    import sys, maxinstr
+    s = maxinstr.session(sys.argv[1], sample_hz=0, flush_interval_s=10)
+    s.start()
+    i = 0
+    while True:
+        for _ in range(2000):
+            with maxinstr.stage("work", step=i):
+                pass
+            i += 1
+        s.flush()
+        if i == 2000:
+            print("READY", flush=True)
+    """
+    proc = start(script(tmp_path, body), str(tmp_path / "run"))
+    wait_for(proc, "READY")
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+    run = maxinstr.load(tmp_path / "run")
+    assert run.meta["status"] == "closed" and run.notes == []
+    steps = run["step"]
+    assert len(steps) >= 2000 and steps.tolist() == list(range(len(steps)))

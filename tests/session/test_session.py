@@ -330,3 +330,20 @@ def test_meta_and_part_keys_are_documented(tmp_path, native, stage, monkeypatch)
     assert set(meta["nested_sessions"][0]) - documented_meta == set()
     part = json.loads((tmp_path / "run" / "parts" / s.part / "part.json").read_text())
     assert set(part) - documented_part == set()
+
+
+def test_reopening_a_path_replaces_the_previous_run(tmp_path, native, stage, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("mine")
+    with maxinstr.session(run_dir, sample_hz=0):
+        with stage("first"):
+            pass
+    (run_dir / "parts" / "p1").mkdir()  # a part of some older process
+    with maxinstr.session(run_dir, sample_hz=0):
+        with stage("second"):
+            pass
+    run = maxinstr.load(run_dir)
+    assert run["name"].tolist() == ["second"] and len(run.parts) == 1
+    assert (run_dir / "notes.txt").read_text() == "mine"

@@ -121,6 +121,8 @@ class _Process:
         self.exited = False
         self.closing = False  # _exit_process is running
         self.pending_signal: int | None = None
+        self.flushing_thread: int | None = None  # thread id inside _flush_locked
+        self.deferred_signal: int | None = None
 
 
 _proc = _Process()
@@ -268,6 +270,8 @@ class Session:
             self._writes_meta = rank in (None, "", "0")
             try:
                 self.path.mkdir(parents=True, exist_ok=True)
+                if rank in (None, "") and not os.environ.get(ENV_RUN_DIR):
+                    _clear_previous_run(self.path)
                 if self._writes_meta:
                     write_json_atomic(self.path / fmt.META_FILE, self.meta)
                 else:  # another rank: only when rank 0 has not written it (it overwrites ours)
@@ -535,6 +539,25 @@ class Session:
         self._signals.clear()
 
 
+def _clear_previous_run(path: Path) -> None:
+    """A session opened on an existing run directory replaces that run: its meta.json and
+    parts/ go (nothing else in the folder is touched), so two runs never merge."""
+    import json
+    import shutil
+
+    meta = path / fmt.META_FILE
+    if not meta.is_file():
+        return
+    try:
+        old = json.loads(meta.read_bytes())
+    except (OSError, ValueError):
+        return  # not ours to delete
+    if not isinstance(old, dict) or old.get("format") != fmt.FORMAT_NAME:
+        return
+    shutil.rmtree(path / fmt.PARTS_DIR, ignore_errors=True)
+    meta.unlink(missing_ok=True)
+
+
 # ------------------------------------------------------------------------------------------
 # draining and the flusher thread
 
@@ -554,6 +577,18 @@ def _flush_locked(proc: _Process, *, block: bool = False) -> int:
     native = _native()
     if native is None:
         return 0
+    outer = proc.flushing_thread
+    proc.flushing_thread = threading.get_ident()
+    try:
+        return _drain_into_sink(proc, native, block)
+    finally:
+        proc.flushing_thread = outer
+        if outer is None and proc.deferred_signal is not None and threading.current_thread() is threading.main_thread():
+            signum, proc.deferred_signal = proc.deferred_signal, None
+            _on_signal(signum, None)
+
+
+def _drain_into_sink(proc: _Process, native: Any, block: bool) -> int:
     try:
         native.resolve(block)
         data, new_names, attrs = native.drain(-1)
@@ -677,6 +712,11 @@ def _on_signal(signum: int, frame: Any) -> None:
         # A second signal while the run is being finished (multiprocessing's terminate()
         # can send two): let the first finish; it dies by this signal afterwards.
         proc.pending_signal = signum
+        return
+    if proc.flushing_thread == threading.get_ident():
+        # The signal interrupted a batch being written by this very thread: finish that
+        # batch first (it holds drained records), then handle the signal.
+        proc.deferred_signal = signum
         return
     root = proc.root
     previous = root._signals.get(signum) if root is not None else None
