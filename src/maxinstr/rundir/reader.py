@@ -313,7 +313,11 @@ def _read_samples(pdir: Path, notes: list[str]) -> Any:
         reader = None
     if reader is not None:
         try:
-            return reader(pdir)
+            result = reader(pdir)
+            torn = getattr(result, "torn_bytes", 0)
+            if isinstance(torn, int) and torn > 0:
+                notes.append(f"{pdir / fmt.SAMPLES_FILE}: ignored a torn last sample row ({torn} bytes)")
+            return result
         except Exception as exc:  # noqa: BLE001
             notes.append(f"{pdir}: samples not read ({type(exc).__name__}: {_short(exc)}); raw bytes kept")
     layout = None
