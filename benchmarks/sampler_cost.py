@@ -74,7 +74,11 @@ int nvmlDeviceGetEnforcedPowerLimit(void *d, unsigned *p) { *p = 700000; return 
 int nvmlDeviceGetUtilizationRates(void *d, util_t *u) { spin(); u->gpu = 50; u->memory = 20; return 0; }
 int nvmlDeviceGetMemoryInfo(void *d, mem_t *m) { spin(); m->total = 1ULL << 37; m->used = 1ULL << 30; m->free = m->total - m->used; return 0; }
 int nvmlDeviceGetClockInfo(void *d, int t, unsigned *c) { spin(); *c = 1500; return 0; }
-int nvmlDeviceGetPowerUsage(void *d, unsigned *p) { spin(); *p = 300000; return 0; }
+static int power_ret = -1;  /* FAKE_NVML_POWER_RET: the status nvmlDeviceGetPowerUsage returns (tests) */
+int nvmlDeviceGetPowerUsage(void *d, unsigned *p) {
+  if (power_ret < 0) { const char *e = getenv("FAKE_NVML_POWER_RET"); power_ret = e ? atoi(e) : 0; }
+  spin(); *p = 300000; return power_ret;
+}
 int nvmlDeviceGetTotalEnergyConsumption(void *d, unsigned long long *e) { spin(); *e = 123456789ULL; return 0; }
 int nvmlDeviceGetCurrentClocksEventReasons(void *d, unsigned long long *r) { spin(); *r = 0; return 0; }
 int nvmlDeviceGetTemperature(void *d, int s, unsigned *t) { spin(); *t = 40; return 0; }
@@ -220,6 +224,10 @@ def measure(workload: Callable[[float], float], factory: Callable[[float], Any],
             "slowdown_pct_rounds": slow,
             "tick_p50_us": statistics.median(x["per_tick_ns"]["p50"] for x in c) / 1e3 if c and "per_tick_ns" in c[0] else None,
             "thread_cpu_pct": statistics.median(x.get("thread_cpu_pct", 0.0) for x in c) if c else None,
+            # time inside ticks per second of run: what the sampler can take from a GIL-bound program
+            # (an estimate that the machine's noise does not blur; thread switches come on top)
+            "tick_time_pct": statistics.median(100.0 * x["per_tick_ns"]["p50"] * hz / 1e9 for x in c)
+            if c and "per_tick_ns" in c[0] else None,
             "missed_ticks": sum(x.get("missed_ticks", 0) for x in c),
         }
     return out
@@ -249,11 +257,13 @@ def main(argv: list[str] | None = None) -> int:
         r = measure(fn, factory, args.seconds, args.rounds, args.seed)
         results[name] = r
         print(f"\n{name}: off {r['off_median']:.4g} (spread of 'off' runs {r['off_spread_pct']:.1f}%)")
-        print(f"  {'rate':>7} {'throughput':>12} {'slowdown':>9} {'tick p50':>9} {'thread CPU':>10} {'missed':>6}")
+        print(f"  {'rate':>7} {'throughput':>12} {'slowdown':>9} {'tick p50':>9} {'ticks x p50':>11} "
+              f"{'thread CPU':>10} {'missed':>6}")
         for hz in RATES_HZ:
             x = r[str(hz)]
             tick = f"{x['tick_p50_us']:.1f} us" if x["tick_p50_us"] is not None else "-"
-            print(f"  {hz:>5}Hz {x['median']:>12.4g} {x['slowdown_pct_median']:>8.2f}% {tick:>9} "
+            share = f"{x['tick_time_pct']:.2f}%" if x["tick_time_pct"] is not None else "-"
+            print(f"  {hz:>5}Hz {x['median']:>12.4g} {x['slowdown_pct_median']:>8.2f}% {tick:>9} {share:>11} "
                   f"{x['thread_cpu_pct']:>9.2f}% {x['missed_ticks']:>6}")
     if gpu is None:
         print("\ndecode-like GPU loop: skipped (no torch or no GPU)")

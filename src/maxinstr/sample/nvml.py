@@ -85,45 +85,28 @@ _LOST = {
 }
 
 
-# The NVML calls made on every row: microseconds each in the driver.
-FAST_CALLS = (
-    "nvmlDeviceGetUtilizationRates",
-    "nvmlDeviceGetMemoryInfo",
-    "nvmlDeviceGetClockInfo",
-    "nvmlDeviceGetPowerUsage",
-    "nvmlDeviceGetTotalEnergyConsumption",
-    "nvmlDeviceGetCurrentClocksEventReasons",
-    "nvmlDeviceGetTemperature",
-)
+def direct_library(nv: Any) -> Any:
+    """A ``ctypes.PyDLL`` view of the NVML library pynvml loaded, for the per-row calls; None
+    unless ``nv`` is the real pynvml with its library loaded.
 
-
-def hold_gil_for_fast_calls(nv: Any) -> bool:
-    """Make pynvml call the per-row NVML functions with the GIL held.
-
-    pynvml calls NVML through ``ctypes.CDLL``, which releases the GIL around each call. In a
-    program busy in Python, every re-acquisition by the sampler thread waits for the holder to
-    give the GIL up (up to the 5 ms switch interval) and costs the program a thread switch:
-    about seven switches per row. Holding the GIL for these few-microsecond calls makes a row
-    one acquisition, read back to back. Slow or rare calls (process list, GPM) still release
-    it. Done by pointing pynvml's function cache for ``FAST_CALLS`` at a
-    ``ctypes.PyDLL`` view of the same loaded library; other pynvml users in the process then
-    hold the GIL for those calls too (microseconds). Returns False (nothing changed) unless
-    ``nv`` is the real pynvml with its library loaded.
+    Why: pynvml calls NVML through ``ctypes.CDLL``, which releases the GIL around every call,
+    and wraps each call in a few microseconds of Python. In a program busy in Python, every GIL
+    re-acquisition by the sampler thread costs that program a thread switch and can wait up to
+    the interpreter's 5 ms switch interval: about eight per row. Calling the per-row functions
+    (microseconds each in the driver) through PyDLL holds the GIL, so a row is one
+    acquisition, read back to back, with preallocated out-parameters. Slow or rare calls
+    (process list, GPM, device info) still go through pynvml and release the GIL. pynvml's own
+    state is not touched.
     """
     import ctypes
 
     try:
-        cache = getattr(nv, "_nvmlGetFunctionPointer_cache", None)
         lib = getattr(nv, "nvmlLib", None)
-        if not isinstance(cache, dict) or not isinstance(lib, ctypes.CDLL) or isinstance(lib, ctypes.PyDLL):
-            return False
-        pydll = ctypes.PyDLL(lib._name, handle=lib._handle)
-        names = [n for n in FAST_CALLS if hasattr(pydll, n)]
-        for name in names:
-            cache[name] = getattr(pydll, name)
-        return bool(names)
+        if not isinstance(lib, ctypes.CDLL) or not isinstance(getattr(nv, "c_nvmlMemory_t", None), type):
+            return None
+        return ctypes.PyDLL(lib._name, handle=lib._handle)
     except Exception:  # noqa: BLE001 - an optimization only
-        return False
+        return None
 
 
 class Unavailable(Exception):
@@ -163,8 +146,10 @@ class NvmlDevice(ProbeDevice):
         gpm_interval_s: float,
         parent: Any = None,
         gpu_instance_id: int = -1,
+        direct: Any = None,
     ) -> None:
         self.nv = nv
+        self._direct = direct
         self.h = handle
         self.info = info
         self.errors = errors
@@ -184,6 +169,14 @@ class NvmlDevice(ProbeDevice):
 
     # -- probes ------------------------------------------------------------------------
     def _fast_probes(self) -> tuple[Probe, ...]:
+        if self._direct is not None:
+            try:
+                return self._direct_probes(self._direct)
+            except Exception as exc:  # noqa: BLE001 - fall back to pynvml's wrappers
+                idx = self.info.visible_index
+                self.errors.once((idx, "direct"), "metric", f"gpu{idx}: direct NVML calls unavailable ({exc}); using pynvml",
+                                 idx, None)
+                self._direct = None
         nv, h = self.nv, self.h
         c_gpu, c_mem = COL["gpu_util_pct"], COL["mem_util_pct"]
         c_used, c_sm, c_mclk = COL["mem_used_bytes"], COL["sm_clock_mhz"], COL["mem_clock_mhz"]
@@ -234,6 +227,80 @@ class NvmlDevice(ProbeDevice):
             )
         )
 
+    def _direct_probes(self, lib: Any) -> tuple[Probe, ...]:
+        """The per-row reads through ``lib`` (PyDLL: GIL held), out-parameters preallocated.
+        Same columns, units and errors (``nv.NVMLError(code)``) as the pynvml probes."""
+        import ctypes
+
+        nv, h, err = self.nv, self.h, self.nv.NVMLError
+        c_gpu, c_mem = COL["gpu_util_pct"], COL["mem_util_pct"]
+        c_used, c_sm, c_mclk = COL["mem_used_bytes"], COL["sm_clock_mhz"], COL["mem_clock_mhz"]
+        c_pow, c_en = COL["power_w"], COL["energy_j"]
+        util, mem = nv.c_nvmlUtilization_t(), nv.c_nvmlMemory_t()
+        u_sm, u_mclk, u_pow = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint()
+        q_en, q_why = ctypes.c_ulonglong(), ctypes.c_ulonglong()
+        r_util, r_mem, r_sm, r_mclk = ctypes.byref(util), ctypes.byref(mem), ctypes.byref(u_sm), ctypes.byref(u_mclk)
+        r_pow, r_en, r_why = ctypes.byref(u_pow), ctypes.byref(q_en), ctypes.byref(q_why)
+        f_util, f_mem = lib.nvmlDeviceGetUtilizationRates, lib.nvmlDeviceGetMemoryInfo
+        f_clock, f_pow, f_en = lib.nvmlDeviceGetClockInfo, lib.nvmlDeviceGetPowerUsage, lib.nvmlDeviceGetTotalEnergyConsumption
+        try:
+            f_why = lib.nvmlDeviceGetCurrentClocksEventReasons
+        except AttributeError:  # drivers before 535
+            f_why = lib.nvmlDeviceGetCurrentClocksThrottleReasons
+
+        def util_(v: list) -> None:
+            ret = f_util(h, r_util)
+            if ret:
+                raise err(ret)
+            v[c_gpu] = util.gpu
+            v[c_mem] = util.memory
+
+        def memory(v: list) -> None:
+            ret = f_mem(h, r_mem)
+            if ret:
+                raise err(ret)
+            v[c_used] = mem.used
+
+        def sm_clock(v: list) -> None:
+            ret = f_clock(h, CLOCK_SM, r_sm)
+            if ret:
+                raise err(ret)
+            v[c_sm] = u_sm.value
+
+        def mem_clock(v: list) -> None:
+            ret = f_clock(h, CLOCK_MEM, r_mclk)
+            if ret:
+                raise err(ret)
+            v[c_mclk] = u_mclk.value
+
+        def power(v: list) -> None:
+            ret = f_pow(h, r_pow)
+            if ret:
+                raise err(ret)
+            v[c_pow] = u_pow.value * 1e-3  # mW -> W
+
+        def energy(v: list) -> None:
+            ret = f_en(h, r_en)
+            if ret:
+                raise err(ret)
+            v[c_en] = q_en.value * 1e-3  # mJ -> J
+
+        def throttle(v: list) -> None:
+            ret = f_why(h, r_why)
+            if ret:
+                raise err(ret)
+            self._throttle_raw = q_why.value
+
+        return (
+            Probe("gpu_util_pct", util_, ("gpu_util_pct", "mem_util_pct")),
+            Probe("mem_used_bytes", memory),
+            Probe("sm_clock_mhz", sm_clock),
+            Probe("mem_clock_mhz", mem_clock),
+            Probe("power_w", power),
+            Probe("energy_j", energy),
+            Probe("throttle", throttle, ()),
+        )
+
     def _slow_probes(self, pids: Collection[int] | None) -> tuple[Probe, ...]:
         nv, h = self.nv, self.h
         c_proc, c_temp = COL["proc_mem_bytes"], COL["temp_c"]
@@ -248,8 +315,20 @@ class NvmlDevice(ProbeDevice):
                         total += used
             v[c_proc] = total
 
-        def temp(v: list) -> None:
-            v[c_temp] = nv.nvmlDeviceGetTemperature(h, TEMPERATURE_GPU)
+        if self._direct is not None and hasattr(self._direct, "nvmlDeviceGetTemperature"):
+            import ctypes
+
+            f_temp, u_temp = self._direct.nvmlDeviceGetTemperature, ctypes.c_uint()
+            r_temp, err = ctypes.byref(u_temp), nv.NVMLError
+
+            def temp(v: list) -> None:
+                ret = f_temp(h, TEMPERATURE_GPU, r_temp)
+                if ret:
+                    raise err(ret)
+                v[c_temp] = u_temp.value
+        else:
+            def temp(v: list) -> None:
+                v[c_temp] = nv.nvmlDeviceGetTemperature(h, TEMPERATURE_GPU)
 
         return (Probe("proc_mem_bytes", proc_mem), Probe("temp_c", temp))
 
@@ -386,9 +465,10 @@ class NvmlBackend(Backend):
         self._slow_every = max(1, round(slow_interval_s / interval_s)) if interval_s > 0 else 1
         self.notes: list[str] = []
         self.source = ""
-        self.gil = "released per call"
-        if os.environ.get("MAXINSTR_SAMPLER_GIL", "hold") != "release" and hold_gil_for_fast_calls(self.nv):
-            self.gil = "held during fast calls"
+        self._direct = None
+        if os.environ.get("MAXINSTR_SAMPLER_GIL", "hold") != "release":
+            self._direct = direct_library(self.nv)
+        self.gil = "held: per-row calls through ctypes.PyDLL" if self._direct is not None else "released per call (pynvml)"
 
     def versions(self) -> dict[str, str]:
         out = {}
@@ -467,6 +547,7 @@ class NvmlBackend(Backend):
                     gpm_interval_s=self._gpm_interval_s,
                     parent=parent if g.mig is not None else None,
                     gpu_instance_id=g.mig.gpu_instance_id if g.mig is not None else -1,
+                    direct=self._direct,
                 )
             )
         return out
