@@ -180,3 +180,15 @@ def test_same_name_under_different_parents_is_two_populations(tmp_path):
     assert pl["host_ns"]["median"] > 10 * dl["host_ns"]["median"]
     assert pl["cold_start"] == 0  # the prefill layers are not decode's cold start
     assert r["marks"] == {"decode/token": 8} or r["marks"] == {"token": 8}
+
+
+def test_trace_of_another_run_is_not_joined(tmp_path, trace_of):
+    """Record ids restart at 1 in every process: ids alone can match a foreign trace. The
+    names and threads must agree too, else the join is dropped and the report says so."""
+    import maxinstr
+
+    run = maxinstr.load(run_from_nsys_fixture(tmp_path / "run", "h200_small", warmup=1))
+    r = build_report(run=run, trace=trace_of("nsys/h200_decode.sqlite"))
+    assert r["sources"]["records_joined"] == 0
+    assert any("not its name or thread" in n for n in r["sources"]["notes"])
+    assert all(s["gpu_proj_ns"]["n"] == 0 for s in r["stages"])

@@ -77,6 +77,8 @@ class StageInstances:
     different populations: one processes the prompt, the other one token)."""
     level: np.ndarray = field(default_factory=lambda: _i64(0))
     """Nesting level among stage instances (0: no enclosing instance)."""
+    notes: list = field(default_factory=list)
+    """What building the table had to work around (one line each)."""
 
     def __len__(self) -> int:
         return len(self.name)
@@ -102,7 +104,8 @@ class StageInstances:
         return ~(self.warmup | self.cold | self.is_mark)
 
     def take(self, index: np.ndarray) -> "StageInstances":
-        return StageInstances(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+        return StageInstances(**{f.name: (getattr(self, f.name) if f.name == "notes" else getattr(self, f.name)[index])
+                                 for f in fields(self)})
 
 
 def _parent_positions(n: int, parent: np.ndarray) -> np.ndarray:
@@ -165,6 +168,15 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True) -> St
             inst.cold |= mask
             inst.cold_z = np.maximum(inst.cold_z, np.where(mask, z, 0.0))
     return inst
+
+
+def range_texts(trace) -> np.ndarray:
+    """The bare text of every trace range ('' when none)."""
+    r = trace.ranges
+    strings = np.asarray(trace.strings, dtype=object)
+    if len(r) == 0 or len(strings) == 0:
+        return np.full(len(r), "", dtype=object)
+    return np.where(r.name_id >= 0, strings[np.maximum(r.name_id, 0)], "").astype(object)
 
 
 def range_names(trace) -> np.ndarray:
@@ -294,6 +306,25 @@ def from_run(run, trace=None, attribution=None, warmup_n: int | None = None) -> 
             p = np.clip(np.searchsorted(ids, rec[joined], sorter=order), 0, n - 1)
             hit = ids[order[p]] == rec[joined]
             rows[order[p[hit]]] = joined[hit]
+    if (rows >= 0).any():
+        # a join must agree on the name: a record id that matches a range of another name means
+        # the trace is not this run's (ids restart at 1 in every process)
+        text = range_texts(trace)
+        joined = np.flatnonzero(rows >= 0)
+        r_tid = np.asarray(trace.ranges.tid, np.int64)[rows[joined]]
+        rec_tid = inst.tid[joined]
+        other_name = text[rows[joined]].astype(str) != inst.name[joined].astype(str)
+        other_thread = (r_tid > 0) & (rec_tid > 0) & (r_tid != rec_tid)
+        if other_thread.mean() > 0.5:
+            # most pairs disagree: a systematic tid mapping (PID namespaces, a profiler's own
+            # numbering), not a foreign trace; judge by name only
+            other_thread[:] = False
+            inst.notes.append("trace thread ids differ from the run's (PID namespace?): join checked by name only")
+        bad = joined[other_name | other_thread]
+        if len(bad):
+            rows[bad] = -1
+            inst.notes.append(f"{len(bad)} of {len(joined)} trace ranges matched a stage record's id but not its "
+                              "name or thread: not used (is the trace from this run?)")
     inst.range_index = rows
     keep_parent, keep_depth = inst.parent, inst.depth
     _fill_from_attribution(inst, attribution if n_ranges else None, rows, n_ranges)

@@ -166,13 +166,14 @@ def _sources(run, trace, attribution, unprofiled_run, inst) -> dict[str, Any]:
         notes += list(getattr(trace, "notes", []) or [])
     if attribution is not None:
         notes += list(getattr(attribution, "notes", []) or [])
+    notes += list(getattr(inst, "notes", []) or [])
     join = None
     joined = None
     if attribution is not None and run is not None:
         join = getattr(getattr(attribution, "join_method", None), "name", None)
         join = join.lower() if join else None
         joined = int((inst.range_index >= 0).sum())
-        if joined == 0 and len(inst):
+        if joined == 0 and len(inst) and trace is not None:
             notes.append("no stage record joined a trace range: GPU projection per stage is unavailable")
     return {
         "run": str(run.path) if run is not None and getattr(run, "path", None) else None,
