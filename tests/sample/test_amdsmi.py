@@ -95,6 +95,8 @@ def test_throttle_from_violation_status_and_indep_bits(fake_amdsmi):
     fake.violation["active_ppt_pwr"] = False
     fake.metrics["indep_throttle_status"] = True  # amdsmi 7: a bool
     _, bits, _ = dev.read(nan_values(), 1, 0)
+    assert bits == 0  # gpu_metrics is read on slow ticks only (every 10th at 100 Hz)
+    _, bits, _ = dev.read(nan_values(), 10, 0)
     assert bits == THROTTLE_BIT["throttled_unknown"]
 
 

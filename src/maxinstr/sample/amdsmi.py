@@ -191,17 +191,6 @@ class AmdSmiDevice(ProbeDevice):
                 if status.get(key) is True:
                     self._throttle_bits |= THROTTLE_BIT[name]
 
-        def metrics_throttle(v: list) -> None:
-            m = smi.amdsmi_get_gpu_metrics_info(h)
-            indep = m.get("indep_throttle_status")
-            if isinstance(indep, int) and not isinstance(indep, bool):  # amdsmi < 7: the bitmask
-                self._throttle_raw = indep
-                self._throttle_bits |= decode_indep_throttle(indep)
-            elif indep is True or m.get("throttle_status") is True:  # amdsmi 7: a bool, cause not given
-                self._throttle_bits |= THROTTLE_BIT["throttled_unknown"]
-            elif indep == "N/A" and m.get("throttle_status") == "N/A":
-                raise _NotAvailable("throttle status N/A")
-
         return (
             Probe("gpu_util_pct", activity, ("gpu_util_pct", "mem_util_pct")),
             Probe("mem_used_bytes", vram),
@@ -210,7 +199,6 @@ class AmdSmiDevice(ProbeDevice):
             Probe("power_w", power),
             Probe("energy_j", energy),
             Probe("violation_status", violations, ()),
-            Probe("throttle_status", metrics_throttle, ()),
         )
 
     def _slow_probes(self, pids: Collection[int] | None) -> tuple[Probe, ...]:
@@ -231,7 +219,19 @@ class AmdSmiDevice(ProbeDevice):
         def temp(v: list) -> None:
             v[c_temp] = _num(smi.amdsmi_get_temp_metric(h, hotspot, current))
 
-        return (Probe("proc_mem_bytes", proc_mem), Probe("temp_c", temp))
+        # gpu_metrics is one large struct turned into a ~100-key dict in Python: slow cadence
+        def metrics_throttle(v: list) -> None:
+            m = smi.amdsmi_get_gpu_metrics_info(h)
+            indep = m.get("indep_throttle_status")
+            if isinstance(indep, int) and not isinstance(indep, bool):  # amdsmi < 7: the bitmask
+                self._throttle_raw = indep
+                self._throttle_bits |= decode_indep_throttle(indep)
+            elif indep is True or m.get("throttle_status") is True:  # amdsmi 7: a bool, cause not given
+                self._throttle_bits |= THROTTLE_BIT["throttled_unknown"]
+            elif indep == "N/A" and m.get("throttle_status") == "N/A":
+                raise _NotAvailable("throttle status N/A")
+
+        return (Probe("proc_mem_bytes", proc_mem), Probe("temp_c", temp), Probe("throttle_status", metrics_throttle, ()))
 
     def classify(self, exc: Exception) -> tuple[str, str, object]:
         if isinstance(exc, _NotAvailable):
