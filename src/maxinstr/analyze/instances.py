@@ -321,6 +321,8 @@ def from_run(run, trace=None, attribution=None, warmup_n: int | None = None) -> 
             other_thread[:] = False
             inst.notes.append("trace thread ids differ from the run's (PID namespace?): join checked by name only")
         bad = joined[other_name | other_thread]
+        if other_name.mean() > 0.5:
+            bad = joined  # most ids point at ranges of other names: the trace is not this run's
         if len(bad):
             rows[bad] = -1
             inst.notes.append(f"{len(bad)} of {len(joined)} trace ranges matched a stage record's id but not its "
