@@ -390,3 +390,26 @@ def test_sigterm_during_main_thread_flushes_loses_nothing(tmp_path):
     assert run.meta["status"] == "closed" and run.notes == []
     steps = run["step"]
     assert len(steps) >= 2000 and steps.tolist() == list(range(len(steps)))
+
+
+def test_python_subprocess_joins_with_its_rank(tmp_path):
+    """A plain subprocess (here a torchrun-style worker with RANK set) joins the open run."""
+    body = """
+    import os, subprocess, sys, maxinstr
+    code = "import maxinstr\\nwith maxinstr.stage('worker'):\\n    pass\\n"
+    with maxinstr.session(sys.argv[1], sample_hz=0):
+        with maxinstr.stage("launcher"):
+            for rank in (0, 1):
+                env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2")
+                subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    """
+    proc = start(script(tmp_path, body), str(tmp_path / "run"))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    run = maxinstr.load(tmp_path / "run")
+    parts = _by_part(run)
+    assert parts.pop(f"p{proc.pid}") == {"launcher"}
+    assert sorted(name.split(".")[0] for name in parts) == ["r0", "r1"]
+    assert all(names == {"worker"} for names in parts.values())
+    assert all(p["role"] == "child" for p in run.parts if p["name"] != f"p{proc.pid}")
+    _ids_match_parts(run)
