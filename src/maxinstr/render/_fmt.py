@@ -70,3 +70,19 @@ def evidence_text(evidence: dict[str, Any], limit: int = 6) -> str:
             v = short(v, 60)
         parts.append(f"{k}={v}")
     return "; ".join(parts)
+
+
+def signed_ns(v: float | None) -> str:
+    """A duration delta with its sign: '+2.00 ms', '-149.4 us'."""
+    if v is None:
+        return "-"
+    return ("+" if v > 0 else "") + ns(v)
+
+
+def setting(value: Any) -> str:
+    """A meta value for display: command lists as a shell line."""
+    if isinstance(value, list) and all(isinstance(x, str) for x in value):
+        import shlex
+
+        return shlex.join(value)
+    return "-" if value is None else str(value)

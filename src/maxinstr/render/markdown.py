@@ -180,12 +180,12 @@ def render_compare(result: dict[str, Any]) -> str:
             lines += [f"## {title}", ""] + _table(
                 ["stage", "n A/B", "median A", "median B", "delta", "noise bound", "p90 A", "p90 B", "verdict"],
                 [[r["stage"], f"{r['a']['n']}/{r['b']['n']}", f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
-                  f.ns(r["median_delta_ns"]), f.ns(r["noise_bound_ns"]), f.ns(r["a"]["p90"]), f.ns(r["b"]["p90"]),
+                  f.signed_ns(r["median_delta_ns"]), f.ns(r["noise_bound_ns"]), f.ns(r["a"]["p90"]), f.ns(r["b"]["p90"]),
                   r["verdict"]] for r in rows])
         fams = [r for r in c["families"] if r["changed"]]
         if fams:
             lines += ["## Kernel-mix changes", ""] + _table(
                 ["family", "A share", "B share"], [[r["family"], f.pct(r["a_share"], 1), f.pct(r["b_share"], 1)] for r in fams])
         if c["settings"]:
-            lines += ["## Settings that differ", ""] + _table(["setting", "A", "B"], [[r["key"], r["a"], r["b"]] for r in c["settings"]])
+            lines += ["## Settings that differ", ""] + _table(["setting", "A", "B"], [[r["key"], f"`{f.setting(r['a'])}`", f"`{f.setting(r['b'])}`"] for r in c["settings"]])
     return "\n".join(lines)

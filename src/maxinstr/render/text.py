@@ -265,7 +265,7 @@ def compare_renderables(result: dict) -> list[Any]:
             t.add_column("A", overflow="fold", max_width=45)
             t.add_column("B", overflow="fold", max_width=45)
             for r in c["settings"][:40]:
-                t.add_row(r["key"], str(r["a"]), str(r["b"]))
+                t.add_row(r["key"], f.setting(r["a"]), f.setting(r["b"]))
             parts.append(t)
         else:
             parts.append(Text("Settings: no recorded difference.", style="dim"))
