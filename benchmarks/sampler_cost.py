@@ -233,6 +233,23 @@ def measure(workload: Callable[[float], float], factory: Callable[[float], Any],
     return out
 
 
+def isolated_tick_cost(factory: Callable[[float], Any], seconds: float = 2.0) -> dict[str, Any]:
+    """The sampler alone (no workload): its tick time and thread CPU at 100 and 1000 Hz."""
+    out: dict[str, Any] = {}
+    for hz in (100, 1000):
+        tmp = tempfile.mkdtemp(prefix="sampler-tick-")
+        s = start_sampler(tmp, 1.0 / hz, backend=factory(1.0 / hz))
+        time.sleep(seconds)
+        s.stop()
+        c = json.loads((Path(tmp) / "samples.json").read_text())["cost"]
+        shutil.rmtree(tmp, ignore_errors=True)
+        out[str(hz)] = {"ticks": c["ticks"], "tick_p50_us": c["per_tick_ns"]["p50"] / 1e3,
+                        "tick_mean_us": c["per_tick_ns"]["mean"] / 1e3,
+                        "thread_cpu_us_per_tick": c.get("thread_cpu_ns", 0) / max(1, c["ticks"]) / 1e3,
+                        "thread_cpu_pct": c.get("thread_cpu_pct")}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("auto", "real", "fake-nvml", "null"), default="auto")
@@ -267,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{x['thread_cpu_pct']:>9.2f}% {x['missed_ticks']:>6}")
     if gpu is None:
         print("\ndecode-like GPU loop: skipped (no torch or no GPU)")
+    iso = isolated_tick_cost(factory)
+    results["isolated"] = iso
+    print("\nsampler alone (no workload):")
+    for hz, x in iso.items():
+        print(f"  {hz:>5}Hz tick p50 {x['tick_p50_us']:.1f} us, mean {x['tick_mean_us']:.1f} us; thread CPU "
+              f"{x['thread_cpu_us_per_tick']:.1f} us per tick ({x['thread_cpu_pct']:.2f}%)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1))
