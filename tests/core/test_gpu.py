@@ -58,28 +58,49 @@ def test_backend_is_cuda_with_context(n, cp):
     assert r["flags"][0] & 2, st["errors"]
 
 
-def test_spin_200us_reads_within_tolerance(n, cp, spin):
+def _stage_vs_kernel(n, cp, spin, ns: int, runs: int = 5):
+    """(stage GPU ns - kernel's own %globaltimer ns, kernel ns, CuPy event-pair ns) per run."""
     out = cp.zeros(2, dtype=cp.uint64)
-    errs, ids, kernels = [], [], []
-    for _ in range(5):
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    rows = []
+    for _ in range(runs):
         spin(2_000_000)  # keep the stream busy so events and kernel are queued back to back
         with n.stage("spin") as s:
-            spin(200_000, out)
+            e0.record()
+            spin(ns, out)
+            e1.record()
         n.resolve(block=True)
-        cp.cuda.Device().synchronize()
+        e1.synchronize()
         t0, t1 = (int(v) for v in out.get())
-        kernels.append(t1 - t0)
-        ids.append(s.id)
+        rows.append((s.id, t1 - t0, cp.cuda.get_elapsed_time(e0, e1) * 1e6))
     r, _, _ = drain_all(n)
     by = {int(x["id"]): x for x in r}
-    for i, k in zip(ids, kernels):
+    res = []
+    for i, k, pair in rows:
         x = by[i]
-        assert x["flags"] & 2
-        errs.append(int(x["gpu_end_ns"] - x["gpu_start_ns"]) - k)
+        assert x["flags"] & 2, n.stats()["errors"]
         assert x["gpu_start_ns"] > x["host_start_ns"]  # the GPU ran behind the host (busy stream)
-    print("stage - kernel (ns):", errs, "kernel ns:", kernels)
-    assert abs(statistics.median(errs)) <= _tolerance(statistics.median(kernels))
-    assert all(abs(e) <= 3 * _tolerance(k) for e, k in zip(errs, kernels))
+        res.append((int(x["gpu_end_ns"] - x["gpu_start_ns"]) - k, k, pair))
+    return res
+
+
+def test_spin_200us_reads_within_tolerance(n, cp, spin):
+    """A 200 us spin reads within max(1 %, 2 us). Calibration: the same measurement of an empty
+    spin gives the fixed dispatch cost around any kernel (event -> first instruction, last
+    instruction -> event); it is printed, and the raw reading must also hold it."""
+    spin(0)  # compile
+    empty = _stage_vs_kernel(n, cp, spin, 0)
+    full = _stage_vs_kernel(n, cp, spin, 200_000)
+    offset = statistics.median(e for e, _, _ in empty)
+    err = statistics.median(e for e, _, _ in full)
+    kernel = statistics.median(k for _, k, _ in full)
+    pair_err = statistics.median(e + k - p for e, k, p in full)  # stage vs CuPy's own event pair
+    print(f"\nspin {kernel} ns: stage - kernel = {[e for e, _, _ in full]} ns (median {err}); "
+          f"empty-spin offset {offset} ns; stage - CuPy event pair {pair_err:.0f} ns")
+    tol = _tolerance(kernel)
+    assert abs(err - offset) <= tol  # calibrated reading
+    assert abs(err) <= tol  # raw reading
+    assert abs(pair_err) <= tol
 
 
 def test_non_default_stream(n, cp, spin):
