@@ -171,3 +171,15 @@ def test_errors_reach_samples_json_while_running(tmp_path):
     meta = json.loads((tmp_path / "samples.json").read_text())  # before stop
     s.stop()
     assert meta["status"] == "running" and meta["errors"][0]["kind"] == "internal"
+
+
+def test_formats_doc_lists_every_row_field():
+    from maxinstr.sample.base import HEADER, METRICS, THROTTLE_NAMES
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text()
+    section = doc[doc.index("### Samples"):]
+    for name, *_ in HEADER + METRICS:
+        assert f"| `{name}` |" in section, name
+    assert f'"size": {ROW_SIZE}' in section and f"({ROW_SIZE} bytes" in section
+    for name in THROTTLE_NAMES:
+        assert f"`{name}`" in section, name
