@@ -347,3 +347,64 @@ def test_reopening_a_path_replaces_the_previous_run(tmp_path, native, stage, mon
     run = maxinstr.load(run_dir)
     assert run["name"].tolist() == ["second"] and len(run.parts) == 1
     assert (run_dir / "notes.txt").read_text() == "mine"
+
+
+def _capture_calls(native, monkeypatch):
+    calls = []
+    monkeypatch.setenv(sess.ENV_CAPTURE, "1")
+    monkeypatch.setattr(native, "profiler_start", lambda: calls.append("start") or True, raising=False)
+    monkeypatch.setattr(native, "profiler_stop", lambda: calls.append("stop") or True, raising=False)
+    return calls
+
+
+def test_maxinstr_run_capture_waits_for_the_scripts_warmup(tmp_path, native, stage, monkeypatch):
+    calls = _capture_calls(native, monkeypatch)
+    monkeypatch.setenv(sess.ENV_RUN_DIR, str(tmp_path / "run"))
+    monkeypatch.delenv(sess.ENV_WARMUP, raising=False)
+    auto = sess.ensure_env_session()
+    assert calls == []  # warm-up unknown yet: no capture at start-up
+    with maxinstr.session("runs/x", warmup=2) as s:
+        assert calls == []
+        for _ in range(2):
+            with stage("step"):
+                pass
+        s.flush()
+        assert calls == ["start"]
+    auto.close()
+    meta = meta_of(tmp_path / "run")
+    assert meta["warmup"] == 2 and meta["steady_state"]["name"] == "step"
+    assert calls == ["start", "stop"]
+
+
+def test_maxinstr_run_without_any_session_captures_from_the_first_stage(tmp_path, native, stage, monkeypatch):
+    calls = _capture_calls(native, monkeypatch)
+    monkeypatch.setenv(sess.ENV_RUN_DIR, str(tmp_path / "run"))
+    monkeypatch.delenv(sess.ENV_WARMUP, raising=False)
+    auto = sess.ensure_env_session()
+    with stage("only"):
+        pass
+    auto.flush()
+    assert calls == ["start"]
+    auto.close()
+    meta = meta_of(tmp_path / "run")
+    assert meta["warmup"] == 0 and meta["steady_state"]["start_ns"] == meta["session"]["start_ns"]
+
+
+def test_maxinstr_run_warmup_flag_wins(tmp_path, native, stage, monkeypatch):
+    calls = _capture_calls(native, monkeypatch)
+    monkeypatch.setenv(sess.ENV_RUN_DIR, str(tmp_path / "run"))
+    monkeypatch.setenv(sess.ENV_WARMUP, "3")
+    auto = sess.ensure_env_session()
+    with maxinstr.session("runs/x", warmup=1) as s:
+        for _ in range(2):
+            with stage("step"):
+                pass
+        s.flush()
+        assert calls == []
+        with stage("step"):
+            pass
+        s.flush()
+        assert calls == ["start"]
+    auto.close()
+    meta = meta_of(tmp_path / "run")
+    assert meta["warmup"] == 3 and meta["nested_sessions"][0]["warmup"] == 1

@@ -56,6 +56,7 @@ ENV_SESSION_DIR = "MAXINSTR_SESSION_DIR"  # set by an open session: child proces
 ENV_SESSION_PID = "MAXINSTR_SESSION_PID"  # the pid of the process that owns that session
 ENV_CAPTURE = "MAXINSTR_CAPTURE"  # set by `maxinstr run`: start the profiler at steady state
 ENV_MEMORY_RECORDS = "MAXINSTR_MEMORY_RECORDS"  # bound of the default in-memory session
+ENV_WARMUP = "MAXINSTR_WARMUP"  # set by `maxinstr run --warmup N`: the run's warm-up count
 
 DEFAULT_FLUSH_INTERVAL_S = 0.05
 DEFAULT_SAMPLE_HZ = 100.0
@@ -184,6 +185,7 @@ class Session:
         self._memory: _MemorySink | None = None
         self._last_dropped = 0
         self._dropped_base = 0  # the native core's drop count when this session began
+        self._defer_arming = False  # auto session: warm-up not known until the script says
 
     # -- context manager --------------------------------------------------------------
     def __enter__(self) -> Session:
@@ -231,14 +233,17 @@ class Session:
             "start_ns": _clock_ns(),
         }
         if host.auto and not host._adopted_once():
-            # The script's own session inside `maxinstr run`: its settings are the run's.
-            host.warmup = self.warmup
+            # The script's own session inside `maxinstr run`: its settings are the run's
+            # (except a warm-up given on `maxinstr run`'s command line, which wins).
             host.user_meta.update(self.user_meta)
             if host.meta is not None:
-                host.meta["warmup"] = self.warmup
                 host.meta["user"] = dict(host.user_meta)
                 host.meta["requested_path"] = self.requested_path
-                host._arm_steady_state()
+                if host._defer_arming:
+                    host.warmup = self.warmup
+                    host.meta["warmup"] = self.warmup
+                    host._defer_arming = False
+                    host._arm_steady_state()
         elif self.path is not None and host.path is not None and self.path != host.path:
             warnings.warn(
                 f"maxinstr: session {self.requested_path} opened inside the open session {host.path}: "
@@ -449,7 +454,7 @@ class Session:
         self._capture = bool(os.environ.get(ENV_CAPTURE)) and self.role == "owner"
         self._steady_pending = True
         self._top_counts.clear()
-        if self.warmup == 0:
+        if self.warmup == 0 and not self._defer_arming:
             self._enter_steady_state(None, _clock_ns())
 
     def _observe(self, rows: np.ndarray) -> None:
@@ -457,6 +462,14 @@ class Session:
         has completed ``warmup`` times (its next instance is the first steady one)."""
         if not self._steady_pending or len(rows) == 0:
             return
+        if self._defer_arming:
+            # `maxinstr run` without a warm-up, and the script opened no session of its own
+            # before its first stage completed: warm-up 0, steady state from the start.
+            self._defer_arming = False
+            if self.warmup == 0:
+                start = (self.meta or {}).get("session", {}).get("start_ns") or _clock_ns()
+                self._enter_steady_state(None, int(start))
+                return
         top = rows[(rows["depth"] == 0) & ((rows["flags"] & fmt.MARK) == 0)]
         if len(top) == 0:
             return
@@ -870,8 +883,12 @@ def ensure_env_session() -> Session | None:
             return s.start()
         run_dir = os.environ.get(ENV_RUN_DIR)
         if run_dir:
-            s = Session(run_dir)
+            warmup_env = os.environ.get(ENV_WARMUP, "").strip()
+            s = Session(run_dir, warmup=int(warmup_env) if warmup_env.isdigit() else 0)
             s.auto = True
+            # Without `maxinstr run --warmup`, wait for the script's own session to say how
+            # many warm-up instances there are before starting a capture.
+            s._defer_arming = not warmup_env.isdigit()
             s.requested_path = None
             return s.start()
     except Exception as exc:  # noqa: BLE001 - instrumentation must never stop the program
