@@ -47,7 +47,7 @@ def loaded(request):
 
 
 def test_fixtures_present():
-    assert len(FIXTURES) == 7
+    assert len(FIXTURES) >= 7
 
 
 def test_counts_match_raw_tables(loaded):

@@ -206,10 +206,6 @@ def _range_totals(att: Attribution, op_call: np.ndarray) -> None:
     parent, depth = att.range_parent, att.range_depth.astype(np.int64)
     owned = np.flatnonzero(att.op_range >= 0)
     orng = att.op_range[owned]
-    kind = O.kind[owned]
-    dur = (O.end_ns - O.start_ns)[owned].astype(np.float64)
-    nbytes = O.bytes[owned].astype(np.float64)
-    is_k, is_c, is_s = kind == OpKind.KERNEL, kind == OpKind.MEMCPY, kind == OpKind.MEMSET
 
     # Launch calls: every op of one call has the same range, so counting each call's first op
     # counts distinct calls; an op with no call counts as its own launch (nsys counts
@@ -220,16 +216,23 @@ def _range_totals(att: Attribution, op_call: np.ndarray) -> None:
         first_op = np.full(len(trace.calls), -1, np.int64)
         first_op[op_call[called][::-1]] = called[::-1]
         first[called] = first_op[op_call[called]] == called
-    rules = att.op_rule[owned]
-    weights = [  # lambdas: one temporary per weight at a time, not all at once
-        lambda: None, lambda: is_k, lambda: np.where(is_k, dur, 0.0), lambda: np.where(is_c, nbytes, 0.0),
-        lambda: np.where(is_c, dur, 0.0), lambda: np.where(is_s, nbytes, 0.0), lambda: np.where(is_s, dur, 0.0),
-        lambda: first[owned], *[(lambda r=r: rules == r) for r in Rule if r != Rule.NONE],
-    ]  # fmt: skip
-    inc = np.zeros((n, len(weights)), np.float64)
-    for i, w in enumerate(weights):
-        inc[:, i] = np.bincount(orng, weights=w(), minlength=n)[:n]
-    del weights, is_k, is_c, is_s, dur, nbytes, rules, orng, first
+        del first_op
+    # A handful of bincounts over (range, kind) and (range, rule) keys: one pass each.
+    k3 = orng * 3 + O.kind[owned]
+    dur = (O.end_ns - O.start_ns)[owned].astype(np.float64)
+    by_kind = np.bincount(k3, minlength=3 * n).reshape(n, 3)
+    ns_kind = np.bincount(k3, weights=dur, minlength=3 * n).reshape(n, 3)
+    bytes_kind = np.bincount(k3, weights=O.bytes[owned].astype(np.float64), minlength=3 * n).reshape(n, 3)
+    del k3, dur
+    launches = np.bincount(orng, weights=first[owned].astype(np.float64), minlength=n)
+    n_rules = max(int(r) for r in Rule) + 1
+    by_rule = np.bincount(orng * n_rules + att.op_rule[owned], minlength=n_rules * n).reshape(n, n_rules)
+    K, C, S = int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET)
+    inc = np.column_stack([
+        by_kind.sum(axis=1), by_kind[:, K], ns_kind[:, K], bytes_kind[:, C], ns_kind[:, C],
+        bytes_kind[:, S], ns_kind[:, S], launches, *[by_rule[:, int(r)] for r in Rule if r != Rule.NONE],
+    ]).astype(np.float64)  # fmt: skip
+    del by_kind, ns_kind, bytes_kind, launches, by_rule, first
     if n and len(owned):
         for d in range(int(depth.max()), 0, -1):  # push sums up, deepest level first
             rows = np.flatnonzero((depth == d) & (parent >= 0))

@@ -169,9 +169,10 @@ def correlation_join(
     """Per left row, the right row with the same (pid, correlation id), or -1.
 
     Where several right rows share a key, the first in ``right_order`` (default: row order)
-    wins. Correlation ids are small dense integers in CUDA/HIP traces, so the join is a
-    direct-address table per process (O(n), no sort); sparse or huge ids fall back to a
-    sort + searchsorted join with the same result.
+    wins; negative ids never match. Correlation ids are small integers in CUDA/HIP traces: when
+    dense enough the join is a direct-address table (O(n), no sort); otherwise one stable sort
+    of the right keys and a ``searchsorted`` (both sides come nearly sorted from a trace, which
+    keeps that cheap too).
     """
     left_pid = np.asarray(left_pid, np.int64)
     left_corr = np.asarray(left_corr, np.int64)
@@ -181,48 +182,40 @@ def correlation_join(
     if not len(left_corr) or not len(right_corr):
         return out
     rows = np.arange(len(right_corr), dtype=np.int64) if right_order is None else np.asarray(right_order, np.int64)
-    # Dense slots for processes: almost always one or a few.
-    if left_pid.min() == left_pid.max() == right_pid.min() == right_pid.max():
-        lslot = rslot = 0  # one process: no slot arrays at all
-        n_slots = 1
-    else:
-        pids = np.unique(np.concatenate([np.unique(left_pid), np.unique(right_pid)]))
-        lslot, rslot, n_slots = np.searchsorted(pids, left_pid), np.searchsorted(pids, right_pid), len(pids)
-    r_ok = right_corr[rows] >= 0
-    rows = rows[r_ok]
+    rc = right_corr if right_order is None else right_corr[rows]
+    rp = right_pid if right_order is None else right_pid[rows]
+    if rc.min() < 0:
+        keep = rc >= 0
+        rows, rc, rp = rows[keep], rc[keep], rp[keep]
     if not len(rows):
         return out
-    hi = int(max(left_corr.max(), right_corr.max())) + 1
-    if n_slots * hi <= 4 * (len(left_corr) + len(right_corr)) + (1 << 22):
-        table = np.full(n_slots * hi, -1, np.int32 if len(right_corr) < (1 << 31) else np.int64)
-        # Reverse scatter: with repeated keys the first row in right_order is written last.
-        rev = rows[::-1]
-        r_at = right_corr[rev] if n_slots == 1 else np.asarray(rslot)[rev] * hi + right_corr[rev]
-        table[r_at] = rev
-        del r_at, rev
-        ok = left_corr >= 0
-        if ok.all():
-            l_at = left_corr if n_slots == 1 else np.asarray(lslot) * hi + left_corr
-            out[:] = table[l_at]
-        else:
-            l_at = left_corr[ok] if n_slots == 1 else np.asarray(lslot)[ok] * hi + left_corr[ok]
-            out[ok] = table[l_at]
-        return out
-    lslot = np.broadcast_to(np.asarray(lslot), left_corr.shape)
-    rslot = np.broadcast_to(np.asarray(rslot), right_corr.shape)
-    rkey = np.stack([rslot[rows], right_corr[rows]])
-    order = np.lexsort((np.arange(len(rows)), rkey[1], rkey[0]))
-    ks, kc, rr = rkey[0][order], rkey[1][order], rows[order]
-    first = np.r_[True, (ks[1:] != ks[:-1]) | (kc[1:] != kc[:-1])]
-    ks, kc, rr = ks[first], kc[first], rr[first]
-    # Two-level search: slot then correlation id inside the slot's run.
-    for s in range(n_slots):
-        lo, hi_ = np.searchsorted(ks, s), np.searchsorted(ks, s, side="right")
-        sel = np.flatnonzero((lslot == s) & (left_corr >= 0))
-        if not len(sel) or lo == hi_:
-            continue
-        pos = np.searchsorted(kc[lo:hi_], left_corr[sel])
-        pos_c = np.minimum(pos, hi_ - lo - 1)
-        hit = kc[lo:hi_][pos_c] == left_corr[sel]
-        out[sel[hit]] = rr[lo:hi_][pos_c[hit]]
+    lok = left_corr >= 0
+    all_ok = bool(lok.all())
+    lc = left_corr if all_ok else left_corr[lok]
+    lp = left_pid if all_ok else left_pid[lok]
+    hi = int(max(lc.max(initial=0), rc.max())) + 1
+    if lp.min(initial=0) == lp.max(initial=0) == rp.min() == rp.max():
+        lkey, rkey = lc, rc  # one process: the id is the key
+    else:
+        pids = np.unique(np.concatenate([np.unique(lp), np.unique(rp)]))
+        if len(pids) * hi >= (1 << 62):  # absurd ids: rank them densely first
+            uniq = np.unique(np.concatenate([lc, rc]))
+            lc, rc, hi = np.searchsorted(uniq, lc), np.searchsorted(uniq, rc), len(uniq)
+        lkey = np.searchsorted(pids, lp) * hi + lc
+        rkey = np.searchsorted(pids, rp) * hi + rc
+        hi = len(pids) * hi
+    if hi <= 4 * (len(lkey) + len(rkey)) + (1 << 22):
+        table = np.full(hi, -1, np.int32 if len(right_corr) < (1 << 31) else np.int64)
+        table[rkey[::-1]] = rows[::-1]  # reversed: with repeated keys the first row wins
+        found = table[lkey]
+    else:
+        order = np.argsort(rkey, kind="stable")  # stable: the first row of a key stays first
+        sk = rkey[order]
+        pos = np.searchsorted(sk, lkey)  # leftmost: the first row of the key
+        pos_c = np.minimum(pos, len(sk) - 1)
+        found = np.where(sk[pos_c] == lkey, rows[order[pos_c]], -1)
+    if all_ok:
+        out[:] = found
+    else:
+        out[lok] = found
     return out

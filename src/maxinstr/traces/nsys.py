@@ -75,7 +75,7 @@ _RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 _NVTX = "NVTX_EVENTS"
 
 TID_MASK = 0xFFFFFF
-_ROWS_PER_SLICE = 200_000  # below this a table is read in one go
+_ROWS_PER_SLICE = 50_000  # at least this many rows per parallel slice
 
 
 def _correlation_mask(corr: np.ndarray) -> np.ndarray | None:
@@ -89,6 +89,23 @@ def _correlation_mask(corr: np.ndarray) -> np.ndarray | None:
     mask = np.zeros(top, np.uint8)
     mask[corr] = 1
     return mask
+
+
+def _distinct_ids(columns: list[np.ndarray]) -> np.ndarray:
+    """Sorted distinct non-negative ids over several columns (bincount when ids are small)."""
+    parts = [np.asarray(c, np.int64) for c in columns if len(c)]
+    if not parts:
+        return np.empty(0, np.int64)
+    top = max(int(p.max()) for p in parts)
+    if top < 0:
+        return np.empty(0, np.int64)
+    if top < (1 << 24):
+        seen = np.zeros(top + 1, bool)
+        for p in parts:
+            seen[p[p >= 0]] = True
+        return np.flatnonzero(seen).astype(np.int64)
+    allv = np.unique(np.concatenate(parts))
+    return allv[allv >= 0]
 
 
 def split_global_tid(global_tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -258,24 +275,19 @@ class _Reader:
 
         # One round trip for every registered string we need, interned in a stable order.
         thread_rows = got.get("threads")
-        needed = [op_name_sid[op_name_sid >= 0], call_name_sid, nvtx_parts["text_sid"]]
+        needed = [op_name_sid, call_name_sid, nvtx_parts["text_sid"]]
         if thread_rows is not None:
             needed.append(thread_rows[1])
-        sids = np.unique(np.concatenate([np.asarray(a, np.int64) for a in needed]))
-        sids = sids[sids >= 0]
+        sids = _distinct_ids(needed)
         values = self.be.strings_by_id(self.db, "StringIds", sids)
         sid_to_name = np.array([self.strings.intern(v) for v in values], dtype=np.int32)
+        # StringIds ids are small integers: a lookup table maps a whole column at once.
+        lut = np.full(int(sids.max()) + 2 if len(sids) else 1, NO_ID, np.int32)
+        lut[sids] = sid_to_name
 
         def by_sid(ids: np.ndarray) -> np.ndarray:
             ids = np.asarray(ids, np.int64)
-            pos = np.clip(np.searchsorted(sids, ids), 0, max(len(sids) - 1, 0))
-            ok = (ids >= 0) & (len(sids) > 0)
-            if len(sids):
-                ok &= sids[pos] == ids
-            out = np.full(len(ids), NO_ID, np.int32)
-            if len(sids):
-                out[ok] = sid_to_name[pos[ok]]
-            return out
+            return lut[np.where((ids >= 0) & (ids < len(lut)), ids, len(lut) - 1)]
 
         # Ops: kernels named through StringIds, copies/sets by kind.
         op_name = by_sid(op_name_sid)
