@@ -1294,14 +1294,24 @@ void sweep_threads() {
   g.threads.resize(w);
 }
 
-PyObject* py_drain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  long long maxr = -1;
-  if (nargs > 1) {
-    PyErr_SetString(PyExc_TypeError, "drain(max_records=-1)");
-    return nullptr;
+// One optional argument, positional or by keyword `name`: the argument or NULL (error set on misuse).
+bool one_arg(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, const char* name, PyObject** out) {
+  Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  *out = nullptr;
+  if (nargs + nk > 1 || (nk == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), name) != 0)) {
+    PyErr_Format(PyExc_TypeError, "takes one optional argument: %s", name);
+    return false;
   }
-  if (nargs == 1) {
-    maxr = PyLong_AsLongLong(args[0]);
+  if (nargs + nk == 1) *out = args[0];
+  return true;
+}
+
+PyObject* py_drain(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  long long maxr = -1;
+  PyObject* a = nullptr;
+  if (!one_arg(args, nargs, kwnames, "max_records", &a)) return nullptr;
+  if (a) {
+    maxr = PyLong_AsLongLong(a);
     if (maxr == -1 && PyErr_Occurred()) return nullptr;
   }
   sweep_threads();
@@ -1354,7 +1364,8 @@ fail:
 
 PyObject* py_resolve(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   int block = 0;
-  PyObject* b = nargs > 0 ? args[0] : (kwnames && PyTuple_GET_SIZE(kwnames) == 1 ? args[0] : nullptr);
+  PyObject* b = nullptr;
+  if (!one_arg(args, nargs, kwnames, "block", &b)) return nullptr;
   if (b) {
     block = PyObject_IsTrue(b);
     if (block < 0) return nullptr;
@@ -1363,18 +1374,16 @@ PyObject* py_resolve(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObjec
   return PyLong_FromSize_t(resolve_all(block != 0));
 }
 
-PyObject* py_close_open(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+PyObject* py_close_open(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   PyObject* reason = nullptr;
-  if (nargs > 1) {
-    PyErr_SetString(PyExc_TypeError, "close_open(reason='closed')");
-    return nullptr;
-  }
-  if (nargs == 1) {
-    if (!PyUnicode_Check(args[0])) {
+  PyObject* a = nullptr;
+  if (!one_arg(args, nargs, kwnames, "reason", &a)) return nullptr;
+  if (a) {
+    if (!PyUnicode_Check(a)) {
       PyErr_SetString(PyExc_TypeError, "reason must be str");
       return nullptr;
     }
-    reason = args[0];
+    reason = a;
     Py_INCREF(reason);
   } else {
     reason = PyUnicode_FromString("closed");
@@ -1518,11 +1527,11 @@ PyMethodDef module_methods[] = {
     {"stage", (PyCFunction)(void (*)(void))py_stage, METH_FASTCALL | METH_KEYWORDS,
      "stage(name, *, stream=None, gpu=None, step=None, **attrs) -> Stage"},
     {"mark", (PyCFunction)(void (*)(void))py_mark, METH_FASTCALL | METH_KEYWORDS, "mark(name, **attrs): instant record."},
-    {"drain", (PyCFunction)(void (*)(void))py_drain, METH_FASTCALL,
+    {"drain", (PyCFunction)(void (*)(void))py_drain, METH_FASTCALL | METH_KEYWORDS,
      "drain(max_records=-1) -> (bytes, [(name_id, name)], [(record_id, attrs)])"},
     {"resolve", (PyCFunction)(void (*)(void))py_resolve, METH_FASTCALL | METH_KEYWORDS,
      "resolve(block=False) -> int: resolve finished GPU event pairs."},
-    {"close_open", (PyCFunction)(void (*)(void))py_close_open, METH_FASTCALL,
+    {"close_open", (PyCFunction)(void (*)(void))py_close_open, METH_FASTCALL | METH_KEYWORDS,
      "close_open(reason='closed') -> int: close all open stages with flag UNCLOSED."},
     {"stats", py_stats, METH_NOARGS, "Counters and backend facts."},
     {"set_capacity", py_set_capacity, METH_O, "Bound on completed-but-undrained records."},

@@ -57,7 +57,7 @@ def test_names_reported_once_and_drain_in_parts(n):
     raw, names, attrs = n.drain(2)
     assert len(raw) == 2 * 72
     assert len(attrs) == 2
-    raw2, names2, attrs2 = n.drain()
+    raw2, names2, attrs2 = n.drain(max_records=-1)
     assert len(raw2) == 3 * 72 and names2 == [] and len(attrs2) == 3
     ids = set(records(raw)["id"]) | set(records(raw2)["id"])
     assert {a for a, _ in attrs + attrs2} == ids
@@ -357,6 +357,11 @@ def test_bad_arguments(n):
         n.stage("x", step=-2)
     with pytest.raises(TypeError):
         n.stage()
+    with pytest.raises(TypeError):
+        n.drain(maxrecords=3)
+    with pytest.raises(TypeError):
+        n.close_open(3)
+    assert n.resolve(block=False) == 0 and n.close_open(reason="x") == 0
 
     class Torchish:
         cuda_stream = 1234
