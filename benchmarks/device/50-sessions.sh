@@ -7,6 +7,8 @@
 #      - SIGKILL after 200 GPU stages: all 200 on disk, GPU-timed
 #      - fork after CUDA init: the child writes its own host-only part
 #      - 16 threads x 100k stages with GPU events: every record on disk or counted as dropped
+#   3. benchmarks/session_overhead.py: ns per stage with and without an open session, 1 and 16
+#      threads, and the flusher's drain/write cost per record
 #   2. the CPU session/reliability/rundir suites on this machine (signals, fork/spawn/forkserver,
 #      ranks, disk full, SIGKILL loss bound), with -s so the measured numbers are printed
 set -uo pipefail
@@ -23,5 +25,10 @@ python3 -m pytest -q -m gpu tests/reliability -p no:cacheprovider -s -rs 2>&1 | 
 echo "== 2. CPU session / reliability / rundir tests"
 python3 -m pytest -q -m "not gpu" tests/session tests/reliability tests/rundir -p no:cacheprovider -s -rs \
   --ignore=tests/rundir/test_rundir_fuzz.py 2>&1 | tee "$out/pytest-cpu.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+echo "== 3. what an open session adds per stage (flusher drain + write)"
+python3 benchmarks/session_overhead.py --n 200000 --reps 7 2>&1 | tee "$out/session-overhead-1t.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+python3 benchmarks/session_overhead.py --n 50000 --reps 5 --threads 16 2>&1 | tee "$out/session-overhead-16t.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 exit $rc
