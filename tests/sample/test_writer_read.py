@@ -183,3 +183,41 @@ def test_formats_doc_lists_every_row_field():
     assert f'"size": {ROW_SIZE}' in section and f"({ROW_SIZE} bytes" in section
     for name in THROTTLE_NAMES:
         assert f"`{name}`" in section, name
+
+
+def test_a_forked_child_leaves_the_parents_part_alone(tmp_path):
+    s = start_sampler(tmp_path, 0.005, backend=RampBackend())
+    time.sleep(0.05)
+    pid = os.fork()
+    if pid == 0:  # child: its atexit/stop must not close the parent's samples.json
+        s.stop()
+        os._exit(0 if json.loads((tmp_path / "samples.json").read_text())["status"] == "running" else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert s.running
+    s.stop()
+    assert json.loads((tmp_path / "samples.json").read_text())["status"] == "closed"
+
+
+def test_a_hung_vendor_call_does_not_hang_stop(tmp_path):
+    import threading as th
+
+    release = th.Event()
+
+    class Hangs(RampDevice):
+        def read(self, values, tick, now_ns):
+            if tick == 2:
+                release.wait(10)
+            return super().read(values, tick, now_ns)
+
+    class B(RampBackend):
+        def devices(self):
+            return [Hangs()]
+
+    s = start_sampler(tmp_path, 0.1, backend=B())
+    time.sleep(0.4)
+    t0 = time.monotonic()
+    s.stop()
+    assert time.monotonic() - t0 < 3.5
+    assert any("did not stop" in e["message"] for e in read_samples(tmp_path).errors)
+    release.set()

@@ -108,6 +108,7 @@ class Sampler:
         self._stopped = False
         self.started_ns = clock_ns()
         self.stopped_ns: int | None = None
+        self._pid = os.getpid()
         # cost accounting (written by the thread only)
         self.ticks = 0
         self.rows = 0
@@ -149,12 +150,23 @@ class Sampler:
         Idempotent; never raises."""
         if self._stopped:
             return
+        if os.getpid() != self._pid:
+            # a forked child (its copy of this object has no thread): the part belongs to the parent
+            self._stopped = True
+            return
         self._stopped = True
+        leak_fd = False
         try:
             atexit.unregister(self.stop)
             self._stop_evt.set()
             if self._thread is not None:
                 self._thread.join(timeout=max(2.0, 5 * self.interval_s))
+                if self._thread.is_alive():
+                    # a vendor call hangs (a wedged GPU): never close the fd under the thread, a
+                    # reused descriptor number would take its late writes
+                    leak_fd = True
+                    self.errors.once(("hung",), "internal", "sampler thread did not stop within "
+                                     f"{max(2.0, 5 * self.interval_s):g} s (a vendor call hangs); left running")
             self.stopped_ns = clock_ns()
             for dev in self.devices:
                 try:
@@ -169,7 +181,7 @@ class Sampler:
         except Exception:  # noqa: BLE001 - never raise at stop
             pass
         finally:
-            if self._fd >= 0:
+            if self._fd >= 0 and not leak_fd:
                 try:
                     os.close(self._fd)
                 except OSError:
