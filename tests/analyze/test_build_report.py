@@ -192,3 +192,15 @@ def test_trace_of_another_run_is_not_joined(tmp_path, trace_of):
     assert r["sources"]["records_joined"] == 0
     assert any("not its name or thread" in n for n in r["sources"]["notes"])
     assert all(s["gpu_proj_ns"]["n"] == 0 for s in r["stages"])
+
+
+def test_bottlenecks_rank_self_time(report_of):
+    r = report_of("nsys/h200_decode.sqlite")
+    assert [b["stage"] for b in r["bottlenecks"]][:2] == ["decode", "sample"]
+    assert r["bottlenecks"][0]["basis"] == "gpu_busy_ns"
+    assert "request" not in [b["stage"] for b in r["bottlenecks"]]  # all its GPU work is in its children
+    vllm = report_of("rocprof/rpd/mytrace.rpd.gz")
+    top = vllm["bottlenecks"][0]
+    assert top["stage"] == "execute_model" and top["has_children"]  # its own matmuls, outside FlashAttn
+    for b in r["bottlenecks"] + vllm["bottlenecks"]:
+        assert 0 < b["self_ns"] <= b["total_ns"] + 1e-6

@@ -507,31 +507,47 @@ def _deepest_only(report: dict, findings: list[dict]) -> list[dict]:
 
 
 def rank_bottlenecks(report: dict) -> list[dict]:
-    """Leaf stages ranked by their share of time, each with its top family and kernel and the
-    findings about it. GPU time (projected, else event) when known, else host time."""
+    """Stages ranked by their *self* time (``stages[].self_ns``: per steady instance, its time
+    minus its direct child instances' time), so a parent's own work (the matmuls between nested attention
+    stages) competes with its children and nothing is counted twice. One basis for all: GPU
+    busy time when a trace is joined, else GPU event time, else projected span, else host
+    time. Each row carries the stage's top family and kernel (inclusive mix) and the findings
+    about it; ``share`` is of the summed self time."""
     rows = []
     findings = report.get("diagnosis", [])
-    leaves = _leaf_stages(report) or report.get("stages", [])
+    stages = report.get("stages", [])
     basis = next((key for key in ("gpu_busy_ns", "gpu_event_ns", "gpu_proj_ns", "host_ns")
-                  if any((st.get(key) or {}).get("n") for st in leaves)), None)
-    for st in leaves:
-        if basis is None or not (st.get(basis) or {}).get("n"):
+                  if any((st.get(key) or {}).get("n") for st in stages)), None)
+    if basis is None:
+        return []
+
+    def total(st: dict) -> float:
+        stat = st.get(basis) or {}
+        return float(stat.get("total", 0.0)) if stat.get("n") else 0.0
+
+    parents = {st.get("parent") for st in stages}
+    for st in stages:
+        if not (st.get(basis) or {}).get("n"):
             continue
-        total = float(st[basis]["total"])
+        own = float((st.get("self_ns") or {}).get(basis, total(st)))
+        if own <= 0:
+            continue
         mix = st.get("mix") or {}
         fam = mix.get("families", [{}])[0] if mix.get("families") else {}
         top = mix.get("top_kernels", [{}])[0] if mix.get("top_kernels") else {}
         rows.append({
-            "stage": st["name"], "basis": basis, "total_ns": total, "median_ns": st[basis]["median"],
-            "instances": st[basis]["n"], "top_family": fam.get("family"), "top_family_share": fam.get("share"),
+            "stage": st["name"], "basis": basis, "self_ns": own, "total_ns": total(st),
+            "median_ns": st[basis]["median"], "instances": st[basis]["n"],
+            "has_children": st["name"] in parents,
+            "top_family": fam.get("family"), "top_family_share": fam.get("share"),
             "top_kernel": top.get("name"), "top_kernel_share": top.get("share"),
             "findings": sorted({f["id"] for f in findings
                                 if f.get("stage") == st["name"] and f["id"] != "healthy_dense_decode"}),
         })
-    grand = sum(r["total_ns"] for r in rows)
+    grand = sum(r["self_ns"] for r in rows)
     for r in rows:
-        r["share"] = r["total_ns"] / grand if grand > 0 else 0.0
-    rows.sort(key=lambda r: -r["total_ns"])
+        r["share"] = r["self_ns"] / grand if grand > 0 else 0.0
+    rows.sort(key=lambda r: -r["self_ns"])
     for i, r in enumerate(rows, 1):
         r["rank"] = i
     return rows

@@ -241,6 +241,8 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict) -> list[dict]:
     proj = inst.proj_ns
     busy_frac = inst.busy_frac
     top_total = float(host[steady & (inst.level == 0)].sum())
+    self_time = _self_times(inst, {"host_ns": host, "gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": proj,
+                                   "gpu_busy_ns": np.where(inst.proj_start_ns >= 0, inst.busy_ns, -1)})
     head_names = head.key.astype(str) if head is not None else None
     rows = []
     for u in order_u:
@@ -273,6 +275,7 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict) -> list[dict]:
             "idle_gap_ns": _stat(np.where(inst.proj_start_ns[st] >= 0, inst.idle_gap_ns[st], -1)),
             "kernels_per_instance": _stat(np.where(inst.range_index[st] >= 0, inst.kernel_count[st], -1)),
             "share_of_top": float(host[st].sum() / top_total) if top_total > 0 else None,
+            "self_ns": {k: float(v[st & (v >= 0)].sum()) for k, v in self_time.items() if (v[st] >= 0).any()},
             "steps_marked": bool(inst.step_marked[sel].any()),
             "steps": None,
             "mix": mix.get(name),
@@ -298,6 +301,20 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict) -> list[dict]:
             row["headline_gpu_event_ns"] = row["gpu_event_ns"]
         rows.append(row)
     return rows
+
+
+def _self_times(inst, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per instance: its value minus its direct child instances' values (-1 where the value is
+    missing), clipped at 0. Exact per instance, so children that are warm-up still come off
+    their parent."""
+    out = {}
+    has_parent = inst.parent >= 0
+    for key, v in columns.items():
+        v = np.asarray(v, np.float64)
+        child = has_parent & (v >= 0)
+        sums = np.bincount(inst.parent[child], weights=v[child], minlength=len(inst)) if len(inst) else np.zeros(0)
+        out[key] = np.where(v >= 0, np.maximum(v - sums, 0.0), -1.0)
+    return out
 
 
 PER_STEP_KEPT = 10_000

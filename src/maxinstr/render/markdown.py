@@ -77,12 +77,12 @@ def _bottlenecks(report: dict) -> list[str]:
     rows = report.get("bottlenecks") or []
     if not rows:
         return []
-    body = [[r["rank"], r["stage"], f.pct(r["share"]), f.ns(r["total_ns"]), r["basis"],
+    body = [[r["rank"], r["stage"] + (" (self)" if r.get("has_children") else ""), f.pct(r["share"]), f.ns(r["self_ns"]), r["basis"],
              f"{r.get('top_family') or '-'} {f.pct(r.get('top_family_share'))}",
              f"`{f.short(r.get('top_kernel'), 60)}`" if r.get("top_kernel") else "-",
              ", ".join(r["findings"]) or "-"] for r in rows]
     return ["## Ranked bottlenecks", ""] + _table(
-        ["#", "stage", "share", "total", "basis", "top family", "top kernel", "findings"], body)
+        ["#", "stage", "share", "self time", "basis", "top family", "top kernel", "findings"], body)
 
 
 def _findings(report: dict, verdict: str, title: str) -> list[str]:

@@ -99,10 +99,11 @@ def _bottlenecks(report: dict) -> Table | None:
     if not rows:
         return None
     t = Table(title="Where the time goes (ranked)", title_justify="left", header_style="bold")
-    for col in ("#", "stage", "share", "total", "top kernel", "findings"):
-        t.add_column(col, justify="right" if col in ("#", "share", "total") else "left")
+    for col in ("#", "stage", "share", "self time", "top kernel", "findings"):
+        t.add_column(col, justify="right" if col in ("#", "share", "self time") else "left")
     for r in rows[:10]:
-        t.add_row(str(r["rank"]), r["stage"], f.pct(r["share"]), f.ns(r["total_ns"]) + f" ({r['basis'].replace('_ns', '')})",
+        t.add_row(str(r["rank"]), r["stage"] + (" (self)" if r.get("has_children") else ""), f.pct(r["share"]),
+                  f.ns(r["self_ns"]) + f" ({r['basis'].replace('_ns', '')})",
                   f"{f.short(r.get('top_kernel'), 50)} {f.pct(r.get('top_kernel_share'))}" if r.get("top_kernel") else "-",
                   ", ".join(r["findings"]) or "-")
     return t
