@@ -175,3 +175,35 @@ def test_16_threads_x_100k_gpu_stages(tmp_path):
     assert len(np.unique(run["id"])) == len(run)
     inner = run.stages[run.stage_names() == "inner"]
     assert np.isin(inner["parent_id"], run["id"]).sum() >= len(inner) - dropped
+
+
+def test_sigterm_mid_gpu_loop_finishes_the_run(tmp_path):
+    path = tmp_path / "child.py"
+    path.write_text(textwrap.dedent("""
+        import sys
+        import torch, maxinstr
+        x = torch.randn(2048, 2048, device="cuda")
+        stream = torch.cuda.current_stream().cuda_stream
+        with maxinstr.session(sys.argv[1], sample_hz=0):
+            i = 0
+            while True:
+                with maxinstr.stage("work", step=i, stream=stream):
+                    y = x @ x
+                i += 1
+                if i == 100:
+                    print("READY", flush=True)
+    """))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.Popen([sys.executable, str(path), str(tmp_path / "run")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while not proc.stdout.readline().startswith("READY"):
+        assert proc.poll() is None, proc.stderr.read()
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == -signal.SIGTERM
+    run = maxinstr.load(tmp_path / "run")
+    assert run.meta["status"] == "closed" and len(run) >= 100
+    steps = run["step"][run.stage_names() == "work"]
+    assert sorted(steps.tolist()) == list(range(len(steps)))  # no gap
+    timed = (run["flags"] & fmt.GPU_TIMED) != 0
+    print(f"SIGTERM mid GPU loop: {len(run)} records, {timed.sum()} GPU-timed, flags {np.unique(run['flags']).tolist()}")
+    assert timed.sum() >= len(run) - 5

@@ -375,7 +375,13 @@ class Session:
             except Exception as exc:  # noqa: BLE001 - a broken sampler must not break close
                 self._event("error", f"sampler stop failed: {type(exc).__name__}: {exc}")
             self._sampler = None
-        _flush_locked(proc, block=True)
+        if reason.startswith("SIG"):
+            # Killed by a signal: never wait on a GPU that may be hung (the process must die);
+            # give in-flight GPU records a bounded time to finish instead.
+            _resolve_bounded(2.0)
+            _flush_locked(proc, block=False)
+        else:
+            _flush_locked(proc, block=True)
         stats = _native_stats()
         if self._writer is not None:
             self._writer.close(
@@ -621,6 +627,24 @@ def _drain_into_sink(proc: _Process, native: Any, block: bool) -> int:
         root._observe(rows)
         _note_drops(root)
     return len(rows)
+
+
+def _resolve_bounded(timeout_s: float) -> None:
+    """Non-blocking resolves until no GPU event is in flight or ``timeout_s`` passed."""
+    native = _native()
+    if native is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            native.resolve(False)
+            if not int(native.stats().get("events_in_flight", 0) or 0):
+                return
+        except Exception:  # noqa: BLE001
+            return
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.005)
 
 
 def _note_drops(root: Session) -> None:
