@@ -136,8 +136,28 @@ def _cases() -> tuple[dict[str, Case], dict[str, str], dict]:
             finally:
                 _native._configure_events(share_ns=old)
 
-        cases["maxinstr ranges + GPU events (shared boundaries)"] = mi_gpu
+        cases["maxinstr ranges + GPU events (empty body: all boundaries shared)"] = mi_gpu
         cases["maxinstr ranges + GPU events (2 events/stage)"] = mi_gpu_noshare
+
+        launch = _tiny_launch(torch, cupy)
+        if launch is not None:
+            # The realistic pattern: sibling stages around work. The exit of one and the enter
+            # of the next share an event, the work between enter and exit forces one more: one
+            # event per stage. Reported as (stage + launch) - (bare launch), see main().
+            def bare_launches(n):
+                for _ in range(n):
+                    launch()
+                _native.resolve(block=True)
+
+            def mi_gpu_launch(n):
+                for _ in range(n):
+                    with st("x"):
+                        launch()
+                _native.resolve(block=True)
+                _native.drain()
+
+            cases["(tiny launch, bare)"] = bare_launches
+            cases["(tiny launch inside a GPU-timed stage)"] = mi_gpu_launch
     else:
         skipped["maxinstr GPU events"] = f"no GPU timing here (backend {stats['gpu_backend']})"
 
@@ -199,6 +219,16 @@ def _cases() -> tuple[dict[str, Case], dict[str, str], dict]:
         cases["CuPy Event pair + time_range"] = cupy_events_range
 
     return cases, skipped, ctx
+
+
+def _tiny_launch(torch, cupy):
+    if torch is not None:
+        x = torch.zeros(256, device="cuda")
+        return lambda: x.add_(1.0)
+    if cupy is not None:
+        y = cupy.zeros(256, dtype=cupy.float32)
+        return lambda: cupy.add(y, 1.0, out=y)
+    return None
 
 
 def perturbation(ctx: dict, steps: int) -> dict | None:
@@ -305,6 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"stage overhead, median ns per enter+exit ({a.n} x {a.repeats}), tool attached: {tool}")
     print(f"python {platform.python_version()}, {platform.machine()}, maxinstr backend "
           f"{ctx['native_stats']['gpu_backend']}, markers {ctx['native_stats']['markers']}")
+    if "(tiny launch, bare)" in res:
+        cost = res.pop("(tiny launch inside a GPU-timed stage)") - res.pop("(tiny launch, bare)")
+        at = list(res).index("maxinstr ranges + GPU events (2 events/stage)") + 1
+        items = list(res.items())
+        items.insert(at, ("maxinstr ranges + GPU events around work (1 event/stage)", cost))
+        res = dict(items)
     w = max(len(k) for k in res) + 2
     print(f"{'case':<{w}}{'ns':>10}{'x maxinstr host':>18}")
     for k, v in res.items():

@@ -1465,7 +1465,7 @@ PyObject* py_stats(PyObject*, PyObject*) {
   const char* backend = g.gpu.backend == BK_CUDA ? "cuda" : g.gpu.backend == BK_HIP ? "hip" : "none";
   const char* markers = g.markers == MK_NVTX ? "nvtx" : g.markers == MK_ROCTX ? "roctx" : "none";
   return Py_BuildValue(
-      "{sKsKsKslsnsKsKsKsisisssssNsLsisssnsOsKsK}", "records", (unsigned long long)g.records, "dropped_records",
+      "{sKsKsKslsnsKsKsKsisisssssNsLsisssnsOsKsKsn}", "records", (unsigned long long)g.records, "dropped_records",
       (unsigned long long)g.dropped_records, "pending_records", (unsigned long long)done_count(), "open_stages",
       open_stages, "events_in_flight", (Py_ssize_t)pending_count(), "events_dropped",
       (unsigned long long)g.events_dropped, "events_recorded", (unsigned long long)g.events_recorded,
@@ -1474,7 +1474,7 @@ PyObject* py_stats(PyObject*, PyObject*) {
       (long long)g.share_ns, "gpu_contexts", (int)g.ctxs.size(), "gpu_library", g.gpu.lib_name.c_str(),
       "capacity", (Py_ssize_t)g.capacity, "gpu_off_after_fork", g.gpu_off_after_fork ? Py_True : Py_False,
       "errors_dropped", (unsigned long long)g.errors_dropped, "events_skipped_capture",
-      (unsigned long long)g.events_capture);
+      (unsigned long long)g.events_capture, "threads", (Py_ssize_t)g.threads.size());
 }
 
 PyObject* py_profiler(bool start) {

@@ -389,3 +389,25 @@ def test_reference_pairing_retried_after_capture(run_fake):
         """
     )
     assert out == [[0], [2], 0]
+
+
+def test_two_contexts_keep_separate_pools_and_anchors(run_fake):
+    out = run_fake(
+        """
+        n._configure_events(share_ns=0)
+        fk.fake_set_tick(10_000)
+        ids = {}
+        for ctx in (0x1000, 0x2000, 0x1000, 0x2000):
+            fk.fake_set_context(ctypes.c_longlong(ctx))
+            with n.stage(f"c{ctx:x}") as s:
+                pass
+            ids[s.id] = ctx
+        fk.fake_complete_all(); n.resolve()
+        r = drained()
+        st = n.stats()
+        emit(dict(contexts=st["gpu_contexts"], pool=st["event_pool_size"],
+                  flags=r["flags"].tolist(), dur=(r["gpu_end_ns"] - r["gpu_start_ns"]).tolist()))
+        """
+    )
+    assert out["contexts"] == 2 and out["pool"] == 128  # one chunk of 64 per context
+    assert out["flags"] == [2, 2, 2, 2] and out["dur"] == [10_000] * 4

@@ -404,3 +404,16 @@ def test_fork_child_resets(n):
     parent_open.__exit__(None, None, None)
     r, _, _ = drain_all(n)
     assert len(r) == 2 and (r["id"] >> 32 == os.getpid()).all()
+
+
+def test_exited_threads_are_freed(n):
+    def work():
+        with n.stage("short-lived"):
+            pass
+
+    for _ in range(50):
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    drain_all(n)  # the sweep runs at drain
+    assert n.stats()["threads"] <= 3  # this thread (+ at most a live helper), not 50
