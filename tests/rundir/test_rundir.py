@@ -298,3 +298,9 @@ def test_write_json_atomic_exclusive(tmp_path):
     assert write_json_atomic(path, {"a": 3})
     assert json.loads(path.read_text()) == {"a": 3}
     assert [p.name for p in tmp_path.iterdir()] == ["meta.json"]
+
+
+def test_load_accepts_the_meta_json_path(tmp_path):
+    root = new_run(tmp_path)
+    writer(root, "p1").write(rows(2, pid=1), {0: "x"})
+    assert len(load(root / "meta.json")) == 2

@@ -120,6 +120,8 @@ def load(path: str | Path) -> Run:
     is not a readable run directory of a known version.
     """
     root = Path(path)
+    if root.name == fmt.META_FILE and root.is_file():
+        root = root.parent  # the run's meta.json stands for its directory
     if not root.exists():
         raise RunDirError(root, "no such run directory")
     if not root.is_dir():
