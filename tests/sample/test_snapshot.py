@@ -36,16 +36,24 @@ def test_snapshot_with_a_command_exits_with_its_status(fake_nvml, capsys):
     fake.util = [(100, 60)]
     fake.reasons = [0x20]  # sw_thermal
     with mock.patch.object(nvml, "import_pynvml", return_value=fake.nv):
-        with pytest.raises(SystemExit) as exited:
-            main(["snapshot", "--interval", "0.01", "--json", "--",
-                  sys.executable, "-c", "import time, sys; print('child out'); time.sleep(0.4); sys.exit(3)"])
+        code = main(["snapshot", "--interval", "0.01", "--json", "--",
+                     sys.executable, "-c", "import time, sys; print('child out'); time.sleep(0.4); sys.exit(3)"])
     out, err = capsys.readouterr()
-    assert exited.value.code == 3
+    assert code == 3
     doc = json.loads(err[err.index("{"):])  # the summary goes to stderr beside a command
     [gpu] = doc["gpus"]
     assert gpu["verdict"] == "busy" and gpu["util_mean_pct"] == 100 and gpu["sm_active_mean_pct"] == 55
     assert gpu["throttle_pct"] == {"sw_thermal": 100.0} and gpu["hw_throttle_pct"] == 100.0
     assert gpu["samples"] >= 10 and gpu["mem_total_bytes"] == 143_771_090_944
+
+
+def test_snapshot_exit_status_of_a_killed_command(fake_nvml, capsys):
+    fake = fake_nvml(1)
+    with mock.patch.object(nvml, "import_pynvml", return_value=fake.nv):
+        code = main(["snapshot", "--interval", "0.01", "--", sys.executable, "-c",
+                     "import os, signal, time; time.sleep(0.2); os.kill(os.getpid(), signal.SIGTERM)"])
+    assert code == 128 + 15
+    assert "GPU snapshot" in capsys.readouterr().err
 
 
 def test_snapshot_table_names_the_thresholds(fake_nvml, capsys):

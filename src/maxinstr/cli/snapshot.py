@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
@@ -138,9 +137,8 @@ def command(duration: float | None, interval: float, as_json: bool, cmd: tuple[s
     else:
         render(summaries, samples.meta, console)
     if code:
-        # a command killed by a signal exits like a shell reports it: 128 + signal number.
-        # SystemExit, not click's Exit: maxinstr.cli.main drops the code click returns for Exit.
-        sys.exit(128 - code if code < 0 else code)
+        # a command killed by a signal exits like a shell reports it: 128 + signal number
+        raise click.exceptions.Exit(128 - code if code < 0 else code)
 
 
 __all__ = ["command", "render"]
