@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["DEFAULT_INTERVAL_S", "open_backend", "read_samples", "start_sampler"]
 
 DEFAULT_INTERVAL_S = 0.01
-"""100 Hz: fast enough to see a decode step; costs well under 1% (docs/benchmarks.md)."""
+"""100 Hz: fast enough to see a decode step. Cost measured in docs/benchmarks.md (target <= 1%)."""
 MIN_INTERVAL_S = 0.0005
 
 
