@@ -139,10 +139,34 @@ def stage_keys(names: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.nd
         return np.empty(0, dtype=object), level
     upath, first, inv = np.unique(path.astype(str), return_index=True, return_inverse=True)
     leaf = names[first].astype(str)
-    leaves, counts = np.unique(leaf, return_counts=True)
-    ambiguous = set(leaves[counts > 1].tolist())
-    display = np.array([p if lf in ambiguous else lf for p, lf in zip(upath.tolist(), leaf.tolist())], dtype=object)
+    ulevel = level[first]
+    # per distinct path (few): the shortest '/'-suffix that tells it apart from the other
+    # paths ending in the same name ("Step 1/Forward", not "Run/Warm-up/Step 1/Forward")
+    by_leaf: dict[str, list[int]] = {}
+    for i, lf in enumerate(leaf.tolist()):
+        by_leaf.setdefault(lf, []).append(i)
+    display = leaf.astype(object).copy()
+    for lf, idx in by_leaf.items():
+        if len(idx) == 1:
+            continue
+        parts = {i: _split_path(upath[i], int(ulevel[i]) + 1) for i in idx}
+        suffix = {i: str(upath[i]) for i in idx}
+        for k in range(2, max(len(p) for p in parts.values()) + 1):
+            suffix = {i: "/".join(parts[i][-k:]) for i in idx}
+            if len(set(suffix.values())) == len(idx):
+                break
+        for i in idx:
+            display[i] = suffix[i]
     return display[inv.reshape(-1)], level
+
+
+def _split_path(path: str, n_parts: int) -> list[str]:
+    """Split a joined path into its ``n_parts`` names (names may contain '/' themselves: the
+    surplus stays in the last parts)."""
+    pieces = path.split("/")
+    if len(pieces) == n_parts:
+        return pieces
+    return path.rsplit("/", n_parts - 1) if n_parts > 1 else [path]
 
 
 _MAX_LEVELS = 64
