@@ -20,7 +20,7 @@ from maxinstr.sample.writer import SAMPLES_BIN, SAMPLES_JSON
 _HEADER_FIELDS = ("t_ns", "device", "flags", "read_ns", "throttle", "throttle_raw")
 
 
-@dataclass
+@dataclass(repr=False)
 class Samples:
     """Sampler rows of one part, one row per (tick, device), in time order per device.
 
@@ -71,6 +71,11 @@ class Samples:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def __repr__(self) -> str:
+        names = [f"{d.get('visible_index')}:{d.get('name')}" for d in self.devices]
+        why = f", unavailable={self.unavailable!r}" if self.unavailable else ""
+        return f"Samples({len(self)} rows, devices={names}, backend={self.meta.get('backend')!r}{why})"
 
     def column(self, name: str) -> np.ndarray:
         """One metric column (float, NaN where absent)."""
