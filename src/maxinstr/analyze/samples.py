@@ -128,7 +128,8 @@ def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str]
         throttled = int((thr_hw[hi] - thr_hw[lo])[sel].sum())
         row["throttled_samples"] = throttled
         row["throttled_share"] = float(throttled / n_samples) if n_samples else None
-        row["throttle_reasons"] = {k: int(v[sel].sum()) for k, v in bit_counts.items() if v[sel].sum() > 0}
+        row["throttle_reason_samples"] = {k: int(v[sel].sum()) for k, v in bit_counts.items() if v[sel].sum() > 0}
+        row["throttle_reasons"] = sorted(row["throttle_reason_samples"])
         out[stage] = row
     return out
 
@@ -211,8 +212,8 @@ def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: lis
             "power_w_mean": main["power_mean_w"], "energy_per_instance_j": main["energy_per_instance_j"],
             "throttled_samples": main["hw_throttle_samples"],
             "throttled_share": (main["hw_throttle_samples"] / n) if n else None,
-            "throttle_reasons": {r: main["hw_throttle_samples"] for r in main["throttle_reasons_seen"]
-                                 if r in names and hw_mask >> names.index(r) & 1},
+            # the sampler's per-stage table keeps which reasons were seen, not per-reason counts
+            "throttle_reasons": [r for r in main["throttle_reasons_seen"] if r in names and hw_mask >> names.index(r) & 1],
             "devices": rows,
         }
     return out
