@@ -2,7 +2,8 @@
 # Sampler on the H200 (run from the repo root after run_all.sh built maxinstr into PYTHONPATH).
 #   1. GPU tests of tests/sample (pytest -m gpu): GPM SM activity near zero idle and > 50 % under
 #      bf16 8192^3 matmuls; energy of a ~1 s matmul stage vs mean power x time (0.7..1.4);
-#      snapshot verdict "busy" for a matmul loop and "host-bound" for tiny kernels + syncs
+#      snapshot verdict "busy" for a matmul loop, "host-bound" for tiny kernels + syncs, and
+#      "launch/sync-bound" for back-to-back one-block kernels (cupy; util ~100 %, SM activity ~1 %)
 #   2. maxinstr snapshot tables for matmul / tiny / idle (what a user sees)
 #   3. benchmarks/sampler_cost.py on the real NVML device: Python loop and decode-like GPU loop,
 #      sampler off / 10 / 100 / 1000 Hz; then again with the GIL released per NVML call
@@ -23,7 +24,7 @@ python3 -m pytest -q -m gpu tests/sample -p no:cacheprovider -s -rs 2>&1 | tee "
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 
 echo "== 2. snapshot tables"
-for mode in matmul tiny idle; do
+for mode in matmul tiny narrow idle; do
   echo "-- snapshot: $mode"
   COLUMNS=120 python3 -m maxinstr snapshot --interval 0.02 -- \
     python3 tests/sample/gpu_workloads.py "$mode" 5 2>&1 | tee "$out/snapshot-$mode.txt"

@@ -120,3 +120,11 @@ def test_snapshot_says_busy_for_a_matmul_loop(workloads):
 def test_snapshot_says_host_bound_for_tiny_kernels_with_syncs(workloads):
     gpu = _snapshot("tiny", 6)
     assert gpu["verdict"] == "host-bound", gpu
+
+
+def test_snapshot_says_launch_sync_bound_for_a_narrow_kernel(workloads):
+    pytest.importorskip("cupy")
+    gpu = _snapshot("narrow", 6)
+    # utilization says "busy", SM activity says one SM of many: the verdict uses both
+    assert gpu["util_mean_pct"] > 70 and gpu["sm_active_mean_pct"] < 25, gpu
+    assert gpu["verdict"] == "launch/sync-bound", gpu
