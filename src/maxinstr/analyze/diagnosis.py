@@ -22,7 +22,9 @@ import re
 import shlex
 from typing import Any, Callable
 
-MATMUL = ("gemv", "gemm", "grouped_matmul")
+from maxinstr.analyze.families import MATMUL_FAMILIES
+
+MATMUL = tuple(sorted(MATMUL_FAMILIES))
 DECODE_NAME = re.compile(r"decode|generat|next_?token|token_?step", re.IGNORECASE)
 PREFILL_NAME = re.compile(r"prefill|prompt|context|encode", re.IGNORECASE)
 

@@ -108,10 +108,6 @@ class StageInstances:
                                  for f in fields(self)})
 
 
-def _parent_positions(n: int, parent: np.ndarray) -> np.ndarray:
-    return np.where((parent >= 0) & (parent < n), parent, -1)
-
-
 def _derive_steps(inst: StageInstances) -> None:
     """Position among same-named siblings of the same parent (top level: among all of that name)."""
     key = np.char.add(inst.parent.astype(str).astype(object), ("\x00" + inst.name.astype(str)).astype(object))
