@@ -106,7 +106,8 @@ class ErrorLog:
         self.on_new = on_new
 
     def once(self, key: tuple, kind: str, message: str, device: int | None = None, metric: str | None = None) -> bool:
-        """Record ``message`` unless ``key`` was seen; True when it was new."""
+        """Record ``message`` unless ``key`` was seen; True when it was new. ``device`` is the
+        GPU's visible index (``cuda:N``)."""
         with self._lock:
             if key in self._seen:
                 return False

@@ -237,8 +237,9 @@ class Sampler:
                         flags, bits, raw = FLAG_LOST, 0, 0
                         lost.append(k)
                     except Exception as exc:  # noqa: BLE001 - a vendor module bug: stop that device only
-                        self.errors.once((index, "internal"), "internal",
-                                         f"gpu{dev.info.visible_index}: sampling stopped: {type(exc).__name__}: {exc}", index)
+                        vis = dev.info.visible_index
+                        self.errors.once((vis, "internal"), "internal",
+                                         f"gpu{vis}: sampling stopped: {type(exc).__name__}: {exc}", vis)
                         flags, bits, raw = FLAG_LOST, 0, 0
                         lost.append(k)
                     read_ns = clock() - t0
