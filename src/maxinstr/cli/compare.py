@@ -22,7 +22,7 @@ def _side(path: str, trace: str | None, warmup: int | None, quiet: bool):
         from maxinstr.rundir import load
 
         run = load(p)
-        tr = open_trace_with_progress(trace, quiet) if trace else None
+        tr = open_trace_with_progress(trace, quiet) if trace else None  # spinner on a terminal
         return Side(path, analyze(run=run, trace=tr, warmup=warmup))
     if p.exists():
         # a bare trace file or folder

@@ -20,7 +20,31 @@ def _progress_console():
     return Console(stderr=True)
 
 
-def open_trace_with_progress(path: str, quiet: bool = False):
+class Progress:
+    """A spinner on stderr while inputs load and the report is computed (nothing when quiet
+    or when stderr is not a terminal)."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        from rich.console import Console
+
+        console = Console(stderr=True)
+        self._status = None if (quiet or not console.is_terminal) else console.status("maxinstr report ...")
+
+    def __enter__(self) -> "Progress":
+        if self._status is not None:
+            self._status.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._status is not None:
+            self._status.__exit__(*exc)
+
+    def update(self, message: str) -> None:
+        if self._status is not None:
+            self._status.update(message)
+
+
+def open_trace_with_progress(path: str, quiet: bool = False, progress: Progress | None = None):
     """Open a trace through the readers' dispatcher, showing a spinner (and the reader's own
     progress messages when it gives them) on stderr while it loads."""
     try:
@@ -30,13 +54,18 @@ def open_trace_with_progress(path: str, quiet: bool = False):
     if not Path(path).exists():
         raise MaxinstrError(f"{path}: no such trace file or folder")
     takes_progress = "progress" in inspect.signature(open_trace).parameters
-    console = _progress_console()
-    if quiet or not console.is_terminal:
-        return open_trace(path)
-    with console.status(f"reading {path} ...") as status:
+    own = progress is None
+    progress = progress or Progress(quiet)
+    try:
+        if own:
+            progress.__enter__()
+        progress.update(f"reading {path} ...")
         if takes_progress:
-            return open_trace(path, progress=lambda msg: status.update(f"{path}: {msg}"))
+            return open_trace(path, progress=lambda msg: progress.update(f"{path}: {msg}"))
         return open_trace(path)
+    finally:
+        if own:
+            progress.__exit__(None, None, None)
 
 
 WARM_RUN_DIR = "warm-run"
@@ -136,20 +165,19 @@ def command(run_dir, trace_path, fmt, output, unprofiled, warmup, quiet):
     else:
         from maxinstr.analyze.report import analyze
 
+        from maxinstr.rundir import load
+
         run = None
         auto_notes: list[str] = []
-        if run_dir:
-            from maxinstr.rundir import load
-
-            run = load(run_dir)
-            trace_path, unprofiled, auto_notes = discover(run_dir, run.meta, trace_path, unprofiled)
-        trace = open_trace_with_progress(trace_path, quiet) if trace_path else None
-        unprof = None
-        if unprofiled:
-            from maxinstr.rundir import load
-
-            unprof = load(unprofiled)
-        analysis = analyze(run=run, trace=trace, unprofiled_run=unprof, warmup=warmup)
+        with Progress(quiet) as progress:
+            if run_dir:
+                progress.update(f"reading {run_dir} ...")
+                run = load(run_dir)
+                trace_path, unprofiled, auto_notes = discover(run_dir, run.meta, trace_path, unprofiled)
+            trace = open_trace_with_progress(trace_path, quiet, progress) if trace_path else None
+            unprof = load(unprofiled) if unprofiled else None
+            progress.update("attributing kernels to stages and computing the report ...")
+            analysis = analyze(run=run, trace=trace, unprofiled_run=unprof, warmup=warmup)
         report = analysis.report
         report["sources"]["notes"] = auto_notes + report["sources"]["notes"]
     color = output is None and fmt == "text" and sys.stdout.isatty()
