@@ -18,6 +18,7 @@ from maxinstr.sample.summary import verdict
     "util_mean, util_peak, sm, expect",
     [
         (0.0, 0.0, float("nan"), "idle"),
+        (float("nan"), float("nan"), 40.0, "unknown"),
         (1.0, 4.0, 0.5, "idle"),
         (98.0, 100.0, 91.0, "busy"),
         (98.0, 100.0, float("nan"), "busy"),  # no GPM: util alone

@@ -40,7 +40,7 @@ def render(summaries: list, meta: dict[str, Any], console) -> None:
         table.add_column(col, justify="right", no_wrap=True)
     table.add_column("HW\nthrottle", justify="right", no_wrap=True)
     table.add_column("verdict", no_wrap=True)
-    styles = {"busy": "green", "idle": "dim", "host-bound": "yellow", "launch/sync-bound": "yellow"}
+    styles = {"busy": "green", "idle": "dim", "host-bound": "yellow", "launch/sync-bound": "yellow", "unknown": "dim"}
     for s in summaries:
         reasons = []
         for name, pct in sorted(s.throttle_pct.items(), key=lambda kv: -kv[1]):

@@ -77,7 +77,9 @@ def _stat(fn, x: np.ndarray) -> float:
 
 def verdict(util_mean: float, util_peak: float, sm_active_mean: float) -> tuple[str, str]:
     """The verdict and the rule that fired, with the numbers and thresholds."""
-    if not np.isfinite(util_peak) or util_peak < IDLE_PEAK_UTIL_PCT:
+    if not np.isfinite(util_peak):
+        return "unknown", "this device does not report utilization (e.g. a MIG instance)"
+    if util_peak < IDLE_PEAK_UTIL_PCT:
         return "idle", f"peak util {util_peak:.0f}% < {IDLE_PEAK_UTIL_PCT:g}%"
     if util_mean >= BUSY_UTIL_PCT:
         if np.isfinite(sm_active_mean) and sm_active_mean < SM_ACTIVE_LOW_PCT:
