@@ -29,7 +29,7 @@ from maxinstr.sample.summary import verdict
 )
 def test_verdict_rules(util_mean, util_peak, sm, expect):
     v, why = verdict(util_mean, util_peak, sm)
-    assert v == expect and "%" in why
+    assert v == expect and ("%" in why or v == "unknown")
 
 
 def test_snapshot_with_a_command_exits_with_its_status(fake_nvml, capsys):
