@@ -1362,6 +1362,20 @@ fail:
   return nullptr;
 }
 
+PyObject* py_names(PyObject*, PyObject*) {
+  PyObject* out = PyList_New((Py_ssize_t)g.names.size());
+  if (!out) return nullptr;
+  for (size_t i = 0; i < g.names.size(); i++) {
+    PyObject* t = Py_BuildValue("(iO)", (int)i, g.names[i].str);
+    if (!t) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyList_SET_ITEM(out, (Py_ssize_t)i, t);
+  }
+  return out;
+}
+
 PyObject* py_resolve(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   int block = 0;
   PyObject* b = nullptr;
@@ -1529,6 +1543,7 @@ PyMethodDef module_methods[] = {
     {"mark", (PyCFunction)(void (*)(void))py_mark, METH_FASTCALL | METH_KEYWORDS, "mark(name, **attrs): instant record."},
     {"drain", (PyCFunction)(void (*)(void))py_drain, METH_FASTCALL | METH_KEYWORDS,
      "drain(max_records=-1) -> (bytes, [(name_id, name)], [(record_id, attrs)])"},
+    {"names", py_names, METH_NOARGS, "names() -> [(name_id, name)]: every name seen in this process."},
     {"resolve", (PyCFunction)(void (*)(void))py_resolve, METH_FASTCALL | METH_KEYWORDS,
      "resolve(block=False) -> int: resolve finished GPU event pairs."},
     {"close_open", (PyCFunction)(void (*)(void))py_close_open, METH_FASTCALL | METH_KEYWORDS,

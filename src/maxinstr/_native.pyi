@@ -56,6 +56,9 @@ def drain(max_records: int = -1) -> tuple[bytes, list[tuple[int, str]], list[tup
     """Completed records since the last drain (all threads) as STAGE_DTYPE bytes; names first seen
     since the last drain as (name_id, name); attrs of the returned records as (record_id, dict)."""
 
+def names() -> list[tuple[int, str]]:
+    """Every (name_id, name) of this process, for a consumer that missed earlier drains."""
+
 def resolve(block: bool = False) -> int:
     """Resolve finished GPU event pairs (non-blocking query); block=True waits (flush/close only)."""
 

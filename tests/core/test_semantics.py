@@ -58,7 +58,8 @@ def test_names_reported_once_and_drain_in_parts(n):
     assert len(raw) == 2 * 72
     assert len(attrs) == 2
     raw2, names2, attrs2 = n.drain(max_records=-1)
-    assert len(raw2) == 3 * 72 and names2 == [] and len(attrs2) == 3
+    assert len(raw2) == 3 * 72 and names2 == [] and len(attrs2) == 3  # "a" is not reported twice
+    assert dict(n.names())[int(records(raw)["name_id"][0])] == "a"
     ids = set(records(raw)["id"]) | set(records(raw2)["id"])
     assert {a for a, _ in attrs + attrs2} == ids
 
