@@ -58,19 +58,26 @@ def _stages(report: dict) -> list[str]:
     stages = report.get("stages") or []
     if not stages:
         return ["## Stage timings", "", "No stages in this input.", ""]
+    gpu_cols = any(f.gpu_stat(s)[1] for s in stages)
+    busy_col = any((s.get("gpu_busy_frac") or {}).get("n") for s in stages)
+    header = ["stage", "n", "excluded", "host median", "host p90"]
+    header += ["GPU median", "GPU p90"] if gpu_cols else []
+    header += ["GPU busy"] if busy_col else []
     rows = []
     for s in stages:
         head = s.get("headline_host_ns") or s["host_ns"]
         label, g = f.gpu_stat(s)
-        rows.append([
-            ("&nbsp;&nbsp;" * s.get("depth", 0)) + s["name"], s["steady"], s["warmup"] + s["cold_start"],
-            f.ns(f.stat(head)), f.ns(f.stat(head, "p90")),
-            (f.ns(f.stat(g)) + f" ({label})") if g else "-", f.ns(f.stat(g, "p90")),
-            f.pct(f.stat(s.get("gpu_busy_frac"))),
-        ])
-    return ["## Stage timings (steady state)", "",
-            "Median and p90 over steady instances; warm-up and cold-start instances are counted apart.", ""] + _table(
-        ["stage", "n", "excluded", "host median", "host p90", "GPU median", "GPU p90", "GPU busy"], rows)
+        row = [("&nbsp;&nbsp;" * s.get("depth", 0)) + s["name"], s["steady"], s["warmup"] + s["cold_start"],
+               f.ns(f.stat(head)), f.ns(f.stat(head, "p90"))]
+        if gpu_cols:
+            row += [(f.ns(f.stat(g)) + f" ({label})") if g else "-", f.ns(f.stat(g, "p90"))]
+        if busy_col:
+            row += [f.pct(f.stat(s.get("gpu_busy_frac")))]
+        rows.append(row)
+    note = "Median and p90 over steady instances; warm-up and cold-start instances are counted apart."
+    if any(s.get("headline_from") == "unprofiled_run" for s in stages):
+        note += " Host times come from the unprofiled run; GPU columns from the profiled one."
+    return ["## Stage timings (steady state)", "", note, ""] + _table(header, rows)
 
 
 def _bottlenecks(report: dict) -> list[str]:
@@ -78,7 +85,7 @@ def _bottlenecks(report: dict) -> list[str]:
     if not rows:
         return []
     body = [[r["rank"], r["stage"] + (" (self)" if r.get("has_children") else ""), f.pct(r["share"]), f.ns(r["self_ns"]), r["basis"],
-             f"{r.get('top_family') or '-'} {f.pct(r.get('top_family_share'))}",
+             f"{r['top_family']} {f.pct(r.get('top_family_share'))}" if r.get("top_family") else "-",
              f"`{f.short(r.get('top_kernel'), 60)}`" if r.get("top_kernel") else "-",
              ", ".join(r["findings"]) or "-"] for r in rows]
     return ["## Ranked bottlenecks", ""] + _table(
