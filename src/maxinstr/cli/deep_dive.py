@@ -17,12 +17,14 @@ from maxinstr.launch.env import detect_environment, find_tool
 
 
 def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str | None, warmup: int | None):
-    """(choice, app command from the run, from_capture_start, run_dir or None, stage specs)."""
+    """(choice, app command from the run, from_capture_start, run_dir or None, stage specs,
+    the run's MAXINSTR_WARMUP or None)."""
     run_dir: Path | None = None
     launch = None
     app: list[str] = []
     specs: list[str] = []
     from_capture = False
+    run_warmup = None
     trace_path = trace_opt
     report = None
     if source.is_dir() and (source / "meta.json").exists():
@@ -32,6 +34,7 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
         if launch is not None:
             app = list(launch.get("command") or [])
             specs = list(launch.get("stage_specs") or [])
+            run_warmup = (launch.get("env") or {}).get("MAXINSTR_WARMUP")
             from_capture = (launch.get("profiler") or {}).get("capture") == "steady" and (launch.get("profiler") or {}).get("name") == "nsys"
             trace_path = trace_path or ((launch.get("artifact") or {}).get("files") or {}).get("trace")
         else:
@@ -60,7 +63,7 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
         choice = dd.choose_from_report(report, stage=stage, kernel=kernel, source=str(source))
     else:
         raise MaxinstrError(f"{source}: no trace to choose a kernel from (give --trace FILE, or a run made by `maxinstr run`)")
-    return choice, app, from_capture, run_dir, specs
+    return choice, app, from_capture, run_dir, specs, run_warmup
 
 
 @click.command(
@@ -98,7 +101,7 @@ def command(source, trace_opt, stage, kernel, warmup, launch_skip, sections, out
         launches = dd.parse_ncu_csv(csv_file.read_text(encoding="utf-8", errors="replace"), str(csv_file))
         _print_verdicts(launches, as_json)
         return
-    choice, app, from_capture, run_dir, specs = _resolve(source, trace_opt, stage, kernel, warmup)
+    choice, app, from_capture, run_dir, specs, run_warmup = _resolve(source, trace_opt, stage, kernel, warmup)
     cmd_args = list(command)
     if cmd_args and cmd_args[0] == "--":
         cmd_args = cmd_args[1:]
@@ -134,7 +137,8 @@ def command(source, trace_opt, stage, kernel, warmup, launch_skip, sections, out
     for stale in (out_dir / "ncu.log", out_dir / "details.csv", rep):
         stale.unlink(missing_ok=True)
     spec = runner.RunSpec(command=app, run_dir=out_dir / "ncu-run")
-    opts = runner.RunOptions(stage_specs=specs, echo=None)
+    # Same session settings as the profiled run, so the capture starts at the same point.
+    opts = runner.RunOptions(stage_specs=specs, echo=None, warmup=int(run_warmup) if run_warmup else None)
     env = runner.child_env(spec, opts, sv.ensure_dir(spec.run_dir))
     if from_capture:
         env["MAXINSTR_CAPTURE"] = "1"  # the session issues cuProfilerStart at steady state

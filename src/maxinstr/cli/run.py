@@ -76,7 +76,8 @@ def print_report(run_dir: Path, trace: str | None) -> None:
 @click.option("--capture", type=click.Choice(["steady", "all"]), default="steady", show_default=True,
               help="steady: capture starts after the session's warm-up (cudaProfilerApi range); all: the whole run.")
 @click.option("--osrt", is_flag=True, help="Also trace OS runtime calls (nsys -t osrt).")
-@click.option("--warmup", type=int, default=None, help="Warm-up instances per stage (sets MAXINSTR_WARMUP for the session).")
+@click.option("--warmup", type=int, default=None, help="Warm-up instances per stage for the run's session (MAXINSTR_WARMUP; overrides the script's "
+                   "warmup=, and is needed for the steady-state capture when the program opens no session).")
 @click.option("--warm-run", is_flag=True, help="Run once unprofiled first (compile, load weights); its wall time is reported as startup.")
 @click.option("--stage", "stages", multiple=True, metavar="MODULE:QUALNAME[=name]",
               help="Wrap a function/method of code you cannot edit in a stage (repeatable).")

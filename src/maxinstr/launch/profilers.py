@@ -158,7 +158,11 @@ class Nsys(Profiler):
             else:
                 art.problems.append(f"{qdstrm}: only the raw stream was written and QdstrmImporter is not on PATH")
         if not rep.exists():
-            art.problems.append(f"{rep}: nsys wrote no report (the capture range may never have started)")
+            art.problems.append(
+                f"{rep}: nsys wrote no report (the capture range may never have started: it starts when a stage "
+                "completes its warm-up instances; a program that opens no maxinstr session needs `--warmup N`, "
+                "or use `--capture all`)"
+            )
             return art
         art.files["report"] = str(rep)
         if rep.stat().st_size < MIN_ARTIFACT_BYTES:

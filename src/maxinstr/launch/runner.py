@@ -151,6 +151,9 @@ def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:
         lines.append("warm run: one unprofiled run first (its wall time is reported as startup)")
     if options.stage_specs:
         lines.append("stages injected: " + ", ".join(options.stage_specs))
+        if prof.uses_capture_range and options.warmup is None:
+            lines.append("note: if the program opens no maxinstr session itself, give --warmup N: the capture "
+                         "starts after N instances of a stage")
     if options.timeout_s:
         lines.append(f"time limit: {options.timeout_s:g} s per run")
     for spec in specs:
