@@ -108,6 +108,9 @@ def test_report_on_a_recorded_run(tmp_path, capsys):
     assert dec["name"] == "decode" and dec["warmup"] == 2 and dec["instances"] == 12
     assert dec["host_ns"]["median"] >= 1e6  # slept 1 ms
     assert any(".py" in x["command"] or "pytest" in x["command"] for x in doc["reproduce"])
+    ids = [f["id"] for f in doc["diagnosis"]]
+    gpu_timed = any(s["gpu_event_ns"]["n"] for s in doc["stages"])  # on a GPU machine events are recorded
+    assert ("no_gpu_data" in ids) != gpu_timed and "profiled_timings" not in ids
 
 
 def test_compare_runs_says_slower_and_within_noise(tmp_path, capsys):

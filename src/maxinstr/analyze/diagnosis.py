@@ -109,6 +109,23 @@ def rule_no_stages(report: dict) -> list[dict]:
         score=0.0)]
 
 
+def rule_no_gpu_data(report: dict) -> list[dict]:
+    stages = report.get("stages") or []
+    if not stages or report.get("gpu"):
+        return []
+    if any((s.get(k) or {}).get("n") for s in stages for k in ("gpu_event_ns", "gpu_proj_ns")):
+        return []
+    cmd = report.get("environment", {}).get("command")
+    script = " ".join(cmd) if isinstance(cmd, list) else "python YOUR_SCRIPT.py"
+    return [_finding(
+        "no_gpu_data", "Only host times: no GPU event times were recorded and no trace was given", "fact", None,
+        {"stages": len(stages), "gpus_seen": len(report.get("environment", {}).get("gpus") or [])},
+        "Host times show where the program waits, not what the GPU does. Record on a GPU machine (GPU events "
+        "are on by default there) and add a profiler trace for kernels.",
+        f"maxinstr run -- {script}",
+        score=0.0)]
+
+
 def rule_unattributed(report: dict) -> list[dict]:
     gpu = report.get("gpu") or {}
     share = gpu.get("attributed_share")
@@ -469,6 +486,7 @@ def _short(name: str, n: int = 70) -> str:
 
 RULES: list[Callable[[dict], list[dict]]] = [
     rule_no_stages,
+    rule_no_gpu_data,
     rule_unattributed,
     rule_perturbed,
     rule_warmup_contamination,
