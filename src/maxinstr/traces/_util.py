@@ -7,6 +7,7 @@ csv / json / sqlite3 modules themselves do while parsing.
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import shutil
 import sqlite3
@@ -306,3 +307,17 @@ def graph_node_ordinals(op_corr: np.ndarray, op_start: np.ndarray, graph_corr: n
     ranks = np.arange(len(order)) - np.repeat(group_start, np.diff(np.r_[group_start, len(order)]))
     out[order] = ranks
     return out
+
+
+def load_json(data: bytes, path: object) -> object:
+    """Parse JSON bytes with the standard library; errors become TraceError.
+
+    (orjson was measured on the 1.36M-event scaled Kineto trace: 15.4 s vs 18.3 s to parse on
+    the loaded 2-core machine, but 2.28 GB vs 1.65 GB peak: not worth a dependency.)
+    """
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise TraceError(path, "not valid JSON (nested too deeply)") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise TraceError(path, f"not valid JSON ({str(exc)[:80]})") from None

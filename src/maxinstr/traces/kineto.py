@@ -17,7 +17,6 @@ decimal and a note says how many nanoseconds may be off.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -43,10 +42,7 @@ def read_kineto(path: str | Path, *, progress: Progress | None = None, document:
     if document is None:
         report(progress, f"parsing {path.name}")
         data = _util.read_bytes(path)
-        try:
-            document = json.loads(data)
-        except (ValueError, RecursionError) as exc:
-            raise TraceError(path, f"not valid JSON ({str(exc)[:80]})") from None
+        document = _util.load_json(data, path)
     if isinstance(document, dict):
         events = document.get("traceEvents")
         if not isinstance(events, list):

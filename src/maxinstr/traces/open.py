@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gzip
 import inspect
-import json
 import sqlite3
 import zlib
 from pathlib import Path
@@ -112,12 +111,7 @@ def _open_sqlite(path: Path, source: Path, progress: Progress | None) -> Trace:
 def _open_json(path: Path, progress: Progress | None) -> Trace:
     _util.report(progress, f"parsing {path.name}")
     data = _util.read_bytes(path)
-    try:
-        document = json.loads(data)
-    except RecursionError:
-        raise TraceError(path, "not valid JSON (nested too deeply)") from None
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-        raise TraceError(path, f"not valid JSON ({str(exc)[:80]})") from None
+    document = _util.load_json(data, path)
     if isinstance(document, dict) and "rocprofiler-sdk-tool" in document:
         from maxinstr.traces.rocprof import read_rocprof_json
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import re
 import sqlite3
 from contextlib import contextmanager
@@ -576,10 +575,7 @@ def read_rocprof_json(path: str | Path, *, progress: Progress | None = None, doc
     if document is None:
         report(progress, f"parsing {path.name}")
         data = _util.read_bytes(path)
-        try:
-            document = json.loads(data)
-        except (ValueError, RecursionError) as exc:
-            raise TraceError(path, f"not valid JSON ({str(exc)[:80]})") from None
+        document = _util.load_json(data, path)
     if not isinstance(document, dict) or "rocprofiler-sdk-tool" not in document:
         raise TraceError(path, "not rocprofv3 JSON (no 'rocprofiler-sdk-tool' key)")
     procs = document["rocprofiler-sdk-tool"]
