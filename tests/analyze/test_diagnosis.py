@@ -145,3 +145,16 @@ def test_throttled_rule_reads_stage_samples(report_of):
 def test_moe_rules_do_not_fire_without_grouped_matmul(report_of, fid):
     for rel in ("nsys/h200_decode.sqlite", "rocprof/rpd/mytrace.rpd.gz", "kineto/h200_decode.pt.trace.json.gz"):
         assert fid not in _ids(report_of(rel))
+
+
+def test_attention_dominated_decode_on_kineto_fixture(report_of):
+    """The Kineto scenario runs SDPA on one query token with a single 1024-wide head: the
+    fmha prefill kernel outweighs the matmuls in every decode step."""
+    r = report_of("kineto/h200_decode.pt.trace.json.gz")
+    f = _find(r, "attention_dominated_decode", "decode")
+    assert f["verdict"] == "hypothesis"
+    assert f["evidence"]["attention_share"] > f["evidence"]["matmul_share"]
+    assert f["evidence"]["attention_kernel"].startswith("fmha_cutlassF")
+    assert f["command"].startswith("maxinstr deep-dive") and "--kernel fmha_cutlassF" in f["command"]
+    assert "healthy_dense_decode" not in _ids(r)
+    assert "attention_dominated_decode" not in _ids(report_of("nsys/h200_decode.sqlite"))

@@ -30,6 +30,7 @@ PREFILL_NAME = re.compile(r"prefill|prompt|context|encode", re.IGNORECASE)
 
 # thresholds, named so docs/report.md and tests can quote them
 HEALTHY_MATMUL_SHARE = 0.5
+ATTENTION_DOMINATES = 0.4
 MOE_GROUPED_SHARE = 0.15
 ROUTING_RIVALS = 0.5  # routing >= half the grouped matmul time
 QUANT_VS_MATMUL = 0.25
@@ -203,6 +204,32 @@ def rule_healthy_decode(report: dict) -> list[dict]:
             out.append(_finding("healthy_dense_decode", title, "fact", st["name"], ev, step,
                                 _deep_dive(report, st, family="gemv") if busy is None or busy >= LAUNCH_BOUND_BUSY else None,
                                 score=0.0))
+    return out
+
+
+def rule_attention_dominated_decode(report: dict) -> list[dict]:
+    out = []
+    for st in _mixed_stages(report):
+        if not DECODE_NAME.search(st.get("leaf", st["name"])):
+            continue
+        att, mm = _fam_share(st, "attention"), _fam_share(st, *MATMUL)
+        if att < ATTENTION_DOMINATES or att <= mm:
+            continue
+        kernels = [k for k in st["mix"]["top_kernels"] if k["family"] == "attention"]
+        ev = {"attention_share": round(att, 3), "matmul_share": round(mm, 3)}
+        if kernels:
+            ev.update({"attention_kernel": kernels[0]["name"], "attention_kernel_median_ns": kernels[0]["median_ns"],
+                       "attention_per_instance": kernels[0].get("per_instance")})
+        out.append(_finding(
+            "attention_dominated_decode",
+            f"'{st['name']}': attention takes {att:.0%} of decode GPU time, more than the matmuls ({mm:.0%})",
+            "hypothesis", st["name"], ev,
+            "At short context a decode step should be dominated by weight matmuls. Attention this large means a very "
+            "long context, or an attention kernel not made for one query token (a prefill kernel, an unusual head "
+            "dimension, no flash-decoding / paged-attention path). Check the head dimension and the attention backend.",
+            _deep_dive(report, st, family="attention"),
+            validation=_compare_cmd(report) + "  # attention share and decode median must fall beyond the noise bound",
+            score=(att - mm) * _stage_weight(report, st)))
     return out
 
 
@@ -491,6 +518,7 @@ RULES: list[Callable[[dict], list[dict]]] = [
     rule_perturbed,
     rule_warmup_contamination,
     rule_healthy_decode,
+    rule_attention_dominated_decode,
     rule_moe_decode,
     rule_low_bit,
     rule_unfused,
