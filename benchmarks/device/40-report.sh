@@ -8,8 +8,11 @@
 #   - reprefill: the rule `reprefill_quadratic` fires on `decode` (steps grow with the index)
 #   - kvcache:   it does not; an unprofiled kvcache run gives the headline (--unprofiled)
 #   - maxinstr compare kvcache vs reprefill: decode slower beyond the noise bound
+# Also captures an MoE decode (benchmarks/scenarios/moe_decode.py: router, top-k, grouped expert
+# matmuls) and prints its kernel names with their families: the fixtures have no MoE kernels.
 # Results land in $OUT/report/: <mode>.sqlite, <mode>.stats/*.csv, <mode>-run/ (run dirs),
 # <mode>.report.{json,md,txt}, compare.{json,txt}, checks.txt.
+# Needs ~3 minutes: run with STEP_TIMEOUT=300 (run_all.sh's default budget is 240 s).
 set -uo pipefail
 out="${OUT:-/tmp/out}/report"
 mkdir -p "$out"
@@ -24,7 +27,7 @@ for mode in reprefill kvcache; do
   echo "== capture $mode"
   rm -rf "$out/$mode-run" /tmp/mi-$mode.*
   nsys profile -t cuda,nvtx --sample=none --cpuctxsw=none --cuda-graph-trace=node -f true -o /tmp/mi-$mode \
-    python3 $scenario --mode $mode --run-dir "$out/$mode-run" > "$out/$mode.nsys.log" 2>&1 || rc=1
+    python3 $scenario --mode $mode --steps 160 --run-dir "$out/$mode-run" > "$out/$mode.nsys.log" 2>&1 || rc=1
   grep -v "^Collecting\|^Generating\|^Processing\|^\s*$" "$out/$mode.nsys.log" | tail -5
   if [ ! -f /tmp/mi-$mode.nsys-rep ] && [ -f /tmp/mi-$mode.qdstrm ]; then
     QdstrmImporter -i /tmp/mi-$mode.qdstrm >> "$out/$mode.nsys.log" 2>&1
@@ -37,21 +40,45 @@ for mode in reprefill kvcache; do
   ls -la "$out/$mode.sqlite" "$out/$mode.stats" 2>&1 | tail -5
 done
 
+echo "== capture moe (grouped expert matmuls + routing)"
+rm -rf "$out/moe-run" /tmp/mi-moe.*
+nsys profile -t cuda,nvtx --sample=none --cpuctxsw=none -f true -o /tmp/mi-moe \
+  python3 benchmarks/scenarios/moe_decode.py --run-dir "$out/moe-run" > "$out/moe.nsys.log" 2>&1 || rc=1
+grep -v "^Collecting\|^Generating\|^Processing\|^\s*$" "$out/moe.nsys.log" | tail -4
+[ ! -f /tmp/mi-moe.nsys-rep ] && [ -f /tmp/mi-moe.qdstrm ] && QdstrmImporter -i /tmp/mi-moe.qdstrm >> "$out/moe.nsys.log" 2>&1
+nsys export --type sqlite -f true -o "$out/moe.sqlite" /tmp/mi-moe.nsys-rep >> "$out/moe.nsys.log" 2>&1 || rc=1
+mkdir -p "$out/moe.stats"
+nsys stats --force-export=false -r nvtx_gpu_proj_sum,nvtx_sum,cuda_gpu_kern_sum -f csv \
+  -o "$out/moe.stats/x" "$out/moe.sqlite" >> "$out/moe.nsys.log" 2>&1
+for f in "$out/moe.stats"/x_*.csv; do [ -f "$f" ] && mv "$f" "$out/moe.stats/${f##*/x_}"; done
+python3 -m maxinstr report "$out/moe-run" --trace "$out/moe.sqlite" --quiet --format json -o "$out/moe.report.json" || rc=1
+python3 -m maxinstr report "$out/moe.report.json" --format text -o "$out/moe.report.txt" || rc=1
+head -40 "$out/moe.report.txt"
+# kernel names and families of the MoE decode (to refine the families table from real names)
+python3 - "$out/moe.report.json" <<'PY' | tee "$out/moe.families.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))
+dec = next(s for s in r["stages"] if s["name"] == "decode")
+print("decode families:", [(f["family"], round(f["share"], 3)) for f in dec["mix"]["families"]])
+for k in dec["mix"]["top_kernels"]:
+    print(f"  {k['family']:15s} {k['share']:.3f}  {k['name'][:150]}")
+print("findings:", [(f["id"], f["stage"]) for f in r["diagnosis"]])
+PY
+
 echo "== unprofiled kvcache run (headline timings)"
 rm -rf "$out/kvcache-plain-run"
-python3 $scenario --mode kvcache --run-dir "$out/kvcache-plain-run" 2>&1 | tail -2 || rc=1
-python3 $scenario --mode reprefill --run-dir "$out/reprefill-plain-run" 2>&1 | tail -2 || rc=1
+python3 $scenario --mode kvcache --steps 160 --run-dir "$out/kvcache-plain-run" 2>&1 | tail -2 || rc=1
+python3 $scenario --mode reprefill --steps 160 --run-dir "$out/reprefill-plain-run" 2>&1 | tail -2 || rc=1
 
 echo "== reports"
 for mode in reprefill kvcache; do
   extra=""
   [ -d "$out/$mode-plain-run" ] && extra="--unprofiled $out/$mode-plain-run"
-  for fmt in json md text; do
-    ext=$fmt; [ $fmt = text ] && ext=txt
-    python3 -m maxinstr report "$out/$mode-run" --trace "$out/$mode.sqlite" $extra --quiet --format $fmt \
-      -o "$out/$mode.report.$ext" || rc=1
-  done
-  python3 -m maxinstr report --trace "$out/$mode.sqlite" --quiet --format json -o "$out/$mode.trace-only.report.json" || rc=1
+  python3 -m maxinstr report "$out/$mode-run" --trace "$out/$mode.sqlite" $extra --quiet --format json \
+    -o "$out/$mode.report.json" || rc=1
+  # the other views re-render the saved JSON (no second read of the trace)
+  python3 -m maxinstr report "$out/$mode.report.json" --format md -o "$out/$mode.report.md" || rc=1
+  python3 -m maxinstr report "$out/$mode.report.json" --format text -o "$out/$mode.report.txt" || rc=1
   head -60 "$out/$mode.report.txt"
 done
 
