@@ -66,7 +66,7 @@ print("findings:", [(f["id"], f["stage"]) for f in r["diagnosis"]])
 PY
 
 echo "== unprofiled kvcache run (headline timings)"
-rm -rf "$out/kvcache-plain-run"
+rm -rf "$out/kvcache-plain-run" "$out/reprefill-plain-run"
 python3 $scenario --mode kvcache --steps 160 --run-dir "$out/kvcache-plain-run" 2>&1 | tail -2 || rc=1
 python3 $scenario --mode reprefill --steps 160 --run-dir "$out/reprefill-plain-run" 2>&1 | tail -2 || rc=1
 
