@@ -210,3 +210,26 @@ def test_ctrl_c_leaves_a_usable_partial_result(tmp_path, script):
     child = int(pidfile.read_text())
     time.sleep(0.2)
     assert not Path(f"/proc/{child}").exists() or open(f"/proc/{child}/stat").read().rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def test_on_a_terminal_the_plan_is_shown_and_asked(tmp_path, script):
+    import pty
+
+    marker = tmp_path / "ran"
+    prog = script("touch.py", f"open({str(marker)!r}, 'w').write('x')\n")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "maxinstr", "run", "--profiler", "none", "-o", str(tmp_path / "r"),
+                             "--", sys.executable, str(prog)], env=base_env(), stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    seen = b""
+    deadline = time.monotonic() + 30
+    while b"Start?" not in seen and time.monotonic() < deadline:
+        try:
+            seen += os.read(master, 4096)
+        except OSError:
+            break
+    assert b"Start?" in seen and b"plan" in seen
+    os.write(master, b"n\n")
+    assert proc.wait(timeout=30) == 130
+    os.close(master)
+    assert not marker.exists()  # declined: nothing ran

@@ -45,9 +45,12 @@ def choose_profiler(requested: str, env, *, window_s: float, capture: str, osrt:
     return make_profiler(name, tool.path, extra=extra), notes
 
 
-def print_report(run_dir: Path, trace: str | None) -> None:
-    """Print `maxinstr report` for the run, or say how to get it when that part is absent."""
+def print_report(run_dir: Path, trace: str | None, unprofiled: Path | None = None) -> None:
+    """Print `maxinstr report` for the run (headline timings from the unprofiled warm run
+    when there is one), or say how to get it when that part is absent."""
     args = [str(run_dir)] + (["--trace", trace] if trace else [])
+    if unprofiled is not None and (unprofiled / "meta.json").exists():
+        args += ["--unprofiled", str(unprofiled)]
     try:
         from maxinstr.cli.report import command as report_command
     except ImportError:
@@ -168,4 +171,5 @@ def _summarize(outcome: runner.RunOutcome, *, no_report: bool) -> None:
             click.echo(f"    {role}: {runner.open_hint(role, path)}", err=True)
     usable = (outcome.spec.run_dir / "meta.json").exists() or (art is not None and art.ok)
     if not no_report and usable:
-        print_report(outcome.spec.run_dir, art.trace if art is not None and art.ok else None)
+        warm = outcome.spec.run_dir / runner.WARM_DIR if outcome.warm is not None and outcome.warm.ok else None
+        print_report(outcome.spec.run_dir, art.trace if art is not None and art.ok else None, warm)
