@@ -276,3 +276,23 @@ def test_join_by_payload_and_by_thread_name_order():
     assert att2.join_method == JoinMethod.THREAD_NAME_ORDER
     assert np.array_equal(att2.range_record_id, att.range_record_id)
     assert any("(thread, name, order)" in n for n in att2.notes)
+
+
+def test_chunked_processing_gives_identical_results(monkeypatch):
+    """The memory-bounding chunks (used on 10M-op traces) change nothing."""
+    import sys
+
+    from maxinstr.attribute.intervals import IntervalIndex
+
+    mod = sys.modules["maxinstr.attribute.attribute"]
+    for stem in ("h200_decode", "cs336_two_threads_nsys2025.1"):
+        trace = read_nsys(DATA / f"{stem}.sqlite")
+        whole = attribute(trace)
+        monkeypatch.setattr(mod, "_CHUNK", 37)
+        monkeypatch.setattr(IntervalIndex, "BLOCK", 101)
+        small = attribute(trace)
+        monkeypatch.undo()
+        for f in dataclasses.fields(Attribution):
+            a, b = getattr(whole, f.name), getattr(small, f.name)
+            if isinstance(a, np.ndarray):
+                assert np.array_equal(a, b), (stem, f.name)

@@ -30,6 +30,8 @@ from maxinstr.attribute.intervals import IntervalIndex, correlation_join, segmen
 from maxinstr.attribute.model import Attribution, JoinMethod, Rule
 from maxinstr.traces.model import CallKind, OpKind, RangeStyle, Trace
 
+_CHUNK = 1 << 21  # pairs per step of the busy-time union (bounds peak memory on 10M-op traces)
+
 ALL_RULES = frozenset({Rule.SAME_THREAD, Rule.START_END, Rule.CROSS_THREAD, Rule.GRAPH, Rule.TIME_OVERLAP})
 NSYS_RULES = frozenset({Rule.SAME_THREAD, Rule.GRAPH})
 """What ``nsys stats -r nvtx_gpu_proj_sum`` attributes: same-thread launches, graph replays
@@ -266,12 +268,21 @@ def _range_totals(att: Attribution, op_call: np.ndarray) -> None:
             key = rank[cur[at]]
             srt = np.argsort(key, kind="stable")
             key = key[srt]
-            ops_l = op_order[at[srt]]
-            del srt
-            gid, lo, hi, busy = segmented_union(key, O.start_ns[ops_l], O.end_ns[ops_l])
-            del ops_l, key
-            rows = by_start[gid]
-            att.proj_start_ns[rows], att.proj_end_ns[rows], att.busy_ns[rows] = lo, hi, busy
+            # Bounded temporaries on huge traces: cut the level into chunks of whole ranges.
+            a = 0
+            while a < len(key):
+                b = min(len(key), a + _CHUNK)
+                if b < len(key):
+                    b = int(np.searchsorted(key, key[b], side="left"))
+                    if b <= a:
+                        b = int(np.searchsorted(key, key[a], side="right"))
+                ops_l = op_order[at[srt[a:b]]]
+                gid, lo, hi, busy = segmented_union(key[a:b], O.start_ns[ops_l], O.end_ns[ops_l])
+                del ops_l
+                rows = by_start[gid]
+                att.proj_start_ns[rows], att.proj_end_ns[rows], att.busy_ns[rows] = lo, hi, busy
+                a = b
+            del srt, key
             up = parent[cur[at]]
             cur[at] = up
             cur_depth[at] = np.where(up >= 0, depth[np.maximum(up, 0)], -1)

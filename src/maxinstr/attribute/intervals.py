@@ -40,6 +40,7 @@ class IntervalIndex:
     group_ids: np.ndarray  # distinct groups present, ascending
     group_lo: np.ndarray  # first sorted position of each of group_ids
     group_hi: np.ndarray  # one past the last
+    BLOCK = 1 << 21  # queries per step of innermost() (a class constant, not a field)
 
     @classmethod
     def build(cls, rows: np.ndarray, group: np.ndarray, start: np.ndarray, end: np.ndarray) -> "IntervalIndex":
@@ -67,7 +68,17 @@ class IntervalIndex:
 
     def innermost(self, q_group: np.ndarray, q_start: np.ndarray, q_end: np.ndarray) -> np.ndarray:
         """Per query, the caller row of the latest-starting interval in ``q_group`` with
-        start <= q_start and end >= q_end (bounds inclusive, like nsys); -1 when none."""
+        start <= q_start and end >= q_end (bounds inclusive, like nsys); -1 when none.
+        Queries are taken in blocks so temporaries stay bounded on huge traces."""
+        block = self.BLOCK
+        if len(q_group) <= block:
+            return self._innermost(q_group, q_start, q_end)
+        return np.concatenate([
+            self._innermost(q_group[i : i + block], q_start[i : i + block], q_end[i : i + block])
+            for i in range(0, len(q_group), block)
+        ])  # fmt: skip
+
+    def _innermost(self, q_group: np.ndarray, q_start: np.ndarray, q_end: np.ndarray) -> np.ndarray:
         out_pos = np.full(len(q_group), -1, np.int64)
         if not len(self.rows) or not len(q_group):
             return np.full(len(q_group), -1, np.int64)
@@ -204,16 +215,22 @@ def correlation_join(
         lkey = np.searchsorted(pids, lp) * hi + lc
         rkey = np.searchsorted(pids, rp) * hi + rc
         hi = len(pids) * hi
-    if hi <= 4 * (len(lkey) + len(rkey)) + (1 << 22):
+    if hi <= min(16 * (len(lkey) + len(rkey)) + (1 << 22), 1 << 25):  # table <= 128 MB, ~16 B a row
         table = np.full(hi, -1, np.int32 if len(right_corr) < (1 << 31) else np.int64)
         table[rkey[::-1]] = rows[::-1]  # reversed: with repeated keys the first row wins
         found = table[lkey]
     else:
-        order = np.argsort(rkey, kind="stable")  # stable: the first row of a key stays first
-        sk = rkey[order]
+        if len(rkey) < 2 or bool(np.all(rkey[1:] >= rkey[:-1])):
+            sk, row_of = rkey, rows  # already sorted (a reader's calls usually are): no sort
+        else:
+            order = np.argsort(rkey, kind="stable")  # stable: the first row of a key stays first
+            sk, row_of = rkey[order], rows[order]
+            del order
         pos = np.searchsorted(sk, lkey)  # leftmost: the first row of the key
-        pos_c = np.minimum(pos, len(sk) - 1)
-        found = np.where(sk[pos_c] == lkey, rows[order[pos_c]], -1)
+        np.minimum(pos, len(sk) - 1, out=pos)
+        miss = sk[pos] != lkey
+        found = row_of[pos]
+        found[miss] = -1
     if all_ok:
         out[:] = found
     else:

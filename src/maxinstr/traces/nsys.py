@@ -84,7 +84,9 @@ def _correlation_mask(corr: np.ndarray) -> np.ndarray | None:
     if not len(corr):
         return np.zeros(1, np.uint8)
     top = int(corr.max()) + 1
-    if top > max(1 << 26, 8 * len(corr)):
+    # One byte per id; reading an unwanted API row costs ~48 bytes and a few passes, so the
+    # mask pays off unless ids are extremely sparse.
+    if top > min(1 << 31, max(1 << 26, 64 * len(corr))):
         return None
     mask = np.zeros(top, np.uint8)
     mask[corr] = 1
@@ -204,7 +206,7 @@ class _Reader:
                 # a filtered read keeps about as many rows as there are ops.
                 rows = top if b is None else b[1] - b[0]
                 if mask is not None:
-                    rows = min(rows, int(mask.sum()) + 1024)
+                    rows = min(rows, wanted + 1024)
                 queries.append((q, kinds, filter_col, mask, int(rows)))
 
         k = _KERNEL
@@ -256,6 +258,7 @@ class _Reader:
         got = run()
         ops, op_name_sid, memcpy_kinds = self._ops(got)
         mask = _correlation_mask(ops.correlation_id)
+        wanted = int(np.count_nonzero(mask)) if mask is not None else 0
         if _RUNTIME in self.schema:
             r = _RUNTIME
             add(
@@ -268,7 +271,6 @@ class _Reader:
                 mask,
             )
         got.update(run())
-
 
         calls, call_name_sid = self._calls(got, ops)
         ranges, nvtx_parts = self._nvtx(got.get("nvtx"), types)
@@ -292,13 +294,13 @@ class _Reader:
         # Ops: kernels named through StringIds, copies/sets by kind.
         op_name = by_sid(op_name_sid)
         if memcpy_kinds is not None:
-            mask, kinds = memcpy_kinds
+            is_copy, kinds = memcpy_kinds
             labels = self.enum_labels("ENUM_CUDA_MEMCPY_OPER", _MEMCPY_KINDS)
             uniq, inv = np.unique(kinds, return_inverse=True)
             ids = np.array(
                 [self.strings.intern(f"[CUDA memcpy {labels.get(int(u), 'Unknown')}]") for u in uniq], np.int32
             )
-            op_name[mask] = ids[inv]
+            op_name[is_copy] = ids[inv.reshape(-1)]
         op_name[ops.kind == OpKind.MEMSET] = self.strings.intern("[CUDA memset]")
         ops.name_id = op_name
         calls.name_id = by_sid(call_name_sid)
@@ -405,7 +407,11 @@ class _Reader:
         op_call = correlation_join(ops.pid, ops.correlation_id, pid, corr, right_order=priority)
         used = np.zeros(len(s), bool)
         used[op_call[op_call >= 0]] = True
-        keep = np.flatnonzero(used)
+        del op_call
+        # The native read already dropped rows no op points at: usually nothing is left to
+        # drop, and then no column is copied.
+        keep = slice(None) if used.all() else np.flatnonzero(used)
+        del used
         kind = np.where(eclass[keep] == _EVENT_CLASS_DRIVER, CallKind.DRIVER, CallKind.RUNTIME).astype(np.int8)
         calls = Calls(
             start_ns=s[keep],
@@ -413,7 +419,7 @@ class _Reader:
             tid=tid[keep],
             pid=pid[keep],
             correlation_id=corr[keep],
-            name_id=np.full(len(keep), NO_ID, np.int32),
+            name_id=np.full(len(kind), NO_ID, np.int32),
             kind=kind,
         )
         return calls, name[keep]
