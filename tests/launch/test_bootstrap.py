@@ -79,3 +79,35 @@ def test_capture_window_stops_the_capture_after_the_window(monkeypatch):
     assert started == [1]
     assert stopped.wait(5) and seen_ctx == ["ctx-0"]
     assert not win.install()  # already wrapped: never twice
+
+
+def test_start_without_a_context_on_the_calling_thread_is_retried(monkeypatch):
+    # The session may call profiler_start from its flusher thread, where no CUDA context is
+    # current: the native call returns False there. The wrapper retries it with the
+    # program's primary context made current, and the window stops on that context.
+    native = pytest.importorskip("maxinstr._native")
+    attempts = []
+    monkeypatch.setattr(native, "profiler_start", lambda: attempts.append("call") or len(attempts) > 1)
+    retried = []
+
+    def retry(fn):
+        retried.append(1)
+        return fn(), "primary-ctx"
+
+    stopped = threading.Event()
+    seen_ctx = []
+    win = bootstrap.CaptureWindow(0.1, stop=lambda ctx: (seen_ctx.append(ctx), stopped.set()), context=lambda: None,
+                                  retry=retry)
+    assert win.install()
+    assert native.profiler_start() is True
+    assert attempts == ["call", "call"] and retried == [1]
+    assert stopped.wait(5) and seen_ctx == ["primary-ctx"]
+
+
+def test_no_window_still_retries_but_never_stops(monkeypatch):
+    native = pytest.importorskip("maxinstr._native")
+    monkeypatch.setattr(native, "profiler_start", lambda: False)
+    win = bootstrap.CaptureWindow(None, stop=lambda ctx: pytest.fail("stopped"), context=lambda: None,
+                                  retry=lambda fn: None)  # no active primary context: nothing to retry with
+    assert win.install()
+    assert native.profiler_start() is False and win._timer is None

@@ -55,19 +55,23 @@ def apply_stage_specs(specs: list[str]) -> int:
 
 
 class CaptureWindow:
-    """Ends the profiler capture ``window_s`` after the session started it.
+    """Makes the session's steady-state capture start reliably, and ends it after a window.
 
-    The session calls ``maxinstr._native.profiler_start()`` once steady state begins; this
-    wraps that call to arm a timer. The timer calls ``cuProfilerStop`` on the context the
-    start was issued on (made current on the timer thread), which ends an nsys
-    ``--capture-range=cudaProfilerApi`` capture; the session's own stop at close is then
-    a no-op. Loaded with ctypes at run time, like every vendor library here.
+    The session calls ``maxinstr._native.profiler_start()`` once steady state begins, and it
+    may do so from its flusher thread, where no CUDA context is current: cuProfilerStart then
+    fails (it acts on the calling thread's context). This wraps that call: when it fails on
+    a thread without a context, it is retried with device 0's primary context made current
+    for the call (only if the program already activated that context; none is created).
+    With ``window_s``, a timer then calls ``cuProfilerStop`` on that same context, which ends
+    an nsys ``--capture-range=cudaProfilerApi`` capture; the session's own stop at close is
+    then a no-op. libcuda is loaded with ctypes at run time, like every vendor library here.
     """
 
-    def __init__(self, window_s: float, stop=None, context=None) -> None:  # noqa: ANN001
+    def __init__(self, window_s: float | None, stop=None, context=None, retry=None) -> None:  # noqa: ANN001
         self.window_s = window_s
         self._stop_fn = stop or _cuda_profiler_stop
         self._context_fn = context or _current_cuda_context
+        self._retry_fn = retry or _call_with_primary_context
         self.started_at: float | None = None
         self.stopped = threading.Event()
         self._timer: threading.Timer | None = None
@@ -83,7 +87,13 @@ class CaptureWindow:
 
         def profiler_start(*args, **kwargs):
             result = original(*args, **kwargs)
-            self._arm()
+            ctx = self._context_fn()
+            if not result and ctx is None:
+                retried = self._retry_fn(lambda: original(*args, **kwargs))
+                if retried is not None:
+                    result, ctx = retried
+            if result:
+                self._arm(ctx)
             return result
 
         profiler_start.__maxinstr_window__ = True  # type: ignore[attr-defined]
@@ -93,13 +103,12 @@ class CaptureWindow:
             return False
         return True
 
-    def _arm(self) -> None:
+    def _arm(self, ctx) -> None:  # noqa: ANN001
         import time
 
-        if self._timer is not None:
+        if self._timer is not None or not self.window_s:
             return
         self.started_at = time.monotonic()
-        ctx = self._context_fn()
         self._timer = threading.Timer(self.window_s, self._stop, args=(ctx,))
         self._timer.daemon = True
         self._timer.start()
@@ -131,6 +140,32 @@ def _current_cuda_context():
     return None
 
 
+def _call_with_primary_context(fn):  # noqa: ANN001, ANN202
+    """``(fn(), ctx)`` with device 0's primary context current on this thread for the call,
+    or None when libcuda is absent or that context is not active (we never create one)."""
+    import ctypes
+
+    try:
+        lib = _libcuda()
+    except OSError:
+        return None
+    dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    if lib.cuInit(0) != 0 or lib.cuDeviceGet(ctypes.byref(dev), 0) != 0:
+        return None
+    if lib.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) != 0 or not active.value:
+        return None
+    ctx = ctypes.c_void_p()
+    if lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) != 0:
+        return None
+    release = getattr(lib, "cuDevicePrimaryCtxRelease_v2", None) or lib.cuDevicePrimaryCtxRelease
+    try:
+        lib.cuCtxSetCurrent(ctx)
+        return fn(), ctx
+    finally:
+        lib.cuCtxSetCurrent(None)
+        release(dev)
+
+
 def _cuda_profiler_stop(ctx) -> None:  # noqa: ANN001
     lib = _libcuda()
     if ctx is not None:
@@ -150,14 +185,12 @@ def startup(environ: dict[str, str] | os._Environ = os.environ) -> None:
         specs = stage_specs_from_env(environ)
         if specs:
             apply_stage_specs(specs)
-        window = environ.get(ENV_WINDOW)
-        if window and environ.get(ENV_CAPTURE):
+        if environ.get(ENV_CAPTURE):
             try:
-                window_s = float(window)
+                window_s = float(environ.get(ENV_WINDOW) or 0)
             except ValueError:
                 window_s = 0.0
-            if window_s > 0:
-                CaptureWindow(window_s).install()
+            CaptureWindow(window_s if window_s > 0 else None).install()
         if environ.get(ENV_RUN_DIR):
             try:
                 from maxinstr.record.session import ensure_env_session
