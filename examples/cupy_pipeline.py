@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 with copy_stream:
                     with maxinstr.stage("d2h", stream=copy_stream):
                         copy_stream.wait_event(computed[slot])
-                        dev_out[slot].get(stream=copy_stream, out=host_out[slot], blocking=False)
+                        cp.asnumpy(dev_out[slot], stream=copy_stream, out=host_out[slot], blocking=False)
                         copied_out[slot].record(copy_stream)
         with maxinstr.stage("drain"):
             copy_stream.synchronize()
