@@ -49,11 +49,22 @@ FAKE_NVML_C = r"""
 #include <string.h>
 #include <time.h>
 static long spin_ns = -1;
-static void spin(void) {
+/* one function may be made slow (like the H200's millisecond call): FAKE_NVML_SLOW_FN /
+   FAKE_NVML_SLOW_NS, or fake_set_slow() at any time (tests) */
+static char slow_fn[64] = "";
+static long slow_ns = -1;
+void fake_set_slow(const char *fn, long ns) { strncpy(slow_fn, fn, sizeof slow_fn - 1); slow_ns = ns; }
+static void spin_named(const char *fn) {
   if (spin_ns < 0) { const char *e = getenv("FAKE_NVML_SPIN_NS"); spin_ns = e ? atol(e) : 2000; }
+  if (slow_ns < 0) {
+    const char *f = getenv("FAKE_NVML_SLOW_FN"), *n = getenv("FAKE_NVML_SLOW_NS");
+    if (f && n) fake_set_slow(f, atol(n)); else slow_ns = 0;
+  }
+  long ns = (slow_fn[0] && strcmp(fn, slow_fn) == 0) ? slow_ns : spin_ns;
   struct timespec a, b; clock_gettime(CLOCK_MONOTONIC, &a);
-  do { clock_gettime(CLOCK_MONOTONIC, &b); } while ((b.tv_sec - a.tv_sec) * 1000000000L + (b.tv_nsec - a.tv_nsec) < spin_ns);
+  do { clock_gettime(CLOCK_MONOTONIC, &b); } while ((b.tv_sec - a.tv_sec) * 1000000000L + (b.tv_nsec - a.tv_nsec) < ns);
 }
+#define spin() spin_named(__func__)
 typedef struct { unsigned gpu, memory; } util_t;
 typedef struct { unsigned long long total, free, used; } mem_t;
 typedef struct { unsigned version, supported; } gpm_support_t;

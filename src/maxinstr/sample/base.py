@@ -10,8 +10,10 @@ know which library wrote it.
 
 from __future__ import annotations
 
+import array
 import math
 import threading
+import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -62,25 +64,30 @@ SLOW_METRICS = ("proc_mem_bytes", "temp_c")
 
 # ------------------------------------------------------------------------ throttle bits
 # Vendor-neutral reasons a GPU's clocks are below maximum. Groups: "idle" is not a problem,
-# "setting" is someone's configuration, "throttle" is the hardware/firmware holding the
-# GPU back (what a report must flag).
+# "setting" is someone's configuration, "power_cap" is the driver holding clocks down to stay
+# under the board's power limit (normal for a GPU that is fully loaded: it means "power-bound",
+# not "broken"), "thermal_hw" is thermal or hardware slowdown (heat, power brake, current
+# limit: what a report must flag as a problem). Both limiting groups together are
+# HW_THROTTLE_MASK ("clocks held below maximum by a limit"), kept for existing readers.
 THROTTLE_BITS: tuple[tuple[str, str], ...] = (
     ("idle", "idle"),  # 0: nothing to do, clocks lowered
     ("app_clocks", "setting"),  # 1: applications clocks setting
-    ("sw_power_cap", "throttle"),  # 2: power draw at the software power limit
-    ("hw_slowdown", "throttle"),  # 3: hardware slowdown (power brake, thermal, ...)
+    ("sw_power_cap", "power_cap"),  # 2: driver holds clocks down to stay under the power limit
+    ("hw_slowdown", "thermal_hw"),  # 3: hardware slowdown (power brake, thermal, ...)
     ("sync_boost", "setting"),  # 4: held to another GPU's clocks (sync boost group)
-    ("sw_thermal", "throttle"),  # 5: software thermal slowdown
-    ("hw_thermal", "throttle"),  # 6: hardware thermal slowdown
-    ("hw_power_brake", "throttle"),  # 7: external power brake assertion
+    ("sw_thermal", "thermal_hw"),  # 5: software thermal slowdown
+    ("hw_thermal", "thermal_hw"),  # 6: hardware thermal slowdown
+    ("hw_power_brake", "thermal_hw"),  # 7: external power brake assertion (hardware)
     ("display_clocks", "setting"),  # 8: display clock setting
     ("user_clocks", "setting"),  # 9: user-defined (locked) clocks
-    ("current_limit", "throttle"),  # 10: AMD TDC/EDC current limit
-    ("throttled_unknown", "throttle"),  # 11: vendor says throttled, cause not given
+    ("current_limit", "thermal_hw"),  # 10: AMD TDC/EDC current limit
+    ("throttled_unknown", "thermal_hw"),  # 11: vendor says throttled, cause not given
 )
 THROTTLE_NAMES: tuple[str, ...] = tuple(t[0] for t in THROTTLE_BITS)
 THROTTLE_BIT: dict[str, int] = {name: 1 << i for i, name in enumerate(THROTTLE_NAMES)}
-HW_THROTTLE_MASK = sum(1 << i for i, (_, group) in enumerate(THROTTLE_BITS) if group == "throttle")
+POWER_CAP_MASK = sum(1 << i for i, (_, group) in enumerate(THROTTLE_BITS) if group == "power_cap")
+THERMAL_HW_MASK = sum(1 << i for i, (_, group) in enumerate(THROTTLE_BITS) if group == "thermal_hw")
+HW_THROTTLE_MASK = POWER_CAP_MASK | THERMAL_HW_MASK
 SETTING_MASK = sum(1 << i for i, (_, group) in enumerate(THROTTLE_BITS) if group == "setting")
 IDLE_MASK = THROTTLE_BIT["idle"]
 
@@ -168,6 +175,10 @@ class Device(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release per-device vendor resources (GPM sample buffers)."""
 
+    def probe_stats(self) -> dict[str, Any]:
+        """Per-metric read cost (calls, wall ns per call, cadence), for samples.json."""
+        return {}
+
 
 class Backend(ABC):
     """A vendor library opened for sampling."""
@@ -222,29 +233,90 @@ def nan_values() -> list[float]:
 ABSENT, LOST, RETRY = "absent", "lost", "retry"
 MAX_FAILS_IN_A_ROW = 100
 
+SLOW_CALL_NS = 50_000
+"""A per-row vendor call that takes longer than this moves to the slow cadence (measured, not
+assumed: the median of :data:`CALIBRATION_CALLS` calls at start, or :data:`OVER_IN_A_ROW` GIL-held
+calls in a row while sampling). Why: a call made with the GIL held stops the user's Python for
+its whole duration, and on the H200 one per-row NVML call took milliseconds (docs/sampler.md)."""
+CALIBRATION_CALLS = 5
+OVER_IN_A_ROW = 3
+_RING = 1024  # recent per-call times kept per probe, for percentiles (a power of two)
+_perf_ns = time.perf_counter_ns
+
 
 class Probe:
     """One metric read: ``fn(values)`` fills its columns. ``columns`` are marked absent
-    when the probe is dropped."""
+    when the probe is dropped. ``released_fn``: the same read with the GIL released, used
+    instead of ``fn`` once the probe is moved to the slow cadence (None: ``fn`` is kept).
 
-    __slots__ = ("name", "fn", "columns", "fails")
+    Every call is timed (wall ns; two ``perf_counter_ns`` calls, ~0.1 us): the sampler's
+    cost per metric is stored with the run (``samples.json`` ``cost.probes``)."""
 
-    def __init__(self, name: str, fn: Callable[[list], None], columns: tuple[str, ...] | None = None) -> None:
+    __slots__ = ("name", "fn", "columns", "fails", "released_fn", "calls", "ns_sum", "ns_max", "ring", "over",
+                 "cadence", "moved", "calibration_ns", "cpu_ns_sum", "cpu_calls")
+
+    def __init__(self, name: str, fn: Callable[[list], None], columns: tuple[str, ...] | None = None,
+                 released_fn: Callable[[list], None] | None = None) -> None:
         self.name = name
         self.fn = fn
         self.columns = (name,) if columns is None else columns
         self.fails = 0
+        self.released_fn = released_fn
+        self.calls = 0
+        self.ns_sum = 0
+        self.ns_max = 0
+        self.ring = array.array("q", bytes(8 * _RING))
+        self.over = 0
+        self.cadence = "fast"
+        self.moved = ""
+        self.calibration_ns: list[int] = []
+        self.cpu_ns_sum = 0
+        self.cpu_calls = 0
+
+    def record(self, dt_ns: int) -> None:
+        n = self.calls
+        self.ring[n & (_RING - 1)] = dt_ns
+        self.calls = n + 1
+        self.ns_sum += dt_ns
+        if dt_ns > self.ns_max:
+            self.ns_max = dt_ns
+
+    def stats(self) -> dict[str, Any]:
+        """Calls and wall time per call (ns) of this probe, for samples.json."""
+        out: dict[str, Any] = {"cadence": self.cadence, "calls": self.calls}
+        if self.moved:
+            out["moved"] = self.moved
+        if self.calibration_ns:
+            out["calibration_ns"] = list(self.calibration_ns)
+        if self.calls:
+            recent = sorted(self.ring[: min(self.calls, _RING)])
+            out["mean_ns"] = self.ns_sum / self.calls
+            out["p50_ns"] = recent[len(recent) // 2]
+            out["p99_ns"] = recent[min(len(recent) - 1, int(len(recent) * 0.99))]
+            out["max_ns"] = self.ns_max
+        if self.cpu_calls:
+            out["thread_cpu_mean_ns"] = self.cpu_ns_sum / self.cpu_calls
+        return out
 
 
 class ProbeDevice(Device):
     """A device read by a fixed tuple of probes (fast: every row; slow: every
     ``slow_every``-th row). Subclasses translate their vendor's errors in ``classify``:
     ABSENT drops the probe (recorded once), LOST raises :class:`DeviceLost`, RETRY records
-    once per error and drops the probe after ``MAX_FAILS_IN_A_ROW`` failures in a row."""
+    once per error and drops the probe after ``MAX_FAILS_IN_A_ROW`` failures in a row.
+
+    Cost control (set by the subclass): with ``slow_call_ns`` set, :meth:`calibrate` times
+    each fast probe and moves the slow ones to the slow cadence; with ``held`` also set (the
+    fast probes run with the GIL held), a fast probe that takes longer than ``slow_call_ns``
+    ``OVER_IN_A_ROW`` times in a row is moved while sampling. ``profile`` also records each
+    call's thread CPU time (a syscall per call, so off by default)."""
 
     _fast: tuple[Probe, ...] = ()
     _slow: tuple[Probe, ...] = ()
     _slow_every: int = 1
+    slow_call_ns: int | None = None
+    held: bool = False
+    profile: bool = False
     errors: ErrorLog
 
     def classify(self, exc: Exception) -> tuple[str, str, object]:
@@ -269,20 +341,74 @@ class ProbeDevice(Device):
         else:
             self.errors.once((idx, probe.name, key), "metric", f"gpu{idx}: {probe.name}: {what} (retrying)", idx, probe.name)
 
-    def read_probes(self, values: list[float], tick: int) -> int:
-        """Run the fast probes, and the slow ones on their ticks; returns FLAG_SLOW or 0."""
+    def to_slow(self, probe: Probe, why: str) -> None:
+        """Move a fast probe to the slow cadence (GIL released where the vendor allows)."""
+        if probe not in self._fast:
+            return
+        self._fast = tuple(p for p in self._fast if p is not probe)
+        self._slow = self._slow + (probe,)
+        if probe.released_fn is not None:
+            probe.fn = probe.released_fn
+        probe.cadence = "slow"
+        probe.moved = why
+        idx = self.info.visible_index
+        self.errors.once((idx, probe.name, "cadence"), "cadence",
+                         f"gpu{idx}: {probe.name} read on the slow cadence: {why}", idx, probe.name)
+
+    def calibrate(self) -> None:
+        """Time each fast probe ``CALIBRATION_CALLS`` times (into a scratch row) and move those
+        whose median exceeds ``slow_call_ns`` to the slow cadence. Runs before sampling starts."""
+        limit = self.slow_call_ns
+        if limit is None:
+            return
+        scratch = [NAN] * len(METRICS)
         for probe in self._fast:
+            times = []
+            for _ in range(CALIBRATION_CALLS):
+                t0 = _perf_ns()
+                try:
+                    (probe.released_fn or probe.fn)(scratch)
+                except Exception:  # noqa: BLE001 - errors are handled when sampling; this only times
+                    break
+                times.append(_perf_ns() - t0)
+            probe.calibration_ns = times
+            if times and sorted(times)[len(times) // 2] > limit:
+                med = sorted(times)[len(times) // 2]
+                self.to_slow(probe, f"a call takes {med / 1e3:.0f} us (median of {len(times)}) > {limit / 1e3:.0f} us")
+
+    def probe_stats(self) -> dict[str, Any]:
+        return {p.name: p.stats() for p in self._fast + self._slow}
+
+    def _run(self, probes: tuple[Probe, ...], values: list[float], limit: int | None) -> None:
+        timer = _perf_ns
+        profile = self.profile
+        for probe in probes:
+            if profile:
+                c0 = time.thread_time_ns()
+            t0 = timer()
             try:
                 probe.fn(values)
                 probe.fails = 0
             except Exception as exc:  # noqa: BLE001 - translated in fail()
                 self.fail(probe, exc)
+            dt = timer() - t0
+            if profile:
+                probe.cpu_ns_sum += time.thread_time_ns() - c0
+                probe.cpu_calls += 1
+            probe.record(dt)
+            if limit is not None:
+                if dt > limit:
+                    probe.over += 1
+                    if probe.over >= OVER_IN_A_ROW:
+                        self.to_slow(probe, f"{OVER_IN_A_ROW} calls in a row took > {limit / 1e3:.0f} us "
+                                            f"(last {dt / 1e3:.0f} us) with the GIL held")
+                else:
+                    probe.over = 0
+
+    def read_probes(self, values: list[float], tick: int) -> int:
+        """Run the fast probes, and the slow ones on their ticks; returns FLAG_SLOW or 0."""
+        self._run(self._fast, values, self.slow_call_ns if self.held else None)
         if tick % self._slow_every:
             return 0
-        for probe in self._slow:
-            try:
-                probe.fn(values)
-                probe.fails = 0
-            except Exception as exc:  # noqa: BLE001
-                self.fail(probe, exc)
+        self._run(self._slow, values, None)
         return FLAG_SLOW

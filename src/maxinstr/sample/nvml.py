@@ -6,10 +6,25 @@ raises :class:`~maxinstr.sample.base.DeviceLost`; anything else is recorded once
 (metric, error) and the metric is tried again next row (dropped after many failures in a
 row). Per-row work is a fixed tuple of small closures over precomputed handles.
 
+How calls are made (``MAXINSTR_SAMPLER_GIL``; the choice is written to samples.json ``gil``):
+
+- ``auto`` (default): per-row calls go straight to the NVML library through a ``ctypes.PyDLL``
+  view (GIL held: one GIL hand-over per row instead of one per call, see
+  :func:`direct_library`). Every call is timed: one slower than
+  :data:`~maxinstr.sample.base.SLOW_CALL_NS` (median of 5 calls at start, or 3 calls in a row
+  while sampling) moves to the slow cadence and is then called with the GIL released (a
+  ``ctypes.CDLL`` view), so a millisecond call never stops the user's Python.
+- ``release``: every call releases the GIL (CDLL view). The user's Python runs during the
+  calls, but each return waits for the GIL (up to the 5 ms switch interval in a program busy
+  in Python), so a row is read over several switch intervals.
+
+``MAXINSTR_SAMPLER_PROFILE=1`` also records each call's thread CPU time (``cost.probes``).
+
 GPM (Hopper and later: SM activity, occupancy, tensor activity, DRAM bandwidth) compares
 two GPM samples; NVML wants them >= 100 ms apart, so GPM runs on its own slower cadence
 (``gpm_interval_s``, at least 0.1 s) and its columns are NaN in the rows between (flag GPM
-marks the rows that carry them; a value covers the time since the previous GPM row).
+marks the rows that carry them; a value covers the time since the previous GPM row). GPM
+calls go through pynvml (GIL released).
 """
 
 from __future__ import annotations
@@ -30,6 +45,8 @@ from maxinstr.sample.base import (
     ErrorLog,
     Probe,
     ProbeDevice,
+    SLOW_CALL_NS,
+    _perf_ns,
 )
 from maxinstr.sample.devices import MigInstance, PhysicalGpu, nvidia_visible
 
@@ -60,6 +77,9 @@ GPM_ANY_TENSOR_UTIL = 5
 GPM_DRAM_BW_UTIL = 10
 GPM_METRICS_GET_VERSION = 1
 GPM_MIN_INTERVAL_S = 0.1
+SLOW_INTERVAL_S = 0.5
+"""Cadence of the slow metrics: this process's memory (process list), temperature, and any
+per-row call measured slower than SLOW_CALL_NS."""
 
 # (GPM metric id, column)
 GPM_COLUMNS: tuple[tuple[int, str], ...] = (
@@ -85,18 +105,20 @@ _LOST = {
 }
 
 
-def direct_library(nv: Any) -> Any:
-    """A ``ctypes.PyDLL`` view of the NVML library pynvml loaded, for the per-row calls; None
-    unless ``nv`` is the real pynvml with its library loaded.
+def direct_library(nv: Any, *, hold_gil: bool = True) -> Any:
+    """A view of the NVML library pynvml loaded, for the per-row calls with preallocated
+    out-parameters: ``ctypes.PyDLL`` (GIL held) or, with ``hold_gil=False``, ``ctypes.CDLL``
+    (GIL released). None unless ``nv`` is the real pynvml with its library loaded.
 
-    Why: pynvml calls NVML through ``ctypes.CDLL``, which releases the GIL around every call,
-    and wraps each call in a few microseconds of Python. In a program busy in Python, every GIL
-    re-acquisition by the sampler thread costs that program a thread switch and can wait up to
-    the interpreter's 5 ms switch interval: about eight per row. Calling the per-row functions
-    (microseconds each in the driver) through PyDLL holds the GIL, so a row is one
-    acquisition, read back to back, with preallocated out-parameters. Slow or rare calls
-    (process list, GPM, device info) still go through pynvml and release the GIL. pynvml's own
-    state is not touched.
+    Why hold the GIL: pynvml calls NVML through ``ctypes.CDLL``, which releases the GIL around
+    every call, and wraps each call in a few microseconds of Python. In a program busy in
+    Python, every GIL re-acquisition by the sampler thread costs that program a thread switch
+    and can wait up to the interpreter's 5 ms switch interval: about eight per row. Calling
+    the cheap per-row functions (microseconds each in the driver) through PyDLL makes a row
+    one acquisition, read back to back. That is only right for calls that are cheap: each is
+    timed and the slow ones are moved to the slow cadence and the CDLL view
+    (:meth:`ProbeDevice.calibrate <maxinstr.sample.base.ProbeDevice.calibrate>`). pynvml's
+    own state is not touched.
     """
     import ctypes
 
@@ -104,7 +126,7 @@ def direct_library(nv: Any) -> Any:
         lib = getattr(nv, "nvmlLib", None)
         if not isinstance(lib, ctypes.CDLL) or not isinstance(getattr(nv, "c_nvmlMemory_t", None), type):
             return None
-        return ctypes.PyDLL(lib._name, handle=lib._handle)
+        return (ctypes.PyDLL if hold_gil else ctypes.CDLL)(lib._name, handle=lib._handle)
     except Exception:  # noqa: BLE001 - an optimization only
         return None
 
@@ -147,9 +169,13 @@ class NvmlDevice(ProbeDevice):
         parent: Any = None,
         gpu_instance_id: int = -1,
         direct: Any = None,
+        released: Any = None,
+        calibrate: bool = False,
+        profile: bool = False,
     ) -> None:
         self.nv = nv
-        self._direct = direct
+        self._direct = direct  # PyDLL view (GIL held) or None
+        self._released = released  # CDLL view (GIL released) or None
         self.h = handle
         self.info = info
         self.errors = errors
@@ -157,26 +183,39 @@ class NvmlDevice(ProbeDevice):
         self._throttle_raw = 0
         self._parent = parent
         self._gi = gpu_instance_id
+        self.profile = profile
         self._fast: tuple[Probe, ...] = self._fast_probes()
         self._slow: tuple[Probe, ...] = self._slow_probes(pids)
+        self._throttle_probe = next((p for p in self._fast if p.name == "throttle"), None)
         self._gpm_ns = int(max(gpm_interval_s, GPM_MIN_INTERVAL_S) * 1e9)
         self._gpm_t = -(1 << 62)
         self._gpm_ok = False
         self._gpm_fails = 0
         self._gpm_samples: list[Any] = []
+        self._gpm_probe = Probe("gpm", lambda v: None, ())  # timing of the GPM reads only
+        self._gpm_probe.cadence = "gpm"
         if info.gpm:
             self._gpm_ok = self._gpm_setup()
+        if calibrate:
+            self.slow_call_ns = SLOW_CALL_NS
+            self.calibrate()
 
     # -- probes ------------------------------------------------------------------------
     def _fast_probes(self) -> tuple[Probe, ...]:
-        if self._direct is not None:
+        if self._released is not None:
             try:
-                return self._direct_probes(self._direct)
+                released = self._direct_probes(self._released)
+                if self._direct is None:
+                    return released
+                held = self._direct_probes(self._direct)
+                self.held = True
+                return tuple(Probe(p.name, p.fn, p.columns, released_fn=r.fn) for p, r in zip(held, released))
             except Exception as exc:  # noqa: BLE001 - fall back to pynvml's wrappers
                 idx = self.info.visible_index
                 self.errors.once((idx, "direct"), "metric", f"gpu{idx}: direct NVML calls unavailable ({exc}); using pynvml",
                                  idx, None)
-                self._direct = None
+                self._direct = self._released = None
+                self.held = False
         nv, h = self.nv, self.h
         c_gpu, c_mem = COL["gpu_util_pct"], COL["mem_util_pct"]
         c_used, c_sm, c_mclk = COL["mem_used_bytes"], COL["sm_clock_mhz"], COL["mem_clock_mhz"]
@@ -315,10 +354,10 @@ class NvmlDevice(ProbeDevice):
                         total += used
             v[c_proc] = total
 
-        if self._direct is not None and hasattr(self._direct, "nvmlDeviceGetTemperature"):
+        if self._released is not None and hasattr(self._released, "nvmlDeviceGetTemperature"):
             import ctypes
 
-            f_temp, u_temp = self._direct.nvmlDeviceGetTemperature, ctypes.c_uint()
+            f_temp, u_temp = self._released.nvmlDeviceGetTemperature, ctypes.c_uint()
             r_temp, err = ctypes.byref(u_temp), nv.NVMLError
 
             def temp(v: list) -> None:
@@ -401,11 +440,16 @@ class NvmlDevice(ProbeDevice):
 
     # -- the per-row read --------------------------------------------------------------
     def read(self, values: list[float], tick: int, now_ns: int) -> tuple[int, int, int]:
-        self._throttle_raw = 0
+        tp = self._throttle_probe
+        if tp is None or tp.cadence == "fast":
+            self._throttle_raw = 0
+        # else: read on the slow cadence; rows between keep the last reasons seen
         flags = self.read_probes(values, tick)
         if self._gpm_ok and now_ns - self._gpm_t >= self._gpm_ns:
+            t0 = _perf_ns()
             try:
                 flags |= self._read_gpm(values, now_ns)
+                self._gpm_probe.record(_perf_ns() - t0)
             except Exception as exc:  # noqa: BLE001 - vendor boundary
                 kind, what, key = self.classify(exc)
                 if kind == LOST:
@@ -419,6 +463,12 @@ class NvmlDevice(ProbeDevice):
                 self._gpm_t = now_ns  # retry on the GPM cadence, not every row
         raw = self._throttle_raw
         return flags, raw & NVML_REASON_MASK, raw
+
+    def probe_stats(self) -> dict[str, Any]:
+        out = super().probe_stats()
+        if self._gpm_probe.calls:
+            out["gpm"] = self._gpm_probe.stats()
+        return out
 
     def close(self) -> None:
         for sample in self._gpm_samples:
@@ -449,7 +499,7 @@ class NvmlBackend(Backend):
         pids: Collection[int] | None = None,
         interval_s: float = 0.01,
         gpm_interval_s: float | None = None,
-        slow_interval_s: float = 0.1,
+        slow_interval_s: float = SLOW_INTERVAL_S,
         nv: Any = None,
     ) -> None:
         self.nv = nv if nv is not None else import_pynvml()
@@ -465,10 +515,24 @@ class NvmlBackend(Backend):
         self._slow_every = max(1, round(slow_interval_s / interval_s)) if interval_s > 0 else 1
         self.notes: list[str] = []
         self.source = ""
-        self._direct = None
-        if os.environ.get("MAXINSTR_SAMPLER_GIL", "hold") != "release":
-            self._direct = direct_library(self.nv)
-        self.gil = "held: per-row calls through ctypes.PyDLL" if self._direct is not None else "released per call (pynvml)"
+        mode = os.environ.get("MAXINSTR_SAMPLER_GIL", "auto").strip().lower() or "auto"
+        if mode not in ("auto", "release"):
+            self.notes.append(f"MAXINSTR_SAMPLER_GIL={mode!r} is not auto or release; auto used")
+            mode = "auto"
+        self._profile = os.environ.get("MAXINSTR_SAMPLER_PROFILE", "") not in ("", "0")
+        # the real library only: a mocked module's calls cost what the mock costs, not NVML
+        self._released = direct_library(self.nv, hold_gil=False)
+        self._direct = direct_library(self.nv) if mode == "auto" and self._released is not None else None
+        self._calibrate = self._released is not None
+        if self._direct is not None:
+            self.gil = (f"auto: per-row calls with the GIL held (ctypes.PyDLL); calls slower than "
+                        f"{SLOW_CALL_NS // 1000} us on the slow cadence ({slow_interval_s:g} s), GIL released")
+        elif self._released is not None:
+            self.gil = f"release: every call releases the GIL (ctypes.CDLL); calls slower than {SLOW_CALL_NS // 1000} us on the slow cadence ({slow_interval_s:g} s)"
+        else:
+            self.gil = "released per call (pynvml)"
+        if self._profile:
+            self.gil += "; profile: thread CPU per call recorded"
 
     def versions(self) -> dict[str, str]:
         out = {}
@@ -548,6 +612,9 @@ class NvmlBackend(Backend):
                     parent=parent if g.mig is not None else None,
                     gpu_instance_id=g.mig.gpu_instance_id if g.mig is not None else -1,
                     direct=self._direct,
+                    released=self._released,
+                    calibrate=self._calibrate,
+                    profile=self._profile,
                 )
             )
         return out

@@ -299,6 +299,15 @@ class Sampler:
                 "percentiles_over_last_ticks": int(n),
             }
             out["per_device_row_ns_mean"] = self._cost_sum_ns / max(1, self.rows)
+        probes: dict[str, Any] = {}
+        for d in self.devices:
+            stats = _safe(d.probe_stats)
+            if stats:
+                probes[str(d.info.visible_index)] = stats
+        if probes:
+            # per metric and visible GPU: cadence, calls, wall ns per call (and why a call was
+            # moved to the slow cadence); see docs/sampler.md "What a sample costs"
+            out["probes"] = probes
         if self.stopped_ns is not None and self._thread_cpu_ns:
             elapsed = max(1, self.stopped_ns - self.started_ns)
             out["thread_cpu_ns"] = self._thread_cpu_ns
