@@ -1,0 +1,107 @@
+"""maxinstr.integrations: the helpers import nothing up front, answer None where a framework or
+GPU is missing, and work against the real MAX package where it is installed (CI installs it)."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from maxinstr.integrations import cupy as mi_cupy
+from maxinstr.integrations import max as mi_max
+from maxinstr.integrations import torch as mi_torch
+
+from examples_runner import child_env, python_with
+
+
+def test_importing_helpers_imports_no_framework():
+    code = (
+        "import sys, maxinstr.integrations.max, maxinstr.integrations.torch, maxinstr.integrations.cupy; "
+        "print(sorted(m for m in ('max', 'torch', 'cupy') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=child_env(sys.executable), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_stream_handle_of_non_max_objects_is_none():
+    assert mi_max.max_stream_handle(None) is None
+    assert mi_max.max_stream_handle(object()) is None
+
+
+class _Queue:  # the one attribute maxinstr reads from a MAX DeviceQueue
+    def __init__(self, handle):
+        self.native_stream_handle = handle
+
+
+class _Device:
+    def __init__(self, handle):
+        self.default_queue = _Queue(handle)
+
+
+def test_stream_handle_reads_default_queue():
+    assert mi_max.max_stream_handle(_Device(0x7F00)) == 0x7F00
+    assert mi_max.max_stream_handle(_Queue(0x7F00)) == 0x7F00
+    assert mi_max.max_stream_handle(_Device(0)) is None  # 0: no native stream (a CPU device)
+
+
+def test_enable_max_profiling_sets_env_and_rejects_bad_level(monkeypatch):
+    monkeypatch.delenv("MODULAR_ENABLE_PROFILING", raising=False)
+    mi_max.enable_max_profiling("on")
+    import os
+
+    assert os.environ["MODULAR_ENABLE_PROFILING"] == "on"
+    with pytest.raises(ValueError, match="off, on, detailed"):
+        mi_max.enable_max_profiling("verbose")  # type: ignore[arg-type]
+
+
+def test_enable_max_profiling_passes_level_to_session(monkeypatch):
+    monkeypatch.delenv("MODULAR_ENABLE_PROFILING", raising=False)
+    seen = []
+
+    class Session:
+        def gpu_profiling(self, mode):
+            seen.append(mode)
+
+    mi_max.enable_max_profiling("detailed", session=Session())
+    assert seen == ["detailed"]
+
+
+def test_with_real_max_on_cpu():
+    """Against the installed MAX: a CPU device has no native stream, and turning profiling on
+    after MAX is imported switches MAX's runtime state (its Tracer spans become live)."""
+    python = python_with("max.engine")
+    if python is None:
+        pytest.skip("MAX is not installed for any candidate interpreter")
+    code = """
+import os
+os.environ.pop("MODULAR_ENABLE_PROFILING", None)
+from max.driver import CPU
+from max._core.profiler import is_profiling_enabled
+from maxinstr.integrations.max import enable_max_profiling, max_stream_handle, max_versions
+assert max_stream_handle(CPU()) is None
+assert max_stream_handle(CPU().default_queue) is None
+assert not is_profiling_enabled()
+enable_max_profiling("detailed")
+assert is_profiling_enabled() and os.environ["MODULAR_ENABLE_PROFILING"] == "detailed"
+enable_max_profiling("off")
+assert not is_profiling_enabled()
+print(max_versions()["max"])
+"""
+    done = subprocess.run([python, "-c", code], env=child_env(python), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().split(".")[0].isdigit()
+
+
+def test_torch_and_cupy_helpers_without_gpu():
+    """Where the framework is missing or there is no GPU, the helpers answer None."""
+    for module, helper in (("torch", mi_torch.torch_stream_handle), ("cupy", mi_cupy.cupy_stream_handle)):
+        try:
+            fw = importlib.import_module(module)
+        except ImportError:
+            assert helper() is None
+            continue
+        if module == "torch" and not fw.cuda.is_available():
+            assert helper() is None
