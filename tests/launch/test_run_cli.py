@@ -233,3 +233,23 @@ def test_on_a_terminal_the_plan_is_shown_and_asked(tmp_path, script):
     assert proc.wait(timeout=30) == 130
     os.close(master)
     assert not marker.exists()  # declined: nothing ran
+
+
+def test_a_second_run_in_the_same_directory_replaces_the_first(tmp_path, script):
+    pytest.importorskip("maxinstr.record")
+    prog = script("st.py", """
+        import sys, maxinstr
+        with maxinstr.session("ignored", warmup=0):
+            for i in range(int(sys.argv[1])):
+                with maxinstr.stage("step"):
+                    pass
+    """)
+    out = tmp_path / "r"
+    (tmp_path / "keep.txt").write_text("x")
+    for n in (3, 5):
+        res = run_cli(["run", "--profiler", "none", "--no-report", "-o", str(out), "--", sys.executable, str(prog), str(n)], base_env())
+        assert res.returncode == 0, res.stderr
+    import maxinstr
+
+    assert len(maxinstr.load(out)) == 5  # not 8: the first run's parts were replaced
+    assert (tmp_path / "keep.txt").exists()

@@ -201,9 +201,26 @@ def merge_meta(run_dir: Path, profiler: Profiler, wrapped: list[str], artifact: 
     return True
 
 
+def clear_previous_run(run_dir: Path) -> list[str]:
+    """A new run in an existing run directory replaces the old one (as a session opened on
+    it does), so two runs never merge. Only what a run writes is removed; returns the names."""
+    import shutil
+
+    removed = []
+    for pattern in ("meta.json", "parts", LAUNCH_FILE, LOG_FILE, f"{PROFILE_BASE}.*", PROFILE_BASE, WARM_DIR, "deep-dive"):
+        for path in sorted(run_dir.glob(pattern)):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            removed.append(path.name)
+    return removed
+
+
 def execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
     """Run one planned process end to end. Raises MaxinstrError when the command cannot start."""
     run_dir = sv.ensure_dir(spec.run_dir)
+    clear_previous_run(run_dir)
     warm: sv.ChildResult | None = None
     patterns = _fatal_patterns(options)
     if options.warm_run:
