@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The runnable examples on the H200 (run from the repo root after run_all.sh built maxinstr into
+# PYTHONPATH). Results land in $OUT/examples/, to be kept in docs/examples/ as real reports.
+#   1. examples/torch_decode.py and examples/cupy_pipeline.py, each under nsys
+#      (-t cuda,nvtx), then `maxinstr report RUN --trace FILE.nsys-rep` as text and Markdown:
+#      <ex>.report.txt / <ex>.report.md, plus the unprofiled run's report (<ex>.plain.txt)
+#   2. `maxinstr run` on the torch example (the one-command path), report kept as torch_decode.run.txt
+#   3. examples/max_block.py if MAX is importable here (it is not installed on the lent machine
+#      and its wheels are too big to carry: the step says so and moves on)
+#   4. pytest -m gpu tests/examples (GPU-timed stages on torch's current stream and on CuPy's two
+#      non-blocking streams; the docs' `console gpu` blocks)
+set -uo pipefail
+out="${OUT:-/tmp/out}/examples"
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 COLUMNS=120
+[ -f .device/nsys-env.sh ] && source .device/nsys-env.sh
+work=/tmp/examples-runs
+rm -rf "$work" && mkdir -p "$work"
+rc=0
+nsys_profile() {  # nsys_profile NAME CMD... -> $work/NAME.nsys-rep
+  local name=$1; shift
+  nsys profile -t cuda,nvtx --sample=none --cpuctxsw=none --force-overwrite=true -o "$work/$name" "$@" \
+    > "$out/$name.nsys.log" 2>&1
+  local st=$?
+  if [ ! -f "$work/$name.nsys-rep" ] && [ -f "$work/$name.qdstrm" ]; then
+    QdstrmImporter -i "$work/$name.qdstrm" >> "$out/$name.nsys.log" 2>&1
+  fi
+  [ -f "$work/$name.nsys-rep" ] || { echo "no $name.nsys-rep (nsys status $st)"; return 1; }
+}
+
+echo "== 1. examples under nsys, and their reports"
+command -v nsys || echo "nsys not on PATH (source .device/nsys-env.sh)"
+for ex in torch_decode cupy_pipeline; do
+  echo "-- $ex: plain run"
+  s0=$(date +%s%N)
+  python3 "examples/$ex.py" --run-dir "$work/$ex-plain" > "$out/$ex.plain.txt" 2>&1 || { echo "$ex plain run failed"; rc=1; }
+  echo "$ex plain run: $(( ($(date +%s%N) - s0) / 1000000 )) ms"
+  head -3 "$out/$ex.plain.txt"
+  echo "-- $ex: under nsys"
+  s0=$(date +%s%N)
+  if nsys_profile "$ex" python3 "examples/$ex.py" --run-dir "$work/$ex" --no-report; then
+    echo "$ex under nsys: $(( ($(date +%s%N) - s0) / 1000000 )) ms"
+    python3 -m maxinstr report "$work/$ex" --trace "$work/$ex.nsys-rep" --quiet > "$out/$ex.report.txt" 2>&1 || rc=1
+    python3 -m maxinstr report "$work/$ex" --trace "$work/$ex.nsys-rep" --quiet --format md -o "$out/$ex.report.md" || rc=1
+    python3 -m maxinstr report "$work/$ex" --trace "$work/$ex.nsys-rep" --quiet --format json -o "$out/$ex.report.json" || rc=1
+    cat "$out/$ex.report.txt"
+  else
+    rc=1; tail -20 "$out/$ex.nsys.log"
+  fi
+done
+
+echo "== 2. maxinstr run (one command) on the torch example"
+s0=$(date +%s%N)
+python3 -m maxinstr run -y -o "$work/torch_decode-run" -- python3 examples/torch_decode.py --no-report \
+  > "$out/torch_decode.run.txt" 2>&1 || { echo "maxinstr run failed (status $?)"; rc=1; }
+echo "maxinstr run: $(( ($(date +%s%N) - s0) / 1000000 )) ms"
+tail -40 "$out/torch_decode.run.txt"
+
+echo "== 3. MAX block"
+if python3 -c "import max.engine" 2>/dev/null; then
+  nsys_profile max_block env MODULAR_ENABLE_PROFILING=detailed python3 examples/max_block.py \
+      --run-dir "$work/max_block" --max-profiling detailed --no-report \
+    && python3 -m maxinstr report "$work/max_block" --trace "$work/max_block.nsys-rep" --quiet > "$out/max_block.report.txt" 2>&1 \
+    && python3 -m maxinstr report "$work/max_block" --trace "$work/max_block.nsys-rep" --quiet --format md -o "$out/max_block.report.md" \
+    || rc=1
+  cat "$out/max_block.report.txt" 2>/dev/null
+else
+  echo "MAX is not installed on this machine (pip install max needs the network; its wheels exceed the carry limit): skipped" \
+    | tee "$out/max_block.skipped.txt"
+fi
+
+echo "== 4. GPU tests of the examples (and the docs' gpu blocks)"
+python3 -m pytest -q -m gpu tests/examples -p no:cacheprovider -rs 2>&1 | tee "$out/pytest-gpu.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+exit $rc
