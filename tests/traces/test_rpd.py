@@ -171,3 +171,14 @@ def test_truncated_gzip_and_truncated_db(tmp_path):
     db.write_bytes((RPD / "matmul_result.rpd").read_bytes()[:20_000])
     with pytest.raises(TraceError, match="t.rpd: "):
         read_rpd(db)
+
+
+def test_python_and_native_column_backends_agree(monkeypatch, mytrace):
+    """The big RPD tables go through _sqlite_columns; its sqlite3 fallback gives the same trace."""
+    monkeypatch.setenv("MAXINSTR_NO_NATIVE_COLUMNS", "1")
+    slow = read_rpd(RPD / "mytrace.rpd.gz")
+    for table in ("ranges", "calls", "ops"):
+        a, b = getattr(mytrace, table), getattr(slow, table)
+        for col in a.__dataclass_fields__:
+            assert np.array_equal(getattr(a, col), getattr(b, col)), (table, col)
+    assert list(mytrace.strings) == list(slow.strings)

@@ -231,6 +231,14 @@ def sqlite_file(path: Path) -> Iterator[sqlite3.Connection]:
 
     sqlite3 errors while opening become TraceError. The temp copy is removed on exit.
     """
+    with sqlite_db(path) as (con, _db_path):
+        yield con
+
+
+@contextmanager
+def sqlite_db(path: Path) -> Iterator[tuple[sqlite3.Connection, Path]]:
+    """Like :func:`sqlite_file`, also giving the path of the (inflated) database file, for
+    readers that fetch big tables through the columnar backend of ``_sqlite_columns``."""
     head = read_head(path, 16)
     tmpdir = None
     db_path = path
@@ -254,7 +262,7 @@ def sqlite_file(path: Path) -> Iterator[sqlite3.Connection]:
         # corrupt pages can hold invalid UTF-8: replace it rather than fail in the middle of a fetch
         con.text_factory = lambda b: b.decode("utf-8", "replace")
         con.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        yield con
+        yield con, db_path
     except sqlite3.Error as exc:
         raise TraceError(path, f"SQLite error: {exc}") from None
     except UnicodeDecodeError:  # sqlite3 decodes schema text and column names strictly
