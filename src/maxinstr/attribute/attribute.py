@@ -156,6 +156,7 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
         if k:
             notes.append(f"{k} GPU ops attributed by rule {r.name}: {what}")
 
+    del call_range, call_rule, call_used, cu, c_thread, has_call, graph_op, no_call  # before the big pass
     att = Attribution(trace=trace, op_range=op_range, op_rule=op_rule, range_parent=parent,
                       range_depth=depth.astype(np.int16))  # fmt: skip
     _range_totals(att, op_call)
@@ -206,36 +207,57 @@ def _range_totals(att: Attribution, op_call: np.ndarray) -> None:
     O, R = trace.ops, trace.ranges
     n = len(R)
     parent, depth = att.range_parent, att.range_depth.astype(np.int64)
-    owned = np.flatnonzero(att.op_range >= 0)
-    orng = att.op_range[owned]
+    m = len(O)
+    n_rules = max(int(r) for r in Rule) + 1
+    K, C, S = int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET)
 
     # Launch calls: every op of one call has the same range, so counting each call's first op
     # counts distinct calls; an op with no call counts as its own launch (nsys counts
-    # correlation ids, and a graph replay is one of them).
-    first = np.ones(len(O), bool)
-    called = np.flatnonzero(op_call >= 0)
-    if len(called):
-        first_op = np.full(len(trace.calls), -1, np.int64)
-        first_op[op_call[called][::-1]] = called[::-1]
-        first[called] = first_op[op_call[called]] == called
-        del first_op
-    # A handful of bincounts over (range, kind) and (range, rule) keys: one pass each.
-    k3 = orng * 3 + O.kind[owned]
-    dur = (O.end_ns - O.start_ns)[owned].astype(np.float64)
-    by_kind = np.bincount(k3, minlength=3 * n).reshape(n, 3)
-    ns_kind = np.bincount(k3, weights=dur, minlength=3 * n).reshape(n, 3)
-    bytes_kind = np.bincount(k3, weights=O.bytes[owned].astype(np.float64), minlength=3 * n).reshape(n, 3)
-    del k3, dur
-    launches = np.bincount(orng, weights=first[owned].astype(np.float64), minlength=n)
-    n_rules = max(int(r) for r in Rule) + 1
-    by_rule = np.bincount(orng * n_rules + att.op_rule[owned], minlength=n_rules * n).reshape(n, n_rules)
-    K, C, S = int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET)
+    # correlation ids, and a graph replay is one of them). Ops are taken in blocks so the
+    # temporaries stay small on 10M-op traces; the first op of a call is found by scattering
+    # blocks last to first.
+    first_op = np.full(len(trace.calls), m, np.int64)
+    for lo in range(((m - 1) // _CHUNK) * _CHUNK if m else -1, -1, -_CHUNK):
+        oc = op_call[lo : lo + _CHUNK]
+        idx = np.arange(lo, lo + len(oc), dtype=np.int64)
+        has = oc >= 0
+        first_op[oc[has][::-1]] = idx[has][::-1]
+    # A handful of bincounts over (range, kind) and (range, rule) keys, block by block.
+    by_kind = np.zeros(3 * n, np.float64)
+    ns_kind = np.zeros(3 * n, np.float64)
+    bytes_kind = np.zeros(3 * n, np.float64)
+    launches = np.zeros(n, np.float64)
+    by_rule = np.zeros(n_rules * n, np.float64)
+    owned_count = 0
+    for lo in range(0, m, _CHUNK):
+        sl = slice(lo, lo + _CHUNK)
+        rng = att.op_range[sl]
+        ok = np.flatnonzero(rng >= 0)
+        if not len(ok):
+            continue
+        owned_count += len(ok)
+        r = rng[ok]
+        k3 = r * 3 + O.kind[sl][ok]
+        by_kind += np.bincount(k3, minlength=3 * n)
+        ns_kind += np.bincount(k3, weights=(O.end_ns[sl][ok] - O.start_ns[sl][ok]).astype(np.float64), minlength=3 * n)
+        bytes_kind += np.bincount(k3, weights=O.bytes[sl][ok].astype(np.float64), minlength=3 * n)
+        del k3
+        oc = op_call[sl][ok]
+        first = np.ones(len(ok), np.float64)
+        has = oc >= 0
+        first[has] = first_op[oc[has]] == (ok[has] + lo)
+        launches += np.bincount(r, weights=first, minlength=n)
+        by_rule += np.bincount(r * n_rules + att.op_rule[sl][ok], minlength=n_rules * n)
+        del r, ok, oc, first, has
+    del first_op
+    by_kind, ns_kind, bytes_kind = by_kind.reshape(n, 3), ns_kind.reshape(n, 3), bytes_kind.reshape(n, 3)
+    by_rule = by_rule.reshape(n, n_rules)
     inc = np.column_stack([
         by_kind.sum(axis=1), by_kind[:, K], ns_kind[:, K], bytes_kind[:, C], ns_kind[:, C],
         bytes_kind[:, S], ns_kind[:, S], launches, *[by_rule[:, int(r)] for r in Rule if r != Rule.NONE],
     ]).astype(np.float64)  # fmt: skip
-    del by_kind, ns_kind, bytes_kind, launches, by_rule, first
-    if n and len(owned):
+    del by_kind, ns_kind, bytes_kind, launches, by_rule
+    if n and owned_count:
         for d in range(int(depth.max()), 0, -1):  # push sums up, deepest level first
             rows = np.flatnonzero((depth == d) & (parent >= 0))
             np.add.at(inc, parent[rows], inc[rows])
@@ -250,21 +272,26 @@ def _range_totals(att: Attribution, op_call: np.ndarray) -> None:
     att.proj_start_ns = np.full(n, -1, np.int64)
     att.proj_end_ns = np.full(n, -1, np.int64)
     att.busy_ns = np.zeros(n, np.int64)
-    if len(owned):
+    if owned_count:
+        owned = np.flatnonzero(att.op_range >= 0)
         # Ops in GPU start order; ranges relabelled by host start so that, level by level, the
         # ancestor keys come out nearly sorted and the stable sort below is cheap.
-        by_start_ops = O.start_ns[owned]
-        op_order = owned[np.argsort(by_start_ops, kind="stable")]
+        srt_ops = np.argsort(O.start_ns[owned], kind="stable")
+        op_order = owned[srt_ops]
+        del srt_ops, owned
+        if m < (1 << 31):  # int32 positions halve the big index arrays
+            op_order = op_order.astype(np.int32)
         by_start = np.argsort(R.start_ns, kind="stable")
-        rank = np.empty(n, np.int64)
+        rank = np.empty(n, np.int32 if n < (1 << 31) else np.int64)
         rank[by_start] = np.arange(n)
-        del by_start_ops
-        cur = att.op_range[op_order]
+        cur = att.op_range[op_order].astype(rank.dtype)
         cur_depth = depth[cur].astype(np.int16)
         for level in range(int(cur_depth.max()), -1, -1):
             at = np.flatnonzero(cur_depth == level)
             if not len(at):
                 continue
+            if len(at) < (1 << 31):
+                at = at.astype(np.int32)
             key = rank[cur[at]]
             srt = np.argsort(key, kind="stable")
             key = key[srt]

@@ -189,17 +189,19 @@ def correlation_join(
     left_corr = np.asarray(left_corr, np.int64)
     right_pid = np.asarray(right_pid, np.int64)
     right_corr = np.asarray(right_corr, np.int64)
-    out = np.full(len(left_corr), -1, np.int64)
     if not len(left_corr) or not len(right_corr):
-        return out
-    rows = np.arange(len(right_corr), dtype=np.int64) if right_order is None else np.asarray(right_order, np.int64)
-    rc = right_corr if right_order is None else right_corr[rows]
-    rp = right_pid if right_order is None else right_pid[rows]
+        return np.full(len(left_corr), -1, np.int64)
+    identity = right_order is None  # right rows in their own order: row == position
+    rows = None if identity else np.asarray(right_order, np.int64)
+    rc = right_corr if identity else right_corr[rows]
+    rp = right_pid if identity else right_pid[rows]
     if rc.min() < 0:
-        keep = rc >= 0
-        rows, rc, rp = rows[keep], rc[keep], rp[keep]
-    if not len(rows):
-        return out
+        keep = np.flatnonzero(rc >= 0)
+        rows = keep if rows is None else rows[keep]
+        rc, rp = rc[keep], rp[keep]
+        identity = False
+    if not len(rc):
+        return np.full(len(left_corr), -1, np.int64)
     lok = left_corr >= 0
     all_ok = bool(lok.all())
     lc = left_corr if all_ok else left_corr[lok]
@@ -216,23 +218,27 @@ def correlation_join(
         rkey = np.searchsorted(pids, rp) * hi + rc
         hi = len(pids) * hi
     if hi <= min(16 * (len(lkey) + len(rkey)) + (1 << 22), 1 << 25):  # table <= 128 MB, ~16 B a row
+        if rows is None:
+            rows = np.arange(len(rkey), dtype=np.int64)
         table = np.full(hi, -1, np.int32 if len(right_corr) < (1 << 31) else np.int64)
         table[rkey[::-1]] = rows[::-1]  # reversed: with repeated keys the first row wins
-        found = table[lkey]
+        found = table[lkey].astype(np.int64)
+        del table
     else:
         if len(rkey) < 2 or bool(np.all(rkey[1:] >= rkey[:-1])):
-            sk, row_of = rkey, rows  # already sorted (a reader's calls usually are): no sort
+            sk, row_of = rkey, (None if identity else rows)  # already sorted: no sort
         else:
             order = np.argsort(rkey, kind="stable")  # stable: the first row of a key stays first
             sk, row_of = rkey[order], rows[order]
             del order
-        pos = np.searchsorted(sk, lkey)  # leftmost: the first row of the key
-        np.minimum(pos, len(sk) - 1, out=pos)
-        miss = sk[pos] != lkey
-        found = row_of[pos]
+        found = np.searchsorted(sk, lkey)  # leftmost: the first row of the key
+        np.minimum(found, len(sk) - 1, out=found)
+        miss = sk[found] != lkey
+        if row_of is not None:
+            found = row_of[found]
         found[miss] = -1
     if all_ok:
-        out[:] = found
-    else:
-        out[lok] = found
+        return found
+    out = np.full(len(left_corr), -1, np.int64)
+    out[lok] = found
     return out
