@@ -245,19 +245,74 @@ def measure(workload: Callable[[float], float], factory: Callable[[float], Any],
 
 
 def isolated_tick_cost(factory: Callable[[float], Any], seconds: float = 2.0) -> dict[str, Any]:
-    """The sampler alone (no workload): its tick time and thread CPU at 100 and 1000 Hz."""
+    """The sampler alone (no workload): its tick time and thread CPU at 100 and 1000 Hz, and
+    at 100 Hz the cost of each vendor call (samples.json ``cost.probes``; run with
+    MAXINSTR_SAMPLER_PROFILE=1 for thread CPU per call)."""
     out: dict[str, Any] = {}
     for hz in (100, 1000):
         tmp = tempfile.mkdtemp(prefix="sampler-tick-")
         s = start_sampler(tmp, 1.0 / hz, backend=factory(1.0 / hz))
         time.sleep(seconds)
         s.stop()
-        c = json.loads((Path(tmp) / "samples.json").read_text())["cost"]
+        meta = json.loads((Path(tmp) / "samples.json").read_text())
+        c = meta["cost"]
         shutil.rmtree(tmp, ignore_errors=True)
         out[str(hz)] = {"ticks": c["ticks"], "tick_p50_us": c["per_tick_ns"]["p50"] / 1e3,
                         "tick_mean_us": c["per_tick_ns"]["mean"] / 1e3,
                         "thread_cpu_us_per_tick": c.get("thread_cpu_ns", 0) / max(1, c["ticks"]) / 1e3,
-                        "thread_cpu_pct": c.get("thread_cpu_pct")}
+                        "thread_cpu_pct": c.get("thread_cpu_pct"), "gil": meta.get("gil"),
+                        "probes": c.get("probes", {}),
+                        "notes": [e["message"] for e in meta.get("errors", []) if e.get("kind") == "cadence"]}
+    return out
+
+
+def print_probes(probes: dict[str, Any]) -> None:
+    for dev, table in probes.items():
+        print(f"  gpu{dev}: {'call':<16} {'cadence':>7} {'calls':>6} {'p50 us':>9} {'p99 us':>9} {'max us':>9} "
+              f"{'CPU us':>8}  moved")
+        for name, p in table.items():
+            if not p.get("calls"):
+                continue
+            cpu = p.get("thread_cpu_mean_ns")
+            print(f"        {name:<16} {p['cadence']:>7} {p['calls']:>6} {p['p50_ns'] / 1e3:>9.1f} "
+                  f"{p['p99_ns'] / 1e3:>9.1f} {p['max_ns'] / 1e3:>9.1f} {'-' if cpu is None else f'{cpu / 1e3:.1f}':>8}"
+                  f"  {p.get('moved', '')}")
+
+
+def run_mode(mode: str, workloads: list[tuple[str, Callable[[float], float]]], factory: Callable[[float], Any],
+             args: argparse.Namespace) -> dict[str, Any]:
+    """All workloads x rates with MAXINSTR_SAMPLER_GIL=mode, then the sampler alone (profiled)."""
+    os.environ["MAXINSTR_SAMPLER_GIL"] = mode
+    os.environ.pop("MAXINSTR_SAMPLER_PROFILE", None)
+    out: dict[str, Any] = {}
+    print(f"\n=== MAXINSTR_SAMPLER_GIL={mode}")
+    for name, fn in workloads:
+        r = measure(fn, factory, args.seconds, args.rounds, args.seed)
+        out[name] = r
+        print(f"\n{name}: off {r['off_median']:.4g} (spread of 'off' runs {r['off_spread_pct']:.1f}%)")
+        print(f"  {'rate':>7} {'throughput':>12} {'slowdown':>9} {'(quartiles)':>15} {'tick p50':>10} "
+              f"{'ticks x p50':>11} {'thread CPU':>10} {'missed':>6}")
+        for hz in RATES_HZ:
+            x = r[str(hz)]
+            q = statistics.quantiles(x["slowdown_pct_rounds"], n=4) if len(x["slowdown_pct_rounds"]) > 1 else [0, 0, 0]
+            tick = f"{x['tick_p50_us']:.1f} us" if x["tick_p50_us"] is not None else "-"
+            share = f"{x['tick_time_pct']:.2f}%" if x["tick_time_pct"] is not None else "-"
+            print(f"  {hz:>5}Hz {x['median']:>12.4g} {x['slowdown_pct_median']:>8.2f}% {q[0]:>6.1f}..{q[2]:<6.1f} "
+                  f"{tick:>10} {share:>11} {x['thread_cpu_pct']:>9.2f}% {x['missed_ticks']:>6}")
+    os.environ["MAXINSTR_SAMPLER_PROFILE"] = "1"
+    try:
+        iso = isolated_tick_cost(factory)
+    finally:
+        os.environ.pop("MAXINSTR_SAMPLER_PROFILE", None)
+    out["isolated"] = iso
+    print(f"\nsampler alone (no workload, MAXINSTR_SAMPLER_PROFILE=1): {iso['100']['gil']}")
+    for hz, x in iso.items():
+        print(f"  {hz:>5}Hz tick p50 {x['tick_p50_us']:.1f} us, mean {x['tick_mean_us']:.1f} us; thread CPU "
+              f"{x['thread_cpu_us_per_tick']:.1f} us per tick ({x['thread_cpu_pct']:.2f}%)")
+    print("  per call at 100 Hz (wall time; 'CPU' = thread CPU, the rest is waiting):")
+    print_probes(iso["100"]["probes"])
+    for note in iso["100"]["notes"]:
+        print(f"  note: {note}")
     return out
 
 
@@ -265,42 +320,45 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("auto", "real", "fake-nvml", "null"), default="auto")
     ap.add_argument("--spin-ns", type=int, default=2000, help="fake-nvml: time each NVML call takes (default 2000)")
+    ap.add_argument("--slow-call", metavar="FN:NS", help="fake-nvml: make one NVML function take NS ns, e.g. "
+                    "nvmlDeviceGetTotalEnergyConsumption:2800000 (what a millisecond call does to the sampler)")
+    ap.add_argument("--modes", default="auto,release",
+                    help="MAXINSTR_SAMPLER_GIL modes to measure, comma-separated (default: auto,release)")
     ap.add_argument("--seconds", type=float, default=1.0, help="measuring time per configuration and round")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
 
+    if args.slow_call:
+        fn, _, ns = args.slow_call.partition(":")
+        os.environ["FAKE_NVML_SLOW_FN"], os.environ["FAKE_NVML_SLOW_NS"] = fn, str(int(ns))
     device, factory = make_backend_factory(args.device, args.spin_ns)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if device.startswith("null"):
+        modes = modes[:1]  # the mode changes nothing without vendor calls
     results: dict[str, Any] = {"device": device, "seconds": args.seconds, "rounds": args.rounds,
-                               "python": sys.version.split()[0], "cpus": os.cpu_count()}
+                               "python": sys.version.split()[0], "cpus": os.cpu_count(), "modes": {}}
+    if args.slow_call:
+        results["slow_call"] = args.slow_call
     workloads: list[tuple[str, Callable[[float], float]]] = [("python loop (iter/s)", python_loop)]
     gpu = make_gpu_loop()
     if gpu is not None:
         workloads.append(("decode-like GPU loop (steps/s)", gpu))
     else:
         results["gpu_loop"] = "skipped: no torch or no GPU"
-    print(f"sampler cost: device = {device}; {args.rounds} rounds x {args.seconds:g} s per configuration")
-    for name, fn in workloads:
-        r = measure(fn, factory, args.seconds, args.rounds, args.seed)
-        results[name] = r
-        print(f"\n{name}: off {r['off_median']:.4g} (spread of 'off' runs {r['off_spread_pct']:.1f}%)")
-        print(f"  {'rate':>7} {'throughput':>12} {'slowdown':>9} {'tick p50':>9} {'ticks x p50':>11} "
-              f"{'thread CPU':>10} {'missed':>6}")
-        for hz in RATES_HZ:
-            x = r[str(hz)]
-            tick = f"{x['tick_p50_us']:.1f} us" if x["tick_p50_us"] is not None else "-"
-            share = f"{x['tick_time_pct']:.2f}%" if x["tick_time_pct"] is not None else "-"
-            print(f"  {hz:>5}Hz {x['median']:>12.4g} {x['slowdown_pct_median']:>8.2f}% {tick:>9} {share:>11} "
-                  f"{x['thread_cpu_pct']:>9.2f}% {x['missed_ticks']:>6}")
+    print(f"sampler cost: device = {device}; {args.rounds} rounds x {args.seconds:g} s per configuration"
+          + (f"; slow call {args.slow_call}" if args.slow_call else ""))
     if gpu is None:
-        print("\ndecode-like GPU loop: skipped (no torch or no GPU)")
-    iso = isolated_tick_cost(factory)
-    results["isolated"] = iso
-    print("\nsampler alone (no workload):")
-    for hz, x in iso.items():
-        print(f"  {hz:>5}Hz tick p50 {x['tick_p50_us']:.1f} us, mean {x['tick_mean_us']:.1f} us; thread CPU "
-              f"{x['thread_cpu_us_per_tick']:.1f} us per tick ({x['thread_cpu_pct']:.2f}%)")
+        print("decode-like GPU loop: skipped (no torch or no GPU)")
+    for mode in modes:
+        results["modes"][mode] = run_mode(mode, workloads, factory, args)
+    print("\nsummary: slowdown at 100 Hz (median of rounds; target <= 1%)")
+    for mode, r in results["modes"].items():
+        cells = [f"{name.split(' (')[0]} {r[name]['100']['slowdown_pct_median']:.2f}% "
+                 f"(ticks x p50 {r[name]['100']['tick_time_pct']:.2f}%, missed {r[name]['100']['missed_ticks']})"
+                 for name, _ in workloads]
+        print(f"  {mode:>8}: " + "; ".join(cells))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1))

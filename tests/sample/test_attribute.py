@@ -32,6 +32,8 @@ class ScriptDevice(Device):
             values[COL["sm_active_pct"]] = float(tick)
             flags = FLAG_GPM
         bits = THROTTLE_BIT["hw_thermal"] if 40 <= tick < 50 else THROTTLE_BIT["idle"] if 60 <= tick < 70 else 0
+        if 45 <= tick < 48 or 120 <= tick < 124:
+            bits |= THROTTLE_BIT["sw_power_cap"]
         return flags, bits, 0
 
 
@@ -102,8 +104,12 @@ def test_per_stage_table(samples):
     assert table.gpu_util_peak_pct[cool0] == 29
     assert table.sm_active_mean_pct[cool0] == pytest.approx(np.mean([100, 110, 120]))
     assert table.mem_used_peak_bytes[cool0] == 1e9 + 129
-    assert table.hw_throttle_samples[hot0] == 10 and table.throttle_mask[hot0] == THROTTLE_BIT["hw_thermal"]
-    assert table.hw_throttle_samples[cool0] == 0
+    assert table.hw_throttle_samples[hot0] == 10
+    assert table.throttle_mask[hot0] == THROTTLE_BIT["hw_thermal"] | THROTTLE_BIT["sw_power_cap"]
+    # the power cap (driver staying under the power limit) is counted apart from thermal/HW slowdown
+    assert table.thermal_hw_samples[hot0] == 10 and table.power_cap_samples[hot0] == 3
+    assert table.hw_throttle_samples[cool0] == 4 and table.power_cap_samples[cool0] == 4
+    assert table.thermal_hw_samples[cool0] == 0
     assert table.energy_total_j[cool0] == pytest.approx(250e-9 * (ends[1:] - starts[1:]).sum(), rel=1e-9)
     assert table.energy_per_instance_j[cool0] == pytest.approx(table.energy_total_j[cool0] / 2)
     assert table.power_mean_w[hot0] == 250.0

@@ -105,17 +105,17 @@ def test_release_mode_releases_the_gil_on_every_call(fake_lib, monkeypatch):
     assert v[COL["power_w"]] == pytest.approx(300.0)
 
 
-def test_slow_call_moves_to_the_slow_cadence_at_start(fake_lib):
+def test_slow_call_is_moved_at_start(fake_lib):
     # the H200 (run 1) spent ~2.8 ms per row in the per-row calls: one such call must not be
     # made every row with the GIL held
     make_slow("nvmlDeviceGetTotalEnergyConsumption", 300_000)
     try:
-        b = nvml.NvmlBackend(ErrorLog(clock_ns), nv=pynvml, env={}, interval_s=0.01, slow_interval_s=0.05)
+        b = nvml.NvmlBackend(ErrorLog(clock_ns), nv=pynvml, env={}, interval_s=0.01, moved_interval_s=0.05)
         [dev] = b.devices()
     finally:
         make_slow("", 0)
-    energy = next(p for p in dev._slow if p.name == "energy_j")
-    assert energy.cadence == "slow" and "median of 5" in energy.moved
+    energy = next(p for p in dev._moved if p.name == "energy_j")
+    assert energy.cadence == "moved" and "median of 5" in energy.moved
     assert energy.fn is energy.released_fn  # the GIL is released for it from now on
     assert min(energy.calibration_ns) >= 300_000
     assert [p.name for p in dev._fast] == ["gpu_util_pct", "mem_used_bytes", "sm_clock_mhz", "mem_clock_mhz",
@@ -124,14 +124,14 @@ def test_slow_call_moves_to_the_slow_cadence_at_start(fake_lib):
     for tick in range(10):
         v = nan_values()
         flags, _, _ = dev.read(v, tick, tick * 10_000_000)
-        rows.append((flags & FLAG_SLOW, v[COL["energy_j"]], v[COL["power_w"]]))
-    assert all(p == pytest.approx(300.0) for _, _, p in rows)  # fast metrics every row
-    assert [bool(f) for f, _, _ in rows] == [t % 5 == 0 for t in range(10)]
-    assert all((e == pytest.approx(123456.789)) == bool(f) for f, e, _ in rows)  # energy only on slow rows
+        rows.append((v[COL["energy_j"]], v[COL["power_w"]]))
+    assert all(p == pytest.approx(300.0) for _, p in rows)  # fast metrics every row
+    # energy every 5th row (0.05 s / 0.01 s), NaN between
+    assert [e == pytest.approx(123456.789) for e, _ in rows] == [t % 5 == 0 for t in range(10)]
     [note] = b.errors.snapshot()
-    assert note["kind"] == "cadence" and note["metric"] == "energy_j" and "slow cadence" in note["message"]
+    assert note["kind"] == "cadence" and note["metric"] == "energy_j" and "every 0.05 s, GIL released" in note["message"]
     stats = dev.probe_stats()
-    assert stats["energy_j"]["cadence"] == "slow" and stats["energy_j"]["calls"] == 2
+    assert stats["energy_j"]["cadence"] == "moved" and stats["energy_j"]["calls"] == 2
     assert stats["power_w"]["cadence"] == "fast" and stats["power_w"]["calls"] == 10
     assert 0 < stats["power_w"]["p50_ns"] < 300_000
 
@@ -148,8 +148,8 @@ def test_call_that_becomes_slow_while_sampling_is_moved(fake_lib):
             dev.read(nan_values(), tick, 0)
     finally:
         make_slow("", 0)
-    mem = next(p for p in dev._slow if p.name == "mem_used_bytes")
-    assert mem.cadence == "slow" and "3 calls in a row" in mem.moved and mem.fn is mem.released_fn
+    mem = next(p for p in dev._moved if p.name == "mem_used_bytes")
+    assert mem.cadence == "moved" and "3 calls in a row" in mem.moved and mem.fn is mem.released_fn
     assert "mem_used_bytes" not in [p.name for p in dev._fast]
 
 

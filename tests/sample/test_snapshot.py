@@ -45,6 +45,7 @@ def test_snapshot_with_a_command_exits_with_its_status(fake_nvml, capsys):
     [gpu] = doc["gpus"]
     assert gpu["verdict"] == "busy" and gpu["util_mean_pct"] == 100 and gpu["sm_active_mean_pct"] == 55
     assert gpu["throttle_pct"] == {"sw_thermal": 100.0} and gpu["hw_throttle_pct"] == 100.0
+    assert gpu["thermal_hw_pct"] == 100.0 and gpu["power_cap_pct"] == 0.0
     assert gpu["samples"] >= 10 and gpu["mem_total_bytes"] == 143_771_090_944
 
 
@@ -66,6 +67,31 @@ def test_snapshot_table_names_the_thresholds(fake_nvml, capsys):
     out, _ = capsys.readouterr()
     assert code == 0
     assert "host-bound" in out and "util 20% < 70%" in out and "thresholds:" in out
+
+
+def test_snapshot_shows_power_cap_apart_from_thermal_hw_slowdown(fake_nvml, capsys):
+    # sw_power_cap is the driver keeping a loaded GPU under its power limit (the H200 showed it
+    # in 98% of the samples of a matmul loop): its own column, not "HW throttle"
+    fake = fake_nvml(1)
+    fake.util = [(100, 60)]
+    fake.reasons = [pynvml_reason("SwPowerCap")]
+    with mock.patch.object(nvml, "import_pynvml", return_value=fake.nv):
+        code = main(["snapshot", "--duration", "0.3", "--interval", "0.01", "--json"])
+    gpu = json.loads(capsys.readouterr().out)["gpus"][0]
+    assert code == 0 and gpu["power_cap_pct"] == 100.0 and gpu["thermal_hw_pct"] == 0.0
+    with mock.patch.object(nvml, "import_pynvml", return_value=fake.nv):
+        main(["snapshot", "--duration", "0.3", "--interval", "0.01"])
+    out = capsys.readouterr().out
+    header = out[out.index("GPU snapshot"):out.index("GPU 0 (NVIDIA H200):")]
+    assert "power" in header and "cap" in header and "thermal/" in header and "HW slow" in header
+    assert "clock limits (% of samples): sw_power_cap 100%" in " ".join(out.split())  # rich wraps lines
+    row = next(line for line in out.splitlines() if line.startswith(" 0 "))
+    assert "100%" in row and row.rstrip().endswith("busy") and "none" in row  # cap 100%, thermal/HW none
+
+
+def pynvml_reason(name: str) -> int:
+    pynvml = pytest.importorskip("pynvml")
+    return getattr(pynvml, f"nvmlClocksEventReason{name}")
 
 
 def test_snapshot_without_gpu_is_one_line_and_nonzero(monkeypatch, capsys):

@@ -34,18 +34,21 @@ def render(summaries: list, meta: dict[str, Any], console) -> None:
     from rich import box
 
     table = Table(title="GPU snapshot (mean/peak over the active window)", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("GPU", overflow="fold")
-    for col in ("util %", "SM act %", "mem GiB\npeak/total", "power W"):
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table.add_column("GPU", overflow="ellipsis", no_wrap=True, min_width=5)  # full name in the line below
+    for col in ("util\n%", "SM act\n%", "mem GiB\npeak/total", "power\nW"):
         table.add_column(col, justify="right", no_wrap=True)
-    table.add_column("HW\nthrottle", justify="right", no_wrap=True)
+    # power cap apart from thermal/HW slowdown: a loaded GPU at its power limit is power-bound
+    # (the driver lowers clocks to stay under it), not overheating or faulty
+    table.add_column("power\ncap", justify="right", no_wrap=True)
+    table.add_column("thermal/\nHW slow", justify="right", no_wrap=True)
     table.add_column("verdict", no_wrap=True)
     styles = {"busy": "green", "idle": "dim", "host-bound": "yellow", "launch/sync-bound": "yellow", "unknown": "dim"}
     for s in summaries:
         reasons = []
         for name, pct in sorted(s.throttle_pct.items(), key=lambda kv: -kv[1]):
             label = f"{name} {pct:.0f}%"
-            reasons.append(f"[bold red]{label}[/]" if groups.get(name) == "throttle" else label)
+            reasons.append(f"[bold red]{label}[/]" if groups.get(name) == "thermal_hw" else label)
         s._reasons = ", ".join(reasons) or "none"  # type: ignore[attr-defined]
         table.add_row(
             f"{s.visible_index} {s.name}",
@@ -53,17 +56,20 @@ def render(summaries: list, meta: dict[str, Any], console) -> None:
             _fmt_pct(s.sm_active_mean_pct, s.sm_active_peak_pct) if math.isfinite(s.sm_active_mean_pct) else "n/a",
             f"{_fmt_gib(s.mem_used_peak_bytes)}/{_fmt_gib(s.mem_total_bytes)}",
             _fmt_pct(s.power_mean_w, s.power_peak_w),
-            f"[bold red]{s.hw_throttle_pct:.0f}%[/]" if s.hw_throttle_pct else "none",
+            f"{s.power_cap_pct:.0f}%" if s.power_cap_pct else "none",
+            f"[bold red]{s.thermal_hw_pct:.0f}%[/]" if s.thermal_hw_pct else "none",
             f"[{styles[s.verdict]}]{s.verdict}[/]",
         )
     console.print(table)
     for s in summaries:
-        console.print(f"GPU {s.visible_index}: [{styles[s.verdict]}]{s.verdict}[/]: {s.why}; "
+        console.print(f"GPU {s.visible_index} ({s.name}): [{styles[s.verdict]}]{s.verdict}[/]: {s.why}; "
                       f"clock limits (% of samples): {s._reasons}; "  # type: ignore[attr-defined]
                       f"{s.samples} samples, active {s.active_s:.1f} of {s.window_s:.1f} s")
     console.print("thresholds: " + "; ".join(f"{k}: {v}" for k, v in THRESHOLDS.items()), style="dim")
-    console.print("hardware throttling (red) is told apart from idle and from clock settings "
-                  "(app_clocks, user_clocks, sync_boost, display_clocks).", style="dim")
+    console.print("power cap: the driver lowers clocks to stay under the board's power limit (sw_power_cap; "
+                  "usual under full load: power-bound, not a fault). thermal/HW slowdown (red): heat, power "
+                  "brake or current limit. Both are told apart from idle and from clock settings (app_clocks, "
+                  "user_clocks, sync_boost, display_clocks).", style="dim")
     for e in meta.get("errors", [])[:10]:
         console.print(f"note: {e['message']}", style="dim")
 

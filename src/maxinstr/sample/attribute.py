@@ -14,7 +14,9 @@ few devices).
   and end (so stages shorter than the sampling interval still get a share); NaN when the
   instance is not inside the sampled time.
 - throttling: the OR of the throttle bits of the samples inside; ``hw_throttle_samples``
-  counts samples with hardware/firmware throttling (not idle, not clock settings).
+  counts samples with clocks held down by a limit (not idle, not clock settings), split into
+  ``power_cap_samples`` (the driver staying under the power limit: power-bound) and
+  ``thermal_hw_samples`` (thermal or hardware slowdown).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from maxinstr.sample.base import GPM_METRICS, HW_THROTTLE_MASK
+from maxinstr.sample.base import GPM_METRICS, HW_THROTTLE_MASK, POWER_CAP_MASK, THERMAL_HW_MASK
 from maxinstr.sample.read import Samples
 
 _MEAN_COLUMNS = ("gpu_util_pct", "mem_util_pct", "power_w") + GPM_METRICS
@@ -43,6 +45,8 @@ class InstanceSamples:
     throttle: np.ndarray  # OR of throttle bits (uint32)
     hw_throttle_samples: np.ndarray
     gpm_window: np.ndarray  # bool: GPM values came from the enclosing GPM window
+    power_cap_samples: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    thermal_hw_samples: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
 
 @dataclass
@@ -71,6 +75,8 @@ class StageSamples:
     """Mean over the instances that have an energy value."""
     energy_instances: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     hw_throttle_samples: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    power_cap_samples: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    thermal_hw_samples: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     throttle_mask: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint32))
     gpm_window_instances: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
@@ -139,11 +145,15 @@ def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np
             e_end = np.interp(end, te, ev - base)
             energy = np.where(inside, e_end - e_start, np.nan)
     throttle = _range_reduce(np.bitwise_or, dev.throttle.astype(np.uint32), lo, hi, 0).astype(np.uint32)
-    hw = ((dev.throttle & HW_THROTTLE_MASK) != 0).astype(np.int64)
-    hw_cs = np.concatenate(([0], np.cumsum(hw)))
+
+    def samples_with(mask: int) -> np.ndarray:
+        cs = np.concatenate(([0], np.cumsum((dev.throttle & mask) != 0, dtype=np.int64)))
+        return cs[hi] - cs[lo]
+
     return InstanceSamples(
         device=device, n_samples=n.astype(np.int64), mean=mean, count=count, peak=peak, energy_j=energy,
-        throttle=throttle, hw_throttle_samples=hw_cs[hi] - hw_cs[lo], gpm_window=gpm_window,
+        throttle=throttle, hw_throttle_samples=samples_with(HW_THROTTLE_MASK), gpm_window=gpm_window,
+        power_cap_samples=samples_with(POWER_CAP_MASK), thermal_hw_samples=samples_with(THERMAL_HW_MASK),
     )
 
 
@@ -237,6 +247,8 @@ def stage_samples(
             put("energy_per_instance_j", np.where(e_n > 0, e_sum / np.maximum(e_n, 1), np.nan))
         put("energy_instances", e_n)
         put("hw_throttle_samples", np.bincount(inverse, weights=inst.hw_throttle_samples, minlength=k).astype(np.int64))
+        put("power_cap_samples", np.bincount(inverse, weights=inst.power_cap_samples, minlength=k).astype(np.int64))
+        put("thermal_hw_samples", np.bincount(inverse, weights=inst.thermal_hw_samples, minlength=k).astype(np.int64))
         mask = np.zeros(k, dtype=np.uint32)
         np.bitwise_or.at(mask, inverse, inst.throttle)
         put("throttle_mask", mask)

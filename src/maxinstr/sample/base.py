@@ -234,10 +234,11 @@ ABSENT, LOST, RETRY = "absent", "lost", "retry"
 MAX_FAILS_IN_A_ROW = 100
 
 SLOW_CALL_NS = 50_000
-"""A per-row vendor call that takes longer than this moves to the slow cadence (measured, not
-assumed: the median of :data:`CALIBRATION_CALLS` calls at start, or :data:`OVER_IN_A_ROW` GIL-held
-calls in a row while sampling). Why: a call made with the GIL held stops the user's Python for
-its whole duration, and on the H200 one per-row NVML call took milliseconds (docs/sampler.md)."""
+"""A per-row vendor call that takes longer than this is "moved": read every ``moved_every``-th
+row (0.1 s by default) with the GIL released. Measured, not assumed: the median of
+:data:`CALIBRATION_CALLS` calls at start, or :data:`OVER_IN_A_ROW` GIL-held calls in a row while
+sampling. Why: a call made with the GIL held stops the user's Python for its whole duration,
+and on the H200 (run 1) the per-row NVML calls took ~2.8 ms per row (docs/sampler.md)."""
 CALIBRATION_CALLS = 5
 OVER_IN_A_ROW = 3
 _RING = 1024  # recent per-call times kept per probe, for percentiles (a power of two)
@@ -247,7 +248,7 @@ _perf_ns = time.perf_counter_ns
 class Probe:
     """One metric read: ``fn(values)`` fills its columns. ``columns`` are marked absent
     when the probe is dropped. ``released_fn``: the same read with the GIL released, used
-    instead of ``fn`` once the probe is moved to the slow cadence (None: ``fn`` is kept).
+    instead of ``fn`` once the probe is moved off the per-row cadence (None: ``fn`` is kept).
 
     Every call is timed (wall ns; two ``perf_counter_ns`` calls, ~0.1 us): the sampler's
     cost per metric is stored with the run (``samples.json`` ``cost.probes``)."""
@@ -300,20 +301,23 @@ class Probe:
 
 
 class ProbeDevice(Device):
-    """A device read by a fixed tuple of probes (fast: every row; slow: every
-    ``slow_every``-th row). Subclasses translate their vendor's errors in ``classify``:
+    """A device read by fixed tuples of probes (fast: every row; slow: every ``slow_every``-th
+    row; moved: per-row probes measured slow, every ``moved_every``-th row). Subclasses translate their vendor's errors in ``classify``:
     ABSENT drops the probe (recorded once), LOST raises :class:`DeviceLost`, RETRY records
     once per error and drops the probe after ``MAX_FAILS_IN_A_ROW`` failures in a row.
 
     Cost control (set by the subclass): with ``slow_call_ns`` set, :meth:`calibrate` times
-    each fast probe and moves the slow ones to the slow cadence; with ``held`` also set (the
+    each fast probe and moves the slow ones to the moved cadence; with ``held`` also set (the
     fast probes run with the GIL held), a fast probe that takes longer than ``slow_call_ns``
-    ``OVER_IN_A_ROW`` times in a row is moved while sampling. ``profile`` also records each
+    ``OVER_IN_A_ROW`` times in a row is moved while sampling. Moved probes call their
+    ``released_fn`` (GIL released) when they have one. ``profile`` also records each
     call's thread CPU time (a syscall per call, so off by default)."""
 
     _fast: tuple[Probe, ...] = ()
     _slow: tuple[Probe, ...] = ()
+    _moved: tuple[Probe, ...] = ()
     _slow_every: int = 1
+    _moved_every: int = 1
     slow_call_ns: int | None = None
     held: bool = False
     profile: bool = False
@@ -333,6 +337,7 @@ class ProbeDevice(Device):
         if kind == ABSENT or probe.fails >= MAX_FAILS_IN_A_ROW:
             self._fast = tuple(p for p in self._fast if p is not probe)
             self._slow = tuple(p for p in self._slow if p is not probe)
+            self._moved = tuple(p for p in self._moved if p is not probe)
             for col in probe.columns:
                 if col not in self.info.absent:
                     self.info.absent.append(col)
@@ -341,23 +346,25 @@ class ProbeDevice(Device):
         else:
             self.errors.once((idx, probe.name, key), "metric", f"gpu{idx}: {probe.name}: {what} (retrying)", idx, probe.name)
 
-    def to_slow(self, probe: Probe, why: str) -> None:
-        """Move a fast probe to the slow cadence (GIL released where the vendor allows)."""
+    def move(self, probe: Probe, why: str) -> None:
+        """Move a slow fast probe to the moved cadence (GIL released where the vendor allows)."""
         if probe not in self._fast:
             return
         self._fast = tuple(p for p in self._fast if p is not probe)
-        self._slow = self._slow + (probe,)
+        self._moved = self._moved + (probe,)
         if probe.released_fn is not None:
             probe.fn = probe.released_fn
-        probe.cadence = "slow"
+        probe.cadence = "moved"
         probe.moved = why
         idx = self.info.visible_index
+        every = getattr(self, "moved_interval_s", None)
+        when = f"every {every:g} s" if every else f"every {self._moved_every} rows"
         self.errors.once((idx, probe.name, "cadence"), "cadence",
-                         f"gpu{idx}: {probe.name} read on the slow cadence: {why}", idx, probe.name)
+                         f"gpu{idx}: {probe.name} read {when}, GIL released: {why}", idx, probe.name)
 
     def calibrate(self) -> None:
         """Time each fast probe ``CALIBRATION_CALLS`` times (into a scratch row) and move those
-        whose median exceeds ``slow_call_ns`` to the slow cadence. Runs before sampling starts."""
+        whose median exceeds ``slow_call_ns`` to the moved cadence. Runs before sampling starts."""
         limit = self.slow_call_ns
         if limit is None:
             return
@@ -374,10 +381,12 @@ class ProbeDevice(Device):
             probe.calibration_ns = times
             if times and sorted(times)[len(times) // 2] > limit:
                 med = sorted(times)[len(times) // 2]
-                self.to_slow(probe, f"a call takes {med / 1e3:.0f} us (median of {len(times)}) > {limit / 1e3:.0f} us")
+                self.move(probe, f"a call takes {med / 1e3:.0f} us (median of {len(times)}) > {limit / 1e3:.0f} us")
 
     def probe_stats(self) -> dict[str, Any]:
-        return {p.name: p.stats() for p in self._fast + self._slow}
+        for p in self._slow:
+            p.cadence = "slow"
+        return {p.name: p.stats() for p in self._fast + self._moved + self._slow}
 
     def _run(self, probes: tuple[Probe, ...], values: list[float], limit: int | None) -> None:
         timer = _perf_ns
@@ -400,7 +409,7 @@ class ProbeDevice(Device):
                 if dt > limit:
                     probe.over += 1
                     if probe.over >= OVER_IN_A_ROW:
-                        self.to_slow(probe, f"{OVER_IN_A_ROW} calls in a row took > {limit / 1e3:.0f} us "
+                        self.move(probe, f"{OVER_IN_A_ROW} calls in a row took > {limit / 1e3:.0f} us "
                                             f"(last {dt / 1e3:.0f} us) with the GIL held")
                 else:
                     probe.over = 0
@@ -408,6 +417,8 @@ class ProbeDevice(Device):
     def read_probes(self, values: list[float], tick: int) -> int:
         """Run the fast probes, and the slow ones on their ticks; returns FLAG_SLOW or 0."""
         self._run(self._fast, values, self.slow_call_ns if self.held else None)
+        if self._moved and not tick % self._moved_every:
+            self._run(self._moved, values, None)
         if tick % self._slow_every:
             return 0
         self._run(self._slow, values, None)

@@ -12,8 +12,8 @@ How calls are made (``MAXINSTR_SAMPLER_GIL``; the choice is written to samples.j
   view (GIL held: one GIL hand-over per row instead of one per call, see
   :func:`direct_library`). Every call is timed: one slower than
   :data:`~maxinstr.sample.base.SLOW_CALL_NS` (median of 5 calls at start, or 3 calls in a row
-  while sampling) moves to the slow cadence and is then called with the GIL released (a
-  ``ctypes.CDLL`` view), so a millisecond call never stops the user's Python.
+  while sampling) is moved to every :data:`MOVED_INTERVAL_S` and then called with the GIL
+  released (a ``ctypes.CDLL`` view), so a millisecond call never stops the user's Python.
 - ``release``: every call releases the GIL (CDLL view). The user's Python runs during the
   calls, but each return waits for the GIL (up to the 5 ms switch interval in a program busy
   in Python), so a row is read over several switch intervals.
@@ -78,8 +78,11 @@ GPM_DRAM_BW_UTIL = 10
 GPM_METRICS_GET_VERSION = 1
 GPM_MIN_INTERVAL_S = 0.1
 SLOW_INTERVAL_S = 0.5
-"""Cadence of the slow metrics: this process's memory (process list), temperature, and any
-per-row call measured slower than SLOW_CALL_NS."""
+"""Cadence of the slow metrics: this process's memory (process list) and temperature."""
+MOVED_INTERVAL_S = 0.1
+"""Cadence of a per-row call measured slower than SLOW_CALL_NS (GIL released). 0.1 s because
+NVML's counters do not change faster: the H200's energy counter and power value moved in
+~100 ms steps in run 1 (tests/sample/data/h200_run1), so reading them more often adds nothing."""
 
 # (GPM metric id, column)
 GPM_COLUMNS: tuple[tuple[int, str], ...] = (
@@ -116,7 +119,7 @@ def direct_library(nv: Any, *, hold_gil: bool = True) -> Any:
     and can wait up to the interpreter's 5 ms switch interval: about eight per row. Calling
     the cheap per-row functions (microseconds each in the driver) through PyDLL makes a row
     one acquisition, read back to back. That is only right for calls that are cheap: each is
-    timed and the slow ones are moved to the slow cadence and the CDLL view
+    timed and the slow ones are moved to a slower cadence and the CDLL view
     (:meth:`ProbeDevice.calibrate <maxinstr.sample.base.ProbeDevice.calibrate>`). pynvml's
     own state is not touched.
     """
@@ -166,6 +169,8 @@ class NvmlDevice(ProbeDevice):
         pids: Collection[int] | None,
         slow_every: int,
         gpm_interval_s: float,
+        moved_every: int = 1,
+        moved_interval_s: float | None = None,
         parent: Any = None,
         gpu_instance_id: int = -1,
         direct: Any = None,
@@ -180,6 +185,8 @@ class NvmlDevice(ProbeDevice):
         self.info = info
         self.errors = errors
         self._slow_every = max(1, slow_every)
+        self._moved_every = max(1, moved_every)
+        self.moved_interval_s = moved_interval_s
         self._throttle_raw = 0
         self._parent = parent
         self._gi = gpu_instance_id
@@ -443,7 +450,7 @@ class NvmlDevice(ProbeDevice):
         tp = self._throttle_probe
         if tp is None or tp.cadence == "fast":
             self._throttle_raw = 0
-        # else: read on the slow cadence; rows between keep the last reasons seen
+        # else: moved to a slower cadence; rows between keep the last reasons seen
         flags = self.read_probes(values, tick)
         if self._gpm_ok and now_ns - self._gpm_t >= self._gpm_ns:
             t0 = _perf_ns()
@@ -500,6 +507,7 @@ class NvmlBackend(Backend):
         interval_s: float = 0.01,
         gpm_interval_s: float | None = None,
         slow_interval_s: float = SLOW_INTERVAL_S,
+        moved_interval_s: float = MOVED_INTERVAL_S,
         nv: Any = None,
     ) -> None:
         self.nv = nv if nv is not None else import_pynvml()
@@ -513,6 +521,7 @@ class NvmlBackend(Backend):
         self._interval_s = interval_s
         self._gpm_interval_s = max(GPM_MIN_INTERVAL_S, interval_s if gpm_interval_s is None else gpm_interval_s)
         self._slow_every = max(1, round(slow_interval_s / interval_s)) if interval_s > 0 else 1
+        self._moved_every = max(1, round(moved_interval_s / interval_s)) if interval_s > 0 else 1
         self.notes: list[str] = []
         self.source = ""
         mode = os.environ.get("MAXINSTR_SAMPLER_GIL", "auto").strip().lower() or "auto"
@@ -526,9 +535,9 @@ class NvmlBackend(Backend):
         self._calibrate = self._released is not None
         if self._direct is not None:
             self.gil = (f"auto: per-row calls with the GIL held (ctypes.PyDLL); calls slower than "
-                        f"{SLOW_CALL_NS // 1000} us on the slow cadence ({slow_interval_s:g} s), GIL released")
+                        f"{SLOW_CALL_NS // 1000} us moved to every {moved_interval_s:g} s, GIL released")
         elif self._released is not None:
-            self.gil = f"release: every call releases the GIL (ctypes.CDLL); calls slower than {SLOW_CALL_NS // 1000} us on the slow cadence ({slow_interval_s:g} s)"
+            self.gil = f"release: every call releases the GIL (ctypes.CDLL); calls slower than {SLOW_CALL_NS // 1000} us moved to every {moved_interval_s:g} s"
         else:
             self.gil = "released per call (pynvml)"
         if self._profile:
@@ -608,6 +617,8 @@ class NvmlBackend(Backend):
                     nv, h, info, self.errors,
                     pids=self._pids,
                     slow_every=self._slow_every,
+                    moved_every=self._moved_every,
+                    moved_interval_s=self._moved_every * self._interval_s,
                     gpm_interval_s=self._gpm_interval_s,
                     parent=parent if g.mig is not None else None,
                     gpu_instance_id=g.mig.gpu_instance_id if g.mig is not None else -1,

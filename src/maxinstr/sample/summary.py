@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from maxinstr.sample.base import HW_THROTTLE_MASK, THROTTLE_BITS
+from maxinstr.sample.base import HW_THROTTLE_MASK, POWER_CAP_MASK, THERMAL_HW_MASK, THROTTLE_BITS
 from maxinstr.sample.read import Samples
 
 IDLE_PEAK_UTIL_PCT = 5.0
@@ -63,6 +63,12 @@ class GpuSummary:
     throttle_pct: dict[str, float] = field(default_factory=dict)
     """Throttle reason -> % of samples in the active window showing it."""
     hw_throttle_pct: float = 0.0
+    """% of samples with clocks held below maximum by any limit (power cap or thermal/HW)."""
+    power_cap_pct: float = 0.0
+    """% of samples where the driver held clocks down to stay under the power limit
+    (``sw_power_cap``): normal for a fully loaded GPU; it means power-bound, not a fault."""
+    thermal_hw_pct: float = 0.0
+    """% of samples with thermal or hardware slowdown (heat, power brake, current limit)."""
     verdict: str = "idle"
     why: str = ""
 
@@ -138,6 +144,8 @@ def summarize(samples: Samples) -> list[GpuSummary]:
                 sm_clock_max_mhz=float(info.get("sm_clock_max_mhz") or np.nan),
                 throttle_pct=throttle_pct,
                 hw_throttle_pct=100.0 * float(np.count_nonzero(thr & HW_THROTTLE_MASK)) / n,
+                power_cap_pct=100.0 * float(np.count_nonzero(thr & POWER_CAP_MASK)) / n,
+                thermal_hw_pct=100.0 * float(np.count_nonzero(thr & THERMAL_HW_MASK)) / n,
                 verdict=v,
                 why=why,
             )

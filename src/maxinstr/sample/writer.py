@@ -306,7 +306,7 @@ class Sampler:
                 probes[str(d.info.visible_index)] = stats
         if probes:
             # per metric and visible GPU: cadence, calls, wall ns per call (and why a call was
-            # moved to the slow cadence); see docs/sampler.md "What a sample costs"
+            # moved off the per-row cadence); see docs/sampler.md "What a sample costs"
             out["probes"] = probes
         if self.stopped_ns is not None and self._thread_cpu_ns:
             elapsed = max(1, self.stopped_ns - self.started_ns)
