@@ -229,7 +229,7 @@ def correlation_join(
             sk, row_of = rkey, (None if identity else rows)  # already sorted: no sort
         else:
             order = np.argsort(rkey, kind="stable")  # stable: the first row of a key stays first
-            sk, row_of = rkey[order], rows[order]
+            sk, row_of = rkey[order], (order if rows is None else rows[order])
             del order
         found = np.searchsorted(sk, lkey)  # leftmost: the first row of the key
         np.minimum(found, len(sk) - 1, out=found)
