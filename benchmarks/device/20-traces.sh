@@ -44,9 +44,11 @@ MAXINSTR_THREADS_CAPTURE="$out/h200_threads.sqlite" python3 -m pytest -q -p no:c
   tests/attribute tests/traces/test_nsys.py 2>&1 | tee "$out/pytest.txt" | tail -15
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 
-echo "== 3. trace-merge benchmark (ours vs Python sqlite3, SQL join, nsys stats)"
-python3 benchmarks/trace_merge.py --sizes 10k,100k,1M,10M --workdir /tmp/tm --nsys-stats --nsys-max 1M \
-  --python-max 1M --sql-max 100k --sql-limit 30 --limit 150 --json "$out/trace_merge.json" 2>&1 | tee "$out/trace_merge.txt"
+echo "== 3. trace-merge benchmark (ours vs Python sqlite3, SQL join, nsys stats), then 10M (ours only) last"
+python3 benchmarks/trace_merge.py --sizes 10k,100k,1M --workdir /tmp/tm --nsys-stats \
+  --python-max 1M --sql-max 100k --sql-limit 20 --limit 120 --json "$out/trace_merge.json" 2>&1 | tee "$out/trace_merge.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+python3 benchmarks/trace_merge.py --sizes 10M --workdir /tmp/tm --cases ours-native --limit 120 \
+  --json "$out/trace_merge_10M.json" 2>&1 | tee "$out/trace_merge_10M.txt"
 rm -rf /tmp/tm
 exit $rc

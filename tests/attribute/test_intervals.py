@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
+import pytest
+
+pytest.importorskip("hypothesis")  # in the test extra; the GPU machine may lack it
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from maxinstr.attribute.intervals import IntervalIndex, correlation_join, segmented_union
 
