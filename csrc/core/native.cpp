@@ -1321,13 +1321,25 @@ PyObject* py_drain(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject*
   PyObject* names = PyList_New(0);
   PyObject* attrs = PyList_New(0);
   if (!bytes || !names || !attrs) goto fail;
-  for (size_t i = g.names_reported; i < g.names.size(); i++) {
-    PyObject* t = Py_BuildValue("(iO)", (int)i, g.names[i].str);
-    if (!t || PyList_Append(names, t) < 0) {
-      Py_XDECREF(t);
-      goto fail;
+  {
+    // Names first seen since the last drain, plus the names of the returned records: every
+    // drain is self-contained, whoever else drained before.
+    std::vector<char> want(g.names.size(), 0);
+    for (size_t i = g.names_reported; i < g.names.size(); i++) want[i] = 1;
+    const Record* rows = n ? &g.done[g.done_head] : nullptr;
+    for (size_t i = 0; i < n; i++) {
+      size_t id = (size_t)rows[i].name_id;
+      if (id < want.size()) want[id] = 1;
     }
-    Py_DECREF(t);
+    for (size_t i = 0; i < want.size(); i++) {
+      if (!want[i]) continue;
+      PyObject* t = Py_BuildValue("(iO)", (int)i, g.names[i].str);
+      if (!t || PyList_Append(names, t) < 0) {
+        Py_XDECREF(t);
+        goto fail;
+      }
+      Py_DECREF(t);
+    }
   }
   g.names_reported = g.names.size();
   g.done_head += n;
@@ -1542,7 +1554,8 @@ PyMethodDef module_methods[] = {
      "stage(name, *, stream=None, gpu=None, step=None, **attrs) -> Stage"},
     {"mark", (PyCFunction)(void (*)(void))py_mark, METH_FASTCALL | METH_KEYWORDS, "mark(name, **attrs): instant record."},
     {"drain", (PyCFunction)(void (*)(void))py_drain, METH_FASTCALL | METH_KEYWORDS,
-     "drain(max_records=-1) -> (bytes, [(name_id, name)], [(record_id, attrs)])"},
+     "drain(max_records=-1) -> (bytes, [(name_id, name)], [(record_id, attrs)]): records completed since the "
+     "last drain; names first seen since then plus those of the returned records; attrs of the returned records"},
     {"names", py_names, METH_NOARGS, "names() -> [(name_id, name)]: every name seen in this process."},
     {"resolve", (PyCFunction)(void (*)(void))py_resolve, METH_FASTCALL | METH_KEYWORDS,
      "resolve(block=False) -> int: resolve finished GPU event pairs."},

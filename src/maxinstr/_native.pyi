@@ -53,8 +53,9 @@ def mark(name: str, **attrs: Any) -> None:
     """An instant record (flag MARK) and an NVTX/roctx mark."""
 
 def drain(max_records: int = -1) -> tuple[bytes, list[tuple[int, str]], list[tuple[int, dict[str, Any]]]]:
-    """Completed records since the last drain (all threads) as STAGE_DTYPE bytes; names first seen
-    since the last drain as (name_id, name); attrs of the returned records as (record_id, dict)."""
+    """Completed records since the last drain (all threads) as STAGE_DTYPE bytes; as (name_id, name)
+    the names first seen since the last drain plus those the returned records use (so each drain is
+    self-contained whoever drained before); attrs of the returned records as (record_id, dict)."""
 
 def names() -> list[tuple[int, str]]:
     """Every (name_id, name) of this process, for a consumer that missed earlier drains."""

@@ -58,8 +58,11 @@ def test_names_reported_once_and_drain_in_parts(n):
     assert len(raw) == 2 * 72
     assert len(attrs) == 2
     raw2, names2, attrs2 = n.drain(max_records=-1)
-    assert len(raw2) == 3 * 72 and names2 == [] and len(attrs2) == 3  # "a" is not reported twice
-    assert dict(n.names())[int(records(raw)["name_id"][0])] == "a"
+    a_id = int(records(raw)["name_id"][0])
+    assert len(raw2) == 3 * 72 and len(attrs2) == 3
+    assert names2 == [(a_id, "a")]  # self-contained: the names of the returned records
+    assert n.drain() == (b"", [], [])  # nothing new: no names
+    assert dict(n.names())[a_id] == "a"
     ids = set(records(raw)["id"]) | set(records(raw2)["id"])
     assert {a for a, _ in attrs + attrs2} == ids
 
