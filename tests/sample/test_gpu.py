@@ -128,3 +128,31 @@ def test_snapshot_says_launch_sync_bound_for_a_narrow_kernel(workloads):
     # utilization says "busy", SM activity says one SM of many: the verdict uses both
     assert gpu["util_mean_pct"] > 70 and gpu["sm_active_mean_pct"] < 25, gpu
     assert gpu["verdict"] == "launch/sync-bound", gpu
+
+
+def test_per_row_calls_are_cheap_or_moved(monkeypatch, tmp_path):
+    # run 1 (before per-call timing): a row took ~2.8 ms with the GIL held. Now every call is
+    # timed; the slow ones must have been moved off the per-row cadence (GIL released there)
+    from maxinstr.sample.base import SLOW_CALL_NS
+
+    monkeypatch.setenv("MAXINSTR_SAMPLER_PROFILE", "1")
+    monkeypatch.delenv("MAXINSTR_SAMPLER_GIL", raising=False)
+    s = start_sampler(tmp_path, 0.01)
+    time.sleep(2.0)
+    s.stop()
+    r = read_samples(tmp_path)
+    cost = r.meta["cost"]
+    probes = cost["probes"]["0"]
+    doc = {"gil": r.meta.get("gil"), "per_tick_ns": cost["per_tick_ns"], "thread_cpu_pct": cost.get("thread_cpu_pct"),
+           "probes": probes, "notes": [e["message"] for e in r.errors]}
+    _record("per_call_cost", doc)
+    assert r.meta["gil"].startswith("auto")
+    fast = {k: p for k, p in probes.items() if p["cadence"] == "fast"}
+    assert {"gpu_util_pct", "power_w"} <= set(fast) | {k for k, p in probes.items() if p["cadence"] == "moved"}
+    for name, p in fast.items():
+        assert p["p50_ns"] < SLOW_CALL_NS, (name, p)
+    for name, p in probes.items():
+        if p["cadence"] == "moved":
+            assert p["calls"] >= 10, (name, p)  # still read, about every 0.1 s
+    # a row read with the GIL held costs microseconds now, not milliseconds
+    assert cost["per_tick_ns"]["p50"] < 500_000, cost["per_tick_ns"]

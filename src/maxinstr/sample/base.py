@@ -240,7 +240,7 @@ row (0.1 s by default) with the GIL released. Measured, not assumed: the median 
 sampling. Why: a call made with the GIL held stops the user's Python for its whole duration,
 and on the H200 (run 1) the per-row NVML calls took ~2.8 ms per row (docs/sampler.md)."""
 CALIBRATION_CALLS = 5
-OVER_IN_A_ROW = 3
+OVER_IN_A_ROW = 5
 _RING = 1024  # recent per-call times kept per probe, for percentiles (a power of two)
 _perf_ns = time.perf_counter_ns
 
