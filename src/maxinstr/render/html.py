@@ -1,0 +1,659 @@
+"""The report as one self-contained HTML file: inline CSS and SVG, no script, no network.
+
+Plots are SVG drawn here from the report dict (and, for the timeline, from the analysis's
+columns): per-stage time breakdown (host vs GPU span vs GPU busy), GPU utilization / SM
+activity / power / memory over time with the stages as bands, the kernel-family mix and top
+kernels of each stage, per-step trends, the ranked bottlenecks, and the diagnosis with facts
+apart from hypotheses. Hover texts are SVG ``<title>`` elements, so even tooltips need no
+JavaScript. Why no plotting library: docs/report.md ("Views").
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from maxinstr.render import _fmt as f
+
+W = 1000
+"""Width of every SVG's coordinate system (they scale to the page)."""
+SERIES_POINTS = 1200
+"""At most this many points per plotted sampler series (bin means)."""
+
+FAMILY_COLORS = {
+    "gemv": "#1f77b4", "gemm": "#4e79a7", "grouped_matmul": "#2c5d8a", "convolution": "#6b8fb8",
+    "attention": "#e15759", "ssm": "#b0413e", "normalization": "#59a14f", "rope": "#8cd17d",
+    "softmax": "#f28e2b", "elementwise": "#edc948", "reduction": "#b07aa1", "routing": "#ff9da7",
+    "quantization": "#9c755f", "sampling": "#d37295", "kv_cache": "#76b7b2", "memcpy": "#86bcb6",
+    "memset": "#bab0ac", "collective": "#499894", "other": "#c9c9c9",
+}
+STAGE_COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
+                "#9c755f", "#bab0ac")
+C_HOST, C_SPAN, C_BUSY = "#c7ccd6", "#9ecae1", "#2166ac"
+
+CSS = """
+:root { --fg:#1d2430; --muted:#5b6577; --line:#e3e7ee; --bg:#f6f8fb; --card:#fff; --fact:#2166ac; --hyp:#b35806; }
+* { box-sizing: border-box; }
+body { margin:0; font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif; color:var(--fg); background:var(--bg); }
+main { max-width:1180px; margin:0 auto; padding:20px 24px 48px; }
+header h1 { font-size:22px; margin:0 0 4px; }
+header .sub { color:var(--muted); font-size:13px; word-break:break-all; }
+section { background:var(--card); border:1px solid var(--line); border-radius:8px; padding:14px 18px 16px; margin:16px 0; }
+h2 { font-size:16px; margin:0 0 8px; }
+h3 { font-size:14px; margin:12px 0 6px; }
+p.note, .note { color:var(--muted); font-size:12.5px; margin:4px 0 8px; }
+.banner { background:#fff4e0; border:1px solid #f0c36d; border-radius:6px; padding:8px 12px; margin:12px 0 0; font-size:13px; }
+.cards { display:flex; flex-wrap:wrap; gap:10px; margin-top:12px; }
+.card { background:var(--card); border:1px solid var(--line); border-radius:8px; padding:8px 12px; min-width:150px; flex:1; }
+.card .v { font-size:20px; font-weight:600; }
+.card .k { color:var(--muted); font-size:12px; }
+svg { width:100%; height:auto; display:block; }
+svg text { font-family:inherit; }
+table { border-collapse:collapse; width:100%; font-size:13px; }
+th, td { text-align:left; padding:4px 8px; border-bottom:1px solid var(--line); vertical-align:top; }
+th { color:var(--muted); font-weight:600; font-size:12px; }
+td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap; }
+code, pre { font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,"DejaVu Sans Mono",monospace; font-size:12px; }
+pre { background:#f1f3f7; border-radius:6px; padding:8px 10px; overflow-x:auto; margin:6px 0; white-space:pre-wrap; word-break:break-all; }
+.legend { display:flex; flex-wrap:wrap; gap:4px 14px; font-size:12px; color:var(--muted); margin:4px 0; }
+.sw { display:inline-block; width:10px; height:10px; border-radius:2px; margin-right:5px; vertical-align:-1px; }
+.findings { display:grid; grid-template-columns:repeat(auto-fill, minmax(460px, 1fr)); gap:10px; }
+.finding { border-left:4px solid var(--fact); background:#f7fafd; border-radius:4px; padding:8px 12px; }
+.finding.hypothesis { border-left-color:var(--hyp); background:#fffaf3; }
+.finding .t { font-weight:600; }
+.finding .ev { color:var(--muted); font-size:12.5px; margin:4px 0; }
+.tag { display:inline-block; font-size:11px; font-weight:600; border-radius:3px; padding:0 5px; margin-right:6px; color:#fff; background:var(--fact); }
+.tag.hypothesis { background:var(--hyp); }
+.kname { font-family:ui-monospace,Menlo,Consolas,monospace; font-size:12px; word-break:break-all; }
+details { border-top:1px solid var(--line); padding:6px 0; }
+details > summary { cursor:pointer; font-weight:600; }
+details > summary .note { font-weight:400; }
+.bar { display:inline-block; height:8px; background:#4e79a7; border-radius:2px; vertical-align:middle; }
+footer { color:var(--muted); font-size:12px; margin-top:18px; }
+"""
+
+
+def e(text: Any) -> str:
+    """HTML-escaped text."""
+    return html.escape("" if text is None else str(text), quote=True)
+
+
+# ----------------------------------------------------------------------------- SVG helpers
+def _svg(width: float, height: float, body: Iterable[str], label: str, cls: str = "") -> str:
+    return (f'<svg class="{cls}" viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="{e(label)}" '
+            f'xmlns="http://www.w3.org/2000/svg">' + "".join(body) + "</svg>")
+
+
+def _rect(x: float, y: float, w: float, h: float, fill: str, title: str = "", extra: str = "") -> str:
+    t = f"<title>{e(title)}</title>" if title else ""
+    return f'<rect x="{x:.2f}" y="{y:.2f}" width="{max(w, 0):.2f}" height="{h:.2f}" fill="{fill}"{extra}>{t}</rect>'
+
+
+def _text(x: float, y: float, text: str, size: int = 12, anchor: str = "start", fill: str = "#1d2430",
+          weight: str = "normal") -> str:
+    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" fill="{fill}" '
+            f'font-weight="{weight}">{e(text)}</text>')
+
+
+def _nice_step(span: float, target: int = 8) -> float:
+    raw = span / max(target, 1)
+    mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
+    for m in (1, 2, 2.5, 5, 10):
+        if raw <= m * mag:
+            return m * mag
+    return 10 * mag
+
+
+def _time_label(seconds: float, step: float) -> str:
+    if step >= 1:
+        return f"{seconds:.0f} s"
+    if step >= 1e-3:
+        return f"{seconds * 1e3:.0f} ms" if seconds < 1 or step < 0.1 else f"{seconds:.{max(0, -int(math.floor(math.log10(step))))}f} s"
+    return f"{seconds * 1e6:.0f} us"
+
+
+def _short(name: str, n: int = 80) -> str:
+    return f.short(name, n)
+
+
+def _family_color(fam: str) -> str:
+    return FAMILY_COLORS.get(fam, FAMILY_COLORS["other"])
+
+
+# ----------------------------------------------------------------------------- sections
+def _header(report: dict) -> str:
+    src = report.get("sources") or {}
+    env = report.get("environment") or {}
+    what = src.get("run") or src.get("trace") or "report"
+    bits = []
+    if src.get("run"):
+        bits.append(f"run {src['run']}")
+    if src.get("trace"):
+        bits.append(f"trace {src['trace']} ({src.get('trace_format')})")
+    if src.get("unprofiled_run"):
+        bits.append(f"headline from {src['unprofiled_run']}")
+    gpus = env.get("gpus") or []
+    if gpus:
+        bits.append(", ".join(str(g.get("name")) for g in gpus if isinstance(g, dict)))
+    gen = report.get("generated") or {}
+    bits.append(f"maxinstr {gen.get('maxinstr', '?')}, {gen.get('utc', '')}")
+    out = [f"<header><h1>maxinstr report: {e(what)}</h1>", f'<div class="sub">{e(" · ".join(bits))}</div>']
+    if report.get("perturbed"):
+        head = report.get("headline_source")
+        tail = " Headline timings come from the unprofiled run." if head == "unprofiled_run" else \
+            " Take headline timings from an unprofiled run (--unprofiled)."
+        out.append(f'<div class="banner"><b>Perturbed:</b> {e(report.get("perturbed_reason"))}.{e(tail)}</div>')
+    out.append(_cards(report))
+    out.append("</header>")
+    return "".join(out)
+
+
+def _cards(report: dict) -> str:
+    stages = report.get("stages") or []
+    gpu = report.get("gpu") or {}
+    w = report.get("warmup") or {}
+    cards = [(str(len(stages)), "stages"), (str(sum(s.get("steady", 0) for s in stages)), "steady instances"),
+             (str(w.get("instances", 0) + w.get("cold_start_instances", 0)), "warm-up + cold-start excluded")]
+    if gpu:
+        cards.append((f.ns(gpu.get("gpu_ns")), f"GPU time in {gpu.get('ops', 0):,} ops"))
+        if gpu.get("attributed_share") is not None:
+            cards.append((f.pct(gpu.get("attributed_share")), "of GPU time inside a stage"))
+    b = (report.get("bottlenecks") or [None])[0]
+    if b:
+        cards.append((f"{b['stage']}", f"top bottleneck ({f.pct(b.get('share'))} of self {b.get('basis', '').replace('_ns', '')})"))
+    facts = sum(1 for d in report.get("diagnosis") or [] if d.get("verdict") == "fact")
+    hyps = sum(1 for d in report.get("diagnosis") or [] if d.get("verdict") != "fact")
+    cards.append((f"{facts} / {hyps}", "facts / hypotheses"))
+    return '<div class="cards">' + "".join(
+        f'<div class="card"><div class="v">{e(v)}</div><div class="k">{e(k)}</div></div>' for v, k in cards) + "</div>"
+
+
+def breakdown_svg(stages: Sequence[dict]) -> str:
+    """Per stage, one bar scaled to the larger of its host median and GPU span median: GPU
+    busy (dark), the rest of the GPU span (light), host time beyond the span (grey)."""
+    rows = [s for s in stages if (s.get("host_ns") or {}).get("n") or f.gpu_stat(s)[1]]
+    label_w, bar_x, bar_w, row_h = 230, 240, 470, 26
+    h = 30 + row_h * len(rows) + 8
+    body = [_text(bar_x, 14, "median per steady instance; bar = the larger of host time and GPU span", 11, fill="#5b6577"),
+            _text(W - 8, 14, "host · GPU · busy · n", 11, "end", "#5b6577")]
+    for i, s in enumerate(rows):
+        y = 24 + i * row_h
+        host = f.stat(s.get("headline_host_ns") or s.get("host_ns")) or 0.0
+        glabel, g = f.gpu_stat(s)
+        gpu = f.stat(g) or 0.0
+        busy = f.stat(s.get("gpu_busy_ns")) or 0.0
+        frac = f.stat(s.get("gpu_busy_frac"))
+        full = max(host, gpu, 1.0)
+        indent = 12 * int(s.get("depth", 0))
+        body.append(_text(label_w - 4 - 0, y + 15, _short(s["name"], 30), 12, "end"))
+        if indent:
+            body.append(f'<line x1="{label_w - 2 - 200 + indent:.0f}" y1="{y + 11}" x2="{label_w - 2 - 200 + indent:.0f}" '
+                        f'y2="{y + 11}" stroke="none"/>')
+        tip = (f"{s['name']}: host {f.ns(host)}, GPU {glabel or '-'} {f.ns(gpu) if gpu else '-'}, busy "
+               f"{f.ns(busy) if busy else '-'} ({f.pct(frac) if frac is not None else '-'}), {s.get('steady')} steady instances")
+        body.append(_rect(bar_x, y + 4, bar_w, 16, "#f1f3f7", tip))
+        if host:
+            body.append(_rect(bar_x, y + 4, bar_w * host / full, 16, C_HOST, tip))
+        if gpu:
+            body.append(_rect(bar_x, y + 7, bar_w * gpu / full, 10, C_SPAN, tip))
+        if busy:
+            body.append(_rect(bar_x, y + 7, bar_w * min(busy, gpu or busy) / full, 10, C_BUSY, tip))
+        txt = f"{f.ns(host)} · {f.ns(gpu) if gpu else '-'} · {f.pct(frac) if frac is not None else '-'} · {s.get('steady')}"
+        body.append(_text(W - 8, y + 16, txt, 12, "end"))
+    legend = ('<div class="legend"><span><span class="sw" style="background:%s"></span>host time</span>'
+              '<span><span class="sw" style="background:%s"></span>GPU span (events, else projected)</span>'
+              '<span><span class="sw" style="background:%s"></span>GPU busy inside the span</span></div>' % (C_HOST, C_SPAN, C_BUSY))
+    return legend + _svg(W, h, body, "per-stage time breakdown", "breakdown")
+
+
+def _breakdown_section(report: dict) -> str:
+    stages = report.get("stages") or []
+    if not stages:
+        return '<section id="stages"><h2>Where the time goes</h2><p class="note">No stages in this input.</p></section>'
+    out = ['<section id="stages"><h2>Where the time goes, stage by stage</h2>',
+           '<p class="note">Steady state only: warm-up and cold-start instances are excluded (counted in the table). '
+           'Busy = GPU busy time / GPU span; low busy with a long span means the GPU waits for launches or the host.</p>',
+           breakdown_svg(stages), _stage_table(stages), "</section>"]
+    return "".join(out)
+
+
+def _stage_table(stages: Sequence[dict]) -> str:
+    rows = []
+    for s in stages:
+        head = s.get("headline_host_ns") or s["host_ns"]
+        label, g = f.gpu_stat(s)
+        share = s.get("share_of_top")
+        rows.append(
+            "<tr>"
+            f"<td>{'&nbsp;' * 3 * int(s.get('depth', 0))}{e(s['name'])}</td>"
+            f"<td class=num>{s.get('steady', 0)}</td><td class=num>{s.get('warmup', 0) + s.get('cold_start', 0)}</td>"
+            f"<td class=num>{e(f.ns(f.stat(head)))}</td><td class=num>{e(f.ns(f.stat(head, 'p90')))}</td>"
+            f"<td class=num>{e(f.ns(f.stat(g)) + (' (' + label + ')' if g else ''))}</td>"
+            f"<td class=num>{e(f.ns(f.stat(g, 'p90')))}</td>"
+            f"<td class=num>{e(f.pct(f.stat(s.get('gpu_busy_frac'))))}</td>"
+            f"<td class=num>{e(f.pct(share) if share is not None else '-')}</td>"
+            "</tr>")
+    return ('<table class="stages"><thead><tr><th>stage</th><th class=num>steady n</th><th class=num>excluded</th>'
+            '<th class=num>host median</th><th class=num>host p90</th><th class=num>GPU median</th><th class=num>GPU p90</th>'
+            '<th class=num>GPU busy</th><th class=num>share of top level</th></tr></thead><tbody>'
+            + "".join(rows) + "</tbody></table>")
+
+
+# ----------------------------------------------------------------------------- timeline
+def _merge_spans(start: np.ndarray, end: np.ndarray, min_gap: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Merge spans closer than ``min_gap`` (one pixel): (start, end, instances merged)."""
+    if len(start) == 0:
+        return start, end, np.zeros(0, np.int64)
+    order = np.argsort(start, kind="stable")
+    s, en = start[order], end[order]
+    reach = np.maximum.accumulate(en)
+    new = np.r_[True, s[1:] > reach[:-1] + min_gap]
+    idx = np.flatnonzero(new)
+    return s[idx], np.maximum.reduceat(en, idx), np.diff(np.r_[idx, len(s)])
+
+
+def _bin_mean(t: np.ndarray, v: np.ndarray, t0: float, t1: float, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    ok = np.isfinite(v) & (t >= t0) & (t <= t1)
+    t, v = t[ok], v[ok]
+    if len(t) <= bins:
+        return t, v
+    b = np.minimum(((t - t0) / max(t1 - t0, 1) * bins).astype(np.int64), bins - 1)
+    cnt = np.bincount(b, minlength=bins)
+    sm = np.bincount(b, weights=v, minlength=bins)
+    tm = np.bincount(b, weights=t, minlength=bins)
+    has = cnt > 0
+    return tm[has] / cnt[has], sm[has] / cnt[has]
+
+
+def timeline_section(report: dict, analysis) -> str:
+    """GPU metrics over time with the stages as bands (needs the analysis's columns)."""
+    head = '<section id="timeline"><h2>GPU over time, with the stages</h2>'
+    if analysis is None:
+        return head + ('<p class="note">This view was rendered from a saved JSON report, which keeps statistics, not '
+                       'the timeline. Render from the run directory (maxinstr report RUN --format html) to see it.'
+                       '</p></section>')
+    from maxinstr.render.perfetto import timeline
+
+    tl = timeline(analysis)
+    t0, t1 = float(tl.origin_ns), float(tl.end_ns)
+    if t1 <= t0:
+        return head + '<p class="note">Nothing timed in this input.</p></section>'
+    inst = tl.inst
+    window_note = ""
+    if len(inst) and (~inst.is_mark).any():
+        # the stages are what was asked about: frame them (5% margin), say what falls outside
+        s0, s1 = float(inst.host_start_ns.min()), float(inst.host_end_ns.max())
+        if tl.op_start_ns is not None and len(tl.op_start_ns) and (tl.op_stage >= 0).any():
+            s1 = max(s1, float(tl.op_end_ns[tl.op_stage >= 0].max()))
+        pad = 0.05 * max(s1 - s0, 1.0)
+        w0, w1 = max(t0, s0 - pad), min(t1, s1 + pad)
+        if (w0 - t0) + (t1 - w1) > 0.1 * (t1 - t0):
+            window_note = (f"Framed on the stages: {f.ns(w0 - t0)} before and {f.ns(t1 - w1)} after them "
+                           "(model loading, set-up) are not shown. ")
+            t0, t1 = w0, w1
+    span = t1 - t0
+    plot_x, plot_w = 150, W - 150 - 16
+    px_ns = span / plot_w
+
+    def X(t: np.ndarray | float) -> Any:
+        return plot_x + (np.asarray(t, np.float64) - t0) / span * plot_w
+
+    order_keys = [s["name"] for s in report.get("stages") or []]
+    keys = inst.key.astype(str) if len(inst) else np.empty(0, str)
+    shown = [k for k in order_keys if (keys == k).any() and not inst.is_mark[keys == k].all()]
+    depth_of = {s["name"]: int(s.get("depth", 0)) for s in report.get("stages") or []}
+    shown = [k for k in shown if depth_of.get(k, 0) <= 2][:12]
+    colors = {k: STAGE_COLORS[i % len(STAGE_COLORS)] for i, k in enumerate(shown)}
+
+    parts: list[str] = []
+    # stage strips
+    strip_h = 14
+    y = 8
+    strip_body: list[str] = []
+    bands: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for k in shown:
+        sel = (keys == k) & ~inst.is_mark & (inst.host_end_ns >= t0) & (inst.host_start_ns <= t1)
+        s_, e_, n_ = _merge_spans(np.maximum(inst.host_start_ns[sel].astype(np.float64), t0),
+                                  np.minimum(inst.host_end_ns[sel].astype(np.float64), t1), px_ns)
+        bands[k] = (s_, e_)
+        strip_body.append(_text(plot_x - 6, y + 11, _short(k, 22), 11, "end"))
+        for a, b, c in zip(X(s_).tolist(), X(e_).tolist(), n_.tolist()):
+            strip_body.append(_rect(a, y, max(b - a, 0.6), strip_h - 3, colors[k],
+                                    f"{k}: {c} instance{'s' if c > 1 else ''}, {f.ns((b - a) * px_ns)}"))
+        y += strip_h
+    strip_h_total = y + 4
+
+    # background bands for the charts: the most detailed stages shown, each in its colour
+    deepest = max((depth_of.get(k, 0) for k in shown), default=0)
+    band_keys = [k for k in shown if depth_of.get(k, 0) == deepest]
+
+    charts: list[tuple[str, list[tuple[str, str, np.ndarray, np.ndarray, str]], float | None, str]] = []
+    util_series, power_series, mem_series = [], [], []
+    limits_power: list[float] = []
+    limits_mem: list[float] = []
+    dashes = ("", "5,3", "2,2", "8,3,2,3")
+    for pi, (part, smp) in enumerate(tl.samples):
+        devs = smp.devices
+        names = set(smp.rows.dtype.names or ())
+        for d in np.unique(np.asarray(smp.device)).tolist():
+            info = devs[d] if d < len(devs) else {}
+            vis = info.get("visible_index", d)
+            rows = smp.for_device(d).rows
+            t = rows["t_ns"].astype(np.float64)
+            dash = dashes[(len(util_series) // 2) % len(dashes)]
+            tag = f"GPU {vis}"
+            for col, label, color, target in (("gpu_util_pct", "util %", "#2166ac", util_series),
+                                              ("sm_active_pct", "SM active %", "#e66101", util_series),
+                                              ("tensor_active_pct", "tensor active %", "#5e3c99", util_series),
+                                              ("power_w", "power W", "#b2182b", power_series),
+                                              ("mem_used_bytes", "memory used GiB", "#1b7837", mem_series)):
+                if col not in names:
+                    continue
+                v = rows[col].astype(np.float64) * (1 / 2**30 if col == "mem_used_bytes" else 1.0)
+                if not np.isfinite(v).any():
+                    continue
+                tt, vv = _bin_mean(t, v, t0, t1, SERIES_POINTS)
+                target.append((f"{tag} {label}", color, tt, vv, dash))
+            if info.get("power_limit_w"):
+                limits_power.append(float(info["power_limit_w"]))
+            if info.get("mem_total_bytes"):
+                limits_mem.append(float(info["mem_total_bytes"]) / 2**30)
+    if tl.op_start_ns is not None and len(tl.op_start_ns):
+        bins = min(SERIES_POINTS, max(50, plot_w))
+        edges_w = span / bins
+        inside = (tl.op_start_ns >= t0) & (tl.op_start_ns < t1)
+        b = np.minimum(((tl.op_start_ns[inside] - t0) / edges_w).astype(np.int64), bins - 1)
+        dur = (tl.op_end_ns[inside] - tl.op_start_ns[inside]).astype(np.float64)
+        busy = np.bincount(b, weights=dur, minlength=bins)
+        pct = np.minimum(busy / edges_w * 100.0, 100.0)
+        tt = t0 + (np.arange(bins) + 0.5) * edges_w
+        util_series.append(("kernels running (trace) %", "#9aa3b2", tt, pct, "area"))
+    if util_series:
+        charts.append(("utilization / activity (%)", util_series, 100.0, "%"))
+    if power_series:
+        charts.append(("power (W)", power_series, max(limits_power) if limits_power else None, "W"))
+    if mem_series:
+        charts.append(("memory used (GiB)", mem_series, max(limits_mem) if limits_mem else None, "GiB"))
+
+    chart_h, gap = 120, 26
+    total_h = strip_h_total + len(charts) * (chart_h + gap) + 30
+    body: list[str] = list(strip_body)
+    y0 = strip_h_total + 10
+    for title, series, cap, unit in charts:
+        top, bottom = y0 + 16, y0 + 16 + chart_h - 20
+        title_at = len(body)
+        for bk in band_keys:
+            s_, e_ = bands[bk]
+            for a, b in zip(X(s_).tolist(), X(e_).tolist()):
+                body.append(_rect(a, top, max(b - a, 0.6), bottom - top, colors[bk], extra=' fill-opacity="0.12"'))
+        vmax = max([float(np.nanmax(v)) for _, _, _, v, _ in series if len(v)] + [1e-9])
+        if cap and unit != "%" and vmax < 0.5 * cap:
+            title += f" (limit {cap:.4g} {unit})"
+            cap = None  # far above the data: say it instead of squashing the curve
+        ymax = 100.0 if unit == "%" else max(vmax, cap or 0.0) * 1.1
+        ymax = _nice_step(ymax, 4) * math.ceil(ymax / _nice_step(ymax, 4)) if ymax > 0 else 1.0
+        for frac in (0.0, 0.5, 1.0):
+            yy = bottom - frac * (bottom - top)
+            body.append(f'<line x1="{plot_x}" y1="{yy:.1f}" x2="{plot_x + plot_w}" y2="{yy:.1f}" stroke="#e3e7ee"/>')
+            body.append(_text(plot_x - 6, yy + 4, f"{ymax * frac:.4g}", 10, "end", "#5b6577"))
+        if cap and unit != "%":
+            yy = bottom - cap / ymax * (bottom - top)
+            body.append(f'<line x1="{plot_x}" y1="{yy:.1f}" x2="{plot_x + plot_w}" y2="{yy:.1f}" stroke="#999" '
+                        f'stroke-dasharray="4,3"><title>{e(f"limit {cap:.4g} {unit}")}</title></line>')
+        for name, color, tt, vv, dash in series:
+            if not len(tt):
+                continue
+            xs = X(tt)
+            ys = bottom - np.clip(vv / ymax, 0, 1.05) * (bottom - top)
+            pts = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(xs.tolist(), ys.tolist()))
+            tip = f"<title>{e(name)}: mean {np.nanmean(vv):.3g}, max {np.nanmax(vv):.3g}</title>"
+            if dash == "area":  # a derived share, drawn under the measured lines
+                pts = f"{xs[0]:.1f},{bottom:.1f} {pts} {xs[-1]:.1f},{bottom:.1f}"
+                body.append(f'<polygon class="series" data-points="{len(tt)}" points="{pts}" fill="{color}" '
+                            f'fill-opacity="0.55" stroke="none">{tip}</polygon>')
+                continue
+            da = f' stroke-dasharray="{dash}"' if dash else ""
+            body.append(f'<polyline class="series" data-points="{len(tt)}" points="{pts}" fill="none" stroke="{color}" '
+                        f'stroke-width="1.4"{da}>{tip}</polyline>')
+        body.insert(title_at, _text(plot_x, y0 + 10, title, 12, weight="bold"))
+        y0 += chart_h + gap
+    # time axis
+    step = _nice_step(span / 1e9, 8)
+    ax_y = total_h - 22
+    body.append(f'<line x1="{plot_x}" y1="{ax_y}" x2="{plot_x + plot_w}" y2="{ax_y}" stroke="#5b6577"/>')
+    k = 0
+    while k * step <= span / 1e9 + 1e-12 and k < 40:
+        xx = float(X(t0 + k * step * 1e9))
+        body.append(f'<line x1="{xx:.1f}" y1="{ax_y}" x2="{xx:.1f}" y2="{ax_y + 4}" stroke="#5b6577"/>')
+        body.append(_text(xx, ax_y + 15, _time_label(k * step, step), 10, "middle", "#5b6577"))
+        k += 1
+    legend_items = [f'<span><span class="sw" style="background:{colors[k]}"></span>{e(k)}</span>' for k in shown]
+    series_items = []
+    for _, series, _, _ in charts:
+        for name, color, _, _, dash in series:
+            series_items.append(f'<span><span class="sw" style="background:{color}"></span>{e(name)}'
+                                f'{" (dashed)" if dash and dash != "area" else ""}</span>')
+    clock = tl.clock
+    note = (f"Time from the first event shown; axis: {e(clock.axis)} clock. " + e(window_note)
+            + (e(clock.note) + ". " if clock.note else "")
+            + (f"Shaded: {e(', '.join(band_keys))} instances. " if band_keys else ""))
+    if not tl.samples:
+        note += ("No sampler data in this input (the sampler runs inside maxinstr.session() on a GPU); "
+                 "the grey line is the share of each time bin in which trace kernels ran. ")
+    parts.append(head + f'<p class="note">{note}</p>')
+    parts.append('<div class="legend">' + "".join(legend_items) + "</div>")
+    parts.append(_svg(W, total_h, body, "GPU metrics over time with stage bands", "timeline"))
+    parts.append('<div class="legend">' + "".join(series_items) + "</div>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+# ----------------------------------------------------------------------------- kernels
+def mix_svg(mix: dict) -> str:
+    """A 100% stacked bar of the stage's kernel families."""
+    fams = mix.get("families") or []
+    x = 0.0
+    body = []
+    for fam in fams:
+        w = float(fam.get("share") or 0) * W
+        if w <= 0:
+            continue
+        tip = f"{fam['family']}: {f.pct(fam.get('share'), 1)} of GPU time, {f.ns(fam.get('gpu_ns'))}, {fam.get('count')} ops"
+        body.append(_rect(x, 0, w, 22, _family_color(fam["family"]), tip, ' class="fam"'))
+        if w > 70:
+            body.append(_text(x + 4, 15, f"{fam['family']} {f.pct(fam.get('share'))}", 11, fill="#fff", weight="bold"))
+        x += w
+    return _svg(W, 22, body, "kernel family mix", "mix")
+
+
+def _kernels_section(report: dict) -> str:
+    stages = [s for s in report.get("stages") or [] if s.get("mix") and (s["mix"].get("top_kernels") or [])]
+    gpu = report.get("gpu") or {}
+    if not stages and not gpu.get("kernels"):
+        return ('<section id="kernels"><h2>Top kernels per stage</h2><p class="note">No kernels: give a trace '
+                '(--trace) to see which kernels run inside each stage.</p></section>')
+    out = ['<section id="kernels"><h2>Top kernels per stage</h2>',
+           '<p class="note">Inclusive (a stage counts its nested stages\' kernels), steady instances. '
+           'Bars: share of the stage\'s GPU time, coloured by kernel family.</p>']
+    fams_seen = sorted({fm["family"] for s in stages for fm in s["mix"].get("families") or []} |
+                       {fm["family"] for fm in gpu.get("families") or []})
+    out.append('<div class="legend">' + "".join(
+        f'<span><span class="sw" style="background:{_family_color(fm)}"></span>{e(fm)}</span>' for fm in fams_seen) + "</div>")
+    by_rank = {b["stage"]: b["rank"] for b in report.get("bottlenecks") or []}
+    stages = sorted(stages, key=lambda s: (by_rank.get(s["name"], 1e9), -float(s["mix"].get("gpu_ns") or 0)))
+    for i, s in enumerate(stages):
+        mix = s["mix"]
+        opened = " open" if i < 3 else ""
+        out.append(f"<details{opened}><summary>{e(s['name'])} <span class=note>· {f.ns(mix.get('gpu_ns'))} GPU over "
+                   f"{mix.get('instances')} instances ({e(mix.get('instances_used'))}), "
+                   f"{mix.get('ops_per_instance')} ops per instance</span></summary>")
+        out.append(mix_svg(mix))
+        out.append(_kernel_table(mix.get("top_kernels") or [], per_instance=True))
+        out.append("</details>")
+    if gpu.get("kernels"):
+        out.append(f"<details><summary>All kernels <span class=note>· top {min(20, len(gpu['kernels']))} of "
+                   f"{gpu.get('distinct_kernels')} distinct, whole input</span></summary>")
+        out.append(mix_svg({"families": gpu.get("families") or []}))
+        out.append(_kernel_table(gpu["kernels"][:20], per_instance=False))
+        out.append("</details>")
+    out.append("</section>")
+    return "".join(out)
+
+
+def _kernel_table(kernels: Sequence[dict], per_instance: bool) -> str:
+    top = max([float(k.get("share") or 0) for k in kernels] + [1e-9])
+    rows = []
+    for k in kernels:
+        share = float(k.get("share") or 0)
+        bar = (f'<span class="bar" style="width:{80 * share / top:.0f}px;background:{_family_color(k.get("family", ""))}">'
+               f'</span> {f.pct(share, 1)}')
+        rows.append(
+            f'<tr><td class="kname" title="{e(k.get("name"))}">{e(_short(k.get("name", ""), 110))}</td>'
+            f'<td><span class="sw" style="background:{_family_color(k.get("family", ""))}"></span>{e(k.get("family"))}</td>'
+            f"<td class=num>{k.get('count')}</td>"
+            + (f"<td class=num>{k.get('per_instance')}</td>" if per_instance else "")
+            + f"<td class=num>{e(f.ns(k.get('median_ns')))}</td><td class=num>{e(f.ns(k.get('gpu_ns')))}</td>"
+            f"<td class=num>{bar}</td></tr>")
+    return ('<table class="kernels"><thead><tr><th>kernel</th><th>family</th><th class=num>count</th>'
+            + ("<th class=num>per instance</th>" if per_instance else "")
+            + '<th class=num>median</th><th class=num>total</th><th class=num>share</th></tr></thead><tbody>'
+            + "".join(rows) + "</tbody></table>")
+
+
+# ----------------------------------------------------------------------------- steps
+def steps_svg(stage: dict) -> str | None:
+    """Per-step median (GPU when measured, else host) of a stage with marked or derived steps."""
+    per = stage.get("per_step")
+    steps = stage.get("steps")
+    if per and per.get("step"):
+        xs = np.asarray(per["step"], np.float64)
+        ys = np.asarray(per.get("gpu_median_ns") or per.get("host_median_ns"), np.float64)
+        basis = "GPU" if per.get("gpu_median_ns") else "host"
+    else:
+        return None
+    ok = np.isfinite(ys) & (ys >= 0)
+    xs, ys = xs[ok], ys[ok]
+    if len(xs) < 2:
+        return None
+    h, px, pw = 120, 60, W - 76
+    top, bottom = 10, h - 24
+    x0, x1 = float(xs.min()), float(xs.max())
+    ymax = float(ys.max()) * 1.1 or 1.0
+    X = px + (xs - x0) / max(x1 - x0, 1) * pw
+    Y = bottom - ys / ymax * (bottom - top)
+    body = [f'<line x1="{px}" y1="{bottom}" x2="{px + pw}" y2="{bottom}" stroke="#5b6577"/>',
+            _text(px - 6, top + 8, f.ns(ymax), 10, "end", "#5b6577"), _text(px - 6, bottom, "0", 10, "end", "#5b6577"),
+            _text(px, h - 6, f"step {x0:.0f}", 10, fill="#5b6577"), _text(px + pw, h - 6, f"step {x1:.0f}", 10, "end", "#5b6577"),
+            f'<polyline class="series" data-points="{len(xs)}" points="'
+            + " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(X.tolist(), Y.tolist()))
+            + f'" fill="none" stroke="#2166ac" stroke-width="1.5"><title>{e(stage["name"])}: {basis} median per step'
+            + "</title></polyline>"]
+    tr = ""
+    if steps:
+        tr = (f" · Spearman {steps.get('spearman', 0):.2f}, last/first quarter {steps.get('last_over_first', 0):.2f}, "
+              f"slope {f.ns(steps.get('slope_ns_per_step'))}/step")
+    return (f'<h3>{e(stage["name"])} <span class="note">{basis} median per step{e(tr)}</span></h3>'
+            + _svg(W, h, body, f"{stage['name']} per step", "steps"))
+
+
+def _steps_section(report: dict) -> str:
+    charts = [c for c in (steps_svg(s) for s in report.get("stages") or [] if s.get("steps") or s.get("per_step")) if c]
+    if not charts:
+        return ""
+    return ('<section id="steps"><h2>Per-step trends</h2><p class="note">A time that grows with the step index '
+            '(re-running the prompt each step, a growing cache) shows up here.</p>' + "".join(charts[:6]) + "</section>")
+
+
+# ----------------------------------------------------------------------------- diagnosis
+def _finding(d: dict) -> str:
+    cls = "fact" if d.get("verdict") == "fact" else "hypothesis"
+    out = [f'<div class="finding {cls}" data-id="{e(d.get("id"))}"><div class="t"><span class="tag {cls}">{e(d.get("verdict"))}'
+           f'</span>{e(d.get("title"))}</div>']
+    ev = f.evidence_text(d.get("evidence") or {}, limit=8)
+    if ev:
+        out.append(f'<div class="ev">evidence: {e(ev)} <span class="note">[{e(d.get("id"))}]</span></div>')
+    if d.get("next_step"):
+        out.append(f"<div><b>Next step:</b> {e(d['next_step'])}</div>")
+    if d.get("command"):
+        out.append(f"<pre>{e(d['command'])}</pre>")
+    if d.get("validation"):
+        out.append(f'<div class="note"><b>Validate:</b> <code>{e(d["validation"])}</code></div>')
+    out.append("</div>")
+    return "".join(out)
+
+
+def _diagnosis_section(report: dict) -> str:
+    diag = report.get("diagnosis") or []
+    facts = [d for d in diag if d.get("verdict") == "fact"]
+    hyps = [d for d in diag if d.get("verdict") != "fact"]
+    out = ['<section id="diagnosis"><h2>Diagnosis</h2><p class="note">Facts hold by the measured numbers; '
+           'hypotheses are likely causes to confirm, each with how to validate a fix. Sorted by the time at stake.</p>',
+           f'<h3>Facts (measured) <span class="note">{len(facts)}</span></h3><div class="findings facts">',
+           "".join(_finding(d) for d in facts) or '<p class="note">none</p>',
+           f'</div><h3>Hypotheses (to confirm) <span class="note">{len(hyps)}</span></h3><div class="findings hypotheses">',
+           "".join(_finding(d) for d in hyps) or '<p class="note">none fired</p>', "</div>"]
+    b = report.get("bottlenecks") or []
+    if b:
+        out.append('<h3>Ranked bottlenecks</h3><table><thead><tr><th class=num>#</th><th>stage</th><th class=num>self time'
+                   '</th><th class=num>share</th><th>top family</th><th>top kernel</th><th>findings</th></tr></thead><tbody>')
+        for r in b[:12]:
+            out.append(f"<tr><td class=num>{r.get('rank')}</td><td>{e(r.get('stage'))}</td>"
+                       f"<td class=num>{e(f.ns(r.get('self_ns')))} <span class=note>({e(str(r.get('basis', '')).replace('_ns', ''))})</span></td>"
+                       f"<td class=num><span class=bar style=\"width:{60 * float(r.get('share') or 0):.0f}px\"></span> {f.pct(r.get('share'))}</td>"
+                       f"<td>{e(r.get('top_family') or '-')}</td><td class=kname>{e(_short(r.get('top_kernel') or '-', 70))}</td>"
+                       f"<td>{e(', '.join(r.get('findings') or []))}</td></tr>")
+        out.append("</tbody></table>")
+    out.append("</section>")
+    return "".join(out)
+
+
+def _env_section(report: dict) -> str:
+    env = report.get("environment") or {}
+    src = report.get("sources") or {}
+    rows = []
+    for k in ("host", "python", "driver", "cuda", "rocm", "maxinstr"):
+        if env.get(k):
+            rows.append((k, env[k]))
+    git = env.get("git") or {}
+    if git:
+        rows.append(("git", f"{git.get('commit', '?')}{' (dirty)' if git.get('dirty') else ''}"))
+    for k in ("gpus", "frameworks", "user", "env", "profiler"):
+        v = env.get(k)
+        if v:
+            if isinstance(v, list):
+                v = ", ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in v)
+            elif isinstance(v, dict):
+                v = ", ".join(f"{a}={b}" for a, b in v.items())
+            rows.append((k, v))
+    if src.get("join"):
+        rows.append(("record join", f"{src['join']} ({src.get('records_joined')} records)"))
+    if src.get("attribution_rules"):
+        rows.append(("attribution", ", ".join(f"{k}: {v}" for k, v in src["attribution_rules"].items())))
+    w = report.get("warmup") or {}
+    rows.append(("warm-up", f"{w.get('n', 0)} declared per stage; {w.get('instances', 0)} warm-up + "
+                            f"{w.get('cold_start_instances', 0)} cold-start instances excluded"))
+    out = ['<section id="environment"><h2>Reproduce and environment</h2>']
+    for r in report.get("reproduce") or []:
+        out.append(f'<div class="note">{e(r.get("what"))}</div><pre>{e(r.get("command"))}</pre>')
+    out.append("<table><tbody>" + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows) + "</tbody></table>")
+    notes = src.get("notes") or []
+    if notes:
+        out.append("<h3>Notes</h3><ul>" + "".join(f'<li class="note">{e(n)}</li>' for n in notes) + "</ul>")
+    out.append("</section>")
+    return "".join(out)
+
+
+def render(report: dict[str, Any], analysis=None) -> str:
+    """The whole report as one HTML document (no external resource)."""
+    src = report.get("sources") or {}
+    title = f"maxinstr report: {src.get('run') or src.get('trace') or ''}"
+    body = [_header(report), _breakdown_section(report), timeline_section(report, analysis), _diagnosis_section(report),
+            _kernels_section(report), _steps_section(report), _env_section(report)]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{e(title)}</title>"
+            f"<style>{CSS}</style></head><body><main>" + "".join(body)
+            + f'<footer>schema {e(report.get("schema"))} v{e(report.get("version"))} · self-contained: no script, no '
+            "network</footer></main></body></html>\n")

@@ -1,0 +1,526 @@
+"""The timeline as Chrome trace-event JSON, which ui.perfetto.dev (and chrome://tracing) opens.
+
+One axis for everything: the run's host clock (CLOCK_MONOTONIC) when a run directory is
+given, else the trace's own clock. Trace times are moved onto the host clock by one offset,
+the median of ``trace range start - record host start`` over the records the attribution
+joined to trace ranges (by NVTX payload, or thread/name/order); the metadata says which
+offset was used and how it was found. Timestamps are microseconds (floats with nanosecond
+decimals) from ``metadata.maxinstr.origin_ns``.
+
+Tracks (Perfetto "processes" and "threads"):
+
+- ``host pid N``: stage instances as slices on their host threads (nested as they ran);
+  instant marks as instant events.
+- ``stage GPU spans``: per stage key, the trace-projected GPU span of each instance (first op
+  start to last op end) and, from the run, the span between the stage's own GPU events.
+- ``GPU d``: one track per stream with its kernels, copies and sets (category = kernel
+  family, ``args.stage`` = the stage that launched it), and the sampler's metrics as counter
+  tracks (utilization, SM activity, power, memory, clocks, temperature).
+
+Events are written in chunks straight from the numpy columns (``%`` templates over
+``tolist()`` slices), so a million-kernel trace is never a list of dicts.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Iterable, Iterator
+
+import numpy as np
+
+CHUNK = 65_536
+"""Rows formatted per write."""
+
+PID_BASE = 1 << 23
+"""Synthetic process ids start above Linux's largest pid (2**22), so they never collide
+with a real host process."""
+
+SPANS_PID = PID_BASE
+GPU_PID = PID_BASE + 16
+"""``GPU_PID + device`` is the process of one GPU."""
+
+MAX_LANES = 16
+"""Overlapping slices of one track are spread over at most this many lanes (Chrome JSON
+slices of one thread must nest); the rest share the last lane."""
+
+# (column, track label, unit key, scale): the sampler metrics shown as counter tracks
+COUNTERS: tuple[tuple[str, str, str, float], ...] = (
+    ("gpu_util_pct", "util", "%", 1.0),
+    ("sm_active_pct", "SM active", "%", 1.0),
+    ("sm_occupancy_pct", "SM occupancy", "%", 1.0),
+    ("tensor_active_pct", "tensor active", "%", 1.0),
+    ("dram_bw_util_pct", "DRAM bandwidth", "%", 1.0),
+    ("mem_util_pct", "memory controller", "%", 1.0),
+    ("power_w", "power", "W", 1.0),
+    ("mem_used_bytes", "memory used", "GiB", 1.0 / 2**30),
+    ("sm_clock_mhz", "SM clock", "MHz", 1.0),
+    ("mem_clock_mhz", "memory clock", "MHz", 1.0),
+    ("temp_c", "temperature", "C", 1.0),
+)
+
+
+# ----------------------------------------------------------------------------- clock
+@dataclass
+class Clock:
+    """How trace times map onto the view's axis: ``axis_ns = trace_ns - offset_ns``."""
+
+    axis: str
+    """The axis clock: ``"host"`` (the run's CLOCK_MONOTONIC) or the trace's clock name."""
+    offset_ns: int = 0
+    method: str = "none"
+    """``matched_pairs`` | ``same_clock`` | ``start_aligned`` | ``trace_only`` | ``run_only``."""
+    pairs: int = 0
+    """Record/range pairs the offset rests on (``matched_pairs``)."""
+    spread_ns: float | None = None
+    """Median absolute deviation of the pairs' differences around the offset."""
+    join: str | None = None
+    """How the pairs were matched: ``payload`` or ``thread_name_order``."""
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"axis": self.axis, "offset_ns": int(self.offset_ns), "method": self.method, "pairs": int(self.pairs),
+                "spread_ns": self.spread_ns, "join": self.join, "note": self.note}
+
+
+def align(analysis) -> Clock:
+    """The offset that puts the trace on the run's host clock (see the module docstring)."""
+    run, trace, inst = analysis.run, analysis.trace, analysis.instances
+    if trace is None:
+        return Clock(axis="host" if run is not None else "none", method="run_only")
+    if run is None:
+        return Clock(axis=str(trace.clock), method="trace_only", note=f"Times on the trace's clock ({trace.clock})")
+    join = getattr(getattr(analysis.attribution, "join_method", None), "name", None)
+    join = join.lower() if join else None
+    joined = np.flatnonzero(inst.range_index >= 0) if len(inst) else np.empty(0, np.int64)
+    if len(joined):
+        starts = np.asarray(trace.ranges.start_ns, np.int64)[inst.range_index[joined]]
+        diff = starts - inst.host_start_ns[joined]
+        offset = int(np.median(diff))
+        spread = float(np.median(np.abs(diff - offset)))
+        return Clock(axis="host", offset_ns=offset, method="matched_pairs", pairs=len(joined), spread_ns=spread,
+                     join=join, note=f"Trace times moved by the median of (trace range start - record host start) over {len(joined)} "
+                                     f"records joined by {join or 'id'}")
+    if "MONOTONIC" in str(trace.clock).upper() and "RAW" not in str(trace.clock).upper():
+        return Clock(axis="host", method="same_clock", note=f"The trace clock {trace.clock} is the host clock: no offset")
+    # nothing ties the clocks together: line the first trace range (or op) up with the first record
+    t_first = _first(np.asarray(trace.ranges.start_ns, np.int64), np.asarray(trace.ops.start_ns, np.int64))
+    h_first = _first(inst.host_start_ns)
+    offset = int(t_first - h_first) if t_first is not None and h_first is not None else 0
+    return Clock(axis="host", offset_ns=offset, method="start_aligned",
+                 note="No record joined a trace range: the trace is shifted so that it starts with the run "
+                      "(approximate; GPU work is not exactly under its stages)")
+
+
+def _first(*arrays: np.ndarray) -> int | None:
+    lows = [int(a.min()) for a in arrays if len(a)]
+    return min(lows) if lows else None
+
+
+# ----------------------------------------------------------------------------- tracks
+def lanes(group: np.ndarray, start: np.ndarray, end: np.ndarray, max_lanes: int = MAX_LANES) -> np.ndarray:
+    """A lane per row such that, within one group and lane, no two rows overlap.
+
+    Greedy in passes: a row that starts before the end of an earlier row of its group
+    (earlier by start) moves to the next lane; each pass is vectorised per group.
+    """
+    n = len(start)
+    lane = np.zeros(n, np.int64)
+    todo = np.arange(n)
+    for k in range(max_lanes):
+        if len(todo) == 0:
+            break
+        lane[todo] = k
+        if k == max_lanes - 1:
+            break
+        g, s, e = group[todo], start[todo], end[todo]
+        order = np.lexsort((s, g))
+        gs, ss, es = g[order], s[order], e[order]
+        bounds = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1], True])
+        bumped = np.zeros(len(order), bool)
+        for lo, hi in zip(bounds[:-1], bounds[1:]):  # per group (streams, stage keys: few)
+            prev_end = np.maximum.accumulate(es[lo:hi])
+            bumped[lo + 1:hi] = ss[lo + 1:hi] < prev_end[:-1]
+        todo = todo[order[bumped]]
+    return lane
+
+
+def group_codes(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct rows as a 2-D array, code per row) for integer columns, in sorted order;
+    1-D uniques combined arithmetically (``np.unique(axis=0)`` sorts slow void rows)."""
+    n = len(columns[0])
+    code = np.zeros(n, np.int64)
+    uniques = []
+    for col in columns:
+        u, c = np.unique(np.asarray(col, np.int64), return_inverse=True)
+        uniques.append(u)
+        code = code * len(u) + c.reshape(-1)
+    ucode, inv = np.unique(code, return_inverse=True)
+    rows = np.empty((len(ucode), len(columns)), np.int64)
+    rest = ucode.copy()
+    for j in range(len(columns) - 1, -1, -1):
+        rows[:, j] = uniques[j][rest % len(uniques[j])]
+        rest //= len(uniques[j])
+    return rows, inv.reshape(-1)
+
+
+def _esc(values: Iterable[str]) -> np.ndarray:
+    """JSON string literals (quoted, escaped), ready for a ``%s`` in a template."""
+    return np.array([json.dumps(str(v)) for v in values], dtype=object)
+
+
+def _tmpl(text: str) -> str:
+    return text.replace("%", "%%")
+
+
+def _rows(template: str, *columns: np.ndarray) -> Iterator[str]:
+    """``template % row`` for every row of the columns, joined a chunk at a time."""
+    n = len(columns[0]) if columns else 0
+    for lo in range(0, n, CHUNK):
+        cols = [c[lo:lo + CHUNK].tolist() for c in columns]
+        yield "".join([template % row for row in zip(*cols)])
+
+
+@dataclass
+class _Tracks:
+    """Process/thread naming metadata, collected while events are planned."""
+
+    meta: list[str] = field(default_factory=list)
+    seen_pids: set = field(default_factory=set)
+
+    def process(self, pid: int, name: str, sort: int) -> None:
+        if pid in self.seen_pids:
+            return
+        self.seen_pids.add(pid)
+        self.meta.append('{"ph":"M","name":"process_name","pid":%d,"tid":0,"args":{"name":%s}},\n'
+                         % (pid, json.dumps(name)))
+        self.meta.append('{"ph":"M","name":"process_sort_index","pid":%d,"tid":0,"args":{"sort_index":%d}},\n'
+                         % (pid, sort))
+
+    def thread(self, pid: int, tid: int, name: str, sort: int | None = None) -> None:
+        self.meta.append('{"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":%s}},\n'
+                         % (pid, tid, json.dumps(name)))
+        if sort is not None:
+            self.meta.append('{"ph":"M","name":"thread_sort_index","pid":%d,"tid":%d,"args":{"sort_index":%d}},\n'
+                             % (pid, tid, sort))
+
+
+@dataclass
+class Timeline:
+    """Everything on one axis (ns, the :class:`Clock`'s axis), as columns: what the Perfetto
+    and HTML views draw. Built by :func:`timeline`."""
+
+    clock: Clock
+    origin_ns: int
+    inst: Any
+    """The analysis's :class:`~maxinstr.analyze.instances.StageInstances` (host times on the axis)."""
+    inst_pid: np.ndarray
+    proj_start_ns: np.ndarray
+    """Per instance, the projected GPU span on the axis (-1 when none)."""
+    proj_end_ns: np.ndarray
+    event_start_ns: np.ndarray
+    """Per instance, the GPU event span from the run on the axis (-1 when none)."""
+    event_end_ns: np.ndarray
+    op_start_ns: np.ndarray
+    op_end_ns: np.ndarray
+    op_stage: np.ndarray
+    """Per op, the instance row of the stage that launched it (-1 when none)."""
+    samples: list[tuple[str, Any]]
+    """``(part name, Samples)`` with at least one row; their ``t_ns`` is on the host clock."""
+    thread_names: dict[int, str]
+    pid_names: dict[int, str]
+
+    @property
+    def end_ns(self) -> int:
+        highs = [int(a.max()) for a in (self.inst.host_end_ns, self.op_end_ns) if len(a)]
+        highs += [int(s.t_ns.max()) for _, s in self.samples]
+        return max(highs) if highs else self.origin_ns
+
+
+def timeline(analysis) -> Timeline:
+    """Put the analysis's records, trace ops and samples on one axis."""
+    from maxinstr.analyze.kernels import range_to_instance
+
+    clock = align(analysis)
+    inst, trace, run = analysis.instances, analysis.trace, analysis.run
+    n = len(inst)
+    off = clock.offset_ns
+    shift = off if (run is not None and trace is not None) else 0
+
+    def moved(col: np.ndarray) -> np.ndarray:
+        col = np.asarray(col, np.int64)
+        return np.where(col >= 0, col - shift, -1)
+
+    proj_s, proj_e = moved(inst.proj_start_ns), moved(inst.proj_end_ns)
+    ev_s = ev_e = np.full(n, -1, np.int64)
+    pid_names: dict[int, str] = {}
+    if run is not None:
+        st = run.stages
+        parts = getattr(run, "parts", []) or []
+        part_pid = np.array([int(p.get("pid") or 0) for p in parts] or [0], np.int64)
+        inst_pid = part_pid[np.clip(inst.part, 0, len(part_pid) - 1)] if n else np.zeros(0, np.int64)
+        for p in parts:
+            rank = p.get("rank")
+            pid_names[int(p.get("pid") or 0)] = f"host pid {p.get('pid')}" + (f" (rank {rank})" if rank not in (None, -1) else "")
+        if len(st) == n and n and np.array_equal(np.asarray(st["id"], np.int64), inst.record_id):
+            from maxinstr.rundir import format as fmt
+
+            timed = (np.asarray(st["flags"]) & fmt.GPU_TIMED) != 0
+            ev_s = np.where(timed, np.asarray(st["gpu_start_ns"], np.int64), -1)
+            ev_e = np.where(timed, np.asarray(st["gpu_end_ns"], np.int64), -1)
+    else:
+        inst_pid = np.asarray(inst.part, np.int64)
+    for pid in np.unique(inst_pid).tolist():
+        pid_names.setdefault(int(pid), f"host pid {pid}")
+
+    if trace is not None and len(trace.ops):
+        ops = trace.ops
+        op_s = np.asarray(ops.start_ns, np.int64) - shift
+        op_e = np.maximum(np.asarray(ops.end_ns, np.int64) - shift, op_s)
+        att = analysis.attribution
+        if att is not None and len(att.op_range) == len(ops) and n:
+            r2i = range_to_instance(inst, att, len(trace.ranges))
+            op_range = np.asarray(att.op_range, np.int64)
+            op_stage = np.where(op_range >= 0, r2i[np.maximum(op_range, 0)] if len(r2i) else -1, -1)
+        else:
+            op_stage = np.full(len(ops), -1, np.int64)
+    else:
+        op_s = op_e = op_stage = np.empty(0, np.int64)
+
+    samples: list[tuple[str, Any]] = []
+    if run is not None:
+        for name, smp in sorted((getattr(run, "samples", None) or {}).items()):
+            if hasattr(smp, "t_ns") and len(smp):
+                samples.append((name, smp))
+
+    lows = [int(a[a >= 0].min()) for a in (inst.host_start_ns, proj_s, ev_s, op_s) if len(a) and (a >= 0).any()]
+    lows += [int(s.t_ns.min()) for _, s in samples]
+    origin = min(lows) if lows else 0
+    tnames = {int(k): str(v) for k, v in (getattr(trace, "thread_names", None) or {}).items()} if trace is not None else {}
+    return Timeline(clock=clock, origin_ns=origin, inst=inst, inst_pid=inst_pid, proj_start_ns=proj_s,
+                    proj_end_ns=proj_e, event_start_ns=ev_s, event_end_ns=ev_e, op_start_ns=op_s, op_end_ns=op_e,
+                    op_stage=op_stage, samples=samples, thread_names=tnames, pid_names=pid_names)
+
+
+def _us(ns: np.ndarray) -> np.ndarray:
+    """Nanoseconds (relative) to microseconds, as floats for a ``%.3f``."""
+    return np.asarray(ns, np.float64) / 1000.0
+
+
+# ----------------------------------------------------------------------------- events
+def _stage_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
+    inst = tl.inst
+    n = len(inst)
+    if n == 0:
+        return
+    keys = inst.key.astype(str)
+    ukeys, kcode = np.unique(keys, return_inverse=True)
+    kcode = kcode.reshape(-1)
+    key_json = _esc(ukeys)
+    leaf_json = _esc(inst.name.astype(str))
+    cat = np.where(inst.warmup, '"stage,warmup"', np.where(inst.cold, '"stage,cold_start"', '"stage"')).astype(object)
+    busy = np.where(inst.proj_start_ns >= 0, inst.busy_ns, -1)
+    kernels = np.where(inst.range_index >= 0, inst.kernel_count, -1)
+    args = "{\"stage\":%s,\"step\":%d,\"record_id\":%d,\"gpu_event_ns\":%d,\"gpu_busy_ns\":%d,\"kernels\":%d}"
+    arg_cols = (key_json[kcode], inst.step, inst.record_id, inst.gpu_event_ns, busy, kernels)
+
+    # host threads: slices nest as the stage stack did; rows that would cross another
+    # (start/end ranges in a trace) get their own lane track
+    pid = tl.inst_pid
+    tid = np.asarray(inst.tid, np.int64)
+    group = group_codes(pid, tid, inst.level)[1]
+    lane = lanes(group, inst.host_start_ns, inst.host_end_ns)
+    # host thread ids are real tids; overflow lanes get synthetic tids above pid_max
+    out_tid = np.where(lane > 0, PID_BASE + tid * MAX_LANES + lane, tid)
+    for p in np.unique(pid).tolist():
+        tracks.process(int(p), tl.pid_names.get(int(p), f"host pid {p}"), 0)
+    for p, t, ln in group_codes(pid, tid, lane)[0].tolist():
+        name = tl.thread_names.get(int(t)) or "thread"
+        name = f"{name} {t}" + (f" (overlapping ranges {ln})" if ln else "")
+        tracks.thread(int(p), int(PID_BASE + t * MAX_LANES + ln if ln else t), name)
+    mark = inst.is_mark
+    sl = np.flatnonzero(~mark)
+    ts = _us(inst.host_start_ns - tl.origin_ns)
+    dur = _us(inst.host_end_ns - inst.host_start_ns)
+    yield from _rows('{"ph":"X","name":%s,"cat":%s,"pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,"args":' + args + '},\n',
+                     leaf_json[sl], cat[sl], pid[sl], out_tid[sl], ts[sl], dur[sl], *(c[sl] for c in arg_cols))
+    counts["stage_ranges"] = len(sl)
+    mk = np.flatnonzero(mark)
+    yield from _rows('{"ph":"i","s":"t","name":%s,"cat":"mark","pid":%d,"tid":%d,"ts":%.3f,"args":' + args + '},\n',
+                     leaf_json[mk], pid[mk], out_tid[mk], ts[mk], *(c[mk] for c in arg_cols))
+    counts["marks"] = len(mk)
+
+    # GPU spans per stage key: projected (trace) and event-timed (run)
+    tracks.process(SPANS_PID, "stage GPU spans", 1)
+    next_tid = 1
+    for label, s, e, counter in (("projected GPU span", tl.proj_start_ns, tl.proj_end_ns, "gpu_projected_spans"),
+                                 ("GPU events", tl.event_start_ns, tl.event_end_ns, "gpu_event_spans")):
+        rows = np.flatnonzero((s >= 0) & (e >= s) & ~mark)
+        counts[counter] = len(rows)
+        if not len(rows):
+            continue
+        ln = lanes(kcode[rows], s[rows], e[rows])
+        pairs, track = group_codes(kcode[rows], ln)
+        for i, (k, lane_k) in enumerate(pairs.tolist()):
+            tracks.thread(SPANS_PID, next_tid + i, f"{ukeys[k]} · {label}" + (f" ({lane_k + 1})" if lane_k else ""),
+                          sort=next_tid + i)
+        tids = next_tid + track
+        next_tid += len(pairs)
+        cat_json = json.dumps("stage," + label.replace(" ", "_"))
+        span = e[rows] - s[rows]
+        frac = np.where(busy[rows] >= 0, busy[rows] / np.maximum(span, 1), -1.0)
+        yield from _rows('{"ph":"X","name":%s,"cat":' + cat_json + ',"pid":' + str(SPANS_PID) + ',"tid":%d,"ts":%.3f,'
+                         '"dur":%.3f,"args":{"stage":%s,"host_start_us":%.3f,"gpu_busy_ns":%d,"busy_frac":%.4f,'
+                         '"kernels":%d}},\n',
+                         key_json[kcode[rows]], tids, _us(s[rows] - tl.origin_ns), _us(span), key_json[kcode[rows]],
+                         ts[rows], busy[rows], frac, kernels[rows])
+
+
+def _op_events(tl: Timeline, trace, op_family: np.ndarray, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
+    from maxinstr.analyze.kernels import FAMILY_NAMES
+    from maxinstr.traces.model import OpKind
+
+    ops = trace.ops
+    n = len(ops)
+    counts["ops"] = n
+    kind = np.asarray(ops.kind)
+    counts["kernels"] = int((kind == OpKind.KERNEL).sum())
+    counts["memcpys"] = int((kind == OpKind.MEMCPY).sum())
+    counts["memsets"] = int((kind == OpKind.MEMSET).sum())
+    if n == 0:
+        return
+    dev = np.asarray(ops.device_id, np.int64)
+    stream = np.asarray(ops.stream_id, np.int64)
+    pairs, sid = group_codes(dev, stream)
+    lane = lanes(sid, tl.op_start_ns, tl.op_end_ns)
+    tr, track = group_codes(sid, lane)
+    pid = GPU_PID + np.maximum(dev, 0)
+    for d in np.unique(dev).tolist():
+        tracks.process(int(GPU_PID + max(d, 0)), f"GPU {d}", 2 + max(d, 0))
+    for i, (s_i, ln) in enumerate(tr.tolist()):
+        d, s = pairs[s_i]
+        tracks.thread(int(GPU_PID + max(d, 0)), i + 1, f"stream {s}" + (f" (overlap {ln})" if ln else ""), sort=i + 1)
+    strings = np.asarray(trace.strings, dtype=object)
+    name_json = _esc(strings.tolist()) if len(strings) else np.empty(0, object)
+    nid = np.asarray(ops.name_id, np.int64)
+    default = np.array(['"kernel"', '"memcpy"', '"memset"'], dtype=object)
+    names = np.where(nid >= 0, name_json[np.maximum(nid, 0)] if len(name_json) else "", default[np.clip(kind, 0, 2)])
+    fam = (_esc(FAMILY_NAMES)[op_family] if len(op_family) == n else np.full(n, '"other"', dtype=object))
+    keys = _esc(tl.inst.key.astype(str)) if len(tl.inst) else np.empty(0, object)
+    stage = np.where(tl.op_stage >= 0, keys[np.maximum(tl.op_stage, 0)] if len(keys) else "null", "null")
+    corr = np.asarray(ops.correlation_id, np.int64)
+    nbytes = np.asarray(ops.bytes, np.int64)
+    yield from _rows('{"ph":"X","name":%s,"cat":%s,"pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,'
+                     '"args":{"stage":%s,"correlation_id":%d,"bytes":%d}},\n',
+                     names, fam, pid, track + 1, _us(tl.op_start_ns - tl.origin_ns), _us(tl.op_end_ns - tl.op_start_ns),
+                     stage, corr, nbytes)
+
+
+def _counter_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
+    total = 0
+    for part, smp in tl.samples:
+        devs = smp.devices
+        have = set(smp.rows.dtype.names or ())
+        for d in np.unique(np.asarray(smp.device)).tolist():
+            info = devs[d] if d < len(devs) else {}
+            vis = int(info.get("visible_index", d))
+            pid = GPU_PID + vis
+            tracks.process(pid, f"GPU {vis}", 2 + vis)
+            rows = smp.for_device(d).rows
+            ts = _us(rows["t_ns"].astype(np.int64) - tl.origin_ns)
+            label = f"GPU {vis}" + (f" {part}" if len(tl.samples) > 1 else "")
+            for col, what, unit, scale in COUNTERS:
+                if col not in have:
+                    continue
+                v = rows[col].astype(np.float64) * scale
+                ok = np.isfinite(v)
+                if not ok.any():
+                    continue
+                total += int(ok.sum())
+                tmpl = ('{"ph":"C","name":' + _tmpl(json.dumps(f"{label} {what}")) + ',"pid":%d,"ts":%.3f,"args":{'
+                        + _tmpl(json.dumps(unit)) + ':%.6g}},\n')
+                yield from _rows(tmpl, np.full(int(ok.sum()), pid), ts[ok], v[ok])
+    counts["counter_samples"] = total
+
+
+def events(report: dict[str, Any], analysis) -> Iterator[str]:
+    """The trace-event JSON document, a chunk of text at a time."""
+    tl = timeline(analysis)
+    tracks = _Tracks()
+    counts: dict[str, int] = {}
+    yield '{"displayTimeUnit":"ns","traceEvents":[\n'
+    yield from _stage_events(tl, tracks, counts)
+    if analysis.trace is not None:
+        yield from _op_events(tl, analysis.trace, analysis.op_family, tracks, counts)
+    yield from _counter_events(tl, tracks, counts)
+    counts["metadata"] = len(tracks.meta)
+    # metadata last (tracks are named as events are planned); the array's last element
+    # loses its trailing comma
+    yield ("".join(tracks.meta)[:-2] if tracks.meta else "") + "\n],\n"
+    meta = {
+        "maxinstr": {
+            "schema": "maxinstr-perfetto", "version": 1,
+            "origin_ns": int(tl.origin_ns),
+            "ts_unit": "us from origin_ns on the axis clock",
+            "clock": tl.clock.as_dict(),
+            "counts": counts,
+            "run": (report.get("sources") or {}).get("run"),
+            "trace": (report.get("sources") or {}).get("trace"),
+            "trace_format": (report.get("sources") or {}).get("trace_format"),
+            "generated": report.get("generated"),
+        }
+    }
+    yield '"metadata":' + json.dumps(meta, default=_jsonable, allow_nan=False) + "}\n"
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        f = float(obj)
+        return f if math.isfinite(f) else None
+    return str(obj)
+
+
+def _need_analysis(analysis) -> None:
+    from maxinstr.errors import MaxinstrError
+
+    if analysis is None:
+        raise MaxinstrError("--format perfetto needs the run directory or trace itself, not a saved JSON report "
+                            "(the report keeps statistics, not the timeline)")
+
+
+def write(out: str | Path | IO[str], report: dict[str, Any], analysis=None) -> dict[str, Any]:
+    """Stream the trace JSON to a path (gzip when it ends in ``.gz``; Perfetto opens both) or a
+    text file object. Returns the metadata's ``maxinstr`` block (counts, clock)."""
+    _need_analysis(analysis)
+    chunks = events(report, analysis)
+    if isinstance(out, (str, Path)):
+        path = Path(out)
+        opener = (lambda: gzip.open(path, "wt", compresslevel=6)) if path.suffix == ".gz" else (lambda: open(path, "w"))
+        with opener() as fh:
+            last = _drain(chunks, fh)
+    else:
+        last = _drain(chunks, out)
+    return json.loads(last[len('"metadata":'):-2])["maxinstr"]
+
+
+def _drain(chunks: Iterator[str], fh: IO[str]) -> str:
+    last = ""
+    for chunk in chunks:
+        fh.write(chunk)
+        last = chunk
+    return last
+
+
+def render(report: dict[str, Any], analysis=None) -> str:
+    """The trace JSON as one string (``maxinstr report --format perfetto``). For big traces
+    prefer :func:`write`, which never holds the whole document."""
+    _need_analysis(analysis)
+    buf = io.StringIO()
+    _drain(events(report, analysis), buf)
+    return buf.getvalue()
