@@ -174,8 +174,11 @@ def test_json_raw_push_pop_rows_are_paired(tmp_path):
     )
 
 
+@pytest.mark.parametrize("backend", ["auto", "python"])
 @pytest.mark.parametrize("views", [True, False], ids=["views", "uuid-tables-only"])
-def test_rocpd_reads_the_same_rows_as_csv(tmp_path, csv_trace, views):
+def test_rocpd_reads_the_same_rows_as_csv(tmp_path, csv_trace, views, backend, monkeypatch):
+    if backend == "python":  # the columnar backend's sqlite3 path (native is used when built)
+        monkeypatch.setenv("MAXINSTR_NO_NATIVE_COLUMNS", "1")
     t = read_rocpd(rs.write_rocpd(tmp_path / "run_results.db", views=views))
     assert t.format == "rocpd"
     _same_as_csv(t, csv_trace)

@@ -760,14 +760,35 @@ def _rocpd_sources(path: Path, tables: dict[str, str]) -> dict[str, str]:
 def read_rocpd(path: str | Path, *, progress: Progress | None = None) -> Trace:
     """Read a rocpd SQLite database written by rocprofv3 (ROCm >= 7)."""
     path = Path(path)
-    with _util.sqlite_file(path) as con:
+    with _util.sqlite_db(path) as (con, db_path):
         try:
-            return _read_rocpd(path, con, progress)
+            return _read_rocpd(path, con, db_path, progress)
         except sqlite3.Error as exc:
             raise TraceError(path, f"rocpd: SQLite error: {exc}") from None
 
 
-def _read_rocpd(path: Path, con: sqlite3.Connection, progress: Progress | None) -> Trace:
+def _rocpd_columns(path: Path, db_path: Path, sql: str, kinds: str) -> list[np.ndarray]:
+    """One query through the columnar SQLite backend (native when built): ``i`` columns come
+    back int64 (NULLs must be ``ifnull``-ed in SQL), ``s`` columns as object arrays whose
+    rows share one string per distinct value (NULL -> '')."""
+    from maxinstr.traces import _sqlite_columns
+
+    try:
+        raw = _sqlite_columns.backend("auto").query(str(db_path), sql, kinds)
+    except (RuntimeError, ValueError, TypeError, OverflowError, sqlite3.Error) as exc:
+        raise TraceError(path, f"rocpd: {str(exc)[:100]}") from None
+    out = []
+    for kind, col in zip(kinds, raw):
+        if kind == "s":
+            codes, values = col
+            table = np.array([*values, ""], dtype=object)
+            out.append(table[np.where(codes < 0, len(values), codes)])
+        else:
+            out.append(col)
+    return out
+
+
+def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress | None) -> Trace:
     tables = _util.sqlite_tables(con)
     src = _rocpd_sources(path, tables)
     parts = _Parts()
@@ -781,19 +802,20 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, progress: Progress | None) 
     cat_sql = (
         f"(SELECT S.string FROM {src['rocpd_string']} S WHERE S.id = E.category_id AND S.guid = E.guid)"
     )
-    fetch = _util.fetch_columns
+    def fetch(sql: str, kinds: str) -> list[np.ndarray]:
+        return _rocpd_columns(path, db_path, sql, kinds)
 
     report(progress, "reading rocpd regions")
     start, end, name, pid, tid, corr, cat = fetch(
-        con,
-        f"""SELECT X.start, X.end, S.string, {pid_sql}, {tid_sql}, E.correlation_id, {cat_sql}
+        f"""SELECT ifnull(X.start, -1), ifnull(X.end, -1), S.string, ifnull({pid_sql}, -1), ifnull({tid_sql}, -1),
+                   ifnull(E.correlation_id, -1), {cat_sql}
             FROM {src['rocpd_region']} X
             JOIN {src['rocpd_string']} S ON S.id = X.name_id AND S.guid = X.guid
             LEFT JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
-        7,
+        "iisiiis",
     )
     if len(start):
-        cat = np.where(np.equal(cat, None), "", cat).astype(str)
+        cat = cat.astype(str)
         start = int_column(start, path, "rocpd_region.start")
         end = int_column(end, path, "rocpd_region.end")
         pid = _ints_or(pid, path, "pid")
@@ -821,13 +843,12 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, progress: Progress | None) 
         else "X.agent_id"
     )
     start, end, name, dev, stream, pid, corr = fetch(
-        con,
-        f"""SELECT X.start, X.end, COALESCE(K.display_name, K.kernel_name, ''), {dev_sql}, X.stream_id,
-                   {pid_sql}, E.correlation_id
+        f"""SELECT ifnull(X.start, -1), ifnull(X.end, -1), COALESCE(K.display_name, K.kernel_name, ''),
+                   ifnull({dev_sql}, -1), ifnull(X.stream_id, -1), ifnull({pid_sql}, -1), ifnull(E.correlation_id, -1)
             FROM {src['rocpd_kernel_dispatch']} X
             LEFT JOIN {src['rocpd_info_kernel_symbol']} K ON K.id = X.kernel_id AND K.guid = X.guid
             LEFT JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
-        7,
+        "iisiiii",
     )
     if len(start):
         parts.kernels.append(
@@ -849,13 +870,13 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, progress: Progress | None) 
             f"(SELECT A.type FROM {agent} A WHERE A.id = X.dst_agent_id AND A.guid = X.guid)" if agent else "'GPU'"
         )
         start, end, name, dst, srcd, dst_type, stream, pid, corr, size = fetch(
-            con,
-            f"""SELECT X.start, X.end, S.string, {dst_sql}, {src_sql}, {gpu}, X.stream_id, {pid_sql},
-                       E.correlation_id, X.size
+            f"""SELECT ifnull(X.start, -1), ifnull(X.end, -1), S.string, ifnull({dst_sql}, -1),
+                       ifnull({src_sql}, -1), {gpu}, ifnull(X.stream_id, -1), ifnull({pid_sql}, -1),
+                       ifnull(E.correlation_id, -1), ifnull(X.size, 0)
                 FROM {src['rocpd_memory_copy']} X
                 JOIN {src['rocpd_string']} S ON S.id = X.name_id AND S.guid = X.guid
                 LEFT JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
-            10,
+            "iisiisiiii",
         )
         if len(start):
             dst_i = _ints_or(dst, path, "dst_agent")
@@ -865,7 +886,7 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, progress: Progress | None) 
                     start=int_column(start, path, "rocpd_memory_copy.start"),
                     end=int_column(end, path, "rocpd_memory_copy.end"),
                     name=name.astype(object),
-                    device=np.where(np.asarray(dst_type, dtype=object) == "GPU", dst_i, src_i),
+                    device=np.where(dst_type == "GPU", dst_i, src_i),
                     stream=_ints_or(stream, path, "stream_id"),
                     pid=_ints_or(pid, path, "pid"),
                     corr=_ints_or(corr, path, "correlation_id"),
