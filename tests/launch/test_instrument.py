@@ -1,11 +1,9 @@
 """instrument(): wrapping third-party functions and methods in stages, now or at import."""
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 

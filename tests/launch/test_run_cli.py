@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from _launch_helpers import FAKES, base_env, run_cli
+from _launch_helpers import base_env, run_cli
 
 ENV_PROBE = """
 import json, os, sys

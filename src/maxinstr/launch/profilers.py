@@ -9,7 +9,6 @@ real null implementation: the command runs as given and the run directory is the
 from __future__ import annotations
 
 import glob
-import os
 import shutil
 import sqlite3
 import subprocess
@@ -274,8 +273,3 @@ def make_profiler(name: str, path: str | None = None, **options) -> Profiler:
     if name == "none":
         return NoProfiler()
     raise MaxinstrError(f"unknown profiler {name!r} (choose nsys, rocprofv3 or none)")
-
-
-def exists_nonempty(path: str | os.PathLike) -> bool:
-    p = Path(path)
-    return p.exists() and (p.is_dir() or p.stat().st_size > 0)
