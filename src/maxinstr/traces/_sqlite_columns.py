@@ -43,6 +43,9 @@ def _uri(path: str) -> str:
     return f"file:{quote(os.path.abspath(path))}?mode=ro&immutable=1"
 
 
+_BATCH = 1 << 16  # rows per fetchmany() in the Python backend
+
+
 class PythonBackend:
     """The reference implementation over Python's sqlite3 (slow for millions of rows)."""
 
@@ -52,27 +55,38 @@ class PythonBackend:
         return sqlite3.connect(_uri(path), uri=True)
 
     def query(self, path: str, sql: str, kinds: str) -> list[Any]:
+        # Rows are fetched and converted in batches: a whole fetchall() of millions of rows
+        # holds a tuple per row and an int object per value at once (GBs at 10M rows).
         con = self._connect(path)
+        tables: list[dict[str, int]] = [{} for _ in kinds]
+        chunks: list[list[np.ndarray]] = [[] for _ in kinds]
         try:
-            rows = con.execute(sql).fetchall()
+            cur = con.execute(sql)
+            while True:
+                rows = cur.fetchmany(_BATCH)
+                if not rows:
+                    break
+                for c, (k, col) in enumerate(zip(kinds, zip(*rows))):
+                    if k == "i":
+                        chunks[c].append(np.array(col, dtype=np.int64))
+                    elif k == "f":
+                        chunks[c].append(np.array([np.nan if v is None else v for v in col], dtype=np.float64))
+                    else:
+                        t = tables[c]
+                        chunks[c].append(np.fromiter(
+                            (-1 if v is None else t.setdefault(str(v), len(t)) for v in col),
+                            dtype=np.int32, count=len(col)))  # fmt: skip
+                del rows
         finally:
             con.close()
-        if not rows:
-            return [_empty(k) for k in kinds]
         out: list[Any] = []
-        for k, col in zip(kinds, zip(*rows)):
-            if k == "i":
-                out.append(np.array(col, dtype=np.int64))
-            elif k == "f":
-                out.append(np.array([np.nan if v is None else v for v in col], dtype=np.float64))
-            else:
-                table: dict[str, int] = {}
-                codes = np.fromiter(
-                    (-1 if v is None else table.setdefault(str(v), len(table)) for v in col),
-                    dtype=np.int32,
-                    count=len(col),
-                )
-                out.append((codes, list(table)))
+        for c, k in enumerate(kinds):
+            if not chunks[c]:
+                out.append(_empty(k))
+                continue
+            arr = np.concatenate(chunks[c])
+            chunks[c] = []
+            out.append((arr, list(tables[c])) if k == "s" else arr)
         return out
 
     def query_many(self, path: str, queries: Sequence[tuple]) -> list[list[Any]]:
