@@ -1,0 +1,137 @@
+"""The HTML report: self-contained, every plot present with the report's numbers, facts apart
+from hypotheses. (Rendering in a real browser: test_html_browser.py.)"""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from maxinstr.analyze.report import analyze
+from maxinstr.render import _fmt
+from maxinstr.render import html as rhtml
+from views_data import DATA, recorded_run
+
+
+class _Tags(HTMLParser):
+    """Counts start tags and checks that every opened element is closed in order."""
+
+    VOID = {"meta", "br", "img", "input", "link", "hr", "col", "wbr"}
+    SVG_LEAVES = {"rect", "line", "polyline", "polygon", "circle", "path", "text"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count: dict[str, int] = {}
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+        self.attrs: list[tuple[str, dict]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.count[tag] = self.count.get(tag, 0) + 1
+        self.attrs.append((tag, dict(attrs)))
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag in self.VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes <{self.stack[-1] if self.stack else None}>")
+            return
+        self.stack.pop()
+
+
+def _parse(doc: str) -> _Tags:
+    p = _Tags()
+    p.feed(doc)
+    p.close()
+    return p
+
+
+@pytest.fixture(scope="module")
+def decode_html():
+    a = analyze(trace=str(DATA / "nsys" / "h200_decode.sqlite"))
+    return a, rhtml.render(a.report, analysis=a)
+
+
+def test_self_contained_and_well_formed(decode_html):
+    _, doc = decode_html
+    assert doc.startswith("<!DOCTYPE html>")
+    # nothing fetched from anywhere: no external script, stylesheet, image or font
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", doc)
+    assert "@import" not in doc and "url(" not in doc
+    tags = _parse(doc)
+    assert tags.errors == [] and tags.stack == []
+    assert tags.count.get("script", 0) == 0
+
+
+def test_plots_carry_the_report_numbers(decode_html):
+    a, doc = decode_html
+    tags = _parse(doc)
+    svgs = [attrs.get("aria-label") for tag, attrs in tags.attrs if tag == "svg"]
+    assert "per-stage time breakdown" in svgs
+    assert "GPU metrics over time with stage bands" in svgs
+    assert svgs.count("kernel family mix") >= 3  # one per stage with kernels + the whole input
+    dec = next(s for s in a.report["stages"] if s["name"] == "decode")
+    # breakdown row: host median, GPU (projected) median, busy fraction, steady instances
+    assert f"{_fmt.ns(dec['host_ns']['median'])} · {_fmt.ns(dec['gpu_proj_ns']['median'])} · 18% · 72" in doc
+    # the trace-derived busy share is drawn (no samples in a trace), with as many points as bins
+    polys = [attrs for tag, attrs in tags.attrs if tag == "polygon" and attrs.get("class") == "series"]
+    assert polys and int(polys[0]["data-points"]) >= 50
+    # one stage band strip per stage, and its instances drawn
+    for name in ("request", "prefill", "decode", "sample"):
+        assert f"<title>{name}: " in doc
+    # top kernels per stage: the dominant decode kernel with its family colour
+    top = dec["mix"]["top_kernels"][0]
+    assert top["name"] in doc and rhtml.FAMILY_COLORS[top["family"]] in doc
+
+
+def test_facts_apart_from_hypotheses():
+    a = analyze(trace=str(DATA / "kineto" / "h200_decode.pt.trace.json.gz"))
+    doc = rhtml.render(a.report, analysis=a)
+    facts_at, hyps_at = doc.index("Facts (measured)"), doc.index("Hypotheses (to confirm)")
+    assert facts_at < hyps_at
+    for d in a.report["diagnosis"]:
+        at = doc.index(f'data-id="{d["id"]}"')
+        assert (at > hyps_at) == (d["verdict"] == "hypothesis"), d["id"]
+    hyp = next(d for d in a.report["diagnosis"] if d["verdict"] == "hypothesis")
+    assert "Validate:" in doc[doc.index(f'data-id="{hyp["id"]}"'):]
+    assert "attention_dominated_decode" in doc
+
+
+def test_run_directory_with_samples(tmp_path, monkeypatch):
+    run = recorded_run(tmp_path / "run", monkeypatch)
+    a = analyze(run=str(run))
+    doc = rhtml.render(a.report, analysis=a)
+    tags = _parse(doc)
+    assert tags.errors == []
+    lines: dict[str, int] = {}
+    for tag, attrs in tags.attrs:
+        if tag == "polyline" and attrs.get("class") == "series":
+            lines[attrs["stroke"]] = max(lines.get(attrs["stroke"], 0), int(attrs["data-points"]))
+    # util, SM active, tensor active, power, memory: every sampler row of the replayed H200 (GPM ones ~1 in 10)
+    assert len(lines) == 5 and min(lines.values()) > 20, lines
+    for label in ("utilization / activity (%)", "power (W)", "memory used (GiB"):
+        assert label in doc
+    assert "Perturbed" not in doc  # no profiler: not perturbed
+    for name in ("idle", "matmul", "tiny"):
+        assert f"<title>{name}: " in doc
+
+
+def test_saved_report_renders_without_timeline(decode_html):
+    a, _ = decode_html
+    doc = rhtml.render(a.report)  # what `maxinstr report saved.json --format html` does
+    assert "keeps statistics, not the timeline" in doc
+    assert 'aria-label="per-stage time breakdown"' in doc
+    assert _parse(doc).errors == []
+
+
+def test_every_fixture_renders():
+    for path in ("nsys/cs336_2_7B_nvtx_nsys2024.6.sqlite", "rocprof/rpd/matmul_result.rpd",
+                 "nsys/pipit_cloverleaf_no_nvtx_nsys2024.5.sqlite", "kineto/hta_triton_example.json.gz"):
+        a = analyze(trace=str(DATA / path))
+        doc = rhtml.render(a.report, analysis=a)
+        tags = _parse(doc)
+        assert tags.errors == [] and tags.stack == [], path
+        assert len(doc) < 2_000_000, path
