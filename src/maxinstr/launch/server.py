@@ -112,26 +112,29 @@ def _wait_ready(state: ServerState, ready: str | None, timeout_s: float, pattern
     fatal = sv.compile_patterns(patterns or ())
     log = Path(state.log)
     deadline = time.monotonic() + timeout_s
-    seen = 0
-    while True:
-        text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
-        new, seen = text[seen:], len(text)
-        for line in new.splitlines():
-            if rx is not None and rx.search(line):
+    tail: list[str] = []
+    pending = ""
+    with open(log, "rb") as fh:  # read what is new each time, never the whole log again
+        while True:
+            pending += fh.read().decode("utf-8", "replace")
+            *lines, pending = pending.split("\n")
+            for line in lines:
+                tail = (tail + [line])[-8:]
+                if rx is not None and rx.search(line):
+                    return
+                for label, frx in fatal:
+                    if frx.search(line):
+                        _kill_group(state)
+                        raise MaxinstrError(f"server stopped: {label}: {line.strip()[:300]} (log {log})")
+            if not state.alive():
+                text = "\n".join("    " + x for x in tail + ([pending] if pending else []))
+                raise MaxinstrError(f"the server exited before it was ready (log {log}):\n{text}")
+            if rx is None:
                 return
-            for label, frx in fatal:
-                if frx.search(line):
-                    _kill_group(state)
-                    raise MaxinstrError(f"server stopped: {label}: {line.strip()[:300]} (log {log})")
-        if not state.alive():
-            tail = "\n".join("    " + x for x in text.splitlines()[-8:])
-            raise MaxinstrError(f"the server exited before it was ready (log {log}):\n{tail}")
-        if rx is None:
-            return
-        if time.monotonic() > deadline:
-            _kill_group(state)
-            raise MaxinstrError(f"the server did not log /{ready}/ within {timeout_s:g} s (log {log}); stopped it")
-        time.sleep(0.1)
+            if time.monotonic() > deadline:
+                _kill_group(state)
+                raise MaxinstrError(f"the server did not log /{ready}/ within {timeout_s:g} s (log {log}); stopped it")
+            time.sleep(0.1)
 
 
 def _kill_group(state: ServerState, grace_s: float = 10.0) -> None:
