@@ -11,7 +11,7 @@ How calls are made (``MAXINSTR_SAMPLER_GIL``; the choice is written to samples.j
 - ``auto`` (default): per-row calls go straight to the NVML library through a ``ctypes.PyDLL``
   view (GIL held: one GIL hand-over per row instead of one per call, see
   :func:`direct_library`). Every call is timed: one slower than
-  :data:`~maxinstr.sample.base.SLOW_CALL_NS` (median of 5 calls at start, or 3 calls in a row
+  :data:`~maxinstr.sample.base.SLOW_CALL_NS` (median of 5 calls at start, or 5 calls in a row
   while sampling) is moved to every :data:`MOVED_INTERVAL_S` and then called with the GIL
   released (a ``ctypes.CDLL`` view), so a millisecond call never stops the user's Python.
 - ``release``: every call releases the GIL (CDLL view). The user's Python runs during the
