@@ -20,6 +20,8 @@ from maxinstr.render import _fmt as f
 
 W = 1000
 """Width of every SVG's coordinate system (they scale to the page)."""
+STEPS_MIN = 8
+"""Per-step charts only for stages with at least this many steps (the re-prefill rule's minimum)."""
 SERIES_POINTS = 1200
 """At most this many points per plotted sampler series (bin means)."""
 
@@ -177,7 +179,12 @@ def breakdown_svg(stages: Sequence[dict]) -> str:
     rows = [s for s in stages if (s.get("host_ns") or {}).get("n") or f.gpu_stat(s)[1]]
     label_w, bar_x, bar_w, row_h = 230, 240, 470, 26
     h = 30 + row_h * len(rows) + 8
-    body = [_text(bar_x, 14, "median per steady instance; bar = the larger of host time and GPU span", 11, fill="#5b6577"),
+    # with GPU data each bar is its own stage's split; host times alone share one scale
+    host_only = not any(f.gpu_stat(s)[1] for s in rows)
+    common = max([f.stat(s.get("headline_host_ns") or s.get("host_ns")) or 0.0 for s in rows] + [1.0])
+    what = "host median per steady instance, one scale" if host_only else \
+        "median per steady instance; bar = the larger of host time and GPU span"
+    body = [_text(bar_x, 14, what, 11, fill="#5b6577"),
             _text(W - 8, 14, "host · GPU · busy · n", 11, "end", "#5b6577")]
     for i, s in enumerate(rows):
         y = 24 + i * row_h
@@ -186,7 +193,7 @@ def breakdown_svg(stages: Sequence[dict]) -> str:
         gpu = f.stat(g) or 0.0
         busy = f.stat(s.get("gpu_busy_ns")) or 0.0
         frac = f.stat(s.get("gpu_busy_frac"))
-        full = max(host, gpu, 1.0)
+        full = common if host_only else max(host, gpu, 1.0)
         indent = 12 * int(s.get("depth", 0))
         body.append(_text(label_w - 4 - 0, y + 15, _short(s["name"], 30), 12, "end"))
         if indent:
@@ -560,7 +567,8 @@ def steps_svg(stage: dict) -> str | None:
 
 
 def _steps_section(report: dict) -> str:
-    charts = [c for c in (steps_svg(s) for s in report.get("stages") or [] if s.get("steps") or s.get("per_step")) if c]
+    charts = [c for c in (steps_svg(s) for s in report.get("stages") or []
+                          if (s.get("steps") or {}).get("n_steps", 0) >= STEPS_MIN) if c]
     if not charts:
         return ""
     return ('<section id="steps"><h2>Per-step trends</h2><p class="note">A time that grows with the step index '
