@@ -194,11 +194,8 @@ def breakdown_svg(stages: Sequence[dict]) -> str:
         busy = f.stat(s.get("gpu_busy_ns")) or 0.0
         frac = f.stat(s.get("gpu_busy_frac"))
         full = common if host_only else max(host, gpu, 1.0)
-        indent = 12 * int(s.get("depth", 0))
-        body.append(_text(label_w - 4 - 0, y + 15, _short(s["name"], 30), 12, "end"))
-        if indent:
-            body.append(f'<line x1="{label_w - 2 - 200 + indent:.0f}" y1="{y + 11}" x2="{label_w - 2 - 200 + indent:.0f}" '
-                        f'y2="{y + 11}" stroke="none"/>')
+        indent = 14 * int(s.get("depth", 0))
+        body.append(_text(8 + indent, y + 16, _short(s["name"], 32 - indent // 7), 12))
         tip = (f"{s['name']}: host {f.ns(host)}, GPU {glabel or '-'} {f.ns(gpu) if gpu else '-'}, busy "
                f"{f.ns(busy) if busy else '-'} ({f.pct(frac) if frac is not None else '-'}), {s.get('steady')} steady instances")
         body.append(_rect(bar_x, y + 4, bar_w, 16, "#f1f3f7", tip))

@@ -44,6 +44,9 @@ SPANS_PID = PID_BASE
 GPU_PID = PID_BASE + 16
 """``GPU_PID + device`` is the process of one GPU."""
 
+GZIP_LEVEL = 3
+"""Fast enough to stay near the plain write; a trace's JSON compresses ~20x anyway."""
+
 MAX_LANES = 16
 """Overlapping slices of one track are spread over at most this many lanes (Chrome JSON
 slices of one thread must nest); the rest share the last lane."""
@@ -233,6 +236,8 @@ class Timeline:
     """``(part name, Samples)`` with at least one row; their ``t_ns`` is on the host clock."""
     thread_names: dict[int, str]
     pid_names: dict[int, str]
+    gpu_names: dict[int, str] = field(default_factory=dict)
+    """Visible GPU index -> name (run meta.json, else the sampler's device list)."""
 
     @property
     def end_ns(self) -> int:
@@ -297,13 +302,21 @@ def timeline(analysis) -> Timeline:
             if hasattr(smp, "t_ns") and len(smp):
                 samples.append((name, smp))
 
+    gpu_names: dict[int, str] = {}
+    for _, smp in samples:
+        for d in smp.devices:
+            if d.get("name"):
+                gpu_names.setdefault(int(d.get("visible_index", 0)), str(d["name"]))
+    for g in ((run.meta or {}).get("gpus") or []) if run is not None else []:
+        if isinstance(g, dict) and g.get("name") is not None:
+            gpu_names[int(g.get("index", 0))] = str(g["name"])
     lows = [int(a[a >= 0].min()) for a in (inst.host_start_ns, proj_s, ev_s, op_s) if len(a) and (a >= 0).any()]
     lows += [int(s.t_ns.min()) for _, s in samples]
     origin = min(lows) if lows else 0
     tnames = {int(k): str(v) for k, v in (getattr(trace, "thread_names", None) or {}).items()} if trace is not None else {}
     return Timeline(clock=clock, origin_ns=origin, inst=inst, inst_pid=inst_pid, proj_start_ns=proj_s,
                     proj_end_ns=proj_e, event_start_ns=ev_s, event_end_ns=ev_e, op_start_ns=op_s, op_end_ns=op_e,
-                    op_stage=op_stage, samples=samples, thread_names=tnames, pid_names=pid_names)
+                    op_stage=op_stage, samples=samples, thread_names=tnames, pid_names=pid_names, gpu_names=gpu_names)
 
 
 def _us(ns: np.ndarray) -> np.ndarray:
@@ -400,7 +413,7 @@ def _op_events(tl: Timeline, trace, op_family: np.ndarray, tracks: _Tracks, coun
     tr, track = group_codes(sid, lane)
     pid = GPU_PID + np.maximum(dev, 0)
     for d in np.unique(dev).tolist():
-        tracks.process(int(GPU_PID + max(d, 0)), f"GPU {d}", 2 + max(d, 0))
+        tracks.process(int(GPU_PID + max(d, 0)), _gpu_label(tl, d), 2 + max(d, 0))
     for i, (s_i, ln) in enumerate(tr.tolist()):
         d, s = pairs[s_i]
         tracks.thread(int(GPU_PID + max(d, 0)), i + 1, f"stream {s}" + (f" (overlap {ln})" if ln else ""), sort=i + 1)
@@ -420,6 +433,11 @@ def _op_events(tl: Timeline, trace, op_family: np.ndarray, tracks: _Tracks, coun
                      stage, corr, nbytes)
 
 
+def _gpu_label(tl: Timeline, index: int) -> str:
+    name = tl.gpu_names.get(int(index))
+    return f"GPU {index}" + (f" ({name})" if name else "")
+
+
 def _counter_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
     total = 0
     for part, smp in tl.samples:
@@ -429,7 +447,7 @@ def _counter_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> It
             info = devs[d] if d < len(devs) else {}
             vis = int(info.get("visible_index", d))
             pid = GPU_PID + vis
-            tracks.process(pid, f"GPU {vis}", 2 + vis)
+            tracks.process(pid, _gpu_label(tl, vis), 2 + vis)
             rows = smp.for_device(d).rows
             ts = _us(rows["t_ns"].astype(np.int64) - tl.origin_ns)
             label = f"GPU {vis}" + (f" {part}" if len(tl.samples) > 1 else "")
@@ -501,7 +519,7 @@ def write(out: str | Path | IO[str], report: dict[str, Any], analysis=None) -> d
     chunks = events(report, analysis)
     if isinstance(out, (str, Path)):
         path = Path(out)
-        opener = (lambda: gzip.open(path, "wt", compresslevel=6)) if path.suffix == ".gz" else (lambda: open(path, "w"))
+        opener = (lambda: gzip.open(path, "wt", compresslevel=GZIP_LEVEL)) if path.suffix == ".gz" else (lambda: open(path, "w"))
         with opener() as fh:
             last = _drain(chunks, fh)
     else:
