@@ -224,15 +224,15 @@ def _read(path: Path, doc: dict, events: list, progress: Progress | None) -> Tra
                 corr=_loose_ints(_args_col(evs, "correlation")),
                 bytes=_loose_ints(_args_col(evs, "bytes")) if kind != OpKind.KERNEL else np.zeros(len(evs), np.int64),
                 graph=_loose_ints(_args_col(evs, "graph node id")),
-                flow_key=[(e.get("pid"), e.get("tid"), e.get("ts")) for e in evs],
+                events=evs,
             )
         )
     if o_parts:
-        oc = {k: (np.concatenate([p[k] for p in o_parts]) if k != "flow_key" else sum((p[k] for p in o_parts), []))
-              for k in o_parts[0]}
+        oc = {k: np.concatenate([p[k] for p in o_parts]) for k in o_parts[0] if k != "events"}
         corr = oc["corr"]
-        if (corr == NO_ID).any():
-            corr = _corr_from_flows(events, ph, cat, oc["flow_key"], corr, notes)
+        if (corr == NO_ID).any():  # only then: where each op sits, to find its ac2g flow end
+            keys = [(e.get("pid"), e.get("tid"), e.get("ts")) for p in o_parts for e in p["events"]]
+            corr = _corr_from_flows(events, ph, cat, keys, corr, notes)
         ops = GpuOps(
             start_ns=oc["start"],
             end_ns=oc["end"],
