@@ -4,6 +4,8 @@ from hypotheses. (Rendering in a real browser: test_html_browser.py.)"""
 from __future__ import annotations
 
 import re
+
+import numpy as np
 from html.parser import HTMLParser
 
 import pytest
@@ -135,3 +137,26 @@ def test_every_fixture_renders():
         tags = _parse(doc)
         assert tags.errors == [] and tags.stack == [], path
         assert len(doc) < 2_000_000, path
+
+
+def test_kernel_busy_share_is_exact_on_a_real_trace():
+    a = analyze(trace=str(DATA / "nsys" / "h200_decode.sqlite"))
+    s, e = a.trace.ops.start_ns.astype(float), a.trace.ops.end_ns.astype(float)
+    edges = np.linspace(s.min() - 1e3, e.max() + 1e3, 97)
+    got = np.diff(rhtml.busy_before(s, e, edges))
+    want = np.array([np.clip(np.minimum(e, hi) - np.maximum(s, lo), 0, None).sum() for lo, hi in zip(edges, edges[1:])])
+    assert np.allclose(got, want, rtol=1e-9, atol=1e-3)
+    assert got.sum() == pytest.approx((e - s).sum())
+
+
+def test_cli_writes_html(tmp_path):
+    from click.testing import CliRunner
+
+    from maxinstr.cli.report import command
+
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(command, ["--trace", str(DATA / "nsys" / "h200_decode.sqlite"), "--format", "html",
+                                       "-o", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    doc = out.read_text()
+    assert 'aria-label="GPU metrics over time with stage bands"' in doc and "launch_bound" in doc

@@ -191,3 +191,13 @@ def test_cli_writes_perfetto(tmp_path):
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())
     assert doc["metadata"]["maxinstr"]["counts"]["ops"] == 1730
+
+
+def test_run_with_a_monotonic_clock_trace_needs_no_offset(tmp_path, monkeypatch):
+    # rocprof/RPD traces are on CLOCK_MONOTONIC, the run's own clock: with nothing joined the
+    # offset is 0 and the metadata says why
+    run = recorded_run(tmp_path / "run", monkeypatch)
+    a = analyze(run=str(run), trace=str(DATA / "rocprof" / "rpd" / "matmul_result.rpd"))
+    assert "MONOTONIC" in a.trace.clock
+    clock = perfetto.align(a)
+    assert clock.method == "same_clock" and clock.offset_ns == 0

@@ -272,6 +272,16 @@ def _bin_mean(t: np.ndarray, v: np.ndarray, t0: float, t1: float, bins: int) -> 
     return tm[has] / cnt[has], sm[has] / cnt[has]
 
 
+def busy_before(start: np.ndarray, end: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Per edge E, the op time run before E: sum of clip(E - start, 0, end - start), exactly,
+    from sorted starts and ends with prefix sums (ops on several streams add up)."""
+    s = np.sort(np.asarray(start, np.float64))
+    en = np.sort(np.asarray(end, np.float64))
+    cs, ce = np.r_[0.0, np.cumsum(s)], np.r_[0.0, np.cumsum(en)]
+    ns_, ne = np.searchsorted(s, edges), np.searchsorted(en, edges)
+    return (ns_ * edges - cs[ns_]) - (ne * edges - ce[ne])
+
+
 def timeline_section(report: dict, analysis) -> str:
     """GPU metrics over time with the stages as bands (needs the analysis's columns)."""
     head = '<section id="timeline"><h2>GPU over time, with the stages</h2>'
@@ -367,14 +377,9 @@ def timeline_section(report: dict, analysis) -> str:
                 limits_mem.append(float(info["mem_total_bytes"]) / 2**30)
     if tl.op_start_ns is not None and len(tl.op_start_ns):
         bins = min(SERIES_POINTS, max(50, plot_w))
-        edges_w = span / bins
-        inside = (tl.op_start_ns >= t0) & (tl.op_start_ns < t1)
-        b = np.minimum(((tl.op_start_ns[inside] - t0) / edges_w).astype(np.int64), bins - 1)
-        dur = (tl.op_end_ns[inside] - tl.op_start_ns[inside]).astype(np.float64)
-        busy = np.bincount(b, weights=dur, minlength=bins)
-        pct = np.minimum(busy / edges_w * 100.0, 100.0)
-        tt = t0 + (np.arange(bins) + 0.5) * edges_w
-        util_series.append(("kernels running (trace) %", "#9aa3b2", tt, pct, "area"))
+        edges = t0 + np.arange(bins + 1) * (span / bins)
+        pct = np.minimum(np.diff(busy_before(tl.op_start_ns, tl.op_end_ns, edges)) / (span / bins) * 100.0, 100.0)
+        util_series.append(("kernels running (trace) %", "#9aa3b2", (edges[:-1] + edges[1:]) / 2, pct, "area"))
     if util_series:
         charts.append(("utilization / activity (%)", util_series, 100.0, "%"))
     if power_series:
