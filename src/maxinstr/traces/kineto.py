@@ -247,6 +247,14 @@ def _read(path: Path, doc: dict, events: list, progress: Progress | None) -> Tra
         )
         ops = ops.take(np.argsort(ops.start_ns, kind="stable"))
         ops.pid, ops.bytes = _from_calls(ops, calls, call_size, notes)
+        # graph replays: Kineto names no graph node; as for rocprofv3/RPD, the order of an op
+        # within its cudaGraphLaunch stands in (kept where the trace does carry a node id)
+        graph_corr = calls.correlation_id[calls.kind == int(CallKind.GRAPH)]
+        stand_in = _util.graph_node_ordinals(ops.correlation_id, ops.start_ns, graph_corr)
+        fill = (ops.graph_node_id == NO_ID) & (stand_in != NO_ID)
+        if fill.any():
+            ops.graph_node_id = np.where(fill, stand_in, ops.graph_node_id)
+            notes.append(f"graph node ids of {int(fill.sum())} ops are stand-ins: their order within their graph launch")
     else:
         ops = GpuOps()
 
