@@ -257,3 +257,26 @@ def fake_amdsmi() -> Callable[..., FakeAmdSmi]:
 def amdsmi_spec() -> type:
     """The spec class (its ``amdsmi_*`` functions are the ones the sampler may call)."""
     return AmdSmiSpec
+
+
+# ------------------------------------------------------------- stand-in libnvidia-ml (C)
+@pytest.fixture(scope="session")
+def fake_nvml_lib_path(tmp_path_factory):
+    """The stand-in libnvidia-ml of benchmarks/sampler_cost.py, compiled once (skips without a C
+    compiler or nvidia-ml-py). For code that loads it itself, e.g. a sampler child process."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    if pynvml is None:
+        pytest.skip("nvidia-ml-py not installed")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "sampler_cost.py"
+    code = bench.read_text().split('FAKE_NVML_C = r"""', 1)[1].split('"""', 1)[0]
+    d = tmp_path_factory.mktemp("fake-nvml")
+    (d / "fake.c").write_text(code)
+    lib = d / "libfake-nvml.so"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(lib), str(d / "fake.c")], check=True)
+    return lib

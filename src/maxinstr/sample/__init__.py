@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from maxinstr.sample.read import Samples
     from maxinstr.sample.writer import Sampler
 
-__all__ = ["DEFAULT_INTERVAL_S", "open_backend", "read_samples", "start_sampler"]
+__all__ = ["DEFAULT_INTERVAL_S", "open_backend", "read_samples", "sampler_mode", "start_sampler"]
 
 DEFAULT_INTERVAL_S = 0.01
 """100 Hz: fast enough to see a decode step. Cost measured in docs/benchmarks.md (target <= 1%)."""
@@ -94,8 +94,14 @@ def start_sampler(
     the sampler in local rank 0 only, which samples every GPU of the node once.
     ``pids``: processes whose GPU memory is recorded as ``proc_mem_bytes`` (default: this
     one). ``backend``: a ready backend (tests, benchmarks); default: :func:`open_backend`.
-    Returns the :class:`~maxinstr.sample.writer.Sampler`; call ``.stop()`` when done. With
-    no GPU, no thread runs and samples.json says why. Never raises.
+    Where: by default (``MAXINSTR_SAMPLER_GIL=process``, see :func:`sampler_mode`) NVIDIA GPUs
+    are sampled by a child process (:mod:`maxinstr.sample.process`), so the sampler never
+    takes this process's GIL; if the child cannot start, and for AMD, mocks and given
+    backends, a thread in this process samples (``MAXINSTR_SAMPLER_GIL=auto``/``release`` ask
+    for that). Returns the :class:`~maxinstr.sample.writer.Sampler` (or a
+    :class:`~maxinstr.sample.process.ProcessSampler` with the same ``stop()``, ``running``,
+    ``devices``, ``unavailable``, ``notes``); call ``.stop()`` when done. With no GPU, nothing
+    runs and samples.json says why. Never raises.
     """
     from maxinstr.sample.base import ErrorLog, NullBackend
     from maxinstr.sample.writer import Sampler, clock_ns
@@ -119,11 +125,57 @@ def start_sampler(
     try:
         if backend is None:
             backend, unavailable = open_backend(errors, interval_s=interval, env=env, pids=pid_list)
+            if not unavailable and sampler_mode() == "process" and _real_nvml(backend):
+                child_extra = {**(extra or {}), **({"parent_notes": notes} if notes else {})}
+                child = _start_child(Path(part_dir), interval, pid_list, devices, flush_interval_s, env, notes,
+                                     child_extra)
+                if child is not None:
+                    backend.shutdown()  # the child has its own
+                    return child  # type: ignore[return-value]
     except Exception as exc:  # noqa: BLE001 - open_backend never raises, but be sure
         backend, unavailable = NullBackend(str(exc)), str(exc)
     sampler = Sampler(Path(part_dir), interval, backend, unavailable=unavailable, notes=notes, errors=errors,
                       pids=pid_list, extra=extra, flush_interval_s=flush_interval_s, only=devices)
     return sampler.start()
+
+
+_VISIBILITY_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
+def sampler_mode() -> str:
+    """``MAXINSTR_SAMPLER_GIL``: ``process`` (default: a child process samples, your GIL is never
+    touched), ``auto`` (a thread here: cheap calls with the GIL held, slow ones moved and
+    released) or ``release`` (a thread here, GIL released on every call)."""
+    mode = os.environ.get("MAXINSTR_SAMPLER_GIL", "").strip().lower()
+    return mode if mode in ("process", "auto", "release") else "process"
+
+
+def _real_nvml(backend: Any) -> bool:
+    """A child process is used for the real NVML library only (not mocks, not AMD yet)."""
+    return getattr(backend, "name", "") == "nvml" and getattr(backend, "_released", None) is not None
+
+
+def _start_child(part_dir: Path, interval: float, pids: list[int], devices: Collection[int] | None,
+                 flush_interval_s: float, env: Mapping[str, str] | None, notes: list[str],
+                 extra: dict[str, Any]) -> Any:
+    """A started :class:`~maxinstr.sample.process.ProcessSampler`, or None (why in ``notes``)."""
+    try:
+        from maxinstr.sample.process import ProcessSampler
+
+        child_env = dict(os.environ)
+        if env is not None:  # the caller's view of device visibility, not ours
+            for key in _VISIBILITY_ENV:
+                child_env.pop(key, None)
+                if key in env:
+                    child_env[key] = env[key]
+        child = ProcessSampler(part_dir, interval, pids=pids, devices=devices, flush_interval_s=flush_interval_s,
+                               env=child_env, extra=extra)
+        if child.start():
+            return child
+        notes.append(f"the sampler process did not start ({child.failure}); sampling in this process")
+    except Exception as exc:  # noqa: BLE001 - fall back to the in-process sampler
+        notes.append(f"the sampler process did not start ({type(exc).__name__}: {exc}); sampling in this process")
+    return None
 
 
 def read_samples(part_dir: Path | str) -> "Samples":

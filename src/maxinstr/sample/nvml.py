@@ -17,6 +17,8 @@ How calls are made (``MAXINSTR_SAMPLER_GIL``; the choice is written to samples.j
 - ``release``: every call releases the GIL (CDLL view). The user's Python runs during the
   calls, but each return waits for the GIL (up to the 5 ms switch interval in a program busy
   in Python), so a row is read over several switch intervals.
+- ``process``: the sampler runs in a child process (:mod:`maxinstr.sample.process`, which
+  uses ``auto`` there); this backend then lives in the child.
 
 ``MAXINSTR_SAMPLER_PROFILE=1`` also records each call's thread CPU time (``cost.probes``).
 
@@ -147,12 +149,22 @@ def _code(exc: BaseException) -> int | None:
     return value if isinstance(value, int) else None
 
 
+NVML_LIB_ENV = "MAXINSTR_SAMPLER_NVML_LIB"
+"""Tests and benchmarks: path of a stand-in libnvidia-ml for pynvml to use (in this process and
+in a sampler child process) instead of the driver's."""
+
+
 def import_pynvml() -> Any:
     """The pynvml module, or :class:`Unavailable`. Imported only when sampling starts."""
     try:
         import pynvml
     except ImportError as exc:
         raise Unavailable(f"nvidia-ml-py is not installed ({exc})") from None
+    lib = os.environ.get(NVML_LIB_ENV)
+    if lib and getattr(pynvml, "nvmlLib", None) is None:
+        import ctypes
+
+        pynvml.nvmlLib = ctypes.CDLL(lib)  # pynvml loads nothing else once this is set
     return pynvml
 
 
@@ -525,6 +537,8 @@ class NvmlBackend(Backend):
         self.notes: list[str] = []
         self.source = ""
         mode = os.environ.get("MAXINSTR_SAMPLER_GIL", "auto").strip().lower() or "auto"
+        if mode == "process":  # this backend runs in-process after all (start_sampler fell back, or a test)
+            mode = "auto"
         if mode not in ("auto", "release"):
             self.notes.append(f"MAXINSTR_SAMPLER_GIL={mode!r} is not auto or release; auto used")
             mode = "auto"

@@ -1,0 +1,209 @@
+"""The sampler in a process of its own (``MAXINSTR_SAMPLER_GIL=process``).
+
+A sampler thread in the user's process shares its GIL: however cheap the vendor calls, every
+tick hands the GIL over and back (see docs/sampler.md, "What a sample costs"). Here the same
+sampler runs in a child process (``python -m maxinstr.sample.process``) that has its own GIL,
+so the user's Python is never stopped by it; what it costs is CPU on another core. The child
+writes the same ``samples.bin`` / ``samples.json`` into the part directory (timestamps are
+CLOCK_MONOTONIC, which is system-wide, so they line up with the parent's stage records).
+
+Protocol: the parent starts the child with a pipe on its stdin and waits (``ready_timeout_s``)
+for one JSON line on the child's original stdout: ``{"unavailable": ..., "devices": [...]}``
+(anything a vendor library prints goes to the child's stderr, which is kept in
+``sampler-stderr.txt`` in the part directory when not empty). ``stop()`` writes ``stop`` and
+closes the pipe; the child stops its sampler (final samples.json) and exits. If the parent
+dies, the pipe closes and the child stops the same way. If the child does not come up,
+:func:`~maxinstr.sample.start_sampler` samples in-process instead and says so in ``notes``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Collection
+
+from maxinstr.sample.base import DeviceInfo
+from maxinstr.sample.nvml import NVML_LIB_ENV  # noqa: F401 - tests and benchmarks set it
+
+STDERR_FILE = "sampler-stderr.txt"
+
+
+class _RemoteDevice:
+    """What the parent knows of a device the child samples."""
+
+    def __init__(self, info: DeviceInfo) -> None:
+        self.info = info
+
+
+class ProcessSampler:
+    """A sampler running in a child process; the same ``stop()`` / ``running`` / ``devices`` /
+    ``unavailable`` surface as :class:`~maxinstr.sample.writer.Sampler`. Never raises."""
+
+    def __init__(self, part_dir: Path, interval_s: float, *, pids: list[int], devices: Collection[int] | None,
+                 flush_interval_s: float, env: dict[str, str] | None = None, ready_timeout_s: float = 20.0,
+                 extra: dict[str, Any] | None = None) -> None:
+        self.part_dir = Path(part_dir)
+        self.interval_s = interval_s
+        self.pids = pids
+        self.only = None if devices is None else sorted(int(i) for i in devices)
+        self.flush_interval_s = flush_interval_s
+        self.env = env
+        self.ready_timeout_s = ready_timeout_s
+        self.extra = dict(extra or {})
+        self.devices: list[_RemoteDevice] = []
+        self.unavailable = ""
+        self.failure = ""
+        self.notes: list[str] = []
+        self._proc: subprocess.Popen | None = None
+        self._stderr: Any = None
+        self._stopped = False
+        self._pid = os.getpid()
+
+    def start(self) -> bool:
+        """Start the child and wait until it samples (or says why it cannot). False, with
+        ``failure`` set, when the child did not come up; nothing is left running then."""
+        try:
+            self.part_dir.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, "-m", "maxinstr.sample.process", str(self.part_dir), repr(self.interval_s),
+                   ",".join(str(p) for p in self.pids), "" if self.only is None else ",".join(map(str, self.only)),
+                   repr(self.flush_interval_s), str(os.getpid()), json.dumps(self.extra, default=str)]
+            env = dict(os.environ if self.env is None else self.env)
+            env["MAXINSTR_SAMPLER_GIL"] = "auto"  # in its own process, holding the GIL stops nobody
+            src = str(Path(__file__).resolve().parents[2])  # the package the parent imported
+            env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            self._stderr = open(self.part_dir / STDERR_FILE, "wb")
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                          env=env, close_fds=True, start_new_session=True)
+            line = self._ready_line()
+            if line is None:
+                return self._give_up(self.failure or "no answer")
+            doc = json.loads(line)
+            self.unavailable = doc.get("unavailable") or ""
+            self.devices = [_RemoteDevice(DeviceInfo(**d)) for d in doc.get("devices", [])]
+            self.notes = list(doc.get("notes", []))
+            atexit.register(self.stop)
+            return True
+        except Exception as exc:  # noqa: BLE001 - the caller falls back to an in-process sampler
+            return self._give_up(f"{type(exc).__name__}: {exc}")
+
+    def _ready_line(self) -> str | None:
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        deadline = time.monotonic() + self.ready_timeout_s
+        buf = b""
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.failure = f"no answer within {self.ready_timeout_s:g} s"
+                return None
+            r, _, _ = select.select([fd], [], [], left)
+            if not r:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                code = self._proc.wait()
+                self.failure = f"the sampler process exited with status {code}{self._stderr_tail()}"
+                return None
+            buf += chunk
+        return buf.split(b"\n", 1)[0].decode()
+
+    def _stderr_tail(self) -> str:
+        try:
+            text = (self.part_dir / STDERR_FILE).read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return f": {text[-1][:300]}" if text else ""
+
+    def _give_up(self, why: str) -> bool:
+        self.failure = why
+        self._stopped = True
+        if self._proc is not None:
+            try:
+                self._proc.kill()
+                self._proc.wait(timeout=5)
+            except Exception:  # noqa: BLE001
+                pass
+        self._close_stderr()
+        return False
+
+    def _close_stderr(self) -> None:
+        if self._stderr is not None:
+            try:
+                self._stderr.close()
+                path = self.part_dir / STDERR_FILE
+                if path.stat().st_size == 0:
+                    path.unlink()
+            except OSError:
+                pass
+            self._stderr = None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and not self._stopped and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def stop(self) -> None:
+        """Ask the child to stop (it writes the final samples.json) and wait for it; kill it
+        after 10 s. Idempotent; never raises; a forked copy of this object does nothing."""
+        if self._stopped or os.getpid() != self._pid:
+            return
+        self._stopped = True
+        proc = self._proc
+        try:
+            atexit.unregister(self.stop)
+            if proc is not None:
+                try:
+                    assert proc.stdin is not None
+                    proc.stdin.write(b"stop\n")
+                    proc.stdin.close()
+                except OSError:  # the child is gone already
+                    pass
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=5)
+                if proc.stdout is not None:
+                    proc.stdout.close()
+        except Exception:  # noqa: BLE001 - never raise at stop
+            pass
+        finally:
+            self._close_stderr()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child: sample until told to stop or until the parent's pipe closes."""
+    args = sys.argv[1:] if argv is None else argv
+    part, interval, pids, devices, flush, parent, extra_json = args
+    # the parent reads one line from our stdout: keep it for that, send everything else to stderr
+    ready = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    from maxinstr.sample import start_sampler
+
+    s = start_sampler(part, float(interval), pids=[int(p) for p in pids.split(",") if p],
+                      devices=[int(d) for d in devices.split(",") if d] if devices else None,
+                      flush_interval_s=float(flush),
+                      extra={**json.loads(extra_json),
+                             "process": {"sampler_pid": os.getpid(), "parent_pid": int(parent)}})
+    ready.write(json.dumps({"unavailable": s.unavailable, "devices": [d.info.to_json() for d in s.devices],
+                            "notes": s.notes}) + "\n")
+    ready.flush()
+    try:
+        sys.stdin.buffer.readline()  # "stop", or b"" when the parent is gone
+    except (OSError, KeyboardInterrupt):
+        pass
+    s.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
