@@ -5,6 +5,10 @@ and a sync per step; needs torch and a GPU) with the sampler off and at 10, 100 
 in one run. Configurations are interleaved round by round and the median of the per-round
 ratios is reported, so drift of a shared machine affects them alike. Target: <= 1% at 100 Hz.
 
+Modes (``--modes``, each run in turn; ``MAXINSTR_SAMPLER_GIL``): ``process`` (the default: the
+sampler in a child process), ``auto`` and ``release`` (a sampler thread in this process; see
+docs/sampler.md).
+
 Devices the sampler reads (``--device``):
   real       the machine's GPUs through NVML / AMD SMI (the true number; the default with a GPU)
   fake-nvml  the real pynvml Python code over a tiny C stand-in for libnvidia-ml that spins for
@@ -39,6 +43,7 @@ except ImportError:
 
 from maxinstr.sample import open_backend, start_sampler  # noqa: E402
 from maxinstr.sample.base import ErrorLog, NullBackend  # noqa: E402
+from maxinstr.sample.nvml import NVML_LIB_ENV  # noqa: E402
 from maxinstr.sample.writer import clock_ns  # noqa: E402
 
 RATES_HZ = (10, 100, 1000)
@@ -141,6 +146,7 @@ def make_backend_factory(kind: str, spin_ns: int) -> tuple[str, Callable[[float]
     if kind == "fake-nvml":
         lib = build_fake_nvml(spin_ns)
         if lib is not None:
+            os.environ[NVML_LIB_ENV] = str(lib)  # for a sampler child process (MAXINSTR_SAMPLER_GIL=process)
             return (f"fake-nvml (pynvml over a C stub spinning {spin_ns} ns per call)",
                     lambda interval_s: fake_nvml_backend(ErrorLog(clock_ns), lib, interval_s))
         print("no C compiler: falling back to the null device", file=sys.stderr)
@@ -272,7 +278,7 @@ def measure(workload: Callable[[float], tuple[float, float]], factory: Callable[
     return out
 
 
-def isolated_tick_cost(factory: Callable[[float], Any], seconds: float = 2.0) -> dict[str, Any]:
+def isolated_tick_cost(factory: Callable[[float], Any], seconds: float = 1.0) -> dict[str, Any]:
     """The sampler alone (no workload): its tick time and thread CPU at 100 and 1000 Hz, and
     at 100 Hz the cost of each vendor call (samples.json ``cost.probes``; run with
     MAXINSTR_SAMPLER_PROFILE=1 for thread CPU per call)."""
@@ -307,10 +313,16 @@ def print_probes(probes: dict[str, Any]) -> None:
                   f"  {p.get('moved', '')}")
 
 
+def _no_backend(interval_s: float) -> None:
+    return None
+
+
 def run_mode(mode: str, workloads: list[tuple[str, Callable[[float], tuple[float, float]]]], factory: Callable[[float], Any],
              args: argparse.Namespace) -> dict[str, Any]:
     """All workloads x rates with MAXINSTR_SAMPLER_GIL=mode, then the sampler alone (profiled)."""
     os.environ["MAXINSTR_SAMPLER_GIL"] = mode
+    if mode == "process":
+        factory = _no_backend  # start_sampler starts the child process itself
     os.environ.pop("MAXINSTR_SAMPLER_PROFILE", None)
     out: dict[str, Any] = {}
     print(f"\n=== MAXINSTR_SAMPLER_GIL={mode}")
@@ -351,8 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spin-ns", type=int, default=2000, help="fake-nvml: time each NVML call takes (default 2000)")
     ap.add_argument("--slow-call", metavar="FN:NS", help="fake-nvml: make one NVML function take NS ns, e.g. "
                     "nvmlDeviceGetTotalEnergyConsumption:2800000 (what a millisecond call does to the sampler)")
-    ap.add_argument("--modes", default="auto,release",
-                    help="MAXINSTR_SAMPLER_GIL modes to measure, comma-separated (default: auto,release)")
+    ap.add_argument("--modes", default="process,auto,release",
+                    help="MAXINSTR_SAMPLER_GIL modes to measure, comma-separated (default: process,auto,release)")
     ap.add_argument("--seconds", type=float, default=1.0, help="measuring time per configuration and round")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
@@ -365,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     device, factory = make_backend_factory(args.device, args.spin_ns)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if device.startswith("null"):
-        modes = modes[:1]  # the mode changes nothing without vendor calls
+        modes = [m for m in modes if m != "process"][:1]  # without vendor calls the mode changes nothing
     results: dict[str, Any] = {"device": device, "seconds": args.seconds, "rounds": args.rounds,
                                "python": sys.version.split()[0], "cpus": os.cpu_count(), "modes": {}}
     if args.slow_call:
