@@ -201,3 +201,25 @@ def test_run_with_a_monotonic_clock_trace_needs_no_offset(tmp_path, monkeypatch)
     assert "MONOTONIC" in a.trace.clock
     clock = perfetto.align(a)
     assert clock.method == "same_clock" and clock.offset_ns == 0
+
+
+def test_launch_calls_and_flows(decode):
+    a, doc = decode
+    ev = doc["traceEvents"]
+    calls, ops = a.trace.calls, a.trace.ops
+    api = [e for e in ev if e["ph"] == "X" and e["cat"] == "api"]
+    assert len(api) == len(calls) == 1082
+    assert all(e["ts"] >= 0 for e in ev if "ts" in e)  # the origin is the earliest event of any kind
+    starts = {e["id"]: e for e in ev if e["ph"] == "s"}
+    ends = {e["id"]: e for e in ev if e["ph"] == "f"}
+    assert starts.keys() == ends.keys() and len(starts) == doc["metadata"]["maxinstr"]["counts"]["launch_flows"]
+    # every op of this trace has its launch call (graph replays share one): 1730 arrows
+    assert len(starts) == len(ops)
+    for fid in (1, 500, len(ops)):  # flow k starts at the launch call of op k-1 and ends at that op
+        s, f = starts[fid], ends[fid]
+        assert f["ts"] >= s["ts"]  # the GPU runs what was launched, later
+        corr = int(ops.correlation_id[fid - 1])
+        assert any(c["args"]["correlation_id"] == corr for c in api
+                   if (c["pid"], c["tid"], c["ts"]) == (s["pid"], s["tid"], s["ts"]))
+        op = next(e for e in ev if e["ph"] == "X" and e["pid"] == f["pid"] and e["tid"] == f["tid"] and e["ts"] == f["ts"])
+        assert op["args"]["correlation_id"] == corr

@@ -47,6 +47,10 @@ GPU_PID = PID_BASE + 16
 GZIP_LEVEL = 3
 """Fast enough to stay near the plain write; a trace's JSON compresses ~20x anyway."""
 
+CALLS_MAX_OPS = 250_000
+"""Launch calls (and launch -> kernel flow arrows) are written for traces up to this many ops;
+beyond, they would double the file for little (the metadata says they were left out)."""
+
 MAX_LANES = 16
 """Overlapping slices of one track are spread over at most this many lanes (Chrome JSON
 slices of one thread must nest); the rest share the last lane."""
@@ -194,6 +198,8 @@ class _Tracks:
 
     meta: list[str] = field(default_factory=list)
     seen_pids: set = field(default_factory=set)
+    op_tids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    """The track (thread id) of every op, once the ops are written."""
 
     def process(self, pid: int, name: str, sort: int) -> None:
         if pid in self.seen_pids:
@@ -238,6 +244,8 @@ class Timeline:
     pid_names: dict[int, str]
     gpu_names: dict[int, str] = field(default_factory=dict)
     """Visible GPU index -> name (run meta.json, else the sampler's device list)."""
+    shift_ns: int = 0
+    """What was subtracted from the trace's times to put them on the axis."""
 
     @property
     def end_ns(self) -> int:
@@ -312,11 +320,14 @@ def timeline(analysis) -> Timeline:
             gpu_names[int(g.get("index", 0))] = str(g["name"])
     lows = [int(a[a >= 0].min()) for a in (inst.host_start_ns, proj_s, ev_s, op_s) if len(a) and (a >= 0).any()]
     lows += [int(s.t_ns.min()) for _, s in samples]
+    if trace is not None and len(trace.calls) and len(trace.ops) <= CALLS_MAX_OPS:
+        lows.append(int(np.asarray(trace.calls.start_ns, np.int64).min()) - shift)
     origin = min(lows) if lows else 0
     tnames = {int(k): str(v) for k, v in (getattr(trace, "thread_names", None) or {}).items()} if trace is not None else {}
     return Timeline(clock=clock, origin_ns=origin, inst=inst, inst_pid=inst_pid, proj_start_ns=proj_s,
                     proj_end_ns=proj_e, event_start_ns=ev_s, event_end_ns=ev_e, op_start_ns=op_s, op_end_ns=op_e,
-                    op_stage=op_stage, samples=samples, thread_names=tnames, pid_names=pid_names, gpu_names=gpu_names)
+                    op_stage=op_stage, samples=samples, thread_names=tnames, pid_names=pid_names, gpu_names=gpu_names,
+                    shift_ns=shift)
 
 
 def _us(ns: np.ndarray) -> np.ndarray:
@@ -427,10 +438,66 @@ def _op_events(tl: Timeline, trace, op_family: np.ndarray, tracks: _Tracks, coun
     stage = np.where(tl.op_stage >= 0, keys[np.maximum(tl.op_stage, 0)] if len(keys) else "null", "null")
     corr = np.asarray(ops.correlation_id, np.int64)
     nbytes = np.asarray(ops.bytes, np.int64)
+    tracks.op_tids = track + 1
     yield from _rows('{"ph":"X","name":%s,"cat":%s,"pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,'
                      '"args":{"stage":%s,"correlation_id":%d,"bytes":%d}},\n',
                      names, fam, pid, track + 1, _us(tl.op_start_ns - tl.origin_ns), _us(tl.op_end_ns - tl.op_start_ns),
                      stage, corr, nbytes)
+
+
+def _call_events(tl: Timeline, trace, op_tids: np.ndarray, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
+    """Host API calls that launched GPU work, on a track beside their thread, and a flow arrow
+    from each launch to the op it launched (joined by correlation id, as Kineto draws them)."""
+    from maxinstr.traces.model import CallKind
+
+    calls, ops = trace.calls, trace.ops
+    counts["api_calls"] = counts["launch_flows"] = 0
+    if len(calls) == 0:
+        return
+    if len(ops) > CALLS_MAX_OPS:
+        counts["api_calls_left_out"] = len(calls)
+        return
+    cs = np.asarray(calls.start_ns, np.int64) - tl.shift_ns
+    ce = np.maximum(np.asarray(calls.end_ns, np.int64) - tl.shift_ns, cs)
+    pid, tid = np.asarray(calls.pid, np.int64), np.asarray(calls.tid, np.int64)
+    pairs, group = group_codes(pid, tid)
+    lane = lanes(group, cs, ce)
+    tr, track = group_codes(group, lane)
+    call_tid = PID_BASE * 2 + track  # synthetic: never a real tid, never a stage lane
+    for i, (g, ln) in enumerate(tr.tolist()):
+        p, t = pairs[g]
+        tracks.process(int(p), tl.pid_names.get(int(p), f"host pid {p}"), 0)
+        base = tl.thread_names.get(int(t)) or "thread"
+        tracks.thread(int(p), int(PID_BASE * 2 + i), f"{base} {t} · launch calls" + (f" ({ln + 1})" if ln else ""))
+    strings = np.asarray(trace.strings, dtype=object)
+    nid = np.asarray(calls.name_id, np.int64)
+    uid, inv = np.unique(nid, return_inverse=True)
+    names = _esc([str(strings[i]) if 0 <= i < len(strings) else "launch" for i in uid.tolist()])[inv.reshape(-1)]
+    corr = np.asarray(calls.correlation_id, np.int64)
+    yield from _rows('{"ph":"X","name":%s,"cat":"api","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,'
+                     '"args":{"correlation_id":%d}},\n',
+                     names, pid, call_tid, _us(cs - tl.origin_ns), _us(ce - cs), corr)
+    counts["api_calls"] = len(calls)
+    # flows: each op from the (runtime-layer first) call with its correlation id and process
+    order = np.lexsort((np.asarray(calls.kind) != CallKind.RUNTIME, corr, pid))
+    key_c = np.c_[pid[order], corr[order]]
+    first = np.r_[True, (np.diff(key_c, axis=0) != 0).any(axis=1)] if len(order) else np.zeros(0, bool)
+    sel = order[first]
+    opid, ocorr = np.asarray(ops.pid, np.int64), np.asarray(ops.correlation_id, np.int64)
+    # search (pid, corr) with one int key: both are small enough to pack after ranking the pids
+    upid = np.unique(np.r_[pid[sel], opid])
+    kc = np.searchsorted(upid, pid[sel]) * (1 << 40) + corr[sel]
+    ko = np.searchsorted(upid, opid) * (1 << 40) + ocorr
+    pos = np.clip(np.searchsorted(kc, ko), 0, max(len(kc) - 1, 0))
+    hit = np.flatnonzero((ocorr >= 0) & (len(kc) > 0) & (kc[pos] == ko)) if len(kc) else np.empty(0, np.int64)
+    c = sel[pos[hit]]
+    ids = hit + 1
+    yield from _rows('{"ph":"s","id":%d,"cat":"launch","name":"launch","pid":%d,"tid":%d,"ts":%.3f},\n',
+                     ids, pid[c], call_tid[c], _us(cs[c] - tl.origin_ns))
+    yield from _rows('{"ph":"f","bp":"e","id":%d,"cat":"launch","name":"launch","pid":%d,"tid":%d,"ts":%.3f},\n',
+                     ids, GPU_PID + np.maximum(np.asarray(ops.device_id, np.int64)[hit], 0), op_tids[hit],
+                     _us(tl.op_start_ns[hit] - tl.origin_ns))
+    counts["launch_flows"] = len(hit)
 
 
 def _gpu_label(tl: Timeline, index: int) -> str:
@@ -474,6 +541,7 @@ def events(report: dict[str, Any], analysis) -> Iterator[str]:
     yield from _stage_events(tl, tracks, counts)
     if analysis.trace is not None:
         yield from _op_events(tl, analysis.trace, analysis.op_family, tracks, counts)
+        yield from _call_events(tl, analysis.trace, tracks.op_tids, tracks, counts)
     yield from _counter_events(tl, tracks, counts)
     counts["metadata"] = len(tracks.meta)
     # metadata last (tracks are named as events are planned); the array's last element
