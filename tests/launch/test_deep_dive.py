@@ -148,6 +148,7 @@ def test_csv_errors_are_one_line():
         dd.parse_ncu_csv(header)
 
 
+@pytest.mark.slow
 def test_deep_dive_cli_end_to_end_with_fakes(tmp_path, script):
     prog = script("app.py", "print('app ran')\n")
     out = tmp_path / "run"

@@ -104,6 +104,7 @@ def test_capture_that_never_started_is_a_failure(tmp_path, script):
     assert "nsys wrote no report (the capture range may never have started" in res.stderr
 
 
+@pytest.mark.slow
 def test_repeat_and_sweep_give_one_process_and_run_dir_each(tmp_path, script):
     prog = script("probe.py", ENV_PROBE + "import os; print('PID', os.getpid())\n")
     out = tmp_path / "sweep"
@@ -130,6 +131,7 @@ def test_sweep_over_a_flag(tmp_path, script):
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["batch-size=2", "batch-size=4"]
 
 
+@pytest.mark.slow
 def test_warm_run_is_unprofiled_and_reported_as_startup(tmp_path, script):
     prog = script("slow.py", "import time; time.sleep(0.3); print('done')\n")
     log = tmp_path / "nsys.jsonl"
@@ -235,6 +237,7 @@ def test_on_a_terminal_the_plan_is_shown_and_asked(tmp_path, script):
     assert not marker.exists()  # declined: nothing ran
 
 
+@pytest.mark.slow
 def test_a_second_run_in_the_same_directory_replaces_the_first(tmp_path, script):
     pytest.importorskip("maxinstr.record")
     prog = script("st.py", """

@@ -2,6 +2,8 @@
 around a real benchmark client, then shutdown; and the ways starting can fail."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import socket
 import sys
@@ -48,6 +50,7 @@ def _pid_gone(pid: int, within_s: float = 10) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_start_window_stop(tmp_path, script):
     server, bench = script("server.py", SERVER), script("bench.py", BENCH)
     port, out = _free_port(), tmp_path / "serve"
