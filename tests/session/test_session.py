@@ -408,3 +408,29 @@ def test_maxinstr_run_warmup_flag_wins(tmp_path, native, stage, monkeypatch):
     auto.close()
     meta = meta_of(tmp_path / "run")
     assert meta["warmup"] == 3 and meta["nested_sessions"][0]["warmup"] == 1
+
+
+def test_session_closed_from_another_thread_keeps_signal_chaining(tmp_path, native):
+    import signal
+    import threading
+
+    seen = []
+
+    def mine(signum, frame):
+        seen.append(signum)
+
+    old = signal.signal(signal.SIGTERM, mine)
+    try:
+        s = maxinstr.session(tmp_path / "run", sample_hz=0).start()
+        t = threading.Thread(target=s.close)
+        t.start()
+        t.join()
+        # ours could not be removed off the main thread: it must still reach the program's handler
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert seen == [signal.SIGTERM]
+        with maxinstr.session(tmp_path / "run2", sample_hz=0):
+            pass
+        assert signal.getsignal(signal.SIGTERM) is mine  # restored once a main-thread close could
+    finally:
+        signal.signal(signal.SIGTERM, old)

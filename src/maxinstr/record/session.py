@@ -538,24 +538,31 @@ class Session:
         for signum in wanted:
             try:
                 previous = signal.getsignal(signum)
+                if previous is _on_signal:  # left installed by a session closed off the main thread
+                    self._signals[signum] = _SAVED_SIGNALS.get(signum, signal.SIG_DFL)
+                    continue
                 if previous is signal.SIG_IGN or previous is None:
                     continue
                 signal.signal(signum, _on_signal)
+                _SAVED_SIGNALS[signum] = previous
                 self._signals[signum] = previous
             except (ValueError, OSError):
                 continue
 
     def _restore_signal_handlers(self) -> None:
-        if threading.current_thread() is not threading.main_thread() or os.getpid() != self._pid:
-            self._signals.clear()
-            return
-        for signum, previous in self._signals.items():
-            try:
-                if signal.getsignal(signum) is _on_signal:  # leave a handler set after ours alone
-                    signal.signal(signum, previous)
-            except (ValueError, OSError):
-                pass
+        # From another thread (or a fork child) ours stays installed; it chains to the saved
+        # handler when no session is open, so the program's own handling is kept either way.
+        if threading.current_thread() is threading.main_thread() and os.getpid() == self._pid:
+            for signum in list(self._signals):
+                try:
+                    if signal.getsignal(signum) is _on_signal:  # leave a handler set after ours alone
+                        signal.signal(signum, _SAVED_SIGNALS.pop(signum, signal.SIG_DFL))
+                except (ValueError, OSError):
+                    pass
         self._signals.clear()
+
+
+_SAVED_SIGNALS: dict[int, Any] = {}  # signal -> the handler ours replaced (process-wide)
 
 
 def _clear_previous_run(path: Path) -> None:
@@ -755,8 +762,7 @@ def _on_signal(signum: int, frame: Any) -> None:
         # batch first (it holds drained records), then handle the signal.
         proc.deferred_signal = signum
         return
-    root = proc.root
-    previous = root._signals.get(signum) if root is not None else None
+    previous = _SAVED_SIGNALS.get(signum, signal.SIG_DFL)
     if callable(previous):
         # The program has its own handler: make everything so far durable, then let it decide.
         if proc.lock.acquire(timeout=2.0):
@@ -821,7 +827,6 @@ def _after_fork_child() -> None:
         joined = Session(root.path, _role="child", sample_hz=0, flush_interval_s=root.flush_interval_s)
         joined.started = True
         joined._pid = child.pid
-        joined._signals = dict(root._signals)  # the parent's handlers are still installed here
         _proc = child
         child.root = joined
         child.stack.append(joined)
