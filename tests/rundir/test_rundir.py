@@ -80,6 +80,8 @@ def test_part_names(monkeypatch):
     assert fmt.part_name(12) == "p12"
     monkeypatch.setenv("RANK", "2")
     assert fmt.part_name(12) == "r2.p12"
+    monkeypatch.setenv("RANK", "not-a-number")
+    assert fmt.part_name(12) == "p12"
     assert fmt.part_name(12, 3) == "r3.p12"
     assert fmt.part_name(12, "0") == "r0.p12"
 

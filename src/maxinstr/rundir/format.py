@@ -61,6 +61,8 @@ def part_name(pid: int | None = None, rank: int | str | None = None) -> str:
     pid = os.getpid() if pid is None else pid
     if rank is None:
         rank = os.environ.get("RANK")
-    if rank is None or str(rank).strip() == "":
-        return f"p{pid}"
-    return f"r{int(rank)}.p{pid}"
+    try:
+        number = int(str(rank).strip()) if rank is not None else -1
+    except ValueError:  # a RANK that is not a number names no rank
+        number = -1
+    return f"p{pid}" if number < 0 else f"r{number}.p{pid}"
