@@ -50,10 +50,19 @@ def test_session_meta_names_the_gpu_without_creating_a_context(tmp_path):
     rc, out, err = _run_child(
         tmp_path,
         """
-        import json, sys
+        import ctypes, json, sys
         import torch, maxinstr
+
+        def primary_context_active():
+            cuda = ctypes.CDLL("libcuda.so.1")
+            assert cuda.cuInit(0) == 0  # cuInit creates no context
+            dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+            assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+            assert cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) == 0
+            return bool(active.value)
+
         with maxinstr.session(sys.argv[1], dtype="bf16") as s:
-            print("CTX_AFTER_START", torch.cuda.is_initialized(), flush=True)
+            print("CTX_AFTER_START", torch.cuda.is_initialized() or primary_context_active(), flush=True)
             x = torch.randn(2048, 2048, device="cuda")
             stream = torch.cuda.current_stream().cuda_stream
             for i in range(20):
