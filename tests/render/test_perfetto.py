@@ -223,3 +223,42 @@ def test_launch_calls_and_flows(decode):
                    if (c["pid"], c["tid"], c["ts"]) == (s["pid"], s["tid"], s["ts"]))
         op = next(e for e in ev if e["ph"] == "X" and e["pid"] == f["pid"] and e["tid"] == f["tid"] and e["ts"] == f["ts"])
         assert op["args"]["correlation_id"] == corr
+
+
+def _shifted_fixture_run(tmp_path, shift_ns: int):
+    """The run directory behind the real h200_decode capture (its records rebuilt from the NVTX
+    ranges: payload = record id; tests/analyze/fixture_columns.py), loaded with its host clock
+    moved by ``shift_ns``: host clock and trace clock differ, as CLOCK_MONOTONIC and nsys's do."""
+    import sys
+    from pathlib import Path
+
+    import maxinstr
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "analyze"))
+    from fixture_columns import run_from_nsys_fixture
+
+    run = maxinstr.load(run_from_nsys_fixture(tmp_path / "run", "h200_decode", warmup=1))
+    run.stages["host_start_ns"] += shift_ns
+    run.stages["host_end_ns"] += shift_ns
+    return analyze(run=run, trace=str(DATA / "nsys" / "h200_decode.sqlite"))
+
+
+def test_offset_from_payload_matched_pairs(tmp_path):
+    shift = 123_456_789_012
+    a = _shifted_fixture_run(tmp_path, shift)
+    clock = perfetto.align(a)
+    assert (clock.method, clock.join, clock.pairs) == ("matched_pairs", "payload", 150)
+    assert clock.offset_ns == -shift and clock.spread_ns == 0.0
+    doc = json.loads(perfetto.render(a.report, analysis=a))
+    meta = doc["metadata"]["maxinstr"]
+    assert meta["clock"]["offset_ns"] == -shift and meta["clock"]["axis"] == "host"
+    origin = meta["origin_ns"]
+    ops = a.trace.ops
+    first = min((e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] >= perfetto.GPU_PID),
+                key=lambda e: e["ts"])
+    assert round(first["ts"] * 1000) + origin == int(ops.start_ns.min()) + shift  # kernels on the host clock
+    # on one axis, no joined stage's GPU work starts before the host range that launched it
+    tl = perfetto.timeline(a)
+    j = (a.instances.range_index >= 0) & (tl.proj_start_ns >= 0)
+    assert j.sum() == 150 and (tl.proj_start_ns[j] >= a.instances.host_start_ns[j]).all()
+    assert _nested(doc["traceEvents"]) == []
