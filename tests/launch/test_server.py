@@ -71,7 +71,9 @@ def test_start_window_stop(tmp_path, script):
     verbs = [c[0] for c in calls if c[0] != "--version"]
     assert verbs[:4] == ["launch", "start", "stop", "export"]
     start = calls[[c[0] for c in calls].index("start")]
-    assert "--sample=none" in start and f"--output={out.resolve()}/window-1" in start
+    assert f"--output={out.resolve()}/window-1" in start
+    launch = calls[[c[0] for c in calls].index("launch")]
+    assert "--sample=none" in launch and "--cpuctxsw=none" in launch  # nsys start rejects sampling flags
 
     res = run_cli(["server", "window", str(out), "--duration", "0.2"], env)  # a second window, timed
     assert res.returncode == 0, res.stderr

@@ -85,12 +85,18 @@ def session_name(run_dir: Path) -> str:
 
 
 def launch_command(nsys: Nsys, session: str, command: list[str]) -> list[str]:
-    """``nsys launch``: the app runs with tracing injected, nothing is collected until start."""
-    return [nsys.path, "launch", f"--session-new={session}", *nsys.trace_flags_launch(), *command]
+    """``nsys launch``: the app runs with tracing injected, nothing is collected until start.
+    What to trace and sample is set here: ``nsys start`` rejects --trace/--sample."""
+    return [nsys.path, "launch", f"--session-new={session}", *nsys.trace_flags(), *command]
 
 
 def start_command(nsys: Nsys, session: str, output: Path) -> list[str]:
-    return [nsys.path, "start", f"--session={session}", *nsys.sampling_flags(), "--force-overwrite=true", f"--output={output}"]
+    """``nsys start``: only where this window's report goes."""
+    return [nsys.path, "start", f"--session={session}", "--force-overwrite=true", f"--output={output}"]
+
+
+START_SETTLE_S = 0.5
+"""`nsys start` returns before collection is live: wait this long before the benchmark."""
 
 
 def stop_command(nsys: Nsys, session: str) -> list[str]:
@@ -218,7 +224,16 @@ def profile_window(
     output = state.run_dir / f"window-{k}"
     nsys = _nsys(state.nsys)
     if state.profiler == "nsys":
-        _check(start_command(nsys, state.session, output))  # type: ignore[arg-type]
+        # The session may not be registered yet right after launch: retry briefly.
+        for attempt in range(5):
+            try:
+                _check(start_command(nsys, state.session, output))  # type: ignore[arg-type]
+                break
+            except MaxinstrError:
+                if attempt == 4:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+        time.sleep(START_SETTLE_S)
     started = time.time()
     bench_result = None
     try:
