@@ -69,6 +69,7 @@ pre { background:#f1f3f7; border-radius:6px; padding:8px 10px; overflow-x:auto; 
 .finding .ev { color:var(--muted); font-size:12.5px; margin:4px 0; }
 .tag { display:inline-block; font-size:11px; font-weight:600; border-radius:3px; padding:0 5px; margin-right:6px; color:#fff; background:var(--fact); }
 .tag.hypothesis { background:var(--hyp); }
+td.fam { white-space:nowrap; }
 .kname { font-family:ui-monospace,Menlo,Consolas,monospace; font-size:12px; word-break:break-all; }
 details { border-top:1px solid var(--line); padding:6px 0; }
 details > summary { cursor:pointer; font-weight:600; }
@@ -305,8 +306,8 @@ def timeline_section(report: dict, analysis) -> str:
         pad = 0.05 * max(s1 - s0, 1.0)
         w0, w1 = max(t0, s0 - pad), min(t1, s1 + pad)
         if (w0 - t0) + (t1 - w1) > 0.1 * (t1 - t0):
-            window_note = (f"Framed on the stages: {f.ns(w0 - t0)} before and {f.ns(t1 - w1)} after them "
-                           "(model loading, set-up) are not shown. ")
+            left_out = [f"{f.ns(v)} {w}" for v, w in ((w0 - t0, "before"), (t1 - w1, "after")) if v > 0]
+            window_note = f"Framed on the stages: {' and '.join(left_out)} them (set-up, model loading) not shown. "
             t0, t1 = w0, w1
     span = t1 - t0
     plot_x, plot_w = 150, W - 150 - 16
@@ -521,7 +522,7 @@ def _kernel_table(kernels: Sequence[dict], per_instance: bool) -> str:
                f'</span> {f.pct(share, 1)}')
         rows.append(
             f'<tr><td class="kname" title="{e(k.get("name"))}">{e(_short(k.get("name", ""), 110))}</td>'
-            f'<td><span class="sw" style="background:{_family_color(k.get("family", ""))}"></span>{e(k.get("family"))}</td>'
+            f'<td class="fam"><span class="sw" style="background:{_family_color(k.get("family", ""))}"></span>{e(k.get("family"))}</td>'
             f"<td class=num>{k.get('count')}</td>"
             + (f"<td class=num>{k.get('per_instance')}</td>" if per_instance else "")
             + f"<td class=num>{e(f.ns(k.get('median_ns')))}</td><td class=num>{e(f.ns(k.get('gpu_ns')))}</td>"
