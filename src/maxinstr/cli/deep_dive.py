@@ -145,9 +145,13 @@ def command(source, trace_opt, stage, kernel, warmup, launch_skip, sections, out
     log = out_dir / "ncu.log"
     click.echo(f"maxinstr: running ncu (kernel replay is slow; log {log}) ...", err=True)
     result = sv.supervise(ncu_cmd, env=env, log_path=log, timeout_s=timeout_s, echo=None)
-    if not result.ok:
+    if not result.ok or any("ERR_NVGPUCTRPERM" in line for line in result.tail):
         tail = "\n".join("    " + line for line in result.tail[-8:])
-        raise MaxinstrError(f"ncu {result.describe()}; log {log}:\n{tail}")
+        hint = ""
+        if any("ERR_NVGPUCTRPERM" in line for line in result.tail):
+            hint = ("\n  GPU performance counters are restricted to admin users: run as root, or load the driver "
+                    "with NVreg_RestrictProfilingToAdminUsers=0 (in a container: --cap-add SYS_ADMIN)")
+        raise MaxinstrError(f"ncu {result.describe()}; log {log}:\n{tail}{hint}")
     if not rep.exists():
         raise MaxinstrError(f"{rep}: ncu wrote no report (the kernel filter matched no launch?); log {log}")
     imported = sv.supervise(dd.ncu_import_command(rep, ncu), log_path=out_dir / "details.csv", echo=None,
