@@ -52,7 +52,7 @@ class PythonBackend:
     name = "python-sqlite3"
 
     def _connect(self, path: str) -> sqlite3.Connection:
-        return sqlite3.connect(_uri(path), uri=True)
+        return connect(path)
 
     def query(self, path: str, sql: str, kinds: str) -> list[Any]:
         # Rows are fetched and converted in batches: a whole fetchall() of millions of rows
@@ -68,9 +68,9 @@ class PythonBackend:
                     break
                 for c, (k, col) in enumerate(zip(kinds, zip(*rows))):
                     if k == "i":
-                        chunks[c].append(np.array(col, dtype=np.int64))
+                        chunks[c].append(_int64(col))
                     elif k == "f":
-                        chunks[c].append(np.array([np.nan if v is None else v for v in col], dtype=np.float64))
+                        chunks[c].append(_float64(col))
                     else:
                         t = tables[c]
                         chunks[c].append(np.fromiter(
@@ -114,6 +114,47 @@ class PythonBackend:
         finally:
             con.close()
         return [found.get(int(x), "") for x in ids]
+
+
+def _int64(col: tuple) -> np.ndarray:
+    """An int64 column as sqlite3_column_int64 reads it (NULL and non-numbers give 0)."""
+    try:
+        return np.array(col, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):  # only in damaged files: value by value
+        return np.array([_sqlite_int(v) for v in col], dtype=np.int64)
+
+
+def _sqlite_int(v: object) -> int:
+    if isinstance(v, int):
+        return max(min(v, (1 << 63) - 1), -(1 << 63))
+    if isinstance(v, float):
+        return 0 if v != v else int(max(min(v, 9.2e18), -9.2e18))
+    if isinstance(v, str):
+        import re
+
+        m = re.match(r"\s*([+-]?\d+)", v)
+        return _sqlite_int(int(m.group(1))) if m else 0
+    return 0
+
+
+def _float64(col: tuple) -> np.ndarray:
+    try:
+        return np.array([np.nan if v is None else v for v in col], dtype=np.float64)
+    except (TypeError, ValueError):
+        out = []
+        for v in col:
+            try:
+                out.append(np.nan if v is None else float(v))
+            except (TypeError, ValueError):
+                out.append(0.0)
+        return np.array(out, dtype=np.float64)
+
+
+def connect(path: str | Path) -> sqlite3.Connection:
+    """A read-only sqlite3 connection that never raises on undecodable text."""
+    con = sqlite3.connect(_uri(str(path)), uri=True)
+    con.text_factory = lambda b: b.decode("utf-8", "replace")
+    return con
 
 
 def apply_filter(columns: list[Any], col: int, mask: np.ndarray) -> list[Any]:
@@ -222,7 +263,7 @@ def backend(prefer: str = "auto") -> ColumnBackend:
 
 def table_columns(path: str | Path) -> dict[str, set[str]]:
     """Every table of the database and its column names (schema probing is tiny: Python is fine)."""
-    con = sqlite3.connect(_uri(str(path)), uri=True)
+    con = connect(path)
     try:
         names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
         return {n: {r[1] for r in con.execute(f"PRAGMA table_info('{n}')")} for n in names}

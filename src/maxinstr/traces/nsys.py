@@ -136,7 +136,7 @@ def read_nsys(path: str | Path, *, backend: str = "auto", progress: Callable[[st
         raise TraceError(db, "no such file")
     try:
         schema = cols.table_columns(db)
-    except sqlite3.DatabaseError as exc:
+    except (sqlite3.DatabaseError, ValueError) as exc:
         raise TraceError(db, f"not an SQLite database ({exc})") from None
     if "StringIds" not in schema or not ({_KERNEL, _RUNTIME, _NVTX, _MEMCPY, _MEMSET} & set(schema)):
         raise TraceError(db, "not an Nsight Systems SQLite export (no StringIds, NVTX_EVENTS or CUPTI tables)")
@@ -149,6 +149,9 @@ def read_nsys(path: str | Path, *, backend: str = "auto", progress: Callable[[st
         raise TraceError(db, f"SQLite error while reading: {exc}") from None
     except RuntimeError as exc:  # the native reader reports SQLite errors as RuntimeError
         raise TraceError(db, str(exc)) from None
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError, MemoryError) as exc:
+        # Only a damaged export gets here (values of the wrong type or range): one line, no traceback.
+        raise TraceError(db, f"malformed Nsight Systems export ({type(exc).__name__}: {exc})") from None
 
 
 class _Reader:
@@ -165,7 +168,7 @@ class _Reader:
         return f'ifnull("{name}", {default})' if name in self.schema.get(table, ()) else default
 
     def small(self, sql: str) -> list[tuple]:
-        con = sqlite3.connect(cols._uri(self.db), uri=True)
+        con = cols.connect(self.db)
         try:
             return con.execute(sql).fetchall()
         finally:
@@ -283,13 +286,23 @@ class _Reader:
         sids = _distinct_ids(needed)
         values = self.be.strings_by_id(self.db, "StringIds", sids)
         sid_to_name = np.array([self.strings.intern(v) for v in values], dtype=np.int32)
-        # StringIds ids are small integers: a lookup table maps a whole column at once.
-        lut = np.full(int(sids.max()) + 2 if len(sids) else 1, NO_ID, np.int32)
-        lut[sids] = sid_to_name
+        # StringIds ids are small integers: a lookup table maps a whole column at once (a
+        # sorted search when ids are huge, e.g. in a corrupt file).
+        top = int(sids.max()) + 2 if len(sids) else 1
+        if top <= max(1 << 24, 8 * len(sids)):
+            lut = np.full(top, NO_ID, np.int32)
+            lut[sids] = sid_to_name
 
-        def by_sid(ids: np.ndarray) -> np.ndarray:
-            ids = np.asarray(ids, np.int64)
-            return lut[np.where((ids >= 0) & (ids < len(lut)), ids, len(lut) - 1)]
+            def by_sid(ids: np.ndarray) -> np.ndarray:
+                ids = np.asarray(ids, np.int64)
+                return lut[np.where((ids >= 0) & (ids < len(lut)), ids, len(lut) - 1)]
+
+        else:
+
+            def by_sid(ids: np.ndarray) -> np.ndarray:
+                ids = np.asarray(ids, np.int64)
+                pos = np.minimum(np.searchsorted(sids, ids), len(sids) - 1)
+                return np.where(sids[pos] == ids, sid_to_name[pos], NO_ID).astype(np.int32)
 
         # Ops: kernels named through StringIds, copies/sets by kind.
         op_name = by_sid(op_name_sid)
