@@ -213,3 +213,28 @@ def test_errors_are_one_line(tmp_path):
     with pytest.raises(TraceError, match="not an Nsight Systems SQLite export") as info:
         read_nsys(other)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("backend", ["python"] + (["native"] if NATIVE else []))
+def test_damaged_files_give_trace_errors(tmp_path, backend):
+    """Random byte damage to a real export: a Trace or a one-line TraceError, nothing else."""
+    import random
+
+    seed = (DATA / "h200_small.sqlite").read_bytes()
+    rng = random.Random(1234)
+    path = tmp_path / "damaged.sqlite"
+    outcomes = {"trace": 0, "error": 0}
+    for _ in range(40):
+        data = bytearray(seed)
+        for _ in range(rng.choice([1, 4, 16, 64])):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        path.write_bytes(bytes(data))
+        try:
+            from maxinstr.attribute import attribute
+
+            attribute(read_nsys(path, backend=backend))
+            outcomes["trace"] += 1
+        except TraceError as exc:
+            assert "\n" not in str(exc) and str(path) in str(exc)
+            outcomes["error"] += 1
+    assert outcomes["trace"] and outcomes["error"]
