@@ -256,3 +256,15 @@ def test_a_second_run_in_the_same_directory_replaces_the_first(tmp_path, script)
 
     assert len(maxinstr.load(out)) == 5  # not 8: the first run's parts were replaced
     assert (tmp_path / "keep.txt").exists()
+
+
+def test_a_folder_that_holds_no_run_is_never_cleared(tmp_path):
+    from maxinstr.launch.runner import clear_previous_run
+
+    (tmp_path / "profile.py").write_text("x")
+    (tmp_path / "child.log").write_text("mine")
+    assert clear_previous_run(tmp_path) == []
+    assert (tmp_path / "profile.py").exists() and (tmp_path / "child.log").exists()
+    (tmp_path / "launch.json").write_text("{}")
+    assert sorted(clear_previous_run(tmp_path)) == ["child.log", "launch.json"]
+    assert (tmp_path / "profile.py").exists()

@@ -203,17 +203,27 @@ def merge_meta(run_dir: Path, profiler: Profiler, wrapped: list[str], artifact: 
 
 def clear_previous_run(run_dir: Path) -> list[str]:
     """A new run in an existing run directory replaces the old one (as a session opened on
-    it does), so two runs never merge. Only what a run writes is removed; returns the names."""
+    it does), so two runs never merge. Only a folder that holds a run (meta.json or
+    launch.json) is touched, and only the names a run writes; returns what was removed."""
     import shutil
 
+    if not (run_dir / "meta.json").exists() and not (run_dir / LAUNCH_FILE).exists():
+        return []
+    names = ["meta.json", "parts", LAUNCH_FILE, LOG_FILE, WARM_DIR, "deep-dive"]
+    names += [f"{PROFILE_BASE}{ext}" for ext in (".nsys-rep", ".sqlite", ".qdstrm")]
+    rocprof_dir = run_dir / PROFILE_BASE
+    if rocprof_dir.is_dir() and any(rocprof_dir.glob("**/*_trace.csv")):
+        names.append(PROFILE_BASE)
     removed = []
-    for pattern in ("meta.json", "parts", LAUNCH_FILE, LOG_FILE, f"{PROFILE_BASE}.*", PROFILE_BASE, WARM_DIR, "deep-dive"):
-        for path in sorted(run_dir.glob(pattern)):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-            removed.append(path.name)
+    for name in names:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
     return removed
 
 
