@@ -113,18 +113,18 @@ def _snapshot(mode: str, seconds: float) -> dict:
 
 
 def test_snapshot_says_busy_for_a_matmul_loop(workloads):
-    gpu = _snapshot("matmul", 6)
+    gpu = _snapshot("matmul", 4)
     assert gpu["verdict"] == "busy", gpu
 
 
 def test_snapshot_says_host_bound_for_tiny_kernels_with_syncs(workloads):
-    gpu = _snapshot("tiny", 6)
+    gpu = _snapshot("tiny", 4)
     assert gpu["verdict"] == "host-bound", gpu
 
 
 def test_snapshot_says_launch_sync_bound_for_a_narrow_kernel(workloads):
     pytest.importorskip("cupy")
-    gpu = _snapshot("narrow", 6)
+    gpu = _snapshot("narrow", 4)
     # utilization says "busy", SM activity says one SM of many: the verdict uses both
     assert gpu["util_mean_pct"] > 70 and gpu["sm_active_mean_pct"] < 25, gpu
     assert gpu["verdict"] == "launch/sync-bound", gpu
