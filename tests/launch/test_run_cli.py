@@ -154,6 +154,9 @@ def test_rocprofv3_run(tmp_path, script):
     assert res.returncode == 0, res.stderr
     art = json.loads((out / "launch.json").read_text())["artifact"]
     assert art["ok"] and art["kernels"] == 144 and art["files"]["trace"] == str((out / "profile").resolve())
+    traces = pytest.importorskip("maxinstr.traces")
+    trace = traces.open_trace(art["files"]["trace"])  # the folder we hand on is one the readers take
+    assert trace.format == "rocprofv3-csv" and len(trace.ops) == 144
 
 
 def test_stage_injection_records_third_party_code(tmp_path, script):
