@@ -374,7 +374,9 @@ class ProbeDevice(Device):
             for _ in range(CALIBRATION_CALLS):
                 t0 = _perf_ns()
                 try:
-                    (probe.released_fn or probe.fn)(scratch)
+                    # the per-row function itself: with the GIL held the time is the call's own,
+                    # not a wait for the GIL behind another thread
+                    probe.fn(scratch)
                 except Exception:  # noqa: BLE001 - errors are handled when sampling; this only times
                     break
                 times.append(_perf_ns() - t0)
