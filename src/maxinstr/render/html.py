@@ -178,7 +178,7 @@ def breakdown_svg(stages: Sequence[dict]) -> str:
     """Per stage, one bar scaled to the larger of its host median and GPU span median: GPU
     busy (dark), the rest of the GPU span (light), host time beyond the span (grey)."""
     rows = [s for s in stages if (s.get("host_ns") or {}).get("n") or f.gpu_stat(s)[1]]
-    label_w, bar_x, bar_w, row_h = 230, 240, 470, 26
+    bar_x, bar_w, row_h = 240, 470, 26
     h = 30 + row_h * len(rows) + 8
     # with GPU data each bar is its own stage's split; host times alone share one scale
     host_only = not any(f.gpu_stat(s)[1] for s in rows)
