@@ -106,7 +106,8 @@ def command(duration: float | None, interval: float, as_json: bool, cmd: tuple[s
                 child = subprocess.Popen(list(cmd))
             except OSError as exc:
                 raise UserError(f"cannot run {cmd[0]}: {exc.strerror or exc}") from None
-        sampler = start_sampler(tmp, interval, pids=[child.pid] if child else [])
+        # a thread here: this process runs no user code, and a thread starts sampling at once
+        sampler = start_sampler(tmp, interval, pids=[child.pid] if child else [], mode="auto")
         if sampler.unavailable or not sampler.devices:
             reason = sampler.unavailable or "no visible GPU"
             sampler.stop()

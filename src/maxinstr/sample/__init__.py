@@ -86,6 +86,7 @@ def start_sampler(
     extra: dict[str, Any] | None = None,
     flush_interval_s: float = 0.1,
     devices: Collection[int] | None = None,
+    mode: str | None = None,
 ) -> "Sampler":
     """Start sampling every visible GPU into ``part_dir/samples.bin`` (+ ``samples.json``).
 
@@ -98,7 +99,8 @@ def start_sampler(
     are sampled by a child process (:mod:`maxinstr.sample.process`), so the sampler never
     takes this process's GIL; if the child cannot start, and for AMD, mocks and given
     backends, a thread in this process samples (``MAXINSTR_SAMPLER_GIL=auto``/``release`` ask
-    for that). Returns the :class:`~maxinstr.sample.writer.Sampler` (or a
+    for that; ``mode="process"|"auto"|"release"`` overrides the variable's choice of process or
+    thread, e.g. ``"auto"`` where no user code shares the GIL). Returns the :class:`~maxinstr.sample.writer.Sampler` (or a
     :class:`~maxinstr.sample.process.ProcessSampler` with the same ``stop()``, ``running``,
     ``devices``, ``unavailable``, ``notes``); call ``.stop()`` when done. With no GPU, nothing
     runs and samples.json says why. Never raises.
@@ -125,7 +127,7 @@ def start_sampler(
     try:
         if backend is None:
             backend, unavailable = open_backend(errors, interval_s=interval, env=env, pids=pid_list)
-            if not unavailable and sampler_mode() == "process" and _real_nvml(backend):
+            if not unavailable and (mode or sampler_mode()) == "process" and _real_nvml(backend):
                 child_extra = {**(extra or {}), **({"parent_notes": notes} if notes else {})}
                 child = _start_child(Path(part_dir), interval, pid_list, devices, flush_interval_s, env, notes,
                                      child_extra)
