@@ -206,8 +206,10 @@ def correlation_join(
     all_ok = bool(lok.all())
     lc = left_corr if all_ok else left_corr[lok]
     lp = left_pid if all_ok else left_pid[lok]
-    hi = int(max(lc.max(initial=0), rc.max())) + 1
-    if lp.min(initial=0) == lp.max(initial=0) == rp.min() == rp.max():
+    if not len(lc):
+        return np.full(len(left_corr), -1, np.int64)
+    hi = int(max(lc.max(), rc.max())) + 1
+    if lp.min() == lp.max() == rp.min() == rp.max():
         lkey, rkey = lc, rc  # one process: the id is the key
     else:
         pids = np.unique(np.concatenate([np.unique(lp), np.unique(rp)]))
@@ -217,7 +219,7 @@ def correlation_join(
         lkey = np.searchsorted(pids, lp) * hi + lc
         rkey = np.searchsorted(pids, rp) * hi + rc
         hi = len(pids) * hi
-    if hi <= min(16 * (len(lkey) + len(rkey)) + (1 << 22), 1 << 25):  # table <= 128 MB, ~16 B a row
+    if hi <= 2 * (len(lkey) + len(rkey)) + (1 << 20):  # dense ids: a table (page faults cost more than a search beyond that)
         if rows is None:
             rows = np.arange(len(rkey), dtype=np.int64)
         table = np.full(hi, -1, np.int32 if len(right_corr) < (1 << 31) else np.int64)

@@ -110,6 +110,14 @@ def _distinct_ids(columns: list[np.ndarray]) -> np.ndarray:
     return allv[allv >= 0]
 
 
+def _pid_sql(expr: str) -> str:
+    return f"(({expr} >> 24) & {TID_MASK})"
+
+
+def _tid_sql(expr: str) -> str:
+    return f"({expr} & {TID_MASK})"
+
+
 def split_global_tid(global_tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(pid, tid) from nsys ``globalTid`` (or ``globalPid``) values."""
     g = np.asarray(global_tid, dtype=np.int64)
@@ -218,7 +226,7 @@ class _Reader:
             add(
                 "kernel",
                 f'SELECT start, "end", {self.col(k, "deviceId")}, {self.col(k, "streamId")}, '
-                f'{self.col(k, "correlationId")}, {self.col(k, "globalPid", "0")}, '
+                f'{self.col(k, "correlationId")}, {_pid_sql(self.col(k, "globalPid", "0"))}, '
                 f'{self.col(k, name_col)}, {self.col(k, "graphNodeId")} FROM {k}',
                 "iiiiiiii",
             )
@@ -228,7 +236,7 @@ class _Reader:
                 add(
                     key,
                     f'SELECT start, "end", {self.col(t, "deviceId")}, {self.col(t, "streamId")}, '
-                    f'{self.col(t, "correlationId")}, {self.col(t, "globalPid", "0")}, '
+                    f'{self.col(t, "correlationId")}, {_pid_sql(self.col(t, "globalPid", "0"))}, '
                     f'{self.col(t, "bytes", "0")}, {kind_col}, {self.col(t, "graphNodeId")} FROM {t}',
                     "iiiiiiiii",
                 )
@@ -266,11 +274,12 @@ class _Reader:
             r = _RUNTIME
             add(
                 "runtime",
-                f'SELECT start, "end", {self.col(r, "globalTid", "0")}, {self.col(r, "correlationId")}, '
+                f'SELECT start, "end", {_pid_sql(self.col(r, "globalTid", "0"))}, '
+                f'{_tid_sql(self.col(r, "globalTid", "0"))}, {self.col(r, "correlationId")}, '
                 f'{self.col(r, "nameId")}, {self.col(r, "eventClass", "0")} FROM {r} '
                 f'WHERE {self.col(r, "eventClass", "0")} != {_EVENT_CLASS_BACKTRACE}',
-                "iiiiii",
-                3,
+                "iiiiiii",
+                4,
                 mask,
             )
         got.update(run())
@@ -388,7 +397,7 @@ class _Reader:
             return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
         kinds = np.concatenate([np.full(len(p["start"]), int(p["kind"]), np.int8) for p in parts])
-        pid, _ = split_global_tid(cat("gpid"))
+        pid = cat("gpid")  # split from globalPid in SQL, on the reader threads
         ops = GpuOps(
             start_ns=cat("start"),
             end_ns=cat("end"),
@@ -411,8 +420,7 @@ class _Reader:
             if len(ops):
                 self.notes.append("no CUDA API table: ops cannot be joined to their launch calls")
             return Calls(), np.empty(0, np.int64)
-        s, e, gtid, corr, name, eclass = got["runtime"]
-        pid, tid = split_global_tid(gtid)
+        s, e, pid, tid, corr, name, eclass = got["runtime"]
         # One call per (process, correlation id): runtime rows win over driver rows, then the
         # first in table order. Only calls that some op points at (the launches) are kept.
         is_driver = eclass == _EVENT_CLASS_DRIVER
@@ -440,11 +448,11 @@ class _Reader:
     def _mark_graph_calls(self, calls: Calls) -> None:
         if not len(calls):
             return
-        uniq, inv = np.unique(calls.name_id, return_inverse=True)
-        is_graph = np.array(
-            [u >= 0 and self._str(int(u)).split("_v")[0] in ("cudaGraphLaunch", "cuGraphLaunch") for u in uniq], bool
+        # Decide per distinct string (a few hundred), then map the column through that table.
+        graph_name = np.array(
+            [v.split("_v")[0] in ("cudaGraphLaunch", "cuGraphLaunch") for v in self.strings._values] + [False], bool
         )
-        calls.kind[is_graph[inv]] = CallKind.GRAPH
+        calls.kind[graph_name[calls.name_id]] = CallKind.GRAPH  # name_id -1 hits the False pad
 
     # -- NVTX --------------------------------------------------------------------------------
     def _nvtx(self, rows: list[Any] | None, types: dict[str, int]) -> tuple[Ranges, dict[str, Any]]:
