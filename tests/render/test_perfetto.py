@@ -262,3 +262,27 @@ def test_offset_from_payload_matched_pairs(tmp_path):
     j = (a.instances.range_index >= 0) & (tl.proj_start_ns >= 0)
     assert j.sum() == 150 and (tl.proj_start_ns[j] >= a.instances.host_start_ns[j]).all()
     assert _nested(doc["traceEvents"]) == []
+
+
+def test_framework_ranges_beside_the_stages():
+    # the real Kineto decode trace: record_function stages plus 2,901 aten/cpu_op ranges
+    a = analyze(trace=str(DATA / "kineto" / "h200_decode.pt.trace.json.gz"))
+    doc = json.loads(perfetto.render(a.report, analysis=a))
+    ev = doc["traceEvents"]
+    ranges = [e for e in ev if e["ph"] == "X" and e["cat"].startswith("range,")]
+    assert len(ranges) == len(a.trace.ranges) - len(a.instances) == doc["metadata"]["maxinstr"]["counts"]["trace_ranges"]
+    assert any(e["name"].startswith("cpu_op:aten::") for e in ranges)
+    assert {e["tid"] for e in ranges}.isdisjoint({e["tid"] for e in ev if e["ph"] == "X" and e["cat"] == "stage"})
+    assert _nested(ev) == []
+
+
+def test_throttle_track_from_real_samples(tmp_path, monkeypatch):
+    # the replayed H200 rows carry sw_power_cap throttling: a 0/1 track written where it changes
+    run = recorded_run(tmp_path / "run", monkeypatch)
+    a = analyze(run=str(run))
+    doc = json.loads(perfetto.render(a.report, analysis=a))
+    thr = [e for e in doc["traceEvents"] if e["ph"] == "C" and e["name"] == "GPU 0 hw throttled"]
+    smp = a.run.samples[next(iter(a.run.samples))]
+    on = smp.hw_throttled()
+    assert len(thr) == 1 + int((on[1:] != on[:-1]).sum()) >= 2
+    assert [e["args"]["on"] for e in thr][:2] in ([0, 1], [1, 0])

@@ -156,6 +156,33 @@ def lanes(group: np.ndarray, start: np.ndarray, end: np.ndarray, max_lanes: int 
     return lane
 
 
+def nest_lanes(group: np.ndarray, start: np.ndarray, end: np.ndarray, depth: np.ndarray,
+               parent: np.ndarray) -> np.ndarray:
+    """Lane 0 for rows that nest properly on their group's track, 1+ for the rest.
+
+    Rows of one depth must not overlap one another in lane 0 (children lie inside their
+    ``parent``, so that is enough for proper nesting); a row that crosses another of its depth
+    (start/end ranges, skewed clocks) moves to a plain non-overlapping lane, and its
+    descendants with it.
+    """
+    n = len(start)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    first = lanes(group_codes(group, depth)[1], start, end, max_lanes=2)
+    bad = first > 0
+    parent = np.asarray(parent, np.int64)
+    has_parent = parent >= 0
+    for _ in range(64):  # descendants of a displaced row follow it
+        newly = has_parent & ~bad & bad[np.maximum(parent, 0)]
+        if not newly.any():
+            break
+        bad |= newly
+    lane = np.zeros(n, np.int64)
+    if bad.any():
+        lane[bad] = 1 + lanes(np.asarray(group)[bad], start[bad], end[bad], max_lanes=MAX_LANES - 1)
+    return lane
+
+
 def group_codes(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(distinct rows as a 2-D array, code per row) for integer columns, in sorted order;
     1-D uniques combined arithmetically (``np.unique(axis=0)`` sorts slow void rows)."""
@@ -356,8 +383,8 @@ def _stage_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iter
     # (start/end ranges in a trace) get their own lane track
     pid = tl.inst_pid
     tid = np.asarray(inst.tid, np.int64)
-    group = group_codes(pid, tid, inst.level)[1]
-    lane = lanes(group, inst.host_start_ns, inst.host_end_ns)
+    group = group_codes(pid, tid)[1]
+    lane = nest_lanes(group, inst.host_start_ns, inst.host_end_ns, inst.level, inst.parent)
     # host thread ids are real tids; overflow lanes get synthetic tids above pid_max
     out_tid = np.where(lane > 0, PID_BASE + tid * MAX_LANES + lane, tid)
     for p in np.unique(pid).tolist():
@@ -367,7 +394,9 @@ def _stage_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iter
         name = f"{name} {t}" + (f" (overlapping ranges {ln})" if ln else "")
         tracks.thread(int(p), int(PID_BASE + t * MAX_LANES + ln if ln else t), name)
     mark = inst.is_mark
-    sl = np.flatnonzero(~mark)
+    # parents before children that start at the same nanosecond (importers nest in file order)
+    sl = np.lexsort((inst.host_start_ns - inst.host_end_ns, inst.host_start_ns))
+    sl = sl[~mark[sl]]
     ts = _us(inst.host_start_ns - tl.origin_ns)
     dur = _us(inst.host_end_ns - inst.host_start_ns)
     yield from _rows('{"ph":"X","name":%s,"cat":%s,"pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,"args":' + args + '},\n',
@@ -500,12 +529,63 @@ def _call_events(tl: Timeline, trace, op_tids: np.ndarray, tracks: _Tracks, coun
     counts["launch_flows"] = len(hit)
 
 
+def _range_events(tl: Timeline, trace, attribution, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
+    """The trace's other host ranges (framework ops, other NVTX domains: not stages), on a
+    track beside their thread, nested as they ran."""
+    from maxinstr.analyze.instances import range_names
+
+    r = trace.ranges
+    used = np.zeros(len(r), bool)
+    ri = np.asarray(tl.inst.range_index, np.int64)
+    used[ri[ri >= 0]] = True
+    rows = np.flatnonzero(~used)
+    counts["trace_ranges"] = 0
+    if len(rows) == 0:
+        return
+    if len(rows) > CALLS_MAX_OPS:
+        counts["trace_ranges_left_out"] = len(rows)
+        return
+    s = np.asarray(r.start_ns, np.int64)[rows] - tl.shift_ns
+    e = np.maximum(np.asarray(r.end_ns, np.int64)[rows] - tl.shift_ns, s)
+    pid, tid = np.asarray(r.pid, np.int64)[rows], np.asarray(r.tid, np.int64)[rows]
+    if attribution is not None and len(attribution.range_parent) == len(r):
+        pos = np.full(len(r), -1, np.int64)
+        pos[rows] = np.arange(len(rows))
+        par = np.asarray(attribution.range_parent, np.int64)[rows]
+        parent = np.where(par >= 0, pos[np.maximum(par, 0)], -1)
+        depth = np.asarray(attribution.range_depth, np.int64)[rows]
+    else:
+        parent, depth = np.full(len(rows), -1, np.int64), np.zeros(len(rows), np.int64)
+    pairs, group = group_codes(pid, tid)
+    lane = nest_lanes(group, s, e, depth, parent)
+    tr, track = group_codes(group, lane)
+    out_tid = PID_BASE * 3 + track
+    for i, (g, ln) in enumerate(tr.tolist()):
+        p, t = pairs[g]
+        tracks.process(int(p), tl.pid_names.get(int(p), f"host pid {p}"), 0)
+        base = tl.thread_names.get(int(t)) or "thread"
+        tracks.thread(int(p), int(PID_BASE * 3 + i), f"{base} {t} · trace ranges" + (f" ({ln + 1})" if ln else ""))
+    strings = np.asarray(trace.strings, dtype=object)
+    dom = np.asarray(r.domain_id, np.int64)[rows]
+    udom, dinv = np.unique(dom, return_inverse=True)
+    cats = _esc(["range," + (str(strings[d]) if 0 <= d < len(strings) else "") for d in udom.tolist()])[dinv.reshape(-1)]
+    names = range_names(trace)[rows]
+    un, ninv = np.unique(names.astype(str), return_inverse=True)
+    order = np.lexsort((s - e, s))
+    yield from _rows('{"ph":"X","name":%s,"cat":%s,"pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f},\n',
+                     _esc(un)[ninv.reshape(-1)][order], cats[order], pid[order], out_tid[order],
+                     _us(s - tl.origin_ns)[order], _us(e - s)[order])
+    counts["trace_ranges"] = len(rows)
+
+
 def _gpu_label(tl: Timeline, index: int) -> str:
     name = tl.gpu_names.get(int(index))
     return f"GPU {index}" + (f" ({name})" if name else "")
 
 
 def _counter_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
+    from maxinstr.sample.base import HW_THROTTLE_MASK
+
     total = 0
     for part, smp in tl.samples:
         devs = smp.devices
@@ -529,6 +609,13 @@ def _counter_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> It
                 tmpl = ('{"ph":"C","name":' + _tmpl(json.dumps(f"{label} {what}")) + ',"pid":%d,"ts":%.3f,"args":{'
                         + _tmpl(json.dumps(unit)) + ':%.6g}},\n')
                 yield from _rows(tmpl, np.full(int(ok.sum()), pid), ts[ok], v[ok])
+            # hardware throttling (power cap, thermal, ...) as a 0/1 track, written where it changes
+            thr = ((rows["throttle"] & HW_THROTTLE_MASK) != 0).astype(np.int64) if "throttle" in have else None
+            if thr is not None and len(thr):
+                at = np.flatnonzero(np.r_[True, thr[1:] != thr[:-1]])
+                total += len(at)
+                tmpl = '{"ph":"C","name":' + _tmpl(json.dumps(f"{label} hw throttled")) + ',"pid":%d,"ts":%.3f,"args":{"on":%d}},\n'
+                yield from _rows(tmpl, np.full(len(at), pid), ts[at], thr[at])
     counts["counter_samples"] = total
 
 
@@ -542,6 +629,7 @@ def events(report: dict[str, Any], analysis) -> Iterator[str]:
     if analysis.trace is not None:
         yield from _op_events(tl, analysis.trace, analysis.op_family, tracks, counts)
         yield from _call_events(tl, analysis.trace, tracks.op_tids, tracks, counts)
+        yield from _range_events(tl, analysis.trace, analysis.attribution, tracks, counts)
     yield from _counter_events(tl, tracks, counts)
     counts["metadata"] = len(tracks.meta)
     # metadata last (tracks are named as events are planned); the array's last element
