@@ -48,7 +48,9 @@ def _seed_files() -> dict[str, tuple[str, bytes]]:
         raw = (DATA / "kineto" / name).read_bytes()
         seeds[name] = ("gz", raw)
         seeds[name[:-3]] = ("json", gzip.decompress(raw))
-    seeds["matmul_result.rpd"] = ("sqlite", (DATA / "rocprof" / "rpd" / "matmul_result.rpd").read_bytes())
+    matmul = (DATA / "rocprof" / "rpd" / "matmul_result.rpd").read_bytes()
+    seeds["matmul_result.rpd"] = ("sqlite", matmul)
+    seeds["matmul_result.rpd.gz"] = ("gzsqlite", gzip.compress(matmul, mtime=0))  # like mytrace.rpd.gz
     seeds["run_results.json"] = ("json", json.dumps(rs.rocprof_json()).encode())
     db = _WORK / "seed_results.db"
     rs.write_rocpd(db)
@@ -204,6 +206,8 @@ def _mutate(draw, name: str, seeds) -> tuple[str, bytes, str]:
             return name, gzip.compress(draw(byte_mutation(inner)), mtime=0), "gz(bytes)"
     if kind == "sqlite" and draw(st.booleans()):
         return name, draw(sqlite_mutation(data)), "sqlite"
+    if kind == "gzsqlite" and draw(st.booleans()):
+        return name, gzip.compress(draw(sqlite_mutation(gzip.decompress(data))), mtime=0), "gz(sqlite)"
     return name, draw(byte_mutation(data)), "bytes"
 
 
