@@ -207,3 +207,20 @@ def test_amd_points_to_rocprof_compute(monkeypatch, tmp_path):
     res = CliRunner().invoke(cli_dd.command, [str(DATA / "nsys" / "h200_decode.sqlite"), "--stage", "sample", "--", "python", "d.py"])
     assert res.exit_code == 0, res.output
     assert "Nsight Compute is NVIDIA-only. On AMD use ROCm Compute Profiler: `rocprof-compute profile" in res.output
+
+
+REAL_NCU_CSV = Path(__file__).parent / "data" / "ncu_h200_details.csv"
+
+
+@pytest.mark.skipif(not REAL_NCU_CSV.exists(), reason="real ncu CSV from benchmarks/device/50-run.sh not added yet")
+def test_real_ncu_csv_from_the_h200():
+    """The details page ncu 2025.3 printed on the H200 for decode's dominant kernel
+    ($OUT/run/ncu-details.csv of benchmarks/device/50-run.sh, copied unedited)."""
+    launches = dd.parse_ncu_csv(REAL_NCU_CSV.read_text(encoding="utf-8", errors="replace"), str(REAL_NCU_CSV))
+    assert len(launches) == 1 and launches[0].kernel
+    v = dd.make_verdict(launches[0])
+    assert v.bound in ("compute-bound", "memory-bound", "latency-bound")
+    assert 0 < v.sm_throughput_pct <= 100 and 0 < v.memory_throughput_pct <= 100
+    assert 0 < v.achieved_occupancy_pct <= v.theoretical_occupancy_pct + 1e-6 <= 100 + 1e-6
+    assert v.registers_per_thread and v.registers_per_thread >= 1
+    assert v.local_memory_instructions is not None and v.duration_ns and v.duration_ns > 0
