@@ -221,6 +221,6 @@ def test_real_ncu_csv_from_the_h200():
     v = dd.make_verdict(launches[0])
     assert v.bound in ("compute-bound", "memory-bound", "latency-bound")
     assert 0 < v.sm_throughput_pct <= 100 and 0 < v.memory_throughput_pct <= 100
-    assert 0 < v.achieved_occupancy_pct <= v.theoretical_occupancy_pct + 1e-6 <= 100 + 1e-6
+    assert 0 < v.achieved_occupancy_pct <= 100 and 0 < v.theoretical_occupancy_pct <= 100
     assert v.registers_per_thread and v.registers_per_thread >= 1
     assert v.local_memory_instructions is not None and v.duration_ns and v.duration_ns > 0
