@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import cupy as cp
+    import cupyx
     import numpy as np
 
     gelu = cp.ElementwiseKernel(
@@ -72,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         with maxinstr.stage("setup"):
             shape = (args.rows, args.cols)
             # Two slots of everything: batch i computes in one while batch i+1 arrives in the other.
-            host_in = [cp.cuda.alloc_pinned_memory(args.rows * args.cols * 4) for _ in range(2)]
-            host_in = [np.frombuffer(m, np.float32, args.rows * args.cols).reshape(shape) for m in host_in]
-            host_out = [np.frombuffer(cp.cuda.alloc_pinned_memory(args.rows * 4), np.float32, args.rows) for _ in range(2)]
+            # Pinned host buffers: copies from and to them run asynchronously on their stream.
+            host_in = [cupyx.empty_pinned(shape, np.float32) for _ in range(2)]
+            host_out = [cupyx.empty_pinned(args.rows, np.float32) for _ in range(2)]
             dev_in = [cp.empty(shape, cp.float32) for _ in range(2)]
             dev_out = [cp.empty(args.rows, cp.float32) for _ in range(2)]
             weight = cp.random.standard_normal((args.cols, args.cols), dtype=cp.float32) / np.sqrt(args.cols)
