@@ -169,6 +169,9 @@ def test_run_joined_to_its_trace(tmp_path):
     doc = rhtml.render(a.report, analysis=a)
     assert _parse(doc).errors == []
     assert "axis: host clock" in doc and "150 records joined by payload" in doc
+    # under each stage's host strip, its projected GPU spans
+    gpu = [attrs for tag, attrs in _parse(doc).attrs if tag == "rect" and attrs.get("class") == "gpu"]
+    assert len(gpu) >= 20 and "decode projected GPU span" in doc
     # the kernels' busy share is drawn inside the stage window (trace moved onto the host clock)
     poly = next(attrs for tag, attrs in _parse(doc).attrs if tag == "polygon" and attrs.get("class") == "series")
     ys = [float(p.split(",")[1]) for p in poly["points"].split()]

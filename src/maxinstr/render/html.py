@@ -325,7 +325,7 @@ def timeline_section(report: dict, analysis) -> str:
 
     parts: list[str] = []
     # stage strips
-    strip_h = 14
+    strip_h, gpu_h = 14, 9
     y = 8
     strip_body: list[str] = []
     bands: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -339,6 +339,21 @@ def timeline_section(report: dict, analysis) -> str:
             strip_body.append(_rect(a, y, max(b - a, 0.6), strip_h - 3, colors[k],
                                     f"{k}: {c} instance{'s' if c > 1 else ''}, {f.ns((b - a) * px_ns)}"))
         y += strip_h
+        # the stage's GPU work under its host strip: projected spans (trace), else GPU events
+        for gs, ge, what in ((tl.proj_start_ns, tl.proj_end_ns, "projected GPU span"),
+                             (tl.event_start_ns, tl.event_end_ns, "GPU events")):
+            gsel = (keys == k) & (gs >= 0) & (ge >= gs) & (ge >= t0) & (gs <= t1)
+            if not gsel.any():
+                continue
+            s_, e_, n_ = _merge_spans(np.maximum(gs[gsel].astype(np.float64), t0),
+                                      np.minimum(ge[gsel].astype(np.float64), t1), px_ns)
+            strip_body.append(_text(plot_x - 6, y + 6, "GPU", 9, "end", "#5b6577"))
+            for a, b, c in zip(X(s_).tolist(), X(e_).tolist(), n_.tolist()):
+                strip_body.append(_rect(a, y - 1, max(b - a, 0.6), gpu_h - 3, colors[k],
+                                        f"{k} {what}: {c} instance{'s' if c > 1 else ''}, {f.ns((b - a) * px_ns)}",
+                                        ' fill-opacity="0.55" class="gpu"'))
+            y += gpu_h
+            break
     strip_h_total = y + 4
 
     # background bands for the charts: the most detailed stages shown, each in its colour
@@ -449,7 +464,8 @@ def timeline_section(report: dict, analysis) -> str:
     clock = tl.clock
     note = (f"Time from the first event shown; axis: {e(clock.axis)} clock. " + e(window_note)
             + (e(clock.note) + ". " if clock.note else "")
-            + (f"Shaded: {e(', '.join(band_keys))} instances. " if band_keys else ""))
+            + (f"Shaded: {e(', '.join(band_keys))} instances. " if band_keys else "")
+            + ("Under each stage, its GPU work (GPU). " if 'class="gpu"' in "".join(strip_body) else ""))
     if not tl.samples:
         note += ("No sampler data in this input (the sampler runs inside maxinstr.session() on a GPU); "
                  "the grey line is the share of each time bin in which trace kernels ran. ")
