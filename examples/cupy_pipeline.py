@@ -65,9 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         "T x", "T y", "y = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)))", "maxinstr_gelu"
     )
 
-    with maxinstr.session(
+    recording = maxinstr.session(
         args.run_dir, warmup=args.warmup, model="cupy_pipeline", dtype="float32", rows=args.rows, cols=args.cols
-    ):
+    )
+    with recording:
         copy_stream = cp.cuda.Stream(non_blocking=True)
         compute_stream = cp.cuda.Stream(non_blocking=True)
         with maxinstr.stage("setup"):
@@ -116,14 +117,16 @@ def main(argv: list[str] | None = None) -> int:
             compute_stream.synchronize()
         checksum = float(host_out[(args.batches - 1) % 2].sum())
 
+    # under `maxinstr run` the session writes to the run's directory, not --run-dir
+    run_dir = Path(args.run_dir) if recording.path in (None, Path(args.run_dir).absolute()) else recording.path
     print(
         f"cupy_pipeline: {args.batches} batches of {args.rows}x{args.cols} float32 on two streams; "
-        f"last checksum {checksum:.4g}; run directory {args.run_dir}"
+        f"last checksum {checksum:.4g}; run directory {run_dir}"
     )
     if not args.no_report:
         from maxinstr.cli import main as maxinstr_main
 
-        return maxinstr_main(["report", str(Path(args.run_dir)), "--quiet"])
+        return maxinstr_main(["report", str(run_dir), "--quiet"])
     return 0
 
 

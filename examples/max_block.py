@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             return array
         return Buffer.from_numpy(np.ascontiguousarray(array)).to(device)
 
-    with maxinstr.session(
+    recording = maxinstr.session(
         args.run_dir,
         warmup=args.warmup,
         model="max_block",
@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         prompt_len=args.prompt_len,
         steps=args.steps,
         max_profiling=args.max_profiling,
-    ):
+    )
+    with recording:
         with maxinstr.stage("build"):
             module = build_module(DeviceRef.from_device(device), weights)
 
@@ -197,14 +198,16 @@ def main(argv: list[str] | None = None) -> int:
             with maxinstr.stage("readback", stream=stream, request=request):
                 generated.append(np.concatenate([t.to_numpy() for t in tokens], axis=1))
 
+    # under `maxinstr run` the session writes to the run's directory, not --run-dir
+    run_dir = Path(args.run_dir) if recording.path in (None, Path(args.run_dir).absolute()) else recording.path
     print(
         f"max_block: {args.requests} requests x {args.steps} tokens on {'GPU' if on_gpu else 'CPU'}; "
-        f"compile {compile_s:.1f} s; first tokens {generated[0][0, :8].tolist()}; run directory {args.run_dir}"
+        f"compile {compile_s:.1f} s; first tokens {generated[0][0, :8].tolist()}; run directory {run_dir}"
     )
     if not args.no_report:
         from maxinstr.cli import main as maxinstr_main
 
-        return maxinstr_main(["report", str(Path(args.run_dir)), "--quiet"])
+        return maxinstr_main(["report", str(run_dir), "--quiet"])
     return 0
 
 

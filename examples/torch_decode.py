@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     if not on_gpu:
         torch.set_num_threads(1)  # small matrices: threads only add contention on a shared CPU
 
-    with maxinstr.session(
+    recording = maxinstr.session(
         args.run_dir,
         warmup=args.warmup,
         model="torch_decode",
@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         batch=args.batch,
         prompt_len=args.prompt_len,
         steps=args.steps,
-    ):
+    )
+    with recording:
         stream = torch_stream_handle() if on_gpu else None  # torch's current stream; None: host times
         with maxinstr.stage("load", stream=stream):
             model = build_model(torch, vocab, hidden, layers, heads, device, dtype)
@@ -140,15 +141,17 @@ def main(argv: list[str] | None = None) -> int:
             with maxinstr.stage("readback", stream=stream, request=request):
                 generated = torch.cat(tokens, dim=1).cpu()  # the one sync of the request
 
+    # under `maxinstr run` the session writes to the run's directory, not --run-dir
+    run_dir = Path(args.run_dir) if recording.path in (None, Path(args.run_dir).absolute()) else recording.path
     print(
         f"torch_decode: {args.requests} requests x {args.batch} sequences x {args.steps} tokens, "
         f"{layers} layers, hidden {hidden}, {dtype} on {device}; first tokens {generated[0, :8].tolist()}; "
-        f"run directory {args.run_dir}"
+        f"run directory {run_dir}"
     )
     if not args.no_report:
         from maxinstr.cli import main as maxinstr_main
 
-        return maxinstr_main(["report", str(Path(args.run_dir)), "--quiet"])
+        return maxinstr_main(["report", str(run_dir), "--quiet"])
     return 0
 
 
