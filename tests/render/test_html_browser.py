@@ -84,7 +84,7 @@ def test_console_errors_are_caught(tmp_path):
 def test_decode_trace_report_renders(tmp_path):
     _browser()
     a = analyze(trace=str(DATA / "nsys" / "h200_decode.sqlite"))
-    dom, _ = _check(rhtml.render(a.report, analysis=a), "h200_decode", tmp_path, 4200)
+    dom, _ = _check(rhtml.render(a.report, analysis=a), "h200_decode", tmp_path, 3700)
     # the browser built the plots: every SVG, with its bars, strips and series
     assert dom.count("<svg") >= 6
     assert 'aria-label="per-stage time breakdown"' in dom and 'aria-label="GPU metrics over time with stage bands"' in dom
