@@ -413,3 +413,26 @@ def test_python_subprocess_joins_with_its_rank(tmp_path):
     assert all(names == {"worker"} for names in parts.values())
     assert all(p["role"] == "child" for p in run.parts if p["name"] != f"p{proc.pid}")
     _ids_match_parts(run)
+
+
+def test_killed_child_part_is_noted(tmp_path):
+    body = """
+    import os, signal, sys, time, maxinstr
+    with maxinstr.session(sys.argv[1], sample_hz=0):
+        pid = os.fork()
+        if pid == 0:
+            with maxinstr.stage("child"):
+                pass
+            time.sleep(0.3)  # flushed
+            os.kill(os.getpid(), signal.SIGKILL)
+        os.waitpid(pid, 0)
+        print("CHILD", pid, flush=True)
+    """
+    proc = start(script(tmp_path, body), str(tmp_path / "run"))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    child = int(out.split("CHILD")[1].split()[0])
+    run = maxinstr.load(tmp_path / "run")
+    assert run.meta["status"] == "closed"
+    assert "child" in set(run.stage_names().tolist())
+    assert any(f"p{child}" in n and "did not close" in n for n in run.notes), run.notes

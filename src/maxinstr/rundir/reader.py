@@ -154,6 +154,14 @@ def load(path: str | Path) -> Run:
         stages = np.empty(0, dtype=RUN_STAGE_DTYPE)
     if meta.get("status") == "running":
         notes.append("the run was not closed (still running, or killed): its last records may be missing")
+    else:
+        unclosed = [p["name"] for p in parts if p.get("status") == "running"]
+        if unclosed:
+            notes.append(
+                f"{len(unclosed)} process(es) did not close their part (killed?): {', '.join(unclosed[:5])}"
+                + (" ..." if len(unclosed) > 5 else "")
+                + "; their last records may be missing"
+            )
     return Run(
         path=root,
         meta=meta,
