@@ -25,8 +25,8 @@ events on the legacy default stream would not wait for. At the end the script pr
 per-stage report (`maxinstr report RUN_DIR`); under `maxinstr run` / nsys, add the trace.
 
 Cold, the compile stage is most of the run: MAX compiles every kernel for this machine
-(about 90 s on a 2-core CPU); later runs load it from MAX's cache (~/.cache/modular) in a
-few seconds. The numbers are in README.md, "MAX example".
+(75 to 100 s on a 2-core CPU); later runs load it from MAX's cache (~/.cache/modular) in
+well under a second. The numbers are in README.md, "MAX example".
 """
 
 from __future__ import annotations

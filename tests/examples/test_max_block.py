@@ -17,7 +17,7 @@ from examples_runner import python_with, run_example
 
 REQUESTS, STEPS, WARMUP = 3, 6, 1
 
-pytestmark = pytest.mark.slow  # a cold MAX compile takes about 90 s on 2 cores; cached after
+pytestmark = pytest.mark.slow  # a cold MAX compile takes 75-100 s on 2 cores; cached after
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_compile_dominates_and_meta_says_max(max_run):
     dur = s["host_end_ns"] - s["host_start_ns"]
     compile_ns = int(dur[names == "compile"][0])
     step_ns = float(np.median(dur[names == "decode"]))
-    assert compile_ns > 50 * step_ns  # even from MAX's cache, loading costs far more than a step
+    assert compile_ns > 10 * step_ns  # even from MAX's cache (25 ms vs 0.2 ms seen), loading costs far more than a step
     assert run.meta["frameworks"].get("max", "").startswith("2")  # MAX 2x.y
     assert run.meta["user"]["model"] == "max_block" and run.meta["user"]["device"] == "cpu:0"
     assert run.meta["warmup"] == WARMUP
