@@ -4,7 +4,8 @@
 #   1. examples/torch_decode.py and examples/cupy_pipeline.py, each under nsys
 #      (-t cuda,nvtx), then `maxinstr report RUN --trace FILE.nsys-rep` as text and Markdown:
 #      <ex>.report.txt / <ex>.report.md, plus the unprofiled run's report (<ex>.plain.txt)
-#   2. `maxinstr run` on the torch example (the one-command path), report kept as torch_decode.run.txt
+#   2. (the one-command path, `maxinstr run`, runs in step 4 as a docs block; its output is kept
+#      in $OUT/examples/docs/)
 #   3. examples/max_block.py if MAX is importable here (it is not installed on the lent machine
 #      and its wheels are too big to carry: the step says so and moves on)
 #   4. pytest -m gpu tests/examples (GPU-timed stages on torch's current stream and on CuPy's two
@@ -40,21 +41,16 @@ for ex in torch_decode cupy_pipeline; do
   s0=$(date +%s%N)
   if nsys_profile "$ex" python3 "examples/$ex.py" --run-dir "$work/$ex" --no-report; then
     echo "$ex under nsys: $(( ($(date +%s%N) - s0) / 1000000 )) ms"
-    python3 -m maxinstr report "$work/$ex" --trace "$work/$ex.nsys-rep" --quiet > "$out/$ex.report.txt" 2>&1 || rc=1
-    python3 -m maxinstr report "$work/$ex" --trace "$work/$ex.nsys-rep" --quiet --format md -o "$out/$ex.report.md" || rc=1
-    python3 -m maxinstr report "$work/$ex" --trace "$work/$ex.nsys-rep" --quiet --format json -o "$out/$ex.report.json" || rc=1
+    # headline timings from the unprofiled run, kernels from the capture
+    rep=(python3 -m maxinstr report "$work/$ex" --trace "$work/$ex.nsys-rep" --unprofiled "$work/$ex-plain" --quiet)
+    "${rep[@]}" > "$out/$ex.report.txt" 2>&1 || rc=1
+    "${rep[@]}" --format md -o "$out/$ex.report.md" || rc=1
+    "${rep[@]}" --format json -o "$out/$ex.report.json" || rc=1
     cat "$out/$ex.report.txt"
   else
     rc=1; tail -20 "$out/$ex.nsys.log"
   fi
 done
-
-echo "== 2. maxinstr run (one command) on the torch example"
-s0=$(date +%s%N)
-python3 -m maxinstr run -y -o "$work/torch_decode-run" -- python3 examples/torch_decode.py --no-report \
-  > "$out/torch_decode.run.txt" 2>&1 || { echo "maxinstr run failed (status $?)"; rc=1; }
-echo "maxinstr run: $(( ($(date +%s%N) - s0) / 1000000 )) ms"
-tail -40 "$out/torch_decode.run.txt"
 
 echo "== 3. MAX block"
 if python3 -c "import max.engine" 2>/dev/null; then
@@ -70,6 +66,7 @@ else
 fi
 
 echo "== 4. GPU tests of the examples (and the docs' gpu blocks)"
-python3 -m pytest -q -m gpu tests/examples -p no:cacheprovider -rs 2>&1 | tee "$out/pytest-gpu.txt"
+MAXINSTR_DOCS_OUT="$out/docs" python3 -m pytest -q -m gpu tests/examples -p no:cacheprovider -rs --durations=10 2>&1 \
+  | tee "$out/pytest-gpu.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 exit $rc

@@ -57,8 +57,14 @@ def test_doc_block_runs(block, tmp_path_factory):
     d = _scratch(tmp_path_factory, block.path)
     env = child_env(python, COLUMNS="120")
     env["PATH"] = f"{_bin_dir(d, python)}{os.pathsep}{env['PATH']}"
+    keep = os.environ.get("MAXINSTR_DOCS_OUT")  # the H200 step keeps what the gpu blocks printed
     for command in block.commands:
         done = subprocess.run(["bash", "-c", command], cwd=d, env=env, capture_output=True, text=True, timeout=900)
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            name = block.id.replace("/", "_").replace(":", "_").replace(".md", "") + ".txt"
+            with open(Path(keep) / name, "a") as f:
+                f.write(f"$ {command}\n{done.stdout}{done.stderr}[exit {done.returncode}]\n")
         assert done.returncode == block.status, (
             f"{block.id}: `{command}` exited {done.returncode}, expected {block.status}\n"
             f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
