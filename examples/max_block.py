@@ -123,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="warm-up instances per stage (default: %(default)s)")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even when an accelerator is present")
     parser.add_argument(
+        "--buffers", action="store_true", help="on the CPU too, pass MAX Buffers as on a GPU (tests the GPU code path)"
+    )
+    parser.add_argument(
         "--max-profiling",
         choices=("off", "on", "detailed"),
         default="off",
@@ -146,12 +149,17 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     weights = _weights(args.seed)
 
+    host_arrays: list[np.ndarray] = []
+
     def to_device(array: np.ndarray):
-        # On the CPU, MAX takes numpy arrays as they are. (Buffer.from_numpy shares the array's
-        # memory, and .to(CPU) is no copy: a Buffer made from a temporary would dangle.)
-        if not on_gpu:
+        """A MAX Buffer on the device (a GPU copy), or on the CPU the numpy array itself."""
+        if not (on_gpu or args.buffers):
             return array
-        return Buffer.from_numpy(np.ascontiguousarray(array)).to(device)
+        host = np.ascontiguousarray(array)
+        # Buffer.from_numpy is a view of `host` and .to() copies only to another device: on the
+        # CPU the buffer reads `host` for as long as MAX uses it, so keep it alive.
+        host_arrays.append(host)
+        return Buffer.from_numpy(host).to(device)
 
     recording = maxinstr.session(
         args.run_dir,

@@ -115,3 +115,16 @@ def test_report_json_and_markdown(max_run, max_python, tmp_path):
     for name in ("prefill", "decode", "forward"):
         assert name in text
     assert "decode" in md.read_text()
+
+
+def test_gpu_code_path_on_the_cpu_gives_the_same_tokens(max_run, max_python, tmp_path):
+    """--buffers runs what a GPU runs (weights and inputs as MAX Buffers, a zero-length KV cache
+    buffer) on the CPU device: same seed, same tokens as the numpy path."""
+    _, plain = max_run
+    done = run_example(
+        max_python, "max_block.py", "--run-dir", "run", "--requests", str(REQUESTS), "--steps", str(STEPS),
+        "--warmup", str(WARMUP), "--cpu", "--buffers", "--no-report", cwd=tmp_path, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    tokens = [line.split("first tokens ")[1].split(";")[0] for line in (plain.stdout, done.stdout)]
+    assert tokens[0] == tokens[1]
