@@ -42,9 +42,55 @@ class _Device:
 
 
 def test_stream_handle_reads_default_queue():
-    assert mi_max.max_stream_handle(_Device(0x7F00)) == 0x7F00
-    assert mi_max.max_stream_handle(_Queue(0x7F00)) == 0x7F00
+    # make_context_current=False: these handles are not real streams to hand the driver
+    assert mi_max.max_stream_handle(_Device(0x7F00), make_context_current=False) == 0x7F00
+    assert mi_max.max_stream_handle(_Queue(0x7F00), make_context_current=False) == 0x7F00
     assert mi_max.max_stream_handle(_Device(0)) is None  # 0: no native stream (a CPU device)
+
+
+def test_ensure_stream_context_without_a_stream_or_driver():
+    from maxinstr.integrations._cuda import ensure_stream_context
+
+    assert ensure_stream_context(None) is False and ensure_stream_context(0) is False
+
+
+@pytest.mark.gpu
+def test_fresh_thread_gets_the_streams_context_and_gpu_times(tmp_path):
+    """A thread that never made a CUDA call has no current context, so its stages get host times
+    only; ensure_stream_context (what max_stream_handle calls) makes the stream's context
+    current there, and the same stage is GPU-timed."""
+    python = python_with("torch")
+    if python is None:
+        pytest.skip("needs torch to make a CUDA stream")
+    code = f"""
+import threading, torch, maxinstr
+from maxinstr.integrations._cuda import ensure_stream_context
+from maxinstr.rundir import format as fmt
+stream = torch.cuda.Stream()
+a = torch.randn(2048, 2048, device="cuda")
+torch.cuda.synchronize()
+result = {{}}
+def worker(fix):
+    if fix:
+        result["ensured"] = ensure_stream_context(stream.cuda_stream)
+    # the stage is entered before this thread's first CUDA call
+    with maxinstr.stage("fixed" if fix else "plain", stream=stream.cuda_stream):
+        with torch.cuda.stream(stream):
+            for _ in range(20):
+                a @ a
+with maxinstr.session({str(tmp_path / "run")!r}):
+    for fix in (False, True):
+        t = threading.Thread(target=worker, args=(fix,)); t.start(); t.join()
+    torch.cuda.synchronize()
+run = maxinstr.load({str(tmp_path / "run")!r})
+names = run.stage_names()
+timed = {{n: bool(run.stages["flags"][names == n][0] & fmt.GPU_TIMED) for n in ("plain", "fixed")}}
+print("ensured", result["ensured"], "timed", timed)
+assert result["ensured"] and timed["fixed"], timed
+"""
+    done = subprocess.run([python, "-c", code], env=child_env(python), capture_output=True, text=True, timeout=180)
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
 
 
 def test_enable_max_profiling_sets_env_and_rejects_bad_level(monkeypatch):

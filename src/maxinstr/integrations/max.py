@@ -29,13 +29,17 @@ ProfilingLevel = Literal["off", "on", "detailed"]
 _LEVELS: tuple[str, ...] = ("off", "on", "detailed")
 
 
-def max_stream_handle(device_or_queue: Any) -> int | None:
+def max_stream_handle(device_or_queue: Any, *, make_context_current: bool = True) -> int | None:
     """The native stream (CUstream / hipStream_t, as an int) of a MAX device's default queue.
 
     Takes a `max.driver.Device` (Accelerator or CPU) or a `max.driver.DeviceQueue`. Returns
     `None` for a CPU device (its queue has no native handle) or for anything that is not a MAX
     device, so `maxinstr.stage(..., stream=max_stream_handle(device))` records host times only
     there instead of timing the wrong stream.
+
+    With `make_context_current` (default), a CUDA stream's own context is made current on the
+    calling thread when none is: maxinstr times stages only on a thread with a current context,
+    and MAX's runtime need not leave one on yours. Call it on the thread that enters the stages.
     """
     if device_or_queue is None:
         return None
@@ -44,6 +48,10 @@ def max_stream_handle(device_or_queue: Any) -> int | None:
         handle = int(queue.native_stream_handle)
     except (AttributeError, TypeError, ValueError, RuntimeError):
         return None
+    if handle and make_context_current:
+        from maxinstr.integrations._cuda import ensure_stream_context
+
+        ensure_stream_context(handle)
     return handle or None
 
 

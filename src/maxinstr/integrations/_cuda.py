@@ -1,0 +1,56 @@
+"""Make the CUDA context that owns a stream current on the calling thread.
+
+maxinstr's core times a stage on the GPU only when a CUDA context is current on the thread that
+enters it (it never creates or initialises one). A framework that keeps its context current only
+inside its own calls, or only on its own threads, leaves the user's thread without one, and the
+stages there get host times only. `cuStreamGetCtx` names the context of the framework's stream;
+making that context current here is what the CUDA runtime would do on this thread's first
+runtime call. Nothing is created, and a thread that already has a current context is left alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+def _libcuda() -> ctypes.CDLL | None:
+    global _lib, _tried
+    with _lock:
+        if not _tried:
+            _tried = True
+            try:
+                _lib = ctypes.CDLL(os.environ.get("MAXINSTR_CUDA_LIBRARY") or "libcuda.so.1")
+                for name in ("cuCtxGetCurrent", "cuCtxSetCurrent", "cuStreamGetCtx"):
+                    getattr(_lib, name)
+            except (OSError, AttributeError):
+                _lib = None
+        return _lib
+
+
+def ensure_stream_context(stream_handle: int | None) -> bool:
+    """True when a CUDA context is current on this thread afterwards (set from the stream's own
+    context if none was). False without libcuda, for a null handle, or when the driver refuses
+    (uninitialised driver, invalid stream): never raises."""
+    if not stream_handle:
+        return False
+    lib = _libcuda()
+    if lib is None:
+        return False
+    current = ctypes.c_void_p()
+    if lib.cuCtxGetCurrent(ctypes.byref(current)) != 0:
+        return False
+    if current.value:
+        return True
+    owner = ctypes.c_void_p()
+    if lib.cuStreamGetCtx(ctypes.c_void_p(stream_handle), ctypes.byref(owner)) != 0 or not owner.value:
+        return False
+    return lib.cuCtxSetCurrent(owner) == 0
+
+
+__all__ = ["ensure_stream_context"]
