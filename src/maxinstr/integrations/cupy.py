@@ -26,7 +26,13 @@ def cupy_stream_handle() -> int | None:
             return None
     except cupy.cuda.runtime.CUDARuntimeError:
         return None
-    return int(cupy.cuda.get_current_stream().ptr)
+    handle = int(cupy.cuda.get_current_stream().ptr)
+    if handle and not cupy.cuda.runtime.is_hip:
+        # the stream's context current on this thread, so stages entered here get GPU times
+        from maxinstr.integrations._cuda import ensure_stream_context
+
+        ensure_stream_context(handle)
+    return handle
 
 
 __all__ = ["cupy_stream_handle"]

@@ -24,7 +24,13 @@ def torch_stream_handle(device: Any = None) -> int | None:
         return None
     if not torch.cuda.is_available():
         return None
-    return int(torch.cuda.current_stream(device).cuda_stream)
+    handle = int(torch.cuda.current_stream(device).cuda_stream)
+    if handle and not getattr(torch.version, "hip", None):
+        # the stream's context current on this thread, so stages entered here get GPU times
+        from maxinstr.integrations._cuda import ensure_stream_context
+
+        ensure_stream_context(handle)
+    return handle
 
 
 __all__ = ["torch_stream_handle"]
