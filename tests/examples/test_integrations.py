@@ -94,7 +94,9 @@ assert result["ensured"] and timed["fixed"], timed
 
 
 def test_enable_max_profiling_sets_env_and_rejects_bad_level(monkeypatch):
-    monkeypatch.delenv("MODULAR_ENABLE_PROFILING", raising=False)
+    # setenv first so teardown restores the variable even though the code under test sets it itself
+    monkeypatch.setenv("MODULAR_ENABLE_PROFILING", "off")
+    monkeypatch.delenv("MODULAR_ENABLE_PROFILING")
     mi_max.enable_max_profiling("on")
     import os
 
@@ -104,7 +106,9 @@ def test_enable_max_profiling_sets_env_and_rejects_bad_level(monkeypatch):
 
 
 def test_enable_max_profiling_passes_level_to_session(monkeypatch):
-    monkeypatch.delenv("MODULAR_ENABLE_PROFILING", raising=False)
+    # setenv first so teardown restores the variable even though the code under test sets it itself
+    monkeypatch.setenv("MODULAR_ENABLE_PROFILING", "off")
+    monkeypatch.delenv("MODULAR_ENABLE_PROFILING")
     seen = []
 
     class Session:

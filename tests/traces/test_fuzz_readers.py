@@ -258,13 +258,6 @@ def _has_nsys() -> bool:
 
 
 @pytest.mark.skipif(not _has_nsys(), reason="maxinstr.traces.nsys not written yet")
-@pytest.mark.xfail(
-    strict=False,
-    raises=(ValueError, MemoryError),
-    reason="reported to the nsys reader's owner: a corrupt string-id column makes nsys.py size a dense "
-    "lookup table by the largest id (np.full(sids.max() + 2)): ValueError 'Maximum allowed dimension "
-    "exceeded', found about once in 1500 mutated h200_small.sqlite inputs",
-)
 @settings(max_examples=150, **_SETTINGS)
 @given(fuzz_input(seeds={NSYS_SEED[0]: ("sqlite", NSYS_SEED[1])}))
 def test_fuzz_open_trace_nsys(case):
