@@ -44,6 +44,7 @@ MAXINSTR_THREADS_CAPTURE="$out/h200_threads.sqlite" python3 -m pytest -q -p no:c
   tests/attribute tests/traces/test_nsys.py 2>&1 | tee "$out/pytest.txt" | tail -15
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 
+if [ "${TRACES_SCALE:-1}" = 0 ]; then echo "== 3. skipped (TRACES_SCALE=0)"; exit $rc; fi
 echo "== 3. trace-merge benchmark (ours vs Python sqlite3, SQL join, nsys stats), then 10M (ours only) last"
 python3 benchmarks/trace_merge.py --sizes 10k,100k,1M --workdir /tmp/tm --nsys-stats \
   --python-max 1M --sql-max 100k --sql-limit 20 --limit 120 --json "$out/trace_merge.json" 2>&1 | tee "$out/trace_merge.txt"

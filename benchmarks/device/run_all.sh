@@ -18,11 +18,17 @@ python3 -m pip install --no-build-isolation --no-deps --no-compile --target /tmp
 echo "build rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
 export PYTHONPATH=/tmp/site
 budget=${STEP_TIMEOUT:-240}
+# TOTAL_S: the whole call's budget (default 540 s, under the device tool's 600 s per call), so
+# a late step is cut short or skipped and the archive below is always written.
+deadline=$(( t0 + ${TOTAL_S:-540} ))
 for step in benchmarks/device/[0-9]*.sh; do
   name=$(basename "$step" .sh)
   if [ $# -gt 0 ]; then keep=0; for want in "$@"; do [[ $name == *$want* ]] && keep=1; done; [ $keep = 1 ] || continue; fi
   s0=$(date +%s)
-  timeout -k 10 "$budget" bash "$step" > "$OUT/$name.log" 2>&1
+  left=$(( deadline - s0 - 15 ))
+  if [ "$left" -lt 20 ]; then echo "$name skipped: ${left} s left of TOTAL_S" | tee -a "$OUT/summary.txt"; continue; fi
+  this=$(( budget < left ? budget : left ))
+  timeout -k 10 "$this" bash "$step" > "$OUT/$name.log" 2>&1
   rc=$?
   echo "$name rc=$rc in $(( $(date +%s) - s0 )) s" | tee -a "$OUT/summary.txt"
   tail -n 25 "$OUT/$name.log" | sed "s/^/  [$name] /"
