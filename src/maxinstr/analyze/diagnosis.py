@@ -507,6 +507,52 @@ def rule_perturbed(report: dict) -> list[dict]:
         score=0.0)]
 
 
+def rule_straggler(report: dict) -> list[dict]:
+    """A rank that the others wait for (report["ranks"]["stragglers"], analyze/ranks.py)."""
+    sec = report.get("ranks") or {}
+    out = []
+    top_total = sum(float((st.get("host_ns") or {}).get("total", 0.0)) for st in report.get("stages", [])
+                    if st.get("depth", 0) == 0)
+    per_rank_total = top_total / max(int(sec.get("world_size") or 1), 1)
+    gpu = {g["rank"]: g for g in (sec.get("gpu") or [])}
+    for sg in sec.get("stragglers") or []:
+        r = sg["rank"]
+        slow = sg.get("slowest_in") or []
+        late = sg.get("arrives_last_in") or []
+        ev: dict[str, Any] = {"rank": r}
+        parts = []
+        if slow:
+            s0 = slow[0]
+            ev.update({"slow_stage": s0["stage"], "rank_median_ns": s0["median_ns"],
+                       "other_ranks_median_ns": s0["others_median_ns"], "slowest_in_share": round(s0["slowest_share"], 3),
+                       "excess_median_ns": s0["excess_median_ns"], "groups": s0["groups"]})
+            parts.append(f"slowest at '{s0['stage']}' in {s0['slowest_share']:.0%} of {s0['groups']} steps")
+        if late:
+            l0 = late[0]
+            waits = {k: v for k, v in (l0.get("wait_median_ns") or {}).items() if k != str(r) and v is not None}
+            ev.update({"sync_stage": l0["stage"], "arrives_last_share": round(l0["last_arrival_share"], 3),
+                       "arrival_lag_median_ns": l0["arrival_median_ns"],
+                       "others_wait_median_ns": waits, "others_wait_total_ns": sg["others_wait_total_ns"]})
+            parts.append(f"last into '{l0['stage']}' in {l0['last_arrival_share']:.0%} of steps, "
+                         "where the other ranks wait for it")
+            for other, g in gpu.items():
+                if other != r and g.get("collective_share") is not None:
+                    ev[f"rank{other}_collective_gpu_share"] = round(g["collective_share"], 3)
+            if r in gpu and gpu[r].get("collective_share") is not None:
+                ev[f"rank{r}_collective_gpu_share"] = round(gpu[r]["collective_share"], 3)
+        cost = max(sg.get("others_wait_total_ns", 0.0), sg.get("excess_total_ns", 0.0))
+        score = min(cost / per_rank_total, 1.0) if per_rank_total > 0 else 0.0
+        stage = (slow[0]["stage"] if slow else late[0]["stage"])
+        out.append(_finding(
+            "straggler_rank", f"Rank {r} is the straggler: " + "; ".join(parts), "fact", stage, ev,
+            f"Find why rank {r} is slower at '{stage}': uneven data or work per rank, a slower or throttled GPU, "
+            "a busy host CPU, or its own I/O. Compare its per-rank statistics with the others; profile that rank.",
+            validation="After the fix, the per-rank table shows the stage's medians within 10% of each other "
+                       "and no rank slowest in most steps.",
+            score=score))
+    return out
+
+
 def _short(name: str, n: int = 70) -> str:
     return name if len(name) <= n else name[: n - 3] + "..."
 
@@ -526,6 +572,7 @@ RULES: list[Callable[[dict], list[dict]]] = [
     rule_launch_bound,
     rule_throttled,
     rule_dominant_kernel,
+    rule_straggler,
 ]
 
 

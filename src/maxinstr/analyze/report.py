@@ -76,16 +76,21 @@ def _attribute(trace, run):
 
 
 def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run=None,
-            warmup: int | None = None) -> Analysis:
+            warmup: int | None = None, trace_ranks: list[int] | None = None) -> Analysis:
     """Everything :func:`build_report` computes, plus the columns behind it.
 
     ``run`` and ``unprofiled_run`` may be run directories (paths) or loaded runs; ``trace`` a
     path or a :class:`~maxinstr.traces.model.Trace`. Attribution is computed when a trace is
     given without one. ``warmup`` overrides the session's ``warmup=N`` (and sets it for
-    trace-only reports).
+    trace-only reports). ``trace`` may be a list, one trace per rank of a multi-rank run, with
+    ``trace_ranks`` saying whose each is (default: the run's ranks in order); they are merged and
+    each joins only its rank's records (see :mod:`maxinstr.traces.merge`).
     """
     run = _load_run(run)
     unprofiled_run = _load_run(unprofiled_run)
+    op_rank = None
+    if isinstance(trace, (list, tuple)):
+        trace, run, op_rank = _rank_traces(list(trace), run, trace_ranks)
     trace = _load_trace(trace)
     if trace is not None and attribution is None:
         attribution = _attribute(trace, run)
@@ -128,6 +133,7 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
         "cold_start_instances": int((inst.cold & ~inst.warmup).sum()),
     }
     report["stages"] = _stage_rows(inst, head, mix, sample_stats)
+    report["ranks"] = _ranks(inst, run, trace, fam, dur, op_rank)
     marks, mark_counts = np.unique(inst.key[inst.is_mark].astype(str), return_counts=True) if inst.is_mark.any() else ([], [])
     report["marks"] = {str(k): int(c) for k, c in zip(marks, mark_counts)}
     report["startup"] = _startup_rows(inst)
@@ -143,9 +149,53 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
 
 
 def build_report(run=None, trace=None, attribution=None, samples=None, unprofiled_run=None,
-                 warmup: int | None = None) -> dict[str, Any]:
+                 warmup: int | None = None, trace_ranks: list[int] | None = None) -> dict[str, Any]:
     """The report dict (schema ``maxinstr-report`` v1, see docs/report.md) for a run, a trace, or both."""
-    return analyze(run, trace, attribution, samples, unprofiled_run, warmup).report
+    return analyze(run, trace, attribution, samples, unprofiled_run, warmup, trace_ranks).report
+
+
+def _rank_traces(traces: list, run, trace_ranks):
+    """Several traces, one per rank: merged into one trace whose NVTX payloads and the run's
+    record ids are scoped by rank (so each trace joins only its rank's records). Returns
+    (trace, run, rank per op)."""
+    from dataclasses import replace
+
+    from maxinstr.analyze.ranks import part_ranks, scope_ids
+    from maxinstr.traces.merge import merge_rank_traces
+
+    traces = [_load_trace(t) for t in traces]
+    if len(traces) == 1 and trace_ranks is None:
+        return traces[0], run, None
+    run_ranks = sorted(set(part_ranks(run.parts).tolist()) - {-1}) if run is not None else []
+    ranks = list(trace_ranks) if trace_ranks is not None else run_ranks[: len(traces)]
+    if len(ranks) != len(traces):
+        raise ValueError(f"{len(traces)} traces but {len(ranks)} ranks to give them to")
+    merged, rows = merge_rank_traces(traces, ranks)
+    if run is not None and len(run.stages):
+        stages = run.stages.copy()
+        stages["id"] = scope_ids(stages["id"], stages["rank"])
+        stages["parent_id"] = scope_ids(stages["parent_id"], stages["rank"])
+        run = replace(run, stages=stages)
+        mine = np.isin(stages["rank"], ranks)
+        if not mine.all():
+            run.notes = list(run.notes) + [f"{int((~mine).sum())} stage records of ranks without a trace: no GPU columns for them"]
+    return merged, run, rows["ops"]
+
+
+def _ranks(inst, run, trace, fam, dur, op_rank) -> dict[str, Any] | None:
+    """``report["ranks"]``: per-rank statistics and stragglers (None for a one-rank run)."""
+    if run is None or not getattr(run, "parts", None):
+        return None
+    from maxinstr.analyze.kernels import FAMILY_NAMES
+    from maxinstr.analyze.ranks import gpu_by_rank, op_ranks_from_pids, rank_section
+
+    gpu = None
+    if trace is not None and len(dur):
+        if op_rank is None:
+            op_rank = op_ranks_from_pids(np.asarray(trace.ops.pid, np.int64), run.parts)
+        if (op_rank >= 0).any():
+            gpu = gpu_by_rank(op_rank, np.asarray(fam), np.asarray(dur), list(FAMILY_NAMES))
+    return rank_section(inst, run.parts, gpu)
 
 
 # ----------------------------------------------------------------------------- sections
@@ -413,7 +463,10 @@ def _reproduce(run, trace, unprofiled) -> list[dict[str, str]]:
     parts = ["maxinstr", "report"]
     if run is not None and getattr(run, "path", None):
         parts.append(str(run.path))
-    if trace is not None:
+    if trace is not None and (trace.meta or {}).get("rank_sources"):
+        for r, src in zip(trace.meta["ranks"], trace.meta["rank_sources"]):
+            parts += ["--trace", f"{r}={src}"]
+    elif trace is not None:
         parts += ["--trace", str(trace.source)]
     if unprofiled is not None and getattr(unprofiled, "path", None):
         parts += ["--unprofiled", str(unprofiled.path)]

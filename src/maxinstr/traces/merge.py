@@ -1,0 +1,103 @@
+"""Merge the traces of several ranks into one :class:`~maxinstr.traces.model.Trace`.
+
+Each rank of a multi-rank job is usually profiled on its own (``nsys profile -o r0 ...`` per
+rank), so ``maxinstr report RUN --trace r0.sqlite --trace r1.sqlite`` gets one trace per rank.
+The merge keeps every op, call and range, re-interns names into one string table, and tags
+every row with its rank (``Trace.meta["rank_of"]`` maps each trace to its rank; the per-row
+rank columns are returned alongside). NVTX payloads (maxinstr's record ids, which restart at
+1 in every process) are scoped by rank with :func:`maxinstr.analyze.ranks.scope_ids`, so a
+rank's ranges join only its own records. Process ids that clash between traces (ranks on
+different hosts, containers) are re-numbered so (pid, correlation id) stays unique.
+
+Each trace keeps its own timebase: attribution works within one process, so that is enough
+for per-stage GPU time; spans across ranks are not compared on the traces' clocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import numpy as np
+
+from maxinstr.traces.model import Calls, GpuOps, Ranges, Trace
+
+PID_SHIFT = 22
+"""Re-numbered pid = ``(trace index + 1) << PID_SHIFT | pid`` (Linux pids are below 2**22)."""
+
+
+def merge_rank_traces(traces: list[Trace], ranks: list[int]) -> tuple[Trace, dict[str, np.ndarray]]:
+    """One trace holding every rank's rows, and ``{"ops": rank per op, "ranges": rank per range,
+    "calls": rank per call}``."""
+    if len(traces) != len(ranks):
+        raise ValueError("one rank per trace")
+    table: dict[str, int] = {}
+    values: list[str] = []
+
+    def remap(strings: np.ndarray) -> np.ndarray:
+        out = np.empty(len(strings) + 1, np.int32)  # last slot: -1 stays -1
+        for i, s in enumerate(strings):
+            s = str(s)
+            j = table.get(s)
+            if j is None:
+                j = table[s] = len(values)
+                values.append(s)
+            out[i] = j
+        out[-1] = -1
+        return out
+
+    seen_pids: set[int] = set()
+    parts = {"ranges": [], "calls": [], "ops": []}
+    row_rank = {"ranges": [], "calls": [], "ops": []}
+    notes: list[str] = []
+    from maxinstr.analyze.ranks import scope_ids
+
+    for ti, (t, rank) in enumerate(zip(traces, ranks)):
+        m = remap(np.asarray(t.strings, dtype=object))
+        pids = set(np.unique(np.r_[np.asarray(t.ranges.pid), np.asarray(t.calls.pid), np.asarray(t.ops.pid)]).tolist())
+        clash = bool(pids & seen_pids)
+        seen_pids |= pids
+
+        def fix_pid(col: np.ndarray) -> np.ndarray:
+            col = np.asarray(col, np.int64)
+            return ((ti + 1) << PID_SHIFT) | col if clash else col
+
+        if clash:
+            notes.append(f"{t.source}: process ids clash with another rank's trace: re-numbered")
+        for attr, cls in (("ranges", Ranges), ("calls", Calls), ("ops", GpuOps)):
+            tab = getattr(t, attr)
+            cols = {f.name: np.asarray(getattr(tab, f.name)) for f in fields(cls)}
+            if "name_id" in cols:
+                cols["name_id"] = m[np.where(cols["name_id"] >= 0, cols["name_id"], -1)]
+            if "domain_id" in cols:
+                cols["domain_id"] = m[np.where(cols["domain_id"] >= 0, cols["domain_id"], -1)]
+            if "pid" in cols:
+                cols["pid"] = fix_pid(cols["pid"])
+            if "payload" in cols:
+                cols["payload"] = scope_ids(cols["payload"], rank)
+            parts[attr].append(cols)
+            row_rank[attr].append(np.full(len(tab), rank, np.int64))
+        notes += [f"rank {rank}: {n}" for n in t.notes]
+
+    def cat(attr: str, cls):
+        return cls(**{f.name: np.concatenate([c[f.name] for c in parts[attr]]) if parts[attr] else getattr(cls(), f.name)
+                      for f in fields(cls)})
+
+    first = traces[0]
+    thread_names: dict[int, str] = {}
+    for t in traces:
+        thread_names.update(t.thread_names)
+    formats = sorted({t.format for t in traces})
+    merged = Trace(
+        source=" + ".join(str(t.source) for t in traces),
+        format=formats[0] if len(formats) == 1 else "+".join(formats),
+        strings=np.array(values, dtype=object),
+        ranges=cat("ranges", Ranges),
+        calls=cat("calls", Calls),
+        ops=cat("ops", GpuOps),
+        thread_names=thread_names,
+        clock=first.clock if len({t.clock for t in traces}) == 1 else "per-rank",
+        session_start_utc_ns=first.session_start_utc_ns,
+        notes=notes,
+        meta={"ranks": [int(r) for r in ranks], "rank_sources": [str(t.source) for t in traces]},
+    )
+    return merged, {k: np.concatenate(v) if v else np.empty(0, np.int64) for k, v in row_rank.items()}
