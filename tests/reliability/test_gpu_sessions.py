@@ -62,7 +62,8 @@ def test_session_meta_names_the_gpu_without_creating_a_context(tmp_path):
             return bool(active.value)
 
         with maxinstr.session(sys.argv[1], dtype="bf16") as s:
-            print("CTX_AFTER_START", torch.cuda.is_initialized() or primary_context_active(), flush=True)
+            torch_init, primary = torch.cuda.is_initialized(), primary_context_active()
+            print("CTX_AFTER_START", torch_init or primary, "torch initialized", torch_init, "primary active", primary, flush=True)
             x = torch.randn(2048, 2048, device="cuda")
             stream = torch.cuda.current_stream().cuda_stream
             for i in range(20):
@@ -74,7 +75,7 @@ def test_session_meta_names_the_gpu_without_creating_a_context(tmp_path):
         str(tmp_path / "run"),
     )
     assert rc == 0, err
-    assert "CTX_AFTER_START False" in out  # metadata collection (NVML) made no CUDA context
+    assert "CTX_AFTER_START False" in out, out  # metadata collection (NVML) made no CUDA context
     run = maxinstr.load(tmp_path / "run")
     meta = run.meta
     assert meta["gpus"] and meta["gpus"][0]["name"] and meta["gpus"][0]["uuid"].startswith("GPU-")

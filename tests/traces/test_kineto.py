@@ -154,3 +154,36 @@ def test_bad_inputs(tmp_path):
     with pytest.raises(TraceError, match="gzip"):
         read_kineto(p)
     assert NO_ID == -1
+
+
+def test_h200_graph_replays_and_worker_thread_attribution():
+    """The H200 capture of benchmarks/device/25-kineto.sh: kernels replayed by cudaGraphLaunch
+    belong to the `graph_replay` range that launched them; kernels launched by a worker thread
+    with no range of its own go to the main thread's open range, marked CROSS_THREAD. The
+    expectations are counted from the raw JSON here, not stored."""
+    from maxinstr.attribute.attribute import attribute
+    from maxinstr.attribute.model import Rule
+
+    name = "h200_graph_threads.pt.trace.json.gz"
+    doc = raw(name)
+    calls = xs(doc, "cuda_runtime", "cuda_driver")
+    main_tid = next(e["tid"] for e in xs(doc, "user_annotation") if e["name"] == "main_with_worker")
+    graph_corr = {e["args"]["correlation"] for e in calls if e["name"] == "cudaGraphLaunch"}
+    worker_corr = {e["args"]["correlation"] for e in calls if e["tid"] != main_tid}
+    kernels = xs(doc, "kernel")
+    n_graph = sum(k["args"]["correlation"] in graph_corr for k in kernels)
+    n_worker = sum(k["args"]["correlation"] in worker_corr for k in kernels)
+    assert n_graph and n_worker  # the capture has both patterns
+
+    t = read_kineto(KINETO / name)
+    att = attribute(t)
+    owner = np.array([t.name(int(t.ranges.name_id[r])) if r >= 0 else "" for r in att.op_range])
+    is_kernel = t.ops.kind == OpKind.KERNEL
+    graph = is_kernel & (att.op_rule == Rule.GRAPH)
+    cross = is_kernel & (att.op_rule == Rule.CROSS_THREAD)
+    assert int(graph.sum()) == n_graph == int((t.ops.graph_node_id >= 0).sum())
+    assert set(owner[graph]) == {"graph_replay"}
+    assert int(cross.sum()) == n_worker
+    assert set(owner[cross]) == {"main_with_worker"}
+    replays = [i for i in range(len(t.ranges)) if t.name(int(t.ranges.name_id[i])) == "graph_replay"]
+    assert len(replays) == len(graph_corr) and len({int(att.op_count[i]) for i in replays}) == 1

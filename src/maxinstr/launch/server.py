@@ -86,13 +86,15 @@ def session_name(run_dir: Path) -> str:
 
 def launch_command(nsys: Nsys, session: str, command: list[str]) -> list[str]:
     """``nsys launch``: the app runs with tracing injected, nothing is collected until start.
-    What to trace and sample is set here: ``nsys start`` rejects --trace/--sample."""
-    return [nsys.path, "launch", f"--session-new={session}", *nsys.trace_flags(), *command]
+    What to trace and sample is set here; ``--cpuctxsw`` is not: nsys 2025.3 refuses it on
+    ``launch`` ("can be set on the profile and start commands", seen on the H200)."""
+    return [nsys.path, "launch", f"--session-new={session}", *nsys.trace_flags_launch(), "--sample=none", *command]
 
 
 def start_command(nsys: Nsys, session: str, output: Path) -> list[str]:
-    """``nsys start``: only where this window's report goes."""
-    return [nsys.path, "start", f"--session={session}", "--force-overwrite=true", f"--output={output}"]
+    """``nsys start``: where this window's report goes, and no CPU context-switch tracing (its
+    default is on when the app was launched with ``--sample=none``)."""
+    return [nsys.path, "start", f"--session={session}", "--cpuctxsw=none", "--force-overwrite=true", f"--output={output}"]
 
 
 START_SETTLE_S = 0.5
