@@ -21,6 +21,16 @@ budget=${STEP_TIMEOUT:-240}
 # TOTAL_S: the whole call's budget (default 540 s, under the device tool's 600 s per call), so
 # a late step is cut short or skipped and the archive below is always written.
 deadline=$(( t0 + ${TOTAL_S:-540} ))
+# PARALLEL="name ..." : steps that only check correctness run together after the others (the
+# timing steps run alone first); each keeps its own time limit and log.
+par=()
+run_step() {  # name step seconds
+  local s0; s0=$(date +%s)
+  timeout -k 10 "$3" bash "$2" > "$OUT/$1.log" 2>&1
+  local rc=$?
+  echo "$1 rc=$rc in $(( $(date +%s) - s0 )) s" | tee -a "$OUT/summary.txt"
+  tail -n 25 "$OUT/$1.log" | sed "s/^/  [$1] /"
+}
 for step in benchmarks/device/[0-9]*.sh; do
   name=$(basename "$step" .sh)
   if [ $# -gt 0 ]; then keep=0; for want in "$@"; do [[ $name == *$want* ]] && keep=1; done; [ $keep = 1 ] || continue; fi
@@ -28,10 +38,16 @@ for step in benchmarks/device/[0-9]*.sh; do
   left=$(( deadline - s0 - 15 ))
   if [ "$left" -lt 20 ]; then echo "$name skipped: ${left} s left of TOTAL_S" | tee -a "$OUT/summary.txt"; continue; fi
   this=$(( budget < left ? budget : left ))
-  timeout -k 10 "$this" bash "$step" > "$OUT/$name.log" 2>&1
-  rc=$?
-  echo "$name rc=$rc in $(( $(date +%s) - s0 )) s" | tee -a "$OUT/summary.txt"
-  tail -n 25 "$OUT/$name.log" | sed "s/^/  [$name] /"
+  for p in ${PARALLEL:-}; do [[ $name == *$p* ]] && { par+=("$name:$step"); continue 2; }; done
+  run_step "$name" "$step" "$this"
 done
+if [ ${#par[@]} -gt 0 ]; then
+  left=$(( deadline - $(date +%s) - 15 ))
+  this=$(( budget < left ? budget : left ))
+  echo "parallel: ${par[*]} (${this} s each)" | tee -a "$OUT/summary.txt"
+  for item in "${par[@]}"; do run_step "${item%%:*}" "${item#*:}" "$this" > "$OUT/${item%%:*}.tail" & done
+  wait
+  cat "$OUT"/*.tail 2>/dev/null; rm -f "$OUT"/*.tail
+fi
 tar czf "$REAL_OUT/results.tgz" -C "$OUT" . && ls -la "$REAL_OUT"
 cat "$OUT/summary.txt"
