@@ -103,7 +103,7 @@ def command(out, profiler, window_s, capture, osrt, warmup, warm_run, stages, re
     maxinstr run -- python decode.py
     maxinstr run --warm-run --repeat 3 -- python decode.py
     maxinstr run --sweep BATCH=1,8,32 -- python decode.py
-    maxinstr run --stage max.pipelines.lib.pipeline:TextGenerationPipeline.next_token=decode -- max generate ...
+    maxinstr run --stage max.pipelines.lib:TextGenerationPipeline.execute=step -- max generate ...
     """
     cmd = list(command)
     if cmd and cmd[0] == "--":

@@ -1,7 +1,7 @@
 """Wrap functions and methods of code you cannot edit in maxinstr stages.
 
     import maxinstr
-    maxinstr.instrument("max.pipelines.lib.pipeline:TextGenerationPipeline.next_token", name="decode")
+    maxinstr.instrument("max.pipelines.lib:TextGenerationPipeline.execute", name="step")
 
 A target is ``"package.module:QualName"`` where QualName is a function or ``Class.method``
 (nested classes allowed). ``name`` defaults to the QualName. With ``lazy=True`` the wrap is
