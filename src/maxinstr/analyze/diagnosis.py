@@ -524,15 +524,22 @@ def rule_straggler(report: dict) -> list[dict]:
         if slow:
             s0 = slow[0]
             ev.update({"slow_stage": s0["stage"], "rank_median_ns": s0["median_ns"],
-                       "other_ranks_median_ns": s0["others_median_ns"], "slowest_in_share": round(s0["slowest_share"], 3),
+                       "other_ranks_median_ns": s0["others_median_ns"]})
+        if late:
+            l0 = late[0]
+            ev["sync_stage"] = l0["stage"]
+            for k, v in (l0.get("wait_median_ns") or {}).items():
+                if k != str(r) and v is not None:
+                    ev[f"rank{k}_wait_median_ns"] = v
+        if slow:
+            ev.update({"slowest_in_share": round(s0["slowest_share"], 3),
                        "excess_median_ns": s0["excess_median_ns"], "groups": s0["groups"]})
             parts.append(f"slowest at '{s0['stage']}' in {s0['slowest_share']:.0%} of {s0['groups']} steps")
         if late:
             l0 = late[0]
-            waits = {k: v for k, v in (l0.get("wait_median_ns") or {}).items() if k != str(r) and v is not None}
-            ev.update({"sync_stage": l0["stage"], "arrives_last_share": round(l0["last_arrival_share"], 3),
+            ev.update({"arrives_last_share": round(l0["last_arrival_share"], 3),
                        "arrival_lag_median_ns": l0["arrival_median_ns"],
-                       "others_wait_median_ns": waits, "others_wait_total_ns": sg["others_wait_total_ns"]})
+                       "others_wait_total_ns": sg["others_wait_total_ns"]})
             parts.append(f"last into '{l0['stage']}' in {l0['last_arrival_share']:.0%} of steps, "
                          "where the other ranks wait for it")
             for other, g in gpu.items():

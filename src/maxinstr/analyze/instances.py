@@ -184,7 +184,7 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True) -> St
         codes = codes.reshape(-1)
         for values in (inst.host_ns, inst.proj_ns):
             eligible = ~inst.warmup & ~inst.is_mark & (values >= 0)
-            mask, z = cold_start_mask(codes, inst.occurrence, values, eligible)
+            mask, z = cold_start_mask(codes, inst.occurrence, values, eligible, prefix_groups=inst.part)
             inst.cold |= mask
             inst.cold_z = np.maximum(inst.cold_z, np.where(mask, z, 0.0))
     return inst

@@ -145,20 +145,27 @@ def render(report: dict, fmt: str, color: bool = False, width: int = 120, analys
 
 @click.command("report", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("run_dir", required=False, metavar="[RUN_DIR | REPORT.json]")
-@click.option("--trace", "trace_path", metavar="FILE", help="Vendor trace: nsys .sqlite/.nsys-rep, rocprofv3 folder/CSV, RPD, Kineto JSON.")
+@click.option("--trace", "trace_paths", metavar="FILE", multiple=True,
+              help="Vendor trace: nsys .sqlite/.nsys-rep, rocprofv3 folder/CSV, RPD, Kineto JSON. Repeat it for a "
+                   "multi-rank run, one trace per rank: the rank comes from RANK=FILE, else from the file name "
+                   "(r0.sqlite, rank1.nsys-rep), else from the order of the ranks.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
 @click.option("-o", "--output", metavar="PATH", help="Write here instead of stdout.")
 @click.option("--unprofiled", metavar="RUN_DIR", help="An unprofiled run of the same program: headline timings come from it.")
 @click.option("--warmup", type=click.IntRange(min=0), default=None, help="Warm-up instances per stage (overrides the session's).")
 @click.option("--quiet", is_flag=True, help="No progress display.")
-def command(run_dir, trace_path, fmt, output, unprofiled, warmup, quiet):
+def command(run_dir, trace_paths, fmt, output, unprofiled, warmup, quiet):
     """Per-stage report: where the time goes, stage by stage, and why.
 
     RUN_DIR is what maxinstr.session() wrote; --trace adds a profiler's kernels. Either alone
     works. A saved JSON report can be given instead of RUN_DIR to render it again.
     """
-    if not run_dir and not trace_path:
+    trace_paths = list(trace_paths)
+    trace_path = trace_paths[0] if len(trace_paths) == 1 else None
+    if not run_dir and not trace_paths:
         raise click.UsageError("give a RUN_DIR, a --trace FILE, or both")
+    if len(trace_paths) > 1 and not run_dir:
+        raise click.UsageError("several --trace files are one per rank: give the RUN_DIR they belong to")
     analysis = None
     if run_dir and _is_report_file(run_dir):
         report = load_report_file(run_dir)
@@ -174,10 +181,25 @@ def command(run_dir, trace_path, fmt, output, unprofiled, warmup, quiet):
                 progress.update(f"reading {run_dir} ...")
                 run = load(run_dir)
                 trace_path, unprofiled, auto_notes = discover(run_dir, run.meta, trace_path, unprofiled)
-            trace = open_trace_with_progress(trace_path, quiet, progress) if trace_path else None
+            trace_ranks = None
+            from maxinstr.analyze.ranks import assign_trace_ranks, part_ranks, trace_rank_from_name
+
+            run_ranks = sorted(set(part_ranks(run.parts).tolist()) - {-1}) if run is not None else []
+            one_rank_trace = (len(trace_paths) == 1 and len(run_ranks) > 1
+                              and (trace_rank_from_name(trace_paths[0]) is not None
+                                   or trace_paths[0].partition("=")[0].strip().isdigit()))
+            if len(trace_paths) > 1 or one_rank_trace:
+                try:
+                    pairs = assign_trace_ranks(trace_paths, run_ranks)
+                except ValueError as exc:
+                    raise MaxinstrError(str(exc)) from None
+                trace_ranks = [r for r, _ in pairs]
+                trace = [open_trace_with_progress(p, quiet, progress) for _, p in pairs]
+            else:
+                trace = open_trace_with_progress(trace_path, quiet, progress) if trace_path else None
             unprof = load(unprofiled) if unprofiled else None
             progress.update("attributing kernels to stages and computing the report ...")
-            analysis = analyze(run=run, trace=trace, unprofiled_run=unprof, warmup=warmup)
+            analysis = analyze(run=run, trace=trace, unprofiled_run=unprof, warmup=warmup, trace_ranks=trace_ranks)
         report = analysis.report
         report["sources"]["notes"] = auto_notes + report["sources"]["notes"]
     color = output is None and fmt == "text" and sys.stdout.isatty()

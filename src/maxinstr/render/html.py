@@ -673,11 +673,39 @@ def _env_section(report: dict) -> str:
     return "".join(out)
 
 
+def _ranks_section(report: dict) -> str:
+    """Per-rank stage statistics and the stragglers (multi-rank runs only; rows from render/_ranks.py)."""
+    from maxinstr.render import _ranks as rk
+
+    sec = rk.section(report)
+    if sec is None:
+        return ""
+
+    def table(header: list[str], rows: list[list[str]]) -> str:
+        num = [h not in ("stage", "host", "pids", "top family") for h in header]
+        head = "".join(f"<th{' class=num' if n else ''}>{e(h)}</th>" for h, n in zip(header, num))
+        body = "".join("<tr>" + "".join(f"<td{' class=num' if n else ''}>{e(c)}</td>" for c, n in zip(r, num)) + "</tr>"
+                       for r in rows)
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    out = [f'<section id="ranks"><h2>Ranks</h2><p class="note">{e(rk.summary_line(sec))}. Clock: {e(sec.get("clock"))}.</p>',
+           table(*rk.rank_rows(sec)),
+           '<h3>Per-rank stage statistics</h3><p class="note">steps: instances aligned across ranks; slowest / last in: '
+           'share of steps where the rank took longest / started last; vs others: median excess over the other ranks; '
+           'wait: time waiting for the last rank in a [sync] stage (one the ranks leave together).</p>',
+           table(*rk.stage_rows(sec))]
+    lines = rk.straggler_lines(sec)
+    if lines:
+        out.append("<h3>Stragglers</h3><ul>" + "".join(f"<li>{e(x)}</li>" for x in lines) + "</ul>")
+    out.append("</section>")
+    return "".join(out)
+
+
 def render(report: dict[str, Any], analysis=None) -> str:
     """The whole report as one HTML document (no external resource)."""
     src = report.get("sources") or {}
     title = f"maxinstr report: {src.get('run') or src.get('trace') or ''}"
-    body = [_header(report), _breakdown_section(report), timeline_section(report, analysis), _diagnosis_section(report),
+    body = [_header(report), _breakdown_section(report), timeline_section(report, analysis), _ranks_section(report), _diagnosis_section(report),
             _kernels_section(report), _steps_section(report), _env_section(report)]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{e(title)}</title>"

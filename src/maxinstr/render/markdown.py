@@ -152,6 +152,26 @@ def _reproduce(report: dict) -> list[str]:
     return out
 
 
+def _ranks(report: dict) -> list[str]:
+    """Per-rank stage statistics and the stragglers (multi-rank runs only)."""
+    from maxinstr.render import _ranks as rk
+
+    sec = rk.section(report)
+    if sec is None:
+        return []
+    out = ["## Ranks", "", rk.summary_line(sec) + f". Clock: {sec.get('clock')}.", ""]
+    out += _table(*rk.rank_rows(sec))
+    out += ["### Per-rank stage statistics", "",
+            "_steps: instances aligned across ranks (the k-th of the stage on every rank); slowest / last in: share of "
+            "steps where the rank took longest / started last; vs others: median excess over the other ranks; wait: "
+            "time waiting for the last rank in a [sync] stage (one that the ranks leave together)._", ""]
+    out += _table(*rk.stage_rows(sec))
+    lines = rk.straggler_lines(sec)
+    if lines:
+        out += ["**Stragglers**", ""] + [f"- {x}" for x in lines] + [""]
+    return out
+
+
 def render(report: dict[str, Any]) -> str:
     """The report as a Markdown document."""
     src = report.get("sources", {})
@@ -161,6 +181,7 @@ def render(report: dict[str, Any]) -> str:
              f"{report.get('generated', {}).get('utc', '')}; report schema {report.get('schema')} v{report.get('version')}_", ""]
     lines += _baseline(report)
     lines += _stages(report)
+    lines += _ranks(report)
     lines += _bottlenecks(report)
     lines += _findings(report, "fact", "Facts (measured)")
     lines += _findings(report, "hypothesis", "Hypotheses (to confirm)")

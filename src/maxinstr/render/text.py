@@ -185,9 +185,42 @@ def _notes(report: dict) -> Text | None:
     return Text("notes:\n" + "\n".join(f"  - {n}" for n in notes), style="dim")
 
 
+def _ranks(report: dict) -> Group | None:
+    """Per-rank stage statistics and the stragglers (multi-rank runs only)."""
+    from maxinstr.render import _ranks as rk
+
+    sec = rk.section(report)
+    if sec is None:
+        return None
+    out: list[Any] = []
+    header, rows = rk.rank_rows(sec)
+    t = Table(title=f"Ranks ({rk.summary_line(sec)})", title_justify="left", header_style="bold")
+    for h in header:
+        t.add_column(h, justify="left" if h in ("host", "pids", "top family") else "right")
+    for r in rows:
+        t.add_row(*(Text(c) for c in r))
+    out.append(t)
+    header, rows = rk.stage_rows(sec)
+    t = Table(title="Per-rank stage statistics (steady state; steps = instances aligned across ranks)",
+              title_justify="left", header_style="bold",
+              caption=Text("slowest / last in: share of steps where the rank took longest / started last; vs others: "
+                           "median excess over the other ranks; wait: time spent waiting for the last rank in a [sync] "
+                           "stage (one the ranks leave together)"),
+              caption_justify="left")
+    for h in header:
+        t.add_column(h, justify="left" if h == "stage" else "right", no_wrap=h == "stage")
+    for r in rows:
+        t.add_row(*(Text(c) for c in r))
+    out.append(t)
+    lines = rk.straggler_lines(sec)
+    if lines:
+        out.append(Text("stragglers:\n" + "\n".join(f"  - {x}" for x in lines), style="yellow"))
+    return Group(*out)
+
+
 def renderables(report: dict) -> list[Any]:
     """The report's parts as rich renderables, in reading order."""
-    parts = [_header(report), _stage_table(report), _bottlenecks(report), _diagnosis(report),
+    parts = [_header(report), _stage_table(report), _ranks(report), _bottlenecks(report), _diagnosis(report),
              _startup(report), _families(report), _kernels(report), _notes(report)]
     return [p for p in parts if p is not None]
 
