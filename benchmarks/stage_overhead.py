@@ -32,17 +32,23 @@ from typing import Callable
 Case = Callable[[int], None]
 
 
-def _median_ns(fn: Case, n: int, repeats: int) -> float:
-    fn(min(n, 1000))  # warm
-    per = []
-    for _ in range(repeats):
-        gc.disable()
-        t0 = time.perf_counter_ns()
-        fn(n)
-        t1 = time.perf_counter_ns()
-        gc.enable()
-        per.append((t1 - t0) / n)
-    return statistics.median(per)
+def _median_ns(cases: dict[str, Case], n: int, repeats: int) -> dict[str, float]:
+    """Median ns per iteration of each case. The repeats are interleaved (round r runs every case
+    once, in a rotated order), so a noisy stretch of the machine hits all cases alike instead of
+    inflating the one that happened to run then."""
+    for fn in cases.values():
+        fn(min(n, 1000))  # warm
+    per: dict[str, list[float]] = {k: [] for k in cases}
+    names = list(cases)
+    for r in range(repeats):
+        for k in names[r % len(names):] + names[: r % len(names)]:
+            gc.disable()
+            t0 = time.perf_counter_ns()
+            cases[k](n)
+            t1 = time.perf_counter_ns()
+            gc.enable()
+            per[k].append((t1 - t0) / n)
+    return {k: statistics.median(v) for k, v in per.items()}
 
 
 def _cases() -> tuple[dict[str, Case], dict[str, str], dict]:
@@ -305,9 +311,13 @@ def perturbation(ctx: dict, steps: int) -> dict | None:
     for f in variants.values():
         for _ in range(50):
             f()
-    block = 50
-    for _ in range(max(1, steps // block)):  # interleave blocks against drift
-        for k, f in variants.items():
+    # Small blocks, interleaved and in a rotated order, so drift and noisy stretches hit every
+    # variant alike; the overhead is the median over rounds of (variant / bare of the same round).
+    block = 10
+    names = list(variants)
+    for r in range(max(1, steps // block)):
+        for k in names[r % len(names):] + names[: r % len(names)]:
+            f = variants[k]
             t0 = time.perf_counter_ns()
             for _ in range(block):
                 f()
@@ -315,13 +325,21 @@ def perturbation(ctx: dict, steps: int) -> dict | None:
         _native.resolve()
         _native.drain()
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"lib": lib, "step_us": med, "overhead_pct": {k: 100 * (v / med["bare"] - 1) for k, v in med.items()}}
+    paired = {k: 100 * (statistics.median(x / b for x, b in zip(v, times["bare"])) - 1) for k, v in times.items()}
+    return {"lib": lib, "step_us": med, "overhead_pct": paired,
+            "overhead_pct_of_medians": {k: 100 * (v / med["bare"] - 1) for k, v in med.items()}}
+
+
+def _native_mod():
+    from maxinstr import _native
+
+    return _native
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=20000, help="enter+exit per repeat")
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--steps", type=int, default=1000, help="perturbation steps per variant")
     ap.add_argument("--quick", action="store_true", help="n=5000, 5 repeats, 300 steps")
     ap.add_argument("--json", help="write results here")
@@ -329,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.n, a.repeats, a.steps = 5000, 5, 300
     cases, skipped, ctx = _cases()
-    res = {name: _median_ns(fn, a.n, a.repeats) for name, fn in cases.items()}
+    res = _median_ns(cases, a.n, a.repeats)
     ref = res["maxinstr ranges + host clock"]
     tool = "nsys" if any(k.startswith("NSYS") for k in os.environ) or "NVTX_INJECTION64_PATH" in os.environ else "none"
     print(f"stage overhead, median ns per enter+exit ({a.n} x {a.repeats}), tool attached: {tool}")
@@ -347,9 +365,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:<{w}}{v:>10.0f}{v / ref:>18.2f}")
     for k, why in skipped.items():
         print(f"skipped {k}: {why}")
+    driver = None
+    if ctx["native_stats"]["event_pool_size"] > 0 and hasattr(_native_mod(), "_driver_costs"):
+        # Where a GPU-timed stage's time goes: the driver calls it makes, timed in C.
+        driver = _native_mod()._driver_costs()
+        print("\ndriver calls, ns each (timed in C, legacy stream): "
+              + ", ".join(f"{k} {v:.0f}" for k, v in driver.items()))
+        st = _native_mod().stats()
+        print(f"GPU floor taken out of stage times: {st.get('gpu_floor_ns')} ns ({st.get('gpu_floor')}); "
+              f"resolution so far: {st.get('event_queries')} queries, {st.get('event_elapsed_calls')} elapsed-time "
+              f"calls for {st.get('events_recorded')} events recorded, {st.get('events_shared')} shared")
     pert = perturbation(ctx, a.steps)
     if pert:
-        print(f"\nperturbation ({pert['lib']}, 20 tiny launches, 3 stages/step, median us/step):")
+        print(f"\nperturbation ({pert['lib']}, 20 tiny launches, 3 stages/step, median us/step; overhead = "
+              "median over interleaved rounds of variant/bare):")
         for k, v in pert["step_us"].items():
             print(f"  {k:<28}{v:>9.1f} us  {pert['overhead_pct'][k]:+6.1f} %")
     else:
@@ -357,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"tool": tool, "n": a.n, "repeats": a.repeats, "ns": res, "skipped": skipped,
-                       "perturbation": pert, "python": sys.version, "stats": ctx["native_stats"]}, f, indent=1)
+                       "perturbation": pert, "driver_ns": driver, "python": sys.version,
+                       "stats": _native_mod().stats()}, f, indent=1)
     return 0
 
 

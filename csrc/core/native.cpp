@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -145,13 +146,34 @@ struct GpuApi {
   // Optional (stream capture, CUDA 10+/HIP 5+): see RelaxedCapture and gpu_point.
   int (*is_capturing)(void*, int*) = nullptr;
   int (*exch_mode)(int*) = nullptr;
+  // Optional (CUDA only), for the floor calibration (ctx_calibrate): a tiny PTX kernel on a
+  // private non-blocking stream.
+  int (*mod_load)(void**, const void*) = nullptr;         // cuModuleLoadData
+  int (*mod_unload)(void*) = nullptr;                     // cuModuleUnload
+  int (*mod_func)(void**, void*, const char*) = nullptr;  // cuModuleGetFunction
+  int (*launch)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
+                void**) = nullptr;                        // cuLaunchKernel
+  int (*stream_create)(void**, unsigned) = nullptr;       // cuStreamCreate
+  int (*stream_destroy)(void*) = nullptr;                 // cuStreamDestroy_v2
+  // Optional (CUDA only), for profiler_start/stop on a thread with no current context.
+  int (*ctx_device)(int*) = nullptr;                      // cuCtxGetDevice
+  int (*dev_count)(int*) = nullptr;                       // cuDeviceGetCount
+  int (*dev_get)(int*, int) = nullptr;                    // cuDeviceGet
+  int (*primary_state)(int, unsigned*, int*) = nullptr;   // cuDevicePrimaryCtxGetState
+  int (*primary_retain)(void**, int) = nullptr;           // cuDevicePrimaryCtxRetain
+  int (*primary_release)(int) = nullptr;                  // cuDevicePrimaryCtxRelease_v2
+  int (*ctx_push)(void*) = nullptr;                       // cuCtxPushCurrent_v2
+  int (*ctx_pop)(void**) = nullptr;                       // cuCtxPopCurrent_v2
 };
 
 struct Slot {
   void* ev;
   int ctx;
   int ref;
+  uint64_t rec_seq;  // g.record_seq when this event was last recorded (stream order, see resolve)
+  int64_t host_ns;   // its time on the host clock once placed (kUnplaced before)
 };
+constexpr int64_t kUnplaced = INT64_MIN;
 
 struct Ctx {
   void* key;              // CUcontext, or (device + 1) for HIP
@@ -160,6 +182,9 @@ struct Ctx {
   int anchor = -1;        // slot of the newest resolved event (its host time is anchor_ns)
   int64_t anchor_ns = 0;
   int64_t retry_ns = 0;   // a failed reference pairing is retried after this host time
+  int device = -1;        // CUDA device ordinal of the context (cuCtxGetDevice), -1 unknown
+  int64_t floor_ns = 0;   // calibrated event->kernel->event floor, taken out of GPU times
+  int floor_state = 0;    // 0 not calibrated, 1 calibrated, 2 fixed by MAXINSTR_GPU_FLOOR_NS, -1 failed
 };
 
 struct Globals {
@@ -215,7 +240,20 @@ struct Globals {
   uint64_t events_shared = 0;
   uint64_t events_dropped = 0;
   uint64_t events_capture = 0;  // boundaries skipped because the stream was capturing a graph
+  uint64_t record_seq = 0;      // event records ever made (orders records on one stream)
+  uint64_t event_queries = 0;   // cuEventQuery/Synchronize calls made to resolve records
+  uint64_t event_elapsed = 0;   // cuEventElapsedTime calls made to resolve records
   bool warned_no_ctx = false;
+
+  // CUPTI external correlation (session kernels=True): libcupti is loaded by the Python side
+  // (cupti-python); cupti_link() dlopens that same library (RTLD_NOLOAD) and takes these two.
+  int (*cupti_push)(int, uint64_t) = nullptr;   // cuptiActivityPushExternalCorrelationId
+  int (*cupti_pop)(int, uint64_t*) = nullptr;   // cuptiActivityPopExternalCorrelationId
+  int cupti_kind = 0;                           // CUpti_ExternalCorrelationKind
+  bool cupti_on = false;
+  uint64_t cupti_pushes = 0;
+  uint64_t cupti_errors = 0;
+  int64_t floor_fixed = -1;     // MAXINSTR_GPU_FLOOR_NS: >= 0 fixes the floor (0 = raw event times)
 };
 
 Globals g;
@@ -420,6 +458,21 @@ bool load_cuda(const char* path) {
   a.prof_stop = (int (*)())sym(h, "cuProfilerStop");
   a.is_capturing = (int (*)(void*, int*))sym(h, "cuStreamIsCapturing");
   a.exch_mode = (int (*)(int*))sym(h, "cuThreadExchangeStreamCaptureMode");
+  a.mod_load = (int (*)(void**, const void*))sym(h, "cuModuleLoadData");
+  a.mod_unload = (int (*)(void*))sym(h, "cuModuleUnload");
+  a.mod_func = (int (*)(void**, void*, const char*))sym(h, "cuModuleGetFunction");
+  a.launch = (int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
+                      void**))sym(h, "cuLaunchKernel");
+  a.stream_create = (int (*)(void**, unsigned))sym(h, "cuStreamCreate");
+  a.stream_destroy = (int (*)(void*))sym(h, "cuStreamDestroy_v2", "cuStreamDestroy");
+  a.ctx_device = (int (*)(int*))sym(h, "cuCtxGetDevice");
+  a.dev_count = (int (*)(int*))sym(h, "cuDeviceGetCount");
+  a.dev_get = (int (*)(int*, int))sym(h, "cuDeviceGet");
+  a.primary_state = (int (*)(int, unsigned*, int*))sym(h, "cuDevicePrimaryCtxGetState");
+  a.primary_retain = (int (*)(void**, int))sym(h, "cuDevicePrimaryCtxRetain");
+  a.primary_release = (int (*)(int))sym(h, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease");
+  a.ctx_push = (int (*)(void*))sym(h, "cuCtxPushCurrent_v2", "cuCtxPushCurrent");
+  a.ctx_pop = (int (*)(void**))sym(h, "cuCtxPopCurrent_v2", "cuCtxPopCurrent");
   if (!a.ev_create || !a.ev_record || !a.ev_query || !a.ev_elapsed || !a.ev_sync || !a.ctx_current) {
     add_error(std::string("cuda: ") + path + " lacks a needed cuEvent*/cuCtxGetCurrent function");
     dlclose(h);
@@ -531,7 +584,7 @@ bool pool_grow(int c) {
       add_error("event create failed (status " + std::to_string(rc) + ")");
       return i > 0;
     }
-    g.slots.push_back(Slot{ev, c, 0});
+    g.slots.push_back(Slot{ev, c, 0, 0, kUnplaced});
     g.ctxs[(size_t)c].free.push_back((int)g.slots.size() - 1);
     g.pool_total++;
   }
@@ -596,7 +649,131 @@ bool ctx_pair_reference(int c) {
   if (best < 0) return false;
   g.ctxs[(size_t)c].anchor = best;
   g.ctxs[(size_t)c].anchor_ns = best_t;
+  g.slots[(size_t)best].host_ns = best_t;
   return true;
+}
+
+// The GPU-time floor. Events around a kernel do not read the kernel's own time: between an event
+// and the first instruction of the next kernel, and between the kernel's last instruction and the
+// next event, the GPU front end spends a fixed time (about 2.9 us on an H200, even with everything
+// queued back to back). So a stage around one 200 us kernel read 202.9 us. Once per context, right
+// after the reference pairing (so at the same moment, the first GPU stage), we measure that floor:
+// on a private non-blocking stream (the user's streams are never touched or waited for), a busy
+// kernel keeps the stream occupied so that [event, empty kernel, event] are queued back to back,
+// seven times; the floor is the median of those event pairs. resolve_one() then moves each stage's
+// enter time later and its exit time earlier by half the floor, so a stage reads the span of its
+// work (first kernel start to last kernel end, approximately), the way a profiler reads kernels.
+// CUDA only (the kernel is PTX, JIT-compiled by the driver); HIP: floor 0 (raw event times).
+const char kSpinPtx[] =
+    ".version 6.0\n"
+    ".target sm_50\n"
+    ".address_size 64\n"
+    ".visible .entry maxinstr_spin(.param .u64 maxinstr_spin_ns)\n"
+    "{\n"
+    "  .reg .pred %p<2>;\n"
+    "  .reg .b64 %rd<5>;\n"
+    "  ld.param.u64 %rd1, [maxinstr_spin_ns];\n"
+    "  mov.u64 %rd2, %globaltimer;\n"
+    "$L_spin:\n"
+    "  mov.u64 %rd3, %globaltimer;\n"
+    "  sub.s64 %rd4, %rd3, %rd2;\n"
+    "  setp.lt.u64 %p1, %rd4, %rd1;\n"
+    "  @%p1 bra $L_spin;\n"
+    "  ret;\n"
+    "}\n";
+
+constexpr int kFloorRuns = 7;
+
+// Returns the floor in ns, or -1 (one line in errors()) when it could not be measured.
+int64_t ctx_measure_floor(int c) {
+  GpuApi& a = g.gpu;
+  if (a.backend != BK_CUDA || !a.mod_load || !a.mod_func || !a.launch || !a.stream_create) return -1;
+  RelaxedCapture relaxed;
+  void* mod = nullptr;
+  void* fn = nullptr;
+  void* st = nullptr;
+  int ev[2 * kFloorRuns];
+  int nev = 0;
+  int64_t result = -1;
+  std::string why;
+  int rc = a.mod_load(&mod, kSpinPtx);
+  if (rc == 0) rc = a.mod_func(&fn, mod, "maxinstr_spin");
+  if (rc == 0) rc = a.stream_create(&st, 1 /* CU_STREAM_NON_BLOCKING */);
+  if (rc != 0) why = "kernel setup";
+  for (int i = 0; rc == 0 && i < 2 * kFloorRuns; i++) {
+    int s = slot_alloc(c, 1);
+    if (s < 0) {
+      rc = -1;
+      why = "event pool";
+      break;
+    }
+    ev[nev++] = s;
+  }
+  for (int i = 0; rc == 0 && i < kFloorRuns; i++) {
+    unsigned long long busy = 40000, none = 0;  // ns: 40 us covers the host cost of the next 3 calls
+    void* pb[] = {&busy};
+    void* pn[] = {&none};
+    rc = a.launch(fn, 1, 1, 1, 1, 1, 1, 0, st, pb, nullptr);
+    if (rc == 0) rc = a.ev_record(g.slots[(size_t)ev[2 * i]].ev, st);
+    if (rc == 0) rc = a.launch(fn, 1, 1, 1, 1, 1, 1, 0, st, pn, nullptr);
+    if (rc == 0) rc = a.ev_record(g.slots[(size_t)ev[2 * i + 1]].ev, st);
+    if (rc != 0) why = "launch/record";
+  }
+  if (rc == 0) {
+    rc = a.ev_sync(g.slots[(size_t)ev[2 * kFloorRuns - 1]].ev);
+    if (rc != 0) why = "synchronize";
+  }
+  if (rc == 0) {
+    std::vector<int64_t> v;
+    for (int i = 0; i < kFloorRuns; i++) {
+      float ms = 0.f;
+      int r = a.ev_elapsed(&ms, g.slots[(size_t)ev[2 * i]].ev, g.slots[(size_t)ev[2 * i + 1]].ev);
+      if (r != 0) {
+        rc = r;
+        why = "elapsed time";
+        break;
+      }
+      v.push_back((int64_t)llround((double)ms * 1e6));
+    }
+    if (rc == 0) {
+      std::sort(v.begin(), v.end());
+      result = v[v.size() / 2] < 0 ? 0 : v[v.size() / 2];
+    }
+  }
+  if (result < 0)
+    add_error("GPU floor calibration failed (" + why + ", status " + std::to_string(rc) +
+              "): GPU times are raw event pairs for this context");
+  // The events were recorded on our stream: sync before reuse is not needed (a re-record
+  // supersedes), but they carry no stage, so their cached times must not be reused.
+  for (int i = 0; i < nev; i++) {
+    g.slots[(size_t)ev[i]].host_ns = kUnplaced;
+    slot_release(ev[i]);
+  }
+  if (st && a.stream_destroy) {
+    if (result < 0 && nev) a.ev_sync(g.slots[(size_t)ev[nev - 1]].ev);  // drained before destroy
+    a.stream_destroy(st);
+  }
+  if (mod && a.mod_unload) a.mod_unload(mod);
+  return result;
+}
+
+void ctx_calibrate(int c) {
+  Ctx& cx = g.ctxs[(size_t)c];
+  if (g.gpu.backend == BK_CUDA && g.gpu.ctx_device) {
+    int d = -1;
+    if (g.gpu.ctx_device(&d) == 0) g.ctxs[(size_t)c].device = d;
+  }
+  if (cx.floor_state != 0) return;
+  if (g.floor_fixed >= 0) {
+    cx.floor_ns = g.floor_fixed;
+    cx.floor_state = 2;
+    return;
+  }
+  if (g.gpu.backend != BK_CUDA) return;  // HIP: not calibrated (state "none"), raw event pairs
+  int64_t f = ctx_measure_floor(c);
+  Ctx& cy = g.ctxs[(size_t)c];
+  cy.floor_ns = f < 0 ? 0 : f;
+  cy.floor_state = f < 0 ? -1 : 1;
 }
 
 // Index of the context state for key (the current context), creating it on first use; -1 when
@@ -618,6 +795,7 @@ int ctx_index(void* key) {
     if (t < cx.retry_ns) return -1;
     cx.ok = ctx_pair_reference(found);
     if (!cx.ok) g.ctxs[(size_t)found].retry_ns = t + 1000000000LL;
+    else ctx_calibrate(found);
     return g.ctxs[(size_t)found].ok ? found : -1;
   }
   Ctx cx;
@@ -627,6 +805,7 @@ int ctx_index(void* key) {
   g.last_ctx = c;
   g.ctxs[(size_t)c].ok = ctx_pair_reference(c);
   if (!g.ctxs[(size_t)c].ok) g.ctxs[(size_t)c].retry_ns = now_ns() + 1000000000LL;
+  else ctx_calibrate(c);
   return g.ctxs[(size_t)c].ok ? c : -1;
 }
 
@@ -676,6 +855,8 @@ int gpu_point(ThreadState* ts, int c, uint64_t stream, int64_t t_now, int may_cr
     return -1;
   }
   g.events_recorded++;
+  g.slots[(size_t)s].rec_seq = ++g.record_seq;
+  g.slots[(size_t)s].host_ns = kUnplaced;
   if (!b) {
     b = &ts->bnd[ts->bnd_next];
     ts->bnd_next = (ts->bnd_next + 1) % kBoundaries;
@@ -686,36 +867,54 @@ int gpu_point(ThreadState* ts, int c, uint64_t stream, int64_t t_now, int may_cr
   return s;
 }
 
-// 1: resolved (record moved to done, events released); 0: not ready yet.
-int resolve_one(Pending& p, bool block) {
-  GpuApi& a = g.gpu;
-  Slot& e1 = g.slots[(size_t)p.ev1];
-  int rc = block ? a.ev_sync(e1.ev) : a.ev_query(e1.ev);
-  if (rc == 600) return 0;  // CUDA_ERROR_NOT_READY == hipErrorNotReady == 600
+// Host-clock time of a completed event: computed once per recording (cached in the slot) as
+// anchor + elapsed(anchor, event). With sibling boundaries shared, a stage's enter event is the
+// previous stage's exit event, already placed: one cuEventElapsedTime per event, not two per
+// stage. The anchor is the newest placed event of the context, so the float milliseconds stay
+// small and keep ~ns precision. Returns the driver status (0 ok, 600 not ready).
+int slot_place(Ctx& cx, int s, int64_t* out) {
+  Slot& sl = g.slots[(size_t)s];
+  if (sl.host_ns != kUnplaced) {
+    *out = sl.host_ns;
+    return 0;
+  }
+  float ms = 0.f;
+  g.event_elapsed++;
+  int rc = g.gpu.ev_elapsed(&ms, g.slots[(size_t)cx.anchor].ev, sl.ev);
+  if (rc != 0) return rc;
+  sl.host_ns = cx.anchor_ns + (int64_t)llround((double)ms * 1e6);
+  *out = sl.host_ns;
+  return 0;
+}
+
+// Resolves p whose exit event is known complete (queried by the caller, or implied by a later
+// event of the same stream). 1: resolved (record moved to done, events released); 0: not ready.
+int resolve_known(Pending& p) {
   Ctx& cx = g.ctxs[(size_t)p.ctx];
+  int64_t t0 = 0, t1 = 0;
+  int rc = slot_place(cx, p.ev0, &t0);
+  if (rc == 0) rc = slot_place(cx, p.ev1, &t1);
+  if (rc == 600) return 0;  // not complete after all (another thread's event on the stream)
   if (rc == 0) {
-    float ms0 = 0.f, ms1 = 0.f;
-    // Absolute placement from the newest resolved event (recent, so float ms keeps ~ns
-    // precision), duration from the stage's own pair.
-    int r0 = a.ev_elapsed(&ms0, g.slots[(size_t)cx.anchor].ev, g.slots[(size_t)p.ev0].ev);
-    int r1 = (p.ev0 == p.ev1) ? 0 : a.ev_elapsed(&ms1, g.slots[(size_t)p.ev0].ev, e1.ev);
-    if (r0 == 0 && r1 == 0) {
-      p.rec.gpu_start_ns = cx.anchor_ns + (int64_t)llround((double)ms0 * 1e6);
-      p.rec.gpu_end_ns = p.rec.gpu_start_ns + (int64_t)llround((double)ms1 * 1e6);
-      p.rec.flags |= F_GPU_TIMED;
-      if (p.rec.gpu_end_ns >= cx.anchor_ns) {  // newest completed event becomes the anchor
-        g.slots[(size_t)p.ev1].ref++;
-        slot_release(cx.anchor);
-        cx.anchor = p.ev1;
-        cx.anchor_ns = p.rec.gpu_end_ns;
-      }
+    // Take out the floor (ctx_calibrate): enter later and exit earlier by half of it each, so
+    // shared boundaries map to the same points and nesting is kept. A stage shorter than the
+    // floor (no kernel in it) reads 0 at the middle of its events.
+    int64_t f = cx.floor_ns;
+    if (t1 - t0 >= f) {
+      p.rec.gpu_start_ns = t0 + f / 2;
+      p.rec.gpu_end_ns = t1 - (f - f / 2);
     } else {
-      add_error("event elapsed-time failed (status " + std::to_string(r0 ? r0 : r1) + ")");
-      p.rec.flags |= F_GPU_DROPPED;
-      g.events_dropped++;
+      p.rec.gpu_start_ns = p.rec.gpu_end_ns = t0 + (t1 - t0) / 2;
+    }
+    p.rec.flags |= F_GPU_TIMED;
+    if (t1 >= cx.anchor_ns) {  // the newest placed event becomes the anchor
+      g.slots[(size_t)p.ev1].ref++;
+      slot_release(cx.anchor);
+      cx.anchor = p.ev1;
+      cx.anchor_ns = t1;
     }
   } else {
-    add_error("event query failed (status " + std::to_string(rc) + ")");
+    add_error("event elapsed-time failed (status " + std::to_string(rc) + ")");
     p.rec.flags |= F_GPU_DROPPED;
     g.events_dropped++;
   }
@@ -727,41 +926,128 @@ int resolve_one(Pending& p, bool block) {
   return 1;
 }
 
+// p's exit event failed to query with status rc: the record keeps its host times only.
+int resolve_failed(Pending& p, int rc) {
+  add_error("event query failed (status " + std::to_string(rc) + ")");
+  p.rec.flags |= F_GPU_DROPPED;
+  g.events_dropped++;
+  slot_release(p.ev0);
+  slot_release(p.ev1);
+  push_done(p.rec, p.attrs);
+  Py_XDECREF(p.attrs);
+  p.attrs = nullptr;
+  return 1;
+}
+
+// Queries (or waits for) p's exit event, then resolves it. 1: resolved; 0: not ready.
+int resolve_one(Pending& p, bool block) {
+  g.event_queries++;
+  int rc = block ? g.gpu.ev_sync(g.slots[(size_t)p.ev1].ev) : g.gpu.ev_query(g.slots[(size_t)p.ev1].ev);
+  if (rc == 600) return 0;  // CUDA_ERROR_NOT_READY == hipErrorNotReady == 600
+  if (rc == 0) return resolve_known(p);
+  return resolve_failed(p, rc);
+}
+
 inline size_t pending_count() { return g.pending.size(); }
+
+// Work on one stream completes in order: once the newest exit event of a (context, stream) among
+// the records looked at is complete, every record of that stream recorded no later (rec_seq) is
+// complete too, and needs no query of its own. One query (or wait) per stream per pass.
+struct StreamDone {
+  int ctx;
+  uint64_t stream;
+  uint64_t max_seq;
+  int slot;
+  uint64_t done_seq;  // records with exit rec_seq <= done_seq are complete
+  bool blocked;       // a record of this stream was not ready: skip later ones this pass
+  int err;            // the query of `slot` failed with this status (that record is dropped)
+};
+
+void scan_streams(std::vector<StreamDone>& sd, size_t m, bool block) {
+  for (size_t i = 0; i < m; i++) {
+    Pending& p = g.pending[i];
+    uint64_t q = g.slots[(size_t)p.ev1].rec_seq;
+    StreamDone* d = nullptr;
+    for (auto& x : sd)
+      if (x.ctx == p.ctx && x.stream == p.stream) {
+        d = &x;
+        break;
+      }
+    if (!d) {
+      sd.push_back(StreamDone{p.ctx, p.stream, q, p.ev1, 0, false, 0});
+    } else if (q > d->max_seq) {
+      d->max_seq = q;
+      d->slot = p.ev1;
+    }
+  }
+  for (auto& d : sd) {
+    g.event_queries++;
+    void* ev = g.slots[(size_t)d.slot].ev;
+    int rc = block ? g.gpu.ev_sync(ev) : g.gpu.ev_query(ev);
+    if (rc == 0)
+      d.done_seq = d.max_seq;
+    else if (rc != 600)
+      d.err = rc;  // that record is dropped; the others are queried one by one
+  }
+}
+
+// 1: p resolved (known complete, or its query failed in the scan); 0: not known, query it.
+inline int resolve_scanned(StreamDone* d, Pending& p, bool* known_not_ready) {
+  *known_not_ready = false;
+  if (!d) return 0;
+  const Slot& sl = g.slots[(size_t)p.ev1];
+  if (d->err && p.ev1 == d->slot && sl.rec_seq == d->max_seq) {
+    int rc = d->err;
+    d->err = 0;
+    return resolve_failed(p, rc);
+  }
+  if (sl.rec_seq <= d->done_seq) {
+    if (resolve_known(p)) return 1;
+    *known_not_ready = true;
+  }
+  return 0;
+}
+
+inline StreamDone* find_stream(std::vector<StreamDone>& sd, const Pending& p) {
+  for (auto& x : sd)
+    if (x.ctx == p.ctx && x.stream == p.stream) return &x;
+  return nullptr;
+}
 
 // Resolves up to n records from the front of the queue, stopping at the first not ready.
 size_t resolve_front(size_t n) {
   if (g.pending.empty()) return 0;
   RelaxedCapture relaxed;
+  size_t m = n < g.pending.size() ? n : g.pending.size();
+  std::vector<StreamDone> sd;
+  scan_streams(sd, m, false);
   size_t k = 0;
   while (k < n && !g.pending.empty()) {
-    if (!resolve_one(g.pending.front(), false)) break;
+    Pending& p = g.pending.front();
+    bool nr = false;
+    if (!resolve_scanned(find_stream(sd, p), p, &nr) && (nr || !resolve_one(p, false))) break;
     g.pending.pop_front();
     k++;
   }
   return k;
 }
 
-// Resolves every finished record. Work on one stream completes in order, so once a record of a
-// (context, stream) is not ready, later records of that stream are skipped without a query.
+// Resolves every finished record (block: waits for all). Once a record of a (context, stream)
+// is not ready, later records of that stream are skipped without a query.
 size_t resolve_all(bool block) {
   RelaxedCapture relaxed;
   size_t k = 0;
+  std::vector<StreamDone> sd;
+  scan_streams(sd, g.pending.size(), block);
   std::deque<Pending> keep;
-  std::vector<std::pair<int, uint64_t>> blocked;
   for (Pending& p : g.pending) {
-    bool skip = false;
-    if (!block)
-      for (auto& b : blocked)
-        if (b.first == p.ctx && b.second == p.stream) {
-          skip = true;
-          break;
-        }
-    if (!skip && resolve_one(p, block)) {
+    StreamDone* d = find_stream(sd, p);
+    bool nr = false;
+    if (resolve_scanned(d, p, &nr) || (!nr && !(d && d->blocked) && resolve_one(p, block))) {
       k++;
       continue;
     }
-    if (!skip) blocked.emplace_back(p.ctx, p.stream);
+    if (d) d->blocked = true;
     keep.push_back(p);
   }
   g.pending.swap(keep);
@@ -793,6 +1079,7 @@ struct StageObject {
   int32_t gpu_ctx;  // -1: no GPU timing for the open record
   int32_t ev0;
   uint32_t gen;
+  uint8_t cupti_pushed;  // this stage pushed its id on CUPTI's external-correlation stack
   ThreadState* ts;
   Record rec;
 };
@@ -839,6 +1126,7 @@ StageObject* stage_alloc() {
   s->gpu_ctx = -1;
   s->ev0 = -1;
   s->gen = g.fork_gen;
+  s->cupti_pushed = 0;
   s->ts = nullptr;
   s->rec.id = 0;
   s->rec.name_id = -1;
@@ -855,6 +1143,27 @@ void stage_dealloc(PyObject* o) {
     PyObject_Free(o);
 }
 
+// CUPTI external correlation: every CUDA API call made while the stage is the innermost one on
+// its thread is tagged with the stage's record id (one push at enter, one pop at exit).
+inline void cupti_enter(StageObject* s, int64_t id) {
+  if (g.cupti_on) {
+    if (LIKELY(g.cupti_push(g.cupti_kind, (uint64_t)id) == 0)) {
+      s->cupti_pushed = 1;
+      g.cupti_pushes++;
+    } else {
+      g.cupti_errors++;
+    }
+  }
+}
+
+inline void cupti_exit(StageObject* s) {
+  if (s->cupti_pushed) {
+    uint64_t last = 0;
+    if (UNLIKELY(g.cupti_pop(g.cupti_kind, &last) != 0)) g.cupti_errors++;
+    s->cupti_pushed = 0;
+  }
+}
+
 inline StageObject* innermost_open(ThreadState* ts) {
   for (size_t i = ts->stack.size(); i > 0; i--) {
     StageObject* s = ts->stack[i - 1];
@@ -869,6 +1178,7 @@ inline void pop_zombies(ThreadState* ts) {
   while (!ts->stack.empty() && ts->stack.back()->state == ST_ZOMBIE) {
     StageObject* z = ts->stack.back();
     ts->stack.pop_back();
+    cupti_exit(z);
     marker_pop();
     z->state = ST_IDLE;
     Py_DECREF(z);
@@ -907,6 +1217,7 @@ PyObject* stage_enter(PyObject* o, PyObject*) {
   Py_INCREF(o);
   ts->stack.push_back(s);
   marker_push(r.name_id, r.id);
+  cupti_enter(s, r.id);
   if (s->gpu_mode != 0 && !g.gpu_off_after_fork) {
     gpu_try_load();
     void* key = g.gpu.backend ? gpu_current_key() : nullptr;
@@ -949,7 +1260,10 @@ void stage_finish(StageObject* s, int64_t t, uint16_t flags, PyObject* attrs_ove
       s->gpu_ctx = -1;
       // Opportunistic, small and non-blocking: most resolution happens in resolve(), called
       // by the session's drain loop.
-      if ((++g.gpu_exits & 63) == 0 || (int)pending_count() * 4 > g.pool_max) resolve_front(4);
+      // One scan query per stream resolves a whole batch (resolve_front), so batches are large
+      // and rare: every 32nd GPU exit, or every 8th while more than a quarter of the pool waits.
+      uint64_t x = ++g.gpu_exits;
+      if ((x & 31) == 0 || ((x & 7) == 0 && (int)pending_count() * 4 > g.pool_max)) resolve_front(64);
       return;
     }
     slot_release(s->ev0);
@@ -969,6 +1283,7 @@ PyObject* stage_exit(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
   ThreadState* ts = s->ts;
   if (LIKELY(ts == tls_ts && ts->stack.back() == s)) {
     ts->stack.pop_back();
+    cupti_exit(s);
     marker_pop();
     s->state = ST_IDLE;
     if (UNLIKELY(!ts->stack.empty() && ts->stack.back()->state == ST_ZOMBIE)) pop_zombies(ts);
@@ -1452,9 +1767,19 @@ PyObject* py_set_capacity(PyObject*, PyObject* v) {
 
 // _configure_events(pool_size=None, share_ns=None): tests and benchmarks only.
 PyObject* py_configure_events(PyObject*, PyObject* args, PyObject* kwargs) {
-  static const char* kw[] = {"pool_size", "share_ns", nullptr};
-  PyObject *pool = Py_None, *share = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO", (char**)kw, &pool, &share)) return nullptr;
+  static const char* kw[] = {"pool_size", "share_ns", "floor_ns", nullptr};
+  PyObject *pool = Py_None, *share = Py_None, *floor = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OOO", (char**)kw, &pool, &share, &floor)) return nullptr;
+  if (floor != Py_None) {  // -1: calibrate (contexts met from now on); >= 0: fixed for all contexts
+    long long n = PyLong_AsLongLong(floor);
+    if (n == -1 && PyErr_Occurred()) return nullptr;
+    g.floor_fixed = n < 0 ? -1 : n;
+    for (auto& cx : g.ctxs)
+      if (n >= 0) {
+        cx.floor_ns = n;
+        cx.floor_state = 2;
+      }
+  }
   if (pool != Py_None) {
     long n = PyLong_AsLong(pool);
     if (n == -1 && PyErr_Occurred()) return nullptr;
@@ -1469,7 +1794,8 @@ PyObject* py_configure_events(PyObject*, PyObject* args, PyObject* kwargs) {
     if (n == -1 && PyErr_Occurred()) return nullptr;
     g.share_ns = n;
   }
-  return Py_BuildValue("{sisL}", "pool_size", g.pool_max, "share_ns", (long long)g.share_ns);
+  return Py_BuildValue("{sisLsL}", "pool_size", g.pool_max, "share_ns", (long long)g.share_ns, "floor_ns",
+                       (long long)g.floor_fixed);
 }
 
 PyObject* py_stats(PyObject*, PyObject*) {
@@ -1490,7 +1816,7 @@ PyObject* py_stats(PyObject*, PyObject*) {
   }
   const char* backend = g.gpu.backend == BK_CUDA ? "cuda" : g.gpu.backend == BK_HIP ? "hip" : "none";
   const char* markers = g.markers == MK_NVTX ? "nvtx" : g.markers == MK_ROCTX ? "roctx" : "none";
-  return Py_BuildValue(
+  PyObject* d = Py_BuildValue(
       "{sKsKsKslsnsKsKsKsisisssssNsLsisssnsOsKsKsn}", "records", (unsigned long long)g.records, "dropped_records",
       (unsigned long long)g.dropped_records, "pending_records", (unsigned long long)done_count(), "open_stages",
       open_stages, "events_in_flight", (Py_ssize_t)pending_count(), "events_dropped",
@@ -1501,6 +1827,142 @@ PyObject* py_stats(PyObject*, PyObject*) {
       "capacity", (Py_ssize_t)g.capacity, "gpu_off_after_fork", g.gpu_off_after_fork ? Py_True : Py_False,
       "errors_dropped", (unsigned long long)g.errors_dropped, "events_skipped_capture",
       (unsigned long long)g.events_capture, "threads", (Py_ssize_t)g.threads.size());
+  if (!d) return nullptr;
+  // Per context: the GPU-time floor taken out of every stage (docs/stage-core.md) and how it was
+  // set: "calibrated", "fixed" (MAXINSTR_GPU_FLOOR_NS), "failed" (raw event times), "none" (HIP,
+  // or the context's reference pairing has not succeeded yet).
+  PyObject* fl = PyList_New(0);
+  PyObject* fs = PyList_New(0);
+  if (!fl || !fs) {
+    Py_XDECREF(fl);
+    Py_XDECREF(fs);
+    Py_DECREF(d);
+    return nullptr;
+  }
+  for (auto& cx : g.ctxs) {
+    const char* how = cx.floor_state == 1 ? "calibrated" : cx.floor_state == 2 ? "fixed" : cx.floor_state == -1 ? "failed" : "none";
+    PyObject* v = PyLong_FromLongLong(cx.floor_ns);
+    PyObject* h = PyUnicode_FromString(how);
+    if (!v || !h || PyList_Append(fl, v) < 0 || PyList_Append(fs, h) < 0) {
+      Py_XDECREF(v);
+      Py_XDECREF(h);
+      Py_DECREF(fl);
+      Py_DECREF(fs);
+      Py_DECREF(d);
+      return nullptr;
+    }
+    Py_DECREF(v);
+    Py_DECREF(h);
+  }
+  PyObject* q = PyLong_FromUnsignedLongLong(g.event_queries);
+  PyObject* e = PyLong_FromUnsignedLongLong(g.event_elapsed);
+  if (!q || !e || PyDict_SetItemString(d, "gpu_floor_ns", fl) < 0 || PyDict_SetItemString(d, "gpu_floor", fs) < 0 ||
+      PyDict_SetItemString(d, "event_queries", q) < 0 || PyDict_SetItemString(d, "event_elapsed_calls", e) < 0) {
+    Py_XDECREF(q);
+    Py_XDECREF(e);
+    Py_DECREF(fl);
+    Py_DECREF(fs);
+    Py_DECREF(d);
+    return nullptr;
+  }
+  Py_DECREF(q);
+  Py_DECREF(e);
+  Py_DECREF(fl);
+  Py_DECREF(fs);
+  return d;
+}
+
+// cupti_link(path, kind) -> bool: take push/pop of CUPTI external correlation ids from the libcupti
+// already loaded at `path` (RTLD_NOLOAD: the very instance the Python side initialised) and tag
+// stages with kind `kind` from now on. cupti_link(None) stops tagging (stages already tagged still
+// pop their id at exit).
+PyObject* py_cupti_link(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1 || nargs > 2) {
+    PyErr_SetString(PyExc_TypeError, "cupti_link(path_or_None, kind=0)");
+    return nullptr;
+  }
+  if (args[0] == Py_None) {
+    g.cupti_on = false;
+    Py_RETURN_TRUE;
+  }
+  const char* path = PyUnicode_AsUTF8(args[0]);
+  if (!path) return nullptr;
+  long kind = nargs > 1 ? PyLong_AsLong(args[1]) : 0;
+  if (kind == -1 && PyErr_Occurred()) return nullptr;
+  void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  if (!h) {
+    add_error(std::string("cupti: ") + path + " is not loaded in this process");
+    Py_RETURN_FALSE;
+  }
+  auto push = (int (*)(int, uint64_t))dlsym(h, "cuptiActivityPushExternalCorrelationId");
+  auto pop = (int (*)(int, uint64_t*))dlsym(h, "cuptiActivityPopExternalCorrelationId");
+  if (!push || !pop) {
+    add_error(std::string("cupti: ") + path + " lacks cuptiActivityPush/PopExternalCorrelationId");
+    dlclose(h);
+    Py_RETURN_FALSE;
+  }
+  g.cupti_push = push;  // the handle is kept: libcupti stays loaded for the process's life
+  g.cupti_pop = pop;
+  g.cupti_kind = (int)kind;
+  g.cupti_on = true;
+  Py_RETURN_TRUE;
+}
+
+PyObject* py_cupti_stats(PyObject*, PyObject*) {
+  return Py_BuildValue("{sOsKsK}", "on", g.cupti_on ? Py_True : Py_False, "pushes",
+                       (unsigned long long)g.cupti_pushes, "errors", (unsigned long long)g.cupti_errors);
+}
+
+// cuProfilerStart/Stop act on the current context. A session's flusher thread (or any thread the
+// framework never made a context current on) has none: there we push the primary context of the
+// device our stages used (else the first device whose primary context is active), call, and pop.
+// We never create a context: a primary context that is not active is not retained.
+int profiler_cuda(int (*f)()) {
+  GpuApi& a = g.gpu;
+  if (gpu_current_key()) return f() == 0;
+  if (!a.primary_state || !a.primary_retain || !a.primary_release || !a.ctx_push || !a.ctx_pop) {
+    add_error("profiler start/stop: no current context and no primary-context functions in the driver");
+    return 0;
+  }
+  int dev = -1;
+  for (auto& cx : g.ctxs)
+    if (cx.device >= 0) {
+      dev = cx.device;
+      break;
+    }
+  unsigned flags = 0;
+  int active = 0;
+  if (dev < 0 && a.dev_count && a.dev_get) {
+    int n = 0;
+    if (a.dev_count(&n) == 0)
+      for (int i = 0; i < n && dev < 0; i++) {
+        int d = -1;
+        if (a.dev_get(&d, i) == 0 && a.primary_state(d, &flags, &active) == 0 && active) dev = d;
+      }
+  }
+  if (dev < 0 || a.primary_state(dev, &flags, &active) != 0 || !active) {
+    add_error("profiler start/stop: no current context and no active primary context");
+    return 0;
+  }
+  void* ctx = nullptr;
+  int rc = a.primary_retain(&ctx, dev);
+  if (rc != 0) {
+    add_error("profiler start/stop: cuDevicePrimaryCtxRetain failed (status " + std::to_string(rc) + ")");
+    return 0;
+  }
+  int ok = 0;
+  rc = a.ctx_push(ctx);
+  if (rc == 0) {
+    rc = f();
+    ok = rc == 0;
+    if (!ok) add_error("profiler start/stop failed (status " + std::to_string(rc) + ")");
+    void* popped = nullptr;
+    a.ctx_pop(&popped);
+  } else {
+    add_error("profiler start/stop: cuCtxPushCurrent failed (status " + std::to_string(rc) + ")");
+  }
+  a.primary_release(dev);
+  return ok;
 }
 
 PyObject* py_profiler(bool start) {
@@ -1510,10 +1972,71 @@ PyObject* py_profiler(bool start) {
   } else {
     gpu_try_load();
     int (*f)() = start ? g.gpu.prof_start : g.gpu.prof_stop;
-    if (f && gpu_current_key()) ok = f() == 0;
+    if (f && g.gpu.backend == BK_CUDA)
+      ok = profiler_cuda(f);
+    else if (f && gpu_current_key())
+      ok = f() == 0;
   }
   return PyBool_FromLong(ok);
 }
+// _driver_costs(n=2000, stream=0): benchmarks only. Median-free plain averages, in ns per call,
+// of the driver calls a GPU-timed stage makes, measured here in C (no Python in the loop) on the
+// current context: where the per-stage cost goes. Synchronises (it is not the hot path).
+PyObject* py_driver_costs(PyObject*, PyObject* args, PyObject* kwargs) {
+  static const char* kw[] = {"n", "stream", nullptr};
+  long n = 2000;
+  unsigned long long stream = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|lK", (char**)kw, &n, &stream)) return nullptr;
+  if (n < 1) n = 1;
+  gpu_try_load();
+  GpuApi& a = g.gpu;
+  if (a.backend == BK_NONE || !gpu_current_key()) {
+    PyErr_SetString(PyExc_RuntimeError, "_driver_costs needs a loaded driver and a current context");
+    return nullptr;
+  }
+  RelaxedCapture relaxed;
+  void* st = (void*)(uintptr_t)stream;
+  void *e0 = nullptr, *e1 = nullptr;
+  if (a.ev_create(&e0, 0) != 0 || a.ev_create(&e1, 0) != 0) {
+    PyErr_SetString(PyExc_RuntimeError, "event create failed");
+    return nullptr;
+  }
+  auto per = [n](int64_t t0) { return (double)(now_ns() - t0) / (double)n; };
+  void* c = nullptr;
+  int cap = 0;
+  float ms = 0.f;
+  int64_t t = now_ns();
+  for (long i = 0; i < n; i++) gpu_current_key();
+  double ctx_ns = per(t);
+  double cap_ns = -1;
+  if (a.is_capturing) {
+    t = now_ns();
+    for (long i = 0; i < n; i++) a.is_capturing(st, &cap);
+    cap_ns = per(t);
+  }
+  t = now_ns();
+  for (long i = 0; i < n; i++) a.ev_record((i & 1) ? e1 : e0, st);
+  double rec_ns = per(t);
+  a.ev_sync(e1);
+  t = now_ns();
+  for (long i = 0; i < n; i++) a.ev_query(e1);
+  double query_ns = per(t);
+  t = now_ns();
+  for (long i = 0; i < n; i++) a.ev_elapsed(&ms, e0, e1);
+  double el_ns = per(t);
+  t = now_ns();
+  for (long i = 0; i < n; i++) now_ns();
+  double clock_ns = per(t);
+  a.ev_sync(e1);
+  if (a.ev_destroy) {
+    a.ev_destroy(e0);
+    a.ev_destroy(e1);
+  }
+  (void)c;
+  return Py_BuildValue("{sdsdsdsdsdsd}", "ctx_current", ctx_ns, "stream_is_capturing", cap_ns, "event_record", rec_ns,
+                       "event_query", query_ns, "event_elapsed", el_ns, "clock_gettime", clock_ns);
+}
+
 PyObject* py_profiler_start(PyObject*, PyObject*) { return py_profiler(true); }
 PyObject* py_profiler_stop(PyObject*, PyObject*) { return py_profiler(false); }
 
@@ -1544,6 +2067,7 @@ void atfork_child() {
   g.pool_total = 0;
   if (g.gpu.backend != BK_NONE) g.gpu_off_after_fork = true;
   g.gpu_tried = true;
+  g.cupti_on = false;  // CUPTI does not follow a fork
 }
 
 PyMethodDef module_methods[] = {
@@ -1565,6 +2089,11 @@ PyMethodDef module_methods[] = {
     {"set_capacity", py_set_capacity, METH_O, "Bound on completed-but-undrained records."},
     {"profiler_start", py_profiler_start, METH_NOARGS, "cuProfilerStart / roctxProfilerResume."},
     {"profiler_stop", py_profiler_stop, METH_NOARGS, "cuProfilerStop / roctxProfilerPause."},
+    {"cupti_link", (PyCFunction)(void (*)(void))py_cupti_link, METH_FASTCALL,
+     "cupti_link(path_or_None, kind=0) -> bool: tag stages with CUPTI external correlation ids (libcupti at path)."},
+    {"cupti_stats", py_cupti_stats, METH_NOARGS, "cupti_stats() -> {'on', 'pushes', 'errors'}."},
+    {"_driver_costs", (PyCFunction)(void (*)(void))py_driver_costs, METH_VARARGS | METH_KEYWORDS,
+     "Benchmarks: ns per driver call a GPU-timed stage makes (synchronises)."},
     {"_configure_events", (PyCFunction)(void (*)(void))py_configure_events, METH_VARARGS | METH_KEYWORDS,
      "Tests/benchmarks: event pool bound and boundary-sharing window."},
     {nullptr, nullptr, 0, nullptr}};
@@ -1651,6 +2180,12 @@ extern "C" PyMODINIT_FUNC PyInit__native(void) {
     if (n >= 4) g.pool_max = (int)n;
   }
   if (const char* p = env("MAXINSTR_EVENT_SHARE_NS")) g.share_ns = strtoll(p, nullptr, 10);
+  if (const char* p = env("MAXINSTR_GPU_FLOOR_NS")) {  // unset or "auto": calibrate
+    if (strcmp(p, "auto") != 0) {
+      long long n = strtoll(p, nullptr, 10);
+      g.floor_fixed = n < 0 ? -1 : n;
+    }
+  }
   init_markers();
   pthread_atfork(nullptr, nullptr, atfork_child);
   return m;

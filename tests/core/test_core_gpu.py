@@ -59,48 +59,82 @@ def test_backend_is_cuda_with_context(n, cp):
 
 
 def _stage_vs_kernel(n, cp, spin, ns: int, runs: int = 5):
-    """(stage GPU ns - kernel's own %globaltimer ns, kernel ns, CuPy event-pair ns) per run."""
+    """(stage GPU ns - kernel's own %globaltimer ns, kernel ns) per run: the stage holds the kernel only."""
     out = cp.zeros(2, dtype=cp.uint64)
-    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
     rows = []
     for _ in range(runs):
-        spin(2_000_000)  # keep the stream busy so events and kernel are queued back to back
+        spin(2_000_000)  # keep the stream busy so the events and the kernel are queued back to back
         with n.stage("spin") as s:
-            e0.record()
             spin(ns, out)
-            e1.record()
         n.resolve(block=True)
-        e1.synchronize()
         t0, t1 = (int(v) for v in out.get())
-        rows.append((s.id, t1 - t0, cp.cuda.get_elapsed_time(e0, e1) * 1e6))
+        rows.append((s.id, t1 - t0))
     r, _, _ = drain_all(n)
     by = {int(x["id"]): x for x in r}
     res = []
-    for i, k, pair in rows:
+    for i, k in rows:
         x = by[i]
         assert x["flags"] & 2, n.stats()["errors"]
         assert x["gpu_start_ns"] > x["host_start_ns"]  # the GPU ran behind the host (busy stream)
-        res.append((int(x["gpu_end_ns"] - x["gpu_start_ns"]) - k, k, pair))
+        res.append((int(x["gpu_end_ns"] - x["gpu_start_ns"]) - k, k))
+    return res
+
+
+def _pair_vs_kernel(cp, spin, ns: int, runs: int = 5):
+    """CuPy's own event pair around the same kernel, no stage: pair ns - kernel ns (the raw floor)."""
+    out = cp.zeros(2, dtype=cp.uint64)
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    res = []
+    for _ in range(runs):
+        spin(2_000_000)
+        e0.record()
+        spin(ns, out)
+        e1.record()
+        e1.synchronize()
+        t0, t1 = (int(v) for v in out.get())
+        res.append(cp.cuda.get_elapsed_time(e0, e1) * 1e6 - (t1 - t0))
     return res
 
 
 def test_spin_200us_reads_within_tolerance(n, cp, spin):
-    """A 200 us spin reads within max(1 %, 2 us). Calibration: the same measurement of an empty
-    spin gives the fixed dispatch cost around any kernel (event -> first instruction, last
-    instruction -> event); it is printed, and the raw reading must also hold it."""
+    """A 200 us spin inside a stage reads within max(1 %, 2 us) of the kernel's own %globaltimer
+    span. An event pair around a kernel reads ~2.8 us more than the kernel (the GPU front end
+    between event and kernel); the core measures that floor once per context and takes it out
+    (docs/stage-core.md "The floor"). The raw event pair (CuPy's) is printed for comparison, and
+    the calibrated floor must agree with it."""
     spin(0)  # compile
     empty = _stage_vs_kernel(n, cp, spin, 0)
     full = _stage_vs_kernel(n, cp, spin, 200_000)
-    offset = statistics.median(e for e, _, _ in empty)
-    err = statistics.median(e for e, _, _ in full)
-    kernel = statistics.median(k for _, k, _ in full)
-    pair_err = statistics.median(e + k - p for e, k, p in full)  # stage vs CuPy's own event pair
-    print(f"\nspin {kernel} ns: stage - kernel = {[e for e, _, _ in full]} ns (median {err}); "
-          f"empty-spin offset {offset} ns; stage - CuPy event pair {pair_err:.0f} ns")
+    raw = _pair_vs_kernel(cp, spin, 200_000)
+    st = n.stats()
+    err = statistics.median(e for e, _ in full)
+    kernel = statistics.median(k for _, k in full)
+    raw_excess = statistics.median(raw)
+    print(f"\nspin {kernel} ns: stage - kernel = {[e for e, _ in full]} ns (median {err}); empty spin: "
+          f"{[e for e, _ in empty]}; CuPy event pair - kernel {raw_excess:.0f} ns; "
+          f"floor {st['gpu_floor_ns']} ({st['gpu_floor']})")
+    assert st["gpu_floor"] == ["calibrated"], st["errors"]
     tol = _tolerance(kernel)
-    assert abs(err - offset) <= tol  # calibrated reading
-    assert abs(err) <= tol  # raw reading
-    assert abs(pair_err) <= tol
+    assert abs(err) <= tol  # the stage reads the kernel
+    assert abs(statistics.median(e for e, _ in empty)) <= tol  # an (almost) empty kernel reads ~0
+    assert abs(st["gpu_floor_ns"][0] - raw_excess) <= tol  # the floor is what a raw pair adds
+
+
+def test_profiler_start_from_a_fresh_thread(n, cp):
+    """The session calls profiler_start from its flusher thread, where no context is current: the
+    core pushes the device's primary context around cuProfilerStart."""
+    import threading
+
+    res = []
+
+    def run():
+        res.append(n.profiler_start())
+        res.append(n.profiler_stop())
+
+    th = threading.Thread(target=run)
+    th.start()
+    th.join()
+    assert res == [True, True], n.stats()["errors"]
 
 
 def test_non_default_stream(n, cp, spin):

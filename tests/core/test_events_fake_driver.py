@@ -12,6 +12,12 @@ fk = ctypes.CDLL(LIB)
 fk.fake_count.restype = ctypes.c_longlong
 fk.fake_next_ts.restype = ctypes.c_longlong
 fk.fake_record_stream.restype = ctypes.c_ulonglong
+fk.fake_module_image.restype = ctypes.c_char_p
+fk.fake_current_context.restype = ctypes.c_longlong
+fk.fake_profiler_context.restype = ctypes.c_longlong
+fk.fake_set_thread_context.argtypes = [ctypes.c_longlong]
+fk.fake_advance.argtypes = [ctypes.c_longlong]
+fk.fake_set_launch_ns.argtypes = [ctypes.c_longlong]
 def count(name):
     return fk.fake_count(name.encode())
 def drained():
@@ -26,6 +32,8 @@ def run_fake(run_py, cc_lib):
 
     def run(code: str, backend: str = "cuda", **env):
         var = "MAXINSTR_CUDA_LIBRARY" if backend == "cuda" else "MAXINSTR_HIP_LIBRARY"
+        # Exact-timeline tests read raw event pairs; the floor calibration has its own tests below.
+        env.setdefault("MAXINSTR_GPU_FLOOR_NS", "0")
         return run_py(f"LIB = {lib!r}\n" + PRE + textwrap.dedent(code), **{var: lib}, **env)
 
     return run
@@ -411,3 +419,262 @@ def test_two_contexts_keep_separate_pools_and_anchors(run_fake):
     )
     assert out["contexts"] == 2 and out["pool"] == 128  # one chunk of 64 per context
     assert out["flags"] == [2, 2, 2, 2] and out["dur"] == [10_000] * 4
+
+
+# ---- the GPU-time floor (docs/stage-core.md "The floor"): calibrated once per context ----
+
+
+def test_floor_is_calibrated_and_taken_out(run_fake):
+    out = run_fake(
+        """
+        n._configure_events(share_ns=0)          # (the fake's "work" is quicker than the sharing window)
+        fk.fake_set_tick(0)                       # event records take no GPU time ...
+        fk.fake_set_launch_ns(2850)               # ... but every kernel costs 2850 ns of front end
+        fk.fake_set_gpu_now(0)
+        with n.stage("warm"):                     # first GPU stage: reference pairing + calibration
+            pass
+        syncs = count("cuEventSynchronize")
+        streams = sorted({fk.fake_record_stream(i) for i in range(fk.fake_nrecords())})
+        fk.fake_complete_all(); n.resolve(); drained()
+        with n.stage("spin") as s:                # a 200 us kernel: the events read 202.85 us
+            fk.fake_advance(200_000 + 2850)
+        with n.stage("parent") as p:
+            with n.stage("a") as a:
+                fk.fake_advance(50_000 + 2850)
+            with n.stage("b") as b:
+                fk.fake_advance(30_000 + 2850)
+        with n.stage("empty") as e:
+            pass
+        fk.fake_complete_all(); n.resolve()
+        r = {int(x["id"]): x for x in drained()}
+        span = lambda st: [int(r[st.id]["gpu_start_ns"]), int(r[st.id]["gpu_end_ns"])]
+        st = n.stats()
+        emit(dict(floor=st["gpu_floor_ns"], how=st["gpu_floor"], syncs=syncs, streams=streams,
+                  spin=span(s), p=span(p), a=span(a), b=span(b), e=span(e),
+                  flags=[int(r[x.id]["flags"]) for x in (s, p, a, b, e)],
+                  image=fk.fake_module_image().decode(), launches=count("cuLaunchKernel"),
+                  destroyed=count("cuStreamDestroy"), unloaded=count("cuModuleUnload"), errors=st["errors"]))
+        """,
+        MAXINSTR_GPU_FLOOR_NS="auto",
+    )
+    assert out["errors"] == []
+    assert out["floor"] == [2850] and out["how"] == ["calibrated"]
+    assert out["syncs"] == 3 + 1  # reference pairing (3) + one wait for the calibration's last event
+    assert out["streams"] == [0, 0x5001]  # reference on the legacy stream; calibration on a private non-blocking one
+    assert out["launches"] == 14 and out["destroyed"] == 1 and out["unloaded"] == 1
+    dur = lambda x: x[1] - x[0]  # noqa: E731
+    assert dur(out["spin"]) == 200_000  # the kernel's own time, not 202,850
+    assert dur(out["a"]) == 50_000 and dur(out["b"]) == 30_000
+    assert out["a"][0] == out["p"][0] and out["b"][1] == out["p"][1]  # same stream position: nesting kept
+    assert out["b"][0] - out["a"][1] == 2850  # between siblings: the second kernel's front end
+    assert dur(out["e"]) == 0  # no kernel in it: 0, not negative
+    assert out["flags"] == [2] * 5
+    assert ".entry maxinstr_spin" in out["image"] and "%globaltimer" in out["image"]
+
+
+def test_floor_kernel_is_valid_ptx(run_fake, tmp_path):
+    """The calibration kernel is PTX the driver JIT-compiles; ptxas (when installed) must accept it
+    for the H200 (sm_90) and for an older architecture."""
+    import shutil
+    import subprocess
+
+    ptxas = shutil.which("ptxas") or next(
+        (p for p in ("/usr/local/cuda/bin/ptxas", "/usr/local/cuda-13.0/bin/ptxas") if shutil.os.path.exists(p)), None
+    )
+    if not ptxas:
+        pytest.skip("no ptxas here")
+    image = run_fake(
+        """
+        with n.stage("warm"):
+            pass
+        emit(fk.fake_module_image().decode())
+        """,
+        MAXINSTR_GPU_FLOOR_NS="auto",
+    )
+    src = tmp_path / "spin.ptx"
+    src.write_text(image)
+    for arch in ("sm_90", "sm_75"):
+        p = subprocess.run([ptxas, f"-arch={arch}", str(src), "-o", str(tmp_path / f"{arch}.cubin")],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+
+
+def test_floor_fixed_by_env_skips_calibration(run_fake):
+    out = run_fake(
+        """
+        fk.fake_set_tick(0)
+        with n.stage("s"):
+            fk.fake_advance(10_000)
+        fk.fake_complete_all(); n.resolve()
+        r = drained()
+        st = n.stats()
+        emit([st["gpu_floor_ns"], st["gpu_floor"], count("cuModuleLoadData"), int(r["gpu_end_ns"][0] - r["gpu_start_ns"][0])])
+        """,
+        MAXINSTR_GPU_FLOOR_NS="1000",
+    )
+    assert out == [[1000], ["fixed"], 0, 9_000]
+
+
+@pytest.mark.parametrize("fail", ["cuModuleLoadData", "cuLaunchKernel", "cuStreamCreate"])
+def test_floor_calibration_failure_keeps_raw_times(run_fake, fail):
+    out = run_fake(
+        f"""
+        fk.fake_set_tick(0)
+        fk.fake_fail({fail!r}.encode(), 218, 1)
+        with n.stage("s"):
+            fk.fake_advance(10_000)
+        fk.fake_complete_all(); n.resolve()
+        r = drained()
+        st = n.stats()
+        emit([st["gpu_floor_ns"], st["gpu_floor"], r["flags"].tolist(), int(r["gpu_end_ns"][0] - r["gpu_start_ns"][0]),
+              st["errors"], st["event_pool_size"] - 0])
+        """,
+        MAXINSTR_GPU_FLOOR_NS="auto",
+    )
+    assert out[0] == [0] and out[1] == ["failed"]
+    assert out[2] == [2] and out[3] == 10_000  # still GPU-timed, raw event pair
+    assert any("floor calibration failed" in e and "218" in e for e in out[4])
+
+
+def test_floor_hip_is_raw(run_fake):
+    out = run_fake(
+        """
+        n._configure_events(share_ns=0)
+        fk.fake_set_tick(5_000)
+        with n.stage("s"):
+            pass
+        fk.fake_complete_all(); n.resolve()
+        r = drained()
+        st = n.stats()
+        emit([st["gpu_floor_ns"], st["gpu_floor"], int(r["gpu_end_ns"][0] - r["gpu_start_ns"][0]), st["errors"]])
+        """,
+        backend="hip",
+        MAXINSTR_GPU_FLOOR_NS="auto",
+    )
+    assert out == [[0], ["none"], 5_000, []]  # not calibrated on HIP: raw event pairs, no error
+
+
+# ---- resolution cost: one elapsed-time call per event, one query per stream and pass ----
+
+
+def test_resolution_one_elapsed_per_event_one_query_per_stream(run_fake):
+    out = run_fake(
+        """
+        import time
+        n._configure_events(share_ns=20_000)      # siblings share boundaries, as on a real GPU ...
+        def work(ns):                             # ... where submitting work takes longer than the window
+            fk.fake_advance(ns)
+            t = time.perf_counter_ns()
+            while time.perf_counter_ns() - t < 60_000:
+                pass
+        fk.fake_set_tick(0)
+        with n.stage("warm"):
+            pass
+        fk.fake_complete_all(); n.resolve(); drained()
+        q0, e0 = n.stats()["event_queries"], n.stats()["event_elapsed_calls"]
+        rec0 = count("cuEventRecord")
+        for i in range(100):
+            with n.stage("s", step=i):
+                work(1000 + i)                    # work: the next boundary needs its own event
+        for i in range(10):
+            with n.stage("t", stream=0xBEEF):
+                work(500)
+        fk.fake_complete_all()
+        q1 = n.stats()["event_queries"]
+        k = n.resolve()
+        st = n.stats()
+        r = drained()
+        d = r["gpu_end_ns"] - r["gpu_start_ns"]
+        emit(dict(k=k, queries=st["event_queries"] - q1, hot_queries=q1 - q0, elapsed=st["event_elapsed_calls"] - e0,
+                  records=count("cuEventRecord") - rec0, dur=d.tolist(), steps=r["step"].tolist()))
+        """
+    )
+    assert out["k"] == 110
+    assert out["records"] == 100 + 1 + 10 + 1  # one event per stage (+ the first enter per stream)
+    assert out["queries"] == 2  # one per stream, not one per record
+    assert out["hot_queries"] <= 2 * (110 // 32)  # the hot path tries a batch every 32nd exit (not ready here)
+    assert out["elapsed"] <= out["records"]  # one per event, not two per record
+    assert out["dur"][:100] == [1000 + i for i in range(100)] and out["dur"][100:] == [500] * 10
+    assert out["steps"][:100] == list(range(100))
+
+
+def test_resolution_respects_stream_order_across_threads(run_fake):
+    """Records of one stream resolve in recording order even when a shared exit event is older
+    than another thread's newer record: nothing is read before its event completed."""
+    out = run_fake(
+        """
+        import threading
+        n._configure_events(share_ns=0)
+        fk.fake_set_tick(1000)
+        with n.stage("warm"):
+            pass
+        fk.fake_complete_all(); n.resolve(); drained()
+        t0 = fk.fake_next_ts()
+        def worker():
+            for i in range(5):
+                with n.stage("w"):
+                    pass
+        th = threading.Thread(target=worker); th.start(); th.join()
+        with n.stage("main"):
+            pass
+        fk.fake_set_gpu_now(t0 + 4 * 1000)        # the first 5 events completed, no more
+        a = n.resolve()
+        fk.fake_complete_all()
+        b = n.resolve()
+        r = drained()
+        emit([a, b, r["flags"].tolist(), n.stats()["errors"]])
+        """
+    )
+    assert out[0] == 2 and out[1] == 4  # 2 records whose exit events completed, then the rest
+    assert out[2] == [2] * 6 and out[3] == []
+
+
+# ---- profiler_start from a thread with no current context (the session's flusher thread) ----
+
+
+def test_profiler_start_from_thread_without_context_uses_primary(run_fake):
+    out = run_fake(
+        """
+        import threading
+        with n.stage("s"):                       # the main thread's context: device 0's primary
+            pass
+        res = {}
+        def flusher():
+            fk.fake_set_thread_context(0)         # a fresh thread: nothing current
+            res["start"] = n.profiler_start()
+            res["ctx_at_start"] = fk.fake_profiler_context()
+            res["current_after"] = fk.fake_current_context()
+            res["stop"] = n.profiler_stop()
+        th = threading.Thread(target=flusher); th.start(); th.join()
+        fk.fake_set_primary_active(0)             # no active primary context: never created by us
+        def again():
+            fk.fake_set_thread_context(0)
+            res["inactive"] = n.profiler_start()
+        th = threading.Thread(target=again); th.start(); th.join()
+        res["refs"] = fk.fake_primary_refs()
+        res["retains"] = count("cuDevicePrimaryCtxRetain")
+        res["errors"] = n.stats()["errors"]
+        emit(res)
+        """
+    )
+    assert out["start"] is True and out["stop"] is True
+    assert out["ctx_at_start"] == 0x1000  # cuProfilerStart ran with the primary context current
+    assert out["current_after"] == 0  # and the thread's (empty) context was restored
+    assert out["refs"] == 0 and out["retains"] == 2  # retained and released around each call
+    assert out["inactive"] is False
+    assert any("no active primary context" in e for e in out["errors"])
+
+
+def test_driver_costs_probe(run_fake):
+    """benchmarks/stage_overhead.py prints where a GPU-timed stage's time goes; the probe uses its
+    own two events and gives them back."""
+    out = run_fake(
+        """
+        c = n._driver_costs(n=50)
+        emit([sorted(c), all(v >= 0 for v in c.values()), count("cuEventCreate"), count("cuEventDestroy"),
+              count("cuEventRecord"), count("cuStreamIsCapturing")])
+        """
+    )
+    assert out[0] == ["clock_gettime", "ctx_current", "event_elapsed", "event_query", "event_record",
+                      "stream_is_capturing"]
+    assert out[1] and out[2] == 2 and out[3] == 2 and out[4] == 50 and out[5] == 50

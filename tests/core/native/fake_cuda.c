@@ -21,8 +21,26 @@ static void* cur_ctx = (void*)0x1000;
 static int device = 0;
 static const char* names[] = {"cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventElapsedTime",
                               "cuEventSynchronize", "cuEventDestroy", "cuCtxGetCurrent", "cuProfilerStart",
-                              "cuProfilerStop", "cuStreamIsCapturing", "cuThreadExchangeStreamCaptureMode", 0};
-enum { CREATE, RECORD, QUERY, ELAPSED, SYNC, DESTROY, CTX, PSTART, PSTOP, ISCAP, EXCH, NFUN };
+                              "cuProfilerStop", "cuStreamIsCapturing", "cuThreadExchangeStreamCaptureMode",
+                              "cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel", "cuStreamCreate",
+                              "cuStreamDestroy", "cuModuleUnload", "cuDevicePrimaryCtxRetain",
+                              "cuDevicePrimaryCtxRelease", "cuCtxPushCurrent", "cuCtxPopCurrent", 0};
+enum { CREATE, RECORD, QUERY, ELAPSED, SYNC, DESTROY, CTX, PSTART, PSTOP, ISCAP, EXCH, MODLOAD, MODFUNC, LAUNCH,
+       SCREATE, SDESTROY, MODUNLOAD, PRETAIN, PRELEASE, PUSH, POP, NFUN };
+
+/* The current context is per thread, as in CUDA: a thread that never set one sees the process
+ * default (fake_set_context), unless fake_set_thread_context gave it its own (0 = none). */
+static __thread int has_own_ctx = 0;
+static __thread void* own_ctx = 0;
+static void* current(void) { return has_own_ctx ? own_ctx : cur_ctx; }
+static void* const primary_ctx = (void*)0x1000; /* device 0's primary context */
+static int primary_active = 1, primary_refs = 0;
+static void* profiler_ctx = (void*)-1;           /* context current at the last cuProfilerStart */
+/* Kernels (the floor calibration): a launch of maxinstr_spin(ns) occupies the fake GPU for
+ * ns + launch_ns, where launch_ns stands for the fixed front-end cost around any kernel. */
+static long long launch_ns = 0;
+static char module_image[4096];
+static int module_loaded = 0;
 
 /* Stream capture, emulated after the CUDA rules: while a stream captures in global mode, an
  * "unsafe" call (query, synchronize) from a thread in global mode invalidates the capture and
@@ -73,6 +91,17 @@ int fake_capture_invalidated(void) { return capture_invalidated; }
 int fake_recorded_into_capture(void) { return recorded_into_capture; }
 int fake_thread_mode(void) { return thread_mode; }
 void fake_set_context(long long ctx) { cur_ctx = (void*)(intptr_t)ctx; }
+void fake_set_thread_context(long long ctx) {
+  has_own_ctx = 1;
+  own_ctx = (void*)(intptr_t)ctx;
+}
+long long fake_current_context(void) { return (long long)(intptr_t)current(); }
+long long fake_profiler_context(void) { return (long long)(intptr_t)profiler_ctx; }
+void fake_set_primary_active(int a) { primary_active = a; }
+int fake_primary_refs(void) { return primary_refs; }
+void fake_set_launch_ns(long long ns) { launch_ns = ns; }
+const char* fake_module_image(void) { return module_image; }
+void fake_advance(long long ns) { next_ts += ns; } /* stand-in for a kernel of ns on the stream */
 void fake_set_gpu_now(long long t) { gpu_now = t; }
 void fake_complete_all(void) { gpu_now = next_ts; }
 long long fake_next_ts(void) { return next_ts; }
@@ -94,7 +123,106 @@ int fake_record_event(int i) { return rec_event[i]; }
 int cuCtxGetCurrent(void** c) {
   int rc = check(CTX);
   if (rc) return rc;
-  *c = cur_ctx;
+  *c = current();
+  return 0;
+}
+int cuCtxGetDevice(int* d) {
+  if (!current()) return 201; /* CUDA_ERROR_INVALID_CONTEXT */
+  *d = device;
+  return 0;
+}
+int cuDeviceGetCount(int* n) {
+  *n = 1;
+  return 0;
+}
+int cuDeviceGet(int* d, int ordinal) {
+  if (ordinal != 0) return 101; /* CUDA_ERROR_INVALID_DEVICE */
+  *d = 0;
+  return 0;
+}
+int cuDevicePrimaryCtxGetState(int dev, unsigned* flags, int* active) {
+  if (dev != 0) return 101;
+  *flags = 0;
+  *active = primary_active;
+  return 0;
+}
+int cuDevicePrimaryCtxRetain(void** c, int dev) {
+  int rc = check(PRETAIN);
+  if (rc) return rc;
+  if (dev != 0) return 101;
+  primary_refs++;
+  *c = primary_ctx;
+  return 0;
+}
+int cuDevicePrimaryCtxRelease_v2(int dev) {
+  check(PRELEASE);
+  if (dev != 0) return 101;
+  primary_refs--;
+  return 0;
+}
+/* a one-deep context stack per thread is all the core uses */
+static __thread int pushed = 0, saved_has = 0;
+static __thread void* saved_ctx = 0;
+int cuCtxPushCurrent_v2(void* c) {
+  int rc = check(PUSH);
+  if (rc) return rc;
+  if (pushed) return 999;
+  pushed = 1;
+  saved_has = has_own_ctx;
+  saved_ctx = own_ctx;
+  has_own_ctx = 1;
+  own_ctx = c;
+  return 0;
+}
+int cuCtxPopCurrent_v2(void** c) {
+  check(POP);
+  if (!pushed) return 201;
+  if (c) *c = own_ctx;
+  pushed = 0;
+  has_own_ctx = saved_has;
+  own_ctx = saved_ctx;
+  return 0;
+}
+int cuModuleLoadData(void** mod, const void* image) {
+  int rc = check(MODLOAD);
+  if (rc) return rc;
+  if (!current()) return 201;
+  strncpy(module_image, (const char*)image, sizeof(module_image) - 1);
+  module_loaded = 1;
+  *mod = (void*)0xD0D0;
+  return 0;
+}
+int cuModuleUnload(void* mod) {
+  check(MODUNLOAD);
+  module_loaded = 0;
+  return mod == (void*)0xD0D0 ? 0 : 400;
+}
+int cuModuleGetFunction(void** fn, void* mod, const char* name) {
+  int rc = check(MODFUNC);
+  if (rc) return rc;
+  if (mod != (void*)0xD0D0 || !module_loaded) return 400;
+  if (strcmp(name, "maxinstr_spin") != 0 || !strstr(module_image, ".entry maxinstr_spin")) return 500; /* NOT_FOUND */
+  *fn = (void*)0xF00D;
+  return 0;
+}
+int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned shmem, void* stream, void** params, void** extra) {
+  (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)stream; (void)extra;
+  int rc = check(LAUNCH);
+  if (rc) return rc;
+  if (fn != (void*)0xF00D || !params) return 400;
+  next_ts += (long long)*(unsigned long long*)params[0] + launch_ns;
+  return 0;
+}
+int cuStreamCreate(void** s, unsigned flags) {
+  int rc = check(SCREATE);
+  if (rc) return rc;
+  *s = (void*)(uintptr_t)(0x5000 + flags);
+  return 0;
+}
+int cuStreamDestroy_v2(void* s) {
+  check(SDESTROY);
+  (void)s;
   return 0;
 }
 int cuEventCreate(void** e, unsigned flags) {
@@ -168,14 +296,24 @@ int cuThreadExchangeStreamCaptureMode(int* mode) {
   *mode = old;
   return 0;
 }
-int cuProfilerStart(void) { return check(PSTART); }
-int cuProfilerStop(void) { return check(PSTOP); }
+int cuProfilerStart(void) {
+  int rc = check(PSTART);
+  if (rc) return rc;
+  if (!current()) return 201; /* acts on the current context */
+  profiler_ctx = current();
+  return 0;
+}
+int cuProfilerStop(void) {
+  int rc = check(PSTOP);
+  if (rc) return rc;
+  return current() ? 0 : 201;
+}
 
 /* ---- HIP runtime subset, same timeline ---- */
 int hipGetDevice(int* d) {
   int rc = check(CTX);
   if (rc) return rc;
-  if (!cur_ctx) return 100; /* hipErrorNoDevice */
+  if (!current()) return 100; /* hipErrorNoDevice */
   *d = device;
   return 0;
 }
@@ -185,7 +323,7 @@ int hipEventQuery(void* e) { return cuEventQuery(e); }
 int hipEventSynchronize(void* e) { return cuEventSynchronize(e); }
 int hipEventElapsedTime(float* ms, void* a, void* b) { return cuEventElapsedTime(ms, a, b); }
 int hipEventDestroy(void* e) { return cuEventDestroy_v2(e); }
-int hipProfilerStart(void) { return cuProfilerStart(); }
+int hipProfilerStart(void) { return check(PSTART); }
 int hipStreamIsCapturing(void* s, int* st) { return cuStreamIsCapturing(s, st); }
 int hipThreadExchangeStreamCaptureMode(int* m) { return cuThreadExchangeStreamCaptureMode(m); }
-int hipProfilerStop(void) { return cuProfilerStop(); }
+int hipProfilerStop(void) { return check(PSTOP); }
