@@ -140,8 +140,8 @@ def test_one_rank_run_has_no_rank_section(tmp_path):
 def _two_rank_run(tmp_path: Path) -> tuple[Path, object]:
     """A run directory of two ranks whose stage records mirror the maxinstr ranges of the real
     h200_decode capture (tests/data/nsys: ids = NVTX payloads), and that capture as each rank's
-    trace (r0.sqlite, r1.sqlite). Record ids restart at 1 in every process, so both ranks carry
-    the same ids: each trace must join only its own rank's records."""
+    trace (r0.sqlite, r1.sqlite). Both ranks carry the same record ids (as ranks on two hosts
+    with the same pid would): each trace must join only its own rank's records."""
     from maxinstr.rundir import format as fmt
     from maxinstr.traces.nsys import read_nsys
 
@@ -246,3 +246,19 @@ def test_judge_stage_wait_versus_slowness():
     end = np.array([[10_000_000, 10_100_000], [10_100_000, 10_000_000]] * 3, np.int64)
     v = rk.judge_stage(rk.group_metrics(start, end))
     assert not v["slow"].any() and not v["late"].any()
+
+
+def test_record_ids_renumbered_per_part_and_payloads_per_rank():
+    from maxinstr.rundir.reader import RUN_STAGE_DTYPE
+
+    st = np.zeros(5, RUN_STAGE_DTYPE)
+    # two parts (ranks 0 and 1) with the same ids; parent 7 -> 9 in each part
+    st["id"] = [7, 9, 7, 9, 11]
+    st["parent_id"] = [9, -1, 9, -1, 7]
+    st["part"] = [0, 0, 1, 1, 1]
+    st["rank"] = [0, 0, 1, 1, 1]
+    ids, parents = rk.dense_record_ids(st)
+    assert ids.tolist() == [0, 1, 2, 3, 4]
+    assert parents.tolist() == [1, -1, 3, -1, 2]  # each parent found in its own part
+    assert rk.payload_rows(st, 1, np.array([9, 7, 11, 5, -1])).tolist() == [3, 2, 4, -1, -1]
+    assert rk.payload_rows(st, 0, np.array([11, 7])).tolist() == [-1, 0]

@@ -330,15 +330,42 @@ def trace_rank_from_name(path: str) -> int | None:
     return int(found[-1]) if found else None
 
 
-ID_SHIFT = 40
-"""Record ids restart at 1 in every process; with several ranks' traces the ids (and the
-traces' NVTX payloads) are scoped by ``(rank + 1) << ID_SHIFT`` so a trace joins only its
-rank's records."""
+def dense_record_ids(stages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(id, parent_id)`` re-numbered to row positions in ``stages`` (a run's merged table).
+
+    Record ids are ``(pid << 32) | seq``: unique on one host, but ranks on different hosts or
+    in containers can share a pid, so ids can repeat across ranks. Row positions are unique;
+    a parent is looked up within the record's own part (-1 stays -1)."""
+    n = len(stages)
+    ids = np.asarray(stages["id"], np.int64)
+    parent = np.asarray(stages["parent_id"], np.int64)
+    new_parent = np.full(n, -1, np.int64)
+    part = np.asarray(stages["part"], np.int64)
+    for p in np.unique(part):
+        rows = np.flatnonzero(part == p)
+        order = np.argsort(ids[rows], kind="stable")
+        sid = ids[rows][order]
+        want = parent[rows]
+        pos = np.clip(np.searchsorted(sid, want), 0, len(sid) - 1)
+        hit = (want >= 0) & (sid[pos] == want)
+        new_parent[rows[hit]] = rows[order[pos[hit]]]
+    return np.arange(n, dtype=np.int64), new_parent
 
 
-def scope_ids(ids: np.ndarray, rank: np.ndarray | int) -> np.ndarray:
-    ids = np.asarray(ids, np.int64)
-    return np.where(ids >= 0, ids + ((np.asarray(rank, np.int64) + 1) << ID_SHIFT), ids)
+def payload_rows(stages: np.ndarray, rank: int, payload: np.ndarray) -> np.ndarray:
+    """For NVTX payloads (record ids) of rank ``rank``'s trace: the row in ``stages`` of the
+    record of that rank with that id, -1 where none (so a trace joins only its rank's records)."""
+    payload = np.asarray(payload, np.int64)
+    rows = np.flatnonzero(np.asarray(stages["rank"]) == rank)
+    out = np.full(len(payload), -1, np.int64)
+    if not len(rows):
+        return out
+    ids = np.asarray(stages["id"], np.int64)[rows]
+    order = np.argsort(ids, kind="stable")
+    pos = np.clip(np.searchsorted(ids[order], payload), 0, len(rows) - 1)
+    hit = (payload >= 0) & (ids[order][pos] == payload)
+    out[hit] = rows[order[pos[hit]]]
+    return out
 
 
 def assign_trace_ranks(specs: list[str], run_ranks: list[int]) -> list[tuple[int, str]]:

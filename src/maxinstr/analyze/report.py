@@ -66,6 +66,17 @@ def _load_trace(trace):
     return open_trace(trace)
 
 
+def _inprocess_trace(run):
+    """Kernels a ``kernels=True`` session collected in-process (docs/kernels.md), when no
+    --trace was given: (trace or None, notes)."""
+    from maxinstr.traces.inprocess import read_run
+
+    try:
+        return read_run(run)
+    except ValueError as exc:  # a malformed activity file: the report goes on without kernels
+        return None, [f"in-process kernels not read: {exc}"]
+
+
 def _attribute(trace, run):
     import maxinstr.attribute as pkg
 
@@ -92,6 +103,9 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
     if isinstance(trace, (list, tuple)):
         trace, run, op_rank = _rank_traces(list(trace), run, trace_ranks)
     trace = _load_trace(trace)
+    kernel_notes: list[str] = []
+    if trace is None and run is not None and getattr(run, "path", None) is not None:
+        trace, kernel_notes = _inprocess_trace(run)
     if trace is not None and attribution is None:
         attribution = _attribute(trace, run)
     if run is not None:
@@ -123,6 +137,8 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
         "sources": _sources(run, trace, attribution, unprofiled_run, inst),
         "environment": _environment(run, trace),
     }
+    if trace is None and kernel_notes:  # kernels=True was asked for and produced nothing: say why
+        report["sources"]["notes"] += kernel_notes
     perturbed, why = _perturbed(run, trace)
     report["perturbed"] = perturbed
     report["perturbed_reason"] = why
@@ -155,12 +171,12 @@ def build_report(run=None, trace=None, attribution=None, samples=None, unprofile
 
 
 def _rank_traces(traces: list, run, trace_ranks):
-    """Several traces, one per rank: merged into one trace whose NVTX payloads and the run's
-    record ids are scoped by rank (so each trace joins only its rank's records). Returns
-    (trace, run, rank per op)."""
+    """Several traces, one per rank: merged into one trace in which each rank's NVTX payloads
+    point only at that rank's records (record ids re-numbered to row positions: ids can repeat
+    across hosts). Returns (trace, run, rank per op)."""
     from dataclasses import replace
 
-    from maxinstr.analyze.ranks import part_ranks, scope_ids
+    from maxinstr.analyze.ranks import dense_record_ids, part_ranks, payload_rows
     from maxinstr.traces.merge import merge_rank_traces
 
     traces = [_load_trace(t) for t in traces]
@@ -170,13 +186,16 @@ def _rank_traces(traces: list, run, trace_ranks):
     ranks = list(trace_ranks) if trace_ranks is not None else run_ranks[: len(traces)]
     if len(ranks) != len(traces):
         raise ValueError(f"{len(traces)} traces but {len(ranks)} ranks to give them to")
-    merged, rows = merge_rank_traces(traces, ranks)
-    if run is not None and len(run.stages):
-        stages = run.stages.copy()
-        stages["id"] = scope_ids(stages["id"], stages["rank"])
-        stages["parent_id"] = scope_ids(stages["parent_id"], stages["rank"])
-        run = replace(run, stages=stages)
-        mine = np.isin(stages["rank"], ranks)
+    stages = run.stages if run is not None else None
+    payload_map = (lambda r, payload: payload_rows(stages, r, payload)) if stages is not None and len(stages) else None
+    merged, rows = merge_rank_traces(traces, ranks, payload_map)
+    if stages is not None and len(stages):
+        new = stages.copy()
+        new["id"], new["parent_id"] = dense_record_ids(stages)
+        attrs = getattr(run, "attrs", None) or {}
+        moved = {int(i): attrs[int(old)] for i, old in enumerate(stages["id"].tolist()) if int(old) in attrs} if attrs else {}
+        run = replace(run, stages=new, attrs=moved)  # attrs follow their records to the new ids
+        mine = np.isin(new["rank"], ranks)
         if not mine.all():
             run.notes = list(run.notes) + [f"{int((~mine).sum())} stage records of ranks without a trace: no GPU columns for them"]
     return merged, run, rows["ops"]
@@ -267,6 +286,8 @@ def _perturbed(run, trace) -> tuple[bool, str | None]:
     if prof:
         name = prof.get("name", "a profiler") if isinstance(prof, dict) else str(prof)
         return True, f"captured under {name}: timings include its overhead"
+    if trace is not None and trace.format == "maxinstr-inprocess":
+        return True, "kernels collected in-process (kernels=True, CUPTI): timings include its overhead (docs/kernels.md)"
     if trace is not None:
         return True, f"timings come from a {trace.format} trace: captured under a profiler, which adds overhead"
     return False, None
@@ -466,7 +487,7 @@ def _reproduce(run, trace, unprofiled) -> list[dict[str, str]]:
     if trace is not None and (trace.meta or {}).get("rank_sources"):
         for r, src in zip(trace.meta["ranks"], trace.meta["rank_sources"]):
             parts += ["--trace", f"{r}={src}"]
-    elif trace is not None:
+    elif trace is not None and trace.format != "maxinstr-inprocess":  # in-process kernels are read from the run itself
         parts += ["--trace", str(trace.source)]
     if unprofiled is not None and getattr(unprofiled, "path", None):
         parts += ["--unprofiled", str(unprofiled.path)]

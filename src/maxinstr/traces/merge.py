@@ -4,9 +4,10 @@ Each rank of a multi-rank job is usually profiled on its own (``nsys profile -o 
 rank), so ``maxinstr report RUN --trace r0.sqlite --trace r1.sqlite`` gets one trace per rank.
 The merge keeps every op, call and range, re-interns names into one string table, and tags
 every row with its rank (``Trace.meta["rank_of"]`` maps each trace to its rank; the per-row
-rank columns are returned alongside). NVTX payloads (maxinstr's record ids, which restart at
-1 in every process) are scoped by rank with :func:`maxinstr.analyze.ranks.scope_ids`, so a
-rank's ranges join only its own records. Process ids that clash between traces (ranks on
+rank columns are returned alongside). NVTX payloads (maxinstr's record ids, which can repeat
+across ranks on different hosts or in containers) go through ``payload_map(rank, payload)``
+when given (the report maps them to row positions of that rank's records, see
+:func:`maxinstr.analyze.ranks.payload_rows`), so a rank's ranges join only its own records. Process ids that clash between traces (ranks on
 different hosts, containers) are re-numbered so (pid, correlation id) stays unique.
 
 Each trace keeps its own timebase: attribution works within one process, so that is enough
@@ -16,6 +17,7 @@ for per-stage GPU time; spans across ranks are not compared on the traces' clock
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import Callable
 
 import numpy as np
 
@@ -25,7 +27,8 @@ PID_SHIFT = 22
 """Re-numbered pid = ``(trace index + 1) << PID_SHIFT | pid`` (Linux pids are below 2**22)."""
 
 
-def merge_rank_traces(traces: list[Trace], ranks: list[int]) -> tuple[Trace, dict[str, np.ndarray]]:
+def merge_rank_traces(traces: list[Trace], ranks: list[int],
+                      payload_map: Callable[[int, np.ndarray], np.ndarray] | None = None) -> tuple[Trace, dict[str, np.ndarray]]:
     """One trace holding every rank's rows, and ``{"ops": rank per op, "ranges": rank per range,
     "calls": rank per call}``."""
     if len(traces) != len(ranks):
@@ -49,8 +52,6 @@ def merge_rank_traces(traces: list[Trace], ranks: list[int]) -> tuple[Trace, dic
     parts = {"ranges": [], "calls": [], "ops": []}
     row_rank = {"ranges": [], "calls": [], "ops": []}
     notes: list[str] = []
-    from maxinstr.analyze.ranks import scope_ids
-
     for ti, (t, rank) in enumerate(zip(traces, ranks)):
         m = remap(np.asarray(t.strings, dtype=object))
         pids = set(np.unique(np.r_[np.asarray(t.ranges.pid), np.asarray(t.calls.pid), np.asarray(t.ops.pid)]).tolist())
@@ -72,8 +73,8 @@ def merge_rank_traces(traces: list[Trace], ranks: list[int]) -> tuple[Trace, dic
                 cols["domain_id"] = m[np.where(cols["domain_id"] >= 0, cols["domain_id"], -1)]
             if "pid" in cols:
                 cols["pid"] = fix_pid(cols["pid"])
-            if "payload" in cols:
-                cols["payload"] = scope_ids(cols["payload"], rank)
+            if "payload" in cols and payload_map is not None:
+                cols["payload"] = np.asarray(payload_map(rank, cols["payload"]), np.int64)
             parts[attr].append(cols)
             row_rank[attr].append(np.full(len(tab), rank, np.int64))
         notes += [f"rank {rank}: {n}" for n in t.notes]
