@@ -1216,13 +1216,19 @@ PyObject* stage_enter(PyObject* o, PyObject*) {
   s->ev0 = -1;
   Py_INCREF(o);
   ts->stack.push_back(s);
+  // The context is looked up (and, the first time, paired and calibrated) before the range is
+  // pushed, so the calibration kernels never sit inside a stage's range in a trace.
+  void* key = nullptr;
+  int c = -1;
+  if (s->gpu_mode != 0 && !g.gpu_off_after_fork) {
+    gpu_try_load();
+    key = g.gpu.backend ? gpu_current_key() : nullptr;
+    if (key) c = ctx_index(key);
+  }
   marker_push(r.name_id, r.id);
   cupti_enter(s, r.id);
   if (s->gpu_mode != 0 && !g.gpu_off_after_fork) {
-    gpu_try_load();
-    void* key = g.gpu.backend ? gpu_current_key() : nullptr;
     if (key) {
-      int c = ctx_index(key);
       if (c >= 0) {
         int64_t t = now_ns();
         int ev = gpu_point(ts, c, s->stream, t, 1);
