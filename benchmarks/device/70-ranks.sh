@@ -13,7 +13,9 @@
 #      joins its own rank's trace, per-rank GPU time and collective share (NCCL kernels under
 #      nccl; gloo reduces on the host, so 0 there), straggler still named
 # Results in $OUT/ranks/: *.log, *-run/ (run dirs), *.report.{json,txt,md}, r<N>.sqlite, checks.txt.
-# About 60-90 s. Exit status 1 when a check fails.
+# About 60-90 s. Exit status 1 when a check fails. NPROC=N ranks (default 2), STEPS, EXTRA_ARGS
+# (more scenario options). CPU dry run (no GPU: gloo on CPU tensors, nsys part skipped):
+#   OUT=/tmp/o EXTRA_ARGS="--size 384 --matmuls 6" bash benchmarks/device/70-ranks.sh
 set -uo pipefail
 out="${OUT:-/tmp/out}/ranks"
 mkdir -p "$out"

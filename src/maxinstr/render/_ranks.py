@@ -84,7 +84,7 @@ def summary_line(sec: dict) -> str:
     n = sec.get("world_size")
     if sec.get("stragglers"):
         return f"{n} ranks; straggler: rank " + ", ".join(str(s["rank"]) for s in sec["stragglers"])
-    return f"{n} ranks; no straggler (no rank is the slowest or the last in most steps by a clear margin)"
+    return f"{n} ranks; no straggler"
 
 
 def _s(v: Any) -> str:
