@@ -313,17 +313,21 @@ def perturbation(ctx: dict, steps: int) -> dict | None:
             f()
     # Small blocks, interleaved and in a rotated order, so drift and noisy stretches hit every
     # variant alike; the overhead is the median over rounds of (variant / bare of the same round).
+    # Each block ends with resolve() + drain() inside the timed region, for every variant: reading
+    # the GPU times back is part of what instrumenting costs (a session's flusher does it with the
+    # GIL held). torch's variant records its events but never reads them (no elapsed_time calls).
     block = 10
     names = list(variants)
+    resolve, drain = _native.resolve, _native.drain
     for r in range(max(1, steps // block)):
         for k in names[r % len(names):] + names[: r % len(names)]:
             f = variants[k]
             t0 = time.perf_counter_ns()
             for _ in range(block):
                 f()
+            resolve()
+            drain()
             times[k].append((time.perf_counter_ns() - t0) / block / 1000)
-        _native.resolve()
-        _native.drain()
     med = {k: statistics.median(v) for k, v in times.items()}
     paired = {k: 100 * (statistics.median(x / b for x, b in zip(v, times["bare"])) - 1) for k, v in times.items()}
     return {"lib": lib, "step_us": med, "overhead_pct": paired,
