@@ -1,8 +1,9 @@
 """One rank of a torchrun-style job, for tests/reliability/test_ranks.py (no torch needed).
 
-    RANK=r WORLD_SIZE=n MASTER_PORT=p python rank_worker.py RUN_DIR SLOW_RANK SLOW_S BASE_S STEPS
+    RANK=r WORLD_SIZE=n MASTER_PORT=p python rank_worker.py RUN_DIR SLOW_RANK SLOW_S BASE_S STEPS [outside]
 
-Each step: ``compute`` sleeps BASE_S (SLOW_S on SLOW_RANK; -1: no slow rank), then
+Each step: ``compute`` sleeps BASE_S (SLOW_S on SLOW_RANK; -1: no slow rank; with ``outside``
+the slow rank's extra time is spent before ``compute``, in no stage), then
 ``allreduce`` is a real synchronisation over TCP: rank 0 waits for one byte from every other
 rank, then answers each, so every rank leaves it when the last one has arrived, as in a
 collective. The session is the real one; each rank writes its own part of RUN_DIR.
@@ -50,14 +51,17 @@ def allreduce(rank: int, conns: list[socket.socket]) -> None:
 
 def main() -> None:
     run_dir, slow_rank, slow_s, base_s, steps = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+    outside = sys.argv[6:7] == ["outside"]
     rank, world, port = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["MASTER_PORT"])
     conns = connect(rank, world, port)
     with maxinstr.session(run_dir, sample_hz=0, warmup=1):
         allreduce(rank, conns)  # start the steps together
         for i in range(steps):
+            if outside and rank == slow_rank:
+                time.sleep(slow_s - base_s)  # unstaged work: only the arrival at allreduce shows it
             with maxinstr.stage("step", step=i):
                 with maxinstr.stage("compute", step=i):
-                    time.sleep(slow_s if rank == slow_rank else base_s)
+                    time.sleep(base_s if outside or rank != slow_rank else slow_s)
                 with maxinstr.stage("allreduce", step=i):
                     allreduce(rank, conns)
     for c in conns:

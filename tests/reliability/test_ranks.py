@@ -38,10 +38,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(run_dir: Path, world: int, slow_rank: int, slow_s: float, base_s: float, steps: int) -> list[int]:
+def run_ranks(run_dir: Path, world: int, slow_rank: int, slow_s: float, base_s: float, steps: int,
+              *extra: str) -> list[int]:
     port = str(_free_port())
     procs = [subprocess.Popen([sys.executable, str(HERE / "rank_worker.py"), str(run_dir), str(slow_rank), str(slow_s),
-                               str(base_s), str(steps)],
+                               str(base_s), str(steps), *extra],
                               env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                                        MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -127,6 +128,20 @@ def test_three_ranks_one_straggler(tmp_path):
     ar = {s["stage"]: s for s in rep["ranks"]["stages"]}["allreduce"]
     waits = {r["rank"]: r["wait_median_ns"] for r in ar["per_rank"]}
     assert waits[0] > 10e6 and waits[1] > 10e6 and waits[2] < 5e6
+
+
+def test_straggler_outside_every_stage_is_named_by_its_late_arrival(tmp_path):
+    """Rank 1's extra time is spent in no stage: its stages take as long as rank 0's, but it
+    reaches the collective last every step and rank 0 waits there."""
+    run_dir = tmp_path / "run"
+    run_ranks(run_dir, 2, 1, 0.03, 0.01, 10, "outside")
+    rep = json.loads(report(str(run_dir), "--format", "json").stdout)
+    (sg,) = rep["ranks"]["stragglers"]
+    assert sg["rank"] == 1 and sg["slowest_in"] == []
+    assert [s["stage"] for s in sg["arrives_last_in"]] == ["allreduce"]
+    assert sg["arrives_last_in"][0]["arrival_median_ns"] > 10e6
+    (f,) = [f for f in rep["diagnosis"] if f["id"] == "straggler_rank"]
+    assert f["stage"] == "allreduce" and f["evidence"]["rank0_wait_median_ns"] > 10e6
 
 
 def test_one_rank_run_has_no_rank_section(tmp_path):

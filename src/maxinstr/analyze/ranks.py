@@ -263,13 +263,13 @@ def _stragglers(flagged, ranks, keys, parent_key, stage_rows) -> list[dict]:
     out = []
     for c in sorted({f[0] for f in flagged}):
         mine = [f for f in flagged if f[0] == c]
-        slow_codes = {f[1] for f in mine if f[2] == "slowest"}
-        # deepest only: drop a stage when one of its descendants is flagged slow on this rank
-        covered: set[int] = set()
-        for k in slow_codes:
+        # deepest only: drop a stage when one of its descendants is flagged the same way on this
+        # rank (a parent 'step' that ends with the collective synchronises too)
+        covered: dict[str, set[int]] = {"slowest": set(), "arrives_last": set()}
+        for _, k, kind, _ in mine:
             seen, p = {k}, parent_key.get(k)
             while p is not None and p not in seen:
-                covered.add(p)
+                covered[kind].add(p)
                 seen.add(p)
                 p = parent_key.get(p)
         r = int(ranks[c])
@@ -278,7 +278,9 @@ def _stragglers(flagged, ranks, keys, parent_key, stage_rows) -> list[dict]:
             st = by_name[str(keys[k])]
             mine_row = next(x for x in st["per_rank"] if x["rank"] == r)
             base = {"stage": st["stage"], "groups": st["groups"], "excess_total_ns": nums["excess_total_ns"]}
-            if kind == "slowest" and k not in covered:
+            if k in covered[kind]:
+                continue
+            if kind == "slowest":
                 others = [x for x in st["per_rank"] if x["rank"] != r]
                 base.update({"slowest_share": mine_row["slowest_share"], "excess_median_ns": mine_row["excess_median_ns"],
                              "median_ns": mine_row["host_ns"].get("median"),
