@@ -30,6 +30,10 @@ from maxinstr.attribute.intervals import IntervalIndex, correlation_join, segmen
 from maxinstr.attribute.model import Attribution, JoinMethod, Rule
 from maxinstr.traces.model import CallKind, OpKind, RangeStyle, Trace
 
+OP_STAGE_KEY = "op_stage_id"
+"""``trace.meta[OP_STAGE_KEY]``: per op, the stage record id that launched it, when the trace
+knows it exactly (in-process collection, :mod:`maxinstr.traces.inprocess`); -1 for none."""
+
 _CHUNK = 1 << 21  # pairs per step of the busy-time union (bounds peak memory on 10M-op traces)
 
 ALL_RULES = frozenset({Rule.SAME_THREAD, Rule.START_END, Rule.CROSS_THREAD, Rule.GRAPH, Rule.TIME_OVERLAP})
@@ -53,6 +57,9 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
     records and ``range_record_id``/``join_method`` are filled.
     """
     use = ALL_RULES if rules is None else frozenset(Rule(r) for r in rules)
+    owner = trace.meta.get(OP_STAGE_KEY) if isinstance(trace.meta, dict) else None
+    if isinstance(owner, np.ndarray) and len(owner) == len(trace.ops):
+        return _attribute_by_stage_id(trace, owner, run)
     R, C, O = trace.ranges, trace.calls, trace.ops
     n, m = len(R), len(O)
     notes: list[str] = []
@@ -157,6 +164,60 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
             notes.append(f"{k} GPU ops attributed by rule {r.name}: {what}")
 
     del call_range, call_rule, call_used, cu, c_thread, has_call, graph_op, no_call  # before the big pass
+    att = Attribution(trace=trace, op_range=op_range, op_rule=op_rule, range_parent=parent,
+                      range_depth=depth.astype(np.int16))  # fmt: skip
+    _range_totals(att, op_call)
+    att.notes = notes
+    if run is not None:
+        join_run(att, run)
+    return att
+
+
+def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribution:
+    """Attribution when the trace says, per op, which stage record launched it (in-process
+    collection: CUPTI external correlation tagged each launch call with the innermost stage's
+    record id, on the launching thread). The op belongs to the range whose payload is that id
+    (same process); rule SAME_THREAD (GRAPH for graph replays), as nsys would find it."""
+    R, O = trace.ranges, trace.ops
+    n, m = len(R), len(O)
+    notes: list[str] = []
+    same_thread = (R.style == RangeStyle.PUSH_POP) | ((R.style == RangeStyle.START_END) & (R.end_tid == R.tid))
+    marks = R.style == RangeStyle.MARK
+    r_key = _thread_key(R.pid, R.tid)
+    threads = np.unique(r_key)
+    r_thread = np.searchsorted(threads, r_key)
+    rows1 = np.flatnonzero(same_thread)
+    idx1 = IntervalIndex.build(rows1, r_thread[rows1], R.start_ns[rows1], R.end_ns[rows1])
+    parent = np.full(n, -1, np.int64)
+    parent[idx1.rows] = idx1.parents()
+    if marks.any():
+        mrows = np.flatnonzero(marks)
+        parent[mrows] = idx1.innermost(r_thread[mrows], R.start_ns[mrows], R.start_ns[mrows])
+    depth = _depth(parent)
+
+    # (pid, record id) -> range row; marks never own ops.
+    cand = np.flatnonzero(~marks & (R.payload >= 0))
+    key = _thread_key(R.pid[cand], R.payload[cand])  # record ids are unique per process
+    srt = np.argsort(key, kind="stable")
+    key, cand = key[srt], cand[srt]
+    op_key = _thread_key(O.pid, owner)
+    op_range = np.full(m, -1, np.int64)
+    if len(key) and m:
+        pos = np.minimum(np.searchsorted(key, op_key), len(key) - 1)
+        hit = (owner >= 0) & (key[pos] == op_key) & (R.payload[cand[pos]] == owner)
+        op_range[hit] = cand[pos[hit]]
+    op_call = join_ops_to_calls(trace)
+    graph = O.graph_node_id >= 0
+    has_call = op_call >= 0
+    if has_call.any():
+        graph[has_call] |= trace.calls.kind[op_call[has_call]] == CallKind.GRAPH
+    op_rule = np.where(op_range >= 0, np.where(graph, Rule.GRAPH, Rule.SAME_THREAD), Rule.NONE).astype(np.int8)
+    tagged = int((owner >= 0).sum())
+    lost = tagged - int((op_range >= 0).sum())
+    notes.append(f"{int((op_range >= 0).sum())} of {m} GPU ops attributed exactly by the stage id their launch "
+                 f"call was tagged with (in-process, CUPTI external correlation); {m - tagged} were launched outside any stage")  # fmt: skip
+    if lost:
+        notes.append(f"{lost} GPU ops name a stage record that is not in the trace's ranges (record lost?): not attributed")
     att = Attribution(trace=trace, op_range=op_range, op_rule=op_rule, range_parent=parent,
                       range_depth=depth.astype(np.int16))  # fmt: skip
     _range_totals(att, op_call)

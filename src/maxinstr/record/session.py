@@ -149,6 +149,7 @@ class Session:
         sample_hz: float = DEFAULT_SAMPLE_HZ,
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
         fsync_interval_s: float = 1.0,
+        kernels: bool = False,
         _role: str = "owner",
         **user_meta: Any,
     ) -> None:
@@ -164,6 +165,8 @@ class Session:
         self.flush_interval_s = float(flush_interval_s)
         self.fsync_interval_s = float(fsync_interval_s)
         self.user_meta = dict(user_meta)
+        self.kernels = bool(kernels)
+        self._kernels: Any = None  # the running kernel collector (maxinstr.kernels), when kernels=True
         self.role = _role  # "owner" | "child" (joined from the environment) | "memory"
         self.auto = False  # started by ensure_env_session(), adopts the first nested session's settings
         self.part: str | None = None
@@ -286,6 +289,8 @@ class Session:
                 self._disk_failed(exc)
                 return
             self._set_child_env()
+            if self.kernels:
+                self._start_kernels(part_dir)
             self._arm_steady_state()
             local_rank = os.environ.get("LOCAL_RANK")
             if self.sample_hz > 0 and local_rank in (None, "", "0"):
@@ -382,6 +387,8 @@ class Session:
             _flush_locked(proc, block=False)
         else:
             _flush_locked(proc, block=True)
+        if self._kernels is not None:  # after the stage events resolved: the stages' GPU work is done
+            self._stop_kernels()
         stats = _native_stats()
         if self._writer is not None:
             self._writer.close(
@@ -401,6 +408,42 @@ class Session:
             proc.root = None
         if self in proc.stack:
             proc.stack.remove(self)
+
+    def _start_kernels(self, part_dir: Path) -> None:
+        """kernels=True: start the in-process kernel collector (docs/kernels.md), or warn once
+        why it cannot run and go on with events-only stages."""
+        reason = None
+        try:
+            from maxinstr import kernels as kernels_mod
+
+            collector, _writer = kernels_mod.start(part_dir, {"part": self.part, "pid": self._pid})
+            reason = getattr(collector, "reason", None)
+            self._kernels = None if reason else collector
+        except Exception as exc:  # noqa: BLE001 - instrumentation must never stop the program
+            reason = f"kernel collector failed to start: {type(exc).__name__}: {exc}"
+        info = {"requested": True, "collector": getattr(self._kernels, "name", "none")}
+        if reason:
+            info["status"], info["reason"] = "unavailable", reason
+            self._event("warning", f"kernels=True: {reason}")
+            _warn_kernels_once(reason)
+        else:
+            info["status"] = "collecting"
+        if self.meta is not None:
+            self.meta["kernels"] = info
+            self._write_meta()
+
+    def _stop_kernels(self) -> None:
+        collector, self._kernels = self._kernels, None
+        try:
+            stats = collector.stop()
+        except Exception as exc:  # noqa: BLE001
+            stats = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+            self._event("error", f"kernel collector stop failed: {stats['error']}")
+        if self.meta is not None and isinstance(self.meta.get("kernels"), dict):
+            self.meta["kernels"]["status"] = stats.get("status", "closed")
+            for key in ("dropped_cupti", "dropped_queue"):
+                if stats.get(key):
+                    self.meta["kernels"][key] = stats[key]
 
     def _write_meta(self) -> None:
         if self.meta is None or self.path is None or self.failed or not self._writes_meta or os.getpid() != self._pid:
@@ -563,6 +606,15 @@ class Session:
 
 
 _SAVED_SIGNALS: dict[int, Any] = {}  # signal -> the handler ours replaced (process-wide)
+_KERNELS_WARNED: set[str] = set()
+
+
+def _warn_kernels_once(reason: str) -> None:
+    """One plain warning per process and reason: kernels=True could not collect here."""
+    if reason in _KERNELS_WARNED:
+        return
+    _KERNELS_WARNED.add(reason)
+    warnings.warn(f"maxinstr: kernels=True: {reason}", RuntimeWarning, stacklevel=6)
 
 
 def _clear_previous_run(path: Path) -> None:
@@ -633,6 +685,11 @@ def _drain_into_sink(proc: _Process, native: Any, block: bool) -> int:
     if root is not None:
         root._observe(rows)
         _note_drops(root)
+        if root._kernels is not None:
+            try:
+                root._kernels.flush()
+            except Exception as exc:  # noqa: BLE001
+                root._event("error", f"kernel flush failed: {type(exc).__name__}: {exc}")
     return len(rows)
 
 
@@ -864,17 +921,21 @@ def session(
     warmup: int = 0,
     sample_hz: float = DEFAULT_SAMPLE_HZ,
     flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+    kernels: bool = False,
     **user_meta: Any,
 ) -> Session:
     """A recording session writing the run directory ``path`` (docs/sessions.md).
 
     Use it as a context manager, or call ``.start()`` and ``.close()``. ``warmup=N``: the
     first N instances of each stage name are warm-up. ``sample_hz`` sets the GPU sampler's
-    rate (0: off). Other keyword arguments (dtype, checkpoint, flags...) go to meta.json
+    rate (0: off). ``kernels=True`` also collects this process's kernels, copies and sets per
+    stage in-process (NVIDIA, CUPTI; docs/kernels.md); when another profiler holds CUPTI it
+    warns once and stages keep their event times. Other keyword arguments (dtype, checkpoint, flags...) go to meta.json
     under ``"user"``. Under ``maxinstr run`` (``MAXINSTR_RUN_DIR`` set) the run is written
     where ``maxinstr run`` says, and ``path`` is recorded as ``requested_path``.
     """
-    return Session(path, warmup=warmup, sample_hz=sample_hz, flush_interval_s=flush_interval_s, **user_meta)
+    return Session(path, warmup=warmup, sample_hz=sample_hz, flush_interval_s=flush_interval_s, kernels=kernels,
+                   **user_meta)
 
 
 _default = Session(None, _role="memory")

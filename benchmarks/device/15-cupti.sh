@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# In-process kernels (session kernels=True, CUPTI) on the H200 -- issue 9's proof. Run from the
+# repo root after run_all.sh put maxinstr and the .whl/ wheels (cupti-python) on PYTHONPATH:
+#   bash benchmarks/device/run_all.sh cupti        (carry .whl and .device)
+# Results in $OUT/cupti/:
+#   check.txt     1. the workload of benchmarks/cupti_check.py with kernels=True, and the same
+#                    kernels=True workload under nsys (where it falls back: see 2); per-stage
+#                    kernel counts, launches and GPU ns from our in-process records vs the nsys
+#                    SQLite + attribution. Look for "RESULT: PASS".
+#   fallback.txt  2. that run under nsys: the one plain warning (CUPTI held by nsys),
+#                    activity.json status "unavailable", the report's note, and the report
+#                    built from the nsys trace. Look for "maxinstr: kernels=True:" and "fallback: OK".
+#   overhead.txt  3. benchmarks/cupti_overhead.py: bare / stages / kernels / nsys / torch.profiler,
+#   overhead.json    small-kernel step and >= 1 ms step, ratios to bare.
+#   fixture/      4. the raw activity files of the in-process run (activity.bin, activity_names.jsonl,
+#                    activity.json, stages.bin, strings.jsonl, part.json, meta.json, expected.json):
+#                    copy to tests/data/cupti/h200_small/ (tests/kernels/test_inprocess_fixture.py).
+#   versions.txt  cupti-python, nvidia-cuda-cupti, the libcupti it loaded.
+set -uo pipefail
+out="${OUT:-/tmp/out}/cupti"
+rm -rf "$out" && mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:/usr/local/cuda-13.0/targets/x86_64-linux/lib  # libcupti.so.13 fallback
+[ -f .device/nsys-env.sh ] && source .device/nsys-env.sh
+work=/tmp/cupti-work && rm -rf "$work" && mkdir -p "$work"
+rc=0
+
+python3 - > "$out/versions.txt" 2>&1 <<'PY'
+import importlib.metadata as md
+for d in ("cupti-python", "nvidia-cuda-cupti", "cuda-bindings", "torch", "cupy-cuda13x"):
+    try: print(d, md.version(d))
+    except Exception as e: print(d, "missing", e)
+try:
+    from cupti import cupti
+    print("cupti import ok; timestamp", cupti.get_timestamp())
+    print([l.split()[-1] for l in open("/proc/self/maps") if "libcupti" in l][:1])
+except Exception as e:
+    print("cupti import/use failed:", type(e).__name__, e)
+PY
+cat "$out/versions.txt"
+
+echo "== 1. kernels=True in-process, and the same kernels=True workload under nsys"
+# Under nsys the collector must fall back (2.), so that run is also the nsys reference for (1.).
+timeout 60 python3 benchmarks/cupti_check.py run "$work/inproc" --kernels > "$out/inproc.log" 2>&1 || { echo "in-process run failed"; rc=1; }
+tail -5 "$out/inproc.log"
+cat "$work"/inproc/parts/*/activity.json 2>/dev/null | head -c 1500; echo
+if command -v nsys >/dev/null; then
+  NSYS="nsys profile -t cuda,nvtx --sample=none --cpuctxsw=none -f true"
+  timeout 90 $NSYS -o "$work/nsys" python3 benchmarks/cupti_check.py run "$work/nsysrun" --kernels > "$out/fallback.txt" 2>&1 || { echo "nsys run failed"; rc=1; }
+  timeout 60 nsys export --type sqlite -f true -o "$work/nsys.sqlite" "$work/nsys.nsys-rep" > "$out/nsys-export.log" 2>&1 || rc=1
+  timeout 60 python3 benchmarks/cupti_check.py compare "$work/inproc" "$work/nsysrun" "$work/nsys.sqlite" 2>&1 | tee "$out/check.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+else
+  echo "nsys not on PATH (carry .device): comparison and fallback skipped" | tee "$out/check.txt"; rc=1
+fi
+timeout 60 python3 -m maxinstr report "$work/inproc" > "$out/report-inproc.txt" 2>&1 || true
+head -45 "$out/report-inproc.txt"
+
+echo "== 2. the single-subscriber fallback (the kernels=True run under nsys above)"
+if command -v nsys >/dev/null; then
+  grep -n "kernels=True" "$out/fallback.txt" | head -3
+  cat "$work"/nsysrun/parts/*/activity.json >> "$out/fallback.txt" 2>&1
+  python3 - "$work/nsysrun" "$work/nsys.sqlite" >> "$out/fallback.txt" 2>&1 <<'PY' || rc=1
+import json, sys, pathlib
+run = pathlib.Path(sys.argv[1])
+k = json.loads((run / "meta.json").read_text()).get("kernels")
+print("meta.json kernels:", k)
+act = [json.loads(p.read_text()) for p in run.glob("parts/*/activity.json")]
+ok = bool(k) and k.get("status") == "unavailable" and all(a.get("status") == "unavailable" and not (a.get("rows") or 0) for a in act)
+from maxinstr.analyze.report import build_report
+notes = build_report(run)["sources"]["notes"]
+print("report (no --trace) notes:", notes)
+ok = ok and any("kernels=True" in n for n in notes)
+r2 = build_report(run, trace=sys.argv[2])
+print("report with the nsys trace: format", r2["sources"]["trace_format"], "join", r2["sources"]["join"])
+print("fallback:", "OK" if ok else "FAILED")
+sys.exit(0 if ok else 1)
+PY
+  tail -4 "$out/fallback.txt"
+fi
+
+echo "== 3. overhead: bare / stages / kernels / nsys / torch.profiler"
+timeout 200 python3 benchmarks/cupti_overhead.py --out "$out" 2>&1 | tee "$out/overhead.txt" | tail -14
+
+echo "== 4. fixture: raw activity files of the in-process run"
+timeout 60 python3 benchmarks/cupti_check.py dump "$work/inproc" "$out/fixture" 2>&1 | tail -3 || rc=1
+ls -la "$out/fixture" 2>/dev/null
+exit $rc

@@ -1,0 +1,368 @@
+"""NVIDIA: kernels, copies and sets per stage through CUPTI's activity API, in-process.
+
+Uses NVIDIA's ``cupti-python`` (the optional extra ``maxinstr[cupti]``), imported only here
+and only when a session asks for ``kernels=True``. What it turns on:
+
+* activity kinds CONCURRENT_KERNEL, MEMCPY, MEMSET (the GPU ops), RUNTIME and DRIVER (the API
+  calls: CUPTI writes external-correlation records only next to API records), and
+  EXTERNAL_CORRELATION;
+* the native stage core pushes each stage's record id with
+  ``cuptiActivityPushExternalCorrelationId`` at enter and pops it at exit (``_native.cupti_link``
+  dlsyms the two functions from the libcupti this module loaded), so every API call made
+  inside a stage is tagged with the innermost stage's id, exactly;
+* a no-op ``cuptiSubscribe`` first, which claims CUPTI's single subscriber slot: when nsys,
+  Kineto or another tool holds it, CUPTI answers MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED and we
+  fall back to events-only stages instead of taking records from the other tool.
+
+Buffers: CUPTI fills buffers we hand it (``BUFFER_BYTES``) and returns them to
+:meth:`_buffer_completed` from its own thread, or from :meth:`flush` (the session's flusher
+thread, at most every ``FLUSH_EVERY_S``). The callback only converts the records into numpy
+rows and queues them; writing happens on the flusher thread. Records CUPTI dropped (no buffer
+in time) and rows we dropped (queue over ``MAX_QUEUED_ROWS``) are counted in activity.json and
+said in the report.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from maxinstr.kernels.base import KernelsUnavailable
+from maxinstr.kernels.store import (
+    ACTIVITY_DTYPE,
+    KIND_DRIVER,
+    KIND_EXTERNAL,
+    KIND_KERNEL,
+    KIND_MEMCPY,
+    KIND_MEMSET,
+    KIND_RUNTIME,
+    ActivityWriter,
+)
+
+BUFFER_BYTES = 8 << 20
+FLUSH_EVERY_S = 0.25
+MAX_QUEUED_ROWS = 8 << 20  # ~640 MB of rows waiting for the flusher: beyond, rows are dropped
+CLOCK_PAIRS_MAX = 512
+
+# Driver functions the stage core itself calls around stages: no API record needed for them.
+_QUIET_DRIVER = ("cuCtxGetCurrent", "cuEventRecord", "cuEventQuery", "cuEventElapsedTime", "cuEventElapsedTime_v2",
+                 "cuStreamIsCapturing", "cuThreadExchangeStreamCaptureMode", "cuEventCreate", "cuCtxSetCurrent",
+                 "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2")  # fmt: skip
+
+
+def _noop_callback(*args: Any) -> None:  # the subscriber enables no domain: never called
+    return None
+
+
+def _error_text(cupti: Any, exc: BaseException) -> str:
+    status = getattr(exc, "status", None)
+    if status is None and getattr(exc, "args", None) and isinstance(exc.args[0], int):
+        status = exc.args[0]
+    name = None
+    try:
+        name = cupti.Result(int(status)).name if status is not None else None
+    except Exception:  # noqa: BLE001
+        pass
+    text = str(exc) or (name or type(exc).__name__)
+    return f"CUPTI_{name}" if name and name not in text else text
+
+
+def _loaded_cupti_path() -> str | None:
+    """The libcupti file this process has loaded (the one cupti-python opened)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if "libcupti.so" in line:
+                    return line.split(None, 5)[-1].strip()
+    except OSError:
+        pass
+    return None
+
+
+class CuptiCollector:
+    name = "cupti"
+
+    def __init__(self, writer: ActivityWriter) -> None:
+        self.writer = writer
+        self._c: Any = None
+        self._subscriber: Any = None
+        self._enabled: list[Any] = []
+        self._lock = threading.Lock()
+        self._queue: list[np.ndarray] = []
+        self._queued = 0
+        self._names: dict[str, int] = {}
+        self._name_list: list[str] = []
+        self._api_names: dict[tuple[int, int], int] = {}
+        self._dropped_queue = 0
+        self._convert_errors = 0
+        self._callback_s = 0.0
+        self._buffers = 0
+        self._rows = 0
+        self._last_flush = 0.0
+        self._pairs: list[list[int]] = []
+        self._native: Any = None
+        self._linked = False
+        self._stopped = False
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        try:
+            from cupti import cupti  # the optional extra maxinstr[cupti]
+        except ImportError as exc:
+            raise KernelsUnavailable(
+                f"cupti-python is not installed ({exc}); install the extra: pip install 'maxinstr[cupti]'"
+            ) from None
+        except Exception as exc:  # noqa: BLE001 - a broken install: say so, record stages anyway
+            raise KernelsUnavailable(f"cupti-python failed to import: {type(exc).__name__}: {exc}") from None
+        self._c = c = cupti
+        try:
+            from maxinstr import _native as native  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001
+            raise KernelsUnavailable("the native stage core is not built: stages cannot be tagged") from None
+        if not hasattr(native, "cupti_link"):
+            raise KernelsUnavailable("this build of the native stage core predates kernels=True (rebuild maxinstr)")
+        self._native = native
+        try:
+            self._subscriber = c.subscribe(_noop_callback, None)
+        except Exception as exc:  # noqa: BLE001 - cuptiError, or no driver / no libcupti
+            text = _error_text(c, exc)
+            if "MULTIPLE_SUBSCRIBERS" in text:
+                raise KernelsUnavailable(
+                    "another tool (nsys, Nsight, torch.profiler/Kineto...) already holds CUPTI in this process "
+                    f"({text}): stages are recorded with events only; take the kernels from that tool's trace"
+                ) from None
+            raise KernelsUnavailable(f"CUPTI could not start: {text}") from None
+        try:
+            c.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+            K = c.ActivityKind
+            for kind in (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.RUNTIME, K.DRIVER, K.EXTERNAL_CORRELATION):
+                c.activity_enable(kind)
+                self._enabled.append(kind)
+            self._quiet_driver_calls()
+            path = _loaded_cupti_path()
+            if not path:
+                raise KernelsUnavailable("libcupti was not found among the loaded libraries")
+            kind_value = int(c.ExternalCorrelationKind.CUSTOM2)
+            if not native.cupti_link(path, kind_value):
+                raise KernelsUnavailable(f"the stage core could not use {path} for external correlation")
+            self._linked = True
+        except KernelsUnavailable:
+            self._teardown()
+            raise
+        except Exception as exc:  # noqa: BLE001
+            text = _error_text(c, exc)
+            self._teardown()
+            if "MULTIPLE_SUBSCRIBERS" in text:
+                raise KernelsUnavailable(
+                    f"another tool already holds CUPTI in this process ({text}): stages are recorded with events only"
+                ) from None
+            raise KernelsUnavailable(f"CUPTI activity could not be enabled: {text}") from None
+        self._clock_pair()
+        self.writer.write_meta(
+            status="collecting",
+            collector="cupti",
+            cupti_library=path,
+            cupti_python=_version("cupti-python"),
+            external_kind=kind_value,
+            clock_pairs=self._pairs,
+            buffer_bytes=BUFFER_BYTES,
+        )
+
+    def _quiet_driver_calls(self) -> None:
+        ids = getattr(self._c, "driver_api_trace_cbid", None)
+        fn = getattr(self._c, "activity_enable_driver_api", None)
+        if ids is None or fn is None:
+            return
+        for name in _QUIET_DRIVER:
+            cbid = getattr(ids, name, None)
+            if cbid is not None:
+                try:
+                    fn(int(cbid), 0)
+                except Exception:  # noqa: BLE001 - older CUPTI: every call keeps its record
+                    return
+
+    def _teardown(self) -> None:
+        c = self._c
+        if self._linked and self._native is not None:
+            try:
+                self._native.cupti_link(None)
+            except Exception:  # noqa: BLE001
+                pass
+            self._linked = False
+        for kind in self._enabled:
+            try:
+                c.activity_disable(kind)
+            except Exception:  # noqa: BLE001
+                pass
+        self._enabled = []
+        if self._subscriber is not None:
+            try:
+                c.unsubscribe(self._subscriber)
+            except Exception:  # noqa: BLE001
+                pass
+            self._subscriber = None
+
+    def flush(self, final: bool = False) -> None:
+        if self._c is None or self._stopped:
+            return
+        now = time.monotonic()
+        if not final and now - self._last_flush < FLUSH_EVERY_S:
+            return
+        self._last_flush = now
+        try:
+            self._c.activity_flush_all(1 if final else 0)
+        except Exception as exc:  # noqa: BLE001
+            self.writer.meta.setdefault("errors", []).append(f"flush: {_error_text(self._c, exc)}")
+        self._clock_pair()
+        self._write_queued()
+
+    def stop(self) -> dict[str, Any]:
+        if self._stopped or self._c is None:
+            return {}
+        if self._linked:
+            self._native.cupti_link(None)
+            self._linked = False
+        self.flush(final=False)
+        self.flush(final=True)
+        dropped_cupti = self._cupti_dropped()
+        self._teardown()
+        self._stopped = True
+        self._write_queued()
+        stats = {
+            "status": "closed",
+            "clock_pairs": self._pairs,
+            "dropped_cupti": dropped_cupti,
+            "dropped_queue": self._dropped_queue,
+            "convert_errors": self._convert_errors,
+            "buffers": self._buffers,
+            "callback_s": round(self._callback_s, 6),
+            "stage_pushes": int(self._native.cupti_stats().get("pushes", 0)),
+            "push_errors": int(self._native.cupti_stats().get("errors", 0)),
+        }
+        self.writer.write_meta(**stats)
+        return stats
+
+    # -- CUPTI callbacks (any thread) -------------------------------------------------------
+    def _buffer_requested(self) -> tuple[int, int]:
+        return BUFFER_BYTES, 0
+
+    def _buffer_completed(self, activities: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            rows = self._convert(activities)
+        except Exception:  # noqa: BLE001 - never raise into CUPTI's thread
+            self._convert_errors += 1
+            self._dropped_queue += len(activities) if hasattr(activities, "__len__") else 0
+            return
+        with self._lock:
+            self._buffers += 1
+            if self._queued + len(rows) > MAX_QUEUED_ROWS:
+                self._dropped_queue += len(rows)
+            elif len(rows):
+                self._queue.append(rows)
+                self._queued += len(rows)
+        self._callback_s += time.perf_counter() - t0
+
+    def _convert(self, activities: Any) -> np.ndarray:
+        c = self._c
+        K = c.ActivityKind
+        k_kernel, k_kernel2 = int(K.CONCURRENT_KERNEL), int(K.KERNEL)
+        k_copy, k_set = int(K.MEMCPY), int(K.MEMSET)
+        k_rt, k_drv, k_ext = int(K.RUNTIME), int(K.DRIVER), int(K.EXTERNAL_CORRELATION)
+        names, api_names = self._names, self._api_names
+        out: list[tuple] = []
+        app = out.append
+        for a in activities:
+            k = a.kind
+            if k == k_rt or k == k_drv:
+                cbid = a.cbid
+                nid = api_names.get((k, cbid))
+                if nid is None:
+                    nid = self._api_name(k, cbid, k == k_drv)
+                app((KIND_DRIVER if k == k_drv else KIND_RUNTIME, 0, 0, nid, a.start, a.end, a.correlation_id, -1,
+                     -1, a.thread_id, -1, 0, -1, cbid))  # fmt: skip
+            elif k == k_ext:
+                app((KIND_EXTERNAL, 0, 0, -1, 0, 0, a.correlation_id, a.external_id, -1, -1, -1, 0, -1,
+                     a.external_kind))  # fmt: skip
+            elif k == k_kernel or k == k_kernel2:
+                name = a.name
+                nid = names.get(name)
+                if nid is None:
+                    nid = self._intern(name)
+                app((KIND_KERNEL, 0, 0, nid, a.start, a.end, a.correlation_id, -1, a.stream_id, -1,
+                     a.graph_node_id, 0, a.device_id, -1))  # fmt: skip
+            elif k == k_copy:
+                app((KIND_MEMCPY, a.copy_kind, 0, -1, a.start, a.end, a.correlation_id, -1, a.stream_id, -1,
+                     a.graph_node_id, a.bytes, a.device_id, -1))  # fmt: skip
+            elif k == k_set:
+                app((KIND_MEMSET, 0, 0, -1, a.start, a.end, a.correlation_id, -1, a.stream_id, -1,
+                     a.graph_node_id, a.bytes, a.device_id, -1))  # fmt: skip
+        return np.array(out, dtype=ACTIVITY_DTYPE) if out else np.empty(0, ACTIVITY_DTYPE)
+
+    def _intern(self, name: Any) -> int:
+        text = name if isinstance(name, str) else (name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name))
+        with self._lock:
+            nid = self._names.get(text)
+            if nid is None:
+                nid = self._names[text] = len(self._name_list)
+                self._name_list.append(text)
+            if text is not name:
+                self._names[name] = nid
+        return nid
+
+    def _api_name(self, kind: int, cbid: int, driver: bool) -> int:
+        c = self._c
+        try:
+            domain = c.CallbackDomain.DRIVER_API if driver else c.CallbackDomain.RUNTIME_API
+            name = c.get_callback_name(domain, cbid)
+            if isinstance(name, bytes):
+                name = name.decode("utf-8", "replace")
+            name = str(name) or f"{'driver' if driver else 'runtime'} cbid {cbid}"
+        except Exception:  # noqa: BLE001
+            name = f"{'driver' if driver else 'runtime'} cbid {cbid}"
+        nid = self._intern(name)
+        self._api_names[(kind, cbid)] = nid
+        return nid
+
+    # -- flusher side -----------------------------------------------------------------------
+    def _write_queued(self) -> None:
+        with self._lock:
+            chunks, self._queue, self._queued = self._queue, [], 0
+            names = list(self._name_list)
+        rows = np.concatenate(chunks) if chunks else np.empty(0, ACTIVITY_DTYPE)
+        self._rows += len(rows)
+        self.writer.write(rows, names)
+
+    def _clock_pair(self) -> None:
+        """One (host clock, CUPTI clock) pair, taken back to back (the host time is the
+        midpoint of two reads around the CUPTI read)."""
+        if len(self._pairs) >= CLOCK_PAIRS_MAX:
+            self._pairs = self._pairs[::2]
+        try:
+            h0 = int(self._native.clock_ns())
+            t = int(self._c.get_timestamp())
+            h1 = int(self._native.clock_ns())
+        except Exception:  # noqa: BLE001
+            return
+        self._pairs.append([(h0 + h1) // 2, t])
+
+    def _cupti_dropped(self) -> int | None:
+        try:
+            value = ctypes.c_size_t(0)
+            self._c.activity_get_num_dropped_records(0, 0, ctypes.addressof(value))
+            return int(value.value)
+        except Exception:  # noqa: BLE001
+            return None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(dist)
+    except Exception:  # noqa: BLE001
+        return None

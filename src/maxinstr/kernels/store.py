@@ -1,0 +1,164 @@
+"""In-process kernel activity in the run directory (docs/kernels.md, docs/formats.md).
+
+A session opened with ``kernels=True`` writes, in its part folder ``parts/<part>/``:
+
+* ``activity.bin``: rows of :data:`ACTIVITY_DTYPE` (80 bytes, little-endian), appended by the
+  flusher thread. Times are the collector's raw clock (CUPTI timestamps); ``activity.json``
+  holds the pairs that map them onto the host clock of the stage records.
+* ``activity_names.jsonl``: ``[name_id, "name"]`` per line, each id once (kernel names and API
+  function names).
+* ``activity.json``: what collected the rows and how it went: ``status`` (``collecting``,
+  ``closed``, ``unavailable``), ``reason`` when unavailable, ``clock_pairs`` ([host_ns,
+  collector_ns] taken together), dropped-record counts, row counts.
+
+Row kinds (column ``kind``): 0 kernel, 1 memcpy, 2 memset (GPU ops, as :class:`OpKind`), 3 runtime
+API call, 4 driver API call, 5 external correlation (``correlation_id`` -> ``external_id``, the
+stage record id that was innermost on the calling thread when the API call was made).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ACTIVITY_FILE = "activity.bin"
+ACTIVITY_NAMES_FILE = "activity_names.jsonl"
+ACTIVITY_META_FILE = "activity.json"
+ACTIVITY_FORMAT = "maxinstr-activity"
+ACTIVITY_VERSION = 1
+
+KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, KIND_RUNTIME, KIND_DRIVER, KIND_EXTERNAL = 0, 1, 2, 3, 4, 5
+
+ACTIVITY_DTYPE = np.dtype(
+    [
+        ("kind", "<i1"),
+        ("copy_kind", "<i1"),  # memcpy: CUpti_ActivityMemcpyKind (1 HtoD, 2 DtoH, 8 DtoD, ...)
+        ("flags", "<u2"),
+        ("name_id", "<i4"),  # kernels and API calls: index into activity_names.jsonl; -1 none
+        ("start_ns", "<i8"),  # collector clock
+        ("end_ns", "<i8"),
+        ("correlation_id", "<i8"),
+        ("external_id", "<i8"),  # external correlation rows: the stage record id; -1 otherwise
+        ("stream_id", "<i8"),
+        ("tid", "<i8"),  # API rows: the collector's thread id; -1 otherwise
+        ("graph_node_id", "<i8"),  # 0 / -1: not replayed from a graph
+        ("bytes", "<i8"),
+        ("device_id", "<i4"),
+        ("cbid", "<i4"),  # API rows: the callback id of the function
+    ]
+)
+assert ACTIVITY_DTYPE.itemsize == 80
+
+
+class ActivityWriter:
+    """Appends activity rows and new names to a part folder; rewrites activity.json.
+
+    Thread-safe; every method is best effort after a disk error (the error is kept in
+    ``self.error`` and in activity.json when it can still be written).
+    """
+
+    def __init__(self, part_dir: Path, info: dict[str, Any]) -> None:
+        self.part_dir = Path(part_dir)
+        self.meta: dict[str, Any] = {"format": ACTIVITY_FORMAT, "version": ACTIVITY_VERSION, **info}
+        self.meta.setdefault("status", "collecting")
+        self.meta.setdefault("rows", 0)
+        self.lock = threading.Lock()
+        self.error: str | None = None
+        self._names_written = 0
+
+    def _path(self, name: str) -> Path:
+        return self.part_dir / name
+
+    def write(self, rows: np.ndarray, names: list[str]) -> None:
+        """Append ``rows`` and the names ``names[already written:]``."""
+        with self.lock:
+            if self.error:
+                return
+            try:
+                self.part_dir.mkdir(parents=True, exist_ok=True)
+                new = names[self._names_written :]
+                if new:
+                    text = "".join(json.dumps([self._names_written + i, n]) + "\n" for i, n in enumerate(new))
+                    _append(self._path(ACTIVITY_NAMES_FILE), text.encode())
+                    self._names_written += len(new)
+                if len(rows):
+                    _append(self._path(ACTIVITY_FILE), np.ascontiguousarray(rows, ACTIVITY_DTYPE).tobytes())
+                    self.meta["rows"] = int(self.meta.get("rows", 0)) + len(rows)
+            except OSError as exc:
+                self.error = f"{exc.filename or self.part_dir}: {exc.strerror or exc}"
+
+    def write_meta(self, **updates: Any) -> None:
+        with self.lock:
+            self.meta.update(updates)
+            if self.error:
+                self.meta["write_error"] = self.error
+            try:
+                self.part_dir.mkdir(parents=True, exist_ok=True)
+                tmp = self._path(ACTIVITY_META_FILE + ".tmp")
+                tmp.write_text(json.dumps(self.meta, indent=1, default=str))
+                os.replace(tmp, self._path(ACTIVITY_META_FILE))
+            except OSError as exc:
+                self.error = self.error or f"{exc.filename or self.part_dir}: {exc.strerror or exc}"
+
+
+def _append(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+    finally:
+        os.close(fd)
+
+
+def read_part_activity(part_dir: Path) -> tuple[dict[str, Any], np.ndarray, list[str]] | None:
+    """(activity.json, rows, names) of one part folder, or None when it has no activity.json.
+
+    Raises ValueError (one line naming the file) for a malformed file. A torn last row (a
+    process killed mid-write) is cut off and said in ``meta["notes"]``.
+    """
+    part_dir = Path(part_dir)
+    meta_path = part_dir / ACTIVITY_META_FILE
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{meta_path}: not readable JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != ACTIVITY_FORMAT:
+        raise ValueError(f"{meta_path}: not a {ACTIVITY_FORMAT} file")
+    if int(meta.get("version", 0)) > ACTIVITY_VERSION:
+        raise ValueError(f"{meta_path}: version {meta.get('version')} is newer than this maxinstr reads ({ACTIVITY_VERSION})")
+    meta.setdefault("notes", [])
+    data_path = part_dir / ACTIVITY_FILE
+    raw = data_path.read_bytes() if data_path.is_file() else b""
+    whole = len(raw) - len(raw) % ACTIVITY_DTYPE.itemsize
+    if whole != len(raw):
+        meta["notes"].append(f"{data_path}: last {len(raw) - whole} bytes are a torn row (cut off)")
+    rows = np.frombuffer(raw[:whole], dtype=ACTIVITY_DTYPE)
+    names: list[str] = []
+    names_path = part_dir / ACTIVITY_NAMES_FILE
+    if names_path.is_file():
+        for lineno, line in enumerate(names_path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                idx, name = json.loads(line)
+            except ValueError:
+                meta["notes"].append(f"{names_path}:{lineno}: malformed line skipped")
+                continue
+            while len(names) <= int(idx):
+                names.append("")
+            names[int(idx)] = str(name)
+    if len(rows) and (rows["kind"].min() < 0 or rows["kind"].max() > KIND_EXTERNAL):
+        raise ValueError(f"{data_path}: unknown row kind (not a maxinstr activity file?)")
+    bad = (rows["name_id"] >= len(names)) & (rows["name_id"] >= 0)
+    if bad.any():
+        raise ValueError(f"{data_path}: {int(bad.sum())} rows name an id missing from {ACTIVITY_NAMES_FILE}")
+    return meta, rows, names

@@ -1,0 +1,235 @@
+"""Kernels collected in-process (``session(..., kernels=True)``) -> :class:`Trace`.
+
+The run directory's ``parts/*/activity.bin`` (docs/kernels.md) become the same columnar model
+the nsys/rocprofv3/Kineto readers produce:
+
+* ``ops``: the kernel, memcpy and memset rows, their times moved from CUPTI's clock onto the
+  host clock of the stage records (CLOCK_MONOTONIC) through the clock pairs in activity.json
+  (offset interpolated between pairs);
+* ``calls``: the runtime/driver API rows that launched an op (joined by correlation id); their
+  thread is the stage record's thread when the call was tagged with a stage;
+* ``ranges``: the run's stage records of the same process, as push/pop ranges in domain
+  ``maxinstr`` whose payload is the record id (so the run joins by PAYLOAD, exactly);
+* ``meta["op_stage_id"]``: per op, the id of the stage that was innermost on the launching thread
+  when the launch call was made (CUPTI external correlation), -1 when none. Attribution uses it
+  as the owner (rule SAME_THREAD, or GRAPH for graph replays) instead of comparing times.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from maxinstr.kernels.store import (
+    KIND_DRIVER,
+    KIND_EXTERNAL,
+    KIND_MEMCPY,
+    KIND_MEMSET,
+    KIND_RUNTIME,
+    read_part_activity,
+)
+from maxinstr.traces.model import NO_ID, CallKind, Calls, GpuOps, OpKind, Ranges, RangeStyle, StringTable, Trace
+
+FORMAT = "maxinstr-inprocess"
+OP_STAGE_KEY = "op_stage_id"
+
+_MEMCPY_KINDS = {
+    0: "Unknown", 1: "Host-to-Device", 2: "Device-to-Host", 3: "Host-to-Array", 4: "Array-to-Host",
+    5: "Array-to-Array", 6: "Array-to-Device", 7: "Device-to-Array", 8: "Device-to-Device",
+    9: "Host-to-Host", 10: "Peer-to-Peer", 11: "Unified Host-to-Device", 12: "Unified Device-to-Host",
+    13: "Unified Device-to-Device",
+}  # fmt: skip  (the nsys reader's names, so kernels tables read alike)
+_MARK_FLAG = 1 << 2
+
+
+def has_activity(run_dir: str | Path) -> bool:
+    """Whether a run directory holds in-process activity (any part's activity.json)."""
+    parts = Path(run_dir) / "parts"
+    return parts.is_dir() and any((p / "activity.json").is_file() for p in parts.iterdir() if p.is_dir())
+
+
+def to_host_clock(ts: np.ndarray, pairs: list[list[int]] | None) -> tuple[np.ndarray, bool]:
+    """Collector timestamps -> host-clock ns, through ``pairs`` of (host_ns, collector_ns).
+
+    The offset (collector - host) is interpolated in collector time between pairs (constant
+    before the first and after the last); integer arithmetic around the first pair keeps ns
+    precision whatever the clocks' epochs. Returns (times, mapped?); unmapped when no pair.
+    """
+    ts = np.asarray(ts, np.int64)
+    if not pairs:
+        return ts.copy(), False
+    p = np.asarray(pairs, np.int64).reshape(-1, 2)
+    p = p[np.argsort(p[:, 1], kind="stable")]
+    host, coll = p[:, 0], p[:, 1]
+    off = coll - host
+    off0, c0 = int(off[0]), int(coll[0])
+    if len(p) == 1:
+        return ts - off0, True
+    d_off = np.interp((ts - c0).astype(np.float64), (coll - c0).astype(np.float64), (off - off0).astype(np.float64))
+    return ts - off0 - np.rint(d_off).astype(np.int64), True
+
+
+def read_run(run: Any) -> tuple[Trace | None, list[str]]:
+    """The in-process trace of a run (a :class:`maxinstr.Run` or a run directory path), or
+    None when no part collected activity; plus notes for the report (why there are no kernels,
+    dropped records...)."""
+    if isinstance(run, (str, Path)):
+        from maxinstr.rundir import load
+
+        run = load(run)
+    root = getattr(run, "path", None)
+    notes: list[str] = []
+    if root is None:
+        return None, notes
+    parts = getattr(run, "parts", []) or []
+    strings = StringTable()
+    domain = strings.intern("maxinstr")
+    ops_cols: dict[str, list[np.ndarray]] = {}
+    call_cols: dict[str, list[np.ndarray]] = {}
+    op_stage: list[np.ndarray] = []
+    any_activity = False
+    pairs_all: list[Any] = []
+    stages = run.stages
+    stage_ids = stages["id"].astype(np.int64)
+    order = np.argsort(stage_ids)
+    sorted_ids = stage_ids[order]
+    for index, part in enumerate(parts):
+        pdir = Path(root) / "parts" / str(part.get("name", ""))
+        got = read_part_activity(pdir)
+        if got is None:
+            continue
+        meta, rows, names = got
+        any_activity = True
+        notes += [str(n) for n in meta.get("notes", [])]
+        label = f"part {part.get('name')}"
+        if meta.get("status") == "unavailable":
+            notes.append(f"kernels=True collected nothing in {label}: {meta.get('reason')}")
+            continue
+        if meta.get("status") == "collecting":
+            notes.append(f"{label}: the kernel collector did not close (process killed?): records after the last flush are lost")
+        for key, what in (("dropped_cupti", "dropped by CUPTI (no buffer in time)"),
+                          ("dropped_queue", "dropped by maxinstr (queue full or unreadable buffer)")):  # fmt: skip
+            if meta.get(key):
+                notes.append(f"{label}: {int(meta[key])} activity records {what}: kernel counts are low by that much")
+        pid = int(part.get("pid") or meta.get("pid") or -1)
+        name_ids = np.array([strings.intern(n) for n in names], np.int32) if names else np.empty(0, np.int32)
+        kind = rows["kind"]
+        pairs = meta.get("clock_pairs") or []
+        pairs_all.append(pairs)
+        if not pairs:
+            notes.append(f"{label}: no clock pairs: GPU op times stay on CUPTI's clock (spans, not alignment, are right)")
+
+        ext = rows[kind == KIND_EXTERNAL]
+        want_kind = meta.get("external_kind")
+        if want_kind is not None:
+            ext = ext[ext["cbid"] == int(want_kind)]
+        ext_corr = ext["correlation_id"].astype(np.int64)
+        ext_id = ext["external_id"].astype(np.int64)
+        srt = np.argsort(ext_corr, kind="stable")
+        ext_corr, ext_id = ext_corr[srt], ext_id[srt]
+
+        def stage_of(corr: np.ndarray) -> np.ndarray:
+            if not len(ext_corr):
+                return np.full(len(corr), -1, np.int64)
+            pos = np.minimum(np.searchsorted(ext_corr, corr), len(ext_corr) - 1)
+            return np.where(ext_corr[pos] == corr, ext_id[pos], -1)
+
+        is_op = kind <= KIND_MEMSET
+        op = rows[is_op]
+        complete = (op["start_ns"] > 0) & (op["end_ns"] >= op["start_ns"])
+        if (~complete).any():
+            notes.append(f"{label}: {int((~complete).sum())} GPU ops without timestamps (unfinished at close) left out")
+            op = op[complete]
+        start, _ = to_host_clock(op["start_ns"], pairs)
+        end = start + (op["end_ns"].astype(np.int64) - op["start_ns"].astype(np.int64))
+        okind = op["kind"].astype(np.int8)
+        oname = np.full(len(op), NO_ID, np.int32)
+        kern = okind == OpKind.KERNEL
+        oname[kern] = name_ids[op["name_id"][kern]] if len(name_ids) else NO_ID
+        copy = okind == OpKind.MEMCPY
+        for ck in np.unique(op["copy_kind"][copy]):
+            oname[copy & (op["copy_kind"] == ck)] = strings.intern(f"[CUDA memcpy {_MEMCPY_KINDS.get(int(ck), 'Unknown')}]")
+        oname[okind == OpKind.MEMSET] = strings.intern("[CUDA memset]")
+        gnode = op["graph_node_id"].astype(np.int64)
+        for key, col in (("start_ns", start), ("end_ns", end), ("kind", okind), ("name_id", oname),
+                         ("device_id", op["device_id"].astype(np.int32)), ("stream_id", op["stream_id"].astype(np.int64)),
+                         ("pid", np.full(len(op), pid, np.int64)), ("correlation_id", op["correlation_id"].astype(np.int64)),
+                         ("graph_node_id", np.where(gnode > 0, gnode, NO_ID)), ("bytes", op["bytes"].astype(np.int64))):  # fmt: skip
+            ops_cols.setdefault(key, []).append(col)
+        op_stage.append(stage_of(op["correlation_id"].astype(np.int64)))
+
+        api = rows[(kind == KIND_RUNTIME) | (kind == KIND_DRIVER)]
+        launched = np.isin(api["correlation_id"], op["correlation_id"])
+        api = api[launched]
+        a_stage = stage_of(api["correlation_id"].astype(np.int64))
+        a_tid = api["tid"].astype(np.int64)
+        if len(api) and len(sorted_ids):
+            pos = np.minimum(np.searchsorted(sorted_ids, a_stage), len(sorted_ids) - 1)
+            hit = (a_stage >= 0) & (sorted_ids[pos] == a_stage)
+            a_tid = np.where(hit, stages["tid"][order[pos]].astype(np.int64), a_tid)
+        a_start, _ = to_host_clock(api["start_ns"], pairs)
+        a_end = a_start + (api["end_ns"].astype(np.int64) - api["start_ns"].astype(np.int64))
+        a_name = name_ids[api["name_id"]] if len(name_ids) and len(api) else np.full(len(api), NO_ID, np.int32)
+        ckind = np.where(api["kind"] == KIND_DRIVER, CallKind.DRIVER, CallKind.RUNTIME).astype(np.int8)
+        if len(api):
+            is_graph = np.array([("GraphLaunch" in strings._values[i]) if i >= 0 else False for i in a_name], bool)
+            ckind[is_graph] = CallKind.GRAPH
+        for key, col in (("start_ns", a_start), ("end_ns", a_end), ("tid", a_tid), ("pid", np.full(len(api), pid, np.int64)),
+                         ("correlation_id", api["correlation_id"].astype(np.int64)), ("name_id", a_name.astype(np.int32)),
+                         ("kind", ckind)):  # fmt: skip
+            call_cols.setdefault(key, []).append(col)
+        if not len(ext_corr) and len(op):
+            notes.append(f"{label}: no external correlation records: GPU ops cannot be tied to stages")
+
+    if not any_activity:
+        kmeta = (getattr(run, "meta", None) or {}).get("kernels")
+        if isinstance(kmeta, dict) and kmeta.get("requested"):
+            notes.append(f"kernels=True was requested but no activity was written: {kmeta.get('reason') or kmeta.get('status')}")
+        return None, notes
+    if not ops_cols:
+        return None, notes
+
+    def cat(cols: dict[str, list[np.ndarray]], key: str, dtype: Any) -> np.ndarray:
+        got = cols.get(key)
+        return np.concatenate(got).astype(dtype, copy=False) if got else np.empty(0, dtype)
+
+    ops = GpuOps(**{f: cat(ops_cols, f, d) for f, d in (
+        ("start_ns", np.int64), ("end_ns", np.int64), ("kind", np.int8), ("name_id", np.int32),
+        ("device_id", np.int32), ("stream_id", np.int64), ("pid", np.int64), ("correlation_id", np.int64),
+        ("graph_node_id", np.int64), ("bytes", np.int64))})  # fmt: skip
+    calls = Calls(**{f: cat(call_cols, f, d) for f, d in (
+        ("start_ns", np.int64), ("end_ns", np.int64), ("tid", np.int64), ("pid", np.int64),
+        ("correlation_id", np.int64), ("name_id", np.int32), ("kind", np.int8))})  # fmt: skip
+    ranges = _stage_ranges(run, strings, domain)
+    owner = np.concatenate(op_stage).astype(np.int64) if op_stage else np.empty(0, np.int64)
+    order_ops = np.argsort(ops.start_ns, kind="stable")
+    ops = ops.take(order_ops)
+    owner = owner[order_ops]
+    trace = Trace(source=str(root), format=FORMAT, strings=strings.to_array(), ranges=ranges, calls=calls, ops=ops,
+                  clock="CLOCK_MONOTONIC" if all(pairs_all) else "cupti", notes=list(notes))  # fmt: skip
+    trace.meta[OP_STAGE_KEY] = owner
+    trace.meta["collector"] = "cupti"
+    trace.validate()
+    return trace, notes
+
+
+def _stage_ranges(run: Any, strings: StringTable, domain: int) -> Ranges:
+    st = run.stages
+    names = run.stage_names() if len(st) else np.empty(0, object)
+    mark = (st["flags"] & _MARK_FLAG) != 0
+    return Ranges(
+        start_ns=st["host_start_ns"].astype(np.int64),
+        end_ns=st["host_end_ns"].astype(np.int64),
+        name_id=strings.ids_for(names) if len(st) else np.empty(0, np.int32),
+        domain_id=np.full(len(st), domain, np.int32),
+        tid=st["tid"].astype(np.int64),
+        end_tid=st["tid"].astype(np.int64),
+        pid=st["pid"].astype(np.int64),
+        style=np.where(mark, RangeStyle.MARK, RangeStyle.PUSH_POP).astype(np.int8),
+        payload=st["id"].astype(np.int64),
+    )
+
+
+__all__ = ["FORMAT", "OP_STAGE_KEY", "has_activity", "read_run", "to_host_clock"]
