@@ -660,7 +660,7 @@ bool ctx_pair_reference(int c) {
 // after the reference pairing (so at the same moment, the first GPU stage), we measure that floor:
 // on a private non-blocking stream (the user's streams are never touched or waited for), a busy
 // kernel keeps the stream occupied so that [event, empty kernel, event] are queued back to back,
-// seven times; the floor is the median of those event pairs. resolve_one() then moves each stage's
+// seven times; the floor is the shortest of those event pairs. resolve_one() then moves each stage's
 // enter time later and its exit time earlier by half the floor, so a stage reads the span of its
 // work (first kernel start to last kernel end, approximately), the way a profiler reads kernels.
 // CUDA only (the kernel is PTX, JIT-compiled by the driver); HIP: floor 0 (raw event times).
@@ -683,16 +683,20 @@ const char kSpinPtx[] =
     "}\n";
 
 constexpr int kFloorRuns = 7;
+constexpr int64_t kFloorMaxNs = 50000;  // a floor above this is not the front end: not used
 
-// Returns the floor in ns, or -1 (one line in errors()) when it could not be measured.
-int64_t ctx_measure_floor(int c) {
+// Returns the floor in ns, or -1 (one line in errors()) when it could not be measured. Uses its
+// own 14 events (created and destroyed here, never from the pool) and its own stream. The
+// minimum of the 7 pairs is taken: other work can only make a pair longer (e.g. kernels of a
+// user's non-blocking stream holding every SM), never shorter.
+int64_t ctx_measure_floor() {
   GpuApi& a = g.gpu;
   if (a.backend != BK_CUDA || !a.mod_load || !a.mod_func || !a.launch || !a.stream_create) return -1;
   RelaxedCapture relaxed;
   void* mod = nullptr;
   void* fn = nullptr;
   void* st = nullptr;
-  int ev[2 * kFloorRuns];
+  void* ev[2 * kFloorRuns];
   int nev = 0;
   int64_t result = -1;
   std::string why;
@@ -701,58 +705,60 @@ int64_t ctx_measure_floor(int c) {
   if (rc == 0) rc = a.stream_create(&st, 1 /* CU_STREAM_NON_BLOCKING */);
   if (rc != 0) why = "kernel setup";
   for (int i = 0; rc == 0 && i < 2 * kFloorRuns; i++) {
-    int s = slot_alloc(c, 1);
-    if (s < 0) {
-      rc = -1;
-      why = "event pool";
-      break;
-    }
-    ev[nev++] = s;
+    rc = a.ev_create(&ev[i], 0);
+    if (rc != 0)
+      why = "event create";
+    else
+      nev++;
   }
+  int launched = 0;
   for (int i = 0; rc == 0 && i < kFloorRuns; i++) {
     unsigned long long busy = 40000, none = 0;  // ns: 40 us covers the host cost of the next 3 calls
     void* pb[] = {&busy};
     void* pn[] = {&none};
     rc = a.launch(fn, 1, 1, 1, 1, 1, 1, 0, st, pb, nullptr);
-    if (rc == 0) rc = a.ev_record(g.slots[(size_t)ev[2 * i]].ev, st);
+    if (rc == 0) rc = a.ev_record(ev[2 * i], st);
     if (rc == 0) rc = a.launch(fn, 1, 1, 1, 1, 1, 1, 0, st, pn, nullptr);
-    if (rc == 0) rc = a.ev_record(g.slots[(size_t)ev[2 * i + 1]].ev, st);
-    if (rc != 0) why = "launch/record";
+    if (rc == 0) rc = a.ev_record(ev[2 * i + 1], st);
+    if (rc != 0)
+      why = "launch/record";
+    else
+      launched++;
+  }
+  if (launched > 0) {  // wait for what was queued (also before destroying anything on failure)
+    int r = a.ev_sync(ev[2 * launched - 1]);
+    if (rc == 0 && r != 0) {
+      rc = r;
+      why = "synchronize";
+    }
   }
   if (rc == 0) {
-    rc = a.ev_sync(g.slots[(size_t)ev[2 * kFloorRuns - 1]].ev);
-    if (rc != 0) why = "synchronize";
-  }
-  if (rc == 0) {
-    std::vector<int64_t> v;
+    int64_t best = INT64_MAX;
     for (int i = 0; i < kFloorRuns; i++) {
       float ms = 0.f;
-      int r = a.ev_elapsed(&ms, g.slots[(size_t)ev[2 * i]].ev, g.slots[(size_t)ev[2 * i + 1]].ev);
+      int r = a.ev_elapsed(&ms, ev[2 * i], ev[2 * i + 1]);
       if (r != 0) {
         rc = r;
         why = "elapsed time";
         break;
       }
-      v.push_back((int64_t)llround((double)ms * 1e6));
+      int64_t v = (int64_t)llround((double)ms * 1e6);
+      if (v < best) best = v;
     }
     if (rc == 0) {
-      std::sort(v.begin(), v.end());
-      result = v[v.size() / 2] < 0 ? 0 : v[v.size() / 2];
+      if (best > kFloorMaxNs) {
+        why = "implausible floor " + std::to_string(best) + " ns";
+      } else {
+        result = best < 0 ? 0 : best;
+      }
     }
   }
   if (result < 0)
     add_error("GPU floor calibration failed (" + why + ", status " + std::to_string(rc) +
               "): GPU times are raw event pairs for this context");
-  // The events were recorded on our stream: sync before reuse is not needed (a re-record
-  // supersedes), but they carry no stage, so their cached times must not be reused.
-  for (int i = 0; i < nev; i++) {
-    g.slots[(size_t)ev[i]].host_ns = kUnplaced;
-    slot_release(ev[i]);
-  }
-  if (st && a.stream_destroy) {
-    if (result < 0 && nev) a.ev_sync(g.slots[(size_t)ev[nev - 1]].ev);  // drained before destroy
-    a.stream_destroy(st);
-  }
+  if (a.ev_destroy)
+    for (int i = 0; i < nev; i++) a.ev_destroy(ev[i]);
+  if (st && a.stream_destroy) a.stream_destroy(st);
   if (mod && a.mod_unload) a.mod_unload(mod);
   return result;
 }
@@ -770,7 +776,7 @@ void ctx_calibrate(int c) {
     return;
   }
   if (g.gpu.backend != BK_CUDA) return;  // HIP: not calibrated (state "none"), raw event pairs
-  int64_t f = ctx_measure_floor(c);
+  int64_t f = ctx_measure_floor();
   Ctx& cy = g.ctxs[(size_t)c];
   cy.floor_ns = f < 0 ? 0 : f;
   cy.floor_state = f < 0 ? -1 : 1;

@@ -679,3 +679,24 @@ def test_driver_costs_probe(run_fake):
     assert out[0] == ["clock_gettime", "ctx_current", "event_elapsed", "event_query", "event_record",
                       "stream_is_capturing"]
     assert out[1] and out[2] == 2 and out[3] == 2 and out[4] == 50 and out[5] == 50
+
+
+def test_floor_calibration_uses_its_own_events(run_fake):
+    """The calibration needs 14 events at once: it creates and destroys its own, so even a tiny
+    pool calibrates, and the pool keeps its bound."""
+    out = run_fake(
+        """
+        n._configure_events(pool_size=4, share_ns=0)
+        fk.fake_set_tick(0)
+        fk.fake_set_launch_ns(1234)
+        with n.stage("s"):
+            fk.fake_advance(5000 + 1234)
+        fk.fake_complete_all(); n.resolve()
+        r = drained()
+        st = n.stats()
+        emit([st["gpu_floor_ns"], st["event_pool_size"], count("cuEventDestroy"), r["flags"].tolist(),
+              int(r["gpu_end_ns"][0] - r["gpu_start_ns"][0])])
+        """,
+        MAXINSTR_GPU_FLOOR_NS="auto",
+    )
+    assert out == [[1234], 4, 14, [2], 5000]
