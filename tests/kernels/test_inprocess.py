@@ -239,3 +239,17 @@ def test_malformed_activity_file_is_one_line_naming_it(tmp_path):
     (tmp_path / "activity.bin").write_bytes(np.array([(9,) + (0,) * 13], ACTIVITY_DTYPE).tobytes())
     with pytest.raises(ValueError, match=r"activity\.bin: unknown row kind"):
         read_part_activity(tmp_path)
+
+
+def test_kernel_names_are_demangled_like_nsys_when_cxxfilt_is_there():
+    import shutil
+
+    from maxinstr.traces.inprocess import demangle
+
+    names = ["_ZN2at6native18elementwise_kernelILi128ELi2EEEviT1_", "ampere_bf16_s1688gemm_bf16_128x128", "cudaLaunchKernel"]
+    out = demangle(names)
+    assert out[1:] == names[1:]  # plain names untouched
+    if shutil.which("c++filt"):
+        assert out[0].startswith("void at::native::elementwise_kernel<128, 2>")
+    else:
+        assert out[0] == names[0]

@@ -33,9 +33,11 @@ def _amd() -> bool:
 
 def _tool_attached() -> str | None:
     """Another CUDA profiling tool already in the process (it holds CUPTI): its name, else None."""
+    if os.environ.get("NSYS_PROFILING_SESSION_ID"):
+        return "nsys (NSYS_PROFILING_SESSION_ID is set)"
     inj = os.environ.get("CUDA_INJECTION64_PATH")
     if inj:
-        tool = "nsys" if ("nsys" in inj.lower() or "nsight" in inj.lower() or os.environ.get("NSYS_PROFILING_SESSION_ID")) else inj
+        tool = "nsys/Nsight" if ("nsys" in inj.lower() or "nsight" in inj.lower()) else inj
         return f"{tool} (CUDA_INJECTION64_PATH is set)"
     torch = sys.modules.get("torch")
     if torch is not None:

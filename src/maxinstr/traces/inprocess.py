@@ -17,6 +17,8 @@ the nsys/rocprofv3/Kineto readers produce:
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,27 @@ _MEMCPY_KINDS = {
     13: "Unified Device-to-Device",
 }  # fmt: skip  (the nsys reader's names, so kernels tables read alike)
 _MARK_FLAG = 1 << 2
+
+
+def demangle(names: list[str]) -> list[str]:
+    """C++ kernel names as nsys prints them (demangled), through ``c++filt`` when it is on PATH
+    (one call for all names); unchanged otherwise."""
+    mangled = [i for i, n in enumerate(names) if n.startswith("_Z")]
+    tool = shutil.which("c++filt")
+    if not mangled or tool is None:
+        return names
+    try:
+        p = subprocess.run([tool], input="\n".join(names[i] for i in mangled) + "\n", capture_output=True, text=True,
+                           timeout=30)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return names
+    lines = p.stdout.split("\n")
+    if p.returncode != 0 or len(lines) < len(mangled):
+        return names
+    out = list(names)
+    for i, text in zip(mangled, lines):
+        out[i] = text or names[i]
+    return out
 
 
 def has_activity(run_dir: str | Path) -> bool:
@@ -114,6 +137,7 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
             if meta.get(key):
                 notes.append(f"{label}: {int(meta[key])} activity records {what}: kernel counts are low by that much")
         pid = int(part.get("pid") or meta.get("pid") or -1)
+        names = demangle(names)
         name_ids = np.array([strings.intern(n) for n in names], np.int32) if names else np.empty(0, np.int32)
         kind = rows["kind"]
         pairs = meta.get("clock_pairs") or []
