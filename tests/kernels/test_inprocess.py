@@ -246,10 +246,10 @@ def test_kernel_names_are_demangled_like_nsys_when_cxxfilt_is_there():
 
     from maxinstr.traces.inprocess import demangle
 
-    names = ["_ZN2at6native18elementwise_kernelILi128ELi2EEEviT1_", "ampere_bf16_s1688gemm_bf16_128x128", "cudaLaunchKernel"]
+    names = ["_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEESt5arrayIPcLm1EEEEviT0_T1_", "ampere_bf16_s1688gemm_bf16_128x128", "cudaLaunchKernel"]
     out = demangle(names)
     assert out[1:] == names[1:]  # plain names untouched
     if shutil.which("c++filt"):
-        assert out[0].startswith("void at::native::elementwise_kernel<128, 2>")
+        assert out[0].startswith("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>")
     else:
         assert out[0] == names[0]
