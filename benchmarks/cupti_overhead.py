@@ -146,6 +146,7 @@ def main() -> int:
         res["mode"] = mode
         res["wall_s"] = round(time.monotonic() - t0, 1)
         results.append(res)
+        print(f"{mode}: small {res['small_ns'] / 1e3:.1f} us, large {res['large_ns'] / 1e3:.1f} us (median; {res['wall_s']} s)", flush=True)
         warn = [ln for ln in proc.stderr.splitlines() if "kernels=True" in ln]
         if warn:
             res["warning"] = warn[0]
@@ -164,7 +165,9 @@ def main() -> int:
     if k is not None:
         print(f"kernels: status {k.get('kernels_status')}, {k.get('activity_rows')} activity rows, "
               f"callback time {k.get('callback_s')} s, dropped (cupti, queue) {k.get('dropped')}")  # fmt: skip
-        if base:
+        if k.get("kernels_status") not in ("closed", "collecting"):
+            print(f"kernels=True did NOT collect here ({k.get('kernels_reason')}): its ratios are not the CUPTI cost")
+        elif base:
             print(f"targets: small <= 1.10 -> {'met' if k['small_ratio'] <= 1.10 else 'NOT met'}; "
                   f"large <= 1.02 -> {'met' if k['large_ratio'] <= 1.02 else 'NOT met'}")  # fmt: skip
     if args.out:

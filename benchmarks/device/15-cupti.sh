@@ -56,6 +56,10 @@ fi
 timeout 60 python3 -m maxinstr report "$work/inproc" > "$out/report-inproc.txt" 2>&1 || true
 head -45 "$out/report-inproc.txt"
 
+echo "== 4. (early, before the long part) fixture: raw activity files of the in-process run"
+timeout 60 python3 benchmarks/cupti_check.py dump "$work/inproc" "$out/fixture" 2>&1 | tail -3 || rc=1
+ls -la "$out/fixture" 2>/dev/null
+
 echo "== 2. the single-subscriber fallback (the kernels=True run under nsys above)"
 if command -v nsys >/dev/null; then
   grep -n "kernels=True" "$out/fallback.txt" | head -3
@@ -82,7 +86,4 @@ fi
 echo "== 3. overhead: bare / stages / kernels / nsys / torch.profiler"
 timeout 200 python3 benchmarks/cupti_overhead.py --out "$out" 2>&1 | tee "$out/overhead.txt" | tail -14
 
-echo "== 4. fixture: raw activity files of the in-process run"
-timeout 60 python3 benchmarks/cupti_check.py dump "$work/inproc" "$out/fixture" 2>&1 | tail -3 || rc=1
-ls -la "$out/fixture" 2>/dev/null
 exit $rc
