@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Stage core on the H200 (run from the repo root after run_all.sh built maxinstr into PYTHONPATH).
-#   1. GPU tests of tests/core (pytest -m gpu): spin kernel within max(1 %, 2 us), non-default
-#      stream, sibling boundary sharing on a real GPU
-#   2. benchmarks/stage_overhead.py with no tool attached (full run)
+#   1. GPU tests of tests/core (pytest -m gpu): a 200 us spin kernel alone in a stage within
+#      max(1 %, 2 us) once the calibrated GPU floor is taken out (the printed line shows the
+#      readings, the floor and what CuPy's raw event pair adds), non-default stream, sibling
+#      boundary sharing, graph capture, profiler_start from a fresh thread (primary context)
+#   2. benchmarks/stage_overhead.py with no tool attached (full run; also prints the driver
+#      calls' own costs timed in C and the floor)
 #   3. the same benchmark under nsys (quick run): NVTX ranges cost more when a tool listens
 #   4. nsys capture of tests/core/gpu_nsys.py probe, exported to SQLite, checked: domain
 #      "maxinstr" ranges whose int64 payloads equal the run's record ids (names, tids too)
