@@ -700,3 +700,26 @@ def test_floor_calibration_uses_its_own_events(run_fake):
         MAXINSTR_GPU_FLOOR_NS="auto",
     )
     assert out == [[1234], 4, 14, [2], 5000]
+
+
+def test_floor_reaches_the_run_directory(run_fake, tmp_path):
+    """A session's part.json keeps the core's stats at close: the floor its GPU times had taken out."""
+    out = run_fake(
+        f"""
+        import maxinstr
+        n._configure_events(share_ns=0)
+        fk.fake_set_tick(0)
+        fk.fake_set_launch_ns(2000)
+        with maxinstr.session({str(tmp_path / "run")!r}):
+            with maxinstr.stage("s"):
+                fk.fake_advance(7000 + 2000)
+            fk.fake_complete_all()
+        run = maxinstr.load({str(tmp_path / "run")!r})
+        st = run.stages
+        part = run.parts[0]
+        emit([part["native"]["gpu_floor_ns"], part["native"]["gpu_floor"],
+              int(st["gpu_end_ns"][0] - st["gpu_start_ns"][0])])
+        """,
+        MAXINSTR_GPU_FLOOR_NS="auto",
+    )
+    assert out == [[2000], ["calibrated"], 7000]
