@@ -40,15 +40,26 @@ def _median_ns(cases: dict[str, Case], n: int, repeats: int) -> dict[str, float]
         fn(min(n, 1000))  # warm
     per: dict[str, list[float]] = {k: [] for k in cases}
     names = list(cases)
+    stats = _native_mod().stats
+    keys = ("events_recorded", "events_shared", "event_queries", "event_elapsed_calls", "events_dropped")
     for r in range(repeats):
         for k in names[r % len(names):] + names[: r % len(names)]:
+            before = stats()  # outside the timed region
             gc.disable()
             t0 = time.perf_counter_ns()
             cases[k](n)
             t1 = time.perf_counter_ns()
             gc.enable()
+            after = stats()
             per[k].append((t1 - t0) / n)
+            if "GPU" in k or "launch" in k:
+                c = COUNTERS.setdefault(k, dict.fromkeys(keys, 0.0))
+                for key in keys:
+                    c[key] += (after.get(key, 0) - before.get(key, 0)) / (n * repeats)
     return {k: statistics.median(v) for k, v in per.items()}
+
+
+COUNTERS: dict[str, dict[str, float]] = {}  # per GPU case: driver work per enter+exit
 
 
 def _cases() -> tuple[dict[str, Case], dict[str, str], dict]:
@@ -369,6 +380,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:<{w}}{v:>10.0f}{v / ref:>18.2f}")
     for k, why in skipped.items():
         print(f"skipped {k}: {why}")
+    if COUNTERS:
+        print("\nper enter+exit (GPU cases): events recorded / shared, event queries, elapsed-time calls, dropped")
+        for k, c in COUNTERS.items():
+            print(f"  {k:<{w}}{c['events_recorded']:6.2f} /{c['events_shared']:5.2f}  {c['event_queries']:6.3f}"
+                  f"  {c['event_elapsed_calls']:6.3f}  {c['events_dropped']:6.3f}")
     driver = None
     if ctx["native_stats"]["event_pool_size"] > 0 and hasattr(_native_mod(), "_driver_costs"):
         # Where a GPU-timed stage's time goes: the driver calls it makes, timed in C.
@@ -390,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"tool": tool, "n": a.n, "repeats": a.repeats, "ns": res, "skipped": skipped,
-                       "perturbation": pert, "driver_ns": driver, "python": sys.version,
+                       "perturbation": pert, "driver_ns": driver, "counters_per_stage": COUNTERS,
+                       "python": sys.version,
                        "stats": _native_mod().stats()}, f, indent=1)
     return 0
 
