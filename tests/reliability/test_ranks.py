@@ -91,7 +91,7 @@ def test_report_names_the_straggler_with_numbers(straggler_run):
     assert [s["rank"] for s in sec["stragglers"]] == [1]
     sg = sec["stragglers"][0]
     assert [s["stage"] for s in sg["slowest_in"]] == ["compute"]  # not its parent 'step', not the wait
-    assert [s["stage"] for s in sg["arrives_last_in"]] == ["allreduce"]
+    assert [s["stage"] for s in sg["others_wait_in"]] == ["allreduce"]
     found = [f for f in rep["diagnosis"] if f["id"] == "straggler_rank"]
     assert len(found) == 1 and found[0]["evidence"]["rank"] == 1 and found[0]["stage"] == "compute"
     assert found[0]["evidence"]["rank0_wait_median_ns"] > 10e6
@@ -100,6 +100,7 @@ def test_report_names_the_straggler_with_numbers(straggler_run):
     assert text.returncode == 0, text.stderr
     assert "Per-rank stage statistics" in text.stdout and "allreduce [sync]" in text.stdout
     assert "rank 1 is the slowest at 'compute'" in " ".join(text.stdout.split())
+    assert "the other ranks wait for rank 1 in 'allreduce'" in " ".join(text.stdout.split())
     md = report(str(straggler_run), "--format", "md").stdout
     assert "## Ranks" in md and "straggler: rank 1" in md and "| allreduce [sync] | 0 |" in md
     html = report(str(straggler_run), "--format", "html").stdout
@@ -138,8 +139,8 @@ def test_straggler_outside_every_stage_is_named_by_its_late_arrival(tmp_path):
     rep = json.loads(report(str(run_dir), "--format", "json").stdout)
     (sg,) = rep["ranks"]["stragglers"]
     assert sg["rank"] == 1 and sg["slowest_in"] == []
-    assert [s["stage"] for s in sg["arrives_last_in"]] == ["allreduce"]
-    assert sg["arrives_last_in"][0]["arrival_median_ns"] > 10e6
+    assert [s["stage"] for s in sg["others_wait_in"]] == ["allreduce"]
+    assert sg["others_wait_in"][0]["arrival_median_ns"] > 10e6
     (f,) = [f for f in rep["diagnosis"] if f["id"] == "straggler_rank"]
     assert f["stage"] == "allreduce" and f["evidence"]["rank0_wait_median_ns"] > 10e6
 
@@ -251,7 +252,7 @@ def test_judge_stage_wait_versus_slowness():
     start = np.array([[0, 20_000_000]] * g, np.int64) + np.arange(g)[:, None] * 10**8
     end = start[:, :1] + 21_000_000 + np.array([0, 1000])
     v = rk.judge_stage(rk.group_metrics(start, end))
-    assert v["sync"] and v["late"].tolist() == [False, True] and not v["slow"].any()
+    assert v["sync"] and v["waited_for"].tolist() == [False, True] and not v["slow"].any()
     # a compute stage: rank 1 takes 3x longer, starts together
     start = np.zeros((g, 2), np.int64)
     end = np.array([[10_000_000, 30_000_000]] * g, np.int64)
@@ -260,7 +261,7 @@ def test_judge_stage_wait_versus_slowness():
     # noise: 1% apart, alternating
     end = np.array([[10_000_000, 10_100_000], [10_100_000, 10_000_000]] * 3, np.int64)
     v = rk.judge_stage(rk.group_metrics(start, end))
-    assert not v["slow"].any() and not v["late"].any()
+    assert not v["slow"].any() and not v["waited_for"].any()
 
 
 def test_record_ids_renumbered_per_part_and_payloads_per_rank():

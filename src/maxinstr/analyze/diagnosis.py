@@ -518,7 +518,7 @@ def rule_straggler(report: dict) -> list[dict]:
     for sg in sec.get("stragglers") or []:
         r = sg["rank"]
         slow = sg.get("slowest_in") or []
-        late = sg.get("arrives_last_in") or []
+        late = sg.get("others_wait_in") or []
         ev: dict[str, Any] = {"rank": r}
         parts = []
         if slow:
@@ -537,11 +537,12 @@ def rule_straggler(report: dict) -> list[dict]:
             parts.append(f"slowest at '{s0['stage']}' in {s0['slowest_share']:.0%} of {s0['groups']} steps")
         if late:
             l0 = late[0]
-            ev.update({"arrives_last_share": round(l0["last_arrival_share"], 3),
+            ev.update({"waited_for_share": round(l0["least_wait_share"], 3),
+                       "arrives_last_share": round(l0["last_arrival_share"], 3),
                        "arrival_lag_median_ns": l0["arrival_median_ns"],
                        "others_wait_total_ns": sg["others_wait_total_ns"]})
-            parts.append(f"last into '{l0['stage']}' in {l0['last_arrival_share']:.0%} of steps, "
-                         "where the other ranks wait for it")
+            parts.append(f"the other ranks wait for it in '{l0['stage']}' in {l0['least_wait_share']:.0%} of "
+                         f"{l0['groups']} steps")
             for other, g in gpu.items():
                 if other != r and g.get("collective_share") is not None:
                     ev[f"rank{other}_collective_gpu_share"] = round(g["collective_share"], 3)

@@ -16,8 +16,8 @@ steady groups:
 - **synchronising stages**: a stage whose ends are much closer together across ranks than its
   starts contains a collective or barrier: every rank leaves it together, so a rank that
   arrives early *waits* there. ``wait_ns`` of rank r = its duration minus the shortest
-  duration of the group (the rank that arrived last waits least). The rank that makes the
-  others wait is the one that arrives last.
+  duration of the group. The rank that makes the others wait is the one with the shortest
+  duration there (it arrived last): judged on durations, which need no common clock.
 
 Nothing here reads files: inputs are the stage-instance columns and the run's part list.
 """
@@ -139,6 +139,7 @@ def group_metrics(start_ns: np.ndarray, end_ns: np.ndarray) -> dict[str, np.ndar
         "wait_ns": dur - srt[:, :1],
         "slowest": np.argmax(dur, axis=1),
         "last": np.argmax(start_ns, axis=1),
+        "least_wait": np.argmin(dur, axis=1),
         "start_spread_ns": start_ns.max(axis=1) - start_ns.min(axis=1),
         "end_spread_ns": end_ns.max(axis=1) - end_ns.min(axis=1),
     }
@@ -149,6 +150,12 @@ def judge_stage(m: dict[str, np.ndarray]) -> dict[str, Any]:
     G, R = m["dur_ns"].shape
     slow_share = np.bincount(m["slowest"], minlength=R) / max(G, 1)
     last_share = np.bincount(m["last"], minlength=R) / max(G, 1)
+    least_share = np.bincount(m["least_wait"], minlength=R) / max(G, 1)
+    # per rank: the least any *other* rank waited, per step (all the others wait for it)
+    others_min_wait = np.empty((G, R), np.float64)
+    for r in range(R):
+        others_min_wait[:, r] = np.delete(m["wait_ns"], r, axis=1).min(axis=1)
+    others_wait_med = np.median(others_min_wait, axis=0) if G else np.zeros(R)
     excess_med = np.median(m["excess_ns"], axis=0)
     others_med = np.median(m["others_median_ns"], axis=0)
     start_spread = float(np.median(m["start_spread_ns"]))
@@ -158,10 +165,13 @@ def judge_stage(m: dict[str, np.ndarray]) -> dict[str, Any]:
     judged = G >= MIN_GROUPS
     # in a synchronising stage a long duration is waiting for the others, not slowness
     slow = judged & (not sync) & (slow_share >= SLOWEST_SHARE) & (excess_med >= np.maximum(EXCESS_MIN_NS, EXCESS_REL * others_med))
-    late = judged & sync & (last_share >= SLOWEST_SHARE) & (arrival_med >= EXCESS_MIN_NS)
-    return {"slow_share": slow_share, "last_share": last_share, "excess_median_ns": excess_med,
+    # in a synchronising stage the rank that waits least (shortest duration) is the one the
+    # others wait for; durations need no common clock, unlike arrival times
+    waited_for = judged & sync & (least_share >= SLOWEST_SHARE) & (others_wait_med >= EXCESS_MIN_NS)
+    return {"slow_share": slow_share, "last_share": last_share, "least_wait_share": least_share,
+            "others_wait_median_ns": others_wait_med, "excess_median_ns": excess_med,
             "others_median_ns": others_med, "start_spread_ns": start_spread, "end_spread_ns": end_spread,
-            "sync": bool(sync), "arrival_median_ns": arrival_med, "slow": slow, "late": late}
+            "sync": bool(sync), "arrival_median_ns": arrival_med, "slow": slow, "waited_for": waited_for}
 
 
 # ----------------------------------------------------------------------------- section
@@ -234,13 +244,14 @@ def rank_section(inst, parts: list[dict], gpu_by_rank: list[dict] | None = None)
                 row["excess_median_ns"] = float(v["excess_median_ns"][c])
                 row["arrival_median_ns"] = float(v["arrival_median_ns"][c])
                 if v["sync"]:
+                    row["least_wait_share"] = float(v["least_wait_share"][c])
                     row["wait_median_ns"] = float(np.median(m["wait_ns"][:, c]))
                     row["wait_total_ns"] = float(m["wait_ns"][:, c].sum())
                 if v["slow"][c]:
                     flagged.append((c, int(k), "slowest", {"excess_total_ns": float(np.clip(m["excess_ns"][:, c], 0, None).sum())}))
-                if v["late"][c]:
+                if v["waited_for"][c]:
                     others = np.delete(m["wait_ns"], c, axis=1)
-                    flagged.append((c, int(k), "arrives_last", {"excess_total_ns": float(others.sum())}))
+                    flagged.append((c, int(k), "waited_for", {"excess_total_ns": float(others.sum())}))
         stage_rows.append(entry)
 
     stragglers = _stragglers(flagged, ranks, keys, parent_key, stage_rows)
@@ -257,15 +268,15 @@ def rank_section(inst, parts: list[dict], gpu_by_rank: list[dict] | None = None)
 
 
 def _stragglers(flagged, ranks, keys, parent_key, stage_rows) -> list[dict]:
-    """One entry per straggler rank: the stages where it is slowest (deepest first), the
-    synchronising stages where it arrives last and how long the others wait there."""
+    """One entry per straggler rank: the stages where it is slowest (deepest only), the
+    synchronising stages where the others wait for it (deepest only) and how long."""
     by_name = {s["stage"]: s for s in stage_rows}
     out = []
     for c in sorted({f[0] for f in flagged}):
         mine = [f for f in flagged if f[0] == c]
         # deepest only: drop a stage when one of its descendants is flagged the same way on this
         # rank (a parent 'step' that ends with the collective synchronises too)
-        covered: dict[str, set[int]] = {"slowest": set(), "arrives_last": set()}
+        covered: dict[str, set[int]] = {"slowest": set(), "waited_for": set()}
         for _, k, kind, _ in mine:
             seen, p = {k}, parent_key.get(k)
             while p is not None and p not in seen:
@@ -286,8 +297,9 @@ def _stragglers(flagged, ranks, keys, parent_key, stage_rows) -> list[dict]:
                              "median_ns": mine_row["host_ns"].get("median"),
                              "others_median_ns": float(np.median([x["host_ns"].get("median", 0.0) for x in others]))})
                 slow.append(base)
-            elif kind == "arrives_last":
-                base.update({"last_arrival_share": mine_row["last_arrival_share"],
+            elif kind == "waited_for":
+                base.update({"least_wait_share": mine_row["least_wait_share"],
+                             "last_arrival_share": mine_row["last_arrival_share"],
                              "arrival_median_ns": mine_row["arrival_median_ns"],
                              "wait_median_ns": {str(x["rank"]): x.get("wait_median_ns") for x in st["per_rank"]}})
                 late.append(base)
@@ -295,7 +307,7 @@ def _stragglers(flagged, ranks, keys, parent_key, stage_rows) -> list[dict]:
             continue
         slow.sort(key=lambda s: -s["excess_total_ns"])
         late.sort(key=lambda s: -s["excess_total_ns"])
-        out.append({"rank": r, "slowest_in": slow, "arrives_last_in": late,
+        out.append({"rank": r, "slowest_in": slow, "others_wait_in": late,
                     "others_wait_total_ns": float(sum(s["excess_total_ns"] for s in late)),
                     "excess_total_ns": float(sum(s["excess_total_ns"] for s in slow))})
     out.sort(key=lambda s: -(s["others_wait_total_ns"] + s["excess_total_ns"]))

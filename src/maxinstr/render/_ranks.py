@@ -43,7 +43,7 @@ def stage_rows(sec: dict, limit: int = STAGES_SHOWN) -> tuple[list[str], list[li
     header = ["stage", "rank", "n", "host median", "host p90"]
     if basis:
         header.append("GPU median" + (" (event)" if basis == "gpu_event_ns" else " (proj)"))
-    header += ["steps", "slowest", "last in", "vs others", "wait"]
+    header += ["steps", "slowest", "last in", "vs others", "wait"]  # wait: in [sync] stages only
     rows = []
     for s in stages:
         for i, r in enumerate(s["per_rank"]):
@@ -71,12 +71,13 @@ def straggler_lines(sec: dict) -> list[str]:
             out.append(f"rank {r} is the slowest at '{s['stage']}' in {f.pct(s['slowest_share'])} of {s['groups']} steps: "
                        f"median {f.ns(s['median_ns'])} vs {f.ns(s['others_median_ns'])} on the other ranks "
                        f"(+{f.ns(s['excess_median_ns'])} per step, {f.ns(s['excess_total_ns'])} in all)")
-        for s in sg.get("arrives_last_in") or []:
+        for s in sg.get("others_wait_in") or []:
             waits = ", ".join(f"rank {k} {f.ns(v)}" for k, v in (s.get("wait_median_ns") or {}).items()
                               if k != str(r) and v is not None)
-            out.append(f"rank {r} arrives last at '{s['stage']}' (synchronising) in {f.pct(s['last_arrival_share'])} of "
-                       f"{s['groups']} steps, {f.ns(s['arrival_median_ns'])} after the first; the others wait there "
-                       f"(median per step: {waits}; {f.ns(sg['others_wait_total_ns'])} in all)")
+            out.append(f"the other ranks wait for rank {r} in '{s['stage']}' (synchronising) in "
+                       f"{f.pct(s['least_wait_share'])} of {s['groups']} steps (median wait per step: {waits}; "
+                       f"{f.ns(sg['others_wait_total_ns'])} in all); it arrives last in {f.pct(s['last_arrival_share'])}, "
+                       f"median {f.ns(s['arrival_median_ns'])} after the first")
     return out
 
 
