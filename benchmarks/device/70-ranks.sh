@@ -38,13 +38,13 @@ report() {  # run-dir name [--trace ...]
 
 echo "== 1. straggler run (rank 1), no profiler"
 rm -rf "$out/straggler-run"
-timeout 90 $TR $SC --run-dir "$out/straggler-run" --straggler 1 $ARGS > "$out/straggler.log" 2>&1 || { rc=1; tail -20 "$out/straggler.log"; }
+timeout 60 $TR $SC --run-dir "$out/straggler-run" --straggler 1 $ARGS > "$out/straggler.log" 2>&1 || { rc=1; tail -20 "$out/straggler.log"; }
 head -3 "$out/straggler.log"
 report "$out/straggler-run" straggler
 
 echo "== 2. balanced run"
 rm -rf "$out/balanced-run"
-timeout 90 $TR $SC --run-dir "$out/balanced-run" --straggler -1 $ARGS > "$out/balanced.log" 2>&1 || { rc=1; tail -20 "$out/balanced.log"; }
+timeout 60 $TR $SC --run-dir "$out/balanced-run" --straggler -1 $ARGS > "$out/balanced.log" 2>&1 || { rc=1; tail -20 "$out/balanced.log"; }
 report "$out/balanced-run" balanced
 
 echo "== 3. straggler run, each rank under nsys"
@@ -52,7 +52,7 @@ echo "== 3. straggler run, each rank under nsys"
 traces=()
 if command -v nsys >/dev/null; then
   rm -rf "$out/nsys-run" /tmp/mi-ranks-r*
-  timeout 120 $TR --no-python nsys profile -t cuda,nvtx --sample=none --cpuctxsw=none -f true -o "/tmp/mi-ranks-r%q{RANK}" \
+  timeout 90 $TR --no-python nsys profile -t cuda,nvtx --sample=none --cpuctxsw=none -f true -o "/tmp/mi-ranks-r%q{RANK}" \
     python3 $SC --run-dir "$out/nsys-run" --straggler 1 $ARGS --steps 20 > "$out/nsys.log" 2>&1 || { rc=1; tail -20 "$out/nsys.log"; }
   for ((r = 0; r < NPROC; r++)); do
     nsys export --type sqlite -f true -o "$out/r$r.sqlite" "/tmp/mi-ranks-r$r.nsys-rep" >> "$out/nsys.log" 2>&1 || rc=1
