@@ -48,10 +48,22 @@ FLUSH_EVERY_S = 0.25
 MAX_QUEUED_ROWS = 8 << 20  # ~640 MB of rows waiting for the flusher: beyond, rows are dropped
 CLOCK_PAIRS_MAX = 512
 
-# Driver functions the stage core itself calls around stages: no API record needed for them.
-_QUIET_DRIVER = ("cuCtxGetCurrent", "cuEventRecord", "cuEventQuery", "cuEventElapsedTime", "cuEventElapsedTime_v2",
-                 "cuStreamIsCapturing", "cuThreadExchangeStreamCaptureMode", "cuEventCreate", "cuCtxSetCurrent",
-                 "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2")  # fmt: skip
+# API functions that never launch GPU work but are called often (by the stage core around every
+# stage, or by frameworks around every op): no activity record for them, so no external-
+# correlation record either. Only names CUPTI knows are switched off; launches, copies, sets,
+# graph launches and synchronisations keep their records.
+_QUIET_DRIVER = ("cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuCtxGetDevice",
+                 "cuCtxGetDevice_v2", "cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventElapsedTime",
+                 "cuEventElapsedTime_v2", "cuStreamIsCapturing", "cuThreadExchangeStreamCaptureMode",
+                 "cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_v2", "cuStreamGetCaptureInfo_v3", "cuDeviceGet",
+                 "cuDeviceGetAttribute", "cuDeviceGetCount", "cuDriverGetVersion", "cuGetProcAddress",
+                 "cuGetProcAddress_v2", "cuPointerGetAttribute", "cuPointerGetAttributes", "cuFuncGetAttribute")  # fmt: skip
+_QUIET_RUNTIME = ("cudaGetLastError_v3020", "cudaPeekAtLastError_v3020", "cudaGetDevice_v3020", "cudaGetDeviceCount_v3020",
+                  "cudaSetDevice_v3020", "cudaStreamIsCapturing_v10000", "cudaStreamIsCapturing_ptsz_v10000",
+                  "cudaEventQuery_v3020", "cudaDeviceGetAttribute_v5000", "cudaFuncGetAttributes_v3020",
+                  "cudaStreamGetCaptureInfo_v10010", "cudaStreamGetCaptureInfo_v2_v11030", "cudaStreamGetCaptureInfo_v12030",
+                  "cudaStreamGetCaptureInfo_v3_v12030", "cudaThreadExchangeStreamCaptureMode_v10010",
+                  "cudaPointerGetAttributes_v4000", "cudaDriverGetVersion_v3020", "cudaRuntimeGetVersion_v3020")  # fmt: skip
 
 
 def _noop_callback(*args: Any) -> None:  # the subscriber enables no domain: never called
@@ -107,6 +119,7 @@ class CuptiCollector:
         self._native: Any = None
         self._linked = False
         self._stopped = False
+        self._quiet = 0
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -170,20 +183,26 @@ class CuptiCollector:
             external_kind=kind_value,
             clock_pairs=self._pairs,
             buffer_bytes=BUFFER_BYTES,
+            quiet_api_functions=self._quiet,
         )
 
     def _quiet_driver_calls(self) -> None:
-        ids = getattr(self._c, "driver_api_trace_cbid", None)
-        fn = getattr(self._c, "activity_enable_driver_api", None)
-        if ids is None or fn is None:
-            return
-        for name in _QUIET_DRIVER:
-            cbid = getattr(ids, name, None)
-            if cbid is not None:
+        self._quiet = 0
+        for enum_name, fn_name, names in (("driver_api_trace_cbid", "activity_enable_driver_api", _QUIET_DRIVER),
+                                          ("runtime_api_trace_cbid", "activity_enable_runtime_api", _QUIET_RUNTIME)):  # fmt: skip
+            ids = getattr(self._c, enum_name, None)
+            fn = getattr(self._c, fn_name, None)
+            if ids is None or fn is None:
+                continue
+            for name in names:
+                cbid = getattr(ids, name, None)
+                if cbid is None:
+                    continue
                 try:
                     fn(int(cbid), 0)
-                except Exception:  # noqa: BLE001 - older CUPTI: every call keeps its record
-                    return
+                    self._quiet += 1
+                except Exception:  # noqa: BLE001 - an older CUPTI: every call keeps its record
+                    break
 
     def _teardown(self) -> None:
         c = self._c

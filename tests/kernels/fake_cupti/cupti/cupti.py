@@ -1,0 +1,167 @@
+"""Test-only stand-in for ``cupti.cupti`` (cupti-python): the calls maxinstr.kernels.cupti
+makes, with the same names, enum values (CUDA 13.0) and record attributes, over a simulated
+GPU. The external-correlation stack is the real one the stage core pushes to: a compiled
+tests/core/native/fake_cupti.c loaded from ``FAKE_CUPTI_LIB`` (a path containing
+"libcupti.so", as the collector looks it up in /proc/self/maps). ``launch()`` plays an API call
+that launches one op (or a graph of several): it queues the API record, the external-
+correlation record for the innermost pushed id of the calling thread, and the op records,
+delivered to the completed-buffer callback at the next flush, as CUPTI does."""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import os
+import threading
+import time
+from types import SimpleNamespace
+
+_LIB = ctypes.CDLL(os.environ["FAKE_CUPTI_LIB"], mode=ctypes.RTLD_GLOBAL)
+_EPOCH = 10**12  # CUPTI's clock is not the host's: a fixed offset
+
+
+class ActivityKind(enum.IntEnum):
+    MEMCPY = 1
+    MEMSET = 2
+    KERNEL = 3
+    DRIVER = 4
+    RUNTIME = 5
+    CONCURRENT_KERNEL = 10
+    EXTERNAL_CORRELATION = 39
+
+
+class ExternalCorrelationKind(enum.IntEnum):
+    INVALID = 0
+    UNKNOWN = 1
+    OPENACC = 2
+    CUSTOM0 = 3
+    CUSTOM1 = 4
+    CUSTOM2 = 5
+
+
+class CallbackDomain(enum.IntEnum):
+    DRIVER_API = 1
+    RUNTIME_API = 2
+
+
+class Result(enum.IntEnum):
+    SUCCESS = 0
+    ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED = 39
+
+
+class cuptiError(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"{Result(status).name} ({int(status)})")
+        self.status = status
+
+
+class runtime_api_trace_cbid(enum.IntEnum):
+    cudaGetLastError_v3020 = 10
+    cudaMemcpyAsync_v3020 = 41
+    cudaLaunchKernel_v7000 = 211
+
+
+class driver_api_trace_cbid(enum.IntEnum):
+    cuEventRecord = 119
+    cuLaunchKernel = 307
+    cuGraphLaunch = 514
+
+
+STATE = {"sub": None, "enabled": set(), "cb": None, "quiet": [], "pending": [], "corr": 0, "dropped": 0, "buffers": 0}
+_lock = threading.Lock()
+
+
+def subscribe(callback, userdata):
+    if os.environ.get("FAKE_CUPTI_HELD") or STATE["sub"] is not None:
+        raise cuptiError(Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
+    STATE["sub"] = object()
+    return STATE["sub"]
+
+
+def unsubscribe(subscriber):
+    assert subscriber is STATE["sub"]
+    STATE["sub"] = None
+
+
+def activity_register_callbacks(requested, completed):
+    STATE["cb"] = (requested, completed)
+
+
+def activity_enable(kind):
+    STATE["enabled"].add(int(kind))
+
+
+def activity_disable(kind):
+    STATE["enabled"].discard(int(kind))
+
+
+def activity_enable_driver_api(cbid, enable):
+    STATE["quiet"].append(("driver", int(cbid), int(enable)))
+
+
+def activity_enable_runtime_api(cbid, enable):
+    STATE["quiet"].append(("runtime", int(cbid), int(enable)))
+
+
+def get_timestamp():
+    return time.monotonic_ns() + _EPOCH
+
+
+def get_callback_name(domain, cbid):
+    enum_cls = driver_api_trace_cbid if int(domain) == CallbackDomain.DRIVER_API else runtime_api_trace_cbid
+    return enum_cls(cbid).name.split("_v")[0]
+
+
+def activity_get_num_dropped_records(context, stream_id, dropped_ptr):
+    ctypes.c_size_t.from_address(dropped_ptr).value = STATE["dropped"]
+
+
+def activity_flush_all(flag):
+    requested, completed = STATE["cb"]
+    size, _ = requested()
+    assert size > 0
+    with _lock:
+        batch, STATE["pending"] = STATE["pending"], []
+    if batch:
+        STATE["buffers"] += 1
+        completed(batch)
+
+
+def launch(name: str, kind: str = "kernel", dur_ns: int = 1000, api: str = "runtime", graph_nodes: int = 0,
+           nbytes: int = 0) -> int | None:
+    """One API call launching GPU work now, on the calling thread. Returns its correlation id
+    (None when activity is off)."""
+    if ActivityKind.CONCURRENT_KERNEL not in STATE["enabled"]:
+        return None
+    with _lock:
+        STATE["corr"] += 1
+        corr = STATE["corr"]
+    top = ctypes.c_uint64(0)
+    top_kind = _LIB.fake_cupti_top(ctypes.byref(top))
+    t = get_timestamp()
+    recs = []
+    if api == "runtime":
+        cbid = runtime_api_trace_cbid.cudaMemcpyAsync_v3020 if kind == "memcpy" else runtime_api_trace_cbid.cudaLaunchKernel_v7000
+        recs.append(SimpleNamespace(kind=ActivityKind.RUNTIME, cbid=int(cbid), start=t, end=t + 300, correlation_id=corr,
+                                    thread_id=threading.get_ident(), process_id=os.getpid()))  # fmt: skip
+    else:
+        cbid = driver_api_trace_cbid.cuGraphLaunch if graph_nodes else driver_api_trace_cbid.cuLaunchKernel
+        recs.append(SimpleNamespace(kind=ActivityKind.DRIVER, cbid=int(cbid), start=t, end=t + 300, correlation_id=corr,
+                                    thread_id=threading.get_ident(), process_id=os.getpid()))  # fmt: skip
+    if top_kind:
+        recs.append(SimpleNamespace(kind=ActivityKind.EXTERNAL_CORRELATION, correlation_id=corr, external_id=top.value,
+                                    external_kind=top_kind))  # fmt: skip
+    start = t + 5_000
+    for g in range(max(1, graph_nodes)):
+        common = dict(start=start, end=start + dur_ns, correlation_id=corr, stream_id=7, device_id=0,
+                      graph_node_id=(100 + g) if graph_nodes else 0)  # fmt: skip
+        if kind == "kernel":
+            recs.append(SimpleNamespace(kind=ActivityKind.CONCURRENT_KERNEL, name=name, **common))
+        elif kind == "memcpy":
+            recs.append(SimpleNamespace(kind=ActivityKind.MEMCPY, copy_kind=1, bytes=nbytes, **common))
+        else:
+            recs.append(SimpleNamespace(kind=ActivityKind.MEMSET, bytes=nbytes, **common))
+        start += dur_ns + 100
+    with _lock:
+        STATE["pending"] += recs
+    return corr

@@ -1,0 +1,163 @@
+"""The CUPTI collector end to end on a CPU machine: session(kernels=True) -> native push/pop ->
+collector -> activity files -> reader -> attribution -> report, with a stand-in for
+cupti-python (tests/kernels/fake_cupti/) over the real external-correlation stack the stage
+core pushes to (tests/core/native/fake_cupti.c, compiled here). What CUPTI itself does on a GPU
+is checked on the H200 (benchmarks/device/15-cupti.sh) and by the fixture test."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("maxinstr._native", reason="maxinstr._native is not built")
+
+HERE = Path(__file__).resolve().parent
+NATIVE_SRC = HERE.parent / "core" / "native" / "fake_cupti.c"
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys, threading, time
+    import maxinstr
+    from maxinstr import _native
+    from cupti import cupti as fake
+    run = sys.argv[1]
+    assert fake.launch("before_session") is None        # activity is off before the session
+    with maxinstr.session(run, kernels=True, sample_hz=0, warmup=1):
+        fake.launch("outside_any_stage")
+        for i in range(4):
+            with maxinstr.stage("step", step=i):
+                with maxinstr.stage("a"):
+                    fake.launch("gemm", dur_ns=2000)
+                    fake.launch("relu", api="driver", dur_ns=500)
+                fake.launch("between_children", dur_ns=300)
+                with maxinstr.stage("b"):
+                    fake.launch("", kind="memcpy", nbytes=4096, dur_ns=700)
+                    fake.launch("", kind="memset", nbytes=64, dur_ns=100)
+                with maxinstr.stage("g"):
+                    fake.launch("graph_node", api="driver", graph_nodes=3, dur_ns=400)
+                def worker():
+                    with maxinstr.stage("w"):
+                        fake.launch("worker_kernel", dur_ns=900)
+                t = threading.Thread(target=worker)
+                t.start()
+                t.join()
+            if i == 1:
+                time.sleep(0.4)                          # the flusher delivers a buffer mid-run
+        mid_buffers = fake.STATE["buffers"]
+    print("@@" + json.dumps(dict(mid_buffers=mid_buffers, buffers=fake.STATE["buffers"], enabled=sorted(fake.STATE["enabled"]),
+                                 subscribed=fake.STATE["sub"] is not None, quiet=fake.STATE["quiet"],
+                                 native=_native.cupti_stats())))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def fake_lib(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        pytest.skip("no C compiler")
+    out = tmp_path_factory.mktemp("fakecupti") / "libcupti.so.13-fake"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out), str(NATIVE_SRC), "-lpthread"], check=True, capture_output=True)
+    return out
+
+
+def _run(fake_lib: Path, run_dir: Path, **env: str) -> tuple[dict | None, str]:
+    import maxinstr
+
+    src = str(Path(maxinstr.__file__).resolve().parent.parent)
+    e = dict(os.environ)
+    for k in ("CUDA_INJECTION64_PATH", "NSYS_PROFILING_SESSION_ID", "MAXINSTR_RUN_DIR", "MAXINSTR_SESSION_DIR"):
+        e.pop(k, None)
+    e.update(env)
+    e["FAKE_CUPTI_LIB"] = str(fake_lib)
+    e["PYTHONPATH"] = os.pathsep.join([str(HERE / "fake_cupti"), src, e.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, "-c", SCRIPT, str(run_dir)], env=e, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("@@")]
+    return (json.loads(line[-1][2:]) if line else None), p.stderr
+
+
+def test_collector_end_to_end_with_a_stand_in_cupti(fake_lib, tmp_path):
+    from maxinstr.analyze.report import analyze
+    from maxinstr.attribute.model import Rule
+    from maxinstr.traces.model import OpKind
+
+    run_dir = tmp_path / "run"
+    out, err = _run(fake_lib, run_dir)
+    assert "kernels=True" not in err, err
+    assert out["mid_buffers"] >= 1 and out["buffers"] > out["mid_buffers"]  # flushed while running, and at close
+    assert out["enabled"] == [] and out["subscribed"] is False  # everything given back at close
+    # the API functions that never launch work (and the stand-in knows) are switched off; launches are not
+    assert sorted(map(tuple, out["quiet"])) == [("driver", 119, 0), ("runtime", 10, 0)]
+    assert out["native"] == {"on": False, "pushes": 20, "errors": 0}  # 4 x (step, a, b, g, w)
+
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["kernels"]["status"] == "closed" and meta["kernels"]["collector"] == "cupti"
+    (act_path,) = run_dir.glob("parts/*/activity.json")
+    act = json.loads(act_path.read_text())
+    assert act["status"] == "closed" and act["stage_pushes"] == 20 and act["push_errors"] == 0
+    assert act["dropped_cupti"] == 0 and act["dropped_queue"] == 0 and len(act["clock_pairs"]) >= 2
+
+    an = analyze(run=run_dir)
+    trace, att, run = an.trace, an.attribution, an.run
+    assert trace.format == "maxinstr-inprocess" and an.report["sources"]["join"] == "payload"
+    names = np.array([trace.name(int(i)) for i in trace.ops.name_id], dtype=object)
+    assert "before_session" not in set(names)
+    assert int((att.op_range < 0).sum()) == 1 and names[att.op_range < 0][0] == "outside_any_stage"
+
+    st, snames = run.stages, run.stage_names()
+    by_id = {int(i): k for k, i in enumerate(st["id"])}
+    per: dict[str, list[tuple[int, int, int, int]]] = {}
+    for r in np.flatnonzero(att.range_record_id >= 0):
+        k = by_id[int(att.range_record_id[r])]
+        per.setdefault(str(snames[k]), []).append(
+            (int(att.kernel_count[r]), int(att.kernel_ns[r]), int(att.op_count[r]), int(att.launch_count[r])))
+    assert per["a"] == [(2, 2500, 2, 2)] * 4
+    assert per["b"] == [(0, 0, 2, 2)] * 4
+    assert per["g"] == [(3, 1200, 3, 1)] * 4  # one graph launch, three node kernels
+    assert per["w"] == [(1, 900, 1, 1)] * 4  # launched on the worker thread, inside its own stage
+    # step: its own launch between children + a + b + g (w is on another thread: not a child)
+    assert per["step"] == [(6, 2500 + 300 + 1200, 8, 6)] * 4
+    graph = trace.ops.graph_node_id >= 0
+    assert graph.sum() == 12 and (att.op_rule[graph] == Rule.GRAPH).all()
+    assert int((trace.ops.kind == OpKind.MEMCPY).sum()) == 4 and int(trace.ops.bytes[trace.ops.kind == OpKind.MEMCPY].sum()) == 4 * 4096
+
+    # CUPTI's clock mapped onto the stage records' clock: each op starts 5 us after its launch
+    # call, which was made inside its stage.
+    own = np.flatnonzero(att.op_range >= 0)
+    rs = trace.ranges.start_ns[att.op_range[own]]
+    re_ = trace.ranges.end_ns[att.op_range[own]]
+    lag = trace.ops.start_ns[own] - rs
+    assert (lag >= 4_000).all() and (trace.ops.start_ns[own] <= re_ + 6_000_000).all()
+    calls = trace.calls
+    assert len(calls) == len(np.unique(trace.ops.correlation_id))
+    assert set(trace.strings[calls.name_id]) >= {"cudaLaunchKernel", "cuLaunchKernel", "cuGraphLaunch", "cudaMemcpyAsync"}
+
+
+def test_another_subscriber_means_one_warning_and_events_only_stages(fake_lib, tmp_path):
+    from maxinstr.rundir import load
+
+    run_dir = tmp_path / "run"
+    out, err = _run(fake_lib, run_dir, FAKE_CUPTI_HELD="1")
+    warn = [ln for ln in err.splitlines() if "maxinstr: kernels=True:" in ln]
+    assert len(warn) == 1 and "already holds CUPTI" in warn[0] and "MULTIPLE_SUBSCRIBERS" in warn[0]
+    assert out["native"]["pushes"] == 0 and out["enabled"] == []
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["kernels"]["status"] == "unavailable"
+    assert len(load(run_dir).stages) == 20
+
+
+def test_an_injected_profiler_is_left_alone(fake_lib, tmp_path):
+    run_dir = tmp_path / "run"
+    out, err = _run(fake_lib, run_dir, CUDA_INJECTION64_PATH="/opt/nvidia/nsight-systems/target-linux-x64/libToolsInjection64.so")
+    warn = [ln for ln in err.splitlines() if "maxinstr: kernels=True:" in ln]
+    assert len(warn) == 1 and "nsys/Nsight (CUDA_INJECTION64_PATH is set) already holds CUPTI" in warn[0]
+    assert out["subscribed"] is False and out["native"]["pushes"] == 0  # CUPTI never touched
