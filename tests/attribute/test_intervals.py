@@ -78,3 +78,30 @@ def test_correlation_join_sparse_ids_take_the_sort_path(left, right):
     for k in range(len(left)):
         want = next((j for j in range(len(right)) if rp[j] == lp[k] and rc[j] == lc[k] and lc[k] >= 0), -1)
         assert got[k] == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(-1, 12)), max_size=30),
+       st.lists(st.tuples(st.integers(0, 2), st.integers(-1, 12), st.integers(0, 2)), max_size=30),
+       st.sampled_from([1, 10**12]), st.sampled_from([3, 1 << 21]))  # fmt: skip
+def test_correlation_join_rank_then_row_wins(left, right, scale, block):
+    """With ranks (driver rows rank 1 lose to runtime rows rank 0), the lowest rank wins, then
+    the first row; on both the table and the sort path, in small and whole blocks, with
+    int32 pid columns as the nsys reader gives them."""
+    import maxinstr.attribute.intervals as iv
+
+    lp = np.array([x[0] for x in left], np.int32)
+    lc = np.array([x[1] * scale if x[1] >= 0 else -1 for x in left], np.int64)
+    rp = np.array([x[0] for x in right], np.int32)
+    rc = np.array([x[1] * scale if x[1] >= 0 else -1 for x in right], np.int64)
+    rank = np.array([x[2] for x in right], np.uint8)
+    old = iv.JOIN_BLOCK
+    iv.JOIN_BLOCK = block
+    try:
+        got = correlation_join(lp, lc, rp, rc, right_rank=rank)
+    finally:
+        iv.JOIN_BLOCK = old
+    for k in range(len(left)):
+        cand = [j for j in range(len(right)) if rp[j] == lp[k] and rc[j] == lc[k] and lc[k] >= 0]
+        want = min(cand, key=lambda j: (rank[j], j)) if cand else -1
+        assert got[k] == want

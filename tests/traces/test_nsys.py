@@ -172,6 +172,37 @@ def test_python_filter_matches_native_semantics():
     assert v.tolist() == [3, 7, 2] and w.tolist() == [10, 20, 40]
 
 
+@pytest.mark.parametrize("backend", ["python", pytest.param("native", marks=pytest.mark.skipif(not NATIVE, reason="maxinstr._columns not built"))])
+def test_int32_kind_halves_columns_and_marks_out_of_range_values(tmp_path, backend):
+    """Kind 'n' (ids, 24-bit pids, enums): int32; NULL reads as 0 like 'i'; a value outside the
+    int32 range (only in a damaged file) reads as -1, on both backends alike."""
+    import sqlite3
+
+    db = tmp_path / "n.sqlite"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE t (a INTEGER)")
+    values = [0, 5, -7, 2**31 - 1, -(2**31), 2**31, -(2**31) - 1, 2**40, None, "12"]
+    con.executemany("INSERT INTO t VALUES (?)", [(v,) for v in values])
+    con.commit()
+    con.close()
+    (got,) = cols.backend(backend).query(str(db), "SELECT a FROM t ORDER BY rowid", "n")
+    assert got.dtype == np.int32
+    assert got.tolist() == [0, 5, -7, 2**31 - 1, -(2**31), -1, -1, -1, 0, 12]
+    (wide,) = cols.backend(backend).query(str(db), "SELECT a FROM t ORDER BY rowid", "i")
+    assert wide.dtype == np.int64 and wide[7] == 2**40
+
+
+def test_nsys_reader_narrows_ids_not_times():
+    """The 10M-op memory bound rests on int32 pid/tid/device/name columns; times, stream,
+    correlation and graph node ids stay int64 (their ranges are not bounded by nsys)."""
+    t = read_nsys(DATA / "h200_decode.sqlite")
+    assert t.ops.pid.dtype == t.calls.pid.dtype == t.calls.tid.dtype == np.int32
+    assert t.ops.device_id.dtype == t.ops.name_id.dtype == t.calls.name_id.dtype == np.int32
+    for col in (t.ops.start_ns, t.ops.end_ns, t.ops.stream_id, t.ops.correlation_id, t.ops.graph_node_id,
+                t.calls.start_ns, t.calls.end_ns, t.calls.correlation_id):  # fmt: skip
+        assert col.dtype == np.int64
+
+
 def test_nsys_rep_uses_the_export_beside_it(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no nsys
     rep = tmp_path / "h200_small.nsys-rep"

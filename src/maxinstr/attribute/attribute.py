@@ -34,7 +34,7 @@ OP_STAGE_KEY = "op_stage_id"
 """``trace.meta[OP_STAGE_KEY]``: per op, the stage record id that launched it, when the trace
 knows it exactly (in-process collection, :mod:`maxinstr.traces.inprocess`); -1 for none."""
 
-_CHUNK = 1 << 21  # pairs per step of the busy-time union (bounds peak memory on 10M-op traces)
+_CHUNK = 1 << 20  # ops (or op, range pairs) per block of the per-op passes: bounds the temporaries on 10M-op traces
 
 ALL_RULES = frozenset({Rule.SAME_THREAD, Rule.START_END, Rule.CROSS_THREAD, Rule.GRAPH, Rule.TIME_OVERLAP})
 NSYS_RULES = frozenset({Rule.SAME_THREAD, Rule.GRAPH})
@@ -75,7 +75,7 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
     r_end_key = _thread_key(R.pid, R.end_tid)
     threads = np.unique(np.concatenate([r_key, r_end_key]))
     r_thread, r_end_thread = np.searchsorted(threads, r_key), np.searchsorted(threads, r_end_key)
-    c_thread = _lookup(threads, _thread_key(C.pid, C.tid))
+    c_thread = _thread_ids(threads, C.pid, C.tid)
 
     rows1 = np.flatnonzero(same_thread)
     idx1 = IntervalIndex.build(rows1, r_thread[rows1], R.start_ns[rows1], R.end_ns[rows1])
@@ -89,8 +89,13 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
     # --- calls -> ranges -------------------------------------------------------------------
     op_call = join_ops_to_calls(trace)
     call_used = np.zeros(len(C), bool)
-    call_used[op_call[op_call >= 0]] = True
-    cu = np.flatnonzero(call_used)
+    for lo in range(0, m, _CHUNK):
+        oc = op_call[lo : lo + _CHUNK]
+        call_used[oc[oc >= 0]] = True
+    # Readers keep only launch calls, so usually every call is used: then whole columns are
+    # passed as they are (no 10M-row index copies).
+    all_used = bool(call_used.all())
+    cu = slice(None) if all_used else np.flatnonzero(call_used)
     call_range = np.full(len(C), -1, np.int64)
     call_rule = np.zeros(len(C), np.int8)
     is_graph_call = C.kind == CallKind.GRAPH
@@ -101,9 +106,13 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
         allowed = np.isin(rule, [int(r) for r in use & {Rule.SAME_THREAD, Rule.GRAPH}])
         got = np.where(allowed, got, -1)
         call_range[cu], call_rule[cu] = got, np.where(got >= 0, rule, 0)
+        del got, rule, allowed  # (each one value per call: free them before the big passes)
+
+    def pending() -> np.ndarray:  # used calls no range holds yet
+        return np.flatnonzero(call_range < 0) if all_used else cu[call_range[cu] < 0]
 
     if Rule.START_END in use and split.any():
-        left = cu[call_range[cu] < 0]
+        left = pending()
         rows2 = np.flatnonzero(split)
         best = np.full(len(left), -1, np.int64)
         for grp in (r_thread, r_end_thread):  # the start thread, then the end thread
@@ -111,9 +120,10 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
             best = _later(R.start_ns, best, idx2.innermost(c_thread[left], C.start_ns[left], C.end_ns[left]))
         call_range[left] = best
         call_rule[left[best >= 0]] = Rule.START_END
+        del left, best
 
     if Rule.CROSS_THREAD in use and len(rows1):
-        left = cu[call_range[cu] < 0]
+        left = pending()
         best = np.full(len(left), -1, np.int64)
         for t in np.unique(r_thread[rows1]):  # threads holding ranges: few
             pid_t = R.pid[rows1][r_thread[rows1] == t][0]
@@ -125,17 +135,22 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
             best[sel] = _later(R.start_ns, best[sel], got)
         call_range[left] = best
         call_rule[left[best >= 0]] = Rule.CROSS_THREAD
+        del left, best
 
     # --- ops ---------------------------------------------------------------------------------
     op_range = np.full(m, -1, np.int64)
     op_rule = np.zeros(m, np.int8)
-    has_call = op_call >= 0
-    op_range[has_call] = call_range[op_call[has_call]]
-    op_rule[has_call] = call_rule[op_call[has_call]]
-    graph_op = has_call & (O.graph_node_id >= 0) & (op_rule == Rule.SAME_THREAD)
-    op_rule[graph_op] = Rule.GRAPH  # graph node kernels launched through a non-graph call name
+    for lo in range(0, m, _CHUNK):  # in blocks: bounded temporaries on 10M-op traces
+        h = np.flatnonzero(op_call[lo : lo + _CHUNK] >= 0)
+        c = op_call[lo + h]
+        op_range[lo + h] = call_range[c]
+        rule = call_rule[c]
+        # graph node kernels launched through a non-graph call name
+        rule[(rule == Rule.SAME_THREAD) & (O.graph_node_id[lo + h] >= 0)] = Rule.GRAPH
+        op_rule[lo + h] = rule
+        del h, c, rule
 
-    no_call = np.flatnonzero(~has_call)
+    no_call = np.flatnonzero(op_call < 0)
     if len(no_call):
         if Rule.TIME_OVERLAP in use and len(rows1):
             best = np.full(len(no_call), -1, np.int64)
@@ -163,10 +178,14 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
         if k:
             notes.append(f"{k} GPU ops attributed by rule {r.name}: {what}")
 
-    del call_range, call_rule, call_used, cu, c_thread, has_call, graph_op, no_call  # before the big pass
+    del call_range, call_rule, call_used, cu, c_thread, no_call, is_graph_call, idx1  # before the big pass
+    del r_key, r_end_key, r_thread, r_end_thread, rows1, threads
     att = Attribution(trace=trace, op_range=op_range, op_rule=op_rule, range_parent=parent,
                       range_depth=depth.astype(np.int16))  # fmt: skip
-    _range_totals(att, op_call)
+    box = [op_call]  # handed over: _range_sums frees it (8 bytes per op) once the sums are taken
+    del op_call
+    _range_sums(att, box)
+    _range_spans(att)
     att.notes = notes
     if run is not None:
         join_run(att, run)
@@ -231,6 +250,15 @@ def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
     return (np.asarray(pid, np.int64) << 32) | (np.asarray(tid, np.int64) & 0xFFFFFFFF)
 
 
+def _thread_ids(threads: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """int32 position of each (pid, tid) in the sorted ``threads`` keys, -1 when absent
+    (block by block: one call per GPU op's launch, millions of rows)."""
+    out = np.empty(len(pid), np.int32 if len(threads) < (1 << 31) else np.int64)
+    for lo in range(0, len(pid), _CHUNK):
+        out[lo : lo + _CHUNK] = _lookup(threads, _thread_key(pid[lo : lo + _CHUNK], tid[lo : lo + _CHUNK]))
+    return out
+
+
 def _lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Position of each key in ``sorted_keys``, -1 when absent."""
     if not len(sorted_keys):
@@ -261,9 +289,22 @@ def _range_totals(att: Attribution, op_call: np.ndarray) -> None:
     """Fill the per-range totals, inclusive of nested ranges, from ``op_range``/``range_parent``.
 
     Sums are taken per innermost range with ``bincount`` and pushed up the range tree one
-    depth level at a time. Spans and busy time (a union, which does not add up) are computed
-    per depth level over (op, ancestor-at-that-level) pairs: each range sees its whole subtree.
+    depth level at a time (:func:`_range_sums`). Spans and busy time (a union, which does not
+    add up) are computed per depth level over (op, ancestor-at-that-level) pairs: each range
+    sees its whole subtree (:func:`_range_spans`).
     """
+    _range_sums(att, op_call)
+    _range_spans(att)
+
+
+def _range_sums(att: Attribution, op_call: np.ndarray | list[np.ndarray]) -> None:
+    """Counts, times and bytes per range (inclusive), launch counts and the rules used.
+
+    ``op_call`` (per op, its launch call row) may be handed over in a one-element list: it is
+    then taken out and freed as soon as the per-op pass is done.
+    """
+    if isinstance(op_call, list):
+        op_call = op_call.pop()
     trace = att.trace
     O, R = trace.ops, trace.ranges
     n = len(R)
@@ -310,71 +351,115 @@ def _range_totals(att: Attribution, op_call: np.ndarray) -> None:
         launches += np.bincount(r, weights=first, minlength=n)
         by_rule += np.bincount(r * n_rules + att.op_rule[sl][ok], minlength=n_rules * n)
         del r, ok, oc, first, has
-    del first_op
+    del first_op, op_call
     by_kind, ns_kind, bytes_kind = by_kind.reshape(n, 3), ns_kind.reshape(n, 3), bytes_kind.reshape(n, 3)
     by_rule = by_rule.reshape(n, n_rules)
-    inc = np.column_stack([
-        by_kind.sum(axis=1), by_kind[:, K], ns_kind[:, K], bytes_kind[:, C], ns_kind[:, C],
-        bytes_kind[:, S], ns_kind[:, S], launches, *[by_rule[:, int(r)] for r in Rule if r != Rule.NONE],
-    ]).astype(np.float64)  # fmt: skip
+    # One column per total (not an n x 13 matrix: three copies of that cost 300 MB at 1M ranges).
+    cols = [by_kind.sum(axis=1), by_kind[:, K], ns_kind[:, K], bytes_kind[:, C], ns_kind[:, C],
+            bytes_kind[:, S], ns_kind[:, S], launches, *[by_rule[:, int(r)] for r in Rule if r != Rule.NONE]]  # fmt: skip
     del by_kind, ns_kind, bytes_kind, launches, by_rule
+    levels = []
     if n and owned_count:
-        for d in range(int(depth.max()), 0, -1):  # push sums up, deepest level first
-            rows = np.flatnonzero((depth == d) & (parent >= 0))
-            np.add.at(inc, parent[rows], inc[rows])
-    inc = np.rint(inc).astype(np.int64)
+        levels = [np.flatnonzero((depth == d) & (parent >= 0)) for d in range(int(depth.max()), 0, -1)]
+    for i, col in enumerate(cols):
+        col = np.ascontiguousarray(col)
+        for rows in levels:  # push sums up, deepest level first
+            np.add.at(col, parent[rows], col[rows])
+        cols[i] = np.rint(col).astype(np.int64)
+        del col
     (att.op_count, att.kernel_count, att.kernel_ns, att.memcpy_bytes, att.memcpy_ns,
-     att.memset_bytes, att.memset_ns, att.launch_count) = (inc[:, i].copy() for i in range(8))  # fmt: skip
+     att.memset_bytes, att.memset_ns, att.launch_count) = cols[:8]  # fmt: skip
     bits = np.zeros(n, np.uint8)
     for i, r in enumerate(r for r in Rule if r != Rule.NONE):
-        bits |= np.where(inc[:, 8 + i] > 0, np.uint8(1 << int(r)), np.uint8(0))
+        bits |= np.where(cols[8 + i] > 0, np.uint8(1 << int(r)), np.uint8(0))
     att.range_rules = bits
 
+
+def _where32(mask: np.ndarray) -> np.ndarray:
+    """``np.flatnonzero(mask)`` as int32 when it fits, built block by block (never an int64
+    array of millions of positions)."""
+    if len(mask) >= (1 << 31):
+        return np.flatnonzero(mask)
+    parts = [np.flatnonzero(mask[lo : lo + _CHUNK]).astype(np.int32) + np.int32(lo) for lo in range(0, len(mask), _CHUNK)]
+    return np.concatenate(parts) if parts else np.empty(0, np.int32)
+
+
+def _range_spans(att: Attribution) -> None:
+    """Projected GPU span (first op start, last op end), busy time (union of op intervals) and
+    idle gaps per range, inclusive of nested ranges, one nesting level at a time.
+
+    Memory: on a 10M-op trace this is the largest pass, so positions are int32 and every
+    per-op temporary is taken in blocks of ``_CHUNK``; per level one int64 array holds
+    (range rank << 32 | position) and is sorted in place.
+    """
+    trace = att.trace
+    O, R = trace.ops, trace.ranges
+    n, m = len(R), len(O)
     att.proj_start_ns = np.full(n, -1, np.int64)
     att.proj_end_ns = np.full(n, -1, np.int64)
     att.busy_ns = np.zeros(n, np.int64)
-    if owned_count:
-        owned = np.flatnonzero(att.op_range >= 0)
-        # Ops in GPU start order; ranges relabelled by host start so that, level by level, the
-        # ancestor keys come out nearly sorted and the stable sort below is cheap.
-        srt_ops = np.argsort(O.start_ns[owned], kind="stable")
-        op_order = owned[srt_ops]
-        del srt_ops, owned
-        if m < (1 << 31):  # int32 positions halve the big index arrays
-            op_order = op_order.astype(np.int32)
+    owned_any = bool(n) and any(bool((att.op_range[lo : lo + _CHUNK] >= 0).any()) for lo in range(0, m, _CHUNK))
+    if owned_any:
+        pos_t = np.int32 if m < (1 << 31) else np.int64
+        # Owned ops in GPU start order (stable: ties keep op order).
+        by_op_start = np.argsort(O.start_ns, kind="stable").astype(pos_t)
+        keep = np.empty(m, bool)
+        for lo in range(0, m, _CHUNK):
+            keep[lo : lo + _CHUNK] = att.op_range[by_op_start[lo : lo + _CHUNK]] >= 0
+        op_order = by_op_start[keep] if not keep.all() else by_op_start
+        del by_op_start, keep
+        # Ranges relabelled by host start (rank) so that, level by level, the ancestor keys
+        # come out nearly sorted; row n is a sentinel "no range" (depth -1, its own parent).
         by_start = np.argsort(R.start_ns, kind="stable")
-        rank = np.empty(n, np.int32 if n < (1 << 31) else np.int64)
+        rng_t = np.int32 if n < (1 << 31) - 1 else np.int64
+        rank = np.empty(n + 1, np.int64)
         rank[by_start] = np.arange(n)
-        cur = att.op_range[op_order].astype(rank.dtype)
-        cur_depth = depth[cur].astype(np.int16)
-        for level in range(int(cur_depth.max()), -1, -1):
-            at = np.flatnonzero(cur_depth == level)
+        rank[n] = -1
+        up_of = np.append(np.where(att.range_parent >= 0, att.range_parent, n), n).astype(rng_t)
+        depth_of = np.append(att.range_depth.astype(np.int16), np.int16(-1))
+        cur = np.empty(len(op_order), rng_t)
+        for lo in range(0, len(op_order), _CHUNK):
+            cur[lo : lo + _CHUNK] = att.op_range[op_order[lo : lo + _CHUNK]]
+        for level in range(int(depth_of[:n].max()), -1, -1):
+            at = _where32(depth_of[cur] == level)
             if not len(at):
                 continue
-            if len(at) < (1 << 31):
-                at = at.astype(np.int32)
-            key = rank[cur[at]]
-            srt = np.argsort(key, kind="stable")
-            key = key[srt]
+            if len(at) == len(cur):  # every op (level 0, at least): no index needed
+                at = None
+            # (rank << 32 | position in `at`): sorting these unique values orders by range,
+            # then by GPU start (positions follow op_order) -- a stable sort by range, in place.
+            packed = rank[cur if at is None else cur[at]]
+            packed <<= 32
+            for lo in range(0, len(packed), _CHUNK):
+                packed[lo : lo + _CHUNK] |= np.arange(lo, min(len(packed), lo + _CHUNK), dtype=np.int64)
+            packed.sort()
+            if level == 0:  # the last level: positions no longer needed
+                del cur
             # Bounded temporaries on huge traces: cut the level into chunks of whole ranges.
             a = 0
-            while a < len(key):
-                b = min(len(key), a + _CHUNK)
-                if b < len(key):
-                    b = int(np.searchsorted(key, key[b], side="left"))
+            while a < len(packed):
+                b = min(len(packed), a + _CHUNK)
+                if b < len(packed):
+                    b = int(np.searchsorted(packed, (packed[b] >> 32) << 32, side="left"))
                     if b <= a:
-                        b = int(np.searchsorted(key, key[a], side="right"))
-                ops_l = op_order[at[srt[a:b]]]
-                gid, lo, hi, busy = segmented_union(key[a:b], O.start_ns[ops_l], O.end_ns[ops_l])
-                del ops_l
+                        b = int(np.searchsorted(packed, ((packed[a] >> 32) + 1) << 32, side="left"))
+                blk = packed[a:b]
+                pos = blk & 0xFFFFFFFF
+                ops_l = op_order[pos if at is None else at[pos]]
+                del pos
+                gid, lo, hi, busy = segmented_union(blk >> 32, O.start_ns[ops_l], O.end_ns[ops_l])
+                del ops_l, blk
                 rows = by_start[gid]
                 att.proj_start_ns[rows], att.proj_end_ns[rows], att.busy_ns[rows] = lo, hi, busy
                 a = b
-            del srt, key
-            up = parent[cur[at]]
-            cur[at] = up
-            cur_depth[at] = np.where(up >= 0, depth[np.maximum(up, 0)], -1)
-            del at, up
+            del packed
+            if level == 0:
+                break
+            if at is None:
+                np.take(up_of, cur, out=cur)
+            else:
+                cur[at] = up_of[cur[at]]
+            del at
     att.idle_gap_ns = np.where(att.proj_start_ns >= 0, att.proj_end_ns - att.proj_start_ns - att.busy_ns, 0)
     att.range_record_id = np.full(n, -1, np.int64)
 

@@ -3,8 +3,10 @@
 Both backends expose the same three calls and give identical arrays:
 
 - ``query(path, sql, kinds)``: run one SELECT; ``kinds`` has one letter per result column,
-  ``i`` (int64), ``f`` (float64) or ``s`` (text, interned: an int32 code array with -1 for
-  NULL, and the list of distinct strings). Integer NULLs must be handled in SQL (``ifnull``).
+  ``i`` (int64), ``n`` (int32, for ids, 24-bit pids/tids and enums: half the memory; a value
+  outside the int32 range reads as -1), ``f`` (float64) or ``s`` (text, interned: an int32
+  code array with -1 for NULL, and the list of distinct strings). Integer NULLs must be
+  handled in SQL (``ifnull``).
 - ``query_many(path, [(sql, kinds[, filter_column, mask]), ...])``: several queries; the
   native backend runs them on parallel threads, each on its own read-only connection. With a
   uint8 ``mask``, only rows whose integer ``filter_column`` value v has ``mask[v] != 0`` are
@@ -69,6 +71,8 @@ class PythonBackend:
                 for c, (k, col) in enumerate(zip(kinds, zip(*rows))):
                     if k == "i":
                         chunks[c].append(_int64(col))
+                    elif k == "n":
+                        chunks[c].append(_narrow(_int64(col)))
                     elif k == "f":
                         chunks[c].append(_float64(col))
                     else:
@@ -124,6 +128,14 @@ def _int64(col: tuple) -> np.ndarray:
         return np.array([_sqlite_int(v) for v in col], dtype=np.int64)
 
 
+def _narrow(col: np.ndarray) -> np.ndarray:
+    """int64 -> int32 as the native reader does it: out-of-range values become -1."""
+    bad = (col < np.iinfo(np.int32).min) | (col > np.iinfo(np.int32).max)
+    if bad.any():
+        col = np.where(bad, -1, col)
+    return col.astype(np.int32)
+
+
 def _sqlite_int(v: object) -> int:
     if isinstance(v, int):
         return max(min(v, (1 << 63) - 1), -(1 << 63))
@@ -171,6 +183,8 @@ def apply_filter(columns: list[Any], col: int, mask: np.ndarray) -> list[Any]:
 def _empty(kind: str) -> Any:
     if kind == "i":
         return np.empty(0, np.int64)
+    if kind == "n":
+        return np.empty(0, np.int32)
     if kind == "f":
         return np.empty(0, np.float64)
     return (np.empty(0, np.int32), [])

@@ -5,6 +5,10 @@ attribution and analysis only ever see this model. Every table is a struct of nu
 columns of equal length; names are interned once into ``Trace.strings`` and referred to
 by int32 ids (``-1`` means "none"). Times are int64 nanoseconds on the trace's own clock
 (``Trace.clock`` says which); readers never convert row by row in Python.
+Integer columns are int64 unless a reader knows the values are small: the nsys reader gives
+int32 ``pid``/``tid`` (nsys packs them in 24 bits), which halves them on 10M-op traces;
+consumers compare and index with them as they are and widen (``np.asarray(x, np.int64)``)
+before shifting or multiplying.
 """
 
 from __future__ import annotations

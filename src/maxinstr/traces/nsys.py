@@ -80,9 +80,10 @@ _ROWS_PER_SLICE = 50_000  # at least this many rows per parallel slice
 
 def _correlation_mask(corr: np.ndarray) -> np.ndarray | None:
     """uint8 mask over correlation ids that some op has; None when ids are too sparse/big."""
-    corr = corr[corr >= 0]
-    if not len(corr):
+    if not len(corr) or corr.max() < 0:
         return np.zeros(1, np.uint8)
+    if corr.min() < 0:
+        corr = corr[corr >= 0]
     top = int(corr.max()) + 1
     # One byte per id; reading an unwanted API row costs ~48 bytes and a few passes, so the
     # mask pays off unless ids are extremely sparse.
@@ -95,7 +96,7 @@ def _correlation_mask(corr: np.ndarray) -> np.ndarray | None:
 
 def _distinct_ids(columns: list[np.ndarray]) -> np.ndarray:
     """Sorted distinct non-negative ids over several columns (bincount when ids are small)."""
-    parts = [np.asarray(c, np.int64) for c in columns if len(c)]
+    parts = [c for c in columns if len(c)]  # int32 or int64: never widened (10M-row columns)
     if not parts:
         return np.empty(0, np.int64)
     top = max(int(p.max()) for p in parts)
@@ -228,7 +229,7 @@ class _Reader:
                 f'SELECT start, "end", {self.col(k, "deviceId")}, {self.col(k, "streamId")}, '
                 f'{self.col(k, "correlationId")}, {_pid_sql(self.col(k, "globalPid", "0"))}, '
                 f'{self.col(k, name_col)}, {self.col(k, "graphNodeId")} FROM {k}',
-                "iiiiiiii",
+                "iiniinni",  # int32 ('n') device, 24-bit pid and string id: 10M-row columns
             )
         for key, t in (("memcpy", _MEMCPY), ("memset", _MEMSET)):
             if t in self.schema:
@@ -238,7 +239,7 @@ class _Reader:
                     f'SELECT start, "end", {self.col(t, "deviceId")}, {self.col(t, "streamId")}, '
                     f'{self.col(t, "correlationId")}, {_pid_sql(self.col(t, "globalPid", "0"))}, '
                     f'{self.col(t, "bytes", "0")}, {kind_col}, {self.col(t, "graphNodeId")} FROM {t}',
-                    "iiiiiiiii",
+                    "iiniinini",
                 )
         if _NVTX in self.schema:
             n = _NVTX
@@ -278,14 +279,15 @@ class _Reader:
                 f'{_tid_sql(self.col(r, "globalTid", "0"))}, {self.col(r, "correlationId")}, '
                 f'{self.col(r, "nameId")}, {self.col(r, "eventClass", "0")} FROM {r} '
                 f'WHERE {self.col(r, "eventClass", "0")} != {_EVENT_CLASS_BACKTRACE}',
-                "iiiiiii",
+                "iinninn",  # 24-bit pid/tid, string id and event class as int32
                 4,
                 mask,
             )
         got.update(run())
+        del mask  # (one byte per correlation id: 100+ MB on a 10M-kernel trace)
 
         calls, call_name_sid = self._calls(got, ops)
-        ranges, nvtx_parts = self._nvtx(got.get("nvtx"), types)
+        ranges, nvtx_parts = self._nvtx(got.pop("nvtx", None), types)
 
         # One round trip for every registered string we need, interned in a stable order.
         thread_rows = got.get("threads")
@@ -303,7 +305,6 @@ class _Reader:
             lut[sids] = sid_to_name
 
             def by_sid(ids: np.ndarray) -> np.ndarray:
-                ids = np.asarray(ids, np.int64)
                 return lut[np.where((ids >= 0) & (ids < len(lut)), ids, len(lut) - 1)]
 
         else:
@@ -316,7 +317,7 @@ class _Reader:
         # Ops: kernels named through StringIds, copies/sets by kind.
         op_name = by_sid(op_name_sid)
         if memcpy_kinds is not None:
-            is_copy, kinds = memcpy_kinds
+            is_copy, kinds = memcpy_kinds  # op rows of the copies, their copy kinds
             labels = self.enum_labels("ENUM_CUDA_MEMCPY_OPER", _MEMCPY_KINDS)
             uniq, inv = np.unique(kinds, return_inverse=True)
             ids = np.array(
@@ -373,23 +374,26 @@ class _Reader:
     def _ops(self, got: dict[str, list[Any]]) -> tuple[GpuOps, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
         parts: list[dict[str, np.ndarray]] = []
         name_sid: list[np.ndarray] = []
-        memcpy_kind: list[np.ndarray] = []
+        copy_rows = copy_kind = None  # rows (in the op table) and copy kinds of the memcpy ops
         if "kernel" in got:
             s, e, dev, stream, corr, gpid, name, node = got.pop("kernel")
             parts.append(dict(start=s, end=e, dev=dev, stream=stream, corr=corr, gpid=gpid,
                               node=node, bytes=np.zeros(len(s), np.int64), kind=OpKind.KERNEL))  # fmt: skip
             name_sid.append(name)
-            memcpy_kind.append(np.full(len(s), -1, np.int64))
+            del s, e, dev, stream, corr, gpid, name, node
         for key, kind in (("memcpy", OpKind.MEMCPY), ("memset", OpKind.MEMSET)):
             if key in got:
                 s, e, dev, stream, corr, gpid, nbytes, ckind, node = got.pop(key)
+                if kind == OpKind.MEMCPY and len(s):
+                    first = sum(len(p["start"]) for p in parts)
+                    copy_rows, copy_kind = np.arange(first, first + len(s), dtype=np.int64), ckind
                 parts.append(dict(start=s, end=e, dev=dev, stream=stream, corr=corr, gpid=gpid,
                                   node=node, bytes=nbytes, kind=kind))  # fmt: skip
-                name_sid.append(np.full(len(s), -1, np.int64))
-                memcpy_kind.append(ckind if kind == OpKind.MEMCPY else np.full(len(s), -1, np.int64))
+                name_sid.append(np.full(len(s), -1, np.int32))
+                del s, e, dev, stream, corr, gpid, nbytes, ckind, node
         if not parts:
             self.notes.append("no kernel, memcpy or memset table: the trace has no GPU ops")
-            return GpuOps(), np.empty(0, np.int64), None
+            return GpuOps(), np.empty(0, np.int32), None
 
         def cat(key: str) -> np.ndarray:
             # Drop each slice as soon as it is joined so peak memory stays near one copy.
@@ -403,16 +407,15 @@ class _Reader:
             end_ns=cat("end"),
             kind=kinds,
             name_id=np.full(len(kinds), NO_ID, np.int32),
-            device_id=cat("dev").astype(np.int32),
+            device_id=cat("dev").astype(np.int32, copy=False),
             stream_id=cat("stream"),
             pid=pid,
             correlation_id=cat("corr"),
             graph_node_id=cat("node"),
             bytes=cat("bytes"),
         )
-        ckind = np.concatenate(memcpy_kind)
-        mask = kinds == OpKind.MEMCPY
-        return ops, np.concatenate(name_sid), (mask, ckind[mask]) if mask.any() else None
+        sids = name_sid[0] if len(name_sid) == 1 else np.concatenate(name_sid)
+        return ops, sids, (copy_rows, copy_kind) if copy_rows is not None else None
 
     # -- calls -------------------------------------------------------------------------------
     def _calls(self, got: dict[str, list[Any]], ops: GpuOps) -> tuple[Calls, np.ndarray]:
@@ -420,12 +423,13 @@ class _Reader:
             if len(ops):
                 self.notes.append("no CUDA API table: ops cannot be joined to their launch calls")
             return Calls(), np.empty(0, np.int64)
-        s, e, pid, tid, corr, name, eclass = got["runtime"]
+        s, e, pid, tid, corr, name, eclass = got.pop("runtime")
         # One call per (process, correlation id): runtime rows win over driver rows, then the
         # first in table order. Only calls that some op points at (the launches) are kept.
         is_driver = eclass == _EVENT_CLASS_DRIVER
-        priority = np.concatenate([np.flatnonzero(~is_driver), np.flatnonzero(is_driver)])
-        op_call = correlation_join(ops.pid, ops.correlation_id, pid, corr, right_order=priority)
+        rank = is_driver.view(np.uint8) if is_driver.any() else None  # driver rows lose to runtime rows
+        op_call = correlation_join(ops.pid, ops.correlation_id, pid, corr, right_rank=rank)
+        del rank
         used = np.zeros(len(s), bool)
         used[op_call[op_call >= 0]] = True
         del op_call
@@ -433,7 +437,8 @@ class _Reader:
         # drop, and then no column is copied.
         keep = slice(None) if used.all() else np.flatnonzero(used)
         del used
-        kind = np.where(eclass[keep] == _EVENT_CLASS_DRIVER, CallKind.DRIVER, CallKind.RUNTIME).astype(np.int8)
+        kind = np.where(is_driver[keep], np.int8(CallKind.DRIVER), np.int8(CallKind.RUNTIME))
+        del is_driver
         calls = Calls(
             start_ns=s[keep],
             end_ns=e[keep],
