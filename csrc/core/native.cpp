@@ -664,9 +664,10 @@ bool ctx_pair_reference(int c) {
 // enter time later and its exit time earlier by half the floor, so a stage reads the span of its
 // work (first kernel start to last kernel end, approximately), the way a profiler reads kernels.
 // CUDA only (the kernel is PTX, JIT-compiled by the driver); HIP: floor 0 (raw event times).
+// Two headers: the first JITs on any GPU since Maxwell; should a future driver refuse that old
+// target, the second (PTX ISA 8.0, sm_90) is tried.
+const char* const kSpinPtxHeads[] = {".version 6.0\n.target sm_50\n", ".version 8.0\n.target sm_90\n"};
 const char kSpinPtx[] =
-    ".version 6.0\n"
-    ".target sm_50\n"
     ".address_size 64\n"
     ".visible .entry maxinstr_spin(.param .u64 maxinstr_spin_ns)\n"
     "{\n"
@@ -700,7 +701,13 @@ int64_t ctx_measure_floor() {
   int nev = 0;
   int64_t result = -1;
   std::string why;
-  int rc = a.mod_load(&mod, kSpinPtx);
+  int rc = -1;
+  for (const char* head : kSpinPtxHeads) {
+    std::string ptx = std::string(head) + kSpinPtx;
+    rc = a.mod_load(&mod, ptx.c_str());
+    if (rc == 0) break;
+    mod = nullptr;
+  }
   if (rc == 0) rc = a.mod_func(&fn, mod, "maxinstr_spin");
   if (rc == 0) rc = a.stream_create(&st, 1 /* CU_STREAM_NON_BLOCKING */);
   if (rc != 0) why = "kernel setup";

@@ -483,20 +483,27 @@ def test_floor_kernel_is_valid_ptx(run_fake, tmp_path):
     )
     if not ptxas:
         pytest.skip("no ptxas here")
-    image = run_fake(
-        """
-        with n.stage("warm"):
-            pass
-        emit(fk.fake_module_image().decode())
-        """,
-        MAXINSTR_GPU_FLOOR_NS="auto",
-    )
-    src = tmp_path / "spin.ptx"
-    src.write_text(image)
-    for arch in ("sm_90", "sm_75"):
-        p = subprocess.run([ptxas, f"-arch={arch}", str(src), "-o", str(tmp_path / f"{arch}.cubin")],
-                           capture_output=True, text=True)
-        assert p.returncode == 0, p.stderr
+    images = [
+        run_fake(
+            f"""
+            fk.fake_fail(b"cuModuleLoadData", 218, {refused})   # 1: the first header refused, the fallback used
+            with n.stage("warm"):
+                pass
+            emit([fk.fake_module_image().decode(), n.stats()["gpu_floor"]])
+            """,
+            MAXINSTR_GPU_FLOOR_NS="auto",
+        )
+        for refused in (0, 1)
+    ]
+    assert ".target sm_50" in images[0][0] and ".target sm_90" in images[1][0]
+    assert images[0][1] == images[1][1] == ["calibrated"]
+    for i, (image, _) in enumerate(images):
+        src = tmp_path / f"spin{i}.ptx"
+        src.write_text(image)
+        for arch in ("sm_90", "sm_75")[: 2 - i]:  # the fallback targets sm_90 only
+            p = subprocess.run([ptxas, f"-arch={arch}", str(src), "-o", str(tmp_path / f"{i}{arch}.cubin")],
+                               capture_output=True, text=True)
+            assert p.returncode == 0, p.stderr
 
 
 def test_floor_fixed_by_env_skips_calibration(run_fake):
@@ -520,7 +527,7 @@ def test_floor_calibration_failure_keeps_raw_times(run_fake, fail):
     out = run_fake(
         f"""
         fk.fake_set_tick(0)
-        fk.fake_fail({fail!r}.encode(), 218, 1)
+        fk.fake_fail({fail!r}.encode(), 218, 2)   # (module load: both PTX headers refused)
         with n.stage("s"):
             fk.fake_advance(10_000)
         fk.fake_complete_all(); n.resolve()
