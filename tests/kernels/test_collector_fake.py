@@ -28,6 +28,8 @@ SCRIPT = textwrap.dedent(
     import maxinstr
     from maxinstr import _native
     from cupti import cupti as fake
+    import maxinstr.kernels.cupti as collector
+    collector.FAST_CHECK_ROWS = 30      # trust the fast path after ~one step's records (2000 on a GPU)
     run = sys.argv[1]
     assert fake.launch("before_session") is None        # activity is off before the session
     with maxinstr.session(run, kernels=True, sample_hz=0, warmup=1):
@@ -85,13 +87,19 @@ def _run(fake_lib: Path, run_dir: Path, **env: str) -> tuple[dict | None, str]:
     return (json.loads(line[-1][2:]) if line else None), p.stderr
 
 
-def test_collector_end_to_end_with_a_stand_in_cupti(fake_lib, tmp_path):
+@pytest.mark.parametrize("records", ["with_bytes", "attributes_only", "bad_layout"])
+def test_collector_end_to_end_with_a_stand_in_cupti(fake_lib, tmp_path, records):
+    """``with_bytes``: records carry their struct bytes (``ptr``), so the fast path is checked
+    against the attribute path on the first buffers, then used; ``attributes_only``: no bytes,
+    the attribute path throughout; ``bad_layout``: the struct dtype disagrees with the bytes, the
+    check catches it and the attribute path is used. The run's numbers are the same every way."""
     from maxinstr.analyze.report import analyze
     from maxinstr.attribute.model import Rule
     from maxinstr.traces.model import OpKind
 
     run_dir = tmp_path / "run"
-    out, err = _run(fake_lib, run_dir)
+    env = {"attributes_only": {"FAKE_CUPTI_NO_PTR": "1"}, "bad_layout": {"FAKE_CUPTI_BAD_LAYOUT": "1"}}.get(records, {})
+    out, err = _run(fake_lib, run_dir, **env)
     assert "kernels=True" not in err, err
     assert out["mid_buffers"] >= 1 and out["buffers"] > out["mid_buffers"]  # flushed while running, and at close
     assert out["enabled"] == [] and out["subscribed"] is False  # everything given back at close
@@ -105,6 +113,12 @@ def test_collector_end_to_end_with_a_stand_in_cupti(fake_lib, tmp_path):
     act = json.loads(act_path.read_text())
     assert act["status"] == "closed" and act["stage_pushes"] == 20 and act["push_errors"] == 0
     assert act["dropped_cupti"] == 0 and act["dropped_queue"] == 0 and len(act["clock_pairs"]) >= 2
+    if records == "with_bytes":
+        assert act["fast_path"].startswith("fast path on"), act["fast_path"]
+    elif records == "attributes_only":
+        assert act["fast_path"].startswith("fast path off: AttributeError"), act["fast_path"]
+    else:
+        assert act["fast_path"] == "fast path off: differs from the attribute path in ['start_ns', 'end_ns']", act["fast_path"]
 
     an = analyze(run=run_dir)
     trace, att, run = an.trace, an.attribution, an.run

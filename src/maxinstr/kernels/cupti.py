@@ -47,6 +47,7 @@ BUFFER_BYTES = 8 << 20
 FLUSH_EVERY_S = 0.25
 MAX_QUEUED_ROWS = 8 << 20  # ~640 MB of rows waiting for the flusher: beyond, rows are dropped
 CLOCK_PAIRS_MAX = 512
+FAST_CHECK_ROWS = 2000  # records converted both ways (and compared) before the fast path is trusted
 
 # API functions that never launch GPU work but are called often (by the stage core around every
 # stage, or by frameworks around every op): no activity record for them, so no external-
@@ -120,6 +121,11 @@ class CuptiCollector:
         self._linked = False
         self._stopped = False
         self._quiet = 0
+        self._fast: bool | None = None  # None: being checked against the attribute path
+        self._fast_checked = 0
+        self._fast_note = "fast path not used yet"
+        self._layout: dict[int, Any] | None = None
+        self._name_ptrs: dict[int, int] = {}
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -258,6 +264,7 @@ class CuptiCollector:
             "dropped_queue": self._dropped_queue,
             "convert_errors": self._convert_errors,
             "buffers": self._buffers,
+            "fast_path": self._fast_note,
             "callback_s": round(self._callback_s, 6),
             "stage_pushes": int(self._native.cupti_stats().get("pushes", 0)),
             "push_errors": int(self._native.cupti_stats().get("errors", 0)),
@@ -272,7 +279,7 @@ class CuptiCollector:
     def _buffer_completed(self, activities: Any) -> None:
         t0 = time.perf_counter()
         try:
-            rows = self._convert(activities)
+            rows = self._convert_checked(activities)
         except Exception:  # noqa: BLE001 - never raise into CUPTI's thread
             self._convert_errors += 1
             self._dropped_queue += len(activities) if hasattr(activities, "__len__") else 0
@@ -285,6 +292,122 @@ class CuptiCollector:
                 self._queue.append(rows)
                 self._queued += len(rows)
         self._callback_s += time.perf_counter() - t0
+
+    def _convert_checked(self, activities: Any) -> np.ndarray:
+        """Rows from the records: the fast path (the records' bytes read as numpy through
+        cupti-python's own struct dtypes, two Python operations a record) once it gave exactly
+        the rows of the attribute path on the first buffers; the attribute path otherwise."""
+        if self._fast is False:
+            return self._convert(activities)
+        try:
+            fast = self._convert_fast(activities)
+        except Exception as exc:  # noqa: BLE001 - any surprise: the attribute path, for good
+            self._fast = False
+            self._fast_note = f"fast path off: {type(exc).__name__}: {exc}"
+            return self._convert(activities)
+        if self._fast is True:
+            return fast
+        slow = self._convert(activities)
+        if len(fast) != len(slow) or any(not np.array_equal(fast[f], slow[f]) for f in ACTIVITY_DTYPE.names):
+            self._fast = False
+            bad = [f for f in ACTIVITY_DTYPE.names if len(fast) != len(slow) or not np.array_equal(fast[f], slow[f])]
+            self._fast_note = f"fast path off: differs from the attribute path in {bad}"
+            return slow
+        self._fast_checked += len(slow)
+        if self._fast_checked >= FAST_CHECK_ROWS:
+            self._fast = True
+            self._fast_note = f"fast path on (checked against the attribute path on {self._fast_checked} records)"
+        return slow
+
+    def _layouts(self) -> dict[int, Any]:
+        c = self._c
+        K = c.ActivityKind
+        kernel = c.activity_kernel10_dtype
+        return {int(K.CONCURRENT_KERNEL): kernel, int(K.KERNEL): kernel, int(K.MEMCPY): c.activity_memcpy6_dtype,
+                int(K.MEMSET): c.activity_memset4_dtype, int(K.RUNTIME): c.activity_api_dtype,
+                int(K.DRIVER): c.activity_api_dtype, int(K.EXTERNAL_CORRELATION): c.activity_external_correlation_dtype}  # fmt: skip
+
+    def _convert_fast(self, activities: Any) -> np.ndarray:
+        n = len(activities)
+        if n == 0:
+            return np.empty(0, ACTIVITY_DTYPE)
+        if self._layout is None:
+            self._layout = self._layouts()
+        layout = self._layout
+        ptrs = np.fromiter((a.ptr for a in activities), np.int64, n)
+        base = int(ptrs.min())
+        off = ptrs - base
+        head = np.frombuffer((ctypes.c_uint8 * (int(off.max()) + 4)).from_address(base), np.uint8)
+        kinds = head[off[:, None] + np.arange(4)].copy().view("<i4").reshape(n)
+        sizes = np.full(n, 4, np.int64)
+        for k, dt in layout.items():
+            sizes[kinds == k] = dt.itemsize
+        raw = np.frombuffer((ctypes.c_uint8 * int((off + sizes).max())).from_address(base), np.uint8)
+        out = np.zeros(n, ACTIVITY_DTYPE)
+        out["kind"] = -1
+        for f in ("external_id", "stream_id", "tid", "graph_node_id"):
+            out[f] = -1
+        out["name_id"] = -1
+        out["device_id"] = -1
+        out["cbid"] = -1
+        K = self._c.ActivityKind
+        k_kernel, k_kernel2 = int(K.CONCURRENT_KERNEL), int(K.KERNEL)
+        k_rt, k_drv, k_ext = int(K.RUNTIME), int(K.DRIVER), int(K.EXTERNAL_CORRELATION)
+        k_copy, k_set = int(K.MEMCPY), int(K.MEMSET)
+        for k in np.unique(kinds).tolist():
+            dt = layout.get(int(k))
+            if dt is None:
+                continue
+            sel = np.flatnonzero(kinds == k)
+            rec = raw[off[sel][:, None] + np.arange(dt.itemsize)].copy().view(dt).reshape(len(sel))
+            o = out[sel]
+            if k in (k_rt, k_drv):
+                o["kind"] = KIND_DRIVER if k == k_drv else KIND_RUNTIME
+                cb = rec["cbid"].astype(np.int64)
+                ids = {}
+                for cbid in np.unique(cb).tolist():
+                    nid = self._api_names.get((k, cbid))
+                    ids[cbid] = nid if nid is not None else self._api_name(k, cbid, k == k_drv)
+                o["name_id"] = np.array([ids[v] for v in cb.tolist()], np.int32) if len(ids) > 1 else ids[int(cb[0])]
+                o["cbid"] = cb
+                o["tid"] = rec["thread_id"]
+            elif k == k_ext:
+                o["kind"] = KIND_EXTERNAL
+                o["external_id"] = rec["external_id"].astype(np.int64)
+                o["cbid"] = rec["external_kind"]
+                o["start_ns"] = 0
+                o["end_ns"] = 0
+            else:
+                if k in (k_kernel, k_kernel2):
+                    o["kind"] = KIND_KERNEL
+                    o["name_id"] = self._kernel_name_ids(rec["name"])
+                else:
+                    o["kind"] = KIND_MEMCPY if k == k_copy else KIND_MEMSET
+                    o["bytes"] = rec["bytes"].astype(np.int64)
+                    if k == k_copy:
+                        o["copy_kind"] = rec["copy_kind"]
+                o["stream_id"] = rec["stream_id"]
+                o["graph_node_id"] = rec["graph_node_id"].astype(np.int64)
+                o["device_id"] = rec["device_id"]
+            if k != k_ext:
+                o["start_ns"] = rec["start"].astype(np.int64)
+                o["end_ns"] = rec["end"].astype(np.int64)
+            o["correlation_id"] = rec["correlation_id"]
+            out[sel] = o
+        return out[out["kind"] >= 0]
+
+    def _kernel_name_ids(self, name_ptrs: np.ndarray) -> np.ndarray:
+        """Name ids of kernel records from their (shared, CUPTI-owned) name pointers."""
+        cache = self._name_ptrs
+        uniq, inv = np.unique(name_ptrs.astype(np.int64), return_inverse=True)
+        ids = np.empty(len(uniq), np.int32)
+        for i, p in enumerate(uniq.tolist()):
+            nid = cache.get(p)
+            if nid is None:
+                text = ctypes.string_at(p).decode("utf-8", "replace") if p else ""
+                nid = cache[p] = self._intern(text)
+            ids[i] = nid
+        return ids[inv.reshape(-1)]
 
     def _convert(self, activities: Any) -> np.ndarray:
         c = self._c

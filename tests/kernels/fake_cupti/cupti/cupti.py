@@ -16,6 +16,8 @@ import threading
 import time
 from types import SimpleNamespace
 
+import numpy as np
+
 _LIB = ctypes.CDLL(os.environ["FAKE_CUPTI_LIB"], mode=ctypes.RTLD_GLOBAL)
 _EPOCH = 10**12  # CUPTI's clock is not the host's: a fixed offset
 
@@ -65,6 +67,46 @@ class driver_api_trace_cbid(enum.IntEnum):
     cuEventRecord = 119
     cuLaunchKernel = 307
     cuGraphLaunch = 514
+
+
+def _layout(itemsize: int, fields: list[tuple[str, str, int]]) -> np.dtype:
+    names, formats, offsets = zip(*fields)
+    return np.dtype({"names": list(names), "formats": list(formats), "offsets": list(offsets), "itemsize": itemsize})
+
+
+# The CUDA 13.0 record layouts, as cupti-python 13.0 gives them (only the fields maxinstr reads,
+# at their real offsets and sizes).
+activity_kernel10_dtype = _layout(216, [("kind", "<i4", 0), ("start", "<u8", 16), ("end", "<u8", 24), ("device_id", "<u4", 40),
+                                        ("stream_id", "<u4", 48), ("correlation_id", "<u4", 92), ("name", "<i8", 104),
+                                        ("graph_node_id", "<u8", 144)])  # fmt: skip
+activity_api_dtype = _layout(40, [("kind", "<i4", 0), ("cbid", "<u4", 4), ("start", "<u8", 8), ("end", "<u8", 16),
+                                  ("process_id", "<u4", 24), ("thread_id", "<u4", 28), ("correlation_id", "<u4", 32)])  # fmt: skip
+activity_external_correlation_dtype = _layout(24, [("kind", "<i4", 0), ("external_kind", "<i4", 4), ("external_id", "<u8", 8),
+                                                   ("correlation_id", "<u4", 16)])  # fmt: skip
+activity_memcpy6_dtype = _layout(96, [("kind", "<i4", 0), ("copy_kind", "u1", 4), ("bytes", "<u8", 8), ("start", "<u8", 16),
+                                      ("end", "<u8", 24), ("device_id", "<u4", 32), ("stream_id", "<u4", 40),
+                                      ("correlation_id", "<u4", 44), ("graph_node_id", "<u8", 64)])  # fmt: skip
+activity_memset4_dtype = _layout(88, [("kind", "<i4", 0), ("bytes", "<u8", 8), ("start", "<u8", 16), ("end", "<u8", 24),
+                                      ("device_id", "<u4", 32), ("stream_id", "<u4", 40), ("correlation_id", "<u4", 44),
+                                      ("graph_node_id", "<u8", 64)])  # fmt: skip
+_API_BYTES = activity_api_dtype
+if os.environ.get("FAKE_CUPTI_BAD_LAYOUT"):  # the dtype handed out disagrees with the bytes written
+    activity_api_dtype = _layout(40, [("kind", "<i4", 0), ("cbid", "<u4", 4), ("start", "<u8", 16), ("end", "<u8", 8),
+                                      ("process_id", "<u4", 24), ("thread_id", "<u4", 28), ("correlation_id", "<u4", 32)])  # fmt: skip
+_KEEP: list = []  # record bytes and kernel names stay alive, as CUPTI's buffers do during the callback
+
+
+def _record(ns: SimpleNamespace, dtype: np.dtype, **raw) -> SimpleNamespace:
+    """Give the record real bytes in the struct layout and a ``ptr`` to them, as cupti-python's
+    record objects have; a record object carries the same values as attributes."""
+    if os.environ.get("FAKE_CUPTI_NO_PTR"):
+        return ns
+    buf = np.zeros(1, dtype)
+    for f in dtype.names:
+        buf[f] = raw[f] if f in raw else getattr(ns, f)
+    _KEEP.append(buf)
+    ns.ptr = buf.ctypes.data
+    return ns
 
 
 STATE = {"sub": None, "enabled": set(), "cb": None, "quiet": [], "pending": [], "corr": 0, "dropped": 0, "buffers": 0}
@@ -142,25 +184,28 @@ def launch(name: str, kind: str = "kernel", dur_ns: int = 1000, api: str = "runt
     recs = []
     if api == "runtime":
         cbid = runtime_api_trace_cbid.cudaMemcpyAsync_v3020 if kind == "memcpy" else runtime_api_trace_cbid.cudaLaunchKernel_v7000
-        recs.append(SimpleNamespace(kind=ActivityKind.RUNTIME, cbid=int(cbid), start=t, end=t + 300, correlation_id=corr,
-                                    thread_id=threading.get_ident(), process_id=os.getpid()))  # fmt: skip
+        recs.append(_record(SimpleNamespace(kind=ActivityKind.RUNTIME, cbid=int(cbid), start=t, end=t + 300, correlation_id=corr,
+                                            thread_id=threading.get_native_id(), process_id=os.getpid()), _API_BYTES))  # fmt: skip
     else:
         cbid = driver_api_trace_cbid.cuGraphLaunch if graph_nodes else driver_api_trace_cbid.cuLaunchKernel
-        recs.append(SimpleNamespace(kind=ActivityKind.DRIVER, cbid=int(cbid), start=t, end=t + 300, correlation_id=corr,
-                                    thread_id=threading.get_ident(), process_id=os.getpid()))  # fmt: skip
+        recs.append(_record(SimpleNamespace(kind=ActivityKind.DRIVER, cbid=int(cbid), start=t, end=t + 300, correlation_id=corr,
+                                            thread_id=threading.get_native_id(), process_id=os.getpid()), _API_BYTES))  # fmt: skip
     if top_kind:
-        recs.append(SimpleNamespace(kind=ActivityKind.EXTERNAL_CORRELATION, correlation_id=corr, external_id=top.value,
-                                    external_kind=top_kind))  # fmt: skip
+        recs.append(_record(SimpleNamespace(kind=ActivityKind.EXTERNAL_CORRELATION, correlation_id=corr, external_id=top.value,
+                                            external_kind=top_kind), activity_external_correlation_dtype))  # fmt: skip
     start = t + 5_000
     for g in range(max(1, graph_nodes)):
         common = dict(start=start, end=start + dur_ns, correlation_id=corr, stream_id=7, device_id=0,
                       graph_node_id=(100 + g) if graph_nodes else 0)  # fmt: skip
         if kind == "kernel":
-            recs.append(SimpleNamespace(kind=ActivityKind.CONCURRENT_KERNEL, name=name, **common))
+            cname = ctypes.create_string_buffer(name.encode())
+            _KEEP.append(cname)
+            recs.append(_record(SimpleNamespace(kind=ActivityKind.CONCURRENT_KERNEL, name=name, **common), activity_kernel10_dtype,
+                                name=ctypes.addressof(cname)))  # fmt: skip
         elif kind == "memcpy":
-            recs.append(SimpleNamespace(kind=ActivityKind.MEMCPY, copy_kind=1, bytes=nbytes, **common))
+            recs.append(_record(SimpleNamespace(kind=ActivityKind.MEMCPY, copy_kind=1, bytes=nbytes, **common), activity_memcpy6_dtype))
         else:
-            recs.append(SimpleNamespace(kind=ActivityKind.MEMSET, bytes=nbytes, **common))
+            recs.append(_record(SimpleNamespace(kind=ActivityKind.MEMSET, bytes=nbytes, **common), activity_memset4_dtype))
         start += dur_ns + 100
     with _lock:
         STATE["pending"] += recs
