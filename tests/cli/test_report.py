@@ -186,3 +186,41 @@ def test_report_finds_trace_and_warm_run_that_maxinstr_run_left(tmp_path, capsys
     doc = json.loads(out)
     assert rc == 0 and doc["headline_source"] == "unprofiled_run"
     assert doc["sources"]["unprofiled_run"] == str(run / "warm-run")
+
+
+@pytest.mark.parametrize("args", [
+    ["--trace", "nsys/h200_decode.sqlite"],
+    ["nsys/h200_threads-run", "--trace", "nsys/h200_threads.sqlite"],
+])  # fmt: skip
+def test_perfetto_to_a_file_is_streamed_and_equal_to_stdout(args, tmp_path, capsys, monkeypatch):
+    """`--format perfetto -o FILE` streams (render(), which builds the whole JSON string, is
+    never called) and writes exactly what the string path prints; `.gz` holds the same text."""
+    import gzip
+    import re
+
+    from maxinstr.render import perfetto
+
+    def same(a: str, b: str) -> bool:  # the report's generation time may tick between runs
+        stamp = re.compile(r'"utc": "[^"]*"')
+        return stamp.sub('"utc": ""', a) == stamp.sub('"utc": ""', b)
+
+    args = [str(DATA / a) if "/" in a else a for a in args]
+    rc, printed, _ = run_cli(capsys, "report", *args, "--format", "perfetto", "--quiet")
+    assert rc == 0 and printed.startswith("{")
+
+    def no_render(*a, **k):
+        raise AssertionError("the whole-string render() was used for -o")
+
+    monkeypatch.setattr(perfetto, "render", no_render)
+    out = tmp_path / "trace.json"
+    rc, _, err = run_cli(capsys, "report", *args, "--format", "perfetto", "--quiet", "-o", str(out))
+    assert rc == 0 and f"wrote {out}" in err
+    assert same(out.read_text(), printed)
+    assert len(json.loads(printed)["traceEvents"]) > 1000
+    gz = tmp_path / "trace.json.gz"
+    rc, _, _ = run_cli(capsys, "report", *args, "--format", "perfetto", "--quiet", "-o", str(gz))
+    assert rc == 0
+    with gzip.open(gz, "rt") as fh:
+        assert same(fh.read(), printed)
+    rc, _, err = run_cli(capsys, "report", *args, "--format", "perfetto", "--quiet", "-o", str(tmp_path / "no" / "t.json"))
+    assert rc == 2 and err.count("\n") == 1 and "cannot write" in err

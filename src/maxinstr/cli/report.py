@@ -143,6 +143,19 @@ def render(report: dict, fmt: str, color: bool = False, width: int = 120, analys
     return out if isinstance(out, str) else out.decode() if isinstance(out, bytes) else str(out)
 
 
+def write_streamed(output: str, report: dict, analysis) -> None:
+    """``--format perfetto -o PATH``: the trace JSON streamed to PATH (gzip when it ends in
+    ``.gz``) through :func:`maxinstr.render.perfetto.write`; the same bytes as ``render``."""
+    try:
+        from maxinstr.render import perfetto
+    except ImportError:
+        raise MaxinstrError("--format perfetto: not available in this build (maxinstr.render.perfetto is missing)") from None
+    try:
+        perfetto.write(output, report, analysis=analysis)
+    except OSError as exc:
+        raise MaxinstrError(f"{output}: cannot write ({exc.strerror or exc})") from None
+
+
 @click.command("report", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("run_dir", required=False, metavar="[RUN_DIR | REPORT.json]")
 @click.option("--trace", "trace_paths", metavar="FILE", multiple=True,
@@ -202,6 +215,12 @@ def command(run_dir, trace_paths, fmt, output, unprofiled, warmup, quiet):
             analysis = analyze(run=run, trace=trace, unprofiled_run=unprof, warmup=warmup, trace_ranks=trace_ranks)
         report = analysis.report
         report["sources"]["notes"] = auto_notes + report["sources"]["notes"]
+    if output and fmt == "perfetto":
+        # Streamed to the file event by event: a 10M-kernel timeline is GBs of JSON, and
+        # building it as one string first would hold all of it (and a copy) in memory.
+        write_streamed(output, report, analysis)
+        click.echo(f"maxinstr: wrote {output}", err=True)
+        return
     color = output is None and fmt == "text" and sys.stdout.isatty()
     width = 120
     if color:
