@@ -20,7 +20,7 @@ set -uo pipefail
 out="${OUT:-/tmp/out}/cupti"
 rm -rf "$out" && mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:/usr/local/cuda-13.0/targets/x86_64-linux/lib  # libcupti.so.13 fallback
+# no LD_LIBRARY_PATH for libcupti: torch and cupti-python must load the same file (nvidia/cu13/lib)
 [ -f .device/nsys-env.sh ] && source .device/nsys-env.sh
 work=/tmp/cupti-work && rm -rf "$work" && mkdir -p "$work"
 rc=0
@@ -31,9 +31,11 @@ for d in ("cupti-python", "nvidia-cuda-cupti", "cuda-bindings", "torch", "cupy-c
     try: print(d, md.version(d))
     except Exception as e: print(d, "missing", e)
 try:
+    import torch
+    torch.zeros(1, device="cuda")
     from cupti import cupti
     print("cupti import ok; timestamp", cupti.get_timestamp())
-    print([l.split()[-1] for l in open("/proc/self/maps") if "libcupti" in l][:1])
+    print("libcupti mapped:", sorted({l.split()[-1] for l in open("/proc/self/maps") if "libcupti" in l}))
 except Exception as e:
     print("cupti import/use failed:", type(e).__name__, e)
 PY

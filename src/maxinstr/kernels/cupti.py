@@ -25,6 +25,7 @@ said in the report.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
 from typing import Any
@@ -84,15 +85,43 @@ def _error_text(cupti: Any, exc: BaseException) -> str:
     return f"CUPTI_{name}" if name and name not in text else text
 
 
-def _loaded_cupti_path() -> str | None:
-    """The libcupti file this process has loaded (the one cupti-python opened)."""
+def _loaded_cupti_paths() -> list[str]:
+    """The libcupti files this process has mapped, in load order (usually one)."""
+    found: list[str] = []
     try:
         with open("/proc/self/maps") as f:
             for line in f:
                 if "libcupti.so" in line:
-                    return line.split(None, 5)[-1].strip()
+                    path = line.split(None, 5)[-1].strip()
+                    if path not in found:
+                        found.append(path)
     except OSError:
         pass
+    return found
+
+
+def _same_instance_path(c: Any, kind: int) -> str | None:
+    """The mapped libcupti that cupti-python talks to: an id pushed through a candidate file's own
+    symbol must come back from cupti-python's pop (two copies of libcupti in one process would
+    each keep their own stack). None when no candidate answers."""
+    for path in _loaded_cupti_paths():
+        try:
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+            push, pop = lib.cuptiActivityPushExternalCorrelationId, lib.cuptiActivityPopExternalCorrelationId
+        except (OSError, AttributeError):
+            continue
+        push.argtypes, push.restype = [ctypes.c_int, ctypes.c_uint64], ctypes.c_int
+        pop.argtypes, pop.restype = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)], ctypes.c_int
+        probe = (0x6D78 << 32) | (os.getpid() & 0xFFFFFFFF)
+        if push(kind, probe) != 0:
+            continue
+        try:
+            got = int(c.activity_pop_external_correlation_id(kind))
+        except Exception:  # noqa: BLE001 - another instance: its stack is empty
+            got = None
+        if got == probe:
+            return path
+        pop(kind, ctypes.byref(ctypes.c_uint64(0)))  # take the probe back off the other copy
     return None
 
 
@@ -162,10 +191,12 @@ class CuptiCollector:
                 c.activity_enable(kind)
                 self._enabled.append(kind)
             self._quiet_driver_calls()
-            path = _loaded_cupti_path()
-            if not path:
-                raise KernelsUnavailable("libcupti was not found among the loaded libraries")
             kind_value = int(c.ExternalCorrelationKind.CUSTOM2)
+            path = _same_instance_path(c, kind_value)
+            if not path:
+                raise KernelsUnavailable(
+                    f"could not tell which loaded libcupti cupti-python uses ({_loaded_cupti_paths() or 'none mapped'})"
+                )
             if not native.cupti_link(path, kind_value):
                 raise KernelsUnavailable(f"the stage core could not use {path} for external correlation")
             self._linked = True

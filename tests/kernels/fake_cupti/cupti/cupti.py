@@ -48,6 +48,7 @@ class CallbackDomain(enum.IntEnum):
 
 class Result(enum.IntEnum):
     SUCCESS = 0
+    ERROR_QUEUE_EMPTY = 29
     ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED = 39
 
 
@@ -152,6 +153,13 @@ def get_timestamp():
 def get_callback_name(domain, cbid):
     enum_cls = driver_api_trace_cbid if int(domain) == CallbackDomain.DRIVER_API else runtime_api_trace_cbid
     return enum_cls(cbid).name.split("_v")[0]
+
+
+def activity_pop_external_correlation_id(kind):
+    last = ctypes.c_uint64(0)
+    if _LIB.cuptiActivityPopExternalCorrelationId(int(kind), ctypes.byref(last)) != 0:
+        raise cuptiError(Result.ERROR_QUEUE_EMPTY)
+    return last.value
 
 
 def activity_get_num_dropped_records(context, stream_id, dropped_ptr):
