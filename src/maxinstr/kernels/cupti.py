@@ -25,6 +25,7 @@ said in the report.
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 import threading
 import time
@@ -48,6 +49,7 @@ BUFFER_BYTES = 8 << 20
 FLUSH_EVERY_S = 0.25
 MAX_QUEUED_ROWS = 8 << 20  # ~640 MB of rows waiting for the flusher: beyond, rows are dropped
 CLOCK_PAIRS_MAX = 512
+_PTR = operator.attrgetter("ptr")
 FAST_CHECK_ROWS = 2000  # records converted both ways (and compared) before the fast path is trusted
 
 # API functions that never launch GPU work but are called often (by the stage core around every
@@ -359,72 +361,85 @@ class CuptiCollector:
                 int(K.DRIVER): c.activity_api_dtype, int(K.EXTERNAL_CORRELATION): c.activity_external_correlation_dtype}  # fmt: skip
 
     def _convert_fast(self, activities: Any) -> np.ndarray:
+        """Rows read straight from the records' bytes: one numpy gather per field, from typed
+        views over the buffer (CUPTI records are 8-byte aligned; anything unaligned raises and
+        the caller falls back to the attribute path)."""
         n = len(activities)
         if n == 0:
             return np.empty(0, ACTIVITY_DTYPE)
         if self._layout is None:
             self._layout = self._layouts()
         layout = self._layout
-        ptrs = np.fromiter((a.ptr for a in activities), np.int64, n)
+        ptrs = np.fromiter(map(_PTR, activities), np.int64, n)
         base = int(ptrs.min())
         off = ptrs - base
-        head = np.frombuffer((ctypes.c_uint8 * (int(off.max()) + 4)).from_address(base), np.uint8)
-        kinds = head[off[:, None] + np.arange(4)].copy().view("<i4").reshape(n)
+        if (off % 8).any():
+            raise ValueError("activity records are not 8-byte aligned")
+        mem = (ctypes.c_uint8 * (int(off.max()) + 4)).from_address(base)
+        kinds = np.frombuffer(mem, "<i4", count=len(mem) // 4)[off // 4]
         sizes = np.full(n, 4, np.int64)
         for k, dt in layout.items():
             sizes[kinds == k] = dt.itemsize
-        raw = np.frombuffer((ctypes.c_uint8 * int((off + sizes).max())).from_address(base), np.uint8)
+        mem = (ctypes.c_uint8 * int((off + sizes).max())).from_address(base)
+        views: dict[str, np.ndarray] = {}
+
+        def get(offs: np.ndarray, dt: Any, name: str) -> np.ndarray:
+            fdt, fo = dt.fields[name][:2]
+            w = fdt.itemsize
+            pos = offs + fo
+            if fo % w:
+                raise ValueError(f"field {name} at offset {fo} is not aligned to its size {w}")
+            v = views.get(fdt.str)
+            if v is None:
+                v = views[fdt.str] = np.frombuffer(mem, fdt, count=len(mem) // w)
+            return v[pos // w]
+
         out = np.zeros(n, ACTIVITY_DTYPE)
         out["kind"] = -1
-        for f in ("external_id", "stream_id", "tid", "graph_node_id"):
+        for f in ("external_id", "stream_id", "tid", "graph_node_id", "name_id", "device_id", "cbid"):
             out[f] = -1
-        out["name_id"] = -1
-        out["device_id"] = -1
-        out["cbid"] = -1
         K = self._c.ActivityKind
         k_kernel, k_kernel2 = int(K.CONCURRENT_KERNEL), int(K.KERNEL)
         k_rt, k_drv, k_ext = int(K.RUNTIME), int(K.DRIVER), int(K.EXTERNAL_CORRELATION)
-        k_copy, k_set = int(K.MEMCPY), int(K.MEMSET)
+        k_copy = int(K.MEMCPY)
         for k in np.unique(kinds).tolist():
             dt = layout.get(int(k))
             if dt is None:
                 continue
             sel = np.flatnonzero(kinds == k)
-            rec = raw[off[sel][:, None] + np.arange(dt.itemsize)].copy().view(dt).reshape(len(sel))
-            o = out[sel]
+            o = off[sel]
+            cols: dict[str, Any] = {"correlation_id": get(o, dt, "correlation_id")}
             if k in (k_rt, k_drv):
-                o["kind"] = KIND_DRIVER if k == k_drv else KIND_RUNTIME
-                cb = rec["cbid"].astype(np.int64)
-                ids = {}
-                for cbid in np.unique(cb).tolist():
-                    nid = self._api_names.get((k, cbid))
-                    ids[cbid] = nid if nid is not None else self._api_name(k, cbid, k == k_drv)
-                o["name_id"] = np.array([ids[v] for v in cb.tolist()], np.int32) if len(ids) > 1 else ids[int(cb[0])]
-                o["cbid"] = cb
-                o["tid"] = rec["thread_id"]
+                cols["kind"] = KIND_DRIVER if k == k_drv else KIND_RUNTIME
+                cb = get(o, dt, "cbid").astype(np.int64)
+                uniq, inv = np.unique(cb, return_inverse=True)
+                ids = np.array([self._api_names.get((k, int(v))) if (k, int(v)) in self._api_names
+                                else self._api_name(k, int(v), k == k_drv) for v in uniq.tolist()], np.int32)  # fmt: skip
+                cols["name_id"] = ids[inv.reshape(-1)]
+                cols["cbid"] = cb
+                cols["tid"] = get(o, dt, "thread_id")
             elif k == k_ext:
-                o["kind"] = KIND_EXTERNAL
-                o["external_id"] = rec["external_id"].astype(np.int64)
-                o["cbid"] = rec["external_kind"]
-                o["start_ns"] = 0
-                o["end_ns"] = 0
+                cols["kind"] = KIND_EXTERNAL
+                cols["external_id"] = get(o, dt, "external_id").astype(np.int64)
+                cols["cbid"] = get(o, dt, "external_kind")
+                cols["start_ns"] = cols["end_ns"] = 0
             else:
                 if k in (k_kernel, k_kernel2):
-                    o["kind"] = KIND_KERNEL
-                    o["name_id"] = self._kernel_name_ids(rec["name"])
+                    cols["kind"] = KIND_KERNEL
+                    cols["name_id"] = self._kernel_name_ids(get(o, dt, "name"))
                 else:
-                    o["kind"] = KIND_MEMCPY if k == k_copy else KIND_MEMSET
-                    o["bytes"] = rec["bytes"].astype(np.int64)
+                    cols["kind"] = KIND_MEMCPY if k == k_copy else KIND_MEMSET
+                    cols["bytes"] = get(o, dt, "bytes").astype(np.int64)
                     if k == k_copy:
-                        o["copy_kind"] = rec["copy_kind"]
-                o["stream_id"] = rec["stream_id"]
-                o["graph_node_id"] = rec["graph_node_id"].astype(np.int64)
-                o["device_id"] = rec["device_id"]
+                        cols["copy_kind"] = get(o, dt, "copy_kind")
+                cols["stream_id"] = get(o, dt, "stream_id")
+                cols["graph_node_id"] = get(o, dt, "graph_node_id").astype(np.int64)
+                cols["device_id"] = get(o, dt, "device_id")
             if k != k_ext:
-                o["start_ns"] = rec["start"].astype(np.int64)
-                o["end_ns"] = rec["end"].astype(np.int64)
-            o["correlation_id"] = rec["correlation_id"]
-            out[sel] = o
+                cols["start_ns"] = get(o, dt, "start").astype(np.int64)
+                cols["end_ns"] = get(o, dt, "end").astype(np.int64)
+            for f, v in cols.items():
+                out[f][sel] = v
         return out[out["kind"] >= 0]
 
     def _kernel_name_ids(self, name_ptrs: np.ndarray) -> np.ndarray:
