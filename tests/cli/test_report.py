@@ -224,3 +224,50 @@ def test_perfetto_to_a_file_is_streamed_and_equal_to_stdout(args, tmp_path, caps
         assert same(fh.read(), printed)
     rc, _, err = run_cli(capsys, "report", *args, "--format", "perfetto", "--quiet", "-o", str(tmp_path / "no" / "t.json"))
     assert rc == 2 and err.count("\n") == 1 and "cannot write" in err
+
+
+def test_report_takes_a_trace_in_run_dirs_place(tmp_path, capsys):
+    """`maxinstr report TRACE` reads it as `--trace TRACE` (people type it that way, and the
+    diagnosis' own commands did); what is neither a run nor a trace still gets one line."""
+    trace = str(DATA / "nsys/h200_decode.sqlite")
+    rc, out, err = run_cli(capsys, "report", trace, "--format", "json", "--quiet")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["sources"]["trace"] == trace and not doc["sources"].get("run")
+    assert "decode" in {s["name"] for s in doc["stages"]}
+    rc, _, err = run_cli(capsys, "report", str(DATA / "rocprof/rocprofv3_docs"), "--format", "json", "--quiet")
+    assert rc == 0, err  # a rocprofv3 folder
+    rc, _, err = run_cli(capsys, "report", str(DATA / "PROVENANCE.md"), "--quiet")
+    assert rc == 2 and err.strip().count("\n") == 0 and "unrecognised trace format" in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    rc, _, err = run_cli(capsys, "report", str(empty), "--quiet")
+    assert rc == 2 and err.strip().count("\n") == 0 and "meta.json" in err and "no readable trace" in err
+
+
+@pytest.mark.parametrize("args", [
+    ("--trace", str(DATA / "nsys/h200_decode.sqlite")),
+    (str(DATA / "nsys/h200_threads-run"), "--trace", str(DATA / "nsys/h200_threads.sqlite")),
+], ids=["trace", "run+trace"])
+def test_diagnosis_commands_run_as_printed(args, capsys, tmp_path):
+    """Every `maxinstr report` / `maxinstr deep-dive` command the diagnosis prints works as
+    printed (deep-dive with --dry-run: no ncu here): the trace is not dropped, a trace alone is
+    passed as a trace."""
+    import shlex
+
+    rc, out, err = run_cli(capsys, "report", *args, "--format", "json", "--quiet")
+    assert rc == 0, err
+    commands = [f["command"] for f in json.loads(out)["diagnosis"] if (f.get("command") or "").startswith("maxinstr ")]
+    assert any(c.startswith("maxinstr report") for c in commands) and any("deep-dive" in c for c in commands)
+    for c in commands:
+        argv = shlex.split(c)[1:]
+        if "RUN_WITHOUT_PROFILER" in argv:
+            argv[argv.index("RUN_WITHOUT_PROFILER")] = str(DATA / "nsys/h200_threads-run")
+        if argv[0] == "report":
+            argv += ["--format", "json", "--quiet"]
+        else:
+            argv += ["--dry-run", "-o", str(tmp_path / "dd")]
+        rc, out, err = run_cli(capsys, *argv)
+        assert rc == 0, f"{c}: {err}"
+        if argv[0] == "report" and "--trace" in c:
+            assert json.loads(out)["gpu"]["ops"] > 0  # the trace came along

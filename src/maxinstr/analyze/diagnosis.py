@@ -71,8 +71,25 @@ def _significant(report: dict, stage: dict) -> bool:
 
 
 def _report_arg(report: dict) -> str:
+    """The input of this report as `maxinstr report` / `deep-dive` arguments (shell-quoted):
+    the run directory, with ``--trace`` when a trace came with it; a trace alone as ``--trace``."""
     src = report.get("sources", {})
-    return src.get("run") or src.get("trace") or "REPORT.json"
+    run, trace = src.get("run"), src.get("trace")
+    if run and trace:
+        return f"{shlex.quote(str(run))} --trace {shlex.quote(str(trace))}"
+    if run:
+        return shlex.quote(str(run))
+    if trace:
+        return f"--trace {shlex.quote(str(trace))}"
+    return "REPORT.json"
+
+
+def _deep_dive_arg(report: dict) -> str:
+    """`maxinstr deep-dive`'s SOURCE (a run directory or a trace; a run's separate trace as --trace)."""
+    src = report.get("sources", {})
+    if src.get("trace") and not src.get("run"):
+        return shlex.quote(str(src["trace"]))
+    return _report_arg(report)
 
 
 def _compare_cmd(report: dict) -> str:
@@ -172,7 +189,7 @@ def rule_warmup_contamination(report: dict) -> list[dict]:
          "ratio_by_stage": ratios, "session_warmup": warm_n, "excluded_from_headline": True},
         f"Already excluded from the headline numbers. Declare them as warm-up so every tool agrees: "
         f"maxinstr.session(..., warmup={suggested}), or run warm-up iterations before the measured loop.",
-        f"maxinstr report {shlex.quote(_report_arg(report))} --warmup {suggested}",
+        f"maxinstr report {_report_arg(report)} --warmup {suggested}",
         score=0.01)]
 
 
@@ -460,7 +477,7 @@ def _deep_dive(report: dict, st: dict, family: str | None = None) -> str | None:
     if not kernels:
         return None
     k = kernels[0]
-    return (f"maxinstr deep-dive {shlex.quote(_report_arg(report))} --stage {shlex.quote(st.get('leaf', st['name']))} "
+    return (f"maxinstr deep-dive {_deep_dive_arg(report)} --stage {shlex.quote(st.get('leaf', st['name']))} "
             f"--kernel {shlex.quote(_kernel_regex(k['name']))}")
 
 
@@ -490,7 +507,7 @@ def rule_dominant_kernel(report: dict) -> list[dict]:
                 "dominant_kernel", f"one kernel takes {k['share']:.0%} of all GPU time ({k['family']}: {_short(k['name'])})",
                 "fact", None, {"kernel": k["name"], "family": k["family"], "share": round(k["share"], 3)},
                 "Worth a deep dive.",
-                f"maxinstr deep-dive {shlex.quote(_report_arg(report))} --kernel {shlex.quote(_kernel_regex(k['name']))}",
+                f"maxinstr deep-dive {_deep_dive_arg(report)} --kernel {shlex.quote(_kernel_regex(k['name']))}",
                 score=k["share"] * 0.5))
     return out
 
@@ -503,7 +520,7 @@ def rule_perturbed(report: dict) -> list[dict]:
         "fact", None, {"reason": report.get("perturbed_reason")},
         "Use this capture for attribution (which kernels, which stage); take headline timings from the same "
         "program run without the profiler, and pass it with --unprofiled.",
-        f"maxinstr report {shlex.quote(_report_arg(report))} --unprofiled RUN_WITHOUT_PROFILER",
+        f"maxinstr report {_report_arg(report)} --unprofiled RUN_WITHOUT_PROFILER",
         score=0.0)]
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from maxinstr.errors import MaxinstrError
+from maxinstr.errors import MaxinstrError, TraceError
 
 FORMATS = ("text", "json", "md", "html", "perfetto")
 
@@ -113,6 +113,15 @@ def _is_report_file(path: str) -> bool:
     return b"maxinstr-report" in head
 
 
+def _is_bare_trace(path: str) -> bool:
+    """A positional argument that is neither a run directory nor a saved report: a trace file,
+    or a folder without meta.json and parts/ (rocprofv3 writes its trace as a folder)."""
+    p = Path(path)
+    if p.is_file():
+        return not _is_report_file(path)
+    return p.is_dir() and not (p / "meta.json").exists() and not (p / "parts").is_dir()
+
+
 def render(report: dict, fmt: str, color: bool = False, width: int = 120, analysis=None) -> str:
     """The report in one of FORMATS (html/perfetto through their own modules when present).
 
@@ -157,7 +166,7 @@ def write_streamed(output: str, report: dict, analysis) -> None:
 
 
 @click.command("report", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("run_dir", required=False, metavar="[RUN_DIR | REPORT.json]")
+@click.argument("run_dir", required=False, metavar="[RUN_DIR | TRACE | REPORT.json]")
 @click.option("--trace", "trace_paths", metavar="FILE", multiple=True,
               help="Vendor trace: nsys .sqlite/.nsys-rep, rocprofv3 folder/CSV, RPD, Kineto JSON. Repeat it for a "
                    "multi-rank run, one trace per rank: the rank comes from RANK=FILE, else from the file name "
@@ -171,9 +180,22 @@ def command(run_dir, trace_paths, fmt, output, unprofiled, warmup, quiet):
     """Per-stage report: where the time goes, stage by stage, and why.
 
     RUN_DIR is what maxinstr.session() wrote; --trace adds a profiler's kernels. Either alone
-    works. A saved JSON report can be given instead of RUN_DIR to render it again.
+    works (a trace given in RUN_DIR's place is read as --trace). A saved JSON report can be
+    given instead of RUN_DIR to render it again.
+
+    \b
+      maxinstr report runs/decode
+      maxinstr report runs/decode --trace runs/decode/profile.sqlite --format md -o note.md
+      maxinstr report profile.nsys-rep            (a trace alone: its NVTX/roctx ranges are the stages)
+      maxinstr report runs/decode --format html -o report.html
+      maxinstr report runs/decode --format perfetto -o trace.json   (open in ui.perfetto.dev)
     """
     trace_paths = list(trace_paths)
+    bare_folder = None
+    if run_dir and not trace_paths and _is_bare_trace(run_dir):
+        # `maxinstr report TRACE` means `maxinstr report --trace TRACE`
+        bare_folder = run_dir if Path(run_dir).is_dir() else None
+        trace_paths, run_dir = [run_dir], None
     trace_path = trace_paths[0] if len(trace_paths) == 1 else None
     if not run_dir and not trace_paths:
         raise click.UsageError("give a RUN_DIR, a --trace FILE, or both")
@@ -209,7 +231,13 @@ def command(run_dir, trace_paths, fmt, output, unprofiled, warmup, quiet):
                 trace_ranks = [r for r, _ in pairs]
                 trace = [open_trace_with_progress(p, quiet, progress) for _, p in pairs]
             else:
-                trace = open_trace_with_progress(trace_path, quiet, progress) if trace_path else None
+                try:
+                    trace = open_trace_with_progress(trace_path, quiet, progress) if trace_path else None
+                except TraceError as exc:
+                    if bare_folder is None:
+                        raise
+                    raise MaxinstrError(f"{bare_folder}: not a run directory (no meta.json) and no readable trace "
+                                        f"in it ({exc.problem})") from None
             unprof = load(unprofiled) if unprofiled else None
             progress.update("attributing kernels to stages and computing the report ...")
             analysis = analyze(run=run, trace=trace, unprofiled_run=unprof, warmup=warmup, trace_ranks=trace_ranks)
