@@ -70,7 +70,10 @@ def test_fixture_ops_fall_inside_their_stage_on_the_host_clock(run_dir):
     att = attribute(trace, run)
     own = att.op_range >= 0
     starts = trace.ranges.start_ns[att.op_range[own]]
-    assert (trace.ops.start_ns[own] >= starts).all()
+    # CUPTI's GPU times are normalised to its CPU clock, then mapped onto CLOCK_MONOTONIC: allow
+    # 20 us of skew (a launch's GPU start trails its stage's start by more than that on its own)
+    assert (trace.ops.start_ns[own] >= starts - 20_000).all()
+    assert np.median(trace.ops.start_ns[own] - starts) > 0
 
 
 def test_fixture_steady_steps_have_equal_kernel_counts_per_stage(run_dir):
