@@ -5,7 +5,7 @@
     python benchmarks/cupti_check.py dump RUN_DIR OUT_DIR        # raw activity files (fixture)
 
 The workload (torch on CUDA): stages ``copy_in`` (pinned 64 MiB host-to-device copy + a
-cudaMemsetAsync), ``matmul`` (bf16 4096^3 products), ``pointwise`` (large elementwise kernels),
+256 MiB cudaMemsetAsync), ``matmul`` (bf16 4096^3 products), ``pointwise`` (large elementwise kernels),
 ``copy_out`` (device-to-host copy), ``step`` around them; 2 warm-up steps then 6 steady ones.
 ``compare`` sums kernel count / kernel GPU ns / copies / sets per stage name over the steady
 steps, from the in-process records (no --trace) and from the nsys SQLite joined to its own run,
@@ -54,7 +54,7 @@ def workload(run_dir: str, kernels: bool) -> None:
                 with maxinstr.stage("copy_in"):
                     g = host.to(dev, non_blocking=True)
                     if memset is not None:
-                        z = memset(1 << 24)
+                        z = memset(1 << 28)
                 with maxinstr.stage("matmul"):
                     c = a
                     for _ in range(4):
@@ -97,19 +97,21 @@ def per_stage(run_dir: str, trace_path: str | None) -> dict[str, dict[str, float
     return out
 
 
-def compare(inproc: str, nsys_run: str, sqlite: str) -> int:
+def compare(inproc: str, nsys_run: str, sqlite: str | None) -> int:
+    """Per stage, the in-process run against ``nsys_run`` joined to ``sqlite`` (or, with
+    ``sqlite`` "-", against another in-process run: the run-to-run noise floor)."""
     a = per_stage(inproc, None)
-    b = per_stage(nsys_run, sqlite)
-    print(f"in-process source: {a.pop('_format')}; nsys source: {b.pop('_format')}")
+    b = per_stage(nsys_run, None if sqlite in (None, "-") else sqlite)
+    print(f"in-process source: {a.pop('_format')}; reference source: {b.pop('_format')}")
     print("in-process notes:", *a.pop("_notes"), sep="\n  ")
-    print("nsys notes:", *b.pop("_notes"), sep="\n  ")
+    print("reference notes:", *b.pop("_notes"), sep="\n  ")
     ok = True
-    print(f"{'stage':10} {'inst':>4} {'kern(in)':>9} {'kern(nsys)':>10} {'launch in/nsys':>15} "
-          f"{'kernel ms in':>12} {'nsys':>9} {'ratio':>7} {'copy ratio':>10} {'set ratio':>9}")  # fmt: skip
+    print(f"{'stage':10} {'inst':>4} {'kern(in)':>9} {'kern(ref)':>10} {'launch in/ref':>15} "
+          f"{'kernel ms in':>12} {'ref':>9} {'ratio':>7} {'copy ratio':>10} {'set ratio':>9}")  # fmt: skip
     for name in sorted(set(a) | set(b)):
         x, y = a.get(name), b.get(name)
         if x is None or y is None:
-            print(f"{name}: only in {'nsys' if x is None else 'in-process'}")
+            print(f"{name}: only in {'the reference' if x is None else 'in-process'}")
             ok = False
             continue
 

@@ -7,6 +7,8 @@
 #                    kernels=True workload under nsys (where it falls back: see 2); per-stage
 #                    kernel counts, launches and GPU ns from our in-process records vs the nsys
 #                    SQLite + attribution. Look for "RESULT: PASS".
+#   noise.txt        the same table for two kernels=True runs (run-to-run GPU time noise), to
+#                    read a ratio in check.txt against.
 #   fallback.txt  2. that run under nsys: the one plain warning (CUPTI held by nsys),
 #                    activity.json status "unavailable", the report's note, and the report
 #                    built from the nsys trace. Look for "maxinstr: kernels=True:" and "fallback: OK".
@@ -55,6 +57,9 @@ if command -v nsys >/dev/null; then
 else
   echo "nsys not on PATH (carry .device): comparison and fallback skipped" | tee "$out/check.txt"; rc=1
 fi
+echo "-- noise floor: a second kernels=True run against the first (same comparison, no nsys)"
+timeout 60 python3 benchmarks/cupti_check.py run "$work/inproc2" --kernels > "$out/inproc2.log" 2>&1 \
+  && timeout 60 python3 benchmarks/cupti_check.py compare "$work/inproc2" "$work/inproc" - 2>&1 | tail -8 | tee "$out/noise.txt"
 timeout 60 python3 -m maxinstr report "$work/inproc" > "$out/report-inproc.txt" 2>&1 || true
 head -45 "$out/report-inproc.txt"
 
