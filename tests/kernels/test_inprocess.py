@@ -253,3 +253,18 @@ def test_kernel_names_are_demangled_like_nsys_when_cxxfilt_is_there():
         assert out[0].startswith("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>")
     else:
         assert out[0] == names[0]
+
+
+def test_kernels_true_on_a_joined_session_is_taken_up_by_the_host(tmp_path):
+    if _cupti_usable():
+        pytest.skip("CUPTI is usable here: the fallback path is tested on machines without it")
+    outer = tmp_path / "outer"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the one warning per process may have been given already
+        with maxinstr.session(outer, sample_hz=0):
+            with maxinstr.session(None, kernels=True):  # joins the outer session
+                with maxinstr.stage("x"):
+                    pass
+    meta = json.loads((outer / "meta.json").read_text())
+    assert meta["kernels"]["requested"] is True and meta["kernels"]["status"] == "unavailable"
+    assert list(outer.glob("parts/*/activity.json"))

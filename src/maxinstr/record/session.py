@@ -257,6 +257,11 @@ class Session:
         if host.meta is not None:
             host.meta.setdefault("nested_sessions", []).append(entry)
             host._write_meta()
+        if self.kernels and not host.kernels and host._writer is not None and host.path is not None and host.part:
+            # kernels=True asked by the inner session (e.g. the script's own session under
+            # `maxinstr run`): the process's recording is the host's, so the host collects.
+            host.kernels = True
+            host._start_kernels(host.path / fmt.PARTS_DIR / host.part)
 
     def _adopted_once(self) -> bool:
         return bool(self.meta and self.meta.get("nested_sessions"))
