@@ -350,7 +350,7 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict) -> list[dict]:
             "steps_marked": bool(inst.step_marked[sel].any()),
             "steps": None,
             "mix": mix.get(name),
-            "samples": sample_stats.get(name) if sample_stats else None,
+            "samples": _window_note(sample_stats.get(name) if sample_stats else None, _stat(host[st])),
         }
         # step trend on the best GPU measure available, else host time
         basis = "gpu_event_ns" if row["gpu_event_ns"]["n"] else ("gpu_proj_ns" if row["gpu_proj_ns"]["n"] else "host_ns")
@@ -372,6 +372,24 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict) -> list[dict]:
             row["headline_gpu_event_ns"] = row["gpu_event_ns"]
         rows.append(row)
     return rows
+
+
+NVML_UTIL_WINDOW_MIN_NS = 166_666_667
+"""NVML averages utilization over a sample period of 1/6 s to 1 s (by GPU; power over ~1 s on
+Hopper): a stage shorter than the shortest period cannot be judged by the samples taken in it."""
+
+
+def _window_note(samples: dict | None, host: dict) -> dict | None:
+    """The stage's sampler numbers, with ``window_limited`` set when its median instance is
+    shorter than NVML's averaging window: utilization and power read during it then describe
+    the GPU's last 1/6 s to 1 s (mostly other stages, or idle), not the stage."""
+    if not samples:
+        return samples
+    out = dict(samples)
+    median = host.get("median") if host.get("n") else None
+    out["window_limited"] = bool(median is not None and median < NVML_UTIL_WINDOW_MIN_NS)
+    out["sampler_window_min_ns"] = NVML_UTIL_WINDOW_MIN_NS
+    return out
 
 
 def _self_times(inst, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

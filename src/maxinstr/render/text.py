@@ -44,11 +44,39 @@ def _stage_table(report: dict) -> Table | None:
     if not stages:
         return None
     unprof = any(s.get("headline_from") == "unprofiled_run" for s in stages)
-    t = Table(title="Stages (steady state)", title_justify="left", header_style="bold",
-              caption="* host times from the unprofiled run; GPU columns from the profiled one" if unprof else None,
-              caption_justify="left")
-    gpu_cols = any(f.gpu_stat(s)[1] for s in stages)
+    gpu_labels = {f.gpu_stat(s)[0] for s in stages} - {""}
+    gpu_cols = bool(gpu_labels)
     trace_cols = any((s.get("gpu_busy_frac") or {}).get("n") or s.get("mix") for s in stages)
+    with_samples = [s for s in stages if (s.get("samples") or {}).get("gpu_util_pct_mean") is not None
+                    or (s.get("samples") or {}).get("power_w_mean") is not None]
+    short_window = [s for s in with_samples if s["samples"].get("window_limited")]
+    # util/power read during a stage shorter than NVML's averaging window describe the time
+    # around it: shown in parentheses, and not at all when no stage is long enough
+    sampled = len(with_samples) > len(short_window)
+    throttle_col = any((s.get("samples") or {}).get("throttled_share") for s in stages)
+    notes = []
+    if unprof:
+        notes.append("* host times from the unprofiled run; GPU columns from the profiled one")
+    if gpu_labels == {"event"}:
+        notes.append("GPU: CUDA/HIP events on the stage's stream")
+    elif gpu_labels == {"proj"}:
+        notes.append("GPU: the trace's span per instance, first kernel start to last kernel end")
+    elif gpu_labels:
+        notes.append("GPU: events on the stage's stream, or (p) the trace's first-to-last kernel span")
+    if trace_cols:
+        notes.append("busy: share of that trace span in which a kernel ran; kernels: per instance")
+    if short_window:
+        shortest = min(short_window, key=lambda s: f.stat(s["host_ns"]) or 0)
+        names = ", ".join(s["name"] for s in short_window[:3]) + (" ..." if len(short_window) > 3 else "")
+        notes.append(("(util, power) in parentheses" if sampled else "util, power not shown")
+                     + f": {names} {'is' if len(short_window) == 1 else 'are'} shorter than NVML's averaging window "
+                     f"(1/6 s to 1 s; median {f.ns(f.stat(shortest['host_ns']))}), so the samples describe the GPU "
+                     "around the stage, not the stage; read "
+                     + ("busy" if trace_cols else "GPU time" if gpu_cols else "the HTML report's timeline"))
+    if with_samples and not throttle_col:
+        notes.append("throttled: no hardware clock limit in any stage's samples")
+    t = Table(title="Stages (steady state)", title_justify="left", header_style="bold",
+              caption="\n".join(notes) or None, caption_justify="left")
     t.add_column("stage", no_wrap=True)
     t.add_column("n", justify="right")
     t.add_column("host median", justify="right")
@@ -60,10 +88,10 @@ def _stage_table(report: dict) -> Table | None:
         t.add_column("busy", justify="right")
         t.add_column("kernels", justify="right")
         t.add_column("top family")
-    sampled = any(s.get("samples") for s in stages)
     if sampled:
         t.add_column("util", justify="right")
         t.add_column("power", justify="right")
+    if throttle_col:
         t.add_column("throttled", justify="right")
     for s in stages:
         label, g = f.gpu_stat(s)
@@ -77,15 +105,22 @@ def _stage_table(report: dict) -> Table | None:
         mix = s.get("mix") or {}
         fam = mix.get("families", [{}])[0] if mix.get("families") else {}
         cells = []
+        smp = s.get("samples") or {}
         if sampled:
-            smp = s.get("samples") or {}
             util = smp.get("gpu_util_pct_mean")
             power = smp.get("power_w_mean")
-            cells = [f"{util:.0f}%" if util is not None else "-", f"{power:.0f} W" if power is not None else "-",
-                     f.pct(smp.get("throttled_share"))]
+            util_s = f"{util:.0f}%" if util is not None else "-"
+            power_s = f"{power:.0f} W" if power is not None else "-"
+            if smp.get("window_limited"):
+                util_s = f"({util_s})" if util is not None else util_s
+                power_s = f"({power_s})" if power is not None else power_s
+            cells = [util_s, power_s]
+        if throttle_col:
+            cells.append(f.pct(smp.get("throttled_share")))
         row = ["  " * s.get("depth", 0) + s["name"], n, f.ns(f.stat(head)), f.ns(f.stat(head, "p90"))]
         if gpu_cols:
-            row += [f.ns(f.stat(g)) + (f" {label}" if label == "event" else ""), f.ns(f.stat(g, "p90"))]
+            mark = " p" if len(gpu_labels) > 1 and label == "proj" else ""
+            row += [f.ns(f.stat(g)) + mark, f.ns(f.stat(g, "p90"))]
         if trace_cols:
             kpi = f.stat(s.get("kernels_per_instance"))
             row += [f.pct(f.stat(s.get("gpu_busy_frac"))), f"{kpi:.0f}" if kpi is not None else "-",
