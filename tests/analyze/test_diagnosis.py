@@ -158,3 +158,21 @@ def test_attention_dominated_decode_on_kineto_fixture(report_of):
     assert f["command"].startswith("maxinstr deep-dive") and "--kernel fmha_cutlassF" in f["command"]
     assert "healthy_dense_decode" not in _ids(r)
     assert "attention_dominated_decode" not in _ids(report_of("nsys/h200_decode.sqlite"))
+
+
+def test_healthy_mix_says_when_the_host_sets_the_pace(trace_of):
+    """h200_threads' decode: matmul-only kernels, 68 % busy within their span (not launch-bound),
+    but the kernels are 22 % of the stage's host time (host_bound). The healthy-mix finding must
+    say so rather than advise faster matmuls beside host_bound."""
+    from fixture_columns import DATA
+    from maxinstr.analyze.report import build_report
+
+    r = build_report(run=DATA / "nsys/h200_threads-run", trace=trace_of("nsys/h200_threads.sqlite"))
+    host = _find(r, "host_bound", "decode")
+    healthy = _find(r, "healthy_dense_decode", "decode")
+    assert host["evidence"]["gpu_over_host"] < dx.HOST_BOUND_GPU_OVER_HOST
+    assert healthy["evidence"]["gpu_busy_frac_median"] >= dx.LAUNCH_BOUND_BUSY
+    assert healthy["evidence"]["gpu_over_host"] == host["evidence"]["gpu_over_host"]
+    assert "see host_bound" in healthy["title"] and "host side" in healthy["next_step"]
+    assert healthy["command"] is None  # no deep dive into a kernel that does not set the pace
+    assert "next at 0%" not in healthy["title"]

@@ -208,18 +208,34 @@ def rule_healthy_decode(report: dict) -> list[dict]:
             if busy is not None:
                 ev["gpu_busy_frac_median"] = round(busy, 3)
             title = (f"'{st['name']}' kernel mix is healthy dense decode: matmul {mm:.0%} of its GPU time, "
-                     f"{biggest_other[0]} next at {biggest_other[1]:.0%}")
-            if busy is not None and busy < LAUNCH_BOUND_BUSY:
+                     + (f"{biggest_other[0]} next at {biggest_other[1]:.0%}" if biggest_other[1] >= 0.01
+                        else "no other compute family above 1%"))
+            # the mix can be right while the time goes elsewhere: say so here, as launch_bound /
+            # host_bound do for the same stage, so the two findings do not read as a contradiction
+            busy_ns = (st.get("gpu_busy_ns") or {}).get("median") if (st.get("gpu_busy_ns") or {}).get("n") else None
+            host_med = (st.get("host_ns") or {}).get("median") if (st.get("host_ns") or {}).get("n") else None
+            gpu_over_host = busy_ns / host_med if busy_ns is not None and host_med else None
+            idle = busy is not None and busy < LAUNCH_BOUND_BUSY
+            host_side = not idle and gpu_over_host is not None and gpu_over_host < HOST_BOUND_GPU_OVER_HOST
+            if gpu_over_host is not None:
+                ev["gpu_over_host"] = round(gpu_over_host, 3)
+            if idle:
                 title += f" (but the GPU is busy only {busy:.0%} of the stage: see launch_bound/host_bound)"
-            if busy is not None and busy < LAUNCH_BOUND_BUSY:
+            elif host_side:
+                title += f" (but GPU work is only {gpu_over_host:.0%} of the stage's host time: see host_bound)"
+            if idle:
                 step = ("The kernel mix is what dense decode should be; the time is lost between kernels. "
                         "Fix the launch gaps first (see launch_bound / host_bound), then re-check the matmuls.")
+            elif host_side:
+                step = ("The kernel mix is what dense decode should be, but the host side sets the stage's pace "
+                        "(see host_bound): faster kernels would not shorten it. Fix the host side first, then "
+                        "re-check the matmuls.")
             else:
                 step = ("With this mix decode is usually weight-bandwidth bound: gains come from fewer bytes "
                         "(lower-precision weights), larger batch, or faster matmul kernels; check the dominant "
                         "matmul's achieved bandwidth with a deep dive.")
             out.append(_finding("healthy_dense_decode", title, "fact", st["name"], ev, step,
-                                _deep_dive(report, st, family="gemv") if busy is None or busy >= LAUNCH_BOUND_BUSY else None,
+                                _deep_dive(report, st, family="gemv") if not (idle or host_side) else None,
                                 score=0.0))
     return out
 
