@@ -268,3 +268,18 @@ def test_kernels_true_on_a_joined_session_is_taken_up_by_the_host(tmp_path):
     meta = json.loads((outer / "meta.json").read_text())
     assert meta["kernels"]["requested"] is True and meta["kernels"]["status"] == "unavailable"
     assert list(outer.glob("parts/*/activity.json"))
+
+
+def test_open_trace_reads_a_run_directory_with_in_process_kernels(synthetic_run, tmp_path):
+    from maxinstr.errors import TraceError
+    from maxinstr.traces import open_trace
+
+    run_dir, _ = synthetic_run
+    trace = open_trace(run_dir)
+    assert trace.format == "maxinstr-inprocess" and len(trace.ops) == len(read_run(load(run_dir))[0].ops)
+    empty = tmp_path / "empty_run"
+    with maxinstr.session(empty, kernels=True, sample_hz=0):
+        pass
+    if not _cupti_usable():
+        with pytest.raises(TraceError, match="without in-process kernels"):
+            open_trace(empty)

@@ -40,6 +40,11 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
         else:
             app = list(meta.get("command") or [])
         trace_path = trace_path or ((meta.get("profiler") or {}).get("trace"))
+        if not trace_path:
+            from maxinstr.traces.inprocess import has_activity
+
+            if has_activity(source):  # kernels=True: the run directory holds its own kernels
+                trace_path = str(source)
         if warmup is None:
             warmup = 0 if from_capture else int(meta.get("warmup") or 0)
     elif source.suffix == ".json":

@@ -126,6 +126,15 @@ def _open_json(path: Path, progress: Progress | None) -> Trace:
 def _open_folder(path: Path, progress: Progress | None) -> Trace:
     from maxinstr.traces.rocprof import csv_kind
 
+    if (path / "meta.json").is_file() and (path / "parts").is_dir():
+        from maxinstr.traces.inprocess import has_activity, read_run
+
+        if has_activity(path):  # a run directory whose session collected kernels (kernels=True)
+            trace, notes = read_run(path)
+            if trace is None:
+                raise TraceError(path, "run directory without in-process kernels: " + "; ".join(notes or ["none collected"]))
+            return trace
+
     files = sorted(p for p in path.rglob("*") if p.is_file())
     if any(csv_kind(p.name) for p in files):
         from maxinstr.traces.rocprof import read_rocprof_csv
