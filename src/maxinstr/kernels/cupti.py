@@ -274,7 +274,9 @@ class CuptiCollector:
         try:
             self._c.activity_flush_all(1 if final else 0)
         except Exception as exc:  # noqa: BLE001
-            self.writer.meta.setdefault("errors", []).append(f"flush: {_error_text(self._c, exc)}")
+            errors = self.writer.meta.setdefault("errors", [])
+            if len(errors) < 10:  # the first few say what went wrong; the rest would only repeat it
+                errors.append(f"flush: {_error_text(self._c, exc)}")
         self._clock_pair()
         self._write_queued()
 
