@@ -37,8 +37,9 @@ for step in benchmarks/device/[0-9]*.sh; do
   s0=$(date +%s)
   left=$(( deadline - s0 - 15 ))
   if [ "$left" -lt 20 ]; then echo "$name skipped: ${left} s left of TOTAL_S" | tee -a "$OUT/summary.txt"; continue; fi
-  this=$(( budget < left ? budget : left ))
   for p in ${PARALLEL:-}; do [[ $name == *$p* ]] && { par+=("$name:$step"); continue 2; }; done
+  seq=${SEQ_TIMEOUT:-$budget}  # SEQ_TIMEOUT: the limit of each step run alone (default STEP_TIMEOUT)
+  this=$(( seq < left ? seq : left ))
   run_step "$name" "$step" "$this"
 done
 if [ ${#par[@]} -gt 0 ]; then
