@@ -65,3 +65,47 @@ def test_long_and_short_stages_side_by_side(threads_report):
     rows = {r.split("│")[1].strip(): r for r in table.splitlines() if r.startswith("│")}
     assert "97%" in rows["prefill"] and "600 W" in rows["prefill"]
     assert "(0%)" in rows["decode"] and "(117 W)" in rows["decode"]
+
+
+def _rows_split_a_number(text: str) -> list[str]:
+    """Table lines where a duration was broken over two lines ('813.7' then 'us' below)."""
+    import re
+
+    lines = text.splitlines()
+    return [a for a, b in zip(lines, lines[1:])
+            if re.search(r"│\s+\d+(\.\d+)?\s+│", a) and re.search(r"│\s+(us|ms|ns|s)\s+│", b)]
+
+
+@pytest.mark.parametrize("rel", ["nsys/h200_decode.sqlite", "rocprof/rpd/mytrace.rpd.gz",
+                                 "kineto/h200_graph_threads.pt.trace.json.gz"])
+def test_report_fits_100_columns_without_splitting_numbers(rel):
+    from maxinstr.traces import open_trace
+
+    report = build_report(trace=open_trace(DATA / rel))
+    text = render(report, width=100)
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert not _rows_split_a_number(text), _rows_split_a_number(text)[:3]
+    wide = render(report, width=160)
+    assert "host p90" in wide and "left out" not in wide  # nothing dropped when there is room
+
+
+def test_compare_same_kernel_from_two_tools_is_one_kernel():
+    """nsys and Kineto spell one kernel differently ((int)512 vs 512, <unnamed> vs (anonymous
+    namespace), (T3) vs the concrete parameter list): compare must not list it as both gone and new."""
+    from maxinstr.analyze.compare import Side, compare, kernel_key
+    from maxinstr.render.text import render_compare
+    from maxinstr.traces import open_trace
+
+    a = build_report(trace=open_trace(DATA / "nsys/h200_decode.sqlite"))
+    b = build_report(trace=open_trace(DATA / "kineto/h200_decode.pt.trace.json.gz"))
+    (c,) = compare([Side("A", a), Side("B", b)])["comparisons"]
+    only = [k["name"] for k in c["kernels_appeared"] + c["kernels_disappeared"]]
+    assert not any("reduce_kernel" in n or "layer_norm" in n for n in only), only
+    assert any("fmha_cutlassF" in n for n in only)  # a kernel really only in the Kineto run
+    names_a = {kernel_key(k["name"]) for k in a["gpu"]["kernels"]}
+    names_b = {kernel_key(k["name"]) for k in b["gpu"]["kernels"]}
+    assert len(names_a & names_b) >= 2
+    text = render_compare({"comparisons": [c]}, width=100)
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert "only in A" in text and "Kernels only in B" in text
+    assert not _rows_split_a_number(text)

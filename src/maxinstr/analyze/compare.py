@@ -9,6 +9,8 @@ result is a JSON-serialisable dict, schema ``maxinstr-compare`` version 1 (docs/
 
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
 import numpy as np
@@ -64,7 +66,7 @@ def _delta_row(a: Side, b: Side, name: str, key: str) -> dict[str, Any] | None:
     sa, sb = a.stage(name), b.stage(name)
     if sa is None or sb is None:
         present = a.label if sa is not None else b.label
-        return {"stage": name, "basis": key, "verdict": f"only in {present}"}
+        return {"stage": name, "basis": key, "verdict": f"only in {present}", "only_in": "a" if sa is not None else "b"}
     ta, tb = _stat_of(sa, key), _stat_of(sb, key)
     if not ta.get("n") or not tb.get("n"):
         return None
@@ -119,14 +121,67 @@ def _families(a: dict, b: dict) -> list[dict[str, Any]]:
     return rows
 
 
+_CAST = re.compile(r"\((?:unsigned |signed )?(?:int|long|long long|short|char|bool|unsigned)\)(?=-?\d)")
+_COPY_DIR = (("dtoh", ("device-to-host", "devicetohost", "dtoh")), ("htod", ("host-to-device", "hosttodevice", "htod")),
+             ("dtod", ("device-to-device", "devicetodevice", "dtod")), ("peer", ("peer-to-peer", "ptop", "peer")))
+
+
+def kernel_key(name: str) -> str:
+    """A kernel's name with the spelling that differs between tools taken out, so one kernel
+    read from nsys and from Kineto (or two demanglers) compares equal: the parameter list
+    (nsys ``(T3)``, Kineto the concrete types), casts in template arguments (``(int)512`` vs
+    ``512``, ``(bool)1`` vs ``true``), ``(anonymous namespace)`` vs ``<unnamed>``, spacing;
+    copies become ``memcpy DIRECTION`` / ``memset``."""
+    low = name.lower()
+    if "memcpy" in low or "memset" in low or low.startswith(("copy", "fill")):
+        kind = "memset" if "memset" in low or low.startswith("fill") else "memcpy"
+        for label, words in _COPY_DIR:
+            if any(w in low for w in words):
+                return f"{kind} {label}"
+        return kind
+    text = _strip_params(name.strip())
+    text = text.replace("(bool)1", "true").replace("(bool)0", "false")
+    text = _CAST.sub("", text).replace("(anonymous namespace)", "<unnamed>")
+    return " ".join(text.split()).replace("> >", ">>").replace("> >", ">>")
+
+
+def _strip_params(name: str) -> str:
+    """The name without its trailing parameter list (nsys prints ``(T3)`` where Kineto prints
+    the concrete types)."""
+    if not name.endswith(")"):
+        return name
+    depth = 0
+    for i in range(len(name) - 1, -1, -1):
+        ch = name[i]
+        if ch in ")>":
+            depth += 1
+        elif ch in "(<":
+            depth -= 1
+            if depth == 0:
+                return name[:i] if ch == "(" and i > 0 else name
+    return name
+
+
 def _kernels(a: dict, b: dict) -> tuple[list, list, list]:
-    ka = {k["name"]: k for k in (a.get("gpu") or {}).get("kernels", [])}
-    kb = {k["name"]: k for k in (b.get("gpu") or {}).get("kernels", [])}
-    appeared = sorted(({"name": n, "family": kb[n]["family"], "gpu_ns": kb[n]["gpu_ns"], "share": kb[n]["share"]}
-                       for n in kb.keys() - ka.keys()), key=lambda r: -r["gpu_ns"])
-    gone = sorted(({"name": n, "family": ka[n]["family"], "gpu_ns": ka[n]["gpu_ns"], "share": ka[n]["share"]}
-                   for n in ka.keys() - kb.keys()), key=lambda r: -r["gpu_ns"])
-    refamilied = [{"name": n, "a_family": ka[n]["family"], "b_family": kb[n]["family"]}
+    def by_key(side: dict) -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        for k in (side.get("gpu") or {}).get("kernels", []):
+            key = kernel_key(k["name"])
+            if key in out:  # two names that are one kernel (or one copy kind): add them up
+                merged = dict(out[key])
+                merged["gpu_ns"] = merged["gpu_ns"] + k["gpu_ns"]
+                merged["share"] = (merged.get("share") or 0) + (k.get("share") or 0)
+                out[key] = merged
+            else:
+                out[key] = k
+        return out
+
+    ka, kb = by_key(a), by_key(b)
+    appeared = sorted(({"name": kb[n]["name"], "family": kb[n]["family"], "gpu_ns": kb[n]["gpu_ns"],
+                        "share": kb[n]["share"]} for n in kb.keys() - ka.keys()), key=lambda r: -r["gpu_ns"])
+    gone = sorted(({"name": ka[n]["name"], "family": ka[n]["family"], "gpu_ns": ka[n]["gpu_ns"],
+                    "share": ka[n]["share"]} for n in ka.keys() - kb.keys()), key=lambda r: -r["gpu_ns"])
+    refamilied = [{"name": ka[n]["name"], "a_family": ka[n]["family"], "b_family": kb[n]["family"]}
                   for n in ka.keys() & kb.keys() if ka[n]["family"] != kb[n]["family"]]
     return appeared, gone, refamilied
 

@@ -43,6 +43,11 @@ def command(runs, traces, fmt, output, warmup, quiet):
     runs' own spread, GPU-time and kernel-mix changes, and the settings that differ.
 
     Each RUN is a run directory, a saved JSON report, or a trace.
+
+    \b
+      maxinstr compare runs/before runs/after
+      maxinstr compare runs/bs1 runs/bs8 runs/bs32            (each against the first)
+      maxinstr compare runs/a runs/b --trace a.sqlite --trace b.sqlite --format md -o delta.md
     """
     if len(runs) < 2:
         raise click.UsageError("give at least two runs to compare")
@@ -61,9 +66,11 @@ def command(runs, traces, fmt, output, warmup, quiet):
 
         text = render_compare(result)
     else:
+        from maxinstr.cli.report import text_width
         from maxinstr.render.text import render_compare
 
-        text = render_compare(result, color=output is None and sys.stdout.isatty())
+        tty = output is None and sys.stdout.isatty()
+        text = render_compare(result, color=tty, width=text_width(tty))
     if output:
         try:
             Path(output).write_text(text)

@@ -122,6 +122,15 @@ def _is_bare_trace(path: str) -> bool:
     return p.is_dir() and not (p / "meta.json").exists() and not (p / "parts").is_dir()
 
 
+def text_width(terminal: bool) -> int:
+    """Columns for terminal text: the terminal's own width (at least 60), else 120."""
+    if not terminal:
+        return 120
+    import shutil
+
+    return max(60, shutil.get_terminal_size((120, 40)).columns)
+
+
 def render(report: dict, fmt: str, color: bool = False, width: int = 120, analysis=None) -> str:
     """The report in one of FORMATS (html/perfetto through their own modules when present).
 
@@ -250,12 +259,7 @@ def command(run_dir, trace_paths, fmt, output, unprofiled, warmup, quiet):
         click.echo(f"maxinstr: wrote {output}", err=True)
         return
     color = output is None and fmt == "text" and sys.stdout.isatty()
-    width = 120
-    if color:
-        import shutil
-
-        width = max(100, shutil.get_terminal_size((120, 40)).columns)
-    text = render(report, fmt, color=color, width=width, analysis=analysis)
+    text = render(report, fmt, color=color, width=text_width(color), analysis=analysis)
     if output:
         try:
             Path(output).write_text(text)

@@ -13,6 +13,60 @@ from rich.text import Text
 from maxinstr.render import _fmt as f
 
 
+class _Fit:
+    """A table whose right-aligned (numeric) columns keep their longest cell whole, so a
+    100-column terminal wraps names rather than splitting '813.7 us' into '813.7' over 'us'.
+    When that does not fit, the p90 columns are left out first (the caption says so; --format
+    md/json keep them); when even that does not fit, rich's own wrapping."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+
+    @staticmethod
+    def _longest(col) -> int:
+        from rich.cells import cell_len
+
+        cells = [c.plain if isinstance(c, Text) else str(c) for c in col._cells]
+        head = col.header.plain if isinstance(col.header, Text) else str(col.header)
+        words = max([cell_len(w) for w in head.split()] + [1])
+        return max([cell_len(c) for c in cells] + [words])
+
+    def _plan(self, cols: list, max_width: int) -> dict[int, int] | None:
+        """Widths for the free text columns when the numbers fit whole, else None."""
+        longest = [self._longest(c) for c in cols]
+        fixed = [i for i, c in enumerate(cols) if c.justify == "right" or c.no_wrap]
+        free = [i for i in range(len(cols)) if i not in fixed]
+        budget = max_width - 3 * len(cols) - 1 - sum(longest[i] for i in fixed)
+        if budget < 6 * len(free):
+            return None
+        plan = {}
+        for k, i in enumerate(sorted(free, key=lambda i: longest[i])):  # water-fill, shortest first
+            plan[i] = min(longest[i], budget // (len(free) - k))
+            budget -= plan[i]
+        return plan
+
+    def __rich_console__(self, console, options):
+        t = self.table
+        plan = self._plan(t.columns, options.max_width)
+        if plan is None and any("p90" in str(c.header) for c in t.columns):
+            kept = [c for c in t.columns if "p90" not in str(c.header)]
+            plan = self._plan(kept, options.max_width)
+            if plan is not None:
+                t.columns[:] = kept
+                note = f"p90 columns left out to fit {options.max_width} columns (--format md has them)"
+                t.caption = f"{t.caption}\n{note}" if t.caption else note
+        if plan is not None:
+            for i, col in enumerate(t.columns):
+                if i in plan:
+                    col.width = plan[i]
+                elif col.justify == "right":
+                    col.min_width = max(self._longest(col), col.min_width or 0)
+        yield t
+
+def _numbers_whole(table: Table) -> "_Fit":
+    return _Fit(table)
+
+
 def _header(report: dict) -> Panel:
     src = report.get("sources", {})
     lines = []
@@ -39,7 +93,7 @@ def _header(report: dict) -> Panel:
     return Panel(text, title="maxinstr report", title_align="left")
 
 
-def _stage_table(report: dict) -> Table | None:
+def _stage_table(report: dict) -> Any:
     stages = report.get("stages") or []
     if not stages:
         return None
@@ -126,7 +180,7 @@ def _stage_table(report: dict) -> Table | None:
             row += [f.pct(f.stat(s.get("gpu_busy_frac"))), f"{kpi:.0f}" if kpi is not None else "-",
                     f"{fam.get('family')} {f.pct(fam.get('share'))}" if fam else "-"]
         t.add_row(*row, *cells)
-    return t
+    return _numbers_whole(t)
 
 
 def _bottlenecks(report: dict) -> Table | None:
@@ -141,7 +195,7 @@ def _bottlenecks(report: dict) -> Table | None:
                   f.ns(r["self_ns"]) + f" ({r['basis'].replace('_ns', '')})",
                   f"{f.short(r.get('top_kernel'), 50)} {f.pct(r.get('top_kernel_share'))}" if r.get("top_kernel") else "-",
                   ", ".join(r["findings"]) or "-")
-    return t
+    return _numbers_whole(t)
 
 
 def _families(report: dict) -> Table | None:
@@ -157,7 +211,7 @@ def _families(report: dict) -> Table | None:
     t.add_column("ops", justify="right")
     for r in fams:
         t.add_row(r["family"], f.pct(r["share"], 1), f.ns(r["gpu_ns"]), str(r["count"]))
-    return t
+    return _numbers_whole(t)
 
 
 def _kernels(report: dict, n: int = 10) -> Table | None:
@@ -172,7 +226,7 @@ def _kernels(report: dict, n: int = 10) -> Table | None:
     t.add_column("median", justify="right")
     for k in ks[:n]:
         t.add_row(f.short(k["name"], 80), k["family"], f.pct(k["share"], 1), str(k["count"]), f.ns(k["median_ns"]))
-    return t
+    return _numbers_whole(t)
 
 
 def _diagnosis(report: dict) -> Panel | None:
@@ -202,7 +256,9 @@ def _startup(report: dict, n: int = 8) -> Table | None:
     rows = report.get("startup") or []
     if not rows:
         return None
-    t = Table(title=f"Startup, kept out of the numbers above ({len(rows)}{'+' if len(rows) >= 50 else ''} instances)",
+    total = f"{len(rows)}{'+' if len(rows) >= 50 else ''} instances"
+    t = Table(title=f"Startup, kept out of the numbers above ({total}"
+                    + (f"; the {n} longest shown" if len(rows) > n else "") + ")",
               title_justify="left", header_style="bold")
     for col in ("stage", "#", "why", "host", "GPU", "robust z"):
         t.add_column(col, justify="left" if col in ("stage", "why") else "right")
@@ -210,7 +266,7 @@ def _startup(report: dict, n: int = 8) -> Table | None:
         t.add_row(r["stage"], str(r["occurrence"]), r["reason"], f.ns(r["host_ns"]),
                   f.ns(r.get("gpu_event_ns") if r.get("gpu_event_ns") is not None else r.get("gpu_proj_ns")),
                   f"{r['robust_z']:.0f}" if r.get("robust_z") is not None else "-")
-    return t
+    return _numbers_whole(t)
 
 
 def _notes(report: dict) -> Text | None:
@@ -288,21 +344,24 @@ def _signed_ns(v: float | None) -> str:
 
 
 def _delta_table(title: str, rows: list[dict]) -> Table:
-    t = Table(title=title, title_justify="left", header_style="bold")
-    for col in ("stage", "n A/B", "median A", "median B", "delta", "noise ±", "p90 A", "p90 B", "p90 delta", "verdict"):
+    t = Table(title=title, title_justify="left", header_style="bold",
+              caption="noise ±: the difference of medians the runs' own spread allows; p90 A/B: in --format json/md",
+              caption_justify="left")
+    for col in ("stage", "n A/B", "median A", "median B", "delta", "noise ±", "p90 delta", "verdict"):
         t.add_column(col, justify="left" if col in ("stage", "verdict") else "right")
     for r in rows:
         if "a" not in r:
-            t.add_row(r["stage"], "-", "-", "-", "-", "-", "-", "-", "-", r["verdict"])
+            verdict = f"only in {r['only_in'].upper()}" if r.get("only_in") else r["verdict"]
+            t.add_row(r["stage"], "-", "-", "-", "-", "-", "-", verdict)
             continue
         rel = r.get("median_delta_rel")
         t.add_row(
             r["stage"], f"{r['a']['n']}/{r['b']['n']}", f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
             _signed_ns(r["median_delta_ns"]) + (f" ({rel:+.1%})" if rel is not None else ""),
-            f.ns(r["noise_bound_ns"]), f.ns(r["a"]["p90"]), f.ns(r["b"]["p90"]), _signed_ns(r["p90_delta_ns"]),
+            f.ns(r["noise_bound_ns"]), _signed_ns(r["p90_delta_ns"]),
             Text(r["verdict"], style=_VERDICT_STYLE.get(r["verdict"], "")),
         )
-    return t
+    return _numbers_whole(t)
 
 
 def compare_renderables(result: dict) -> list[Any]:
@@ -323,8 +382,16 @@ def compare_renderables(result: dict) -> list[Any]:
             parts.append(t)
         for key, label in (("kernels_appeared", "Kernels only in B"), ("kernels_disappeared", "Kernels only in A")):
             if c[key]:
-                parts.append(Text(f"{label}: " + "; ".join(f"{f.short(k['name'], 60)} [{k['family']}] {f.ns(k['gpu_ns'])}"
-                                                          for k in c[key][:8]), style="dim"))
+                more = len(c[key]) - 8
+                t = Table(title=label, title_justify="left", header_style="bold",
+                          caption=f"... and {more} more (--format json lists them)" if more > 0 else None,
+                          caption_justify="left")
+                t.add_column("kernel", overflow="fold", max_width=70)
+                t.add_column("family")
+                t.add_column("GPU time", justify="right")
+                for k in c[key][:8]:
+                    t.add_row(f.short(k["name"], 70), k["family"], f.ns(k["gpu_ns"]))
+                parts.append(t)
         if c["kernels_changed_family"]:
             parts.append(Text("Kernels classified differently: " + "; ".join(
                 f"{f.short(k['name'], 50)}: {k['a_family']} -> {k['b_family']}" for k in c["kernels_changed_family"][:8])))
