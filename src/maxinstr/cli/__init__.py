@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from maxinstr import __version__
 from maxinstr.errors import MaxinstrError
 
 # name -> module under maxinstr.cli exposing `command` (a click.Command)
@@ -45,7 +46,7 @@ class _LazyGroup(click.Group):
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, envvar="MAXINSTR_DEBUG", help="Show tracebacks on errors.")
-@click.version_option(package_name="maxinstr")
+@click.version_option(version=__version__, prog_name="maxinstr")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
     """maxinstr: where does my GPU time go, stage by stage."""

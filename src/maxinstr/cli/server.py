@@ -75,7 +75,11 @@ def _start(out, profiler, ready, ready_timeout, stages, no_fail_fast, cmd) -> sr
 @_apply(_start_options)
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def start_cmd(out, profiler, ready, ready_timeout, stages, no_fail_fast, cmd) -> None:  # noqa: ANN001
-    """Start CMD as a server and return once it is ready."""
+    """Start CMD as a server and return once it is ready.
+
+    \b
+      maxinstr server start -o runs/serve --ready 'Server ready' -- max serve --model ...
+    """
     _start(out, profiler, ready, ready_timeout, stages, no_fail_fast, _strip(cmd))
 
 
@@ -106,7 +110,12 @@ def _window(run_dir: Path, duration: float | None, bench: list[str] | None, time
 @click.option("-q", "--quiet", is_flag=True, help="Do not echo the benchmark's output.")
 @click.argument("bench", nargs=-1, type=click.UNPROCESSED)
 def window_cmd(run_dir, duration, timeout, quiet, bench) -> None:  # noqa: ANN001
-    """Capture one window: while BENCH runs (after --), or for --duration seconds."""
+    """Capture one window: while BENCH runs (after --), or for --duration seconds.
+
+    \b
+      maxinstr server window runs/serve -- python bench.py --requests 200
+      maxinstr server window runs/serve --duration 30
+    """
     if not _window(run_dir, duration, _strip(bench) or None, timeout, quiet):
         raise click.exceptions.Exit(1)
 
@@ -114,7 +123,11 @@ def window_cmd(run_dir, duration, timeout, quiet, bench) -> None:  # noqa: ANN00
 @command.command("stop")
 @click.argument("run_dir", type=click.Path(path_type=Path))
 def stop_cmd(run_dir) -> None:  # noqa: ANN001
-    """Shut the server down (nsys shutdown, then its process group)."""
+    """Shut the server down (nsys shutdown, then its process group).
+
+    \b
+      maxinstr server stop runs/serve
+    """
     state = srv.stop_server(run_dir)
     click.echo(f"maxinstr: server stopped; {len(state.windows)} window(s) in {state.run_dir}", err=True)
 
@@ -127,7 +140,11 @@ def stop_cmd(run_dir) -> None:  # noqa: ANN001
 @click.option("-q", "--quiet", is_flag=True)
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(out, profiler, ready, ready_timeout, stages, no_fail_fast, bench, duration, timeout, quiet, cmd) -> None:  # noqa: ANN001
-    """Start CMD, capture one window around --bench (or --duration), then stop it."""
+    """Start CMD, capture one window around --bench (or --duration), then stop it.
+
+    \b
+      maxinstr server run -o runs/serve --ready 'Server ready' --bench 'python bench.py' -- max serve --model ...
+    """
     _start(out, profiler, ready, ready_timeout, stages, no_fail_fast, _strip(cmd))
     try:
         ok = _window(out, duration, shlex.split(bench) if bench else None, timeout, quiet)
