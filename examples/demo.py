@@ -4,8 +4,9 @@
 
 It runs a toy "language model" made of numpy matrix products (the CPU stands in for a GPU
 when there is none), marks its stages with `maxinstr.stage`, records them in a run directory
-with `maxinstr.session`, reads the run back with `maxinstr.load`, and prints a per-stage
-summary: warm-up apart from steady state, median and p90 host time, share of the step.
+with `maxinstr.session`, reads the run back with `maxinstr.load`, and prints the per-stage
+report (`maxinstr report RUN_DIR`): warm-up apart from steady state, median and p90 host time,
+a ranking by self time, and the diagnosis.
 """
 
 from __future__ import annotations
@@ -75,52 +76,15 @@ def run(run_dir: Path) -> None:
 
 
 def summarize(run_dir: Path) -> None:
-    """Per-stage host-time summary of the run directory (steady state apart from warm-up)."""
-    from rich.console import Console
-    from rich.table import Table
-
+    """What the run directory holds, read back with ``maxinstr.load`` (the same data the report
+    below is computed from; ``run.stages`` is a numpy structured array, one row per record)."""
     run = maxinstr.load(run_dir)
-    st = run.stages
-    names = run.stage_names()
-    real = (st["flags"] & 4) == 0  # marks have no duration
-    dur_ms = (st["host_end_ns"] - st["host_start_ns"]) / 1e6
-    warm = run.warmup_mask()
-    steady_decode = (names == "decode") & ~warm
-    decode_steady = dur_ms[steady_decode].sum()
-    in_steady_decode = np.isin(st["parent_id"], st["id"][steady_decode])  # direct children
-
-    table = Table(title=f"{run_dir}  ({len(st)} records, warm-up = first {run.warmup} of each stage)")
-    for col in ("stage", "depth", "count", "warm-up", "steady median ms", "steady p90 ms", "warm-up mean ms", "% of steady decode"):
-        table.add_column(col, justify="left" if col == "stage" else "right", no_wrap=col == "stage")
-    order = np.unique(names[real], return_index=True)
-    for name in [n for _, n in sorted(zip(order[1], order[0]))]:
-        sel = (names == name) & real
-        steady = dur_ms[sel & ~warm]
-        warmup = dur_ms[sel & warm]
-        depth = int(st["depth"][sel].min())
-        inside = dur_ms[sel & in_steady_decode].sum()
-        share = f"{100 * inside / decode_steady:.0f}%" if decode_steady > 0 and inside > 0 else ""
-        table.add_row(
-            "  " * depth + str(name),
-            str(depth),
-            str(int(sel.sum())),
-            str(len(warmup)),
-            f"{np.median(steady):.3f}" if len(steady) else "-",
-            f"{np.percentile(steady, 90):.3f}" if len(steady) else "-",
-            f"{warmup.mean():.3f}" if len(warmup) else "-",
-            share,
-        )
-    console = Console()
-    console.print(table)
-    marks = int((~real).sum())
-    meta = run.meta
-    console.print(
-        f"{marks} marks; host {meta.get('host')}, Python {meta.get('python')}, maxinstr {meta.get('maxinstr')}, "
-        f"GPUs: {', '.join(g.get('name', '?') for g in meta.get('gpus') or []) or 'none seen (host timings only)'}"
-    )
+    marks = int(((run.stages["flags"] & 4) != 0).sum())  # instant marks have no duration
+    gpus = ", ".join(g.get("name", "?") for g in run.meta.get("gpus") or []) or "none seen (host times only)"
+    print(f"run directory: {run_dir}: {len(run.stages) - marks} stage records and {marks} marks; GPUs: {gpus}")
+    print(f"read it back with maxinstr.load({str(run_dir)!r}); report it with `maxinstr report {run_dir}`")
     for note in run.notes:
-        console.print(f"note: {note}")
-    console.print(f"run directory: {run_dir}   (read it back with maxinstr.load({str(run_dir)!r}))")
+        print(f"note: {note}")
 
 
 def report(run_dir: Path) -> None:

@@ -97,3 +97,13 @@ def test_readme_ci_lines_match_ci_script():
         pytest.skip(".ci/run does not install MAX yet (the README's lines are for the coordinator to merge)")
     for ln in lines:
         assert ln in ci, f".ci/run lacks README's line: {ln}"
+
+
+def test_readme_quickstart_is_the_example_file():
+    """The README's 30-second example is examples/quickstart.py, verbatim (the README's console
+    block runs the file, so the code shown is the code run)."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## A 30-second example", 1)[1]
+    code = section.split("```python", 1)[1].split("```", 1)[0].strip()
+    assert code == (REPO / "examples" / "quickstart.py").read_text().strip()
+    assert "$ python examples/quickstart.py" in section and "$ maxinstr report runs/quickstart" in section

@@ -23,6 +23,10 @@ def test_demo_writes_a_run_and_prints_a_summary(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert "decode" in out.stdout and "steady" in out.stdout
+    # one view of the run, the report's: no second hand-made table that nests attention under
+    # prefill with decode's instances counted in (what the demo printed before)
+    assert out.stdout.count("Stages (steady state)") == 1 and "% of steady decode" not in out.stdout
+    assert "250 stage records and 24 marks" in out.stdout and "maxinstr report" in out.stdout
     run = maxinstr.load(tmp_path / "demo")
     assert run.meta["status"] == "closed" and run.meta["warmup"] == 2
     names = run.stage_names()

@@ -28,8 +28,7 @@ class _Fit:
 
         cells = [c.plain if isinstance(c, Text) else str(c) for c in col._cells]
         head = col.header.plain if isinstance(col.header, Text) else str(col.header)
-        words = max([cell_len(w) for w in head.split()] + [1])
-        return max([cell_len(c) for c in cells] + [words])
+        return max([cell_len(c) for c in cells] + [cell_len(head), 1])
 
     def _plan(self, cols: list, max_width: int) -> dict[int, int] | None:
         """Widths for the free text columns when the numbers fit whole, else None."""
