@@ -204,3 +204,18 @@ def test_bottlenecks_rank_self_time(report_of):
     assert top["stage"] == "execute_model" and top["has_children"]  # its own matmuls, outside FlashAttn
     for b in r["bottlenecks"] + vllm["bottlenecks"]:
         assert 0 < b["self_ns"] <= b["total_ns"] + 1e-6
+
+
+def test_stage_rows_read_as_a_tree(trace_of):
+    """Each stage row follows its parent (depth first): in the vLLM RPD capture `detach_` (a
+    root) starts between `_run_engine` and its child `execute_model`, and used to sit between
+    them, so the indentation showed execute_model under detach_."""
+    from maxinstr.analyze.report import build_report
+
+    rows = build_report(trace=trace_of("rocprof/rpd/mytrace.rpd.gz"))["stages"]
+    names = [r["name"] for r in rows]
+    assert names.index("_run_engine") < names.index("execute_model") < names.index("detach_")
+    for i, r in enumerate(rows):
+        if r["parent"] in names:
+            p = names.index(r["parent"])
+            assert p < i and all(x["depth"] > rows[p]["depth"] for x in rows[p + 1 : i + 1]), r["name"]

@@ -371,7 +371,30 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict) -> list[dict]:
             row["headline_host_ns"] = row["host_ns"]
             row["headline_gpu_event_ns"] = row["gpu_event_ns"]
         rows.append(row)
-    return rows
+    return _tree_order(rows)
+
+
+def _tree_order(rows: list[dict]) -> list[dict]:
+    """Rows (in pipeline order) reordered so each stage follows its parent, depth first:
+    indentation by depth then reads as the tree (a root that starts between a parent and its
+    child no longer sits between them)."""
+    present = {r["name"] for r in rows}
+    children: dict[str | None, list[dict]] = {}
+    for r in rows:
+        parent = r.get("parent") if r.get("parent") in present and r.get("parent") != r["name"] else None
+        children.setdefault(parent, []).append(r)
+    out: list[dict] = []
+    seen: set[str] = set()
+    stack = list(reversed(children.get(None, [])))
+    while stack:
+        r = stack.pop()
+        if r["name"] in seen:
+            continue
+        seen.add(r["name"])
+        out.append(r)
+        stack.extend(reversed(children.get(r["name"], [])))
+    out += [r for r in rows if r["name"] not in seen]  # parent cycles: keep them, in pipeline order
+    return out
 
 
 NVML_UTIL_WINDOW_MIN_NS = 166_666_667
