@@ -176,3 +176,14 @@ def test_healthy_mix_says_when_the_host_sets_the_pace(trace_of):
     assert "see host_bound" in healthy["title"] and "host side" in healthy["next_step"]
     assert healthy["command"] is None  # no deep dive into a kernel that does not set the pace
     assert "next at 0%" not in healthy["title"]
+
+
+def test_a_dominant_copy_gets_no_ncu_deep_dive(report_of):
+    """matmul_result.rpd spends 85 % of its GPU time in host-to-device copies: ncu cannot
+    profile a copy, so the finding says what to do with it instead of printing deep-dive."""
+    r = report_of("rocprof/rpd/matmul_result.rpd")
+    f = _find(r, "dominant_kernel")
+    assert f["evidence"]["family"] == "memcpy" and f["evidence"]["share"] > 0.5
+    assert f["command"] is None and "pinned" in f["next_step"] and "one copy" in f["title"]
+    k = _find(report_of("nsys/h200_decode.sqlite"), "dominant_kernel", "decode")
+    assert k["command"].startswith("maxinstr deep-dive")  # real kernels keep theirs

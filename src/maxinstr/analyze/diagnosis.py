@@ -497,6 +497,11 @@ def _deep_dive(report: dict, st: dict, family: str | None = None) -> str | None:
             f"--kernel {shlex.quote(_kernel_regex(k['name']))}")
 
 
+COPY_FAMILIES = ("memcpy", "memset")
+_COPY_STEP = ("A copy, not a kernel: Nsight Compute cannot profile it. Check its direction and size in the trace; "
+              "use pinned host memory, overlap it with compute on another stream, or keep the data on the GPU.")
+
+
 def rule_dominant_kernel(report: dict) -> list[dict]:
     out = []
     for st in _leaf_stages(report):
@@ -506,23 +511,28 @@ def rule_dominant_kernel(report: dict) -> list[dict]:
         if not top or top[0]["share"] < DOMINANT_KERNEL_SHARE:
             continue
         k = top[0]
+        copy = k["family"] in COPY_FAMILIES
         out.append(_finding(
             "dominant_kernel",
-            f"'{st['name']}': one kernel takes {k['share']:.0%} of its GPU time ({k['family']}: {_short(k['name'])})",
+            f"'{st['name']}': one {'copy' if copy else 'kernel'} takes {k['share']:.0%} of its GPU time "
+            f"({k['family']}: {_short(k['name'])})",
             "fact", st["name"],
             {"kernel": k["name"], "family": k["family"], "share": round(k["share"], 3), "count": k["count"],
              "median_ns": k["median_ns"], "per_instance": k.get("per_instance")},
-            "Worth a deep dive: read its achieved bandwidth/throughput against the GPU's peak.",
-            _deep_dive(report, st) if k else None,
+            _COPY_STEP if copy else "Worth a deep dive: read its achieved bandwidth/throughput against the GPU's peak.",
+            None if copy else _deep_dive(report, st),
             score=k["share"] * _stage_weight(report, st) * 0.5))
     gpu = report.get("gpu") or {}
     if not report.get("stages") and gpu.get("kernels"):
         k = gpu["kernels"][0]
         if k["share"] >= DOMINANT_KERNEL_SHARE:
+            copy = k["family"] in COPY_FAMILIES
             out.append(_finding(
-                "dominant_kernel", f"one kernel takes {k['share']:.0%} of all GPU time ({k['family']}: {_short(k['name'])})",
+                "dominant_kernel", f"one {'copy' if copy else 'kernel'} takes {k['share']:.0%} of all GPU time "
+                f"({k['family']}: {_short(k['name'])})",
                 "fact", None, {"kernel": k["name"], "family": k["family"], "share": round(k["share"], 3)},
-                "Worth a deep dive.",
+                _COPY_STEP if copy else "Worth a deep dive.",
+                None if copy else
                 f"maxinstr deep-dive {_deep_dive_arg(report)} --kernel {shlex.quote(_kernel_regex(k['name']))}",
                 score=k["share"] * 0.5))
     return out
