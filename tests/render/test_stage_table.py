@@ -109,3 +109,14 @@ def test_compare_same_kernel_from_two_tools_is_one_kernel():
     assert max(len(line) for line in text.splitlines()) <= 100
     assert "only in A" in text and "Kernels only in B" in text
     assert not _rows_split_a_number(text)
+
+
+def test_diagnosis_wraps_under_its_own_indent():
+    """A finding's wrapped lines stay indented under it (they ran back to the panel's edge)."""
+    from maxinstr.traces import open_trace
+
+    text = render(build_report(trace=open_trace(DATA / "nsys/h200_decode.sqlite")), width=100)
+    panel = text.split("Diagnosis", 1)[1].split("╰", 1)[0]
+    body = [ln[1:-1] for ln in panel.splitlines() if ln.startswith("│")]
+    assert body and all(ln.startswith(("Facts", "Hypotheses", "  ")) or not ln.strip() for ln in body), body
+    assert any(ln.startswith("      $ maxinstr deep-dive") for ln in body)

@@ -229,26 +229,30 @@ def _kernels(report: dict, n: int = 10) -> Table | None:
 
 
 def _diagnosis(report: dict) -> Panel | None:
+    from rich.padding import Padding
+
     fs = report.get("diagnosis") or []
     if not fs:
         return None
-    text = Text()
+    parts: list[Any] = []
     for verdict, style in (("fact", "bold green"), ("hypothesis", "bold yellow")):
         group = [x for x in fs if x["verdict"] == verdict]
         if not group:
             continue
-        text.append(("Facts" if verdict == "fact" else "Hypotheses") + "\n", style=style)
+        parts.append(Text("Facts" if verdict == "fact" else "Hypotheses", style=style))
         for x in group:
-            text.append(f"  [{x['id']}] ", style="bold")
-            text.append(x["title"] + "\n")
+            head = Text()
+            head.append(f"[{x['id']}] ", style="bold")
+            head.append(x["title"])
+            parts.append(Padding(head, (0, 0, 0, 2)))  # wrapped lines keep their indentation
             ev = f.evidence_text(x.get("evidence") or {})
             if ev:
-                text.append(f"      evidence: {ev}\n", style="dim")
+                parts.append(Padding(Text(f"evidence: {ev}", style="dim"), (0, 0, 0, 6)))
             if x.get("next_step"):
-                text.append(f"      next: {x['next_step']}\n")
+                parts.append(Padding(Text(f"next: {x['next_step']}"), (0, 0, 0, 6)))
             if x.get("command"):
-                text.append(f"      $ {x['command']}\n", style="cyan")
-    return Panel(text, title="Diagnosis", title_align="left")
+                parts.append(Padding(Text(f"$ {x['command']}", style="cyan"), (0, 0, 0, 6)))
+    return Panel(Group(*parts), title="Diagnosis", title_align="left")
 
 
 def _startup(report: dict, n: int = 8) -> Table | None:
