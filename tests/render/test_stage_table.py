@@ -117,6 +117,6 @@ def test_diagnosis_wraps_under_its_own_indent():
 
     text = render(build_report(trace=open_trace(DATA / "nsys/h200_decode.sqlite")), width=100)
     panel = text.split("Diagnosis", 1)[1].split("╰", 1)[0]
-    body = [ln[1:-1] for ln in panel.splitlines() if ln.startswith("│")]
+    body = [ln[2:-1] for ln in panel.splitlines() if ln.startswith("│")]  # less the border and its padding
     assert body and all(ln.startswith(("Facts", "Hypotheses", "  ")) or not ln.strip() for ln in body), body
     assert any(ln.startswith("      $ maxinstr deep-dive") for ln in body)
