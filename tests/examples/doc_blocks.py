@@ -28,7 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 # The files whose console blocks are run (docs owned by the examples/guide part).
-DOC_FILES = ("README.md", "docs/guide.md", "docs/bring-up.md", "docs/troubleshooting.md")
+DOC_FILES = ("README.md", "docs/guide.md", "docs/bring-up.md", "docs/troubleshooting.md", "docs/cli.md")
 
 _FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*(.*)$")
 

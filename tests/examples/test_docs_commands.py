@@ -107,3 +107,13 @@ def test_readme_quickstart_is_the_example_file():
     code = section.split("```python", 1)[1].split("```", 1)[0].strip()
     assert code == (REPO / "examples" / "quickstart.py").read_text().strip()
     assert "$ python examples/quickstart.py" in section and "$ maxinstr report runs/quickstart" in section
+
+
+def test_every_doc_with_console_blocks_is_run():
+    """A `console` block in any doc runs only if its file is in doc_blocks.DOC_FILES: a new doc
+    with runnable blocks must be added there, or its commands would rot unseen."""
+    from doc_blocks import DOC_FILES
+
+    with_blocks = {str(p.relative_to(REPO)) for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+                   if "```console" in p.read_text()}
+    assert with_blocks <= set(DOC_FILES), sorted(with_blocks - set(DOC_FILES))
