@@ -120,3 +120,12 @@ def test_diagnosis_wraps_under_its_own_indent():
     body = [ln[2:-1] for ln in panel.splitlines() if ln.startswith("│")]  # less the border and its padding
     assert body and all(ln.startswith(("Facts", "Hypotheses", "  ")) or not ln.strip() for ln in body), body
     assert any(ln.startswith("      $ maxinstr deep-dive") for ln in body)
+
+
+def test_startup_table_says_when_it_shows_only_some(threads_report):
+    report = copy.deepcopy(threads_report)
+    report["startup"] = report["startup"] * 3  # 12 rows: more than the 8 shown
+    text = render(report, width=100)
+    assert "Startup (kept out of the numbers above)" in text
+    assert "12 instances; the 8 longest shown" in text
+    assert "longest shown" not in render(threads_report, width=100)  # all 4 shown: nothing to say

@@ -260,9 +260,8 @@ def _startup(report: dict, n: int = 8) -> Table | None:
     if not rows:
         return None
     total = f"{len(rows)}{'+' if len(rows) >= 50 else ''} instances"
-    t = Table(title=f"Startup, kept out of the numbers above ({total}"
-                    + (f"; the {n} longest shown" if len(rows) > n else "") + ")",
-              title_justify="left", header_style="bold")
+    t = Table(title="Startup (kept out of the numbers above)", title_justify="left", header_style="bold",
+              caption=f"{total}; the {n} longest shown" if len(rows) > n else None, caption_justify="left")
     for col in ("stage", "#", "why", "host", "GPU", "robust z"):
         t.add_column(col, justify="left" if col in ("stage", "why") else "right")
     for r in sorted(rows, key=lambda r: -r["host_ns"])[:n]:
