@@ -242,7 +242,12 @@ def test_report_takes_a_trace_in_run_dirs_place(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     rc, _, err = run_cli(capsys, "report", str(empty), "--quiet")
-    assert rc == 2 and err.strip().count("\n") == 0 and "meta.json" in err and "no readable trace" in err
+    assert rc == 2 and err.strip().count("\n") == 0 and "meta.json" in err and "no trace in it" in err
+    broken = tmp_path / "broken"  # a rocprofv3 folder cut short: the reader's error, not "no trace"
+    broken.mkdir()
+    (broken / "kernel_trace.csv").write_bytes((DATA / "rocprof/rocprofv3_docs/kernel_trace.csv").read_bytes()[:500])
+    rc, _, err = run_cli(capsys, "report", str(broken), "--quiet")
+    assert rc == 2 and err.strip().count("\n") == 0 and "broken" in err and "meta.json" not in err
 
 
 @pytest.mark.parametrize("args", [

@@ -243,10 +243,10 @@ def command(run_dir, trace_paths, fmt, output, unprofiled, warmup, quiet):
                 try:
                     trace = open_trace_with_progress(trace_path, quiet, progress) if trace_path else None
                 except TraceError as exc:
-                    if bare_folder is None:
-                        raise
-                    raise MaxinstrError(f"{bare_folder}: not a run directory (no meta.json) and no readable trace "
-                                        f"in it ({exc.problem})") from None
+                    if bare_folder is None or "no trace found" not in exc.problem:
+                        raise  # a trace that is there but broken: the reader's own line says what
+                    raise MaxinstrError(f"{bare_folder}: not a run directory (no meta.json) and no trace in it "
+                                        f"({exc.problem})") from None
             unprof = load(unprofiled) if unprofiled else None
             progress.update("attributing kernels to stages and computing the report ...")
             analysis = analyze(run=run, trace=trace, unprofiled_run=unprof, warmup=warmup, trace_ranks=trace_ranks)
