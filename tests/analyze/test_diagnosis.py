@@ -187,3 +187,16 @@ def test_a_dominant_copy_gets_no_ncu_deep_dive(report_of):
     assert f["command"] is None and "pinned" in f["next_step"] and "one copy" in f["title"]
     k = _find(report_of("nsys/h200_decode.sqlite"), "dominant_kernel", "decode")
     assert k["command"].startswith("maxinstr deep-dive")  # real kernels keep theirs
+
+
+def test_dominant_kernel_in_a_stage_the_gpu_does_not_pace(report_of):
+    """h200_decode's sample stage: one reduce kernel is 57 % of its GPU time, but the GPU is busy
+    6 % of the stage (host_bound). The finding says a faster kernel would not help yet."""
+    r = report_of("nsys/h200_decode.sqlite")
+    f = _find(r, "dominant_kernel", "sample")
+    assert "host_bound" in _ids(r, "sample")
+    assert "(but the GPU is busy only 6% of the stage)" in f["title"]
+    assert "would not shorten this stage yet" in f["next_step"]
+    assert f["command"].startswith("maxinstr deep-dive")  # still there for afterwards
+    t = _find(report_of("kineto/h200_graph_threads.pt.trace.json.gz"), "dominant_kernel", "copy_in")
+    assert "but" not in t["title"]  # a copy stage the GPU keeps busy: no such clause

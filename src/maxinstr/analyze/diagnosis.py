@@ -497,6 +497,19 @@ def _deep_dive(report: dict, st: dict, family: str | None = None) -> str | None:
             f"--kernel {shlex.quote(_kernel_regex(k['name']))}")
 
 
+def _not_gpu_paced(st: dict) -> str | None:
+    """Why the GPU's kernels do not set this stage's pace, as a clause for a title ("the GPU is
+    busy only 18% of the stage"), or None when they may: the launch_bound / host_bound tests."""
+    busy = (st.get("gpu_busy_frac") or {}).get("median") if (st.get("gpu_busy_frac") or {}).get("n") else None
+    if busy is not None and busy < LAUNCH_BOUND_BUSY:
+        return f"the GPU is busy only {busy:.0%} of the stage"
+    busy_ns = (st.get("gpu_busy_ns") or {}).get("median") if (st.get("gpu_busy_ns") or {}).get("n") else None
+    host = (st.get("host_ns") or {}).get("median") if (st.get("host_ns") or {}).get("n") else None
+    if busy_ns is not None and host and busy_ns / host < HOST_BOUND_GPU_OVER_HOST:
+        return f"GPU work is only {busy_ns / host:.0%} of the stage's host time"
+    return None
+
+
 COPY_FAMILIES = ("memcpy", "memset")
 _COPY_STEP = ("A copy, not a kernel: Nsight Compute cannot profile it. Check its direction and size in the trace; "
               "use pinned host memory, overlap it with compute on another stream, or keep the data on the GPU.")
@@ -512,16 +525,20 @@ def rule_dominant_kernel(report: dict) -> list[dict]:
             continue
         k = top[0]
         copy = k["family"] in COPY_FAMILIES
+        pace = None if copy else _not_gpu_paced(st)
+        step = _COPY_STEP if copy else "Worth a deep dive: read its achieved bandwidth/throughput against the GPU's peak."
+        if pace and not copy:
+            step = ("A faster kernel would not shorten this stage yet: fix what launch_bound / host_bound say "
+                    "first; then a deep dive reads its achieved bandwidth/throughput against the GPU's peak.")
         out.append(_finding(
             "dominant_kernel",
             f"'{st['name']}': one {'copy' if copy else 'kernel'} takes {k['share']:.0%} of its GPU time "
-            f"({k['family']}: {_short(k['name'])})",
+            f"({k['family']}: {_short(k['name'])})" + (f" (but {pace})" if pace else ""),
             "fact", st["name"],
             {"kernel": k["name"], "family": k["family"], "share": round(k["share"], 3), "count": k["count"],
              "median_ns": k["median_ns"], "per_instance": k.get("per_instance")},
-            _COPY_STEP if copy else "Worth a deep dive: read its achieved bandwidth/throughput against the GPU's peak.",
-            None if copy else _deep_dive(report, st),
-            score=k["share"] * _stage_weight(report, st) * 0.5))
+            step, None if copy else _deep_dive(report, st),
+            score=k["share"] * _stage_weight(report, st) * (0.25 if pace else 0.5)))
     gpu = report.get("gpu") or {}
     if not report.get("stages") and gpu.get("kernels"):
         k = gpu["kernels"][0]

@@ -243,10 +243,14 @@ def command(run_dir, trace_paths, fmt, output, unprofiled, warmup, quiet):
                 try:
                     trace = open_trace_with_progress(trace_path, quiet, progress) if trace_path else None
                 except TraceError as exc:
-                    if bare_folder is None or "no trace found" not in exc.problem:
-                        raise  # a trace that is there but broken: the reader's own line says what
-                    raise MaxinstrError(f"{bare_folder}: not a run directory (no meta.json) and no trace in it "
-                                        f"({exc.problem})") from None
+                    if bare_folder is None:
+                        raise
+                    if "no trace found" in exc.problem:
+                        raise MaxinstrError(f"{bare_folder}: not a run directory (no meta.json) and no trace in it "
+                                            f"({exc.problem})") from None
+                    # a trace that is there but broken: the reader's own words, after what was tried
+                    raise MaxinstrError(f"{bare_folder}: not a run directory (no meta.json); read as a trace: "
+                                        f"{exc}") from None
             unprof = load(unprofiled) if unprofiled else None
             progress.update("attributing kernels to stages and computing the report ...")
             analysis = analyze(run=run, trace=trace, unprofiled_run=unprof, warmup=warmup, trace_ranks=trace_ranks)
