@@ -276,3 +276,13 @@ def test_diagnosis_commands_run_as_printed(args, capsys, tmp_path):
         assert rc == 0, f"{c}: {err}"
         if argv[0] == "report" and "--trace" in c:
             assert json.loads(out)["gpu"]["ops"] > 0  # the trace came along
+
+
+def test_compare_markdown_keeps_stages_and_kernels_only_on_one_side(capsys):
+    """The Markdown comparison says which stages and kernels only one run has (it dropped them)."""
+    rc, out, err = run_cli(capsys, "compare", str(DATA / "nsys/h200_decode.sqlite"), str(DATA / "nsys/h200_small.sqlite"),
+                           "--format", "md", "--quiet")
+    assert rc == 0, err
+    assert "| request | - |" in out and "only in A" in out  # h200_small has no request/prefill ranges
+    assert "## Kernels only in A" in out and "nvjet_sm90" in out
+    assert "captured under a profiler" in out

@@ -202,18 +202,27 @@ def render_compare(result: dict[str, Any]) -> str:
     for c in result.get("comparisons", []):
         lines += [f"A = `{c['a']}`, B = `{c['b']}`", ""]
         for key, title in (("stages", "Host time per stage"), ("gpu_stages", "GPU time per stage")):
-            rows = [r for r in c[key] if "a" in r]
-            if not rows:
+            rows = c[key]
+            if not any("a" in r for r in rows):
                 continue
             lines += [f"## {title}", ""] + _table(
                 ["stage", "n A/B", "median A", "median B", "delta", "noise bound", "p90 A", "p90 B", "verdict"],
                 [[r["stage"], f"{r['a']['n']}/{r['b']['n']}", f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
                   f.signed_ns(r["median_delta_ns"]), f.ns(r["noise_bound_ns"]), f.ns(r["a"]["p90"]), f.ns(r["b"]["p90"]),
-                  r["verdict"]] for r in rows])
+                  r["verdict"]] if "a" in r else
+                 [r["stage"]] + ["-"] * 7 + [f"only in {r['only_in'].upper()}" if r.get("only_in") else r["verdict"]]
+                 for r in rows])
         fams = [r for r in c["families"] if r["changed"]]
         if fams:
             lines += ["## Kernel-mix changes", ""] + _table(
                 ["family", "A share", "B share"], [[r["family"], f.pct(r["a_share"], 1), f.pct(r["b_share"], 1)] for r in fams])
+        for key, title in (("kernels_appeared", "Kernels only in B"), ("kernels_disappeared", "Kernels only in A")):
+            if c.get(key):
+                lines += [f"## {title}", ""] + _table(
+                    ["kernel", "family", "GPU time"],
+                    [[f"`{f.short(k['name'], 100)}`", k["family"], f.ns(k["gpu_ns"])] for k in c[key][:20]])
         if c["settings"]:
             lines += ["## Settings that differ", ""] + _table(["setting", "A", "B"], [[r["key"], f"`{f.setting(r['a'])}`", f"`{f.setting(r['b'])}`"] for r in c["settings"]])
+        if any((c.get("perturbed") or {}).values()):
+            lines += ["_A side was captured under a profiler: its timings include the profiler's overhead._", ""]
     return "\n".join(lines)
