@@ -129,3 +129,12 @@ def test_startup_table_says_when_it_shows_only_some(threads_report):
     assert "Startup (kept out of the numbers above)" in text
     assert "12 instances; the 8 longest shown" in text
     assert "longest shown" not in render(threads_report, width=100)  # all 4 shown: nothing to say
+
+
+def test_stages_seen_only_in_warmup_are_pointed_to_startup(threads_report):
+    report = copy.deepcopy(threads_report)
+    pre = _stage(report, "prefill")
+    pre["warmup"], pre["steady"] = pre["warmup"] + pre["steady"], 0
+    text = render(report, width=120)
+    assert "prefill ran only as warm-up: see Startup below" in text
+    assert "ran only as warm-up" not in render(threads_report, width=120)

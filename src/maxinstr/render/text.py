@@ -126,10 +126,13 @@ def _stage_table(report: dict) -> Any:
                      f"(1/6 s to 1 s; median {f.ns(f.stat(shortest['host_ns']))}), so the samples describe the GPU "
                      "around the stage, not the stage; read "
                      + ("busy" if trace_cols else "GPU time" if gpu_cols else "the HTML report's timeline"))
+    only_warm = [s["name"] for s in stages if not s["steady"] and s["warmup"] + s["cold_start"]]
+    if only_warm:
+        notes.append(f"n (+k): steady instances (+ warm-up / cold-start ones); {', '.join(only_warm[:3])}"
+                     f"{' ...' if len(only_warm) > 3 else ''} ran only as warm-up: see Startup below")
     if with_samples and not throttle_col:
         notes.append("throttled: no hardware clock limit in any stage's samples")
-    t = Table(title="Stages (steady state)", title_justify="left", header_style="bold",
-              caption="\n".join(notes) or None, caption_justify="left")
+    t = Table(title="Stages (steady state)", title_justify="left", header_style="bold")
     t.add_column("stage", no_wrap=True)
     t.add_column("n", justify="right")
     t.add_column("host median", justify="right")
@@ -179,7 +182,8 @@ def _stage_table(report: dict) -> Any:
             row += [f.pct(f.stat(s.get("gpu_busy_frac"))), f"{kpi:.0f}" if kpi is not None else "-",
                     f"{fam.get('family')} {f.pct(fam.get('share'))}" if fam else "-"]
         t.add_row(*row, *cells)
-    return _numbers_whole(t)
+    # the notes under the table at the console's width (a caption would wrap at the table's)
+    return Group(_numbers_whole(t), Text("\n".join(notes), style="dim")) if notes else _numbers_whole(t)
 
 
 def _bottlenecks(report: dict) -> Table | None:
