@@ -43,3 +43,10 @@ def test_auto_profiler_follows_vendor_and_installed_tools():
     lines = Environment("nvidia", "nvml", ["NVIDIA H200"], tools={"nsys": nsys, "ncu": Tool("ncu")}).summary_lines()
     assert lines[0] == "GPU vendor: nvidia (from nvml): NVIDIA H200"
     assert lines[2].startswith("ncu: missing; install Nsight Compute")
+
+
+def test_no_install_steps_when_no_profiler_was_asked_for():
+    env = Environment("none", "-", tools={"nsys": Tool("nsys"), "rocprofv3": Tool("rocprofv3")})
+    assert any("apt-get" in ln for ln in env.summary_lines())
+    quiet = env.summary_lines(install_hints=False)
+    assert "nsys: missing" in quiet and not any("apt-get" in ln or "install" in ln for ln in quiet)

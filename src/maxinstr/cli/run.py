@@ -113,7 +113,7 @@ def command(out, profiler, window_s, capture, osrt, warmup, warm_run, stages, re
     for text in stages:
         parse_spec(text)  # fail before starting anything
     env = detect_environment()
-    for line in env.summary_lines():
+    for line in env.summary_lines(install_hints=profiler != "none"):
         click.echo(f"maxinstr: {line}", err=True)
     prof, notes = choose_profiler(profiler, env, window_s=window_s, capture=capture, osrt=osrt, extra=list(profiler_args))
     for note in notes:

@@ -93,8 +93,9 @@ class Environment:
             return "rocprofv3"
         return "none"
 
-    def summary_lines(self) -> list[str]:
-        """Human lines: vendor, devices, each profiler with version or its install step."""
+    def summary_lines(self, install_hints: bool = True) -> list[str]:
+        """Human lines: vendor, devices, each profiler with version or its install step (just
+        "missing" without ``install_hints``: for a run that asked for no profiler)."""
         head = f"GPU vendor: {self.vendor} (from {self.vendor_source})"
         if self.devices:
             head += ": " + ", ".join(self.devices)
@@ -103,7 +104,7 @@ class Environment:
             if tool.found and not tool.off_path:
                 lines.append(f"{name}: {tool.version or 'version unknown'} at {tool.path}")
             else:
-                lines.append(f"{name}: missing; {tool.install_hint()}")
+                lines.append(f"{name}: missing; {tool.install_hint()}" if install_hints else f"{name}: missing")
         return lines
 
     def to_json(self) -> dict:
