@@ -138,3 +138,16 @@ def test_stages_seen_only_in_warmup_are_pointed_to_startup(threads_report):
     text = render(report, width=120)
     assert "prefill ran only as warm-up: see Startup below" in text
     assert "ran only as warm-up" not in render(threads_report, width=120)
+
+
+def test_html_defines_busy_by_the_span_it_is_computed_over(threads_report):
+    """decode's event GPU median (1.17 ms) is far longer than its kernels' trace span: the HTML
+    must not define busy against the span it shows (280 us busy / 1.17 ms is not the 68 % shown)."""
+    from maxinstr.render.html import render as html
+
+    dec = _stage(threads_report, "decode")
+    busy, frac, event = dec["gpu_busy_ns"]["median"], dec["gpu_busy_frac"]["median"], dec["gpu_event_ns"]["median"]
+    assert abs(busy / event - frac) > 0.3  # the two spans really differ here
+    page = html(threads_report)
+    assert "Busy = GPU busy time / GPU span;" not in page
+    assert "first kernel start to last kernel end" in page

@@ -220,7 +220,9 @@ def _breakdown_section(report: dict) -> str:
         return '<section id="stages"><h2>Where the time goes</h2><p class="note">No stages in this input.</p></section>'
     out = ['<section id="stages"><h2>Where the time goes, stage by stage</h2>',
            '<p class="note">Steady state only: warm-up and cold-start instances are excluded (counted in the table). '
-           'Busy = GPU busy time / GPU span; low busy with a long span means the GPU waits for launches or the host.</p>',
+           'Busy = GPU busy time / the trace span of the stage\'s GPU work (first kernel start to last kernel end); '
+           'a GPU median from events can be longer, since it also counts the stream\'s wait for the first launch. '
+           'Low busy with a long span means the GPU waits for launches or the host.</p>',
            breakdown_svg(stages), _stage_table(stages), "</section>"]
     return "".join(out)
 
