@@ -86,15 +86,16 @@ def session_name(run_dir: Path) -> str:
 
 def launch_command(nsys: Nsys, session: str, command: list[str]) -> list[str]:
     """``nsys launch``: the app runs with tracing injected, nothing is collected until start.
-    What to trace and sample is set here; ``--cpuctxsw`` is not: nsys 2025.3 refuses it on
-    ``launch`` ("can be set on the profile and start commands", seen on the H200)."""
-    return [nsys.path, "launch", f"--session-new={session}", *nsys.trace_flags_launch(), "--sample=none", *command]
+    What to trace is set here; sampling is not: nsys 2025.3 refuses ``--sample`` and
+    ``--cpuctxsw`` on ``launch`` ("can be set on the profile and start commands", seen on the H200)."""
+    return [nsys.path, "launch", f"--session-new={session}", *nsys.trace_flags_launch(), *command]
 
 
 def start_command(nsys: Nsys, session: str, output: Path) -> list[str]:
-    """``nsys start``: where this window's report goes, and no CPU context-switch tracing (its
-    default is on when the app was launched with ``--sample=none``)."""
-    return [nsys.path, "start", f"--session={session}", "--cpuctxsw=none", "--force-overwrite=true", f"--output={output}"]
+    """``nsys start``: where this window's report goes, and no CPU sampling or context-switch
+    tracing (without them a tiny script wrote a 2 GB .qdstrm)."""
+    return [nsys.path, "start", f"--session={session}", *nsys.sampling_flags(), "--force-overwrite=true",
+            f"--output={output}"]
 
 
 START_SETTLE_S = 0.5
