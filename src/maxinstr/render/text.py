@@ -54,6 +54,7 @@ class _Fit:
                 t.columns[:] = kept
                 note = f"p90 columns left out to fit {options.max_width} columns (--format md has them)"
                 t.caption = f"{t.caption}\n{note}" if t.caption else note
+                t.caption_justify = "left"
         if plan is not None:
             for i, col in enumerate(t.columns):
                 if i in plan:
