@@ -21,19 +21,24 @@ echo "== 1. GPU tests"
 python3 -m pytest -q -m gpu tests/core -p no:cacheprovider -s -rs 2>&1 | tee "$out/pytest-gpu.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 
+# CORE_BENCH=0: GPU tests and the nsys payload check only (steps 2-3 skipped)
+if [ "${CORE_BENCH:-1}" = 1 ]; then
 echo "== 2. overhead, no tool attached"
 python3 benchmarks/stage_overhead.py --json "$out/overhead-notool.json" 2>&1 | tee "$out/overhead-notool.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+fi
 
 if [ -f .device/nsys-env.sh ]; then
   source .device/nsys-env.sh
 fi
 if command -v nsys >/dev/null; then
   NSYS="nsys profile -t cuda,nvtx --sample=none --cpuctxsw=none -f true"
+  if [ "${CORE_BENCH:-1}" = 1 ]; then
   echo "== 3. overhead under nsys"
   $NSYS -o /tmp/mi-bench python3 benchmarks/stage_overhead.py --quick --json "$out/overhead-nsys.json" \
     > "$out/overhead-nsys.txt" 2>&1 || rc=1
   grep -v "^Collecting\|^Generating\|^Processing\|^\s*$" "$out/overhead-nsys.txt" | head -40
+  fi
 
   echo "== 4. nsys payload check"
   $NSYS -o /tmp/mi-probe python3 tests/core/gpu_nsys.py probe "$out/probe.json" > "$out/nsys-probe.log" 2>&1 || rc=1

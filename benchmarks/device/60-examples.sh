@@ -68,6 +68,7 @@ else
     | tee "$out/max_block.skipped.txt"
 fi
 
+if [ "${EXAMPLES_TESTS:-1}" = 0 ]; then echo "== 4. skipped (EXAMPLES_TESTS=0)"; exit $rc; fi
 echo "== 4. GPU tests of the examples (and the docs' gpu blocks)"
 MAXINSTR_DOCS_OUT="$out/docs" python3 -m pytest -q -m gpu tests/examples -p no:cacheprovider -rs --durations=10 2>&1 \
   | tee "$out/pytest-gpu.txt"
