@@ -151,3 +151,13 @@ def test_html_defines_busy_by_the_span_it_is_computed_over(threads_report):
     page = html(threads_report)
     assert "Busy = GPU busy time / GPU span;" not in page
     assert "first kernel start to last kernel end" in page
+
+
+def test_ranked_table_one_line_per_stage_with_plain_basis():
+    from maxinstr.traces import open_trace
+
+    text = render(build_report(trace=open_trace(DATA / "nsys/h200_decode.sqlite")), width=120)
+    table = text.split("Where the time goes (ranked)", 1)[1].split("└", 1)[0]
+    rows = [ln for ln in table.splitlines() if ln.startswith("│")]
+    assert len(rows) == 3 and "self time, total" in table  # decode, sample, prefill: no wrapped rows
+    assert "(GPU busy)" in rows[0] and "gpu_busy" not in table and "45% nvjet_sm90" in rows[0]

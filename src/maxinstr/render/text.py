@@ -33,7 +33,7 @@ class _Fit:
     def _plan(self, cols: list, max_width: int) -> dict[int, int] | None:
         """Widths for the free text columns when the numbers fit whole, else None."""
         longest = [self._longest(c) for c in cols]
-        fixed = [i for i, c in enumerate(cols) if c.justify == "right" or c.no_wrap]
+        fixed = [i for i, c in enumerate(cols) if c.justify == "right" or (c.no_wrap and c.overflow != "ellipsis")]
         free = [i for i in range(len(cols)) if i not in fixed]
         budget = max_width - 3 * len(cols) - 1 - sum(longest[i] for i in fixed)
         if budget < 6 * len(free):
@@ -187,17 +187,21 @@ def _stage_table(report: dict) -> Any:
     return Group(_numbers_whole(t), Text("\n".join(notes), style="dim")) if notes else _numbers_whole(t)
 
 
+_BASIS = {"gpu_busy_ns": "GPU busy", "gpu_event_ns": "GPU", "gpu_proj_ns": "GPU span", "host_ns": "host"}
+
+
 def _bottlenecks(report: dict) -> Table | None:
     rows = report.get("bottlenecks") or []
     if not rows:
         return None
     t = Table(title="Where the time goes (ranked)", title_justify="left", header_style="bold")
-    for col in ("#", "stage", "share", "self time", "top kernel", "findings"):
-        t.add_column(col, justify="right" if col in ("#", "share", "self time") else "left")
+    for col in ("#", "stage", "share", "self time, total", "top kernel", "findings"):
+        t.add_column(col, justify="right" if col in ("#", "share", "self time, total") else "left",
+                     no_wrap=col == "top kernel", overflow="ellipsis" if col == "top kernel" else "fold")
     for r in rows[:10]:
         t.add_row(str(r["rank"]), r["stage"] + (" (self)" if r.get("has_children") else ""), f.pct(r["share"]),
-                  f.ns(r["self_ns"]) + f" ({r['basis'].replace('_ns', '')})",
-                  f"{f.short(r.get('top_kernel'), 50)} {f.pct(r.get('top_kernel_share'))}" if r.get("top_kernel") else "-",
+                  f.ns(r["self_ns"]) + f" ({_BASIS.get(r['basis'], r['basis'])})",
+                  f"{f.pct(r.get('top_kernel_share'))} {f.short(r.get('top_kernel'), 48)}" if r.get("top_kernel") else "-",
                   ", ".join(r["findings"]) or "-")
     return _numbers_whole(t)
 
