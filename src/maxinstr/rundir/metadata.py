@@ -230,15 +230,36 @@ def framework_versions() -> dict[str, Any]:
         if version is not None:
             out[module] = str(version)
             out[f"{module}_imported"] = loaded is not None
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        try:
-            cudnn = torch.backends.cudnn.version()  # loads libcudnn, creates no CUDA context
-            if cudnn:
-                out["cudnn"] = str(cudnn)
-        except Exception:  # noqa: BLE001
-            pass
+    if sys.modules.get("torch") is not None:
+        cudnn = cudnn_version()
+        if cudnn:
+            out["cudnn"] = cudnn
     return out
+
+
+# cuDNN's wheels, newest CUDA first (torch's pip wheels depend on one of them)
+CUDNN_DISTS = ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn-cu11", "nvidia-cudnn")
+
+
+def cudnn_version() -> str | None:
+    """cuDNN's version as ``CUDNN_VERSION`` spells it (9.19.0 -> "91900", 8.9.7 -> "8907"), from
+    the installed cuDNN wheel's metadata; None without one.
+
+    Never through torch: ``torch.backends.cudnn.version()`` checks the devices' compute
+    capability with ``torch.cuda.get_device_capability`` (torch >= 2.8, cuDNN >= 9.11), which
+    runs ``torch.cuda._lazy_init()``: a session started before ``fork`` then made the child
+    fail with "Cannot re-initialize CUDA in forked subprocess" (H200, torch 2.11)."""
+    for dist in CUDNN_DISTS:
+        try:
+            version = md.version(dist)
+        except Exception:  # noqa: BLE001 - not installed, or broken metadata
+            continue
+        m = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+        if not m:
+            continue
+        major, minor, patch = (int(x) for x in m.groups())
+        return str(major * 10000 + minor * 100 + patch if major >= 9 else major * 1000 + minor * 100 + patch)
+    return None
 
 
 def relevant_env() -> dict[str, str]:
