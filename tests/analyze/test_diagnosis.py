@@ -114,18 +114,24 @@ def test_every_finding_has_the_fields(report_of):
 
 
 def test_reprefill_rule_fires_on_growing_steps_only(report_of):
-    """The rule reads ``steps``: flat on the real decode fixture (no finding); on the same
-    fixture's real per-step durations put in increasing order, as a re-prefilling loop's
-    steps would be, it fires. (A real re-prefill capture comes from benchmarks/device/40-report.sh.)"""
+    """The rule reads ``steps`` and ``step_work``: flat on the real decode fixture (no finding).
+    The same fixture's real per-step durations put in increasing order, as a re-prefilling
+    loop's steps would be, do not fire while its kernels show flat per-step work (a longer
+    span alone is not re-prefill); with no kernels at all (host times only) the time trend alone
+    fires, saying the kernel mix was not seen. Real re-prefill captures: test_reprefill_rule.py."""
     r = report_of("nsys/h200_decode.sqlite")
     assert "reprefill_quadratic" not in _ids(r)
     grown = copy.deepcopy(r)
     dec = next(s for s in grown["stages"] if s["name"] == "decode")
     d = nvtx_host_durations("h200_decode")["maxinstr:decode"]
     dec["steps"] = {**step_trend(np.arange(len(d)), np.sort(d)), "basis": "host_ns"}
+    assert dx.rule_reprefill(grown) == []  # the step's GPU work (op time, matmul time) is flat
+    dec["step_work"] = None
     f = dx.rule_reprefill(grown)
     assert [x["id"] for x in f] == ["reprefill_quadratic"]
     assert f[0]["evidence"]["spearman"] >= dx.REPREFILL_SPEARMAN
+    assert f[0]["evidence"]["last_over_first"] >= dx.REPREFILL_GROWTH and f[0]["evidence"]["prefill_shaped"] is None
+    assert "no kernels to confirm" in f[0]["title"]
     # the real decode runs GEMV-shaped nvjet tiles, the prefill 64x64 tiles: little kernel overlap
     assert f[0]["evidence"]["kernel_overlap_with_prefill"] < dx.REPREFILL_KERNEL_OVERLAP
     assert "prefill's kernels" not in f[0]["title"]

@@ -36,8 +36,9 @@ ROUTING_RIVALS = 0.5  # routing >= half the grouped matmul time
 QUANT_VS_MATMUL = 0.25
 UNFUSED_ELEMENTWISE_SHARE = 0.3
 UNFUSED_SOFTMAX_SHARE = 0.02  # below this a softmax is more likely a loss's log-softmax than attention
-REPREFILL_SPEARMAN = 0.8
-REPREFILL_GROWTH = 1.5
+REPREFILL_SPEARMAN = 0.8  # monotone trend: under no trend P(rho >= 0.8) = 1.1% at 8 steps, less with more
+REPREFILL_WORK_GROWTH = 1.2  # last/first quarter of the steps, on GPU op time and on the matmul time (or op count)
+REPREFILL_GROWTH = 1.5  # the same on a time span, when the input has no kernels (a run without a trace)
 REPREFILL_MIN_STEPS = 8
 REPREFILL_KERNEL_OVERLAP = 0.6
 LAUNCH_BOUND_BUSY = 0.6
@@ -373,7 +374,37 @@ def _kernel_overlap(a: dict, b: dict) -> float:
     return float(sum(min(ka[n], kb[n]) for n in ka.keys() & kb.keys()))
 
 
+def _grows(tr: dict | None, ratio: float) -> bool:
+    return bool(tr) and tr.get("n_steps", 0) >= REPREFILL_MIN_STEPS and tr.get("spearman", 0) >= REPREFILL_SPEARMAN \
+        and tr.get("last_over_first", 0) >= ratio
+
+
+def _trend_ev(prefix: str, tr: dict) -> dict:
+    return {f"{prefix}_spearman": round(tr["spearman"], 3), f"{prefix}_last_over_first": round(tr["last_over_first"], 3),
+            f"{prefix}_first_quarter_median": tr["first_quarter_median_ns"],
+            f"{prefix}_last_quarter_median": tr["last_quarter_median_ns"],
+            f"{prefix}_slope_per_step": round(tr["slope_ns_per_step"], 3)}
+
+
 def rule_reprefill(report: dict) -> list[dict]:
+    """A decode whose every step re-runs the whole sequence (no KV cache): O(n^2) overall.
+
+    Two signals, both required when the trace gives the kernels (``stages[].step_work``):
+
+    1. *Growth*: the GPU op time a step launches rises with the step index (Spearman >=
+       REPREFILL_SPEARMAN and last/first quarter >= REPREFILL_WORK_GROWTH). Op time, not the
+       step's time span: other tenants, launch gaps and syncs stretch spans, not kernels.
+    2. *Prefill-shaped work*: the part of a step that a KV-cached decode keeps constant grows
+       too. With a cache, a step multiplies ONE token's activations by the weights: its matmul
+       work (FLOPs and bytes) and its op count do not depend on the step index; only attention
+       (reading a longer cache) and cache writes grow. Re-running the sequence multiplies all
+       of it, like the prefill does, so the matmul time (or the op count) rises with the same
+       trend and ratio.
+
+    The kernel overlap with a prefill stage (shared GPU time by kernel name) is added as
+    evidence. Without kernels (host or event times only) the rule fires on the time trend alone
+    with the stricter REPREFILL_GROWTH, and says that the kernel mix was not seen.
+    """
     out = []
     stages = report.get("stages", [])
     prefills = [s for s in stages if PREFILL_NAME.search(s.get("leaf", s["name"])) and s.get("mix")]
@@ -381,30 +412,53 @@ def rule_reprefill(report: dict) -> list[dict]:
         tr = st.get("steps")
         if not tr or tr.get("n_steps", 0) < REPREFILL_MIN_STEPS or not _significant(report, st):
             continue
-        growth, rho = tr.get("last_over_first", 0), tr.get("spearman", 0)
-        if not (rho >= REPREFILL_SPEARMAN and growth >= REPREFILL_GROWTH):
-            continue
-        ev = {"steps": tr["n_steps"], "basis": tr.get("basis"), "spearman": round(rho, 3),
-              "last_over_first": round(growth, 2), "slope_ns_per_step": round(tr["slope_ns_per_step"], 1),
-              "first_quarter_median_ns": tr["first_quarter_median_ns"],
-              "last_quarter_median_ns": tr["last_quarter_median_ns"]}
-        prefill_like = None
+        work = st.get("step_work")
+        ev: dict[str, Any] = {"steps": tr["n_steps"]}
+        if work:
+            op_t, mm_t, n_t = work["gpu_op_ns"], work["matmul_ns"], work["ops"]
+            if not _grows(op_t, REPREFILL_WORK_GROWTH):
+                continue
+            mm_grows = mm_t["first_quarter_median_ns"] > 0 and _grows(mm_t, REPREFILL_WORK_GROWTH)
+            ops_grow = _grows(n_t, REPREFILL_WORK_GROWTH)
+            if not (mm_grows or ops_grow):
+                continue
+            growth, rho = op_t["last_over_first"], op_t["spearman"]
+            ev.update({"basis": "gpu_op_ns", **_trend_ev("gpu_op_ns", op_t), **_trend_ev("matmul_ns", mm_t)})
+            ev.update({"ops_per_step_first_quarter": n_t["first_quarter_median_ns"],
+                       "ops_per_step_last_quarter": n_t["last_quarter_median_ns"],
+                       "ops_spearman": round(n_t["spearman"], 3),
+                       "matmul_grows": mm_grows, "op_count_grows": ops_grow})
+            ev["span_basis"] = tr.get("basis")
+            ev["span_spearman"], ev["span_last_over_first"] = round(tr["spearman"], 3), round(tr["last_over_first"], 3)
+            what = "matmul time" if mm_grows else "op count"
+            shaped = (f"; its {what} grows with it ({(mm_t if mm_grows else n_t)['last_over_first']:.2f}x), "
+                      "which a KV-cached step keeps constant")
+        else:
+            growth, rho = tr.get("last_over_first", 0), tr.get("spearman", 0)
+            if not (rho >= REPREFILL_SPEARMAN and growth >= REPREFILL_GROWTH):
+                continue
+            ev.update({"basis": tr.get("basis"), "spearman": round(rho, 3), "last_over_first": round(growth, 2),
+                       "slope_ns_per_step": round(tr["slope_ns_per_step"], 1),
+                       "first_quarter_median_ns": tr["first_quarter_median_ns"],
+                       "last_quarter_median_ns": tr["last_quarter_median_ns"], "prefill_shaped": None})
+            shaped = "; no kernels to confirm the steps run prefill-shaped work (add a trace)"
         others = [p for p in prefills if p["name"] != st["name"]]
         if others and st.get("mix"):
             overlap = max(_kernel_overlap(st, p) for p in others)
             ev["kernel_overlap_with_prefill"] = round(overlap, 3)
-            prefill_like = overlap >= REPREFILL_KERNEL_OVERLAP
-        shaped = " and it runs the prefill's kernels" if prefill_like else ""
+            if overlap >= REPREFILL_KERNEL_OVERLAP:
+                shaped += " and it runs the prefill's kernels"
         out.append(_finding(
             "reprefill_quadratic",
-            f"'{st['name']}' time grows with the step index ({growth:.1f}x from first to last quarter, "
+            f"'{st['name']}' GPU work grows with the step index ({growth:.2f}x from first to last quarter, "
             f"Spearman {rho:.2f}){shaped}: the whole sequence may be re-run every step (O(n^2))",
             "hypothesis", st["name"], ev,
             "Check that the KV cache is used: each decode step should process one new token, not the whole prefix "
-            "(pass past_key_values / use_cache=True, or the engine's cached decode path). Then re-run and compare.",
+            "(pass past_key_values / use_cache=True, or the engine's cached decode path). A batch that grows "
+            "step by step (continuous batching) also grows the matmuls: rule it out. Then re-run and compare.",
             _compare_cmd(report),
-            validation="after the fix the per-step trend must be flat: 'steps.last_over_first' near 1 and the "
-                       "stage median lower beyond the noise bound in maxinstr compare",
+            validation="after the fix the per-step trend must be flat: 'step_work.matmul_ns.last_over_first' near 1 "
+                       "and the stage median lower beyond the noise bound in maxinstr compare",
             score=_stage_weight(report, st) * (1 - 1 / growth)))
     return out
 

@@ -134,13 +134,33 @@ def op_instance_pairs(inst: StageInstances, trace, attribution) -> tuple[np.ndar
     return np.concatenate(ops_out), np.concatenate(inst_out)
 
 
+def instance_op_work(inst: StageInstances, families: np.ndarray, dur_ns: np.ndarray,
+                     pairs: tuple[np.ndarray, np.ndarray], family_codes) -> dict[str, np.ndarray]:
+    """Per stage instance (inclusive of nested stages), from the (op, instance) ``pairs`` of
+    :func:`op_instance_pairs`: ``op_ns`` the summed duration of its GPU ops, ``ops`` their
+    number, and ``family_ns`` the summed duration of the ops whose family code is in
+    ``family_codes``. -1 where the instance has no trace range (nothing to say)."""
+    n = len(inst)
+    op_i, inst_i = pairs
+    d = np.asarray(dur_ns, np.float64)[op_i]
+    sel = np.isin(np.asarray(families)[op_i], np.asarray(list(family_codes), np.int64))
+    has = np.asarray(inst.range_index) >= 0 if len(inst.range_index) == n else np.zeros(n, bool)
+    out = {
+        "op_ns": np.bincount(inst_i, weights=d, minlength=n),
+        "ops": np.bincount(inst_i, minlength=n).astype(np.float64),
+        "family_ns": np.bincount(inst_i[sel], weights=d[sel], minlength=n),
+    }
+    return {k: np.where(has, v, -1.0) for k, v in out.items()}
+
+
 def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, dur_ns: np.ndarray,
-              top: int = 8) -> dict[str, dict]:
+              top: int = 8, pairs: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, dict]:
     """Per stage name, over its steady instances: family table, top kernels, and kernels per
     instance. Ops are counted in every enclosing stage (inclusive). A stage with no steady
     instance at all (e.g. a prefill run once per request, all warm-up) uses every instance,
-    and says so (``"instances_used": "all"``)."""
-    op_i, inst_i = op_instance_pairs(inst, trace, attribution)
+    and says so (``"instances_used": "all"``). ``pairs``: :func:`op_instance_pairs`'s result
+    when the caller already has it."""
+    op_i, inst_i = pairs if pairs is not None else op_instance_pairs(inst, trace, attribution)
     out: dict[str, dict] = {}
     if len(op_i) == 0:
         return out

@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 
 from maxinstr.analyze import instances as inst_mod
-from maxinstr.analyze.kernels import family_table, kernel_table, op_durations, op_families, stage_mix
+from maxinstr.analyze.families import MATMUL_FAMILIES
+from maxinstr.analyze.kernels import (FAMILY_NAMES, family_table, instance_op_work, kernel_table, op_durations,
+                                     op_families, op_instance_pairs, stage_mix)
 from maxinstr.analyze.stats import step_trend, summarize
 
 SCHEMA = "maxinstr-report"
@@ -121,7 +123,13 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
         dur = op_durations(trace)
     else:
         fam, dur = np.empty(0, dtype=np.int16), np.empty(0, dtype=np.int64)
-    mix = stage_mix(inst, trace, attribution, fam, dur, top=MIX_TOP_KERNELS) if trace is not None else {}
+    mix, work = {}, None
+    if trace is not None:
+        pairs = op_instance_pairs(inst, trace, attribution)
+        mix = stage_mix(inst, trace, attribution, fam, dur, top=MIX_TOP_KERNELS, pairs=pairs)
+        if len(pairs[0]):
+            matmul_codes = [i for i, n in enumerate(FAMILY_NAMES) if n in MATMUL_FAMILIES]
+            work = instance_op_work(inst, fam, dur, pairs, matmul_codes)
     if samples is None and run is not None:
         samples = getattr(run, "samples", None) or None
     part_names = [p.get("name", "") for p in getattr(run, "parts", [])] if run is not None else []
@@ -148,7 +156,7 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
         "instances": int(inst.warmup.sum()),
         "cold_start_instances": int((inst.cold & ~inst.warmup).sum()),
     }
-    report["stages"] = _stage_rows(inst, head, mix, sample_stats)
+    report["stages"] = _stage_rows(inst, head, mix, sample_stats, work)
     report["ranks"] = _ranks(inst, run, trace, fam, dur, op_rank)
     marks, mark_counts = np.unique(inst.key[inst.is_mark].astype(str), return_counts=True) if inst.is_mark.any() else ([], [])
     report["marks"] = {str(k): int(c) for k, c in zip(marks, mark_counts)}
@@ -297,7 +305,7 @@ def _stat(values: np.ndarray) -> dict[str, float | int]:
     return summarize(values)
 
 
-def _stage_rows(inst, head, mix: dict, sample_stats: dict) -> list[dict]:
+def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = None) -> list[dict]:
     if len(inst) == 0:
         return []
     names = inst.key.astype(str)
@@ -359,6 +367,8 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict) -> list[dict]:
         if trend.get("n_steps", 0) >= 4:
             trend["basis"] = basis
             row["steps"] = trend
+        row["step_work"] = _step_work(inst.step[st], {k: v[st] for k, v in work.items()}) \
+            if work is not None and row["steps"] else None
         if row["steps_marked"]:
             row["per_step"] = _per_step(inst.step[st], host[st], values[st] if basis != "host_ns" else None, basis)
         row["headline_from"] = "run" if head is None else "unprofiled_run"
@@ -426,6 +436,24 @@ def _self_times(inst, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         child = has_parent & (v >= 0)
         sums = np.bincount(inst.parent[child], weights=v[child], minlength=len(inst)) if len(inst) else np.zeros(0)
         out[key] = np.where(v >= 0, np.maximum(v - sums, 0.0), -1.0)
+    return out
+
+
+STEP_WORK_MIN_STEPS = 4
+
+
+def _step_work(step: np.ndarray, work: dict[str, np.ndarray]) -> dict[str, Any] | None:
+    """How the GPU work a stage launches changes with the step index, from the trace's ops (not
+    from time spans, which other tenants, launch gaps and syncs stretch): step trends of the
+    summed op time (``gpu_op_ns``), of the matmul ops' time (``matmul_ns``: GEMV/GEMM/grouped)
+    and of the op count (``ops``) per instance. The re-prefill rule reads them: a KV-cached
+    decode step's matmuls and op count do not depend on the step index."""
+    out: dict[str, Any] = {}
+    for key, col in (("gpu_op_ns", "op_ns"), ("matmul_ns", "family_ns"), ("ops", "ops")):
+        tr = step_trend(step, work[col])
+        if tr.get("n_steps", 0) < STEP_WORK_MIN_STEPS:
+            return None
+        out[key] = tr
     return out
 
 
