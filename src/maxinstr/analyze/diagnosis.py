@@ -267,19 +267,39 @@ def rule_attention_dominated_decode(report: dict) -> list[dict]:
     return out
 
 
+MOE_PERMUTATION = re.compile(r"sort|histogram|bincount|index_?add|indexFunc.*ReduceAdd|scatter_?add", re.IGNORECASE)
+"""Generic kernels that, in a stage running grouped expert matmuls, are the routing path's token
+permutation: sorting tokens by expert (and top-k's own sort of its k results), counting tokens
+per expert, and the weighted scatter-add that combines expert outputs. Their names say nothing
+about MoE (families: reduction), so the MoE rule counts them beside the routing family."""
+
+
+def _moe_permutation(stage: dict) -> tuple[float, list[str]]:
+    """Share of a stage's GPU time in MOE_PERMUTATION kernels of its top kernels (not routing or
+    grouped_matmul already), and their names."""
+    ks = [k for k in (stage.get("mix") or {}).get("top_kernels", [])
+          if k["family"] not in ("routing", "grouped_matmul") and MOE_PERMUTATION.search(k["name"])]
+    return float(sum(k["share"] for k in ks)), [k["name"] for k in ks]
+
+
 def rule_moe_decode(report: dict) -> list[dict]:
     out = []
     for st in _mixed_stages(report):
         grouped = _fam_share(st, "grouped_matmul")
-        routing = _fam_share(st, "routing")
         if grouped < MOE_GROUPED_SHARE:
             continue
+        routing_family = _fam_share(st, "routing")
+        perm, perm_names = _moe_permutation(st)
+        routing = routing_family + perm
         ev = {"grouped_matmul_share": round(grouped, 3), "routing_share": round(routing, 3),
+              "routing_family_share": round(routing_family, 3), "permutation_share": round(perm, 3),
+              "permutation_kernels": [_kernel_regex(n) for n in perm_names],
               "routing_over_grouped": round(routing / grouped, 3) if grouped else None}
         if routing >= ROUTING_RIVALS * grouped:
             out.append(_finding(
                 "moe_routing_overhead",
-                f"'{st['name']}': MoE routing takes {routing:.0%} of GPU time, rivalling the expert matmuls ({grouped:.0%})",
+                f"'{st['name']}': MoE routing takes {routing:.0%} of GPU time, rivalling the expert matmuls ({grouped:.0%})"
+                + (f"; {perm:.0%} of it in generic sort/histogram/scatter-add kernels (token permutation)" if perm else ""),
                 "hypothesis", st["name"], ev,
                 "Routing (top-k, index creation, permutation) should be a small fraction of the expert matmuls. "
                 "Look for a fused top-k/routing kernel, or unfused sort/scan steps in the routing path.",
