@@ -53,22 +53,34 @@ SCRIPT = textwrap.dedent(
                 t.join()
             if i == 1:
                 time.sleep(0.4)                          # the flusher delivers a buffer mid-run
-        mid_buffers = fake.STATE["buffers"]
-    print("@@" + json.dumps(dict(mid_buffers=mid_buffers, buffers=fake.STATE["buffers"], enabled=sorted(fake.STATE["enabled"]),
+        mid_buffers = fake.buffers()
+    print("@@" + json.dumps(dict(mid_buffers=mid_buffers, buffers=fake.buffers(), enabled=sorted(fake.STATE["enabled"]),
                                  subscribed=fake.STATE["sub"] is not None, quiet=fake.STATE["quiet"],
                                  native=_native.cupti_stats())))
     """
 )
 
 
-@pytest.fixture(scope="module")
-def fake_lib(tmp_path_factory):
+def _compile(tmp_path_factory, *flags: str) -> Path:
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not cc:
         pytest.skip("no C compiler")
     out = tmp_path_factory.mktemp("fakecupti") / "libcupti.so.13-fake"
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out), str(NATIVE_SRC), "-lpthread"], check=True, capture_output=True)
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", *flags, "-o", str(out), str(NATIVE_SRC), "-lpthread"], check=True,
+                   capture_output=True)  # fmt: skip
     return out
+
+
+@pytest.fixture(scope="module")
+def fake_lib(tmp_path_factory):
+    """A stand-in libcupti with activity buffers (the stage core's native buffer path)."""
+    return _compile(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def fake_lib_no_buffers(tmp_path_factory):
+    """One without cuptiActivityRegisterCallbacks: the collector uses cupti-python's Python callbacks."""
+    return _compile(tmp_path_factory, "-DFAKE_NO_BUFFERS")
 
 
 def _run(fake_lib: Path, run_dir: Path, **env: str) -> tuple[dict | None, str]:
@@ -87,19 +99,25 @@ def _run(fake_lib: Path, run_dir: Path, **env: str) -> tuple[dict | None, str]:
     return (json.loads(line[-1][2:]) if line else None), p.stderr
 
 
-@pytest.mark.parametrize("records", ["with_bytes", "attributes_only", "bad_layout"])
-def test_collector_end_to_end_with_a_stand_in_cupti(fake_lib, tmp_path, records):
-    """``with_bytes``: records carry their struct bytes (``ptr``), so the fast path is checked
-    against the attribute path on the first buffers, then used; ``attributes_only``: no bytes,
-    the attribute path throughout; ``bad_layout``: the struct dtype disagrees with the bytes, the
-    check catches it and the attribute path is used. The run's numbers are the same every way."""
+@pytest.mark.parametrize("records", ["native", "native_bad_layout", "python_with_bytes", "python_attributes_only",
+                                     "python_bad_layout"])  # fmt: skip
+def test_collector_end_to_end_with_a_stand_in_cupti(fake_lib, fake_lib_no_buffers, tmp_path, records):
+    """``native``: CUPTI's buffers are handled by the stage core's C callbacks (no Python on
+    CUPTI's thread); the flusher takes them and converts with numpy, checked against
+    cupti-python's record objects (from_ptr) on the first records, then trusted.
+    ``python_*``: a libcupti without those symbols: cupti-python's Python callback copies the
+    buffer's bytes (``with_bytes``), or, records without bytes, converts by attribute
+    (``attributes_only``). ``*_bad_layout``: the struct dtype disagrees with the bytes; the check
+    catches it and the record objects are used. The run's numbers are the same every way."""
     from maxinstr.analyze.report import analyze
     from maxinstr.attribute.model import Rule
     from maxinstr.traces.model import OpKind
 
     run_dir = tmp_path / "run"
-    env = {"attributes_only": {"FAKE_CUPTI_NO_PTR": "1"}, "bad_layout": {"FAKE_CUPTI_BAD_LAYOUT": "1"}}.get(records, {})
-    out, err = _run(fake_lib, run_dir, **env)
+    env = {"FAKE_CUPTI_NO_PTR": "1"} if records.endswith("attributes_only") else {}
+    if records.endswith("bad_layout"):
+        env["FAKE_CUPTI_BAD_LAYOUT"] = "1"
+    out, err = _run(fake_lib if records.startswith("native") else fake_lib_no_buffers, run_dir, **env)
     assert "kernels=True" not in err, err
     assert out["mid_buffers"] >= 1 and out["buffers"] > out["mid_buffers"]  # flushed while running, and at close
     assert out["enabled"] == [] and out["subscribed"] is False  # everything given back at close
@@ -113,9 +131,15 @@ def test_collector_end_to_end_with_a_stand_in_cupti(fake_lib, tmp_path, records)
     act = json.loads(act_path.read_text())
     assert act["status"] == "closed" and act["stage_pushes"] == 20 and act["push_errors"] == 0
     assert act["dropped_cupti"] == 0 and act["dropped_queue"] == 0 and len(act["clock_pairs"]) >= 2
-    if records == "with_bytes":
-        assert act["fast_path"].startswith("fast path on"), act["fast_path"]
-    elif records == "attributes_only":
+    assert act["buffers_by"] == ("native" if records.startswith("native") else "python")
+    assert act["convert_errors"] == 0 and not act.get("errors"), act
+    if records.startswith("native"):
+        nb = act["native_buffers"]
+        assert nb["registered"] and nb["completed"] >= out["buffers"] and nb["dropped_records"] == 0 and nb["walk_errors"] == 0
+        assert act["buffers"] == out["buffers"] and act["callback_s"] == 0  # no Python ran on CUPTI's behalf
+    if records in ("native", "python_with_bytes"):
+        assert act["fast_path"].startswith("fast path on (checked"), act["fast_path"]
+    elif records == "python_attributes_only":
         assert act["fast_path"].startswith("fast path off: AttributeError"), act["fast_path"]
     else:
         assert act["fast_path"] == "fast path off: differs from the attribute path in ['start_ns', 'end_ns']", act["fast_path"]

@@ -14,12 +14,19 @@ and only when a session asks for ``kernels=True``. What it turns on:
   Kineto or another tool holds it, CUPTI answers MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED and we
   fall back to events-only stages instead of taking records from the other tool.
 
-Buffers: CUPTI fills buffers we hand it (``BUFFER_BYTES``) and returns them to
-:meth:`_buffer_completed` from its own thread, or from :meth:`flush` (the session's flusher
-thread, at most every ``FLUSH_EVERY_S``). The callback only converts the records into numpy
-rows and queues them; writing happens on the flusher thread. Records CUPTI dropped (no buffer
-in time) and rows we dropped (queue over ``MAX_QUEUED_ROWS``) are counted in activity.json and
-said in the report.
+Buffers: CUPTI fills buffers handed out by the native stage core (``_native.cupti_buffers``:
+C callbacks that only queue completed buffers, so nothing on CUPTI's thread touches Python or
+the GIL). The session's flusher thread, at most every ``FLUSH_EVERY_S``, makes CUPTI deliver
+what is complete (``_native.cupti_flush``, GIL released), takes the buffers (their bytes and
+each record's offset, walked with ``cuptiActivityGetNextRecord``) and turns the records into
+rows with numpy through cupti-python's own struct dtypes, then writes them. That numpy path is
+trusted only after it gave exactly the rows of cupti-python's record objects (``from_ptr``,
+attribute by attribute) on the first ``FAST_CHECK_ROWS`` records. Where the native buffers
+cannot be had, cupti-python's Python callbacks are used: the callback only copies the buffer's
+bytes and queues them. API records are kept only for the functions that launch GPU work (a
+launch, copy or set: what the report joins ops to); every other runtime/driver function is
+switched off. Records CUPTI dropped (no buffer in time) and records we dropped (queue over its
+bound) are counted in activity.json and said in the report.
 """
 
 from __future__ import annotations
@@ -45,29 +52,22 @@ from maxinstr.kernels.store import (
     ActivityWriter,
 )
 
-BUFFER_BYTES = 8 << 20
+BUFFER_BYTES = 16 << 20
 FLUSH_EVERY_S = 0.25
 MAX_QUEUED_ROWS = 8 << 20  # ~640 MB of rows waiting for the flusher: beyond, rows are dropped
+MAX_PENDING_BYTES = 512 << 20  # completed CUPTI buffers not yet taken: beyond, buffers are dropped (counted)
 CLOCK_PAIRS_MAX = 512
 _PTR = operator.attrgetter("ptr")
 FAST_CHECK_ROWS = 2000  # records converted both ways (and compared) before the fast path is trusted
 
-# API functions that never launch GPU work but are called often (by the stage core around every
-# stage, or by frameworks around every op): no activity record for them, so no external-
-# correlation record either. Only names CUPTI knows are switched off; launches, copies, sets,
-# graph launches and synchronisations keep their records.
-_QUIET_DRIVER = ("cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuCtxGetDevice",
-                 "cuCtxGetDevice_v2", "cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventElapsedTime",
-                 "cuEventElapsedTime_v2", "cuStreamIsCapturing", "cuThreadExchangeStreamCaptureMode",
-                 "cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_v2", "cuStreamGetCaptureInfo_v3", "cuDeviceGet",
-                 "cuDeviceGetAttribute", "cuDeviceGetCount", "cuDriverGetVersion", "cuGetProcAddress",
-                 "cuGetProcAddress_v2", "cuPointerGetAttribute", "cuPointerGetAttributes", "cuFuncGetAttribute")  # fmt: skip
-_QUIET_RUNTIME = ("cudaGetLastError_v3020", "cudaPeekAtLastError_v3020", "cudaGetDevice_v3020", "cudaGetDeviceCount_v3020",
-                  "cudaSetDevice_v3020", "cudaStreamIsCapturing_v10000", "cudaStreamIsCapturing_ptsz_v10000",
-                  "cudaEventQuery_v3020", "cudaDeviceGetAttribute_v5000", "cudaFuncGetAttributes_v3020",
-                  "cudaStreamGetCaptureInfo_v10010", "cudaStreamGetCaptureInfo_v2_v11030", "cudaStreamGetCaptureInfo_v12030",
-                  "cudaStreamGetCaptureInfo_v3_v12030", "cudaThreadExchangeStreamCaptureMode_v10010",
-                  "cudaPointerGetAttributes_v4000", "cudaDriverGetVersion_v3020", "cudaRuntimeGetVersion_v3020")  # fmt: skip
+# API records are kept only for the functions that launch GPU work: the report joins each
+# kernel, copy and set to the call that launched it (same correlation id) and reads the stage
+# from that call's external-correlation record; every other call (cuEventRecord around each
+# stage, cuDevicePrimaryCtxGetState, cuKernelGetAttribute... inside each launch) would only add
+# records (and CUPTI's cost of writing them) to the program's thread. An op whose launching
+# function were missed here would show up as "no launch-call record" in the report's notes.
+_LAUNCH_WORDS = ("Launch", "Memcpy", "Memset")
+_NOT_FUNCTIONS = ("INVALID", "SIZE", "FORCE_INT")
 
 
 def _noop_callback(*args: Any) -> None:  # the subscriber enables no domain: never called
@@ -152,6 +152,13 @@ class CuptiCollector:
         self._linked = False
         self._stopped = False
         self._quiet = 0
+        self._kept_api = 0
+        self._mode = "none"  # "native": buffers handled by the stage core; "python": cupti-python's callbacks
+        self._raw: list[tuple[bytes, np.ndarray]] = []  # (buffer bytes, record offsets) waiting for conversion
+        self._raw_bytes = 0
+        self._take_s = 0.0
+        self._classes: dict[int, Any] | None = None
+        self._keep_alive: Any = None
         self._fast: bool | None = None  # None: being checked against the attribute path
         self._fast_checked = 0
         self._fast_note = "fast path not used yet"
@@ -187,18 +194,23 @@ class CuptiCollector:
                 ) from None
             raise KernelsUnavailable(f"CUPTI could not start: {text}") from None
         try:
-            c.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
-            K = c.ActivityKind
-            for kind in (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.RUNTIME, K.DRIVER, K.EXTERNAL_CORRELATION):
-                c.activity_enable(kind)
-                self._enabled.append(kind)
-            self._quiet_driver_calls()
             kind_value = int(c.ExternalCorrelationKind.CUSTOM2)
             path = _same_instance_path(c, kind_value)
             if not path:
                 raise KernelsUnavailable(
                     f"could not tell which loaded libcupti cupti-python uses ({_loaded_cupti_paths() or 'none mapped'})"
                 )
+            # buffers before any activity kind is on: no record is ever written to a buffer we cannot read
+            if hasattr(native, "cupti_buffers") and native.cupti_buffers(path, BUFFER_BYTES, MAX_PENDING_BYTES):
+                self._mode = "native"
+            else:
+                c.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+                self._mode = "python"
+            K = c.ActivityKind
+            for kind in (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.RUNTIME, K.DRIVER, K.EXTERNAL_CORRELATION):
+                c.activity_enable(kind)
+                self._enabled.append(kind)
+            self._trace_launches_only()
             if not native.cupti_link(path, kind_value):
                 raise KernelsUnavailable(f"the stage core could not use {path} for external correlation")
             self._linked = True
@@ -217,31 +229,43 @@ class CuptiCollector:
         self.writer.write_meta(
             status="collecting",
             collector="cupti",
+            buffers_by=self._mode,
             cupti_library=path,
             cupti_python=_version("cupti-python"),
             external_kind=kind_value,
             clock_pairs=self._pairs,
             buffer_bytes=BUFFER_BYTES,
+            api_functions_kept=self._kept_api,
             quiet_api_functions=self._quiet,
         )
 
-    def _quiet_driver_calls(self) -> None:
-        self._quiet = 0
-        for enum_name, fn_name, names in (("driver_api_trace_cbid", "activity_enable_driver_api", _QUIET_DRIVER),
-                                          ("runtime_api_trace_cbid", "activity_enable_runtime_api", _QUIET_RUNTIME)):  # fmt: skip
+    def _trace_launches_only(self) -> None:
+        """API records only for the functions that launch GPU work (names with Launch, Memcpy or
+        Memset); every other runtime and driver function CUPTI knows is switched off. An older
+        CUPTI without per-function control keeps them all (correct, only more records)."""
+        self._quiet = self._kept_api = 0
+        for enum_name, fn_name in (("driver_api_trace_cbid", "activity_enable_driver_api"),
+                                   ("runtime_api_trace_cbid", "activity_enable_runtime_api")):  # fmt: skip
             ids = getattr(self._c, enum_name, None)
             fn = getattr(self._c, fn_name, None)
             if ids is None or fn is None:
                 continue
-            for name in names:
-                cbid = getattr(ids, name, None)
-                if cbid is None:
+            done = 0
+            for member in ids:
+                name = str(getattr(member, "name", ""))
+                if not name or any(w in name for w in _NOT_FUNCTIONS):
+                    continue
+                if any(w in name for w in _LAUNCH_WORDS):
+                    self._kept_api += 1
                     continue
                 try:
-                    fn(int(cbid), 0)
-                    self._quiet += 1
-                except Exception:  # noqa: BLE001 - an older CUPTI: every call keeps its record
-                    break
+                    fn(int(member), 0)
+                except Exception:  # noqa: BLE001 - an unknown id: skip it; none work: an older CUPTI
+                    if done == 0:
+                        break
+                    continue
+                done += 1
+            self._quiet += done
 
     def _teardown(self) -> None:
         c = self._c
@@ -271,14 +295,24 @@ class CuptiCollector:
         if not final and now - self._last_flush < FLUSH_EVERY_S:
             return
         self._last_flush = now
+        flag = 1 if final else 0  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED at close
         try:
-            self._c.activity_flush_all(1 if final else 0)
+            if self._mode == "native":
+                rc = int(self._native.cupti_flush(flag))  # the GIL is released while CUPTI flushes
+                if rc != 0:
+                    raise RuntimeError(f"cuptiActivityFlushAll returned {rc}")
+            else:
+                self._c.activity_flush_all(flag)
         except Exception as exc:  # noqa: BLE001
-            errors = self.writer.meta.setdefault("errors", [])
-            if len(errors) < 10:  # the first few say what went wrong; the rest would only repeat it
-                errors.append(f"flush: {_error_text(self._c, exc)}")
+            self._error(f"flush: {_error_text(self._c, exc)}")
         self._clock_pair()
+        self._take()
         self._write_queued()
+
+    def _error(self, text: str) -> None:
+        errors = self.writer.meta.setdefault("errors", [])
+        if len(errors) < 10:  # the first few say what went wrong; the rest would only repeat it
+            errors.append(text)
 
     def stop(self) -> dict[str, Any]:
         if self._stopped or self._c is None:
@@ -291,6 +325,7 @@ class CuptiCollector:
         dropped_cupti = self._cupti_dropped()
         self._teardown()
         self._stopped = True
+        self._take()
         self._write_queued()
         stats = {
             "status": "closed",
@@ -301,48 +336,109 @@ class CuptiCollector:
             "buffers": self._buffers,
             "fast_path": self._fast_note,
             "callback_s": round(self._callback_s, 6),
+            "convert_s": round(self._take_s, 6),
             "stage_pushes": int(self._native.cupti_stats().get("pushes", 0)),
             "push_errors": int(self._native.cupti_stats().get("errors", 0)),
         }
+        if self._mode == "native":
+            stats["native_buffers"] = dict(self._native.cupti_buffer_stats())
         self.writer.write_meta(**stats)
         return stats
 
-    # -- CUPTI callbacks (any thread) -------------------------------------------------------
+    # -- CUPTI callbacks (python mode only; any thread) ---------------------------------------
     def _buffer_requested(self) -> tuple[int, int]:
         return BUFFER_BYTES, 0
 
     def _buffer_completed(self, activities: Any) -> None:
+        """cupti-python's completed-buffer callback (on CUPTI's thread, holding the GIL): copy
+        the buffer's bytes and the records' offsets, queue them, return. Converting happens on
+        the flusher thread. Records without bytes (no ``ptr``) are converted here, by attribute."""
         t0 = time.perf_counter()
         try:
-            rows = self._convert_checked(activities)
+            n = len(activities)
+            if n == 0:
+                return
+            try:
+                ptrs = np.fromiter(map(_PTR, activities), np.int64, n)
+            except Exception as exc:  # noqa: BLE001 - records without bytes: the attribute path
+                if self._fast is not False:
+                    self._fast = False
+                    self._fast_note = f"fast path off: {type(exc).__name__}: {exc}"
+                rows = self._convert(activities)
+                with self._lock:
+                    self._buffers += 1
+                    self._queue_rows(rows)
+                return
+            base, last = int(ptrs.min()), int(ptrs.max())
+            kind = int.from_bytes(ctypes.string_at(last, 4), "little")
+            dt = self._layout_of(kind)
+            data = ctypes.string_at(base, last - base + (dt.itemsize if dt is not None else 4))
+            with self._lock:
+                self._buffers += 1
+                if self._raw_bytes + len(data) > MAX_PENDING_BYTES:
+                    self._dropped_queue += n
+                else:
+                    self._raw.append((data, ptrs - base))
+                    self._raw_bytes += len(data)
         except Exception:  # noqa: BLE001 - never raise into CUPTI's thread
             self._convert_errors += 1
             self._dropped_queue += len(activities) if hasattr(activities, "__len__") else 0
-            return
-        with self._lock:
-            self._buffers += 1
-            if self._queued + len(rows) > MAX_QUEUED_ROWS:
-                self._dropped_queue += len(rows)
-            elif len(rows):
-                self._queue.append(rows)
-                self._queued += len(rows)
-        self._callback_s += time.perf_counter() - t0
+        finally:
+            self._callback_s += time.perf_counter() - t0
 
-    def _convert_checked(self, activities: Any) -> np.ndarray:
-        """Rows from the records: the fast path (the records' bytes read as numpy through
-        cupti-python's own struct dtypes, two Python operations a record) once it gave exactly
-        the rows of the attribute path on the first buffers; the attribute path otherwise."""
+    def _queue_rows(self, rows: np.ndarray) -> None:  # under self._lock
+        if self._queued + len(rows) > MAX_QUEUED_ROWS:
+            self._dropped_queue += len(rows)
+        elif len(rows):
+            self._queue.append(rows)
+            self._queued += len(rows)
+
+    # -- flusher side: buffers -> rows ------------------------------------------------------
+    def _take(self) -> None:
+        """Turn the buffers delivered so far into queued rows (flusher thread)."""
+        t0 = time.perf_counter()
+        raw: list[tuple[bytes, np.ndarray]] = []
+        if self._mode == "native":
+            try:
+                for data, offs in self._native.cupti_take():
+                    raw.append((data, np.frombuffer(offs, np.int64)))
+            except Exception as exc:  # noqa: BLE001
+                self._error(f"take: {type(exc).__name__}: {exc}")
+            self._buffers += len(raw)
+        with self._lock:
+            raw, self._raw, self._raw_bytes = self._raw + raw, [], 0
+        for data, offs in raw:
+            try:
+                rows = self._convert_checked(data, offs)
+            except Exception as exc:  # noqa: BLE001 - a buffer we cannot read: counted, never silent
+                self._convert_errors += 1
+                self._dropped_queue += len(offs)
+                self._error(f"convert: {type(exc).__name__}: {exc}")
+                continue
+            with self._lock:
+                self._queue_rows(rows)
+        self._take_s += time.perf_counter() - t0
+
+    def _convert_checked(self, data: bytes, offs: np.ndarray) -> np.ndarray:
+        """Rows from one buffer: the numpy path (the records' bytes read through cupti-python's
+        own struct dtypes) once it gave exactly the rows of cupti-python's record objects on the
+        first records; the record objects otherwise."""
+        if self._fast is True:
+            return self._convert_fast(data, offs)
         if self._fast is False:
-            return self._convert(activities)
+            return self._convert(self._objects(data, offs))
         try:
-            fast = self._convert_fast(activities)
-        except Exception as exc:  # noqa: BLE001 - any surprise: the attribute path, for good
+            fast = self._convert_fast(data, offs)
+        except Exception as exc:  # noqa: BLE001 - any surprise: the record objects, for good
             self._fast = False
             self._fast_note = f"fast path off: {type(exc).__name__}: {exc}"
-            return self._convert(activities)
-        if self._fast is True:
+            return self._convert(self._objects(data, offs))
+        try:
+            slow = self._convert(self._objects(data, offs))
+        except Exception as exc:  # noqa: BLE001 - no record objects to check against
+            self._fast = True
+            self._fast_note = f"fast path on, unchecked (cupti-python record objects unavailable: {type(exc).__name__}: {exc})"
             return fast
-        slow = self._convert(activities)
         if len(fast) != len(slow) or any(not np.array_equal(fast[f], slow[f]) for f in ACTIVITY_DTYPE.names):
             self._fast = False
             bad = [f for f in ACTIVITY_DTYPE.names if len(fast) != len(slow) or not np.array_equal(fast[f], slow[f])]
@@ -354,6 +450,28 @@ class CuptiCollector:
             self._fast_note = f"fast path on (checked against the attribute path on {self._fast_checked} records)"
         return slow
 
+    def _objects(self, data: bytes, offs: np.ndarray) -> list[Any]:
+        """cupti-python's record objects over the buffer's bytes (``Activity*.from_ptr``), for the
+        kinds we read; what its completed-buffer callback would have handed us."""
+        if self._classes is None:
+            c = self._c
+            K = c.ActivityKind
+            kernel = c.ActivityKernel10
+            self._classes = {int(K.CONCURRENT_KERNEL): kernel, int(K.KERNEL): kernel, int(K.MEMCPY): c.ActivityMemcpy6,
+                             int(K.MEMSET): c.ActivityMemset4, int(K.RUNTIME): c.ActivityAPI, int(K.DRIVER): c.ActivityAPI,
+                             int(K.EXTERNAL_CORRELATION): c.ActivityExternalCorrelation}  # fmt: skip
+        classes = self._classes
+        buf = np.frombuffer(data, np.uint8)
+        addr = buf.ctypes.data
+        kinds = np.frombuffer(data, "<i4", count=len(data) // 4)[offs // 4] if len(offs) else np.empty(0, np.int32)
+        out = []
+        for o, k in zip(offs.tolist(), kinds.tolist()):
+            cls = classes.get(int(k))
+            if cls is not None:
+                out.append(cls.from_ptr(addr + o, True))
+        self._keep_alive = buf  # the objects point into it until they are converted
+        return out
+
     def _layouts(self) -> dict[int, Any]:
         c = self._c
         K = c.ActivityKind
@@ -362,27 +480,29 @@ class CuptiCollector:
                 int(K.MEMSET): c.activity_memset4_dtype, int(K.RUNTIME): c.activity_api_dtype,
                 int(K.DRIVER): c.activity_api_dtype, int(K.EXTERNAL_CORRELATION): c.activity_external_correlation_dtype}  # fmt: skip
 
-    def _convert_fast(self, activities: Any) -> np.ndarray:
-        """Rows read straight from the records' bytes: one numpy gather per field, from typed
-        views over the buffer (CUPTI records are 8-byte aligned; anything unaligned raises and
-        the caller falls back to the attribute path)."""
-        n = len(activities)
+    def _layout_of(self, kind: int) -> Any:
+        if self._layout is None:
+            self._layout = self._layouts()
+        return self._layout.get(kind)
+
+    def _convert_fast(self, data: bytes, off: np.ndarray) -> np.ndarray:
+        """Rows read straight from a buffer's bytes: one numpy gather per field, from typed views
+        over the buffer (CUPTI records are 8-byte aligned; anything unaligned or out of the
+        buffer raises and the caller uses the record objects)."""
+        n = len(off)
         if n == 0:
             return np.empty(0, ACTIVITY_DTYPE)
         if self._layout is None:
             self._layout = self._layouts()
         layout = self._layout
-        ptrs = np.fromiter(map(_PTR, activities), np.int64, n)
-        base = int(ptrs.min())
-        off = ptrs - base
-        if (off % 8).any():
+        if (off % 8).any() or int(off.min()) < 0:
             raise ValueError("activity records are not 8-byte aligned")
-        mem = (ctypes.c_uint8 * (int(off.max()) + 4)).from_address(base)
-        kinds = np.frombuffer(mem, "<i4", count=len(mem) // 4)[off // 4]
+        kinds = np.frombuffer(data, "<i4", count=len(data) // 4)[off // 4]
         sizes = np.full(n, 4, np.int64)
         for k, dt in layout.items():
             sizes[kinds == k] = dt.itemsize
-        mem = (ctypes.c_uint8 * int((off + sizes).max())).from_address(base)
+        if int((off + sizes).max()) > len(data):
+            raise ValueError("an activity record runs past the end of its buffer")
         views: dict[str, np.ndarray] = {}
 
         def get(offs: np.ndarray, dt: Any, name: str) -> np.ndarray:
@@ -393,7 +513,7 @@ class CuptiCollector:
                 raise ValueError(f"field {name} at offset {fo} is not aligned to its size {w}")
             v = views.get(fdt.str)
             if v is None:
-                v = views[fdt.str] = np.frombuffer(mem, fdt, count=len(mem) // w)
+                v = views[fdt.str] = np.frombuffer(data, fdt, count=len(data) // w)
             return v[pos // w]
 
         out = np.zeros(n, ACTIVITY_DTYPE)

@@ -38,3 +38,82 @@ int fake_cupti_depth(void) { return depth_; }
 /* The innermost pushed (kind, id) of the calling thread: what CUPTI would put in the external-
  * correlation record of an API call made now. Returns the kind, 0 when nothing is pushed. */
 int fake_cupti_top(uint64_t* id) { if (depth_ == 0) return 0; *id = stack_[depth_ - 1]; return kinds_[depth_ - 1]; }
+
+#ifndef FAKE_NO_BUFFERS
+/* Activity buffers, as libcupti hands them to callbacks registered with
+ * cuptiActivityRegisterCallbacks (tests/kernels/: the native buffer path). The stand-in
+ * cupti-python queues each record's bytes here (fake_cupti_queue); cuptiActivityFlushAll asks
+ * the registered callback for a buffer, fills it and completes it; cuptiActivityGetNextRecord
+ * walks it by the record sizes the stand-in declared (fake_cupti_set_size). */
+#include <stdlib.h>
+#include <string.h>
+typedef void (*req_fn)(uint8_t**, size_t*, size_t*);
+typedef void (*done_fn)(void*, uint32_t, uint8_t*, size_t, size_t);
+static req_fn req_cb = 0;
+static done_fn done_cb = 0;
+static size_t rec_size[64];
+static uint8_t* pend = 0;
+static size_t pend_len = 0, pend_cap = 0;
+static int buffers_done = 0;
+static pthread_mutex_t amu = PTHREAD_MUTEX_INITIALIZER;
+
+int cuptiActivityRegisterCallbacks(req_fn r, done_fn d) { req_cb = r; done_cb = d; return 0; }
+int fake_cupti_native_registered(void) { return req_cb != 0; }
+void fake_cupti_set_size(int kind, size_t size) { if (kind >= 0 && kind < 64) rec_size[kind] = size; }
+int fake_cupti_buffers(void) { return buffers_done; }
+
+void fake_cupti_queue(const uint8_t* rec, size_t n) {
+  pthread_mutex_lock(&amu);
+  if (pend_len + n > pend_cap) {
+    pend_cap = (pend_len + n) * 2 + 4096;
+    pend = (uint8_t*)realloc(pend, pend_cap);
+  }
+  memcpy(pend + pend_len, rec, n);
+  pend_len += n;
+  pthread_mutex_unlock(&amu);
+}
+
+/* Deliver the queued records in buffers of the size the callback gives (several when needed). */
+int cuptiActivityFlushAll(uint32_t flag) {
+  (void)flag;
+  if (!req_cb || !done_cb) return 15; /* NOT_INITIALIZED-like */
+  pthread_mutex_lock(&amu);
+  uint8_t* data = pend;
+  size_t len = pend_len;
+  pend = 0; pend_len = 0; pend_cap = 0;
+  pthread_mutex_unlock(&amu);
+  size_t pos = 0;
+  while (pos < len) {
+    uint8_t* buf = 0; size_t size = 0, maxrec = 0;
+    req_cb(&buf, &size, &maxrec);
+    if (!buf) break;
+    size_t fill = 0;
+    while (pos + fill < len) {
+      int kind = *(const int32_t*)(data + pos + fill);
+      size_t rs = (kind >= 0 && kind < 64) ? rec_size[kind] : 0;
+      if (!rs || fill + rs > size) break;
+      fill += rs;
+    }
+    if (fill == 0) { done_cb(0, 0, buf, size, 0); break; }
+    memcpy(buf, data + pos, fill);
+    pos += fill;
+    buffers_done++;
+    done_cb(0, 0, buf, size, fill);
+  }
+  free(data);
+  return 0;
+}
+
+int cuptiActivityGetNextRecord(uint8_t* buffer, size_t valid, void** record) {
+  size_t off = 0;
+  if (*record) {
+    int kind = *(const int32_t*)(*record);
+    size_t rs = (kind >= 0 && kind < 64) ? rec_size[kind] : 0;
+    if (!rs) return 21; /* INVALID_KIND */
+    off = (size_t)((uint8_t*)(*record) - buffer) + rs;
+  }
+  if (off >= valid) return 12; /* MAX_LIMIT_REACHED */
+  *record = buffer + off;
+  return 0;
+}
+#endif /* FAKE_NO_BUFFERS */

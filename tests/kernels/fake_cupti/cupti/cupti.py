@@ -5,7 +5,11 @@ tests/core/native/fake_cupti.c loaded from ``FAKE_CUPTI_LIB`` (a path containing
 "libcupti.so", as the collector looks it up in /proc/self/maps). ``launch()`` plays an API call
 that launches one op (or a graph of several): it queues the API record, the external-
 correlation record for the innermost pushed id of the calling thread, and the op records,
-delivered to the completed-buffer callback at the next flush, as CUPTI does."""
+delivered to the completed-buffer callback at the next flush, as CUPTI does: to C callbacks
+registered with the library's cuptiActivityRegisterCallbacks (the stage core's native buffers:
+each record's bytes are queued in the C library, which fills the buffers), or else to the
+Python callbacks registered here (``activity_register_callbacks``), as record objects.
+``Activity*.from_ptr`` read a record's fields from its bytes through the true struct layout."""
 
 from __future__ import annotations
 
@@ -94,19 +98,79 @@ _API_BYTES = activity_api_dtype
 if os.environ.get("FAKE_CUPTI_BAD_LAYOUT"):  # the dtype handed out disagrees with the bytes written
     activity_api_dtype = _layout(40, [("kind", "<i4", 0), ("cbid", "<u4", 4), ("start", "<u8", 16), ("end", "<u8", 8),
                                       ("process_id", "<u4", 24), ("thread_id", "<u4", 28), ("correlation_id", "<u4", 32)])  # fmt: skip
+_NATIVE = hasattr(_LIB, "cuptiActivityRegisterCallbacks")  # a build without them: the Python callbacks only
+if _NATIVE:
+    _LIB.fake_cupti_queue.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    _LIB.fake_cupti_set_size.argtypes = [ctypes.c_int, ctypes.c_size_t]
+    _LIB.cuptiActivityFlushAll.argtypes = [ctypes.c_uint32]
+    for _k, _dt in ((ActivityKind.CONCURRENT_KERNEL, activity_kernel10_dtype), (ActivityKind.KERNEL, activity_kernel10_dtype),
+                    (ActivityKind.MEMCPY, activity_memcpy6_dtype), (ActivityKind.MEMSET, activity_memset4_dtype),
+                    (ActivityKind.RUNTIME, _API_BYTES), (ActivityKind.DRIVER, _API_BYTES),
+                    (ActivityKind.EXTERNAL_CORRELATION, activity_external_correlation_dtype)):  # fmt: skip
+        _LIB.fake_cupti_set_size(int(_k), _dt.itemsize)
+
+
+def _native_buffers() -> bool:
+    return _NATIVE and bool(_LIB.fake_cupti_native_registered())
+
+
+class _Record:
+    """A record object over a record's bytes (what cupti-python's from_ptr gives)."""
+
+    _dtype: np.dtype
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+        self._rec = np.frombuffer((ctypes.c_uint8 * self._dtype.itemsize).from_address(ptr), self._dtype)[0]
+
+    @classmethod
+    def from_ptr(cls, ptr: int, readonly: bool = False):
+        return cls(ptr)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        v = self._rec[name]
+        if name == "name":
+            return ctypes.string_at(int(v)).decode()
+        return int(v)
+
+
+class ActivityKernel10(_Record):
+    _dtype = activity_kernel10_dtype
+
+
+class ActivityMemcpy6(_Record):
+    _dtype = activity_memcpy6_dtype
+
+
+class ActivityMemset4(_Record):
+    _dtype = activity_memset4_dtype
+
+
+class ActivityAPI(_Record):
+    _dtype = _API_BYTES
+
+
+class ActivityExternalCorrelation(_Record):
+    _dtype = activity_external_correlation_dtype
+
+
 _KEEP: list = []  # record bytes and kernel names stay alive, as CUPTI's buffers do during the callback
 
 
 def _record(ns: SimpleNamespace, dtype: np.dtype, **raw) -> SimpleNamespace:
     """Give the record real bytes in the struct layout and a ``ptr`` to them, as cupti-python's
     record objects have; a record object carries the same values as attributes."""
-    if os.environ.get("FAKE_CUPTI_NO_PTR"):
-        return ns
     buf = np.zeros(1, dtype)
     for f in dtype.names:
         buf[f] = raw[f] if f in raw else getattr(ns, f)
-    _KEEP.append(buf)
-    ns.ptr = buf.ctypes.data
+    if _native_buffers():  # the record goes to the C library's buffers
+        _LIB.fake_cupti_queue(buf.ctypes.data, dtype.itemsize)
+        ns.native = True
+        return ns
+    if not os.environ.get("FAKE_CUPTI_NO_PTR"):
+        ns.raw = buf.view(np.uint8)  # laid out in one buffer (and given its ptr) when delivered
     return ns
 
 
@@ -167,12 +231,21 @@ def activity_get_num_dropped_records(context, stream_id, dropped_ptr):
 
 
 def activity_flush_all(flag):
+    if _native_buffers():
+        return _LIB.cuptiActivityFlushAll(int(flag))
     requested, completed = STATE["cb"]
     size, _ = requested()
     assert size > 0
     with _lock:
         batch, STATE["pending"] = STATE["pending"], []
     if batch:
+        if all(hasattr(r, "raw") for r in batch):  # one contiguous buffer, as CUPTI's
+            arena = np.concatenate([r.raw for r in batch])
+            _KEEP.append(arena)
+            pos = arena.ctypes.data
+            for r in batch:
+                r.ptr = pos
+                pos += len(r.raw)
         STATE["buffers"] += 1
         completed(batch)
 
@@ -215,6 +288,12 @@ def launch(name: str, kind: str = "kernel", dur_ns: int = 1000, api: str = "runt
         else:
             recs.append(_record(SimpleNamespace(kind=ActivityKind.MEMSET, bytes=nbytes, **common), activity_memset4_dtype))
         start += dur_ns + 100
+    recs = [r for r in recs if not getattr(r, "native", False)]
     with _lock:
         STATE["pending"] += recs
     return corr
+
+
+def buffers() -> int:
+    """Buffers delivered so far, both ways."""
+    return STATE["buffers"] + (int(_LIB.fake_cupti_buffers()) if _NATIVE else 0)
