@@ -17,8 +17,10 @@ quarter of the steps ((32 + 140) / (32 + 20)), against a flat 16 rows per step w
 ridge, grew 1.47x.)
 
 Attention runs on PyTorch's flash / memory-efficient SDPA kernels (``--sdpa flash``, default),
-not cuDNN's: cuDNN's SDPA builds a graph for every new sequence length, ~60 ms per decode step
-the first time a length is seen, which made the first request of each run take ~13 s.
+not cuDNN's: cuDNN's SDPA builds a graph for every new sequence length. In the 2026-12-03
+capture (tests/data/nsys/h200_reprefill.sqlite) each decode step of the first request waited
+~58 ms between the QKV matmul and the first layer's SDPA (the second layer's: 0.09 ms), so the
+first request of each run took ~13 s.
 ``--sdpa default`` leaves the choice to PyTorch.
 
     python3 benchmarks/scenarios/reprefill_decode.py --mode reprefill --run-dir runs/rp
