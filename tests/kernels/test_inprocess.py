@@ -231,6 +231,22 @@ def test_dropped_and_unclosed_are_said(synthetic_run):
     assert any("dropped by CUPTI" in n for n in report["sources"]["notes"])
 
 
+def test_an_op_whose_launch_call_has_no_record_is_said(synthetic_run):
+    """kernels=True keeps API records only for launch/copy/set functions: an op launched by a
+    function left out would have no launch call; the report says how many, not silently."""
+    run_dir, _ = synthetic_run
+    assert not any("launch-call record" in n for n in read_run(load(run_dir))[1])
+    part_dir = next((run_dir / "parts").iterdir())
+    rows = np.fromfile(part_dir / "activity.bin", dtype=ACTIVITY_DTYPE)
+    kernels = np.flatnonzero(rows["kind"] == KIND_KERNEL)
+    cut = rows["correlation_id"][kernels[:2]]
+    keep = ~(np.isin(rows["correlation_id"], cut) & ((rows["kind"] == KIND_RUNTIME) | (rows["kind"] == KIND_DRIVER)))
+    rows[keep].tofile(part_dir / "activity.bin")
+    trace, notes = read_run(load(run_dir))
+    assert any("2 GPU ops have no launch-call record" in n for n in notes), notes
+    assert len(trace.ops) == int((rows["kind"] <= KIND_MEMSET).sum())  # the ops are still there
+
+
 def test_malformed_activity_file_is_one_line_naming_it(tmp_path):
     (tmp_path / "activity.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"activity\.json: not readable JSON"):

@@ -253,7 +253,7 @@ class CuptiCollector:
             done = 0
             for member in ids:
                 name = str(getattr(member, "name", ""))
-                if not name or any(w in name for w in _NOT_FUNCTIONS):
+                if not name or name in _NOT_FUNCTIONS:
                     continue
                 if any(w in name for w in _LAUNCH_WORDS):
                     self._kept_api += 1

@@ -206,6 +206,10 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
             call_cols.setdefault(key, []).append(col)
         if not len(ext_corr) and len(op):
             notes.append(f"{label}: no external correlation records: GPU ops cannot be tied to stages")
+        unlaunched = int((~np.isin(op["correlation_id"], api["correlation_id"])).sum()) if len(op) else 0
+        if unlaunched:
+            notes.append(f"{label}: {unlaunched} GPU ops have no launch-call record (their API function was not traced): "
+                         "they are counted outside any stage")
 
     if not any_activity:
         kmeta = (getattr(run, "meta", None) or {}).get("kernels")
