@@ -400,10 +400,9 @@ def _grows(tr: dict | None, ratio: float) -> bool:
 
 
 def _trend_ev(prefix: str, tr: dict) -> dict:
-    return {f"{prefix}_spearman": round(tr["spearman"], 3), f"{prefix}_last_over_first": round(tr["last_over_first"], 3),
-            f"{prefix}_first_quarter_median": tr["first_quarter_median_ns"],
-            f"{prefix}_last_quarter_median": tr["last_quarter_median_ns"],
-            f"{prefix}_slope_per_step": round(tr["slope_ns_per_step"], 3)}
+    return {f"{prefix}_first_quarter_ns": tr["first_quarter_median_ns"],
+            f"{prefix}_last_quarter_ns": tr["last_quarter_median_ns"],
+            f"{prefix}_slope_ns_per_step": round(tr["slope_ns_per_step"], 1)}
 
 
 def rule_reprefill(report: dict) -> list[dict]:
@@ -443,7 +442,12 @@ def rule_reprefill(report: dict) -> list[dict]:
             if not (mm_grows or ops_grow):
                 continue
             growth, rho = op_t["last_over_first"], op_t["spearman"]
-            ev.update({"basis": "gpu_op_ns", **_trend_ev("gpu_op_ns", op_t), **_trend_ev("matmul_ns", mm_t)})
+            # the telling numbers first (views show the first few)
+            ev.update({"op_time_last_over_first": round(growth, 3), "op_time_spearman": round(rho, 3),
+                       "matmul_time_last_over_first": round(mm_t["last_over_first"], 3),
+                       "matmul_time_spearman": round(mm_t["spearman"], 3),
+                       "ops_per_step_last_over_first": round(n_t["last_over_first"], 3)})
+            ev.update({"basis": "gpu_op_ns", **_trend_ev("op_time", op_t), **_trend_ev("matmul_time", mm_t)})
             ev.update({"ops_per_step_first_quarter": n_t["first_quarter_median_ns"],
                        "ops_per_step_last_quarter": n_t["last_quarter_median_ns"],
                        "ops_spearman": round(n_t["spearman"], 3),
