@@ -105,3 +105,19 @@ def test_growing_op_count_is_prefill_shaped_too(joined):
     dec["step_work"]["ops"] = dict(dec["step_work"]["gpu_op_ns"])  # a count with the op time's trend
     (f,) = dx.rule_reprefill(r)
     assert f["evidence"]["op_count_grows"] and not f["evidence"]["matmul_grows"] and "op count" in f["title"]
+
+
+def test_rule_reads_a_saved_report(joined, tmp_path):
+    """Through the JSON view and back (NaN ratios of a stage without matmuls become null):
+    the same finding, and no error on the null ratios."""
+    import json
+
+    from maxinstr.render.json import render
+
+    back = json.loads(render(joined("h200_reprefill")))
+    sample = next(s for s in back["stages"] if s["name"] == "sample")
+    assert sample["step_work"]["matmul_ns"]["last_over_first"] is None  # no matmul in the argmax step
+    assert [(f["id"], f["stage"]) for f in dx.rule_reprefill(back)] == [("reprefill_quadratic", "decode")]
+    dec = next(s for s in back["stages"] if s["name"] == "decode")
+    dec["step_work"]["gpu_op_ns"]["last_over_first"] = None  # as a stage with no op time in its first steps
+    assert dx.rule_reprefill(back) == []

@@ -395,8 +395,10 @@ def _kernel_overlap(a: dict, b: dict) -> float:
 
 
 def _grows(tr: dict | None, ratio: float) -> bool:
-    return bool(tr) and tr.get("n_steps", 0) >= REPREFILL_MIN_STEPS and tr.get("spearman", 0) >= REPREFILL_SPEARMAN \
-        and tr.get("last_over_first", 0) >= ratio
+    """A trend (stats.step_trend) rising with the step. Ratios are null in a saved report when the
+    first quarter is 0 (a stage without matmuls): no growth."""
+    return bool(tr) and (tr.get("n_steps") or 0) >= REPREFILL_MIN_STEPS \
+        and (tr.get("spearman") or 0) >= REPREFILL_SPEARMAN and (tr.get("last_over_first") or 0) >= ratio
 
 
 def _trend_ev(prefix: str, tr: dict) -> dict:
@@ -437,7 +439,7 @@ def rule_reprefill(report: dict) -> list[dict]:
             op_t, mm_t, n_t = work["gpu_op_ns"], work["matmul_ns"], work["ops"]
             if not _grows(op_t, REPREFILL_WORK_GROWTH):
                 continue
-            mm_grows = mm_t["first_quarter_median_ns"] > 0 and _grows(mm_t, REPREFILL_WORK_GROWTH)
+            mm_grows = (mm_t.get("first_quarter_median_ns") or 0) > 0 and _grows(mm_t, REPREFILL_WORK_GROWTH)
             ops_grow = _grows(n_t, REPREFILL_WORK_GROWTH)
             if not (mm_grows or ops_grow):
                 continue
