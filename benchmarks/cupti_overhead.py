@@ -104,6 +104,10 @@ def child(mode: str, n_small: int, n_large: int, run_dir: str) -> dict:
         act = json.loads((part / "activity.json").read_text())
         res["activity_rows"] = act.get("rows")
         res["callback_s"] = act.get("callback_s")
+        res["convert_s"] = act.get("convert_s")
+        res["buffers_by"] = act.get("buffers_by")
+        res["fast_path"] = act.get("fast_path")
+        res["api_functions_kept"] = act.get("api_functions_kept")
         res["dropped"] = [act.get("dropped_cupti"), act.get("dropped_queue")]
     return res
 
@@ -163,8 +167,10 @@ def main() -> int:
         print(f"{r['mode']:10} {r['small_ns'] / 1e3:>14.1f} {rs:>7.3f} {ms:>7.3f} {r['large_ns'] / 1e3:>14.1f} {rl:>7.3f} {ml:>7.3f}")
     k = next((r for r in results if r["mode"] == "kernels"), None)
     if k is not None:
-        print(f"kernels: status {k.get('kernels_status')}, {k.get('activity_rows')} activity rows, "
-              f"callback time {k.get('callback_s')} s, dropped (cupti, queue) {k.get('dropped')}")  # fmt: skip
+        print(f"kernels: status {k.get('kernels_status')}, {k.get('activity_rows')} activity rows, buffers by "
+              f"{k.get('buffers_by')}, Python on CUPTI's thread {k.get('callback_s')} s, conversion on the flusher "
+              f"{k.get('convert_s')} s, dropped (cupti, queue) {k.get('dropped')}, API functions traced "
+              f"{k.get('api_functions_kept')}\nkernels: {k.get('fast_path')}")  # fmt: skip
         if k.get("kernels_status") not in ("closed", "collecting"):
             print(f"kernels=True did NOT collect here ({k.get('kernels_reason')}): its ratios are not the CUPTI cost")
         elif base:

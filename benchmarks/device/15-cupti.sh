@@ -6,9 +6,12 @@
 #   check.txt     1. the workload of benchmarks/cupti_check.py with kernels=True, and the same
 #                    kernels=True workload under nsys (where it falls back: see 2); per-stage
 #                    kernel counts, launches and GPU ns from our in-process records vs the nsys
-#                    SQLite + attribution. Look for "RESULT: PASS".
-#   noise.txt        the same table for two kernels=True runs (run-to-run GPU time noise), to
-#                    read a ratio in check.txt against.
+#                    SQLite + attribution. Look for "RESULT kernels: PASS" (counts equal, kernel
+#                    times within 1%) and "RESULT copies/sets: PASS" (counts and bytes equal,
+#                    times within 1% or within the printed run-to-run noise floor).
+#   noise.txt        the same table for two kernels=True runs (run-to-run GPU time noise); the
+#                    second run is check.txt's --noise run.
+#   activity-inproc.json  the collector's activity.json (buffers_by "native", fast_path, rows).
 #   fallback.txt  2. that run under nsys: the one plain warning (CUPTI held by nsys),
 #                    activity.json status "unavailable", the report's note, and the report
 #                    built from the nsys trace. Look for "maxinstr: kernels=True:" and "fallback: OK".
@@ -48,18 +51,21 @@ echo "== 1. kernels=True in-process, and the same kernels=True workload under ns
 timeout 60 python3 benchmarks/cupti_check.py run "$work/inproc" --kernels > "$out/inproc.log" 2>&1 || { echo "in-process run failed"; rc=1; }
 tail -5 "$out/inproc.log"
 cat "$work"/inproc/parts/*/activity.json 2>/dev/null | head -c 1500; echo
+# a second kernels=True run: the run-to-run noise floor of copy/set times (compare --noise)
+timeout 60 python3 benchmarks/cupti_check.py run "$work/inproc2" --kernels > "$out/inproc2.log" 2>&1 || echo "second in-process run failed"
+noise=(); [ -d "$work/inproc2" ] && noise=(--noise "$work/inproc2")
 if command -v nsys >/dev/null; then
   NSYS="nsys profile -t cuda,nvtx --sample=none --cpuctxsw=none -f true"
   timeout 90 $NSYS -o "$work/nsys" python3 benchmarks/cupti_check.py run "$work/nsysrun" --kernels > "$out/fallback.txt" 2>&1 || { echo "nsys run failed"; rc=1; }
   timeout 60 nsys export --type sqlite -f true -o "$work/nsys.sqlite" "$work/nsys.nsys-rep" > "$out/nsys-export.log" 2>&1 || rc=1
-  timeout 60 python3 benchmarks/cupti_check.py compare "$work/inproc" "$work/nsysrun" "$work/nsys.sqlite" 2>&1 | tee "$out/check.txt"
+  timeout 60 python3 benchmarks/cupti_check.py compare "$work/inproc" "$work/nsysrun" "$work/nsys.sqlite" ${noise[@]+"${noise[@]}"} 2>&1 | tee "$out/check.txt"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 else
   echo "nsys not on PATH (carry .device): comparison and fallback skipped" | tee "$out/check.txt"; rc=1
 fi
-echo "-- noise floor: a second kernels=True run against the first (same comparison, no nsys)"
-timeout 60 python3 benchmarks/cupti_check.py run "$work/inproc2" --kernels > "$out/inproc2.log" 2>&1 \
-  && timeout 60 python3 benchmarks/cupti_check.py compare "$work/inproc2" "$work/inproc" - 2>&1 | tail -8 | tee "$out/noise.txt"
+echo "-- noise floor: the second kernels=True run against the first (same comparison, no nsys)"
+[ -d "$work/inproc2" ] && timeout 60 python3 benchmarks/cupti_check.py compare "$work/inproc2" "$work/inproc" - 2>&1 | tail -14 | tee "$out/noise.txt"
+cat "$work"/inproc/parts/*/activity.json > "$out/activity-inproc.json" 2>/dev/null
 timeout 60 python3 -m maxinstr report "$work/inproc" > "$out/report-inproc.txt" 2>&1 || true
 head -45 "$out/report-inproc.txt"
 

@@ -98,3 +98,22 @@ def test_fixture_report_without_trace(run_dir):
     names = {s["name"] for s in report["stages"]}
     assert {"matmul", "pointwise"} <= names
     assert report["gpu"]["kernels"]
+
+
+def test_fixture_every_op_was_launched_by_a_function_kernels_true_keeps():
+    """kernels=True keeps API records only for functions named with Launch/Memcpy/Memset
+    (maxinstr.kernels.cupti._LAUNCH_WORDS): on the H200's records (collected with nearly every
+    function on), each kernel, copy and set was launched by such a function, and the others
+    were most of the API records."""
+    from maxinstr.kernels.cupti import _LAUNCH_WORDS
+    from maxinstr.kernels.store import KIND_DRIVER, KIND_EXTERNAL, KIND_MEMSET, KIND_RUNTIME, read_part_activity
+
+    _, rows, names = read_part_activity(FIXTURE)
+    api = rows[(rows["kind"] == KIND_RUNTIME) | (rows["kind"] == KIND_DRIVER)]
+    kept = np.array([any(w in names[i] for w in _LAUNCH_WORDS) for i in api["name_id"]], bool)
+    ops = rows[rows["kind"] <= KIND_MEMSET]
+    assert np.isin(ops["correlation_id"], api["correlation_id"][kept]).all()
+    ext = rows[rows["kind"] == KIND_EXTERNAL]
+    ext_kept = np.isin(ext["correlation_id"], api["correlation_id"][kept])
+    before, after = len(rows), len(ops) + int(kept.sum()) + int(ext_kept.sum())
+    assert after * 2 < before, (before, after)  # fewer than half the records
