@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent(
     from maxinstr import _native
     from cupti import cupti as fake
     import maxinstr.kernels.cupti as collector
-    collector.FAST_CHECK_ROWS = 30      # trust the fast path after ~one step's records (2000 on a GPU)
+    collector.FAST_CHECK_ROWS = 30      # trust the fast path after ~one step's records (1000 on a GPU)
     run = sys.argv[1]
     assert fake.launch("before_session") is None        # activity is off before the session
     with maxinstr.session(run, kernels=True, sample_hz=0, warmup=1):
@@ -56,6 +56,7 @@ SCRIPT = textwrap.dedent(
         mid_buffers = fake.buffers()
     print("@@" + json.dumps(dict(mid_buffers=mid_buffers, buffers=fake.buffers(), enabled=sorted(fake.STATE["enabled"]),
                                  subscribed=fake.STATE["sub"] is not None, quiet=fake.STATE["quiet"],
+                                 from_ptr=fake.STATE.get("from_ptr", 0),
                                  native=_native.cupti_stats())))
     """
 )
@@ -138,7 +139,8 @@ def test_collector_end_to_end_with_a_stand_in_cupti(fake_lib, fake_lib_no_buffer
         assert nb["registered"] and nb["completed"] >= out["buffers"] and nb["dropped_records"] == 0 and nb["walk_errors"] == 0
         assert act["buffers"] == out["buffers"] and act["callback_s"] == 0  # no Python ran on CUPTI's behalf
     if records in ("native", "python_with_bytes"):
-        assert act["fast_path"].startswith("fast path on (checked"), act["fast_path"]
+        assert act["fast_path"] == "fast path on (checked against the attribute path on 30 records)", act["fast_path"]
+        assert out["from_ptr"] == 30  # record objects only for the records checked, not the whole buffer
     elif records == "python_attributes_only":
         assert act["fast_path"].startswith("fast path off: AttributeError"), act["fast_path"]
     else:

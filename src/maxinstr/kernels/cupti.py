@@ -58,7 +58,7 @@ MAX_QUEUED_ROWS = 8 << 20  # ~640 MB of rows waiting for the flusher: beyond, ro
 MAX_PENDING_BYTES = 512 << 20  # completed CUPTI buffers not yet taken: beyond, buffers are dropped (counted)
 CLOCK_PAIRS_MAX = 512
 _PTR = operator.attrgetter("ptr")
-FAST_CHECK_ROWS = 2000  # records converted both ways (and compared) before the fast path is trusted
+FAST_CHECK_ROWS = 1000  # records converted both ways (and compared) before the fast path is trusted
 
 # API records are kept only for the functions that launch GPU work: the report joins each
 # kernel, copy and set to the call that launched it (same correlation id) and reads the stage
@@ -421,8 +421,9 @@ class CuptiCollector:
 
     def _convert_checked(self, data: bytes, offs: np.ndarray) -> np.ndarray:
         """Rows from one buffer: the numpy path (the records' bytes read through cupti-python's
-        own struct dtypes) once it gave exactly the rows of cupti-python's record objects on the
-        first records; the record objects otherwise."""
+        own struct dtypes), checked against cupti-python's record objects on the first
+        ``FAST_CHECK_ROWS`` records of the session (only those: the objects cost microseconds a
+        record, with the GIL held); the record objects for everything once the two differed."""
         if self._fast is True:
             return self._convert_fast(data, offs)
         if self._fast is False:
@@ -433,22 +434,26 @@ class CuptiCollector:
             self._fast = False
             self._fast_note = f"fast path off: {type(exc).__name__}: {exc}"
             return self._convert(self._objects(data, offs))
+        head = offs[: max(0, FAST_CHECK_ROWS - self._fast_checked)]
         try:
-            slow = self._convert(self._objects(data, offs))
+            slow = self._convert(self._objects(data, head))
         except Exception as exc:  # noqa: BLE001 - no record objects to check against
             self._fast = True
             self._fast_note = f"fast path on, unchecked (cupti-python record objects unavailable: {type(exc).__name__}: {exc})"
             return fast
-        if len(fast) != len(slow) or any(not np.array_equal(fast[f], slow[f]) for f in ACTIVITY_DTYPE.names):
+        fast_head = fast if len(head) == len(offs) else self._convert_fast(data, head)
+        if len(fast_head) != len(slow) or any(not np.array_equal(fast_head[f], slow[f]) for f in ACTIVITY_DTYPE.names):
             self._fast = False
-            bad = [f for f in ACTIVITY_DTYPE.names if len(fast) != len(slow) or not np.array_equal(fast[f], slow[f])]
+            bad = [f for f in ACTIVITY_DTYPE.names if len(fast_head) != len(slow) or not np.array_equal(fast_head[f], slow[f])]
             self._fast_note = f"fast path off: differs from the attribute path in {bad}"
-            return slow
-        self._fast_checked += len(slow)
+            return self._convert(self._objects(data, offs))
+        self._fast_checked += len(head)
         if self._fast_checked >= FAST_CHECK_ROWS:
             self._fast = True
             self._fast_note = f"fast path on (checked against the attribute path on {self._fast_checked} records)"
-        return slow
+        else:
+            self._fast_note = f"fast path used, checked on all {self._fast_checked} records so far"
+        return fast
 
     def _objects(self, data: bytes, offs: np.ndarray) -> list[Any]:
         """cupti-python's record objects over the buffer's bytes (``Activity*.from_ptr``), for the

@@ -125,6 +125,7 @@ class _Record:
 
     @classmethod
     def from_ptr(cls, ptr: int, readonly: bool = False):
+        STATE["from_ptr"] = STATE.get("from_ptr", 0) + 1
         return cls(ptr)
 
     def __getattr__(self, name: str):
