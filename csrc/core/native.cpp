@@ -1122,13 +1122,18 @@ StageObject* stage_alloc() {
     s = PyObject_New(StageObject, &StageType);
     if (!s) return nullptr;
   }
+  // Zero the embedded objects' headers first. Not Py_SET_REFCNT(b, 0): on Python >= 3.12 it does
+  // nothing when the refcount already reads as immortal, and fresh memory holds whatever was
+  // there before. Such a bound object then took no reference on its Stage (descr_get saw a
+  // nonzero count), so `with stage("x"):` freed the Stage while it was open; with several threads
+  // it was handed out again and freed twice (SIGSEGV on the H200, tests/core/test_stage_lifetime.py).
+  memset((void*)&s->b_enter, 0, sizeof(BoundObject));
+  memset((void*)&s->b_exit, 0, sizeof(BoundObject));
   PyTypeObject* bt = &BoundType;
   Py_SET_TYPE((PyObject*)&s->b_enter, bt);
-  Py_SET_REFCNT((PyObject*)&s->b_enter, 0);
   s->b_enter.owner = (PyObject*)s;
   s->b_enter.vc = bound_enter_vc;
   Py_SET_TYPE((PyObject*)&s->b_exit, bt);
-  Py_SET_REFCNT((PyObject*)&s->b_exit, 0);
   s->b_exit.owner = (PyObject*)s;
   s->b_exit.vc = bound_exit_vc;
   s->name = nullptr;
