@@ -2056,6 +2056,18 @@ PyObject* py_cupti_buffers(PyObject*, PyObject* args) {
   }
   cuptibuf::next = next;
   cuptibuf::flush = flush;
+  // two buffers made and touched now, so the first ones CUPTI fills (on the program's thread)
+  // take no page faults; emptied buffers come back to this pool, already touched
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lk(cuptibuf::mu);
+      if (cuptibuf::spare.size() >= 2) break;
+    }
+    void* p = nullptr;
+    if (posix_memalign(&p, 8, cuptibuf::buf_bytes) != 0) break;
+    memset(p, 0, cuptibuf::buf_bytes);
+    cuptibuf::put_back((uint8_t*)p);
+  }
   if (reg(cuptibuf::buffer_requested, cuptibuf::buffer_completed) != 0) {
     add_error(std::string("cupti: cuptiActivityRegisterCallbacks failed in ") + path);
     Py_RETURN_FALSE;
