@@ -68,6 +68,20 @@ def brute(dev, start, end):
     return out
 
 
+def brute_windows(dev, starts, ends):
+    """Overlap-weighted mean of the GPM windows [previous GPM row, GPM row] over the intervals."""
+    t = dev.t_ns.astype(np.int64)
+    g = np.nonzero(dev.flags & FLAG_GPM)[0]
+    x = dev.column("sm_active_pct")
+    num = den = 0.0
+    for i0, i1 in zip(g[:-1], g[1:]):
+        for a, b in zip(starts, ends):
+            ov = max(0, min(t[i1], b) - max(t[i0], a))
+            num += ov * x[i1]
+            den += ov
+    return num / den
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_instances_match_brute_force(samples, data):
@@ -102,7 +116,10 @@ def test_per_stage_table(samples):
     assert table.instances[cool0] == 2 and table.samples[cool0] == 30
     assert table.gpu_util_mean_pct[cool0] == pytest.approx(np.mean(np.arange(100, 130) % 100))
     assert table.gpu_util_peak_pct[cool0] == 29
-    assert table.sm_active_mean_pct[cool0] == pytest.approx(np.mean([100, 110, 120]))
+    # a GPM value covers the time since the previous GPM row: the windows ending at ticks 110,
+    # 120 and 130 fill [t100, t130), each weighted by its overlap (not the rows read inside)
+    assert table.sm_active_mean_pct[cool0] == pytest.approx(brute_windows(dev, starts[1:], ends[1:]))
+    assert table.sm_active_mean_pct[cool0] == pytest.approx(120.0, abs=1.0)
     assert table.mem_used_peak_bytes[cool0] == 1e9 + 129
     assert table.hw_throttle_samples[hot0] == 10
     assert table.throttle_mask[hot0] == THROTTLE_BIT["hw_thermal"] | THROTTLE_BIT["sw_power_cap"]

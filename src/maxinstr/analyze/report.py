@@ -413,14 +413,27 @@ Hopper): a stage shorter than the shortest period cannot be judged by the sample
 
 
 def _window_note(samples: dict | None, host: dict) -> dict | None:
-    """The stage's sampler numbers, with ``window_limited`` set when its median instance is
-    shorter than NVML's averaging window: utilization and power read during it then describe
-    the GPU's last 1/6 s to 1 s (mostly other stages, or idle), not the stage."""
+    """The stage's sampler numbers, with ``window_limited`` set when utilization and power
+    cannot be told for the stage itself. Utilization is attributed by the NVML windows its
+    values describe (:mod:`maxinstr.sample.attribute`); ``util_window_share`` is the share of
+    those windows' time the stage filled. Below
+    :data:`~maxinstr.sample.attribute.WINDOW_SHARE_MIN` the value describes mostly other
+    stages or idle time; no window at all (a stage after the last window the sampler saw) is
+    limited too. Without a share (samples not from NVML), a median instance shorter than
+    NVML's shortest window is."""
     if not samples:
         return samples
+    from maxinstr.sample.attribute import WINDOW_SHARE_MIN
+
     out = dict(samples)
     median = host.get("median") if host.get("n") else None
-    out["window_limited"] = bool(median is not None and median < NVML_UTIL_WINDOW_MIN_NS)
+    share = out.get("util_window_share")
+    if "util_window_share" in out and out.get("gpu_util_pct_mean") is None:
+        out["window_limited"] = True  # no window covers the stage
+    elif share is not None:
+        out["window_limited"] = bool(share < WINDOW_SHARE_MIN)
+    else:
+        out["window_limited"] = bool(median is not None and median < NVML_UTIL_WINDOW_MIN_NS)
     out["sampler_window_min_ns"] = NVML_UTIL_WINDOW_MIN_NS
     return out
 

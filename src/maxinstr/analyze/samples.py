@@ -154,7 +154,7 @@ def _overall(cols: dict[str, np.ndarray], throttle: np.ndarray, names: tuple[str
 _DEVICE_FIELDS = ("gpu_util_mean_pct", "gpu_util_peak_pct", "mem_util_mean_pct", "sm_active_mean_pct",
                   "sm_occupancy_mean_pct", "tensor_active_mean_pct", "dram_bw_util_mean_pct",
                   "mem_used_peak_bytes", "power_mean_w", "power_peak_w", "temp_peak_c",
-                  "energy_per_instance_j", "energy_total_j")
+                  "energy_per_instance_j", "energy_total_j", "gpu_util_window_share", "sm_active_window_share")
 
 
 def _num(x: Any) -> float | None:
@@ -209,6 +209,9 @@ def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: lis
         out[stage] = {
             "device": main["device"], "samples": n, "instances_with_samples": None,
             "gpu_util_pct_mean": main["gpu_util_mean_pct"], "sm_active_pct_mean": main["sm_active_mean_pct"],
+            # share of the time of the NVML utilization windows behind gpu_util_pct_mean that the
+            # stage itself filled (None: not windowed, or no window covers the stage)
+            "util_window_share": main["gpu_util_window_share"],
             "power_w_mean": main["power_mean_w"], "energy_per_instance_j": main["energy_per_instance_j"],
             "throttled_samples": main["hw_throttle_samples"],
             "throttled_share": (main["hw_throttle_samples"] / n) if n else None,

@@ -104,8 +104,9 @@ def _stage_table(report: dict) -> Any:
     with_samples = [s for s in stages if (s.get("samples") or {}).get("gpu_util_pct_mean") is not None
                     or (s.get("samples") or {}).get("power_w_mean") is not None]
     short_window = [s for s in with_samples if s["samples"].get("window_limited")]
-    # util/power read during a stage shorter than NVML's averaging window describe the time
-    # around it: shown in parentheses, and not at all when no stage is long enough
+    # util/power of a stage whose NVML windows were mostly spent elsewhere (or that no window
+    # covers) describe the time around it: not printed ("-", with a note), and no column at
+    # all when no stage has them
     sampled = len(with_samples) > len(short_window)
     throttle_col = any((s.get("samples") or {}).get("throttled_share") for s in stages)
     notes = []
@@ -122,10 +123,11 @@ def _stage_table(report: dict) -> Any:
     if short_window:
         shortest = min(short_window, key=lambda s: f.stat(s["host_ns"]) or 0)
         names = ", ".join(s["name"] for s in short_window[:3]) + (" ..." if len(short_window) > 3 else "")
-        notes.append(("(util, power) in parentheses" if sampled else "util, power not shown")
-                     + f": {names} {'is' if len(short_window) == 1 else 'are'} shorter than NVML's averaging window "
-                     f"(1/6 s to 1 s; median {f.ns(f.stat(shortest['host_ns']))}), so the samples describe the GPU "
-                     "around the stage, not the stage; read "
+        notes.append(("util, power not shown for " if sampled else "util, power not shown: ")
+                     + f"{names}: NVML's utilization windows (200 ms on the H200, 1/6 s to 1 s) were mostly "
+                     f"spent outside {'it' if len(short_window) == 1 else 'them'} (median instance "
+                     f"{f.ns(f.stat(shortest['host_ns']))}), or none covers {'it' if len(short_window) == 1 else 'them'}, "
+                     "so the samples describe the GPU around the stage, not the stage; read "
                      + ("busy" if trace_cols else "GPU time" if gpu_cols else "the HTML report's timeline"))
     only_warm = [s["name"] for s in stages if not s["steady"] and s["warmup"] + s["cold_start"]]
     if only_warm:
@@ -169,8 +171,7 @@ def _stage_table(report: dict) -> Any:
             util_s = f"{util:.0f}%" if util is not None else "-"
             power_s = f"{power:.0f} W" if power is not None else "-"
             if smp.get("window_limited"):
-                util_s = f"({util_s})" if util is not None else util_s
-                power_s = f"({power_s})" if power is not None else power_s
+                util_s = power_s = "-"
             cells = [util_s, power_s]
         if throttle_col:
             cells.append(f.pct(smp.get("throttled_share")))

@@ -6,10 +6,19 @@ cumulative sums over numpy columns; no Python loop over rows or instances (only 
 few devices).
 
 - mean / peak of a metric: over the samples inside the instance (NaN rows skipped).
-- GPM metrics (SM activity, occupancy, tensor, DRAM bandwidth) are read >= 100 ms apart, so
-  a short stage often contains no GPM row. Such an instance takes the value of the GPM window
-  that contains its midpoint (a window's value is in the first GPM row after it); the table
-  counts how many instances used that fallback (``gpm_window_instances``).
+- Windowed metrics are attributed by the time their value describes, not the time it was
+  read (:func:`metric_windows`). A GPM value (SM activity, occupancy, tensor, DRAM bandwidth)
+  covers the time since the previous GPM row. NVIDIA's ``gpu_util_pct``/``mem_util_pct`` is
+  the share of the driver's last sample period (200 ms on the H200) in which a kernel ran: the
+  value changes once per period and, read at time t, describes a window that ended before t.
+  Taking the rows inside an instance (what this module did before) gave a 0.25 s matmul
+  stage the driver's value for the idle 0.2-0.4 s before it (H200: 15 % for a stage the GPU
+  ran back to back). Such an instance's value is the mean of the windows' values weighted by
+  their overlap with it, ``count`` is the covered time (ns), and ``window_share`` per stage
+  name says how much of the windows' time the stage itself filled: a low share means the value
+  describes mostly other stages (or idle), which a report must say instead of printing it.
+  Instances with no GPM row inside that took the value of the window around them are counted
+  (``gpm_window_instances``).
 - energy: the difference of the energy counter, linearly interpolated at the instance's start
   and end (so stages shorter than the sampling interval still get a share); NaN when the
   instance is not inside the sampled time.
@@ -25,8 +34,31 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from maxinstr.sample.base import GPM_METRICS, HW_THROTTLE_MASK, POWER_CAP_MASK, THERMAL_HW_MASK
+from maxinstr.sample.base import FLAG_GPM, GPM_METRICS, HW_THROTTLE_MASK, POWER_CAP_MASK, THERMAL_HW_MASK
 from maxinstr.sample.read import Samples
+
+NVML_UTIL_COLUMNS = ("gpu_util_pct", "mem_util_pct")
+"""NVML utilization: one value per driver sample period, describing a window that ended before
+it was read (:func:`util_windows`)."""
+NVML_UTIL_PERIODS_NS = (166_666_667, 200_000_000, 250_000_000, 333_333_333, 500_000_000, 1_000_000_000)
+"""Sample periods NVML documents (1/6 s to 1 s, by GPU). The period is found from the rows: the
+times at which the value changes; the H200 changes it every 200.0 ms (docs/sampler.md)."""
+NVML_UTIL_PERIOD_MAX_NS = 1_000_000_000
+NVML_UTIL_LAG_NS = 25_000_000
+"""How long before it is first read an NVML utilization window ends. H200 (driver 580.159.04,
+.coord/device5 report/kvcache-plain-run): the GPU went from idle to back-to-back decode kernels
+at a CUDA-event time 7544.5 ms; the value first read at 7570.1 ms (previous row 7560.1) still
+said idle (3 %), the next one 200 ms later said 100 %: the window ended 23-26 ms before it was
+read."""
+NVML_GPM_LAG_NS = 87_000_000
+"""How long before their row a GPM value's counters were taken. H200, same runs: SM activity
+rose ~87 ms after the CUDA-event time the GPU became busy (kvcache-plain-run: 1.7 % for
+[7500, 7610] ms, 63 % for [7610, 7720] against 77 % steady, busy from 7544.5), and the
+utilization and GPM edges of run/window's two busy phases agree on 86-93 ms once both lags are
+applied. Re-measured by benchmarks/device/35-util-windows.sh."""
+WINDOW_SHARE_MIN = 0.5
+"""Below this share of its windows' time spent in the stage itself, a windowed value describes
+mostly other stages or idle time: the report says so and does not print it."""
 
 _MEAN_COLUMNS = ("gpu_util_pct", "mem_util_pct", "power_w") + GPM_METRICS
 _PEAK_COLUMNS = ("gpu_util_pct", "mem_used_bytes", "power_w", "sm_active_pct", "temp_c")
@@ -47,6 +79,8 @@ class InstanceSamples:
     gpm_window: np.ndarray  # bool: GPM values came from the enclosing GPM window
     power_cap_samples: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     thermal_hw_samples: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    windows: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    """column -> (start_ns, end_ns) of the windows its values describe (windowed columns only)."""
 
 
 @dataclass
@@ -79,6 +113,10 @@ class StageSamples:
     thermal_hw_samples: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     throttle_mask: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint32))
     gpm_window_instances: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    gpu_util_window_share: np.ndarray = field(default_factory=lambda: np.empty(0))
+    """Share of the time of the utilization windows touching the name's instances that was spent
+    in those instances (NaN: utilization not windowed, or no window covers them)."""
+    sm_active_window_share: np.ndarray = field(default_factory=lambda: np.empty(0))
 
     def __len__(self) -> int:
         return len(self.name_id)
@@ -102,9 +140,142 @@ def _range_reduce(ufunc: np.ufunc, x: np.ndarray, lo: np.ndarray, hi: np.ndarray
     return np.where(hi > lo, out, np.array(empty, dtype=x.dtype))
 
 
-def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np.ndarray) -> InstanceSamples:
+def _period(gaps: np.ndarray, periods: tuple[int, ...], tol_ns: np.ndarray) -> int | None:
+    """The largest candidate period of which >= 80 % of ``gaps`` (between detected updates) are
+    a whole multiple, within ``tol_ns`` (each gap's bracket uncertainty) or 10 % of the period.
+    Larger is the cautious choice: gaps of a 1 s driver are multiples of 0.5 s too."""
+    for p in sorted(periods, reverse=True):
+        k = np.round(gaps / p)
+        fits = (k >= 1) & (np.abs(gaps - k * p) <= np.maximum(tol_ns, 0.1 * p))
+        if fits.sum() >= 0.8 * len(gaps):
+            return p
+    return None
+
+
+def util_windows(t: np.ndarray, x: np.ndarray, *, lag_ns: int = NVML_UTIL_LAG_NS,
+                 periods: tuple[int, ...] = NVML_UTIL_PERIODS_NS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(start_ns, end_ns, value)`` of the windows NVML utilization values describe.
+
+    NVML updates the value once per sample period P; a value first read at t was published at
+    an update u <= t and describes ``[u - lag - P, u - lag]``. Updates are found where the value
+    changes (between the row before and the row at the change: the midpoint); between two of
+    them lie round(gap / P) updates, evenly spaced (the H200's updates keep a 200 ms period but
+    their phase can jump by ~20 ms, so no global grid is assumed); before the first and after
+    the last change, updates every P. P is the NVML period (1/6 s to 1 s) the gaps are
+    multiples of. With too few changes to find P (a constant value, e.g. idle all along) P is
+    taken as NVML's longest (1 s) and only the span every reading certainly covers is kept,
+    ``[t_first - lag, t_last - P - lag]``: a stage after it gets no utilization rather than the
+    idle value read before its work was counted."""
+    ok = ~np.isnan(x)
+    tu, vu = t[ok].astype(np.int64), x[ok].astype(np.float64)
+    if len(tu) == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0)
+    ch = np.nonzero(np.diff(vu) != 0)[0] + 1
+    p = None
+    if len(ch) >= 3:
+        lo, hi = tu[ch - 1], tu[ch]
+        u = (lo + hi) // 2
+        p = _period(np.diff(u).astype(np.float64), periods, ((hi - lo)[1:] + (hi - lo)[:-1]).astype(np.float64))
+    if p is None:
+        first = np.concatenate(([0], ch))
+        last = np.concatenate((ch - 1, [len(tu) - 1]))
+        ws = tu[first] - lag_ns
+        we = tu[last] - NVML_UTIL_PERIOD_MAX_NS - lag_ns
+        keep = we > ws
+        return ws[keep], we[keep], vu[first][keep]
+    lo, hi = tu[ch - 1], tu[ch]
+    u = (lo + hi) // 2
+    val = vu[ch]
+    gaps = np.diff(u)
+    n = np.maximum(1, np.round(gaps / p)).astype(np.int64)
+    step = gaps // n
+    # updates between detected ones: u_a + j * step_a, j < n_a (values unchanged until the next)
+    rep = np.repeat(np.arange(len(n)), n)
+    j = np.arange(len(rep)) - np.repeat(np.cumsum(n) - n, n)
+    mid_u = u[:-1][rep] + j * step[rep]
+    mid_v = val[:-1][rep]
+    # before the first change: back to the update the first row read (at most P before it)
+    nb = max(0, int((u[0] - (tu[0] - p)) // p))
+    pre_u = u[0] - p * np.arange(nb, 0, -1, dtype=np.int64)
+    # after the last change: every P up to the last row
+    na = int((tu[-1] - u[-1]) // p) + 1
+    post_u = u[-1] + p * np.arange(na, dtype=np.int64)
+    ups = np.concatenate((pre_u, mid_u, post_u))
+    lens = np.diff(ups, prepend=ups[0] - p)  # a window runs from the update before
+    vals = np.concatenate((np.full(nb, vu[0]), mid_v, np.full(na, val[-1])))
+    return ups - lag_ns - lens, ups - lag_ns, vals
+
+
+def gpm_windows(t: np.ndarray, x: np.ndarray, flags: np.ndarray | None = None, *, lag_ns: int = 0
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(start_ns, end_ns, value)`` of GPM windows: each GPM value covers the time since the
+    previous GPM row (flag GPM; the first one, whose start has no row, is left out), shifted
+    back by ``lag_ns``."""
+    if flags is not None:
+        g = (np.asarray(flags) & FLAG_GPM) != 0
+    else:
+        g = ~np.isnan(x)
+    tg = t[g].astype(np.int64)
+    xg = x[g].astype(np.float64)
+    if len(tg) < 2:
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0)
+    ws, we, v = tg[:-1] - lag_ns, tg[1:] - lag_ns, xg[1:]
+    keep = ~np.isnan(v)
+    return ws[keep], we[keep], v[keep]
+
+
+def window_means(ws: np.ndarray, we: np.ndarray, v: np.ndarray, start: np.ndarray, end: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Per interval ``[start, end)``: the mean of the window values weighted by their overlap
+    with it, and the covered time (ns). Windows sorted and not overlapping. Cumulative
+    integrals at the window edges, interpolated: no loop over windows or intervals."""
+    n = len(start)
+    if len(ws) == 0 or n == 0:
+        return np.full(n, np.nan), np.zeros(n)
+    length = (we - ws).astype(np.float64)
+    edges = np.empty(2 * len(ws), np.float64)
+    edges[0::2], edges[1::2] = ws, we
+    f = np.zeros(2 * len(ws))
+    c = np.zeros(2 * len(ws))
+    cum_f = np.concatenate(([0.0], np.cumsum(v * length)))
+    cum_c = np.concatenate(([0.0], np.cumsum(length)))
+    f[0::2], f[1::2] = cum_f[:-1], cum_f[1:]
+    c[0::2], c[1::2] = cum_c[:-1], cum_c[1:]
+    base = float(edges[0])  # keep interpolation exact on large clocks
+    e = edges - base
+    a = np.asarray(start, np.float64) - base
+    b = np.asarray(end, np.float64) - base
+    cov = np.interp(b, e, c) - np.interp(a, e, c)
+    val = np.interp(b, e, f) - np.interp(a, e, f)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(cov > 0, val / np.where(cov > 0, cov, 1.0), np.nan)
+    return mean, np.maximum(cov, 0.0)
+
+
+def window_share(ws: np.ndarray, we: np.ndarray, start: np.ndarray, end: np.ndarray, covered: np.ndarray) -> float:
+    """Of the windows that touch any of the intervals, the share of their time spent inside the
+    intervals (``covered``: each interval's covered ns, from :func:`window_means`). NaN when no
+    window touches them. Windows touched by several intervals count once."""
+    if len(ws) == 0 or len(start) == 0:
+        return float("nan")
+    first = np.searchsorted(we, np.asarray(start), side="right")  # first window ending after start
+    last = np.searchsorted(ws, np.asarray(end), side="left")  # windows starting before end
+    ok = last > first
+    if not ok.any():
+        return float("nan")
+    mark = np.zeros(len(ws) + 1, np.int64)
+    np.add.at(mark, first[ok], 1)
+    np.add.at(mark, last[ok], -1)
+    touched = np.cumsum(mark[:-1]) > 0
+    total = float((we - ws)[touched].sum())
+    return float(covered.sum() / total) if total > 0 else float("nan")
+
+
+def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np.ndarray,
+                     vendor: str | None = None) -> InstanceSamples:
     """Per-instance sample statistics for one device's rows (``dev``: rows of that device,
-    sorted by time) and stage host intervals ``[start_ns, end_ns)``."""
+    sorted by time) and stage host intervals ``[start_ns, end_ns)``. ``vendor`` (default: from
+    samples.json's device list) decides whether utilization is windowed (NVIDIA)."""
     start = np.asarray(start_ns, dtype=np.int64)
     end = np.maximum(np.asarray(end_ns, dtype=np.int64), start)
     t = dev.t_ns.astype(np.int64, copy=False)
@@ -112,22 +283,35 @@ def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np
     hi = np.searchsorted(t, end, side="left")
     n = hi - lo
     names = set(dev.rows.dtype.names or ())
+    if vendor is None:
+        devs = dev.devices
+        vendor = devs[device].get("vendor") if 0 <= device < len(devs) and isinstance(devs[device], dict) else None
+    nvidia = vendor == "nvidia"
     mean: dict[str, np.ndarray] = {}
     count: dict[str, np.ndarray] = {}
     peak: dict[str, np.ndarray] = {}
+    windows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     gpm_window = np.zeros(len(start), dtype=bool)
+    flags = dev.rows["flags"] if "flags" in names else None
     for col in _MEAN_COLUMNS:
         if col not in names:
             continue
         x = dev.rows[col].astype(np.float64)
-        s, c = _range_sum_count(x, lo, hi)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            m = np.where(c > 0, s / np.maximum(c, 1), np.nan)
-        c = c.astype(np.float64)
-        if col in GPM_METRICS:
-            m, used = _gpm_window_fill(t, x, start, end, m)
-            gpm_window |= used
-            c = np.where(used, 1.0, c)  # a window-filled instance counts as one sample
+        if col in GPM_METRICS or (nvidia and col in NVML_UTIL_COLUMNS):
+            if col in GPM_METRICS:
+                ws, we, v = gpm_windows(t, x, flags, lag_ns=NVML_GPM_LAG_NS if nvidia else 0)
+            else:
+                ws, we, v = util_windows(t, x)
+            m, c = window_means(ws, we, v, start, end)
+            if col in GPM_METRICS:
+                inside = _range_sum_count(x, lo, hi)[1]
+                gpm_window |= (inside == 0) & (c > 0)
+            windows[col] = (ws, we)
+        else:
+            s, c = _range_sum_count(x, lo, hi)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                m = np.where(c > 0, s / np.maximum(c, 1), np.nan)
+            c = c.astype(np.float64)
         mean[col] = m
         count[col] = c
     for col in _PEAK_COLUMNS:
@@ -154,24 +338,8 @@ def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np
         device=device, n_samples=n.astype(np.int64), mean=mean, count=count, peak=peak, energy_j=energy,
         throttle=throttle, hw_throttle_samples=samples_with(HW_THROTTLE_MASK), gpm_window=gpm_window,
         power_cap_samples=samples_with(POWER_CAP_MASK), thermal_hw_samples=samples_with(THERMAL_HW_MASK),
+        windows=windows,
     )
-
-
-def _gpm_window_fill(t: np.ndarray, x: np.ndarray, start: np.ndarray, end: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For instances with no GPM row inside: the value of the GPM window holding their midpoint."""
-    ok = ~np.isnan(x)
-    tg, xg = t[ok], x[ok]
-    need = np.isnan(m)
-    if len(tg) < 2 or not need.any():
-        return m, np.zeros(len(m), dtype=bool)
-    mid = start + (end - start) // 2
-    k = np.searchsorted(tg, mid, side="left")  # first GPM row at/after mid: its window [tg[k-1], tg[k]]
-    # the first GPM value covers the time since the GPM sample before it, which has no row:
-    # only windows with a known start (k >= 1) qualify
-    usable = need & (k >= 1) & (k < len(tg))
-    out = m.copy()
-    out[usable] = xg[k[usable]]
-    return out, usable
 
 
 def stage_samples(
@@ -253,6 +421,14 @@ def stage_samples(
         np.bitwise_or.at(mask, inverse, inst.throttle)
         put("throttle_mask", mask)
         put("gpm_window_instances", np.bincount(inverse, weights=inst.gpm_window, minlength=k).astype(np.int64))
+        for col, field_name in (("gpu_util_pct", "gpu_util_window_share"), ("sm_active_pct", "sm_active_window_share")):
+            share = np.full(k, np.nan)
+            if col in inst.windows:
+                ws, we = inst.windows[col]
+                for j in range(k):  # per stage name (few): windows shared by its instances count once
+                    sel = inverse == j
+                    share[j] = window_share(ws, we, np.asarray(start_ns)[sel], np.asarray(end_ns)[sel], inst.count[col][sel])
+            put(field_name, share)
 
     if not rows:
         return StageSamples(), per_instance
