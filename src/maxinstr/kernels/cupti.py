@@ -327,6 +327,9 @@ class CuptiCollector:
         self._stopped = True
         self._take()
         self._write_queued()
+        native_buffers = dict(self._native.cupti_buffer_stats()) if self._mode == "native" else None
+        if native_buffers:  # buffers the stage core dropped (its queue over MAX_PENDING_BYTES): counted as ours
+            self._dropped_queue += int(native_buffers.get("dropped_records", 0))
         stats = {
             "status": "closed",
             "clock_pairs": self._pairs,
@@ -340,8 +343,8 @@ class CuptiCollector:
             "stage_pushes": int(self._native.cupti_stats().get("pushes", 0)),
             "push_errors": int(self._native.cupti_stats().get("errors", 0)),
         }
-        if self._mode == "native":
-            stats["native_buffers"] = dict(self._native.cupti_buffer_stats())
+        if native_buffers is not None:
+            stats["native_buffers"] = native_buffers
         self.writer.write_meta(**stats)
         return stats
 

@@ -74,8 +74,12 @@ void fake_cupti_queue(const uint8_t* rec, size_t n) {
 }
 
 /* Deliver the queued records in buffers of the size the callback gives (several when needed). */
+extern int PyGILState_Check(void) __attribute__((weak)); /* the embedding Python's, when there is one */
+static int gil_in_flush = -1; /* PyGILState_Check() inside the last flush: -1 unknown */
+int fake_cupti_gil_in_flush(void) { return gil_in_flush; }
 int cuptiActivityFlushAll(uint32_t flag) {
   (void)flag;
+  gil_in_flush = PyGILState_Check ? PyGILState_Check() : -1;
   if (!req_cb || !done_cb) return 15; /* NOT_INITIALIZED-like */
   pthread_mutex_lock(&amu);
   uint8_t* data = pend;
