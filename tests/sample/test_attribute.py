@@ -148,3 +148,32 @@ def test_no_samples_no_rows(tmp_path):
     empty = read_samples(tmp_path)
     table, per = stage_samples(empty, np.array([1]), np.array([2]), np.array([0]))
     assert len(table) == 0 and per == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_window_means_match_brute_force(data):
+    from maxinstr.sample.attribute import window_means
+
+    n = data.draw(st.integers(1, 8))
+    lens = data.draw(st.lists(st.integers(1, 1000), min_size=n, max_size=n))
+    gaps = data.draw(st.lists(st.integers(0, 300), min_size=n, max_size=n))
+    vals = np.array(data.draw(st.lists(st.floats(0, 100), min_size=n, max_size=n)))
+    ws, we, t = [], [], 10**12
+    for g, w in zip(gaps, lens):
+        t += g
+        ws.append(t)
+        t += w
+        we.append(t)
+    ws, we = np.array(ws, np.int64), np.array(we, np.int64)
+    k = data.draw(st.integers(1, 6))
+    a = np.array(data.draw(st.lists(st.integers(ws[0] - 500, we[-1] + 500), min_size=k, max_size=k)), np.int64)
+    b = a + np.array(data.draw(st.lists(st.integers(0, 2000), min_size=k, max_size=k)), np.int64)
+    m, c = window_means(ws, we, vals, a, b)
+    for i in range(k):
+        ov = np.clip(np.minimum(we, b[i]) - np.maximum(ws, a[i]), 0, None).astype(np.float64)
+        assert c[i] == pytest.approx(ov.sum(), abs=1e-3)
+        if ov.sum() > 0:
+            assert m[i] == pytest.approx((ov * vals).sum() / ov.sum(), rel=1e-9, abs=1e-9)
+        else:
+            assert np.isnan(m[i])
