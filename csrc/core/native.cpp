@@ -35,6 +35,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -2293,6 +2294,13 @@ void atfork_child() {
   if (g.gpu.backend != BK_NONE) g.gpu_off_after_fork = true;
   g.gpu_tried = true;
   g.cupti_on = false;  // CUPTI does not follow a fork
+  // nor do its buffers: a fresh lock (another thread may have held it at the fork) and empty
+  // queues (their buffers belong to the parent's CUPTI; left to the parent)
+  new (&cuptibuf::mu) std::mutex();
+  new (&cuptibuf::done) std::vector<cuptibuf::Done>();
+  new (&cuptibuf::spare) std::vector<uint8_t*>();
+  cuptibuf::pending_bytes = 0;
+  cuptibuf::registered = false;
 }
 
 PyMethodDef module_methods[] = {
