@@ -10,6 +10,8 @@ back-to-back decode kernels at 7544 ms (CUDA-event times), and the rows read dur
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -23,8 +25,6 @@ from maxinstr.sample.attribute import (
     window_means,
     window_share,
 )
-
-from pathlib import Path
 
 DATA = Path(__file__).parents[1] / "data" / "nsys"
 KV_PLAIN = DATA / "h200_kvcache-plain-run"
