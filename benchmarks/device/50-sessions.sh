@@ -22,10 +22,12 @@ echo "== 1. GPU session tests"
 python3 -m pytest -q -m gpu tests/reliability -p no:cacheprovider -s -rs 2>&1 | tee "$out/pytest-gpu.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 
+if [ "${SESSIONS_CPU:-1}" = 1 ]; then  # SESSIONS_CPU=0 skips the CPU suites (CI runs them)
 echo "== 2. CPU session / reliability / rundir tests"
 python3 -m pytest -q -m "not gpu" tests/session tests/reliability tests/rundir -p no:cacheprovider -s -rs \
   --ignore=tests/rundir/test_rundir_fuzz.py 2>&1 | tee "$out/pytest-cpu.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+fi
 echo "== 3. what an open session adds per stage (flusher drain + write)"
 python3 benchmarks/session_overhead.py --n 200000 --reps 7 2>&1 | tee "$out/session-overhead-1t.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
