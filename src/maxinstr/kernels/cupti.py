@@ -153,6 +153,7 @@ class CuptiCollector:
         self._stopped = False
         self._quiet = 0
         self._kept_api = 0
+        self._api_filter_errors = 0
         self._mode = "none"  # "native": buffers handled by the stage core; "python": cupti-python's callbacks
         self._raw: list[tuple[bytes, np.ndarray]] = []  # (buffer bytes, record offsets) waiting for conversion
         self._raw_bytes = 0
@@ -237,13 +238,15 @@ class CuptiCollector:
             buffer_bytes=BUFFER_BYTES,
             api_functions_kept=self._kept_api,
             quiet_api_functions=self._quiet,
+            api_filter_errors=self._api_filter_errors,
         )
 
     def _trace_launches_only(self) -> None:
         """API records only for the functions that launch GPU work (names with Launch, Memcpy or
-        Memset); every other runtime and driver function CUPTI knows is switched off. An older
-        CUPTI without per-function control keeps them all (correct, only more records)."""
-        self._quiet = self._kept_api = 0
+        Memset); every other runtime and driver function CUPTI knows is switched off. A function
+        CUPTI refuses to switch off keeps its records (counted in ``api_filter_errors``), as do
+        all on a CUPTI without per-function control (correct, only more records)."""
+        self._quiet = self._kept_api = self._api_filter_errors = 0
         for enum_name, fn_name in (("driver_api_trace_cbid", "activity_enable_driver_api"),
                                    ("runtime_api_trace_cbid", "activity_enable_runtime_api")):  # fmt: skip
             ids = getattr(self._c, enum_name, None)
@@ -260,9 +263,8 @@ class CuptiCollector:
                     continue
                 try:
                     fn(int(member), 0)
-                except Exception:  # noqa: BLE001 - an unknown id: skip it; none work: an older CUPTI
-                    if done == 0:
-                        break
+                except Exception:  # noqa: BLE001 - an id this CUPTI refuses: that function keeps its records
+                    self._api_filter_errors += 1
                     continue
                 done += 1
             self._quiet += done
