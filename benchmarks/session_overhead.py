@@ -1,15 +1,20 @@
-"""What an open session adds per stage: the flusher drains and writes every record.
+"""What an open session adds per stage: the records are taken and written as they complete.
 
     python benchmarks/session_overhead.py [--n 200000] [--reps 7] [--threads 1]
 
 Prints the median ns per stage enter+exit (host clock only, no GPU) with no session (records
-drained afterwards, untimed) and inside a session writing a run directory, plus the flusher's
-cost per record measured directly (drain + write of one large batch).
+drained afterwards, untimed) and inside a session writing a run directory, once with the
+core's native writer thread (the default) and once with the Python flusher writing
+(MAXINSTR_NATIVE_WRITER=0), the three interleaved rep by rep; the records each session dropped
+(buffer full); and the Python flusher's cost per record measured directly (drain + write of
+one large batch).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import tempfile
 import threading
@@ -47,14 +52,25 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="maxinstr-bench"))
-    res: dict[str, list[float]] = {"no session": [], "session": []}
+    res: dict[str, list[float]] = {"no session": [], "session, native writer": [], "session, python writer": []}
+    dropped: dict[str, int] = {k: 0 for k in res}
+    saved = os.environ.get("MAXINSTR_NATIVE_WRITER")
     for rep in range(args.reps):
         res["no session"].append(loop(args.n, args.threads))
         _native.drain(-1)
-        with maxinstr.session(tmp / f"run{rep}", sample_hz=0):
-            res["session"].append(loop(args.n, args.threads))
+        for key, env in (("session, native writer", "1"), ("session, python writer", "0")):
+            os.environ["MAXINSTR_NATIVE_WRITER"] = env
+            with maxinstr.session(tmp / f"run{rep}-{env}", sample_hz=0) as s:
+                res[key].append(loop(args.n, args.threads))
+            part = json.loads((tmp / f"run{rep}-{env}" / "parts" / s.part / "part.json").read_text())
+            dropped[key] += int(part.get("dropped_records", 0))
+    if saved is None:
+        os.environ.pop("MAXINSTR_NATIVE_WRITER", None)
+    else:
+        os.environ["MAXINSTR_NATIVE_WRITER"] = saved
     for k, v in res.items():
-        print(f"{k:>10}: median {statistics.median(v):7.0f} ns per stage ({args.threads} thread(s), {args.reps} reps of {args.n})")
+        extra = f", dropped {dropped[k]}" if k != "no session" else ""
+        print(f"{k:>22}: median {statistics.median(v):7.0f} ns per stage ({args.threads} thread(s), {args.reps} reps of {args.n}{extra})")
 
     w = PartWriter(tmp / "bench-part", {"part": "bench"}, fsync_interval_s=-1)
     w.open()

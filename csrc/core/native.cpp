@@ -269,6 +269,8 @@ struct TlsGuard {  // runs at thread exit, without the GIL: only flips an atomic
 };
 thread_local TlsGuard tls_guard;
 
+#include "native_writer.h"  // the native writer thread (w): takes g.done while a session is open
+
 void add_error(const std::string& msg) {
   for (auto& e : g.errors)
     if (e == msg) return;
@@ -299,16 +301,27 @@ inline size_t done_count() { return g.done.size() - g.done_head; }
 
 void push_done(const Record& r, PyObject* attrs) {
   g.records++;
+  const bool locked = w.running;  // the native writer takes g.done concurrently (native_writer.h)
+  if (locked) pthread_mutex_lock(&w.mu);
   if (UNLIKELY(done_count() >= g.capacity)) {
     g.dropped_records++;
+    if (locked) pthread_mutex_unlock(&w.mu);
     return;
   }
   if (attrs && PyDict_GET_SIZE(attrs) > 0) {
-    Py_INCREF(attrs);
-    g.attrs.push_back(AttrEntry{g.done_pushed, r.id, attrs});
+    if (UNLIKELY(locked && g.attrs.size() - g.attrs_head >= g.capacity)) {
+      w.dropped_attrs++;  // the Python flusher has not taken attrs for a whole buffer's worth
+    } else {
+      Py_INCREF(attrs);
+      g.attrs.push_back(AttrEntry{g.done_pushed, r.id, attrs});
+    }
   }
   g.done.push_back(r);
   g.done_pushed++;
+  if (locked) {
+    writer_after_push();
+    pthread_mutex_unlock(&w.mu);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -338,6 +351,7 @@ int32_t intern_name(PyObject* name) {
   Py_INCREF(name);
   e.utf8.assign(u, (size_t)n);
   e.nvtx = (g.markers == MK_NVTX) ? nvtxDomainRegisterStringA(g.domain, e.utf8.c_str()) : nullptr;
+  writer_add_name(e.utf8);
   g.names.push_back(std::move(e));
   return id;
 }
@@ -1656,7 +1670,9 @@ PyObject* py_drain(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject*
     if (maxr == -1 && PyErr_Occurred()) return nullptr;
   }
   sweep_threads();
-  size_t n = done_count();
+  // While the native writer runs it owns the records: drain() returns names and attrs only.
+  const bool writer_on = w.running;
+  size_t n = writer_on ? 0 : done_count();
   if (maxr >= 0 && (size_t)maxr < n) n = (size_t)maxr;
   PyObject* bytes = PyBytes_FromStringAndSize(n ? (const char*)&g.done[g.done_head] : "", (Py_ssize_t)(n * sizeof(Record)));
   PyObject* names = PyList_New(0);
@@ -1685,7 +1701,7 @@ PyObject* py_drain(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject*
   g.names_reported = g.names.size();
   g.done_head += n;
   g.done_drained += n;
-  while (g.attrs_head < g.attrs.size() && g.attrs[g.attrs_head].done_index < g.done_drained) {
+  while (g.attrs_head < g.attrs.size() && (writer_on || g.attrs[g.attrs_head].done_index < g.done_drained)) {
     AttrEntry& e = g.attrs[g.attrs_head];
     PyObject* t = Py_BuildValue("(LN)", (long long)e.id, e.attrs);  // steals the entry's reference
     e.attrs = nullptr;
@@ -1696,7 +1712,9 @@ PyObject* py_drain(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject*
     }
     Py_DECREF(t);
   }
-  if (g.done_head == g.done.size()) {
+  if (writer_on) {
+    // g.done is the writer's to take and reset
+  } else if (g.done_head == g.done.size()) {
     g.done.clear();
     g.done_head = 0;
   } else if (g.done_head > 4096 && g.done_head * 2 > g.done.size()) {
@@ -1844,7 +1862,7 @@ PyObject* py_stats(PyObject*, PyObject*) {
   const char* markers = g.markers == MK_NVTX ? "nvtx" : g.markers == MK_ROCTX ? "roctx" : "none";
   PyObject* d = Py_BuildValue(
       "{sKsKsKslsnsKsKsKsisisssssNsLsisssnsOsKsKsn}", "records", (unsigned long long)g.records, "dropped_records",
-      (unsigned long long)g.dropped_records, "pending_records", (unsigned long long)done_count(), "open_stages",
+      (unsigned long long)g.dropped_records, "pending_records", (unsigned long long)writer_done_count(), "open_stages",
       open_stages, "events_in_flight", (Py_ssize_t)pending_count(), "events_dropped",
       (unsigned long long)g.events_dropped, "events_recorded", (unsigned long long)g.events_recorded,
       "events_shared", (unsigned long long)g.events_shared, "event_pool_size", g.pool_total, "event_pool_max",
@@ -2336,6 +2354,7 @@ PyMethodDef module_methods[] = {
      "Benchmarks: ns per driver call a GPU-timed stage makes (synchronises)."},
     {"_configure_events", (PyCFunction)(void (*)(void))py_configure_events, METH_VARARGS | METH_KEYWORDS,
      "Tests/benchmarks: event pool bound and boundary-sharing window."},
+    MAXINSTR_WRITER_METHODS
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_native", "maxinstr native stage core", -1, module_methods,
@@ -2428,5 +2447,6 @@ extern "C" PyMODINIT_FUNC PyInit__native(void) {
   }
   init_markers();
   pthread_atfork(nullptr, nullptr, atfork_child);
+  writer_init();
   return m;
 }

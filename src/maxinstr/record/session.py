@@ -3,14 +3,18 @@
     with maxinstr.session("runs/decode", warmup=2, dtype="bf16"):
         ...
 
-A session owns a run directory (docs/formats.md). While it is open, a flusher thread drains
-the native core's completed stage records every ``flush_interval_s`` (50 ms) and appends
-them to ``parts/<part>/``; the sampler (when ``maxinstr.sample`` has one) writes its samples
-next to them. What is lost if the process dies:
+A session owns a run directory (docs/formats.md). While it is open, the native core's writer
+thread (no GIL) appends completed stage records to ``parts/<part>/stages.bin`` every 2 ms, or
+sooner when many complete (docs/sessions.md "The native writer"); a Python flusher thread runs
+every ``flush_interval_s`` (50 ms) for what needs Python: attrs, GPU event resolution, warm-up
+detection. With ``MAXINSTR_NATIVE_WRITER=0``, or when the native writer cannot start (said
+once), the Python flusher drains and writes the records itself, as before. The sampler (when
+``maxinstr.sample`` has one) writes its samples next to them. What is lost if the process dies:
 
-* SIGKILL / OOM kill: the records completed in the last flush interval (at most
-  ``flush_interval_s`` plus one drain) and the stages still open. Written rows are in the
-  kernel's page cache as soon as ``write`` returns, so they survive the process.
+* SIGKILL / OOM kill: the records completed since the writer's last write (about 2 ms of
+  records with the native writer; the last ``flush_interval_s`` plus the wait for the GIL with
+  the Python one), attrs of the last ``flush_interval_s``, and the stages still open. Written
+  rows are in the kernel's page cache as soon as ``write`` returns, so they survive the process.
 * machine crash / power loss: additionally up to ``fsync_interval_s`` (1 s) of rows.
 * normal exit, an exception escaping the program, SIGTERM, SIGINT: nothing; still-open
   stages are closed and written flagged ``UNCLOSED``.
@@ -58,7 +62,13 @@ ENV_CAPTURE = "MAXINSTR_CAPTURE"  # set by `maxinstr run`: start the profiler at
 ENV_MEMORY_RECORDS = "MAXINSTR_MEMORY_RECORDS"  # bound of the default in-memory session
 ENV_WARMUP = "MAXINSTR_WARMUP"  # set by `maxinstr run --warmup N`: the run's warm-up count
 
+ENV_NATIVE_WRITER = "MAXINSTR_NATIVE_WRITER"  # "0": the Python flusher writes the records
+ENV_WRITER_INTERVAL_MS = "MAXINSTR_WRITER_INTERVAL_MS"  # native writer: write at least this often
+ENV_WRITER_THRESHOLD = "MAXINSTR_WRITER_THRESHOLD"  # native writer: wake early at this many records
+
 DEFAULT_FLUSH_INTERVAL_S = 0.05
+DEFAULT_WRITER_INTERVAL_MS = 2.0
+DEFAULT_WRITER_THRESHOLD = 8192
 DEFAULT_SAMPLE_HZ = 100.0
 _BUSY_ROWS = 4096  # a drain this big means records arrive fast: drain again without sleeping
 
@@ -189,6 +199,9 @@ class Session:
         self._last_dropped = 0
         self._dropped_base = 0  # the native core's drop count when this session began
         self._defer_arming = False  # auto session: warm-up not known until the script says
+        # the native writer (docs/sessions.md): None (Python path), "wanted" (start once the
+        # part is open: a child's part opens at its first record), "running", "stopped"
+        self._nw: str | None = None
 
     # -- context manager --------------------------------------------------------------
     def __enter__(self) -> Session:
@@ -293,6 +306,8 @@ class Session:
             except OSError as exc:
                 self._disk_failed(exc)
                 return
+            self._nw = "wanted" if _native_writer_wanted() else None
+            self._start_native_writer()
             self._set_child_env()
             if self.kernels:
                 self._start_kernels(part_dir)
@@ -302,6 +317,8 @@ class Session:
                 self._start_sampler(part_dir)
         # children create their part lazily, at their first record: a helper process that
         # records nothing leaves no empty part behind
+        if self.role == "child":
+            self._nw = "wanted" if _native_writer_wanted() else None
         self._install_signal_handlers()
         _register_mp_exit_hook()
 
@@ -392,6 +409,9 @@ class Session:
             _flush_locked(proc, block=False)
         else:
             _flush_locked(proc, block=True)
+        if self._nw == "running":
+            self._stop_native_writer()
+            _flush_locked(proc, block=False)  # records completed while it stopped: the Python path
         if self._kernels is not None:  # after the stage events resolved: the stages' GPU work is done
             self._stop_kernels()
         stats = _native_stats()
@@ -401,6 +421,7 @@ class Session:
                 closed_ns=_clock_ns(),
                 native=stats,
                 dropped_records=int(stats.get("dropped_records", 0) or 0) - self._dropped_base,
+                writer=self._writer.native_info or {"kind": "python"},
             )
         if self.meta is not None:
             self.meta["status"] = "closed"
@@ -413,6 +434,106 @@ class Session:
             proc.root = None
         if self in proc.stack:
             proc.stack.remove(self)
+
+    # -- the native writer ------------------------------------------------------------------
+    def _start_native_writer(self) -> None:
+        """Start the core's writer thread on this part's files, or fall back to the Python
+        flusher (said once per process) when it cannot start."""
+        writer = self._writer
+        if self._nw != "wanted" or writer is None or writer.failed or not writer._opened:
+            return
+        native = _native()
+        start = getattr(native, "writer_start", None) if native is not None else None
+        if start is None:
+            self._nw = None
+            if native is not None and not getattr(native, "__fake__", False):
+                self._python_writer("this build of maxinstr._native has no native writer")
+            return
+        try:
+            start(
+                str(writer.part_dir / fmt.STAGES_FILE),
+                str(writer.part_dir / fmt.STRINGS_FILE),
+                interval_ms=_env_float(ENV_WRITER_INTERVAL_MS, DEFAULT_WRITER_INTERVAL_MS),
+                threshold=int(_env_float(ENV_WRITER_THRESHOLD, DEFAULT_WRITER_THRESHOLD)),
+                fsync_interval_s=self.fsync_interval_s,
+            )
+        except Exception as exc:  # noqa: BLE001 - instrumentation must never stop the program
+            self._nw = None
+            self._python_writer(f"the native writer did not start ({type(exc).__name__}: {exc})")
+            return
+        self._nw = "running"
+        writer.native_info = {"kind": "native"}
+        if self._steady_pending and not self._defer_arming and self.warmup > 0:
+            native.writer_watch(self.warmup)
+
+    def _python_writer(self, why: str) -> None:
+        self._event("warning", f"{why}: the Python flusher writes the stage records")
+        if self._writer is not None:
+            self._writer.native_info = {"kind": "python", "why": why}
+        global _PYTHON_WRITER_SAID
+        if not _PYTHON_WRITER_SAID:
+            _PYTHON_WRITER_SAID = True
+            warnings.warn(
+                f"maxinstr: {why}; the Python flusher writes the stage records (a SIGKILL can lose "
+                "the records of the last flush interval)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    def _poll_native_writer(self, native: Any, status: dict[str, Any] | None = None) -> None:
+        """What the writer thread found: a write error (the one warning), the counts for
+        part.json, the end of the warm-up."""
+        try:
+            st = status if status is not None else native.writer_status()
+        except Exception as exc:  # noqa: BLE001
+            self._event("error", f"native writer status failed: {type(exc).__name__}: {exc}")
+            return
+        writer = self._writer
+        if writer is not None:
+            writer.native_rows_written = int(st.get("rows_written", 0))
+            writer.native_rows_dropped = int(st.get("rows_dropped", 0))
+            info = writer.native_info if writer.native_info is not None else {}
+            for key in ("rows_written", "rows_dropped", "batches", "max_batch", "signals", "fsyncs",
+                        "dropped_attrs", "interval_ms", "threshold"):
+                if key in st:
+                    info[key] = st[key]
+            writer.native_info = info
+            err = st.get("error")
+            if err and not writer.failed:
+                code, message, filename = err
+                writer._fail(OSError(int(code), str(message), str(filename)), "cannot write to")
+        if self._steady_pending:
+            steady = st.get("steady")
+            if self._defer_arming and int(st.get("taken", 0) or 0) > 0:
+                # records arrived before the script's own session said its warm-up: warm-up 0
+                # (as _observe decides on the Python path)
+                self._defer_arming = False
+                if self.warmup == 0:
+                    start = (self.meta or {}).get("session", {}).get("start_ns") or _clock_ns()
+                    self._enter_steady_state(None, int(start))
+                else:
+                    native.writer_watch(self.warmup)
+            elif steady is not None:
+                self._enter_steady_state(int(steady[0]), int(steady[1]))
+
+    def _stop_native_writer(self) -> None:
+        """Final write and join of the writer thread; the records completed after its last
+        take are left to the Python path (the caller drains once more)."""
+        native = _native()
+        self._nw = "stopped"
+        try:
+            st = native.writer_stop()
+        except Exception as exc:  # noqa: BLE001
+            self._event("error", f"native writer stop failed: {type(exc).__name__}: {exc}")
+            return
+        self._poll_native_writer(native, st)
+        if self._writer is not None:
+            names = int(st.get("names_written", 0) or 0)
+            if names:
+                self._writer._mark_written(list(range(names)))  # in strings.jsonl already
+        if st.get("dropped_attrs"):
+            self._event("warning", "attrs dropped: the Python flusher did not take them in time",
+                        dropped_attrs=int(st["dropped_attrs"]))
 
     def _start_kernels(self, part_dir: Path) -> None:
         """kernels=True: start the in-process kernel collector (docs/kernels.md), or warn once
@@ -461,7 +582,8 @@ class Session:
 
     # -- records ------------------------------------------------------------------------
     def flush(self) -> None:
-        """Write every completed record now (blocks until finished GPU events resolve)."""
+        """Write every completed record now (blocks until finished GPU events resolve and the
+        native writer has written them)."""
         with _proc.lock:
             _flush_locked(_proc, block=True)
 
@@ -510,6 +632,10 @@ class Session:
         self._top_counts.clear()
         if self.warmup == 0 and not self._defer_arming:
             self._enter_steady_state(None, _clock_ns())
+        elif self._nw == "running" and not self._defer_arming:
+            native = _native()
+            if native is not None:
+                native.writer_watch(self.warmup)  # the writer thread sees the rows: it counts
 
     def _observe(self, rows: np.ndarray) -> None:
         """Count completed top-level stages; steady state begins once some top-level name
@@ -655,15 +781,17 @@ def _native_stats() -> dict[str, Any]:
         return {}
 
 
-def _flush_locked(proc: _Process, *, block: bool = False) -> int:
-    """Drain the native core once into the current sink. Returns the rows drained."""
+def _flush_locked(proc: _Process, *, block: bool = False, periodic: bool = False) -> int:
+    """Drain the native core once into the current sink. Returns the rows drained (by the
+    Python path). Unless ``periodic`` (the flusher's own round), also waits until the native
+    writer has written every record completed so far."""
     native = _native()
     if native is None:
         return 0
     outer = proc.flushing_thread
     proc.flushing_thread = threading.get_ident()
     try:
-        return _drain_into_sink(proc, native, block)
+        return _drain_into_sink(proc, native, block, periodic)
     finally:
         proc.flushing_thread = outer
         if outer is None and proc.deferred_signal is not None and threading.current_thread() is threading.main_thread():
@@ -671,7 +799,10 @@ def _flush_locked(proc: _Process, *, block: bool = False) -> int:
             _on_signal(signum, None)
 
 
-def _drain_into_sink(proc: _Process, native: Any, block: bool) -> int:
+def _drain_into_sink(proc: _Process, native: Any, block: bool, periodic: bool = False) -> int:
+    root = proc.root
+    if root is not None and root._nw == "wanted":
+        _start_child_writer(root, native)
     try:
         native.resolve(block)
         data, new_names, attrs = native.drain(-1)
@@ -688,6 +819,13 @@ def _drain_into_sink(proc: _Process, native: Any, block: bool) -> int:
     sink = root._sink() if root is not None else proc.memory
     sink.write(rows, proc.names, attrs)
     if root is not None:
+        if root._nw == "running":
+            if not periodic:
+                try:
+                    native.writer_flush()
+                except Exception as exc:  # noqa: BLE001
+                    root._event("error", f"native writer flush failed: {type(exc).__name__}: {exc}")
+            root._poll_native_writer(native)
         root._observe(rows)
         _note_drops(root)
         if root._kernels is not None:
@@ -696,6 +834,31 @@ def _drain_into_sink(proc: _Process, native: Any, block: bool) -> int:
             except Exception as exc:  # noqa: BLE001
                 root._event("error", f"kernel flush failed: {type(exc).__name__}: {exc}")
     return len(rows)
+
+
+def _start_child_writer(root: Session, native: Any) -> None:
+    """A child's part opens at its first record: then its native writer starts."""
+    try:
+        pending = int(native.stats().get("pending_records", 0) or 0)
+    except Exception:  # noqa: BLE001
+        return
+    if pending and root._writer is not None and root._writer.open_or_warn():
+        root._start_native_writer()
+
+
+def _native_writer_wanted() -> bool:
+    return os.environ.get(ENV_NATIVE_WRITER, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name) or default)
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+_PYTHON_WRITER_SAID = False  # the fallback to the Python writer was said (once per process)
 
 
 def _resolve_bounded(timeout_s: float) -> None:
@@ -745,7 +908,7 @@ def _flusher_main(proc_ref: "weakref.ref[_Process]") -> None:
             interval = min(interval, 0.01)  # start the capture close to the warm-up's end
         try:
             with proc.lock:
-                drained = _flush_locked(proc)
+                drained = _flush_locked(proc, periodic=True)
         except Exception:  # noqa: BLE001 - a flusher that dies loses the run; keep going
             drained = 0
         if drained < _BUSY_ROWS:
@@ -897,6 +1060,9 @@ def _after_fork_child() -> None:
             root.path / fmt.PARTS_DIR / joined.part, joined._part_info(os.environ.get("RANK")),
             fsync_interval_s=root.fsync_interval_s,
         )
+        # the core's writer thread did not follow the fork: the child starts its own writer on
+        # its own part once it has records (_start_child_writer)
+        joined._nw = "wanted" if _native_writer_wanted() else None
         if root._writer is not None:
             for f in root._writer._files.values():  # the parent's descriptors: not ours to write
                 f.close()

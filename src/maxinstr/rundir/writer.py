@@ -124,6 +124,10 @@ class PartWriter:
         self.failed: str | None = None  # first disk error, when writing stopped
         self.rows_written = 0
         self.rows_dropped = 0  # rows lost to a disk error
+        # rows appended by the core's native writer thread to this part (the session polls it)
+        self.native_rows_written = 0
+        self.native_rows_dropped = 0
+        self.native_info: dict[str, Any] | None = None  # part.json "writer", set by the session
         self._files: dict[str, _AppendFile] = {}
         self._names_written: set[int] = set()
         self._names_bitmap = np.zeros(64, dtype=bool)
@@ -229,8 +233,8 @@ class PartWriter:
 
     def write_part_json(self, **updates: Any) -> None:
         self.info.update(updates)
-        self.info["rows_written"] = self.rows_written
-        self.info["rows_dropped_disk"] = self.rows_dropped
+        self.info["rows_written"] = self.rows_written + self.native_rows_written
+        self.info["rows_dropped_disk"] = self.rows_dropped + self.native_rows_dropped
         write_json_atomic(self.part_dir / fmt.PART_FILE, self.info)
 
     def close(self, **updates: Any) -> None:
