@@ -7,8 +7,11 @@
 #      - SIGKILL after 200 GPU stages: all 200 on disk, GPU-timed
 #      - fork after CUDA init: the child writes its own host-only part
 #      - 16 threads x 100k stages with GPU events: every record on disk or counted as dropped
-#   3. benchmarks/session_overhead.py: ns per stage with and without an open session, 1 and 16
-#      threads, and the flusher's drain/write cost per record
+#   3. benchmarks/session_overhead.py: ns per stage with no session, in a session written by
+#      the native writer thread and in one written by the Python flusher (MAXINSTR_NATIVE_WRITER=0),
+#      1 and 16 threads, with the records each dropped; and the flusher's drain/write cost
+#   With the native writer (default since 2026-12-03) look for: "lost N (native writer)" with N a
+#   few hundred at most in the mid_loop line, and "dropped 0, writer native" in the 16 x 100k lines.
 #   2. the CPU session/reliability/rundir suites on this machine (signals, fork/spawn/forkserver,
 #      ranks, disk full, SIGKILL loss bound), with -s so the measured numbers are printed
 set -uo pipefail

@@ -504,3 +504,57 @@ def test_killed_child_part_is_noted(tmp_path):
     assert run.meta["status"] == "closed"
     assert "child" in set(run.stage_names().tolist())
     assert any(f"p{child}" in n and "did not close" in n for n in run.notes), run.notes
+
+
+def test_fork_while_threads_record_and_the_writer_writes(tmp_path):
+    """fork() in the middle of heavy recording: the child never inherits the writer's lock held
+    or its thread, writes exactly its own records to its own part; the parent loses nothing."""
+    body = """
+    import os, sys, threading, maxinstr
+    stop = threading.Event()
+    counts = []
+    def work():
+        i = 0
+        while not stop.is_set():
+            with maxinstr.stage("bg", step=i):
+                pass
+            i += 1
+        counts.append(i)
+    with maxinstr.session(sys.argv[1], sample_hz=0):
+        pool = [threading.Thread(target=work) for _ in range(3)]
+        for t in pool:
+            t.start()
+        children = []
+        for k in range(10):
+            pid = os.fork()
+            if pid == 0:
+                stop.set()  # (its copies of the threads do not exist in the child)
+                for i in range(100):
+                    with maxinstr.stage("child", step=i):
+                        pass
+                sys.exit(0)
+            children.append(pid)
+        for pid in children:
+            assert os.waitpid(pid, 0)[1] == 0
+        stop.set()
+        for t in pool:
+            t.join()
+    print("COUNTS", sum(counts), *children, flush=True)
+    """
+    proc = start(script(tmp_path, body), str(tmp_path / "run"))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    words = out.split("COUNTS")[1].split()
+    total, children = int(words[0]), [int(p) for p in words[1:]]
+    run = maxinstr.load(tmp_path / "run")
+    parts = _by_part(run)
+    assert parts.pop(f"p{proc.pid}") == {"bg"}
+    assert sorted(parts) == sorted(f"p{c}" for c in children)
+    assert all(names == {"child"} for names in parts.values())
+    names = run["name"]
+    parent = next(p for p in run.parts if p["name"] == f"p{proc.pid}")
+    assert (names == "bg").sum() + parent["dropped_records"] == total
+    for index, part in enumerate(run.parts):
+        if part["name"] != f"p{proc.pid}":
+            assert run["step"][run["part"] == index].tolist() == list(range(100))
+    _ids_match_parts(run)
