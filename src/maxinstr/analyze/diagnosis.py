@@ -64,7 +64,10 @@ def _fam_share(stage: dict, *families: str) -> float:
 def _stage_weight(report: dict, stage: dict) -> float:
     """Share of top-level time a stage accounts for (1.0 when unknown, e.g. a single stage)."""
     s = stage.get("share_of_top")
-    return 1.0 if s is None else float(s)
+    # share_of_top divides by the *steady* top-level time: when most top-level instances are
+    # warm-up or cold starts (one request of three steady), a child's share exceeds 1. No stage
+    # accounts for more than all of the time.
+    return 1.0 if s is None else min(float(s), 1.0)
 
 
 def _significant(report: dict, stage: dict) -> bool:
@@ -108,11 +111,17 @@ def _mixed_stages(report: dict) -> list[dict]:
     return [s for s in report.get("stages", []) if s.get("mix") and _significant(report, s)]
 
 
+def _kernel_base(name: str) -> str:
+    """A kernel's identifier before its template/argument lists, without namespaces
+    (``void at::native::<unnamed>::CatArrayBatchedCopy<...>(...)`` -> ``CatArrayBatchedCopy``)."""
+    text = name.replace("<unnamed>", "").replace("(anonymous namespace)", "").replace("void ", "", 1).strip()
+    base = re.split(r"[<(]", text, maxsplit=1)[0].strip()
+    return (base.split("::")[-1] or name[:40])[:60]
+
+
 def _kernel_regex(name: str) -> str:
     """A short regex that picks a kernel out: its identifier before template/argument lists."""
-    base = re.split(r"[<(]", name.replace("void ", "", 1).strip(), maxsplit=1)[0].strip()
-    base = base.split("::")[-1] or name[:40]
-    return re.escape(base[:60])
+    return re.escape(_kernel_base(name))
 
 
 # ----------------------------------------------------------------------------- rules
@@ -208,36 +217,20 @@ def rule_healthy_decode(report: dict) -> list[dict]:
             ev = {"matmul_share": round(mm, 3), **{f"{k}_share": round(v, 3) for k, v in others.items() if v > 0}}
             if busy is not None:
                 ev["gpu_busy_frac_median"] = round(busy, 3)
+            busy_ns = (st.get("gpu_busy_ns") or {}).get("median") if (st.get("gpu_busy_ns") or {}).get("n") else None
+            host_med = (st.get("host_ns") or {}).get("median") if (st.get("host_ns") or {}).get("n") else None
+            if busy_ns is not None and host_med:
+                ev["gpu_over_host"] = round(busy_ns / host_med, 3)
             title = (f"'{st['name']}' kernel mix is healthy dense decode: matmul {mm:.0%} of its GPU time, "
                      + (f"{biggest_other[0]} next at {biggest_other[1]:.0%}" if biggest_other[1] >= 0.01
                         else "no other compute family above 1%"))
-            # the mix can be right while the time goes elsewhere: say so here, as launch_bound /
-            # host_bound do for the same stage, so the two findings do not read as a contradiction
-            busy_ns = (st.get("gpu_busy_ns") or {}).get("median") if (st.get("gpu_busy_ns") or {}).get("n") else None
-            host_med = (st.get("host_ns") or {}).get("median") if (st.get("host_ns") or {}).get("n") else None
-            gpu_over_host = busy_ns / host_med if busy_ns is not None and host_med else None
-            idle = busy is not None and busy < LAUNCH_BOUND_BUSY
-            host_side = not idle and gpu_over_host is not None and gpu_over_host < HOST_BOUND_GPU_OVER_HOST
-            if gpu_over_host is not None:
-                ev["gpu_over_host"] = round(gpu_over_host, 3)
-            if idle:
-                title += f" (but the GPU is busy only {busy:.0%} of the stage: see launch_bound/host_bound)"
-            elif host_side:
-                title += f" (but GPU work is only {gpu_over_host:.0%} of the stage's host time: see host_bound)"
-            if idle:
-                step = ("The kernel mix is what dense decode should be; the time is lost between kernels. "
-                        "Fix the launch gaps first (see launch_bound / host_bound), then re-check the matmuls.")
-            elif host_side:
-                step = ("The kernel mix is what dense decode should be, but the host side sets the stage's pace "
-                        "(see host_bound): faster kernels would not shorten it. Fix the host side first, then "
-                        "re-check the matmuls.")
-            else:
-                step = ("With this mix decode is usually weight-bandwidth bound: gains come from fewer bytes "
-                        "(lower-precision weights), larger batch, or faster matmul kernels; check the dominant "
-                        "matmul's achieved bandwidth with a deep dive.")
+            # when launch_bound / host_bound fire on the same stage, diagnose() says here that they set
+            # the stage's pace (see _pace_notes): the mix is right, the time goes elsewhere
+            step = ("With this mix decode is usually weight-bandwidth bound: gains come from fewer bytes "
+                    "(lower-precision weights), larger batch, or faster matmul kernels; check the dominant "
+                    "matmul's achieved bandwidth with a deep dive.")
             out.append(_finding("healthy_dense_decode", title, "fact", st["name"], ev, step,
-                                _deep_dive(report, st, family="gemv") if not (idle or host_side) else None,
-                                score=0.0))
+                                _deep_dive(report, st, family="gemv"), score=0.0))
     return out
 
 
@@ -344,6 +337,11 @@ def _names(st: dict) -> list[str]:
     return [k["name"] for k in (st.get("mix") or {}).get("top_kernels", [])]
 
 
+CONCAT_KERNEL = re.compile(r"CatArray|concat|\bcat_", re.IGNORECASE)
+"""Concatenation kernels (PyTorch's torch.cat is CatArrayBatchedCopy): family elementwise by name;
+in a decode stage the usual source is a KV cache extended by concatenation each step."""
+
+
 def rule_unfused(report: dict) -> list[dict]:
     out = []
     for st in _mixed_stages(report):
@@ -366,16 +364,37 @@ def rule_unfused(report: dict) -> list[dict]:
             ev["unfused_norm_markers"] = [m for m in ("pow_tensor", "meanops", "rsqrt") if m in names]
         if ("cos" in names and "sin" in names) and _fam_share(st, "rope") == 0 and "triton" not in names:
             reasons.append("rotary embedding computed with separate cos/sin elementwise kernels")
+        concat = 0.0
         if mm > 0 and ew >= UNFUSED_ELEMENTWISE_SHARE:
-            reasons.append(f"elementwise kernels take {ew:.0%} of GPU time next to {mm:.0%} matmul")
+            ew_kernels = [k for k in (st.get("mix") or {}).get("top_kernels", []) if k["family"] == "elementwise"]
+            ev["top_elementwise_kernels"] = [{"kernel": _kernel_regex(k["name"]), "share": round(k["share"], 3)}
+                                             for k in ew_kernels[:3]]
+            cat = [k for k in ew_kernels if CONCAT_KERNEL.search(k["name"])]
+            concat = float(sum(k["share"] for k in cat))
+            reason = f"elementwise kernels take {ew:.0%} of GPU time next to {mm:.0%} matmul"
+            if concat >= 0.5 * ew:
+                ev["concat_share"] = round(concat, 3)
+                reason += (f", {concat:.0%} of the stage in concatenation ({_kernel_base(cat[0]['name'])}): "
+                           "in a decode step that is usually a KV cache grown by torch.cat, which copies the "
+                           "whole cache every step")
+                work = st.get("step_work") or {}
+                if work.get("gpu_op_ns") and work.get("matmul_ns"):
+                    # the copy grows with the cache while the matmuls stay flat (not a re-prefill)
+                    ev["op_time_last_over_first"] = work["gpu_op_ns"].get("last_over_first")
+                    ev["matmul_time_last_over_first"] = work["matmul_ns"].get("last_over_first")
+            reasons.append(reason)
         if not reasons:
             continue
+        step = ("Use the framework's fused ops (scaled_dot_product_attention / flash attention, fused rms_norm, fused "
+                "RoPE) or compile the block (torch.compile, a MAX graph) so these become single kernels.")
+        if concat:
+            cache = ("Preallocate the KV cache for the longest sequence and write each step's keys/values in place "
+                     "(a static cache: slice assignment or index_copy_) instead of concatenating.")
+            step = cache if len(reasons) == 1 else cache + " " + step
         out.append(_finding(
             "unfused_custom_architecture",
             f"'{st['name']}' misses fused kernels: " + "; ".join(reasons),
-            "hypothesis", st["name"], ev,
-            "Use the framework's fused ops (scaled_dot_product_attention / flash attention, fused rms_norm, fused "
-            "RoPE) or compile the block (torch.compile, a MAX graph) so these become single kernels.",
+            "hypothesis", st["name"], ev, step,
             _deep_dive(report, st, family="elementwise" if ew >= UNFUSED_ELEMENTWISE_SHARE else None),
             validation=_compare_cmd(report) + "  # expect fewer kernels per instance and a lower median beyond noise",
             score=max(ew, _fam_share(st, "softmax", "reduction")) * _stage_weight(report, st)))
@@ -729,9 +748,117 @@ def diagnose(report: dict, rules: list[Callable[[dict], list[dict]]] | None = No
     findings: list[dict] = []
     for rule in rules or RULES:
         findings.extend(rule(report))
+    # one mix verdict per stage before dropping parents' duplicates: a parent whose inclusive mix
+    # is low-bit (a child's low_bit_weights) is not then left with "healthy dense decode"
+    findings = _one_mix_per_stage(findings)
     findings = _deepest_only(report, findings)
+    _pace_notes(findings)
     findings.sort(key=lambda f: (-f["score"], f["verdict"] != "fact"))
-    return findings
+    return _pace_first(findings)
+
+
+MIX_FINDINGS = ("moe_routing_overhead", "low_bit_quant_overhead", "unfused_custom_architecture",
+                "attention_dominated_decode", "moe_decode", "low_bit_weights", "healthy_dense_decode")
+"""Verdicts on a stage's kernel mix: what kind of model it is (dense decode, MoE, low-bit) and
+whether the mix is right. :func:`diagnose` keeps one per stage."""
+MIX_HEALTHY = ("moe_decode", "low_bit_weights", "healthy_dense_decode")
+"""The mix verdicts that say nothing is wrong, in precedence order: an MoE stage is not also
+"dense decode", a low-bit one is called low-bit."""
+PACE_FINDINGS = ("launch_bound", "host_bound")
+"""Findings that say the GPU's kernels do not set the stage's pace (launches or the host do)."""
+
+
+def _one_mix_per_stage(findings: list[dict]) -> list[dict]:
+    """One kernel-mix verdict per stage, so that "healthy" never stands beside "misses fused
+    kernels" or "MoE routing overhead" on the same stage:
+
+    - any problem (a hypothesis: routing overhead, quantization overhead, unfused kernels,
+      attention-dominated decode) rules out the healthy verdicts; the problem with the highest
+      score is the stage's verdict and the others are folded into it (``evidence.also``, its
+      title and next step), not listed as separate mix findings;
+    - without a problem, the first of MIX_HEALTHY that fired (MoE, low-bit, dense) is the
+      verdict, the others dropped (``evidence.supersedes``);
+    - a re-prefill on the stage rules out a healthy verdict too: a matmul-dominated mix is what
+      re-running the prompt every step looks like.
+    """
+    mix_by_stage: dict[str, list[dict]] = {}
+    reprefill = {f["stage"]: f for f in findings if f["id"] == "reprefill_quadratic"}
+    for f in findings:
+        if f["id"] in MIX_FINDINGS and f.get("stage"):
+            mix_by_stage.setdefault(f["stage"], []).append(f)
+    drop: set[int] = set()
+    for stage, fs in mix_by_stage.items():
+        problems = sorted((f for f in fs if f["id"] not in MIX_HEALTHY), key=lambda f: -f["score"])
+        healthy = sorted((f for f in fs if f["id"] in MIX_HEALTHY), key=lambda f: MIX_HEALTHY.index(f["id"]))
+        if problems or stage in reprefill:
+            drop.update(id(f) for f in healthy)
+            if healthy and not problems:
+                reprefill[stage]["evidence"]["supersedes"] = [f["id"] for f in healthy]
+            if not problems:
+                continue
+            primary, rest = problems[0], problems[1:]
+            if healthy:
+                primary["evidence"]["supersedes"] = [f["id"] for f in healthy]
+            if rest:
+                drop.update(id(f) for f in rest)
+                primary["evidence"]["also"] = [{"id": f["id"], "title": f["title"], "evidence": f["evidence"]}
+                                               for f in rest]
+                prefix = f"'{stage}'"
+                primary["title"] += "; also " + "; ".join(
+                    f"{f['id']}: " + (f["title"][len(prefix):].lstrip(" :") if f["title"].startswith(prefix) else f["title"])
+                    for f in rest)
+                primary["next_step"] += "".join(f" Also ({f['id']}): {f['next_step']}" for f in rest)
+        elif len(healthy) > 1:
+            drop.update(id(f) for f in healthy[1:])
+            healthy[0]["evidence"]["supersedes"] = [f["id"] for f in healthy[1:]]
+    return [f for f in findings if id(f) not in drop]
+
+
+def _pace_clause(pace: dict) -> tuple[str, float]:
+    """What a launch_bound / host_bound finding measured, as a clause, and the share of the
+    stage the GPU's kernels fill (what faster kernels could shorten at today's pace)."""
+    ev = pace["evidence"]
+    if ev.get("gpu_busy_frac_median") is not None:
+        busy = float(ev["gpu_busy_frac_median"])
+        return f"the GPU is busy only {busy:.0%} of the stage", busy
+    ratio = float(ev.get("gpu_over_host") or 0.0)
+    return f"GPU work is only {ratio:.0%} of the stage's host time", ratio
+
+
+def _pace_notes(findings: list[dict]) -> None:
+    """Where launch_bound / host_bound fire, they set the stage's pace: the stage's kernel-mix
+    finding says it is secondary (title, next step, ``evidence.paced_by``; its score is scaled by
+    the share of the stage the kernels fill), and the pace finding names what it outranks
+    (``evidence.secondary``). dominant_kernel says the same through its own "(but ...)" clause."""
+    pace_by_stage = {f["stage"]: f for f in findings if f["id"] in PACE_FINDINGS and f.get("stage")}
+    for stage, pace in pace_by_stage.items():
+        clause, fill = _pace_clause(pace)
+        mix = [f for f in findings if f.get("stage") == stage and f["id"] in MIX_FINDINGS]
+        others = [f for f in findings if f.get("stage") == stage and f["id"] == "dominant_kernel"]
+        for f in mix:
+            f["title"] += f" (secondary: {clause}; {pace['id']} sets the pace)"
+            f["next_step"] = (f"{pace['id']} sets this stage's pace: fix it first; until then a better kernel mix "
+                              f"would not shorten the stage much. Then: " + f["next_step"])
+            f["evidence"]["paced_by"] = pace["id"]
+            f["score"] = round(f["score"] * fill, 4)
+        secondary = [f["id"] for f in mix + others]
+        if secondary:
+            pace["evidence"]["secondary"] = secondary
+            pace["title"] += f"; this sets the stage's pace, {' and '.join(secondary)} secondary"
+            pace["next_step"] = (f"This limits the stage first: {' and '.join(secondary)} "
+                                 f"{'matters' if len(secondary) == 1 else 'matter'} once it is fixed. " + pace["next_step"])
+
+
+def _pace_first(findings: list[dict]) -> list[dict]:
+    """Sorted findings, with each launch_bound / host_bound moved ahead of the other findings of
+    its stage: what limits a stage comes first, whatever the scores."""
+    out = list(findings)
+    for pace in [f for f in findings if f["id"] in PACE_FINDINGS and f.get("stage")]:
+        i = out.index(pace)
+        first = next(j for j, f in enumerate(out) if f.get("stage") == pace["stage"])
+        if first < i:
+            out.insert(first, out.pop(i))
+    return out
 
 
 def _deepest_only(report: dict, findings: list[dict]) -> list[dict]:
@@ -785,7 +912,7 @@ def rank_bottlenecks(report: dict) -> list[dict]:
             "top_family": fam.get("family"), "top_family_share": fam.get("share"),
             "top_kernel": top.get("name"), "top_kernel_share": top.get("share"),
             "findings": sorted({f["id"] for f in findings
-                                if f.get("stage") == st["name"] and f["id"] != "healthy_dense_decode"}),
+                                if f.get("stage") == st["name"] and f["id"] not in MIX_HEALTHY}),
         })
     grand = sum(r["self_ns"] for r in rows)
     for r in rows:
