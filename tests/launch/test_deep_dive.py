@@ -23,44 +23,75 @@ def decode_trace():
     return traces.open_trace(DATA / "nsys" / "h200_decode.sqlite")
 
 
-def _brute_force_stage_ops(trace, stage: str, warmup: int) -> set[int]:
-    """Test-only reference: a plain loop over every op (the fixture is small)."""
-    s = trace.strings
-    calls = {int(c): i for i, c in enumerate(trace.calls.correlation_id)}
-    rs = [i for i in range(len(trace.ranges)) if s[trace.ranges.name_id[i]] == stage]
-    rs = sorted(rs, key=lambda i: trace.ranges.start_ns[i])[warmup:]
-    out = set()
-    for op in range(len(trace.ops)):
-        if trace.ops.kind[op] != 0 or int(trace.ops.correlation_id[op]) not in calls:
-            continue
-        c = calls[int(trace.ops.correlation_id[op])]
-        t, tid = trace.calls.start_ns[c], trace.calls.tid[c]
-        if any(trace.ranges.tid[r] == tid and trace.ranges.start_ns[r] <= t <= trace.ranges.end_ns[r] for r in rs):
-            out.add(op)
-    return out
+def _report_top_kernel(report: dict, stage: str) -> dict:
+    st = next(s for s in report["stages"] if s["name"] == stage)
+    return next(k for k in st["mix"]["top_kernels"] if k["family"] not in ("memcpy", "memset"))
 
 
-@pytest.mark.parametrize("stage,warmup", [("decode", 2), ("sample", 0), ("prefill", 1)])
-def test_choice_matches_a_brute_force_reference(decode_trace, stage, warmup):
-    tr = decode_trace
-    mask, n_inst = dd._stage_kernel_mask(tr, stage, warmup)
-    ref = _brute_force_stage_ops(tr, stage, warmup)
-    assert set(np.flatnonzero(mask).tolist()) == ref and len(ref) > 0
-    choice = dd.choose_from_trace(tr, stage=stage, warmup_instances=warmup)
-    dur = {}
-    for op in ref:
-        name = tr.strings[tr.ops.name_id[op]]
-        dur[name] = dur.get(name, 0) + int(tr.ops.end_ns[op] - tr.ops.start_ns[op])
-    top = max(dur, key=dur.get)
-    assert choice.name == top and choice.total_ns == dur[top]
-    assert choice.share == pytest.approx(dur[top] / sum(dur.values()))
-    # Placement: the launch index (launch order) among kernels with the same function name.
+def _check_placement(trace, choice, stage_op_set: set[int]) -> None:
+    """Test-only reference, a plain loop over every op: launch-skip is the index, in launch order
+    (the API call's start, process-wide), of the first launch of the chosen kernel that the report
+    counts for the stage, among the kernels of the same function name (what ncu's filter counts)."""
+    tr = trace
     base = dd.function_name(choice.name)
     call_t = {int(c): int(t) for c, t in zip(tr.calls.correlation_id, tr.calls.start_ns)}
     same = [op for op in range(len(tr.ops)) if tr.ops.kind[op] == 0 and dd.function_name(tr.strings[tr.ops.name_id[op]]) == base]
     same.sort(key=lambda op: (call_t.get(int(tr.ops.correlation_id[op]), int(tr.ops.start_ns[op])), int(tr.ops.start_ns[op])))
-    first = next(i for i, op in enumerate(same) if op in ref and tr.strings[tr.ops.name_id[op]] == choice.name)
+    first = next(i for i, op in enumerate(same) if op in stage_op_set and tr.strings[tr.ops.name_id[op]] == choice.name)
     assert choice.launch_skip == first
+
+
+@pytest.mark.parametrize("stage,warmup", [("decode", 2), ("sample", 0), ("prefill", 1)])
+def test_choice_is_the_reports_top_kernel(decode_trace, stage, warmup):
+    """The kernel, its launches, time and share are what `maxinstr report --warmup N` prints for
+    the stage; launch-skip lands on the first launch the report counts for it."""
+    from maxinstr.analyze.report import analyze
+
+    a = analyze(trace=decode_trace, warmup=warmup)
+    top = _report_top_kernel(a.report, stage)
+    choice = dd.choose_from_trace(decode_trace, stage=stage, analysis=a)
+    assert choice.name == top["name"] and choice.count == top["count"] and choice.total_ns == top["gpu_ns"]
+    assert choice.share == pytest.approx(top["share"])
+    ops, _inst, _n, _key = dd.stage_ops(a, stage)
+    _check_placement(decode_trace, choice, set(ops.tolist()))
+    # without an analysis given, the same (it makes the report's own)
+    again = dd.choose_from_trace(decode_trace, stage=stage, warmup_instances=warmup)
+    assert (again.name, again.count, again.launch_skip) == (choice.name, choice.count, choice.launch_skip)
+
+
+def test_cross_thread_launches_count_as_in_the_report():
+    """h200_threads: decode's matmuls are launched by a worker thread while the stage's range is
+    open on the main thread; the report attributes them to decode (5 per step, 35 over 7 steady
+    steps). deep-dive used to count only the stage's own thread (7 launches, one per step) and a
+    share without copies; now the launches, time and share are the report's, joined to the run or
+    read from the trace alone, and launch-skip lands on one of those launches."""
+    from maxinstr.analyze.report import analyze
+    from maxinstr.traces import open_trace
+
+    tr = open_trace(DATA / "nsys" / "h200_threads.sqlite")
+    for run in (DATA / "nsys" / "h200_threads-run", None):
+        a = analyze(run=run, trace=tr)
+        for stage in ("decode", "graph"):  # graph's mix holds device-to-device copies: share < 1
+            top = _report_top_kernel(a.report, stage)
+            c = dd.choose_from_trace(tr, stage=stage, analysis=a)
+            assert (c.name, c.count, c.total_ns) == (top["name"], top["count"], top["gpu_ns"])
+            assert round(c.share, 3) == round(top["share"], 3)
+            ops, inst, n, _key = dd.stage_ops(a, stage)
+            _check_placement(tr, c, set(ops.tolist()))
+            assert a.instances.steady[inst].all()  # the placed launch is in a steady instance
+        dec = next(s for s in a.report["stages"] if s["name"] == "decode")
+        assert dd.choose_from_trace(tr, stage="decode", analysis=a).count == 35 == 5 * dec["steady"]
+        assert next(s for s in a.report["stages"] if s["name"] == "graph")["mix"]["top_kernels"][0]["share"] < 0.99
+
+
+@pytest.mark.slow
+def test_deep_dive_cli_prints_the_reports_numbers():
+    """The command line (run joined to its trace, as `maxinstr report RUN --trace T`) prints the
+    report's launch count and share for h200_threads' decode."""
+    res = run_cli(["deep-dive", str(DATA / "nsys" / "h200_threads-run"), "--trace", str(DATA / "nsys" / "h200_threads.sqlite"),
+                   "--stage", "graph", "--dry-run", "--", "python", "x.py"], base_env())
+    assert res.returncode == 0, res.stderr
+    assert "28 launches" in res.stderr and "98% of the stage's GPU time (as the report counts it)" in res.stderr
 
 
 def test_decode_on_the_h200_fixture(decode_trace):

@@ -592,7 +592,8 @@ def _deep_dive(report: dict, st: dict, family: str | None = None) -> str | None:
     if not kernels:
         return None
     k = kernels[0]
-    return (f"maxinstr deep-dive {_deep_dive_arg(report)} --stage {shlex.quote(st.get('leaf', st['name']))} "
+    # the stage key (``prefill/attention``), which deep-dive resolves as the report does
+    return (f"maxinstr deep-dive {_deep_dive_arg(report)} --stage {shlex.quote(st['name'])} "
             f"--kernel {shlex.quote(_kernel_regex(k['name']))}")
 
 

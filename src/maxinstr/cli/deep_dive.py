@@ -27,6 +27,7 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
     run_warmup = None
     trace_path = trace_opt
     report = None
+    run_warmup_meta = None
     if source.is_dir() and (source / "meta.json").exists():
         run_dir = source
         launch = runner.read_launch(source)
@@ -45,8 +46,7 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
 
             if has_activity(source):  # kernels=True: the run directory holds its own kernels
                 trace_path = str(source)
-        if warmup is None:
-            warmup = 0 if from_capture else int(meta.get("warmup") or 0)
+        run_warmup_meta = meta.get("warmup")
     elif source.suffix == ".json":
         report = dd.load_report_json(source)
         trace_path = trace_path or (report.get("sources") or {}).get("trace")
@@ -63,7 +63,24 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
         from maxinstr.traces import open_trace
 
         trace = open_trace(trace_path)
-        choice = dd.choose_from_trace(trace, stage=stage, kernel=kernel, warmup_instances=warmup or 0)
+        join_run = run_dir
+        if join_run is None and report is not None:
+            run_src = (report.get("sources") or {}).get("run")
+            join_run = Path(run_src) if run_src and (Path(run_src) / "meta.json").exists() else None
+        analysis = None
+        if stage is not None:
+            # the report's attribution and steady instances: `maxinstr report RUN --trace T` (or the
+            # trace alone), so the kernel, its launches and its share are the ones the report prints
+            from maxinstr.analyze.report import analyze
+
+            analysis = analyze(run=join_run, trace=trace, warmup=warmup) if join_run is not None else None
+            if analysis is not None and not (analysis.report.get("sources") or {}).get("records_joined"):
+                analysis = None  # the trace does not join this run: read it alone, as its report would
+            if analysis is None:
+                if warmup is None:
+                    warmup = 0 if from_capture else int(run_warmup_meta or 0)
+                analysis = analyze(trace=trace, warmup=warmup)
+        choice = dd.choose_from_trace(trace, stage=stage, kernel=kernel, analysis=analysis)
     elif report is not None:
         choice = dd.choose_from_report(report, stage=stage, kernel=kernel, source=str(source))
     else:
@@ -80,7 +97,7 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
 @click.option("--trace", "trace_opt", default=None, help="Trace to choose from (default: the run's own).")
 @click.option("--stage", default=None, help="Stage whose dominant kernel to take (default: the whole trace).")
 @click.option("--kernel", default=None, metavar="REGEX", help="Take the top kernel whose name matches REGEX instead.")
-@click.option("--warmup", type=int, default=None, help="Warm-up instances of the stage in the trace (default: from the run).")
+@click.option("--warmup", type=int, default=None, help="Warm-up instances per stage, as `maxinstr report --warmup` (default: the run's own; 0 for a trace alone).")
 @click.option("--launch-skip", type=int, default=None, help="Override the computed launch skip.")
 @click.option("--section", "sections", multiple=True, help=f"ncu sections (default: {', '.join(dd.DEFAULT_SECTIONS)}).")
 @click.option("-o", "--out", type=click.Path(path_type=Path), default=None, help="Output folder (default RUN/deep-dive).")
@@ -113,7 +130,8 @@ def command(source, trace_opt, stage, kernel, warmup, launch_skip, sections, out
     app = cmd_args or app
     if launch_skip is not None:
         choice.launch_skip = launch_skip
-    share = f", {choice.share:.0%} of the stage's kernel time" if choice.share is not None else ""
+    what = "the stage's" if choice.stage else "all"
+    share = f", {choice.share:.0%} of {what} GPU time (as the report counts it)" if choice.share is not None else ""
     click.echo(f"maxinstr: kernel: {choice.name}", err=True)
     click.echo(f"maxinstr:   {choice.count} launches, {choice.total_ns / 1e6:.3f} ms{share}; "
                f"steady-state instance = launch {choice.launch_skip} of its function name"

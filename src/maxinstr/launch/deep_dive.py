@@ -2,10 +2,12 @@
 
 Steps, each a plain function so it can be used and tested alone:
 
-1. choose the kernel: the one with the most GPU time in a stage (from a trace and, for the
-   stage, maxinstr's ranges; or from a report JSON), or the one the user names;
-2. place it: ``--launch-skip`` = how many launches of that kernel name came before its first
-   launch inside a steady-state instance of the stage, counted in the trace. When the run
+1. choose the kernel: the one with the most GPU time in a stage, counted as the report counts
+   it (the report's attribution and steady instances, :func:`stage_ops`; or from a report
+   JSON), or the one the user names;
+2. place it: ``--launch-skip`` = how many launches of that kernel's function name came before
+   its first launch that the report counts for a steady instance of the stage, in process-wide
+   launch order, counted in the trace. When the run
    was captured with maxinstr's steady-state range (nsys ``cudaProfilerApi``), the trace
    starts at steady state, and ncu is run with ``--profile-from-start off`` so it starts
    counting at the same ``cuProfilerStart`` the session issues: the two counts line up;
@@ -111,35 +113,32 @@ def _launch_times(trace: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return has_call, tid.astype(np.int64), t.astype(np.int64)
 
 
-def _stage_kernel_mask(trace: Any, stage: str, warmup_instances: int) -> tuple[np.ndarray, int]:
-    """Boolean mask over ``trace.ops``: kernels launched inside a steady-state instance of
-    ranges named ``stage`` (launch call on the range's thread, within its host interval).
-    Also returns how many instances of the stage were found."""
-    strings = np.asarray(trace.strings, dtype=object)
-    ranges, ops = trace.ranges, trace.ops
-    r_idx = np.flatnonzero(np.isin(ranges.name_id, np.flatnonzero(strings == stage)))
-    n_inst = len(r_idx)
-    mask = np.zeros(len(ops), dtype=bool)
-    has_call, op_tid, op_t = _launch_times(trace)
-    if n_inst == 0 or not has_call.any():
-        return mask, n_inst
-    # Warm-up = the first N instances by start time.
-    r_idx = r_idx[np.argsort(ranges.start_ns[r_idx], kind="stable")][warmup_instances:]
-    is_kernel = has_call & (ops.kind == _KERNEL)
-    # Per thread (few), find the last stage range starting at or before each launch.
-    for tid in np.unique(ranges.tid[r_idx]):
-        rr = r_idx[ranges.tid[r_idx] == tid]
-        rr = rr[np.argsort(ranges.start_ns[rr], kind="stable")]
-        starts = ranges.start_ns[rr]
-        # Ranges of one name on one thread may nest: the running max of ends keeps a launch
-        # inside an outer instance even when an inner one ended earlier.
-        ends_max = np.maximum.accumulate(ranges.end_ns[rr])
-        idx = np.flatnonzero(is_kernel & (op_tid == tid))
-        k = np.searchsorted(starts, op_t[idx], side="right") - 1
-        inside = k >= 0
-        inside[inside] = op_t[idx][inside] <= ends_max[k[inside]]
-        mask[idx[inside]] = True
-    return mask, n_inst
+def stage_ops(analysis: Any, stage: str) -> tuple[np.ndarray, np.ndarray, int, str]:
+    """The ops the report counts for ``stage``, from the report's own analysis
+    (:func:`maxinstr.analyze.report.analyze`): every op attributed to an instance of the stage
+    or of a stage nested in it (launches from other threads included, by the attribution's
+    rules), over the stage's steady instances (all of them when it has none), exactly as the
+    report's ``stages[].mix`` counts them.
+
+    ``stage`` is a report stage key (``decode``, ``prefill/attention``) or a bare stage name;
+    a bare name shared by several keys takes them all. Returns (op indices with one entry per
+    enclosing instance, as the report counts them; the instance of each; the number of
+    instances used; the key(s) matched)."""
+    from maxinstr.analyze.kernels import op_instance_pairs
+
+    inst, trace = analysis.instances, analysis.trace
+    keys = inst.key.astype(str) if len(inst) else np.empty(0, dtype=str)
+    sel = keys == stage
+    if not sel.any():
+        sel = inst.name.astype(str) == stage if len(inst) else sel
+    if not sel.any():
+        raise MaxinstrError(f"{trace.source}: no range named {stage!r} in the trace")
+    matched = ", ".join(sorted(set(keys[sel].tolist())))
+    op_i, inst_i = op_instance_pairs(inst, trace, analysis.attribution)
+    stage_inst = sel & ~np.asarray(inst.is_mark, bool)
+    use = stage_inst & inst.steady if (stage_inst & inst.steady).any() else stage_inst
+    keep = use[inst_i] if len(inst_i) else np.zeros(0, bool)
+    return op_i[keep], inst_i[keep], int(use.sum()), matched
 
 
 def choose_from_trace(
@@ -147,40 +146,54 @@ def choose_from_trace(
     *,
     stage: str | None = None,
     kernel: str | None = None,
-    warmup_instances: int = 0,
+    warmup_instances: int | None = 0,
     top: int = 5,
+    run: Any = None,
+    analysis: Any = None,
 ) -> KernelChoice:
     """The dominant kernel of ``stage`` (or of the whole trace), or the top one matching ``kernel``.
 
-    ``warmup_instances``: how many of the stage's first instances in this trace are warm-up
-    (0 for a trace captured from steady state). ``launch_skip`` counts, in launch order,
-    the launches before the chosen one whose function name is the same: that is what
-    ncu counts with ``--kernel-name-base function`` (see :func:`kernel_regex`).
+    The stage's ops, time and share are the report's (:func:`stage_ops`): the same attribution
+    (cross-thread launches included), the same steady instances. ``run`` (a run directory or a
+    loaded run) joins the trace to its records as `maxinstr report RUN --trace T` does;
+    ``warmup_instances`` is the report's ``--warmup`` (None: the run's own; 0 for a trace captured
+    from steady state). ``analysis``: an :class:`~maxinstr.analyze.report.Analysis` already made.
+    The share is of all the stage's GPU time, copies included, as the report prints it; only a
+    kernel can be chosen (ncu profiles kernels). ``launch_skip`` counts, in process-wide launch
+    order, the launches before the chosen one whose function name is the same: that is what ncu
+    counts with ``--kernel-name-base function`` (see :func:`kernel_regex`).
     """
     ops = trace.ops
     strings = np.asarray(trace.strings, dtype=object)
     is_kernel = ops.kind == _KERNEL
     notes: list[str] = []
+    dur = np.maximum((ops.end_ns - ops.start_ns).astype(np.int64), 0)
     if stage is not None:
-        mask, n_inst = _stage_kernel_mask(trace, stage, warmup_instances)
-        if n_inst == 0:
-            raise MaxinstrError(f"{trace.source}: no range named {stage!r} in the trace")
-        if not mask.any():
+        if analysis is None:
+            from maxinstr.analyze.report import analyze
+
+            analysis = analyze(run=run, trace=trace, warmup=warmup_instances)
+        op_idx, _inst, n_inst, matched = stage_ops(analysis, stage)
+        if matched != stage:
+            notes.append(f"stage {stage!r} matches the report's stage(s) {matched}")
+        if not is_kernel[op_idx].any():
             raise MaxinstrError(
                 f"{trace.source}: no kernel was launched inside a steady-state instance of {stage!r} "
-                f"({n_inst} instances, {warmup_instances} treated as warm-up)"
+                f"({n_inst} instances used, as the report counts them)"
             )
     else:
-        mask = is_kernel.copy()
-        if not mask.any():
+        op_idx = np.arange(len(ops))
+        if not is_kernel.any():
             raise MaxinstrError(f"{trace.source}: the trace has no kernels")
-    dur = (ops.end_ns - ops.start_ns).astype(np.int64)
-    ids = ops.name_id[mask]
+    # Per distinct op name over the stage's ops (copies included: the share's denominator).
+    ids = ops.name_id[op_idx]
     uniq, inv = np.unique(ids, return_inverse=True)
     inv = inv.reshape(-1)
-    totals = np.bincount(inv, weights=dur[mask]).astype(np.int64)
-    counts = np.bincount(inv).astype(np.int64)
-    rank = np.argsort(-totals, kind="stable")
+    totals = np.bincount(inv, weights=dur[op_idx], minlength=len(uniq)).astype(np.int64)
+    counts = np.bincount(inv, minlength=len(uniq)).astype(np.int64)
+    name_is_kernel = np.zeros(len(uniq), bool)
+    name_is_kernel[inv[is_kernel[op_idx]]] = True
+    rank = [i for i in np.argsort(-totals, kind="stable") if name_is_kernel[i]]
     candidates = [(str(strings[uniq[i]]), int(totals[i]), int(counts[i])) for i in rank[:top]]
     if kernel is not None:
         rx = re.compile(kernel)
@@ -194,6 +207,8 @@ def choose_from_trace(
     name_id = int(uniq[pick])
     name = str(strings[name_id])
     stage_total = int(totals.sum())
+    in_stage = np.zeros(len(ops), bool)
+    in_stage[op_idx] = True
     # Place it. One Python step per distinct kernel name (not per op): which names share
     # the chosen one's function name, i.e. which launches ncu's filter will also count.
     base = function_name(name)
@@ -202,7 +217,7 @@ def choose_from_trace(
     _has, _tid, launch_t = _launch_times(trace)
     cand = np.flatnonzero(is_kernel & np.isin(ops.name_id, same_base))
     cand = cand[np.lexsort((ops.start_ns[cand], launch_t[cand]))]
-    chosen = np.flatnonzero(mask[cand] & (ops.name_id[cand] == name_id))
+    chosen = np.flatnonzero(in_stage[cand] & (ops.name_id[cand] == name_id))
     launch_skip = int(chosen[0]) if len(chosen) else 0
     if len(same_base) > 1:
         notes.append(f"{len(same_base)} kernel names share the function name {base!r}: launch-skip counts them all")
@@ -224,7 +239,8 @@ def choose_from_trace(
 _TIME_KEYS = ("total_ns", "gpu_ns", "time_ns", "sum_ns", "kernel_ns", "busy_ns")
 
 
-def _kernel_rows(obj: Any) -> list[tuple[str, int, int]]:
+def _kernel_rows(obj: Any) -> list[tuple[str, int, int, float | None]]:
+    """(name, time ns, count, the report's share or None) per kernel, copies left out."""
     rows = []
     for k in obj if isinstance(obj, list) else []:
         if not isinstance(k, dict) or "name" not in k:
@@ -234,7 +250,8 @@ def _kernel_rows(obj: Any) -> list[tuple[str, int, int]]:
             continue
         if k.get("family") in ("memcpy", "memset"):
             continue  # copies are not kernels ncu can profile
-        rows.append((str(k["name"]), int(t), int(k.get("count", k.get("instances", 0)) or 0)))
+        share = k.get("share") if isinstance(k.get("share"), (int, float)) else None
+        rows.append((str(k["name"]), int(t), int(k.get("count", k.get("instances", 0)) or 0), share))
     return sorted(rows, key=lambda r: -r[1])
 
 
@@ -243,7 +260,7 @@ def choose_from_report(data: dict, *, stage: str | None = None, kernel: str | No
     (``stages[i].mix.top_kernels``: objects with ``name`` and a time in ns, ``gpu_ns``), or
     ``gpu.kernels`` when no stage is given. The report has no launch order, so
     ``launch_skip`` is 0 and a note says so (pass the trace to place the kernel exactly)."""
-    rows: list[tuple[str, int, int]] = []
+    rows: list[tuple[str, int, int, float | None]] = []
     if stage is not None:
         stages = data.get("stages")
         entries = stages.items() if isinstance(stages, dict) else (
@@ -272,9 +289,11 @@ def choose_from_report(data: dict, *, stage: str | None = None, kernel: str | No
     else:
         pick = rows[0]
     total = sum(r[1] for r in rows)
+    # the report's own share (of all the stage's GPU time, copies included) when it has one
+    share = pick[3] if pick[3] is not None else (pick[1] / total if total else None)
     return KernelChoice(
-        name=pick[0], stage=stage, total_ns=pick[1], count=pick[2], share=pick[1] / total if total else None,
-        launch_skip=0, source=source, candidates=rows[:5],
+        name=pick[0], stage=stage, total_ns=pick[1], count=pick[2], share=share,
+        launch_skip=0, source=source, candidates=[r[:3] for r in rows[:5]],
         notes=["the report has no launch order: launch-skip 0 (give --trace to land on a steady-state instance)"],
     )
 
