@@ -1699,8 +1699,10 @@ PyObject* py_drain(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject*
     }
   }
   g.names_reported = g.names.size();
-  g.done_head += n;
-  g.done_drained += n;
+  if (!writer_on) {  // the writer moves these (under its lock) while it runs
+    g.done_head += n;
+    g.done_drained += n;
+  }
   while (g.attrs_head < g.attrs.size() && (writer_on || g.attrs[g.attrs_head].done_index < g.done_drained)) {
     AttrEntry& e = g.attrs[g.attrs_head];
     PyObject* t = Py_BuildValue("(LN)", (long long)e.id, e.attrs);  // steals the entry's reference

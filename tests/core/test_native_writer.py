@@ -66,10 +66,26 @@ def test_records_and_names_reach_the_files_once(writer):
     assert st["running"] is False and st["rows_written"] == 2000 and st["error"] is None
     assert st["names_written"] == len(by_id)
     # stopped: the Python path (drain) gets the records again, and the files get nothing more
-    with n.stage("after"):
+    with n.stage("after", k=1):
         pass
-    rows_after, _, _ = drain_all(n)
+    rows_after, _, attrs = drain_all(n)
     assert len(rows_after) == 1 and len(_rows(stages)) == 2000
+    assert attrs == {int(rows_after["id"][0]): {"k": 1}}
+
+
+def test_attrs_go_to_drain_while_the_writer_has_the_rows(writer):
+    n, stages, strings = writer
+    n.writer_start(str(stages), str(strings))
+    ids = []
+    for i in range(300):
+        with n.stage("a", i=i) as s:
+            pass
+        raw, _, attrs = n.drain()  # drains racing the writer's takes
+        assert raw == b""
+        ids += [rid for rid, _ in attrs]
+    n.writer_stop()
+    rows = _rows(stages)
+    assert sorted(ids) == sorted(rows["id"].tolist()) and len(rows) == 300
 
 
 def test_threshold_wakes_the_writer_before_its_interval(writer):
