@@ -14,8 +14,10 @@
 //
 // Concurrency: every entry point is called from Python with the GIL held, and this module does not
 // release it, so the GIL is the lock of all shared state here (the module declares no free-threading
-// support, so a free-threaded interpreter re-enables the GIL on import). The only code that runs
-// without the GIL is the thread-exit hook, which only stores an atomic flag.
+// support, so a free-threaded interpreter re-enables the GIL on import). Code that runs without
+// the GIL: the thread-exit hook, which only stores an atomic flag; the native writer thread
+// (native_writer.h), which shares only the completed-record buffer, under its own mutex, taken by
+// push_done and drain() only while that thread runs; and the CUPTI buffer callbacks (cuptibuf).
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
