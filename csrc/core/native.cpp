@@ -918,6 +918,16 @@ int slot_place(Ctx& cx, int s, int64_t* out) {
   return 0;
 }
 
+// Releases p's events and hands its record (and attrs) to the done queue. Always 1: resolved.
+int finish_pending(Pending& p) {
+  slot_release(p.ev0);
+  slot_release(p.ev1);
+  push_done(p.rec, p.attrs);
+  Py_XDECREF(p.attrs);
+  p.attrs = nullptr;
+  return 1;
+}
+
 // Resolves p whose exit event is known complete (queried by the caller, or implied by a later
 // event of the same stream). 1: resolved (record moved to done, events released); 0: not ready.
 int resolve_known(Pending& p) {
@@ -949,12 +959,7 @@ int resolve_known(Pending& p) {
     p.rec.flags |= F_GPU_DROPPED;
     g.events_dropped++;
   }
-  slot_release(p.ev0);
-  slot_release(p.ev1);
-  push_done(p.rec, p.attrs);
-  Py_XDECREF(p.attrs);
-  p.attrs = nullptr;
-  return 1;
+  return finish_pending(p);
 }
 
 // p's exit event failed to query with status rc: the record keeps its host times only.
@@ -962,12 +967,7 @@ int resolve_failed(Pending& p, int rc) {
   add_error("event query failed (status " + std::to_string(rc) + ")");
   p.rec.flags |= F_GPU_DROPPED;
   g.events_dropped++;
-  slot_release(p.ev0);
-  slot_release(p.ev1);
-  push_done(p.rec, p.attrs);
-  Py_XDECREF(p.attrs);
-  p.attrs = nullptr;
-  return 1;
+  return finish_pending(p);
 }
 
 // Queries (or waits for) p's exit event, then resolves it. 1: resolved; 0: not ready.
