@@ -43,3 +43,20 @@ def analysis_of(trace_of):
 @pytest.fixture(scope="session")
 def report_of(analysis_of):
     return lambda rel: analysis_of(rel).report
+
+
+@pytest.fixture(scope="module")
+def joined():
+    """name -> the report of tests/data/nsys/<name>-run joined to <name>.sqlite, built once per
+    test module (tests may modify what they get)."""
+    from maxinstr.analyze.report import build_report
+
+    nsys = DATA / "nsys"
+    cache: dict[str, dict] = {}
+
+    def get(name: str) -> dict:
+        if name not in cache:
+            cache[name] = build_report(run=nsys / f"{name}-run", trace=nsys / f"{name}.sqlite")
+        return cache[name]
+
+    return get

@@ -14,9 +14,7 @@ import pytest
 
 from fixture_columns import DATA
 from maxinstr.analyze import diagnosis as dx
-from maxinstr.analyze.report import build_report
 
-NSYS = DATA / "nsys"
 TRACES = [
     "nsys/h200_decode.sqlite", "nsys/h200_kvcache.sqlite", "nsys/h200_reprefill.sqlite", "nsys/h200_moe.sqlite",
     "nsys/h200_threads.sqlite", "nsys/h200_small.sqlite", "nsys/cs336_2_7B_nvtx_nsys2024.6.sqlite",
@@ -27,18 +25,6 @@ TRACES = [
 ]
 JOINED = ["h200_kvcache", "h200_reprefill", "h200_moe", "h200_threads"]
 SAVED = DATA / "reports" / "h200_kvcache_b16.report.json"
-
-
-@pytest.fixture(scope="module")
-def joined():
-    cache: dict[str, dict] = {}
-
-    def get(name: str) -> dict:
-        if name not in cache:
-            cache[name] = build_report(run=NSYS / f"{name}-run", trace=NSYS / f"{name}.sqlite")
-        return cache[name]
-
-    return get
 
 
 @pytest.fixture(scope="module")

@@ -9,23 +9,7 @@ import copy
 
 import pytest
 
-from fixture_columns import DATA
 from maxinstr.analyze import diagnosis as dx
-from maxinstr.analyze.report import build_report
-
-NSYS = DATA / "nsys"
-
-
-@pytest.fixture(scope="module")
-def joined():
-    cache: dict[str, dict] = {}
-
-    def get(name: str) -> dict:
-        if name not in cache:
-            cache[name] = build_report(run=NSYS / f"{name}-run", trace=NSYS / f"{name}.sqlite")
-        return cache[name]
-
-    return get
 
 
 def _decode(r):
