@@ -295,16 +295,21 @@ void writer_at_exit() {  // C atexit: never leave the thread running into static
 }
 
 void writer_atfork_prepare() { pthread_mutex_lock(&w.mu); }
-void writer_atfork_parent() { pthread_mutex_unlock(&w.mu); }
-void writer_atfork_child() {
-  // Only trivial work: we are inside fork(). The thread did not follow; the files are the parent's.
-  pthread_mutex_init(&w.mu, nullptr);
+// The writer's condition variables; cv waits with CLOCK_MONOTONIC deadlines.
+void writer_init_conds() {
   pthread_condattr_t a;
   pthread_condattr_init(&a);
   pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
   pthread_cond_init(&w.cv, &a);
   pthread_cond_init(&w.done_cv, nullptr);
   pthread_condattr_destroy(&a);
+}
+
+void writer_atfork_parent() { pthread_mutex_unlock(&w.mu); }
+void writer_atfork_child() {
+  // Only trivial work: we are inside fork(). The thread did not follow; the files are the parent's.
+  pthread_mutex_init(&w.mu, nullptr);
+  writer_init_conds();
   w.running = false;
   w.stop = false;
   w.signalled = false;
@@ -320,12 +325,7 @@ void writer_atfork_child() {
 }
 
 void writer_init() {  // module init
-  pthread_condattr_t a;
-  pthread_condattr_init(&a);
-  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-  pthread_cond_init(&w.cv, &a);
-  pthread_cond_init(&w.done_cv, nullptr);
-  pthread_condattr_destroy(&a);
+  writer_init_conds();
   pthread_atfork(writer_atfork_prepare, writer_atfork_parent, writer_atfork_child);
   atexit(writer_at_exit);
 }
