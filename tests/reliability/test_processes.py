@@ -71,6 +71,16 @@ LOOP = """
 def test_sigkill_keeps_every_completed_stage(tmp_path):
     proc = start(script(tmp_path, LOOP), str(tmp_path / "run"))
     wait_for(proc, "READY")
+    # The records reach disk while the program runs (no close): wait for them rather than
+    # trusting one fixed sleep on a loaded CI machine, then kill.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if len(maxinstr.load(tmp_path / "run")) >= 500:
+                break
+        except Exception:  # noqa: BLE001 - the part may not be readable yet
+            pass
+        time.sleep(0.05)
     proc.kill()
     assert proc.wait() == -signal.SIGKILL
     run = maxinstr.load(tmp_path / "run")
