@@ -8,19 +8,25 @@ class MaxinstrError(Exception):
     """Base of every error maxinstr raises on purpose."""
 
 
+def one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines included) as one space: problems quoted
+    from a library (SQLite quotes a corrupt schema's SQL, newlines and all) stay on one line."""
+    return " ".join(text.split())
+
+
 class TraceError(MaxinstrError):
     """A trace file cannot be read. The message names the file and the problem in one line."""
 
     def __init__(self, path: object, problem: str) -> None:
         self.path = str(path)
-        self.problem = problem
-        super().__init__(f"{self.path}: {problem}")
+        self.problem = one_line(problem)
+        super().__init__(f"{self.path}: {self.problem}")
 
 
 class RunDirError(MaxinstrError):
-    """A run directory cannot be read. The message names the directory and the problem."""
+    """A run directory cannot be read. The message names the directory and the problem in one line."""
 
     def __init__(self, path: object, problem: str) -> None:
         self.path = str(path)
-        self.problem = problem
-        super().__init__(f"{self.path}: {problem}")
+        self.problem = one_line(problem)
+        super().__init__(f"{self.path}: {self.problem}")

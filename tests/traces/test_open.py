@@ -132,3 +132,15 @@ def _sqlite(path: Path) -> Path:
 def _truncated_sqlite(path: Path) -> Path:
     path.write_bytes((DATA / "rocprof/rpd/matmul_result.rpd").read_bytes()[:12_288])
     return path
+
+
+def test_errors_stay_on_one_line():
+    """A problem quoted from a library can hold newlines (SQLite quotes a corrupt schema's SQL,
+    found by the 10k fuzz run on a mutated rocpd file): the message stays one line."""
+    from maxinstr.errors import RunDirError, TraceError
+
+    sqlite_text = 'malformed database schema (t) - unrecognized token: ""TABLE t (id INTEGER,\n    name TEXT)"'
+    for err in (TraceError("/x/run_results.db", f"SQLite error: {sqlite_text}"), RunDirError("/x/run", "a\n\tb")):
+        assert "\n" not in str(err) and "\t" not in str(err)
+        assert str(err).startswith("/x/run")
+    assert str(TraceError("/x/t.db", "a\n  b")) == "/x/t.db: a b"
