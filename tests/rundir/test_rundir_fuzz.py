@@ -4,6 +4,7 @@ raises a one-line RunDirError naming a file of that directory. Nothing else."""
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -95,14 +96,16 @@ ARGS = dict(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+          derandomize=os.environ.get("MAXINSTR_FUZZ_RANDOM") != "1")
 @given(**ARGS)
 def test_load_never_fails_otherwise(meta, stages, strings, attrs, part_json, events):
     _check(meta, stages, strings, attrs, part_json, events)
 
 
 @pytest.mark.slow
-@settings(max_examples=10_000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@settings(max_examples=10_000, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+          derandomize=os.environ.get("MAXINSTR_FUZZ_RANDOM") != "1")
 @given(**ARGS)
 def test_load_never_fails_otherwise_10k(meta, stages, strings, attrs, part_json, events):
     _check(meta, stages, strings, attrs, part_json, events)
