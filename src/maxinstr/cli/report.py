@@ -14,12 +14,6 @@ from maxinstr.errors import MaxinstrError, TraceError
 FORMATS = ("text", "json", "md", "html", "perfetto")
 
 
-def _progress_console():
-    from rich.console import Console
-
-    return Console(stderr=True)
-
-
 class Progress:
     """A spinner on stderr while inputs load and the report is computed (nothing when quiet
     or when stderr is not a terminal)."""
