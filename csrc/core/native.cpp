@@ -248,6 +248,12 @@ struct Globals {
   uint64_t event_queries = 0;   // cuEventQuery/Synchronize calls made to resolve records
   uint64_t event_elapsed = 0;   // cuEventElapsedTime calls made to resolve records
   bool warned_no_ctx = false;
+  // MAXINSTR_TIME_DRIVER=1 (benchmarks): host ns spent inside each driver call of the hot path and
+  // inside opportunistic resolution, so a benchmark can split a GPU-timed stage's cost into the
+  // driver's and ours. Off by default: two clock reads per call.
+  bool time_driver = false;
+  uint64_t drv_ns[6] = {0, 0, 0, 0, 0, 0};  // record, query/sync, elapsed, is_capturing, ctx_current, resolve_front
+
 
   // CUPTI external correlation (session kernels=True): libcupti is loaded by the Python side
   // (cupti-python); cupti_link() dlopens that same library (RTLD_NOLOAD) and takes these two.
@@ -568,6 +574,16 @@ inline void* gpu_current_key() {
   return nullptr;
 }
 
+enum { DRV_RECORD, DRV_QUERY, DRV_ELAPSED, DRV_CAPTURING, DRV_CTX, DRV_RESOLVE };
+struct DrvTime {
+  int which;
+  int64_t t0;
+  explicit DrvTime(int w) : which(g.time_driver ? w : -1), t0(which >= 0 ? now_ns() : 0) {}
+  ~DrvTime() {
+    if (UNLIKELY(which >= 0)) g.drv_ns[which] += (uint64_t)(now_ns() - t0);
+  }
+};
+
 // While some stream captures a CUDA graph in the default "global" mode, calls such as
 // cuEventQuery/cuEventSynchronize from any thread are illegal and invalidate that capture. Our
 // queries (resolve(), opportunistic resolution, the reference pairing) run with this thread in
@@ -867,7 +883,11 @@ int gpu_point(ThreadState* ts, int c, uint64_t stream, int64_t t_now, int may_cr
     // A stream capturing a graph would take our event record into the graph (no timestamp),
     // and the legacy stream cannot be used while a blocking stream captures: no GPU time then.
     int status = 0;
-    int rc = g.gpu.is_capturing((void*)(uintptr_t)stream, &status);
+    int rc;
+    {
+      DrvTime dt(DRV_CAPTURING);
+      rc = g.gpu.is_capturing((void*)(uintptr_t)stream, &status);
+    }
     if (rc != 0 || status != 0) {
       g.events_capture++;
       return -1;
@@ -878,7 +898,11 @@ int gpu_point(ThreadState* ts, int c, uint64_t stream, int64_t t_now, int may_cr
     g.events_dropped++;
     return -1;
   }
-  int rc = g.gpu.ev_record(g.slots[(size_t)s].ev, (void*)(uintptr_t)stream);
+  int rc;
+  {
+    DrvTime dt(DRV_RECORD);
+    rc = g.gpu.ev_record(g.slots[(size_t)s].ev, (void*)(uintptr_t)stream);
+  }
   if (rc != 0) {
     add_error("event record failed (status " + std::to_string(rc) + "): stage keeps host times only");
     slot_release(s);
@@ -911,6 +935,7 @@ int slot_place(Ctx& cx, int s, int64_t* out) {
   }
   float ms = 0.f;
   g.event_elapsed++;
+  DrvTime dt(DRV_ELAPSED);
   int rc = g.gpu.ev_elapsed(&ms, g.slots[(size_t)cx.anchor].ev, sl.ev);
   if (rc != 0) return rc;
   sl.host_ns = cx.anchor_ns + (int64_t)llround((double)ms * 1e6);
@@ -973,7 +998,11 @@ int resolve_failed(Pending& p, int rc) {
 // Queries (or waits for) p's exit event, then resolves it. 1: resolved; 0: not ready.
 int resolve_one(Pending& p, bool block) {
   g.event_queries++;
-  int rc = block ? g.gpu.ev_sync(g.slots[(size_t)p.ev1].ev) : g.gpu.ev_query(g.slots[(size_t)p.ev1].ev);
+  int rc;
+  {
+    DrvTime dt(DRV_QUERY);
+    rc = block ? g.gpu.ev_sync(g.slots[(size_t)p.ev1].ev) : g.gpu.ev_query(g.slots[(size_t)p.ev1].ev);
+  }
   if (rc == 600) return 0;  // CUDA_ERROR_NOT_READY == hipErrorNotReady == 600
   if (rc == 0) return resolve_known(p);
   return resolve_failed(p, rc);
@@ -1014,7 +1043,11 @@ void scan_streams(std::vector<StreamDone>& sd, size_t m, bool block) {
   for (auto& d : sd) {
     g.event_queries++;
     void* ev = g.slots[(size_t)d.slot].ev;
-    int rc = block ? g.gpu.ev_sync(ev) : g.gpu.ev_query(ev);
+    int rc;
+    {
+      DrvTime dt(DRV_QUERY);
+      rc = block ? g.gpu.ev_sync(ev) : g.gpu.ev_query(ev);
+    }
     if (rc == 0)
       d.done_seq = d.max_seq;
     else if (rc != 600)
@@ -1048,6 +1081,7 @@ inline StreamDone* find_stream(std::vector<StreamDone>& sd, const Pending& p) {
 // Resolves up to n records from the front of the queue, stopping at the first not ready.
 size_t resolve_front(size_t n) {
   if (g.pending.empty()) return 0;
+  DrvTime dt(DRV_RESOLVE);
   RelaxedCapture relaxed;
   size_t m = n < g.pending.size() ? n : g.pending.size();
   std::vector<StreamDone> sd;
@@ -1876,6 +1910,19 @@ PyObject* py_stats(PyObject*, PyObject*) {
       "errors_dropped", (unsigned long long)g.errors_dropped, "events_skipped_capture",
       (unsigned long long)g.events_capture, "threads", (Py_ssize_t)g.threads.size());
   if (!d) return nullptr;
+  if (g.time_driver) {
+    PyObject* t = Py_BuildValue("{sKsKsKsKsK}", "event_record", (unsigned long long)g.drv_ns[DRV_RECORD],
+                                "event_query", (unsigned long long)g.drv_ns[DRV_QUERY], "event_elapsed",
+                                (unsigned long long)g.drv_ns[DRV_ELAPSED], "stream_is_capturing",
+                                (unsigned long long)g.drv_ns[DRV_CAPTURING], "resolve_front",
+                                (unsigned long long)g.drv_ns[DRV_RESOLVE]);
+    if (!t || PyDict_SetItemString(d, "driver_time_ns", t) < 0) {
+      Py_XDECREF(t);
+      Py_DECREF(d);
+      return nullptr;
+    }
+    Py_DECREF(t);
+  }
   // Per context: the GPU-time floor taken out of every stage (docs/stage-core.md) and how it was
   // set: "calibrated", "fixed" (MAXINSTR_GPU_FLOOR_NS), "failed" (raw event times), "none" (HIP,
   // or the context's reference pairing has not succeeded yet).
@@ -2285,6 +2332,96 @@ PyObject* py_driver_costs(PyObject*, PyObject* args, PyObject* kwargs) {
                        "event_query", query_ns, "event_elapsed", el_ns, "clock_gettime", clock_ns);
 }
 
+// _event_diag(n=4000, stream=0): benchmarks only. Where an event record's cost comes from, in C:
+// each pattern runs n times on `stream` (0: the legacy stream) and reports the host ns per
+// iteration to issue it and per iteration including a final synchronize (GPU-bound patterns show
+// there). "launch" is an empty kernel (the floor calibration's, spin 0 ns); "pool" events rotate
+// through 4096 distinct events as the stage pool does, "pair" reuses two.
+PyObject* py_event_diag(PyObject*, PyObject* args, PyObject* kwargs) {
+  static const char* kw[] = {"n", "stream", nullptr};
+  long n = 4000;
+  unsigned long long stream = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|lK", (char**)kw, &n, &stream)) return nullptr;
+  if (n < 1) n = 1;
+  gpu_try_load();
+  GpuApi& a = g.gpu;
+  if (a.backend != BK_CUDA || !gpu_current_key() || !a.mod_load || !a.launch) {
+    PyErr_SetString(PyExc_RuntimeError, "_event_diag needs the CUDA driver and a current context");
+    return nullptr;
+  }
+  RelaxedCapture relaxed;
+  void* st = (void*)(uintptr_t)stream;
+  void* mod = nullptr;
+  void* fn = nullptr;
+  int rc = -1;
+  for (const char* head : kSpinPtxHeads) {
+    std::string ptx = std::string(head) + kSpinPtx;
+    rc = a.mod_load(&mod, ptx.c_str());
+    if (rc == 0) break;
+  }
+  if (rc == 0) rc = a.mod_func(&fn, mod, "maxinstr_spin");
+  constexpr int kPool = 4096;
+  std::vector<void*> ev;
+  for (int i = 0; rc == 0 && i < kPool; i++) {
+    void* e = nullptr;
+    rc = a.ev_create(&e, 0);
+    if (rc == 0) ev.push_back(e);
+  }
+  if (rc != 0) {
+    for (void* e : ev) a.ev_destroy(e);
+    if (mod && a.mod_unload) a.mod_unload(mod);
+    PyErr_Format(PyExc_RuntimeError, "_event_diag setup failed (status %d)", rc);
+    return nullptr;
+  }
+  unsigned long long none = 0;
+  void* pn[] = {&none};
+  auto launch = [&]() { a.launch(fn, 1, 1, 1, 1, 1, 1, 0, st, pn, nullptr); };
+  PyObject* out = PyDict_New();
+  auto run = [&](const char* name, auto body) {
+    void* last = ev[0];
+    a.ev_record(last, st);
+    a.ev_sync(last);
+    int64_t t0 = now_ns();
+    for (long i = 0; i < n; i++) body(i);
+    int64_t t1 = now_ns();
+    a.ev_record(last, st);
+    a.ev_sync(last);
+    int64_t t2 = now_ns();
+    PyObject* v = Py_BuildValue("{sdsd}", "issue_ns", (double)(t1 - t0) / n, "total_ns", (double)(t2 - t0) / n);
+    if (v) PyDict_SetItemString(out, name, v);
+    Py_XDECREF(v);
+  };
+  float ms = 0.f;
+  run("launch", [&](long) { launch(); });
+  run("record pair", [&](long i) { a.ev_record(ev[(size_t)(i & 1)], st); });
+  run("record pool", [&](long i) { a.ev_record(ev[(size_t)(i % kPool)], st); });
+  run("launch + record pair", [&](long i) {
+    launch();
+    a.ev_record(ev[(size_t)(i & 1)], st);
+  });
+  run("launch + record pool", [&](long i) {
+    launch();
+    a.ev_record(ev[(size_t)(i % kPool)], st);
+  });
+  // what a stage pays besides its record: a query of an older event (done or not) and the
+  // elapsed time of a completed one
+  run("launch + record pool + query(i-32) + elapsed(i-64)", [&](long i) {
+    launch();
+    a.ev_record(ev[(size_t)(i % kPool)], st);
+    if (i >= 64) {
+      a.ev_query(ev[(size_t)((i - 32) % kPool)]);
+      a.ev_elapsed(&ms, ev[0], ev[(size_t)((i - 64) % kPool)]);
+    }
+  });
+  run("launch + query(i-32)", [&](long i) {
+    launch();
+    if (i >= 32) a.ev_query(ev[(size_t)((i - 32) % kPool)]);
+  });
+  for (void* e : ev) a.ev_destroy(e);
+  if (mod && a.mod_unload) a.mod_unload(mod);
+  return out;
+}
+
 PyObject* py_profiler_start(PyObject*, PyObject*) { return py_profiler(true); }
 PyObject* py_profiler_stop(PyObject*, PyObject*) { return py_profiler(false); }
 
@@ -2354,6 +2491,8 @@ PyMethodDef module_methods[] = {
     {"cupti_take", py_cupti_take, METH_NOARGS,
      "cupti_take() -> [(bytes, int64 offsets as bytes)]: completed activity buffers and their record offsets."},
     {"cupti_buffer_stats", py_cupti_buffer_stats, METH_NOARGS, "Counters of the native CUPTI buffers."},
+    {"_event_diag", (PyCFunction)(void (*)(void))py_event_diag, METH_VARARGS | METH_KEYWORDS,
+     "Benchmarks: host ns per launch/event-record pattern, issue and with the final synchronize."},
     {"_driver_costs", (PyCFunction)(void (*)(void))py_driver_costs, METH_VARARGS | METH_KEYWORDS,
      "Benchmarks: ns per driver call a GPU-timed stage makes (synchronises)."},
     {"_configure_events", (PyCFunction)(void (*)(void))py_configure_events, METH_VARARGS | METH_KEYWORDS,
@@ -2443,6 +2582,7 @@ extern "C" PyMODINIT_FUNC PyInit__native(void) {
     if (n >= 4) g.pool_max = (int)n;
   }
   if (const char* p = env("MAXINSTR_EVENT_SHARE_NS")) g.share_ns = strtoll(p, nullptr, 10);
+  if (const char* p = env("MAXINSTR_TIME_DRIVER")) g.time_driver = strcmp(p, "0") != 0;
   if (const char* p = env("MAXINSTR_GPU_FLOOR_NS")) {  // unset or "auto": calibrate
     if (strcmp(p, "auto") != 0) {
       long long n = strtoll(p, nullptr, 10);

@@ -730,3 +730,36 @@ def test_floor_reaches_the_run_directory(run_fake, tmp_path):
         MAXINSTR_GPU_FLOOR_NS="auto",
     )
     assert out == [[2000], ["calibrated"], 7000]
+
+
+def test_event_diag_probe_and_driver_time(run_fake):
+    """benchmarks/event_diag.py's probes: each launch/record pattern runs n times and gives its
+    events and module back; MAXINSTR_TIME_DRIVER=1 adds host time inside the hot-path driver calls
+    to stats(), absent by default."""
+    out = run_fake(
+        """
+        plain = "driver_time_ns" in n.stats()
+        d = n._event_diag(n=40)
+        created, destroyed = count("cuEventCreate"), count("cuEventDestroy")
+        emit([plain, sorted(d), all(v["issue_ns"] >= 0 and v["total_ns"] >= v["issue_ns"] for v in d.values()),
+              created, destroyed, count("cuLaunchKernel")])
+        """
+    )
+    assert out[0] is False
+    assert "launch + record pool" in out[1] and "record pair" in out[1] and len(out[1]) == 7
+    assert out[2] is True
+    assert out[3] == out[4] >= 4096
+    assert out[5] >= 5 * 40
+    timed = run_fake(
+        """
+        for i in range(50):
+            with n.stage("s"):
+                pass
+        n.resolve(block=True); drained()
+        t = n.stats()["driver_time_ns"]
+        emit([sorted(t), t["event_record"] > 0, t["event_elapsed"] > 0, t["event_query"] > 0])
+        """,
+        MAXINSTR_TIME_DRIVER="1", MAXINSTR_EVENT_SHARE_NS="0",
+    )
+    assert timed[0] == ["event_elapsed", "event_query", "event_record", "resolve_front", "stream_is_capturing"]
+    assert timed[1:] == [True, True, True]
