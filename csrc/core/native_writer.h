@@ -147,14 +147,28 @@ void* writer_main(void*) {
   pthread_mutex_lock(&w.mu);
   for (;;) {
     if (!w.stop && !w.signalled && w.flush_req == w.flush_done) {
-      if (!took && !unsynced) {
+      if (!took) {
         // Nothing completed for a whole interval: sleep until the next record (push_done
-        // signals), a flush or the stop. An idle session costs no wake-ups.
+        // signals an idle writer), a flush or the stop, and, when something written is not
+        // synced yet, at most until its fsync is due. An idle session costs no wake-ups. (The
+        // fsync wait must count as idle too: a writer that had just written a new name slept
+        // through the next records for up to a second, and a SIGKILL then lost them.)
         w.idle = true;
-        while (w.idle && !w.stop && !w.signalled && w.flush_req == w.flush_done) pthread_cond_wait(&w.cv, &w.mu);
+        const int64_t due = last_fsync + std::max<int64_t>(w.fsync_ns, 0);
+        while (w.idle && !w.stop && !w.signalled && w.flush_req == w.flush_done) {
+          if (!unsynced) {
+            pthread_cond_wait(&w.cv, &w.mu);
+            continue;
+          }
+          if (now_ns() >= due) break;
+          struct timespec ts;
+          ts.tv_sec = (time_t)(due / 1000000000LL);
+          ts.tv_nsec = (long)(due % 1000000000LL);
+          pthread_cond_timedwait(&w.cv, &w.mu, &ts);
+        }
         w.idle = false;
       } else {
-        int64_t t = now_ns() + (took ? w.interval_ns : std::max<int64_t>(w.fsync_ns, 0));
+        int64_t t = now_ns() + w.interval_ns;
         struct timespec ts;
         ts.tv_sec = (time_t)(t / 1000000000LL);
         ts.tv_nsec = (long)(t % 1000000000LL);
