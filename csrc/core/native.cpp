@@ -694,7 +694,7 @@ bool ctx_pair_reference(int c) {
 // after the reference pairing (so at the same moment, the first GPU stage), we measure that floor:
 // on a private non-blocking stream (the user's streams are never touched or waited for), a busy
 // kernel keeps the stream occupied so that [event, empty kernel, event] are queued back to back,
-// seven times; the floor is the shortest of those event pairs. resolve_one() then moves each stage's
+// seven times; the floor is the shortest of those event pairs. resolve_known() then moves each stage's
 // enter time later and its exit time earlier by half the floor, so a stage reads the span of its
 // work (first kernel start to last kernel end, approximately), the way a profiler reads kernels.
 // CUDA only (the kernel is PTX, JIT-compiled by the driver); HIP: floor 0 (raw event times).
@@ -995,38 +995,36 @@ int resolve_failed(Pending& p, int rc) {
   return finish_pending(p);
 }
 
-// Queries (or waits for) p's exit event, then resolves it. 1: resolved; 0: not ready.
-int resolve_one(Pending& p, bool block) {
-  g.event_queries++;
-  int rc;
-  {
-    DrvTime dt(DRV_QUERY);
-    rc = block ? g.gpu.ev_sync(g.slots[(size_t)p.ev1].ev) : g.gpu.ev_query(g.slots[(size_t)p.ev1].ev);
-  }
-  if (rc == 600) return 0;  // CUDA_ERROR_NOT_READY == hipErrorNotReady == 600
-  if (rc == 0) return resolve_known(p);
-  return resolve_failed(p, rc);
-}
-
 inline size_t pending_count() { return g.pending.size(); }
 
-// Work on one stream completes in order: once the newest exit event of a (context, stream) among
-// the records looked at is complete, every record of that stream recorded no later (rec_seq) is
-// complete too, and needs no query of its own. One query (or wait) per stream per pass.
+// Work on one stream completes in order: once an exit event of a (context, stream) is complete,
+// every record of that stream recorded no later (rec_seq) is complete too, and needs no query of
+// its own. A pass finds, per stream, the newest complete exit among the records it looks at: one
+// query of the newest (enough when the GPU has caught up), else a binary search over the older
+// ones (about log2(n) queries). Under load a query costs far more than on an idle GPU (1.3 us
+// against 0.3 us on an H200 busy with launches), and asking each record in turn made it ~1 query
+// per stage.
 struct StreamDone {
   int ctx;
   uint64_t stream;
-  uint64_t max_seq;
-  int slot;
-  uint64_t done_seq;  // records with exit rec_seq <= done_seq are complete
-  bool blocked;       // a record of this stream was not ready: skip later ones this pass
-  int err;            // the query of `slot` failed with this status (that record is dropped)
+  std::vector<size_t> idx;  // positions in g.pending of this stream's records, in queue order
+  uint64_t done_seq;        // records with exit rec_seq <= done_seq are complete
+  int err;                  // a query of err_slot failed with this status (that record is dropped)
+  int err_slot;
 };
+
+inline int query_exit(size_t i, bool block) {
+  g.event_queries++;
+  DrvTime dt(DRV_QUERY);
+  void* ev = g.slots[(size_t)g.pending[i].ev1].ev;
+  return block ? g.gpu.ev_sync(ev) : g.gpu.ev_query(ev);
+}
+
+inline uint64_t exit_seq(size_t i) { return g.slots[(size_t)g.pending[i].ev1].rec_seq; }
 
 void scan_streams(std::vector<StreamDone>& sd, size_t m, bool block) {
   for (size_t i = 0; i < m; i++) {
     Pending& p = g.pending[i];
-    uint64_t q = g.slots[(size_t)p.ev1].rec_seq;
     StreamDone* d = nullptr;
     for (auto& x : sd)
       if (x.ctx == p.ctx && x.stream == p.stream) {
@@ -1034,41 +1032,64 @@ void scan_streams(std::vector<StreamDone>& sd, size_t m, bool block) {
         break;
       }
     if (!d) {
-      sd.push_back(StreamDone{p.ctx, p.stream, q, p.ev1, 0, false, 0});
-    } else if (q > d->max_seq) {
-      d->max_seq = q;
-      d->slot = p.ev1;
+      sd.push_back(StreamDone{p.ctx, p.stream, {}, 0, 0, -1});
+      d = &sd.back();
     }
+    d->idx.push_back(i);
   }
   for (auto& d : sd) {
-    g.event_queries++;
-    void* ev = g.slots[(size_t)d.slot].ev;
-    int rc;
-    {
-      DrvTime dt(DRV_QUERY);
-      rc = block ? g.gpu.ev_sync(ev) : g.gpu.ev_query(ev);
+    // exit events of one stream were recorded in queue order: rec_seq grows along idx
+    size_t last = d.idx.back();
+    int rc = query_exit(last, block);
+    if (rc == 0) {
+      d.done_seq = exit_seq(last);
+      continue;
     }
-    if (rc == 0)
-      d.done_seq = d.max_seq;
-    else if (rc != 600)
-      d.err = rc;  // that record is dropped; the others are queried one by one
+    if (rc != 600) {  // that record is dropped; the older ones are searched below
+      d.err = rc;
+      d.err_slot = g.pending[last].ev1;
+    }
+    // largest k in [0, n-2] whose exit is complete (lo = -1: none); the oldest first, so a
+    // pass with nothing complete costs two queries, not a whole search
+    long lo = -1, hi = (long)d.idx.size() - 2;
+    if (hi >= 0) {
+      int r = query_exit(d.idx[0], false);
+      if (r == 0) {
+        lo = 0;
+      } else {
+        if (r != 600 && !d.err) {
+          d.err = r;
+          d.err_slot = g.pending[d.idx[0]].ev1;
+        }
+        hi = -1;
+      }
+    }
+    while (lo < hi) {
+      long mid = (lo + hi + 1) / 2;
+      int r = query_exit(d.idx[(size_t)mid], false);
+      if (r == 0) {
+        lo = mid;
+      } else {
+        if (r != 600 && !d.err) {
+          d.err = r;
+          d.err_slot = g.pending[d.idx[(size_t)mid]].ev1;
+        }
+        hi = mid - 1;
+      }
+    }
+    d.done_seq = lo >= 0 ? exit_seq(d.idx[(size_t)lo]) : 0;
   }
 }
 
-// 1: p resolved (known complete, or its query failed in the scan); 0: not known, query it.
-inline int resolve_scanned(StreamDone* d, Pending& p, bool* known_not_ready) {
-  *known_not_ready = false;
+// 1: p resolved (known complete, or its query failed in the scan); 0: not ready.
+inline int resolve_scanned(StreamDone* d, Pending& p) {
   if (!d) return 0;
-  const Slot& sl = g.slots[(size_t)p.ev1];
-  if (d->err && p.ev1 == d->slot && sl.rec_seq == d->max_seq) {
+  if (d->err && p.ev1 == d->err_slot) {
     int rc = d->err;
     d->err = 0;
     return resolve_failed(p, rc);
   }
-  if (sl.rec_seq <= d->done_seq) {
-    if (resolve_known(p)) return 1;
-    *known_not_ready = true;
-  }
+  if (g.slots[(size_t)p.ev1].rec_seq <= d->done_seq) return resolve_known(p);
   return 0;
 }
 
@@ -1087,18 +1108,17 @@ size_t resolve_front(size_t n) {
   std::vector<StreamDone> sd;
   scan_streams(sd, m, false);
   size_t k = 0;
-  while (k < n && !g.pending.empty()) {
+  while (k < m && !g.pending.empty()) {
     Pending& p = g.pending.front();
-    bool nr = false;
-    if (!resolve_scanned(find_stream(sd, p), p, &nr) && (nr || !resolve_one(p, false))) break;
+    if (!resolve_scanned(find_stream(sd, p), p)) break;
     g.pending.pop_front();
     k++;
   }
   return k;
 }
 
-// Resolves every finished record (block: waits for all). Once a record of a (context, stream)
-// is not ready, later records of that stream are skipped without a query.
+// Resolves every finished record (block: waits for all). Records of a stream after its first
+// one not ready stay queued, in order.
 size_t resolve_all(bool block) {
   RelaxedCapture relaxed;
   size_t k = 0;
@@ -1106,13 +1126,10 @@ size_t resolve_all(bool block) {
   scan_streams(sd, g.pending.size(), block);
   std::deque<Pending> keep;
   for (Pending& p : g.pending) {
-    StreamDone* d = find_stream(sd, p);
-    bool nr = false;
-    if (resolve_scanned(d, p, &nr) || (!nr && !(d && d->blocked) && resolve_one(p, block))) {
+    if (resolve_scanned(find_stream(sd, p), p)) {
       k++;
       continue;
     }
-    if (d) d->blocked = true;
     keep.push_back(p);
   }
   g.pending.swap(keep);

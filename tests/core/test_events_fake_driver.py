@@ -763,3 +763,33 @@ def test_event_diag_probe_and_driver_time(run_fake):
     )
     assert timed[0] == ["event_elapsed", "event_query", "event_record", "resolve_front", "stream_is_capturing"]
     assert timed[1:] == [True, True, True]
+
+
+def test_partly_complete_queue_resolves_with_a_binary_search(run_fake):
+    """The GPU a few records behind (the usual state under load): the pass finds the newest
+    complete exit with about log2(n) queries instead of one query per record, and resolves
+    exactly the records whose events completed, in order."""
+    out = run_fake(
+        """
+        n._configure_events(share_ns=0)
+        fk.fake_set_tick(1_000)                  # each event record is 1 us after the previous
+        with n.stage("warm"):
+            pass
+        fk.fake_complete_all(); n.resolve(); drained()
+        t0 = fk.fake_next_ts()
+        for i in range(100):
+            with n.stage("s", step=i):
+                pass
+        fk.fake_set_gpu_now(t0 + 2 * 1_000 * 60)  # the first 60 stages' events (2 each) completed
+        q0 = n.stats()["event_queries"]
+        k = n.resolve()
+        q = n.stats()["event_queries"] - q0
+        steps = drained()["step"].tolist()
+        fk.fake_complete_all()
+        rest = n.resolve()
+        emit(dict(k=k, q=q, steps=steps, rest=rest, left=n.stats()["events_in_flight"]))
+        """
+    )
+    assert out["steps"] == list(range(out["k"])) and 55 <= out["k"] <= 60
+    assert out["q"] <= 2 + 8  # newest, oldest, then a search over ~100 records
+    assert out["k"] + out["rest"] == 100 and out["left"] == 0
