@@ -1,6 +1,6 @@
 """What each part of kernels=True's CUPTI configuration costs on a launch-bound step (issue 9).
 
-    python benchmarks/cupti_configs.py [--configs a,b] [--rounds 8] [--json out.json]
+    python benchmarks/cupti_configs.py [--configs "a;b"] [--rounds 8] [--json out.json]
 
 Each configuration runs in a fresh process on the small step of benchmarks/cupti_overhead.py
 (one stage around 32 tiny torch launches, then a device synchronize). In that process: bare
@@ -28,20 +28,24 @@ import types
 LAUNCHES = 32
 # name -> (activity kind names, options)
 CONFIGS: dict[str, tuple[list[str], dict]] = {
+    "control (no CUPTI)": ([], {"no_cupti": True}),
+    "attached, no kinds": ([], {}),
     "kernel": (["CONCURRENT_KERNEL"], {}),
-    "kernel+extcorr": (["CONCURRENT_KERNEL", "EXTERNAL_CORRELATION"], {}),
+    "kernel (no subscriber)": (["CONCURRENT_KERNEL"], {"no_subscriber": True}),
     "kernel+extcorr+runtime": (["CONCURRENT_KERNEL", "EXTERNAL_CORRELATION", "RUNTIME"], {"launch_only": True}),
     "kernel+extcorr+driver": (["CONCURRENT_KERNEL", "EXTERNAL_CORRELATION", "DRIVER"], {"launch_only": True}),
-    "kernels=True (all six kinds)": (
+    "kernels=True (six kinds)": (
         ["CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "RUNTIME", "DRIVER", "EXTERNAL_CORRELATION"], {"launch_only": True}),
-    "runtime only": (["RUNTIME"], {"launch_only": True}),
-    "kernel, semaphores preallocated": (["CONCURRENT_KERNEL"], {"prealloc": True}),
-    "kernel, per-thread buffers": (["CONCURRENT_KERNEL"], {"per_thread": True}),
-    "kernel, hw trace": (["CONCURRENT_KERNEL"], {"hw_trace": True}),
+    "six kinds, all API functions": (
+        ["CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "RUNTIME", "DRIVER", "EXTERNAL_CORRELATION"], {}),
+    "kernel (semaphores preallocated)": (["CONCURRENT_KERNEL"], {"prealloc": True}),
+    "kernel (per-thread buffers)": (["CONCURRENT_KERNEL"], {"per_thread": True}),
+    "kernel (hw trace)": (["CONCURRENT_KERNEL"], {"hw_trace": True}),
 }
 
 
 def child(name: str, rounds: int, steps: int) -> dict:
+    import numpy as np
     import torch
 
     import maxinstr
@@ -72,10 +76,20 @@ def child(name: str, rounds: int, steps: int) -> dict:
     for _ in range(50):
         small()
     bare = [block() for _ in range(3)]
+    res: dict = {"config": name, "kinds": kinds, "options": opt, "notes": []}
+    if opt.get("no_cupti"):  # the same schedule with nothing attached: what drift alone shows
+        on = []
+        off = []
+        for _ in range(rounds):
+            on.append(block())
+            off.append(block())
+        return {**res, "bare_us": statistics.median(bare) / 1000, "on_us": statistics.median(on) / 1000,
+                "off_us": statistics.median(off) / 1000,
+                "on_over_off": statistics.median(a / b for a, b in zip(on, off)),
+                "off_over_bare": statistics.median(off) / statistics.median(bare), "records_per_launch": {}}
     from cupti import cupti as c
 
-    res: dict = {"config": name, "kinds": kinds, "options": opt, "notes": []}
-    sub = c.subscribe(mc._noop_callback, None)
+    sub = None if opt.get("no_subscriber") else c.subscribe(mc._noop_callback, None)
     kind_value = int(c.ExternalCorrelationKind.CUSTOM2)
     path = mc._same_instance_path(c, kind_value)
     if not path or not _native.cupti_buffers(path, mc.BUFFER_BYTES, mc.MAX_PENDING_BYTES):
@@ -103,12 +117,16 @@ def child(name: str, rounds: int, steps: int) -> dict:
         except Exception as exc:  # noqa: BLE001
             res["notes"].append(f"hw trace: {type(exc).__name__}: {mc._error_text(c, exc)}")
     ks = [getattr(K, k) for k in kinds]
-    for k in ks:
-        c.activity_enable(k)
-    if opt.get("launch_only"):
-        ns = types.SimpleNamespace(_c=c)
-        mc.CuptiCollector._trace_launches_only(ns)
-        res["api_kept"] = ns._kept_api
+
+    def enable():
+        for k in ks:
+            c.activity_enable(k)
+        if opt.get("launch_only"):  # as the collector does, after the kinds are on
+            ns = types.SimpleNamespace(_c=c)
+            mc.CuptiCollector._trace_launches_only(ns)
+            res["api_kept"] = ns._kept_api
+
+    enable()
     if "EXTERNAL_CORRELATION" in kinds:
         _native.cupti_link(path, kind_value)
     for _ in range(50):  # first records, first buffers
@@ -125,15 +143,12 @@ def child(name: str, rounds: int, steps: int) -> dict:
         order = ("on", "off") if r % 2 == 0 else ("off", "on")
         for what in order:
             if what == "on":
-                for k in ks:
-                    c.activity_enable(k)
+                enable()
                 on.append(block())
                 for k in ks:
                     c.activity_disable(k)
                 _native.cupti_flush(1)  # outside the timed block
                 for data, offs in _native.cupti_take():
-                    import numpy as np
-
                     o = np.frombuffer(offs, np.int64)
                     kk = np.frombuffer(data, "<i4", count=len(data) // 4)[o // 4]
                     for v, cnt in zip(*np.unique(kk, return_counts=True)):
@@ -142,7 +157,8 @@ def child(name: str, rounds: int, steps: int) -> dict:
             else:
                 off.append(block())
     _native.cupti_link(None)
-    c.unsubscribe(sub)
+    if sub is not None:
+        c.unsubscribe(sub)
     launches = rounds * steps * LAUNCHES
     res.update(
         bare_us=statistics.median(bare) / 1000, on_us=statistics.median(on) / 1000, off_us=statistics.median(off) / 1000,
@@ -155,7 +171,7 @@ def child(name: str, rounds: int, steps: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default=";".join(CONFIGS), help="names separated by ';'")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--json")
@@ -168,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"small step: one stage around {LAUNCHES} tiny torch launches + synchronize; median us per step; "
           "on/off = median over rounds of enabled/disabled blocks in one process")
     print(f"{'configuration':<34}{'bare':>8}{'off':>8}{'on':>8}{'on/off':>8}{'off/bare':>9}  records per launch")
-    for name in a.configs.split(","):
+    for name in a.configs.split(";"):
         p = subprocess.run([sys.executable, __file__, "--child", name, "--rounds", str(a.rounds), "--steps", str(a.steps)],
                            capture_output=True, text=True, timeout=300, env=os.environ)
         try:
