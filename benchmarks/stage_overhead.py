@@ -11,7 +11,10 @@ Cases (each skipped when its package or a GPU is missing):
             torch.cuda.nvtx push/pop + a torch.cuda.Event pair; torch.profiler.record_function;
             CuPy Event pair + cupyx.profiler.time_range
 Plus perturbation (GPU only): a decode-like step of 20 tiny launches with 3 stages per step,
-bare vs maxinstr (ranges + GPU events) vs torch's nvtx + Event pair per stage.
+bare vs maxinstr with every stage GPU-timed (gpu=True) vs torch's nvtx + Event pair per stage;
+then, in a second interleaved comparison, bare vs maxinstr as it runs by default (gpu=None under
+the GPU-timing budget, 1 % of wall time: docs/stage-core.md). The per-stage GPU cases use
+gpu=True, so every stage records its events whatever the budget.
 
 Numbers are per enter+exit including the loop (`empty loop` row); ratios are against maxinstr
 ranges + host clock. NVTX calls are nearly free with no tool attached: run it under nsys too.
@@ -140,7 +143,7 @@ def _cases() -> tuple[dict[str, Case], dict[str, str], dict]:
 
         def mi_gpu(n):
             for _ in range(n):
-                with st("x"):
+                with st("x", gpu=True):
                     pass
             _native.resolve(block=True)
             _native.drain()
@@ -168,7 +171,7 @@ def _cases() -> tuple[dict[str, Case], dict[str, str], dict]:
 
             def mi_gpu_launch(n):
                 for _ in range(n):
-                    with st("x"):
+                    with st("x", gpu=True):
                         launch()
                 _native.resolve(block=True)
                 _native.drain()
@@ -249,7 +252,8 @@ def _tiny_launch(torch, cupy):
 
 
 def perturbation(ctx: dict, steps: int) -> dict | None:
-    """A decode-like step: 20 tiny launches, 3 stages (step > attn, mlp), synchronised per step."""
+    """A decode-like step: 20 tiny launches, 3 stages (step > attn, mlp), synchronised per step.
+    Two interleaved comparisons: every stage GPU-timed (and torch's way), then the default."""
     torch, cupy = ctx["torch"], ctx["cupy"]
     from maxinstr import _native
 
@@ -282,17 +286,19 @@ def perturbation(ctx: dict, steps: int) -> dict | None:
             launch()
         sync()
 
-    def instrumented():
-        with st("step"):
-            with st("attn"):
-                for _ in range(10):
-                    launch()
-            with st("mlp"):
-                for _ in range(10):
-                    launch()
-        sync()
+    def instrumented(gpu):
+        def step():
+            with st("step", gpu=gpu):
+                with st("attn", gpu=gpu):
+                    for _ in range(10):
+                        launch()
+                with st("mlp", gpu=gpu):
+                    for _ in range(10):
+                        launch()
+            sync()
+        return step
 
-    variants = {"bare": bare, "maxinstr": instrumented}
+    variants = {"bare": bare, "maxinstr, every stage GPU-timed": instrumented(True)}
     if torch is not None:
         push, pop = torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(6)]
@@ -317,16 +323,33 @@ def perturbation(ctx: dict, steps: int) -> dict | None:
             sync()
 
         variants["torch nvtx + Event pairs"] = torch_way
+    first = _interleaved(variants, steps)
+    # The default: the budget counts from here (the forced stages above spent it)
+    old = _native._configure_events()["gpu_budget"]
+    _native._configure_events(gpu_budget=old if old > 0 else 0.01)
+    before = _native.stats()
+    second = _interleaved({"bare": bare, "maxinstr, default (GPU-timing budget)": instrumented(None)}, steps)
+    after = _native.stats()
+    _native._configure_events(gpu_budget=old)
+    timed = after["events_recorded"] - before["events_recorded"]
+    out_n = after["gpu_sampled_out"] - before["gpu_sampled_out"]
+    return {"lib": lib, "first": first, "second": second, "budget": _native._configure_events()["gpu_budget"] or 0.01,
+            "budget_events_recorded": timed, "budget_stages_sampled_out": out_n}
+
+
+def _interleaved(variants: dict, steps: int) -> dict:
+    """Median us per step of each variant and its overhead against bare: small blocks,
+    interleaved in a rotated order, so drift and noisy stretches hit every variant alike; the
+    overhead is the median over rounds of (variant / bare of the same round). Each block ends with
+    resolve() + drain() inside the timed region, for every variant: reading the GPU times back is
+    part of what instrumenting costs (a session's flusher does it with the GIL held). torch's
+    variant records its events but never reads them (no elapsed_time calls)."""
+    from maxinstr import _native
 
     times: dict[str, list[float]] = {k: [] for k in variants}
     for f in variants.values():
         for _ in range(50):
             f()
-    # Small blocks, interleaved and in a rotated order, so drift and noisy stretches hit every
-    # variant alike; the overhead is the median over rounds of (variant / bare of the same round).
-    # Each block ends with resolve() + drain() inside the timed region, for every variant: reading
-    # the GPU times back is part of what instrumenting costs (a session's flusher does it with the
-    # GIL held). torch's variant records its events but never reads them (no elapsed_time calls).
     block = 10
     names = list(variants)
     resolve, drain = _native.resolve, _native.drain
@@ -341,7 +364,7 @@ def perturbation(ctx: dict, steps: int) -> dict | None:
             times[k].append((time.perf_counter_ns() - t0) / block / 1000)
     med = {k: statistics.median(v) for k, v in times.items()}
     paired = {k: 100 * (statistics.median(x / b for x, b in zip(v, times["bare"])) - 1) for k, v in times.items()}
-    return {"lib": lib, "step_us": med, "overhead_pct": paired,
+    return {"step_us": med, "overhead_pct": paired,
             "overhead_pct_of_medians": {k: 100 * (v / med["bare"] - 1) for k, v in med.items()}}
 
 
@@ -399,8 +422,11 @@ def main(argv: list[str] | None = None) -> int:
     if pert:
         print(f"\nperturbation ({pert['lib']}, 20 tiny launches, 3 stages/step, median us/step; overhead = "
               "median over interleaved rounds of variant/bare):")
-        for k, v in pert["step_us"].items():
-            print(f"  {k:<28}{v:>9.1f} us  {pert['overhead_pct'][k]:+6.1f} %")
+        for part in ("first", "second"):
+            for k, v in pert[part]["step_us"].items():
+                print(f"  {k:<40}{v:>9.1f} us  {pert[part]['overhead_pct'][k]:+6.1f} %")
+        print(f"  default: budget {pert['budget']:.0%} of wall time; {pert['budget_events_recorded']} events recorded, "
+              f"{pert['budget_stages_sampled_out']} stages left untimed by it")
     else:
         print("\nperturbation: skipped (needs a GPU with torch or CuPy)")
     if a.json:

@@ -77,6 +77,7 @@ enum : uint16_t {
   F_MARK = 1u << 2,
   F_GPU_DROPPED = 1u << 3,
   F_UNCLOSED = 1u << 4,
+  F_GPU_SAMPLED_OUT = 1u << 5,  // left without GPU events by the timing budget (see budget_skips)
 };
 
 inline int64_t now_ns() {
@@ -104,6 +105,7 @@ struct ThreadState {
   std::atomic<bool> alive{true};
   Boundary bnd[kBoundaries];
   int bnd_next = 0;
+  bool gpu_skip = false;  // the budget left this thread's current top-level stage (and its children) untimed
   ThreadState() {
     for (auto& b : bnd) b = Boundary{0, -1, -1, 0};
   }
@@ -252,6 +254,16 @@ struct Globals {
   // inside opportunistic resolution, so a benchmark can split a GPU-timed stage's cost into the
   // driver's and ours. Off by default: two clock reads per call.
   bool time_driver = false;
+  // The GPU-timing budget (docs/stage-core.md): recording and resolving events costs the program's
+  // threads host time (about 5 us per event on a busy H200), which a launch-bound loop of short
+  // stages feels. Stages with gpu=None are GPU-timed while that cost stays within `gpu_budget` of
+  // the wall time since the first GPU event (plus a starting credit); beyond it, whole top-level
+  // stages (with their children) are left untimed until the cost is back under budget. 0: every
+  // stage is timed. gpu=True stages are always timed.
+  double gpu_budget = 0.01;
+  int64_t gpu_cost_ns = 0;      // host ns spent recording and resolving events on the program's threads
+  int64_t gpu_budget_t0 = 0;    // host time of the first GPU event
+  uint64_t gpu_sampled_out = 0; // stages left untimed by the budget
   uint64_t drv_ns[6] = {0, 0, 0, 0, 0, 0};  // record, query/sync, elapsed, is_capturing, ctx_current, resolve_front
 
 
@@ -856,6 +868,15 @@ int ctx_index(void* key) {
   return g.ctxs[(size_t)c].ok ? c : -1;
 }
 
+constexpr int64_t kBudgetCreditNs = 2000000;  // the first ~2 ms of event work are always spent
+
+// Whether the budget leaves a new top-level stage untimed (at host time t).
+inline bool budget_skips(int64_t t) {
+  if (g.gpu_budget <= 0 || g.gpu_budget_t0 == 0) return false;
+  double allowed = g.gpu_budget * (double)(t - g.gpu_budget_t0) + (double)kBudgetCreditNs;
+  return (double)g.gpu_cost_ns > allowed;
+}
+
 // One stage boundary (enter or exit) on `stream`: returns a slot holding one reference for the
 // caller, or -1 (no event: pool exhausted or driver error).
 //
@@ -918,7 +939,10 @@ int gpu_point(ThreadState* ts, int c, uint64_t stream, int64_t t_now, int may_cr
   }
   slot_release(b->slot);
   g.slots[(size_t)s].ref++;
-  *b = Boundary{stream, c, s, now_ns()};
+  int64_t t_after = now_ns();
+  if (UNLIKELY(g.gpu_budget_t0 == 0)) g.gpu_budget_t0 = t_now;
+  g.gpu_cost_ns += t_after - t_now;
+  *b = Boundary{stream, c, s, t_after};
   return s;
 }
 
@@ -1307,14 +1331,21 @@ PyObject* stage_enter(PyObject* o, PyObject*) {
   // pushed, so the calibration kernels never sit inside a stage's range in a trace.
   void* key = nullptr;
   int c = -1;
-  if (s->gpu_mode != 0 && !g.gpu_off_after_fork) {
+  // The budget decides once per top-level stage; its children follow it (a step is timed whole).
+  if (!parent) ts->gpu_skip = g.gpu_budget_t0 != 0 && g.gpu_budget > 0 && budget_skips(now_ns());
+  bool timed = s->gpu_mode == 1 || (s->gpu_mode == -1 && !ts->gpu_skip);
+  if (s->gpu_mode == -1 && !timed) {
+    r.flags |= F_GPU_SAMPLED_OUT;
+    g.gpu_sampled_out++;
+  }
+  if (timed && !g.gpu_off_after_fork) {
     gpu_try_load();
     key = g.gpu.backend ? gpu_current_key() : nullptr;
     if (key) c = ctx_index(key);
   }
   marker_push(r.name_id, r.id);
   cupti_enter(s, r.id);
-  if (s->gpu_mode != 0 && !g.gpu_off_after_fork) {
+  if (timed && !g.gpu_off_after_fork) {
     if (key) {
       if (c >= 0) {
         int64_t t = now_ns();
@@ -1356,7 +1387,11 @@ void stage_finish(StageObject* s, int64_t t, uint16_t flags, PyObject* attrs_ove
       // One scan query per stream resolves a whole batch (resolve_front), so batches are large
       // and rare: every 32nd GPU exit, or every 8th while more than a quarter of the pool waits.
       uint64_t x = ++g.gpu_exits;
-      if ((x & 31) == 0 || ((x & 7) == 0 && (int)pending_count() * 4 > g.pool_max)) resolve_front(64);
+      if ((x & 31) == 0 || ((x & 7) == 0 && (int)pending_count() * 4 > g.pool_max)) {
+        int64_t t0 = now_ns();
+        resolve_front(64);
+        g.gpu_cost_ns += now_ns() - t0;
+      }
       return;
     }
     slot_release(s->ev0);
@@ -1811,7 +1846,10 @@ PyObject* py_resolve(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObjec
     if (block < 0) return nullptr;
   }
   if (g.gpu.backend == BK_NONE || pending_count() == 0) return PyLong_FromLong(0);
-  return PyLong_FromSize_t(resolve_all(block != 0));
+  int64_t t0 = now_ns();
+  size_t k = resolve_all(block != 0);
+  if (!block) g.gpu_cost_ns += now_ns() - t0;  // the flusher's pass holds the GIL: the program waits
+  return PyLong_FromSize_t(k);
 }
 
 PyObject* py_close_open(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
@@ -1866,9 +1904,20 @@ PyObject* py_set_capacity(PyObject*, PyObject* v) {
 
 // _configure_events(pool_size=None, share_ns=None): tests and benchmarks only.
 PyObject* py_configure_events(PyObject*, PyObject* args, PyObject* kwargs) {
-  static const char* kw[] = {"pool_size", "share_ns", "floor_ns", nullptr};
-  PyObject *pool = Py_None, *share = Py_None, *floor = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OOO", (char**)kw, &pool, &share, &floor)) return nullptr;
+  static const char* kw[] = {"pool_size", "share_ns", "floor_ns", "gpu_budget", nullptr};
+  PyObject *pool = Py_None, *share = Py_None, *floor = Py_None, *budget = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OOOO", (char**)kw, &pool, &share, &floor, &budget)) return nullptr;
+  if (budget != Py_None) {  // a new budget counts from now
+    double v = PyFloat_AsDouble(budget);
+    if (v == -1.0 && PyErr_Occurred()) return nullptr;
+    if (!(v >= 0.0 && v <= 1.0)) {
+      PyErr_SetString(PyExc_ValueError, "gpu_budget must be a share of wall time in [0, 1] (0: time every stage)");
+      return nullptr;
+    }
+    g.gpu_budget = v;
+    g.gpu_cost_ns = 0;
+    if (g.gpu_budget_t0) g.gpu_budget_t0 = now_ns();
+  }
   if (floor != Py_None) {  // -1: calibrate (contexts met from now on); >= 0: fixed for all contexts
     long long n = PyLong_AsLongLong(floor);
     if (n == -1 && PyErr_Occurred()) return nullptr;
@@ -1893,8 +1942,8 @@ PyObject* py_configure_events(PyObject*, PyObject* args, PyObject* kwargs) {
     if (n == -1 && PyErr_Occurred()) return nullptr;
     g.share_ns = n;
   }
-  return Py_BuildValue("{sisLsL}", "pool_size", g.pool_max, "share_ns", (long long)g.share_ns, "floor_ns",
-                       (long long)g.floor_fixed);
+  return Py_BuildValue("{sisLsLsd}", "pool_size", g.pool_max, "share_ns", (long long)g.share_ns, "floor_ns",
+                       (long long)g.floor_fixed, "gpu_budget", g.gpu_budget);
 }
 
 PyObject* py_stats(PyObject*, PyObject*) {
@@ -1927,6 +1976,16 @@ PyObject* py_stats(PyObject*, PyObject*) {
       "errors_dropped", (unsigned long long)g.errors_dropped, "events_skipped_capture",
       (unsigned long long)g.events_capture, "threads", (Py_ssize_t)g.threads.size());
   if (!d) return nullptr;
+  {
+    PyObject* b = Py_BuildValue("{sdsLsK}", "gpu_budget", g.gpu_budget, "gpu_cost_ns", (long long)g.gpu_cost_ns,
+                                "gpu_sampled_out", (unsigned long long)g.gpu_sampled_out);
+    if (!b || PyDict_Update(d, b) < 0) {
+      Py_XDECREF(b);
+      Py_DECREF(d);
+      return nullptr;
+    }
+    Py_DECREF(b);
+  }
   if (g.time_driver) {
     PyObject* t = Py_BuildValue("{sKsKsKsKsK}", "event_record", (unsigned long long)g.drv_ns[DRV_RECORD],
                                 "event_query", (unsigned long long)g.drv_ns[DRV_QUERY], "event_elapsed",
@@ -2513,7 +2572,7 @@ PyMethodDef module_methods[] = {
     {"_driver_costs", (PyCFunction)(void (*)(void))py_driver_costs, METH_VARARGS | METH_KEYWORDS,
      "Benchmarks: ns per driver call a GPU-timed stage makes (synchronises)."},
     {"_configure_events", (PyCFunction)(void (*)(void))py_configure_events, METH_VARARGS | METH_KEYWORDS,
-     "Tests/benchmarks: event pool bound and boundary-sharing window."},
+     "Event pool bound, boundary-sharing window, GPU floor and GPU-timing budget."},
     MAXINSTR_WRITER_METHODS
     {nullptr, nullptr, 0, nullptr}};
 
@@ -2590,6 +2649,7 @@ extern "C" PyMODINIT_FUNC PyInit__native(void) {
   PyModule_AddIntConstant(m, "FLAG_MARK", F_MARK);
   PyModule_AddIntConstant(m, "FLAG_GPU_DROPPED", F_GPU_DROPPED);
   PyModule_AddIntConstant(m, "FLAG_UNCLOSED", F_UNCLOSED);
+  PyModule_AddIntConstant(m, "FLAG_GPU_SAMPLED_OUT", F_GPU_SAMPLED_OUT);
 
   g.pid = (int64_t)getpid();
   const char* dis = env("MAXINSTR_DISABLE");
@@ -2600,6 +2660,11 @@ extern "C" PyMODINIT_FUNC PyInit__native(void) {
   }
   if (const char* p = env("MAXINSTR_EVENT_SHARE_NS")) g.share_ns = strtoll(p, nullptr, 10);
   if (const char* p = env("MAXINSTR_TIME_DRIVER")) g.time_driver = strcmp(p, "0") != 0;
+  if (const char* p = env("MAXINSTR_GPU_BUDGET")) {
+    char* end = nullptr;
+    double v = strtod(p, &end);
+    if (end != p && v >= 0) g.gpu_budget = v;
+  }
   if (const char* p = env("MAXINSTR_GPU_FLOOR_NS")) {  // unset or "auto": calibrate
     if (strcmp(p, "auto") != 0) {
       long long n = strtoll(p, nullptr, 10);

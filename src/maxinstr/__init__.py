@@ -23,6 +23,7 @@ _EXPORTS: dict[str, str] = {
     "enable": "maxinstr.record",
     "disable": "maxinstr.record",
     "is_enabled": "maxinstr.record",
+    "set_gpu_budget": "maxinstr.record",
     "session": "maxinstr.record.session",
     "Session": "maxinstr.record.session",
     "current_session": "maxinstr.record.session",
@@ -35,7 +36,7 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from maxinstr.launch.instrument import instrument
-    from maxinstr.record import disable, enable, is_enabled, mark, stage
+    from maxinstr.record import disable, enable, is_enabled, mark, set_gpu_budget, stage
     from maxinstr.record.session import Session, current_session, session
     from maxinstr.rundir import Run, load
 

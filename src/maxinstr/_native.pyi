@@ -10,6 +10,7 @@ FLAG_GPU_TIMED: Final[int]
 FLAG_MARK: Final[int]
 FLAG_GPU_DROPPED: Final[int]
 FLAG_UNCLOSED: Final[int]
+FLAG_GPU_SAMPLED_OUT: Final[int]
 
 class Stage:
     """An instrumented stage. Context manager; calling it with a function decorates it."""
@@ -74,8 +75,11 @@ def profiler_start() -> bool:
 
 def profiler_stop() -> bool: ...
 def _configure_events(
-    pool_size: int | None = None, share_ns: int | None = None, floor_ns: int | None = None
-) -> dict[str, int]: ...
+    pool_size: int | None = None,
+    share_ns: int | None = None,
+    floor_ns: int | None = None,
+    gpu_budget: float | None = None,
+) -> dict[str, float]: ...
 def _driver_costs(n: int = 2000, stream: int = 0) -> dict[str, float]:
     """Benchmarks: ns per driver call a GPU-timed stage makes, timed in C (synchronises)."""
 def _event_diag(n: int = 4000, stream: int = 0) -> dict[str, dict[str, float]]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import textwrap
 
+import numpy as np
+
 import pytest
 
 PRE = """
@@ -793,3 +795,104 @@ def test_partly_complete_queue_resolves_with_a_binary_search(run_fake):
     assert out["steps"] == list(range(out["k"])) and 55 <= out["k"] <= 60
     assert out["q"] <= 2 + 8  # newest, oldest, then a search over ~100 records
     assert out["k"] + out["rest"] == 100 and out["left"] == 0
+
+
+def test_gpu_budget_samples_whole_top_level_stages(run_fake):
+    """Past its starting credit, a loop of short stages whose event work exceeds the budget is
+    GPU-timed only in part: whole top-level stages (children follow their top-level stage) are
+    left untimed and flagged, the event work stays within budget x wall time + credit, gpu=True
+    stages are timed regardless, and budget 0 times everything."""
+    out = run_fake(
+        """
+        n._configure_events(share_ns=0, gpu_budget=0.01)
+        fk.fake_set_tick(0)
+        for i in range(200_000):
+            with n.stage("step", step=i):
+                with n.stage("inner"):
+                    pass
+            if i % 1000 == 999:
+                fk.fake_complete_all()
+                if n.stats()["gpu_sampled_out"] > 3000:
+                    break
+        fk.fake_complete_all(); n.resolve(block=True)
+        st = n.stats()
+        t_end = n.clock_ns()
+        for i in range(300):  # the budget is spent: gpu=True children are timed all the same
+            with n.stage("step2"):
+                with n.stage("forced", gpu=True):
+                    pass
+        fk.fake_complete_all(); n.resolve(block=True)
+        r = drained()
+        out = dict(cost=st["gpu_cost_ns"], sampled=st["gpu_sampled_out"], budget=st["gpu_budget"],
+                   flags=r["flags"].tolist(), depth=r["depth"].tolist(), parent=r["parent_id"].tolist(),
+                   ids=r["id"].tolist(), host0=int(r["host_start_ns"].min()), host1=t_end)
+        n._configure_events(gpu_budget=0)
+        for i in range(2000):
+            with n.stage("all"):
+                pass
+        fk.fake_complete_all(); n.resolve(block=True)
+        r2 = drained()
+        out["all_flags"] = sorted(set(r2["flags"].tolist()))
+        try:
+            n._configure_events(gpu_budget=1.5)
+            out["bad"] = "accepted"
+        except ValueError as e:
+            out["bad"] = str(e)
+        emit(out)
+        """
+    )
+    SAMPLED, TIMED = 1 << 5, 1 << 1
+    flags = np.array(out["flags"])
+    depth = np.array(out["depth"])
+    parent = np.array(out["parent"])
+    ids = np.array(out["ids"])
+    by_id = dict(zip(ids.tolist(), range(len(ids))))
+    top = depth == 0
+    top_sampled = (flags & SAMPLED) != 0
+    assert out["sampled"] > 3000 and out["budget"] == 0.01
+    assert top_sampled[top].any() and ((flags[top] & TIMED) != 0).any()
+    assert not ((flags & SAMPLED != 0) & (flags & TIMED != 0)).any()  # never both
+    # children: "inner" (gpu=None) follows its step; "forced" (gpu=True, the last 300) is always timed
+    kids = np.flatnonzero(depth == 1)
+    parent_sampled = top_sampled[[by_id[p] for p in parent[kids]]]
+    kid_sampled = (flags[kids] & SAMPLED) != 0
+    kid_timed = (flags[kids] & TIMED) != 0
+    assert (kid_sampled <= parent_sampled).all()  # a child is sampled out only with its step
+    assert (kid_timed | kid_sampled).all()  # and every other child is timed
+    forced = kids[-300:]
+    assert ((flags[forced] & TIMED) != 0).all() and top_sampled[[by_id[p] for p in parent[forced]]].any()
+    wall = out["host1"] - out["host0"]
+    assert out["cost"] <= 0.01 * wall + 2_000_000 + 200_000  # budget x wall + credit (+ one pass's slack)
+    assert out["all_flags"] == [TIMED]
+    assert "gpu_budget" in out["bad"]
+
+
+def test_report_says_when_the_budget_left_stages_untimed(run_fake, tmp_path):
+    """A run whose budget sampled stages out keeps the flag on disk (the reader accepts it),
+    records the budget in part.json, and its report says how many instances carry GPU times."""
+    out = run_fake(
+        f"""
+        import json, pathlib, maxinstr
+        from maxinstr.analyze.report import build_report
+        path = {str(tmp_path / "run")!r}
+        fk.fake_set_tick(0)
+        with maxinstr.session(path, sample_hz=0):
+            maxinstr.set_gpu_budget(1e-9)          # past the starting credit, nothing more is timed
+            for i in range(200_000):
+                with maxinstr.stage("step", step=i):
+                    pass
+                if i % 1000 == 999:
+                    fk.fake_complete_all()
+                    if n.stats()["gpu_sampled_out"] > 500:
+                        break
+            fk.fake_complete_all()
+        run = maxinstr.load(path)
+        part = json.loads(next(pathlib.Path(path).glob("parts/*/part.json")).read_text())
+        rep = build_report(path)
+        emit(dict(n=len(run), out=int(((run["flags"] & (1 << 5)) != 0).sum()),
+                  native=part.get("native", {{}}).get("gpu_sampled_out"),
+                  notes=[x for x in rep["sources"]["notes"] if "budget" in x]))
+        """
+    )
+    assert out["out"] > 500 and out["native"] == out["out"]
+    assert len(out["notes"]) == 1 and f"left {out['out']} untimed" in out["notes"][0]

@@ -75,6 +75,7 @@ def test_16_threads_of_stages_inside_a_session(run_py, cc_lib, tmp_path, driver)
     draining (and, with the stand-in driver, resolving GPU events) meanwhile; every record is on
     disk or counted as dropped, and the process exits cleanly."""
     env = {"MAXINSTR_CUDA_LIBRARY": str(cc_lib("fake_cuda"))} if driver == "fake_cuda" else {}
+    env["MAXINSTR_GPU_BUDGET"] = "0"  # every stage GPU-timed: resolution under 16 threads is the point
     out = run_py(
         f"""
         import threading, time

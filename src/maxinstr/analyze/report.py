@@ -244,6 +244,7 @@ def _sources(run, trace, attribution, unprofiled_run, inst) -> dict[str, Any]:
     if attribution is not None:
         notes += list(getattr(attribution, "notes", []) or [])
     notes += list(getattr(inst, "notes", []) or [])
+    notes += _sampled_out_note(run)
     join = None
     joined = None
     if attribution is not None and run is not None:
@@ -263,6 +264,23 @@ def _sources(run, trace, attribution, unprofiled_run, inst) -> dict[str, Any]:
         "attribution_rules": _rules_used(attribution),
         "notes": notes,
     }
+
+
+def _sampled_out_note(run) -> list[str]:
+    """Say when the GPU-timing budget left stage instances without GPU events."""
+    from maxinstr.rundir import format as fmt
+
+    stages = getattr(run, "stages", None) if run is not None else None
+    if stages is None or not len(stages):
+        return []
+    flags = np.asarray(stages["flags"])
+    out = int(((flags & fmt.GPU_SAMPLED_OUT) != 0).sum())
+    if not out:
+        return []
+    timed = int(((flags & fmt.GPU_TIMED) != 0).sum())
+    return [f"GPU event times from {timed} of {timed + out} stage instances: the GPU-timing budget left {out} "
+            "untimed (whole top-level stages) to keep event work within its share of wall time; "
+            "MAXINSTR_GPU_BUDGET=0 times every stage"]
 
 
 def _rules_used(attribution) -> dict[str, int] | None:

@@ -35,7 +35,16 @@ def disable() -> None:
     _native.set_enabled(False)
 
 
-__all__ = ["stage", "mark", "enable", "disable", "is_enabled", "clock_ns"]
+def set_gpu_budget(share: float) -> None:
+    """Share of wall time GPU timing may cost the program (default 0.01; env MAXINSTR_GPU_BUDGET).
+
+    Past it, whole top-level stages with ``gpu=None`` are left untimed (flagged
+    ``GPU_SAMPLED_OUT``) until the cost is back under budget; ``gpu=True`` stages are always
+    timed. ``0`` times every stage. Counts from the call. See docs/stage-core.md."""
+    _native._configure_events(gpu_budget=float(share))
+
+
+__all__ = ["stage", "mark", "enable", "disable", "is_enabled", "clock_ns", "set_gpu_budget"]
 
 # A process started from inside an open session (spawn/forkserver children, subprocesses) or
 # under `maxinstr run` joins that run here, so its stages land in a part of its own

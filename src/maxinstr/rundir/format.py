@@ -47,7 +47,8 @@ GPU_TIMED = 1 << 1  # gpu_start_ns / gpu_end_ns are valid
 MARK = 1 << 2  # instant event: host_end_ns == host_start_ns
 GPU_DROPPED = 1 << 3  # GPU time wanted but not recorded (event pool exhausted or event error)
 UNCLOSED = 1 << 4  # still open when the process/session ended; host_end_ns = time of close
-KNOWN_FLAGS = EXCEPTION | GPU_TIMED | MARK | GPU_DROPPED | UNCLOSED
+GPU_SAMPLED_OUT = 1 << 5  # left without GPU events by the GPU-timing budget (docs/stage-core.md)
+KNOWN_FLAGS = EXCEPTION | GPU_TIMED | MARK | GPU_DROPPED | UNCLOSED | GPU_SAMPLED_OUT
 
 NO_VALUE = -1
 """Sentinel for a missing int64 value (parent_id, gpu_*_ns, step)."""
