@@ -67,8 +67,10 @@ def test_torch_decode_gpu(torch_python, tmp_path):
     for name in ("prefill", "decode", "sample", "forward", "layer"):
         rows = s[names == name]
         timed = (rows["flags"] & fmt.GPU_TIMED) != 0
-        assert timed.all(), f"{name}: {int((~timed).sum())} of {len(rows)} without GPU time"
-        assert (rows["gpu_end_ns"] >= rows["gpu_start_ns"]).all()
+        sampled = (rows["flags"] & fmt.GPU_SAMPLED_OUT) != 0  # left untimed by the GPU-timing budget
+        assert timed.any() and (timed | sampled).all(), f"{name}: {int((~timed & ~sampled).sum())} of {len(rows)} lost GPU time"
+        assert (rows["gpu_end_ns"][timed] >= rows["gpu_start_ns"][timed]).all()
     # the GPU runs behind the host: a decode step's GPU work cannot start before it was launched
     dec = s[names == "decode"]
+    dec = dec[(dec["flags"] & fmt.GPU_TIMED) != 0]
     assert (dec["gpu_start_ns"] >= dec["host_start_ns"] - 50_000).all()

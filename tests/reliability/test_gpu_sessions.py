@@ -32,6 +32,7 @@ def _run_child(tmp_path: Path, body: str, *args: str, kill_after: str | None = N
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p))
     for key in [k for k in env if k.startswith("MAXINSTR_")]:
         env.pop(key)
+    env["MAXINSTR_GPU_BUDGET"] = "0"  # these tests follow every record's GPU time: no budget sampling
     proc = subprocess.Popen([sys.executable, str(path), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if kill_after:
         deadline = time.monotonic() + timeout
@@ -204,6 +205,7 @@ def test_sigterm_mid_gpu_loop_finishes_the_run(tmp_path):
                     print("READY", flush=True)
     """))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p))
+    env["MAXINSTR_GPU_BUDGET"] = "0"
     proc = subprocess.Popen([sys.executable, str(path), str(tmp_path / "run")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while not proc.stdout.readline().startswith("READY"):
         assert proc.poll() is None, proc.stderr.read()

@@ -70,7 +70,7 @@ def test_flag_bits_match_the_documentation():
     table = DOC.read_text().split("### Stage records")[1].split("### ")[0]
     flags_row = next(line for line in table.splitlines() if line.startswith("| `flags`"))
     bits = dict((name, int(bit)) for bit, name in re.findall(r"bit (\d) `(\w+)`", flags_row))
-    assert bits == {"EXCEPTION": 0, "GPU_TIMED": 1, "MARK": 2, "GPU_DROPPED": 3, "UNCLOSED": 4}
+    assert bits == {"EXCEPTION": 0, "GPU_TIMED": 1, "MARK": 2, "GPU_DROPPED": 3, "UNCLOSED": 4, "GPU_SAMPLED_OUT": 5}
     for name, bit in bits.items():
         assert getattr(fmt, name) == 1 << bit
 
