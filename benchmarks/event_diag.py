@@ -49,7 +49,7 @@ def _blocks(variants: dict, rounds: int, block: int, after=None) -> dict[str, di
             issue[k].append((t1 - t0) / block)
             total[k].append((t2 - t0) / block)
             a = _native.stats()
-            for key in ("events_recorded", "event_queries", "event_elapsed_calls"):
+            for key in ("events_recorded", "event_queries", "event_elapsed_calls", "event_elapsed_async"):
                 drv[k][key] = drv[k].get(key, 0.0) + (a.get(key, 0) - before.get(key, 0)) / (block * rounds)
             for key, v in (a.get("driver_time_ns") or {}).items():
                 drv[k]["ns " + key] = drv[k].get("ns " + key, 0.0) + (

@@ -44,7 +44,8 @@ def _median_ns(cases: dict[str, Case], n: int, repeats: int) -> dict[str, float]
     per: dict[str, list[float]] = {k: [] for k in cases}
     names = list(cases)
     stats = _native_mod().stats
-    keys = ("events_recorded", "events_shared", "event_queries", "event_elapsed_calls", "events_dropped")
+    keys = ("events_recorded", "events_shared", "event_queries", "event_elapsed_calls", "event_elapsed_async",
+            "events_dropped")
     for r in range(repeats):
         for k in names[r % len(names):] + names[: r % len(names)]:
             before = stats()  # outside the timed region
@@ -404,10 +405,11 @@ def main(argv: list[str] | None = None) -> int:
     for k, why in skipped.items():
         print(f"skipped {k}: {why}")
     if COUNTERS:
-        print("\nper enter+exit (GPU cases): events recorded / shared, event queries, elapsed-time calls, dropped")
+        print("\nper enter+exit (GPU cases): events recorded / shared, event queries, elapsed-time calls inline"
+              " / on the placer thread, dropped")
         for k, c in COUNTERS.items():
             print(f"  {k:<{w}}{c['events_recorded']:6.2f} /{c['events_shared']:5.2f}  {c['event_queries']:6.3f}"
-                  f"  {c['event_elapsed_calls']:6.3f}  {c['events_dropped']:6.3f}")
+                  f"  {c['event_elapsed_calls']:6.3f} /{c['event_elapsed_async']:6.3f}  {c['events_dropped']:6.3f}")
     driver = None
     if ctx["native_stats"]["event_pool_size"] > 0 and hasattr(_native_mod(), "_driver_costs"):
         # Where a GPU-timed stage's time goes: the driver calls it makes, timed in C.

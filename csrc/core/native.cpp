@@ -178,6 +178,7 @@ struct Slot {
   int ref;
   uint64_t rec_seq;  // g.record_seq when this event was last recorded (stream order, see resolve)
   int64_t host_ns;   // its time on the host clock once placed (kUnplaced before)
+  uint8_t placing = 0;  // handed to the placer thread (placer.h), not placed yet
 };
 constexpr int64_t kUnplaced = INT64_MIN;
 
@@ -264,6 +265,7 @@ struct Globals {
   int64_t gpu_cost_ns = 0;      // host ns spent recording and resolving events on the program's threads
   int64_t gpu_budget_t0 = 0;    // host time of the first GPU event
   uint64_t gpu_sampled_out = 0; // stages left untimed by the budget
+  bool place_async = false;     // slot_place() hands events to the placer thread (placer.h)
   uint64_t drv_ns[6] = {0, 0, 0, 0, 0, 0};  // record, query/sync, elapsed, is_capturing, ctx_current, resolve_front
 
 
@@ -637,7 +639,7 @@ bool pool_grow(int c) {
   return true;
 }
 
-size_t resolve_front(size_t n);
+size_t resolve_front(size_t n, bool async = false);
 
 inline void* gpu_current_key();
 
@@ -946,6 +948,8 @@ int gpu_point(ThreadState* ts, int c, uint64_t stream, int64_t t_now, int may_cr
   return s;
 }
 
+#include "placer.h"  // cuEventElapsedTime off the program's threads
+
 // Host-clock time of a completed event: computed once per recording (cached in the slot) as
 // anchor + elapsed(anchor, event). With sibling boundaries shared, a stage's enter event is the
 // previous stage's exit event, already placed: one cuEventElapsedTime per event, not two per
@@ -957,6 +961,7 @@ int slot_place(Ctx& cx, int s, int64_t* out) {
     *out = sl.host_ns;
     return 0;
   }
+  if (g.place_async && placer::stage(cx, s)) return placer::kDeferred;
   float ms = 0.f;
   g.event_elapsed++;
   DrvTime dt(DRV_ELAPSED);
@@ -982,8 +987,10 @@ int finish_pending(Pending& p) {
 int resolve_known(Pending& p) {
   Ctx& cx = g.ctxs[(size_t)p.ctx];
   int64_t t0 = 0, t1 = 0;
-  int rc = slot_place(cx, p.ev0, &t0);
-  if (rc == 0) rc = slot_place(cx, p.ev1, &t1);
+  int rc0 = slot_place(cx, p.ev0, &t0);
+  int rc1 = (rc0 == 0 || rc0 == placer::kDeferred) ? slot_place(cx, p.ev1, &t1) : rc0;
+  if (rc0 == placer::kDeferred || rc1 == placer::kDeferred) return 0;  // placed at a later pass
+  int rc = rc0 ? rc0 : rc1;
   if (rc == 600) return 0;  // not complete after all (another thread's event on the stream)
   if (rc == 0) {
     // Take out the floor (ctx_calibrate): enter later and exit earlier by half of it each, so
@@ -1124,10 +1131,30 @@ inline StreamDone* find_stream(std::vector<StreamDone>& sd, const Pending& p) {
 }
 
 // Resolves up to n records from the front of the queue, stopping at the first not ready.
-size_t resolve_front(size_t n) {
+// Hands the events of the complete records among pending[from, to) to the placer.
+void stage_complete(std::vector<StreamDone>& sd, size_t from, size_t to) {
+  int64_t t = 0;
+  for (size_t i = from; i < to && i < g.pending.size(); i++) {
+    Pending& p = g.pending[i];
+    StreamDone* d = find_stream(sd, p);
+    if (!d || g.slots[(size_t)p.ev1].rec_seq > d->done_seq) continue;
+    Ctx& cx = g.ctxs[(size_t)p.ctx];
+    slot_place(cx, p.ev0, &t);
+    slot_place(cx, p.ev1, &t);
+  }
+}
+
+// Resolves up to n records from the front of the queue, stopping at the first not ready. With
+// `async` (and the placer usable), events not placed yet go to the placer (this and the
+// following complete records) and their records wait for a later pass; without, they are placed
+// here (the pool needs its events back now).
+size_t resolve_front(size_t n, bool async) {
   if (g.pending.empty()) return 0;
   DrvTime dt(DRV_RESOLVE);
   RelaxedCapture relaxed;
+  if (async) placer::consume();
+  else placer::wait_idle();  // the pool needs events back: nothing measured twice meanwhile
+  g.place_async = async && placer::usable();
   size_t m = n < g.pending.size() ? n : g.pending.size();
   std::vector<StreamDone> sd;
   scan_streams(sd, m, false);
@@ -1138,14 +1165,25 @@ size_t resolve_front(size_t n) {
     g.pending.pop_front();
     k++;
   }
+  if (g.place_async) {
+    stage_complete(sd, 0, m - k);
+    g.place_async = false;
+    placer::submit();
+  }
   return k;
 }
 
 // Resolves every finished record (block: waits for all). Records of a stream after its first
 // one not ready stay queued, in order.
-size_t resolve_all(bool block) {
+size_t resolve_all(bool block, bool defer = false) {
   RelaxedCapture relaxed;
   size_t k = 0;
+  if (defer && !block && placer::usable()) {
+    placer::consume();
+    g.place_async = true;
+  } else {
+    placer::wait_idle();  // inline placement: nothing of ours in flight meanwhile
+  }
   std::vector<StreamDone> sd;
   scan_streams(sd, g.pending.size(), block);
   std::deque<Pending> keep;
@@ -1157,6 +1195,10 @@ size_t resolve_all(bool block) {
     keep.push_back(p);
   }
   g.pending.swap(keep);
+  if (g.place_async) {
+    g.place_async = false;
+    placer::submit();
+  }
   return k;
 }
 
@@ -1389,7 +1431,7 @@ void stage_finish(StageObject* s, int64_t t, uint16_t flags, PyObject* attrs_ove
       uint64_t x = ++g.gpu_exits;
       if ((x & 31) == 0 || ((x & 7) == 0 && (int)pending_count() * 4 > g.pool_max)) {
         int64_t t0 = now_ns();
-        resolve_front(64);
+        resolve_front(64, (int)pending_count() * 4 <= g.pool_max);  // under pool pressure: inline
         g.gpu_cost_ns += now_ns() - t0;
       }
       return;
@@ -1852,6 +1894,16 @@ PyObject* py_resolve(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObjec
   return PyLong_FromSize_t(k);
 }
 
+// resolve_async(): the session flusher's pass. Like resolve(), but events not placed yet go to
+// the placer thread (placer.h) and their records are finished by a later pass.
+PyObject* py_resolve_async(PyObject*, PyObject*) {
+  if (g.gpu.backend == BK_NONE || pending_count() == 0) return PyLong_FromLong(0);
+  int64_t t0 = now_ns();
+  size_t k = resolve_all(false, true);
+  g.gpu_cost_ns += now_ns() - t0;
+  return PyLong_FromSize_t(k);
+}
+
 PyObject* py_close_open(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   PyObject* reason = nullptr;
   PyObject* a = nullptr;
@@ -1977,8 +2029,11 @@ PyObject* py_stats(PyObject*, PyObject*) {
       (unsigned long long)g.events_capture, "threads", (Py_ssize_t)g.threads.size());
   if (!d) return nullptr;
   {
-    PyObject* b = Py_BuildValue("{sdsLsK}", "gpu_budget", g.gpu_budget, "gpu_cost_ns", (long long)g.gpu_cost_ns,
-                                "gpu_sampled_out", (unsigned long long)g.gpu_sampled_out);
+    PyObject* b = Py_BuildValue(
+        "{sdsLsKsKsKsKsK}", "gpu_budget", g.gpu_budget, "gpu_cost_ns", (long long)g.gpu_cost_ns, "gpu_sampled_out",
+        (unsigned long long)g.gpu_sampled_out, "event_elapsed_async", (unsigned long long)placer::P.calls.load(),
+        "placer_ns", (unsigned long long)placer::P.ns.load(), "placer_batches",
+        (unsigned long long)placer::P.batches.load(), "placer_errors", (unsigned long long)placer::P.errors.load());
     if (!b || PyDict_Update(d, b) < 0) {
       Py_XDECREF(b);
       Py_DECREF(d);
@@ -2506,6 +2561,7 @@ PyObject* py_profiler_stop(PyObject*, PyObject*) { return py_profiler(false); }
 // reported again on the first drain, and no GPU timing (a CUDA context does not survive fork).
 // Only trivial work here: we are inside fork().
 void atfork_child() {
+  placer::atfork_child();
   g.pid = (int64_t)getpid();
   g.seq = 0;
   g.fork_gen++;
@@ -2549,6 +2605,8 @@ PyMethodDef module_methods[] = {
      "drain(max_records=-1) -> (bytes, [(name_id, name)], [(record_id, attrs)]): records completed since the "
      "last drain; names first seen since then plus those of the returned records; attrs of the returned records"},
     {"names", py_names, METH_NOARGS, "names() -> [(name_id, name)]: every name seen in this process."},
+    {"resolve_async", py_resolve_async, METH_NOARGS,
+     "resolve_async() -> int: resolve() for the session flusher; elapsed-time calls go to the placer thread."},
     {"resolve", (PyCFunction)(void (*)(void))py_resolve, METH_FASTCALL | METH_KEYWORDS,
      "resolve(block=False) -> int: resolve finished GPU event pairs."},
     {"close_open", (PyCFunction)(void (*)(void))py_close_open, METH_FASTCALL | METH_KEYWORDS,
@@ -2674,5 +2732,7 @@ extern "C" PyMODINIT_FUNC PyInit__native(void) {
   init_markers();
   pthread_atfork(nullptr, nullptr, atfork_child);
   writer_init();
+  if (const char* p = env("MAXINSTR_ASYNC_PLACE")) placer::P.on = strcmp(p, "0") != 0;
+  Py_AtExit(placer::shutdown);
   return m;
 }

@@ -804,7 +804,10 @@ def _drain_into_sink(proc: _Process, native: Any, block: bool, periodic: bool = 
     if root is not None and root._nw == "wanted":
         _start_child_writer(root, native)
     try:
-        native.resolve(block)
+        if periodic and not block and hasattr(native, "resolve_async"):
+            native.resolve_async()  # elapsed-time calls on the core's placer thread, not under the GIL
+        else:
+            native.resolve(block)
         data, new_names, attrs = native.drain(-1)
     except Exception as exc:  # noqa: BLE001 - never let recording break the program
         root = proc.root
