@@ -13,7 +13,7 @@ Cases (each skipped when its package or a GPU is missing):
 Plus perturbation (GPU only): a decode-like step of 20 tiny launches with 3 stages per step,
 bare vs maxinstr with every stage GPU-timed (gpu=True) vs torch's nvtx + Event pair per stage;
 then, in a second interleaved comparison, bare vs maxinstr as it runs by default (gpu=None under
-the GPU-timing budget, 1 % of wall time: docs/stage-core.md). The per-stage GPU cases use
+the GPU-timing budget: docs/stage-core.md). The per-stage GPU cases use
 gpu=True, so every stage records its events whatever the budget.
 
 Numbers are per enter+exit including the loop (`empty loop` row); ratios are against maxinstr
@@ -299,7 +299,8 @@ def perturbation(ctx: dict, steps: int, extra_budgets: tuple[float, ...] = ()) -
             sync()
         return step
 
-    variants = {"bare": bare, "maxinstr, every stage GPU-timed": instrumented(True)}
+    variants = {"bare": bare, "maxinstr, host clock only (gpu=False)": instrumented(False),
+                "maxinstr, every stage GPU-timed": instrumented(True)}
     if torch is not None:
         push, pop = torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(6)]
@@ -328,7 +329,7 @@ def perturbation(ctx: dict, steps: int, extra_budgets: tuple[float, ...] = ()) -
     # Under the GPU-timing budget (the default, then any others asked for): each comparison
     # starts the budget afresh (the forced stages above spent it)
     old = _native._configure_events()["gpu_budget"]
-    budgets = [old if old > 0 else 0.01] + [b for b in extra_budgets if b > 0]
+    budgets = [old if old > 0 else 0.0025] + [b for b in extra_budgets if b > 0]
     under = []
     for b in budgets:
         _native._configure_events(gpu_budget=b)

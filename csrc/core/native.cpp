@@ -261,7 +261,7 @@ struct Globals {
   // the wall time since the first GPU event (plus a starting credit); beyond it, whole top-level
   // stages (with their children) are left untimed until the cost is back under budget. 0: every
   // stage is timed. gpu=True stages are always timed.
-  double gpu_budget = 0.01;
+  double gpu_budget = 0.0025;
   int64_t gpu_cost_ns = 0;      // host ns spent recording and resolving events on the program's threads
   int64_t gpu_budget_t0 = 0;    // host time of the first GPU event
   uint64_t gpu_sampled_out = 0; // stages left untimed by the budget
@@ -870,7 +870,7 @@ int ctx_index(void* key) {
   return g.ctxs[(size_t)c].ok ? c : -1;
 }
 
-constexpr int64_t kBudgetCreditNs = 2000000;  // the first ~2 ms of event work are always spent
+constexpr int64_t kBudgetCreditNs = 250000;  // the first 0.25 ms of event work (~150 events) are always spent
 
 // Whether the budget leaves a new top-level stage untimed (at host time t).
 inline bool budget_skips(int64_t t) {

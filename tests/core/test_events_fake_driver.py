@@ -862,7 +862,7 @@ def test_gpu_budget_samples_whole_top_level_stages(run_fake):
     forced = kids[-300:]
     assert ((flags[forced] & TIMED) != 0).all() and top_sampled[[by_id[p] for p in parent[forced]]].any()
     wall = out["host1"] - out["host0"]
-    assert out["cost"] <= 0.01 * wall + 2_000_000 + 200_000  # budget x wall + credit (+ one pass's slack)
+    assert out["cost"] <= 0.01 * wall + 250_000 + 200_000  # budget x wall + credit (+ one pass's slack)
     assert out["all_flags"] == [TIMED]
     assert "gpu_budget" in out["bad"]
 

@@ -36,7 +36,7 @@ def disable() -> None:
 
 
 def set_gpu_budget(share: float) -> None:
-    """Share of wall time GPU timing may cost the program (default 0.01; env MAXINSTR_GPU_BUDGET).
+    """Share of wall time GPU timing may cost the program (default 0.0025; env MAXINSTR_GPU_BUDGET).
 
     Past it, whole top-level stages with ``gpu=None`` are left untimed (flagged
     ``GPU_SAMPLED_OUT``) until the cost is back under budget; ``gpu=True`` stages are always
