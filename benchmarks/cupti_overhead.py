@@ -109,6 +109,8 @@ def child(mode: str, n_small: int, n_large: int, run_dir: str) -> dict:
         res["fast_path"] = act.get("fast_path")
         res["api_functions_kept"] = act.get("api_functions_kept")
         res["dropped"] = [act.get("dropped_cupti"), act.get("dropped_queue")]
+        res["driver_api_records"] = act.get("driver_api_records")
+        res["driver_api_note"] = act.get("driver_api_note")
     return res
 
 
@@ -118,6 +120,10 @@ def main() -> int:
     ap.add_argument("--large", type=int, default=60)
     ap.add_argument("--out", default=None)
     ap.add_argument("--modes", default="bare,stages,kernels,nsys,torchprof")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every mode this many times, in a rotated order; each mode's step time is the "
+                         "median over its rounds (one process per run: step times move by tens of percent "
+                         "from one process to the next on the H200)")
     ap.add_argument("--child", default=None)
     ap.add_argument("--run-dir", default=None)
     args = ap.parse_args()
@@ -127,10 +133,12 @@ def main() -> int:
         return 0
 
     tmp = Path(tempfile.mkdtemp(prefix="cupti-overhead-"))
-    results = []
+    runs: dict[str, list[dict]] = {}
     nsys = shutil.which("nsys")
-    for mode in args.modes.split(","):
-        run_dir = str(tmp / mode)
+    modes = args.modes.split(",")
+    schedule = [m for r in range(args.rounds) for m in (modes[r % len(modes):] + modes[: r % len(modes)])]
+    for i, mode in enumerate(schedule):
+        run_dir = str(tmp / f"{mode}-{i}")
         child_mode = "stages" if mode == "nsys" else mode
         cmd = [sys.executable, __file__, "--child", child_mode, "--small", str(args.small), "--large", str(args.large),
                "--run-dir", run_dir]  # fmt: skip
@@ -149,11 +157,19 @@ def main() -> int:
         res = json.loads(line[7:])
         res["mode"] = mode
         res["wall_s"] = round(time.monotonic() - t0, 1)
-        results.append(res)
+        runs.setdefault(mode, []).append(res)
         print(f"{mode}: small {res['small_ns'] / 1e3:.1f} us, large {res['large_ns'] / 1e3:.1f} us (median; {res['wall_s']} s)", flush=True)
         warn = [ln for ln in proc.stderr.splitlines() if "kernels=True" in ln]
         if warn:
             res["warning"] = warn[0]
+    results = []
+    for mode, rs in runs.items():
+        merged = dict(rs[-1])
+        for key in ("small_ns", "large_ns", "small_mean_ns", "large_mean_ns"):
+            merged[key] = statistics.median(r[key] for r in rs)
+        merged["rounds"] = len(rs)
+        merged["small_ns_rounds"] = [r["small_ns"] for r in rs]
+        results.append(merged)
     base = next((r for r in results if r["mode"] == "bare"), None)
     print(f"\n{'mode':10} {'small step us':>14} {'ratio':>7} {'(mean)':>7} {'large step us':>14} {'ratio':>7} {'(mean)':>7}"
           f"   (median; small: {SMALL_LAUNCHES} launches; large: 6 x bf16 4096^3)")  # fmt: skip
@@ -165,6 +181,9 @@ def main() -> int:
         r["small_ratio"], r["large_ratio"] = round(rs, 4), round(rl, 4)
         r["small_mean_ratio"], r["large_mean_ratio"] = round(ms, 4), round(ml, 4)
         print(f"{r['mode']:10} {r['small_ns'] / 1e3:>14.1f} {rs:>7.3f} {ms:>7.3f} {r['large_ns'] / 1e3:>14.1f} {rl:>7.3f} {ml:>7.3f}")
+    if any(r.get("rounds", 1) > 1 for r in results):
+        print("small step per round (us): " + "; ".join(
+            f"{r['mode']} " + ", ".join(f"{v / 1e3:.0f}" for v in r["small_ns_rounds"]) for r in results))
     k = next((r for r in results if r["mode"] == "kernels"), None)
     if k is not None:
         print(f"kernels: status {k.get('kernels_status')}, {k.get('activity_rows')} activity rows, buffers by "

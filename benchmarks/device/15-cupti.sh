@@ -97,6 +97,6 @@ PY
 fi
 
 echo "== 3. overhead: bare / stages / kernels / nsys / torch.profiler"
-timeout 200 python3 benchmarks/cupti_overhead.py --out "$out" 2>&1 | tee "$out/overhead.txt" | tail -14
+timeout 330 python3 benchmarks/cupti_overhead.py --rounds "${CUPTI_ROUNDS:-3}" --out "$out" 2>&1 | tee "$out/overhead.txt" | tail -16
 
 exit $rc

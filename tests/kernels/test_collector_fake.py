@@ -201,3 +201,73 @@ def test_an_injected_profiler_is_left_alone(fake_lib, tmp_path):
     warn = [ln for ln in err.splitlines() if "maxinstr: kernels=True:" in ln]
     assert len(warn) == 1 and "nsys/Nsight (CUDA_INJECTION64_PATH is set) already holds CUPTI" in warn[0]
     assert out["subscribed"] is False and out["native"]["pushes"] == 0  # CUPTI never touched
+
+
+ADAPT_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    import maxinstr
+    from cupti import cupti as fake
+    import maxinstr.kernels.cupti as collector
+    collector.DRIVER_PROBE_OPS = 50
+    collector.FLUSH_EVERY_S = 0.01
+    run, mode = sys.argv[1], sys.argv[2]
+    DRIVER = int(fake.ActivityKind.DRIVER)
+    seen = {}
+    with maxinstr.session(run, kernels=True, sample_hz=0):
+        seen["at_start"] = DRIVER in fake.STATE["enabled"]
+        for i in range(80):
+            with maxinstr.stage("rt", step=i):
+                fake.launch("rt_kernel")
+        time.sleep(0.3)                                   # the flusher takes the buffers: the probe decides
+        seen["after_probe"] = DRIVER in fake.STATE["enabled"]
+        if mode == "driver":
+            with maxinstr.stage("drv"):
+                fake.launch("drv_kernel_lost", api="driver")
+            with maxinstr.stage("rt2"):
+                fake.launch("rt_kernel2")
+            time.sleep(0.3)
+            seen["after_driver_launch"] = DRIVER in fake.STATE["enabled"]
+            with maxinstr.stage("drv2"):
+                fake.launch("drv_kernel_kept", api="driver")
+    print("@@" + json.dumps(seen))
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["runtime", "driver"])
+def test_driver_api_records_go_off_when_nothing_needs_them(fake_lib, tmp_path, mode):
+    """A program launching through the runtime only: after DRIVER_PROBE_OPS GPU ops without a
+    driver API record, driver records go off (they cost every API call). A driver-API launch
+    afterwards leaves an op with no API record: driver records come back on, the lost op is
+    counted and said, and later driver launches are attributed to their stage again."""
+    import maxinstr
+
+    src = str(Path(maxinstr.__file__).resolve().parent.parent)
+    e = dict(os.environ)
+    for k in ("CUDA_INJECTION64_PATH", "NSYS_PROFILING_SESSION_ID", "MAXINSTR_RUN_DIR", "MAXINSTR_SESSION_DIR"):
+        e.pop(k, None)
+    e["FAKE_CUPTI_LIB"] = str(fake_lib)
+    e["PYTHONPATH"] = os.pathsep.join([str(HERE / "fake_cupti"), src, e.get("PYTHONPATH", "")])
+    run_dir = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-c", ADAPT_SCRIPT, str(run_dir), mode], env=e, capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    seen = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("@@")][-1][2:])
+    act = json.loads(next(run_dir.glob("parts/*/activity.json")).read_text())
+    assert seen["at_start"] is True and seen["after_probe"] is False
+    if mode == "runtime":
+        assert act["driver_api_records"] == "off" and act["ops_without_api"] == 0
+        assert "off after" in act["driver_api_note"]
+        return
+    assert seen["after_driver_launch"] is True
+    assert act["driver_api_records"] == "needed" and act["ops_without_api"] == 1
+    assert "back on" in act["driver_api_note"]
+    from maxinstr.kernels.store import ACTIVITY_DTYPE
+
+    rows = np.fromfile(next(run_dir.glob("parts/*/activity.bin")), dtype=ACTIVITY_DTYPE)
+    run = maxinstr.load(run_dir)
+    ids = dict(zip(run.stage_names().tolist(), run["id"].tolist()))
+    ext = set(rows["external_id"][rows["kind"] == 5].tolist())
+    assert ids["drv2"] in ext and ids["drv"] not in ext and ids["rt2"] in ext

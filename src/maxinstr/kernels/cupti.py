@@ -54,6 +54,13 @@ from maxinstr.kernels.store import (
 
 BUFFER_BYTES = 16 << 20
 FLUSH_EVERY_S = 0.25
+# Driver API records: needed only for work launched through the driver API (CuPy, Triton, MAX,
+# NCCL's cuLaunchKernelEx...); a program launching through the runtime (PyTorch) gets none of
+# them, yet with DRIVER on every API call pays for it (about 6 % of a launch-bound step on an
+# H200, benchmarks/cupti_configs.py). After this many GPU ops with no driver API record, DRIVER
+# goes off; an op whose launch then left no API record turns it back on (docs/kernels.md).
+DRIVER_PROBE_OPS = 5000
+RECENT_RUNTIME_IDS = 1 << 16
 MAX_QUEUED_ROWS = 8 << 20  # ~640 MB of rows waiting for the flusher: beyond, rows are dropped
 MAX_PENDING_BYTES = 512 << 20  # completed CUPTI buffers not yet taken: beyond, buffers are dropped (counted)
 CLOCK_PAIRS_MAX = 512
@@ -148,6 +155,12 @@ class CuptiCollector:
         self._rows = 0
         self._last_flush = 0.0
         self._pairs: list[list[int]] = []
+        self._driver = "probing"  # "probing" (on), "needed" (on for good), "off"
+        self._ops_seen = 0
+        self._driver_rows = 0
+        self._runtime_ids = np.empty(0, np.int64)  # recent runtime correlation ids, sorted
+        self._ops_without_api = 0  # GPU ops launched while driver records were off: no stage
+        self._driver_note = ""
         self._native: Any = None
         self._linked = False
         self._stopped = False
@@ -343,6 +356,9 @@ class CuptiCollector:
             "callback_s": round(self._callback_s, 6),
             "convert_s": round(self._take_s, 6),
             "stage_pushes": int(self._native.cupti_stats().get("pushes", 0)),
+            "driver_api_records": self._driver,
+            "driver_api_note": self._driver_note,
+            "ops_without_api": self._ops_without_api,
             "push_errors": int(self._native.cupti_stats().get("errors", 0)),
         }
         if native_buffers is not None:
@@ -420,9 +436,62 @@ class CuptiCollector:
                 self._dropped_queue += len(offs)
                 self._error(f"convert: {type(exc).__name__}: {exc}")
                 continue
+            self._adapt_driver(rows)
             with self._lock:
                 self._queue_rows(rows)
         self._take_s += time.perf_counter() - t0
+
+    def _adapt_driver(self, rows: np.ndarray) -> None:
+        """Driver API records off while nothing needs them, back on as soon as something does
+        (flusher thread; see DRIVER_PROBE_OPS)."""
+        if self._driver == "needed" or not len(rows):
+            return
+        kinds = rows["kind"]
+        ops = kinds <= 2
+        rt = rows["correlation_id"][kinds == 3]
+        if len(rt):  # kept from the start: an op may come long after its runtime call
+            self._runtime_ids = np.union1d(self._runtime_ids, rt)[-RECENT_RUNTIME_IDS:]
+        if self._driver == "probing":
+            self._driver_rows += int((kinds == 4).sum())
+            self._ops_seen += int(ops.sum())
+            if self._driver_rows:
+                self._driver = "needed"
+                self._driver_note = f"driver API records kept: driver-API launches seen in the first {self._ops_seen} GPU ops"
+            elif self._ops_seen >= DRIVER_PROBE_OPS:
+                self._set_driver(False)
+                if self._driver == "off":
+                    self._driver_note = (f"driver API records off after {self._ops_seen} GPU ops all launched through the "
+                                         "runtime API")
+            return
+        # off: an op whose correlation id no runtime call had was launched through the driver API
+        corr = rows["correlation_id"][ops]
+        if not len(corr) or not len(self._runtime_ids):
+            return
+        lo, hi = self._runtime_ids[0], self._runtime_ids[-1]
+        check = corr[(corr >= lo) & (corr <= hi)]  # later ones: their runtime record may come later
+        missing = check[~np.isin(check, self._runtime_ids)]
+        if len(missing):
+            self._ops_without_api += int(len(missing))
+            self._set_driver(True)
+            self._driver = "needed"
+            self._driver_note = (f"driver API records back on: {self._ops_without_api} GPU ops launched through the "
+                                 "driver API while they were off have no stage")
+
+    def _set_driver(self, on: bool) -> None:
+        c = self._c
+        K = c.ActivityKind
+        try:
+            if on:
+                c.activity_enable(K.DRIVER)
+                self._enabled.append(K.DRIVER)
+                self._trace_launches_only()  # enabling a kind resets CUPTI's per-function choice
+            else:
+                c.activity_disable(K.DRIVER)
+                self._enabled = [k for k in self._enabled if k != K.DRIVER]
+                self._driver = "off"
+        except Exception as exc:  # noqa: BLE001 - keep what works; say what did not
+            self._driver = "needed"
+            self._error(f"driver API records {'on' if on else 'off'}: {_error_text(c, exc)}")
 
     def _convert_checked(self, data: bytes, offs: np.ndarray) -> np.ndarray:
         """Rows from one buffer: the numpy path (the records' bytes read through cupti-python's

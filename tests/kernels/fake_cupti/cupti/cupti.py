@@ -264,7 +264,10 @@ def launch(name: str, kind: str = "kernel", dur_ns: int = 1000, api: str = "runt
     top_kind = _LIB.fake_cupti_top(ctypes.byref(top))
     t = get_timestamp()
     recs = []
-    if api == "runtime":
+    # as CUPTI: an API record (and so its external correlation) only while its kind is on
+    if (ActivityKind.RUNTIME if api == "runtime" else ActivityKind.DRIVER) not in STATE["enabled"]:
+        top_kind = 0
+    elif api == "runtime":
         cbid = runtime_api_trace_cbid.cudaMemcpyAsync_v3020 if kind == "memcpy" else runtime_api_trace_cbid.cudaLaunchKernel_v7000
         recs.append(_record(SimpleNamespace(kind=ActivityKind.RUNTIME, cbid=int(cbid), start=t, end=t + 300, correlation_id=corr,
                                             thread_id=threading.get_native_id(), process_id=os.getpid()), _API_BYTES))  # fmt: skip
