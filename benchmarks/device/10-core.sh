@@ -4,7 +4,7 @@
 #      max(1 %, 2 us) once the calibrated GPU floor is taken out (the printed line shows the
 #      readings, the floor and what CuPy's raw event pair adds), non-default stream, sibling
 #      boundary sharing, graph capture, profiler_start from a fresh thread (primary context)
-#   2. benchmarks/stage_overhead.py with no tool attached (full run; also prints the driver
+#   2. benchmarks/stage_overhead.py with no tool attached (full run, args from STAGE_ARGS; also prints the driver
 #      calls' own costs timed in C and the floor)
 #   3. the same benchmark under nsys (quick run): NVTX ranges cost more when a tool listens
 #   4. nsys capture of tests/core/gpu_nsys.py probe, exported to SQLite, checked: domain
@@ -24,7 +24,7 @@ python3 -m pytest -q -m gpu tests/core -p no:cacheprovider -s -rs 2>&1 | tee "$o
 # CORE_BENCH=0: GPU tests and the nsys payload check only (steps 2-3 skipped)
 if [ "${CORE_BENCH:-1}" = 1 ]; then
 echo "== 2. overhead, no tool attached"
-python3 benchmarks/stage_overhead.py --budgets 0.01,0.005 --json "$out/overhead-notool.json" 2>&1 | tee "$out/overhead-notool.txt"
+python3 benchmarks/stage_overhead.py ${STAGE_ARGS:---budgets 0.01,0.005} --json "$out/overhead-notool.json" 2>&1 | tee "$out/overhead-notool.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 
