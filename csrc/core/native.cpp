@@ -2408,13 +2408,19 @@ PyObject* py_profiler(bool start) {
 // _driver_costs(n=2000, stream=0): benchmarks only. Median-free plain averages, in ns per call,
 // of the driver calls a GPU-timed stage makes, measured here in C (no Python in the loop) on the
 // current context: where the per-stage cost goes. Synchronises (it is not the hot path).
-PyObject* py_driver_costs(PyObject*, PyObject* args, PyObject* kwargs) {
+// The (n=..., stream=0) arguments of the benchmark probes below; loads the driver.
+bool probe_args(PyObject* args, PyObject* kwargs, long* n, unsigned long long* stream) {
   static const char* kw[] = {"n", "stream", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|lK", (char**)kw, n, stream)) return false;
+  if (*n < 1) *n = 1;
+  gpu_try_load();
+  return true;
+}
+
+PyObject* py_driver_costs(PyObject*, PyObject* args, PyObject* kwargs) {
   long n = 2000;
   unsigned long long stream = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|lK", (char**)kw, &n, &stream)) return nullptr;
-  if (n < 1) n = 1;
-  gpu_try_load();
+  if (!probe_args(args, kwargs, &n, &stream)) return nullptr;
   GpuApi& a = g.gpu;
   if (a.backend == BK_NONE || !gpu_current_key()) {
     PyErr_SetString(PyExc_RuntimeError, "_driver_costs needs a loaded driver and a current context");
@@ -2469,12 +2475,9 @@ PyObject* py_driver_costs(PyObject*, PyObject* args, PyObject* kwargs) {
 // there). "launch" is an empty kernel (the floor calibration's, spin 0 ns); "pool" events rotate
 // through 4096 distinct events as the stage pool does, "pair" reuses two.
 PyObject* py_event_diag(PyObject*, PyObject* args, PyObject* kwargs) {
-  static const char* kw[] = {"n", "stream", nullptr};
   long n = 4000;
   unsigned long long stream = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|lK", (char**)kw, &n, &stream)) return nullptr;
-  if (n < 1) n = 1;
-  gpu_try_load();
+  if (!probe_args(args, kwargs, &n, &stream)) return nullptr;
   GpuApi& a = g.gpu;
   if (a.backend != BK_CUDA || !gpu_current_key() || !a.mod_load || !a.launch) {
     PyErr_SetString(PyExc_RuntimeError, "_event_diag needs the CUDA driver and a current context");
