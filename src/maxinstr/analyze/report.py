@@ -337,7 +337,7 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = N
     host = inst.host_ns
     proj = inst.proj_ns
     busy_frac = inst.busy_frac
-    top_total = float(host[steady & (inst.level == 0)].sum())
+    share_of_top = _share_of_top(inst, code, len(uniq))
     self_time = _self_times(inst, {"host_ns": host, "gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": proj,
                                    "gpu_busy_ns": np.where(inst.proj_start_ns >= 0, inst.busy_ns, -1)})
     head_names = head.key.astype(str) if head is not None else None
@@ -371,7 +371,7 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = N
             "gpu_busy_frac": _stat(busy_frac[st]),
             "idle_gap_ns": _stat(np.where(inst.proj_start_ns[st] >= 0, inst.idle_gap_ns[st], -1)),
             "kernels_per_instance": _stat(np.where(inst.range_index[st] >= 0, inst.kernel_count[st], -1)),
-            "share_of_top": float(host[st].sum() / top_total) if top_total > 0 else None,
+            "share_of_top": None if share_of_top is None else float(share_of_top[u]),
             "self_ns": {k: float(v[st & (v >= 0)].sum()) for k, v in self_time.items() if (v[st] >= 0).any()},
             "steps_marked": bool(inst.step_marked[sel].any()),
             "steps": None,
@@ -400,6 +400,44 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = N
             row["headline_gpu_event_ns"] = row["gpu_event_ns"]
         rows.append(row)
     return _tree_order(rows)
+
+
+def _share_of_top(inst, code: np.ndarray, n_stages: int) -> np.ndarray | None:
+    """Per stage (``code``: each instance's stage, 0..n_stages-1): the share of the steady
+    top-level host time its steady instances account for; None without steady top-level time.
+
+    Numerator and denominator cover the same top-level instances: a steady instance counts only
+    inside a steady top-level ancestor. (Counting every steady instance while dividing by the
+    steady top-level time gave 50x on a capture whose first request, warm-up with compilation,
+    held most of the "steady" decode steps.) An instance with an ancestor of its own stage is
+    left out (its time is in that ancestor's); so is one whose parent chain does not end (a cycle,
+    or deeper than the levels :func:`~maxinstr.analyze.instances.stage_keys` follows)."""
+    parent = inst.parent
+    steady = inst.steady
+    host = inst.host_ns
+    top = steady & (inst.level == 0)
+    top_total = float(host[top].sum())
+    if top_total <= 0:
+        return None
+    # each instance's top-level ancestor, one nesting level per pass over the rows still climbing
+    root = np.arange(len(inst))
+    cur = parent.copy()
+    nested_in_same = np.zeros(len(inst), dtype=bool)
+    live = np.flatnonzero(cur >= 0)
+    for _ in range(inst_mod._MAX_LEVELS):
+        if len(live) == 0:
+            break
+        up = cur[live]
+        root[live] = up
+        nested_in_same[live] |= code[up] == code[live]
+        cur[live] = parent[up]
+        live = live[cur[live] >= 0]
+    counted = steady & (cur < 0) & ~nested_in_same & top[root]
+    inside = np.bincount(code[counted], weights=host[counted].astype(np.float64), minlength=n_stages)
+    # <= 1 when a stage's instances under one top-level instance run one after another inside it
+    # (one thread). Parent links that cross threads can put concurrent instances under one
+    # parent, whose host times then add up to more than its wall time: a share is still at most all.
+    return np.minimum(inside / top_total, 1.0)
 
 
 def _tree_order(rows: list[dict]) -> list[dict]:
