@@ -64,6 +64,9 @@ def names() -> list[tuple[int, str]]:
 def resolve(block: bool = False) -> int:
     """Resolve finished GPU event pairs (non-blocking query); block=True waits (flush/close only)."""
 
+def resolve_async() -> int:
+    """resolve() for the session flusher: elapsed-time calls go to the core's placer thread."""
+
 def close_open(reason: str = "closed") -> int:
     """Close every open stage on every thread with flag UNCLOSED; returns how many."""
 
