@@ -38,6 +38,7 @@ CONFIGS: dict[str, tuple[list[str], dict]] = {
         ["CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "RUNTIME", "DRIVER", "EXTERNAL_CORRELATION"], {"launch_only": True}),
     "six kinds, all API functions": (
         ["CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "RUNTIME", "DRIVER", "EXTERNAL_CORRELATION"], {}),
+    "kernel + native launch tags": (["CONCURRENT_KERNEL"], {"no_subscriber": True, "native_tags": True}),
     "kernel (semaphores preallocated)": (["CONCURRENT_KERNEL"], {"prealloc": True}),
     "kernel (per-thread buffers)": (["CONCURRENT_KERNEL"], {"per_thread": True}),
     "kernel (hw trace)": (["CONCURRENT_KERNEL"], {"hw_trace": True}),
@@ -118,9 +119,19 @@ def child(name: str, rounds: int, steps: int) -> dict:
             res["notes"].append(f"hw trace: {type(exc).__name__}: {mc._error_text(c, exc)}")
     ks = [getattr(K, k) for k in kinds]
 
+    tag_ids = ([], [])
+    if opt.get("native_tags"):  # the launch functions, as the collector's API filter keeps them
+        for i, enum_name in enumerate(("runtime_api_trace_cbid", "driver_api_trace_cbid")):
+            for member in getattr(c, enum_name, []):
+                name = str(getattr(member, "name", ""))
+                if name and name not in mc._NOT_FUNCTIONS and any(w in name for w in mc._LAUNCH_WORDS):
+                    tag_ids[i].append(int(member))
+
     def enable():
         for k in ks:
             c.activity_enable(k)
+        if opt.get("native_tags") and not _native.cupti_tags(path, *tag_ids):
+            raise RuntimeError(f"cupti_tags failed: {_native.stats()['errors'][-1:]}")
         if opt.get("launch_only"):  # as the collector does, after the kinds are on
             ns = types.SimpleNamespace(_c=c)
             mc.CuptiCollector._trace_launches_only(ns)
@@ -133,12 +144,17 @@ def child(name: str, rounds: int, steps: int) -> dict:
         small()
     for k in ks:
         c.activity_disable(k)
+    if opt.get("native_tags"):
+        _native.cupti_tags(None)
+        _native.cupti_tags_take()
     _native.cupti_flush(1)
     _native.cupti_take()
 
     on: list[float] = []
     off: list[float] = []
     per_kind: dict[str, int] = {}
+    tag_corr: list = []
+    kcorr: list = []
     for r in range(rounds):
         order = ("on", "off") if r % 2 == 0 else ("off", "on")
         for what in order:
@@ -147,10 +163,21 @@ def child(name: str, rounds: int, steps: int) -> dict:
                 on.append(block())
                 for k in ks:
                     c.activity_disable(k)
+                if opt.get("native_tags"):
+                    _native.cupti_tags(None)
+                    raw = _native.cupti_tags_take()
+                    tags = np.frombuffer(raw, dtype=[("corr", "<u4"), ("domain", "<i4"), ("stage", "<i8"), ("tid", "<i8")])
+                    per_kind["TAG"] = per_kind.get("TAG", 0) + len(tags)
+                    tag_corr.append(tags["corr"][tags["stage"] >= 0].astype(np.int64))
                 _native.cupti_flush(1)  # outside the timed block
                 for data, offs in _native.cupti_take():
                     o = np.frombuffer(offs, np.int64)
                     kk = np.frombuffer(data, "<i4", count=len(data) // 4)[o // 4]
+                    if opt.get("native_tags"):  # which kernels a tag (with a stage) names
+                        ko = o[kk == int(K.CONCURRENT_KERNEL)]
+                        field = c.activity_kernel10_dtype.fields["correlation_id"]
+                        kcorr.append(np.array([int.from_bytes(data[x + field[1]:x + field[1] + 4], "little") for x in ko.tolist()],
+                                              np.int64))  # fmt: skip
                     for v, cnt in zip(*np.unique(kk, return_counts=True)):
                         key = K(int(v)).name
                         per_kind[key] = per_kind.get(key, 0) + int(cnt)
@@ -166,6 +193,10 @@ def child(name: str, rounds: int, steps: int) -> dict:
         off_over_bare=statistics.median(off) / statistics.median(bare),
         records_per_launch={k: v / launches for k, v in sorted(per_kind.items())},
     )
+    if opt.get("native_tags") and kcorr:
+        kc = np.concatenate(kcorr)
+        res["kernels_tagged_with_a_stage"] = float(np.isin(kc, np.concatenate(tag_corr) if tag_corr else []).mean())
+        res["notes"].append(f"kernels tagged with a stage: {res['kernels_tagged_with_a_stage']:.3f}")
     return res
 
 

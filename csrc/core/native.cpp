@@ -2139,6 +2139,8 @@ PyObject* py_cupti_stats(PyObject*, PyObject*) {
                        (unsigned long long)g.cupti_pushes, "errors", (unsigned long long)g.cupti_errors);
 }
 
+#include "cupti_tags.h"  // launch tags through CUPTI's callback API (an experiment, issue 9)
+
 // CUPTI activity buffers, handled here (session kernels=True): CUPTI hands completed buffers to
 // buffer_completed() on its own thread, or inside cuptiActivityFlushAll; these callbacks never
 // touch Python, so they never need the GIL (no callback can deadlock with a thread that holds
@@ -2621,6 +2623,10 @@ PyMethodDef module_methods[] = {
     {"cupti_link", (PyCFunction)(void (*)(void))py_cupti_link, METH_FASTCALL,
      "cupti_link(path_or_None, kind=0) -> bool: tag stages with CUPTI external correlation ids (libcupti at path)."},
     {"cupti_stats", py_cupti_stats, METH_NOARGS, "cupti_stats() -> {'on', 'pushes', 'errors'}."},
+    {"cupti_tags", (PyCFunction)(void (*)(void))py_cupti_tags, METH_FASTCALL,
+     "cupti_tags(path, runtime_cbids, driver_cbids) -> bool: native CUPTI callback tagging launches (experiment)."},
+    {"cupti_tags_take", py_cupti_tags_take, METH_NOARGS, "cupti_tags_take() -> bytes of 24-byte tags."},
+    {"cupti_tags_stats", py_cupti_tags_stats, METH_NOARGS, "cupti_tags_stats() -> {'on', 'calls', 'dropped'}."},
     {"cupti_buffers", py_cupti_buffers, METH_VARARGS,
      "cupti_buffers(path, buffer_bytes=8 MiB, max_pending_bytes=512 MiB) -> bool: CUPTI activity buffers handled "
      "natively (no Python on CUPTI's thread)."},

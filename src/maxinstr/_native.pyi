@@ -1,5 +1,6 @@
 """Type stub of maxinstr._native, the C++ stage core (csrc/core/native.cpp; docs/stage-core.md)."""
 
+from collections.abc import Sequence
 from typing import Any, Callable, Final, TypeVar
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -89,3 +90,7 @@ def _event_diag(n: int = 4000, stream: int = 0) -> dict[str, dict[str, float]]:
     """Benchmarks: host ns per launch/event-record pattern (issue, and with the final sync)."""
 def cupti_link(path: str | None, kind: int = 0) -> bool: ...
 def cupti_stats() -> dict[str, Any]: ...
+def cupti_tags(path: str | None, runtime_cbids: Sequence[int] = ..., driver_cbids: Sequence[int] = ...) -> bool:
+    """Experiment (issue 9): tag launches through a native CUPTI callback on those functions."""
+def cupti_tags_take() -> bytes: ...
+def cupti_tags_stats() -> dict[str, Any]: ...

@@ -88,3 +88,42 @@ emit(dict(ok=ok, errors=n.stats()["errors"], stats=n.cupti_stats()))
     )
     assert out["ok"] is False and out["stats"]["on"] is False
     assert any("cupti" in e and "not loaded" in e for e in out["errors"])
+
+
+def test_launch_tags_carry_the_innermost_stage_of_the_calling_thread(run_fake):
+    """cupti_tags (the callback-API experiment for issue 9): only the functions enabled call
+    back, once per call (entry), with CUPTI's correlation id and the innermost open stage of the
+    thread making the call; another thread's calls carry its own stage; None unsubscribes."""
+    out = run_fake(
+        """
+import threading
+import maxinstr
+assert n.cupti_tags(LIB, [211], [307])            # runtime cudaLaunchKernel-like, driver cuLaunchKernel-like
+assert n.cupti_tags(LIB, [211], [307])            # a second call keeps the one subscription
+fk.fake_cupti_call(2, 211, 1)                      # outside any stage
+with maxinstr.stage("outer"):
+    fk.fake_cupti_call(2, 211, 2)
+    with maxinstr.stage("inner"):
+        fk.fake_cupti_call(1, 307, 3)
+        fk.fake_cupti_call(2, 5, 4)                # a function not enabled: no callback
+    def worker():
+        with maxinstr.stage("w"):
+            fk.fake_cupti_call(2, 211, 5)
+    t = threading.Thread(target=worker); t.start(); t.join()
+n.cupti_tags(None)
+fk.fake_cupti_call(2, 211, 6)                      # unsubscribed
+raw = n.cupti_tags_take()
+tags = np.frombuffer(raw, dtype=[("corr", "<u4"), ("domain", "<i4"), ("stage", "<i8"), ("tid", "<i8")])
+r = drained()
+names = dict(n.names())
+by_name = {names[int(k)]: int(i) for k, i in zip(r["name_id"], r["id"])}
+emit(dict(corr=tags["corr"].tolist(), domain=tags["domain"].tolist(), stage=tags["stage"].tolist(),
+          expect=[-1, by_name["outer"], by_name["inner"], by_name["w"]], stats=n.cupti_tags_stats(),
+          tids=tags["tid"].tolist()))
+"""
+    )
+    assert out["corr"] == [1, 2, 3, 5]
+    assert out["domain"] == [2, 2, 1, 2]
+    assert out["stage"] == out["expect"]
+    assert out["tids"][1] == out["tids"][2] != out["tids"][3]
+    assert out["stats"]["calls"] == 4 and out["stats"]["on"] is False and out["stats"]["dropped"] == 0

@@ -121,3 +121,49 @@ int cuptiActivityGetNextRecord(uint8_t* buffer, size_t valid, void** record) {
   return 0;
 }
 #endif /* FAKE_NO_BUFFERS */
+
+/* The callback API, for the stage core's launch tags (cupti_tags): one subscriber, functions
+ * enabled one by one, and fake_cupti_call(domain, cbid, corr) standing for an API call on the
+ * calling thread (entry and exit callbacks, with CUpti_CallbackData's layout). */
+typedef void (*api_cb)(void*, int, uint32_t, const void*);
+typedef struct {
+  int callbackSite;
+  const char* functionName;
+  const void* functionParams;
+  void* functionReturnValue;
+  const char* symbolName;
+  void* context;
+  uint32_t contextUid;
+  uint64_t* correlationData;
+  uint32_t correlationId;
+} FakeCallbackData;
+static api_cb sub_cb = 0;
+static void* sub_user = 0;
+static unsigned char enabled_cb[3][4096];
+int cuptiSubscribe(void** sub, api_cb cb, void* user) {
+  if (sub_cb) return 39; /* CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED */
+  sub_cb = cb;
+  sub_user = user;
+  *sub = (void*)0x5B;
+  return 0;
+}
+int cuptiEnableCallback(uint32_t enable, void* sub, int domain, uint32_t cbid) {
+  if (sub != (void*)0x5B || domain < 1 || domain > 2 || cbid >= 4096) return 1;
+  enabled_cb[domain][cbid] = (unsigned char)(enable != 0);
+  return 0;
+}
+int cuptiUnsubscribe(void* sub) {
+  if (sub != (void*)0x5B) return 1;
+  sub_cb = 0;
+  memset(enabled_cb, 0, sizeof(enabled_cb));
+  return 0;
+}
+int fake_cupti_call(int domain, uint32_t cbid, uint32_t corr) {
+  if (!sub_cb || domain < 1 || domain > 2 || cbid >= 4096 || !enabled_cb[domain][cbid]) return 0;
+  uint64_t slot = 0;
+  FakeCallbackData d = {0, "fake", 0, 0, 0, 0, 1, &slot, corr};
+  sub_cb(sub_user, domain, cbid, &d);
+  d.callbackSite = 1;
+  sub_cb(sub_user, domain, cbid, &d);
+  return 1;
+}
