@@ -130,7 +130,7 @@ def child(name: str, rounds: int, steps: int) -> dict:
     def enable():
         for k in ks:
             c.activity_enable(k)
-        if opt.get("native_tags") and not _native.cupti_tags(path, *tag_ids):
+        if opt.get("native_tags") and _native.cupti_tags(path, *tag_ids) is not True:
             raise RuntimeError(f"cupti_tags failed: {_native.stats()['errors'][-1:]}")
         if opt.get("launch_only"):  # as the collector does, after the kinds are on
             ns = types.SimpleNamespace(_c=c)
@@ -166,9 +166,9 @@ def child(name: str, rounds: int, steps: int) -> dict:
                 if opt.get("native_tags"):
                     _native.cupti_tags(None)
                     raw = _native.cupti_tags_take()
-                    tags = np.frombuffer(raw, dtype=[("corr", "<u4"), ("domain", "<i4"), ("stage", "<i8"), ("tid", "<i8")])
+                    tags = np.frombuffer(raw, dtype=mc.TAG_DTYPE)
                     per_kind["TAG"] = per_kind.get("TAG", 0) + len(tags)
-                    tag_corr.append(tags["corr"][tags["stage"] >= 0].astype(np.int64))
+                    tag_corr.append(tags["correlation_id"][tags["stage_id"] >= 0].astype(np.int64))
                 _native.cupti_flush(1)  # outside the timed block
                 for data, offs in _native.cupti_take():
                     o = np.frombuffer(offs, np.int64)

@@ -9,6 +9,8 @@ Two steps, each timed on the host from before the stage to after a device synchr
   bare      no maxinstr at all
   stages    maxinstr.session (stages with GPU events and NVTX), kernels=False
   kernels   maxinstr.session(..., kernels=True): CUPTI in-process
+  kernels_tags  the same with MAXINSTR_CUPTI_TAGS=1 (stages from the core's launch tags, no API
+            or external-correlation activity records; docs/kernels.md)
   nsys      the `stages` program under `nsys profile -t cuda,nvtx` (when nsys is on PATH)
   torchprof the `stages` program inside torch.profiler.profile(CPU+CUDA) (Kineto)
 
@@ -119,7 +121,7 @@ def main() -> int:
     ap.add_argument("--small", type=int, default=400)
     ap.add_argument("--large", type=int, default=60)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--modes", default="bare,stages,kernels,nsys,torchprof")
+    ap.add_argument("--modes", default="bare,stages,kernels,kernels_tags,nsys,torchprof")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run every mode this many times, in a rotated order; each mode's step time is the "
                          "median over its rounds (one process per run: step times move by tens of percent "
@@ -139,7 +141,7 @@ def main() -> int:
     schedule = [m for r in range(args.rounds) for m in (modes[r % len(modes):] + modes[: r % len(modes)])]
     for i, mode in enumerate(schedule):
         run_dir = str(tmp / f"{mode}-{i}")
-        child_mode = "stages" if mode == "nsys" else mode
+        child_mode = {"nsys": "stages", "kernels_tags": "kernels"}.get(mode, mode)
         cmd = [sys.executable, __file__, "--child", child_mode, "--small", str(args.small), "--large", str(args.large),
                "--run-dir", run_dir]  # fmt: skip
         if mode == "nsys":
@@ -149,7 +151,8 @@ def main() -> int:
             cmd = [nsys, "profile", "-t", "cuda,nvtx", "--sample=none", "--cpuctxsw=none", "-f", "true",
                    "-o", str(tmp / "overhead"), *cmd]  # fmt: skip
         t0 = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+        env = dict(os.environ, MAXINSTR_CUPTI_TAGS="1" if mode == "kernels_tags" else "0")
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if proc.returncode != 0 or line is None:
             print(f"{mode}: failed rc={proc.returncode}\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")

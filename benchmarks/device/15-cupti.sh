@@ -63,6 +63,12 @@ if command -v nsys >/dev/null; then
 else
   echo "nsys not on PATH (carry .device): comparison and fallback skipped" | tee "$out/check.txt"; rc=1
 fi
+echo "-- launch tags (MAXINSTR_CUPTI_TAGS=1): the same workload, compared with the same nsys capture"
+MAXINSTR_CUPTI_TAGS=1 timeout 60 python3 benchmarks/cupti_check.py run "$work/tags" --kernels > "$out/tags.log" 2>&1 || echo "launch-tags run failed"
+if [ -f "$work/nsys.sqlite" ] && [ -d "$work/tags" ]; then
+  timeout 60 python3 benchmarks/cupti_check.py compare "$work/tags" "$work/nsysrun" "$work/nsys.sqlite" ${noise[@]+"${noise[@]}"} 2>&1 | tee "$out/check-tags.txt" | tail -4
+  cat "$work"/tags/parts/*/activity.json > "$out/activity-tags.json" 2>/dev/null
+fi
 echo "-- noise floor: the second kernels=True run against the first (same comparison, no nsys)"
 [ -d "$work/inproc2" ] && timeout 60 python3 benchmarks/cupti_check.py compare "$work/inproc2" "$work/inproc" - 2>&1 | tail -14 | tee "$out/noise.txt"
 cat "$work"/inproc/parts/*/activity.json > "$out/activity-inproc.json" 2>/dev/null

@@ -113,13 +113,15 @@ with maxinstr.stage("outer"):
 n.cupti_tags(None)
 fk.fake_cupti_call(2, 211, 6)                      # unsubscribed
 raw = n.cupti_tags_take()
-tags = np.frombuffer(raw, dtype=[("corr", "<u4"), ("domain", "<i4"), ("stage", "<i8"), ("tid", "<i8")])
+from maxinstr.kernels.cupti import TAG_DTYPE
+tags = np.frombuffer(raw, dtype=TAG_DTYPE)
 r = drained()
 names = dict(n.names())
 by_name = {names[int(k)]: int(i) for k, i in zip(r["name_id"], r["id"])}
-emit(dict(corr=tags["corr"].tolist(), domain=tags["domain"].tolist(), stage=tags["stage"].tolist(),
+emit(dict(corr=tags["correlation_id"].tolist(), domain=tags["domain"].tolist(), stage=tags["stage_id"].tolist(),
           expect=[-1, by_name["outer"], by_name["inner"], by_name["w"]], stats=n.cupti_tags_stats(),
-          tids=tags["tid"].tolist()))
+          tids=tags["tid"].tolist(), cbid=tags["cbid"].tolist(),
+          ordered=bool(((tags["start_ns"] > 10**12) & (tags["end_ns"] >= tags["start_ns"])).all())))
 """
     )
     assert out["corr"] == [1, 2, 3, 5]
@@ -127,3 +129,4 @@ emit(dict(corr=tags["corr"].tolist(), domain=tags["domain"].tolist(), stage=tags
     assert out["stage"] == out["expect"]
     assert out["tids"][1] == out["tids"][2] != out["tids"][3]
     assert out["stats"]["calls"] == 4 and out["stats"]["on"] is False and out["stats"]["dropped"] == 0
+    assert out["cbid"] == [211, 211, 307, 211] and out["ordered"]  # entry and exit times, CUPTI's clock

@@ -110,10 +110,6 @@ def test_collector_end_to_end_with_a_stand_in_cupti(fake_lib, fake_lib_no_buffer
     buffer's bytes (``with_bytes``), or, records without bytes, converts by attribute
     (``attributes_only``). ``*_bad_layout``: the struct dtype disagrees with the bytes; the check
     catches it and the record objects are used. The run's numbers are the same every way."""
-    from maxinstr.analyze.report import analyze
-    from maxinstr.attribute.model import Rule
-    from maxinstr.traces.model import OpKind
-
     run_dir = tmp_path / "run"
     env = {"FAKE_CUPTI_NO_PTR": "1"} if records.endswith("attributes_only") else {}
     if records.endswith("bad_layout"):
@@ -145,6 +141,15 @@ def test_collector_end_to_end_with_a_stand_in_cupti(fake_lib, fake_lib_no_buffer
         assert act["fast_path"].startswith("fast path off: AttributeError"), act["fast_path"]
     else:
         assert act["fast_path"] == "fast path off: differs from the attribute path in ['start_ns', 'end_ns']", act["fast_path"]
+
+    _check_attribution(run_dir)
+
+
+def _check_attribution(run_dir: Path) -> None:
+    """What SCRIPT's run must read as, however the ops were tied to their stages."""
+    from maxinstr.analyze.report import analyze
+    from maxinstr.attribute.model import Rule
+    from maxinstr.traces.model import OpKind
 
     an = analyze(run=run_dir)
     trace, att, run = an.trace, an.attribution, an.run
@@ -182,11 +187,26 @@ def test_collector_end_to_end_with_a_stand_in_cupti(fake_lib, fake_lib_no_buffer
     assert set(trace.strings[calls.name_id]) >= {"cudaLaunchKernel", "cuLaunchKernel", "cuGraphLaunch", "cudaMemcpyAsync"}
 
 
-def test_another_subscriber_means_one_warning_and_events_only_stages(fake_lib, tmp_path):
+def test_launch_tags_mode_reads_the_same(fake_lib, tmp_path):
+    """MAXINSTR_CUPTI_TAGS=1: no API or external-correlation activity records; the core's
+    callback on the launch functions (CUPTI's callback API) tags each call with the calling
+    thread's innermost stage, and the run reads exactly as with CUPTI's records."""
+    run_dir = tmp_path / "run"
+    out, err = _run(fake_lib, run_dir, MAXINSTR_CUPTI_TAGS="1")
+    assert "kernels=True" not in err, err
+    assert out["enabled"] == [] and out["subscribed"] is False and out["native"]["pushes"] == 0
+    act = json.loads(next(run_dir.glob("parts/*/activity.json")).read_text())
+    assert act["status"] == "closed" and act["stage_correlation"].startswith("launch tags")
+    assert act["driver_api_records"] == "tags" and not act.get("errors"), act
+    _check_attribution(run_dir)
+
+
+@pytest.mark.parametrize("tags", ["0", "1"])
+def test_another_subscriber_means_one_warning_and_events_only_stages(fake_lib, tmp_path, tags):
     from maxinstr.rundir import load
 
     run_dir = tmp_path / "run"
-    out, err = _run(fake_lib, run_dir, FAKE_CUPTI_HELD="1")
+    out, err = _run(fake_lib, run_dir, FAKE_CUPTI_HELD="1", MAXINSTR_CUPTI_TAGS=tags)
     warn = [ln for ln in err.splitlines() if "maxinstr: kernels=True:" in ln]
     assert len(warn) == 1 and "already holds CUPTI" in warn[0] and "MULTIPLE_SUBSCRIBERS" in warn[0]
     assert out["native"]["pushes"] == 0 and out["enabled"] == []

@@ -60,6 +60,9 @@ FLUSH_EVERY_S = 0.25
 # H200, benchmarks/cupti_configs.py). After this many GPU ops with no driver API record, DRIVER
 # goes off; an op whose launch then left no API record turns it back on (docs/kernels.md).
 DRIVER_PROBE_OPS = 5000
+# The native launch tags (_native.cupti_tags; csrc/core/cupti_tags.h: struct Tag)
+TAG_DTYPE = np.dtype([("correlation_id", "<u4"), ("domain", "<i4"), ("stage_id", "<i8"), ("tid", "<i8"),
+                      ("start_ns", "<i8"), ("end_ns", "<i8"), ("cbid", "<u4"), ("pad", "<u4")])  # fmt: skip
 RECENT_RUNTIME_IDS = 1 << 16
 MAX_QUEUED_ROWS = 8 << 20  # ~640 MB of rows waiting for the flusher: beyond, rows are dropped
 MAX_PENDING_BYTES = 512 << 20  # completed CUPTI buffers not yet taken: beyond, buffers are dropped (counted)
@@ -178,6 +181,10 @@ class CuptiCollector:
         self._fast_note = "fast path not used yet"
         self._layout: dict[int, Any] | None = None
         self._name_ptrs: dict[int, int] = {}
+        # MAXINSTR_CUPTI_TAGS=1: stages from the core's launch tags (CUPTI callback API,
+        # csrc/core/cupti_tags.h) instead of API + external-correlation activity records
+        self._tags = os.environ.get("MAXINSTR_CUPTI_TAGS", "0").strip().lower() not in ("", "0", "false", "no", "off")
+        self._tag_kind = 0
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -198,7 +205,8 @@ class CuptiCollector:
             raise KernelsUnavailable("this build of the native stage core predates kernels=True (rebuild maxinstr)")
         self._native = native
         try:
-            self._subscriber = c.subscribe(_noop_callback, None)
+            # tags mode: the core's callback takes CUPTI's one subscriber slot (below)
+            self._subscriber = None if self._tags else c.subscribe(_noop_callback, None)
         except Exception as exc:  # noqa: BLE001 - cuptiError, or no driver / no libcupti
             text = _error_text(c, exc)
             if "MULTIPLE_SUBSCRIBERS" in text:
@@ -221,13 +229,19 @@ class CuptiCollector:
                 c.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
                 self._mode = "python"
             K = c.ActivityKind
-            for kind in (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.RUNTIME, K.DRIVER, K.EXTERNAL_CORRELATION):
+            if self._tags:
+                self._start_tags(path, kind_value)
+                kinds = (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET)
+            else:
+                kinds = (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.RUNTIME, K.DRIVER, K.EXTERNAL_CORRELATION)
+            for kind in kinds:
                 c.activity_enable(kind)
                 self._enabled.append(kind)
-            self._trace_launches_only()
-            if not native.cupti_link(path, kind_value):
-                raise KernelsUnavailable(f"the stage core could not use {path} for external correlation")
-            self._linked = True
+            if not self._tags:
+                self._trace_launches_only()
+                if not native.cupti_link(path, kind_value):
+                    raise KernelsUnavailable(f"the stage core could not use {path} for external correlation")
+                self._linked = True
         except KernelsUnavailable:
             self._teardown()
             raise
@@ -252,7 +266,74 @@ class CuptiCollector:
             api_functions_kept=self._kept_api,
             quiet_api_functions=self._quiet,
             api_filter_errors=self._api_filter_errors,
+            stage_correlation="launch tags (CUPTI callback API)" if self._tags else "external correlation records",
         )
+
+    def _launch_cbids(self) -> tuple[list[int], list[int]]:
+        """Callback ids of the runtime and driver functions that launch GPU work (names with
+        Launch, Memcpy or Memset)."""
+        out: tuple[list[int], list[int]] = ([], [])
+        for i, enum_name in enumerate(("runtime_api_trace_cbid", "driver_api_trace_cbid")):
+            for member in getattr(self._c, enum_name, None) or []:
+                name = str(getattr(member, "name", ""))
+                if name and name not in _NOT_FUNCTIONS and any(w in name for w in _LAUNCH_WORDS):
+                    out[i].append(int(member))
+        return out
+
+    def _start_tags(self, path: str, kind_value: int) -> None:
+        """The core's launch tags: its callback on the launch functions holds CUPTI's subscriber."""
+        if not hasattr(self._native, "cupti_tags"):
+            raise KernelsUnavailable("this build of the native stage core has no launch tags (MAXINSTR_CUPTI_TAGS)")
+        runtime_ids, driver_ids = self._launch_cbids()
+        rc = self._native.cupti_tags(path, runtime_ids, driver_ids)
+        if rc is not True:
+            if rc == 39:  # CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
+                raise KernelsUnavailable(
+                    "another tool (nsys, Nsight, torch.profiler/Kineto...) already holds CUPTI in this process "
+                    "(ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED): stages are recorded with events only; take the "
+                    "kernels from that tool's trace"
+                )
+            raise KernelsUnavailable(f"CUPTI launch tags could not start ({rc!r}: {self._native.stats()['errors'][-1:]})")
+        self._kept_api = len(runtime_ids) + len(driver_ids)
+        self._tag_kind = kind_value
+        self._driver = "tags"
+
+    def _take_tags(self) -> np.ndarray:
+        """Rows from the launch tags: an API row per call and, inside a stage, an
+        external-correlation row naming it, as CUPTI's records would be."""
+        tags = np.frombuffer(self._native.cupti_tags_take(), dtype=TAG_DTYPE)
+        n = len(tags)
+        if not n:
+            return np.empty(0, ACTIVITY_DTYPE)
+        K = self._c.ActivityKind
+        driver = tags["domain"] == 1
+        api = np.zeros(n, ACTIVITY_DTYPE)
+        api["kind"] = np.where(driver, KIND_DRIVER, KIND_RUNTIME)
+        keys, inverse = np.unique(tags["cbid"].astype(np.int64) * 2 + driver, return_inverse=True)
+        name_ids = []
+        for key in keys.tolist():  # one name lookup per function, not per call
+            drv, cbid = bool(key & 1), key >> 1
+            k = int(K.DRIVER) if drv else int(K.RUNTIME)
+            nid = self._api_names.get((k, cbid))
+            name_ids.append(nid if nid is not None else self._api_name(k, cbid, drv))
+        api["name_id"] = np.asarray(name_ids, np.int32)[inverse]
+        api["start_ns"] = tags["start_ns"]
+        api["end_ns"] = np.where(tags["end_ns"] >= 0, tags["end_ns"], tags["start_ns"])  # still running at the take
+        api["correlation_id"] = tags["correlation_id"]
+        api["tid"] = tags["tid"]
+        api["cbid"] = tags["cbid"]
+        for col in ("external_id", "stream_id", "graph_node_id", "device_id"):
+            api[col] = -1
+        inside = tags["stage_id"] >= 0
+        ext = np.zeros(int(inside.sum()), ACTIVITY_DTYPE)
+        ext["kind"] = KIND_EXTERNAL
+        ext["name_id"] = -1
+        ext["correlation_id"] = tags["correlation_id"][inside]
+        ext["external_id"] = tags["stage_id"][inside]
+        for col in ("stream_id", "tid", "graph_node_id", "device_id"):
+            ext[col] = -1
+        ext["cbid"] = self._tag_kind
+        return np.concatenate([api, ext])
 
     def _trace_launches_only(self) -> None:
         """API records only for the functions that launch GPU work (names with Launch, Memcpy or
@@ -284,6 +365,11 @@ class CuptiCollector:
 
     def _teardown(self) -> None:
         c = self._c
+        if self._tags and self._native is not None and hasattr(self._native, "cupti_tags"):
+            try:
+                self._native.cupti_tags(None)
+            except Exception:  # noqa: BLE001
+                pass
         if self._linked and self._native is not None:
             try:
                 self._native.cupti_link(None)
@@ -428,6 +514,13 @@ class CuptiCollector:
             self._buffers += len(raw)
         with self._lock:
             raw, self._raw, self._raw_bytes = self._raw + raw, [], 0
+        if self._tags:
+            try:
+                rows = self._take_tags()
+                with self._lock:
+                    self._queue_rows(rows)
+            except Exception as exc:  # noqa: BLE001
+                self._error(f"launch tags: {type(exc).__name__}: {exc}")
         for data, offs in raw:
             try:
                 rows = self._convert_checked(data, offs)
@@ -444,7 +537,7 @@ class CuptiCollector:
     def _adapt_driver(self, rows: np.ndarray) -> None:
         """Driver API records off while nothing needs them, back on as soon as something does
         (flusher thread; see DRIVER_PROBE_OPS)."""
-        if self._driver == "needed" or not len(rows):
+        if self._driver in ("needed", "tags") or not len(rows):
             return
         kinds = rows["kind"]
         ops = kinds <= 2

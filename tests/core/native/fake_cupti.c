@@ -47,6 +47,7 @@ int fake_cupti_top(uint64_t* id) { if (depth_ == 0) return 0; *id = stack_[depth
  * walks it by the record sizes the stand-in declared (fake_cupti_set_size). */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 typedef void (*req_fn)(uint8_t**, size_t*, size_t*);
 typedef void (*done_fn)(void*, uint32_t, uint8_t*, size_t, size_t);
 static req_fn req_cb = 0;
@@ -141,7 +142,7 @@ static api_cb sub_cb = 0;
 static void* sub_user = 0;
 static unsigned char enabled_cb[3][4096];
 int cuptiSubscribe(void** sub, api_cb cb, void* user) {
-  if (sub_cb) return 39; /* CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED */
+  if (sub_cb || getenv("FAKE_CUPTI_HELD")) return 39; /* CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED */
   sub_cb = cb;
   sub_user = user;
   *sub = (void*)0x5B;
@@ -156,6 +157,13 @@ int cuptiUnsubscribe(void* sub) {
   if (sub != (void*)0x5B) return 1;
   sub_cb = 0;
   memset(enabled_cb, 0, sizeof(enabled_cb));
+  return 0;
+}
+/* CUPTI's clock here: CLOCK_MONOTONIC + 1e12 ns (the Python stand-in's get_timestamp) */
+int cuptiGetTimestamp(uint64_t* t) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  *t = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + 1000000000000ull;
   return 0;
 }
 int fake_cupti_call(int domain, uint32_t cbid, uint32_t corr) {

@@ -251,6 +251,12 @@ def activity_flush_all(flag):
         completed(batch)
 
 
+def cbid_for(api: str, kind: str, graph_nodes: int) -> int:
+    if api == "runtime":
+        return runtime_api_trace_cbid.cudaMemcpyAsync_v3020 if kind == "memcpy" else runtime_api_trace_cbid.cudaLaunchKernel_v7000
+    return driver_api_trace_cbid.cuGraphLaunch if graph_nodes else driver_api_trace_cbid.cuLaunchKernel
+
+
 def launch(name: str, kind: str = "kernel", dur_ns: int = 1000, api: str = "runtime", graph_nodes: int = 0,
            nbytes: int = 0) -> int | None:
     """One API call launching GPU work now, on the calling thread. Returns its correlation id
@@ -275,6 +281,8 @@ def launch(name: str, kind: str = "kernel", dur_ns: int = 1000, api: str = "runt
         cbid = driver_api_trace_cbid.cuGraphLaunch if graph_nodes else driver_api_trace_cbid.cuLaunchKernel
         recs.append(_record(SimpleNamespace(kind=ActivityKind.DRIVER, cbid=int(cbid), start=t, end=t + 300, correlation_id=corr,
                                             thread_id=threading.get_native_id(), process_id=os.getpid()), _API_BYTES))  # fmt: skip
+    # a subscriber's callback on this function (the stage core's launch tags), as the driver would
+    _LIB.fake_cupti_call(2 if api == "runtime" else 1, int(cbid_for(api, kind, graph_nodes)), corr)
     if top_kind:
         recs.append(_record(SimpleNamespace(kind=ActivityKind.EXTERNAL_CORRELATION, correlation_id=corr, external_id=top.value,
                                             external_kind=top_kind), activity_external_correlation_dtype))  # fmt: skip
