@@ -119,13 +119,8 @@ def child(name: str, rounds: int, steps: int) -> dict:
             res["notes"].append(f"hw trace: {type(exc).__name__}: {mc._error_text(c, exc)}")
     ks = [getattr(K, k) for k in kinds]
 
-    tag_ids = ([], [])
-    if opt.get("native_tags"):  # the launch functions, as the collector's API filter keeps them
-        for i, enum_name in enumerate(("runtime_api_trace_cbid", "driver_api_trace_cbid")):
-            for member in getattr(c, enum_name, []):
-                name = str(getattr(member, "name", ""))
-                if name and name not in mc._NOT_FUNCTIONS and any(w in name for w in mc._LAUNCH_WORDS):
-                    tag_ids[i].append(int(member))
+    # the launch functions, as the collector's API filter keeps them
+    tag_ids = mc.CuptiCollector._launch_cbids(types.SimpleNamespace(_c=c)) if opt.get("native_tags") else ([], [])
 
     def enable():
         for k in ks:
