@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     b = res3["bare"]["total_ns"]
     for k, v in res3.items():
         print(f"  {k:<22} {v['total_ns'] / 1000:8.1f} us  {100 * (v['total_ns'] / b - 1):+6.1f} %   events/step "
-              f"{v.get('events_recorded', 0) * 1:.2f}")
+              f"{v.get('events_recorded', 0):.2f}")
     out["stats"] = _native.stats()
     if a.json:
         with open(a.json, "w") as f:

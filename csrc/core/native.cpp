@@ -266,7 +266,7 @@ struct Globals {
   int64_t gpu_budget_t0 = 0;    // host time of the first GPU event
   uint64_t gpu_sampled_out = 0; // stages left untimed by the budget
   bool place_async = false;     // slot_place() hands events to the placer thread (placer.h)
-  uint64_t drv_ns[6] = {0, 0, 0, 0, 0, 0};  // record, query/sync, elapsed, is_capturing, ctx_current, resolve_front
+  uint64_t drv_ns[5] = {0, 0, 0, 0, 0};  // record, query/sync, elapsed, is_capturing, resolve_front
 
 
   // CUPTI external correlation (session kernels=True): libcupti is loaded by the Python side
@@ -588,7 +588,7 @@ inline void* gpu_current_key() {
   return nullptr;
 }
 
-enum { DRV_RECORD, DRV_QUERY, DRV_ELAPSED, DRV_CAPTURING, DRV_CTX, DRV_RESOLVE };
+enum { DRV_RECORD, DRV_QUERY, DRV_ELAPSED, DRV_CAPTURING, DRV_RESOLVE };
 struct DrvTime {
   int which;
   int64_t t0;
