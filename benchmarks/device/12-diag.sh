@@ -11,9 +11,11 @@ out="${OUT:-/tmp/out}/diag"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 rc=0
+if [ "${DIAG_EVENTS:-1}" = 1 ]; then  # DIAG_EVENTS=0: the CUPTI configurations only
 echo "== event diag"
 MAXINSTR_TIME_DRIVER=1 timeout 120 python3 benchmarks/event_diag.py --json "$out/event-diag.json" 2>&1 | tee "$out/event-diag.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+fi
 if [ "${DIAG_CUPTI:-1}" = 1 ]; then  # DIAG_CUPTI=0: the event diagnostics only
 echo "== cupti configs"
 timeout 200 python3 benchmarks/cupti_configs.py --json "$out/cupti-configs.json" 2>&1 | tee "$out/cupti-configs.txt"
