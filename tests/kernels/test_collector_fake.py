@@ -84,14 +84,18 @@ def fake_lib_no_buffers(tmp_path_factory):
     return _compile(tmp_path_factory, "-DFAKE_NO_BUFFERS")
 
 
-def _run(fake_lib: Path, run_dir: Path, **env: str) -> tuple[dict | None, str]:
+def _run(fake_lib: Path, run_dir: Path, **env: str | None) -> tuple[dict | None, str]:
+    """The collector with the stand-in libcupti; its activity-record path unless MAXINSTR_CUPTI_TAGS
+    is given (None: unset, the default: launch tags)."""
     import maxinstr
 
     src = str(Path(maxinstr.__file__).resolve().parent.parent)
     e = dict(os.environ)
     for k in ("CUDA_INJECTION64_PATH", "NSYS_PROFILING_SESSION_ID", "MAXINSTR_RUN_DIR", "MAXINSTR_SESSION_DIR"):
         e.pop(k, None)
+    e["MAXINSTR_CUPTI_TAGS"] = "0"
     e.update(env)
+    e = {k: v for k, v in e.items() if v is not None}
     e["FAKE_CUPTI_LIB"] = str(fake_lib)
     e["PYTHONPATH"] = os.pathsep.join([str(HERE / "fake_cupti"), src, e.get("PYTHONPATH", "")])
     p = subprocess.run([sys.executable, "-c", SCRIPT, str(run_dir)], env=e, capture_output=True, text=True, timeout=120)
@@ -188,11 +192,11 @@ def _check_attribution(run_dir: Path) -> None:
 
 
 def test_launch_tags_mode_reads_the_same(fake_lib, tmp_path):
-    """MAXINSTR_CUPTI_TAGS=1: no API or external-correlation activity records; the core's
-    callback on the launch functions (CUPTI's callback API) tags each call with the calling
-    thread's innermost stage, and the run reads exactly as with CUPTI's records."""
+    """The default (MAXINSTR_CUPTI_TAGS unset): no API or external-correlation activity records;
+    the core's callback on the launch functions (CUPTI's callback API) tags each call with the
+    calling thread's innermost stage, and the run reads exactly as with CUPTI's records."""
     run_dir = tmp_path / "run"
-    out, err = _run(fake_lib, run_dir, MAXINSTR_CUPTI_TAGS="1")
+    out, err = _run(fake_lib, run_dir, MAXINSTR_CUPTI_TAGS=None)
     assert "kernels=True" not in err, err
     assert out["enabled"] == [] and out["subscribed"] is False and out["native"]["pushes"] == 0
     act = json.loads(next(run_dir.glob("parts/*/activity.json")).read_text())
@@ -269,6 +273,7 @@ def test_driver_api_records_go_off_when_nothing_needs_them(fake_lib, tmp_path, m
     for k in ("CUDA_INJECTION64_PATH", "NSYS_PROFILING_SESSION_ID", "MAXINSTR_RUN_DIR", "MAXINSTR_SESSION_DIR"):
         e.pop(k, None)
     e["FAKE_CUPTI_LIB"] = str(fake_lib)
+    e["MAXINSTR_CUPTI_TAGS"] = "0"  # the activity-record path, where DRIVER records adapt
     e["PYTHONPATH"] = os.pathsep.join([str(HERE / "fake_cupti"), src, e.get("PYTHONPATH", "")])
     run_dir = tmp_path / "run"
     p = subprocess.run([sys.executable, "-c", ADAPT_SCRIPT, str(run_dir), mode], env=e, capture_output=True,

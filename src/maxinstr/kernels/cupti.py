@@ -181,9 +181,10 @@ class CuptiCollector:
         self._fast_note = "fast path not used yet"
         self._layout: dict[int, Any] | None = None
         self._name_ptrs: dict[int, int] = {}
-        # MAXINSTR_CUPTI_TAGS=1: stages from the core's launch tags (CUPTI callback API,
-        # csrc/core/cupti_tags.h) instead of API + external-correlation activity records
-        self._tags = os.environ.get("MAXINSTR_CUPTI_TAGS", "0").strip().lower() not in ("", "0", "false", "no", "off")
+        # stages from the core's launch tags (CUPTI callback API, csrc/core/cupti_tags.h): on the
+        # H200 they cost a launch-bound step less than API + external-correlation activity records
+        # and read the same (docs/kernels.md); MAXINSTR_CUPTI_TAGS=0 goes back to those records
+        self._tags = os.environ.get("MAXINSTR_CUPTI_TAGS", "1").strip().lower() not in ("", "0", "false", "no", "off")
         self._tag_kind = 0
 
     # -- lifecycle ----------------------------------------------------------------------
