@@ -8,8 +8,8 @@ Two steps, each timed on the host from before the stage to after a device synchr
 
   bare      no maxinstr at all
   stages    maxinstr.session (stages with GPU events and NVTX), kernels=False
-  kernels   maxinstr.session(..., kernels=True): CUPTI in-process
-  kernels_tags  the same with MAXINSTR_CUPTI_TAGS=1 (stages from the core's launch tags, no API
+  kernels   maxinstr.session(..., kernels=True) with MAXINSTR_CUPTI_TAGS=0 (API + external-correlation records)
+  kernels_tags  kernels=True as it is by default, MAXINSTR_CUPTI_TAGS=1 (launch tags, no API
             or external-correlation activity records; docs/kernels.md)
   nsys      the `stages` program under `nsys profile -t cuda,nvtx` (when nsys is on PATH)
   torchprof the `stages` program inside torch.profiler.profile(CPU+CUDA) (Kineto)
@@ -171,7 +171,7 @@ def child(mode: str, n_small: int, n_large: int, run_dir: str) -> dict:
     res = {"mode": mode, "small_ns": statistics.median(s_times), "large_ns": statistics.median(l_times),
            "small_mean_ns": statistics.fmean(s_times), "large_mean_ns": statistics.fmean(l_times),
            "small_n": len(s_times), "large_n": len(l_times)}  # fmt: skip
-    if mode == "kernels":
+    if mode == "kernels":  # kernels_tags runs this child too
         k = _kernels_meta(run_dir)
         res["kernels_status"] = k.get("status")
         res["kernels_reason"] = k.get("reason")
@@ -201,17 +201,25 @@ def _cpu_set(spec: str) -> set[int] | None:
     return cpus
 
 
+def _child_result(label: str, cmd: list[str], timeout_s: int, pin, env=None) -> tuple[dict | None, str]:
+    """Run one child; its RESULT line as a dict with wall_s (None, and the output printed, on failure)."""
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, preexec_fn=pin)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        print(f"{label}: failed rc={proc.returncode}\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")
+        return None, proc.stderr
+    res = json.loads(line[7:])
+    res["wall_s"] = round(time.monotonic() - t0, 1)
+    return res, proc.stderr
+
+
 def _run_ab(args: argparse.Namespace, tmp: Path, pin) -> dict | None:
     cmd = [sys.executable, __file__, "--child", "ab", "--ab-rounds", str(args.ab_rounds), "--small", str(args.small),
            "--large", str(args.large), "--run-dir", str(tmp / "ab")]  # fmt: skip
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=pin)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if proc.returncode != 0 or line is None:
-        print(f"one process (ab): failed rc={proc.returncode}\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")
+    ab, _ = _child_result("one process (ab)", cmd, 300, pin)
+    if ab is None:
         return None
-    ab = json.loads(line[7:])
-    ab["wall_s"] = round(time.monotonic() - t0, 1)
     print(f"\nONE process, {ab['rounds']} rounds of rotated blocks ({ab['wall_s']} s); ratio = median over rounds "
           f"of block / that round's bare block")  # fmt: skip
     print(f"{'mode':13} {'small step us':>14} {'ratio':>7} {'large step us':>14} {'ratio':>7}   small step per round (us)")
@@ -278,19 +286,14 @@ def main() -> int:
                 continue
             cmd = [nsys, "profile", "-t", "cuda,nvtx", "--sample=none", "--cpuctxsw=none", "-f", "true",
                    "-o", str(tmp / "overhead"), *cmd]  # fmt: skip
-        t0 = time.monotonic()
         env = dict(os.environ, MAXINSTR_CUPTI_TAGS="1" if mode == "kernels_tags" else "0")
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, preexec_fn=pin)
-        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if proc.returncode != 0 or line is None:
-            print(f"{mode}: failed rc={proc.returncode}\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")
+        res, stderr = _child_result(mode, cmd, 240, pin, env)
+        if res is None:
             continue
-        res = json.loads(line[7:])
         res["mode"] = mode
-        res["wall_s"] = round(time.monotonic() - t0, 1)
         runs.setdefault(mode, []).append(res)
         print(f"{mode}: small {res['small_ns'] / 1e3:.1f} us, large {res['large_ns'] / 1e3:.1f} us (median; {res['wall_s']} s)", flush=True)
-        warn = [ln for ln in proc.stderr.splitlines() if "kernels=True" in ln]
+        warn = [ln for ln in stderr.splitlines() if "kernels=True" in ln]
         if warn:
             res["warning"] = warn[0]
     results = []
@@ -315,9 +318,10 @@ def main() -> int:
     if any(r.get("rounds", 1) > 1 for r in results):
         print("small step per round (us): " + "; ".join(
             f"{r['mode']} " + ", ".join(f"{v / 1e3:.0f}" for v in r["small_ns_rounds"]) for r in results))
-    k = next((r for r in results if r["mode"] == "kernels"), None)
+    # the targets are read off kernels=True's default (launch tags) where it ran
+    k = next((r for r in results if r["mode"] == "kernels_tags"), None) or next((r for r in results if r["mode"] == "kernels"), None)
     if k is not None:
-        print(f"kernels: status {k.get('kernels_status')}, {k.get('activity_rows')} activity rows, buffers by "
+        print(f"{k['mode']}: status {k.get('kernels_status')}, {k.get('activity_rows')} activity rows, buffers by "
               f"{k.get('buffers_by')}, Python on CUPTI's thread {k.get('callback_s')} s, conversion on the flusher "
               f"{k.get('convert_s')} s, dropped (cupti, queue) {k.get('dropped')}, API functions traced "
               f"{k.get('api_functions_kept')}\nkernels: {k.get('fast_path')}")  # fmt: skip
