@@ -1,6 +1,6 @@
 """What each part of kernels=True's CUPTI configuration costs on a launch-bound step (issue 9).
 
-    python benchmarks/cupti_configs.py [--configs "a;b"] [--rounds 8] [--json out.json]
+    python benchmarks/cupti_configs.py [--configs "a;b"] [--rounds 40] [--json out.json]
 
 Each configuration runs in a fresh process on the small step of benchmarks/cupti_overhead.py
 (one stage around 32 tiny torch launches, then a device synchronize). In that process: bare
@@ -9,14 +9,16 @@ native buffers, the stage core pushing external-correlation ids), and blocks alt
 the configuration's activity kinds enabled and disabled. Ratios are medians over rounds of
 (enabled block / disabled block of the same round), so the process-to-process drift of that
 machine (tens of percent on single runs) cancels; "off/bare" shows what merely having CUPTI
-attached costs. Records per launch (by kind) come from the buffers taken after each enabled
-block, so a configuration that loses records shows it.
+attached costs; "p10" is the same ratio of the blocks' 10th-percentile steps. Records per launch
+(by kind) come from the buffers taken after each enabled block, so a configuration that loses
+records shows it. The launch-tag configurations split the tags' cost: CUPTI's callback dispatch
+alone (flags 2: the callback returns at once), the tags without timestamps, the tags as
+kernels=True takes them; "kernels tagged" says which id each kernel record carried.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import statistics
@@ -38,10 +40,12 @@ CONFIGS: dict[str, tuple[list[str], dict]] = {
         ["CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "RUNTIME", "DRIVER", "EXTERNAL_CORRELATION"], {"launch_only": True}),
     "six kinds, all API functions": (
         ["CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "RUNTIME", "DRIVER", "EXTERNAL_CORRELATION"], {}),
-    "kernel + native launch tags": (["CONCURRENT_KERNEL"], {"no_subscriber": True, "native_tags": True}),
-    "kernel (semaphores preallocated)": (["CONCURRENT_KERNEL"], {"prealloc": True}),
-    "kernel (per-thread buffers)": (["CONCURRENT_KERNEL"], {"per_thread": True}),
-    "kernel (hw trace)": (["CONCURRENT_KERNEL"], {"hw_trace": True}),
+    # the core's launch tags (kernels=True's default); tag_flags as _native.cupti_tags takes them
+    "kernel + launch tags": (["CONCURRENT_KERNEL"], {"no_subscriber": True, "tag_flags": 1}),
+    "kernel + launch tags, no times": (["CONCURRENT_KERNEL"], {"no_subscriber": True, "tag_flags": 0}),
+    "kernel + callback dispatch only": (["CONCURRENT_KERNEL"], {"no_subscriber": True, "tag_flags": 2}),
+    "launch tags alone": ([], {"no_subscriber": True, "tag_flags": 1}),
+    "callback dispatch alone": ([], {"no_subscriber": True, "tag_flags": 2}),
 }
 
 
@@ -64,7 +68,7 @@ def child(name: str, rounds: int, steps: int) -> dict:
                 x.add_(1.0)
         sync()
 
-    def block() -> float:
+    def block() -> list[int]:
         t: list[int] = []
         for _ in range(steps):
             t0 = time.perf_counter_ns()
@@ -72,7 +76,7 @@ def child(name: str, rounds: int, steps: int) -> dict:
             t.append(time.perf_counter_ns() - t0)
         _native.resolve(block=True)
         _native.drain()
-        return statistics.median(t)
+        return t
 
     for _ in range(50):
         small()
@@ -84,10 +88,7 @@ def child(name: str, rounds: int, steps: int) -> dict:
         for _ in range(rounds):
             on.append(block())
             off.append(block())
-        return {**res, "bare_us": statistics.median(bare) / 1000, "on_us": statistics.median(on) / 1000,
-                "off_us": statistics.median(off) / 1000,
-                "on_over_off": statistics.median(a / b for a, b in zip(on, off)),
-                "off_over_bare": statistics.median(off) / statistics.median(bare), "records_per_launch": {}}
+        return {**res, **_ratios(bare, on, off), "records_per_launch": {}}
     from cupti import cupti as c
 
     sub = None if opt.get("no_subscriber") else c.subscribe(mc._noop_callback, None)
@@ -96,36 +97,17 @@ def child(name: str, rounds: int, steps: int) -> dict:
     if not path or not _native.cupti_buffers(path, mc.BUFFER_BYTES, mc.MAX_PENDING_BYTES):
         return {**res, "error": f"native buffers unavailable ({path})"}
     K = c.ActivityKind
-    A = c.ActivityAttribute
 
-    def set_attr(attr, value, ctype):
-        v = ctype(value)
-        try:
-            c.activity_set_attribute(attr, ctypes.sizeof(v), ctypes.addressof(v))
-            res["notes"].append(f"{attr.name}={value}")
-        except Exception as exc:  # noqa: BLE001
-            res["notes"].append(f"{attr.name}: {type(exc).__name__}: {exc}")
-
-    if opt.get("prealloc"):
-        set_attr(A.ATTR_PROFILING_SEMAPHORE_PRE_ALLOCATE_VALUE, 65536, ctypes.c_size_t)
-        set_attr(A.ATTR_DEVICE_BUFFER_PRE_ALLOCATE_VALUE, 4, ctypes.c_size_t)
-    if opt.get("per_thread"):
-        set_attr(A.ATTR_PER_THREAD_BUFFER, 1, ctypes.c_uint8)
-    if opt.get("hw_trace"):
-        try:
-            c.activity_enable_hw_trace(1)
-            res["notes"].append("hw trace on")
-        except Exception as exc:  # noqa: BLE001
-            res["notes"].append(f"hw trace: {type(exc).__name__}: {mc._error_text(c, exc)}")
     ks = [getattr(K, k) for k in kinds]
 
     # the launch functions, as the collector's API filter keeps them
-    tag_ids = mc.CuptiCollector._launch_cbids(types.SimpleNamespace(_c=c)) if opt.get("native_tags") else ([], [])
+    tags = "tag_flags" in opt
+    tag_ids = mc.CuptiCollector._launch_cbids(types.SimpleNamespace(_c=c)) if tags else ([], [])
 
     def enable():
         for k in ks:
             c.activity_enable(k)
-        if opt.get("native_tags") and _native.cupti_tags(path, *tag_ids) is not True:
+        if tags and _native.cupti_tags(path, *tag_ids, opt["tag_flags"]) is not True:
             raise RuntimeError(f"cupti_tags failed: {_native.stats()['errors'][-1:]}")
         if opt.get("launch_only"):  # as the collector does, after the kinds are on
             ns = types.SimpleNamespace(_c=c)
@@ -139,16 +121,17 @@ def child(name: str, rounds: int, steps: int) -> dict:
         small()
     for k in ks:
         c.activity_disable(k)
-    if opt.get("native_tags"):
+    if tags:
         _native.cupti_tags(None)
         _native.cupti_tags_take()
     _native.cupti_flush(1)
     _native.cupti_take()
 
-    on: list[float] = []
-    off: list[float] = []
+    on: list[list[int]] = []
+    off: list[list[int]] = []
     per_kind: dict[str, int] = {}
     tag_corr: list = []
+    inner_corr: list = []
     kcorr: list = []
     for r in range(rounds):
         order = ("on", "off") if r % 2 == 0 else ("off", "on")
@@ -158,17 +141,18 @@ def child(name: str, rounds: int, steps: int) -> dict:
                 on.append(block())
                 for k in ks:
                     c.activity_disable(k)
-                if opt.get("native_tags"):
+                if tags:
                     _native.cupti_tags(None)
-                    raw = _native.cupti_tags_take()
-                    tags = np.frombuffer(raw, dtype=mc.TAG_DTYPE)
-                    per_kind["TAG"] = per_kind.get("TAG", 0) + len(tags)
-                    tag_corr.append(tags["correlation_id"][tags["stage_id"] >= 0].astype(np.int64))
+                    tg = np.frombuffer(_native.cupti_tags_take(), dtype=mc.TAG_DTYPE)
+                    per_kind["TAG"] = per_kind.get("TAG", 0) + len(tg)
+                    staged = tg[tg["stage_id"] >= 0]
+                    tag_corr.append(staged["correlation_id"].astype(np.int64))
+                    inner_corr.append(staged["inner_correlation_id"][staged["inner_correlation_id"] != 0].astype(np.int64))
                 _native.cupti_flush(1)  # outside the timed block
                 for data, offs in _native.cupti_take():
                     o = np.frombuffer(offs, np.int64)
                     kk = np.frombuffer(data, "<i4", count=len(data) // 4)[o // 4]
-                    if opt.get("native_tags"):  # which kernels a tag (with a stage) names
+                    if tags:  # which kernels a tag (with a stage) names
                         ko = o[kk == int(K.CONCURRENT_KERNEL)]
                         field = c.activity_kernel10_dtype.fields["correlation_id"]
                         kcorr.append(np.array([int.from_bytes(data[x + field[1]:x + field[1] + 4], "little") for x in ko.tolist()],
@@ -182,23 +166,39 @@ def child(name: str, rounds: int, steps: int) -> dict:
     if sub is not None:
         c.unsubscribe(sub)
     launches = rounds * steps * LAUNCHES
-    res.update(
-        bare_us=statistics.median(bare) / 1000, on_us=statistics.median(on) / 1000, off_us=statistics.median(off) / 1000,
-        on_over_off=statistics.median(a / b for a, b in zip(on, off)),
-        off_over_bare=statistics.median(off) / statistics.median(bare),
-        records_per_launch={k: v / launches for k, v in sorted(per_kind.items())},
-    )
-    if opt.get("native_tags") and kcorr:
+    res.update(_ratios(bare, on, off), records_per_launch={k: v / launches for k, v in sorted(per_kind.items())})
+    if tags and kcorr and opt["tag_flags"] != 2:
         kc = np.concatenate(kcorr)
-        res["kernels_tagged_with_a_stage"] = float(np.isin(kc, np.concatenate(tag_corr) if tag_corr else []).mean())
-        res["notes"].append(f"kernels tagged with a stage: {res['kernels_tagged_with_a_stage']:.3f}")
+        outer = np.isin(kc, np.concatenate(tag_corr))
+        inner = np.isin(kc, np.concatenate(inner_corr))
+        res["kernels_tagged_with_a_stage"] = float((outer | inner).mean())
+        res["notes"].append(f"kernels tagged with a stage: {res['kernels_tagged_with_a_stage']:.3f} (by the launch "
+                            f"call's id {outer.mean():.3f}, by its inner driver call's {inner.mean():.3f})")
     return res
+
+
+def _p10(t: list[int]) -> float:
+    return statistics.quantiles(t, n=10)[0]
+
+
+def _ratios(bare: list[list[int]], on: list[list[int]], off: list[list[int]]) -> dict:
+    """Step times (us) and on/off ratios: median over rounds of a statistic of the enabled block
+    over the same statistic of that round's disabled block, for the median step and for the
+    10th-percentile step (the step least disturbed by the rest of the machine)."""
+    med = statistics.median
+    return {
+        "bare_us": med(med(b) for b in bare) / 1000, "on_us": med(med(b) for b in on) / 1000,
+        "off_us": med(med(b) for b in off) / 1000,
+        "on_over_off": med(med(a) / med(b) for a, b in zip(on, off)),
+        "on_over_off_p10": med(_p10(a) / _p10(b) for a, b in zip(on, off)),
+        "off_over_bare": med(med(b) for b in off) / med(med(b) for b in bare),
+    }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--configs", default=";".join(CONFIGS), help="names separated by ';'")
-    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--json")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -208,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results = []
     print(f"small step: one stage around {LAUNCHES} tiny torch launches + synchronize; median us per step; "
-          "on/off = median over rounds of enabled/disabled blocks in one process")
-    print(f"{'configuration':<34}{'bare':>8}{'off':>8}{'on':>8}{'on/off':>8}{'off/bare':>9}  records per launch")
+          "on/off = median over rounds of enabled/disabled blocks in one process (p10: of their 10th-percentile steps)")
+    print(f"{'configuration':<34}{'bare':>8}{'off':>8}{'on':>8}{'on/off':>8}{'p10':>7}{'off/bare':>9}  records per launch")
     for name in a.configs.split(";"):
         p = subprocess.run([sys.executable, __file__, "--child", name, "--rounds", str(a.rounds), "--steps", str(a.steps)],
                            capture_output=True, text=True, timeout=300, env=os.environ)
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<34} error: {r['error']}")
             continue
         rec = " ".join(f"{k.lower()} {v:.2f}" for k, v in r["records_per_launch"].items())
-        print(f"{name:<34}{r['bare_us']:8.1f}{r['off_us']:8.1f}{r['on_us']:8.1f}{r['on_over_off']:8.3f}"
+        print(f"{name:<34}{r['bare_us']:8.1f}{r['off_us']:8.1f}{r['on_us']:8.1f}{r['on_over_off']:8.3f}{r['on_over_off_p10']:7.3f}"
               f"{r['off_over_bare']:9.3f}  {rec}  {' '.join(r['notes'])}")
     if a.json:
         with open(a.json, "w") as f:

@@ -18,7 +18,9 @@ MAXINSTR_TIME_DRIVER=1 timeout 120 python3 benchmarks/event_diag.py --json "$out
 fi
 if [ "${DIAG_CUPTI:-1}" = 1 ]; then  # DIAG_CUPTI=0: the event diagnostics only
 echo "== cupti configs"
-timeout 200 python3 benchmarks/cupti_configs.py --json "$out/cupti-configs.json" 2>&1 | tee "$out/cupti-configs.txt"
+# DIAG_CONFIGS: the configurations (names separated by ';'), default the launch-tag breakdown
+configs="${DIAG_CONFIGS:-control (no CUPTI);kernel;kernel+extcorr+runtime;kernel + launch tags;kernel + launch tags, no times;kernel + callback dispatch only;launch tags alone;callback dispatch alone}"
+timeout 240 python3 benchmarks/cupti_configs.py --configs "$configs" --json "$out/cupti-configs.json" 2>&1 | tee "$out/cupti-configs.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 exit $rc

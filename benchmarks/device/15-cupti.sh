@@ -103,6 +103,6 @@ PY
 fi
 
 echo "== 3. overhead: bare / stages / kernels / nsys / torch.profiler"
-timeout 330 python3 benchmarks/cupti_overhead.py --rounds "${CUPTI_ROUNDS:-3}" --ab-rounds "${CUPTI_AB_ROUNDS:-8}" --out "$out" 2>&1 | tee "$out/overhead.txt" | tail -30
+timeout 330 python3 benchmarks/cupti_overhead.py --rounds "${CUPTI_ROUNDS:-3}" --ab-rounds "${CUPTI_AB_ROUNDS:-24}" --out "$out" 2>&1 | tee "$out/overhead.txt" | tail -30
 
 exit $rc

@@ -1,11 +1,13 @@
-// Launch tags through CUPTI's callback API (included by native.cpp). An experiment for issue 9,
-// not used by kernels=True yet: on an H200, the API activity records that carry a stage id to
-// each kernel (RUNTIME/DRIVER + EXTERNAL_CORRELATION) cost a launch-bound step ~13-19 %, the
-// kernel records themselves ~5 % (benchmarks/cupti_configs.py). Here a native callback on the
-// launch/copy/set functions only reads, at API entry and on the calling thread itself, the
-// correlation id CUPTI gives the call and the innermost open stage of that thread, and keeps the
-// pair; kernel records carry the same correlation id. benchmarks/cupti_configs.py measures it as
-// "kernel + native launch tags" against the activity-record configurations.
+// Launch tags through CUPTI's callback API (included by native.cpp): what kernels=True uses to
+// give each kernel, copy and set its stage. On an H200 the API activity records that could carry
+// a stage id to each op (RUNTIME/DRIVER + EXTERNAL_CORRELATION) cost a launch-bound step ~13-19 %
+// (benchmarks/cupti_configs.py). Here a native callback on the launch/copy/set functions only
+// reads, on the calling thread itself, the correlation id CUPTI gives the call and the innermost
+// open stage of that thread; kernel records carry the same correlation id.
+//
+// One tag per outermost call: the driver call a runtime launch makes inside itself is folded
+// into the runtime call's tag (inner_correlation_id), so a runtime launch costs one tag, not two.
+// The tag is built in thread-local storage at entry and appended, under the one lock, at exit.
 namespace cuptitag {
 
 typedef void (*callback_fn)(void*, int, uint32_t, const void*);
@@ -19,41 +21,71 @@ struct Tag {  // 48 bytes
   int32_t domain;    // 1 driver API, 2 runtime API
   int64_t stage_id;  // innermost open stage of the calling thread, -1 none
   int64_t tid;       // the calling thread (OS id)
-  int64_t start_ns;  // CUPTI's clock (cuptiGetTimestamp), at entry and exit of the call
-  int64_t end_ns;
+  int64_t start_ns;  // CUPTI's clock (cuptiGetTimestamp) at entry and exit of the call; -1 if not
+  int64_t end_ns;    // taken (TAG_TIMES off)
   uint32_t cbid;
-  uint32_t pad;
+  uint32_t inner_correlation_id;  // the first enabled call made inside this one (0 none)
 };
 static_assert(sizeof(Tag) == 48, "Tag layout is read by Python (kernels/cupti.py TAG_DTYPE)");
+
+// flags of cupti_tags(): TIMES takes start/end (two cuptiGetTimestamp a call); NOOP makes the
+// callback return at once (benchmarks: what CUPTI's dispatch alone costs).
+constexpr int TAG_TIMES = 1, TAG_NOOP = 2;
+
+// This thread's call in progress: trivially constructible, so no guard on each access.
+struct Open {
+  uint64_t epoch;  // the subscription it belongs to (a call left open by an unsubscribe is dropped)
+  int depth;       // enabled calls entered and not yet exited on this thread
+  Tag tag;
+};
+thread_local Open tls_open;
 
 constexpr size_t kMaxTags = 1u << 22;
 std::mutex mu;
 std::vector<Tag> tags;
+uint64_t calls = 0;  // under mu
 void* sub = nullptr;
 unsubscribe_fn unsubscribe = nullptr;
 timestamp_fn timestamp = nullptr;
-uint64_t gen = 1;  // bumped at each take: an exit whose entry was taken before finds nothing to end
-std::atomic<uint64_t> calls{0}, dropped{0};
+std::atomic<uint64_t> epoch{1};
+std::atomic<int> flags{TAG_TIMES};
+std::atomic<uint64_t> dropped{0};
 
-inline int64_t cupti_now() {
+inline int64_t cupti_now(int f) {
   uint64_t t = 0;
-  return timestamp && timestamp(&t) == 0 ? (int64_t)t : -1;
+  return (f & TAG_TIMES) && timestamp && timestamp(&t) == 0 ? (int64_t)t : -1;
 }
 
-// CUpti_CallbackData (cupti_callbacks.h): callbackSite (int) at 0, correlationData (uint64_t*, a
-// slot CUPTI keeps from the entry to the exit of one call) at 56, correlationId (uint32) at 64.
+// CUpti_CallbackData (cupti_callbacks.h): callbackSite (int, 0 entry / 1 exit) at 0,
+// correlationId (uint32) at 64.
 void callback(void*, int domain, uint32_t cbid, const void* data) {
+  const int f = flags.load(std::memory_order_relaxed);
+  if (f & TAG_NOOP) return;
   const char* d = (const char*)data;
-  uint64_t* slot = *(uint64_t* const*)(d + 56);
-  if (*(const int*)d != 0) {  // CUPTI_API_EXIT: end the tag its entry made
-    if (!slot || !*slot) return;
-    int64_t t_end = cupti_now();
+  Open& o = tls_open;
+  const uint64_t ep = epoch.load(std::memory_order_relaxed);
+  if (o.epoch != ep) {
+    o.epoch = ep;
+    o.depth = 0;
+  }
+  if (*(const int*)d != 0) {  // exit
+    if (o.depth == 0 || --o.depth > 0) return;  // entered before the subscription, or nested
+    o.tag.end_ns = cupti_now(f);
     std::lock_guard<std::mutex> lock(mu);
-    size_t idx = (size_t)(*slot & 0xffffffffu) - 1;
-    if ((*slot >> 32) == gen && idx < tags.size()) tags[idx].end_ns = t_end;
+    calls++;
+    if (tags.size() < kMaxTags)
+      tags.push_back(o.tag);
+    else
+      dropped.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  Tag t{*(const uint32_t*)(d + 64), domain, -1, 0, cupti_now(), -1, cbid, 0};
+  const uint32_t corr = *(const uint32_t*)(d + 64);
+  if (o.depth++ > 0) {  // inside an enabled call of this thread: the runtime's own driver call
+    if (!o.tag.inner_correlation_id && corr != o.tag.correlation_id) o.tag.inner_correlation_id = corr;
+    return;
+  }
+  Tag& t = o.tag;
+  t = Tag{corr, domain, -1, 0, cupti_now(f), -1, cbid, 0};
   ThreadState* ts = tls_ts;  // this thread's own stack: only this thread changes it
   if (ts) {
     t.tid = ts->tid;
@@ -63,33 +95,32 @@ void callback(void*, int domain, uint32_t cbid, const void* data) {
         break;
       }
   }
-  calls.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(mu);
-  if (tags.size() < kMaxTags) {
-    tags.push_back(t);
-    if (slot) *slot = (gen << 32) | (uint64_t)tags.size();
-  } else {
-    dropped.fetch_add(1, std::memory_order_relaxed);
-    if (slot) *slot = 0;
-  }
 }
 
 }  // namespace cuptitag
 
-// cupti_tags(path, runtime_cbids, driver_cbids) -> True, False (no such library or symbols) or
-// cuptiSubscribe's error code (39: another subscriber holds CUPTI): subscribe to the libcupti
-// loaded at path (RTLD_NOLOAD) with the native callback, enabled for those functions only;
-// cupti_tags(None) unsubscribes. The subscriber slot is CUPTI's only one.
+// cupti_tags(path, runtime_cbids, driver_cbids, flags=1) -> True, False (no such library or
+// symbols) or cuptiSubscribe's error code (39: another subscriber holds CUPTI): subscribe to the
+// libcupti loaded at path (RTLD_NOLOAD) with the native callback, enabled for those functions
+// only (flags: 1 times, 2 no work, see TAG_TIMES); cupti_tags(None) unsubscribes. The
+// subscriber slot is CUPTI's only one.
 PyObject* py_cupti_tags(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs == 1 && args[0] == Py_None) {
     if (cuptitag::sub && cuptitag::unsubscribe) cuptitag::unsubscribe(cuptitag::sub);
     cuptitag::sub = nullptr;
+    cuptitag::epoch.fetch_add(1);
     Py_RETURN_TRUE;
   }
-  if (nargs != 3 || !PyUnicode_Check(args[0])) {
-    PyErr_SetString(PyExc_TypeError, "cupti_tags(path, runtime_cbids, driver_cbids) or cupti_tags(None)");
+  if ((nargs != 3 && nargs != 4) || !PyUnicode_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "cupti_tags(path, runtime_cbids, driver_cbids, flags=1) or cupti_tags(None)");
     return nullptr;
   }
+  long f = cuptitag::TAG_TIMES;
+  if (nargs == 4) {
+    f = PyLong_AsLong(args[3]);
+    if (f == -1 && PyErr_Occurred()) return nullptr;
+  }
+  cuptitag::flags.store((int)f);
   if (cuptitag::sub) Py_RETURN_TRUE;
   const char* path = PyUnicode_AsUTF8(args[0]);
   if (!path) return nullptr;
@@ -102,6 +133,7 @@ PyObject* py_cupti_tags(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     add_error(std::string("cupti tags: ") + path + " is not loaded or lacks the callback API");
     Py_RETURN_FALSE;
   }
+  cuptitag::epoch.fetch_add(1);
   int rc = subscribe(&cuptitag::sub, cuptitag::callback, nullptr);
   if (rc != 0) {  // 39: CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED (another tool holds CUPTI)
     cuptitag::sub = nullptr;
@@ -125,20 +157,23 @@ PyObject* py_cupti_tags(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_TRUE;
 }
 
-// cupti_tags_take() -> bytes: the tags kept since the last take (48-byte records, see Tag). A
-// call still running keeps end_ns -1.
+// cupti_tags_take() -> bytes: the tags of the calls that ended since the last take (48-byte
+// records, see Tag).
 PyObject* py_cupti_tags_take(PyObject*, PyObject*) {
   std::vector<cuptitag::Tag> out;
   {
     std::lock_guard<std::mutex> lock(cuptitag::mu);
     out.swap(cuptitag::tags);
-    cuptitag::gen++;
   }
   return PyBytes_FromStringAndSize((const char*)out.data(), (Py_ssize_t)(out.size() * sizeof(cuptitag::Tag)));
 }
 
 PyObject* py_cupti_tags_stats(PyObject*, PyObject*) {
-  return Py_BuildValue("{sOsKsK}", "on", cuptitag::sub ? Py_True : Py_False, "calls",
-                       (unsigned long long)cuptitag::calls.load(), "dropped",
+  unsigned long long calls;
+  {
+    std::lock_guard<std::mutex> lock(cuptitag::mu);
+    calls = cuptitag::calls;
+  }
+  return Py_BuildValue("{sOsKsK}", "on", cuptitag::sub ? Py_True : Py_False, "calls", calls, "dropped",
                        (unsigned long long)cuptitag::dropped.load());
 }

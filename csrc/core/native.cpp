@@ -2139,7 +2139,7 @@ PyObject* py_cupti_stats(PyObject*, PyObject*) {
                        (unsigned long long)g.cupti_pushes, "errors", (unsigned long long)g.cupti_errors);
 }
 
-#include "cupti_tags.h"  // launch tags through CUPTI's callback API (an experiment, issue 9)
+#include "cupti_tags.h"  // launch tags through CUPTI's callback API (kernels=True)
 
 // CUPTI activity buffers, handled here (session kernels=True): CUPTI hands completed buffers to
 // buffer_completed() on its own thread, or inside cuptiActivityFlushAll; these callbacks never
@@ -2624,8 +2624,8 @@ PyMethodDef module_methods[] = {
      "cupti_link(path_or_None, kind=0) -> bool: tag stages with CUPTI external correlation ids (libcupti at path)."},
     {"cupti_stats", py_cupti_stats, METH_NOARGS, "cupti_stats() -> {'on', 'pushes', 'errors'}."},
     {"cupti_tags", (PyCFunction)(void (*)(void))py_cupti_tags, METH_FASTCALL,
-     "cupti_tags(path, runtime_cbids, driver_cbids) -> bool: native CUPTI callback tagging launches (experiment)."},
-    {"cupti_tags_take", py_cupti_tags_take, METH_NOARGS, "cupti_tags_take() -> bytes of 24-byte tags."},
+     "cupti_tags(path, runtime_cbids, driver_cbids, flags=1) -> bool: CUPTI callback tagging each launch with its stage."},
+    {"cupti_tags_take", py_cupti_tags_take, METH_NOARGS, "cupti_tags_take() -> bytes of 48-byte tags."},
     {"cupti_tags_stats", py_cupti_tags_stats, METH_NOARGS, "cupti_tags_stats() -> {'on', 'calls', 'dropped'}."},
     {"cupti_buffers", py_cupti_buffers, METH_VARARGS,
      "cupti_buffers(path, buffer_bytes=8 MiB, max_pending_bytes=512 MiB) -> bool: CUPTI activity buffers handled "

@@ -91,9 +91,10 @@ emit(dict(ok=ok, errors=n.stats()["errors"], stats=n.cupti_stats()))
 
 
 def test_launch_tags_carry_the_innermost_stage_of_the_calling_thread(run_fake):
-    """cupti_tags (the callback-API experiment for issue 9): only the functions enabled call
-    back, once per call (entry), with CUPTI's correlation id and the innermost open stage of the
-    thread making the call; another thread's calls carry its own stage; None unsubscribes."""
+    """cupti_tags (kernels=True's stage of each launch): only the functions enabled call back;
+    one tag per outermost call, with CUPTI's correlation id, the innermost open stage of the
+    thread making the call and the id of the driver call a runtime launch makes inside itself;
+    another thread's calls carry its own stage; None unsubscribes."""
     out = run_fake(
         """
 import threading
@@ -102,9 +103,9 @@ assert n.cupti_tags(LIB, [211], [307])            # runtime cudaLaunchKernel-lik
 assert n.cupti_tags(LIB, [211], [307])            # a second call keeps the one subscription
 fk.fake_cupti_call(2, 211, 1)                      # outside any stage
 with maxinstr.stage("outer"):
-    fk.fake_cupti_call(2, 211, 2)
+    assert fk.fake_cupti_call2(2, 211, 2, 1, 307, 7) == 2   # a runtime launch and its own driver launch
     with maxinstr.stage("inner"):
-        fk.fake_cupti_call(1, 307, 3)
+        fk.fake_cupti_call(1, 307, 3)              # a driver launch made directly
         fk.fake_cupti_call(2, 5, 4)                # a function not enabled: no callback
     def worker():
         with maxinstr.stage("w"):
@@ -119,14 +120,46 @@ r = drained()
 names = dict(n.names())
 by_name = {names[int(k)]: int(i) for k, i in zip(r["name_id"], r["id"])}
 emit(dict(corr=tags["correlation_id"].tolist(), domain=tags["domain"].tolist(), stage=tags["stage_id"].tolist(),
+          inner=tags["inner_correlation_id"].tolist(),
           expect=[-1, by_name["outer"], by_name["inner"], by_name["w"]], stats=n.cupti_tags_stats(),
           tids=tags["tid"].tolist(), cbid=tags["cbid"].tolist(),
           ordered=bool(((tags["start_ns"] > 10**12) & (tags["end_ns"] >= tags["start_ns"])).all())))
 """
     )
     assert out["corr"] == [1, 2, 3, 5]
+    assert out["inner"] == [0, 7, 0, 0]
     assert out["domain"] == [2, 2, 1, 2]
     assert out["stage"] == out["expect"]
     assert out["tids"][1] == out["tids"][2] != out["tids"][3]
     assert out["stats"]["calls"] == 4 and out["stats"]["on"] is False and out["stats"]["dropped"] == 0
     assert out["cbid"] == [211, 211, 307, 211] and out["ordered"]  # entry and exit times, CUPTI's clock
+
+
+def test_launch_tag_flags_times_off_and_no_work(run_fake):
+    """flags=0 keeps the tags without CUPTI timestamps (-1); flags=2 (the benchmark's dispatch
+    floor) keeps nothing; a re-subscription starts from a clean thread state."""
+    out = run_fake(
+        """
+import maxinstr
+from maxinstr.kernels.cupti import TAG_DTYPE
+assert n.cupti_tags(LIB, [211], [307], 0)
+with maxinstr.stage("s"):
+    fk.fake_cupti_call2(2, 211, 1, 1, 307, 2)
+n.cupti_tags(None)
+no_times = np.frombuffer(n.cupti_tags_take(), dtype=TAG_DTYPE)
+assert n.cupti_tags(LIB, [211], [307], 2)
+fk.fake_cupti_call2(2, 211, 3, 1, 307, 4)
+n.cupti_tags(None)
+noop = len(n.cupti_tags_take())
+assert n.cupti_tags(LIB, [211], [307])
+fk.fake_cupti_call(2, 211, 5)
+n.cupti_tags(None)
+after = np.frombuffer(n.cupti_tags_take(), dtype=TAG_DTYPE)
+emit(dict(n=len(no_times), start=no_times["start_ns"].tolist(), end=no_times["end_ns"].tolist(),
+          stage=no_times["stage_id"].tolist(), noop=noop, after=after["correlation_id"].tolist(),
+          after_start=int(after["start_ns"][0])))
+"""
+    )
+    assert out["n"] == 1 and out["start"] == [-1] and out["end"] == [-1] and out["stage"][0] >= 0
+    assert out["noop"] == 0
+    assert out["after"] == [5] and out["after_start"] > 10**12

@@ -62,7 +62,7 @@ FLUSH_EVERY_S = 0.25
 DRIVER_PROBE_OPS = 5000
 # The native launch tags (_native.cupti_tags; csrc/core/cupti_tags.h: struct Tag)
 TAG_DTYPE = np.dtype([("correlation_id", "<u4"), ("domain", "<i4"), ("stage_id", "<i8"), ("tid", "<i8"),
-                      ("start_ns", "<i8"), ("end_ns", "<i8"), ("cbid", "<u4"), ("pad", "<u4")])  # fmt: skip
+                      ("start_ns", "<i8"), ("end_ns", "<i8"), ("cbid", "<u4"), ("inner_correlation_id", "<u4")])  # fmt: skip
 RECENT_RUNTIME_IDS = 1 << 16
 MAX_QUEUED_ROWS = 8 << 20  # ~640 MB of rows waiting for the flusher: beyond, rows are dropped
 MAX_PENDING_BYTES = 512 << 20  # completed CUPTI buffers not yet taken: beyond, buffers are dropped (counted)
@@ -300,8 +300,8 @@ class CuptiCollector:
         self._driver = "tags"
 
     def _take_tags(self) -> np.ndarray:
-        """Rows from the launch tags: an API row per call and, inside a stage, an
-        external-correlation row naming it, as CUPTI's records would be."""
+        """Rows from the launch tags: an API row per outermost launch call and, inside a stage,
+        an external-correlation row naming it, as CUPTI's records would be."""
         tags = np.frombuffer(self._native.cupti_tags_take(), dtype=TAG_DTYPE)
         n = len(tags)
         if not n:
@@ -319,18 +319,21 @@ class CuptiCollector:
             name_ids.append(nid if nid is not None else self._api_name(k, cbid, drv))
         api["name_id"] = np.asarray(name_ids, np.int32)[inverse]
         api["start_ns"] = tags["start_ns"]
-        api["end_ns"] = np.where(tags["end_ns"] >= 0, tags["end_ns"], tags["start_ns"])  # still running at the take
+        api["end_ns"] = np.maximum(tags["end_ns"], tags["start_ns"])
         api["correlation_id"] = tags["correlation_id"]
         api["tid"] = tags["tid"]
         api["cbid"] = tags["cbid"]
         for col in ("external_id", "stream_id", "graph_node_id", "device_id"):
             api[col] = -1
         inside = tags["stage_id"] >= 0
-        ext = np.zeros(int(inside.sum()), ACTIVITY_DTYPE)
+        # the driver call a runtime launch made inside itself is named too, so an op that
+        # carries either call's id finds its stage
+        inner = inside & (tags["inner_correlation_id"] != 0)
+        ext = np.zeros(int(inside.sum() + inner.sum()), ACTIVITY_DTYPE)
         ext["kind"] = KIND_EXTERNAL
         ext["name_id"] = -1
-        ext["correlation_id"] = tags["correlation_id"][inside]
-        ext["external_id"] = tags["stage_id"][inside]
+        ext["correlation_id"] = np.concatenate([tags["correlation_id"][inside], tags["inner_correlation_id"][inner]])
+        ext["external_id"] = np.concatenate([tags["stage_id"][inside], tags["stage_id"][inner]])
         for col in ("stream_id", "tid", "graph_node_id", "device_id"):
             ext[col] = -1
         ext["cbid"] = self._tag_kind

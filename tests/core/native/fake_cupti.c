@@ -166,12 +166,22 @@ int cuptiGetTimestamp(uint64_t* t) {
   *t = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + 1000000000000ull;
   return 0;
 }
-int fake_cupti_call(int domain, uint32_t cbid, uint32_t corr) {
-  if (!sub_cb || domain < 1 || domain > 2 || cbid >= 4096 || !enabled_cb[domain][cbid]) return 0;
+static int enabled(int domain, uint32_t cbid) {
+  return sub_cb && domain >= 1 && domain <= 2 && cbid < 4096 && enabled_cb[domain][cbid];
+}
+/* A call of (domain, cbid) that makes, inside itself, the call (inner_domain, inner_cbid) when
+ * inner_domain is 1 or 2 (a runtime launch and the driver launch it makes). */
+int fake_cupti_call2(int domain, uint32_t cbid, uint32_t corr, int inner_domain, uint32_t inner_cbid,
+                     uint32_t inner_corr) {
+  int on = enabled(domain, cbid);
   uint64_t slot = 0;
   FakeCallbackData d = {0, "fake", 0, 0, 0, 0, 1, &slot, corr};
-  sub_cb(sub_user, domain, cbid, &d);
+  if (on) sub_cb(sub_user, domain, cbid, &d);
+  if (inner_domain) on += fake_cupti_call2(inner_domain, inner_cbid, inner_corr, 0, 0, 0);
   d.callbackSite = 1;
-  sub_cb(sub_user, domain, cbid, &d);
-  return 1;
+  if (enabled(domain, cbid)) sub_cb(sub_user, domain, cbid, &d);
+  return on;
+}
+int fake_cupti_call(int domain, uint32_t cbid, uint32_t corr) {
+  return fake_cupti_call2(domain, cbid, corr, 0, 0, 0);
 }
