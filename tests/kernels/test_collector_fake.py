@@ -202,6 +202,8 @@ def test_launch_tags_mode_reads_the_same(fake_lib, tmp_path):
     act = json.loads(next(run_dir.glob("parts/*/activity.json")).read_text())
     assert act["status"] == "closed" and act["stage_correlation"].startswith("launch tags")
     assert act["driver_api_records"] == "tags" and not act.get("errors"), act
+    # each of the session's 29 launch calls tagged once, none dropped
+    assert act["launch_tags"] == {"calls": 29, "dropped": 0}, act["launch_tags"]
     _check_attribution(run_dir)
 
 

@@ -186,6 +186,7 @@ class CuptiCollector:
         # and read the same (docs/kernels.md); MAXINSTR_CUPTI_TAGS=0 goes back to those records
         self._tags = os.environ.get("MAXINSTR_CUPTI_TAGS", "1").strip().lower() not in ("", "0", "false", "no", "off")
         self._tag_kind = 0
+        self._tags_at_start: dict[str, int] = {}  # the core's tag counters (process-wide) when this session began
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -297,6 +298,7 @@ class CuptiCollector:
             raise KernelsUnavailable(f"CUPTI launch tags could not start ({rc!r}: {self._native.stats()['errors'][-1:]})")
         self._kept_api = len(runtime_ids) + len(driver_ids)
         self._tag_kind = kind_value
+        self._tags_at_start = dict(self._native.cupti_tags_stats())
         self._driver = "tags"
 
     def _take_tags(self) -> np.ndarray:
@@ -435,6 +437,11 @@ class CuptiCollector:
         native_buffers = dict(self._native.cupti_buffer_stats()) if self._mode == "native" else None
         if native_buffers:  # buffers the stage core dropped (its queue over MAX_PENDING_BYTES): counted as ours
             self._dropped_queue += int(native_buffers.get("dropped_records", 0))
+        launch_tags = None
+        if self._tags_at_start:  # tags the core dropped (over its bound between two takes): their ops lose the stage
+            now = dict(self._native.cupti_tags_stats())
+            launch_tags = {k: int(now[k]) - int(self._tags_at_start.get(k, 0)) for k in ("calls", "dropped")}
+            self._dropped_queue += launch_tags["dropped"]
         stats = {
             "status": "closed",
             "clock_pairs": self._pairs,
@@ -453,6 +460,8 @@ class CuptiCollector:
         }
         if native_buffers is not None:
             stats["native_buffers"] = native_buffers
+        if launch_tags is not None:
+            stats["launch_tags"] = launch_tags
         self.writer.write_meta(**stats)
         return stats
 
