@@ -14,22 +14,22 @@ typedef void (*callback_fn)(void*, int, uint32_t, const void*);
 typedef int (*subscribe_fn)(void**, callback_fn, void*);
 typedef int (*enable_fn)(uint32_t, void*, int, uint32_t);
 typedef int (*unsubscribe_fn)(void*);
-typedef int (*timestamp_fn)(uint64_t*);
 
 struct Tag {  // 48 bytes
   uint32_t correlation_id;
   int32_t domain;    // 1 driver API, 2 runtime API
   int64_t stage_id;  // innermost open stage of the calling thread, -1 none
   int64_t tid;       // the calling thread (OS id)
-  int64_t start_ns;  // CUPTI's clock (cuptiGetTimestamp) at entry and exit of the call; -1 if not
-  int64_t end_ns;    // taken (TAG_TIMES off)
+  int64_t start_ns;  // the core's clock (now_ns: CLOCK_MONOTONIC) at entry and exit of the call;
+  int64_t end_ns;    // -1 if not taken (TAG_TIMES off). The collector maps them onto CUPTI's clock
   uint32_t cbid;
   uint32_t inner_correlation_id;  // the first enabled call made inside this one (0 none)
 };
 static_assert(sizeof(Tag) == 48, "Tag layout is read by Python (kernels/cupti.py TAG_DTYPE)");
 
-// flags of cupti_tags(): TIMES takes start/end (two cuptiGetTimestamp a call); NOOP makes the
-// callback return at once (benchmarks: what CUPTI's dispatch alone costs).
+// flags of cupti_tags(): TIMES takes start/end (two clock reads a call: CLOCK_MONOTONIC, ~25 ns
+// each, where cuptiGetTimestamp cost a launch-bound H200 step ~2 %); NOOP makes the callback
+// return at once (benchmarks: what CUPTI's dispatch alone costs).
 constexpr int TAG_TIMES = 1, TAG_NOOP = 2;
 
 // This thread's call in progress: trivially constructible, so no guard on each access.
@@ -46,15 +46,11 @@ std::vector<Tag> tags;
 uint64_t calls = 0;  // under mu
 void* sub = nullptr;
 unsubscribe_fn unsubscribe = nullptr;
-timestamp_fn timestamp = nullptr;
 std::atomic<uint64_t> epoch{1};
 std::atomic<int> flags{TAG_TIMES};
 std::atomic<uint64_t> dropped{0};
 
-inline int64_t cupti_now(int f) {
-  uint64_t t = 0;
-  return (f & TAG_TIMES) && timestamp && timestamp(&t) == 0 ? (int64_t)t : -1;
-}
+inline int64_t tag_now(int f) { return (f & TAG_TIMES) ? now_ns() : -1; }
 
 // CUpti_CallbackData (cupti_callbacks.h): callbackSite (int, 0 entry / 1 exit) at 0,
 // correlationId (uint32) at 64.
@@ -70,7 +66,7 @@ void callback(void*, int domain, uint32_t cbid, const void* data) {
   }
   if (*(const int*)d != 0) {  // exit
     if (o.depth == 0 || --o.depth > 0) return;  // entered before the subscription, or nested
-    o.tag.end_ns = cupti_now(f);
+    o.tag.end_ns = tag_now(f);
     std::lock_guard<std::mutex> lock(mu);
     calls++;
     if (tags.size() < kMaxTags)
@@ -85,7 +81,7 @@ void callback(void*, int domain, uint32_t cbid, const void* data) {
     return;
   }
   Tag& t = o.tag;
-  t = Tag{corr, domain, -1, 0, cupti_now(f), -1, cbid, 0};
+  t = Tag{corr, domain, -1, 0, tag_now(f), -1, cbid, 0};
   ThreadState* ts = tls_ts;  // this thread's own stack: only this thread changes it
   if (ts) {
     t.tid = ts->tid;
@@ -128,7 +124,6 @@ PyObject* py_cupti_tags(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   auto subscribe = h ? (cuptitag::subscribe_fn)dlsym(h, "cuptiSubscribe") : nullptr;
   auto enable = h ? (cuptitag::enable_fn)dlsym(h, "cuptiEnableCallback") : nullptr;
   cuptitag::unsubscribe = h ? (cuptitag::unsubscribe_fn)dlsym(h, "cuptiUnsubscribe") : nullptr;
-  cuptitag::timestamp = h ? (cuptitag::timestamp_fn)dlsym(h, "cuptiGetTimestamp") : nullptr;
   if (!subscribe || !enable || !cuptitag::unsubscribe) {
     add_error(std::string("cupti tags: ") + path + " is not loaded or lacks the callback API");
     Py_RETURN_FALSE;

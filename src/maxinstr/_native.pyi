@@ -90,7 +90,11 @@ def _event_diag(n: int = 4000, stream: int = 0) -> dict[str, dict[str, float]]:
     """Benchmarks: host ns per launch/event-record pattern (issue, and with the final sync)."""
 def cupti_link(path: str | None, kind: int = 0) -> bool: ...
 def cupti_stats() -> dict[str, Any]: ...
-def cupti_tags(path: str | None, runtime_cbids: Sequence[int] = ..., driver_cbids: Sequence[int] = ...) -> bool:
-    """Experiment (issue 9): tag launches through a native CUPTI callback on those functions."""
-def cupti_tags_take() -> bytes: ...
+def cupti_tags(path: str | None, runtime_cbids: Sequence[int] = ..., driver_cbids: Sequence[int] = ...,
+               flags: int = 1) -> bool | int:
+    """Tag each call of those functions with the calling thread's innermost stage (CUPTI callback
+    API; kernels=True). flags: 1 entry/exit times, 2 no work (benchmarks). None unsubscribes;
+    an int is cuptiSubscribe's error (39: another subscriber)."""
+def cupti_tags_take() -> bytes:
+    """The 48-byte tags of the calls that ended since the last take (kernels/cupti.py TAG_DTYPE)."""
 def cupti_tags_stats() -> dict[str, Any]: ...

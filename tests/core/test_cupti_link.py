@@ -99,6 +99,7 @@ def test_launch_tags_carry_the_innermost_stage_of_the_calling_thread(run_fake):
         """
 import threading
 import maxinstr
+t0 = n.clock_ns()
 assert n.cupti_tags(LIB, [211], [307])            # runtime cudaLaunchKernel-like, driver cuLaunchKernel-like
 assert n.cupti_tags(LIB, [211], [307])            # a second call keeps the one subscription
 fk.fake_cupti_call(2, 211, 1)                      # outside any stage
@@ -123,7 +124,7 @@ emit(dict(corr=tags["correlation_id"].tolist(), domain=tags["domain"].tolist(), 
           inner=tags["inner_correlation_id"].tolist(),
           expect=[-1, by_name["outer"], by_name["inner"], by_name["w"]], stats=n.cupti_tags_stats(),
           tids=tags["tid"].tolist(), cbid=tags["cbid"].tolist(),
-          ordered=bool(((tags["start_ns"] > 10**12) & (tags["end_ns"] >= tags["start_ns"])).all())))
+          ordered=bool(((tags["start_ns"] >= t0) & (tags["end_ns"] >= tags["start_ns"]) & (tags["end_ns"] <= n.clock_ns())).all())))
 """
     )
     assert out["corr"] == [1, 2, 3, 5]
@@ -132,7 +133,7 @@ emit(dict(corr=tags["correlation_id"].tolist(), domain=tags["domain"].tolist(), 
     assert out["stage"] == out["expect"]
     assert out["tids"][1] == out["tids"][2] != out["tids"][3]
     assert out["stats"]["calls"] == 4 and out["stats"]["on"] is False and out["stats"]["dropped"] == 0
-    assert out["cbid"] == [211, 211, 307, 211] and out["ordered"]  # entry and exit times, CUPTI's clock
+    assert out["cbid"] == [211, 211, 307, 211] and out["ordered"]  # entry and exit times, the core's clock
 
 
 def test_launch_tag_flags_times_off_and_no_work(run_fake):
@@ -151,15 +152,16 @@ assert n.cupti_tags(LIB, [211], [307], 2)
 fk.fake_cupti_call2(2, 211, 3, 1, 307, 4)
 n.cupti_tags(None)
 noop = len(n.cupti_tags_take())
+t0 = n.clock_ns()
 assert n.cupti_tags(LIB, [211], [307])
 fk.fake_cupti_call(2, 211, 5)
 n.cupti_tags(None)
 after = np.frombuffer(n.cupti_tags_take(), dtype=TAG_DTYPE)
 emit(dict(n=len(no_times), start=no_times["start_ns"].tolist(), end=no_times["end_ns"].tolist(),
           stage=no_times["stage_id"].tolist(), noop=noop, after=after["correlation_id"].tolist(),
-          after_start=int(after["start_ns"][0])))
+          after_start=int(after["start_ns"][0]) - t0))
 """
     )
     assert out["n"] == 1 and out["start"] == [-1] and out["end"] == [-1] and out["stage"][0] >= 0
     assert out["noop"] == 0
-    assert out["after"] == [5] and out["after_start"] > 10**12
+    assert out["after"] == [5] and out["after_start"] >= 0

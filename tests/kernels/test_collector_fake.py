@@ -188,6 +188,11 @@ def _check_attribution(run_dir: Path) -> None:
     assert (lag >= 4_000).all() and (trace.ops.start_ns[own] <= re_ + 6_000_000).all()
     calls = trace.calls
     assert len(calls) == len(np.unique(trace.ops.correlation_id))
+    # each op's launch call (however its times were taken: CUPTI's records, or the tags on the
+    # core's clock mapped through the pairs and back) lies inside the op's stage
+    by_corr = dict(zip(calls.correlation_id.tolist(), range(len(calls))))
+    ci = np.array([by_corr[int(c)] for c in trace.ops.correlation_id[own]])
+    assert ((calls.start_ns[ci] >= rs) & (calls.end_ns[ci] <= re_) & (calls.start_ns[ci] <= calls.end_ns[ci])).all()
     assert set(trace.strings[calls.name_id]) >= {"cudaLaunchKernel", "cuLaunchKernel", "cuGraphLaunch", "cudaMemcpyAsync"}
 
 

@@ -27,6 +27,7 @@ from maxinstr.kernels.store import (
     read_part_activity,
 )
 from maxinstr.rundir import load
+from maxinstr.kernels.store import to_collector_clock
 from maxinstr.traces.inprocess import read_run, to_host_clock
 from maxinstr.traces.model import OpKind
 
@@ -79,6 +80,10 @@ def test_host_clock_mapping_keeps_ns_with_large_epochs_and_drift():
     assert mapped1 and same.tolist() == [host[0]]
     raw, mapped0 = to_host_clock(ts, [])
     assert not mapped0 and raw.tolist() == ts.tolist()
+    # the launch tags' direction (host -> collector) is its inverse, to the ns
+    back = to_collector_clock(got, pairs)
+    assert back.tolist() == ts.tolist()
+    assert to_collector_clock(ts, []).tolist() == ts.tolist()
 
 
 def _synthetic_activity(run_dir: Path, offset_ns: int) -> dict:

@@ -50,6 +50,7 @@ from maxinstr.kernels.store import (
     KIND_MEMSET,
     KIND_RUNTIME,
     ActivityWriter,
+    to_collector_clock,
 )
 
 BUFFER_BYTES = 16 << 20
@@ -320,8 +321,13 @@ class CuptiCollector:
             nid = self._api_names.get((k, cbid))
             name_ids.append(nid if nid is not None else self._api_name(k, cbid, drv))
         api["name_id"] = np.asarray(name_ids, np.int32)[inverse]
-        api["start_ns"] = tags["start_ns"]
-        api["end_ns"] = np.maximum(tags["end_ns"], tags["start_ns"])
+        # the tags carry the core's host clock; rows are on CUPTI's (the pair taken just before
+        # this take covers them)
+        host = np.stack([tags["start_ns"], np.maximum(tags["end_ns"], tags["start_ns"])])
+        coll = to_collector_clock(host.ravel(), self._pairs).reshape(2, n)
+        timed = tags["start_ns"] >= 0
+        api["start_ns"] = np.where(timed, coll[0], -1)
+        api["end_ns"] = np.where(timed, coll[1], -1)
         api["correlation_id"] = tags["correlation_id"]
         api["tid"] = tags["tid"]
         api["cbid"] = tags["cbid"]

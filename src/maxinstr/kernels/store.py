@@ -55,6 +55,34 @@ ACTIVITY_DTYPE = np.dtype(
 assert ACTIVITY_DTYPE.itemsize == 80
 
 
+def to_host_clock(ts: np.ndarray, pairs: list[list[int]] | None) -> tuple[np.ndarray, bool]:
+    """Collector timestamps -> host-clock ns, through ``pairs`` of (host_ns, collector_ns).
+
+    The offset (collector - host) is interpolated in collector time between pairs (constant
+    before the first and after the last); integer arithmetic around the first pair keeps ns
+    precision whatever the clocks' epochs. Returns (times, mapped?); unmapped when no pair.
+    """
+    ts = np.asarray(ts, np.int64)
+    if not pairs:
+        return ts.copy(), False
+    p = np.asarray(pairs, np.int64).reshape(-1, 2)
+    p = p[np.argsort(p[:, 1], kind="stable")]
+    host, coll = p[:, 0], p[:, 1]
+    off = coll - host
+    off0, c0 = int(off[0]), int(coll[0])
+    if len(p) == 1:
+        return ts - off0, True
+    d_off = np.interp((ts - c0).astype(np.float64), (coll - c0).astype(np.float64), (off - off0).astype(np.float64))
+    return ts - off0 - np.rint(d_off).astype(np.int64), True
+
+
+def to_collector_clock(host_ns: np.ndarray, pairs: list[list[int]] | None) -> np.ndarray:
+    """Host-clock ns -> the collector's clock, through the same ``pairs`` (the inverse of
+    :func:`to_host_clock`: the offset interpolated in host time); unchanged when no pair."""
+    swapped = [[c, h] for h, c in pairs] if pairs else None
+    return to_host_clock(host_ns, swapped)[0]
+
+
 class ActivityWriter:
     """Appends activity rows and new names to a part folder; rewrites activity.json.
 

@@ -27,10 +27,10 @@ import numpy as np
 from maxinstr.kernels.store import (
     KIND_DRIVER,
     KIND_EXTERNAL,
-    KIND_MEMCPY,
     KIND_MEMSET,
     KIND_RUNTIME,
     read_part_activity,
+    to_host_clock,
 )
 from maxinstr.traces.model import NO_ID, CallKind, Calls, GpuOps, OpKind, Ranges, RangeStyle, StringTable, Trace
 
@@ -71,27 +71,6 @@ def has_activity(run_dir: str | Path) -> bool:
     """Whether a run directory holds in-process activity (any part's activity.json)."""
     parts = Path(run_dir) / "parts"
     return parts.is_dir() and any((p / "activity.json").is_file() for p in parts.iterdir() if p.is_dir())
-
-
-def to_host_clock(ts: np.ndarray, pairs: list[list[int]] | None) -> tuple[np.ndarray, bool]:
-    """Collector timestamps -> host-clock ns, through ``pairs`` of (host_ns, collector_ns).
-
-    The offset (collector - host) is interpolated in collector time between pairs (constant
-    before the first and after the last); integer arithmetic around the first pair keeps ns
-    precision whatever the clocks' epochs. Returns (times, mapped?); unmapped when no pair.
-    """
-    ts = np.asarray(ts, np.int64)
-    if not pairs:
-        return ts.copy(), False
-    p = np.asarray(pairs, np.int64).reshape(-1, 2)
-    p = p[np.argsort(p[:, 1], kind="stable")]
-    host, coll = p[:, 0], p[:, 1]
-    off = coll - host
-    off0, c0 = int(off[0]), int(coll[0])
-    if len(p) == 1:
-        return ts - off0, True
-    d_off = np.interp((ts - c0).astype(np.float64), (coll - c0).astype(np.float64), (off - off0).astype(np.float64))
-    return ts - off0 - np.rint(d_off).astype(np.int64), True
 
 
 def read_run(run: Any) -> tuple[Trace | None, list[str]]:
