@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -149,7 +150,7 @@ def test_collector_end_to_end_with_a_stand_in_cupti(fake_lib, fake_lib_no_buffer
     _check_attribution(run_dir)
 
 
-def _check_attribution(run_dir: Path) -> None:
+def _check_attribution(run_dir: Path) -> Any:
     """What SCRIPT's run must read as, however the ops were tied to their stages."""
     from maxinstr.analyze.report import analyze
     from maxinstr.attribute.model import Rule
@@ -194,6 +195,7 @@ def _check_attribution(run_dir: Path) -> None:
     ci = np.array([by_corr[int(c)] for c in trace.ops.correlation_id[own]])
     assert ((calls.start_ns[ci] >= rs) & (calls.end_ns[ci] <= re_) & (calls.start_ns[ci] <= calls.end_ns[ci])).all()
     assert set(trace.strings[calls.name_id]) >= {"cudaLaunchKernel", "cuLaunchKernel", "cuGraphLaunch", "cudaMemcpyAsync"}
+    return an
 
 
 def test_launch_tags_mode_reads_the_same(fake_lib, tmp_path):
@@ -209,7 +211,8 @@ def test_launch_tags_mode_reads_the_same(fake_lib, tmp_path):
     assert act["driver_api_records"] == "tags" and not act.get("errors"), act
     # each of the session's 29 launch calls tagged once, none dropped
     assert act["launch_tags"] == {"calls": 29, "dropped": 0}, act["launch_tags"]
-    _check_attribution(run_dir)
+    an = _check_attribution(run_dir)
+    assert any("GPU ops attributed exactly" in n and "launch tags" in n for n in an.attribution.notes), an.attribution.notes
 
 
 @pytest.mark.parametrize("tags", ["0", "1"])

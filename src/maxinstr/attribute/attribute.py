@@ -194,8 +194,8 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
 
 def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribution:
     """Attribution when the trace says, per op, which stage record launched it (in-process
-    collection: CUPTI external correlation tagged each launch call with the innermost stage's
-    record id, on the launching thread). The op belongs to the range whose payload is that id
+    collection: the core's launch tags, or CUPTI external correlation, tagged each launch call
+    with the innermost stage's record id, on the launching thread). The op belongs to the range whose payload is that id
     (same process); rule SAME_THREAD (GRAPH for graph replays), as nsys would find it."""
     R, O = trace.ranges, trace.ops
     n, m = len(R), len(O)
@@ -234,7 +234,8 @@ def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribu
     tagged = int((owner >= 0).sum())
     lost = tagged - int((op_range >= 0).sum())
     notes.append(f"{int((op_range >= 0).sum())} of {m} GPU ops attributed exactly by the stage id their launch "
-                 f"call was tagged with (in-process, CUPTI external correlation); {m - tagged} were launched outside any stage")  # fmt: skip
+                 f"call was tagged with (in-process, {trace.meta.get('stage_correlation', 'CUPTI external correlation')}); "
+                 f"{m - tagged} were launched outside any stage")  # fmt: skip
     if lost:
         notes.append(f"{lost} GPU ops name a stage record that is not in the trace's ranges (record lost?): not attributed")
     att = Attribution(trace=trace, op_range=op_range, op_rule=op_rule, range_parent=parent,

@@ -92,6 +92,7 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
     call_cols: dict[str, list[np.ndarray]] = {}
     op_stage: list[np.ndarray] = []
     any_activity = False
+    how: set[str] = set()  # how each part tied ops to stages (activity.json stage_correlation)
     pairs_all: list[Any] = []
     stages = run.stages
     stage_ids = stages["id"].astype(np.int64)
@@ -105,6 +106,8 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
         meta, rows, names = got
         any_activity = True
         notes += [str(n) for n in meta.get("notes", [])]
+        if meta.get("stage_correlation"):
+            how.add(str(meta["stage_correlation"]))
         label = f"part {part.get('name')}"
         if meta.get("status") == "unavailable":
             notes.append(f"kernels=True collected nothing in {label}: {meta.get('reason')}")
@@ -218,6 +221,7 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
                   clock="CLOCK_MONOTONIC" if all(pairs_all) else "cupti", notes=list(notes))  # fmt: skip
     trace.meta[OP_STAGE_KEY] = owner
     trace.meta["collector"] = "cupti"
+    trace.meta["stage_correlation"] = ", ".join(sorted(how)) or "CUPTI external correlation"
     trace.validate()
     return trace, notes
 
