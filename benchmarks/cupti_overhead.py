@@ -1,6 +1,7 @@
 """What kernels=True costs per step, against nsys and torch.profiler on the same workload, one run.
 
-    python benchmarks/cupti_overhead.py [--small 400] [--large 60] [--out DIR]
+    python benchmarks/cupti_overhead.py [--small 400] [--large 60] [--rounds 3] [--ab-rounds 24]
+        [--peer-rounds 12] [--out DIR]
 
 Two steps, each timed on the host from before the stage to after a device synchronize:
 ``small``: 32 tiny kernel launches (launch-bound; where per-launch tracing cost shows), and
@@ -25,13 +26,17 @@ rotate between bare, stages, kernels and kernels_tags (a kernels block is a whol
 there is the median over rounds of block / the same round's bare block. Bare blocks run first,
 before CUPTI is ever loaded, and are shown beside the later ones, so what CUPTI leaves behind
 after a session closes (which would flatter the later ratios) is visible. nsys and torch.profiler
-cannot be toggled within a process cleanly (nsys attaches at start; Kineto holds CUPTI's
-subscriber), so they appear in the fresh-process table only.
+cannot share that process (nsys attaches at start; Kineto takes CUPTI's subscriber and may tear
+CUPTI down when it stops), so ``--peer-rounds N`` gives each its own process of rotated blocks
+against its own bare blocks: bare / stages / torchprof, and, under ``nsys profile
+--capture-range=cudaProfilerApi --capture-range-end=repeat``, bare (nsys attached, not capturing)
+/ nsys (a capture range around the stages program).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -90,10 +95,15 @@ def _kernels_meta(run_dir: str) -> dict:
 
 
 AB_MODES = ("bare", "stages", "kernels", "kernels_tags")
+# the peers, each in one process of its own against its own bare blocks: torch.profiler (Kineto
+# takes CUPTI and may tear it down when it stops, so never beside kernels=True), and nsys (the
+# process runs under `nsys profile --capture-range=cudaProfilerApi --capture-range-end=repeat`;
+# an nsys block is a capture range, its bare blocks run with nsys attached but not capturing)
+PEER_MODES = {"peers": ("bare", "stages", "torchprof"), "nsys": ("bare", "nsys")}
 
 
-def child_ab(rounds: int, n_small: int, n_large: int, run_dir: str) -> dict:
-    """All of AB_MODES in this one process, in blocks rotated each round (see the module doc)."""
+def child_ab(modes: tuple[str, ...], rounds: int, n_small: int, n_large: int, run_dir: str) -> dict:
+    """`modes` in this one process, in blocks rotated each round (see the module doc)."""
     import maxinstr
 
     bare_small, bare_large, sync = _steps(_null_stage)
@@ -103,33 +113,44 @@ def child_ab(rounds: int, n_small: int, n_large: int, run_dir: str) -> dict:
         bare_large()
     sync()
     before = [statistics.median(timed(bare_small, n_small)) for _ in range(2)]
-    small: dict[str, list[float]] = {m: [] for m in AB_MODES}
-    small_p10: dict[str, list[float]] = {m: [] for m in AB_MODES}  # the step least disturbed by the machine
-    large: dict[str, list[float]] = {m: [] for m in AB_MODES}
+    small: dict[str, list[float]] = {m: [] for m in modes}
+    small_p10: dict[str, list[float]] = {m: [] for m in modes}  # the step least disturbed by the machine
+    large: dict[str, list[float]] = {m: [] for m in modes}
     status: dict[str, set] = {}
+
+    def measure(mode: str, small_fn, large_fn) -> None:
+        t = timed(small_fn, n_small)
+        small[mode].append(statistics.median(t))
+        small_p10[mode].append(statistics.quantiles(t, n=10)[0])
+        large[mode].append(statistics.median(timed(large_fn, n_large)))
+
     for r in range(rounds):
-        for mode in AB_MODES[r % len(AB_MODES):] + AB_MODES[: r % len(AB_MODES)]:
+        for mode in modes[r % len(modes):] + modes[: r % len(modes)]:
             if mode == "bare":
-                t = timed(bare_small, n_small)
-                small[mode].append(statistics.median(t))
-                small_p10[mode].append(statistics.quantiles(t, n=10)[0])
-                large[mode].append(statistics.median(timed(bare_large, n_large)))
+                measure(mode, bare_small, bare_large)
                 continue
             os.environ["MAXINSTR_CUPTI_TAGS"] = "1" if mode == "kernels_tags" else "0"
             d = f"{run_dir}/{mode}-{r}"
-            with maxinstr.session(d, kernels=mode.startswith("kernels"), sample_hz=0):
-                for _ in range(10):  # this session's first buffers and records
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(maxinstr.session(d, kernels=mode.startswith("kernels"), sample_hz=0))
+                if mode == "torchprof":
+                    from torch.profiler import ProfilerActivity, profile
+
+                    stack.enter_context(profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]))
+                if mode == "nsys":
+                    import torch
+
+                    torch.cuda.profiler.start()
+                    stack.callback(torch.cuda.profiler.stop)
+                for _ in range(10):  # this block's first buffers and records
                     mi_small()
-                t = timed(mi_small, n_small)
-                small[mode].append(statistics.median(t))
-                small_p10[mode].append(statistics.quantiles(t, n=10)[0])
-                large[mode].append(statistics.median(timed(mi_large, n_large)))
+                measure(mode, mi_small, mi_large)
             if mode.startswith("kernels"):
                 k = _kernels_meta(d)
                 status.setdefault(mode, set()).add(f"{k.get('status')} {k.get('reason') or ''}".strip())
     out: dict = {"rounds": rounds, "bare_before_cupti_small_ns": statistics.median(before),
                  "status": {m: sorted(v) for m, v in status.items()}, "modes": {}}  # fmt: skip
-    for m in AB_MODES:
+    for m in modes:
         out["modes"][m] = {
             "small_ns": statistics.median(small[m]), "large_ns": statistics.median(large[m]),
             "small_ratio": statistics.median(s / b for s, b in zip(small[m], small["bare"])),
@@ -220,14 +241,24 @@ def _child_result(label: str, cmd: list[str], timeout_s: int, pin, env=None) -> 
     return res, proc.stderr
 
 
-def _run_ab(args: argparse.Namespace, tmp: Path, pin) -> dict | None:
-    cmd = [sys.executable, __file__, "--child", "ab", "--ab-rounds", str(args.ab_rounds), "--small", str(args.small),
-           "--large", str(args.large), "--run-dir", str(tmp / "ab")]  # fmt: skip
-    ab, _ = _child_result("one process (ab)", cmd, 300, pin)
+def _run_ab(kind: str, rounds: int, args: argparse.Namespace, tmp: Path, pin) -> dict | None:
+    """One child running the modes of `kind` ("ab": AB_MODES, else PEER_MODES[kind]) as rotated
+    blocks; its table printed."""
+    cmd = [sys.executable, __file__, "--child", kind, "--ab-rounds", str(rounds), "--small", str(args.small),
+           "--large", str(args.large), "--run-dir", str(tmp / kind)]  # fmt: skip
+    if kind == "nsys":
+        nsys = shutil.which("nsys")
+        if not nsys:
+            print("\nnsys: not on PATH, its one-process table skipped")
+            return None
+        cmd = [nsys, "profile", "-t", "cuda,nvtx", "--sample=none", "--cpuctxsw=none", "-f", "true",
+               "--capture-range=cudaProfilerApi", "--capture-range-end=repeat", "-o", str(tmp / "ab-nsys"), *cmd]  # fmt: skip
+    ab, _ = _child_result(f"one process ({kind})", cmd, 300, pin)
     if ab is None:
         return None
-    print(f"\nONE process, {ab['rounds']} rounds of rotated blocks ({ab['wall_s']} s); ratio = median over rounds "
-          f"of block / that round's bare block")  # fmt: skip
+    what = {"ab": "maxinstr", "peers": "torch.profiler", "nsys": "nsys (capture ranges; bare = nsys attached, idle)"}[kind]
+    print(f"\nONE process [{what}], {ab['rounds']} rounds of rotated blocks ({ab['wall_s']} s); ratio = median "
+          f"over rounds of block / that round's bare block")  # fmt: skip
     print(f"{'mode':13} {'small step us':>14} {'ratio':>7} {'p10':>6} {'large step us':>14} {'ratio':>7}   "
           "small step per round (us)")  # fmt: skip
     for m, r in ab["modes"].items():
@@ -235,6 +266,8 @@ def _run_ab(args: argparse.Namespace, tmp: Path, pin) -> dict | None:
         print(f"{m:13} {r['small_ns'] / 1e3:>14.1f} {r['small_ratio']:>7.3f} {r['small_ratio_p10']:>6.3f} "
               f"{r['large_ns'] / 1e3:>14.1f} {r['large_ratio']:>7.3f}   {per}")  # fmt: skip
     print("(p10: the same ratio of the blocks' 10th-percentile small steps)")
+    if kind != "ab":
+        return ab
     print(f"bare before CUPTI was first loaded: small {ab['bare_before_cupti_small_ns'] / 1e3:.1f} us; kernels "
           f"status per mode {ab['status']}")  # fmt: skip
     for m in ("kernels", "kernels_tags"):
@@ -260,14 +293,18 @@ def main() -> int:
     ap.add_argument("--ab-rounds", type=int, default=0,
                     help="also run bare/stages/kernels/kernels_tags as rotated blocks in one process, this "
                          "many rounds (0: not)")
+    ap.add_argument("--peer-rounds", type=int, default=0,
+                    help="also run torch.profiler and nsys as rotated blocks, each in one process against its "
+                         "own bare blocks, this many rounds (0: not)")
     ap.add_argument("--cpus", default="auto",
                     help="CPUs every child is pinned to: 'auto' (the first 4 this process may use), a list "
                          "like 0-3,8, or 'none'")
     ap.add_argument("--child", default=None)
     ap.add_argument("--run-dir", default=None)
     args = ap.parse_args()
-    if args.child == "ab":
-        res = child_ab(args.ab_rounds, args.small // 4, max(4, args.large // 4), args.run_dir)
+    if args.child in ("ab", *PEER_MODES):
+        modes = AB_MODES if args.child == "ab" else PEER_MODES[args.child]
+        res = child_ab(modes, args.ab_rounds, args.small // 4, max(4, args.large // 4), args.run_dir)
         print("RESULT " + json.dumps(res), flush=True)
         return 0
     if args.child:
@@ -338,10 +375,12 @@ def main() -> int:
         elif base:
             print(f"targets: small <= 1.10 -> {'met' if k['small_ratio'] <= 1.10 else 'NOT met'}; "
                   f"large <= 1.02 -> {'met' if k['large_ratio'] <= 1.02 else 'NOT met'}")  # fmt: skip
-    ab = _run_ab(args, tmp, pin) if args.ab_rounds > 0 else None
+    ab = _run_ab("ab", args.ab_rounds, args, tmp, pin) if args.ab_rounds > 0 else None
+    peers = {k: _run_ab(k, args.peer_rounds, args, tmp, pin) for k in PEER_MODES} if args.peer_rounds > 0 else {}
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "overhead.json").write_text(json.dumps({"fresh_processes": results, "one_process": ab}, indent=1))
+        (Path(args.out) / "overhead.json").write_text(json.dumps(
+            {"fresh_processes": results, "one_process": ab, "one_process_peers": peers}, indent=1))
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
