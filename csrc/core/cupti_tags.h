@@ -83,8 +83,8 @@ void callback(void*, int domain, uint32_t cbid, const void* data) {
   Tag& t = o.tag;
   t = Tag{corr, domain, -1, 0, tag_now(f), -1, cbid, 0};
   ThreadState* ts = tls_ts;  // this thread's own stack: only this thread changes it
-  if (ts) {
-    t.tid = ts->tid;
+  if (ts) t.tid = ts->tid;
+  if (ts && !tls_core_gpu_work) {
     for (size_t i = ts->stack.size(); i > 0; i--)
       if (ts->stack[i - 1]->state == ST_OPEN) {
         t.stage_id = ts->stack[i - 1]->rec.id;

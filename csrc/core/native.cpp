@@ -283,6 +283,9 @@ struct Globals {
 Globals g;
 
 thread_local ThreadState* tls_ts = nullptr;
+// > 0 while this thread launches the core's own GPU work (the floor calibration): the launch
+// tags (cupti_tags.h) then name no stage, as the NVTX ranges do not hold that work either.
+thread_local int tls_core_gpu_work = 0;
 struct TlsGuard {  // runs at thread exit, without the GIL: only flips an atomic
   ThreadState* ts = nullptr;
   ~TlsGuard() {
@@ -831,7 +834,9 @@ void ctx_calibrate(int c) {
     return;
   }
   if (g.gpu.backend != BK_CUDA) return;  // HIP: not calibrated (state "none"), raw event pairs
+  tls_core_gpu_work++;
   int64_t f = ctx_measure_floor();
+  tls_core_gpu_work--;
   Ctx& cy = g.ctxs[(size_t)c];
   cy.floor_ns = f < 0 ? 0 : f;
   cy.floor_state = f < 0 ? -1 : 1;

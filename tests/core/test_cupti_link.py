@@ -165,3 +165,30 @@ emit(dict(n=len(no_times), start=no_times["start_ns"].tolist(), end=no_times["en
     assert out["n"] == 1 and out["start"] == [-1] and out["end"] == [-1] and out["stage"][0] >= 0
     assert out["noop"] == 0
     assert out["after"] == [5] and out["after_start"] >= 0
+
+
+def test_the_cores_own_calibration_launches_name_no_stage(run_py, cc_lib):
+    """The floor calibration launches its kernels while the first GPU-timed stage is being
+    entered (before its NVTX range is pushed): their tags name no stage, the user's launches in
+    that stage do (stand-in driver whose cuLaunchKernel calls the stand-in libcupti's callback)."""
+    cupti, cuda = str(cc_lib("fake_cupti")), str(cc_lib("fake_cuda"))
+    out = run_py(
+        f"""
+fk = ctypes.CDLL({cupti!r}, mode=ctypes.RTLD_GLOBAL)
+import maxinstr
+from maxinstr.kernels.cupti import TAG_DTYPE
+assert n.cupti_tags({cupti!r}, [211], [307])
+with maxinstr.stage("first", gpu=True) as s:   # reference pairing + floor calibration happen here
+    fk.fake_cupti_call(2, 211, 1)              # the user's launch
+n.cupti_tags(None)
+tags = np.frombuffer(n.cupti_tags_take(), dtype=TAG_DTYPE)
+emit(dict(corr=tags["correlation_id"].tolist(), stage=tags["stage_id"].tolist(), sid=s.id,
+          floor=n.stats()["gpu_floor"], errors=n.stats()["errors"]))
+""",
+        MAXINSTR_CUDA_LIBRARY=cuda,
+        MAXINSTR_GPU_FLOOR_NS="auto",
+    )
+    assert out["floor"] == ["calibrated"], out
+    calib = [s for c, s in zip(out["corr"], out["stage"]) if c != 1]
+    assert len(calib) >= 10 and set(calib) == {-1}  # the calibration's kernels: no stage
+    assert out["stage"][out["corr"].index(1)] == out["sid"]

@@ -5,6 +5,8 @@
  * when its timestamp <= gpu_now; the test moves gpu_now (fake_set_gpu_now / fake_complete_all).
  * Synchronize completes the event. fake_fail(name, code, count) makes the next `count` calls of
  * that function return `code`. Counters: fake_count(name). */
+#define _GNU_SOURCE  /* RTLD_DEFAULT */
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -212,6 +214,11 @@ int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
   if (rc) return rc;
   if (fn != (void*)0xF00D || !params) return 400;
   next_ts += (long long)*(unsigned long long*)params[0] + launch_ns;
+  /* the stand-in libcupti, when loaded: the callback a CUPTI subscriber would get (driver
+   * domain, cuLaunchKernel-like id 307) */
+  static unsigned corr = 1000000;
+  int (*cupti_call)(int, unsigned, unsigned) = (int (*)(int, unsigned, unsigned))dlsym(RTLD_DEFAULT, "fake_cupti_call");
+  if (cupti_call) cupti_call(1, 307, ++corr);
   return 0;
 }
 int cuStreamCreate(void** s, unsigned flags) {
