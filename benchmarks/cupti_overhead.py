@@ -253,7 +253,7 @@ def _run_ab(kind: str, rounds: int, args: argparse.Namespace, tmp: Path, pin) ->
             return None
         cmd = [nsys, "profile", "-t", "cuda,nvtx", "--sample=none", "--cpuctxsw=none", "-f", "true",
                "--capture-range=cudaProfilerApi", "--capture-range-end=repeat", "-o", str(tmp / "ab-nsys"), *cmd]  # fmt: skip
-    ab, _ = _child_result(f"one process ({kind})", cmd, 300, pin)
+    ab, _ = _child_result(f"one process ({kind})", cmd, 150 if kind == "nsys" else 300, pin)
     if ab is None:
         return None
     what = {"ab": "maxinstr", "peers": "torch.profiler", "nsys": "nsys (capture ranges; bare = nsys attached, idle)"}[kind]
