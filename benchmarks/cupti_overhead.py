@@ -231,7 +231,11 @@ def _cpu_set(spec: str) -> set[int] | None:
 def _child_result(label: str, cmd: list[str], timeout_s: int, pin, env=None) -> tuple[dict | None, str]:
     """Run one child; its RESULT line as a dict with wall_s (None, and the output printed, on failure)."""
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, preexec_fn=pin)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, preexec_fn=pin)
+    except subprocess.TimeoutExpired as exc:
+        print(f"{label}: no result within {timeout_s} s\n{(exc.stdout or b'')[-1500:]!r}")
+        return None, ""
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
         print(f"{label}: failed rc={proc.returncode}\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")
