@@ -1,9 +1,11 @@
-"""Record-to-model conversion on raw activity records saved from a real H200 run
+"""Record-to-model conversion on raw activity records saved from real H200 runs
 (benchmarks/device/15-cupti.sh, step 4: the kernels=True run of benchmarks/cupti_check.py).
 
-The fixture folder tests/data/cupti/h200_small/ holds one part's files as the session wrote
-them (activity.bin, activity_names.jsonl, activity.json, stages.bin, strings.jsonl, part.json)
-plus the run's meta.json and expected.json (what the conversion gave on the device)."""
+Each fixture folder holds one part's files as the session wrote them (activity.bin,
+activity_names.jsonl, activity.json, stages.bin, strings.jsonl, part.json) plus the run's
+meta.json and expected.json (what the conversion gave on the device): tests/data/cupti/h200_small/
+from the API + external-correlation records (06:38 UTC), h200_small_tags/ from the launch tags
+(kernels=True's default since; 14:20 UTC)."""
 
 from __future__ import annotations
 
@@ -21,30 +23,36 @@ from maxinstr.rundir import load
 from maxinstr.traces.inprocess import read_run
 from maxinstr.traces.model import OpKind
 
-FIXTURE = Path(__file__).resolve().parents[1] / "data" / "cupti" / "h200_small"
+DATA = Path(__file__).resolve().parents[1] / "data" / "cupti"
+FIXTURE = DATA / "h200_small"  # the API + external-correlation records
+FIXTURE_TAGS = DATA / "h200_small_tags"  # the launch tags
 PART_FILES = ("activity.bin", "activity_names.jsonl", "activity.json", "stages.bin", "strings.jsonl", "attrs.jsonl", "part.json")
 
-pytestmark = pytest.mark.skipif(
-    not (FIXTURE / "activity.bin").is_file(),
-    reason=f"{FIXTURE} not added yet (copy $OUT/cupti/fixture/ from benchmarks/device/15-cupti.sh on the H200)",
-)
+
+@pytest.fixture(params=[FIXTURE, FIXTURE_TAGS], ids=["records", "tags"])
+def fixture_dir(request) -> Path:
+    return request.param
 
 
 @pytest.fixture
-def run_dir(tmp_path):
-    part = json.loads((FIXTURE / "part.json").read_text())
+def run_dir(tmp_path, fixture_dir):
+    return _copy_run(fixture_dir, tmp_path)
+
+
+def _copy_run(fixture: Path, tmp_path: Path) -> Path:
+    part = json.loads((fixture / "part.json").read_text())
     root = tmp_path / "run"
     pdir = root / "parts" / part["part"]
     pdir.mkdir(parents=True)
     for f in PART_FILES:
-        if (FIXTURE / f).is_file():
-            shutil.copy(FIXTURE / f, pdir / f)
-    shutil.copy(FIXTURE / "meta.json", root / "meta.json")
+        if (fixture / f).is_file():
+            shutil.copy(fixture / f, pdir / f)
+    shutil.copy(fixture / "meta.json", root / "meta.json")
     return root
 
 
-def test_fixture_converts_to_the_model_it_gave_on_the_device(run_dir):
-    expected = json.loads((FIXTURE / "expected.json").read_text())
+def test_fixture_converts_to_the_model_it_gave_on_the_device(run_dir, fixture_dir):
+    expected = json.loads((fixture_dir / "expected.json").read_text())
     run = load(run_dir)
     trace, notes = read_run(run)
     assert trace is not None, notes
@@ -117,3 +125,27 @@ def test_fixture_every_op_was_launched_by_a_function_kernels_true_keeps():
     ext_kept = np.isin(ext["correlation_id"], api["correlation_id"][kept])
     before, after = len(rows), len(ops) + int(kept.sum()) + int(ext_kept.sum())
     assert after * 2 < before, (before, after)  # fewer than half the records
+
+
+def test_tags_fixture_launch_calls_lie_inside_their_stages(tmp_path):
+    """The launch tags carry the core's host clock, mapped onto CUPTI's at take and back onto the
+    host clock by the reader: on the H200's tags every op's launch call lies inside the stage it
+    was tagged with, on that stage's thread, and each call was tagged once; the core's own
+    calibration kernels (launched while the first stage is entered) name no stage."""
+    act = json.loads((FIXTURE_TAGS / "activity.json").read_text())
+    assert act["stage_correlation"].startswith("launch tags") and act["launch_tags"]["dropped"] == 0
+    run_dir = _copy_run(FIXTURE_TAGS, tmp_path)
+    run = load(run_dir)
+    trace, _ = read_run(run)
+    att = attribute(trace, run)
+    own = np.flatnonzero(att.op_range >= 0)
+    spin = np.array([trace.name(int(i)) == "maxinstr_spin" for i in trace.ops.name_id])
+    # maxinstr's own floor-calibration kernels name no stage; every other op has its stage
+    assert spin.sum() > 0 and (att.op_range[spin] < 0).all() and (att.op_range[~spin] >= 0).all()
+    C = trace.calls
+    assert len(np.unique(C.correlation_id)) == len(C) == act["launch_tags"]["calls"]
+    row = {int(c): i for i, c in enumerate(C.correlation_id)}
+    ci = np.array([row[int(c)] for c in trace.ops.correlation_id[own]])
+    r = att.op_range[own]
+    assert (C.start_ns[ci] >= trace.ranges.start_ns[r]).all() and (C.end_ns[ci] <= trace.ranges.end_ns[r]).all()
+    assert (C.start_ns[ci] <= C.end_ns[ci]).all() and (C.tid[ci] == trace.ranges.tid[r]).all()
