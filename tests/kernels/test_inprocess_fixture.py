@@ -140,8 +140,10 @@ def test_tags_fixture_launch_calls_lie_inside_their_stages(tmp_path):
     att = attribute(trace, run)
     own = np.flatnonzero(att.op_range >= 0)
     spin = np.array([trace.name(int(i)) == "maxinstr_spin" for i in trace.ops.name_id])
-    # maxinstr's own floor-calibration kernels name no stage; every other op has its stage
+    # maxinstr's own floor-calibration kernels name no stage (and the notes say whose they are);
+    # every other op has its stage
     assert spin.sum() > 0 and (att.op_range[spin] < 0).all() and (att.op_range[~spin] >= 0).all()
+    assert any(f"({int(spin.sum())} of them maxinstr's own GPU-floor calibration kernels)" in x for x in att.notes), att.notes
     C = trace.calls
     assert len(np.unique(C.correlation_id)) == len(C) == act["launch_tags"]["calls"]
     row = {int(c): i for i, c in enumerate(C.correlation_id)}

@@ -33,6 +33,7 @@ from maxinstr.traces.model import CallKind, OpKind, RangeStyle, Trace
 OP_STAGE_KEY = "op_stage_id"
 """``trace.meta[OP_STAGE_KEY]``: per op, the stage record id that launched it, when the trace
 knows it exactly (in-process collection, :mod:`maxinstr.traces.inprocess`); -1 for none."""
+CALIBRATION_KERNEL = "maxinstr_spin"  # the stage core's own GPU-floor kernel (csrc/core/native.cpp)
 
 _CHUNK = 1 << 20  # ops (or op, range pairs) per block of the per-op passes: bounds the temporaries on 10M-op traces
 
@@ -195,8 +196,9 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
 def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribution:
     """Attribution when the trace says, per op, which stage record launched it (in-process
     collection: the core's launch tags, or CUPTI external correlation, tagged each launch call
-    with the innermost stage's record id, on the launching thread). The op belongs to the range whose payload is that id
-    (same process); rule SAME_THREAD (GRAPH for graph replays), as nsys would find it."""
+    with the innermost stage's record id, on the launching thread). The op belongs to the range
+    whose payload is that id (same process); rule SAME_THREAD (GRAPH for graph replays), as nsys
+    would find it."""
     R, O = trace.ranges, trace.ops
     n, m = len(R), len(O)
     notes: list[str] = []
@@ -233,9 +235,12 @@ def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribu
     op_rule = np.where(op_range >= 0, np.where(graph, Rule.GRAPH, Rule.SAME_THREAD), Rule.NONE).astype(np.int8)
     tagged = int((owner >= 0).sum())
     lost = tagged - int((op_range >= 0).sum())
+    own_ids = np.flatnonzero(np.asarray(trace.strings, dtype=object) == CALIBRATION_KERNEL)
+    ours = int(((owner < 0) & np.isin(O.name_id, own_ids)).sum()) if len(own_ids) else 0
     notes.append(f"{int((op_range >= 0).sum())} of {m} GPU ops attributed exactly by the stage id their launch "
                  f"call was tagged with (in-process, {trace.meta.get('stage_correlation', 'CUPTI external correlation')}); "
-                 f"{m - tagged} were launched outside any stage")  # fmt: skip
+                 f"{m - tagged} were launched outside any stage"
+                 + (f" ({ours} of them maxinstr's own GPU-floor calibration kernels)" if ours else ""))  # fmt: skip
     if lost:
         notes.append(f"{lost} GPU ops name a stage record that is not in the trace's ranges (record lost?): not attributed")
     att = Attribution(trace=trace, op_range=op_range, op_rule=op_rule, range_parent=parent,
