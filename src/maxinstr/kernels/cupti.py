@@ -839,17 +839,23 @@ class CuptiCollector:
         self.writer.write(rows, names)
 
     def _clock_pair(self) -> None:
-        """One (host clock, CUPTI clock) pair, taken back to back (the host time is the
-        midpoint of two reads around the CUPTI read)."""
+        """One (host clock, CUPTI clock) pair: the host time is the midpoint of two reads around
+        the CUPTI read; of three tries, the one whose host reads were closest (a thread preempted
+        between them would put the pair off by up to the gap)."""
         if len(self._pairs) >= CLOCK_PAIRS_MAX:
             self._pairs = self._pairs[::2]
+        best = None
         try:
-            h0 = int(self._native.clock_ns())
-            t = int(self._c.get_timestamp())
-            h1 = int(self._native.clock_ns())
+            for _ in range(3):
+                h0 = int(self._native.clock_ns())
+                t = int(self._c.get_timestamp())
+                h1 = int(self._native.clock_ns())
+                if best is None or h1 - h0 < best[0]:
+                    best = (h1 - h0, (h0 + h1) // 2, t)
         except Exception:  # noqa: BLE001
-            return
-        self._pairs.append([(h0 + h1) // 2, t])
+            if best is None:
+                return
+        self._pairs.append([best[1], best[2]])
 
     def _cupti_dropped(self) -> int | None:
         try:
