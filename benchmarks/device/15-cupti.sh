@@ -9,6 +9,8 @@
 #                    SQLite + attribution. Look for "RESULT kernels: PASS" (counts equal, kernel
 #                    times within 1%) and "RESULT copies/sets: PASS" (counts and bytes equal,
 #                    times within 1% or within the printed run-to-run noise floor).
+#   check-records.txt  the same comparison for MAXINSTR_CUPTI_TAGS=0 (API + external-correlation
+#                    records instead of kernels=True's default launch tags), same nsys capture.
 #   noise.txt        the same table for two kernels=True runs (run-to-run GPU time noise); the
 #                    second run is check.txt's --noise run.
 #   activity-inproc.json  the collector's activity.json (buffers_by "native", fast_path, rows).
@@ -67,11 +69,12 @@ if command -v nsys >/dev/null; then
 else
   echo "nsys not on PATH (carry .device): comparison and fallback skipped" | tee "$out/check.txt"; rc=1
 fi
-echo "-- launch tags (MAXINSTR_CUPTI_TAGS=1): the same workload, compared with the same nsys capture"
-MAXINSTR_CUPTI_TAGS=1 timeout 60 python3 benchmarks/cupti_check.py run "$work/tags" --kernels > "$out/tags.log" 2>&1 || echo "launch-tags run failed"
-if [ -f "$work/nsys.sqlite" ] && [ -d "$work/tags" ]; then
-  timeout 60 python3 benchmarks/cupti_check.py compare "$work/tags" "$work/nsysrun" "$work/nsys.sqlite" ${noise[@]+"${noise[@]}"} 2>&1 | tee "$out/check-tags.txt" | tail -4
-  cat "$work"/tags/parts/*/activity.json > "$out/activity-tags.json" 2>/dev/null
+# check.txt is kernels=True's default (launch tags); the other path too, against the same capture
+echo "-- API + external-correlation records (MAXINSTR_CUPTI_TAGS=0): the same workload, the same nsys capture"
+MAXINSTR_CUPTI_TAGS=0 timeout 60 python3 benchmarks/cupti_check.py run "$work/records" --kernels > "$out/records.log" 2>&1 || echo "records run failed"
+if [ -f "$work/nsys.sqlite" ] && [ -d "$work/records" ]; then
+  timeout 60 python3 benchmarks/cupti_check.py compare "$work/records" "$work/nsysrun" "$work/nsys.sqlite" ${noise[@]+"${noise[@]}"} 2>&1 | tee "$out/check-records.txt" | tail -4
+  cat "$work"/records/parts/*/activity.json > "$out/activity-records.json" 2>/dev/null
 fi
 echo "-- noise floor: the second kernels=True run against the first (same comparison, no nsys)"
 [ -d "$work/inproc2" ] && timeout 60 python3 benchmarks/cupti_check.py compare "$work/inproc2" "$work/inproc" - 2>&1 | tail -14 | tee "$out/noise.txt"
