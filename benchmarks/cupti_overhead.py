@@ -75,8 +75,6 @@ def _steps(stage):  # the small and large steps, their stages made by `stage`
 
 
 def _null_stage(name: str):
-    import contextlib
-
     return contextlib.nullcontext()
 
 
@@ -163,8 +161,6 @@ def child_ab(modes: tuple[str, ...], rounds: int, n_small: int, n_large: int, ru
 
 def child(mode: str, n_small: int, n_large: int, run_dir: str) -> dict:
     if mode == "bare":
-        import contextlib
-
         stage = _null_stage
         sess = contextlib.nullcontext()
     else:

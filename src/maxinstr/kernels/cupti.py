@@ -322,8 +322,8 @@ class CuptiCollector:
             name_ids.append(nid if nid is not None else self._api_name(k, cbid, drv))
         api["name_id"] = np.asarray(name_ids, np.int32)[inverse]
         # the tags carry the core's host clock; rows are on CUPTI's (the pair taken just before
-        # this take covers them)
-        host = np.stack([tags["start_ns"], np.maximum(tags["end_ns"], tags["start_ns"])])
+        # this take covers them). A tag is kept at its call's exit, so end is set with start.
+        host = np.stack([tags["start_ns"], tags["end_ns"]])
         coll = to_collector_clock(host.ravel(), self._pairs).reshape(2, n)
         timed = tags["start_ns"] >= 0
         api["start_ns"] = np.where(timed, coll[0], -1)
