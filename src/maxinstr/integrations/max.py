@@ -133,6 +133,15 @@ def provide_nvtx_v2() -> str | None:
     return None
 
 
+def _nvidia_driver_present() -> bool:
+    """An NVIDIA driver is loadable here (where MAX's GPU markers would run)."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
 def max_accelerator() -> Any:
     """The first MAX accelerator, or the host CPU device when MAX finds no accelerator.
 
@@ -155,12 +164,12 @@ def enable_max_profiling(level: ProfilingLevel = "detailed", session: Any = None
     `"detailed"` costs MAX some host time per op: profile with it, measure without it.
 
     MAX's markers need NVTX's v2 entry points in the process (MAX aborts without them, on CUDA
-    13 machines): they are loaded here (`provide_nvtx_v2`), and when none can be found
-    `MaxProfilingUnavailable` is raised before MAX is touched.
+    13 machines): they are loaded here (`provide_nvtx_v2`), and where an NVIDIA driver is present
+    but no such library can be found, `MaxProfilingUnavailable` is raised before MAX is touched.
     """
     if level not in _LEVELS:
         raise ValueError(f"MAX profiling level must be one of {', '.join(_LEVELS)}, not {level!r}")
-    if level != "off" and provide_nvtx_v2() is None:
+    if level != "off" and provide_nvtx_v2() is None and _nvidia_driver_present():
         raise MaxProfilingUnavailable(
             "MAX's profiling markers need NVTX's v2 library (one of "
             + ", ".join(NVTX_V2_LIBRARIES)
