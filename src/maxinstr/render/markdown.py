@@ -33,6 +33,8 @@ def _baseline(report: dict) -> list[str]:
         rows.append(["trace format", src["trace_format"]])
     if src.get("join"):
         rows.append(["record join", f"{src['join']} ({src.get('records_joined')} records)"])
+    if src.get("join_problem"):
+        rows.append(["join failed", src["join_problem"]])
     git = env.get("git") or {}
     if git:
         rows.append(["git", f"{git.get('commit', '?')}{' (dirty)' if git.get('dirty') else ''}"])

@@ -88,6 +88,8 @@ def _header(report: dict) -> Panel:
     lines.append(f"warm-up  {w.get('n', 0)} per stage declared; {w.get('instances', 0)} warm-up and "
                  f"{w.get('cold_start_instances', 0)} cold-start instances kept out of the numbers below")
     text = Text("\n".join(lines))
+    if src.get("join_problem"):
+        text.append(f"\njoin failed: {src['join_problem']}", style="bold red")
     if report.get("perturbed") and report.get("headline_source") != "unprofiled_run":
         text.append(f"\nperturbed: {report.get('perturbed_reason')}", style="yellow")
     return Panel(text, title="maxinstr report", title_align="left")
