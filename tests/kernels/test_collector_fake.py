@@ -207,7 +207,7 @@ def test_launch_tags_mode_reads_the_same(fake_lib, tmp_path):
     # each of the session's 29 launch calls tagged once, none dropped
     assert act["launch_tags"] == {"calls": 29, "dropped": 0}, act["launch_tags"]
     an = _check_attribution(run_dir)
-    assert any("GPU ops attributed exactly" in n and "launch tags" in n for n in an.attribution.notes), an.attribution.notes
+    assert any("tied to their stage by the stage id" in n and "launch tags" in n for n in an.attribution.notes), an.attribution.notes
     # each op's launch call, timed on the core's clock, mapped onto CUPTI's through the clock
     # pairs and back by the reader, lies inside the op's stage (1 us for the mapping's rounding)
     trace, att = an.trace, an.attribution
@@ -355,3 +355,17 @@ def test_real_cupti_python_record_objects_leave_stderr_alone(tmp_path):
 
     buggy = tuple(int(x) for x in md.version("cupti-python").split(".")[:3]) <= (13, 0, 1)
     assert int(p.stdout) == (5 if buggy else 0)
+
+
+def test_without_an_nvidia_driver_the_reason_says_so(tmp_path):
+    """kernels=True on a machine with no NVIDIA driver: the reason names that, not whatever the
+    CUPTI path lacked on the way (it said to install cupti-python, which would not help)."""
+    from maxinstr.integrations._cuda import nvidia_driver_present
+    from maxinstr.kernels import start
+
+    if nvidia_driver_present():
+        pytest.skip("an NVIDIA driver is present here")
+    collector, _ = start(tmp_path, {"part": "p1", "pid": 1})
+    act = json.loads((tmp_path / "activity.json").read_text())
+    assert act["status"] == "unavailable" and act["reason"].startswith("no NVIDIA driver in this process"), act
+    assert collector.name != "cupti"

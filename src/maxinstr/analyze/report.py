@@ -601,19 +601,23 @@ def _gpu_section(trace, attribution, fam, dur) -> dict[str, Any] | None:
     if trace is None:
         return None
     n = len(dur)
+    # maxinstr's own GPU-floor calibration kernels are the profiler's work, not the program's
+    own = np.asarray(fam) == list(FAMILY_NAMES).index("maxinstr") if n else np.zeros(0, bool)
+    keep = ~own
     attributed = None
-    if attribution is not None and len(getattr(attribution, "op_range", [])) == n and n:
-        attributed = float(dur[np.asarray(attribution.op_range) >= 0].sum() / max(dur.sum(), 1))
-    fams = family_table(dur, fam)
+    if attribution is not None and len(getattr(attribution, "op_range", [])) == n and keep.any():
+        attributed = float(dur[keep & (np.asarray(attribution.op_range) >= 0)].sum() / max(dur[keep].sum(), 1))
+    fams = family_table(dur[keep], np.asarray(fam)[keep])
     other = next((f["share"] for f in fams if f["family"] == "other"), 0.0)
-    kernels = kernel_table(trace, fam, dur, limit=KERNELS_KEPT)
-    distinct = len(np.unique(np.asarray(trace.ops.name_id))) if n else 0
+    kernels = kernel_table(trace, fam, dur, mask=keep, limit=KERNELS_KEPT)
+    distinct = len(np.unique(np.asarray(trace.ops.name_id)[keep])) if n else 0
     span = 0
     if n:
         span = int(np.asarray(trace.ops.end_ns).max() - np.asarray(trace.ops.start_ns).min())
     return {
-        "ops": int(n),
-        "gpu_ns": float(dur.sum()),
+        "ops": int(keep.sum()),
+        "own_ops": {"count": int(own.sum()), "gpu_ns": float(dur[own].sum())},
+        "gpu_ns": float(dur[keep].sum()),
         "span_ns": span,
         "attributed_share": attributed,
         "families": fams,

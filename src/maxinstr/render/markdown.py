@@ -136,6 +136,18 @@ def _families(report: dict) -> list[str]:
     return out
 
 
+def _inside_stages(report: dict) -> list[str]:
+    rows, tied = f.inside_stages(report)
+    if not rows:
+        return ["Ops tied to their stage: " + "; ".join(tied) + ".", ""] if tied else []
+    out = [f"## {f.INSIDE_TITLE}", ""] + _table(
+        ["stage", "range", "share", "ops / inst", "GPU / inst"],
+        [[r["stage"], f"`{r['range']}`", f.pct(r["share"]), f"{r['per_instance']:.4g}", f.ns(r["gpu_per_instance_ns"])] for r in rows])
+    if tied:
+        out += ["Ops tied to their stage: " + "; ".join(tied) + ".", ""]
+    return out
+
+
 def _startup(report: dict) -> list[str]:
     rows = report.get("startup") or []
     if not rows:
@@ -190,6 +202,7 @@ def render(report: dict[str, Any]) -> str:
     lines += _optimisations(report)
     lines += _startup(report)
     lines += _families(report)
+    lines += _inside_stages(report)
     lines += _reproduce(report)
     notes = src.get("notes") or []
     if notes:

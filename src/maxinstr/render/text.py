@@ -214,7 +214,11 @@ def _families(report: dict) -> Table | None:
     fams = gpu.get("families") or []
     if not fams:
         return None
-    t = Table(title="GPU time by kernel family", caption=f"{gpu.get('ops')} ops, {f.ns(gpu.get('gpu_ns'))} of GPU time",
+    own = gpu.get("own_ops") or {}
+    caption = f"{gpu.get('ops')} ops, {f.ns(gpu.get('gpu_ns'))} of GPU time"
+    if own.get("count"):
+        caption += f" (maxinstr's own {own['count']} calibration kernels, {f.ns(own.get('gpu_ns'))}, left out)"
+    t = Table(title="GPU time by kernel family", caption=caption,
               title_justify="left", caption_justify="left", header_style="bold")
     t.add_column("family")
     t.add_column("share", justify="right")
@@ -240,38 +244,23 @@ def _kernels(report: dict, n: int = 10) -> Table | None:
     return _numbers_whole(t)
 
 
-_RULE_WORDS = {"same_thread": "launched on the stage's thread", "cross_thread": "launched by another thread (a runtime's worker)",
-               "graph": "graph replays", "start_end": "start/end ranges", "time_overlap": "by GPU time only (no launch call)"}
-
-
-def _inside_stages(report: dict, n_stages: int = 4, n_ranges: int = 6) -> Table | None:
-    """Per leaf stage (most GPU time first), the ranges of other domains its ops ran under
-    (MAX's op ranges, a framework's): where inside the stage the GPU time goes."""
-    stages = report.get("stages") or []
-    parents = {s.get("parent") for s in stages}
-    rows = [s for s in stages if s["name"] not in parents and (s.get("mix") or {}).get("ranges")]
+def _inside_stages(report: dict) -> Table | Text | None:
+    """Per leaf stage, the ranges of other domains its ops ran under (MAX's op ranges, a
+    framework's): where inside the stage the GPU time goes."""
+    rows, tied = f.inside_stages(report)
     if not rows:
-        return None
-    rows.sort(key=lambda s: -float(s["mix"].get("gpu_ns") or 0))
-    t = Table(title="Inside the stages: the ranges their GPU work ran under (MAX ops, framework ranges)",
-              title_justify="left", header_style="bold", caption_justify="left")
+        return Text("ops tied to their stage: " + "; ".join(tied)) if tied else None
+    t = Table(title=f.INSIDE_TITLE, title_justify="left", header_style="bold", caption_justify="left",
+              caption="ops tied to their stage: " + "; ".join(tied) if tied else None)
     t.add_column("stage", no_wrap=True)
     t.add_column("range", overflow="fold", max_width=64)
     t.add_column("share", justify="right")
     t.add_column("ops / inst", justify="right")
     t.add_column("GPU / inst", justify="right")
-    tied: list[str] = []
-    for s in rows[:n_stages]:
-        mix = s["mix"]
-        n_inst = max(int(mix.get("instances") or 1), 1)
-        for k, r in enumerate(mix["ranges"][:n_ranges]):
-            t.add_row(Text(s["name"] if k == 0 else ""), Text(r["name"] or "-"), f.pct(r["share"]),
-                      f"{r['per_instance']:.4g}", f.ns(r["gpu_ns"] / n_inst))
-        rules = mix.get("rules") or {}
-        if set(rules) - {"same_thread"}:
-            total = sum(rules.values()) or 1
-            tied.append(f"{s['name']}: " + ", ".join(f"{f.pct(c / total)} {_RULE_WORDS.get(k, k)}" for k, c in rules.items()))
-    t.caption = "ops tied to their stage: " + "; ".join(tied) if tied else None
+    for k, r in enumerate(rows):
+        first = k == 0 or rows[k - 1]["stage"] != r["stage"]
+        t.add_row(Text(r["stage"] if first else ""), Text(r["range"]), f.pct(r["share"]), f"{r['per_instance']:.4g}",
+                  f.ns(r["gpu_per_instance_ns"]))
     return _numbers_whole(t)
 
 
