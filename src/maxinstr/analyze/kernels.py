@@ -199,6 +199,8 @@ def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, du
     steady_names = set(uniq[has_steady].tolist())
     keep = inst.steady[inst_i] | ~has_steady[name_code[inst_i]]
     op_i, inst_i = op_i[keep], inst_i[keep]
+    if len(op_i) == 0:
+        return out
     code = name_code[inst_i]
     order = np.argsort(code, kind="stable")
     bounds = np.r_[0, np.flatnonzero(np.diff(code[order])) + 1, len(order)]
