@@ -18,6 +18,11 @@ The rules, in order of precedence (docs/attribution.md states them for users):
    innermost range of its process holding the op's GPU start time. Stated in ``notes``.
 
 Per-range numbers are inclusive of nested ranges, as ``nsys stats`` counts them.
+
+Where the trace holds maxinstr's stages and ranges of other domains too (MAX's op ranges, a
+framework's), stages own the work they submit (:func:`_own_by_stages`): a call's stage comes from
+the stage ranges alone (rules 1 and 3 over stages only), and ranges of other domains on threads
+that hold no stage nest under the stage of their first launch, as a breakdown.
 """
 
 from __future__ import annotations
