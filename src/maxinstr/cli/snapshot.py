@@ -26,7 +26,9 @@ def _fmt_gib(x: float) -> str:
 def render(summaries: list, meta: dict[str, Any], console) -> None:
     """The rich table (rendering only; numbers from maxinstr.sample.summary)."""
     from rich.table import Table
+    from rich.text import Text
 
+    from maxinstr._text import visible
     from maxinstr.sample.base import THROTTLE_BITS
     from maxinstr.sample.summary import THRESHOLDS
 
@@ -51,7 +53,7 @@ def render(summaries: list, meta: dict[str, Any], console) -> None:
             reasons.append(f"[bold red]{label}[/]" if groups.get(name) == "thermal_hw" else label)
         s._reasons = ", ".join(reasons) or "none"  # type: ignore[attr-defined]
         table.add_row(
-            f"{s.visible_index} {s.name}",
+            Text(visible(f"{s.visible_index} {s.name}")),  # a device name is data, not markup
             _fmt_pct(s.util_mean_pct, s.util_peak_pct),
             _fmt_pct(s.sm_active_mean_pct, s.sm_active_peak_pct) if math.isfinite(s.sm_active_mean_pct) else "n/a",
             f"{_fmt_gib(s.mem_used_peak_bytes)}/{_fmt_gib(s.mem_total_bytes)}",
@@ -62,16 +64,17 @@ def render(summaries: list, meta: dict[str, Any], console) -> None:
         )
     console.print(table)
     for s in summaries:
-        console.print(f"GPU {s.visible_index} ({s.name}): [{styles[s.verdict]}]{s.verdict}[/]: {s.why}; "
-                      f"clock limits (% of samples): {s._reasons}; "  # type: ignore[attr-defined]
-                      f"{s.samples} samples, active {s.active_s:.1f} of {s.window_s:.1f} s")
+        console.print(Text.assemble(
+            f"GPU {s.visible_index} (", visible(s.name), "): ", (s.verdict, styles[s.verdict]), f": {s.why}; ",
+            "clock limits (% of samples): ", Text.from_markup(s._reasons),  # type: ignore[attr-defined]
+            f"; {s.samples} samples, active {s.active_s:.1f} of {s.window_s:.1f} s"))
     console.print("thresholds: " + "; ".join(f"{k}: {v}" for k, v in THRESHOLDS.items()), style="dim")
     console.print("power cap: the driver lowers clocks to stay under the board's power limit (sw_power_cap; "
                   "usual under full load: power-bound, not a fault). thermal/HW slowdown (red): heat, power "
                   "brake or current limit. Both are told apart from idle and from clock settings (app_clocks, "
                   "user_clocks, sync_boost, display_clocks).", style="dim")
     for e in meta.get("errors", [])[:10]:
-        console.print(f"note: {e['message']}", style="dim")
+        console.print(Text(f"note: {visible(e['message'])}", style="dim"))
 
 
 @click.command("snapshot", context_settings={"ignore_unknown_options": True})

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from maxinstr._text import safe_name
 from maxinstr.errors import RunDirError
 from maxinstr.rundir import format as fmt
 
@@ -225,7 +226,7 @@ def _read_part(
     local_names = {}
     for rec in _read_jsonl(pdir / fmt.STRINGS_FILE, notes):
         try:
-            local_names[int(rec["id"])] = str(rec["s"])
+            local_names[int(rec["id"])] = safe_name(str(rec["s"]))
         except (KeyError, TypeError, ValueError):
             raise RunDirError(pdir / fmt.STRINGS_FILE, f"line is not {{\"id\": int, \"s\": str}}: {_clip(rec)}") from None
     for rec in _read_jsonl(pdir / fmt.ATTRS_FILE, notes):

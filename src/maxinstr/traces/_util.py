@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from maxinstr._text import safe_name
 from maxinstr.errors import TraceError
 from maxinstr.traces.model import NO_ID, RangeStyle, Ranges, StringTable
 
@@ -79,7 +80,8 @@ def intern(strings: StringTable, values) -> np.ndarray:
 def _as_text(value) -> str:
     if value is None:
         return ""
-    return value if isinstance(value, str) else str(value)
+    # a JSON "\udcff" escape decodes to a lone surrogate, which no view could print or write
+    return safe_name(value if isinstance(value, str) else str(value))
 
 
 def _strict_int(value) -> int:
