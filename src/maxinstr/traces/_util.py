@@ -38,6 +38,9 @@ def report(progress: Progress | None, message: str) -> None:
 def int_column(values, path: object, what: str) -> np.ndarray:
     """``values`` (strings, ints or floats) as int64; a TraceError naming the first bad value."""
     arr = values if isinstance(values, np.ndarray) else np.asarray(values)
+    if arr.ndim != 1:  # lists in the values ([1] where 1 belongs): never a 2-D column
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = [v for v in values]
     try:
         if arr.dtype.kind in "iu":
             if arr.dtype.kind == "u" and len(arr) and arr.max() > np.iinfo(np.int64).max:
@@ -50,7 +53,9 @@ def int_column(values, path: object, what: str) -> np.ndarray:
                 raise ValueError
             return arr.astype(np.int64)
         if arr.dtype.kind in "USO":
-            return np.array(arr.tolist(), dtype=np.int64)
+            out = np.array(arr.tolist(), dtype=np.int64)
+            if out.shape == arr.shape:
+                return out
     except (ValueError, TypeError, OverflowError):
         pass
     for i, value in enumerate(arr.tolist()):

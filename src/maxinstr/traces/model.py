@@ -58,7 +58,11 @@ class _Table:
         return len(getattr(self, first))
 
     def validate(self) -> None:
-        """Raise ValueError when the columns do not all have the same length."""
+        """Raise ValueError when a column is not 1-D or the columns differ in length (a 2-D
+        column would broadcast against the others into an n x n array)."""
+        for f in fields(self):  # type: ignore[arg-type]
+            if np.ndim(getattr(self, f.name)) != 1:
+                raise ValueError(f"{type(self).__name__}.{f.name}: not a 1-D column")
         lengths = {f.name: len(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
         if len(set(lengths.values())) > 1:
             raise ValueError(f"{type(self).__name__}: columns differ in length: {lengths}")
