@@ -111,9 +111,12 @@ class _MemorySink:
             self.chunks.append(rows.copy())
             self.rows += len(rows)
             kept = set(rows["id"].tolist()) if attrs else set()
+            if attrs:
+                from maxinstr.record.attrs import plain
+
             for rid, a in attrs:
                 if rid in kept:
-                    self.attrs[int(rid)] = a
+                    self.attrs[int(rid)] = plain(a)  # data, never the caller's objects
 
 
 class _Process:
@@ -820,7 +823,10 @@ def _drain_into_sink(proc: _Process, native: Any, block: bool, periodic: bool = 
     attrs = [(int(rid), a) for rid, a in attrs]
     root = proc.root
     sink = root._sink() if root is not None else proc.memory
-    sink.write(rows, proc.names, attrs)
+    try:
+        sink.write(rows, proc.names, attrs)
+    except Exception as exc:  # noqa: BLE001 - never raise into the program; the loss is counted
+        _count_unwritten(sink, root, len(rows), exc)
     if root is not None:
         if root._nw == "running":
             if not periodic:
@@ -837,6 +843,17 @@ def _drain_into_sink(proc: _Process, native: Any, block: bool, periodic: bool = 
             except Exception as exc:  # noqa: BLE001
                 root._event("error", f"kernel flush failed: {type(exc).__name__}: {exc}")
     return len(rows)
+
+
+def _count_unwritten(sink: Any, root: Session | None, rows: int, exc: Exception) -> None:
+    """A batch the sink could not take (a bug, or a value nothing could encode): its records
+    are counted as dropped where the run says so (part.json ``rows_dropped_disk``, Run.notes)."""
+    if isinstance(sink, PartWriter):
+        sink.rows_dropped += rows
+    else:
+        sink.dropped += rows
+    if root is not None:
+        root._event("error", f"{rows} record(s) not written: {type(exc).__name__}: {exc}", dropped_records=rows)
 
 
 def _start_child_writer(root: Session, native: Any) -> None:

@@ -35,8 +35,23 @@ class RunDirWarning(RuntimeWarning):
 
 
 def json_line(obj: Any) -> bytes:
-    """One compact JSON line (non-JSON values become their ``str``)."""
-    return (json.dumps(obj, separators=(",", ":"), default=str, ensure_ascii=False) + "\n").encode()
+    """One compact JSON line (non-JSON values become their ``str``). A lone surrogate (a file
+    name from ``os.fsdecode``) has no UTF-8: it is written as the JSON escape ``\\udcff``, which
+    reads back as the same string."""
+    return (json.dumps(obj, separators=(",", ":"), default=str, ensure_ascii=False) + "\n").encode(
+        "utf-8", "backslashreplace")
+
+
+def attrs_line(record_id: int, attrs: dict[str, Any]) -> bytes:
+    """The attrs.jsonl line of one record, whatever its attrs hold (they are data already when
+    the core's attrs hook ran; :func:`maxinstr.record.attrs.plain` again when not, or when JSON
+    refused a value, such as an int of more than 4300 digits)."""
+    try:
+        return json_line({"id": record_id, "attrs": attrs})
+    except Exception:  # noqa: BLE001 - the record's row must not be lost to one value
+        from maxinstr.record.attrs import plain
+
+        return json_line({"id": record_id, "attrs": plain(attrs)})
 
 
 def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
@@ -46,7 +61,13 @@ def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
     With ``exclusive=True`` an existing file is left alone (returns False then).
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    data = (json.dumps(obj, indent=2, default=str, ensure_ascii=False) + "\n").encode()
+    try:
+        text = json.dumps(obj, indent=2, default=str, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):  # a user value JSON refuses (a cycle, a huge int)
+        from maxinstr.record.attrs import plain
+
+        text = json.dumps(plain(obj), indent=2, default=str, ensure_ascii=False)
+    data = (text + "\n").encode("utf-8", "backslashreplace")  # a lone surrogate as its JSON escape
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         _write_all(fd, data)
@@ -183,7 +204,7 @@ class PartWriter:
                     )
                     self._mark_written(new)
             if attrs:
-                self._files[fmt.ATTRS_FILE].append(b"".join(json_line({"id": rid, "attrs": a}) for rid, a in attrs))
+                self._files[fmt.ATTRS_FILE].append(b"".join(attrs_line(rid, a) for rid, a in attrs))
             if len(rows):
                 # the drained buffer itself when it is one (no copy of a large batch)
                 base = rows.base if isinstance(rows.base, bytes) and len(rows.base) == rows.nbytes else None
