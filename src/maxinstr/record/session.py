@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from maxinstr.rundir import format as fmt
+from maxinstr.rundir import owners
 from maxinstr.rundir.writer import PartWriter, RunDirWarning, write_json_atomic
 
 __all__ = ["Session", "session", "current_session", "ensure_env_session", "RunDirWarning"]
@@ -299,13 +300,18 @@ class Session:
             self._writes_meta = rank in (None, "", "0")
             try:
                 self.path.mkdir(parents=True, exist_ok=True)
-                if rank in (None, "") and not os.environ.get(ENV_RUN_DIR):
-                    _clear_previous_run(self.path)
-                if self._writes_meta:
-                    write_json_atomic(self.path / fmt.META_FILE, self.meta)
-                else:  # another rank: only when rank 0 has not written it (it overwrites ours)
-                    write_json_atomic(self.path / fmt.META_FILE, self.meta, exclusive=True)
-                self._writer.open()
+                with owners.locked(self.path):  # two sessions opening here decide one after the other
+                    if rank in (None, "") and not os.environ.get(ENV_RUN_DIR):
+                        live = owners.live_writers(self.path)
+                        if live:
+                            self._join_live_run(live)
+                        else:
+                            _clear_previous_run(self.path)
+                    if self._writes_meta:
+                        write_json_atomic(self.path / fmt.META_FILE, self.meta)
+                    else:  # another rank: only when rank 0 has not written it (it overwrites ours)
+                        write_json_atomic(self.path / fmt.META_FILE, self.meta, exclusive=True)
+                    self._writer.open()
             except OSError as exc:
                 self._disk_failed(exc)
                 return
@@ -324,6 +330,20 @@ class Session:
             self._nw = "wanted" if _native_writer_wanted() else None
         self._install_signal_handlers()
         _register_mp_exit_hook()
+
+    def _join_live_run(self, live: list[str]) -> None:
+        """Another process still writes the run here: keep it, add this process's part to it
+        (as ranks do) and leave its meta.json to its owner. Said once, naming that process."""
+        self._writes_meta = False
+        assert self._writer is not None
+        self._writer.info["joined_live_run"] = live
+        warnings.warn(
+            f"maxinstr: {self.path} is the run of a live process ({'; '.join(live[:3])}"
+            f"{' ...' if len(live) > 3 else ''}): this session adds its records to that run as part "
+            f"{self.part} instead of replacing it",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
     def _part_info(self, rank: str | None) -> dict[str, Any]:
         import socket
@@ -752,8 +772,9 @@ def _warn_kernels_once(reason: str) -> None:
 
 
 def _clear_previous_run(path: Path) -> None:
-    """A session opened on an existing run directory replaces that run: its meta.json and
-    parts/ go (nothing else in the folder is touched), so two runs never merge."""
+    """A session opened on an existing run directory replaces that run, once no process of it
+    is alive (the caller asked :func:`owners.live_writers`): its meta.json and parts/ go
+    (nothing else in the folder is touched), so two runs never merge."""
     import json
     import shutil
 

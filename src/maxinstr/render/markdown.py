@@ -16,9 +16,10 @@ class Md(str):
 
 
 # CommonMark: any ASCII punctuation may be backslash-escaped. These are the characters that
-# start inline markup (emphasis, code, links, images, raw HTML, entities, strikethrough, table
-# cells) or a heading; `_` only where it can open or close emphasis (not inside a word).
-_INLINE = re.compile(r"[\\`*\[\]<>&|~!#]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+# start inline markup (emphasis, code, links and images (a `]` without its `[` is text), raw
+# HTML, entities, strikethrough, table cells) or a heading; `_` only where it can open or close
+# emphasis (not inside a word).
+_INLINE = re.compile(r"[\\`*\[<>&|~!#]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 _BLOCK_START = re.compile(r"^(\s*)([-+=>]|\d+[.)])")
 
 
