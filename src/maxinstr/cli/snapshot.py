@@ -8,6 +8,7 @@ import math
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -104,6 +105,13 @@ def command(duration: float | None, interval: float, as_json: bool, cmd: tuple[s
     console = Console(stderr=bool(cmd))
     with tempfile.TemporaryDirectory(prefix="maxinstr-snapshot-") as tmp:
         child: subprocess.Popen | None = None
+        # Is there a GPU to watch? Asked before the command starts: a command is never started
+        # only to be stopped for a problem of ours.
+        probe = start_sampler(Path(tmp) / "probe", interval, pids=[], mode="auto")
+        reason = probe.unavailable or (None if probe.devices else "no visible GPU")
+        probe.stop()
+        if reason:
+            raise UserError(f"no GPU to watch ({reason})" + (f"; {cmd[0]} was not started" if cmd else ""))
         if cmd:
             try:
                 child = subprocess.Popen(list(cmd))
@@ -111,13 +119,11 @@ def command(duration: float | None, interval: float, as_json: bool, cmd: tuple[s
                 raise UserError(f"cannot run {cmd[0]}: {exc.strerror or exc}") from None
         # a thread here: this process runs no user code, and a thread starts sampling at once
         sampler = start_sampler(tmp, interval, pids=[child.pid] if child else [], mode="auto")
-        if sampler.unavailable or not sampler.devices:
-            reason = sampler.unavailable or "no visible GPU"
+        if sampler.unavailable or not sampler.devices:  # the GPU went away since the probe: say so, let it run
             sampler.stop()
-            if child is not None:
-                child.terminate()
-                child.wait()
-            raise UserError(f"no GPU to watch ({reason})")
+            code = child.wait() if child is not None else 0
+            click.echo(f"maxinstr snapshot: no GPU to watch ({sampler.unavailable or 'no visible GPU'})", err=True)
+            raise click.exceptions.Exit(128 - code if code < 0 else code)
         code = 0
         try:
             if child is None:
