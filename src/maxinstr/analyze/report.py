@@ -73,9 +73,11 @@ def _inprocess_trace(run):
     --trace was given: (trace or None, notes)."""
     from maxinstr.traces.inprocess import read_run
 
+    from maxinstr.errors import TraceError
+
     try:
         return read_run(run)
-    except ValueError as exc:  # a malformed activity file: the report goes on without kernels
+    except (ValueError, TraceError) as exc:  # a malformed activity file: the report goes on without kernels
         return None, [f"in-process kernels not read: {exc}"]
 
 

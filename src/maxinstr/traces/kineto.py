@@ -30,7 +30,7 @@ from maxinstr.traces.rocprof import _malformed
 HOST_RANGE_CATS = ("user_annotation", "cpu_op")
 CALL_CATS = {"cuda_runtime": CallKind.RUNTIME, "cuda_driver": CallKind.DRIVER}
 OP_CATS = {"kernel": OpKind.KERNEL, "gpu_memcpy": OpKind.MEMCPY, "gpu_memset": OpKind.MEMSET}
-_MAX_US = 9.2e15  # int64 nanoseconds overflow above this many microseconds
+_MAX_US = 4.6e15  # 2**62 ns: beyond it a start plus a duration, or a difference, can overflow int64
 
 
 def read_kineto(path: str | Path, *, progress: Progress | None = None, document: object = None) -> Trace:
