@@ -68,10 +68,26 @@ ENV_WRITER_INTERVAL_MS = "MAXINSTR_WRITER_INTERVAL_MS"  # native writer: write a
 ENV_WRITER_THRESHOLD = "MAXINSTR_WRITER_THRESHOLD"  # native writer: wake early at this many records
 
 DEFAULT_FLUSH_INTERVAL_S = 0.05
+FLUSH_INTERVAL_RANGE_S = (0.001, 3600.0)  # 0 would make the flusher spin a core; inf, never wake
 DEFAULT_WRITER_INTERVAL_MS = 2.0
 DEFAULT_WRITER_THRESHOLD = 8192
 DEFAULT_SAMPLE_HZ = 100.0
 _BUSY_ROWS = 4096  # a drain this big means records arrive fast: drain again without sleeping
+
+
+def _bounded_interval(name: str, value: Any) -> float:
+    """``value`` within FLUSH_INTERVAL_RANGE_S (NaN or not a number: the default), said once
+    in a warning when changed."""
+    low, high = FLUSH_INTERVAL_RANGE_S
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    bounded = DEFAULT_FLUSH_INTERVAL_S if seconds != seconds else min(max(seconds, low), high)
+    if bounded != seconds:
+        warnings.warn(f"maxinstr: {name}={value!r} is not in [{low}, {high}] s; {bounded} s used", RuntimeWarning,
+                      stacklevel=4)
+    return bounded
 
 
 def _native():
@@ -176,7 +192,7 @@ class Session:
         self.path: Path | None = None if path is None else Path(path).absolute()
         self.warmup = int(warmup)
         self.sample_hz = float(sample_hz or 0.0)
-        self.flush_interval_s = float(flush_interval_s)
+        self.flush_interval_s = _bounded_interval("flush_interval_s", flush_interval_s)
         self.fsync_interval_s = float(fsync_interval_s)
         self.user_meta = dict(user_meta)
         self.kernels = bool(kernels)

@@ -54,9 +54,18 @@ def attrs_line(record_id: int, attrs: dict[str, Any]) -> bytes:
         return json_line({"id": record_id, "attrs": plain(attrs)})
 
 
+_RESERVE_BYTES = 4096
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
 def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
     """Write ``obj`` as pretty JSON to ``path`` through a temporary file and a rename, so a
     reader sees the old file or the new one, never half of one.
+
+    The file is padded with spaces (JSON allows them) to the next 4 KiB past its text: when the
+    disk is full, so that no new file can be written, the last version (part.json and meta.json
+    at close: status and drop counts) is overwritten in place, in blocks the file already has;
+    a run cut by a full disk then reads as closed with its losses counted, not as killed.
 
     With ``exclusive=True`` an existing file is left alone (returns False then).
     """
@@ -68,12 +77,19 @@ def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
 
         text = json.dumps(plain(obj), indent=2, default=str, ensure_ascii=False)
     data = (text + "\n").encode("utf-8", "backslashreplace")  # a lone surrogate as its JSON escape
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    data += b" " * (-(len(data) + _RESERVE_BYTES // 4) % _RESERVE_BYTES + _RESERVE_BYTES // 4)
     try:
-        _write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno in _FULL and not exclusive and _overwrite_in_place(path, data.rstrip(b" ")):
+            return True
+        raise
     try:
         if exclusive:
             try:
@@ -86,6 +102,24 @@ def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _overwrite_in_place(path: Path, text: bytes) -> bool:
+    """Write ``text`` over ``path``'s own bytes, padded to its size (no new block needed)."""
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        if len(text) > size:
+            return False
+        os.pwrite(fd, text + b" " * (size - len(text)), 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -283,9 +317,12 @@ class PartWriter:
         if self._syncer is not None:
             self._syncer.join()  # it uses the descriptors closed below
             self._syncer = None
-        if self._opened and not self.failed:
+        if self._opened:
             try:
-                self.fsync()
+                if not self.failed:
+                    self.fsync()
+                # after a write error too: part.json is what says the part closed, and how many
+                # records the disk took (write_json_atomic can still write it on a full disk)
                 self.write_part_json(**updates)
             except OSError as exc:
                 self._fail(exc, "cannot write to")
