@@ -117,9 +117,8 @@ def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str]
             c = np.r_[0, np.cumsum((throttle >> i) & 1)]
             bit_counts[name] = c[hi] - c[lo]
     metric_sums = {m: per_instance_sum(cols[m]) for m in METRICS if m in cols}
-    stage_names = inst.key.astype(str)
-    for stage in np.unique(stage_names):
-        sel = (stage_names == stage) & steady
+    keys, code = inst.key_codes()
+    for stage, sel in zip(keys.tolist(), _steady_by_key(code, steady, len(keys))):
         n_samples = int(count[sel].sum())
         row: dict[str, Any] = {"samples": n_samples, "instances_with_samples": int((count[sel] > 0).sum())}
         for m, (s, c) in metric_sums.items():
@@ -132,6 +131,14 @@ def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str]
         row["throttle_reasons"] = sorted(row["throttle_reason_samples"])
         out[stage] = row
     return out
+
+
+def _steady_by_key(code: np.ndarray, steady: np.ndarray, n_keys: int) -> list[np.ndarray]:
+    """Per key code, the indexes of its steady instances (one sort, not a mask per key)."""
+    idx = np.flatnonzero(steady)
+    idx = idx[np.argsort(code[idx], kind="stable")]
+    bounds = np.searchsorted(code[idx], np.arange(n_keys + 1))
+    return [idx[bounds[k]:bounds[k + 1]] for k in range(n_keys)]
 
 
 def _overall(cols: dict[str, np.ndarray], throttle: np.ndarray, names: tuple[str, ...], hw_mask: int) -> dict[str, Any]:
@@ -169,9 +176,7 @@ def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: lis
 
     names, hw_mask = _throttle_meta()
     steady = inst.steady
-    stage_names = inst.key.astype(str)
-    uniq, code = np.unique(stage_names, return_inverse=True)
-    code = code.reshape(-1)
+    uniq, code = inst.key_codes()
     per_stage: dict[str, list[dict[str, Any]]] = {}
     all_t, all_thr, n_dev = [], [], 0
     for part, smp in samples.items():

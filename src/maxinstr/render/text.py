@@ -108,10 +108,28 @@ def _header(report: dict) -> Panel:
     return Panel(text, title="maxinstr report", title_align="left")
 
 
+STAGES_SHOWN = 40
+"""Rows of the terminal's stage table: the stages with the most steady host time, in the
+report's order (50,000 distinct stage names are data for --format json/md/html, not a table
+to read in a terminal, and rich took a minute to lay them out)."""
+
+
+def _shown_stages(stages: list[dict]) -> list[dict]:
+    if len(stages) <= STAGES_SHOWN:
+        return stages
+    import numpy as np
+
+    total = np.array([float((s.get("headline_host_ns") or s.get("host_ns") or {}).get("total", 0.0) or 0.0)
+                      for s in stages])
+    keep = np.sort(np.argsort(-total, kind="stable")[:STAGES_SHOWN])
+    return [stages[i] for i in keep.tolist()]
+
+
 def _stage_table(report: dict) -> Any:
-    stages = report.get("stages") or []
-    if not stages:
+    all_stages = report.get("stages") or []
+    if not all_stages:
         return None
+    stages = _shown_stages(all_stages)
     unprof = any(s.get("headline_from") == "unprofiled_run" for s in stages)
     gpu_labels = {f.gpu_stat(s)[0] for s in stages} - {""}
     gpu_cols = bool(gpu_labels)
@@ -150,6 +168,9 @@ def _stage_table(report: dict) -> Any:
                      f"{' ...' if len(only_warm) > 3 else ''} ran only as warm-up: see Startup below")
     if with_samples and not throttle_col:
         notes.append("throttled: no hardware clock limit in any stage's samples")
+    if len(stages) < len(all_stages):
+        notes.append(f"{len(all_stages) - len(stages):,} more stages not shown: these are the {len(stages)} with the "
+                     "most steady host time (--format json, md or html list every stage)")
     t = Table(title="Stages (steady state)", title_justify="left", header_style="bold")
     t.add_column("stage", no_wrap=True)
     t.add_column("n", justify="right")
