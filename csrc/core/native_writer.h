@@ -309,31 +309,27 @@ void writer_close_fds() {
   w.fd_stages = w.fd_strings = -1;
 }
 
-// Stops the thread after a final take-and-write; joins it. `release_gil`: called from Python.
-void writer_join(bool release_gil) {
-  if (!w.running) return;
+// Sets *flag under w.mu, wakes the thread waiting on cv, joins it. `release_gil`: called from Python.
+void stop_and_join(bool* flag, pthread_cond_t* cv, pthread_t thread, bool release_gil) {
   pthread_mutex_lock(&w.mu);
-  w.stop = true;
-  pthread_cond_signal(&w.cv);
+  *flag = true;
+  pthread_cond_signal(cv);
   pthread_mutex_unlock(&w.mu);
   if (release_gil) {
-    Py_BEGIN_ALLOW_THREADS pthread_join(w.thread, nullptr);
+    Py_BEGIN_ALLOW_THREADS pthread_join(thread, nullptr);
     Py_END_ALLOW_THREADS
   } else {
-    pthread_join(w.thread, nullptr);
+    pthread_join(thread, nullptr);
   }
+}
+
+// Stops the thread after a final take-and-write; joins it, then the syncer after its last fsync.
+void writer_join(bool release_gil) {
+  if (!w.running) return;
+  stop_and_join(&w.stop, &w.cv, w.thread, release_gil);
   w.running = false;  // from here push_done/drain() no longer lock: the GIL is the lock again
   if (w.syncing) {  // the last fsync of what the writer wrote, then the files can close
-    pthread_mutex_lock(&w.mu);
-    w.sync_stop = true;
-    pthread_cond_signal(&w.sync_cv);
-    pthread_mutex_unlock(&w.mu);
-    if (release_gil) {
-      Py_BEGIN_ALLOW_THREADS pthread_join(w.syncer, nullptr);
-      Py_END_ALLOW_THREADS
-    } else {
-      pthread_join(w.syncer, nullptr);
-    }
+    stop_and_join(&w.sync_stop, &w.sync_cv, w.syncer, release_gil);
     w.syncing = false;
   }
   writer_close_fds();
@@ -454,11 +450,7 @@ PyObject* py_writer_start(PyObject*, PyObject* args, PyObject* kwargs) {
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   if (rc != 0) {
     if (w.syncing) {
-      pthread_mutex_lock(&w.mu);
-      w.sync_stop = true;
-      pthread_cond_signal(&w.sync_cv);
-      pthread_mutex_unlock(&w.mu);
-      pthread_join(w.syncer, nullptr);
+      stop_and_join(&w.sync_stop, &w.sync_cv, w.syncer, false);
       w.syncing = false;
     }
     writer_close_fds();

@@ -61,11 +61,8 @@ class Side:
         side was quadratic in the number of stages)."""
         cache = self._rows_cache
         if id(inst) not in cache:
-            keys, code = inst.key_codes()
-            idx = np.flatnonzero(inst.steady)
-            idx = idx[np.argsort(code[idx], kind="stable")]
-            bounds = np.searchsorted(code[idx], np.arange(len(keys) + 1))
-            cache[id(inst)] = {k: idx[bounds[i]:bounds[i + 1]] for i, k in enumerate(keys.tolist())}
+            keys, rows = inst.steady_by_key()
+            cache[id(inst)] = dict(zip(keys.tolist(), rows))
         return cache[id(inst)]
 
 

@@ -120,6 +120,15 @@ class StageInstances:
         keys, code = np.unique(self.key, return_inverse=True)
         return keys, code.reshape(-1)
 
+    def steady_by_key(self) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(distinct keys sorted, per key the indexes of its steady instances): one sort, not a
+        mask over every instance per key (quadratic in the number of stages)."""
+        keys, code = self.key_codes()
+        idx = np.flatnonzero(self.steady)
+        idx = idx[np.argsort(code[idx], kind="stable")]
+        bounds = np.searchsorted(code[idx], np.arange(len(keys) + 1)).tolist()
+        return keys, [idx[bounds[k]:bounds[k + 1]] for k in range(len(keys))]
+
 
 def _derive_steps(inst: StageInstances, name_code: np.ndarray, n_names: int) -> None:
     """Position among same-named siblings of the same parent (top level: among all of that name)."""

@@ -98,7 +98,6 @@ def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str]
     out: dict[str, Any] = {"_overall": _overall(cols, throttle, names, hw_mask)}
     if len(inst) == 0:
         return out
-    steady = inst.steady
     lo = np.searchsorted(t, inst.host_start_ns, "left")
     hi = np.searchsorted(t, inst.host_end_ns, "right")
     count = hi - lo
@@ -117,8 +116,8 @@ def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str]
             c = np.r_[0, np.cumsum((throttle >> i) & 1)]
             bit_counts[name] = c[hi] - c[lo]
     metric_sums = {m: per_instance_sum(cols[m]) for m in METRICS if m in cols}
-    keys, code = inst.key_codes()
-    for stage, sel in zip(keys.tolist(), _steady_by_key(code, steady, len(keys))):
+    keys, steady_rows = inst.steady_by_key()
+    for stage, sel in zip(keys.tolist(), steady_rows):
         n_samples = int(count[sel].sum())
         row: dict[str, Any] = {"samples": n_samples, "instances_with_samples": int((count[sel] > 0).sum())}
         for m, (s, c) in metric_sums.items():
@@ -131,14 +130,6 @@ def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str]
         row["throttle_reasons"] = sorted(row["throttle_reason_samples"])
         out[stage] = row
     return out
-
-
-def _steady_by_key(code: np.ndarray, steady: np.ndarray, n_keys: int) -> list[np.ndarray]:
-    """Per key code, the indexes of its steady instances (one sort, not a mask per key)."""
-    idx = np.flatnonzero(steady)
-    idx = idx[np.argsort(code[idx], kind="stable")]
-    bounds = np.searchsorted(code[idx], np.arange(n_keys + 1))
-    return [idx[bounds[k]:bounds[k + 1]] for k in range(n_keys)]
 
 
 def _overall(cols: dict[str, np.ndarray], throttle: np.ndarray, names: tuple[str, ...], hw_mask: int) -> dict[str, Any]:
