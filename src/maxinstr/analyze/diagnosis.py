@@ -46,6 +46,7 @@ LAUNCH_BOUND_MIN_KERNELS = 5
 HOST_BOUND_GPU_OVER_HOST = 0.3
 THROTTLED_SHARE = 0.05
 DOMINANT_KERNEL_SHARE = 0.4
+NAIVE_MATMUL_SHARE = 0.1  # MAX's fallback matmul: a finding from this share of a stage's GPU time
 MIN_STAGE_SHARE = 0.05  # stages below this share of the top-level time are not diagnosed
 
 
@@ -154,7 +155,7 @@ def rule_no_gpu_data(report: dict) -> list[dict]:
     if _any_stage_has(stages, "gpu_event_ns") or _any_stage_has(stages, "gpu_proj_ns"):
         return []
     cmd = report.get("environment", {}).get("command")
-    script = " ".join(cmd) if isinstance(cmd, list) else "python YOUR_SCRIPT.py"
+    script = shlex.join(str(c) for c in cmd) if isinstance(cmd, list) else "python YOUR_SCRIPT.py"
     return [_finding(
         "no_gpu_data", "Only host times: no GPU event times were recorded and no trace was given", "fact", None,
         {"stages": len(stages), "gpus_seen": len(report.get("environment", {}).get("gpus") or [])},
@@ -520,6 +521,40 @@ def rule_reprefill(report: dict) -> list[dict]:
     return out
 
 
+def _runs_max(st: dict) -> bool:
+    """The stage's kernels are Modular MAX's (Mojo kernels carry their own naming)."""
+    from maxinstr.analyze.families import MAX_KERNEL
+
+    return any(MAX_KERNEL.search(name) for name in _names(st))
+
+
+def rule_naive_matmul(report: dict) -> list[dict]:
+    """MAX's naive matmul (its fallback where no tuned kernel covers the dtype and shape)
+    taking a real share of a stage's GPU time."""
+    from maxinstr.analyze.families import NAIVE_MATMUL
+
+    out = []
+    for st in _leaf_stages(report):
+        mix = st.get("mix") or {}
+        naive = [k for k in mix.get("top_kernels", []) if NAIVE_MATMUL.search(k["name"])]
+        share = sum(k["share"] for k in naive)
+        if not naive or share < NAIVE_MATMUL_SHARE or not _significant(report, st):
+            continue
+        out.append(_finding(
+            "naive_matmul",
+            f"'{st['name']}': MAX's naive matmul kernel takes {share:.0%} of the stage's GPU time",
+            "fact", st["name"],
+            {"naive_share": round(share, 3), "kernels": [_short(k["name"], 60) for k in naive],
+             "per_instance": round(sum(k["per_instance"] for k in naive), 2)},
+            "MAX falls back to matmul_kernel_naive where none of its tuned matmuls covers the dtype and shape "
+            "(float32, or odd shapes). Run the model in bfloat16 and keep matmul dimensions multiples of 64 so "
+            "the tuned kernels (sm90_matmul, gemv_split_k) apply.",
+            _deep_dive(report, st, family="gemm"),
+            validation=_compare_cmd(report) + "  # the naive kernel must leave the stage's top kernels",
+            score=share * _stage_weight(report, st)))
+    return out
+
+
 def rule_launch_bound(report: dict) -> list[dict]:
     out = []
     for st in report.get("stages", []):
@@ -542,8 +577,13 @@ def rule_launch_bound(report: dict) -> list[dict]:
                 {"gpu_busy_frac_median": round(busy["median"], 3), "idle_gap_ns_median": gaps,
                  "gpu_proj_ns_median": proj.get("median"), "kernels_per_instance_median": kpi,
                  "instances": busy["n"]},
-                "Kernels are short and the host cannot launch them fast enough. Capture the stage in a CUDA/HIP "
-                "graph, fuse small kernels (torch.compile, a MAX graph), or batch more work per launch.",
+                ("Kernels are short and MAX's worker thread cannot launch them fast enough (it launches each "
+                 "graph op as its own kernel). Capture the step as a device graph (Model.capture(key, *inputs) "
+                 "once, then Model.replay(key, *inputs) each step: the inputs' shapes must stay fixed, so a KV "
+                 "cache preallocated, not grown by concat), or batch more sequences per step."
+                 if _runs_max(st) else
+                 "Kernels are short and the host cannot launch them fast enough. Capture the stage in a CUDA/HIP "
+                 "graph, fuse small kernels (torch.compile, a MAX graph), or batch more work per launch."),
                 validation=_compare_cmd(report) + "  # gpu_busy_frac must rise and the host median fall beyond noise",
                 score=(1 - busy["median"]) * _stage_weight(report, st)))
         elif busy["median"] < LAUNCH_BOUND_BUSY:
@@ -752,6 +792,7 @@ RULES: list[Callable[[dict], list[dict]]] = [
     rule_unfused,
     rule_reprefill,
     rule_launch_bound,
+    rule_naive_matmul,
     rule_throttled,
     rule_dominant_kernel,
     rule_straggler,

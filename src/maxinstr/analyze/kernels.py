@@ -15,6 +15,8 @@ _MAX_DEPTH = 64
 FAMILY_NAMES = np.array(family_names(), dtype=object)
 """Family name for each int16 family code."""
 _OTHER_CODE = family_names().index(OTHER)
+_MEMCPY_CODE = family_names().index("memcpy")
+_MEMSET_CODE = family_names().index("memset")
 
 
 def op_families(trace) -> np.ndarray:
@@ -108,6 +110,32 @@ def range_to_instance(inst: StageInstances, attribution, n_ranges: int) -> np.nd
     return pos
 
 
+def range_below_instance(inst: StageInstances, attribution, n_ranges: int) -> np.ndarray:
+    """For every trace range that is not a stage instance, its outermost ancestor-or-self below
+    the nearest enclosing instance (-1 for instance ranges and for ranges under none): the
+    range an op is grouped by in its stage's breakdown (a MAX op range under ``forward``, a
+    framework range under a stage). Ranges of one chain between two instances share it."""
+    own = np.full(n_ranges, -1, np.int64)
+    ok = inst.range_index >= 0
+    own[inst.range_index[ok]] = np.flatnonzero(ok)
+    below = np.where(own < 0, np.arange(n_ranges), -1)
+    if attribution is None or len(attribution.range_parent) != n_ranges:
+        return below
+    parent = np.asarray(attribution.range_parent, np.int64)
+    cur = np.where(below >= 0, parent, -1)
+    for _ in range(_MAX_DEPTH):
+        up = np.flatnonzero(cur >= 0)
+        if not len(up):
+            break
+        is_inst = own[cur[up]] >= 0
+        below[up[~is_inst]] = cur[up[~is_inst]]
+        cur[up[is_inst]] = -1
+        cur[up[~is_inst]] = parent[cur[up[~is_inst]]]
+    reach = range_to_instance(inst, attribution, n_ranges)
+    below[reach < 0] = -1  # under no stage: nothing to break down
+    return below
+
+
 def op_instance_pairs(inst: StageInstances, trace, attribution) -> tuple[np.ndarray, np.ndarray]:
     """(op index, instance row) for every op and every instance enclosing it (inclusive).
 
@@ -170,11 +198,19 @@ def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, du
     steady_names = set(uniq[has_steady].tolist())
     keep = inst.steady[inst_i] | ~has_steady[name_code[inst_i]]
     op_i, inst_i = op_i[keep], inst_i[keep]
+    if len(op_i) == 0:
+        return out
     code = name_code[inst_i]
     order = np.argsort(code, kind="stable")
     bounds = np.r_[0, np.flatnonzero(np.diff(code[order])) + 1, len(order)]
     name_ids = np.asarray(trace.ops.name_id, np.int64)
     strings = np.asarray(trace.strings, dtype=object)
+    op_rule = np.asarray(attribution.op_rule, np.int64)
+    # per op: the range it is grouped by in its stage's breakdown (-1: directly in the stage)
+    below = range_below_instance(inst, attribution, len(trace.ranges))
+    op_below = below[np.asarray(attribution.op_range, np.int64)]
+    op_below[np.asarray(attribution.op_range) < 0] = -1
+    range_names = np.asarray(trace.ranges.name_id, np.int64)
     for k in range(len(bounds) - 1):
         sel = order[bounds[k]:bounds[k + 1]]
         ops = op_i[sel]
@@ -203,5 +239,34 @@ def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, du
                 for i in best
             ],
             "other_share": float(d[f == _OTHER_CODE].sum() / grand) if grand > 0 else 0.0,
+            "rules": _rule_counts(op_rule[ops]),
+            "ranges": _range_breakdown(op_below[ops], range_names, strings, d, f, n_inst, grand, top),
         }
     return out
+
+
+def _rule_counts(rules: np.ndarray) -> dict[str, int]:
+    """Ops per attribution rule (the rule that tied each op to its stage), by rule name."""
+    from maxinstr.attribute.model import Rule
+
+    counts = np.bincount(rules, minlength=len(Rule))
+    return {Rule(i).name.lower(): int(c) for i, c in enumerate(counts) if c and i != Rule.NONE}
+
+
+def _range_breakdown(op_below: np.ndarray, range_names: np.ndarray, strings: np.ndarray, d: np.ndarray,
+                     f: np.ndarray, n_inst: int, grand: float, top: int) -> list[dict]:
+    """The ranges of other domains inside a stage (MAX's op ranges, a framework's), by name:
+    GPU time and kernels of the ops under each, per stage instance. Empty when none."""
+    has = op_below >= 0
+    if not has.any():
+        return []
+    names = range_names[op_below[has]]
+    ids, first, inv = np.unique(names, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    tot = np.bincount(inv, weights=d[has], minlength=len(ids))
+    ops = np.bincount(inv, minlength=len(ids))
+    kernels = np.bincount(inv, weights=(f[has] != _MEMCPY_CODE) & (f[has] != _MEMSET_CODE), minlength=len(ids))
+    best = np.argsort(-tot, kind="stable")[:top]
+    return [{"name": "" if ids[i] < 0 else str(strings[ids[i]]), "ops": int(ops[i]), "kernels": int(kernels[i]),
+             "gpu_ns": float(tot[i]), "share": float(tot[i] / grand) if grand > 0 else 0.0,
+             "per_instance": float(ops[i] / n_inst) if n_inst else 0.0} for i in best]

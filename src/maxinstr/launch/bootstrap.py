@@ -186,7 +186,7 @@ def startup(environ: dict[str, str] | os._Environ = os.environ) -> None:
     _started = True
     # each step on its own: one that fails must not skip the others (a failed wrap once left
     # the run without its session, so nothing was recorded at all)
-    for step in (_apply_specs_step, _capture_step, _session_step):
+    for step in (_apply_specs_step, _capture_step, _max_markers_step, _session_step):
         try:
             step(environ)
         except Exception as exc:  # noqa: BLE001 - the user's program must run regardless
@@ -206,6 +206,15 @@ def _capture_step(environ) -> None:  # noqa: ANN001
         except ValueError:
             window_s = 0.0
         CaptureWindow(window_s if window_s > 0 else None).install()
+
+
+def _max_markers_step(environ) -> None:  # noqa: ANN001
+    if environ.get("MODULAR_ENABLE_PROFILING", "off").strip().lower() not in ("", "off", "0", "false"):
+        # MAX's kernel-level markers abort the process where NVTX's v2 entry points are
+        # missing (CUDA 13): provide them before MAX is imported (cheap; nothing when absent)
+        from maxinstr.integrations.max import provide_nvtx_v2
+
+        provide_nvtx_v2()
 
 
 def _session_step(environ) -> None:  # noqa: ANN001

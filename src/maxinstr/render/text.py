@@ -103,6 +103,8 @@ def _header(report: dict) -> Panel:
     lines.append(f"warm-up  {w.get('n', 0)} per stage declared; {w.get('instances', 0)} warm-up and "
                  f"{w.get('cold_start_instances', 0)} cold-start instances kept out of the numbers below")
     text = _lines(lines)
+    if src.get("join_problem"):
+        text.append(f"\njoin failed: {visible(src['join_problem'])}", style="bold red")
     if report.get("perturbed") and report.get("headline_source") != "unprofiled_run":
         text.append(f"\nperturbed: {visible(report.get('perturbed_reason'))}", style="yellow")
     return Panel(text, title="maxinstr report", title_align="left")
@@ -248,7 +250,11 @@ def _families(report: dict) -> Table | None:
     fams = gpu.get("families") or []
     if not fams:
         return None
-    t = Table(title="GPU time by kernel family", caption=f"{gpu.get('ops')} ops, {f.ns(gpu.get('gpu_ns'))} of GPU time",
+    own = gpu.get("own_ops") or {}
+    caption = f"{gpu.get('ops')} ops, {f.ns(gpu.get('gpu_ns'))} of GPU time"
+    if own.get("count"):
+        caption += f" (maxinstr's own {own['count']} calibration kernels, {f.ns(own.get('gpu_ns'))}, left out)"
+    t = Table(title="GPU time by kernel family", caption=caption,
               title_justify="left", caption_justify="left", header_style="bold")
     t.add_column("family")
     t.add_column("share", justify="right")
@@ -271,6 +277,27 @@ def _kernels(report: dict, n: int = 10) -> Table | None:
     t.add_column("median", justify="right")
     for k in ks[:n]:
         _add_row(t, f.short(k["name"], 80), k["family"], f.pct(k["share"], 1), str(k["count"]), f.ns(k["median_ns"]))
+    return _numbers_whole(t)
+
+
+def _inside_stages(report: dict) -> Table | Text | None:
+    """Per leaf stage, the ranges of other domains its ops ran under (MAX's op ranges, a
+    framework's): where inside the stage the GPU time goes."""
+    rows, tied = f.inside_stages(report)
+    tied_line = _lines(["ops tied to their stage: " + "; ".join(tied)]) if tied else None
+    if not rows:
+        return tied_line
+    t = Table(title=f.INSIDE_TITLE, title_justify="left", header_style="bold", caption_justify="left",
+              caption=tied_line)
+    t.add_column("stage", no_wrap=True)
+    t.add_column("range", overflow="fold", max_width=64)
+    t.add_column("share", justify="right")
+    t.add_column("ops / inst", justify="right")
+    t.add_column("GPU / inst", justify="right")
+    for k, r in enumerate(rows):
+        first = k == 0 or rows[k - 1]["stage"] != r["stage"]
+        _add_row(t, r["stage"] if first else "", r["range"], f.pct(r["share"]), f"{r['per_instance']:.4g}",
+                 f.ns(r["gpu_per_instance_ns"]))
     return _numbers_whole(t)
 
 
@@ -360,7 +387,7 @@ def _ranks(report: dict) -> Group | None:
 def renderables(report: dict) -> list[Any]:
     """The report's parts as rich renderables, in reading order."""
     parts = [_header(report), _stage_table(report), _ranks(report), _bottlenecks(report), _diagnosis(report),
-             _startup(report), _families(report), _kernels(report), _notes(report)]
+             _startup(report), _families(report), _kernels(report), _inside_stages(report), _notes(report)]
     return [p for p in parts if p is not None]
 
 
