@@ -32,6 +32,7 @@ class Side:
 
     def __init__(self, label: str, source: Analysis | dict[str, Any]) -> None:
         self.label = label
+        self._rows_cache: dict[int, dict[str, np.ndarray]] = {}
         if isinstance(source, Analysis):
             self.report = source.report
             self.analysis: Analysis | None = source
@@ -48,10 +49,21 @@ class Side:
         if a is None:
             return None
         inst = a.headline_instances if (key == "host_ns" and a.headline_instances is not None) else a.instances
-        sel = (inst.key.astype(str) == name) & inst.steady
+        rows = self._rows_of(inst).get(name)
+        if rows is None:
+            return np.empty(0, np.int64)
         col = {"host_ns": inst.host_ns, "gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": inst.proj_ns}[key]
-        v = col[sel]
+        v = col[rows]
         return v[v >= 0]
+
+    def _rows_of(self, inst) -> dict[str, np.ndarray]:  # noqa: ANN001
+        """Stage key -> its steady instances, built once per table (a mask per stage and
+        side was quadratic in the number of stages)."""
+        cache = self._rows_cache
+        if id(inst) not in cache:
+            keys, rows = inst.steady_by_key()
+            cache[id(inst)] = dict(zip(keys.tolist(), rows))
+        return cache[id(inst)]
 
 
 def _stat_of(stage: dict, key: str) -> dict:

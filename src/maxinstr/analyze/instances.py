@@ -77,6 +77,10 @@ class StageInstances:
     different populations: one processes the prompt, the other one token)."""
     level: np.ndarray = field(default_factory=lambda: _i64(0))
     """Nesting level among stage instances (0: no enclosing instance)."""
+    key_code: np.ndarray = field(default_factory=lambda: _i64(0))
+    """Index of each instance's key in :attr:`keys`."""
+    keys: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
+    """The distinct keys, sorted (not per instance: :meth:`take` keeps it whole)."""
     notes: list = field(default_factory=list)
     """What building the table had to work around (one line each)."""
 
@@ -104,19 +108,41 @@ class StageInstances:
         return ~(self.warmup | self.cold | self.is_mark)
 
     def take(self, index: np.ndarray) -> "StageInstances":
-        return StageInstances(**{f.name: (getattr(self, f.name) if f.name == "notes" else getattr(self, f.name)[index])
+        return StageInstances(**{f.name: (getattr(self, f.name) if f.name in ("notes", "keys")
+                                          else getattr(self, f.name)[index])
                                  for f in fields(self)})
 
+    def key_codes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(distinct keys sorted, each instance's index in them): ``np.unique(key)``, kept from
+        when the keys were made when they still describe this table."""
+        if len(self.key_code) == len(self.key) and (len(self.key) == 0 or len(self.keys)):
+            return self.keys, self.key_code
+        keys, code = np.unique(self.key, return_inverse=True)
+        return keys, code.reshape(-1)
 
-def _derive_steps(inst: StageInstances) -> None:
+    def steady_by_key(self) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(distinct keys sorted, per key the indexes of its steady instances): one sort, not a
+        mask over every instance per key (quadratic in the number of stages)."""
+        keys, code = self.key_codes()
+        idx = np.flatnonzero(self.steady)
+        idx = idx[np.argsort(code[idx], kind="stable")]
+        bounds = np.searchsorted(code[idx], np.arange(len(keys) + 1)).tolist()
+        return keys, [idx[bounds[k]:bounds[k + 1]] for k in range(len(keys))]
+
+
+def _derive_steps(inst: StageInstances, name_code: np.ndarray, n_names: int) -> None:
     """Position among same-named siblings of the same parent (top level: among all of that name)."""
-    key = np.char.add(inst.parent.astype(str).astype(object), ("\x00" + inst.name.astype(str)).astype(object))
-    pos = occurrence_index(key.astype(str), inst.host_start_ns)
+    pos = occurrence_index((inst.parent + 1) * n_names + name_code, inst.host_start_ns)
     inst.step = np.where(inst.step_marked, inst.step, pos)
 
 
-def stage_keys(names: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(key, level) per instance: see :attr:`StageInstances.key`. Vectorised per nesting level."""
+def stage_keys(names: np.ndarray, parent: np.ndarray,
+               name_code: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(key, level, key code, distinct keys) per instance: see :attr:`StageInstances.key`;
+    ``distinct[code] == key``, sorted (what ``np.unique(key)`` gives). Vectorised per nesting
+    level on integer codes (``name_code``: equal exactly when the names are, found when not
+    given): the '/'-joined path is built once per distinct path, not per instance, and names
+    stay Python strings (a fixed-width copy is as wide as the longest name for every row)."""
     n = len(names)
     names = np.asarray(names, dtype=object)
     level = np.zeros(n, dtype=np.int64)
@@ -127,14 +153,48 @@ def stage_keys(names: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.nd
             break
         level[live] += 1
         cur[live] = parent[cur[live]]
-    path = names.astype(str).astype(object)
-    for lv in range(1, int(level.max()) + 1 if n else 0):
-        sel = np.flatnonzero(level == lv)
-        path[sel] = path[parent[sel]] + np.char.add("/", names[sel].astype(str)).astype(object)
     if n == 0:
-        return np.empty(0, dtype=object), level
-    upath, first, inv = np.unique(path.astype(str), return_index=True, return_inverse=True)
-    leaf = names[first].astype(str)
+        return np.empty(0, dtype=object), level, _i64(0), np.empty(0, dtype=object)
+    if name_code is None:
+        name_code = np.unique(names, return_inverse=True)[1].reshape(-1)
+    name_code = np.asarray(name_code, np.int64)
+    n_names = int(name_code.max()) + 1
+    # a path code per instance: its name's code at level 0, then per level a new code per
+    # distinct (parent's path code, name); what each new code is made of, to spell it once
+    pcode = name_code.copy()
+    made_of: dict[int, tuple[int, int]] = {}  # path code -> (parent's path code, an instance it ends in)
+    next_code = n_names
+    for lv in range(1, int(level.max()) + 1):
+        sel = np.flatnonzero(level == lv)
+        up = pcode[parent[sel]]
+        pair, first, inv = np.unique(up * n_names + name_code[sel], return_index=True, return_inverse=True)
+        for k, (u, i) in enumerate(zip(up[first].tolist(), sel[first].tolist())):
+            made_of[next_code + k] = (u, i)
+        pcode[sel] = next_code + inv.reshape(-1)
+        next_code += len(pair)
+    codes, code_first, code_inv = np.unique(pcode, return_index=True, return_inverse=True)
+    first_of_name = np.full(n_names, -1, np.int64)
+    first_of_name[name_code[::-1]] = np.arange(n - 1, -1, -1)
+    spelled: dict[int, str] = {}
+
+    def spell(code: int) -> str:
+        if code not in spelled:
+            if code < n_names:
+                spelled[code] = str(names[first_of_name[code]])
+            else:
+                up, i = made_of[code]
+                spelled[code] = spell(up) + "/" + str(names[i])
+        return spelled[code]
+
+    path_of_code = np.array([spell(c) for c in codes.tolist()], dtype=object)
+    # paths that spell the same (a name holding '/') are one path, as their strings were
+    upath, path_first_code, path_of = np.unique(path_of_code, return_index=True, return_inverse=True)
+    path_of = path_of.reshape(-1)
+    first_inst = np.full(len(upath), n, np.int64)
+    np.minimum.at(first_inst, path_of, code_first)
+    first = first_inst
+    inv = path_of[code_inv.reshape(-1)]
+    leaf = np.array([str(x) for x in names[first].tolist()], dtype=object)
     ulevel = level[first]
     # per distinct path (few): the shortest '/'-suffix that tells it apart from the other
     # paths ending in the same name ("Step 1/Forward", not "Run/Warm-up/Step 1/Forward")
@@ -153,7 +213,10 @@ def stage_keys(names: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.nd
                 break
         for i in idx:
             display[i] = suffix[i]
-    return display[inv.reshape(-1)], level
+    # two paths can show as one key (a name holding '/'): the key, not the path, is the stage
+    distinct, key_of_path = np.unique(display, return_inverse=True)
+    code = key_of_path.reshape(-1)[inv.reshape(-1)]
+    return distinct[code], level, code.astype(np.int64), distinct
 
 
 def _split_path(path: str, n_parts: int) -> list[str]:
@@ -168,20 +231,26 @@ def _split_path(path: str, n_parts: int) -> list[str]:
 _MAX_LEVELS = 64
 
 
-def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True) -> StageInstances:
-    """Stage keys, occurrence order, warm-up and cold-start flags."""
+def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
+            name_code: np.ndarray | None = None) -> StageInstances:
+    """Stage keys, occurrence order, warm-up and cold-start flags. ``name_code``: an integer
+    per instance that is equal exactly when the names are (the run's name ids), else found."""
     n = len(inst)
-    inst.key, inst.level = stage_keys(inst.name, inst.parent)
-    part_name = np.char.add(inst.part.astype(str).astype(object), ("\x00" + inst.name.astype(str)).astype(object)).astype(str)
-    inst.occurrence = occurrence_index(part_name, inst.host_start_ns) if n else _i64(0)
+    if name_code is None:
+        name_code = np.unique(inst.name, return_inverse=True)[1].reshape(-1) if n else _i64(0)
+    name_code = np.asarray(name_code, np.int64)
+    inst.key, inst.level, inst.key_code, inst.keys = stage_keys(inst.name, inst.parent, name_code)
+    n_names = int(name_code.max()) + 1 if n else 1
+    # integer keys (part, name) and (parent, name): string keys cost a second per 100k instances
+    inst.occurrence = occurrence_index((inst.part - inst.part.min()) * n_names + name_code, inst.host_start_ns) \
+        if n else _i64(0)
     inst.warmup = (inst.occurrence < warmup_n) & ~inst.is_mark if warmup_n > 0 else np.zeros(n, dtype=bool)
-    _derive_steps(inst) if n else None
+    _derive_steps(inst, name_code, n_names) if n else None
     inst.cold = np.zeros(n, dtype=bool)
     inst.cold_z = np.zeros(n, dtype=np.float64)
     if detect_cold and n:
         # cold starts are outliers within one population: group by stage key
-        _, codes = np.unique(inst.key.astype(str), return_inverse=True)
-        codes = codes.reshape(-1)
+        codes = inst.key_code
         for values in (inst.host_ns, inst.proj_ns):
             eligible = ~inst.warmup & ~inst.is_mark & (values >= 0)
             mask, z = cold_start_mask(codes, inst.occurrence, values, eligible, prefix_groups=inst.part)
@@ -351,4 +420,5 @@ def from_run(run, trace=None, attribution=None, warmup_n: int | None = None) -> 
     keep_parent, keep_depth = inst.parent, inst.depth
     _fill_from_attribution(inst, attribution if n_ranges else None, rows, n_ranges)
     inst.parent, inst.depth = keep_parent, keep_depth  # the run's own nesting is exact
-    return _finish(inst, run.warmup if warmup_n is None else warmup_n)
+    return _finish(inst, run.warmup if warmup_n is None else warmup_n,
+                   name_code=np.asarray(s["name_id"], np.int64) if n else None)

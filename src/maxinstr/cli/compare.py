@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from maxinstr.cli import without_gc
 from maxinstr.errors import MaxinstrError
 
 
@@ -38,6 +39,7 @@ def _side(path: str, trace: str | None, warmup: int | None, quiet: bool):
 @click.option("-o", "--output", metavar="PATH", help="Write here instead of stdout.")
 @click.option("--warmup", type=click.IntRange(min=0), default=None, help="Warm-up instances per stage (overrides the sessions').")
 @click.option("--quiet", is_flag=True, help="No progress display.")
+@without_gc
 def command(runs, traces, fmt, output, warmup, quiet):
     """Compare runs against the first: per-stage median/p90 deltas with a noise bound from the
     runs' own spread, GPU-time and kernel-mix changes, and the settings that differ.

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from maxinstr.cli import without_gc
 from maxinstr.errors import MaxinstrError, TraceError
 
 FORMATS = ("text", "json", "md", "html", "perfetto")
@@ -179,6 +180,7 @@ def write_streamed(output: str, report: dict, analysis) -> None:
 @click.option("--unprofiled", metavar="RUN_DIR", help="An unprofiled run of the same program: headline timings come from it.")
 @click.option("--warmup", type=click.IntRange(min=0), default=None, help="Warm-up instances per stage (overrides the session's).")
 @click.option("--quiet", is_flag=True, help="No progress display.")
+@without_gc
 def command(run_dir, trace_paths, fmt, output, unprofiled, warmup, quiet):
     """Per-stage report: where the time goes, stage by stage, and why.
 

@@ -10,7 +10,22 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from maxinstr._text import visible
 from maxinstr.render import _fmt as f
+
+
+def _cell(value: Any) -> Any:
+    """A table cell: strings become Text, so a name is never read as rich markup (``[/]``,
+    ``[link=...]``) or emoji codes, and control characters show as escapes."""
+    return Text(visible(value)) if isinstance(value, str) else value
+
+
+def _add_row(table: Table, *cells: Any) -> None:
+    table.add_row(*(_cell(c) for c in cells))
+
+
+def _lines(lines: list[str], style: str = "") -> Text:
+    return Text("\n".join(visible(x) for x in lines), style=style)
 
 
 class _Fit:
@@ -87,18 +102,36 @@ def _header(report: dict) -> Panel:
     w = report.get("warmup", {})
     lines.append(f"warm-up  {w.get('n', 0)} per stage declared; {w.get('instances', 0)} warm-up and "
                  f"{w.get('cold_start_instances', 0)} cold-start instances kept out of the numbers below")
-    text = Text("\n".join(lines))
+    text = _lines(lines)
     if src.get("join_problem"):
-        text.append(f"\njoin failed: {src['join_problem']}", style="bold red")
+        text.append(f"\njoin failed: {visible(src['join_problem'])}", style="bold red")
     if report.get("perturbed") and report.get("headline_source") != "unprofiled_run":
-        text.append(f"\nperturbed: {report.get('perturbed_reason')}", style="yellow")
+        text.append(f"\nperturbed: {visible(report.get('perturbed_reason'))}", style="yellow")
     return Panel(text, title="maxinstr report", title_align="left")
 
 
+STAGES_SHOWN = 40
+"""Rows of the terminal's stage table: the stages with the most steady host time, in the
+report's order (50,000 distinct stage names are data for --format json/md/html, not a table
+to read in a terminal, and rich took a minute to lay them out)."""
+
+
+def _shown_stages(stages: list[dict]) -> list[dict]:
+    if len(stages) <= STAGES_SHOWN:
+        return stages
+    import numpy as np
+
+    total = np.array([float((s.get("headline_host_ns") or s.get("host_ns") or {}).get("total", 0.0) or 0.0)
+                      for s in stages])
+    keep = np.sort(np.argsort(-total, kind="stable")[:STAGES_SHOWN])
+    return [stages[i] for i in keep.tolist()]
+
+
 def _stage_table(report: dict) -> Any:
-    stages = report.get("stages") or []
-    if not stages:
+    all_stages = report.get("stages") or []
+    if not all_stages:
         return None
+    stages = _shown_stages(all_stages)
     unprof = any(s.get("headline_from") == "unprofiled_run" for s in stages)
     gpu_labels = {f.gpu_stat(s)[0] for s in stages} - {""}
     gpu_cols = bool(gpu_labels)
@@ -137,6 +170,9 @@ def _stage_table(report: dict) -> Any:
                      f"{' ...' if len(only_warm) > 3 else ''} ran only as warm-up: see Startup below")
     if with_samples and not throttle_col:
         notes.append("throttled: no hardware clock limit in any stage's samples")
+    if len(stages) < len(all_stages):
+        notes.append(f"{len(all_stages) - len(stages):,} more stages not shown: these are the {len(stages)} with the "
+                     "most steady host time (--format json, md or html list every stage)")
     t = Table(title="Stages (steady state)", title_justify="left", header_style="bold")
     t.add_column("stage", no_wrap=True)
     t.add_column("n", justify="right")
@@ -185,9 +221,9 @@ def _stage_table(report: dict) -> Any:
             kpi = f.stat(s.get("kernels_per_instance"))
             row += [f.pct(f.stat(s.get("gpu_busy_frac"))), f"{kpi:.0f}" if kpi is not None else "-",
                     f"{fam.get('family')} {f.pct(fam.get('share'))}" if fam else "-"]
-        t.add_row(*row, *cells)
+        _add_row(t, *row, *cells)
     # the notes under the table at the console's width (a caption would wrap at the table's)
-    return Group(_numbers_whole(t), Text("\n".join(notes), style="dim")) if notes else _numbers_whole(t)
+    return Group(_numbers_whole(t), _lines(notes, style="dim")) if notes else _numbers_whole(t)
 
 
 _BASIS = {"gpu_busy_ns": "GPU busy", "gpu_event_ns": "GPU", "gpu_proj_ns": "GPU span", "host_ns": "host"}
@@ -202,7 +238,7 @@ def _bottlenecks(report: dict) -> Table | None:
         t.add_column(col, justify="right" if col in ("#", "share", "self time, total") else "left",
                      no_wrap=col == "top kernel", overflow="ellipsis" if col == "top kernel" else "fold")
     for r in rows[:10]:
-        t.add_row(str(r["rank"]), r["stage"] + (" (self)" if r.get("has_children") else ""), f.pct(r["share"]),
+        _add_row(t, str(r["rank"]), r["stage"] + (" (self)" if r.get("has_children") else ""), f.pct(r["share"]),
                   f.ns(r["self_ns"]) + f" ({_BASIS.get(r['basis'], r['basis'])})",
                   f"{f.pct(r.get('top_kernel_share'))} {f.short(r.get('top_kernel'), 48)}" if r.get("top_kernel") else "-",
                   ", ".join(r["findings"]) or "-")
@@ -225,7 +261,7 @@ def _families(report: dict) -> Table | None:
     t.add_column("time", justify="right")
     t.add_column("ops", justify="right")
     for r in fams:
-        t.add_row(r["family"], f.pct(r["share"], 1), f.ns(r["gpu_ns"]), str(r["count"]))
+        _add_row(t, r["family"], f.pct(r["share"], 1), f.ns(r["gpu_ns"]), str(r["count"]))
     return _numbers_whole(t)
 
 
@@ -240,7 +276,7 @@ def _kernels(report: dict, n: int = 10) -> Table | None:
     t.add_column("count", justify="right")
     t.add_column("median", justify="right")
     for k in ks[:n]:
-        t.add_row(f.short(k["name"], 80), k["family"], f.pct(k["share"], 1), str(k["count"]), f.ns(k["median_ns"]))
+        _add_row(t, f.short(k["name"], 80), k["family"], f.pct(k["share"], 1), str(k["count"]), f.ns(k["median_ns"]))
     return _numbers_whole(t)
 
 
@@ -248,10 +284,11 @@ def _inside_stages(report: dict) -> Table | Text | None:
     """Per leaf stage, the ranges of other domains its ops ran under (MAX's op ranges, a
     framework's): where inside the stage the GPU time goes."""
     rows, tied = f.inside_stages(report)
+    tied_line = _lines(["ops tied to their stage: " + "; ".join(tied)]) if tied else None
     if not rows:
-        return Text("ops tied to their stage: " + "; ".join(tied)) if tied else None
+        return tied_line
     t = Table(title=f.INSIDE_TITLE, title_justify="left", header_style="bold", caption_justify="left",
-              caption="ops tied to their stage: " + "; ".join(tied) if tied else None)
+              caption=tied_line)
     t.add_column("stage", no_wrap=True)
     t.add_column("range", overflow="fold", max_width=64)
     t.add_column("share", justify="right")
@@ -259,8 +296,8 @@ def _inside_stages(report: dict) -> Table | Text | None:
     t.add_column("GPU / inst", justify="right")
     for k, r in enumerate(rows):
         first = k == 0 or rows[k - 1]["stage"] != r["stage"]
-        t.add_row(Text(r["stage"] if first else ""), Text(r["range"]), f.pct(r["share"]), f"{r['per_instance']:.4g}",
-                  f.ns(r["gpu_per_instance_ns"]))
+        _add_row(t, r["stage"] if first else "", r["range"], f.pct(r["share"]), f"{r['per_instance']:.4g}",
+                 f.ns(r["gpu_per_instance_ns"]))
     return _numbers_whole(t)
 
 
@@ -279,15 +316,15 @@ def _diagnosis(report: dict) -> Panel | None:
         for x in group:
             head = Text()
             head.append(f"[{x['id']}] ", style="bold")
-            head.append(x["title"])
+            head.append(visible(x["title"]))
             parts.append(Padding(head, (0, 0, 0, 2)))  # wrapped lines keep their indentation
             ev = f.evidence_text(x.get("evidence") or {})
             if ev:
-                parts.append(Padding(Text(f"evidence: {ev}", style="dim"), (0, 0, 0, 6)))
+                parts.append(Padding(Text(f"evidence: {visible(ev)}", style="dim"), (0, 0, 0, 6)))
             if x.get("next_step"):
-                parts.append(Padding(Text(f"next: {x['next_step']}"), (0, 0, 0, 6)))
+                parts.append(Padding(Text(f"next: {visible(x['next_step'])}"), (0, 0, 0, 6)))
             if x.get("command"):
-                parts.append(Padding(Text(f"$ {x['command']}", style="cyan"), (0, 0, 0, 6)))
+                parts.append(Padding(Text(f"$ {visible(x['command'])}", style="cyan"), (0, 0, 0, 6)))
     return Panel(Group(*parts), title="Diagnosis", title_align="left")
 
 
@@ -301,7 +338,7 @@ def _startup(report: dict, n: int = 8) -> Table | None:
     for col in ("stage", "#", "why", "host", "GPU", "robust z"):
         t.add_column(col, justify="left" if col in ("stage", "why") else "right")
     for r in sorted(rows, key=lambda r: -r["host_ns"])[:n]:
-        t.add_row(r["stage"], str(r["occurrence"]), r["reason"], f.ns(r["host_ns"]),
+        _add_row(t, r["stage"], str(r["occurrence"]), r["reason"], f.ns(r["host_ns"]),
                   f.ns(r.get("gpu_event_ns") if r.get("gpu_event_ns") is not None else r.get("gpu_proj_ns")),
                   f"{r['robust_z']:.0f}" if r.get("robust_z") is not None else "-")
     return _numbers_whole(t)
@@ -311,7 +348,7 @@ def _notes(report: dict) -> Text | None:
     notes = (report.get("sources") or {}).get("notes") or []
     if not notes:
         return None
-    return Text("notes:\n" + "\n".join(f"  - {n}" for n in notes), style="dim")
+    return _lines(["notes:"] + [f"  - {n}" for n in notes], style="dim")
 
 
 def _ranks(report: dict) -> Group | None:
@@ -323,11 +360,11 @@ def _ranks(report: dict) -> Group | None:
         return None
     out: list[Any] = []
     header, rows = rk.rank_rows(sec)
-    t = Table(title=f"Ranks ({rk.summary_line(sec)})", title_justify="left", header_style="bold")
+    t = Table(title=Text(f"Ranks ({visible(rk.summary_line(sec))})"), title_justify="left", header_style="bold")
     for h in header:
         t.add_column(h, justify="left" if h in ("host", "pids", "top family") else "right")
     for r in rows:
-        t.add_row(*(Text(c) for c in r))
+        _add_row(t, *r)
     out.append(t)
     header, rows = rk.stage_rows(sec)
     t = Table(title="Per-rank stage statistics (steady state; steps = instances aligned across ranks)",
@@ -339,11 +376,11 @@ def _ranks(report: dict) -> Group | None:
     for h in header:
         t.add_column(h, justify="left" if h == "stage" else "right", no_wrap=h == "stage")
     for r in rows:
-        t.add_row(*(Text(c) for c in r))
+        _add_row(t, *r)
     out.append(t)
     lines = rk.straggler_lines(sec)
     if lines:
-        out.append(Text("stragglers:\n" + "\n".join(f"  - {x}" for x in lines), style="yellow"))
+        out.append(_lines(["stragglers:"] + [f"  - {x}" for x in lines], style="yellow"))
     return Group(*out)
 
 
@@ -390,11 +427,11 @@ def _delta_table(title: str, rows: list[dict]) -> Table:
     for r in rows:
         if "a" not in r:
             verdict = f"only in {r['only_in'].upper()}" if r.get("only_in") else r["verdict"]
-            t.add_row(r["stage"], "-", "-", "-", "-", "-", "-", verdict)
+            _add_row(t, r["stage"], "-", "-", "-", "-", "-", "-", verdict)
             continue
         rel = r.get("median_delta_rel")
-        t.add_row(
-            r["stage"], f"{r['a']['n']}/{r['b']['n']}", f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
+        _add_row(
+            t, r["stage"], f"{r['a']['n']}/{r['b']['n']}", f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
             _signed_ns(r["median_delta_ns"]) + (f" ({rel:+.1%})" if rel is not None else ""),
             f.ns(r["noise_bound_ns"]), _signed_ns(r["p90_delta_ns"]),
             Text(r["verdict"], style=_VERDICT_STYLE.get(r["verdict"], "")),
@@ -405,7 +442,7 @@ def _delta_table(title: str, rows: list[dict]) -> Table:
 def compare_renderables(result: dict) -> list[Any]:
     parts: list[Any] = []
     for c in result.get("comparisons", []):
-        parts.append(Panel(Text(f"A = {c['a']}\nB = {c['b']}"), title="maxinstr compare", title_align="left"))
+        parts.append(Panel(_lines([f"A = {c['a']}", f"B = {c['b']}"]), title="maxinstr compare", title_align="left"))
         if c["stages"]:
             parts.append(_delta_table("Host time per stage (steady state)", c["stages"]))
         if c["gpu_stages"]:
@@ -416,7 +453,7 @@ def compare_renderables(result: dict) -> list[Any]:
             for col in ("family", "A", "B", "change"):
                 t.add_column(col, justify="left" if col == "family" else "right")
             for r in fams:
-                t.add_row(r["family"], f.pct(r["a_share"], 1), f.pct(r["b_share"], 1), f"{100 * r['delta_share']:+.1f} pt")
+                _add_row(t, r["family"], f.pct(r["a_share"], 1), f.pct(r["b_share"], 1), f"{100 * r['delta_share']:+.1f} pt")
             parts.append(t)
         for key, label in (("kernels_appeared", "Kernels only in B"), ("kernels_disappeared", "Kernels only in A")):
             if c[key]:
@@ -428,18 +465,18 @@ def compare_renderables(result: dict) -> list[Any]:
                 t.add_column("family")
                 t.add_column("GPU time", justify="right")
                 for k in c[key][:8]:
-                    t.add_row(f.short(k["name"], 70), k["family"], f.ns(k["gpu_ns"]))
+                    _add_row(t, f.short(k["name"], 70), k["family"], f.ns(k["gpu_ns"]))
                 parts.append(t)
         if c["kernels_changed_family"]:
-            parts.append(Text("Kernels classified differently: " + "; ".join(
-                f"{f.short(k['name'], 50)}: {k['a_family']} -> {k['b_family']}" for k in c["kernels_changed_family"][:8])))
+            parts.append(_lines(["Kernels classified differently: " + "; ".join(
+                f"{f.short(k['name'], 50)}: {k['a_family']} -> {k['b_family']}" for k in c["kernels_changed_family"][:8])]))
         if c["settings"]:
             t = Table(title="Settings that differ", title_justify="left", header_style="bold")
             t.add_column("setting")
             t.add_column("A", overflow="fold", max_width=45)
             t.add_column("B", overflow="fold", max_width=45)
             for r in c["settings"][:40]:
-                t.add_row(r["key"], f.setting(r["a"]), f.setting(r["b"]))
+                _add_row(t, r["key"], f.setting(r["a"]), f.setting(r["b"]))
             parts.append(t)
         else:
             parts.append(Text("Settings: no recorded difference.", style="dim"))
