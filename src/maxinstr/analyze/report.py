@@ -288,9 +288,9 @@ def _join_problem(trace) -> str:
     if trace.format == "kineto":
         return ("the run's stages could not be placed on this torch.profiler trace (it records no NVTX ranges, and "
                 "the run or the trace lacks the wall-clock base that places them): per-stage kernels unavailable; "
-                "pass the run directory the traced program wrote, or capture with `maxinstr run -- CMD`")
+                "pass the run directory the traced program wrote, or capture with: maxinstr run -- CMD")
     return ("no trace range is one of the run's stages (a trace captured without NVTX, e.g. nsys -t cuda only, or "
-            "of another run): per-stage kernels unavailable; capture with `maxinstr run -- CMD` (nsys -t cuda,nvtx) "
+            "of another run): per-stage kernels unavailable; capture with: maxinstr run -- CMD (nsys -t cuda,nvtx) "
             "or pass the run directory that recorded this trace")
 
 
