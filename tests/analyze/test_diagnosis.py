@@ -56,7 +56,8 @@ def test_warmup_contamination_is_one_fact_with_numbers(report_of):
     fs = [f for f in r["diagnosis"] if f["id"] == "warmup_contamination"]
     assert len(fs) == 1
     ev = fs[0]["evidence"]
-    assert ev["worst_stage"] == "sample" and ev["worst_ratio"] > 100  # 105.7 ms first sample vs ~0.31 ms
+    # the first request (141.8 ms, with the 105.7 ms first sample inside) against ~21.6 ms
+    assert ev["worst_stage"] == "request" and ev["worst_ratio"] > 5
     assert ev["excluded_from_headline"] is True
     assert "--warmup" in fs[0]["command"]
 

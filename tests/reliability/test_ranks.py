@@ -131,6 +131,19 @@ def test_three_ranks_one_straggler(tmp_path):
     assert waits[0] > 10e6 and waits[1] > 10e6 and waits[2] < 5e6
 
 
+def test_slow_rank_is_not_a_cold_start(tmp_path):
+    """Cold starts are judged per process: pooled over 3 ranks, the median and MAD were the fast
+    ranks', and the slow rank's first steady steps (3x their pace) were thrown out as "cold
+    start" with a false warmup_contamination (issue 17, point 1)."""
+    run_dir = tmp_path / "run"
+    run_ranks(run_dir, world=3, slow_rank=2, slow_s=0.03, base_s=0.01, steps=8)
+    rep = json.loads(report(str(run_dir), "--format", "json").stdout)
+    assert not [r for r in rep["startup"] if r["reason"] == "cold_start" and r["stage"] == "compute"]
+    assert "warmup_contamination" not in {f["id"] for f in rep["diagnosis"]}
+    compute = {s["stage"]: s for s in rep["ranks"]["stages"]}["compute"]
+    assert {r["rank"]: r["host_ns"]["n"] for r in compute["per_rank"]} == {0: 7, 1: 7, 2: 7}
+
+
 def test_straggler_outside_every_stage_is_named_by_its_late_arrival(tmp_path):
     """Rank 1's extra time is spent in no stage: its stages take as long as rank 0's, but it
     reaches the collective last every step and rank 0 waits there."""

@@ -77,7 +77,8 @@ def test_plots_carry_the_report_numbers(decode_html):
     assert svgs.count("kernel family mix") >= 3  # one per stage with kernels + the whole input
     dec = next(s for s in a.report["stages"] if s["name"] == "decode")
     # breakdown row: host median, GPU (projected) median, busy fraction, steady instances
-    assert f"{_fmt.ns(dec['host_ns']['median'])} · {_fmt.ns(dec['gpu_proj_ns']['median'])} · 18% · 72" in doc
+    busy = _fmt.pct(dec["gpu_busy_frac"]["median"])
+    assert f"{_fmt.ns(dec['host_ns']['median'])} · {_fmt.ns(dec['gpu_proj_ns']['median'])} · {busy} · {dec['steady']}" in doc
     # the trace-derived busy share is drawn (no samples in a trace), with as many points as bins
     polys = [attrs for tag, attrs in tags.attrs if tag == "polygon" and attrs.get("class") == "series"]
     assert polys and int(polys[0]["data-points"]) >= 50

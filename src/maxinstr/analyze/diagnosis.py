@@ -175,7 +175,10 @@ def rule_warmup_contamination(report: dict) -> list[dict]:
             by_stage.setdefault(row["stage"], []).append(row)
     stages = {s["name"]: s for s in report.get("stages", [])}
     ratios: dict[str, float] = {}
-    worst_stage, worst_ratio, suggested, n_cold = None, 0.0, 0, 0
+    worst_stage, worst_ratio, n_cold = None, 0.0, 0
+    # warm-up=K covers the first K top-level instances and everything inside them, so the
+    # suggestion is counted in top-level instances: one more than the last that held a cold start
+    suggested, top_stage = 0, None
     for name, rows in by_stage.items():
         st = stages.get(name)
         if not st or not st["host_ns"].get("n"):
@@ -185,23 +188,38 @@ def rule_warmup_contamination(report: dict) -> list[dict]:
         ratio = worst["host_ns"] / med if med > 0 else float("inf")
         ratios[name] = round(ratio, 2)
         n_cold += len(rows)
-        suggested = max(suggested, max(r["occurrence"] for r in rows) + 1)
+        for r in rows:
+            k = r.get("top_occurrence", r["occurrence"]) + 1
+            if k > suggested:
+                suggested, top_stage = k, r.get("top_stage", name)
         if ratio > worst_ratio:
             worst_stage, worst_ratio = name, ratio
     if not ratios:
         return []
     names = ", ".join(f"'{k}'" for k in list(ratios)[:4]) + (f" and {len(ratios) - 4} more" if len(ratios) > 4 else "")
+    top = stages.get(top_stage) or {}
+    top_total = top.get("instances", 0)
+    evidence = {"cold_instances": n_cold, "worst_stage": worst_stage, "worst_ratio": round(worst_ratio, 2),
+                "ratio_by_stage": ratios, "session_warmup": warm_n, "excluded_from_headline": True,
+                "suggested_warmup": None, "top_stage": top_stage}
+    if suggested < top_total:
+        evidence["suggested_warmup"] = max(suggested, warm_n)
+        step = (f"Already excluded from the headline numbers. Declare them as warm-up so every tool agrees: "
+                f"maxinstr.session(..., warmup={evidence['suggested_warmup']}) (the first "
+                f"{evidence['suggested_warmup']} '{top_stage}' and everything inside them), or run warm-up "
+                f"iterations before the measured loop.")
+        command = f"maxinstr report {_report_arg(report)} --warmup {evidence['suggested_warmup']}"
+    else:
+        # a larger warmup would leave no steady top-level instance at all
+        step = (f"Already excluded from the headline numbers. They ran in the last '{top_stage}' instance, so no "
+                f"warm-up count can cover them and keep a steady '{top_stage}': run more '{top_stage}' instances "
+                f"(at least {suggested + 1}) or warm-up iterations before the measured loop.")
+        command = None
     return [_finding(
         "warmup_contamination",
         f"{n_cold} first-call instance(s) of {names} ran up to {worst_ratio:.1f}x the steady median "
         f"(cold start: compilation, allocation, cache fill)",
-        "fact", worst_stage if len(ratios) == 1 else None,
-        {"cold_instances": n_cold, "worst_stage": worst_stage, "worst_ratio": round(worst_ratio, 2),
-         "ratio_by_stage": ratios, "session_warmup": warm_n, "excluded_from_headline": True},
-        f"Already excluded from the headline numbers. Declare them as warm-up so every tool agrees: "
-        f"maxinstr.session(..., warmup={suggested}), or run warm-up iterations before the measured loop.",
-        f"maxinstr report {_report_arg(report)} --warmup {suggested}",
-        score=0.01)]
+        "fact", worst_stage if len(ratios) == 1 else None, evidence, step, command, score=0.01)]
 
 
 def rule_healthy_decode(report: dict) -> list[dict]:

@@ -42,7 +42,9 @@ class StageInstances:
     user marked when ``step_marked``; otherwise the instance's position among same-named
     siblings under its parent instance (so the k-th decode inside a request gets step k),
     which is what step trends need. ``warmup`` comes from the session's ``warmup=N``;
-    ``cold`` marks cold-start outliers; ``steady`` is neither (and not a mark).
+    ``cold`` marks cold-start outliers; ``inside_startup`` marks instances nested in a warm-up
+    or cold-start instance of an enclosing stage (the decode steps of a warm-up request ran the
+    warm-up's compilations too); ``steady`` is none of these (and not a mark).
     """
 
     name: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
@@ -70,6 +72,7 @@ class StageInstances:
     warmup: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     cold: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     cold_z: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float64))
+    inside_startup: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     occurrence: np.ndarray = field(default_factory=lambda: _i64(0))
     key: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
     """The stage a statistic groups by: the name, or ``parent/.../name`` when the same name
@@ -101,7 +104,10 @@ class StageInstances:
 
     @property
     def steady(self) -> np.ndarray:
-        return ~(self.warmup | self.cold | self.is_mark)
+        startup = self.warmup | self.cold | self.is_mark
+        if len(self.inside_startup) == len(startup):
+            startup = startup | self.inside_startup
+        return ~startup
 
     def take(self, index: np.ndarray) -> "StageInstances":
         return StageInstances(**{f.name: (getattr(self, f.name) if f.name == "notes" else getattr(self, f.name)[index])
@@ -169,7 +175,14 @@ _MAX_LEVELS = 64
 
 
 def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True) -> StageInstances:
-    """Stage keys, occurrence order, warm-up and cold-start flags."""
+    """Stage keys, occurrence order, warm-up and cold-start flags.
+
+    Warm-up is decided per pipeline, not per stage name: the first ``warmup_n`` instances of
+    each name (per process) are warm-up, and so is everything nested inside a warm-up or
+    cold-start instance (:attr:`StageInstances.inside_startup`). Cold starts are looked for
+    level by level from the top, among instances not already inside a startup instance, so a
+    request's cold start takes its decode steps with it instead of leaving them as "steady".
+    """
     n = len(inst)
     inst.key, inst.level = stage_keys(inst.name, inst.parent)
     part_name = np.char.add(inst.part.astype(str).astype(object), ("\x00" + inst.name.astype(str)).astype(object)).astype(str)
@@ -178,16 +191,68 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True) -> St
     _derive_steps(inst) if n else None
     inst.cold = np.zeros(n, dtype=bool)
     inst.cold_z = np.zeros(n, dtype=np.float64)
+    inst.inside_startup = _inside(inst.parent, inst.warmup) if n else np.zeros(0, dtype=bool)
     if detect_cold and n:
-        # cold starts are outliers within one population: group by stage key
-        _, codes = np.unique(inst.key.astype(str), return_inverse=True)
+        # cold starts are outliers within one population: one stage key in one process. Pooling
+        # processes (ranks) would judge a slow rank's ordinary first steps by the fast ranks'
+        # median and call them cold starts.
+        _, codes = np.unique(np.char.add(inst.key.astype(str), ("\x00" + inst.part.astype(str)).astype(object)
+                                         .astype(str)), return_inverse=True)
         codes = codes.reshape(-1)
-        for values in (inst.host_ns, inst.proj_ns):
-            eligible = ~inst.warmup & ~inst.is_mark & (values >= 0)
-            mask, z = cold_start_mask(codes, inst.occurrence, values, eligible, prefix_groups=inst.part)
-            inst.cold |= mask
-            inst.cold_z = np.maximum(inst.cold_z, np.where(mask, z, 0.0))
+        for lv in range(int(inst.level.max()) + 1):
+            at = (inst.level == lv) & ~inst.warmup & ~inst.inside_startup & ~inst.is_mark
+            if not at.any():
+                continue
+            for values in (inst.host_ns, inst.proj_ns):
+                mask, z = cold_start_mask(codes, inst.occurrence, values, at & (values >= 0))
+                inst.cold |= mask
+                inst.cold_z = np.maximum(inst.cold_z, np.where(mask, z, 0.0))
+            inst.inside_startup = _inside(inst.parent, inst.warmup | inst.cold)
+    inst.inside_startup &= ~(inst.warmup | inst.cold)
     return inst
+
+
+def _inside(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:
+    """Per instance: whether any enclosing instance (parent, grandparent, ...) has ``flag``."""
+    out = np.zeros(len(parent), dtype=bool)
+    cur = parent.copy()
+    live = np.flatnonzero(cur >= 0)
+    for _ in range(_MAX_LEVELS):
+        if len(live) == 0:
+            break
+        out[live] |= flag[cur[live]]
+        cur[live] = parent[cur[live]]
+        live = live[cur[live] >= 0]
+    return out
+
+
+def top_ancestor(parent: np.ndarray) -> np.ndarray:
+    """Per instance: its outermost enclosing instance (itself at the top level)."""
+    root = np.arange(len(parent))
+    cur = parent.copy()
+    live = np.flatnonzero(cur >= 0)
+    for _ in range(_MAX_LEVELS):
+        if len(live) == 0:
+            break
+        root[live] = cur[live]
+        cur[live] = parent[cur[live]]
+        live = live[cur[live] >= 0]
+    return root
+
+
+def descendant_counts(parent: np.ndarray) -> np.ndarray:
+    """Per instance: how many instances are nested in it, at any depth."""
+    n = len(parent)
+    out = np.zeros(n, dtype=np.int64)
+    cur = parent.copy()
+    live = np.flatnonzero(cur >= 0)
+    for _ in range(_MAX_LEVELS):
+        if len(live) == 0:
+            break
+        out += np.bincount(cur[live], minlength=n)
+        cur[live] = parent[cur[live]]
+        live = live[cur[live] >= 0]
+    return out
 
 
 def range_texts(trace) -> np.ndarray:

@@ -155,6 +155,8 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
         "n": int(run.warmup if (run is not None and warmup is None) else (warmup or 0)),
         "instances": int(inst.warmup.sum()),
         "cold_start_instances": int((inst.cold & ~inst.warmup).sum()),
+        # nested in a warm-up or cold-start instance of an enclosing stage: startup too
+        "inside_startup_instances": int(inst.inside_startup.sum()) if len(inst.inside_startup) == len(inst) else 0,
     }
     report["stages"] = _stage_rows(inst, head, mix, sample_stats, work)
     report["ranks"] = _ranks(inst, run, trace, fam, dur, op_rank)
@@ -363,6 +365,7 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = N
             "steady": int(st.sum()),
             "warmup": int((sel & inst.warmup).sum()),
             "cold_start": int((sel & inst.cold & ~inst.warmup).sum()),
+            "inside_startup": int((sel & inst.inside_startup).sum()),
             "exceptions": int((sel & inst.exception).sum()),
             "host_ns": _stat(host[st]),
             "gpu_event_ns": _stat(inst.gpu_event_ns[st]),
@@ -552,11 +555,16 @@ def _per_step(step: np.ndarray, host: np.ndarray, gpu: np.ndarray | None, basis:
 
 
 def _startup_rows(inst) -> list[dict]:
+    """The instances kept out as warm-up or cold start (their own, not those nested in one),
+    with the top-level instance each ran in (``top_stage``, ``top_occurrence``): declaring
+    warm-up up to that one covers it, since nested instances follow their ancestors."""
     idx = np.flatnonzero(inst.warmup | inst.cold)
     if len(idx) == 0:
         return []
     idx = idx[np.argsort(inst.host_start_ns[idx], kind="stable")][:STARTUP_KEPT]
     host, proj = inst.host_ns, inst.proj_ns
+    top = inst_mod.top_ancestor(inst.parent)
+    nested = inst_mod.descendant_counts(inst.parent)
     return [
         {
             "stage": str(inst.key[i]),
@@ -566,6 +574,9 @@ def _startup_rows(inst) -> list[dict]:
             "gpu_event_ns": int(inst.gpu_event_ns[i]) if inst.gpu_event_ns[i] >= 0 else None,
             "gpu_proj_ns": int(proj[i]) if proj[i] >= 0 else None,
             "robust_z": round(float(inst.cold_z[i]), 2) if inst.cold[i] else None,
+            "top_stage": str(inst.key[top[i]]),
+            "top_occurrence": int(inst.occurrence[top[i]]),
+            "nested": int(nested[i]),
         }
         for i in idx
     ]

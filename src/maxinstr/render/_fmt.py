@@ -42,6 +42,22 @@ def gpu_stat(stage: dict) -> tuple[str, dict | None]:
     return "", None
 
 
+def excluded(stage: dict) -> int:
+    """Instances of a stage kept out of its statistics: warm-up, cold start, and those nested in
+    a warm-up or cold-start instance of an enclosing stage."""
+    return int(stage.get("warmup", 0) + stage.get("cold_start", 0) + stage.get("inside_startup", 0))
+
+
+def warmup_line(w: dict) -> str:
+    """What the statistics leave out, in one sentence (after 'warm-up')."""
+    inside = w.get("inside_startup_instances", 0)
+    return (f"{w.get('n', 0)} per stage declared; {w.get('instances', 0)} warm-up and "
+            f"{w.get('cold_start_instances', 0)} cold-start instances"
+            + (f", and the {inside} nested in them," if inside else "")
+            + " kept out of the steady numbers (an instance inside a warm-up or cold-start instance "
+              "of an enclosing stage is warm-up too)")
+
+
 def short(name: str | None, n: int = 60) -> str:
     if not name:
         return "-"

@@ -159,7 +159,8 @@ def _cards(report: dict) -> str:
     gpu = report.get("gpu") or {}
     w = report.get("warmup") or {}
     cards = [(str(len(stages)), "stages"), (str(sum(s.get("steady", 0) for s in stages)), "steady instances"),
-             (str(w.get("instances", 0) + w.get("cold_start_instances", 0)), "warm-up + cold-start excluded")]
+             (str(w.get("instances", 0) + w.get("cold_start_instances", 0) + w.get("inside_startup_instances", 0)),
+              "warm-up + cold-start excluded")]
     if gpu:
         cards.append((f.ns(gpu.get("gpu_ns")), f"GPU time in {gpu.get('ops', 0):,} ops"))
         if gpu.get("attributed_share") is not None:
@@ -236,7 +237,7 @@ def _stage_table(stages: Sequence[dict]) -> str:
         rows.append(
             "<tr>"
             f"<td>{'&nbsp;' * 3 * int(s.get('depth', 0))}{e(s['name'])}</td>"
-            f"<td class=num>{s.get('steady', 0)}</td><td class=num>{s.get('warmup', 0) + s.get('cold_start', 0)}</td>"
+            f"<td class=num>{s.get('steady', 0)}</td><td class=num>{f.excluded(s)}</td>"
             f"<td class=num>{e(f.ns(f.stat(head)))}</td><td class=num>{e(f.ns(f.stat(head, 'p90')))}</td>"
             f"<td class=num>{e(f.ns(f.stat(g)) + (' (' + label + ')' if g else ''))}</td>"
             f"<td class=num>{e(f.ns(f.stat(g, 'p90')))}</td>"
@@ -662,8 +663,7 @@ def _env_section(report: dict) -> str:
     if src.get("attribution_rules"):
         rows.append(("attribution", ", ".join(f"{k}: {v}" for k, v in src["attribution_rules"].items())))
     w = report.get("warmup") or {}
-    rows.append(("warm-up", f"{w.get('n', 0)} declared per stage; {w.get('instances', 0)} warm-up + "
-                            f"{w.get('cold_start_instances', 0)} cold-start instances excluded"))
+    rows.append(("warm-up", f.warmup_line(w)))
     out = ['<section id="environment"><h2>Reproduce and environment</h2>']
     for r in report.get("reproduce") or []:
         out.append(f'<div class="note">{e(r.get("what"))}</div><pre>{e(r.get("command"))}</pre>')

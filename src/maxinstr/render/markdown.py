@@ -45,8 +45,7 @@ def _baseline(report: dict) -> list[str]:
         if env.get(key):
             rows.append([key, ", ".join(f"{k}={v}" for k, v in env[key].items())])
     w = report.get("warmup", {})
-    rows.append(["warm-up", f"{w.get('n', 0)} declared per stage; {w.get('instances', 0)} warm-up + "
-                            f"{w.get('cold_start_instances', 0)} cold-start instances excluded"])
+    rows.append(["warm-up", f.warmup_line(w)])
     if report.get("perturbed"):
         head = report.get("headline_source")
         note = report.get("perturbed_reason")
@@ -67,7 +66,7 @@ def _stages(report: dict) -> list[str]:
     for s in stages:
         head = s.get("headline_host_ns") or s["host_ns"]
         label, g = f.gpu_stat(s)
-        row = [("&nbsp;&nbsp;" * s.get("depth", 0)) + s["name"], s["steady"], s["warmup"] + s["cold_start"],
+        row = [("&nbsp;&nbsp;" * s.get("depth", 0)) + s["name"], s["steady"], f.excluded(s),
                f.ns(f.stat(head)), f.ns(f.stat(head, "p90"))]
         if gpu_cols:
             row += [(f.ns(f.stat(g)) + f" ({label})") if g else "-", f.ns(f.stat(g, "p90"))]

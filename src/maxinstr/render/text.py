@@ -85,8 +85,7 @@ def _header(report: dict) -> Panel:
     if src.get("join"):
         lines.append(f"join     {src['join']} ({src.get('records_joined')} records joined to trace ranges)")
     w = report.get("warmup", {})
-    lines.append(f"warm-up  {w.get('n', 0)} per stage declared; {w.get('instances', 0)} warm-up and "
-                 f"{w.get('cold_start_instances', 0)} cold-start instances kept out of the numbers below")
+    lines.append(f"warm-up  {f.warmup_line(w)}")
     text = Text("\n".join(lines))
     if report.get("perturbed") and report.get("headline_source") != "unprofiled_run":
         text.append(f"\nperturbed: {report.get('perturbed_reason')}", style="yellow")
@@ -129,7 +128,7 @@ def _stage_table(report: dict) -> Any:
                      f"{f.ns(f.stat(shortest['host_ns']))}), or none covers {'it' if len(short_window) == 1 else 'them'}, "
                      "so the samples describe the GPU around the stage, not the stage; read "
                      + ("busy" if trace_cols else "GPU time" if gpu_cols else "the HTML report's timeline"))
-    only_warm = [s["name"] for s in stages if not s["steady"] and s["warmup"] + s["cold_start"]]
+    only_warm = [s["name"] for s in stages if not s["steady"] and f.excluded(s)]
     if only_warm:
         notes.append(f"n (+k): steady instances (+ warm-up / cold-start ones); {', '.join(only_warm[:3])}"
                      f"{' ...' if len(only_warm) > 3 else ''} ran only as warm-up: see Startup below")
@@ -158,7 +157,7 @@ def _stage_table(report: dict) -> Any:
         n = str(s["steady"])
         if s.get("headline_from") == "unprofiled_run":
             n = f"{(s.get('headline_host_ns') or {}).get('n', 0)}*"
-        extra = s["warmup"] + s["cold_start"]
+        extra = f.excluded(s)
         if extra:
             n += f" (+{extra})"
         mix = s.get("mix") or {}
