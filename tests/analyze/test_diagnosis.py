@@ -180,7 +180,7 @@ def test_healthy_mix_says_when_the_host_sets_the_pace(trace_of):
     assert host["evidence"]["gpu_over_host"] < dx.HOST_BOUND_GPU_OVER_HOST
     assert healthy["evidence"]["gpu_busy_frac_median"] >= dx.LAUNCH_BOUND_BUSY
     assert healthy["evidence"]["gpu_over_host"] == host["evidence"]["gpu_over_host"]
-    assert "host_bound sets the pace" in healthy["title"] and healthy["next_step"].startswith("host_bound sets")
+    assert "which sets the pace" in healthy["title"] and healthy["next_step"].startswith("The host limit sets")
     assert healthy["evidence"]["paced_by"] == "host_bound" and "healthy_dense_decode" in host["evidence"]["secondary"]
     dec = [f["id"] for f in r["diagnosis"] if f["stage"] == "decode"]
     assert dec.index("host_bound") == 0  # what sets the pace comes first; the deep dive is for afterwards

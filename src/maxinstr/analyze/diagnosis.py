@@ -415,7 +415,7 @@ def rule_unfused(report: dict) -> list[dict]:
             f"'{st['name']}' misses fused kernels: " + "; ".join(reasons),
             "hypothesis", st["name"], ev, step,
             _deep_dive(report, st, family="elementwise" if ew >= UNFUSED_ELEMENTWISE_SHARE else None),
-            validation=_compare_cmd(report) + "  # expect fewer kernels per instance and a lower median beyond noise",
+            validation=_compare_cmd(report) + "  # the stage's kernels per instance must fall and its median beyond the noise bound",
             score=max(ew, _fam_share(st, "softmax", "reduction")) * _stage_weight(report, st)))
     return out
 
@@ -521,65 +521,119 @@ def rule_reprefill(report: dict) -> list[dict]:
             "(pass past_key_values / use_cache=True, or the engine's cached decode path). A batch that grows "
             "step by step (continuous batching) also grows the matmuls: rule it out. Then re-run and compare.",
             _compare_cmd(report),
-            validation="after the fix the per-step trend must be flat: 'step_work.matmul_ns.last_over_first' near 1 "
-                       "and the stage median lower beyond the noise bound in maxinstr compare",
+            validation=_compare_cmd(report) + "  # the stage median must fall beyond the noise bound and its matmul "
+                                                "growth (last over first quarter of the steps) fall to about 1.0x",
             score=_stage_weight(report, st) * (1 - 1 / growth)))
     return out
 
 
+GRAPH_REPLAY_SHARE = 0.5
+"""A stage (or population) whose instances mostly launch CUDA-graph nodes already replays a graph."""
+
+
+def _pace_units(report: dict, st: dict) -> list[tuple[dict, str | None, dict | None]]:
+    """What launch_bound / host_bound judge for a stage: the stage itself, or, when its steady
+    instances form two populations (``stages[].populations``), each population on its own (one
+    busy fraction for a graph replay and an eager step is neither's). Each unit: (statistics,
+    population label or None, the other population or None)."""
+    pops = st.get("populations") or {}
+    groups = pops.get("groups") or []
+    if len(groups) != 2:
+        return [(st, None, None)]
+    basis = pops.get("basis", "host_ns")
+    times = [float((g.get(basis) or {}).get("total", 0.0)) for g in groups]
+    total = sum(times) or 1.0
+    out = []
+    for i, g in enumerate(groups):
+        unit = dict(g, name=st["name"], leaf=st.get("leaf"), steady=g["instances"],
+                    share_of_top=_stage_weight(report, st) * times[i] / total)
+        out.append((unit, g["label"], groups[1 - i]))
+    return out
+
+
+def _graph_advice(unit: dict, other: dict | None) -> str:
+    """The launch-bound fix, without advising what the stage (or its other population) already does."""
+    mine = unit.get("cuda_graph_share") or 0.0
+    theirs = (other or {}).get("cuda_graph_share") or 0.0
+    if mine >= GRAPH_REPLAY_SHARE:
+        return ("These instances already replay a CUDA graph: the gaps are between its nodes. Fewer, larger "
+                "kernels (fusion, torch.compile, a MAX graph) or more work per node shorten it; a graph does not.")
+    if other is not None and theirs >= GRAPH_REPLAY_SHARE:
+        span = lambda g: (g.get("gpu_proj_ns") or {}).get("median")  # noqa: E731
+        return (f"The stage's other instances ({other['label']}) already replay a CUDA graph"
+                + (f" ({_fmt_ns(span(other))} of GPU span against {_fmt_ns(span(unit))} here)" if span(other) and span(unit) else "")
+                + ": run these from the graph too (find the shape, branch or input that misses the captured graph).")
+    return ("Kernels are short and the host cannot launch them fast enough. Capture the stage in a CUDA/HIP "
+            "graph, fuse small kernels (torch.compile, a MAX graph), or batch more work per launch.")
+
+
+def _fmt_ns(v: float | None) -> str:
+    from maxinstr.render._fmt import ns
+
+    return ns(v)
+
+
 def rule_launch_bound(report: dict) -> list[dict]:
     out = []
-    for st in report.get("stages", []):
-        if not _significant(report, st):
+    for stage in report.get("stages", []):
+        if not _significant(report, stage):
             continue
-        busy = st.get("gpu_busy_frac") or {}
-        host = st.get("host_ns") or {}
-        proj = st.get("gpu_proj_ns") or {}
-        busy_ns = st.get("gpu_busy_ns") or {}
-        if busy.get("n", 0) < 3 or not host.get("n"):
-            continue
-        kpi = (st.get("kernels_per_instance") or {}).get("median")
-        gaps = (st.get("idle_gap_ns") or {}).get("median")
-        if busy["median"] < LAUNCH_BOUND_BUSY and (kpi or 0) >= LAUNCH_BOUND_MIN_KERNELS:
-            out.append(_finding(
-                "launch_bound",
-                f"'{st['name']}': the GPU is busy only {busy['median']:.0%} of the stage's GPU span "
-                f"({kpi:.0f} kernels per instance with idle gaps between them)",
-                "fact", st["name"],
-                {"gpu_busy_frac_median": round(busy["median"], 3), "idle_gap_ns_median": gaps,
-                 "gpu_proj_ns_median": proj.get("median"), "kernels_per_instance_median": kpi,
-                 "instances": busy["n"]},
-                "Kernels are short and the host cannot launch them fast enough. Capture the stage in a CUDA/HIP "
-                "graph, fuse small kernels (torch.compile, a MAX graph), or batch more work per launch.",
-                validation=_compare_cmd(report) + "  # gpu_busy_frac must rise and the host median fall beyond noise",
-                score=(1 - busy["median"]) * _stage_weight(report, st)))
-        elif busy["median"] < LAUNCH_BOUND_BUSY:
+        for st, population, other in _pace_units(report, stage):
+            out += _launch_or_host_bound(report, st, population, other)
+    return out
+
+
+def _launch_or_host_bound(report: dict, st: dict, population: str | None, other: dict | None) -> list[dict]:
+    out = []
+    busy = st.get("gpu_busy_frac") or {}
+    host = st.get("host_ns") or {}
+    proj = st.get("gpu_proj_ns") or {}
+    busy_ns = st.get("gpu_busy_ns") or {}
+    if busy.get("n", 0) < 3 or not host.get("n"):
+        return out
+    kpi = (st.get("kernels_per_instance") or {}).get("median")
+    gaps = (st.get("idle_gap_ns") or {}).get("median")
+    who = f"'{st['name']}'" + (f" ({population}, {st['instances']} instances)" if population else "")
+    pop_ev = {"population": population} if population else {}
+    if busy["median"] < LAUNCH_BOUND_BUSY and (kpi or 0) >= LAUNCH_BOUND_MIN_KERNELS:
+        out.append(_finding(
+            "launch_bound",
+            f"{who}: the GPU is busy only {busy['median']:.0%} of the stage's GPU span "
+            f"({kpi:.0f} kernels per instance with idle gaps between them)",
+            "fact", st["name"],
+            {**pop_ev, "gpu_busy_frac_median": round(busy["median"], 3), "idle_gap_ns_median": gaps,
+             "gpu_proj_ns_median": proj.get("median"), "kernels_per_instance_median": kpi,
+             "instances": busy["n"], "cuda_graph_share": st.get("cuda_graph_share")},
+            _graph_advice(st, other),
+            validation=_compare_cmd(report) + "  # the stage's GPU busy must rise and its median fall beyond the noise bound",
+            score=(1 - busy["median"]) * _stage_weight(report, st)))
+    elif busy["median"] < LAUNCH_BOUND_BUSY:
+        out.append(_finding(
+            "host_bound",
+            f"{who}: the GPU is busy only {busy['median']:.0%} of the stage's GPU span, between "
+            f"{kpi or 0:.0f} ops per instance: it waits on the host",
+            "fact", st["name"],
+            {**pop_ev, "gpu_busy_frac_median": round(busy["median"], 3), "idle_gap_ns_median": gaps,
+             "gpu_proj_ns_median": proj.get("median"), "kernels_per_instance_median": kpi,
+             "instances": busy["n"]},
+            "Few GPU ops with long idle gaps: the host side (Python, synchronisation, host copies) sets the pace. "
+            "Look at what the host does between the ops (the trace's CPU rows, py-spy), overlap copies, avoid syncs.",
+            validation=_compare_cmd(report) + "  # the stage's median must fall beyond the noise bound and its GPU busy rise",
+            score=(1 - busy["median"]) * _stage_weight(report, st) * 0.5))
+        return out
+    if busy_ns.get("n") and host.get("median", 0) > 0:
+        ratio = busy_ns["median"] / host["median"]
+        if ratio < HOST_BOUND_GPU_OVER_HOST and busy["median"] >= LAUNCH_BOUND_BUSY:
             out.append(_finding(
                 "host_bound",
-                f"'{st['name']}': the GPU is busy only {busy['median']:.0%} of the stage's GPU span, between "
-                f"{kpi or 0:.0f} ops per instance: it waits on the host",
+                f"{who}: GPU work is {ratio:.0%} of the stage's host time: the host side dominates",
                 "fact", st["name"],
-                {"gpu_busy_frac_median": round(busy["median"], 3), "idle_gap_ns_median": gaps,
-                 "gpu_proj_ns_median": proj.get("median"), "kernels_per_instance_median": kpi,
-                 "instances": busy["n"]},
-                "Few GPU ops with long idle gaps: the host side (Python, synchronisation, host copies) sets the pace. "
-                "Look at what the host does between the ops (the trace's CPU rows, py-spy), overlap copies, avoid syncs.",
-                validation=_compare_cmd(report),
-                score=(1 - busy["median"]) * _stage_weight(report, st) * 0.5))
-            continue
-        if busy_ns.get("n") and host.get("median", 0) > 0:
-            ratio = busy_ns["median"] / host["median"]
-            if ratio < HOST_BOUND_GPU_OVER_HOST and busy["median"] >= LAUNCH_BOUND_BUSY:
-                out.append(_finding(
-                    "host_bound",
-                    f"'{st['name']}': GPU work is {ratio:.0%} of the stage's host time: the host side dominates",
-                    "fact", st["name"],
-                    {"gpu_busy_ns_median": busy_ns["median"], "host_ns_median": host["median"],
-                     "gpu_over_host": round(ratio, 3)},
-                    "Profile the host side of this stage (Python, data preparation, synchronisation): "
-                    "py-spy or the trace's CPU rows show where it waits.",
-                    validation=_compare_cmd(report),
-                    score=(1 - ratio) * _stage_weight(report, st) * 0.5))
+                {**pop_ev, "gpu_busy_ns_median": busy_ns["median"], "host_ns_median": host["median"],
+                 "gpu_over_host": round(ratio, 3)},
+                "Profile the host side of this stage (Python, data preparation, synchronisation): "
+                "py-spy or the trace's CPU rows show where it waits.",
+                validation=_compare_cmd(report) + "  # the stage's host median must fall beyond the noise bound",
+                score=(1 - ratio) * _stage_weight(report, st) * 0.5))
     return out
 
 
@@ -647,8 +701,8 @@ def rule_dominant_kernel(report: dict) -> list[dict]:
         pace = None if copy else _not_gpu_paced(st)
         step = _COPY_STEP if copy else "Worth a deep dive: read its achieved bandwidth/throughput against the GPU's peak."
         if pace and not copy:
-            step = ("A faster kernel would not shorten this stage yet: fix what launch_bound / host_bound say "
-                    "first; then a deep dive reads its achieved bandwidth/throughput against the GPU's peak.")
+            step = ("A faster kernel would not shorten this stage yet: fix the launch or host limit first "
+                    "(the finding above); then a deep dive reads its achieved bandwidth/throughput against the GPU's peak.")
         out.append(_finding(
             "dominant_kernel",
             f"'{st['name']}': one {'copy' if copy else 'kernel'} takes {k['share']:.0%} of its GPU time "
@@ -785,6 +839,12 @@ MIX_HEALTHY = ("moe_decode", "low_bit_weights", "healthy_dense_decode")
 """The mix verdicts that say nothing is wrong, in precedence order: an MoE stage is not also
 "dense decode", a low-bit one is called low-bit."""
 PACE_FINDINGS = ("launch_bound", "host_bound")
+WORDS = {"launch_bound": "launch limit", "host_bound": "host limit",
+         "dominant_kernel": "its dominant kernel", "healthy_dense_decode": "its kernel mix",
+         "attention_dominated_decode": "its attention share", "moe_decode": "its kernel mix",
+         "moe_routing_overhead": "its MoE routing", "low_bit_weights": "its kernel mix",
+         "low_bit_quant_overhead": "its quantization kernels", "unfused_custom_architecture": "its unfused kernels"}
+"""Findings named in another finding's words, so its prose reads without the rule ids."""
 """Findings that say the GPU's kernels do not set the stage's pace (launches or the host do)."""
 
 
@@ -825,9 +885,9 @@ def _one_mix_per_stage(findings: list[dict]) -> list[dict]:
                                                for f in rest]
                 prefix = f"'{stage}'"
                 primary["title"] += "; also " + "; ".join(
-                    f"{f['id']}: " + (f["title"][len(prefix):].lstrip(" :") if f["title"].startswith(prefix) else f["title"])
+                    (f["title"][len(prefix):].lstrip(" :") if f["title"].startswith(prefix) else f["title"])
                     for f in rest)
-                primary["next_step"] += "".join(f" Also ({f['id']}): {f['next_step']}" for f in rest)
+                primary["next_step"] += "".join(f" Also: {f['next_step']}" for f in rest)
         elif len(healthy) > 1:
             drop.update(id(f) for f in healthy[1:])
             healthy[0]["evidence"]["supersedes"] = [f["id"] for f in healthy[1:]]
@@ -850,23 +910,26 @@ def _pace_notes(findings: list[dict]) -> None:
     finding says it is secondary (title, next step, ``evidence.paced_by``; its score is scaled by
     the share of the stage the kernels fill), and the pace finding names what it outranks
     (``evidence.secondary``). dominant_kernel says the same through its own "(but ...)" clause."""
-    pace_by_stage = {f["stage"]: f for f in findings if f["id"] in PACE_FINDINGS and f.get("stage")}
+    # with two populations, the one that costs more speaks for the stage
+    pace_by_stage = {f["stage"]: f for f in sorted(findings, key=lambda f: f["score"])
+                     if f["id"] in PACE_FINDINGS and f.get("stage")}
     for stage, pace in pace_by_stage.items():
         clause, fill = _pace_clause(pace)
         mix = [f for f in findings if f.get("stage") == stage and f["id"] in MIX_FINDINGS]
         others = [f for f in findings if f.get("stage") == stage and f["id"] == "dominant_kernel"]
         for f in mix:
-            f["title"] += f" (secondary: {clause}; {pace['id']} sets the pace)"
-            f["next_step"] = (f"{pace['id']} sets this stage's pace: fix it first; until then a better kernel mix "
+            f["title"] += f" (secondary: {clause}, which sets the pace)"
+            f["next_step"] = (f"The {WORDS[pace['id']]} sets this stage's pace: fix it first; until then a better kernel mix "
                               f"would not shorten the stage much. Then: " + f["next_step"])
             f["evidence"]["paced_by"] = pace["id"]
             f["score"] = round(f["score"] * fill, 4)
         secondary = [f["id"] for f in mix + others]
         if secondary:
+            said = " and ".join(WORDS.get(x, x) for x in secondary)
             pace["evidence"]["secondary"] = secondary
-            pace["title"] += f"; this sets the stage's pace, {' and '.join(secondary)} secondary"
-            pace["next_step"] = (f"This limits the stage first: {' and '.join(secondary)} "
-                                 f"{'matters' if len(secondary) == 1 else 'matter'} once it is fixed. " + pace["next_step"])
+            pace["title"] += f"; this sets the stage's pace, {said} come{'s' if len(secondary) == 1 else ''} second"
+            pace["next_step"] = (f"This limits the stage first: {said} matter{'s' if len(secondary) == 1 else ''} "
+                                 "once it is fixed. " + pace["next_step"])
 
 
 def _pace_first(findings: list[dict]) -> list[dict]:
@@ -875,7 +938,8 @@ def _pace_first(findings: list[dict]) -> list[dict]:
     out = list(findings)
     for pace in [f for f in findings if f["id"] in PACE_FINDINGS and f.get("stage")]:
         i = out.index(pace)
-        first = next(j for j, f in enumerate(out) if f.get("stage") == pace["stage"])
+        first = next(j for j, f in enumerate(out)
+                     if f.get("stage") == pace["stage"] and (f["id"] not in PACE_FINDINGS or f is pace))
         if first < i:
             out.insert(first, out.pop(i))
     return out

@@ -20,6 +20,7 @@ from maxinstr.analyze import instances as inst_mod
 from maxinstr.analyze.families import MATMUL_FAMILIES
 from maxinstr.analyze.kernels import (FAMILY_NAMES, family_table, instance_op_work, kernel_table, op_durations,
                                      op_families, op_instance_pairs, stage_mix)
+from maxinstr.analyze.populations import stage_populations
 from maxinstr.analyze.stats import step_trend, summarize
 
 SCHEMA = "maxinstr-report"
@@ -123,13 +124,15 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
         dur = op_durations(trace)
     else:
         fam, dur = np.empty(0, dtype=np.int16), np.empty(0, dtype=np.int64)
-    mix, work = {}, None
+    mix, work, graph_ops = {}, None, None
     if trace is not None:
         pairs = op_instance_pairs(inst, trace, attribution)
         mix = stage_mix(inst, trace, attribution, fam, dur, top=MIX_TOP_KERNELS, pairs=pairs)
         if len(pairs[0]):
             matmul_codes = [i for i, n in enumerate(FAMILY_NAMES) if n in MATMUL_FAMILIES]
             work = instance_op_work(inst, fam, dur, pairs, matmul_codes)
+            graph = np.asarray(trace.ops.graph_node_id, np.int64)[pairs[0]] >= 0
+            graph_ops = np.bincount(pairs[1][graph], minlength=len(inst))
     if samples is None and run is not None:
         samples = getattr(run, "samples", None) or None
     part_names = [p.get("name", "") for p in getattr(run, "parts", [])] if run is not None else []
@@ -158,7 +161,8 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
         # nested in a warm-up or cold-start instance of an enclosing stage: startup too
         "inside_startup_instances": int(inst.inside_startup.sum()) if len(inst.inside_startup) == len(inst) else 0,
     }
-    report["stages"] = _stage_rows(inst, head, mix, sample_stats, work)
+    attrs = getattr(run, "attrs", None) if run is not None else None
+    report["stages"] = _stage_rows(inst, head, mix, sample_stats, work, attrs, graph_ops)
     report["ranks"] = _ranks(inst, run, trace, fam, dur, op_rank)
     marks, mark_counts = np.unique(inst.key[inst.is_mark].astype(str), return_counts=True) if inst.is_mark.any() else ([], [])
     report["marks"] = {str(k): int(c) for k, c in zip(marks, mark_counts)}
@@ -325,7 +329,8 @@ def _stat(values: np.ndarray) -> dict[str, float | int]:
     return summarize(values)
 
 
-def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = None) -> list[dict]:
+def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = None, attrs: dict | None = None,
+                graph_ops: np.ndarray | None = None) -> list[dict]:
     if len(inst) == 0:
         return []
     names = inst.key.astype(str)
@@ -390,6 +395,10 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = N
             row["steps"] = trend
         row["step_work"] = _step_work(inst.step[st], {k: v[st] for k, v in work.items()}) \
             if work is not None and row["steps"] else None
+        row["populations"] = stage_populations(inst, np.flatnonzero(st), basis, attrs, graph_ops)
+        joined = st & (inst.range_index >= 0)
+        row["cuda_graph_share"] = float((graph_ops[joined] > 0).mean()) \
+            if graph_ops is not None and joined.any() else None
         if row["steps_marked"]:
             row["per_step"] = _per_step(inst.step[st], host[st], values[st] if basis != "host_ns" else None, basis)
         row["headline_from"] = "run" if head is None else "unprofiled_run"

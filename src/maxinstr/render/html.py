@@ -602,7 +602,7 @@ def _finding(d: dict) -> str:
     cls = "fact" if d.get("verdict") == "fact" else "hypothesis"
     out = [f'<div class="finding {cls}" data-id="{e(d.get("id"))}"><div class="t"><span class="tag {cls}">{e(d.get("verdict"))}'
            f'</span>{e(d.get("title"))}</div>']
-    ev = f.evidence_text(d.get("evidence") or {}, limit=8)
+    ev = f.evidence_text(d.get("evidence") or {}, d.get("id"), limit=8)
     if ev:
         out.append(f'<div class="ev">evidence: {e(ev)} <span class="note">[{e(d.get("id"))}]</span></div>')
     if d.get("next_step"):

@@ -97,8 +97,8 @@ def _findings(report: dict, verdict: str, title: str) -> list[str]:
         return [f"## {title}", "", "None.", ""]
     out = [f"## {title}", ""]
     for x in fs:
-        out.append(f"- **{x['id']}**: {x['title']}")
-        ev = f.evidence_text(x.get("evidence") or {}, limit=10)
+        out.append(f"- **{x['id']}** ({f.at_stake(x.get('score'))}): {x['title']}")
+        ev = f.evidence_text(x.get("evidence") or {}, x["id"], limit=8)
         if ev:
             out.append(f"  - evidence: {ev}")
         if x.get("next_step"):
