@@ -177,3 +177,22 @@ def test_run_joined_to_its_trace(tmp_path):
     poly = next(attrs for tag, attrs in _parse(doc).attrs if tag == "polygon" and attrs.get("class") == "series")
     ys = [float(p.split(",")[1]) for p in poly["points"].split()]
     assert max(ys) - min(ys) > 10  # not a flat line: kernels fall inside the framed window
+
+
+def test_breakdown_bars_compare_stages(decode_html):
+    """The bars share one scale (total time over steady instances): a stage that takes 40x less
+    time gets a 40x shorter bar (each row was normalised to itself, so all bars were one length)."""
+    a, doc = decode_html
+    svg = doc.split('aria-label="per-stage time breakdown"', 1)[1].split("</svg>", 1)[0]
+    host = {}
+    for m in re.finditer(r'<rect x="240\.00" y="[\d.]+" width="([\d.]+)" height="16\.00" fill="([^"]+)"><title>([^:<]+):',
+                         svg):
+        if m.group(2) != "#f1f3f7":
+            host[m.group(3)] = float(m.group(1))
+    st = {s["name"]: s for s in a.report["stages"]}
+    assert set(host) == set(st)
+    want = {k: st[k]["host_ns"]["total"] for k in host}
+    longest = max(want.values())
+    for k, w in host.items():
+        assert w == pytest.approx(470 * want[k] / longest, abs=0.02), k
+    assert host["prefill"] < host["request"] / 10

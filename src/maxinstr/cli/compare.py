@@ -38,7 +38,9 @@ def _side(path: str, trace: str | None, warmup: int | None, quiet: bool):
 @click.option("-o", "--output", metavar="PATH", help="Write here instead of stdout.")
 @click.option("--warmup", type=click.IntRange(min=0), default=None, help="Warm-up instances per stage (overrides the sessions').")
 @click.option("--quiet", is_flag=True, help="No progress display.")
-def command(runs, traces, fmt, output, warmup, quiet):
+@click.option("--width", type=click.IntRange(min=40), default=None, metavar="COLUMNS",
+              help="Text width (default: COLUMNS, else the terminal's, else 120).")
+def command(runs, traces, fmt, output, warmup, quiet, width):
     """Compare runs against the first: per-stage median/p90 deltas with a noise bound from the
     runs' own spread, GPU-time and kernel-mix changes, and the settings that differ.
 
@@ -70,7 +72,7 @@ def command(runs, traces, fmt, output, warmup, quiet):
         from maxinstr.render.text import render_compare
 
         tty = output is None and sys.stdout.isatty()
-        text = render_compare(result, color=tty, width=text_width(tty))
+        text = render_compare(result, color=tty, width=text_width(tty, width))
     if output:
         try:
             Path(output).write_text(text)

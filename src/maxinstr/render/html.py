@@ -176,18 +176,20 @@ def _cards(report: dict) -> str:
 
 
 def breakdown_svg(stages: Sequence[dict]) -> str:
-    """Per stage, one bar scaled to the larger of its host median and GPU span median: GPU
-    busy (dark), the rest of the GPU span (light), host time beyond the span (grey)."""
+    """Per stage, one bar of its total time over steady instances, on one scale for all stages
+    (so the bars compare stages): host time (grey), GPU span (light) and GPU busy inside it
+    (dark). The numbers beside each bar are medians per instance."""
     rows = [s for s in stages if (s.get("host_ns") or {}).get("n") or f.gpu_stat(s)[1]]
     bar_x, bar_w, row_h = 240, 470, 26
     h = 30 + row_h * len(rows) + 8
-    # with GPU data each bar is its own stage's split; host times alone share one scale
-    host_only = not any(f.gpu_stat(s)[1] for s in rows)
-    common = max([f.stat(s.get("headline_host_ns") or s.get("host_ns")) or 0.0 for s in rows] + [1.0])
-    what = "host median per steady instance, one scale" if host_only else \
-        "median per steady instance; bar = the larger of host time and GPU span"
-    body = [_text(bar_x, 14, what, 11, fill="#5b6577"),
-            _text(W - 8, 14, "host · GPU · busy · n", 11, "end", "#5b6577")]
+
+    def total(stat: dict | None) -> float:
+        return float((stat or {}).get("total") or 0.0) if (stat or {}).get("n") else 0.0
+
+    common = max([max(total(s.get("headline_host_ns") or s.get("host_ns")), total(f.gpu_stat(s)[1])) for s in rows]
+                 + [1.0])
+    body = [_text(bar_x, 14, "total over steady instances, one scale for every stage", 11, fill="#5b6577"),
+            _text(W - 8, 14, "median: host · GPU · busy · n", 11, "end", "#5b6577")]
     for i, s in enumerate(rows):
         y = 24 + i * row_h
         host = f.stat(s.get("headline_host_ns") or s.get("host_ns")) or 0.0
@@ -195,18 +197,19 @@ def breakdown_svg(stages: Sequence[dict]) -> str:
         gpu = f.stat(g) or 0.0
         busy = f.stat(s.get("gpu_busy_ns")) or 0.0
         frac = f.stat(s.get("gpu_busy_frac"))
-        full = common if host_only else max(host, gpu, 1.0)
+        host_t, gpu_t, busy_t = total(s.get("headline_host_ns") or s.get("host_ns")), total(g), total(s.get("gpu_busy_ns"))
         indent = 14 * int(s.get("depth", 0))
         body.append(_text(8 + indent, y + 16, _short(s["name"], 32 - indent // 7), 12))
         tip = (f"{s['name']}: host {f.ns(host)}, GPU {glabel or '-'} {f.ns(gpu) if gpu else '-'}, busy "
-               f"{f.ns(busy) if busy else '-'} ({f.pct(frac) if frac is not None else '-'}), {s.get('steady')} steady instances")
+               f"{f.ns(busy) if busy else '-'} ({f.pct(frac) if frac is not None else '-'}) per instance (median), "
+               f"{s.get('steady')} steady instances; totals host {f.ns(host_t)}, GPU {f.ns(gpu_t) if gpu_t else '-'}")
         body.append(_rect(bar_x, y + 4, bar_w, 16, "#f1f3f7", tip))
-        if host:
-            body.append(_rect(bar_x, y + 4, bar_w * host / full, 16, C_HOST, tip))
-        if gpu:
-            body.append(_rect(bar_x, y + 7, bar_w * gpu / full, 10, C_SPAN, tip))
-        if busy:
-            body.append(_rect(bar_x, y + 7, bar_w * min(busy, gpu or busy) / full, 10, C_BUSY, tip))
+        if host_t:
+            body.append(_rect(bar_x, y + 4, bar_w * host_t / common, 16, C_HOST, tip))
+        if gpu_t:
+            body.append(_rect(bar_x, y + 7, bar_w * gpu_t / common, 10, C_SPAN, tip))
+        if busy_t:
+            body.append(_rect(bar_x, y + 7, bar_w * min(busy_t, gpu_t or busy_t) / common, 10, C_BUSY, tip))
         txt = f"{f.ns(host)} · {f.ns(gpu) if gpu else '-'} · {f.pct(frac) if frac is not None else '-'} · {s.get('steady')}"
         body.append(_text(W - 8, y + 16, txt, 12, "end"))
     legend = ('<div class="legend"><span><span class="sw" style="background:%s"></span>host time</span>'

@@ -27,6 +27,7 @@ class Col:
         line; --format json has them whole) rather than folded."""
 
 
+KEY_MIN = 24
 WRAP_MIN = 24
 """Free-text columns are not squeezed below this (a kernel name folded into 10 columns is
 unreadable): another column moves out first."""
@@ -50,14 +51,19 @@ class Fitted:
         text = cell.plain if isinstance(cell, Text) else str(cell)
         return max((cell_len(line) for line in text.split("\n")), default=0)
 
-    def _natural(self, i: int) -> int:
+    def _natural(self, i: int, width: int) -> int:
         col = self.cols[i]
         cells = [self._len(r[i]) for r in self.rows]
-        head = max((self._len(w) for w in col.header.split()), default=1)
-        return max(cells + [head, 1])
+        # a cut column's header is cut with its cells: keep it whole; others wrap it at spaces
+        head = self._len(col.header) if col.cut else max((self._len(w) for w in col.header.split()), default=1)
+        nat = max(cells + [head, 1])
+        if col.key:
+            # a key longer than half the console folds (never cut), leaving room for its numbers
+            nat = min(nat, max(KEY_MIN, width // 2))
+        return nat
 
     def _plan(self, width: int) -> list[list[int]]:
-        nat = [self._natural(i) for i in range(len(self.cols))]
+        nat = [self._natural(i, width) for i in range(len(self.cols))]
         need = lambda idx: sum(min(nat[i], WRAP_MIN) if self.cols[i].wrap else nat[i] for i in idx) + 3 * len(idx) + 1  # noqa: E731
         keys = [i for i, c in enumerate(self.cols) if c.key]
         rest = [i for i, c in enumerate(self.cols) if not c.key]
@@ -74,7 +80,7 @@ class Fitted:
     def __rich_console__(self, console, options):
         width = options.max_width
         plan = self._plan(width)
-        nat = [self._natural(i) for i in range(len(self.cols))]
+        nat = [self._natural(i, width) for i in range(len(self.cols))]
         for k, idx in enumerate(plan):
             fixed = sum(nat[i] for i in idx if not self.cols[i].wrap) + 3 * len(idx) + 1
             wraps = [i for i in idx if self.cols[i].wrap]
@@ -93,7 +99,9 @@ class Fitted:
                 t.add_column(c.header, justify=c.justify, width=w, overflow="ellipsis" if c.cut else "fold",
                              no_wrap=c.cut)
             for r in self.rows:
-                t.add_row(*(r[i] for i in idx))
+                # cells are data: a name such as "[param|cuda]" is text, not console markup (and is
+                # measured as printed)
+                t.add_row(*(r[i] if isinstance(r[i], Text) else Text(str(r[i])) for i in idx))
             yield t
 
 
@@ -366,11 +374,13 @@ def render(report: dict, width: int = 120, color: bool = False) -> str:
 
 
 def print_report(report: dict, console: Console | None = None) -> None:
-    """Print the report to a console (stdout by default; 120 columns when not a terminal)."""
+    """Print the report to a console (stdout by default, as wide as COLUMNS, else the terminal,
+    else 120 columns)."""
     if console is None:
+        from maxinstr.cli.report import text_width
+
         console = Console()
-        if not console.is_terminal:
-            console = Console(width=120)
+        console = Console(width=text_width(console.is_terminal))
     console.print(Group(*renderables(report)))
 
 
