@@ -145,7 +145,7 @@ def test_throttled_rule_reads_stage_samples(report_of):
     dec["samples"] = {"samples": 40, "throttled_share": 0.25, "throttle_reasons": ["sw_power_cap"]}
     f = dx.rule_throttled(r)
     assert f and f[0]["evidence"]["reasons"] == ["sw_power_cap"] and f[0]["verdict"] == "fact"
-    assert "sw_power_cap" in f[0]["title"]
+    assert "SW power cap" in f[0]["title"] and "hardware" not in f[0]["title"]
 
 
 @pytest.mark.parametrize("fid", ["moe_decode", "moe_routing_overhead"])

@@ -637,24 +637,54 @@ def _launch_or_host_bound(report: dict, st: dict, population: str | None, other:
     return out
 
 
+NVML_REASONS = {"sw_power_cap": "SW power cap", "hw_slowdown": "HW slowdown", "sw_thermal": "SW thermal slowdown",
+                "hw_thermal": "HW thermal slowdown", "hw_power_brake": "HW power brake slowdown",
+                "current_limit": "current limit", "throttled_unknown": "throttled, reason not given"}
+"""Throttle reasons as NVML (nvmlClocksEventReasons) and AMD SMI name them."""
+
+
 def rule_throttled(report: dict) -> list[dict]:
+    """Clocks held below their maximum by a limit, named as NVML names it and ranked by the time
+    it can cost: the stage's weight x the throttled share x the clock shortfall (1 - mean SM clock
+    / max SM clock), an upper bound for work that scales with the clock. A SW power cap is the
+    driver keeping the board under its power limit: power-bound, what a fully loaded GPU is, not a
+    fault; thermal and hardware slowdowns are."""
     out = []
     for st in report.get("stages", []):
         smp = st.get("samples") or {}
         share = smp.get("throttled_share")
         if share is None or share < THROTTLED_SHARE:
             continue
-        reasons = smp.get("throttle_reasons", {})
+        reasons = list(smp.get("throttle_reasons") or [])
+        named = [NVML_REASONS.get(r, r) for r in reasons] or ["reason not given"]
+        clock, top = smp.get("sm_clock_mhz_mean"), smp.get("sm_clock_max_mhz")
+        loss = max(0.0, 1.0 - clock / top) if clock and top else None
+        power, limit = smp.get("power_w_mean"), smp.get("power_limit_w")
+        host = st.get("host_ns") or {}
+        ev = {"reason": ", ".join(named), "reasons": reasons, "throttled_share": round(share, 3),
+              "samples": smp.get("samples"), "sm_clock_mhz_mean": clock, "sm_clock_max_mhz": top,
+              "clock_shortfall": None if loss is None else round(loss, 3), "power_w_mean": power,
+              "power_source": smp.get("power_source"), "power_limit_w": limit,
+              "cost_upper_ns": None if loss is None or not host.get("n") else host["total"] * share * loss}
+        power_only = set(reasons) <= {"sw_power_cap"} and reasons
+        cost = (f": SM clock {clock:.0f} MHz against {top:.0f} MHz max, up to {loss:.0%} of its time"
+                if loss is not None else "")
+        if power_only:
+            why = "the driver keeping the board under its power limit" + (
+                f" ({limit:.0f} W; the stage draws {power:.0f} W)" if limit and power else "")
+            title = (f"'{st['name']}': clocks held down by NVML's {named[0]} in {share:.0%} of its samples ({why})"
+                     f"{cost}")
+            step = ("Power-bound, not a fault: a fully loaded GPU runs at its power limit. These numbers hold at "
+                    "this limit; less data moved per token (lower precision, fewer copies) lowers the power it "
+                    "takes. Check the enforced limit with the command.")
+        else:
+            title = f"'{st['name']}': clocks held down by {', '.join(named)} in {share:.0%} of its samples{cost}"
+            step = ("Numbers from this run are not steady-state peak: check cooling, the power limit and other "
+                    "tenants (nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE), then re-run.")
         out.append(_finding(
-            "throttled",
-            f"'{st['name']}': clocks held back by the hardware in {share:.0%} of its samples ({', '.join(reasons) or 'reason unknown'})",
-            "fact", st["name"],
-            {"throttled_share": round(share, 3), "samples": smp.get("samples"), "reasons": reasons,
-             "sm_clock_mhz_mean": smp.get("sm_clock_mhz_mean"), "power_w_mean": smp.get("power_w_mean")},
-            "Numbers from this run are not steady-state peak: check cooling, the power limit and other tenants "
-            "(nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE), then re-run.",
-            "nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE",
-            score=share * _stage_weight(report, st)))
+            "throttled", title, "fact", st["name"], ev, step, "nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE",
+            # ranked by the time it can cost; without clocks, a tenth of the throttled share
+            score=share * _stage_weight(report, st) * (loss if loss is not None else 0.1)))
     return out
 
 
