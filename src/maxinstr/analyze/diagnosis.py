@@ -155,6 +155,61 @@ def rule_no_gpu_data(report: dict) -> list[dict]:
         score=0.0)]
 
 
+def rule_no_kernels(report: dict) -> list[dict]:
+    """A GPU run without a kernel trace: say what its GPU events and samples already show (GPU
+    time against host time per stage, utilization, time outside every stage) and the command
+    that adds the kernels."""
+    stages = report.get("stages") or []
+    if report.get("gpu") is not None or not stages:
+        return []
+    shown = []
+    for st in stages:
+        if not _significant(report, st):
+            continue
+        host, gpu = st.get("host_ns") or {}, st.get("gpu_event_ns") or {}
+        smp = st.get("samples") or {}
+        util = None if smp.get("window_limited") else smp.get("gpu_util_pct_mean")
+        if not host.get("n") or not (gpu.get("n") or util is not None):
+            continue
+        ratio = gpu["median"] / host["median"] if gpu.get("n") and host["median"] > 0 else None
+        shown.append((st, host["median"], gpu.get("median") if gpu.get("n") else None, ratio, util))
+    if not shown:
+        return []
+    cov = report.get("coverage") or {}
+    outside = 1 - cov["in_stages_ns"] / cov["wall_ns"] if cov.get("wall_ns") else None
+    # the stage with the most time at stake: little GPU time for its host time, or a low utilization
+    def idle(x):
+        st, _, _, ratio, util = x
+        lack = max(1 - min(ratio, 1.0) if ratio is not None else 0.0, 1 - util / 100 if util is not None else 0.0)
+        return lack * _stage_weight(report, st)
+    st, host, gpu, ratio, util = max(shown, key=idle)
+    parts = []
+    if gpu is not None:
+        parts.append(f"'{st['name']}' keeps its GPU stream {_fmt_ns(gpu)} of its {_fmt_ns(host)} on the host "
+                     f"({ratio:.0%})")
+    if util is not None:
+        parts.append(f"a kernel ran in {util:.0f}% of its time (NVML utilization)")
+    if outside is not None and outside >= 0.05:
+        parts.append(f"{outside:.0%} of the run is outside every stage")
+    ev = {"stage": st["name"], "host_ns_median": host, "gpu_event_ns_median": gpu, "gpu_over_host": ratio,
+          "gpu_util_pct_mean": util, "outside_stages_share": outside,
+          "per_stage": [{"stage": s["name"], "host_ns_median": h, "gpu_event_ns_median": g, "gpu_util_pct_mean": u}
+                        for s, h, g, _, u in shown]}
+    cmd = report.get("environment", {}).get("command")
+    script = shlex.join(cmd) if isinstance(cmd, list) else "python YOUR_SCRIPT.py"
+    step = ("The GPU events and samples say how much of each stage the GPU works, not what it runs. Capture the "
+            "kernels: run the program under the profiler with the command below, or, without a profiler around it "
+            "(a notebook, a server), maxinstr.session(..., kernels=True) collects them in the process (NVIDIA, "
+            "pip install 'maxinstr[cupti]'); the report then says whether the stage is launch-, host- or kernel-bound.")
+    if ratio is not None and ratio < HOST_BOUND_GPU_OVER_HOST:
+        step = "The stage's GPU work is a small part of it: the host sets its pace (see host_ns). " + step
+    return [_finding(
+        "no_kernels", "No kernel trace; what the GPU numbers show: " + "; ".join(parts), "fact", st["name"], ev,
+        step, f"maxinstr run -- {script}",
+        validation=_compare_cmd(report) + "  # with the kernels, the stage's GPU busy and its findings",
+        score=0.5 * idle((st, host, gpu, ratio, util)))]
+
+
 def rule_unattributed(report: dict) -> list[dict]:
     gpu = report.get("gpu") or {}
     share = gpu.get("attributed_share")
@@ -831,6 +886,7 @@ def _short(name: str, n: int = 70) -> str:
 RULES: list[Callable[[dict], list[dict]]] = [
     rule_no_stages,
     rule_no_gpu_data,
+    rule_no_kernels,
     rule_unattributed,
     rule_perturbed,
     rule_warmup_contamination,

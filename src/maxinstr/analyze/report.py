@@ -168,6 +168,7 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
     report["marks"] = {str(k): int(c) for k, c in zip(marks, mark_counts)}
     report["startup"] = _startup_rows(inst)
     report["gpu"] = _gpu_section(trace, attribution, fam, dur)
+    report["coverage"] = _coverage(inst)
     report["samples"] = sample_stats.get("_overall") if sample_stats else None
     report["reproduce"] = _reproduce(run, trace, unprofiled_run)
     from maxinstr.analyze.diagnosis import diagnose, rank_bottlenecks
@@ -589,6 +590,26 @@ def _startup_rows(inst) -> list[dict]:
         }
         for i in idx
     ]
+
+
+def _coverage(inst) -> dict[str, Any] | None:
+    """How much of the run's wall time (first top-level start to last end) some top-level stage
+    covers, and its GPU event time: what a run without a kernel trace can say about the GPU
+    between stages. None without stages."""
+    top = (inst.level == 0) & ~inst.is_mark if len(inst) else np.zeros(0, bool)
+    if not top.any():
+        return None
+    start, end = inst.host_start_ns[top], inst.host_end_ns[top]
+    order = np.argsort(start, kind="stable")
+    s, e = start[order], np.maximum.accumulate(end[order])
+    # union of the intervals: a new run starts where a start passes every end before it
+    new = np.r_[True, s[1:] > e[:-1]]
+    run_end = np.maximum.reduceat(e, np.flatnonzero(new))
+    covered = int((run_end - s[new]).sum())
+    gpu = inst.gpu_event_ns[top]
+    return {"wall_ns": int(e[-1] - s[0]), "in_stages_ns": covered,
+            "gpu_event_ns": int(gpu[gpu >= 0].sum()) if (gpu >= 0).any() else None,
+            "gpu_event_instances": int((gpu >= 0).sum())}
 
 
 def _gpu_section(trace, attribution, fam, dur) -> dict[str, Any] | None:

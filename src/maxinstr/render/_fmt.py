@@ -88,6 +88,8 @@ EVIDENCE_SHOWN: dict[str, tuple[str, ...]] = {
                        "sync_stage", "waited_for_share"),
     "unattributed_gpu_time": ("attributed_share", "gpu_ns"),
     "no_gpu_data": ("stages", "gpus_seen"),
+    "no_kernels": ("stage", "host_ns_median", "gpu_event_ns_median", "gpu_over_host", "gpu_util_pct_mean",
+                   "outside_stages_share"),
 }
 """Per finding id, the few evidence keys a person reads, in order (views print at most
 ``limit`` of them; ``--format json`` keeps all of the evidence)."""
@@ -105,6 +107,7 @@ LABELS = {
     "power_w_mean": "power", "rank_median_ns": "its median", "other_ranks_median_ns": "other ranks' median",
     "excess_median_ns": "excess per step", "waited_for_share": "waited for in", "attributed_share": "inside stages",
     "gpu_ns": "GPU time", "gpu_util_pct_mean": "GPU utilization", "gpus_seen": "GPUs",
+    "host_ns_median": "host", "gpu_event_ns_median": "GPU (events)", "outside_stages_share": "outside every stage",
 }
 
 
