@@ -98,8 +98,10 @@ def _deep_dive_arg(report: dict) -> str:
 
 
 def _compare_cmd(report: dict) -> str:
-    run = report.get("sources", {}).get("run") or "RUN_BEFORE"
-    return f"maxinstr compare {shlex.quote(run)} RUN_AFTER"
+    """compare before/after; each side best a folder of fresh-process repeats (maxinstr run
+    --repeat 3), whose spread is what a verdict needs (one run a side "cannot tell")."""
+    run = report.get("sources", {}).get("run") or "RUNS_BEFORE"
+    return f"maxinstr compare {shlex.quote(run)} RUNS_AFTER"
 
 
 def _leaf_stages(report: dict) -> list[dict]:

@@ -310,7 +310,29 @@ def _environment(run, trace) -> dict[str, Any]:
         env = {k: meta.get(k) for k in _META_KEYS if meta.get(k) not in (None, "", {}, [])}
     if trace is not None and getattr(trace, "meta", None):
         env["trace_meta"] = {k: v for k, v in trace.meta.items() if isinstance(v, (str, int, float, bool))}
+    sweep = _sweep(run)
+    if sweep:
+        env["sweep"] = sweep
     return env
+
+
+def _sweep(run) -> dict[str, str] | None:
+    """The ``maxinstr run --sweep`` value this run had (its launch.json), so that compare lists it
+    among the settings that differ: the ``sweep`` record, else the run's label (``BATCH=8.r2``)."""
+    import json
+
+    path = getattr(run, "path", None) if run is not None else None
+    if path is None or not (Path(path) / "launch.json").is_file():
+        return None
+    try:
+        launch = json.loads((Path(path) / "launch.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(launch.get("sweep"), dict):
+        return {str(k): str(v) for k, v in launch["sweep"].items()} or None
+    label = str(launch.get("label") or "")
+    name, sep, value = label.rpartition(".r")[0].partition("=") if ".r" in label else label.partition("=")
+    return {name: value} if sep and name else None
 
 
 def _perturbed(run, trace) -> tuple[bool, str | None]:

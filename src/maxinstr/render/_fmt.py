@@ -163,6 +163,37 @@ def at_stake(score: float | None) -> str:
     return "-" if score is None else f"{100 * score:.0f}% at stake"
 
 
+NOISE_NOTE = ("noise ±: the larger of the run-to-run spread of the sides' run medians (with 2+ runs a side: "
+              "maxinstr run --repeat N) and each run's own; 'cannot tell': one run a side, beyond its own spread "
+              "(fresh processes differ by more); n A/B: instances (runs); p90s in --format json/md")
+
+
+def runs_n(row: dict) -> str:
+    """'n A/B' of a compare row, with the runs pooled on each side when more than one."""
+    a, b = row["a"], row["b"]
+    runs = f" ({a.get('runs', 1)}/{b.get('runs', 1)} runs)" if max(a.get("runs", 1), b.get("runs", 1)) > 1 else ""
+    return f"{a['n']}/{b['n']}{runs}"
+
+
+def check_rows(checks: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """compare's per-stage checks (GPU busy, kernels per instance, matmul growth, findings) as
+    table rows: each value 'A -> B'."""
+    def arrow(v: dict, fmt) -> str:
+        if v["a"] is None and v["b"] is None:
+            return "-"
+        return f"{fmt(v['a']) if v['a'] is not None else '-'} -> {fmt(v['b']) if v['b'] is not None else '-'}"
+
+    header = ["stage", "GPU busy", "kernels per instance", "matmul growth", "findings"]
+    rows = []
+    for c in checks:
+        fs = c["findings"]
+        said = "; ".join([f"gone: {', '.join(fs['gone'])}"] * bool(fs["gone"]) + [f"new: {', '.join(fs['new'])}"] * bool(fs["new"])
+                         + [f"still: {', '.join(x for x in fs['b'] if x in fs['a'])}"] * bool(set(fs["a"]) & set(fs["b"])))
+        rows.append([c["stage"], arrow(c["gpu_busy_frac"], pct), arrow(c["kernels_per_instance"], lambda v: f"{v:.0f}"),
+                     arrow(c["matmul_growth"], lambda v: f"{v:.2f}x"), said or "-"])
+    return header, rows
+
+
 def signed_ns(v: float | None) -> str:
     """A duration delta with its sign: '+2.00 ms', '-149.4 us'."""
     if v is None:

@@ -204,13 +204,15 @@ def render_compare(result: dict[str, Any]) -> str:
             rows = c[key]
             if not any("a" in r for r in rows):
                 continue
-            lines += [f"## {title}", ""] + _table(
+            lines += [f"## {title}", "", f"_{f.NOISE_NOTE}._", ""] + _table(
                 ["stage", "n A/B", "median A", "median B", "delta", "noise bound", "p90 A", "p90 B", "verdict"],
-                [[r["stage"], f"{r['a']['n']}/{r['b']['n']}", f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
+                [[r["stage"], f.runs_n(r), f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
                   f.signed_ns(r["median_delta_ns"]), f.ns(r["noise_bound_ns"]), f.ns(r["a"]["p90"]), f.ns(r["b"]["p90"]),
                   r["verdict"]] if "a" in r else
                  [r["stage"]] + ["-"] * 7 + [f"only in {r['only_in'].upper()}" if r.get("only_in") else r["verdict"]]
                  for r in rows])
+        if c.get("checks"):
+            lines += ["## What the diagnosis asks to check", ""] + _table(*f.check_rows(c["checks"]))
         fams = [r for r in c["families"] if r["changed"]]
         if fams:
             lines += ["## Kernel-mix changes", ""] + _table(

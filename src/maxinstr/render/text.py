@@ -86,12 +86,14 @@ class Fitted:
             wraps = [i for i in idx if self.cols[i].wrap]
             left = max(width - fixed, WRAP_MIN * len(wraps))
             title = self.title if k == 0 else f"{self.title} (continued)"
-            caption = self.caption if k == len(plan) - 1 else None
+            # notes go under the table at the console's width (a caption wraps at the table's)
+            notes = []
             if k == 0 and len(plan) > 1:
                 moved = [self.cols[i].header for t in plan[1:] for i in t if not self.cols[i].key]
-                note = f"{', '.join(moved)}: in the table below, to fit {width} columns (--width, COLUMNS)"
-                caption = note if caption is None else f"{caption}\n{note}"
-            t = Table(title=title, title_justify="left", header_style="bold", caption=caption, caption_justify="left")
+                notes.append(f"{', '.join(moved)}: in the table below, to fit {width} columns (--width, COLUMNS)")
+            if k == len(plan) - 1 and self.caption:
+                notes.append(self.caption)
+            t = Table(title=title, title_justify="left", header_style="bold")
             for i in idx:
                 c = self.cols[i]
                 w = min(nat[i], left // max(len(wraps), 1)) if c.wrap else nat[i]
@@ -103,6 +105,8 @@ class Fitted:
                 # measured as printed)
                 t.add_row(*(r[i] if isinstance(r[i], Text) else Text(str(r[i])) for i in idx))
             yield t
+            if notes:
+                yield Text("\n".join(notes), style="dim")
 
 
 def _header(report: dict) -> Panel:
@@ -385,7 +389,7 @@ def print_report(report: dict, console: Console | None = None) -> None:
 
 
 # ----------------------------------------------------------------------------- compare
-_VERDICT_STYLE = {"faster": "green", "slower": "red", "within noise": "dim"}
+_VERDICT_STYLE = {"faster": "green", "slower": "red", "within noise": "dim", "cannot tell": "yellow"}
 
 
 def _signed_ns(v: float | None) -> str:
@@ -405,13 +409,12 @@ def _delta_table(title: str, rows: list[dict]) -> Fitted:
             continue
         rel = r.get("median_delta_rel")
         body.append([
-            r["stage"], f"{r['a']['n']}/{r['b']['n']}", f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
+            r["stage"], f.runs_n(r), f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
             _signed_ns(r["median_delta_ns"]) + (f" ({rel:+.1%})" if rel is not None else ""),
             f.ns(r["noise_bound_ns"]), _signed_ns(r["p90_delta_ns"]),
             Text(r["verdict"], style=_VERDICT_STYLE.get(r["verdict"], "")),
         ])
-    return Fitted(title, cols, body,
-                  caption="noise ±: the difference of medians the runs' own spread allows; p90 A/B: in --format json/md")
+    return Fitted(title, cols, body, caption=f.NOISE_NOTE)
 
 
 def compare_renderables(result: dict) -> list[Any]:
@@ -422,6 +425,11 @@ def compare_renderables(result: dict) -> list[Any]:
             parts.append(_delta_table("Host time per stage (steady state)", c["stages"]))
         if c["gpu_stages"]:
             parts.append(_delta_table("GPU time per stage", c["gpu_stages"]))
+        if c.get("checks"):
+            header, body = f.check_rows(c["checks"])
+            parts.append(Fitted("What the diagnosis asks to check (per stage, A -> B)",
+                                [Col(h, "left" if h in ("stage", "findings") else "right", key=h == "stage",
+                                     move=1 if h == "findings" else 0) for h in header], body))
         fams = [r for r in c["families"] if r["changed"]]
         if fams:
             parts.append(Fitted("Kernel-mix changes (share of GPU time)",
