@@ -114,15 +114,26 @@ class StageInstances:
                                  for f in fields(self)})
 
 
-def _derive_steps(inst: StageInstances) -> None:
+def _derive_steps(inst: StageInstances, name_code: np.ndarray) -> None:
     """Position among same-named siblings of the same parent (top level: among all of that name)."""
-    key = np.char.add(inst.parent.astype(str).astype(object), ("\x00" + inst.name.astype(str)).astype(object))
-    pos = occurrence_index(key.astype(str), inst.host_start_ns)
+    n_names = int(name_code.max()) + 1 if len(name_code) else 1
+    pos = occurrence_index((inst.parent + 1) * n_names + name_code, inst.host_start_ns)
     inst.step = np.where(inst.step_marked, inst.step, pos)
 
 
-def stage_keys(names: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(key, level) per instance: see :attr:`StageInstances.key`. Vectorised per nesting level."""
+def name_codes(names: np.ndarray) -> np.ndarray:
+    """Dense int codes of the names (equal names, equal codes): what grouping needs, without
+    comparing strings again."""
+    if len(names) == 0:
+        return np.empty(0, np.int64)
+    return np.unique(np.asarray(names).astype(str), return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+
+def stage_keys(names: np.ndarray, parent: np.ndarray, name_code: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(key, level) per instance: see :attr:`StageInstances.key`. Vectorised per nesting level,
+    over integer path ids (a path is its parent's path id and its own name code); strings are
+    built only for the distinct paths, so a name holding '/' cannot be mistaken for two levels."""
     n = len(names)
     names = np.asarray(names, dtype=object)
     level = np.zeros(n, dtype=np.int64)
@@ -133,42 +144,52 @@ def stage_keys(names: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.nd
             break
         level[live] += 1
         cur[live] = parent[cur[live]]
-    path = names.astype(str).astype(object)
-    for lv in range(1, int(level.max()) + 1 if n else 0):
-        sel = np.flatnonzero(level == lv)
-        path[sel] = path[parent[sel]] + np.char.add("/", names[sel].astype(str)).astype(object)
     if n == 0:
         return np.empty(0, dtype=object), level
-    upath, first, inv = np.unique(path.astype(str), return_index=True, return_inverse=True)
-    leaf = names[first].astype(str)
-    ulevel = level[first]
-    # per distinct path (few): the shortest '/'-suffix that tells it apart from the other
-    # paths ending in the same name ("Step 1/Forward", not "Run/Warm-up/Step 1/Forward")
+    code = name_codes(names) if name_code is None else name_code
+    n_names = int(code.max()) + 1
+    leaf_of_code = np.empty(n_names, dtype=object)
+    leaf_of_code[code] = names
+    # path ids 0..n_names-1 are the top-level paths (a name alone); deeper ones are numbered level by level
+    path = np.where(level == 0, code, -1)
+    path_parent, path_name = [np.full(n_names, -1, np.int64)], [np.arange(n_names, dtype=np.int64)]
+    next_id = n_names
+    for lv in range(1, int(level.max()) + 1):
+        sel = np.flatnonzero(level == lv)
+        u, inv = np.unique(path[parent[sel]] * n_names + code[sel], return_inverse=True)
+        path[sel] = next_id + inv.reshape(-1)
+        path_parent.append(u // n_names)
+        path_name.append(u % n_names)
+        next_id += len(u)
+    pp, pn = np.concatenate(path_parent), np.concatenate(path_name)
+    used, inv = np.unique(path, return_inverse=True)
+
+    def parts_of(pid: int) -> list[str]:
+        out = []
+        while pid >= 0:
+            out.append(str(leaf_of_code[pn[pid]]))
+            pid = int(pp[pid])
+        return out[::-1]
+
+    parts = [parts_of(int(p)) for p in used]  # per distinct path (few)
+    # the shortest '/'-suffix that tells a path apart from the other paths ending in the same name
+    # ("Step 1/Forward", not "Run/Warm-up/Step 1/Forward")
     by_leaf: dict[str, list[int]] = {}
-    for i, lf in enumerate(leaf.tolist()):
-        by_leaf.setdefault(lf, []).append(i)
-    display = leaf.astype(object).copy()
-    for lf, idx in by_leaf.items():
+    for i, ps in enumerate(parts):
+        by_leaf.setdefault(ps[-1], []).append(i)
+    display = np.empty(len(parts), dtype=object)
+    display[:] = [ps[-1] for ps in parts]
+    for idx in by_leaf.values():
         if len(idx) == 1:
             continue
-        parts = {i: _split_path(upath[i], int(ulevel[i]) + 1) for i in idx}
-        suffix = {i: str(upath[i]) for i in idx}
-        for k in range(2, max(len(p) for p in parts.values()) + 1):
+        suffix = {i: "/".join(parts[i]) for i in idx}
+        for k in range(2, max(len(parts[i]) for i in idx) + 1):
             suffix = {i: "/".join(parts[i][-k:]) for i in idx}
             if len(set(suffix.values())) == len(idx):
                 break
         for i in idx:
             display[i] = suffix[i]
     return display[inv.reshape(-1)], level
-
-
-def _split_path(path: str, n_parts: int) -> list[str]:
-    """Split a joined path into its ``n_parts`` names (names may contain '/' themselves: the
-    surplus stays in the last parts)."""
-    pieces = path.split("/")
-    if len(pieces) == n_parts:
-        return pieces
-    return path.rsplit("/", n_parts - 1) if n_parts > 1 else [path]
 
 
 _MAX_LEVELS = 64
@@ -184,11 +205,13 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True) -> St
     request's cold start takes its decode steps with it instead of leaving them as "steady".
     """
     n = len(inst)
-    inst.key, inst.level = stage_keys(inst.name, inst.parent)
-    part_name = np.char.add(inst.part.astype(str).astype(object), ("\x00" + inst.name.astype(str)).astype(object)).astype(str)
-    inst.occurrence = occurrence_index(part_name, inst.host_start_ns) if n else _i64(0)
+    name_code = name_codes(inst.name)
+    inst.key, inst.level = stage_keys(inst.name, inst.parent, name_code)
+    part_code = np.unique(inst.part, return_inverse=True)[1].reshape(-1).astype(np.int64) if n else _i64(0)
+    n_names = int(name_code.max()) + 1 if n else 1
+    inst.occurrence = occurrence_index(part_code * n_names + name_code, inst.host_start_ns) if n else _i64(0)
     inst.warmup = (inst.occurrence < warmup_n) & ~inst.is_mark if warmup_n > 0 else np.zeros(n, dtype=bool)
-    _derive_steps(inst) if n else None
+    _derive_steps(inst, name_code) if n else None
     inst.cold = np.zeros(n, dtype=bool)
     inst.cold_z = np.zeros(n, dtype=np.float64)
     inst.inside_startup = _inside(inst.parent, inst.warmup) if n else np.zeros(0, dtype=bool)
@@ -196,9 +219,7 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True) -> St
         # cold starts are outliers within one population: one stage key in one process. Pooling
         # processes (ranks) would judge a slow rank's ordinary first steps by the fast ranks'
         # median and call them cold starts.
-        _, codes = np.unique(np.char.add(inst.key.astype(str), ("\x00" + inst.part.astype(str)).astype(object)
-                                         .astype(str)), return_inverse=True)
-        codes = codes.reshape(-1)
+        codes = name_codes(inst.key) * (int(part_code.max()) + 1) + part_code
         for lv in range(int(inst.level.max()) + 1):
             at = (inst.level == lv) & ~inst.warmup & ~inst.inside_startup & ~inst.is_mark
             if not at.any():
