@@ -71,3 +71,15 @@ def test_modes_is_scale_free_and_needs_a_gap():
     assert m is not None and m["separation"] > pop.MIN_SEPARATION
     assert pop.modes(two * 1000)["separation"] == pytest.approx(m["separation"])
     assert pop.modes(two[:10]) is None  # too few to judge
+
+
+def test_views_print_each_population_under_its_stage(decode):
+    from maxinstr.render import markdown, text
+
+    out = text.render(decode.report, width=120)
+    rows = [ln for ln in out.split("Stages (steady state)")[1].splitlines() if ln.startswith("│")]
+    names = [r.split("│")[1].strip() for r in rows]
+    assert names[names.index("decode") + 1: names.index("decode") + 3] == ["· CUDA graph replay", "· no CUDA graph"]
+    assert "decode: two populations" in out and "told apart by CUDA graph" in out
+    md = markdown.render(decode.report)
+    assert "· CUDA graph replay | 24 |" in md and "`decode` has two populations" in md

@@ -112,6 +112,16 @@ def explain(side: np.ndarray, features: list[tuple[str, np.ndarray, list[str]]]
     return None
 
 
+def _int_levels(values: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Codes (-1 where the value is < 0, i.e. missing) and level names of non-negative ints."""
+    values = np.asarray(values, np.int64)
+    ok = values >= 0
+    levels, inv = np.unique(values[ok], return_inverse=True)
+    codes = np.full(len(values), -1, np.int64)
+    codes[ok] = inv.reshape(-1)
+    return codes, [str(int(v)) for v in levels]
+
+
 def _categorical(values: list) -> tuple[np.ndarray, list[str]]:
     """Codes (-1 for None) and level names of a list of hashable values."""
     known = sorted({v for v in values if v is not None}, key=str)
@@ -134,12 +144,11 @@ def features(inst, rows: np.ndarray, attrs: dict | None, graph_ops: np.ndarray |
         g = graph_ops[rows]
         out.append(("CUDA graph", np.where(inst.range_index[rows] >= 0, (g > 0).astype(np.int64), -1),
                     ["no CUDA graph", "CUDA graph replay"]))
-    kc = np.where(inst.range_index[rows] >= 0, inst.kernel_count[rows], -1)
-    codes, names = _categorical([int(x) if x >= 0 else None for x in kc])
+    codes, names = _int_levels(np.where(inst.range_index[rows] >= 0, inst.kernel_count[rows], -1))
     out.append(("kernels per instance", codes, [f"{n} kernels" for n in names]))
     parent = inst.parent[rows]
     if (parent >= 0).all():
-        codes, names = _categorical([int(inst.occurrence[p]) for p in parent])
+        codes, names = _int_levels(inst.occurrence[parent])
         pname = str(inst.key[parent[0]])
         out.append((f"enclosing {pname}", codes, [f"in {pname} #{n}" for n in names]))
     step = inst.step[rows]

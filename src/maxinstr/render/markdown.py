@@ -63,17 +63,31 @@ def _stages(report: dict) -> list[str]:
     header += ["GPU median", "GPU p90"] if gpu_cols else []
     header += ["GPU busy"] if busy_col else []
     rows = []
+    pops = []
     for s in stages:
-        head = s.get("headline_host_ns") or s["host_ns"]
-        label, g = f.gpu_stat(s)
-        row = [("&nbsp;&nbsp;" * s.get("depth", 0)) + s["name"], s["steady"], f.excluded(s),
-               f.ns(f.stat(head)), f.ns(f.stat(head, "p90"))]
-        if gpu_cols:
-            row += [(f.ns(f.stat(g)) + f" ({label})") if g else "-", f.ns(f.stat(g, "p90"))]
-        if busy_col:
-            row += [f.pct(f.stat(s.get("gpu_busy_frac")))]
-        rows.append(row)
-    note = "Median and p90 over steady instances; warm-up and cold-start instances are counted apart."
+        units = [(s, ("&nbsp;&nbsp;" * s.get("depth", 0)) + s["name"], f.excluded(s))]
+        groups = (s.get("populations") or {}).get("groups") or []
+        units += [(dict(g, steady=g["instances"]), ("&nbsp;&nbsp;" * (s.get("depth", 0) + 1)) + "· " + g["label"], 0)
+                  for g in groups]
+        if groups:
+            pops.append(s)
+        for u, name, excluded in units:
+            head = u.get("headline_host_ns") or u["host_ns"]
+            label, g = f.gpu_stat(u)
+            row = [name, u["steady"], excluded, f.ns(f.stat(head)), f.ns(f.stat(head, "p90"))]
+            if gpu_cols:
+                row += [(f.ns(f.stat(g)) + f" ({label})") if g else "-", f.ns(f.stat(g, "p90"))]
+            if busy_col:
+                row += [f.pct(f.stat(u.get("gpu_busy_frac")))]
+            rows.append(row)
+    note = ("Median and p90 over steady instances; warm-up and cold-start instances, and the instances "
+            "nested in them, are counted apart.")
+    for s in pops:
+        p = s["populations"]
+        note += (f" `{s['name']}` has two populations ("
+                 + (f"told apart by {p['by']}" if p.get("by") else "nothing in the records tells them apart")
+                 + "), each in its own row" + ("; the stage's median lies between them" if p.get("median_in_gap") else "")
+                 + ".")
     if any(s.get("headline_from") == "unprofiled_run" for s in stages):
         note += " Host times come from the unprofiled run; GPU columns from the profiled one."
     return ["## Stage timings (steady state)", "", note, ""] + _table(header, rows)
