@@ -20,9 +20,11 @@ class Col:
     console is too narrow (the highest first; stated in docs/report.md)."""
 
     def __init__(self, header: str, justify: str = "right", key: bool = False, wrap: bool = False,
-                 move: int = 0, cut: bool = False) -> None:
+                 move: int = 0, cut: bool = False, drop: bool = False) -> None:
         self.header, self.justify, self.key, self.wrap, self.move = header, justify, key, wrap or cut, move
-        self.cut = cut
+        self.cut, self.drop = cut, drop
+        """``drop``: a column that, when only droppable columns would go to the continuation table,
+        is left out instead (a one-column second table of p90s reads worse than a note)."""
         """A free-text column cut to one line with an ellipsis (kernel names: the row stays one
         line; --format json has them whole) rather than folded."""
 
@@ -80,6 +82,10 @@ class Fitted:
     def __rich_console__(self, console, options):
         width = options.max_width
         plan = self._plan(width)
+        dropped = []
+        if len(plan) > 1 and all(self.cols[i].drop for t in plan[1:] for i in t if not self.cols[i].key):
+            dropped = [self.cols[i].header for t in plan[1:] for i in t if not self.cols[i].key]
+            plan = plan[:1]
         nat = [self._natural(i, width) for i in range(len(self.cols))]
         for k, idx in enumerate(plan):
             fixed = sum(nat[i] for i in idx if not self.cols[i].wrap) + 3 * len(idx) + 1
@@ -91,6 +97,9 @@ class Fitted:
             if k == 0 and len(plan) > 1:
                 moved = [self.cols[i].header for t in plan[1:] for i in t if not self.cols[i].key]
                 notes.append(f"{', '.join(moved)}: in the table below, to fit {width} columns (--width, COLUMNS)")
+            if dropped:
+                notes.append(f"{', '.join(dropped)} left out to fit {width} columns (--width, COLUMNS; --format md "
+                             "and json have them)")
             if k == len(plan) - 1 and self.caption:
                 notes.append(self.caption)
             t = Table(title=title, title_justify="left", header_style="bold")
@@ -174,13 +183,17 @@ def _stage_table(report: dict) -> Any:
     if only_warm:
         notes.append(f"n (+k): steady instances (+ warm-up / cold-start ones); {', '.join(only_warm[:3])}"
                      f"{' ...' if len(only_warm) > 3 else ''} ran only as warm-up: see Startup below")
+    if sampled and any((s.get("samples") or {}).get("power_source") == "reading" and not s["samples"].get("window_limited")
+                       for s in with_samples):
+        notes.append("power: from the energy counter over the stage's instances; ~: NVML's power reading (a trailing "
+                     "average that lags into the next stage), where the energy counter gives none")
     if with_samples and not throttle_col:
         notes.append("throttled: no hardware clock limit in any stage's samples")
     # columns move to a continuation table in this order when the console is narrow: the p90s,
     # then the sampler's, then the kernel columns (docs/report.md, "In the terminal")
-    cols = [Col("stage", "left", key=True), Col("n"), Col("host median"), Col("host p90", move=9)]
+    cols = [Col("stage", "left", key=True), Col("n"), Col("host median"), Col("host p90", move=9, drop=True)]
     if gpu_cols:
-        cols += [Col("GPU median", move=1), Col("GPU p90", move=8)]
+        cols += [Col("GPU median", move=1), Col("GPU p90", move=8, drop=True)]
     if trace_cols:
         cols += [Col("busy", move=2), Col("kernels", move=3), Col("top family", "left", move=4)]
     if sampled:
@@ -240,6 +253,8 @@ def _stage_cells(s: dict, label: str, depth: int, gpu_labels: set, gpu_cols: boo
         power = smp.get("power_w_mean")
         util_s = f"{util:.0f}%" if util is not None else "-"
         power_s = f"{power:.0f} W" if power is not None else "-"
+        if power is not None and smp.get("power_source") == "reading":
+            power_s = "~" + power_s
         if smp.get("window_limited"):
             util_s = power_s = "-"
         row += [util_s, power_s]
@@ -400,7 +415,7 @@ def _signed_ns(v: float | None) -> str:
 
 def _delta_table(title: str, rows: list[dict]) -> Fitted:
     cols = [Col("stage", "left", key=True), Col("n A/B", move=2), Col("median A"), Col("median B"), Col("delta"),
-            Col("noise ±", move=1), Col("p90 delta", move=3), Col("verdict", "left")]
+            Col("noise ±", move=1), Col("p90 delta", move=3, drop=True), Col("verdict", "left")]
     body = []
     for r in rows:
         if "a" not in r:
