@@ -233,14 +233,19 @@ def _breakdown_section(report: dict) -> str:
 
 def _stage_table(stages: Sequence[dict]) -> str:
     rows = []
+    units = []
     for s in stages:
+        units.append((s, e(s["name"]), int(s.get("depth", 0)), f.excluded(s), s.get("share_of_top")))
+        # two populations: each in its own row under the stage (its median is neither's)
+        for g in (s.get("populations") or {}).get("groups") or []:
+            units.append((dict(g, steady=g["instances"]), "· " + e(g["label"]), int(s.get("depth", 0)) + 1, 0, None))
+    for s, name, depth, excluded, share in units:
         head = s.get("headline_host_ns") or s["host_ns"]
         label, g = f.gpu_stat(s)
-        share = s.get("share_of_top")
         rows.append(
             "<tr>"
-            f"<td>{'&nbsp;' * 3 * int(s.get('depth', 0))}{e(s['name'])}</td>"
-            f"<td class=num>{s.get('steady', 0)}</td><td class=num>{f.excluded(s)}</td>"
+            f"<td>{'&nbsp;' * 3 * depth}{name}</td>"
+            f"<td class=num>{s.get('steady', 0)}</td><td class=num>{excluded}</td>"
             f"<td class=num>{e(f.ns(f.stat(head)))}</td><td class=num>{e(f.ns(f.stat(head, 'p90')))}</td>"
             f"<td class=num>{e(f.ns(f.stat(g)) + (' (' + label + ')' if g else ''))}</td>"
             f"<td class=num>{e(f.ns(f.stat(g, 'p90')))}</td>"
