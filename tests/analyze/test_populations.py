@@ -28,7 +28,7 @@ def decode():
 def test_graph_and_eager_steps_are_two_populations(decode):
     d = _stage(decode.report, "decode")
     p = d["populations"]
-    assert p["by"] == "CUDA graph" and p["explained"] and p["basis"] == "gpu_proj_ns"
+    assert p["by"] == "CUDA graph replay" and p["explained"] and p["basis"] == "gpu_proj_ns"
     graph, eager = sorted(p["groups"], key=lambda g: g["gpu_proj_ns"]["median"])
     assert graph["label"] == "CUDA graph replay" and graph["cuda_graph_share"] == 1.0
     assert eager["label"] == "no CUDA graph" and eager["cuda_graph_share"] == 0.0

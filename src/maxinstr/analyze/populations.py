@@ -142,7 +142,7 @@ def features(inst, rows: np.ndarray, attrs: dict | None, graph_ops: np.ndarray |
             out.append((f"attr {k}", codes, [f"{k}={n}" for n in names]))
     if graph_ops is not None and len(graph_ops) == len(inst):
         g = graph_ops[rows]
-        out.append(("CUDA graph", np.where(inst.range_index[rows] >= 0, (g > 0).astype(np.int64), -1),
+        out.append(("CUDA graph replay", np.where(inst.range_index[rows] >= 0, (g > 0).astype(np.int64), -1),
                     ["no CUDA graph", "CUDA graph replay"]))
     codes, names = _int_levels(np.where(inst.range_index[rows] >= 0, inst.kernel_count[rows], -1))
     out.append(("kernels per instance", codes, [f"{n} kernels" for n in names]))
