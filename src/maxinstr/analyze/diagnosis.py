@@ -652,15 +652,14 @@ def _launch_or_host_bound(report: dict, st: dict, population: str | None, other:
     gaps = (st.get("idle_gap_ns") or {}).get("median")
     who = f"'{st['name']}'" + (f" ({population}, {st['instances']} instances)" if population else "")
     pop_ev = {"population": population} if population else {}
+    gap_ev = {**pop_ev, "gpu_busy_frac_median": round(busy["median"], 3), "idle_gap_ns_median": gaps,
+              "gpu_proj_ns_median": proj.get("median"), "kernels_per_instance_median": kpi, "instances": busy["n"]}
     if busy["median"] < LAUNCH_BOUND_BUSY and (kpi or 0) >= LAUNCH_BOUND_MIN_KERNELS:
         out.append(_finding(
             "launch_bound",
             f"{who}: the GPU is busy only {busy['median']:.0%} of the stage's GPU span "
             f"({kpi:.0f} kernels per instance with idle gaps between them)",
-            "fact", st["name"],
-            {**pop_ev, "gpu_busy_frac_median": round(busy["median"], 3), "idle_gap_ns_median": gaps,
-             "gpu_proj_ns_median": proj.get("median"), "kernels_per_instance_median": kpi,
-             "instances": busy["n"], "cuda_graph_share": st.get("cuda_graph_share")},
+            "fact", st["name"], {**gap_ev, "cuda_graph_share": st.get("cuda_graph_share")},
             _graph_advice(st, other),
             validation=_compare_cmd(report) + "  # the stage's GPU busy must rise and its median fall beyond the noise bound",
             score=(1 - busy["median"]) * _stage_weight(report, st)))
@@ -669,10 +668,7 @@ def _launch_or_host_bound(report: dict, st: dict, population: str | None, other:
             "host_bound",
             f"{who}: the GPU is busy only {busy['median']:.0%} of the stage's GPU span, between "
             f"{kpi or 0:.0f} ops per instance: it waits on the host",
-            "fact", st["name"],
-            {**pop_ev, "gpu_busy_frac_median": round(busy["median"], 3), "idle_gap_ns_median": gaps,
-             "gpu_proj_ns_median": proj.get("median"), "kernels_per_instance_median": kpi,
-             "instances": busy["n"]},
+            "fact", st["name"], gap_ev,
             "Few GPU ops with long idle gaps: the host side (Python, synchronisation, host copies) sets the pace. "
             "Look at what the host does between the ops (the trace's CPU rows, py-spy), overlap copies, avoid syncs.",
             validation=_compare_cmd(report) + "  # the stage's median must fall beyond the noise bound and its GPU busy rise",
