@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         default="off",
         help="MAX's own NVTX markers (GPU only), nested under maxinstr's stages in nsys (default: %(default)s)",
     )
+    parser.add_argument("--kernels", action="store_true", help="collect kernels in-process (kernels=True, CUPTI)")
     parser.add_argument("--no-report", action="store_true", help="do not print the report at the end")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -164,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     recording = maxinstr.session(
         args.run_dir,
         warmup=args.warmup,
+        kernels=args.kernels,
         model="max_block",
         device=("gpu:" if on_gpu else "cpu:") + str(device.id),
         dtype="float32",

@@ -21,7 +21,9 @@ on a CPU-only machine the same script records host times. Run it under
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import time
 from pathlib import Path
 
 import maxinstr
@@ -85,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=None, help="hidden size (default: 1024 on a GPU, 128 on the CPU)")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up instances per stage (default: %(default)s)")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even when CUDA is available")
+    parser.add_argument("--kernels", action="store_true", help="collect kernels in-process (kernels=True, CUPTI)")
+    parser.add_argument("--torch-profiler", metavar="TRACE_JSON", default=None,
+                        help="also run under torch.profiler (CPU + CUDA activity) and write its trace here")  # fmt: skip
     parser.add_argument("--no-report", action="store_true", help="do not print the report at the end")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -107,9 +112,15 @@ def main(argv: list[str] | None = None) -> int:
     if not on_gpu:
         torch.set_num_threads(1)  # small matrices: threads only add contention on a shared CPU
 
+    profiler = contextlib.nullcontext()
+    if args.torch_profiler:
+        from torch.profiler import ProfilerActivity, profile
+
+        profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
     recording = maxinstr.session(
         args.run_dir,
         warmup=args.warmup,
+        kernels=args.kernels,
         model="torch_decode",
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),
@@ -119,16 +130,18 @@ def main(argv: list[str] | None = None) -> int:
         prompt_len=args.prompt_len,
         steps=args.steps,
     )
-    with recording:
+    with profiler, recording:
         stream = torch_stream_handle() if on_gpu else None  # torch's current stream; None: host times
         with maxinstr.stage("load", stream=stream):
             model = build_model(torch, vocab, hidden, layers, heads, device, dtype)
 
+        tokens_per_s: list[float] = []  # decode + readback of each request
         for request in range(args.requests):
             prompt = torch.randint(0, vocab, (args.batch, args.prompt_len), device=device)
             with maxinstr.stage("prefill", stream=stream, request=request, tokens=args.batch * args.prompt_len):
                 logits, caches = model(prompt, None, stream)
             tokens = []
+            t_request = time.perf_counter()
             for step in range(args.steps):
                 with maxinstr.stage("decode", step=step, stream=stream):
                     with maxinstr.stage("sample", stream=stream):
@@ -140,12 +153,16 @@ def main(argv: list[str] | None = None) -> int:
                 tokens.append(token)
             with maxinstr.stage("readback", stream=stream, request=request):
                 generated = torch.cat(tokens, dim=1).cpu()  # the one sync of the request
+            tokens_per_s.append(args.batch * args.steps / (time.perf_counter() - t_request))
 
+    if args.torch_profiler:
+        profiler.export_chrome_trace(args.torch_profiler)
     # under `maxinstr run` the session writes to the run's directory, not --run-dir
     run_dir = Path(args.run_dir) if recording.path in (None, Path(args.run_dir).absolute()) else recording.path
     print(
         f"torch_decode: {args.requests} requests x {args.batch} sequences x {args.steps} tokens, "
-        f"{layers} layers, hidden {hidden}, {dtype} on {device}; first tokens {generated[0, :8].tolist()}; "
+        f"{layers} layers, hidden {hidden}, {dtype} on {device}; decode tokens/s per request "
+        f"{[round(x, 1) for x in tokens_per_s]}; first tokens {generated[0, :8].tolist()}; "
         f"run directory {run_dir}"
     )
     if not args.no_report:

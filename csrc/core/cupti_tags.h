@@ -36,6 +36,7 @@ constexpr int TAG_TIMES = 1, TAG_NOOP = 2;
 struct Open {
   uint64_t epoch;  // the subscription it belongs to (a call left open by an unsubscribe is dropped)
   int depth;       // enabled calls entered and not yet exited on this thread
+  int64_t os_tid;  // this thread's OS id, read once (0: not yet), for threads that hold no stage
   Tag tag;
 };
 thread_local Open tls_open;
@@ -83,7 +84,13 @@ void callback(void*, int domain, uint32_t cbid, const void* data) {
   Tag& t = o.tag;
   t = Tag{corr, domain, -1, 0, tag_now(f), -1, cbid, 0};
   ThreadState* ts = tls_ts;  // this thread's own stack: only this thread changes it
-  if (ts) t.tid = ts->tid;
+  if (ts) {
+    t.tid = ts->tid;
+  } else {  // a runtime's worker (MAX launches every kernel from one): its launches are tied to
+            // stages of other threads by time at analysis, so the thread must be known
+    if (!o.os_tid) o.os_tid = (int64_t)syscall(SYS_gettid);
+    t.tid = o.os_tid;
+  }
   if (ts && !tls_core_gpu_work) {
     for (size_t i = ts->stack.size(); i > 0; i--)
       if (ts->stack[i - 1]->state == ST_OPEN) {

@@ -4,6 +4,7 @@ GPU is missing, and work against the real MAX package where it is installed (CI 
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 
@@ -155,3 +156,42 @@ def test_torch_and_cupy_helpers_without_gpu():
             continue
         if module == "torch" and not fw.cuda.is_available():
             assert helper() is None
+
+
+def test_provide_nvtx_v2_makes_the_entry_points_global():
+    """MAX's kernel-level markers look nvtxRangeStartEx up by name in the process (after failing
+    to open libnvToolsExt.so, which CUDA 13 no longer ships: seen with LD_DEBUG on the H200) and
+    abort when it is missing. provide_nvtx_v2 loads a library exporting it (the nvidia-nvtx
+    wheel's libnvtx3interop, a test dependency) into the global scope."""
+    code = """
+import ctypes
+def visible():
+    try:
+        ctypes.CDLL(None).nvtxRangeStartEx
+        return True
+    except AttributeError:
+        return False
+assert not visible()
+from maxinstr.integrations.max import provide_nvtx_v2
+where = provide_nvtx_v2()
+assert where and visible(), where
+assert provide_nvtx_v2() == where  # once per process
+print(where)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "MAXINSTR_NO_NVTX_V2"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "nvtx" in done.stdout.lower() or "nvtoolsext" in done.stdout.lower(), done.stdout
+
+
+def test_enable_max_profiling_refuses_where_max_would_abort(monkeypatch):
+    """An NVIDIA driver and no NVTX v2 library: one line, raised before MAX or the environment
+    is touched (MAX would abort at its first marker)."""
+    monkeypatch.setenv("MODULAR_ENABLE_PROFILING", "off")
+    monkeypatch.setattr(mi_max, "provide_nvtx_v2", lambda: None)
+    monkeypatch.setattr(mi_max, "_nvidia_driver_present", lambda: True)
+    with pytest.raises(mi_max.MaxProfilingUnavailable, match="NVTX's v2 library") as err:
+        mi_max.enable_max_profiling("on")
+    assert "\n" not in str(err.value) and "pip install nvidia-nvtx" in str(err.value)
+    assert os.environ["MODULAR_ENABLE_PROFILING"] == "off"
+    mi_max.enable_max_profiling("off")  # turning it off needs nothing

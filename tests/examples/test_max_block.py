@@ -128,3 +128,24 @@ def test_gpu_code_path_on_the_cpu_gives_the_same_tokens(max_run, max_python, tmp
     assert done.returncode == 0, done.stderr[-3000:]
     tokens = [line.split("first tokens ")[1].split(";")[0] for line in (plain.stdout, done.stdout)]
     assert tokens[0] == tokens[1]
+
+
+def test_maxinstr_run_times_maxs_own_execute_without_edits(max_python, tmp_path):
+    """`maxinstr run --stage max.engine.api:Model.execute`: MAX's own pipeline code, no edits to
+    it or the script (MAX assigns Model.execute in Python, so it can be wrapped): every graph
+    execution is a stage, nested in the script's prefill/sample/forward stages."""
+    from examples_runner import EXAMPLES, child_env
+
+    done = subprocess.run(
+        [max_python, "-m", "maxinstr", "run", "-y", "--profiler", "none", "--stage", "max.engine.api:Model.execute",
+         "-o", str(tmp_path / "run"), "--", max_python, str(EXAMPLES / "max_block.py"), "--cpu", "--no-report",
+         "--requests", "1", "--steps", "2", "--warmup", "0"],
+        env=child_env(max_python), cwd=tmp_path, capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    run = maxinstr.load(tmp_path / "run")
+    names, s = run.stage_names(), run.stages
+    by_id = {int(i): k for k, i in enumerate(s["id"])}
+    execs = np.flatnonzero(names == "Model.execute")
+    assert len(execs) == 1 + 2 * 2  # prefill, then sample + forward per step
+    assert sorted(names[by_id[int(p)]] for p in s["parent_id"][execs]) == ["forward", "forward", "prefill", "sample", "sample"]

@@ -85,7 +85,7 @@ def fake_lib_no_buffers(tmp_path_factory):
     return _compile(tmp_path_factory, "-DFAKE_NO_BUFFERS")
 
 
-def _run(fake_lib: Path, run_dir: Path, **env: str | None) -> tuple[dict | None, str]:
+def _run(fake_lib: Path, run_dir: Path, script: str = SCRIPT, **env: str | None) -> tuple[dict | None, str]:
     """The collector with the stand-in libcupti; its activity-record path unless MAXINSTR_CUPTI_TAGS
     is given (None: unset, the default: launch tags)."""
     import maxinstr
@@ -99,7 +99,7 @@ def _run(fake_lib: Path, run_dir: Path, **env: str | None) -> tuple[dict | None,
     e = {k: v for k, v in e.items() if v is not None}
     e["FAKE_CUPTI_LIB"] = str(fake_lib)
     e["PYTHONPATH"] = os.pathsep.join([str(HERE / "fake_cupti"), src, e.get("PYTHONPATH", "")])
-    p = subprocess.run([sys.executable, "-c", SCRIPT, str(run_dir)], env=e, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-c", script, str(run_dir)], env=e, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("@@")]
     return (json.loads(line[-1][2:]) if line else None), p.stderr
@@ -218,6 +218,21 @@ def test_launch_tags_mode_reads_the_same(fake_lib, tmp_path):
     ci = np.array([by_corr[int(c)] for c in trace.ops.correlation_id[own]])
     assert (calls.start_ns[ci] >= rs - 1_000).all() and (calls.end_ns[ci] <= re_ + 1_000).all()
     assert (calls.start_ns[ci] <= calls.end_ns[ci]).all()
+
+
+@pytest.mark.parametrize("tags", ["0", "1"])
+def test_collects_where_nothing_loaded_libcupti_before_the_session(fake_lib, tmp_path, tags):
+    """A MAX (or CuPy) process: no torch, so no libcupti is mapped when the session starts, and
+    cupti-python loads its library only at its first call. Seen on the H200 with MAX 26.7:
+    "could not tell which loaded libcupti cupti-python uses (none mapped)" and no kernels."""
+    run_dir = tmp_path / "run"
+    script = SCRIPT.replace('assert fake.launch("before_session") is None', "pass")
+    assert script != SCRIPT
+    out, err = _run(fake_lib, run_dir, script=script, MAXINSTR_CUPTI_TAGS=tags)
+    assert "kernels=True" not in err, err
+    act = json.loads(next(run_dir.glob("parts/*/activity.json")).read_text())
+    assert act["status"] == "closed" and not act.get("errors"), act
+    _check_attribution(run_dir)
 
 
 @pytest.mark.parametrize("tags", ["0", "1"])

@@ -46,6 +46,7 @@ LAUNCH_BOUND_MIN_KERNELS = 5
 HOST_BOUND_GPU_OVER_HOST = 0.3
 THROTTLED_SHARE = 0.05
 DOMINANT_KERNEL_SHARE = 0.4
+NAIVE_MATMUL_SHARE = 0.1  # MAX's fallback matmul: a finding from this share of a stage's GPU time
 MIN_STAGE_SHARE = 0.05  # stages below this share of the top-level time are not diagnosed
 
 
@@ -584,6 +585,40 @@ def rule_reprefill(report: dict) -> list[dict]:
     return out
 
 
+def _runs_max(st: dict) -> bool:
+    """The stage's kernels are Modular MAX's (Mojo kernels carry their own naming)."""
+    from maxinstr.analyze.families import MAX_KERNEL
+
+    return any(MAX_KERNEL.search(name) for name in _names(st))
+
+
+def rule_naive_matmul(report: dict) -> list[dict]:
+    """MAX's naive matmul (its fallback where no tuned kernel covers the dtype and shape)
+    taking a real share of a stage's GPU time."""
+    from maxinstr.analyze.families import NAIVE_MATMUL
+
+    out = []
+    for st in _leaf_stages(report):
+        mix = st.get("mix") or {}
+        naive = [k for k in mix.get("top_kernels", []) if NAIVE_MATMUL.search(k["name"])]
+        share = sum(k["share"] for k in naive)
+        if not naive or share < NAIVE_MATMUL_SHARE or not _significant(report, st):
+            continue
+        out.append(_finding(
+            "naive_matmul",
+            f"'{st['name']}': MAX's naive matmul kernel takes {share:.0%} of the stage's GPU time",
+            "fact", st["name"],
+            {"naive_share": round(share, 3), "kernels": [_short(k["name"], 60) for k in naive],
+             "per_instance": round(sum(k["per_instance"] for k in naive), 2)},
+            "MAX falls back to matmul_kernel_naive where none of its tuned matmuls covers the dtype and shape "
+            "(float32, or odd shapes). Run the model in bfloat16 and keep matmul dimensions multiples of 64 so "
+            "the tuned kernels (sm90_matmul, gemv_split_k) apply.",
+            _deep_dive(report, st, family="gemm"),
+            validation=_compare_cmd(report) + "  # the naive kernel must leave the stage's top kernels",
+            score=share * _stage_weight(report, st)))
+    return out
+
+
 GRAPH_REPLAY_SHARE = 0.5
 """A stage (or population) whose instances mostly launch CUDA-graph nodes already replays a graph."""
 
@@ -608,8 +643,9 @@ def _pace_units(report: dict, st: dict) -> list[tuple[dict, str | None, dict | N
     return out
 
 
-def _graph_advice(unit: dict, other: dict | None) -> str:
-    """The launch-bound fix, without advising what the stage (or its other population) already does."""
+def _graph_advice(unit: dict, other: dict | None, stage: dict | None = None) -> str:
+    """The launch-bound fix, without advising what the stage (or its other population) already does.
+    ``stage``: the stage the unit is (part of), whose kernel mix says whether MAX runs it."""
     mine = unit.get("cuda_graph_share") or 0.0
     theirs = (other or {}).get("cuda_graph_share") or 0.0
     if mine >= GRAPH_REPLAY_SHARE:
@@ -620,6 +656,11 @@ def _graph_advice(unit: dict, other: dict | None) -> str:
         return (f"The stage's other instances ({other['label']}) already replay a CUDA graph"
                 + (f" ({_fmt_ns(span(other))} of GPU span against {_fmt_ns(span(unit))} here)" if span(other) and span(unit) else "")
                 + ": run these from the graph too (find the shape, branch or input that misses the captured graph).")
+    if _runs_max(stage or unit):
+        return ("Kernels are short and MAX's worker thread cannot launch them fast enough (it launches each "
+                "graph op as its own kernel). Capture the step as a device graph (Model.capture(key, *inputs) "
+                "once, then Model.replay(key, *inputs) each step: the inputs' shapes must stay fixed, so a KV "
+                "cache preallocated, not grown by concat), or batch more sequences per step.")
     return ("Kernels are short and the host cannot launch them fast enough. Capture the stage in a CUDA/HIP "
             "graph, fuse small kernels (torch.compile, a MAX graph), or batch more work per launch.")
 
@@ -636,11 +677,12 @@ def rule_launch_bound(report: dict) -> list[dict]:
         if not _significant(report, stage):
             continue
         for st, population, other in _pace_units(report, stage):
-            out += _launch_or_host_bound(report, st, population, other)
+            out += _launch_or_host_bound(report, st, population, other, stage)
     return out
 
 
-def _launch_or_host_bound(report: dict, st: dict, population: str | None, other: dict | None) -> list[dict]:
+def _launch_or_host_bound(report: dict, st: dict, population: str | None, other: dict | None,
+                          stage: dict) -> list[dict]:
     out = []
     busy = st.get("gpu_busy_frac") or {}
     host = st.get("host_ns") or {}
@@ -660,7 +702,7 @@ def _launch_or_host_bound(report: dict, st: dict, population: str | None, other:
             f"{who}: the GPU is busy only {busy['median']:.0%} of the stage's GPU span "
             f"({kpi:.0f} kernels per instance with idle gaps between them)",
             "fact", st["name"], {**gap_ev, "cuda_graph_share": st.get("cuda_graph_share")},
-            _graph_advice(st, other),
+            _graph_advice(st, other, stage),
             validation=_compare_cmd(report) + "  # the stage's GPU busy must rise and its median fall beyond the noise bound",
             score=(1 - busy["median"]) * _stage_weight(report, st)))
     elif busy["median"] < LAUNCH_BOUND_BUSY:
@@ -895,6 +937,7 @@ RULES: list[Callable[[dict], list[dict]]] = [
     rule_unfused,
     rule_reprefill,
     rule_launch_bound,
+    rule_naive_matmul,
     rule_throttled,
     rule_dominant_kernel,
     rule_straggler,

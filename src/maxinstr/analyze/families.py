@@ -36,6 +36,7 @@ class Family:
 
 # Order matters: first match wins.
 FAMILIES: tuple[Family, ...] = (
+    Family("maxinstr", r"^maxinstr_", "maxinstr's own GPU-floor calibration kernel (launched outside every stage)"),
     Family("memcpy", r"^memcpy|\bmemcpy\b|copybuffer|^copy(devicetodevice|hosttodevice|devicetohost)|\bdtoh\b|\bhtod\b",
            "GPU copies (host<->device, device<->device), including copy kernels the runtime launches"),
     Family("memset", r"^memset|\bmemset\b|fillbuffer", "GPU memory sets"),
@@ -77,14 +78,22 @@ FAMILIES: tuple[Family, ...] = (
     Family("kv_cache", r"reshape_and_cache|kv_?cache|cache_?(write|store|append)|store_kv|paged_?kv",
            "KV-cache writes and layout"),
     Family("reduction", r"reduce|reduction|sum_functor|\bsum_|norm_?2|cumsum|\bscan|rocprim|cub::|radix|sort|"
-           r"histogram|max_?pool|avg_?pool|average_pool",
-           "reductions, scans, sorts and pooling"),
+           r"histogram|max_?pool|avg_?pool|average_pool|_rowwise",
+           "reductions, scans, sorts and pooling (MAX's algorithm_gpu_rowwise: argmax, row max/sum)"),
     Family("elementwise", r"elementwise|pointwise|triton_poi|vectorized|unrolled|functor|unary|binary|"
            r"bin_bcast|bcast|silu|gelu|relu|swiglu|act_and_mul|sigmoid|tanh|exp_|fill|copy|cast|convert|"
            r"index|gather|scatter|get_rows|concat|catarray|\bcat|where|clamp|dropout|transpose|permute|"
-           r"nchw|nhwc|arange|iota|axpy|scale_f|add_kernel|addition|subtract|multiply|mul_kernel|div_kernel",
-           "elementwise / data movement kernels (activations, adds, casts, copies, gathers, fills)"),
+           r"nchw|nhwc|arange|iota|axpy|scale_f|add_kernel|addition|subtract|multiply|mul_kernel|div_kernel|"
+           r"^mogg_foreach",
+           "elementwise / data movement kernels (activations, adds, casts, copies, gathers, fills; MAX's fused "
+           "mogg_foreach)"),
 )
+
+MAX_KERNEL = re.compile(r"_gs_(True|False)_[0-9a-f]{8}$|^(gemv_split_k|mogg_|algorithm_gpu_rowwise|sm90_(matmul|mha)|"
+                        r"matmul_kernel_naive|rms_norm_fused|concat_fused|gather_r\d)")
+"""Kernel names that Modular MAX's Mojo kernels carry (a specialisation hash at the end)."""
+NAIVE_MATMUL = re.compile(r"^matmul_kernel_naive")
+"""MAX's fallback matmul, used where no tuned kernel covers the dtype and shape."""
 
 
 @lru_cache(maxsize=8)

@@ -15,6 +15,8 @@ _MAX_DEPTH = 64
 FAMILY_NAMES = np.array(family_names(), dtype=object)
 """Family name for each int16 family code."""
 _OTHER_CODE = family_names().index(OTHER)
+_MEMCPY_CODE = family_names().index("memcpy")
+_MEMSET_CODE = family_names().index("memset")
 
 
 def op_families(trace) -> np.ndarray:
@@ -140,6 +142,32 @@ def range_to_instance(inst: StageInstances, attribution, n_ranges: int) -> np.nd
     return pos
 
 
+def range_below_instance(inst: StageInstances, attribution, n_ranges: int) -> np.ndarray:
+    """For every trace range that is not a stage instance, its outermost ancestor-or-self below
+    the nearest enclosing instance (-1 for instance ranges and for ranges under none): the
+    range an op is grouped by in its stage's breakdown (a MAX op range under ``forward``, a
+    framework range under a stage). Ranges of one chain between two instances share it."""
+    own = np.full(n_ranges, -1, np.int64)
+    ok = inst.range_index >= 0
+    own[inst.range_index[ok]] = np.flatnonzero(ok)
+    below = np.where(own < 0, np.arange(n_ranges), -1)
+    if attribution is None or len(attribution.range_parent) != n_ranges:
+        return below
+    parent = np.asarray(attribution.range_parent, np.int64)
+    cur = np.where(below >= 0, parent, -1)
+    for _ in range(_MAX_DEPTH):
+        up = np.flatnonzero(cur >= 0)
+        if not len(up):
+            break
+        is_inst = own[cur[up]] >= 0
+        below[up[~is_inst]] = cur[up[~is_inst]]
+        cur[up[is_inst]] = -1
+        cur[up[~is_inst]] = parent[cur[up[~is_inst]]]
+    reach = range_to_instance(inst, attribution, n_ranges)
+    below[reach < 0] = -1  # under no stage: nothing to break down
+    return below
+
+
 def op_instance_pairs(inst: StageInstances, trace, attribution) -> tuple[np.ndarray, np.ndarray]:
     """(op index, instance row) for every op and every instance enclosing it (inclusive).
 
@@ -220,6 +248,12 @@ def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, du
     fam_cnt = np.bincount(fk, minlength=n_stages * n_fam).reshape(n_stages, n_fam)
     del fk
     ops = np.bincount(code, minlength=n_stages)
+    from maxinstr.attribute.model import Rule
+
+    n_rules = len(Rule)
+    rule_cnt = np.bincount(code * np.int32(n_rules) + np.asarray(attribution.op_rule, np.int32)[op_i],
+                           minlength=n_stages * n_rules).reshape(n_stages, n_rules)
+    ranges = _ranges_by_stage(inst, trace, attribution, op_i, code, d, families, n_stages)
     nid = np.asarray(trace.ops.name_id, np.int64)[op_i] + 1  # string-table index, -1 -> 0
     n_names = int(nid.max()) + 1
     # a name's family is the same for every op of it (by name, or by op kind for copies and sets)
@@ -267,5 +301,52 @@ def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, du
                 for i in best for p_name_i in [int(pair_key[i] % n_names)]
             ],
             "other_share": float(fam_ns[k, _OTHER_CODE] / grand) if grand > 0 else 0.0,
+            "rules": _rule_counts(rule_cnt[k]),
+            "ranges": _range_breakdown(ranges, k, strings, ni, grand, top),
         }
     return out
+
+
+def _rule_counts(counts: np.ndarray) -> dict[str, int]:
+    """Ops per attribution rule (the rule that tied each op to its stage), by rule name, from one
+    stage's row of counts per rule code."""
+    from maxinstr.attribute.model import Rule
+
+    return {Rule(i).name.lower(): int(c) for i, c in enumerate(counts) if c and i != Rule.NONE}
+
+
+def _ranges_by_stage(inst: StageInstances, trace, attribution, op_i: np.ndarray, code: np.ndarray, d: np.ndarray,
+                     families: np.ndarray, n_stages: int) -> dict[str, np.ndarray] | None:
+    """Per (stage, range name) over the (op, stage) pairs: GPU time, ops and kernels of the ops
+    under the ranges of other domains inside the stage (MAX's op ranges, a framework's); None when
+    no op is under one. Whole-array bincounts, one pass for every stage."""
+    below = range_below_instance(inst, attribution, len(trace.ranges))
+    op_range = np.asarray(attribution.op_range, np.int64)
+    op_below = np.where(op_range >= 0, below[np.maximum(op_range, 0)], -1)[op_i]
+    has = op_below >= 0
+    if not has.any():
+        return None
+    rname = np.asarray(trace.ranges.name_id, np.int64)[op_below[has]] + 1  # -1 -> 0
+    n_names = int(rname.max()) + 1
+    key = code[has].astype(np.int64) * n_names + rname
+    keys, inv = np.unique(key, return_inverse=True)
+    inv = inv.reshape(-1)
+    fam = np.asarray(families, np.int64)[op_i[has]]
+    return {"stage": keys // n_names, "name": keys % n_names,
+            "gpu_ns": np.bincount(inv, weights=d[has], minlength=len(keys)),
+            "ops": np.bincount(inv, minlength=len(keys)),
+            "kernels": np.bincount(inv, weights=(fam != _MEMCPY_CODE) & (fam != _MEMSET_CODE), minlength=len(keys))}
+
+
+def _range_breakdown(ranges: dict[str, np.ndarray] | None, k: int, strings: np.ndarray, n_inst: int, grand: float,
+                     top: int) -> list[dict]:
+    """Stage ``k``'s rows of :func:`_ranges_by_stage`, by GPU time: name, ops, kernels, GPU time,
+    share and ops per stage instance. Empty when none."""
+    if ranges is None:
+        return []
+    mine = np.flatnonzero(ranges["stage"] == k)
+    best = mine[np.argsort(-ranges["gpu_ns"][mine], kind="stable")[:top]]
+    return [{"name": "" if ranges["name"][i] == 0 else str(strings[ranges["name"][i] - 1]),
+             "ops": int(ranges["ops"][i]), "kernels": int(ranges["kernels"][i]), "gpu_ns": float(ranges["gpu_ns"][i]),
+             "share": float(ranges["gpu_ns"][i] / grand) if grand > 0 else 0.0,
+             "per_instance": float(ranges["ops"][i] / n_inst) if n_inst else 0.0} for i in best]

@@ -138,6 +138,16 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
         call_rule[left[best >= 0]] = Rule.CROSS_THREAD
         del left, best
 
+    # --- stages own the work they submit ---------------------------------------------------
+    stage = stage_domain_mask(trace)
+    linked = 0
+    if stage is not None and Rule.CROSS_THREAD in use:
+        cidx = np.arange(len(C)) if all_used else cu
+        linked = _own_by_stages(trace, stage, same_thread, r_thread, c_thread, cidx, parent, call_range, call_rule)
+        if linked:
+            depth = _depth(parent)
+        del cidx
+
     # --- ops ---------------------------------------------------------------------------------
     op_range = np.full(m, -1, np.int64)
     op_rule = np.zeros(m, np.int8)
@@ -178,6 +188,9 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
         k = int((op_rule == r).sum())
         if k:
             notes.append(f"{k} GPU ops attributed by rule {r.name}: {what}")
+    if linked:
+        notes.append(f"{linked} ranges of other domains on threads that hold no stage (a runtime's worker: MAX "
+                     "launches every kernel from one) nest under the maxinstr stage that owns their ops")
 
     del call_range, call_rule, call_used, cu, c_thread, no_call, is_graph_call, idx1  # before the big pass
     del r_key, r_end_key, r_thread, r_end_thread, rows1, threads
@@ -191,6 +204,106 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
     if run is not None:
         join_run(att, run)
     return att
+
+
+def stage_domain_mask(trace: Trace) -> np.ndarray | None:
+    """Per range, whether it is a maxinstr stage (NVTX domain ``maxinstr``), when the trace also
+    holds ranges of other domains (a framework's, MAX's op ranges); None otherwise: then every
+    range takes part in attribution alike, as before."""
+    from maxinstr.attribute.join import MAXINSTR_DOMAIN
+
+    R = trace.ranges
+    if not len(R):
+        return None
+    strings = np.asarray(trace.strings, dtype=object)
+    dom = np.flatnonzero(strings == MAXINSTR_DOMAIN) if len(strings) else np.empty(0, np.int64)
+    if not len(dom):
+        return None
+    stage = np.isin(R.domain_id, dom) & (R.style != RangeStyle.MARK)
+    if not stage.any() or stage.all():
+        return None
+    return stage
+
+
+def _own_by_stages(trace: Trace, stage: np.ndarray, same_thread: np.ndarray, r_thread: np.ndarray,
+                   c_thread: np.ndarray, cidx: np.ndarray, parent: np.ndarray, call_range: np.ndarray,
+                   call_rule: np.ndarray) -> int:
+    """Stages own the work they submit, whoever launches it; other domains' ranges nest under
+    them as a breakdown, never instead of them.
+
+    Each launch call (rows ``cidx``) gets its stage from the stage ranges alone: the innermost
+    one holding the call on its own thread (SAME_THREAD), else, where its thread has no stage
+    holding it, the innermost one holding it on another thread of the process (CROSS_THREAD),
+    whatever ranges of other domains (MAX's op ranges on its worker thread) hold it on its own.
+    ``call_range`` keeps the innermost range of any domain when that range lies under the
+    call's stage; a range of another domain on a thread that holds no stage nests under the
+    stage of its first launch (its top-level ancestor's ``parent`` is set there), and a call
+    whose range lies under another stage is given its stage directly. ``call_rule`` becomes the
+    rule that tied the call to its stage. Returns the number of ranges so linked.
+    """
+    R, C = trace.ranges, trace.calls
+    srows = np.flatnonzero(same_thread & stage)
+    if not len(srows) or not len(cidx):
+        return 0
+    idx = IntervalIndex.build(srows, r_thread[srows], R.start_ns[srows], R.end_ns[srows])
+    cs, ce, ct = C.start_ns[cidx], C.end_ns[cidx], c_thread[cidx]
+    own = idx.innermost(ct, cs, ce)
+    rule = np.where(own >= 0, np.where(C.kind[cidx] == CallKind.GRAPH, Rule.GRAPH, Rule.SAME_THREAD), Rule.NONE)
+    left = np.flatnonzero(own < 0)
+    if len(left):
+        best = np.full(len(left), -1, np.int64)
+        for t in np.unique(r_thread[srows]):  # threads holding stages: few
+            pid_t = R.pid[srows][r_thread[srows] == t][0]
+            sel = np.flatnonzero((C.pid[cidx[left]] == pid_t) & (ct[left] != t))
+            if len(sel):
+                got = idx.innermost(np.full(len(sel), t), cs[left[sel]], ce[left[sel]])
+                best[sel] = _later(R.start_ns, best[sel], got)
+        own[left] = best
+        rule[left[best >= 0]] = Rule.CROSS_THREAD
+    rule = rule.astype(np.int8)
+
+    nearest, top = _stage_ancestry(stage, parent)
+    holds_stage = np.zeros(int(r_thread.max()) + 1 if len(r_thread) else 0, bool)
+    holds_stage[r_thread[srows]] = True
+    inner = call_range[cidx]
+    has = inner >= 0
+    inner_stage = np.where(has, nearest[np.maximum(inner, 0)], -1)
+    keep = has & (inner_stage == own)
+    # ranges of a thread that holds no stage, under no stage: each nests under the stage of its
+    # first launch call (by time); its calls that belong to another stage go to that stage directly
+    free = has & ~keep & (own >= 0) & (inner_stage < 0) & ~holds_stage[r_thread[np.maximum(inner, 0)]]
+    linked = 0
+    if free.any():
+        f = np.flatnonzero(free)
+        tops = top[inner[f]]
+        order = np.lexsort((cs[f], tops))
+        first = np.r_[True, tops[order][1:] != tops[order][:-1]]
+        link_top, link_to = tops[order][first], own[f][order][first]
+        parent[link_top] = link_to
+        linked = len(link_top)
+        target = np.full(len(R), -1, np.int64)
+        target[link_top] = link_to
+        keep[f] = target[tops] == own[f]
+    call_range[cidx] = np.where(keep, inner, np.where(own >= 0, own, inner))
+    call_rule[cidx] = np.where(own >= 0, rule, call_rule[cidx])
+    return linked
+
+
+def _stage_ancestry(stage: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per range: the nearest stage among itself and its ancestors (-1 none), and its top-level
+    ancestor (itself when it has no parent), one nesting level at a time."""
+    n = len(parent)
+    nearest = np.where(stage, np.arange(n), -1)
+    top = np.arange(n)
+    up = parent.copy()
+    active = np.flatnonzero(up >= 0)
+    while len(active):  # one pass per nesting level
+        p = up[active]
+        nearest[active] = np.where(nearest[active] >= 0, nearest[active], np.where(stage[p], p, -1))
+        top[active] = p
+        up[active] = parent[p]
+        active = active[up[active] >= 0]
+    return nearest, top
 
 
 def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribution:
@@ -228,19 +341,24 @@ def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribu
         hit = (owner >= 0) & (key[pos] == op_key) & (R.payload[cand[pos]] == owner)
         op_range[hit] = cand[pos[hit]]
     op_call = join_ops_to_calls(trace)
+    cross = _cross_thread_untagged(trace, owner, op_call, op_range, r_thread, threads, rows1, idx1)
     graph = O.graph_node_id >= 0
     has_call = op_call >= 0
     if has_call.any():
         graph[has_call] |= trace.calls.kind[op_call[has_call]] == CallKind.GRAPH
     op_rule = np.where(op_range >= 0, np.where(graph, Rule.GRAPH, Rule.SAME_THREAD), Rule.NONE).astype(np.int8)
+    op_rule[cross] = Rule.CROSS_THREAD
     tagged = int((owner >= 0).sum())
-    lost = tagged - int((op_range >= 0).sum())
+    lost = tagged - int(((op_range >= 0) & (owner >= 0)).sum())
     own_ids = np.flatnonzero(np.asarray(trace.strings, dtype=object) == CALIBRATION_KERNEL)
     ours = int(((owner < 0) & np.isin(O.name_id, own_ids)).sum()) if len(own_ids) else 0
-    notes.append(f"{int((op_range >= 0).sum())} of {m} GPU ops attributed exactly by the stage id their launch "
+    notes.append(f"{int(((op_range >= 0) & (owner >= 0)).sum())} of {m} GPU ops attributed exactly by the stage id their launch "
                  f"call was tagged with (in-process, {trace.meta.get('stage_correlation', 'CUPTI external correlation')}); "
                  f"{m - tagged} were launched outside any stage"
                  + (f" ({ours} of them maxinstr's own GPU-floor calibration kernels)" if ours else ""))  # fmt: skip
+    if len(cross):
+        notes.append(f"{len(cross)} of those were launched by threads that hold no stage (a runtime's worker) while a "
+                     "stage of another thread was open: attributed to it by rule CROSS_THREAD")
     if lost:
         notes.append(f"{lost} GPU ops name a stage record that is not in the trace's ranges (record lost?): not attributed")
     att = Attribution(trace=trace, op_range=op_range, op_rule=op_rule, range_parent=parent,
@@ -250,6 +368,31 @@ def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribu
     if run is not None:
         join_run(att, run)
     return att
+
+
+def _cross_thread_untagged(trace: Trace, owner: np.ndarray, op_call: np.ndarray, op_range: np.ndarray,
+                           r_thread: np.ndarray, threads: np.ndarray, rows1: np.ndarray, idx1: IntervalIndex) -> np.ndarray:
+    """In-process ops whose launch named no stage because their thread holds none (MAX's worker
+    launches every kernel): the innermost stage of another thread of the process holding the
+    launch call (its times are the core's, on the trace's clock), as nsys's CROSS_THREAD would
+    find it. Sets ``op_range`` for them; returns their rows. A launch on a thread that holds
+    stages but named none was outside them (or maxinstr's own work): it stays unattributed."""
+    C = trace.calls
+    left = np.flatnonzero((owner < 0) & (op_range < 0) & (op_call >= 0))
+    if not len(left) or not len(rows1):
+        return np.empty(0, np.int64)
+    ci = op_call[left]
+    worker = ~np.isin(_thread_key(C.pid[ci], C.tid[ci]), threads) & (C.start_ns[ci] >= 0)
+    left, ci = left[worker], ci[worker]
+    best = np.full(len(left), -1, np.int64)
+    for t in np.unique(r_thread[rows1]):
+        pid_t = trace.ranges.pid[rows1][r_thread[rows1] == t][0]
+        sel = np.flatnonzero(C.pid[ci] == pid_t)
+        if len(sel):
+            got = idx1.innermost(np.full(len(sel), t), C.start_ns[ci[sel]], C.end_ns[ci[sel]])
+            best[sel] = _later(trace.ranges.start_ns, best[sel], got)
+    op_range[left] = best
+    return left[best >= 0]
 
 
 def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:

@@ -75,6 +75,9 @@ def discover(run_dir: str, meta: dict, trace_path: str | None, unprofiled: str |
         found = Path(str(prof["trace"]))
         if not found.is_absolute():
             found = Path(run_dir) / found
+        beside = Path(run_dir) / found.name
+        if not found.exists() and beside.is_file():  # the run directory was moved or copied
+            found = beside
         if found.exists():
             trace_path = str(found)
             notes.append(f"trace {found} found in meta.json (profiler.trace)")

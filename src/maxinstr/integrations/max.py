@@ -13,7 +13,11 @@ queue to time the GPU work:
         model.execute(...)
 
 `enable_max_profiling()` turns on MAX's own NVTX ranges (its `Tracer` spans and per-op markers),
-which then nest under maxinstr's stage ranges in an nsys timeline.
+which then nest under maxinstr's stage ranges in an nsys timeline. MAX's kernel-level markers
+look up NVTX's v2 entry points (`nvtxRangeStartEx`, ...) in the process at run time and abort the
+process when they are missing, which they are on CUDA 13 (it no longer ships libnvToolsExt);
+`provide_nvtx_v2()` loads a library that exports them (CUDA 13's libnvtx3interop, from the
+`nvidia-nvtx` wheel or the toolkit) before MAX runs.
 
 `max` is never imported at module import time: importing this module costs nothing and works
 where MAX is not installed.
@@ -21,9 +25,13 @@ where MAX is not installed.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
+from pathlib import Path
 from typing import Any, Literal
+
+from maxinstr.errors import MaxinstrError
 
 ProfilingLevel = Literal["off", "on", "detailed"]
 _LEVELS: tuple[str, ...] = ("off", "on", "detailed")
@@ -55,6 +63,85 @@ def max_stream_handle(device_or_queue: Any, *, make_context_current: bool = True
     return handle or None
 
 
+NVTX_V2_SYMBOL = "nvtxRangeStartEx"
+# Libraries exporting NVTX's v2 entry points: CUDA <= 12's libnvToolsExt, CUDA 13's
+# libnvtx3interop (the same entry points over NVTX3); what MAX's profiler shim names too.
+NVTX_V2_LIBRARIES = ("libnvToolsExt.so.1", "libnvToolsExt.so", "libnvtx3interop.so.1", "libnvtx3interop.so")
+# Where the wheels (nvidia-nvtx for CUDA 13, nvidia-nvtx-cu12) and the toolkits put them.
+_NVTX_V2_DIRS = ("nvidia/cu13/lib", "nvidia/nvtx/lib")
+_TOOLKIT_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/local/cuda/targets/sbsa-linux/lib")
+_nvtx_v2: str | None = None
+
+
+class MaxProfilingUnavailable(MaxinstrError):
+    """MAX's profiling markers were asked for where they would abort the process."""
+
+
+def _exports_nvtx_v2(lib: ctypes.CDLL) -> bool:
+    try:
+        getattr(lib, NVTX_V2_SYMBOL)
+    except AttributeError:
+        return False
+    return True
+
+
+def nvtx_v2_candidates() -> list[str]:
+    """Files that may export NVTX's v2 entry points, most specific first: the wheels on
+    ``sys.path``, then ``CUDA_HOME``'s and the default toolkit's library folders."""
+    dirs = [Path(entry) / sub for entry in sys.path if entry for sub in _NVTX_V2_DIRS]
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if cuda_home:
+        dirs += [Path(cuda_home) / "lib64", Path(cuda_home) / "lib"]
+    dirs += [Path(d) for d in _TOOLKIT_DIRS]
+    found: list[str] = []
+    for folder in dirs:
+        for name in NVTX_V2_LIBRARIES:
+            path = folder / name
+            if path.is_file() and str(path) not in found:
+                found.append(str(path))
+    return found
+
+
+def provide_nvtx_v2() -> str | None:
+    """Make NVTX's v2 entry points resolvable by name anywhere in this process (what MAX's
+    kernel-level markers need), loading a library that exports them with ``RTLD_GLOBAL``.
+
+    Returns where they come from ("process" when something already provides them, else the
+    library's path), or None when no such library is found. Idempotent and cheap after the
+    first call; never raises.
+    """
+    global _nvtx_v2
+    if _nvtx_v2 is not None:
+        return _nvtx_v2
+    if os.environ.get("MAXINSTR_NO_NVTX_V2", "").strip() not in ("", "0"):
+        return "disabled"  # diagnosis only: see what MAX does without it (benchmarks/device/65-max.sh)
+    try:
+        if _exports_nvtx_v2(ctypes.CDLL(None)):
+            _nvtx_v2 = "process"
+            return _nvtx_v2
+    except OSError:
+        pass
+    # the loader's own search path first (LD_LIBRARY_PATH, ldconfig), then known folders
+    for name_or_path in (*NVTX_V2_LIBRARIES, *nvtx_v2_candidates()):
+        try:
+            lib = ctypes.CDLL(name_or_path, mode=os.RTLD_NOW | ctypes.RTLD_GLOBAL)
+        except OSError:
+            continue
+        if _exports_nvtx_v2(lib):
+            _nvtx_v2 = getattr(lib, "_name", name_or_path)
+            return _nvtx_v2
+    return None
+
+
+def _nvidia_driver_present() -> bool:
+    """An NVIDIA driver is loadable here (where MAX's GPU markers would run)."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
 def max_accelerator() -> Any:
     """The first MAX accelerator, or the host CPU device when MAX finds no accelerator.
 
@@ -75,9 +162,20 @@ def enable_max_profiling(level: ProfilingLevel = "detailed", session: Any = None
       which adds MAX's kernel-level markers to graphs loaded *after* this call.
 
     `"detailed"` costs MAX some host time per op: profile with it, measure without it.
+
+    MAX's markers need NVTX's v2 entry points in the process (MAX aborts without them, on CUDA
+    13 machines): they are loaded here (`provide_nvtx_v2`), and where an NVIDIA driver is present
+    but no such library can be found, `MaxProfilingUnavailable` is raised before MAX is touched.
     """
     if level not in _LEVELS:
         raise ValueError(f"MAX profiling level must be one of {', '.join(_LEVELS)}, not {level!r}")
+    if level != "off" and provide_nvtx_v2() is None and _nvidia_driver_present():
+        raise MaxProfilingUnavailable(
+            "MAX's profiling markers need NVTX's v2 library (one of "
+            + ", ".join(NVTX_V2_LIBRARIES)
+            + ") and none was found; without it MAX aborts at its first marker: pip install nvidia-nvtx "
+            "(CUDA 13) or nvidia-nvtx-cu12, or put the CUDA toolkit's lib64 on LD_LIBRARY_PATH"
+        )
     os.environ["MODULAR_ENABLE_PROFILING"] = level
     # Only touch MAX's runtime when the user has already imported it: importing MAX costs
     # about a second and must not happen behind their back.
@@ -105,4 +203,11 @@ def max_versions() -> dict[str, str]:
     return out
 
 
-__all__ = ["max_stream_handle", "max_accelerator", "enable_max_profiling", "max_versions"]
+__all__ = [
+    "MaxProfilingUnavailable",
+    "enable_max_profiling",
+    "max_accelerator",
+    "max_stream_handle",
+    "max_versions",
+    "provide_nvtx_v2",
+]

@@ -220,6 +220,9 @@ class CuptiCollector:
             raise KernelsUnavailable(f"CUPTI could not start: {text}") from None
         try:
             kind_value = int(c.ExternalCorrelationKind.CUSTOM2)
+            # cupti-python maps libcupti at its first call, and in tags mode nothing above called
+            # it: where no framework loaded libcupti first (MAX, CuPy: no torch), none is mapped yet
+            c.get_timestamp()
             path = _same_instance_path(c, kind_value)
             if not path:
                 raise KernelsUnavailable(

@@ -191,6 +191,12 @@ def startup(environ: dict[str, str] | os._Environ = os.environ) -> None:
             except ValueError:
                 window_s = 0.0
             CaptureWindow(window_s if window_s > 0 else None).install()
+        if environ.get("MODULAR_ENABLE_PROFILING", "off").strip().lower() not in ("", "off", "0", "false"):
+            # MAX's kernel-level markers abort the process where NVTX's v2 entry points are
+            # missing (CUDA 13): provide them before MAX is imported (cheap; nothing when absent)
+            from maxinstr.integrations.max import provide_nvtx_v2
+
+            provide_nvtx_v2()
         if environ.get(ENV_RUN_DIR):
             try:
                 from maxinstr.record.session import ensure_env_session

@@ -88,6 +88,7 @@ EVIDENCE_SHOWN: dict[str, tuple[str, ...]] = {
                        "sync_stage", "waited_for_share"),
     "unattributed_gpu_time": ("attributed_share", "gpu_ns"),
     "no_gpu_data": ("stages", "gpus_seen"),
+    "naive_matmul": ("naive_share", "per_instance"),
     "no_kernels": ("stage", "host_ns_median", "gpu_event_ns_median", "gpu_over_host", "gpu_util_pct_mean",
                    "outside_stages_share"),
 }

@@ -299,6 +299,37 @@ def _kernels(report: dict, n: int = 10) -> Table | None:
                                   Col("count", move=2), Col("median", move=3)], body)
 
 
+_RULE_WORDS = {"same_thread": "launched on the stage's thread", "cross_thread": "launched by another thread (a runtime's worker)",
+               "graph": "graph replays", "start_end": "start/end ranges", "time_overlap": "by GPU time only (no launch call)"}
+
+
+def _inside_stages(report: dict, n_stages: int = 4, n_ranges: int = 6) -> Fitted | None:
+    """Per leaf stage (most GPU time first), the ranges of other domains its ops ran under
+    (MAX's op ranges, a framework's): where inside the stage the GPU time goes."""
+    stages = report.get("stages") or []
+    parents = {s.get("parent") for s in stages}
+    rows = [s for s in stages if s["name"] not in parents and (s.get("mix") or {}).get("ranges")]
+    if not rows:
+        return None
+    rows.sort(key=lambda s: -float(s["mix"].get("gpu_ns") or 0))
+    cols = [Col("stage", "left", key=True), Col("range", "left", wrap=True), Col("share"), Col("ops / inst", move=2),
+            Col("GPU / inst", move=1)]
+    body = []
+    tied: list[str] = []
+    for s in rows[:n_stages]:
+        mix = s["mix"]
+        n_inst = max(int(mix.get("instances") or 1), 1)
+        for k, r in enumerate(mix["ranges"][:n_ranges]):
+            body.append([Text(s["name"] if k == 0 else ""), Text(r["name"] or "-"), f.pct(r["share"]),
+                         f"{r['per_instance']:.4g}", f.ns(r["gpu_ns"] / n_inst)])
+        rules = mix.get("rules") or {}
+        if set(rules) - {"same_thread"}:
+            total = sum(rules.values()) or 1
+            tied.append(f"{s['name']}: " + ", ".join(f"{f.pct(c / total)} {_RULE_WORDS.get(k, k)}" for k, c in rules.items()))
+    return Fitted("Inside the stages: the ranges their GPU work ran under (MAX ops, framework ranges)", cols, body,
+                  caption="ops tied to their stage: " + "; ".join(tied) if tied else None)
+
+
 def _diagnosis(report: dict) -> Panel | None:
     from rich.padding import Padding
 
@@ -380,7 +411,7 @@ def _ranks(report: dict) -> Group | None:
 def renderables(report: dict) -> list[Any]:
     """The report's parts as rich renderables, in reading order."""
     parts = [_header(report), _stage_table(report), _ranks(report), _bottlenecks(report), _diagnosis(report),
-             _startup(report), _families(report), _kernels(report), _notes(report)]
+             _startup(report), _families(report), _kernels(report), _inside_stages(report), _notes(report)]
     return [p for p in parts if p is not None]
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import functools
+import inspect
 import os
 import threading
 import time
@@ -22,7 +24,27 @@ from types import SimpleNamespace
 
 import numpy as np
 
-_LIB = ctypes.CDLL(os.environ["FAKE_CUPTI_LIB"], mode=ctypes.RTLD_GLOBAL)
+
+
+class _LazyLib:
+    """The library, loaded at the first call of any function of this module, as cupti-python
+    loads libcupti (not at import): a process that imported cupti but called nothing has no
+    libcupti mapped."""
+
+    def __init__(self) -> None:
+        self._lib: ctypes.CDLL | None = None
+
+    def load(self) -> ctypes.CDLL:
+        if self._lib is None:
+            self._lib = ctypes.CDLL(os.environ["FAKE_CUPTI_LIB"], mode=ctypes.RTLD_GLOBAL)
+            _setup_native(self._lib)
+        return self._lib
+
+    def __getattr__(self, name: str):
+        return getattr(self.load(), name)
+
+
+_LIB = _LazyLib()
 _EPOCH = 10**12  # CUPTI's clock is not the host's: a fixed offset
 
 
@@ -98,16 +120,22 @@ _API_BYTES = activity_api_dtype
 if os.environ.get("FAKE_CUPTI_BAD_LAYOUT"):  # the dtype handed out disagrees with the bytes written
     activity_api_dtype = _layout(40, [("kind", "<i4", 0), ("cbid", "<u4", 4), ("start", "<u8", 16), ("end", "<u8", 8),
                                       ("process_id", "<u4", 24), ("thread_id", "<u4", 28), ("correlation_id", "<u4", 32)])  # fmt: skip
-_NATIVE = hasattr(_LIB, "cuptiActivityRegisterCallbacks")  # a build without them: the Python callbacks only
-if _NATIVE:
-    _LIB.fake_cupti_queue.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    _LIB.fake_cupti_set_size.argtypes = [ctypes.c_int, ctypes.c_size_t]
-    _LIB.cuptiActivityFlushAll.argtypes = [ctypes.c_uint32]
-    for _k, _dt in ((ActivityKind.CONCURRENT_KERNEL, activity_kernel10_dtype), (ActivityKind.KERNEL, activity_kernel10_dtype),
-                    (ActivityKind.MEMCPY, activity_memcpy6_dtype), (ActivityKind.MEMSET, activity_memset4_dtype),
-                    (ActivityKind.RUNTIME, _API_BYTES), (ActivityKind.DRIVER, _API_BYTES),
-                    (ActivityKind.EXTERNAL_CORRELATION, activity_external_correlation_dtype)):  # fmt: skip
-        _LIB.fake_cupti_set_size(int(_k), _dt.itemsize)
+_NATIVE = False  # set when the library loads: a build without the native-buffer calls has the Python callbacks only
+
+
+def _setup_native(lib: ctypes.CDLL) -> None:
+    global _NATIVE
+    _NATIVE = hasattr(lib, "cuptiActivityRegisterCallbacks")
+    if not _NATIVE:
+        return
+    lib.fake_cupti_queue.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.fake_cupti_set_size.argtypes = [ctypes.c_int, ctypes.c_size_t]
+    lib.cuptiActivityFlushAll.argtypes = [ctypes.c_uint32]
+    for k, dt in ((ActivityKind.CONCURRENT_KERNEL, activity_kernel10_dtype), (ActivityKind.KERNEL, activity_kernel10_dtype),
+                  (ActivityKind.MEMCPY, activity_memcpy6_dtype), (ActivityKind.MEMSET, activity_memset4_dtype),
+                  (ActivityKind.RUNTIME, _API_BYTES), (ActivityKind.DRIVER, _API_BYTES),
+                  (ActivityKind.EXTERNAL_CORRELATION, activity_external_correlation_dtype)):  # fmt: skip
+        lib.fake_cupti_set_size(int(k), dt.itemsize)
 
 
 def _native_buffers() -> bool:
@@ -309,3 +337,17 @@ def launch(name: str, kind: str = "kernel", dur_ns: int = 1000, api: str = "runt
 def buffers() -> int:
     """Buffers delivered so far, both ways."""
     return STATE["buffers"] + (int(_LIB.fake_cupti_buffers()) if _NATIVE else 0)
+
+
+def _loading(fn):
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        _LIB.load()
+        return fn(*args, **kwargs)
+
+    return call
+
+
+for _name, _fn in list(globals().items()):
+    if inspect.isfunction(_fn) and _fn.__module__ == __name__ and not _name.startswith("_"):
+        globals()[_name] = _loading(_fn)
