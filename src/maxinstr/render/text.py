@@ -15,21 +15,21 @@ from maxinstr.render import _fmt as f
 
 class Col:
     """A column of a :class:`Fitted` table. ``key``: the row key (the stage), repeated in every
-    continuation table and never moved; ``wrap``: free text (kernel names) that folds into the
-    width left over; ``move``: the order in which columns move to a continuation table when the
-    console is too narrow (the highest first; stated in docs/report.md)."""
+    continuation table and never moved; ``wrap``: free text that folds into the width left over;
+    ``cut``: free text cut to one line with an ellipsis (kernel names: the row stays one line;
+    --format json has them whole); ``move``: the order in which columns move to a continuation
+    table when the console is too narrow (the highest first; stated in docs/report.md); ``drop``:
+    left out instead when only such columns would make the continuation table (a one-column
+    second table of p90s reads worse than a note)."""
 
     def __init__(self, header: str, justify: str = "right", key: bool = False, wrap: bool = False,
                  move: int = 0, cut: bool = False, drop: bool = False) -> None:
-        self.header, self.justify, self.key, self.wrap, self.move = header, justify, key, wrap or cut, move
-        self.cut, self.drop = cut, drop
-        """``drop``: a column that, when only droppable columns would go to the continuation table,
-        is left out instead (a one-column second table of p90s reads worse than a note)."""
-        """A free-text column cut to one line with an ellipsis (kernel names: the row stays one
-        line; --format json has them whole) rather than folded."""
+        self.header, self.justify, self.key, self.move = header, justify, key, move
+        self.wrap, self.cut, self.drop = wrap or cut, cut, drop
 
 
 KEY_MIN = 24
+"""A stage name longer than half the console (and than this) folds over lines, never cut."""
 WRAP_MIN = 24
 """Free-text columns are not squeezed below this (a kernel name folded into 10 columns is
 unreadable): another column moves out first."""
@@ -41,7 +41,7 @@ class Fitted:
     Every column is as wide as its widest cell, so numbers and stage names are never split or
     shortened; headers wrap at their spaces. When that is wider than the console, columns move
     to a continuation table that repeats the key column, in the order of their ``move`` rank
-    (the caption says which); free-text columns fold into the width left over."""
+    (a note under the table says which); free-text columns fold into the width left over."""
 
     def __init__(self, title: str, cols: list[Col], rows: list[list[Any]], caption: str | None = None) -> None:
         self.title, self.cols, self.rows, self.caption = title, cols, rows, caption
@@ -106,7 +106,7 @@ class Fitted:
             for i in idx:
                 c = self.cols[i]
                 w = min(nat[i], left // max(len(wraps), 1)) if c.wrap else nat[i]
-                # the key column folds only when it alone is wider than the console
+                # only a key longer than half the console is narrower than its cells: it folds
                 t.add_column(c.header, justify=c.justify, width=w, overflow="ellipsis" if c.cut else "fold",
                              no_wrap=c.cut)
             for r in self.rows:
