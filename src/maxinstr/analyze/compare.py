@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from maxinstr.analyze.report import Analysis
-from maxinstr.analyze.stats import bootstrap_median_diff_bound, mad_noise_bound
+from maxinstr.analyze.stats import bootstrap_median_diff_bound, mad_noise_bound, summarize
 
 SCHEMA = "maxinstr-compare"
 VERSION = 1
@@ -43,7 +43,6 @@ class Side:
         self.analyses = [x for x in sources if isinstance(x, Analysis)]
         self.reports = [x.report if isinstance(x, Analysis) else x for x in sources]
         self.report = self.reports[0]
-        self.analysis: Analysis | None = sources[0] if isinstance(sources[0], Analysis) else None
 
     @property
     def runs(self) -> int:
@@ -120,7 +119,7 @@ def _delta_row(a: Side, b: Side, name: str, key: str) -> dict[str, Any] | None:
         return None
     va, vb = a.values(name, key), b.values(name, key)
     if va is not None and vb is not None and len(va) >= 2 and len(vb) >= 2:
-        ta, tb = _pooled(va), _pooled(vb)
+        ta, tb = summarize(va), summarize(vb)
         within = bootstrap_median_diff_bound(va, vb, 50.0)
         within90 = bootstrap_median_diff_bound(va, vb, 90.0)
         method = "bootstrap"
@@ -161,12 +160,6 @@ def _delta_row(a: Side, b: Side, name: str, key: str) -> dict[str, Any] | None:
         "within_run_bound_ns": within, "run_to_run_bound_ns": between if np.isfinite(between) else None,
         "verdict": verdict, "p90_verdict": v90,
     }
-
-
-def _pooled(v: np.ndarray) -> dict[str, Any]:
-    from maxinstr.analyze.stats import summarize
-
-    return summarize(v)
 
 
 def _gpu_key(a: dict, b: dict) -> str | None:
