@@ -142,6 +142,9 @@ def test_slow_rank_is_not_a_cold_start(tmp_path):
     assert "warmup_contamination" not in {f["id"] for f in rep["diagnosis"]}
     compute = {s["stage"]: s for s in rep["ranks"]["stages"]}["compute"]
     assert {r["rank"]: r["host_ns"]["n"] for r in compute["per_rank"]} == {0: 7, 1: 7, 2: 7}
+    # pooled over ranks the steps are two populations (10 ms and 30 ms), told apart by the process
+    pops = next(s for s in rep["stages"] if s["name"] == "compute")["populations"]
+    assert pops["by"] == "process" and sorted(g["instances"] for g in pops["groups"]) == [7, 14]
 
 
 def test_straggler_outside_every_stage_is_named_by_its_late_arrival(tmp_path):

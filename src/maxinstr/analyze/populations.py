@@ -12,8 +12,8 @@ took, and a rule judging the stage by it advises what half the steps already do.
    :data:`MIN_RATIO` (closer modes are one population for a summary's purpose). The statistic is rank- and scale-free: one
    unimodal population split at its middle gives about 0.4 (normal), two populations with an
    empty band between them give far more (h200_decode's decode: 27). No duration threshold.
-2. *What explains it?* Features the records carry, in this order: the user's own attrs, CUDA
-   graph replay (ops with a graph node id), kernels per instance, the enclosing instance (which
+2. *What explains it?* Features the records carry, in this order: the user's own attrs, the
+   process (a slow rank), CUDA graph replay (ops with a graph node id), kernels per instance, the enclosing instance (which
    request), the step index's parity, the GPU busy fraction. The first whose levels each fall
    (>= :data:`EXPLAINS`) on one side of the split defines the populations, so membership comes
    from a cause, not from the value. When none does, the populations are the two sides of the
@@ -140,6 +140,9 @@ def features(inst, rows: np.ndarray, attrs: dict | None, graph_ops: np.ndarray |
             vals = [a.get(k) if isinstance(a.get(k), (str, int, float, bool)) else None for a in per]
             codes, names = _categorical(vals)
             out.append((f"attr {k}", codes, [f"{k}={n}" for n in names]))
+    codes, names = _int_levels(inst.part[rows])
+    # several processes (ranks, forks): a slow one is its own population
+    out.append(("process", codes, [f"process {n}" for n in names]))
     if graph_ops is not None and len(graph_ops) == len(inst):
         g = graph_ops[rows]
         out.append(("CUDA graph replay", np.where(inst.range_index[rows] >= 0, (g > 0).astype(np.int64), -1),
