@@ -83,7 +83,10 @@ def test_report_names_the_straggler_with_numbers(straggler_run):
     compute = {r["rank"]: r for r in stages["compute"]["per_rank"]}
     assert compute[1]["host_ns"]["median"] > 2 * compute[0]["host_ns"]["median"]
     assert compute[1]["slowest_share"] >= 0.9
-    assert stages["compute"]["groups"] == 11  # 12 steps, the first is warm-up
+    # 12 steps, the first is warm-up; a step that ran 1.5x slow among a rank's first steady ones
+    # (a loaded machine's sleep) is a cold start of that rank, and takes its step out of the groups
+    cold = [r for r in rep["startup"] if r["reason"] == "cold_start"]
+    assert 11 - len(cold) <= stages["compute"]["groups"] <= 11
     ar = stages["allreduce"]
     assert ar["sync"] is True  # the ranks leave it together
     wait = {r["rank"]: r["wait_median_ns"] for r in ar["per_rank"]}

@@ -295,7 +295,7 @@ def _kernels(report: dict, n: int = 10) -> Table | None:
         return None
     body = [[f.short(k["name"], 80), k["family"], f.pct(k["share"], 1), str(k["count"]), f.ns(k["median_ns"])]
             for k in ks[:n]]
-    return Fitted("Top kernels", [Col("kernel", "left", cut=True), Col("family", "left", move=1), Col("share"),
+    return Fitted("Top kernels", [Col("kernel", "left", wrap=True), Col("family", "left", move=1), Col("share"),
                                   Col("count", move=2), Col("median", move=3)], body)
 
 
@@ -485,7 +485,7 @@ def compare_renderables(result: dict) -> list[Any]:
         for key, label in (("kernels_appeared", "Kernels only in B"), ("kernels_disappeared", "Kernels only in A")):
             if c[key]:
                 more = len(c[key]) - 8
-                parts.append(Fitted(label, [Col("kernel", "left", cut=True), Col("family", "left", move=1),
+                parts.append(Fitted(label, [Col("kernel", "left", wrap=True), Col("family", "left", move=1),
                                             Col("GPU time")],
                                     [[f.short(k["name"], 70), k["family"], f.ns(k["gpu_ns"])] for k in c[key][:8]],
                                     caption=f"... and {more} more (--format json lists them)" if more > 0 else None))
