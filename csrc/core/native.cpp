@@ -1654,7 +1654,7 @@ bool parse_stream(PyObject* v, uint64_t* out) {
     if (ok) return !PyErr_Occurred();
   }
   PyErr_Format(PyExc_TypeError,
-               "stream must be an int handle (torch: .cuda_stream, CuPy: .ptr) or None, not %.80s",
+               "stream must be an int handle (torch: .cuda_stream, CuPy: .ptr, MAX: maxinstr.integrations.max.max_stream_handle(device)) or None, not %.80s",
                Py_TYPE(v)->tp_name);
   return false;
 }

@@ -94,7 +94,7 @@ def test_kernels_true_agrees_with_nsys_per_stage(example):
     a_n = attribute(read_nsys(MAX / f"{example}_nsys.sqlite"), run=nsys_run)
     trace_k, _ = read_run(kern_run)
     a_k = attribute(trace_k, run=kern_run)
-    assert any("threads that hold no stage" in n for n in a_k.notes), a_k.notes
+    assert any("by rule CROSS_THREAD (launched by a thread that holds no stage" in n for n in a_k.notes), a_k.notes
 
     def per_stage(run, att):
         out: dict[str, list[tuple[int, int]]] = {}
@@ -174,7 +174,9 @@ def test_maxs_naive_matmul_and_launch_bound_advice():
 
 def test_a_moved_run_directory_finds_its_trace(tmp_path):
     """meta.json names the trace where `maxinstr run` wrote it (/tmp/max-runs/... on the H200);
-    a copied run directory reads the same file beside it."""
+    a copied run directory reads the file beside it, also when another run's file now sits at
+    the recorded path; deep-dive finds it the same way."""
+    from maxinstr.cli.deep_dive import _resolve
     from maxinstr.cli.report import discover
 
     run = tmp_path / "moved"
@@ -183,3 +185,11 @@ def test_a_moved_run_directory_finds_its_trace(tmp_path):
     assert not Path(meta["profiler"]["trace"]).exists()
     trace, _, notes = discover(str(run), meta, None, None)
     assert trace == str(run / "profile.sqlite"), notes
+    decoy = tmp_path / "old" / "profile.sqlite"  # another run's trace at the recorded path
+    decoy.parent.mkdir()
+    shutil.copy(MAX / "block_nsys.sqlite", decoy)
+    meta["profiler"]["trace"] = str(decoy)
+    (run / "meta.json").write_text(json.dumps(meta))
+    assert discover(str(run), meta, None, None)[0] == str(run / "profile.sqlite")
+    choice = _resolve(run, None, "forward", None, None)[0]
+    assert "forward" in str(choice) or getattr(choice, "stage", None) == "forward"

@@ -140,13 +140,18 @@ def test_compare_runs_says_slower_and_within_noise(tmp_path, capsys):
     assert rc == 0 and "slower" in out and "Host time per stage" in out and "(2/2 runs)" in out
 
 
-def test_compare_repeats_of_one_program_is_within_noise(tmp_path, capsys):
-    """Fresh-process repeats of one program, split into two sides: pooled, no verdict of change."""
-    for i in range(4):
-        _session_run(tmp_path / ("a" if i < 2 else "b") / f"r{i}", 0.003)
+def test_compare_bound_holds_run_to_run(tmp_path, capsys):
+    """Fresh processes of one program differ by more than one run's instances spread: here side
+    A's two runs take 3 and 5 ms a step, B's two 4 ms. Pooled, the medians' spread across runs
+    bounds the noise (each run alone is tight: its own bootstrap bound would call any pair of
+    them a change)."""
+    for side, sleeps in (("a", (0.003, 0.005)), ("b", (0.004, 0.004))):
+        for i, sl in enumerate(sleeps):
+            _session_run(tmp_path / side / f"r{i}", sl)
     rc, out, _ = run_cli(capsys, "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--format", "json")
     row = json.loads(out)["comparisons"][0]["stages"][0]
     assert rc == 0 and row["verdict"] == "within noise", row
+    assert row["run_to_run_bound_ns"] > 2 * row["within_run_bound_ns"]
 
 
 def test_compare_traces_kernel_mix_and_saved_report(tmp_path, capsys):

@@ -120,7 +120,7 @@ def test_collector_end_to_end_with_a_stand_in_cupti(fake_lib, fake_lib_no_buffer
     if records.endswith("bad_layout"):
         env["FAKE_CUPTI_BAD_LAYOUT"] = "1"
     out, err = _run(fake_lib if records.startswith("native") else fake_lib_no_buffers, run_dir, **env)
-    assert "kernels=True" not in err, err
+    assert err == "", err  # a profiler prints nothing into the program (cupti-python's record objects included)
     assert out["mid_buffers"] >= 1 and out["buffers"] > out["mid_buffers"]  # flushed while running, and at close
     assert out["enabled"] == [] and out["subscribed"] is False  # everything given back at close
     # the API functions that never launch work (and the stand-in knows) are switched off; launches are not
@@ -207,7 +207,7 @@ def test_launch_tags_mode_reads_the_same(fake_lib, tmp_path):
     # each of the session's 29 launch calls tagged once, none dropped
     assert act["launch_tags"] == {"calls": 29, "dropped": 0}, act["launch_tags"]
     an = _check_attribution(run_dir)
-    assert any("GPU ops attributed exactly" in n and "launch tags" in n for n in an.attribution.notes), an.attribution.notes
+    assert any("tied to their stage by the stage id" in n and "launch tags" in n for n in an.attribution.notes), an.attribution.notes
     # each op's launch call, timed on the core's clock, mapped onto CUPTI's through the clock
     # pairs and back by the reader, lies inside the op's stage (1 us for the mapping's rounding)
     trace, att = an.trace, an.attribution
@@ -326,3 +326,46 @@ def test_driver_api_records_go_off_when_nothing_needs_them(fake_lib, tmp_path, m
     ids = dict(zip(run.stage_names().tolist(), run["id"].tolist()))
     ext = set(rows["external_id"][rows["kind"] == 5].tolist())
     assert ids["drv2"] in ext and ids["drv"] not in ext and ids["rt2"] in ext
+
+
+def test_real_cupti_python_record_objects_leave_stderr_alone(tmp_path):
+    """cupti-python <= 13.0.1 prints two KeyError tracebacks for every record object made with
+    ``from_ptr`` over a buffer it did not allocate, when the object is freed (7,000 stderr lines
+    in a PyTorch decoder on the H200). The collector makes such objects to check its fast path:
+    with the real cupti-python (no GPU needed to make and free one), nothing reaches stderr and
+    the reports are counted."""
+    pytest.importorskip("cupti.cupti")
+    code = textwrap.dedent(
+        """
+        import numpy as np
+        from cupti import cupti
+        from maxinstr.kernels.cupti import _quiet_record_objects
+        buf = np.zeros(4096, np.uint8)
+        counter = [0]
+        with _quiet_record_objects(counter):
+            objs = [cupti.ActivityKernel10.from_ptr(buf.ctypes.data + 256 * i, True) for i in range(5)]
+            del objs
+        print(counter[0])
+        """
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == "", p.stderr
+    import importlib.metadata as md
+
+    buggy = tuple(int(x) for x in md.version("cupti-python").split(".")[:3]) <= (13, 0, 1)
+    assert int(p.stdout) == (5 if buggy else 0)
+
+
+def test_without_an_nvidia_driver_the_reason_says_so(tmp_path):
+    """kernels=True on a machine with no NVIDIA driver: the reason names that, not whatever the
+    CUPTI path lacked on the way (it said to install cupti-python, which would not help)."""
+    from maxinstr.integrations._cuda import nvidia_driver_present
+    from maxinstr.kernels import start
+
+    if nvidia_driver_present():
+        pytest.skip("an NVIDIA driver is present here")
+    collector, _ = start(tmp_path, {"part": "p1", "pid": 1})
+    act = json.loads((tmp_path / "activity.json").read_text())
+    assert act["status"] == "unavailable" and act["reason"].startswith("no NVIDIA driver in this process"), act
+    assert collector.name != "cupti"

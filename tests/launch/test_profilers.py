@@ -98,3 +98,18 @@ def test_rocprofv3_collect_finds_the_kernel_csv(tmp_path):
     assert art.ok and art.trace == str(folder)
     assert art.kernels == 144  # PROVENANCE.md: 144 kernels
     assert not Rocprofv3().collect(tmp_path / "empty").ok
+
+
+@pytest.mark.parametrize("profiler, expected", [("nsys", "detailed"), ("rocprofv3", "detailed"), ("none", None)])
+def test_maxs_markers_only_where_a_profiler_records_them(tmp_path, monkeypatch, profiler, expected):
+    """`maxinstr run` turns MAX's own ranges on for nsys/rocprofv3 (they nest under the stages
+    there); they cost MAX host time, so with --profiler none they stay off. A user's own
+    MODULAR_ENABLE_PROFILING stands either way."""
+    from maxinstr.launch.runner import RunOptions, RunSpec, child_env
+
+    monkeypatch.delenv("MODULAR_ENABLE_PROFILING", raising=False)
+    options = RunOptions(profiler=make_profiler(profiler))
+    spec = RunSpec(command=["python3", "x.py"], run_dir=tmp_path, label="", env={})
+    assert child_env(spec, options, tmp_path, base={}).get("MODULAR_ENABLE_PROFILING") == expected
+    base = {"MODULAR_ENABLE_PROFILING": "off"}
+    assert child_env(spec, options, tmp_path, base=base)["MODULAR_ENABLE_PROFILING"] == "off"

@@ -148,7 +148,7 @@ def rule_no_gpu_data(report: dict) -> list[dict]:
     if any((s.get(k) or {}).get("n") for s in stages for k in ("gpu_event_ns", "gpu_proj_ns")):
         return []
     cmd = report.get("environment", {}).get("command")
-    script = " ".join(cmd) if isinstance(cmd, list) else "python YOUR_SCRIPT.py"
+    script = shlex.join(str(c) for c in cmd) if isinstance(cmd, list) else "python YOUR_SCRIPT.py"
     return [_finding(
         "no_gpu_data", "Only host times: no GPU event times were recorded and no trace was given", "fact", None,
         {"stages": len(stages), "gpus_seen": len(report.get("environment", {}).get("gpus") or [])},

@@ -22,6 +22,7 @@ from maxinstr.analyze.kernels import (FAMILY_NAMES, family_table, instance_op_wo
                                      op_families, op_instance_pairs, stage_mix)
 from maxinstr.analyze.populations import stage_populations
 from maxinstr.analyze.stats import step_trend, summarize
+from maxinstr.attribute.model import JoinMethod
 
 SCHEMA = "maxinstr-report"
 VERSION = 1
@@ -109,8 +110,19 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
     kernel_notes: list[str] = []
     if trace is None and run is not None and getattr(run, "path", None) is not None:
         trace, kernel_notes = _inprocess_trace(run)
+    placed_note = None
+    if trace is not None and attribution is None and run is not None:
+        from maxinstr.attribute.join import place_run_stages
+
+        placed = place_run_stages(trace, run)
+        if placed is not None:
+            trace, placed_note = placed
     if trace is not None and attribution is None:
         attribution = _attribute(trace, run)
+        if placed_note:
+            attribution.notes.insert(0, placed_note)
+            if attribution.join_method == JoinMethod.PAYLOAD:
+                attribution.join_method = JoinMethod.CLOCK
     if run is not None:
         inst = inst_mod.from_run(run, trace, attribution, warmup_n=warmup)
     elif trace is not None:
@@ -254,12 +266,14 @@ def _sources(run, trace, attribution, unprofiled_run, inst) -> dict[str, Any]:
     notes += _sampled_out_note(run)
     join = None
     joined = None
+    join_problem = None
     if attribution is not None and run is not None:
         join = getattr(getattr(attribution, "join_method", None), "name", None)
         join = join.lower() if join else None
         joined = int((inst.range_index >= 0).sum())
         if joined == 0 and len(inst) and trace is not None:
             notes.append("no stage record joined a trace range: GPU projection per stage is unavailable")
+            join_problem = _join_problem(trace)
     return {
         "run": str(run.path) if run is not None and getattr(run, "path", None) else None,
         "trace": str(trace.source) if trace is not None else None,
@@ -269,8 +283,20 @@ def _sources(run, trace, attribution, unprofiled_run, inst) -> dict[str, Any]:
         "join": join,
         "records_joined": joined,
         "attribution_rules": _rules_used(attribution),
+        "join_problem": join_problem,
         "notes": notes,
     }
+
+
+def _join_problem(trace) -> str:
+    """Why no stage record joined the trace, and what to do, in one line for the report's top."""
+    if trace.format == "kineto":
+        return ("the run's stages could not be placed on this torch.profiler trace (it records no NVTX ranges, and "
+                "the run or the trace lacks the wall-clock base that places them): per-stage kernels unavailable; "
+                "pass the run directory the traced program wrote, or capture with `maxinstr run -- CMD`")
+    return ("no trace range is one of the run's stages (a trace captured without NVTX, e.g. nsys -t cuda only, or "
+            "of another run): per-stage kernels unavailable; capture with `maxinstr run -- CMD` (nsys -t cuda,nvtx) "
+            "or pass the run directory that recorded this trace")
 
 
 def _sampled_out_note(run) -> list[str]:
@@ -638,19 +664,23 @@ def _gpu_section(trace, attribution, fam, dur) -> dict[str, Any] | None:
     if trace is None:
         return None
     n = len(dur)
+    # maxinstr's own GPU-floor calibration kernels are the profiler's work, not the program's
+    own = np.asarray(fam) == list(FAMILY_NAMES).index("maxinstr") if n else np.zeros(0, bool)
+    keep = ~own
     attributed = None
-    if attribution is not None and len(getattr(attribution, "op_range", [])) == n and n:
-        attributed = float(dur[np.asarray(attribution.op_range) >= 0].sum() / max(dur.sum(), 1))
-    fams = family_table(dur, fam)
+    if attribution is not None and len(getattr(attribution, "op_range", [])) == n and keep.any():
+        attributed = float(dur[keep & (np.asarray(attribution.op_range) >= 0)].sum() / max(dur[keep].sum(), 1))
+    fams = family_table(dur[keep], np.asarray(fam)[keep])
     other = next((f["share"] for f in fams if f["family"] == "other"), 0.0)
-    kernels = kernel_table(trace, fam, dur, limit=KERNELS_KEPT)
-    distinct = len(np.unique(np.asarray(trace.ops.name_id))) if n else 0
+    kernels = kernel_table(trace, fam, dur, mask=keep, limit=KERNELS_KEPT)
+    distinct = len(np.unique(np.asarray(trace.ops.name_id)[keep])) if n else 0
     span = 0
     if n:
         span = int(np.asarray(trace.ops.end_ns).max() - np.asarray(trace.ops.start_ns).min())
     return {
-        "ops": int(n),
-        "gpu_ns": float(dur.sum()),
+        "ops": int(keep.sum()),
+        "own_ops": {"count": int(own.sum()), "gpu_ns": float(dur[own].sum())},
+        "gpu_ns": float(dur[keep].sum()),
         "span_ns": span,
         "attributed_share": attributed,
         "families": fams,

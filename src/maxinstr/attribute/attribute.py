@@ -18,6 +18,11 @@ The rules, in order of precedence (docs/attribution.md states them for users):
    innermost range of its process holding the op's GPU start time. Stated in ``notes``.
 
 Per-range numbers are inclusive of nested ranges, as ``nsys stats`` counts them.
+
+Where the trace holds maxinstr's stages and ranges of other domains too (MAX's op ranges, a
+framework's), stages own the work they submit (:func:`_own_by_stages`): a call's stage comes from
+the stage ranges alone (rules 1 and 3 over stages only), and ranges of other domains on threads
+that hold no stage nest under the stage of their first launch, as a breakdown.
 """
 
 from __future__ import annotations
@@ -352,13 +357,15 @@ def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribu
     lost = tagged - int(((op_range >= 0) & (owner >= 0)).sum())
     own_ids = np.flatnonzero(np.asarray(trace.strings, dtype=object) == CALIBRATION_KERNEL)
     ours = int(((owner < 0) & np.isin(O.name_id, own_ids)).sum()) if len(own_ids) else 0
-    notes.append(f"{int(((op_range >= 0) & (owner >= 0)).sum())} of {m} GPU ops attributed exactly by the stage id their launch "
-                 f"call was tagged with (in-process, {trace.meta.get('stage_correlation', 'CUPTI external correlation')}); "
-                 f"{m - tagged} were launched outside any stage"
+    exact = int(((op_range >= 0) & (owner >= 0)).sum())
+    outside = m - exact - len(cross) - lost
+    how = trace.meta.get("stage_correlation", "CUPTI external correlation")
+    notes.append(f"{m} GPU ops collected in-process: {exact} tied to their stage by the stage id of their launch call "
+                 f"({how}, on the launching thread)"
+                 + (f", {len(cross)} by rule CROSS_THREAD (launched by a thread that holds no stage, a runtime's worker, "
+                    "while a stage of another thread was open)" if len(cross) else "")
+                 + f"; {outside} ran outside every stage"
                  + (f" ({ours} of them maxinstr's own GPU-floor calibration kernels)" if ours else ""))  # fmt: skip
-    if len(cross):
-        notes.append(f"{len(cross)} of those were launched by threads that hold no stage (a runtime's worker) while a "
-                     "stage of another thread was open: attributed to it by rule CROSS_THREAD")
     if lost:
         notes.append(f"{lost} GPU ops name a stage record that is not in the trace's ranges (record lost?): not attributed")
     att = Attribution(trace=trace, op_range=op_range, op_rule=op_rule, range_parent=parent,

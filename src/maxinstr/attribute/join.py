@@ -101,3 +101,53 @@ def _note(att: Attribution, joined: int, ranges: int, records: int, how: str) ->
         f"{joined} of {ranges} candidate ranges joined to the run's {records} stage records by {how}"
         + (f"; {records - joined} records have no range in the trace" if records > joined else "")
     )
+
+
+def place_run_stages(trace: Trace, run: Any) -> tuple[Trace, str] | None:
+    """The trace with the run's stage records added as ranges (domain ``maxinstr``, payload =
+    record id), placed on the trace's clock, when the trace records none of its own and its
+    clock is the wall clock (Kineto: microseconds from ``baseTimeNanoseconds``, or Unix time).
+
+    maxinstr's stages are NVTX ranges, which torch.profiler does not record; but both clocks
+    are known: records are CLOCK_MONOTONIC and the run's meta.json holds a (monotonic, realtime)
+    pair taken at session start. Launch calls are then tied to stages by thread and time, as
+    for any other range. Returns (trace, note) or None (nothing to add, or no common clock).
+    On the H200 the placement put every one of a PyTorch decoder's 24,053 launches in the stage
+    instance nsys gives it (tests/attribute/test_kineto_join.py)."""
+    from maxinstr.traces.inprocess import stage_ranges
+    from maxinstr.traces.model import StringTable
+
+    if trace.format != "kineto" or run is None:
+        return None
+    if isinstance(run, (str, Path)):
+        from maxinstr.rundir import load
+
+        run = load(run)
+    strings = np.asarray(trace.strings, dtype=object)
+    if len(strings) and (strings == MAXINSTR_DOMAIN).any():
+        return None
+    clock = (getattr(run, "meta", None) or {}).get("clock") or {}
+    mono, real = clock.get("monotonic_ns"), clock.get("realtime_ns")
+    if not isinstance(mono, int) or not isinstance(real, int) or not len(run.stages):
+        return None
+    base = trace.meta.get("base_time_ns") if isinstance(trace.meta, dict) else None
+    if not isinstance(base, int):
+        if trace.session_start_utc_ns is None:
+            return None  # timestamps of an unknown origin
+        base = 0  # absolute Unix time
+    table = StringTable()
+    for s in strings:
+        table.intern(str(s))
+    added = stage_ranges(run, table, table.intern(MAXINSTR_DOMAIN))
+    added.start_ns = added.start_ns + (real - mono - base)
+    added.end_ns = added.end_ns + (real - mono - base)
+    R = trace.ranges
+    ranges = type(R)(**{name: np.concatenate([getattr(R, name), getattr(added, name)]) for name in R.__dataclass_fields__})
+    placed = Trace(source=trace.source, format=trace.format, strings=table.to_array(), ranges=ranges,
+                   calls=trace.calls, ops=trace.ops, thread_names=trace.thread_names, clock=trace.clock,
+                   session_start_utc_ns=trace.session_start_utc_ns, notes=list(trace.notes), meta=dict(trace.meta))  # fmt: skip
+    placed.validate()
+    note = (f"the trace has no maxinstr ranges (torch.profiler does not record NVTX): the run's {len(added)} stage "
+            "records were placed on its wall clock through the run's (monotonic, realtime) clock pair, and launch "
+            "calls tied to them by thread and time")
+    return placed, note

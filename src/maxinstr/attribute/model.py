@@ -32,6 +32,7 @@ class JoinMethod(IntEnum):
     NONE = 0
     PAYLOAD = 1  # NVTX int64 payload == record id (exact)
     THREAD_NAME_ORDER = 2  # (tid, name, k-th occurrence)
+    CLOCK = 3  # the run's records placed on the trace's clock (a torch.profiler trace has no NVTX ranges)
 
 
 @dataclass

@@ -37,10 +37,10 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
             specs = list(launch.get("stage_specs") or [])
             run_warmup = (launch.get("env") or {}).get("MAXINSTR_WARMUP")
             from_capture = (launch.get("profiler") or {}).get("capture") == "steady" and (launch.get("profiler") or {}).get("name") == "nsys"
-            trace_path = trace_path or ((launch.get("artifact") or {}).get("files") or {}).get("trace")
+            trace_path = trace_path or runner.run_artifact(source, ((launch.get("artifact") or {}).get("files") or {}).get("trace"))
         else:
             app = list(meta.get("command") or [])
-        trace_path = trace_path or ((meta.get("profiler") or {}).get("trace"))
+        trace_path = trace_path or runner.run_artifact(source, (meta.get("profiler") or {}).get("trace"))
         if not trace_path:
             from maxinstr.traces.inprocess import has_activity
 

@@ -72,17 +72,14 @@ def discover(run_dir: str, meta: dict, trace_path: str | None, unprofiled: str |
     notes: list[str] = []
     prof = meta.get("profiler") if isinstance(meta, dict) else None
     if trace_path is None and isinstance(prof, dict) and prof.get("trace"):
-        found = Path(str(prof["trace"]))
-        if not found.is_absolute():
-            found = Path(run_dir) / found
-        beside = Path(run_dir) / found.name
-        if not found.exists() and beside.is_file():  # the run directory was moved or copied
-            found = beside
-        if found.exists():
-            trace_path = str(found)
+        from maxinstr.launch.runner import run_artifact
+
+        found = run_artifact(run_dir, prof["trace"])
+        if found:
+            trace_path = found
             notes.append(f"trace {found} found in meta.json (profiler.trace)")
         else:
-            notes.append(f"meta.json names the trace {found}, which is missing: no kernels in this report")
+            notes.append(f"meta.json names the trace {prof['trace']}, which is missing: no kernels in this report")
     warm = Path(run_dir) / WARM_RUN_DIR
     if unprofiled is None and (warm / "meta.json").is_file():
         unprofiled = str(warm)

@@ -33,6 +33,11 @@ def _libcuda() -> ctypes.CDLL | None:
         return _lib
 
 
+def nvidia_driver_present() -> bool:
+    """An NVIDIA driver (libcuda) can be loaded in this process."""
+    return _libcuda() is not None
+
+
 def ensure_stream_context(stream_handle: int | None) -> bool:
     """True when a CUDA context is current on this thread afterwards (set from the stream's own
     context if none was). False without libcuda, for a null handle, or when the driver refuses

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from maxinstr.errors import MaxinstrError
+from maxinstr.integrations._cuda import nvidia_driver_present as _nvidia_driver_present
 
 ProfilingLevel = Literal["off", "on", "detailed"]
 _LEVELS: tuple[str, ...] = ("off", "on", "detailed")
@@ -133,15 +134,6 @@ def provide_nvtx_v2() -> str | None:
     return None
 
 
-def _nvidia_driver_present() -> bool:
-    """An NVIDIA driver is loadable here (where MAX's GPU markers would run)."""
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    return True
-
-
 def max_accelerator() -> Any:
     """The first MAX accelerator, or the host CPU device when MAX finds no accelerator.
 
@@ -169,7 +161,7 @@ def enable_max_profiling(level: ProfilingLevel = "detailed", session: Any = None
     """
     if level not in _LEVELS:
         raise ValueError(f"MAX profiling level must be one of {', '.join(_LEVELS)}, not {level!r}")
-    if level != "off" and provide_nvtx_v2() is None and _nvidia_driver_present():
+    if level != "off" and provide_nvtx_v2() is None and _nvidia_driver_present():  # where MAX's GPU markers run
         raise MaxProfilingUnavailable(
             "MAX's profiling markers need NVTX's v2 library (one of "
             + ", ".join(NVTX_V2_LIBRARIES)

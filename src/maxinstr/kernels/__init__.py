@@ -68,6 +68,11 @@ def start(part_dir: Path, info: dict[str, Any]) -> tuple[KernelCollector, Activi
     try:
         collector.start()
     except KernelsUnavailable as exc:
+        from maxinstr.integrations._cuda import nvidia_driver_present
+
+        if "already holds CUPTI" not in str(exc) and not nvidia_driver_present():  # the real reason, not what CUPTI lacked on the way
+            return _unavailable(writer, "no NVIDIA driver in this process (libcuda.so.1 cannot be loaded): "
+                                        "kernels=True collects on NVIDIA GPUs; stages get host times here")
         return _unavailable(writer, str(exc))
     return collector, writer
 

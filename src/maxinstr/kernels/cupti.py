@@ -31,12 +31,13 @@ bound) are counted in activity.json and said in the report.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import operator
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -83,6 +84,49 @@ _NOT_FUNCTIONS = ("INVALID", "SIZE", "FORCE_INT")
 
 def _noop_callback(*args: Any) -> None:  # the subscriber enables no domain: never called
     return None
+
+
+def _is_record_free_error(exc_type: Any, tb: Any) -> bool:
+    """The KeyError cupti-python <= 13.0.1 raises in its BufferManager when a record object made
+    with ``from_ptr`` over a buffer it did not allocate is freed (the object's ``__dealloc__``)."""
+    if exc_type is not KeyError or tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return "buffer_manager" in tb.tb_frame.f_code.co_filename
+
+
+@contextlib.contextmanager
+def _quiet_record_objects(counter: list[int]) -> Iterator[None]:
+    """While record objects over our buffers live and die: cupti-python <= 13.0.1 reports each
+    one's free as a KeyError traceback on stderr, twice (Cython's __dealloc__ goes through
+    sys.excepthook, then sys.unraisablehook): 2,000 tracebacks in a PyTorch program on the H200.
+    Those are swallowed and counted in ``counter``; anything else goes to the hooks in place.
+    The hooks are process-wide, so they are ours only for this block, and put back only if
+    nobody replaced them meanwhile."""
+    import sys
+
+    prev_except, prev_unraisable = sys.excepthook, sys.unraisablehook
+
+    def excepthook(exc_type, value, tb):  # noqa: ANN001
+        if _is_record_free_error(exc_type, tb):  # the first of the two reports: counted at the second
+            return
+        prev_except(exc_type, value, tb)
+
+    def unraisablehook(args):  # noqa: ANN001
+        if _is_record_free_error(args.exc_type, args.exc_traceback):
+            counter[0] += 1
+            return
+        prev_unraisable(args)
+
+    sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
+    try:
+        yield
+    finally:
+        if sys.excepthook is excepthook:
+            sys.excepthook = prev_except
+        if sys.unraisablehook is unraisablehook:
+            sys.unraisablehook = prev_unraisable
 
 
 def _error_text(cupti: Any, exc: BaseException) -> str:
@@ -180,6 +224,7 @@ class CuptiCollector:
         self._fast: bool | None = None  # None: being checked against the attribute path
         self._fast_checked = 0
         self._fast_note = "fast path not used yet"
+        self._record_free_errors = [0]  # cupti-python's KeyErrors on freeing our record objects, kept off stderr
         self._layout: dict[int, Any] | None = None
         self._name_ptrs: dict[int, int] = {}
         # stages from the core's launch tags (CUPTI callback API, csrc/core/cupti_tags.h): on the
@@ -459,6 +504,7 @@ class CuptiCollector:
             "convert_errors": self._convert_errors,
             "buffers": self._buffers,
             "fast_path": self._fast_note,
+            "record_free_errors": self._record_free_errors[0],
             "callback_s": round(self._callback_s, 6),
             "convert_s": round(self._take_s, 6),
             "stage_pushes": int(self._native.cupti_stats().get("pushes", 0)),
@@ -616,16 +662,16 @@ class CuptiCollector:
         if self._fast is True:
             return self._convert_fast(data, offs)
         if self._fast is False:
-            return self._convert(self._objects(data, offs))
+            return self._convert_objects(data, offs)
         try:
             fast = self._convert_fast(data, offs)
         except Exception as exc:  # noqa: BLE001 - any surprise: the record objects, for good
             self._fast = False
             self._fast_note = f"fast path off: {type(exc).__name__}: {exc}"
-            return self._convert(self._objects(data, offs))
+            return self._convert_objects(data, offs)
         head = offs[: max(0, FAST_CHECK_ROWS - self._fast_checked)]
         try:
-            slow = self._convert(self._objects(data, head))
+            slow = self._convert_objects(data, head)
         except Exception as exc:  # noqa: BLE001 - no record objects to check against
             self._fast = True
             self._fast_note = f"fast path on, unchecked (cupti-python record objects unavailable: {type(exc).__name__}: {exc})"
@@ -635,7 +681,7 @@ class CuptiCollector:
             self._fast = False
             bad = [f for f in ACTIVITY_DTYPE.names if len(fast_head) != len(slow) or not np.array_equal(fast_head[f], slow[f])]
             self._fast_note = f"fast path off: differs from the attribute path in {bad}"
-            return self._convert(self._objects(data, offs))
+            return self._convert_objects(data, offs)
         self._fast_checked += len(head)
         if self._fast_checked >= FAST_CHECK_ROWS:
             self._fast = True
@@ -643,6 +689,12 @@ class CuptiCollector:
         else:
             self._fast_note = f"fast path used, checked on all {self._fast_checked} records so far"
         return fast
+
+    def _convert_objects(self, data: bytes, offs: np.ndarray) -> np.ndarray:
+        """Rows through cupti-python's record objects over the buffer's bytes; the objects are
+        made and freed inside, with cupti-python's complaints about freeing them kept off stderr."""
+        with _quiet_record_objects(self._record_free_errors):
+            return self._convert(self._objects(data, offs))
 
     def _objects(self, data: bytes, offs: np.ndarray) -> list[Any]:
         """cupti-python's record objects over the buffer's bytes (``Activity*.from_ptr``), for the

@@ -111,13 +111,31 @@ def plan_runs(command: list[str], out: Path, *, repeat: int = 1, sweep: str | No
     return specs
 
 
+def run_artifact(run_dir: str | Path, recorded: str | None) -> str | None:
+    """Where a file `maxinstr run` recorded for a run (its trace) is now: the file of that name
+    inside the run directory when there is one (`maxinstr run` writes its traces there, and a
+    run directory that was moved or copied keeps them while the recorded absolute path may name
+    another run's file), else the recorded path (relative ones are relative to the run
+    directory) when it exists; None otherwise."""
+    if not recorded:
+        return None
+    path = Path(str(recorded))
+    beside = Path(run_dir) / path.name
+    if beside.is_file():
+        return str(beside)
+    path = path if path.is_absolute() else Path(run_dir) / path
+    return str(path) if path.exists() else None
+
+
 def child_env(spec: RunSpec, options: RunOptions, run_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     """The child's environment: the user's, plus what maxinstr needs (and nothing else)."""
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (site_dir(), env.get("PYTHONPATH", "")) if p)
     env[ENV_RUN_DIR] = str(run_dir.resolve())
-    # MAX's own NVTX ranges nest under ours in nsys; respect a user's explicit choice.
-    env.setdefault("MODULAR_ENABLE_PROFILING", "detailed")
+    # MAX's own NVTX/roctx ranges nest under ours where a profiler records them; they cost MAX
+    # host time, so not without one. A user's explicit choice stands.
+    if options.profiler.name in ("nsys", "rocprofv3"):
+        env.setdefault("MODULAR_ENABLE_PROFILING", "detailed")
     if options.warmup is not None:
         env["MAXINSTR_WARMUP"] = str(options.warmup)
     if options.stage_specs:

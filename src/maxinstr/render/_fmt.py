@@ -209,3 +209,32 @@ def setting(value: Any) -> str:
 
         return shlex.join(value)
     return "-" if value is None else str(value)
+
+
+RULE_WORDS = {"same_thread": "launched on the stage's thread", "cross_thread": "launched by another thread (a runtime's worker)",
+              "graph": "graph replays", "start_end": "start/end ranges", "time_overlap": "by GPU time only (no launch call)"}
+INSIDE_TITLE = "Inside the stages: the ranges their GPU work ran under (MAX ops, framework ranges)"
+
+
+def inside_stages(report: dict, n_stages: int = 4, n_ranges: int = 6) -> tuple[list[dict], list[str]]:
+    """What every view shows of ``stages[].mix.ranges`` / ``mix.rules``: per leaf stage (most GPU
+    time first), its top ranges of other domains as rows {stage, range, share, per_instance,
+    gpu_per_instance_ns}, and one line per stage whose ops were tied to it otherwise than on its
+    own thread ("forward: 100% launched by another thread (a runtime's worker)")."""
+    stages = report.get("stages") or []
+    parents = {s.get("parent") for s in stages}
+    leaves = [s for s in stages if s["name"] not in parents and s.get("mix")]
+    leaves.sort(key=lambda s: -float(s["mix"].get("gpu_ns") or 0))
+    rows: list[dict] = []
+    tied: list[str] = []
+    for s in leaves[:n_stages]:
+        mix = s["mix"]
+        n_inst = max(int(mix.get("instances") or 1), 1)
+        for r in (mix.get("ranges") or [])[:n_ranges]:
+            rows.append({"stage": s["name"], "range": r["name"] or "-", "share": r["share"],
+                         "per_instance": r["per_instance"], "gpu_per_instance_ns": r["gpu_ns"] / n_inst})
+        rules = mix.get("rules") or {}
+        if set(rules) - {"same_thread"}:
+            total = sum(rules.values()) or 1
+            tied.append(f"{s['name']}: " + ", ".join(f"{pct(c / total)} {RULE_WORDS.get(k, k)}" for k, c in rules.items()))
+    return rows, tied

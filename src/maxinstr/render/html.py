@@ -540,6 +540,23 @@ def _kernels_section(report: dict) -> str:
     return "".join(out)
 
 
+def _inside_section(report: dict) -> str:
+    rows, tied = f.inside_stages(report)
+    if not rows and not tied:
+        return ""
+    out = [f'<section id="inside"><h2>{e(f.INSIDE_TITLE if rows else "How the stages got their GPU work")}</h2>']
+    if tied:
+        out.append(f'<p class="note">Ops tied to their stage: {e("; ".join(tied))}.</p>')
+    if not rows:
+        return "".join(out) + "</section>"
+    out.append("<table><thead><tr><th>stage</th><th>range</th><th>share</th><th>ops / inst</th><th>GPU / inst</th></tr></thead><tbody>")
+    for r in rows:
+        out.append(f"<tr><td>{e(r['stage'])}</td><td><code>{e(r['range'])}</code></td><td>{f.pct(r['share'])}</td>"
+                   f"<td>{r['per_instance']:.4g}</td><td>{f.ns(r['gpu_per_instance_ns'])}</td></tr>")
+    out.append("</tbody></table></section>")
+    return "".join(out)
+
+
 def _kernel_table(kernels: Sequence[dict], per_instance: bool) -> str:
     top = max([float(k.get("share") or 0) for k in kernels] + [1e-9])
     rows = []
@@ -716,7 +733,7 @@ def render(report: dict[str, Any], analysis=None) -> str:
     src = report.get("sources") or {}
     title = f"maxinstr report: {src.get('run') or src.get('trace') or ''}"
     body = [_header(report), _breakdown_section(report), timeline_section(report, analysis), _ranks_section(report), _diagnosis_section(report),
-            _kernels_section(report), _steps_section(report), _env_section(report)]
+            _kernels_section(report), _inside_section(report), _steps_section(report), _env_section(report)]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{e(title)}</title>"
             f"<style>{CSS}</style></head><body><main>" + "".join(body)

@@ -33,6 +33,8 @@ def _baseline(report: dict) -> list[str]:
         rows.append(["trace format", src["trace_format"]])
     if src.get("join"):
         rows.append(["record join", f"{src['join']} ({src.get('records_joined')} records)"])
+    if src.get("join_problem"):
+        rows.append(["join failed", src["join_problem"]])
     git = env.get("git") or {}
     if git:
         rows.append(["git", f"{git.get('commit', '?')}{' (dirty)' if git.get('dirty') else ''}"])
@@ -147,6 +149,18 @@ def _families(report: dict) -> list[str]:
     return out
 
 
+def _inside_stages(report: dict) -> list[str]:
+    rows, tied = f.inside_stages(report)
+    if not rows:
+        return ["Ops tied to their stage: " + "; ".join(tied) + ".", ""] if tied else []
+    out = [f"## {f.INSIDE_TITLE}", ""] + _table(
+        ["stage", "range", "share", "ops / inst", "GPU / inst"],
+        [[r["stage"], f"`{r['range']}`", f.pct(r["share"]), f"{r['per_instance']:.4g}", f.ns(r["gpu_per_instance_ns"])] for r in rows])
+    if tied:
+        out += ["Ops tied to their stage: " + "; ".join(tied) + ".", ""]
+    return out
+
+
 def _startup(report: dict) -> list[str]:
     rows = report.get("startup") or []
     if not rows:
@@ -201,6 +215,7 @@ def render(report: dict[str, Any]) -> str:
     lines += _optimisations(report)
     lines += _startup(report)
     lines += _families(report)
+    lines += _inside_stages(report)
     lines += _reproduce(report)
     notes = src.get("notes") or []
     if notes:

@@ -138,6 +138,8 @@ def _header(report: dict) -> Panel:
     w = report.get("warmup", {})
     lines.append(f"warm-up  {f.warmup_line(w)}")
     text = Text("\n".join(lines))
+    if src.get("join_problem"):
+        text.append(f"\njoin failed: {src['join_problem']}", style="bold red")
     if report.get("perturbed") and report.get("headline_source") != "unprofiled_run":
         text.append(f"\nperturbed: {report.get('perturbed_reason')}", style="yellow")
     return Panel(text, title="maxinstr report", title_align="left")
@@ -285,8 +287,12 @@ def _families(report: dict) -> Table | None:
     if not fams:
         return None
     body = [[r["family"], f.pct(r["share"], 1), f.ns(r["gpu_ns"]), str(r["count"])] for r in fams]
+    own = gpu.get("own_ops") or {}
+    caption = f"{gpu.get('ops')} ops, {f.ns(gpu.get('gpu_ns'))} of GPU time"
+    if own.get("count"):
+        caption += f" (maxinstr's own {own['count']} calibration kernels, {f.ns(own.get('gpu_ns'))}, left out)"
     return Fitted("GPU time by kernel family", [Col("family", "left", key=True), Col("share"), Col("time"), Col("ops")],
-                  body, caption=f"{gpu.get('ops')} ops, {f.ns(gpu.get('gpu_ns'))} of GPU time")
+                  body, caption=caption)
 
 
 def _kernels(report: dict, n: int = 10) -> Table | None:
@@ -299,35 +305,17 @@ def _kernels(report: dict, n: int = 10) -> Table | None:
                                   Col("count", move=2), Col("median", move=3)], body)
 
 
-_RULE_WORDS = {"same_thread": "launched on the stage's thread", "cross_thread": "launched by another thread (a runtime's worker)",
-               "graph": "graph replays", "start_end": "start/end ranges", "time_overlap": "by GPU time only (no launch call)"}
-
-
-def _inside_stages(report: dict, n_stages: int = 4, n_ranges: int = 6) -> Fitted | None:
-    """Per leaf stage (most GPU time first), the ranges of other domains its ops ran under
-    (MAX's op ranges, a framework's): where inside the stage the GPU time goes."""
-    stages = report.get("stages") or []
-    parents = {s.get("parent") for s in stages}
-    rows = [s for s in stages if s["name"] not in parents and (s.get("mix") or {}).get("ranges")]
+def _inside_stages(report: dict) -> Fitted | Text | None:
+    """Per leaf stage, the ranges of other domains its ops ran under (MAX's op ranges, a
+    framework's): where inside the stage the GPU time goes."""
+    rows, tied = f.inside_stages(report)
     if not rows:
-        return None
-    rows.sort(key=lambda s: -float(s["mix"].get("gpu_ns") or 0))
+        return Text("ops tied to their stage: " + "; ".join(tied)) if tied else None
     cols = [Col("stage", "left", key=True), Col("range", "left", wrap=True), Col("share"), Col("ops / inst", move=2),
             Col("GPU / inst", move=1)]
-    body = []
-    tied: list[str] = []
-    for s in rows[:n_stages]:
-        mix = s["mix"]
-        n_inst = max(int(mix.get("instances") or 1), 1)
-        for k, r in enumerate(mix["ranges"][:n_ranges]):
-            body.append([Text(s["name"] if k == 0 else ""), Text(r["name"] or "-"), f.pct(r["share"]),
-                         f"{r['per_instance']:.4g}", f.ns(r["gpu_ns"] / n_inst)])
-        rules = mix.get("rules") or {}
-        if set(rules) - {"same_thread"}:
-            total = sum(rules.values()) or 1
-            tied.append(f"{s['name']}: " + ", ".join(f"{f.pct(c / total)} {_RULE_WORDS.get(k, k)}" for k, c in rules.items()))
-    return Fitted("Inside the stages: the ranges their GPU work ran under (MAX ops, framework ranges)", cols, body,
-                  caption="ops tied to their stage: " + "; ".join(tied) if tied else None)
+    body = [[Text(r["stage"] if k == 0 or rows[k - 1]["stage"] != r["stage"] else ""), Text(r["range"]),
+             f.pct(r["share"]), f"{r['per_instance']:.4g}", f.ns(r["gpu_per_instance_ns"])] for k, r in enumerate(rows)]
+    return Fitted(f.INSIDE_TITLE, cols, body, caption="ops tied to their stage: " + "; ".join(tied) if tied else None)
 
 
 def _diagnosis(report: dict) -> Panel | None:

@@ -212,7 +212,7 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
     calls = Calls(**{f: cat(call_cols, f, d) for f, d in (
         ("start_ns", np.int64), ("end_ns", np.int64), ("tid", np.int64), ("pid", np.int64),
         ("correlation_id", np.int64), ("name_id", np.int32), ("kind", np.int8))})  # fmt: skip
-    ranges = _stage_ranges(run, strings, domain)
+    ranges = stage_ranges(run, strings, domain)
     owner = np.concatenate(op_stage).astype(np.int64) if op_stage else np.empty(0, np.int64)
     order_ops = np.argsort(ops.start_ns, kind="stable")
     ops = ops.take(order_ops)
@@ -226,7 +226,8 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
     return trace, notes
 
 
-def _stage_ranges(run: Any, strings: StringTable, domain: int) -> Ranges:
+def stage_ranges(run: Any, strings: StringTable, domain: int) -> Ranges:
+    """The run's stage records as trace ranges on the host clock (payload = record id)."""
     st = run.stages
     names = run.stage_names() if len(st) else np.empty(0, object)
     mark = (st["flags"] & _MARK_FLAG) != 0
@@ -243,4 +244,4 @@ def _stage_ranges(run: Any, strings: StringTable, domain: int) -> Ranges:
     )
 
 
-__all__ = ["FORMAT", "OP_STAGE_KEY", "has_activity", "read_run", "to_host_clock"]
+__all__ = ["FORMAT", "OP_STAGE_KEY", "has_activity", "read_run", "stage_ranges", "to_host_clock"]

@@ -18,6 +18,7 @@ import enum
 import functools
 import inspect
 import os
+import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -142,6 +143,10 @@ def _native_buffers() -> bool:
     return _NATIVE and bool(_LIB.fake_cupti_native_registered())
 
 
+# the frame the real KeyError comes from (cupti-python's buffer_manager.pyx, line 31)
+_BUFFER_MANAGER_RAISE = compile("\n" * 30 + "raise KeyError(key)", "cupti/buffer_manager.pyx", "exec")
+
+
 class _Record:
     """A record object over a record's bytes (what cupti-python's from_ptr gives)."""
 
@@ -154,7 +159,21 @@ class _Record:
     @classmethod
     def from_ptr(cls, ptr: int, readonly: bool = False):
         STATE["from_ptr"] = STATE.get("from_ptr", 0) + 1
-        return cls(ptr)
+        obj = cls(ptr)
+        obj._foreign = True
+        return obj
+
+    def __del__(self) -> None:
+        # cupti-python <= 13.0.1: freeing a record object made over a buffer its BufferManager did
+        # not allocate (from_ptr over ours) raises KeyError in __dealloc__, which Cython reports
+        # through sys.excepthook and then sys.unraisablehook: two tracebacks on stderr per record
+        if self.__dict__.get("_foreign"):
+            try:
+                exec(_BUFFER_MANAGER_RAISE, {"key": self.ptr})
+            except KeyError:
+                sys.excepthook(*sys.exc_info())
+                raise
+
 
     def __getattr__(self, name: str):
         if name.startswith("_"):

@@ -1,0 +1,117 @@
+"""Every way a PyTorch user can watch a decoder, against the decoder alone: tokens/s and stderr.
+
+    python benchmarks/decoder_sources.py [--rounds 3] [--out DIR] [-- EXTRA_DECODER_ARGS]
+
+Runs examples/torch_decode.py (default here: 6 layers, hidden 1024, bf16, KV cache, 3 requests
+of 64 steps, batch 1) in fresh processes, one per configuration per round, the order rotated
+each round:
+
+  bare        MAXINSTR_DISABLE=1: the stages are no-ops (the program as if uninstrumented)
+  default     maxinstr's session as the example has it (stages with GPU events and NVTX)
+  kernels     the same with kernels=True (CUPTI in the process)
+  nsys        `maxinstr run --capture all` (nsys -t cuda,nvtx around the whole run)
+  torchprof   the program inside torch.profiler (CPU + CUDA activities)
+
+A run's throughput is the mean decode tokens/s of its steady requests (all but the first, which
+holds first-call work), as the example prints it. Printed: per configuration the median over
+rounds and its ratio to bare's median, each round's ratio to that round's bare run, and the
+lines each configuration wrote to stderr (a profiler must write none into the program's
+output: maxinstr's own `maxinstr run` lines go to the run's log). JSON in OUT/sources.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "torch_decode.py"
+DECODER_ARGS = ["--layers", "6", "--hidden", "1024", "--requests", "3", "--steps", "64", "--batch", "1", "--no-report"]
+CONFIGS = ("bare", "default", "kernels", "nsys", "torchprof")
+_TPS = re.compile(r"decode tokens/s per request \[([^\]]*)\]")
+
+
+def command(config: str, run_dir: Path, extra: list[str]) -> tuple[list[str], dict[str, str]]:
+    py = [sys.executable, str(EXAMPLE), *DECODER_ARGS, *extra]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAXINSTR_")}
+    if config == "bare":
+        env["MAXINSTR_DISABLE"] = "1"
+        return [*py, "--run-dir", str(run_dir)], env
+    if config == "kernels":
+        return [*py, "--run-dir", str(run_dir), "--kernels"], env
+    if config == "torchprof":
+        return [*py, "--run-dir", str(run_dir), "--torch-profiler", str(run_dir) + ".pt.trace.json"], env
+    if config == "nsys":
+        return [sys.executable, "-m", "maxinstr", "run", "-y", "--quiet", "--no-report", "--capture", "all", "-o", str(run_dir), "--", *py], env
+    return [*py, "--run-dir", str(run_dir)], env
+
+
+def steady_tokens_per_s(text: str) -> float | None:
+    found = _TPS.findall(text)
+    if not found:
+        return None
+    values = [float(v) for v in found[-1].split(",") if v.strip()]
+    return sum(values[1:]) / len(values[1:]) if len(values) > 1 else None
+
+
+def median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/decoder-sources"))
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--timeout", type=float, default=240)
+    args, extra = parser.parse_known_args(argv)
+    extra = [a for a in extra if a != "--"]
+    configs = [c for c in args.configs.split(",") if c]
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, list[dict]] = {c: [] for c in configs}
+    for r in range(args.rounds):
+        order = configs[r % len(configs):] + configs[: r % len(configs)]
+        for config in order:
+            run_dir = args.out / f"{config}-r{r + 1}"
+            cmd, env = command(config, run_dir, extra)
+            t0 = time.perf_counter()
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
+            wall = time.perf_counter() - t0
+            stdout = done.stdout
+            if config == "nsys":  # the program's own output is in the run's child log
+                log = run_dir / "child.log"
+                stdout += log.read_text(errors="replace") if log.exists() else ""
+            program_stderr = [ln for ln in done.stderr.splitlines() if not ln.startswith("maxinstr:")] if config == "nsys" else done.stderr.splitlines()
+            row = {"round": r + 1, "rc": done.returncode, "wall_s": round(wall, 2),
+                   "tokens_per_s": steady_tokens_per_s(stdout), "stderr_lines": len(program_stderr),
+                   "stderr_head": program_stderr[:3]}
+            results[config].append(row)
+            print(f"round {r + 1} {config:10s} rc={done.returncode} {row['tokens_per_s']} tok/s, "
+                  f"{len(program_stderr)} stderr lines, {wall:.1f} s", flush=True)
+    bare_by_round = {row["round"]: row["tokens_per_s"] for row in results.get("bare", []) if row["tokens_per_s"]}
+    bare = median(list(bare_by_round.values())) if bare_by_round else None
+    print(f"\n{'configuration':12s} {'tok/s (median)':>15s} {'vs bare':>8s}  per-round vs that round's bare   stderr lines")
+    summary = {}
+    for config, rows in results.items():
+        tps = [row["tokens_per_s"] for row in rows if row["tokens_per_s"]]
+        med = median(tps) if tps else None
+        per_round = [round(row["tokens_per_s"] / bare_by_round[row["round"]], 3)
+                     for row in rows if row["tokens_per_s"] and bare_by_round.get(row["round"])]
+        ratio = round(med / bare, 3) if med and bare else None
+        summary[config] = {"tokens_per_s_median": med, "vs_bare": ratio, "per_round_vs_bare": per_round,
+                           "stderr_lines": [row["stderr_lines"] for row in rows], "runs": rows}
+        print(f"{config:12s} {med if med else float('nan'):15.1f} {ratio if ratio else float('nan'):8.3f}  "
+              f"{str(per_round):32s} {[row['stderr_lines'] for row in rows]}")
+    (args.out / "sources.json").write_text(json.dumps(summary, indent=1))
+    return 0 if all(row["rc"] == 0 for rows in results.values() for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
