@@ -278,6 +278,11 @@ struct Globals {
   uint64_t cupti_pushes = 0;
   uint64_t cupti_errors = 0;
   int64_t floor_fixed = -1;     // MAXINSTR_GPU_FLOOR_NS: >= 0 fixes the floor (0 = raw event times)
+
+  // Attrs are data, not references (maxinstr/record/attrs.py): attrs holding anything but
+  // str/int/float/bool/None are replaced at stage exit by this hook's plain-data copy.
+  PyObject* attrs_hook = nullptr;
+  uint64_t attrs_unconverted = 0;  // the hook failed: those attrs were not kept (counted)
 };
 
 Globals g;
@@ -362,18 +367,40 @@ int32_t intern_name(PyObject* name) {
   }
   Py_ssize_t n = 0;
   const char* u = PyUnicode_AsUTF8AndSize(name, &n);
-  if (!u) return -1;
+  PyObject* shown = name;  // the name as recorded
+  PyObject* escaped = nullptr;
+  if (!u) {
+    // A lone surrogate (os.fsdecode of a non-UTF-8 file name) has no UTF-8: record the name
+    // with it escaped as \udcff, as the readers show it (maxinstr/_text.py safe_name).
+    if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return -1;
+    PyErr_Clear();
+    PyObject* b = PyUnicode_AsEncodedString(name, "utf-8", "backslashreplace");
+    if (!b) return -1;
+    escaped = PyUnicode_FromEncodedObject(b, "utf-8", "strict");
+    Py_DECREF(b);
+    if (!escaped) return -1;
+    u = PyUnicode_AsUTF8AndSize(escaped, &n);
+    if (!u) {
+      Py_DECREF(escaped);
+      return -1;
+    }
+    shown = escaped;
+  }
   int32_t id = (int32_t)g.names.size();
   PyObject* idobj = PyLong_FromLong(id);
-  if (!idobj) return -1;
+  if (!idobj) {
+    Py_XDECREF(escaped);
+    return -1;
+  }
   if (PyDict_SetItem(g.name_dict, name, idobj) < 0) {
     Py_DECREF(idobj);
+    Py_XDECREF(escaped);
     return -1;
   }
   Py_DECREF(idobj);
   NameEntry e;
-  e.str = name;
-  Py_INCREF(name);
+  e.str = shown;
+  if (!escaped) Py_INCREF(shown);  // (escaped: its reference moves into the entry)
   e.utf8.assign(u, (size_t)n);
   e.nvtx = (g.markers == MK_NVTX) ? nvtxDomainRegisterStringA(g.domain, e.utf8.c_str()) : nullptr;
   writer_add_name(e.utf8);
@@ -1415,6 +1442,39 @@ PyObject* stage_enter(PyObject* o, PyObject*) {
   return o;
 }
 
+inline bool json_scalar(PyObject* v) {
+  return v == Py_None || PyUnicode_CheckExact(v) || PyLong_CheckExact(v) || PyFloat_CheckExact(v) || PyBool_Check(v);
+}
+
+// What a record keeps of `attrs` (a new reference, or NULL for nothing): the dict itself when
+// every value is what JSON holds as is, else the hook's plain-data copy, so the record holds no
+// reference to the caller's objects (a 50 MB array passed as an attr is not kept alive). Runs
+// Python only for attrs with other values. Never leaves an exception set: a failing hook means
+// the attrs are not kept, and counted.
+PyObject* record_attrs(PyObject* attrs) {
+  if (!attrs || PyDict_GET_SIZE(attrs) == 0) return nullptr;
+  Py_ssize_t pos = 0;
+  PyObject *k, *v;
+  bool simple = true;
+  while (PyDict_Next(attrs, &pos, &k, &v))
+    if (!json_scalar(v)) {
+      simple = false;
+      break;
+    }
+  if (simple || !g.attrs_hook) {
+    Py_INCREF(attrs);
+    return attrs;
+  }
+  PyObject* out = PyObject_CallOneArg(g.attrs_hook, attrs);
+  if (!out || !PyDict_Check(out)) {
+    Py_XDECREF(out);
+    PyErr_Clear();
+    g.attrs_unconverted++;
+    return nullptr;
+  }
+  return out;
+}
+
 // Finishes s's record at host time t (GPU exit event, then pending or done). Stack untouched.
 void stage_finish(StageObject* s, int64_t t, uint16_t flags, PyObject* attrs_override) {
   Record& r = s->rec;
@@ -1453,6 +1513,12 @@ PyObject* stage_exit(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
   int64_t t = now_ns();
   StageObject* s = (StageObject*)o;
   if (UNLIKELY(s->state != ST_OPEN || s->gen != g.fork_gen)) Py_RETURN_FALSE;  // closed by close_open / fork
+  if (s->attrs) {
+    PyObject* kept = record_attrs(s->attrs);
+    Py_SETREF(s->attrs, kept);
+    // the hook ran Python (a user's __str__, a signal handler): the stage may be closed by now
+    if (UNLIKELY(s->state != ST_OPEN || s->gen != g.fork_gen)) Py_RETURN_FALSE;
+  }
   uint16_t flags = (nargs > 0 && args[0] != Py_None) ? F_EXCEPTION : 0;
   stage_finish(s, t, flags, nullptr);
   ThreadState* ts = s->ts;
@@ -1736,6 +1802,7 @@ PyObject* py_mark(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* 
         Py_DECREF(attrs);
         return nullptr;
       }
+    Py_SETREF(attrs, record_attrs(attrs));
   }
   ThreadState* ts = get_ts();
   StageObject* parent = innermost_open(ts);
@@ -1756,6 +1823,15 @@ PyObject* py_mark(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* 
 }
 
 PyObject* py_clock_ns(PyObject*, PyObject*) { return PyLong_FromLongLong(now_ns()); }
+
+PyObject* py_set_attrs_hook(PyObject*, PyObject* fn) {
+  if (fn != Py_None && !PyCallable_Check(fn)) {
+    PyErr_SetString(PyExc_TypeError, "_set_attrs_hook(callable or None)");
+    return nullptr;
+  }
+  Py_XSETREF(g.attrs_hook, fn == Py_None ? nullptr : Py_NewRef(fn));
+  Py_RETURN_NONE;
+}
 
 PyObject* py_set_enabled(PyObject*, PyObject* on) {
   int t = PyObject_IsTrue(on);
@@ -2035,10 +2111,11 @@ PyObject* py_stats(PyObject*, PyObject*) {
   if (!d) return nullptr;
   {
     PyObject* b = Py_BuildValue(
-        "{sdsLsKsKsKsKsK}", "gpu_budget", g.gpu_budget, "gpu_cost_ns", (long long)g.gpu_cost_ns, "gpu_sampled_out",
+        "{sdsLsKsKsKsKsKsK}", "gpu_budget", g.gpu_budget, "gpu_cost_ns", (long long)g.gpu_cost_ns, "gpu_sampled_out",
         (unsigned long long)g.gpu_sampled_out, "event_elapsed_async", (unsigned long long)placer::P.calls.load(),
         "placer_ns", (unsigned long long)placer::P.ns.load(), "placer_batches",
-        (unsigned long long)placer::P.batches.load(), "placer_errors", (unsigned long long)placer::P.errors.load());
+        (unsigned long long)placer::P.batches.load(), "placer_errors", (unsigned long long)placer::P.errors.load(),
+        "attrs_unconverted", (unsigned long long)g.attrs_unconverted);
     if (!b || PyDict_Update(d, b) < 0) {
       Py_XDECREF(b);
       Py_DECREF(d);
@@ -2611,6 +2688,9 @@ PyMethodDef module_methods[] = {
     {"stage", (PyCFunction)(void (*)(void))py_stage, METH_FASTCALL | METH_KEYWORDS,
      "stage(name, *, stream=None, gpu=None, step=None, **attrs) -> Stage"},
     {"mark", (PyCFunction)(void (*)(void))py_mark, METH_FASTCALL | METH_KEYWORDS, "mark(name, **attrs): instant record."},
+    {"_set_attrs_hook", py_set_attrs_hook, METH_O,
+     "_set_attrs_hook(fn): fn(attrs) -> plain-data dict, called at stage exit for attrs holding other than "
+     "str/int/float/bool/None (maxinstr.record.attrs.plain)."},
     {"drain", (PyCFunction)(void (*)(void))py_drain, METH_FASTCALL | METH_KEYWORDS,
      "drain(max_records=-1) -> (bytes, [(name_id, name)], [(record_id, attrs)]): records completed since the "
      "last drain; names first seen since then plus those of the returned records; attrs of the returned records"},

@@ -16,8 +16,13 @@
 // the write(2) calls happen without it. Attrs stay Python objects: the Python flusher takes them
 // through drain(), which returns no records while the writer runs (a record is written once).
 //
+// fsync happens on a second thread of ours (the syncer), never on the writer's: a SIGKILL loses
+// only what was not yet handed to the kernel with write(2) (the page cache survives the process),
+// so the loss bound is the writer's write() cadence, and an fsync of a large file (270 ms for
+// 72 MB measured) must not stall it. fsync only narrows what a machine crash can lose.
+//
 // fork: the prepare handler takes w.mu (so the child never inherits it held mid-swap); the child
-// gets fresh primitives, no thread, no descriptors (closed: they are the parent's files) and
+// gets fresh primitives, no threads, no descriptors (closed: they are the parent's files) and
 // writes its own part once its session starts a writer again.
 
 #include <fcntl.h>
@@ -28,9 +33,14 @@ struct NativeWriter {
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   pthread_cond_t cv;       // wakes the writer: threshold crossed, flush asked, stop
   pthread_cond_t done_cv;  // wakes writer_flush() waiters
+  pthread_cond_t sync_cv;  // wakes the syncer: something was written while it slept, or stop
   pthread_t thread{};
+  pthread_t syncer{};
   bool running = false;    // a writer thread exists (read/written with the GIL held, or at exit)
+  bool syncing = false;    // a syncer thread exists (fsync_ns >= 0)
   bool stop = false;
+  bool sync_stop = false;  // the writer has stopped: the syncer makes its last fsync and ends
+  bool dirty = false;      // written since the syncer's last fsync
   bool signalled = false;  // the completion path signalled since the writer last took a batch
   bool idle = false;       // the writer waits with no timeout: its last round found nothing
   uint64_t flush_req = 0, flush_done = 0;
@@ -141,31 +151,15 @@ void* writer_main(void*) {
   std::string lines;
   std::vector<uint32_t> watch_counts;  // the writer thread's own (see writer_watch)
   uint64_t watch_gen = 0;
-  int64_t last_fsync = now_ns();
   bool took = true;       // the last round took records
-  bool unsynced = false;  // written since the last fsync
   pthread_mutex_lock(&w.mu);
   for (;;) {
     if (!w.stop && !w.signalled && w.flush_req == w.flush_done) {
       if (!took) {
         // Nothing completed for a whole interval: sleep until the next record (push_done
-        // signals an idle writer), a flush or the stop, and, when something written is not
-        // synced yet, at most until its fsync is due. An idle session costs no wake-ups. (The
-        // fsync wait must count as idle too: a writer that had just written a new name slept
-        // through the next records for up to a second, and a SIGKILL then lost them.)
+        // signals an idle writer), a flush or the stop. An idle session costs no wake-ups.
         w.idle = true;
-        const int64_t due = last_fsync + std::max<int64_t>(w.fsync_ns, 0);
-        while (w.idle && !w.stop && !w.signalled && w.flush_req == w.flush_done) {
-          if (!unsynced) {
-            pthread_cond_wait(&w.cv, &w.mu);
-            continue;
-          }
-          if (now_ns() >= due) break;
-          struct timespec ts;
-          ts.tv_sec = (time_t)(due / 1000000000LL);
-          ts.tv_nsec = (long)(due % 1000000000LL);
-          pthread_cond_timedwait(&w.cv, &w.mu, &ts);
-        }
+        while (w.idle && !w.stop && !w.signalled && w.flush_req == w.flush_done) pthread_cond_wait(&w.cv, &w.mu);
         w.idle = false;
       } else {
         int64_t t = now_ns() + w.interval_ns;
@@ -205,7 +199,7 @@ void* writer_main(void*) {
     // write, without the lock: names first, so every row on disk has its name
     int err = 0;
     const char* err_file = nullptr;
-    uint64_t written = 0, dropped = 0, synced = 0;
+    uint64_t written = 0, dropped = 0;
     if (failed) {
       dropped = n;
     } else {
@@ -230,16 +224,7 @@ void* writer_main(void*) {
       } else {
         written = n;
       }
-      if (written || !new_names.empty()) unsynced = true;
-      if (!err && unsynced && w.fsync_ns >= 0 && (stopping || now_ns() - last_fsync >= w.fsync_ns)) {
-        fsync(w.fd_strings);  // best effort (some file systems cannot); errors show in the next write
-        fsync(w.fd_stages);
-        last_fsync = now_ns();
-        unsynced = false;
-        synced = 1;
-      }
     }
-    if (failed || err || w.fsync_ns < 0) unsynced = false;
     took = n != 0;
     // steady state (only during the warm-up): the first name with `watch` completed top-level
     // stages (not marks), in the order they were completed
@@ -258,7 +243,10 @@ void* writer_main(void*) {
       }
     }
     pthread_mutex_lock(&w.mu);
-    w.fsyncs += synced;
+    if ((written || !new_names.empty()) && w.syncing && !w.dirty) {
+      w.dirty = true;
+      pthread_cond_signal(&w.sync_cv);
+    }
     if (err && !w.err) {
       w.err = err;
       w.err_file = (strcmp(err_file, "strings") == 0) ? w.strings_path : w.stages_path;
@@ -281,26 +269,69 @@ void* writer_main(void*) {
   return nullptr;
 }
 
+// The syncer: fsyncs the part's files at most every fsync interval while the writer writes,
+// and once more after it stopped (so a closed part is on disk), off the writer's thread.
+void* syncer_main(void*) {
+  pthread_mutex_lock(&w.mu);
+  int64_t last = now_ns();
+  for (;;) {
+    while (!w.dirty && !w.sync_stop) pthread_cond_wait(&w.sync_cv, &w.mu);
+    if (!w.sync_stop) {
+      const int64_t due = last + w.fsync_ns;  // written since: wait until the interval is up
+      struct timespec ts;
+      ts.tv_sec = (time_t)(due / 1000000000LL);
+      ts.tv_nsec = (long)(due % 1000000000LL);
+      while (!w.sync_stop && now_ns() < due) pthread_cond_timedwait(&w.sync_cv, &w.mu, &ts);
+    }
+    const bool work = w.dirty && w.err == 0;
+    const bool last_round = w.sync_stop;
+    w.dirty = false;
+    const int fs = w.fd_strings, fd = w.fd_stages;  // open until the syncer is joined
+    pthread_mutex_unlock(&w.mu);
+    if (work) {
+      fsync(fs);  // best effort (some file systems cannot); write errors show in the writer
+      fsync(fd);
+    }
+    pthread_mutex_lock(&w.mu);
+    if (work) {
+      w.fsyncs++;
+      last = now_ns();
+    }
+    if (last_round) break;
+  }
+  pthread_mutex_unlock(&w.mu);
+  return nullptr;
+}
+
 void writer_close_fds() {
   if (w.fd_stages >= 0) close(w.fd_stages);
   if (w.fd_strings >= 0) close(w.fd_strings);
   w.fd_stages = w.fd_strings = -1;
 }
 
-// Stops the thread after a final take-and-write; joins it. `release_gil`: called from Python.
-void writer_join(bool release_gil) {
-  if (!w.running) return;
+// Sets *flag under w.mu, wakes the thread waiting on cv, joins it. `release_gil`: called from Python.
+void stop_and_join(bool* flag, pthread_cond_t* cv, pthread_t thread, bool release_gil) {
   pthread_mutex_lock(&w.mu);
-  w.stop = true;
-  pthread_cond_signal(&w.cv);
+  *flag = true;
+  pthread_cond_signal(cv);
   pthread_mutex_unlock(&w.mu);
   if (release_gil) {
-    Py_BEGIN_ALLOW_THREADS pthread_join(w.thread, nullptr);
+    Py_BEGIN_ALLOW_THREADS pthread_join(thread, nullptr);
     Py_END_ALLOW_THREADS
   } else {
-    pthread_join(w.thread, nullptr);
+    pthread_join(thread, nullptr);
   }
+}
+
+// Stops the thread after a final take-and-write; joins it, then the syncer after its last fsync.
+void writer_join(bool release_gil) {
+  if (!w.running) return;
+  stop_and_join(&w.stop, &w.cv, w.thread, release_gil);
   w.running = false;  // from here push_done/drain() no longer lock: the GIL is the lock again
+  if (w.syncing) {  // the last fsync of what the writer wrote, then the files can close
+    stop_and_join(&w.sync_stop, &w.sync_cv, w.syncer, release_gil);
+    w.syncing = false;
+  }
   writer_close_fds();
 }
 
@@ -315,6 +346,7 @@ void writer_init_conds() {
   pthread_condattr_init(&a);
   pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
   pthread_cond_init(&w.cv, &a);
+  pthread_cond_init(&w.sync_cv, &a);
   pthread_cond_init(&w.done_cv, nullptr);
   pthread_condattr_destroy(&a);
 }
@@ -325,7 +357,10 @@ void writer_atfork_child() {
   pthread_mutex_init(&w.mu, nullptr);
   writer_init_conds();
   w.running = false;
+  w.syncing = false;
   w.stop = false;
+  w.sync_stop = false;
+  w.dirty = false;
   w.signalled = false;
   w.idle = false;
   w.flush_req = w.flush_done = 0;
@@ -387,6 +422,8 @@ PyObject* py_writer_start(PyObject*, PyObject* args, PyObject* kwargs) {
   w.fsync_ns = fsync_s < 0 ? -1 : (int64_t)(fsync_s * 1e9);
   w.threshold = (size_t)threshold;
   w.stop = false;
+  w.sync_stop = false;
+  w.dirty = false;
   w.signalled = false;
   w.idle = false;
   w.flush_req = w.flush_done = 0;
@@ -405,10 +442,17 @@ PyObject* py_writer_start(PyObject*, PyObject* args, PyObject* kwargs) {
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setstacksize(&attr, 256 * 1024);
+  // The syncer first, so the writer finds w.syncing set. Without one the writer still writes
+  // (the SIGKILL bound holds) and only fsync is skipped: not worth failing the session for.
+  w.syncing = w.fsync_ns >= 0 && pthread_create(&w.syncer, &attr, syncer_main, nullptr) == 0;
   int rc = pthread_create(&w.thread, &attr, writer_main, nullptr);
   pthread_attr_destroy(&attr);
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   if (rc != 0) {
+    if (w.syncing) {
+      stop_and_join(&w.sync_stop, &w.sync_cv, w.syncer, false);
+      w.syncing = false;
+    }
     writer_close_fds();
     errno = rc;
     return PyErr_SetFromErrno(PyExc_OSError);

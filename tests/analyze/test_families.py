@@ -123,3 +123,14 @@ def test_table_is_data_and_first_match_wins():
     assert classify_one("fmha_cutlassF_bf16_aligned_32x128_gmem_sm80") == "attention"
     extra = FAMILIES + (families.Family("clover", r"clover::", "CloverLeaf hydro kernels"),)
     assert classify_one("void clover::par_ranged2d_kernel<advec_mom_kernel>", extra) == "clover"
+
+
+def test_only_the_first_characters_of_a_name_are_searched():
+    """issue 20, class 8: a 200 MB Kineto kernel name took minutes in the patterns (some are
+    quadratic, ``blockwise.*gemm``); names are classified on their first NAME_SCAN_CHARS."""
+    from maxinstr.analyze.families import NAME_SCAN_CHARS, classify_one
+
+    assert classify_one("gemm" + "x" * 10**6) == "gemm"
+    assert classify_one("x" * NAME_SCAN_CHARS + "gemm") == "other"
+    hostile = "blockwise" * 2_000_000  # 18 MB of what the quadratic patterns backtrack over
+    assert classify_one(hostile) == "other"

@@ -276,3 +276,28 @@ def test_a_folder_that_holds_no_run_is_never_cleared(tmp_path):
     (tmp_path / "launch.json").write_text("{}")
     assert sorted(clear_previous_run(tmp_path)) == ["child.log", "launch.json"]
     assert (tmp_path / "profile.py").exists()
+
+
+def test_a_run_a_live_process_still_writes_is_never_cleared(tmp_path):
+    """issue 20, class 1: `maxinstr run -o DIR` on the run of a live process refuses (one line
+    naming it) instead of deleting its records; once that process is gone the run is replaced."""
+    import socket
+
+    from maxinstr.errors import MaxinstrError
+    from maxinstr.launch.runner import clear_previous_run
+
+    part = tmp_path / "parts" / "p1"
+    part.mkdir(parents=True)
+    (part / "stages.bin").write_bytes(b"")
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        doc = {"pid": live.pid, "host": socket.gethostname(), "status": "running", "started_unix_ns": time.time_ns()}
+        (part / "part.json").write_text(json.dumps(doc))
+        (tmp_path / "meta.json").write_text(json.dumps({"format": "maxinstr-run", "version": 1, "status": "closed"}))
+        with pytest.raises(MaxinstrError, match=rf"still written by a live process \(pid {live.pid} \(part p1\)\)"):
+            clear_previous_run(tmp_path)
+        assert (part / "stages.bin").exists()
+    finally:
+        live.kill()
+        live.wait()
+    assert "parts" in clear_previous_run(tmp_path)  # gone now: a previous run

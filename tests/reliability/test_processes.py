@@ -418,6 +418,14 @@ def _check_full(run_dir: Path, out: str, err: str, rc: int) -> None:
     run = maxinstr.load(run_dir)  # readable: whole records only
     assert 0 < len(run) < 3000
     assert run["step"].tolist() == list(range(len(run)))
+    # the run closed and says how many records the disk took from it (issue 20: it used to
+    # read as killed, with no count)
+    [part] = run.parts
+    assert part["status"] == "closed" and run.meta["status"] == "closed"
+    assert part["rows_dropped_disk"] == 3000 - len(run), (part, len(run))
+    assert not any("killed" in n or "not closed" in n for n in run.notes), run.notes
+    assert any(f"{3000 - len(run)} stage record(s) dropped while recording (the disk write failed)" in n
+               for n in run.notes), run.notes
 
 
 def test_file_size_limit_mid_run_one_warning_and_a_readable_prefix(tmp_path):

@@ -165,3 +165,18 @@ def test_ranked_table_one_line_per_stage_with_plain_basis():
     rows = [ln for ln in table.splitlines() if ln.startswith("│")]
     assert len(rows) == 3 and "self time, total" in table  # decode, sample, prefill: no wrapped rows
     assert "(GPU busy)" in rows[0] and "gpu_busy" not in table and "45% nvjet_sm90" in rows[0]
+
+
+def test_a_report_of_thousands_of_stages_shows_the_largest_and_says_so():
+    """issue 20, class 8: 50,000 distinct names made the terminal table take a minute to lay out;
+    the terminal shows the stages with the most steady host time, the other views all of them."""
+    from maxinstr.render import markdown, text
+
+    stages = [{"name": f"s{i:05d}", "depth": 0, "steady": 2, "warmup": 0, "cold_start": 0,
+               "host_ns": {"n": 2, "median": float(i), "p90": float(i), "total": 2.0 * i}} for i in range(5000)]
+    report = {"stages": stages, "warmup": {}, "sources": {}}
+    out = text.render(report, width=200)
+    shown = [f"s{i:05d}" for i in range(5000) if f"s{i:05d}" in out]
+    assert shown == [f"s{i:05d}" for i in range(5000 - text.STAGES_SHOWN, 5000)]
+    assert f"{5000 - text.STAGES_SHOWN:,} more stages not shown" in out
+    assert markdown.render(report).count("| s0") == 5000

@@ -62,7 +62,7 @@ def _seed_files() -> dict[str, tuple[str, bytes]]:
 SEEDS = _seed_files()
 NSYS_SEED = ("h200_small.sqlite", (DATA / "nsys" / "h200_small.sqlite").read_bytes())
 
-WRONG = st.sampled_from([None, "x", "", 1.5, -1, 0, True, [], {}, [1, "a"], {"a": None}, 2**70, -(2**63), 1e308]).map(
+WRONG = st.sampled_from([None, "x", "", 1.5, -1, 0, True, [], {}, [1], [[1]], [1, "a"], {"a": None}, 2**70, -(2**63), 1e308]).map(
     copy.deepcopy  # a fresh object each time: a shared list would let a later mutation make a cycle
 )
 

@@ -139,7 +139,12 @@ def test_bad_inputs(tmp_path):
     doc = raw("hta_triton_example.json.gz")
     xs(doc, "kernel")[0]["ts"] = "yesterday"
     p.write_text(json.dumps(doc))
-    with pytest.raises(TraceError, match="bad.json: malformed Kineto JSON"):
+    with pytest.raises(TraceError, match="bad.json: kernel: a timestamp is missing or not a number"):
+        read_kineto(p)
+    doc = raw("hta_triton_example.json.gz")
+    xs(doc, "kernel")[0]["tid"] = [1]
+    p.write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match="bad.json: kernel: tid: event 1 holds a JSON array where a number belongs"):
         read_kineto(p)
     doc = raw("hta_triton_example.json.gz")
     xs(doc, "kernel")[0]["ts"] = 1e300

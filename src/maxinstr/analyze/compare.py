@@ -37,6 +37,8 @@ class Side:
 
     def __init__(self, label: str, source: Analysis | dict[str, Any] | list) -> None:
         self.label = label
+        self._rows_cache: dict[int, dict[str, np.ndarray]] = {}
+        self._stage_rows: dict[int, dict[str, dict]] = {}
         sources = list(source) if isinstance(source, (list, tuple)) else [source]
         if not sources:
             raise ValueError(f"{label}: no run")
@@ -48,14 +50,25 @@ class Side:
     def runs(self) -> int:
         return len(self.reports)
 
+    def _stage_index(self, k: int) -> dict[str, dict]:
+        """Stage name -> its (first) row in run ``k``'s report, built once (a scan per stage
+        and side was quadratic in the number of stages)."""
+        idx = self._stage_rows.get(k)
+        if idx is None:
+            idx = {}
+            for s in self.reports[k].get("stages", []):
+                idx.setdefault(s["name"], s)
+            self._stage_rows[k] = idx
+        return idx
+
     def stage(self, name: str) -> dict | None:
-        return next((s for s in self.report.get("stages", []) if s["name"] == name), None)
+        return self._stage_index(0).get(name)
 
     def stages_of_runs(self, name: str) -> list[dict]:
         """The stage's row in every run that has it."""
         out = []
-        for rep in self.reports:
-            st = next((s for s in rep.get("stages", []) if s["name"] == name), None)
+        for k in range(len(self.reports)):
+            st = self._stage_index(k).get(name)
             if st is not None:
                 out.append(st)
         return out
@@ -68,9 +81,12 @@ class Side:
         out = []
         for a in self.analyses:
             inst = a.headline_instances if (key == "host_ns" and a.headline_instances is not None) else a.instances
-            sel = (inst.key.astype(str) == name) & inst.steady
+            rows = self._rows_of(inst).get(name)
+            if rows is None:
+                out.append(np.empty(0, np.int64))
+                continue
             col = {"host_ns": inst.host_ns, "gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": inst.proj_ns}[key]
-            v = col[sel]
+            v = col[rows]
             out.append(v[v >= 0])
         return out
 
@@ -78,6 +94,15 @@ class Side:
         """All runs' steady values of a stage, pooled (None without raw values)."""
         runs = self.run_values(name, key)
         return None if runs is None else np.concatenate(runs) if runs else np.empty(0, np.int64)
+
+    def _rows_of(self, inst) -> dict[str, np.ndarray]:  # noqa: ANN001
+        """Stage key -> its steady instances, built once per table (a mask per stage and
+        side was quadratic in the number of stages)."""
+        cache = self._rows_cache
+        if id(inst) not in cache:
+            keys, rows = inst.steady_by_key()
+            cache[id(inst)] = dict(zip(keys.tolist(), rows))
+        return cache[id(inst)]
 
 
 def _stat_of(stage: dict, key: str) -> dict:

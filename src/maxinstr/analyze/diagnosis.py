@@ -22,7 +22,7 @@ import re
 import shlex
 from typing import Any, Callable
 
-from maxinstr.analyze.families import MATMUL_FAMILIES
+from maxinstr.analyze.families import MATMUL_FAMILIES, scanned
 
 MATMUL = tuple(sorted(MATMUL_FAMILIES))
 DECODE_NAME = re.compile(r"decode|generat|next_?token|token_?step", re.IGNORECASE)
@@ -70,6 +70,15 @@ def _stage_weight(report: dict, stage: dict) -> float:
     # under warm-up parents too and can exceed 1 (tests/data/reports/h200_kvcache_b16.report.json:
     # decode 2.79); the rules still read those, and no stage accounts for more than all of the time.
     return 1.0 if s is None else min(float(s), 1.0)
+
+
+def _any_stage_has(stages: list[dict], key: str) -> bool:
+    """Whether some stage has values of statistic ``key`` (a report's rows always carry every
+    statistic; a saved report of an older version may lack one)."""
+    try:
+        return any(st[key]["n"] for st in stages)
+    except (KeyError, TypeError):
+        return any((st.get(key) or {}).get("n") for st in stages)
 
 
 def _significant(report: dict, stage: dict) -> bool:
@@ -145,7 +154,7 @@ def rule_no_gpu_data(report: dict) -> list[dict]:
     stages = report.get("stages") or []
     if not stages or report.get("gpu"):
         return []
-    if any((s.get(k) or {}).get("n") for s in stages for k in ("gpu_event_ns", "gpu_proj_ns")):
+    if _any_stage_has(stages, "gpu_event_ns") or _any_stage_has(stages, "gpu_proj_ns"):
         return []
     cmd = report.get("environment", {}).get("command")
     script = shlex.join(str(c) for c in cmd) if isinstance(cmd, list) else "python YOUR_SCRIPT.py"
@@ -283,7 +292,7 @@ def rule_warmup_contamination(report: dict) -> list[dict]:
 def rule_healthy_decode(report: dict) -> list[dict]:
     out = []
     for st in _mixed_stages(report):
-        if not DECODE_NAME.search(st.get("leaf", st["name"])):
+        if not DECODE_NAME.search(scanned(st.get("leaf", st["name"]))):
             continue
         mm = _fam_share(st, *MATMUL)
         others = {f: _fam_share(st, f) for f in ("attention", "normalization", "elementwise", "softmax", "rope",
@@ -314,7 +323,7 @@ def rule_healthy_decode(report: dict) -> list[dict]:
 def rule_attention_dominated_decode(report: dict) -> list[dict]:
     out = []
     for st in _mixed_stages(report):
-        if not DECODE_NAME.search(st.get("leaf", st["name"])):
+        if not DECODE_NAME.search(scanned(st.get("leaf", st["name"]))):
             continue
         att, mm = _fam_share(st, "attention"), _fam_share(st, *MATMUL)
         if att < ATTENTION_DOMINATES or att <= mm:
@@ -348,7 +357,7 @@ def _moe_permutation(stage: dict) -> tuple[float, list[str]]:
     """Share of a stage's GPU time in MOE_PERMUTATION kernels of its top kernels (not routing or
     grouped_matmul already), and their names."""
     ks = [k for k in (stage.get("mix") or {}).get("top_kernels", [])
-          if k["family"] not in ("routing", "grouped_matmul") and MOE_PERMUTATION.search(k["name"])]
+          if k["family"] not in ("routing", "grouped_matmul") and MOE_PERMUTATION.search(scanned(k["name"]))]
     return float(sum(k["share"] for k in ks)), [k["name"] for k in ks]
 
 
@@ -446,7 +455,7 @@ def rule_unfused(report: dict) -> list[dict]:
             ew_kernels = [k for k in (st.get("mix") or {}).get("top_kernels", []) if k["family"] == "elementwise"]
             ev["top_elementwise_kernels"] = [{"kernel": _kernel_regex(k["name"]), "share": round(k["share"], 3)}
                                              for k in ew_kernels[:3]]
-            cat = [k for k in ew_kernels if CONCAT_KERNEL.search(k["name"])]
+            cat = [k for k in ew_kernels if CONCAT_KERNEL.search(scanned(k["name"]))]
             concat = float(sum(k["share"] for k in cat))
             reason = f"elementwise kernels take {ew:.0%} of GPU time next to {mm:.0%} matmul"
             if concat >= 0.5 * ew:
@@ -524,11 +533,13 @@ def rule_reprefill(report: dict) -> list[dict]:
     """
     out = []
     stages = report.get("stages", [])
-    prefills = [s for s in stages if PREFILL_NAME.search(s.get("leaf", s["name"])) and s.get("mix")]
+    prefills = None  # found once a stage needs them: a regex per stage of 50,000 otherwise
     for st in stages:
         tr = st.get("steps")
         if not tr or tr.get("n_steps", 0) < REPREFILL_MIN_STEPS or not _significant(report, st):
             continue
+        if prefills is None:
+            prefills = [s for s in stages if PREFILL_NAME.search(scanned(s.get("leaf", s["name"]))) and s.get("mix")]
         work = st.get("step_work")
         ev: dict[str, Any] = {"steps": tr["n_steps"]}
         if work:
@@ -674,7 +685,8 @@ def _fmt_ns(v: float | None) -> str:
 def rule_launch_bound(report: dict) -> list[dict]:
     out = []
     for stage in report.get("stages", []):
-        if not _significant(report, stage):
+        # a population has no more busy fractions than its stage: the cheap test first
+        if (stage.get("gpu_busy_frac") or {}).get("n", 0) < 3 or not _significant(report, stage):
             continue
         for st, population, other in _pace_units(report, stage):
             out += _launch_or_host_bound(report, st, population, other, stage)
@@ -869,6 +881,8 @@ def rule_straggler(report: dict) -> list[dict]:
     """A rank that the others wait for (report["ranks"]["stragglers"], analyze/ranks.py)."""
     sec = report.get("ranks") or {}
     out = []
+    if not sec.get("stragglers"):
+        return out
     top_total = sum(float((st.get("host_ns") or {}).get("total", 0.0)) for st in report.get("stages", [])
                     if st.get("depth", 0) == 0)
     per_rank_total = top_total / max(int(sec.get("world_size") or 1), 1)
@@ -1097,38 +1111,39 @@ def rank_bottlenecks(report: dict) -> list[dict]:
     rows = []
     findings = report.get("diagnosis", [])
     stages = report.get("stages", [])
-    basis = next((key for key in ("gpu_busy_ns", "gpu_event_ns", "gpu_proj_ns", "host_ns")
-                  if any((st.get(key) or {}).get("n") for st in stages)), None)
+    basis = next((key for key in ("gpu_busy_ns", "gpu_event_ns", "gpu_proj_ns", "host_ns") if _any_stage_has(stages, key)),
+                 None)
     if basis is None:
         return []
-
-    def total(st: dict) -> float:
-        stat = st.get(basis) or {}
-        return float(stat.get("total", 0.0)) if stat.get("n") else 0.0
-
     parents = {st.get("parent") for st in stages}
+    found: dict[str, set[str]] = {}  # stage -> its findings (a scan per stage is quadratic in 50k stages)
+    for f in findings:
+        if f.get("stage") is not None and f["id"] not in MIX_HEALTHY:
+            found.setdefault(f["stage"], set()).add(f["id"])
     for st in stages:
-        if not (st.get(basis) or {}).get("n"):
+        stat = st.get(basis) or {}
+        if not stat.get("n"):
             continue
-        own = float((st.get("self_ns") or {}).get(basis, total(st)))
+        total = float(stat.get("total", 0.0))
+        own = float((st.get("self_ns") or {}).get(basis, total))
         if own <= 0:
             continue
-        mix = st.get("mix") or {}
-        fam = mix.get("families", [{}])[0] if mix.get("families") else {}
-        top = mix.get("top_kernels", [{}])[0] if mix.get("top_kernels") else {}
+        mix = st.get("mix")
+        fam = (mix.get("families") or [{}])[0] if mix else {}
+        top = (mix.get("top_kernels") or [{}])[0] if mix else {}
+        name = st["name"]
+        ids = found.get(name)
         rows.append({
-            "stage": st["name"], "basis": basis, "self_ns": own, "total_ns": total(st),
-            "median_ns": st[basis]["median"], "instances": st[basis]["n"],
-            "has_children": st["name"] in parents,
+            "stage": name, "basis": basis, "self_ns": own, "total_ns": total,
+            "median_ns": stat["median"], "instances": stat["n"],
+            "has_children": name in parents,
             "top_family": fam.get("family"), "top_family_share": fam.get("share"),
             "top_kernel": top.get("name"), "top_kernel_share": top.get("share"),
-            "findings": sorted({f["id"] for f in findings
-                                if f.get("stage") == st["name"] and f["id"] not in MIX_HEALTHY}),
+            "findings": sorted(ids) if ids else [],
         })
     grand = sum(r["self_ns"] for r in rows)
-    for r in rows:
-        r["share"] = r["self_ns"] / grand if grand > 0 else 0.0
     rows.sort(key=lambda r: -r["self_ns"])
     for i, r in enumerate(rows, 1):
+        r["share"] = r["self_ns"] / grand if grand > 0 else 0.0
         r["rank"] = i
     return rows

@@ -80,6 +80,10 @@ class StageInstances:
     different populations: one processes the prompt, the other one token)."""
     level: np.ndarray = field(default_factory=lambda: _i64(0))
     """Nesting level among stage instances (0: no enclosing instance)."""
+    key_code: np.ndarray = field(default_factory=lambda: _i64(0))
+    """Index of each instance's key in :attr:`keys`."""
+    keys: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
+    """The distinct keys, sorted (not per instance: :meth:`take` keeps it whole)."""
     notes: list = field(default_factory=list)
     """What building the table had to work around (one line each)."""
 
@@ -110,30 +114,51 @@ class StageInstances:
         return ~startup
 
     def take(self, index: np.ndarray) -> "StageInstances":
-        return StageInstances(**{f.name: (getattr(self, f.name) if f.name == "notes" else getattr(self, f.name)[index])
+        return StageInstances(**{f.name: (getattr(self, f.name) if f.name in ("notes", "keys")
+                                          else getattr(self, f.name)[index])
                                  for f in fields(self)})
 
+    def key_codes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(distinct keys sorted, each instance's index in them): ``np.unique(key)``, kept from
+        when the keys were made when they still describe this table."""
+        if len(self.key_code) == len(self.key) and (len(self.key) == 0 or len(self.keys)):
+            return self.keys, self.key_code
+        keys, code = np.unique(self.key, return_inverse=True)
+        return keys, code.reshape(-1)
 
-def _derive_steps(inst: StageInstances, name_code: np.ndarray) -> None:
+    def steady_by_key(self) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(distinct keys sorted, per key the indexes of its steady instances): one sort, not a
+        mask over every instance per key (quadratic in the number of stages)."""
+        keys, code = self.key_codes()
+        idx = np.flatnonzero(self.steady)
+        idx = idx[np.argsort(code[idx], kind="stable")]
+        bounds = np.searchsorted(code[idx], np.arange(len(keys) + 1)).tolist()
+        return keys, [idx[bounds[k]:bounds[k + 1]] for k in range(len(keys))]
+
+
+def _derive_steps(inst: StageInstances, name_code: np.ndarray, n_names: int) -> None:
     """Position among same-named siblings of the same parent (top level: among all of that name)."""
-    n_names = int(name_code.max()) + 1 if len(name_code) else 1
     pos = occurrence_index((inst.parent + 1) * n_names + name_code, inst.host_start_ns)
     inst.step = np.where(inst.step_marked, inst.step, pos)
 
 
 def name_codes(names: np.ndarray) -> np.ndarray:
     """Dense int codes of the names (equal names, equal codes): what grouping needs, without
-    comparing strings again."""
+    comparing strings again. Names stay Python strings (a fixed-width copy is as wide as the
+    longest name for every row)."""
     if len(names) == 0:
         return np.empty(0, np.int64)
-    return np.unique(np.asarray(names).astype(str), return_inverse=True)[1].reshape(-1).astype(np.int64)
+    return np.unique(np.asarray(names, dtype=object), return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
-def stage_keys(names: np.ndarray, parent: np.ndarray, name_code: np.ndarray | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """(key, level) per instance: see :attr:`StageInstances.key`. Vectorised per nesting level,
-    over integer path ids (a path is its parent's path id and its own name code); strings are
-    built only for the distinct paths, so a name holding '/' cannot be mistaken for two levels."""
+def stage_keys(names: np.ndarray, parent: np.ndarray,
+               name_code: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(key, level, key code, distinct keys) per instance: see :attr:`StageInstances.key`;
+    ``distinct[code] == key``, sorted (what ``np.unique(key)`` gives). Vectorised per nesting
+    level on integer codes (``name_code``: equal exactly when the names are, found when not
+    given): a path is its parent's path code and its own name code, and its names are listed
+    once per distinct path, not per instance, so a name holding '/' cannot be mistaken for two
+    levels when the shortest telling suffix is chosen."""
     n = len(names)
     names = np.asarray(names, dtype=object)
     level = np.zeros(n, dtype=np.int64)
@@ -145,35 +170,50 @@ def stage_keys(names: np.ndarray, parent: np.ndarray, name_code: np.ndarray | No
         level[live] += 1
         cur[live] = parent[cur[live]]
     if n == 0:
-        return np.empty(0, dtype=object), level
-    code = name_codes(names) if name_code is None else name_code
-    n_names = int(code.max()) + 1
-    leaf_of_code = np.empty(n_names, dtype=object)
-    leaf_of_code[code] = names
-    # path ids 0..n_names-1 are the top-level paths (a name alone); deeper ones are numbered level by level
-    path = np.where(level == 0, code, -1)
-    path_parent, path_name = [np.full(n_names, -1, np.int64)], [np.arange(n_names, dtype=np.int64)]
-    next_id = n_names
+        return np.empty(0, dtype=object), level, _i64(0), np.empty(0, dtype=object)
+    name_code = name_codes(names) if name_code is None else np.asarray(name_code, np.int64)
+    n_names = int(name_code.max()) + 1
+    # a path code per instance: its name's code at level 0, then per level a new code per
+    # distinct (parent's path code, name); what each new code is made of, to list its names once
+    pcode = name_code.copy()
+    made_of: dict[int, tuple[int, int]] = {}  # path code -> (parent's path code, an instance it ends in)
+    next_code = n_names
     for lv in range(1, int(level.max()) + 1):
         sel = np.flatnonzero(level == lv)
-        u, inv = np.unique(path[parent[sel]] * n_names + code[sel], return_inverse=True)
-        path[sel] = next_id + inv.reshape(-1)
-        path_parent.append(u // n_names)
-        path_name.append(u % n_names)
-        next_id += len(u)
-    pp, pn = np.concatenate(path_parent), np.concatenate(path_name)
-    used, inv = np.unique(path, return_inverse=True)
+        up = pcode[parent[sel]]
+        pair, first, inv = np.unique(up * n_names + name_code[sel], return_index=True, return_inverse=True)
+        for k, (u, i) in enumerate(zip(up[first].tolist(), sel[first].tolist())):
+            made_of[next_code + k] = (u, i)
+        pcode[sel] = next_code + inv.reshape(-1)
+        next_code += len(pair)
+    codes, code_first, code_inv = np.unique(pcode, return_index=True, return_inverse=True)
+    first_of_name = np.full(n_names, -1, np.int64)
+    first_of_name[name_code[::-1]] = np.arange(n - 1, -1, -1)
+    listed: dict[int, tuple[str, ...]] = {}
 
-    def parts_of(pid: int) -> list[str]:
-        out = []
-        while pid >= 0:
-            out.append(str(leaf_of_code[pn[pid]]))
-            pid = int(pp[pid])
-        return out[::-1]
+    def parts_of(code: int) -> tuple[str, ...]:
+        if code not in listed:
+            if code < n_names:
+                listed[code] = (str(names[first_of_name[code]]),)
+            else:
+                up, i = made_of[code]
+                listed[code] = parts_of(up) + (str(names[i]),)
+        return listed[code]
 
-    parts = [parts_of(int(p)) for p in used]  # per distinct path (few)
-    # the shortest '/'-suffix that tells a path apart from the other paths ending in the same name
-    # ("Step 1/Forward", not "Run/Warm-up/Step 1/Forward")
+    code_parts = [parts_of(c) for c in codes.tolist()]
+    # paths that spell the same (a name holding '/') are one path, as their strings were; its
+    # names are those of the path its first instance is on
+    path_of_code = np.array(["/".join(p) for p in code_parts], dtype=object)
+    upath, path_of = np.unique(path_of_code, return_inverse=True)
+    path_of = path_of.reshape(-1)
+    first_inst = np.full(len(upath), n, np.int64)
+    np.minimum.at(first_inst, path_of, code_first)
+    parts: list[tuple[str, ...]] = [()] * len(upath)
+    for j in np.flatnonzero(code_first == first_inst[path_of]).tolist():
+        parts[path_of[j]] = code_parts[j]
+    inv = path_of[code_inv.reshape(-1)]
+    # per distinct path (few): the shortest '/'-suffix that tells it apart from the other
+    # paths ending in the same name ("Step 1/Forward", not "Run/Warm-up/Step 1/Forward")
     by_leaf: dict[str, list[int]] = {}
     for i, ps in enumerate(parts):
         by_leaf.setdefault(ps[-1], []).append(i)
@@ -189,14 +229,19 @@ def stage_keys(names: np.ndarray, parent: np.ndarray, name_code: np.ndarray | No
                 break
         for i in idx:
             display[i] = suffix[i]
-    return display[inv.reshape(-1)], level
+    # two paths can show as one key (a name holding '/'): the key, not the path, is the stage
+    distinct, key_of_path = np.unique(display, return_inverse=True)
+    code = key_of_path.reshape(-1)[inv.reshape(-1)]
+    return distinct[code], level, code.astype(np.int64), distinct
 
 
 _MAX_LEVELS = 64
 
 
-def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True) -> StageInstances:
-    """Stage keys, occurrence order, warm-up and cold-start flags.
+def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
+            name_code: np.ndarray | None = None) -> StageInstances:
+    """Stage keys, occurrence order, warm-up and cold-start flags. ``name_code``: an integer
+    per instance that is equal exactly when the names are (the run's name ids), else found.
 
     Warm-up is decided per pipeline, not per stage name: the first ``warmup_n`` instances of
     each name (per process) are warm-up, and so is everything nested inside a warm-up or
@@ -205,13 +250,14 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True) -> St
     request's cold start takes its decode steps with it instead of leaving them as "steady".
     """
     n = len(inst)
-    name_code = name_codes(inst.name)
-    inst.key, inst.level = stage_keys(inst.name, inst.parent, name_code)
+    name_code = name_codes(inst.name) if name_code is None else np.asarray(name_code, np.int64)
+    inst.key, inst.level, inst.key_code, inst.keys = stage_keys(inst.name, inst.parent, name_code)
     part_code = np.unique(inst.part, return_inverse=True)[1].reshape(-1).astype(np.int64) if n else _i64(0)
     n_names = int(name_code.max()) + 1 if n else 1
+    # integer keys (part, name) and (parent, name): string keys cost a second per 100k instances
     inst.occurrence = occurrence_index(part_code * n_names + name_code, inst.host_start_ns) if n else _i64(0)
     inst.warmup = (inst.occurrence < warmup_n) & ~inst.is_mark if warmup_n > 0 else np.zeros(n, dtype=bool)
-    _derive_steps(inst, name_code) if n else None
+    _derive_steps(inst, name_code, n_names) if n else None
     inst.cold = np.zeros(n, dtype=bool)
     inst.cold_z = np.zeros(n, dtype=np.float64)
     inst.inside_startup = _inside(inst.parent, inst.warmup) if n else np.zeros(0, dtype=bool)
@@ -219,7 +265,7 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True) -> St
         # cold starts are outliers within one population: one stage key in one process. Pooling
         # processes (ranks) would judge a slow rank's ordinary first steps by the fast ranks'
         # median and call them cold starts.
-        codes = name_codes(inst.key) * (int(part_code.max()) + 1) + part_code
+        codes = inst.key_code * (int(part_code.max()) + 1) + part_code
         for lv in range(int(inst.level.max()) + 1):
             at = (inst.level == lv) & ~inst.warmup & ~inst.inside_startup & ~inst.is_mark
             if not at.any():
@@ -437,4 +483,5 @@ def from_run(run, trace=None, attribution=None, warmup_n: int | None = None) -> 
     keep_parent, keep_depth = inst.parent, inst.depth
     _fill_from_attribution(inst, attribution if n_ranges else None, rows, n_ranges)
     inst.parent, inst.depth = keep_parent, keep_depth  # the run's own nesting is exact
-    return _finish(inst, run.warmup if warmup_n is None else warmup_n)
+    return _finish(inst, run.warmup if warmup_n is None else warmup_n,
+                   name_code=np.asarray(s["name_id"], np.int64) if n else None)

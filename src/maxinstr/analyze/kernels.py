@@ -224,8 +224,7 @@ def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, du
     out: dict[str, dict] = {}
     if len(op_i) == 0:
         return out
-    uniq, name_code = np.unique(inst.key.astype(str), return_inverse=True)  # per instance, once
-    name_code = name_code.reshape(-1)
+    uniq, name_code = inst.key_codes()  # per instance, once
     n_stages = len(uniq)
     has_steady = np.zeros(n_stages, bool)
     has_steady[name_code[inst.steady]] = True

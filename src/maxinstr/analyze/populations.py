@@ -188,11 +188,15 @@ def _group_row(inst, rows: np.ndarray, label: str, n_stage: int, graph_ops: np.n
 
 
 def stage_populations(inst, rows: np.ndarray, basis: str, attrs: dict | None = None,
-                      graph_ops: np.ndarray | None = None) -> dict[str, Any] | None:
+                      graph_ops: np.ndarray | None = None, values: np.ndarray | None = None) -> dict[str, Any] | None:
     """``stages[].populations`` for the steady instances ``rows`` of one stage, or None when
     they form one population. ``basis``: the time measure judged (``gpu_event_ns``,
-    ``gpu_proj_ns`` or ``host_ns``)."""
-    col = {"gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": inst.proj_ns, "host_ns": inst.host_ns}[basis]
+    ``gpu_proj_ns`` or ``host_ns``); ``values``: that column for every instance, when the
+    caller has it (computing it per stage is quadratic in the number of stages)."""
+    if values is not None:
+        col = values
+    else:
+        col = {"gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": inst.proj_ns, "host_ns": inst.host_ns}[basis]
     v = col[rows]
     ok = v > 0
     m = modes(v[ok])

@@ -20,8 +20,9 @@ from maxinstr.analyze import instances as inst_mod
 from maxinstr.analyze.families import MATMUL_FAMILIES
 from maxinstr.analyze.kernels import (FAMILY_NAMES, family_table, instance_op_work, kernel_table, op_durations,
                                      op_families, op_instance_pairs, stage_mix)
+from maxinstr.analyze.populations import MIN_INSTANCES as POPULATION_MIN_INSTANCES
 from maxinstr.analyze.populations import stage_populations
-from maxinstr.analyze.stats import step_trend, summarize
+from maxinstr.analyze.stats import group_summaries, step_trend
 from maxinstr.attribute.model import JoinMethod
 
 SCHEMA = "maxinstr-report"
@@ -75,9 +76,11 @@ def _inprocess_trace(run):
     --trace was given: (trace or None, notes)."""
     from maxinstr.traces.inprocess import read_run
 
+    from maxinstr.errors import TraceError
+
     try:
         return read_run(run)
-    except ValueError as exc:  # a malformed activity file: the report goes on without kernels
+    except (ValueError, TraceError) as exc:  # a malformed activity file: the report goes on without kernels
         return None, [f"in-process kernels not read: {exc}"]
 
 
@@ -293,9 +296,9 @@ def _join_problem(trace) -> str:
     if trace.format == "kineto":
         return ("the run's stages could not be placed on this torch.profiler trace (it records no NVTX ranges, and "
                 "the run or the trace lacks the wall-clock base that places them): per-stage kernels unavailable; "
-                "pass the run directory the traced program wrote, or capture with `maxinstr run -- CMD`")
+                "pass the run directory the traced program wrote, or capture with: maxinstr run -- CMD")
     return ("no trace range is one of the run's stages (a trace captured without NVTX, e.g. nsys -t cuda only, or "
-            "of another run): per-stage kernels unavailable; capture with `maxinstr run -- CMD` (nsys -t cuda,nvtx) "
+            "of another run): per-stage kernels unavailable; capture with: maxinstr run -- CMD (nsys -t cuda,nvtx) "
             "or pass the run directory that recorded this trace")
 
 
@@ -374,93 +377,172 @@ def _perturbed(run, trace) -> tuple[bool, str | None]:
     return False, None
 
 
-def _stat(values: np.ndarray) -> dict[str, float | int]:
-    return summarize(values)
-
-
 def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = None, attrs: dict | None = None,
                 graph_ops: np.ndarray | None = None) -> list[dict]:
+    """One row per stage key. Columnar over all stages at once (grouped statistics, one slice
+    of a stage-sorted index per stage): a run of 50,000 distinct names made a per-stage mask
+    over every instance (quadratic) and eight numpy calls per stage, 179 s. ``attrs`` and
+    ``graph_ops`` (CUDA-graph ops per instance) explain two-population stages."""
     if len(inst) == 0:
         return []
-    names = inst.key.astype(str)
-    uniq, first_idx, code = np.unique(names, return_index=True, return_inverse=True)
-    code = code.reshape(-1)
+    uniq, code = inst.key_codes()
+    n_stages = len(uniq)
     # pipeline order: by first host start
-    first_start = np.full(len(uniq), np.iinfo(np.int64).max)
+    first_start = np.full(n_stages, np.iinfo(np.int64).max)
     np.minimum.at(first_start, code, inst.host_start_ns)
     order_u = np.argsort(first_start, kind="stable")
     steady = inst.steady
     host = inst.host_ns
     proj = inst.proj_ns
-    busy_frac = inst.busy_frac
-    share_of_top = _share_of_top(inst, code, len(uniq))
+    has_span = inst.proj_start_ns >= 0
+    share_of_top = _share_of_top(inst, code, n_stages)
     self_time = _self_times(inst, {"host_ns": host, "gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": proj,
-                                   "gpu_busy_ns": np.where(inst.proj_start_ns >= 0, inst.busy_ns, -1)})
-    head_names = head.key.astype(str) if head is not None else None
+                                   "gpu_busy_ns": np.where(has_span, inst.busy_ns, -1)})
+
+    def count(mask: np.ndarray) -> np.ndarray:
+        return np.bincount(code[mask], minlength=n_stages)
+
+    instances, n_steady = count(np.ones(len(inst), bool)), count(steady)
+    n_warmup, n_cold, n_exc = count(inst.warmup), count(inst.cold & ~inst.warmup), count(inst.exception)
+    n_inside = count(inst.inside_startup) if len(inst.inside_startup) == len(inst) else np.zeros(n_stages, np.int64)
+    only_marks = count(inst.is_mark) == instances
+    step_marked = count(inst.step_marked) > 0
+    depth = np.full(n_stages, np.iinfo(np.int64).max)
+    np.minimum.at(depth, code, inst.level)
+    first_of = np.full(n_stages, len(inst))
+    np.minimum.at(first_of, code, np.arange(len(inst)))
+    parent_of = _most_common_parent(inst, code, n_stages)
+    sc = code[steady]
+
+    def stats(values: np.ndarray) -> list[dict]:
+        return group_summaries(sc, values[steady], n_stages)
+
+    cols = {
+        "host_ns": stats(host),
+        "gpu_event_ns": stats(inst.gpu_event_ns),
+        "gpu_proj_ns": stats(proj),
+        "gpu_busy_ns": stats(np.where(has_span, inst.busy_ns, -1)),
+        "gpu_busy_frac": stats(inst.busy_frac),
+        "idle_gap_ns": stats(np.where(has_span, inst.idle_gap_ns, -1)),
+        "kernels_per_instance": stats(np.where(inst.range_index >= 0, inst.kernel_count, -1)),
+    }
+    self_ns = []
+    for k, v in self_time.items():
+        present = steady & (v >= 0)
+        self_ns.append((k, np.bincount(code[present], weights=v[present], minlength=n_stages).tolist(),
+                        (count(present) > 0).tolist()))
+    # each stage's steady instances, as one slice of a stage-sorted index
+    by_stage = np.flatnonzero(steady)[np.argsort(sc, kind="stable")]
+    bounds = np.concatenate(([0], np.cumsum(n_steady))).tolist()
+    per_steps = _per_steps(inst, by_stage, code[by_stage], n_stages) if step_marked.any() else None
+    head_rows = _headline_stats(head, uniq) if head is not None else None
+    # per-stage values as Python lists: the loop below runs once per stage (50,000 and more)
+    names_l, depth_l, leaf_l = uniq.tolist(), depth.tolist(), inst.name[first_of].tolist()
+    counts_l = list(zip(instances.tolist(), n_steady.tolist(), n_warmup.tolist(), n_cold.tolist(), n_inside.tolist(),
+                        n_exc.tolist()))
+    # share of each stage's steady, joined instances that launch CUDA-graph nodes (None without any)
+    graph_share_l: list[float | None] = [None] * n_stages
+    if graph_ops is not None:
+        joined = steady & (inst.range_index >= 0)
+        n_joined, n_graph = count(joined).tolist(), count(joined & (graph_ops > 0)).tolist()
+        graph_share_l = [g / j if j else None for g, j in zip(n_graph, n_joined)]
+    marks_l, step_marked_l = only_marks.tolist(), step_marked.tolist()
+    share_l = None if share_of_top is None else share_of_top.astype(np.float64).tolist()
+    series = {"gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": proj, "host_ns": host}
+
+    c_host, c_event, c_proj, c_busy = cols["host_ns"], cols["gpu_event_ns"], cols["gpu_proj_ns"], cols["gpu_busy_ns"]
+    c_frac, c_gap, c_kpi = cols["gpu_busy_frac"], cols["idle_gap_ns"], cols["kernels_per_instance"]
     rows = []
-    for u in order_u:
-        sel = code == u
-        if inst.is_mark[sel].all():
+    for u in order_u.tolist():
+        if marks_l[u]:
             continue  # instant marks have no duration: counted in report["marks"]
-        st = sel & steady
-        name = str(uniq[u])
-        parents = inst.parent[sel]
-        parent_names = inst.key[parents[parents >= 0]].astype(str)
-        pname = None
-        if len(parent_names):
-            pn, pc = np.unique(parent_names, return_counts=True)
-            pname = str(pn[np.argmax(pc)])
+        name = str(names_l[u])
+        n_all, n_st, n_wu, n_cs, n_in, n_ex = counts_l[u]
+        host_stat = c_host[u]
         row: dict[str, Any] = {
             "name": name,
-            "parent": pname,
-            "depth": int(inst.level[sel].min()),
-            "leaf": str(inst.name[sel][0]),
-            "instances": int(sel.sum()),
-            "steady": int(st.sum()),
-            "warmup": int((sel & inst.warmup).sum()),
-            "cold_start": int((sel & inst.cold & ~inst.warmup).sum()),
-            "inside_startup": int((sel & inst.inside_startup).sum()),
-            "exceptions": int((sel & inst.exception).sum()),
-            "host_ns": _stat(host[st]),
-            "gpu_event_ns": _stat(inst.gpu_event_ns[st]),
-            "gpu_proj_ns": _stat(proj[st]),
-            "gpu_busy_ns": _stat(np.where(inst.proj_start_ns[st] >= 0, inst.busy_ns[st], -1)),
-            "gpu_busy_frac": _stat(busy_frac[st]),
-            "idle_gap_ns": _stat(np.where(inst.proj_start_ns[st] >= 0, inst.idle_gap_ns[st], -1)),
-            "kernels_per_instance": _stat(np.where(inst.range_index[st] >= 0, inst.kernel_count[st], -1)),
-            "share_of_top": None if share_of_top is None else float(share_of_top[u]),
-            "self_ns": {k: float(v[st & (v >= 0)].sum()) for k, v in self_time.items() if (v[st] >= 0).any()},
-            "steps_marked": bool(inst.step_marked[sel].any()),
+            "parent": parent_of[u],
+            "depth": depth_l[u],
+            "leaf": str(leaf_l[u]),
+            "instances": n_all,
+            "steady": n_st,
+            "warmup": n_wu,
+            "cold_start": n_cs,
+            "inside_startup": n_in,
+            "exceptions": n_ex,
+            "host_ns": host_stat,
+            "gpu_event_ns": c_event[u],
+            "gpu_proj_ns": c_proj[u],
+            "gpu_busy_ns": c_busy[u],
+            "gpu_busy_frac": c_frac[u],
+            "idle_gap_ns": c_gap[u],
+            "kernels_per_instance": c_kpi[u],
+            "share_of_top": None if share_l is None else share_l[u],
+            "self_ns": {k: total[u] for k, total, present in self_ns if present[u]},
+            "steps_marked": step_marked_l[u],
             "steps": None,
             "mix": mix.get(name),
-            "samples": _window_note(sample_stats.get(name) if sample_stats else None, _stat(host[st])),
+            "samples": _window_note(sample_stats.get(name), host_stat) if sample_stats else None,
         }
         # step trend on the best GPU measure available, else host time
         basis = "gpu_event_ns" if row["gpu_event_ns"]["n"] else ("gpu_proj_ns" if row["gpu_proj_ns"]["n"] else "host_ns")
-        values = {"gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": proj, "host_ns": host}[basis]
-        trend = step_trend(inst.step[st], values[st])
-        if trend.get("n_steps", 0) >= 4:
-            trend["basis"] = basis
-            row["steps"] = trend
-        row["step_work"] = _step_work(inst.step[st], {k: v[st] for k, v in work.items()}) \
-            if work is not None and row["steps"] else None
-        row["populations"] = stage_populations(inst, np.flatnonzero(st), basis, attrs, graph_ops)
-        joined = st & (inst.range_index >= 0)
-        row["cuda_graph_share"] = float((graph_ops[joined] > 0).mean()) \
-            if graph_ops is not None and joined.any() else None
+        if n_st >= STEP_WORK_MIN_STEPS:  # fewer instances cannot span the 4 steps a trend needs
+            st = by_stage[bounds[u]:bounds[u + 1]]
+            values = series[basis]
+            trend = step_trend(inst.step[st], values[st])
+            if trend.get("n_steps", 0) >= 4:
+                trend["basis"] = basis
+                row["steps"] = trend
+                if work is not None:
+                    row["step_work"] = _step_work(inst.step[st], {k: v[st] for k, v in work.items()})
+        row.setdefault("step_work", None)
+        # fewer steady instances cannot form two populations (populations.MIN_INSTANCES)
+        row["populations"] = stage_populations(inst, by_stage[bounds[u]:bounds[u + 1]], basis, attrs, graph_ops,
+                                               values=series[basis]) if n_st >= POPULATION_MIN_INSTANCES else None
+        row["cuda_graph_share"] = graph_share_l[u]
         if row["steps_marked"]:
-            row["per_step"] = _per_step(inst.step[st], host[st], values[st] if basis != "host_ns" else None, basis)
-        row["headline_from"] = "run" if head is None else "unprofiled_run"
-        if head is not None and ((head_names == name) & head.steady).any():
-            hs = (head_names == name) & head.steady
-            row["headline_host_ns"] = _stat(head.host_ns[hs])
-            row["headline_gpu_event_ns"] = _stat(head.gpu_event_ns[hs])
+            row["per_step"] = _per_step(per_steps, u, basis)
+        if head_rows is not None and head_rows[u] is not None:
+            row["headline_from"] = "unprofiled_run"
+            row["headline_host_ns"], row["headline_gpu_event_ns"] = head_rows[u]
         else:  # no unprofiled run, or it lacks this stage: the profiled numbers, marked as such
             row["headline_from"] = "run"
             row["headline_host_ns"] = row["host_ns"]
             row["headline_gpu_event_ns"] = row["gpu_event_ns"]
         rows.append(row)
     return _tree_order(rows)
+
+
+def _most_common_parent(inst, code: np.ndarray, n_stages: int) -> list[str | None]:
+    """Per stage: the stage key its instances' parents most often have (ties: the first key in
+    sort order), None for a stage whose instances have no parent."""
+    out: list[str | None] = [None] * n_stages
+    child = np.flatnonzero(inst.parent >= 0)
+    if len(child) == 0:
+        return out
+    keys = inst.key_codes()[0]
+    pcode = code[inst.parent[child]]  # parents are stages too: their key codes index the same keys
+    pair, counts = np.unique(code[child] * n_stages + pcode, return_counts=True)
+    stage_of, parent_of = pair // n_stages, pair % n_stages
+    # per stage, the parent key with the most instances; ties go to the first key in sort order
+    best = np.lexsort((parent_of, -counts, stage_of))
+    first = best[np.r_[True, stage_of[best][1:] != stage_of[best][:-1]]]
+    for s, p in zip(stage_of[first].tolist(), parent_of[first].tolist()):
+        out[s] = str(keys[p])
+    return out
+
+
+def _headline_stats(head, uniq: np.ndarray) -> list[tuple[dict, dict] | None]:
+    """Per stage of ``uniq``: (host, GPU-event) statistics over the unprofiled run's steady
+    instances of the same key, None where that run has none."""
+    keys = head.key
+    pos = np.searchsorted(uniq, keys)
+    pos = np.minimum(pos, len(uniq) - 1)
+    hit = (uniq[pos] == keys) & head.steady
+    host = group_summaries(pos[hit], head.host_ns[hit], len(uniq))
+    gpu = group_summaries(pos[hit], head.gpu_event_ns[hit], len(uniq))
+    present = np.bincount(pos[hit], minlength=len(uniq)) > 0
+    return [(host[i], gpu[i]) if present[i] else None for i in range(len(uniq))]
 
 
 def _share_of_top(inst, code: np.ndarray, n_stages: int) -> np.ndarray | None:
@@ -590,25 +672,48 @@ def _step_work(step: np.ndarray, work: dict[str, np.ndarray]) -> dict[str, Any] 
 PER_STEP_KEPT = 10_000
 
 
-def _per_step(step: np.ndarray, host: np.ndarray, gpu: np.ndarray | None, basis: str) -> dict[str, Any]:
-    """Per marked step: instance count and median host (and GPU) time, as parallel lists."""
+def _per_steps(inst, idx: np.ndarray, stage: np.ndarray, n_stages: int) -> tuple[list, tuple]:
+    """Over the instances ``idx`` (``stage``: their stage codes), per (stage, marked step): the
+    instance count, the median host time and the median GPU time by each GPU measure; the first
+    PER_STEP_KEPT steps of each stage. Every stage at once, by one sort of (stage, step).
+    Returns (per stage its (lo, hi) slice, (steps, n, host medians, {measure: GPU medians}))."""
     from maxinstr.analyze.stats import group_medians
 
+    step = inst.step[idx]
     ok = step >= 0
-    steps, code = np.unique(step[ok], return_inverse=True)
-    code = code.reshape(-1)
-    steps = steps[:PER_STEP_KEPT]
-    keep = code < len(steps)
-    out: dict[str, Any] = {
-        "step": steps.astype(int).tolist(),
-        "n": np.bincount(code[keep], minlength=len(steps)).astype(int).tolist(),
-        "host_median_ns": group_medians(code[keep], host[ok][keep], len(steps)).tolist(),
-    }
-    if gpu is not None:
-        g = gpu[ok][keep]
-        good = g >= 0
+    s, st, i = stage[ok], step[ok], idx[ok]
+    if len(s) == 0:
+        return [(0, 0)] * n_stages, ([], [], [], {"gpu_event_ns": [], "gpu_proj_ns": []})
+    order = np.lexsort((st, s))
+    s, st, i = s[order], st[order], i[order]
+    new_pair = np.r_[True, (s[1:] != s[:-1]) | (st[1:] != st[:-1])]
+    pcode = np.cumsum(new_pair) - 1
+    n_pairs = int(pcode[-1]) + 1
+    pair_stage, pair_step = s[new_pair], st[new_pair]
+    first_pair = np.searchsorted(pair_stage, np.arange(n_stages))
+    kept_pair = np.arange(n_pairs) - first_pair[pair_stage] < PER_STEP_KEPT
+    keep = kept_pair[pcode]
+    counts = np.bincount(pcode[keep], minlength=n_pairs).tolist()
+    host = group_medians(pcode[keep], inst.host_ns[i][keep], n_pairs).tolist()
+    gpu = {}
+    for key, col in (("gpu_event_ns", inst.gpu_event_ns), ("gpu_proj_ns", inst.proj_ns)):
+        g = col[i]
+        good = keep & (g >= 0)
+        gpu[key] = group_medians(pcode[good], g[good], n_pairs).tolist()
+    steps = pair_step.astype(int).tolist()
+    ends = np.minimum(np.r_[first_pair[1:], n_pairs], first_pair + PER_STEP_KEPT).tolist()
+    return list(zip(first_pair.tolist(), ends)), (steps, counts, host, gpu)
+
+
+def _per_step(per_steps: tuple[list, tuple], stage: int, basis: str) -> dict[str, Any]:
+    """Per marked step: instance count and median host (and GPU, on ``basis``) time, as
+    parallel lists (one stage's part of :func:`_per_steps`)."""
+    lo, hi = per_steps[0][stage]
+    marked, n, host, gpu = per_steps[1]
+    out: dict[str, Any] = {"step": marked[lo:hi], "n": n[lo:hi], "host_median_ns": host[lo:hi]}
+    if basis != "host_ns":
         out["gpu_basis"] = basis
-        out["gpu_median_ns"] = group_medians(code[keep][good], g[good], len(steps)).tolist()
+        out["gpu_median_ns"] = gpu[basis][lo:hi]
     return out
 
 

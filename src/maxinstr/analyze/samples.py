@@ -98,7 +98,6 @@ def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str]
     out: dict[str, Any] = {"_overall": _overall(cols, throttle, names, hw_mask)}
     if len(inst) == 0:
         return out
-    steady = inst.steady
     lo = np.searchsorted(t, inst.host_start_ns, "left")
     hi = np.searchsorted(t, inst.host_end_ns, "right")
     count = hi - lo
@@ -117,9 +116,8 @@ def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str]
             c = np.r_[0, np.cumsum((throttle >> i) & 1)]
             bit_counts[name] = c[hi] - c[lo]
     metric_sums = {m: per_instance_sum(cols[m]) for m in METRICS if m in cols}
-    stage_names = inst.key.astype(str)
-    for stage in np.unique(stage_names):
-        sel = (stage_names == stage) & steady
+    keys, steady_rows = inst.steady_by_key()
+    for stage, sel in zip(keys.tolist(), steady_rows):
         n_samples = int(count[sel].sum())
         row: dict[str, Any] = {"samples": n_samples, "instances_with_samples": int((count[sel] > 0).sum())}
         for m, (s, c) in metric_sums.items():
@@ -169,9 +167,7 @@ def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: lis
 
     names, hw_mask = _throttle_meta()
     steady = inst.steady
-    stage_names = inst.key.astype(str)
-    uniq, code = np.unique(stage_names, return_inverse=True)
-    code = code.reshape(-1)
+    uniq, code = inst.key_codes()
     per_stage: dict[str, list[dict[str, Any]]] = {}
     all_t, all_thr, n_dev = [], [], 0
     host = inst.host_ns

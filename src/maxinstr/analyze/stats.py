@@ -53,6 +53,58 @@ def summarize(values: np.ndarray) -> dict[str, float | int]:
     }
 
 
+_QUANTILES = (("median", 0.5), ("p90", 0.9), ("p99", 0.99), ("q1", 0.25), ("q3", 0.75))
+
+
+def _lerp(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
+    # numpy's own linear interpolation (numpy.lib._function_base_impl._lerp), so the numbers
+    # equal np.percentile's to the last bit
+    diff = b - a
+    out = a + diff * t
+    return np.where(t >= 0.5, b - diff * (1 - t), out)
+
+
+def group_summaries(codes: np.ndarray, values: np.ndarray, n_groups: int) -> list[dict[str, float | int]]:
+    """:func:`summarize` of ``values`` per integer group code (``0..n_groups-1``), the same
+    numbers, for every group at once: two sorts instead of a numpy call per group per
+    statistic (a report of 50,000 stage names made 400,000 such calls)."""
+    c = np.asarray(codes, dtype=np.int64)
+    v = np.asarray(values)
+    keep = v >= 0 if v.dtype.kind in "iu" else np.isfinite(v)
+    c, v = c[keep], v[keep].astype(np.float64)
+    counts = np.bincount(c, minlength=n_groups)[:n_groups]
+    none: dict[str, float | int] = {"n": 0}  # one object for every empty group (read-only, as all of them)
+    out: list[dict[str, float | int]] = [none] * n_groups
+    filled = np.flatnonzero(counts)
+    if len(filled) == 0:
+        return out
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    n = counts[filled]
+    first = starts[filled]
+    # sums in each group's own order, as summarize's v.sum() (add.reduceat sums each segment
+    # with the same pairwise loop)
+    totals = np.add.reduceat(v[np.argsort(c, kind="stable")], first)
+    x = v[np.lexsort((v, c))]
+    stats: dict[str, np.ndarray] = {"min": x[first], "max": x[first + n - 1], "total": totals, "mean": totals / n}
+    for key, q in _QUANTILES:
+        vi = (n - 1) * q
+        prev = np.floor(vi)
+        gamma = vi - prev
+        lo = first + np.minimum(prev.astype(np.int64), n - 1)
+        hi = first + np.minimum(prev.astype(np.int64) + 1, n - 1)
+        stats[key] = _lerp(x[lo], x[hi], gamma)
+    dev = np.abs(x - np.repeat(stats["median"], n))
+    stats["mad"] = group_medians(np.repeat(np.arange(len(filled)), n), dev, len(filled))
+    cols = (stats[k].tolist() for k in ("median", "p90", "p99", "min", "max", "mean", "mad", "q1", "q3", "total"))
+    # a dict display per group (twice as fast as dict(zip(...)): 50,000 groups per column)
+    dicts = [{"n": c, "median": md, "p90": p90, "p99": p99, "min": lo, "max": hi, "mean": mean, "mad": mad, "q1": q1,
+              "q3": q3, "total": total}
+             for c, md, p90, p99, lo, hi, mean, mad, q1, q3, total in zip(n.tolist(), *cols)]
+    for g, d in zip(filled.tolist(), dicts):
+        out[g] = d
+    return out
+
+
 def occurrence_index(keys: np.ndarray, order: np.ndarray) -> np.ndarray:
     """For each row, how many earlier rows (by ``order``) share its key: 0 for the first.
 

@@ -24,6 +24,27 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
+def without_gc(command):  # noqa: ANN001, ANN201
+    """Run a batch command with the cyclic garbage collector paused: a report builds millions
+    of small dicts and lists that hold no cycles, and the collector's passes over them were a
+    quarter of the time of a report of 50,000 stage names. Reference counting still frees
+    everything; the collector is back on when the command returns."""
+    import functools
+    import gc
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        was_on = gc.isenabled()
+        gc.disable()
+        try:
+            return command(*args, **kwargs)
+        finally:
+            if was_on:
+                gc.enable()
+
+    return run
+
+
 class UserError(click.ClickException):
     """A problem with the user's input: printed as one line, exit status 2."""
 

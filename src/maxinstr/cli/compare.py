@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from maxinstr.cli import without_gc
 from maxinstr.errors import MaxinstrError
 
 
@@ -52,6 +53,7 @@ def _side(path: str, trace: str | None, warmup: int | None, quiet: bool):
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @click.option("--width", type=click.IntRange(min=40), default=None, metavar="COLUMNS",
               help="Text width (default: COLUMNS, else the terminal's, else 120).")
+@without_gc
 def command(runs, traces, fmt, output, warmup, quiet, width):
     """Compare runs against the first: per-stage median/p90 deltas with a noise bound from the
     runs' own spread, GPU-time and kernel-mix changes, and the settings that differ.

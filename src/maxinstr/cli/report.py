@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from maxinstr.cli import without_gc
 from maxinstr.errors import MaxinstrError, TraceError
 
 FORMATS = ("text", "json", "md", "html", "perfetto")
@@ -189,6 +190,7 @@ def write_streamed(output: str, report: dict, analysis) -> None:
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @click.option("--width", type=click.IntRange(min=40), default=None, metavar="COLUMNS",
               help="Text width (default: COLUMNS, else the terminal's, else 120).")
+@without_gc
 def command(run_dir, trace_paths, fmt, output, unprofiled, warmup, quiet, width):
     """Per-stage report: where the time goes, stage by stage, and why.
 

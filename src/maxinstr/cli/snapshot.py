@@ -8,6 +8,7 @@ import math
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -26,7 +27,9 @@ def _fmt_gib(x: float) -> str:
 def render(summaries: list, meta: dict[str, Any], console) -> None:
     """The rich table (rendering only; numbers from maxinstr.sample.summary)."""
     from rich.table import Table
+    from rich.text import Text
 
+    from maxinstr._text import visible
     from maxinstr.sample.base import THROTTLE_BITS
     from maxinstr.sample.summary import THRESHOLDS
 
@@ -51,7 +54,7 @@ def render(summaries: list, meta: dict[str, Any], console) -> None:
             reasons.append(f"[bold red]{label}[/]" if groups.get(name) == "thermal_hw" else label)
         s._reasons = ", ".join(reasons) or "none"  # type: ignore[attr-defined]
         table.add_row(
-            f"{s.visible_index} {s.name}",
+            Text(visible(f"{s.visible_index} {s.name}")),  # a device name is data, not markup
             _fmt_pct(s.util_mean_pct, s.util_peak_pct),
             _fmt_pct(s.sm_active_mean_pct, s.sm_active_peak_pct) if math.isfinite(s.sm_active_mean_pct) else "n/a",
             f"{_fmt_gib(s.mem_used_peak_bytes)}/{_fmt_gib(s.mem_total_bytes)}",
@@ -62,16 +65,17 @@ def render(summaries: list, meta: dict[str, Any], console) -> None:
         )
     console.print(table)
     for s in summaries:
-        console.print(f"GPU {s.visible_index} ({s.name}): [{styles[s.verdict]}]{s.verdict}[/]: {s.why}; "
-                      f"clock limits (% of samples): {s._reasons}; "  # type: ignore[attr-defined]
-                      f"{s.samples} samples, active {s.active_s:.1f} of {s.window_s:.1f} s")
+        console.print(Text.assemble(
+            f"GPU {s.visible_index} (", visible(s.name), "): ", (s.verdict, styles[s.verdict]), f": {s.why}; ",
+            "clock limits (% of samples): ", Text.from_markup(s._reasons),  # type: ignore[attr-defined]
+            f"; {s.samples} samples, active {s.active_s:.1f} of {s.window_s:.1f} s"))
     console.print("thresholds: " + "; ".join(f"{k}: {v}" for k, v in THRESHOLDS.items()), style="dim")
     console.print("power cap: the driver lowers clocks to stay under the board's power limit (sw_power_cap; "
                   "usual under full load: power-bound, not a fault). thermal/HW slowdown (red): heat, power "
                   "brake or current limit. Both are told apart from idle and from clock settings (app_clocks, "
                   "user_clocks, sync_boost, display_clocks).", style="dim")
     for e in meta.get("errors", [])[:10]:
-        console.print(f"note: {e['message']}", style="dim")
+        console.print(Text(f"note: {visible(e['message'])}", style="dim"))
 
 
 @click.command("snapshot", context_settings={"ignore_unknown_options": True})
@@ -101,6 +105,13 @@ def command(duration: float | None, interval: float, as_json: bool, cmd: tuple[s
     console = Console(stderr=bool(cmd))
     with tempfile.TemporaryDirectory(prefix="maxinstr-snapshot-") as tmp:
         child: subprocess.Popen | None = None
+        # Is there a GPU to watch? Asked before the command starts: a command is never started
+        # only to be stopped for a problem of ours.
+        probe = start_sampler(Path(tmp) / "probe", interval, pids=[], mode="auto")
+        reason = probe.unavailable or (None if probe.devices else "no visible GPU")
+        probe.stop()
+        if reason:
+            raise UserError(f"no GPU to watch ({reason})" + (f"; {cmd[0]} was not started" if cmd else ""))
         if cmd:
             try:
                 child = subprocess.Popen(list(cmd))
@@ -108,13 +119,11 @@ def command(duration: float | None, interval: float, as_json: bool, cmd: tuple[s
                 raise UserError(f"cannot run {cmd[0]}: {exc.strerror or exc}") from None
         # a thread here: this process runs no user code, and a thread starts sampling at once
         sampler = start_sampler(tmp, interval, pids=[child.pid] if child else [], mode="auto")
-        if sampler.unavailable or not sampler.devices:
-            reason = sampler.unavailable or "no visible GPU"
+        if sampler.unavailable or not sampler.devices:  # the GPU went away since the probe: say so, let it run
             sampler.stop()
-            if child is not None:
-                child.terminate()
-                child.wait()
-            raise UserError(f"no GPU to watch ({reason})")
+            code = child.wait() if child is not None else 0
+            click.echo(f"maxinstr snapshot: no GPU to watch ({sampler.unavailable or 'no visible GPU'})", err=True)
+            raise click.exceptions.Exit(128 - code if code < 0 else code)
         code = 0
         try:
             if child is None:

@@ -20,6 +20,7 @@ import os
 import runpy
 import sys
 import threading
+from pathlib import Path
 
 ENV_STAGES = "MAXINSTR_STAGES"
 ENV_WINDOW = "MAXINSTR_CAPTURE_WINDOW_S"
@@ -51,6 +52,8 @@ def apply_stage_specs(specs: list[str]) -> int:
             accepted += 1
         except MaxinstrError as exc:
             _say(str(exc))
+        except Exception as exc:  # noqa: BLE001 - one spec never takes the others (or the program) down
+            _say(f"--stage {text}: {type(exc).__name__}: {exc}")
     return accepted
 
 
@@ -181,55 +184,96 @@ def startup(environ: dict[str, str] | os._Environ = os.environ) -> None:
     if _started:
         return
     _started = True
-    try:
-        specs = stage_specs_from_env(environ)
-        if specs:
-            apply_stage_specs(specs)
-        if environ.get(ENV_CAPTURE):
-            try:
-                window_s = float(environ.get(ENV_WINDOW) or 0)
-            except ValueError:
-                window_s = 0.0
-            CaptureWindow(window_s if window_s > 0 else None).install()
-        if environ.get("MODULAR_ENABLE_PROFILING", "off").strip().lower() not in ("", "off", "0", "false"):
-            # MAX's kernel-level markers abort the process where NVTX's v2 entry points are
-            # missing (CUDA 13): provide them before MAX is imported (cheap; nothing when absent)
-            from maxinstr.integrations.max import provide_nvtx_v2
+    # each step on its own: one that fails must not skip the others (a failed wrap once left
+    # the run without its session, so nothing was recorded at all)
+    for step in (_apply_specs_step, _capture_step, _max_markers_step, _session_step):
+        try:
+            step(environ)
+        except Exception as exc:  # noqa: BLE001 - the user's program must run regardless
+            _say(f"start-up hook failed: {exc.__class__.__name__}: {exc}")
 
-            provide_nvtx_v2()
-        if environ.get(ENV_RUN_DIR):
-            try:
-                from maxinstr.record.session import ensure_env_session
-            except ImportError as exc:
-                _say(f"this maxinstr has no session support ({exc}); no run directory written")
-            else:
-                ensure_env_session()
-    except Exception as exc:  # noqa: BLE001 - the user's program must run regardless
-        _say(f"start-up hook failed: {exc.__class__.__name__}: {exc}")
+
+def _apply_specs_step(environ) -> None:  # noqa: ANN001
+    specs = stage_specs_from_env(environ)
+    if specs:
+        apply_stage_specs(specs)
+
+
+def _capture_step(environ) -> None:  # noqa: ANN001
+    if environ.get(ENV_CAPTURE):
+        try:
+            window_s = float(environ.get(ENV_WINDOW) or 0)
+        except ValueError:
+            window_s = 0.0
+        CaptureWindow(window_s if window_s > 0 else None).install()
+
+
+def _max_markers_step(environ) -> None:  # noqa: ANN001
+    if environ.get("MODULAR_ENABLE_PROFILING", "off").strip().lower() not in ("", "off", "0", "false"):
+        # MAX's kernel-level markers abort the process where NVTX's v2 entry points are
+        # missing (CUDA 13): provide them before MAX is imported (cheap; nothing when absent)
+        from maxinstr.integrations.max import provide_nvtx_v2
+
+        provide_nvtx_v2()
+
+
+def _session_step(environ) -> None:  # noqa: ANN001
+    if environ.get(ENV_RUN_DIR):
+        try:
+            from maxinstr.record.session import ensure_env_session
+        except ImportError as exc:
+            _say(f"this maxinstr has no session support ({exc}); no run directory written")
+        else:
+            ensure_env_session()
+
+
+USAGE = "usage: python -m maxinstr.launch.bootstrap [--stage SPEC]... [-o RUN_DIR] (SCRIPT | -m MODULE) [ARGS]"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m maxinstr.launch.bootstrap [--stage SPEC]... (SCRIPT | -m MODULE) [ARGS]``"""
+    """``python -m maxinstr.launch.bootstrap [--stage SPEC]... [-o RUN_DIR] (SCRIPT | -m MODULE) [ARGS]``
+
+    The stages are written to a run directory: ``-o``, else ``MAXINSTR_RUN_DIR``, else (unless
+    the process already joins another's session) ``runs/<script>-<time>`` as `maxinstr run`
+    picks, said in one line: records kept only in memory would be lost at exit."""
     args = list(sys.argv[1:] if argv is None else argv)
     specs: list[str] = []
-    while args and args[0] in ("--stage", "-s"):
+    out: str | None = None
+    while args and args[0] in ("--stage", "-s", "-o", "--out"):
         if len(args) < 2:
-            _say("--stage needs MODULE:QUALNAME[=name]")
+            _say("--stage needs MODULE:QUALNAME[=name]" if args[0] in ("--stage", "-s") else "-o needs a directory")
             return 2
-        specs.append(args[1])
+        if args[0] in ("-o", "--out"):
+            out = args[1]
+        else:
+            specs.append(args[1])
         args = args[2:]
     if args and args[0] == "--":
         args = args[1:]
-    if not args:
-        _say("usage: python -m maxinstr.launch.bootstrap [--stage SPEC]... (SCRIPT | -m MODULE) [ARGS]")
+    if not args or (args[0] == "-m" and len(args) < 2):
+        _say(USAGE)
         return 2
     if specs:
         os.environ[ENV_STAGES] = "\n".join(stage_specs_from_env() + specs)
+    if out is not None:
+        from maxinstr.errors import MaxinstrError
+        from maxinstr.launch.runner import clear_previous_run
+
+        try:  # as `maxinstr run -o`: a previous run there is replaced, a live one never
+            if os.path.isdir(out):
+                clear_previous_run(Path(out))
+        except (MaxinstrError, OSError) as exc:
+            _say(str(exc))
+            return 2
+        os.environ[ENV_RUN_DIR] = os.path.abspath(out)
+    elif not os.environ.get(ENV_RUN_DIR) and not os.environ.get("MAXINSTR_SESSION_DIR"):
+        from maxinstr.launch.runner import default_run_dir
+
+        target = args[1] if args[0] == "-m" else args[0]
+        os.environ[ENV_RUN_DIR] = os.path.abspath(default_run_dir([target]))
+        _say(f"writing the run to {os.path.relpath(os.environ[ENV_RUN_DIR])} (-o DIR or MAXINSTR_RUN_DIR to choose)")
     startup()
     if args[0] == "-m":
-        if len(args) < 2:
-            _say("-m needs a module name")
-            return 2
         sys.argv = [args[1], *args[2:]]
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
     else:

@@ -60,6 +60,37 @@ def _default_stage_factory(name: str) -> Callable[[Callable], Callable]:
     return stage(name)
 
 
+def _called_by_maxinstr(frame: Any) -> bool:
+    """Whether the calling frame is maxinstr's own code (its writers, flusher, sampler)."""
+    name = frame.f_globals.get("__name__", "") if frame is not None else ""
+    return name == "maxinstr" or name.startswith("maxinstr.")
+
+
+def _skip_own_calls(func: Callable, staged: Callable) -> Callable:
+    """``staged``, except for calls made by maxinstr itself, which go to ``func``: with
+    ``--stage json:dumps`` the run directory's own JSON lines (on maxinstr's threads too) are not
+    the program's stages. Plain and generator functions (the kinds maxinstr calls); coroutine
+    and async generator functions are returned as they are (maxinstr awaits none)."""
+    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+        return staged
+    if inspect.isgeneratorfunction(func):
+
+        @functools.wraps(func)
+        def gen_dispatch(*args: Any, **kwargs: Any) -> Any:
+            target = func if _called_by_maxinstr(sys._getframe(1)) else staged
+            return (yield from target(*args, **kwargs))
+
+        return gen_dispatch
+
+    @functools.wraps(func)
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        if _called_by_maxinstr(sys._getframe(1)):
+            return func(*args, **kwargs)
+        return staged(*args, **kwargs)
+
+    return dispatch
+
+
 def _wrap_callable(func: Callable, name: str, stage_factory: Callable[[str], Any]) -> Callable:
     """``func`` wrapped in a stage named ``name``; the stage object is a decorator that
     handles plain, async and generator functions and keeps the signature."""
@@ -68,6 +99,7 @@ def _wrap_callable(func: Callable, name: str, stage_factory: Callable[[str], Any
         return func
     if getattr(wrapped, "__wrapped__", None) is None:
         functools.update_wrapper(wrapped, func)
+    wrapped = _skip_own_calls(func, wrapped)
     try:
         setattr(wrapped, _WRAPPED_FLAG, name)
     except (AttributeError, TypeError):
@@ -104,7 +136,13 @@ def apply_spec(spec: StageSpec, module: ModuleType, stage_factory: Callable[[str
     new: Any = _wrap_callable(func, spec.name, factory)
     if rewrap is not None:
         new = rewrap(new)
-    setattr(owner, attr, new)
+    try:
+        setattr(owner, attr, new)
+    except (TypeError, AttributeError) as exc:
+        # a method of a built-in (C) type, a read-only or slotted attribute: nothing to replace
+        where = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", type(owner).__name__)
+        raise MaxinstrError(f"--stage {spec.target}: cannot replace {where}.{attr} ({exc}); "
+                            "wrap a Python function that calls it instead") from None
 
 
 # ---------------------------------------------------------------------------------------
@@ -158,12 +196,20 @@ def _apply_pending(fullname: str, module: ModuleType) -> None:
     with _lock:
         todo = _pending.pop(fullname, [])
     for spec, factory in todo:
-        try:
-            apply_spec(spec, module, factory)
-        except MaxinstrError as exc:
-            # Never break the user's import: record and say it once.
-            _errors.append(str(exc))
-            sys.stderr.write(f"maxinstr: {exc}\n")
+        _apply_or_say(spec, module, factory)
+
+
+def _apply_or_say(spec: StageSpec, module: ModuleType, factory: Callable[[str], Any] | None) -> bool:
+    """:func:`apply_spec`, saying any problem in one line instead of raising: it runs inside the
+    user's import (or start-up), which must never break. True when applied."""
+    try:
+        apply_spec(spec, module, factory)
+        return True
+    except Exception as exc:  # noqa: BLE001 - a wrap we did not foresee failing is still ours
+        text = str(exc) if isinstance(exc, MaxinstrError) else f"--stage {spec.target}: {type(exc).__name__}: {exc}"
+        _errors.append(text)
+        sys.stderr.write(f"maxinstr: {text}\n")
+        return False
 
 
 def _install_hook() -> None:
@@ -195,14 +241,8 @@ def instrument(
             raise MaxinstrError(f"--stage {spec.target}: cannot import {spec.module}: {exc}") from None
     if module is not None:
         if lazy:
-            try:
-                apply_spec(spec, module, stage_factory)
-            except MaxinstrError as exc:
-                _errors.append(str(exc))
-                sys.stderr.write(f"maxinstr: {exc}\n")
-                return False
-        else:
-            apply_spec(spec, module, stage_factory)
+            return _apply_or_say(spec, module, stage_factory)
+        apply_spec(spec, module, stage_factory)
         return True
     with _lock:
         _pending.setdefault(spec.module, []).append((spec, stage_factory))

@@ -222,7 +222,19 @@ def merge_meta(run_dir: Path, profiler: Profiler, wrapped: list[str], artifact: 
 def clear_previous_run(run_dir: Path) -> list[str]:
     """A new run in an existing run directory replaces the old one (as a session opened on
     it does), so two runs never merge. Only a folder that holds a run (meta.json or
-    launch.json) is touched, and only the names a run writes; returns what was removed."""
+    launch.json) is touched, and only the names a run writes; returns what was removed.
+    A run that a live process still writes is never removed: MaxinstrError names it."""
+    from maxinstr.rundir import owners
+
+    with owners.locked(run_dir):
+        live = owners.live_writers(run_dir)
+        if live:
+            raise MaxinstrError(f"{run_dir}: still written by a live process ({'; '.join(live[:3])}): "
+                                "give another -o, or run again once it has ended")
+        return _remove_run(run_dir)
+
+
+def _remove_run(run_dir: Path) -> list[str]:
     import shutil
 
     if not (run_dir / "meta.json").exists() and not (run_dir / LAUNCH_FILE).exists():

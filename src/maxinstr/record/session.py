@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from maxinstr.rundir import format as fmt
+from maxinstr.rundir import owners
 from maxinstr.rundir.writer import PartWriter, RunDirWarning, write_json_atomic
 
 __all__ = ["Session", "session", "current_session", "ensure_env_session", "RunDirWarning"]
@@ -67,10 +68,26 @@ ENV_WRITER_INTERVAL_MS = "MAXINSTR_WRITER_INTERVAL_MS"  # native writer: write a
 ENV_WRITER_THRESHOLD = "MAXINSTR_WRITER_THRESHOLD"  # native writer: wake early at this many records
 
 DEFAULT_FLUSH_INTERVAL_S = 0.05
+FLUSH_INTERVAL_RANGE_S = (0.001, 3600.0)  # 0 would make the flusher spin a core; inf, never wake
 DEFAULT_WRITER_INTERVAL_MS = 2.0
 DEFAULT_WRITER_THRESHOLD = 8192
 DEFAULT_SAMPLE_HZ = 100.0
 _BUSY_ROWS = 4096  # a drain this big means records arrive fast: drain again without sleeping
+
+
+def _bounded_interval(name: str, value: Any) -> float:
+    """``value`` within FLUSH_INTERVAL_RANGE_S (NaN or not a number: the default), said once
+    in a warning when changed."""
+    low, high = FLUSH_INTERVAL_RANGE_S
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    bounded = DEFAULT_FLUSH_INTERVAL_S if seconds != seconds else min(max(seconds, low), high)
+    if bounded != seconds:
+        warnings.warn(f"maxinstr: {name}={value!r} is not in [{low}, {high}] s; {bounded} s used", RuntimeWarning,
+                      stacklevel=4)
+    return bounded
 
 
 def _native():
@@ -111,9 +128,12 @@ class _MemorySink:
             self.chunks.append(rows.copy())
             self.rows += len(rows)
             kept = set(rows["id"].tolist()) if attrs else set()
+            if attrs:
+                from maxinstr.record.attrs import plain
+
             for rid, a in attrs:
                 if rid in kept:
-                    self.attrs[int(rid)] = a
+                    self.attrs[int(rid)] = plain(a)  # data, never the caller's objects
 
 
 class _Process:
@@ -172,7 +192,7 @@ class Session:
         self.path: Path | None = None if path is None else Path(path).absolute()
         self.warmup = int(warmup)
         self.sample_hz = float(sample_hz or 0.0)
-        self.flush_interval_s = float(flush_interval_s)
+        self.flush_interval_s = _bounded_interval("flush_interval_s", flush_interval_s)
         self.fsync_interval_s = float(fsync_interval_s)
         self.user_meta = dict(user_meta)
         self.kernels = bool(kernels)
@@ -296,13 +316,18 @@ class Session:
             self._writes_meta = rank in (None, "", "0")
             try:
                 self.path.mkdir(parents=True, exist_ok=True)
-                if rank in (None, "") and not os.environ.get(ENV_RUN_DIR):
-                    _clear_previous_run(self.path)
-                if self._writes_meta:
-                    write_json_atomic(self.path / fmt.META_FILE, self.meta)
-                else:  # another rank: only when rank 0 has not written it (it overwrites ours)
-                    write_json_atomic(self.path / fmt.META_FILE, self.meta, exclusive=True)
-                self._writer.open()
+                with owners.locked(self.path):  # two sessions opening here decide one after the other
+                    if rank in (None, "") and not os.environ.get(ENV_RUN_DIR):
+                        live = owners.live_writers(self.path)
+                        if live:
+                            self._join_live_run(live)
+                        else:
+                            _clear_previous_run(self.path)
+                    if self._writes_meta:
+                        write_json_atomic(self.path / fmt.META_FILE, self.meta)
+                    else:  # another rank: only when rank 0 has not written it (it overwrites ours)
+                        write_json_atomic(self.path / fmt.META_FILE, self.meta, exclusive=True)
+                    self._writer.open()
             except OSError as exc:
                 self._disk_failed(exc)
                 return
@@ -321,6 +346,20 @@ class Session:
             self._nw = "wanted" if _native_writer_wanted() else None
         self._install_signal_handlers()
         _register_mp_exit_hook()
+
+    def _join_live_run(self, live: list[str]) -> None:
+        """Another process still writes the run here: keep it, add this process's part to it
+        (as ranks do) and leave its meta.json to its owner. Said once, naming that process."""
+        self._writes_meta = False
+        assert self._writer is not None
+        self._writer.info["joined_live_run"] = live
+        warnings.warn(
+            f"maxinstr: {self.path} is the run of a live process ({'; '.join(live[:3])}"
+            f"{' ...' if len(live) > 3 else ''}): this session adds its records to that run as part "
+            f"{self.part} instead of replacing it",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
     def _part_info(self, rank: str | None) -> dict[str, Any]:
         import socket
@@ -749,8 +788,9 @@ def _warn_kernels_once(reason: str) -> None:
 
 
 def _clear_previous_run(path: Path) -> None:
-    """A session opened on an existing run directory replaces that run: its meta.json and
-    parts/ go (nothing else in the folder is touched), so two runs never merge."""
+    """A session opened on an existing run directory replaces that run, once no process of it
+    is alive (the caller asked :func:`owners.live_writers`): its meta.json and parts/ go
+    (nothing else in the folder is touched), so two runs never merge."""
     import json
     import shutil
 
@@ -820,7 +860,10 @@ def _drain_into_sink(proc: _Process, native: Any, block: bool, periodic: bool = 
     attrs = [(int(rid), a) for rid, a in attrs]
     root = proc.root
     sink = root._sink() if root is not None else proc.memory
-    sink.write(rows, proc.names, attrs)
+    try:
+        sink.write(rows, proc.names, attrs)
+    except Exception as exc:  # noqa: BLE001 - never raise into the program; the loss is counted
+        _count_unwritten(sink, root, len(rows), exc)
     if root is not None:
         if root._nw == "running":
             if not periodic:
@@ -837,6 +880,17 @@ def _drain_into_sink(proc: _Process, native: Any, block: bool, periodic: bool = 
             except Exception as exc:  # noqa: BLE001
                 root._event("error", f"kernel flush failed: {type(exc).__name__}: {exc}")
     return len(rows)
+
+
+def _count_unwritten(sink: Any, root: Session | None, rows: int, exc: Exception) -> None:
+    """A batch the sink could not take (a bug, or a value nothing could encode): its records
+    are counted as dropped where the run says so (part.json ``rows_dropped_disk``, Run.notes)."""
+    if isinstance(sink, PartWriter):
+        sink.rows_dropped += rows
+    else:
+        sink.dropped += rows
+    if root is not None:
+        root._event("error", f"{rows} record(s) not written: {type(exc).__name__}: {exc}", dropped_records=rows)
 
 
 def _start_child_writer(root: Session, native: Any) -> None:

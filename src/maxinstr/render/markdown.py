@@ -4,13 +4,56 @@ needs, and the exact commands to reproduce."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from maxinstr._text import safe_name, visible
 from maxinstr.render import _fmt as f
 
 
-def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+class Md(str):
+    """Text that is Markdown already (a code span, an indentation): tables take it as it is."""
+
+
+# CommonMark: any ASCII punctuation may be backslash-escaped. These are the characters that
+# start inline markup (emphasis, code, links and images (a `]` without its `[` is text), raw
+# HTML, entities, strikethrough, table cells) or a heading; `_` only where it can open or close
+# emphasis (not inside a word).
+_INLINE = re.compile(r"[\\`*\[<>&|~!#]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+_BLOCK_START = re.compile(r"^(\s*)([-+=>]|\d+[.)])")
+
+
+def _text(value: Any) -> Md:
+    """Data (a name, a path, a sentence quoting names) as Markdown that shows exactly that text:
+    no emphasis, link, image, raw HTML or table cell break can come out of it."""
+    return Md(_INLINE.sub(lambda m: "\\" + m.group(), visible(value)))
+
+
+def _item(value: Any) -> Md:
+    """:func:`_text` that begins a list item: it cannot start a nested list, quote or heading either."""
+    return Md(_BLOCK_START.sub(lambda m: m.group(1) + "\\" + m.group(2), _text(value)))
+
+
+def _code(value: Any, *, in_table: bool = True) -> Md:
+    """A code span holding ``value`` whatever backticks it contains (a fence one longer than its
+    longest run); in a table, pipes are escaped as GFM wants inside code spans too."""
+    s = visible(value)
+    fence = "`" * (max((len(r) for r in re.findall("`+", s)), default=0) + 1)
+    pad = " " if s[:1] in ("`", " ") or s[-1:] in ("`", " ") else ""
+    if in_table:
+        s = s.replace("|", "\\|")
+    return Md(f"{fence}{pad}{s}{pad}{fence}")
+
+
+def _fenced(command: str, info: str = "sh") -> list[str]:
+    """A fenced code block for ``command``: its fence is longer than any backtick run inside."""
+    body = safe_name(str(command))
+    fence = "`" * max(3, max((len(r) for r in re.findall("`+", body)), default=0) + 1)
+    return [fence + info, body, fence]
+
+
+def _cell(value: Any) -> str:
+    return value if isinstance(value, Md) else _text(value)
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
@@ -24,11 +67,11 @@ def _baseline(report: dict) -> list[str]:
     out = ["## Baseline", ""]
     for rep in report.get("reproduce", []):
         if rep["what"] == "the program, as run":
-            out += ["Command:", "", "```sh", rep["command"], "```", ""]
+            out += ["Command:", ""] + _fenced(rep["command"]) + [""]
     rows = []
     for key, label in (("run", "run directory"), ("trace", "trace"), ("unprofiled_run", "unprofiled run (headline)")):
         if src.get(key):
-            rows.append([label, f"`{src[key]}`"])
+            rows.append([label, _code(src[key])])
     if src.get("trace_format"):
         rows.append(["trace format", src["trace_format"]])
     if src.get("join"):
@@ -67,9 +110,10 @@ def _stages(report: dict) -> list[str]:
     rows = []
     pops = []
     for s in stages:
-        units = [(s, ("&nbsp;&nbsp;" * s.get("depth", 0)) + s["name"], f.excluded(s))]
+        indent = "&nbsp;&nbsp;" * s.get("depth", 0)
+        units = [(s, Md(indent + _text(s["name"])), f.excluded(s))]
         groups = (s.get("populations") or {}).get("groups") or []
-        units += [(dict(g, steady=g["instances"]), ("&nbsp;&nbsp;" * (s.get("depth", 0) + 1)) + "· " + g["label"], 0)
+        units += [(dict(g, steady=g["instances"]), Md(indent + "&nbsp;&nbsp;· " + _text(g["label"])), 0)
                   for g in groups]
         if groups:
             pops.append(s)
@@ -86,8 +130,8 @@ def _stages(report: dict) -> list[str]:
             "nested in them, are counted apart.")
     for s in pops:
         p = s["populations"]
-        note += (f" `{s['name']}` has two populations ("
-                 + (f"told apart by {p['by']}" if p.get("by") else "nothing in the records tells them apart")
+        note += (f" {_code(s['name'], in_table=False)} has two populations ("
+                 + (f"told apart by {_text(p['by'])}" if p.get("by") else "nothing in the records tells them apart")
                  + "), each in its own row" + ("; the stage's median lies between them" if p.get("median_in_gap") else "")
                  + ".")
     if any(s.get("headline_from") == "unprofiled_run" for s in stages):
@@ -101,7 +145,7 @@ def _bottlenecks(report: dict) -> list[str]:
         return []
     body = [[r["rank"], r["stage"] + (" (self)" if r.get("has_children") else ""), f.pct(r["share"]), f.ns(r["self_ns"]), r["basis"],
              f"{r['top_family']} {f.pct(r.get('top_family_share'))}" if r.get("top_family") else "-",
-             f"`{f.short(r.get('top_kernel'), 60)}`" if r.get("top_kernel") else "-",
+             _code(f.short(r.get("top_kernel"), 60)) if r.get("top_kernel") else "-",
              ", ".join(r["findings"]) or "-"] for r in rows]
     return ["## Ranked bottlenecks", ""] + _table(
         ["#", "stage", "share", "self time", "basis", "top family", "top kernel", "findings"], body)
@@ -113,14 +157,14 @@ def _findings(report: dict, verdict: str, title: str) -> list[str]:
         return [f"## {title}", "", "None.", ""]
     out = [f"## {title}", ""]
     for x in fs:
-        out.append(f"- **{x['id']}** ({f.at_stake(x.get('score'))}): {x['title']}")
+        out.append(f"- **{_text(x['id'])}** ({f.at_stake(x.get('score'))}): {_text(x['title'])}")
         ev = f.evidence_text(x.get("evidence") or {}, x["id"], limit=8)
         if ev:
-            out.append(f"  - evidence: {ev}")
+            out.append(f"  - evidence: {_text(ev)}")
         if x.get("next_step"):
-            out.append(f"  - next step: {x['next_step']}")
+            out.append(f"  - next step: {_text(x['next_step'])}")
         if x.get("command"):
-            out.append(f"  - command: `{x['command']}`")
+            out.append(f"  - command: {_code(x['command'], in_table=False)}")
     return out + [""]
 
 
@@ -130,8 +174,9 @@ def _optimisations(report: dict) -> list[str]:
     if not fs:
         return out + ["None suggested by the rules.", ""]
     for i, x in enumerate(fs, 1):
-        out.append(f"{i}. {x['next_step']} (from **{x['id']}**{', stage ' + x['stage'] if x.get('stage') else ''})")
-        out.append(f"   - validation: {x['validation']}")
+        stage = f", stage {_text(x['stage'])}" if x.get("stage") else ""
+        out.append(f"{i}. {_item(x['next_step'])} (from **{_text(x['id'])}**{stage})")
+        out.append(f"   - validation: {_text(x['validation'])}")
     return out + [""]
 
 
@@ -145,20 +190,19 @@ def _families(report: dict) -> list[str]:
     if ks:
         out += ["Top kernels:", ""] + _table(
             ["kernel", "family", "share", "count", "median"],
-            [[f"`{f.short(k['name'], 90)}`", k["family"], f.pct(k["share"], 1), k["count"], f.ns(k["median_ns"])] for k in ks[:10]])
+            [[_code(f.short(k["name"], 90)), k["family"], f.pct(k["share"], 1), k["count"], f.ns(k["median_ns"])] for k in ks[:10]])
     return out
 
 
 def _inside_stages(report: dict) -> list[str]:
     rows, tied = f.inside_stages(report)
+    tied_line = [_text("Ops tied to their stage: " + "; ".join(tied) + "."), ""] if tied else []
     if not rows:
-        return ["Ops tied to their stage: " + "; ".join(tied) + ".", ""] if tied else []
+        return tied_line
     out = [f"## {f.INSIDE_TITLE}", ""] + _table(
         ["stage", "range", "share", "ops / inst", "GPU / inst"],
-        [[r["stage"], f"`{r['range']}`", f.pct(r["share"]), f"{r['per_instance']:.4g}", f.ns(r["gpu_per_instance_ns"])] for r in rows])
-    if tied:
-        out += ["Ops tied to their stage: " + "; ".join(tied) + ".", ""]
-    return out
+        [[r["stage"], _code(r["range"]), f.pct(r["share"]), f"{r['per_instance']:.4g}", f.ns(r["gpu_per_instance_ns"])] for r in rows])
+    return out + tied_line
 
 
 def _startup(report: dict) -> list[str]:
@@ -175,7 +219,7 @@ def _reproduce(report: dict) -> list[str]:
     reps = report.get("reproduce") or []
     out = ["## Reproduce", ""]
     for r in reps:
-        out += [f"{r['what']}:", "", "```sh", r["command"], "```", ""]
+        out += [f"{_text(r['what'])}:", ""] + _fenced(r["command"]) + [""]
     return out
 
 
@@ -186,7 +230,7 @@ def _ranks(report: dict) -> list[str]:
     sec = rk.section(report)
     if sec is None:
         return []
-    out = ["## Ranks", "", rk.summary_line(sec) + f". Clock: {sec.get('clock')}.", ""]
+    out = ["## Ranks", "", _text(rk.summary_line(sec) + f". Clock: {sec.get('clock')}."), ""]
     out += _table(*rk.rank_rows(sec))
     out += ["### Per-rank stage statistics", "",
             "_steps: instances aligned across ranks (the k-th of the stage on every rank); slowest / last in: share of "
@@ -195,7 +239,7 @@ def _ranks(report: dict) -> list[str]:
     out += _table(*rk.stage_rows(sec))
     lines = rk.straggler_lines(sec)
     if lines:
-        out += ["**Stragglers**", ""] + [f"- {x}" for x in lines] + [""]
+        out += ["**Stragglers**", ""] + [f"- {_item(x)}" for x in lines] + [""]
     return out
 
 
@@ -203,7 +247,7 @@ def render(report: dict[str, Any]) -> str:
     """The report as a Markdown document."""
     src = report.get("sources", {})
     title = src.get("run") or src.get("trace") or "report"
-    lines = [f"# Performance note: {title}", "",
+    lines = [f"# Performance note: {_text(title)}", "",
              f"_maxinstr {report.get('generated', {}).get('maxinstr', '?')}, "
              f"{report.get('generated', {}).get('utc', '')}; report schema {report.get('schema')} v{report.get('version')}_", ""]
     lines += _baseline(report)
@@ -219,7 +263,7 @@ def render(report: dict[str, Any]) -> str:
     lines += _reproduce(report)
     notes = src.get("notes") or []
     if notes:
-        lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+        lines += ["## Notes", ""] + [f"- {_item(n)}" for n in notes] + [""]
     return "\n".join(lines)
 
 
@@ -228,7 +272,7 @@ def render_compare(result: dict[str, Any]) -> str:
     """A comparison (``maxinstr-compare``) as Markdown."""
     lines = ["# maxinstr compare", ""]
     for c in result.get("comparisons", []):
-        lines += [f"A = `{c['a']}`, B = `{c['b']}`", ""]
+        lines += [f"A = {_code(c['a'], in_table=False)}, B = {_code(c['b'], in_table=False)}", ""]
         for key, title in (("stages", "Host time per stage"), ("gpu_stages", "GPU time per stage")):
             rows = c[key]
             if not any("a" in r for r in rows):
@@ -250,9 +294,10 @@ def render_compare(result: dict[str, Any]) -> str:
             if c.get(key):
                 lines += [f"## {title}", ""] + _table(
                     ["kernel", "family", "GPU time"],
-                    [[f"`{f.short(k['name'], 100)}`", k["family"], f.ns(k["gpu_ns"])] for k in c[key][:20]])
+                    [[_code(f.short(k["name"], 100)), k["family"], f.ns(k["gpu_ns"])] for k in c[key][:20]])
         if c["settings"]:
-            lines += ["## Settings that differ", ""] + _table(["setting", "A", "B"], [[r["key"], f"`{f.setting(r['a'])}`", f"`{f.setting(r['b'])}`"] for r in c["settings"]])
+            lines += ["## Settings that differ", ""] + _table(
+                ["setting", "A", "B"], [[r["key"], _code(f.setting(r["a"])), _code(f.setting(r["b"]))] for r in c["settings"]])
         if any((c.get("perturbed") or {}).values()):
             lines += ["_A side was captured under a profiler: its timings include the profiler's overhead._", ""]
     return "\n".join(lines)

@@ -10,7 +10,23 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from maxinstr._text import visible
 from maxinstr.render import _fmt as f
+
+
+def _cell(value: Any) -> Any:
+    """A table cell: strings become Text, so a name is never read as rich markup (``[/]``,
+    ``[link=...]``) or emoji codes, and control characters show as escapes."""
+    return Text(visible(value)) if isinstance(value, str) else value
+
+
+def _lines(lines: list[str], style: str = "") -> Text:
+    return Text("\n".join(visible(x) for x in lines), style=style)
+
+
+def _title(title: str) -> Text:
+    """A table title that may quote names: text, not console markup (rich parses a str title)."""
+    return Text(visible(title), style="table.title")
 
 
 class Col:
@@ -44,7 +60,10 @@ class Fitted:
     (a note under the table says which); free-text columns fold into the width left over."""
 
     def __init__(self, title: str, cols: list[Col], rows: list[list[Any]], caption: str | None = None) -> None:
-        self.title, self.cols, self.rows, self.caption = title, cols, rows, caption
+        self.title, self.cols, self.caption = title, cols, caption
+        # cells are data: a name such as "[param|cuda]" is text, not console markup, and control
+        # characters show as escapes; made Text once, so each is measured as printed
+        self.rows = [[_cell(c) if isinstance(c, (str, Text)) else Text(str(c)) for c in r] for r in rows]
 
     @staticmethod
     def _len(cell: Any) -> int:
@@ -102,7 +121,7 @@ class Fitted:
                              "and json have them)")
             if k == len(plan) - 1 and self.caption:
                 notes.append(self.caption)
-            t = Table(title=title, title_justify="left", header_style="bold")
+            t = Table(title=_title(title), title_justify="left", header_style="bold")
             for i in idx:
                 c = self.cols[i]
                 w = min(nat[i], left // max(len(wraps), 1)) if c.wrap else nat[i]
@@ -110,12 +129,10 @@ class Fitted:
                 t.add_column(c.header, justify=c.justify, width=w, overflow="ellipsis" if c.cut else "fold",
                              no_wrap=c.cut)
             for r in self.rows:
-                # cells are data: a name such as "[param|cuda]" is text, not console markup (and is
-                # measured as printed)
-                t.add_row(*(r[i] if isinstance(r[i], Text) else Text(str(r[i])) for i in idx))
+                t.add_row(*(r[i] for i in idx))
             yield t
             if notes:
-                yield Text("\n".join(notes), style="dim")
+                yield _lines(notes, style="dim")
 
 
 def _header(report: dict) -> Panel:
@@ -137,18 +154,36 @@ def _header(report: dict) -> Panel:
         lines.append(f"join     {src['join']} ({src.get('records_joined')} records joined to trace ranges)")
     w = report.get("warmup", {})
     lines.append(f"warm-up  {f.warmup_line(w)}")
-    text = Text("\n".join(lines))
+    text = _lines(lines)
     if src.get("join_problem"):
-        text.append(f"\njoin failed: {src['join_problem']}", style="bold red")
+        text.append(f"\njoin failed: {visible(src['join_problem'])}", style="bold red")
     if report.get("perturbed") and report.get("headline_source") != "unprofiled_run":
-        text.append(f"\nperturbed: {report.get('perturbed_reason')}", style="yellow")
+        text.append(f"\nperturbed: {visible(report.get('perturbed_reason'))}", style="yellow")
     return Panel(text, title="maxinstr report", title_align="left")
 
 
+STAGES_SHOWN = 40
+"""Rows of the terminal's stage table: the stages with the most steady host time, in the
+report's order (50,000 distinct stage names are data for --format json/md/html, not a table
+to read in a terminal, and rich took a minute to lay them out)."""
+
+
+def _shown_stages(stages: list[dict]) -> list[dict]:
+    if len(stages) <= STAGES_SHOWN:
+        return stages
+    import numpy as np
+
+    total = np.array([float((s.get("headline_host_ns") or s.get("host_ns") or {}).get("total", 0.0) or 0.0)
+                      for s in stages])
+    keep = np.sort(np.argsort(-total, kind="stable")[:STAGES_SHOWN])
+    return [stages[i] for i in keep.tolist()]
+
+
 def _stage_table(report: dict) -> Any:
-    stages = report.get("stages") or []
-    if not stages:
+    all_stages = report.get("stages") or []
+    if not all_stages:
         return None
+    stages = _shown_stages(all_stages)
     unprof = any(s.get("headline_from") == "unprofiled_run" for s in stages)
     gpu_labels = {f.gpu_stat(s)[0] for s in stages} - {""}
     gpu_cols = bool(gpu_labels)
@@ -191,6 +226,9 @@ def _stage_table(report: dict) -> Any:
                      "average that lags into the next stage), where the energy counter gives none")
     if with_samples and not throttle_col:
         notes.append("throttled: no hardware clock limit in any stage's samples")
+    if len(stages) < len(all_stages):
+        notes.append(f"{len(all_stages) - len(stages):,} more stages not shown: these are the {len(stages)} with the "
+                     "most steady host time (--format json, md or html list every stage)")
     # columns move to a continuation table in this order when the console is narrow: the p90s,
     # then the sampler's, then the kernel columns (docs/report.md, "In the terminal")
     cols = [Col("stage", "left", key=True), Col("n"), Col("host median"), Col("host p90", move=9, drop=True)]
@@ -215,7 +253,7 @@ def _stage_table(report: dict) -> Any:
             notes.append(_population_note(s, pops))
     # the notes under the table at the console's width (a caption would wrap at the table's)
     t = Fitted("Stages (steady state)", cols, rows)
-    return Group(t, Text("\n".join(notes), style="dim")) if notes else t
+    return Group(t, _lines(notes, style="dim")) if notes else t
 
 
 def _population_note(s: dict, pops: dict) -> str:
@@ -310,10 +348,10 @@ def _inside_stages(report: dict) -> Fitted | Text | None:
     framework's): where inside the stage the GPU time goes."""
     rows, tied = f.inside_stages(report)
     if not rows:
-        return Text("ops tied to their stage: " + "; ".join(tied)) if tied else None
+        return _lines(["ops tied to their stage: " + "; ".join(tied)]) if tied else None
     cols = [Col("stage", "left", key=True), Col("range", "left", wrap=True), Col("share"), Col("ops / inst", move=2),
             Col("GPU / inst", move=1)]
-    body = [[Text(r["stage"] if k == 0 or rows[k - 1]["stage"] != r["stage"] else ""), Text(r["range"]),
+    body = [[r["stage"] if k == 0 or rows[k - 1]["stage"] != r["stage"] else "", r["range"],
              f.pct(r["share"]), f"{r['per_instance']:.4g}", f.ns(r["gpu_per_instance_ns"])] for k, r in enumerate(rows)]
     return Fitted(f.INSIDE_TITLE, cols, body, caption="ops tied to their stage: " + "; ".join(tied) if tied else None)
 
@@ -334,15 +372,15 @@ def _diagnosis(report: dict) -> Panel | None:
             head = Text()
             head.append(f"[{x['id']}] ", style="bold")
             head.append(f"({f.at_stake(x.get('score'))}) ", style="dim")
-            head.append(x["title"])
+            head.append(visible(x["title"]))
             parts.append(Padding(head, (0, 0, 0, 2)))  # wrapped lines keep their indentation
             ev = f.evidence_text(x.get("evidence") or {}, x["id"])
             if ev:
-                parts.append(Padding(Text(f"evidence: {ev}", style="dim"), (0, 0, 0, 6)))
+                parts.append(Padding(Text(f"evidence: {visible(ev)}", style="dim"), (0, 0, 0, 6)))
             if x.get("next_step"):
-                parts.append(Padding(Text(f"next: {x['next_step']}"), (0, 0, 0, 6)))
+                parts.append(Padding(Text(f"next: {visible(x['next_step'])}"), (0, 0, 0, 6)))
             if x.get("command"):
-                parts.append(Padding(Text(f"$ {x['command']}", style="cyan"), (0, 0, 0, 6)))
+                parts.append(Padding(Text(f"$ {visible(x['command'])}", style="cyan"), (0, 0, 0, 6)))
     parts.append(Padding(Text("ordered by the share of the time at stake; --format json has every finding's full "
                               "evidence", style="dim"), (0, 0, 0, 2)))
     return Panel(Group(*parts), title="Diagnosis", title_align="left")
@@ -368,7 +406,7 @@ def _notes(report: dict) -> Text | None:
     notes = (report.get("sources") or {}).get("notes") or []
     if not notes:
         return None
-    return Text("notes:\n" + "\n".join(f"  - {n}" for n in notes), style="dim")
+    return _lines(["notes:"] + [f"  - {n}" for n in notes], style="dim")
 
 
 def _ranks(report: dict) -> Group | None:
@@ -382,17 +420,17 @@ def _ranks(report: dict) -> Group | None:
     header, rows = rk.rank_rows(sec)
     out.append(Fitted(f"Ranks ({rk.summary_line(sec)})",
                       [Col(h, "left" if h in ("host", "pids", "top family") else "right", key=i == 0)
-                       for i, h in enumerate(header)], [[Text(c) for c in r] for r in rows]))
+                       for i, h in enumerate(header)], rows))
     header, rows = rk.stage_rows(sec)
     out.append(Fitted("Per-rank stage statistics (steady state; steps = instances aligned across ranks)",
                       [Col(h, "left" if h == "stage" else "right", key=h == "stage") for h in header],
-                      [[Text(c) for c in r] for r in rows],
+                      rows,
                       caption="slowest / last in: share of steps where the rank took longest / started last; vs "
                               "others: median excess over the other ranks; wait: time spent waiting for the last rank "
                               "in a [sync] stage (one the ranks leave together)"))
     lines = rk.straggler_lines(sec)
     if lines:
-        out.append(Text("stragglers:\n" + "\n".join(f"  - {x}" for x in lines), style="yellow"))
+        out.append(_lines(["stragglers:"] + [f"  - {x}" for x in lines], style="yellow"))
     return Group(*out)
 
 
@@ -454,7 +492,7 @@ def _delta_table(title: str, rows: list[dict]) -> Fitted:
 def compare_renderables(result: dict) -> list[Any]:
     parts: list[Any] = []
     for c in result.get("comparisons", []):
-        parts.append(Panel(Text(f"A = {c['a']}\nB = {c['b']}"), title="maxinstr compare", title_align="left"))
+        parts.append(Panel(_lines([f"A = {c['a']}", f"B = {c['b']}"]), title="maxinstr compare", title_align="left"))
         if c["stages"]:
             parts.append(_delta_table("Host time per stage (steady state)", c["stages"]))
         if c["gpu_stages"]:
@@ -478,8 +516,8 @@ def compare_renderables(result: dict) -> list[Any]:
                                     [[f.short(k["name"], 70), k["family"], f.ns(k["gpu_ns"])] for k in c[key][:8]],
                                     caption=f"... and {more} more (--format json lists them)" if more > 0 else None))
         if c["kernels_changed_family"]:
-            parts.append(Text("Kernels classified differently: " + "; ".join(
-                f"{f.short(k['name'], 50)}: {k['a_family']} -> {k['b_family']}" for k in c["kernels_changed_family"][:8])))
+            parts.append(_lines(["Kernels classified differently: " + "; ".join(
+                f"{f.short(k['name'], 50)}: {k['a_family']} -> {k['b_family']}" for k in c["kernels_changed_family"][:8])]))
         if c["settings"]:
             parts.append(Fitted("Settings that differ", [Col("setting", "left", key=True), Col("A", "left", wrap=True),
                                                           Col("B", "left", wrap=True)],

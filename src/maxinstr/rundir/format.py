@@ -50,6 +50,9 @@ UNCLOSED = 1 << 4  # still open when the process/session ended; host_end_ns = ti
 GPU_SAMPLED_OUT = 1 << 5  # left without GPU events by the GPU-timing budget (docs/stage-core.md)
 KNOWN_FLAGS = EXCEPTION | GPU_TIMED | MARK | GPU_DROPPED | UNCLOSED | GPU_SAMPLED_OUT
 
+MAX_TIME_NS = 1 << 62
+"""Times in a run (CLOCK_MONOTONIC ns) are below this: any difference of two fits an int64."""
+
 NO_VALUE = -1
 """Sentinel for a missing int64 value (parent_id, gpu_*_ns, step)."""
 

@@ -9,12 +9,15 @@ dropped and said so in :attr:`Run.notes`; anything else that is not the format i
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from maxinstr._files import MAX_JSON_DEPTH, parse_json, read_regular
+from maxinstr._text import safe_name
 from maxinstr.errors import RunDirError
 from maxinstr.rundir import format as fmt
 
@@ -176,14 +179,10 @@ def load(path: str | Path) -> Run:
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+    data = read_regular(path, RunDirError)
+    if data is None:
         raise RunDirError(path, "missing meta.json: not a maxinstr run directory")
-    try:
-        meta = json.loads(path.read_bytes())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RunDirError(path, f"not valid JSON ({_short(exc)})") from None
-    except OSError as exc:
-        raise RunDirError(path, f"cannot read: {exc.strerror or exc}") from None
+    meta = parse_json(data, path, RunDirError)
     if not isinstance(meta, dict) or meta.get("format") != fmt.FORMAT_NAME:
         raise RunDirError(path, f"not a maxinstr run (\"format\" is not {fmt.FORMAT_NAME!r})")
     version = meta.get("version")
@@ -191,7 +190,48 @@ def _read_meta(path: Path) -> dict[str, Any]:
         raise RunDirError(
             path, f"run directory format version {version!r} is not supported (this maxinstr reads {fmt.FORMAT_VERSION})"
         )
+    _check_fields(meta, path)
     return meta
+
+
+# The meta.json fields the reader and the report interpret, and what each must be; any other
+# field is shown as it is. None (or absent) is always allowed.
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
+
+
+def _time(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < fmt.MAX_TIME_NS
+
+
+def _strings(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+_META_FIELDS: dict[str, tuple[Any, str]] = {
+    "warmup": (_count, "a count (an integer from 0)"),
+    "status": (lambda v: isinstance(v, str), "a string"),
+    "command": (_strings, "a list of strings"),
+    "argv": (_strings, "a list of strings"),
+    "pid": (_count, "a process id"),
+    "session": (lambda v: isinstance(v, dict) and all(v.get(k) is None or _time(v.get(k)) for k in ("start_ns", "end_ns")),
+                "an object with times in ns"),
+    "steady_state": (lambda v: isinstance(v, dict) and all(v.get(k) is None or _time(v.get(k)) for k in ("start_ns", "detected_ns")),
+                     "an object with times in ns"),
+    "gpus": (lambda v: isinstance(v, list) and all(isinstance(g, dict) for g in v), "a list of objects"),
+    "profiler": (lambda v: isinstance(v, dict), "an object"),
+    "user": (lambda v: isinstance(v, dict), "an object"),
+    "env": (lambda v: isinstance(v, dict), "an object"),
+    "frameworks": (lambda v: isinstance(v, dict), "an object"),
+    "git": (lambda v: isinstance(v, dict), "an object"),
+}
+
+
+def _check_fields(meta: dict[str, Any], path: Path) -> None:
+    for key, (ok, what) in _META_FIELDS.items():
+        value = meta.get(key)
+        if value is not None and not ok(value):
+            raise RunDirError(path, f'"{key}" is not {what}: {_clip(value)}')
 
 
 def _read_part(
@@ -206,11 +246,9 @@ def _read_part(
 ) -> dict[str, Any]:
     info: dict[str, Any] = {}
     part_json = pdir / fmt.PART_FILE
-    if part_json.is_file():
-        try:
-            loaded = json.loads(part_json.read_bytes())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise RunDirError(part_json, f"not valid JSON ({_short(exc)})") from None
+    data = read_regular(part_json, RunDirError)
+    if data is not None:
+        loaded = parse_json(data, part_json, RunDirError)
         if not isinstance(loaded, dict):
             raise RunDirError(part_json, "not a JSON object")
         info.update(loaded)
@@ -225,7 +263,7 @@ def _read_part(
     local_names = {}
     for rec in _read_jsonl(pdir / fmt.STRINGS_FILE, notes):
         try:
-            local_names[int(rec["id"])] = str(rec["s"])
+            local_names[int(rec["id"])] = safe_name(str(rec["s"]))
         except (KeyError, TypeError, ValueError):
             raise RunDirError(pdir / fmt.STRINGS_FILE, f"line is not {{\"id\": int, \"s\": str}}: {_clip(rec)}") from None
     for rec in _read_jsonl(pdir / fmt.ATTRS_FILE, notes):
@@ -243,45 +281,57 @@ def _read_part(
             notes.append(f"{pdir.name}: {value} stage record(s) dropped while recording ({why})")
     rows = _read_stages(pdir / fmt.STAGES_FILE, notes)
     info["rows"] = len(rows)
+    said = info.get("rows_written")
+    if (info.get("status") not in (None, "running") and isinstance(said, int) and not isinstance(said, bool)
+            and said > len(rows)):
+        # a closed part says how many rows it wrote: fewer on disk is a cut or damaged file
+        notes.append(f"{pdir / fmt.STAGES_FILE}: {said - len(rows)} of the {said} stage record(s) part.json says were "
+                     "written are missing (the file was cut or damaged)")
     table = np.zeros(len(rows), dtype=RUN_STAGE_DTYPE)
     for col in fmt.STAGE_DTYPE.names:
         table[col] = rows[col]
     if len(rows):
         used = np.unique(rows["name_id"])
-        missing = [int(i) for i in used if int(i) not in local_names]
+        used_ids = used.tolist()
+        missing = [i for i in used_ids if i not in local_names]
         if missing:
             notes.append(f"{pdir / fmt.STRINGS_FILE}: {len(missing)} name id(s) used by stages but not defined")
-        mapping_ids = np.array([names.intern(local_names.get(int(i), f"<name {int(i)}>")) for i in used], dtype=np.int32)
+        mapping_ids = np.array([names.intern(local_names.get(i, f"<name {i}>")) for i in used_ids], dtype=np.int32)
         table["name_id"] = mapping_ids[np.searchsorted(used, rows["name_id"])]
     table["part"] = index
     table["pid"] = -1 if info["pid"] is None else info["pid"]
     table["rank"] = -1 if info["rank"] is None else info["rank"]
     tables.append(table)
 
-    if (pdir / fmt.SAMPLES_FILE).exists() or (pdir / fmt.SAMPLES_LAYOUT_FILE).exists():
+    if os.path.lexists(pdir / fmt.SAMPLES_FILE) or os.path.lexists(pdir / fmt.SAMPLES_LAYOUT_FILE):
         samples[pdir.name] = _read_samples(pdir, notes)
     return info
 
 
 def _read_stages(path: Path, notes: list[str]) -> np.ndarray:
-    if not path.exists():
+    data = read_regular(path, RunDirError)
+    if data is None:
         return np.empty(0, dtype=fmt.STAGE_DTYPE)
-    try:
-        size = path.stat().st_size
-        count = size // fmt.STAGE_DTYPE.itemsize
-        rows = np.fromfile(path, dtype=fmt.STAGE_DTYPE, count=count)
-    except OSError as exc:
-        raise RunDirError(path, f"cannot read: {exc.strerror or exc}") from None
+    size = len(data)
+    count = size // fmt.STAGE_DTYPE.itemsize
+    rows = np.frombuffer(data, dtype=fmt.STAGE_DTYPE, count=count)
     torn = size - count * fmt.STAGE_DTYPE.itemsize
     if torn:
         notes.append(f"{path}: ignored a torn last record ({torn} of {fmt.STAGE_DTYPE.itemsize} bytes)")
     if len(rows) and not rows.dtype.isnative:
         rows = rows.astype(rows.dtype.newbyteorder("="))
+    timed = (rows["flags"] & fmt.GPU_TIMED) != 0
     bad = (
         ((rows["flags"] & ~np.uint16(fmt.KNOWN_FLAGS)) != 0)
         | (rows["depth"] < 0)
         | (rows["name_id"] < 0)
         | (rows["host_end_ns"] < rows["host_start_ns"])
+        # CLOCK_MONOTONIC times: below 2**62 any difference of two is a valid int64 (a start
+        # near -2**63 once made a duration wrap around to -20 ns)
+        | (rows["host_start_ns"] < 0)
+        | (rows["host_end_ns"] >= fmt.MAX_TIME_NS)
+        | (timed & ((rows["gpu_start_ns"] < 0) | (rows["gpu_start_ns"] >= fmt.MAX_TIME_NS)
+                    | (rows["gpu_end_ns"] < 0) | (rows["gpu_end_ns"] >= fmt.MAX_TIME_NS)))
     )
     if bad.any():
         first = int(np.flatnonzero(bad)[0])
@@ -292,25 +342,36 @@ def _read_stages(path: Path, notes: list[str]) -> np.ndarray:
 
 
 def _read_jsonl(path: Path, notes: list[str]) -> list[Any]:
-    if not path.exists():
+    data = read_regular(path, RunDirError)
+    if data is None:
         return []
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise RunDirError(path, f"cannot read: {exc.strerror or exc}") from None
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" when the file ends with a newline
-    out: list[Any] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise RunDirError(path, f"line {number} is not JSON ({_short(exc)})") from None
+    out = _parse_lines([line for line in lines if line.strip()])
+    if out is None:  # one of them is not JSON (or too deep): find which, for the error
+        out = []
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            out.append(parse_json(line, path, lambda p, problem: RunDirError(
+                p, f"line {number} is {problem.replace('not valid JSON', 'not JSON', 1)}")))
     if tail.strip():
         notes.append(f"{path}: ignored a torn last line ({len(tail)} bytes without a newline)")
     return out
+
+
+def _parse_lines(lines: list[bytes]) -> list[Any] | None:
+    """Every line parsed in one ``json.loads`` of them as an array (a 50,000-line strings.jsonl
+    took 1 s line by line), or None when that cannot be trusted: a line not JSON on its own
+    (joined, ``[1`` and ``2]`` would be one value: the count differs), or one that could nest
+    deeper than MAX_JSON_DEPTH (more brackets than that; checked line by line then)."""
+    if any(line.count(b"[") + line.count(b"{") >= MAX_JSON_DEPTH for line in lines):
+        return None
+    try:
+        values = json.loads(b"[" + b",".join(lines) + b"]")
+    except (ValueError, RecursionError):
+        return None
+    return values if len(values) == len(lines) else None
 
 
 def _read_samples(pdir: Path, notes: list[str]) -> Any:
@@ -332,13 +393,13 @@ def _read_samples(pdir: Path, notes: list[str]) -> Any:
             notes.append(f"{pdir}: samples not read ({type(exc).__name__}: {_short(exc)}); raw bytes kept")
     layout = None
     layout_path = pdir / fmt.SAMPLES_LAYOUT_FILE
-    if layout_path.is_file():
-        try:
-            layout = json.loads(layout_path.read_bytes())
-        except (ValueError, OSError) as exc:
-            notes.append(f"{layout_path}: not read ({_short(exc)})")
-    raw_path = pdir / fmt.SAMPLES_FILE
-    raw = raw_path.read_bytes() if raw_path.is_file() else b""
+    raw = b""
+    try:
+        data = read_regular(layout_path, RunDirError)
+        layout = None if data is None else parse_json(data, layout_path, RunDirError)
+        raw = read_regular(pdir / fmt.SAMPLES_FILE, RunDirError) or b""
+    except RunDirError as exc:
+        notes.append(f"not read: {exc}")
     return {"layout": layout, "raw": raw}
 
 

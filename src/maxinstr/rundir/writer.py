@@ -35,24 +35,61 @@ class RunDirWarning(RuntimeWarning):
 
 
 def json_line(obj: Any) -> bytes:
-    """One compact JSON line (non-JSON values become their ``str``)."""
-    return (json.dumps(obj, separators=(",", ":"), default=str, ensure_ascii=False) + "\n").encode()
+    """One compact JSON line (non-JSON values become their ``str``). A lone surrogate (a file
+    name from ``os.fsdecode``) has no UTF-8: it is written as the JSON escape ``\\udcff``, which
+    reads back as the same string."""
+    return (json.dumps(obj, separators=(",", ":"), default=str, ensure_ascii=False) + "\n").encode(
+        "utf-8", "backslashreplace")
+
+
+def attrs_line(record_id: int, attrs: dict[str, Any]) -> bytes:
+    """The attrs.jsonl line of one record, whatever its attrs hold (they are data already when
+    the core's attrs hook ran; :func:`maxinstr.record.attrs.plain` again when not, or when JSON
+    refused a value, such as an int of more than 4300 digits)."""
+    try:
+        return json_line({"id": record_id, "attrs": attrs})
+    except Exception:  # noqa: BLE001 - the record's row must not be lost to one value
+        from maxinstr.record.attrs import plain
+
+        return json_line({"id": record_id, "attrs": plain(attrs)})
+
+
+_RESERVE_BYTES = 4096
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
     """Write ``obj`` as pretty JSON to ``path`` through a temporary file and a rename, so a
     reader sees the old file or the new one, never half of one.
 
+    The file is padded with spaces (JSON allows them) to the next 4 KiB past its text: when the
+    disk is full, so that no new file can be written, the last version (part.json and meta.json
+    at close: status and drop counts) is overwritten in place, in blocks the file already has;
+    a run cut by a full disk then reads as closed with its losses counted, not as killed.
+
     With ``exclusive=True`` an existing file is left alone (returns False then).
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    data = (json.dumps(obj, indent=2, default=str, ensure_ascii=False) + "\n").encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        _write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        text = json.dumps(obj, indent=2, default=str, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):  # a user value JSON refuses (a cycle, a huge int)
+        from maxinstr.record.attrs import plain
+
+        text = json.dumps(plain(obj), indent=2, default=str, ensure_ascii=False)
+    data = (text + "\n").encode("utf-8", "backslashreplace")  # a lone surrogate as its JSON escape
+    data += b" " * (-(len(data) + _RESERVE_BYTES // 4) % _RESERVE_BYTES + _RESERVE_BYTES // 4)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno in _FULL and not exclusive and _overwrite_in_place(path, data.rstrip(b" ")):
+            return True
+        raise
     try:
         if exclusive:
             try:
@@ -65,6 +102,24 @@ def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _overwrite_in_place(path: Path, text: bytes) -> bool:
+    """Write ``text`` over ``path``'s own bytes, padded to its size (no new block needed)."""
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        if len(text) > size:
+            return False
+        os.pwrite(fd, text + b" " * (size - len(text)), 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -132,6 +187,7 @@ class PartWriter:
         self._names_written: set[int] = set()
         self._names_bitmap = np.zeros(64, dtype=bool)
         self._last_fsync = time.monotonic()
+        self._syncer: threading.Thread | None = None  # a background fsync (its files stay open until it ends)
         self._opened = False
 
     # -- opening ----------------------------------------------------------------------
@@ -183,14 +239,14 @@ class PartWriter:
                     )
                     self._mark_written(new)
             if attrs:
-                self._files[fmt.ATTRS_FILE].append(b"".join(json_line({"id": rid, "attrs": a}) for rid, a in attrs))
+                self._files[fmt.ATTRS_FILE].append(b"".join(attrs_line(rid, a) for rid, a in attrs))
             if len(rows):
                 # the drained buffer itself when it is one (no copy of a large batch)
                 base = rows.base if isinstance(rows.base, bytes) and len(rows.base) == rows.nbytes else None
                 self._files[fmt.STAGES_FILE].append(base if base is not None else np.ascontiguousarray(rows, dtype=fmt.STAGE_DTYPE).tobytes())
                 self.rows_written += len(rows)
             if self.fsync_interval_s >= 0 and time.monotonic() - self._last_fsync >= self.fsync_interval_s:
-                self.fsync()
+                self._fsync_in_background()
         except OSError as exc:
             self.rows_dropped += len(rows)
             self._fail(exc, "cannot write to")
@@ -231,6 +287,25 @@ class PartWriter:
         for f in self._files.values():
             f.fsync()
 
+    def _fsync_in_background(self) -> None:
+        """fsync on a thread of its own: a SIGKILL loses only what write() has not handed to
+        the kernel, so the flusher must not wait for the disk (an fsync of a large file took
+        270 ms); fsync only narrows what a machine crash can lose. One at a time."""
+        if self._syncer is not None and self._syncer.is_alive():
+            return
+        self._last_fsync = time.monotonic()
+        fds = [f.fd for f in self._files.values()]
+
+        def run() -> None:
+            for fd in fds:
+                try:
+                    os.fsync(fd)
+                except OSError:
+                    pass  # a failing disk shows in the next write, which warns
+
+        self._syncer = threading.Thread(target=run, name="maxinstr-fsync", daemon=True)
+        self._syncer.start()
+
     def write_part_json(self, **updates: Any) -> None:
         self.info.update(updates)
         self.info["rows_written"] = self.rows_written + self.native_rows_written
@@ -239,9 +314,15 @@ class PartWriter:
 
     def close(self, **updates: Any) -> None:
         """Write the final part.json, fsync and close the files (best effort)."""
-        if self._opened and not self.failed:
+        if self._syncer is not None:
+            self._syncer.join()  # it uses the descriptors closed below
+            self._syncer = None
+        if self._opened:
             try:
-                self.fsync()
+                if not self.failed:
+                    self.fsync()
+                # after a write error too: part.json is what says the part closed, and how many
+                # records the disk took (write_json_atomic can still write it on a full disk)
                 self.write_part_json(**updates)
             except OSError as exc:
                 self._fail(exc, "cannot write to")

@@ -6,13 +6,13 @@ last row (process killed mid-write) is ignored.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from maxinstr._files import parse_json, read_regular
 from maxinstr.errors import RunDirError
 from maxinstr.sample.base import FLAG_GPM, FLAG_LOST, FLAG_SLOW, HW_THROTTLE_MASK, IDLE_MASK, SETTING_MASK
 from maxinstr.sample.writer import SAMPLES_BIN, SAMPLES_JSON
@@ -110,26 +110,33 @@ def dtype_from_layout(layout: dict[str, Any], where: Path) -> np.dtype:
     return dtype
 
 
+def _clip(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def read_samples(part_dir: Path | str) -> Samples:
     """The samples in ``part_dir``. No samples.json and no samples.bin: an empty result (the
     sampler never ran). A samples.bin without samples.json, or a malformed samples.json:
     :class:`~maxinstr.errors.RunDirError`."""
     part = Path(part_dir)
     meta_path, bin_path = part / SAMPLES_JSON, part / SAMPLES_BIN
-    if not meta_path.exists():
-        if bin_path.exists() and bin_path.stat().st_size:
+    text = read_regular(meta_path, RunDirError)  # never a FIFO or a device: those hang or never end
+    data = read_regular(bin_path, RunDirError)
+    if text is None:
+        if data:
             raise RunDirError(bin_path, f"has no {SAMPLES_JSON} beside it: the row layout is unknown")
         return Samples(np.empty(0, dtype=[("t_ns", "<i8"), ("device", "<u2"), ("flags", "<u2"), ("throttle", "<u4")]))
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise RunDirError(meta_path, f"cannot be read: {exc}") from None
+    meta = parse_json(text, meta_path, RunDirError)
     if not isinstance(meta, dict) or meta.get("format") != "maxinstr-samples":
         raise RunDirError(meta_path, "is not a maxinstr samples description")
-    if int(meta.get("version", 0)) > 1:
-        raise RunDirError(meta_path, f"samples format version {meta.get('version')} is newer than this maxinstr reads (1)")
+    version = meta.get("version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise RunDirError(meta_path, f"samples format version {_clip(version)} is not a number")
+    if version > 1:
+        raise RunDirError(meta_path, f"samples format version {version} is newer than this maxinstr reads (1)")
     dtype = dtype_from_layout(meta.get("row", {}), meta_path)
-    raw = np.fromfile(bin_path, dtype=np.uint8) if bin_path.exists() else np.empty(0, np.uint8)
+    raw = np.frombuffer(bytearray(data or b""), dtype=np.uint8)  # writable, as the rows were from np.fromfile
     n = len(raw) // dtype.itemsize
     torn = len(raw) - n * dtype.itemsize
     rows = raw[: n * dtype.itemsize].view(dtype) if n else np.empty(0, dtype=dtype)

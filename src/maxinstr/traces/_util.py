@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from maxinstr._text import safe_name
 from maxinstr.errors import TraceError
 from maxinstr.traces.model import NO_ID, RangeStyle, Ranges, StringTable
 
@@ -37,6 +38,9 @@ def report(progress: Progress | None, message: str) -> None:
 def int_column(values, path: object, what: str) -> np.ndarray:
     """``values`` (strings, ints or floats) as int64; a TraceError naming the first bad value."""
     arr = values if isinstance(values, np.ndarray) else np.asarray(values)
+    if arr.ndim != 1:  # lists in the values ([1] where 1 belongs): never a 2-D column
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = [v for v in values]
     try:
         if arr.dtype.kind in "iu":
             if arr.dtype.kind == "u" and len(arr) and arr.max() > np.iinfo(np.int64).max:
@@ -49,7 +53,9 @@ def int_column(values, path: object, what: str) -> np.ndarray:
                 raise ValueError
             return arr.astype(np.int64)
         if arr.dtype.kind in "USO":
-            return np.array(arr.tolist(), dtype=np.int64)
+            out = np.array(arr.tolist(), dtype=np.int64)
+            if out.shape == arr.shape:
+                return out
     except (ValueError, TypeError, OverflowError):
         pass
     for i, value in enumerate(arr.tolist()):
@@ -79,7 +85,8 @@ def intern(strings: StringTable, values) -> np.ndarray:
 def _as_text(value) -> str:
     if value is None:
         return ""
-    return value if isinstance(value, str) else str(value)
+    # a JSON "\udcff" escape decodes to a lone surrogate, which no view could print or write
+    return safe_name(value if isinstance(value, str) else str(value))
 
 
 def _strict_int(value) -> int:

@@ -30,7 +30,7 @@ from maxinstr.traces.rocprof import _malformed
 HOST_RANGE_CATS = ("user_annotation", "cpu_op")
 CALL_CATS = {"cuda_runtime": CallKind.RUNTIME, "cuda_driver": CallKind.DRIVER}
 OP_CATS = {"kernel": OpKind.KERNEL, "gpu_memcpy": OpKind.MEMCPY, "gpu_memset": OpKind.MEMSET}
-_MAX_US = 9.2e15  # int64 nanoseconds overflow above this many microseconds
+_MAX_US = 4.6e15  # 2**62 ns: beyond it a start plus a duration, or a difference, can overflow int64
 
 
 def read_kineto(path: str | Path, *, progress: Progress | None = None, document: object = None) -> Trace:
@@ -79,13 +79,31 @@ def _args_col(evs: list, key: str, default=None) -> list:
     return out
 
 
-def _loose_ints(values: list) -> np.ndarray:
-    """Ints where the value is one (or a numeric string like '7' / 'stream 7'), else NO_ID."""
+def _flat(values: list, dtype) -> np.ndarray | None:
+    """``values`` as a 1-D array of ``dtype``, or None when they are not one number each: a
+    list in a field (``"tid": [1]``) would make numpy build a 2-D column, which later
+    broadcasts against the others into an n x n array."""
     try:
-        arr = np.array(values, dtype=np.int64)
-        return arr
+        arr = np.array(values, dtype=dtype)
     except (ValueError, TypeError, OverflowError):
-        pass
+        return None
+    return arr if arr.shape == (len(values),) else None
+
+
+def _not_a_container(values: list, path: Path, what: str) -> None:
+    for i, v in enumerate(values):
+        if isinstance(v, (list, dict)):
+            raise TraceError(path, f"{what}: event {i + 1} holds a JSON {'array' if isinstance(v, list) else 'object'} "
+                                   "where a number belongs")
+
+
+def _loose_ints(values: list, path: Path, what: str) -> np.ndarray:
+    """Ints where the value is one (or a numeric string like '7' / 'stream 7'), else NO_ID; a
+    list or object where a number belongs is an error."""
+    arr = _flat(values, np.int64)
+    if arr is not None:
+        return arr
+    _not_a_container(values, path, what)
     out = np.full(len(values), NO_ID, dtype=np.int64)
     for i, v in enumerate(values):
         if isinstance(v, bool) or v is None:
@@ -100,8 +118,15 @@ def _loose_ints(values: list) -> np.ndarray:
 
 
 def _times(evs: list, path: Path, what: str) -> tuple[np.ndarray, np.ndarray, float]:
-    ts = np.array(_col(evs, "ts"), dtype=np.float64)
-    dur = np.array(_col(evs, "dur", 0), dtype=np.float64)
+    columns = []
+    for key, default in (("ts", None), ("dur", 0)):
+        values = _col(evs, key, default)
+        arr = _flat(values, np.float64)
+        if arr is None:
+            _not_a_container(values, path, f"{what}: {key}")
+            raise TraceError(path, f"{what}: a timestamp is missing or not a number")
+        columns.append(arr)
+    ts, dur = columns
     if len(ts) and not (np.all(np.isfinite(ts)) and np.all(np.isfinite(dur))):
         raise TraceError(path, f"{what}: a timestamp is missing or not a number")
     if len(ts) and (np.abs(ts).max() > _MAX_US or np.abs(dur).max() > _MAX_US):
@@ -136,8 +161,8 @@ def _read(path: Path, doc: dict, events: list, progress: Progress | None) -> Tra
                 start,
                 end,
                 _util.intern(strings, _col(evs, "name", "")),
-                _loose_ints(_col(evs, "tid")),
-                _loose_ints(_col(evs, "pid")),
+                _loose_ints(_col(evs, "tid"), path, f"{c}: tid"),
+                _loose_ints(_col(evs, "pid"), path, f"{c}: pid"),
                 int(RangeStyle.PUSH_POP),
                 domain_id=strings.intern(c),
             )
@@ -157,12 +182,12 @@ def _read(path: Path, doc: dict, events: list, progress: Progress | None) -> Tra
             dict(
                 start=start,
                 end=end,
-                tid=_loose_ints(_col(evs, "tid")),
-                pid=_loose_ints(_col(evs, "pid")),
-                corr=_loose_ints(_args_col(evs, "correlation")),
+                tid=_loose_ints(_col(evs, "tid"), path, f"{c}: tid"),
+                pid=_loose_ints(_col(evs, "pid"), path, f"{c}: pid"),
+                corr=_loose_ints(_args_col(evs, "correlation"), path, f"{c}: args.correlation"),
                 name_id=name_id,
                 kind=np.full(len(evs), int(kind), np.int8),
-                size=_loose_ints(_args_col(evs, "size")),
+                size=_loose_ints(_args_col(evs, "size"), path, f"{c}: args.size"),
             )
         )
     if c_parts:
@@ -209,10 +234,10 @@ def _read(path: Path, doc: dict, events: list, progress: Progress | None) -> Tra
             continue
         start, end, err = _times(evs, path, c)
         worst_ns = max(worst_ns, err)
-        device = _loose_ints(_args_col(evs, "device"))
-        device = np.where(device == NO_ID, _loose_ints(_col(evs, "pid")), device)
-        stream = _loose_ints(_args_col(evs, "stream"))
-        stream = np.where(stream == NO_ID, _loose_ints(_col(evs, "tid")), stream)
+        device = _loose_ints(_args_col(evs, "device"), path, f"{c}: args.device")
+        device = np.where(device == NO_ID, _loose_ints(_col(evs, "pid"), path, f"{c}: pid"), device)
+        stream = _loose_ints(_args_col(evs, "stream"), path, f"{c}: args.stream")
+        stream = np.where(stream == NO_ID, _loose_ints(_col(evs, "tid"), path, f"{c}: tid"), stream)
         o_parts.append(
             dict(
                 start=start,
@@ -221,9 +246,9 @@ def _read(path: Path, doc: dict, events: list, progress: Progress | None) -> Tra
                 name_id=_util.intern(strings, _col(evs, "name", "")),
                 device=device.astype(np.int32),
                 stream=stream,
-                corr=_loose_ints(_args_col(evs, "correlation")),
-                bytes=_loose_ints(_args_col(evs, "bytes")) if kind != OpKind.KERNEL else np.zeros(len(evs), np.int64),
-                graph=_loose_ints(_args_col(evs, "graph node id")),
+                corr=_loose_ints(_args_col(evs, "correlation"), path, f"{c}: args.correlation"),
+                bytes=_loose_ints(_args_col(evs, "bytes"), path, f"{c}: args.bytes") if kind != OpKind.KERNEL else np.zeros(len(evs), np.int64),
+                graph=_loose_ints(_args_col(evs, "graph node id"), path, f"{c}: args.graph node id"),
                 events=evs,
             )
         )
@@ -276,8 +301,8 @@ def _read(path: Path, doc: dict, events: list, progress: Progress | None) -> Tra
             start,
             end,
             _util.intern(strings, _col(gpu_ann, "name", "")),
-            _loose_ints(_args_col(gpu_ann, "stream", None)),
-            _loose_ints(_args_col(gpu_ann, "device", None)),
+            _loose_ints(_args_col(gpu_ann, "stream", None), path, "gpu_user_annotation: args.stream"),
+            _loose_ints(_args_col(gpu_ann, "device", None), path, "gpu_user_annotation: args.device"),
             int(RangeStyle.PUSH_POP),
             domain_id=strings.intern("gpu_user_annotation"),
         )

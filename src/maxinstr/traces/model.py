@@ -18,6 +18,8 @@ from enum import IntEnum
 
 import numpy as np
 
+from maxinstr.rundir.format import MAX_TIME_NS  # trace times too: a difference of two fits an int64
+
 NO_ID = -1
 """Sentinel for a missing id / string / payload in integer columns."""
 
@@ -58,7 +60,15 @@ class _Table:
         return len(getattr(self, first))
 
     def validate(self) -> None:
-        """Raise ValueError when the columns do not all have the same length."""
+        """Raise ValueError when a column is not 1-D (it would broadcast against the others
+        into an n x n array), the columns differ in length, or a time is outside +-2**62 ns
+        (then the difference of two could wrap around int64)."""
+        for f in fields(self):  # type: ignore[arg-type]
+            col = getattr(self, f.name)
+            if np.ndim(col) != 1:
+                raise ValueError(f"{type(self).__name__}.{f.name}: not a 1-D column")
+            if f.name.endswith("_ns") and len(col) and (col.min() <= -MAX_TIME_NS or col.max() >= MAX_TIME_NS):
+                raise ValueError(f"{type(self).__name__}.{f.name}: times beyond 2**62 ns")
         lengths = {f.name: len(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
         if len(set(lengths.values())) > 1:
             raise ValueError(f"{type(self).__name__}: columns differ in length: {lengths}")
@@ -153,13 +163,19 @@ class Trace:
         return "" if name_id < 0 else str(self.strings[name_id])
 
     def validate(self) -> None:
-        """Raise ValueError when a table is ragged or a name id points outside ``strings``."""
+        """Raise TraceError (one line naming the trace) when a table is malformed (see
+        :meth:`_Table.validate`) or a name id points outside ``strings``."""
+        from maxinstr.errors import TraceError
+
         n_strings = len(self.strings)
         for table in (self.ranges, self.calls, self.ops):
-            table.validate()
+            try:
+                table.validate()
+            except ValueError as exc:
+                raise TraceError(self.source, str(exc)) from None
             ids = table.name_id
             if len(ids) and (ids.max() >= n_strings or ids.min() < NO_ID):
-                raise ValueError(f"{self.source}: {type(table).__name__}.name_id out of range")
+                raise TraceError(self.source, f"{type(table).__name__}.name_id out of range")
 
 
 class StringTable:

@@ -1,0 +1,77 @@
+"""Stage attrs are data, not references (docs/sessions.md, "Attrs").
+
+``maxinstr.stage("load", file=path, shape=x.shape, model=model)``: when the stage ends, the
+native core hands attrs holding anything but ``str``/``int``/``float``/``bool``/``None`` to
+:func:`plain`, which returns the JSON data they are written as. So maxinstr keeps no reference
+to the objects passed (a 50 MB array given as an attr is not kept alive by the record, in or
+outside a session), and what is kept in memory is what a run directory would hold.
+
+Nothing here raises: a value that cannot be converted is recorded as a short description.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+MAX_DEPTH = 32  # deeper containers (and cycles) are recorded as their str()
+MAX_STR = 1000  # characters kept of the str() of an object JSON cannot hold
+_MAX_INT_BITS = 13_000  # json.dumps refuses ints of more than 4300 digits (sys.int_info)
+
+
+def _as_str(value: Any) -> str:
+    try:
+        text = str(value)
+    except Exception as exc:  # noqa: BLE001 - a user's __str__ may raise anything
+        return f"<{type(value).__name__}: str() raised {type(exc).__name__}>"
+    if not isinstance(text, str):  # a str subclass is fine; anything else is not text
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= MAX_STR else text[: MAX_STR - 1] + "…"
+
+
+def _key(key: Any) -> str:
+    # json.dumps's own spelling of None/bool/number keys, and str() (not its TypeError) for the rest
+    if key is None or isinstance(key, bool):
+        return {None: "null", True: "true", False: "false"}[key]
+    value = _plain(key, 0)
+    return value if isinstance(value, str) else repr(value)
+
+
+def _plain(value: Any, depth: int) -> Any:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return value if type(value) is str else str.__str__(value)  # a subclass's __str__ is not called
+    if isinstance(value, numbers.Integral):
+        try:
+            number = int(value)
+        except Exception:  # noqa: BLE001
+            return _as_str(value)
+        return number if number.bit_length() <= _MAX_INT_BITS else f"<int of {number.bit_length()} bits>"
+    if isinstance(value, numbers.Real):
+        try:
+            return float(value)
+        except Exception:  # noqa: BLE001
+            return _as_str(value)
+    if depth <= 0:
+        return _as_str(value)
+    if isinstance(value, dict):
+        try:
+            items = list(value.items())
+        except Exception:  # noqa: BLE001
+            return _as_str(value)
+        return {_key(k): _plain(v, depth - 1) for k, v in items}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, depth - 1) for v in list(value)]
+    return _as_str(value)
+
+
+def plain(attrs: dict[str, Any]) -> dict[str, Any]:
+    """``attrs`` as the JSON data they are written as (a new dict; keyword names are str)."""
+    out: dict[str, Any] = {}
+    for key, value in list(attrs.items()):
+        try:
+            out[_key(key)] = _plain(value, MAX_DEPTH)
+        except RecursionError:
+            out[_key(key)] = _as_str(value)
+    return out

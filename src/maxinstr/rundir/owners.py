@@ -1,0 +1,130 @@
+"""Who still writes a run directory: a session opened on a directory replaces the run that was
+there only when every process of that run is gone (docs/sessions.md, "Two sessions on one
+directory"). A live run is never deleted: the new session joins it with a part of its own.
+
+A process counts as alive when its part (or meta.json) says ``running`` and either it ran on
+another host (whether it is alive cannot be known from here, so it is assumed to be) or a
+process with its pid exists here and did not start after the part did (a pid reused by an
+unrelated process is not the run's writer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any, Iterator
+
+from maxinstr.rundir import format as fmt
+
+_START_SLACK_NS = 2_000_000_000  # /proc gives a process's start to a clock tick, boot time to a second
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on the directory itself while a session decides whether to replace
+    the run there and writes its meta.json: two sessions opened at the same moment decide one
+    after the other (no lock file is left in the folder). Best effort where flock is refused."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _boot_unix_ns() -> int | None:
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return int(line.split()[1]) * 1_000_000_000
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _started_unix_ns(pid: int) -> int | None:
+    """When process ``pid`` started (Unix ns, to a clock tick), from /proc; None when unknown."""
+    boot = _boot_unix_ns()
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, after the parenthesised name
+    except (OSError, ValueError, IndexError):
+        return None
+    if boot is None:
+        return None
+    return boot + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def pid_alive(pid: int, started_unix_ns: int | None = None) -> bool:
+    """Whether ``pid`` names a live process on this host that could have started a part at
+    ``started_unix_ns`` (Unix ns): not one that started after it (a reused pid)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    except OSError:
+        return False
+    if isinstance(started_unix_ns, int) and not isinstance(started_unix_ns, bool):
+        began = _started_unix_ns(pid)
+        if began is not None and began > started_unix_ns + _START_SLACK_NS:
+            return False
+    return True
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _writer(doc: dict[str, Any], pid: Any, started_unix_ns: Any, where: str) -> str | None:
+    """A line naming the writer of ``doc`` when it may still be alive, else None."""
+    if doc.get("status") != "running" or pid == os.getpid():
+        return None
+    host = doc.get("host")
+    here = socket.gethostname()
+    if isinstance(host, str) and host != here:
+        return f"pid {pid} on host {host} ({where}; cannot tell from {here} whether it is alive)"
+    if not pid_alive(pid, started_unix_ns if isinstance(started_unix_ns, int) else None):
+        return None
+    return f"pid {pid} ({where})"
+
+
+def live_writers(run_dir: Path) -> list[str]:
+    """One line per process that may still write the run in ``run_dir`` (empty: the run there,
+    if any, is a previous one and may be replaced)."""
+    found: dict[str, str] = {}  # repr(pid) -> line: the owner shows in meta.json and its part
+    meta = _load(run_dir / fmt.META_FILE)
+    if meta is not None and meta.get("format") == fmt.FORMAT_NAME:
+        clock = meta.get("clock") if isinstance(meta.get("clock"), dict) else {}
+        line = _writer(meta, meta.get("pid"), clock.get("realtime_ns"), fmt.META_FILE)
+        if line:
+            found[repr(meta.get("pid"))] = line
+    parts = run_dir / fmt.PARTS_DIR
+    try:
+        entries = sorted(p for p in parts.iterdir() if p.is_dir()) if parts.is_dir() else []
+    except OSError:
+        entries = []
+    for part in entries:
+        doc = _load(part / fmt.PART_FILE)
+        if doc is None:
+            continue
+        line = _writer(doc, doc.get("pid"), doc.get("started_unix_ns"), f"part {part.name}")
+        if line:
+            found.setdefault(repr(doc.get("pid")), line)
+    return list(found.values())
