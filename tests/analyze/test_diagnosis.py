@@ -56,7 +56,8 @@ def test_warmup_contamination_is_one_fact_with_numbers(report_of):
     fs = [f for f in r["diagnosis"] if f["id"] == "warmup_contamination"]
     assert len(fs) == 1
     ev = fs[0]["evidence"]
-    assert ev["worst_stage"] == "sample" and ev["worst_ratio"] > 100  # 105.7 ms first sample vs ~0.31 ms
+    # the first request (141.8 ms, with the 105.7 ms first sample inside) against ~21.6 ms
+    assert ev["worst_stage"] == "request" and ev["worst_ratio"] > 5
     assert ev["excluded_from_headline"] is True
     assert "--warmup" in fs[0]["command"]
 
@@ -144,7 +145,7 @@ def test_throttled_rule_reads_stage_samples(report_of):
     dec["samples"] = {"samples": 40, "throttled_share": 0.25, "throttle_reasons": ["sw_power_cap"]}
     f = dx.rule_throttled(r)
     assert f and f[0]["evidence"]["reasons"] == ["sw_power_cap"] and f[0]["verdict"] == "fact"
-    assert "sw_power_cap" in f[0]["title"]
+    assert "SW power cap" in f[0]["title"] and "hardware" not in f[0]["title"]
 
 
 @pytest.mark.parametrize("fid", ["moe_decode", "moe_routing_overhead"])
@@ -179,7 +180,7 @@ def test_healthy_mix_says_when_the_host_sets_the_pace(trace_of):
     assert host["evidence"]["gpu_over_host"] < dx.HOST_BOUND_GPU_OVER_HOST
     assert healthy["evidence"]["gpu_busy_frac_median"] >= dx.LAUNCH_BOUND_BUSY
     assert healthy["evidence"]["gpu_over_host"] == host["evidence"]["gpu_over_host"]
-    assert "host_bound sets the pace" in healthy["title"] and healthy["next_step"].startswith("host_bound sets")
+    assert "which sets the pace" in healthy["title"] and healthy["next_step"].startswith("The host limit sets")
     assert healthy["evidence"]["paced_by"] == "host_bound" and "healthy_dense_decode" in host["evidence"]["secondary"]
     dec = [f["id"] for f in r["diagnosis"] if f["stage"] == "decode"]
     assert dec.index("host_bound") == 0  # what sets the pace comes first; the deep dive is for afterwards

@@ -30,6 +30,6 @@ def test_random_subsets_of_a_real_trace(trace_of, seed, keep_ranges, keep_ops):
     doc = json.loads(rjson.render(r))
     assert doc["gpu"]["ops"] == len(part.ops)
     for s in doc["stages"]:
-        assert s["instances"] == s["steady"] + s["warmup"] + s["cold_start"]
+        assert s["instances"] == s["steady"] + s["warmup"] + s["cold_start"] + s["inside_startup"]
     text.render(r)
     markdown.render(r)

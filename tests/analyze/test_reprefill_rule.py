@@ -27,17 +27,19 @@ def test_fires_on_the_reprefill_capture_with_its_numbers(joined):
     assert f["stage"] == "decode" and f["verdict"] == "hypothesis"
     ev = f["evidence"]
     assert ev["steps"] == 160 and ev["basis"] == "gpu_op_ns"
-    # the GPU work of a step: 1.33 ms (first quarter) -> 1.99 ms (last), rank correlation 0.98
-    assert ev["op_time_spearman"] > 0.95 and 1.4 < ev["op_time_last_over_first"] < 1.6
-    # ... carried by the matmuls (sequence-sized, as in the prefill): 1.21 ms -> 1.79 ms
-    assert ev["matmul_grows"] and ev["matmul_time_spearman"] > 0.95 and ev["matmul_time_last_over_first"] > 1.4
+    # the GPU work of a step in the one steady request (warmup=2 of 3 requests): 1.39 ms (first
+    # quarter) -> 2.01 ms (last), rank correlation 0.93
+    assert ev["op_time_spearman"] > 0.9 and 1.4 < ev["op_time_last_over_first"] < 1.6
+    # ... carried by the matmuls (sequence-sized, as in the prefill): 1.26 ms -> 1.80 ms
+    assert ev["matmul_grows"] and ev["matmul_time_spearman"] > 0.9 and ev["matmul_time_last_over_first"] > 1.4
     assert 1.1e6 < ev["matmul_time_first_quarter_ns"] < 1.35e6 < 1.7e6 < ev["matmul_time_last_quarter_ns"]
     # the same 29 ops every step: the prefill's op sequence, not more of them
     assert not ev["op_count_grows"] and ev["ops_per_step_first_quarter"] == ev["ops_per_step_last_quarter"] == 29
     # why the time-span rule missed it: other GPU tenants stretched the event spans
     assert ev["span_basis"] == "gpu_event_ns" and ev["span_spearman"] < dx.REPREFILL_SPEARMAN
     assert "matmul time grows" in f["title"] and "KV-cached" in f["title"]
-    assert f["command"].startswith("maxinstr compare ") and "step_work.matmul_ns" in f["validation"]
+    # the validation names what compare prints: the median's verdict and the matmul growth
+    assert f["command"].startswith("maxinstr compare ") and "matmul growth" in f["validation"]
 
 
 def test_fires_on_the_reprefill_trace_alone(report_of):

@@ -119,6 +119,11 @@ def test_repeat_and_sweep_give_one_process_and_run_dir_each(tmp_path, script):
     for d in dirs:
         assert json.loads((out / d / "launch.json").read_text())["run"]["status"] == "ok"
     assert "maxinstr compare " in res.stdout and str(out / "BATCH=8.r2") in res.stdout
+    # compare lists the sweep value among the settings that differ, not each run's own directory
+    cmp = run_cli(["compare", str(out / "BATCH=1.r1"), str(out / "BATCH=8.r1"), "--format", "json"], base_env())
+    assert cmp.returncode == 0, cmp.stderr
+    settings = {r["key"]: (r["a"], r["b"]) for r in json.loads(cmp.stdout)["comparisons"][0]["settings"]}
+    assert settings.get("sweep.BATCH") == ("1", "8") and "env.MAXINSTR_RUN_DIR" not in settings
 
 
 def test_sweep_over_a_flag(tmp_path, script):

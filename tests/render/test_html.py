@@ -77,7 +77,8 @@ def test_plots_carry_the_report_numbers(decode_html):
     assert svgs.count("kernel family mix") >= 3  # one per stage with kernels + the whole input
     dec = next(s for s in a.report["stages"] if s["name"] == "decode")
     # breakdown row: host median, GPU (projected) median, busy fraction, steady instances
-    assert f"{_fmt.ns(dec['host_ns']['median'])} · {_fmt.ns(dec['gpu_proj_ns']['median'])} · 18% · 72" in doc
+    busy = _fmt.pct(dec["gpu_busy_frac"]["median"])
+    assert f"{_fmt.ns(dec['host_ns']['median'])} · {_fmt.ns(dec['gpu_proj_ns']['median'])} · {busy} · {dec['steady']}" in doc
     # the trace-derived busy share is drawn (no samples in a trace), with as many points as bins
     polys = [attrs for tag, attrs in tags.attrs if tag == "polygon" and attrs.get("class") == "series"]
     assert polys and int(polys[0]["data-points"]) >= 50
@@ -176,3 +177,22 @@ def test_run_joined_to_its_trace(tmp_path):
     poly = next(attrs for tag, attrs in _parse(doc).attrs if tag == "polygon" and attrs.get("class") == "series")
     ys = [float(p.split(",")[1]) for p in poly["points"].split()]
     assert max(ys) - min(ys) > 10  # not a flat line: kernels fall inside the framed window
+
+
+def test_breakdown_bars_compare_stages(decode_html):
+    """The bars share one scale (total time over steady instances): a stage that takes 40x less
+    time gets a 40x shorter bar (each row was normalised to itself, so all bars were one length)."""
+    a, doc = decode_html
+    svg = doc.split('aria-label="per-stage time breakdown"', 1)[1].split("</svg>", 1)[0]
+    host = {}
+    for m in re.finditer(r'<rect x="240\.00" y="[\d.]+" width="([\d.]+)" height="16\.00" fill="([^"]+)"><title>([^:<]+):',
+                         svg):
+        if m.group(2) != "#f1f3f7":
+            host[m.group(3)] = float(m.group(1))
+    st = {s["name"]: s for s in a.report["stages"]}
+    assert set(host) == set(st)
+    want = {k: st[k]["host_ns"]["total"] for k in host}
+    longest = max(want.values())
+    for k, w in host.items():
+        assert w == pytest.approx(470 * want[k] / longest, abs=0.02), k
+    assert host["prefill"] < host["request"] / 10

@@ -58,8 +58,9 @@ def test_markdown_note_sections(decode_report):
     facts = md.split("## Facts (measured)")[1].split("## Hypotheses")[0]
     assert "**launch_bound**" in facts and "**healthy_dense_decode**" in facts
     # the stage table carries median and p90 per stage
-    row = next(line for line in md.splitlines() if line.startswith("|") and "decode" in line and "us" in line)
-    assert "813.7 us" in row and "930.8 us" in row
+    dec = next(s for s in decode_report["stages"] if s["name"] == "decode")
+    row = next(line for line in md.splitlines() if re.match(r"\| (&nbsp;)*decode \|", line))
+    assert _fmt.ns(dec["host_ns"]["median"]) in row and _fmt.ns(dec["host_ns"]["p90"]) in row
     assert "```sh\nmaxinstr report" in md
     # each candidate optimisation says how to validate it
     opts = md.split("## Candidate optimisations")[1].split("\n## ")[0]
@@ -71,5 +72,10 @@ def test_format_helpers():
     assert _fmt.ns(950) == "950 ns" and _fmt.ns(1500) == "1.5 us"
     assert _fmt.ns(2.5e6) == "2.50 ms" and _fmt.ns(3e9) == "3.000 s"
     assert _fmt.pct(0.123) == "12%" and _fmt.pct(None) == "-"
-    assert "gpu_busy_frac_median=17.8%" in _fmt.evidence_text({"gpu_busy_frac_median": 0.178})
-    assert "idle_gap_ns_median=432.1 us" in _fmt.evidence_text({"idle_gap_ns_median": 432062.0})
+    # evidence for people: named numbers with the unit the key names, no raw key=value dump
+    ev = {"gpu_busy_frac_median": 0.178, "idle_gap_ns_median": 432062.0, "secondary": ["dominant_kernel"],
+          "kernels_per_instance_median": 19.0, "instances": 72}
+    assert _fmt.evidence_text(ev, "launch_bound") == (
+        "GPU busy 18%, kernels per instance 19, GPU idle per instance 432.1 us, instances 72")
+    assert _fmt.evidence_text({"reasons": {"sw_power_cap": 3}, "share": 0.5}) == "share 50%"
+    assert _fmt.at_stake(0.4213) == "42% at stake"

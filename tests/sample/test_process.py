@@ -34,12 +34,23 @@ def process_mode(monkeypatch, fake_nvml_lib_path):
     return fake_nvml_lib_path
 
 
+def _rows_flushed(part: Path) -> int:
+    try:
+        return len(read_samples(part))
+    except Exception:  # noqa: BLE001 - not written yet
+        return 0
+
+
 def test_child_samples_into_the_part_and_stops(process_mode, tmp_path):
     s = start_sampler(tmp_path, 0.01)
     try:
         assert isinstance(s, ProcessSampler) and s.running and s.pid != os.getpid()
         assert [d.info.name for d in s.devices] == ["fake NVML device"] and not s.unavailable
-        time.sleep(0.4)
+        # 20 rows take 0.2 s at 10 ms; a loaded machine starts the child late (18 of 20 rows after a
+        # fixed 0.4 s was seen), so wait for the rows the child has flushed, not for a set time
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _rows_flushed(tmp_path) < 20:
+            time.sleep(0.05)
     finally:
         s.stop()
     assert not s.running

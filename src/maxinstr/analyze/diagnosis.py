@@ -108,8 +108,10 @@ def _deep_dive_arg(report: dict) -> str:
 
 
 def _compare_cmd(report: dict) -> str:
-    run = report.get("sources", {}).get("run") or "RUN_BEFORE"
-    return f"maxinstr compare {shlex.quote(run)} RUN_AFTER"
+    """compare before/after; each side best a folder of fresh-process repeats (maxinstr run
+    --repeat 3), whose spread is what a verdict needs (one run a side "cannot tell")."""
+    run = report.get("sources", {}).get("run") or "RUNS_BEFORE"
+    return f"maxinstr compare {shlex.quote(run)} RUNS_AFTER"
 
 
 def _leaf_stages(report: dict) -> list[dict]:
@@ -165,6 +167,61 @@ def rule_no_gpu_data(report: dict) -> list[dict]:
         score=0.0)]
 
 
+def rule_no_kernels(report: dict) -> list[dict]:
+    """A GPU run without a kernel trace: say what its GPU events and samples already show (GPU
+    time against host time per stage, utilization, time outside every stage) and the command
+    that adds the kernels."""
+    stages = report.get("stages") or []
+    if report.get("gpu") is not None or not stages:
+        return []
+    shown = []
+    for st in stages:
+        if not _significant(report, st):
+            continue
+        host, gpu = st.get("host_ns") or {}, st.get("gpu_event_ns") or {}
+        smp = st.get("samples") or {}
+        util = None if smp.get("window_limited") else smp.get("gpu_util_pct_mean")
+        if not host.get("n") or not (gpu.get("n") or util is not None):
+            continue
+        ratio = gpu["median"] / host["median"] if gpu.get("n") and host["median"] > 0 else None
+        shown.append((st, host["median"], gpu.get("median") if gpu.get("n") else None, ratio, util))
+    if not shown:
+        return []
+    cov = report.get("coverage") or {}
+    outside = 1 - cov["in_stages_ns"] / cov["wall_ns"] if cov.get("wall_ns") else None
+    # the stage with the most time at stake: little GPU time for its host time, or a low utilization
+    def idle(x):
+        st, _, _, ratio, util = x
+        lack = max(1 - min(ratio, 1.0) if ratio is not None else 0.0, 1 - util / 100 if util is not None else 0.0)
+        return lack * _stage_weight(report, st)
+    st, host, gpu, ratio, util = max(shown, key=idle)
+    parts = []
+    if gpu is not None:
+        parts.append(f"'{st['name']}' keeps its GPU stream {_fmt_ns(gpu)} of its {_fmt_ns(host)} on the host "
+                     f"({ratio:.0%})")
+    if util is not None:
+        parts.append(f"a kernel ran in {util:.0f}% of its time (NVML utilization)")
+    if outside is not None and outside >= 0.05:
+        parts.append(f"{outside:.0%} of the run is outside every stage")
+    ev = {"stage": st["name"], "host_ns_median": host, "gpu_event_ns_median": gpu, "gpu_over_host": ratio,
+          "gpu_util_pct_mean": util, "outside_stages_share": outside,
+          "per_stage": [{"stage": s["name"], "host_ns_median": h, "gpu_event_ns_median": g, "gpu_util_pct_mean": u}
+                        for s, h, g, _, u in shown]}
+    cmd = report.get("environment", {}).get("command")
+    script = shlex.join(cmd) if isinstance(cmd, list) else "python YOUR_SCRIPT.py"
+    step = ("The GPU events and samples say how much of each stage the GPU works, not what it runs. Capture the "
+            "kernels: run the program under the profiler with the command below, or, without a profiler around it "
+            "(a notebook, a server), maxinstr.session(..., kernels=True) collects them in the process (NVIDIA, "
+            "pip install 'maxinstr[cupti]'); the report then says whether the stage is launch-, host- or kernel-bound.")
+    if ratio is not None and ratio < HOST_BOUND_GPU_OVER_HOST:
+        step = "The stage's GPU work is a small part of it: the host sets its pace (see host_ns). " + step
+    return [_finding(
+        "no_kernels", "No kernel trace; what the GPU numbers show: " + "; ".join(parts), "fact", st["name"], ev,
+        step, f"maxinstr run -- {script}",
+        validation=_compare_cmd(report) + "  # with the kernels, the stage's GPU busy and its findings",
+        score=0.5 * idle((st, host, gpu, ratio, util)))]
+
+
 def rule_unattributed(report: dict) -> list[dict]:
     gpu = report.get("gpu") or {}
     share = gpu.get("attributed_share")
@@ -185,7 +242,10 @@ def rule_warmup_contamination(report: dict) -> list[dict]:
             by_stage.setdefault(row["stage"], []).append(row)
     stages = {s["name"]: s for s in report.get("stages", [])}
     ratios: dict[str, float] = {}
-    worst_stage, worst_ratio, suggested, n_cold = None, 0.0, 0, 0
+    worst_stage, worst_ratio, n_cold = None, 0.0, 0
+    # warm-up=K covers the first K top-level instances and everything inside them, so the
+    # suggestion is counted in top-level instances: one more than the last that held a cold start
+    suggested, top_stage = 0, None
     for name, rows in by_stage.items():
         st = stages.get(name)
         if not st or not st["host_ns"].get("n"):
@@ -195,23 +255,38 @@ def rule_warmup_contamination(report: dict) -> list[dict]:
         ratio = worst["host_ns"] / med if med > 0 else float("inf")
         ratios[name] = round(ratio, 2)
         n_cold += len(rows)
-        suggested = max(suggested, max(r["occurrence"] for r in rows) + 1)
+        for r in rows:
+            k = r.get("top_occurrence", r["occurrence"]) + 1
+            if k > suggested:
+                suggested, top_stage = k, r.get("top_stage", name)
         if ratio > worst_ratio:
             worst_stage, worst_ratio = name, ratio
     if not ratios:
         return []
     names = ", ".join(f"'{k}'" for k in list(ratios)[:4]) + (f" and {len(ratios) - 4} more" if len(ratios) > 4 else "")
+    top = stages.get(top_stage) or {}
+    top_total = top.get("instances", 0)
+    evidence = {"cold_instances": n_cold, "worst_stage": worst_stage, "worst_ratio": round(worst_ratio, 2),
+                "ratio_by_stage": ratios, "session_warmup": warm_n, "excluded_from_headline": True,
+                "suggested_warmup": None, "top_stage": top_stage}
+    if suggested < top_total:
+        evidence["suggested_warmup"] = max(suggested, warm_n)
+        step = (f"Already excluded from the headline numbers. Declare them as warm-up so every tool agrees: "
+                f"maxinstr.session(..., warmup={evidence['suggested_warmup']}) (the first "
+                f"{evidence['suggested_warmup']} '{top_stage}' and everything inside them), or run warm-up "
+                f"iterations before the measured loop.")
+        command = f"maxinstr report {_report_arg(report)} --warmup {evidence['suggested_warmup']}"
+    else:
+        # a larger warmup would leave no steady top-level instance at all
+        step = (f"Already excluded from the headline numbers. They ran in the last '{top_stage}' instance, so no "
+                f"warm-up count can cover them and keep a steady '{top_stage}': run more '{top_stage}' instances "
+                f"(at least {suggested + 1}) or warm-up iterations before the measured loop.")
+        command = None
     return [_finding(
         "warmup_contamination",
         f"{n_cold} first-call instance(s) of {names} ran up to {worst_ratio:.1f}x the steady median "
         f"(cold start: compilation, allocation, cache fill)",
-        "fact", worst_stage if len(ratios) == 1 else None,
-        {"cold_instances": n_cold, "worst_stage": worst_stage, "worst_ratio": round(worst_ratio, 2),
-         "ratio_by_stage": ratios, "session_warmup": warm_n, "excluded_from_headline": True},
-        f"Already excluded from the headline numbers. Declare them as warm-up so every tool agrees: "
-        f"maxinstr.session(..., warmup={suggested}), or run warm-up iterations before the measured loop.",
-        f"maxinstr report {_report_arg(report)} --warmup {suggested}",
-        score=0.01)]
+        "fact", worst_stage if len(ratios) == 1 else None, evidence, step, command, score=0.01)]
 
 
 def rule_healthy_decode(report: dict) -> list[dict]:
@@ -407,7 +482,7 @@ def rule_unfused(report: dict) -> list[dict]:
             f"'{st['name']}' misses fused kernels: " + "; ".join(reasons),
             "hypothesis", st["name"], ev, step,
             _deep_dive(report, st, family="elementwise" if ew >= UNFUSED_ELEMENTWISE_SHARE else None),
-            validation=_compare_cmd(report) + "  # expect fewer kernels per instance and a lower median beyond noise",
+            validation=_compare_cmd(report) + "  # the stage's kernels per instance must fall and its median beyond the noise bound",
             score=max(ew, _fam_share(st, "softmax", "reduction")) * _stage_weight(report, st)))
     return out
 
@@ -515,8 +590,8 @@ def rule_reprefill(report: dict) -> list[dict]:
             "(pass past_key_values / use_cache=True, or the engine's cached decode path). A batch that grows "
             "step by step (continuous batching) also grows the matmuls: rule it out. Then re-run and compare.",
             _compare_cmd(report),
-            validation="after the fix the per-step trend must be flat: 'step_work.matmul_ns.last_over_first' near 1 "
-                       "and the stage median lower beyond the noise bound in maxinstr compare",
+            validation=_compare_cmd(report) + "  # the stage median must fall beyond the noise bound and its matmul "
+                                                "growth (last over first quarter of the steps) fall to about 1.0x",
             score=_stage_weight(report, st) * (1 - 1 / growth)))
     return out
 
@@ -555,85 +630,168 @@ def rule_naive_matmul(report: dict) -> list[dict]:
     return out
 
 
-def rule_launch_bound(report: dict) -> list[dict]:
+GRAPH_REPLAY_SHARE = 0.5
+"""A stage (or population) whose instances mostly launch CUDA-graph nodes already replays a graph."""
+
+
+def _pace_units(report: dict, st: dict) -> list[tuple[dict, str | None, dict | None]]:
+    """What launch_bound / host_bound judge for a stage: the stage itself, or, when its steady
+    instances form two populations (``stages[].populations``), each population on its own (one
+    busy fraction for a graph replay and an eager step is neither's). Each unit: (statistics,
+    population label or None, the other population or None)."""
+    pops = st.get("populations") or {}
+    groups = pops.get("groups") or []
+    if len(groups) != 2:
+        return [(st, None, None)]
+    basis = pops.get("basis", "host_ns")
+    times = [float((g.get(basis) or {}).get("total", 0.0)) for g in groups]
+    total = sum(times) or 1.0
     out = []
-    for st in report.get("stages", []):
-        busy = st.get("gpu_busy_frac") or {}
-        if busy.get("n", 0) < 3 or not _significant(report, st):
-            continue
-        host = st.get("host_ns") or {}
-        proj = st.get("gpu_proj_ns") or {}
-        busy_ns = st.get("gpu_busy_ns") or {}
-        if not host.get("n"):
-            continue
-        kpi = (st.get("kernels_per_instance") or {}).get("median")
-        gaps = (st.get("idle_gap_ns") or {}).get("median")
-        if busy["median"] < LAUNCH_BOUND_BUSY and (kpi or 0) >= LAUNCH_BOUND_MIN_KERNELS:
-            out.append(_finding(
-                "launch_bound",
-                f"'{st['name']}': the GPU is busy only {busy['median']:.0%} of the stage's GPU span "
-                f"({kpi:.0f} kernels per instance with idle gaps between them)",
-                "fact", st["name"],
-                {"gpu_busy_frac_median": round(busy["median"], 3), "idle_gap_ns_median": gaps,
-                 "gpu_proj_ns_median": proj.get("median"), "kernels_per_instance_median": kpi,
-                 "instances": busy["n"]},
-                ("Kernels are short and MAX's worker thread cannot launch them fast enough (it launches each "
-                 "graph op as its own kernel). Capture the step as a device graph (Model.capture(key, *inputs) "
-                 "once, then Model.replay(key, *inputs) each step: the inputs' shapes must stay fixed, so a KV "
-                 "cache preallocated, not grown by concat), or batch more sequences per step."
-                 if _runs_max(st) else
-                 "Kernels are short and the host cannot launch them fast enough. Capture the stage in a CUDA/HIP "
-                 "graph, fuse small kernels (torch.compile, a MAX graph), or batch more work per launch."),
-                validation=_compare_cmd(report) + "  # gpu_busy_frac must rise and the host median fall beyond noise",
-                score=(1 - busy["median"]) * _stage_weight(report, st)))
-        elif busy["median"] < LAUNCH_BOUND_BUSY:
-            out.append(_finding(
-                "host_bound",
-                f"'{st['name']}': the GPU is busy only {busy['median']:.0%} of the stage's GPU span, between "
-                f"{kpi or 0:.0f} ops per instance: it waits on the host",
-                "fact", st["name"],
-                {"gpu_busy_frac_median": round(busy["median"], 3), "idle_gap_ns_median": gaps,
-                 "gpu_proj_ns_median": proj.get("median"), "kernels_per_instance_median": kpi,
-                 "instances": busy["n"]},
-                "Few GPU ops with long idle gaps: the host side (Python, synchronisation, host copies) sets the pace. "
-                "Look at what the host does between the ops (the trace's CPU rows, py-spy), overlap copies, avoid syncs.",
-                validation=_compare_cmd(report),
-                score=(1 - busy["median"]) * _stage_weight(report, st) * 0.5))
-            continue
-        if busy_ns.get("n") and host.get("median", 0) > 0:
-            ratio = busy_ns["median"] / host["median"]
-            if ratio < HOST_BOUND_GPU_OVER_HOST and busy["median"] >= LAUNCH_BOUND_BUSY:
-                out.append(_finding(
-                    "host_bound",
-                    f"'{st['name']}': GPU work is {ratio:.0%} of the stage's host time: the host side dominates",
-                    "fact", st["name"],
-                    {"gpu_busy_ns_median": busy_ns["median"], "host_ns_median": host["median"],
-                     "gpu_over_host": round(ratio, 3)},
-                    "Profile the host side of this stage (Python, data preparation, synchronisation): "
-                    "py-spy or the trace's CPU rows show where it waits.",
-                    validation=_compare_cmd(report),
-                    score=(1 - ratio) * _stage_weight(report, st) * 0.5))
+    for i, g in enumerate(groups):
+        unit = dict(g, name=st["name"], leaf=st.get("leaf"), steady=g["instances"],
+                    share_of_top=_stage_weight(report, st) * times[i] / total)
+        out.append((unit, g["label"], groups[1 - i]))
     return out
 
 
+def _graph_advice(unit: dict, other: dict | None, stage: dict | None = None) -> str:
+    """The launch-bound fix, without advising what the stage (or its other population) already does.
+    ``stage``: the stage the unit is (part of), whose kernel mix says whether MAX runs it."""
+    mine = unit.get("cuda_graph_share") or 0.0
+    theirs = (other or {}).get("cuda_graph_share") or 0.0
+    if mine >= GRAPH_REPLAY_SHARE:
+        return ("These instances already replay a CUDA graph: the gaps are between its nodes. Fewer, larger "
+                "kernels (fusion, torch.compile, a MAX graph) or more work per node shorten it; a graph does not.")
+    if other is not None and theirs >= GRAPH_REPLAY_SHARE:
+        span = lambda g: (g.get("gpu_proj_ns") or {}).get("median")  # noqa: E731
+        return (f"The stage's other instances ({other['label']}) already replay a CUDA graph"
+                + (f" ({_fmt_ns(span(other))} of GPU span against {_fmt_ns(span(unit))} here)" if span(other) and span(unit) else "")
+                + ": run these from the graph too (find the shape, branch or input that misses the captured graph).")
+    if _runs_max(stage or unit):
+        return ("Kernels are short and MAX's worker thread cannot launch them fast enough (it launches each "
+                "graph op as its own kernel). Capture the step as a device graph (Model.capture(key, *inputs) "
+                "once, then Model.replay(key, *inputs) each step: the inputs' shapes must stay fixed, so a KV "
+                "cache preallocated, not grown by concat), or batch more sequences per step.")
+    return ("Kernels are short and the host cannot launch them fast enough. Capture the stage in a CUDA/HIP "
+            "graph, fuse small kernels (torch.compile, a MAX graph), or batch more work per launch.")
+
+
+def _fmt_ns(v: float | None) -> str:
+    from maxinstr.render._fmt import ns
+
+    return ns(v)
+
+
+def rule_launch_bound(report: dict) -> list[dict]:
+    out = []
+    for stage in report.get("stages", []):
+        # a population has no more busy fractions than its stage: the cheap test first
+        if (stage.get("gpu_busy_frac") or {}).get("n", 0) < 3 or not _significant(report, stage):
+            continue
+        for st, population, other in _pace_units(report, stage):
+            out += _launch_or_host_bound(report, st, population, other, stage)
+    return out
+
+
+def _launch_or_host_bound(report: dict, st: dict, population: str | None, other: dict | None,
+                          stage: dict) -> list[dict]:
+    out = []
+    busy = st.get("gpu_busy_frac") or {}
+    host = st.get("host_ns") or {}
+    proj = st.get("gpu_proj_ns") or {}
+    busy_ns = st.get("gpu_busy_ns") or {}
+    if busy.get("n", 0) < 3 or not host.get("n"):
+        return out
+    kpi = (st.get("kernels_per_instance") or {}).get("median")
+    gaps = (st.get("idle_gap_ns") or {}).get("median")
+    who = f"'{st['name']}'" + (f" ({population}, {st['instances']} instances)" if population else "")
+    pop_ev = {"population": population} if population else {}
+    gap_ev = {**pop_ev, "gpu_busy_frac_median": round(busy["median"], 3), "idle_gap_ns_median": gaps,
+              "gpu_proj_ns_median": proj.get("median"), "kernels_per_instance_median": kpi, "instances": busy["n"]}
+    if busy["median"] < LAUNCH_BOUND_BUSY and (kpi or 0) >= LAUNCH_BOUND_MIN_KERNELS:
+        out.append(_finding(
+            "launch_bound",
+            f"{who}: the GPU is busy only {busy['median']:.0%} of the stage's GPU span "
+            f"({kpi:.0f} kernels per instance with idle gaps between them)",
+            "fact", st["name"], {**gap_ev, "cuda_graph_share": st.get("cuda_graph_share")},
+            _graph_advice(st, other, stage),
+            validation=_compare_cmd(report) + "  # the stage's GPU busy must rise and its median fall beyond the noise bound",
+            score=(1 - busy["median"]) * _stage_weight(report, st)))
+    elif busy["median"] < LAUNCH_BOUND_BUSY:
+        out.append(_finding(
+            "host_bound",
+            f"{who}: the GPU is busy only {busy['median']:.0%} of the stage's GPU span, between "
+            f"{kpi or 0:.0f} ops per instance: it waits on the host",
+            "fact", st["name"], gap_ev,
+            "Few GPU ops with long idle gaps: the host side (Python, synchronisation, host copies) sets the pace. "
+            "Look at what the host does between the ops (the trace's CPU rows, py-spy), overlap copies, avoid syncs.",
+            validation=_compare_cmd(report) + "  # the stage's median must fall beyond the noise bound and its GPU busy rise",
+            score=(1 - busy["median"]) * _stage_weight(report, st) * 0.5))
+        return out
+    if busy_ns.get("n") and host.get("median", 0) > 0:
+        ratio = busy_ns["median"] / host["median"]
+        if ratio < HOST_BOUND_GPU_OVER_HOST and busy["median"] >= LAUNCH_BOUND_BUSY:
+            out.append(_finding(
+                "host_bound",
+                f"{who}: GPU work is {ratio:.0%} of the stage's host time: the host side dominates",
+                "fact", st["name"],
+                {**pop_ev, "gpu_busy_ns_median": busy_ns["median"], "host_ns_median": host["median"],
+                 "gpu_over_host": round(ratio, 3)},
+                "Profile the host side of this stage (Python, data preparation, synchronisation): "
+                "py-spy or the trace's CPU rows show where it waits.",
+                validation=_compare_cmd(report) + "  # the stage's host median must fall beyond the noise bound",
+                score=(1 - ratio) * _stage_weight(report, st) * 0.5))
+    return out
+
+
+NVML_REASONS = {"sw_power_cap": "SW power cap", "hw_slowdown": "HW slowdown", "sw_thermal": "SW thermal slowdown",
+                "hw_thermal": "HW thermal slowdown", "hw_power_brake": "HW power brake slowdown",
+                "current_limit": "current limit", "throttled_unknown": "throttled, reason not given"}
+"""Throttle reasons as NVML (nvmlClocksEventReasons) and AMD SMI name them."""
+
+
 def rule_throttled(report: dict) -> list[dict]:
+    """Clocks held below their maximum by a limit, named as NVML names it and ranked by the time
+    it can cost: the stage's weight x the throttled share x the clock shortfall (1 - mean SM clock
+    / max SM clock), an upper bound for work that scales with the clock. A SW power cap is the
+    driver keeping the board under its power limit: power-bound, what a fully loaded GPU is, not a
+    fault; thermal and hardware slowdowns are."""
     out = []
     for st in report.get("stages", []):
         smp = st.get("samples") or {}
         share = smp.get("throttled_share")
         if share is None or share < THROTTLED_SHARE:
             continue
-        reasons = smp.get("throttle_reasons", {})
+        reasons = list(smp.get("throttle_reasons") or [])
+        named = [NVML_REASONS.get(r, r) for r in reasons] or ["reason not given"]
+        clock, top = smp.get("sm_clock_mhz_mean"), smp.get("sm_clock_max_mhz")
+        loss = max(0.0, 1.0 - clock / top) if clock and top else None
+        power, limit = smp.get("power_w_mean"), smp.get("power_limit_w")
+        host = st.get("host_ns") or {}
+        ev = {"reason": ", ".join(named), "reasons": reasons, "throttled_share": round(share, 3),
+              "samples": smp.get("samples"), "sm_clock_mhz_mean": clock, "sm_clock_max_mhz": top,
+              "clock_shortfall": None if loss is None else round(loss, 3), "power_w_mean": power,
+              "power_source": smp.get("power_source"), "power_limit_w": limit,
+              "cost_upper_ns": None if loss is None or not host.get("n") else host["total"] * share * loss}
+        power_only = set(reasons) <= {"sw_power_cap"} and reasons
+        cost = (f": SM clock {clock:.0f} MHz against {top:.0f} MHz max, up to {loss:.0%} of its time"
+                if loss is not None else "")
+        if power_only:
+            why = "the driver keeping the board under its power limit" + (
+                f" ({limit:.0f} W; the stage draws {power:.0f} W)" if limit and power else "")
+            title = (f"'{st['name']}': clocks held down by NVML's {named[0]} in {share:.0%} of its samples ({why})"
+                     f"{cost}")
+            step = ("Power-bound, not a fault: a fully loaded GPU runs at its power limit. These numbers hold at "
+                    "this limit; less data moved per token (lower precision, fewer copies) lowers the power it "
+                    "takes. Check the enforced limit with the command.")
+        else:
+            title = f"'{st['name']}': clocks held down by {', '.join(named)} in {share:.0%} of its samples{cost}"
+            step = ("Numbers from this run are not steady-state peak: check cooling, the power limit and other "
+                    "tenants (nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE), then re-run.")
         out.append(_finding(
-            "throttled",
-            f"'{st['name']}': clocks held back by the hardware in {share:.0%} of its samples ({', '.join(reasons) or 'reason unknown'})",
-            "fact", st["name"],
-            {"throttled_share": round(share, 3), "samples": smp.get("samples"), "reasons": reasons,
-             "sm_clock_mhz_mean": smp.get("sm_clock_mhz_mean"), "power_w_mean": smp.get("power_w_mean")},
-            "Numbers from this run are not steady-state peak: check cooling, the power limit and other tenants "
-            "(nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE), then re-run.",
-            "nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE",
-            score=share * _stage_weight(report, st)))
+            "throttled", title, "fact", st["name"], ev, step, "nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE",
+            # ranked by the time it can cost; without clocks, a tenth of the throttled share
+            score=share * _stage_weight(report, st) * (loss if loss is not None else 0.1)))
     return out
 
 
@@ -680,8 +838,8 @@ def rule_dominant_kernel(report: dict) -> list[dict]:
         pace = None if copy else _not_gpu_paced(st)
         step = _COPY_STEP if copy else "Worth a deep dive: read its achieved bandwidth/throughput against the GPU's peak."
         if pace and not copy:
-            step = ("A faster kernel would not shorten this stage yet: fix what launch_bound / host_bound say "
-                    "first; then a deep dive reads its achieved bandwidth/throughput against the GPU's peak.")
+            step = ("A faster kernel would not shorten this stage yet: fix the launch or host limit first "
+                    "(the finding above); then a deep dive reads its achieved bandwidth/throughput against the GPU's peak.")
         out.append(_finding(
             "dominant_kernel",
             f"'{st['name']}': one {'copy' if copy else 'kernel'} takes {k['share']:.0%} of its GPU time "
@@ -782,6 +940,7 @@ def _short(name: str, n: int = 70) -> str:
 RULES: list[Callable[[dict], list[dict]]] = [
     rule_no_stages,
     rule_no_gpu_data,
+    rule_no_kernels,
     rule_unattributed,
     rule_perturbed,
     rule_warmup_contamination,
@@ -821,6 +980,12 @@ MIX_HEALTHY = ("moe_decode", "low_bit_weights", "healthy_dense_decode")
 """The mix verdicts that say nothing is wrong, in precedence order: an MoE stage is not also
 "dense decode", a low-bit one is called low-bit."""
 PACE_FINDINGS = ("launch_bound", "host_bound")
+WORDS = {"launch_bound": "launch limit", "host_bound": "host limit",
+         "dominant_kernel": "its dominant kernel", "healthy_dense_decode": "its kernel mix",
+         "attention_dominated_decode": "its attention share", "moe_decode": "its kernel mix",
+         "moe_routing_overhead": "its MoE routing", "low_bit_weights": "its kernel mix",
+         "low_bit_quant_overhead": "its quantization kernels", "unfused_custom_architecture": "its unfused kernels"}
+"""Findings named in another finding's words, so its prose reads without the rule ids."""
 """Findings that say the GPU's kernels do not set the stage's pace (launches or the host do)."""
 
 
@@ -861,9 +1026,9 @@ def _one_mix_per_stage(findings: list[dict]) -> list[dict]:
                                                for f in rest]
                 prefix = f"'{stage}'"
                 primary["title"] += "; also " + "; ".join(
-                    f"{f['id']}: " + (f["title"][len(prefix):].lstrip(" :") if f["title"].startswith(prefix) else f["title"])
+                    (f["title"][len(prefix):].lstrip(" :") if f["title"].startswith(prefix) else f["title"])
                     for f in rest)
-                primary["next_step"] += "".join(f" Also ({f['id']}): {f['next_step']}" for f in rest)
+                primary["next_step"] += "".join(f" Also: {f['next_step']}" for f in rest)
         elif len(healthy) > 1:
             drop.update(id(f) for f in healthy[1:])
             healthy[0]["evidence"]["supersedes"] = [f["id"] for f in healthy[1:]]
@@ -886,23 +1051,26 @@ def _pace_notes(findings: list[dict]) -> None:
     finding says it is secondary (title, next step, ``evidence.paced_by``; its score is scaled by
     the share of the stage the kernels fill), and the pace finding names what it outranks
     (``evidence.secondary``). dominant_kernel says the same through its own "(but ...)" clause."""
-    pace_by_stage = {f["stage"]: f for f in findings if f["id"] in PACE_FINDINGS and f.get("stage")}
+    # with two populations, the one that costs more speaks for the stage
+    pace_by_stage = {f["stage"]: f for f in sorted(findings, key=lambda f: f["score"])
+                     if f["id"] in PACE_FINDINGS and f.get("stage")}
     for stage, pace in pace_by_stage.items():
         clause, fill = _pace_clause(pace)
         mix = [f for f in findings if f.get("stage") == stage and f["id"] in MIX_FINDINGS]
         others = [f for f in findings if f.get("stage") == stage and f["id"] == "dominant_kernel"]
         for f in mix:
-            f["title"] += f" (secondary: {clause}; {pace['id']} sets the pace)"
-            f["next_step"] = (f"{pace['id']} sets this stage's pace: fix it first; until then a better kernel mix "
+            f["title"] += f" (secondary: {clause}, which sets the pace)"
+            f["next_step"] = (f"The {WORDS[pace['id']]} sets this stage's pace: fix it first; until then a better kernel mix "
                               f"would not shorten the stage much. Then: " + f["next_step"])
             f["evidence"]["paced_by"] = pace["id"]
             f["score"] = round(f["score"] * fill, 4)
         secondary = [f["id"] for f in mix + others]
         if secondary:
+            said = " and ".join(WORDS.get(x, x) for x in secondary)
             pace["evidence"]["secondary"] = secondary
-            pace["title"] += f"; this sets the stage's pace, {' and '.join(secondary)} secondary"
-            pace["next_step"] = (f"This limits the stage first: {' and '.join(secondary)} "
-                                 f"{'matters' if len(secondary) == 1 else 'matter'} once it is fixed. " + pace["next_step"])
+            pace["title"] += f"; this sets the stage's pace, {said} come{'s' if len(secondary) == 1 else ''} second"
+            pace["next_step"] = (f"This limits the stage first: {said} matter{'s' if len(secondary) == 1 else ''} "
+                                 "once it is fixed. " + pace["next_step"])
 
 
 def _pace_first(findings: list[dict]) -> list[dict]:
@@ -911,7 +1079,8 @@ def _pace_first(findings: list[dict]) -> list[dict]:
     out = list(findings)
     for pace in [f for f in findings if f["id"] in PACE_FINDINGS and f.get("stage")]:
         i = out.index(pace)
-        first = next(j for j, f in enumerate(out) if f.get("stage") == pace["stage"])
+        first = next(j for j, f in enumerate(out)
+                     if f.get("stage") == pace["stage"] and (f["id"] not in PACE_FINDINGS or f is pace))
         if first < i:
             out.insert(first, out.pop(i))
     return out

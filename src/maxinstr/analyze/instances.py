@@ -42,7 +42,9 @@ class StageInstances:
     user marked when ``step_marked``; otherwise the instance's position among same-named
     siblings under its parent instance (so the k-th decode inside a request gets step k),
     which is what step trends need. ``warmup`` comes from the session's ``warmup=N``;
-    ``cold`` marks cold-start outliers; ``steady`` is neither (and not a mark).
+    ``cold`` marks cold-start outliers; ``inside_startup`` marks instances nested in a warm-up
+    or cold-start instance of an enclosing stage (the decode steps of a warm-up request ran the
+    warm-up's compilations too); ``steady`` is none of these (and not a mark).
     """
 
     name: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
@@ -70,6 +72,7 @@ class StageInstances:
     warmup: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     cold: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     cold_z: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float64))
+    inside_startup: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     occurrence: np.ndarray = field(default_factory=lambda: _i64(0))
     key: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
     """The stage a statistic groups by: the name, or ``parent/.../name`` when the same name
@@ -105,7 +108,10 @@ class StageInstances:
 
     @property
     def steady(self) -> np.ndarray:
-        return ~(self.warmup | self.cold | self.is_mark)
+        startup = self.warmup | self.cold | self.is_mark
+        if len(self.inside_startup) == len(startup):
+            startup = startup | self.inside_startup
+        return ~startup
 
     def take(self, index: np.ndarray) -> "StageInstances":
         return StageInstances(**{f.name: (getattr(self, f.name) if f.name in ("notes", "keys")
@@ -136,13 +142,23 @@ def _derive_steps(inst: StageInstances, name_code: np.ndarray, n_names: int) -> 
     inst.step = np.where(inst.step_marked, inst.step, pos)
 
 
+def name_codes(names: np.ndarray) -> np.ndarray:
+    """Dense int codes of the names (equal names, equal codes): what grouping needs, without
+    comparing strings again. Names stay Python strings (a fixed-width copy is as wide as the
+    longest name for every row)."""
+    if len(names) == 0:
+        return np.empty(0, np.int64)
+    return np.unique(np.asarray(names, dtype=object), return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+
 def stage_keys(names: np.ndarray, parent: np.ndarray,
                name_code: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(key, level, key code, distinct keys) per instance: see :attr:`StageInstances.key`;
     ``distinct[code] == key``, sorted (what ``np.unique(key)`` gives). Vectorised per nesting
     level on integer codes (``name_code``: equal exactly when the names are, found when not
-    given): the '/'-joined path is built once per distinct path, not per instance, and names
-    stay Python strings (a fixed-width copy is as wide as the longest name for every row)."""
+    given): a path is its parent's path code and its own name code, and its names are listed
+    once per distinct path, not per instance, so a name holding '/' cannot be mistaken for two
+    levels when the shortest telling suffix is chosen."""
     n = len(names)
     names = np.asarray(names, dtype=object)
     level = np.zeros(n, dtype=np.int64)
@@ -155,12 +171,10 @@ def stage_keys(names: np.ndarray, parent: np.ndarray,
         cur[live] = parent[cur[live]]
     if n == 0:
         return np.empty(0, dtype=object), level, _i64(0), np.empty(0, dtype=object)
-    if name_code is None:
-        name_code = np.unique(names, return_inverse=True)[1].reshape(-1)
-    name_code = np.asarray(name_code, np.int64)
+    name_code = name_codes(names) if name_code is None else np.asarray(name_code, np.int64)
     n_names = int(name_code.max()) + 1
     # a path code per instance: its name's code at level 0, then per level a new code per
-    # distinct (parent's path code, name); what each new code is made of, to spell it once
+    # distinct (parent's path code, name); what each new code is made of, to list its names once
     pcode = name_code.copy()
     made_of: dict[int, tuple[int, int]] = {}  # path code -> (parent's path code, an instance it ends in)
     next_code = n_names
@@ -175,39 +189,41 @@ def stage_keys(names: np.ndarray, parent: np.ndarray,
     codes, code_first, code_inv = np.unique(pcode, return_index=True, return_inverse=True)
     first_of_name = np.full(n_names, -1, np.int64)
     first_of_name[name_code[::-1]] = np.arange(n - 1, -1, -1)
-    spelled: dict[int, str] = {}
+    listed: dict[int, tuple[str, ...]] = {}
 
-    def spell(code: int) -> str:
-        if code not in spelled:
+    def parts_of(code: int) -> tuple[str, ...]:
+        if code not in listed:
             if code < n_names:
-                spelled[code] = str(names[first_of_name[code]])
+                listed[code] = (str(names[first_of_name[code]]),)
             else:
                 up, i = made_of[code]
-                spelled[code] = spell(up) + "/" + str(names[i])
-        return spelled[code]
+                listed[code] = parts_of(up) + (str(names[i]),)
+        return listed[code]
 
-    path_of_code = np.array([spell(c) for c in codes.tolist()], dtype=object)
-    # paths that spell the same (a name holding '/') are one path, as their strings were
-    upath, path_first_code, path_of = np.unique(path_of_code, return_index=True, return_inverse=True)
+    code_parts = [parts_of(c) for c in codes.tolist()]
+    # paths that spell the same (a name holding '/') are one path, as their strings were; its
+    # names are those of the path its first instance is on
+    path_of_code = np.array(["/".join(p) for p in code_parts], dtype=object)
+    upath, path_of = np.unique(path_of_code, return_inverse=True)
     path_of = path_of.reshape(-1)
     first_inst = np.full(len(upath), n, np.int64)
     np.minimum.at(first_inst, path_of, code_first)
-    first = first_inst
+    parts: list[tuple[str, ...]] = [()] * len(upath)
+    for j in np.flatnonzero(code_first == first_inst[path_of]).tolist():
+        parts[path_of[j]] = code_parts[j]
     inv = path_of[code_inv.reshape(-1)]
-    leaf = np.array([str(x) for x in names[first].tolist()], dtype=object)
-    ulevel = level[first]
     # per distinct path (few): the shortest '/'-suffix that tells it apart from the other
     # paths ending in the same name ("Step 1/Forward", not "Run/Warm-up/Step 1/Forward")
     by_leaf: dict[str, list[int]] = {}
-    for i, lf in enumerate(leaf.tolist()):
-        by_leaf.setdefault(lf, []).append(i)
-    display = leaf.astype(object).copy()
-    for lf, idx in by_leaf.items():
+    for i, ps in enumerate(parts):
+        by_leaf.setdefault(ps[-1], []).append(i)
+    display = np.empty(len(parts), dtype=object)
+    display[:] = [ps[-1] for ps in parts]
+    for idx in by_leaf.values():
         if len(idx) == 1:
             continue
-        parts = {i: _split_path(upath[i], int(ulevel[i]) + 1) for i in idx}
-        suffix = {i: str(upath[i]) for i in idx}
-        for k in range(2, max(len(p) for p in parts.values()) + 1):
+        suffix = {i: "/".join(parts[i]) for i in idx}
+        for k in range(2, max(len(parts[i]) for i in idx) + 1):
             suffix = {i: "/".join(parts[i][-k:]) for i in idx}
             if len(set(suffix.values())) == len(idx):
                 break
@@ -219,44 +235,91 @@ def stage_keys(names: np.ndarray, parent: np.ndarray,
     return distinct[code], level, code.astype(np.int64), distinct
 
 
-def _split_path(path: str, n_parts: int) -> list[str]:
-    """Split a joined path into its ``n_parts`` names (names may contain '/' themselves: the
-    surplus stays in the last parts)."""
-    pieces = path.split("/")
-    if len(pieces) == n_parts:
-        return pieces
-    return path.rsplit("/", n_parts - 1) if n_parts > 1 else [path]
-
-
 _MAX_LEVELS = 64
 
 
 def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
             name_code: np.ndarray | None = None) -> StageInstances:
     """Stage keys, occurrence order, warm-up and cold-start flags. ``name_code``: an integer
-    per instance that is equal exactly when the names are (the run's name ids), else found."""
+    per instance that is equal exactly when the names are (the run's name ids), else found.
+
+    Warm-up is decided per pipeline, not per stage name: the first ``warmup_n`` instances of
+    each name (per process) are warm-up, and so is everything nested inside a warm-up or
+    cold-start instance (:attr:`StageInstances.inside_startup`). Cold starts are looked for
+    level by level from the top, among instances not already inside a startup instance, so a
+    request's cold start takes its decode steps with it instead of leaving them as "steady".
+    """
     n = len(inst)
-    if name_code is None:
-        name_code = np.unique(inst.name, return_inverse=True)[1].reshape(-1) if n else _i64(0)
-    name_code = np.asarray(name_code, np.int64)
+    name_code = name_codes(inst.name) if name_code is None else np.asarray(name_code, np.int64)
     inst.key, inst.level, inst.key_code, inst.keys = stage_keys(inst.name, inst.parent, name_code)
+    part_code = np.unique(inst.part, return_inverse=True)[1].reshape(-1).astype(np.int64) if n else _i64(0)
     n_names = int(name_code.max()) + 1 if n else 1
     # integer keys (part, name) and (parent, name): string keys cost a second per 100k instances
-    inst.occurrence = occurrence_index((inst.part - inst.part.min()) * n_names + name_code, inst.host_start_ns) \
-        if n else _i64(0)
+    inst.occurrence = occurrence_index(part_code * n_names + name_code, inst.host_start_ns) if n else _i64(0)
     inst.warmup = (inst.occurrence < warmup_n) & ~inst.is_mark if warmup_n > 0 else np.zeros(n, dtype=bool)
     _derive_steps(inst, name_code, n_names) if n else None
     inst.cold = np.zeros(n, dtype=bool)
     inst.cold_z = np.zeros(n, dtype=np.float64)
+    inst.inside_startup = _inside(inst.parent, inst.warmup) if n else np.zeros(0, dtype=bool)
     if detect_cold and n:
-        # cold starts are outliers within one population: group by stage key
-        codes = inst.key_code
-        for values in (inst.host_ns, inst.proj_ns):
-            eligible = ~inst.warmup & ~inst.is_mark & (values >= 0)
-            mask, z = cold_start_mask(codes, inst.occurrence, values, eligible, prefix_groups=inst.part)
-            inst.cold |= mask
-            inst.cold_z = np.maximum(inst.cold_z, np.where(mask, z, 0.0))
+        # cold starts are outliers within one population: one stage key in one process. Pooling
+        # processes (ranks) would judge a slow rank's ordinary first steps by the fast ranks'
+        # median and call them cold starts.
+        codes = inst.key_code * (int(part_code.max()) + 1) + part_code
+        for lv in range(int(inst.level.max()) + 1):
+            at = (inst.level == lv) & ~inst.warmup & ~inst.inside_startup & ~inst.is_mark
+            if not at.any():
+                continue
+            for values in (inst.host_ns, inst.proj_ns):
+                mask, z = cold_start_mask(codes, inst.occurrence, values, at & (values >= 0))
+                inst.cold |= mask
+                inst.cold_z = np.maximum(inst.cold_z, np.where(mask, z, 0.0))
+            inst.inside_startup = _inside(inst.parent, inst.warmup | inst.cold)
+    inst.inside_startup &= ~(inst.warmup | inst.cold)
     return inst
+
+
+def _inside(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:
+    """Per instance: whether any enclosing instance (parent, grandparent, ...) has ``flag``."""
+    out = np.zeros(len(parent), dtype=bool)
+    cur = parent.copy()
+    live = np.flatnonzero(cur >= 0)
+    for _ in range(_MAX_LEVELS):
+        if len(live) == 0:
+            break
+        out[live] |= flag[cur[live]]
+        cur[live] = parent[cur[live]]
+        live = live[cur[live] >= 0]
+    return out
+
+
+def top_ancestor(parent: np.ndarray) -> np.ndarray:
+    """Per instance: its outermost enclosing instance (itself at the top level)."""
+    root = np.arange(len(parent))
+    cur = parent.copy()
+    live = np.flatnonzero(cur >= 0)
+    for _ in range(_MAX_LEVELS):
+        if len(live) == 0:
+            break
+        root[live] = cur[live]
+        cur[live] = parent[cur[live]]
+        live = live[cur[live] >= 0]
+    return root
+
+
+def descendant_counts(parent: np.ndarray) -> np.ndarray:
+    """Per instance: how many instances are nested in it, at any depth."""
+    n = len(parent)
+    out = np.zeros(n, dtype=np.int64)
+    cur = parent.copy()
+    live = np.flatnonzero(cur >= 0)
+    for _ in range(_MAX_LEVELS):
+        if len(live) == 0:
+            break
+        out += np.bincount(cur[live], minlength=n)
+        cur[live] = parent[cur[live]]
+        live = live[cur[live] >= 0]
+    return out
 
 
 def range_texts(trace) -> np.ndarray:

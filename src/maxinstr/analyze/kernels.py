@@ -57,6 +57,36 @@ def family_table(dur_ns: np.ndarray, families: np.ndarray) -> list[dict]:
     ]
 
 
+def group_stats(codes: np.ndarray, values: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
+    """Per integer group code: count, total, median and max of non-negative int ``values``, from
+    one sort of a combined (group, value) key (no per-group loop, no second sort)."""
+    codes = np.asarray(codes, np.int64)
+    v = np.asarray(values, np.int64)
+    out = {"count": np.bincount(codes, minlength=n_groups),
+           "total": np.bincount(codes, weights=v.astype(np.float64), minlength=n_groups),
+           "median": np.full(n_groups, np.nan), "max": np.zeros(n_groups)}
+    if len(codes) == 0:
+        return out
+    vmax = int(v.max()) + 1
+    if vmax * max(n_groups, 1) < (1 << 62):
+        key = codes * vmax
+        key += v
+        key.sort()  # in place: a 1M-op trace holds 2M (op, stage) pairs here
+        c = key // vmax
+        key -= c * vmax
+        sv = key
+    else:
+        perm = np.lexsort((v, codes))
+        c, sv = codes[perm], v[perm]
+    starts = np.r_[0, np.flatnonzero(np.diff(c)) + 1]
+    ends = np.r_[starts[1:], len(c)]
+    lo, hi = starts + (ends - starts - 1) // 2, starts + (ends - starts) // 2
+    g = c[starts]
+    out["median"][g] = (sv[lo] + sv[hi]) / 2.0
+    out["max"][g] = sv[ends - 1]
+    return out
+
+
 def kernel_table(trace, families: np.ndarray, dur_ns: np.ndarray, mask: np.ndarray | None = None,
                  limit: int | None = None) -> list[dict]:
     """Per distinct op name: family, count, total/median/max ns and share of the selected ops."""
@@ -65,26 +95,28 @@ def kernel_table(trace, families: np.ndarray, dur_ns: np.ndarray, mask: np.ndarr
         name_id, families, dur_ns = name_id[mask], families[mask], dur_ns[mask]
     if len(name_id) == 0:
         return []
-    ids, first, inv = np.unique(name_id, return_index=True, return_inverse=True)
-    inv = inv.reshape(-1)
-    total = np.bincount(inv, weights=dur_ns, minlength=len(ids))
-    count = np.bincount(inv, minlength=len(ids))
-    med = group_medians(inv, dur_ns, len(ids))
-    mx = np.zeros(len(ids))
-    np.maximum.at(mx, inv, dur_ns)
+    # name ids index the string table: dense, so they are group codes as they are (-1 -> 0)
+    code = name_id + 1
+    n = int(code.max()) + 1
+    st = group_stats(code, dur_ns, n)
+    # a name's family is the same for every op of it (by name, or by op kind for copies and sets)
+    name_family = np.zeros(n, np.int64)
+    name_family[code] = families
+    present = np.flatnonzero(st["count"] > 0)
+    total = st["total"]
     grand = float(total.sum())
-    order = np.argsort(-total, kind="stable")
+    order = present[np.argsort(-total[present], kind="stable")]
     if limit is not None:
         order = order[:limit]
     strings = np.asarray(trace.strings, dtype=object)
     return [
         {
-            "name": "" if ids[i] < 0 else str(strings[ids[i]]),
-            "family": str(FAMILY_NAMES[families[first[i]]]),
-            "count": int(count[i]),
+            "name": "" if i == 0 else str(strings[i - 1]),
+            "family": str(FAMILY_NAMES[name_family[i]]),
+            "count": int(st["count"][i]),
             "gpu_ns": float(total[i]),
-            "median_ns": float(med[i]),
-            "max_ns": float(mx[i]),
+            "median_ns": float(st["median"][i]),
+            "max_ns": float(st["max"][i]),
             "share": float(total[i] / grand) if grand > 0 else 0.0,
         }
         for i in order
@@ -192,81 +224,128 @@ def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, du
     out: dict[str, dict] = {}
     if len(op_i) == 0:
         return out
-    uniq, name_code = inst.key_codes()
-    has_steady = np.zeros(len(uniq), bool)
+    uniq, name_code = inst.key_codes()  # per instance, once
+    n_stages = len(uniq)
+    has_steady = np.zeros(n_stages, bool)
     has_steady[name_code[inst.steady]] = True
-    steady_names = set(uniq[has_steady].tolist())
     keep = inst.steady[inst_i] | ~has_steady[name_code[inst_i]]
     op_i, inst_i = op_i[keep], inst_i[keep]
+    del keep
     if len(op_i) == 0:
         return out
-    code = name_code[inst_i]
-    order = np.argsort(code, kind="stable")
-    bounds = np.r_[0, np.flatnonzero(np.diff(code[order])) + 1, len(order)]
-    name_ids = np.asarray(trace.ops.name_id, np.int64)
+    # every per-stage number from whole-array bincounts and one sort (no per-stage unique); a 1M-op
+    # trace has ~2M (op, enclosing instance) pairs here, so temporaries are int32 and freed early
+    code = name_code[inst_i].astype(np.int32)
+    with_ops = np.zeros(len(inst), bool)
+    with_ops[inst_i] = True
+    del inst_i
+    n_inst = np.bincount(name_code[with_ops], minlength=n_stages)
+    n_fam = len(FAMILY_NAMES)
+    d = np.asarray(dur_ns, np.int64)[op_i]
+    fk = code * np.int32(n_fam) + np.asarray(families, np.int32)[op_i]
+    fam_ns = np.bincount(fk, weights=d, minlength=n_stages * n_fam).reshape(n_stages, n_fam)
+    fam_cnt = np.bincount(fk, minlength=n_stages * n_fam).reshape(n_stages, n_fam)
+    del fk
+    ops = np.bincount(code, minlength=n_stages)
+    from maxinstr.attribute.model import Rule
+
+    n_rules = len(Rule)
+    rule_cnt = np.bincount(code * np.int32(n_rules) + np.asarray(attribution.op_rule, np.int32)[op_i],
+                           minlength=n_stages * n_rules).reshape(n_stages, n_rules)
+    ranges = _ranges_by_stage(inst, trace, attribution, op_i, code, d, families, n_stages)
+    nid = np.asarray(trace.ops.name_id, np.int64)[op_i] + 1  # string-table index, -1 -> 0
+    n_names = int(nid.max()) + 1
+    # a name's family is the same for every op of it (by name, or by op kind for copies and sets)
+    name_family = np.zeros(n_names, np.int64)
+    name_family[nid] = np.asarray(families, np.int64)[op_i]
+    del op_i
+    pair = code.astype(np.int64) * n_names
+    pair += nid
+    del code, nid
+    if n_stages * n_names <= 8_000_000:
+        pairs, pair_code = None, pair
+        n_pairs = n_stages * n_names
+    else:  # many stages x many names: number the pairs that occur
+        pairs, pair_code = np.unique(pair, return_inverse=True)
+        pair_code = pair_code.reshape(-1)
+        n_pairs = len(pairs)
+    st = group_stats(pair_code, d, n_pairs)
+    del pair, pair_code, d
+    pair_key = np.arange(n_pairs, dtype=np.int64) if pairs is None else pairs
+    present = np.flatnonzero(st["count"] > 0)
+    p_stage, p_name = pair_key[present] // n_names, pair_key[present] % n_names
     strings = np.asarray(trace.strings, dtype=object)
-    op_rule = np.asarray(attribution.op_rule, np.int64)
-    # per op: the range it is grouped by in its stage's breakdown (-1: directly in the stage)
-    below = range_below_instance(inst, attribution, len(trace.ranges))
-    op_below = below[np.asarray(attribution.op_range, np.int64)]
-    op_below[np.asarray(attribution.op_range) < 0] = -1
-    range_names = np.asarray(trace.ranges.name_id, np.int64)
-    for k in range(len(bounds) - 1):
-        sel = order[bounds[k]:bounds[k + 1]]
-        ops = op_i[sel]
-        stage = str(uniq[code[sel[0]]])
-        d, f = dur_ns[ops], families[ops]
-        n_inst = len(np.unique(inst_i[sel]))
-        ids, first, inv = np.unique(name_ids[ops], return_index=True, return_inverse=True)
-        inv = inv.reshape(-1)
-        tot = np.bincount(inv, weights=d, minlength=len(ids))
-        cnt = np.bincount(inv, minlength=len(ids))
-        med = group_medians(inv, d, len(ids))
-        grand = float(tot.sum())
-        best = np.argsort(-tot, kind="stable")[:top]
+    for k in np.flatnonzero(ops > 0):
+        stage = str(uniq[k])
+        mine = present[p_stage == k]
+        best = mine[np.argsort(-st["total"][mine], kind="stable")[:top]]
+        grand = float(fam_ns[k].sum())
+        ni = int(n_inst[k])
+        fam_order = [j for j in np.argsort(-fam_ns[k], kind="stable") if fam_cnt[k, j] > 0]
         out[stage] = {
-            "instances": int(n_inst),
-            "instances_used": "all" if stage not in steady_names else "steady",
+            "instances": ni,
+            "instances_used": "steady" if has_steady[k] else "all",
             "gpu_ns": grand,
-            "ops": int(len(ops)),
-            "ops_per_instance": float(len(ops) / n_inst) if n_inst else 0.0,
-            "families": family_table(d, f),
+            "ops": int(ops[k]),
+            "ops_per_instance": float(ops[k] / ni) if ni else 0.0,
+            "families": [{"family": str(FAMILY_NAMES[j]), "gpu_ns": float(fam_ns[k, j]),
+                          "share": float(fam_ns[k, j] / grand) if grand > 0 else 0.0, "count": int(fam_cnt[k, j])}
+                         for j in fam_order],
             "top_kernels": [
-                {"name": "" if ids[i] < 0 else str(strings[ids[i]]), "family": str(FAMILY_NAMES[f[first[i]]]),
-                 "count": int(cnt[i]), "gpu_ns": float(tot[i]), "median_ns": float(med[i]),
-                 "share": float(tot[i] / grand) if grand > 0 else 0.0,
-                 "per_instance": float(cnt[i] / n_inst) if n_inst else 0.0}
-                for i in best
+                {"name": "" if p_name_i == 0 else str(strings[p_name_i - 1]),
+                 "family": str(FAMILY_NAMES[name_family[p_name_i]]),
+                 "count": int(st["count"][i]), "gpu_ns": float(st["total"][i]), "median_ns": float(st["median"][i]),
+                 "share": float(st["total"][i] / grand) if grand > 0 else 0.0,
+                 "per_instance": float(st["count"][i] / ni) if ni else 0.0}
+                for i in best for p_name_i in [int(pair_key[i] % n_names)]
             ],
-            "other_share": float(d[f == _OTHER_CODE].sum() / grand) if grand > 0 else 0.0,
-            "rules": _rule_counts(op_rule[ops]),
-            "ranges": _range_breakdown(op_below[ops], range_names, strings, d, f, n_inst, grand, top),
+            "other_share": float(fam_ns[k, _OTHER_CODE] / grand) if grand > 0 else 0.0,
+            "rules": _rule_counts(rule_cnt[k]),
+            "ranges": _range_breakdown(ranges, k, strings, ni, grand, top),
         }
     return out
 
 
-def _rule_counts(rules: np.ndarray) -> dict[str, int]:
-    """Ops per attribution rule (the rule that tied each op to its stage), by rule name."""
+def _rule_counts(counts: np.ndarray) -> dict[str, int]:
+    """Ops per attribution rule (the rule that tied each op to its stage), by rule name, from one
+    stage's row of counts per rule code."""
     from maxinstr.attribute.model import Rule
 
-    counts = np.bincount(rules, minlength=len(Rule))
     return {Rule(i).name.lower(): int(c) for i, c in enumerate(counts) if c and i != Rule.NONE}
 
 
-def _range_breakdown(op_below: np.ndarray, range_names: np.ndarray, strings: np.ndarray, d: np.ndarray,
-                     f: np.ndarray, n_inst: int, grand: float, top: int) -> list[dict]:
-    """The ranges of other domains inside a stage (MAX's op ranges, a framework's), by name:
-    GPU time and kernels of the ops under each, per stage instance. Empty when none."""
+def _ranges_by_stage(inst: StageInstances, trace, attribution, op_i: np.ndarray, code: np.ndarray, d: np.ndarray,
+                     families: np.ndarray, n_stages: int) -> dict[str, np.ndarray] | None:
+    """Per (stage, range name) over the (op, stage) pairs: GPU time, ops and kernels of the ops
+    under the ranges of other domains inside the stage (MAX's op ranges, a framework's); None when
+    no op is under one. Whole-array bincounts, one pass for every stage."""
+    below = range_below_instance(inst, attribution, len(trace.ranges))
+    op_range = np.asarray(attribution.op_range, np.int64)
+    op_below = np.where(op_range >= 0, below[np.maximum(op_range, 0)], -1)[op_i]
     has = op_below >= 0
     if not has.any():
-        return []
-    names = range_names[op_below[has]]
-    ids, first, inv = np.unique(names, return_index=True, return_inverse=True)
+        return None
+    rname = np.asarray(trace.ranges.name_id, np.int64)[op_below[has]] + 1  # -1 -> 0
+    n_names = int(rname.max()) + 1
+    key = code[has].astype(np.int64) * n_names + rname
+    keys, inv = np.unique(key, return_inverse=True)
     inv = inv.reshape(-1)
-    tot = np.bincount(inv, weights=d[has], minlength=len(ids))
-    ops = np.bincount(inv, minlength=len(ids))
-    kernels = np.bincount(inv, weights=(f[has] != _MEMCPY_CODE) & (f[has] != _MEMSET_CODE), minlength=len(ids))
-    best = np.argsort(-tot, kind="stable")[:top]
-    return [{"name": "" if ids[i] < 0 else str(strings[ids[i]]), "ops": int(ops[i]), "kernels": int(kernels[i]),
-             "gpu_ns": float(tot[i]), "share": float(tot[i] / grand) if grand > 0 else 0.0,
-             "per_instance": float(ops[i] / n_inst) if n_inst else 0.0} for i in best]
+    fam = np.asarray(families, np.int64)[op_i[has]]
+    return {"stage": keys // n_names, "name": keys % n_names,
+            "gpu_ns": np.bincount(inv, weights=d[has], minlength=len(keys)),
+            "ops": np.bincount(inv, minlength=len(keys)),
+            "kernels": np.bincount(inv, weights=(fam != _MEMCPY_CODE) & (fam != _MEMSET_CODE), minlength=len(keys))}
+
+
+def _range_breakdown(ranges: dict[str, np.ndarray] | None, k: int, strings: np.ndarray, n_inst: int, grand: float,
+                     top: int) -> list[dict]:
+    """Stage ``k``'s rows of :func:`_ranges_by_stage`, by GPU time: name, ops, kernels, GPU time,
+    share and ops per stage instance. Empty when none."""
+    if ranges is None:
+        return []
+    mine = np.flatnonzero(ranges["stage"] == k)
+    best = mine[np.argsort(-ranges["gpu_ns"][mine], kind="stable")[:top]]
+    return [{"name": "" if ranges["name"][i] == 0 else str(strings[ranges["name"][i] - 1]),
+             "ops": int(ranges["ops"][i]), "kernels": int(ranges["kernels"][i]), "gpu_ns": float(ranges["gpu_ns"][i]),
+             "share": float(ranges["gpu_ns"][i] / grand) if grand > 0 else 0.0,
+             "per_instance": float(ranges["ops"][i] / n_inst) if n_inst else 0.0} for i in best]

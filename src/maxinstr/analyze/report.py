@@ -20,6 +20,8 @@ from maxinstr.analyze import instances as inst_mod
 from maxinstr.analyze.families import MATMUL_FAMILIES
 from maxinstr.analyze.kernels import (FAMILY_NAMES, family_table, instance_op_work, kernel_table, op_durations,
                                      op_families, op_instance_pairs, stage_mix)
+from maxinstr.analyze.populations import MIN_INSTANCES as POPULATION_MIN_INSTANCES
+from maxinstr.analyze.populations import stage_populations
 from maxinstr.analyze.stats import group_summaries, step_trend
 from maxinstr.attribute.model import JoinMethod
 
@@ -137,13 +139,15 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
         dur = op_durations(trace)
     else:
         fam, dur = np.empty(0, dtype=np.int16), np.empty(0, dtype=np.int64)
-    mix, work = {}, None
+    mix, work, graph_ops = {}, None, None
     if trace is not None:
         pairs = op_instance_pairs(inst, trace, attribution)
         mix = stage_mix(inst, trace, attribution, fam, dur, top=MIX_TOP_KERNELS, pairs=pairs)
         if len(pairs[0]):
             matmul_codes = [i for i, n in enumerate(FAMILY_NAMES) if n in MATMUL_FAMILIES]
             work = instance_op_work(inst, fam, dur, pairs, matmul_codes)
+            graph = np.asarray(trace.ops.graph_node_id, np.int64)[pairs[0]] >= 0
+            graph_ops = np.bincount(pairs[1][graph], minlength=len(inst))
     if samples is None and run is not None:
         samples = getattr(run, "samples", None) or None
     part_names = [p.get("name", "") for p in getattr(run, "parts", [])] if run is not None else []
@@ -169,13 +173,17 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
         "n": int(run.warmup if (run is not None and warmup is None) else (warmup or 0)),
         "instances": int(inst.warmup.sum()),
         "cold_start_instances": int((inst.cold & ~inst.warmup).sum()),
+        # nested in a warm-up or cold-start instance of an enclosing stage: startup too
+        "inside_startup_instances": int(inst.inside_startup.sum()) if len(inst.inside_startup) == len(inst) else 0,
     }
-    report["stages"] = _stage_rows(inst, head, mix, sample_stats, work)
+    attrs = getattr(run, "attrs", None) if run is not None else None
+    report["stages"] = _stage_rows(inst, head, mix, sample_stats, work, attrs, graph_ops)
     report["ranks"] = _ranks(inst, run, trace, fam, dur, op_rank)
     marks, mark_counts = np.unique(inst.key[inst.is_mark].astype(str), return_counts=True) if inst.is_mark.any() else ([], [])
     report["marks"] = {str(k): int(c) for k, c in zip(marks, mark_counts)}
     report["startup"] = _startup_rows(inst)
     report["gpu"] = _gpu_section(trace, attribution, fam, dur)
+    report["coverage"] = _coverage(inst)
     report["samples"] = sample_stats.get("_overall") if sample_stats else None
     report["reproduce"] = _reproduce(run, trace, unprofiled_run)
     from maxinstr.analyze.diagnosis import diagnose, rank_bottlenecks
@@ -331,7 +339,29 @@ def _environment(run, trace) -> dict[str, Any]:
         env = {k: meta.get(k) for k in _META_KEYS if meta.get(k) not in (None, "", {}, [])}
     if trace is not None and getattr(trace, "meta", None):
         env["trace_meta"] = {k: v for k, v in trace.meta.items() if isinstance(v, (str, int, float, bool))}
+    sweep = _sweep(run)
+    if sweep:
+        env["sweep"] = sweep
     return env
+
+
+def _sweep(run) -> dict[str, str] | None:
+    """The ``maxinstr run --sweep`` value this run had (its launch.json), so that compare lists it
+    among the settings that differ: the ``sweep`` record, else the run's label (``BATCH=8.r2``)."""
+    import json
+
+    path = getattr(run, "path", None) if run is not None else None
+    if path is None or not (Path(path) / "launch.json").is_file():
+        return None
+    try:
+        launch = json.loads((Path(path) / "launch.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(launch.get("sweep"), dict):
+        return {str(k): str(v) for k, v in launch["sweep"].items()} or None
+    label = str(launch.get("label") or "")
+    name, sep, value = label.rpartition(".r")[0].partition("=") if ".r" in label else label.partition("=")
+    return {name: value} if sep and name else None
 
 
 def _perturbed(run, trace) -> tuple[bool, str | None]:
@@ -347,10 +377,12 @@ def _perturbed(run, trace) -> tuple[bool, str | None]:
     return False, None
 
 
-def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = None) -> list[dict]:
+def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = None, attrs: dict | None = None,
+                graph_ops: np.ndarray | None = None) -> list[dict]:
     """One row per stage key. Columnar over all stages at once (grouped statistics, one slice
     of a stage-sorted index per stage): a run of 50,000 distinct names made a per-stage mask
-    over every instance (quadratic) and eight numpy calls per stage, 179 s."""
+    over every instance (quadratic) and eight numpy calls per stage, 179 s. ``attrs`` and
+    ``graph_ops`` (CUDA-graph ops per instance) explain two-population stages."""
     if len(inst) == 0:
         return []
     uniq, code = inst.key_codes()
@@ -372,6 +404,7 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = N
 
     instances, n_steady = count(np.ones(len(inst), bool)), count(steady)
     n_warmup, n_cold, n_exc = count(inst.warmup), count(inst.cold & ~inst.warmup), count(inst.exception)
+    n_inside = count(inst.inside_startup) if len(inst.inside_startup) == len(inst) else np.zeros(n_stages, np.int64)
     only_marks = count(inst.is_mark) == instances
     step_marked = count(inst.step_marked) > 0
     depth = np.full(n_stages, np.iinfo(np.int64).max)
@@ -405,7 +438,14 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = N
     head_rows = _headline_stats(head, uniq) if head is not None else None
     # per-stage values as Python lists: the loop below runs once per stage (50,000 and more)
     names_l, depth_l, leaf_l = uniq.tolist(), depth.tolist(), inst.name[first_of].tolist()
-    counts_l = list(zip(instances.tolist(), n_steady.tolist(), n_warmup.tolist(), n_cold.tolist(), n_exc.tolist()))
+    counts_l = list(zip(instances.tolist(), n_steady.tolist(), n_warmup.tolist(), n_cold.tolist(), n_inside.tolist(),
+                        n_exc.tolist()))
+    # share of each stage's steady, joined instances that launch CUDA-graph nodes (None without any)
+    graph_share_l: list[float | None] = [None] * n_stages
+    if graph_ops is not None:
+        joined = steady & (inst.range_index >= 0)
+        n_joined, n_graph = count(joined).tolist(), count(joined & (graph_ops > 0)).tolist()
+        graph_share_l = [g / j if j else None for g, j in zip(n_graph, n_joined)]
     marks_l, step_marked_l = only_marks.tolist(), step_marked.tolist()
     share_l = None if share_of_top is None else share_of_top.astype(np.float64).tolist()
     series = {"gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": proj, "host_ns": host}
@@ -417,7 +457,7 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = N
         if marks_l[u]:
             continue  # instant marks have no duration: counted in report["marks"]
         name = str(names_l[u])
-        n_all, n_st, n_wu, n_cs, n_ex = counts_l[u]
+        n_all, n_st, n_wu, n_cs, n_in, n_ex = counts_l[u]
         host_stat = c_host[u]
         row: dict[str, Any] = {
             "name": name,
@@ -428,6 +468,7 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = N
             "steady": n_st,
             "warmup": n_wu,
             "cold_start": n_cs,
+            "inside_startup": n_in,
             "exceptions": n_ex,
             "host_ns": host_stat,
             "gpu_event_ns": c_event[u],
@@ -455,6 +496,10 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = N
                 if work is not None:
                     row["step_work"] = _step_work(inst.step[st], {k: v[st] for k, v in work.items()})
         row.setdefault("step_work", None)
+        # fewer steady instances cannot form two populations (populations.MIN_INSTANCES)
+        row["populations"] = stage_populations(inst, by_stage[bounds[u]:bounds[u + 1]], basis, attrs, graph_ops,
+                                               values=series[basis]) if n_st >= POPULATION_MIN_INSTANCES else None
+        row["cuda_graph_share"] = graph_share_l[u]
         if row["steps_marked"]:
             row["per_step"] = _per_step(per_steps, u, basis)
         if head_rows is not None and head_rows[u] is not None:
@@ -673,11 +718,16 @@ def _per_step(per_steps: tuple[list, tuple], stage: int, basis: str) -> dict[str
 
 
 def _startup_rows(inst) -> list[dict]:
+    """The instances kept out as warm-up or cold start (their own, not those nested in one),
+    with the top-level instance each ran in (``top_stage``, ``top_occurrence``): declaring
+    warm-up up to that one covers it, since nested instances follow their ancestors."""
     idx = np.flatnonzero(inst.warmup | inst.cold)
     if len(idx) == 0:
         return []
     idx = idx[np.argsort(inst.host_start_ns[idx], kind="stable")][:STARTUP_KEPT]
     host, proj = inst.host_ns, inst.proj_ns
+    top = inst_mod.top_ancestor(inst.parent)
+    nested = inst_mod.descendant_counts(inst.parent)
     return [
         {
             "stage": str(inst.key[i]),
@@ -687,9 +737,32 @@ def _startup_rows(inst) -> list[dict]:
             "gpu_event_ns": int(inst.gpu_event_ns[i]) if inst.gpu_event_ns[i] >= 0 else None,
             "gpu_proj_ns": int(proj[i]) if proj[i] >= 0 else None,
             "robust_z": round(float(inst.cold_z[i]), 2) if inst.cold[i] else None,
+            "top_stage": str(inst.key[top[i]]),
+            "top_occurrence": int(inst.occurrence[top[i]]),
+            "nested": int(nested[i]),
         }
         for i in idx
     ]
+
+
+def _coverage(inst) -> dict[str, Any] | None:
+    """How much of the run's wall time (first top-level start to last end) some top-level stage
+    covers, and its GPU event time: what a run without a kernel trace can say about the GPU
+    between stages. None without stages."""
+    top = (inst.level == 0) & ~inst.is_mark if len(inst) else np.zeros(0, bool)
+    if not top.any():
+        return None
+    start, end = inst.host_start_ns[top], inst.host_end_ns[top]
+    order = np.argsort(start, kind="stable")
+    s, e = start[order], np.maximum.accumulate(end[order])
+    # union of the intervals: a new run starts where a start passes every end before it
+    new = np.r_[True, s[1:] > e[:-1]]
+    run_end = np.maximum.reduceat(e, np.flatnonzero(new))
+    covered = int((run_end - s[new]).sum())
+    gpu = inst.gpu_event_ns[top]
+    return {"wall_ns": int(e[-1] - s[0]), "in_stages_ns": covered,
+            "gpu_event_ns": int(gpu[gpu >= 0].sum()) if (gpu >= 0).any() else None,
+            "gpu_event_instances": int((gpu >= 0).sum())}
 
 
 def _gpu_section(trace, attribution, fam, dur) -> dict[str, Any] | None:

@@ -149,7 +149,7 @@ def _overall(cols: dict[str, np.ndarray], throttle: np.ndarray, names: tuple[str
     return row
 
 
-_DEVICE_FIELDS = ("gpu_util_mean_pct", "gpu_util_peak_pct", "mem_util_mean_pct", "sm_active_mean_pct",
+_DEVICE_FIELDS = ("gpu_util_mean_pct", "gpu_util_peak_pct", "mem_util_mean_pct", "sm_active_mean_pct", "sm_clock_mean_mhz",
                   "sm_occupancy_mean_pct", "tensor_active_mean_pct", "dram_bw_util_mean_pct",
                   "mem_used_peak_bytes", "power_mean_w", "power_peak_w", "temp_peak_c",
                   "energy_per_instance_j", "energy_total_j", "gpu_util_window_share", "sm_active_window_share")
@@ -170,6 +170,7 @@ def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: lis
     uniq, code = inst.key_codes()
     per_stage: dict[str, list[dict[str, Any]]] = {}
     all_t, all_thr, n_dev = [], [], 0
+    host = inst.host_ns
     for part, smp in samples.items():
         if len(smp) == 0:
             continue
@@ -183,10 +184,18 @@ def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: lis
         if not sel.any():
             continue
         table, _ = stage_samples(smp, inst.host_start_ns[sel], inst.host_end_ns[sel], code[sel])
+        mean_ns = np.bincount(code[sel], weights=host[sel].astype(np.float64), minlength=len(uniq)) / \
+            np.maximum(np.bincount(code[sel], minlength=len(uniq)), 1)
+        devices = smp.devices
         for i in range(len(table)):
-            row = {"part": part, "device": int(table.device[i]), "instances": int(table.instances[i]),
+            d = int(table.device[i])
+            info = devices[d] if 0 <= d < len(devices) and isinstance(devices[d], dict) else {}
+            row = {"part": part, "device": d, "instances": int(table.instances[i]),
                    "samples": int(table.samples[i]), "hw_throttle_samples": int(table.hw_throttle_samples[i]),
-                   "throttle_reasons_seen": [n for b, n in enumerate(names) if int(table.throttle_mask[i]) >> b & 1]}
+                   "power_cap_samples": int(table.power_cap_samples[i]),
+                   "throttle_reasons_seen": [n for b, n in enumerate(names) if int(table.throttle_mask[i]) >> b & 1],
+                   "mean_instance_ns": float(mean_ns[int(table.name_id[i])]),
+                   "sm_clock_max_mhz": info.get("sm_clock_max_mhz"), "power_limit_w": info.get("power_limit_w")}
             for fld in _DEVICE_FIELDS:
                 row[fld] = _num(getattr(table, fld)[i])
             per_stage.setdefault(str(uniq[int(table.name_id[i])]), []).append(row)
@@ -201,18 +210,52 @@ def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: lis
         }
     for stage, rows in per_stage.items():
         main = max(rows, key=lambda r: (r["gpu_util_mean_pct"] or -1, r["samples"]))
-        n = main["samples"]
-        out[stage] = {
-            "device": main["device"], "samples": n, "instances_with_samples": None,
-            "gpu_util_pct_mean": main["gpu_util_mean_pct"], "sm_active_pct_mean": main["sm_active_mean_pct"],
-            # share of the time of the NVML utilization windows behind gpu_util_pct_mean that the
-            # stage itself filled (None: not windowed, or no window covers the stage)
-            "util_window_share": main["gpu_util_window_share"],
-            "power_w_mean": main["power_mean_w"], "energy_per_instance_j": main["energy_per_instance_j"],
-            "throttled_samples": main["hw_throttle_samples"],
-            "throttled_share": (main["hw_throttle_samples"] / n) if n else None,
-            # the sampler's per-stage table keeps which reasons were seen, not per-reason counts
-            "throttle_reasons": [r for r in main["throttle_reasons_seen"] if r in names and hw_mask >> names.index(r) & 1],
-            "devices": rows,
-        }
+        out[stage] = _stage_row(main, rows, names, hw_mask)
     return out
+
+
+READING_LAGS = 1.5
+"""NVML's power reading is a trailing average (about 1 s on Hopper): when it reads this many times
+the power the energy counter gives for the stage itself (and 50 W more), it describes the time
+before the stage (a busy stage before an idle one), and so do the power-cap throttle bits that
+follow it."""
+
+
+def _stage_row(main: dict, rows: list[dict], names: tuple[str, ...], hw_mask: int) -> dict[str, Any]:
+    """The per-stage sampler numbers a report shows, from the device the stage kept busiest.
+
+    Power describes the stage as the energy counter does: energy per instance over the mean
+    instance time. NVML's own reading (``power_reading_w_mean``) lags; where it is far above the
+    energy's, the power-cap throttle samples are not the stage's either (``throttle_lagged``)."""
+    n = main["samples"]
+    reading = main["power_mean_w"]
+    energy_w = None
+    if main["energy_per_instance_j"] is not None and main["mean_instance_ns"] > 0:
+        energy_w = main["energy_per_instance_j"] / (main["mean_instance_ns"] / 1e9)
+    lagged = bool(reading is not None and energy_w is not None and reading > READING_LAGS * energy_w
+                  and reading - energy_w > 50.0)
+    throttled = main["hw_throttle_samples"]
+    if lagged:
+        throttled -= main["power_cap_samples"]  # the power cap follows the lagging reading
+    reasons = [r for r in main["throttle_reasons_seen"] if r in names and hw_mask >> names.index(r) & 1]
+    if lagged and throttled == 0:
+        reasons = []
+    return {
+        "device": main["device"], "samples": n, "instances_with_samples": None,
+        "gpu_util_pct_mean": main["gpu_util_mean_pct"], "sm_active_pct_mean": main["sm_active_mean_pct"],
+        # share of the time of the NVML utilization windows behind gpu_util_pct_mean that the
+        # stage itself filled (None: not windowed, or no window covers the stage)
+        "util_window_share": main["gpu_util_window_share"],
+        "power_w_mean": energy_w if energy_w is not None else reading,
+        "power_source": "energy" if energy_w is not None else ("reading" if reading is not None else None),
+        "power_reading_w_mean": reading, "power_reading_lags": lagged,
+        "energy_per_instance_j": main["energy_per_instance_j"],
+        "sm_clock_mhz_mean": main["sm_clock_mean_mhz"], "sm_clock_max_mhz": main["sm_clock_max_mhz"],
+        "power_limit_w": main["power_limit_w"],
+        "throttled_samples": throttled,
+        "throttled_share": (throttled / n) if n else None,
+        "throttle_lagged_samples": main["power_cap_samples"] if lagged else 0,
+        # the sampler's per-stage table keeps which reasons were seen, not per-reason counts
+        "throttle_reasons": reasons,
+        "devices": rows,
+    }

@@ -158,7 +158,6 @@ def cold_start_mask(
     z_threshold: float = COLD_START_Z,
     ratio: float = COLD_START_RATIO,
     max_prefix: int = COLD_START_MAX_PREFIX,
-    prefix_groups: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Cold-start outliers: the leading instances of each group that stand far above the rest.
 
@@ -170,9 +169,8 @@ def cold_start_mask(
     ``z_threshold`` and ``x >= ratio * median``; only an unbroken leading run counts (the
     first non-outlier ends it), because compile spikes come first. Returns
     ``(mask, z)``. The MAD is floored at 1% of the median so identical values still give
-    finite scores. ``prefix_groups`` (optional, one int per row, e.g. the process) splits each
-    group for the leading-run test only: with several processes (ranks) each has its own first
-    instances, while the median and MAD stay those of the whole group.
+    finite scores. With several processes (ranks), give each (stage, process) its own code:
+    each has its own first instances and its own pace.
     """
     n = len(codes)
     mask = np.zeros(n, dtype=bool)
@@ -189,20 +187,12 @@ def cold_start_mask(
     zi = (v - med[c]) / scale[c]
     z[idx] = zi
     # rank among eligible rows of the group, by occurrence
-    pc = c
-    if prefix_groups is not None:
-        # (group, prefix group) as one int64 key: np.unique(..., axis=1) sorts structured rows, slowly
-        _, pg = np.unique(np.asarray(prefix_groups, np.int64)[idx], return_inverse=True)
-        pg = pg.reshape(-1)
-        _, pc = np.unique(c * (int(pg.max()) + 1) + pg, return_inverse=True)
-        pc = pc.reshape(-1)
-    n_prefix = int(pc.max()) + 1 if len(pc) else 0
-    elig_rank = occurrence_index(pc, occurrence[idx])
+    elig_rank = occurrence_index(c, occurrence[idx])
     candidate = (elig_rank < max_prefix) & (zi > z_threshold) & (v >= ratio * med[c])
     # keep only an unbroken leading run: ranks before the group's first non-candidate
-    first_non = np.full(n_prefix, np.iinfo(np.int64).max)
-    np.minimum.at(first_non, pc[~candidate], elig_rank[~candidate])
-    keep = candidate & (elig_rank < first_non[pc])
+    first_non = np.full(n_groups, np.iinfo(np.int64).max)
+    np.minimum.at(first_non, c[~candidate], elig_rank[~candidate])
+    keep = candidate & (elig_rank < first_non[c])
     mask[idx] = keep
     return mask, z
 

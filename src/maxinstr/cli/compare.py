@@ -11,20 +11,32 @@ from maxinstr.cli import without_gc
 from maxinstr.errors import MaxinstrError
 
 
+def _runs_in(p: Path) -> list[Path]:
+    """The run directories directly inside ``p`` (what ``maxinstr run --repeat N`` writes: r1..rN)."""
+    if not p.is_dir() or (p / "meta.json").exists():
+        return []
+    return sorted(c for c in p.iterdir() if (c / "meta.json").is_file())
+
+
 def _side(path: str, trace: str | None, warmup: int | None, quiet: bool):
     from maxinstr.analyze.compare import Side
     from maxinstr.analyze.report import analyze
     from maxinstr.cli.report import _is_report_file, load_report_file, open_trace_with_progress
+    from maxinstr.rundir import load
 
     if _is_report_file(path):
         return Side(path, load_report_file(path))
     p = Path(path)
     if p.is_dir() and (p / "meta.json").exists():
-        from maxinstr.rundir import load
-
         run = load(p)
         tr = open_trace_with_progress(trace, quiet) if trace else None  # spinner on a terminal
         return Side(path, analyze(run=run, trace=tr, warmup=warmup))
+    repeats = _runs_in(p)
+    if repeats:
+        # fresh-process repeats of one program: pooled into one side; their spread is the noise
+        if trace:
+            raise MaxinstrError(f"{path}: --trace goes with one run directory, not a folder of {len(repeats)} runs")
+        return Side(path, [analyze(run=load(r), warmup=warmup) for r in repeats])
     if p.exists():
         # a bare trace file or folder
         return Side(path, analyze(trace=open_trace_with_progress(path, quiet), warmup=warmup))
@@ -39,15 +51,21 @@ def _side(path: str, trace: str | None, warmup: int | None, quiet: bool):
 @click.option("-o", "--output", metavar="PATH", help="Write here instead of stdout.")
 @click.option("--warmup", type=click.IntRange(min=0), default=None, help="Warm-up instances per stage (overrides the sessions').")
 @click.option("--quiet", is_flag=True, help="No progress display.")
+@click.option("--width", type=click.IntRange(min=40), default=None, metavar="COLUMNS",
+              help="Text width (default: COLUMNS, else the terminal's, else 120).")
 @without_gc
-def command(runs, traces, fmt, output, warmup, quiet):
+def command(runs, traces, fmt, output, warmup, quiet, width):
     """Compare runs against the first: per-stage median/p90 deltas with a noise bound from the
     runs' own spread, GPU-time and kernel-mix changes, and the settings that differ.
 
-    Each RUN is a run directory, a saved JSON report, or a trace.
+    Each RUN is a run directory, a saved JSON report, a trace, or a folder of fresh-process
+    repeats (what `maxinstr run --repeat N -o DIR` writes): repeats are pooled, and their
+    run-to-run spread bounds the noise. With one run per side a change beyond that run's own
+    spread is "cannot tell": fresh processes of one program differ by more.
 
     \b
       maxinstr compare runs/before runs/after
+      maxinstr compare runs/before-x3 runs/after-x3          (folders of --repeat 3 runs)
       maxinstr compare runs/bs1 runs/bs8 runs/bs32            (each against the first)
       maxinstr compare runs/a runs/b --trace a.sqlite --trace b.sqlite --format md -o delta.md
     """
@@ -72,7 +90,7 @@ def command(runs, traces, fmt, output, warmup, quiet):
         from maxinstr.render.text import render_compare
 
         tty = output is None and sys.stdout.isatty()
-        text = render_compare(result, color=tty, width=text_width(tty))
+        text = render_compare(result, color=tty, width=text_width(tty, width))
     if output:
         try:
             Path(output).write_text(text)

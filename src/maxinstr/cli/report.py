@@ -117,13 +117,21 @@ def _is_bare_trace(path: str) -> bool:
     return p.is_dir() and not (p / "meta.json").exists() and not (p / "parts").is_dir()
 
 
-def text_width(terminal: bool) -> int:
-    """Columns for terminal text: the terminal's own width (at least 60), else 120."""
-    if not terminal:
-        return 120
+def text_width(terminal: bool, width: int | None = None) -> int:
+    """Columns for terminal text: ``--width``, else ``COLUMNS``, else the terminal's own width,
+    else 120 (piped output). At least 40."""
+    import os
     import shutil
 
-    return max(60, shutil.get_terminal_size((120, 40)).columns)
+    if width is None:
+        env = os.environ.get("COLUMNS", "")
+        if env.strip().isdigit():
+            width = int(env)
+        elif terminal:
+            width = shutil.get_terminal_size((120, 40)).columns
+        else:
+            width = 120
+    return max(40, width)
 
 
 def render(report: dict, fmt: str, color: bool = False, width: int = 120, analysis=None) -> str:
@@ -180,8 +188,10 @@ def write_streamed(output: str, report: dict, analysis) -> None:
 @click.option("--unprofiled", metavar="RUN_DIR", help="An unprofiled run of the same program: headline timings come from it.")
 @click.option("--warmup", type=click.IntRange(min=0), default=None, help="Warm-up instances per stage (overrides the session's).")
 @click.option("--quiet", is_flag=True, help="No progress display.")
+@click.option("--width", type=click.IntRange(min=40), default=None, metavar="COLUMNS",
+              help="Text width (default: COLUMNS, else the terminal's, else 120).")
 @without_gc
-def command(run_dir, trace_paths, fmt, output, unprofiled, warmup, quiet):
+def command(run_dir, trace_paths, fmt, output, unprofiled, warmup, quiet, width):
     """Per-stage report: where the time goes, stage by stage, and why.
 
     RUN_DIR is what maxinstr.session() wrote; --trace adds a profiler's kernels. Either alone
@@ -259,7 +269,7 @@ def command(run_dir, trace_paths, fmt, output, unprofiled, warmup, quiet):
         click.echo(f"maxinstr: wrote {output}", err=True)
         return
     color = output is None and fmt == "text" and sys.stdout.isatty()
-    text = render(report, fmt, color=color, width=text_width(color), analysis=analysis)
+    text = render(report, fmt, color=color, width=text_width(color, width), analysis=analysis)
     if output:
         try:
             Path(output).write_text(text)

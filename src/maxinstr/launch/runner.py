@@ -315,6 +315,8 @@ def _write_launch(run_dir: Path, spec: RunSpec, options: RunOptions, wrapped: li
         "version": 1,
         "written_unix_s": time.time(),
         "label": spec.label,
+        # the --sweep variable and its value for this run (compare lists it among the settings)
+        "sweep": dict(spec.env),
         "command": spec.command,
         "profiled_command": wrapped,
         "env": maxinstr_env_keys(env),

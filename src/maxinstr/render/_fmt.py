@@ -42,34 +42,157 @@ def gpu_stat(stage: dict) -> tuple[str, dict | None]:
     return "", None
 
 
+def excluded(stage: dict) -> int:
+    """Instances of a stage kept out of its statistics: warm-up, cold start, and those nested in
+    a warm-up or cold-start instance of an enclosing stage."""
+    return int(stage.get("warmup", 0) + stage.get("cold_start", 0) + stage.get("inside_startup", 0))
+
+
+def warmup_line(w: dict) -> str:
+    """What the statistics leave out, in one sentence (after 'warm-up')."""
+    inside = w.get("inside_startup_instances", 0)
+    return (f"{w.get('n', 0)} per stage declared; {w.get('instances', 0)} warm-up and "
+            f"{w.get('cold_start_instances', 0)} cold-start instances"
+            + (f", and the {inside} nested in them," if inside else "")
+            + " kept out of the steady numbers (an instance inside a warm-up or cold-start instance "
+              "of an enclosing stage is warm-up too)")
+
+
 def short(name: str | None, n: int = 60) -> str:
     if not name:
         return "-"
     return name if len(name) <= n else name[: n - 1] + "…"
 
 
-def evidence_text(evidence: dict[str, Any], limit: int = 6) -> str:
+EVIDENCE_SHOWN: dict[str, tuple[str, ...]] = {
+    "launch_bound": ("gpu_busy_frac_median", "kernels_per_instance_median", "idle_gap_ns_median",
+                     "gpu_proj_ns_median", "instances"),
+    "host_bound": ("gpu_busy_frac_median", "gpu_over_host", "kernels_per_instance_median",
+                   "idle_gap_ns_median", "instances"),
+    "dominant_kernel": ("share", "median_ns", "per_instance", "count"),
+    "warmup_contamination": ("cold_instances", "worst_stage", "worst_ratio", "session_warmup", "suggested_warmup"),
+    "profiled_timings": (),
+    "healthy_dense_decode": ("matmul_share", "normalization_share", "elementwise_share", "attention_share"),
+    "attention_dominated_decode": ("attention_share", "matmul_share", "attention_kernel_median_ns",
+                                   "attention_per_instance"),
+    "moe_decode": ("grouped_matmul_share", "routing_share", "permutation_share"),
+    "moe_routing_overhead": ("grouped_matmul_share", "routing_share", "routing_family_share", "permutation_share"),
+    "low_bit_weights": ("quantization_share", "matmul_share", "quant_over_matmul"),
+    "low_bit_quant_overhead": ("quantization_share", "matmul_share", "quant_over_matmul"),
+    "unfused_custom_architecture": ("matmul_share", "elementwise_share", "softmax_share", "concat_share",
+                                    "op_time_last_over_first", "matmul_time_last_over_first"),
+    "reprefill_quadratic": ("steps", "op_time_first_quarter_ns", "op_time_last_quarter_ns", "op_time_spearman",
+                            "matmul_time_last_over_first", "last_over_first", "spearman"),
+    "throttled": ("reason", "throttled_share", "cost_upper_ns", "sm_clock_mhz_mean", "power_w_mean"),
+    "straggler_rank": ("rank", "slow_stage", "rank_median_ns", "other_ranks_median_ns", "excess_median_ns",
+                       "sync_stage", "waited_for_share"),
+    "unattributed_gpu_time": ("attributed_share", "gpu_ns"),
+    "no_gpu_data": ("stages", "gpus_seen"),
+    "naive_matmul": ("naive_share", "per_instance"),
+    "no_kernels": ("stage", "host_ns_median", "gpu_event_ns_median", "gpu_over_host", "gpu_util_pct_mean",
+                   "outside_stages_share"),
+}
+"""Per finding id, the few evidence keys a person reads, in order (views print at most
+``limit`` of them; ``--format json`` keeps all of the evidence)."""
+
+LABELS = {
+    "gpu_busy_frac_median": "GPU busy", "kernels_per_instance_median": "kernels per instance",
+    "idle_gap_ns_median": "GPU idle per instance", "gpu_proj_ns_median": "GPU span",
+    "gpu_over_host": "GPU work / host time", "median_ns": "median", "per_instance": "per instance",
+    "cold_instances": "cold starts", "worst_ratio": "worst vs steady median", "session_warmup": "declared warm-up",
+    "suggested_warmup": "suggested warm-up", "quant_over_matmul": "quantization / matmul",
+    "op_time_first_quarter_ns": "op time per step, first quarter", "op_time_last_quarter_ns": "last quarter",
+    "op_time_spearman": "Spearman", "matmul_time_last_over_first": "matmul time last/first quarter",
+    "op_time_last_over_first": "op time last/first quarter", "last_over_first": "last/first quarter",
+    "throttled_share": "throttled", "cost_upper_ns": "time it can cost", "sm_clock_mhz_mean": "SM clock",
+    "power_w_mean": "power", "rank_median_ns": "its median", "other_ranks_median_ns": "other ranks' median",
+    "excess_median_ns": "excess per step", "waited_for_share": "waited for in", "attributed_share": "inside stages",
+    "gpu_ns": "GPU time", "gpu_util_pct_mean": "GPU utilization", "gpus_seen": "GPUs",
+    "host_ns_median": "host", "gpu_event_ns_median": "GPU (events)", "outside_stages_share": "outside every stage",
+}
+
+
+def _label(key: str) -> str:
+    if key in LABELS:
+        return LABELS[key]
+    words = [w for w in key.split("_") if w not in ("ns", "w", "j", "pct", "mhz", "frac", "median", "mean")]
+    return " ".join(words) or key
+
+
+def _value(key: str, v: Any) -> str | None:
+    """A value with the unit its key names; None for what a sentence cannot hold (lists, dicts,
+    flags)."""
+    if v is None or isinstance(v, (bool, list, dict)):
+        return None
+    if isinstance(v, str):
+        return v
+    parts = key.split("_")
+    if "ns" in parts:
+        return ns(v)
+    if parts[-1] in ("share", "frac", "host", "matmul") or "frac" in parts:
+        return pct(v)
+    if "pct" in parts:
+        return f"{v:.0f}%"
+    for unit, text in (("w", "W"), ("j", "J"), ("mhz", "MHz")):
+        if unit in parts:
+            return f"{v:.0f} {text}"
+    if key.endswith(("over_first", "ratio")):
+        return f"{v:.2f}x"
+    if key.endswith("spearman"):
+        return f"{v:.2f}"
+    return f"{v:.0f}" if float(v).is_integer() or abs(v) >= 100 else f"{v:.3g}"
+
+
+def evidence_text(evidence: dict[str, Any], finding_id: str | None = None, limit: int = 5) -> str:
+    """A few named numbers with units, for people: the keys EVIDENCE_SHOWN lists for the finding
+    (the first scalar ones otherwise), each as 'label value'. The full evidence is in the JSON."""
+    keys = EVIDENCE_SHOWN.get(finding_id or "")
+    if keys is None:
+        keys = tuple(k for k, v in evidence.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
     parts = []
-    for k, v in list(evidence.items())[:limit]:
-        if v is None:
-            continue
-        if isinstance(v, bool):
-            v = str(v).lower()
-        elif isinstance(v, (int, float)) and (k.endswith("_ns") or "_ns_" in k):
-            v = ns(v)
-        elif isinstance(v, float):
-            if k.endswith("_ns") or k.endswith("_ns_median"):
-                v = ns(v)
-            elif k.endswith("share") or k.endswith("frac") or "frac_" in k:
-                v = pct(v, 1)
-            else:
-                v = f"{v:.3g}"
-        elif isinstance(v, dict):
-            v = ", ".join(f"{a}={b}" for a, b in v.items()) or "-"
-        elif isinstance(v, str) and len(v) > 60:
-            v = short(v, 60)
-        parts.append(f"{k}={v}")
-    return "; ".join(parts)
+    for k in keys:
+        v = _value(k, evidence.get(k))
+        if v is not None:
+            parts.append(f"{_label(k)} {v}")
+        if len(parts) == limit:
+            break
+    return ", ".join(parts)
+
+
+def at_stake(score: float | None) -> str:
+    """A finding's score as a reader's number: the rough share of the time at stake."""
+    return "-" if score is None else f"{100 * score:.0f}% at stake"
+
+
+NOISE_NOTE = ("noise ±: the larger of the run-to-run spread of the sides' run medians (with 2+ runs a side: "
+              "maxinstr run --repeat N) and each run's own; 'cannot tell': one run a side, beyond its own spread "
+              "(fresh processes differ by more); n A/B: instances (runs); p90s in --format json/md")
+
+
+def runs_n(row: dict) -> str:
+    """'n A/B' of a compare row, with the runs pooled on each side when more than one."""
+    a, b = row["a"], row["b"]
+    runs = f" ({a.get('runs', 1)}/{b.get('runs', 1)} runs)" if max(a.get("runs", 1), b.get("runs", 1)) > 1 else ""
+    return f"{a['n']}/{b['n']}{runs}"
+
+
+def check_rows(checks: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """compare's per-stage checks (GPU busy, kernels per instance, matmul growth, findings) as
+    table rows: each value 'A -> B'."""
+    def arrow(v: dict, fmt) -> str:
+        if v["a"] is None and v["b"] is None:
+            return "-"
+        return f"{fmt(v['a']) if v['a'] is not None else '-'} -> {fmt(v['b']) if v['b'] is not None else '-'}"
+
+    header = ["stage", "GPU busy", "kernels per instance", "matmul growth", "findings"]
+    rows = []
+    for c in checks:
+        fs = c["findings"]
+        said = "; ".join([f"gone: {', '.join(fs['gone'])}"] * bool(fs["gone"]) + [f"new: {', '.join(fs['new'])}"] * bool(fs["new"])
+                         + [f"still: {', '.join(x for x in fs['b'] if x in fs['a'])}"] * bool(set(fs["a"]) & set(fs["b"])))
+        rows.append([c["stage"], arrow(c["gpu_busy_frac"], pct), arrow(c["kernels_per_instance"], lambda v: f"{v:.0f}"),
+                     arrow(c["matmul_growth"], lambda v: f"{v:.2f}x"), said or "-"])
+    return header, rows
 
 
 def signed_ns(v: float | None) -> str:

@@ -159,7 +159,8 @@ def _cards(report: dict) -> str:
     gpu = report.get("gpu") or {}
     w = report.get("warmup") or {}
     cards = [(str(len(stages)), "stages"), (str(sum(s.get("steady", 0) for s in stages)), "steady instances"),
-             (str(w.get("instances", 0) + w.get("cold_start_instances", 0)), "warm-up + cold-start excluded")]
+             (str(w.get("instances", 0) + w.get("cold_start_instances", 0) + w.get("inside_startup_instances", 0)),
+              "warm-up + cold-start excluded")]
     if gpu:
         cards.append((f.ns(gpu.get("gpu_ns")), f"GPU time in {gpu.get('ops', 0):,} ops"))
         if gpu.get("attributed_share") is not None:
@@ -175,18 +176,20 @@ def _cards(report: dict) -> str:
 
 
 def breakdown_svg(stages: Sequence[dict]) -> str:
-    """Per stage, one bar scaled to the larger of its host median and GPU span median: GPU
-    busy (dark), the rest of the GPU span (light), host time beyond the span (grey)."""
+    """Per stage, one bar of its total time over steady instances, on one scale for all stages
+    (so the bars compare stages): host time (grey), GPU span (light) and GPU busy inside it
+    (dark). The numbers beside each bar are medians per instance."""
     rows = [s for s in stages if (s.get("host_ns") or {}).get("n") or f.gpu_stat(s)[1]]
     bar_x, bar_w, row_h = 240, 470, 26
     h = 30 + row_h * len(rows) + 8
-    # with GPU data each bar is its own stage's split; host times alone share one scale
-    host_only = not any(f.gpu_stat(s)[1] for s in rows)
-    common = max([f.stat(s.get("headline_host_ns") or s.get("host_ns")) or 0.0 for s in rows] + [1.0])
-    what = "host median per steady instance, one scale" if host_only else \
-        "median per steady instance; bar = the larger of host time and GPU span"
-    body = [_text(bar_x, 14, what, 11, fill="#5b6577"),
-            _text(W - 8, 14, "host · GPU · busy · n", 11, "end", "#5b6577")]
+
+    def total(stat: dict | None) -> float:
+        return float((stat or {}).get("total") or 0.0) if (stat or {}).get("n") else 0.0
+
+    common = max([max(total(s.get("headline_host_ns") or s.get("host_ns")), total(f.gpu_stat(s)[1])) for s in rows]
+                 + [1.0])
+    body = [_text(bar_x, 14, "total over steady instances, one scale for every stage", 11, fill="#5b6577"),
+            _text(W - 8, 14, "median: host · GPU · busy · n", 11, "end", "#5b6577")]
     for i, s in enumerate(rows):
         y = 24 + i * row_h
         host = f.stat(s.get("headline_host_ns") or s.get("host_ns")) or 0.0
@@ -194,18 +197,19 @@ def breakdown_svg(stages: Sequence[dict]) -> str:
         gpu = f.stat(g) or 0.0
         busy = f.stat(s.get("gpu_busy_ns")) or 0.0
         frac = f.stat(s.get("gpu_busy_frac"))
-        full = common if host_only else max(host, gpu, 1.0)
+        host_t, gpu_t, busy_t = total(s.get("headline_host_ns") or s.get("host_ns")), total(g), total(s.get("gpu_busy_ns"))
         indent = 14 * int(s.get("depth", 0))
         body.append(_text(8 + indent, y + 16, _short(s["name"], 32 - indent // 7), 12))
         tip = (f"{s['name']}: host {f.ns(host)}, GPU {glabel or '-'} {f.ns(gpu) if gpu else '-'}, busy "
-               f"{f.ns(busy) if busy else '-'} ({f.pct(frac) if frac is not None else '-'}), {s.get('steady')} steady instances")
+               f"{f.ns(busy) if busy else '-'} ({f.pct(frac) if frac is not None else '-'}) per instance (median), "
+               f"{s.get('steady')} steady instances; totals host {f.ns(host_t)}, GPU {f.ns(gpu_t) if gpu_t else '-'}")
         body.append(_rect(bar_x, y + 4, bar_w, 16, "#f1f3f7", tip))
-        if host:
-            body.append(_rect(bar_x, y + 4, bar_w * host / full, 16, C_HOST, tip))
-        if gpu:
-            body.append(_rect(bar_x, y + 7, bar_w * gpu / full, 10, C_SPAN, tip))
-        if busy:
-            body.append(_rect(bar_x, y + 7, bar_w * min(busy, gpu or busy) / full, 10, C_BUSY, tip))
+        if host_t:
+            body.append(_rect(bar_x, y + 4, bar_w * host_t / common, 16, C_HOST, tip))
+        if gpu_t:
+            body.append(_rect(bar_x, y + 7, bar_w * gpu_t / common, 10, C_SPAN, tip))
+        if busy_t:
+            body.append(_rect(bar_x, y + 7, bar_w * min(busy_t, gpu_t or busy_t) / common, 10, C_BUSY, tip))
         txt = f"{f.ns(host)} · {f.ns(gpu) if gpu else '-'} · {f.pct(frac) if frac is not None else '-'} · {s.get('steady')}"
         body.append(_text(W - 8, y + 16, txt, 12, "end"))
     legend = ('<div class="legend"><span><span class="sw" style="background:%s"></span>host time</span>'
@@ -229,14 +233,19 @@ def _breakdown_section(report: dict) -> str:
 
 def _stage_table(stages: Sequence[dict]) -> str:
     rows = []
+    units = []
     for s in stages:
+        units.append((s, e(s["name"]), int(s.get("depth", 0)), f.excluded(s), s.get("share_of_top")))
+        # two populations: each in its own row under the stage (its median is neither's)
+        for g in (s.get("populations") or {}).get("groups") or []:
+            units.append((dict(g, steady=g["instances"]), "· " + e(g["label"]), int(s.get("depth", 0)) + 1, 0, None))
+    for s, name, depth, excluded, share in units:
         head = s.get("headline_host_ns") or s["host_ns"]
         label, g = f.gpu_stat(s)
-        share = s.get("share_of_top")
         rows.append(
             "<tr>"
-            f"<td>{'&nbsp;' * 3 * int(s.get('depth', 0))}{e(s['name'])}</td>"
-            f"<td class=num>{s.get('steady', 0)}</td><td class=num>{s.get('warmup', 0) + s.get('cold_start', 0)}</td>"
+            f"<td>{'&nbsp;' * 3 * depth}{name}</td>"
+            f"<td class=num>{s.get('steady', 0)}</td><td class=num>{excluded}</td>"
             f"<td class=num>{e(f.ns(f.stat(head)))}</td><td class=num>{e(f.ns(f.stat(head, 'p90')))}</td>"
             f"<td class=num>{e(f.ns(f.stat(g)) + (' (' + label + ')' if g else ''))}</td>"
             f"<td class=num>{e(f.ns(f.stat(g, 'p90')))}</td>"
@@ -618,7 +627,7 @@ def _finding(d: dict) -> str:
     cls = "fact" if d.get("verdict") == "fact" else "hypothesis"
     out = [f'<div class="finding {cls}" data-id="{e(d.get("id"))}"><div class="t"><span class="tag {cls}">{e(d.get("verdict"))}'
            f'</span>{e(d.get("title"))}</div>']
-    ev = f.evidence_text(d.get("evidence") or {}, limit=8)
+    ev = f.evidence_text(d.get("evidence") or {}, d.get("id"), limit=8)
     if ev:
         out.append(f'<div class="ev">evidence: {e(ev)} <span class="note">[{e(d.get("id"))}]</span></div>')
     if d.get("next_step"):
@@ -679,8 +688,7 @@ def _env_section(report: dict) -> str:
     if src.get("attribution_rules"):
         rows.append(("attribution", ", ".join(f"{k}: {v}" for k, v in src["attribution_rules"].items())))
     w = report.get("warmup") or {}
-    rows.append(("warm-up", f"{w.get('n', 0)} declared per stage; {w.get('instances', 0)} warm-up + "
-                            f"{w.get('cold_start_instances', 0)} cold-start instances excluded"))
+    rows.append(("warm-up", f.warmup_line(w)))
     out = ['<section id="environment"><h2>Reproduce and environment</h2>']
     for r in report.get("reproduce") or []:
         out.append(f'<div class="note">{e(r.get("what"))}</div><pre>{e(r.get("command"))}</pre>')

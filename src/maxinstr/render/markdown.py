@@ -90,8 +90,7 @@ def _baseline(report: dict) -> list[str]:
         if env.get(key):
             rows.append([key, ", ".join(f"{k}={v}" for k, v in env[key].items())])
     w = report.get("warmup", {})
-    rows.append(["warm-up", f"{w.get('n', 0)} declared per stage; {w.get('instances', 0)} warm-up + "
-                            f"{w.get('cold_start_instances', 0)} cold-start instances excluded"])
+    rows.append(["warm-up", f.warmup_line(w)])
     if report.get("perturbed"):
         head = report.get("headline_source")
         note = report.get("perturbed_reason")
@@ -109,17 +108,32 @@ def _stages(report: dict) -> list[str]:
     header += ["GPU median", "GPU p90"] if gpu_cols else []
     header += ["GPU busy"] if busy_col else []
     rows = []
+    pops = []
     for s in stages:
-        head = s.get("headline_host_ns") or s["host_ns"]
-        label, g = f.gpu_stat(s)
-        row = [Md("&nbsp;&nbsp;" * s.get("depth", 0) + _text(s["name"])), s["steady"], s["warmup"] + s["cold_start"],
-               f.ns(f.stat(head)), f.ns(f.stat(head, "p90"))]
-        if gpu_cols:
-            row += [(f.ns(f.stat(g)) + f" ({label})") if g else "-", f.ns(f.stat(g, "p90"))]
-        if busy_col:
-            row += [f.pct(f.stat(s.get("gpu_busy_frac")))]
-        rows.append(row)
-    note = "Median and p90 over steady instances; warm-up and cold-start instances are counted apart."
+        indent = "&nbsp;&nbsp;" * s.get("depth", 0)
+        units = [(s, Md(indent + _text(s["name"])), f.excluded(s))]
+        groups = (s.get("populations") or {}).get("groups") or []
+        units += [(dict(g, steady=g["instances"]), Md(indent + "&nbsp;&nbsp;· " + _text(g["label"])), 0)
+                  for g in groups]
+        if groups:
+            pops.append(s)
+        for u, name, excluded in units:
+            head = u.get("headline_host_ns") or u["host_ns"]
+            label, g = f.gpu_stat(u)
+            row = [name, u["steady"], excluded, f.ns(f.stat(head)), f.ns(f.stat(head, "p90"))]
+            if gpu_cols:
+                row += [(f.ns(f.stat(g)) + f" ({label})") if g else "-", f.ns(f.stat(g, "p90"))]
+            if busy_col:
+                row += [f.pct(f.stat(u.get("gpu_busy_frac")))]
+            rows.append(row)
+    note = ("Median and p90 over steady instances; warm-up and cold-start instances, and the instances "
+            "nested in them, are counted apart.")
+    for s in pops:
+        p = s["populations"]
+        note += (f" {_code(s['name'], in_table=False)} has two populations ("
+                 + (f"told apart by {_text(p['by'])}" if p.get("by") else "nothing in the records tells them apart")
+                 + "), each in its own row" + ("; the stage's median lies between them" if p.get("median_in_gap") else "")
+                 + ".")
     if any(s.get("headline_from") == "unprofiled_run" for s in stages):
         note += " Host times come from the unprofiled run; GPU columns from the profiled one."
     return ["## Stage timings (steady state)", "", note, ""] + _table(header, rows)
@@ -143,8 +157,8 @@ def _findings(report: dict, verdict: str, title: str) -> list[str]:
         return [f"## {title}", "", "None.", ""]
     out = [f"## {title}", ""]
     for x in fs:
-        out.append(f"- **{_text(x['id'])}**: {_text(x['title'])}")
-        ev = f.evidence_text(x.get("evidence") or {}, limit=10)
+        out.append(f"- **{_text(x['id'])}** ({f.at_stake(x.get('score'))}): {_text(x['title'])}")
+        ev = f.evidence_text(x.get("evidence") or {}, x["id"], limit=8)
         if ev:
             out.append(f"  - evidence: {_text(ev)}")
         if x.get("next_step"):
@@ -263,13 +277,15 @@ def render_compare(result: dict[str, Any]) -> str:
             rows = c[key]
             if not any("a" in r for r in rows):
                 continue
-            lines += [f"## {title}", ""] + _table(
+            lines += [f"## {title}", "", f"_{f.NOISE_NOTE}._", ""] + _table(
                 ["stage", "n A/B", "median A", "median B", "delta", "noise bound", "p90 A", "p90 B", "verdict"],
-                [[r["stage"], f"{r['a']['n']}/{r['b']['n']}", f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
+                [[r["stage"], f.runs_n(r), f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
                   f.signed_ns(r["median_delta_ns"]), f.ns(r["noise_bound_ns"]), f.ns(r["a"]["p90"]), f.ns(r["b"]["p90"]),
                   r["verdict"]] if "a" in r else
                  [r["stage"]] + ["-"] * 7 + [f"only in {r['only_in'].upper()}" if r.get("only_in") else r["verdict"]]
                  for r in rows])
+        if c.get("checks"):
+            lines += ["## What the diagnosis asks to check", ""] + _table(*f.check_rows(c["checks"]))
         fams = [r for r in c["families"] if r["changed"]]
         if fams:
             lines += ["## Kernel-mix changes", ""] + _table(

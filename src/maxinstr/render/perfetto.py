@@ -373,7 +373,8 @@ def _stage_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iter
     kcode = kcode.reshape(-1)
     key_json = _esc(ukeys)
     leaf_json = _esc(inst.name.astype(str))
-    cat = np.where(inst.warmup, '"stage,warmup"', np.where(inst.cold, '"stage,cold_start"', '"stage"')).astype(object)
+    startup = inst.warmup | (inst.inside_startup if len(inst.inside_startup) == len(inst) else False)
+    cat = np.where(startup, '"stage,warmup"', np.where(inst.cold, '"stage,cold_start"', '"stage"')).astype(object)
     busy = np.where(inst.proj_start_ns >= 0, inst.busy_ns, -1)
     kernels = np.where(inst.range_index >= 0, inst.kernel_count, -1)
     args = "{\"stage\":%s,\"step\":%d,\"record_id\":%d,\"gpu_event_ns\":%d,\"gpu_busy_ns\":%d,\"kernels\":%d}"

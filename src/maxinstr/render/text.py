@@ -20,66 +20,119 @@ def _cell(value: Any) -> Any:
     return Text(visible(value)) if isinstance(value, str) else value
 
 
-def _add_row(table: Table, *cells: Any) -> None:
-    table.add_row(*(_cell(c) for c in cells))
-
-
 def _lines(lines: list[str], style: str = "") -> Text:
     return Text("\n".join(visible(x) for x in lines), style=style)
 
 
-class _Fit:
-    """A table whose right-aligned (numeric) columns keep their longest cell whole, so a
-    100-column terminal wraps names rather than splitting '813.7 us' into '813.7' over 'us'.
-    When that does not fit, the p90 columns are left out first (the caption says so; --format
-    md/json keep them); when even that does not fit, rich's own wrapping."""
+def _title(title: str) -> Text:
+    """A table title that may quote names: text, not console markup (rich parses a str title)."""
+    return Text(visible(title), style="table.title")
 
-    def __init__(self, table: Table) -> None:
-        self.table = table
+
+class Col:
+    """A column of a :class:`Fitted` table. ``key``: the row key (the stage), repeated in every
+    continuation table and never moved; ``wrap``: free text that folds into the width left over;
+    ``cut``: free text cut to one line with an ellipsis (kernel names: the row stays one line;
+    --format json has them whole); ``move``: the order in which columns move to a continuation
+    table when the console is too narrow (the highest first; stated in docs/report.md); ``drop``:
+    left out instead when only such columns would make the continuation table (a one-column
+    second table of p90s reads worse than a note)."""
+
+    def __init__(self, header: str, justify: str = "right", key: bool = False, wrap: bool = False,
+                 move: int = 0, cut: bool = False, drop: bool = False) -> None:
+        self.header, self.justify, self.key, self.move = header, justify, key, move
+        self.wrap, self.cut, self.drop = wrap or cut, cut, drop
+
+
+KEY_MIN = 24
+"""A stage name longer than half the console (and than this) folds over lines, never cut."""
+WRAP_MIN = 24
+"""Free-text columns are not squeezed below this (a kernel name folded into 10 columns is
+unreadable): another column moves out first."""
+
+
+class Fitted:
+    """A table that fits the console without cutting anything a reader needs whole.
+
+    Every column is as wide as its widest cell, so numbers and stage names are never split or
+    shortened; headers wrap at their spaces. When that is wider than the console, columns move
+    to a continuation table that repeats the key column, in the order of their ``move`` rank
+    (a note under the table says which); free-text columns fold into the width left over."""
+
+    def __init__(self, title: str, cols: list[Col], rows: list[list[Any]], caption: str | None = None) -> None:
+        self.title, self.cols, self.caption = title, cols, caption
+        # cells are data: a name such as "[param|cuda]" is text, not console markup, and control
+        # characters show as escapes; made Text once, so each is measured as printed
+        self.rows = [[_cell(c) if isinstance(c, (str, Text)) else Text(str(c)) for c in r] for r in rows]
 
     @staticmethod
-    def _longest(col) -> int:
+    def _len(cell: Any) -> int:
         from rich.cells import cell_len
 
-        cells = [c.plain if isinstance(c, Text) else str(c) for c in col._cells]
-        head = col.header.plain if isinstance(col.header, Text) else str(col.header)
-        return max([cell_len(c) for c in cells] + [cell_len(head), 1])
+        text = cell.plain if isinstance(cell, Text) else str(cell)
+        return max((cell_len(line) for line in text.split("\n")), default=0)
 
-    def _plan(self, cols: list, max_width: int) -> dict[int, int] | None:
-        """Widths for the free text columns when the numbers fit whole, else None."""
-        longest = [self._longest(c) for c in cols]
-        fixed = [i for i, c in enumerate(cols) if c.justify == "right" or (c.no_wrap and c.overflow != "ellipsis")]
-        free = [i for i in range(len(cols)) if i not in fixed]
-        budget = max_width - 3 * len(cols) - 1 - sum(longest[i] for i in fixed)
-        if budget < 6 * len(free):
-            return None
-        plan = {}
-        for k, i in enumerate(sorted(free, key=lambda i: longest[i])):  # water-fill, shortest first
-            plan[i] = min(longest[i], budget // (len(free) - k))
-            budget -= plan[i]
-        return plan
+    def _natural(self, i: int, width: int) -> int:
+        col = self.cols[i]
+        cells = [self._len(r[i]) for r in self.rows]
+        # a cut column's header is cut with its cells: keep it whole; others wrap it at spaces
+        head = self._len(col.header) if col.cut else max((self._len(w) for w in col.header.split()), default=1)
+        nat = max(cells + [head, 1])
+        if col.key:
+            # a key longer than half the console folds (never cut), leaving room for its numbers
+            nat = min(nat, max(KEY_MIN, width // 2))
+        return nat
+
+    def _plan(self, width: int) -> list[list[int]]:
+        nat = [self._natural(i, width) for i in range(len(self.cols))]
+        need = lambda idx: sum(min(nat[i], WRAP_MIN) if self.cols[i].wrap else nat[i] for i in idx) + 3 * len(idx) + 1  # noqa: E731
+        keys = [i for i, c in enumerate(self.cols) if c.key]
+        rest = [i for i, c in enumerate(self.cols) if not c.key]
+        tables: list[list[int]] = []
+        while rest:
+            cols = list(rest)
+            while need(keys + cols) > width and len(cols) > 1:
+                out = max(cols, key=lambda i: (self.cols[i].move, i))
+                cols.remove(out)
+            tables.append(sorted(keys + cols))
+            rest = [i for i in rest if i not in cols]
+        return tables or [keys]
 
     def __rich_console__(self, console, options):
-        t = self.table
-        plan = self._plan(t.columns, options.max_width)
-        if plan is None and any("p90" in str(c.header) for c in t.columns):
-            kept = [c for c in t.columns if "p90" not in str(c.header)]
-            plan = self._plan(kept, options.max_width)
-            if plan is not None:
-                t.columns[:] = kept
-                note = f"p90 columns left out to fit {options.max_width} columns (--format md has them)"
-                t.caption = f"{t.caption}\n{note}" if t.caption else note
-                t.caption_justify = "left"
-        if plan is not None:
-            for i, col in enumerate(t.columns):
-                if i in plan:
-                    col.width = plan[i]
-                elif col.justify == "right":
-                    col.min_width = max(self._longest(col), col.min_width or 0)
-        yield t
-
-def _numbers_whole(table: Table) -> "_Fit":
-    return _Fit(table)
+        width = options.max_width
+        plan = self._plan(width)
+        dropped = []
+        if len(plan) > 1 and all(self.cols[i].drop for t in plan[1:] for i in t if not self.cols[i].key):
+            dropped = [self.cols[i].header for t in plan[1:] for i in t if not self.cols[i].key]
+            plan = plan[:1]
+        nat = [self._natural(i, width) for i in range(len(self.cols))]
+        for k, idx in enumerate(plan):
+            fixed = sum(nat[i] for i in idx if not self.cols[i].wrap) + 3 * len(idx) + 1
+            wraps = [i for i in idx if self.cols[i].wrap]
+            left = max(width - fixed, WRAP_MIN * len(wraps))
+            title = self.title if k == 0 else f"{self.title} (continued)"
+            # notes go under the table at the console's width (a caption wraps at the table's)
+            notes = []
+            if k == 0 and len(plan) > 1:
+                moved = [self.cols[i].header for t in plan[1:] for i in t if not self.cols[i].key]
+                notes.append(f"{', '.join(moved)}: in the table below, to fit {width} columns (--width, COLUMNS)")
+            if dropped:
+                notes.append(f"{', '.join(dropped)} left out to fit {width} columns (--width, COLUMNS; --format md "
+                             "and json have them)")
+            if k == len(plan) - 1 and self.caption:
+                notes.append(self.caption)
+            t = Table(title=_title(title), title_justify="left", header_style="bold")
+            for i in idx:
+                c = self.cols[i]
+                w = min(nat[i], left // max(len(wraps), 1)) if c.wrap else nat[i]
+                # only a key longer than half the console is narrower than its cells: it folds
+                t.add_column(c.header, justify=c.justify, width=w, overflow="ellipsis" if c.cut else "fold",
+                             no_wrap=c.cut)
+            for r in self.rows:
+                t.add_row(*(r[i] for i in idx))
+            yield t
+            if notes:
+                yield _lines(notes, style="dim")
 
 
 def _header(report: dict) -> Panel:
@@ -100,8 +153,7 @@ def _header(report: dict) -> Panel:
     if src.get("join"):
         lines.append(f"join     {src['join']} ({src.get('records_joined')} records joined to trace ranges)")
     w = report.get("warmup", {})
-    lines.append(f"warm-up  {w.get('n', 0)} per stage declared; {w.get('instances', 0)} warm-up and "
-                 f"{w.get('cold_start_instances', 0)} cold-start instances kept out of the numbers below")
+    lines.append(f"warm-up  {f.warmup_line(w)}")
     text = _lines(lines)
     if src.get("join_problem"):
         text.append(f"\njoin failed: {visible(src['join_problem'])}", style="bold red")
@@ -164,66 +216,91 @@ def _stage_table(report: dict) -> Any:
                      f"{f.ns(f.stat(shortest['host_ns']))}), or none covers {'it' if len(short_window) == 1 else 'them'}, "
                      "so the samples describe the GPU around the stage, not the stage; read "
                      + ("busy" if trace_cols else "GPU time" if gpu_cols else "the HTML report's timeline"))
-    only_warm = [s["name"] for s in stages if not s["steady"] and s["warmup"] + s["cold_start"]]
+    only_warm = [s["name"] for s in stages if not s["steady"] and f.excluded(s)]
     if only_warm:
         notes.append(f"n (+k): steady instances (+ warm-up / cold-start ones); {', '.join(only_warm[:3])}"
                      f"{' ...' if len(only_warm) > 3 else ''} ran only as warm-up: see Startup below")
+    if sampled and any((s.get("samples") or {}).get("power_source") == "reading" and not s["samples"].get("window_limited")
+                       for s in with_samples):
+        notes.append("power: from the energy counter over the stage's instances; ~: NVML's power reading (a trailing "
+                     "average that lags into the next stage), where the energy counter gives none")
     if with_samples and not throttle_col:
         notes.append("throttled: no hardware clock limit in any stage's samples")
     if len(stages) < len(all_stages):
         notes.append(f"{len(all_stages) - len(stages):,} more stages not shown: these are the {len(stages)} with the "
                      "most steady host time (--format json, md or html list every stage)")
-    t = Table(title="Stages (steady state)", title_justify="left", header_style="bold")
-    t.add_column("stage", no_wrap=True)
-    t.add_column("n", justify="right")
-    t.add_column("host median", justify="right")
-    t.add_column("host p90", justify="right")
+    # columns move to a continuation table in this order when the console is narrow: the p90s,
+    # then the sampler's, then the kernel columns (docs/report.md, "In the terminal")
+    cols = [Col("stage", "left", key=True), Col("n"), Col("host median"), Col("host p90", move=9, drop=True)]
     if gpu_cols:
-        t.add_column("GPU median", justify="right")
-        t.add_column("GPU p90", justify="right")
+        cols += [Col("GPU median", move=1), Col("GPU p90", move=8, drop=True)]
     if trace_cols:
-        t.add_column("busy", justify="right")
-        t.add_column("kernels", justify="right")
-        t.add_column("top family")
+        cols += [Col("busy", move=2), Col("kernels", move=3), Col("top family", "left", move=4)]
     if sampled:
-        t.add_column("util", justify="right")
-        t.add_column("power", justify="right")
+        cols += [Col("util", move=6), Col("power", move=5)]
     if throttle_col:
-        t.add_column("throttled", justify="right")
+        cols.append(Col("throttled", move=7))
+    rows = []
     for s in stages:
-        label, g = f.gpu_stat(s)
-        head = s.get("headline_host_ns") or s["host_ns"]
-        n = str(s["steady"])
-        if s.get("headline_from") == "unprofiled_run":
-            n = f"{(s.get('headline_host_ns') or {}).get('n', 0)}*"
-        extra = s["warmup"] + s["cold_start"]
-        if extra:
-            n += f" (+{extra})"
-        mix = s.get("mix") or {}
-        fam = mix.get("families", [{}])[0] if mix.get("families") else {}
-        cells = []
-        smp = s.get("samples") or {}
-        if sampled:
-            util = smp.get("gpu_util_pct_mean")
-            power = smp.get("power_w_mean")
-            util_s = f"{util:.0f}%" if util is not None else "-"
-            power_s = f"{power:.0f} W" if power is not None else "-"
-            if smp.get("window_limited"):
-                util_s = power_s = "-"
-            cells = [util_s, power_s]
-        if throttle_col:
-            cells.append(f.pct(smp.get("throttled_share")))
-        row = ["  " * s.get("depth", 0) + s["name"], n, f.ns(f.stat(head)), f.ns(f.stat(head, "p90"))]
-        if gpu_cols:
-            mark = " p" if len(gpu_labels) > 1 and label == "proj" else ""
-            row += [f.ns(f.stat(g)) + mark, f.ns(f.stat(g, "p90"))]
-        if trace_cols:
-            kpi = f.stat(s.get("kernels_per_instance"))
-            row += [f.pct(f.stat(s.get("gpu_busy_frac"))), f"{kpi:.0f}" if kpi is not None else "-",
-                    f"{fam.get('family')} {f.pct(fam.get('share'))}" if fam else "-"]
-        _add_row(t, *row, *cells)
+        rows.append(_stage_cells(s, s["name"], s.get("depth", 0), gpu_labels, gpu_cols, trace_cols, sampled,
+                                 throttle_col))
+        pops = s.get("populations") or {}
+        for g in pops.get("groups") or []:
+            row = _stage_cells(dict(g, steady=g["instances"]), f"· {g['label']}", s.get("depth", 0) + 1, gpu_labels,
+                               gpu_cols, trace_cols, sampled, throttle_col, population=True)
+            rows.append(row)
+        if pops.get("groups"):
+            notes.append(_population_note(s, pops))
     # the notes under the table at the console's width (a caption would wrap at the table's)
-    return Group(_numbers_whole(t), _lines(notes, style="dim")) if notes else _numbers_whole(t)
+    t = Fitted("Stages (steady state)", cols, rows)
+    return Group(t, _lines(notes, style="dim")) if notes else t
+
+
+def _population_note(s: dict, pops: dict) -> str:
+    basis = {"gpu_event_ns": "GPU time", "gpu_proj_ns": "GPU span", "host_ns": "host time"}.get(pops["basis"], pops["basis"])
+    lo, hi = pops["groups"]
+    text = (f"{s['name']}: two populations ({basis} median {f.ns(f.stat(lo.get(pops['basis'])))} and "
+            f"{f.ns(f.stat(hi.get(pops['basis'])))})")
+    text += f", told apart by {pops['by']}" if pops.get("by") else ", which nothing in the records tells apart"
+    if pops.get("median_in_gap"):
+        text += "; the stage's median lies between them, a time no instance took: read the rows under it"
+    return text
+
+
+def _stage_cells(s: dict, label: str, depth: int, gpu_labels: set, gpu_cols: bool, trace_cols: bool,
+                 sampled: bool, throttle_col: bool, population: bool = False) -> list[str]:
+    glabel, g = f.gpu_stat(s)
+    head = s.get("headline_host_ns") or s["host_ns"]
+    n = str(s["steady"])
+    if s.get("headline_from") == "unprofiled_run":
+        n = f"{(s.get('headline_host_ns') or {}).get('n', 0)}*"
+    extra = 0 if population else f.excluded(s)
+    if extra:
+        n += f" (+{extra})"
+    mix = s.get("mix") or {}
+    fam = mix.get("families", [{}])[0] if mix.get("families") else {}
+    row = ["  " * depth + label, n, f.ns(f.stat(head)), f.ns(f.stat(head, "p90"))]
+    if gpu_cols:
+        mark = " p" if len(gpu_labels) > 1 and glabel == "proj" else ""
+        row += [f.ns(f.stat(g)) + mark, f.ns(f.stat(g, "p90"))]
+    if trace_cols:
+        kpi = f.stat(s.get("kernels_per_instance"))
+        row += [f.pct(f.stat(s.get("gpu_busy_frac"))), f"{kpi:.0f}" if kpi is not None else "-",
+                f"{fam.get('family')} {f.pct(fam.get('share'))}" if fam else "-"]
+    smp = s.get("samples") or {}
+    if sampled:
+        util = smp.get("gpu_util_pct_mean")
+        power = smp.get("power_w_mean")
+        util_s = f"{util:.0f}%" if util is not None else "-"
+        power_s = f"{power:.0f} W" if power is not None else "-"
+        if power is not None and smp.get("power_source") == "reading":
+            power_s = "~" + power_s
+        if smp.get("window_limited"):
+            util_s = power_s = "-"
+        row += [util_s, power_s]
+    if throttle_col:
+        row.append(f.pct(smp.get("throttled_share")))
+    return row
 
 
 _BASIS = {"gpu_busy_ns": "GPU busy", "gpu_event_ns": "GPU", "gpu_proj_ns": "GPU span", "host_ns": "host"}
@@ -233,16 +310,13 @@ def _bottlenecks(report: dict) -> Table | None:
     rows = report.get("bottlenecks") or []
     if not rows:
         return None
-    t = Table(title="Where the time goes (ranked)", title_justify="left", header_style="bold")
-    for col in ("#", "stage", "share", "self time, total", "top kernel", "findings"):
-        t.add_column(col, justify="right" if col in ("#", "share", "self time, total") else "left",
-                     no_wrap=col == "top kernel", overflow="ellipsis" if col == "top kernel" else "fold")
-    for r in rows[:10]:
-        _add_row(t, str(r["rank"]), r["stage"] + (" (self)" if r.get("has_children") else ""), f.pct(r["share"]),
-                  f.ns(r["self_ns"]) + f" ({_BASIS.get(r['basis'], r['basis'])})",
-                  f"{f.pct(r.get('top_kernel_share'))} {f.short(r.get('top_kernel'), 48)}" if r.get("top_kernel") else "-",
-                  ", ".join(r["findings"]) or "-")
-    return _numbers_whole(t)
+    cols = [Col("#"), Col("stage", "left", key=True), Col("share"), Col("self time, total"),
+            Col("top kernel", "left", cut=True, move=2), Col("findings", "left", move=1)]
+    body = [[str(r["rank"]), r["stage"] + (" (self)" if r.get("has_children") else ""), f.pct(r["share"]),
+             f.ns(r["self_ns"]) + f" ({_BASIS.get(r['basis'], r['basis'])})",
+             f"{f.pct(r.get('top_kernel_share'))} {f.short(r.get('top_kernel'), 48)}" if r.get("top_kernel") else "-",
+             ", ".join(r["findings"]) or "-"] for r in rows[:10]]
+    return Fitted("Where the time goes (ranked)", cols, body)
 
 
 def _families(report: dict) -> Table | None:
@@ -250,55 +324,36 @@ def _families(report: dict) -> Table | None:
     fams = gpu.get("families") or []
     if not fams:
         return None
+    body = [[r["family"], f.pct(r["share"], 1), f.ns(r["gpu_ns"]), str(r["count"])] for r in fams]
     own = gpu.get("own_ops") or {}
     caption = f"{gpu.get('ops')} ops, {f.ns(gpu.get('gpu_ns'))} of GPU time"
     if own.get("count"):
         caption += f" (maxinstr's own {own['count']} calibration kernels, {f.ns(own.get('gpu_ns'))}, left out)"
-    t = Table(title="GPU time by kernel family", caption=caption,
-              title_justify="left", caption_justify="left", header_style="bold")
-    t.add_column("family")
-    t.add_column("share", justify="right")
-    t.add_column("time", justify="right")
-    t.add_column("ops", justify="right")
-    for r in fams:
-        _add_row(t, r["family"], f.pct(r["share"], 1), f.ns(r["gpu_ns"]), str(r["count"]))
-    return _numbers_whole(t)
+    return Fitted("GPU time by kernel family", [Col("family", "left", key=True), Col("share"), Col("time"), Col("ops")],
+                  body, caption=caption)
 
 
 def _kernels(report: dict, n: int = 10) -> Table | None:
     ks = (report.get("gpu") or {}).get("kernels") or []
     if not ks:
         return None
-    t = Table(title=f"Top kernels", title_justify="left", header_style="bold")
-    t.add_column("kernel", overflow="fold", max_width=80)
-    t.add_column("family")
-    t.add_column("share", justify="right")
-    t.add_column("count", justify="right")
-    t.add_column("median", justify="right")
-    for k in ks[:n]:
-        _add_row(t, f.short(k["name"], 80), k["family"], f.pct(k["share"], 1), str(k["count"]), f.ns(k["median_ns"]))
-    return _numbers_whole(t)
+    body = [[f.short(k["name"], 80), k["family"], f.pct(k["share"], 1), str(k["count"]), f.ns(k["median_ns"])]
+            for k in ks[:n]]
+    return Fitted("Top kernels", [Col("kernel", "left", wrap=True), Col("family", "left", move=1), Col("share"),
+                                  Col("count", move=2), Col("median", move=3)], body)
 
 
-def _inside_stages(report: dict) -> Table | Text | None:
+def _inside_stages(report: dict) -> Fitted | Text | None:
     """Per leaf stage, the ranges of other domains its ops ran under (MAX's op ranges, a
     framework's): where inside the stage the GPU time goes."""
     rows, tied = f.inside_stages(report)
-    tied_line = _lines(["ops tied to their stage: " + "; ".join(tied)]) if tied else None
     if not rows:
-        return tied_line
-    t = Table(title=f.INSIDE_TITLE, title_justify="left", header_style="bold", caption_justify="left",
-              caption=tied_line)
-    t.add_column("stage", no_wrap=True)
-    t.add_column("range", overflow="fold", max_width=64)
-    t.add_column("share", justify="right")
-    t.add_column("ops / inst", justify="right")
-    t.add_column("GPU / inst", justify="right")
-    for k, r in enumerate(rows):
-        first = k == 0 or rows[k - 1]["stage"] != r["stage"]
-        _add_row(t, r["stage"] if first else "", r["range"], f.pct(r["share"]), f"{r['per_instance']:.4g}",
-                 f.ns(r["gpu_per_instance_ns"]))
-    return _numbers_whole(t)
+        return _lines(["ops tied to their stage: " + "; ".join(tied)]) if tied else None
+    cols = [Col("stage", "left", key=True), Col("range", "left", wrap=True), Col("share"), Col("ops / inst", move=2),
+            Col("GPU / inst", move=1)]
+    body = [[r["stage"] if k == 0 or rows[k - 1]["stage"] != r["stage"] else "", r["range"],
+             f.pct(r["share"]), f"{r['per_instance']:.4g}", f.ns(r["gpu_per_instance_ns"])] for k, r in enumerate(rows)]
+    return Fitted(f.INSIDE_TITLE, cols, body, caption="ops tied to their stage: " + "; ".join(tied) if tied else None)
 
 
 def _diagnosis(report: dict) -> Panel | None:
@@ -316,15 +371,18 @@ def _diagnosis(report: dict) -> Panel | None:
         for x in group:
             head = Text()
             head.append(f"[{x['id']}] ", style="bold")
+            head.append(f"({f.at_stake(x.get('score'))}) ", style="dim")
             head.append(visible(x["title"]))
             parts.append(Padding(head, (0, 0, 0, 2)))  # wrapped lines keep their indentation
-            ev = f.evidence_text(x.get("evidence") or {})
+            ev = f.evidence_text(x.get("evidence") or {}, x["id"])
             if ev:
                 parts.append(Padding(Text(f"evidence: {visible(ev)}", style="dim"), (0, 0, 0, 6)))
             if x.get("next_step"):
                 parts.append(Padding(Text(f"next: {visible(x['next_step'])}"), (0, 0, 0, 6)))
             if x.get("command"):
                 parts.append(Padding(Text(f"$ {visible(x['command'])}", style="cyan"), (0, 0, 0, 6)))
+    parts.append(Padding(Text("ordered by the share of the time at stake; --format json has every finding's full "
+                              "evidence", style="dim"), (0, 0, 0, 2)))
     return Panel(Group(*parts), title="Diagnosis", title_align="left")
 
 
@@ -333,15 +391,15 @@ def _startup(report: dict, n: int = 8) -> Table | None:
     if not rows:
         return None
     total = f"{len(rows)}{'+' if len(rows) >= 50 else ''} instances"
-    t = Table(title="Startup (kept out of the numbers above)", title_justify="left", header_style="bold",
-              caption=f"{total}; the {n} longest shown" if len(rows) > n else None, caption_justify="left")
-    for col in ("stage", "#", "why", "host", "GPU", "robust z"):
-        t.add_column(col, justify="left" if col in ("stage", "why") else "right")
-    for r in sorted(rows, key=lambda r: -r["host_ns"])[:n]:
-        _add_row(t, r["stage"], str(r["occurrence"]), r["reason"], f.ns(r["host_ns"]),
-                  f.ns(r.get("gpu_event_ns") if r.get("gpu_event_ns") is not None else r.get("gpu_proj_ns")),
-                  f"{r['robust_z']:.0f}" if r.get("robust_z") is not None else "-")
-    return _numbers_whole(t)
+    body = [[r["stage"], str(r["occurrence"]), r["reason"].replace("_", " "), f.ns(r["host_ns"]),
+             f.ns(r.get("gpu_event_ns") if r.get("gpu_event_ns") is not None else r.get("gpu_proj_ns")),
+             str(r.get("nested") or "-"), f"{r['robust_z']:.0f}" if r.get("robust_z") is not None else "-"]
+            for r in sorted(rows, key=lambda r: -r["host_ns"])[:n]]
+    cols = [Col("stage", "left", key=True), Col("#"), Col("why", "left"), Col("host"), Col("GPU", move=2),
+            Col("nested", move=3), Col("robust z", move=1)]
+    shown = f"{total}; the {n} longest shown; " if len(rows) > n else ""
+    return Fitted("Startup (kept out of the numbers above)", cols, body,
+                  caption=f"{shown}nested: the instances inside each, kept out with it")
 
 
 def _notes(report: dict) -> Text | None:
@@ -360,24 +418,16 @@ def _ranks(report: dict) -> Group | None:
         return None
     out: list[Any] = []
     header, rows = rk.rank_rows(sec)
-    t = Table(title=Text(f"Ranks ({visible(rk.summary_line(sec))})"), title_justify="left", header_style="bold")
-    for h in header:
-        t.add_column(h, justify="left" if h in ("host", "pids", "top family") else "right")
-    for r in rows:
-        _add_row(t, *r)
-    out.append(t)
+    out.append(Fitted(f"Ranks ({rk.summary_line(sec)})",
+                      [Col(h, "left" if h in ("host", "pids", "top family") else "right", key=i == 0)
+                       for i, h in enumerate(header)], rows))
     header, rows = rk.stage_rows(sec)
-    t = Table(title="Per-rank stage statistics (steady state; steps = instances aligned across ranks)",
-              title_justify="left", header_style="bold",
-              caption=Text("slowest / last in: share of steps where the rank took longest / started last; vs others: "
-                           "median excess over the other ranks; wait: time spent waiting for the last rank in a [sync] "
-                           "stage (one the ranks leave together)"),
-              caption_justify="left")
-    for h in header:
-        t.add_column(h, justify="left" if h == "stage" else "right", no_wrap=h == "stage")
-    for r in rows:
-        _add_row(t, *r)
-    out.append(t)
+    out.append(Fitted("Per-rank stage statistics (steady state; steps = instances aligned across ranks)",
+                      [Col(h, "left" if h == "stage" else "right", key=h == "stage") for h in header],
+                      rows,
+                      caption="slowest / last in: share of steps where the rank took longest / started last; vs "
+                              "others: median excess over the other ranks; wait: time spent waiting for the last rank "
+                              "in a [sync] stage (one the ranks leave together)"))
     lines = rk.straggler_lines(sec)
     if lines:
         out.append(_lines(["stragglers:"] + [f"  - {x}" for x in lines], style="yellow"))
@@ -400,16 +450,18 @@ def render(report: dict, width: int = 120, color: bool = False) -> str:
 
 
 def print_report(report: dict, console: Console | None = None) -> None:
-    """Print the report to a console (stdout by default; 120 columns when not a terminal)."""
+    """Print the report to a console (stdout by default, as wide as COLUMNS, else the terminal,
+    else 120 columns)."""
     if console is None:
+        from maxinstr.cli.report import text_width
+
         console = Console()
-        if not console.is_terminal:
-            console = Console(width=120)
+        console = Console(width=text_width(console.is_terminal))
     console.print(Group(*renderables(report)))
 
 
 # ----------------------------------------------------------------------------- compare
-_VERDICT_STYLE = {"faster": "green", "slower": "red", "within noise": "dim"}
+_VERDICT_STYLE = {"faster": "green", "slower": "red", "within noise": "dim", "cannot tell": "yellow"}
 
 
 def _signed_ns(v: float | None) -> str:
@@ -418,25 +470,23 @@ def _signed_ns(v: float | None) -> str:
     return ("+" if v > 0 else "") + f.ns(v)
 
 
-def _delta_table(title: str, rows: list[dict]) -> Table:
-    t = Table(title=title, title_justify="left", header_style="bold",
-              caption="noise ±: the difference of medians the runs' own spread allows; p90 A/B: in --format json/md",
-              caption_justify="left")
-    for col in ("stage", "n A/B", "median A", "median B", "delta", "noise ±", "p90 delta", "verdict"):
-        t.add_column(col, justify="left" if col in ("stage", "verdict") else "right")
+def _delta_table(title: str, rows: list[dict]) -> Fitted:
+    cols = [Col("stage", "left", key=True), Col("n A/B", move=2), Col("median A"), Col("median B"), Col("delta"),
+            Col("noise ±", move=1), Col("p90 delta", move=3, drop=True), Col("verdict", "left")]
+    body = []
     for r in rows:
         if "a" not in r:
             verdict = f"only in {r['only_in'].upper()}" if r.get("only_in") else r["verdict"]
-            _add_row(t, r["stage"], "-", "-", "-", "-", "-", "-", verdict)
+            body.append([r["stage"], "-", "-", "-", "-", "-", "-", verdict])
             continue
         rel = r.get("median_delta_rel")
-        _add_row(
-            t, r["stage"], f"{r['a']['n']}/{r['b']['n']}", f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
+        body.append([
+            r["stage"], f.runs_n(r), f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
             _signed_ns(r["median_delta_ns"]) + (f" ({rel:+.1%})" if rel is not None else ""),
             f.ns(r["noise_bound_ns"]), _signed_ns(r["p90_delta_ns"]),
             Text(r["verdict"], style=_VERDICT_STYLE.get(r["verdict"], "")),
-        )
-    return _numbers_whole(t)
+        ])
+    return Fitted(title, cols, body, caption=f.NOISE_NOTE)
 
 
 def compare_renderables(result: dict) -> list[Any]:
@@ -447,37 +497,31 @@ def compare_renderables(result: dict) -> list[Any]:
             parts.append(_delta_table("Host time per stage (steady state)", c["stages"]))
         if c["gpu_stages"]:
             parts.append(_delta_table("GPU time per stage", c["gpu_stages"]))
+        if c.get("checks"):
+            header, body = f.check_rows(c["checks"])
+            parts.append(Fitted("What the diagnosis asks to check (per stage, A -> B)",
+                                [Col(h, "left" if h in ("stage", "findings") else "right", key=h == "stage",
+                                     move=1 if h == "findings" else 0) for h in header], body))
         fams = [r for r in c["families"] if r["changed"]]
         if fams:
-            t = Table(title="Kernel-mix changes (share of GPU time)", title_justify="left", header_style="bold")
-            for col in ("family", "A", "B", "change"):
-                t.add_column(col, justify="left" if col == "family" else "right")
-            for r in fams:
-                _add_row(t, r["family"], f.pct(r["a_share"], 1), f.pct(r["b_share"], 1), f"{100 * r['delta_share']:+.1f} pt")
-            parts.append(t)
+            parts.append(Fitted("Kernel-mix changes (share of GPU time)",
+                                [Col("family", "left", key=True), Col("A"), Col("B"), Col("change")],
+                                [[r["family"], f.pct(r["a_share"], 1), f.pct(r["b_share"], 1),
+                                  f"{100 * r['delta_share']:+.1f} pt"] for r in fams]))
         for key, label in (("kernels_appeared", "Kernels only in B"), ("kernels_disappeared", "Kernels only in A")):
             if c[key]:
                 more = len(c[key]) - 8
-                t = Table(title=label, title_justify="left", header_style="bold",
-                          caption=f"... and {more} more (--format json lists them)" if more > 0 else None,
-                          caption_justify="left")
-                t.add_column("kernel", overflow="fold", max_width=70)
-                t.add_column("family")
-                t.add_column("GPU time", justify="right")
-                for k in c[key][:8]:
-                    _add_row(t, f.short(k["name"], 70), k["family"], f.ns(k["gpu_ns"]))
-                parts.append(t)
+                parts.append(Fitted(label, [Col("kernel", "left", wrap=True), Col("family", "left", move=1),
+                                            Col("GPU time")],
+                                    [[f.short(k["name"], 70), k["family"], f.ns(k["gpu_ns"])] for k in c[key][:8]],
+                                    caption=f"... and {more} more (--format json lists them)" if more > 0 else None))
         if c["kernels_changed_family"]:
             parts.append(_lines(["Kernels classified differently: " + "; ".join(
                 f"{f.short(k['name'], 50)}: {k['a_family']} -> {k['b_family']}" for k in c["kernels_changed_family"][:8])]))
         if c["settings"]:
-            t = Table(title="Settings that differ", title_justify="left", header_style="bold")
-            t.add_column("setting")
-            t.add_column("A", overflow="fold", max_width=45)
-            t.add_column("B", overflow="fold", max_width=45)
-            for r in c["settings"][:40]:
-                _add_row(t, r["key"], f.setting(r["a"]), f.setting(r["b"]))
-            parts.append(t)
+            parts.append(Fitted("Settings that differ", [Col("setting", "left", key=True), Col("A", "left", wrap=True),
+                                                          Col("B", "left", wrap=True)],
+                                [[r["key"], f.setting(r["a"]), f.setting(r["b"])] for r in c["settings"][:40]]))
         else:
             parts.append(Text("Settings: no recorded difference.", style="dim"))
         if any(c["perturbed"].values()):

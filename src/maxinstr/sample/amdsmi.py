@@ -103,7 +103,7 @@ def _import_amdsmi() -> Any:
         raise
     except ModuleNotFoundError as exc:
         if exc.name == "amdsmi":
-            raise Unavailable("amdsmi is not installed") from None
+            raise Unavailable("amdsmi is not installed: pip install 'maxinstr[amd]'") from None
         raise Unavailable(f"amdsmi failed to import: {exc}") from None
     except BaseException as exc:  # noqa: BLE001 - incl. SystemExit: a library must not end the user's run
         said = _one_line(out.getvalue())

@@ -60,7 +60,7 @@ WINDOW_SHARE_MIN = 0.5
 """Below this share of its windows' time spent in the stage itself, a windowed value describes
 mostly other stages or idle time: the report says so and does not print it."""
 
-_MEAN_COLUMNS = ("gpu_util_pct", "mem_util_pct", "power_w") + GPM_METRICS
+_MEAN_COLUMNS = ("gpu_util_pct", "mem_util_pct", "power_w", "sm_clock_mhz") + GPM_METRICS
 _PEAK_COLUMNS = ("gpu_util_pct", "mem_used_bytes", "power_w", "sm_active_pct", "temp_c")
 
 
@@ -98,6 +98,7 @@ class StageSamples:
     sm_active_mean_pct: np.ndarray = field(default_factory=lambda: np.empty(0))
     sm_active_peak_pct: np.ndarray = field(default_factory=lambda: np.empty(0))
     sm_occupancy_mean_pct: np.ndarray = field(default_factory=lambda: np.empty(0))
+    sm_clock_mean_mhz: np.ndarray = field(default_factory=lambda: np.empty(0))
     tensor_active_mean_pct: np.ndarray = field(default_factory=lambda: np.empty(0))
     dram_bw_util_mean_pct: np.ndarray = field(default_factory=lambda: np.empty(0))
     mem_used_peak_bytes: np.ndarray = field(default_factory=lambda: np.empty(0))
@@ -401,6 +402,7 @@ def stage_samples(
             np.fmax.at(sm_peak, inverse, inst.mean["sm_active_pct"])
         put("sm_active_peak_pct", sm_peak)
         put("sm_occupancy_mean_pct", wmean("sm_occupancy_pct"))
+        put("sm_clock_mean_mhz", wmean("sm_clock_mhz"))
         put("tensor_active_mean_pct", wmean("tensor_active_pct"))
         put("dram_bw_util_mean_pct", wmean("dram_bw_util_pct"))
         put("mem_used_peak_bytes", gmax("mem_used_bytes"))

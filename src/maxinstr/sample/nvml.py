@@ -159,7 +159,7 @@ def import_pynvml() -> Any:
     try:
         import pynvml
     except ImportError as exc:
-        raise Unavailable(f"nvidia-ml-py is not installed ({exc})") from None
+        raise Unavailable(f"nvidia-ml-py is not installed: pip install 'maxinstr[nvidia]' ({exc})") from None
     lib = os.environ.get(NVML_LIB_ENV)
     if lib and getattr(pynvml, "nvmlLib", None) is None:
         import ctypes

@@ -1,0 +1,218 @@
+"""Stages whose steady instances form two populations, and what tells them apart.
+
+A decode loop that replays a CUDA graph every other step has two kinds of step (162-294 us and
+716-1015 us of GPU span on the H200 capture); one median of both (505 us) is a time no step
+took, and a rule judging the stage by it advises what half the steps already do. So, per stage:
+
+1. *Two modes?* The steady values (the stage's best time measure, in log space) are split in
+   two by exact 1-D 2-means. The split is real when each side holds at least
+   :data:`MIN_SHARE` of the instances and the sides are separated: the gap between the lower
+   group's 90th percentile and the upper group's 10th is at least :data:`MIN_SEPARATION` times
+   the groups' own robust spread (1.4826 * MAD), and their medians differ by at least
+   :data:`MIN_RATIO` (closer modes are one population for a summary's purpose). The statistic is rank- and scale-free: one
+   unimodal population split at its middle gives about 0.4 (normal), two populations with an
+   empty band between them give far more (h200_decode's decode: 27). No duration threshold.
+2. *What explains it?* Features the records carry, in this order: the user's own attrs, the
+   process (a slow rank), CUDA graph replay (ops with a graph node id), kernels per instance, the enclosing instance (which
+   request), the step index's parity, the GPU busy fraction. The first whose levels each fall
+   (>= :data:`EXPLAINS`) on one side of the split defines the populations, so membership comes
+   from a cause, not from the value. When none does, the populations are the two sides of the
+   value split, and the report says nothing in the records tells them apart.
+
+Everything is numpy over the stage-instance columns; only the few stages and features loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from maxinstr.analyze.stats import MAD_TO_SIGMA, summarize
+
+MIN_INSTANCES = 12
+"""Fewer steady instances than this are not judged (quantiles of tiny groups are noise)."""
+MIN_SHARE = 0.1
+"""Each population holds at least this share of the stage's steady instances."""
+MIN_SEPARATION = 2.0
+"""Gap between the groups' inner quantiles (p90 of the lower, p10 of the upper) over their
+robust spread. A unimodal normal sample split at its middle gives ~0.4."""
+MIN_RATIO = 1.5
+"""...and the upper mode's median is at least this many times the lower's: below it one median
+still describes every instance to within a fifth, which is what a summary is for."""
+EXPLAINS = 0.9
+"""A feature explains the split when this share of the instances fall on the side their
+feature level mostly falls on."""
+MAX_LEVELS = 8
+
+
+def two_means_split(logv: np.ndarray) -> int:
+    """Index k into the sorted values: [:k] and [k:] minimise the summed squared deviations
+    (exact for 1-D, via prefix sums)."""
+    v = np.sort(logv)
+    n = len(v)
+    cs, cs2 = np.cumsum(v), np.cumsum(v * v)
+    k = np.arange(1, n)
+    left = cs2[k - 1] - cs[k - 1] ** 2 / k
+    right = (cs2[-1] - cs2[k - 1]) - (cs[-1] - cs[k - 1]) ** 2 / (n - k)
+    return int(k[np.argmin(left + right)])
+
+
+def modes(values: np.ndarray) -> dict[str, Any] | None:
+    """The two-mode split of positive ``values`` (see the module doc), or None."""
+    v = np.asarray(values, np.float64)
+    v = v[v > 0]
+    n = len(v)
+    if n < MIN_INSTANCES:
+        return None
+    lv = np.log(v)
+    order = np.sort(lv)
+    k = two_means_split(lv)
+    lo, hi = order[:k], order[k:]
+    if min(len(lo), len(hi)) < max(3, MIN_SHARE * n):
+        return None
+    spread = np.sqrt((_rsd(lo) ** 2 + _rsd(hi) ** 2) / 2)
+    gap = np.percentile(hi, 10) - np.percentile(lo, 90)
+    sep = gap / max(spread, 1e-3)
+    if sep < MIN_SEPARATION or np.median(hi) - np.median(lo) < np.log(MIN_RATIO):
+        return None
+    # the threshold half-way (in log) across the gap
+    return {"threshold": float(np.exp((lo[-1] + hi[0]) / 2)), "separation": float(sep),
+            "low_median": float(np.exp(np.median(lo))), "high_median": float(np.exp(np.median(hi)))}
+
+
+def _rsd(x: np.ndarray) -> float:
+    return float(MAD_TO_SIGMA * np.median(np.abs(x - np.median(x))))
+
+
+def explain(side: np.ndarray, features: list[tuple[str, np.ndarray, list[str]]]
+            ) -> tuple[str, np.ndarray, dict[int, str]] | None:
+    """The first feature (name, per-instance level codes (-1: unknown), level names) whose levels
+    each sit on one side of ``side`` (bool per instance: upper mode): (name, upper-side mask by
+    the feature, {side: label})."""
+    for name, codes, names in features:
+        known = codes >= 0
+        if known.mean() < EXPLAINS:
+            continue
+        levels, inv, counts = np.unique(codes[known], return_inverse=True, return_counts=True)
+        if not 2 <= len(levels) <= MAX_LEVELS or (counts < 2).any():
+            continue
+        up = np.bincount(inv, weights=side[known].astype(float), minlength=len(levels)) / counts
+        level_up = up >= 0.5
+        if level_up.all() or not level_up.any():
+            continue
+        agree = np.where(level_up[inv], side[known], ~side[known]).sum()
+        if agree < EXPLAINS * len(side):
+            continue
+        mask = np.zeros(len(side), bool)
+        mask[known] = level_up[inv]
+        label = {1: ", ".join(names[int(c)] for c in levels[level_up]),
+                 0: ", ".join(names[int(c)] for c in levels[~level_up])}
+        return name, mask, label
+    return None
+
+
+def _int_levels(values: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Codes (-1 where the value is < 0, i.e. missing) and level names of non-negative ints."""
+    values = np.asarray(values, np.int64)
+    ok = values >= 0
+    levels, inv = np.unique(values[ok], return_inverse=True)
+    codes = np.full(len(values), -1, np.int64)
+    codes[ok] = inv.reshape(-1)
+    return codes, [str(int(v)) for v in levels]
+
+
+def _categorical(values: list) -> tuple[np.ndarray, list[str]]:
+    """Codes (-1 for None) and level names of a list of hashable values."""
+    known = sorted({v for v in values if v is not None}, key=str)
+    index = {v: i for i, v in enumerate(known)}
+    return np.array([index.get(v, -1) if v is not None else -1 for v in values], np.int64), [str(v) for v in known]
+
+
+def features(inst, rows: np.ndarray, attrs: dict | None, graph_ops: np.ndarray | None) -> list[tuple[str, np.ndarray, list[str]]]:
+    """Candidate explanations for the instances ``rows`` of one stage, in preference order."""
+    out: list[tuple[str, np.ndarray, list[str]]] = []
+    if attrs:
+        recs = inst.record_id[rows]
+        per = [attrs.get(int(r)) or {} for r in recs]
+        keys = sorted({k for a in per for k in a if k != "step"})
+        for k in keys:
+            vals = [a.get(k) if isinstance(a.get(k), (str, int, float, bool)) else None for a in per]
+            codes, names = _categorical(vals)
+            out.append((f"attr {k}", codes, [f"{k}={n}" for n in names]))
+    codes, names = _int_levels(inst.part[rows])
+    # several processes (ranks, forks): a slow one is its own population
+    out.append(("process", codes, [f"process {n}" for n in names]))
+    if graph_ops is not None and len(graph_ops) == len(inst):
+        g = graph_ops[rows]
+        out.append(("CUDA graph replay", np.where(inst.range_index[rows] >= 0, (g > 0).astype(np.int64), -1),
+                    ["no CUDA graph", "CUDA graph replay"]))
+    codes, names = _int_levels(np.where(inst.range_index[rows] >= 0, inst.kernel_count[rows], -1))
+    out.append(("kernels per instance", codes, [f"{n} kernels" for n in names]))
+    parent = inst.parent[rows]
+    if (parent >= 0).all():
+        codes, names = _int_levels(inst.occurrence[parent])
+        pname = str(inst.key[parent[0]])
+        out.append((f"enclosing {pname}", codes, [f"in {pname} #{n}" for n in names]))
+    step = inst.step[rows]
+    out.append(("step parity", np.where(step >= 0, step % 2, -1), ["even steps", "odd steps"]))
+    busy = inst.busy_frac[rows]
+    if np.isfinite(busy).mean() >= EXPLAINS:
+        ok = np.isfinite(busy)
+        cut = np.sort(busy[ok])[two_means_split(busy[ok])] if ok.sum() > 2 else np.inf
+        out.append(("GPU busy", np.where(ok, (busy >= cut).astype(np.int64), -1),
+                    [f"GPU busy < {cut:.0%}", f"GPU busy >= {cut:.0%}"]))
+    return out
+
+
+def _group_row(inst, rows: np.ndarray, label: str, n_stage: int, graph_ops: np.ndarray | None) -> dict[str, Any]:
+    proj = inst.proj_ns[rows]
+    has = inst.proj_start_ns[rows] >= 0
+    row = {
+        "label": label,
+        "instances": int(len(rows)),
+        "share": len(rows) / n_stage if n_stage else 0.0,
+        "host_ns": summarize(inst.host_ns[rows]),
+        "gpu_event_ns": summarize(inst.gpu_event_ns[rows]),
+        "gpu_proj_ns": summarize(proj),
+        "gpu_busy_ns": summarize(np.where(has, inst.busy_ns[rows], -1)),
+        "gpu_busy_frac": summarize(inst.busy_frac[rows]),
+        "idle_gap_ns": summarize(np.where(has, inst.idle_gap_ns[rows], -1)),
+        "kernels_per_instance": summarize(np.where(inst.range_index[rows] >= 0, inst.kernel_count[rows], -1)),
+        "cuda_graph_share": None,
+    }
+    if graph_ops is not None and len(graph_ops) == len(inst) and (inst.range_index[rows] >= 0).any():
+        joined = inst.range_index[rows] >= 0
+        row["cuda_graph_share"] = float((graph_ops[rows][joined] > 0).mean())
+    return row
+
+
+def stage_populations(inst, rows: np.ndarray, basis: str, attrs: dict | None = None,
+                      graph_ops: np.ndarray | None = None, values: np.ndarray | None = None) -> dict[str, Any] | None:
+    """``stages[].populations`` for the steady instances ``rows`` of one stage, or None when
+    they form one population. ``basis``: the time measure judged (``gpu_event_ns``,
+    ``gpu_proj_ns`` or ``host_ns``); ``values``: that column for every instance, when the
+    caller has it (computing it per stage is quadratic in the number of stages)."""
+    if values is not None:
+        col = values
+    else:
+        col = {"gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": inst.proj_ns, "host_ns": inst.host_ns}[basis]
+    v = col[rows]
+    ok = v > 0
+    m = modes(v[ok])
+    if m is None:
+        return None
+    rows = rows[ok]
+    side = v[ok] >= m["threshold"]
+    found = explain(side, features(inst, rows, attrs, graph_ops))
+    if found is not None:
+        by, upper, label = found
+    else:
+        by, upper, label = None, side, {1: f"upper mode (>= {m['threshold']:.0f} ns)", 0: f"lower mode (< {m['threshold']:.0f} ns)"}
+    groups = [_group_row(inst, rows[~upper], label[0], len(rows), graph_ops),
+              _group_row(inst, rows[upper], label[1], len(rows), graph_ops)]
+    med = float(np.median(v[ok]))
+    # the symptom: a median between the modes, a time no instance took
+    in_gap = bool(v[ok][~side].max() < med < v[ok][side].min())
+    return {"basis": basis, "by": by, "explained": by is not None, "separation": round(m["separation"], 2),
+            "threshold_ns": m["threshold"], "median_in_gap": in_gap, "groups": groups}

@@ -1,0 +1,76 @@
+"""Warm-up is decided per pipeline: an instance inside a warm-up or cold-start instance of an
+enclosing stage is startup too (issue 17, point 1).
+
+Before, warm-up was counted per stage name: with ``warmup=2`` and 3 requests, the decode steps of
+the two warm-up requests (first-time compilation per sequence length, ~60 ms each) counted as
+steady, so the KV-cache capture's decode had a p90 of 62.85 ms against a 1.31 ms median, and the
+re-prefill trace's 13.2 s cold request left its 160 decode steps in the statistics.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fixture_columns import DATA
+
+from maxinstr.analyze.report import analyze, build_report
+
+NSYS = DATA / "nsys"
+
+
+def _stage(report: dict, name: str) -> dict:
+    return next(s for s in report["stages"] if s["name"] == name)
+
+
+@pytest.fixture(scope="module")
+def kvcache():
+    return analyze(run=NSYS / "h200_kvcache-run", trace=NSYS / "h200_kvcache.sqlite")
+
+
+def test_decode_steps_of_warmup_requests_are_warmup(kvcache):
+    inst, rep = kvcache.instances, kvcache.report
+    top = inst.parent.copy()
+    while (inst.parent[np.maximum(top, 0)] >= 0).any():
+        top = np.where((top >= 0) & (inst.parent[np.maximum(top, 0)] >= 0), inst.parent[np.maximum(top, 0)], top)
+    decode = inst.key.astype(str) == "decode"
+    # every steady decode step ran inside the one steady request (warmup=2 of 3 requests)
+    steady_requests = np.flatnonzero((inst.key.astype(str) == "request") & inst.steady)
+    assert len(steady_requests) == 1
+    assert set(top[decode & inst.steady].tolist()) == set(steady_requests.tolist())
+    d = _stage(rep, "decode")
+    assert d["steady"] == 160 and d["inside_startup"] == 318 and d["warmup"] == 2
+    # the compilation steps (~60 ms) are gone from the statistics: p90 within 2x of the median
+    assert d["host_ns"]["p90"] < 2 * d["host_ns"]["median"]
+    assert rep["warmup"]["inside_startup_instances"] == sum(s["inside_startup"] for s in rep["stages"])
+
+
+def test_cold_request_takes_its_steps_along():
+    """The re-prefill trace alone (no declared warm-up): its first request (13.2 s, cuDNN graph
+    builds per sequence length) is a cold start, and its 160 decode steps with it."""
+    rep = build_report(trace=NSYS / "h200_reprefill.sqlite")
+    cold = [r for r in rep["startup"] if r["reason"] == "cold_start"]
+    assert [(r["stage"], r["occurrence"]) for r in cold] == [("request", 0)]
+    assert cold[0]["host_ns"] > 10e9 and cold[0]["nested"] == 1 + 2 * 160
+    assert _stage(rep, "decode")["steady"] == 320 and _stage(rep, "decode")["inside_startup"] == 160
+
+
+def test_suggested_warmup_converges_and_keeps_a_steady_request():
+    """The warm-up suggestion counts top-level instances: following it removes the cold starts
+    instead of suggesting a larger number each time, and never leaves a top stage empty."""
+    rep = build_report(trace=NSYS / "h200_decode.sqlite")
+    f = next(x for x in rep["diagnosis"] if x["id"] == "warmup_contamination")
+    k = f["evidence"]["suggested_warmup"]
+    assert k == 2 and f["command"].endswith("--warmup 2")
+    again = build_report(trace=NSYS / "h200_decode.sqlite", warmup=k)
+    assert not [x for x in again["diagnosis"] if x["id"] == "warmup_contamination"]
+    assert _stage(again, "request")["steady"] == 1
+
+
+def test_cold_start_in_the_last_request_suggests_no_warmup():
+    """A cold start inside the last request cannot be covered by a warm-up count without losing
+    every steady request: the finding says to run more requests and gives no --warmup command."""
+    rep = build_report(run=NSYS / "h200_kvcache-run")
+    f = next(x for x in rep["diagnosis"] if x["id"] == "warmup_contamination")
+    assert f["evidence"]["suggested_warmup"] is None and f["command"] is None
+    assert "run more 'request' instances" in f["next_step"]
