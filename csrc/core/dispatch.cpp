@@ -28,72 +28,74 @@ void bind(void* h, F& out, const char* name, const char* fallback = nullptr) {
 // ---------------------------------------------------------------------------------------------
 // GPU backend: the few functions used of the CUDA driver or the HIP runtime.
 // ---------------------------------------------------------------------------------------------
-bool load_cuda(const char* path) {
-  void* h = open_library(path, false);
-  if (!h) return false;
-  GpuApi a;
-  a.lib = h;
-  a.lib_name = path;
-  bind(h, a.ev_create, "cuEventCreate");
-  bind(h, a.ev_record, "cuEventRecord");
-  bind(h, a.ev_query, "cuEventQuery");
-  bind(h, a.ev_elapsed, "cuEventElapsedTime");
-  bind(h, a.ev_sync, "cuEventSynchronize");
-  bind(h, a.ev_destroy, "cuEventDestroy_v2", "cuEventDestroy");
-  bind(h, a.ctx_current, "cuCtxGetCurrent");
-  bind(h, a.prof_start, "cuProfilerStart");
-  bind(h, a.prof_stop, "cuProfilerStop");
-  bind(h, a.is_capturing, "cuStreamIsCapturing");
-  bind(h, a.exch_mode, "cuThreadExchangeStreamCaptureMode");
-  bind(h, a.mod_load, "cuModuleLoadData");
-  bind(h, a.mod_unload, "cuModuleUnload");
-  bind(h, a.mod_func, "cuModuleGetFunction");
-  bind(h, a.launch, "cuLaunchKernel");
-  bind(h, a.stream_create, "cuStreamCreate");
-  bind(h, a.stream_destroy, "cuStreamDestroy_v2", "cuStreamDestroy");
-  bind(h, a.ctx_device, "cuCtxGetDevice");
-  bind(h, a.dev_count, "cuDeviceGetCount");
-  bind(h, a.dev_get, "cuDeviceGet");
-  bind(h, a.primary_state, "cuDevicePrimaryCtxGetState");
-  bind(h, a.primary_retain, "cuDevicePrimaryCtxRetain");
-  bind(h, a.primary_release, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease");
-  bind(h, a.ctx_push, "cuCtxPushCurrent_v2", "cuCtxPushCurrent");
-  bind(h, a.ctx_pop, "cuCtxPopCurrent_v2", "cuCtxPopCurrent");
-  if (!a.ev_create || !a.ev_record || !a.ev_query || !a.ev_elapsed || !a.ev_sync || !a.ctx_current) {
-    add_error(std::string("cuda: ") + path + " lacks a needed cuEvent*/cuCtxGetCurrent function");
-    dlclose(h);
-    return false;
-  }
-  a.backend = BK_CUDA;
-  vendor.gpu = a;
-  return true;
-}
 
-bool load_hip(const char* path, bool only_if_loaded) {
+// Opens the GPU library at `path`, binds its functions (bind_all) and keeps it as vendor.gpu when
+// it has every function the events need; else an error line ("cuda: <path>" + lacks) and false.
+template <typename BindAll>
+bool load_gpu(const char* path, bool only_if_loaded, int backend, const char* lacks, BindAll bind_all) {
   void* h = open_library(path, only_if_loaded);
   if (!h) return false;
   GpuApi a;
   a.lib = h;
   a.lib_name = path;
-  bind(h, a.ev_create, "hipEventCreateWithFlags");
-  bind(h, a.ev_record, "hipEventRecord");
-  bind(h, a.ev_query, "hipEventQuery");
-  bind(h, a.ev_elapsed, "hipEventElapsedTime");
-  bind(h, a.ev_sync, "hipEventSynchronize");
-  bind(h, a.ev_destroy, "hipEventDestroy");
-  bind(h, a.get_device, "hipGetDevice");
-  bind(h, a.prof_start, "hipProfilerStart");
-  bind(h, a.prof_stop, "hipProfilerStop");
-  bind(h, a.is_capturing, "hipStreamIsCapturing");
-  bind(h, a.exch_mode, "hipThreadExchangeStreamCaptureMode");
-  if (!a.ev_create || !a.ev_record || !a.ev_query || !a.ev_elapsed || !a.ev_sync || !a.get_device) {
-    add_error(std::string("hip: ") + path + " lacks a needed hipEvent*/hipGetDevice function");
+  bind_all(h, a);
+  const bool has_current = backend == BK_CUDA ? a.ctx_current != nullptr : a.get_device != nullptr;
+  if (!a.ev_create || !a.ev_record || !a.ev_query || !a.ev_elapsed || !a.ev_sync || !has_current) {
+    add_error(std::string(backend == BK_CUDA ? "cuda: " : "hip: ") + path + lacks);
     dlclose(h);
     return false;
   }
-  a.backend = BK_HIP;
+  a.backend = backend;
   vendor.gpu = a;
   return true;
+}
+
+bool load_cuda(const char* path) {
+  const char* lacks = " lacks a needed cuEvent*/cuCtxGetCurrent function";
+  return load_gpu(path, false, BK_CUDA, lacks, [](void* h, GpuApi& a) {
+    bind(h, a.ev_create, "cuEventCreate");
+    bind(h, a.ev_record, "cuEventRecord");
+    bind(h, a.ev_query, "cuEventQuery");
+    bind(h, a.ev_elapsed, "cuEventElapsedTime");
+    bind(h, a.ev_sync, "cuEventSynchronize");
+    bind(h, a.ev_destroy, "cuEventDestroy_v2", "cuEventDestroy");
+    bind(h, a.ctx_current, "cuCtxGetCurrent");
+    bind(h, a.prof_start, "cuProfilerStart");
+    bind(h, a.prof_stop, "cuProfilerStop");
+    bind(h, a.is_capturing, "cuStreamIsCapturing");
+    bind(h, a.exch_mode, "cuThreadExchangeStreamCaptureMode");
+    bind(h, a.mod_load, "cuModuleLoadData");
+    bind(h, a.mod_unload, "cuModuleUnload");
+    bind(h, a.mod_func, "cuModuleGetFunction");
+    bind(h, a.launch, "cuLaunchKernel");
+    bind(h, a.stream_create, "cuStreamCreate");
+    bind(h, a.stream_destroy, "cuStreamDestroy_v2", "cuStreamDestroy");
+    bind(h, a.ctx_device, "cuCtxGetDevice");
+    bind(h, a.dev_count, "cuDeviceGetCount");
+    bind(h, a.dev_get, "cuDeviceGet");
+    bind(h, a.primary_state, "cuDevicePrimaryCtxGetState");
+    bind(h, a.primary_retain, "cuDevicePrimaryCtxRetain");
+    bind(h, a.primary_release, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease");
+    bind(h, a.ctx_push, "cuCtxPushCurrent_v2", "cuCtxPushCurrent");
+    bind(h, a.ctx_pop, "cuCtxPopCurrent_v2", "cuCtxPopCurrent");
+  });
+}
+
+bool load_hip(const char* path, bool only_if_loaded) {
+  const char* lacks = " lacks a needed hipEvent*/hipGetDevice function";
+  return load_gpu(path, only_if_loaded, BK_HIP, lacks, [](void* h, GpuApi& a) {
+    bind(h, a.ev_create, "hipEventCreateWithFlags");
+    bind(h, a.ev_record, "hipEventRecord");
+    bind(h, a.ev_query, "hipEventQuery");
+    bind(h, a.ev_elapsed, "hipEventElapsedTime");
+    bind(h, a.ev_sync, "hipEventSynchronize");
+    bind(h, a.ev_destroy, "hipEventDestroy");
+    bind(h, a.get_device, "hipGetDevice");
+    bind(h, a.prof_start, "hipProfilerStart");
+    bind(h, a.prof_stop, "hipProfilerStop");
+    bind(h, a.is_capturing, "hipStreamIsCapturing");
+    bind(h, a.exch_mode, "hipThreadExchangeStreamCaptureMode");
+  });
 }
 
 // A HIP runtime the process has already loaded, under any of its usual names.

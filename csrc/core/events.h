@@ -73,10 +73,10 @@ struct Events {
   bool time_driver = false;
   // The GPU-timing budget (docs/stage-core.md): recording and resolving events costs the program's
   // threads host time (1.5-2 us per event on a busy H200 with the placer, ~5 us inline), which a
-  // launch-bound loop of short stages feels. Stages with gpu=None are GPU-timed while that cost stays within `gpu_budget` of
-  // the wall time since the first GPU event (plus a starting credit); beyond it, whole top-level
-  // stages (with their children) are left untimed until the cost is back under budget. 0: every
-  // stage is timed. gpu=True stages are always timed.
+  // launch-bound loop of short stages feels. Stages with gpu=None are GPU-timed while that cost
+  // stays within `gpu_budget` of the wall time since the first GPU event (plus a starting credit);
+  // beyond it, whole top-level stages (with their children) are left untimed until the cost is
+  // back under budget. 0: every stage is timed. gpu=True stages are always timed.
   double gpu_budget = 0.0025;
   int64_t gpu_cost_ns = 0;      // host ns spent recording and resolving events on the program's threads
   int64_t gpu_budget_t0 = 0;    // host time of the first GPU event

@@ -22,7 +22,7 @@ struct Markers {
 };
 extern Markers markers;
 
-// MAXINSTR_MARKERS = nvtx | roctx | none | (unset: roctx when a roctx library loads, else nvtx).
+// Module init: picks the kind (MAXINSTR_MARKERS, see markers.cpp) and creates the NVTX domain.
 void init_markers();
 
 // The NVTX handle of a new name (interning registers each name once), nullptr without NVTX.

@@ -102,7 +102,8 @@ PyObject* py_drain(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject*
   const bool writer_on = writer.running;
   size_t n = writer_on ? 0 : done_count();
   if (maxr >= 0 && (size_t)maxr < n) n = (size_t)maxr;
-  PyObject* bytes = PyBytes_FromStringAndSize(n ? (const char*)&completed.done[completed.done_head] : "", (Py_ssize_t)(n * sizeof(Record)));
+  PyObject* bytes = PyBytes_FromStringAndSize(n ? (const char*)&completed.done[completed.done_head] : "",
+                                              (Py_ssize_t)(n * sizeof(Record)));
   PyObject* names = PyList_New(0);
   PyObject* attrs = PyList_New(0);
   if (!bytes || !names || !attrs) goto fail;
@@ -131,7 +132,8 @@ PyObject* py_drain(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject*
     completed.done_head += n;
     completed.done_drained += n;
   }
-  while (completed.attrs_head < completed.attrs.size() && (writer_on || completed.attrs[completed.attrs_head].done_index < completed.done_drained)) {
+  while (completed.attrs_head < completed.attrs.size() &&
+         (writer_on || completed.attrs[completed.attrs_head].done_index < completed.done_drained)) {
     AttrEntry& e = completed.attrs[completed.attrs_head];
     PyObject* t = Py_BuildValue("(LN)", (long long)e.id, e.attrs);  // steals the entry's reference
     e.attrs = nullptr;
@@ -315,24 +317,26 @@ PyObject* py_stats(PyObject*, PyObject*) {
   const char* backend = vendor.gpu.backend == BK_CUDA ? "cuda" : vendor.gpu.backend == BK_HIP ? "hip" : "none";
   const char* marker_kind = markers.kind == MK_NVTX ? "nvtx" : markers.kind == MK_ROCTX ? "roctx" : "none";
   PyObject* d = Py_BuildValue(
-      "{sKsKsKslsnsKsKsKsisisssssNsLsisssnsOsKsKsn}", "records", (unsigned long long)completed.records, "dropped_records",
-      (unsigned long long)completed.dropped_records, "pending_records", (unsigned long long)writer_done_count(), "open_stages",
-      open_stages, "events_in_flight", (Py_ssize_t)pending_count(), "events_dropped",
-      (unsigned long long)events.events_dropped, "events_recorded", (unsigned long long)events.events_recorded,
-      "events_shared", (unsigned long long)events.events_shared, "event_pool_size", events.pool_total, "event_pool_max",
-      events.pool_max, "gpu_backend", backend, "markers", marker_kind, "errors", errs, "event_share_ns",
-      (long long)events.share_ns, "gpu_contexts", (int)events.ctxs.size(), "gpu_library", vendor.gpu.lib_name.c_str(),
-      "capacity", (Py_ssize_t)completed.capacity, "gpu_off_after_fork", events.gpu_off_after_fork ? Py_True : Py_False,
-      "errors_dropped", (unsigned long long)process.errors_dropped, "events_skipped_capture",
-      (unsigned long long)events.events_capture, "threads", (Py_ssize_t)process.threads.size());
+      "{sKsKsKslsnsKsKsKsisisssssNsLsisssnsOsKsKsn}", "records", (unsigned long long)completed.records,
+      "dropped_records", (unsigned long long)completed.dropped_records, "pending_records",
+      (unsigned long long)writer_done_count(), "open_stages", open_stages, "events_in_flight",
+      (Py_ssize_t)pending_count(), "events_dropped", (unsigned long long)events.events_dropped, "events_recorded",
+      (unsigned long long)events.events_recorded, "events_shared", (unsigned long long)events.events_shared,
+      "event_pool_size", events.pool_total, "event_pool_max", events.pool_max, "gpu_backend", backend, "markers",
+      marker_kind, "errors", errs, "event_share_ns", (long long)events.share_ns, "gpu_contexts",
+      (int)events.ctxs.size(), "gpu_library", vendor.gpu.lib_name.c_str(), "capacity", (Py_ssize_t)completed.capacity,
+      "gpu_off_after_fork", events.gpu_off_after_fork ? Py_True : Py_False, "errors_dropped",
+      (unsigned long long)process.errors_dropped, "events_skipped_capture", (unsigned long long)events.events_capture,
+      "threads", (Py_ssize_t)process.threads.size());
   if (!d) return nullptr;
   {
     PyObject* b = Py_BuildValue(
-        "{sdsLsKsKsKsKsKsK}", "gpu_budget", events.gpu_budget, "gpu_cost_ns", (long long)events.gpu_cost_ns, "gpu_sampled_out",
-        (unsigned long long)events.gpu_sampled_out, "event_elapsed_async", (unsigned long long)placer::state.calls.load(),
-        "placer_ns", (unsigned long long)placer::state.ns.load(), "placer_batches",
-        (unsigned long long)placer::state.batches.load(), "placer_errors", (unsigned long long)placer::state.errors.load(),
-        "attrs_unconverted", (unsigned long long)process.attrs_unconverted);
+        "{sdsLsKsKsKsKsKsK}", "gpu_budget", events.gpu_budget, "gpu_cost_ns", (long long)events.gpu_cost_ns,
+        "gpu_sampled_out", (unsigned long long)events.gpu_sampled_out, "event_elapsed_async",
+        (unsigned long long)placer::state.calls.load(), "placer_ns", (unsigned long long)placer::state.ns.load(),
+        "placer_batches", (unsigned long long)placer::state.batches.load(), "placer_errors",
+        (unsigned long long)placer::state.errors.load(), "attrs_unconverted",
+        (unsigned long long)process.attrs_unconverted);
     if (!b || PyDict_Update(d, b) < 0) {
       Py_XDECREF(b);
       Py_DECREF(d);
@@ -488,7 +492,8 @@ extern "C" PyMODINIT_FUNC PyInit__native(void) {
 
   process.pid = (int64_t)getpid();
   const char* dis = env("MAXINSTR_DISABLE");
-  if (dis && strcmp(dis, "0") != 0 && strcasecmp(dis, "false") != 0 && strcasecmp(dis, "no") != 0) process.enabled = false;
+  if (dis && strcmp(dis, "0") != 0 && strcasecmp(dis, "false") != 0 && strcasecmp(dis, "no") != 0)
+    process.enabled = false;
   if (const char* p = env("MAXINSTR_EVENT_POOL")) {
     long n = strtol(p, nullptr, 10);
     if (n >= 4) events.pool_max = (int)n;

@@ -12,6 +12,7 @@ namespace maxinstr MAXINSTR_HIDDEN {
 
 namespace {
 
+// cuProfilerStart/Stop act on the current context. A session's flusher thread (or any thread the
 // framework never made a context current on) has none: there we push the primary context of the
 // device our stages used (else the first device whose primary context is active), call, and pop.
 // We never create a context: a primary context that is not active is not retained.

@@ -11,7 +11,7 @@ CompletedRecords completed;
 
 void push_done(const Record& r, PyObject* attrs) {
   completed.records++;
-  const bool locked = writer.running;  // the native writer takes completed.done concurrently (native_writer.h)
+  const bool locked = writer.running;  // the native writer takes completed.done concurrently (writer.h)
   if (locked) pthread_mutex_lock(&writer.mu);
   if (UNLIKELY(done_count() >= completed.capacity)) {
     completed.dropped_records++;

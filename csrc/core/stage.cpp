@@ -6,7 +6,6 @@
 
 #include "dispatch.h"
 #include "events.h"
-#include "writer.h"
 
 namespace maxinstr MAXINSTR_HIDDEN {
 
@@ -140,7 +139,7 @@ PyObject* stage_enter(PyObject* o, PyObject*) {
     } else if (s->gpu_mode == 1 && !events.warned_no_ctx) {
       events.warned_no_ctx = true;
       add_error(vendor.gpu.backend ? "gpu=True but no GPU context is current on this thread: host times only"
-                              : "gpu=True but no CUDA/HIP driver could be loaded: host times only");
+                                   : "gpu=True but no CUDA/HIP driver could be loaded: host times only");
     }
   }
   r.host_start_ns = now_ns();

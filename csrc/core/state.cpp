@@ -15,5 +15,4 @@ void add_error(const std::string& msg) {
   process.errors.push_back(msg);
 }
 
-
 }  // namespace maxinstr

@@ -82,7 +82,8 @@ void* writer_main(void*) {
         // Nothing completed for a whole interval: sleep until the next record (push_done
         // signals an idle writer), a flush or the stop. An idle session costs no wake-ups.
         writer.idle = true;
-        while (writer.idle && !writer.stop && !writer.signalled && writer.flush_req == writer.flush_done) pthread_cond_wait(&writer.cv, &writer.mu);
+        while (writer.idle && !writer.stop && !writer.signalled && writer.flush_req == writer.flush_done)
+          pthread_cond_wait(&writer.cv, &writer.mu);
         writer.idle = false;
       } else {
         int64_t t = now_ns() + writer.interval_ns;
@@ -409,8 +410,8 @@ PyObject* writer_status_dict() {
   Py_INCREF(Py_None);
   int32_t sn = writer.steady_name;
   int64_t sns = writer.steady_ns;
-  uint64_t rw = writer.rows_written, rd = writer.rows_dropped, bt = writer.batches, tk = writer.taken, sg = writer.signals, fy = writer.fsyncs,
-           da = writer.dropped_attrs, wk = writer.wakes;
+  uint64_t rw = writer.rows_written, rd = writer.rows_dropped, bt = writer.batches, tk = writer.taken,
+           sg = writer.signals, fy = writer.fsyncs, da = writer.dropped_attrs, wk = writer.wakes;
   size_t nw = writer.names_written, pending = writer.running ? done_count() : 0;
   int64_t mb = writer.max_batch, iv = writer.interval_ns;
   size_t th = writer_threshold();
