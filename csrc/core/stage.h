@@ -14,7 +14,7 @@ namespace maxinstr MAXINSTR_HIDDEN {
 
 enum : uint8_t { ST_IDLE = 0, ST_OPEN = 1, ST_ZOMBIE = 2 };
 
-// A bound __enter__/__exit__ embedded in its Stage (see BoundDescr below).
+// A bound __enter__/__exit__ embedded in its Stage (see BoundDescr in stage.cpp).
 struct BoundObject {
   PyObject_HEAD
   PyObject* owner;
