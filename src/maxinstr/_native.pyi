@@ -1,4 +1,4 @@
-"""Type stub of maxinstr._native, the C++ stage core (csrc/core/native.cpp; docs/stage-core.md)."""
+"""Type stub of maxinstr._native, the C++ stage core (csrc/core/, module.cpp first; docs/stage-core.md)."""
 
 from collections.abc import Sequence
 from typing import Any, Callable, Final, TypeVar

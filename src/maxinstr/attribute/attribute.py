@@ -38,7 +38,7 @@ from maxinstr.traces.model import CallKind, OpKind, RangeStyle, Trace
 OP_STAGE_KEY = "op_stage_id"
 """``trace.meta[OP_STAGE_KEY]``: per op, the stage record id that launched it, when the trace
 knows it exactly (in-process collection, :mod:`maxinstr.traces.inprocess`); -1 for none."""
-CALIBRATION_KERNEL = "maxinstr_spin"  # the stage core's own GPU-floor kernel (csrc/core/native.cpp)
+CALIBRATION_KERNEL = "maxinstr_spin"  # the stage core's own GPU-floor kernel (csrc/core/floor.cpp)
 
 _CHUNK = 1 << 20  # ops (or op, range pairs) per block of the per-op passes: bounds the temporaries on 10M-op traces
 

@@ -62,7 +62,7 @@ FLUSH_EVERY_S = 0.25
 # H200, benchmarks/cupti_configs.py). After this many GPU ops with no driver API record, DRIVER
 # goes off; an op whose launch then left no API record turns it back on (docs/kernels.md).
 DRIVER_PROBE_OPS = 5000
-# The native launch tags (_native.cupti_tags; csrc/core/cupti_tags.h: struct Tag)
+# The native launch tags (_native.cupti_tags; csrc/core/launch_tags.cpp: struct Tag)
 TAG_DTYPE = np.dtype([("correlation_id", "<u4"), ("domain", "<i4"), ("stage_id", "<i8"), ("tid", "<i8"),
                       ("start_ns", "<i8"), ("end_ns", "<i8"), ("cbid", "<u4"), ("inner_correlation_id", "<u4")])  # fmt: skip
 RECENT_RUNTIME_IDS = 1 << 16
@@ -227,7 +227,7 @@ class CuptiCollector:
         self._record_free_errors = [0]  # cupti-python's KeyErrors on freeing our record objects, kept off stderr
         self._layout: dict[int, Any] | None = None
         self._name_ptrs: dict[int, int] = {}
-        # stages from the core's launch tags (CUPTI callback API, csrc/core/cupti_tags.h): on the
+        # stages from the core's launch tags (CUPTI callback API, csrc/core/launch_tags.cpp): on the
         # H200 they cost a launch-bound step less than API + external-correlation activity records
         # and read the same (docs/kernels.md); MAXINSTR_CUPTI_TAGS=0 goes back to those records
         self._tags = os.environ.get("MAXINSTR_CUPTI_TAGS", "1").strip().lower() not in ("", "0", "false", "no", "off")

@@ -1,19 +1,21 @@
-// Launch tags through CUPTI's callback API (included by native.cpp): what kernels=True uses to
-// give each kernel, copy and set its stage. On an H200 the API activity records that could carry
-// a stage id to each op (RUNTIME/DRIVER + EXTERNAL_CORRELATION) cost a launch-bound step ~13-19 %
-// (benchmarks/cupti_configs.py). Here a native callback on the launch/copy/set functions only
-// reads, on the calling thread itself, the correlation id CUPTI gives the call and the innermost
-// open stage of that thread; kernel records carry the same correlation id.
-//
-// One tag per outermost call: the driver call a runtime launch makes inside itself is folded
-// into the runtime call's tag (inner_correlation_id), so a runtime launch costs one tag, not two.
-// The tag is built in thread-local storage at entry and appended, under the one lock, at exit.
-namespace cuptitag {
+// Launch tags (launch_tags.h): the CUPTI callback, and cupti_tags(), cupti_tags_take(),
+// cupti_tags_stats() of the module.
+#include "launch_tags.h"
 
-typedef void (*callback_fn)(void*, int, uint32_t, const void*);
-typedef int (*subscribe_fn)(void**, callback_fn, void*);
-typedef int (*enable_fn)(uint32_t, void*, int, uint32_t);
-typedef int (*unsubscribe_fn)(void*);
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dispatch.h"
+#include "stage.h"
+#include "state.h"
+
+namespace maxinstr MAXINSTR_HIDDEN {
+
+namespace {
+
+namespace cuptitag {
 
 struct Tag {  // 48 bytes
   uint32_t correlation_id;
@@ -46,7 +48,7 @@ std::mutex mu;
 std::vector<Tag> tags;
 uint64_t calls = 0;  // under mu
 void* sub = nullptr;
-unsubscribe_fn unsubscribe = nullptr;
+decltype(CuptiApi::unsubscribe) unsubscribe = nullptr;  // taken by cupti_tags() (dispatch.h)
 std::atomic<uint64_t> epoch{1};
 std::atomic<int> flags{TAG_TIMES};
 std::atomic<uint64_t> dropped{0};
@@ -127,10 +129,10 @@ PyObject* py_cupti_tags(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (cuptitag::sub) Py_RETURN_TRUE;
   const char* path = PyUnicode_AsUTF8(args[0]);
   if (!path) return nullptr;
-  void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-  auto subscribe = h ? (cuptitag::subscribe_fn)dlsym(h, "cuptiSubscribe") : nullptr;
-  auto enable = h ? (cuptitag::enable_fn)dlsym(h, "cuptiEnableCallback") : nullptr;
-  cuptitag::unsubscribe = h ? (cuptitag::unsubscribe_fn)dlsym(h, "cuptiUnsubscribe") : nullptr;
+  const bool loaded = cupti_load(path);
+  auto subscribe = loaded ? vendor.cupti.subscribe : nullptr;
+  auto enable = loaded ? vendor.cupti.enable_callback : nullptr;
+  cuptitag::unsubscribe = loaded ? vendor.cupti.unsubscribe : nullptr;
   if (!subscribe || !enable || !cuptitag::unsubscribe) {
     add_error(std::string("cupti tags: ") + path + " is not loaded or lacks the callback API");
     Py_RETURN_FALSE;
@@ -179,3 +181,14 @@ PyObject* py_cupti_tags_stats(PyObject*, PyObject*) {
   return Py_BuildValue("{sOsKsK}", "on", cuptitag::sub ? Py_True : Py_False, "calls", calls, "dropped",
                        (unsigned long long)cuptitag::dropped.load());
 }
+
+}  // namespace
+
+PyMethodDef launch_tags_methods[] = {
+    {"cupti_tags", (PyCFunction)(void (*)(void))py_cupti_tags, METH_FASTCALL,
+     "cupti_tags(path, runtime_cbids, driver_cbids, flags=1) -> bool: CUPTI callback tagging each launch with its stage."},
+    {"cupti_tags_take", py_cupti_tags_take, METH_NOARGS, "cupti_tags_take() -> bytes of 48-byte tags."},
+    {"cupti_tags_stats", py_cupti_tags_stats, METH_NOARGS, "cupti_tags_stats() -> {'on', 'calls', 'dropped'}."},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace maxinstr

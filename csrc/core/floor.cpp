@@ -1,0 +1,164 @@
+// The GPU-time floor (floor.h): measured once per CUDA context, taken out of its GPU times.
+#include "floor.h"
+
+#include <cmath>
+#include <string>
+
+#include "dispatch.h"
+#include "events.h"
+#include "state.h"
+
+namespace maxinstr MAXINSTR_HIDDEN {
+
+namespace {
+
+// The GPU-time floor. Events around a kernel do not read the kernel's own time: between an event
+// and the first instruction of the next kernel, and between the kernel's last instruction and the
+// next event, the GPU front end spends a fixed time (about 2.9 us on an H200, even with everything
+// queued back to back). So a stage around one 200 us kernel read 202.9 us. Once per context, right
+// after the reference pairing (so at the same moment, the first GPU stage), we measure that floor:
+// on a private non-blocking stream (the user's streams are never touched or waited for), a busy
+// kernel keeps the stream occupied so that [event, empty kernel, event] are queued back to back,
+// seven times; the floor is the shortest of those event pairs. resolve_known() then moves each stage's
+// enter time later and its exit time earlier by half the floor, so a stage reads the span of its
+// work (first kernel start to last kernel end, approximately), the way a profiler reads kernels.
+// CUDA only (the kernel is PTX, JIT-compiled by the driver); HIP: floor 0 (raw event times).
+// Two headers: the first JITs on any GPU since Maxwell; should a future driver refuse that old
+// target, the second (PTX ISA 8.0, sm_90) is tried.
+const char* const kSpinPtxHeads[] = {".version 6.0\n.target sm_50\n", ".version 8.0\n.target sm_90\n"};
+const char kSpinPtx[] =
+    ".address_size 64\n"
+    ".visible .entry maxinstr_spin(.param .u64 maxinstr_spin_ns)\n"
+    "{\n"
+    "  .reg .pred %p<2>;\n"
+    "  .reg .b64 %rd<5>;\n"
+    "  ld.param.u64 %rd1, [maxinstr_spin_ns];\n"
+    "  mov.u64 %rd2, %globaltimer;\n"
+    "$L_spin:\n"
+    "  mov.u64 %rd3, %globaltimer;\n"
+    "  sub.s64 %rd4, %rd3, %rd2;\n"
+    "  setp.lt.u64 %p1, %rd4, %rd1;\n"
+    "  @%p1 bra $L_spin;\n"
+    "  ret;\n"
+    "}\n";
+
+}  // namespace
+
+int spin_kernel_load(void** mod, void** fn) {
+  int rc = -1;
+  for (const char* head : kSpinPtxHeads) {
+    std::string ptx = std::string(head) + kSpinPtx;
+    rc = vendor.gpu.mod_load(mod, ptx.c_str());
+    if (rc == 0) break;
+    *mod = nullptr;
+  }
+  if (rc == 0) rc = vendor.gpu.mod_func(fn, *mod, "maxinstr_spin");
+  return rc;
+}
+
+namespace {
+
+constexpr int kFloorRuns = 7;
+constexpr int64_t kFloorMaxNs = 50000;  // a floor above this is not the front end: not used
+
+// Returns the floor in ns, or -1 (one line in errors()) when it could not be measured. Uses its
+// own 14 events (created and destroyed here, never from the pool) and its own stream. The
+// minimum of the 7 pairs is taken: other work can only make a pair longer (e.g. kernels of a
+// user's non-blocking stream holding every SM), never shorter.
+int64_t ctx_measure_floor() {
+  GpuApi& a = vendor.gpu;
+  if (a.backend != BK_CUDA || !a.mod_load || !a.mod_func || !a.launch || !a.stream_create) return -1;
+  RelaxedCapture relaxed;
+  void* mod = nullptr;
+  void* fn = nullptr;
+  void* st = nullptr;
+  void* ev[2 * kFloorRuns];
+  int nev = 0;
+  int64_t result = -1;
+  std::string why;
+  int rc = spin_kernel_load(&mod, &fn);
+  if (rc == 0) rc = a.stream_create(&st, 1 /* CU_STREAM_NON_BLOCKING */);
+  if (rc != 0) why = "kernel setup";
+  for (int i = 0; rc == 0 && i < 2 * kFloorRuns; i++) {
+    rc = a.ev_create(&ev[i], 0);
+    if (rc != 0)
+      why = "event create";
+    else
+      nev++;
+  }
+  int launched = 0;
+  for (int i = 0; rc == 0 && i < kFloorRuns; i++) {
+    unsigned long long busy = 40000, none = 0;  // ns: 40 us covers the host cost of the next 3 calls
+    void* pb[] = {&busy};
+    void* pn[] = {&none};
+    rc = a.launch(fn, 1, 1, 1, 1, 1, 1, 0, st, pb, nullptr);
+    if (rc == 0) rc = a.ev_record(ev[2 * i], st);
+    if (rc == 0) rc = a.launch(fn, 1, 1, 1, 1, 1, 1, 0, st, pn, nullptr);
+    if (rc == 0) rc = a.ev_record(ev[2 * i + 1], st);
+    if (rc != 0)
+      why = "launch/record";
+    else
+      launched++;
+  }
+  if (launched > 0) {  // wait for what was queued (also before destroying anything on failure)
+    int r = a.ev_sync(ev[2 * launched - 1]);
+    if (rc == 0 && r != 0) {
+      rc = r;
+      why = "synchronize";
+    }
+  }
+  if (rc == 0) {
+    int64_t best = INT64_MAX;
+    for (int i = 0; i < kFloorRuns; i++) {
+      float ms = 0.f;
+      int r = a.ev_elapsed(&ms, ev[2 * i], ev[2 * i + 1]);
+      if (r != 0) {
+        rc = r;
+        why = "elapsed time";
+        break;
+      }
+      int64_t v = (int64_t)llround((double)ms * 1e6);
+      if (v < best) best = v;
+    }
+    if (rc == 0) {
+      if (best > kFloorMaxNs) {
+        why = "implausible floor " + std::to_string(best) + " ns";
+      } else {
+        result = best < 0 ? 0 : best;
+      }
+    }
+  }
+  if (result < 0)
+    add_error("GPU floor calibration failed (" + why + ", status " + std::to_string(rc) +
+              "): GPU times are raw event pairs for this context");
+  if (a.ev_destroy)
+    for (int i = 0; i < nev; i++) a.ev_destroy(ev[i]);
+  if (st && a.stream_destroy) a.stream_destroy(st);
+  if (mod && a.mod_unload) a.mod_unload(mod);
+  return result;
+}
+
+}  // namespace
+
+void ctx_calibrate(int c) {
+  Ctx& cx = events.ctxs[(size_t)c];
+  if (vendor.gpu.backend == BK_CUDA && vendor.gpu.ctx_device) {
+    int d = -1;
+    if (vendor.gpu.ctx_device(&d) == 0) events.ctxs[(size_t)c].device = d;
+  }
+  if (cx.floor_state != 0) return;
+  if (events.floor_fixed >= 0) {
+    cx.floor_ns = events.floor_fixed;
+    cx.floor_state = 2;
+    return;
+  }
+  if (vendor.gpu.backend != BK_CUDA) return;  // HIP: not calibrated (state "none"), raw event pairs
+  tls_core_gpu_work++;
+  int64_t f = ctx_measure_floor();
+  tls_core_gpu_work--;
+  Ctx& cy = events.ctxs[(size_t)c];
+  cy.floor_ns = f < 0 ? 0 : f;
+  cy.floor_state = f < 0 ? -1 : 1;
+}
+
+}  // namespace maxinstr

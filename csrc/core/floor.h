@@ -1,0 +1,19 @@
+// The GPU-time floor: what an event pair around a kernel reads beyond the kernel itself (the GPU
+// front end's fixed time), measured once per CUDA context with a tiny PTX kernel and taken out of
+// every GPU time of that context (events.cpp, resolve_known). See floor.cpp.
+#pragma once
+
+#include "base.h"
+
+namespace maxinstr MAXINSTR_HIDDEN {
+
+// Calibrates context c (current on this thread) right after its reference pairing: its device
+// ordinal, and its floor (measured, fixed by MAXINSTR_GPU_FLOOR_NS, or none for HIP).
+void ctx_calibrate(int c);
+
+// Loads the floor's spin kernel `maxinstr_spin(u64 ns)` (PTX, JIT-compiled by the CUDA driver)
+// into a new module of the current context: 0, or the driver's status (then *mod is null or
+// loaded, and the caller unloads it). The benchmark probes (probes.cpp) launch it too.
+int spin_kernel_load(void** mod, void** fn);
+
+}  // namespace maxinstr

@@ -1,0 +1,520 @@
+// maxinstr._native: the stage core (docs/stage-core.md for the user-facing story; docs/architecture.md
+// "The native core" for the files and their order). This unit is the module: its init, its
+// fork handler, and the functions that act on the whole process (drain, stats, resolve,
+// close_open, configuration). Every other unit adds its own functions (a PyMethodDef table).
+//
+// What the core keeps, and where:
+//   * the host clock (CLOCK_MONOTONIC ns) of every record and sample (base.h);
+//   * the Stage type (stage.h);
+//   * per-OS-thread stacks of open stages (depth/parent) (state.h), completed records waiting for
+//     drain() or the native writer (records.h, writer.h);
+//   * markers (markers.h), and every vendor library through one dispatch table (dispatch.h);
+//   * GPU events (events.h, floor.h, placer.h); CUPTI (cupti_link.h, cupti_buffers.h,
+//     launch_tags.h).
+#include "base.h"
+
+#include <strings.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "cupti_buffers.h"
+#include "cupti_link.h"
+#include "dispatch.h"
+#include "events.h"
+#include "launch_tags.h"
+#include "markers.h"
+#include "placer.h"
+#include "probes.h"
+#include "profiler.h"
+#include "records.h"
+#include "stage.h"
+#include "state.h"
+#include "writer.h"
+
+namespace maxinstr MAXINSTR_HIDDEN {
+
+namespace {
+
+PyObject* py_clock_ns(PyObject*, PyObject*) { return PyLong_FromLongLong(now_ns()); }
+
+PyObject* py_set_attrs_hook(PyObject*, PyObject* fn) {
+  if (fn != Py_None && !PyCallable_Check(fn)) {
+    PyErr_SetString(PyExc_TypeError, "_set_attrs_hook(callable or None)");
+    return nullptr;
+  }
+  Py_XSETREF(process.attrs_hook, fn == Py_None ? nullptr : Py_NewRef(fn));
+  Py_RETURN_NONE;
+}
+
+PyObject* py_set_enabled(PyObject*, PyObject* on) {
+  int t = PyObject_IsTrue(on);
+  if (t < 0) return nullptr;
+  process.enabled = t != 0;
+  Py_RETURN_NONE;
+}
+PyObject* py_is_enabled(PyObject*, PyObject*) { return PyBool_FromLong(process.enabled); }
+
+// Frees the state of threads that have exited with nothing open.
+void sweep_threads() {
+  size_t w = 0;
+  for (size_t i = 0; i < process.threads.size(); i++) {
+    ThreadState* ts = process.threads[i];
+    if (!ts->alive.load(std::memory_order_acquire) && innermost_open(ts) == nullptr) {
+      for (StageObject* z : ts->stack) {
+        z->state = ST_IDLE;
+        Py_DECREF(z);
+      }
+      for (auto& b : ts->bnd) slot_release(b.slot);
+      delete ts;
+      continue;
+    }
+    process.threads[w++] = ts;
+  }
+  process.threads.resize(w);
+}
+
+// One optional argument, positional or by keyword `name`: the argument or NULL (error set on misuse).
+bool one_arg(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, const char* name, PyObject** out) {
+  Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  *out = nullptr;
+  if (nargs + nk > 1 || (nk == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), name) != 0)) {
+    PyErr_Format(PyExc_TypeError, "takes one optional argument: %s", name);
+    return false;
+  }
+  if (nargs + nk == 1) *out = args[0];
+  return true;
+}
+
+PyObject* py_drain(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  long long maxr = -1;
+  PyObject* a = nullptr;
+  if (!one_arg(args, nargs, kwnames, "max_records", &a)) return nullptr;
+  if (a) {
+    maxr = PyLong_AsLongLong(a);
+    if (maxr == -1 && PyErr_Occurred()) return nullptr;
+  }
+  sweep_threads();
+  // While the native writer runs it owns the records: drain() returns names and attrs only.
+  const bool writer_on = writer.running;
+  size_t n = writer_on ? 0 : done_count();
+  if (maxr >= 0 && (size_t)maxr < n) n = (size_t)maxr;
+  PyObject* bytes = PyBytes_FromStringAndSize(n ? (const char*)&completed.done[completed.done_head] : "",
+                                              (Py_ssize_t)(n * sizeof(Record)));
+  PyObject* names = PyList_New(0);
+  PyObject* attrs = PyList_New(0);
+  if (!bytes || !names || !attrs) goto fail;
+  {
+    // Names first seen since the last drain, plus the names of the returned records: every
+    // drain is self-contained, whoever else drained before.
+    std::vector<char> want(name_table.entries.size(), 0);
+    for (size_t i = name_table.reported; i < name_table.entries.size(); i++) want[i] = 1;
+    const Record* rows = n ? &completed.done[completed.done_head] : nullptr;
+    for (size_t i = 0; i < n; i++) {
+      size_t id = (size_t)rows[i].name_id;
+      if (id < want.size()) want[id] = 1;
+    }
+    for (size_t i = 0; i < want.size(); i++) {
+      if (!want[i]) continue;
+      PyObject* t = Py_BuildValue("(iO)", (int)i, name_table.entries[i].str);
+      if (!t || PyList_Append(names, t) < 0) {
+        Py_XDECREF(t);
+        goto fail;
+      }
+      Py_DECREF(t);
+    }
+  }
+  name_table.reported = name_table.entries.size();
+  if (!writer_on) {  // the writer moves these (under its lock) while it runs
+    completed.done_head += n;
+    completed.done_drained += n;
+  }
+  while (completed.attrs_head < completed.attrs.size() &&
+         (writer_on || completed.attrs[completed.attrs_head].done_index < completed.done_drained)) {
+    AttrEntry& e = completed.attrs[completed.attrs_head];
+    PyObject* t = Py_BuildValue("(LN)", (long long)e.id, e.attrs);  // steals the entry's reference
+    e.attrs = nullptr;
+    completed.attrs_head++;
+    if (!t || PyList_Append(attrs, t) < 0) {
+      Py_XDECREF(t);
+      goto fail;
+    }
+    Py_DECREF(t);
+  }
+  if (writer_on) {
+    // completed.done is the writer's to take and reset
+  } else if (completed.done_head == completed.done.size()) {
+    completed.done.clear();
+    completed.done_head = 0;
+  } else if (completed.done_head > 4096 && completed.done_head * 2 > completed.done.size()) {
+    completed.done.erase(completed.done.begin(), completed.done.begin() + (ptrdiff_t)completed.done_head);
+    completed.done_head = 0;
+  }
+  if (completed.attrs_head == completed.attrs.size()) {
+    completed.attrs.clear();
+    completed.attrs_head = 0;
+  }
+  return Py_BuildValue("(NNN)", bytes, names, attrs);
+fail:
+  Py_XDECREF(bytes);
+  Py_XDECREF(names);
+  Py_XDECREF(attrs);
+  return nullptr;
+}
+
+PyObject* py_names(PyObject*, PyObject*) {
+  PyObject* out = PyList_New((Py_ssize_t)name_table.entries.size());
+  if (!out) return nullptr;
+  for (size_t i = 0; i < name_table.entries.size(); i++) {
+    PyObject* t = Py_BuildValue("(iO)", (int)i, name_table.entries[i].str);
+    if (!t) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyList_SET_ITEM(out, (Py_ssize_t)i, t);
+  }
+  return out;
+}
+
+PyObject* py_resolve(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  int block = 0;
+  PyObject* b = nullptr;
+  if (!one_arg(args, nargs, kwnames, "block", &b)) return nullptr;
+  if (b) {
+    block = PyObject_IsTrue(b);
+    if (block < 0) return nullptr;
+  }
+  if (vendor.gpu.backend == BK_NONE || pending_count() == 0) return PyLong_FromLong(0);
+  int64_t t0 = now_ns();
+  size_t k = resolve_all(block != 0);
+  if (!block) events.gpu_cost_ns += now_ns() - t0;  // the flusher's pass holds the GIL: the program waits
+  return PyLong_FromSize_t(k);
+}
+
+// resolve_async(): the session flusher's pass. Like resolve(), but events not placed yet go to
+// the placer thread (placer.h) and their records are finished by a later pass.
+PyObject* py_resolve_async(PyObject*, PyObject*) {
+  if (vendor.gpu.backend == BK_NONE || pending_count() == 0) return PyLong_FromLong(0);
+  int64_t t0 = now_ns();
+  size_t k = resolve_all(false, true);
+  events.gpu_cost_ns += now_ns() - t0;
+  return PyLong_FromSize_t(k);
+}
+
+PyObject* py_close_open(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  PyObject* reason = nullptr;
+  PyObject* a = nullptr;
+  if (!one_arg(args, nargs, kwnames, "reason", &a)) return nullptr;
+  if (a) {
+    if (!PyUnicode_Check(a)) {
+      PyErr_SetString(PyExc_TypeError, "reason must be str");
+      return nullptr;
+    }
+    reason = a;
+    Py_INCREF(reason);
+  } else {
+    reason = PyUnicode_FromString("closed");
+    if (!reason) return nullptr;
+  }
+  int64_t t = now_ns();
+  long closed = 0;
+  for (ThreadState* ts : process.threads) {
+    // innermost first, so each record's end is set before its parent's
+    for (size_t i = ts->stack.size(); i > 0; i--) {
+      StageObject* s = ts->stack[i - 1];
+      if (s->state != ST_OPEN) continue;
+      PyObject* a = s->attrs ? PyDict_Copy(s->attrs) : PyDict_New();
+      if (!a || PyDict_SetItemString(a, "unclosed", reason) < 0) {
+        Py_XDECREF(a);
+        Py_DECREF(reason);
+        return nullptr;
+      }
+      stage_finish(s, t, F_UNCLOSED, a);
+      Py_DECREF(a);
+      s->state = ST_ZOMBIE;
+      closed++;
+    }
+    if (ts == tls_ts) pop_zombies(ts);  // our own thread: end the marker ranges now
+  }
+  Py_DECREF(reason);
+  return PyLong_FromLong(closed);
+}
+
+PyObject* py_set_capacity(PyObject*, PyObject* v) {
+  long long n = PyLong_AsLongLong(v);
+  if (n == -1 && PyErr_Occurred()) return nullptr;
+  if (n < 0) {
+    PyErr_SetString(PyExc_ValueError, "capacity must be >= 0");
+    return nullptr;
+  }
+  completed.capacity = (size_t)n;
+  Py_RETURN_NONE;
+}
+
+// _configure_events(pool_size=None, share_ns=None): tests and benchmarks only.
+PyObject* py_configure_events(PyObject*, PyObject* args, PyObject* kwargs) {
+  static const char* kw[] = {"pool_size", "share_ns", "floor_ns", "gpu_budget", nullptr};
+  PyObject *pool = Py_None, *share = Py_None, *floor = Py_None, *budget = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OOOO", (char**)kw, &pool, &share, &floor, &budget)) return nullptr;
+  if (budget != Py_None) {  // a new budget counts from now
+    double v = PyFloat_AsDouble(budget);
+    if (v == -1.0 && PyErr_Occurred()) return nullptr;
+    if (!(v >= 0.0 && v <= 1.0)) {
+      PyErr_SetString(PyExc_ValueError, "gpu_budget must be a share of wall time in [0, 1] (0: time every stage)");
+      return nullptr;
+    }
+    events.gpu_budget = v;
+    events.gpu_cost_ns = 0;
+    if (events.gpu_budget_t0) events.gpu_budget_t0 = now_ns();
+  }
+  if (floor != Py_None) {  // -1: calibrate (contexts met from now on); >= 0: fixed for all contexts
+    long long n = PyLong_AsLongLong(floor);
+    if (n == -1 && PyErr_Occurred()) return nullptr;
+    events.floor_fixed = n < 0 ? -1 : n;
+    for (auto& cx : events.ctxs)
+      if (n >= 0) {
+        cx.floor_ns = n;
+        cx.floor_state = 2;
+      }
+  }
+  if (pool != Py_None) {
+    long n = PyLong_AsLong(pool);
+    if (n == -1 && PyErr_Occurred()) return nullptr;
+    if (n < 4) {
+      PyErr_SetString(PyExc_ValueError, "pool_size must be >= 4");
+      return nullptr;
+    }
+    events.pool_max = (int)n;
+  }
+  if (share != Py_None) {
+    long long n = PyLong_AsLongLong(share);
+    if (n == -1 && PyErr_Occurred()) return nullptr;
+    events.share_ns = n;
+  }
+  return Py_BuildValue("{sisLsLsd}", "pool_size", events.pool_max, "share_ns", (long long)events.share_ns, "floor_ns",
+                       (long long)events.floor_fixed, "gpu_budget", events.gpu_budget);
+}
+
+PyObject* py_stats(PyObject*, PyObject*) {
+  long open_stages = 0;
+  for (ThreadState* ts : process.threads)
+    for (StageObject* s : ts->stack)
+      if (s->state == ST_OPEN) open_stages++;
+  PyObject* errs = PyList_New(0);
+  if (!errs) return nullptr;
+  for (auto& e : process.errors) {
+    PyObject* u = PyUnicode_DecodeUTF8(e.data(), (Py_ssize_t)e.size(), "replace");
+    if (!u || PyList_Append(errs, u) < 0) {
+      Py_XDECREF(u);
+      Py_DECREF(errs);
+      return nullptr;
+    }
+    Py_DECREF(u);
+  }
+  const char* backend = vendor.gpu.backend == BK_CUDA ? "cuda" : vendor.gpu.backend == BK_HIP ? "hip" : "none";
+  const char* marker_kind = markers.kind == MK_NVTX ? "nvtx" : markers.kind == MK_ROCTX ? "roctx" : "none";
+  PyObject* d = Py_BuildValue(
+      "{sKsKsKslsnsKsKsKsisisssssNsLsisssnsOsKsKsn}", "records", (unsigned long long)completed.records,
+      "dropped_records", (unsigned long long)completed.dropped_records, "pending_records",
+      (unsigned long long)writer_done_count(), "open_stages", open_stages, "events_in_flight",
+      (Py_ssize_t)pending_count(), "events_dropped", (unsigned long long)events.events_dropped, "events_recorded",
+      (unsigned long long)events.events_recorded, "events_shared", (unsigned long long)events.events_shared,
+      "event_pool_size", events.pool_total, "event_pool_max", events.pool_max, "gpu_backend", backend, "markers",
+      marker_kind, "errors", errs, "event_share_ns", (long long)events.share_ns, "gpu_contexts",
+      (int)events.ctxs.size(), "gpu_library", vendor.gpu.lib_name.c_str(), "capacity", (Py_ssize_t)completed.capacity,
+      "gpu_off_after_fork", events.gpu_off_after_fork ? Py_True : Py_False, "errors_dropped",
+      (unsigned long long)process.errors_dropped, "events_skipped_capture", (unsigned long long)events.events_capture,
+      "threads", (Py_ssize_t)process.threads.size());
+  if (!d) return nullptr;
+  {
+    PyObject* b = Py_BuildValue(
+        "{sdsLsKsKsKsKsKsK}", "gpu_budget", events.gpu_budget, "gpu_cost_ns", (long long)events.gpu_cost_ns,
+        "gpu_sampled_out", (unsigned long long)events.gpu_sampled_out, "event_elapsed_async",
+        (unsigned long long)placer::state.calls.load(), "placer_ns", (unsigned long long)placer::state.ns.load(),
+        "placer_batches", (unsigned long long)placer::state.batches.load(), "placer_errors",
+        (unsigned long long)placer::state.errors.load(), "attrs_unconverted",
+        (unsigned long long)process.attrs_unconverted);
+    if (!b || PyDict_Update(d, b) < 0) {
+      Py_XDECREF(b);
+      Py_DECREF(d);
+      return nullptr;
+    }
+    Py_DECREF(b);
+  }
+  if (events.time_driver) {
+    PyObject* t = Py_BuildValue("{sKsKsKsKsK}", "event_record", (unsigned long long)events.drv_ns[DRV_RECORD],
+                                "event_query", (unsigned long long)events.drv_ns[DRV_QUERY], "event_elapsed",
+                                (unsigned long long)events.drv_ns[DRV_ELAPSED], "stream_is_capturing",
+                                (unsigned long long)events.drv_ns[DRV_CAPTURING], "resolve_front",
+                                (unsigned long long)events.drv_ns[DRV_RESOLVE]);
+    if (!t || PyDict_SetItemString(d, "driver_time_ns", t) < 0) {
+      Py_XDECREF(t);
+      Py_DECREF(d);
+      return nullptr;
+    }
+    Py_DECREF(t);
+  }
+  // Per context: the GPU-time floor taken out of every stage (docs/stage-core.md) and how it was
+  // set: "calibrated", "fixed" (MAXINSTR_GPU_FLOOR_NS), "failed" (raw event times), "none" (HIP,
+  // or the context's reference pairing has not succeeded yet).
+  PyObject* fl = PyList_New(0);
+  PyObject* fs = PyList_New(0);
+  if (!fl || !fs) {
+    Py_XDECREF(fl);
+    Py_XDECREF(fs);
+    Py_DECREF(d);
+    return nullptr;
+  }
+  for (auto& cx : events.ctxs) {
+    const char* how = cx.floor_state == 1 ? "calibrated" : cx.floor_state == 2 ? "fixed" : cx.floor_state == -1 ? "failed" : "none";
+    PyObject* v = PyLong_FromLongLong(cx.floor_ns);
+    PyObject* h = PyUnicode_FromString(how);
+    if (!v || !h || PyList_Append(fl, v) < 0 || PyList_Append(fs, h) < 0) {
+      Py_XDECREF(v);
+      Py_XDECREF(h);
+      Py_DECREF(fl);
+      Py_DECREF(fs);
+      Py_DECREF(d);
+      return nullptr;
+    }
+    Py_DECREF(v);
+    Py_DECREF(h);
+  }
+  PyObject* q = PyLong_FromUnsignedLongLong(events.event_queries);
+  PyObject* e = PyLong_FromUnsignedLongLong(events.event_elapsed);
+  if (!q || !e || PyDict_SetItemString(d, "gpu_floor_ns", fl) < 0 || PyDict_SetItemString(d, "gpu_floor", fs) < 0 ||
+      PyDict_SetItemString(d, "event_queries", q) < 0 || PyDict_SetItemString(d, "event_elapsed_calls", e) < 0) {
+    Py_XDECREF(q);
+    Py_XDECREF(e);
+    Py_DECREF(fl);
+    Py_DECREF(fs);
+    Py_DECREF(d);
+    return nullptr;
+  }
+  Py_DECREF(q);
+  Py_DECREF(e);
+  Py_DECREF(fl);
+  Py_DECREF(fs);
+  return d;
+}
+
+// After fork() the child starts clean: new pid in the ids, seq from 1, no open stages (the
+// parent's Stage objects become inert: their exit is a no-op), an empty pending buffer, names
+// reported again on the first drain, and no GPU timing (a CUDA context does not survive fork).
+// Only trivial work here: we are inside fork().
+void atfork_child() {
+  placer::atfork_child();
+  process.pid = (int64_t)getpid();
+  process.seq = 0;
+  process.fork_gen++;
+  tls_ts = nullptr;
+  tls_guard.ts = nullptr;
+  process.threads.clear();  // the parent's thread states are leaked on purpose (no Python calls here)
+  completed.done.clear();
+  completed.done_head = 0;
+  completed.done_pushed = 0;
+  completed.done_drained = 0;
+  completed.attrs.clear();
+  completed.attrs_head = 0;
+  name_table.reported = 0;
+  completed.records = 0;
+  completed.dropped_records = 0;
+  events.pending.clear();
+  events.slots.clear();
+  events.ctxs.clear();
+  events.last_ctx = -1;
+  events.pool_total = 0;
+  if (vendor.gpu.backend != BK_NONE) events.gpu_off_after_fork = true;
+  vendor.gpu_tried = true;
+  correlation.on = false;  // CUPTI does not follow a fork
+  cupti_buffers_atfork_child();  // nor do its buffers
+}
+
+PyMethodDef module_methods[] = {
+    {"clock_ns", py_clock_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns: the host clock of all records and samples."},
+    {"set_enabled", py_set_enabled, METH_O, "Process-wide enable/disable of stages and marks."},
+    {"is_enabled", py_is_enabled, METH_NOARGS, "Whether stages are recorded."},
+    {"_set_attrs_hook", py_set_attrs_hook, METH_O,
+     "_set_attrs_hook(fn): fn(attrs) -> plain-data dict, called at stage exit for attrs holding other than "
+     "str/int/float/bool/None (maxinstr.record.attrs.plain)."},
+    {"drain", (PyCFunction)(void (*)(void))py_drain, METH_FASTCALL | METH_KEYWORDS,
+     "drain(max_records=-1) -> (bytes, [(name_id, name)], [(record_id, attrs)]): records completed since the "
+     "last drain; names first seen since then plus those of the returned records; attrs of the returned records"},
+    {"names", py_names, METH_NOARGS, "names() -> [(name_id, name)]: every name seen in this process."},
+    {"resolve_async", py_resolve_async, METH_NOARGS,
+     "resolve_async() -> int: resolve() for the session flusher; elapsed-time calls go to the placer thread."},
+    {"resolve", (PyCFunction)(void (*)(void))py_resolve, METH_FASTCALL | METH_KEYWORDS,
+     "resolve(block=False) -> int: resolve finished GPU event pairs."},
+    {"close_open", (PyCFunction)(void (*)(void))py_close_open, METH_FASTCALL | METH_KEYWORDS,
+     "close_open(reason='closed') -> int: close all open stages with flag UNCLOSED."},
+    {"stats", py_stats, METH_NOARGS, "Counters and backend facts."},
+    {"set_capacity", py_set_capacity, METH_O, "Bound on completed-but-undrained records."},
+    {"_configure_events", (PyCFunction)(void (*)(void))py_configure_events, METH_VARARGS | METH_KEYWORDS,
+     "Event pool bound, boundary-sharing window, GPU floor and GPU-timing budget."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_native", "maxinstr native stage core", -1, module_methods,
+                          nullptr, nullptr, nullptr, nullptr};
+
+// The functions of the other units, added after the module's own.
+PyMethodDef* const unit_methods[] = {
+    stage_module_methods, profiler_methods, cupti_link_methods, launch_tags_methods, cupti_buffers_methods,
+#if MAXINSTR_BENCH_PROBES
+    probe_methods,
+#endif
+    writer_methods,
+};
+
+}  // namespace
+
+}  // namespace maxinstr
+
+extern "C" PyMODINIT_FUNC PyInit__native(void) {
+  using namespace maxinstr;
+  if (!stage_types_ready()) return nullptr;
+
+  PyObject* m = PyModule_Create(&module_def);
+  if (!m) return nullptr;
+  for (PyMethodDef* defs : unit_methods)
+    if (PyModule_AddFunctions(m, defs) < 0) return nullptr;
+  name_table.dict = PyDict_New();
+  if (!name_table.dict || !stage_module_add(m)) return nullptr;
+  PyModule_AddIntConstant(m, "RECORD_SIZE", (long)sizeof(Record));
+  PyModule_AddIntConstant(m, "FLAG_EXCEPTION", F_EXCEPTION);
+  PyModule_AddIntConstant(m, "FLAG_GPU_TIMED", F_GPU_TIMED);
+  PyModule_AddIntConstant(m, "FLAG_MARK", F_MARK);
+  PyModule_AddIntConstant(m, "FLAG_GPU_DROPPED", F_GPU_DROPPED);
+  PyModule_AddIntConstant(m, "FLAG_UNCLOSED", F_UNCLOSED);
+  PyModule_AddIntConstant(m, "FLAG_GPU_SAMPLED_OUT", F_GPU_SAMPLED_OUT);
+
+  process.pid = (int64_t)getpid();
+  const char* dis = env("MAXINSTR_DISABLE");
+  if (dis && strcmp(dis, "0") != 0 && strcasecmp(dis, "false") != 0 && strcasecmp(dis, "no") != 0)
+    process.enabled = false;
+  if (const char* p = env("MAXINSTR_EVENT_POOL")) {
+    long n = strtol(p, nullptr, 10);
+    if (n >= 4) events.pool_max = (int)n;
+  }
+  if (const char* p = env("MAXINSTR_EVENT_SHARE_NS")) events.share_ns = strtoll(p, nullptr, 10);
+  if (const char* p = env("MAXINSTR_TIME_DRIVER")) events.time_driver = strcmp(p, "0") != 0;
+  if (const char* p = env("MAXINSTR_GPU_BUDGET")) {
+    char* end = nullptr;
+    double v = strtod(p, &end);
+    if (end != p && v >= 0) events.gpu_budget = v;
+  }
+  if (const char* p = env("MAXINSTR_GPU_FLOOR_NS")) {  // unset or "auto": calibrate
+    if (strcmp(p, "auto") != 0) {
+      long long n = strtoll(p, nullptr, 10);
+      events.floor_fixed = n < 0 ? -1 : n;
+    }
+  }
+  init_markers();
+  pthread_atfork(nullptr, nullptr, atfork_child);
+  writer_init();
+  if (const char* p = env("MAXINSTR_ASYNC_PLACE")) placer::state.on = strcmp(p, "0") != 0;
+  Py_AtExit(placer::shutdown);
+  return m;
+}

@@ -1,0 +1,95 @@
+// Process-wide state of the stage core: record ids, the per-OS-thread stacks of open stages, the
+// error lines stats() reports.
+//
+// Concurrency: every entry point is called from Python with the GIL held, and this module does not
+// release it, so the GIL is the lock of all shared state here (the module declares no free-threading
+// support, so a free-threaded interpreter re-enables the GIL on import). Code that runs without
+// the GIL: the thread-exit hook, which only stores an atomic flag; the native writer thread
+// (writer.h), which shares only the completed-record buffer, under its own mutex, taken by
+// push_done and drain() only while that thread runs; the placer thread (placer.h), which only
+// touches the batch it was handed; and the CUPTI callbacks (cupti_buffers.h, launch_tags.h).
+#pragma once
+
+#include "base.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+namespace maxinstr MAXINSTR_HIDDEN {
+
+struct StageObject;
+
+struct Boundary {  // the last event this thread recorded on one stream (for boundary sharing)
+  uint64_t stream;
+  int ctx;
+  int slot;  // -1: empty
+  int64_t t_ns;
+};
+constexpr int kBoundaries = 4;
+
+struct ThreadState {
+  int64_t tid = 0;
+  std::vector<StageObject*> stack;  // strong references; open stages and "zombies" (see exit)
+  std::atomic<bool> alive{true};
+  Boundary bnd[kBoundaries];
+  int bnd_next = 0;
+  bool gpu_skip = false;  // the budget left this thread's current top-level stage (and its children) untimed
+  ThreadState() {
+    for (auto& b : bnd) b = Boundary{0, -1, -1, 0};
+  }
+};
+
+// Protected by the GIL (see above).
+struct Process {
+  bool enabled = true;
+  int64_t pid = 0;
+  uint32_t seq = 0;
+  uint32_t fork_gen = 0;
+
+  std::vector<ThreadState*> threads;
+
+  std::vector<std::string> errors;
+  uint64_t errors_dropped = 0;
+
+  // Attrs are data, not references (maxinstr/record/attrs.py): attrs holding anything but
+  // str/int/float/bool/None are replaced at stage exit by this hook's plain-data copy.
+  PyObject* attrs_hook = nullptr;
+  uint64_t attrs_unconverted = 0;  // the hook failed: those attrs were not kept (counted)
+};
+extern Process process;
+
+// Defined here, not only declared, so that every unit sees their constant initialisers: an
+// `extern thread_local` would be read through a TLS wrapper call on the hot path.
+inline thread_local ThreadState* tls_ts = nullptr;
+// > 0 while this thread launches the core's own GPU work (the floor calibration): the launch
+// tags (launch_tags.cpp) then name no stage, as the NVTX ranges do not hold that work either.
+inline thread_local int tls_core_gpu_work = 0;
+struct TlsGuard {  // runs at thread exit, without the GIL: only flips an atomic
+  ThreadState* ts = nullptr;
+  ~TlsGuard() {
+    if (ts) ts->alive.store(false, std::memory_order_release);
+  }
+};
+inline thread_local TlsGuard tls_guard;
+
+// One line for stats()["errors"]; repeats are kept once, and at most 64 lines.
+void add_error(const std::string& msg);
+
+inline int64_t next_id() { return (process.pid << 32) | (int64_t)(++process.seq); }
+
+inline ThreadState* get_ts() {
+  ThreadState* ts = tls_ts;
+  if (LIKELY(ts != nullptr)) return ts;
+  ts = new ThreadState();
+  ts->tid = (int64_t)syscall(SYS_gettid);
+  process.threads.push_back(ts);
+  tls_ts = ts;
+  tls_guard.ts = ts;
+  return ts;
+}
+
+}  // namespace maxinstr

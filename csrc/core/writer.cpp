@@ -1,0 +1,482 @@
+// The native writer (writer.h): its thread, its syncer, and writer_* of the module.
+#include "writer.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+namespace maxinstr MAXINSTR_HIDDEN {
+
+NativeWriter writer;
+
+size_t writer_done_count() {
+  if (!writer.running) return done_count();
+  pthread_mutex_lock(&writer.mu);
+  size_t n = done_count();
+  pthread_mutex_unlock(&writer.mu);
+  return n;
+}
+
+namespace {
+
+void json_escape_into(std::string& out, const std::string& s) {
+  static const char hex[] = "0123456789abcdef";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          out += "\\u00";
+          out += hex[c >> 4];
+          out += hex[c & 15];
+        } else {
+          out += (char)c;  // UTF-8 as is (the Python writer's ensure_ascii=False)
+        }
+    }
+  }
+}
+
+// Appends n bytes; on any failure cuts the file back to `size` (whole records only) and
+// returns errno. `size` advances on success.
+int append_all(int fd, const char* p, size_t n, int64_t& size) {
+  size_t off = 0;
+  while (off < n) {
+    ssize_t k = ::write(fd, p + off, n - off);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      if (off) (void)!ftruncate(fd, size);
+      return e;
+    }
+    if (k == 0) {
+      if (off) (void)!ftruncate(fd, size);
+      return EIO;
+    }
+    off += (size_t)k;
+  }
+  size += (int64_t)n;
+  return 0;
+}
+
+void* writer_main(void*) {
+  std::vector<Record> batch;
+  std::vector<std::string> new_names;
+  std::string lines;
+  std::vector<uint32_t> watch_counts;  // the writer thread's own (see writer_watch)
+  uint64_t watch_gen = 0;
+  bool took = true;       // the last round took records
+  pthread_mutex_lock(&writer.mu);
+  for (;;) {
+    if (!writer.stop && !writer.signalled && writer.flush_req == writer.flush_done) {
+      if (!took) {
+        // Nothing completed for a whole interval: sleep until the next record (push_done
+        // signals an idle writer), a flush or the stop. An idle session costs no wake-ups.
+        writer.idle = true;
+        while (writer.idle && !writer.stop && !writer.signalled && writer.flush_req == writer.flush_done)
+          pthread_cond_wait(&writer.cv, &writer.mu);
+        writer.idle = false;
+      } else {
+        int64_t t = now_ns() + writer.interval_ns;
+        struct timespec ts;
+        ts.tv_sec = (time_t)(t / 1000000000LL);
+        ts.tv_nsec = (long)(t % 1000000000LL);
+        pthread_cond_timedwait(&writer.cv, &writer.mu, &ts);  // spurious wakes are harmless
+      }
+    }
+    // take every completed record (the two vectors swap: no copy, no allocation)
+    batch.clear();
+    size_t n = done_count();
+    if (n) {
+      if (completed.done_head == 0) {
+        std::swap(completed.done, batch);
+      } else {
+        batch.assign(completed.done.begin() + (ptrdiff_t)completed.done_head, completed.done.end());
+        completed.done.clear();
+        completed.done_head = 0;
+      }
+      completed.done_drained += n;
+      writer.taken += n;
+    }
+    writer.signalled = false;
+    size_t names_from = writer.names_written, names_to = writer.names.size();
+    new_names.assign(writer.names.begin() + (ptrdiff_t)names_from, writer.names.end());
+    uint64_t req = writer.flush_req;
+    bool stopping = writer.stop;
+    int64_t watch = writer.watch;
+    if (writer.watch_gen != watch_gen) {
+      watch_gen = writer.watch_gen;
+      watch_counts.clear();
+    }
+    bool failed = writer.err != 0;
+    pthread_mutex_unlock(&writer.mu);
+
+    // write, without the lock: names first, so every row on disk has its name
+    int err = 0;
+    const char* err_file = nullptr;
+    uint64_t written = 0, dropped = 0;
+    if (failed) {
+      dropped = n;
+    } else {
+      if (!new_names.empty()) {
+        lines.clear();
+        for (size_t i = 0; i < new_names.size(); i++) {
+          lines += "{\"id\":";
+          lines += std::to_string(names_from + i);
+          lines += ",\"s\":\"";
+          json_escape_into(lines, new_names[i]);
+          lines += "\"}\n";
+        }
+        err = append_all(writer.fd_strings, lines.data(), lines.size(), writer.strings_size);
+        if (err) err_file = "strings";
+      }
+      if (!err && n) {
+        err = append_all(writer.fd_stages, (const char*)batch.data(), n * sizeof(Record), writer.stages_size);
+        if (err) err_file = "stages";
+      }
+      if (err) {
+        dropped = n;
+      } else {
+        written = n;
+      }
+    }
+    took = n != 0;
+    // steady state (only during the warm-up): the first name with `watch` completed top-level
+    // stages (not marks), in the order they were completed
+    int32_t hit_name = -1;
+    int64_t hit_ns = 0;
+    if (watch > 0 && n) {
+      for (size_t i = 0; i < n; i++) {
+        const Record& r = batch[i];
+        if (r.depth != 0 || (r.flags & F_MARK) || r.name_id < 0) continue;
+        if ((size_t)r.name_id >= watch_counts.size()) watch_counts.resize((size_t)r.name_id + 1, 0);
+        if (++watch_counts[(size_t)r.name_id] >= (uint64_t)watch) {
+          hit_name = r.name_id;
+          hit_ns = r.host_end_ns;
+          break;
+        }
+      }
+    }
+    pthread_mutex_lock(&writer.mu);
+    if ((written || !new_names.empty()) && writer.syncing && !writer.dirty) {
+      writer.dirty = true;
+      pthread_cond_signal(&writer.sync_cv);
+    }
+    if (err && !writer.err) {
+      writer.err = err;
+      writer.err_file = (strcmp(err_file, "strings") == 0) ? writer.strings_path : writer.stages_path;
+    }
+    if (!err && !failed) writer.names_written = names_to;
+    writer.rows_written += written;
+    writer.rows_dropped += dropped;
+    if (n) writer.batches++;
+    if ((int64_t)n > writer.max_batch) writer.max_batch = (int64_t)n;
+    if (hit_name >= 0 && writer.watch_gen == watch_gen && writer.watch == watch) {
+      writer.steady_name = hit_name;
+      writer.steady_ns = hit_ns;
+      writer.watch = -1;
+    }
+    writer.flush_done = req;
+    pthread_cond_broadcast(&writer.done_cv);
+    if (stopping) break;
+  }
+  pthread_mutex_unlock(&writer.mu);
+  return nullptr;
+}
+
+// The syncer: fsyncs the part's files at most every fsync interval while the writer writes,
+// and once more after it stopped (so a closed part is on disk), off the writer's thread.
+void* syncer_main(void*) {
+  pthread_mutex_lock(&writer.mu);
+  int64_t last = now_ns();
+  for (;;) {
+    while (!writer.dirty && !writer.sync_stop) pthread_cond_wait(&writer.sync_cv, &writer.mu);
+    if (!writer.sync_stop) {
+      const int64_t due = last + writer.fsync_ns;  // written since: wait until the interval is up
+      struct timespec ts;
+      ts.tv_sec = (time_t)(due / 1000000000LL);
+      ts.tv_nsec = (long)(due % 1000000000LL);
+      while (!writer.sync_stop && now_ns() < due) pthread_cond_timedwait(&writer.sync_cv, &writer.mu, &ts);
+    }
+    const bool work = writer.dirty && writer.err == 0;
+    const bool last_round = writer.sync_stop;
+    writer.dirty = false;
+    const int fs = writer.fd_strings, fd = writer.fd_stages;  // open until the syncer is joined
+    pthread_mutex_unlock(&writer.mu);
+    if (work) {
+      fsync(fs);  // best effort (some file systems cannot); write errors show in the writer
+      fsync(fd);
+    }
+    pthread_mutex_lock(&writer.mu);
+    if (work) {
+      writer.fsyncs++;
+      last = now_ns();
+    }
+    if (last_round) break;
+  }
+  pthread_mutex_unlock(&writer.mu);
+  return nullptr;
+}
+
+void writer_close_fds() {
+  if (writer.fd_stages >= 0) close(writer.fd_stages);
+  if (writer.fd_strings >= 0) close(writer.fd_strings);
+  writer.fd_stages = writer.fd_strings = -1;
+}
+
+// Sets *flag under writer.mu, wakes the thread waiting on cv, joins it. `release_gil`: called from Python.
+void stop_and_join(bool* flag, pthread_cond_t* cv, pthread_t thread, bool release_gil) {
+  pthread_mutex_lock(&writer.mu);
+  *flag = true;
+  pthread_cond_signal(cv);
+  pthread_mutex_unlock(&writer.mu);
+  if (release_gil) {
+    Py_BEGIN_ALLOW_THREADS pthread_join(thread, nullptr);
+    Py_END_ALLOW_THREADS
+  } else {
+    pthread_join(thread, nullptr);
+  }
+}
+
+// Stops the thread after a final take-and-write; joins it, then the syncer after its last fsync.
+void writer_join(bool release_gil) {
+  if (!writer.running) return;
+  stop_and_join(&writer.stop, &writer.cv, writer.thread, release_gil);
+  writer.running = false;  // from here push_done/drain() no longer lock: the GIL is the lock again
+  if (writer.syncing) {  // the last fsync of what the writer wrote, then the files can close
+    stop_and_join(&writer.sync_stop, &writer.sync_cv, writer.syncer, release_gil);
+    writer.syncing = false;
+  }
+  writer_close_fds();
+}
+
+void writer_at_exit() {  // C atexit: never leave the thread running into static destructors
+  writer_join(false);
+}
+
+// A new run's requests, flags and counters (writer_start; the child after fork: trivial work only).
+void reset_run() {
+  writer.stop = false;
+  writer.sync_stop = false;
+  writer.dirty = false;
+  writer.signalled = false;
+  writer.idle = false;
+  writer.flush_req = writer.flush_done = 0;
+  writer.names_written = 0;
+  writer.rows_written = writer.rows_dropped = writer.batches = writer.taken = writer.signals = writer.fsyncs =
+      writer.wakes = writer.dropped_attrs = 0;
+  writer.max_batch = 0;
+  writer.err = 0;
+  writer.err_file.clear();
+  writer.watch = -1;
+  writer.steady_name = -1;
+}
+
+void writer_atfork_prepare() { pthread_mutex_lock(&writer.mu); }
+// The writer's condition variables; cv waits with CLOCK_MONOTONIC deadlines.
+void writer_init_conds() {
+  pthread_condattr_t a;
+  pthread_condattr_init(&a);
+  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+  pthread_cond_init(&writer.cv, &a);
+  pthread_cond_init(&writer.sync_cv, &a);
+  pthread_cond_init(&writer.done_cv, nullptr);
+  pthread_condattr_destroy(&a);
+}
+
+void writer_atfork_parent() { pthread_mutex_unlock(&writer.mu); }
+void writer_atfork_child() {
+  // Only trivial work: we are inside fork(). The thread did not follow; the files are the parent's.
+  pthread_mutex_init(&writer.mu, nullptr);
+  writer_init_conds();
+  writer.running = false;
+  writer.syncing = false;
+  reset_run();
+  writer_close_fds();
+}
+
+int open_append(const std::string& path, int64_t& size) {
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return -1;
+  struct stat st;
+  size = (fstat(fd, &st) == 0) ? (int64_t)st.st_size : 0;
+  return fd;
+}
+
+// writer_start(stages_path, strings_path, interval_ms=2.0, threshold=8192, fsync_interval_s=1.0)
+PyObject* py_writer_start(PyObject*, PyObject* args, PyObject* kwargs) {
+  static const char* kw[] = {"stages_path", "strings_path", "interval_ms", "threshold", "fsync_interval_s", nullptr};
+  const char *sp = nullptr, *np = nullptr;
+  double interval_ms = 2.0, fsync_s = 1.0;
+  long long threshold = 8192;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|dLd", (char**)kw, &sp, &np, &interval_ms, &threshold, &fsync_s))
+    return nullptr;
+  if (writer.running) {
+    PyErr_SetString(PyExc_RuntimeError, "the native writer is already running");
+    return nullptr;
+  }
+  if (!(interval_ms > 0) || threshold < 1) {
+    PyErr_SetString(PyExc_ValueError, "interval_ms must be > 0 and threshold >= 1");
+    return nullptr;
+  }
+  int64_t ssz = 0, nsz = 0;
+  int fs = open_append(sp, ssz);
+  if (fs < 0) return PyErr_SetFromErrnoWithFilename(PyExc_OSError, sp);
+  int fn = open_append(np, nsz);
+  if (fn < 0) {
+    close(fs);
+    return PyErr_SetFromErrnoWithFilename(PyExc_OSError, np);
+  }
+  pthread_mutex_lock(&writer.mu);
+  writer.fd_stages = fs;
+  writer.fd_strings = fn;
+  writer.stages_size = ssz;
+  writer.strings_size = nsz;
+  writer.stages_path = sp;
+  writer.strings_path = np;
+  writer.interval_ns = (int64_t)(interval_ms * 1e6);
+  writer.fsync_ns = fsync_s < 0 ? -1 : (int64_t)(fsync_s * 1e9);
+  writer.threshold = (size_t)threshold;
+  reset_run();
+  pthread_mutex_unlock(&writer.mu);
+  // Signals go to the program's threads, never to ours: block them all around the create.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 256 * 1024);
+  // The syncer first, so the writer finds writer.syncing set. Without one the writer still writes
+  // (the SIGKILL bound holds) and only fsync is skipped: not worth failing the session for.
+  writer.syncing = writer.fsync_ns >= 0 && pthread_create(&writer.syncer, &attr, syncer_main, nullptr) == 0;
+  int rc = pthread_create(&writer.thread, &attr, writer_main, nullptr);
+  pthread_attr_destroy(&attr);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (rc != 0) {
+    if (writer.syncing) {
+      stop_and_join(&writer.sync_stop, &writer.sync_cv, writer.syncer, false);
+      writer.syncing = false;
+    }
+    writer_close_fds();
+    errno = rc;
+    return PyErr_SetFromErrno(PyExc_OSError);
+  }
+  writer.running = true;  // records completed from now on are taken by the writer, not drain()
+  Py_RETURN_TRUE;
+}
+
+// writer_flush(timeout_s=5.0) -> bool: every record completed before the call is written (or
+// dropped after a write error) when it returns True. GIL released while waiting.
+PyObject* py_writer_flush(PyObject*, PyObject* args) {
+  double timeout_s = 5.0;
+  if (!PyArg_ParseTuple(args, "|d", &timeout_s)) return nullptr;
+  if (!writer.running) Py_RETURN_FALSE;
+  bool ok = true;
+  Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&writer.mu);
+  uint64_t req = ++writer.flush_req;
+  pthread_cond_signal(&writer.cv);
+  struct timespec dl;
+  clock_gettime(CLOCK_REALTIME, &dl);  // done_cv uses the default (realtime) clock
+  int64_t t = (int64_t)dl.tv_sec * 1000000000LL + dl.tv_nsec + (int64_t)(timeout_s * 1e9);
+  dl.tv_sec = (time_t)(t / 1000000000LL);
+  dl.tv_nsec = (long)(t % 1000000000LL);
+  while (writer.flush_done < req && !writer.stop) {
+    if (pthread_cond_timedwait(&writer.done_cv, &writer.mu, &dl) == ETIMEDOUT) {
+      ok = writer.flush_done >= req;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&writer.mu);
+  Py_END_ALLOW_THREADS if (ok) Py_RETURN_TRUE;
+  Py_RETURN_FALSE;
+}
+
+PyObject* writer_status_dict() {
+  pthread_mutex_lock(&writer.mu);
+  PyObject* err = Py_None;
+  Py_INCREF(Py_None);
+  int e = writer.err;
+  std::string ef = writer.err_file;
+  PyObject* steady = Py_None;
+  Py_INCREF(Py_None);
+  int32_t sn = writer.steady_name;
+  int64_t sns = writer.steady_ns;
+  uint64_t rw = writer.rows_written, rd = writer.rows_dropped, bt = writer.batches, tk = writer.taken,
+           sg = writer.signals, fy = writer.fsyncs, da = writer.dropped_attrs, wk = writer.wakes;
+  size_t nw = writer.names_written, pending = writer.running ? done_count() : 0;
+  int64_t mb = writer.max_batch, iv = writer.interval_ns;
+  size_t th = writer_threshold();
+  pthread_mutex_unlock(&writer.mu);
+  if (e) {
+    Py_DECREF(err);
+    err = Py_BuildValue("(iss)", e, strerror(e), ef.c_str());
+    if (!err) return nullptr;
+  }
+  if (sn >= 0) {
+    Py_DECREF(steady);
+    steady = Py_BuildValue("(iL)", (int)sn, (long long)sns);
+    if (!steady) {
+      Py_DECREF(err);
+      return nullptr;
+    }
+  }
+  return Py_BuildValue("{sOsKsKsnsKsKsKsKsKsKsnsLsdsnsNsN}", "running", writer.running ? Py_True : Py_False, "rows_written",
+                       (unsigned long long)rw, "rows_dropped", (unsigned long long)rd, "names_written", (Py_ssize_t)nw,
+                       "batches", (unsigned long long)bt, "taken", (unsigned long long)tk, "signals",
+                       (unsigned long long)sg, "wakes", (unsigned long long)wk, "fsyncs", (unsigned long long)fy, "dropped_attrs",
+                       (unsigned long long)da, "pending_records", (Py_ssize_t)pending, "max_batch", (long long)mb,
+                       "interval_ms", (double)iv / 1e6, "threshold", (Py_ssize_t)th, "error", err, "steady", steady);
+}
+
+PyObject* py_writer_status(PyObject*, PyObject*) { return writer_status_dict(); }
+
+// writer_stop() -> status dict: final take-and-write, join, close the files.
+PyObject* py_writer_stop(PyObject*, PyObject*) {
+  writer_join(true);
+  return writer_status_dict();
+}
+
+// writer_watch(n): count completed top-level stages (not marks) per name from now on; the first
+// name to reach n shows in writer_status()["steady"] as (name_id, host_end_ns of its n-th). n <= 0: off.
+PyObject* py_writer_watch(PyObject*, PyObject* v) {
+  long long n = PyLong_AsLongLong(v);
+  if (n == -1 && PyErr_Occurred()) return nullptr;
+  pthread_mutex_lock(&writer.mu);
+  writer.watch = n > 0 ? n : -1;
+  writer.watch_gen++;
+  writer.steady_name = -1;
+  writer.steady_ns = 0;
+  pthread_mutex_unlock(&writer.mu);
+  Py_RETURN_NONE;
+}
+
+}  // namespace
+
+void writer_init() {  // module init
+  writer_init_conds();
+  pthread_atfork(writer_atfork_prepare, writer_atfork_parent, writer_atfork_child);
+  atexit(writer_at_exit);
+}
+
+PyMethodDef writer_methods[] = {
+    {"writer_start", (PyCFunction)(void (*)(void))py_writer_start, METH_VARARGS | METH_KEYWORDS,
+     "writer_start(stages_path, strings_path, interval_ms=2.0, threshold=8192, fsync_interval_s=1.0) -> True: a "
+     "native thread appends completed records (and new names) to these files, without the GIL, until writer_stop()"},
+    {"writer_flush", py_writer_flush, METH_VARARGS,
+     "writer_flush(timeout_s=5.0) -> bool: wait (GIL released) until every record completed so far is written"},
+    {"writer_stop", py_writer_stop, METH_NOARGS, "writer_stop() -> status: final write, join the thread"},
+    {"writer_status", py_writer_status, METH_NOARGS, "writer_status() -> dict of the native writer's counters"},
+    {"writer_watch", py_writer_watch, METH_O,
+     "writer_watch(n): report the first name with n completed top-level stages in writer_status()['steady']"},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace maxinstr
