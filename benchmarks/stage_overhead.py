@@ -11,9 +11,9 @@ Cases (each skipped when its package or a GPU is missing):
             torch.cuda.nvtx push/pop + a torch.cuda.Event pair; torch.profiler.record_function;
             CuPy Event pair + cupyx.profiler.time_range
 Plus perturbation (GPU only): a decode-like step of 20 tiny launches with 3 stages per step,
-bare vs maxinstr with every stage GPU-timed (gpu=True) vs torch's nvtx + Event pair per stage;
-then, in a second interleaved comparison, bare vs maxinstr as it runs by default (gpu=None under
-the GPU-timing budget: docs/stage-core.md). The per-stage GPU cases use
+bare vs maxinstr with every stage GPU-timed (gpu=True) vs torch's nvtx + Event pair per stage vs
+plain nvtx.annotate ranges; then, in a second interleaved comparison, bare vs nvtx.annotate ranges
+vs maxinstr as it runs by default (gpu=None under the GPU-timing budget: docs/stage-core.md). The per-stage GPU cases use
 gpu=True, so every stage records its events whatever the budget.
 
 Numbers are per enter+exit including the loop (`empty loop` row); ratios are against maxinstr
@@ -301,6 +301,24 @@ def perturbation(ctx: dict, steps: int, extra_budgets: tuple[float, ...] = ()) -
 
     variants = {"bare": bare, "maxinstr, host clock only (gpu=False)": instrumented(False),
                 "maxinstr, every stage GPU-timed": instrumented(True)}
+    peers: dict = {}  # beside the default too: issue 18's target is the default within 1 point of NVTX ranges
+    try:
+        import nvtx
+
+        def nvtx_ranges():
+            with nvtx.annotate("step", domain="bench"):
+                with nvtx.annotate("attn", domain="bench"):
+                    for _ in range(10):
+                        launch()
+                with nvtx.annotate("mlp", domain="bench"):
+                    for _ in range(10):
+                        launch()
+            sync()
+
+        peers["nvtx.annotate ranges (no events)"] = nvtx_ranges
+    except ImportError:
+        pass
+    variants.update(peers)
     if torch is not None:
         push, pop = torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(6)]
@@ -334,7 +352,7 @@ def perturbation(ctx: dict, steps: int, extra_budgets: tuple[float, ...] = ()) -
     for b in budgets:
         _native._configure_events(gpu_budget=b)
         before = _native.stats()
-        res = _interleaved({"bare": bare, f"maxinstr, gpu=None, budget {b:g}": instrumented(None)}, steps)
+        res = _interleaved({"bare": bare, **peers, f"maxinstr, gpu=None, budget {b:g}": instrumented(None)}, steps)
         after = _native.stats()
         res.update(budget=b, events_recorded=after["events_recorded"] - before["events_recorded"],
                    stages_sampled_out=after["gpu_sampled_out"] - before["gpu_sampled_out"])

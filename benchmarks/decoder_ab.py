@@ -1,0 +1,222 @@
+"""The PyTorch decoder's decode step, every way of watching it that can share one process.
+
+    python benchmarks/decoder_ab.py [--rounds 8] [--steps 128] [--modes bare,nvtx,...] [--json out.json]
+
+examples/torch_decode.py's model (default here: 6 layers, hidden 1024, bf16, batch 1, a prompt
+of 64 tokens), decoded the way the example does it (``decode`` > ``sample`` + ``forward`` >
+``layer`` x L stages, sampling on the device, one readback at the end), in blocks of ``--steps``
+decode steps that all start from the same prefilled KV cache, so every block does the same work.
+One process; the blocks rotate between the modes each round:
+
+  bare           no maxinstr: the stages are no-op context managers
+  nvtx           the same stages as nvtx.annotate ranges (what NVTX alone costs with no tool attached)
+  default        maxinstr.session(...) as the example opens it (stages, GPU events under the
+                 default GPU-timing budget, the sampler)
+  kernels        maxinstr.session(..., kernels=True): CUPTI in the process, launch tags (the default)
+  kernels_records  the same with MAXINSTR_CUPTI_TAGS=0 (API + external-correlation records)
+  cupti_floor    no maxinstr stages; CUPTI's kernel, copy and set activity records on, into the
+                 core's native buffers, nothing else: what CUPTI itself costs the step, the floor
+                 kernels=True stands on
+
+A session mode's block is a whole session: opened, 16 warm-up steps and a pause longer than the
+flusher's period (its first pass, the collector's one-time checks), then the timed steps, then
+closed (untimed). Printed per mode: the block's median time per step and the median over rounds
+of (block / that round's bare block), also for the 10th-percentile round; JSON with every round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MODES = ("bare", "nvtx", "default", "kernels", "kernels_records", "cupti_floor")
+WARM_STEPS = 16
+
+
+def _null_stage(name: str, **_: object):
+    return contextlib.nullcontext()
+
+
+def _decoder(torch, layers: int, hidden: int, batch: int, prompt_len: int):
+    sys.path.insert(0, str(REPO / "examples"))
+    from torch_decode import build_model
+
+    heads, vocab = max(1, hidden // 128), 32000
+    torch.manual_seed(0)
+    torch.set_grad_enabled(False)
+    model = build_model(torch, vocab, hidden, layers, heads, torch.device("cuda"), torch.bfloat16)
+    prompt = torch.randint(0, vocab, (batch, prompt_len), device="cuda")
+
+    def forward(st, tokens, caches, stream):  # Model.forward with the stage function passed in
+        x = model.embed(tokens)
+        new = []
+        for i, layer in enumerate(model.layers):
+            with st("layer", stream=stream, layer=i):
+                x, cache = layer(x, caches[i] if caches else None)
+            new.append(cache)
+        return model.head(model.norm(x[:, -1])), new
+
+    logits0, caches0 = forward(_null_stage, prompt, None, None)
+    torch.cuda.synchronize()
+
+    def decode(st, steps: int, stream) -> list[int]:
+        """`steps` decode steps from the prefilled cache; ns per step (host, no sync but the last)."""
+        logits, caches, tokens, t = logits0, caches0, [], []
+        for step in range(steps):
+            t0 = time.perf_counter_ns()
+            with st("decode", step=step, stream=stream):
+                with st("sample", stream=stream):
+                    top = torch.topk(logits.float() / 0.8, k=50, dim=-1)
+                    pick = torch.multinomial(torch.softmax(top.values, dim=-1), 1)
+                    token = top.indices.gather(-1, pick)
+                with st("forward", stream=stream):
+                    logits, caches = forward(st, token, caches, stream)
+            tokens.append(token)
+            t.append(time.perf_counter_ns() - t0)
+        t0 = time.perf_counter_ns()
+        torch.cat(tokens, dim=1).cpu()  # the one sync, as the example's readback
+        t[-1] += time.perf_counter_ns() - t0
+        return t
+
+    return decode
+
+
+def _nvtx_stage():
+    import nvtx
+
+    def st(name: str, **_: object):
+        return nvtx.annotate(name, domain="bench")
+
+    return st
+
+
+class _CuptiFloor:
+    """CUPTI activity records of kernels, copies and sets into the core's native buffers; no
+    stage tagging, no conversion (records are taken and dropped after the timed block)."""
+
+    def __init__(self) -> None:
+        from cupti import cupti as c
+
+        from maxinstr import _native
+        from maxinstr.kernels import cupti as mc
+
+        self.c, self.native = c, _native
+        c.get_timestamp()  # maps cupti-python's libcupti
+        path = mc._same_instance_path(c, int(c.ExternalCorrelationKind.CUSTOM2))
+        if not path or not _native.cupti_buffers(path, mc.BUFFER_BYTES, mc.MAX_PENDING_BYTES):
+            raise RuntimeError(f"native CUPTI buffers unavailable ({path})")
+        K = c.ActivityKind
+        self.kinds = (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET)
+        self.records = 0
+
+    @contextlib.contextmanager
+    def on(self):
+        for k in self.kinds:
+            self.c.activity_enable(k)
+        try:
+            yield
+        finally:
+            for k in self.kinds:
+                self.c.activity_disable(k)
+            self.native.cupti_flush(1)
+            for data, offs in self.native.cupti_take():
+                self.records += len(offs) // 8
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=128, help="timed decode steps per block")
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    if "bare" not in modes:
+        modes.insert(0, "bare")
+
+    import torch
+
+    import maxinstr
+    from maxinstr.integrations.torch import torch_stream_handle
+
+    decode = _decoder(torch, args.layers, args.hidden, args.batch, args.prompt_len)
+    stream = torch_stream_handle()
+    for _ in range(3):
+        decode(_null_stage, args.steps, None)
+    stages = {"bare": _null_stage}
+    skipped: dict[str, str] = {}
+    if "nvtx" in modes:
+        try:
+            stages["nvtx"] = _nvtx_stage()
+        except ImportError as exc:
+            skipped["nvtx"] = str(exc)
+    floor = None
+    if "cupti_floor" in modes:
+        try:
+            floor = _CuptiFloor()
+        except Exception as exc:  # noqa: BLE001 - no cupti-python, no libcupti
+            skipped["cupti_floor"] = str(exc)[:200]
+    modes = [m for m in modes if m not in skipped]
+    tmp = Path(tempfile.mkdtemp(prefix="decoder_ab-"))
+    per_step: dict[str, list[float]] = {m: [] for m in modes}  # median ns per step of each block
+    status: dict[str, set[str]] = {}
+
+    def block(mode: str, r: int) -> list[int]:
+        if mode in stages:
+            return decode(stages[mode], args.steps, None if mode == "bare" else stream)
+        if mode == "cupti_floor":
+            with floor.on():
+                decode(_null_stage, WARM_STEPS, None)
+                return decode(_null_stage, args.steps, None)
+        os.environ["MAXINSTR_CUPTI_TAGS"] = "0" if mode == "kernels_records" else "1"
+        run_dir = tmp / f"{mode}-{r}"
+        with maxinstr.session(run_dir, warmup=1, kernels=mode.startswith("kernels"), model="decoder_ab"):
+            decode(maxinstr.stage, WARM_STEPS, stream)
+            time.sleep(0.4)  # the flusher's first pass (FLUSH_EVERY_S 0.25 s) before the timed steps
+            t = decode(maxinstr.stage, args.steps, stream)
+        if mode.startswith("kernels"):
+            k = json.loads((run_dir / "meta.json").read_text()).get("kernels") or {}
+            status.setdefault(mode, set()).add(f"{k.get('status')} {k.get('reason') or ''}".strip())
+        return t
+
+    for r in range(args.rounds):
+        for mode in modes[r % len(modes):] + modes[: r % len(modes)]:
+            t = block(mode, r)
+            per_step[mode].append(statistics.median(t))
+        print(f"round {r + 1}: " + ", ".join(f"{m} {per_step[m][-1] / 1000:.1f}" for m in modes) + " us/step", flush=True)
+    bare = per_step["bare"]
+    out = {"args": {k: str(v) for k, v in vars(args).items()}, "skipped": skipped,
+           "status": {m: sorted(v) for m, v in status.items()},
+           "cupti_floor_records": floor.records if floor else None, "modes": {}}  # fmt: skip
+    print(f"\ndecode step, {args.layers} layers, hidden {args.hidden}, batch {args.batch}; {args.rounds} rounds "
+          f"of {args.steps} steps per mode, one process, rotated")
+    print(f"{'mode':18s}{'us/step':>10s}{'x bare':>9s}{'min..max x bare':>20s}")
+    for m in modes:
+        ratios = [v / b for v, b in zip(per_step[m], bare)]
+        med = statistics.median(ratios)
+        out["modes"][m] = {"us_per_step": statistics.median(per_step[m]) / 1000, "x_bare": med,
+                           "x_bare_rounds": ratios, "us_per_step_rounds": [v / 1000 for v in per_step[m]]}  # fmt: skip
+        print(f"{m:18s}{statistics.median(per_step[m]) / 1000:10.1f}{med:9.3f}{min(ratios):10.3f}..{max(ratios):.3f}")
+    for m, why in skipped.items():
+        print(f"skipped {m}: {why}")
+    for m, s in out["status"].items():
+        print(f"{m}: collector {', '.join(s)}")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
