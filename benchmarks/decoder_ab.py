@@ -17,6 +17,11 @@ One process; the blocks rotate between the modes each round:
   cupti_floor    no maxinstr stages; CUPTI's kernel, copy and set activity records on, into the
                  core's native buffers, nothing else: what CUPTI itself costs the step, the floor
                  kernels=True stands on
+  the parts kernels=True adds to that floor, each alone (not run unless named in --modes):
+  floor_tags     the floor plus the core's launch tags (CUPTI's callback API on the launch functions)
+  floor_flush    the floor plus a thread asking CUPTI for its completed buffers every 0.25 s, as
+                 the collector's flusher does (cuptiActivityFlushAll(0), then the take)
+  kernels_noflush  kernels=True with the collector's periodic flush off (buffers taken at close)
 
 A session mode's block is a whole session: opened, 16 warm-up steps and a pause longer than the
 flusher's period (its first pass, the collector's one-time checks), then the timed steps, then
@@ -33,11 +38,15 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("bare", "nvtx", "default", "kernels", "kernels_records", "cupti_floor")
+# what the collector adds to CUPTI's floor, one part at a time (--modes ...,floor_tags,floor_flush,kernels_noflush)
+PARTS = ("floor_tags", "floor_flush", "kernels_noflush")
 WARM_STEPS = 16
 
 
@@ -117,15 +126,39 @@ class _CuptiFloor:
         self.kinds = (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET)
         self.records = 0
 
+        self.path = path
+        self.tag_ids = mc.CuptiCollector._launch_cbids(types.SimpleNamespace(_c=c))
+
     @contextlib.contextmanager
-    def on(self):
+    def on(self, tags: bool = False, flush_every_s: float = 0.0):
         for k in self.kinds:
             self.c.activity_enable(k)
+        if tags and self.native.cupti_tags(self.path, *self.tag_ids, 1) is not True:
+            raise RuntimeError("cupti_tags failed")
+        stop = threading.Event()
+
+        def flusher() -> None:  # as the collector's flusher: completed buffers, then the take
+            while not stop.wait(flush_every_s):
+                self.native.cupti_flush(0)
+                for data, offs in self.native.cupti_take():
+                    self.records += len(offs) // 8
+                if tags:
+                    self.native.cupti_tags_take()
+
+        thread = threading.Thread(target=flusher, daemon=True) if flush_every_s > 0 else None
+        if thread:
+            thread.start()
         try:
             yield
         finally:
+            stop.set()
+            if thread:
+                thread.join()
             for k in self.kinds:
                 self.c.activity_disable(k)
+            if tags:
+                self.native.cupti_tags(None)
+                self.native.cupti_tags_take()
             self.native.cupti_flush(1)
             for data, offs in self.native.cupti_take():
                 self.records += len(offs) // 8
@@ -150,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import maxinstr
     from maxinstr.integrations.torch import torch_stream_handle
+    from maxinstr.kernels import cupti as mcupti
 
     decode = _decoder(torch, args.layers, args.hidden, args.batch, args.prompt_len)
     stream = torch_stream_handle()
@@ -163,11 +197,13 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError as exc:
             skipped["nvtx"] = str(exc)
     floor = None
-    if "cupti_floor" in modes:
+    if any(m == "cupti_floor" or m.startswith("floor_") for m in modes):
         try:
             floor = _CuptiFloor()
         except Exception as exc:  # noqa: BLE001 - no cupti-python, no libcupti
-            skipped["cupti_floor"] = str(exc)[:200]
+            for m in modes:
+                if m == "cupti_floor" or m.startswith("floor_"):
+                    skipped[m] = str(exc)[:200]
     modes = [m for m in modes if m not in skipped]
     tmp = Path(tempfile.mkdtemp(prefix="decoder_ab-"))
     per_step: dict[str, list[float]] = {m: [] for m in modes}  # median ns per step of each block
@@ -176,16 +212,22 @@ def main(argv: list[str] | None = None) -> int:
     def block(mode: str, r: int) -> list[int]:
         if mode in stages:
             return decode(stages[mode], args.steps, None if mode == "bare" else stream)
-        if mode == "cupti_floor":
-            with floor.on():
+        if mode == "cupti_floor" or mode.startswith("floor_"):
+            with floor.on(tags=mode == "floor_tags", flush_every_s=0.25 if mode == "floor_flush" else 0.0):
                 decode(_null_stage, WARM_STEPS, None)
                 return decode(_null_stage, args.steps, None)
         os.environ["MAXINSTR_CUPTI_TAGS"] = "0" if mode == "kernels_records" else "1"
         run_dir = tmp / f"{mode}-{r}"
-        with maxinstr.session(run_dir, warmup=1, kernels=mode.startswith("kernels"), model="decoder_ab"):
-            decode(maxinstr.stage, WARM_STEPS, stream)
-            time.sleep(0.4)  # the flusher's first pass (FLUSH_EVERY_S 0.25 s) before the timed steps
-            t = decode(maxinstr.stage, args.steps, stream)
+        every = mcupti.FLUSH_EVERY_S
+        if mode == "kernels_noflush":
+            mcupti.FLUSH_EVERY_S = 1e9  # read at each flush: the flusher's passes take nothing
+        try:
+            with maxinstr.session(run_dir, warmup=1, kernels=mode.startswith("kernels"), model="decoder_ab"):
+                decode(maxinstr.stage, WARM_STEPS, stream)
+                time.sleep(0.4)  # the flusher's first pass (FLUSH_EVERY_S 0.25 s) before the timed steps
+                t = decode(maxinstr.stage, args.steps, stream)
+        finally:
+            mcupti.FLUSH_EVERY_S = every
         if mode.startswith("kernels"):
             k = json.loads((run_dir / "meta.json").read_text()).get("kernels") or {}
             status.setdefault(mode, set()).add(f"{k.get('status')} {k.get('reason') or ''}".strip())
