@@ -8,6 +8,8 @@ set -uo pipefail
 out="${OUT:-/tmp/out}/decoder-ab"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-python3 benchmarks/decoder_ab.py --rounds "${AB_ROUNDS:-6}" --steps "${AB_STEPS:-128}" ${AB_ARGS:-} \
+# AB_CPUS: pin the process to these CPUs (taskset -c), against the host's drift between rounds
+pin=(); [ -n "${AB_CPUS:-}" ] && pin=(taskset -c "$AB_CPUS")
+"${pin[@]}" python3 benchmarks/decoder_ab.py --rounds "${AB_ROUNDS:-6}" --steps "${AB_STEPS:-128}" ${AB_ARGS:-} \
   --json "$out/decoder_ab.json" 2>&1 | tee "$out/table.txt"
 exit "${PIPESTATUS[0]}"
