@@ -25,8 +25,11 @@ One process; the blocks rotate between the modes each round:
 
 A session mode's block is a whole session: opened, 16 warm-up steps and a pause longer than the
 flusher's period (its first pass, the collector's one-time checks), then the timed steps, then
-closed (untimed). Printed per mode: the block's median time per step and the median over rounds
-of (block / that round's bare block), also for the 10th-percentile round; JSON with every round.
+closed (untimed). Printed per mode: the median over rounds of (block's median step / that round's
+bare block), the 10th percentile of all its steps (the machine's fast state: on the H200 host the
+step time flips between ~2.3 and ~4.3 ms from block to block, whatever the mode), and the median
+CPU time the launching thread spent per step (insensitive to that drift and to GPU waits; blind
+to time lost waiting for the GIL); JSON with every round.
 """
 
 from __future__ import annotations
@@ -76,11 +79,12 @@ def _decoder(torch, layers: int, hidden: int, batch: int, prompt_len: int):
     logits0, caches0 = forward(_null_stage, prompt, None, None)
     torch.cuda.synchronize()
 
-    def decode(st, steps: int, stream) -> list[int]:
-        """`steps` decode steps from the prefilled cache; ns per step (host, no sync but the last)."""
-        logits, caches, tokens, t = logits0, caches0, [], []
+    def decode(st, steps: int, stream) -> tuple[list[int], list[int]]:
+        """`steps` decode steps from the prefilled cache: wall ns per step (no sync but the last)
+        and this thread's CPU ns per step (what the launching thread itself spent)."""
+        logits, caches, tokens, t, cpu = logits0, caches0, [], [], []
         for step in range(steps):
-            t0 = time.perf_counter_ns()
+            t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
             with st("decode", step=step, stream=stream):
                 with st("sample", stream=stream):
                     top = torch.topk(logits.float() / 0.8, k=50, dim=-1)
@@ -90,10 +94,11 @@ def _decoder(torch, layers: int, hidden: int, batch: int, prompt_len: int):
                     logits, caches = forward(st, token, caches, stream)
             tokens.append(token)
             t.append(time.perf_counter_ns() - t0)
+            cpu.append(time.thread_time_ns() - c0)
         t0 = time.perf_counter_ns()
         torch.cat(tokens, dim=1).cpu()  # the one sync, as the example's readback
         t[-1] += time.perf_counter_ns() - t0
-        return t
+        return t, cpu
 
     return decode
 
@@ -206,10 +211,12 @@ def main(argv: list[str] | None = None) -> int:
                     skipped[m] = str(exc)[:200]
     modes = [m for m in modes if m not in skipped]
     tmp = Path(tempfile.mkdtemp(prefix="decoder_ab-"))
-    per_step: dict[str, list[float]] = {m: [] for m in modes}  # median ns per step of each block
+    per_step: dict[str, list[float]] = {m: [] for m in modes}  # median wall ns per step of each block
+    walls: dict[str, list[int]] = {m: [] for m in modes}  # every timed step
+    cpus: dict[str, list[int]] = {m: [] for m in modes}
     status: dict[str, set[str]] = {}
 
-    def block(mode: str, r: int) -> list[int]:
+    def block(mode: str, r: int) -> tuple[list[int], list[int]]:
         if mode in stages:
             return decode(stages[mode], args.steps, None if mode == "bare" else stream)
         if mode == "cupti_floor" or mode.startswith("floor_"):
@@ -235,22 +242,34 @@ def main(argv: list[str] | None = None) -> int:
 
     for r in range(args.rounds):
         for mode in modes[r % len(modes):] + modes[: r % len(modes)]:
-            t = block(mode, r)
+            t, c = block(mode, r)
             per_step[mode].append(statistics.median(t))
-        print(f"round {r + 1}: " + ", ".join(f"{m} {per_step[m][-1] / 1000:.1f}" for m in modes) + " us/step", flush=True)
+            walls[mode] += t
+            cpus[mode] += c
+        if r % max(1, args.rounds // 8) == 0 or r == args.rounds - 1:
+            print(f"round {r + 1}: " + ", ".join(f"{m} {per_step[m][-1] / 1000:.1f}" for m in modes) + " us/step",
+                  flush=True)
     bare = per_step["bare"]
+    q = statistics.quantiles
     out = {"args": {k: str(v) for k, v in vars(args).items()}, "skipped": skipped,
            "status": {m: sorted(v) for m, v in status.items()},
            "cupti_floor_records": floor.records if floor else None, "modes": {}}  # fmt: skip
     print(f"\ndecode step, {args.layers} layers, hidden {args.hidden}, batch {args.batch}; {args.rounds} rounds "
           f"of {args.steps} steps per mode, one process, rotated")
-    print(f"{'mode':18s}{'us/step':>10s}{'x bare':>9s}{'min..max x bare':>20s}")
+    print("wall: median over rounds of (block median / that round's bare); p10: 10th percentile of all the mode's "
+          "steps; cpu: the launching thread's CPU time per step (median), which the machine's other tenants and "
+          "GPU waits leave out")
+    print(f"{'mode':18s}{'wall us':>9s}{'x bare':>8s}{'p10 us':>9s}{'x bare':>8s}{'cpu us':>9s}{'x bare':>8s}")
+    b10, bcpu = q(walls["bare"], n=10)[0], statistics.median(cpus["bare"])
     for m in modes:
         ratios = [v / b for v, b in zip(per_step[m], bare)]
-        med = statistics.median(ratios)
+        med, p10, cpu = statistics.median(ratios), q(walls[m], n=10)[0], statistics.median(cpus[m])
         out["modes"][m] = {"us_per_step": statistics.median(per_step[m]) / 1000, "x_bare": med,
+                           "p10_us": p10 / 1000, "p10_x_bare": p10 / b10,
+                           "cpu_us": cpu / 1000, "cpu_x_bare": cpu / bcpu,
                            "x_bare_rounds": ratios, "us_per_step_rounds": [v / 1000 for v in per_step[m]]}  # fmt: skip
-        print(f"{m:18s}{statistics.median(per_step[m]) / 1000:10.1f}{med:9.3f}{min(ratios):10.3f}..{max(ratios):.3f}")
+        print(f"{m:18s}{statistics.median(per_step[m]) / 1000:9.1f}{med:8.3f}{p10 / 1000:9.1f}{p10 / b10:8.3f}"
+              f"{cpu / 1000:9.1f}{cpu / bcpu:8.3f}")
     for m, why in skipped.items():
         print(f"skipped {m}: {why}")
     for m, s in out["status"].items():

@@ -3,6 +3,8 @@
 # PYTHONPATH; MAX travels in parts: benchmarks/device/max-parts.sh says how). Results land in
 # $OUT/max/: run directories, nsys SQLite exports and reports, packed by run_all.sh.
 #   MAX_EXAMPLES="block decoder" (default both): which examples run
+#   MAX_RUNS="plain plain2 nsys run kernels maxprof" (default all): which runs of each (plain
+#      compiles the graphs into MAX's cache first; maxprof recompiles them with MAX's markers)
 #   1. examples/max_block.py: plain (events on MAX's queue), under nsys (MAX's markers off), under
 #      `maxinstr run` (MODULAR_ENABLE_PROFILING=detailed, its default), with kernels=True, and
 #      with --max-profiling detailed (session.gpu_profiling: MAX's kernel-level markers) with and
@@ -63,30 +65,39 @@ for ex in ${MAX_EXAMPLES:-block decoder}; do
   p="$work/$ex"
   echo "== $ex"
   unset MODULAR_ENABLE_PROFILING
-  timed "$ex-plain" python3 $script "${args[@]}" --run-dir "$p-plain" || {
-    if [ "$ex" = decoder ]; then  # flash attention where plain attention would do: try that
-      args+=(--attention plain); timed "$ex-plain-retry" python3 $script "${args[@]}" --run-dir "$p-plain"
-    fi
-  }
-  grep -E "^max_(block|decoder):" "$out/$ex-plain.txt" "$out/$ex-plain-retry.txt" 2>/dev/null
-  timed "$ex-plain2" python3 $script "${args[@]}" --run-dir "$p-plain2" --no-report  # compiled: cache warm
-  grep -E "^max_(block|decoder):" "$out/$ex-plain2.txt"
-  report "$ex-plain2" "$p-plain2"
+  want() { [[ " ${MAX_RUNS:-plain plain2 nsys run kernels maxprof} " == *" $1 "* ]]; }
+  if want plain; then
+    timed "$ex-plain" python3 $script "${args[@]}" --run-dir "$p-plain" || {
+      if [ "$ex" = decoder ]; then  # flash attention where plain attention would do: try that
+        args+=(--attention plain); timed "$ex-plain-retry" python3 $script "${args[@]}" --run-dir "$p-plain"
+      fi
+    }
+    grep -E "^max_(block|decoder):" "$out/$ex-plain.txt" "$out/$ex-plain-retry.txt" 2>/dev/null
+    report "$ex-plain" "$p-plain"
+  fi
+  if want plain2; then
+    timed "$ex-plain2" python3 $script "${args[@]}" --run-dir "$p-plain2" --no-report  # compiled: cache warm
+    grep -E "^max_(block|decoder):" "$out/$ex-plain2.txt"
+    report "$ex-plain2" "$p-plain2"
+  fi
 
   # nsys with MAX's markers off: what a user gets from a bare `nsys profile`
-  timed "$ex-nsys" nsys profile "${NSYS_FLAGS[@]}" -o "$p-nsys" python3 $script "${args[@]}" --run-dir "$p-nsys" --no-report
-  export_sqlite "$p-nsys"
-  report "$ex-nsys" "$p-nsys" --trace "$p-nsys.sqlite"
+  want nsys && timed "$ex-nsys" nsys profile "${NSYS_FLAGS[@]}" -o "$p-nsys" python3 $script "${args[@]}" --run-dir "$p-nsys" --no-report
+  want nsys && { export_sqlite "$p-nsys"; report "$ex-nsys" "$p-nsys" --trace "$p-nsys.sqlite"; }
 
   # the one-command path (MODULAR_ENABLE_PROFILING=detailed by default there)
-  timed "$ex-run" python3 -m maxinstr run -y -o "$p-run" -- python3 $script "${args[@]}" --no-report
-  ls "$p-run" > "$out/$ex-run.files.txt" 2>&1
-  cp "$p-run"/*.sqlite "$p-run.sqlite" 2>/dev/null || export_sqlite "$p-run/profile"
-  report "$ex-run" "$p-run"
-
-  timed "$ex-kernels" python3 $script "${args[@]}" --run-dir "$p-kernels" --kernels --no-report
-  grep -E "^max_(block|decoder):|kernels=True|Warning" "$out/$ex-kernels.txt" | head -5
-  report "$ex-kernels" "$p-kernels"
+  if want run; then
+    timed "$ex-run" python3 -m maxinstr run -y -o "$p-run" -- python3 $script "${args[@]}" --no-report
+    ls "$p-run" > "$out/$ex-run.files.txt" 2>&1
+    cp "$p-run"/*.sqlite "$p-run.sqlite" 2>/dev/null || export_sqlite "$p-run/profile"
+    report "$ex-run" "$p-run"
+  fi
+  if want kernels; then
+    timed "$ex-kernels" python3 $script "${args[@]}" --run-dir "$p-kernels" --kernels --no-report
+    grep -E "^max_(block|decoder):|kernels=True|Warning" "$out/$ex-kernels.txt" | head -5
+    report "$ex-kernels" "$p-kernels"
+  fi
+  want maxprof || { grep -h -E "^max_(block|decoder):" "$out/$ex"-*.txt; continue; }
 
   # MAX's kernel-level markers (session.gpu_profiling) need NVTX's v2 entry points: maxinstr
   # provides them (enable_max_profiling); without nsys, then under nsys

@@ -8,7 +8,7 @@ out="${OUT:-/tmp/out}/sources"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 [ -f .device/nsys-env.sh ] && source .device/nsys-env.sh
-python3 benchmarks/decoder_sources.py --rounds "${SOURCES_ROUNDS:-3}" --out /tmp/decoder-sources 2>&1 | tee "$out/table.txt"
+python3 benchmarks/decoder_sources.py --rounds "${SOURCES_ROUNDS:-3}" --out /tmp/decoder-sources ${SOURCES_ARGS:-} 2>&1 | tee "$out/table.txt"
 rc=${PIPESTATUS[0]}
 cp /tmp/decoder-sources/sources.json "$out/" 2>/dev/null
 exit $rc
