@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent(
     from maxinstr import _native
     from cupti import cupti as fake
     import maxinstr.kernels.cupti as collector
-    collector.FAST_CHECK_ROWS = 30      # trust the fast path after ~one step's records (1000 on a GPU)
+    collector.FAST_CHECK_ROWS = 30      # trust the fast path after ~one step's records (FAST_CHECK_ROWS on a GPU)
     run = sys.argv[1]
     assert fake.launch("before_session") is None        # activity is off before the session
     with maxinstr.session(run, kernels=True, sample_hz=0, warmup=1):

@@ -70,7 +70,12 @@ MAX_QUEUED_ROWS = 8 << 20  # ~640 MB of rows waiting for the flusher: beyond, ro
 MAX_PENDING_BYTES = 512 << 20  # completed CUPTI buffers not yet taken: beyond, buffers are dropped (counted)
 CLOCK_PAIRS_MAX = 512
 _PTR = operator.attrgetter("ptr")
-FAST_CHECK_ROWS = 1000  # records converted both ways (and compared) before the fast path is trusted
+# Records converted both ways (and compared) before the fast path is trusted. A record object
+# costs ~60 us with the GIL held (cupti-python 13.0.1: made, read, freed): 1,000 of them stalled
+# the H200 MAX decoder's main thread ~90 ms once, mid-run (389.5 against 1235.8 tokens/s plain,
+# 2026-12-04), so few, in slices that hand the GIL back in between.
+FAST_CHECK_ROWS = 128
+FAST_CHECK_SLICE = 16
 
 # API records are kept only for the functions that launch GPU work: the report joins each
 # kernel, copy and set to the call that launched it (same correlation id) and reads the stage
@@ -657,8 +662,9 @@ class CuptiCollector:
     def _convert_checked(self, data: bytes, offs: np.ndarray) -> np.ndarray:
         """Rows from one buffer: the numpy path (the records' bytes read through cupti-python's
         own struct dtypes), checked against cupti-python's record objects on the first
-        ``FAST_CHECK_ROWS`` records of the session (only those: the objects cost microseconds a
-        record, with the GIL held); the record objects for everything once the two differed."""
+        ``FAST_CHECK_ROWS`` records of the session (only those, a slice at a time: the objects
+        cost tens of microseconds a record, with the GIL held); the record objects for everything
+        once the two differed."""
         if self._fast is True:
             return self._convert_fast(data, offs)
         if self._fast is False:
@@ -671,7 +677,11 @@ class CuptiCollector:
             return self._convert_objects(data, offs)
         head = offs[: max(0, FAST_CHECK_ROWS - self._fast_checked)]
         try:
-            slow = self._convert_objects(data, head)
+            slices = []
+            for i in range(0, len(head), FAST_CHECK_SLICE):
+                slices.append(self._convert_objects(data, head[i : i + FAST_CHECK_SLICE]))
+                time.sleep(0)  # the GIL to the program's threads between slices
+            slow = np.concatenate(slices) if slices else self._convert_objects(data, head)
         except Exception as exc:  # noqa: BLE001 - no record objects to check against
             self._fast = True
             self._fast_note = f"fast path on, unchecked (cupti-python record objects unavailable: {type(exc).__name__}: {exc})"
