@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fixture_columns import DATA, nvtx_proj_csv, run_from_nsys_fixture
+from helpers.fixture_columns import DATA, nvtx_proj_csv, run_from_nsys_fixture
 from maxinstr.analyze.report import SCHEMA, VERSION, analyze, build_report
 from maxinstr.render.json import render as render_json
 
