@@ -151,7 +151,7 @@ class _CuptiFloor:
         def flusher() -> None:  # as the collector's flusher: completed buffers, then the take
             while not stop.wait(flush_every_s):
                 self.native.cupti_flush(0)
-                for data, offs in self.native.cupti_take():
+                for _data, offs in self.native.cupti_take():
                     self.records += len(offs) // 8
                 if tags:
                     self.native.cupti_tags_take()
@@ -171,7 +171,7 @@ class _CuptiFloor:
                 self.native.cupti_tags(None)
                 self.native.cupti_tags_take()
             self.native.cupti_flush(1)
-            for data, offs in self.native.cupti_take():
+            for _data, offs in self.native.cupti_take():
                 self.records += len(offs) // 8
 
 

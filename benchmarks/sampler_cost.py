@@ -37,7 +37,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from maxinstr.sample import open_backend, start_sampler
 from maxinstr.sample.base import ErrorLog, NullBackend

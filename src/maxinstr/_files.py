@@ -12,7 +12,8 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 MakeError = Callable[[Path, str], Exception]
 

@@ -1,7 +1,8 @@
 """Type stub of maxinstr._native, the C++ stage core (csrc/core/, module.cpp first; docs/stage-core.md)."""
 
 from collections.abc import Sequence
-from typing import Any, Callable, Final, TypeVar
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import enum
 from types import SimpleNamespace
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from unittest import mock
 
 import pytest

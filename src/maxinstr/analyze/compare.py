@@ -95,7 +95,7 @@ class Side:
         runs = self.run_values(name, key)
         return None if runs is None else np.concatenate(runs) if runs else np.empty(0, np.int64)
 
-    def _rows_of(self, inst) -> dict[str, np.ndarray]:  # noqa: ANN001
+    def _rows_of(self, inst) -> dict[str, np.ndarray]:
         """Stage key -> its steady instances, built once per table (a mask per stage and
         side was quadratic in the number of stages)."""
         cache = self._rows_cache

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from maxinstr.analyze.families import MATMUL_FAMILIES, scanned
 

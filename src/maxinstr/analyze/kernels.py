@@ -7,7 +7,6 @@ import numpy as np
 
 from maxinstr.analyze.families import OTHER, classify_id_codes, family_names
 from maxinstr.analyze.instances import StageInstances
-from maxinstr.analyze.stats import group_medians
 
 _MAX_DEPTH = 64
 
@@ -273,7 +272,7 @@ def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, du
     del pair, pair_code, d
     pair_key = np.arange(n_pairs, dtype=np.int64) if pairs is None else pairs
     present = np.flatnonzero(st["count"] > 0)
-    p_stage, p_name = pair_key[present] // n_names, pair_key[present] % n_names
+    p_stage = pair_key[present] // n_names
     strings = np.asarray(trace.strings, dtype=object)
     for k in np.flatnonzero(ops > 0):
         stage = str(uniq[k])

@@ -222,7 +222,7 @@ def rank_section(inst, parts: list[dict], gpu_by_rank: list[dict] | None = None)
         if not sel_k.any():
             continue
         per_rank = []
-        for c, r in enumerate(ranks):
+        for r in ranks:
             s = sel_k & (rank == r)
             row = {"rank": int(r), "host_ns": summarize(host[s])}
             if gpu_basis is not None:

@@ -108,7 +108,7 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Stop ncu after this many seconds.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def command(source, trace_opt, stage, kernel, warmup, launch_skip, sections, out, ncu_path, csv_file, dry_run,  # noqa: ANN001
+def command(source, trace_opt, stage, kernel, warmup, launch_skip, sections, out, ncu_path, csv_file, dry_run,
             as_json, timeout_s, command) -> None:
     """Pick the dominant kernel of a stage from SOURCE (a run directory made by `maxinstr
     run`, a trace, or a report JSON), profile one steady-state launch of it with ncu, and

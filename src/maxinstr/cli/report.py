@@ -25,7 +25,7 @@ class Progress:
         console = Console(stderr=True)
         self._status = None if (quiet or not console.is_terminal) else console.status("maxinstr report ...")
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self._status is not None:
             self._status.__enter__()
         return self

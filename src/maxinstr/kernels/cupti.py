@@ -37,7 +37,8 @@ import operator
 import os
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -108,12 +109,12 @@ def _quiet_record_objects(counter: list[int]) -> Iterator[None]:
 
     prev_except, prev_unraisable = sys.excepthook, sys.unraisablehook
 
-    def excepthook(exc_type, value, tb):  # noqa: ANN001
+    def excepthook(exc_type, value, tb):
         if _is_record_free_error(exc_type, tb):  # the first of the two reports: counted at the second
             return
         prev_except(exc_type, value, tb)
 
-    def unraisablehook(args):  # noqa: ANN001
+    def unraisablehook(args):
         if _is_record_free_error(args.exc_type, args.exc_traceback):
             counter[0] += 1
             return

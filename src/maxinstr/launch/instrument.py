@@ -20,7 +20,8 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from maxinstr.errors import MaxinstrError
 
@@ -160,7 +161,7 @@ class _ApplyAfterExec(importlib.abc.Loader):
         self._inner = inner
         self._fullname = fullname
 
-    def create_module(self, spec):  # noqa: ANN001
+    def create_module(self, spec):
         return self._inner.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
@@ -172,7 +173,7 @@ class _ApplyAfterExec(importlib.abc.Loader):
 
 
 class _StageImportHook(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001
+    def find_spec(self, fullname, path=None, target=None):
         with _lock:
             if fullname not in _pending:
                 return None

@@ -21,7 +21,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import runner
@@ -52,7 +52,7 @@ class ServerState:
         runner._write_json(self.run_dir / STATE_FILE, data)
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> "ServerState":
+    def load(cls, run_dir: str | Path) -> ServerState:
         path = Path(run_dir) / STATE_FILE
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -114,7 +114,7 @@ def _nsys(state_or_path: str | None) -> Nsys:
     return Nsys(state_or_path or "nsys", NsysOptions(capture="all", window_s=None))
 
 
-def _wait_ready(state: ServerState, ready: str | None, timeout_s: float, patterns) -> None:  # noqa: ANN001
+def _wait_ready(state: ServerState, ready: str | None, timeout_s: float, patterns) -> None:
     """Return once the server's log shows ``ready`` (or at once when None); raise with the
     log's tail when it dies or logs a fatal error first."""
     rx = re.compile(ready) if ready else None

@@ -952,7 +952,7 @@ def _note_drops(root: Session) -> None:
         root._last_dropped = dropped
 
 
-def _flusher_main(proc_ref: "weakref.ref[_Process]") -> None:
+def _flusher_main(proc_ref: weakref.ref[_Process]) -> None:
     while True:
         proc = proc_ref()
         if proc is None or proc is not _proc or proc.pid != os.getpid():

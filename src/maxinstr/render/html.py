@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -376,7 +377,7 @@ def timeline_section(report: dict, analysis) -> str:
     limits_power: list[float] = []
     limits_mem: list[float] = []
     dashes = ("", "5,3", "2,2", "8,3,2,3")
-    for pi, (part, smp) in enumerate(tl.samples):
+    for _part, smp in tl.samples:
         devs = smp.devices
         names = set(smp.rows.dtype.names or ())
         for d in np.unique(np.asarray(smp.device)).tolist():

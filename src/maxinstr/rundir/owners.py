@@ -16,7 +16,8 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from maxinstr.rundir import format as fmt
 

@@ -237,7 +237,7 @@ def _check_fields(meta: dict[str, Any], path: Path) -> None:
 def _read_part(
     pdir: Path,
     index: int,
-    names: "_Interner",
+    names: _Interner,
     tables: list[np.ndarray],
     attrs: dict[int, dict[str, Any]],
     events: list[dict[str, Any]],
@@ -353,7 +353,7 @@ def _read_jsonl(path: Path, notes: list[str]) -> list[Any]:
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
-            out.append(parse_json(line, path, lambda p, problem: RunDirError(
+            out.append(parse_json(line, path, lambda p, problem, number=number: RunDirError(
                 p, f"line {number} is {problem.replace('not valid JSON', 'not JSON', 1)}")))
     if tail.strip():
         notes.append(f"{path}: ignored a torn last line ({len(tail)} bytes without a newline)")

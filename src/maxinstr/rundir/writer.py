@@ -23,7 +23,8 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 

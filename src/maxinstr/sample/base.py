@@ -16,7 +16,8 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 NAN = math.nan
 

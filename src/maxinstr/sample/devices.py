@@ -20,7 +20,7 @@ may differ (several GPUs of different names and no PCI_BUS_ID order).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 
 @dataclass(frozen=True)

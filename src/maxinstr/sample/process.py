@@ -26,7 +26,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Collection
+from collections.abc import Collection
+from typing import Any
 
 from maxinstr.sample.base import DeviceInfo
 from maxinstr.sample.nvml import NVML_LIB_ENV  # noqa: F401 - tests and benchmarks set it

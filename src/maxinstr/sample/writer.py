@@ -21,7 +21,8 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from maxinstr.sample.base import (
     FLAG_GPM,
@@ -119,7 +120,7 @@ class Sampler:
         self._thread_cpu_ns = 0
 
     # -- lifecycle ---------------------------------------------------------------------
-    def start(self) -> "Sampler":
+    def start(self) -> Sampler:
         try:
             self.part_dir.mkdir(parents=True, exist_ok=True)
             if not self.unavailable:

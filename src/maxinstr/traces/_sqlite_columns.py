@@ -23,7 +23,8 @@ from __future__ import annotations
 import os
 import sqlite3
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -258,7 +259,7 @@ def native_module() -> Any | None:
     try:
         if not _columns.available():
             return None
-    except Exception:  # a broken build must not stop the Python path
+    except Exception:  # noqa: BLE001 - a broken build must not stop the Python path
         return None
     return _columns
 

@@ -15,7 +15,7 @@ import tempfile
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 

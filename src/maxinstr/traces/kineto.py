@@ -286,7 +286,7 @@ def _read(path: Path, doc: dict, events: list, progress: Progress | None) -> Tra
     # thread names and GPU-side annotations
     thread_names: dict[int, str] = {}
     host_pids = set(np.unique(np.r_[ranges.pid, calls.pid]).tolist())
-    for i, (p, c) in enumerate(zip(ph, cat)):
+    for i, (p, _c) in enumerate(zip(ph, cat)):
         if p == "M":
             e = events[i]
             if e.get("name") == "thread_name" and isinstance(e.get("args"), dict):

@@ -17,7 +17,7 @@ for per-stage GPU time; spans across ranks are not compared on the traces' clock
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -58,7 +58,7 @@ def merge_rank_traces(traces: list[Trace], ranks: list[int],
         clash = bool(pids & seen_pids)
         seen_pids |= pids
 
-        def fix_pid(col: np.ndarray) -> np.ndarray:
+        def fix_pid(col: np.ndarray, ti: int = ti, clash: bool = clash) -> np.ndarray:  # this trace's
             col = np.asarray(col, np.int64)
             return ((ti + 1) << PID_SHIFT) | col if clash else col
 
