@@ -7,6 +7,7 @@ import numpy as np
 
 from maxinstr.analyze.families import OTHER, classify_id_codes, family_names
 from maxinstr.analyze.instances import StageInstances
+from maxinstr.analyze.schema import FamilyRow, GpuKernel, Mix, MixRange
 
 _MAX_DEPTH = 64
 
@@ -38,7 +39,7 @@ def op_durations(trace) -> np.ndarray:
     return np.maximum(np.asarray(ops.end_ns, np.int64) - np.asarray(ops.start_ns, np.int64), 0)
 
 
-def family_table(dur_ns: np.ndarray, families: np.ndarray) -> list[dict]:
+def family_table(dur_ns: np.ndarray, families: np.ndarray) -> list[FamilyRow]:
     """Rows ``{family, gpu_ns, share, count}`` sorted by time, shares of the total given.
     ``families`` are int codes (:func:`op_families`)."""
     if len(dur_ns) == 0:
@@ -87,7 +88,7 @@ def group_stats(codes: np.ndarray, values: np.ndarray, n_groups: int) -> dict[st
 
 
 def kernel_table(trace, families: np.ndarray, dur_ns: np.ndarray, mask: np.ndarray | None = None,
-                 limit: int | None = None) -> list[dict]:
+                 limit: int | None = None) -> list[GpuKernel]:
     """Per distinct op name: family, count, total/median/max ns and share of the selected ops."""
     name_id = np.asarray(trace.ops.name_id, np.int64)
     if mask is not None:
@@ -213,14 +214,14 @@ def instance_op_work(inst: StageInstances, families: np.ndarray, dur_ns: np.ndar
 
 
 def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, dur_ns: np.ndarray,
-              top: int = 8, pairs: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, dict]:
+              top: int = 8, pairs: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Mix]:
     """Per stage name, over its steady instances: family table, top kernels, and kernels per
     instance. Ops are counted in every enclosing stage (inclusive). A stage with no steady
     instance at all (e.g. a prefill run once per request, all warm-up) uses every instance,
     and says so (``"instances_used": "all"``). ``pairs``: :func:`op_instance_pairs`'s result
     when the caller already has it."""
     op_i, inst_i = pairs if pairs is not None else op_instance_pairs(inst, trace, attribution)
-    out: dict[str, dict] = {}
+    out: dict[str, Mix] = {}
     if len(op_i) == 0:
         return out
     uniq, name_code = inst.key_codes()  # per instance, once
@@ -337,7 +338,7 @@ def _ranges_by_stage(inst: StageInstances, trace, attribution, op_i: np.ndarray,
 
 
 def _range_breakdown(ranges: dict[str, np.ndarray] | None, k: int, strings: np.ndarray, n_inst: int, grand: float,
-                     top: int) -> list[dict]:
+                     top: int) -> list[MixRange]:
     """Stage ``k``'s rows of :func:`_ranges_by_stage`, by GPU time: name, ops, kernels, GPU time,
     share and ops per stage instance. Empty when none."""
     if ranges is None:

@@ -28,10 +28,10 @@ Dict keys that are data (stage names, rule names, ranks) are ``dict[str, ...]``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypedDict, TypeVar
+from typing import Annotated, Any, Final, Literal, TypedDict, TypeVar
 
-SCHEMA = "maxinstr-report"
-VERSION = 1
+SCHEMA: Final = "maxinstr-report"
+VERSION: Final = 1
 
 _T = TypeVar("_T")
 ALWAYS = "always"
@@ -84,7 +84,7 @@ class StepTrend(TypedDict, total=False):
     first_step: int
     last_step: int
     slope_ns_per_step: float
-    spearman: float | None
+    spearman: float
     first_quarter_median_ns: float
     last_quarter_median_ns: float
     last_over_first: float | None
