@@ -13,17 +13,33 @@ from __future__ import annotations
 from typing import Callable
 
 from mypy.errorcodes import TYPEDDICT_ITEM
+from mypy.nodes import CallExpr, MemberExpr
 from mypy.plugin import MethodContext, Plugin
 from mypy.plugins.default import typed_dict_get_callback
 from mypy.typeops import try_getting_str_literals
-from mypy.types import Type, TypedDictType, get_proper_type
+from mypy.types import Type, TypedDictType, UnionType, get_proper_type
+
+
+def _receiver_items(ctx: MethodContext, td: TypedDictType) -> list[TypedDictType]:
+    """The TypedDicts the ``.get`` receiver may be: mypy calls the hook once per item of a union
+    (``x: Stage | PaceUnit``), and a key of any of them is fine there (``x.get("mix")`` is None
+    for the item without it)."""
+    call = ctx.context
+    lookup = getattr(ctx.api, "lookup_type_or_none", None)
+    if lookup is not None and isinstance(call, CallExpr) and isinstance(call.callee, MemberExpr):
+        whole = lookup(call.callee.expr)
+        if whole is not None and isinstance(union := get_proper_type(whole), UnionType):
+            items = [t for t in (get_proper_type(i) for i in union.items) if isinstance(t, TypedDictType)]
+            if items:
+                return items
+    return [td]
 
 
 def _checked_get(ctx: MethodContext) -> Type:
     td = get_proper_type(ctx.type)
     if isinstance(td, TypedDictType) and ctx.args and len(ctx.args[0]) == 1:
         for key in try_getting_str_literals(ctx.args[0][0], ctx.arg_types[0][0]) or ():
-            if key not in td.items:
+            if not any(key in t.items for t in _receiver_items(ctx, td)):
                 name = td.fallback.type.name
                 ctx.api.fail(f'TypedDict "{name}" has no key "{key}"', ctx.context, code=TYPEDDICT_ITEM)
     return typed_dict_get_callback(ctx)

@@ -42,6 +42,8 @@ Always = Annotated[_T, ALWAYS]
 StatisticKey = Literal["host_ns", "gpu_event_ns", "gpu_proj_ns", "gpu_busy_ns", "gpu_busy_frac", "idle_gap_ns",
                        "kernels_per_instance"]
 """The statistics every stage row (and every population of one) carries."""
+StatisticField = Literal["median", "p90", "p99", "min", "max", "mean", "mad", "q1", "q3", "total"]
+"""The numbers of a :class:`Statistic` besides its count ``n``."""
 TimeKey = Literal["host_ns", "gpu_event_ns", "gpu_proj_ns", "gpu_busy_ns"]
 """The time measures (``stages[].self_ns`` has one total per measure, ``bottlenecks[].basis`` is one)."""
 StepBasis = Literal["host_ns", "gpu_event_ns", "gpu_proj_ns"]
