@@ -10,7 +10,7 @@ is what mypy gives anyway. Loaded by pyproject.toml's ``[tool.mypy] plugins``.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from mypy.errorcodes import TYPEDDICT_ITEM
 from mypy.nodes import CallExpr, MemberExpr

@@ -36,8 +36,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from maxinstr.sample import open_backend, start_sampler

@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover  (`X as X`: re-exported, for type checkers
     from maxinstr.record import is_enabled as is_enabled
     from maxinstr.record import mark as mark
     from maxinstr.record import set_gpu_budget as set_gpu_budget
-    from maxinstr.record import stage as stage
+    from maxinstr._native import stage as stage  # what maxinstr.record.stage is (a submodule shares the name)
     from maxinstr.record.session import Session as Session
     from maxinstr.record.session import current_session as current_session
     from maxinstr.record.session import session as session

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import os
 import stat
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 MakeError = Callable[[Path, str], Exception]

@@ -100,3 +100,10 @@ def cupti_tags(path: str | None, runtime_cbids: Sequence[int] = ..., driver_cbid
 def cupti_tags_take() -> bytes:
     """The 48-byte tags of the calls that ended since the last take (kernels/cupti.py TAG_DTYPE)."""
 def cupti_tags_stats() -> dict[str, Any]: ...
+def cupti_buffers(path: str, buffer_bytes: int = ..., max_pending_bytes: int = ...) -> bool:
+    """CUPTI activity buffers handled natively (no Python on CUPTI's thread); kernels=True."""
+def cupti_flush(flag: int = 0) -> int:
+    """cuptiActivityFlushAll, GIL released."""
+def cupti_take() -> list[tuple[bytes, bytes]]:
+    """Completed activity buffers and their record offsets (int64, as bytes)."""
+def cupti_buffer_stats() -> dict[str, Any]: ...

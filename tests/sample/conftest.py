@@ -14,8 +14,8 @@ against the installed package's source with ``ast`` (parameter names and order).
 from __future__ import annotations
 
 import enum
-from types import SimpleNamespace
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 

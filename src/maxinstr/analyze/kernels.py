@@ -262,16 +262,17 @@ def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, du
     pair = code.astype(np.int64) * n_names
     pair += nid
     del code, nid
+    occurring: np.ndarray | None  # the (stage, name) pairs that occur, when numbered
     if n_stages * n_names <= 8_000_000:
-        pairs, pair_code = None, pair
+        occurring, pair_code = None, pair
         n_pairs = n_stages * n_names
     else:  # many stages x many names: number the pairs that occur
-        pairs, pair_code = np.unique(pair, return_inverse=True)
+        occurring, pair_code = np.unique(pair, return_inverse=True)
         pair_code = pair_code.reshape(-1)
-        n_pairs = len(pairs)
+        n_pairs = len(occurring)
     st = group_stats(pair_code, d, n_pairs)
     del pair, pair_code, d
-    pair_key = np.arange(n_pairs, dtype=np.int64) if pairs is None else pairs
+    pair_key = np.arange(n_pairs, dtype=np.int64) if occurring is None else occurring
     present = np.flatnonzero(st["count"] > 0)
     p_stage = pair_key[present] // n_names
     strings = np.asarray(trace.strings, dtype=object)
@@ -337,7 +338,7 @@ def _ranges_by_stage(inst: StageInstances, trace, attribution, op_i: np.ndarray,
             "kernels": np.bincount(inv, weights=(fam != _MEMCPY_CODE) & (fam != _MEMSET_CODE), minlength=len(keys))}
 
 
-def _range_breakdown(ranges: dict[str, np.ndarray] | None, k: int, strings: np.ndarray, n_inst: int, grand: float,
+def _range_breakdown(ranges: dict[str, np.ndarray] | None, k: int | np.integer, strings: np.ndarray, n_inst: int, grand: float,
                      top: int) -> list[MixRange]:
     """Stage ``k``'s rows of :func:`_ranges_by_stage`, by GPU time: name, ops, kernels, GPU time,
     share and ops per stage instance. Empty when none."""

@@ -81,7 +81,7 @@ class CaptureWindow:
 
     def install(self) -> bool:
         try:
-            from maxinstr import _native  # type: ignore[attr-defined]
+            from maxinstr import _native
         except Exception:  # noqa: BLE001 - no native core: the session cannot capture either
             return False
         original = getattr(_native, "profiler_start", None)

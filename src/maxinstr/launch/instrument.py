@@ -18,9 +18,9 @@ import importlib.machinery
 import inspect
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from collections.abc import Callable
 from typing import Any
 
 from maxinstr.errors import MaxinstrError
@@ -124,6 +124,7 @@ def apply_spec(spec: StageSpec, module: ModuleType, stage_factory: Callable[[str
     raw = inspect.getattr_static(owner, attr, None) if inspect.isclass(owner) else getattr(owner, attr, None)
     if raw is None:
         raise MaxinstrError(f"--stage {spec.target}: {module.__name__} has no {spec.qualname}")
+    rewrap: Any  # staticmethod, classmethod or None: how to wrap the instrumented function again
     if isinstance(raw, staticmethod):
         func, rewrap = raw.__func__, staticmethod
     elif isinstance(raw, classmethod):

@@ -13,9 +13,9 @@ import json
 import os
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import supervise as sv

@@ -19,9 +19,10 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
+from typing import Any
 
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import runner
@@ -252,7 +253,7 @@ def profile_window(
     finally:
         if state.profiler == "nsys":
             _check(stop_command(nsys, state.session))  # type: ignore[arg-type]
-    window = {"index": k, "started_unix_s": started, "wall_s": round(time.time() - started, 3),
+    window: dict[str, Any] = {"index": k, "started_unix_s": started, "wall_s": round(time.time() - started, 3),
               "bench": bench, "bench_status": bench_result.status if bench_result else None}
     artifact = nsys.collect(output) if state.profiler == "nsys" else None
     if artifact is not None:

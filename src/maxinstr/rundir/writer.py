@@ -22,8 +22,8 @@ import os
 import threading
 import time
 import warnings
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np

@@ -13,8 +13,8 @@ written; ``attribute.stage_samples`` turns samples into per-stage numbers.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from collections.abc import Collection, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,7 +66,7 @@ def open_backend(
                 except amdsmi.Unavailable as exc:
                     reasons.append(str(exc))
                     continue
-                count = len(backend.smi.amdsmi_get_processor_handles())  # type: ignore[attr-defined]
+                count = len(backend.smi.amdsmi_get_processor_handles())
         except Exception as exc:  # noqa: BLE001 - a vendor module misbehaving: try the next one
             reasons.append(f"{name}: {type(exc).__name__}: {exc}")
             continue
@@ -134,7 +134,7 @@ def start_sampler(
                                      child_extra)
                 if child is not None:
                     backend.shutdown()  # the child has its own
-                    return child  # type: ignore[return-value]
+                    return child
     except Exception as exc:  # noqa: BLE001 - open_backend never raises, but be sure
         backend, unavailable = NullBackend(str(exc)), str(exc)
     sampler = Sampler(Path(part_dir), interval, backend, unavailable=unavailable, notes=notes, errors=errors,

@@ -25,8 +25,8 @@ import select
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
 from maxinstr.sample.base import DeviceInfo

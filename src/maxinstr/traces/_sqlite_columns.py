@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -253,7 +253,7 @@ def native_module() -> Any | None:
     if os.environ.get("MAXINSTR_NO_NATIVE_COLUMNS"):
         return None
     try:
-        from maxinstr import _columns  # type: ignore[attr-defined]
+        from maxinstr import _columns
     except ImportError:
         return None
     try:

@@ -26,8 +26,8 @@ What is read, and the traps handled:
 from __future__ import annotations
 
 import sqlite3
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
