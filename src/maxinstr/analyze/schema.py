@@ -164,12 +164,10 @@ class Mix(TypedDict, total=False):
 
 
 # ----------------------------------------------------------------------------- populations, samples
-class PopulationGroup(TypedDict, total=False):
-    """One of a stage's two populations, with its own statistics."""
+class StageStatistics(TypedDict, total=False):
+    """The statistics (:data:`StatisticKey`) over steady instances that a stage row and each of
+    its populations carry."""
 
-    label: Always[str]
-    instances: Always[int]
-    share: Always[float]
     host_ns: Always[Statistic]
     gpu_event_ns: Always[Statistic]
     gpu_proj_ns: Always[Statistic]
@@ -177,6 +175,14 @@ class PopulationGroup(TypedDict, total=False):
     gpu_busy_frac: Always[Statistic]
     idle_gap_ns: Always[Statistic]
     kernels_per_instance: Always[Statistic]
+
+
+class PopulationGroup(StageStatistics, total=False):
+    """One of a stage's two populations, with its own statistics."""
+
+    label: Always[str]
+    instances: Always[int]
+    share: Always[float]
     cuda_graph_share: Always[float | None]
 
 
@@ -288,7 +294,7 @@ class SamplesSummary(TypedDict, total=False):
 
 
 # ----------------------------------------------------------------------------- stages
-class Stage(TypedDict, total=False):
+class Stage(StageStatistics, total=False):
     """``stages[]``: one row per stage key, in pipeline order (parents before their children)."""
 
     name: Always[str]
@@ -301,13 +307,6 @@ class Stage(TypedDict, total=False):
     warmup: Always[int]
     cold_start: Always[int]
     exceptions: Always[int]
-    host_ns: Always[Statistic]
-    gpu_event_ns: Always[Statistic]
-    gpu_proj_ns: Always[Statistic]
-    gpu_busy_ns: Always[Statistic]
-    gpu_busy_frac: Always[Statistic]
-    idle_gap_ns: Always[Statistic]
-    kernels_per_instance: Always[Statistic]
     share_of_top: Always[float | None]
     self_ns: Always[SelfTimes]
     steps_marked: Always[bool]
@@ -524,24 +523,26 @@ class RankStage(TypedDict, total=False):
     end_spread_median_ns: float
 
 
-class StragglerSlow(TypedDict, total=False):
-    """``ranks.stragglers[].slowest_in[]``."""
+class StragglerAt(TypedDict, total=False):
+    """A stage where a rank straggles: its aligned steps and the time it cost in all."""
 
     stage: Always[str]
     groups: Always[int]
     excess_total_ns: Always[float]
+
+
+class StragglerSlow(StragglerAt, total=False):
+    """``ranks.stragglers[].slowest_in[]``."""
+
     slowest_share: Always[float]
     excess_median_ns: Always[float]
     median_ns: Always[float | None]
     others_median_ns: Always[float]
 
 
-class StragglerWait(TypedDict, total=False):
+class StragglerWait(StragglerAt, total=False):
     """``ranks.stragglers[].others_wait_in[]``."""
 
-    stage: Always[str]
-    groups: Always[int]
-    excess_total_ns: Always[float]
     least_wait_share: Always[float]
     last_arrival_share: Always[float]
     arrival_median_ns: Always[float]
