@@ -342,7 +342,7 @@ def main() -> int:
         if warn:
             res["warning"] = warn[0]
     results = []
-    for mode, rs in runs.items():
+    for rs in runs.values():
         merged = dict(rs[-1])
         for key in ("small_ns", "large_ns", "small_mean_ns", "large_mean_ns"):
             merged[key] = statistics.median(r[key] for r in rs)

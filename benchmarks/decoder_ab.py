@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import statistics
@@ -57,9 +58,19 @@ def _null_stage(name: str, **_: object):
     return contextlib.nullcontext()
 
 
+def _example(name: str) -> types.ModuleType:
+    """examples/NAME.py as a module (the examples are scripts, not a package)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def _decoder(torch, layers: int, hidden: int, batch: int, prompt_len: int):
-    sys.path.insert(0, str(REPO / "examples"))
-    from torch_decode import build_model
+    build_model = _example("torch_decode").build_model
 
     heads, vocab = max(1, hidden // 128), 32000
     torch.manual_seed(0)
@@ -145,7 +156,7 @@ class _CuptiFloor:
         def flusher() -> None:  # as the collector's flusher: completed buffers, then the take
             while not stop.wait(flush_every_s):
                 self.native.cupti_flush(0)
-                for data, offs in self.native.cupti_take():
+                for _data, offs in self.native.cupti_take():
                     self.records += len(offs) // 8
                 if tags:
                     self.native.cupti_tags_take()
@@ -165,7 +176,7 @@ class _CuptiFloor:
                 self.native.cupti_tags(None)
                 self.native.cupti_tags_take()
             self.native.cupti_flush(1)
-            for data, offs in self.native.cupti_take():
+            for _data, offs in self.native.cupti_take():
                 self.records += len(offs) // 8
 
 

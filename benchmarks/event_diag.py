@@ -67,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from maxinstr import _native
 
+    if not hasattr(_native, "_event_diag"):
+        print("maxinstr._native was built without the benchmark probes: pip install "
+              "--config-settings=cmake.define.MAXINSTR_BENCH_PROBES=ON . (benchmarks/device/run_all.sh does)",
+              file=sys.stderr)
+        return 2
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     _native._configure_events(gpu_budget=0)  # every stage GPU-timed: the per-event cost is the subject

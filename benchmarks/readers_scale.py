@@ -19,7 +19,6 @@ import csv
 import gzip
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile

@@ -59,7 +59,7 @@ def main() -> None:
         print("nsys not on PATH: no nsys stats column (run on the H200 host for the ratio)")
     times: dict[str, list[float]] = {k: [] for k in configs}
     rss: dict[str, list[float]] = {k: [] for k in configs}
-    for r in range(args.rounds):
+    for _ in range(args.rounds):
         for name, cmd in configs.items():
             w, m = run_once(cmd)
             times[name].append(w)

@@ -18,6 +18,9 @@ Devices the sampler reads (``--device``):
 
     python benchmarks/sampler_cost.py                      # auto: real with a GPU, else fake-nvml
     python benchmarks/sampler_cost.py --device null --seconds 0.5 --rounds 5 --json out.json
+
+It imports the installed maxinstr (the device runs one built into PYTHONPATH); from a checkout
+without installing it: PYTHONPATH=src python benchmarks/sampler_cost.py ...
 """
 
 from __future__ import annotations
@@ -33,18 +36,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-try:  # the installed package (the device runs one built into PYTHONPATH); else the source tree
-    import maxinstr  # noqa: F401
-except ImportError:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from maxinstr.sample import open_backend, start_sampler  # noqa: E402
-from maxinstr.sample.base import ErrorLog, NullBackend  # noqa: E402
-from maxinstr.sample.nvml import NVML_LIB_ENV  # noqa: E402
-from maxinstr.sample.writer import clock_ns  # noqa: E402
+from maxinstr.sample import open_backend, start_sampler
+from maxinstr.sample.base import ErrorLog, NullBackend
+from maxinstr.sample.nvml import NVML_LIB_ENV
+from maxinstr.sample.writer import clock_ns
 
 RATES_HZ = (10, 100, 1000)
 

@@ -30,7 +30,7 @@ import platform
 import statistics
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 Case = Callable[[int], None]
 

@@ -192,8 +192,7 @@ def main() -> None:
         print(json.dumps(CASES[args.case](args.file)))
         return
 
-    sys.path.insert(0, str(HERE))
-    from trace_merge_gen import generate
+    from trace_merge_gen import generate  # beside this script (its folder is on the path)
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)

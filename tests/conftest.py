@@ -10,6 +10,9 @@ import pytest
 
 DATA = Path(__file__).parent / "data"
 
+# the native / stage / mark fixtures of tests/session and tests/reliability (tests/helpers)
+pytest_plugins = ["helpers.session_fixtures"]
+
 
 def _has_gpu() -> bool:
     for tool in ("nvidia-smi", "rocm-smi"):

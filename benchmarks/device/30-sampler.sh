@@ -70,9 +70,8 @@ timeout 120 python3 benchmarks/sampler_cost.py --device real --modes process,aut
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 
 echo "== 5. a real samples part"
-python3 - "$out/fixture" <<'PY' || rc=1
+PYTHONPATH="tests/sample:$PYTHONPATH" python3 - "$out/fixture" <<'PY' || rc=1
 import sys, time
-sys.path.insert(0, "tests/sample")
 import gpu_workloads as w
 from maxinstr.sample import start_sampler, read_samples
 from maxinstr.sample.writer import clock_ns

@@ -24,7 +24,9 @@ if ls /tmp/mx/mxpart.* >/dev/null 2>&1 && [ ! -d /tmp/site/max/engine ]; then
       | tar -x -C /tmp/site && echo "MAX unpacked into /tmp/site in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
   fi
 fi
-python3 -m pip install --no-build-isolation --no-deps --no-compile --target /tmp/site . > "$OUT/build.log" 2>&1
+# with the benchmark-only driver probes (_driver_costs, _event_diag: csrc/core/CMakeLists.txt)
+python3 -m pip install --no-build-isolation --no-deps --no-compile --target /tmp/site \
+  --config-settings=cmake.define.MAXINSTR_BENCH_PROBES=ON . > "$OUT/build.log" 2>&1
 echo "build rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
 # bytecode, as a user's pip install leaves it: without it every process compiles maxinstr's
 # sources again (0.37 s of a 2.5 s `maxinstr report` there: the image sets no bytecode cache)

@@ -1,7 +1,7 @@
 // Benchmark-only probes: _driver_costs() and _event_diag() time the driver calls a GPU-timed
 // stage makes, in C (benchmarks/stage_overhead.py, benchmarks/event_diag.py; tests/core runs them
 // against the stand-in driver). Nothing else in the core calls them. Built when the CMake option
-// MAXINSTR_BENCH_PROBES is ON (the default; see CMakeLists.txt); module.cpp adds them then.
+// MAXINSTR_BENCH_PROBES is ON (OFF by default; see CMakeLists.txt); module.cpp adds them then.
 #pragma once
 
 #include "base.h"

@@ -1,7 +1,8 @@
 """Type stub of maxinstr._native, the C++ stage core (csrc/core/, module.cpp first; docs/stage-core.md)."""
 
 from collections.abc import Sequence
-from typing import Any, Callable, Final, TypeVar
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -84,6 +85,7 @@ def _configure_events(
     floor_ns: int | None = None,
     gpu_budget: float | None = None,
 ) -> dict[str, float]: ...
+# The two probes exist only in a build with MAXINSTR_BENCH_PROBES=ON (csrc/core/CMakeLists.txt).
 def _driver_costs(n: int = 2000, stream: int = 0) -> dict[str, float]:
     """Benchmarks: ns per driver call a GPU-timed stage makes, timed in C (synchronises)."""
 def _event_diag(n: int = 4000, stream: int = 0) -> dict[str, dict[str, float]]:
@@ -98,3 +100,10 @@ def cupti_tags(path: str | None, runtime_cbids: Sequence[int] = ..., driver_cbid
 def cupti_tags_take() -> bytes:
     """The 48-byte tags of the calls that ended since the last take (kernels/cupti.py TAG_DTYPE)."""
 def cupti_tags_stats() -> dict[str, Any]: ...
+def cupti_buffers(path: str, buffer_bytes: int = ..., max_pending_bytes: int = ...) -> bool:
+    """CUPTI activity buffers handled natively (no Python on CUPTI's thread); kernels=True."""
+def cupti_flush(flag: int = 0) -> int:
+    """cuptiActivityFlushAll, GIL released."""
+def cupti_take() -> list[tuple[bytes, bytes]]:
+    """Completed activity buffers and their record offsets (int64, as bytes)."""
+def cupti_buffer_stats() -> dict[str, Any]: ...

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from fixture_columns import DATA  # noqa: E402
+from helpers.fixture_columns import DATA
 
 
 @pytest.fixture(scope="session")

@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import math
 import time
-from pathlib import Path
 
-import numpy as np
 import pytest
 
-from fixture_columns import DATA, nvtx_proj_csv, run_from_nsys_fixture
-from maxinstr.analyze.report import SCHEMA, VERSION, analyze, build_report
+from helpers.fixture_columns import DATA, nvtx_proj_csv, run_from_nsys_fixture
+from maxinstr.analyze.report import SCHEMA, VERSION, build_report
 from maxinstr.render.json import render as render_json
 
 

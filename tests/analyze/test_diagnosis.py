@@ -7,7 +7,7 @@ import copy
 import numpy as np
 import pytest
 
-from fixture_columns import nvtx_host_durations
+from helpers.fixture_columns import nvtx_host_durations
 from maxinstr.analyze import diagnosis as dx
 from maxinstr.analyze.stats import step_trend
 
@@ -171,7 +171,7 @@ def test_healthy_mix_says_when_the_host_sets_the_pace(trace_of):
     """h200_threads' decode: matmul-only kernels, 68 % busy within their span (not launch-bound),
     but the kernels are 22 % of the stage's host time (host_bound). The healthy-mix finding must
     say so rather than advise faster matmuls beside host_bound."""
-    from fixture_columns import DATA
+    from helpers.fixture_columns import DATA
     from maxinstr.analyze.report import build_report
 
     r = build_report(run=DATA / "nsys/h200_threads-run", trace=trace_of("nsys/h200_threads.sqlite"))

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from fixture_columns import KERNEL_FIXTURES, kernel_columns
+from helpers.fixture_columns import KERNEL_FIXTURES, kernel_columns
 from maxinstr.analyze import families
 from maxinstr.analyze.families import FAMILIES, OTHER, classify, classify_ids, classify_one
 

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from fixture_columns import DATA
+from helpers.fixture_columns import DATA
 from maxinstr.analyze import diagnosis as dx
 
 TRACES = [

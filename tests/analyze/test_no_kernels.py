@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fixture_columns import DATA
+from helpers.fixture_columns import DATA
 
 from maxinstr.analyze.report import build_report
 from maxinstr.render.text import render

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fixture_columns import DATA
+from helpers.fixture_columns import DATA
 
 from maxinstr.analyze import populations as pop
 from maxinstr.analyze.report import analyze, build_report

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fixture_columns import DATA
+from helpers.fixture_columns import DATA
 
 import maxinstr
 from maxinstr.analyze import instances as inst_mod

@@ -44,7 +44,7 @@ def _hand_share(inst, key: str) -> float:
 def test_h200_kvcache_decode_share_is_within_its_steady_request(joined):
     """The real capture that showed the bug: decode's share was 50.8 (and 36.8 on h200_reprefill)."""
     from maxinstr.analyze.report import analyze
-    from fixture_columns import DATA
+    from helpers.fixture_columns import DATA
 
     for name in ("h200_kvcache", "h200_reprefill"):
         r = joined(name)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fixture_columns import nvtx_host_durations, nvtx_sum_csv
+from helpers.fixture_columns import nvtx_host_durations, nvtx_sum_csv
 from maxinstr.analyze.stats import (
     bootstrap_median_diff_bound,
     cold_start_mask,

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from maxinstr.attribute import ALL_RULES, NSYS_RULES, Attribution, JoinMethod, Rule, attribute, kernels_by_range
+from maxinstr.attribute import NSYS_RULES, Attribution, JoinMethod, Rule, attribute, kernels_by_range
 from maxinstr.attribute.summary import gpu_proj_sum, kern_sum, nvtx_sum, range_names
-from maxinstr.traces.model import Calls, CallKind, OpKind
+from maxinstr.traces.model import Calls, OpKind
 from maxinstr.traces.nsys import read_nsys
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nsys"

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("hypothesis")  # in the test extra; the GPU machine may lack it
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from maxinstr.attribute.intervals import IntervalIndex, correlation_join, segmented_union
 

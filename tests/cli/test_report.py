@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "analyze"))
-
-from fixture_columns import DATA  # noqa: E402
-from maxinstr.cli import main  # noqa: E402
+from helpers.fixture_columns import DATA
+from maxinstr.cli import main
 
 # every trace fixture the readers accept (a folder of rocprofv3 CSVs counts as one trace)
 ALL_TRACES = sorted(
@@ -199,8 +196,7 @@ def test_report_finds_trace_and_warm_run_that_maxinstr_run_left(tmp_path, capsys
     warm run in RUN/warm-run: `maxinstr report RUN` uses both."""
     import shutil
 
-    sys.path.insert(0, str(Path(__file__).parents[1] / "analyze"))
-    from fixture_columns import run_from_nsys_fixture
+    from helpers.fixture_columns import run_from_nsys_fixture
 
     run = run_from_nsys_fixture(tmp_path / "run", "h200_small", warmup=1, mark_steps=None)
     trace = shutil.copy(DATA / "nsys/h200_small.sqlite", run / "profile.sqlite")

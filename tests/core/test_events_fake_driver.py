@@ -9,6 +9,8 @@ import numpy as np
 
 import pytest
 
+from maxinstr import _native
+
 PRE = """
 fk = ctypes.CDLL(LIB)
 fk.fake_count.restype = ctypes.c_longlong
@@ -675,6 +677,12 @@ def test_profiler_start_from_thread_without_context_uses_primary(run_fake):
     assert any("no active primary context" in e for e in out["errors"])
 
 
+PROBES = pytest.mark.skipif(not hasattr(_native, "_driver_costs"), reason=(
+    "maxinstr._native built without the benchmark-only probes (MAXINSTR_BENCH_PROBES=OFF, the default; "
+    "pip install --config-settings=cmake.define.MAXINSTR_BENCH_PROBES=ON . builds them)"))
+
+
+@PROBES
 def test_driver_costs_probe(run_fake):
     """benchmarks/stage_overhead.py prints where a GPU-timed stage's time goes; the probe uses its
     own two events and gives them back."""
@@ -734,10 +742,10 @@ def test_floor_reaches_the_run_directory(run_fake, tmp_path):
     assert out == [[2000], ["calibrated"], 7000]
 
 
-def test_event_diag_probe_and_driver_time(run_fake):
+@PROBES
+def test_event_diag_probe(run_fake):
     """benchmarks/event_diag.py's probes: each launch/record pattern runs n times and gives its
-    events and module back; MAXINSTR_TIME_DRIVER=1 adds host time inside the hot-path driver calls
-    to stats(), absent by default."""
+    events and module back."""
     out = run_fake(
         """
         plain = "driver_time_ns" in n.stats()
@@ -752,6 +760,17 @@ def test_event_diag_probe_and_driver_time(run_fake):
     assert out[2] is True
     assert out[3] == out[4] >= 4096
     assert out[5] >= 5 * 40
+
+
+def test_driver_time(run_fake):
+    """MAXINSTR_TIME_DRIVER=1 adds host time inside the hot-path driver calls to stats(), absent by
+    default (every build: it needs no probe)."""
+    plain = run_fake(
+        """
+        emit("driver_time_ns" in n.stats())
+        """
+    )
+    assert plain is False
     timed = run_fake(
         """
         for i in range(50):

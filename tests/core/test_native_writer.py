@@ -78,7 +78,7 @@ def test_attrs_go_to_drain_while_the_writer_has_the_rows(writer):
     n.writer_start(str(stages), str(strings))
     ids = []
     for i in range(300):
-        with n.stage("a", i=i) as s:
+        with n.stage("a", i=i):
             pass
         raw, _, attrs = n.drain()  # drains racing the writer's takes
         assert raw == b""

@@ -72,7 +72,8 @@ def _module(tmp_path: Path) -> str:
 def test_a_spec_that_cannot_apply_never_breaks_the_import_or_other_specs(tmp_path_factory, bad, imported_first,
                                                                         good_first):
     tmp = tmp_path_factory.mktemp("mods")
-    sys.path.insert(0, str(tmp))
+    path = pytest.MonkeyPatch()  # a fixture's monkeypatch would outlive hypothesis' examples
+    path.syspath_prepend(str(tmp))
     name = _module(tmp)
     calls: list[str] = []
 
@@ -99,7 +100,7 @@ def test_a_spec_that_cannot_apply_never_breaks_the_import_or_other_specs(tmp_pat
         errors = inst.instrument_errors()[before:]
         assert len(errors) == len(bad) and all(e.startswith(f"--stage {name}:") for e in errors), errors
     finally:
-        sys.path.remove(str(tmp))
+        path.undo()
         sys.modules.pop(name, None)
 
 

@@ -1,62 +1,11 @@
-"""Session tests run against the real native core when it is built, else against the
-pure-Python stand-in in fake_native.py (installed only for the test, then removed)."""
+"""Fixtures of the reliability tests. The session fixtures (``native``, ``stage``, ``mark``) are
+shared with tests/session: tests/helpers/session_fixtures.py."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
-
-HERE = Path(__file__).parents[1] / "session"
-sys.path.insert(0, str(HERE))
-
-import fake_native  # noqa: E402
-
-
-@pytest.fixture
-def native(monkeypatch):
-    """The native core (real or stand-in), drained, with no session open."""
-    import maxinstr
-    from maxinstr.record import session as sess
-
-    core = fake_native.real()
-    if core is None:
-        core = fake_native.make()
-        monkeypatch.setitem(sys.modules, "maxinstr._native", core)
-        monkeypatch.setattr(maxinstr, "_native", core, raising=False)
-    _reset(sess, core)
-    yield core
-    for s in list(sess._proc.stack):
-        s.close()
-    _reset(sess, core)
-
-
-def _reset(sess, core):
-    core.set_enabled(True)
-    core.close_open("test")
-    core.resolve(True)
-    core.drain(-1)
-    sess._proc.memory = sess._MemorySink(sess._proc.memory.limit)
-
-
-@pytest.fixture
-def stage(native):
-    """``stage(name, **kw)`` context manager: maxinstr.stage when the real core is built."""
-    if getattr(native, "__fake__", False):
-        return native.stage
-    import maxinstr
-
-    return maxinstr.stage
-
-
-@pytest.fixture
-def mark(native):
-    if getattr(native, "__fake__", False):
-        return native.mark
-    import maxinstr
-
-    return maxinstr.mark
 
 
 @pytest.fixture(params=["idle", "loaded"])

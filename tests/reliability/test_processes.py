@@ -3,7 +3,6 @@ as ranks, and starved of disk. Each asserts on what ``maxinstr.load`` reads back
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

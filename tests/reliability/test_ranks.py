@@ -239,6 +239,20 @@ def test_each_rank_trace_joins_its_rank(tmp_path):
     assert bad.returncode != 0 and "two traces for rank 0" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_rank_reports_match_the_schema(straggler_run, tmp_path):
+    """``ranks`` of a real multi-rank run (stragglers named) and of per-rank traces (GPU per rank)
+    holds the keys and types of maxinstr/analyze/schema.py (tests/analyze/test_schema.py has the rest)."""
+    from helpers.schema_check import problems
+    from maxinstr.analyze import schema
+
+    run, _ = _two_rank_run(tmp_path)
+    for args in ((str(straggler_run),), (str(run), "--trace", str(tmp_path / "r0.sqlite"), "--trace", str(tmp_path / "r1.sqlite"))):
+        out = report(*args, "--format", "json")
+        assert out.returncode == 0, out.stderr
+        rep = json.loads(out.stdout)
+        assert rep["ranks"] is not None and problems(rep, schema.Report) == []
+
+
 def test_assign_trace_ranks():
     assert rk.assign_trace_ranks(["out/r0.sqlite", "out/r1.sqlite"], [0, 1]) == [(0, "out/r0.sqlite"), (1, "out/r1.sqlite")]
     assert rk.assign_trace_ranks(["t_rank-3.nsys-rep"], [0, 3]) == [(3, "t_rank-3.nsys-rep")]

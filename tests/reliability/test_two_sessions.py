@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -65,7 +64,7 @@ def _check_both_kept(run_dir: Path, first, second, outs) -> None:
     assert set(by_part) == {f"p{first.pid}", f"p{second.pid}"}
     names = run["name"]
     assert (names == "first").sum() == 1000 and (names == "second").sum() == 1000
-    for index, part in enumerate(run.parts):
+    for index, _part in enumerate(run.parts):
         assert run["step"][run["part"] == index].tolist() == list(range(1000))
     # exactly one of them joined the other's live run, and said so once, naming it
     joined = [p for p in run.parts if p.get("joined_live_run")]

@@ -12,16 +12,13 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "analyze"))
-
-from fixture_columns import DATA  # noqa: E402
-from maxinstr.analyze.report import build_report  # noqa: E402
-from maxinstr.render import _fmt  # noqa: E402
-from maxinstr.render.text import _shown_stages, render  # noqa: E402
+from helpers.fixture_columns import DATA
+from maxinstr.analyze.report import build_report
+from maxinstr.render import _fmt
+from maxinstr.render.text import _shown_stages, render
 
 TRACES = sorted([str(p.relative_to(DATA)) for p in DATA.glob("nsys/*.sqlite")]
                 + [str(p.relative_to(DATA)) for p in DATA.glob("kineto/*.json.gz")]

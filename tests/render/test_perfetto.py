@@ -227,15 +227,10 @@ def test_launch_calls_and_flows(decode):
 
 def _shifted_fixture_run(tmp_path, shift_ns: int):
     """The run directory behind the real h200_decode capture (its records rebuilt from the NVTX
-    ranges: payload = record id; tests/analyze/fixture_columns.py), loaded with its host clock
+    ranges: payload = record id; tests/helpers/fixture_columns.py), loaded with its host clock
     moved by ``shift_ns``: host clock and trace clock differ, as CLOCK_MONOTONIC and nsys's do."""
-    import sys
-    from pathlib import Path
-
     import maxinstr
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "analyze"))
-    from fixture_columns import run_from_nsys_fixture
+    from helpers.fixture_columns import run_from_nsys_fixture
 
     run = maxinstr.load(run_from_nsys_fixture(tmp_path / "run", "h200_decode", warmup=1))
     run.stages["host_start_ns"] += shift_ns

@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "analyze"))
-
-from fixture_columns import DATA  # noqa: E402
-from maxinstr.analyze.report import NVML_UTIL_WINDOW_MIN_NS, build_report  # noqa: E402
-from maxinstr.render.text import render  # noqa: E402
+from helpers.fixture_columns import DATA
+from maxinstr.analyze.report import NVML_UTIL_WINDOW_MIN_NS, build_report
+from maxinstr.render.text import render
 
 RUN = DATA / "nsys/h200_threads-run"
 TRACE = DATA / "nsys/h200_threads.sqlite"

@@ -14,8 +14,9 @@ against the installed package's source with ``ast`` (parameter names and order).
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 from unittest import mock
 
 import pytest

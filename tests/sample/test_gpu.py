@@ -35,8 +35,7 @@ def workloads():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device for torch")
     torch.zeros(1, device="cuda")
-    sys.path.insert(0, str(HERE))
-    import gpu_workloads
+    import gpu_workloads  # beside this file (pytest puts a test's folder on the path)
 
     gpu_workloads.matmul(0.3)  # cuBLAS warm-up
     return gpu_workloads

@@ -9,10 +9,11 @@ from unittest import mock
 import numpy as np
 import pytest
 
-pynvml = pytest.importorskip("pynvml")
 from maxinstr.sample import nvml, read_samples, start_sampler
 from maxinstr.sample.base import COL, FLAG_GPM, FLAG_LOST, FLAG_SLOW, THROTTLE_BIT, ErrorLog, nan_values
 from maxinstr.sample.writer import clock_ns
+
+pynvml = pytest.importorskip("pynvml")
 
 MS = 1_000_000
 

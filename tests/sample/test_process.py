@@ -18,8 +18,6 @@ from maxinstr.sample import read_samples, start_sampler
 from maxinstr.sample.process import NVML_LIB_ENV, ProcessSampler
 from maxinstr.sample.writer import Sampler
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
-
 
 @pytest.fixture
 def process_mode(monkeypatch, fake_nvml_lib_path):
@@ -66,8 +64,7 @@ def test_child_samples_into_the_part_and_stops(process_mode, tmp_path):
 
 def test_child_stops_when_the_parent_dies(process_mode, tmp_path):
     parent = textwrap.dedent(f"""
-        import sys, time
-        sys.path.insert(0, {SRC!r})
+        import time
         from maxinstr.sample import start_sampler
         s = start_sampler({str(tmp_path)!r}, 0.01)
         print(s.pid, flush=True)

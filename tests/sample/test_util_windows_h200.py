@@ -125,7 +125,7 @@ def test_threads_run_stages_after_the_last_published_window_get_no_utilization()
 def test_util_windows_on_synthetic_rows():
     """A driver with a 200 ms period whose phase jumps by 20 ms (seen on the H200, run/window),
     rows every 10 ms, then every 100 ms (a moved call): the windows follow the updates."""
-    P, L = 200 * MS, NVML_UTIL_LAG_NS
+    L = NVML_UTIL_LAG_NS
     ups = np.concatenate((np.arange(15, 2015, 200), np.arange(2035, 4035, 200))) * MS
     vals = np.arange(len(ups), dtype=np.float64) % 7 * 10  # changes at every update but every 7th
     rows = np.concatenate((np.arange(0, 2500, 10), np.arange(2500, 4000, 100))) * MS + 100_000

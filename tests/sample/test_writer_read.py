@@ -19,8 +19,6 @@ from maxinstr.sample import read_samples, start_sampler
 from maxinstr.sample.base import COL, FLAG_SLOW, Backend, Device, DeviceInfo, NullBackend
 from maxinstr.sample.writer import ROW_SIZE
 
-SRC = Path(__file__).resolve().parents[2] / "src"
-
 
 class RampDevice(Device):
     """util = tick % 100, power 300 W, energy counter 300 J/s of host time."""
@@ -81,8 +79,7 @@ def test_torn_last_row_is_ignored(tmp_path):
 
 def test_sigkill_loses_at_most_the_last_flush_interval(tmp_path):
     code = textwrap.dedent(f"""
-        import sys, time
-        sys.path.insert(0, {str(SRC)!r})
+        import time
         from maxinstr.sample import start_sampler
         from maxinstr.sample.base import NullBackend
         s = start_sampler({str(tmp_path)!r}, 0.002, backend=NullBackend(n_devices=2), flush_interval_s=0.05)

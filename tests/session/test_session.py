@@ -201,14 +201,14 @@ def test_warmup_starts_the_capture_once_at_steady_state(tmp_path, native, stage,
     monkeypatch.setattr(native, "profiler_start", lambda: calls.append("start") or True, raising=False)
     monkeypatch.setattr(native, "profiler_stop", lambda: calls.append("stop") or True, raising=False)
     with maxinstr.session(tmp_path / "run", warmup=2, sample_hz=0, flush_interval_s=0.01) as s:
-        for i in range(2):
+        for _ in range(2):
             with stage("step"):
                 with stage("inner"):
                     pass
         s.flush()
         assert calls == ["start"]
         end_of_warmup = max(s.records().stages["host_end_ns"][s.records()["name"] == "step"])
-        for i in range(3):
+        for _ in range(3):
             with stage("step"):
                 pass
     assert calls == ["start", "stop"]
@@ -269,7 +269,7 @@ def test_broken_sampler_never_breaks_a_session(tmp_path, native, stage, monkeypa
         raise RuntimeError("no GPU library")
 
     monkeypatch.setattr(sample, "start_sampler", broken)
-    with maxinstr.session(tmp_path / "run") as s:
+    with maxinstr.session(tmp_path / "run"):
         with stage("a"):
             pass
     run = maxinstr.load(tmp_path / "run")

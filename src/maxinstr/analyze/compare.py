@@ -10,12 +10,14 @@ result is a JSON-serialisable dict, schema ``maxinstr-compare`` version 1 (docs/
 from __future__ import annotations
 
 import re
-
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from maxinstr.analyze.instances import StageInstances
 from maxinstr.analyze.report import Analysis
+from maxinstr.analyze.schema import GpuKernel, Report, Stage, Statistic, StepBasis
 from maxinstr.analyze.stats import bootstrap_median_diff_bound, mad_noise_bound, summarize
 
 SCHEMA = "maxinstr-compare"
@@ -35,22 +37,22 @@ class Side:
     :class:`~maxinstr.analyze.report.Analysis` (raw per-instance values at hand) or a saved
     report dict (summaries only). ``report`` is the first run's."""
 
-    def __init__(self, label: str, source: Analysis | dict[str, Any] | list) -> None:
+    def __init__(self, label: str, source: Analysis | Report | list[Analysis | Report]) -> None:
         self.label = label
         self._rows_cache: dict[int, dict[str, np.ndarray]] = {}
-        self._stage_rows: dict[int, dict[str, dict]] = {}
-        sources = list(source) if isinstance(source, (list, tuple)) else [source]
+        self._stage_rows: dict[int, dict[str, Stage]] = {}
+        sources: list[Analysis | Report] = list(source) if isinstance(source, (list, tuple)) else [source]
         if not sources:
             raise ValueError(f"{label}: no run")
         self.analyses = [x for x in sources if isinstance(x, Analysis)]
-        self.reports = [x.report if isinstance(x, Analysis) else x for x in sources]
+        self.reports: list[Report] = [x.report if isinstance(x, Analysis) else x for x in sources]
         self.report = self.reports[0]
 
     @property
     def runs(self) -> int:
         return len(self.reports)
 
-    def _stage_index(self, k: int) -> dict[str, dict]:
+    def _stage_index(self, k: int) -> dict[str, Stage]:
         """Stage name -> its (first) row in run ``k``'s report, built once (a scan per stage
         and side was quadratic in the number of stages)."""
         idx = self._stage_rows.get(k)
@@ -61,10 +63,10 @@ class Side:
             self._stage_rows[k] = idx
         return idx
 
-    def stage(self, name: str) -> dict | None:
+    def stage(self, name: str) -> Stage | None:
         return self._stage_index(0).get(name)
 
-    def stages_of_runs(self, name: str) -> list[dict]:
+    def stages_of_runs(self, name: str) -> list[Stage]:
         """The stage's row in every run that has it."""
         out = []
         for k in range(len(self.reports)):
@@ -73,7 +75,7 @@ class Side:
                 out.append(st)
         return out
 
-    def run_values(self, name: str, key: str) -> list[np.ndarray] | None:
+    def run_values(self, name: str, key: StepBasis) -> list[np.ndarray] | None:
         """Steady per-instance values of a stage, one array per run (headline source for host
         time), or None when a run has only summaries."""
         if len(self.analyses) != len(self.reports):
@@ -90,12 +92,12 @@ class Side:
             out.append(v[v >= 0])
         return out
 
-    def values(self, name: str, key: str) -> np.ndarray | None:
+    def values(self, name: str, key: StepBasis) -> np.ndarray | None:
         """All runs' steady values of a stage, pooled (None without raw values)."""
         runs = self.run_values(name, key)
         return None if runs is None else np.concatenate(runs) if runs else np.empty(0, np.int64)
 
-    def _rows_of(self, inst) -> dict[str, np.ndarray]:  # noqa: ANN001
+    def _rows_of(self, inst: StageInstances) -> dict[str, np.ndarray]:
         """Stage key -> its steady instances, built once per table (a mask per stage and
         side was quadratic in the number of stages)."""
         cache = self._rows_cache
@@ -105,7 +107,7 @@ class Side:
         return cache[id(inst)]
 
 
-def _stat_of(stage: dict, key: str) -> dict:
+def _stat_of(stage: Stage, key: StepBasis) -> Statistic:
     if key == "host_ns":
         return stage.get("headline_host_ns") or stage.get("host_ns") or {"n": 0}
     if key == "gpu_event_ns":
@@ -132,7 +134,7 @@ def run_to_run_bound(a: list[float], b: list[float]) -> float:
     return float(_t95(len(a) + len(b) - 2) * np.sqrt(va / len(a) + vb / len(b)))
 
 
-def _delta_row(a: Side, b: Side, name: str, key: str) -> dict[str, Any] | None:
+def _delta_row(a: Side, b: Side, name: str, key: StepBasis) -> dict[str, Any] | None:
     sa, sb = a.stage(name), b.stage(name)
     if sa is None or sb is None:
         present = a.label if sa is not None else b.label
@@ -187,17 +189,18 @@ def _delta_row(a: Side, b: Side, name: str, key: str) -> dict[str, Any] | None:
     }
 
 
-def _gpu_key(a: dict, b: dict) -> str | None:
-    for key in ("gpu_event_ns", "gpu_proj_ns"):
+def _gpu_key(a: Stage, b: Stage) -> StepBasis | None:
+    keys: tuple[StepBasis, ...] = ("gpu_event_ns", "gpu_proj_ns")
+    for key in keys:
         if (a.get(key) or {}).get("n") and (b.get(key) or {}).get("n"):
             return key
     return None
 
 
-def _families(a: dict, b: dict) -> list[dict[str, Any]]:
+def _families(a: Report, b: Report) -> list[dict[str, Any]]:
     fa = {f["family"]: f for f in (a.get("gpu") or {}).get("families", [])}
     fb = {f["family"]: f for f in (b.get("gpu") or {}).get("families", [])}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for fam in sorted(set(fa) | set(fb)):
         x, y = fa.get(fam, {}), fb.get(fam, {})
         sa, sb = x.get("share", 0.0), y.get("share", 0.0)
@@ -249,13 +252,13 @@ def _strip_params(name: str) -> str:
     return name
 
 
-def _kernels(a: dict, b: dict) -> tuple[list, list, list]:
-    def by_key(side: dict) -> dict[str, dict]:
-        out: dict[str, dict] = {}
+def _kernels(a: Report, b: Report) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    def by_key(side: Report) -> dict[str, GpuKernel]:
+        out: dict[str, GpuKernel] = {}
         for k in (side.get("gpu") or {}).get("kernels", []):
             key = kernel_key(k["name"])
             if key in out:  # two names that are one kernel (or one copy kind): add them up
-                merged = dict(out[key])
+                merged = GpuKernel(**out[key])
                 merged["gpu_ns"] = merged["gpu_ns"] + k["gpu_ns"]
                 merged["share"] = (merged.get("share") or 0) + (k.get("share") or 0)
                 out[key] = merged
@@ -264,9 +267,9 @@ def _kernels(a: dict, b: dict) -> tuple[list, list, list]:
         return out
 
     ka, kb = by_key(a), by_key(b)
-    appeared = sorted(({"name": kb[n]["name"], "family": kb[n]["family"], "gpu_ns": kb[n]["gpu_ns"],
+    appeared: list[dict[str, Any]] = sorted(({"name": kb[n]["name"], "family": kb[n]["family"], "gpu_ns": kb[n]["gpu_ns"],
                         "share": kb[n]["share"]} for n in kb.keys() - ka.keys()), key=lambda r: -r["gpu_ns"])
-    gone = sorted(({"name": ka[n]["name"], "family": ka[n]["family"], "gpu_ns": ka[n]["gpu_ns"],
+    gone: list[dict[str, Any]] = sorted(({"name": ka[n]["name"], "family": ka[n]["family"], "gpu_ns": ka[n]["gpu_ns"],
                     "share": ka[n]["share"]} for n in ka.keys() - kb.keys()), key=lambda r: -r["gpu_ns"])
     refamilied = [{"name": ka[n]["name"], "a_family": ka[n]["family"], "b_family": kb[n]["family"]}
                   for n in ka.keys() & kb.keys() if ka[n]["family"] != kb[n]["family"]]
@@ -286,12 +289,12 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def settings_diff(a: dict, b: dict, more_a: list[dict] | None = None, more_b: list[dict] | None = None
+def settings_diff(a: Report, b: Report, more_a: list[Report] | None = None, more_b: list[Report] | None = None
                   ) -> list[dict[str, Any]]:
     """Flattened environment keys whose values differ (clock readings, status and each run's own
     directory ignored; a key that differs between the runs of one side is that side's noise,
     not a setting). A ``--sweep`` value (``environment.sweep``) is a setting like any other."""
-    def flat(rep: dict) -> dict[str, Any]:
+    def flat(rep: Report) -> dict[str, Any]:
         return {k: v for k, v in _flatten(rep.get("environment", {})).items()
                 if not k.startswith(_IGNORED_SETTINGS) and k not in _RUN_OWN}
 
@@ -308,7 +311,7 @@ def settings_diff(a: dict, b: dict, more_a: list[dict] | None = None, more_b: li
     return rows
 
 
-def _median_of_runs(side: Side, name: str, get) -> float | None:
+def _median_of_runs(side: Side, name: str, get: Callable[[Stage], float | None]) -> float | None:
     vals = [v for v in (get(st) for st in side.stages_of_runs(name)) if v is not None]
     return float(np.median(vals)) if vals else None
 
@@ -317,14 +320,14 @@ def _stage_checks(a: Side, b: Side, names: list[str]) -> list[dict[str, Any]]:
     """Per stage, what the diagnosis' validation lines ask to check, on each side (the median
     over its runs): GPU busy, kernels per instance, matmul growth over the steps, and the
     findings about the stage."""
-    def busy(st):
+    def busy(st: Stage) -> float | None:
         return (st.get("gpu_busy_frac") or {}).get("median") if (st.get("gpu_busy_frac") or {}).get("n") else None
 
-    def kernels(st):
+    def kernels(st: Stage) -> float | None:
         k = st.get("kernels_per_instance") or {}
         return k.get("median") if k.get("n") else None
 
-    def growth(st):
+    def growth(st: Stage) -> float | None:
         return (((st.get("step_work") or {}).get("matmul_ns")) or {}).get("last_over_first")
 
     def findings(side: Side, name: str) -> list[str]:
@@ -334,7 +337,7 @@ def _stage_checks(a: Side, b: Side, names: list[str]) -> list[dict[str, Any]]:
     for n in names:
         if a.stage(n) is None or b.stage(n) is None:
             continue
-        row = {"stage": n}
+        row: dict[str, Any] = {"stage": n}
         for key, get in (("gpu_busy_frac", busy), ("kernels_per_instance", kernels), ("matmul_growth", growth)):
             row[key] = {"a": _median_of_runs(a, n, get), "b": _median_of_runs(b, n, get)}
         fa, fb = findings(a, n), findings(b, n)

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, Literal
 
 from maxinstr.analyze.families import MATMUL_FAMILIES, scanned
+from maxinstr.analyze.schema import (Bottleneck, Finding, PopulationGroup, Report, Stage, StartupRow, StatisticKey,
+                                     StepTrend, TimeKey)
 
 MATMUL = tuple(sorted(MATMUL_FAMILIES))
 DECODE_NAME = re.compile(r"decode|generat|next_?token|token_?step", re.IGNORECASE)
@@ -50,19 +53,19 @@ NAIVE_MATMUL_SHARE = 0.1  # MAX's fallback matmul: a finding from this share of 
 MIN_STAGE_SHARE = 0.05  # stages below this share of the top-level time are not diagnosed
 
 
-def _finding(id: str, title: str, verdict: str, stage: str | None, evidence: dict, next_step: str,
-             command: str | None = None, validation: str | None = None, score: float = 0.0) -> dict[str, Any]:
+def _finding(id: str, title: str, verdict: Literal["fact", "hypothesis"], stage: str | None, evidence: dict[str, Any],
+             next_step: str, command: str | None = None, validation: str | None = None, score: float = 0.0) -> Finding:
     assert verdict in ("fact", "hypothesis")
     return {"id": id, "title": title, "verdict": verdict, "stage": stage, "evidence": evidence,
             "next_step": next_step, "command": command, "validation": validation, "score": round(float(score), 4)}
 
 
-def _fam_share(stage: dict, *families: str) -> float:
+def _fam_share(stage: Stage, *families: str) -> float:
     mix = stage.get("mix") or {}
     return float(sum(f["share"] for f in mix.get("families", []) if f["family"] in families))
 
 
-def _stage_weight(report: dict, stage: dict) -> float:
+def _stage_weight(report: Report, stage: Stage | PaceUnit) -> float:
     """Share of top-level time a stage accounts for (1.0 when unknown, e.g. a single stage)."""
     s = stage.get("share_of_top")
     # Reports built now have share_of_top <= 1 (report._share_of_top counts a stage only inside
@@ -72,7 +75,7 @@ def _stage_weight(report: dict, stage: dict) -> float:
     return 1.0 if s is None else min(float(s), 1.0)
 
 
-def _any_stage_has(stages: list[dict], key: str) -> bool:
+def _any_stage_has(stages: list[Stage], key: StatisticKey) -> bool:
     """Whether some stage has values of statistic ``key`` (a report's rows always carry every
     statistic; a saved report of an older version may lack one)."""
     try:
@@ -81,11 +84,11 @@ def _any_stage_has(stages: list[dict], key: str) -> bool:
         return any((st.get(key) or {}).get("n") for st in stages)
 
 
-def _significant(report: dict, stage: dict) -> bool:
+def _significant(report: Report, stage: Stage) -> bool:
     return stage.get("steady", 0) > 0 and _stage_weight(report, stage) >= MIN_STAGE_SHARE
 
 
-def _report_arg(report: dict) -> str:
+def _report_arg(report: Report) -> str:
     """The input of this report as `maxinstr report` / `deep-dive` arguments (shell-quoted):
     the run directory, with ``--trace`` when a trace came with it; a trace alone as ``--trace``."""
     src = report.get("sources", {})
@@ -99,7 +102,7 @@ def _report_arg(report: dict) -> str:
     return "REPORT.json"
 
 
-def _deep_dive_arg(report: dict) -> str:
+def _deep_dive_arg(report: Report) -> str:
     """`maxinstr deep-dive`'s SOURCE (a run directory or a trace; a run's separate trace as --trace)."""
     src = report.get("sources", {})
     if src.get("trace") and not src.get("run"):
@@ -107,20 +110,20 @@ def _deep_dive_arg(report: dict) -> str:
     return _report_arg(report)
 
 
-def _compare_cmd(report: dict) -> str:
+def _compare_cmd(report: Report) -> str:
     """compare before/after; each side best a folder of fresh-process repeats (maxinstr run
     --repeat 3), whose spread is what a verdict needs (one run a side "cannot tell")."""
     run = report.get("sources", {}).get("run") or "RUNS_BEFORE"
     return f"maxinstr compare {shlex.quote(run)} RUNS_AFTER"
 
 
-def _leaf_stages(report: dict) -> list[dict]:
+def _leaf_stages(report: Report) -> list[Stage]:
     """Stages that are no other stage's usual parent: where kernels are most specific."""
     parents = {s.get("parent") for s in report.get("stages", [])}
     return [s for s in report.get("stages", []) if s["name"] not in parents]
 
 
-def _mixed_stages(report: dict) -> list[dict]:
+def _mixed_stages(report: Report) -> list[Stage]:
     return [s for s in report.get("stages", []) if s.get("mix") and _significant(report, s)]
 
 
@@ -138,7 +141,7 @@ def _kernel_regex(name: str) -> str:
 
 
 # ----------------------------------------------------------------------------- rules
-def rule_no_stages(report: dict) -> list[dict]:
+def rule_no_stages(report: Report) -> list[Finding]:
     if report.get("stages"):
         return []
     gpu = report.get("gpu") or {}
@@ -150,7 +153,7 @@ def rule_no_stages(report: dict) -> list[dict]:
         score=0.0)]
 
 
-def rule_no_gpu_data(report: dict) -> list[dict]:
+def rule_no_gpu_data(report: Report) -> list[Finding]:
     stages = report.get("stages") or []
     if not stages or report.get("gpu"):
         return []
@@ -167,30 +170,31 @@ def rule_no_gpu_data(report: dict) -> list[dict]:
         score=0.0)]
 
 
-def rule_no_kernels(report: dict) -> list[dict]:
+def rule_no_kernels(report: Report) -> list[Finding]:
     """A GPU run without a kernel trace: say what its GPU events and samples already show (GPU
     time against host time per stage, utilization, time outside every stage) and the command
     that adds the kernels."""
     stages = report.get("stages") or []
     if report.get("gpu") is not None or not stages:
         return []
-    shown = []
+    # (stage, host median, GPU event median, GPU over host, NVML utilization)
+    shown: list[tuple[Stage, float, float | None, float | None, float | None]] = []
     for st in stages:
         if not _significant(report, st):
             continue
-        host, gpu = st.get("host_ns") or {}, st.get("gpu_event_ns") or {}
+        host_stat, gpu_stat = st.get("host_ns") or {}, st.get("gpu_event_ns") or {}
         smp = st.get("samples") or {}
         util = None if smp.get("window_limited") else smp.get("gpu_util_pct_mean")
-        if not host.get("n") or not (gpu.get("n") or util is not None):
+        if not host_stat.get("n") or not (gpu_stat.get("n") or util is not None):
             continue
-        ratio = gpu["median"] / host["median"] if gpu.get("n") and host["median"] > 0 else None
-        shown.append((st, host["median"], gpu.get("median") if gpu.get("n") else None, ratio, util))
+        ratio = gpu_stat["median"] / host_stat["median"] if gpu_stat.get("n") and host_stat["median"] > 0 else None
+        shown.append((st, host_stat["median"], gpu_stat.get("median") if gpu_stat.get("n") else None, ratio, util))
     if not shown:
         return []
     cov = report.get("coverage") or {}
     outside = 1 - cov["in_stages_ns"] / cov["wall_ns"] if cov.get("wall_ns") else None
     # the stage with the most time at stake: little GPU time for its host time, or a low utilization
-    def idle(x):
+    def idle(x: tuple[Stage, float, float | None, float | None, float | None]) -> float:
         st, _, _, ratio, util = x
         lack = max(1 - min(ratio, 1.0) if ratio is not None else 0.0, 1 - util / 100 if util is not None else 0.0)
         return lack * _stage_weight(report, st)
@@ -203,7 +207,7 @@ def rule_no_kernels(report: dict) -> list[dict]:
         parts.append(f"a kernel ran in {util:.0f}% of its time (NVML utilization)")
     if outside is not None and outside >= 0.05:
         parts.append(f"{outside:.0%} of the run is outside every stage")
-    ev = {"stage": st["name"], "host_ns_median": host, "gpu_event_ns_median": gpu, "gpu_over_host": ratio,
+    ev: dict[str, Any] = {"stage": st["name"], "host_ns_median": host, "gpu_event_ns_median": gpu, "gpu_over_host": ratio,
           "gpu_util_pct_mean": util, "outside_stages_share": outside,
           "per_stage": [{"stage": s["name"], "host_ns_median": h, "gpu_event_ns_median": g, "gpu_util_pct_mean": u}
                         for s, h, g, _, u in shown]}
@@ -222,7 +226,7 @@ def rule_no_kernels(report: dict) -> list[dict]:
         score=0.5 * idle((st, host, gpu, ratio, util)))]
 
 
-def rule_unattributed(report: dict) -> list[dict]:
+def rule_unattributed(report: Report) -> list[Finding]:
     gpu = report.get("gpu") or {}
     share = gpu.get("attributed_share")
     if share is None or not report.get("stages") or share >= 0.5:
@@ -234,9 +238,9 @@ def rule_unattributed(report: dict) -> list[dict]:
         score=1 - share)]
 
 
-def rule_warmup_contamination(report: dict) -> list[dict]:
+def rule_warmup_contamination(report: Report) -> list[Finding]:
     warm_n = report.get("warmup", {}).get("n", 0)
-    by_stage: dict[str, list[dict]] = {}
+    by_stage: dict[str, list[StartupRow]] = {}
     for row in report.get("startup", []):
         if row["reason"] == "cold_start":
             by_stage.setdefault(row["stage"], []).append(row)
@@ -264,9 +268,9 @@ def rule_warmup_contamination(report: dict) -> list[dict]:
     if not ratios:
         return []
     names = ", ".join(f"'{k}'" for k in list(ratios)[:4]) + (f" and {len(ratios) - 4} more" if len(ratios) > 4 else "")
-    top = stages.get(top_stage) or {}
+    top = (stages.get(top_stage) if top_stage is not None else None) or {}
     top_total = top.get("instances", 0)
-    evidence = {"cold_instances": n_cold, "worst_stage": worst_stage, "worst_ratio": round(worst_ratio, 2),
+    evidence: dict[str, Any] = {"cold_instances": n_cold, "worst_stage": worst_stage, "worst_ratio": round(worst_ratio, 2),
                 "ratio_by_stage": ratios, "session_warmup": warm_n, "excluded_from_headline": True,
                 "suggested_warmup": None, "top_stage": top_stage}
     if suggested < top_total:
@@ -289,7 +293,7 @@ def rule_warmup_contamination(report: dict) -> list[dict]:
         "fact", worst_stage if len(ratios) == 1 else None, evidence, step, command, score=0.01)]
 
 
-def rule_healthy_decode(report: dict) -> list[dict]:
+def rule_healthy_decode(report: Report) -> list[Finding]:
     out = []
     for st in _mixed_stages(report):
         if not DECODE_NAME.search(scanned(st.get("leaf", st["name"]))):
@@ -300,7 +304,7 @@ def rule_healthy_decode(report: dict) -> list[dict]:
         biggest_other = max(others.items(), key=lambda kv: kv[1])
         busy = (st.get("gpu_busy_frac") or {}).get("median")
         if mm >= HEALTHY_MATMUL_SHARE and biggest_other[1] < mm:
-            ev = {"matmul_share": round(mm, 3), **{f"{k}_share": round(v, 3) for k, v in others.items() if v > 0}}
+            ev: dict[str, Any] = {"matmul_share": round(mm, 3), **{f"{k}_share": round(v, 3) for k, v in others.items() if v > 0}}
             if busy is not None:
                 ev["gpu_busy_frac_median"] = round(busy, 3)
             busy_ns = (st.get("gpu_busy_ns") or {}).get("median") if (st.get("gpu_busy_ns") or {}).get("n") else None
@@ -320,7 +324,7 @@ def rule_healthy_decode(report: dict) -> list[dict]:
     return out
 
 
-def rule_attention_dominated_decode(report: dict) -> list[dict]:
+def rule_attention_dominated_decode(report: Report) -> list[Finding]:
     out = []
     for st in _mixed_stages(report):
         if not DECODE_NAME.search(scanned(st.get("leaf", st["name"]))):
@@ -328,8 +332,8 @@ def rule_attention_dominated_decode(report: dict) -> list[dict]:
         att, mm = _fam_share(st, "attention"), _fam_share(st, *MATMUL)
         if att < ATTENTION_DOMINATES or att <= mm:
             continue
-        kernels = [k for k in st["mix"]["top_kernels"] if k["family"] == "attention"]
-        ev = {"attention_share": round(att, 3), "matmul_share": round(mm, 3)}
+        kernels = [k for k in (st.get("mix") or {})["top_kernels"] if k["family"] == "attention"]
+        ev: dict[str, Any] = {"attention_share": round(att, 3), "matmul_share": round(mm, 3)}
         if kernels:
             ev.update({"attention_kernel": kernels[0]["name"], "attention_kernel_median_ns": kernels[0]["median_ns"],
                        "attention_per_instance": kernels[0].get("per_instance")})
@@ -353,7 +357,7 @@ per expert, and the weighted scatter-add that combines expert outputs. Their nam
 about MoE (families: reduction), so the MoE rule counts them beside the routing family."""
 
 
-def _moe_permutation(stage: dict) -> tuple[float, list[str]]:
+def _moe_permutation(stage: Stage) -> tuple[float, list[str]]:
     """Share of a stage's GPU time in MOE_PERMUTATION kernels of its top kernels (not routing or
     grouped_matmul already), and their names."""
     ks = [k for k in (stage.get("mix") or {}).get("top_kernels", [])
@@ -361,7 +365,7 @@ def _moe_permutation(stage: dict) -> tuple[float, list[str]]:
     return float(sum(k["share"] for k in ks)), [k["name"] for k in ks]
 
 
-def rule_moe_decode(report: dict) -> list[dict]:
+def rule_moe_decode(report: Report) -> list[Finding]:
     out = []
     for st in _mixed_stages(report):
         grouped = _fam_share(st, "grouped_matmul")
@@ -370,7 +374,7 @@ def rule_moe_decode(report: dict) -> list[dict]:
         routing_family = _fam_share(st, "routing")
         perm, perm_names = _moe_permutation(st)
         routing = routing_family + perm
-        ev = {"grouped_matmul_share": round(grouped, 3), "routing_share": round(routing, 3),
+        ev: dict[str, Any] = {"grouped_matmul_share": round(grouped, 3), "routing_share": round(routing, 3),
               "routing_family_share": round(routing_family, 3), "permutation_share": round(perm, 3),
               "permutation_kernels": [_kernel_regex(n) for n in perm_names],
               "routing_over_grouped": round(routing / grouped, 3) if grouped else None}
@@ -393,7 +397,7 @@ def rule_moe_decode(report: dict) -> list[dict]:
     return out
 
 
-def rule_low_bit(report: dict) -> list[dict]:
+def rule_low_bit(report: Report) -> list[Finding]:
     out = []
     for st in _mixed_stages(report):
         q = _fam_share(st, "quantization")
@@ -401,7 +405,7 @@ def rule_low_bit(report: dict) -> list[dict]:
         if q <= 0 or mm <= 0:
             continue
         ratio = q / mm
-        ev = {"quantization_share": round(q, 3), "matmul_share": round(mm, 3), "quant_over_matmul": round(ratio, 3)}
+        ev: dict[str, Any] = {"quantization_share": round(q, 3), "matmul_share": round(mm, 3), "quant_over_matmul": round(ratio, 3)}
         if ratio >= QUANT_VS_MATMUL:
             out.append(_finding(
                 "low_bit_quant_overhead",
@@ -419,7 +423,7 @@ def rule_low_bit(report: dict) -> list[dict]:
     return out
 
 
-def _names(st: dict) -> list[str]:
+def _names(st: Stage) -> list[str]:
     return [k["name"] for k in (st.get("mix") or {}).get("top_kernels", [])]
 
 
@@ -428,7 +432,7 @@ CONCAT_KERNEL = re.compile(r"CatArray|concat|\bcat_", re.IGNORECASE)
 in a decode stage the usual source is a KV cache extended by concatenation each step."""
 
 
-def rule_unfused(report: dict) -> list[dict]:
+def rule_unfused(report: Report) -> list[Finding]:
     out = []
     for st in _mixed_stages(report):
         names = " ".join(_names(st)).lower()
@@ -487,7 +491,7 @@ def rule_unfused(report: dict) -> list[dict]:
     return out
 
 
-def _kernel_overlap(a: dict, b: dict) -> float:
+def _kernel_overlap(a: Stage, b: Stage) -> float:
     """Shared GPU time of two stages' kernel mixes: sum over kernel names of the smaller share.
 
     1.0 when both run the same kernels in the same proportions. Kernel names carry the tile
@@ -499,20 +503,27 @@ def _kernel_overlap(a: dict, b: dict) -> float:
     return float(sum(min(ka[n], kb[n]) for n in ka.keys() & kb.keys()))
 
 
-def _grows(tr: dict | None, ratio: float) -> bool:
+def _grows(tr: StepTrend | None, ratio: float) -> bool:
     """A trend (stats.step_trend) rising with the step. Ratios are null in a saved report when the
     first quarter is 0 (a stage without matmuls): no growth."""
-    return bool(tr) and (tr.get("n_steps") or 0) >= REPREFILL_MIN_STEPS \
+    if not tr:
+        return False
+    return (tr.get("n_steps") or 0) >= REPREFILL_MIN_STEPS \
         and (tr.get("spearman") or 0) >= REPREFILL_SPEARMAN and (tr.get("last_over_first") or 0) >= ratio
 
 
-def _trend_ev(prefix: str, tr: dict) -> dict:
+def _round(v: float | None, digits: int) -> float | None:
+    """``round(v)``; None stays None (a ratio a saved report has as null: the first quarter was 0)."""
+    return None if v is None else round(v, digits)
+
+
+def _trend_ev(prefix: str, tr: StepTrend) -> dict[str, Any]:
     return {f"{prefix}_first_quarter_ns": tr["first_quarter_median_ns"],
             f"{prefix}_last_quarter_ns": tr["last_quarter_median_ns"],
             f"{prefix}_slope_ns_per_step": round(tr["slope_ns_per_step"], 1)}
 
 
-def rule_reprefill(report: dict) -> list[dict]:
+def rule_reprefill(report: Report) -> list[Finding]:
     """A decode whose every step re-runs the whole sequence (no KV cache): O(n^2) overall.
 
     Two signals, both required when the trace gives the kernels (``stages[].step_work``):
@@ -550,24 +561,24 @@ def rule_reprefill(report: dict) -> list[dict]:
             ops_grow = _grows(n_t, REPREFILL_WORK_GROWTH)
             if not (mm_grows or ops_grow):
                 continue
-            growth, rho = op_t["last_over_first"], op_t["spearman"]
+            growth, rho = op_t.get("last_over_first") or 0.0, op_t["spearman"]  # (not null: it grows)
             # the telling numbers first (views show the first few)
             ev.update({"op_time_last_over_first": round(growth, 3), "op_time_spearman": round(rho, 3),
-                       "matmul_time_last_over_first": round(mm_t["last_over_first"], 3),
+                       "matmul_time_last_over_first": _round(mm_t["last_over_first"], 3),
                        "matmul_time_spearman": round(mm_t["spearman"], 3),
-                       "ops_per_step_last_over_first": round(n_t["last_over_first"], 3)})
+                       "ops_per_step_last_over_first": _round(n_t["last_over_first"], 3)})
             ev.update({"basis": "gpu_op_ns", **_trend_ev("op_time", op_t), **_trend_ev("matmul_time", mm_t)})
             ev.update({"ops_per_step_first_quarter": n_t["first_quarter_median_ns"],
                        "ops_per_step_last_quarter": n_t["last_quarter_median_ns"],
                        "ops_spearman": round(n_t["spearman"], 3),
                        "matmul_grows": mm_grows, "op_count_grows": ops_grow})
             ev["span_basis"] = tr.get("basis")
-            ev["span_spearman"], ev["span_last_over_first"] = round(tr["spearman"], 3), round(tr["last_over_first"], 3)
+            ev["span_spearman"], ev["span_last_over_first"] = round(tr["spearman"], 3), _round(tr["last_over_first"], 3)
             what = "matmul time" if mm_grows else "op count"
             shaped = (f"; its {what} grows with it ({(mm_t if mm_grows else n_t)['last_over_first']:.2f}x), "
                       "which a KV-cached step keeps constant")
         else:
-            growth, rho = tr.get("last_over_first", 0), tr.get("spearman", 0)
+            growth, rho = tr.get("last_over_first", 0) or 0, tr.get("spearman", 0)
             if not (rho >= REPREFILL_SPEARMAN and growth >= REPREFILL_GROWTH):
                 continue
             ev.update({"basis": tr.get("basis"), "spearman": round(rho, 3), "last_over_first": round(growth, 2),
@@ -596,14 +607,14 @@ def rule_reprefill(report: dict) -> list[dict]:
     return out
 
 
-def _runs_max(st: dict) -> bool:
+def _runs_max(st: Stage) -> bool:
     """The stage's kernels are Modular MAX's (Mojo kernels carry their own naming)."""
     from maxinstr.analyze.families import MAX_KERNEL
 
     return any(MAX_KERNEL.search(name) for name in _names(st))
 
 
-def rule_naive_matmul(report: dict) -> list[dict]:
+def rule_naive_matmul(report: Report) -> list[Finding]:
     """MAX's naive matmul (its fallback where no tuned kernel covers the dtype and shape)
     taking a real share of a stage's GPU time."""
     from maxinstr.analyze.families import NAIVE_MATMUL
@@ -634,7 +645,17 @@ GRAPH_REPLAY_SHARE = 0.5
 """A stage (or population) whose instances mostly launch CUDA-graph nodes already replays a graph."""
 
 
-def _pace_units(report: dict, st: dict) -> list[tuple[dict, str | None, dict | None]]:
+class PaceUnit(PopulationGroup, total=False):
+    """What launch_bound / host_bound judge of a stage with two populations: one population's
+    statistics, named and weighted as (its share of) its stage."""
+
+    name: str
+    leaf: str | None
+    steady: int
+    share_of_top: float
+
+
+def _pace_units(report: Report, st: Stage) -> list[tuple[Stage | PaceUnit, str | None, PopulationGroup | None]]:
     """What launch_bound / host_bound judge for a stage: the stage itself, or, when its steady
     instances form two populations (``stages[].populations``), each population on its own (one
     busy fraction for a graph replay and an eager step is neither's). Each unit: (statistics,
@@ -646,15 +667,15 @@ def _pace_units(report: dict, st: dict) -> list[tuple[dict, str | None, dict | N
     basis = pops.get("basis", "host_ns")
     times = [float((g.get(basis) or {}).get("total", 0.0)) for g in groups]
     total = sum(times) or 1.0
-    out = []
+    out: list[tuple[Stage | PaceUnit, str | None, PopulationGroup | None]] = []
     for i, g in enumerate(groups):
-        unit = dict(g, name=st["name"], leaf=st.get("leaf"), steady=g["instances"],
-                    share_of_top=_stage_weight(report, st) * times[i] / total)
+        unit: PaceUnit = {**g, "name": st["name"], "leaf": st.get("leaf"), "steady": g["instances"],
+                          "share_of_top": _stage_weight(report, st) * times[i] / total}
         out.append((unit, g["label"], groups[1 - i]))
     return out
 
 
-def _graph_advice(unit: dict, other: dict | None, stage: dict | None = None) -> str:
+def _graph_advice(unit: Stage | PaceUnit, other: PopulationGroup | None, stage: Stage) -> str:
     """The launch-bound fix, without advising what the stage (or its other population) already does.
     ``stage``: the stage the unit is (part of), whose kernel mix says whether MAX runs it."""
     mine = unit.get("cuda_graph_share") or 0.0
@@ -663,11 +684,13 @@ def _graph_advice(unit: dict, other: dict | None, stage: dict | None = None) -> 
         return ("These instances already replay a CUDA graph: the gaps are between its nodes. Fewer, larger "
                 "kernels (fusion, torch.compile, a MAX graph) or more work per node shorten it; a graph does not.")
     if other is not None and theirs >= GRAPH_REPLAY_SHARE:
-        span = lambda g: (g.get("gpu_proj_ns") or {}).get("median")  # noqa: E731
+        def span(g: Stage | PaceUnit | PopulationGroup) -> float | None:
+            return (g.get("gpu_proj_ns") or {}).get("median")
+
         return (f"The stage's other instances ({other['label']}) already replay a CUDA graph"
                 + (f" ({_fmt_ns(span(other))} of GPU span against {_fmt_ns(span(unit))} here)" if span(other) and span(unit) else "")
                 + ": run these from the graph too (find the shape, branch or input that misses the captured graph).")
-    if _runs_max(stage or unit):
+    if _runs_max(stage):
         return ("Kernels are short and MAX's worker thread cannot launch them fast enough (it launches each "
                 "graph op as its own kernel). Capture the step as a device graph (Model.capture(key, *inputs) "
                 "once, then Model.replay(key, *inputs) each step: the inputs' shapes must stay fixed, so a KV "
@@ -682,7 +705,7 @@ def _fmt_ns(v: float | None) -> str:
     return ns(v)
 
 
-def rule_launch_bound(report: dict) -> list[dict]:
+def rule_launch_bound(report: Report) -> list[Finding]:
     out = []
     for stage in report.get("stages", []):
         # a population has no more busy fractions than its stage: the cheap test first
@@ -693,9 +716,9 @@ def rule_launch_bound(report: dict) -> list[dict]:
     return out
 
 
-def _launch_or_host_bound(report: dict, st: dict, population: str | None, other: dict | None,
-                          stage: dict) -> list[dict]:
-    out = []
+def _launch_or_host_bound(report: Report, st: Stage | PaceUnit, population: str | None, other: PopulationGroup | None,
+                          stage: Stage) -> list[Finding]:
+    out: list[Finding] = []
     busy = st.get("gpu_busy_frac") or {}
     host = st.get("host_ns") or {}
     proj = st.get("gpu_proj_ns") or {}
@@ -705,7 +728,7 @@ def _launch_or_host_bound(report: dict, st: dict, population: str | None, other:
     kpi = (st.get("kernels_per_instance") or {}).get("median")
     gaps = (st.get("idle_gap_ns") or {}).get("median")
     who = f"'{st['name']}'" + (f" ({population}, {st['instances']} instances)" if population else "")
-    pop_ev = {"population": population} if population else {}
+    pop_ev: dict[str, Any] = {"population": population} if population else {}
     gap_ev = {**pop_ev, "gpu_busy_frac_median": round(busy["median"], 3), "idle_gap_ns_median": gaps,
               "gpu_proj_ns_median": proj.get("median"), "kernels_per_instance_median": kpi, "instances": busy["n"]}
     if busy["median"] < LAUNCH_BOUND_BUSY and (kpi or 0) >= LAUNCH_BOUND_MIN_KERNELS:
@@ -750,7 +773,7 @@ NVML_REASONS = {"sw_power_cap": "SW power cap", "hw_slowdown": "HW slowdown", "s
 """Throttle reasons as NVML (nvmlClocksEventReasons) and AMD SMI name them."""
 
 
-def rule_throttled(report: dict) -> list[dict]:
+def rule_throttled(report: Report) -> list[Finding]:
     """Clocks held below their maximum by a limit, named as NVML names it and ranked by the time
     it can cost: the stage's weight x the throttled share x the clock shortfall (1 - mean SM clock
     / max SM clock), an upper bound for work that scales with the clock. A SW power cap is the
@@ -768,7 +791,7 @@ def rule_throttled(report: dict) -> list[dict]:
         loss = max(0.0, 1.0 - clock / top) if clock and top else None
         power, limit = smp.get("power_w_mean"), smp.get("power_limit_w")
         host = st.get("host_ns") or {}
-        ev = {"reason": ", ".join(named), "reasons": reasons, "throttled_share": round(share, 3),
+        ev: dict[str, Any] = {"reason": ", ".join(named), "reasons": reasons, "throttled_share": round(share, 3),
               "samples": smp.get("samples"), "sm_clock_mhz_mean": clock, "sm_clock_max_mhz": top,
               "clock_shortfall": None if loss is None else round(loss, 3), "power_w_mean": power,
               "power_source": smp.get("power_source"), "power_limit_w": limit,
@@ -795,7 +818,7 @@ def rule_throttled(report: dict) -> list[dict]:
     return out
 
 
-def _deep_dive(report: dict, st: dict, family: str | None = None) -> str | None:
+def _deep_dive(report: Report, st: Stage, family: str | None = None) -> str | None:
     kernels = (st.get("mix") or {}).get("top_kernels", [])
     if family:
         kernels = [k for k in kernels if k["family"] == family] or kernels
@@ -807,7 +830,7 @@ def _deep_dive(report: dict, st: dict, family: str | None = None) -> str | None:
             f"--kernel {shlex.quote(_kernel_regex(k['name']))}")
 
 
-def _not_gpu_paced(st: dict) -> str | None:
+def _not_gpu_paced(st: Stage) -> str | None:
     """Why the GPU's kernels do not set this stage's pace, as a clause for a title ("the GPU is
     busy only 18% of the stage"), or None when they may: the launch_bound / host_bound tests."""
     busy = (st.get("gpu_busy_frac") or {}).get("median") if (st.get("gpu_busy_frac") or {}).get("n") else None
@@ -825,12 +848,12 @@ _COPY_STEP = ("A copy, not a kernel: Nsight Compute cannot profile it. Check its
               "use pinned host memory, overlap it with compute on another stream, or keep the data on the GPU.")
 
 
-def rule_dominant_kernel(report: dict) -> list[dict]:
+def rule_dominant_kernel(report: Report) -> list[Finding]:
     out = []
     for st in _leaf_stages(report):
         if not st.get("mix") or not _significant(report, st):
             continue
-        top = st["mix"]["top_kernels"][:1]
+        top = (st.get("mix") or {})["top_kernels"][:1]
         if not top or top[0]["share"] < DOMINANT_KERNEL_SHARE:
             continue
         k = top[0]
@@ -851,21 +874,21 @@ def rule_dominant_kernel(report: dict) -> list[dict]:
             score=k["share"] * _stage_weight(report, st) * (0.25 if pace else 0.5)))
     gpu = report.get("gpu") or {}
     if not report.get("stages") and gpu.get("kernels"):
-        k = gpu["kernels"][0]
-        if k["share"] >= DOMINANT_KERNEL_SHARE:
-            copy = k["family"] in COPY_FAMILIES
+        gk = gpu["kernels"][0]
+        if gk["share"] >= DOMINANT_KERNEL_SHARE:
+            copy = gk["family"] in COPY_FAMILIES
             out.append(_finding(
-                "dominant_kernel", f"one {'copy' if copy else 'kernel'} takes {k['share']:.0%} of all GPU time "
-                f"({k['family']}: {_short(k['name'])})",
-                "fact", None, {"kernel": k["name"], "family": k["family"], "share": round(k["share"], 3)},
+                "dominant_kernel", f"one {'copy' if copy else 'kernel'} takes {gk['share']:.0%} of all GPU time "
+                f"({gk['family']}: {_short(gk['name'])})",
+                "fact", None, {"kernel": gk["name"], "family": gk["family"], "share": round(gk["share"], 3)},
                 _COPY_STEP if copy else "Worth a deep dive.",
                 None if copy else
-                f"maxinstr deep-dive {_deep_dive_arg(report)} --kernel {shlex.quote(_kernel_regex(k['name']))}",
-                score=k["share"] * 0.5))
+                f"maxinstr deep-dive {_deep_dive_arg(report)} --kernel {shlex.quote(_kernel_regex(gk['name']))}",
+                score=gk["share"] * 0.5))
     return out
 
 
-def rule_perturbed(report: dict) -> list[dict]:
+def rule_perturbed(report: Report) -> list[Finding]:
     if not report.get("perturbed") or report.get("headline_source") == "unprofiled_run":
         return []
     return [_finding(
@@ -877,10 +900,10 @@ def rule_perturbed(report: dict) -> list[dict]:
         score=0.0)]
 
 
-def rule_straggler(report: dict) -> list[dict]:
+def rule_straggler(report: Report) -> list[Finding]:
     """A rank that the others wait for (report["ranks"]["stragglers"], analyze/ranks.py)."""
     sec = report.get("ranks") or {}
-    out = []
+    out: list[Finding] = []
     if not sec.get("stragglers"):
         return out
     top_total = sum(float((st.get("host_ns") or {}).get("total", 0.0)) for st in report.get("stages", [])
@@ -916,10 +939,12 @@ def rule_straggler(report: dict) -> list[dict]:
             parts.append(f"the other ranks wait for it in '{l0['stage']}' in {l0['least_wait_share']:.0%} of "
                          f"{l0['groups']} steps")
             for other, g in gpu.items():
-                if other != r and g.get("collective_share") is not None:
-                    ev[f"rank{other}_collective_gpu_share"] = round(g["collective_share"], 3)
-            if r in gpu and gpu[r].get("collective_share") is not None:
-                ev[f"rank{r}_collective_gpu_share"] = round(gpu[r]["collective_share"], 3)
+                other_share = g.get("collective_share")
+                if other != r and other_share is not None:
+                    ev[f"rank{other}_collective_gpu_share"] = round(other_share, 3)
+            own_share = gpu[r].get("collective_share") if r in gpu else None
+            if own_share is not None:
+                ev[f"rank{r}_collective_gpu_share"] = round(own_share, 3)
         cost = max(sg.get("others_wait_total_ns", 0.0), sg.get("excess_total_ns", 0.0))
         score = min(cost / per_rank_total, 1.0) if per_rank_total > 0 else 0.0
         stage = (slow[0]["stage"] if slow else late[0]["stage"])
@@ -937,7 +962,7 @@ def _short(name: str, n: int = 70) -> str:
     return name if len(name) <= n else name[: n - 3] + "..."
 
 
-RULES: list[Callable[[dict], list[dict]]] = [
+RULES: list[Callable[[Report], list[Finding]]] = [
     rule_no_stages,
     rule_no_gpu_data,
     rule_no_kernels,
@@ -958,9 +983,9 @@ RULES: list[Callable[[dict], list[dict]]] = [
 ]
 
 
-def diagnose(report: dict, rules: list[Callable[[dict], list[dict]]] | None = None) -> list[dict]:
+def diagnose(report: Report, rules: list[Callable[[Report], list[Finding]]] | None = None) -> list[Finding]:
     """Run every rule over ``report``; findings sorted by score (facts first on ties)."""
-    findings: list[dict] = []
+    findings: list[Finding] = []
     for rule in rules or RULES:
         findings.extend(rule(report))
     # one mix verdict per stage before dropping parents' duplicates: a parent whose inclusive mix
@@ -989,7 +1014,7 @@ WORDS = {"launch_bound": "launch limit", "host_bound": "host limit",
 """Findings that say the GPU's kernels do not set the stage's pace (launches or the host do)."""
 
 
-def _one_mix_per_stage(findings: list[dict]) -> list[dict]:
+def _one_mix_per_stage(findings: list[Finding]) -> list[Finding]:
     """One kernel-mix verdict per stage, so that "healthy" never stands beside "misses fused
     kernels" or "MoE routing overhead" on the same stage:
 
@@ -1002,11 +1027,12 @@ def _one_mix_per_stage(findings: list[dict]) -> list[dict]:
     - a re-prefill on the stage rules out a healthy verdict too: a matmul-dominated mix is what
       re-running the prompt every step looks like.
     """
-    mix_by_stage: dict[str, list[dict]] = {}
+    mix_by_stage: dict[str, list[Finding]] = {}
     reprefill = {f["stage"]: f for f in findings if f["id"] == "reprefill_quadratic"}
     for f in findings:
-        if f["id"] in MIX_FINDINGS and f.get("stage"):
-            mix_by_stage.setdefault(f["stage"], []).append(f)
+        stage = f.get("stage")
+        if f["id"] in MIX_FINDINGS and stage:
+            mix_by_stage.setdefault(stage, []).append(f)
     drop: set[int] = set()
     for stage, fs in mix_by_stage.items():
         problems = sorted((f for f in fs if f["id"] not in MIX_HEALTHY), key=lambda f: -f["score"])
@@ -1035,7 +1061,7 @@ def _one_mix_per_stage(findings: list[dict]) -> list[dict]:
     return [f for f in findings if id(f) not in drop]
 
 
-def _pace_clause(pace: dict) -> tuple[str, float]:
+def _pace_clause(pace: Finding) -> tuple[str, float]:
     """What a launch_bound / host_bound finding measured, as a clause, and the share of the
     stage the GPU's kernels fill (what faster kernels could shorten at today's pace)."""
     ev = pace["evidence"]
@@ -1046,7 +1072,7 @@ def _pace_clause(pace: dict) -> tuple[str, float]:
     return f"GPU work is only {ratio:.0%} of the stage's host time", ratio
 
 
-def _pace_notes(findings: list[dict]) -> None:
+def _pace_notes(findings: list[Finding]) -> None:
     """Where launch_bound / host_bound fire, they set the stage's pace: the stage's kernel-mix
     finding says it is secondary (title, next step, ``evidence.paced_by``; its score is scaled by
     the share of the stage the kernels fill), and the pace finding names what it outranks
@@ -1073,7 +1099,7 @@ def _pace_notes(findings: list[dict]) -> None:
                                  "once it is fixed. " + pace["next_step"])
 
 
-def _pace_first(findings: list[dict]) -> list[dict]:
+def _pace_first(findings: list[Finding]) -> list[Finding]:
     """Sorted findings, with each launch_bound / host_bound moved ahead of the other findings of
     its stage: what limits a stage comes first, whatever the scores."""
     out = list(findings)
@@ -1086,11 +1112,11 @@ def _pace_first(findings: list[dict]) -> list[dict]:
     return out
 
 
-def _deepest_only(report: dict, findings: list[dict]) -> list[dict]:
+def _deepest_only(report: Report, findings: list[Finding]) -> list[Finding]:
     """Drop a finding when a stage nested inside its stage has the same finding: the most
     specific stage is the actionable one (a launch-bound decode inside a request)."""
     parent = {s["name"]: s.get("parent") for s in report.get("stages", [])}
-    fired = {(f["id"], f["stage"]) for f in findings if f.get("stage")}
+    fired = {(f["id"], stage) for f in findings if (stage := f.get("stage"))}
     ancestors_with: set[tuple[str, str]] = set()
     for fid, stage in fired:
         seen, p = {stage}, parent.get(stage)
@@ -1101,25 +1127,26 @@ def _deepest_only(report: dict, findings: list[dict]) -> list[dict]:
     return [f for f in findings if not f.get("stage") or (f["id"], f["stage"]) not in ancestors_with]
 
 
-def rank_bottlenecks(report: dict) -> list[dict]:
+def rank_bottlenecks(report: Report) -> list[Bottleneck]:
     """Stages ranked by their *self* time (``stages[].self_ns``: per steady instance, its time
     minus its direct child instances' time), so a parent's own work (the matmuls between nested attention
     stages) competes with its children and nothing is counted twice. One basis for all: GPU
     busy time when a trace is joined, else GPU event time, else projected span, else host
     time. Each row carries the stage's top family and kernel (inclusive mix) and the findings
     about it; ``share`` is of the summed self time."""
-    rows = []
+    rows: list[Bottleneck] = []
     findings = report.get("diagnosis", [])
     stages = report.get("stages", [])
-    basis = next((key for key in ("gpu_busy_ns", "gpu_event_ns", "gpu_proj_ns", "host_ns") if _any_stage_has(stages, key)),
-                 None)
+    bases: tuple[TimeKey, ...] = ("gpu_busy_ns", "gpu_event_ns", "gpu_proj_ns", "host_ns")
+    basis = next((key for key in bases if _any_stage_has(stages, key)), None)
     if basis is None:
         return []
     parents = {st.get("parent") for st in stages}
     found: dict[str, set[str]] = {}  # stage -> its findings (a scan per stage is quadratic in 50k stages)
     for f in findings:
-        if f.get("stage") is not None and f["id"] not in MIX_HEALTHY:
-            found.setdefault(f["stage"], set()).add(f["id"])
+        stage = f.get("stage")
+        if stage is not None and f["id"] not in MIX_HEALTHY:
+            found.setdefault(stage, set()).add(f["id"])
     for st in stages:
         stat = st.get(basis) or {}
         if not stat.get("n"):

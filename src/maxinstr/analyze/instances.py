@@ -113,7 +113,7 @@ class StageInstances:
             startup = startup | self.inside_startup
         return ~startup
 
-    def take(self, index: np.ndarray) -> "StageInstances":
+    def take(self, index: np.ndarray) -> StageInstances:
         return StageInstances(**{f.name: (getattr(self, f.name) if f.name in ("notes", "keys")
                                           else getattr(self, f.name)[index])
                                  for f in fields(self)})

@@ -7,7 +7,7 @@ import numpy as np
 
 from maxinstr.analyze.families import OTHER, classify_id_codes, family_names
 from maxinstr.analyze.instances import StageInstances
-from maxinstr.analyze.stats import group_medians
+from maxinstr.analyze.schema import FamilyRow, GpuKernel, Mix, MixRange
 
 _MAX_DEPTH = 64
 
@@ -39,7 +39,7 @@ def op_durations(trace) -> np.ndarray:
     return np.maximum(np.asarray(ops.end_ns, np.int64) - np.asarray(ops.start_ns, np.int64), 0)
 
 
-def family_table(dur_ns: np.ndarray, families: np.ndarray) -> list[dict]:
+def family_table(dur_ns: np.ndarray, families: np.ndarray) -> list[FamilyRow]:
     """Rows ``{family, gpu_ns, share, count}`` sorted by time, shares of the total given.
     ``families`` are int codes (:func:`op_families`)."""
     if len(dur_ns) == 0:
@@ -88,7 +88,7 @@ def group_stats(codes: np.ndarray, values: np.ndarray, n_groups: int) -> dict[st
 
 
 def kernel_table(trace, families: np.ndarray, dur_ns: np.ndarray, mask: np.ndarray | None = None,
-                 limit: int | None = None) -> list[dict]:
+                 limit: int | None = None) -> list[GpuKernel]:
     """Per distinct op name: family, count, total/median/max ns and share of the selected ops."""
     name_id = np.asarray(trace.ops.name_id, np.int64)
     if mask is not None:
@@ -214,14 +214,14 @@ def instance_op_work(inst: StageInstances, families: np.ndarray, dur_ns: np.ndar
 
 
 def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, dur_ns: np.ndarray,
-              top: int = 8, pairs: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, dict]:
+              top: int = 8, pairs: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Mix]:
     """Per stage name, over its steady instances: family table, top kernels, and kernels per
     instance. Ops are counted in every enclosing stage (inclusive). A stage with no steady
     instance at all (e.g. a prefill run once per request, all warm-up) uses every instance,
     and says so (``"instances_used": "all"``). ``pairs``: :func:`op_instance_pairs`'s result
     when the caller already has it."""
     op_i, inst_i = pairs if pairs is not None else op_instance_pairs(inst, trace, attribution)
-    out: dict[str, dict] = {}
+    out: dict[str, Mix] = {}
     if len(op_i) == 0:
         return out
     uniq, name_code = inst.key_codes()  # per instance, once
@@ -262,18 +262,19 @@ def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, du
     pair = code.astype(np.int64) * n_names
     pair += nid
     del code, nid
+    occurring: np.ndarray | None  # the (stage, name) pairs that occur, when numbered
     if n_stages * n_names <= 8_000_000:
-        pairs, pair_code = None, pair
+        occurring, pair_code = None, pair
         n_pairs = n_stages * n_names
     else:  # many stages x many names: number the pairs that occur
-        pairs, pair_code = np.unique(pair, return_inverse=True)
+        occurring, pair_code = np.unique(pair, return_inverse=True)
         pair_code = pair_code.reshape(-1)
-        n_pairs = len(pairs)
+        n_pairs = len(occurring)
     st = group_stats(pair_code, d, n_pairs)
     del pair, pair_code, d
-    pair_key = np.arange(n_pairs, dtype=np.int64) if pairs is None else pairs
+    pair_key = np.arange(n_pairs, dtype=np.int64) if occurring is None else occurring
     present = np.flatnonzero(st["count"] > 0)
-    p_stage, p_name = pair_key[present] // n_names, pair_key[present] % n_names
+    p_stage = pair_key[present] // n_names
     strings = np.asarray(trace.strings, dtype=object)
     for k in np.flatnonzero(ops > 0):
         stage = str(uniq[k])
@@ -337,8 +338,8 @@ def _ranges_by_stage(inst: StageInstances, trace, attribution, op_i: np.ndarray,
             "kernels": np.bincount(inv, weights=(fam != _MEMCPY_CODE) & (fam != _MEMSET_CODE), minlength=len(keys))}
 
 
-def _range_breakdown(ranges: dict[str, np.ndarray] | None, k: int, strings: np.ndarray, n_inst: int, grand: float,
-                     top: int) -> list[dict]:
+def _range_breakdown(ranges: dict[str, np.ndarray] | None, k: int | np.integer, strings: np.ndarray, n_inst: int, grand: float,
+                     top: int) -> list[MixRange]:
     """Stage ``k``'s rows of :func:`_ranges_by_stage`, by GPU time: name, ops, kernels, GPU time,
     share and ops per stage instance. Empty when none."""
     if ranges is None:

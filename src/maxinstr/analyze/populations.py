@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from maxinstr.analyze.schema import PopulationGroup, Populations, StepBasis
 from maxinstr.analyze.stats import MAD_TO_SIGMA, summarize
 
 MIN_INSTANCES = 12
@@ -165,10 +166,10 @@ def features(inst, rows: np.ndarray, attrs: dict | None, graph_ops: np.ndarray |
     return out
 
 
-def _group_row(inst, rows: np.ndarray, label: str, n_stage: int, graph_ops: np.ndarray | None) -> dict[str, Any]:
+def _group_row(inst, rows: np.ndarray, label: str, n_stage: int, graph_ops: np.ndarray | None) -> PopulationGroup:
     proj = inst.proj_ns[rows]
     has = inst.proj_start_ns[rows] >= 0
-    row = {
+    row: PopulationGroup = {
         "label": label,
         "instances": int(len(rows)),
         "share": len(rows) / n_stage if n_stage else 0.0,
@@ -187,8 +188,8 @@ def _group_row(inst, rows: np.ndarray, label: str, n_stage: int, graph_ops: np.n
     return row
 
 
-def stage_populations(inst, rows: np.ndarray, basis: str, attrs: dict | None = None,
-                      graph_ops: np.ndarray | None = None, values: np.ndarray | None = None) -> dict[str, Any] | None:
+def stage_populations(inst, rows: np.ndarray, basis: StepBasis, attrs: dict | None = None,
+                      graph_ops: np.ndarray | None = None, values: np.ndarray | None = None) -> Populations | None:
     """``stages[].populations`` for the steady instances ``rows`` of one stage, or None when
     they form one population. ``basis``: the time measure judged (``gpu_event_ns``,
     ``gpu_proj_ns`` or ``host_ns``); ``values``: that column for every instance, when the
@@ -214,5 +215,6 @@ def stage_populations(inst, rows: np.ndarray, basis: str, attrs: dict | None = N
     med = float(np.median(v[ok]))
     # the symptom: a median between the modes, a time no instance took
     in_gap = bool(v[ok][~side].max() < med < v[ok][side].min())
-    return {"basis": basis, "by": by, "explained": by is not None, "separation": round(m["separation"], 2),
-            "threshold_ns": m["threshold"], "median_in_gap": in_gap, "groups": groups}
+    out: Populations = {"basis": basis, "by": by, "explained": by is not None, "separation": round(m["separation"], 2),
+                        "threshold_ns": m["threshold"], "median_in_gap": in_gap, "groups": groups}
+    return out

@@ -25,11 +25,16 @@ Nothing here reads files: inputs are the stage-instance columns and the run's pa
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from maxinstr.analyze.schema import (RankGpu, RankInfo, RanksSection, RankStage, RankStageRow, Straggler, StragglerSlow,
+                                     StragglerWait)
 from maxinstr.analyze.stats import occurrence_index, summarize
+
+if TYPE_CHECKING:
+    from maxinstr.analyze.instances import StageInstances
 
 SLOWEST_SHARE = 0.75
 """A rank is a straggler at a stage when it is the slowest (or arrives last) in at least this
@@ -74,9 +79,9 @@ def part_clock_offsets(parts: list[dict]) -> tuple[np.ndarray, str]:
     return off, "wall clock via each part's start (several hosts: as good as their time sync)"
 
 
-def rank_table(parts: list[dict]) -> list[dict]:
+def rank_table(parts: list[dict]) -> list[RankInfo]:
     """One row per rank: local rank, world size, host, pids and part names."""
-    rows: dict[int, dict] = {}
+    rows: dict[int, RankInfo] = {}
     for p in parts:
         r = p.get("rank")
         if not isinstance(r, int) or isinstance(r, bool) or r < 0:
@@ -175,7 +180,7 @@ def judge_stage(m: dict[str, np.ndarray]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- section
-def rank_section(inst, parts: list[dict], gpu_by_rank: list[dict] | None = None) -> dict[str, Any] | None:
+def rank_section(inst: StageInstances, parts: list[dict], gpu_by_rank: list[RankGpu] | None = None) -> RanksSection | None:
     """``report["ranks"]`` (docs/report.md): None unless the run has two or more ranks."""
     p_rank = part_ranks(parts)
     ranks = np.unique(p_rank[p_rank >= 0])
@@ -193,8 +198,11 @@ def rank_section(inst, parts: list[dict], gpu_by_rank: list[dict] | None = None)
     use = ~inst.is_mark & (rank >= 0)
     keys, key_code = np.unique(inst.key.astype(str), return_inverse=True)
     key_code = key_code.reshape(-1)
-    gpu_basis, gpu_col = None, None
-    for name, col in (("gpu_event_ns", inst.gpu_event_ns), ("gpu_proj_ns", inst.proj_ns)):
+    gpu_basis: Literal["gpu_event_ns", "gpu_proj_ns"] | None = None
+    gpu_col = inst.gpu_event_ns
+    col_of: tuple[tuple[Literal["gpu_event_ns", "gpu_proj_ns"], np.ndarray], ...] = (
+        ("gpu_event_ns", inst.gpu_event_ns), ("gpu_proj_ns", inst.proj_ns))
+    for name, col in col_of:
         if (col[use & inst.steady] >= 0).any():
             gpu_basis, gpu_col = name, col
             break
@@ -215,21 +223,21 @@ def rank_section(inst, parts: list[dict], gpu_by_rank: list[dict] | None = None)
             parent_key.setdefault(int(c), int(p))
 
     totals = np.bincount(key_code[use & inst.steady], weights=host[use & inst.steady], minlength=len(keys))
-    stage_rows: list[dict] = []
+    stage_rows: list[RankStage] = []
     flagged: list[tuple[int, int, str, dict]] = []  # (rank col, key code, kind, numbers)
     for k in np.argsort(-totals, kind="stable")[:STAGES_KEPT]:
         sel_k = use & inst.steady & (key_code == k)
         if not sel_k.any():
             continue
-        per_rank = []
-        for c, r in enumerate(ranks):
+        per_rank: list[RankStageRow] = []
+        for r in ranks:
             s = sel_k & (rank == r)
-            row = {"rank": int(r), "host_ns": summarize(host[s])}
+            row: RankStageRow = {"rank": int(r), "host_ns": summarize(host[s])}
             if gpu_basis is not None:
                 row[gpu_basis] = summarize(gpu_col[s])
             per_rank.append(row)
         g = rows[gkey == k]
-        entry: dict[str, Any] = {"stage": str(keys[k]), "parent": None, "groups": int(len(g)), "per_rank": per_rank,
+        entry: RankStage = {"stage": str(keys[k]), "parent": None, "groups": int(len(g)), "per_rank": per_rank,
                                  "gpu_basis": gpu_basis, "judged": bool(len(g) >= MIN_GROUPS)}
         if int(k) in parent_key:
             entry["parent"] = str(keys[parent_key[int(k)]])
@@ -267,11 +275,12 @@ def rank_section(inst, parts: list[dict], gpu_by_rank: list[dict] | None = None)
     }
 
 
-def _stragglers(flagged, ranks, keys, parent_key, stage_rows) -> list[dict]:
+def _stragglers(flagged: list[tuple[int, int, str, dict[str, float]]], ranks: np.ndarray, keys: np.ndarray,
+                parent_key: dict[int, int], stage_rows: list[RankStage]) -> list[Straggler]:
     """One entry per straggler rank: the stages where it is slowest (deepest only), the
     synchronising stages where the others wait for it (deepest only) and how long."""
     by_name = {s["stage"]: s for s in stage_rows}
-    out = []
+    out: list[Straggler] = []
     for c in sorted({f[0] for f in flagged}):
         mine = [f for f in flagged if f[0] == c]
         # deepest only: drop a stage when one of its descendants is flagged the same way on this
@@ -284,25 +293,25 @@ def _stragglers(flagged, ranks, keys, parent_key, stage_rows) -> list[dict]:
                 seen.add(p)
                 p = parent_key.get(p)
         r = int(ranks[c])
-        slow, late = [], []
+        slow: list[StragglerSlow] = []
+        late: list[StragglerWait] = []
         for _, k, kind, nums in mine:
             st = by_name[str(keys[k])]
             mine_row = next(x for x in st["per_rank"] if x["rank"] == r)
-            base = {"stage": st["stage"], "groups": st["groups"], "excess_total_ns": nums["excess_total_ns"]}
             if k in covered[kind]:
                 continue
             if kind == "slowest":
                 others = [x for x in st["per_rank"] if x["rank"] != r]
-                base.update({"slowest_share": mine_row["slowest_share"], "excess_median_ns": mine_row["excess_median_ns"],
+                slow.append({"stage": st["stage"], "groups": st["groups"], "excess_total_ns": nums["excess_total_ns"],
+                             "slowest_share": mine_row["slowest_share"], "excess_median_ns": mine_row["excess_median_ns"],
                              "median_ns": mine_row["host_ns"].get("median"),
                              "others_median_ns": float(np.median([x["host_ns"].get("median", 0.0) for x in others]))})
-                slow.append(base)
             elif kind == "waited_for":
-                base.update({"least_wait_share": mine_row["least_wait_share"],
+                late.append({"stage": st["stage"], "groups": st["groups"], "excess_total_ns": nums["excess_total_ns"],
+                             "least_wait_share": mine_row["least_wait_share"],
                              "last_arrival_share": mine_row["last_arrival_share"],
                              "arrival_median_ns": mine_row["arrival_median_ns"],
                              "wait_median_ns": {str(x["rank"]): x.get("wait_median_ns") for x in st["per_rank"]}})
-                late.append(base)
         if not slow and not late:
             continue
         slow.sort(key=lambda s: -s["excess_total_ns"])
@@ -315,9 +324,9 @@ def _stragglers(flagged, ranks, keys, parent_key, stage_rows) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- GPU per rank
-def gpu_by_rank(op_rank: np.ndarray, family_code: np.ndarray, op_ns: np.ndarray, family_names: list[str]) -> list[dict]:
+def gpu_by_rank(op_rank: np.ndarray, family_code: np.ndarray, op_ns: np.ndarray, family_names: list[str]) -> list[RankGpu]:
     """Per rank: GPU op time, and the time and share of collective kernels (NCCL/RCCL...)."""
-    out = []
+    out: list[RankGpu] = []
     coll = family_names.index("collective") if "collective" in family_names else -1
     for r in np.unique(op_rank[op_rank >= 0]):
         s = op_rank == r
@@ -398,7 +407,8 @@ def assign_trace_ranks(specs: list[str], run_ranks: list[int]) -> list[tuple[int
     missing = [p for r, p in out if r is None]
     if missing:
         raise ValueError(f"{missing[0]}: cannot tell which rank this trace is (name it r<N>..., or pass --trace N={missing[0]})")
-    ranks = [r for r, _ in out]
+    given = [(r, p) for r, p in out if r is not None]  # every one, after the check above
+    ranks = [r for r, _ in given]
     dup = sorted({r for r in ranks if ranks.count(r) > 1})
     if dup:
         raise ValueError(f"two traces for rank {dup[0]}: give one trace per rank")
@@ -406,7 +416,7 @@ def assign_trace_ranks(specs: list[str], run_ranks: list[int]) -> list[tuple[int
         unknown = [r for r in ranks if r not in run_ranks]
         if unknown:
             raise ValueError(f"trace for rank {unknown[0]}, but the run has ranks {sorted(run_ranks)}")
-    return [(int(r), p) for r, p in out]  # type: ignore[arg-type]
+    return [(int(r), p) for r, p in given]
 
 
 def op_ranks_from_pids(op_pid: np.ndarray, parts: list[dict]) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Build the report: one JSON-serialisable dict (schema ``maxinstr-report``, version 1).
 
 The report is data first: renderers (text, JSON, Markdown, and later Perfetto/HTML) are
-functions of this dict only. docs/report.md documents every field. :func:`analyze` also
+functions of this dict only. Its keys and types are :class:`maxinstr.analyze.schema.Report`
+(docs/report.md says what each field means). :func:`analyze` also
 returns the in-memory columns (stage instances, per-op families) that ``compare`` uses for
 noise bounds; :func:`build_report` returns just the dict.
 """
@@ -12,7 +13,7 @@ import datetime as _dt
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
@@ -22,11 +23,19 @@ from maxinstr.analyze.kernels import (FAMILY_NAMES, family_table, instance_op_wo
                                      op_families, op_instance_pairs, stage_mix)
 from maxinstr.analyze.populations import MIN_INSTANCES as POPULATION_MIN_INSTANCES
 from maxinstr.analyze.populations import stage_populations
+from maxinstr.analyze.schema import (SCHEMA, VERSION, Coverage, Environment, GpuSection, PerStep, RanksSection, Report,
+                                     ReproduceStep, SelfTimes, Sources, Stage, StageSamples, StartupRow, Statistic,
+                                     StepBasis, StepWork)
 from maxinstr.analyze.stats import group_summaries, step_trend
 from maxinstr.attribute.model import JoinMethod
 
-SCHEMA = "maxinstr-report"
-VERSION = 1
+if TYPE_CHECKING:
+    from maxinstr.attribute.model import Attribution
+    from maxinstr.rundir import Run
+    from maxinstr.traces.model import Trace
+
+    TraceArg = str | Path | Trace
+    """A trace: its file (or folder), or one already read."""
 
 KERNELS_KEPT = 300
 """Distinct kernel names kept in ``gpu.kernels`` (by total time); enough for compare's
@@ -41,21 +50,21 @@ MIX_TOP_KERNELS = 15
 class Analysis:
     """The report dict plus the columns it was computed from (not serialised)."""
 
-    report: dict[str, Any]
+    report: Report
     instances: inst_mod.StageInstances
     headline_instances: inst_mod.StageInstances | None = None
     op_family: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int16))
     """Family code per op (names in ``maxinstr.analyze.kernels.FAMILY_NAMES``)."""
     op_ns: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
-    run: Any = None
+    run: Run | None = None
     """The loaded run (records, meta, samples), when one was given."""
-    trace: Any = None
+    trace: Trace | None = None
     """The :class:`~maxinstr.traces.model.Trace`, when one was given."""
-    attribution: Any = None
+    attribution: Attribution | None = None
     """The trace's :class:`~maxinstr.attribute.model.Attribution` (per-op stage, per-range spans)."""
 
 
-def _load_run(run):
+def _load_run(run: str | Path | Run | None) -> Run | None:
     if run is None or not isinstance(run, (str, Path)):
         return run
     from maxinstr.rundir import load
@@ -63,7 +72,7 @@ def _load_run(run):
     return load(run)
 
 
-def _load_trace(trace):
+def _load_trace(trace: TraceArg | None) -> Trace | None:
     if trace is None or not isinstance(trace, (str, Path)):
         return trace
     from maxinstr.traces import open_trace  # H4's dispatcher
@@ -71,7 +80,7 @@ def _load_trace(trace):
     return open_trace(trace)
 
 
-def _inprocess_trace(run):
+def _inprocess_trace(run: Run) -> tuple[Trace | None, list[str]]:
     """Kernels a ``kernels=True`` session collected in-process (docs/kernels.md), when no
     --trace was given: (trace or None, notes)."""
     from maxinstr.traces.inprocess import read_run
@@ -84,17 +93,20 @@ def _inprocess_trace(run):
         return None, [f"in-process kernels not read: {exc}"]
 
 
-def _attribute(trace, run):
+def _attribute(trace: Trace, run: Run | None) -> Attribution:
     import maxinstr.attribute as pkg
 
-    fn = getattr(pkg, "attribute", None)
+    fn: Any = getattr(pkg, "attribute", None)
     if fn is None or not callable(fn):  # the package may not re-export it (yet): use the module's function
         from maxinstr.attribute.attribute import attribute as fn
     return fn(trace, run=run)
 
 
-def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run=None,
-            warmup: int | None = None, trace_ranks: list[int] | None = None) -> Analysis:
+def analyze(run: str | Path | Run | None = None,
+            trace: TraceArg | list[TraceArg] | tuple[TraceArg, ...] | None = None,
+            attribution: Attribution | None = None, samples: Any = None,
+            unprofiled_run: str | Path | Run | None = None, warmup: int | None = None,
+            trace_ranks: list[int] | None = None) -> Analysis:
     """Everything :func:`build_report` computes, plus the columns behind it.
 
     ``run`` and ``unprofiled_run`` may be run directories (paths) or loaded runs; ``trace`` a
@@ -153,7 +165,7 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
     part_names = [p.get("name", "") for p in getattr(run, "parts", [])] if run is not None else []
     sample_stats = _stage_samples(inst, samples, part_names)
 
-    report: dict[str, Any] = {
+    report: Report = {
         "schema": SCHEMA,
         "version": VERSION,
         "generated": {
@@ -179,7 +191,8 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
     attrs = getattr(run, "attrs", None) if run is not None else None
     report["stages"] = _stage_rows(inst, head, mix, sample_stats, work, attrs, graph_ops)
     report["ranks"] = _ranks(inst, run, trace, fam, dur, op_rank)
-    marks, mark_counts = np.unique(inst.key[inst.is_mark].astype(str), return_counts=True) if inst.is_mark.any() else ([], [])
+    marks, mark_counts = (np.unique(inst.key[inst.is_mark].astype(str), return_counts=True) if inst.is_mark.any()
+                          else (np.empty(0, str), np.empty(0, np.int64)))
     report["marks"] = {str(k): int(c) for k, c in zip(marks, mark_counts)}
     report["startup"] = _startup_rows(inst)
     report["gpu"] = _gpu_section(trace, attribution, fam, dur)
@@ -194,13 +207,17 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
                     run=run, trace=trace, attribution=attribution)
 
 
-def build_report(run=None, trace=None, attribution=None, samples=None, unprofiled_run=None,
-                 warmup: int | None = None, trace_ranks: list[int] | None = None) -> dict[str, Any]:
+def build_report(run: str | Path | Run | None = None,
+                 trace: TraceArg | list[TraceArg] | tuple[TraceArg, ...] | None = None,
+                 attribution: Attribution | None = None, samples: Any = None,
+                 unprofiled_run: str | Path | Run | None = None, warmup: int | None = None,
+                 trace_ranks: list[int] | None = None) -> Report:
     """The report dict (schema ``maxinstr-report`` v1, see docs/report.md) for a run, a trace, or both."""
     return analyze(run, trace, attribution, samples, unprofiled_run, warmup, trace_ranks).report
 
 
-def _rank_traces(traces: list, run, trace_ranks):
+def _rank_traces(specs: list[TraceArg], run: Run | None, trace_ranks: list[int] | None
+                 ) -> tuple[Trace | None, Run | None, np.ndarray | None]:
     """Several traces, one per rank: merged into one trace in which each rank's NVTX payloads
     point only at that rank's records (record ids re-numbered to row positions: ids can repeat
     across hosts). Returns (trace, run, rank per op)."""
@@ -209,7 +226,7 @@ def _rank_traces(traces: list, run, trace_ranks):
     from maxinstr.analyze.ranks import dense_record_ids, part_ranks, payload_rows
     from maxinstr.traces.merge import merge_rank_traces
 
-    traces = [_load_trace(t) for t in traces]
+    traces = [t for t in (_load_trace(s) for s in specs) if t is not None]
     if len(traces) == 1 and trace_ranks is None:
         return traces[0], run, None
     run_ranks = sorted(set(part_ranks(run.parts).tolist()) - {-1}) if run is not None else []
@@ -219,7 +236,7 @@ def _rank_traces(traces: list, run, trace_ranks):
     stages = run.stages if run is not None else None
     payload_map = (lambda r, payload: payload_rows(stages, r, payload)) if stages is not None and len(stages) else None
     merged, rows = merge_rank_traces(traces, ranks, payload_map)
-    if stages is not None and len(stages):
+    if run is not None and stages is not None and len(stages):
         new = stages.copy()
         new["id"], new["parent_id"] = dense_record_ids(stages)
         attrs = getattr(run, "attrs", None) or {}
@@ -231,7 +248,8 @@ def _rank_traces(traces: list, run, trace_ranks):
     return merged, run, rows["ops"]
 
 
-def _ranks(inst, run, trace, fam, dur, op_rank) -> dict[str, Any] | None:
+def _ranks(inst: inst_mod.StageInstances, run: Run | None, trace: Trace | None, fam: np.ndarray, dur: np.ndarray,
+           op_rank: np.ndarray | None) -> RanksSection | None:
     """``report["ranks"]``: per-rank statistics and stragglers (None for a one-rank run)."""
     if run is None or not getattr(run, "parts", None):
         return None
@@ -257,7 +275,8 @@ def _version() -> str:
         return "unknown"
 
 
-def _sources(run, trace, attribution, unprofiled_run, inst) -> dict[str, Any]:
+def _sources(run: Run | None, trace: Trace | None, attribution: Attribution | None, unprofiled_run: Run | None,
+             inst: inst_mod.StageInstances) -> Sources:
     notes: list[str] = []
     if run is not None:
         notes += list(getattr(run, "notes", []) or [])
@@ -291,7 +310,7 @@ def _sources(run, trace, attribution, unprofiled_run, inst) -> dict[str, Any]:
     }
 
 
-def _join_problem(trace) -> str:
+def _join_problem(trace: Trace) -> str:
     """Why no stage record joined the trace, and what to do, in one line for the report's top."""
     if trace.format == "kineto":
         return ("the run's stages could not be placed on this torch.profiler trace (it records no NVTX ranges, and "
@@ -302,7 +321,7 @@ def _join_problem(trace) -> str:
             "or pass the run directory that recorded this trace")
 
 
-def _sampled_out_note(run) -> list[str]:
+def _sampled_out_note(run: Run | None) -> list[str]:
     """Say when the GPU-timing budget left stage instances without GPU events."""
     from maxinstr.rundir import format as fmt
 
@@ -319,7 +338,7 @@ def _sampled_out_note(run) -> list[str]:
             "MAXINSTR_GPU_BUDGET=0 times every stage"]
 
 
-def _rules_used(attribution) -> dict[str, int] | None:
+def _rules_used(attribution: Attribution | None) -> dict[str, int] | None:
     if attribution is None or len(getattr(attribution, "op_rule", [])) == 0:
         return None
     from maxinstr.attribute.model import Rule
@@ -332,11 +351,11 @@ _META_KEYS = ("command", "cwd", "git", "host", "python", "maxinstr", "gpus", "dr
               "frameworks", "env", "user", "profiler", "warmup", "clock")
 
 
-def _environment(run, trace) -> dict[str, Any]:
-    env: dict[str, Any] = {}
+def _environment(run: Run | None, trace: Trace | None) -> Environment:
+    env: Environment = {}
     if run is not None:
         meta = getattr(run, "meta", {}) or {}
-        env = {k: meta.get(k) for k in _META_KEYS if meta.get(k) not in (None, "", {}, [])}
+        env = cast(Environment, {k: meta.get(k) for k in _META_KEYS if meta.get(k) not in (None, "", {}, [])})
     if trace is not None and getattr(trace, "meta", None):
         env["trace_meta"] = {k: v for k, v in trace.meta.items() if isinstance(v, (str, int, float, bool))}
     sweep = _sweep(run)
@@ -345,7 +364,7 @@ def _environment(run, trace) -> dict[str, Any]:
     return env
 
 
-def _sweep(run) -> dict[str, str] | None:
+def _sweep(run: Run | None) -> dict[str, str] | None:
     """The ``maxinstr run --sweep`` value this run had (its launch.json), so that compare lists it
     among the settings that differ: the ``sweep`` record, else the run's label (``BATCH=8.r2``)."""
     import json
@@ -364,7 +383,7 @@ def _sweep(run) -> dict[str, str] | None:
     return {name: value} if sep and name else None
 
 
-def _perturbed(run, trace) -> tuple[bool, str | None]:
+def _perturbed(run: Run | None, trace: Trace | None) -> tuple[bool, str | None]:
     meta = getattr(run, "meta", {}) or {} if run is not None else {}
     prof = meta.get("profiler") if isinstance(meta, dict) else None
     if prof:
@@ -377,8 +396,9 @@ def _perturbed(run, trace) -> tuple[bool, str | None]:
     return False, None
 
 
-def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = None, attrs: dict | None = None,
-                graph_ops: np.ndarray | None = None) -> list[dict]:
+def _stage_rows(inst: inst_mod.StageInstances, head: inst_mod.StageInstances | None, mix: dict[str, Any], sample_stats: dict[str, Any],
+                work: dict[str, np.ndarray] | None = None, attrs: dict[int, dict[str, Any]] | None = None,
+                graph_ops: np.ndarray | None = None) -> list[Stage]:
     """One row per stage key. Columnar over all stages at once (grouped statistics, one slice
     of a stage-sorted index per stage): a run of 50,000 distinct names made a per-stage mask
     over every instance (quadratic) and eight numpy calls per stage, 179 s. ``attrs`` and
@@ -414,7 +434,7 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = N
     parent_of = _most_common_parent(inst, code, n_stages)
     sc = code[steady]
 
-    def stats(values: np.ndarray) -> list[dict]:
+    def stats(values: np.ndarray) -> list[Statistic]:
         return group_summaries(sc, values[steady], n_stages)
 
     cols = {
@@ -452,14 +472,14 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = N
 
     c_host, c_event, c_proj, c_busy = cols["host_ns"], cols["gpu_event_ns"], cols["gpu_proj_ns"], cols["gpu_busy_ns"]
     c_frac, c_gap, c_kpi = cols["gpu_busy_frac"], cols["idle_gap_ns"], cols["kernels_per_instance"]
-    rows = []
+    rows: list[Stage] = []
     for u in order_u.tolist():
         if marks_l[u]:
             continue  # instant marks have no duration: counted in report["marks"]
         name = str(names_l[u])
         n_all, n_st, n_wu, n_cs, n_in, n_ex = counts_l[u]
         host_stat = c_host[u]
-        row: dict[str, Any] = {
+        row: Stage = {
             "name": name,
             "parent": parent_of[u],
             "depth": depth_l[u],
@@ -478,14 +498,15 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = N
             "idle_gap_ns": c_gap[u],
             "kernels_per_instance": c_kpi[u],
             "share_of_top": None if share_l is None else share_l[u],
-            "self_ns": {k: total[u] for k, total, present in self_ns if present[u]},
+            "self_ns": cast(SelfTimes, {k: total[u] for k, total, present in self_ns if present[u]}),
             "steps_marked": step_marked_l[u],
             "steps": None,
             "mix": mix.get(name),
             "samples": _window_note(sample_stats.get(name), host_stat) if sample_stats else None,
         }
         # step trend on the best GPU measure available, else host time
-        basis = "gpu_event_ns" if row["gpu_event_ns"]["n"] else ("gpu_proj_ns" if row["gpu_proj_ns"]["n"] else "host_ns")
+        basis: StepBasis = ("gpu_event_ns" if row["gpu_event_ns"]["n"]
+                            else ("gpu_proj_ns" if row["gpu_proj_ns"]["n"] else "host_ns"))
         if n_st >= STEP_WORK_MIN_STEPS:  # fewer instances cannot span the 4 steps a trend needs
             st = by_stage[bounds[u]:bounds[u + 1]]
             values = series[basis]
@@ -500,7 +521,7 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = N
         row["populations"] = stage_populations(inst, by_stage[bounds[u]:bounds[u + 1]], basis, attrs, graph_ops,
                                                values=series[basis]) if n_st >= POPULATION_MIN_INSTANCES else None
         row["cuda_graph_share"] = graph_share_l[u]
-        if row["steps_marked"]:
+        if row["steps_marked"] and per_steps is not None:  # (there are per_steps when a stage marked steps)
             row["per_step"] = _per_step(per_steps, u, basis)
         if head_rows is not None and head_rows[u] is not None:
             row["headline_from"] = "unprofiled_run"
@@ -513,7 +534,7 @@ def _stage_rows(inst, head, mix: dict, sample_stats: dict, work: dict | None = N
     return _tree_order(rows)
 
 
-def _most_common_parent(inst, code: np.ndarray, n_stages: int) -> list[str | None]:
+def _most_common_parent(inst: inst_mod.StageInstances, code: np.ndarray, n_stages: int) -> list[str | None]:
     """Per stage: the stage key its instances' parents most often have (ties: the first key in
     sort order), None for a stage whose instances have no parent."""
     out: list[str | None] = [None] * n_stages
@@ -532,7 +553,7 @@ def _most_common_parent(inst, code: np.ndarray, n_stages: int) -> list[str | Non
     return out
 
 
-def _headline_stats(head, uniq: np.ndarray) -> list[tuple[dict, dict] | None]:
+def _headline_stats(head: inst_mod.StageInstances, uniq: np.ndarray) -> list[tuple[Statistic, Statistic] | None]:
     """Per stage of ``uniq``: (host, GPU-event) statistics over the unprofiled run's steady
     instances of the same key, None where that run has none."""
     keys = head.key
@@ -545,7 +566,7 @@ def _headline_stats(head, uniq: np.ndarray) -> list[tuple[dict, dict] | None]:
     return [(host[i], gpu[i]) if present[i] else None for i in range(len(uniq))]
 
 
-def _share_of_top(inst, code: np.ndarray, n_stages: int) -> np.ndarray | None:
+def _share_of_top(inst: inst_mod.StageInstances, code: np.ndarray, n_stages: int) -> np.ndarray | None:
     """Per stage (``code``: each instance's stage, 0..n_stages-1): the share of the steady
     top-level host time its steady instances account for; None without steady top-level time.
 
@@ -583,16 +604,16 @@ def _share_of_top(inst, code: np.ndarray, n_stages: int) -> np.ndarray | None:
     return np.minimum(inside / top_total, 1.0)
 
 
-def _tree_order(rows: list[dict]) -> list[dict]:
+def _tree_order(rows: list[Stage]) -> list[Stage]:
     """Rows (in pipeline order) reordered so each stage follows its parent, depth first:
     indentation by depth then reads as the tree (a root that starts between a parent and its
     child no longer sits between them)."""
     present = {r["name"] for r in rows}
-    children: dict[str | None, list[dict]] = {}
+    children: dict[str | None, list[Stage]] = {}
     for r in rows:
         parent = r.get("parent") if r.get("parent") in present and r.get("parent") != r["name"] else None
         children.setdefault(parent, []).append(r)
-    out: list[dict] = []
+    out: list[Stage] = []
     seen: set[str] = set()
     stack = list(reversed(children.get(None, [])))
     while stack:
@@ -611,7 +632,7 @@ NVML_UTIL_WINDOW_MIN_NS = 166_666_667
 Hopper): a stage shorter than the shortest period cannot be judged by the samples taken in it."""
 
 
-def _window_note(samples: dict | None, host: dict) -> dict | None:
+def _window_note(samples: StageSamples | None, host: Statistic) -> StageSamples | None:
     """The stage's sampler numbers, with ``window_limited`` set when utilization and power
     cannot be told for the stage itself. Utilization is attributed by the NVML windows its
     values describe (:mod:`maxinstr.sample.attribute`); ``util_window_share`` is the share of
@@ -624,7 +645,7 @@ def _window_note(samples: dict | None, host: dict) -> dict | None:
         return samples
     from maxinstr.sample.attribute import WINDOW_SHARE_MIN
 
-    out = dict(samples)
+    out = StageSamples(**samples)
     median = host.get("median") if host.get("n") else None
     share = out.get("util_window_share")
     if "util_window_share" in out and out.get("gpu_util_pct_mean") is None:
@@ -637,7 +658,7 @@ def _window_note(samples: dict | None, host: dict) -> dict | None:
     return out
 
 
-def _self_times(inst, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _self_times(inst: inst_mod.StageInstances, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Per instance: its value minus its direct child instances' values (-1 where the value is
     missing), clipped at 0. Exact per instance, so children that are warm-up still come off
     their parent."""
@@ -654,14 +675,16 @@ def _self_times(inst, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 STEP_WORK_MIN_STEPS = 4
 
 
-def _step_work(step: np.ndarray, work: dict[str, np.ndarray]) -> dict[str, Any] | None:
+def _step_work(step: np.ndarray, work: dict[str, np.ndarray]) -> StepWork | None:
     """How the GPU work a stage launches changes with the step index, from the trace's ops (not
     from time spans, which other tenants, launch gaps and syncs stretch): step trends of the
     summed op time (``gpu_op_ns``), of the matmul ops' time (``matmul_ns``: GEMV/GEMM/grouped)
     and of the op count (``ops``) per instance. The re-prefill rule reads them: a KV-cached
     decode step's matmuls and op count do not depend on the step index."""
-    out: dict[str, Any] = {}
-    for key, col in (("gpu_op_ns", "op_ns"), ("matmul_ns", "family_ns"), ("ops", "ops")):
+    out: StepWork = {}
+    keys: tuple[tuple[Literal["gpu_op_ns", "matmul_ns", "ops"], str], ...] = (
+        ("gpu_op_ns", "op_ns"), ("matmul_ns", "family_ns"), ("ops", "ops"))
+    for key, col in keys:
         tr = step_trend(step, work[col])
         if tr.get("n_steps", 0) < STEP_WORK_MIN_STEPS:
             return None
@@ -672,7 +695,7 @@ def _step_work(step: np.ndarray, work: dict[str, np.ndarray]) -> dict[str, Any] 
 PER_STEP_KEPT = 10_000
 
 
-def _per_steps(inst, idx: np.ndarray, stage: np.ndarray, n_stages: int) -> tuple[list, tuple]:
+def _per_steps(inst: inst_mod.StageInstances, idx: np.ndarray, stage: np.ndarray, n_stages: int) -> tuple[list[tuple[int, int]], tuple[Any, ...]]:
     """Over the instances ``idx`` (``stage``: their stage codes), per (stage, marked step): the
     instance count, the median host time and the median GPU time by each GPU measure; the first
     PER_STEP_KEPT steps of each stage. Every stage at once, by one sort of (stage, step).
@@ -705,19 +728,19 @@ def _per_steps(inst, idx: np.ndarray, stage: np.ndarray, n_stages: int) -> tuple
     return list(zip(first_pair.tolist(), ends)), (steps, counts, host, gpu)
 
 
-def _per_step(per_steps: tuple[list, tuple], stage: int, basis: str) -> dict[str, Any]:
+def _per_step(per_steps: tuple[list[tuple[int, int]], tuple[Any, ...]], stage: int, basis: StepBasis) -> PerStep:
     """Per marked step: instance count and median host (and GPU, on ``basis``) time, as
     parallel lists (one stage's part of :func:`_per_steps`)."""
     lo, hi = per_steps[0][stage]
     marked, n, host, gpu = per_steps[1]
-    out: dict[str, Any] = {"step": marked[lo:hi], "n": n[lo:hi], "host_median_ns": host[lo:hi]}
+    out: PerStep = {"step": marked[lo:hi], "n": n[lo:hi], "host_median_ns": host[lo:hi]}
     if basis != "host_ns":
         out["gpu_basis"] = basis
         out["gpu_median_ns"] = gpu[basis][lo:hi]
     return out
 
 
-def _startup_rows(inst) -> list[dict]:
+def _startup_rows(inst: inst_mod.StageInstances) -> list[StartupRow]:
     """The instances kept out as warm-up or cold start (their own, not those nested in one),
     with the top-level instance each ran in (``top_stage``, ``top_occurrence``): declaring
     warm-up up to that one covers it, since nested instances follow their ancestors."""
@@ -745,7 +768,7 @@ def _startup_rows(inst) -> list[dict]:
     ]
 
 
-def _coverage(inst) -> dict[str, Any] | None:
+def _coverage(inst: inst_mod.StageInstances) -> Coverage | None:
     """How much of the run's wall time (first top-level start to last end) some top-level stage
     covers, and its GPU event time: what a run without a kernel trace can say about the GPU
     between stages. None without stages."""
@@ -765,7 +788,7 @@ def _coverage(inst) -> dict[str, Any] | None:
             "gpu_event_instances": int((gpu >= 0).sum())}
 
 
-def _gpu_section(trace, attribution, fam, dur) -> dict[str, Any] | None:
+def _gpu_section(trace: Trace | None, attribution: Attribution | None, fam: np.ndarray, dur: np.ndarray) -> GpuSection | None:
     if trace is None:
         return None
     n = len(dur)
@@ -796,7 +819,7 @@ def _gpu_section(trace, attribution, fam, dur) -> dict[str, Any] | None:
     }
 
 
-def _stage_samples(inst, samples, part_names) -> dict:
+def _stage_samples(inst: inst_mod.StageInstances, samples: Any, part_names: list[str]) -> dict[str, Any]:
     """Per-stage sampler statistics (utilisation, clocks, power, throttle reasons)."""
     from maxinstr.analyze.samples import stage_sample_stats
 
@@ -806,8 +829,8 @@ def _stage_samples(inst, samples, part_names) -> dict:
         return {"_overall": {"error": f"samples not analysed: {type(exc).__name__}: {exc}"}}
 
 
-def _reproduce(run, trace, unprofiled) -> list[dict[str, str]]:
-    out: list[dict[str, str]] = []
+def _reproduce(run: Run | None, trace: Trace | None, unprofiled: Run | None) -> list[ReproduceStep]:
+    out: list[ReproduceStep] = []
     meta = getattr(run, "meta", None) or {}
     cmd = meta.get("command")
     if cmd:
@@ -821,7 +844,7 @@ def _reproduce(run, trace, unprofiled) -> list[dict[str, str]]:
     if run is not None and getattr(run, "path", None):
         parts.append(str(run.path))
     if trace is not None and (trace.meta or {}).get("rank_sources"):
-        for r, src in zip(trace.meta["ranks"], trace.meta["rank_sources"]):
+        for r, src in zip(cast("list[int]", trace.meta["ranks"]), cast("list[str]", trace.meta["rank_sources"])):
             parts += ["--trace", f"{r}={src}"]
     elif trace is not None and trace.format != "maxinstr-inprocess":  # in-process kernels are read from the run itself
         parts += ["--trace", str(trace.source)]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from maxinstr.analyze.schema import Statistic, StepTrend
+
 MAD_TO_SIGMA = 1.4826
 """Scale that turns a median absolute deviation into a normal standard deviation."""
 
@@ -23,7 +25,7 @@ COLD_START_MAX_PREFIX = 3
 cache-fill spike happens on the first calls, not in the middle of a run."""
 
 
-def summarize(values: np.ndarray) -> dict[str, float | int]:
+def summarize(values: np.ndarray) -> Statistic:
     """count, median, p90, p99, min, max, mean and MAD of ``values`` (missing ``<0`` dropped).
 
     Returns ``{"n": 0}`` when nothing is left. Percentiles use linear interpolation
@@ -64,7 +66,7 @@ def _lerp(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
     return np.where(t >= 0.5, b - diff * (1 - t), out)
 
 
-def group_summaries(codes: np.ndarray, values: np.ndarray, n_groups: int) -> list[dict[str, float | int]]:
+def group_summaries(codes: np.ndarray, values: np.ndarray, n_groups: int) -> list[Statistic]:
     """:func:`summarize` of ``values`` per integer group code (``0..n_groups-1``), the same
     numbers, for every group at once: two sorts instead of a numpy call per group per
     statistic (a report of 50,000 stage names made 400,000 such calls)."""
@@ -73,8 +75,8 @@ def group_summaries(codes: np.ndarray, values: np.ndarray, n_groups: int) -> lis
     keep = v >= 0 if v.dtype.kind in "iu" else np.isfinite(v)
     c, v = c[keep], v[keep].astype(np.float64)
     counts = np.bincount(c, minlength=n_groups)[:n_groups]
-    none: dict[str, float | int] = {"n": 0}  # one object for every empty group (read-only, as all of them)
-    out: list[dict[str, float | int]] = [none] * n_groups
+    none: Statistic = {"n": 0}  # one object for every empty group (read-only, as all of them)
+    out: list[Statistic] = [none] * n_groups
     filled = np.flatnonzero(counts)
     if len(filled) == 0:
         return out
@@ -97,7 +99,7 @@ def group_summaries(codes: np.ndarray, values: np.ndarray, n_groups: int) -> lis
     stats["mad"] = group_medians(np.repeat(np.arange(len(filled)), n), dev, len(filled))
     cols = (stats[k].tolist() for k in ("median", "p90", "p99", "min", "max", "mean", "mad", "q1", "q3", "total"))
     # a dict display per group (twice as fast as dict(zip(...)): 50,000 groups per column)
-    dicts = [{"n": c, "median": md, "p90": p90, "p99": p99, "min": lo, "max": hi, "mean": mean, "mad": mad, "q1": q1,
+    dicts: list[Statistic] = [{"n": c, "median": md, "p90": p90, "p99": p99, "min": lo, "max": hi, "mean": mean, "mad": mad, "q1": q1,
               "q3": q3, "total": total}
              for c, md, p90, p99, lo, hi, mean, mad, q1, q3, total in zip(n.tolist(), *cols)]
     for g, d in zip(filled.tolist(), dicts):
@@ -218,7 +220,7 @@ def _rank(a: np.ndarray) -> np.ndarray:
     return (sums / counts)[inv.reshape(-1)]
 
 
-def step_trend(step: np.ndarray, values: np.ndarray) -> dict[str, float | int]:
+def step_trend(step: np.ndarray, values: np.ndarray) -> StepTrend:
     """How a per-instance duration changes with the step index.
 
     Per distinct step, the median value; then over those medians: a least-squares slope
@@ -267,13 +269,13 @@ def bootstrap_median_diff_bound(a: np.ndarray, b: np.ndarray, q: float = 50.0, n
     return float((hi - lo) / 2)
 
 
-def mad_noise_bound(stat_a: dict, stat_b: dict) -> float:
+def mad_noise_bound(stat_a: Statistic, stat_b: Statistic) -> float:
     """Noise bound on a median difference from two summaries alone (no raw values).
 
     Two standard errors of the difference, the standard error of a median taken as
     ``1.2533 * 1.4826 * MAD / sqrt(n)``. Used when comparing saved JSON reports.
     """
-    def se(s: dict) -> float:
+    def se(s: Statistic) -> float:
         n = s.get("n", 0)
         if n < 2:
             return float("nan")

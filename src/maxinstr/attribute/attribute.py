@@ -27,7 +27,8 @@ that hold no stage nest under the stage of their first launch, as a breakdown.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -115,7 +116,7 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
         del got, rule, allowed  # (each one value per call: free them before the big passes)
 
     def pending() -> np.ndarray:  # used calls no range holds yet
-        return np.flatnonzero(call_range < 0) if all_used else cu[call_range[cu] < 0]
+        return np.flatnonzero(call_range < 0) if all_used else cu[call_range[cu] < 0]  # noqa: F821 - called before the del below
 
     if Rule.START_END in use and split.any():
         left = pending()

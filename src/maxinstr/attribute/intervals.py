@@ -43,7 +43,7 @@ class IntervalIndex:
     BLOCK = 1 << 21  # queries per step of innermost() (a class constant, not a field)
 
     @classmethod
-    def build(cls, rows: np.ndarray, group: np.ndarray, start: np.ndarray, end: np.ndarray) -> "IntervalIndex":
+    def build(cls, rows: np.ndarray, group: np.ndarray, start: np.ndarray, end: np.ndarray) -> IntervalIndex:
         order = np.lexsort((-end, start, group))
         g, s, e = group[order], start[order], end[order]
         n = len(order)

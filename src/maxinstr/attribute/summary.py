@@ -10,6 +10,7 @@ over distinct names, never over trace rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +40,7 @@ def _stats(values: np.ndarray) -> dict[str, float]:
     }
 
 
-def _groups(labels: np.ndarray, mask: np.ndarray) -> list[tuple[object, np.ndarray]]:
+def _groups(labels: np.ndarray, mask: np.ndarray) -> list[tuple[Any, np.ndarray]]:
     rows = np.flatnonzero(mask)
     if not len(rows):
         return []
@@ -60,7 +61,7 @@ def gpu_proj_sum(att: Attribution) -> list[dict[str, object]]:
     child_of = att.range_parent[projected & (att.range_parent >= 0)]
     children = np.bincount(child_of, minlength=len(R))[: len(R)]
     key = np.array([f"{n}\x00{_STYLE[int(s)]}" for n, s in zip(range_names(trace), R.style)], dtype=object)
-    out = []
+    out: list[dict[str, Any]] = []
     for label, rows in _groups(key, projected):
         name, style = str(label).split("\x00")
         s = _stats(proj[rows])
@@ -82,7 +83,7 @@ def nvtx_sum(trace: Trace) -> list[dict[str, object]]:
     R = trace.ranges
     host = R.end_ns - R.start_ns
     key = np.array([f"{n}\x00{_STYLE[int(s)]}" for n, s in zip(range_names(trace), R.style)], dtype=object)
-    rows_out = []
+    rows_out: list[dict[str, Any]] = []
     for label, rows in _groups(key, R.style != RangeStyle.MARK):
         name, style = str(label).split("\x00")
         s = _stats(host[rows])
@@ -105,7 +106,7 @@ def kern_sum(trace: Trace, ops: np.ndarray | None = None) -> list[dict[str, obje
         sel[ops] = True
         mask &= sel
     dur = O.end_ns - O.start_ns
-    out = []
+    out: list[dict[str, Any]] = []
     for name_id, rows in _groups(O.name_id, mask):
         s = _stats(dur[rows])
         out.append({"Name": trace.name(int(name_id)), "Total Time (ns)": int(s["total"]), "Instances": len(rows),

@@ -24,7 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
-def without_gc(command):  # noqa: ANN001, ANN201
+def without_gc(command):
     """Run a batch command with the cyclic garbage collector paused: a report builds millions
     of small dicts and lists that hold no cycles, and the collector's passes over them were a
     quarter of the time of a report of 50,000 stage names. Reference counting still frees
@@ -33,7 +33,7 @@ def without_gc(command):  # noqa: ANN001, ANN201
     import gc
 
     @functools.wraps(command)
-    def run(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def run(*args, **kwargs):
         was_on = gc.isenabled()
         gc.disable()
         try:
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("maxinstr: aborted", err=True)
         return 130
-    except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
+    except Exception as exc:  # the CLI's last line of defence
         if debug:
             raise
         click.echo(f"maxinstr: {exc.__class__.__name__}: {exc} (run with --debug for the traceback)", err=True)

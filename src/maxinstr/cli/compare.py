@@ -5,10 +5,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import click
 
 from maxinstr.cli import without_gc
 from maxinstr.errors import MaxinstrError
+
+if TYPE_CHECKING:
+    from maxinstr.analyze.compare import Side
 
 
 def _runs_in(p: Path) -> list[Path]:
@@ -18,7 +23,7 @@ def _runs_in(p: Path) -> list[Path]:
     return sorted(c for c in p.iterdir() if (c / "meta.json").is_file())
 
 
-def _side(path: str, trace: str | None, warmup: int | None, quiet: bool):
+def _side(path: str, trace: str | None, warmup: int | None, quiet: bool) -> Side:
     from maxinstr.analyze.compare import Side
     from maxinstr.analyze.report import analyze
     from maxinstr.cli.report import _is_report_file, load_report_file, open_trace_with_progress
@@ -54,7 +59,8 @@ def _side(path: str, trace: str | None, warmup: int | None, quiet: bool):
 @click.option("--width", type=click.IntRange(min=40), default=None, metavar="COLUMNS",
               help="Text width (default: COLUMNS, else the terminal's, else 120).")
 @without_gc
-def command(runs, traces, fmt, output, warmup, quiet, width):
+def command(runs: tuple[str, ...], traces: tuple[str, ...], fmt: str, output: str | None, warmup: int | None, quiet: bool,
+            width: int | None) -> None:
     """Compare runs against the first: per-stage median/p90 deltas with a noise bound from the
     runs' own spread, GPU-time and kernel-mix changes, and the settings that differ.
 
@@ -82,15 +88,15 @@ def command(runs, traces, fmt, output, warmup, quiet, width):
 
         text = render(result)
     elif fmt == "md":
-        from maxinstr.render.markdown import render_compare
+        from maxinstr.render.markdown import render_compare as markdown
 
-        text = render_compare(result)
+        text = markdown(result)
     else:
         from maxinstr.cli.report import text_width
-        from maxinstr.render.text import render_compare
+        from maxinstr.render.text import render_compare as terminal
 
         tty = output is None and sys.stdout.isatty()
-        text = render_compare(result, color=tty, width=text_width(tty, width))
+        text = terminal(result, color=tty, width=text_width(tty, width))
     if output:
         try:
             Path(output).write_text(text)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -16,7 +17,8 @@ from maxinstr.launch import supervise as sv
 from maxinstr.launch.env import detect_environment, find_tool
 
 
-def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str | None, warmup: int | None):
+def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str | None, warmup: int | None
+             ) -> tuple[dd.KernelChoice, list[str], bool, Path | None, list[str], Any]:
     """(choice, app command from the run, from_capture_start, run_dir or None, stage specs,
     the run's MAXINSTR_WARMUP or None)."""
     run_dir: Path | None = None
@@ -108,8 +110,9 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Stop ncu after this many seconds.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def command(source, trace_opt, stage, kernel, warmup, launch_skip, sections, out, ncu_path, csv_file, dry_run,  # noqa: ANN001
-            as_json, timeout_s, command) -> None:
+def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str | None, warmup: int | None,
+            launch_skip: int | None, sections: tuple[str, ...], out: Path | None, ncu_path: str | None,
+            csv_file: Path | None, dry_run: bool, as_json: bool, timeout_s: float | None, command: tuple[str, ...]) -> None:
     """Pick the dominant kernel of a stage from SOURCE (a run directory made by `maxinstr
     run`, a trace, or a report JSON), profile one steady-state launch of it with ncu, and
     print a verdict: compute-, memory- or latency-bound, occupancy and its limiter,
@@ -191,7 +194,7 @@ def command(source, trace_opt, stage, kernel, warmup, launch_skip, sections, out
                f"verdict {out_dir / 'verdict.json'}, log {log}", err=True)
 
 
-def _print_verdicts(launches: list[dd.NcuLaunch], as_json: bool) -> list[dict]:
+def _print_verdicts(launches: list[dd.NcuLaunch], as_json: bool) -> list[dict[str, Any]]:
     verdicts = [dd.make_verdict(launch) for launch in launches]
     if as_json:
         click.echo(json.dumps([v.to_json() for v in verdicts], indent=2))

@@ -6,11 +6,17 @@ import importlib
 import inspect
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from maxinstr.cli import without_gc
 from maxinstr.errors import MaxinstrError, TraceError
+
+if TYPE_CHECKING:
+    from maxinstr.analyze.report import Analysis, TraceArg
+    from maxinstr.analyze.schema import Report
+    from maxinstr.traces.model import Trace
 
 FORMATS = ("text", "json", "md", "html", "perfetto")
 
@@ -25,12 +31,12 @@ class Progress:
         console = Console(stderr=True)
         self._status = None if (quiet or not console.is_terminal) else console.status("maxinstr report ...")
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self._status is not None:
             self._status.__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         if self._status is not None:
             self._status.__exit__(*exc)
 
@@ -39,7 +45,7 @@ class Progress:
             self._status.update(message)
 
 
-def open_trace_with_progress(path: str, quiet: bool = False, progress: Progress | None = None):
+def open_trace_with_progress(path: str, quiet: bool = False, progress: Progress | None = None) -> Trace:
     """Open a trace through the readers' dispatcher, showing a spinner (and the reader's own
     progress messages when it gives them) on stderr while it loads."""
     try:
@@ -88,7 +94,7 @@ def discover(run_dir: str, meta: dict, trace_path: str | None, unprofiled: str |
     return trace_path, unprofiled, notes
 
 
-def load_report_file(path: str) -> dict:
+def load_report_file(path: str) -> Report:
     """A saved JSON report (``--format json`` output)."""
     from maxinstr.render.json import load
 
@@ -134,37 +140,37 @@ def text_width(terminal: bool, width: int | None = None) -> int:
     return max(40, width)
 
 
-def render(report: dict, fmt: str, color: bool = False, width: int = 120, analysis=None) -> str:
+def render(report: Report, fmt: str, color: bool = False, width: int = 120, analysis: Analysis | None = None) -> str:
     """The report in one of FORMATS (html/perfetto through their own modules when present).
 
     Timeline views need more than the summary dict: their ``render`` receives the
     :class:`~maxinstr.analyze.report.Analysis` (stage instances, trace, attribution, run with
     its samples) as ``analysis=`` when it declares that parameter."""
     if fmt == "text":
-        from maxinstr.render.text import render as r
+        from maxinstr.render.text import render as text
 
-        return r(report, width=width, color=color)
+        return text(report, width=width, color=color)
     if fmt == "json":
-        from maxinstr.render.json import render as r
+        from maxinstr.render.json import render as json
 
-        return r(report)
+        return json(report)
     if fmt == "md":
-        from maxinstr.render.markdown import render as r
+        from maxinstr.render.markdown import render as markdown
 
-        return r(report)
+        return markdown(report)
     module = f"maxinstr.render.{fmt}"
     try:
         mod = importlib.import_module(module)
     except ImportError:
         raise MaxinstrError(f"--format {fmt}: not available in this build ({module} is missing)") from None
-    kwargs = {}
+    kwargs: dict[str, Analysis] = {}
     if analysis is not None and "analysis" in inspect.signature(mod.render).parameters:
         kwargs["analysis"] = analysis
     out = mod.render(report, **kwargs)
     return out if isinstance(out, str) else out.decode() if isinstance(out, bytes) else str(out)
 
 
-def write_streamed(output: str, report: dict, analysis) -> None:
+def write_streamed(output: str, report: Report, analysis: Analysis | None) -> None:
     """``--format perfetto -o PATH``: the trace JSON streamed to PATH (gzip when it ends in
     ``.gz``) through :func:`maxinstr.render.perfetto.write`; the same bytes as ``render``."""
     try:
@@ -191,7 +197,8 @@ def write_streamed(output: str, report: dict, analysis) -> None:
 @click.option("--width", type=click.IntRange(min=40), default=None, metavar="COLUMNS",
               help="Text width (default: COLUMNS, else the terminal's, else 120).")
 @without_gc
-def command(run_dir, trace_paths, fmt, output, unprofiled, warmup, quiet, width):
+def command(run_dir: str | None, trace_paths: tuple[str, ...], fmt: str, output: str | None, unprofiled: str | None,
+            warmup: int | None, quiet: bool, width: int | None) -> None:
     """Per-stage report: where the time goes, stage by stage, and why.
 
     RUN_DIR is what maxinstr.session() wrote; --trace adds a profiler's kernels. Either alone
@@ -205,16 +212,16 @@ def command(run_dir, trace_paths, fmt, output, unprofiled, warmup, quiet, width)
       maxinstr report runs/decode --format html -o report.html
       maxinstr report runs/decode --format perfetto -o trace.json   (open in ui.perfetto.dev)
     """
-    trace_paths = list(trace_paths)
+    paths = list(trace_paths)
     bare_folder = None
-    if run_dir and not trace_paths and _is_bare_trace(run_dir):
+    if run_dir and not paths and _is_bare_trace(run_dir):
         # `maxinstr report TRACE` means `maxinstr report --trace TRACE`
         bare_folder = run_dir if Path(run_dir).is_dir() else None
-        trace_paths, run_dir = [run_dir], None
-    trace_path = trace_paths[0] if len(trace_paths) == 1 else None
-    if not run_dir and not trace_paths:
+        paths, run_dir = [run_dir], None
+    trace_path = paths[0] if len(paths) == 1 else None
+    if not run_dir and not paths:
         raise click.UsageError("give a RUN_DIR, a --trace FILE, or both")
-    if len(trace_paths) > 1 and not run_dir:
+    if len(paths) > 1 and not run_dir:
         raise click.UsageError("several --trace files are one per rank: give the RUN_DIR they belong to")
     analysis = None
     if run_dir and _is_report_file(run_dir):
@@ -232,15 +239,16 @@ def command(run_dir, trace_paths, fmt, output, unprofiled, warmup, quiet, width)
                 run = load(run_dir)
                 trace_path, unprofiled, auto_notes = discover(run_dir, run.meta, trace_path, unprofiled)
             trace_ranks = None
+            trace: TraceArg | list[TraceArg] | None
             from maxinstr.analyze.ranks import assign_trace_ranks, part_ranks, trace_rank_from_name
 
             run_ranks = sorted(set(part_ranks(run.parts).tolist()) - {-1}) if run is not None else []
-            one_rank_trace = (len(trace_paths) == 1 and len(run_ranks) > 1
-                              and (trace_rank_from_name(trace_paths[0]) is not None
-                                   or trace_paths[0].partition("=")[0].strip().isdigit()))
-            if len(trace_paths) > 1 or one_rank_trace:
+            one_rank_trace = (len(paths) == 1 and len(run_ranks) > 1
+                              and (trace_rank_from_name(paths[0]) is not None
+                                   or paths[0].partition("=")[0].strip().isdigit()))
+            if len(paths) > 1 or one_rank_trace:
                 try:
-                    pairs = assign_trace_ranks(trace_paths, run_ranks)
+                    pairs = assign_trace_ranks(paths, run_ranks)
                 except ValueError as exc:
                     raise MaxinstrError(str(exc)) from None
                 trace_ranks = [r for r, _ in pairs]

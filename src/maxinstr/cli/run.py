@@ -20,7 +20,7 @@ def _interactive() -> bool:
     return sys.stdin.isatty() and sys.stdout.isatty()
 
 
-def choose_profiler(requested: str, env, *, window_s: float, capture: str, osrt: bool, extra: list[str]) -> tuple[Profiler, list[str]]:  # noqa: ANN001
+def choose_profiler(requested: str, env, *, window_s: float, capture: str, osrt: bool, extra: list[str]) -> tuple[Profiler, list[str]]:
     """The profiler to use and lines to tell the user about the choice (missing tools first)."""
     notes: list[str] = []
     name = requested
@@ -95,7 +95,7 @@ def print_report(run_dir: Path, trace: str | None, unprofiled: Path | None = Non
 @click.option("--no-report", is_flag=True, help="Do not print the report at the end.")
 @click.option("-q", "--quiet", is_flag=True, help="Do not echo the program's output (it is still in child.log).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def command(out, profiler, window_s, capture, osrt, warmup, warm_run, stages, repeat, sweep, timeout_s,  # noqa: ANN001
+def command(out, profiler, window_s, capture, osrt, warmup, warm_run, stages, repeat, sweep, timeout_s,
             no_fail_fast, fatal, profiler_args, yes, no_report, quiet, command) -> None:
     """Run CMD under the vendor profiler with maxinstr's session in it, then report.
 

@@ -50,15 +50,15 @@ _start_options = [
 ]
 
 
-def _apply(options):  # noqa: ANN001, ANN202
-    def deco(f):  # noqa: ANN001, ANN202
+def _apply(options):
+    def deco(f):
         for opt in reversed(options):
             f = opt(f)
         return f
     return deco
 
 
-def _start(out, profiler, ready, ready_timeout, stages, no_fail_fast, cmd) -> srv.ServerState:  # noqa: ANN001
+def _start(out, profiler, ready, ready_timeout, stages, no_fail_fast, cmd) -> srv.ServerState:
     for text in stages:
         parse_spec(text)
     if not cmd:
@@ -74,7 +74,7 @@ def _start(out, profiler, ready, ready_timeout, stages, no_fail_fast, cmd) -> sr
 @command.command("start", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @_apply(_start_options)
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def start_cmd(out, profiler, ready, ready_timeout, stages, no_fail_fast, cmd) -> None:  # noqa: ANN001
+def start_cmd(out, profiler, ready, ready_timeout, stages, no_fail_fast, cmd) -> None:
     """Start CMD as a server and return once it is ready.
 
     \b
@@ -109,7 +109,7 @@ def _window(run_dir: Path, duration: float | None, bench: list[str] | None, time
 @click.option("--timeout", type=float, default=None, help="Stop the benchmark command after this many seconds.")
 @click.option("-q", "--quiet", is_flag=True, help="Do not echo the benchmark's output.")
 @click.argument("bench", nargs=-1, type=click.UNPROCESSED)
-def window_cmd(run_dir, duration, timeout, quiet, bench) -> None:  # noqa: ANN001
+def window_cmd(run_dir, duration, timeout, quiet, bench) -> None:
     """Capture one window: while BENCH runs (after --), or for --duration seconds.
 
     \b
@@ -122,7 +122,7 @@ def window_cmd(run_dir, duration, timeout, quiet, bench) -> None:  # noqa: ANN00
 
 @command.command("stop")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-def stop_cmd(run_dir) -> None:  # noqa: ANN001
+def stop_cmd(run_dir) -> None:
     """Shut the server down (nsys shutdown, then its process group).
 
     \b
@@ -139,7 +139,7 @@ def stop_cmd(run_dir) -> None:  # noqa: ANN001
 @click.option("--timeout", type=float, default=None, help="Stop the benchmark after this many seconds.")
 @click.option("-q", "--quiet", is_flag=True)
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def run_cmd(out, profiler, ready, ready_timeout, stages, no_fail_fast, bench, duration, timeout, quiet, cmd) -> None:  # noqa: ANN001
+def run_cmd(out, profiler, ready, ready_timeout, stages, no_fail_fast, bench, duration, timeout, quiet, cmd) -> None:
     """Start CMD, capture one window around --bench (or --duration), then stop it.
 
     \b

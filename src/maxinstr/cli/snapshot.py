@@ -52,7 +52,7 @@ def render(summaries: list, meta: dict[str, Any], console) -> None:
         for name, pct in sorted(s.throttle_pct.items(), key=lambda kv: -kv[1]):
             label = f"{name} {pct:.0f}%"
             reasons.append(f"[bold red]{label}[/]" if groups.get(name) == "thermal_hw" else label)
-        s._reasons = ", ".join(reasons) or "none"  # type: ignore[attr-defined]
+        s._reasons = ", ".join(reasons) or "none"
         table.add_row(
             Text(visible(f"{s.visible_index} {s.name}")),  # a device name is data, not markup
             _fmt_pct(s.util_mean_pct, s.util_peak_pct),
@@ -67,7 +67,7 @@ def render(summaries: list, meta: dict[str, Any], console) -> None:
     for s in summaries:
         console.print(Text.assemble(
             f"GPU {s.visible_index} (", visible(s.name), "): ", (s.verdict, styles[s.verdict]), f": {s.why}; ",
-            "clock limits (% of samples): ", Text.from_markup(s._reasons),  # type: ignore[attr-defined]
+            "clock limits (% of samples): ", Text.from_markup(s._reasons),
             f"; {s.samples} samples, active {s.active_s:.1f} of {s.window_s:.1f} s"))
     console.print("thresholds: " + "; ".join(f"{k}: {v}" for k, v in THRESHOLDS.items()), style="dim")
     console.print("power cap: the driver lowers clocks to stay under the board's power limit (sw_power_cap; "

@@ -37,7 +37,8 @@ import operator
 import os
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -113,12 +114,12 @@ def _quiet_record_objects(counter: list[int]) -> Iterator[None]:
 
     prev_except, prev_unraisable = sys.excepthook, sys.unraisablehook
 
-    def excepthook(exc_type, value, tb):  # noqa: ANN001
+    def excepthook(exc_type, value, tb):
         if _is_record_free_error(exc_type, tb):  # the first of the two reports: counted at the second
             return
         prev_except(exc_type, value, tb)
 
-    def unraisablehook(args):  # noqa: ANN001
+    def unraisablehook(args):
         if _is_record_free_error(args.exc_type, args.exc_traceback):
             counter[0] += 1
             return
@@ -251,7 +252,7 @@ class CuptiCollector:
             raise KernelsUnavailable(f"cupti-python failed to import: {type(exc).__name__}: {exc}") from None
         self._c = c = cupti
         try:
-            from maxinstr import _native as native  # type: ignore[attr-defined]
+            from maxinstr import _native as native
         except Exception:  # noqa: BLE001
             raise KernelsUnavailable("the native stage core is not built: stages cannot be tagged") from None
         if not hasattr(native, "cupti_link"):
@@ -287,7 +288,7 @@ class CuptiCollector:
             K = c.ActivityKind
             if self._tags:
                 self._start_tags(path, kind_value)
-                kinds = (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET)
+                kinds: tuple[Any, ...] = (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET)
             else:
                 kinds = (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.RUNTIME, K.DRIVER, K.EXTERNAL_CORRELATION)
             for kind in kinds:
@@ -501,7 +502,7 @@ class CuptiCollector:
             now = dict(self._native.cupti_tags_stats())
             launch_tags = {k: int(now[k]) - int(self._tags_at_start.get(k, 0)) for k in ("calls", "dropped")}
             self._dropped_queue += launch_tags["dropped"]
-        stats = {
+        stats: dict[str, Any] = {
             "status": "closed",
             "clock_pairs": self._pairs,
             "dropped_cupti": dropped_cupti,
@@ -687,9 +688,9 @@ class CuptiCollector:
             self._fast_note = f"fast path on, unchecked (cupti-python record objects unavailable: {type(exc).__name__}: {exc})"
             return fast
         fast_head = fast if len(head) == len(offs) else self._convert_fast(data, head)
-        if len(fast_head) != len(slow) or any(not np.array_equal(fast_head[f], slow[f]) for f in ACTIVITY_DTYPE.names):
+        if len(fast_head) != len(slow) or any(not np.array_equal(fast_head[f], slow[f]) for f in ACTIVITY_DTYPE.names or ()):
             self._fast = False
-            bad = [f for f in ACTIVITY_DTYPE.names if len(fast_head) != len(slow) or not np.array_equal(fast_head[f], slow[f])]
+            bad = [f for f in ACTIVITY_DTYPE.names or () if len(fast_head) != len(slow) or not np.array_equal(fast_head[f], slow[f])]
             self._fast_note = f"fast path off: differs from the attribute path in {bad}"
             return self._convert_objects(data, offs)
         self._fast_checked += len(head)
@@ -909,7 +910,7 @@ class CuptiCollector:
         between them would put the pair off by up to the gap)."""
         if len(self._pairs) >= CLOCK_PAIRS_MAX:
             self._pairs = self._pairs[::2]
-        best = None
+        best: tuple[int, int, int] | None = None
         try:
             for _ in range(3):
                 h0 = int(self._native.clock_ns())
@@ -920,6 +921,8 @@ class CuptiCollector:
         except Exception:  # noqa: BLE001
             if best is None:
                 return
+        if best is None:  # (three tries: not without an exception)
+            return
         self._pairs.append([best[1], best[2]])
 
     def _cupti_dropped(self) -> int | None:

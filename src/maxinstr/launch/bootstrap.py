@@ -70,7 +70,7 @@ class CaptureWindow:
     then a no-op. libcuda is loaded with ctypes at run time, like every vendor library here.
     """
 
-    def __init__(self, window_s: float | None, stop=None, context=None, retry=None) -> None:  # noqa: ANN001
+    def __init__(self, window_s: float | None, stop=None, context=None, retry=None) -> None:
         self.window_s = window_s
         self._stop_fn = stop or _cuda_profiler_stop
         self._context_fn = context or _current_cuda_context
@@ -81,7 +81,7 @@ class CaptureWindow:
 
     def install(self) -> bool:
         try:
-            from maxinstr import _native  # type: ignore[attr-defined]
+            from maxinstr import _native
         except Exception:  # noqa: BLE001 - no native core: the session cannot capture either
             return False
         original = getattr(_native, "profiler_start", None)
@@ -106,7 +106,7 @@ class CaptureWindow:
             return False
         return True
 
-    def _arm(self, ctx) -> None:  # noqa: ANN001
+    def _arm(self, ctx) -> None:
         import time
 
         if self._timer is not None or not self.window_s:
@@ -116,7 +116,7 @@ class CaptureWindow:
         self._timer.daemon = True
         self._timer.start()
 
-    def _stop(self, ctx) -> None:  # noqa: ANN001
+    def _stop(self, ctx) -> None:
         try:
             self._stop_fn(ctx)
         except Exception as exc:  # noqa: BLE001
@@ -143,7 +143,7 @@ def _current_cuda_context():
     return None
 
 
-def _call_with_primary_context(fn):  # noqa: ANN001, ANN202
+def _call_with_primary_context(fn):
     """``(fn(), ctx)`` with device 0's primary context current on this thread for the call,
     or None when libcuda is absent or that context is not active (we never create one)."""
     import ctypes
@@ -169,7 +169,7 @@ def _call_with_primary_context(fn):  # noqa: ANN001, ANN202
         release(dev)
 
 
-def _cuda_profiler_stop(ctx) -> None:  # noqa: ANN001
+def _cuda_profiler_stop(ctx) -> None:
     lib = _libcuda()
     if ctx is not None:
         lib.cuCtxSetCurrent(ctx)
@@ -193,13 +193,13 @@ def startup(environ: dict[str, str] | os._Environ = os.environ) -> None:
             _say(f"start-up hook failed: {exc.__class__.__name__}: {exc}")
 
 
-def _apply_specs_step(environ) -> None:  # noqa: ANN001
+def _apply_specs_step(environ) -> None:
     specs = stage_specs_from_env(environ)
     if specs:
         apply_stage_specs(specs)
 
 
-def _capture_step(environ) -> None:  # noqa: ANN001
+def _capture_step(environ) -> None:
     if environ.get(ENV_CAPTURE):
         try:
             window_s = float(environ.get(ENV_WINDOW) or 0)
@@ -208,7 +208,7 @@ def _capture_step(environ) -> None:  # noqa: ANN001
         CaptureWindow(window_s if window_s > 0 else None).install()
 
 
-def _max_markers_step(environ) -> None:  # noqa: ANN001
+def _max_markers_step(environ) -> None:
     if environ.get("MODULAR_ENABLE_PROFILING", "off").strip().lower() not in ("", "off", "0", "false"):
         # MAX's kernel-level markers abort the process where NVTX's v2 entry points are
         # missing (CUDA 13): provide them before MAX is imported (cheap; nothing when absent)
@@ -217,7 +217,7 @@ def _max_markers_step(environ) -> None:  # noqa: ANN001
         provide_nvtx_v2()
 
 
-def _session_step(environ) -> None:  # noqa: ANN001
+def _session_step(environ) -> None:
     if environ.get(ENV_RUN_DIR):
         try:
             from maxinstr.record.session import ensure_env_session

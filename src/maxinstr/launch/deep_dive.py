@@ -270,13 +270,15 @@ def choose_from_report(data: dict, *, stage: str | None = None, kernel: str | No
         for name, obj in entries:
             if name == stage and isinstance(obj, dict):
                 found = True
-                mix = obj.get("mix") if isinstance(obj.get("mix"), dict) else {}
+                got = obj.get("mix")
+                mix: dict[str, Any] = got if isinstance(got, dict) else {}
                 rows = _kernel_rows(obj.get("kernels") or obj.get("top_kernels") or mix.get("top_kernels"))
                 break
         if not found:
             raise MaxinstrError(f"{source}: no stage named {stage!r} in the report")
     else:
-        gpu = data.get("gpu") if isinstance(data.get("gpu"), dict) else {}
+        got_gpu = data.get("gpu")
+        gpu: dict[str, Any] = got_gpu if isinstance(got_gpu, dict) else {}
         rows = _kernel_rows(data.get("kernels") or data.get("top_kernels") or gpu.get("kernels"))
     if not rows:
         raise MaxinstrError(f"{source}: the report lists no kernels{' for stage ' + repr(stage) if stage else ''}")

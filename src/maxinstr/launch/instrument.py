@@ -18,9 +18,10 @@ import importlib.machinery
 import inspect
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from maxinstr.errors import MaxinstrError
 
@@ -123,6 +124,7 @@ def apply_spec(spec: StageSpec, module: ModuleType, stage_factory: Callable[[str
     raw = inspect.getattr_static(owner, attr, None) if inspect.isclass(owner) else getattr(owner, attr, None)
     if raw is None:
         raise MaxinstrError(f"--stage {spec.target}: {module.__name__} has no {spec.qualname}")
+    rewrap: Any  # staticmethod, classmethod or None: how to wrap the instrumented function again
     if isinstance(raw, staticmethod):
         func, rewrap = raw.__func__, staticmethod
     elif isinstance(raw, classmethod):
@@ -160,7 +162,7 @@ class _ApplyAfterExec(importlib.abc.Loader):
         self._inner = inner
         self._fullname = fullname
 
-    def create_module(self, spec):  # noqa: ANN001
+    def create_module(self, spec):
         return self._inner.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
@@ -172,7 +174,7 @@ class _ApplyAfterExec(importlib.abc.Loader):
 
 
 class _StageImportHook(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001
+    def find_spec(self, fullname, path=None, target=None):
         with _lock:
             if fullname not in _pending:
                 return None

@@ -13,9 +13,9 @@ import json
 import os
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import supervise as sv
@@ -287,7 +287,7 @@ def execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
     return outcome
 
 
-def _supervise(cmd: list[str], env: dict[str, str], log: Path, options: RunOptions, patterns) -> sv.ChildResult:  # noqa: ANN001
+def _supervise(cmd: list[str], env: dict[str, str], log: Path, options: RunOptions, patterns) -> sv.ChildResult:
     try:
         return sv.supervise(
             cmd, env=env, log_path=log, timeout_s=options.timeout_s, fatal_patterns=patterns, echo=options.echo

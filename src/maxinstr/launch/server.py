@@ -19,9 +19,10 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import runner
@@ -52,7 +53,7 @@ class ServerState:
         runner._write_json(self.run_dir / STATE_FILE, data)
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> "ServerState":
+    def load(cls, run_dir: str | Path) -> ServerState:
         path = Path(run_dir) / STATE_FILE
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -114,7 +115,7 @@ def _nsys(state_or_path: str | None) -> Nsys:
     return Nsys(state_or_path or "nsys", NsysOptions(capture="all", window_s=None))
 
 
-def _wait_ready(state: ServerState, ready: str | None, timeout_s: float, patterns) -> None:  # noqa: ANN001
+def _wait_ready(state: ServerState, ready: str | None, timeout_s: float, patterns) -> None:
     """Return once the server's log shows ``ready`` (or at once when None); raise with the
     log's tail when it dies or logs a fatal error first."""
     rx = re.compile(ready) if ready else None
@@ -252,7 +253,7 @@ def profile_window(
     finally:
         if state.profiler == "nsys":
             _check(stop_command(nsys, state.session))  # type: ignore[arg-type]
-    window = {"index": k, "started_unix_s": started, "wall_s": round(time.time() - started, 3),
+    window: dict[str, Any] = {"index": k, "started_unix_s": started, "wall_s": round(time.time() - started, 3),
               "bench": bench, "bench_status": bench_result.status if bench_result else None}
     artifact = nsys.collect(output) if state.profiler == "nsys" else None
     if artifact is not None:

@@ -18,7 +18,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 import subprocess
-from typing import IO, Callable
+from collections.abc import Callable
+from typing import IO
 
 # Lines that mean the run is already lost. Each is (label, regex). A match starts a short
 # grace period: a child that exits by itself in that time is simply reported as failed;

@@ -13,6 +13,8 @@ Set MAXINSTR_DISABLE=1 (or call `disable()`) to make `stage()` return a shared n
 
 from __future__ import annotations
 
+import os as _os
+
 from maxinstr import _native
 
 # Import the decorator module before binding `stage`: importing a submodule sets the package
@@ -53,8 +55,6 @@ __all__ = ["stage", "mark", "enable", "disable", "is_enabled", "clock_ns", "set_
 # A process started from inside an open session (spawn/forkserver children, subprocesses) or
 # under `maxinstr run` joins that run here, so its stages land in a part of its own
 # (maxinstr/record/session.py). Never lets a problem there break `import maxinstr.record`.
-import os as _os
-
 if _os.environ.get("MAXINSTR_SESSION_DIR") or _os.environ.get("MAXINSTR_RUN_DIR"):
     try:
         from maxinstr.record.session import ensure_env_session as _ensure_env_session

@@ -93,7 +93,7 @@ def _bounded_interval(name: str, value: Any) -> float:
 def _native():
     """The native core, or None when it is not built (sessions still write metadata)."""
     try:
-        from maxinstr import _native as native  # type: ignore[attr-defined]
+        from maxinstr import _native as native
     except Exception:  # noqa: BLE001 - missing or broken extension: record nothing
         return None
     return native
@@ -952,7 +952,7 @@ def _note_drops(root: Session) -> None:
         root._last_dropped = dropped
 
 
-def _flusher_main(proc_ref: "weakref.ref[_Process]") -> None:
+def _flusher_main(proc_ref: weakref.ref[_Process]) -> None:
     while True:
         proc = proc_ref()
         if proc is None or proc is not _proc or proc.pid != os.getpid():
@@ -1219,7 +1219,7 @@ def _memory_run(sink: _MemorySink, owner: Session):
 
     rows = np.concatenate(sink.chunks) if sink.chunks else np.empty(0, dtype=fmt.STAGE_DTYPE)
     out = np.zeros(len(rows), dtype=RUN_STAGE_DTYPE)
-    for col in fmt.STAGE_DTYPE.names:
+    for col in fmt.STAGE_DTYPE.names or ():
         out[col] = rows[col]
     names_map = _proc.names
     used = np.unique(rows["name_id"]) if len(rows) else np.empty(0, np.int32)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from maxinstr import _native
 
@@ -58,7 +59,7 @@ def wrap(st: Any, func: F) -> F:
                         sent = yield value
                     except GeneratorExit:
                         raise
-                    except BaseException as e:  # thrown into us: forward to the body
+                    except BaseException as e:  # noqa: BLE001 - thrown into us: forward to the body
                         thrown = e
             finally:
                 if suspended:
@@ -104,7 +105,7 @@ def wrap(st: Any, func: F) -> F:
                         sent = yield value
                     except GeneratorExit:
                         raise
-                    except BaseException as e:  # thrown into us: forward to the body
+                    except BaseException as e:  # noqa: BLE001 - thrown into us: forward to the body
                         thrown = e
             finally:
                 # Closed half-way (abandoned, or close()): run the body's cleanup in a stage.

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+if TYPE_CHECKING:
+    from maxinstr.analyze.schema import PopulationGroup, Report, Stage, Statistic, StatisticField, WarmupSummary
 
 
 def ns(value: float | int | None) -> str:
@@ -27,28 +31,36 @@ def pct(value: float | None, digits: int = 0) -> str:
     return f"{100 * value:.{digits}f}%"
 
 
-def stat(s: dict | None, key: str = "median") -> float | None:
+def stat(s: Statistic | None, key: StatisticField = "median") -> float | None:
     """``s[key]`` when the statistic rests on at least one value, else None."""
     if not s or not s.get("n"):
         return None
     return s.get(key)
 
 
-def gpu_stat(stage: dict) -> tuple[str, dict | None]:
+def gpu_stat(stage: Stage) -> tuple[str, Statistic | None]:
     """The stage's GPU time statistic to show: event-based when recorded, else trace-projected."""
-    for key, label in (("gpu_event_ns", "event"), ("gpu_proj_ns", "proj")):
+    keys: tuple[tuple[Literal["gpu_event_ns", "gpu_proj_ns"], str], ...] = (("gpu_event_ns", "event"), ("gpu_proj_ns", "proj"))
+    for key, label in keys:
         if (stage.get(key) or {}).get("n"):
             return label, stage[key]
     return "", None
 
 
-def excluded(stage: dict) -> int:
+def population_row(g: PopulationGroup) -> Stage:
+    """One of a stage's two populations as a row of a stage table: its own statistics (the keys
+    it shares with a stage row) and its instances as the steady count; it has no warm-up, kernel
+    mix or samples of its own, so those read as absent."""
+    return cast("Stage", dict(g, steady=g["instances"]))
+
+
+def excluded(stage: Stage) -> int:
     """Instances of a stage kept out of its statistics: warm-up, cold start, and those nested in
     a warm-up or cold-start instance of an enclosing stage."""
     return int(stage.get("warmup", 0) + stage.get("cold_start", 0) + stage.get("inside_startup", 0))
 
 
-def warmup_line(w: dict) -> str:
+def warmup_line(w: WarmupSummary) -> str:
     """What the statistics leave out, in one sentence (after 'warm-up')."""
     inside = w.get("inside_startup_instances", 0)
     return (f"{w.get('n', 0)} per stage declared; {w.get('instances', 0)} warm-up and "
@@ -179,7 +191,7 @@ def runs_n(row: dict) -> str:
 def check_rows(checks: list[dict]) -> tuple[list[str], list[list[str]]]:
     """compare's per-stage checks (GPU busy, kernels per instance, matmul growth, findings) as
     table rows: each value 'A -> B'."""
-    def arrow(v: dict, fmt) -> str:
+    def arrow(v: dict[str, Any], fmt: Callable[[Any], str]) -> str:
         if v["a"] is None and v["b"] is None:
             return "-"
         return f"{fmt(v['a']) if v['a'] is not None else '-'} -> {fmt(v['b']) if v['b'] is not None else '-'}"
@@ -216,7 +228,7 @@ RULE_WORDS = {"same_thread": "launched on the stage's thread", "cross_thread": "
 INSIDE_TITLE = "Inside the stages: the ranges their GPU work ran under (MAX ops, framework ranges)"
 
 
-def inside_stages(report: dict, n_stages: int = 4, n_ranges: int = 6) -> tuple[list[dict], list[str]]:
+def inside_stages(report: Report, n_stages: int = 4, n_ranges: int = 6) -> tuple[list[dict[str, Any]], list[str]]:
     """What every view shows of ``stages[].mix.ranges`` / ``mix.rules``: per leaf stage (most GPU
     time first), its top ranges of other domains as rows {stage, range, share, per_instance,
     gpu_per_instance_ns}, and one line per stage whose ops were tied to it otherwise than on its
@@ -224,11 +236,11 @@ def inside_stages(report: dict, n_stages: int = 4, n_ranges: int = 6) -> tuple[l
     stages = report.get("stages") or []
     parents = {s.get("parent") for s in stages}
     leaves = [s for s in stages if s["name"] not in parents and s.get("mix")]
-    leaves.sort(key=lambda s: -float(s["mix"].get("gpu_ns") or 0))
-    rows: list[dict] = []
+    leaves.sort(key=lambda s: -float((s.get("mix") or {}).get("gpu_ns") or 0))
+    rows: list[dict[str, Any]] = []
     tied: list[str] = []
     for s in leaves[:n_stages]:
-        mix = s["mix"]
+        mix = s.get("mix") or {}
         n_inst = max(int(mix.get("instances") or 1), 1)
         for r in (mix.get("ranges") or [])[:n_ranges]:
             rows.append({"stage": s["name"], "range": r["name"] or "-", "share": r["share"],

@@ -3,19 +3,23 @@ text, Markdown and HTML renderers so they show the same numbers."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from maxinstr.render import _fmt as f
+
+if TYPE_CHECKING:
+    from maxinstr.analyze.schema import RanksSection, Report
+
 
 STAGES_SHOWN = 12
 
 
-def section(report: dict) -> dict | None:
+def section(report: Report) -> RanksSection | None:
     sec = report.get("ranks")
     return sec if isinstance(sec, dict) and sec.get("stages") is not None else None
 
 
-def rank_rows(sec: dict) -> tuple[list[str], list[list[str]]]:
+def rank_rows(sec: RanksSection) -> tuple[list[str], list[list[str]]]:
     """One row per rank: identity, records, and GPU time with its collective share when a
     trace was given."""
     gpu = {g["rank"]: g for g in sec.get("gpu") or []}
@@ -34,7 +38,7 @@ def rank_rows(sec: dict) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def stage_rows(sec: dict, limit: int = STAGES_SHOWN) -> tuple[list[str], list[list[str]]]:
+def stage_rows(sec: RanksSection, limit: int = STAGES_SHOWN) -> tuple[list[str], list[list[str]]]:
     """Per stage and rank: steady count, host median and p90, GPU median, how often the rank is
     the slowest / the last to arrive over the aligned steps, its median excess over the other
     ranks, and in synchronising stages its median wait."""
@@ -62,26 +66,26 @@ def stage_rows(sec: dict, limit: int = STAGES_SHOWN) -> tuple[list[str], list[li
     return header, rows
 
 
-def straggler_lines(sec: dict) -> list[str]:
+def straggler_lines(sec: RanksSection) -> list[str]:
     """Plain sentences naming each straggler rank with its numbers (empty: balanced)."""
-    out = []
+    out: list[str] = []
     for sg in sec.get("stragglers") or []:
         r = sg["rank"]
         for s in sg.get("slowest_in") or []:
             out.append(f"rank {r} is the slowest at '{s['stage']}' in {f.pct(s['slowest_share'])} of {s['groups']} steps: "
                        f"median {f.ns(s['median_ns'])} vs {f.ns(s['others_median_ns'])} on the other ranks "
                        f"(+{f.ns(s['excess_median_ns'])} per step, {f.ns(s['excess_total_ns'])} in all)")
-        for s in sg.get("others_wait_in") or []:
-            waits = ", ".join(f"rank {k} {f.ns(v)}" for k, v in (s.get("wait_median_ns") or {}).items()
+        for w in sg.get("others_wait_in") or []:
+            waits = ", ".join(f"rank {k} {f.ns(v)}" for k, v in (w.get("wait_median_ns") or {}).items()
                               if k != str(r) and v is not None)
-            out.append(f"the other ranks wait for rank {r} in '{s['stage']}' (synchronising) in "
-                       f"{f.pct(s['least_wait_share'])} of {s['groups']} steps (median wait per step: {waits}; "
-                       f"{f.ns(sg['others_wait_total_ns'])} in all); it arrives last in {f.pct(s['last_arrival_share'])}, "
-                       f"median {f.ns(s['arrival_median_ns'])} after the first")
+            out.append(f"the other ranks wait for rank {r} in '{w['stage']}' (synchronising) in "
+                       f"{f.pct(w['least_wait_share'])} of {w['groups']} steps (median wait per step: {waits}; "
+                       f"{f.ns(sg['others_wait_total_ns'])} in all); it arrives last in {f.pct(w['last_arrival_share'])}, "
+                       f"median {f.ns(w['arrival_median_ns'])} after the first")
     return out
 
 
-def summary_line(sec: dict) -> str:
+def summary_line(sec: RanksSection) -> str:
     n = sec.get("world_size")
     if sec.get("stragglers"):
         return f"{n} ranks; straggler: rank " + ", ".join(str(s["rank"]) for s in sec["stragglers"])

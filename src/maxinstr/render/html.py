@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from maxinstr.render import _fmt as f
+
+if TYPE_CHECKING:
+    from maxinstr.analyze.report import Analysis
+    from maxinstr.analyze.schema import Finding, GpuKernel, Mix, MixKernel, Report, Stage, Statistic
+
 
 W = 1000
 """Width of every SVG's coordinate system (they scale to the page)."""
@@ -127,7 +133,7 @@ def _family_color(fam: str) -> str:
 
 
 # ----------------------------------------------------------------------------- sections
-def _header(report: dict) -> str:
+def _header(report: Report) -> str:
     src = report.get("sources") or {}
     env = report.get("environment") or {}
     what = src.get("run") or src.get("trace") or "report"
@@ -154,7 +160,7 @@ def _header(report: dict) -> str:
     return "".join(out)
 
 
-def _cards(report: dict) -> str:
+def _cards(report: Report) -> str:
     stages = report.get("stages") or []
     gpu = report.get("gpu") or {}
     w = report.get("warmup") or {}
@@ -165,7 +171,8 @@ def _cards(report: dict) -> str:
         cards.append((f.ns(gpu.get("gpu_ns")), f"GPU time in {gpu.get('ops', 0):,} ops"))
         if gpu.get("attributed_share") is not None:
             cards.append((f.pct(gpu.get("attributed_share")), "of GPU time inside a stage"))
-    b = (report.get("bottlenecks") or [None])[0]
+    bottlenecks = report.get("bottlenecks") or []
+    b = bottlenecks[0] if bottlenecks else None
     if b:
         cards.append((f"{b['stage']}", f"top bottleneck ({f.pct(b.get('share'))} of self {b.get('basis', '').replace('_ns', '')})"))
     facts = sum(1 for d in report.get("diagnosis") or [] if d.get("verdict") == "fact")
@@ -175,7 +182,7 @@ def _cards(report: dict) -> str:
         f'<div class="card"><div class="v">{e(v)}</div><div class="k">{e(k)}</div></div>' for v, k in cards) + "</div>"
 
 
-def breakdown_svg(stages: Sequence[dict]) -> str:
+def breakdown_svg(stages: Sequence[Stage]) -> str:
     """Per stage, one bar of its total time over steady instances, on one scale for all stages
     (so the bars compare stages): host time (grey), GPU span (light) and GPU busy inside it
     (dark). The numbers beside each bar are medians per instance."""
@@ -183,7 +190,7 @@ def breakdown_svg(stages: Sequence[dict]) -> str:
     bar_x, bar_w, row_h = 240, 470, 26
     h = 30 + row_h * len(rows) + 8
 
-    def total(stat: dict | None) -> float:
+    def total(stat: Statistic | None) -> float:
         return float((stat or {}).get("total") or 0.0) if (stat or {}).get("n") else 0.0
 
     common = max([max(total(s.get("headline_host_ns") or s.get("host_ns")), total(f.gpu_stat(s)[1])) for s in rows]
@@ -218,7 +225,7 @@ def breakdown_svg(stages: Sequence[dict]) -> str:
     return legend + _svg(W, h, body, "per-stage time breakdown", "breakdown")
 
 
-def _breakdown_section(report: dict) -> str:
+def _breakdown_section(report: Report) -> str:
     stages = report.get("stages") or []
     if not stages:
         return '<section id="stages"><h2>Where the time goes</h2><p class="note">No stages in this input.</p></section>'
@@ -231,14 +238,14 @@ def _breakdown_section(report: dict) -> str:
     return "".join(out)
 
 
-def _stage_table(stages: Sequence[dict]) -> str:
+def _stage_table(stages: Sequence[Stage]) -> str:
     rows = []
     units = []
     for s in stages:
         units.append((s, e(s["name"]), int(s.get("depth", 0)), f.excluded(s), s.get("share_of_top")))
         # two populations: each in its own row under the stage (its median is neither's)
-        for g in (s.get("populations") or {}).get("groups") or []:
-            units.append((dict(g, steady=g["instances"]), "· " + e(g["label"]), int(s.get("depth", 0)) + 1, 0, None))
+        for grp in (s.get("populations") or {}).get("groups") or []:
+            units.append((f.population_row(grp), "· " + e(grp["label"]), int(s.get("depth", 0)) + 1, 0, None))
     for s, name, depth, excluded, share in units:
         head = s.get("headline_host_ns") or s["host_ns"]
         label, g = f.gpu_stat(s)
@@ -294,7 +301,7 @@ def busy_before(start: np.ndarray, end: np.ndarray, edges: np.ndarray) -> np.nda
     return (ns_ * edges - cs[ns_]) - (ne * edges - ce[ne])
 
 
-def timeline_section(report: dict, analysis) -> str:
+def timeline_section(report: Report, analysis: Analysis | None) -> str:
     """GPU metrics over time with the stages as bands (needs the analysis's columns)."""
     head = '<section id="timeline"><h2>GPU over time, with the stages</h2>'
     if analysis is None:
@@ -372,11 +379,14 @@ def timeline_section(report: dict, analysis) -> str:
     band_keys = [k for k in shown if depth_of.get(k, 0) == deepest]
 
     charts: list[tuple[str, list[tuple[str, str, np.ndarray, np.ndarray, str]], float | None, str]] = []
-    util_series, power_series, mem_series = [], [], []
+    Series = tuple[str, str, np.ndarray, np.ndarray, str]  # (label, colour, t, values, dash)
+    util_series: list[Series] = []
+    power_series: list[Series] = []
+    mem_series: list[Series] = []
     limits_power: list[float] = []
     limits_mem: list[float] = []
     dashes = ("", "5,3", "2,2", "8,3,2,3")
-    for pi, (part, smp) in enumerate(tl.samples):
+    for _part, smp in tl.samples:
         devs = smp.devices
         names = set(smp.rows.dtype.names or ())
         for d in np.unique(np.asarray(smp.device)).tolist():
@@ -460,12 +470,12 @@ def timeline_section(report: dict, analysis) -> str:
     step = _nice_step(span / 1e9, 8)
     ax_y = total_h - 22
     body.append(f'<line x1="{plot_x}" y1="{ax_y}" x2="{plot_x + plot_w}" y2="{ax_y}" stroke="#5b6577"/>')
-    k = 0
-    while k * step <= span / 1e9 + 1e-12 and k < 40:
-        xx = float(X(t0 + k * step * 1e9))
+    tick = 0
+    while tick * step <= span / 1e9 + 1e-12 and tick < 40:
+        xx = float(X(t0 + tick * step * 1e9))
         body.append(f'<line x1="{xx:.1f}" y1="{ax_y}" x2="{xx:.1f}" y2="{ax_y + 4}" stroke="#5b6577"/>')
-        body.append(_text(xx, ax_y + 15, _time_label(k * step, step), 10, "middle", "#5b6577"))
-        k += 1
+        body.append(_text(xx, ax_y + 15, _time_label(tick * step, step), 10, "middle", "#5b6577"))
+        tick += 1
     legend_items = [f'<span><span class="sw" style="background:{colors[k]}"></span>{e(k)}</span>' for k in shown]
     series_items = []
     for _, series, _, _ in charts:
@@ -489,7 +499,7 @@ def timeline_section(report: dict, analysis) -> str:
 
 
 # ----------------------------------------------------------------------------- kernels
-def mix_svg(mix: dict) -> str:
+def mix_svg(mix: Mix) -> str:
     """A 100% stacked bar of the stage's kernel families."""
     fams = mix.get("families") or []
     x = 0.0
@@ -506,8 +516,8 @@ def mix_svg(mix: dict) -> str:
     return _svg(W, 22, body, "kernel family mix", "mix")
 
 
-def _kernels_section(report: dict) -> str:
-    stages = [s for s in report.get("stages") or [] if s.get("mix") and (s["mix"].get("top_kernels") or [])]
+def _kernels_section(report: Report) -> str:
+    stages = [s for s in report.get("stages") or [] if (s.get("mix") or {}).get("top_kernels")]
     gpu = report.get("gpu") or {}
     if not stages and not gpu.get("kernels"):
         return ('<section id="kernels"><h2>Top kernels per stage</h2><p class="note">No kernels: give a trace '
@@ -515,14 +525,14 @@ def _kernels_section(report: dict) -> str:
     out = ['<section id="kernels"><h2>Top kernels per stage</h2>',
            '<p class="note">Inclusive (a stage counts its nested stages\' kernels), steady instances. '
            'Bars: share of the stage\'s GPU time, coloured by kernel family.</p>']
-    fams_seen = sorted({fm["family"] for s in stages for fm in s["mix"].get("families") or []} |
+    fams_seen = sorted({fm["family"] for s in stages for fm in (s.get("mix") or {}).get("families") or []} |
                        {fm["family"] for fm in gpu.get("families") or []})
     out.append('<div class="legend">' + "".join(
         f'<span><span class="sw" style="background:{_family_color(fm)}"></span>{e(fm)}</span>' for fm in fams_seen) + "</div>")
     by_rank = {b["stage"]: b["rank"] for b in report.get("bottlenecks") or []}
-    stages = sorted(stages, key=lambda s: (by_rank.get(s["name"], 1e9), -float(s["mix"].get("gpu_ns") or 0)))
+    stages = sorted(stages, key=lambda s: (by_rank.get(s["name"], 1e9), -float((s.get("mix") or {}).get("gpu_ns") or 0)))
     for i, s in enumerate(stages):
-        mix = s["mix"]
+        mix = s.get("mix") or {}
         opened = " open" if i < 3 else ""
         out.append(f"<details{opened}><summary>{e(s['name'])} <span class=note>· {f.ns(mix.get('gpu_ns'))} GPU over "
                    f"{mix.get('instances')} instances ({e(mix.get('instances_used'))}), "
@@ -540,7 +550,7 @@ def _kernels_section(report: dict) -> str:
     return "".join(out)
 
 
-def _inside_section(report: dict) -> str:
+def _inside_section(report: Report) -> str:
     rows, tied = f.inside_stages(report)
     if not rows and not tied:
         return ""
@@ -557,7 +567,7 @@ def _inside_section(report: dict) -> str:
     return "".join(out)
 
 
-def _kernel_table(kernels: Sequence[dict], per_instance: bool) -> str:
+def _kernel_table(kernels: Sequence[MixKernel | GpuKernel], per_instance: bool) -> str:
     top = max([float(k.get("share") or 0) for k in kernels] + [1e-9])
     rows = []
     for k in kernels:
@@ -578,7 +588,7 @@ def _kernel_table(kernels: Sequence[dict], per_instance: bool) -> str:
 
 
 # ----------------------------------------------------------------------------- steps
-def steps_svg(stage: dict) -> str | None:
+def steps_svg(stage: Stage) -> str | None:
     """Per-step median (GPU when measured, else host) of a stage with marked or derived steps."""
     per = stage.get("per_step")
     steps = stage.get("steps")
@@ -613,7 +623,7 @@ def steps_svg(stage: dict) -> str | None:
             + _svg(W, h, body, f"{stage['name']} per step", "steps"))
 
 
-def _steps_section(report: dict) -> str:
+def _steps_section(report: Report) -> str:
     charts = [c for c in (steps_svg(s) for s in report.get("stages") or []
                           if (s.get("steps") or {}).get("n_steps", 0) >= STEPS_MIN) if c]
     if not charts:
@@ -623,7 +633,7 @@ def _steps_section(report: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- diagnosis
-def _finding(d: dict) -> str:
+def _finding(d: Finding) -> str:
     cls = "fact" if d.get("verdict") == "fact" else "hypothesis"
     out = [f'<div class="finding {cls}" data-id="{e(d.get("id"))}"><div class="t"><span class="tag {cls}">{e(d.get("verdict"))}'
            f'</span>{e(d.get("title"))}</div>']
@@ -640,7 +650,7 @@ def _finding(d: dict) -> str:
     return "".join(out)
 
 
-def _diagnosis_section(report: dict) -> str:
+def _diagnosis_section(report: Report) -> str:
     diag = report.get("diagnosis") or []
     facts = [d for d in diag if d.get("verdict") == "fact"]
     hyps = [d for d in diag if d.get("verdict") != "fact"]
@@ -665,28 +675,33 @@ def _diagnosis_section(report: dict) -> str:
     return "".join(out)
 
 
-def _env_section(report: dict) -> str:
+def _env_section(report: Report) -> str:
     env = report.get("environment") or {}
     src = report.get("sources") or {}
-    rows = []
-    for k in ("host", "python", "driver", "cuda", "rocm", "maxinstr"):
+    rows: list[tuple[str, str]] = []
+    text_keys: tuple[Literal["host", "python", "driver", "cuda", "rocm", "maxinstr"], ...] = (
+        "host", "python", "driver", "cuda", "rocm", "maxinstr")
+    for k in text_keys:
         if env.get(k):
             rows.append((k, env[k]))
     git = env.get("git") or {}
     if git:
         rows.append(("git", f"{git.get('commit', '?')}{' (dirty)' if git.get('dirty') else ''}"))
-    for k in ("gpus", "frameworks", "user", "env", "profiler"):
-        v = env.get(k)
+    other_keys: tuple[Literal["gpus", "frameworks", "user", "env", "profiler"], ...] = (
+        "gpus", "frameworks", "user", "env", "profiler")
+    for other in other_keys:
+        v: Any = env.get(other)
         if v:
             if isinstance(v, list):
                 v = ", ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in v)
             elif isinstance(v, dict):
                 v = ", ".join(f"{a}={b}" for a, b in v.items())
-            rows.append((k, v))
+            rows.append((other, v))
     if src.get("join"):
         rows.append(("record join", f"{src['join']} ({src.get('records_joined')} records)"))
-    if src.get("attribution_rules"):
-        rows.append(("attribution", ", ".join(f"{k}: {v}" for k, v in src["attribution_rules"].items())))
+    rules = src.get("attribution_rules")
+    if rules:
+        rows.append(("attribution", ", ".join(f"{k}: {v}" for k, v in rules.items())))
     w = report.get("warmup") or {}
     rows.append(("warm-up", f.warmup_line(w)))
     out = ['<section id="environment"><h2>Reproduce and environment</h2>']
@@ -700,7 +715,7 @@ def _env_section(report: dict) -> str:
     return "".join(out)
 
 
-def _ranks_section(report: dict) -> str:
+def _ranks_section(report: Report) -> str:
     """Per-rank stage statistics and the stragglers (multi-rank runs only; rows from render/_ranks.py)."""
     from maxinstr.render import _ranks as rk
 
@@ -728,7 +743,7 @@ def _ranks_section(report: dict) -> str:
     return "".join(out)
 
 
-def render(report: dict[str, Any], analysis=None) -> str:
+def render(report: Report, analysis: Analysis | None = None) -> str:
     """The whole report as one HTML document (no external resource)."""
     src = report.get("sources") or {}
     title = f"maxinstr report: {src.get('run') or src.get('trace') or ''}"

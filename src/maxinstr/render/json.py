@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from maxinstr.analyze.schema import Report
 
 
 def _clean(obj: Any) -> Any:
@@ -30,17 +34,17 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def to_jsonable(report: dict[str, Any]) -> dict[str, Any]:
+def to_jsonable(report: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``report`` holding only JSON types (NaN -> None)."""
     return _clean(report)
 
 
-def render(report: dict[str, Any], indent: int | None = 2) -> str:
-    """The report as a JSON document."""
+def render(report: Mapping[str, Any], indent: int | None = 2) -> str:
+    """The report (or compare's result) as a JSON document."""
     return json.dumps(to_jsonable(report), indent=indent, allow_nan=False) + "\n"
 
 
-def load(text: str, source: str = "<report>") -> dict[str, Any]:
+def load(text: str, source: str = "<report>") -> Report:
     """Parse a JSON report, checking its schema and version (MaxinstrError otherwise)."""
     from maxinstr.errors import MaxinstrError
 
@@ -52,4 +56,4 @@ def load(text: str, source: str = "<report>") -> dict[str, Any]:
         raise MaxinstrError(f"{source}: not a maxinstr report (\"schema\" is not \"maxinstr-report\")")
     if doc.get("version") != 1:
         raise MaxinstrError(f"{source}: report version {doc.get('version')!r} is not supported (this maxinstr reads 1)")
-    return doc
+    return cast("Report", doc)  # a version-1 report: its keys are read defensively (analyze/schema.py)

@@ -5,10 +5,13 @@ needs, and the exact commands to reproduce."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from maxinstr._text import safe_name, visible
 from maxinstr.render import _fmt as f
+
+if TYPE_CHECKING:
+    from maxinstr.analyze.schema import Report
 
 
 class Md(str):
@@ -62,14 +65,16 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return out + [""]
 
 
-def _baseline(report: dict) -> list[str]:
+def _baseline(report: Report) -> list[str]:
     src, env = report.get("sources", {}), report.get("environment", {})
     out = ["## Baseline", ""]
     for rep in report.get("reproduce", []):
         if rep["what"] == "the program, as run":
             out += ["Command:", ""] + _fenced(rep["command"]) + [""]
-    rows = []
-    for key, label in (("run", "run directory"), ("trace", "trace"), ("unprofiled_run", "unprofiled run (headline)")):
+    rows: list[list[Any]] = []
+    sources: tuple[tuple[Literal["run", "trace", "unprofiled_run"], str], ...] = (
+        ("run", "run directory"), ("trace", "trace"), ("unprofiled_run", "unprofiled run (headline)"))
+    for key, label in sources:
         if src.get(key):
             rows.append([label, _code(src[key])])
     if src.get("trace_format"):
@@ -81,14 +86,17 @@ def _baseline(report: dict) -> list[str]:
     git = env.get("git") or {}
     if git:
         rows.append(["git", f"{git.get('commit', '?')}{' (dirty)' if git.get('dirty') else ''}"])
-    for key in ("host", "python", "driver", "cuda", "rocm", "maxinstr"):
-        if env.get(key):
-            rows.append([key, env[key]])
+    text_keys: tuple[Literal["host", "python", "driver", "cuda", "rocm", "maxinstr"], ...] = (
+        "host", "python", "driver", "cuda", "rocm", "maxinstr")
+    for text_key in text_keys:
+        if env.get(text_key):
+            rows.append([text_key, env[text_key]])
     if env.get("gpus"):
         rows.append(["gpus", ", ".join(str(g.get("name")) for g in env["gpus"])])
-    for key in ("frameworks", "user", "env"):
-        if env.get(key):
-            rows.append([key, ", ".join(f"{k}={v}" for k, v in env[key].items())])
+    dict_keys: tuple[Literal["frameworks", "user", "env"], ...] = ("frameworks", "user", "env")
+    for dict_key in dict_keys:
+        if env.get(dict_key):
+            rows.append([dict_key, ", ".join(f"{k}={v}" for k, v in env[dict_key].items())])
     w = report.get("warmup", {})
     rows.append(["warm-up", f.warmup_line(w)])
     if report.get("perturbed"):
@@ -98,7 +106,7 @@ def _baseline(report: dict) -> list[str]:
     return out + _table(["what", "value"], rows)
 
 
-def _stages(report: dict) -> list[str]:
+def _stages(report: Report) -> list[str]:
     stages = report.get("stages") or []
     if not stages:
         return ["## Stage timings", "", "No stages in this input.", ""]
@@ -113,7 +121,7 @@ def _stages(report: dict) -> list[str]:
         indent = "&nbsp;&nbsp;" * s.get("depth", 0)
         units = [(s, Md(indent + _text(s["name"])), f.excluded(s))]
         groups = (s.get("populations") or {}).get("groups") or []
-        units += [(dict(g, steady=g["instances"]), Md(indent + "&nbsp;&nbsp;· " + _text(g["label"])), 0)
+        units += [(f.population_row(g), Md(indent + "&nbsp;&nbsp;· " + _text(g["label"])), 0)
                   for g in groups]
         if groups:
             pops.append(s)
@@ -129,7 +137,7 @@ def _stages(report: dict) -> list[str]:
     note = ("Median and p90 over steady instances; warm-up and cold-start instances, and the instances "
             "nested in them, are counted apart.")
     for s in pops:
-        p = s["populations"]
+        p = s.get("populations") or {}  # (each has two populations: they were listed for that)
         note += (f" {_code(s['name'], in_table=False)} has two populations ("
                  + (f"told apart by {_text(p['by'])}" if p.get("by") else "nothing in the records tells them apart")
                  + "), each in its own row" + ("; the stage's median lies between them" if p.get("median_in_gap") else "")
@@ -139,7 +147,7 @@ def _stages(report: dict) -> list[str]:
     return ["## Stage timings (steady state)", "", note, ""] + _table(header, rows)
 
 
-def _bottlenecks(report: dict) -> list[str]:
+def _bottlenecks(report: Report) -> list[str]:
     rows = report.get("bottlenecks") or []
     if not rows:
         return []
@@ -151,7 +159,7 @@ def _bottlenecks(report: dict) -> list[str]:
         ["#", "stage", "share", "self time", "basis", "top family", "top kernel", "findings"], body)
 
 
-def _findings(report: dict, verdict: str, title: str) -> list[str]:
+def _findings(report: Report, verdict: str, title: str) -> list[str]:
     fs = [x for x in report.get("diagnosis") or [] if x["verdict"] == verdict]
     if not fs:
         return [f"## {title}", "", "None.", ""]
@@ -168,7 +176,7 @@ def _findings(report: dict, verdict: str, title: str) -> list[str]:
     return out + [""]
 
 
-def _optimisations(report: dict) -> list[str]:
+def _optimisations(report: Report) -> list[str]:
     fs = [x for x in report.get("diagnosis") or [] if x.get("validation")]
     out = ["## Candidate optimisations", ""]
     if not fs:
@@ -180,7 +188,7 @@ def _optimisations(report: dict) -> list[str]:
     return out + [""]
 
 
-def _families(report: dict) -> list[str]:
+def _families(report: Report) -> list[str]:
     gpu = report.get("gpu") or {}
     if not gpu.get("families"):
         return []
@@ -194,7 +202,7 @@ def _families(report: dict) -> list[str]:
     return out
 
 
-def _inside_stages(report: dict) -> list[str]:
+def _inside_stages(report: Report) -> list[str]:
     rows, tied = f.inside_stages(report)
     tied_line = [_text("Ops tied to their stage: " + "; ".join(tied) + "."), ""] if tied else []
     if not rows:
@@ -205,7 +213,7 @@ def _inside_stages(report: dict) -> list[str]:
     return out + tied_line
 
 
-def _startup(report: dict) -> list[str]:
+def _startup(report: Report) -> list[str]:
     rows = report.get("startup") or []
     if not rows:
         return []
@@ -215,7 +223,7 @@ def _startup(report: dict) -> list[str]:
         ["stage", "occurrence", "why", "host", "GPU", "robust z"], body)
 
 
-def _reproduce(report: dict) -> list[str]:
+def _reproduce(report: Report) -> list[str]:
     reps = report.get("reproduce") or []
     out = ["## Reproduce", ""]
     for r in reps:
@@ -223,7 +231,7 @@ def _reproduce(report: dict) -> list[str]:
     return out
 
 
-def _ranks(report: dict) -> list[str]:
+def _ranks(report: Report) -> list[str]:
     """Per-rank stage statistics and the stragglers (multi-rank runs only)."""
     from maxinstr.render import _ranks as rk
 
@@ -243,7 +251,7 @@ def _ranks(report: dict) -> list[str]:
     return out
 
 
-def render(report: dict[str, Any]) -> str:
+def render(report: Report) -> str:
     """The report as a Markdown document."""
     src = report.get("sources", {})
     title = src.get("run") or src.get("trace") or "report"

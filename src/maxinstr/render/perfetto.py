@@ -27,11 +27,18 @@ import gzip
 import io
 import json
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from maxinstr.analyze.report import Analysis
+    from maxinstr.analyze.schema import Report
+    from maxinstr.attribute.model import Attribution
+    from maxinstr.traces.model import Trace
 
 CHUNK = 65_536
 """Rows formatted per write."""
@@ -94,7 +101,7 @@ class Clock:
                 "spread_ns": self.spread_ns, "join": self.join, "note": self.note}
 
 
-def align(analysis) -> Clock:
+def align(analysis: Analysis) -> Clock:
     """The offset that puts the trace on the run's host clock (see the module docstring)."""
     run, trace, inst = analysis.run, analysis.trace, analysis.instances
     if trace is None:
@@ -281,7 +288,7 @@ class Timeline:
         return max(highs) if highs else self.origin_ns
 
 
-def timeline(analysis) -> Timeline:
+def timeline(analysis: Analysis) -> Timeline:
     """Put the analysis's records, trace ops and samples on one axis."""
     from maxinstr.analyze.kernels import range_to_instance
 
@@ -434,7 +441,7 @@ def _stage_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iter
                          ts[rows], busy[rows], frac, kernels[rows])
 
 
-def _op_events(tl: Timeline, trace, op_family: np.ndarray, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
+def _op_events(tl: Timeline, trace: Trace, op_family: np.ndarray, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
     from maxinstr.analyze.kernels import FAMILY_NAMES
     from maxinstr.traces.model import OpKind
 
@@ -475,7 +482,7 @@ def _op_events(tl: Timeline, trace, op_family: np.ndarray, tracks: _Tracks, coun
                      stage, corr, nbytes)
 
 
-def _call_events(tl: Timeline, trace, op_tids: np.ndarray, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
+def _call_events(tl: Timeline, trace: Trace, op_tids: np.ndarray, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
     """Host API calls that launched GPU work, on a track beside their thread, and a flow arrow
     from each launch to the op it launched (joined by correlation id, as Kineto draws them)."""
     from maxinstr.traces.model import CallKind
@@ -530,7 +537,7 @@ def _call_events(tl: Timeline, trace, op_tids: np.ndarray, tracks: _Tracks, coun
     counts["launch_flows"] = len(hit)
 
 
-def _range_events(tl: Timeline, trace, attribution, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
+def _range_events(tl: Timeline, trace: Trace, attribution: Attribution | None, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
     """The trace's other host ranges (framework ops, other NVTX domains: not stages), on a
     track beside their thread, nested as they ran."""
     from maxinstr.analyze.instances import range_names
@@ -620,7 +627,7 @@ def _counter_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> It
     counts["counter_samples"] = total
 
 
-def events(report: dict[str, Any], analysis) -> Iterator[str]:
+def events(report: Report, analysis: Analysis) -> Iterator[str]:
     """The trace-event JSON document, a chunk of text at a time."""
     tl = timeline(analysis)
     tracks = _Tracks()
@@ -661,19 +668,19 @@ def _jsonable(obj: Any) -> Any:
     return str(obj)
 
 
-def _need_analysis(analysis) -> None:
+def _need_analysis(analysis: Analysis | None) -> Analysis:
     from maxinstr.errors import MaxinstrError
 
     if analysis is None:
         raise MaxinstrError("--format perfetto needs the run directory or trace itself, not a saved JSON report "
                             "(the report keeps statistics, not the timeline)")
+    return analysis
 
 
-def write(out: str | Path | IO[str], report: dict[str, Any], analysis=None) -> dict[str, Any]:
+def write(out: str | Path | IO[str], report: Report, analysis: Analysis | None = None) -> dict[str, Any]:
     """Stream the trace JSON to a path (gzip when it ends in ``.gz``; Perfetto opens both) or a
     text file object. Returns the metadata's ``maxinstr`` block (counts, clock)."""
-    _need_analysis(analysis)
-    chunks = events(report, analysis)
+    chunks = events(report, _need_analysis(analysis))
     if isinstance(out, (str, Path)):
         path = Path(out)
         opener = (lambda: gzip.open(path, "wt", compresslevel=GZIP_LEVEL)) if path.suffix == ".gz" else (lambda: open(path, "w"))
@@ -692,10 +699,9 @@ def _drain(chunks: Iterator[str], fh: IO[str]) -> str:
     return last
 
 
-def render(report: dict[str, Any], analysis=None) -> str:
+def render(report: Report, analysis: Analysis | None = None) -> str:
     """The trace JSON as one string (``maxinstr report --format perfetto``). For big traces
     prefer :func:`write`, which never holds the whole document."""
-    _need_analysis(analysis)
     buf = io.StringIO()
-    _drain(events(report, analysis), buf)
+    _drain(events(report, _need_analysis(analysis)), buf)
     return buf.getvalue()

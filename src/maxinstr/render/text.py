@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderResult
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from maxinstr._text import visible
 from maxinstr.render import _fmt as f
+
+if TYPE_CHECKING:
+    from maxinstr.analyze.schema import FamilyRow, Populations, Report, Stage
 
 
 def _cell(value: Any) -> Any:
@@ -38,7 +41,7 @@ class Col:
     left out instead when only such columns would make the continuation table (a one-column
     second table of p90s reads worse than a note)."""
 
-    def __init__(self, header: str, justify: str = "right", key: bool = False, wrap: bool = False,
+    def __init__(self, header: str, justify: JustifyMethod = "right", key: bool = False, wrap: bool = False,
                  move: int = 0, cut: bool = False, drop: bool = False) -> None:
         self.header, self.justify, self.key, self.move = header, justify, key, move
         self.wrap, self.cut, self.drop = wrap or cut, cut, drop
@@ -98,7 +101,7 @@ class Fitted:
             rest = [i for i in rest if i not in cols]
         return tables or [keys]
 
-    def __rich_console__(self, console, options):
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
         plan = self._plan(width)
         dropped = []
@@ -135,7 +138,7 @@ class Fitted:
                 yield _lines(notes, style="dim")
 
 
-def _header(report: dict) -> Panel:
+def _header(report: Report) -> Panel:
     src = report.get("sources", {})
     lines = []
     if src.get("run"):
@@ -168,7 +171,7 @@ report's order (50,000 distinct stage names are data for --format json/md/html, 
 to read in a terminal, and rich took a minute to lay them out)."""
 
 
-def _shown_stages(stages: list[dict]) -> list[dict]:
+def _shown_stages(stages: list[Stage]) -> list[Stage]:
     if len(stages) <= STAGES_SHOWN:
         return stages
     import numpy as np
@@ -179,7 +182,7 @@ def _shown_stages(stages: list[dict]) -> list[dict]:
     return [stages[i] for i in keep.tolist()]
 
 
-def _stage_table(report: dict) -> Any:
+def _stage_table(report: Report) -> Any:
     all_stages = report.get("stages") or []
     if not all_stages:
         return None
@@ -190,7 +193,7 @@ def _stage_table(report: dict) -> Any:
     trace_cols = any((s.get("gpu_busy_frac") or {}).get("n") or s.get("mix") for s in stages)
     with_samples = [s for s in stages if (s.get("samples") or {}).get("gpu_util_pct_mean") is not None
                     or (s.get("samples") or {}).get("power_w_mean") is not None]
-    short_window = [s for s in with_samples if s["samples"].get("window_limited")]
+    short_window = [s for s in with_samples if (s.get("samples") or {}).get("window_limited")]
     # util/power of a stage whose NVML windows were mostly spent elsewhere (or that no window
     # covers) describe the time around it: not printed ("-", with a note), and no column at
     # all when no stage has them
@@ -220,7 +223,7 @@ def _stage_table(report: dict) -> Any:
     if only_warm:
         notes.append(f"n (+k): steady instances (+ warm-up / cold-start ones); {', '.join(only_warm[:3])}"
                      f"{' ...' if len(only_warm) > 3 else ''} ran only as warm-up: see Startup below")
-    if sampled and any((s.get("samples") or {}).get("power_source") == "reading" and not s["samples"].get("window_limited")
+    if sampled and any((s.get("samples") or {}).get("power_source") == "reading" and not (s.get("samples") or {}).get("window_limited")
                        for s in with_samples):
         notes.append("power: from the energy counter over the stage's instances; ~: NVML's power reading (a trailing "
                      "average that lags into the next stage), where the energy counter gives none")
@@ -246,7 +249,7 @@ def _stage_table(report: dict) -> Any:
                                  throttle_col))
         pops = s.get("populations") or {}
         for g in pops.get("groups") or []:
-            row = _stage_cells(dict(g, steady=g["instances"]), f"· {g['label']}", s.get("depth", 0) + 1, gpu_labels,
+            row = _stage_cells(f.population_row(g), f"· {g['label']}", s.get("depth", 0) + 1, gpu_labels,
                                gpu_cols, trace_cols, sampled, throttle_col, population=True)
             rows.append(row)
         if pops.get("groups"):
@@ -256,7 +259,7 @@ def _stage_table(report: dict) -> Any:
     return Group(t, _lines(notes, style="dim")) if notes else t
 
 
-def _population_note(s: dict, pops: dict) -> str:
+def _population_note(s: Stage, pops: Populations) -> str:
     basis = {"gpu_event_ns": "GPU time", "gpu_proj_ns": "GPU span", "host_ns": "host time"}.get(pops["basis"], pops["basis"])
     lo, hi = pops["groups"]
     text = (f"{s['name']}: two populations ({basis} median {f.ns(f.stat(lo.get(pops['basis'])))} and "
@@ -267,7 +270,7 @@ def _population_note(s: dict, pops: dict) -> str:
     return text
 
 
-def _stage_cells(s: dict, label: str, depth: int, gpu_labels: set, gpu_cols: bool, trace_cols: bool,
+def _stage_cells(s: Stage, label: str, depth: int, gpu_labels: set, gpu_cols: bool, trace_cols: bool,
                  sampled: bool, throttle_col: bool, population: bool = False) -> list[str]:
     glabel, g = f.gpu_stat(s)
     head = s.get("headline_host_ns") or s["host_ns"]
@@ -278,7 +281,7 @@ def _stage_cells(s: dict, label: str, depth: int, gpu_labels: set, gpu_cols: boo
     if extra:
         n += f" (+{extra})"
     mix = s.get("mix") or {}
-    fam = mix.get("families", [{}])[0] if mix.get("families") else {}
+    fam: FamilyRow = (mix.get("families") or [{}])[0]
     row = ["  " * depth + label, n, f.ns(f.stat(head)), f.ns(f.stat(head, "p90"))]
     if gpu_cols:
         mark = " p" if len(gpu_labels) > 1 and glabel == "proj" else ""
@@ -306,7 +309,7 @@ def _stage_cells(s: dict, label: str, depth: int, gpu_labels: set, gpu_cols: boo
 _BASIS = {"gpu_busy_ns": "GPU busy", "gpu_event_ns": "GPU", "gpu_proj_ns": "GPU span", "host_ns": "host"}
 
 
-def _bottlenecks(report: dict) -> Table | None:
+def _bottlenecks(report: Report) -> Fitted | None:
     rows = report.get("bottlenecks") or []
     if not rows:
         return None
@@ -319,7 +322,7 @@ def _bottlenecks(report: dict) -> Table | None:
     return Fitted("Where the time goes (ranked)", cols, body)
 
 
-def _families(report: dict) -> Table | None:
+def _families(report: Report) -> Fitted | None:
     gpu = report.get("gpu") or {}
     fams = gpu.get("families") or []
     if not fams:
@@ -333,7 +336,7 @@ def _families(report: dict) -> Table | None:
                   body, caption=caption)
 
 
-def _kernels(report: dict, n: int = 10) -> Table | None:
+def _kernels(report: Report, n: int = 10) -> Fitted | None:
     ks = (report.get("gpu") or {}).get("kernels") or []
     if not ks:
         return None
@@ -343,7 +346,7 @@ def _kernels(report: dict, n: int = 10) -> Table | None:
                                   Col("count", move=2), Col("median", move=3)], body)
 
 
-def _inside_stages(report: dict) -> Fitted | Text | None:
+def _inside_stages(report: Report) -> Fitted | Text | None:
     """Per leaf stage, the ranges of other domains its ops ran under (MAX's op ranges, a
     framework's): where inside the stage the GPU time goes."""
     rows, tied = f.inside_stages(report)
@@ -356,7 +359,7 @@ def _inside_stages(report: dict) -> Fitted | Text | None:
     return Fitted(f.INSIDE_TITLE, cols, body, caption="ops tied to their stage: " + "; ".join(tied) if tied else None)
 
 
-def _diagnosis(report: dict) -> Panel | None:
+def _diagnosis(report: Report) -> Panel | None:
     from rich.padding import Padding
 
     fs = report.get("diagnosis") or []
@@ -386,7 +389,7 @@ def _diagnosis(report: dict) -> Panel | None:
     return Panel(Group(*parts), title="Diagnosis", title_align="left")
 
 
-def _startup(report: dict, n: int = 8) -> Table | None:
+def _startup(report: Report, n: int = 8) -> Fitted | None:
     rows = report.get("startup") or []
     if not rows:
         return None
@@ -402,14 +405,14 @@ def _startup(report: dict, n: int = 8) -> Table | None:
                   caption=f"{shown}nested: the instances inside each, kept out with it")
 
 
-def _notes(report: dict) -> Text | None:
+def _notes(report: Report) -> Text | None:
     notes = (report.get("sources") or {}).get("notes") or []
     if not notes:
         return None
     return _lines(["notes:"] + [f"  - {n}" for n in notes], style="dim")
 
 
-def _ranks(report: dict) -> Group | None:
+def _ranks(report: Report) -> Group | None:
     """Per-rank stage statistics and the stragglers (multi-rank runs only)."""
     from maxinstr.render import _ranks as rk
 
@@ -434,14 +437,14 @@ def _ranks(report: dict) -> Group | None:
     return Group(*out)
 
 
-def renderables(report: dict) -> list[Any]:
+def renderables(report: Report) -> list[Any]:
     """The report's parts as rich renderables, in reading order."""
     parts = [_header(report), _stage_table(report), _ranks(report), _bottlenecks(report), _diagnosis(report),
              _startup(report), _families(report), _kernels(report), _inside_stages(report), _notes(report)]
     return [p for p in parts if p is not None]
 
 
-def render(report: dict, width: int = 120, color: bool = False) -> str:
+def render(report: Report, width: int = 120, color: bool = False) -> str:
     """The report as terminal text (ANSI colours when ``color``)."""
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=color, color_system="auto" if color else None)
@@ -449,7 +452,7 @@ def render(report: dict, width: int = 120, color: bool = False) -> str:
     return buf.getvalue()
 
 
-def print_report(report: dict, console: Console | None = None) -> None:
+def print_report(report: Report, console: Console | None = None) -> None:
     """Print the report to a console (stdout by default, as wide as COLUMNS, else the terminal,
     else 120 columns)."""
     if console is None:

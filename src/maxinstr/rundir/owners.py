@@ -15,8 +15,9 @@ import fcntl
 import json
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from maxinstr.rundir import format as fmt
 
@@ -111,7 +112,8 @@ def live_writers(run_dir: Path) -> list[str]:
     found: dict[str, str] = {}  # repr(pid) -> line: the owner shows in meta.json and its part
     meta = _load(run_dir / fmt.META_FILE)
     if meta is not None and meta.get("format") == fmt.FORMAT_NAME:
-        clock = meta.get("clock") if isinstance(meta.get("clock"), dict) else {}
+        got = meta.get("clock")
+        clock: dict[str, Any] = got if isinstance(got, dict) else {}
         line = _writer(meta, meta.get("pid"), clock.get("realtime_ns"), fmt.META_FILE)
         if line:
             found[repr(meta.get("pid"))] = line

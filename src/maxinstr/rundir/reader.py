@@ -98,7 +98,7 @@ class Run:
             import pandas as pd
         except ImportError as exc:  # pragma: no cover - pandas is in the test extra
             raise ImportError("Run.to_pandas() needs pandas: pip install 'maxinstr[pandas]'") from exc
-        df = pd.DataFrame({name: self.stages[name] for name in self.stages.dtype.names})
+        df = pd.DataFrame({name: self.stages[name] for name in self.stages.dtype.names or ()})
         df["name"] = self.stage_names()
         df["part_name"] = self["part_name"]
         df["warmup"] = self.warmup_mask()
@@ -237,7 +237,7 @@ def _check_fields(meta: dict[str, Any], path: Path) -> None:
 def _read_part(
     pdir: Path,
     index: int,
-    names: "_Interner",
+    names: _Interner,
     tables: list[np.ndarray],
     attrs: dict[int, dict[str, Any]],
     events: list[dict[str, Any]],
@@ -288,7 +288,7 @@ def _read_part(
         notes.append(f"{pdir / fmt.STAGES_FILE}: {said - len(rows)} of the {said} stage record(s) part.json says were "
                      "written are missing (the file was cut or damaged)")
     table = np.zeros(len(rows), dtype=RUN_STAGE_DTYPE)
-    for col in fmt.STAGE_DTYPE.names:
+    for col in fmt.STAGE_DTYPE.names or ():
         table[col] = rows[col]
     if len(rows):
         used = np.unique(rows["name_id"])
@@ -354,7 +354,7 @@ def _read_jsonl(path: Path, notes: list[str]) -> list[Any]:
             if not line.strip():
                 continue
             out.append(parse_json(line, path, lambda p, problem: RunDirError(
-                p, f"line {number} is {problem.replace('not valid JSON', 'not JSON', 1)}")))
+                p, f"line {number} is {problem.replace('not valid JSON', 'not JSON', 1)}")))  # noqa: B023 - called now
     if tail.strip():
         notes.append(f"{path}: ignored a torn last line ({len(tail)} bytes without a newline)")
     return out

@@ -13,8 +13,9 @@ written; ``attribute.stage_samples`` turns samples into per-stage numbers.
 from __future__ import annotations
 
 import os
+from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Collection, Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from maxinstr.sample.base import Backend, ErrorLog
@@ -29,13 +30,13 @@ MIN_INTERVAL_S = 0.0005
 
 
 def open_backend(
-    errors: "ErrorLog",
+    errors: ErrorLog,
     *,
     interval_s: float = DEFAULT_INTERVAL_S,
     env: Mapping[str, str] | None = None,
     pids: Collection[int] | None = None,
     prefer: str | None = None,
-) -> "tuple[Backend, str]":
+) -> tuple[Backend, str]:
     """The first vendor backend with at least one visible device: NVML, then AMD SMI.
 
     Returns ``(backend, "")`` or ``(NullBackend, reason)`` where ``reason`` says in one line
@@ -65,7 +66,7 @@ def open_backend(
                 except amdsmi.Unavailable as exc:
                     reasons.append(str(exc))
                     continue
-                count = len(backend.smi.amdsmi_get_processor_handles())  # type: ignore[attr-defined]
+                count = len(backend.smi.amdsmi_get_processor_handles())
         except Exception as exc:  # noqa: BLE001 - a vendor module misbehaving: try the next one
             reasons.append(f"{name}: {type(exc).__name__}: {exc}")
             continue
@@ -82,12 +83,12 @@ def start_sampler(
     *,
     pids: Collection[int] | None = None,
     env: Mapping[str, str] | None = None,
-    backend: "Backend | None" = None,
+    backend: Backend | None = None,
     extra: dict[str, Any] | None = None,
     flush_interval_s: float = 0.1,
     devices: Collection[int] | None = None,
     mode: str | None = None,
-) -> "Sampler":
+) -> Sampler:
     """Start sampling every visible GPU into ``part_dir/samples.bin`` (+ ``samples.json``).
 
     Rows reach the file every ``flush_interval_s`` (a SIGKILL loses at most that much).
@@ -133,7 +134,7 @@ def start_sampler(
                                      child_extra)
                 if child is not None:
                     backend.shutdown()  # the child has its own
-                    return child  # type: ignore[return-value]
+                    return child
     except Exception as exc:  # noqa: BLE001 - open_backend never raises, but be sure
         backend, unavailable = NullBackend(str(exc)), str(exc)
     sampler = Sampler(Path(part_dir), interval, backend, unavailable=unavailable, notes=notes, errors=errors,
@@ -180,7 +181,7 @@ def _start_child(part_dir: Path, interval: float, pids: list[int], devices: Coll
     return None
 
 
-def read_samples(part_dir: Path | str) -> "Samples":
+def read_samples(part_dir: Path | str) -> Samples:
     """The samples of one part directory as numpy columns (see :mod:`maxinstr.sample.read`)."""
     from maxinstr.sample.read import read_samples as _read
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from typing import Any, Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 from maxinstr.sample.base import (
     ABSENT,
@@ -98,7 +99,7 @@ def _import_amdsmi() -> Any:
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            import amdsmi  # noqa: PLC0415 - lazily, only when sampling AMD
+            import amdsmi  # lazily, only when sampling AMD
     except KeyboardInterrupt:
         raise
     except ModuleNotFoundError as exc:

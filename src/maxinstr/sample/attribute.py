@@ -374,7 +374,7 @@ def stage_samples(
         put("instances", cnt.astype(np.int64))
         put("samples", np.bincount(inverse, weights=inst.n_samples, minlength=k).astype(np.int64))
 
-        def wmean(col: str) -> np.ndarray:
+        def wmean(col: str, inst: InstanceSamples = inst) -> np.ndarray:  # this device's
             # the mean over all samples of the name: instance means weighted by their sample counts
             m = inst.mean.get(col)
             if m is None:
@@ -386,7 +386,7 @@ def stage_samples(
             with np.errstate(invalid="ignore", divide="ignore"):
                 return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
 
-        def gmax(col: str) -> np.ndarray:
+        def gmax(col: str, inst: InstanceSamples = inst) -> np.ndarray:
             out = np.full(k, np.nan)
             p = inst.peak.get(col)
             if p is not None:

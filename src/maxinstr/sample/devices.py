@@ -19,8 +19,8 @@ may differ (several GPUs of different names and no PCI_BUS_ID order).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,8 @@ def _match_uuid(token: str, gpus: Sequence[PhysicalGpu]) -> tuple[PhysicalGpu, M
                         return g, m
         return f"no MIG instance {token!r}"
     if t.startswith("mig-"):
-        hits = [(g, m) for g in gpus for m in g.mig if _norm_uuid(m.uuid).startswith(t)]
+        hits: list[tuple[PhysicalGpu, MigInstance | None]] = [
+            (g, m) for g in gpus for m in g.mig if _norm_uuid(m.uuid).startswith(t)]
     else:
         if not t.startswith("gpu-"):
             t = "gpu-" + t  # ROCR accepts the bare hex too

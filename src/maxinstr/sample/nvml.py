@@ -32,7 +32,8 @@ calls go through pynvml (GIL released).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 from maxinstr.sample.base import (
     ABSENT,

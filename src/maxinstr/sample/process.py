@@ -25,8 +25,9 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any
 
 from maxinstr.sample.base import DeviceInfo
 from maxinstr.sample.nvml import NVML_LIB_ENV  # noqa: F401 - tests and benchmarks set it

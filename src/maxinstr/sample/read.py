@@ -81,7 +81,7 @@ class Samples:
         """One metric column (float, NaN where absent)."""
         return self.rows[name]
 
-    def for_device(self, device: int) -> "Samples":
+    def for_device(self, device: int) -> Samples:
         """Only the rows of ``device`` (an index into ``devices``), in time order."""
         rows = self.rows[self.rows["device"] == device]
         order = np.argsort(rows["t_ns"], kind="stable")

@@ -20,8 +20,9 @@ import os
 import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from maxinstr.sample.base import (
     FLAG_GPM,
@@ -39,7 +40,7 @@ from maxinstr.sample.base import (
 )
 
 try:  # the native core's clock (CLOCK_MONOTONIC ns, the clock stage records use)
-    from maxinstr._native import clock_ns as _clock_ns  # type: ignore[attr-defined]
+    from maxinstr._native import clock_ns as _clock_ns
 except Exception:  # noqa: BLE001 - no native build: time.monotonic_ns is CLOCK_MONOTONIC on Linux
     _clock_ns = time.monotonic_ns
 
@@ -119,7 +120,7 @@ class Sampler:
         self._thread_cpu_ns = 0
 
     # -- lifecycle ---------------------------------------------------------------------
-    def start(self) -> "Sampler":
+    def start(self) -> Sampler:
         try:
             self.part_dir.mkdir(parents=True, exist_ok=True)
             if not self.unavailable:

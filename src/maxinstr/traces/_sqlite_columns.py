@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -252,13 +253,13 @@ def native_module() -> Any | None:
     if os.environ.get("MAXINSTR_NO_NATIVE_COLUMNS"):
         return None
     try:
-        from maxinstr import _columns  # type: ignore[attr-defined]
+        from maxinstr import _columns
     except ImportError:
         return None
     try:
         if not _columns.available():
             return None
-    except Exception:  # a broken build must not stop the Python path
+    except Exception:  # noqa: BLE001 - a broken build must not stop the Python path
         return None
     return _columns
 

@@ -13,9 +13,9 @@ import shutil
 import sqlite3
 import tempfile
 import zlib
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 

@@ -98,7 +98,7 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
     stage_ids = stages["id"].astype(np.int64)
     order = np.argsort(stage_ids)
     sorted_ids = stage_ids[order]
-    for index, part in enumerate(parts):
+    for part in parts:
         pdir = Path(root) / "parts" / str(part.get("name", ""))
         got = read_part_activity(pdir)
         if got is None:
@@ -136,7 +136,7 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
         srt = np.argsort(ext_corr, kind="stable")
         ext_corr, ext_id = ext_corr[srt], ext_id[srt]
 
-        def stage_of(corr: np.ndarray) -> np.ndarray:
+        def stage_of(corr: np.ndarray, ext_corr: np.ndarray = ext_corr, ext_id: np.ndarray = ext_id) -> np.ndarray:
             if not len(ext_corr):
                 return np.full(len(corr), -1, np.int64)
             pos = np.minimum(np.searchsorted(ext_corr, corr), len(ext_corr) - 1)

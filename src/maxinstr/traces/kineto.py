@@ -18,6 +18,7 @@ decimal and a note says how many nanoseconds may be off.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -227,8 +228,8 @@ def _read(path: Path, doc: dict, events: list, progress: Progress | None) -> Tra
         calls, call_size = Calls(), np.empty(0, np.int64)
 
     # GPU ops
-    o_parts = []
-    for c, kind in OP_CATS.items():
+    o_parts: list[dict[str, Any]] = []
+    for c, op_kind in OP_CATS.items():
         evs = by_cat.get(c, [])
         if not evs:
             continue
@@ -242,12 +243,12 @@ def _read(path: Path, doc: dict, events: list, progress: Progress | None) -> Tra
             dict(
                 start=start,
                 end=end,
-                kind=np.full(len(evs), int(kind), np.int8),
+                kind=np.full(len(evs), int(op_kind), np.int8),
                 name_id=_util.intern(strings, _col(evs, "name", "")),
                 device=device.astype(np.int32),
                 stream=stream,
                 corr=_loose_ints(_args_col(evs, "correlation"), path, f"{c}: args.correlation"),
-                bytes=_loose_ints(_args_col(evs, "bytes"), path, f"{c}: args.bytes") if kind != OpKind.KERNEL else np.zeros(len(evs), np.int64),
+                bytes=_loose_ints(_args_col(evs, "bytes"), path, f"{c}: args.bytes") if op_kind != OpKind.KERNEL else np.zeros(len(evs), np.int64),
                 graph=_loose_ints(_args_col(evs, "graph node id"), path, f"{c}: args.graph node id"),
                 events=evs,
             )
@@ -286,7 +287,7 @@ def _read(path: Path, doc: dict, events: list, progress: Progress | None) -> Tra
     # thread names and GPU-side annotations
     thread_names: dict[int, str] = {}
     host_pids = set(np.unique(np.r_[ranges.pid, calls.pid]).tolist())
-    for i, (p, c) in enumerate(zip(ph, cat)):
+    for i, (p, _c) in enumerate(zip(ph, cat)):
         if p == "M":
             e = events[i]
             if e.get("name") == "thread_name" and isinstance(e.get("args"), dict):

@@ -16,8 +16,9 @@ for per-stage GPU time; spans across ranks are not compared on the traces' clock
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
-from typing import Callable
+from typing import Any
 
 import numpy as np
 
@@ -49,8 +50,8 @@ def merge_rank_traces(traces: list[Trace], ranks: list[int],
         return out
 
     seen_pids: set[int] = set()
-    parts = {"ranges": [], "calls": [], "ops": []}
-    row_rank = {"ranges": [], "calls": [], "ops": []}
+    parts: dict[str, list[Any]] = {"ranges": [], "calls": [], "ops": []}
+    row_rank: dict[str, list[Any]] = {"ranges": [], "calls": [], "ops": []}
     notes: list[str] = []
     for ti, (t, rank) in enumerate(zip(traces, ranks)):
         m = remap(np.asarray(t.strings, dtype=object))
@@ -58,7 +59,7 @@ def merge_rank_traces(traces: list[Trace], ranks: list[int],
         clash = bool(pids & seen_pids)
         seen_pids |= pids
 
-        def fix_pid(col: np.ndarray) -> np.ndarray:
+        def fix_pid(col: np.ndarray, ti: int = ti, clash: bool = clash) -> np.ndarray:  # this trace's
             col = np.asarray(col, np.int64)
             return ((ti + 1) << PID_SHIFT) | col if clash else col
 

@@ -14,10 +14,10 @@ import csv
 import io
 import re
 import sqlite3
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -904,5 +904,5 @@ def _ints_or(values: np.ndarray, path: Path, what: str, default: int = NO_ID) ->
     """An int64 column where SQL NULL becomes ``default``."""
     arr = np.asarray(values, dtype=object) if np.asarray(values).dtype == object else np.asarray(values)
     if arr.dtype == object:
-        arr = np.where(np.equal(arr, None), default, arr)
+        arr = np.where(np.equal(arr, None), default, arr)  # type: ignore[call-overload]  # (object array: per element)
     return int_column(arr, path, what)

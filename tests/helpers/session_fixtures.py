@@ -1,17 +1,14 @@
-"""Session tests run against the real native core when it is built, else against the
-pure-Python stand-in in fake_native.py (installed only for the test, then removed)."""
+"""Session tests (tests/session, tests/reliability) run against the real native core when it is
+built, else against the pure-Python stand-in in fake_native.py (installed only for the test, then
+removed). A pytest plugin: tests/conftest.py loads it."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-
-import fake_native  # noqa: E402
+from helpers import fake_native
 
 
 @pytest.fixture

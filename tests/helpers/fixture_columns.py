@@ -10,7 +10,7 @@ import json
 import shutil
 import sqlite3
 import tempfile
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +67,7 @@ def _kineto_kernels(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return names, dur
 
 
-@lru_cache(maxsize=None)
+@cache
 def kernel_columns(relpath: str) -> tuple[np.ndarray, np.ndarray]:
     """(names, durations_ns) of every kernel in one fixture, read directly from the file."""
     path = DATA / relpath
