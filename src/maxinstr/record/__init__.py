@@ -53,9 +53,9 @@ __all__ = ["stage", "mark", "enable", "disable", "is_enabled", "clock_ns", "set_
 # A process started from inside an open session (spawn/forkserver children, subprocesses) or
 # under `maxinstr run` joins that run here, so its stages land in a part of its own
 # (maxinstr/record/session.py). Never lets a problem there break `import maxinstr.record`.
-import os as _os
+from maxinstr import config as _config
 
-if _os.environ.get("MAXINSTR_SESSION_DIR") or _os.environ.get("MAXINSTR_RUN_DIR"):
+if _config.session_dir() or _config.run_dir():
     try:
         from maxinstr.record.session import ensure_env_session as _ensure_env_session
 

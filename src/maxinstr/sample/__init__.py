@@ -148,8 +148,9 @@ def sampler_mode() -> str:
     """``MAXINSTR_SAMPLER_GIL``: ``process`` (default: a child process samples, your GIL is never
     touched), ``auto`` (a thread here: cheap calls with the GIL held, slow ones moved and
     released) or ``release`` (a thread here, GIL released on every call)."""
-    mode = os.environ.get("MAXINSTR_SAMPLER_GIL", "").strip().lower()
-    return mode if mode in ("process", "auto", "release") else "process"
+    from maxinstr import config
+
+    return config.sampler_gil()
 
 
 def _real_nvml(backend: Any) -> bool:
