@@ -21,10 +21,9 @@ from maxinstr.record import stage as _stage_module  # noqa: F401
 
 stage = _native.stage
 mark = _native.mark
-if hasattr(_native, "_set_attrs_hook"):
-    from maxinstr.record.attrs import plain as _plain_attrs
+from maxinstr.record.attrs import plain as _plain_attrs
 
-    _native._set_attrs_hook(_plain_attrs)  # attrs are data: no reference to the user's objects is kept
+_native._set_attrs_hook(_plain_attrs)  # attrs are data: no reference to the user's objects is kept
 is_enabled = _native.is_enabled
 clock_ns = _native.clock_ns
 
