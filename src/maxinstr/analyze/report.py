@@ -23,6 +23,7 @@ from maxinstr.analyze.kernels import (FAMILY_NAMES, family_table, instance_op_wo
 from maxinstr.analyze.populations import MIN_INSTANCES as POPULATION_MIN_INSTANCES
 from maxinstr.analyze.populations import stage_populations
 from maxinstr.analyze.stats import group_summaries, step_trend
+from maxinstr.attribute import attribute
 from maxinstr.attribute.model import JoinMethod
 
 SCHEMA = "maxinstr-report"
@@ -84,15 +85,6 @@ def _inprocess_trace(run):
         return None, [f"in-process kernels not read: {exc}"]
 
 
-def _attribute(trace, run):
-    import maxinstr.attribute as pkg
-
-    fn = getattr(pkg, "attribute", None)
-    if fn is None or not callable(fn):  # the package may not re-export it (yet): use the module's function
-        from maxinstr.attribute.attribute import attribute as fn
-    return fn(trace, run=run)
-
-
 def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run=None,
             warmup: int | None = None, trace_ranks: list[int] | None = None) -> Analysis:
     """Everything :func:`build_report` computes, plus the columns behind it.
@@ -121,7 +113,7 @@ def analyze(run=None, trace=None, attribution=None, samples=None, unprofiled_run
         if placed is not None:
             trace, placed_note = placed
     if trace is not None and attribution is None:
-        attribution = _attribute(trace, run)
+        attribution = attribute(trace, run=run)
         if placed_note:
             attribution.notes.insert(0, placed_note)
             if attribution.join_method == JoinMethod.PAYLOAD:
