@@ -65,6 +65,11 @@ NVTX3_INCLUDE_DIR = "MAXINSTR_NVTX3_INCLUDE_DIR"
 ARTIFACTS = "MAXINSTR_ARTIFACTS"
 DOCS_OUT = "MAXINSTR_DOCS_OUT"
 FUZZ_RANDOM = "MAXINSTR_FUZZ_RANDOM"
+GPU_RESULTS = "MAXINSTR_GPU_RESULTS"
+THREADS_CAPTURE = "MAXINSTR_THREADS_CAPTURE"
+EXAMPLES_PYTHON = "MAXINSTR_EXAMPLES_PYTHON"
+TEST_NVTX_LOG = "MAXINSTR_TEST_NVTX_LOG"
+TEST_ROCTX_LOG = "MAXINSTR_TEST_ROCTX_LOG"
 
 VARIABLES: dict[str, str] = {
     **dict.fromkeys(
@@ -76,7 +81,8 @@ VARIABLES: dict[str, str] = {
         (DISABLE, EVENT_POOL, EVENT_SHARE_NS, GPU_FLOOR_NS, GPU_BUDGET, ASYNC_PLACE, TIME_DRIVER, MARKERS,
          HIP_LIBRARY, ROCTX_LIBRARY), "native"),
     NVTX3_INCLUDE_DIR: "build",
-    **dict.fromkeys((ARTIFACTS, DOCS_OUT, FUZZ_RANDOM), "tests"),
+    **dict.fromkeys((ARTIFACTS, DOCS_OUT, FUZZ_RANDOM, GPU_RESULTS, THREADS_CAPTURE, EXAMPLES_PYTHON, TEST_NVTX_LOG,
+                     TEST_ROCTX_LOG), "tests"),
 }
 """Every variable maxinstr reads, and what reads it (docs/sessions.md has one row for each)."""
 
@@ -94,7 +100,11 @@ def _raw(name: str, environ: Mapping[str, str] | None) -> str | None:
 def _word(value: str) -> bytes:
     """``value`` as the C helpers see it: its bytes, ASCII blanks around it removed, ASCII
     letters lowered (no Unicode case or blank rules, so C and Python cannot disagree)."""
-    return value.encode("utf-8", "surrogateescape").strip(_BLANKS).lower()
+    try:
+        raw = value.encode("utf-8", "surrogateescape")  # how os.environ holds bytes that are not UTF-8
+    except UnicodeEncodeError:  # a lone surrogate no environment can hold (a mapping given by code)
+        raw = value.encode("utf-8", "backslashreplace")
+    return raw.strip(_BLANKS).lower()
 
 
 def _warn(name: str, value: str, expected: str, default: object) -> None:
