@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 # -- the names ------------------------------------------------------------------------------
 # read by Python (the accessors below)
@@ -107,9 +107,10 @@ def _word(value: str) -> bytes:
     return raw.strip(_BLANKS).lower()
 
 
-def _warn(name: str, value: str, expected: str, default: object) -> None:
+def _warn(name: str, value: str, expected: str, default: object, *, stacklevel: int = 4) -> None:
+    """One line: stacklevel 4 names the code that called the accessor that called flag()."""
     warnings.warn(f"maxinstr: {name}={value!r} is not {expected}; the default ({default}) is used", RuntimeWarning,
-                  stacklevel=4)
+                  stacklevel=stacklevel)
 
 
 def parse_flag(value: str | None) -> bool | None:
@@ -145,33 +146,30 @@ def text(name: str, environ: Mapping[str, str] | None = None) -> str | None:
 def integer(name: str, default: int, *, minimum: int | None = None,
             environ: Mapping[str, str] | None = None) -> int:
     """A whole number (at least ``minimum``), else one warning and ``default``."""
-    value = _raw(name, environ)
-    if value is None:
-        return default
-    try:
-        n = int(_word(value))
-    except ValueError:
-        n = None
-    if n is None or (minimum is not None and n < minimum):
-        _warn(name, value, "a whole number" + (f" >= {minimum}" if minimum is not None else ""), default)
-        return default
-    return n
+    return _checked(name, default, environ, int, lambda n: minimum is None or n >= minimum,
+                    "a whole number" + (f" >= {minimum}" if minimum is not None else ""))
 
 
 def number(name: str, default: float, *, positive: bool = True,
            environ: Mapping[str, str] | None = None) -> float:
     """A finite number (> 0 when ``positive``, else >= 0), else one warning and ``default``."""
+    return _checked(name, default, environ, float, lambda x: (x > 0 if positive else x >= 0) and x != float("inf"),
+                    "a number > 0" if positive else "a number >= 0")
+
+
+def _checked(name: str, default: Any, environ: Mapping[str, str] | None, parse: Callable[[bytes], Any],
+             ok: Callable[[Any], bool], expected: str) -> Any:
     value = _raw(name, environ)
     if value is None:
         return default
     try:
-        x = float(_word(value))
+        parsed = parse(_word(value))
     except ValueError:
-        x = float("nan")
-    if not (x > 0 if positive else x >= 0) or x == float("inf"):
-        _warn(name, value, "a number > 0" if positive else "a number >= 0", default)
+        parsed = None
+    if parsed is None or not ok(parsed):  # NaN fails every comparison in ok()
+        _warn(name, value, expected, default, stacklevel=5)
         return default
-    return x
+    return parsed
 
 
 # -- the accessors (one a variable read by Python) ------------------------------------------
@@ -269,7 +267,7 @@ def sampler_gil(environ: Mapping[str, str] | None = None) -> str:
         return "process"
     mode = _word(value).decode("utf-8", "surrogateescape")
     if mode not in SAMPLER_GIL_MODES:
-        _warn(SAMPLER_GIL, value, "one of " + "/".join(SAMPLER_GIL_MODES), "process")
+        _warn(SAMPLER_GIL, value, "one of " + "/".join(SAMPLER_GIL_MODES), "process", stacklevel=3)
         return "process"
     return mode
 
