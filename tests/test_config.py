@@ -170,3 +170,10 @@ def test_no_other_code_reads_a_variable():
     c_reads = [str(p.relative_to(ROOT)) for p in ROOT.joinpath("csrc").rglob("*.[ch]*")
                if "getenv(" in p.read_text() and p.name != "base.h"]
     assert c_reads == []
+
+
+def test_a_lone_surrogate_given_by_code_is_not_a_word():
+    """config._word's fallback: no environment holds a lone surrogate (os.environ cannot), but a
+    mapping given by code may; it reads as no yes/no word (one warning), never raises."""
+    with pytest.warns(RuntimeWarning, match=NAME):
+        assert config.flag(NAME, True, {NAME: "\ud800on"}) is True
