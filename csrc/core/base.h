@@ -1,5 +1,5 @@
 // What every unit of the stage core uses: Python.h, branch hints, the namespace, the host clock,
-// env().
+// the readers of MAXINSTR_* variables (env, env_flag, env_int, env_double).
 //
 // Every unit declares its names inside `namespace maxinstr MAXINSTR_HIDDEN`: hidden visibility on
 // the declarations themselves (not only on definitions, which -fvisibility=hidden covers) lets the
@@ -14,8 +14,11 @@
 
 #include <time.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #if defined(__GNUC__)
 #define LIKELY(x) __builtin_expect(!!(x), 1)
@@ -36,10 +39,90 @@ inline int64_t now_ns() {
   return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-// An environment variable, or nullptr when unset or empty.
+// -- MAXINSTR_* variables ---------------------------------------------------------------------
+// Every read of the environment in the core goes through these, with the rules of
+// src/maxinstr/config.py (docs/sessions.md "Environment variables" lists every variable):
+// unset or blank is the default; a value that is not of the variable's kind is one line on
+// stderr and the default. Yes/no variables: 1/true/yes/on or 0/false/no/off, ASCII case and
+// ASCII blanks around the word ignored (tests/test_config.py holds C and Python equal).
+
+inline bool env_blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+// A variable's value, or nullptr when unset, empty or only blanks.
 inline const char* env(const char* k) {
   const char* v = getenv(k);
-  return (v && *v) ? v : nullptr;
+  if (!v) return nullptr;
+  for (const char* p = v; *p; ++p)
+    if (!env_blank(*p)) return v;
+  return nullptr;
+}
+
+// The truth rule on one value: 1 (a true word), 0 (a false word), -1 (anything else).
+inline int parse_flag(const char* v) {
+  while (env_blank(*v)) ++v;
+  size_t n = strlen(v);
+  while (n && env_blank(v[n - 1])) --n;
+  if (n == 0 || n > 5) return -1;
+  char w[6];
+  for (size_t i = 0; i < n; ++i) w[i] = (v[i] >= 'A' && v[i] <= 'Z') ? (char)(v[i] - 'A' + 'a') : v[i];
+  w[n] = 0;
+  static const char* const yes[] = {"1", "true", "yes", "on"};
+  static const char* const no[] = {"0", "false", "no", "off"};
+  for (const char* t : yes)
+    if (strcmp(w, t) == 0) return 1;
+  for (const char* t : no)
+    if (strcmp(w, t) == 0) return 0;
+  return -1;
+}
+
+inline void env_warn(const char* k, const char* v, const char* expected, const char* dflt) {
+  fprintf(stderr, "maxinstr: %s='%s' is not %s; the default (%s) is used\n", k, v, expected, dflt);
+}
+
+// A yes/no variable under the truth rule.
+inline bool env_flag(const char* k, bool dflt) {
+  const char* v = env(k);
+  if (!v) return dflt;
+  int f = parse_flag(v);
+  if (f < 0) {
+    env_warn(k, v, "one of 1/true/yes/on or 0/false/no/off", dflt ? "on" : "off");
+    return dflt;
+  }
+  return f == 1;
+}
+
+// A whole number (the whole value, blanks around it aside) >= lo, else dflt (said when set).
+inline long long env_int(const char* k, long long dflt, long long lo) {
+  const char* v = env(k);
+  if (!v) return dflt;
+  char* end = nullptr;
+  errno = 0;
+  long long n = strtoll(v, &end, 10);
+  while (end && env_blank(*end)) ++end;
+  if (end == v || *end || errno || n < lo) {
+    char d[32], what[48];
+    snprintf(d, sizeof d, "%lld", dflt);
+    snprintf(what, sizeof what, "a whole number >= %lld", lo);
+    env_warn(k, v, what, d);
+    return dflt;
+  }
+  return n;
+}
+
+// A finite number >= 0, else dflt (said when set).
+inline double env_double(const char* k, double dflt) {
+  const char* v = env(k);
+  if (!v) return dflt;
+  char* end = nullptr;
+  double x = strtod(v, &end);
+  while (end && env_blank(*end)) ++end;
+  if (end == v || *end || !(x >= 0) || x > 1e300) {
+    char d[32];
+    snprintf(d, sizeof d, "%g", dflt);
+    env_warn(k, v, "a number >= 0", d);
+    return dflt;
+  }
+  return x;
 }
 
 }  // namespace maxinstr

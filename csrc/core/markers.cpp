@@ -14,6 +14,10 @@ Markers markers;
 void init_markers() {
   const char* want = env("MAXINSTR_MARKERS");
   std::string w = want ? want : "auto";
+  if (w != "none" && w != "roctx" && w != "nvtx" && w != "auto") {
+    env_warn("MAXINSTR_MARKERS", want, "one of nvtx/roctx/none", "roctx when a roctx library loads, else nvtx");
+    w = "auto";
+  }
   if (w == "none") {
     markers.kind = MK_NONE;
     return;

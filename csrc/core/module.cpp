@@ -58,6 +58,14 @@ PyObject* py_set_enabled(PyObject*, PyObject* on) {
 }
 PyObject* py_is_enabled(PyObject*, PyObject*) { return PyBool_FromLong(process.enabled); }
 
+// _env_flag(name, default): base.h's env_flag, for the test that C and Python read yes/no alike.
+PyObject* py_env_flag(PyObject*, PyObject* args) {
+  const char* name = nullptr;
+  int dflt = 0;
+  if (!PyArg_ParseTuple(args, "sp", &name, &dflt)) return nullptr;
+  return PyBool_FromLong(env_flag(name, dflt != 0));
+}
+
 // Frees the state of threads that have exited with nothing open.
 void sweep_threads() {
   size_t w = 0;
@@ -437,6 +445,7 @@ PyMethodDef module_methods[] = {
     {"clock_ns", py_clock_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns: the host clock of all records and samples."},
     {"set_enabled", py_set_enabled, METH_O, "Process-wide enable/disable of stages and marks."},
     {"is_enabled", py_is_enabled, METH_NOARGS, "Whether stages are recorded."},
+    {"_env_flag", py_env_flag, METH_VARARGS, "_env_flag(name, default): a yes/no variable as the core reads it."},
     {"_set_attrs_hook", py_set_attrs_hook, METH_O,
      "_set_attrs_hook(fn): fn(attrs) -> plain-data dict, called at stage exit for attrs holding other than "
      "str/int/float/bool/None (maxinstr.record.attrs.plain)."},
@@ -491,30 +500,18 @@ extern "C" PyMODINIT_FUNC PyInit__native(void) {
   PyModule_AddIntConstant(m, "FLAG_GPU_SAMPLED_OUT", F_GPU_SAMPLED_OUT);
 
   process.pid = (int64_t)getpid();
-  const char* dis = env("MAXINSTR_DISABLE");
-  if (dis && strcmp(dis, "0") != 0 && strcasecmp(dis, "false") != 0 && strcasecmp(dis, "no") != 0)
-    process.enabled = false;
-  if (const char* p = env("MAXINSTR_EVENT_POOL")) {
-    long n = strtol(p, nullptr, 10);
-    if (n >= 4) events.pool_max = (int)n;
-  }
-  if (const char* p = env("MAXINSTR_EVENT_SHARE_NS")) events.share_ns = strtoll(p, nullptr, 10);
-  if (const char* p = env("MAXINSTR_TIME_DRIVER")) events.time_driver = strcmp(p, "0") != 0;
-  if (const char* p = env("MAXINSTR_GPU_BUDGET")) {
-    char* end = nullptr;
-    double v = strtod(p, &end);
-    if (end != p && v >= 0) events.gpu_budget = v;
-  }
-  if (const char* p = env("MAXINSTR_GPU_FLOOR_NS")) {  // unset or "auto": calibrate
-    if (strcmp(p, "auto") != 0) {
-      long long n = strtoll(p, nullptr, 10);
-      events.floor_fixed = n < 0 ? -1 : n;
-    }
-  }
+  // the MAXINSTR_* variables the core reads (docs/sessions.md), with base.h's rules
+  if (env_flag("MAXINSTR_DISABLE", false)) process.enabled = false;
+  events.pool_max = (int)env_int("MAXINSTR_EVENT_POOL", events.pool_max, 4);
+  events.share_ns = env_int("MAXINSTR_EVENT_SHARE_NS", events.share_ns, 0);
+  events.time_driver = env_flag("MAXINSTR_TIME_DRIVER", events.time_driver);
+  events.gpu_budget = env_double("MAXINSTR_GPU_BUDGET", events.gpu_budget);
+  const char* floor = env("MAXINSTR_GPU_FLOOR_NS");  // unset or "auto": calibrate per context
+  if (floor && strcmp(floor, "auto") != 0) events.floor_fixed = env_int("MAXINSTR_GPU_FLOOR_NS", -1, 0);
   init_markers();
   pthread_atfork(nullptr, nullptr, atfork_child);
   writer_init();
-  if (const char* p = env("MAXINSTR_ASYNC_PLACE")) placer::state.on = strcmp(p, "0") != 0;
+  placer::state.on = env_flag("MAXINSTR_ASYNC_PLACE", placer::state.on);
   Py_AtExit(placer::shutdown);
   return m;
 }

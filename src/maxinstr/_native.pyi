@@ -45,6 +45,9 @@ def clock_ns() -> int:
 
 def set_enabled(on: bool) -> None: ...
 def is_enabled() -> bool: ...
+def _env_flag(name: str, default: bool) -> bool:
+    """A yes/no variable as the core reads it (csrc/core/base.h env_flag; the rule of maxinstr.config)."""
+
 def stage(
     name: str, *, stream: int | Any | None = None, gpu: bool | None = None, step: int | None = None, **attrs: Any
 ) -> Stage | NoopStage:

@@ -42,6 +42,8 @@ os.register_at_fork(after_in_child=_reset_all)
 
 
 def install():
+    # the stand-in has no writer thread: the session's real switch for the Python writer
+    os.environ.setdefault("MAXINSTR_NATIVE_WRITER", "0")
     mod = make()
     sys.modules["maxinstr._native"] = mod
     import maxinstr
@@ -62,6 +64,8 @@ def make():
     mod.mark = state.mark
     mod.drain = state.drain
     mod.resolve = lambda block=False: 0
+    mod.resolve_async = lambda: 0
+    mod._set_attrs_hook = lambda hook: None  # the stand-in keeps attrs as given
     mod.close_open = state.close_open
     mod.stats = state.stats
     mod.set_capacity = lambda n: setattr(state, "capacity", int(n))

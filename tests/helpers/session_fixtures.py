@@ -15,26 +15,29 @@ from helpers import fake_native
 def native(monkeypatch):
     """The native core (real or stand-in), drained, with no session open."""
     import maxinstr
-    from maxinstr.record import session as sess
+    from maxinstr.record import process
 
     core = fake_native.real()
     if core is None:
         core = fake_native.make()
+        monkeypatch.setenv("MAXINSTR_NATIVE_WRITER", "0")  # the stand-in has no writer thread
         monkeypatch.setitem(sys.modules, "maxinstr._native", core)
         monkeypatch.setattr(maxinstr, "_native", core, raising=False)
-    _reset(sess, core)
+    _reset(process, core)
     yield core
-    for s in list(sess._proc.stack):
+    for s in list(process.PROCESS.stack):
         s.close()
-    _reset(sess, core)
+    _reset(process, core)
 
 
-def _reset(sess, core):
+def _reset(process, core):
+    from maxinstr.record.sinks import MemorySink
+
     core.set_enabled(True)
     core.close_open("test")
     core.resolve(True)
     core.drain(-1)
-    sess._proc.memory = sess._MemorySink(sess._proc.memory.limit)
+    process.PROCESS.memory = MemorySink(process.PROCESS.memory.limit)
 
 
 @pytest.fixture

@@ -306,3 +306,20 @@ def test_load_accepts_the_meta_json_path(tmp_path):
     root = new_run(tmp_path)
     writer(root, "p1").write(rows(2, pid=1), {0: "x"})
     assert len(load(root / "meta.json")) == 2
+
+
+def test_samples_the_sampler_reader_refuses_keep_their_raw_bytes(tmp_path):
+    """The raw-samples fallback (rundir/reader.py _read_samples): samples of a newer format
+    than this maxinstr reads leave the run's stages readable; the layout and bytes are kept,
+    and a note says why."""
+    root = new_run(tmp_path)
+    w = writer(root, "p1")
+    w.write(rows(3), {0: "step"})
+    w.close(status="closed")
+    layout = {"format": "maxinstr-samples", "version": 99, "row": {}}
+    (root / "parts" / "p1" / fmt.SAMPLES_LAYOUT_FILE).write_text(json.dumps(layout))
+    (root / "parts" / "p1" / fmt.SAMPLES_FILE).write_bytes(b"\x01" * 24)
+    run = load(root)
+    assert len(run) == 3
+    assert run.samples["p1"] == {"layout": layout, "raw": b"\x01" * 24}
+    assert any("samples not read (RunDirError" in n and n.endswith("raw bytes kept") for n in run.notes), run.notes

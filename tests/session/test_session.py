@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 import maxinstr
+from maxinstr.record import process
 from maxinstr.record import session as sess
+from maxinstr.record.sinks import MemorySink
 from maxinstr.rundir import format as fmt
 from maxinstr.rundir.writer import RunDirWarning
 
@@ -130,7 +132,7 @@ def test_memory_session_without_any_directory(native, stage):
 
 
 def test_memory_session_is_bounded_and_says_so(native, stage, monkeypatch):
-    monkeypatch.setattr(sess._proc, "memory", sess._MemorySink(5))
+    monkeypatch.setattr(process.PROCESS, "memory", MemorySink(5))
     for _ in range(8):
         with stage("x"):
             pass
@@ -302,7 +304,7 @@ def test_session_keeps_user_signal_handlers(tmp_path, native):
     old = signal.signal(signal.SIGTERM, mine)
     try:
         with maxinstr.session(tmp_path / "run", sample_hz=0):
-            assert signal.getsignal(signal.SIGTERM) is sess._on_signal
+            assert signal.getsignal(signal.SIGTERM) is process.on_signal
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, old)

@@ -27,6 +27,7 @@ from maxinstr.analyze.schema import (SCHEMA, VERSION, Coverage, Environment, Gpu
                                      ReproduceStep, SelfTimes, Sources, Stage, StageSamples, StartupRow, Statistic,
                                      StepBasis, StepWork)
 from maxinstr.analyze.stats import group_summaries, step_trend
+from maxinstr.attribute import attribute
 from maxinstr.attribute.model import JoinMethod
 
 if TYPE_CHECKING:
@@ -93,15 +94,6 @@ def _inprocess_trace(run: Run) -> tuple[Trace | None, list[str]]:
         return None, [f"in-process kernels not read: {exc}"]
 
 
-def _attribute(trace: Trace, run: Run | None) -> Attribution:
-    import maxinstr.attribute as pkg
-
-    fn: Any = getattr(pkg, "attribute", None)
-    if fn is None or not callable(fn):  # the package may not re-export it (yet): use the module's function
-        from maxinstr.attribute.attribute import attribute as fn
-    return fn(trace, run=run)
-
-
 def analyze(run: str | Path | Run | None = None,
             trace: TraceArg | list[TraceArg] | tuple[TraceArg, ...] | None = None,
             attribution: Attribution | None = None, samples: Any = None,
@@ -133,7 +125,7 @@ def analyze(run: str | Path | Run | None = None,
         if placed is not None:
             trace, placed_note = placed
     if trace is not None and attribution is None:
-        attribution = _attribute(trace, run)
+        attribution = attribute(trace, run=run)
         if placed_note:
             attribution.notes.insert(0, placed_note)
             if attribution.join_method == JoinMethod.PAYLOAD:

@@ -5,12 +5,11 @@ the others."""
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 import click
 
-from maxinstr import __version__
+from maxinstr import __version__, config
 from maxinstr.errors import MaxinstrError
 
 # name -> module under maxinstr.cli exposing `command` (a click.Command)
@@ -66,18 +65,18 @@ class _LazyGroup(click.Group):
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--debug", is_flag=True, envvar="MAXINSTR_DEBUG", help="Show tracebacks on errors.")
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors (or MAXINSTR_DEBUG=1).")
 @click.version_option(version=__version__, prog_name="maxinstr")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
     """maxinstr: where does my GPU time go, stage by stage."""
-    ctx.obj = {"debug": debug}
+    ctx.obj = {"debug": debug or config.debug()}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, turning unexpected errors into one line unless --debug."""
     args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args or os.environ.get("MAXINSTR_DEBUG") not in (None, "", "0")
+    debug = "--debug" in args or config.debug()
     try:
         rv = cli.main(args=args, prog_name="maxinstr", standalone_mode=False)
         # Without standalone mode click returns (not raises) a command's ctx.exit(code).

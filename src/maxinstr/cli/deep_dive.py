@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from maxinstr import config
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import deep_dive as dd
 from maxinstr.launch import runner
@@ -37,7 +38,7 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
         if launch is not None:
             app = list(launch.get("command") or [])
             specs = list(launch.get("stage_specs") or [])
-            run_warmup = (launch.get("env") or {}).get("MAXINSTR_WARMUP")
+            run_warmup = config.warmup_instances(launch.get("env") or {})
             from_capture = (launch.get("profiler") or {}).get("capture") == "steady" and (launch.get("profiler") or {}).get("name") == "nsys"
             trace_path = trace_path or runner.run_artifact(source, ((launch.get("artifact") or {}).get("files") or {}).get("trace"))
         else:
@@ -164,10 +165,10 @@ def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str 
         stale.unlink(missing_ok=True)
     spec = runner.RunSpec(command=app, run_dir=out_dir / "ncu-run")
     # Same session settings as the profiled run, so the capture starts at the same point.
-    opts = runner.RunOptions(stage_specs=specs, echo=None, warmup=int(run_warmup) if run_warmup else None)
+    opts = runner.RunOptions(stage_specs=specs, echo=None, warmup=run_warmup)
     env = runner.child_env(spec, opts, sv.ensure_dir(spec.run_dir))
     if from_capture:
-        env["MAXINSTR_CAPTURE"] = "1"  # the session issues cuProfilerStart at steady state
+        env[config.CAPTURE] = "1"  # the session issues cuProfilerStart at steady state
     log = out_dir / "ncu.log"
     click.echo(f"maxinstr: running ncu (kernel replay is slow; log {log}) ...", err=True)
     result = sv.supervise(ncu_cmd, env=env, log_path=log, timeout_s=timeout_s, echo=None)

@@ -11,8 +11,9 @@ runtime call. Nothing is created, and a thread that already has a current contex
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
+
+from maxinstr import config
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -25,7 +26,7 @@ def _libcuda() -> ctypes.CDLL | None:
         if not _tried:
             _tried = True
             try:
-                _lib = ctypes.CDLL(os.environ.get("MAXINSTR_CUDA_LIBRARY") or "libcuda.so.1")
+                _lib = ctypes.CDLL(config.cuda_library() or "libcuda.so.1")
                 for name in ("cuCtxGetCurrent", "cuCtxSetCurrent", "cuStreamGetCtx"):
                     getattr(_lib, name)
             except (OSError, AttributeError):

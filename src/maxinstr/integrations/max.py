@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
+from maxinstr import config
 from maxinstr.errors import MaxinstrError
 from maxinstr.integrations._cuda import nvidia_driver_present as _nvidia_driver_present
 
@@ -114,7 +115,7 @@ def provide_nvtx_v2() -> str | None:
     global _nvtx_v2
     if _nvtx_v2 is not None:
         return _nvtx_v2
-    if os.environ.get("MAXINSTR_NO_NVTX_V2", "").strip() not in ("", "0"):
+    if config.no_nvtx_v2():
         return "disabled"  # diagnosis only: see what MAX does without it (benchmarks/device/65-max.sh)
     try:
         if _exports_nvtx_v2(ctypes.CDLL(None)):

@@ -1,8 +1,10 @@
 """In-process kernels per stage (``maxinstr.session(..., kernels=True)``): docs/kernels.md.
 
-:func:`start` picks the collector for this machine and starts it, or returns a
-:class:`~maxinstr.kernels.base.NullCollector` holding the one-line reason it cannot run (then
-the session warns once and records stages with events only).
+:class:`SessionKernels` is what a session attaches (start/flush/stop): it picks the collector
+for this machine and starts it, or raises :class:`KernelsUnavailable` with the one-line reason
+it cannot run (then the session warns once and records stages with events only). :func:`start`
+does the same and returns the running collector, or a
+:class:`~maxinstr.kernels.base.NullCollector` holding the reason.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from maxinstr.kernels.base import KernelCollector, KernelsUnavailable, NullCollector
+from maxinstr.kernels.base import Collector, KernelCollector, KernelsUnavailable, NullCollector
 from maxinstr.kernels.store import ActivityWriter
 
-__all__ = ["KernelCollector", "KernelsUnavailable", "NullCollector", "start", "AMD_NOTE"]
+__all__ = ["Collector", "KernelCollector", "KernelsUnavailable", "NullCollector", "SessionKernels", "start", "AMD_NOTE"]
 
 AMD_NOTE = "AMD GPUs: in-process kernels are not supported yet; run under rocprofv3 (maxinstr run --profiler rocprofv3)"
 
@@ -49,34 +51,74 @@ def _tool_attached() -> str | None:
     return None
 
 
+class SessionKernels:
+    """``kernels=True`` as a session attaches it (the :class:`~maxinstr.kernels.base.Collector`
+    protocol): :meth:`start` picks this machine's collector and starts it, or raises
+    :class:`KernelsUnavailable` with the one-line reason (activity.json then says
+    ``status: unavailable``)."""
+
+    def __init__(self, part_dir: Path, info: dict[str, Any]) -> None:
+        self.writer = ActivityWriter(part_dir, info)
+        self.active: KernelCollector | None = None
+        self.name = "none"
+
+    def start(self) -> None:
+        reason = _reason_before_start()
+        if reason is None:
+            from maxinstr.kernels.cupti import CuptiCollector
+
+            collector = CuptiCollector(self.writer)
+            try:
+                collector.start()
+            except KernelsUnavailable as exc:
+                reason = _reason_after(exc)
+            else:
+                self.active, self.name = collector, collector.name
+                return
+        _unavailable(self.writer, reason)
+        raise KernelsUnavailable(reason)
+
+    def flush(self, final: bool = False) -> None:
+        if self.active is not None:
+            self.active.flush(final)
+
+    def stop(self) -> dict[str, Any]:
+        return self.active.stop() if self.active is not None else {"rows": 0}
+
+
 def start(part_dir: Path, info: dict[str, Any]) -> tuple[KernelCollector, ActivityWriter]:
     """The running collector for this process and its writer (a NullCollector with the reason
     when none can run; activity.json then says ``status: unavailable``)."""
-    writer = ActivityWriter(part_dir, info)
+    kernels = SessionKernels(part_dir, info)
+    try:
+        kernels.start()
+    except KernelsUnavailable as exc:
+        return NullCollector(str(exc)), kernels.writer
+    assert kernels.active is not None
+    return kernels.active, kernels.writer
+
+
+def _reason_before_start() -> str | None:
+    """Why no collector can start here, known before trying (None: try CUPTI)."""
     if _amd():
-        return _unavailable(writer, AMD_NOTE)
+        return AMD_NOTE
     holder = _tool_attached()
     if holder:
-        return _unavailable(
-            writer,
-            f"{holder} already holds CUPTI in this process (one subscriber at a time): "
-            "stages are recorded with events only; the kernels come from that tool's trace",
-        )
-    from maxinstr.kernels.cupti import CuptiCollector
-
-    collector = CuptiCollector(writer)
-    try:
-        collector.start()
-    except KernelsUnavailable as exc:
-        from maxinstr.integrations._cuda import nvidia_driver_present
-
-        if "already holds CUPTI" not in str(exc) and not nvidia_driver_present():  # the real reason, not what CUPTI lacked on the way
-            return _unavailable(writer, "no NVIDIA driver in this process (libcuda.so.1 cannot be loaded): "
-                                        "kernels=True collects on NVIDIA GPUs; stages get host times here")
-        return _unavailable(writer, str(exc))
-    return collector, writer
+        return (f"{holder} already holds CUPTI in this process (one subscriber at a time): "
+                "stages are recorded with events only; the kernels come from that tool's trace")
+    return None
 
 
-def _unavailable(writer: ActivityWriter, reason: str) -> tuple[NullCollector, ActivityWriter]:
+def _reason_after(exc: KernelsUnavailable) -> str:
+    """CUPTI's reason, or the real one when there is no NVIDIA driver at all (not whatever
+    CUPTI lacked on the way)."""
+    from maxinstr.integrations._cuda import nvidia_driver_present
+
+    if "already holds CUPTI" not in str(exc) and not nvidia_driver_present():
+        return ("no NVIDIA driver in this process (libcuda.so.1 cannot be loaded): "
+                "kernels=True collects on NVIDIA GPUs; stages get host times here")
+    return str(exc)
+
+
+def _unavailable(writer: ActivityWriter, reason: str) -> None:
     writer.write_meta(status="unavailable", reason=reason, collector="none")
-    return NullCollector(reason), writer

@@ -15,18 +15,27 @@ class KernelsUnavailable(Exception):
     """In-process kernel collection cannot run here; ``str(exc)`` says why in one line."""
 
 
-class KernelCollector(Protocol):
+class Collector(Protocol):
+    """What a session attaches to its part: started when the part opens, flushed at each round
+    of its flusher, stopped at close. The kernel collectors implement it, and so does the GPU
+    sampler (:class:`maxinstr.sample.SessionSampler`)."""
+
     name: str
 
     def start(self) -> None:
-        """Begin collecting (raise :class:`KernelsUnavailable` with the reason when it cannot)."""
+        """Begin collecting (raise with the reason when it cannot)."""
 
     def flush(self, final: bool = False) -> None:
-        """Write what the vendor has delivered so far (called by the session's flusher thread;
-        ``final``: force out everything, at session close)."""
+        """Write what was delivered so far (called by the session's flusher thread; ``final``:
+        force out everything, at session close)."""
 
     def stop(self) -> dict[str, Any]:
-        """Stop collecting, write the rest; returns counters for activity.json."""
+        """Stop collecting, write the rest; returns counters (activity.json for kernels)."""
+
+
+class KernelCollector(Collector, Protocol):
+    """A vendor's in-process kernel collector: :meth:`start` raises :class:`KernelsUnavailable`
+    with the reason when it cannot run."""
 
 
 class NullCollector:

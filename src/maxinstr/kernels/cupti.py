@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from maxinstr import config
 from maxinstr.kernels.base import KernelsUnavailable
 from maxinstr.kernels.store import (
     ACTIVITY_DTYPE,
@@ -236,7 +237,7 @@ class CuptiCollector:
         # stages from the core's launch tags (CUPTI callback API, csrc/core/launch_tags.cpp): on the
         # H200 they cost a launch-bound step less than API + external-correlation activity records
         # and read the same (docs/kernels.md); MAXINSTR_CUPTI_TAGS=0 goes back to those records
-        self._tags = os.environ.get("MAXINSTR_CUPTI_TAGS", "1").strip().lower() not in ("", "0", "false", "no", "off")
+        self._tags = config.cupti_tags()
         self._tag_kind = 0
         self._tags_at_start: dict[str, int] = {}  # the core's tag counters (process-wide) when this session began
 

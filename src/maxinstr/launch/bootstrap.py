@@ -22,10 +22,8 @@ import sys
 import threading
 from pathlib import Path
 
-ENV_STAGES = "MAXINSTR_STAGES"
-ENV_WINDOW = "MAXINSTR_CAPTURE_WINDOW_S"
-ENV_RUN_DIR = "MAXINSTR_RUN_DIR"
-ENV_CAPTURE = "MAXINSTR_CAPTURE"
+from maxinstr import config
+
 
 _started = False
 
@@ -36,8 +34,7 @@ def _say(message: str) -> None:
 
 def stage_specs_from_env(environ: dict[str, str] | os._Environ = os.environ) -> list[str]:
     """The --stage specs passed down by `maxinstr run` (newline-separated)."""
-    text = environ.get(ENV_STAGES, "")
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    return config.stage_specs(environ)
 
 
 def apply_stage_specs(specs: list[str]) -> int:
@@ -200,12 +197,8 @@ def _apply_specs_step(environ) -> None:
 
 
 def _capture_step(environ) -> None:
-    if environ.get(ENV_CAPTURE):
-        try:
-            window_s = float(environ.get(ENV_WINDOW) or 0)
-        except ValueError:
-            window_s = 0.0
-        CaptureWindow(window_s if window_s > 0 else None).install()
+    if config.capture_request(environ) is not None:
+        CaptureWindow(config.capture_window_s(environ)).install()
 
 
 def _max_markers_step(environ) -> None:
@@ -218,13 +211,10 @@ def _max_markers_step(environ) -> None:
 
 
 def _session_step(environ) -> None:
-    if environ.get(ENV_RUN_DIR):
-        try:
-            from maxinstr.record.session import ensure_env_session
-        except ImportError as exc:
-            _say(f"this maxinstr has no session support ({exc}); no run directory written")
-        else:
-            ensure_env_session()
+    if config.run_dir(environ):
+        from maxinstr.record.session import ensure_env_session
+
+        ensure_env_session()
 
 
 USAGE = "usage: python -m maxinstr.launch.bootstrap [--stage SPEC]... [-o RUN_DIR] (SCRIPT | -m MODULE) [ARGS]"
@@ -254,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         _say(USAGE)
         return 2
     if specs:
-        os.environ[ENV_STAGES] = "\n".join(stage_specs_from_env() + specs)
+        os.environ[config.STAGES] = "\n".join(stage_specs_from_env() + specs)
     if out is not None:
         from maxinstr.errors import MaxinstrError
         from maxinstr.launch.runner import clear_previous_run
@@ -265,13 +255,13 @@ def main(argv: list[str] | None = None) -> int:
         except (MaxinstrError, OSError) as exc:
             _say(str(exc))
             return 2
-        os.environ[ENV_RUN_DIR] = os.path.abspath(out)
-    elif not os.environ.get(ENV_RUN_DIR) and not os.environ.get("MAXINSTR_SESSION_DIR"):
+        os.environ[config.RUN_DIR] = os.path.abspath(out)
+    elif not config.run_dir() and not config.session_dir():
         from maxinstr.launch.runner import default_run_dir
 
         target = args[1] if args[0] == "-m" else args[0]
-        os.environ[ENV_RUN_DIR] = os.path.abspath(default_run_dir([target]))
-        _say(f"writing the run to {os.path.relpath(os.environ[ENV_RUN_DIR])} (-o DIR or MAXINSTR_RUN_DIR to choose)")
+        os.environ[config.RUN_DIR] = os.path.abspath(default_run_dir([target]))
+        _say(f"writing the run to {os.path.relpath(os.environ[config.RUN_DIR])} (-o DIR or MAXINSTR_RUN_DIR to choose)")
     startup()
     if args[0] == "-m":
         sys.argv = [args[1], *args[2:]]

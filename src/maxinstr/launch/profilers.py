@@ -15,6 +15,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from maxinstr import config
 from maxinstr.errors import MaxinstrError
 
 DEFAULT_WINDOW_S = 10.0
@@ -136,9 +137,9 @@ class Nsys(Profiler):
     def child_env(self) -> dict[str, str]:
         env: dict[str, str] = {}
         if self.uses_capture_range:
-            env["MAXINSTR_CAPTURE"] = "1"
+            env[config.CAPTURE] = "1"
             if self.options.window_s:
-                env["MAXINSTR_CAPTURE_WINDOW_S"] = f"{self.options.window_s:g}"
+                env[config.CAPTURE_WINDOW_S] = f"{self.options.window_s:g}"
         return env
 
     def flags_text(self) -> str:

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import supervise as sv
-from maxinstr.launch.bootstrap import ENV_RUN_DIR, ENV_STAGES, site_dir
+from maxinstr import config
+from maxinstr.launch.bootstrap import site_dir
 from maxinstr.launch.profilers import Artifact, NoProfiler, Profiler
 
 LAUNCH_FILE = "launch.json"
@@ -131,15 +132,15 @@ def child_env(spec: RunSpec, options: RunOptions, run_dir: Path, base: dict[str,
     """The child's environment: the user's, plus what maxinstr needs (and nothing else)."""
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (site_dir(), env.get("PYTHONPATH", "")) if p)
-    env[ENV_RUN_DIR] = str(run_dir.resolve())
+    env[config.RUN_DIR] = str(run_dir.resolve())
     # MAX's own NVTX/roctx ranges nest under ours where a profiler records them; they cost MAX
     # host time, so not without one. A user's explicit choice stands.
     if options.profiler.name in ("nsys", "rocprofv3"):
         env.setdefault("MODULAR_ENABLE_PROFILING", "detailed")
     if options.warmup is not None:
-        env["MAXINSTR_WARMUP"] = str(options.warmup)
+        env[config.WARMUP] = str(options.warmup)
     if options.stage_specs:
-        env[ENV_STAGES] = "\n".join(options.stage_specs)
+        env[config.STAGES] = "\n".join(options.stage_specs)
     env.update(spec.env)
     return env
 

@@ -23,10 +23,9 @@ from maxinstr.record import stage as _stage_module  # noqa: F401
 
 stage = _native.stage
 mark = _native.mark
-if hasattr(_native, "_set_attrs_hook"):
-    from maxinstr.record.attrs import plain as _plain_attrs
+from maxinstr.record.attrs import plain as _plain_attrs
 
-    _native._set_attrs_hook(_plain_attrs)  # attrs are data: no reference to the user's objects is kept
+_native._set_attrs_hook(_plain_attrs)  # attrs are data: no reference to the user's objects is kept
 is_enabled = _native.is_enabled
 clock_ns = _native.clock_ns
 
@@ -55,7 +54,9 @@ __all__ = ["stage", "mark", "enable", "disable", "is_enabled", "clock_ns", "set_
 # A process started from inside an open session (spawn/forkserver children, subprocesses) or
 # under `maxinstr run` joins that run here, so its stages land in a part of its own
 # (maxinstr/record/session.py). Never lets a problem there break `import maxinstr.record`.
-if _os.environ.get("MAXINSTR_SESSION_DIR") or _os.environ.get("MAXINSTR_RUN_DIR"):
+from maxinstr import config as _config
+
+if _config.session_dir() or _config.run_dir():
     try:
         from maxinstr.record.session import ensure_env_session as _ensure_env_session
 

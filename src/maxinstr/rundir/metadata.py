@@ -273,7 +273,9 @@ def relevant_env() -> dict[str, str]:
 
 def _profiler_from_env() -> Any:
     """``maxinstr run`` says which profiler wraps the process through MAXINSTR_PROFILER (JSON)."""
-    raw = os.environ.get("MAXINSTR_PROFILER")
+    from maxinstr import config
+
+    raw = config.profiler_json()
     if not raw:
         return None
     import json

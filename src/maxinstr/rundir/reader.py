@@ -20,6 +20,7 @@ from maxinstr._files import MAX_JSON_DEPTH, parse_json, read_regular
 from maxinstr._text import safe_name
 from maxinstr.errors import RunDirError
 from maxinstr.rundir import format as fmt
+from maxinstr.sample import read_samples
 
 RUN_STAGE_DTYPE = np.dtype(
     list(fmt.STAGE_DTYPE.descr) + [("part", "<i4"), ("pid", "<i8"), ("rank", "<i4")]
@@ -375,22 +376,18 @@ def _parse_lines(lines: list[bytes]) -> list[Any] | None:
 
 
 def _read_samples(pdir: Path, notes: list[str]) -> Any:
-    """Samples through the sampler's own reader when it has one; else the raw bytes."""
+    """Samples through the sampler's own reader. When it refuses the files (samples of a newer
+    format, a damaged layout), the part's layout and raw bytes instead, said in ``notes``: a
+    samples file this maxinstr cannot read must not make the run's stages unreadable
+    (tests/rundir/test_rundir.py, the raw-samples fallback)."""
     try:
-        from maxinstr import sample as sample_mod
-
-        reader = getattr(sample_mod, "read_samples", None) or getattr(sample_mod, "load_samples", None)
-    except Exception:  # noqa: BLE001 - a broken sampler must not break load()
-        reader = None
-    if reader is not None:
-        try:
-            result = reader(pdir)
-            torn = getattr(result, "torn_bytes", 0)
-            if isinstance(torn, int) and torn > 0:
-                notes.append(f"{pdir / fmt.SAMPLES_FILE}: ignored a torn last sample row ({torn} bytes)")
-            return result
-        except Exception as exc:  # noqa: BLE001
-            notes.append(f"{pdir}: samples not read ({type(exc).__name__}: {_short(exc)}); raw bytes kept")
+        result = read_samples(pdir)
+        torn = getattr(result, "torn_bytes", 0)
+        if isinstance(torn, int) and torn > 0:
+            notes.append(f"{pdir / fmt.SAMPLES_FILE}: ignored a torn last sample row ({torn} bytes)")
+        return result
+    except Exception as exc:  # noqa: BLE001 - any refusal: the rest of the run still loads
+        notes.append(f"{pdir}: samples not read ({type(exc).__name__}: {_short(exc)}); raw bytes kept")
     layout = None
     layout_path = pdir / fmt.SAMPLES_LAYOUT_FILE
     raw = b""

@@ -183,13 +183,17 @@ class PartWriter:
         # rows appended by the core's native writer thread to this part (the session polls it)
         self.native_rows_written = 0
         self.native_rows_dropped = 0
-        self.native_info: dict[str, Any] | None = None  # part.json "writer", set by the session
         self._files: dict[str, _AppendFile] = {}
         self._names_written: set[int] = set()
         self._names_bitmap = np.zeros(64, dtype=bool)
         self._last_fsync = time.monotonic()
         self._syncer: threading.Thread | None = None  # a background fsync (its files stay open until it ends)
         self._opened = False
+
+    @property
+    def is_open(self) -> bool:
+        """The part's files are open (created by :meth:`open`, not yet closed)."""
+        return self._opened
 
     # -- opening ----------------------------------------------------------------------
     def open(self) -> None:
@@ -210,7 +214,7 @@ class PartWriter:
             self.open()
             return True
         except OSError as exc:
-            self._fail(exc, "cannot create")
+            self.fail(exc, "cannot create")
             return False
 
     # -- writing ----------------------------------------------------------------------
@@ -238,7 +242,7 @@ class PartWriter:
                     self._files[fmt.STRINGS_FILE].append(
                         b"".join(json_line({"id": i, "s": names.get(i, f"<name {i}>")}) for i in new)
                     )
-                    self._mark_written(new)
+                    self.mark_names_written(new)
             if attrs:
                 self._files[fmt.ATTRS_FILE].append(b"".join(attrs_line(rid, a) for rid, a in attrs))
             if len(rows):
@@ -250,7 +254,7 @@ class PartWriter:
                 self._fsync_in_background()
         except OSError as exc:
             self.rows_dropped += len(rows)
-            self._fail(exc, "cannot write to")
+            self.fail(exc, "cannot write to")
 
     def _new_name_ids(self, ids: np.ndarray) -> list[int]:
         """Name ids in ``ids`` not yet written to this part (a bitmap test, no sort, in the
@@ -263,7 +267,8 @@ class PartWriter:
             return []
         return [i for i in np.unique(ids).tolist() if i not in self._names_written]
 
-    def _mark_written(self, new: list[int]) -> None:
+    def mark_names_written(self, new: list[int]) -> None:
+        """Name ids now in strings.jsonl (written here, or by the core's writer thread)."""
         self._names_written.update(new)
         top = max(self._names_written) + 1
         if top > len(self._names_bitmap):
@@ -281,7 +286,7 @@ class PartWriter:
                 json_line({"time_ns": time.monotonic_ns(), "kind": kind, "message": message, **fields})
             )
         except OSError as exc:
-            self._fail(exc, "cannot write to")
+            self.fail(exc, "cannot write to")
 
     def fsync(self) -> None:
         self._last_fsync = time.monotonic()
@@ -326,14 +331,24 @@ class PartWriter:
                 # records the disk took (write_json_atomic can still write it on a full disk)
                 self.write_part_json(**updates)
             except OSError as exc:
-                self._fail(exc, "cannot write to")
+                self.fail(exc, "cannot write to")
         for f in self._files.values():
             f.close()
         self._files.clear()
         self._opened = False
 
+    def abandon(self) -> None:
+        """Close the files without writing anything: a fork child holds its parent's writer,
+        whose part is not the child's to write. The writer writes nothing afterwards."""
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+        self._opened = False
+        self.failed = self.failed or "abandoned in a fork child"
+
     # -- errors -----------------------------------------------------------------------
-    def _fail(self, exc: OSError, what: str) -> None:
+    def fail(self, exc: OSError, what: str) -> None:
+        """Stop writing after a disk error: said once (:class:`RunDirWarning`), kept in ``failed``."""
         if self.failed:
             return
         self.failed = f"{exc.strerror or exc}"

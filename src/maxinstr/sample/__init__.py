@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from maxinstr.sample.read import Samples
     from maxinstr.sample.writer import Sampler
 
-__all__ = ["DEFAULT_INTERVAL_S", "open_backend", "read_samples", "sampler_mode", "start_sampler"]
+__all__ = ["DEFAULT_INTERVAL_S", "SessionSampler", "open_backend", "read_samples", "sampler_mode", "start_sampler"]
 
 DEFAULT_INTERVAL_S = 0.01
 """100 Hz: fast enough to see a decode step. Cost measured in docs/benchmarks.md (target <= 1%)."""
@@ -142,6 +142,32 @@ def start_sampler(
     return sampler.start()
 
 
+class SessionSampler:
+    """The sampler as a session attaches it: the start/flush/stop protocol of
+    :class:`maxinstr.kernels.base.Collector`. :meth:`start` runs :func:`start_sampler` (which
+    says in samples.json why nothing could be sampled, rather than raising); its own thread, or
+    process, writes the samples, so :meth:`flush` has nothing to do."""
+
+    name = "sampler"
+
+    def __init__(self, part_dir: Path | str, interval_s: float) -> None:
+        self.part_dir = part_dir
+        self.interval_s = interval_s
+        self.handle: Any = None
+
+    def start(self) -> None:
+        self.handle = start_sampler(self.part_dir, self.interval_s)
+
+    def flush(self, final: bool = False) -> None:
+        return None
+
+    def stop(self) -> dict[str, Any]:
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            handle.stop()
+        return {}
+
+
 _VISIBILITY_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
@@ -149,8 +175,9 @@ def sampler_mode() -> str:
     """``MAXINSTR_SAMPLER_GIL``: ``process`` (default: a child process samples, your GIL is never
     touched), ``auto`` (a thread here: cheap calls with the GIL held, slow ones moved and
     released) or ``release`` (a thread here, GIL released on every call)."""
-    mode = os.environ.get("MAXINSTR_SAMPLER_GIL", "").strip().lower()
-    return mode if mode in ("process", "auto", "release") else "process"
+    from maxinstr import config
+
+    return config.sampler_gil()
 
 
 def _real_nvml(backend: Any) -> bool:

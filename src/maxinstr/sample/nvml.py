@@ -35,6 +35,7 @@ import os
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from maxinstr import config
 from maxinstr.sample.base import (
     ABSENT,
     COL,
@@ -150,7 +151,7 @@ def _code(exc: BaseException) -> int | None:
     return value if isinstance(value, int) else None
 
 
-NVML_LIB_ENV = "MAXINSTR_SAMPLER_NVML_LIB"
+NVML_LIB_ENV = config.SAMPLER_NVML_LIB
 """Tests and benchmarks: path of a stand-in libnvidia-ml for pynvml to use (in this process and
 in a sampler child process) instead of the driver's."""
 
@@ -161,7 +162,7 @@ def import_pynvml() -> Any:
         import pynvml
     except ImportError as exc:
         raise Unavailable(f"nvidia-ml-py is not installed: pip install 'maxinstr[nvidia]' ({exc})") from None
-    lib = os.environ.get(NVML_LIB_ENV)
+    lib = config.sampler_nvml_library()
     if lib and getattr(pynvml, "nvmlLib", None) is None:
         import ctypes
 
@@ -537,13 +538,10 @@ class NvmlBackend(Backend):
         self._moved_every = max(1, round(moved_interval_s / interval_s)) if interval_s > 0 else 1
         self.notes: list[str] = []
         self.source = ""
-        mode = os.environ.get("MAXINSTR_SAMPLER_GIL", "auto").strip().lower() or "auto"
+        mode = config.sampler_gil()  # a value that is none of its modes: a warning and "process"
         if mode == "process":  # this backend runs in-process after all (start_sampler fell back, or a test)
             mode = "auto"
-        if mode not in ("auto", "release"):
-            self.notes.append(f"MAXINSTR_SAMPLER_GIL={mode!r} is not auto or release; auto used")
-            mode = "auto"
-        self._profile = os.environ.get("MAXINSTR_SAMPLER_PROFILE", "") not in ("", "0")
+        self._profile = config.sampler_profile()
         # the real library only: a mocked module's calls cost what the mock costs, not NVML
         self._released = direct_library(self.nv, hold_gil=False)
         self._direct = direct_library(self.nv) if mode == "auto" and self._released is not None else None

@@ -29,6 +29,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from maxinstr import config
 from maxinstr.sample.base import DeviceInfo
 from maxinstr.sample.nvml import NVML_LIB_ENV  # noqa: F401 - tests and benchmarks set it
 
@@ -75,7 +76,7 @@ class ProcessSampler:
                    ",".join(str(p) for p in self.pids), "" if self.only is None else ",".join(map(str, self.only)),
                    repr(self.flush_interval_s), str(os.getpid()), json.dumps(self.extra, default=str)]
             env = dict(os.environ if self.env is None else self.env)
-            env["MAXINSTR_SAMPLER_GIL"] = "auto"  # in its own process, holding the GIL stops nobody
+            env[config.SAMPLER_GIL] = "auto"  # in its own process, holding the GIL stops nobody
             src = str(Path(__file__).resolve().parents[2])  # the package the parent imported
             env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
             self._stderr = open(self.part_dir / STDERR_FILE, "wb")

@@ -28,6 +28,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from maxinstr import config
+
 class ColumnBackend(Protocol):
     name: str
 
@@ -250,7 +252,7 @@ def release_memory() -> None:
 
 def native_module() -> Any | None:
     """The native module, or None when it is not built or the system SQLite cannot be loaded."""
-    if os.environ.get("MAXINSTR_NO_NATIVE_COLUMNS"):
+    if config.no_native_columns():
         return None
     try:
         from maxinstr import _columns

@@ -7,7 +7,9 @@ def _maxinstr_startup() -> None:
     import os
     import sys
 
-    wanted = any(os.environ.get(k) for k in ("MAXINSTR_RUN_DIR", "MAXINSTR_STAGES"))
+    # The one read of MAXINSTR_* outside maxinstr.config, on purpose: it decides whether to say
+    # that maxinstr cannot be imported here, so it cannot use maxinstr's own module to read them.
+    wanted = any(os.environ.get(k, "").strip() for k in ("MAXINSTR_RUN_DIR", "MAXINSTR_STAGES"))
     try:
         from maxinstr.launch.bootstrap import startup
     except Exception as exc:  # noqa: BLE001 - maxinstr is not importable in this interpreter

@@ -1,0 +1,413 @@
+"""The process side of recording: its state, the flusher thread, exit, signals, forks.
+
+:data:`PROCESS` holds what one process records: the name table, its open sessions (the root
+owns the part this process writes) and the default in-memory sink. Here also:
+
+* **the drain** (:func:`flush_locked`): completed records out of the native core into the
+  root session's sink (or the in-memory one), then the root's own follow-up (:class:`Root`);
+* **the flusher thread**, which drains every ``flush_interval_s`` while a directory session
+  is open;
+* **exit**: atexit, multiprocessing's exit hook (its children end with ``os._exit``), SIGTERM
+  and SIGHUP (and SIGINT where the program left Python's default) close the run first
+  (:func:`exit_process`), then die by the same signal or chain to the program's handler;
+* **fork**: the lock is held across ``fork()``; the child gets a fresh state and records into a
+  part of its own (:meth:`Root.fork_child`).
+
+Nothing here knows the session class: the session module implements :class:`Root`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+import weakref
+from typing import Any, Protocol
+
+import numpy as np
+
+import maxinstr
+from maxinstr import config
+from maxinstr.record.sinks import MemorySink, Sink
+from maxinstr.rundir import format as fmt
+
+BUSY_ROWS = 4096  # a drain this big means records arrive fast: drain again without sleeping
+SIGNAL_RESOLVE_S = 2.0  # killed by a signal: GPU records in flight get this long, never a blocking wait
+
+
+def native_core() -> Any:
+    """The native core. Looked up at each call (not bound at import) because the session tests
+    run against a stand-in put in its place (tests/session/fake_native.py)."""
+    return maxinstr._native
+
+
+def native_stats() -> dict[str, Any]:
+    """``_native.stats()``; {} if it raises (a core in a bad state must not stop a close)."""
+    try:
+        return dict(native_core().stats())
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def clock_ns() -> int:
+    """The host clock of every record (CLOCK_MONOTONIC, ns)."""
+    return int(native_core().clock_ns())
+
+
+class Root(Protocol):
+    """What the process asks of the session that owns its part (maxinstr.record.session)."""
+
+    closed: bool
+    sink: Sink
+
+    @property
+    def next_flush_s(self) -> float:
+        """How long the flusher sleeps after a round (``flush_interval_s``, less while a capture waits)."""
+
+    def before_drain(self, native: Any) -> None:
+        """Right before a drain (a child's native writer starts at its first record)."""
+
+    def after_drain(self, rows: np.ndarray, *, periodic: bool) -> None:
+        """After the batch reached :attr:`sink`: writer status, warm-up, drops, collectors."""
+
+    def close_root(self, reason: str) -> None:
+        """The final flush and files (the caller holds the lock)."""
+
+    def fork_child(self) -> Root | None:
+        """In a fork child: the session it records into (a part of its own), or None."""
+
+
+class Process:
+    """Per-process recording state. Reset to new in a fork child (:meth:`reset`)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.pid = os.getpid()
+        self.lock = threading.RLock()  # serialises drains and writes (new: the parent's may be held by a gone thread)
+        self.names: dict[int, str] = {}  # every name id this process has seen
+        self.root: Root | None = None  # the session that owns this process's part
+        self.stack: list[Any] = []  # open sessions of this process, outermost first
+        self.memory = MemorySink(config.memory_records())
+        self.flusher: threading.Thread | None = None
+        self.stop = threading.Event()
+        self.exited = False
+        self.closing = False  # exit_process is running
+        self.pending_signal: int | None = None
+        self.flushing_thread: int | None = None  # thread id inside flush_locked
+        self.deferred_signal: int | None = None
+
+
+PROCESS = Process()
+
+
+# ------------------------------------------------------------------------------------------
+# draining the core
+
+
+def flush_locked(proc: Process, *, block: bool = False, periodic: bool = False) -> int:
+    """Drain the native core once into the current sink (the caller holds ``proc.lock``).
+    Returns the rows drained (by the Python path). Unless ``periodic`` (the flusher's own
+    round), also waits until the native writer has written every record completed so far."""
+    outer = proc.flushing_thread
+    proc.flushing_thread = threading.get_ident()
+    try:
+        return _drain(proc, native_core(), block, periodic)
+    finally:
+        proc.flushing_thread = outer
+        if outer is None and proc.deferred_signal is not None and threading.current_thread() is threading.main_thread():
+            signum, proc.deferred_signal = proc.deferred_signal, None
+            on_signal(signum, None)
+
+
+def _drain(proc: Process, native: Any, block: bool, periodic: bool) -> int:
+    root = proc.root
+    if root is not None:
+        root.before_drain(native)
+    sink: Sink = root.sink if root is not None else proc.memory
+    try:
+        if periodic and not block:
+            native.resolve_async()  # elapsed-time calls on the core's placer thread, not under the GIL
+        else:
+            native.resolve(block)
+        data, new_names, attrs = native.drain(-1)
+    except Exception as exc:  # noqa: BLE001 - never let recording break the program
+        sink.event("error", f"drain failed: {type(exc).__name__}: {exc}")
+        return 0
+    for name_id, name in new_names:
+        proc.names[int(name_id)] = name
+    rows = np.frombuffer(data, dtype=fmt.STAGE_DTYPE) if data else np.empty(0, dtype=fmt.STAGE_DTYPE)
+    attrs = [(int(rid), a) for rid, a in attrs]
+    try:
+        sink.write(rows, proc.names, attrs)
+    except Exception as exc:  # noqa: BLE001 - never raise into the program; the loss is counted
+        # a batch the sink could not take (a bug, or a value nothing could encode): counted
+        # where the run says so (part.json rows_dropped_disk, Run.notes)
+        sink.count_unwritten(len(rows))
+        sink.event("error", f"{len(rows)} record(s) not written: {type(exc).__name__}: {exc}", dropped_records=len(rows))
+    if root is not None:
+        root.after_drain(rows, periodic=periodic)
+    return len(rows)
+
+
+def resolve_bounded(timeout_s: float) -> None:
+    """Non-blocking resolves until no GPU event is in flight or ``timeout_s`` passed."""
+    native = native_core()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            native.resolve(False)
+            if not int(native.stats().get("events_in_flight", 0) or 0):
+                return
+        except Exception:  # noqa: BLE001 - at a signal: never stop the process from dying
+            return
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.005)
+
+
+class BufferDrops:
+    """Says in the run's events (and once as a warning) when the native buffer dropped
+    records since ``base`` (the count when the session began)."""
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.said = 0
+
+    def begin(self) -> None:
+        self.base = int(native_stats().get("dropped_records", 0) or 0)
+
+    def since_begin(self, stats: dict[str, Any] | None = None) -> int:
+        stats = native_stats() if stats is None else stats
+        return int(stats.get("dropped_records", 0) or 0) - self.base
+
+    def note(self, sink: Sink) -> None:
+        dropped = self.since_begin()
+        if dropped > self.said:
+            if self.said == 0:
+                warnings.warn(
+                    f"maxinstr: the record buffer was full and dropped {dropped} stage record(s); "
+                    "the count is kept in part.json",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            sink.event("warning", "record buffer full: records dropped", dropped_records=dropped)
+            self.said = dropped
+
+
+# ------------------------------------------------------------------------------------------
+# the flusher thread
+
+
+def _flusher_main(proc_ref: weakref.ref[Process]) -> None:
+    while True:
+        proc = proc_ref()
+        if proc is None or proc.pid != os.getpid():
+            return
+        root = proc.root
+        if root is None or proc.stop.is_set():
+            return
+        interval = root.next_flush_s
+        try:
+            with proc.lock:
+                drained = flush_locked(proc, periodic=True)
+        except Exception:  # noqa: BLE001 - a flusher that dies loses the run; keep going
+            drained = 0
+        if drained < BUSY_ROWS:
+            proc.stop.wait(interval)
+        del proc, root
+
+
+def ensure_flusher(proc: Process) -> None:
+    if proc.flusher is not None and proc.flusher.is_alive():
+        return
+    proc.stop.clear()
+    proc.flusher = threading.Thread(target=_flusher_main, args=(weakref.ref(proc),), name="maxinstr-flusher",
+                                    daemon=True)
+    proc.flusher.start()
+
+
+def stop_flusher_if_idle(proc: Process) -> None:
+    if proc.root is not None:
+        return
+    proc.stop.set()
+    t = proc.flusher
+    if t is not None and t is not threading.current_thread():
+        t.join(timeout=2.0)
+    proc.flusher = None
+
+
+# ------------------------------------------------------------------------------------------
+# process exit: atexit, signals, multiprocessing children
+
+
+def exit_process(reason: str = "exit") -> None:
+    """Close this process's recording: close still-open stages (flag UNCLOSED), write the
+    last records, close the part and (owner) meta.json. Idempotent per process."""
+    proc = PROCESS
+    if proc.pid != os.getpid() or proc.exited or proc.closing:
+        return
+    proc.closing = True
+    acquired = proc.lock.acquire(timeout=5.0)  # never hang an exiting program
+    try:
+        if proc.exited:
+            return
+        proc.exited = True
+        root = proc.root
+        if root is None:
+            return
+        try:
+            native_core().close_open(reason)
+        except Exception:  # noqa: BLE001 - the stages still open are lost; the rest is written
+            pass
+        for s in list(proc.stack):
+            s.closed = True
+        root.closed = True
+        root.close_root(reason)
+        proc.stack.clear()
+    finally:
+        if acquired:
+            proc.lock.release()
+        proc.closing = False
+    proc.stop.set()
+    if proc.pending_signal is not None and reason not in ("SIGTERM", "SIGHUP", "SIGINT"):
+        _die_by(proc.pending_signal)  # a terminating signal arrived while we finished
+
+
+_SAVED_SIGNALS: dict[int, Any] = {}  # signal -> the handler ours replaced (process-wide)
+
+
+def on_signal(signum: int, frame: Any) -> None:
+    proc = PROCESS
+    if proc.closing:
+        # A second signal while the run is being finished (multiprocessing's terminate()
+        # can send two): let the first finish; it dies by this signal afterwards.
+        proc.pending_signal = signum
+        return
+    if proc.flushing_thread == threading.get_ident():
+        # The signal interrupted a batch being written by this very thread: finish that
+        # batch first (it holds drained records), then handle the signal.
+        proc.deferred_signal = signum
+        return
+    previous = _SAVED_SIGNALS.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        # The program has its own handler: make everything so far durable, then let it decide.
+        if proc.lock.acquire(timeout=2.0):
+            try:
+                flush_locked(proc)
+            finally:
+                proc.lock.release()
+        previous(signum, frame)
+        return
+    # Default action (terminate): finish the run, then die by the same signal.
+    exit_process(reason=signal.Signals(signum).name)
+    _die_by(signum)
+
+
+def _die_by(signum: int) -> None:
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def install_signal_handlers() -> dict[int, Any]:
+    """Ours on SIGTERM, SIGHUP (and SIGINT where Python's default is not in place: its
+    KeyboardInterrupt already unwinds cleanly). Returns what a session restores at close."""
+    saved: dict[int, Any] = {}
+    if threading.current_thread() is not threading.main_thread():
+        return saved  # signal.signal only works there; atexit still closes the session
+    wanted = [signal.SIGTERM, signal.SIGHUP]
+    if signal.getsignal(signal.SIGINT) is signal.SIG_DFL:
+        wanted.append(signal.SIGINT)
+    for signum in wanted:
+        try:
+            previous = signal.getsignal(signum)
+            if previous is on_signal:  # left installed by a session closed off the main thread
+                saved[signum] = _SAVED_SIGNALS.get(signum, signal.SIG_DFL)
+                continue
+            if previous is signal.SIG_IGN or previous is None:
+                continue
+            signal.signal(signum, on_signal)
+            _SAVED_SIGNALS[signum] = previous
+            saved[signum] = previous
+        except (ValueError, OSError):
+            continue
+    return saved
+
+
+def restore_signal_handlers(saved: dict[int, Any], owner_pid: int) -> None:
+    # From another thread (or a fork child) ours stays installed; it chains to the saved
+    # handler when no session is open, so the program's own handling is kept either way.
+    if threading.current_thread() is threading.main_thread() and os.getpid() == owner_pid:
+        for signum in list(saved):
+            try:
+                if signal.getsignal(signum) is on_signal:  # leave a handler set after ours alone
+                    signal.signal(signum, _SAVED_SIGNALS.pop(signum, signal.SIG_DFL))
+            except (ValueError, OSError):
+                pass
+    saved.clear()
+
+
+atexit.register(exit_process)
+
+_MP_TOKEN = type("_MPToken", (), {})()  # kept alive: multiprocessing's after-fork registry is weak
+
+
+def register_mp_exit_hook() -> None:
+    """multiprocessing children end with os._exit (no atexit); their finalizers do run."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:
+        return
+    try:
+        if mp.parent_process() is None:
+            return
+        from multiprocessing import util
+
+        util.Finalize(None, exit_process, exitpriority=-100)
+        # a child's bootstrap clears finalizers registered before it; this re-registers after
+        util.register_after_fork(_MP_TOKEN, lambda _: util.Finalize(None, exit_process, exitpriority=-100))
+    except Exception:  # noqa: BLE001 - an odd multiprocessing: the child's records end at its last flush
+        pass
+
+
+# ------------------------------------------------------------------------------------------
+# fork
+
+
+def _before_fork() -> None:
+    # Hold the lock across fork so the child never inherits a half-written batch.
+    PROCESS.lock.acquire(timeout=1.0)
+
+
+def _after_fork_parent() -> None:
+    try:
+        PROCESS.lock.release()
+    except RuntimeError:
+        pass
+
+
+def _after_fork_child() -> None:
+    """A fork child records into a part of its own; nothing of the parent's is kept."""
+    proc = PROCESS
+    parent_root, names = proc.root, proc.names
+    child_root = parent_root.fork_child() if parent_root is not None else None
+    proc.reset()  # fresh locks (the parent's may be held by a thread that is gone)
+    proc.names = dict(names)
+    if child_root is None:
+        return
+    proc.root = child_root
+    proc.stack.append(child_root)
+    ensure_flusher(proc)
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        try:
+            mp_util.register_after_fork(_MP_TOKEN, lambda _: mp_util.Finalize(None, exit_process, exitpriority=-100))
+        except Exception:  # noqa: BLE001 - as register_mp_exit_hook
+            pass
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child)

@@ -1,0 +1,250 @@
+"""Where a session's records go: one interface, three implementations.
+
+The flusher drains the native core (``_native.drain``) and hands each batch to the session's
+:class:`Sink`:
+
+* :class:`MemorySink`: in memory, up to a bound (the default session, ``session(None)``, and a
+  session whose directory could not be written);
+* :class:`PythonSink`: the Python writer, :class:`~maxinstr.rundir.writer.PartWriter`, appends
+  the rows, their names and attrs to the part's files (``MAXINSTR_NATIVE_WRITER=0``, or when
+  the native writer cannot start);
+* :class:`NativeSink`: the core's writer thread appends rows and names to the part's files
+  without the GIL (docs/sessions.md "The native writer"); drains then hand Python only attrs,
+  which the same PartWriter writes, and, once the thread has stopped, the last rows.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+import numpy as np
+
+from maxinstr import config
+from maxinstr.record.attrs import plain
+from maxinstr.rundir import format as fmt
+from maxinstr.rundir.reader import RUN_STAGE_DTYPE, Run
+from maxinstr.rundir.writer import PartWriter
+
+Attrs = list[tuple[int, dict[str, Any]]]
+
+
+class Sink(Protocol):
+    """What a drained batch of records is handed to."""
+
+    kind: str
+    """part.json ``writer.kind``: ``memory``, ``python`` or ``native``."""
+
+    def write(self, rows: np.ndarray, names: dict[int, str], attrs: Attrs) -> None:
+        """Take one drained batch: ``rows`` (STAGE_DTYPE), every name id the process knows, and
+        the attrs of records that had some. Never raises for a disk problem (counted instead)."""
+
+    def count_unwritten(self, rows: int) -> None:
+        """A batch :meth:`write` raised on (a bug, or a value nothing could encode): count it
+        where the run says what was dropped."""
+
+    def event(self, kind: str, message: str, **fields: Any) -> None:
+        """One warning/error line for the run (events.jsonl where there is one)."""
+
+    def disk_error(self, exc: OSError) -> None:
+        """Another file of the run (meta.json) could not be written: said as the sink's own
+        disk errors are (once), and nothing more is written."""
+
+    def settle(self, *, wait: bool) -> dict[str, Any] | None:
+        """After a drain: with ``wait``, return once every record completed so far is written.
+        Returns the writer thread's status (:class:`NativeSink` while it runs), else None."""
+
+    def close(self, **part_fields: Any) -> None:
+        """The last write: part.json with ``part_fields`` (status, counts), files closed."""
+
+
+class MemorySink:
+    """Keeps drained records in memory, up to ``limit`` rows (the rest are counted)."""
+
+    kind = "memory"
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.chunks: list[np.ndarray] = []
+        self.attrs: dict[int, dict[str, Any]] = {}
+        self.rows = 0
+        self.dropped = 0
+
+    def write(self, rows: np.ndarray, names: dict[int, str], attrs: Attrs) -> None:
+        room = max(self.limit - self.rows, 0)
+        if len(rows) > room:
+            self.dropped += len(rows) - room
+            rows = rows[:room]
+        if len(rows):
+            self.chunks.append(rows.copy())
+            self.rows += len(rows)
+            kept = set(rows["id"].tolist()) if attrs else set()
+            for rid, a in attrs:
+                if rid in kept:
+                    self.attrs[int(rid)] = plain(a)  # data, never the caller's objects
+
+    def count_unwritten(self, rows: int) -> None:
+        self.dropped += rows
+
+    def event(self, kind: str, message: str, **fields: Any) -> None:
+        return None  # an in-memory run has no events.jsonl; records() notes say what was dropped
+
+    def disk_error(self, exc: OSError) -> None:
+        return None  # no disk
+
+    def settle(self, *, wait: bool) -> None:
+        return None
+
+    def close(self, **part_fields: Any) -> None:
+        return None
+
+    def to_run(self, names_map: dict[int, str], *, warmup: int, user: dict[str, Any], native_dropped: int) -> Run:
+        """The records kept, as a :class:`maxinstr.Run` (``names_map``: the process's name table;
+        ``native_dropped``: records the core's buffer dropped before they were drained)."""
+        rows = np.concatenate(self.chunks) if self.chunks else np.empty(0, dtype=fmt.STAGE_DTYPE)
+        out = np.zeros(len(rows), dtype=RUN_STAGE_DTYPE)
+        for col in fmt.STAGE_DTYPE.names:
+            out[col] = rows[col]
+        used = np.unique(rows["name_id"]) if len(rows) else np.empty(0, np.int32)
+        names = np.empty(len(used), dtype=object)
+        names[:] = [names_map.get(int(i), f"<name {int(i)}>") for i in used]
+        if len(rows):
+            out["name_id"] = np.searchsorted(used, rows["name_id"]).astype(np.int32)
+        out["pid"] = os.getpid()
+        rank = os.environ.get("RANK")
+        out["rank"] = int(rank) if rank not in (None, "") and rank.isdigit() else -1
+        out = out[np.argsort(out["host_start_ns"], kind="stable")]
+        notes = []
+        if self.dropped:
+            notes.append(f"in-memory session full: {self.dropped} record(s) dropped (limit {self.limit})")
+        if native_dropped:
+            notes.append(f"record buffer full: {native_dropped} record(s) dropped before they were drained")
+        meta = {"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION, "status": "memory", "warmup": warmup,
+                "user": dict(user)}
+        return Run(path=None, meta=meta, stages=out, names=names, attrs=dict(self.attrs),
+                   parts=[{"name": fmt.part_name(), "pid": os.getpid(), "rows": len(out)}], notes=notes)
+
+
+class PythonSink:
+    """The Python writer: the session's flusher appends rows, names and attrs to the part."""
+
+    kind = "python"
+
+    def __init__(self, part: PartWriter, why: str | None = None) -> None:
+        self.part = part
+        self.info: dict[str, Any] = {"kind": "python"} if why is None else {"kind": "python", "why": why}
+
+    def write(self, rows: np.ndarray, names: dict[int, str], attrs: Attrs) -> None:
+        self.part.write(rows, names, attrs)
+
+    def count_unwritten(self, rows: int) -> None:
+        self.part.rows_dropped += rows
+
+    def event(self, kind: str, message: str, **fields: Any) -> None:
+        self.part.event(kind, message, **fields)
+
+    def disk_error(self, exc: OSError) -> None:
+        self.part.fail(exc, "cannot write to")
+
+    def settle(self, *, wait: bool) -> dict[str, Any] | None:
+        return None
+
+    def close(self, **part_fields: Any) -> None:
+        self.part.close(writer=self.info, **part_fields)
+
+
+class NativeWriterUnavailable(Exception):
+    """The core's writer thread could not start; ``str(exc)`` says why in one line."""
+
+
+class NativeSink(PythonSink):
+    """The core's writer thread writes the rows and names of this part (no GIL); the session's
+    drains hand :meth:`write` the attrs, and after :meth:`stop` the rows completed since the
+    thread's last take. ``pending`` until :meth:`start` (a fork or spawn child starts it at its
+    first record, so a helper process that records nothing leaves no part)."""
+
+    kind = "native"
+
+    def __init__(self, part: PartWriter, native: Any, *, fsync_interval_s: float) -> None:
+        super().__init__(part)
+        self.native = native
+        self.fsync_interval_s = fsync_interval_s
+        self.state = "pending"  # -> "running" -> "stopped"
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    def start(self) -> None:
+        """Start the writer thread on the part's files (raises NativeWriterUnavailable)."""
+        part = self.part
+        if part.failed or not part.is_open:
+            raise NativeWriterUnavailable(f"the part's files are not open ({part.failed or 'not created'})")
+        try:
+            self.native.writer_start(
+                str(part.part_dir / fmt.STAGES_FILE),
+                str(part.part_dir / fmt.STRINGS_FILE),
+                interval_ms=config.writer_interval_ms(),
+                threshold=config.writer_threshold_records(),
+                fsync_interval_s=self.fsync_interval_s,
+            )
+        except Exception as exc:  # noqa: BLE001 - a thread or file that cannot be created: the Python writer
+            raise NativeWriterUnavailable(f"the native writer did not start ({type(exc).__name__}: {exc})") from None
+        self.state = "running"
+        self.info = {"kind": self.kind}  # part.json says "python" until the thread runs
+
+    def watch(self, warmup: int) -> None:
+        """Have the thread count top-level stages per name as it writes them, and note when
+        one has completed ``warmup`` times (the end of the warm-up; :meth:`status` ``steady``)."""
+        if self.running:
+            self.native.writer_watch(warmup)
+
+    def settle(self, *, wait: bool) -> dict[str, Any] | None:
+        if not self.running:
+            return None
+        if wait:
+            try:
+                self.native.writer_flush()
+            except Exception as exc:  # noqa: BLE001
+                self.event("error", f"native writer flush failed: {type(exc).__name__}: {exc}")
+        return self.poll()
+
+    def poll(self, status: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """What the writer thread found (``status``, else asked now): its counts go to
+        part.json; a write error is the PartWriter's one warning. Returns the status."""
+        try:
+            st = status if status is not None else self.native.writer_status()
+        except Exception as exc:  # noqa: BLE001
+            self.event("error", f"native writer status failed: {type(exc).__name__}: {exc}")
+            return None
+        part = self.part
+        part.native_rows_written = int(st.get("rows_written", 0))
+        part.native_rows_dropped = int(st.get("rows_dropped", 0))
+        for key in ("rows_written", "rows_dropped", "batches", "max_batch", "signals", "fsyncs", "dropped_attrs",
+                    "interval_ms", "threshold"):
+            if key in st:
+                self.info[key] = st[key]
+        err = st.get("error")
+        if err and not part.failed:
+            code, message, filename = err
+            part.fail(OSError(int(code), str(message), str(filename)), "cannot write to")
+        return st
+
+    def stop(self) -> dict[str, Any] | None:
+        """The thread's last write and join. The records completed after its last take are
+        left in the core's buffer: the caller drains once more (they reach :meth:`write`).
+        Returns the thread's final status."""
+        self.state = "stopped"
+        try:
+            st = self.native.writer_stop()
+        except Exception as exc:  # noqa: BLE001
+            self.event("error", f"native writer stop failed: {type(exc).__name__}: {exc}")
+            return None
+        self.poll(st)
+        names = int(st.get("names_written", 0) or 0)
+        if names:
+            self.part.mark_names_written(list(range(names)))  # in strings.jsonl already
+        if st.get("dropped_attrs"):
+            self.event("warning", "attrs dropped: the Python flusher did not take them in time",
+                       dropped_attrs=int(st["dropped_attrs"]))
+        return st
