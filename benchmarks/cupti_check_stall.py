@@ -60,7 +60,7 @@ def stall(rows: int | None, slice_rows: int, records: int, repeats: int) -> tupl
         done = threading.Event()
         took = [0.0]
 
-        def work() -> None:
+        def work(col=col, data=data, offs=offs, took=took, done=done) -> None:
             t0 = time.perf_counter()
             col._convert_checked(data, offs)
             took[0] = time.perf_counter() - t0

@@ -44,6 +44,8 @@ def clock_ns() -> int:
     """CLOCK_MONOTONIC in ns: the host clock of all records and samples."""
 
 def set_enabled(on: bool) -> None: ...
+def _set_attrs_hook(hook: Any) -> None:
+    """The function every stage's attrs go through at exit (maxinstr.record.attrs.plain)."""
 def is_enabled() -> bool: ...
 def _env_flag(name: str, default: bool) -> bool:
     """A yes/no variable as the core reads it (csrc/core/base.h env_flag; the rule of maxinstr.config)."""

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 # -- the names ------------------------------------------------------------------------------
 # read by Python (the accessors below)

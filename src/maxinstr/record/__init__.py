@@ -13,17 +13,17 @@ Set MAXINSTR_DISABLE=1 (or call `disable()`) to make `stage()` return a shared n
 
 from __future__ import annotations
 
-import os as _os
-
 from maxinstr import _native
+from maxinstr import config as _config
 
 # Import the decorator module before binding `stage`: importing a submodule sets the package
 # attribute of the same name, which must not overwrite the function below.
 from maxinstr.record import stage as _stage_module  # noqa: F401
 
+from maxinstr.record.attrs import plain as _plain_attrs
+
 stage = _native.stage
 mark = _native.mark
-from maxinstr.record.attrs import plain as _plain_attrs
 
 _native._set_attrs_hook(_plain_attrs)  # attrs are data: no reference to the user's objects is kept
 is_enabled = _native.is_enabled
@@ -54,8 +54,6 @@ __all__ = ["stage", "mark", "enable", "disable", "is_enabled", "clock_ns", "set_
 # A process started from inside an open session (spawn/forkserver children, subprocesses) or
 # under `maxinstr run` joins that run here, so its stages land in a part of its own
 # (maxinstr/record/session.py). Never lets a problem there break `import maxinstr.record`.
-from maxinstr import config as _config
-
 if _config.session_dir() or _config.run_dir():
     try:
         from maxinstr.record.session import ensure_env_session as _ensure_env_session

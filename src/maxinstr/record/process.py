@@ -62,7 +62,7 @@ class Root(Protocol):
     """What the process asks of the session that owns its part (maxinstr.record.session)."""
 
     closed: bool
-    sink: Sink
+    sink: Sink | None  # set once the session is a root
 
     @property
     def next_flush_s(self) -> float:
@@ -129,7 +129,7 @@ def _drain(proc: Process, native: Any, block: bool, periodic: bool) -> int:
     root = proc.root
     if root is not None:
         root.before_drain(native)
-    sink: Sink = root.sink if root is not None else proc.memory
+    sink: Sink = root.sink if root is not None and root.sink is not None else proc.memory
     try:
         if periodic and not block:
             native.resolve_async()  # elapsed-time calls on the core's placer thread, not under the GIL

@@ -48,7 +48,7 @@ import socket
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -178,7 +178,7 @@ class Session:
             self.started = True
             self._pid = os.getpid()
             if proc.root is not None and not proc.root.closed:
-                self._join(proc.root)
+                self._join(cast(Session, proc.root))  # the process's root is always a Session
                 proc.stack.append(self)
                 return self
             # Records completed before this session belong to the in-memory session.

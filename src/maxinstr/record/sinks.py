@@ -103,7 +103,7 @@ class MemorySink:
         ``native_dropped``: records the core's buffer dropped before they were drained)."""
         rows = np.concatenate(self.chunks) if self.chunks else np.empty(0, dtype=fmt.STAGE_DTYPE)
         out = np.zeros(len(rows), dtype=RUN_STAGE_DTYPE)
-        for col in fmt.STAGE_DTYPE.names:
+        for col in fmt.STAGE_DTYPE.names or ():
             out[col] = rows[col]
         used = np.unique(rows["name_id"]) if len(rows) else np.empty(0, np.int32)
         names = np.empty(len(used), dtype=object)

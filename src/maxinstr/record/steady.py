@@ -12,7 +12,8 @@ Two counters, one rule: with the Python writer the flusher's drains hand the row
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
