@@ -47,6 +47,8 @@ SAMPLER_GIL = "MAXINSTR_SAMPLER_GIL"
 SAMPLER_PROFILE = "MAXINSTR_SAMPLER_PROFILE"
 SAMPLER_NVML_LIB = "MAXINSTR_SAMPLER_NVML_LIB"
 NO_NATIVE_COLUMNS = "MAXINSTR_NO_NATIVE_COLUMNS"
+NO_DIRECT_SCAN = "MAXINSTR_NO_DIRECT_SCAN"
+NO_MALLOC_TUNING = "MAXINSTR_NO_MALLOC_TUNING"
 NO_NVTX_V2 = "MAXINSTR_NO_NVTX_V2"
 DEBUG = "MAXINSTR_DEBUG"
 CUDA_LIBRARY = "MAXINSTR_CUDA_LIBRARY"  # also read by the native core
@@ -76,7 +78,7 @@ VARIABLES: dict[str, str] = {
     **dict.fromkeys(
         (RUN_DIR, SESSION_DIR, SESSION_PID, CAPTURE, CAPTURE_WINDOW_S, STAGES, WARMUP, PROFILER, MEMORY_RECORDS,
          NATIVE_WRITER, WRITER_INTERVAL_MS, WRITER_THRESHOLD, CUPTI_TAGS, SAMPLER_GIL, SAMPLER_PROFILE,
-         SAMPLER_NVML_LIB, NO_NATIVE_COLUMNS, NO_NVTX_V2, DEBUG), "python"),
+         SAMPLER_NVML_LIB, NO_NATIVE_COLUMNS, NO_DIRECT_SCAN, NO_MALLOC_TUNING, NO_NVTX_V2, DEBUG), "python"),
     CUDA_LIBRARY: "python, native",
     **dict.fromkeys(
         (DISABLE, EVENT_POOL, EVENT_SHARE_NS, GPU_FLOOR_NS, GPU_BUDGET, ASYNC_PLACE, TIME_DRIVER, MARKERS,
@@ -286,6 +288,18 @@ def sampler_nvml_library(environ: Mapping[str, str] | None = None) -> str | None
 def no_native_columns(environ: Mapping[str, str] | None = None) -> bool:
     """``MAXINSTR_NO_NATIVE_COLUMNS`` (default off): the nsys SQLite reader stays in Python."""
     return flag(NO_NATIVE_COLUMNS, False, environ)
+
+
+def no_direct_scan(environ: Mapping[str, str] | None = None) -> bool:
+    """``MAXINSTR_NO_DIRECT_SCAN`` (default off): the native nsys reader asks SQLite for every
+    table instead of scanning integer tables' b-trees itself."""
+    return flag(NO_DIRECT_SCAN, False, environ)
+
+
+def no_malloc_tuning(environ: Mapping[str, str] | None = None) -> bool:
+    """``MAXINSTR_NO_MALLOC_TUNING`` (default off): report/compare leave glibc malloc's and
+    OpenBLAS's settings as the environment has them."""
+    return flag(NO_MALLOC_TUNING, False, environ)
 
 
 def no_nvtx_v2(environ: Mapping[str, str] | None = None) -> bool:

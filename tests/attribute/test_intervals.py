@@ -9,6 +9,7 @@ pytest.importorskip("hypothesis")  # in the test extra; the GPU machine may lack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from maxinstr import columns
 from maxinstr.attribute.intervals import IntervalIndex, correlation_join, segmented_union
 
 interval = st.tuples(st.integers(0, 3), st.integers(0, 60), st.integers(0, 30))
@@ -105,3 +106,49 @@ def test_correlation_join_rank_then_row_wins(left, right, scale, block):
         cand = [j for j in range(len(right)) if rp[j] == lp[k] and rc[j] == lc[k] and lc[k] >= 0]
         want = min(cand, key=lambda j: (rank[j], j)) if cand else -1
         assert got[k] == want
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_native_segmented_union_equals_numpy(seed, monkeypatch):
+    """The native one-pass union (maxinstr._columns) and the numpy path give the same arrays,
+    with and without an index into the columns."""
+
+    if columns.function("segmented_union") is None:
+        pytest.skip("maxinstr._columns not built")
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 50_000))
+    g = np.sort(rng.integers(0, int(rng.integers(1, 3000)), n))
+    s = np.sort(rng.integers(-(10**12), 10**12, n))
+    s = s[np.lexsort((s, g))] if seed % 2 else np.sort(s)
+    e = s + rng.integers(0, 10**9 if seed % 3 else 10**13, n)
+    order = np.lexsort((s, g))
+    g, s, e = g[order], s[order], e[order]
+    perm = rng.permutation(n)
+    inv = np.empty(n, np.int64)
+    inv[perm] = np.arange(n)
+    s_p, e_p = s[perm], e[perm]  # columns in another order; index inv picks row i back
+    got = segmented_union(g, s, e)
+    got_ix = segmented_union(g, s_p, e_p, index=inv)
+    monkeypatch.setitem(columns.FUNCTIONS, "segmented_union", None)
+    want = segmented_union(g, s, e)
+    want_ix = segmented_union(g, s_p, e_p, index=inv)
+    for a, b, c, d in zip(got, want, got_ix, want_ix):
+        assert a.dtype == b.dtype == np.int64 and np.array_equal(a, b) and np.array_equal(c, b) and np.array_equal(d, b)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_native_searchsorted_equals_numpy(seed):
+
+    native = columns.function("searchsorted_i64")
+    if native is None:
+        pytest.skip("maxinstr._columns not built")
+    rng = np.random.default_rng(seed)
+    n, m = int(rng.integers(0, 5000)), int(rng.integers(0, 20000))
+    a = np.sort(rng.integers(-50, int(rng.choice([60, 10**12])), n))
+    v = rng.integers(-80, int(rng.choice([90, 10**12])), m)
+    if seed % 3 == 0:
+        v = np.sort(v)  # nearly sorted keys: the galloping case
+    elif seed % 3 == 1:
+        v = np.sort(v)[::-1].copy()
+    for side in ("left", "right"):
+        assert np.array_equal(native(a, v, side == "right"), np.searchsorted(a, v, side=side))

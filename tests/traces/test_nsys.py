@@ -269,3 +269,34 @@ def test_damaged_files_give_trace_errors(tmp_path, backend):
             assert "\n" not in str(exc) and str(path) in str(exc)
             outcomes["error"] += 1
     assert outcomes["trace"] and outcomes["error"]
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_reader_join_is_the_join_attribution_makes(path):
+    """The reader hands over its op -> call join (traces.model.OP_CALL_KEY); it must equal the
+    join of the trace's own columns, and be ignored once a column is replaced."""
+    import dataclasses as dc
+
+    from maxinstr.attribute.attribute import join_ops_to_calls
+    from maxinstr.attribute.intervals import correlation_join
+    from maxinstr.traces.model import OP_CALL_KEY
+
+    for backend in ["python"] + (["native"] if NATIVE else []):
+        t = read_nsys(path, backend=backend)
+        fresh = correlation_join(t.ops.pid, t.ops.correlation_id, t.calls.pid, t.calls.correlation_id)
+        if len(t.calls):
+            assert t.meta[OP_CALL_KEY][4] is join_ops_to_calls(t)
+        assert np.array_equal(join_ops_to_calls(t), fresh)
+        if len(t.ops):
+            t.ops = dc.replace(t.ops, correlation_id=t.ops.correlation_id.copy())
+            assert join_ops_to_calls(t) is not t.meta.get(OP_CALL_KEY, (None,) * 5)[4]
+
+
+@pytest.mark.skipif(not NATIVE, reason="maxinstr._columns not built")
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_scans_on_several_threads_agree(path, monkeypatch):
+    """The direct scans split a table's leaves over the reader threads and hand back one piece
+    per thread, joined once with the other op tables: the same trace as one SQL read."""
+    whole = read_nsys(path, backend="python")
+    monkeypatch.setattr(cols, "worker_count", lambda: 4)
+    _same(read_nsys(path, backend="native"), whole)

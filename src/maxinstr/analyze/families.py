@@ -162,6 +162,14 @@ def classify_id_codes(name_ids: np.ndarray, strings: np.ndarray, table: tuple[Fa
     index = {n: i for i, n in enumerate(names)}
     if ids.size == 0:
         return np.empty(0, dtype=np.int16)
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo >= -1 and hi < max(1 << 20, 4 * ids.size):
+        # ids index a string table: dense small integers, so the distinct ones are a bincount
+        # and the broadcast a table lookup (np.unique's sort of a million ids costs ~0.1 s)
+        used = np.flatnonzero(np.bincount(ids + 1, minlength=hi + 2)) - 1
+        lut = np.zeros(hi + 2, np.int16)
+        lut[used + 1] = [index[OTHER] if i < 0 else index[classify_one(str(strings[i]), table)] for i in used.tolist()]
+        return lut[ids + 1]
     used, inverse = np.unique(ids, return_inverse=True)
     codes = np.array([index[OTHER] if i < 0 else index[classify_one(str(strings[i]), table)] for i in used],
                      dtype=np.int16)

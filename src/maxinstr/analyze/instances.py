@@ -331,19 +331,36 @@ def range_texts(trace) -> np.ndarray:
     return np.where(r.name_id >= 0, strings[np.maximum(r.name_id, 0)], "").astype(object)
 
 
-def range_names(trace) -> np.ndarray:
-    """Display names of the trace's ranges: the text, prefixed ``domain:`` unless the domain is
-    empty or maxinstr's own."""
+def _distinct_ranges(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(per range its (domain, text) pair's index, each distinct pair's domain string, its text
+    string; object arrays, '' when none). A trace has a million ranges and a few hundred
+    distinct names: whatever is done to a name string is done once per distinct pair."""
     r = trace.ranges
     strings = np.asarray(trace.strings, dtype=object)
-    if len(r) == 0:
-        return np.empty(0, dtype=object)
-    text = np.where(r.name_id >= 0, strings[np.maximum(r.name_id, 0)] if len(strings) else "", "").astype(object)
-    dom = np.where(r.domain_id >= 0, strings[np.maximum(r.domain_id, 0)] if len(strings) else "", "").astype(object)
+    n_s = len(strings) + 1
+    key = (np.asarray(r.domain_id, np.int64) + 1) * n_s + (np.asarray(r.name_id, np.int64) + 1)
+    pairs, inv = np.unique(key, return_inverse=True)
+    dom_id, name_id = pairs // n_s - 1, pairs % n_s - 1
+    text = np.where(name_id >= 0, strings[np.maximum(name_id, 0)] if len(strings) else "", "").astype(object)
+    dom = np.where(dom_id >= 0, strings[np.maximum(dom_id, 0)] if len(strings) else "", "").astype(object)
+    return inv.reshape(-1), dom, text
+
+
+def _display_names(dom: np.ndarray, text: np.ndarray) -> np.ndarray:
+    """The text, prefixed ``domain:`` unless the domain is empty or maxinstr's own."""
     prefixed = ~np.isin(dom.astype(str), list(UNPREFIXED_DOMAINS))
     out = text.copy()
     out[prefixed] = np.char.add(np.char.add(dom[prefixed].astype(str), ":"), text[prefixed].astype(str)).astype(object)
     return out
+
+
+def range_names(trace) -> np.ndarray:
+    """Display names of the trace's ranges: the text, prefixed ``domain:`` unless the domain is
+    empty or maxinstr's own."""
+    if len(trace.ranges) == 0:
+        return np.empty(0, dtype=object)
+    inv, dom, text = _distinct_ranges(trace)
+    return _display_names(dom, text)[inv]
 
 
 def from_trace(trace, attribution=None, warmup_n: int = 0) -> StageInstances:
@@ -353,19 +370,29 @@ def from_trace(trace, attribution=None, warmup_n: int = 0) -> StageInstances:
 
     r = trace.ranges
     keep_mask = np.asarray(r.style) != RangeStyle.MARK
-    if len(r):
-        strings = np.asarray(trace.strings, dtype=object)
-        dom = np.where(r.domain_id >= 0, strings[np.maximum(r.domain_id, 0)] if len(strings) else "", "").astype(str)
-        text = np.where(r.name_id >= 0, strings[np.maximum(r.name_id, 0)] if len(strings) else "", "").astype(str)
+    n_all = len(r)
+    if n_all:
+        # names are decided per distinct (domain, text) pair, then gathered per range
+        pair, dom, text = _distinct_ranges(trace)
         # C++-qualified op names (aten::mm, _C::rms_norm) are framework op markers whatever the domain
-        framework = np.isin(dom, list(FRAMEWORK_OP_DOMAINS)) | (np.char.find(text, "::") >= 0)
+        framework = (np.isin(dom.astype(str), list(FRAMEWORK_OP_DOMAINS)) | (np.char.find(text.astype(str), "::") >= 0))[pair]
         if (keep_mask & ~framework).any():
             keep_mask &= ~framework
-    keep = np.flatnonzero(keep_mask) if len(r) else np.empty(0, np.int64)
-    n_all = len(r)
-    names = range_names(trace)
+        keep = np.flatnonzero(keep_mask)
+        pair_names = _display_names(dom, text)
+        kept_pair = pair[keep]
+        # name codes as name_codes() finds them (ranks among the distinct kept names, sorted),
+        # from the few distinct pairs instead of a sort of every instance's string
+        present = np.flatnonzero(np.bincount(kept_pair, minlength=len(pair_names))) if len(keep) else kept_pair
+        code_of_pair = np.full(len(pair_names), -1, np.int64)
+        if len(present):
+            code_of_pair[present] = name_codes(pair_names[present])
+        names, name_code = pair_names[kept_pair], code_of_pair[kept_pair]
+    else:
+        keep = np.empty(0, np.int64)
+        names, name_code = np.empty(0, dtype=object), None
     inst = StageInstances(
-        name=names[keep].astype(object),
+        name=names.astype(object),
         host_start_ns=np.asarray(r.start_ns, np.int64)[keep],
         host_end_ns=np.asarray(r.end_ns, np.int64)[keep],
         gpu_event_ns=_i64(len(keep)),
@@ -379,7 +406,7 @@ def from_trace(trace, attribution=None, warmup_n: int = 0) -> StageInstances:
         exception=np.zeros(len(keep), bool),
     )
     _fill_from_attribution(inst, attribution, keep, n_all)
-    return _finish(inst, warmup_n)
+    return _finish(inst, warmup_n, name_code=name_code if len(keep) else None)
 
 
 def _fill_from_attribution(inst: StageInstances, attribution, rows: np.ndarray, n_ranges: int) -> None:

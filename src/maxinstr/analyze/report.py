@@ -787,20 +787,23 @@ def _gpu_section(trace: Trace | None, attribution: Attribution | None, fam: np.n
     # maxinstr's own GPU-floor calibration kernels are the profiler's work, not the program's
     own = np.asarray(fam) == list(FAMILY_NAMES).index("maxinstr") if n else np.zeros(0, bool)
     keep = ~own
+    # usually no op is maxinstr's own: then every column is taken whole (views, not copies)
+    sel = slice(None) if keep.all() else keep
     attributed = None
     if attribution is not None and len(getattr(attribution, "op_range", [])) == n and keep.any():
-        attributed = float(dur[keep & (np.asarray(attribution.op_range) >= 0)].sum() / max(dur[keep].sum(), 1))
-    fams = family_table(dur[keep], np.asarray(fam)[keep])
+        attributed = float(dur[keep & (np.asarray(attribution.op_range) >= 0)].sum() / max(dur[sel].sum(), 1))
+    fams = family_table(dur[sel], np.asarray(fam)[sel])
     other = next((f["share"] for f in fams if f["family"] == "other"), 0.0)
-    kernels = kernel_table(trace, fam, dur, mask=keep, limit=KERNELS_KEPT)
-    distinct = len(np.unique(np.asarray(trace.ops.name_id)[keep])) if n else 0
+    kernels = kernel_table(trace, fam, dur, mask=None if isinstance(sel, slice) else keep, limit=KERNELS_KEPT)
+    # distinct names (ids index the string table, -1 for none: a bincount, not a sort)
+    distinct = int(np.count_nonzero(np.bincount(np.asarray(trace.ops.name_id, np.int64)[sel] + 1))) if n and keep.any() else 0
     span = 0
     if n:
         span = int(np.asarray(trace.ops.end_ns).max() - np.asarray(trace.ops.start_ns).min())
     return {
         "ops": int(keep.sum()),
         "own_ops": {"count": int(own.sum()), "gpu_ns": float(dur[own].sum())},
-        "gpu_ns": float(dur[keep].sum()),
+        "gpu_ns": float(dur[sel].sum()),
         "span_ns": span,
         "attributed_share": attributed,
         "families": fams,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from maxinstr import columns
 from maxinstr.analyze.schema import Statistic, StepTrend
 
 MAD_TO_SIGMA = 1.4826
@@ -85,8 +86,13 @@ def group_summaries(codes: np.ndarray, values: np.ndarray, n_groups: int) -> lis
     first = starts[filled]
     # sums in each group's own order, as summarize's v.sum() (add.reduceat sums each segment
     # with the same pairwise loop)
-    totals = np.add.reduceat(v[np.argsort(c, kind="stable")], first)
-    x = v[np.lexsort((v, c))]
+    native = columns.function("group_sort_f64")
+    both = native(c, v, n_groups) if native is not None else None  # None: it declined
+    if both is None:
+        both = v[np.argsort(c, kind="stable")], v[np.lexsort((v, c))]
+    totals = np.add.reduceat(both[0], first)
+    x = both[1]
+    del both
     stats: dict[str, np.ndarray] = {"min": x[first], "max": x[first + n - 1], "total": totals, "mean": totals / n}
     for key, q in _QUANTILES:
         vi = (n - 1) * q
@@ -117,6 +123,13 @@ def occurrence_index(keys: np.ndarray, order: np.ndarray) -> np.ndarray:
     n = len(keys)
     if n == 0:
         return np.empty(0, dtype=np.int64)
+    counts = columns.function("running_counts")
+    if counts is not None and keys.dtype.kind in "iu" and (keys.dtype.kind == "i" or keys.max() < (1 << 63)):
+        # the rows by order (stable: ties keep input order), then a running count per key
+        perm = np.argsort(np.asarray(order), kind="stable")
+        out = np.empty(n, dtype=np.int64)
+        out[perm] = counts(keys.astype(np.int64, copy=False)[perm])
+        return out
     _, key_codes = np.unique(keys, return_inverse=True)
     key_codes = key_codes.reshape(-1)
     perm = np.lexsort((np.arange(n), np.asarray(order), key_codes))
@@ -135,6 +148,11 @@ def group_medians(codes: np.ndarray, values: np.ndarray, n_groups: int) -> np.nd
         return out
     codes = np.asarray(codes, dtype=np.int64)
     values = np.asarray(values)
+    native = columns.function("group_medians_f64")
+    if native is not None:  # the same numbers in O(n) (maxinstr._columns); None: it declined
+        got = native(codes, values.astype(np.float64, copy=False), n_groups)
+        if got is not None:
+            return got
     vmax = int(values.max()) if values.dtype.kind in "iu" and len(values) else -1
     if values.dtype.kind in "iu" and values.min() >= 0 and vmax < (1 << 62) // max(n_groups, 1):
         # one int64 key (group, value): a plain sort, several times faster than lexsort

@@ -7,9 +7,11 @@ nesting depth, never over trace rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
+from maxinstr import columns
 
 def dense_index(*keys: np.ndarray) -> tuple[np.ndarray, int]:
     """A dense int64 id per distinct tuple of the given equal-length int64 columns."""
@@ -95,7 +97,7 @@ class IntervalIndex:
         for k in np.flatnonzero(bounds[1:] > bounds[:-1]):  # groups (threads), not rows
             sel = qs[bounds[k] : bounds[k + 1]]
             lo, hi = self.group_lo[k], self.group_hi[k]
-            out_pos[sel] = lo + np.searchsorted(self.start[lo:hi], q_start[sel], side="right") - 1
+            out_pos[sel] = lo + searchsorted(self.start[lo:hi], q_start[sel], side="right") - 1
             out_pos[sel[out_pos[sel] < lo]] = -1
         # Walk up while the candidate ends before the query does (depth-bounded loop).
         active = np.flatnonzero(out_pos >= 0)
@@ -124,8 +126,13 @@ def group_starts(sorted_group: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.r_[True, sorted_group[1:] != sorted_group[:-1]])
 
 
-def segmented_union(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def segmented_union(group: np.ndarray, start: np.ndarray, end: np.ndarray,
+                    index: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per group of intervals sorted by (group, start): (groups, min start, max end, union length).
+    With ``index``, interval i is ``(start[index[i]], end[index[i]])``.
+
+    The native module (``maxinstr._columns.segmented_union``) does it in one pass when built;
+    the numpy path below gives the same numbers (tests/attribute/test_intervals.py).
 
     The union counts overlapping time once (GPU busy time across streams). A segmented running
     maximum is done with one ``np.maximum.accumulate`` by lifting each group into its own band
@@ -136,6 +143,11 @@ def segmented_union(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tu
     if not n:
         z = np.empty(0, np.int64)
         return z, z, z, z
+    native = columns.function("segmented_union")
+    if native is not None:
+        return native(group, start, end, None if index is None else np.asarray(index, np.int64))
+    if index is not None:
+        start, end = start[index], end[index]
     head = np.empty(n, bool)
     head[0] = True
     np.not_equal(group[1:], group[:-1], out=head[1:])
@@ -171,6 +183,15 @@ def segmented_union(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tu
     np.maximum(prev, 0, out=prev)  # time each interval adds beyond those started before it
     union = np.bincount(seg, weights=prev, minlength=len(heads)).astype(np.int64)
     return gid, first_start, last_end, union
+
+
+def searchsorted(a: np.ndarray, v: np.ndarray, side: Literal["left", "right"] = "left") -> np.ndarray:
+    """``np.searchsorted(a, v, side)`` (int64 positions); for int64 columns by the native
+    galloping search when built: keys that come nearly sorted (ids, times) cost a few steps."""
+    native = columns.function("searchsorted_i64") if len(v) >= 4096 else None
+    if native is not None and a.dtype.kind == "i" and v.dtype.kind == "i" and a.itemsize <= 8 and v.itemsize <= 8:
+        return native(a, v, side == "right")
+    return np.searchsorted(a, v, side=side).astype(np.int64, copy=False)
 
 
 JOIN_BLOCK = 1 << 21  # left rows per step of correlation_join (bounds its temporaries)
@@ -266,9 +287,15 @@ def correlation_join(
         key, bad = left_key(lo, lo + JOIN_BLOCK)
         if n_rank > 1:
             key *= n_rank
-        found = np.searchsorted(skey, key)  # leftmost: the best rank, then first row, of the key
+        found = searchsorted(skey, key)  # leftmost: the best rank, then first row, of the key
         np.minimum(found, last, out=found)
-        hit = skey[found] // n_rank == key // n_rank if n_rank > 1 else skey[found] == key
+        if n_rank > 1:
+            # key is id * n_rank (rank 0) and skey[found] >= key unless clipped: the same id
+            # exactly when the difference is below n_rank (no integer division per op)
+            hit = skey[found] - key
+            hit = (hit >= 0) & (hit < n_rank)
+        else:
+            hit = skey[found] == key
         hit &= ~bad
         if row_of is not None:
             found = row_of[found]

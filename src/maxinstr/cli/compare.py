@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from maxinstr.cli import without_gc
+from maxinstr.cli import batch_command
 from maxinstr.errors import MaxinstrError
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def _side(path: str, trace: str | None, warmup: int | None, quiet: bool) -> Side
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @click.option("--width", type=click.IntRange(min=40), default=None, metavar="COLUMNS",
               help="Text width (default: COLUMNS, else the terminal's, else 120).")
-@without_gc
+@batch_command
 def command(runs: tuple[str, ...], traces: tuple[str, ...], fmt: str, output: str | None, warmup: int | None, quiet: bool,
             width: int | None) -> None:
     """Compare runs against the first: per-stage median/p90 deltas with a noise bound from the

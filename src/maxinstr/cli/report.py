@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from maxinstr.cli import without_gc
+from maxinstr.cli import batch_command
 from maxinstr.errors import MaxinstrError, TraceError
 
 if TYPE_CHECKING:
@@ -26,10 +26,13 @@ class Progress:
     or when stderr is not a terminal)."""
 
     def __init__(self, quiet: bool = False) -> None:
+        self._status = None
+        if quiet or not _may_be_terminal():
+            return  # rich is not imported at all (a tenth of the imports of a report)
         from rich.console import Console
 
         console = Console(stderr=True)
-        self._status = None if (quiet or not console.is_terminal) else console.status("maxinstr report ...")
+        self._status = None if not console.is_terminal else console.status("maxinstr report ...")
 
     def __enter__(self) -> Progress:
         if self._status is not None:
@@ -43,6 +46,20 @@ class Progress:
     def update(self, message: str) -> None:
         if self._status is not None:
             self._status.update(message)
+
+
+def _may_be_terminal() -> bool:
+    """False when rich's Console(stderr=True).is_terminal would be False for certain: stderr is
+    not a tty and no environment variable (FORCE_COLOR, TTY_COMPATIBLE) says otherwise."""
+    import os
+
+    if os.environ.get("TTY_COMPATIBLE", "") == "1" or os.environ.get("FORCE_COLOR") is not None:
+        return True
+    isatty = getattr(sys.stderr, "isatty", None)
+    try:
+        return bool(isatty()) if isatty is not None else False
+    except Exception:  # noqa: BLE001 - a closed or odd stream: rich says False too
+        return False
 
 
 def open_trace_with_progress(path: str, quiet: bool = False, progress: Progress | None = None) -> Trace:
@@ -196,7 +213,7 @@ def write_streamed(output: str, report: Report, analysis: Analysis | None) -> No
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @click.option("--width", type=click.IntRange(min=40), default=None, metavar="COLUMNS",
               help="Text width (default: COLUMNS, else the terminal's, else 120).")
-@without_gc
+@batch_command
 def command(run_dir: str | None, trace_paths: tuple[str, ...], fmt: str, output: str | None, unprofiled: str | None,
             warmup: int | None, quiet: bool, width: int | None) -> None:
     """Per-stage report: where the time goes, stage by stage, and why.

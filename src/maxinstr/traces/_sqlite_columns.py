@@ -13,6 +13,12 @@ Both backends expose the same three calls and give identical arrays:
   kept (the native reader never stores the others).
 - ``strings_by_id(path, table, ids)``: ``value`` of ``table`` rows whose ``id`` is in ``ids``
   (returned in the order of ``ids``; a missing id gives ``""``).
+- ``scan(path, table, columns, ...)``: integer columns (:class:`IntCol`) of one table, in rowid
+  order, as :meth:`IntCol.sql` computes them; the native backend reads them straight from the
+  file's table b-tree (no SQL), and both return None when that is not possible: the caller
+  then runs the same columns through ``query``/``query_many``. With ``pieces=True`` each
+  column is a list of arrays (one per reader thread, in row order), for a caller that joins
+  several tables anyway.
 
 The native path exists because fetching millions of rows through Python objects costs seconds
 (docs/benchmarks.md, "Trace merge"); the Python path is kept as the reference and fallback.
@@ -24,11 +30,34 @@ import os
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from maxinstr import config
+from maxinstr.columns import native_module
+
+
+@dataclass(frozen=True)
+class IntCol:
+    """One integer result column: ``((ifnull(name, default) >> shift) & mask)``; the literal
+    ``default`` (shifted and masked alike) when the table lacks the column."""
+
+    name: str
+    default: int = -1
+    kind: str = "i"  # 'i' int64 or 'n' int32 (out-of-range values -1), as in query()
+    shift: int = 0
+    mask: int | None = None
+
+    def sql(self, present: set[str] | frozenset[str]) -> str:
+        expr = f'ifnull("{self.name}", {self.default})' if self.name in present else str(self.default)
+        if self.shift:
+            expr = f"({expr} >> {self.shift})"
+        if self.mask is not None:
+            expr = f"({expr} & {self.mask})"
+        return expr
+
 
 class ColumnBackend(Protocol):
     name: str
@@ -38,6 +67,10 @@ class ColumnBackend(Protocol):
     def query_many(self, path: str, queries: Sequence[tuple]) -> list[list[Any]]: ...
 
     def strings_by_id(self, path: str, table: str, ids: np.ndarray) -> list[str]: ...
+
+    def scan(self, path: str, table: str, columns: Sequence[IntCol], *, filter_col: int = -1,
+             mask: np.ndarray | None = None, exclude: tuple[int, int] | None = None,
+             expected_rows: int = 0, pieces: bool = False) -> list[Any] | None: ...
 
 
 def _uri(path: str) -> str:
@@ -104,6 +137,9 @@ class PythonBackend:
                 result = apply_filter(result, spec[2], spec[3])
             out.append(result)
         return out
+
+    def scan(self, path: str, table: str, columns: Sequence[IntCol], **_: Any) -> None:
+        return None  # the reference path: always SQL
 
     def strings_by_id(self, path: str, table: str, ids: np.ndarray) -> list[str]:
         ids = np.asarray(ids, dtype=np.int64)
@@ -206,10 +242,37 @@ class NativeBackend:
 
     def query_many(self, path: str, queries: Sequence[tuple]) -> list[list[Any]]:
         threads = max(1, min(len(queries), worker_count()))
-        return self._m.query_many(_uri(path), list(queries), threads)
+        return self._m.query_many(_uri(path), list(queries), threads, _TRIM)
 
     def strings_by_id(self, path: str, table: str, ids: np.ndarray) -> list[str]:
         return self._m.strings_by_id(_uri(path), table, np.ascontiguousarray(ids, dtype=np.int64))
+
+    def scan(self, path: str, table: str, columns: Sequence[IntCol], *, filter_col: int = -1,
+             mask: np.ndarray | None = None, exclude: tuple[int, int] | None = None,
+             expected_rows: int = 0, pieces: bool = False) -> list[Any] | None:
+        if not hasattr(self._m, "scan_table") or config.no_direct_scan():
+            return None
+        layout = table_layout(path, table)
+        if layout is None:
+            return None
+        root, order = layout
+        specs = []
+        for c in columns:
+            if c.name in order:
+                src = order[c.name]
+                if src < 0:
+                    return None  # the rowid alias, a generated column, or a column with a default
+            else:
+                src = -1
+            if c.kind not in ("i", "n") or not (0 <= c.shift < 64) or not (-(1 << 63) <= c.default < (1 << 63)):
+                return None
+            specs.append((src, int(c.default), c.kind, int(c.shift), -1 if c.mask is None else int(c.mask)))
+        ex_col, ex_val = exclude if exclude is not None else (-1, 0)
+        if mask is not None:
+            mask = np.ascontiguousarray(mask, np.uint8)
+        threads = max(1, worker_count())
+        return self._m.scan_table(os.path.abspath(path), root, specs, filter_col, mask, ex_col, ex_val, threads,
+                                  int(expected_rows), bool(pieces))
 
 
 def worker_count() -> int:
@@ -243,27 +306,25 @@ def concat_results(parts: list[list[Any]]) -> list[Any]:
     return out
 
 
+_TRIM = True
+
+
+def keep_freed_memory() -> None:
+    """For a process that goes on to use as much memory as a read frees (``maxinstr report``):
+    reads no longer hand freed heap memory back to the OS (:func:`release_memory`), which the
+    next phase would fault back in, page by page."""
+    global _TRIM
+    _TRIM = False
+
+
 def release_memory() -> None:
-    """Give freed heap memory back to the OS when the native module is there (glibc only)."""
+    """Give freed heap memory back to the OS when the native module is there (glibc only),
+    unless :func:`keep_freed_memory` was called."""
+    if not _TRIM:
+        return
     module = native_module()
     if module is not None and hasattr(module, "release_memory"):
         module.release_memory()
-
-
-def native_module() -> Any | None:
-    """The native module, or None when it is not built or the system SQLite cannot be loaded."""
-    if config.no_native_columns():
-        return None
-    try:
-        from maxinstr import _columns
-    except ImportError:
-        return None
-    try:
-        if not _columns.available():
-            return None
-    except Exception:  # noqa: BLE001 - a broken build must not stop the Python path
-        return None
-    return _columns
 
 
 def backend(prefer: str = "auto") -> ColumnBackend:
@@ -276,6 +337,33 @@ def backend(prefer: str = "auto") -> ColumnBackend:
             raise RuntimeError("maxinstr._columns is not available (not built, or libsqlite3.so.0 not found)")
         return PythonBackend()
     return NativeBackend(module)
+
+
+def table_layout(path: str | Path, table: str) -> tuple[int, dict[str, int]] | None:
+    """(root page, column name -> index in the stored record) of an ordinary rowid table, for
+    the direct scan; a column that cannot be read from its record position maps to -1 (the
+    INTEGER PRIMARY KEY, which is stored as NULL and read as the rowid; a column with a DEFAULT,
+    which rows written before an ALTER TABLE ADD COLUMN take without storing it). None for
+    anything but an ordinary table (views, virtual, WITHOUT ROWID, generated columns)."""
+    con = connect(path)
+    try:
+        row = con.execute("SELECT rootpage, sql FROM sqlite_master WHERE type='table' AND name=?", (table,)).fetchone()
+        if row is None or not row[0] or row[1] is None:
+            return None
+        if "WITHOUT ROWID" in " ".join(str(row[1]).upper().split()):
+            return None
+        info = con.execute(f"PRAGMA table_xinfo('{table}')").fetchall()
+    finally:
+        con.close()
+    order: dict[str, int] = {}
+    pos = 0
+    for _cid, name, ctype, _notnull, default, pk, *rest in info:
+        if rest and rest[0]:
+            return None  # generated columns: the stored record order is not the declared order
+        alias = pk == 1 and str(ctype).strip().upper() == "INTEGER" and sum(1 for r in info if r[5]) == 1
+        order[str(name)] = -1 if (alias or default is not None) else pos
+        pos += 1
+    return int(row[0]), order
 
 
 def table_columns(path: str | Path) -> dict[str, set[str]]:

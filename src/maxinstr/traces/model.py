@@ -23,6 +23,13 @@ from maxinstr.rundir.format import MAX_TIME_NS  # trace times too: a difference 
 NO_ID = -1
 """Sentinel for a missing id / string / payload in integer columns."""
 
+OP_CALL_KEY = "op_call"
+"""``trace.meta[OP_CALL_KEY]``, set by a reader that joined ops to their launch calls anyway
+(the nsys reader keeps only the calls some op points at): ``(ops.pid, ops.correlation_id,
+calls.pid, calls.correlation_id, op_call)``, the four key columns (the very array objects) and
+per op its call row, as :func:`maxinstr.attribute.attribute.join_ops_to_calls` computes it.
+That function uses it only while the trace still holds those same arrays."""
+
 
 class RangeStyle(IntEnum):
     """How a host range was opened and closed."""

@@ -35,8 +35,10 @@ import numpy as np
 from maxinstr.attribute.intervals import correlation_join
 from maxinstr.errors import TraceError
 from maxinstr.traces import _sqlite_columns as cols
+from maxinstr.traces._sqlite_columns import IntCol
 from maxinstr.traces.model import (
     NO_ID,
+    OP_CALL_KEY,
     CallKind,
     Calls,
     GpuOps,
@@ -110,14 +112,6 @@ def _distinct_ids(columns: list[np.ndarray]) -> np.ndarray:
         return np.flatnonzero(seen).astype(np.int64)
     allv = np.unique(np.concatenate(parts))
     return allv[allv >= 0]
-
-
-def _pid_sql(expr: str) -> str:
-    return f"(({expr} >> 24) & {TID_MASK})"
-
-
-def _tid_sql(expr: str) -> str:
-    return f"({expr} & {TID_MASK})"
 
 
 def split_global_tid(global_tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -222,26 +216,33 @@ class _Reader:
                     rows = min(rows, wanted + 1024)
                 queries.append((q, kinds, filter_col, mask, int(rows)))
 
+        scans: dict[str, tuple] = {}
+
+        def add_table(key: str, table: str, columns: list[IntCol], *, where_not: tuple[int, int] | None = None,
+                      filter_col: int = -1, mask: np.ndarray | None = None, pieces: bool = False) -> None:
+            # Integer columns of a big table: read straight from the file when the backend can
+            # (the native direct scan), else as SQL in parallel rowid slices; the same values.
+            present = self.schema[table]
+            sql = f"SELECT {', '.join(c.sql(present) for c in columns)} FROM {table}"
+            if where_not is not None:
+                sql += f" WHERE {columns[where_not[0]].sql(present)} != {where_not[1]}"
+            scans[key] = (table, columns, where_not, filter_col, mask, sql, "".join(c.kind for c in columns), pieces)
+
+        def op_columns() -> list[IntCol]:
+            return [IntCol("start", 0), IntCol("end", 0), IntCol("deviceId", -1, "n"), IntCol("streamId", -1),
+                    IntCol("correlationId", -1), IntCol("globalPid", 0, "n", 24, TID_MASK)]
+
         k = _KERNEL
         if k in self.schema:
             name_col = "demangledName" if "demangledName" in self.schema[k] else "shortName"
-            add(
-                "kernel",
-                f'SELECT start, "end", {self.col(k, "deviceId")}, {self.col(k, "streamId")}, '
-                f'{self.col(k, "correlationId")}, {_pid_sql(self.col(k, "globalPid", "0"))}, '
-                f'{self.col(k, name_col)}, {self.col(k, "graphNodeId")} FROM {k}',
-                "iiniinni",  # int32 ('n') device, 24-bit pid and string id: 10M-row columns
-            )
+            # int32 ('n') device, 24-bit pid and string id: 10M-row columns
+            # (pieces: the reader threads' arrays, joined once with the other op tables in _ops)
+            add_table("kernel", k, op_columns() + [IntCol(name_col, -1, "n"), IntCol("graphNodeId", -1)], pieces=True)
         for key, t in (("memcpy", _MEMCPY), ("memset", _MEMSET)):
             if t in self.schema:
-                kind_col = self.col(t, "copyKind", "0") if key == "memcpy" else "0"
-                add(
-                    key,
-                    f'SELECT start, "end", {self.col(t, "deviceId")}, {self.col(t, "streamId")}, '
-                    f'{self.col(t, "correlationId")}, {_pid_sql(self.col(t, "globalPid", "0"))}, '
-                    f'{self.col(t, "bytes", "0")}, {kind_col}, {self.col(t, "graphNodeId")} FROM {t}',
-                    "iiniinini",
-                )
+                kind_col = IntCol("copyKind", 0, "n") if key == "memcpy" else IntCol("", 0, "n")  # "": always 0
+                add_table(key, t, op_columns() + [IntCol("bytes", 0), kind_col, IntCol("graphNodeId", -1)],
+                          pieces=True)
         if _NVTX in self.schema:
             n = _NVTX
             payload = ", ".join(
@@ -259,11 +260,55 @@ class _Reader:
         if "ThreadNames" in self.schema:
             add("threads", "SELECT globalTid, nameId FROM ThreadNames", "ii")
 
-        def run() -> dict[str, list[Any]]:
-            results = self.be.query_many(self.db, queries)
+        def run_queries() -> dict[str, list[Any]]:
+            results = self.be.query_many(self.db, queries) if queries else []
             out = {key: cols.concat_results([results[i] for i in idx]) for key, idx in slots.items()}
             queries.clear()
             slots.clear()
+            return out
+
+        def run() -> dict[str, list[Any]]:
+            # The SQL queries (NVTX, thread names) run on a thread of their own while the big
+            # tables are scanned (both release the GIL); a scan that declines queues its SQL.
+            background: dict[str, Any] = {}
+            worker = None
+            if queries and scans and self.be.name == "native":
+                import threading
+
+                own_queries, own_slots = list(queries), dict(slots)
+                queries.clear()
+                slots.clear()
+
+                def sql_part() -> None:
+                    try:
+                        res = self.be.query_many(self.db, own_queries)
+                        background["out"] = {key: cols.concat_results([res[i] for i in idx])
+                                             for key, idx in own_slots.items()}
+                    except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+                        background["error"] = exc
+
+                worker = threading.Thread(target=sql_part, name="maxinstr-nsys-sql", daemon=True)
+                worker.start()
+            scanned: dict[str, list[Any]] = {}
+            try:
+                for key, (table, columns, where_not, filter_col, mask, sql, kinds, pieces) in scans.items():
+                    top = self.small(f"SELECT ifnull(max(rowid), 0) FROM {table}")[0][0]
+                    expected = min(top, wanted + 1024) if mask is not None else top
+                    got = self.be.scan(self.db, table, columns, filter_col=filter_col, mask=mask, exclude=where_not,
+                                       expected_rows=int(expected), pieces=pieces)
+                    if got is None:
+                        add(key, sql, kinds, filter_col, mask)
+                    else:
+                        scanned[key] = got
+            finally:
+                scans.clear()
+                if worker is not None:
+                    worker.join()
+            if "error" in background:
+                raise background["error"]
+            out = run_queries()
+            out.update(background.get("out", {}))
+            out.update(scanned)
             return out
 
         # Phase 1: GPU ops, NVTX, thread names. Phase 2: the API calls, keeping only rows whose
@@ -273,16 +318,16 @@ class _Reader:
         mask = _correlation_mask(ops.correlation_id)
         wanted = int(np.count_nonzero(mask)) if mask is not None else 0
         if _RUNTIME in self.schema:
-            r = _RUNTIME
-            add(
+            add_table(
                 "runtime",
-                f'SELECT start, "end", {_pid_sql(self.col(r, "globalTid", "0"))}, '
-                f'{_tid_sql(self.col(r, "globalTid", "0"))}, {self.col(r, "correlationId")}, '
-                f'{self.col(r, "nameId")}, {self.col(r, "eventClass", "0")} FROM {r} '
-                f'WHERE {self.col(r, "eventClass", "0")} != {_EVENT_CLASS_BACKTRACE}',
-                "iinninn",  # 24-bit pid/tid, string id and event class as int32
-                4,
-                mask,
+                _RUNTIME,
+                # 24-bit pid/tid, string id and event class as int32
+                [IntCol("start", 0), IntCol("end", 0), IntCol("globalTid", 0, "n", 24, TID_MASK),
+                 IntCol("globalTid", 0, "n", 0, TID_MASK), IntCol("correlationId", -1), IntCol("nameId", -1, "n"),
+                 IntCol("eventClass", 0, "n")],
+                where_not=(6, _EVENT_CLASS_BACKTRACE),
+                filter_col=4,
+                mask=mask,
             )
         got.update(run())
         del mask  # (one byte per correlation id: 100+ MB on a 10M-kernel trace)
@@ -373,24 +418,36 @@ class _Reader:
 
     # -- ops ---------------------------------------------------------------------------------
     def _ops(self, got: dict[str, list[Any]]) -> tuple[GpuOps, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
-        parts: list[dict[str, np.ndarray]] = []
+        # A column is an array, or a list of arrays (a scan's pieces, one per reader thread):
+        # every table's pieces are joined in one concatenation per column below.
+        for key in ("kernel", "memcpy", "memset"):
+            if key in got:
+                got[key] = [c if isinstance(c, list) else [c] for c in got[key]]
+
+        def size(col: list[np.ndarray]) -> int:
+            return sum(len(a) for a in col)
+
+        def whole(col: list[np.ndarray]) -> np.ndarray:
+            return col[0] if len(col) == 1 else np.concatenate(col)
+
+        parts: list[dict[str, Any]] = []
         name_sid: list[np.ndarray] = []
         copy_rows = copy_kind = None  # rows (in the op table) and copy kinds of the memcpy ops
         if "kernel" in got:
             s, e, dev, stream, corr, gpid, name, node = got.pop("kernel")
             parts.append(dict(start=s, end=e, dev=dev, stream=stream, corr=corr, gpid=gpid,
-                              node=node, bytes=np.zeros(len(s), np.int64), kind=OpKind.KERNEL))  # fmt: skip
-            name_sid.append(name)
+                              node=node, bytes=[np.zeros(size(s), np.int64)], kind=OpKind.KERNEL, n=size(s)))  # fmt: skip
+            name_sid.extend(name)
             del s, e, dev, stream, corr, gpid, name, node
         for key, kind in (("memcpy", OpKind.MEMCPY), ("memset", OpKind.MEMSET)):
             if key in got:
                 s, e, dev, stream, corr, gpid, nbytes, ckind, node = got.pop(key)
-                if kind == OpKind.MEMCPY and len(s):
-                    first = sum(len(p["start"]) for p in parts)
-                    copy_rows, copy_kind = np.arange(first, first + len(s), dtype=np.int64), ckind
+                if kind == OpKind.MEMCPY and size(s):
+                    first = sum(p["n"] for p in parts)
+                    copy_rows, copy_kind = np.arange(first, first + size(s), dtype=np.int64), whole(ckind)
                 parts.append(dict(start=s, end=e, dev=dev, stream=stream, corr=corr, gpid=gpid,
-                                  node=node, bytes=nbytes, kind=kind))  # fmt: skip
-                name_sid.append(np.full(len(s), -1, np.int32))
+                                  node=node, bytes=nbytes, kind=kind, n=size(s)))  # fmt: skip
+                name_sid.append(np.full(size(s), -1, np.int32))
                 del s, e, dev, stream, corr, gpid, nbytes, ckind, node
         if not parts:
             self.notes.append("no kernel, memcpy or memset table: the trace has no GPU ops")
@@ -398,10 +455,9 @@ class _Reader:
 
         def cat(key: str) -> np.ndarray:
             # Drop each slice as soon as it is joined so peak memory stays near one copy.
-            arrays = [p.pop(key) for p in parts]
-            return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+            return whole([a for p in parts for a in p.pop(key)])
 
-        kinds = np.concatenate([np.full(len(p["start"]), int(p["kind"]), np.int8) for p in parts])
+        kinds = np.concatenate([np.full(p["n"], int(p["kind"]), np.int8) for p in parts])
         pid = cat("gpid")  # split from globalPid in SQL, on the reader threads
         ops = GpuOps(
             start_ns=cat("start"),
@@ -433,10 +489,15 @@ class _Reader:
         del rank
         used = np.zeros(len(s), bool)
         used[op_call[op_call >= 0]] = True
-        del op_call
         # The native read already dropped rows no op points at: usually nothing is left to
         # drop, and then no column is copied.
-        keep = slice(None) if used.all() else np.flatnonzero(used)
+        if used.all():
+            keep = slice(None)
+        else:
+            keep = np.flatnonzero(used)
+            new_row = np.cumsum(used, dtype=np.int64) - 1  # row among the kept calls
+            op_call = np.where(op_call >= 0, new_row[np.maximum(op_call, 0)], -1)
+            del new_row
         del used
         kind = np.where(is_driver[keep], np.int8(CallKind.DRIVER), np.int8(CallKind.RUNTIME))
         del is_driver
@@ -449,6 +510,10 @@ class _Reader:
             name_id=np.full(len(kind), NO_ID, np.int32),
             kind=kind,
         )
+        # Kept calls are one per (pid, correlation id), so this is the join attribution makes:
+        # handed over with the columns it was computed from (traces.model.OP_CALL_KEY).
+        op_call.flags.writeable = False  # shared: nobody may change it under the trace
+        self._op_call = (ops.pid, ops.correlation_id, calls.pid, calls.correlation_id, op_call)
         return calls, name[keep]
 
     def _mark_graph_calls(self, calls: Calls) -> None:
@@ -578,6 +643,8 @@ class _Reader:
             rows = self.small(f"SELECT systemClockNs FROM {t} LIMIT 1")
             if rows and rows[0][0] is not None:
                 meta["session_start_system_clock_ns"] = int(rows[0][0])
+        if hasattr(self, "_op_call"):
+            meta[OP_CALL_KEY] = self._op_call
         if hasattr(self, "_category"):
             meta["range_category"] = self._category
             meta["category_names"] = self._category_names
