@@ -83,3 +83,37 @@ def test_views_print_each_population_under_its_stage(decode):
     assert "decode: two populations" in out and "told apart by CUDA graph" in out
     md = markdown.render(decode.report)
     assert "· CUDA graph replay | 24 |" in md and "`decode` has two populations" in md
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 2])
+def test_one_kv_cache_request_is_not_two_populations(warmup):
+    """h200_torch_decode-run: its steady decode steps are one population whose time grows with
+    the KV cache. Per-name warm-up left request 0's ~44 ms compiling steps in (a "two populations
+    nothing tells apart" split); after it, the 17 GPU-timed steps of the next request split 6/11
+    by the cache's growth. Neither is two kinds of step: no split, whatever the warm-up."""
+    r = build_report(run=DATA / "kineto/h200_torch_decode-run", warmup=warmup)
+    assert [s["name"] for s in r["stages"] if s.get("populations")] == []
+
+
+def test_unexplained_population_labels_are_times_with_units():
+    """Two modes that nothing in the records tells apart are labelled by the time that splits
+    them, as a reader writes it ("< 1.23 ms"), not a raw nanosecond count."""
+    from maxinstr.analyze.instances import StageInstances
+
+    rng = np.random.default_rng(1)
+    n = 80
+    host = np.r_[np.exp(rng.normal(14, 0.05, n // 2)), np.exp(rng.normal(16, 0.05, n // 2))].astype(np.int64)
+    rng.shuffle(host)
+    z = np.zeros(n, np.int64)
+    inst = StageInstances(name=np.full(n, "s", object), host_start_ns=np.arange(n) * 10**8,
+                          host_end_ns=np.arange(n) * 10**8 + host, gpu_event_ns=z - 1, proj_start_ns=z - 1,
+                          proj_end_ns=z - 1, busy_ns=z - 1, kernel_count=z, op_count=z, idle_gap_ns=z - 1,
+                          memcpy_ns=z, step=z - 1, step_marked=np.zeros(n, bool), parent=z - 1, part=z, tid=z,
+                          record_id=np.arange(n), range_index=z - 1, is_mark=np.zeros(n, bool),
+                          exception=np.zeros(n, bool), kernel_ns=z, depth=z, occurrence=np.arange(n),
+                          iteration=np.arange(n))
+    got = pop.stage_populations(inst, np.arange(n), "host_ns")
+    assert got is not None and not got["explained"]
+    labels = [g["label"] for g in got["groups"]]
+    assert labels[0].startswith("lower mode (< ") and labels[1].startswith("upper mode (>= ")
+    assert all(lab.endswith((" us)", " ms)")) for lab in labels), labels

@@ -74,3 +74,60 @@ def test_cold_start_in_the_last_request_suggests_no_warmup():
     f = next(x for x in rep["diagnosis"] if x["id"] == "warmup_contamination")
     assert f["evidence"]["suggested_warmup"] is None and f["command"] is None
     assert "run more 'request' instances" in f["next_step"]
+
+
+# A pipeline whose stages are siblings: examples/torch_decode.py marks, per request, `prefill`,
+# then one `decode` per token, then `readback`, with no stage around the request. Per stage name
+# the first 2 decode *steps* were warm-up, so the steps of the two warm-up requests (request 0 ran
+# ~44 ms a step, compiling per sequence length) counted as steady: decode read 187 (+5), median
+# 5.22 ms, p90 37.9 ms, two "populations" that nothing told apart, and a --warmup suggestion (9,
+# then 16) that never converged.
+KINETO = DATA / "kineto"
+
+
+@pytest.fixture(scope="module")
+def torch_decode():
+    return analyze(run=KINETO / "h200_torch_decode-run")
+
+
+def test_sibling_stages_count_warmup_in_pipeline_iterations(torch_decode):
+    inst, rep = torch_decode.instances, torch_decode.report
+    assert inst.pipeline_head == "prefill" and rep["warmup"]["pipeline_head"] == "prefill"
+    name = inst.key.astype(str)
+    prefill_starts = np.sort(inst.host_start_ns[name == "prefill"])
+    assert len(prefill_starts) == 3
+    # steady top-level instances are exactly those from the third prefill on (warmup=2)
+    top = (inst.level == 0) & ~inst.is_mark
+    assert np.array_equal(inst.steady[top], inst.host_start_ns[top] >= prefill_starts[2])
+    # every decode step of a steady request is steady, every one of a warm-up request is not
+    d = _stage(rep, "decode")
+    assert d["steady"] == 64 and d["warmup"] == 128 and d["cold_start"] == 0
+    assert d["host_ns"]["p90"] < 1.5 * d["host_ns"]["median"]
+    assert _stage(rep, "prefill")["steady"] == 1 and _stage(rep, "readback")["steady"] == 1
+    # nothing left over for a cold-start or a two-population reading of one steady request
+    assert d.get("populations") is None
+    assert "warmup_contamination" not in {f["id"] for f in rep["diagnosis"]}
+
+
+def test_iterations_follow_the_head_and_nested_instances_their_top_level_one(torch_decode):
+    inst = torch_decode.instances
+    name = inst.key.astype(str)
+    top = (inst.level == 0) & ~inst.is_mark
+    # load ran before the first prefill: iteration -1; each request's stages share one iteration
+    assert set(inst.iteration[name == "load"].tolist()) == {-1}
+    for it in range(3):
+        in_it = top & (inst.iteration == it)
+        assert np.count_nonzero(in_it & (name == "decode")) == 64
+        assert np.count_nonzero(in_it & (name == "readback")) == 1
+    from maxinstr.analyze.instances import top_ancestor
+    assert np.array_equal(inst.iteration, inst.iteration[top_ancestor(inst.parent)])
+
+
+def test_one_top_level_stage_per_iteration_keeps_per_name_warmup():
+    """Where the head repeats as often as every other top-level stage (a request stage around
+    everything, or a training step's data/forward/backward side by side), iterations are the
+    per-name occurrences: the earlier captures read as before."""
+    a = analyze(run=NSYS / "h200_kvcache-run", trace=NSYS / "h200_kvcache.sqlite")
+    assert a.instances.pipeline_head is None
+    top = (a.instances.level == 0) & ~a.instances.is_mark
+    assert np.array_equal(a.instances.iteration[top], a.instances.occurrence[top])

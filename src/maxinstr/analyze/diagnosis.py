@@ -23,6 +23,7 @@ import shlex
 from collections.abc import Callable
 from typing import Any, Literal
 
+from maxinstr._units import ns_text as _fmt_ns
 from maxinstr.analyze.families import MATMUL_FAMILIES, scanned
 from maxinstr.analyze.schema import (Bottleneck, Finding, PopulationGroup, Report, Stage, StartupRow, StatisticKey,
                                      StepTrend, TimeKey)
@@ -187,7 +188,10 @@ def rule_no_kernels(report: Report) -> list[Finding]:
         util = None if smp.get("window_limited") else smp.get("gpu_util_pct_mean")
         if not host_stat.get("n") or not (gpu_stat.get("n") or util is not None):
             continue
-        ratio = gpu_stat["median"] / host_stat["median"] if gpu_stat.get("n") and host_stat["median"] > 0 else None
+        # GPU over host per instance, over the instances timed on both (with a GPU-timing budget
+        # only some are: the two medians would describe different instances)
+        over = st.get("gpu_event_over_host") or {}
+        ratio = over["median"] if over.get("n") else None
         shown.append((st, host_stat["median"], gpu_stat.get("median") if gpu_stat.get("n") else None, ratio, util))
     if not shown:
         return []
@@ -200,11 +204,14 @@ def rule_no_kernels(report: Report) -> list[Finding]:
         return lack * _stage_weight(report, st)
     st, host, gpu, ratio, util = max(shown, key=idle)
     parts = []
-    if gpu is not None:
-        parts.append(f"'{st['name']}' keeps its GPU stream {_fmt_ns(gpu)} of its {_fmt_ns(host)} on the host "
-                     f"({ratio:.0%})")
+    if gpu is not None and ratio is not None:
+        n_timed = (st.get("gpu_event_over_host") or {}).get("n", 0)
+        parts.append(f"'{st['name']}' takes {_fmt_ns(gpu)} on its GPU stream and {_fmt_ns(host)} on the host "
+                     f"(medians; GPU over host {ratio:.0%} per instance, over the {n_timed} timed on both)")
     if util is not None:
-        parts.append(f"a kernel ran in {util:.0f}% of its time (NVML utilization)")
+        parts.append(f"a kernel ran in {util:.0f}% of its time (NVML utilization)"
+                     + (": the GPU is idle most of the stage, so the host (Python, launches) sets its pace"
+                        if util < 100 * HOST_BOUND_GPU_OVER_HOST else ""))
     if outside is not None and outside >= 0.05:
         parts.append(f"{outside:.0%} of the run is outside every stage")
     ev: dict[str, Any] = {"stage": st["name"], "host_ns_median": host, "gpu_event_ns_median": gpu, "gpu_over_host": ratio,
@@ -219,6 +226,9 @@ def rule_no_kernels(report: Report) -> list[Finding]:
             "pip install 'maxinstr[cupti]'); the report then says whether the stage is launch-, host- or kernel-bound.")
     if ratio is not None and ratio < HOST_BOUND_GPU_OVER_HOST:
         step = "The stage's GPU work is a small part of it: the host sets its pace (see host_ns). " + step
+    elif util is not None and util < 100 * HOST_BOUND_GPU_OVER_HOST:
+        step = ("The GPU stream spans the stage but a kernel runs in little of it: the stream waits on the host "
+                "between launches. " + step)
     return [_finding(
         "no_kernels", "No kernel trace; what the GPU numbers show: " + "; ".join(parts), "fact", st["name"], ev,
         step, f"maxinstr run -- {script}",
@@ -273,12 +283,15 @@ def rule_warmup_contamination(report: Report) -> list[Finding]:
     evidence: dict[str, Any] = {"cold_instances": n_cold, "worst_stage": worst_stage, "worst_ratio": round(worst_ratio, 2),
                 "ratio_by_stage": ratios, "session_warmup": warm_n, "excluded_from_headline": True,
                 "suggested_warmup": None, "top_stage": top_stage}
+    head = report.get("warmup", {}).get("pipeline_head")
     if suggested < top_total:
         evidence["suggested_warmup"] = max(suggested, warm_n)
+        k = evidence["suggested_warmup"]
+        covered = (f"the first {k} pipeline iterations, each from one '{top_stage}' to the next" if head == top_stage
+                   else f"the first {k} '{top_stage}' and everything inside them")
         step = (f"Already excluded from the headline numbers. Declare them as warm-up so every tool agrees: "
-                f"maxinstr.session(..., warmup={evidence['suggested_warmup']}) (the first "
-                f"{evidence['suggested_warmup']} '{top_stage}' and everything inside them), or run warm-up "
-                f"iterations before the measured loop.")
+                f"maxinstr.session(..., warmup={k}) ({covered}), or run warm-up iterations before the measured "
+                f"loop.")
         command = f"maxinstr report {_report_arg(report)} --warmup {evidence['suggested_warmup']}"
     else:
         # a larger warmup would leave no steady top-level instance at all
@@ -697,12 +710,6 @@ def _graph_advice(unit: Stage | PaceUnit, other: PopulationGroup | None, stage: 
                 "cache preallocated, not grown by concat), or batch more sequences per step.")
     return ("Kernels are short and the host cannot launch them fast enough. Capture the stage in a CUDA/HIP "
             "graph, fuse small kernels (torch.compile, a MAX graph), or batch more work per launch.")
-
-
-def _fmt_ns(v: float | None) -> str:
-    from maxinstr.render._fmt import ns
-
-    return ns(v)
 
 
 def rule_launch_bound(report: Report) -> list[Finding]:

@@ -74,6 +74,12 @@ class StageInstances:
     cold_z: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float64))
     inside_startup: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     occurrence: np.ndarray = field(default_factory=lambda: _i64(0))
+    iteration: np.ndarray = field(default_factory=lambda: _i64(0))
+    """The pipeline iteration an instance ran in (-1: before the first one; see
+    :func:`pipeline_iterations`)."""
+    pipeline_head: str | None = None
+    """The top-level stage that begins each pipeline iteration (None: each top-level stage name
+    counts its own instances)."""
     key: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
     """The stage a statistic groups by: the name, or ``parent/.../name`` when the same name
     occurs under different parents (``prefill/attention`` and ``decode/attention`` are
@@ -114,7 +120,7 @@ class StageInstances:
         return ~startup
 
     def take(self, index: np.ndarray) -> StageInstances:
-        return StageInstances(**{f.name: (getattr(self, f.name) if f.name in ("notes", "keys")
+        return StageInstances(**{f.name: (getattr(self, f.name) if f.name in ("notes", "keys", "pipeline_head")
                                           else getattr(self, f.name)[index])
                                  for f in fields(self)})
 
@@ -243,11 +249,13 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
     """Stage keys, occurrence order, warm-up and cold-start flags. ``name_code``: an integer
     per instance that is equal exactly when the names are (the run's name ids), else found.
 
-    Warm-up is decided per pipeline, not per stage name: the first ``warmup_n`` instances of
-    each name (per process) are warm-up, and so is everything nested inside a warm-up or
-    cold-start instance (:attr:`StageInstances.inside_startup`). Cold starts are looked for
-    level by level from the top, among instances not already inside a startup instance, so a
-    request's cold start takes its decode steps with it instead of leaving them as "steady".
+    Warm-up is decided per pipeline, not per stage name: the first ``warmup_n`` pipeline
+    iterations (:func:`pipeline_iterations`) and whatever ran before the first are warm-up, as
+    are the first ``warmup_n`` instances of each name (per process) and everything nested inside
+    a warm-up or cold-start instance (:attr:`StageInstances.inside_startup`). Cold starts are
+    looked for level by level from the top, among instances not already inside a startup
+    instance, so a request's cold start takes its decode steps with it instead of leaving them
+    as "steady".
     """
     n = len(inst)
     name_code = name_codes(inst.name) if name_code is None else np.asarray(name_code, np.int64)
@@ -256,11 +264,17 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
     n_names = int(name_code.max()) + 1 if n else 1
     # integer keys (part, name) and (parent, name): string keys cost a second per 100k instances
     inst.occurrence = occurrence_index(part_code * n_names + name_code, inst.host_start_ns) if n else _i64(0)
-    inst.warmup = (inst.occurrence < warmup_n) & ~inst.is_mark if warmup_n > 0 else np.zeros(n, dtype=bool)
+    inst.iteration, inst.pipeline_head = pipeline_iterations(inst, part_code, name_code, warmup_n)
+    inst.warmup = (((inst.occurrence < warmup_n) | ((inst.level == 0) & (inst.iteration < warmup_n))) & ~inst.is_mark
+                   if warmup_n > 0 else np.zeros(n, dtype=bool))
     _derive_steps(inst, name_code, n_names) if n else None
     inst.cold = np.zeros(n, dtype=bool)
     inst.cold_z = np.zeros(n, dtype=np.float64)
     inst.inside_startup = _inside(inst.parent, inst.warmup) if n else np.zeros(0, dtype=bool)
+    # siblings kept out with a cold pipeline iteration: top-level, so _inside never finds them
+    in_cold_iteration = (_cold_iterations(inst, part_code) if detect_cold and n and inst.pipeline_head is not None
+                         else np.zeros(n, dtype=bool))
+    inst.inside_startup |= in_cold_iteration
     if detect_cold and n:
         # cold starts are outliers within one population: one stage key in one process. Pooling
         # processes (ranks) would judge a slow rank's ordinary first steps by the fast ranks'
@@ -274,9 +288,101 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
                 mask, z = cold_start_mask(codes, inst.occurrence, values, at & (values >= 0))
                 inst.cold |= mask
                 inst.cold_z = np.maximum(inst.cold_z, np.where(mask, z, 0.0))
-            inst.inside_startup = _inside(inst.parent, inst.warmup | inst.cold)
+            inst.inside_startup = _inside(inst.parent, inst.warmup | inst.cold | in_cold_iteration) | in_cold_iteration
     inst.inside_startup &= ~(inst.warmup | inst.cold)
     return inst
+
+
+def pipeline_iterations(inst: StageInstances, part_code: np.ndarray, name_code: np.ndarray,
+                        warmup_n: int) -> tuple[np.ndarray, str | None]:
+    """Per instance, the pipeline iteration it ran in, and the stage that begins each iteration.
+
+    A program's outer loop is not always one enclosing stage: a decoder may mark ``prefill``,
+    ``decode`` (once per token) and ``readback`` side by side for each request. Its iterations
+    begin with the top-level stage that repeats (more than ``warmup_n`` times, at least twice)
+    and starts first among those that repeat: the *head*. Everything from one head instance to
+    the next is one iteration, exactly as if the head enclosed it; a top-level instance before
+    the first head gets -1 (loading, compilation), a nested one its top-level ancestor's
+    iteration. Where the head repeats as often as every other top-level stage, the iterations
+    are the per-name occurrences. Without a head (nothing repeats) the iteration is the
+    top-level ancestor's occurrence. Decided per process (``part_code``); the head reported is
+    that of the process with the most instances.
+    """
+    n = len(inst)
+    if n == 0:
+        return _i64(0), None
+    top = (inst.level == 0) & ~inst.is_mark
+    it_top = np.asarray(inst.occurrence, np.int64).copy()  # no head: per-name occurrences
+    heads: dict[int, int] = {}  # part -> head name code
+    start = inst.host_start_ns
+    for p in np.unique(part_code[top]).tolist():
+        rows = np.flatnonzero(top & (part_code == p))
+        rows = rows[np.argsort(start[rows], kind="stable")]
+        names = name_code[rows]
+        counts = np.bincount(names)
+        repeating = np.flatnonzero(counts > max(warmup_n, 1))
+        if len(repeating) == 0:
+            continue
+        first_pos = np.full(len(counts), len(rows), np.int64)
+        np.minimum.at(first_pos, names, np.arange(len(rows), dtype=np.int64))
+        head = int(repeating[np.argmin(first_pos[repeating])])
+        if counts[head] >= counts[repeating].max():
+            continue  # the head repeats as often as any: per-name occurrences say the same
+        head_starts = start[rows[names == head]]
+        it_top[rows] = np.searchsorted(head_starts, start[rows], side="right") - 1
+        heads[int(p)] = head
+    iteration = it_top[top_ancestor(inst.parent)]
+    head_name = None
+    if heads:
+        sizes = {p: int(np.count_nonzero(part_code == p)) for p in heads}
+        biggest = max(sizes, key=lambda p: sizes[p])
+        at = np.flatnonzero((part_code == biggest) & (name_code == heads[biggest]) & top)
+        head_name = str(inst.name[at[0]]) if len(at) else None
+    return iteration, head_name
+
+
+def _cold_iterations(inst: StageInstances, part_code: np.ndarray) -> np.ndarray:
+    """Cold-start pipeline iterations, judged like cold-start instances (per process, first
+    ones far above the rest) on each iteration's wall time (its first top-level start to its
+    last end): the head instance that begins a cold iteration is a cold start, and the rest
+    of the iteration is kept out with it, as the steps of a cold request are. Returns the
+    top-level instances kept out with a cold head (the head itself is marked cold)."""
+    out = np.zeros(len(inst), dtype=bool)
+    top = np.flatnonzero((inst.level == 0) & ~inst.is_mark & (inst.iteration >= 0) & ~inst.warmup)
+    if len(top) == 0:
+        return out
+    n_parts = int(part_code.max()) + 1
+    it_key = inst.iteration[top] * n_parts + part_code[top]  # one row per (iteration, process)
+    keys, row = np.unique(it_key, return_inverse=True)
+    first = np.full(len(keys), np.iinfo(np.int64).max)
+    last = np.full(len(keys), np.iinfo(np.int64).min)
+    np.minimum.at(first, row, inst.host_start_ns[top])
+    np.maximum.at(last, row, inst.host_end_ns[top])
+    part_of, it_of = keys % n_parts, keys // n_parts
+    cold, z = cold_start_mask(part_of, it_of, (last - first).astype(np.float64), np.ones(len(keys), bool))
+    if not cold.any():
+        return out
+    cold_top = cold[row]
+    is_head = np.zeros(len(top), bool)
+    order = np.lexsort((inst.host_start_ns[top], row))  # each iteration's first top-level instance
+    heads = order[np.r_[True, row[order][1:] != row[order][:-1]]]
+    is_head[heads] = True
+    inst.cold[top[cold_top & is_head]] = True
+    inst.cold_z[top[cold_top & is_head]] = z[row[cold_top & is_head]]
+    out[top[cold_top & ~is_head]] = True
+    return out
+
+
+def iteration_sizes(inst: StageInstances) -> np.ndarray:
+    """Per instance: how many other instances share its pipeline iteration and process (0 where
+    there is no pipeline head): what a cold head instance keeps out with it."""
+    n = len(inst)
+    if inst.pipeline_head is None or n == 0:
+        return np.zeros(n, np.int64)
+    part_code = np.unique(inst.part, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    key = (inst.iteration + 1) * (int(part_code.max()) + 1) + part_code
+    _, row, counts = np.unique(key, return_inverse=True, return_counts=True)
+    return np.where(inst.iteration >= 0, counts[row.reshape(-1)] - 1, 0)
 
 
 def _inside(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:

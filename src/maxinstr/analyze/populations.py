@@ -14,7 +14,7 @@ took, and a rule judging the stage by it advises what half the steps already do.
    empty band between them give far more (h200_decode's decode: 27). No duration threshold.
 2. *What explains it?* Features the records carry, in this order: the user's own attrs, the
    process (a slow rank), CUDA graph replay (ops with a graph node id), kernels per instance, the enclosing instance (which
-   request), the step index's parity, the GPU busy fraction. The first whose levels each fall
+   request) or, for top-level siblings, the pipeline iteration, the step index's parity, the GPU busy fraction. The first whose levels each fall
    (>= :data:`EXPLAINS`) on one side of the split defines the populations, so membership comes
    from a cause, not from the value. When none does, the populations are the two sides of the
    value split, and the report says nothing in the records tells them apart.
@@ -28,13 +28,18 @@ from typing import Any
 
 import numpy as np
 
+from maxinstr._units import ns_text
 from maxinstr.analyze.schema import PopulationGroup, Populations, StepBasis
 from maxinstr.analyze.stats import MAD_TO_SIGMA, summarize
 
 MIN_INSTANCES = 12
 """Fewer steady instances than this are not judged (quantiles of tiny groups are noise)."""
 MIN_SHARE = 0.1
-"""Each population holds at least this share of the stage's steady instances."""
+"""Each population holds at least this share of the stage's steady instances..."""
+MIN_GROUP = 8
+"""...and at least this many: the separation compares a group's 10th/90th percentiles, which
+a handful of values does not pin down (17 GPU-timed decode steps of one KV-cache request,
+slower as the cache grew, split 6/11 into two "populations" that were one trend)."""
 MIN_SEPARATION = 2.0
 """Gap between the groups' inner quantiles (p90 of the lower, p10 of the upper) over their
 robust spread. A unimodal normal sample split at its middle gives ~0.4."""
@@ -70,7 +75,7 @@ def modes(values: np.ndarray) -> dict[str, Any] | None:
     order = np.sort(lv)
     k = two_means_split(lv)
     lo, hi = order[:k], order[k:]
-    if min(len(lo), len(hi)) < max(3, MIN_SHARE * n):
+    if min(len(lo), len(hi)) < max(MIN_GROUP, MIN_SHARE * n):
         return None
     spread = np.sqrt((_rsd(lo) ** 2 + _rsd(hi) ** 2) / 2)
     gap = np.percentile(hi, 10) - np.percentile(lo, 90)
@@ -155,6 +160,11 @@ def features(inst, rows: np.ndarray, attrs: dict | None, graph_ops: np.ndarray |
         codes, names = _int_levels(inst.occurrence[parent])
         pname = str(inst.key[parent[0]])
         out.append((f"enclosing {pname}", codes, [f"in {pname} #{n}" for n in names]))
+    elif inst.pipeline_head is not None and len(inst.iteration) == len(inst):
+        # top-level siblings of a pipeline (prefill, decode steps, readback): which iteration
+        codes, names = _int_levels(inst.iteration[rows])
+        head = inst.pipeline_head
+        out.append(("pipeline iteration", codes, [f"iteration #{n} (from '{head}' #{n})" for n in names]))
     step = inst.step[rows]
     out.append(("step parity", np.where(step >= 0, step % 2, -1), ["even steps", "odd steps"]))
     busy = inst.busy_frac[rows]
@@ -209,7 +219,7 @@ def stage_populations(inst, rows: np.ndarray, basis: StepBasis, attrs: dict | No
     if found is not None:
         by, upper, label = found
     else:
-        by, upper, label = None, side, {1: f"upper mode (>= {m['threshold']:.0f} ns)", 0: f"lower mode (< {m['threshold']:.0f} ns)"}
+        by, upper, label = None, side, {1: f"upper mode (>= {ns_text(m['threshold'])})", 0: f"lower mode (< {ns_text(m['threshold'])})"}
     groups = [_group_row(inst, rows[~upper], label[0], len(rows), graph_ops),
               _group_row(inst, rows[upper], label[1], len(rows), graph_ops)]
     med = float(np.median(v[ok]))

@@ -179,6 +179,7 @@ def analyze(run: str | Path | Run | None = None,
         "cold_start_instances": int((inst.cold & ~inst.warmup).sum()),
         # nested in a warm-up or cold-start instance of an enclosing stage: startup too
         "inside_startup_instances": int(inst.inside_startup.sum()) if len(inst.inside_startup) == len(inst) else 0,
+        "pipeline_head": inst.pipeline_head,
     }
     attrs = getattr(run, "attrs", None) if run is not None else None
     report["stages"] = _stage_rows(inst, head, mix, sample_stats, work, attrs, graph_ops)
@@ -438,6 +439,8 @@ def _stage_rows(inst: inst_mod.StageInstances, head: inst_mod.StageInstances | N
         "idle_gap_ns": stats(np.where(has_span, inst.idle_gap_ns, -1)),
         "kernels_per_instance": stats(np.where(inst.range_index >= 0, inst.kernel_count, -1)),
     }
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c_over = stats(np.where((inst.gpu_event_ns >= 0) & (host > 0), inst.gpu_event_ns / np.maximum(host, 1), np.nan))
     self_ns = []
     for k, v in self_time.items():
         present = steady & (v >= 0)
@@ -513,6 +516,8 @@ def _stage_rows(inst: inst_mod.StageInstances, head: inst_mod.StageInstances | N
         row["populations"] = stage_populations(inst, by_stage[bounds[u]:bounds[u + 1]], basis, attrs, graph_ops,
                                                values=series[basis]) if n_st >= POPULATION_MIN_INSTANCES else None
         row["cuda_graph_share"] = graph_share_l[u]
+        if c_over[u].get("n"):
+            row["gpu_event_over_host"] = c_over[u]
         if row["steps_marked"] and per_steps is not None:  # (there are per_steps when a stage marked steps)
             row["per_step"] = _per_step(per_steps, u, basis)
         if head_rows is not None and head_rows[u] is not None:
@@ -734,8 +739,9 @@ def _per_step(per_steps: tuple[list[tuple[int, int]], tuple[Any, ...]], stage: i
 
 def _startup_rows(inst: inst_mod.StageInstances) -> list[StartupRow]:
     """The instances kept out as warm-up or cold start (their own, not those nested in one),
-    with the top-level instance each ran in (``top_stage``, ``top_occurrence``): declaring
-    warm-up up to that one covers it, since nested instances follow their ancestors."""
+    with the pipeline iteration each ran in (``top_stage``: the stage that begins iterations,
+    ``top_occurrence``: the iteration): declaring warm-up up to that one covers it, since
+    nested instances follow their ancestors and later siblings their iteration."""
     idx = np.flatnonzero(inst.warmup | inst.cold)
     if len(idx) == 0:
         return []
@@ -743,6 +749,8 @@ def _startup_rows(inst: inst_mod.StageInstances) -> list[StartupRow]:
     host, proj = inst.host_ns, inst.proj_ns
     top = inst_mod.top_ancestor(inst.parent)
     nested = inst_mod.descendant_counts(inst.parent)
+    # a cold pipeline iteration's head instance keeps its whole iteration out, siblings included
+    nested = np.where(inst.cold & (inst.level == 0), np.maximum(nested, inst_mod.iteration_sizes(inst)), nested)
     return [
         {
             "stage": str(inst.key[i]),
@@ -752,8 +760,8 @@ def _startup_rows(inst: inst_mod.StageInstances) -> list[StartupRow]:
             "gpu_event_ns": int(inst.gpu_event_ns[i]) if inst.gpu_event_ns[i] >= 0 else None,
             "gpu_proj_ns": int(proj[i]) if proj[i] >= 0 else None,
             "robust_z": round(float(inst.cold_z[i]), 2) if inst.cold[i] else None,
-            "top_stage": str(inst.key[top[i]]),
-            "top_occurrence": int(inst.occurrence[top[i]]),
+            "top_stage": inst.pipeline_head if inst.pipeline_head is not None else str(inst.key[top[i]]),
+            "top_occurrence": int(inst.iteration[i]),
             "nested": int(nested[i]),
         }
         for i in idx

@@ -320,6 +320,10 @@ class Stage(StageStatistics, total=False):
     inside_startup: int
     populations: Populations | None
     cuda_graph_share: float | None
+    gpu_event_over_host: Statistic
+    """Per steady instance timed on the GPU: its GPU event time over its own host time. (The
+    medians of ``gpu_event_ns`` and ``host_ns`` are over different instances when only some
+    carry GPU times: their ratio is not this.)"""
     per_step: PerStep
     """Only on a stage whose steps the user marked (``steps_marked``)."""
 
@@ -391,6 +395,10 @@ class WarmupSummary(TypedDict, total=False):
     instances: Always[int]
     cold_start_instances: Always[int]
     inside_startup_instances: int
+    pipeline_head: str | None
+    """The top-level stage that begins each pipeline iteration when the top-level stages are
+    siblings that repeat at different rates (``prefill``, then many ``decode``): warm-up counts
+    iterations from one head instance to the next. None: each name counts its own instances."""
 
 
 class Coverage(TypedDict, total=False):

@@ -6,23 +6,14 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from maxinstr._units import ns_text
+
 if TYPE_CHECKING:
     from maxinstr.analyze.schema import PopulationGroup, Report, Stage, Statistic, StatisticField, WarmupSummary
 
 
-def ns(value: float | int | None) -> str:
-    """A duration in ns as a short human string: '813.7 us', '21.62 ms', '1.234 s'."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    v = float(value)
-    a = abs(v)
-    if a >= 1e9:
-        return f"{v / 1e9:.3f} s"
-    if a >= 1e6:
-        return f"{v / 1e6:.2f} ms"
-    if a >= 1e3:
-        return f"{v / 1e3:.1f} us"
-    return f"{v:.0f} ns"
+ns = ns_text
+"""A duration in ns as a short human string (:func:`maxinstr._units.ns_text`)."""
 
 
 def pct(value: float | None, digits: int = 0) -> str:
@@ -63,7 +54,11 @@ def excluded(stage: Stage) -> int:
 def warmup_line(w: WarmupSummary) -> str:
     """What the statistics leave out, in one sentence (after 'warm-up')."""
     inside = w.get("inside_startup_instances", 0)
-    return (f"{w.get('n', 0)} per stage declared; {w.get('instances', 0)} warm-up and "
+    head = w.get("pipeline_head")
+    n = w.get("n", 0)
+    declared = (f"{n} declared: the first {n} pipeline iterations (each from one '{head}' to the next) and the "
+                f"first {n} instances of each stage" if head and n else f"{n} per stage declared")
+    return (f"{declared}; {w.get('instances', 0)} warm-up and "
             f"{w.get('cold_start_instances', 0)} cold-start instances"
             + (f", and the {inside} nested in them," if inside else "")
             + " kept out of the steady numbers (an instance inside a warm-up or cold-start instance "

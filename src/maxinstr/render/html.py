@@ -655,7 +655,7 @@ def _diagnosis_section(report: Report) -> str:
     facts = [d for d in diag if d.get("verdict") == "fact"]
     hyps = [d for d in diag if d.get("verdict") != "fact"]
     out = ['<section id="diagnosis"><h2>Diagnosis</h2><p class="note">Facts hold by the measured numbers; '
-           'hypotheses are likely causes to confirm, each with how to validate a fix. Sorted by the time at stake.</p>',
+           'hypotheses are likely causes to confirm, each with how to validate a fix. Each group is sorted by the time at stake.</p>',
            f'<h3>Facts (measured) <span class="note">{len(facts)}</span></h3><div class="findings facts">',
            "".join(_finding(d) for d in facts) or '<p class="note">none</p>',
            f'</div><h3>Hypotheses (to confirm) <span class="note">{len(hyps)}</span></h3><div class="findings hypotheses">',

@@ -384,8 +384,8 @@ def _diagnosis(report: Report) -> Panel | None:
                 parts.append(Padding(Text(f"next: {visible(x['next_step'])}"), (0, 0, 0, 6)))
             if x.get("command"):
                 parts.append(Padding(Text(f"$ {visible(x['command'])}", style="cyan"), (0, 0, 0, 6)))
-    parts.append(Padding(Text("ordered by the share of the time at stake; --format json has every finding's full "
-                              "evidence", style="dim"), (0, 0, 0, 2)))
+    parts.append(Padding(Text("facts, then hypotheses, each ordered by the share of the time at stake; --format json "
+                              "has every finding's full evidence", style="dim"), (0, 0, 0, 2)))
     return Panel(Group(*parts), title="Diagnosis", title_align="left")
 
 
