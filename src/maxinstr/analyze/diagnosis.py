@@ -763,7 +763,8 @@ def _launch_or_host_bound(report: Report, st: Stage | PaceUnit, population: str 
         if ratio < HOST_BOUND_GPU_OVER_HOST and busy["median"] >= LAUNCH_BOUND_BUSY:
             out.append(_finding(
                 "host_bound",
-                f"{who}: GPU work is {ratio:.0%} of the stage's host time: the host side dominates",
+                f"{who}: its GPU ops run {_fmt_ns(busy_ns['median'])} of the {_fmt_ns(host['median'])} it takes on "
+                f"the host ({ratio:.0%}, medians): the host side dominates",
                 "fact", st["name"],
                 {**pop_ev, "gpu_busy_ns_median": busy_ns["median"], "host_ns_median": host["median"],
                  "gpu_over_host": round(ratio, 3)},

@@ -212,13 +212,19 @@ def _stage_table(report: Report) -> Any:
         notes.append("busy: share of that trace span in which a kernel ran; kernels: per instance")
     if short_window:
         shortest = min(short_window, key=lambda s: f.stat(s["host_ns"]) or 0)
-        names = ", ".join(s["name"] for s in short_window[:3]) + (" ..." if len(short_window) > 3 else "")
+        shown_n = len(short_window) if len(short_window) <= 6 else 5
+        names = ", ".join(s["name"] for s in short_window[:shown_n]) + (
+            f" and {len(short_window) - shown_n} more" if len(short_window) > shown_n else "")
+        one = len(short_window) == 1
         notes.append(("util, power not shown for " if sampled else "util, power not shown: ")
-                     + f"{names}: NVML's utilization windows (200 ms on the H200, 1/6 s to 1 s) were mostly "
-                     f"spent outside {'it' if len(short_window) == 1 else 'them'} (median instance "
-                     f"{f.ns(f.stat(shortest['host_ns']))}), or none covers {'it' if len(short_window) == 1 else 'them'}, "
-                     "so the samples describe the GPU around the stage, not the stage; read "
-                     + ("busy" if trace_cols else "GPU time" if gpu_cols else "the HTML report's timeline"))
+                     + f"{names}: NVML's utilization and power are averages over windows (200 ms on the H200, "
+                     "1/6 s to 1 s) mostly "
+                     f"spent outside {'it' if one else 'them'} ("
+                     + ("" if one else f"the shortest, {shortest['name']}, ")
+                     + f"median instance {f.ns(f.stat(shortest['host_ns']))}), or none covers {'it' if one else 'them'}, "
+                     "so those averages describe the GPU around the stage, not the stage; read "
+                     + ("busy" if trace_cols else "GPU time" if gpu_cols else "the HTML report's timeline")
+                     + ("; throttle reasons are read at an instant, so throttled is shown" if throttle_col else ""))
     only_warm = [s["name"] for s in stages if not s["steady"] and f.excluded(s)]
     if only_warm:
         notes.append(f"n (+k): steady instances (+ warm-up / cold-start ones); {', '.join(only_warm[:3])}"
