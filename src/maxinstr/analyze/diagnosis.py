@@ -287,7 +287,8 @@ def rule_warmup_contamination(report: Report) -> list[Finding]:
     if suggested < top_total:
         evidence["suggested_warmup"] = max(suggested, warm_n)
         k = evidence["suggested_warmup"]
-        covered = (f"the first {k} pipeline iterations, each from one '{top_stage}' to the next" if head == top_stage
+        covered = (f"the first pipeline {'iteration' if k == 1 else f'{k} iterations'}, each from one '{top_stage}' "
+                   "to the next" if head == top_stage
                    else f"the first {k} '{top_stage}' and everything inside them")
         step = (f"Already excluded from the headline numbers. Declare them as warm-up so every tool agrees: "
                 f"maxinstr.session(..., warmup={k}) ({covered}), or run warm-up iterations before the measured "

@@ -403,10 +403,13 @@ def _startup(report: Report, n: int = 8) -> Fitted | None:
     body = [[r["stage"], str(r["occurrence"]), r["reason"].replace("_", " "), f.ns(r["host_ns"]),
              f.ns(r.get("gpu_event_ns") if r.get("gpu_event_ns") is not None else r.get("gpu_proj_ns")),
              str(r.get("nested") or "-"), f"{r['robust_z']:.0f}" if r.get("robust_z") is not None else "-"]
-            for r in sorted(rows, key=lambda r: -r["host_ns"])[:n]]
+            # cold starts first (the findings quote them), then the longest warm-up instances
+            for r in sorted(rows, key=lambda r: (r["reason"] != "cold_start", -r["host_ns"]))[:n]]
     cols = [Col("stage", "left", key=True), Col("#"), Col("why", "left"), Col("host"), Col("GPU", move=2),
             Col("nested", move=3), Col("robust z", move=1)]
-    shown = f"{total}; the {n} longest shown; " if len(rows) > n else ""
+    cold = sum(r["reason"] == "cold_start" for r in rows)
+    shown = (f"{total}; the {n} longest shown; " if not cold else
+             f"{total}; the cold starts, then the longest warm-up ones, {n} shown; ") if len(rows) > n else ""
     return Fitted("Startup (kept out of the numbers above)", cols, body,
                   caption=f"{shown}nested: the instances inside each, kept out with it")
 
