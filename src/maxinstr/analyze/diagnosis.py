@@ -742,7 +742,7 @@ def _launch_or_host_bound(report: Report, st: Stage | PaceUnit, population: str 
     if busy["median"] < LAUNCH_BOUND_BUSY and (kpi or 0) >= LAUNCH_BOUND_MIN_KERNELS:
         out.append(_finding(
             "launch_bound",
-            f"{who}: the GPU is busy only {busy['median']:.0%} of the stage's GPU span "
+            f"{who}: the GPU is busy only {round(busy['median'], 3):.0%} of the stage's GPU span "
             f"({kpi:.0f} kernels per instance with idle gaps between them)",
             "fact", st["name"], {**gap_ev, "cuda_graph_share": st.get("cuda_graph_share")},
             _graph_advice(st, other, stage),
@@ -751,7 +751,7 @@ def _launch_or_host_bound(report: Report, st: Stage | PaceUnit, population: str 
     elif busy["median"] < LAUNCH_BOUND_BUSY:
         out.append(_finding(
             "host_bound",
-            f"{who}: the GPU is busy only {busy['median']:.0%} of the stage's GPU span, between "
+            f"{who}: the GPU is busy only {round(busy['median'], 3):.0%} of the stage's GPU span, between "
             f"{kpi or 0:.0f} ops per instance: it waits on the host",
             "fact", st["name"], gap_ev,
             "Few GPU ops with long idle gaps: the host side (Python, synchronisation, host copies) sets the pace. "
@@ -765,7 +765,7 @@ def _launch_or_host_bound(report: Report, st: Stage | PaceUnit, population: str 
             out.append(_finding(
                 "host_bound",
                 f"{who}: its GPU ops run {_fmt_ns(busy_ns['median'])} of the {_fmt_ns(host['median'])} it takes on "
-                f"the host ({ratio:.0%}, medians): the host side dominates",
+                f"the host ({round(ratio, 3):.0%}, medians): the host side dominates",
                 "fact", st["name"],
                 {**pop_ev, "gpu_busy_ns_median": busy_ns["median"], "host_ns_median": host["median"],
                  "gpu_over_host": round(ratio, 3)},
@@ -874,7 +874,7 @@ def rule_dominant_kernel(report: Report) -> list[Finding]:
                     "(the finding above); then a deep dive reads its achieved bandwidth/throughput against the GPU's peak.")
         out.append(_finding(
             "dominant_kernel",
-            f"'{st['name']}': one {'copy' if copy else 'kernel'} takes {k['share']:.0%} of its GPU time "
+            f"'{st['name']}': one {'copy' if copy else 'kernel'} takes {round(k['share'], 3):.0%} of its GPU time "
             f"({k['family']}: {_short(k['name'])})" + (f" (but {pace})" if pace else ""),
             "fact", st["name"],
             {"kernel": k["name"], "family": k["family"], "share": round(k["share"], 3), "count": k["count"],
@@ -887,7 +887,7 @@ def rule_dominant_kernel(report: Report) -> list[Finding]:
         if gk["share"] >= DOMINANT_KERNEL_SHARE:
             copy = gk["family"] in COPY_FAMILIES
             out.append(_finding(
-                "dominant_kernel", f"one {'copy' if copy else 'kernel'} takes {gk['share']:.0%} of all GPU time "
+                "dominant_kernel", f"one {'copy' if copy else 'kernel'} takes {round(gk['share'], 3):.0%} of all GPU time "
                 f"({gk['family']}: {_short(gk['name'])})",
                 "fact", None, {"kernel": gk["name"], "family": gk["family"], "share": round(gk["share"], 3)},
                 _COPY_STEP if copy else "Worth a deep dive.",
