@@ -16,8 +16,10 @@ queue to time the GPU work:
 which then nest under maxinstr's stage ranges in an nsys timeline. MAX's kernel-level markers
 look up NVTX's v2 entry points (`nvtxRangeStartEx`, ...) in the process at run time and abort the
 process when they are missing, which they are on CUDA 13 (it no longer ships libnvToolsExt);
-`provide_nvtx_v2()` loads a library that exports them (CUDA 13's libnvtx3interop, from the
-`nvidia-nvtx` wheel or the toolkit) before MAX runs.
+`provide_nvtx_v2()` loads a library that exports them (libnvtx3interop from the `nvidia-nvtx`
+wheel or a CUDA 13 toolkit; libnvToolsExt or libnvtx3interop from `nvidia-nvtx-cu12` or a CUDA 12
+toolkit) before MAX runs; `max_profiling_problem()` says, in one line, when none can be found
+where MAX's markers would need one (docs/max.md).
 
 `max` is never imported at module import time: importing this module costs nothing and works
 where MAX is not installed.
