@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 import maxinstr
-from maxinstr.integrations.max import enable_max_profiling, max_stream_handle
+from maxinstr.integrations.max import enable_max_profiling, max_profiling_problem, max_stream_handle
 
 
 @dataclass(frozen=True)
@@ -213,6 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-report", action="store_true", help="do not print the report at the end")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    # where MAX's markers would abort MAX (no NVTX v2 library on a CUDA machine): one line, before MAX loads
+    problem = max_profiling_problem() if args.max_profiling != "off" and not args.cpu else None
+    if problem:
+        print(f"max_decoder.py: --max-profiling {args.max_profiling}: {problem}", file=sys.stderr)
+        return 2
 
     try:
         from max.driver import CPU, Accelerator, Buffer, accelerator_count

@@ -50,6 +50,7 @@ NO_NATIVE_COLUMNS = "MAXINSTR_NO_NATIVE_COLUMNS"
 NO_DIRECT_SCAN = "MAXINSTR_NO_DIRECT_SCAN"
 NO_MALLOC_TUNING = "MAXINSTR_NO_MALLOC_TUNING"
 NO_NVTX_V2 = "MAXINSTR_NO_NVTX_V2"
+MAX_PROFILING_BY_RUN = "MAXINSTR_MAX_PROFILING_BY_RUN"
 DEBUG = "MAXINSTR_DEBUG"
 CUDA_LIBRARY = "MAXINSTR_CUDA_LIBRARY"  # also read by the native core
 # read by the native core at import (csrc/core/module.cpp, markers.cpp, dispatch.cpp)
@@ -78,7 +79,8 @@ VARIABLES: dict[str, str] = {
     **dict.fromkeys(
         (RUN_DIR, SESSION_DIR, SESSION_PID, CAPTURE, CAPTURE_WINDOW_S, STAGES, WARMUP, PROFILER, MEMORY_RECORDS,
          NATIVE_WRITER, WRITER_INTERVAL_MS, WRITER_THRESHOLD, CUPTI_TAGS, SAMPLER_GIL, SAMPLER_PROFILE,
-         SAMPLER_NVML_LIB, NO_NATIVE_COLUMNS, NO_DIRECT_SCAN, NO_MALLOC_TUNING, NO_NVTX_V2, DEBUG), "python"),
+         SAMPLER_NVML_LIB, NO_NATIVE_COLUMNS, NO_DIRECT_SCAN, NO_MALLOC_TUNING, NO_NVTX_V2, MAX_PROFILING_BY_RUN,
+         DEBUG), "python"),
     CUDA_LIBRARY: "python, native",
     **dict.fromkeys(
         (DISABLE, EVENT_POOL, EVENT_SHARE_NS, GPU_FLOOR_NS, GPU_BUDGET, ASYNC_PLACE, TIME_DRIVER, MARKERS,
@@ -305,6 +307,13 @@ def no_malloc_tuning(environ: Mapping[str, str] | None = None) -> bool:
 def no_nvtx_v2(environ: Mapping[str, str] | None = None) -> bool:
     """``MAXINSTR_NO_NVTX_V2`` (default off): do not provide NVTX's v2 entry points for MAX."""
     return flag(NO_NVTX_V2, False, environ)
+
+
+def max_profiling_by_run(environ: Mapping[str, str] | None = None) -> bool:
+    """``MAXINSTR_MAX_PROFILING_BY_RUN`` (default off): ``maxinstr run`` set
+    ``MODULAR_ENABLE_PROFILING`` itself (the user did not), so the start-up hook may turn MAX's
+    markers off where they would abort MAX."""
+    return flag(MAX_PROFILING_BY_RUN, False, environ)
 
 
 def debug(environ: Mapping[str, str] | None = None) -> bool:

@@ -110,6 +110,15 @@ def test_maxs_markers_only_where_a_profiler_records_them(tmp_path, monkeypatch, 
     monkeypatch.delenv("MODULAR_ENABLE_PROFILING", raising=False)
     options = RunOptions(profiler=make_profiler(profiler))
     spec = RunSpec(command=["python3", "x.py"], run_dir=tmp_path, label="", env={})
-    assert child_env(spec, options, tmp_path, base={}).get("MODULAR_ENABLE_PROFILING") == expected
-    base = {"MODULAR_ENABLE_PROFILING": "off"}
-    assert child_env(spec, options, tmp_path, base=base)["MODULAR_ENABLE_PROFILING"] == "off"
+    env = child_env(spec, options, tmp_path, base={})
+    assert env.get("MODULAR_ENABLE_PROFILING") == expected
+    # ours is marked as ours: the start-up hook may turn it off where MAX's markers would abort MAX
+    assert env.get("MAXINSTR_MAX_PROFILING_BY_RUN") == ("1" if expected else None)
+    # the user's own (from the environment, or a --sweep value) stands, unmarked, also when a
+    # parent maxinstr run's mark is inherited
+    base = {"MODULAR_ENABLE_PROFILING": "off", "MAXINSTR_MAX_PROFILING_BY_RUN": "1"}
+    env = child_env(spec, options, tmp_path, base=base)
+    assert env["MODULAR_ENABLE_PROFILING"] == "off" and "MAXINSTR_MAX_PROFILING_BY_RUN" not in env
+    swept = RunSpec(command=["python3", "x.py"], run_dir=tmp_path, label="", env={"MODULAR_ENABLE_PROFILING": "on"})
+    env = child_env(swept, options, tmp_path, base={})
+    assert env["MODULAR_ENABLE_PROFILING"] == "on" and "MAXINSTR_MAX_PROFILING_BY_RUN" not in env

@@ -16,8 +16,10 @@ queue to time the GPU work:
 which then nest under maxinstr's stage ranges in an nsys timeline. MAX's kernel-level markers
 look up NVTX's v2 entry points (`nvtxRangeStartEx`, ...) in the process at run time and abort the
 process when they are missing, which they are on CUDA 13 (it no longer ships libnvToolsExt);
-`provide_nvtx_v2()` loads a library that exports them (CUDA 13's libnvtx3interop, from the
-`nvidia-nvtx` wheel or the toolkit) before MAX runs.
+`provide_nvtx_v2()` loads a library that exports them (libnvtx3interop from the `nvidia-nvtx`
+wheel or a CUDA 13 toolkit; libnvToolsExt or libnvtx3interop from `nvidia-nvtx-cu12` or a CUDA 12
+toolkit) before MAX runs; `max_profiling_problem()` says, in one line, when none can be found
+where MAX's markers would need one (docs/max.md).
 
 `max` is never imported at module import time: importing this module costs nothing and works
 where MAX is not installed.
@@ -29,6 +31,7 @@ import ctypes
 import os
 import sys
 from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from maxinstr import config
@@ -66,12 +69,15 @@ def max_stream_handle(device_or_queue: Any, *, make_context_current: bool = True
 
 
 NVTX_V2_SYMBOL = "nvtxRangeStartEx"
-# Libraries exporting NVTX's v2 entry points: CUDA <= 12's libnvToolsExt, CUDA 13's
-# libnvtx3interop (the same entry points over NVTX3); what MAX's profiler shim names too.
+# Libraries exporting NVTX's v2 entry points: CUDA <= 12.8's libnvToolsExt, libnvtx3interop (the
+# same entry points over NVTX3: CUDA 13, and the nvidia-nvtx-cu12 12.9 wheel); what MAX's
+# profiler shim names too.
 NVTX_V2_LIBRARIES = ("libnvToolsExt.so.1", "libnvToolsExt.so", "libnvtx3interop.so.1", "libnvtx3interop.so")
-# Where the wheels (nvidia-nvtx for CUDA 13, nvidia-nvtx-cu12) and the toolkits put them.
-_NVTX_V2_DIRS = ("nvidia/cu13/lib", "nvidia/nvtx/lib")
-_TOOLKIT_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/local/cuda/targets/sbsa-linux/lib")
+# Where the wheels put them: nvidia-nvtx (CUDA 13) under nvidia/cu13/lib; nvidia-nvtx-cu12 under
+# nvidia/nvtx/lib (libnvToolsExt.so.1 up to 12.8, libnvtx3interop.so.1 from 12.9).
+NVTX_V2_WHEEL_DIRS = ("nvidia/cu13/lib", "nvidia/nvtx/lib")
+NVTX_V2_TOOLKIT_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib",
+                        "/usr/local/cuda/targets/sbsa-linux/lib")
 _nvtx_v2: str | None = None
 
 
@@ -87,14 +93,18 @@ def _exports_nvtx_v2(lib: ctypes.CDLL) -> bool:
     return True
 
 
-def nvtx_v2_candidates() -> list[str]:
-    """Files that may export NVTX's v2 entry points, most specific first: the wheels on
-    ``sys.path``, then ``CUDA_HOME``'s and the default toolkit's library folders."""
-    dirs = [Path(entry) / sub for entry in sys.path if entry for sub in _NVTX_V2_DIRS]
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+def nvtx_v2_candidates(search_path: Iterable[str] | None = None, environ: Mapping[str, str] | None = None,
+                       toolkit_dirs: Iterable[str] = NVTX_V2_TOOLKIT_DIRS) -> list[str]:
+    """Files that may export NVTX's v2 entry points, most specific first: the wheels' folders
+    under each entry of ``search_path`` (default ``sys.path``), then ``CUDA_HOME``'s (or
+    ``CUDA_PATH``'s) and the default toolkit's library folders."""
+    env = os.environ if environ is None else environ
+    entries = sys.path if search_path is None else search_path
+    dirs = [Path(entry) / sub for entry in entries if entry for sub in NVTX_V2_WHEEL_DIRS]
+    cuda_home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
     if cuda_home:
         dirs += [Path(cuda_home) / "lib64", Path(cuda_home) / "lib"]
-    dirs += [Path(d) for d in _TOOLKIT_DIRS]
+    dirs += [Path(d) for d in toolkit_dirs]
     found: list[str] = []
     for folder in dirs:
         for name in NVTX_V2_LIBRARIES:
@@ -102,6 +112,20 @@ def nvtx_v2_candidates() -> list[str]:
             if path.is_file() and str(path) not in found:
                 found.append(str(path))
     return found
+
+
+def load_nvtx_v2(names_or_paths: Iterable[str]) -> str | None:
+    """Load the first of ``names_or_paths`` that loads and exports NVTX's v2 entry points, with
+    ``RTLD_GLOBAL`` (so a later lookup by name anywhere in the process finds them); its name,
+    or None when none does. Never raises."""
+    for name_or_path in names_or_paths:
+        try:
+            lib = ctypes.CDLL(name_or_path, mode=os.RTLD_NOW | ctypes.RTLD_GLOBAL)
+        except OSError:
+            continue
+        if _exports_nvtx_v2(lib):
+            return str(getattr(lib, "_name", name_or_path))
+    return None
 
 
 def provide_nvtx_v2() -> str | None:
@@ -124,15 +148,19 @@ def provide_nvtx_v2() -> str | None:
     except OSError:
         pass
     # the loader's own search path first (LD_LIBRARY_PATH, ldconfig), then known folders
-    for name_or_path in (*NVTX_V2_LIBRARIES, *nvtx_v2_candidates()):
-        try:
-            lib = ctypes.CDLL(name_or_path, mode=os.RTLD_NOW | ctypes.RTLD_GLOBAL)
-        except OSError:
-            continue
-        if _exports_nvtx_v2(lib):
-            _nvtx_v2 = getattr(lib, "_name", name_or_path)
-            return _nvtx_v2
-    return None
+    _nvtx_v2 = load_nvtx_v2((*NVTX_V2_LIBRARIES, *nvtx_v2_candidates()))
+    return _nvtx_v2
+
+
+def max_profiling_problem() -> str | None:
+    """Why MAX's profiling markers would abort this process, in one line, or None when they can
+    run: they need NVTX's v2 entry points where an NVIDIA driver is present (MAX's GPU markers
+    run there), and :func:`provide_nvtx_v2` found no library exporting them."""
+    if provide_nvtx_v2() is not None or not _nvidia_driver_present():
+        return None
+    return ("MAX's profiling markers need NVTX's v2 library (one of " + ", ".join(NVTX_V2_LIBRARIES)
+            + ") and none was found; without it MAX aborts at its first marker: pip install nvidia-nvtx "
+            "(CUDA 13) or nvidia-nvtx-cu12, or put the CUDA toolkit's lib64 on LD_LIBRARY_PATH")
 
 
 def max_accelerator() -> Any:
@@ -162,13 +190,9 @@ def enable_max_profiling(level: ProfilingLevel = "detailed", session: Any = None
     """
     if level not in _LEVELS:
         raise ValueError(f"MAX profiling level must be one of {', '.join(_LEVELS)}, not {level!r}")
-    if level != "off" and provide_nvtx_v2() is None and _nvidia_driver_present():  # where MAX's GPU markers run
-        raise MaxProfilingUnavailable(
-            "MAX's profiling markers need NVTX's v2 library (one of "
-            + ", ".join(NVTX_V2_LIBRARIES)
-            + ") and none was found; without it MAX aborts at its first marker: pip install nvidia-nvtx "
-            "(CUDA 13) or nvidia-nvtx-cu12, or put the CUDA toolkit's lib64 on LD_LIBRARY_PATH"
-        )
+    problem = max_profiling_problem() if level != "off" else None
+    if problem is not None:
+        raise MaxProfilingUnavailable(problem)
     os.environ["MODULAR_ENABLE_PROFILING"] = level
     # Only touch MAX's runtime when the user has already imported it: importing MAX costs
     # about a second and must not happen behind their back.
@@ -200,6 +224,7 @@ __all__ = [
     "MaxProfilingUnavailable",
     "enable_max_profiling",
     "max_accelerator",
+    "max_profiling_problem",
     "max_stream_handle",
     "max_versions",
     "provide_nvtx_v2",

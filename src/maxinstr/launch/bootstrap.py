@@ -201,20 +201,58 @@ def _capture_step(environ) -> None:
         CaptureWindow(config.capture_window_s(environ)).install()
 
 
-def _max_markers_step(environ) -> None:
-    if environ.get("MODULAR_ENABLE_PROFILING", "off").strip().lower() not in ("", "off", "0", "false"):
-        # MAX's kernel-level markers abort the process where NVTX's v2 entry points are
-        # missing (CUDA 13): provide them before MAX is imported (cheap; nothing when absent)
-        from maxinstr.integrations.max import provide_nvtx_v2
+_MARKERS_OFF = ("", "off", "0", "false")
+_run_warnings: list[str] = []  # said on stderr before the session opened; kept in the run's events once it is
 
-        provide_nvtx_v2()
+
+def _max_markers_step(environ) -> None:
+    """MAX's markers (``MODULAR_ENABLE_PROFILING``) abort MAX where NVTX's v2 entry points are
+    missing (CUDA 13 without a library that exports them): provide them before MAX is imported.
+    Where that cannot be done, `maxinstr run`'s own default is turned off (the run goes on
+    without MAX's op ranges, said in one line); a level the user set is refused in one line
+    when the program imports MAX, instead of MAX aborting at its first marker."""
+    level = environ.get("MODULAR_ENABLE_PROFILING", "off").strip().lower()
+    if level in _MARKERS_OFF:
+        return
+    from maxinstr.integrations.max import max_profiling_problem
+
+    problem = max_profiling_problem()
+    if problem is None:
+        return
+    if config.max_profiling_by_run(environ):
+        # MAX reads the variable when it is first imported, after this hook
+        environ["MODULAR_ENABLE_PROFILING"] = "off"
+        message = (f"running without MAX's op ranges (MODULAR_ENABLE_PROFILING=off, not maxinstr run's detailed): "
+                   f"{problem}")
+        _say(message)
+        _run_warnings.append(message)
+    else:
+        sys.meta_path.insert(0, RefuseMaxImport(f"MODULAR_ENABLE_PROFILING={level}: {problem}"))
+
+
+class RefuseMaxImport:
+    """A meta-path finder that stops the program, with one line and exit status 2, when it
+    imports MAX (the ``max`` package): installed where the user turned MAX's markers on and
+    they would abort MAX at its first marker. Programs that never import MAX run as usual."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.partition(".")[0] != "max":
+            return None
+        _say(self.reason)
+        raise SystemExit(2)
 
 
 def _session_step(environ) -> None:
     if config.run_dir(environ):
         from maxinstr.record.session import ensure_env_session
 
-        ensure_env_session()
+        session = ensure_env_session()
+        if session is not None:
+            for message in _run_warnings:
+                session._event("warning", message)  # the run's events.jsonl: what the run went without
 
 
 USAGE = "usage: python -m maxinstr.launch.bootstrap [--stage SPEC]... [-o RUN_DIR] (SCRIPT | -m MODULE) [ARGS]"

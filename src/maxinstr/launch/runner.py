@@ -134,9 +134,14 @@ def child_env(spec: RunSpec, options: RunOptions, run_dir: Path, base: dict[str,
     env["PYTHONPATH"] = os.pathsep.join(p for p in (site_dir(), env.get("PYTHONPATH", "")) if p)
     env[config.RUN_DIR] = str(run_dir.resolve())
     # MAX's own NVTX/roctx ranges nest under ours where a profiler records them; they cost MAX
-    # host time, so not without one. A user's explicit choice stands.
-    if options.profiler.name in ("nsys", "rocprofv3"):
-        env.setdefault("MODULAR_ENABLE_PROFILING", "detailed")
+    # host time, so not without one. A user's explicit choice stands (a --sweep value too). Ours
+    # is marked as ours: where MAX's markers would abort MAX, the start-up hook turns ours off
+    # (one line) but refuses the user's own (launch/bootstrap.py).
+    env.pop(config.MAX_PROFILING_BY_RUN, None)
+    if (options.profiler.name in ("nsys", "rocprofv3") and "MODULAR_ENABLE_PROFILING" not in env
+            and "MODULAR_ENABLE_PROFILING" not in spec.env):
+        env["MODULAR_ENABLE_PROFILING"] = "detailed"
+        env[config.MAX_PROFILING_BY_RUN] = "1"
     if options.warmup is not None:
         env[config.WARMUP] = str(options.warmup)
     if options.stage_specs:
