@@ -85,9 +85,22 @@ def fake_lib_no_buffers(tmp_path_factory):
     return _compile(tmp_path_factory, "-DFAKE_NO_BUFFERS")
 
 
+def _dist_info(run_dir: Path, version: str) -> Path:
+    """A folder holding cupti-python's installed metadata for the release the stand-in plays, as
+    pip would leave it (importlib.metadata then names that release, not the one installed here)."""
+    if version.endswith(".json"):
+        version = json.loads(Path(version).read_text())["cupti_python"]
+    where = run_dir.parent / f"dist-{version}"
+    meta = where / f"cupti_python-{version}.dist-info" / "METADATA"
+    meta.parent.mkdir(parents=True, exist_ok=True)
+    meta.write_text(f"Metadata-Version: 2.1\nName: cupti-python\nVersion: {version}\n")
+    return where
+
+
 def _run(fake_lib: Path, run_dir: Path, script: str = SCRIPT, **env: str | None) -> tuple[dict | None, str]:
     """The collector with the stand-in libcupti; its activity-record path unless MAXINSTR_CUPTI_TAGS
-    is given (None: unset, the default: launch tags)."""
+    is given (None: unset, the default: launch tags). FAKE_CUPTI_VERSION picks the cupti-python
+    release the stand-in plays (default 13.0.1), FAKE_CUPTI_WRITES the libcupti release under it."""
     import maxinstr
 
     src = str(Path(maxinstr.__file__).resolve().parent.parent)
@@ -98,7 +111,8 @@ def _run(fake_lib: Path, run_dir: Path, script: str = SCRIPT, **env: str | None)
     e.update(env)
     e = {k: v for k, v in e.items() if v is not None}
     e["FAKE_CUPTI_LIB"] = str(fake_lib)
-    e["PYTHONPATH"] = os.pathsep.join([str(HERE / "fake_cupti"), src, e.get("PYTHONPATH", "")])
+    dist = _dist_info(run_dir, e.get("FAKE_CUPTI_VERSION") or "13.0.1")
+    e["PYTHONPATH"] = os.pathsep.join([str(HERE / "fake_cupti"), str(dist), src, e.get("PYTHONPATH", "")])
     p = subprocess.run([sys.executable, "-c", script, str(run_dir)], env=e, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("@@")]
@@ -199,7 +213,7 @@ def test_launch_tags_mode_reads_the_same(fake_lib, tmp_path):
     calling thread's innermost stage, and the run reads exactly as with CUPTI's records."""
     run_dir = tmp_path / "run"
     out, err = _run(fake_lib, run_dir, MAXINSTR_CUPTI_TAGS=None)
-    assert "kernels=True" not in err, err
+    assert err == "", err  # a profiler prints nothing into the program
     assert out["enabled"] == [] and out["subscribed"] is False and out["native"]["pushes"] == 0
     act = json.loads(next(run_dir.glob("parts/*/activity.json")).read_text())
     assert act["status"] == "closed" and act["stage_correlation"].startswith("launch tags")
@@ -229,7 +243,7 @@ def test_collects_where_nothing_loaded_libcupti_before_the_session(fake_lib, tmp
     script = SCRIPT.replace('assert fake.launch("before_session") is None', "pass")
     assert script != SCRIPT
     out, err = _run(fake_lib, run_dir, script=script, MAXINSTR_CUPTI_TAGS=tags)
-    assert "kernels=True" not in err, err
+    assert err == "", err
     act = json.loads(next(run_dir.glob("parts/*/activity.json")).read_text())
     assert act["status"] == "closed" and not act.get("errors"), act
     _check_attribution(run_dir)
@@ -241,8 +255,9 @@ def test_another_subscriber_means_one_warning_and_events_only_stages(fake_lib, t
 
     run_dir = tmp_path / "run"
     out, err = _run(fake_lib, run_dir, FAKE_CUPTI_HELD="1", MAXINSTR_CUPTI_TAGS=tags)
-    warn = [ln for ln in err.splitlines() if "maxinstr: kernels=True:" in ln]
-    assert len(warn) == 1 and "already holds CUPTI" in warn[0] and "MULTIPLE_SUBSCRIBERS" in warn[0]
+    warn = err.splitlines()  # the one warning, nothing else
+    assert len(warn) == 1 and "maxinstr: kernels=True:" in warn[0], err
+    assert "already holds CUPTI" in warn[0] and "MULTIPLE_SUBSCRIBERS" in warn[0]
     assert out["native"]["pushes"] == 0 and out["enabled"] == []
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["kernels"]["status"] == "unavailable"
@@ -252,9 +267,96 @@ def test_another_subscriber_means_one_warning_and_events_only_stages(fake_lib, t
 def test_an_injected_profiler_is_left_alone(fake_lib, tmp_path):
     run_dir = tmp_path / "run"
     out, err = _run(fake_lib, run_dir, CUDA_INJECTION64_PATH="/opt/nvidia/nsight-systems/target-linux-x64/libToolsInjection64.so")
-    warn = [ln for ln in err.splitlines() if "maxinstr: kernels=True:" in ln]
-    assert len(warn) == 1 and "nsys/Nsight (CUDA_INJECTION64_PATH is set) already holds CUPTI" in warn[0]
+    warn = err.splitlines()  # the one warning, nothing else
+    assert len(warn) == 1 and "maxinstr: kernels=True:" in warn[0], err
+    assert "nsys/Nsight (CUDA_INJECTION64_PATH is set) already holds CUPTI" in warn[0]
     assert out["subscribed"] is False and out["native"]["pushes"] == 0  # CUPTI never touched
+
+
+RELEASES_DIR = HERE.parent / "data" / "cupti" / "cupti_python"
+# every cupti-python release maxinstr[cupti] allows, each described from its real wheel
+RELEASES = sorted((p.stem for p in RELEASES_DIR.glob("[0-9]*.json")), key=lambda v: tuple(map(int, v.split("."))))
+
+
+def _release(version: str) -> dict:
+    return json.loads((RELEASES_DIR / f"{version}.json").read_text())
+
+
+def _newest_class(desc: dict, stem: str) -> str:
+    return max((c for c in desc["classes"] if c.startswith(f"Activity{stem}") and c[len(f"Activity{stem}"):].isdigit()),
+               key=lambda c: int(c[len(f"Activity{stem}"):]))  # fmt: skip
+
+
+@pytest.mark.parametrize("tags", ["1", "0"], ids=["tags", "records"])
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_allowed_cupti_python_release_collects_the_same(fake_lib, tmp_path, release, tags):
+    """The stand-in plays each cupti-python release the extra allows, as its description recorded
+    from the real wheel has it (record layouts and classes, functions; 13.0.x's tracebacks on
+    freeing a record object), over a libcupti writing that release's newest structs. Each reads
+    the run exactly, prints nothing, and says which structs it read. (13.2.0 and 13.3.0 have no
+    ActivityKernel10, which the collector used to ask for by name: it started, then dropped
+    every buffer.)"""
+    run_dir = tmp_path / "run"
+    out, err = _run(fake_lib, run_dir, FAKE_CUPTI_VERSION=release, MAXINSTR_CUPTI_TAGS=tags)
+    assert err == "", err
+    desc = _release(release)
+    act = json.loads(next(run_dir.glob("parts/*/activity.json")).read_text())
+    assert act["status"] == "closed" and act["cupti_python"] == release
+    assert act["convert_errors"] == 0 and act["dropped_queue"] == 0 and not act.get("errors"), act
+    assert act["record_layouts"]["kernel"] == _newest_class(desc, "Kernel")
+    assert act["record_layouts"]["memcpy"] == _newest_class(desc, "Memcpy")
+    assert act["fast_path"] == "fast path on (checked against the attribute path on 30 records)", act["fast_path"]
+    assert act["record_free_errors"] == (30 if desc["record_free_prints"] else 0)  # 13.0.x: counted, not printed
+    _check_attribution(run_dir)
+
+
+@pytest.mark.parametrize("buffers", ["native", "python"])
+@pytest.mark.parametrize(("reads", "writes"), [("13.0.1", "13.4.0"), ("13.4.0", "13.0.1")], ids=["newer_libcupti", "older_libcupti"])
+def test_libcupti_of_another_release_than_cupti_python(fake_lib, fake_lib_no_buffers, tmp_path, reads, writes, buffers):
+    """cupti-python 13.0.1 requires nvidia-cuda-cupti~=13.0, which pip meets with 13.5: its
+    records are newer structs (ActivityKernel13 and up) than the one that release describes
+    (ActivityKernel10), read by the leading fields they share. The other way, a libcupti older
+    than cupti-python (a framework's own, loaded first): each record is shorter than the struct
+    described (ActivityKernel13: 248 bytes, written 216), read only up to its last field read,
+    never past the buffer."""
+    run_dir = tmp_path / "run"
+    out, err = _run(fake_lib if buffers == "native" else fake_lib_no_buffers, run_dir, FAKE_CUPTI_VERSION=reads,
+                    FAKE_CUPTI_WRITES=writes)  # fmt: skip
+    assert err == "", err
+    act = json.loads(next(run_dir.glob("parts/*/activity.json")).read_text())
+    assert act["record_layouts"]["kernel"] == _newest_class(_release(reads), "Kernel")
+    assert act["convert_errors"] == 0 and act["dropped_queue"] == 0 and not act.get("errors"), act
+    assert act["fast_path"] == "fast path on (checked against the attribute path on 30 records)", act["fast_path"]
+    _check_attribution(run_dir)
+
+
+@pytest.mark.parametrize("tags", ["1", "0"], ids=["tags", "records"])
+def test_an_unsupported_cupti_python_means_one_warning_and_events_only_stages(fake_lib, tmp_path, tags):
+    """A cupti-python the collector cannot read records from: here 13.4.0's recorded description
+    with its kernel records (layouts and classes) taken out (what 13.2.0 and 13.3.0 were to the collector that asked
+    for ActivityKernel10 by name). One warning saying what it lacks and which releases to
+    install, CUPTI left untouched, the stages recorded with events; nothing else on stderr."""
+    from maxinstr.rundir import load
+
+    desc = _release("13.4.0")
+    desc["layouts"] = {k: v for k, v in desc["layouts"].items() if not k.startswith("activity_kernel")}
+    desc["classes"] = [c for c in desc["classes"] if not c.startswith("ActivityKernel")]
+    hostile = tmp_path / "13.4.0-no-kernel-records.json"
+    hostile.write_text(json.dumps(desc))
+    run_dir = tmp_path / "run"
+    # a machine with an NVIDIA driver (without one, the warning names that first: test_without_an_nvidia_driver...)
+    script = "import maxinstr.integrations._cuda as cuda\ncuda.nvidia_driver_present = lambda: True\n" + SCRIPT
+    out, err = _run(fake_lib, run_dir, script=script, FAKE_CUPTI_VERSION=str(hostile), FAKE_CUPTI_WRITES="13.4.0",
+                    MAXINSTR_CUPTI_TAGS=tags)  # fmt: skip
+    (line,) = err.splitlines()
+    assert "RuntimeWarning: maxinstr: kernels=True: cupti-python 13.4.0 is not supported: no kernel record layout" in line, line
+    assert "pip install 'maxinstr[cupti]' (cupti-python" in line, line
+    assert out["enabled"] == [] and out["subscribed"] is False and out["native"]["pushes"] == 0 and out["from_ptr"] == 0
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["kernels"]["status"] == "unavailable" and meta["kernels"]["reason"] in line
+    act = json.loads(next(run_dir.glob("parts/*/activity.json")).read_text())
+    assert act["status"] == "unavailable"
+    assert len(load(run_dir).stages) == 20
 
 
 ADAPT_SCRIPT = textwrap.dedent(
@@ -339,11 +441,12 @@ def test_real_cupti_python_record_objects_leave_stderr_alone(tmp_path):
         """
         import numpy as np
         from cupti import cupti
-        from maxinstr.kernels.cupti import _quiet_record_objects
+        from maxinstr.kernels.cupti import _quiet_record_objects, record_layouts
+        kernel = record_layouts(cupti)["kernel"].record_class  # the struct the collector reads with
         buf = np.zeros(4096, np.uint8)
         counter = [0]
         with _quiet_record_objects(counter):
-            objs = [cupti.ActivityKernel10.from_ptr(buf.ctypes.data + 256 * i, True) for i in range(5)]
+            objs = [kernel.from_ptr(buf.ctypes.data + 256 * i, True) for i in range(5)]
             del objs
         print(counter[0])
         """
@@ -355,6 +458,67 @@ def test_real_cupti_python_record_objects_leave_stderr_alone(tmp_path):
 
     buggy = tuple(int(x) for x in md.version("cupti-python").split(".")[:3]) <= (13, 0, 1)
     assert int(p.stdout) == (5 if buggy else 0)
+
+
+REAL_RECORDS_SCRIPT = textwrap.dedent(
+    """
+    import ctypes, json, sys
+    from pathlib import Path
+    import numpy as np
+    from cupti import cupti
+    from maxinstr.kernels.cupti import CuptiCollector, check_cupti_python
+    from maxinstr.kernels.store import ACTIVITY_DTYPE, ActivityWriter
+    col = CuptiCollector(ActivityWriter(Path(sys.argv[1]), {"part": "p1", "pid": 1}))
+    col._c = cupti
+    col._set_records(check_cupti_python(cupti))
+    K = cupti.ActivityKind
+    kinds = [K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.RUNTIME, K.DRIVER, K.EXTERNAL_CORRELATION]
+    names = [ctypes.create_string_buffer(b"gemm_kernel"), ctypes.create_string_buffer(b"relu_kernel")]
+    values = dict(start=10**15, end=10**15 + 999, correlation_id=7, stream_id=3, device_id=1, graph_node_id=2**40 + 5,
+                  bytes=4096, copy_kind=1, cbid=211, thread_id=4242, external_kind=5, external_id=2**33 + 9)
+    chunks = []
+    for i in range(61):  # the last one a kernel record
+        kind = int(kinds[i % 6])
+        layout = col._records[kind]
+        rec = np.zeros(1, layout.dtype)
+        rec["kind"] = kind
+        for f, v in values.items():
+            if f in layout.dtype.names:
+                rec[f] = v + (i if f in ("start", "end", "correlation_id", "external_id") else 0)
+        if "name" in layout.dtype.names:
+            rec["name"] = ctypes.addressof(names[(i // 6) % 2])
+        raw = rec.tobytes()
+        # the last record as short as a libcupti older than this cupti-python writes it: its
+        # struct cut after the last field read
+        chunks.append(raw[: -(-layout.read_bytes // 8) * 8] if i == 60 else raw)
+    data = b"".join(chunks)
+    offs = np.cumsum([0] + [len(c) for c in chunks[:-1]]).astype(np.int64)
+    fast = col._convert_fast(data, offs)
+    slow = col._convert_objects(data, offs)
+    assert len(fast) == len(slow) == 61, (len(fast), len(slow))
+    differ = [f for f in ACTIVITY_DTYPE.names if not np.array_equal(fast[f], slow[f])]
+    kernel_names = sorted({col._name_list[i] for i in fast["name_id"][fast["kind"] == 0]})
+    print(json.dumps(dict(differ=differ, kernel_names=kernel_names, record_free_errors=col._record_free_errors[0],
+                          kernel=col._records[int(K.CONCURRENT_KERNEL)].name)))
+    """
+)
+
+
+def test_real_cupti_python_record_objects_read_what_the_fast_path_reads(tmp_path):
+    """With the installed cupti-python (its compiled record classes; no GPU needed): records of
+    every kind written in the structs the collector picked, and the last one cut short after its
+    last field read (a libcupti older than cupti-python), read the same through numpy and through
+    the record objects, and nothing reaches stderr."""
+    pytest.importorskip("cupti.cupti")
+    import importlib.metadata as md
+
+    p = subprocess.run([sys.executable, "-c", REAL_RECORDS_SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stderr == "", p.stderr
+    got = json.loads(p.stdout)
+    assert got["differ"] == [] and got["kernel_names"] == ["gemm_kernel", "relu_kernel"]
+    buggy = tuple(int(x) for x in md.version("cupti-python").split(".")[:3]) <= (13, 0, 1)
+    assert got["record_free_errors"] == (61 if buggy else 0)
 
 
 def test_without_an_nvidia_driver_the_reason_says_so(tmp_path):

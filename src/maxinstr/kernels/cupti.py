@@ -35,9 +35,11 @@ import contextlib
 import ctypes
 import operator
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -87,6 +89,121 @@ FAST_CHECK_SLICE = 16
 # function were missed here would show up as "no launch-call record" in the report's notes.
 _LAUNCH_WORDS = ("Launch", "Memcpy", "Memset")
 _NOT_FUNCTIONS = ("INVALID", "SIZE", "FORCE_INT")
+
+# The fields read from each kind of record, through cupti-python's description of its struct
+# (``activity_<kind>N_dtype``) and, to check that path, its record class (``Activity<Kind>N``).
+# Each cupti-python release describes the structs of its own CUDA minor (13.0.x: ActivityKernel10;
+# 13.2.0: 11 only; 13.3.0: 12 only; 13.4.0: 9 to 13); a newer struct appends fields, these keep
+# their offsets in every release checked (tests/data/cupti/cupti_python/, docs/kernels.md).
+RECORD_FIELDS: dict[str, tuple[str, ...]] = {
+    "kernel": ("kind", "start", "end", "device_id", "stream_id", "correlation_id", "name", "graph_node_id"),
+    "memcpy": ("kind", "copy_kind", "bytes", "start", "end", "device_id", "stream_id", "correlation_id", "graph_node_id"),
+    "memset": ("kind", "bytes", "start", "end", "device_id", "stream_id", "correlation_id", "graph_node_id"),
+    "api": ("kind", "cbid", "start", "end", "thread_id", "correlation_id"),
+    "external_correlation": ("kind", "external_kind", "external_id", "correlation_id"),
+}
+_RECORD_CLASS_STEM = {"kernel": "Kernel", "memcpy": "Memcpy", "memset": "Memset", "api": "API",
+                      "external_correlation": "ExternalCorrelation"}  # fmt: skip
+# cupti-python's functions and enums the collector cannot do without (the others it calls have a
+# fallback: activity_enable_*_api, get_callback_name, activity_get_num_dropped_records)
+CUPTI_FUNCTIONS = ("activity_enable", "activity_disable", "activity_flush_all", "activity_register_callbacks",
+                   "activity_pop_external_correlation_id", "get_timestamp", "subscribe", "unsubscribe")  # fmt: skip
+CUPTI_ENUMS = {
+    "ActivityKind": ("MEMCPY", "MEMSET", "KERNEL", "DRIVER", "RUNTIME", "CONCURRENT_KERNEL", "EXTERNAL_CORRELATION"),
+    "ExternalCorrelationKind": ("CUSTOM2",),
+    "runtime_api_trace_cbid": (),  # the launch functions tagged or kept (_launch_cbids, _trace_launches_only)
+    "driver_api_trace_cbid": (),
+}
+
+
+@dataclass(frozen=True)
+class RecordLayout:
+    """How one kind of record is read: cupti-python's struct description and record class."""
+
+    family: str
+    name: str  # the record class, e.g. "ActivityKernel13"
+    dtype: np.dtype
+    record_class: Any
+    read_bytes: int  # where the last field read ends: a record is read up to here, whatever its struct's size
+
+
+def _unreadable(dt: Any, fields: tuple[str, ...]) -> list[str]:
+    """What keeps ``dt`` from giving these fields as the collector reads them (little-endian
+    integers, aligned to their size)."""
+    bad = []
+    for f in fields:
+        got = (getattr(dt, "fields", None) or {}).get(f)
+        if got is None:
+            bad.append(f"no {f}")
+        elif got[0].kind not in "iu" or got[0].byteorder == ">":
+            bad.append(f"{f} is {got[0].str}")
+        elif got[1] % got[0].itemsize:
+            bad.append(f"{f} unaligned at {got[1]}")
+    return bad
+
+
+def record_layouts(c: Any) -> dict[str, RecordLayout]:
+    """For each kind of record the collector reads, the newest struct this cupti-python describes
+    (``activity_<kind>N_dtype`` with its ``Activity<Kind>N`` class) that has every field read.
+    Raises :class:`KernelsUnavailable` naming what is missing."""
+    out: dict[str, RecordLayout] = {}
+    problems = []
+    names = dir(c)
+    for family, fields in RECORD_FIELDS.items():
+        stem = _RECORD_CLASS_STEM[family]
+        versions = sorted(((int(m.group(1) or -1), m.group(1)) for m in
+                           (re.fullmatch(rf"activity_{family}(\d*)_dtype", n) for n in names) if m), reverse=True)  # fmt: skip
+        tried = []
+        for _, n in versions:
+            dt, cls = getattr(c, f"activity_{family}{n}_dtype"), getattr(c, f"Activity{stem}{n}", None)
+            bad = _unreadable(dt, fields)
+            if cls is None or not callable(getattr(cls, "from_ptr", None)):
+                bad.append(f"no Activity{stem}{n}.from_ptr")
+            if bad:
+                tried.append(f"activity_{family}{n}_dtype: {', '.join(bad)}")
+                continue
+            end = max(dt.fields[f][1] + dt.fields[f][0].itemsize for f in fields)
+            out[family] = RecordLayout(family, f"Activity{stem}{n}", dt, cls, int(end))
+            break
+        else:
+            problems.append(f"no {family} record layout it can read ({'; '.join(tried) or f'no activity_{family}*_dtype'})")
+    if problems:
+        raise KernelsUnavailable(_unsupported(problems))
+    return out
+
+
+def check_cupti_python(c: Any) -> dict[str, RecordLayout]:
+    """The record layouts to read with, once this cupti-python has everything the collector uses;
+    else :class:`KernelsUnavailable` saying what it lacks (then the session warns once and records
+    stages with events only, as for any other reason)."""
+    missing = [f for f in CUPTI_FUNCTIONS if not callable(getattr(c, f, None))]
+    for enum_name, members in CUPTI_ENUMS.items():
+        enum = getattr(c, enum_name, None)
+        if enum is None:
+            missing.append(enum_name)
+        missing += [f"{enum_name}.{m}" for m in members if enum is not None and not hasattr(enum, m)]
+    if missing:
+        raise KernelsUnavailable(_unsupported([f"no {', '.join(missing)}"]))
+    return record_layouts(c)
+
+
+def _unsupported(problems: list[str]) -> str:
+    return (f"cupti-python {_version('cupti-python') or '(version unknown)'} is not supported: {'; '.join(problems)}; "
+            f"install the versions maxinstr was checked with: pip install 'maxinstr[cupti]' ({_cupti_pin()})")
+
+
+def _cupti_pin() -> str:
+    """The cupti-python requirement of maxinstr's ``cupti`` extra, as installed."""
+    try:
+        from importlib.metadata import requires
+
+        for req in requires("maxinstr") or []:
+            spec, _, marker = req.partition(";")
+            if spec.strip().startswith("cupti-python") and "cupti" in marker:
+                return spec.strip()
+    except Exception:  # noqa: BLE001
+        pass
+    return "cupti-python, see docs/kernels.md"
 
 
 def _noop_callback(*args: Any) -> None:  # the subscriber enables no domain: never called
@@ -226,13 +343,14 @@ class CuptiCollector:
         self._raw: list[tuple[bytes, np.ndarray]] = []  # (buffer bytes, record offsets) waiting for conversion
         self._raw_bytes = 0
         self._take_s = 0.0
-        self._classes: dict[int, Any] | None = None
         self._keep_alive: Any = None
         self._fast: bool | None = None  # None: being checked against the attribute path
         self._fast_checked = 0
         self._fast_note = "fast path not used yet"
         self._record_free_errors = [0]  # cupti-python's KeyErrors on freeing our record objects, kept off stderr
-        self._layout: dict[int, Any] | None = None
+        self._records: dict[int, RecordLayout] = {}  # by activity kind (check_cupti_python, at start)
+        self._layout: dict[int, Any] = {}  # their dtypes, by activity kind
+        self._read_bytes: dict[int, int] = {}
         self._name_ptrs: dict[int, int] = {}
         # stages from the core's launch tags (CUPTI callback API, csrc/core/launch_tags.cpp): on the
         # H200 they cost a launch-bound step less than API + external-correlation activity records
@@ -252,6 +370,7 @@ class CuptiCollector:
         except Exception as exc:  # noqa: BLE001 - a broken install: say so, record stages anyway
             raise KernelsUnavailable(f"cupti-python failed to import: {type(exc).__name__}: {exc}") from None
         self._c = c = cupti
+        self._set_records(check_cupti_python(c))  # before CUPTI is touched: nothing to undo
         try:
             from maxinstr import _native as native
         except Exception:  # noqa: BLE001
@@ -318,6 +437,7 @@ class CuptiCollector:
             buffers_by=self._mode,
             cupti_library=path,
             cupti_python=_version("cupti-python"),
+            record_layouts={r.family: r.name for r in self._records.values()},
             external_kind=kind_value,
             clock_pairs=self._pairs,
             buffer_bytes=BUFFER_BYTES,
@@ -553,8 +673,8 @@ class CuptiCollector:
                 return
             base, last = int(ptrs.min()), int(ptrs.max())
             kind = int.from_bytes(ctypes.string_at(last, 4), "little")
-            dt = self._layout_of(kind)
-            data = ctypes.string_at(base, last - base + (dt.itemsize if dt is not None else 4))
+            self._by_kind()
+            data = ctypes.string_at(base, last - base + self._read_bytes.get(kind, 4))
             with self._lock:
                 self._buffers += 1
                 if self._raw_bytes + len(data) > MAX_PENDING_BYTES:
@@ -711,17 +831,18 @@ class CuptiCollector:
     def _objects(self, data: bytes, offs: np.ndarray) -> list[Any]:
         """cupti-python's record objects over the buffer's bytes (``Activity*.from_ptr``), for the
         kinds we read; what its completed-buffer callback would have handed us."""
-        if self._classes is None:
-            c = self._c
-            K = c.ActivityKind
-            kernel = c.ActivityKernel10
-            self._classes = {int(K.CONCURRENT_KERNEL): kernel, int(K.KERNEL): kernel, int(K.MEMCPY): c.ActivityMemcpy6,
-                             int(K.MEMSET): c.ActivityMemset4, int(K.RUNTIME): c.ActivityAPI, int(K.DRIVER): c.ActivityAPI,
-                             int(K.EXTERNAL_CORRELATION): c.ActivityExternalCorrelation}  # fmt: skip
-        classes = self._classes
-        buf = np.frombuffer(data, np.uint8)
-        addr = buf.ctypes.data
-        kinds = np.frombuffer(data, "<i4", count=len(data) // 4)[offs // 4] if len(offs) else np.empty(0, np.int32)
+        if not len(offs):
+            return []
+        classes = {k: r.record_class for k, r in self._by_kind().items()}
+        # the records' span, copied with room for a whole struct after the last record: an object
+        # of a newer struct than the libcupti wrote (cupti-python 13.4 over libcupti 13.0) stays
+        # inside memory we own
+        lo, hi = int(offs.min()), int(offs.max())
+        buf = np.zeros(hi - lo + max(int(r.dtype.itemsize) for r in self._records.values()), np.uint8)
+        span = np.frombuffer(data, np.uint8)[lo:]
+        buf[: min(len(span), len(buf))] = span[: len(buf)]
+        addr = buf.ctypes.data - lo
+        kinds = np.frombuffer(data, "<i4", count=len(data) // 4)[offs // 4]
         out = []
         for o, k in zip(offs.tolist(), kinds.tolist()):
             cls = classes.get(int(k))
@@ -730,18 +851,20 @@ class CuptiCollector:
         self._keep_alive = buf  # the objects point into it until they are converted
         return out
 
-    def _layouts(self) -> dict[int, Any]:
-        c = self._c
-        K = c.ActivityKind
-        kernel = c.activity_kernel10_dtype
-        return {int(K.CONCURRENT_KERNEL): kernel, int(K.KERNEL): kernel, int(K.MEMCPY): c.activity_memcpy6_dtype,
-                int(K.MEMSET): c.activity_memset4_dtype, int(K.RUNTIME): c.activity_api_dtype,
-                int(K.DRIVER): c.activity_api_dtype, int(K.EXTERNAL_CORRELATION): c.activity_external_correlation_dtype}  # fmt: skip
+    def _by_kind(self) -> dict[int, RecordLayout]:
+        """The record layouts by activity kind: picked at start, or here for a collector used
+        without start (benchmarks/cupti_convert.py, cupti_check_stall.py)."""
+        if not self._records:
+            self._set_records(check_cupti_python(self._c))
+        return self._records
 
-    def _layout_of(self, kind: int) -> Any:
-        if self._layout is None:
-            self._layout = self._layouts()
-        return self._layout.get(kind)
+    def _set_records(self, records: dict[str, RecordLayout]) -> None:
+        K = self._c.ActivityKind
+        by_kind = {K.CONCURRENT_KERNEL: "kernel", K.KERNEL: "kernel", K.MEMCPY: "memcpy", K.MEMSET: "memset",
+                   K.RUNTIME: "api", K.DRIVER: "api", K.EXTERNAL_CORRELATION: "external_correlation"}  # fmt: skip
+        self._records = {int(k): records[family] for k, family in by_kind.items()}
+        self._layout = {k: r.dtype for k, r in self._records.items()}
+        self._read_bytes = {k: r.read_bytes for k, r in self._records.items()}
 
     def _convert_fast(self, data: bytes, off: np.ndarray) -> np.ndarray:
         """Rows read straight from a buffer's bytes: one numpy gather per field, from typed views
@@ -750,15 +873,14 @@ class CuptiCollector:
         n = len(off)
         if n == 0:
             return np.empty(0, ACTIVITY_DTYPE)
-        if self._layout is None:
-            self._layout = self._layouts()
+        self._by_kind()
         layout = self._layout
         if (off % 8).any() or int(off.min()) < 0:
             raise ValueError("activity records are not 8-byte aligned")
         kinds = np.frombuffer(data, "<i4", count=len(data) // 4)[off // 4]
         sizes = np.full(n, 4, np.int64)
-        for k, dt in layout.items():
-            sizes[kinds == k] = dt.itemsize
+        for k, end in self._read_bytes.items():
+            sizes[kinds == k] = end
         if int((off + sizes).max()) > len(data):
             raise ValueError("an activity record runs past the end of its buffer")
         views: dict[str, np.ndarray] = {}

@@ -1,6 +1,8 @@
 """Test-only stand-in for ``cupti.cupti`` (cupti-python): the calls maxinstr.kernels.cupti
-makes, with the same names, enum values (CUDA 13.0) and record attributes, over a simulated
-GPU. The external-correlation stack is the real one the stage core pushes to: a compiled
+makes, with the same names, enum values and record attributes, over a simulated GPU. Which
+release it stands in for (its record layouts and classes, functions, and whether freeing a
+record object prints) comes from that release's description recorded from the real wheel
+(tests/data/cupti/cupti_python/, ``FAKE_CUPTI_VERSION``; below). The external-correlation stack is the real one the stage core pushes to: a compiled
 tests/core/native/fake_cupti.c loaded from ``FAKE_CUPTI_LIB`` (a path containing
 "libcupti.so", as the collector looks it up in /proc/self/maps). ``launch()`` plays an API call
 that launches one op (or a graph of several): it queues the API record, the external-
@@ -17,10 +19,13 @@ import ctypes
 import enum
 import functools
 import inspect
+import json
 import os
+import re
 import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -97,30 +102,44 @@ class driver_api_trace_cbid(enum.IntEnum):
     cuGraphLaunch = 514
 
 
-def _layout(itemsize: int, fields: list[tuple[str, str, int]]) -> np.dtype:
-    names, formats, offsets = zip(*fields)
-    return np.dtype({"names": list(names), "formats": list(formats), "offsets": list(offsets), "itemsize": itemsize})
+_DATA = Path(__file__).resolve().parents[3] / "data" / "cupti" / "cupti_python"
 
 
-# The CUDA 13.0 record layouts, as cupti-python 13.0 gives them (only the fields maxinstr reads,
-# at their real offsets and sizes).
-activity_kernel10_dtype = _layout(216, [("kind", "<i4", 0), ("start", "<u8", 16), ("end", "<u8", 24), ("device_id", "<u4", 40),
-                                        ("stream_id", "<u4", 48), ("correlation_id", "<u4", 92), ("name", "<i8", 104),
-                                        ("graph_node_id", "<u8", 144)])  # fmt: skip
-activity_api_dtype = _layout(40, [("kind", "<i4", 0), ("cbid", "<u4", 4), ("start", "<u8", 8), ("end", "<u8", 16),
-                                  ("process_id", "<u4", 24), ("thread_id", "<u4", 28), ("correlation_id", "<u4", 32)])  # fmt: skip
-activity_external_correlation_dtype = _layout(24, [("kind", "<i4", 0), ("external_kind", "<i4", 4), ("external_id", "<u8", 8),
-                                                   ("correlation_id", "<u4", 16)])  # fmt: skip
-activity_memcpy6_dtype = _layout(96, [("kind", "<i4", 0), ("copy_kind", "u1", 4), ("bytes", "<u8", 8), ("start", "<u8", 16),
-                                      ("end", "<u8", 24), ("device_id", "<u4", 32), ("stream_id", "<u4", 40),
-                                      ("correlation_id", "<u4", 44), ("graph_node_id", "<u8", 64)])  # fmt: skip
-activity_memset4_dtype = _layout(88, [("kind", "<i4", 0), ("bytes", "<u8", 8), ("start", "<u8", 16), ("end", "<u8", 24),
-                                      ("device_id", "<u4", 32), ("stream_id", "<u4", 40), ("correlation_id", "<u4", 44),
-                                      ("graph_node_id", "<u8", 64)])  # fmt: skip
-_API_BYTES = activity_api_dtype
-if os.environ.get("FAKE_CUPTI_BAD_LAYOUT"):  # the dtype handed out disagrees with the bytes written
-    activity_api_dtype = _layout(40, [("kind", "<i4", 0), ("cbid", "<u4", 4), ("start", "<u8", 16), ("end", "<u8", 8),
-                                      ("process_id", "<u4", 24), ("thread_id", "<u4", 28), ("correlation_id", "<u4", 32)])  # fmt: skip
+def _description(spec: str) -> dict:
+    """A release's recorded description (tests/data/cupti/cupti_python/VERSION.json, made from
+    the real wheel by tests/kernels/cupti_python_description.py), or a .json file's."""
+    path = Path(spec) if spec.endswith(".json") else _DATA / f"{spec}.json"
+    return json.loads(path.read_text())
+
+
+def _dtype(layout: dict) -> np.dtype:
+    fields = layout["fields"]
+    return np.dtype({"names": list(fields), "formats": [f[0] for f in fields.values()],
+                     "offsets": [f[1] for f in fields.values()], "itemsize": layout["itemsize"]})  # fmt: skip
+
+
+def _newest(desc: dict, family: str) -> np.dtype:
+    """The layout of ``family`` a libcupti of that release writes: its newest struct version."""
+    found = [(int(m.group(1) or 0), name) for name in desc["layouts"]
+             if (m := re.fullmatch(rf"activity_{family}(\d*)_dtype", name))]  # fmt: skip
+    return _dtype(desc["layouts"][max(found)[1]])
+
+
+# What this stand-in is: the cupti-python release FAKE_CUPTI_VERSION (default 13.0.1, CI's and
+# the H200's), exposing exactly that release's record layouts (its activity_*_dtype, every field
+# at its real offset) and record classes; and the libcupti under it, which writes the newest
+# layouts of release FAKE_CUPTI_WRITES (default: the same; pip pairs cupti-python 13.0.1 with
+# nvidia-cuda-cupti 13.5, whose records are newer than the layouts that release knows).
+DESCRIPTION = _description(os.environ.get("FAKE_CUPTI_VERSION") or "13.0.1")
+_WRITES = _description(os.environ.get("FAKE_CUPTI_WRITES") or os.environ.get("FAKE_CUPTI_VERSION") or "13.0.1")
+for _name, _layout in DESCRIPTION["layouts"].items():
+    globals()[_name] = _dtype(_layout)
+_WRITE = {family: _newest(_WRITES, family) for family in ("kernel", "memcpy", "memset", "api", "external_correlation")}
+_API_BYTES = _WRITE["api"]
+if os.environ.get("FAKE_CUPTI_BAD_LAYOUT"):  # the API dtype handed out disagrees with the bytes written
+    _bad = json.loads(json.dumps(DESCRIPTION["layouts"]["activity_api_dtype"]))
+    _bad["fields"]["start"][1], _bad["fields"]["end"][1] = _bad["fields"]["end"][1], _bad["fields"]["start"][1]
+    activity_api_dtype = _dtype(_bad)
 _NATIVE = False  # set when the library loads: a build without the native-buffer calls has the Python callbacks only
 
 
@@ -132,10 +151,10 @@ def _setup_native(lib: ctypes.CDLL) -> None:
     lib.fake_cupti_queue.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     lib.fake_cupti_set_size.argtypes = [ctypes.c_int, ctypes.c_size_t]
     lib.cuptiActivityFlushAll.argtypes = [ctypes.c_uint32]
-    for k, dt in ((ActivityKind.CONCURRENT_KERNEL, activity_kernel10_dtype), (ActivityKind.KERNEL, activity_kernel10_dtype),
-                  (ActivityKind.MEMCPY, activity_memcpy6_dtype), (ActivityKind.MEMSET, activity_memset4_dtype),
+    for k, dt in ((ActivityKind.CONCURRENT_KERNEL, _WRITE["kernel"]), (ActivityKind.KERNEL, _WRITE["kernel"]),
+                  (ActivityKind.MEMCPY, _WRITE["memcpy"]), (ActivityKind.MEMSET, _WRITE["memset"]),
                   (ActivityKind.RUNTIME, _API_BYTES), (ActivityKind.DRIVER, _API_BYTES),
-                  (ActivityKind.EXTERNAL_CORRELATION, activity_external_correlation_dtype)):  # fmt: skip
+                  (ActivityKind.EXTERNAL_CORRELATION, _WRITE["external_correlation"])):  # fmt: skip
         lib.fake_cupti_set_size(int(k), dt.itemsize)
 
 
@@ -164,10 +183,11 @@ class _Record:
         return obj
 
     def __del__(self) -> None:
-        # cupti-python <= 13.0.1: freeing a record object made over a buffer its BufferManager did
-        # not allocate (from_ptr over ours) raises KeyError in __dealloc__, which Cython reports
-        # through sys.excepthook and then sys.unraisablehook: two tracebacks on stderr per record
-        if self.__dict__.get("_foreign"):
+        # cupti-python 13.0.x (record_free_prints in its description): freeing a record object
+        # made over a buffer its BufferManager did not allocate (from_ptr over ours) raises KeyError
+        # in __dealloc__, which Cython reports through sys.excepthook and then sys.unraisablehook:
+        # two tracebacks on stderr per record. 13.2 and later have no BufferManager.
+        if self.__dict__.get("_foreign") and DESCRIPTION["record_free_prints"]:
             try:
                 exec(_BUFFER_MANAGER_RAISE, {"key": self.ptr})
             except KeyError:
@@ -184,24 +204,16 @@ class _Record:
         return int(v)
 
 
-class ActivityKernel10(_Record):
-    _dtype = activity_kernel10_dtype
+def _record_class(name: str) -> type:
+    """The record class ``name`` of the release: ActivityKernel10 reads its fields through the
+    release's activity_kernel10_dtype (its compiled struct: the true one, FAKE_CUPTI_BAD_LAYOUT
+    or not)."""
+    stem = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name[len("Activity"):]).lower()
+    return type(name, (_Record,), {"_dtype": _dtype(DESCRIPTION["layouts"][f"activity_{stem}_dtype"])})
 
 
-class ActivityMemcpy6(_Record):
-    _dtype = activity_memcpy6_dtype
-
-
-class ActivityMemset4(_Record):
-    _dtype = activity_memset4_dtype
-
-
-class ActivityAPI(_Record):
-    _dtype = _API_BYTES
-
-
-class ActivityExternalCorrelation(_Record):
-    _dtype = activity_external_correlation_dtype
+for _name in DESCRIPTION["classes"]:
+    globals()[_name] = _record_class(_name)
 
 
 _KEEP: list = []  # record bytes and kernel names stay alive, as CUPTI's buffers do during the callback
@@ -212,7 +224,8 @@ def _record(ns: SimpleNamespace, dtype: np.dtype, **raw) -> SimpleNamespace:
     record objects have; a record object carries the same values as attributes."""
     buf = np.zeros(1, dtype)
     for f in dtype.names:
-        buf[f] = raw[f] if f in raw else getattr(ns, f)
+        if f in raw or hasattr(ns, f):
+            buf[f] = raw[f] if f in raw else getattr(ns, f)
     if _native_buffers():  # the record goes to the C library's buffers
         _LIB.fake_cupti_queue(buf.ctypes.data, dtype.itemsize)
         ns.native = True
@@ -332,7 +345,7 @@ def launch(name: str, kind: str = "kernel", dur_ns: int = 1000, api: str = "runt
     _LIB.fake_cupti_call(2 if api == "runtime" else 1, int(cbid_for(api, kind, graph_nodes)), corr)
     if top_kind:
         recs.append(_record(SimpleNamespace(kind=ActivityKind.EXTERNAL_CORRELATION, correlation_id=corr, external_id=top.value,
-                                            external_kind=top_kind), activity_external_correlation_dtype))  # fmt: skip
+                                            external_kind=top_kind), _WRITE["external_correlation"]))  # fmt: skip
     start = t + 5_000
     for g in range(max(1, graph_nodes)):
         common = dict(start=start, end=start + dur_ns, correlation_id=corr, stream_id=7, device_id=0,
@@ -340,12 +353,12 @@ def launch(name: str, kind: str = "kernel", dur_ns: int = 1000, api: str = "runt
         if kind == "kernel":
             cname = ctypes.create_string_buffer(name.encode())
             _KEEP.append(cname)
-            recs.append(_record(SimpleNamespace(kind=ActivityKind.CONCURRENT_KERNEL, name=name, **common), activity_kernel10_dtype,
+            recs.append(_record(SimpleNamespace(kind=ActivityKind.CONCURRENT_KERNEL, name=name, **common), _WRITE["kernel"],
                                 name=ctypes.addressof(cname)))  # fmt: skip
         elif kind == "memcpy":
-            recs.append(_record(SimpleNamespace(kind=ActivityKind.MEMCPY, copy_kind=1, bytes=nbytes, **common), activity_memcpy6_dtype))
+            recs.append(_record(SimpleNamespace(kind=ActivityKind.MEMCPY, copy_kind=1, bytes=nbytes, **common), _WRITE["memcpy"]))
         else:
-            recs.append(_record(SimpleNamespace(kind=ActivityKind.MEMSET, bytes=nbytes, **common), activity_memset4_dtype))
+            recs.append(_record(SimpleNamespace(kind=ActivityKind.MEMSET, bytes=nbytes, **common), _WRITE["memset"]))
         start += dur_ns + 100
     recs = [r for r in recs if not getattr(r, "native", False)]
     with _lock:
@@ -370,3 +383,6 @@ def _loading(fn):
 for _name, _fn in list(globals().items()):
     if inspect.isfunction(_fn) and _fn.__module__ == __name__ and not _name.startswith("_"):
         globals()[_name] = _loading(_fn)
+for _name, _present in DESCRIPTION["functions"].items():  # as the release has them
+    if not _present:
+        globals().pop(_name, None)
