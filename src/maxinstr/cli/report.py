@@ -12,6 +12,7 @@ import click
 
 from maxinstr.cli import batch_command
 from maxinstr.errors import MaxinstrError, TraceError
+from maxinstr.render.terminal import text_width
 
 if TYPE_CHECKING:
     from maxinstr.analyze.report import Analysis, TraceArg
@@ -138,23 +139,6 @@ def _is_bare_trace(path: str) -> bool:
     if p.is_file():
         return not _is_report_file(path)
     return p.is_dir() and not (p / "meta.json").exists() and not (p / "parts").is_dir()
-
-
-def text_width(terminal: bool, width: int | None = None) -> int:
-    """Columns for terminal text: ``--width``, else ``COLUMNS``, else the terminal's own width,
-    else 120 (piped output). At least 40."""
-    import os
-    import shutil
-
-    if width is None:
-        env = os.environ.get("COLUMNS", "")
-        if env.strip().isdigit():
-            width = int(env)
-        elif terminal:
-            width = shutil.get_terminal_size((120, 40)).columns
-        else:
-            width = 120
-    return max(40, width)
 
 
 def render(report: Report, fmt: str, color: bool = False, width: int = 120, analysis: Analysis | None = None) -> str:
