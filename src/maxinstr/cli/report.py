@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from maxinstr.analyze.schema import is_report_file as _is_report_file
 from maxinstr.cli import batch_command
 from maxinstr.errors import MaxinstrError, TraceError
 from maxinstr.render.terminal import text_width
@@ -121,15 +122,6 @@ def load_report_file(path: str) -> Report:
     except OSError as exc:
         raise MaxinstrError(f"{path}: cannot read ({exc.strerror or exc})") from None
     return load(text, path)
-
-
-def _is_report_file(path: str) -> bool:
-    p = Path(path)
-    if not p.is_file() or p.suffix.lower() != ".json":
-        return False
-    with open(p, "rb") as fh:
-        head = fh.read(4096)
-    return b"maxinstr-report" in head
 
 
 def _is_bare_trace(path: str) -> bool:
