@@ -43,6 +43,7 @@ import json, os, sys, time
 from pathlib import Path
 import numpy as np
 from maxinstr.analyze.report import analyze
+from maxinstr.analyze.timeline import timeline
 from maxinstr.render import perfetto, html
 out = Path(sys.argv[1]); bad = 0
 def check(ok, what):
@@ -70,7 +71,7 @@ if (out / "kv.sqlite").exists():
     check(clk["spread_ns"] is not None and clk["spread_ns"] < 20_000, f"offset {clk['offset_ns']} ns, spread (MAD) {clk['spread_ns']} ns")
     check(c["ops"] == len(a.trace.ops), f"ops {c['ops']} == trace ops {len(a.trace.ops)}")
     check(c["counter_samples"] > 0, f"counter samples {c['counter_samples']}")
-    tl = perfetto.timeline(a)
+    tl = timeline(a)
     j = (a.instances.range_index >= 0) & (tl.proj_start_ns >= 0)
     early = tl.proj_start_ns[j] < a.instances.host_start_ns[j] - clk["spread_ns"]
     check(j.sum() > 0 and early.mean() < 0.01, f"{int(early.sum())} of {int(j.sum())} joined stages start on the GPU before their host range")

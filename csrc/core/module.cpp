@@ -448,7 +448,7 @@ PyMethodDef module_methods[] = {
     {"_env_flag", py_env_flag, METH_VARARGS, "_env_flag(name, default): a yes/no variable as the core reads it."},
     {"_set_attrs_hook", py_set_attrs_hook, METH_O,
      "_set_attrs_hook(fn): fn(attrs) -> plain-data dict, called at stage exit for attrs holding other than "
-     "str/int/float/bool/None (maxinstr.record.attrs.plain)."},
+     "str/int/float/bool/None (maxinstr._attrs.plain)."},
     {"drain", (PyCFunction)(void (*)(void))py_drain, METH_FASTCALL | METH_KEYWORDS,
      "drain(max_records=-1) -> (bytes, [(name_id, name)], [(record_id, attrs)]): records completed since the "
      "last drain; names first seen since then plus those of the returned records; attrs of the returned records"},

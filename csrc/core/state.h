@@ -55,7 +55,7 @@ struct Process {
   std::vector<std::string> errors;
   uint64_t errors_dropped = 0;
 
-  // Attrs are data, not references (maxinstr/record/attrs.py): attrs holding anything but
+  // Attrs are data, not references (maxinstr/_attrs.py): attrs holding anything but
   // str/int/float/bool/None are replaced at stage exit by this hook's plain-data copy.
   PyObject* attrs_hook = nullptr;
   uint64_t attrs_unconverted = 0;  // the hook failed: those attrs were not kept (counted)

@@ -45,7 +45,7 @@ def clock_ns() -> int:
 
 def set_enabled(on: bool) -> None: ...
 def _set_attrs_hook(hook: Any) -> None:
-    """The function every stage's attrs go through at exit (maxinstr.record.attrs.plain)."""
+    """The function every stage's attrs go through at exit (maxinstr._attrs.plain)."""
 def is_enabled() -> bool: ...
 def _env_flag(name: str, default: bool) -> bool:
     """A yes/no variable as the core reads it (csrc/core/base.h env_flag; the rule of maxinstr.config)."""

@@ -1,11 +1,14 @@
 """The native column module (``maxinstr._columns``: the SQLite scan, group statistics, joins) and
 its functions, looked up once for the readers and the analysis alike; every caller keeps a numpy
-path for when it is not built."""
+path for when it is not built. Also the columnar primitives that readers and analysis share
+(``searchsorted``, ``correlation_join``, ``dense_index``): they sit here, below both."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
+
+import numpy as np
 
 from maxinstr import config
 
@@ -36,3 +39,134 @@ def function(name: str) -> Callable[..., Any] | None:
     if name not in FUNCTIONS:
         FUNCTIONS[name] = getattr(native_module(), name, None)
     return FUNCTIONS[name]
+
+
+def dense_index(*keys: np.ndarray) -> tuple[np.ndarray, int]:
+    """A dense int64 id per distinct tuple of the given equal-length int64 columns."""
+    if not keys or len(keys[0]) == 0:
+        return np.empty(0, np.int64), 0
+    if len(keys) == 1:
+        uniq, inv = np.unique(keys[0], return_inverse=True)
+        return inv.astype(np.int64), len(uniq)
+    stacked = np.stack([np.asarray(k, np.int64) for k in keys], axis=1)
+    uniq, inv = np.unique(stacked, axis=0, return_inverse=True)
+    return inv.reshape(-1).astype(np.int64), len(uniq)
+
+
+def searchsorted(a: np.ndarray, v: np.ndarray, side: Literal["left", "right"] = "left") -> np.ndarray:
+    """``np.searchsorted(a, v, side)`` (int64 positions); for int64 columns by the native
+    galloping search when built: keys that come nearly sorted (ids, times) cost a few steps."""
+    native = function("searchsorted_i64") if len(v) >= 4096 else None
+    if native is not None and a.dtype.kind == "i" and v.dtype.kind == "i" and a.itemsize <= 8 and v.itemsize <= 8:
+        return native(a, v, side == "right")
+    return np.searchsorted(a, v, side=side).astype(np.int64, copy=False)
+
+
+JOIN_BLOCK = 1 << 21  # left rows per step of correlation_join (bounds its temporaries)
+
+
+def correlation_join(
+    left_pid: np.ndarray, left_corr: np.ndarray, right_pid: np.ndarray, right_corr: np.ndarray,
+    right_rank: np.ndarray | None = None,
+) -> np.ndarray:
+    """Per left row, the right row with the same (pid, correlation id), or -1.
+
+    Where several right rows share a key, the one with the lowest ``right_rank`` (small
+    non-negative ints; default all equal) wins, then the first in row order; negative ids
+    never match. Correlation ids are small integers in CUDA/HIP traces: when dense enough the
+    join is a direct-address table (O(n), no sort); otherwise one stable sort of the right
+    keys (skipped when they come sorted, as a trace's calls usually do) and a
+    ``searchsorted``. The left side (millions of GPU ops) is taken in blocks and never copied
+    or widened as a whole, so beyond the int64 result the temporaries stay small.
+    """
+    nl = len(left_corr)
+    out = np.full(nl, -1, np.int64)
+    if not nl or not len(right_corr):
+        return out
+    right_corr = np.asarray(right_corr)
+    right_pid = np.asarray(right_pid)
+    rows = None  # right rows that take part (None: all)
+    if right_corr.min() < 0:
+        rows = np.flatnonzero(right_corr >= 0)
+        if not len(rows):
+            return out
+    rc = np.asarray(right_corr if rows is None else right_corr[rows], np.int64)
+    rp = right_pid if rows is None else right_pid[rows]
+    lmax = int(np.max(left_corr))
+    if lmax < 0:
+        return out
+    hi = max(lmax, int(rc.max())) + 1
+    n_rank = 1
+    if right_rank is not None:
+        rr = np.asarray(right_rank)
+        rr = rr if rows is None else rr[rows]
+        n_rank = int(rr.max()) + 1 if len(rr) else 1
+    lp_lo, lp_hi = int(np.min(left_pid)), int(np.max(left_pid))
+    pids = None  # several processes: keys are (pid rank, id)
+    if not (lp_lo == lp_hi == int(rp.min()) == int(rp.max())):
+        pids = np.union1d(np.unique(left_pid), np.unique(rp)).astype(np.int64)
+    remap = None  # absurd ids (a damaged file): dense ranks of every id first
+    if (1 if pids is None else len(pids)) * hi * n_rank >= (1 << 61):
+        remap = np.unique(np.concatenate([np.unique(np.asarray(left_corr)[np.asarray(left_corr) >= 0]), rc]))
+        rc, hi = np.searchsorted(remap, rc), len(remap)
+    if pids is not None:
+        rkey = np.searchsorted(pids, np.asarray(rp, np.int64)) * hi + rc
+        hi = len(pids) * hi
+    else:
+        rkey = rc  # one process: the id is the key
+    del rc, rp
+
+    def left_key(lo: int, up: int) -> tuple[np.ndarray, np.ndarray]:
+        raw = np.asarray(left_corr[lo:up], np.int64)
+        bad = raw < 0
+        lc = raw if remap is None else np.searchsorted(remap, raw)
+        if pids is not None:
+            lp = np.asarray(left_pid[lo:up], np.int64)
+            at = np.minimum(np.searchsorted(pids, lp), len(pids) - 1)
+            lc = at * (hi // len(pids)) + lc
+        return np.where(bad, 0, lc), bad
+
+    if hi <= 2 * (nl + len(rkey)) + (1 << 20):  # dense ids: a table (page faults cost more than a search beyond that)
+        table = np.full(hi, -1, np.int32 if len(right_corr) < (1 << 31) else np.int64)
+        ranks = [None] if n_rank == 1 else list(range(n_rank - 1, -1, -1))  # best rank written last
+        for r in ranks:
+            sel = np.arange(len(rkey), dtype=np.int64) if r is None else np.flatnonzero(rr == r)
+            target = sel if rows is None else rows[sel]
+            table[rkey[sel[::-1]]] = target[::-1]  # reversed: with repeated keys the first row wins
+            del sel, target
+        for lo in range(0, nl, JOIN_BLOCK):
+            key, bad = left_key(lo, lo + JOIN_BLOCK)
+            found = table[key]
+            found[bad] = -1
+            out[lo : lo + len(key)] = found
+        return out
+    # Sort path: keys scaled by the number of ranks so one stable sort orders by (key, rank, row).
+    skey = rkey if n_rank == 1 else rkey * n_rank + rr
+    del rkey
+    if len(skey) < 2 or bool(np.all(skey[1:] >= skey[:-1])):
+        row_of = rows  # already sorted: no sort
+    else:
+        order = np.argsort(skey, kind="stable")
+        skey = skey[order]
+        row_of = order if rows is None else rows[order]
+        del order
+    last = len(skey) - 1
+    for lo in range(0, nl, JOIN_BLOCK):
+        key, bad = left_key(lo, lo + JOIN_BLOCK)
+        if n_rank > 1:
+            key *= n_rank
+        found = searchsorted(skey, key)  # leftmost: the best rank, then first row, of the key
+        np.minimum(found, last, out=found)
+        if n_rank > 1:
+            # key is id * n_rank (rank 0) and skey[found] >= key unless clipped: the same id
+            # exactly when the difference is below n_rank (no integer division per op)
+            hit = skey[found] - key
+            hit = (hit >= 0) & (hit < n_rank)
+        else:
+            hit = skey[found] == key
+        hit &= ~bad
+        if row_of is not None:
+            found = row_of[found]
+        found[~hit] = -1
+        out[lo : lo + len(key)] = found
+    return out

@@ -290,7 +290,7 @@ def test_chunked_processing_gives_identical_results(monkeypatch):
         whole = attribute(trace)
         monkeypatch.setattr(mod, "_CHUNK", 37)
         monkeypatch.setattr(IntervalIndex, "BLOCK", 101)
-        monkeypatch.setattr(sys.modules["maxinstr.attribute.intervals"], "JOIN_BLOCK", 53)
+        monkeypatch.setattr(sys.modules["maxinstr.columns"], "JOIN_BLOCK", 53)
         small = attribute(trace)
         monkeypatch.undo()
         for f in dataclasses.fields(Attribution):

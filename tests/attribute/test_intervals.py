@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from maxinstr import columns
-from maxinstr.attribute.intervals import IntervalIndex, correlation_join, segmented_union
+from maxinstr.attribute.intervals import IntervalIndex, segmented_union
+from maxinstr.columns import correlation_join
 
 interval = st.tuples(st.integers(0, 3), st.integers(0, 60), st.integers(0, 30))
 
@@ -89,7 +90,7 @@ def test_correlation_join_rank_then_row_wins(left, right, scale, block):
     """With ranks (driver rows rank 1 lose to runtime rows rank 0), the lowest rank wins, then
     the first row; on both the table and the sort path, in small and whole blocks, with
     int32 pid columns as the nsys reader gives them."""
-    import maxinstr.attribute.intervals as iv
+    import maxinstr.columns as iv
 
     lp = np.array([x[0] for x in left], np.int32)
     lc = np.array([x[1] * scale if x[1] >= 0 else -1 for x in left], np.int64)

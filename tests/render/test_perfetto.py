@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from maxinstr.analyze.report import analyze
+from maxinstr.analyze.timeline import align, lanes, timeline
 from maxinstr.errors import MaxinstrError
 from maxinstr.render import perfetto
 from views_data import DATA, recorded_run
@@ -101,7 +102,7 @@ def test_lanes_split_crossing_slices():
     inst = a.instances
     ok = inst.proj_start_ns >= 0
     s, e = inst.proj_start_ns[ok], inst.proj_end_ns[ok]
-    lane = perfetto.lanes(np.zeros(len(s), np.int64), s, e)
+    lane = lanes(np.zeros(len(s), np.int64), s, e)
     assert lane.max() >= 1  # request spans overlap their decode spans
     for k in np.unique(lane):
         o = np.argsort(s[lane == k])
@@ -159,7 +160,7 @@ def test_run_with_a_foreign_trace_is_start_aligned(tmp_path, monkeypatch):
     # lined up by its start and the metadata says so
     run = recorded_run(tmp_path / "run", monkeypatch)
     a = analyze(run=str(run), trace=str(DATA / "nsys" / "h200_decode.sqlite"))
-    clock = perfetto.align(a)
+    clock = align(a)
     assert clock.method == "start_aligned" and clock.pairs == 0
     first_trace = min(int(a.trace.ranges.start_ns.min()), int(a.trace.ops.start_ns.min()))
     assert clock.offset_ns == first_trace - int(a.instances.host_start_ns.min())
@@ -199,7 +200,7 @@ def test_run_with_a_monotonic_clock_trace_needs_no_offset(tmp_path, monkeypatch)
     run = recorded_run(tmp_path / "run", monkeypatch)
     a = analyze(run=str(run), trace=str(DATA / "rocprof" / "rpd" / "matmul_result.rpd"))
     assert "MONOTONIC" in a.trace.clock
-    clock = perfetto.align(a)
+    clock = align(a)
     assert clock.method == "same_clock" and clock.offset_ns == 0
 
 
@@ -241,7 +242,7 @@ def _shifted_fixture_run(tmp_path, shift_ns: int):
 def test_offset_from_payload_matched_pairs(tmp_path):
     shift = 123_456_789_012
     a = _shifted_fixture_run(tmp_path, shift)
-    clock = perfetto.align(a)
+    clock = align(a)
     assert (clock.method, clock.join, clock.pairs) == ("matched_pairs", "payload", 150)
     assert clock.offset_ns == -shift and clock.spread_ns == 0.0
     doc = json.loads(perfetto.render(a.report, analysis=a))
@@ -253,7 +254,7 @@ def test_offset_from_payload_matched_pairs(tmp_path):
                 key=lambda e: e["ts"])
     assert round(first["ts"] * 1000) + origin == int(ops.start_ns.min()) + shift  # kernels on the host clock
     # on one axis, no joined stage's GPU work starts before the host range that launched it
-    tl = perfetto.timeline(a)
+    tl = timeline(a)
     j = (a.instances.range_index >= 0) & (tl.proj_start_ns >= 0)
     assert j.sum() == 150 and (tl.proj_start_ns[j] >= a.instances.host_start_ns[j]).all()
     assert _nested(doc["traceEvents"]) == []

@@ -3,7 +3,7 @@ raises (issue 20, class 2); attrs are data, not references to the user's objects
 
 Property tests run sessions with both writers (the core's native writer and the Python
 flusher, ``MAXINSTR_NATIVE_WRITER=0``) and compare what ``load`` reads back with
-``maxinstr.record.attrs.plain`` of what was passed (as JSON writes and reads it)."""
+``maxinstr._attrs.plain`` of what was passed (as JSON writes and reads it)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import maxinstr
 from maxinstr._text import safe_name
-from maxinstr.record.attrs import MAX_STR, plain
+from maxinstr._attrs import MAX_STR, plain
 from maxinstr.rundir.writer import json_line
 
 
@@ -192,7 +192,7 @@ def test_attrs_keep_no_object_alive_in_a_session(native, stage, mark, tmp_path):
 def test_a_failing_attrs_hook_drops_and_counts(native, stage, monkeypatch):
     if getattr(native, "__fake__", False):
         pytest.skip("the real core's hook")
-    from maxinstr.record.attrs import plain as real_plain
+    from maxinstr._attrs import plain as real_plain
 
     def broken(attrs):
         raise RuntimeError("hook bug")

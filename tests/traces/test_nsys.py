@@ -278,7 +278,7 @@ def test_reader_join_is_the_join_attribution_makes(path):
     import dataclasses as dc
 
     from maxinstr.attribute.attribute import join_ops_to_calls
-    from maxinstr.attribute.intervals import correlation_join
+    from maxinstr.columns import correlation_join
     from maxinstr.traces.model import OP_CALL_KEY
 
     for backend in ["python"] + (["native"] if NATIVE else []):

@@ -28,10 +28,22 @@ Dict keys that are data (stage names, rule names, ranks) are ``dict[str, ...]``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Final, Literal, TypedDict, TypeVar
 
 SCHEMA: Final = "maxinstr-report"
 VERSION: Final = 1
+
+
+def is_report_file(path: str) -> bool:
+    """Whether ``path`` is a saved report (``--format json``): a ``.json`` file whose first 4 KiB
+    name the schema. A sniff to tell inputs apart; :func:`maxinstr.render.json.load` checks."""
+    p = Path(path)
+    if not p.is_file() or p.suffix.lower() != ".json":
+        return False
+    with open(p, "rb") as fh:
+        head = fh.read(4096)
+    return SCHEMA.encode() in head
 
 _T = TypeVar("_T")
 ALWAYS = "always"

@@ -32,8 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from maxinstr.attribute.intervals import IntervalIndex, correlation_join, segmented_union
+from maxinstr.attribute.intervals import IntervalIndex, segmented_union
 from maxinstr.attribute.model import Attribution, JoinMethod, Rule
+from maxinstr.columns import correlation_join
 from maxinstr.traces.model import OP_CALL_KEY, CallKind, OpKind, RangeStyle, Trace
 
 OP_STAGE_KEY = "op_stage_id"

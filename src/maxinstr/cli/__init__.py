@@ -103,9 +103,9 @@ def batch_process() -> None:
                 mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
                 mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
                 mallopt(-8, 1)  # M_ARENA_MAX: what the reader's threads free, numpy reuses
-                from maxinstr.traces import _sqlite_columns
+                from maxinstr.traces import keep_freed_memory
 
-                _sqlite_columns.keep_freed_memory()  # no malloc_trim after reads either
+                keep_freed_memory()  # no malloc_trim after reads either
         except (OSError, AttributeError, TypeError):
             pass
 

@@ -26,7 +26,8 @@ def _runs_in(p: Path) -> list[Path]:
 def _side(path: str, trace: str | None, warmup: int | None, quiet: bool) -> Side:
     from maxinstr.analyze.compare import Side
     from maxinstr.analyze.report import analyze
-    from maxinstr.cli.report import _is_report_file, load_report_file, open_trace_with_progress
+    from maxinstr.analyze.schema import is_report_file as _is_report_file
+    from maxinstr.cli.report import load_report_file, open_trace_with_progress
     from maxinstr.rundir import load
 
     if _is_report_file(path):

@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from maxinstr.analyze.schema import is_report_file as _is_report_file
 from maxinstr.cli import batch_command
 from maxinstr.errors import MaxinstrError, TraceError
+from maxinstr.render.terminal import text_width
 
 if TYPE_CHECKING:
     from maxinstr.analyze.report import Analysis, TraceArg
@@ -122,15 +124,6 @@ def load_report_file(path: str) -> Report:
     return load(text, path)
 
 
-def _is_report_file(path: str) -> bool:
-    p = Path(path)
-    if not p.is_file() or p.suffix.lower() != ".json":
-        return False
-    with open(p, "rb") as fh:
-        head = fh.read(4096)
-    return b"maxinstr-report" in head
-
-
 def _is_bare_trace(path: str) -> bool:
     """A positional argument that is neither a run directory nor a saved report: a trace file,
     or a folder without meta.json and parts/ (rocprofv3 writes its trace as a folder)."""
@@ -138,23 +131,6 @@ def _is_bare_trace(path: str) -> bool:
     if p.is_file():
         return not _is_report_file(path)
     return p.is_dir() and not (p / "meta.json").exists() and not (p / "parts").is_dir()
-
-
-def text_width(terminal: bool, width: int | None = None) -> int:
-    """Columns for terminal text: ``--width``, else ``COLUMNS``, else the terminal's own width,
-    else 120 (piped output). At least 40."""
-    import os
-    import shutil
-
-    if width is None:
-        env = os.environ.get("COLUMNS", "")
-        if env.strip().isdigit():
-            width = int(env)
-        elif terminal:
-            width = shutil.get_terminal_size((120, 40)).columns
-        else:
-            width = 120
-    return max(40, width)
 
 
 def render(report: Report, fmt: str, color: bool = False, width: int = 120, analysis: Analysis | None = None) -> str:

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 from maxinstr import _native
 from maxinstr import config as _config
+from maxinstr._attrs import plain as _plain_attrs
 
 # Import the decorator module before binding `stage`: importing a submodule sets the package
 # attribute of the same name, which must not overwrite the function below.
 from maxinstr.record import stage as _stage_module  # noqa: F401
-
-from maxinstr.record.attrs import plain as _plain_attrs
 
 stage = _native.stage
 mark = _native.mark

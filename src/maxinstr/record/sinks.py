@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from maxinstr import config
-from maxinstr.record.attrs import plain
+from maxinstr._attrs import plain
 from maxinstr.rundir import format as fmt
 from maxinstr.rundir.reader import RUN_STAGE_DTYPE, Run
 from maxinstr.rundir.writer import PartWriter

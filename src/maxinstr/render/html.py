@@ -308,7 +308,7 @@ def timeline_section(report: Report, analysis: Analysis | None) -> str:
         return head + ('<p class="note">This view was rendered from a saved JSON report, which keeps statistics, not '
                        'the timeline. Render from the run directory (maxinstr report RUN --format html) to see it.'
                        '</p></section>')
-    from maxinstr.render.perfetto import timeline
+    from maxinstr.analyze.timeline import timeline
 
     tl = timeline(analysis)
     t0, t1 = float(tl.origin_ns), float(tl.end_ns)

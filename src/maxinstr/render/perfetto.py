@@ -1,11 +1,9 @@
 """The timeline as Chrome trace-event JSON, which ui.perfetto.dev (and chrome://tracing) opens.
 
-One axis for everything: the run's host clock (CLOCK_MONOTONIC) when a run directory is
-given, else the trace's own clock. Trace times are moved onto the host clock by one offset,
-the median of ``trace range start - record host start`` over the records the attribution
-joined to trace ranges (by NVTX payload, or thread/name/order); the metadata says which
-offset was used and how it was found. Timestamps are microseconds (floats with nanosecond
-decimals) from ``metadata.maxinstr.origin_ns``.
+The timeline itself (one axis for everything, the clock offset, the stage each op belongs to,
+lanes) is :mod:`maxinstr.analyze.timeline`; the metadata says which clock offset was used
+and how it was found. Timestamps are microseconds (floats with nanosecond decimals) from
+``metadata.maxinstr.origin_ns``.
 
 Tracks (Perfetto "processes" and "threads"):
 
@@ -34,11 +32,12 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
+from maxinstr.analyze.timeline import (CALLS_MAX_OPS, MAX_LANES, OP_KIND_NAMES, Timeline, group_codes, hw_throttled,
+                                       lanes, launch_calls, nest_lanes, timeline)
+
 if TYPE_CHECKING:
     from maxinstr.analyze.report import Analysis
     from maxinstr.analyze.schema import Report
-    from maxinstr.attribute.model import Attribution
-    from maxinstr.traces.model import Trace
 
 CHUNK = 65_536
 """Rows formatted per write."""
@@ -54,14 +53,6 @@ GPU_PID = PID_BASE + 16
 GZIP_LEVEL = 3
 """Fast enough to stay near the plain write; a trace's JSON compresses ~20x anyway."""
 
-CALLS_MAX_OPS = 250_000
-"""Launch calls (and launch -> kernel flow arrows) are written for traces up to this many ops;
-beyond, they would double the file for little (the metadata says they were left out)."""
-
-MAX_LANES = 16
-"""Overlapping slices of one track are spread over at most this many lanes (Chrome JSON
-slices of one thread must nest); the rest share the last lane."""
-
 # (column, track label, unit key, scale): the sampler metrics shown as counter tracks
 COUNTERS: tuple[tuple[str, str, str, float], ...] = (
     ("gpu_util_pct", "util", "%", 1.0),
@@ -76,137 +67,6 @@ COUNTERS: tuple[tuple[str, str, str, float], ...] = (
     ("mem_clock_mhz", "memory clock", "MHz", 1.0),
     ("temp_c", "temperature", "C", 1.0),
 )
-
-
-# ----------------------------------------------------------------------------- clock
-@dataclass
-class Clock:
-    """How trace times map onto the view's axis: ``axis_ns = trace_ns - offset_ns``."""
-
-    axis: str
-    """The axis clock: ``"host"`` (the run's CLOCK_MONOTONIC) or the trace's clock name."""
-    offset_ns: int = 0
-    method: str = "none"
-    """``matched_pairs`` | ``same_clock`` | ``start_aligned`` | ``trace_only`` | ``run_only``."""
-    pairs: int = 0
-    """Record/range pairs the offset rests on (``matched_pairs``)."""
-    spread_ns: float | None = None
-    """Median absolute deviation of the pairs' differences around the offset."""
-    join: str | None = None
-    """How the pairs were matched: ``payload`` or ``thread_name_order``."""
-    note: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"axis": self.axis, "offset_ns": int(self.offset_ns), "method": self.method, "pairs": int(self.pairs),
-                "spread_ns": self.spread_ns, "join": self.join, "note": self.note}
-
-
-def align(analysis: Analysis) -> Clock:
-    """The offset that puts the trace on the run's host clock (see the module docstring)."""
-    run, trace, inst = analysis.run, analysis.trace, analysis.instances
-    if trace is None:
-        return Clock(axis="host" if run is not None else "none", method="run_only")
-    if run is None:
-        return Clock(axis=str(trace.clock), method="trace_only", note=f"Times on the trace's clock ({trace.clock})")
-    join = getattr(getattr(analysis.attribution, "join_method", None), "name", None)
-    join = join.lower() if join else None
-    joined = np.flatnonzero(inst.range_index >= 0) if len(inst) else np.empty(0, np.int64)
-    if len(joined):
-        starts = np.asarray(trace.ranges.start_ns, np.int64)[inst.range_index[joined]]
-        diff = starts - inst.host_start_ns[joined]
-        offset = int(np.median(diff))
-        spread = float(np.median(np.abs(diff - offset)))
-        return Clock(axis="host", offset_ns=offset, method="matched_pairs", pairs=len(joined), spread_ns=spread,
-                     join=join, note=f"Trace times moved by the median of (trace range start - record host start) over {len(joined)} "
-                                     f"records joined by {join or 'id'}")
-    if "MONOTONIC" in str(trace.clock).upper() and "RAW" not in str(trace.clock).upper():
-        return Clock(axis="host", method="same_clock", note=f"The trace clock {trace.clock} is the host clock: no offset")
-    # nothing ties the clocks together: line the first trace range (or op) up with the first record
-    t_first = _first(np.asarray(trace.ranges.start_ns, np.int64), np.asarray(trace.ops.start_ns, np.int64))
-    h_first = _first(inst.host_start_ns)
-    offset = int(t_first - h_first) if t_first is not None and h_first is not None else 0
-    return Clock(axis="host", offset_ns=offset, method="start_aligned",
-                 note="No record joined a trace range: the trace is shifted so that it starts with the run "
-                      "(approximate; GPU work is not exactly under its stages)")
-
-
-def _first(*arrays: np.ndarray) -> int | None:
-    lows = [int(a.min()) for a in arrays if len(a)]
-    return min(lows) if lows else None
-
-
-# ----------------------------------------------------------------------------- tracks
-def lanes(group: np.ndarray, start: np.ndarray, end: np.ndarray, max_lanes: int = MAX_LANES) -> np.ndarray:
-    """A lane per row such that, within one group and lane, no two rows overlap.
-
-    Greedy in passes: a row that starts before the end of an earlier row of its group
-    (earlier by start) moves to the next lane; each pass is vectorised per group.
-    """
-    n = len(start)
-    lane = np.zeros(n, np.int64)
-    todo = np.arange(n)
-    for k in range(max_lanes):
-        if len(todo) == 0:
-            break
-        lane[todo] = k
-        if k == max_lanes - 1:
-            break
-        g, s, e = group[todo], start[todo], end[todo]
-        order = np.lexsort((s, g))
-        gs, ss, es = g[order], s[order], e[order]
-        bounds = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1], True])
-        bumped = np.zeros(len(order), bool)
-        for lo, hi in zip(bounds[:-1], bounds[1:]):  # per group (streams, stage keys: few)
-            prev_end = np.maximum.accumulate(es[lo:hi])
-            bumped[lo + 1:hi] = ss[lo + 1:hi] < prev_end[:-1]
-        todo = todo[order[bumped]]
-    return lane
-
-
-def nest_lanes(group: np.ndarray, start: np.ndarray, end: np.ndarray, depth: np.ndarray,
-               parent: np.ndarray) -> np.ndarray:
-    """Lane 0 for rows that nest properly on their group's track, 1+ for the rest.
-
-    Rows of one depth must not overlap one another in lane 0 (children lie inside their
-    ``parent``, so that is enough for proper nesting); a row that crosses another of its depth
-    (start/end ranges, skewed clocks) moves to a plain non-overlapping lane, and its
-    descendants with it.
-    """
-    n = len(start)
-    if n == 0:
-        return np.zeros(0, np.int64)
-    first = lanes(group_codes(group, depth)[1], start, end, max_lanes=2)
-    bad = first > 0
-    parent = np.asarray(parent, np.int64)
-    has_parent = parent >= 0
-    for _ in range(64):  # descendants of a displaced row follow it
-        newly = has_parent & ~bad & bad[np.maximum(parent, 0)]
-        if not newly.any():
-            break
-        bad |= newly
-    lane = np.zeros(n, np.int64)
-    if bad.any():
-        lane[bad] = 1 + lanes(np.asarray(group)[bad], start[bad], end[bad], max_lanes=MAX_LANES - 1)
-    return lane
-
-
-def group_codes(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct rows as a 2-D array, code per row) for integer columns, in sorted order;
-    1-D uniques combined arithmetically (``np.unique(axis=0)`` sorts slow void rows)."""
-    n = len(columns[0])
-    code = np.zeros(n, np.int64)
-    uniques = []
-    for col in columns:
-        u, c = np.unique(np.asarray(col, np.int64), return_inverse=True)
-        uniques.append(u)
-        code = code * len(u) + c.reshape(-1)
-    ucode, inv = np.unique(code, return_inverse=True)
-    rows = np.empty((len(ucode), len(columns)), np.int64)
-    rest = ucode.copy()
-    for j in range(len(columns) - 1, -1, -1):
-        rows[:, j] = uniques[j][rest % len(uniques[j])]
-        rest //= len(uniques[j])
-    return rows, inv.reshape(-1)
 
 
 def _esc(values: Iterable[str]) -> np.ndarray:
@@ -250,118 +110,6 @@ class _Tracks:
         if sort is not None:
             self.meta.append('{"ph":"M","name":"thread_sort_index","pid":%d,"tid":%d,"args":{"sort_index":%d}},\n'
                              % (pid, tid, sort))
-
-
-@dataclass
-class Timeline:
-    """Everything on one axis (ns, the :class:`Clock`'s axis), as columns: what the Perfetto
-    and HTML views draw. Built by :func:`timeline`."""
-
-    clock: Clock
-    origin_ns: int
-    inst: Any
-    """The analysis's :class:`~maxinstr.analyze.instances.StageInstances` (host times on the axis)."""
-    inst_pid: np.ndarray
-    proj_start_ns: np.ndarray
-    """Per instance, the projected GPU span on the axis (-1 when none)."""
-    proj_end_ns: np.ndarray
-    event_start_ns: np.ndarray
-    """Per instance, the GPU event span from the run on the axis (-1 when none)."""
-    event_end_ns: np.ndarray
-    op_start_ns: np.ndarray
-    op_end_ns: np.ndarray
-    op_stage: np.ndarray
-    """Per op, the instance row of the stage that launched it (-1 when none)."""
-    samples: list[tuple[str, Any]]
-    """``(part name, Samples)`` with at least one row; their ``t_ns`` is on the host clock."""
-    thread_names: dict[int, str]
-    pid_names: dict[int, str]
-    gpu_names: dict[int, str] = field(default_factory=dict)
-    """Visible GPU index -> name (run meta.json, else the sampler's device list)."""
-    shift_ns: int = 0
-    """What was subtracted from the trace's times to put them on the axis."""
-
-    @property
-    def end_ns(self) -> int:
-        highs = [int(a.max()) for a in (self.inst.host_end_ns, self.op_end_ns) if len(a)]
-        highs += [int(s.t_ns.max()) for _, s in self.samples]
-        return max(highs) if highs else self.origin_ns
-
-
-def timeline(analysis: Analysis) -> Timeline:
-    """Put the analysis's records, trace ops and samples on one axis."""
-    from maxinstr.analyze.kernels import range_to_instance
-
-    clock = align(analysis)
-    inst, trace, run = analysis.instances, analysis.trace, analysis.run
-    n = len(inst)
-    off = clock.offset_ns
-    shift = off if (run is not None and trace is not None) else 0
-
-    def moved(col: np.ndarray) -> np.ndarray:
-        col = np.asarray(col, np.int64)
-        return np.where(col >= 0, col - shift, -1)
-
-    proj_s, proj_e = moved(inst.proj_start_ns), moved(inst.proj_end_ns)
-    ev_s = ev_e = np.full(n, -1, np.int64)
-    pid_names: dict[int, str] = {}
-    if run is not None:
-        st = run.stages
-        parts = getattr(run, "parts", []) or []
-        part_pid = np.array([int(p.get("pid") or 0) for p in parts] or [0], np.int64)
-        inst_pid = part_pid[np.clip(inst.part, 0, len(part_pid) - 1)] if n else np.zeros(0, np.int64)
-        for p in parts:
-            rank = p.get("rank")
-            pid_names[int(p.get("pid") or 0)] = f"host pid {p.get('pid')}" + (f" (rank {rank})" if rank not in (None, -1) else "")
-        if len(st) == n and n and np.array_equal(np.asarray(st["id"], np.int64), inst.record_id):
-            from maxinstr.rundir import format as fmt
-
-            timed = (np.asarray(st["flags"]) & fmt.GPU_TIMED) != 0
-            ev_s = np.where(timed, np.asarray(st["gpu_start_ns"], np.int64), -1)
-            ev_e = np.where(timed, np.asarray(st["gpu_end_ns"], np.int64), -1)
-    else:
-        inst_pid = np.asarray(inst.part, np.int64)
-    for pid in np.unique(inst_pid).tolist():
-        pid_names.setdefault(int(pid), f"host pid {pid}")
-
-    if trace is not None and len(trace.ops):
-        ops = trace.ops
-        op_s = np.asarray(ops.start_ns, np.int64) - shift
-        op_e = np.maximum(np.asarray(ops.end_ns, np.int64) - shift, op_s)
-        att = analysis.attribution
-        if att is not None and len(att.op_range) == len(ops) and n:
-            r2i = range_to_instance(inst, att, len(trace.ranges))
-            op_range = np.asarray(att.op_range, np.int64)
-            op_stage = np.where(op_range >= 0, r2i[np.maximum(op_range, 0)] if len(r2i) else -1, -1)
-        else:
-            op_stage = np.full(len(ops), -1, np.int64)
-    else:
-        op_s = op_e = op_stage = np.empty(0, np.int64)
-
-    samples: list[tuple[str, Any]] = []
-    if run is not None:
-        for name, smp in sorted((getattr(run, "samples", None) or {}).items()):
-            if hasattr(smp, "t_ns") and len(smp):
-                samples.append((name, smp))
-
-    gpu_names: dict[int, str] = {}
-    for _, smp in samples:
-        for d in smp.devices:
-            if d.get("name"):
-                gpu_names.setdefault(int(d.get("visible_index", 0)), str(d["name"]))
-    for g in ((run.meta or {}).get("gpus") or []) if run is not None else []:
-        if isinstance(g, dict) and g.get("name") is not None:
-            gpu_names[int(g.get("index", 0))] = str(g["name"])
-    lows = [int(a[a >= 0].min()) for a in (inst.host_start_ns, proj_s, ev_s, op_s) if len(a) and (a >= 0).any()]
-    lows += [int(s.t_ns.min()) for _, s in samples]
-    if trace is not None and len(trace.calls) and len(trace.ops) <= CALLS_MAX_OPS:
-        lows.append(int(np.asarray(trace.calls.start_ns, np.int64).min()) - shift)
-    origin = min(lows) if lows else 0
-    tnames = {int(k): str(v) for k, v in (getattr(trace, "thread_names", None) or {}).items()} if trace is not None else {}
-    return Timeline(clock=clock, origin_ns=origin, inst=inst, inst_pid=inst_pid, proj_start_ns=proj_s,
-                    proj_end_ns=proj_e, event_start_ns=ev_s, event_end_ns=ev_e, op_start_ns=op_s, op_end_ns=op_e,
-                    op_stage=op_stage, samples=samples, thread_names=tnames, pid_names=pid_names, gpu_names=gpu_names,
-                    shift_ns=shift)
 
 
 def _us(ns: np.ndarray) -> np.ndarray:
@@ -441,17 +189,18 @@ def _stage_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iter
                          ts[rows], busy[rows], frac, kernels[rows])
 
 
-def _op_events(tl: Timeline, trace: Trace, op_family: np.ndarray, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
+def _op_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
     from maxinstr.analyze.kernels import FAMILY_NAMES
-    from maxinstr.traces.model import OpKind
 
+    trace, op_family = analysis.trace, analysis.op_family
+    if trace is None:
+        return
     ops = trace.ops
     n = len(ops)
     counts["ops"] = n
     kind = np.asarray(ops.kind)
-    counts["kernels"] = int((kind == OpKind.KERNEL).sum())
-    counts["memcpys"] = int((kind == OpKind.MEMCPY).sum())
-    counts["memsets"] = int((kind == OpKind.MEMSET).sum())
+    for code, kind_name in enumerate(OP_KIND_NAMES):  # "kernels", "memcpys", "memsets"
+        counts[kind_name + "s"] = int((kind == code).sum())
     if n == 0:
         return
     dev = np.asarray(ops.device_id, np.int64)
@@ -468,8 +217,9 @@ def _op_events(tl: Timeline, trace: Trace, op_family: np.ndarray, tracks: _Track
     strings = np.asarray(trace.strings, dtype=object)
     name_json = _esc(strings.tolist()) if len(strings) else np.empty(0, object)
     nid = np.asarray(ops.name_id, np.int64)
-    default = np.array(['"kernel"', '"memcpy"', '"memset"'], dtype=object)
-    names = np.where(nid >= 0, name_json[np.maximum(nid, 0)] if len(name_json) else "", default[np.clip(kind, 0, 2)])
+    default = _esc(OP_KIND_NAMES)
+    names = np.where(nid >= 0, name_json[np.maximum(nid, 0)] if len(name_json) else "",
+                     default[np.clip(kind, 0, len(OP_KIND_NAMES) - 1)])
     fam = (_esc(FAMILY_NAMES)[op_family] if len(op_family) == n else np.full(n, '"other"', dtype=object))
     keys = _esc(tl.inst.key.astype(str)) if len(tl.inst) else np.empty(0, object)
     stage = np.where(tl.op_stage >= 0, keys[np.maximum(tl.op_stage, 0)] if len(keys) else "null", "null")
@@ -482,11 +232,12 @@ def _op_events(tl: Timeline, trace: Trace, op_family: np.ndarray, tracks: _Track
                      stage, corr, nbytes)
 
 
-def _call_events(tl: Timeline, trace: Trace, op_tids: np.ndarray, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
+def _call_events(tl: Timeline, analysis: Analysis, op_tids: np.ndarray, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
     """Host API calls that launched GPU work, on a track beside their thread, and a flow arrow
-    from each launch to the op it launched (joined by correlation id, as Kineto draws them)."""
-    from maxinstr.traces.model import CallKind
-
+    from each launch to the op it launched (:func:`~maxinstr.analyze.timeline.launch_calls`)."""
+    trace = analysis.trace
+    if trace is None:
+        return
     calls, ops = trace.calls, trace.ops
     counts["api_calls"] = counts["launch_flows"] = 0
     if len(calls) == 0:
@@ -515,19 +266,8 @@ def _call_events(tl: Timeline, trace: Trace, op_tids: np.ndarray, tracks: _Track
                      '"args":{"correlation_id":%d}},\n',
                      names, pid, call_tid, _us(cs - tl.origin_ns), _us(ce - cs), corr)
     counts["api_calls"] = len(calls)
-    # flows: each op from the (runtime-layer first) call with its correlation id and process
-    order = np.lexsort((np.asarray(calls.kind) != CallKind.RUNTIME, corr, pid))
-    key_c = np.c_[pid[order], corr[order]]
-    first = np.r_[True, (np.diff(key_c, axis=0) != 0).any(axis=1)] if len(order) else np.zeros(0, bool)
-    sel = order[first]
-    opid, ocorr = np.asarray(ops.pid, np.int64), np.asarray(ops.correlation_id, np.int64)
-    # search (pid, corr) with one int key: both are small enough to pack after ranking the pids
-    upid = np.unique(np.r_[pid[sel], opid])
-    kc = np.searchsorted(upid, pid[sel]) * (1 << 40) + corr[sel]
-    ko = np.searchsorted(upid, opid) * (1 << 40) + ocorr
-    pos = np.clip(np.searchsorted(kc, ko), 0, max(len(kc) - 1, 0))
-    hit = np.flatnonzero((ocorr >= 0) & (len(kc) > 0) & (kc[pos] == ko)) if len(kc) else np.empty(0, np.int64)
-    c = sel[pos[hit]]
+    # flows: each op from the call that launched it
+    hit, c = launch_calls(trace)
     ids = hit + 1
     yield from _rows('{"ph":"s","id":%d,"cat":"launch","name":"launch","pid":%d,"tid":%d,"ts":%.3f},\n',
                      ids, pid[c], call_tid[c], _us(cs[c] - tl.origin_ns))
@@ -537,11 +277,14 @@ def _call_events(tl: Timeline, trace: Trace, op_tids: np.ndarray, tracks: _Track
     counts["launch_flows"] = len(hit)
 
 
-def _range_events(tl: Timeline, trace: Trace, attribution: Attribution | None, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
+def _range_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
     """The trace's other host ranges (framework ops, other NVTX domains: not stages), on a
     track beside their thread, nested as they ran."""
     from maxinstr.analyze.instances import range_names
 
+    trace, attribution = analysis.trace, analysis.attribution
+    if trace is None:
+        return
     r = trace.ranges
     used = np.zeros(len(r), bool)
     ri = np.asarray(tl.inst.range_index, np.int64)
@@ -592,8 +335,6 @@ def _gpu_label(tl: Timeline, index: int) -> str:
 
 
 def _counter_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
-    from maxinstr.sample.base import HW_THROTTLE_MASK
-
     total = 0
     for part, smp in tl.samples:
         devs = smp.devices
@@ -618,7 +359,7 @@ def _counter_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> It
                         + _tmpl(json.dumps(unit)) + ':%.6g}},\n')
                 yield from _rows(tmpl, np.full(int(ok.sum()), pid), ts[ok], v[ok])
             # hardware throttling (power cap, thermal, ...) as a 0/1 track, written where it changes
-            thr = ((rows["throttle"] & HW_THROTTLE_MASK) != 0).astype(np.int64) if "throttle" in have else None
+            thr = hw_throttled(rows["throttle"]) if "throttle" in have else None
             if thr is not None and len(thr):
                 at = np.flatnonzero(np.r_[True, thr[1:] != thr[:-1]])
                 total += len(at)
@@ -635,9 +376,9 @@ def events(report: Report, analysis: Analysis) -> Iterator[str]:
     yield '{"displayTimeUnit":"ns","traceEvents":[\n'
     yield from _stage_events(tl, tracks, counts)
     if analysis.trace is not None:
-        yield from _op_events(tl, analysis.trace, analysis.op_family, tracks, counts)
-        yield from _call_events(tl, analysis.trace, tracks.op_tids, tracks, counts)
-        yield from _range_events(tl, analysis.trace, analysis.attribution, tracks, counts)
+        yield from _op_events(tl, analysis, tracks, counts)
+        yield from _call_events(tl, analysis, tracks.op_tids, tracks, counts)
+        yield from _range_events(tl, analysis, tracks, counts)
     yield from _counter_events(tl, tracks, counts)
     counts["metadata"] = len(tracks.meta)
     # metadata last (tracks are named as events are planned); the array's last element

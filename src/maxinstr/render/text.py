@@ -12,6 +12,7 @@ from rich.text import Text
 
 from maxinstr._text import visible
 from maxinstr.render import _fmt as f
+from maxinstr.render.terminal import text_width
 
 if TYPE_CHECKING:
     from maxinstr.analyze.schema import FamilyRow, Populations, Report, Stage
@@ -465,8 +466,6 @@ def print_report(report: Report, console: Console | None = None) -> None:
     """Print the report to a console (stdout by default, as wide as COLUMNS, else the terminal,
     else 120 columns)."""
     if console is None:
-        from maxinstr.cli.report import text_width
-
         console = Console()
         console = Console(width=text_width(console.is_terminal))
     console.print(Group(*renderables(report)))

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from maxinstr._attrs import plain
 from maxinstr.rundir import format as fmt
 
 
@@ -45,13 +46,11 @@ def json_line(obj: Any) -> bytes:
 
 def attrs_line(record_id: int, attrs: dict[str, Any]) -> bytes:
     """The attrs.jsonl line of one record, whatever its attrs hold (they are data already when
-    the core's attrs hook ran; :func:`maxinstr.record.attrs.plain` again when not, or when JSON
+    the core's attrs hook ran; :func:`maxinstr._attrs.plain` again when not, or when JSON
     refused a value, such as an int of more than 4300 digits)."""
     try:
         return json_line({"id": record_id, "attrs": attrs})
     except Exception:  # noqa: BLE001 - the record's row must not be lost to one value
-        from maxinstr.record.attrs import plain
-
         return json_line({"id": record_id, "attrs": plain(attrs)})
 
 
@@ -74,8 +73,6 @@ def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
     try:
         text = json.dumps(obj, indent=2, default=str, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError):  # a user value JSON refuses (a cycle, a huge int)
-        from maxinstr.record.attrs import plain
-
         text = json.dumps(plain(obj), indent=2, default=str, ensure_ascii=False)
     data = (text + "\n").encode("utf-8", "backslashreplace")  # a lone surrogate as its JSON escape
     data += b" " * (-(len(data) + _RESERVE_BYTES // 4) % _RESERVE_BYTES + _RESERVE_BYTES // 4)

@@ -243,7 +243,7 @@ and on the H200 (run 1) the per-row NVML calls took ~2.8 ms per row (docs/sample
 CALIBRATION_CALLS = 5
 OVER_IN_A_ROW = 5
 _RING = 1024  # recent per-call times kept per probe, for percentiles (a power of two)
-_perf_ns = time.perf_counter_ns
+perf_ns = time.perf_counter_ns
 
 
 class Probe:
@@ -373,14 +373,14 @@ class ProbeDevice(Device):
         for probe in self._fast:
             times = []
             for _ in range(CALIBRATION_CALLS):
-                t0 = _perf_ns()
+                t0 = perf_ns()
                 try:
                     # the per-row function itself: with the GIL held the time is the call's own,
                     # not a wait for the GIL behind another thread
                     probe.fn(scratch)
                 except Exception:  # noqa: BLE001 - errors are handled when sampling; this only times
                     break
-                times.append(_perf_ns() - t0)
+                times.append(perf_ns() - t0)
             probe.calibration_ns = times
             if times and sorted(times)[len(times) // 2] > limit:
                 med = sorted(times)[len(times) // 2]
@@ -392,7 +392,7 @@ class ProbeDevice(Device):
         return {p.name: p.stats() for p in self._fast + self._moved + self._slow}
 
     def _run(self, probes: tuple[Probe, ...], values: list[float], limit: int | None) -> None:
-        timer = _perf_ns
+        timer = perf_ns
         profile = self.profile
         for probe in probes:
             if profile:

@@ -50,7 +50,7 @@ from maxinstr.sample.base import (
     Probe,
     ProbeDevice,
     SLOW_CALL_NS,
-    _perf_ns,
+    perf_ns,
 )
 from maxinstr.sample.devices import MigInstance, PhysicalGpu, nvidia_visible
 
@@ -467,10 +467,10 @@ class NvmlDevice(ProbeDevice):
         # else: moved to a slower cadence; rows between keep the last reasons seen
         flags = self.read_probes(values, tick)
         if self._gpm_ok and now_ns - self._gpm_t >= self._gpm_ns:
-            t0 = _perf_ns()
+            t0 = perf_ns()
             try:
                 flags |= self._read_gpm(values, now_ns)
-                self._gpm_probe.record(_perf_ns() - t0)
+                self._gpm_probe.record(perf_ns() - t0)
             except Exception as exc:  # noqa: BLE001 - vendor boundary
                 kind, what, key = self.classify(exc)
                 if kind == LOST:

@@ -336,3 +336,17 @@ def load_json(data: bytes, path: object) -> object:
         raise TraceError(path, "not valid JSON (nested too deeply)") from None
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise TraceError(path, f"not valid JSON ({str(exc)[:80]})") from None
+
+
+@contextmanager
+def malformed(path: object, what: str) -> Iterator[None]:
+    """Translate the errors malformed content raises while a reader picks it apart (a JSON
+    document of the wrong shape) into TraceError."""
+    try:
+        yield
+    except TraceError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
+        raise TraceError(path, f"malformed {what}: {type(exc).__name__}: {str(exc)[:80]}") from None
+    except RecursionError:
+        raise TraceError(path, f"malformed {what}: nested too deeply") from None

@@ -26,7 +26,6 @@ from maxinstr.errors import TraceError
 from maxinstr.traces import _util
 from maxinstr.traces._util import Progress, ranges_table, report
 from maxinstr.traces.model import NO_ID, CallKind, Calls, GpuOps, OpKind, RangeStyle, StringTable, Trace
-from maxinstr.traces.rocprof import _malformed
 
 HOST_RANGE_CATS = ("user_annotation", "cpu_op")
 CALL_CATS = {"cuda_runtime": CallKind.RUNTIME, "cuda_driver": CallKind.DRIVER}
@@ -52,7 +51,7 @@ def read_kineto(path: str | Path, *, progress: Progress | None = None, document:
         events, document = document, {}
     else:
         raise TraceError(path, "not a Kineto / Chrome trace (top level is neither an object nor a list)")
-    with _malformed(path, "Kineto JSON"):
+    with _util.malformed(path, "Kineto JSON"):
         return _read(path, document, events, progress)
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from maxinstr.attribute.intervals import correlation_join
+from maxinstr.columns import correlation_join
 from maxinstr.errors import TraceError
 from maxinstr.traces import _sqlite_columns as cols
 from maxinstr.traces._sqlite_columns import IntCol

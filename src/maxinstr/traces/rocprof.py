@@ -14,8 +14,6 @@ import csv
 import io
 import re
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,19 +54,6 @@ def csv_kind(name: str) -> str | None:
         if name.endswith(suffix):
             return kind
     return None
-
-
-@contextmanager
-def _malformed(path: object, what: str) -> Iterator[None]:
-    """Translate the errors malformed content raises while we pick it apart into TraceError."""
-    try:
-        yield
-    except TraceError:
-        raise
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
-        raise TraceError(path, f"malformed {what}: {type(exc).__name__}: {str(exc)[:80]}") from None
-    except RecursionError:
-        raise TraceError(path, f"malformed {what}: nested too deeply") from None
 
 
 # --------------------------------------------------------------------------------------
@@ -585,7 +570,7 @@ def read_rocprof_json(path: str | Path, *, progress: Progress | None = None, doc
         raise TraceError(path, "'rocprofiler-sdk-tool' is neither a list nor an object")
     parts = _Parts()
     meta: dict[str, object] = {"processes": len(procs)}
-    with _malformed(path, "rocprofv3 JSON"):
+    with _util.malformed(path, "rocprofv3 JSON"):
         for g, proc in enumerate(procs):
             offset = np.int64(g) << np.int64(40) if len(procs) > 1 else np.int64(0)
             _json_process(path, proc, offset, parts, progress)

@@ -7,6 +7,10 @@ to the objects passed (a 50 MB array given as an attr is not kept alive by the r
 outside a session), and what is kept in memory is what a run directory would hold.
 
 Nothing here raises: a value that cannot be converted is recorded as a short description.
+
+A base module (docs/architecture.md) because the recording side installs :func:`plain` as the
+core's hook and the run-directory writer falls back on it: inside ``maxinstr.rundir`` it would
+make ``import maxinstr.record`` load the run reader and numpy as well.
 """
 
 from __future__ import annotations
