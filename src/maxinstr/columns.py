@@ -1,7 +1,7 @@
 """The native column module (``maxinstr._columns``: the SQLite scan, group statistics, joins) and
 its functions, looked up once for the readers and the analysis alike; every caller keeps a numpy
 path for when it is not built. Also the columnar primitives that readers and analysis share
-(``searchsorted``, ``correlation_join``, ``dense_index``): they sit here, below both."""
+(``searchsorted``, ``correlation_join``): they sit here, below both."""
 
 from __future__ import annotations
 
@@ -39,18 +39,6 @@ def function(name: str) -> Callable[..., Any] | None:
     if name not in FUNCTIONS:
         FUNCTIONS[name] = getattr(native_module(), name, None)
     return FUNCTIONS[name]
-
-
-def dense_index(*keys: np.ndarray) -> tuple[np.ndarray, int]:
-    """A dense int64 id per distinct tuple of the given equal-length int64 columns."""
-    if not keys or len(keys[0]) == 0:
-        return np.empty(0, np.int64), 0
-    if len(keys) == 1:
-        uniq, inv = np.unique(keys[0], return_inverse=True)
-        return inv.astype(np.int64), len(uniq)
-    stacked = np.stack([np.asarray(k, np.int64) for k in keys], axis=1)
-    uniq, inv = np.unique(stacked, axis=0, return_inverse=True)
-    return inv.reshape(-1).astype(np.int64), len(uniq)
 
 
 def searchsorted(a: np.ndarray, v: np.ndarray, side: Literal["left", "right"] = "left") -> np.ndarray:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from maxinstr.analyze.kernels import range_to_instance
+from maxinstr.columns import correlation_join
 from maxinstr.rundir import format as fmt
 from maxinstr.sample.base import HW_THROTTLE_MASK
 from maxinstr.traces.model import CallKind, OpKind, Trace
@@ -285,19 +286,10 @@ def launch_calls(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     with the op's process and correlation id, the runtime layer's first), as Kineto draws its
     flow arrows."""
     calls, ops = trace.calls, trace.ops
-    pid, corr = np.asarray(calls.pid, np.int64), np.asarray(calls.correlation_id, np.int64)
-    order = np.lexsort((np.asarray(calls.kind) != CallKind.RUNTIME, corr, pid))
-    key_c = np.c_[pid[order], corr[order]]
-    first = np.r_[True, (np.diff(key_c, axis=0) != 0).any(axis=1)] if len(order) else np.zeros(0, bool)
-    sel = order[first]
-    opid, ocorr = np.asarray(ops.pid, np.int64), np.asarray(ops.correlation_id, np.int64)
-    # search (pid, corr) with one int key: both are small enough to pack after ranking the pids
-    upid = np.unique(np.r_[pid[sel], opid])
-    kc = np.searchsorted(upid, pid[sel]) * (1 << 40) + corr[sel]
-    ko = np.searchsorted(upid, opid) * (1 << 40) + ocorr
-    pos = np.clip(np.searchsorted(kc, ko), 0, max(len(kc) - 1, 0))
-    hit = np.flatnonzero((ocorr >= 0) & (len(kc) > 0) & (kc[pos] == ko)) if len(kc) else np.empty(0, np.int64)
-    return hit, sel[pos[hit]]
+    call = correlation_join(ops.pid, ops.correlation_id, calls.pid, calls.correlation_id,
+                            right_rank=(np.asarray(calls.kind) != CallKind.RUNTIME).astype(np.int64))
+    hit = np.flatnonzero(call >= 0)
+    return hit, call[hit]
 
 
 def hw_throttled(throttle: np.ndarray) -> np.ndarray:

@@ -108,13 +108,6 @@ class IntervalIndex:
         return par
 
 
-def group_starts(sorted_group: np.ndarray) -> np.ndarray:
-    """Positions where a new group begins in a sorted group column."""
-    if not len(sorted_group):
-        return np.empty(0, np.int64)
-    return np.flatnonzero(np.r_[True, sorted_group[1:] != sorted_group[:-1]])
-
-
 def segmented_union(group: np.ndarray, start: np.ndarray, end: np.ndarray,
                     index: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per group of intervals sorted by (group, start): (groups, min start, max end, union length).
