@@ -253,12 +253,14 @@ def test_an_op_whose_launch_call_has_no_record_is_said(synthetic_run):
 
 
 def test_malformed_activity_file_is_one_line_naming_it(tmp_path):
+    from maxinstr.errors import RunDirError
+
     (tmp_path / "activity.json").write_text("{not json")
-    with pytest.raises(ValueError, match=r"activity\.json: not readable JSON"):
+    with pytest.raises(RunDirError, match=r"activity\.json: not valid JSON"):
         read_part_activity(tmp_path)
     (tmp_path / "activity.json").write_text(json.dumps({"format": "maxinstr-activity", "version": 1}))
     (tmp_path / "activity.bin").write_bytes(np.array([(9,) + (0,) * 13], ACTIVITY_DTYPE).tobytes())
-    with pytest.raises(ValueError, match=r"activity\.bin: unknown row kind"):
+    with pytest.raises(RunDirError, match=r"activity\.bin: 1 of 1 rows are not activity records"):
         read_part_activity(tmp_path)
 
 

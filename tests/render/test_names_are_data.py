@@ -108,3 +108,59 @@ def test_report_and_compare_commands_print_markup_names(tmp_path, capsys):
 def test_visible_escapes_only_what_cannot_be_shown(raw, shown):
     assert visible(raw) == shown
     assert re.fullmatch(r"[^\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]*", visible(raw))
+
+
+_DATA = Path(__file__).resolve().parents[1] / "data"
+MARKUP_DIRS = ["r[", "[link=http://example.com]x", "[bold red]y", ":smile:", "t\x1b[31m"]
+
+
+def _spinner_shows(messages: list[str]) -> None:
+    from maxinstr.cli.report import Progress
+
+    with Progress() as progress:
+        assert progress._status is not None  # the spinner really runs
+        for message in messages:
+            progress.update(message)
+            assert progress._status.renderable.text.plain == visible(message)
+
+
+def test_progress_shows_a_message_as_text_not_markup(monkeypatch, capsys):
+    """The spinner (rich Status) shows paths and a reader's words: as text, escaped like a name."""
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich's terminal test passes, as on a terminal
+    _spinner_shows(["reading /tmp/x/r[/] ...", "/x/[link=http://example.com]y: parsing", *KNOWN_BAD])
+    assert "\x1b]8;" not in capsys.readouterr().err  # no terminal hyperlink was written
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+          derandomize=os.environ.get("MAXINSTR_FUZZ_RANDOM") != "1")
+@given(names=st.lists(NAMES, min_size=1, max_size=4))
+def test_any_path_in_the_spinner_is_text(names):
+    old = os.environ.get("FORCE_COLOR")
+    os.environ["FORCE_COLOR"] = "1"
+    try:
+        _spinner_shows([f"reading /tmp/{n} ..." for n in names])
+    finally:
+        if old is None:
+            del os.environ["FORCE_COLOR"]
+        else:
+            os.environ["FORCE_COLOR"] = old
+
+
+@pytest.mark.parametrize("folder", MARKUP_DIRS)
+def test_report_on_a_terminal_takes_paths_holding_markup(folder, tmp_path, monkeypatch, capsys):
+    """`maxinstr report '/tmp/x/r[/]'` with the spinner on (FORCE_COLOR, as on a terminal): the
+    run directory and trace paths go into the spinner's messages, and made rich raise
+    MarkupError ("closing tag '[/]'") before they were text."""
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    where = tmp_path / folder / "]"
+    where.mkdir(parents=True)
+    run_dir = where / "run"
+    shutil.copytree(_DATA / "nsys" / "h200_window-run", run_dir)
+    trace = where / "trace.pt.trace.json.gz"
+    shutil.copy(_DATA / "kineto" / "h200_decode.pt.trace.json.gz", trace)
+    for args in (["report", str(run_dir), "--format", "json"], ["report", "--trace", str(trace), "--format", "json"],
+                 ["report", str(trace), "--format", "json"]):
+        rc = main(args)
+        out = capsys.readouterr()
+        assert rc == 0, out.err
+        assert json.loads(out.out)["schema"] == "maxinstr-report"

@@ -43,8 +43,17 @@ file_bytes = st.one_of(
         lambda t: _mutate(_good_rows(t[0]), t[1], t[2])
     ),
 )
+# ids that are no int of their column (int32 name ids, int64 record ids): huge, negative, float,
+# infinite, not a number; written as JSON text (json.dumps cannot write 1e400)
+ODD_IDS = st.sampled_from(["1e400", "-1e400", "NaN", "Infinity", "1.5", "2.0", "-5", str(2**31), str(2**63), str(2**70),
+                           f"-{2**63 + 1}", "true", "null", '"3"', "[1]", "{}"])
+odd_id_lines = st.lists(
+    st.tuples(ODD_IDS, st.sampled_from(['"s": "x"', '"attrs": {"k": 1}'])).map(lambda t: f'{{"id": {t[0]}, {t[1]}}}\n'),
+    min_size=1, max_size=3,
+).map(lambda xs: "".join(xs).encode())
 json_lines = st.one_of(
     st.binary(max_size=200),
+    odd_id_lines,
     st.lists(
         st.one_of(
             st.fixed_dictionaries({"id": st.integers(-3, 8), "s": st.text(max_size=5)}),

@@ -7,10 +7,17 @@ without bound, or raise anything else.
 - a stages.bin shorter than its closed part.json says (a note, not silence);
 - meta.json holding odd JSON in any field (deep nesting, huge numbers, wrong types): the whole
   report and its views, or a RunDirError naming meta.json (property test);
-- stage times that would make a duration overflow int64 are a damaged file, not -20 ns."""
+- stage times that would make a duration overflow int64 are a damaged file, not -20 ns;
+- the kernels=True files (activity.json, activity.bin, activity_names.jsonl) read the same way:
+  special files, odd JSON, ids that would size memory; a part whose activity cannot be read
+  loses its kernels with a note naming the file, the rest of the run is reported;
+- any JSON value of any file of a real kernels=True run replaced by an odd one (huge, negative,
+  float, 1e400, wrong type, deep): the report, or a RunDirError naming that file (property test);
+- ids of strings.jsonl / attrs.jsonl and part folder names that are not ints of their column."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -24,12 +31,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from maxinstr.analyze.report import build_report
-from maxinstr.errors import RunDirError
+from maxinstr.errors import RunDirError, TraceError
 from maxinstr.render import html as rhtml
 from maxinstr.render import json as rjson
 from maxinstr.render import markdown, text
 from maxinstr.rundir import format as fmt
 from maxinstr.rundir import load
+from maxinstr.traces import open_trace
 
 META = {"format": "maxinstr-run", "version": 1, "status": "closed", "warmup": 1, "command": ["python", "x.py"],
         "pid": 7, "session": {"pid": 7, "start_ns": 1000, "end_ns": 10**9}, "user": {"dtype": "bf16"},
@@ -62,24 +70,18 @@ def _write_run(root: Path, meta: bytes | None = None, rows: np.ndarray | None = 
     return root
 
 
-def _outcome(root: Path, *, report: bool = False):
-    """Run load (and the report) in a thread that must finish: a hang fails instead of blocking."""
+def _within(root: Path, work):
+    """``work()`` in a thread that must finish (a hang fails instead of blocking); its result,
+    or the RunDirError it raised (one line, naming a file of ``root``). Anything else fails."""
     box: dict = {}
 
-    def work():
+    def run():
         try:
-            run = load(root)
-            if report:
-                r = build_report(run=run)
-                text.render(r)
-                markdown.render(r)
-                rjson.render(r)
-                rhtml.render(r)
-            box["run"] = run
+            box["value"] = work()
         except BaseException as exc:  # noqa: BLE001 - judged below
             box["exc"] = exc
 
-    t = threading.Thread(target=work, daemon=True)
+    t = threading.Thread(target=run, daemon=True)
     t.start()
     t.join(60)
     assert not t.is_alive(), "load() did not finish (hung on a special file?)"
@@ -87,11 +89,36 @@ def _outcome(root: Path, *, report: bool = False):
     if exc is not None:
         assert isinstance(exc, RunDirError), repr(exc)
         assert "\n" not in str(exc) and str(exc).startswith(str(root)), str(exc)
-    return box.get("run"), exc
+    return box.get("value"), exc
 
 
-FILES = ["meta.json", "parts/p7/part.json", "parts/p7/stages.bin", "parts/p7/strings.jsonl", "parts/p7/attrs.jsonl",
-         "parts/p7/events.jsonl", "parts/p7/samples.json", "parts/p7/samples.bin"]
+def _report(root: Path):
+    """The report of ``root`` in every view."""
+    r = build_report(run=load(root))
+    text.render(r)
+    markdown.render(r)
+    rjson.render(r)
+    rhtml.render(r)
+    return r
+
+
+def _outcome(root: Path, *, report: bool = False):
+    """Run load (and the report) in a thread that must finish: a hang fails instead of blocking."""
+    def work():
+        run = load(root)
+        if report:
+            _report(root)
+        return run
+
+    return _within(root, work)
+
+
+# a real kernels=True run (tests/data/PROVENANCE-extra.md, max/block_kernels): every file a part has
+KRUN = Path(__file__).resolve().parents[1] / "data" / "max" / "block_kernels"
+KPART = "parts/p1537"
+ACTIVITY_FILES = [f"{KPART}/activity.json", f"{KPART}/activity.bin", f"{KPART}/activity_names.jsonl"]
+FILES = ["meta.json"] + [f"{KPART}/{f}" for f in ("part.json", "stages.bin", "strings.jsonl", "attrs.jsonl", "events.jsonl",
+                                                  "samples.json", "samples.bin")] + ACTIVITY_FILES
 KINDS = ["fifo", "dev_zero", "directory", "dangling", "loop"]
 _ROOT = Path(tempfile.mkdtemp(prefix="maxinstr-hostile-"))
 
@@ -113,16 +140,49 @@ def _replace(path: Path, kind: str) -> None:
         path.symlink_to(path)
 
 
+def _stage_rows(report) -> list[tuple[str, int]]:
+    return [(row["name"], row["instances"]) for row in report["stages"]]
+
+
+@functools.cache
+def _seed_report() -> dict:
+    return build_report(run=load(KRUN))
+
+
+def _kernels_left_out_naming(root: Path, path: Path) -> None:
+    """The report of ``root`` says that one part's kernels were not read, naming ``path``; every
+    stage is still reported; ``open_trace(root)`` (``--trace RUN``, deep-dive) is a one-line
+    TraceError naming ``path``."""
+    report, exc = _within(root, lambda: _report(root))
+    assert exc is None, exc
+    said = [n for n in report["sources"]["notes"] if f"in-process kernels not read: {path}: " in n]
+    assert said, report["sources"]["notes"]
+    assert report["sources"]["trace_format"] is None and _stage_rows(report) == _stage_rows(_seed_report())
+
+    def trace_error() -> str:
+        try:
+            open_trace(root)
+        except TraceError as e:
+            return str(e)
+        raise AssertionError("open_trace read a run whose only part's activity is unreadable")
+
+    message, exc = _within(root, trace_error)
+    assert exc is None and "\n" not in message and f"{path}: " in message, (exc, message)
+
+
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck),
           derandomize=os.environ.get("MAXINSTR_FUZZ_RANDOM") != "1")
 @given(which=st.sampled_from(FILES), kind=st.sampled_from(KINDS))
 def test_a_special_file_anywhere_is_an_error_naming_it_never_a_hang(which, kind):
     root = _ROOT / "special"
     shutil.rmtree(root, ignore_errors=True)
-    _write_run(root)
+    shutil.copytree(KRUN, root)
     _replace(root / which, kind)
+    if which in ACTIVITY_FILES:
+        _kernels_left_out_naming(root, root / which)
+        return
     run, exc = _outcome(root)
-    if which == "parts/p7/samples.bin" or which == "parts/p7/samples.json":
+    if which.endswith(("samples.bin", "samples.json")):
         # samples are optional: a part's unreadable samples are a note
         assert exc is None and any(which.split("/")[-1] in n or "samples" in n for n in run.notes), run.notes
     else:
@@ -199,3 +259,186 @@ def test_durations_near_the_bound_are_exact(tmp_path):
     assert exc is None
     assert (run["host_end_ns"] - run["host_start_ns"] >= 0).all()
     assert int(run["host_end_ns"][0] - run["host_start_ns"][0]) == 2**62 - 10**9 + 5_000
+
+
+# ---------------------------------------------------------------- odd JSON in any file of a real run
+# (its events.jsonl is empty: no real run in tests/data has events)
+JSON_FILES = ["meta.json"] + [f"{KPART}/{f}" for f in ("part.json", "samples.json", "activity.json", "strings.jsonl",
+                                                      "attrs.jsonl", "activity_names.jsonl")]
+# JSON texts of values a reader must not turn into an int, an index or a size unchecked
+RAW_ODD = st.one_of(
+    st.sampled_from(["1e400", "-1e400", "NaN", "1.5", "-5", "-1", "0", "1e2", str(2**31), str(2**62), str(2**63),
+                     str(2**70), "300000000", "100000000000", "null", "true", '"x"', '"12"', "[1]", "[]", "{}",
+                     "[[[]]]", _deep(100), "9" * 5000]),
+    ODD.map(json.dumps),
+)
+
+
+def _leaf_paths(doc, path=()):
+    """Where the values of ``doc`` are (every leaf, and every list or object as a whole)."""
+    if path:
+        yield path
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _leaf_paths(v, (*path, k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from _leaf_paths(v, (*path, i))
+
+
+def _with_raw(doc, path, raw: str) -> str:
+    """``doc`` as JSON text with the value at ``path`` replaced by the JSON text ``raw``."""
+    marker = "\x00odd\x00"
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = marker
+    return json.dumps(doc).replace(json.dumps(marker), raw)
+
+
+@settings(max_examples=120, deadline=None, database=None, suppress_health_check=list(HealthCheck),
+          derandomize=os.environ.get("MAXINSTR_FUZZ_RANDOM") != "1")
+@given(which=st.sampled_from(JSON_FILES), line=st.integers(0, 10**6), where=st.integers(0, 10**6), raw=RAW_ODD)
+def test_an_odd_value_anywhere_in_a_real_run_is_a_report_or_an_error_naming_its_file(which, line, where, raw):
+    """Any JSON value of any file of a real kernels=True run replaced by an odd one: the report
+    in every view, or a one-line RunDirError naming that file; in an activity file, the part's
+    kernels left out with a note naming it and every stage still reported."""
+    root = _ROOT / "odd"
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(KRUN, root)
+    path = root / which
+    if which.endswith(".jsonl"):
+        lines = path.read_text().splitlines()
+        k = line % len(lines)
+        doc = json.loads(lines[k])
+        paths = list(_leaf_paths(doc))
+        lines[k] = _with_raw(doc, paths[where % len(paths)], raw)
+        path.write_text("\n".join(lines) + "\n")
+    else:
+        doc = json.loads(path.read_text())
+        paths = list(_leaf_paths(doc))
+        path.write_text(_with_raw(doc, paths[where % len(paths)], raw))
+    report, exc = _within(root, lambda: _report(root))
+    if exc is not None:
+        assert which not in ACTIVITY_FILES and str(exc).startswith(f"{path}: "), str(exc)
+    elif which in ACTIVITY_FILES:
+        assert _stage_rows(report) == _stage_rows(_seed_report())
+
+
+def test_a_kernel_name_id_never_sizes_memory(tmp_path):
+    """activity_names.jsonl ids index the names: an id past the number of lines is an error, not
+    a list that long (a 17-byte file holding [300000000, "k"] took 84 s and 5.8 GB; 1e11 grew
+    without bound). Peak memory stays a small multiple of the files' size."""
+    import tracemalloc
+
+    from maxinstr.kernels.store import read_part_activity
+
+    pdir = tmp_path / "p"
+    pdir.mkdir()
+    (pdir / "activity.json").write_text('{"format":"maxinstr-activity","version":1,"status":"closed"}')
+    (pdir / "activity.bin").write_bytes(b"")
+    for line in ('[1000000,"k"]', '[10000000,"k"]', '[1,"k"]', '[-5,"k"]', '[1e400,"k"]', '[1.0,"k"]', '[true,"k"]',
+                 '["0","k"]', '[0,5]', '[0]', '{"0":"k"}', '[0,"a"]\n[0,"b"]\n[5,"c"]'):
+        (pdir / "activity_names.jsonl").write_text(line + "\n")
+        tracemalloc.start()
+        try:
+            with pytest.raises(RunDirError, match=r"activity_names\.jsonl: line is not \[id, \"name\"\]"):
+                read_part_activity(pdir)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 256 * 1024, (line, peak)
+    (pdir / "activity_names.jsonl").write_text('[1,"b"]\n[0,"a"]\n')  # any order: each id once, below the count
+    assert read_part_activity(pdir)[2] == ["a", "b"]
+
+
+@pytest.mark.parametrize("doc", [
+    _deep(100_000),
+    '{"format":"maxinstr-activity","version":[1],"status":"closed"}',
+    '{"format":"maxinstr-activity","version":null,"status":"closed"}',
+    '{"format":"maxinstr-activity","version":1e400,"status":"closed"}',
+    '{"format":"maxinstr-activity","version":"1","status":"closed"}',
+    '{"format":"maxinstr-activity","version":2,"status":"closed"}',
+    '{"format":"maxinstr-activity","version":1,"clock_pairs":[[1e400,1]]}',
+    '{"format":"maxinstr-activity","version":1,"clock_pairs":[[1,2,3]]}',
+    '{"format":"maxinstr-activity","version":1,"dropped_cupti":1e400}',
+    '{"format":"maxinstr-activity","version":1,"external_kind":[5]}',
+    '{"format":"maxinstr-activity","version":1,"notes":5}',
+])
+def test_odd_activity_json_leaves_out_the_kernels_naming_it(tmp_path, doc):
+    """The audit's cases (RecursionError, TypeError, OverflowError before): `maxinstr report RUN`
+    still reports every stage and says, naming activity.json, why the kernels are missing."""
+    root = tmp_path / "run"
+    shutil.copytree(KRUN, root)
+    (root / KPART / "activity.json").write_text(doc)
+    _kernels_left_out_naming(root, root / KPART / "activity.json")
+
+
+def test_the_audit_reproduction_through_the_command(tmp_path, capsys):
+    """`maxinstr report RUN` with the audit's three files (the id 10**6 rather than 3*10**8: the
+    same class, and a return of the bug would cost 8 MB here, not 5.8 GB)."""
+    from maxinstr.cli import main
+
+    root = tmp_path / "run"
+    shutil.copytree(KRUN, root)
+    pdir = root / KPART
+    (pdir / "activity.json").write_text('{"format":"maxinstr-activity","version":1,"status":"closed"}')
+    (pdir / "activity.bin").write_bytes(b"")
+    names = pdir / "activity_names.jsonl"
+    for text_, said in (('[1000000,"k"]\n', f"in-process kernels not read: {names}: line is not [id, \"name\"]"),
+                        ('[1000000,"k"]', f"{names}: ignored a torn last line")):  # no newline: cut by a kill
+        names.write_text(text_)
+        assert main(["report", str(root), "--format", "json", "--quiet"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert any(said in n for n in report["sources"]["notes"]), report["sources"]["notes"]
+        assert _stage_rows(report) == _stage_rows(_seed_report())
+
+
+@pytest.mark.parametrize("file, line", [
+    ("strings.jsonl", '{"id": 1e400, "s": "x"}'), ("strings.jsonl", '{"id": -1e400, "s": "x"}'),
+    ("strings.jsonl", '{"id": 1.5, "s": "x"}'), ("strings.jsonl", '{"id": -5, "s": "x"}'),
+    ("strings.jsonl", f'{{"id": {2**31}, "s": "x"}}'), ("strings.jsonl", '{"id": "3", "s": "x"}'),
+    ("strings.jsonl", '{"id": true, "s": "x"}'), ("strings.jsonl", '{"id": NaN, "s": "x"}'),
+    ("attrs.jsonl", '{"id": 1e400, "attrs": {}}'), ("attrs.jsonl", f'{{"id": {2**63}, "attrs": {{}}}}'),
+    ("attrs.jsonl", f'{{"id": {-(2**63) - 1}, "attrs": {{}}}}'), ("attrs.jsonl", '{"id": 2.0, "attrs": {}}'),
+    ("attrs.jsonl", '{"id": null, "attrs": {}}'), ("attrs.jsonl", '{"id": 1, "attrs": [["k", 1]]}'),
+])
+def test_an_id_that_is_not_an_int_of_its_column_is_an_error_naming_the_file(tmp_path, file, line):
+    """`echo '{"id": 1e400, "s": "x"}' >> RUN/parts/pN/strings.jsonl` raised OverflowError."""
+    root = tmp_path / "run"
+    shutil.copytree(KRUN, root)
+    with open(root / KPART / file, "a") as f:
+        f.write(line + "\n")
+    _, exc = _outcome(root, report=True)
+    assert exc is not None and str(exc).startswith(f"{root / KPART / file}: line is not"), exc
+
+
+@pytest.mark.parametrize("folder, pid, rank", [("p99999999999999999999", -1, -1), ("r99999999999999.p7", 7, -1),
+                                              ("p\u00b2", -1, -1), ("r\u0663.p7", 7, -1), ("p-5", -1, -1),
+                                              ("r3.p", -1, 3)])
+def test_a_part_folder_name_that_is_no_pid_is_no_pid(tmp_path, folder, pid, rank):
+    """A part.json without pid/rank falls back on the folder name: a number too big for the
+    pid/rank columns (OverflowError before) or digits int() refuses ("²": ValueError) name none."""
+    root = tmp_path / "run"
+    shutil.copytree(KRUN, root)
+    part = json.loads((root / KPART / "part.json").read_text())
+    del part["pid"], part["rank"]
+    (root / KPART / "part.json").write_text(json.dumps(part))
+    (root / KPART).rename(root / "parts" / folder)
+    run, exc = _outcome(root, report=True)
+    assert exc is None and len(run) == len(load(KRUN))
+    assert (run["pid"] == pid).all() and (run["rank"] == rank).all()
+
+
+@pytest.mark.parametrize("local_rank, world_size, shown", [(-1, 8, (-1, 8)), (1e400, "x", (None, None)),
+                                                           (2**70, [1], (None, None)), (True, None, (None, None))])
+def test_environment_fields_of_part_json_are_shown_not_trusted(tmp_path, local_rank, world_size, shown):
+    """local_rank / world_size come from the program's environment (LOCAL_RANK=-1 is legal there):
+    never an error that would lose the run; one that is no int32 reads as none."""
+    root = tmp_path / "run"
+    shutil.copytree(KRUN, root)
+    part = json.loads((root / KPART / "part.json").read_text())
+    part.update(local_rank=local_rank, world_size=world_size)
+    (root / KPART / "part.json").write_text(json.dumps(part))
+    run, exc = _outcome(root, report=True)
+    assert exc is None and (run.parts[0]["local_rank"], run.parts[0]["world_size"]) == shown

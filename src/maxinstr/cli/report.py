@@ -46,8 +46,14 @@ class Progress:
             self._status.__exit__(*exc)
 
     def update(self, message: str) -> None:
+        """Show ``message``: text, never rich markup (it quotes paths and a reader's words, and a
+        run directory named ``r[/]`` made rich raise MarkupError), control characters escaped."""
         if self._status is not None:
-            self._status.update(message)
+            from rich.text import Text
+
+            from maxinstr._text import visible
+
+            self._status.update(Text(visible(message)))
 
 
 def _may_be_terminal() -> bool:

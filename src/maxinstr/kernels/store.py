@@ -26,6 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from maxinstr._files import parse_json, read_regular
+from maxinstr._text import safe_name
+from maxinstr.errors import RunDirError
+from maxinstr.rundir.format import MAX_TIME_NS
+from maxinstr.rundir.reader import Fields, check_fields, clip, is_int, read_jsonl
+
 ACTIVITY_FILE = "activity.bin"
 ACTIVITY_NAMES_FILE = "activity_names.jsonl"
 ACTIVITY_META_FILE = "activity.json"
@@ -148,45 +154,81 @@ def _append(path: Path, data: bytes) -> None:
 def read_part_activity(part_dir: Path) -> tuple[dict[str, Any], np.ndarray, list[str]] | None:
     """(activity.json, rows, names) of one part folder, or None when it has no activity.json.
 
-    Raises ValueError (one line naming the file) for a malformed file. A torn last row (a
-    process killed mid-write) is cut off and said in ``meta["notes"]``.
+    Read like the rest of the run directory (:mod:`maxinstr.rundir.reader`): only regular files
+    (a FIFO or a link to ``/dev/zero`` is an error, not a hang), JSON no deeper than the run's
+    bound, the fields the report interprets of their type, every name id an index below the
+    number of names (memory stays a small multiple of the files' size). Anything else raises
+    :class:`~maxinstr.errors.RunDirError` (one line naming the file and the problem). A torn
+    last row or line (a process killed mid-write) is cut off and said in ``meta["notes"]``.
     """
     part_dir = Path(part_dir)
     meta_path = part_dir / ACTIVITY_META_FILE
-    if not meta_path.is_file():
+    data = read_regular(meta_path, RunDirError)
+    if data is None:
         return None
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{meta_path}: not readable JSON ({exc})") from None
+    meta = parse_json(data, meta_path, RunDirError)
     if not isinstance(meta, dict) or meta.get("format") != ACTIVITY_FORMAT:
-        raise ValueError(f"{meta_path}: not a {ACTIVITY_FORMAT} file")
-    if int(meta.get("version", 0)) > ACTIVITY_VERSION:
-        raise ValueError(f"{meta_path}: version {meta.get('version')} is newer than this maxinstr reads ({ACTIVITY_VERSION})")
-    meta.setdefault("notes", [])
+        raise RunDirError(meta_path, f"not a {ACTIVITY_FORMAT} file")
+    version = meta.get("version")
+    if is_int(version, ACTIVITY_VERSION + 1, 2**63):
+        raise RunDirError(meta_path, f"version {version} is newer than this maxinstr reads ({ACTIVITY_VERSION})")
+    if not is_int(version, ACTIVITY_VERSION, ACTIVITY_VERSION + 1):
+        raise RunDirError(meta_path, f"version {clip(version)} is not supported (this maxinstr reads {ACTIVITY_VERSION})")
+    check_fields(meta, meta_path, _META_FIELDS)
+    notes: list[str] = list(meta.get("notes") or [])
+    meta["notes"] = notes
+
     data_path = part_dir / ACTIVITY_FILE
-    raw = data_path.read_bytes() if data_path.is_file() else b""
+    raw = read_regular(data_path, RunDirError) or b""
     whole = len(raw) - len(raw) % ACTIVITY_DTYPE.itemsize
     if whole != len(raw):
-        meta["notes"].append(f"{data_path}: last {len(raw) - whole} bytes are a torn row (cut off)")
-    rows = np.frombuffer(raw[:whole], dtype=ACTIVITY_DTYPE)
-    names: list[str] = []
+        notes.append(f"{data_path}: last {len(raw) - whole} bytes are a torn row (cut off)")
+    rows = np.frombuffer(raw, dtype=ACTIVITY_DTYPE, count=whole // ACTIVITY_DTYPE.itemsize)
+
     names_path = part_dir / ACTIVITY_NAMES_FILE
-    if names_path.is_file():
-        for lineno, line in enumerate(names_path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                idx, name = json.loads(line)
-            except ValueError:
-                meta["notes"].append(f"{names_path}:{lineno}: malformed line skipped")
-                continue
-            while len(names) <= int(idx):
-                names.append("")
-            names[int(idx)] = str(name)
-    if len(rows) and (rows["kind"].min() < 0 or rows["kind"].max() > KIND_EXTERNAL):
-        raise ValueError(f"{data_path}: unknown row kind (not a maxinstr activity file?)")
-    bad = (rows["name_id"] >= len(names)) & (rows["name_id"] >= 0)
+    lines = read_jsonl(names_path, notes)
+    # each id once, from 0 in order (ActivityWriter): an id at or past the number of lines is
+    # not one maxinstr wrote, and must not size the list (an id of 1e9 in a 17-byte file
+    # once asked for 8 GB)
+    names = [""] * len(lines)
+    for line in lines:
+        if not (isinstance(line, list) and len(line) == 2 and is_int(line[0], 0, len(lines)) and isinstance(line[1], str)):
+            raise RunDirError(names_path, f"line is not [id, \"name\"] with an id from 0 to {len(lines) - 1} "
+                                          f"(one line per id): {clip(line)}")
+        names[line[0]] = safe_name(line[1])
+
+    kind, name_id = rows["kind"], rows["name_id"]
+    bad = (kind < 0) | (kind > KIND_EXTERNAL) | (name_id < -1) | (name_id >= len(names))
+    for col in ("start_ns", "end_ns"):  # CUPTI's clock (ns since 1970), -1 or 0 when untimed
+        bad |= (rows[col] < -1) | (rows[col] >= MAX_TIME_NS)
     if bad.any():
-        raise ValueError(f"{data_path}: {int(bad.sum())} rows name an id missing from {ACTIVITY_NAMES_FILE}")
+        first = int(np.flatnonzero(bad)[0])
+        raise RunDirError(data_path, f"{int(bad.sum())} of {len(rows)} rows are not activity records (first at row {first}: "
+                                     f"kind, a name id not in {ACTIVITY_NAMES_FILE}, or a time out of range): "
+                                     "file damaged or not an activity.bin")
     return meta, rows, names
+
+
+def _count(v: Any) -> bool:
+    return is_int(v, 0, 2**63)
+
+
+def _times(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 and all(is_int(t, 0, MAX_TIME_NS) for t in p)
+                                       for p in v)
+
+
+# The activity.json fields the reader and the report interpret, and what each must be (null or
+# absent is allowed: a part that never collected has none of them); others are kept as they are.
+_META_FIELDS: Fields = {
+    "status": (lambda v: isinstance(v, str), "a string"),
+    "reason": (lambda v: isinstance(v, str), "a string"),
+    "stage_correlation": (lambda v: isinstance(v, str), "a string"),
+    "notes": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
+    "pid": (lambda v: is_int(v, 0, 2**31), "a process id"),
+    "rows": (_count, "a count (an integer from 0)"),
+    "dropped_cupti": (_count, "a count (an integer from 0)"),
+    "dropped_queue": (_count, "a count (an integer from 0)"),
+    "external_kind": (lambda v: is_int(v, -(2**31), 2**31), "an int32"),
+    "clock_pairs": (_times, "a list of [host_ns, collector_ns] pairs of times in [0, 2**62)"),
+}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,25 +192,35 @@ def _read_meta(path: Path) -> dict[str, Any]:
         raise RunDirError(
             path, f"run directory format version {version!r} is not supported (this maxinstr reads {fmt.FORMAT_VERSION})"
         )
-    _check_fields(meta, path)
+    check_fields(meta, path, _META_FIELDS)
     return meta
 
 
-# The meta.json fields the reader and the report interpret, and what each must be; any other
-# field is shown as it is. None (or absent) is always allowed.
+def is_int(v: Any, lo: int, hi: int) -> bool:
+    """Whether the JSON value ``v`` is an integer in ``[lo, hi)``: not a bool, not a float
+    (``1e400`` reads as infinity, ``1.5`` would be cut), not a string of digits. Every JSON
+    number a reader turns into an int, an index or a numpy value goes through this first."""
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v < hi
+
+
 def _count(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
+    return is_int(v, 0, 2**31)
 
 
 def _time(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < fmt.MAX_TIME_NS
+    return is_int(v, 0, fmt.MAX_TIME_NS)
 
 
 def _strings(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 
-_META_FIELDS: dict[str, tuple[Any, str]] = {
+Fields = dict[str, tuple[Callable[[Any], bool], str]]
+"""field -> (test, what it must be): the fields of a JSON object a reader interprets."""
+
+# The meta.json fields the reader and the report interpret, and what each must be; any other
+# field is shown as it is. None (or absent) is always allowed.
+_META_FIELDS: Fields = {
     "warmup": (_count, "a count (an integer from 0)"),
     "status": (lambda v: isinstance(v, str), "a string"),
     "command": (_strings, "a list of strings"),
@@ -228,11 +239,29 @@ _META_FIELDS: dict[str, tuple[Any, str]] = {
 }
 
 
-def _check_fields(meta: dict[str, Any], path: Path) -> None:
-    for key, (ok, what) in _META_FIELDS.items():
-        value = meta.get(key)
+# The part.json fields maxinstr writes itself and the reader and the report interpret. Not pid
+# and rank (a damaged one falls back to what the folder name says), nor local_rank and
+# world_size: they come from the program's environment (LOCAL_RANK=-1 is the user's to set),
+# are only shown, and a value that is no int32 is shown as none.
+_PART_FIELDS: Fields = {
+    "status": (lambda v: isinstance(v, str), "a string"),
+    "host": (lambda v: isinstance(v, str), "a string"),
+    "started_ns": (_time, "a time in ns"),
+    "closed_ns": (_time, "a time in ns"),
+    "started_unix_ns": (lambda v: is_int(v, 0, 2**63), "a time in ns"),
+    "ppid": (_count, "a process id"),
+    **{key: (lambda v: is_int(v, 0, 2**63), "a count (an integer from 0)")
+       for key in ("rows_written", "dropped_records", "rows_dropped_disk")},
+}
+
+
+def check_fields(doc: dict[str, Any], path: Path, fields: Fields) -> None:
+    """Raise RunDirError naming ``path`` for the first field of ``doc`` that is present, not
+    null, and not what ``fields`` says it must be."""
+    for key, (ok, what) in fields.items():
+        value = doc.get(key)
         if value is not None and not ok(value):
-            raise RunDirError(path, f'"{key}" is not {what}: {_clip(value)}')
+            raise RunDirError(path, f'"{key}" is not {what}: {clip(value)}')
 
 
 def _read_part(
@@ -252,39 +281,42 @@ def _read_part(
         loaded = parse_json(data, part_json, RunDirError)
         if not isinstance(loaded, dict):
             raise RunDirError(part_json, "not a JSON object")
+        check_fields(loaded, part_json, _PART_FIELDS)
         info.update(loaded)
     pid, rank = _pid_rank_from_name(pdir.name)
     for key, fallback in (("pid", pid), ("rank", rank)):
         value = info.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 31:
+        if not is_int(value, 0, 2**31):
             info[key] = fallback  # the folder name says it too; never trust a damaged value
+    for key in ("local_rank", "world_size"):
+        if not is_int(info.get(key), -(2**31), 2**31):
+            info[key] = None
     info["name"] = pdir.name
     info["path"] = str(pdir)
 
     local_names = {}
-    for rec in _read_jsonl(pdir / fmt.STRINGS_FILE, notes):
-        try:
-            local_names[int(rec["id"])] = safe_name(str(rec["s"]))
-        except (KeyError, TypeError, ValueError):
-            raise RunDirError(pdir / fmt.STRINGS_FILE, f"line is not {{\"id\": int, \"s\": str}}: {_clip(rec)}") from None
-    for rec in _read_jsonl(pdir / fmt.ATTRS_FILE, notes):
-        try:
-            attrs[int(rec["id"])] = dict(rec["attrs"])
-        except (KeyError, TypeError, ValueError):
-            raise RunDirError(pdir / fmt.ATTRS_FILE, f"line is not {{\"id\": int, \"attrs\": {{...}}}}: {_clip(rec)}") from None
-    for rec in _read_jsonl(pdir / fmt.EVENTS_FILE, notes):
+    for rec in read_jsonl(pdir / fmt.STRINGS_FILE, notes):
+        # a name id indexes the int32 name_id column of stages.bin
+        if not (isinstance(rec, dict) and is_int(rec.get("id"), 0, 2**31) and "s" in rec):
+            raise RunDirError(pdir / fmt.STRINGS_FILE, f"line is not {{\"id\": int, \"s\": str}}: {clip(rec)}")
+        local_names[rec["id"]] = safe_name(str(rec["s"]))
+    for rec in read_jsonl(pdir / fmt.ATTRS_FILE, notes):
+        # a record id is an int64 of stages.bin's id column
+        if not (isinstance(rec, dict) and is_int(rec.get("id"), -(2**63), 2**63) and isinstance(rec.get("attrs"), dict)):
+            raise RunDirError(pdir / fmt.ATTRS_FILE, f"line is not {{\"id\": int, \"attrs\": {{...}}}}: {clip(rec)}")
+        attrs[rec["id"]] = rec["attrs"]
+    for rec in read_jsonl(pdir / fmt.EVENTS_FILE, notes):
         if isinstance(rec, dict):
             events.append({"part": pdir.name, **rec})
 
     for key, why in (("dropped_records", "the record buffer was full"), ("rows_dropped_disk", "the disk write failed")):
         value = info.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        if value:
             notes.append(f"{pdir.name}: {value} stage record(s) dropped while recording ({why})")
     rows = _read_stages(pdir / fmt.STAGES_FILE, notes)
     info["rows"] = len(rows)
     said = info.get("rows_written")
-    if (info.get("status") not in (None, "running") and isinstance(said, int) and not isinstance(said, bool)
-            and said > len(rows)):
+    if info.get("status") not in (None, "running") and said is not None and said > len(rows):
         # a closed part says how many rows it wrote: fewer on disk is a cut or damaged file
         notes.append(f"{pdir / fmt.STAGES_FILE}: {said - len(rows)} of the {said} stage record(s) part.json says were "
                      "written are missing (the file was cut or damaged)")
@@ -342,7 +374,10 @@ def _read_stages(path: Path, notes: list[str]) -> np.ndarray:
     return rows
 
 
-def _read_jsonl(path: Path, notes: list[str]) -> list[Any]:
+def read_jsonl(path: Path, notes: list[str]) -> list[Any]:
+    """The values of the JSON lines file ``path`` ([] when there is none); a torn last line (no
+    newline: a kill mid-write) is left out and said in ``notes``. A line that is not JSON, or
+    nests too deep, raises RunDirError naming the file and the line."""
     data = read_regular(path, RunDirError)
     if data is None:
         return []
@@ -403,10 +438,13 @@ def _read_samples(pdir: Path, notes: list[str]) -> Any:
 def _pid_rank_from_name(name: str) -> tuple[int | None, int | None]:
     pid = rank = None
     for piece in name.split("."):
-        if piece[:1] == "p" and piece[1:].isdigit():
-            pid = int(piece[1:])
-        elif piece[:1] == "r" and piece[1:].isdigit():
-            rank = int(piece[1:])
+        # ASCII digits only ("²".isdigit() is True; int() refuses it), and at most 9 of them:
+        # the number goes into an int32 column
+        number = int(piece[1:]) if piece[1:].isascii() and piece[1:].isdigit() and len(piece) <= 10 else None
+        if piece[:1] == "p" and number is not None:
+            pid = number
+        elif piece[:1] == "r" and number is not None:
+            rank = number
     return pid, rank
 
 
@@ -432,6 +470,7 @@ def _short(exc: BaseException) -> str:
     return str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
 
 
-def _clip(obj: Any) -> str:
+def clip(obj: Any) -> str:
+    """``obj`` as JSON cut to 80 characters: a value quoted in a one-line error."""
     text = json.dumps(obj, default=str)
     return text if len(text) <= 80 else text[:77] + "..."

@@ -17,6 +17,7 @@ the nsys/rocprofv3/Kineto readers produce:
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from maxinstr.errors import RunDirError
 from maxinstr.kernels.store import (
     KIND_DRIVER,
     KIND_EXTERNAL,
@@ -68,9 +70,10 @@ def demangle(names: list[str]) -> list[str]:
 
 
 def has_activity(run_dir: str | Path) -> bool:
-    """Whether a run directory holds in-process activity (any part's activity.json)."""
+    """Whether a run directory holds in-process activity (any part's activity.json). Anything
+    named so counts, a FIFO or a link to nothing too: reading it says what is wrong with it."""
     parts = Path(run_dir) / "parts"
-    return parts.is_dir() and any((p / "activity.json").is_file() for p in parts.iterdir() if p.is_dir())
+    return parts.is_dir() and any(os.path.lexists(p / "activity.json") for p in parts.iterdir() if p.is_dir())
 
 
 def read_run(run: Any) -> tuple[Trace | None, list[str]]:
@@ -100,15 +103,20 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
     sorted_ids = stage_ids[order]
     for part in parts:
         pdir = Path(root) / "parts" / str(part.get("name", ""))
-        got = read_part_activity(pdir)
+        label = f"part {part.get('name')}"
+        try:
+            got = read_part_activity(pdir)
+        except RunDirError as exc:  # this part's kernels are left out, said; the rest still read
+            any_activity = True
+            notes.append(f"{label}: in-process kernels not read: {exc}")
+            continue
         if got is None:
             continue
         meta, rows, names = got
         any_activity = True
-        notes += [str(n) for n in meta.get("notes", [])]
+        notes += meta["notes"]
         if meta.get("stage_correlation"):
-            how.add(str(meta["stage_correlation"]))
-        label = f"part {part.get('name')}"
+            how.add(meta["stage_correlation"])
         if meta.get("status") == "unavailable":
             notes.append(f"kernels=True collected nothing in {label}: {meta.get('reason')}")
             continue
@@ -120,7 +128,9 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
                 notes.append(f"{label}: {int(meta[key])} activity records {what}: kernel counts are low by that much")
         pid = int(part.get("pid") or meta.get("pid") or -1)
         names = demangle(names)
-        name_ids = np.array([strings.intern(n) for n in names], np.int32) if names else np.empty(0, np.int32)
+        # a row's name_id indexes this (the reader checked -1 <= name_id < len(names)); -1, no
+        # name, is the NO_ID at the end
+        name_ids = np.array([strings.intern(n) for n in names] + [NO_ID], np.int32)
         kind = rows["kind"]
         pairs = meta.get("clock_pairs") or []
         pairs_all.append(pairs)
@@ -153,7 +163,7 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
         okind = op["kind"].astype(np.int8)
         oname = np.full(len(op), NO_ID, np.int32)
         kern = okind == OpKind.KERNEL
-        oname[kern] = name_ids[op["name_id"][kern]] if len(name_ids) else NO_ID
+        oname[kern] = name_ids[op["name_id"][kern]]
         copy = okind == OpKind.MEMCPY
         for ck in np.unique(op["copy_kind"][copy]):
             oname[copy & (op["copy_kind"] == ck)] = strings.intern(f"[CUDA memcpy {_MEMCPY_KINDS.get(int(ck), 'Unknown')}]")
@@ -177,7 +187,7 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
             a_tid = np.where(hit, stages["tid"][order[pos]].astype(np.int64), a_tid)
         a_start, _ = to_host_clock(api["start_ns"], pairs)
         a_end = a_start + (api["end_ns"].astype(np.int64) - api["start_ns"].astype(np.int64))
-        a_name = name_ids[api["name_id"]] if len(name_ids) and len(api) else np.full(len(api), NO_ID, np.int32)
+        a_name = name_ids[api["name_id"]]
         ckind = np.where(api["kind"] == KIND_DRIVER, CallKind.DRIVER, CallKind.RUNTIME).astype(np.int8)
         if len(api):
             is_graph = np.array([("GraphLaunch" in strings._values[i]) if i >= 0 else False for i in a_name], bool)
