@@ -225,3 +225,27 @@ def test_stage_rows_read_as_a_tree(trace_of):
         if r["parent"] in names:
             p = names.index(r["parent"])
             assert p < i and all(x["depth"] > rows[p]["depth"] for x in rows[p + 1 : i + 1]), r["name"]
+
+
+def test_warnings_the_recording_wrote_reach_the_report(tmp_path):
+    """A warning the session wrote into a part's events.jsonl (here: the sampler could not start,
+    or maxinstr run turned MAX's markers off) is said in the report's notes, once per message."""
+    import json
+
+    import maxinstr
+    from maxinstr.rundir import format as fmt
+
+    run = tmp_path / "run"
+    with maxinstr.session(run):
+        for _ in range(3):
+            with maxinstr.stage("a"):
+                pass
+    (part,) = (run / "parts").iterdir()
+    lines = [{"time_ns": 1, "kind": "warning", "message": "MAX's markers are off: no NVTX v2 library"},
+             {"time_ns": 2, "kind": "warning", "message": "MAX's markers are off: no NVTX v2 library"},
+             {"time_ns": 3, "kind": "info", "message": "not a warning"}]
+    (part / fmt.EVENTS_FILE).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    notes = build_report(run=run)["sources"]["notes"]
+    said = [n for n in notes if "MAX's markers are off" in n]
+    assert said == ["recorded warning: MAX's markers are off: no NVTX v2 library"]
+    assert not any("not a warning" in n for n in notes)

@@ -273,6 +273,7 @@ def _sources(run: Run | None, trace: Trace | None, attribution: Attribution | No
     notes: list[str] = []
     if run is not None:
         notes += list(getattr(run, "notes", []) or [])
+        notes += _event_notes(run)
     if trace is not None:
         notes += list(getattr(trace, "notes", []) or [])
     if attribution is not None:
@@ -312,6 +313,27 @@ def _join_problem(trace: Trace) -> str:
     return ("no trace range is one of the run's stages (a trace captured without NVTX, e.g. nsys -t cuda only, or "
             "of another run): per-stage kernels unavailable; capture with: maxinstr run -- CMD (nsys -t cuda,nvtx) "
             "or pass the run directory that recorded this trace")
+
+
+EVENT_NOTES_KEPT = 10
+
+
+def _event_notes(run: Any) -> list[str]:
+    """The warnings and errors the recording wrote into its parts' events.jsonl (what the run
+    went without: MAX's op ranges, kernels=True falling back, a failed write), each distinct
+    message once, with how many parts said it."""
+    said: dict[tuple[str, str], set[str]] = {}
+    for ev in getattr(run, "events", None) or []:
+        kind, message = ev.get("kind"), ev.get("message")
+        # kernels=True's own fallback is also in its activity.json, which the kernel note reads
+        if kind in ("warning", "error") and isinstance(message, str) and message and not message.startswith("kernels=True:"):
+            said.setdefault((kind, message), set()).add(str(ev.get("part")))
+    out = [f"recorded {kind}: {message}" + (f" ({len(parts)} parts)" if len(parts) > 1 else "")
+           for (kind, message), parts in said.items()]
+    if len(out) > EVENT_NOTES_KEPT:
+        out = out[:EVENT_NOTES_KEPT] + [f"and {len(out) - EVENT_NOTES_KEPT} more recorded warnings in the parts' "
+                                        "events.jsonl"]
+    return out
 
 
 def _sampled_out_note(run: Run | None) -> list[str]:
