@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -313,3 +314,192 @@ def test_compare_markdown_keeps_stages_and_kernels_only_on_one_side(capsys):
     assert "| request | - |" in out and "only in A" in out  # h200_small has no request/prefill ranges
     assert "## Kernels only in A" in out and "nvjet_sm90" in out
     assert "captured under a profiler" in out
+
+
+NAN = re.compile(r"(?i)(?<![a-z_])[+-]?(nan|inf)(?![a-z_(<])")
+"""A NaN or infinity as Python prints it ('nan', 'nanx', '-inf', 'nan%'), not a word in a name."""
+
+
+@pytest.mark.parametrize("pair", [
+    ("nsys/h200_decode.sqlite", "nsys/h200_decode.sqlite"),
+    ("nsys/h200_decode.sqlite", "kineto/h200_decode.pt.trace.json.gz"),
+    ("nsys/h200_reprefill.sqlite", "nsys/h200_kvcache.sqlite"),
+    ("max/decoder_run", "max/decoder_run"),
+], ids=lambda p: f"{p[0]}~{p[1]}")  # fmt: skip
+def test_compare_prints_no_nan_in_any_view(pair, capsys):
+    """issue 17 review, point 1: the A/A compare of h200_decode printed `nanx -> nanx` (a matmul
+    growth the sample stage cannot have). A value that cannot be computed is '-' in text and
+    Markdown and null in JSON, which must parse as strict JSON."""
+    args = [str(DATA / p) for p in pair]
+    for fmt in ("text", "md", "json"):
+        rc, out, err = run_cli(capsys, "compare", *args, "--format", fmt, "--quiet", "--width", "120")
+        assert rc == 0, err
+        assert not NAN.search(out), (fmt, NAN.search(out))
+        if fmt == "json":
+            def no_constant(name):
+                raise AssertionError(f"{name} in compare's JSON")
+
+            doc = json.loads(out, parse_constant=no_constant)
+    sample = next(c for c in doc["comparisons"][0]["checks"] if c["stage"] == "sample")
+    assert sample["matmul_growth"] == {"a": None, "b": None}  # none computable: missing, not NaN
+
+
+def _notes(out: str, title: str) -> str:
+    """The note lines under a compare table (up to the next table's title)."""
+    block = out.split(title, 1)[1].split("└", 1)[1]
+    return block.split("\n", 1)[1].split("┏", 1)[0]
+
+
+def test_compare_notes_say_what_the_table_shows(tmp_path, capsys):
+    """issue 17 review, point 2: the note said 'p90s in --format json/md' beside a p90 delta
+    column and explained runs where none were shown. The notes follow the rows."""
+    trace = str(DATA / "nsys/h200_decode.sqlite")
+    rc, out, _ = run_cli(capsys, "compare", trace, trace, "--quiet", "--width", "200")
+    assert rc == 0 and re.search(r"┃\s+p90 ┃", out)  # the p90 delta column (its header over two lines)
+    notes = _notes(out, "Host time per stage (steady state)")
+    assert "p90s in" not in notes and "runs" not in notes.split("noise")[0]  # one run a side: no (runs)
+    assert "cannot tell" not in notes and "too few" not in notes  # no such verdict in this table
+    assert "95% bound from the spread of the run's own instances" in notes
+    rc, out, _ = run_cli(capsys, "compare", trace, str(DATA / "kineto/h200_decode.pt.trace.json.gz"), "--quiet",
+                         "--width", "200")
+    notes = _notes(out, "Host time per stage (steady state)")
+    assert "│ cannot tell" in out and "cannot tell: beyond the run's own spread" in notes
+    assert "too few instances: under 2" in notes
+    for side in ("a", "b"):  # two runs a side: (runs) and the run-to-run bound are explained
+        for i in (1, 2):
+            _session_run(tmp_path / side / f"r{i}", 0.001, n=6)
+    rc, out, _ = run_cli(capsys, "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--width", "200")
+    notes = _notes(out, "Host time per stage (steady state)")
+    assert "(2/2 runs)" in out and "(runs) the fresh-process runs pooled" in notes
+    assert "the larger of the spread of the sides' run medians" in notes
+
+
+def test_compare_reads_the_trace_a_run_recorded(tmp_path, capsys):
+    """issue 17 review, point 3: compare ignored the trace `maxinstr run` records in meta.json
+    (`report` reads it): the decoder run showed `GPU busy -` and `no_kernels` where report gives
+    launch_bound at 42% busy. compare finds it as report does; in a folder of repeats each run
+    its own; one --trace for a folder of several runs is refused in one line."""
+    import shutil
+
+    run = str(DATA / "max/decoder_run")
+    rc, out, err = run_cli(capsys, "compare", run, run, "--format", "json", "--quiet")
+    assert rc == 0, err
+    c = json.loads(out)["comparisons"][0]
+    fwd = next(x for x in c["checks"] if x["stage"] == "forward")
+    assert 0.35 < fwd["gpu_busy_frac"]["a"] < 0.5 and fwd["findings"]["a"] == ["launch_bound"]
+    assert not any("no_kernels" in x["findings"]["a"] for x in c["checks"])
+    assert any("profiler.trace" in n and n.startswith("A: ") for n in c["notes"])
+    rc, rep, _ = run_cli(capsys, "report", run, "--format", "json", "--quiet")
+    stage = next(s for s in json.loads(rep)["stages"] if s["name"] == "forward")
+    assert fwd["gpu_busy_frac"]["a"] == stage["gpu_busy_frac"]["median"]  # the report's own number
+    for i in (1, 2):
+        shutil.copytree(run, tmp_path / "reps" / f"r{i}")
+    reps = str(tmp_path / "reps")
+    rc, out, err = run_cli(capsys, "compare", reps, run, "--format", "json", "--quiet")
+    assert rc == 0, err
+    c = json.loads(out)["comparisons"][0]
+    assert c["runs"] == {"a": 2, "b": 1} and c["gpu_total"]["a_ops"] == c["gpu_total"]["b_ops"] > 0
+    assert sum("profiler.trace" in n for n in c["notes"]) == 3  # r1, r2 and the run
+    rc, _, err = run_cli(capsys, "compare", reps, run, "--trace", run + "/profile.sqlite", "--trace", "-", "--quiet")
+    assert rc == 2 and err.count("\n") == 1 and "one --trace cannot belong to 2 runs" in err
+    rc, out, err = run_cli(capsys, "compare", reps, run, "--trace", "-", "--trace", run + "/profile.sqlite",
+                           "--format", "json", "--quiet")
+    assert rc == 0, err
+    c = json.loads(out)["comparisons"][0]
+    assert not any(n.startswith("B: ") for n in c["notes"])  # B's trace was given, not looked for
+    assert c["gpu_total"]["a_ops"] == c["gpu_total"]["b_ops"]
+
+
+@pytest.mark.parametrize("args,words", [
+    (("nsys/h200_reprefill-run", "--trace", "nsys/h200_reprefill.sqlite"), {"matmul"}),
+    (("nsys/h200_moe-run", "--trace", "nsys/h200_moe.sqlite"), {"GPU busy", "routing share"}),
+    (("--trace", "nsys/h200_decode.sqlite"), {"GPU busy"}),
+    (("max/decoder_run",), {"GPU busy"}),
+    (("max/block_run",), {"GPU busy", "naive kernel"}),
+], ids=["reprefill", "moe", "decode-trace", "decoder_run", "block_run"])  # fmt: skip
+def test_suggested_compare_shows_what_it_asks_to_check(args, words, capsys):
+    """issue 17 review, point 4: the validation command of a report given a trace beside its run
+    left the trace out, so the matmul growth it asked to check read '-'. Every suggested compare
+    command, its placeholders filled with this same input, shows on both sides what its finding
+    asks to check, for the finding's stage."""
+    import shlex
+
+    argv = [str(DATA / a) if "/" in a else a for a in args]
+    rc, out, err = run_cli(capsys, "report", *argv, "--format", "json", "--quiet")
+    assert rc == 0, err
+    doc = json.loads(out)
+    asked = {"matmul": ("matmul_growth",), "GPU busy": ("gpu_busy_frac",), "kernels per instance": ("kernels_per_instance",),
+             "attention share": ("shares", "attention"), "routing share": ("shares", "routing"),
+             "quantization share": ("shares", "quantization"), "naive kernel": ("shares", "naive matmul")}
+    cases = [(f, f["validation"]) for f in doc["diagnosis"] if (f.get("validation") or "").startswith("maxinstr compare")]
+    cases += [(f, f["command"]) for f in doc["diagnosis"] if (f.get("command") or "").startswith("maxinstr compare")]
+    assert cases
+    src = doc["sources"]
+    fill = {"RUNS_AFTER": src["run"], "RUN_AFTER": src["run"], "TRACE_AFTER": src["trace"]}
+    seen, checked = set(), set()
+    for f, line in cases:
+        command = line.split("  #")[0]
+        if command in seen and not any(k in line for k in asked):
+            continue
+        seen.add(command)
+        cargv = [fill.get(a, a) for a in shlex.split(command)[1:]]
+        rc, out, err = run_cli(capsys, *cargv, "--format", "json", "--quiet")
+        assert rc == 0, f"{command}: {err}"
+        c = json.loads(out)["comparisons"][0]
+        if src["trace"]:
+            assert c["gpu_total"] and c["gpu_total"]["a_ops"] > 0 and c["gpu_total"]["b_ops"] > 0, command
+        checks = {x["stage"]: x for x in c["checks"]}
+        for word, path in asked.items():
+            if word in line.split("#", 1)[-1] and f.get("stage"):
+                got = checks[f["stage"]]
+                for k in path:
+                    got = got[k]
+                assert got["a"] is not None and got["a"] == got["b"], (command, word, got)
+                checked.add(word)
+        if f.get("stage") and "findings" in line:
+            assert f["id"] in checks[f["stage"]]["findings"]["a"]
+    assert checked >= words
+
+
+def test_every_validation_is_read_off_compare():
+    """Each validation line's words map to a check compare prints (the test above reads them)."""
+    import inspect
+
+    from maxinstr.analyze import diagnosis
+
+    said = re.findall(r'_compare_cmd\(report\) \+ "  # ([^"]*)"', inspect.getsource(diagnosis))
+    assert len(said) >= 9
+    readable = ("matmul", "GPU busy", "kernels per instance", "attention share", "routing share", "quantization share",
+                "naive kernel", "median", "findings")
+    for text in said:
+        assert any(w in text for w in readable), text
+
+
+def test_compare_splits_two_population_stages(capsys):
+    """issue 17 review, point 6: h200_decode's decode (CUDA graph replay every other step) was
+    compared on a pooled median in the gap between its populations. compare says so, and when
+    both sides have the same two populations it compares each."""
+    trace = str(DATA / "nsys/h200_decode.sqlite")
+    rc, out, err = run_cli(capsys, "compare", trace, trace, "--format", "json", "--quiet")
+    assert rc == 0, err
+    c = json.loads(out)["comparisons"][0]
+    for table in ("stages", "gpu_stages"):
+        dec = next(r for r in c[table] if r["stage"] == "decode")
+        pops = dec["populations"]
+        assert pops["a"]["by"] == pops["b"]["by"] == "CUDA graph replay" and pops["a"]["median_in_gap"]
+        assert {r["population"] for r in pops["rows"]} == {"CUDA graph replay", "no CUDA graph"}
+        graph, eager = sorted(pops["rows"], key=lambda r: r["a"]["median"])
+        # each population's own median, both far from the pooled one in the gap between them
+        assert graph["a"]["median"] < dec["a"]["median"] < eager["a"]["median"]
+        assert graph["a"]["n"] + eager["a"]["n"] == dec["a"]["n"]
+        assert all(r["verdict"] == "within noise" and r["median_delta_ns"] == 0 for r in pops["rows"])
+        assert graph["noise_bound_ns"] < dec["noise_bound_ns"] / 10  # one population's spread, not the gap
+    rc, out, _ = run_cli(capsys, "compare", trace, trace, "--quiet", "--width", "120")
+    assert "│   · CUDA graph replay" in out and "│   · no CUDA graph" in out
+    assert "decode: two populations on both sides (told apart by CUDA graph replay); its median lies between them" in out
+    # one side with two populations, the other with one: said, not split
+    rc, out, _ = run_cli(capsys, "compare", trace, str(DATA / "kineto/h200_decode.pt.trace.json.gz"), "--format", "json",
+                         "--quiet")
+    dec = next(r for r in json.loads(out)["comparisons"][0]["stages"] if r["stage"] == "decode")
+    assert dec["populations"]["b"] is None and dec["populations"]["rows"] == []
+    assert dec["populations"]["not_split"] == "side B has one"

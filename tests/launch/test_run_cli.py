@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,24 +108,73 @@ def test_capture_that_never_started_is_a_failure(tmp_path, script):
 
 @pytest.mark.slow
 def test_repeat_and_sweep_give_one_process_and_run_dir_each(tmp_path, script):
-    prog = script("probe.py", ENV_PROBE + "import os; print('PID', os.getpid())\n")
+    """issue 17, point 5: `--repeat 2 --sweep BATCH=1,4` wrote a flat BATCH=1.r1 .. layout that
+    compare could not pool per side, and printed a command comparing every run against the
+    first: a 3.8x slowdown read "cannot tell". Each value's repeats are one folder now, the
+    printed command compares the values with their repeats pooled, and it gives a verdict."""
+    prog = script("probe.py", ENV_PROBE + """
+import time, maxinstr
+print('PID', os.getpid())
+with maxinstr.session("ignored", warmup=1):
+    for i in range(12):
+        with maxinstr.stage("step"):
+            time.sleep(0.001 * int(os.environ["BATCH"]))  # BATCH=4: 4x the time of BATCH=1
+""")
     out = tmp_path / "sweep"
-    res = run_cli(["run", "--profiler", "none", "--repeat", "2", "--sweep", "BATCH=1,8", "-o", str(out), "--",
-                   sys.executable, str(prog)], base_env())
+    res = run_cli(["run", "--profiler", "none", "--no-report", "--repeat", "2", "--sweep", "BATCH=1,4", "-o", str(out),
+                   "--", sys.executable, str(prog)], base_env())
     assert res.returncode == 0, res.stderr
-    dirs = sorted(p.name for p in out.iterdir())
-    assert dirs == ["BATCH=1.r1", "BATCH=1.r2", "BATCH=8.r1", "BATCH=8.r2"]
+    runs = sorted(str(p.relative_to(out)) for p in out.glob("*/*") if (p / "meta.json").is_file())
+    assert runs == ["BATCH=1/r1", "BATCH=1/r2", "BATCH=4/r1", "BATCH=4/r2"]
     batches = [json.loads(l[4:])["BATCH"] for l in res.stdout.splitlines() if l.startswith("ENV ")]
     pids = {l.split()[1] for l in res.stdout.splitlines() if l.startswith("PID ")}
-    assert batches == ["1", "1", "8", "8"] and len(pids) == 4
-    for d in dirs:
-        assert json.loads((out / d / "launch.json").read_text())["run"]["status"] == "ok"
-    assert "maxinstr compare " in res.stdout and str(out / "BATCH=8.r2") in res.stdout
-    # compare lists the sweep value among the settings that differ, not each run's own directory
-    cmp = run_cli(["compare", str(out / "BATCH=1.r1"), str(out / "BATCH=8.r1"), "--format", "json"], base_env())
+    assert batches == ["1", "1", "4", "4"] and len(pids) == 4
+    for r in runs:
+        launch = json.loads((out / r / "launch.json").read_text())
+        assert launch["run"]["status"] == "ok" and launch["label"] == r.replace("/", ".")
+    # the printed command, run as printed: each value's two repeats pooled into a side
+    (line,) = [l for l in res.stdout.splitlines() if "maxinstr compare " in l]
+    argv = shlex.split(line.split("maxinstr compare ", 1)[1])
+    assert argv == [str(out / "BATCH=1"), str(out / "BATCH=4")]
+    cmp = run_cli(["compare", *argv, "--format", "json"], base_env())
     assert cmp.returncode == 0, cmp.stderr
-    settings = {r["key"]: (r["a"], r["b"]) for r in json.loads(cmp.stdout)["comparisons"][0]["settings"]}
-    assert settings.get("sweep.BATCH") == ("1", "8") and "env.MAXINSTR_RUN_DIR" not in settings
+    c = json.loads(cmp.stdout)["comparisons"][0]
+    row = next(r for r in c["stages"] if r["stage"] == "step")
+    assert c["runs"] == {"a": 2, "b": 2} and row["noise_method"] == "runs+bootstrap"
+    assert row["verdict"] == "slower" and row["median_delta_rel"] > 1.5, row
+    # compare lists the sweep value among the settings that differ, not each run's own directory
+    settings = {r["key"]: (r["a"], r["b"]) for r in c["settings"]}
+    assert settings.get("sweep.BATCH") == ("1", "4") and "env.MAXINSTR_RUN_DIR" not in settings
+    # the sweep folder is not one side, and a folder mixing two values' runs is not pooled
+    bad = run_cli(["compare", str(out), str(out / "BATCH=4")], base_env())
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--sweep folder" in bad.stderr
+    assert f"maxinstr compare {out / 'BATCH=1'} {out / 'BATCH=4'}" in bad.stderr
+    flat = tmp_path / "flat"  # the layout of earlier versions: BATCH=1.r1 .. side by side
+    for r in runs:
+        shutil.copytree(out / r, flat / r.replace("/", "."))
+    bad = run_cli(["compare", str(flat), str(out / "BATCH=4")], base_env())
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert "holds runs of 2 --sweep values (BATCH=1, BATCH=4)" in bad.stderr
+
+
+def test_plan_layout_and_the_compare_it_suggests(tmp_path):
+    """Where each run of --repeat/--sweep goes, and the compare command printed after them."""
+    from maxinstr.launch.runner import compare_hint, plan_runs, sweep_label
+
+    out = tmp_path / "o"
+    both = plan_runs(["p"], out, repeat=2, sweep="BATCH=1,4")
+    assert [s.run_dir for s in both] == [out / "BATCH=1/r1", out / "BATCH=1/r2", out / "BATCH=4/r1", out / "BATCH=4/r2"]
+    assert [s.label for s in both] == ["BATCH=1.r1", "BATCH=1.r2", "BATCH=4.r1", "BATCH=4.r2"]
+    assert compare_hint(both).endswith(f"maxinstr compare {out / 'BATCH=1'} {out / 'BATCH=4'}")
+    reps = plan_runs(["p"], out, repeat=3)
+    assert [s.run_dir for s in reps] == [out / "r1", out / "r2", out / "r3"]
+    assert compare_hint(reps).endswith(f"maxinstr compare {out} RUNS_AFTER")  # one side: not r1 against r2
+    flags = plan_runs(["p"], out, sweep="--batch-size=2,4")
+    assert [s.run_dir for s in flags] == [out / "batch-size=2", out / "batch-size=4"]
+    assert "--repeat 3" in compare_hint(flags)  # one run a value cannot tell a change from noise
+    assert compare_hint(plan_runs(["p"], out)) is None
+    assert [sweep_label(x) for x in ("BATCH=8.r2", "r2", "BATCH=8", "", "batch-size=2.r10")] == [
+        "BATCH=8", "", "BATCH=8", "", "batch-size=2"]
 
 
 def test_sweep_over_a_flag(tmp_path, script):

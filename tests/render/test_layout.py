@@ -1,4 +1,5 @@
-"""Terminal layout on every fixture at 80, 100, 120 and 200 columns (issue 17, point 7).
+"""Terminal layout on every fixture at 80, 100, 120 and 200 columns (issue 17, point 7), report
+and compare.
 
 Before: at 120 columns the stage column showed ``forw…`` and rows wrapped (``elementwi…`` over
 ``40%``); at 80, numbers and headers were cut (``228…``, ``med…``); piped output ignored
@@ -16,9 +17,10 @@ import sys
 import pytest
 
 from helpers.fixture_columns import DATA
-from maxinstr.analyze.report import build_report
+from maxinstr.analyze.compare import Side, compare
+from maxinstr.analyze.report import analyze, build_report
 from maxinstr.render import _fmt
-from maxinstr.render.text import _shown_stages, render
+from maxinstr.render.text import KEY_MIN, _shown_stages, render, render_compare
 
 TRACES = sorted([str(p.relative_to(DATA)) for p in DATA.glob("nsys/*.sqlite")]
                 + [str(p.relative_to(DATA)) for p in DATA.glob("kineto/*.json.gz")]
@@ -97,3 +99,89 @@ def test_piped_output_honours_columns_and_width():
     assert max(len(ln) for ln in _cli(trace, COLUMNS="80").splitlines()) <= 80
     assert max(len(ln) for ln in _cli(trace, "--width", "100", COLUMNS="80").splitlines()) == 100
     assert max(len(ln) for ln in _cli(trace).splitlines()) == 120  # piped, nothing said: 120
+
+
+# ----------------------------------------------------------------------------- compare
+COMPARE_TITLES = ("Host time per stage (steady state)", "GPU time per stage",
+                  "What the diagnosis asks to check (per stage, A -> B)", "Kernel-mix changes (share of GPU time)",
+                  "Kernels only in B", "Kernels only in A", "Settings that differ")
+DELTA_CELL = re.compile(r"^(-|[+-]?[\d.]+ (ns|us|ms|s)( \([+-][\d.]+%\))?|\d+/\d+( \(\d+/\d+ runs\))?|"
+                        r"within noise|cannot tell|too few instances|too few|instances|faster|slower|only in [AB]|)$")
+
+
+@pytest.fixture(scope="module")
+def comparisons(reports) -> dict[str, dict]:
+    """compare on the fixtures: every report against itself and against the next one (stages
+    and kernels on one side only), and, from raw values, a two-population stage (h200_decode's
+    decode) and sides of two runs each (the kvcache runs, profiled and plain)."""
+    names = sorted(reports)
+    out = {}
+    for i, name in enumerate(names):
+        nxt = names[(i + 1) % len(names)]
+        out[f"{name} A/A"] = compare([Side("A", reports[name]), Side("B", reports[name])])
+        out[f"{name} vs {nxt}"] = compare([Side(name, reports[name]), Side(nxt, reports[nxt])])
+    decode = analyze(trace=DATA / "nsys/h200_decode.sqlite")
+    out["h200_decode raw A/A"] = compare([Side("A", decode), Side("B", decode)])
+    torch = "kineto/h200_decode.pt.trace.json.gz"  # findings gone, new and still: a long findings cell
+    out["h200_decode nsys vs torch"] = compare([Side("A", decode), Side("B", reports[torch])])
+    kv = analyze(run=DATA / "nsys/h200_kvcache-run", trace=DATA / "nsys/h200_kvcache.sqlite")
+    plain = analyze(run=DATA / "nsys/h200_kvcache-plain-run")
+    out["kvcache pooled"] = compare([Side("runs/a", [kv, plain]), Side("runs/b", [plain, kv])])
+    return out
+
+
+def _tables(text: str, titles: tuple[str, ...]) -> list[list[list[str]]]:
+    """The body rows (cells) of the tables whose title is one of ``titles`` (continuations too)."""
+    out, lines = [], text.splitlines()
+    for i, line in enumerate(lines):
+        if line.removesuffix(" (continued)") in titles and i + 1 < len(lines) and lines[i + 1].startswith("┏"):
+            body = lines[i + 1:]
+            start = next(k for k, ln in enumerate(body) if ln.startswith("┡")) + 1
+            end = next(k for k, ln in enumerate(body) if ln.startswith("└"))
+            out.append([[c.strip() for c in ln.strip("│").split("│")] for ln in body[start:end]])
+    return out
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_compare_fits_without_cutting_names_or_numbers(comparisons, width):
+    """issue 17 review, point 7: at 80 columns compare's titles wrapped ('Host time per stage
+    (steady' / 'state) (continued)') and its checks table split stage names ('pre'/'fil'/'l')."""
+    for name, result in comparisons.items():
+        text = render_compare(result, width=width)
+        lines = text.splitlines()
+        assert max(len(ln) for ln in lines) <= width, (name, width)
+        assert not [ln for ln in lines if ln.startswith("┃") and "…" in ln], (name, width)
+        assert not NAN_TEXT.search(text), (name, width)
+        # every table's title whole on the line above it
+        for i, ln in enumerate(lines):
+            if ln.startswith("┏"):
+                assert lines[i - 1].removesuffix(" (continued)") in COMPARE_TITLES, (name, width, lines[i - 1])
+        c = result["comparisons"][0]
+        delta = _tables(text, COMPARE_TITLES[:2])
+        for title, rows in zip(COMPARE_TITLES[:3], (c["stages"], c["gpu_stages"], c["checks"])):
+            for t in _tables(text, (title,)):  # each table, continuations too, repeats the stage column
+                keys = "".join(r[0] for r in t).replace(" ", "")
+                for r in rows:
+                    # a name folds over lines only when longer than half the width (KEY_MIN at least)
+                    if len(r["stage"]) <= max(KEY_MIN, width // 2):
+                        assert r["stage"] in {x[0] for x in t}, (name, width, title, r["stage"])
+                    else:
+                        assert r["stage"].replace(" ", "") in keys, (name, width, title, r["stage"])
+        cells = [cell for t in delta for r in t for cell in r[1:]]
+        for cell in cells:
+            assert DELTA_CELL.match(cell), (name, width, cell)
+        for r in c["stages"] + c["gpu_stages"]:
+            for row in [r] + ((r.get("populations") or {}).get("rows") or []):
+                if "a" in row:
+                    assert _fmt.ns(row["a"]["median"]) in cells and _fmt.ns(row["b"]["median"]) in cells, (name, r)
+
+
+NAN_TEXT = re.compile(r"(?i)(?<![a-z_])[+-]?(nan|inf)(?![a-z_(<])")
+
+
+def test_compare_narrow_keeps_the_verdict_beside_the_delta(comparisons):
+    text = render_compare(comparisons["h200_decode raw A/A"], width=80)
+    first = _tables(text, COMPARE_TITLES[:1])[0]
+    assert all(len(r) == 5 for r in first) and first[0][-1] == "within noise"  # stage, medians, delta, verdict
+    assert "n A/B, noise ±, p90 delta: in the table below, to fit 80 columns" in text
+    assert "Host time per stage (steady state) (continued)\n┏" in text

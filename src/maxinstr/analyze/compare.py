@@ -10,14 +10,15 @@ result is a JSON-serialisable dict, schema ``maxinstr-compare`` version 1 (docs/
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, cast
 
 import numpy as np
 
 from maxinstr.analyze.instances import StageInstances
 from maxinstr.analyze.report import Analysis
-from maxinstr.analyze.schema import GpuKernel, Report, Stage, Statistic, StepBasis
+from maxinstr.analyze.schema import GpuKernel, Populations, Report, Stage, Statistic, StepBasis
 from maxinstr.analyze.stats import bootstrap_median_diff_bound, mad_noise_bound, summarize
 
 SCHEMA = "maxinstr-compare"
@@ -37,11 +38,16 @@ class Side:
     :class:`~maxinstr.analyze.report.Analysis` (raw per-instance values at hand) or a saved
     report dict (summaries only). ``report`` is the first run's."""
 
-    def __init__(self, label: str, source: Analysis | Report | list[Analysis | Report]) -> None:
+    def __init__(self, label: str, source: Analysis | Report | Sequence[Analysis | Report],
+                 notes: list[str] | None = None) -> None:
         self.label = label
+        self.notes = list(notes or [])
+        """What was found for this side besides its paths (a trace its meta.json names), said in
+        the comparison's notes."""
         self._rows_cache: dict[int, dict[str, np.ndarray]] = {}
         self._stage_rows: dict[int, dict[str, Stage]] = {}
-        sources: list[Analysis | Report] = list(source) if isinstance(source, (list, tuple)) else [source]
+        sources: list[Analysis | Report] = (list(cast("Sequence[Analysis | Report]", source))
+                                            if isinstance(source, (list, tuple)) else [cast("Analysis | Report", source)])
         if not sources:
             raise ValueError(f"{label}: no run")
         self.analyses = [x for x in sources if isinstance(x, Analysis)]
@@ -134,24 +140,28 @@ def run_to_run_bound(a: list[float], b: list[float]) -> float:
     return float(_t95(len(a) + len(b) - 2) * np.sqrt(va / len(a) + vb / len(b)))
 
 
-def _delta_row(a: Side, b: Side, name: str, key: StepBasis) -> dict[str, Any] | None:
-    sa, sb = a.stage(name), b.stage(name)
-    if sa is None or sb is None:
-        present = a.label if sa is not None else b.label
-        return {"stage": name, "basis": key, "verdict": f"only in {present}", "only_in": "a" if sa is not None else "b"}
-    runs_a = [_stat_of(x, key) for x in a.stages_of_runs(name)]
-    runs_b = [_stat_of(x, key) for x in b.stages_of_runs(name)]
-    runs_a, runs_b = [x for x in runs_a if x.get("n")], [x for x in runs_b if x.get("n")]
-    if not runs_a or not runs_b:
-        return None
-    va, vb = a.values(name, key), b.values(name, key)
+def _pooled_summary(stats: list[Statistic]) -> Statistic:
+    """One side's summary from its runs' summaries alone (no raw values): one run's as it is;
+    several runs', their instances added up and the median, p90 and MAD the median over the
+    runs (a pooled percentile needs the values)."""
+    if len(stats) == 1:
+        return stats[0]
+    return {"n": sum(int(x["n"]) for x in stats), "median": float(np.median([x["median"] for x in stats])),
+            "p90": float(np.median([x["p90"] for x in stats])), "mad": float(np.median([x.get("mad", 0.0) for x in stats]))}
+
+
+def _delta(runs_a: list[Statistic], runs_b: list[Statistic], va: np.ndarray | None, vb: np.ndarray | None
+           ) -> dict[str, Any]:
+    """Deltas, noise bounds and verdicts of one time measure between two sides: ``runs_*`` the
+    statistic in each run of a side (n > 0), ``v*`` the side's pooled steady values when at hand
+    (a bootstrap bound), else None (a bound from the MADs)."""
     if va is not None and vb is not None and len(va) >= 2 and len(vb) >= 2:
         ta, tb = summarize(va), summarize(vb)
         within = bootstrap_median_diff_bound(va, vb, 50.0)
         within90 = bootstrap_median_diff_bound(va, vb, 90.0)
         method = "bootstrap"
     else:
-        ta, tb = runs_a[0], runs_b[0]
+        ta, tb = _pooled_summary(runs_a), _pooled_summary(runs_b)
         within = mad_noise_bound(ta, tb)
         within90 = 1.5 * within if np.isfinite(within) else float("nan")
         method = "mad"
@@ -178,7 +188,6 @@ def _delta_row(a: Side, b: Side, name: str, key: StepBasis) -> dict[str, Any] | 
     else:
         v90 = ("slower" if d90 > 0 else "faster") if np.isfinite(between) else "cannot tell"
     return {
-        "stage": name, "basis": key,
         "a": {"n": ta["n"], "median": ta["median"], "p90": ta["p90"], "runs": len(runs_a), "run_medians": med_a},
         "b": {"n": tb["n"], "median": tb["median"], "p90": tb["p90"], "runs": len(runs_b), "run_medians": med_b},
         "median_delta_ns": d, "median_delta_rel": d / ta["median"] if ta["median"] else None,
@@ -187,6 +196,90 @@ def _delta_row(a: Side, b: Side, name: str, key: StepBasis) -> dict[str, Any] | 
         "within_run_bound_ns": within, "run_to_run_bound_ns": between if np.isfinite(between) else None,
         "verdict": verdict, "p90_verdict": v90,
     }
+
+
+def _delta_row(a: Side, b: Side, name: str, key: StepBasis) -> dict[str, Any] | None:
+    sa, sb = a.stage(name), b.stage(name)
+    if sa is None or sb is None:
+        present = a.label if sa is not None else b.label
+        return {"stage": name, "basis": key, "verdict": f"only in {present}", "only_in": "a" if sa is not None else "b"}
+    runs_a = [_stat_of(x, key) for x in a.stages_of_runs(name)]
+    runs_b = [_stat_of(x, key) for x in b.stages_of_runs(name)]
+    runs_a, runs_b = [x for x in runs_a if x.get("n")], [x for x in runs_b if x.get("n")]
+    if not runs_a or not runs_b:
+        return None
+    row: dict[str, Any] = {"stage": name, "basis": key, **_delta(runs_a, runs_b, a.values(name, key), b.values(name, key))}
+    pops = _populations(a, b, name, key)
+    if pops is not None:
+        row["populations"] = pops
+    return row
+
+
+_MODES = ("lower mode", "upper mode")
+"""How an unexplained split's two groups are named in compare (the report's labels carry the
+run's own threshold, which differs between runs)."""
+
+
+def _population_labels(p: Populations) -> tuple[str | None, list[str]]:
+    """(what tells a stage's populations apart, its groups' labels in the report's order)."""
+    groups = p.get("groups") or []
+    if p.get("by"):
+        return p.get("by"), [str(g.get("label")) for g in groups]
+    return None, list(_MODES[:len(groups)])
+
+
+def _populations(a: Side, b: Side, name: str, key: StepBasis) -> dict[str, Any] | None:
+    """A stage whose steady instances form two populations on either side (the report's
+    ``stages[].populations``): what each side has, and, when every run of both sides has the
+    same two (same feature, same groups), a delta row per population from its statistics (a
+    pooled median of two populations lies between them, a time no instance took, and moves
+    with their mix). None when neither side has two populations."""
+    pa = [st.get("populations") for st in a.stages_of_runs(name)]
+    pb = [st.get("populations") for st in b.stages_of_runs(name)]
+    if not any(pa) and not any(pb):
+        return None
+
+    def side(ps: list[Populations | None]) -> dict[str, Any] | None:
+        have = [p for p in ps if p]
+        if not have:
+            return None
+        by, labels = _population_labels(have[0])
+        return {"by": by, "groups": labels, "median_in_gap": any(bool(p.get("median_in_gap")) for p in have),
+                "runs": len(have), "of_runs": len(ps)}
+
+    out: dict[str, Any] = {"a": side(pa), "b": side(pb), "rows": [], "not_split": None}
+    keys = {(by, frozenset(labels)) if by else (None, tuple(labels))
+            for by, labels in (_population_labels(p) for p in pa + pb if p)}
+    if not all(pa) or not all(pb) or len(keys) != 1:
+        if not any(pa) or not any(pb):
+            out["not_split"] = f"side {'A' if not any(pa) else 'B'} has one"
+        elif not all(pa) or not all(pb):
+            out["not_split"] = f"not two in every run of side {'A' if not all(pa) else 'B'}"
+        else:
+            out["not_split"] = "the runs' populations differ (told apart by another feature, or other groups)"
+        return out
+    _, labels = _population_labels(cast(Populations, pa[0]))
+    for label in labels:
+        ra, rb = _group_stats(pa, label, key), _group_stats(pb, label, key)
+        if ra and rb:
+            out["rows"].append({"population": label, **_delta(ra, rb, None, None)})
+    if not out["rows"]:
+        out["not_split"] = f"its populations have no {key} values on both sides"
+    return out
+
+
+def _group_stats(ps: list[Populations | None], label: str, key: StepBasis) -> list[Statistic]:
+    """The statistic ``key`` of the population ``label`` in each run (those with values)."""
+    out: list[Statistic] = []
+    for p in ps:
+        if not p:
+            continue
+        _, labels = _population_labels(p)
+        group = (p.get("groups") or [])[labels.index(label)]
+        st: Statistic = group.get(key) or {"n": 0}
+        if st.get("n"):
+            out.append(st)
+    return out
 
 
 def _gpu_key(a: Stage, b: Stage) -> StepBasis | None:
@@ -312,13 +405,37 @@ def settings_diff(a: Report, b: Report, more_a: list[Report] | None = None, more
 
 
 def _median_of_runs(side: Side, name: str, get: Callable[[Stage], float | None]) -> float | None:
-    vals = [v for v in (get(st) for st in side.stages_of_runs(name)) if v is not None]
+    """The median over a side's runs of a stage's value; None where no run has one (a value a
+    run could not compute is NaN in memory and null in JSON: both are missing)."""
+    vals = [float(v) for v in (get(st) for st in side.stages_of_runs(name)) if v is not None and np.isfinite(v)]
     return float(np.median(vals)) if vals else None
+
+
+SHARE_CHECKS = {"attention_dominated_decode": "attention", "moe_routing_overhead": "routing",
+                "low_bit_quant_overhead": "quantization", "naive_matmul": "naive matmul"}
+"""Findings whose validation line names a share of the stage's GPU time: what it names."""
+
+
+def _share(stage: Stage, what: str) -> float | None:
+    """A stage's share of GPU time in what a finding's validation names (``SHARE_CHECKS``), as
+    the finding measures it; None without kernels."""
+    from maxinstr.analyze.diagnosis import moe_permutation
+    from maxinstr.analyze.families import NAIVE_MATMUL
+
+    mix = stage.get("mix")
+    if not mix:
+        return None
+    if what == "naive matmul":
+        return float(sum(k["share"] for k in mix.get("top_kernels", []) if NAIVE_MATMUL.search(k["name"])))
+    share = float(sum(f["share"] for f in mix.get("families", []) if f["family"] == what))
+    # the routing finding counts generic sort/scatter kernels of the token permutation too
+    return share + moe_permutation(stage)[0] if what == "routing" else share
 
 
 def _stage_checks(a: Side, b: Side, names: list[str]) -> list[dict[str, Any]]:
     """Per stage, what the diagnosis' validation lines ask to check, on each side (the median
-    over its runs): GPU busy, kernels per instance, matmul growth over the steps, and the
+    over its runs): GPU busy, kernels per instance, matmul growth over the steps, the share of
+    GPU time a finding is about (attention, routing, quantization, the naive matmul), and the
     findings about the stage."""
     def busy(st: Stage) -> float | None:
         return (st.get("gpu_busy_frac") or {}).get("median") if (st.get("gpu_busy_frac") or {}).get("n") else None
@@ -341,9 +458,12 @@ def _stage_checks(a: Side, b: Side, names: list[str]) -> list[dict[str, Any]]:
         for key, get in (("gpu_busy_frac", busy), ("kernels_per_instance", kernels), ("matmul_growth", growth)):
             row[key] = {"a": _median_of_runs(a, n, get), "b": _median_of_runs(b, n, get)}
         fa, fb = findings(a, n), findings(b, n)
+        named = sorted({SHARE_CHECKS[x] for x in fa + fb if x in SHARE_CHECKS})
+        row["shares"] = {w: {"a": _median_of_runs(a, n, partial(_share, what=w)),
+                             "b": _median_of_runs(b, n, partial(_share, what=w))} for w in named}
         row["findings"] = {"a": fa, "b": fb, "gone": [x for x in fa if x not in fb], "new": [x for x in fb if x not in fa]}
-        if any(v["a"] is not None or v["b"] is not None for k, v in row.items() if k not in ("stage", "findings")) \
-                or fa or fb:
+        if any(v["a"] is not None or v["b"] is not None for k, v in row.items()
+               if k not in ("stage", "findings", "shares")) or fa or fb:
             rows.append(row)
     return rows
 
@@ -380,6 +500,7 @@ def compare_pair(a: Side, b: Side) -> dict[str, Any]:
         "checks": _stage_checks(a, b, names),
         "settings": settings_diff(a.report, b.report, [r for r in a.reports[1:]], [r for r in b.reports[1:]]),
         "perturbed": {"a": bool(a.report.get("perturbed")), "b": bool(b.report.get("perturbed"))},
+        "notes": [f"A: {n}" for n in a.notes] + [f"B: {n}" for n in b.notes],
     }
 
 
@@ -387,10 +508,27 @@ def compare(sides: list[Side]) -> dict[str, Any]:
     """Each side against the first (the baseline)."""
     if len(sides) < 2:
         raise ValueError("compare needs at least two runs")
-    return {
+    return cast(dict[str, Any], finite({
         "schema": SCHEMA,
         "version": VERSION,
         "baseline": sides[0].label,
         "runs": [s.label for s in sides],
         "comparisons": [compare_pair(sides[0], s) for s in sides[1:]],
-    }
+    }))
+
+
+def finite(obj: Any) -> Any:
+    """``obj`` with every NaN or infinity made None and numpy scalars plain numbers: a value that
+    could not be computed is missing, in every view (JSON has no NaN; text and Markdown print
+    '-'), never 'nan'."""
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if np.isfinite(obj) else None
+    return obj

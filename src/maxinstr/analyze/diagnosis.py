@@ -112,10 +112,32 @@ def _deep_dive_arg(report: Report) -> str:
 
 
 def _compare_cmd(report: Report) -> str:
-    """compare before/after; each side best a folder of fresh-process repeats (maxinstr run
-    --repeat 3), whose spread is what a verdict needs (one run a side "cannot tell")."""
-    run = report.get("sources", {}).get("run") or "RUNS_BEFORE"
-    return f"maxinstr compare {shlex.quote(run)} RUNS_AFTER"
+    """compare before/after, with the inputs this report had, so that the command shows what
+    the finding asks to check (kernels, GPU busy, matmul growth come from the trace). Each side
+    best a folder of fresh-process repeats (maxinstr run --repeat 3), whose spread is what a
+    verdict needs (one run a side "cannot tell"); compare finds a run's trace the way report does
+    (meta.json), so only a trace given beside the run goes on the command line."""
+    src = report.get("sources", {})
+    run, trace = src.get("run"), src.get("trace")
+    if not run:
+        return f"maxinstr compare {shlex.quote(str(trace))} TRACE_AFTER" if trace else "maxinstr compare RUNS_BEFORE RUNS_AFTER"
+    if trace and not _trace_found_with(report, str(run), str(trace)):
+        return f"maxinstr compare {shlex.quote(str(run))} RUN_AFTER --trace {shlex.quote(str(trace))} --trace TRACE_AFTER"
+    return f"maxinstr compare {shlex.quote(str(run))} RUNS_AFTER"
+
+
+def _trace_found_with(report: Report, run: str, trace: str) -> bool:
+    """Whether compare, given only the run directory, reads this trace too: the run's in-process
+    kernels, or the trace its meta.json names (``maxinstr run`` records it)."""
+    import os
+
+    from maxinstr.launch.runner import run_artifact
+
+    if report.get("sources", {}).get("trace_format") == "maxinstr-inprocess" or trace == run:
+        return True
+    prof = report.get("environment", {}).get("profiler")
+    found = run_artifact(run, prof.get("trace")) if isinstance(prof, dict) else None
+    return found is not None and os.path.realpath(found) == os.path.realpath(trace)
 
 
 def _leaf_stages(report: Report) -> list[Stage]:
@@ -371,7 +393,7 @@ per expert, and the weighted scatter-add that combines expert outputs. Their nam
 about MoE (families: reduction), so the MoE rule counts them beside the routing family."""
 
 
-def _moe_permutation(stage: Stage) -> tuple[float, list[str]]:
+def moe_permutation(stage: Stage) -> tuple[float, list[str]]:
     """Share of a stage's GPU time in MOE_PERMUTATION kernels of its top kernels (not routing or
     grouped_matmul already), and their names."""
     ks = [k for k in (stage.get("mix") or {}).get("top_kernels", [])
@@ -386,7 +408,7 @@ def rule_moe_decode(report: Report) -> list[Finding]:
         if grouped < MOE_GROUPED_SHARE:
             continue
         routing_family = _fam_share(st, "routing")
-        perm, perm_names = _moe_permutation(st)
+        perm, perm_names = moe_permutation(st)
         routing = routing_family + perm
         ev: dict[str, Any] = {"grouped_matmul_share": round(grouped, 3), "routing_share": round(routing, 3),
               "routing_family_share": round(routing_family, 3), "permutation_share": round(perm, 3),

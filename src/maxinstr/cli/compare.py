@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import click
@@ -14,6 +14,12 @@ from maxinstr.errors import MaxinstrError
 
 if TYPE_CHECKING:
     from maxinstr.analyze.compare import Side
+    from maxinstr.analyze.report import Analysis
+
+
+NO_TRACE = "-"
+"""``--trace -``: no trace of its own for this run (a folder of repeats, a run whose meta.json
+names its trace): the place of a run in the ordered --trace list."""
 
 
 def _runs_in(p: Path) -> list[Path]:
@@ -23,28 +29,90 @@ def _runs_in(p: Path) -> list[Path]:
     return sorted(c for c in p.iterdir() if (c / "meta.json").is_file())
 
 
+def _sweep_value(run: Path) -> str:
+    """Which ``maxinstr run --sweep`` value a run had: its launch.json label without the repeat
+    (``BATCH=8`` of ``BATCH=8.r2``); '' for a run that was not part of a sweep."""
+    from maxinstr.launch.runner import read_launch, sweep_label
+
+    try:
+        launch = read_launch(run) or {}
+    except MaxinstrError:
+        return ""
+    return sweep_label(str(launch.get("label") or ""))
+
+
+def _one_program(path: str, runs: list[Path]) -> None:
+    """A folder pooled into one side must hold repeats of one program: runs of different --sweep
+    values pooled would be a median of two settings. MaxinstrError names them."""
+    value = {r: _sweep_value(r) for r in runs}
+    values = sorted(set(value.values()))
+    if len(values) > 1:
+        shown = ", ".join(v or "(none)" for v in values)
+        # one run a value (what --sweep without --repeat writes): each run is a side
+        how = (f": maxinstr compare {' '.join(shlex.quote(str(r)) for r in runs)}" if len(values) == len(runs)
+               else " (a folder each)")
+        raise MaxinstrError(f"{path}: holds runs of {len(values)} --sweep values ({shown}), not repeats of one "
+                            f"program: give each value's runs as a side of its own{how}")
+
+
+def _sweep_folders(p: Path) -> list[Path]:
+    """The folders inside ``p`` that are sides of a --sweep (``maxinstr run --sweep ... --repeat N``
+    writes one folder of repeats per value)."""
+    if not p.is_dir() or (p / "meta.json").exists():
+        return []
+    return sorted(c for c in p.iterdir() if c.is_dir() and not (c / "meta.json").exists() and _runs_in(c))
+
+
+def _analyze_run(run_dir: Path, trace: str | None, warmup: int | None, quiet: bool) -> tuple[Analysis, list[str]]:
+    """One run directory, with the trace and unprofiled warm run `maxinstr run` left beside it
+    (as `maxinstr report` finds them: cli.report.discover) unless a trace is given."""
+    from maxinstr.analyze.report import analyze
+    from maxinstr.cli.report import discover, open_trace_with_progress
+    from maxinstr.rundir import load
+
+    run = load(run_dir)
+    trace_path, unprofiled, notes = discover(str(run_dir), run.meta, trace, None)
+    tr = open_trace_with_progress(trace_path, quiet) if trace_path else None  # spinner on a terminal
+    unprof = load(unprofiled) if unprofiled else None
+    return analyze(run=run, trace=tr, unprofiled_run=unprof, warmup=warmup), notes
+
+
 def _side(path: str, trace: str | None, warmup: int | None, quiet: bool) -> Side:
     from maxinstr.analyze.compare import Side
     from maxinstr.analyze.report import analyze
     from maxinstr.analyze.schema import is_report_file as _is_report_file
     from maxinstr.cli.report import load_report_file, open_trace_with_progress
-    from maxinstr.rundir import load
 
     if _is_report_file(path):
+        if trace:
+            raise MaxinstrError(f"{path}: a saved report has its kernels already: give --trace {NO_TRACE} for it")
         return Side(path, load_report_file(path))
     p = Path(path)
     if p.is_dir() and (p / "meta.json").exists():
-        run = load(p)
-        tr = open_trace_with_progress(trace, quiet) if trace else None  # spinner on a terminal
-        return Side(path, analyze(run=run, trace=tr, warmup=warmup))
+        analysis, notes = _analyze_run(p, trace, warmup, quiet)
+        return Side(path, analysis, notes)
     repeats = _runs_in(p)
     if repeats:
         # fresh-process repeats of one program: pooled into one side; their spread is the noise
-        if trace:
-            raise MaxinstrError(f"{path}: --trace goes with one run directory, not a folder of {len(repeats)} runs")
-        return Side(path, [analyze(run=load(r), warmup=warmup) for r in repeats])
+        if trace and len(repeats) > 1:
+            raise MaxinstrError(f"{path}: one --trace cannot belong to {len(repeats)} runs: each run's own trace comes "
+                                f"from its meta.json (maxinstr run records it); give --trace {NO_TRACE} for this folder")
+        _one_program(path, repeats)
+        analyses, notes = [], []
+        for r in repeats:
+            analysis, found = _analyze_run(r, trace, warmup, quiet)  # a trace given: the folder's one run
+            analyses.append(analysis)
+            notes += [f"{r.name}: {n}" for n in found]
+        return Side(path, analyses, notes)
+    sweep = _sweep_folders(p)
+    if sweep:
+        sides = " ".join(shlex.quote(str(c)) for c in sweep)
+        raise MaxinstrError(f"{path}: a --sweep folder (one folder of runs per value), not one side: compare the values, "
+                            f"maxinstr compare {sides}")
     if p.exists():
         # a bare trace file or folder
+        if trace:
+            raise MaxinstrError(f"{path}: a trace itself: give --trace {NO_TRACE} for it")
         return Side(path, analyze(trace=open_trace_with_progress(path, quiet), warmup=warmup))
     raise MaxinstrError(f"{path}: no such run directory, report or trace")
 
@@ -52,7 +120,9 @@ def _side(path: str, trace: str | None, warmup: int | None, quiet: bool) -> Side
 @click.command("compare", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("runs", nargs=-1, required=True, metavar="RUN_A RUN_B [RUN ...]")
 @click.option("--trace", "traces", multiple=True, metavar="FILE",
-              help="A trace for each run directory, in order (repeat the option).")
+              help="A trace for each run, in order (repeat the option; '-' for a run that needs none: a folder of "
+                   "repeats, a run whose meta.json names its trace). Without it a run directory's own trace "
+                   "(meta.json) is used, as by maxinstr report.")
 @click.option("--format", "fmt", type=click.Choice(("text", "json", "md")), default="text", show_default=True)
 @click.option("-o", "--output", metavar="PATH", help="Write here instead of stdout.")
 @click.option("--warmup", type=click.IntRange(min=0), default=None, help="Warm-up instances per stage (overrides the sessions').")
@@ -66,14 +136,17 @@ def command(runs: tuple[str, ...], traces: tuple[str, ...], fmt: str, output: st
     runs' own spread, GPU-time and kernel-mix changes, and the settings that differ.
 
     Each RUN is a run directory, a saved JSON report, a trace, or a folder of fresh-process
-    repeats (what `maxinstr run --repeat N -o DIR` writes): repeats are pooled, and their
-    run-to-run spread bounds the noise. With one run per side a change beyond that run's own
-    spread is "cannot tell": fresh processes of one program differ by more.
+    repeats (what `maxinstr run --repeat N -o DIR` writes; with --sweep, DIR/NAME=VALUE per
+    value): repeats are pooled, and their run-to-run spread bounds the noise. With one run per
+    side a change beyond that run's own spread is "cannot tell": fresh processes of one program
+    differ by more. A run directory's trace is the one its meta.json names (maxinstr run
+    records it), unless --trace gives one.
 
     \b
       maxinstr compare runs/before runs/after
       maxinstr compare runs/before-x3 runs/after-x3          (folders of --repeat 3 runs)
       maxinstr compare runs/bs1 runs/bs8 runs/bs32            (each against the first)
+      maxinstr compare runs/sweep/BATCH=1 runs/sweep/BATCH=8  (--sweep BATCH=1,8 --repeat 3)
       maxinstr compare runs/a runs/b --trace a.sqlite --trace b.sqlite --format md -o delta.md
     """
     if len(runs) < 2:
@@ -82,7 +155,8 @@ def command(runs: tuple[str, ...], traces: tuple[str, ...], fmt: str, output: st
         raise click.UsageError(f"--trace given {len(traces)} time(s) for {len(runs)} runs: give one per run or none")
     from maxinstr.analyze.compare import compare
 
-    sides = [_side(r, traces[i] if traces else None, warmup, quiet) for i, r in enumerate(runs)]
+    given = [None if not traces or traces[i] == NO_TRACE else traces[i] for i in range(len(runs))]
+    sides = [_side(r, given[i], warmup, quiet) for i, r in enumerate(runs)]
     result = compare(sides)
     if fmt == "json":
         from maxinstr.render.json import render
@@ -93,7 +167,7 @@ def command(runs: tuple[str, ...], traces: tuple[str, ...], fmt: str, output: st
 
         text = markdown(result)
     else:
-        from maxinstr.cli.report import text_width
+        from maxinstr.render.terminal import text_width
         from maxinstr.render.text import render_compare as terminal
 
         tty = output is None and sys.stdout.isatty()

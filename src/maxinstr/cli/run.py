@@ -140,9 +140,9 @@ def command(out, profiler, window_s, capture, osrt, warmup, warm_run, stages, re
         if outcome.result.status == runner.sv.STATUS_INTERRUPTED:
             interrupted = True
             break  # Ctrl-C ends the whole plan; what ran so far is kept
-    if len(specs) > 1 and not interrupted:
-        dirs = " ".join(shlex.quote(str(o.spec.run_dir)) for o in outcomes)
-        click.echo(f"maxinstr: compare the runs: maxinstr compare {dirs}")
+    hint = runner.compare_hint(specs)
+    if hint and not interrupted:
+        click.echo(f"maxinstr: {hint}")
     if interrupted:
         raise click.exceptions.Exit(130)
     if not all(o.ok for o in outcomes):

@@ -37,6 +37,9 @@ class RunSpec:
     run_dir: Path
     label: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    side: Path | None = None
+    """The folder this run is one of the repeats in (``maxinstr compare`` pools a folder of
+    repeats into one side); None for a run without repeats."""
 
 
 @dataclass
@@ -91,7 +94,12 @@ def parse_sweep(text: str) -> tuple[str, list[str]]:
 
 def plan_runs(command: list[str], out: Path, *, repeat: int = 1, sweep: str | None = None) -> list[RunSpec]:
     """Fresh-process runs, each with its own run directory under ``out`` (``out`` itself
-    when there is just one). Sweep values go into the env var, or after the flag."""
+    when there is just one). Sweep values go into the env var, or after the flag.
+
+    Layout: ``--repeat N`` alone: ``out/r1`` .. ``out/rN``; ``--sweep`` alone: ``out/NAME=v``
+    per value; both: ``out/NAME=v/r1`` ..: every folder of repeats holds one program's runs
+    only, so ``maxinstr compare out/NAME=a out/NAME=b`` pools each value's repeats into a side.
+    The label (``NAME=v.r2``) names the run in the output and in its launch.json."""
     if repeat < 1:
         raise MaxinstrError("--repeat must be at least 1")
     axis: list[tuple[str, dict[str, str], list[str]]] = [("", {}, [])]
@@ -102,14 +110,42 @@ def plan_runs(command: list[str], out: Path, *, repeat: int = 1, sweep: str | No
         else:
             axis = [(f"{name}={v}", {name: v}, []) for v in values]
     specs: list[RunSpec] = []
-    single = repeat == 1 and not sweep
     for label, env, extra_args in axis:
+        side = out / label if label else out
         for r in range(repeat):
-            parts = [p for p in (label, f"r{r + 1}" if repeat > 1 else "") if p]
-            run_label = ".".join(parts)
-            run_dir = out if single else out / run_label
-            specs.append(RunSpec(command=list(command) + extra_args, run_dir=run_dir, label=run_label, env=dict(env)))
+            rep = f"r{r + 1}" if repeat > 1 else ""
+            run_label = ".".join(p for p in (label, rep) if p)
+            run_dir = side / rep if rep else side
+            specs.append(RunSpec(command=list(command) + extra_args, run_dir=run_dir, label=run_label, env=dict(env),
+                                 side=side if repeat > 1 else None))
     return specs
+
+
+def sweep_label(label: str) -> str:
+    """The --sweep value part of a run's label: ``BATCH=8`` of ``BATCH=8.r2``, '' of ``r2``."""
+    head, _, tail = label.rpartition(".")
+    if tail[:1] == "r" and tail[1:].isdigit():
+        return head
+    return "" if label[:1] == "r" and label[1:].isdigit() else label
+
+
+def compare_hint(specs: list[RunSpec]) -> str | None:
+    """What to compare after a plan of several runs, as a line to print: the --sweep values
+    against the first, each value's repeats pooled into one side; repeats alone are one side,
+    to compare with another set. None for a single run."""
+    sides: list[Path] = []
+    for spec in specs:
+        side = spec.side or spec.run_dir
+        if side not in sides:
+            sides.append(side)
+    if len(specs) < 2:
+        return None
+    if len(sides) == 1:
+        return (f"compare these {len(specs)} runs, pooled, with another set of repeats (a change, another "
+                f"setting): maxinstr compare {shlex.quote(str(sides[0]))} RUNS_AFTER")
+    how = (" (each value's repeats pooled into one side)" if specs[0].side is not None
+           else " (one run a value: with --repeat 3 compare can tell a change from run-to-run noise)")
+    return f"compare the values{how}: maxinstr compare {' '.join(shlex.quote(str(s)) for s in sides)}"
 
 
 def run_artifact(run_dir: str | Path, recorded: str | None) -> str | None:

@@ -172,9 +172,78 @@ def at_stake(score: float | None) -> str:
     return "-" if score is None else f"{100 * score:.0f}% at stake"
 
 
-NOISE_NOTE = ("noise ±: the larger of the run-to-run spread of the sides' run medians (with 2+ runs a side: "
-              "maxinstr run --repeat N) and each run's own; 'cannot tell': one run a side, beyond its own spread "
-              "(fresh processes differ by more); n A/B: instances (runs); p90s in --format json/md")
+def delta_rows(rows: list[dict]) -> list[tuple[str, dict]]:
+    """compare's delta rows as (stage cell, row): each stage, then, when its two populations were
+    compared one by one, a row per population under it ('· CUDA graph replay', as the report's
+    stage table shows them)."""
+    out: list[tuple[str, dict]] = []
+    for r in rows:
+        out.append((r["stage"], r))
+        for p in (r.get("populations") or {}).get("rows") or []:
+            out.append((f"  · {p['population']}", p))
+    return out
+
+
+def compare_notes(rows: list[dict]) -> list[str]:
+    """What a compare delta table shows, said from its rows: only the cases it holds (a note
+    about pooled runs under a table of single runs misleads)."""
+    shown = [r for _, r in delta_rows(rows) if "a" in r]
+    if not shown:
+        return []
+    notes = []
+    pooled = any(max(r["a"].get("runs", 1), r["b"].get("runs", 1)) > 1 for r in shown)
+    notes.append("n A/B: steady instances on each side" + (", (runs) the fresh-process runs pooled into it" if pooled else ""))
+    multi = [r for r in shown if r.get("run_to_run_bound_ns") is not None]
+    single = [r for r in shown if r.get("run_to_run_bound_ns") is None]
+    if multi:
+        notes.append("noise ±" + (" with 2+ runs a side" if single else "") + ": 95% bound, the larger of the spread "
+                     "of the sides' run medians (run to run) and that of their instances")
+    if single:
+        notes.append("noise ±" + (" with one run on a side" if multi else "") + ": 95% bound from the spread of "
+                     "the run's own instances; fresh processes of one program differ by more")
+    if any(str(r.get("noise_method", "")).endswith("mad") and r.get("verdict") != "too few instances" for r in shown):
+        notes.append("where only summaries exist (a population, a saved report) the instances' spread is 2 "
+                     "standard errors of the medians, from their MADs")
+    verdicts = {r.get("verdict") for r in shown}
+    if "cannot tell" in verdicts:
+        notes.append("cannot tell: beyond the run's own spread, but one run a side cannot show how far a fresh "
+                     "process moves: give each side a folder of repeats (maxinstr run --repeat 3)")
+    if "too few instances" in verdicts:
+        notes.append("too few instances: under 2 steady instances on a side")
+    for r in rows:
+        line = population_note(r)
+        if line:
+            notes.append(line)
+    return notes
+
+
+def population_note(row: dict) -> str | None:
+    """What compare says of a stage whose instances form two populations on either side."""
+    p = row.get("populations")
+    if not p:
+        return None
+    sides = [x for x in ("a", "b") if p.get(x)]
+    which = "both sides" if len(sides) == 2 else f"side {sides[0].upper()} only"
+    by = p[sides[0]].get("by")
+    line = f"{row['stage']}: two populations on {which} (" + (f"told apart by {by}" if by else
+                                                               "nothing recorded tells them apart") + ")"
+    if any(p[x].get("median_in_gap") for x in sides):
+        line += "; its median lies between them, a time no instance took"
+    if p.get("rows"):
+        line += "; the rows under it (·) compare each population, from its summary"
+    elif p.get("not_split"):
+        line += f"; not compared per population: {p['not_split']}"
+    return line
+
+
+def signed_rel(v: float | None) -> str:
+    """A relative change: '+37.2%'; '-' when there is none."""
+    return "-" if v is None or not math.isfinite(v) else f"{v:+.1%}"
+
+
+def signed_points(share: float | None) -> str:
+    """A change of a share in percentage points: '+64.5 pt'."""
+    return "-" if share is None or not math.isfinite(share) else f"{100 * share:+.1f} pt"
 
 
 def runs_n(row: dict) -> str:
@@ -187,25 +256,31 @@ def runs_n(row: dict) -> str:
 def check_rows(checks: list[dict]) -> tuple[list[str], list[list[str]]]:
     """compare's per-stage checks (GPU busy, kernels per instance, matmul growth, findings) as
     table rows: each value 'A -> B'."""
-    def arrow(v: dict[str, Any], fmt: Callable[[Any], str]) -> str:
-        if v["a"] is None and v["b"] is None:
-            return "-"
-        return f"{fmt(v['a']) if v['a'] is not None else '-'} -> {fmt(v['b']) if v['b'] is not None else '-'}"
+    def one(v: Any, fmt: Callable[[Any], str]) -> str:
+        return fmt(v) if isinstance(v, (int, float)) and math.isfinite(v) else "-"
 
-    header = ["stage", "GPU busy", "kernels per instance", "matmul growth", "findings"]
+    def arrow(v: dict[str, Any], fmt: Callable[[Any], str]) -> str:
+        a, b = one(v["a"], fmt), one(v["b"], fmt)
+        return "-" if a == b == "-" else f"{a} -> {b}"
+
+    shares = any(c.get("shares") for c in checks)
+    header = ["stage", "GPU busy", "kernels per instance", "matmul growth"] + ["share of GPU time"] * shares + ["findings"]
     rows = []
     for c in checks:
         fs = c["findings"]
         said = "; ".join([f"gone: {', '.join(fs['gone'])}"] * bool(fs["gone"]) + [f"new: {', '.join(fs['new'])}"] * bool(fs["new"])
                          + [f"still: {', '.join(x for x in fs['b'] if x in fs['a'])}"] * bool(set(fs["a"]) & set(fs["b"])))
-        rows.append([c["stage"], arrow(c["gpu_busy_frac"], pct), arrow(c["kernels_per_instance"], lambda v: f"{v:.0f}"),
-                     arrow(c["matmul_growth"], lambda v: f"{v:.2f}x"), said or "-"])
+        row = [c["stage"], arrow(c["gpu_busy_frac"], pct), arrow(c["kernels_per_instance"], lambda v: f"{v:.0f}"),
+               arrow(c["matmul_growth"], lambda v: f"{v:.2f}x")]
+        if shares:
+            row.append("; ".join(f"{w} {arrow(v, pct)}" for w, v in (c.get("shares") or {}).items()) or "-")
+        rows.append(row + [said or "-"])
     return header, rows
 
 
 def signed_ns(v: float | None) -> str:
     """A duration delta with its sign: '+2.00 ms', '-149.4 us'."""
-    if v is None:
+    if v is None or not math.isfinite(v):
         return "-"
     return ("+" if v > 0 else "") + ns(v)
 

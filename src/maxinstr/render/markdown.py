@@ -285,13 +285,13 @@ def render_compare(result: dict[str, Any]) -> str:
             rows = c[key]
             if not any("a" in r for r in rows):
                 continue
-            lines += [f"## {title}", "", f"_{f.NOISE_NOTE}._", ""] + _table(
-                ["stage", "n A/B", "median A", "median B", "delta", "noise bound", "p90 A", "p90 B", "verdict"],
-                [[r["stage"], f.runs_n(r), f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
+            lines += [f"## {title}", ""] + [f"- {_item(n)}" for n in f.compare_notes(rows)] + [""] + _table(
+                ["stage", "n A/B", "median A", "median B", "delta", "noise ±", "p90 A", "p90 B", "verdict"],
+                [[stage, f.runs_n(r), f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
                   f.signed_ns(r["median_delta_ns"]), f.ns(r["noise_bound_ns"]), f.ns(r["a"]["p90"]), f.ns(r["b"]["p90"]),
                   r["verdict"]] if "a" in r else
-                 [r["stage"]] + ["-"] * 7 + [f"only in {r['only_in'].upper()}" if r.get("only_in") else r["verdict"]]
-                 for r in rows])
+                 [stage] + ["-"] * 7 + [f"only in {r['only_in'].upper()}" if r.get("only_in") else r["verdict"]]
+                 for stage, r in f.delta_rows(rows)])
         if c.get("checks"):
             lines += ["## What the diagnosis asks to check", ""] + _table(*f.check_rows(c["checks"]))
         fams = [r for r in c["families"] if r["changed"]]
@@ -308,4 +308,6 @@ def render_compare(result: dict[str, Any]) -> str:
                 ["setting", "A", "B"], [[r["key"], _code(f.setting(r["a"])), _code(f.setting(r["b"]))] for r in c["settings"]])
         if any((c.get("perturbed") or {}).values()):
             lines += ["_A side was captured under a profiler: its timings include the profiler's overhead._", ""]
+        if c.get("notes"):
+            lines += ["## Notes", ""] + [f"- {_item(n)}" for n in c["notes"]] + [""]
     return "\n".join(lines)

@@ -63,7 +63,8 @@ class Fitted:
     to a continuation table that repeats the key column, in the order of their ``move`` rank
     (a note under the table says which); free-text columns fold into the width left over."""
 
-    def __init__(self, title: str, cols: list[Col], rows: list[list[Any]], caption: str | None = None) -> None:
+    def __init__(self, title: str, cols: list[Col], rows: list[list[Any]], caption: str | list[str] | None = None
+                 ) -> None:
         self.title, self.cols, self.caption = title, cols, caption
         # cells are data: a name such as "[param|cuda]" is text, not console markup, and control
         # characters show as escapes; made Text once, so each is measured as printed
@@ -124,8 +125,11 @@ class Fitted:
                 notes.append(f"{', '.join(dropped)} left out to fit {width} columns (--width, COLUMNS; --format md "
                              "and json have them)")
             if k == len(plan) - 1 and self.caption:
-                notes.append(self.caption)
-            t = Table(title=_title(title), title_justify="left", header_style="bold")
+                notes += [self.caption] if isinstance(self.caption, str) else self.caption
+            # the title on a line of its own at the console's width: as the table's title it
+            # wrapped at the table's width, which a continuation table makes narrow
+            yield _title(title)
+            t = Table(header_style="bold")
             for i in idx:
                 c = self.cols[i]
                 w = min(nat[i], left // max(len(wraps), 1)) if c.wrap else nat[i]
@@ -475,29 +479,23 @@ def print_report(report: Report, console: Console | None = None) -> None:
 _VERDICT_STYLE = {"faster": "green", "slower": "red", "within noise": "dim", "cannot tell": "yellow"}
 
 
-def _signed_ns(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return ("+" if v > 0 else "") + f.ns(v)
-
-
 def _delta_table(title: str, rows: list[dict]) -> Fitted:
     cols = [Col("stage", "left", key=True), Col("n A/B", move=2), Col("median A"), Col("median B"), Col("delta"),
-            Col("noise ±", move=1), Col("p90 delta", move=3, drop=True), Col("verdict", "left")]
+            Col("noise ±", move=1), Col("p90 delta", move=3, drop=True), Col("verdict", "left", move=-1)]
     body = []
-    for r in rows:
+    for stage, r in f.delta_rows(rows):
         if "a" not in r:
             verdict = f"only in {r['only_in'].upper()}" if r.get("only_in") else r["verdict"]
-            body.append([r["stage"], "-", "-", "-", "-", "-", "-", verdict])
+            body.append([stage, "-", "-", "-", "-", "-", "-", verdict])
             continue
         rel = r.get("median_delta_rel")
         body.append([
-            r["stage"], f.runs_n(r), f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
-            _signed_ns(r["median_delta_ns"]) + (f" ({rel:+.1%})" if rel is not None else ""),
-            f.ns(r["noise_bound_ns"]), _signed_ns(r["p90_delta_ns"]),
+            stage, f.runs_n(r), f.ns(r["a"]["median"]), f.ns(r["b"]["median"]),
+            f.signed_ns(r["median_delta_ns"]) + (f" ({f.signed_rel(rel)})" if rel is not None else ""),
+            f.ns(r["noise_bound_ns"]), f.signed_ns(r["p90_delta_ns"]),
             Text(r["verdict"], style=_VERDICT_STYLE.get(r["verdict"], "")),
         ])
-    return Fitted(title, cols, body, caption=f.NOISE_NOTE)
+    return Fitted(title, cols, body, caption=f.compare_notes(rows))
 
 
 def compare_renderables(result: dict) -> list[Any]:
@@ -511,18 +509,19 @@ def compare_renderables(result: dict) -> list[Any]:
         if c.get("checks"):
             header, body = f.check_rows(c["checks"])
             parts.append(Fitted("What the diagnosis asks to check (per stage, A -> B)",
-                                [Col(h, "left" if h in ("stage", "findings") else "right", key=h == "stage",
-                                     move=1 if h == "findings" else 0) for h in header], body))
+                                [Col(h, "left" if h in ("stage", "findings", "share of GPU time") else "right",
+                                     key=h == "stage", wrap=h in ("findings", "share of GPU time"),
+                                     move={"findings": 2, "share of GPU time": 1}.get(h, 0)) for h in header], body))
         fams = [r for r in c["families"] if r["changed"]]
         if fams:
             parts.append(Fitted("Kernel-mix changes (share of GPU time)",
                                 [Col("family", "left", key=True), Col("A"), Col("B"), Col("change")],
                                 [[r["family"], f.pct(r["a_share"], 1), f.pct(r["b_share"], 1),
-                                  f"{100 * r['delta_share']:+.1f} pt"] for r in fams]))
+                                  f.signed_points(r["delta_share"])] for r in fams]))
         for key, label in (("kernels_appeared", "Kernels only in B"), ("kernels_disappeared", "Kernels only in A")):
             if c[key]:
                 more = len(c[key]) - 8
-                parts.append(Fitted(label, [Col("kernel", "left", wrap=True), Col("family", "left", move=1),
+                parts.append(Fitted(label, [Col("kernel", "left", cut=True), Col("family", "left", move=1),
                                             Col("GPU time")],
                                     [[f.short(k["name"], 70), k["family"], f.ns(k["gpu_ns"])] for k in c[key][:8]],
                                     caption=f"... and {more} more (--format json lists them)" if more > 0 else None))
@@ -538,6 +537,8 @@ def compare_renderables(result: dict) -> list[Any]:
         if any(c["perturbed"].values()):
             parts.append(Text("note: a side was captured under a profiler: its timings include the profiler's overhead",
                               style="yellow"))
+        if c.get("notes"):
+            parts.append(_lines(c["notes"], style="dim"))
     return parts
 
 
