@@ -35,11 +35,13 @@ from maxinstr.analyze.stats import MAD_TO_SIGMA, summarize
 MIN_INSTANCES = 12
 """Fewer steady instances than this are not judged (quantiles of tiny groups are noise)."""
 MIN_SHARE = 0.1
-"""Each population holds at least this share of the stage's steady instances..."""
-MIN_GROUP = 8
-"""...and at least this many: the separation compares a group's 10th/90th percentiles, which
-a handful of values does not pin down (17 GPU-timed decode steps of one KV-cache request,
-slower as the cache grew, split 6/11 into two "populations" that were one trend)."""
+"""Each population holds at least this share of the stage's steady instances (and 3)."""
+MIN_GROUP_UNEXPLAINED = 8
+"""A split that nothing in the records explains needs at least this many instances a side: the
+separation compares a group's 10th/90th percentiles, which a handful of values does not pin
+down (17 GPU-timed decode steps of one KV-cache request, slower as the cache grew, split 6/11
+into two "populations" that were one trend). A split a feature explains (a slow rank's 7 steps)
+has that feature as its evidence."""
 MIN_SEPARATION = 2.0
 """Gap between the groups' inner quantiles (p90 of the lower, p10 of the upper) over their
 robust spread. A unimodal normal sample split at its middle gives ~0.4."""
@@ -75,7 +77,7 @@ def modes(values: np.ndarray) -> dict[str, Any] | None:
     order = np.sort(lv)
     k = two_means_split(lv)
     lo, hi = order[:k], order[k:]
-    if min(len(lo), len(hi)) < max(MIN_GROUP, MIN_SHARE * n):
+    if min(len(lo), len(hi)) < max(3, MIN_SHARE * n):
         return None
     spread = np.sqrt((_rsd(lo) ** 2 + _rsd(hi) ** 2) / 2)
     gap = np.percentile(hi, 10) - np.percentile(lo, 90)
@@ -218,6 +220,8 @@ def stage_populations(inst, rows: np.ndarray, basis: StepBasis, attrs: dict | No
     found = explain(side, features(inst, rows, attrs, graph_ops))
     if found is not None:
         by, upper, label = found
+    elif min(int(side.sum()), int((~side).sum())) < MIN_GROUP_UNEXPLAINED:
+        return None
     else:
         by, upper, label = None, side, {1: f"upper mode (>= {ns_text(m['threshold'])})", 0: f"lower mode (< {ns_text(m['threshold'])})"}
     groups = [_group_row(inst, rows[~upper], label[0], len(rows), graph_ops),
