@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from harness import emit_result, run_child
 
@@ -104,7 +105,7 @@ def measure(cmd: list[str], limit_s: float, env: dict | None = None) -> dict:
     """The process's wall time, peak RSS and CPU time (benchmarks/harness.run_child), with the
     case's RESULT merged in; killed (with its children) past ``limit_s``."""
     run = run_child(cmd, limit_s=limit_s, env=env)
-    result = {"wall_s": run.wall_s, "peak_rss_mb": run.peak_rss_mb, "timed_out": run.timed_out,
+    result: dict[str, Any] = {"wall_s": run.wall_s, "peak_rss_mb": run.peak_rss_mb, "timed_out": run.timed_out,
               "cpu_s": run.cpu_s, "rc": run.rc}  # fmt: skip
     if run.result is not None:
         result.update(run.result)
