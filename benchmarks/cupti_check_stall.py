@@ -9,7 +9,8 @@ stalled the MAX decoder's main thread ~90 ms, once, mid-run. Here the collector'
 conversion runs in a thread on one buffer of zeroed kernel records (real cupti-python objects over
 it) while the main thread runs tiny steps that each release and retake the GIL (as a program's
 calls into native code do), timestamping each; printed per setting: the check's length, the time
-the main thread lost in gaps over 0.2 ms (its stall) and its longest gap, against no check.
+the main thread lost in gaps over 0.2 ms (its stall) and its longest gap, against no check
+(medians over repeats, the settings interleaved in a rotated order).
 ``--rows R:S`` checks R records in slices of S (``1000:1000000`` is the collector before
 2026-12-04: one slice).
 """
@@ -22,6 +23,8 @@ import threading
 import time
 
 import numpy as np
+
+from harness import interleave
 
 
 def _collector():
@@ -44,43 +47,38 @@ def _buffer(c, n: int) -> tuple[bytes, np.ndarray]:
     return raw.tobytes(), np.arange(n, dtype=np.int64) * size
 
 
-def stall(rows: int | None, slice_rows: int, records: int, repeats: int) -> tuple[float, float, float]:
-    """Medians over `repeats` runs: (check ms, main-thread time lost in gaps > 0.2 ms, longest
-    gap ms); rows=None: no check."""
+def stall(rows: int | None, slice_rows: int, records: int) -> tuple[float, float, float]:
+    """One conversion: (check ms, main-thread time lost in gaps > 0.2 ms, longest gap ms);
+    rows=None: no check."""
     from maxinstr.kernels import cupti as mc
 
-    checks, lost, gaps = [], [], []
-    for _ in range(repeats):
-        col, c = _collector()
-        data, offs = _buffer(c, records)
-        if rows is None:
-            col._fast = True
-        else:
-            mc.FAST_CHECK_ROWS, mc.FAST_CHECK_SLICE = rows, slice_rows
-        done = threading.Event()
-        took = [0.0]
+    col, c = _collector()
+    data, offs = _buffer(c, records)
+    if rows is None:
+        col._fast = True
+    else:
+        mc.FAST_CHECK_ROWS, mc.FAST_CHECK_SLICE = rows, slice_rows
+    done = threading.Event()
+    took = [0.0]
 
-        def work(col=col, data=data, offs=offs, took=took, done=done) -> None:
-            t0 = time.perf_counter()
-            col._convert_checked(data, offs)
-            took[0] = time.perf_counter() - t0
-            done.set()
+    def work() -> None:
+        t0 = time.perf_counter()
+        col._convert_checked(data, offs)
+        took[0] = time.perf_counter() - t0
+        done.set()
 
-        last, worst, lost_s = time.perf_counter(), 0.0, 0.0
-        t = threading.Thread(target=work)
-        t.start()
-        while not done.is_set():
-            time.sleep(0)  # a call into native code: the GIL goes and must be taken back
-            now = time.perf_counter()
-            gap = now - last
-            worst = max(worst, gap)
-            lost_s += gap if gap > 2e-4 else 0.0
-            last = now
-        t.join()
-        checks.append(took[0] * 1e3)
-        lost.append(lost_s * 1e3)
-        gaps.append(worst * 1e3)
-    return statistics.median(checks), statistics.median(lost), statistics.median(gaps)
+    last, worst, lost_s = time.perf_counter(), 0.0, 0.0
+    t = threading.Thread(target=work)
+    t.start()
+    while not done.is_set():
+        time.sleep(0)  # a call into native code: the GIL goes and must be taken back
+        now = time.perf_counter()
+        gap = now - last
+        worst = max(worst, gap)
+        lost_s += gap if gap > 2e-4 else 0.0
+        last = now
+    t.join()
+    return took[0] * 1e3, lost_s * 1e3, worst * 1e3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,13 +91,14 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"one buffer of {a.records} kernel records; FAST_CHECK_SLICE {mc.FAST_CHECK_SLICE}; "
           f"median of {a.repeats}; switch interval {1e3 * __import__('sys').getswitchinterval():.0f} ms")
-    base = stall(None, 0, a.records, a.repeats)
-    line = "  {:28s} conversion {:6.1f} ms, main thread lost {:6.1f} ms, longest gap {:5.1f} ms"
-    print(line.format("no check (fast path trusted)", *base))
+    settings: dict[str, tuple[int | None, int]] = {"no check (fast path trusted)": (None, 0)}
     for spec in a.rows.split(","):
         rows, _, sl = spec.partition(":")
-        res = stall(int(rows), int(sl or mc.FAST_CHECK_SLICE), a.records, a.repeats)
-        print(line.format(f"check {rows} records, slices {sl}", *res))
+        settings[f"check {rows} records, slices {sl}"] = (int(rows), int(sl or mc.FAST_CHECK_SLICE))
+    runs = interleave(list(settings), a.repeats, lambda name, _r: stall(*settings[name], a.records))
+    line = "  {:28s} conversion {:6.1f} ms, main thread lost {:6.1f} ms, longest gap {:5.1f} ms"
+    for name, rs in runs.items():
+        print(line.format(name, *(statistics.median(x) for x in zip(*rs))))
     return 0
 
 

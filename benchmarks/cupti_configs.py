@@ -22,10 +22,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 import types
+
+from harness import emit_result, interleave, p10, ratio, rotated, run_child, time_calls_ns
 
 LAUNCHES = 32
 # name -> (activity kind names, options)
@@ -69,11 +69,7 @@ def child(name: str, rounds: int, steps: int) -> dict:
         sync()
 
     def block() -> list[int]:
-        t: list[int] = []
-        for _ in range(steps):
-            t0 = time.perf_counter_ns()
-            small()
-            t.append(time.perf_counter_ns() - t0)
+        t = time_calls_ns(small, steps)
         _native.resolve(block=True)
         _native.drain()
         return t
@@ -83,12 +79,8 @@ def child(name: str, rounds: int, steps: int) -> dict:
     bare = [block() for _ in range(3)]
     res: dict = {"config": name, "kinds": kinds, "options": opt, "notes": []}
     if opt.get("no_cupti"):  # the same schedule with nothing attached: what drift alone shows
-        on = []
-        off = []
-        for _ in range(rounds):
-            on.append(block())
-            off.append(block())
-        return {**res, **_ratios(bare, on, off), "records_per_launch": {}}
+        blocks = interleave(("on", "off"), rounds, lambda _what, _r: block())
+        return {**res, **_ratios(bare, blocks["on"], blocks["off"]), "records_per_launch": {}}
     from cupti import cupti as c
 
     sub = None if opt.get("no_subscriber") else c.subscribe(mc._noop_callback, None)
@@ -134,8 +126,7 @@ def child(name: str, rounds: int, steps: int) -> dict:
     inner_corr: list = []
     kcorr: list = []
     for r in range(rounds):
-        order = ("on", "off") if r % 2 == 0 else ("off", "on")
-        for what in order:
+        for what in rotated(("on", "off"), r):
             if what == "on":
                 enable()
                 on.append(block())
@@ -177,21 +168,17 @@ def child(name: str, rounds: int, steps: int) -> dict:
     return res
 
 
-def _p10(t: list[int]) -> float:
-    return statistics.quantiles(t, n=10)[0]
-
-
 def _ratios(bare: list[list[int]], on: list[list[int]], off: list[list[int]]) -> dict:
     """Step times (us) and on/off ratios: median over rounds of a statistic of the enabled block
     over the same statistic of that round's disabled block, for the median step and for the
     10th-percentile step (the step least disturbed by the rest of the machine)."""
     med = statistics.median
+    bare_m, on_m, off_m = ([med(b) for b in blocks] for blocks in (bare, on, off))
     return {
-        "bare_us": med(med(b) for b in bare) / 1000, "on_us": med(med(b) for b in on) / 1000,
-        "off_us": med(med(b) for b in off) / 1000,
-        "on_over_off": med(med(a) / med(b) for a, b in zip(on, off)),
-        "on_over_off_p10": med(_p10(a) / _p10(b) for a, b in zip(on, off)),
-        "off_over_bare": med(med(b) for b in off) / med(med(b) for b in bare),
+        "bare_us": med(bare_m) / 1000, "on_us": med(on_m) / 1000, "off_us": med(off_m) / 1000,
+        "on_over_off": ratio(on_m, off_m).median,
+        "on_over_off_p10": ratio([p10(a) for a in on], [p10(b) for b in off]).median,
+        "off_over_bare": ratio(off_m, bare_m).of_medians,
     }  # fmt: skip
 
 
@@ -204,19 +191,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
-        print(json.dumps(child(a.child, a.rounds, a.steps)))
+        emit_result(child(a.child, a.rounds, a.steps))
         return 0
     results = []
     print(f"small step: one stage around {LAUNCHES} tiny torch launches + synchronize; median us per step; "
           "on/off = median over rounds of enabled/disabled blocks in one process (p10: of their 10th-percentile steps)")
     print(f"{'configuration':<34}{'bare':>8}{'off':>8}{'on':>8}{'on/off':>8}{'p10':>7}{'off/bare':>9}  records per launch")
     for name in a.configs.split(";"):
-        p = subprocess.run([sys.executable, __file__, "--child", name, "--rounds", str(a.rounds), "--steps", str(a.steps)],
-                           capture_output=True, text=True, timeout=300, env=os.environ)
-        try:
-            r = json.loads(p.stdout.strip().splitlines()[-1])
-        except (IndexError, json.JSONDecodeError):
-            r = {"config": name, "error": (p.stderr or p.stdout).strip().splitlines()[-3:]}
+        run = run_child([sys.executable, __file__, "--child", name, "--rounds", str(a.rounds), "--steps", str(a.steps)],
+                        limit_s=300, env=os.environ)
+        r = run.result if run.ok and run.result is not None else {
+            "config": name, "error": run.error if run.timed_out else (run.stderr or run.stdout).strip().splitlines()[-3:]}
         results.append(r)
         if "error" in r:
             print(f"{name:<34} error: {r['error']}")

@@ -22,12 +22,12 @@ cost are not included; the H200 overhead run measures everything together.
 import ctypes
 import os
 import tempfile
-import time
 from types import SimpleNamespace
 
 import numpy as np
 from cupti import cupti as fake
 
+from harness import time_calls_ns
 from maxinstr import _native
 from maxinstr.kernels.cupti import CuptiCollector
 from maxinstr.kernels.store import ActivityWriter
@@ -61,13 +61,8 @@ c._c = fake
 
 
 def best(fn, reps: int = 5) -> float:
-    fn()
-    t = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        t.append(time.perf_counter() - t0)
-    return min(t) / len(recs) * 1e9
+    """ns per record of the fastest of ``reps`` calls, after one untimed call."""
+    return min(time_calls_ns(fn, reps, warmup=1)) / len(recs)
 
 
 def callback() -> None:

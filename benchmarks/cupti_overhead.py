@@ -41,11 +41,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from harness import emit_result, interleave, p10, print_table, ratio, rotated, run_child, time_calls_ns
 
 SMALL_LAUNCHES = 32
 
@@ -78,15 +78,6 @@ def _null_stage(name: str):
     return contextlib.nullcontext()
 
 
-def timed(fn, n: int) -> list[int]:
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        fn()
-        out.append(time.perf_counter_ns() - t0)
-    return out
-
-
 def _kernels_meta(run_dir: str) -> dict:
     meta = json.loads((Path(run_dir) / "meta.json").read_text())
     return meta.get("kernels") or {}
@@ -110,50 +101,46 @@ def child_ab(modes: tuple[str, ...], rounds: int, n_small: int, n_large: int, ru
         bare_small()
         bare_large()
     sync()
-    before = [statistics.median(timed(bare_small, n_small)) for _ in range(2)]
-    small: dict[str, list[float]] = {m: [] for m in modes}
-    small_p10: dict[str, list[float]] = {m: [] for m in modes}  # the step least disturbed by the machine
-    large: dict[str, list[float]] = {m: [] for m in modes}
+    before = [statistics.median(time_calls_ns(bare_small, n_small)) for _ in range(2)]
     status: dict[str, set] = {}
 
-    def measure(mode: str, small_fn, large_fn) -> None:
-        t = timed(small_fn, n_small)
-        small[mode].append(statistics.median(t))
-        small_p10[mode].append(statistics.quantiles(t, n=10)[0])
-        large[mode].append(statistics.median(timed(large_fn, n_large)))
+    def block(mode: str, r: int) -> tuple[list[int], list[int]]:
+        """ns of each small and each large step of one block of ``mode``."""
+        if mode == "bare":
+            return time_calls_ns(bare_small, n_small), time_calls_ns(bare_large, n_large)
+        os.environ["MAXINSTR_CUPTI_TAGS"] = "1" if mode == "kernels_tags" else "0"
+        d = f"{run_dir}/{mode}-{r}"
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(maxinstr.session(d, kernels=mode.startswith("kernels"), sample_hz=0))
+            if mode == "torchprof":
+                from torch.profiler import ProfilerActivity, profile
 
-    for r in range(rounds):
-        for mode in modes[r % len(modes):] + modes[: r % len(modes)]:
-            if mode == "bare":
-                measure(mode, bare_small, bare_large)
-                continue
-            os.environ["MAXINSTR_CUPTI_TAGS"] = "1" if mode == "kernels_tags" else "0"
-            d = f"{run_dir}/{mode}-{r}"
-            with contextlib.ExitStack() as stack:
-                stack.enter_context(maxinstr.session(d, kernels=mode.startswith("kernels"), sample_hz=0))
-                if mode == "torchprof":
-                    from torch.profiler import ProfilerActivity, profile
+                stack.enter_context(profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]))
+            if mode == "nsys":
+                import torch
 
-                    stack.enter_context(profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]))
-                if mode == "nsys":
-                    import torch
+                torch.cuda.profiler.start()
+                stack.callback(torch.cuda.profiler.stop)
+            for _ in range(10):  # this block's first buffers and records
+                mi_small()
+            times = time_calls_ns(mi_small, n_small), time_calls_ns(mi_large, n_large)
+        if mode.startswith("kernels"):
+            k = _kernels_meta(d)
+            status.setdefault(mode, set()).add(f"{k.get('status')} {k.get('reason') or ''}".strip())
+        return times
 
-                    torch.cuda.profiler.start()
-                    stack.callback(torch.cuda.profiler.stop)
-                for _ in range(10):  # this block's first buffers and records
-                    mi_small()
-                measure(mode, mi_small, mi_large)
-            if mode.startswith("kernels"):
-                k = _kernels_meta(d)
-                status.setdefault(mode, set()).add(f"{k.get('status')} {k.get('reason') or ''}".strip())
+    blocks = interleave(modes, rounds, block)
+    small = {m: [statistics.median(s) for s, _ in blocks[m]] for m in modes}
+    small_p10 = {m: [p10(s) for s, _ in blocks[m]] for m in modes}  # the step least disturbed by the machine
+    large = {m: [statistics.median(lg) for _, lg in blocks[m]] for m in modes}
     out: dict = {"rounds": rounds, "bare_before_cupti_small_ns": statistics.median(before),
                  "status": {m: sorted(v) for m, v in status.items()}, "modes": {}}  # fmt: skip
     for m in modes:
         out["modes"][m] = {
             "small_ns": statistics.median(small[m]), "large_ns": statistics.median(large[m]),
-            "small_ratio": statistics.median(s / b for s, b in zip(small[m], small["bare"])),
-            "small_ratio_p10": statistics.median(s / b for s, b in zip(small_p10[m], small_p10["bare"])),
-            "large_ratio": statistics.median(v / b for v, b in zip(large[m], large["bare"])),
+            "small_ratio": ratio(small[m], small["bare"]).median,
+            "small_ratio_p10": ratio(small_p10[m], small_p10["bare"]).median,
+            "large_ratio": ratio(large[m], large["bare"]).median,
             "small_ns_rounds": small[m],
         }  # fmt: skip
     return out
@@ -187,8 +174,8 @@ def child(mode: str, n_small: int, n_large: int, run_dir: str) -> dict:
         s_times: list[int] = []
         l_times: list[int] = []
         for _ in range(4):
-            s_times += timed(small, n_small // 4)
-            l_times += timed(large, n_large // 4)
+            s_times += time_calls_ns(small, n_small // 4)
+            l_times += time_calls_ns(large, n_large // 4)
     if prof is not None:
         prof.__exit__(None, None, None)
     res = {"mode": mode, "small_ns": statistics.median(s_times), "large_ns": statistics.median(l_times),
@@ -226,19 +213,16 @@ def _cpu_set(spec: str) -> set[int] | None:
 
 def _child_result(label: str, cmd: list[str], timeout_s: int, pin, env=None) -> tuple[dict | None, str]:
     """Run one child; its RESULT line as a dict with wall_s (None, and the output printed, on failure)."""
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, preexec_fn=pin)
-    except subprocess.TimeoutExpired as exc:
-        print(f"{label}: no result within {timeout_s} s\n{(exc.stdout or b'')[-1500:]!r}")
+    run = run_child(cmd, limit_s=timeout_s, env=env, preexec_fn=pin)
+    if run.timed_out:
+        print(f"{label}: no result within {timeout_s} s\n{run.stdout[-1500:]!r}")
         return None, ""
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if proc.returncode != 0 or line is None:
-        print(f"{label}: failed rc={proc.returncode}\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")
-        return None, proc.stderr
-    res = json.loads(line[7:])
-    res["wall_s"] = round(time.monotonic() - t0, 1)
-    return res, proc.stderr
+    if run.rc != 0 or run.result is None:
+        print(f"{label}: failed rc={run.rc}\n{run.stdout[-1500:]}\n{run.stderr[-3000:]}")
+        return None, run.stderr
+    res = run.result
+    res["wall_s"] = round(run.wall_s, 1)
+    return res, run.stderr
 
 
 def _run_ab(kind: str, rounds: int, args: argparse.Namespace, tmp: Path, pin) -> dict | None:
@@ -259,12 +243,10 @@ def _run_ab(kind: str, rounds: int, args: argparse.Namespace, tmp: Path, pin) ->
     what = {"ab": "maxinstr", "peers": "torch.profiler", "nsys": "nsys (capture ranges; bare = nsys attached, idle)"}[kind]
     print(f"\nONE process [{what}], {ab['rounds']} rounds of rotated blocks ({ab['wall_s']} s); ratio = median "
           f"over rounds of block / that round's bare block")  # fmt: skip
-    print(f"{'mode':13} {'small step us':>14} {'ratio':>7} {'p10':>6} {'large step us':>14} {'ratio':>7}   "
-          "small step per round (us)")  # fmt: skip
-    for m, r in ab["modes"].items():
-        per = ", ".join(f"{v / 1e3:.0f}" for v in r["small_ns_rounds"])
-        print(f"{m:13} {r['small_ns'] / 1e3:>14.1f} {r['small_ratio']:>7.3f} {r['small_ratio_p10']:>6.3f} "
-              f"{r['large_ns'] / 1e3:>14.1f} {r['large_ratio']:>7.3f}   {per}")  # fmt: skip
+    print_table(["mode", "small step us", "ratio", "p10", "large step us", "ratio", "small step per round (us)"],
+                [[m, r["small_ns"] / 1e3, r["small_ratio"], r["small_ratio_p10"], r["large_ns"] / 1e3, r["large_ratio"],
+                  ", ".join(f"{v / 1e3:.0f}" for v in r["small_ns_rounds"])] for m, r in ab["modes"].items()],
+                ["", ".1f", ".3f", ".3f", ".1f", ".3f"])  # fmt: skip
     print("(p10: the same ratio of the blocks' 10th-percentile small steps)")
     if kind != "ab":
         return ab
@@ -304,12 +286,10 @@ def main() -> int:
     args = ap.parse_args()
     if args.child in ("ab", *PEER_MODES):
         modes = AB_MODES if args.child == "ab" else PEER_MODES[args.child]
-        res = child_ab(modes, args.ab_rounds, args.small // 4, max(4, args.large // 4), args.run_dir)
-        print("RESULT " + json.dumps(res), flush=True)
+        emit_result(child_ab(modes, args.ab_rounds, args.small // 4, max(4, args.large // 4), args.run_dir))
         return 0
     if args.child:
-        res = child(args.child, args.small, args.large, args.run_dir)
-        print("RESULT " + json.dumps(res), flush=True)
+        emit_result(child(args.child, args.small, args.large, args.run_dir))
         return 0
 
     cpus = _cpu_set(args.cpus)
@@ -319,7 +299,7 @@ def main() -> int:
     runs: dict[str, list[dict]] = {}
     nsys = shutil.which("nsys")
     modes = args.modes.split(",")
-    schedule = [m for r in range(args.rounds) for m in (modes[r % len(modes):] + modes[: r % len(modes)])]
+    schedule = [m for r in range(args.rounds) for m in rotated(modes, r)]
     for i, mode in enumerate(schedule):
         run_dir = str(tmp / f"{mode}-{i}")
         child_mode = {"nsys": "stages", "kernels_tags": "kernels"}.get(mode, mode)
@@ -350,8 +330,9 @@ def main() -> int:
         merged["small_ns_rounds"] = [r["small_ns"] for r in rs]
         results.append(merged)
     base = next((r for r in results if r["mode"] == "bare"), None)
-    print(f"\n{'mode':10} {'small step us':>14} {'ratio':>7} {'(mean)':>7} {'large step us':>14} {'ratio':>7} {'(mean)':>7}"
-          f"   (median; small: {SMALL_LAUNCHES} launches; large: 6 x bf16 4096^3)")  # fmt: skip
+    print(f"\nmedian step per mode against bare (small: {SMALL_LAUNCHES} launches; large: 6 x bf16 4096^3); (mean): "
+          "the same ratio of mean steps")
+    rows = []
     for r in results:
         rs = r["small_ns"] / base["small_ns"] if base else float("nan")
         rl = r["large_ns"] / base["large_ns"] if base else float("nan")
@@ -359,7 +340,9 @@ def main() -> int:
         ml = r["large_mean_ns"] / base["large_mean_ns"] if base else float("nan")
         r["small_ratio"], r["large_ratio"] = round(rs, 4), round(rl, 4)
         r["small_mean_ratio"], r["large_mean_ratio"] = round(ms, 4), round(ml, 4)
-        print(f"{r['mode']:10} {r['small_ns'] / 1e3:>14.1f} {rs:>7.3f} {ms:>7.3f} {r['large_ns'] / 1e3:>14.1f} {rl:>7.3f} {ml:>7.3f}")
+        rows.append([r["mode"], r["small_ns"] / 1e3, rs, ms, r["large_ns"] / 1e3, rl, ml])
+    print_table(["mode", "small step us", "ratio", "(mean)", "large step us", "ratio", "(mean)"], rows,
+                ["", ".1f", ".3f", ".3f", ".1f", ".3f", ".3f"])
     if any(r.get("rounds", 1) > 1 for r in results):
         print("small step per round (us): " + "; ".join(
             f"{r['mode']} " + ", ".join(f"{v / 1e3:.0f}" for v in r["small_ns_rounds"]) for r in results))

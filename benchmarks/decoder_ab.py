@@ -30,6 +30,9 @@ bare block), the 10th percentile of all its steps (the machine's fast state: on 
 step time flips between ~2.3 and ~4.3 ms from block to block, whatever the mode), and the median
 CPU time the launching thread spent per step (insensitive to that drift and to GPU waits; blind
 to time lost waiting for the GIL); JSON with every round.
+
+The rotation, ratios and table come from benchmarks/harness.py; the decode loop times its own
+steps (wall and thread CPU clocks around each step, inside the stages), as written here.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ import threading
 import time
 import types
 from pathlib import Path
+
+from harness import p10, print_table, ratio, rotated
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("bare", "nvtx", "default", "kernels", "kernels_records", "cupti_floor")
@@ -252,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         return t
 
     for r in range(args.rounds):
-        for mode in modes[r % len(modes):] + modes[: r % len(modes)]:
+        for mode in rotated(modes, r):
             t, c = block(mode, r)
             per_step[mode].append(statistics.median(t))
             walls[mode] += t
@@ -260,8 +265,6 @@ def main(argv: list[str] | None = None) -> int:
         if r % max(1, args.rounds // 8) == 0 or r == args.rounds - 1:
             print(f"round {r + 1}: " + ", ".join(f"{m} {per_step[m][-1] / 1000:.1f}" for m in modes) + " us/step",
                   flush=True)
-    bare = per_step["bare"]
-    q = statistics.quantiles
     out = {"args": {k: str(v) for k, v in vars(args).items()}, "skipped": skipped,
            "status": {m: sorted(v) for m, v in status.items()},
            "cupti_floor_records": floor.records if floor else None, "modes": {}}  # fmt: skip
@@ -270,17 +273,18 @@ def main(argv: list[str] | None = None) -> int:
     print("wall: median over rounds of (block median / that round's bare); p10: 10th percentile of all the mode's "
           "steps; cpu: the launching thread's CPU time per step (median), which the machine's other tenants and "
           "GPU waits leave out")
-    print(f"{'mode':18s}{'wall us':>9s}{'x bare':>8s}{'p10 us':>9s}{'x bare':>8s}{'cpu us':>9s}{'x bare':>8s}")
-    b10, bcpu = q(walls["bare"], n=10)[0], statistics.median(cpus["bare"])
+    b10, bcpu = p10(walls["bare"]), statistics.median(cpus["bare"])
+    rows = []
     for m in modes:
-        ratios = [v / b for v, b in zip(per_step[m], bare)]
-        med, p10, cpu = statistics.median(ratios), q(walls[m], n=10)[0], statistics.median(cpus[m])
+        wall = ratio(per_step[m], per_step["bare"])
+        med, p10_ns, cpu = wall.median, p10(walls[m]), statistics.median(cpus[m])
         out["modes"][m] = {"us_per_step": statistics.median(per_step[m]) / 1000, "x_bare": med,
-                           "p10_us": p10 / 1000, "p10_x_bare": p10 / b10,
+                           "p10_us": p10_ns / 1000, "p10_x_bare": p10_ns / b10,
                            "cpu_us": cpu / 1000, "cpu_x_bare": cpu / bcpu,
-                           "x_bare_rounds": ratios, "us_per_step_rounds": [v / 1000 for v in per_step[m]]}  # fmt: skip
-        print(f"{m:18s}{statistics.median(per_step[m]) / 1000:9.1f}{med:8.3f}{p10 / 1000:9.1f}{p10 / b10:8.3f}"
-              f"{cpu / 1000:9.1f}{cpu / bcpu:8.3f}")
+                           "x_bare_rounds": wall.per_round, "us_per_step_rounds": [v / 1000 for v in per_step[m]]}  # fmt: skip
+        rows.append([m, statistics.median(per_step[m]) / 1000, med, p10_ns / 1000, p10_ns / b10, cpu / 1000, cpu / bcpu])
+    print_table(["mode", "wall us", "x bare", "p10 us", "x bare", "cpu us", "x bare"], rows,
+                ["", ".1f", ".3f", ".1f", ".3f", ".1f", ".3f"])
     for m, why in skipped.items():
         print(f"skipped {m}: {why}")
     for m, s in out["status"].items():

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
-import subprocess
+import statistics
 import sys
-import time
 from pathlib import Path
+
+from harness import interleave, print_table, ratio, run_child
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "torch_decode.py"
@@ -60,11 +62,6 @@ def steady_tokens_per_s(text: str) -> float | None:
     return sum(values[1:]) / len(values[1:]) if len(values) > 1 else None
 
 
-def median(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -75,40 +72,41 @@ def main(argv: list[str] | None = None) -> int:
     extra = [a for a in extra if a != "--"]
     configs = [c for c in args.configs.split(",") if c]
     args.out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, list[dict]] = {c: [] for c in configs}
-    for r in range(args.rounds):
-        order = configs[r % len(configs):] + configs[: r % len(configs)]
-        for config in order:
-            run_dir = args.out / f"{config}-r{r + 1}"
-            cmd, env = command(config, run_dir, extra)
-            t0 = time.perf_counter()
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
-            wall = time.perf_counter() - t0
-            stdout = done.stdout
-            if config == "nsys":  # the program's own output is in the run's child log
-                log = run_dir / "child.log"
-                stdout += log.read_text(errors="replace") if log.exists() else ""
-            program_stderr = [ln for ln in done.stderr.splitlines() if not ln.startswith("maxinstr:")] if config == "nsys" else done.stderr.splitlines()
-            row = {"round": r + 1, "rc": done.returncode, "wall_s": round(wall, 2),
-                   "tokens_per_s": steady_tokens_per_s(stdout), "stderr_lines": len(program_stderr),
-                   "stderr_head": program_stderr[:3]}
-            results[config].append(row)
-            print(f"round {r + 1} {config:10s} rc={done.returncode} {row['tokens_per_s']} tok/s, "
-                  f"{len(program_stderr)} stderr lines, {wall:.1f} s", flush=True)
-    bare_by_round = {row["round"]: row["tokens_per_s"] for row in results.get("bare", []) if row["tokens_per_s"]}
-    bare = median(list(bare_by_round.values())) if bare_by_round else None
-    print(f"\n{'configuration':12s} {'tok/s (median)':>15s} {'vs bare':>8s}  per-round vs that round's bare   stderr lines")
+
+    def run(config: str, r: int) -> dict:
+        run_dir = args.out / f"{config}-r{r + 1}"
+        cmd, env = command(config, run_dir, extra)
+        done = run_child(cmd, limit_s=args.timeout, env=env, cwd=REPO)
+        stdout = done.stdout
+        if config == "nsys":  # the program's own output is in the run's child log
+            log = run_dir / "child.log"
+            stdout += log.read_text(errors="replace") if log.exists() else ""
+        program_stderr = [ln for ln in done.stderr.splitlines() if not ln.startswith("maxinstr:")] if config == "nsys" else done.stderr.splitlines()
+        row = {"round": r + 1, "rc": done.rc, "timed_out": done.timed_out, "wall_s": round(done.wall_s, 2),
+               "tokens_per_s": steady_tokens_per_s(stdout), "stderr_lines": len(program_stderr),
+               "stderr_head": program_stderr[:3]}
+        status = f"no result within {args.timeout:g} s" if done.timed_out else f"rc={done.rc}"
+        print(f"round {r + 1} {config:10s} {status} {row['tokens_per_s']} tok/s, "
+              f"{len(program_stderr)} stderr lines, {done.wall_s:.1f} s", flush=True)
+        return row
+
+    results = interleave(configs, args.rounds, run)
+    tps = {config: [row["tokens_per_s"] for row in rows] for config, rows in results.items()}
+    bare = tps.get("bare", [None] * args.rounds)
+    print()
     summary = {}
+    table = []
     for config, rows in results.items():
-        tps = [row["tokens_per_s"] for row in rows if row["tokens_per_s"]]
-        med = median(tps) if tps else None
-        per_round = [round(row["tokens_per_s"] / bare_by_round[row["round"]], 3)
-                     for row in rows if row["tokens_per_s"] and bare_by_round.get(row["round"])]
-        ratio = round(med / bare, 3) if med and bare else None
-        summary[config] = {"tokens_per_s_median": med, "vs_bare": ratio, "per_round_vs_bare": per_round,
+        got = [v for v in tps[config] if v]
+        med = statistics.median(got) if got else None
+        vs_bare = ratio(tps[config], bare)  # per round: against that round's bare run
+        of_medians = round(vs_bare.of_medians, 3) if not math.isnan(vs_bare.of_medians) else None
+        per_round = [round(x, 3) for x in vs_bare.per_round]
+        summary[config] = {"tokens_per_s_median": med, "vs_bare": of_medians, "per_round_vs_bare": per_round,
                            "stderr_lines": [row["stderr_lines"] for row in rows], "runs": rows}
-        print(f"{config:12s} {med if med else float('nan'):15.1f} {ratio if ratio else float('nan'):8.3f}  "
-              f"{str(per_round):32s} {[row['stderr_lines'] for row in rows]}")
+        table.append([config, med, of_medians, str(per_round), str(summary[config]["stderr_lines"])])
+    print_table(["configuration", "tok/s (median)", "vs bare", "per-round vs that round's bare", "stderr lines"], table,
+                ["", ".1f", ".3f"])
     (args.out / "sources.json").write_text(json.dumps(summary, indent=1))
     return 0 if all(row["rc"] == 0 for rows in results.values() for row in rows) else 1
 

@@ -13,6 +13,9 @@
    inside each driver call of the hot path is read from `stats()["driver_time_ns"]`.
 3. The decode-like step of benchmarks/stage_overhead.py (20 tiny launches, step > attn, mlp),
    with GPU timing on all three stages, on the outer stage only, and host clock only.
+
+Blocks rotate through benchmarks/harness.interleave; each block times itself (issue, then the
+final resolve) around the variant's own loop, as written here.
 """
 
 from __future__ import annotations
@@ -23,37 +26,40 @@ import statistics
 import sys
 import time
 
+from harness import interleave
+
 
 def _blocks(variants: dict, rounds: int, block: int, after=None) -> dict[str, dict[str, float]]:
     from maxinstr import _native
 
-    issue: dict[str, list[float]] = {k: [] for k in variants}
-    total: dict[str, list[float]] = {k: [] for k in variants}
     drv: dict[str, dict[str, float]] = {k: {} for k in variants}
-    names = list(variants)
     for f in variants.values():
         f(200)
         _native.resolve(block=True)
         _native.drain()
-    for r in range(rounds):
-        for k in names[r % len(names):] + names[: r % len(names)]:
-            before = _native.stats()
-            t0 = time.perf_counter_ns()
-            variants[k](block)
-            t1 = time.perf_counter_ns()
-            if after:
-                after()
-            _native.resolve(block=True)
-            _native.drain()
-            t2 = time.perf_counter_ns()
-            issue[k].append((t1 - t0) / block)
-            total[k].append((t2 - t0) / block)
-            a = _native.stats()
-            for key in ("events_recorded", "event_queries", "event_elapsed_calls", "event_elapsed_async"):
-                drv[k][key] = drv[k].get(key, 0.0) + (a.get(key, 0) - before.get(key, 0)) / (block * rounds)
-            for key, v in (a.get("driver_time_ns") or {}).items():
-                drv[k]["ns " + key] = drv[k].get("ns " + key, 0.0) + (
-                    v - (before.get("driver_time_ns") or {}).get(key, 0)) / (block * rounds)
+
+    def timed_block(k: str, _round: int) -> tuple[float, float]:
+        """(issue ns, total ns) per iteration of one block of variant k."""
+        before = _native.stats()
+        t0 = time.perf_counter_ns()
+        variants[k](block)
+        t1 = time.perf_counter_ns()
+        if after:
+            after()
+        _native.resolve(block=True)
+        _native.drain()
+        t2 = time.perf_counter_ns()
+        a = _native.stats()
+        for key in ("events_recorded", "event_queries", "event_elapsed_calls", "event_elapsed_async"):
+            drv[k][key] = drv[k].get(key, 0.0) + (a.get(key, 0) - before.get(key, 0)) / (block * rounds)
+        for key, v in (a.get("driver_time_ns") or {}).items():
+            drv[k]["ns " + key] = drv[k].get("ns " + key, 0.0) + (
+                v - (before.get("driver_time_ns") or {}).get(key, 0)) / (block * rounds)
+        return (t1 - t0) / block, (t2 - t0) / block
+
+    blocks = interleave(list(variants), rounds, timed_block)
+    issue = {k: [b[0] for b in v] for k, v in blocks.items()}
+    total = {k: [b[1] for b in v] for k, v in blocks.items()}
     return {k: {"issue_ns": statistics.median(issue[k]), "total_ns": statistics.median(total[k]), **drv[k]}
             for k in variants}
 

@@ -9,7 +9,7 @@ scaled up by time-shifted copies.
 * Kineto: the real H200 decode trace (4.5k events) copied ``--kineto-copies`` times the
   same way (timestamps, correlation ids and flow ids shifted).
 
-Each read runs in a fresh subprocess so its peak RSS (``ru_maxrss``) is its own.
+Each read runs in a fresh subprocess so its peak RSS (``os.wait4``'s ``ru_maxrss``) is its own.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import argparse
 import csv
 import gzip
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from harness import load_average, run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = ROOT / "tests" / "data" / "rocprof" / "rocprofv3_llamacpp_decode"
@@ -71,19 +71,21 @@ def scale_kineto(out: Path, copies: int) -> None:
 
 
 _CHILD = """
-import resource, sys, time
+import json, sys, time
 t0 = time.perf_counter()
 from maxinstr.traces import open_trace
 t = open_trace(sys.argv[1])
 dt = time.perf_counter() - t0
-print(len(t.ops), len(t.calls), len(t.ranges), round(dt, 2), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+print("RESULT " + json.dumps(dict(ops=len(t.ops), calls=len(t.calls), ranges=len(t.ranges), seconds=round(dt, 2))))
 """
 
 
 def measure(path: Path) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True, check=True)
-    ops, calls, ranges, seconds, peak_mb = out.stdout.split()
-    return dict(ops=int(ops), calls=int(calls), ranges=int(ranges), seconds=float(seconds), peak_mb=int(peak_mb))
+    """open_trace in a fresh process: its counts and seconds (import + read), and its peak RSS."""
+    run = run_child([sys.executable, "-c", _CHILD, str(path)])
+    if run.result is None or run.rc != 0:
+        raise SystemExit(f"open_trace({path}) failed: {run.error or 'no RESULT line'}")
+    return {**run.result, "peak_mb": round(run.peak_rss_mb)}
 
 
 def main() -> None:
@@ -101,7 +103,7 @@ def main() -> None:
         k = Path(tmp) / "kineto.json"
         scale_kineto(k, args.kineto_copies)
         print(f"Kineto JSON ({k.stat().st_size / 1e6:.0f} MB):", measure(k))
-    print("load average:", open("/proc/loadavg").read().split()[:3], "cpus:", os.cpu_count())
+    print(load_average())
 
 
 if __name__ == "__main__":

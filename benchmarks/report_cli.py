@@ -2,8 +2,8 @@
 
 The target (issue 17, point 10): on the H200 host, the whole command on the 1M-kernel /
 ~93k-range nsys trace in <= 1.0 s and <= 400 MB peak RSS. Each configuration runs as a fresh
-process, interleaved round by round; wall time from spawn to exit and the child's peak RSS
-(``os.wait4``). `nsys stats` (the three reports the fixtures' .stats folders hold) runs beside it
+process, interleaved round by round in a rotated order; wall time from spawn to exit and the
+child's peak RSS (``os.wait4``; benchmarks/harness.py). `nsys stats` (the three reports the fixtures' .stats folders hold) runs beside it
 when nsys is on PATH, and the ratios are printed.
 
     python benchmarks/trace_merge_gen.py tests/data/nsys/h200_decode.sqlite 1000000 /tmp/h200_1M.sqlite
@@ -15,22 +15,17 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
-import subprocess
 import sys
-import time
+
+from harness import ChildRun, Stats, interleave, load_average, run_child
 
 
-def run_once(cmd: list[str]) -> tuple[float, float]:
-    """(wall s, peak RSS MB) of one process."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)}: exit {p.returncode}")
-    return wall, usage.ru_maxrss / 1024
+def run_once(cmd: list[str]) -> ChildRun:
+    """One process, spawn to exit, its output discarded; a failing command stops the benchmark."""
+    run = run_child(cmd, capture=False)
+    if run.rc != 0:
+        raise SystemExit(f"{' '.join(cmd)}: exit {run.rc}")
+    return run
 
 
 def main() -> None:
@@ -57,23 +52,19 @@ def main() -> None:
                                  "--force-overwrite=true", args.trace]
     else:
         print("nsys not on PATH: no nsys stats column (run on the H200 host for the ratio)")
-    times: dict[str, list[float]] = {k: [] for k in configs}
-    rss: dict[str, list[float]] = {k: [] for k in configs}
-    for _ in range(args.rounds):
-        for name, cmd in configs.items():
-            w, m = run_once(cmd)
-            times[name].append(w)
-            rss[name].append(m)
-    print(f"{args.trace}: {args.rounds} rounds, fresh processes, interleaved; load average {os.getloadavg()[0]:.1f}")
+    runs = interleave(list(configs), args.rounds, lambda name, _r: run_once(configs[name]))
+    wall = {name: Stats.of(r.wall_s for r in rs) for name, rs in runs.items()}
+    rss = {name: max(r.peak_rss_mb for r in rs) for name, rs in runs.items()}
+    print(f"{args.trace}: {args.rounds} rounds, fresh processes, interleaved (rotated); {load_average()}")
     for name in configs:
-        line = (f"  {name:16s} wall median {statistics.median(times[name]):.2f} s (min {min(times[name]):.2f}, "
-                f"max {max(times[name]):.2f}); peak RSS {max(rss[name]):.0f} MB")
+        line = (f"  {name:16s} wall median {wall[name].median:.2f} s (min {wall[name].min:.2f}, "
+                f"max {wall[name].max:.2f}); peak RSS {rss[name]:.0f} MB")
         if nsys and name != "nsys stats":
-            line += f"; {statistics.median(times[name]) / statistics.median(times['nsys stats']):.2f}x nsys stats"
+            line += f"; {wall[name].median / wall['nsys stats'].median:.2f}x nsys stats"
         print(line)
     for label, _ in builds:
         mine = [n for n in configs if n.startswith(f"{label} report" if label else "report")]
-        ok = all(statistics.median(times[n]) <= 1.0 and max(rss[n]) <= 400 for n in mine)
+        ok = all(wall[n].median <= 1.0 and rss[n] <= 400 for n in mine)
         print(f"target (<= 1.0 s and <= 400 MB, whole command){' for ' + label if label else ''}:",
               "met" if ok else "NOT met")
 

@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
+from harness import load_average, run_child
 from maxinstr.rundir import format as fmt
 
 TARGET_S = 2.0
@@ -70,15 +67,9 @@ def write_kineto(path: Path, big_name_mb: int) -> None:
 def timed_report(target: Path, *extra: str) -> tuple[float, float, int]:
     """(wall s, CPU s of the child, return code). The CPU time says what the command costs
     when the machine is shared (the dev VM's 2 cores usually are)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "maxinstr", "report", str(target), *extra, "--format", "text",
-                          "-o", str(target.parent / "report.txt")], capture_output=True, text=True,
-                         env=dict(os.environ))
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, res.returncode
+    run = run_child([sys.executable, "-m", "maxinstr", "report", str(target), *extra, "--format", "text",
+                     "-o", str(target.parent / "report.txt")])
+    return run.wall_s, run.cpu_s, run.rc if run.rc is not None else -1
 
 
 def main() -> None:
@@ -98,7 +89,7 @@ def main() -> None:
             walls.append(wall)
             cpus.append(cpu)
         best = min(walls)
-        print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+        print(load_average())
         print(f"report of {a.names:,} distinct stage names ({n:,} records): wall "
               + ", ".join(f"{t:.2f}" for t in walls) + " s; CPU " + ", ".join(f"{t:.2f}" for t in cpus)
               + f" s (best wall {best:.2f} s; target <= {TARGET_S} s: " + ("met" if best <= TARGET_S else "MISSED") + ")")

@@ -36,10 +36,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness import interleave, ratio
 from maxinstr.sample import open_backend, start_sampler
 from maxinstr.sample.base import ErrorLog, NullBackend
 from maxinstr.sample.nvml import NVML_LIB_ENV
@@ -228,29 +229,35 @@ def make_gpu_loop() -> Callable[[float], tuple[float, float]] | None:
 # ---------------------------------------------------------------------------- runner
 def measure(workload: Callable[[float], tuple[float, float]], factory: Callable[[float], Any], seconds: float, rounds: int,
             seed: int) -> dict[str, Any]:
-    configs: list[int | None] = [None, *RATES_HZ]
-    rates: dict[str, list[float]] = {str(c or "off"): [] for c in configs}
-    stalls: dict[str, list[float]] = {str(c or "off"): [] for c in configs}
-    costs: dict[str, list[dict[str, Any]]] = {str(c): [] for c in RATES_HZ}
+    configs = ["off", *map(str, RATES_HZ)]
     rng = random.Random(seed)
-    workload(min(0.2, seconds))  # warm up
-    for _ in range(rounds):
-        order = configs[:]
+
+    def shuffled(names: Sequence[str], _round: int) -> list[str]:
+        order = list(names)
         rng.shuffle(order)
-        for hz in order:
-            tmp = tempfile.mkdtemp(prefix="sampler-cost-")
-            sampler = None
-            if hz is not None:
-                sampler = start_sampler(tmp, 1.0 / hz, backend=factory(1.0 / hz))
-                time.sleep(0.05)
-            rate, stall = workload(seconds)
-            if sampler is not None:
-                sampler.stop()
-                meta = json.loads((Path(tmp) / "samples.json").read_text())
-                costs[str(hz)].append(meta["cost"])
-            shutil.rmtree(tmp, ignore_errors=True)
-            rates[str(hz or "off")].append(rate)
-            stalls[str(hz or "off")].append(stall)
+        return order
+
+    def run(config: str, _round: int) -> tuple[float, float, dict[str, Any] | None]:
+        """(rate, stall %, the sampler's cost record) of one configuration."""
+        tmp = tempfile.mkdtemp(prefix="sampler-cost-")
+        sampler = None
+        if config != "off":
+            hz = int(config)
+            sampler = start_sampler(tmp, 1.0 / hz, backend=factory(1.0 / hz))
+            time.sleep(0.05)
+        rate, stall = workload(seconds)
+        cost = None
+        if sampler is not None:
+            sampler.stop()
+            cost = json.loads((Path(tmp) / "samples.json").read_text())["cost"]
+        shutil.rmtree(tmp, ignore_errors=True)
+        return rate, stall, cost
+
+    workload(min(0.2, seconds))  # warm up
+    runs = interleave(configs, rounds, run, order=shuffled)
+    rates = {k: [r[0] for r in v] for k, v in runs.items()}
+    stalls = {k: [r[1] for r in v] for k, v in runs.items()}
+    costs = {k: [r[2] for r in v if r[2] is not None] for k, v in runs.items()}
     off = rates["off"]
     out: dict[str, Any] = {"off_median": statistics.median(off),
                            "off_spread_pct": 100 * (max(off) - min(off)) / statistics.median(off),
@@ -258,7 +265,7 @@ def measure(workload: Callable[[float], tuple[float, float]], factory: Callable[
     for hz in RATES_HZ:
         on = rates[str(hz)]
         # per-round ratio to that round's "off", then the median over rounds
-        slow = [100.0 * (1 - r / o) for r, o in zip(on, off)]
+        slow = [100.0 * (1 - x) for x in ratio(on, off).per_round]
         c = costs[str(hz)]
         out[str(hz)] = {
             "median": statistics.median(on),

@@ -5,7 +5,8 @@
 Prints the median ns per stage enter+exit (host clock only, no GPU) with no session (records
 drained afterwards, untimed) and inside a session writing a run directory, once with the
 core's native writer thread (the default) and once with the Python flusher writing
-(MAXINSTR_NATIVE_WRITER=0), the three interleaved rep by rep; the records each session dropped
+(MAXINSTR_NATIVE_WRITER=0), the three interleaved rep by rep in a rotated order (after an
+untimed warm-up); the records each session dropped
 (buffer full); and the Python flusher's cost per record measured directly (drain + write of
 one large batch).
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 import maxinstr
+from harness import interleave
 from maxinstr import _native
 from maxinstr.rundir import format as fmt
 from maxinstr.rundir.writer import PartWriter
@@ -52,22 +54,32 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="maxinstr-bench"))
-    res: dict[str, list[float]] = {"no session": [], "session, native writer": [], "session, python writer": []}
-    dropped: dict[str, int] = {k: 0 for k in res}
+    writers = {"session, native writer": "1", "session, python writer": "0"}
+    dropped: dict[str, int] = {"no session": 0, **dict.fromkeys(writers, 0)}
     saved = os.environ.get("MAXINSTR_NATIVE_WRITER")
-    for rep in range(args.reps):
-        res["no session"].append(loop(args.n, args.threads))
-        _native.drain(-1)
-        for key, env in (("session, native writer", "1"), ("session, python writer", "0")):
-            os.environ["MAXINSTR_NATIVE_WRITER"] = env
-            with maxinstr.session(tmp / f"run{rep}-{env}", sample_hz=0) as s:
-                res[key].append(loop(args.n, args.threads))
-            part = json.loads((tmp / f"run{rep}-{env}" / "parts" / s.part / "part.json").read_text())
-            dropped[key] += int(part.get("dropped_records", 0))
-    if saved is None:
-        os.environ.pop("MAXINSTR_NATIVE_WRITER", None)
-    else:
-        os.environ["MAXINSTR_NATIVE_WRITER"] = saved
+
+    def measure(key: str, rep: int) -> float:
+        if key == "no session":
+            ns = loop(args.n, args.threads)
+            _native.drain(-1)
+            return ns
+        env = writers[key]
+        os.environ["MAXINSTR_NATIVE_WRITER"] = env
+        with maxinstr.session(tmp / f"run{rep}-{env}", sample_hz=0) as s:
+            ns = loop(args.n, args.threads)
+        part = json.loads((tmp / f"run{rep}-{env}" / "parts" / s.part / "part.json").read_text())
+        dropped[key] += int(part.get("dropped_records", 0))
+        return ns
+
+    loop(min(args.n, 1000), args.threads)  # warm: first calls, first buffers
+    _native.drain(-1)
+    try:
+        res = interleave(list(dropped), args.reps, measure)
+    finally:
+        if saved is None:
+            os.environ.pop("MAXINSTR_NATIVE_WRITER", None)
+        else:
+            os.environ["MAXINSTR_NATIVE_WRITER"] = saved
     for k, v in res.items():
         extra = f", dropped {dropped[k]}" if k != "no session" else ""
         print(f"{k:>22}: median {statistics.median(v):7.0f} ns per stage ({args.threads} thread(s), {args.reps} reps of {args.n}{extra})")

@@ -18,19 +18,25 @@ gpu=True, so every stage records its events whatever the budget.
 
 Numbers are per enter+exit including the loop (`empty loop` row); ratios are against maxinstr
 ranges + host clock. NVTX calls are nearly free with no tool attached: run it under nsys too.
+
+Rotation, ratios and the table come from benchmarks/harness.py. The timed loops stay written out
+in each case (``for _ in range(n): with st("x"): pass``): a call per iteration would add more than
+the ~50 ns some cases cost, so the harness times the one call that runs a case's whole loop
+(``block_ns``), and the perturbation's blocks time themselves as before.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
-import platform
 import statistics
+import platform
 import sys
 import time
 from collections.abc import Callable
+
+from harness import block_ns, interleave, print_table, ratios
 
 Case = Callable[[int], None]
 
@@ -41,25 +47,21 @@ def _median_ns(cases: dict[str, Case], n: int, repeats: int) -> dict[str, float]
     inflating the one that happened to run then."""
     for fn in cases.values():
         fn(min(n, 1000))  # warm
-    per: dict[str, list[float]] = {k: [] for k in cases}
-    names = list(cases)
     stats = _native_mod().stats
     keys = ("events_recorded", "events_shared", "event_queries", "event_elapsed_calls", "event_elapsed_async",
             "events_dropped")
-    for r in range(repeats):
-        for k in names[r % len(names):] + names[: r % len(names)]:
-            before = stats()  # outside the timed region
-            gc.disable()
-            t0 = time.perf_counter_ns()
-            cases[k](n)
-            t1 = time.perf_counter_ns()
-            gc.enable()
-            after = stats()
-            per[k].append((t1 - t0) / n)
-            if "GPU" in k or "launch" in k:
-                c = COUNTERS.setdefault(k, dict.fromkeys(keys, 0.0))
-                for key in keys:
-                    c[key] += (after.get(key, 0) - before.get(key, 0)) / (n * repeats)
+
+    def measure(k: str, _round: int) -> float:
+        before = stats()  # outside the timed region
+        ns = block_ns(cases[k], n, gc_off=True)
+        after = stats()
+        if "GPU" in k or "launch" in k:
+            c = COUNTERS.setdefault(k, dict.fromkeys(keys, 0.0))
+            for key in keys:
+                c[key] += (after.get(key, 0) - before.get(key, 0)) / (n * repeats)
+        return ns
+
+    per = interleave(list(cases), repeats, measure)
     return {k: statistics.median(v) for k, v in per.items()}
 
 
@@ -370,26 +372,26 @@ def _interleaved(variants: dict, steps: int) -> dict:
     variant records its events but never reads them (no elapsed_time calls)."""
     from maxinstr import _native
 
-    times: dict[str, list[float]] = {k: [] for k in variants}
     for f in variants.values():
         for _ in range(50):
             f()
     block = 10
-    names = list(variants)
     resolve, drain = _native.resolve, _native.drain
-    for r in range(max(1, steps // block)):
-        for k in names[r % len(names):] + names[: r % len(names)]:
-            f = variants[k]
-            t0 = time.perf_counter_ns()
-            for _ in range(block):
-                f()
-            resolve()
-            drain()
-            times[k].append((time.perf_counter_ns() - t0) / block / 1000)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    paired = {k: 100 * (statistics.median(x / b for x, b in zip(v, times["bare"])) - 1) for k, v in times.items()}
-    return {"step_us": med, "overhead_pct": paired,
-            "overhead_pct_of_medians": {k: 100 * (v / med["bare"] - 1) for k, v in med.items()}}
+
+    def timed_block(k: str, _round: int) -> float:
+        f = variants[k]
+        t0 = time.perf_counter_ns()
+        for _ in range(block):
+            f()
+        resolve()
+        drain()
+        return (time.perf_counter_ns() - t0) / block / 1000
+
+    times = interleave(list(variants), max(1, steps // block), timed_block)
+    against_bare = ratios(times, "bare")
+    return {"step_us": {k: statistics.median(v) for k, v in times.items()},
+            "overhead_pct": {k: 100 * (r.median - 1) for k, r in against_bare.items()},
+            "overhead_pct_of_medians": {k: 100 * (r.of_medians - 1) for k, r in against_bare.items()}}
 
 
 def _native_mod():
@@ -423,9 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         items.insert(at, ("maxinstr ranges + GPU events around work (1 event/stage)", cost))
         res = dict(items)
     w = max(len(k) for k in res) + 2
-    print(f"{'case':<{w}}{'ns':>10}{'x maxinstr host':>18}")
-    for k, v in res.items():
-        print(f"{k:<{w}}{v:>10.0f}{v / ref:>18.2f}")
+    print_table(["case", "ns", "x maxinstr host"], [[k, v, v / ref] for k, v in res.items()], ["", ".0f", ".2f"])
     for k, why in skipped.items():
         print(f"skipped {k}: {why}")
     if COUNTERS:

@@ -22,12 +22,13 @@ import csv
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+from harness import emit_result, run_child
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -101,33 +102,15 @@ CASES = {
 
 # --- parent: run a command, measure wall time and peak RSS -----------------------------------
 def measure(cmd: list[str], limit_s: float, env: dict | None = None) -> dict:
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
-    timed_out = False
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.perf_counter() - t0 > limit_s:
-            os.killpg(proc.pid, signal.SIGKILL)
-            timed_out = True
-            pid, status, usage = os.wait4(proc.pid, 0)
-            break
-        time.sleep(0.02)
-    wall = time.perf_counter() - t0
-    out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    result = {"wall_s": wall, "peak_rss_mb": usage.ru_maxrss / 1024, "timed_out": timed_out,
-              "cpu_s": usage.ru_utime + usage.ru_stime,
-              "rc": os.waitstatus_to_exitcode(status) if not timed_out else None}  # fmt: skip
-    if not timed_out:
-        for line in reversed(out.strip().splitlines()):
-            if line.startswith("{"):
-                result.update(json.loads(line))
-                break
-        else:
-            if result["rc"] != 0:
-                result["error"] = (err.strip().splitlines() or ["?"])[-1][:300]
+    """The process's wall time, peak RSS and CPU time (benchmarks/harness.run_child), with the
+    case's RESULT merged in; killed (with its children) past ``limit_s``."""
+    run = run_child(cmd, limit_s=limit_s, env=env)
+    result: dict[str, Any] = {"wall_s": run.wall_s, "peak_rss_mb": run.peak_rss_mb, "timed_out": run.timed_out,
+              "cpu_s": run.cpu_s, "rc": run.rc}  # fmt: skip
+    if run.result is not None:
+        result.update(run.result)
+    elif run.rc not in (0, None):
+        result["error"] = (run.stderr.strip().splitlines() or ["?"])[-1][:300]
     return result
 
 
@@ -189,7 +172,7 @@ def main() -> None:
     ap.add_argument("--file", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.case:
-        print(json.dumps(CASES[args.case](args.file)))
+        emit_result(CASES[args.case](args.file))
         return
 
     from trace_merge_gen import generate  # beside this script (its folder is on the path)
