@@ -2,7 +2,7 @@
 CUPTI-like buffer of stand-in records (CPU; no GPU or libcupti needed):
 
     cc -shared -fPIC -o /tmp/libcupti.so.fake tests/core/native/fake_cupti.c -lpthread
-    FAKE_CUPTI_LIB=/tmp/libcupti.so.fake PYTHONPATH=tests/kernels/fake_cupti:src python benchmarks/cupti_convert.py
+    FAKE_CUPTI_LIB=/tmp/libcupti.so.fake PYTHONPATH=tests/kernels/fake_cupti python benchmarks/cupti_convert.py
 
 Per launch: a runtime API record, an external-correlation record, a kernel record (40 + 24 +
 216 bytes, 8-byte packed as CUPTI packs them). Prints ns per record, best of 5, for:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import importlib.util
 import os
 import shutil
 import sys
@@ -116,8 +117,9 @@ def measure(cmd: list[str], limit_s: float, env: dict | None = None) -> dict:
 
 def run_case(name: str, path: Path, limit_s: float) -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH", "")])) \
-        if (ROOT / "src" / "maxinstr").is_dir() and "PYTHONPATH" not in os.environ else env.get("PYTHONPATH", "")
+    # the children use the installed package (its native modules); src/ only where none is installed
+    if importlib.util.find_spec("maxinstr") is None and (ROOT / "src" / "maxinstr").is_dir():
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH", "")]))
     return measure([sys.executable, __file__, "--case", name, "--file", str(path)], limit_s, env)
 
 
