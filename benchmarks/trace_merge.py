@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import importlib.util
+import json
 import os
 import shutil
 import sys
