@@ -107,6 +107,10 @@ def test_sibling_stages_count_warmup_in_pipeline_iterations(torch_decode):
     # nothing left over for a cold-start or a two-population reading of one steady request
     assert d.get("populations") is None
     assert "warmup_contamination" not in {f["id"] for f in rep["diagnosis"]}
+    from maxinstr.render._fmt import warmup_line
+
+    assert warmup_line(rep["warmup"]).startswith(
+        "2 declared: the first 2 pipeline iterations (each from one 'prefill' to the next) and the first 2 instances")
 
 
 def test_iterations_follow_the_head_and_nested_instances_their_top_level_one(torch_decode):

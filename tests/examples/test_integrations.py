@@ -53,7 +53,7 @@ def test_stream_handle_reads_default_queue():
 
 
 def test_ensure_stream_context_without_a_stream_or_driver():
-    from maxinstr.integrations._cuda import ensure_stream_context
+    from maxinstr.integrations.driver import ensure_stream_context
 
     assert ensure_stream_context(None) is False and ensure_stream_context(0) is False
 
@@ -68,7 +68,7 @@ def test_fresh_thread_gets_the_streams_context_and_gpu_times(tmp_path):
         pytest.skip("needs torch to make a CUDA stream")
     code = f"""
 import threading, torch, maxinstr
-from maxinstr.integrations._cuda import ensure_stream_context
+from maxinstr.integrations.driver import ensure_stream_context
 from maxinstr.rundir import format as fmt
 stream = torch.cuda.Stream()
 a = torch.randn(2048, 2048, device="cuda")

@@ -345,7 +345,7 @@ def test_an_unsupported_cupti_python_means_one_warning_and_events_only_stages(fa
     hostile.write_text(json.dumps(desc))
     run_dir = tmp_path / "run"
     # a machine with an NVIDIA driver (without one, the warning names that first: test_without_an_nvidia_driver...)
-    script = "import maxinstr.integrations._cuda as cuda\ncuda.nvidia_driver_present = lambda: True\n" + SCRIPT
+    script = "import maxinstr.integrations.driver as cuda\ncuda.nvidia_driver_present = lambda: True\n" + SCRIPT
     out, err = _run(fake_lib, run_dir, script=script, FAKE_CUPTI_VERSION=str(hostile), FAKE_CUPTI_WRITES="13.4.0",
                     MAXINSTR_CUPTI_TAGS=tags)  # fmt: skip
     (line,) = err.splitlines()
@@ -524,7 +524,7 @@ def test_real_cupti_python_record_objects_read_what_the_fast_path_reads(tmp_path
 def test_without_an_nvidia_driver_the_reason_says_so(tmp_path):
     """kernels=True on a machine with no NVIDIA driver: the reason names that, not whatever the
     CUPTI path lacked on the way (it said to install cupti-python, which would not help)."""
-    from maxinstr.integrations._cuda import nvidia_driver_present
+    from maxinstr.integrations.driver import nvidia_driver_present
     from maxinstr.kernels import start
 
     if nvidia_driver_present():

@@ -131,7 +131,7 @@ def _trace_found_with(report: Report, run: str, trace: str) -> bool:
     kernels, or the trace its meta.json names (``maxinstr run`` records it)."""
     import os
 
-    from maxinstr.launch.runner import run_artifact
+    from maxinstr.rundir.format import run_artifact
 
     if report.get("sources", {}).get("trace_format") == "maxinstr-inprocess" or trace == run:
         return True
@@ -309,7 +309,7 @@ def rule_warmup_contamination(report: Report) -> list[Finding]:
     if suggested < top_total:
         evidence["suggested_warmup"] = max(suggested, warm_n)
         k = evidence["suggested_warmup"]
-        covered = (f"the first pipeline {'iteration' if k == 1 else f'{k} iterations'}, each from one '{top_stage}' "
+        covered = (f"the first {'pipeline iteration' if k == 1 else f'{k} pipeline iterations'}, each from one '{top_stage}' "
                    "to the next" if head == top_stage
                    else f"the first {k} '{top_stage}' and everything inside them")
         step = (f"Already excluded from the headline numbers. Declare them as warm-up so every tool agrees: "

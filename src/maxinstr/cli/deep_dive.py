@@ -16,6 +16,7 @@ from maxinstr.launch import deep_dive as dd
 from maxinstr.launch import runner
 from maxinstr.launch import supervise as sv
 from maxinstr.launch.env import detect_environment, find_tool
+from maxinstr.rundir.format import run_artifact
 
 
 def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str | None, warmup: int | None
@@ -40,10 +41,10 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
             specs = list(launch.get("stage_specs") or [])
             run_warmup = config.warmup_instances(launch.get("env") or {})
             from_capture = (launch.get("profiler") or {}).get("capture") == "steady" and (launch.get("profiler") or {}).get("name") == "nsys"
-            trace_path = trace_path or runner.run_artifact(source, ((launch.get("artifact") or {}).get("files") or {}).get("trace"))
+            trace_path = trace_path or run_artifact(source, ((launch.get("artifact") or {}).get("files") or {}).get("trace"))
         else:
             app = list(meta.get("command") or [])
-        trace_path = trace_path or runner.run_artifact(source, (meta.get("profiler") or {}).get("trace"))
+        trace_path = trace_path or run_artifact(source, (meta.get("profiler") or {}).get("trace"))
         if not trace_path:
             from maxinstr.traces.inprocess import has_activity
 

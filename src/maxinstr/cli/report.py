@@ -104,7 +104,7 @@ def discover(run_dir: str, meta: dict, trace_path: str | None, unprofiled: str |
     notes: list[str] = []
     prof = meta.get("profiler") if isinstance(meta, dict) else None
     if trace_path is None and isinstance(prof, dict) and prof.get("trace"):
-        from maxinstr.launch.runner import run_artifact
+        from maxinstr.rundir.format import run_artifact
 
         found = run_artifact(run_dir, prof["trace"])
         if found:

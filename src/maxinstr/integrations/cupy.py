@@ -29,7 +29,7 @@ def cupy_stream_handle() -> int | None:
     handle = int(cupy.cuda.get_current_stream().ptr)
     if handle and not cupy.cuda.runtime.is_hip:
         # the stream's context current on this thread, so stages entered here get GPU times
-        from maxinstr.integrations._cuda import ensure_stream_context
+        from maxinstr.integrations.driver import ensure_stream_context
 
         ensure_stream_context(handle)
     return handle

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from maxinstr import config
 from maxinstr.errors import MaxinstrError
-from maxinstr.integrations._cuda import nvidia_driver_present as _nvidia_driver_present
+from maxinstr.integrations.driver import nvidia_driver_present as _nvidia_driver_present
 
 ProfilingLevel = Literal["off", "on", "detailed"]
 _LEVELS: tuple[str, ...] = ("off", "on", "detailed")
@@ -62,7 +62,7 @@ def max_stream_handle(device_or_queue: Any, *, make_context_current: bool = True
     except (AttributeError, TypeError, ValueError, RuntimeError):
         return None
     if handle and make_context_current:
-        from maxinstr.integrations._cuda import ensure_stream_context
+        from maxinstr.integrations.driver import ensure_stream_context
 
         ensure_stream_context(handle)
     return handle or None

@@ -27,7 +27,7 @@ def torch_stream_handle(device: Any = None) -> int | None:
     handle = int(torch.cuda.current_stream(device).cuda_stream)
     if handle and not getattr(torch.version, "hip", None):
         # the stream's context current on this thread, so stages entered here get GPU times
-        from maxinstr.integrations._cuda import ensure_stream_context
+        from maxinstr.integrations.driver import ensure_stream_context
 
         ensure_stream_context(handle)
     return handle

@@ -112,7 +112,7 @@ def _reason_before_start() -> str | None:
 def _reason_after(exc: KernelsUnavailable) -> str:
     """CUPTI's reason, or the real one when there is no NVIDIA driver at all (not whatever
     CUPTI lacked on the way)."""
-    from maxinstr.integrations._cuda import nvidia_driver_present
+    from maxinstr.integrations.driver import nvidia_driver_present
 
     if "already holds CUPTI" not in str(exc) and not nvidia_driver_present():
         return ("no NVIDIA driver in this process (libcuda.so.1 cannot be loaded): "

@@ -148,22 +148,6 @@ def compare_hint(specs: list[RunSpec]) -> str | None:
     return f"compare the values{how}: maxinstr compare {' '.join(shlex.quote(str(s)) for s in sides)}"
 
 
-def run_artifact(run_dir: str | Path, recorded: str | None) -> str | None:
-    """Where a file `maxinstr run` recorded for a run (its trace) is now: the file of that name
-    inside the run directory when there is one (`maxinstr run` writes its traces there, and a
-    run directory that was moved or copied keeps them while the recorded absolute path may name
-    another run's file), else the recorded path (relative ones are relative to the run
-    directory) when it exists; None otherwise."""
-    if not recorded:
-        return None
-    path = Path(str(recorded))
-    beside = Path(run_dir) / path.name
-    if beside.is_file():
-        return str(beside)
-    path = path if path.is_absolute() else Path(run_dir) / path
-    return str(path) if path.exists() else None
-
-
 def child_env(spec: RunSpec, options: RunOptions, run_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     """The child's environment: the user's, plus what maxinstr needs (and nothing else)."""
     env = dict(os.environ if base is None else base)

@@ -56,8 +56,8 @@ def warmup_line(w: WarmupSummary) -> str:
     inside = w.get("inside_startup_instances", 0)
     head = w.get("pipeline_head")
     n = w.get("n", 0)
-    its = "iteration" if n == 1 else f"{n} iterations"
-    declared = (f"{n} declared: the first pipeline {its} (each from one '{head}' to the next) and the first "
+    its = "pipeline iteration" if n == 1 else f"{n} pipeline iterations"
+    declared = (f"{n} declared: the first {its} (each from one '{head}' to the next) and the first "
                 f"{'instance' if n == 1 else f'{n} instances'} of each stage" if head and n else f"{n} per stage declared")
     return (f"{declared}; {w.get('instances', 0)} warm-up and "
             f"{w.get('cold_start_instances', 0)} cold-start instances"

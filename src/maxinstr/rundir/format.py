@@ -6,6 +6,7 @@ docs/formats.md is the specification; this module is its executable half. Keep t
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -70,3 +71,19 @@ def part_name(pid: int | None = None, rank: int | str | None = None) -> str:
     except ValueError:  # a RANK that is not a number names no rank
         number = -1
     return f"p{pid}" if number < 0 else f"r{number}.p{pid}"
+
+
+def run_artifact(run_dir: str | Path, recorded: str | None) -> str | None:
+    """Where a file `maxinstr run` recorded for a run (its trace) is now: the file of that name
+    inside the run directory when there is one (`maxinstr run` writes its traces there, and a
+    run directory that was moved or copied keeps them while the recorded absolute path may name
+    another run's file), else the recorded path (relative ones are relative to the run
+    directory) when it exists; None otherwise."""
+    if not recorded:
+        return None
+    path = Path(str(recorded))
+    beside = Path(run_dir) / path.name
+    if beside.is_file():
+        return str(beside)
+    path = path if path.is_absolute() else Path(run_dir) / path
+    return str(path) if path.exists() else None
