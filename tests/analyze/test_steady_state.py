@@ -135,3 +135,54 @@ def test_one_top_level_stage_per_iteration_keeps_per_name_warmup():
     assert a.instances.pipeline_head is None
     top = (a.instances.level == 0) & ~a.instances.is_mark
     assert np.array_equal(a.instances.iteration[top], a.instances.occurrence[top])
+
+
+def _flat_pipeline(slow_prefill_ms: float, slow_readback_ms: float):
+    """6 iterations of prefill (2 ms), 10 decode steps (1 ms), readback (2 ms), side by side, as a
+    program records them; iteration 1's prefill and readback take the times given."""
+    from maxinstr.analyze.instances import StageInstances, _finish
+
+    names, starts, ends = [], [], []
+    t = 10**9
+    for it in range(6):
+        for name, ms in [("prefill", slow_prefill_ms if it == 1 else 2.0)] + [("decode", 1.0)] * 10 + \
+                        [("readback", slow_readback_ms if it == 1 else 2.0)]:
+            names.append(name)
+            starts.append(t)
+            t += int(ms * 1e6)
+            ends.append(t)
+            t += 20_000
+    n = len(names)
+    z = np.zeros(n, np.int64)
+    inst = StageInstances(name=np.array(names, object), host_start_ns=np.array(starts), host_end_ns=np.array(ends),
+                          gpu_event_ns=z - 1, proj_start_ns=z - 1, proj_end_ns=z - 1, busy_ns=z - 1, kernel_ns=z,
+                          kernel_count=z, op_count=z, idle_gap_ns=z - 1, memcpy_ns=z, step=z - 1,
+                          step_marked=np.zeros(n, bool), parent=z - 1, depth=z, part=z, tid=z,
+                          record_id=np.arange(n), range_index=z - 1, is_mark=np.zeros(n, bool),
+                          exception=np.zeros(n, bool))
+    return _finish(inst, warmup_n=1)
+
+
+def test_a_cold_head_instance_takes_its_iteration_along():
+    """A new user's flat pipeline (warmup=1): iteration 1's prefill and readback ran 2x slow but
+    its decode steps did not, so the iteration as a whole did not stand out. The prefill (the
+    head) and the readback were cold starts, and the Startup table said the prefill kept its 11
+    siblings out, but the 10 decode steps stayed in the steady numbers. A cold head instance
+    takes its iteration along (as a cold enclosing instance takes what it encloses)."""
+    inst = _flat_pipeline(4.0, 4.0)
+    name = inst.key.astype(str)
+    assert inst.pipeline_head == "prefill"
+    assert np.count_nonzero(inst.steady & (name == "decode")) == 40  # iterations 2..5
+    assert np.count_nonzero(inst.steady & (name == "readback")) == 4
+    head = np.flatnonzero(inst.iteration_head & inst.cold)
+    assert len(head) == 1 and inst.iteration[head[0]] == 1
+
+
+def test_a_cold_sibling_keeps_only_itself_out():
+    """Only iteration 1's readback (not the head) is slow: it alone is a cold start, as a cold
+    readback nested in a request would be; the iteration's decode steps stay steady."""
+    inst = _flat_pipeline(2.0, 4.0)
+    name = inst.key.astype(str)
+    assert np.count_nonzero(inst.steady & (name == "decode")) == 50
+    cold = np.flatnonzero(inst.cold)
+    assert name[cold].tolist() == ["readback"] and not inst.iteration_head[cold].any()

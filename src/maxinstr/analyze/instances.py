@@ -77,6 +77,9 @@ class StageInstances:
     iteration: np.ndarray = field(default_factory=lambda: _i64(0))
     """The pipeline iteration an instance ran in (-1: before the first one; see
     :func:`pipeline_iterations`)."""
+    iteration_head: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
+    """Whether the instance begins its pipeline iteration (a top-level instance of the head
+    stage; all False without a pipeline head)."""
     pipeline_head: str | None = None
     """The top-level stage that begins each pipeline iteration (None: each top-level stage name
     counts its own instances)."""
@@ -272,7 +275,11 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
     inst.cold_z = np.zeros(n, dtype=np.float64)
     inst.inside_startup = _inside(inst.parent, inst.warmup) if n else np.zeros(0, dtype=bool)
     # siblings kept out with a cold pipeline iteration: top-level, so _inside never finds them
-    in_cold_iteration = (_cold_iterations(inst, part_code) if detect_cold and n and inst.pipeline_head is not None
+    groups = _iteration_groups(inst, part_code) if n and inst.pipeline_head is not None else None
+    inst.iteration_head = np.zeros(n, dtype=bool)
+    if groups is not None:
+        inst.iteration_head[groups[0][groups[2]]] = True
+    in_cold_iteration = (_cold_iterations(inst, part_code, groups) if detect_cold and groups is not None
                          else np.zeros(n, dtype=bool))
     inst.inside_startup |= in_cold_iteration
     if detect_cold and n:
@@ -288,6 +295,12 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
                 mask, z = cold_start_mask(codes, inst.occurrence, values, at & (values >= 0))
                 inst.cold |= mask
                 inst.cold_z = np.maximum(inst.cold_z, np.where(mask, z, 0.0))
+            if lv == 0 and groups is not None:
+                # a cold head instance takes its iteration along, as a cold enclosing instance
+                # takes what it encloses; a cold sibling (a readback) only itself
+                top, row, is_head = groups
+                cold_rows = np.unique(row[is_head & inst.cold[top]])
+                in_cold_iteration[top[np.isin(row, cold_rows) & ~inst.cold[top]]] = True
             inst.inside_startup = _inside(inst.parent, inst.warmup | inst.cold | in_cold_iteration) | in_cold_iteration
     inst.inside_startup &= ~(inst.warmup | inst.cold)
     return inst
@@ -341,35 +354,46 @@ def pipeline_iterations(inst: StageInstances, part_code: np.ndarray, name_code: 
     return iteration, head_name
 
 
-def _cold_iterations(inst: StageInstances, part_code: np.ndarray) -> np.ndarray:
+def _iteration_groups(inst: StageInstances, part_code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The top-level instances of pipeline iterations (not warm-up ones): (their rows, per row
+    its (iteration, process) group, whether it is the first of its group: the head instance)."""
+    top = np.flatnonzero((inst.level == 0) & ~inst.is_mark & (inst.iteration >= 0) & ~inst.warmup)
+    if len(top) == 0:
+        return top, _i64(0), np.zeros(0, bool)
+    n_parts = int(part_code.max()) + 1
+    _, row = np.unique(inst.iteration[top] * n_parts + part_code[top], return_inverse=True)
+    row = row.reshape(-1).astype(np.int64)
+    order = np.lexsort((inst.host_start_ns[top], row))
+    is_head = np.zeros(len(top), bool)
+    is_head[order[np.r_[True, row[order][1:] != row[order][:-1]]]] = True
+    return top, row, is_head
+
+
+def _cold_iterations(inst: StageInstances, part_code: np.ndarray,
+                     groups: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
     """Cold-start pipeline iterations, judged like cold-start instances (per process, first
     ones far above the rest) on each iteration's wall time (its first top-level start to its
     last end): the head instance that begins a cold iteration is a cold start, and the rest
     of the iteration is kept out with it, as the steps of a cold request are. Returns the
     top-level instances kept out with a cold head (the head itself is marked cold)."""
     out = np.zeros(len(inst), dtype=bool)
-    top = np.flatnonzero((inst.level == 0) & ~inst.is_mark & (inst.iteration >= 0) & ~inst.warmup)
+    top, row, is_head = groups
     if len(top) == 0:
         return out
-    n_parts = int(part_code.max()) + 1
-    it_key = inst.iteration[top] * n_parts + part_code[top]  # one row per (iteration, process)
-    keys, row = np.unique(it_key, return_inverse=True)
-    first = np.full(len(keys), np.iinfo(np.int64).max)
-    last = np.full(len(keys), np.iinfo(np.int64).min)
+    n_groups = int(row.max()) + 1
+    first = np.full(n_groups, np.iinfo(np.int64).max)
+    last = np.full(n_groups, np.iinfo(np.int64).min)
     np.minimum.at(first, row, inst.host_start_ns[top])
     np.maximum.at(last, row, inst.host_end_ns[top])
-    part_of, it_of = keys % n_parts, keys // n_parts
-    cold, z = cold_start_mask(part_of, it_of, (last - first).astype(np.float64), np.ones(len(keys), bool))
+    head_rows = top[is_head]  # one per group, in group order after the sort below
+    head_rows = head_rows[np.argsort(row[is_head])]
+    part_of, it_of = part_code[head_rows], inst.iteration[head_rows]
+    cold, z = cold_start_mask(part_of, it_of, (last - first).astype(np.float64), np.ones(n_groups, bool))
     if not cold.any():
         return out
-    cold_top = cold[row]
-    is_head = np.zeros(len(top), bool)
-    order = np.lexsort((inst.host_start_ns[top], row))  # each iteration's first top-level instance
-    heads = order[np.r_[True, row[order][1:] != row[order][:-1]]]
-    is_head[heads] = True
-    inst.cold[top[cold_top & is_head]] = True
-    inst.cold_z[top[cold_top & is_head]] = z[row[cold_top & is_head]]
-    out[top[cold_top & ~is_head]] = True
+    inst.cold[head_rows[cold]] = True
+    inst.cold_z[head_rows[cold]] = z[cold]
+    out[top[cold[row] & ~is_head]] = True
     return out
 
 

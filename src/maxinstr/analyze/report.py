@@ -772,7 +772,8 @@ def _startup_rows(inst: inst_mod.StageInstances) -> list[StartupRow]:
     top = inst_mod.top_ancestor(inst.parent)
     nested = inst_mod.descendant_counts(inst.parent)
     # a cold pipeline iteration's head instance keeps its whole iteration out, siblings included
-    nested = np.where(inst.cold & (inst.level == 0), np.maximum(nested, inst_mod.iteration_sizes(inst)), nested)
+    head = inst.iteration_head if len(inst.iteration_head) == len(inst) else np.zeros(len(inst), bool)
+    nested = np.where(inst.cold & head, np.maximum(nested, inst_mod.iteration_sizes(inst)), nested)
     return [
         {
             "stage": str(inst.key[i]),
