@@ -65,6 +65,10 @@ def _check_views(tmp: Path, names: list[str]) -> None:
         assert "<img" not in page and "<script" not in page and "</td></tr><tr>" not in page
         h = rhtml.render(report)
         assert "<img src=x" not in h and "<script>alert" not in h
+        # no control character or line separator reaches the page raw (a newline is markup's own)
+        assert not re.search("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029]", h)
+        for s in shown:
+            assert rhtml.e(s) in h, s
     result = compare([Side("A", run_report), Side("B", trace_report)])
     out = text.render_compare(result, width=400)
     for s in shown:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from maxinstr._text import visible
 from maxinstr.render import _fmt as f
 
 if TYPE_CHECKING:
@@ -86,8 +87,9 @@ footer { color:var(--muted); font-size:12px; margin-top:18px; }
 
 
 def e(text: Any) -> str:
-    """HTML-escaped text."""
-    return html.escape("" if text is None else str(text), quote=True)
+    """HTML-escaped text, with control characters and line separators shown as escapes (a name
+    is data: a raw newline or ESC in a title or a cell is not what the name reads as)."""
+    return html.escape("" if text is None else visible(text), quote=True)
 
 
 # ----------------------------------------------------------------------------- SVG helpers
