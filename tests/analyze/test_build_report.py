@@ -249,3 +249,29 @@ def test_warnings_the_recording_wrote_reach_the_report(tmp_path):
     said = [n for n in notes if "MAX's markers are off" in n]
     assert said == ["recorded warning: MAX's markers are off: no NVTX v2 library"]
     assert not any("not a warning" in n for n in notes)
+
+
+def test_a_stage_cut_off_by_the_end_of_its_process_is_no_steady_instance(tmp_path):
+    """A stage still open when the process ended (SIGTERM, an unclosed session) is written
+    flagged UNCLOSED with the close time as its end: a cut instance, not a measurement. It was
+    counted among the steady ones without a word."""
+    import maxinstr
+    from maxinstr.rundir import format as fmt, load
+
+    run = tmp_path / "run"
+    import subprocess
+    import sys
+
+    # the process exits with a stage and its session open: the exit closes the stage, flagged
+    # UNCLOSED (as after SIGTERM)
+    prog = ("import maxinstr\n"
+            f"s = maxinstr.session({str(run)!r}); s.__enter__()\n"
+            "for _ in range(5):\n    with maxinstr.stage('step'):\n        pass\n"
+            "maxinstr.stage('step').__enter__()\n")
+    subprocess.run([sys.executable, "-c", prog], check=True, timeout=120)
+    flags = load(run)["flags"]
+    assert int(((flags & fmt.UNCLOSED) != 0).sum()) == 1
+    rep = build_report(run=run)
+    step = next(x for x in rep["stages"] if x["name"] == "step")
+    assert step["instances"] == 6 and step["steady"] + step["warmup"] + step["cold_start"] == 5
+    assert any("still open when its process or session ended" in n for n in rep["sources"]["notes"])

@@ -69,6 +69,9 @@ class StageInstances:
     range_index: np.ndarray = field(default_factory=lambda: _i64(0))
     is_mark: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     exception: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
+    unclosed: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
+    """Still open when its process or session ended (killed, interrupted): its end is the close
+    time, not the stage's, so it is no steady instance."""
     warmup: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     cold: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     cold_z: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float64))
@@ -120,6 +123,8 @@ class StageInstances:
         startup = self.warmup | self.cold | self.is_mark
         if len(self.inside_startup) == len(startup):
             startup = startup | self.inside_startup
+        if len(self.unclosed) == len(startup):
+            startup = startup | self.unclosed
         return ~startup
 
     def take(self, index: np.ndarray) -> StageInstances:
@@ -289,6 +294,8 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
         codes = inst.key_code * (int(part_code.max()) + 1) + part_code
         for lv in range(int(inst.level.max()) + 1):
             at = (inst.level == lv) & ~inst.warmup & ~inst.inside_startup & ~inst.is_mark
+            if len(inst.unclosed) == n:
+                at &= ~inst.unclosed
             if not at.any():
                 continue
             for values in (inst.host_ns, inst.proj_ns):
@@ -604,7 +611,13 @@ def from_run(run, trace=None, attribution=None, warmup_n: int | None = None) -> 
         range_index=_i64(n),
         is_mark=(flags & fmt.MARK) != 0,
         exception=(flags & fmt.EXCEPTION) != 0,
+        unclosed=(flags & fmt.UNCLOSED) != 0,
     )
+    if inst.unclosed.any():
+        k = int(inst.unclosed.sum())
+        inst.notes.append(f"{k} stage instance{'s were' if k > 1 else ' was'} still open when {'their' if k > 1 else 'its'} "
+                          "process or session ended (killed or interrupted): the end recorded is the close time, so "
+                          f"{'they are' if k > 1 else 'it is'} left out of the statistics")
     rows = _i64(n)
     n_ranges = 0
     if trace is not None and attribution is not None:
