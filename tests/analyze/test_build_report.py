@@ -255,7 +255,6 @@ def test_a_stage_cut_off_by_the_end_of_its_process_is_no_steady_instance(tmp_pat
     """A stage still open when the process ended (SIGTERM, an unclosed session) is written
     flagged UNCLOSED with the close time as its end: a cut instance, not a measurement. It was
     counted among the steady ones without a word."""
-    import maxinstr
     from maxinstr.rundir import format as fmt, load
 
     run = tmp_path / "run"
