@@ -35,6 +35,8 @@ def _as_str(value: Any) -> str:
 
 def _key(key: Any) -> str:
     # json.dumps's own spelling of None/bool/number keys, and str() (not its TypeError) for the rest
+    if type(key) is str:
+        return key
     if key is None or isinstance(key, bool):
         return {None: "null", True: "true", False: "false"}[key]
     value = _plain(key, 0)
@@ -42,6 +44,19 @@ def _key(key: Any) -> str:
 
 
 def _plain(value: Any, depth: int) -> Any:
+    # exact built-in types first: the ABC checks below cost ~0.3 us each, per element of a list
+    t = type(value)
+    if t is str or t is float or t is bool or value is None:
+        return value
+    if t is int:
+        return value if value.bit_length() <= _MAX_INT_BITS else f"<int of {value.bit_length()} bits>"
+    if t.__module__ == "numpy" and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        try:
+            value = value.item()  # a numpy scalar as the Python number (or bool, str) it holds
+        except Exception:  # noqa: BLE001 - an odd subclass: the general path below
+            pass
+        else:
+            return _plain(value, depth)
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
