@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from maxinstr._units import ns_text as _fmt_ns
 from maxinstr.analyze.families import MATMUL_FAMILIES, scanned
-from maxinstr.analyze.schema import (Bottleneck, Finding, PopulationGroup, Report, Stage, StartupRow, StatisticKey,
-                                     StepTrend, TimeKey)
+from maxinstr.analyze.schema import (Bottleneck, Finding, MixKernel, PopulationGroup, Report, Stage, StartupRow,
+                                     StatisticKey, StepTrend, TimeKey)
 
 MATMUL = tuple(sorted(MATMUL_FAMILIES))
 DECODE_NAME = re.compile(r"decode|generat|next_?token|token_?step", re.IGNORECASE)
@@ -150,17 +150,28 @@ def _mixed_stages(report: Report) -> list[Stage]:
     return [s for s in report.get("stages", []) if s.get("mix") and _significant(report, s)]
 
 
-def _kernel_base(name: str) -> str:
+def _kernel_id(name: str) -> str:
     """A kernel's identifier before its template/argument lists, without namespaces
-    (``void at::native::<unnamed>::CatArrayBatchedCopy<...>(...)`` -> ``CatArrayBatchedCopy``)."""
+    (``void at::native::<unnamed>::CatArrayBatchedCopy<...>(...)`` -> ``CatArrayBatchedCopy``), whole."""
     text = name.replace("<unnamed>", "").replace("(anonymous namespace)", "").replace("void ", "", 1).strip()
     base = re.split(r"[<(]", text, maxsplit=1)[0].strip()
-    return (base.split("::")[-1] or name[:40])[:60]
+    return base.split("::")[-1] or name
 
 
-def _kernel_regex(name: str) -> str:
-    """A short regex that picks a kernel out: its identifier before template/argument lists."""
-    return re.escape(_kernel_base(name))
+def _kernel_base(name: str) -> str:
+    """:func:`_kernel_id` cut to 60 characters, to name a kernel in a sentence."""
+    return _kernel_id(name)[:60]
+
+
+def _kernel_regex(name: str, rivals: list[str] | tuple[str, ...] = ()) -> str:
+    """A regex that picks this kernel out of a stage for `maxinstr deep-dive --kernel` (which takes
+    the stage's top kernel the regex matches): its whole identifier before template/argument
+    lists (a cut one could match another kernel), or, where that also matches one of ``rivals``
+    (the kernels with as much of the stage's time or more), its whole name, anchored."""
+    rx = re.escape(_kernel_id(name))
+    if any(re.search(rx, other) for other in rivals if other != name):
+        rx = f"^{re.escape(name)}$"
+    return rx
 
 
 # ----------------------------------------------------------------------------- rules
@@ -662,16 +673,21 @@ def rule_naive_matmul(report: Report) -> list[Finding]:
         share = sum(k["share"] for k in naive)
         if not naive or share < NAIVE_MATMUL_SHARE or not _significant(report, st):
             continue
+        # the deep dive takes the largest, and prints its own share: the title says both
+        largest = max(naive, key=lambda k: k["share"])
+        title = (f"'{st['name']}': MAX's naive matmul kernel takes {share:.0%} of the stage's GPU time" if len(naive) == 1
+                 else f"'{st['name']}': MAX's naive matmul kernels take {share:.0%} of the stage's GPU time "
+                      f"({len(naive)} kernels; the largest, {_short(largest['name'])}, {largest['share']:.0%})")
         out.append(_finding(
-            "naive_matmul",
-            f"'{st['name']}': MAX's naive matmul kernel takes {share:.0%} of the stage's GPU time",
+            "naive_matmul", title,
             "fact", st["name"],
             {"naive_share": round(share, 3), "kernels": [_short(k["name"], 60) for k in naive],
+             "largest_kernel": largest["name"], "largest_share": round(largest["share"], 3),
              "per_instance": round(sum(k["per_instance"] for k in naive), 2)},
             "MAX falls back to matmul_kernel_naive where none of its tuned matmuls covers the dtype and shape "
             "(float32, or odd shapes). Run the model in bfloat16 and keep matmul dimensions multiples of 64 so "
             "the tuned kernels (sm90_matmul, gemv_split_k) apply.",
-            _deep_dive(report, st, family="gemm"),
+            _deep_dive(report, st, kernel=largest),
             validation=_compare_cmd(report) + "  # the naive kernel must leave the stage's top kernels",
             score=share * _stage_weight(report, st)))
     return out
@@ -849,16 +865,20 @@ def rule_throttled(report: Report) -> list[Finding]:
     return out
 
 
-def _deep_dive(report: Report, st: Stage, family: str | None = None) -> str | None:
-    kernels = (st.get("mix") or {}).get("top_kernels", [])
-    if family:
+def _deep_dive(report: Report, st: Stage, family: str | None = None, kernel: MixKernel | None = None) -> str | None:
+    """deep-dive into the stage's top kernel (of ``family`` where it has one), or ``kernel``
+    (one of its top kernels): the command picks that very kernel, whose share it then prints."""
+    top: list[MixKernel] = (st.get("mix") or {}).get("top_kernels", [])
+    kernels = [kernel] if kernel is not None else top
+    if family and kernel is None:
         kernels = [k for k in kernels if k["family"] == family] or kernels
     if not kernels:
         return None
     k = kernels[0]
+    rivals = [o["name"] for o in top if o["share"] >= k["share"]]
     # the stage key (``prefill/attention``), which deep-dive resolves as the report does
     return (f"maxinstr deep-dive {_deep_dive_arg(report)} --stage {shlex.quote(st['name'])} "
-            f"--kernel {shlex.quote(_kernel_regex(k['name']))}")
+            f"--kernel {shlex.quote(_kernel_regex(k['name'], rivals))}")
 
 
 def _not_gpu_paced(st: Stage) -> str | None:
@@ -914,7 +934,8 @@ def rule_dominant_kernel(report: Report) -> list[Finding]:
                 "fact", None, {"kernel": gk["name"], "family": gk["family"], "share": round(gk["share"], 3)},
                 _COPY_STEP if copy else "Worth a deep dive.",
                 None if copy else
-                f"maxinstr deep-dive {_deep_dive_arg(report)} --kernel {shlex.quote(_kernel_regex(gk['name']))}",
+                f"maxinstr deep-dive {_deep_dive_arg(report)} --kernel "
+                f"{shlex.quote(_kernel_regex(gk['name'], [o['name'] for o in gpu['kernels'] if o['share'] >= gk['share']]))}",
                 score=gk["share"] * 0.5))
     return out
 
