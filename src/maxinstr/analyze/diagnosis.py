@@ -126,6 +126,43 @@ def _compare_cmd(report: Report) -> str:
     return f"maxinstr compare {shlex.quote(str(run))} RUNS_AFTER"
 
 
+def _maxinstr_run(report: Report, *, with_profiler: bool = False) -> str:
+    """The `maxinstr run` command that records this input's program again: the one the run
+    recorded (launch.json's ``maxinstr_command``: its --stage specs, --warmup and every other
+    option that shaped what it recorded), else ``maxinstr run -- PROGRAM``. ``with_profiler``
+    (a step that asks for a profiler's kernels): a recorded ``--profiler none`` is left out."""
+    words = _recorded_maxinstr_command(report)
+    if words is None:
+        cmd = report.get("environment", {}).get("command")
+        script = shlex.join(str(c) for c in cmd) if isinstance(cmd, list) else "python YOUR_SCRIPT.py"
+        return f"maxinstr run -- {script}"
+    if with_profiler:
+        cut = words.index("--") if "--" in words else len(words)
+        opts = words[:cut]
+        for i in range(len(opts) - 1, -1, -1):
+            if opts[i] == "--profiler=none":
+                del opts[i]
+            elif opts[i] == "--profiler" and i + 1 < len(opts) and opts[i + 1] == "none":
+                del opts[i:i + 2]
+        words = opts + words[cut:]
+    return shlex.join(words)
+
+
+def _recorded_maxinstr_command(report: Report) -> list[str] | None:
+    """``maxinstr_command`` of the run's launch.json (`maxinstr run` writes it), or None."""
+    import json
+    from pathlib import Path
+
+    run = report.get("sources", {}).get("run")
+    if not run:
+        return None
+    try:
+        words = json.loads((Path(str(run)) / "launch.json").read_text(encoding="utf-8")).get("maxinstr_command")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return [str(w) for w in words] if isinstance(words, list) and words and all(isinstance(w, str) for w in words) else None
+
+
 def _trace_found_with(report: Report, run: str, trace: str) -> bool:
     """Whether compare, given only the run directory, reads this trace too: the run's in-process
     kernels, or the trace its meta.json names (``maxinstr run`` records it)."""
@@ -183,7 +220,7 @@ def rule_no_stages(report: Report) -> list[Finding]:
         "no_stages", "No stages in this input: only a whole-program kernel breakdown is possible", "fact", None,
         {"ops": gpu.get("ops", 0), "gpu_ns": gpu.get("gpu_ns", 0)},
         "Mark the pipeline's stages with maxinstr.stage(...) (or NVTX/roctx ranges) and capture again.",
-        "maxinstr run -- python YOUR_SCRIPT.py",
+        _maxinstr_run(report),
         score=0.0)]
 
 
@@ -193,14 +230,12 @@ def rule_no_gpu_data(report: Report) -> list[Finding]:
         return []
     if _any_stage_has(stages, "gpu_event_ns") or _any_stage_has(stages, "gpu_proj_ns"):
         return []
-    cmd = report.get("environment", {}).get("command")
-    script = shlex.join(str(c) for c in cmd) if isinstance(cmd, list) else "python YOUR_SCRIPT.py"
     return [_finding(
         "no_gpu_data", "Only host times: no GPU event times were recorded and no trace was given", "fact", None,
         {"stages": len(stages), "gpus_seen": len(report.get("environment", {}).get("gpus") or [])},
         "Host times show where the program waits, not what the GPU does. Record on a GPU machine (GPU events "
         "are on by default there) and add a profiler trace for kernels.",
-        f"maxinstr run -- {script}",
+        _maxinstr_run(report, with_profiler=True),
         score=0.0)]
 
 
@@ -251,8 +286,6 @@ def rule_no_kernels(report: Report) -> list[Finding]:
           "gpu_util_pct_mean": util, "outside_stages_share": outside,
           "per_stage": [{"stage": s["name"], "host_ns_median": h, "gpu_event_ns_median": g, "gpu_util_pct_mean": u}
                         for s, h, g, _, u in shown]}
-    cmd = report.get("environment", {}).get("command")
-    script = shlex.join(cmd) if isinstance(cmd, list) else "python YOUR_SCRIPT.py"
     step = ("The GPU events and samples say how much of each stage the GPU works, not what it runs. Capture the "
             "kernels: run the program under the profiler with the command below, or, without a profiler around it "
             "(a notebook, a server), maxinstr.session(..., kernels=True) collects them in the process (NVIDIA, "
@@ -264,7 +297,7 @@ def rule_no_kernels(report: Report) -> list[Finding]:
                 "between launches. " + step)
     return [_finding(
         "no_kernels", "No kernel trace; what the GPU numbers show: " + "; ".join(parts), "fact", st["name"], ev,
-        step, f"maxinstr run -- {script}",
+        step, _maxinstr_run(report, with_profiler=True),
         validation=_compare_cmd(report) + "  # with the kernels, the stage's GPU busy and its findings",
         score=0.5 * idle((st, host, gpu, ratio, util)))]
 
