@@ -112,10 +112,13 @@ def _word(value: str) -> bytes:
     return raw.strip(_BLANKS).lower()
 
 
-def _warn(name: str, value: str, expected: str, default: object, *, stacklevel: int = 4) -> None:
-    """One line: stacklevel 4 names the code that called the accessor that called flag()."""
-    warnings.warn(f"maxinstr: {name}={value!r} is not {expected}; the default ({default}) is used", RuntimeWarning,
-                  stacklevel=stacklevel)
+def _warn(name: str, value: str, expected: str, default: object, *, stacklevel: int = 4,
+          instead: str | None = None) -> None:
+    """One line: stacklevel 4 names the code that called the accessor that called flag().
+    ``instead`` says what is used when the default is no value to name (a variable that, unset,
+    leaves the choice to someone else)."""
+    warnings.warn(f"maxinstr: {name}={value!r} is not {expected}; {instead or f'the default ({default}) is used'}",
+                  RuntimeWarning, stacklevel=stacklevel)
 
 
 def parse_flag(value: str | None) -> bool | None:
@@ -163,7 +166,7 @@ def number(name: str, default: float, *, positive: bool = True,
 
 
 def _checked(name: str, default: Any, environ: Mapping[str, str] | None, parse: Callable[[bytes], Any],
-             ok: Callable[[Any], bool], expected: str) -> Any:
+             ok: Callable[[Any], bool], expected: str, *, stacklevel: int = 5, instead: str | None = None) -> Any:
     value = _raw(name, environ)
     if value is None:
         return default
@@ -172,7 +175,7 @@ def _checked(name: str, default: Any, environ: Mapping[str, str] | None, parse: 
     except ValueError:
         parsed = None
     if parsed is None or not ok(parsed):  # NaN fails every comparison in ok()
-        _warn(name, value, expected, default, stacklevel=5)
+        _warn(name, value, expected, default, stacklevel=stacklevel, instead=instead)
         return default
     return parsed
 
@@ -221,10 +224,8 @@ def stage_specs(environ: Mapping[str, str] | None = None) -> list[str]:
 def warmup_instances(environ: Mapping[str, str] | None = None) -> int | None:
     """``MAXINSTR_WARMUP`` (``maxinstr run --warmup N``): the run's warm-up count, or None when
     unset (then the script's own session says it)."""
-    if text(WARMUP, environ) is None:
-        return None
-    n = integer(WARMUP, -1, minimum=0, environ=environ)
-    return None if n < 0 else n
+    return _checked(WARMUP, None, environ, int, lambda n: n >= 0, "a whole number >= 0", stacklevel=4,
+                    instead="it is ignored, as if unset")
 
 
 def profiler_json(environ: Mapping[str, str] | None = None) -> str | None:

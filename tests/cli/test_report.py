@@ -503,3 +503,68 @@ def test_compare_splits_two_population_stages(capsys):
     dec = next(r for r in json.loads(out)["comparisons"][0]["stages"] if r["stage"] == "decode")
     assert dec["populations"]["b"] is None and dec["populations"]["rows"] == []
     assert dec["populations"]["not_split"] == "side B has one"
+
+
+DEEP_DIVE_INPUTS = [
+    ("max/block_run",),
+    ("max/decoder_run",),
+    ("nsys/h200_threads-run", "--trace", "nsys/h200_threads.sqlite"),
+    ("nsys/h200_moe-run", "--trace", "nsys/h200_moe.sqlite"),
+    ("--trace", "nsys/h200_decode.sqlite"),
+]
+
+
+def _report_doc(capsys, args) -> dict:
+    argv = [str(DATA / a) if "/" in a else a for a in args]
+    rc, out, err = run_cli(capsys, "report", *argv, "--format", "json", "--quiet")
+    assert rc == 0, err
+    return json.loads(out)
+
+
+@pytest.mark.parametrize("args", DEEP_DIVE_INPUTS, ids=lambda a: a[-1].split("/")[-1])
+def test_a_findings_deep_dive_takes_the_kernel_it_names_at_the_share_it_says(args, capsys, tmp_path):
+    """issue 20 (CLI): block_run's naive_matmul finding said 25% (its two naive kernels together)
+    while the deep dive it suggested printed 14% (the one it takes), and its --kernel regex was cut
+    at 60 characters. Every finding that names its kernel (dominant_kernel, naive_matmul): the
+    suggested deep dive, run as printed (--dry-run), takes that kernel, and the share it prints is
+    in the finding's title; every suggested deep dive takes a kernel whose whole name its regex
+    reaches (never a cut one)."""
+    import shlex
+
+    doc = _report_doc(capsys, args)
+    dives = [f for f in doc["diagnosis"] if "deep-dive" in (f.get("command") or "")]
+    if args == ("max/block_run",):
+        assert {f["id"] for f in dives} >= {"naive_matmul", "dominant_kernel"}
+    for f in dives:
+        argv = shlex.split(f["command"])[1:]
+        rc, _, err = run_cli(capsys, *argv, "--dry-run", "-o", str(tmp_path / "dd"))
+        assert rc == 0, f"{f['command']}: {err}"
+        taken = re.search(r"^maxinstr: kernel: (.*)$", err, re.MULTILINE).group(1)
+        share = re.search(r", (\d+%) of (?:the stage's|all) GPU time", err).group(1)
+        regex = argv[argv.index("--kernel") + 1]
+        hit = re.search(regex, taken)
+        # the regex reaches the end of the kernel's identifier (before its template/argument lists)
+        assert hit and (hit.end() == len(taken) or taken[hit.end()] in "<("), (regex, taken)
+        if f["id"] in ("dominant_kernel", "naive_matmul"):
+            assert taken[:67] in f["title"] and share in f["title"], (f["title"], taken, share)
+
+
+@pytest.mark.parametrize("args", DEEP_DIVE_INPUTS, ids=lambda a: a[-1].split("/")[-1])
+def test_the_kernel_regex_picks_each_top_kernel_of_its_stage(args, capsys):
+    """The deep-dive --kernel regex a finding builds for a stage's kernel: the first of the stage's
+    top kernels (deep-dive takes the top match) that it matches is that kernel, for every kernel
+    of every stage, and for a copy of those lists where a rival with as much time extends the
+    kernel's name (the case a cut or unanchored regex gets wrong)."""
+    from maxinstr.analyze.diagnosis import _kernel_regex
+
+    doc = _report_doc(capsys, args)
+    checked = 0
+    for st in doc["stages"]:
+        top = (st.get("mix") or {}).get("top_kernels") or []
+        for k in top:
+            for kernels in (top, [{"name": k["name"] + "_v2", "share": k["share"]}] + top):  # a rival, listed first
+                rivals = [o["name"] for o in kernels if o["share"] >= k["share"]]
+                rx = _kernel_regex(k["name"], rivals)
+                assert next(o["name"] for o in kernels if re.search(rx, o["name"])) == k["name"], (rx, k["name"])
+                checked += 1
+    assert checked

@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from maxinstr._units import ns_text as _fmt_ns
 from maxinstr.analyze.families import MATMUL_FAMILIES, scanned
-from maxinstr.analyze.schema import (Bottleneck, Finding, PopulationGroup, Report, Stage, StartupRow, StatisticKey,
-                                     StepTrend, TimeKey)
+from maxinstr.analyze.schema import (Bottleneck, Finding, MixKernel, PopulationGroup, Report, Stage, StartupRow,
+                                     StatisticKey, StepTrend, TimeKey)
 
 MATMUL = tuple(sorted(MATMUL_FAMILIES))
 DECODE_NAME = re.compile(r"decode|generat|next_?token|token_?step", re.IGNORECASE)
@@ -126,6 +126,43 @@ def _compare_cmd(report: Report) -> str:
     return f"maxinstr compare {shlex.quote(str(run))} RUNS_AFTER"
 
 
+def _maxinstr_run(report: Report, *, with_profiler: bool = False) -> str:
+    """The `maxinstr run` command that records this input's program again: the one the run
+    recorded (launch.json's ``maxinstr_command``: its --stage specs, --warmup and every other
+    option that shaped what it recorded), else ``maxinstr run -- PROGRAM``. ``with_profiler``
+    (a step that asks for a profiler's kernels): a recorded ``--profiler none`` is left out."""
+    words = _recorded_maxinstr_command(report)
+    if words is None:
+        cmd = report.get("environment", {}).get("command")
+        script = shlex.join(str(c) for c in cmd) if isinstance(cmd, list) else "python YOUR_SCRIPT.py"
+        return f"maxinstr run -- {script}"
+    if with_profiler:
+        cut = words.index("--") if "--" in words else len(words)
+        opts = words[:cut]
+        for i in range(len(opts) - 1, -1, -1):
+            if opts[i] == "--profiler=none":
+                del opts[i]
+            elif opts[i] == "--profiler" and i + 1 < len(opts) and opts[i + 1] == "none":
+                del opts[i:i + 2]
+        words = opts + words[cut:]
+    return shlex.join(words)
+
+
+def _recorded_maxinstr_command(report: Report) -> list[str] | None:
+    """``maxinstr_command`` of the run's launch.json (`maxinstr run` writes it), or None."""
+    import json
+    from pathlib import Path
+
+    run = report.get("sources", {}).get("run")
+    if not run:
+        return None
+    try:
+        words = json.loads((Path(str(run)) / "launch.json").read_text(encoding="utf-8")).get("maxinstr_command")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return [str(w) for w in words] if isinstance(words, list) and words and all(isinstance(w, str) for w in words) else None
+
+
 def _trace_found_with(report: Report, run: str, trace: str) -> bool:
     """Whether compare, given only the run directory, reads this trace too: the run's in-process
     kernels, or the trace its meta.json names (``maxinstr run`` records it)."""
@@ -150,17 +187,28 @@ def _mixed_stages(report: Report) -> list[Stage]:
     return [s for s in report.get("stages", []) if s.get("mix") and _significant(report, s)]
 
 
-def _kernel_base(name: str) -> str:
+def _kernel_id(name: str) -> str:
     """A kernel's identifier before its template/argument lists, without namespaces
-    (``void at::native::<unnamed>::CatArrayBatchedCopy<...>(...)`` -> ``CatArrayBatchedCopy``)."""
+    (``void at::native::<unnamed>::CatArrayBatchedCopy<...>(...)`` -> ``CatArrayBatchedCopy``), whole."""
     text = name.replace("<unnamed>", "").replace("(anonymous namespace)", "").replace("void ", "", 1).strip()
     base = re.split(r"[<(]", text, maxsplit=1)[0].strip()
-    return (base.split("::")[-1] or name[:40])[:60]
+    return base.split("::")[-1] or name
 
 
-def _kernel_regex(name: str) -> str:
-    """A short regex that picks a kernel out: its identifier before template/argument lists."""
-    return re.escape(_kernel_base(name))
+def _kernel_base(name: str) -> str:
+    """:func:`_kernel_id` cut to 60 characters, to name a kernel in a sentence."""
+    return _kernel_id(name)[:60]
+
+
+def _kernel_regex(name: str, rivals: list[str] | tuple[str, ...] = ()) -> str:
+    """A regex that picks this kernel out of a stage for `maxinstr deep-dive --kernel` (which takes
+    the stage's top kernel the regex matches): its whole identifier before template/argument
+    lists (a cut one could match another kernel), or, where that also matches one of ``rivals``
+    (the kernels with as much of the stage's time or more), its whole name, anchored."""
+    rx = re.escape(_kernel_id(name))
+    if any(re.search(rx, other) for other in rivals if other != name):
+        rx = f"^{re.escape(name)}$"
+    return rx
 
 
 # ----------------------------------------------------------------------------- rules
@@ -172,7 +220,7 @@ def rule_no_stages(report: Report) -> list[Finding]:
         "no_stages", "No stages in this input: only a whole-program kernel breakdown is possible", "fact", None,
         {"ops": gpu.get("ops", 0), "gpu_ns": gpu.get("gpu_ns", 0)},
         "Mark the pipeline's stages with maxinstr.stage(...) (or NVTX/roctx ranges) and capture again.",
-        "maxinstr run -- python YOUR_SCRIPT.py",
+        _maxinstr_run(report),
         score=0.0)]
 
 
@@ -182,14 +230,12 @@ def rule_no_gpu_data(report: Report) -> list[Finding]:
         return []
     if _any_stage_has(stages, "gpu_event_ns") or _any_stage_has(stages, "gpu_proj_ns"):
         return []
-    cmd = report.get("environment", {}).get("command")
-    script = shlex.join(str(c) for c in cmd) if isinstance(cmd, list) else "python YOUR_SCRIPT.py"
     return [_finding(
         "no_gpu_data", "Only host times: no GPU event times were recorded and no trace was given", "fact", None,
         {"stages": len(stages), "gpus_seen": len(report.get("environment", {}).get("gpus") or [])},
         "Host times show where the program waits, not what the GPU does. Record on a GPU machine (GPU events "
         "are on by default there) and add a profiler trace for kernels.",
-        f"maxinstr run -- {script}",
+        _maxinstr_run(report, with_profiler=True),
         score=0.0)]
 
 
@@ -240,8 +286,6 @@ def rule_no_kernels(report: Report) -> list[Finding]:
           "gpu_util_pct_mean": util, "outside_stages_share": outside,
           "per_stage": [{"stage": s["name"], "host_ns_median": h, "gpu_event_ns_median": g, "gpu_util_pct_mean": u}
                         for s, h, g, _, u in shown]}
-    cmd = report.get("environment", {}).get("command")
-    script = shlex.join(cmd) if isinstance(cmd, list) else "python YOUR_SCRIPT.py"
     step = ("The GPU events and samples say how much of each stage the GPU works, not what it runs. Capture the "
             "kernels: run the program under the profiler with the command below, or, without a profiler around it "
             "(a notebook, a server), maxinstr.session(..., kernels=True) collects them in the process (NVIDIA, "
@@ -253,7 +297,7 @@ def rule_no_kernels(report: Report) -> list[Finding]:
                 "between launches. " + step)
     return [_finding(
         "no_kernels", "No kernel trace; what the GPU numbers show: " + "; ".join(parts), "fact", st["name"], ev,
-        step, f"maxinstr run -- {script}",
+        step, _maxinstr_run(report, with_profiler=True),
         validation=_compare_cmd(report) + "  # with the kernels, the stage's GPU busy and its findings",
         score=0.5 * idle((st, host, gpu, ratio, util)))]
 
@@ -662,16 +706,21 @@ def rule_naive_matmul(report: Report) -> list[Finding]:
         share = sum(k["share"] for k in naive)
         if not naive or share < NAIVE_MATMUL_SHARE or not _significant(report, st):
             continue
+        # the deep dive takes the largest, and prints its own share: the title says both
+        largest = max(naive, key=lambda k: k["share"])
+        title = (f"'{st['name']}': MAX's naive matmul kernel takes {share:.0%} of the stage's GPU time" if len(naive) == 1
+                 else f"'{st['name']}': MAX's naive matmul kernels take {share:.0%} of the stage's GPU time "
+                      f"({len(naive)} kernels; the largest, {_short(largest['name'])}, {largest['share']:.0%})")
         out.append(_finding(
-            "naive_matmul",
-            f"'{st['name']}': MAX's naive matmul kernel takes {share:.0%} of the stage's GPU time",
+            "naive_matmul", title,
             "fact", st["name"],
             {"naive_share": round(share, 3), "kernels": [_short(k["name"], 60) for k in naive],
+             "largest_kernel": largest["name"], "largest_share": round(largest["share"], 3),
              "per_instance": round(sum(k["per_instance"] for k in naive), 2)},
             "MAX falls back to matmul_kernel_naive where none of its tuned matmuls covers the dtype and shape "
             "(float32, or odd shapes). Run the model in bfloat16 and keep matmul dimensions multiples of 64 so "
             "the tuned kernels (sm90_matmul, gemv_split_k) apply.",
-            _deep_dive(report, st, family="gemm"),
+            _deep_dive(report, st, kernel=largest),
             validation=_compare_cmd(report) + "  # the naive kernel must leave the stage's top kernels",
             score=share * _stage_weight(report, st)))
     return out
@@ -849,16 +898,20 @@ def rule_throttled(report: Report) -> list[Finding]:
     return out
 
 
-def _deep_dive(report: Report, st: Stage, family: str | None = None) -> str | None:
-    kernels = (st.get("mix") or {}).get("top_kernels", [])
-    if family:
+def _deep_dive(report: Report, st: Stage, family: str | None = None, kernel: MixKernel | None = None) -> str | None:
+    """deep-dive into the stage's top kernel (of ``family`` where it has one), or ``kernel``
+    (one of its top kernels): the command picks that very kernel, whose share it then prints."""
+    top: list[MixKernel] = (st.get("mix") or {}).get("top_kernels", [])
+    kernels = [kernel] if kernel is not None else top
+    if family and kernel is None:
         kernels = [k for k in kernels if k["family"] == family] or kernels
     if not kernels:
         return None
     k = kernels[0]
+    rivals = [o["name"] for o in top if o["share"] >= k["share"]]
     # the stage key (``prefill/attention``), which deep-dive resolves as the report does
     return (f"maxinstr deep-dive {_deep_dive_arg(report)} --stage {shlex.quote(st['name'])} "
-            f"--kernel {shlex.quote(_kernel_regex(k['name']))}")
+            f"--kernel {shlex.quote(_kernel_regex(k['name'], rivals))}")
 
 
 def _not_gpu_paced(st: Stage) -> str | None:
@@ -914,7 +967,8 @@ def rule_dominant_kernel(report: Report) -> list[Finding]:
                 "fact", None, {"kernel": gk["name"], "family": gk["family"], "share": round(gk["share"], 3)},
                 _COPY_STEP if copy else "Worth a deep dive.",
                 None if copy else
-                f"maxinstr deep-dive {_deep_dive_arg(report)} --kernel {shlex.quote(_kernel_regex(gk['name']))}",
+                f"maxinstr deep-dive {_deep_dive_arg(report)} --kernel "
+                f"{shlex.quote(_kernel_regex(gk['name'], [o['name'] for o in gpu['kernels'] if o['share'] >= gk['share']]))}",
                 score=gk["share"] * 0.5))
     return out
 

@@ -5,6 +5,7 @@ the others."""
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import sys
 
@@ -108,6 +109,23 @@ def batch_process() -> None:
                 keep_freed_memory()  # no malloc_trim after reads either
         except (OSError, AttributeError, TypeError):
             pass
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds for an option: a finite number > 0 (>= 0 with ``zero_ok``). Every
+    numeric option is range-checked by click, so a bad value is a usage error before anything
+    starts; ``FloatRange`` alone lets ``nan`` and ``inf`` through (no comparison fails them)."""
+
+    name = "seconds"
+
+    def __init__(self, *, zero_ok: bool = False) -> None:
+        super().__init__(min=0, min_open=not zero_ok)
+
+    def convert(self, value, param, ctx):
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a finite number of seconds.", param, ctx)
+        return seconds
 
 
 class UserError(click.ClickException):

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from maxinstr import config
+from maxinstr.cli import Seconds, UserError
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import deep_dive as dd
 from maxinstr.launch import runner
@@ -101,8 +102,8 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
 @click.option("--trace", "trace_opt", default=None, help="Trace to choose from (default: the run's own).")
 @click.option("--stage", default=None, help="Stage whose dominant kernel to take (default: the whole trace).")
 @click.option("--kernel", default=None, metavar="REGEX", help="Take the top kernel whose name matches REGEX instead.")
-@click.option("--warmup", type=int, default=None, help="Warm-up instances per stage, as `maxinstr report --warmup` (default: the run's own; 0 for a trace alone).")
-@click.option("--launch-skip", type=int, default=None, help="Override the computed launch skip.")
+@click.option("--warmup", type=click.IntRange(min=0), default=None, help="Warm-up instances per stage, as `maxinstr report --warmup` (default: the run's own; 0 for a trace alone).")
+@click.option("--launch-skip", type=click.IntRange(min=0), default=None, help="Override the computed launch skip.")
 @click.option("--section", "sections", multiple=True, help=f"ncu sections (default: {', '.join(dd.DEFAULT_SECTIONS)}).")
 @click.option("-o", "--out", type=click.Path(path_type=Path), default=None, help="Output folder (default RUN/deep-dive).")
 @click.option("--ncu", "ncu_path", default=None, help="ncu executable (default: found on PATH).")
@@ -110,7 +111,7 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
               help="Read an existing `ncu --csv --page details` output instead of running ncu.")
 @click.option("--dry-run", is_flag=True, help="Print the ncu command, do not run it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
-@click.option("--timeout", "timeout_s", type=float, default=None, help="Stop ncu after this many seconds.")
+@click.option("--timeout", "timeout_s", type=Seconds(), default=None, help="Stop ncu after this many seconds.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str | None, warmup: int | None,
             launch_skip: int | None, sections: tuple[str, ...], out: Path | None, ncu_path: str | None,
@@ -149,6 +150,9 @@ def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str 
         click.echo(f"maxinstr: {dd.amd_equivalent(choice, app)}")
         return
     out_dir = out or ((run_dir / "deep-dive") if run_dir else Path("deep-dive"))
+    problem = runner.run_dir_problem(out_dir)
+    if problem is not None:
+        raise UserError(f"{'-o ' if out else ''}{out_dir}: {problem}")
     rep = (out_dir / "kernel.ncu-rep").resolve()
     ncu = ncu_path or env_info.tool("ncu").path or "ncu"
     ncu_cmd = dd.ncu_command(choice, app, output=rep, ncu=ncu, sections=tuple(sections) or dd.DEFAULT_SECTIONS,
@@ -158,6 +162,9 @@ def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str 
         return
     if not app:
         raise MaxinstrError("no program to profile: give it after -- (the run records none)")
+    problem = runner.command_problem(app)
+    if problem is not None:
+        raise UserError(f"{problem}; ncu was not started")
     tool = find_tool("ncu", probe_version=False) if ncu_path is None else None
     if ncu_path is None and (tool is None or not tool.found):
         raise MaxinstrError(f"ncu is not installed: {env_info.tool('ncu').install_hint()}")

@@ -3,12 +3,14 @@ warm-up kept out of the capture, and print the per-stage report."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
 
 import click
 
+from maxinstr.cli import Seconds, UserError
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import runner
 from maxinstr.launch.env import detect_environment
@@ -74,20 +76,20 @@ def print_report(run_dir: Path, trace: str | None, unprofiled: Path | None = Non
               help="Run directory (default runs/<script>-<time>). With --repeat/--sweep, one folder per run inside it.")
 @click.option("--profiler", type=click.Choice(["auto", "nsys", "rocprofv3", "none"]), default="auto", show_default=True,
               help="Tracer to run under. auto: nsys on NVIDIA, rocprofv3 on AMD, none without a GPU.")
-@click.option("--window", "window_s", type=float, default=DEFAULT_WINDOW_S, show_default=True,
+@click.option("--window", "window_s", type=Seconds(zero_ok=True), default=DEFAULT_WINDOW_S, show_default=True,
               help="Seconds of steady state to capture (nsys). 0: until the session closes.")
 @click.option("--capture", type=click.Choice(["steady", "all"]), default="steady", show_default=True,
               help="steady: capture starts after the session's warm-up (cudaProfilerApi range); all: the whole run.")
 @click.option("--osrt", is_flag=True, help="Also trace OS runtime calls (nsys -t osrt).")
-@click.option("--warmup", type=int, default=None, help="Warm-up instances per stage for the run's session (MAXINSTR_WARMUP; overrides the script's "
+@click.option("--warmup", type=click.IntRange(min=0), default=None, help="Warm-up instances per stage for the run's session (MAXINSTR_WARMUP; overrides the script's "
                    "warmup=, and is needed for the steady-state capture when the program opens no session).")
 @click.option("--warm-run", is_flag=True, help="Run once unprofiled first (compile, load weights); its wall time is reported as startup.")
 @click.option("--stage", "stages", multiple=True, metavar="MODULE:QUALNAME[=name]",
               help="Wrap a function/method of code you cannot edit in a stage (repeatable).")
-@click.option("--repeat", type=int, default=1, show_default=True, help="Fresh-process repeats, each in its own run directory.")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Fresh-process repeats, each in its own run directory.")
 @click.option("--sweep", default=None, metavar="NAME=a,b,c",
               help="One run per value: NAME is an env var, or a flag appended to the command when it starts with '-'.")
-@click.option("--timeout", "timeout_s", type=float, default=None, help="Stop a run after this many seconds.")
+@click.option("--timeout", "timeout_s", type=Seconds(), default=None, help="Stop a run after this many seconds.")
 @click.option("--no-fail-fast", is_flag=True, help="Do not stop the child when its log shows a fatal error.")
 @click.option("--fatal", "fatal", multiple=True, metavar="REGEX", help="Extra log pattern that means the run failed (repeatable).")
 @click.option("--profiler-arg", "profiler_args", multiple=True, metavar="ARG", help="Extra argument for the profiler (repeatable).")
@@ -95,7 +97,8 @@ def print_report(run_dir: Path, trace: str | None, unprofiled: Path | None = Non
 @click.option("--no-report", is_flag=True, help="Do not print the report at the end.")
 @click.option("-q", "--quiet", is_flag=True, help="Do not echo the program's output (it is still in child.log).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def command(out, profiler, window_s, capture, osrt, warmup, warm_run, stages, repeat, sweep, timeout_s,
+@click.pass_context
+def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, warm_run, stages, repeat, sweep, timeout_s,
             no_fail_fast, fatal, profiler_args, yes, no_report, quiet, command) -> None:
     """Run CMD under the vendor profiler with maxinstr's session in it, then report.
 
@@ -112,18 +115,25 @@ def command(out, profiler, window_s, capture, osrt, warmup, warm_run, stages, re
         raise click.UsageError("give the command to run after --")
     for text in stages:
         parse_spec(text)  # fail before starting anything
+    out_dir = out or runner.default_run_dir(cmd)
+    specs = runner.plan_runs(cmd, Path(out_dir), repeat=repeat, sweep=sweep)
+    for spec in specs:  # a bad -o, or a command that cannot start: one line, nothing made or cleared
+        problem = runner.run_dir_problem(spec.run_dir)
+        if problem is not None:
+            raise UserError(f"{'-o ' + str(out) if out else spec.run_dir}: {problem}; nothing was started")
+        problem = runner.command_problem(spec.command, {**os.environ, **spec.env})
+        if problem is not None:
+            raise UserError(f"{problem}; nothing was started")
     env = detect_environment()
     for line in env.summary_lines(install_hints=profiler != "none"):
         click.echo(f"maxinstr: {line}", err=True)
     prof, notes = choose_profiler(profiler, env, window_s=window_s, capture=capture, osrt=osrt, extra=list(profiler_args))
     for note in notes:
         click.echo(f"maxinstr: {note}", err=True)
-    out_dir = out or runner.default_run_dir(cmd)
-    specs = runner.plan_runs(cmd, Path(out_dir), repeat=repeat, sweep=sweep)
     options = runner.RunOptions(
         profiler=prof, warm_run=warm_run, warmup=warmup, stage_specs=list(stages), timeout_s=timeout_s,
         fail_fast=not no_fail_fast, extra_fatal=list(fatal), echo=None if quiet else runner.sv.print_line,
-        environment=env.to_json(),
+        environment=env.to_json(), rerun_args=rerun_args(ctx),
     )
     click.echo("maxinstr: plan", err=True)
     for line in runner.plan_lines(specs, options):
@@ -149,6 +159,35 @@ def command(out, profiler, window_s, capture, osrt, warmup, warm_run, stages, re
         raise click.exceptions.Exit(1)
 
 
+NOT_REPRODUCED = ("out", "yes", "quiet", "no_report", "repeat", "sweep")
+"""Options a rerun leaves out (:func:`maxinstr.launch.runner.rerun_command`): where the run was
+written, how it was shown, and the shape of the plan it was one run of (the rerun is that run)."""
+
+
+def rerun_args(ctx: click.Context) -> list[str]:
+    """The options this `maxinstr run` was given (not those left at their defaults), as
+    command-line words, less :data:`NOT_REPRODUCED`: every other option changes what a run
+    records or how it is run, so the commands a report suggests carry them."""
+    from click.core import ParameterSource
+
+    words: list[str] = []
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name in NOT_REPRODUCED or param.name is None:
+            continue
+        if ctx.get_parameter_source(param.name) in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
+            continue
+        flag = max(param.opts, key=len)  # the long spelling
+        value = ctx.params[param.name]
+        if param.is_flag:
+            words += [flag] if value else []
+            continue
+        for item in value if param.multiple else [value]:
+            text = str(item)
+            # a value that starts with '-' would read as an option: --opt=VALUE keeps it one word
+            words += [f"{flag}={text}"] if text.startswith("-") else [flag, text]
+    return words
+
+
 def _summarize(outcome: runner.RunOutcome, *, no_report: bool) -> None:
     tag = f"[{outcome.spec.label}] " if outcome.spec.label else ""
     if outcome.warm is not None:
@@ -159,6 +198,9 @@ def _summarize(outcome: runner.RunOutcome, *, no_report: bool) -> None:
         click.echo("maxinstr: last lines of the log:", err=True)
         for line in res.tail[-8:]:
             click.echo(f"    {line}", err=True)
+    if outcome.unapplied:
+        click.echo(f"maxinstr: {tag}never applied: " + "; ".join(
+            f"--stage {text} ({why})" for text, why in outcome.unapplied.items()), err=True)
     art = outcome.artifact
     if art is not None:
         if art.ok:

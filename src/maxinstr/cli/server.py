@@ -7,7 +7,9 @@ from pathlib import Path
 
 import click
 
+from maxinstr.cli import Seconds, UserError
 from maxinstr.errors import MaxinstrError
+from maxinstr.launch import runner
 from maxinstr.launch import server as srv
 from maxinstr.launch.env import find_tool
 from maxinstr.launch.instrument import parse_spec
@@ -44,7 +46,7 @@ _start_options = [
     click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Run directory for the server."),
     click.option("--profiler", type=click.Choice(["nsys", "none"]), default="nsys", show_default=True),
     click.option("--ready", default=None, metavar="REGEX", help="Log line that says the server is ready (default: do not wait)."),
-    click.option("--ready-timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for --ready."),
+    click.option("--ready-timeout", type=Seconds(), default=600.0, show_default=True, help="Seconds to wait for --ready."),
     click.option("--stage", "stages", multiple=True, metavar="MODULE:QUALNAME[=name]", help="Wrap server code in stages."),
     click.option("--no-fail-fast", is_flag=True, help="Do not stop the server when its log shows a fatal error while starting."),
 ]
@@ -63,6 +65,13 @@ def _start(out, profiler, ready, ready_timeout, stages, no_fail_fast, cmd) -> sr
         parse_spec(text)
     if not cmd:
         raise click.UsageError("give the server command after --")
+    # as `maxinstr run`: a bad -o or a command that cannot start is one line, and nothing is made
+    problem = runner.run_dir_problem(out)
+    if problem is not None:
+        raise UserError(f"-o {out}: {problem}; nothing was started")
+    problem = runner.command_problem(cmd)
+    if problem is not None:
+        raise UserError(f"{problem}; nothing was started")
     state = srv.start_server(cmd, out, profiler=profiler, nsys_path=_nsys_path(profiler), ready=ready,
                              ready_timeout_s=ready_timeout, stage_specs=list(stages), fail_fast=not no_fail_fast)
     click.echo(f"maxinstr: server running (pid {state.pid}, process group {state.pgid}); log {state.log}", err=True)
@@ -105,8 +114,8 @@ def _window(run_dir: Path, duration: float | None, bench: list[str] | None, time
 
 @command.command("window", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True})
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--duration", type=float, default=None, help="Seconds to capture when no benchmark command is given (default 10).")
-@click.option("--timeout", type=float, default=None, help="Stop the benchmark command after this many seconds.")
+@click.option("--duration", type=Seconds(), default=None, help="Seconds to capture when no benchmark command is given (default 10).")
+@click.option("--timeout", type=Seconds(), default=None, help="Stop the benchmark command after this many seconds.")
 @click.option("-q", "--quiet", is_flag=True, help="Do not echo the benchmark's output.")
 @click.argument("bench", nargs=-1, type=click.UNPROCESSED)
 def window_cmd(run_dir, duration, timeout, quiet, bench) -> None:
@@ -135,8 +144,8 @@ def stop_cmd(run_dir) -> None:
 @command.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @_apply(_start_options)
 @click.option("--bench", default=None, metavar="'CMD ARGS'", help="Benchmark command run inside the window (shell-quoted).")
-@click.option("--duration", type=float, default=None, help="Window length when no --bench is given (default 10 s).")
-@click.option("--timeout", type=float, default=None, help="Stop the benchmark after this many seconds.")
+@click.option("--duration", type=Seconds(), default=None, help="Window length when no --bench is given (default 10 s).")
+@click.option("--timeout", type=Seconds(), default=None, help="Stop the benchmark after this many seconds.")
 @click.option("-q", "--quiet", is_flag=True)
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(out, profiler, ready, ready_timeout, stages, no_fail_fast, bench, duration, timeout, quiet, cmd) -> None:

@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from maxinstr.cli import Seconds
+
 
 def _fmt_pct(mean: float, peak: float) -> str:
     if not math.isfinite(mean):
@@ -79,9 +81,9 @@ def render(summaries: list, meta: dict[str, Any], console) -> None:
 
 
 @click.command("snapshot", context_settings={"ignore_unknown_options": True})
-@click.option("--duration", type=float, default=None,
+@click.option("--duration", type=Seconds(), default=None,
               help="Seconds to watch (default 5 without a command; with one: until it ends).")
-@click.option("--interval", type=float, default=0.05, show_default=True, help="Seconds between samples.")
+@click.option("--interval", type=Seconds(), default=0.05, show_default=True, help="Seconds between samples.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of a table.")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def command(duration: float | None, interval: float, as_json: bool, cmd: tuple[str, ...]) -> None:
@@ -97,10 +99,6 @@ def command(duration: float | None, interval: float, as_json: bool, cmd: tuple[s
     from maxinstr.sample import read_samples, start_sampler
     from maxinstr.sample.summary import summarize
 
-    if interval <= 0:
-        raise UserError("--interval must be positive")
-    if duration is not None and duration <= 0:
-        raise UserError("--duration must be positive")
     # the table goes to stderr when a command runs, so its stdout stays the command's own
     console = Console(stderr=bool(cmd))
     with tempfile.TemporaryDirectory(prefix="maxinstr-snapshot-") as tmp:

@@ -193,7 +193,47 @@ def startup(environ: dict[str, str] | os._Environ = os.environ) -> None:
 def _apply_specs_step(environ) -> None:
     specs = stage_specs_from_env(environ)
     if specs:
+        from maxinstr.launch.instrument import on_outcome
+
+        on_outcome(_record_outcome)
         apply_stage_specs(specs)
+
+
+STAGE_SPECS_FILE = "stage-specs.jsonl"
+"""In the run directory: one line a spec a process applied, or failed to apply (launch/runner.py
+reads them all to say which specs no process applied)."""
+
+
+def _record_outcome(spec, problem: str | None) -> None:
+    """Record in the run directory, as it happens, that this process applied a --stage spec or
+    failed to (with the line it printed). A file of the run's own, appended a whole line at a
+    time by every process: a helper process's part opens only at its first record, a fork child
+    ends with ``os._exit`` and a killed process runs no exit code, yet what they applied counts."""
+    run_dir = config.run_dir()
+    if not run_dir:
+        return
+    import json
+
+    line = json.dumps({"stage_spec": spec.text, "applied": problem is None, "problem": problem, "pid": os.getpid()})
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        fd = os.open(os.path.join(run_dir, STAGE_SPECS_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode("utf-8", "backslashreplace"))
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # the run then says the spec was never applied; the program goes on
+
+
+def _run_sink():
+    """Where this process's open root session writes, or None. Never imports maxinstr.record
+    (its import opens the run's session)."""
+    process = sys.modules.get("maxinstr.record.process")
+    if process is None:
+        return None
+    root = process.PROCESS.root
+    return None if root is None or root.closed else root.sink
 
 
 def _capture_step(environ) -> None:
@@ -301,14 +341,41 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[config.RUN_DIR] = os.path.abspath(default_run_dir([target]))
         _say(f"writing the run to {os.path.relpath(os.environ[config.RUN_DIR])} (-o DIR or MAXINSTR_RUN_DIR to choose)")
     startup()
-    if args[0] == "-m":
-        sys.argv = [args[1], *args[2:]]
-        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = list(args)
-        sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
-        runpy.run_path(args[0], run_name="__main__")
+    try:
+        if args[0] == "-m":
+            sys.argv = [args[1], *args[2:]]
+            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(args)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
+            runpy.run_path(args[0], run_name="__main__")
+    finally:
+        try:
+            _say_unapplied()
+        except Exception as exc:  # noqa: BLE001 - the program has run; nothing of ours fails it now
+            _say(f"could not say which --stage specs were applied: {type(exc).__name__}: {exc}")
     return 0
+
+
+def _say_unapplied() -> None:
+    """At the end of the program this form ran: the specs it never applied, in the run (the
+    report lists them) as `maxinstr run` says them (launch/runner.py), and in one line those whose
+    module it never imported (one that failed to apply was said when it failed, by this process,
+    the only one with the start-up hook)."""
+    from maxinstr.launch.runner import unapplied_stage_specs
+
+    run_dir = config.run_dir()
+    specs = stage_specs_from_env()
+    if not run_dir or not specs:
+        return
+    unapplied = unapplied_stage_specs(Path(run_dir), specs)
+    never = {text: why for text, why in unapplied.items() if why.startswith("no process of the run")}
+    if never:
+        _say("never applied: " + "; ".join(f"--stage {text} ({why})" for text, why in never.items()))
+    sink = _run_sink()
+    if sink is not None:
+        for text, why in unapplied.items():
+            sink.event("warning", f"--stage {text} was never applied: {why}")
 
 
 def site_dir() -> str:

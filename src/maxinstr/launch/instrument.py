@@ -40,6 +40,11 @@ class StageSpec:
     def target(self) -> str:
         return f"{self.module}:{self.qualname}"
 
+    @property
+    def text(self) -> str:
+        """``MODULE:QUALNAME=name``, the name written out: one spelling for one spec."""
+        return f"{self.target}={self.name}"
+
 
 def parse_spec(text: str) -> StageSpec:
     """Parse ``MODULE:QUALNAME[=name]``; raises MaxinstrError with the reason when malformed."""
@@ -62,8 +67,14 @@ def _default_stage_factory(name: str) -> Callable[[Callable], Callable]:
 
 
 def _called_by_maxinstr(frame: Any) -> bool:
-    """Whether the calling frame is maxinstr's own code (its writers, flusher, sampler)."""
-    name = frame.f_globals.get("__name__", "") if frame is not None else ""
+    """Whether the calling frame is maxinstr's own code (its writers, flusher, sampler, and a
+    module of it run with ``-m``, whose ``__name__`` is ``__main__``: ``python -m
+    maxinstr.launch.bootstrap``)."""
+    if frame is None:
+        return False
+    name = frame.f_globals.get("__name__", "")
+    if name == "__main__":
+        name = getattr(frame.f_globals.get("__spec__"), "name", "") or ""
     return name == "maxinstr" or name.startswith("maxinstr.")
 
 
@@ -153,6 +164,24 @@ def apply_spec(spec: StageSpec, module: ModuleType, stage_factory: Callable[[str
 _lock = threading.RLock()
 _pending: dict[str, list[tuple[StageSpec, Callable[[str], Any] | None]]] = {}
 _errors: list[str] = []
+_listeners: list[Callable[[StageSpec, str | None], None]] = []
+
+
+def on_outcome(listener: Callable[[StageSpec, str | None], None]) -> None:
+    """Call ``listener(spec, problem)`` whenever a lazy spec is applied (``problem`` None) or
+    fails to apply (``problem``: the one line printed). `maxinstr run`'s start-up hook records
+    these in the run, so that the run can say which specs no process ever applied."""
+    with _lock:
+        if listener not in _listeners:
+            _listeners.append(listener)
+
+
+def _tell(spec: StageSpec, problem: str | None) -> None:
+    for listener in list(_listeners):
+        try:
+            listener(spec, problem)
+        except Exception:  # noqa: BLE001 - runs inside the user's import: never breaks it
+            pass
 
 
 class _ApplyAfterExec(importlib.abc.Loader):
@@ -206,12 +235,14 @@ def _apply_or_say(spec: StageSpec, module: ModuleType, factory: Callable[[str], 
     user's import (or start-up), which must never break. True when applied."""
     try:
         apply_spec(spec, module, factory)
-        return True
     except Exception as exc:  # noqa: BLE001 - a wrap we did not foresee failing is still ours
         text = str(exc) if isinstance(exc, MaxinstrError) else f"--stage {spec.target}: {type(exc).__name__}: {exc}"
         _errors.append(text)
         sys.stderr.write(f"maxinstr: {text}\n")
+        _tell(spec, text)
         return False
+    _tell(spec, None)
+    return True
 
 
 def _install_hook() -> None:

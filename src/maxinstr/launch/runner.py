@@ -12,6 +12,7 @@ import datetime as _dt
 import json
 import os
 import shlex
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from pathlib import Path
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import supervise as sv
 from maxinstr import config
-from maxinstr.launch.bootstrap import site_dir
+from maxinstr.launch.bootstrap import STAGE_SPECS_FILE, site_dir
 from maxinstr.launch.profilers import Artifact, NoProfiler, Profiler
 
 LAUNCH_FILE = "launch.json"
@@ -40,6 +41,10 @@ class RunSpec:
     side: Path | None = None
     """The folder this run is one of the repeats in (``maxinstr compare`` pools a folder of
     repeats into one side); None for a run without repeats."""
+    sweep: str = ""
+    """This run's own ``--sweep`` value (``BATCH=8``, ``--batch-size=8``); '' without a sweep."""
+    program: list[str] | None = None
+    """The command before a ``--sweep`` flag was appended (None: ``command`` itself)."""
 
 
 @dataclass
@@ -56,6 +61,11 @@ class RunOptions:
     echo: Callable[[str], None] | None = sv.print_line
     environment: dict | None = None
     """detect_environment().to_json(), stored with the run."""
+    rerun_args: list[str] | None = None
+    """The options of `maxinstr run` that make a run what it is (profiler, capture, warm-up,
+    --stage, ...), as command-line words, less where it writes (-o), how it shows it (-y, -q,
+    --no-report) and the plan's shape (--repeat, --sweep): see :func:`rerun_command`. None when
+    the runs were not planned from a command line."""
 
 
 @dataclass
@@ -67,6 +77,8 @@ class RunOutcome:
     artifact: Artifact | None
     warm: sv.ChildResult | None = None
     files: dict[str, str] = field(default_factory=dict)
+    unapplied: dict[str, str] = field(default_factory=dict)
+    """--stage specs no process of the run applied -> why (:func:`unapplied_stage_specs`)."""
 
     @property
     def ok(self) -> bool:
@@ -102,22 +114,23 @@ def plan_runs(command: list[str], out: Path, *, repeat: int = 1, sweep: str | No
     The label (``NAME=v.r2``) names the run in the output and in its launch.json."""
     if repeat < 1:
         raise MaxinstrError("--repeat must be at least 1")
-    axis: list[tuple[str, dict[str, str], list[str]]] = [("", {}, [])]
+    # (label, env, flag words, this value's --sweep)
+    axis: list[tuple[str, dict[str, str], list[str], str]] = [("", {}, [], "")]
     if sweep:
         name, values = parse_sweep(sweep)
         if name.startswith("-"):
-            axis = [(f"{name.lstrip('-')}={v}", {}, [name, v]) for v in values]
+            axis = [(f"{name.lstrip('-')}={v}", {}, [name, v], f"{name}={v}") for v in values]
         else:
-            axis = [(f"{name}={v}", {name: v}, []) for v in values]
+            axis = [(f"{name}={v}", {name: v}, [], f"{name}={v}") for v in values]
     specs: list[RunSpec] = []
-    for label, env, extra_args in axis:
+    for label, env, extra_args, value in axis:
         side = out / label if label else out
         for r in range(repeat):
             rep = f"r{r + 1}" if repeat > 1 else ""
             run_label = ".".join(p for p in (label, rep) if p)
             run_dir = side / rep if rep else side
             specs.append(RunSpec(command=list(command) + extra_args, run_dir=run_dir, label=run_label, env=dict(env),
-                                 side=side if repeat > 1 else None))
+                                 side=side if repeat > 1 else None, sweep=value, program=list(command)))
     return specs
 
 
@@ -146,6 +159,56 @@ def compare_hint(specs: list[RunSpec]) -> str | None:
     how = (" (each value's repeats pooled into one side)" if specs[0].side is not None
            else " (one run a value: with --repeat 3 compare can tell a change from run-to-run noise)")
     return f"compare the values{how}: maxinstr compare {' '.join(shlex.quote(str(s)) for s in sides)}"
+
+
+def rerun_command(spec: RunSpec, options: RunOptions) -> list[str] | None:
+    """The `maxinstr run` command that makes this run again: the options it was made with
+    (:attr:`RunOptions.rerun_args`), this run's own ``--sweep`` value, its program. No ``-o``
+    (a rerun writes a run of its own, never over this one) and no ``--repeat`` (one run, as
+    this one). None when the run was not planned from a command line."""
+    if options.rerun_args is None:
+        return None
+    sweep = [f"--sweep={spec.sweep}"] if spec.sweep else []
+    return ["maxinstr", "run", *options.rerun_args, *sweep, "--", *(spec.program or spec.command)]
+
+
+def run_dir_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot be made a run directory, or None: it, or the nearest of its parents
+    that exists, must be a directory this process may write in. Asked before anything starts,
+    so that a bad ``-o`` is one line and nothing else happens."""
+    probe = Path(path)
+    while not os.path.lexists(probe) and probe.parent != probe:
+        probe = probe.parent
+    if probe.is_symlink() and not probe.exists():
+        return f"{probe} is a broken symbolic link"
+    if not probe.is_dir():
+        return f"{probe} is a file, not a directory" if probe.is_file() else f"{probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"cannot create folders in {probe} (permission denied)"
+    return None
+
+
+def command_problem(command: list[str], env: dict[str, str] | None = None) -> str | None:
+    """Why ``command`` cannot be started, or None: a program that is not on the PATH the child
+    will have, or a path that is not an executable file. Asked before a run directory is made
+    or a previous run cleared, so a command that cannot start costs nothing."""
+    program = command[0] if command else ""
+    if not program:
+        return "no command to run"
+    if os.sep in program or (os.altsep and os.altsep in program):
+        if not os.path.exists(program):
+            return f"{program}: no such file"
+        if os.path.isdir(program) or not os.access(program, os.X_OK):
+            return f"{program}: not an executable file"
+        return None
+    path = os.pathsep.join(os.get_exec_path(dict(os.environ) if env is None else env))
+    if shutil.which(program, path=path) is None:
+        return f"{program}: command not found"
+    return None
+
+
+class NotStarted(MaxinstrError):
+    """The run's command could not be started (the run directory holds nothing of it)."""
 
 
 def child_env(spec: RunSpec, options: RunOptions, run_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -221,8 +284,10 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def merge_meta(run_dir: Path, profiler: Profiler, wrapped: list[str], artifact: Artifact | None) -> bool:
-    """Record the profiler in the session's meta.json (after the child closed it)."""
+def merge_meta(run_dir: Path, profiler: Profiler, wrapped: list[str], artifact: Artifact | None,
+               maxinstr_command: list[str] | None = None) -> bool:
+    """Record the profiler in the session's meta.json (after the child closed it), and the
+    `maxinstr run` command that makes the run again (:func:`rerun_command`)."""
     meta_path = run_dir / "meta.json"
     if not meta_path.exists():
         return False
@@ -241,6 +306,8 @@ def merge_meta(run_dir: Path, profiler: Profiler, wrapped: list[str], artifact: 
             "window_s": window if profiler.uses_capture_range else None,
             "trace": artifact.trace if artifact else None,
         }
+    if maxinstr_command is not None:
+        meta["maxinstr_command"] = maxinstr_command
     _write_json(meta_path, meta)
     return True
 
@@ -265,7 +332,7 @@ def _remove_run(run_dir: Path) -> list[str]:
 
     if not (run_dir / "meta.json").exists() and not (run_dir / LAUNCH_FILE).exists():
         return []
-    names = ["meta.json", "parts", LAUNCH_FILE, LOG_FILE, WARM_DIR, "deep-dive"]
+    names = ["meta.json", "parts", LAUNCH_FILE, LOG_FILE, STAGE_SPECS_FILE, WARM_DIR, "deep-dive"]
     names += [f"{PROFILE_BASE}{ext}" for ext in (".nsys-rep", ".sqlite", ".qdstrm")]
     rocprof_dir = run_dir / PROFILE_BASE
     if rocprof_dir.is_dir() and any(rocprof_dir.glob("**/*_trace.csv")):
@@ -284,8 +351,56 @@ def _remove_run(run_dir: Path) -> list[str]:
 
 
 def execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
-    """Run one planned process end to end. Raises MaxinstrError when the command cannot start."""
-    run_dir = sv.ensure_dir(spec.run_dir)
+    """Run one planned process end to end. Raises MaxinstrError when the command cannot start:
+    then nothing is left behind (no run directory, no log; a previous run there is kept)."""
+    problem = command_problem(spec.command, {**os.environ, **spec.env})
+    if problem is not None:
+        raise NotStarted(f"{problem}; nothing was started")
+    made = _make_dirs(spec.run_dir)
+    try:
+        return _execute(spec, options)
+    except NotStarted as exc:
+        left = _undo_start(spec.run_dir, made)
+        raise NotStarted(f"{exc}; nothing was started" + (f" (left in place: {', '.join(left)})" if left else "")) from None
+
+
+def _make_dirs(path: Path) -> list[Path]:
+    """Make ``path`` and its missing parents; returns those it made, deepest first."""
+    made = []
+    probe = Path(path)
+    while not os.path.lexists(probe) and probe.parent != probe:
+        made.append(probe)
+        probe = probe.parent
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MaxinstrError(f"{path}: cannot make the run directory ({exc.strerror or exc})") from None
+    return made
+
+
+def _undo_start(run_dir: Path, made: list[Path]) -> list[str]:
+    """After a command that never started: remove the empty logs and folders this run made
+    (never anything that holds data), and return what is left of them."""
+    for log in (run_dir / WARM_DIR / LOG_FILE, run_dir / LOG_FILE):
+        try:
+            if log.is_file() and not log.is_symlink() and log.stat().st_size == 0:
+                log.unlink()
+        except OSError:
+            pass
+    left = []
+    for folder in [run_dir / WARM_DIR, *made]:
+        try:
+            folder.rmdir()  # only an empty folder goes
+        except FileNotFoundError:
+            pass
+        except OSError:
+            if folder in made:
+                left.append(str(folder))
+    return left
+
+
+def _execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
+    run_dir = spec.run_dir
     clear_previous_run(run_dir)
     warm: sv.ChildResult | None = None
     patterns = _fatal_patterns(options)
@@ -307,7 +422,9 @@ def execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
     if profiler.name != "none":
         artifact = profiler.collect(output_base)
     outcome = RunOutcome(spec, result, artifact, warm=warm)
-    merge_meta(run_dir, profiler, wrapped, artifact)
+    merge_meta(run_dir, profiler, wrapped, artifact, rerun_command(spec, options))
+    outcome.unapplied = unapplied_stage_specs(run_dir, options.stage_specs)
+    _note_unapplied(run_dir, outcome.unapplied)
     outcome.files = _files(run_dir, artifact)
     _write_launch(run_dir, spec, options, wrapped, env, outcome)
     return outcome
@@ -319,9 +436,9 @@ def _supervise(cmd: list[str], env: dict[str, str], log: Path, options: RunOptio
             cmd, env=env, log_path=log, timeout_s=options.timeout_s, fatal_patterns=patterns, echo=options.echo
         )
     except FileNotFoundError:
-        raise MaxinstrError(f"{cmd[0]}: command not found") from None
+        raise NotStarted(f"{cmd[0]}: command not found") from None
     except PermissionError:
-        raise MaxinstrError(f"{cmd[0]}: not executable") from None
+        raise NotStarted(f"{cmd[0]}: not executable") from None
 
 
 def _files(run_dir: Path, artifact: Artifact | None) -> dict[str, str]:
@@ -353,12 +470,91 @@ def _write_launch(run_dir: Path, spec: RunSpec, options: RunOptions, wrapped: li
             "window_s": getattr(getattr(prof, "options", None), "window_s", None),
         },
         "stage_specs": options.stage_specs,
+        "stage_specs_unapplied": outcome.unapplied,
+        "maxinstr_command": rerun_command(spec, options),
         "startup": None if outcome.warm is None else {"warm_run_wall_s": round(outcome.warm.wall_s, 3), **outcome.warm.to_json()},
         "run": outcome.result.to_json(),
         "artifact": None if outcome.artifact is None else outcome.artifact.to_json(),
         "environment": options.environment,
     }
     _write_json(run_dir / LAUNCH_FILE, record)
+
+
+def unapplied_stage_specs(run_dir: Path, stage_specs: list[str]) -> dict[str, str]:
+    """The ``--stage`` specs that no process of the run applied, each with why: the problem a
+    process met applying it, or that no process imported its module. Read from the run's
+    stage-specs.jsonl, where the start-up hook of every process records each spec it applies or
+    fails to apply, as it happens (launch/bootstrap.py): a spec that any process applied (a
+    worker, a fork child, one killed later) was applied."""
+    if not stage_specs:
+        return {}
+    from maxinstr.launch.instrument import parse_spec
+    from maxinstr.rundir import format as fmt
+    from maxinstr.rundir.reader import read_jsonl
+
+    try:
+        said = read_jsonl(run_dir / STAGE_SPECS_FILE, [])
+    except (MaxinstrError, OSError):
+        said = []  # damaged: every spec is then "never applied", which the run's log can correct
+    applied: set[str] = set()
+    failed: dict[str, str] = {}
+    for line in said:
+        key = line.get("stage_spec") if isinstance(line, dict) else None
+        if not isinstance(key, str):
+            continue
+        if line.get("applied") is True:
+            applied.add(key)
+        elif isinstance(line.get("problem"), str):
+            failed.setdefault(key, line["problem"])
+    hooked = bool(said) or any((run_dir / fmt.PARTS_DIR).glob("*/"))  # some Python process ran the start-up hook
+    out: dict[str, str] = {}
+    for text in stage_specs:
+        try:
+            spec = parse_spec(text)
+        except MaxinstrError as exc:  # (`maxinstr run` refuses these before it starts)
+            out[text] = str(exc).removeprefix(f"--stage {text!r}: ")
+            continue
+        if spec.text in applied:
+            continue
+        if spec.text in failed:
+            out[text] = failed[spec.text].removeprefix(f"--stage {spec.target}: ")
+        elif hooked:
+            out[text] = f"no process of the run imported {spec.module}"
+        else:
+            out[text] = "no process of the run recorded anything (a program that is not Python, or one that cannot import maxinstr)"
+    return out
+
+
+def _note_unapplied(run_dir: Path, unapplied: dict[str, str]) -> None:
+    """Say in the run itself which specs were never applied: a warning each in the owner part's
+    events.jsonl, which the report lists in its notes (written after the program ended, when no
+    process writes that part any more)."""
+    from maxinstr.rundir import format as fmt
+    from maxinstr.rundir.writer import json_line
+
+    if not unapplied:
+        return
+    parts = sorted(p for p in (run_dir / fmt.PARTS_DIR).glob("*/") if p.is_dir())
+    owner = next((p for p in parts if _part_role(p) == "owner"), parts[0] if parts else None)
+    if owner is None:
+        return
+    lines = b"".join(json_line({"time_ns": time.monotonic_ns(), "kind": "warning",
+                                "message": f"--stage {text} was never applied: {why}", "by": "maxinstr run"})
+                     for text, why in unapplied.items())
+    try:
+        with open(owner / fmt.EVENTS_FILE, "ab") as f:
+            f.write(lines)
+    except OSError:
+        pass  # launch.json and the line on stderr still say it
+
+
+def _part_role(part: Path) -> str | None:
+    from maxinstr.rundir import format as fmt
+
+    try:
+        return json.loads((part / fmt.PART_FILE).read_text(encoding="utf-8")).get("role")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def read_launch(run_dir: str | Path) -> dict | None:
