@@ -175,6 +175,8 @@ def test_the_report_suggests_the_command_that_records_the_run_again(tmp_path, sc
     (finding,) = [f for f in json.loads(rep.stdout)["diagnosis"] if f["id"] in ("no_gpu_data", "no_kernels")]
     # it asks for a profiler's kernels: the run's --profiler none is left out, the rest kept
     assert finding["command"] == shlex.join([w for w in expected if w not in ("--profiler", "none")])
+    # the Reproduce section quotes the maxinstr run command as it was (not only the program)
+    assert {"what": "the run, as maxinstr run made it", "command": shlex.join(expected)} in json.loads(rep.stdout)["reproduce"]
     # and, copied, it records what the run recorded
     again = shlex.split(finding["command"])
     assert again[:2] == ["maxinstr", "run"]

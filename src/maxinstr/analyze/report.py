@@ -362,7 +362,7 @@ def _rules_used(attribution: Attribution | None) -> dict[str, int] | None:
     return {Rule(i).name.lower(): int(c) for i, c in enumerate(counts) if c}
 
 
-_META_KEYS = ("command", "cwd", "git", "host", "python", "maxinstr", "gpus", "driver", "cuda", "rocm",
+_META_KEYS = ("command", "maxinstr_command", "cwd", "git", "host", "python", "maxinstr", "gpus", "driver", "cuda", "rocm",
               "frameworks", "env", "user", "profiler", "warmup", "clock")
 
 
@@ -862,6 +862,10 @@ def _reproduce(run: Run | None, trace: Trace | None, unprofiled: Run | None) -> 
     if cmd:
         text = shlex.join(cmd) if isinstance(cmd, list) else str(cmd)
         out.append({"what": "the program, as run", "command": text})
+    rerun = meta.get("maxinstr_command")
+    if isinstance(rerun, list) and rerun and all(isinstance(w, str) for w in rerun):
+        # `maxinstr run` recorded how it ran the program: its --stage specs, warm-up, profiler
+        out.append({"what": "the run, as maxinstr run made it", "command": shlex.join(rerun)})
     prof = meta.get("profiler")
     if isinstance(prof, dict) and prof.get("command"):
         pc = prof["command"]

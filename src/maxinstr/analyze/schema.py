@@ -382,6 +382,9 @@ class Environment(TypedDict, total=False):
     (``trace_meta``) and the ``maxinstr run --sweep`` value (``sweep``)."""
 
     command: list[str] | str
+    maxinstr_command: list[str]
+    """The ``maxinstr run`` command line that makes the run again (its --stage specs, warm-up,
+    profiler), where ``maxinstr run`` made it."""
     cwd: str
     git: dict[str, Any]
     host: str
