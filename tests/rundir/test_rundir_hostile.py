@@ -13,7 +13,11 @@ without bound, or raise anything else.
   loses its kernels with a note naming the file, the rest of the run is reported;
 - any JSON value of any file of a real kernels=True run replaced by an odd one (huge, negative,
   float, 1e400, wrong type, deep): the report, or a RunDirError naming that file (property test);
-- ids of strings.jsonl / attrs.jsonl and part folder names that are not ints of their column."""
+- ids of strings.jsonl / attrs.jsonl and part folder names that are not ints of their column;
+- damage to some rows or lines of a file (random rows in stages.bin or activity.bin, a line that
+  is not JSON, an id out of its column's range) skips them, counted in one note per file naming
+  the first one and why; every other record is read (copies of real runs in tests/data, the
+  damage a new user made; docs/formats.md "Reading rules")."""
 
 from __future__ import annotations
 
@@ -232,23 +236,41 @@ def test_deep_or_huge_json_is_an_error_naming_the_file(tmp_path, doc):
     root = _write_run(tmp_path / "run", meta=doc.encode())
     run, exc = _outcome(root)
     assert exc is not None and str(exc).startswith(str(root / "meta.json"))
-    for name in ("part.json", "attrs.jsonl"):
-        other = _write_run(tmp_path / f"bad-{name}")
-        (other / "parts" / "p7" / name).write_text(_deep(100_000) + "\n")
+    other = _write_run(tmp_path / "bad-part.json")
+    (other / "parts" / "p7" / "part.json").write_text(_deep(100_000))
+    run, exc = _outcome(other)
+    assert exc is not None and str(exc).startswith(str(other / "parts" / "p7" / "part.json")), exc
+    # one line of a JSON lines file is that line only: skipped and said
+    for deep, why in ((_deep(100_000), "not JSON (nested too deeply)"),
+                      (_deep(70), "nested deeper than 64 levels: not a file maxinstr wrote")):
+        other = _write_run(tmp_path / f"bad-attrs-{len(deep)}")
+        path = other / "parts" / "p7" / "attrs.jsonl"
+        with open(path, "a") as f:
+            f.write(deep + "\n")
         run, exc = _outcome(other)
-        assert exc is not None and str(exc).startswith(str(other / "parts" / "p7" / name)), exc
+        assert exc is None and len(run) == 6 and run.attrs == {int(run["id"][0]): {"k": 1}}
+        assert f"{path}: skipped 1 of 2 line(s) (first: line 2, {why}); those records' attrs are not shown" in run.notes
 
 
 @pytest.mark.parametrize("col, value", [("host_start_ns", -(2**63) + 10), ("host_end_ns", 2**63 - 10),
                                         ("host_start_ns", -5)])
-def test_times_that_would_overflow_a_duration_are_a_damaged_file(tmp_path, col, value):
+def test_times_that_would_overflow_a_duration_are_a_damaged_row(tmp_path, col, value):
+    """Such a row is not a stage record: skipped and said, never a negative duration; the others
+    are read (the whole file is an error only when no row is a stage record)."""
     rows = _rows()
     rows[col][2] = value
     if col == "host_start_ns":
         rows["host_end_ns"][2] = 2**63 - 10 if value < -10 else rows["host_end_ns"][2]
     root = _write_run(tmp_path / "run", rows=rows)
+    run, exc = _outcome(root, report=True)
+    assert exc is None and run["id"].tolist() == np.delete(rows["id"], 2).tolist()
+    assert (run["host_end_ns"] - run["host_start_ns"] >= 0).all()
+    assert [n for n in run.notes if "stages.bin" in n] == [f"{root / 'parts/p7/stages.bin'}: skipped 1 of 6 row(s) that are not stage records (first: row 2, "
+                         "a host time outside [0, 2**62) ns)"]
+    rows[col][:] = value  # every row: not a stages.bin
+    root = _write_run(tmp_path / "all", rows=rows)
     _, exc = _outcome(root)
-    assert exc is not None and "not stage records" in str(exc)
+    assert exc is not None and str(exc).startswith(f"{root / 'parts/p7/stages.bin'}: none of its 6 row(s) is a stage record")
 
 
 def test_durations_near_the_bound_are_exact(tmp_path):
@@ -320,15 +342,24 @@ def test_an_odd_value_anywhere_in_a_real_run_is_a_report_or_an_error_naming_its_
         path.write_text(_with_raw(doc, paths[where % len(paths)], raw))
     report, exc = _within(root, lambda: _report(root))
     if exc is not None:
-        assert which not in ACTIVITY_FILES and str(exc).startswith(f"{path}: "), str(exc)
+        assert which not in ACTIVITY_FILES and not which.endswith(".jsonl") and str(exc).startswith(f"{path}: "), str(exc)
     elif which in ACTIVITY_FILES:
         assert _stage_rows(report) == _stage_rows(_seed_report())
+    if which.endswith(".jsonl"):
+        # one line changed: it is read or skipped, never the file refused. Skipped, it is that
+        # line, or the other line naming the id it now names (the first name of an id is kept)
+        assert exc is None
+        said = [n for n in report["sources"]["notes"] if n.startswith(f"{path}: ")]
+        assert len(said) <= 1, said
+        if said and "skipped" in said[0]:
+            assert said[0].startswith(f"{path}: skipped 1 of {len(lines)} line(s) (first: line "), said
 
 
 def test_a_kernel_name_id_never_sizes_memory(tmp_path):
-    """activity_names.jsonl ids index the names: an id past the number of lines is an error, not
-    a list that long (a 17-byte file holding [300000000, "k"] took 84 s and 5.8 GB; 1e11 grew
-    without bound). Peak memory stays a small multiple of the files' size."""
+    """activity_names.jsonl ids index the names: an id past the number of lines is a skipped
+    line (counted, the first quoted), not a list that long (a 17-byte file holding [300000000,
+    "k"] took 84 s and 5.8 GB; 1e11 grew without bound). Peak memory stays a small multiple of
+    the files' size."""
     import tracemalloc
 
     from maxinstr.kernels.store import read_part_activity
@@ -337,17 +368,33 @@ def test_a_kernel_name_id_never_sizes_memory(tmp_path):
     pdir.mkdir()
     (pdir / "activity.json").write_text('{"format":"maxinstr-activity","version":1,"status":"closed"}')
     (pdir / "activity.bin").write_bytes(b"")
-    for line in ('[1000000,"k"]', '[10000000,"k"]', '[1,"k"]', '[-5,"k"]', '[1e400,"k"]', '[1.0,"k"]', '[true,"k"]',
-                 '["0","k"]', '[0,5]', '[0]', '{"0":"k"}', '[0,"a"]\n[0,"b"]\n[5,"c"]'):
+    shape = 'not [id, "name"] with an id from 0 to 0 (one line per id)'
+    for line, said in (
+        ('[1000000,"k"]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [1000000, \"k\"])"),
+        ('[10000000,"k"]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [10000000, \"k\"])"),
+        ('[1,"k"]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [1, \"k\"])"),
+        ('[-5,"k"]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [-5, \"k\"])"),
+        ('[1e400,"k"]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [Infinity, \"k\"])"),
+        ('[1.0,"k"]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [1.0, \"k\"])"),
+        ('[true,"k"]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [true, \"k\"])"),
+        ('["0","k"]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [\"0\", \"k\"])"),
+        ('[0,5]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [0, 5])"),
+        ('[0]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [0])"),
+        ('{"0":"k"}', f"skipped 1 of 1 line(s) (first: line 1, {shape}: {{\"0\": \"k\"}})"),
+        ('[0,"a"]\n[0,"b"]\n[5,"c"]', 'skipped 2 of 3 line(s) (first: line 2, id 0 was named "a" before: [0, "b"])'),
+    ):
         (pdir / "activity_names.jsonl").write_text(line + "\n")
         tracemalloc.start()
         try:
-            with pytest.raises(RunDirError, match=r"activity_names\.jsonl: line is not \[id, \"name\"\]"):
-                read_part_activity(pdir)
+            meta, rows, names = read_part_activity(pdir)
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
         assert peak < 256 * 1024, (line, peak)
+        assert len(names) == line.count("\n") + 1 and names[-1] == "<name %d missing in p>" % (len(names) - 1)
+        note = f"{pdir / 'activity_names.jsonl'}: {said}; the kernels and API calls of a skipped name show as " \
+               "<name N missing in p>"
+        assert meta["notes"] == [note], (line, meta["notes"])
     (pdir / "activity_names.jsonl").write_text('[1,"b"]\n[0,"a"]\n')  # any order: each id once, below the count
     assert read_part_activity(pdir)[2] == ["a", "b"]
 
@@ -385,7 +432,7 @@ def test_the_audit_reproduction_through_the_command(tmp_path, capsys):
     (pdir / "activity.json").write_text('{"format":"maxinstr-activity","version":1,"status":"closed"}')
     (pdir / "activity.bin").write_bytes(b"")
     names = pdir / "activity_names.jsonl"
-    for text_, said in (('[1000000,"k"]\n', f"in-process kernels not read: {names}: line is not [id, \"name\"]"),
+    for text_, said in (('[1000000,"k"]\n', f"{names}: skipped 1 of 1 line(s) (first: line 1, not [id, \"name\"]"),
                         ('[1000000,"k"]', f"{names}: ignored a torn last line")):  # no newline: cut by a kill
         names.write_text(text_)
         assert main(["report", str(root), "--format", "json", "--quiet"]) == 0
@@ -403,14 +450,22 @@ def test_the_audit_reproduction_through_the_command(tmp_path, capsys):
     ("attrs.jsonl", f'{{"id": {-(2**63) - 1}, "attrs": {{}}}}'), ("attrs.jsonl", '{"id": 2.0, "attrs": {}}'),
     ("attrs.jsonl", '{"id": null, "attrs": {}}'), ("attrs.jsonl", '{"id": 1, "attrs": [["k", 1]]}'),
 ])
-def test_an_id_that_is_not_an_int_of_its_column_is_an_error_naming_the_file(tmp_path, file, line):
-    """`echo '{"id": 1e400, "s": "x"}' >> RUN/parts/pN/strings.jsonl` raised OverflowError."""
+def test_an_id_that_is_not_an_int_of_its_column_is_a_skipped_line(tmp_path, file, line):
+    """`echo '{"id": 1e400, "s": "x"}' >> RUN/parts/pN/strings.jsonl` raised OverflowError, then
+    refused the whole run: now that line is skipped, with its number, and only it is lost."""
     root = tmp_path / "run"
     shutil.copytree(KRUN, root)
-    with open(root / KPART / file, "a") as f:
+    path = root / KPART / file
+    before = len(path.read_text().splitlines())
+    with open(path, "a") as f:
         f.write(line + "\n")
-    _, exc = _outcome(root, report=True)
-    assert exc is not None and str(exc).startswith(f"{root / KPART / file}: line is not"), exc
+    run, exc = _outcome(root, report=True)
+    seed = load(KRUN)
+    assert exc is None and run.attrs == seed.attrs and run["name"].tolist() == seed["name"].tolist()
+    said = [n for n in run.notes if n.startswith(f"{path}: ")]
+    shape = '{"id": int in [0, 2**31), "s": str}' if file == "strings.jsonl" else '{"id": int64, "attrs": {...}}'
+    assert len(said) == 1 and said[0].startswith(f"{path}: skipped 1 of {before + 1} line(s) (first: line {before + 1}, "
+                                                 f"not {shape}: "), said
 
 
 @pytest.mark.parametrize("folder, pid, rank", [("p99999999999999999999", -1, -1), ("r99999999999999.p7", 7, -1),
