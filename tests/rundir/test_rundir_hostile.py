@@ -497,3 +497,191 @@ def test_environment_fields_of_part_json_are_shown_not_trusted(tmp_path, local_r
     (root / KPART / "part.json").write_text(json.dumps(part))
     run, exc = _outcome(root, report=True)
     assert exc is None and (run.parts[0]["local_rank"], run.parts[0]["world_size"]) == shown
+
+
+# ---------------------------------------------------------------- damage to some rows or lines of a real run
+# What a new user did to copies of good run directories, each refused whole before (exit 2, the
+# other records unseen): now the damaged rows or lines are skipped, counted and said in one note
+# per file; everything else is read (docs/formats.md "Reading rules").
+KVRUN = Path(__file__).resolve().parents[1] / "data" / "nsys" / "h200_kvcache-run"
+REAL_RUNS = {"block_kernels": (KRUN, KPART), "h200_kvcache": (KVRUN, "parts/p2512")}
+
+
+@pytest.fixture(params=sorted(REAL_RUNS))
+def real_run(request, tmp_path):
+    """(a copy of a real run directory, its part folder in the copy, the original's Run)."""
+    seed, part = REAL_RUNS[request.param]
+    root = tmp_path / request.param
+    shutil.copytree(seed, root)
+    return root, root / part, load(seed)
+
+
+def _cli_notes(root: Path, capsys) -> list[str]:
+    """`maxinstr report RUN --format json`: exit 0, and the report's notes."""
+    from maxinstr.cli import main
+
+    assert main(["report", str(root), "--format", "json", "--quiet"]) == 0
+    return json.loads(capsys.readouterr().out)["sources"]["notes"]
+
+
+def test_random_rows_in_stages_bin_are_skipped_and_counted(real_run, capsys):
+    root, pdir, seed = real_run
+    path = pdir / "stages.bin"
+    data = bytearray(path.read_bytes())
+    rows = np.frombuffer(bytes(data), fmt.STAGE_DTYPE)
+    rng = np.random.default_rng(20)
+    for row in (5, 40):
+        data[row * 72:(row + 1) * 72] = rng.integers(0, 256, 72, dtype=np.uint8).tobytes()
+    path.write_bytes(bytes(data))
+    flags = int(np.frombuffer(bytes(data), fmt.STAGE_DTYPE)["flags"][5])
+    assert flags & ~fmt.KNOWN_FLAGS  # this seed's row 5 has flag bits no maxinstr writes
+    run, exc = _outcome(root, report=True)
+    assert exc is None
+    kept = np.delete(rows, [5, 40])
+    assert sorted(run["id"].tolist()) == sorted(kept["id"].tolist())  # every other record, once
+    by_id = dict(zip(seed["id"].tolist(), seed["name"].tolist(), strict=True))
+    assert all(by_id[i] == n for i, n in zip(run["id"].tolist(), run["name"].tolist(), strict=True))
+    assert run.attrs == seed.attrs
+    said = (f"{path}: skipped 2 of {len(rows)} row(s) that are not stage records (first: row 5, flags 0x{flags:04x} has "
+            "bits maxinstr does not write)")
+    assert [n for n in run.notes if n.startswith(f"{path}: ")] == [said]
+    assert said in _cli_notes(root, capsys)
+
+
+def test_a_garbage_line_in_events_jsonl_is_skipped(real_run, capsys):
+    """`printf 'garbage\\n' >> parts/*/events.jsonl`: only the warnings log, never the run."""
+    root, pdir, seed = real_run
+    path = pdir / "events.jsonl"
+    with open(path, "ab") as f:
+        f.write(b"garbage\n")
+    run, exc = _outcome(root, report=True)
+    assert exc is None and run["id"].tolist() == seed["id"].tolist() and run.events == seed.events
+    said = f"{path}: skipped 1 of 1 line(s) (first: line 1, not JSON (Expecting value: line 1 column 1 (char 0)))"
+    assert [n for n in run.notes if n.startswith(f"{path}: ")] == [said]
+    assert said in _cli_notes(root, capsys)
+
+
+@pytest.mark.parametrize("file, line, shape", [
+    ("strings.jsonl", '{"id": 99999999999999999999999, "s": "x"}', '{"id": int in [0, 2**31), "s": str}'),
+    ("attrs.jsonl", '{"id": 99999999999999999999999, "attrs": {"k": 1}}', '{"id": int64, "attrs": {...}}'),
+])
+def test_a_huge_id_appended_is_a_skipped_line_with_its_number(real_run, capsys, file, line, shape):
+    """A line with a huge id appended to strings.jsonl or attrs.jsonl: that line is skipped and the
+    note says which (the old error gave no line number); nothing else is lost, and the id sizes
+    nothing: loading takes no more memory than loading the undamaged copy."""
+    import tracemalloc
+
+    root, pdir, seed = real_run
+    path = pdir / file
+    before = len([x for x in path.read_text().splitlines() if x.strip()])
+    load(root)  # warm: imports and caches are not the damage's memory
+    tracemalloc.start()
+    load(root)
+    clean_peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    with open(path, "a") as f:
+        f.write(line + "\n")
+    tracemalloc.start()
+    try:
+        run, exc = _outcome(root)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert exc is None and peak < clean_peak + 64 * 1024, (peak, clean_peak)
+    assert run["name"].tolist() == seed["name"].tolist() and run.attrs == seed.attrs
+    said = (f"{path}: skipped 1 of {before + 1} line(s) (first: line {before + 1}, not {shape}: {line})"
+            + ("; those records' attrs are not shown" if file == "attrs.jsonl" else ""))
+    assert [n for n in run.notes if n.startswith(f"{path}: ")] == [said]
+    assert said in _cli_notes(root, capsys)
+
+
+def test_a_stage_whose_name_line_is_damaged_reads_as_a_placeholder(real_run):
+    """The strings.jsonl line of a used name id damaged: that stage's records all read as the
+    placeholder `<name N missing in PART>`, no other stage changes, none is merged."""
+    root, pdir, seed = real_run
+    path = pdir / "strings.jsonl"
+    lines = path.read_text().splitlines()
+    k = 2  # block_kernels: "prefill"; h200_kvcache: "decode"
+    doc = json.loads(lines[k])
+    lines[k] = lines[k].replace(json.dumps(doc["s"]), doc["s"])  # the name's quotes lost: not JSON
+    path.write_text("\n".join(lines) + "\n")
+    run, exc = _outcome(root, report=True)
+    assert exc is None and run["id"].tolist() == seed["id"].tolist()
+    placeholder = f"<name {doc['id']} missing in {pdir.name}>"
+    want = [placeholder if n == doc["s"] else n for n in seed["name"].tolist()]
+    assert run["name"].tolist() == want and placeholder in want
+    assert len(run.names) == len(seed.names)
+    said = [n for n in run.notes if n.startswith(f"{path}: ")]
+    at = lines[k].index(doc["s"])  # where the JSON parser stops: the unquoted name
+    assert said == [f"{path}: skipped 1 of {len(lines)} line(s) (first: line {k + 1}, not JSON (Expecting value: line 1 "
+                    f"column {at + 1} (char {at}))); 1 name id(s) used by stages are not defined, shown as {placeholder}"], said
+    report = build_report(run=run)
+    assert placeholder in {row["name"] for row in report["stages"]}
+
+
+def test_one_note_per_file_for_a_damaged_line_and_a_torn_tail(real_run):
+    root, pdir, seed = real_run
+    path = pdir / "strings.jsonl"
+    total = len(path.read_text().splitlines())
+    torn = b'{"id": 7, "s": "cut by a ki'
+    with open(path, "ab") as f:
+        f.write(b"[1, 2]\n" + torn)
+    run, exc = _outcome(root)
+    assert exc is None and run["name"].tolist() == seed["name"].tolist()
+    assert [n for n in run.notes if n.startswith(f"{path}: ")] == [
+        f'{path}: skipped 1 of {total + 1} line(s) (first: line {total + 1}, not {{"id": int in [0, 2**31), "s": str}}: '
+        f"[1, 2]); ignored a torn last line ({len(torn)} bytes without a newline)"]
+
+
+def test_random_rows_in_activity_bin_are_skipped_and_the_kernels_still_reported(tmp_path):
+    """kernels=True's activity.bin with two random rows: those two are skipped (counted, the first
+    said), every other GPU op and API call is read and attributed."""
+    from maxinstr.kernels.store import ACTIVITY_DTYPE
+    from maxinstr.traces.inprocess import read_run
+
+    root = tmp_path / "run"
+    shutil.copytree(KRUN, root)
+    path = root / KPART / "activity.bin"
+    data = bytearray(path.read_bytes())
+    rows = np.frombuffer(bytes(data), ACTIVITY_DTYPE)
+    rng = np.random.default_rng(20)
+    for row in (5, 40):
+        data[row * 80:(row + 1) * 80] = rng.integers(0, 256, 80, dtype=np.uint8).tobytes()
+    path.write_bytes(bytes(data))
+    kind = int(np.frombuffer(bytes(data), ACTIVITY_DTYPE)["kind"][5])
+    assert not 0 <= kind <= 5  # this seed's row 5 has a kind no collector writes
+    trace, notes = read_run(load(root))
+    seed_trace, _ = read_run(load(KRUN))
+    said = (f"{path}: skipped 2 of {len(rows)} row(s) that are not activity records (first: row 5, kind {kind} is not "
+            "0 to 5)")
+    assert said in notes
+    lost_ops = int(np.isin(rows["kind"][[5, 40]], [0, 1, 2]).sum())  # were rows 5 and 40 GPU ops?
+    assert len(trace.ops) == len(seed_trace.ops) - lost_ops
+    report, exc = _within(root, lambda: _report(root))
+    assert exc is None and said in report["sources"]["notes"] and report["sources"]["trace_format"] is not None
+    assert _stage_rows(report) == _stage_rows(_seed_report())
+
+
+def test_a_damaged_kernel_name_line_reads_as_a_placeholder(tmp_path):
+    """kernels=True's activity_names.jsonl with the line of a kernel damaged: every op of that
+    kernel is still read, named by the placeholder; no other op's name changes."""
+    from maxinstr.traces.inprocess import read_run
+
+    root = tmp_path / "run"
+    shutil.copytree(KRUN, root)
+    path = root / KPART / "activity_names.jsonl"
+    lines = path.read_text().splitlines()
+    k = next(i for i, x in enumerate(lines) if "matmul_kernel_naive" in x)
+    name_id, name = json.loads(lines[k])
+    lines[k] = "{" + lines[k]
+    path.write_text("\n".join(lines) + "\n")
+    trace, notes = read_run(load(root))
+    seed_trace, _ = read_run(load(KRUN))
+    placeholder = f"<name {name_id} missing in {Path(KPART).name}>"
+    op_names = np.asarray(trace.strings, dtype=object)[trace.ops.name_id].tolist()
+    seed_names = np.asarray(seed_trace.strings, dtype=object)[seed_trace.ops.name_id].tolist()
+    assert name in seed_names and op_names == [placeholder if n == name else n for n in seed_names]
+    said = [n for n in notes if n.startswith(f"{path}: ")]
+    assert len(said) == 1 and said[0].startswith(f"{path}: skipped 1 of {len(lines)} line(s) (first: line {k + 1}, "
+                                                 "not JSON"), said
+    assert said[0].endswith(f"the kernels and API calls of a skipped name show as <name N missing in {Path(KPART).name}>")
