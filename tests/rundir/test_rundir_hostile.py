@@ -685,3 +685,36 @@ def test_a_damaged_kernel_name_line_reads_as_a_placeholder(tmp_path):
     assert len(said) == 1 and said[0].startswith(f"{path}: skipped 1 of {len(lines)} line(s) (first: line {k + 1}, "
                                                  "not JSON"), said
     assert said[0].endswith(f"the kernels and API calls of a skipped name show as <name N missing in {Path(KPART).name}>")
+
+
+def test_kernels_whose_name_lines_are_cut_off_keep_their_records(tmp_path):
+    """activity_names.jsonl cut to its first half: every activity row is still read, the ops of
+    the names cut off named by placeholders (one per distinct id, numbered on after the file's
+    lines); a row's name id of 2**31-1 adds one placeholder, not a list that long."""
+    from maxinstr.kernels.store import ACTIVITY_DTYPE, read_part_activity
+
+    root = tmp_path / "run"
+    shutil.copytree(KRUN, root)
+    pdir = root / KPART
+    lines = (pdir / "activity_names.jsonl").read_text().splitlines()
+    (pdir / "activity_names.jsonl").write_text("\n".join(lines[: len(lines) // 2]) + "\n")
+    seed_meta, seed_rows, seed_names = read_part_activity(KRUN / KPART)
+    meta, rows, names = read_part_activity(pdir)
+    assert len(rows) == len(seed_rows) and (rows["start_ns"] == seed_rows["start_ns"]).all()
+    half = len(lines) // 2
+    cut = sorted({i for i in seed_rows["name_id"].tolist() if i >= half})
+    assert cut  # the fixture's rows use names of the second half
+
+    def name(i: int, of: list[str]) -> str | None:
+        return None if i < 0 else of[i]
+
+    want = [name(i, seed_names) if i < half else f"<name {i} missing in {pdir.name}>" for i in seed_rows["name_id"].tolist()]
+    assert [name(i, names) for i in rows["name_id"].tolist()] == want
+    assert len(names) == half + len(cut)
+    assert meta["notes"] == [f"{pdir / 'activity_names.jsonl'}: {len(cut)} name id(s) used by activity rows are not "
+                             f"defined, shown as <name {cut[0]} missing in {pdir.name}> ..."]
+    one = np.frombuffer((pdir / "activity.bin").read_bytes()[:80], ACTIVITY_DTYPE).copy()
+    one["name_id"] = 2**31 - 1
+    (pdir / "activity.bin").write_bytes(one.tobytes())
+    assert read_part_activity(pdir)[2][-1] == f"<name {2**31 - 1} missing in {pdir.name}>"
+    assert len(read_part_activity(pdir)[2]) == half + 1

@@ -182,26 +182,26 @@ def read_part_activity(part_dir: Path) -> tuple[dict[str, Any], np.ndarray, list
     notes: list[str] = list(meta.get("notes") or [])
     meta["notes"] = notes
 
+    part = part_dir.name
     names_path = part_dir / ACTIVITY_NAMES_FILE
-    lines, skipped = read_jsonl(names_path)
+    lines, names_skipped = read_jsonl(names_path)
     # each id once, from 0 in order (ActivityWriter): an id at or past the number of lines
     # (damaged ones included) is not one maxinstr wrote, and must not size the list (an id of
     # 1e9 in a 17-byte file once asked for 8 GB)
-    count = skipped.total
+    count = names_skipped.total
     named: list[str | None] = [None] * count
     for number, line in lines:
         if not (isinstance(line, list) and len(line) == 2 and is_int(line[0], 0, count) and isinstance(line[1], str)):
-            skipped.add(number, f'not [id, "name"] with an id from 0 to {count - 1} (one line per id)', line)
+            names_skipped.add(number, f'not [id, "name"] with an id from 0 to {count - 1} (one line per id)', line)
             continue
         name = safe_name(line[1])
         if named[line[0]] is None:
             named[line[0]] = name
         elif named[line[0]] != name:  # the writer names an id once: a second name is not one it wrote
-            skipped.add(number, f"id {line[0]} was named {clip(named[line[0]])} before", line)
-    names = [missing_name(i, part_dir.name) if name is None else name for i, name in enumerate(named)]
-    if skipped.first is not None:
-        skipped.also(f"the kernels and API calls of a skipped name show as {missing_name('N', part_dir.name)}")
-    skipped.say(notes)
+            names_skipped.add(number, f"id {line[0]} was named {clip(named[line[0]])} before", line)
+    names = [missing_name(i, part) if name is None else name for i, name in enumerate(named)]
+    if names_skipped.first is not None:
+        names_skipped.also(f"the kernels and API calls of a skipped name show as {missing_name('N', part)}")
 
     data_path = part_dir / ACTIVITY_FILE
     raw = read_regular(data_path, RunDirError) or b""
@@ -217,11 +217,23 @@ def read_part_activity(part_dir: Path) -> tuple[dict[str, Any], np.ndarray, list
                | (rows["end_ns"] < -1) | (rows["end_ns"] >= MAX_TIME_NS))
     rows = keep_rows(rows, [
         ((kind < 0) | (kind > KIND_EXTERNAL), lambda i: f"kind {int(kind[i])} is not 0 to {KIND_EXTERNAL}"),
-        ((name_id < -1) | (name_id >= len(names)),
-         lambda i: f"name id {int(name_id[i])} is not -1 nor one of the {len(names)} id(s) of {ACTIVITY_NAMES_FILE}"),
+        (name_id < -1, lambda i: f"name id {int(name_id[i])}"),
         (untimed, lambda i: "a time outside [-1, 2**62) ns"),
     ], skipped, "an activity record", "an activity.bin")
     skipped.say(notes)
+
+    # a name id with no line (the names file cut or damaged): the rows are kept, named by a
+    # placeholder each; the ids past the lines are numbered on from them, so the list grows by
+    # the distinct ids used (at most the rows), never by an id's value
+    past = rows["name_id"] >= len(names)
+    if past.any():
+        extra = np.unique(rows["name_id"][past])
+        rows = rows.copy()
+        rows["name_id"][past] = len(names) + np.searchsorted(extra, rows["name_id"][past])
+        names += [missing_name(int(i), part) for i in extra]
+        names_skipped.also(f"{len(extra)} name id(s) used by activity rows are not defined, shown as "
+                           f"{names[-len(extra)]}" + (" ..." if len(extra) > 1 else ""))
+    names_skipped.say(notes)
     return meta, rows, names
 
 
