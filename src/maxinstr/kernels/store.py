@@ -217,7 +217,7 @@ def read_part_activity(part_dir: Path) -> tuple[dict[str, Any], np.ndarray, list
                | (rows["end_ns"] < -1) | (rows["end_ns"] >= MAX_TIME_NS))
     rows = keep_rows(rows, [
         ((kind < 0) | (kind > KIND_EXTERNAL), lambda i: f"kind {int(kind[i])} is not 0 to {KIND_EXTERNAL}"),
-        (name_id < -1, lambda i: f"name id {int(name_id[i])}"),
+        (name_id < -1, lambda i: f"name id {int(name_id[i])} (below -1)"),
         (untimed, lambda i: "a time outside [-1, 2**62) ns"),
     ], skipped, "an activity record", "an activity.bin")
     skipped.say(notes)

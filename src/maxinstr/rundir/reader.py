@@ -463,8 +463,8 @@ def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
     rows = keep_rows(rows, [
         ((rows["flags"] & ~np.uint16(fmt.KNOWN_FLAGS)) != 0,
          lambda i: f"flags 0x{int(rows['flags'][i]):04x} has bits maxinstr does not write"),
-        (rows["depth"] < 0, lambda i: f"depth {int(rows['depth'][i])}"),
-        (rows["name_id"] < 0, lambda i: f"name id {int(rows['name_id'][i])}"),
+        (rows["depth"] < 0, lambda i: f"a negative depth ({int(rows['depth'][i])})"),
+        (rows["name_id"] < 0, lambda i: f"a negative name id ({int(rows['name_id'][i])})"),
         (outside("host_start_ns") | outside("host_end_ns"), lambda i: "a host time outside [0, 2**62) ns"),
         (rows["host_end_ns"] < rows["host_start_ns"], lambda i: "it ends before it starts"),
         (timed & (outside("gpu_start_ns") | outside("gpu_end_ns")), lambda i: "a GPU time outside [0, 2**62) ns"),
@@ -515,8 +515,8 @@ class _LineRefused(Exception):
 
 
 def _parse_lines(lines: list[bytes]) -> list[Any] | None:
-    """Every line parsed in one ``json.loads`` of them as an array (a 50,000-line strings.jsonl
-    took 1 s line by line), or None when that cannot be trusted: a line not JSON on its own
+    """Every line parsed in one ``json.loads`` of them as an array (a third of the time of one
+    ``json.loads`` a line: 30 ms for 50,000 names, 80 ms line by line), or None when that cannot be trusted: a line not JSON on its own
     (joined, ``[1`` and ``2]`` would be one value: the count differs), or one that could nest
     deeper than MAX_JSON_DEPTH (more brackets than that; checked line by line then). Joined by
     newlines: a JSON string cannot hold one, so no string spans two lines."""
