@@ -260,8 +260,14 @@ def test_malformed_activity_file_is_one_line_naming_it(tmp_path):
         read_part_activity(tmp_path)
     (tmp_path / "activity.json").write_text(json.dumps({"format": "maxinstr-activity", "version": 1}))
     (tmp_path / "activity.bin").write_bytes(np.array([(9,) + (0,) * 13], ACTIVITY_DTYPE).tobytes())
-    with pytest.raises(RunDirError, match=r"activity\.bin: 1 of 1 rows are not activity records"):
+    with pytest.raises(RunDirError, match=r"activity\.bin: none of its 1 row\(s\) is an activity record \(row 0: kind 9 "):
         read_part_activity(tmp_path)
+    # one bad row among good ones is that row only: skipped, counted and said
+    (tmp_path / "activity.bin").write_bytes(np.array([(0, 0, 0, -1) + (0,) * 10, (9,) + (0,) * 13], ACTIVITY_DTYPE).tobytes())
+    meta, rows, _ = read_part_activity(tmp_path)
+    assert len(rows) == 1 and rows["kind"][0] == 0
+    assert meta["notes"] == [f"{tmp_path / 'activity.bin'}: skipped 1 of 2 row(s) that are not activity records "
+                             "(first: row 1, kind 9 is not 0 to 5)"]
 
 
 def test_kernel_names_are_demangled_like_nsys_when_cxxfilt_is_there():

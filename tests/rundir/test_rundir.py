@@ -1,5 +1,6 @@
 """The run directory format: writer and reader agree with each other and with docs/formats.md,
-merge parts, survive torn tails, and turn bad input into one-line RunDirErrors."""
+merge parts, survive torn tails, skip damaged rows and lines with a note, and turn a file that is
+meaningless as a whole into a one-line RunDirError."""
 
 from __future__ import annotations
 
@@ -217,36 +218,52 @@ def test_bad_meta(tmp_path, content, problem):
 
 
 def test_garbage_stages_file(tmp_path):
+    """A stages.bin in which no row is a stage record (random bytes) is meaningless as a whole:
+    one line naming it, the first row and what is wrong with it."""
     root = new_run(tmp_path)
     part = root / "parts" / "p1"
     part.mkdir(parents=True)
     rng = np.random.default_rng(0)
-    (part / "stages.bin").write_bytes(rng.integers(0, 256, 72 * 10, dtype=np.uint8).tobytes())
-    message = _error(root)
-    assert message.startswith(str(part / "stages.bin") + ": ") and "not stage records" in message
+    data = rng.integers(0, 256, 72 * 10, dtype=np.uint8).tobytes()
+    (part / "stages.bin").write_bytes(data)
+    flags = int(np.frombuffer(data, fmt.STAGE_DTYPE)["flags"][0])
+    assert _error(root) == (f"{part / 'stages.bin'}: none of its 10 row(s) is a stage record (row 0: flags 0x{flags:04x} "
+                            "has bits maxinstr does not write): file damaged or not a stages.bin")
 
 
-def test_corrupt_line_in_the_middle_is_an_error_not_a_torn_tail(tmp_path):
+def test_a_corrupt_line_in_the_middle_is_skipped_and_counted_not_a_torn_tail(tmp_path):
+    """A damaged line loses that line only: the run loads, the note names the file, how many
+    lines were skipped of how many, the first one's number and why."""
     root = new_run(tmp_path)
     w = writer(root, "p1")
     w.write(rows(2, pid=1), {0: "x"})
-    w.close()
+    w.close(status="closed")
     path = root / "parts/p1/strings.jsonl"
     path.write_bytes(b"not json\n" + path.read_bytes())
-    assert _error(root) == f"{path}: line 1 is not JSON (Expecting value: line 1 column 1 (char 0))"
-    path.write_bytes(b'{"id": "x"}\n')
-    assert "line is not" in _error(root)
-
-
-def test_missing_names_become_placeholders_with_a_note(tmp_path):
-    root = new_run(tmp_path)
-    w = writer(root, "p1")
-    w.write(rows(2, pid=1), {0: "x"})
-    w.close()
-    (root / "parts/p1/strings.jsonl").write_bytes(b"")
     run = load(root)
-    assert run["name"].tolist() == ["<name 0>", "<name 0>"]
-    assert any("not defined" in n for n in run.notes)
+    assert run["name"].tolist() == ["x", "x"]
+    assert run.notes == [f"{path}: skipped 1 of 2 line(s) (first: line 1, not JSON (Expecting value: line 1 column 1 "
+                         "(char 0)))"]
+    path.write_bytes(b'{"id": "x"}\n')
+    run = load(root)
+    assert run["name"].tolist() == ["<name 0 missing in p1>"] * 2
+    assert run.notes == [f'{path}: skipped 1 of 1 line(s) (first: line 1, not {{"id": int in [0, 2**31), "s": str}}: '
+                         '{"id": "x"}); 1 name id(s) used by stages are not defined, shown as <name 0 missing in p1>']
+
+
+def test_missing_names_become_placeholders_naming_their_part_with_a_note(tmp_path):
+    """A name id with no line reads as a placeholder that says so and names its part: name 0 of
+    two parts whose names are both missing are two stages, never one."""
+    root = new_run(tmp_path)
+    for pid in (1, 2):
+        w = writer(root, f"p{pid}")
+        w.write(rows(2, pid=pid), {0: "x"})
+        w.close(status="closed")
+        (root / f"parts/p{pid}/strings.jsonl").write_bytes(b"")
+    run = load(root)
+    assert sorted(set(run["name"].tolist())) == ["<name 0 missing in p1>", "<name 0 missing in p2>"]
+    assert len(run.names) == 2 and len(run) == 4
+    assert sum("not defined" in n for n in run.notes) == 2, run.notes
 
 
 # -- the writer under disk errors ----------------------------------------------------------

@@ -13,7 +13,11 @@ without bound, or raise anything else.
   loses its kernels with a note naming the file, the rest of the run is reported;
 - any JSON value of any file of a real kernels=True run replaced by an odd one (huge, negative,
   float, 1e400, wrong type, deep): the report, or a RunDirError naming that file (property test);
-- ids of strings.jsonl / attrs.jsonl and part folder names that are not ints of their column."""
+- ids of strings.jsonl / attrs.jsonl and part folder names that are not ints of their column;
+- damage to some rows or lines of a file (random rows in stages.bin or activity.bin, a line that
+  is not JSON, an id out of its column's range) skips them, counted in one note per file naming
+  the first one and why; every other record is read (copies of real runs in tests/data, the
+  damage a new user made; docs/formats.md "Reading rules")."""
 
 from __future__ import annotations
 
@@ -232,23 +236,41 @@ def test_deep_or_huge_json_is_an_error_naming_the_file(tmp_path, doc):
     root = _write_run(tmp_path / "run", meta=doc.encode())
     run, exc = _outcome(root)
     assert exc is not None and str(exc).startswith(str(root / "meta.json"))
-    for name in ("part.json", "attrs.jsonl"):
-        other = _write_run(tmp_path / f"bad-{name}")
-        (other / "parts" / "p7" / name).write_text(_deep(100_000) + "\n")
+    other = _write_run(tmp_path / "bad-part.json")
+    (other / "parts" / "p7" / "part.json").write_text(_deep(100_000))
+    run, exc = _outcome(other)
+    assert exc is not None and str(exc).startswith(str(other / "parts" / "p7" / "part.json")), exc
+    # one line of a JSON lines file is that line only: skipped and said
+    for deep, why in ((_deep(100_000), "not JSON (nested too deeply)"),
+                      (_deep(70), "nested deeper than 64 levels: not a file maxinstr wrote")):
+        other = _write_run(tmp_path / f"bad-attrs-{len(deep)}")
+        path = other / "parts" / "p7" / "attrs.jsonl"
+        with open(path, "a") as f:
+            f.write(deep + "\n")
         run, exc = _outcome(other)
-        assert exc is not None and str(exc).startswith(str(other / "parts" / "p7" / name)), exc
+        assert exc is None and len(run) == 6 and run.attrs == {int(run["id"][0]): {"k": 1}}
+        assert f"{path}: skipped 1 of 2 line(s) (first: line 2, {why}); those records' attrs are not shown" in run.notes
 
 
 @pytest.mark.parametrize("col, value", [("host_start_ns", -(2**63) + 10), ("host_end_ns", 2**63 - 10),
                                         ("host_start_ns", -5)])
-def test_times_that_would_overflow_a_duration_are_a_damaged_file(tmp_path, col, value):
+def test_times_that_would_overflow_a_duration_are_a_damaged_row(tmp_path, col, value):
+    """Such a row is not a stage record: skipped and said, never a negative duration; the others
+    are read (the whole file is an error only when no row is a stage record)."""
     rows = _rows()
     rows[col][2] = value
     if col == "host_start_ns":
         rows["host_end_ns"][2] = 2**63 - 10 if value < -10 else rows["host_end_ns"][2]
     root = _write_run(tmp_path / "run", rows=rows)
+    run, exc = _outcome(root, report=True)
+    assert exc is None and run["id"].tolist() == np.delete(rows["id"], 2).tolist()
+    assert (run["host_end_ns"] - run["host_start_ns"] >= 0).all()
+    assert [n for n in run.notes if "stages.bin" in n] == [f"{root / 'parts/p7/stages.bin'}: skipped 1 of 6 row(s) that are not stage records (first: row 2, "
+                         "a host time outside [0, 2**62) ns)"]
+    rows[col][:] = value  # every row: not a stages.bin
+    root = _write_run(tmp_path / "all", rows=rows)
     _, exc = _outcome(root)
-    assert exc is not None and "not stage records" in str(exc)
+    assert exc is not None and str(exc).startswith(f"{root / 'parts/p7/stages.bin'}: none of its 6 row(s) is a stage record")
 
 
 def test_durations_near_the_bound_are_exact(tmp_path):
@@ -320,15 +342,24 @@ def test_an_odd_value_anywhere_in_a_real_run_is_a_report_or_an_error_naming_its_
         path.write_text(_with_raw(doc, paths[where % len(paths)], raw))
     report, exc = _within(root, lambda: _report(root))
     if exc is not None:
-        assert which not in ACTIVITY_FILES and str(exc).startswith(f"{path}: "), str(exc)
+        assert which not in ACTIVITY_FILES and not which.endswith(".jsonl") and str(exc).startswith(f"{path}: "), str(exc)
     elif which in ACTIVITY_FILES:
         assert _stage_rows(report) == _stage_rows(_seed_report())
+    if which.endswith(".jsonl"):
+        # one line changed: it is read or skipped, never the file refused. Skipped, it is that
+        # line, or the other line naming the id it now names (the first name of an id is kept)
+        assert exc is None
+        said = [n for n in report["sources"]["notes"] if n.startswith(f"{path}: ")]
+        assert len(said) <= 1, said
+        if said and "skipped" in said[0]:
+            assert said[0].startswith(f"{path}: skipped 1 of {len(lines)} line(s) (first: line "), said
 
 
 def test_a_kernel_name_id_never_sizes_memory(tmp_path):
-    """activity_names.jsonl ids index the names: an id past the number of lines is an error, not
-    a list that long (a 17-byte file holding [300000000, "k"] took 84 s and 5.8 GB; 1e11 grew
-    without bound). Peak memory stays a small multiple of the files' size."""
+    """activity_names.jsonl ids index the names: an id past the number of lines is a skipped
+    line (counted, the first quoted), not a list that long (a 17-byte file holding [300000000,
+    "k"] took 84 s and 5.8 GB; 1e11 grew without bound). Peak memory stays a small multiple of
+    the files' size."""
     import tracemalloc
 
     from maxinstr.kernels.store import read_part_activity
@@ -337,17 +368,33 @@ def test_a_kernel_name_id_never_sizes_memory(tmp_path):
     pdir.mkdir()
     (pdir / "activity.json").write_text('{"format":"maxinstr-activity","version":1,"status":"closed"}')
     (pdir / "activity.bin").write_bytes(b"")
-    for line in ('[1000000,"k"]', '[10000000,"k"]', '[1,"k"]', '[-5,"k"]', '[1e400,"k"]', '[1.0,"k"]', '[true,"k"]',
-                 '["0","k"]', '[0,5]', '[0]', '{"0":"k"}', '[0,"a"]\n[0,"b"]\n[5,"c"]'):
+    shape = 'not [id, "name"] with an id from 0 to 0 (one line per id)'
+    for line, said in (
+        ('[1000000,"k"]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [1000000, \"k\"])"),
+        ('[10000000,"k"]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [10000000, \"k\"])"),
+        ('[1,"k"]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [1, \"k\"])"),
+        ('[-5,"k"]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [-5, \"k\"])"),
+        ('[1e400,"k"]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [Infinity, \"k\"])"),
+        ('[1.0,"k"]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [1.0, \"k\"])"),
+        ('[true,"k"]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [true, \"k\"])"),
+        ('["0","k"]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [\"0\", \"k\"])"),
+        ('[0,5]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [0, 5])"),
+        ('[0]', f"skipped 1 of 1 line(s) (first: line 1, {shape}: [0])"),
+        ('{"0":"k"}', f"skipped 1 of 1 line(s) (first: line 1, {shape}: {{\"0\": \"k\"}})"),
+        ('[0,"a"]\n[0,"b"]\n[5,"c"]', 'skipped 2 of 3 line(s) (first: line 2, id 0 was named "a" before: [0, "b"])'),
+    ):
         (pdir / "activity_names.jsonl").write_text(line + "\n")
         tracemalloc.start()
         try:
-            with pytest.raises(RunDirError, match=r"activity_names\.jsonl: line is not \[id, \"name\"\]"):
-                read_part_activity(pdir)
+            meta, rows, names = read_part_activity(pdir)
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
         assert peak < 256 * 1024, (line, peak)
+        assert len(names) == line.count("\n") + 1 and names[-1] == "<name %d missing in p>" % (len(names) - 1)
+        note = f"{pdir / 'activity_names.jsonl'}: {said}; the kernels and API calls of a skipped name show as " \
+               "<name N missing in p>"
+        assert meta["notes"] == [note], (line, meta["notes"])
     (pdir / "activity_names.jsonl").write_text('[1,"b"]\n[0,"a"]\n')  # any order: each id once, below the count
     assert read_part_activity(pdir)[2] == ["a", "b"]
 
@@ -385,7 +432,7 @@ def test_the_audit_reproduction_through_the_command(tmp_path, capsys):
     (pdir / "activity.json").write_text('{"format":"maxinstr-activity","version":1,"status":"closed"}')
     (pdir / "activity.bin").write_bytes(b"")
     names = pdir / "activity_names.jsonl"
-    for text_, said in (('[1000000,"k"]\n', f"in-process kernels not read: {names}: line is not [id, \"name\"]"),
+    for text_, said in (('[1000000,"k"]\n', f"{names}: skipped 1 of 1 line(s) (first: line 1, not [id, \"name\"]"),
                         ('[1000000,"k"]', f"{names}: ignored a torn last line")):  # no newline: cut by a kill
         names.write_text(text_)
         assert main(["report", str(root), "--format", "json", "--quiet"]) == 0
@@ -403,14 +450,22 @@ def test_the_audit_reproduction_through_the_command(tmp_path, capsys):
     ("attrs.jsonl", f'{{"id": {-(2**63) - 1}, "attrs": {{}}}}'), ("attrs.jsonl", '{"id": 2.0, "attrs": {}}'),
     ("attrs.jsonl", '{"id": null, "attrs": {}}'), ("attrs.jsonl", '{"id": 1, "attrs": [["k", 1]]}'),
 ])
-def test_an_id_that_is_not_an_int_of_its_column_is_an_error_naming_the_file(tmp_path, file, line):
-    """`echo '{"id": 1e400, "s": "x"}' >> RUN/parts/pN/strings.jsonl` raised OverflowError."""
+def test_an_id_that_is_not_an_int_of_its_column_is_a_skipped_line(tmp_path, file, line):
+    """`echo '{"id": 1e400, "s": "x"}' >> RUN/parts/pN/strings.jsonl` raised OverflowError, then
+    refused the whole run: now that line is skipped, with its number, and only it is lost."""
     root = tmp_path / "run"
     shutil.copytree(KRUN, root)
-    with open(root / KPART / file, "a") as f:
+    path = root / KPART / file
+    before = len(path.read_text().splitlines())
+    with open(path, "a") as f:
         f.write(line + "\n")
-    _, exc = _outcome(root, report=True)
-    assert exc is not None and str(exc).startswith(f"{root / KPART / file}: line is not"), exc
+    run, exc = _outcome(root, report=True)
+    seed = load(KRUN)
+    assert exc is None and run.attrs == seed.attrs and run["name"].tolist() == seed["name"].tolist()
+    said = [n for n in run.notes if n.startswith(f"{path}: ")]
+    shape = '{"id": int in [0, 2**31), "s": str}' if file == "strings.jsonl" else '{"id": int64, "attrs": {...}}'
+    assert len(said) == 1 and said[0].startswith(f"{path}: skipped 1 of {before + 1} line(s) (first: line {before + 1}, "
+                                                 f"not {shape}: "), said
 
 
 @pytest.mark.parametrize("folder, pid, rank", [("p99999999999999999999", -1, -1), ("r99999999999999.p7", 7, -1),
@@ -442,3 +497,224 @@ def test_environment_fields_of_part_json_are_shown_not_trusted(tmp_path, local_r
     (root / KPART / "part.json").write_text(json.dumps(part))
     run, exc = _outcome(root, report=True)
     assert exc is None and (run.parts[0]["local_rank"], run.parts[0]["world_size"]) == shown
+
+
+# ---------------------------------------------------------------- damage to some rows or lines of a real run
+# What a new user did to copies of good run directories, each refused whole before (exit 2, the
+# other records unseen): now the damaged rows or lines are skipped, counted and said in one note
+# per file; everything else is read (docs/formats.md "Reading rules").
+KVRUN = Path(__file__).resolve().parents[1] / "data" / "nsys" / "h200_kvcache-run"
+REAL_RUNS = {"block_kernels": (KRUN, KPART), "h200_kvcache": (KVRUN, "parts/p2512")}
+
+
+@pytest.fixture(params=sorted(REAL_RUNS))
+def real_run(request, tmp_path):
+    """(a copy of a real run directory, its part folder in the copy, the original's Run)."""
+    seed, part = REAL_RUNS[request.param]
+    root = tmp_path / request.param
+    shutil.copytree(seed, root)
+    return root, root / part, load(seed)
+
+
+def _cli_notes(root: Path, capsys) -> list[str]:
+    """`maxinstr report RUN --format json`: exit 0, and the report's notes."""
+    from maxinstr.cli import main
+
+    assert main(["report", str(root), "--format", "json", "--quiet"]) == 0
+    return json.loads(capsys.readouterr().out)["sources"]["notes"]
+
+
+def test_random_rows_in_stages_bin_are_skipped_and_counted(real_run, capsys):
+    root, pdir, seed = real_run
+    path = pdir / "stages.bin"
+    data = bytearray(path.read_bytes())
+    rows = np.frombuffer(bytes(data), fmt.STAGE_DTYPE)
+    rng = np.random.default_rng(20)
+    for row in (5, 40):
+        data[row * 72:(row + 1) * 72] = rng.integers(0, 256, 72, dtype=np.uint8).tobytes()
+    path.write_bytes(bytes(data))
+    flags = int(np.frombuffer(bytes(data), fmt.STAGE_DTYPE)["flags"][5])
+    assert flags & ~fmt.KNOWN_FLAGS  # this seed's row 5 has flag bits no maxinstr writes
+    run, exc = _outcome(root, report=True)
+    assert exc is None
+    kept = np.delete(rows, [5, 40])
+    assert sorted(run["id"].tolist()) == sorted(kept["id"].tolist())  # every other record, once
+    by_id = dict(zip(seed["id"].tolist(), seed["name"].tolist(), strict=True))
+    assert all(by_id[i] == n for i, n in zip(run["id"].tolist(), run["name"].tolist(), strict=True))
+    assert run.attrs == seed.attrs
+    said = (f"{path}: skipped 2 of {len(rows)} row(s) that are not stage records (first: row 5, flags 0x{flags:04x} has "
+            "bits maxinstr does not write)")
+    assert [n for n in run.notes if n.startswith(f"{path}: ")] == [said]
+    assert said in _cli_notes(root, capsys)
+
+
+def test_a_garbage_line_in_events_jsonl_is_skipped(real_run, capsys):
+    """`printf 'garbage\\n' >> parts/*/events.jsonl`: only the warnings log, never the run."""
+    root, pdir, seed = real_run
+    path = pdir / "events.jsonl"
+    with open(path, "ab") as f:
+        f.write(b"garbage\n")
+    run, exc = _outcome(root, report=True)
+    assert exc is None and run["id"].tolist() == seed["id"].tolist() and run.events == seed.events
+    said = f"{path}: skipped 1 of 1 line(s) (first: line 1, not JSON (Expecting value: line 1 column 1 (char 0)))"
+    assert [n for n in run.notes if n.startswith(f"{path}: ")] == [said]
+    assert said in _cli_notes(root, capsys)
+
+
+@pytest.mark.parametrize("file, line, shape", [
+    ("strings.jsonl", '{"id": 99999999999999999999999, "s": "x"}', '{"id": int in [0, 2**31), "s": str}'),
+    ("attrs.jsonl", '{"id": 99999999999999999999999, "attrs": {"k": 1}}', '{"id": int64, "attrs": {...}}'),
+])
+def test_a_huge_id_appended_is_a_skipped_line_with_its_number(real_run, capsys, file, line, shape):
+    """A line with a huge id appended to strings.jsonl or attrs.jsonl: that line is skipped and the
+    note says which (the old error gave no line number); nothing else is lost, and the id sizes
+    nothing: loading takes no more memory than loading the undamaged copy."""
+    import tracemalloc
+
+    root, pdir, seed = real_run
+    path = pdir / file
+    before = len([x for x in path.read_text().splitlines() if x.strip()])
+    load(root)  # warm: imports and caches are not the damage's memory
+    tracemalloc.start()
+    load(root)
+    clean_peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    with open(path, "a") as f:
+        f.write(line + "\n")
+    tracemalloc.start()
+    try:
+        run, exc = _outcome(root)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert exc is None and peak < clean_peak + 64 * 1024, (peak, clean_peak)
+    assert run["name"].tolist() == seed["name"].tolist() and run.attrs == seed.attrs
+    said = (f"{path}: skipped 1 of {before + 1} line(s) (first: line {before + 1}, not {shape}: {line})"
+            + ("; those records' attrs are not shown" if file == "attrs.jsonl" else ""))
+    assert [n for n in run.notes if n.startswith(f"{path}: ")] == [said]
+    assert said in _cli_notes(root, capsys)
+
+
+def test_a_stage_whose_name_line_is_damaged_reads_as_a_placeholder(real_run):
+    """The strings.jsonl line of a used name id damaged: that stage's records all read as the
+    placeholder `<name N missing in PART>`, no other stage changes, none is merged."""
+    root, pdir, seed = real_run
+    path = pdir / "strings.jsonl"
+    lines = path.read_text().splitlines()
+    k = 2  # block_kernels: "prefill"; h200_kvcache: "decode"
+    doc = json.loads(lines[k])
+    lines[k] = lines[k].replace(json.dumps(doc["s"]), doc["s"])  # the name's quotes lost: not JSON
+    path.write_text("\n".join(lines) + "\n")
+    run, exc = _outcome(root, report=True)
+    assert exc is None and run["id"].tolist() == seed["id"].tolist()
+    placeholder = f"<name {doc['id']} missing in {pdir.name}>"
+    want = [placeholder if n == doc["s"] else n for n in seed["name"].tolist()]
+    assert run["name"].tolist() == want and placeholder in want
+    assert len(run.names) == len(seed.names)
+    said = [n for n in run.notes if n.startswith(f"{path}: ")]
+    at = lines[k].index(doc["s"])  # where the JSON parser stops: the unquoted name
+    assert said == [f"{path}: skipped 1 of {len(lines)} line(s) (first: line {k + 1}, not JSON (Expecting value: line 1 "
+                    f"column {at + 1} (char {at}))); 1 name id(s) used by stages are not defined, shown as {placeholder}"], said
+    report = build_report(run=run)
+    assert placeholder in {row["name"] for row in report["stages"]}
+
+
+def test_one_note_per_file_for_a_damaged_line_and_a_torn_tail(real_run):
+    root, pdir, seed = real_run
+    path = pdir / "strings.jsonl"
+    total = len(path.read_text().splitlines())
+    torn = b'{"id": 7, "s": "cut by a ki'
+    with open(path, "ab") as f:
+        f.write(b"[1, 2]\n" + torn)
+    run, exc = _outcome(root)
+    assert exc is None and run["name"].tolist() == seed["name"].tolist()
+    assert [n for n in run.notes if n.startswith(f"{path}: ")] == [
+        f'{path}: skipped 1 of {total + 1} line(s) (first: line {total + 1}, not {{"id": int in [0, 2**31), "s": str}}: '
+        f"[1, 2]); ignored a torn last line ({len(torn)} bytes without a newline)"]
+
+
+def test_random_rows_in_activity_bin_are_skipped_and_the_kernels_still_reported(tmp_path):
+    """kernels=True's activity.bin with two random rows: those two are skipped (counted, the first
+    said), every other GPU op and API call is read and attributed."""
+    from maxinstr.kernels.store import ACTIVITY_DTYPE
+    from maxinstr.traces.inprocess import read_run
+
+    root = tmp_path / "run"
+    shutil.copytree(KRUN, root)
+    path = root / KPART / "activity.bin"
+    data = bytearray(path.read_bytes())
+    rows = np.frombuffer(bytes(data), ACTIVITY_DTYPE)
+    rng = np.random.default_rng(20)
+    for row in (5, 40):
+        data[row * 80:(row + 1) * 80] = rng.integers(0, 256, 80, dtype=np.uint8).tobytes()
+    path.write_bytes(bytes(data))
+    kind = int(np.frombuffer(bytes(data), ACTIVITY_DTYPE)["kind"][5])
+    assert not 0 <= kind <= 5  # this seed's row 5 has a kind no collector writes
+    trace, notes = read_run(load(root))
+    seed_trace, _ = read_run(load(KRUN))
+    said = (f"{path}: skipped 2 of {len(rows)} row(s) that are not activity records (first: row 5, kind {kind} is not "
+            "0 to 5)")
+    assert said in notes
+    lost_ops = int(np.isin(rows["kind"][[5, 40]], [0, 1, 2]).sum())  # were rows 5 and 40 GPU ops?
+    assert len(trace.ops) == len(seed_trace.ops) - lost_ops
+    report, exc = _within(root, lambda: _report(root))
+    assert exc is None and said in report["sources"]["notes"] and report["sources"]["trace_format"] is not None
+    assert _stage_rows(report) == _stage_rows(_seed_report())
+
+
+def test_a_damaged_kernel_name_line_reads_as_a_placeholder(tmp_path):
+    """kernels=True's activity_names.jsonl with the line of a kernel damaged: every op of that
+    kernel is still read, named by the placeholder; no other op's name changes."""
+    from maxinstr.traces.inprocess import read_run
+
+    root = tmp_path / "run"
+    shutil.copytree(KRUN, root)
+    path = root / KPART / "activity_names.jsonl"
+    lines = path.read_text().splitlines()
+    k = next(i for i, x in enumerate(lines) if "matmul_kernel_naive" in x)
+    name_id, name = json.loads(lines[k])
+    lines[k] = "{" + lines[k]
+    path.write_text("\n".join(lines) + "\n")
+    trace, notes = read_run(load(root))
+    seed_trace, _ = read_run(load(KRUN))
+    placeholder = f"<name {name_id} missing in {Path(KPART).name}>"
+    op_names = np.asarray(trace.strings, dtype=object)[trace.ops.name_id].tolist()
+    seed_names = np.asarray(seed_trace.strings, dtype=object)[seed_trace.ops.name_id].tolist()
+    assert name in seed_names and op_names == [placeholder if n == name else n for n in seed_names]
+    said = [n for n in notes if n.startswith(f"{path}: ")]
+    assert len(said) == 1 and said[0].startswith(f"{path}: skipped 1 of {len(lines)} line(s) (first: line {k + 1}, "
+                                                 "not JSON"), said
+    assert said[0].endswith(f"the kernels and API calls of a skipped name show as <name N missing in {Path(KPART).name}>")
+
+
+def test_kernels_whose_name_lines_are_cut_off_keep_their_records(tmp_path):
+    """activity_names.jsonl cut to its first half: every activity row is still read, the ops of
+    the names cut off named by placeholders (one per distinct id, numbered on after the file's
+    lines); a row's name id of 2**31-1 adds one placeholder, not a list that long."""
+    from maxinstr.kernels.store import ACTIVITY_DTYPE, read_part_activity
+
+    root = tmp_path / "run"
+    shutil.copytree(KRUN, root)
+    pdir = root / KPART
+    lines = (pdir / "activity_names.jsonl").read_text().splitlines()
+    (pdir / "activity_names.jsonl").write_text("\n".join(lines[: len(lines) // 2]) + "\n")
+    seed_meta, seed_rows, seed_names = read_part_activity(KRUN / KPART)
+    meta, rows, names = read_part_activity(pdir)
+    assert len(rows) == len(seed_rows) and (rows["start_ns"] == seed_rows["start_ns"]).all()
+    half = len(lines) // 2
+    cut = sorted({i for i in seed_rows["name_id"].tolist() if i >= half})
+    assert cut  # the fixture's rows use names of the second half
+
+    def name(i: int, of: list[str]) -> str | None:
+        return None if i < 0 else of[i]
+
+    want = [name(i, seed_names) if i < half else f"<name {i} missing in {pdir.name}>" for i in seed_rows["name_id"].tolist()]
+    assert [name(i, names) for i in rows["name_id"].tolist()] == want
+    assert len(names) == half + len(cut)
+    assert meta["notes"] == [f"{pdir / 'activity_names.jsonl'}: {len(cut)} name id(s) used by activity rows are not "
+                             f"defined, shown as <name {cut[0]} missing in {pdir.name}> ..."]
+    one = np.frombuffer((pdir / "activity.bin").read_bytes()[:80], ACTIVITY_DTYPE).copy()
+    one["name_id"] = 2**31 - 1
+    (pdir / "activity.bin").write_bytes(one.tobytes())
+    assert read_part_activity(pdir)[2][-1] == f"<name {2**31 - 1} missing in {pdir.name}>"
+    assert len(read_part_activity(pdir)[2]) == half + 1

@@ -30,7 +30,7 @@ from maxinstr._files import parse_json, read_regular
 from maxinstr._text import safe_name
 from maxinstr.errors import RunDirError
 from maxinstr.rundir.format import MAX_TIME_NS
-from maxinstr.rundir.reader import Fields, check_fields, clip, is_int, read_jsonl
+from maxinstr.rundir.reader import Fields, Skipped, check_fields, clip, is_int, keep_rows, missing_name, read_jsonl
 
 ACTIVITY_FILE = "activity.bin"
 ACTIVITY_NAMES_FILE = "activity_names.jsonl"
@@ -154,12 +154,16 @@ def _append(path: Path, data: bytes) -> None:
 def read_part_activity(part_dir: Path) -> tuple[dict[str, Any], np.ndarray, list[str]] | None:
     """(activity.json, rows, names) of one part folder, or None when it has no activity.json.
 
-    Read like the rest of the run directory (:mod:`maxinstr.rundir.reader`): only regular files
-    (a FIFO or a link to ``/dev/zero`` is an error, not a hang), JSON no deeper than the run's
-    bound, the fields the report interprets of their type, every name id an index below the
-    number of names (memory stays a small multiple of the files' size). Anything else raises
-    :class:`~maxinstr.errors.RunDirError` (one line naming the file and the problem). A torn
-    last row or line (a process killed mid-write) is cut off and said in ``meta["notes"]``.
+    Read like the rest of the run directory (:mod:`maxinstr.rundir.reader`, docs/formats.md
+    "Reading rules"): only regular files (a FIFO or a link to ``/dev/zero`` is an error, not a
+    hang), JSON no deeper than the run's bound, the fields the report interprets of their type,
+    every name id an index below the number of name lines (memory stays a small multiple of the
+    files' size). A row or line that is not the format, and a torn last one (a process killed
+    mid-write), is left out, counted and said in one note per file in ``meta["notes"]``; a name
+    id whose line was left out reads as a placeholder naming the part. What makes a file
+    meaningless as a whole (activity.json unreadable, of another format or version; a special
+    file; an activity.bin without one activity record) raises
+    :class:`~maxinstr.errors.RunDirError` (one line naming the file and the problem).
     """
     part_dir = Path(part_dir)
     meta_path = part_dir / ACTIVITY_META_FILE
@@ -178,34 +182,58 @@ def read_part_activity(part_dir: Path) -> tuple[dict[str, Any], np.ndarray, list
     notes: list[str] = list(meta.get("notes") or [])
     meta["notes"] = notes
 
+    part = part_dir.name
+    names_path = part_dir / ACTIVITY_NAMES_FILE
+    lines, names_skipped = read_jsonl(names_path)
+    # each id once, from 0 in order (ActivityWriter): an id at or past the number of lines
+    # (damaged ones included) is not one maxinstr wrote, and must not size the list (an id of
+    # 1e9 in a 17-byte file once asked for 8 GB)
+    count = names_skipped.total
+    named: list[str | None] = [None] * count
+    for number, line in lines:
+        if not (isinstance(line, list) and len(line) == 2 and is_int(line[0], 0, count) and isinstance(line[1], str)):
+            names_skipped.add(number, f'not [id, "name"] with an id from 0 to {count - 1} (one line per id)', line)
+            continue
+        name = safe_name(line[1])
+        if named[line[0]] is None:
+            named[line[0]] = name
+        elif named[line[0]] != name:  # the writer names an id once: a second name is not one it wrote
+            names_skipped.add(number, f"id {line[0]} was named {clip(named[line[0]])} before", line)
+    names = [missing_name(i, part) if name is None else name for i, name in enumerate(named)]
+    if names_skipped.first is not None:
+        names_skipped.also(f"the kernels and API calls of a skipped name show as {missing_name('N', part)}")
+
     data_path = part_dir / ACTIVITY_FILE
     raw = read_regular(data_path, RunDirError) or b""
     whole = len(raw) - len(raw) % ACTIVITY_DTYPE.itemsize
-    if whole != len(raw):
-        notes.append(f"{data_path}: last {len(raw) - whole} bytes are a torn row (cut off)")
     rows = np.frombuffer(raw, dtype=ACTIVITY_DTYPE, count=whole // ACTIVITY_DTYPE.itemsize)
-
-    names_path = part_dir / ACTIVITY_NAMES_FILE
-    lines = read_jsonl(names_path, notes)
-    # each id once, from 0 in order (ActivityWriter): an id at or past the number of lines is
-    # not one maxinstr wrote, and must not size the list (an id of 1e9 in a 17-byte file
-    # once asked for 8 GB)
-    names = [""] * len(lines)
-    for line in lines:
-        if not (isinstance(line, list) and len(line) == 2 and is_int(line[0], 0, len(lines)) and isinstance(line[1], str)):
-            raise RunDirError(names_path, f"line is not [id, \"name\"] with an id from 0 to {len(lines) - 1} "
-                                          f"(one line per id): {clip(line)}")
-        names[line[0]] = safe_name(line[1])
-
+    skipped = Skipped(data_path, "row", " that are not activity records")
+    skipped.total = len(rows)
+    if whole != len(raw):
+        skipped.torn = f"last {len(raw) - whole} bytes are a torn row (cut off)"
     kind, name_id = rows["kind"], rows["name_id"]
-    bad = (kind < 0) | (kind > KIND_EXTERNAL) | (name_id < -1) | (name_id >= len(names))
-    for col in ("start_ns", "end_ns"):  # CUPTI's clock (ns since 1970), -1 or 0 when untimed
-        bad |= (rows[col] < -1) | (rows[col] >= MAX_TIME_NS)
-    if bad.any():
-        first = int(np.flatnonzero(bad)[0])
-        raise RunDirError(data_path, f"{int(bad.sum())} of {len(rows)} rows are not activity records (first at row {first}: "
-                                     f"kind, a name id not in {ACTIVITY_NAMES_FILE}, or a time out of range): "
-                                     "file damaged or not an activity.bin")
+    # CUPTI's clock (ns since 1970), -1 or 0 when untimed
+    untimed = ((rows["start_ns"] < -1) | (rows["start_ns"] >= MAX_TIME_NS)
+               | (rows["end_ns"] < -1) | (rows["end_ns"] >= MAX_TIME_NS))
+    rows = keep_rows(rows, [
+        ((kind < 0) | (kind > KIND_EXTERNAL), lambda i: f"kind {int(kind[i])} is not 0 to {KIND_EXTERNAL}"),
+        (name_id < -1, lambda i: f"name id {int(name_id[i])} (below -1)"),
+        (untimed, lambda i: "a time outside [-1, 2**62) ns"),
+    ], skipped, "an activity record", "an activity.bin")
+    skipped.say(notes)
+
+    # a name id with no line (the names file cut or damaged): the rows are kept, named by a
+    # placeholder each; the ids past the lines are numbered on from them, so the list grows by
+    # the distinct ids used (at most the rows), never by an id's value
+    past = rows["name_id"] >= len(names)
+    if past.any():
+        extra = np.unique(rows["name_id"][past])
+        rows = rows.copy()
+        rows["name_id"][past] = len(names) + np.searchsorted(extra, rows["name_id"][past])
+        names += [missing_name(int(i), part) for i in extra]
+        names_skipped.also(f"{len(extra)} name id(s) used by activity rows are not defined, shown as "
+                           f"{names[-len(extra)]}" + (" ..." if len(extra) > 1 else ""))
+    names_skipped.say(notes)
     return meta, rows, names
 
 

@@ -1,9 +1,13 @@
 """Read a run directory back into numpy columns (see docs/formats.md).
 
 The reader merges every part (process / rank) into one table of stage records sorted by
-host start. A torn tail (the last row or line of a file cut by a kill or a full disk) is
-dropped and said so in :attr:`Run.notes`; anything else that is not the format is a
-:class:`~maxinstr.errors.RunDirError` naming the file and the problem in one line.
+host start. What the user recorded is never refused for a damaged neighbour: a torn tail (the
+last row or line of a file cut by a kill or a full disk) and any row or line that is not the
+format are left out, counted and said in one note per file in :attr:`Run.notes`
+(:class:`Skipped`); only a file that is meaningless as a whole (meta.json unreadable or of
+another format or version, a special file, a stages.bin without one stage record) is a
+:class:`~maxinstr.errors.RunDirError` naming the file and the problem in one line
+(docs/formats.md, "Reading rules").
 """
 
 from __future__ import annotations
@@ -294,32 +298,47 @@ def _read_part(
     info["name"] = pdir.name
     info["path"] = str(pdir)
 
-    local_names = {}
-    for rec in read_jsonl(pdir / fmt.STRINGS_FILE, notes):
+    part = info["name"]
+    lines, names_skipped = read_jsonl(pdir / fmt.STRINGS_FILE)
+    local_names: dict[int, str] = {}
+    for number, rec in lines:
         # a name id indexes the int32 name_id column of stages.bin
-        if not (isinstance(rec, dict) and is_int(rec.get("id"), 0, 2**31) and "s" in rec):
-            raise RunDirError(pdir / fmt.STRINGS_FILE, f"line is not {{\"id\": int, \"s\": str}}: {clip(rec)}")
-        local_names[rec["id"]] = safe_name(str(rec["s"]))
-    for rec in read_jsonl(pdir / fmt.ATTRS_FILE, notes):
+        if not (isinstance(rec, dict) and is_int(rec.get("id"), 0, 2**31) and isinstance(rec.get("s"), str)):
+            names_skipped.add(number, 'not {"id": int in [0, 2**31), "s": str}', rec)
+            continue
+        name = safe_name(rec["s"])
+        first = local_names.setdefault(rec["id"], name)
+        if first != name:  # a writer names an id once: a second name is not one it wrote
+            names_skipped.add(number, f"id {rec['id']} was named {clip(first)} before", rec)
+    lines, skipped = read_jsonl(pdir / fmt.ATTRS_FILE)
+    for number, rec in lines:
         # a record id is an int64 of stages.bin's id column
         if not (isinstance(rec, dict) and is_int(rec.get("id"), -(2**63), 2**63) and isinstance(rec.get("attrs"), dict)):
-            raise RunDirError(pdir / fmt.ATTRS_FILE, f"line is not {{\"id\": int, \"attrs\": {{...}}}}: {clip(rec)}")
+            skipped.add(number, 'not {"id": int64, "attrs": {...}}', rec)
+            continue
         attrs[rec["id"]] = rec["attrs"]
-    for rec in read_jsonl(pdir / fmt.EVENTS_FILE, notes):
-        if isinstance(rec, dict):
-            events.append({"part": pdir.name, **rec})
+    skipped.say(notes, "those records' attrs are not shown")
+    lines, skipped = read_jsonl(pdir / fmt.EVENTS_FILE)
+    for number, rec in lines:
+        if not isinstance(rec, dict):
+            skipped.add(number, "not a JSON object", rec)
+            continue
+        events.append({"part": pdir.name, **rec})
+    skipped.say(notes)
 
     for key, why in (("dropped_records", "the record buffer was full"), ("rows_dropped_disk", "the disk write failed")):
         value = info.get(key)
         if value:
             notes.append(f"{pdir.name}: {value} stage record(s) dropped while recording ({why})")
-    rows = _read_stages(pdir / fmt.STAGES_FILE, notes)
+    rows, skipped = _read_stages(pdir / fmt.STAGES_FILE)
     info["rows"] = len(rows)
     said = info.get("rows_written")
-    if info.get("status") not in (None, "running") and said is not None and said > len(rows):
+    if info.get("status") not in (None, "running") and said is not None and said > skipped.total:
         # a closed part says how many rows it wrote: fewer on disk is a cut or damaged file
-        notes.append(f"{pdir / fmt.STAGES_FILE}: {said - len(rows)} of the {said} stage record(s) part.json says were "
-                     "written are missing (the file was cut or damaged)")
+        # (rows on disk but not stage records are counted as skipped, not again here)
+        skipped.also(f"{said - skipped.total} of the {said} stage record(s) part.json says were written are missing "
+                     "(the file was cut or damaged)")
+    skipped.say(notes)
     table = np.zeros(len(rows), dtype=RUN_STAGE_DTYPE)
     for col in fmt.STAGE_DTYPE.names or ():
         table[col] = rows[col]
@@ -328,9 +347,14 @@ def _read_part(
         used_ids = used.tolist()
         missing = [i for i in used_ids if i not in local_names]
         if missing:
-            notes.append(f"{pdir / fmt.STRINGS_FILE}: {len(missing)} name id(s) used by stages but not defined")
-        mapping_ids = np.array([names.intern(local_names.get(i, f"<name {i}>")) for i in used_ids], dtype=np.int32)
+            names_skipped.also(f"{len(missing)} name id(s) used by stages are not defined, shown as "
+                               f"{missing_name(missing[0], part)}" + (" ..." if len(missing) > 1 else ""))
+        # a placeholder names its part: name 17 of one part and name 17 of another are
+        # different stages, never merged
+        mapping_ids = np.array([names.intern(local_names[i] if i in local_names else missing_name(i, part))
+                                for i in used_ids], dtype=np.int32)
         table["name_id"] = mapping_ids[np.searchsorted(used, rows["name_id"])]
+    names_skipped.say(notes)
     table["part"] = index
     table["pid"] = -1 if info["pid"] is None else info["pid"]
     table["rank"] = -1 if info["rank"] is None else info["rank"]
@@ -341,70 +365,165 @@ def _read_part(
     return info
 
 
-def _read_stages(path: Path, notes: list[str]) -> np.ndarray:
+def missing_name(name_id: int | str, part: str) -> str:
+    """What a name id with no (valid) line in its names file reads as: visibly a placeholder,
+    and naming the part, since name ids are numbered per part."""
+    return safe_name(f"<name {name_id} missing in {part}>")
+
+
+class Skipped:
+    """The rows or lines of one file left out because they are not the format, and its torn
+    tail: counted, and said in one note naming the file, how many were skipped of how many, the
+    first one's number (rows count from 0, lines from 1) and what was wrong with it.
+
+    Costs nothing per line skipped but a count: only the first one's value is quoted.
+    """
+
+    def __init__(self, path: Path, unit: str, what: str = "") -> None:
+        self.path = path
+        self.unit = unit  # "row" or "line"
+        self.what = what  # e.g. " that are not stage records"
+        self.total = 0  # complete rows or (non-blank) lines in the file, skipped ones included
+        self.count = 0
+        self.first: tuple[int, str] | None = None
+        self.torn: str | None = None
+        self._also: list[str] = []
+
+    def add(self, number: int, problem: str, value: Any = None, count: int = 1) -> None:
+        """``count`` more skipped; the first of all is at ``number``, ``problem`` quoting
+        ``value`` (when given)."""
+        self.count += count
+        if self.first is None:
+            self.first = (number, problem if value is None else f"{problem}: {clip(value)}")
+
+    def also(self, text: str) -> None:
+        """Something more the file's note says (what the skipped lines cost)."""
+        self._also.append(text)
+
+    def note(self, consequence: str = "") -> str | None:
+        """The file's one note; None when nothing was left out."""
+        said = []
+        if self.first is not None:
+            number, why = self.first
+            said.append(f"skipped {self.count} of {self.total} {self.unit}(s){self.what} "
+                        f"(first: {self.unit} {number}, {why})" + (f"; {consequence}" if consequence else ""))
+        if self.torn:
+            said.append(self.torn)
+        said += self._also
+        return f"{self.path}: " + "; ".join(said) if said else None
+
+    def say(self, notes: list[str], consequence: str = "") -> None:
+        text = self.note(consequence)
+        if text:
+            notes.append(text)
+
+
+def keep_rows(rows: np.ndarray, checks: list[tuple[np.ndarray, Callable[[int], str]]], skipped: Skipped,
+              record: str, whole: str) -> np.ndarray:
+    """``rows`` without those any of ``checks`` (a mask of bad rows, and what is wrong with a
+    row of that mask) marks bad, counted in ``skipped``. When every row is bad the file holds
+    no ``record`` (e.g. "a stage record"): it is damaged as a whole or not what its name says
+    (``whole``, e.g. "a stages.bin"), a RunDirError naming it."""
+    bad = np.zeros(len(rows), dtype=bool)
+    for mask, _ in checks:
+        bad |= mask
+    if not bad.any():
+        return rows
+    first = int(np.argmax(bad))
+    why = next(describe(first) for mask, describe in checks if mask[first])
+    count = int(bad.sum())
+    if count == len(rows):
+        raise RunDirError(skipped.path, f"none of its {len(rows)} row(s) is {record} (row {first}: {why}): "
+                                        f"file damaged or not {whole}")
+    skipped.add(first, why, count=count)
+    return rows[~bad]
+
+
+def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
+    skipped = Skipped(path, "row", " that are not stage records")
     data = read_regular(path, RunDirError)
     if data is None:
-        return np.empty(0, dtype=fmt.STAGE_DTYPE)
+        return np.empty(0, dtype=fmt.STAGE_DTYPE), skipped
     size = len(data)
     count = size // fmt.STAGE_DTYPE.itemsize
     rows = np.frombuffer(data, dtype=fmt.STAGE_DTYPE, count=count)
+    skipped.total = count
     torn = size - count * fmt.STAGE_DTYPE.itemsize
     if torn:
-        notes.append(f"{path}: ignored a torn last record ({torn} of {fmt.STAGE_DTYPE.itemsize} bytes)")
+        skipped.torn = f"ignored a torn last record ({torn} of {fmt.STAGE_DTYPE.itemsize} bytes)"
     if len(rows) and not rows.dtype.isnative:
         rows = rows.astype(rows.dtype.newbyteorder("="))
     timed = (rows["flags"] & fmt.GPU_TIMED) != 0
-    bad = (
-        ((rows["flags"] & ~np.uint16(fmt.KNOWN_FLAGS)) != 0)
-        | (rows["depth"] < 0)
-        | (rows["name_id"] < 0)
-        | (rows["host_end_ns"] < rows["host_start_ns"])
+
+    def outside(col: str) -> np.ndarray:
         # CLOCK_MONOTONIC times: below 2**62 any difference of two is a valid int64 (a start
         # near -2**63 once made a duration wrap around to -20 ns)
-        | (rows["host_start_ns"] < 0)
-        | (rows["host_end_ns"] >= fmt.MAX_TIME_NS)
-        | (timed & ((rows["gpu_start_ns"] < 0) | (rows["gpu_start_ns"] >= fmt.MAX_TIME_NS)
-                    | (rows["gpu_end_ns"] < 0) | (rows["gpu_end_ns"] >= fmt.MAX_TIME_NS)))
-    )
-    if bad.any():
-        first = int(np.flatnonzero(bad)[0])
-        raise RunDirError(
-            path, f"{int(bad.sum())} of {len(rows)} rows are not stage records (first at row {first}): file damaged or not a stages.bin"
-        )
-    return rows
+        return (rows[col] < 0) | (rows[col] >= fmt.MAX_TIME_NS)
+
+    rows = keep_rows(rows, [
+        ((rows["flags"] & ~np.uint16(fmt.KNOWN_FLAGS)) != 0,
+         lambda i: f"flags 0x{int(rows['flags'][i]):04x} has bits maxinstr does not write"),
+        (rows["depth"] < 0, lambda i: f"a negative depth ({int(rows['depth'][i])})"),
+        (rows["name_id"] < 0, lambda i: f"a negative name id ({int(rows['name_id'][i])})"),
+        (outside("host_start_ns") | outside("host_end_ns"), lambda i: "a host time outside [0, 2**62) ns"),
+        (rows["host_end_ns"] < rows["host_start_ns"], lambda i: "it ends before it starts"),
+        (timed & (outside("gpu_start_ns") | outside("gpu_end_ns")), lambda i: "a GPU time outside [0, 2**62) ns"),
+    ], skipped, "a stage record", "a stages.bin")
+    return rows, skipped
 
 
-def read_jsonl(path: Path, notes: list[str]) -> list[Any]:
-    """The values of the JSON lines file ``path`` ([] when there is none); a torn last line (no
-    newline: a kill mid-write) is left out and said in ``notes``. A line that is not JSON, or
-    nests too deep, raises RunDirError naming the file and the line."""
+def read_jsonl(path: Path) -> tuple[list[tuple[int, Any]], Skipped]:
+    """The values of the JSON lines file ``path`` with their line numbers (from 1), and what
+    was skipped: lines that are not JSON (or nest too deep), and a torn last line (no newline:
+    a kill mid-write). The caller adds the lines whose value is not of the file's shape, and
+    says the file's note (:meth:`Skipped.say`). No file: nothing. A special file (a FIFO, a
+    device) is a RunDirError naming it."""
+    skipped = Skipped(path, "line")
     data = read_regular(path, RunDirError)
     if data is None:
-        return []
+        return [], skipped
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" when the file ends with a newline
-    out = _parse_lines([line for line in lines if line.strip()])
-    if out is None:  # one of them is not JSON (or too deep): find which, for the error
-        out = []
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            out.append(parse_json(line, path, lambda p, problem: RunDirError(
-                p, f"line {number} is {problem.replace('not valid JSON', 'not JSON', 1)}")))  # noqa: B023 - called now
     if tail.strip():
-        notes.append(f"{path}: ignored a torn last line ({len(tail)} bytes without a newline)")
-    return out
+        skipped.torn = f"ignored a torn last line ({len(tail)} bytes without a newline)"
+    numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    skipped.total = len(numbered)
+    values = _parse_lines([line for _, line in numbered])
+    if values is not None:
+        return [(number, value) for (number, _), value in zip(numbered, values, strict=True)], skipped
+    out = []  # one of them is not JSON (or too deep): line by line, to skip just those
+    for number, line in numbered:
+        try:
+            if line.count(b"[") + line.count(b"{") < MAX_JSON_DEPTH:
+                out.append((number, json.loads(line)))  # cannot nest past the bound
+                continue
+        except ValueError:
+            pass  # said below, in parse_json's words
+        try:
+            out.append((number, parse_json(line, path, _LineRefused)))
+        except _LineRefused as exc:
+            skipped.add(number, exc.problem.replace("not valid JSON", "not JSON", 1))
+    return out, skipped
+
+
+class _LineRefused(Exception):
+    """parse_json's refusal of one line (skipped, not raised)."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
 
 
 def _parse_lines(lines: list[bytes]) -> list[Any] | None:
-    """Every line parsed in one ``json.loads`` of them as an array (a 50,000-line strings.jsonl
-    took 1 s line by line), or None when that cannot be trusted: a line not JSON on its own
+    """Every line parsed in one ``json.loads`` of them as an array (a third of the time of one
+    ``json.loads`` a line: 30 ms for 50,000 names, 80 ms line by line), or None when that cannot be trusted: a line not JSON on its own
     (joined, ``[1`` and ``2]`` would be one value: the count differs), or one that could nest
-    deeper than MAX_JSON_DEPTH (more brackets than that; checked line by line then)."""
+    deeper than MAX_JSON_DEPTH (more brackets than that; checked line by line then). Joined by
+    newlines: a JSON string cannot hold one, so no string spans two lines."""
     if any(line.count(b"[") + line.count(b"{") >= MAX_JSON_DEPTH for line in lines):
         return None
     try:
-        values = json.loads(b"[" + b",".join(lines) + b"]")
+        values = json.loads(b"[" + b",\n".join(lines) + b"]")
     except (ValueError, RecursionError):
         return None
     return values if len(values) == len(lines) else None
