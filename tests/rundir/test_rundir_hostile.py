@@ -718,3 +718,22 @@ def test_kernels_whose_name_lines_are_cut_off_keep_their_records(tmp_path):
     (pdir / "activity.bin").write_bytes(one.tobytes())
     assert read_part_activity(pdir)[2][-1] == f"<name {2**31 - 1} missing in {pdir.name}>"
     assert len(read_part_activity(pdir)[2]) == half + 1
+
+
+def test_a_zero_filled_block_is_not_read_as_stages(tmp_path):
+    """A crash can leave a zero-filled block at the end of stages.bin (a file system that
+    allocated the space before the data reached it): all-zero rows passed every check and
+    read as stages at time 0. Record ids have a sequence from 1, so they are skipped and said."""
+    import shutil
+
+    from maxinstr.rundir import format as fmt, load
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "nsys" / "h200_kvcache-run", run)
+    (stages,) = run.glob("parts/*/stages.bin")
+    before = len(load(run))
+    with open(stages, "ab") as f:
+        f.write(bytes(fmt.STAGE_DTYPE.itemsize * 4))
+    got = load(run)
+    assert len(got) == before
+    assert any("skipped 4 of" in n and "sequence 0" in n for n in got.notes), got.notes

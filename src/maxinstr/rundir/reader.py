@@ -463,6 +463,9 @@ def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
     rows = keep_rows(rows, [
         ((rows["flags"] & ~np.uint16(fmt.KNOWN_FLAGS)) != 0,
          lambda i: f"flags 0x{int(rows['flags'][i]):04x} has bits maxinstr does not write"),
+        # ids are (pid << 32) | seq with seq from 1: an all-zero row (a zero-filled block left by
+        # a crash or a preallocating file system) has seq 0
+        ((rows["id"] & 0xFFFFFFFF) == 0, lambda i: f"record id {int(rows['id'][i])} has sequence 0 (a zero-filled row?)"),
         (rows["depth"] < 0, lambda i: f"a negative depth ({int(rows['depth'][i])})"),
         (rows["name_id"] < 0, lambda i: f"a negative name id ({int(rows['name_id'][i])})"),
         (outside("host_start_ns") | outside("host_end_ns"), lambda i: "a host time outside [0, 2**62) ns"),
