@@ -34,7 +34,6 @@ import numpy as np
 
 from maxinstr.columns import correlation_join
 from maxinstr.errors import TraceError
-from maxinstr.rundir.format import MAX_TIME_NS
 from maxinstr.traces import _sqlite_columns as cols
 from maxinstr.traces._sqlite_columns import IntCol
 from maxinstr.traces.model import (
@@ -578,18 +577,19 @@ class _Reader:
         is_range = pushpop | startend
         keep = is_range | mark
         open_ = is_range & (end == -1)  # end NULL (any other negative end is damage, dropped below)
-        if open_.any():
-            # nsys stats closes an unclosed range at the last NVTX timestamp; do the same.
-            times = np.r_[start[keep], end[is_range]]
-            times = times[(times > -MAX_TIME_NS) & (times < MAX_TIME_NS)]
-            last = int(times.max()) if len(times) else 0
-            self.notes.append(f"{int(open_.sum())} NVTX range(s) never ended: closed at the last NVTX timestamp")
-            end = np.where(open_, last, end)
-        end = np.where(mark, start, end)
+        # Rows whose times cannot be real go first (an open range is judged by its start), so
+        # that they do not move the time open ranges are closed at.
+        end = np.where(mark | open_, start, end)
         rows = np.flatnonzero(keep)
         valid = self.times.keep(_NVTX, start[rows], end[rows], row=self.rowid_label(_NVTX, rows))
         if valid is not None:
             keep[rows[~valid]] = False
+            open_ &= keep
+        if open_.any():
+            # nsys stats closes an unclosed range at the last NVTX timestamp; do the same.
+            last = int(max(start[keep].max(), end[is_range & keep].max()))
+            self.notes.append(f"{int(open_.sum())} NVTX range(s) never ended: closed at the last NVTX timestamp")
+            end = np.where(open_, last, end)
         pid, tid = split_global_tid(gtid)
         _, end_tid = split_global_tid(np.where(end_gtid >= 0, end_gtid, gtid))
         style = np.where(pushpop, RangeStyle.PUSH_POP, np.where(startend, RangeStyle.START_END, RangeStyle.MARK))
