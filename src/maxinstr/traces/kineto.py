@@ -65,7 +65,9 @@ def read_kineto(path: str | Path, *, progress: Progress | None = None, document:
     else:
         raise TraceError(path, "not a Kineto / Chrome trace (top level is neither an object nor a list)")
     # every event is an object: a list of anything else ([1, 2, 3]) is no trace, said in one line
-    odd = next((i for i, e in enumerate(events) if not isinstance(e, dict)), None)
+    odd = None
+    if not set(map(type, events)) <= {dict}:  # (a set of the types: one C-level pass)
+        odd = next((i for i, e in enumerate(events) if not isinstance(e, dict)), None)
     if odd is not None:
         raise TraceError(path, f"not a Kineto / Chrome trace: {where}[{odd}] is {_json_kind(events[odd])}, "
                                "not an event object")
@@ -147,12 +149,12 @@ def _loose_ints(values: list, path: Path, what: str) -> np.ndarray:
     return out
 
 
-_NUMBER = (int, float)  # exactly: a JSON true is no timestamp, nor is "12.5"
+_NUMBER = {int, float}  # exactly: a JSON true is no timestamp, nor is "12.5"
 
 
 def _microseconds(values: list) -> np.ndarray:
     """JSON numbers as float64; NaN for anything else (missing, null, a string, a list...)."""
-    if all(type(v) in _NUMBER for v in values):
+    if set(map(type, values)) <= _NUMBER:
         arr = _flat(values, np.float64)  # None only for an int beyond float64
         if arr is not None:
             return arr
@@ -211,7 +213,7 @@ def _read(path: Path, doc: dict, events: list, where: str, progress: Progress | 
     def category(c: str) -> tuple[list, np.ndarray, np.ndarray, float]:
         """The ``X`` events of category ``c`` whose times are valid, and those times."""
         idx = by_cat.get(c, [])
-        evs = [events[i] for i in idx]
+        evs = list(map(events.__getitem__, idx))
         start, end, err = _times(evs)
         keep = check.keep(f"'{c}' events", start, end, row=lambda i: f"{where}[{idx[i]}]", names=("ts", "dur"),
                           unit="events")
