@@ -48,6 +48,7 @@ struct sqlite3_stmt;
 constexpr int SQLITE_OK = 0;
 constexpr int SQLITE_ROW = 100;
 constexpr int SQLITE_DONE = 101;
+constexpr int SQLITE_INTEGER = 1;
 constexpr int SQLITE_NULL = 5;
 constexpr int SQLITE_OPEN_READONLY = 0x00000001;
 constexpr int SQLITE_OPEN_URI = 0x00000040;
@@ -160,7 +161,7 @@ struct Stmt {
 
 // One result column while stepping. Buffers are heap vectors that numpy later adopts.
 struct ColumnBuf {
-  char kind;  // 'i' (int64), 'n' (int32: ids, pids, enums), 'f', 's'
+  char kind;  // 'i' (int64), 't' (int64, strict: times), 'n' (int32: ids, pids, enums), 'f', 's'
   std::vector<int64_t>* ints = nullptr;
   std::vector<int32_t>* narrow = nullptr;
   std::vector<double>* reals = nullptr;
@@ -190,7 +191,7 @@ void run_query(const std::string& uri, const std::string& sql, const std::string
   for (size_t c = 0; c < kinds.size(); ++c) {
     ColumnBuf& col = out.columns[c];
     col.kind = kinds[c];
-    if (col.kind == 'i')
+    if (col.kind == 'i' || col.kind == 't')
       col.ints = new std::vector<int64_t>();
     else if (col.kind == 'n')
       col.narrow = new std::vector<int32_t>();
@@ -228,6 +229,13 @@ void run_query(const std::string& uri, const std::string& sql, const std::string
       switch (col.kind) {
         case 'i':
           col.ints->push_back(a.column_int64(st.st, c));  // NULL reads as 0: callers ifnull() in SQL
+          break;
+        case 't':
+          // A time: SQLite's conversion would read text as 0 ('abc') or its leading digits and
+          // truncate a float, which then pass for real times; anything but an integer reads as
+          // INT64_MIN (maxinstr.traces.model.INVALID_NS), for the reader to drop and count.
+          col.ints->push_back(a.column_type(st.st, c) == SQLITE_INTEGER ? a.column_int64(st.st, c)
+                                                                       : std::numeric_limits<int64_t>::min());
           break;
         case 'n': {
           // Half the memory of 'i' for columns that hold small integers (ids, 24-bit pids,
@@ -1159,7 +1167,7 @@ PYBIND11_MODULE(_columns, m) {
   m.def("sqlite_version", [] { return std::string(require().libversion()); });
   m.def("query_many", &query_many, py::arg("uri"), py::arg("queries"), py::arg("threads") = 1, py::arg("trim") = true,
         "Run [(sql, kinds[, filter_column, uint8_mask[, expected_rows]]), ...] on parallel read-only connections; per query "
-        "a list of columns: int64 ('i'), int32 ('n', out-of-range values -1) or float64 ('f') arrays, or (int32 codes, [distinct strings]) for kind 's'. "
+        "a list of columns: int64 ('i'; 't': INT64_MIN for a value that is not an integer, NULL included), int32 ('n', out-of-range values -1) or float64 ('f') arrays, or (int32 codes, [distinct strings]) for kind 's'. "
         "With a mask, only rows whose filter column value v has mask[v] != 0 are kept.");
   m.def("scan_table", &scan_table, py::arg("path"), py::arg("root"), py::arg("columns"), py::arg("filter_col") = -1,
         py::arg("mask") = py::none(), py::arg("exclude_col") = -1, py::arg("exclude_value") = 0, py::arg("threads") = 1,

@@ -175,3 +175,33 @@ def test_fixtures_are_scanned_not_queried(path):
         got = _native().scan(str(path), table, columns)
         assert got is not None, table
         _same(got, _by_sql(path, table, columns))
+
+
+def test_time_kind_reads_only_integers(tmp_path):
+    """Kind 't' (times): an integer reads as itself; text, a float, a blob, NULL read as
+    INVALID_NS, in the native query and the Python backend alike, where kind 'i' takes SQLite's
+    conversion ('12x' -> 12, 1.5 -> 1, NULL -> 0). The scan reads a 't' column like 'i' and
+    declines the table when such a value is in it."""
+    from maxinstr.traces.model import INVALID_NS
+
+    path = tmp_path / "t.sqlite"
+    stored = [5, "12x", "abc", "", 1.5, None, b"\x01", 2**62, -(2**63), 0, 3]
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (start INTEGER)")
+    con.executemany("INSERT INTO t VALUES (?)", [(v,) for v in stored])
+    con.commit()
+    con.close()
+    sql, want_t = "SELECT start, start FROM t", [5] + [INVALID_NS] * 6 + [2**62, -(2**63), 0, 3]
+    for backend in (cols.PythonBackend(), _native()):
+        as_time, as_int = backend.query(str(path), sql, "ti")
+        assert as_time.dtype == np.int64 and as_time.tolist() == want_t
+        assert as_int.tolist()[:6] == [5, 12, 0, 0, 1, 0]
+    assert _native().scan(str(path), "t", [IntCol("start", INVALID_NS, "t")]) is None
+    ok = tmp_path / "ok.sqlite"
+    con = sqlite3.connect(ok)
+    con.execute("CREATE TABLE t (start INTEGER)")
+    con.executemany("INSERT INTO t VALUES (?)", [(5,), (None,), (2**40,)])
+    con.commit()
+    con.close()
+    columns = [IntCol("start", INVALID_NS, "t")]
+    _same(_native().scan(str(ok), "t", columns), _by_sql(ok, "t", columns))

@@ -3,7 +3,9 @@ valid Trace or a one-line TraceError naming the file.
 
 Mutations: truncation, byte flips, inserted/deleted slices (on the raw and the decompressed
 bytes), dropped CSV columns and fields, JSON values replaced by wrong types at random paths,
-and SQLite tables/columns dropped or values set to NULL / text.
+and SQLite tables/columns dropped, values set to NULL / text, or rows made to end before they
+start (a valid Trace has none: Trace.validate() checks; test_invalid_times.py checks that such
+rows are dropped and said, exactly).
 
 ``test_fuzz_open_trace`` runs ~500 generated inputs (CI); ``test_fuzz_open_trace_10k`` runs
 10,000 and is marked ``slow``. Nsight Systems inputs (H3's reader) are fuzzed separately so a
@@ -142,7 +144,7 @@ def sqlite_mutation(draw, data: bytes) -> bytes:
         tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'")]
         table = draw(st.sampled_from(sorted(tables)))
         cols = [r[1] for r in con.execute(f'PRAGMA table_info("{table}")')]
-        how = draw(st.sampled_from(["drop_table", "drop_column", "null", "text", "delete_rows"]))
+        how = draw(st.sampled_from(["drop_table", "drop_column", "null", "text", "delete_rows", "end_before_start"]))
         # views would block dropping what they use; the readers must cope without them
         for (view,) in con.execute("SELECT name FROM sqlite_master WHERE type='view'").fetchall():
             con.execute(f'DROP VIEW "{view}"')
@@ -165,6 +167,9 @@ def sqlite_mutation(draw, data: bytes) -> bytes:
                 con.execute(f'UPDATE "{table}" SET "{col}" = ? WHERE rowid % 3 = 0', (value,))
             except sqlite3.IntegrityError:  # INTEGER PRIMARY KEY or NOT NULL: delete rows instead
                 con.execute(f'DELETE FROM "{table}" WHERE rowid % 3 = 0')
+        elif how == "end_before_start" and {"start", "end"} <= set(cols):
+            con.execute(f'UPDATE "{table}" SET "end" = "start" - ? WHERE rowid % ? = 0',
+                        (draw(st.sampled_from([1, 1000, 2**40])), draw(st.sampled_from([1, 3, 7]))))
         else:
             con.execute(f'DELETE FROM "{table}" WHERE rowid % 2 = 0')
         con.commit()

@@ -139,7 +139,9 @@ def test_bad_inputs(tmp_path):
     doc = raw("hta_triton_example.json.gz")
     xs(doc, "kernel")[0]["ts"] = "yesterday"
     p.write_text(json.dumps(doc))
-    with pytest.raises(TraceError, match="bad.json: kernel: a timestamp is missing or not a number"):
+    # the trace's one kernel has no valid time: nothing of the table is left, an error
+    with pytest.raises(TraceError, match=r"bad.json: 'kernel' events: the one event has invalid times "
+                                         r"\(traceEvents\[\d+\]: ts missing or not a number\)"):
         read_kineto(p)
     doc = raw("hta_triton_example.json.gz")
     xs(doc, "kernel")[0]["tid"] = [1]
@@ -149,11 +151,11 @@ def test_bad_inputs(tmp_path):
     doc = raw("hta_triton_example.json.gz")
     xs(doc, "kernel")[0]["ts"] = 1e300
     p.write_text(json.dumps(doc))
-    with pytest.raises(TraceError, match="out of range"):
+    with pytest.raises(TraceError, match=r"ts beyond 2\*\*62 ns"):
         read_kineto(p)
     doc["traceEvents"][3] = "not an event"
     p.write_text(json.dumps(doc))
-    with pytest.raises(TraceError, match="malformed Kineto JSON"):
+    with pytest.raises(TraceError, match=r"bad.json: not a Kineto / Chrome trace: traceEvents\[3\] is a string, not an event object"):
         read_kineto(p)
     p.write_bytes(gzip.compress(b'{"traceEvents": [')[:-3])
     with pytest.raises(TraceError, match="gzip"):

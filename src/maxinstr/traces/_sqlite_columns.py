@@ -3,7 +3,9 @@
 Both backends expose the same three calls and give identical arrays:
 
 - ``query(path, sql, kinds)``: run one SELECT; ``kinds`` has one letter per result column,
-  ``i`` (int64), ``n`` (int32, for ids, 24-bit pids/tids and enums: half the memory; a value
+  ``i`` (int64), ``t`` (int64 for times: a value that is not an integer, NULL included, reads
+  as :data:`~maxinstr.traces.model.INVALID_NS` instead of SQL's conversion of it, which reads
+  'abc' as 0), ``n`` (int32, for ids, 24-bit pids/tids and enums: half the memory; a value
   outside the int32 range reads as -1), ``f`` (float64) or ``s`` (text, interned: an int32
   code array with -1 for NULL, and the list of distinct strings). Integer NULLs must be
   handled in SQL (``ifnull``).
@@ -37,16 +39,21 @@ import numpy as np
 
 from maxinstr import config
 from maxinstr.columns import native_module
+from maxinstr.traces.model import INVALID_NS
 
 
 @dataclass(frozen=True)
 class IntCol:
     """One integer result column: ``((ifnull(name, default) >> shift) & mask)``; the literal
-    ``default`` (shifted and masked alike) when the table lacks the column."""
+    ``default`` (shifted and masked alike) when the table lacks the column.
+
+    Kind ``t`` (a time, unshifted) reads a value that is not an integer (text, a float, a blob)
+    as :data:`~maxinstr.traces.model.INVALID_NS`, as in query(); the direct scan never sees one
+    (it declines such a table, and the query runs instead)."""
 
     name: str
     default: int = -1
-    kind: str = "i"  # 'i' int64 or 'n' int32 (out-of-range values -1), as in query()
+    kind: str = "i"  # 'i' int64, 't' int64 time or 'n' int32 (out-of-range values -1), as in query()
     shift: int = 0
     mask: int | None = None
 
@@ -107,6 +114,8 @@ class PythonBackend:
                 for c, (k, col) in enumerate(zip(kinds, zip(*rows))):
                     if k == "i":
                         chunks[c].append(_int64(col))
+                    elif k == "t":
+                        chunks[c].append(_time64(col))
                     elif k == "n":
                         chunks[c].append(_narrow(_int64(col)))
                     elif k == "f":
@@ -167,6 +176,14 @@ def _int64(col: tuple) -> np.ndarray:
         return np.array([_sqlite_int(v) for v in col], dtype=np.int64)
 
 
+def _time64(col: tuple) -> np.ndarray:
+    """Kind 't': int64 where the value is an integer, INVALID_NS for anything else (str, float,
+    bytes, None), as the native reader does."""
+    if all(type(v) is int for v in col):
+        return np.array(col, dtype=np.int64)  # (sqlite3 ints fit int64)
+    return np.array([v if type(v) is int else INVALID_NS for v in col], dtype=np.int64)
+
+
 def _narrow(col: np.ndarray) -> np.ndarray:
     """int64 -> int32 as the native reader does it: out-of-range values become -1."""
     bad = (col < np.iinfo(np.int32).min) | (col > np.iinfo(np.int32).max)
@@ -220,7 +237,7 @@ def apply_filter(columns: list[Any], col: int, mask: np.ndarray) -> list[Any]:
 
 
 def _empty(kind: str) -> Any:
-    if kind == "i":
+    if kind in ("i", "t"):
         return np.empty(0, np.int64)
     if kind == "n":
         return np.empty(0, np.int32)
@@ -264,9 +281,11 @@ class NativeBackend:
                     return None  # the rowid alias, a generated column, or a column with a default
             else:
                 src = -1
-            if c.kind not in ("i", "n") or not (0 <= c.shift < 64) or not (-(1 << 63) <= c.default < (1 << 63)):
+            if c.kind not in ("i", "t", "n") or not (0 <= c.shift < 64) or not (-(1 << 63) <= c.default < (1 << 63)):
                 return None
-            specs.append((src, int(c.default), c.kind, int(c.shift), -1 if c.mask is None else int(c.mask)))
+            # ('t' is 'i' here: the scan reads integers and NULLs only, and declines anything else)
+            kind = "i" if c.kind == "t" else c.kind
+            specs.append((src, int(c.default), kind, int(c.shift), -1 if c.mask is None else int(c.mask)))
         ex_col, ex_val = exclude if exclude is not None else (-1, 0)
         if mask is not None:
             mask = np.ascontiguousarray(mask, np.uint8)

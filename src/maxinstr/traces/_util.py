@@ -35,29 +35,46 @@ def report(progress: Progress | None, message: str) -> None:
         progress(message)
 
 
-def int_column(values, path: object, what: str) -> np.ndarray:
-    """``values`` (strings, ints or floats) as int64; a TraceError naming the first bad value."""
-    arr = values if isinstance(values, np.ndarray) else np.asarray(values)
-    if arr.ndim != 1:  # lists in the values ([1] where 1 belongs): never a 2-D column
+def int_column(values, path: object, what: str, *, invalid: int | None = None) -> np.ndarray:
+    """``values`` (strings, ints or floats) as int64; a TraceError naming the first bad value,
+    unless ``invalid`` is given: then a value that is not an integer (text, a fraction, a bool,
+    None, out of the int64 range) becomes ``invalid`` (time columns: model.INVALID_NS, so that
+    model.TimeCheck drops and counts the row)."""
+    if isinstance(values, np.ndarray):
+        arr = values
+    elif invalid is not None and not all(type(v) is int for v in values):
+        arr = np.empty(len(values), dtype=object)  # per value: numpy would read True as 1, 2.5 as 2.5
+        arr[:] = list(values)
+    else:
+        try:
+            arr = np.asarray(values)
+        except ValueError:  # lists of different lengths among the values
+            arr = np.empty(0)
+    if arr.ndim != 1 or len(arr) != len(values):  # lists in the values ([1] where 1 belongs): never a 2-D column
         arr = np.empty(len(values), dtype=object)
-        arr[:] = [v for v in values]
+        arr[:] = list(values)
     try:
         if arr.dtype.kind in "iu":
             if arr.dtype.kind == "u" and len(arr) and arr.max() > np.iinfo(np.int64).max:
                 raise OverflowError
             return arr.astype(np.int64, copy=False)
-        if arr.dtype.kind == "b":
+        if arr.dtype.kind == "b" and invalid is None:
             return arr.astype(np.int64)
         if arr.dtype.kind == "f":
             if len(arr) and not (np.all(np.isfinite(arr)) and np.abs(arr).max() < 9.2e18):
                 raise ValueError
+            if invalid is not None and len(arr) and bool((arr != np.floor(arr)).any()):
+                raise ValueError  # a fraction where the file must hold an integer
             return arr.astype(np.int64)
         if arr.dtype.kind in "USO":
             out = np.array(arr.tolist(), dtype=np.int64)
-            if out.shape == arr.shape:
+            if out.shape == arr.shape and (invalid is None or arr.dtype.kind != "O"
+                                           or all(type(v) in (int, str) for v in arr.tolist())):
                 return out
     except (ValueError, TypeError, OverflowError):
         pass
+    if invalid is not None:
+        return np.array([_int_or(v, invalid) for v in arr.tolist()], dtype=np.int64)
     for i, value in enumerate(arr.tolist()):
         try:
             _strict_int(value)
@@ -87,6 +104,16 @@ def _as_text(value) -> str:
         return ""
     # a JSON "\udcff" escape decodes to a lone surrogate, which no view could print or write
     return safe_name(value if isinstance(value, str) else str(value))
+
+
+def _int_or(value, invalid: int) -> int:
+    """``value`` as an int when it is one (a float only when whole), else ``invalid``."""
+    if isinstance(value, float) and not value.is_integer():
+        return invalid
+    try:
+        return _strict_int(value)
+    except (ValueError, TypeError, OverflowError):
+        return invalid
 
 
 def _strict_int(value) -> int:

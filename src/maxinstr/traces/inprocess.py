@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from maxinstr.errors import RunDirError
+from maxinstr.errors import RunDirError, TraceError
 from maxinstr.kernels.store import (
+    ACTIVITY_FILE,
     KIND_DRIVER,
     KIND_EXTERNAL,
     KIND_MEMSET,
@@ -34,7 +35,18 @@ from maxinstr.kernels.store import (
     read_part_activity,
     to_host_clock,
 )
-from maxinstr.traces.model import NO_ID, CallKind, Calls, GpuOps, OpKind, Ranges, RangeStyle, StringTable, Trace
+from maxinstr.traces.model import (
+    NO_ID,
+    CallKind,
+    Calls,
+    GpuOps,
+    OpKind,
+    Ranges,
+    RangeStyle,
+    StringTable,
+    TimeCheck,
+    Trace,
+)
 
 FORMAT = "maxinstr-inprocess"
 OP_STAGE_KEY = "op_stage_id"
@@ -114,6 +126,11 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
             continue
         meta, rows, names = got
         any_activity = True
+        try:
+            rows = _valid_times(rows, pdir / ACTIVITY_FILE, label, notes)
+        except TraceError as exc:  # every row of a kind damaged: this part's kernels are left out, said
+            notes.append(f"{label}: in-process kernels not read: {exc}")
+            continue
         notes += meta["notes"]
         if meta.get("stage_correlation"):
             how.add(meta["stage_correlation"])
@@ -234,6 +251,27 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
     trace.meta["stage_correlation"] = ", ".join(sorted(how)) or "CUPTI external correlation"
     trace.validate()
     return trace, notes
+
+
+def _valid_times(rows: np.ndarray, path: Path, label: str, notes: list[str]) -> np.ndarray:
+    """``rows`` without the timed GPU ops and the API calls whose times cannot be real (ending
+    before they start), dropped and counted by model.TimeCheck. An op CUPTI never timed (start
+    or end 0 or -1, unfinished at close) is not damage: it is left out later, with its own note."""
+    kind, start, end = rows["kind"], rows["start_ns"], rows["end_ns"]
+    check = TimeCheck(path, notes)
+    drop = np.zeros(len(rows), bool)
+    timed_op = (kind <= KIND_MEMSET) & (start > 0) & (end > 0)
+    for what, sel in (("GPU ops", timed_op), ("API calls", (kind == KIND_RUNTIME) | (kind == KIND_DRIVER))):
+        idx = np.flatnonzero(sel)
+
+        def row(i: int, idx: np.ndarray = idx) -> str:
+            return f"row {idx[i]}"  # (from 0, as the activity.bin reader counts)
+
+        keep = check.keep(f"{label}: {ACTIVITY_FILE} {what}", start[idx].astype(np.int64), end[idx].astype(np.int64),
+                          row=row)
+        if keep is not None:
+            drop[idx[~keep]] = True
+    return rows[~drop] if drop.any() else rows
 
 
 def stage_ranges(run: Any, strings: StringTable, domain: int) -> Ranges:

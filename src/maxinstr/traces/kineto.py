@@ -23,9 +23,21 @@ from typing import Any
 import numpy as np
 
 from maxinstr.errors import TraceError
+from maxinstr.rundir.format import MAX_TIME_NS
 from maxinstr.traces import _util
 from maxinstr.traces._util import Progress, ranges_table, report
-from maxinstr.traces.model import NO_ID, CallKind, Calls, GpuOps, OpKind, RangeStyle, StringTable, Trace
+from maxinstr.traces.model import (
+    INVALID_NS,
+    NO_ID,
+    CallKind,
+    Calls,
+    GpuOps,
+    OpKind,
+    RangeStyle,
+    StringTable,
+    TimeCheck,
+    Trace,
+)
 
 HOST_RANGE_CATS = ("user_annotation", "cpu_op")
 CALL_CATS = {"cuda_runtime": CallKind.RUNTIME, "cuda_driver": CallKind.DRIVER}
@@ -45,14 +57,34 @@ def read_kineto(path: str | Path, *, progress: Progress | None = None, document:
         document = _util.load_json(data, path)
     if isinstance(document, dict):
         events = document.get("traceEvents")
+        where = "traceEvents"  # how a note names an event: traceEvents[12], or [12] in a bare list
         if not isinstance(events, list):
             raise TraceError(path, "no 'traceEvents' list (not a Kineto / Chrome trace)")
     elif isinstance(document, list):
-        events, document = document, {}
+        events, document, where = document, {}, ""
     else:
         raise TraceError(path, "not a Kineto / Chrome trace (top level is neither an object nor a list)")
+    # every event is an object: a list of anything else ([1, 2, 3]) is no trace, said in one line
+    odd = None
+    if not set(map(type, events)) <= {dict}:  # (a set of the types: one C-level pass)
+        odd = next((i for i, e in enumerate(events) if not isinstance(e, dict)), None)
+    if odd is not None:
+        raise TraceError(path, f"not a Kineto / Chrome trace: {where}[{odd}] is {_json_kind(events[odd])}, "
+                               "not an event object")
     with _util.malformed(path, "Kineto JSON"):
-        return _read(path, document, events, progress)
+        return _read(path, document, events, where, progress)
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else f"a {type(value).__name__}"
 
 
 def us_to_ns(us: np.ndarray) -> tuple[np.ndarray, float]:
@@ -117,44 +149,85 @@ def _loose_ints(values: list, path: Path, what: str) -> np.ndarray:
     return out
 
 
-def _times(evs: list, path: Path, what: str) -> tuple[np.ndarray, np.ndarray, float]:
-    columns = []
-    for key, default in (("ts", None), ("dur", 0)):
-        values = _col(evs, key, default)
-        arr = _flat(values, np.float64)
-        if arr is None:
-            _not_a_container(values, path, f"{what}: {key}")
-            raise TraceError(path, f"{what}: a timestamp is missing or not a number")
-        columns.append(arr)
-    ts, dur = columns
-    if len(ts) and not (np.all(np.isfinite(ts)) and np.all(np.isfinite(dur))):
-        raise TraceError(path, f"{what}: a timestamp is missing or not a number")
-    if len(ts) and (np.abs(ts).max() > _MAX_US or np.abs(dur).max() > _MAX_US):
-        raise TraceError(path, f"{what}: timestamps out of range")
-    start, err1 = us_to_ns(ts)
-    length, err2 = us_to_ns(dur)
-    return start, start + length, max(err1, err2)
+_NUMBER = {int, float}  # exactly: a JSON true is no timestamp, nor is "12.5"
 
 
-def _read(path: Path, doc: dict, events: list, progress: Progress | None) -> Trace:
+def _microseconds(values: list) -> np.ndarray:
+    """JSON numbers as float64; NaN for anything else (missing, null, a string, a list...)."""
+    if set(map(type, values)) <= _NUMBER:
+        arr = _flat(values, np.float64)  # None only for an int beyond float64
+        if arr is not None:
+            return arr
+    out = np.full(len(values), np.nan)
+    for i, v in enumerate(values):
+        if type(v) in _NUMBER:
+            try:
+                out[i] = float(v)
+            except OverflowError:  # an int beyond float64: beyond any time too
+                out[i] = np.inf if v > 0 else -np.inf
+    return out
+
+
+def _times(evs: list) -> tuple[np.ndarray, np.ndarray, float]:
+    """(start_ns, end_ns, worst rounding error in ns) of ``X`` events. A ``ts`` or ``dur`` that
+    is no number gives INVALID_NS, one beyond 2**62 ns gives +-2**62: model.TimeCheck drops and
+    counts such an event. A missing ``dur`` is 0."""
+    start, err1 = _ns(_microseconds(_col(evs, "ts")))
+    length, err2 = _ns(_microseconds(_col(evs, "dur", 0)))
+    start_ok = (start > -MAX_TIME_NS) & (start < MAX_TIME_NS)
+    length_ok = (length > -MAX_TIME_NS) & (length < MAX_TIME_NS)
+    both = start_ok & length_ok
+    if both.all():
+        return start, start + length, max(err1, err2)
+    # a bad ts makes the end the same mark (the note names ts); a bad dur makes the end its mark
+    end = np.where(both, start + np.where(both, length, 0), np.where(start_ok, length, start))
+    return start, end, max(err1, err2)
+
+
+def _ns(us: np.ndarray) -> tuple[np.ndarray, float]:
+    """:func:`us_to_ns`, with INVALID_NS where ``us`` is NaN (no number) and +-2**62 where it is
+    beyond that many ns."""
+    nan = np.isnan(us)
+    big = ~nan & ~(np.abs(us) <= _MAX_US)
+    if not (nan.any() or big.any()):
+        return us_to_ns(us)
+    ns, err = us_to_ns(np.where(nan | big, 0.0, us))
+    ns[big] = np.where(us[big] > 0, MAX_TIME_NS, -MAX_TIME_NS)
+    ns[nan] = INVALID_NS
+    return ns, err
+
+
+def _read(path: Path, doc: dict, events: list, where: str, progress: Progress | None) -> Trace:
     report(progress, f"{len(events)} trace events")
     notes: list[str] = []
     strings = StringTable()
     ph = _col(events, "ph")
     cat = _col(events, "cat")
     x_idx = [i for i, (p, c) in enumerate(zip(ph, cat)) if p == "X" and c is not None]
-    by_cat: dict[str, list] = {}
+    by_cat: dict[str, list[int]] = {}  # category -> positions in traceEvents
     for i in x_idx:
-        by_cat.setdefault(cat[i], []).append(events[i])
+        by_cat.setdefault(cat[i], []).append(i)
     worst_ns = 0.0
+    check = TimeCheck(path, notes, expected="a number")  # Kineto's clock (wall or monotonic) never reads 0
+
+    def category(c: str) -> tuple[list, np.ndarray, np.ndarray, float]:
+        """The ``X`` events of category ``c`` whose times are valid, and those times."""
+        idx = by_cat.get(c, [])
+        evs = list(map(events.__getitem__, idx))
+        start, end, err = _times(evs)
+        keep = check.keep(f"'{c}' events", start, end, row=lambda i: f"{where}[{idx[i]}]", names=("ts", "dur"),
+                          unit="events")
+        if keep is not None:
+            evs = [evs[i] for i in np.flatnonzero(keep).tolist()]
+            start, end = start[keep], end[keep]
+        return evs, start, end, err
 
     # host ranges
     range_parts = []
     for c in HOST_RANGE_CATS:
-        evs = by_cat.get(c, [])
-        if not evs:
+        if c not in by_cat:
             continue
-        start, end, err = _times(evs, path, c)
+        evs, start, end, err = category(c)
         worst_ns = max(worst_ns, err)
         range_parts.append(
             ranges_table(
@@ -172,10 +245,9 @@ def _read(path: Path, doc: dict, events: list, progress: Progress | None) -> Tra
     # runtime / driver calls
     c_parts = []
     for c, kind in CALL_CATS.items():
-        evs = by_cat.get(c, [])
-        if not evs:
+        if c not in by_cat:
             continue
-        start, end, err = _times(evs, path, c)
+        evs, start, end, err = category(c)
         worst_ns = max(worst_ns, err)
         name_id = _util.intern(strings, _col(evs, "name", ""))
         c_parts.append(
@@ -229,10 +301,9 @@ def _read(path: Path, doc: dict, events: list, progress: Progress | None) -> Tra
     # GPU ops
     o_parts: list[dict[str, Any]] = []
     for c, op_kind in OP_CATS.items():
-        evs = by_cat.get(c, [])
-        if not evs:
+        if c not in by_cat:
             continue
-        start, end, err = _times(evs, path, c)
+        evs, start, end, err = category(c)
         worst_ns = max(worst_ns, err)
         device = _loose_ints(_args_col(evs, "device"), path, f"{c}: args.device")
         device = np.where(device == NO_ID, _loose_ints(_col(evs, "pid"), path, f"{c}: pid"), device)
@@ -294,9 +365,8 @@ def _read(path: Path, doc: dict, events: list, progress: Progress | None) -> Tra
                 if isinstance(tid, int) and pid in host_pids and not isinstance(tid, bool):
                     thread_names[tid] = str(e["args"].get("name", "")).strip()
     meta: dict[str, object] = {}
-    gpu_ann = by_cat.get("gpu_user_annotation", [])
-    if gpu_ann:
-        start, end, _ = _times(gpu_ann, path, "gpu_user_annotation")
+    if "gpu_user_annotation" in by_cat:
+        gpu_ann, start, end, _ = category("gpu_user_annotation")
         meta["gpu_annotations"] = ranges_table(
             start,
             end,

@@ -13,15 +13,22 @@ before shifting or multiplying.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from enum import IntEnum
 
 import numpy as np
 
+from maxinstr.errors import TraceError
 from maxinstr.rundir.format import MAX_TIME_NS  # trace times too: a difference of two fits an int64
 
 NO_ID = -1
 """Sentinel for a missing id / string / payload in integer columns."""
+
+INVALID_NS = int(np.iinfo(np.int64).min)
+"""What a reader puts in a time column where the file holds no integer (text, a float in an integer
+column, a missing value where one is required): :class:`TimeCheck` drops such rows. Being far
+below -2**62 it can never pass for a time."""
 
 OP_CALL_KEY = "op_call"
 """``trace.meta[OP_CALL_KEY]``, set by a reader that joined ops to their launch calls anyway
@@ -79,6 +86,10 @@ class _Table:
         lengths = {f.name: len(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
         if len(set(lengths.values())) > 1:
             raise ValueError(f"{type(self).__name__}: columns differ in length: {lengths}")
+        start, end = getattr(self, "start_ns", None), getattr(self, "end_ns", None)
+        if start is not None and end is not None and len(start) and bool((end < start).any()):
+            # every reader drops such rows through TimeCheck; one left means a reader missed it
+            raise ValueError(f"{type(self).__name__}: {int((end < start).sum())} rows end before they start")
 
     def take(self, index: np.ndarray):
         """A new table holding the rows at ``index`` (an int array or boolean mask)."""
@@ -172,8 +183,6 @@ class Trace:
     def validate(self) -> None:
         """Raise TraceError (one line naming the trace) when a table is malformed (see
         :meth:`_Table.validate`) or a name id points outside ``strings``."""
-        from maxinstr.errors import TraceError
-
         n_strings = len(self.strings)
         for table in (self.ranges, self.calls, self.ops):
             try:
@@ -183,6 +192,72 @@ class Trace:
             ids = table.name_id
             if len(ids) and (ids.max() >= n_strings or ids.min() < NO_ID):
                 raise TraceError(self.source, f"{type(table).__name__}.name_id out of range")
+
+
+class TimeCheck:
+    """Drops the rows whose times cannot be real, table by table of the file, and says so.
+
+    A reader hands each table of its file (``CUPTI_ACTIVITY_KIND_KERNEL``, the ``kernel`` events
+    of a Kineto trace, a rocprofv3 CSV...) to :meth:`keep` as soon as it has its start and end
+    columns, before it pairs, joins or sorts anything, and applies the mask it gets back to that
+    table's columns. A row is invalid when
+
+    * its start or end is :data:`INVALID_NS` (the file held no integer there),
+    * a time is beyond +-2**62 ns (a difference of two could wrap around int64),
+    * it ends before it starts,
+    * or its start is <= 0 where the format's clock cannot read 0 (every clock but nsys's, which
+      counts from the session start; ``start_can_be_zero``).
+
+    Such rows would otherwise be summed as they are: text read as 0 in an nsys export made a
+    21 ms request span 8 s. Each table with invalid rows gets one note (the table, the count,
+    the first such row and its problem, appended to ``notes``); a table whose every row is
+    invalid is a :class:`~maxinstr.errors.TraceError` naming the file.
+    """
+
+    def __init__(self, source: object, notes: list[str], *, start_can_be_zero: bool = False,
+                 expected: str = "an integer") -> None:
+        self.source = source
+        self.notes = notes
+        self.lowest_start = -MAX_TIME_NS if start_can_be_zero else 0  # a valid start is above this
+        self.expected = expected  # what a time column holds in this format ("a number" in JSON)
+
+    def keep(self, table: str, start_ns: np.ndarray, end_ns: np.ndarray, *,
+             row: Callable[[int], str] | None = None, names: tuple[str, str] = ("start", "end"),
+             unit: str = "rows") -> np.ndarray | None:
+        """A boolean mask of the rows of ``table`` to keep, or None when every row is valid (the
+        common case: three passes over the columns, nothing copied). ``row(i)`` names the i-th row
+        for the note (default ``"row {i + 1}"``); ``names`` are the file's names of the two
+        columns (Kineto's end comes from ``dur``), ``unit`` what its rows are called."""
+        n = len(start_ns)
+        if not n or self.all_valid(start_ns, end_ns):
+            return None
+        # (start > low and end >= start also keep end above low: no check of its own needed)
+        bad = (start_ns <= self.lowest_start) | (end_ns < start_ns) | (end_ns >= MAX_TIME_NS)
+        count = int(np.count_nonzero(bad))
+        first = int(np.argmax(bad))
+        label = row(first) if row is not None else f"row {first + 1}"
+        problem = f"{label}: {self._problem(int(start_ns[first]), int(end_ns[first]), names)}"
+        if count == n:
+            every = f"the one {unit[:-1]} has" if n == 1 else f"all {n} {unit} have"
+            raise TraceError(self.source, f"{table}: {every} invalid times ({problem})")
+        self.notes.append(f"{table}: {count} of {n} {unit} dropped, their times are not valid (first: {problem})")
+        return ~bad
+
+    def all_valid(self, start_ns: np.ndarray, end_ns: np.ndarray) -> bool:
+        """Whether every row is valid (:meth:`keep` would return None)."""
+        return not len(start_ns) or (
+            int(start_ns.min()) > self.lowest_start and int(end_ns.max()) < MAX_TIME_NS
+            and not bool(np.less(end_ns, start_ns).any()))
+
+    def _problem(self, start: int, end: int, names: tuple[str, str]) -> str:
+        for value, name in ((start, names[0]), (end, names[1])):
+            if value == INVALID_NS:
+                return f"{name} missing or not {self.expected}"
+            if not -MAX_TIME_NS < value < MAX_TIME_NS:
+                return f"{name} beyond 2**62 ns"
+        if start <= self.lowest_start:
+            return f"{names[0]} {start} ns: this clock never reads 0 or less"
+        return f"ends {start - end} ns before it starts"
 
 
 class StringTable:

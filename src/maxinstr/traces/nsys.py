@@ -37,6 +37,7 @@ from maxinstr.errors import TraceError
 from maxinstr.traces import _sqlite_columns as cols
 from maxinstr.traces._sqlite_columns import IntCol
 from maxinstr.traces.model import (
+    INVALID_NS,
     NO_ID,
     OP_CALL_KEY,
     CallKind,
@@ -46,6 +47,7 @@ from maxinstr.traces.model import (
     Ranges,
     RangeStyle,
     StringTable,
+    TimeCheck,
     Trace,
 )
 
@@ -165,6 +167,8 @@ class _Reader:
         self.be = be
         self.notes: list[str] = []
         self.strings = StringTable()
+        # nsys times count from the session start, so 0 is a time the clock can read
+        self.times = TimeCheck(db, self.notes, start_can_be_zero=True)
 
     # -- SQL helpers -------------------------------------------------------------------------
     def col(self, table: str, name: str, default: str = "-1") -> str:
@@ -177,6 +181,17 @@ class _Reader:
             return con.execute(sql).fetchall()
         finally:
             con.close()
+
+    def rowid_label(self, table: str, rows: np.ndarray | None = None) -> Callable[[int], str]:
+        """Names the i-th row read from ``table`` (in rowid order; ``rows[i]`` is its position in
+        the table when only some rows were kept) by its rowid, for a note about that row."""
+
+        def label(i: int) -> str:
+            pos = int(rows[i]) if rows is not None else i
+            found = self.small(f'SELECT rowid FROM "{table}" ORDER BY rowid LIMIT 1 OFFSET {pos}')
+            return f"rowid {found[0][0]}" if found else f"row {pos + 1}"
+
+        return label
 
     def enum(self, table: str, defaults: dict[str, int]) -> dict[str, int]:
         found = dict(defaults)
@@ -228,8 +243,12 @@ class _Reader:
                 sql += f" WHERE {columns[where_not[0]].sql(present)} != {where_not[1]}"
             scans[key] = (table, columns, where_not, filter_col, mask, sql, "".join(c.kind for c in columns), pieces)
 
+        def times() -> list[IntCol]:
+            # a NULL or non-integer time reads as INVALID_NS: the row is dropped and counted (_ops, _calls)
+            return [IntCol("start", INVALID_NS, "t"), IntCol("end", INVALID_NS, "t")]
+
         def op_columns() -> list[IntCol]:
-            return [IntCol("start", 0), IntCol("end", 0), IntCol("deviceId", -1, "n"), IntCol("streamId", -1),
+            return times() + [IntCol("deviceId", -1, "n"), IntCol("streamId", -1),
                     IntCol("correlationId", -1), IntCol("globalPid", 0, "n", 24, TID_MASK)]
 
         k = _KERNEL
@@ -250,12 +269,16 @@ class _Reader:
             )
             payload_sql = f"coalesce({payload}, -1)" if payload else "-1"
             text_sql = '"text"' if "text" in self.schema[n] else "NULL"
+            present = self.schema[n]
+            # end NULL: a range never ended (or a mark); any other non-integer time is damage
+            start_sql = IntCol("start", INVALID_NS, "t").sql(present)
+            end_sql = IntCol("end", -1, "t").sql(present)
             add(
                 "nvtx",
-                f'SELECT start, {self.col(n, "end")}, eventType, {self.col(n, "globalTid", "0")}, '
+                f'SELECT {start_sql}, {end_sql}, eventType, {self.col(n, "globalTid", "0")}, '
                 f'{self.col(n, "endGlobalTid")}, {self.col(n, "textId")}, {self.col(n, "domainId", "0")}, '
                 f'{self.col(n, "category")}, {payload_sql}, {text_sql} FROM {n}',
-                "iiiiiiiiis",
+                "ttiiiiiiis",
             )
         if "ThreadNames" in self.schema:
             add("threads", "SELECT globalTid, nameId FROM ThreadNames", "ii")
@@ -322,7 +345,7 @@ class _Reader:
                 "runtime",
                 _RUNTIME,
                 # 24-bit pid/tid, string id and event class as int32
-                [IntCol("start", 0), IntCol("end", 0), IntCol("globalTid", 0, "n", 24, TID_MASK),
+                times() + [IntCol("globalTid", 0, "n", 24, TID_MASK),
                  IntCol("globalTid", 0, "n", 0, TID_MASK), IntCol("correlationId", -1), IntCol("nameId", -1, "n"),
                  IntCol("eventClass", 0, "n")],
                 where_not=(6, _EVENT_CLASS_BACKTRACE),
@@ -430,18 +453,27 @@ class _Reader:
         def whole(col: list[np.ndarray]) -> np.ndarray:
             return col[0] if len(col) == 1 else np.concatenate(col)
 
+        def checked(key: str, table: str) -> list[list[np.ndarray]]:
+            # Invalid times are rare: only then is a table's columns joined into one piece to drop rows.
+            columns = got.pop(key)
+            if all(self.times.all_valid(s, e) for s, e in zip(columns[0], columns[1])):
+                return columns
+            columns = [[whole(c)] for c in columns]
+            keep = self.times.keep(table, columns[0][0], columns[1][0], row=self.rowid_label(table))
+            return columns if keep is None else [[c[0][keep]] for c in columns]
+
         parts: list[dict[str, Any]] = []
         name_sid: list[np.ndarray] = []
         copy_rows = copy_kind = None  # rows (in the op table) and copy kinds of the memcpy ops
         if "kernel" in got:
-            s, e, dev, stream, corr, gpid, name, node = got.pop("kernel")
+            s, e, dev, stream, corr, gpid, name, node = checked("kernel", _KERNEL)
             parts.append(dict(start=s, end=e, dev=dev, stream=stream, corr=corr, gpid=gpid,
                               node=node, bytes=[np.zeros(size(s), np.int64)], kind=OpKind.KERNEL, n=size(s)))  # fmt: skip
             name_sid.extend(name)
             del s, e, dev, stream, corr, gpid, name, node
-        for key, kind in (("memcpy", OpKind.MEMCPY), ("memset", OpKind.MEMSET)):
+        for key, kind, table in (("memcpy", OpKind.MEMCPY, _MEMCPY), ("memset", OpKind.MEMSET, _MEMSET)):
             if key in got:
-                s, e, dev, stream, corr, gpid, nbytes, ckind, node = got.pop(key)
+                s, e, dev, stream, corr, gpid, nbytes, ckind, node = checked(key, table)
                 if kind == OpKind.MEMCPY and size(s):
                     first = sum(p["n"] for p in parts)
                     copy_rows, copy_kind = np.arange(first, first + size(s), dtype=np.int64), whole(ckind)
@@ -481,6 +513,10 @@ class _Reader:
                 self.notes.append("no CUDA API table: ops cannot be joined to their launch calls")
             return Calls(), np.empty(0, np.int64)
         s, e, pid, tid, corr, name, eclass = got.pop("runtime")
+        # (only the rows of launches were read: a row is named by its correlation id)
+        keep = self.times.keep(f"{_RUNTIME} (launch calls)", s, e, row=lambda i: f"correlationId {corr[i]}")
+        if keep is not None:
+            s, e, pid, tid, corr, name, eclass = (c[keep] for c in (s, e, pid, tid, corr, name, eclass))
         # One call per (process, correlation id): runtime rows win over driver rows, then the
         # first in table order. Only calls that some op points at (the launches) are kept.
         is_driver = eclass == _EVENT_CLASS_DRIVER
@@ -540,13 +576,20 @@ class _Reader:
         mark = (etype == types["NvtxMark"]) | (etype == types["NvtxtMark"])
         is_range = pushpop | startend
         keep = is_range | mark
-        open_ = is_range & (end < 0)
+        open_ = is_range & (end == -1)  # end NULL (any other negative end is damage, dropped below)
+        # Rows whose times cannot be real go first (an open range is judged by its start), so
+        # that they do not move the time open ranges are closed at.
+        end = np.where(mark | open_, start, end)
+        rows = np.flatnonzero(keep)
+        valid = self.times.keep(_NVTX, start[rows], end[rows], row=self.rowid_label(_NVTX, rows))
+        if valid is not None:
+            keep[rows[~valid]] = False
+            open_ &= keep
         if open_.any():
             # nsys stats closes an unclosed range at the last NVTX timestamp; do the same.
-            last = int(max(start[is_range | mark].max(), end[is_range].max()))
+            last = int(max(start[keep].max(), end[is_range & keep].max()))
             self.notes.append(f"{int(open_.sum())} NVTX range(s) never ended: closed at the last NVTX timestamp")
             end = np.where(open_, last, end)
-        end = np.where(mark, start, end)
         pid, tid = split_global_tid(gtid)
         _, end_tid = split_global_tid(np.where(end_gtid >= 0, end_gtid, gtid))
         style = np.where(pushpop, RangeStyle.PUSH_POP, np.where(startend, RangeStyle.START_END, RangeStyle.MARK))

@@ -22,7 +22,18 @@ import numpy as np
 from maxinstr.errors import TraceError
 from maxinstr.traces import _util
 from maxinstr.traces._util import Progress, int_column, pair_push_pop, ranges_table, report, trailing_int
-from maxinstr.traces.model import NO_ID, CallKind, Calls, GpuOps, OpKind, RangeStyle, StringTable, Trace
+from maxinstr.traces.model import (
+    INVALID_NS,
+    NO_ID,
+    CallKind,
+    Calls,
+    GpuOps,
+    OpKind,
+    RangeStyle,
+    StringTable,
+    TimeCheck,
+    Trace,
+)
 
 CLOCK = "rocprofiler-sdk-ns"
 
@@ -165,9 +176,6 @@ def _assemble(path: Path, fmt: str, parts: _Parts, meta: dict) -> Trace:
         )
     ranges = _util.concat_ranges(range_tables)
 
-    bad = int(np.count_nonzero(ops.end_ns < ops.start_ns)) + int(np.count_nonzero(calls.end_ns < calls.start_ns))
-    if bad:
-        parts.notes.append(f"{bad} rows end before they start (kept as recorded)")
     trace = Trace(
         source=str(path),
         format=fmt,
@@ -415,6 +423,7 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
     if not groups:
         raise TraceError(path, "no rocprofv3 trace CSV files (*kernel_trace.csv, *hip_api_trace.csv, ...) found")
     parts = _Parts()
+    times = TimeCheck(path, parts.notes)  # rocprofiler-sdk's clock never reads 0
     files: list[str] = []
     headers: set[str] = set()
     for g, (prefix, kinds) in enumerate(sorted(groups.items())):
@@ -430,8 +439,12 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
             t = _read_csv(f)
             base = "hip" if kind == "hip2" else kind
             _need(f, t, base)
-            start = int_column(t["Start_Timestamp"], f, "Start_Timestamp")
-            end = int_column(t["End_Timestamp"], f, "End_Timestamp")
+            start = int_column(t["Start_Timestamp"], f, "Start_Timestamp", invalid=INVALID_NS)
+            end = int_column(t["End_Timestamp"], f, "End_Timestamp", invalid=INVALID_NS)
+            keep = times.keep(f.name, start, end, names=("Start_Timestamp", "End_Timestamp"))
+            if keep is not None:  # rows with times that cannot be real: dropped before anything pairs them
+                t = {name: col[keep] for name, col in t.items()}
+                start, end = start[keep], end[keep]
             if base == "hip":
                 pid = int_column(t["Process_Id"], f, "Process_Id")
                 pids.append(pid)
@@ -569,17 +582,19 @@ def read_rocprof_json(path: str | Path, *, progress: Progress | None = None, doc
     if not isinstance(procs, list):
         raise TraceError(path, "'rocprofiler-sdk-tool' is neither a list nor an object")
     parts = _Parts()
+    times = TimeCheck(path, parts.notes)
     meta: dict[str, object] = {"processes": len(procs)}
     with _util.malformed(path, "rocprofv3 JSON"):
         for g, proc in enumerate(procs):
             offset = np.int64(g) << np.int64(40) if len(procs) > 1 else np.int64(0)
-            _json_process(path, proc, offset, parts, progress)
+            _json_process(path, proc, offset, parts, times, progress)
         if len(procs) > 1:
             parts.notes.append(f"{len(procs)} processes; correlation ids offset by process index << 40")
         return _assemble(path, "rocprofv3-json", parts, meta)
 
 
-def _json_process(path: Path, proc: dict, offset: np.int64, parts: _Parts, progress: Progress | None) -> None:
+def _json_process(path: Path, proc: dict, offset: np.int64, parts: _Parts, times: TimeCheck,
+                  progress: Progress | None) -> None:
     if not isinstance(proc, dict):
         raise TraceError(path, "a 'rocprofiler-sdk-tool' entry is not an object")
     pid = int(int_column([(proc.get("metadata") or {}).get("pid", NO_ID)], path, "metadata.pid")[0])
@@ -620,22 +635,38 @@ def _json_process(path: Path, proc: dict, offset: np.int64, parts: _Parts, progr
     def ints(recs, getter, what):
         return int_column([getter(r) for r in recs], path, what)
 
-    hip = buffers.get("hip_api") or []
+    def timed(key: str) -> tuple[list, np.ndarray, np.ndarray]:
+        """The records of ``buffer_records[key]`` whose times are valid, and their times."""
+        recs = buffers.get(key) or []
+        if not isinstance(recs, list):
+            raise TraceError(path, f"buffer_records.{key} is not a list")
+        if any(not isinstance(r, dict) for r in recs):
+            raise TraceError(path, f"buffer_records.{key}: a record is not an object")
+        start = int_column([r.get("start_timestamp") for r in recs], path, f"{key}.start_timestamp", invalid=INVALID_NS)
+        end = int_column([r.get("end_timestamp") for r in recs], path, f"{key}.end_timestamp", invalid=INVALID_NS)
+        keep = times.keep(f"buffer_records.{key} (pid {pid})", start, end, row=lambda i: f"index {i}",
+                          names=("start_timestamp", "end_timestamp"), unit="records")
+        if keep is not None:
+            recs = [recs[i] for i in np.flatnonzero(keep).tolist()]
+            start, end = start[keep], end[keep]
+        return recs, start, end
+
+    hip, hip_start, hip_end = timed("hip_api")
     if hip:
         report(progress, f"{len(hip)} HIP API records")
         kind = ints(hip, lambda r: r["kind"], "hip_api.kind")
         op = ints(hip, lambda r: r["operation"], "hip_api.operation")
         parts.calls.append(
             dict(
-                start=ints(hip, lambda r: r["start_timestamp"], "hip_api.start_timestamp"),
-                end=ints(hip, lambda r: r["end_timestamp"], "hip_api.end_timestamp"),
+                start=hip_start,
+                end=hip_end,
                 tid=ints(hip, lambda r: r["thread_id"], "hip_api.thread_id"),
                 pid=np.full(len(hip), pid),
                 corr=ints(hip, lambda r: r["correlation_id"]["internal"], "hip_api.correlation_id") + offset,
                 name=op_name(kind, op),
             )
         )
-    kd = buffers.get("kernel_dispatch") or buffers.get("kernel_dispatches") or []
+    kd, kd_start, kd_end = timed("kernel_dispatch" if buffers.get("kernel_dispatch") else "kernel_dispatches")
     if kd:
         report(progress, f"{len(kd)} kernel dispatches")
         info = [r["dispatch_info"] for r in kd]
@@ -651,8 +682,8 @@ def _json_process(path: Path, proc: dict, offset: np.int64, parts: _Parts, progr
             stream = int_column([i["queue_id"]["handle"] for i in info], path, "queue_id")
         parts.kernels.append(
             dict(
-                start=ints(kd, lambda r: r["start_timestamp"], "kernel_dispatch.start_timestamp"),
-                end=ints(kd, lambda r: r["end_timestamp"], "kernel_dispatch.end_timestamp"),
+                start=kd_start,
+                end=kd_end,
                 name=names,
                 device=device_of(int_column([i["agent_id"]["handle"] for i in info], path, "agent_id")),
                 stream=stream,
@@ -660,7 +691,7 @@ def _json_process(path: Path, proc: dict, offset: np.int64, parts: _Parts, progr
                 corr=ints(kd, lambda r: r["correlation_id"]["internal"], "kernel_dispatch.correlation_id") + offset,
             )
         )
-    mc = buffers.get("memory_copy") or []
+    mc, mc_start, mc_end = timed("memory_copy")
     if mc:
         kind = ints(mc, lambda r: r["kind"], "memory_copy.kind")
         op = ints(mc, lambda r: r["operation"], "memory_copy.operation")
@@ -669,8 +700,8 @@ def _json_process(path: Path, proc: dict, offset: np.int64, parts: _Parts, progr
         dst = device_of(ints(mc, lambda r: r["dst_agent_id"]["handle"], "dst_agent_id"))
         parts.copies.append(
             dict(
-                start=ints(mc, lambda r: r["start_timestamp"], "memory_copy.start_timestamp"),
-                end=ints(mc, lambda r: r["end_timestamp"], "memory_copy.end_timestamp"),
+                start=mc_start,
+                end=mc_end,
                 name=direction,
                 device=np.where(dst != NO_ID, dst, src),
                 stream=np.array(
@@ -681,7 +712,7 @@ def _json_process(path: Path, proc: dict, offset: np.int64, parts: _Parts, progr
                 bytes=ints(mc, lambda r: r.get("bytes", 0), "memory_copy.bytes"),
             )
         )
-    mk = buffers.get("marker_api") or []
+    mk, mk_start, mk_end = timed("marker_api")
     if mk:
         kind = ints(mk, lambda r: r["kind"], "marker_api.kind")
         op = ints(mk, lambda r: r["operation"], "marker_api.operation")
@@ -690,8 +721,8 @@ def _json_process(path: Path, proc: dict, offset: np.int64, parts: _Parts, progr
         names = np.array([messages.get(int(c), o) for c, o in zip(corr.tolist(), ops.tolist())], dtype=object)
         parts.markers.append(
             _markers_from_rows(
-                ints(mk, lambda r: r["start_timestamp"], "marker_api.start_timestamp"),
-                ints(mk, lambda r: r["end_timestamp"], "marker_api.end_timestamp"),
+                mk_start,
+                mk_end,
                 names,
                 ints(mk, lambda r: r["thread_id"], "marker_api.thread_id"),
                 np.full(len(mk), pid),
@@ -777,6 +808,7 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
     tables = _util.sqlite_tables(con)
     src = _rocpd_sources(path, tables)
     parts = _Parts()
+    times = TimeCheck(path, parts.notes)
     meta: dict[str, object] = {}
     if "rocpd_metadata" in tables:
         meta["rocpd_metadata"] = {str(k): str(v) for k, v in con.execute('SELECT tag, value FROM "rocpd_metadata"')}
@@ -790,24 +822,39 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
     def fetch(sql: str, kinds: str) -> list[np.ndarray]:
         return _rocpd_columns(path, db_path, sql, kinds)
 
+    def checked(table: str, columns: list[np.ndarray], used: np.ndarray | None = None) -> list[np.ndarray]:
+        # columns[0:2] are start and end; of the rows used (all by default), those whose times
+        # cannot be real are dropped from every column (counted, noted)
+        rows = np.arange(len(columns[0])) if used is None else np.flatnonzero(used)
+        keep = times.keep(table, columns[0][rows], columns[1][rows])
+        if keep is None:
+            return columns
+        drop = np.zeros(len(columns[0]), bool)
+        drop[rows[~keep]] = True
+        return [c[~drop] for c in columns]
+
+    # (times are read as kind 't': NULL or anything but an integer is INVALID_NS, see checked())
+    start_sql, end_sql = f"ifnull(X.start, {INVALID_NS})", f'ifnull(X."end", {INVALID_NS})'
+
     report(progress, "reading rocpd regions")
     start, end, name, pid, tid, corr, cat = fetch(
-        f"""SELECT ifnull(X.start, -1), ifnull(X.end, -1), S.string, ifnull({pid_sql}, -1), ifnull({tid_sql}, -1),
+        f"""SELECT {start_sql}, {end_sql}, S.string, ifnull({pid_sql}, -1), ifnull({tid_sql}, -1),
                    ifnull(E.correlation_id, -1), {cat_sql}
             FROM {src['rocpd_region']} X
             JOIN {src['rocpd_string']} S ON S.id = X.name_id AND S.guid = X.guid
             LEFT JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
-        "iisiiis",
+        "ttsiiis",
     )
     if len(start):
         cat = cat.astype(str)
-        start = int_column(start, path, "rocpd_region.start")
-        end = int_column(end, path, "rocpd_region.end")
         pid = _ints_or(pid, path, "pid")
         tid = _ints_or(tid, path, "tid")
         corr = _ints_or(corr, path, "correlation_id")
         is_marker = np.char.startswith(cat, "MARKER")
         is_api = ~is_marker & (np.char.find(cat, "_API") >= 0) & ~np.char.startswith(cat, "HSA")
+        # (only the rows read as ranges or calls are checked: other categories' times are unused)
+        start, end, name, pid, tid, corr, cat, is_marker, is_api = checked(
+            "rocpd_region", [start, end, name, pid, tid, corr, cat, is_marker, is_api], is_marker | is_api)
         m = np.flatnonzero(is_marker)
         if len(m):
             ops = np.where(np.char.find(cat[m], "RANGE") >= 0, "roctxRangeStartA", "roctxRangePushA")
@@ -828,18 +875,19 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
         else "X.agent_id"
     )
     start, end, name, dev, stream, pid, corr = fetch(
-        f"""SELECT ifnull(X.start, -1), ifnull(X.end, -1), COALESCE(K.display_name, K.kernel_name, ''),
+        f"""SELECT {start_sql}, {end_sql}, COALESCE(K.display_name, K.kernel_name, ''),
                    ifnull({dev_sql}, -1), ifnull(X.stream_id, -1), ifnull({pid_sql}, -1), ifnull(E.correlation_id, -1)
             FROM {src['rocpd_kernel_dispatch']} X
             LEFT JOIN {src['rocpd_info_kernel_symbol']} K ON K.id = X.kernel_id AND K.guid = X.guid
             LEFT JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
-        "iisiiii",
+        "ttsiiii",
     )
     if len(start):
+        start, end, name, dev, stream, pid, corr = checked("rocpd_kernel_dispatch", [start, end, name, dev, stream, pid, corr])
         parts.kernels.append(
             dict(
-                start=int_column(start, path, "rocpd_kernel_dispatch.start"),
-                end=int_column(end, path, "rocpd_kernel_dispatch.end"),
+                start=start,
+                end=end,
                 name=name.astype(object),
                 device=_ints_or(dev, path, "agent"),
                 stream=_ints_or(stream, path, "stream_id"),
@@ -855,21 +903,23 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
             f"(SELECT A.type FROM {agent} A WHERE A.id = X.dst_agent_id AND A.guid = X.guid)" if agent else "'GPU'"
         )
         start, end, name, dst, srcd, dst_type, stream, pid, corr, size = fetch(
-            f"""SELECT ifnull(X.start, -1), ifnull(X.end, -1), S.string, ifnull({dst_sql}, -1),
+            f"""SELECT {start_sql}, {end_sql}, S.string, ifnull({dst_sql}, -1),
                        ifnull({src_sql}, -1), {gpu}, ifnull(X.stream_id, -1), ifnull({pid_sql}, -1),
                        ifnull(E.correlation_id, -1), ifnull(X.size, 0)
                 FROM {src['rocpd_memory_copy']} X
                 JOIN {src['rocpd_string']} S ON S.id = X.name_id AND S.guid = X.guid
                 LEFT JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
-            "iisiisiiii",
+            "ttsiisiiii",
         )
         if len(start):
+            start, end, name, dst, srcd, dst_type, stream, pid, corr, size = checked(
+                "rocpd_memory_copy", [start, end, name, dst, srcd, dst_type, stream, pid, corr, size])
             dst_i = _ints_or(dst, path, "dst_agent")
             src_i = _ints_or(srcd, path, "src_agent")
             parts.copies.append(
                 dict(
-                    start=int_column(start, path, "rocpd_memory_copy.start"),
-                    end=int_column(end, path, "rocpd_memory_copy.end"),
+                    start=start,
+                    end=end,
                     name=name.astype(object),
                     device=np.where(dst_type == "GPU", dst_i, src_i),
                     stream=_ints_or(stream, path, "stream_id"),

@@ -17,7 +17,7 @@ import numpy as np
 from maxinstr.errors import TraceError
 from maxinstr.traces import _util
 from maxinstr.traces._util import Progress, int_column, ranges_table, report
-from maxinstr.traces.model import NO_ID, CallKind, Calls, GpuOps, OpKind, RangeStyle, StringTable, Trace
+from maxinstr.traces.model import INVALID_NS, NO_ID, CallKind, Calls, GpuOps, OpKind, RangeStyle, StringTable, TimeCheck, Trace
 
 _REQUIRED = {
     "rocpd_string": ("id", "string"),
@@ -46,12 +46,16 @@ def read_rpd(path: str | Path, *, progress: Progress | None = None) -> Trace:
 
 def _int_columns(path: Path, db_path: Path, table: str, cols: tuple[str, ...], order: str = "") -> list[np.ndarray]:
     """Integer columns of a big table through the columnar backend (native when built: the
-    1.47M-row rocpd_api of a scaled fixture took 0.9 s there, ~8 s through sqlite3 tuples)."""
+    1.47M-row rocpd_api of a scaled fixture took 0.9 s there, ~8 s through sqlite3 tuples).
+    NULL reads as -1; in ``start``/``end`` (kind 't'), NULL or anything but an integer reads as
+    INVALID_NS (model.TimeCheck drops the row)."""
     from maxinstr.traces import _sqlite_columns
 
-    sql = "SELECT " + ", ".join(f'ifnull("{c}", -1)' for c in cols) + f' FROM "{table}"' + (f" ORDER BY {order}" if order else "")
+    times = [c in ("start", "end") for c in cols]
+    sql = "SELECT " + ", ".join(f'ifnull("{c}", {INVALID_NS if t else -1})' for c, t in zip(cols, times))
+    sql += f' FROM "{table}"' + (f" ORDER BY {order}" if order else "")
     try:
-        return list(_sqlite_columns.backend("auto").query(str(db_path), sql, "i" * len(cols)))
+        return list(_sqlite_columns.backend("auto").query(str(db_path), sql, "".join("t" if t else "i" for t in times)))
     except (RuntimeError, ValueError, TypeError, OverflowError, sqlite3.Error) as exc:
         raise TraceError(path, f"RPD table {table}: {str(exc)[:100]}") from None
 
@@ -74,6 +78,7 @@ def _read(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress
     if "rocpd_metadata" in tables:
         meta["rpd_metadata"] = {str(k): str(v) for k, v in con.execute('SELECT tag, value FROM "rocpd_metadata"')}
     notes: list[str] = []
+    times = TimeCheck(path, notes)  # rpd_tracer's CLOCK_MONOTONIC never reads 0
     fetch = _util.fetch_columns
 
     # rocpd_string: id -> text. Names stay ids: rows carry positions into this small table
@@ -104,6 +109,11 @@ def _read(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress
     a_id, a_pid, a_tid, a_start, a_end, a_name, a_args = _int_columns(
         path, db_path, "rocpd_api", ("id", "pid", "tid", "start", "end", "apiName_id", "args_id"), order="id"
     )
+    # every API row becomes a call or a range: rows whose times cannot be real are dropped first
+    keep = times.keep("rocpd_api", a_start, a_end, row=lambda i: f"id {a_id[i]}")
+    if keep is not None:
+        a_id, a_pid, a_tid, a_start, a_end, a_name, a_args = (
+            c[keep] for c in (a_id, a_pid, a_tid, a_start, a_end, a_name, a_args))
     api_pos = pos_of(a_name, "apiName")
     is_marker = flag(lambda v: v == _MARKER_API)[api_pos]
 
@@ -135,6 +145,11 @@ def _read(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress
         kinds = sorted({str(s_text[i]) for i in np.unique(type_pos[dropped])})[:5]
         notes.append(f"{int(dropped.sum())} rocpd_op rows of other types dropped ({', '.join(kinds)})")
     keep = ~dropped
+    # (only the ops read are checked: a barrier's times are unused)
+    used = np.flatnonzero(keep)
+    valid = times.keep("rocpd_op", o_start[used], o_end[used], row=lambda i: f"id {o_id[used[i]]}")
+    if valid is not None:
+        keep[used[~valid]] = False
 
     # pid of each op from its API row; bytes of copies from rocpd_copyapi
     link_pos = np.searchsorted(a_id, corr)
