@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import supervise as sv
@@ -492,10 +493,11 @@ def unapplied_stage_specs(run_dir: Path, stage_specs: list[str]) -> dict[str, st
     from maxinstr.rundir import format as fmt
     from maxinstr.rundir.reader import read_jsonl
 
+    said: list[Any]
     try:
-        said = read_jsonl(run_dir / STAGE_SPECS_FILE, [])
+        said = [value for _, value in read_jsonl(run_dir / STAGE_SPECS_FILE)[0]]  # (damaged lines skipped)
     except (MaxinstrError, OSError):
-        said = []  # damaged: every spec is then "never applied", which the run's log can correct
+        said = []  # unreadable: every spec is then "never applied", which the run's log can correct
     applied: set[str] = set()
     failed: dict[str, str] = {}
     for line in said:
