@@ -855,6 +855,28 @@ py::object scan_table(const std::string& path, int64_t root, const std::vector<p
 
 // ---- grouped order statistics for the report ---------------------------------------------
 //
+// Values bucketed by their group code 0..g-1 with one counting sort (group g's values at
+// [start[g], start[g + 1]) of `out`, each group in row order). Returns 1 when a code is outside
+// 0..g-1, 2 when `reject(value)` (a value whose place a sort would decide: NaN, -0.0), else 0;
+// the three grouped functions below share it.
+template <typename T, typename Reject>
+int bucket_by_group(const int64_t* c, const T* v, size_t n, size_t g, std::vector<int64_t>& start, T* out,
+                    Reject reject) {
+  start.assign(g + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (c[i] < 0 || static_cast<uint64_t>(c[i]) >= g) return 1;
+    if (reject(v[i])) return 2;
+    ++start[static_cast<size_t>(c[i]) + 1];
+  }
+  for (size_t k = 0; k < g; ++k) start[k + 1] += start[k];
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
+  for (size_t i = 0; i < n; ++i) out[fill[static_cast<size_t>(c[i])]++] = v[i];
+  return 0;
+}
+
+inline bool sort_decides(double x) { return x != x || (x == 0 && std::signbit(x)); }  // NaN, -0.0
+
+//
 // Per integer group, the median and the maximum of int64 values: what a sort of the combined
 // (group, value) key gives, in O(n): a counting sort by group, then nth_element per group.
 // The report takes per-kernel and per-(stage, kernel) medians over millions of ops; numpy's
@@ -874,19 +896,10 @@ py::tuple group_order_stats(py::array_t<int64_t, py::array::c_style | py::array:
   bool bad = false;
   {
     py::gil_scoped_release release;
-    std::vector<int64_t> start(g + 1, 0);
-    for (size_t i = 0; i < n; ++i) {
-      if (c[i] < 0 || static_cast<uint64_t>(c[i]) >= g) {
-        bad = true;
-        break;
-      }
-      ++start[static_cast<size_t>(c[i]) + 1];
-    }
+    std::vector<int64_t> start;
+    std::vector<int64_t> bucket(n);
+    bad = bucket_by_group(c, v, n, g, start, bucket.data(), [](int64_t) { return false; }) != 0;
     if (!bad) {
-      for (size_t k = 0; k < g; ++k) start[k + 1] += start[k];
-      std::vector<int64_t> bucket(n);
-      std::vector<int64_t> fill(start.begin(), start.end() - 1);
-      for (size_t i = 0; i < n; ++i) bucket[static_cast<size_t>(fill[static_cast<size_t>(c[i])]++)] = v[i];
       for (size_t k = 0; k < g; ++k) {
         int64_t* a = bucket.data() + start[k];
         int64_t* b = bucket.data() + start[k + 1];
@@ -925,20 +938,13 @@ py::object group_medians_f64(py::array_t<int64_t, py::array::c_style | py::array
   double* med = median.mutable_data();
   const int64_t* c = codes.data();
   const double* v = values.data();
-  int bad = 0;  // 1: a code out of range, 2: a NaN
+  int bad = 0;  // 1: a code out of range, 2: a NaN or -0.0
   {
     py::gil_scoped_release release;
-    std::vector<int64_t> start(g + 1, 0);
-    for (size_t i = 0; i < n && !bad; ++i) {
-      if (c[i] < 0 || static_cast<uint64_t>(c[i]) >= g) bad = 1;
-      else if (v[i] != v[i] || (v[i] == 0 && std::signbit(v[i]))) bad = 2;  // NaN, -0.0: a sort decides
-      else ++start[static_cast<size_t>(c[i]) + 1];
-    }
+    std::vector<int64_t> start;
+    std::vector<double> bucket(n);
+    bad = bucket_by_group(c, v, n, g, start, bucket.data(), sort_decides);
     if (!bad) {
-      for (size_t k = 0; k < g; ++k) start[k + 1] += start[k];
-      std::vector<double> bucket(n);
-      std::vector<int64_t> fill(start.begin(), start.end() - 1);
-      for (size_t i = 0; i < n; ++i) bucket[static_cast<size_t>(fill[static_cast<size_t>(c[i])]++)] = v[i];
       for (size_t k = 0; k < g; ++k) {
         double* a = bucket.data() + start[k];
         double* b = bucket.data() + start[k + 1];
@@ -1045,16 +1051,9 @@ py::object group_sort_f64(py::array_t<int64_t, py::array::c_style | py::array::f
   int bad = 0;
   {
     py::gil_scoped_release release;
-    std::vector<int64_t> start(g + 1, 0);
-    for (size_t i = 0; i < n && !bad; ++i) {
-      if (c[i] < 0 || static_cast<uint64_t>(c[i]) >= g) bad = 1;
-      else if (v[i] != v[i] || (v[i] == 0 && std::signbit(v[i]))) bad = 2;
-      else ++start[static_cast<size_t>(c[i]) + 1];
-    }
+    std::vector<int64_t> start;
+    bad = bucket_by_group(c, v, n, g, start, st, sort_decides);
     if (!bad) {
-      for (size_t k = 0; k < g; ++k) start[k + 1] += start[k];
-      std::vector<int64_t> fill(start.begin(), start.end() - 1);
-      for (size_t i = 0; i < n; ++i) st[fill[static_cast<size_t>(c[i])]++] = v[i];
       std::memcpy(so, st, n * sizeof(double));
       for (size_t k = 0; k < g; ++k) std::sort(so + start[k], so + start[k + 1]);
     }
