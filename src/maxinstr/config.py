@@ -51,6 +51,7 @@ NO_DIRECT_SCAN = "MAXINSTR_NO_DIRECT_SCAN"
 NO_MALLOC_TUNING = "MAXINSTR_NO_MALLOC_TUNING"
 NO_NVTX_V2 = "MAXINSTR_NO_NVTX_V2"
 MAX_PROFILING_BY_RUN = "MAXINSTR_MAX_PROFILING_BY_RUN"
+RUN_SAMPLED = "MAXINSTR_RUN_SAMPLED"
 DEBUG = "MAXINSTR_DEBUG"
 CUDA_LIBRARY = "MAXINSTR_CUDA_LIBRARY"  # also read by the native core
 # read by the native core at import (csrc/core/module.cpp, markers.cpp, dispatch.cpp)
@@ -80,7 +81,7 @@ VARIABLES: dict[str, str] = {
         (RUN_DIR, SESSION_DIR, SESSION_PID, CAPTURE, CAPTURE_WINDOW_S, STAGES, WARMUP, PROFILER, MEMORY_RECORDS,
          NATIVE_WRITER, WRITER_INTERVAL_MS, WRITER_THRESHOLD, CUPTI_TAGS, SAMPLER_GIL, SAMPLER_PROFILE,
          SAMPLER_NVML_LIB, NO_NATIVE_COLUMNS, NO_DIRECT_SCAN, NO_MALLOC_TUNING, NO_NVTX_V2, MAX_PROFILING_BY_RUN,
-         DEBUG), "python"),
+         RUN_SAMPLED, DEBUG), "python"),
     CUDA_LIBRARY: "python, native",
     **dict.fromkeys(
         (DISABLE, EVENT_POOL, EVENT_SHARE_NS, GPU_FLOOR_NS, GPU_BUDGET, ASYNC_PLACE, TIME_DRIVER, MARKERS,
@@ -315,6 +316,12 @@ def max_profiling_by_run(environ: Mapping[str, str] | None = None) -> bool:
     ``MODULAR_ENABLE_PROFILING`` itself (the user did not), so the start-up hook may turn MAX's
     markers off where they would abort MAX."""
     return flag(MAX_PROFILING_BY_RUN, False, environ)
+
+
+def run_sampled(environ: Mapping[str, str] | None = None) -> bool:
+    """``MAXINSTR_RUN_SAMPLED`` (default off): ``maxinstr run`` samples the GPUs from its own
+    process for the whole run, so the run's session in the program starts no sampler."""
+    return flag(RUN_SAMPLED, False, environ)
 
 
 def debug(environ: Mapping[str, str] | None = None) -> bool:

@@ -280,7 +280,7 @@ def test_a_program_that_is_not_python_applies_no_spec(tmp_path):
                    "--", "true"], base_env())
     assert res.returncode == 0, res.stderr
     (why,) = json.loads((out / "launch.json").read_text())["stage_specs_unapplied"].values()
-    assert why.startswith("no process of the run recorded anything")
+    assert why.startswith("no process of the run imported m or recorded anything")
 
 
 def test_the_module_form_says_a_spec_the_program_never_imported(tmp_path, script):

@@ -177,9 +177,10 @@ def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: lis
         all_t.append(np.asarray(smp.t_ns, np.int64))
         all_thr.append(np.asarray(smp.throttle, np.int64))
         n_dev += len(np.unique(smp.device))
-        if part in part_names:
-            sel = steady & (inst.part == part_names.index(part))
-        else:
+        own = inst.part == part_names.index(part) if part in part_names else None
+        if own is not None and own.any():
+            sel = steady & own
+        else:  # a part of samples alone (`maxinstr run`'s parts/sampler): every stage of the run
             sel = steady.copy()
         if not sel.any():
             continue

@@ -418,7 +418,17 @@ def _execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
         outcome = RunOutcome(spec, warm, None, warm=warm)
         _write_launch(run_dir, spec, options, wrapped, env, outcome)
         return outcome
-    result = _supervise(wrapped, env, run_dir / LOG_FILE, options, patterns)
+    env[config.RUN_SAMPLED] = "1"
+    sampler = _start_run_sampler(run_dir)
+    try:
+        result = _supervise(wrapped, env, run_dir / LOG_FILE, options, patterns)
+    except NotStarted:
+        _stop_run_sampler(sampler)
+        shutil.rmtree(run_dir / "parts" / SAMPLER_PART, ignore_errors=True)
+        _remove_empty(run_dir / "parts")
+        raise
+    _stop_run_sampler(sampler)
+    meta_if_none(run_dir, spec.command)
     artifact = None
     if profiler.name != "none":
         artifact = profiler.collect(output_base)
@@ -429,6 +439,55 @@ def _execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
     outcome.files = _files(run_dir, artifact)
     _write_launch(run_dir, spec, options, wrapped, env, outcome)
     return outcome
+
+
+SAMPLER_PART = "sampler"
+"""The part folder where `maxinstr run` keeps the GPU samples it takes from its own process."""
+
+
+def _start_run_sampler(run_dir: Path) -> Any:
+    """Sample the GPUs for the whole run from this process, not the program's: the program is
+    left without a sampler thread or process of ours, and a program that never opens a session
+    still gets its utilization. Never raises; None when nothing could start."""
+    try:
+        from maxinstr.sample import DEFAULT_INTERVAL_S, start_sampler
+
+        part = run_dir / "parts" / SAMPLER_PART
+        part.mkdir(parents=True, exist_ok=True)
+        return start_sampler(part, DEFAULT_INTERVAL_S, pids=[], mode="auto")
+    except Exception:  # noqa: BLE001 - the run goes on without samples (samples.json says why when it can)
+        return None
+
+
+def _remove_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
+
+
+def _stop_run_sampler(sampler: Any) -> None:
+    if sampler is not None:
+        try:
+            sampler.stop()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def meta_if_none(run_dir: Path, command: list[str]) -> None:
+    """A program that never imported maxinstr (nor a --stage target) opened no session and wrote
+    no meta.json: write one for it, so the run's samples and trace still make a report."""
+    if (run_dir / "meta.json").exists():
+        return
+    from maxinstr.rundir import metadata
+
+    try:
+        meta = metadata.collect()
+    except Exception:  # noqa: BLE001 - no report of this run, as before the run sampled
+        return
+    meta.update(status="closed", command=list(command), argv=list(command), pid=None,
+                opened_by="maxinstr run: the program opened no session (no stage recorded)")
+    _write_json(run_dir / "meta.json", meta)
 
 
 def _supervise(cmd: list[str], env: dict[str, str], log: Path, options: RunOptions, patterns) -> sv.ChildResult:
@@ -508,7 +567,8 @@ def unapplied_stage_specs(run_dir: Path, stage_specs: list[str]) -> dict[str, st
             applied.add(key)
         elif isinstance(line.get("problem"), str):
             failed.setdefault(key, line["problem"])
-    hooked = bool(said) or any((run_dir / fmt.PARTS_DIR).glob("*/"))  # some Python process ran the start-up hook
+    # some process started maxinstr (the start-up hook starts it only at the first import that asks)
+    hooked = bool(said) or any(p.name != SAMPLER_PART for p in (run_dir / fmt.PARTS_DIR).glob("*/"))
     out: dict[str, str] = {}
     for text in stage_specs:
         try:
@@ -523,7 +583,8 @@ def unapplied_stage_specs(run_dir: Path, stage_specs: list[str]) -> dict[str, st
         elif hooked:
             out[text] = f"no process of the run imported {spec.module}"
         else:
-            out[text] = "no process of the run recorded anything (a program that is not Python, or one that cannot import maxinstr)"
+            out[text] = (f"no process of the run imported {spec.module} or recorded anything (or the program is not "
+                         "Python, or cannot import maxinstr)")
     return out
 
 

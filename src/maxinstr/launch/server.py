@@ -281,6 +281,7 @@ def stop_server(run_dir: Path, grace_s: float = 20.0) -> ServerState:
     if state.alive():
         _kill_group(state)
     _reap(state.pid)
+    runner.meta_if_none(state.run_dir, state.command)  # a server that never started maxinstr
     return state
 
 

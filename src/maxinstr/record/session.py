@@ -664,7 +664,8 @@ def ensure_env_session() -> Session | None:
         run_dir = config.run_dir()
         if run_dir:
             warmup = config.warmup_instances()
-            s = Session(run_dir, warmup=warmup or 0)
+            # `maxinstr run` samples from its own process: none started from the program's
+            s = Session(run_dir, warmup=warmup or 0, sample_hz=0 if config.run_sampled() else DEFAULT_SAMPLE_HZ)
             s.auto = True
             # Without `maxinstr run --warmup`, wait for the script's own session to say how
             # many warm-up instances there are before starting a capture.
