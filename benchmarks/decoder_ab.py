@@ -22,14 +22,23 @@ One process; the blocks rotate between the modes each round:
   floor_flush    the floor plus a thread asking CUPTI for its completed buffers every 0.25 s, as
                  the collector's flusher does (cuptiActivityFlushAll(0), then the take)
   kernels_noflush  kernels=True with the collector's periodic flush off (buffers taken at close)
+  the parts of the default session, each taken away alone (not run unless named in --modes):
+  default_noattrs    the default session, the stages' attrs (layer=i) not passed
+  default_hostonly   the default session, every stage gpu=False (no GPU events)
+  default_nosampler  the default session with sample_hz=0
+  memory             no session: maxinstr.stage into the in-memory default session (no writer,
+                     no flusher, no sampler): the native core alone
 
 A session mode's block is a whole session: opened, 16 warm-up steps and a pause longer than the
 flusher's period (its first pass, the collector's one-time checks), then the timed steps, then
 closed (untimed). Printed per mode: the median over rounds of (block's median step / that round's
-bare block), the 10th percentile of all its steps (the machine's fast state: on the H200 host the
-step time flips between ~2.3 and ~4.3 ms from block to block, whatever the mode), and the median
-CPU time the launching thread spent per step (insensitive to that drift and to GPU waits; blind
-to time lost waiting for the GIL); JSON with every round.
+bare block) with its 90 % bootstrap interval over the rounds, the 10th percentile of all its
+steps (the machine's fast state: on the H200 host the step time flips between ~2.3 and ~4.3 ms
+from block to block, whatever the mode), and the same ratio and interval for the CPU time the
+launching thread spent per step (insensitive to that drift and to GPU waits; blind to time lost
+waiting for the GIL); then the verdict against each target of issue 26 (default <= nvtx + 1
+point and kernels=True <= CUPTI's floor + 2 points and <= 1.10x, in CPU and in wall, read off
+per-round differences); JSON with every round.
 
 The rotation, ratios and table come from benchmarks/harness.py; the decode loop times its own
 steps (wall and thread CPU clocks around each step, inside the stages), as written here.
@@ -50,12 +59,14 @@ import time
 import types
 from pathlib import Path
 
-from harness import p10, print_table, ratio, rotated
+from harness import bootstrap_ci, p10, print_table, ratio, rotated, verdict
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("bare", "nvtx", "default", "kernels", "kernels_records", "cupti_floor")
 # what the collector adds to CUPTI's floor, one part at a time (--modes ...,floor_tags,floor_flush,kernels_noflush)
 PARTS = ("floor_tags", "floor_flush", "kernels_noflush")
+# what the default session adds to NVTX, one part taken away at a time (not run unless named in --modes)
+DEFAULT_PARTS = ("default_noattrs", "default_hostonly", "default_nosampler", "memory")
 WARM_STEPS = 16
 
 
@@ -227,12 +238,27 @@ def main(argv: list[str] | None = None) -> int:
                     skipped[m] = str(exc)[:200]
     modes = [m for m in modes if m not in skipped]
     tmp = Path(tempfile.mkdtemp(prefix="decoder_ab-"))
+    keep = Path(os.environ["AB_KEEP"]) if os.environ.get("AB_KEEP") else None  # one run directory per mode kept there
     per_step: dict[str, list[float]] = {m: [] for m in modes}  # median wall ns per step of each block
+    cpu_step: dict[str, list[float]] = {m: [] for m in modes}  # median CPU ns per step of each block
     walls: dict[str, list[int]] = {m: [] for m in modes}  # every timed step
-    cpus: dict[str, list[int]] = {m: [] for m in modes}
     status: dict[str, set[str]] = {}
 
+    def session_stage(mode: str):
+        if mode == "default_noattrs":
+            def st(name: str, stream=None, step=None, **_: object):
+                return maxinstr.stage(name, stream=stream) if step is None else maxinstr.stage(name, stream=stream, step=step)
+            return st
+        if mode == "default_hostonly":
+            def st_host(name: str, stream=None, **kw: object):
+                return maxinstr.stage(name, gpu=False, **kw)
+            return st_host
+        return maxinstr.stage
+
     def block(mode: str, r: int) -> tuple[list[int], list[int]]:
+        if mode == "memory":
+            decode(maxinstr.stage, WARM_STEPS, stream)
+            return decode(maxinstr.stage, args.steps, stream)
         if mode in stages:
             return decode(stages[mode], args.steps, None if mode == "bare" else stream)
         if mode == "cupti_floor" or mode.startswith("floor_"):
@@ -245,12 +271,18 @@ def main(argv: list[str] | None = None) -> int:
         if mode == "kernels_noflush":
             mcupti.FLUSH_EVERY_S = 1e9  # read at each flush: the flusher's passes take nothing
         try:
-            with maxinstr.session(run_dir, warmup=1, kernels=mode.startswith("kernels"), model="decoder_ab"):
-                decode(maxinstr.stage, WARM_STEPS, stream)
+            st = session_stage(mode)
+            hz = {"sample_hz": 0} if mode == "default_nosampler" else {}
+            with maxinstr.session(run_dir, warmup=1, kernels=mode.startswith("kernels"), model="decoder_ab", **hz):
+                decode(st, WARM_STEPS, stream)
                 time.sleep(0.4)  # the flusher's first pass (FLUSH_EVERY_S 0.25 s) before the timed steps
-                t = decode(maxinstr.stage, args.steps, stream)
+                t = decode(st, args.steps, stream)
         finally:
             mcupti.FLUSH_EVERY_S = every
+        if keep is not None and r == args.rounds - 1:
+            import shutil
+
+            shutil.copytree(run_dir, keep / run_dir.name, dirs_exist_ok=True)
         if mode.startswith("kernels"):
             k = json.loads((run_dir / "meta.json").read_text()).get("kernels") or {}
             status.setdefault(mode, set()).add(f"{k.get('status')} {k.get('reason') or ''}".strip())
@@ -260,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         for mode in rotated(modes, r):
             t, c = block(mode, r)
             per_step[mode].append(statistics.median(t))
+            cpu_step[mode].append(statistics.median(c))
             walls[mode] += t
-            cpus[mode] += c
         if r % max(1, args.rounds // 8) == 0 or r == args.rounds - 1:
             print(f"round {r + 1}: " + ", ".join(f"{m} {per_step[m][-1] / 1000:.1f}" for m in modes) + " us/step",
                   flush=True)
@@ -270,21 +302,45 @@ def main(argv: list[str] | None = None) -> int:
            "cupti_floor_records": floor.records if floor else None, "modes": {}}  # fmt: skip
     print(f"\ndecode step, {args.layers} layers, hidden {args.hidden}, batch {args.batch}; {args.rounds} rounds "
           f"of {args.steps} steps per mode, one process, rotated")
-    print("wall: median over rounds of (block median / that round's bare); p10: 10th percentile of all the mode's "
-          "steps; cpu: the launching thread's CPU time per step (median), which the machine's other tenants and "
-          "GPU waits leave out")
-    b10, bcpu = p10(walls["bare"]), statistics.median(cpus["bare"])
+    print("wall, cpu: median over rounds of (the mode's block median per step / that round's bare block), "
+          "[90% bootstrap interval over the rounds]; p10: 10th percentile of all the mode's steps; cpu is the "
+          "launching thread's CPU time per step, which the machine's other tenants and GPU waits leave out")
+    b10 = p10(walls["bare"])
     rows = []
+    per_round: dict[str, dict[str, list[float]]] = {}
     for m in modes:
-        wall = ratio(per_step[m], per_step["bare"])
-        med, p10_ns, cpu = wall.median, p10(walls[m]), statistics.median(cpus[m])
-        out["modes"][m] = {"us_per_step": statistics.median(per_step[m]) / 1000, "x_bare": med,
-                           "p10_us": p10_ns / 1000, "p10_x_bare": p10_ns / b10,
-                           "cpu_us": cpu / 1000, "cpu_x_bare": cpu / bcpu,
-                           "x_bare_rounds": wall.per_round, "us_per_step_rounds": [v / 1000 for v in per_step[m]]}  # fmt: skip
-        rows.append([m, statistics.median(per_step[m]) / 1000, med, p10_ns / 1000, p10_ns / b10, cpu / 1000, cpu / bcpu])
-    print_table(["mode", "wall us", "x bare", "p10 us", "x bare", "cpu us", "x bare"], rows,
-                ["", ".1f", ".3f", ".1f", ".3f", ".1f", ".3f"])
+        wall, cpu = ratio(per_step[m], per_step["bare"]), ratio(cpu_step[m], cpu_step["bare"])
+        per_round[m] = {"wall": wall.per_round, "cpu": cpu.per_round}
+        wlo, whi = bootstrap_ci(wall.per_round)
+        clo, chi = bootstrap_ci(cpu.per_round)
+        p10_ns = p10(walls[m])
+        out["modes"][m] = {"us_per_step": statistics.median(per_step[m]) / 1000, "x_bare": wall.median,
+                           "x_bare_ci90": [wlo, whi], "p10_us": p10_ns / 1000, "p10_x_bare": p10_ns / b10,
+                           "cpu_us": statistics.median(cpu_step[m]) / 1000, "cpu_x_bare": cpu.median,
+                           "cpu_x_bare_ci90": [clo, chi], "x_bare_rounds": wall.per_round,
+                           "cpu_x_bare_rounds": cpu.per_round,
+                           "us_per_step_rounds": [v / 1000 for v in per_step[m]],
+                           "cpu_us_rounds": [v / 1000 for v in cpu_step[m]]}  # fmt: skip
+        rows.append([m, statistics.median(per_step[m]) / 1000, wall.median, f"{wlo:.3f}..{whi:.3f}", p10_ns / b10,
+                     statistics.median(cpu_step[m]) / 1000, cpu.median, f"{clo:.3f}..{chi:.3f}"])
+    print_table(["mode", "wall us", "x bare", "90% CI", "p10 x", "cpu us", "x bare", "90% CI"], rows,
+                ["", ".1f", ".3f", "", ".3f", ".1f", ".3f", ""])
+    verdicts = []
+
+    def minus(a: str, b: str, clock: str) -> list[float]:
+        return [x - y for x, y in zip(per_round[a][clock], per_round[b][clock])]
+
+    print("\ntargets (issue 26), read off per-round differences:")
+    for clock in ("cpu", "wall"):
+        if "default" in per_round and "nvtx" in per_round:
+            verdicts.append(verdict(f"default - nvtx ({clock}, x bare)", minus("default", "nvtx", clock), 0.01))
+        if "kernels" in per_round and "cupti_floor" in per_round:
+            verdicts.append(verdict(f"kernels - cupti_floor ({clock}, x bare)", minus("kernels", "cupti_floor", clock), 0.02))
+        if "kernels" in per_round:
+            verdicts.append(verdict(f"kernels ({clock}, x bare)", per_round["kernels"][clock], 1.10))
+    for v in verdicts:
+        print(v.line())
+    out["verdicts"] = [v.__dict__ for v in verdicts]
     for m, why in skipped.items():
         print(f"skipped {m}: {why}")
     for m, s in out["status"].items():

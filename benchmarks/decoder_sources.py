@@ -9,6 +9,7 @@ each round:
   bare        MAXINSTR_DISABLE=1: the stages are no-ops (the program as if uninstrumented)
   default     maxinstr's session as the example has it (stages with GPU events and NVTX)
   kernels     the same with kernels=True (CUPTI in the process)
+  run         `maxinstr run --profiler none` (the start-up hook, the run's sampler, no profiler)
   nsys        `maxinstr run --capture all` (nsys -t cuda,nvtx around the whole run)
   torchprof   the program inside torch.profiler (CPU + CUDA activities)
 
@@ -30,12 +31,12 @@ import statistics
 import sys
 from pathlib import Path
 
-from harness import interleave, print_table, ratio, run_child
+from harness import bootstrap_ci, interleave, print_table, ratio, run_child, verdict
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "torch_decode.py"
 DECODER_ARGS = ["--layers", "6", "--hidden", "1024", "--requests", "3", "--steps", "64", "--batch", "1", "--no-report"]
-CONFIGS = ("bare", "default", "kernels", "nsys", "torchprof")
+CONFIGS = ("bare", "default", "kernels", "run", "nsys", "torchprof")
 _TPS = re.compile(r"decode tokens/s per request \[([^\]]*)\]")
 
 
@@ -51,6 +52,8 @@ def command(config: str, run_dir: Path, extra: list[str]) -> tuple[list[str], di
         return [*py, "--run-dir", str(run_dir), "--torch-profiler", str(run_dir) + ".pt.trace.json"], env
     if config == "nsys":
         return [sys.executable, "-m", "maxinstr", "run", "-y", "--quiet", "--no-report", "--capture", "all", "-o", str(run_dir), "--", *py], env
+    if config == "run":
+        return [sys.executable, "-m", "maxinstr", "run", "-y", "--quiet", "--no-report", "--profiler", "none", "-o", str(run_dir), "--", *py], env
     return [*py, "--run-dir", str(run_dir)], env
 
 
@@ -78,10 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         cmd, env = command(config, run_dir, extra)
         done = run_child(cmd, limit_s=args.timeout, env=env, cwd=REPO)
         stdout = done.stdout
-        if config == "nsys":  # the program's own output is in the run's child log
+        if config in ("nsys", "run"):  # the program's own output is in the run's child log
             log = run_dir / "child.log"
             stdout += log.read_text(errors="replace") if log.exists() else ""
-        program_stderr = [ln for ln in done.stderr.splitlines() if not ln.startswith("maxinstr:")] if config == "nsys" else done.stderr.splitlines()
+        program_stderr = [ln for ln in done.stderr.splitlines() if not ln.startswith("maxinstr:")] if config in ("nsys", "run") else done.stderr.splitlines()
         row = {"round": r + 1, "rc": done.rc, "timed_out": done.timed_out, "wall_s": round(done.wall_s, 2),
                "tokens_per_s": steady_tokens_per_s(stdout), "stderr_lines": len(program_stderr),
                "stderr_head": program_stderr[:3]}
@@ -104,9 +107,18 @@ def main(argv: list[str] | None = None) -> int:
         per_round = [round(x, 3) for x in vs_bare.per_round]
         summary[config] = {"tokens_per_s_median": med, "vs_bare": of_medians, "per_round_vs_bare": per_round,
                            "stderr_lines": [row["stderr_lines"] for row in rows], "runs": rows}
-        table.append([config, med, of_medians, str(per_round), str(summary[config]["stderr_lines"])])
-    print_table(["configuration", "tok/s (median)", "vs bare", "per-round vs that round's bare", "stderr lines"], table,
-                ["", ".1f", ".3f"])
+        lo, hi = bootstrap_ci(vs_bare.per_round)
+        summary[config]["per_round_vs_bare_median_ci90"] = [vs_bare.median, lo, hi]
+        table.append([config, med, of_medians, f"{vs_bare.median:.3f} [{lo:.3f}..{hi:.3f}]", str(per_round),
+                      str(summary[config]["stderr_lines"])])
+    print_table(["configuration", "tok/s (median)", "vs bare", "per round: median [90% CI]", "per-round vs that round's bare",
+                 "stderr lines"], table, ["", ".1f", ".3f"])
+    print("\ntargets (issue 26), tok/s of the steady requests against bare, per round:")
+    for config, target in (("kernels", 0.90), ("default", 0.99), ("run", 0.99)):
+        if config in results and "bare" in results:
+            v = verdict(f"{config} tok/s vs bare", ratio(tps[config], bare).per_round, target, at_least=True)
+            summary.setdefault("verdicts", {})[config] = v.__dict__
+            print(v.line())
     (args.out / "sources.json").write_text(json.dumps(summary, indent=1))
     return 0 if all(row["rc"] == 0 for rows in results.values() for row in rows) else 1
 

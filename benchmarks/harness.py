@@ -142,6 +142,59 @@ def ratios(samples: Mapping[K, Sequence[float | None]], baseline: K) -> dict[K, 
     return {name: ratio(values, samples[baseline]) for name, values in samples.items()}
 
 
+def bootstrap_ci(per_round: Sequence[float], *, level: float = 0.90, resamples: int = 4000,
+                 seed: int = 0) -> tuple[float, float]:
+    """A percentile bootstrap confidence interval of the median of ``per_round`` (the rounds
+    resampled with replacement, ``resamples`` times): what a ratio read off these rounds could
+    be. ``(nan, nan)`` for fewer than 2 rounds. Seeded, so the same rounds give the same interval."""
+    import random
+
+    xs = [float(x) for x in per_round if x is not None and math.isfinite(x)]
+    if len(xs) < 2:
+        return math.nan, math.nan
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(resamples))
+    lo_i = int(round((1 - level) / 2 * (resamples - 1)))
+    return medians[lo_i], medians[resamples - 1 - lo_i]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A target read off an interval: ``met`` when the whole interval is within it, ``missed``
+    when none of it is, ``undecided`` when the interval straddles it (more rounds, or a quieter
+    machine, decide). ``line()`` is what a benchmark prints."""
+
+    what: str
+    value: float
+    lo: float
+    hi: float
+    target: float
+    status: str
+
+    at_least: bool = False
+
+    def line(self, fmt: str = ".3f") -> str:
+        return (f"{self.status.upper():>9}  {self.what}: {self.value:{fmt}} "
+                f"(90% CI {self.lo:{fmt}}..{self.hi:{fmt}}), target {'>=' if self.at_least else '<='} {self.target:{fmt}}")
+
+
+def verdict(what: str, per_round: Sequence[float], target: float, *, at_least: bool = False, **ci: Any) -> Verdict:
+    """``what`` (the median of ``per_round``) against ``target``: an upper bound, or a lower
+    bound with ``at_least``."""
+    xs = [float(x) for x in per_round if x is not None and math.isfinite(x)]
+    value = statistics.median(xs) if xs else math.nan
+    lo, hi = bootstrap_ci(xs, **ci)
+    sign = -1.0 if at_least else 1.0  # a lower bound is an upper bound on the negated values
+    v, worst, best = sign * value, max(sign * lo, sign * hi), min(sign * lo, sign * hi)
+    if not xs:
+        status = "no data"
+    elif math.isnan(lo):
+        status = "met" if v <= sign * target else "missed"
+    else:
+        status = "met" if worst <= sign * target else "missed" if best > sign * target else "undecided"
+    return Verdict(what, value, lo, hi, target, status, at_least)
+
+
 # ------------------------------------------------------------------------- child processes
 def emit_result(result: Mapping[str, Any]) -> None:
     """The child's side of the protocol: one ``RESULT {json}`` line on stdout."""

@@ -206,3 +206,28 @@ def test_table_pads_columns_and_prints_missing_as_dash():
         "kernels  1234.5       -",
         "nsys          -   1.250",
     ]
+
+
+def test_bootstrap_interval_holds_the_median_and_narrows_with_agreeing_rounds():
+    wide = [1.00, 1.30, 0.95, 1.25, 1.02, 1.40, 0.90, 1.10]
+    lo, hi = h.bootstrap_ci(wide)
+    assert lo <= statistics.median(wide) <= hi and hi - lo > 0.05
+    tight = [1.010, 1.012, 1.009, 1.011, 1.010, 1.013, 1.008, 1.011]
+    tlo, thi = h.bootstrap_ci(tight)
+    assert thi - tlo < 0.005 and h.bootstrap_ci(tight) == (tlo, thi)  # seeded: repeatable
+    assert all(map(math.isnan, h.bootstrap_ci([1.0])))
+
+
+def test_verdict_is_undecided_while_the_interval_straddles_the_target():
+    assert h.verdict("x", [1.010, 1.012, 1.009, 1.011, 1.010, 1.013], 1.02).status == "met"
+    assert h.verdict("x", [1.10, 1.12, 1.09, 1.11, 1.10, 1.13], 1.02).status == "missed"
+    v = h.verdict("x", [0.95, 1.30, 0.90, 1.25, 1.00, 1.35], 1.02)
+    assert v.status == "undecided" and v.lo < 1.02 < v.hi
+    assert "UNDECIDED" in v.line() and "target <= 1.020" in v.line()
+
+
+def test_a_lower_bound_verdict():
+    assert h.verdict("tok/s", [0.95, 0.96, 0.94, 0.95, 0.97, 0.95], 0.90, at_least=True).status == "met"
+    assert h.verdict("tok/s", [0.60, 0.62, 0.65, 0.61, 0.66, 0.63], 0.90, at_least=True).status == "missed"
+    v = h.verdict("tok/s", [0.80, 1.00, 0.82, 0.99, 0.85, 0.98], 0.90, at_least=True)
+    assert v.status == "undecided" and "target >= 0.900" in v.line()
