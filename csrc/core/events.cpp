@@ -9,6 +9,7 @@
 namespace maxinstr MAXINSTR_HIDDEN {
 
 Events events;
+std::atomic<int64_t> budget_offthread_ns{0};
 
 void slot_release(int s) {
   if (s < 0) return;

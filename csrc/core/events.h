@@ -9,6 +9,7 @@
 
 #include "base.h"
 
+#include <atomic>
 #include <deque>
 #include <vector>
 
@@ -80,6 +81,13 @@ struct Events {
   double gpu_budget = 0.0025;
   int64_t gpu_cost_ns = 0;      // host ns spent recording and resolving events on the program's threads
   int64_t gpu_budget_t0 = 0;    // host time of the first GPU event
+  // The budget is a token bucket: it earns `gpu_budget` ns per ns of wall time, holds at most the
+  // starting credit, and pays for what the events cost. Before it held no cap, so time without GPU
+  // stages (a pause, a phase of untimed work) saved up a credit spent later in one burst of fully
+  // timed steps (H100, decoder_ab: every decode step of a block timed, the step ~1 point slower).
+  double budget_tokens_ns = 250000.0;  // kBudgetCreditNs
+  int64_t budget_last_t = 0;           // host time of the last check (0: none yet)
+  int64_t budget_spent_seen = 0;       // event cost (this thread's and the placer's) at the last check
   uint64_t gpu_sampled_out = 0; // stages left untimed by the budget
   bool place_async = false;     // slot_place() hands events to the placer thread (placer.h)
   uint64_t drv_ns[5] = {0, 0, 0, 0, 0};  // record, query/sync, elapsed, is_capturing, resolve_front
@@ -160,11 +168,24 @@ static inline int ctx_index(void* key) {
 
 constexpr int64_t kBudgetCreditNs = 250000;  // the first 0.25 ms of event work (~150 events) are always spent
 
+// Host ns the placer thread spent in elapsed-time calls since the budget began (placer.cpp adds
+// them): not the program's thread, yet a launch-bound program feels them, since they take the
+// driver's locks its launches need (H100, decoder_ab: GPU events cost the step ~1 point while
+// the program's own threads counted 0.25 %). So they count against the budget too.
+extern std::atomic<int64_t> budget_offthread_ns;
+
 // Whether the budget leaves a new top-level stage untimed (at host time t).
 inline bool budget_skips(int64_t t) {
   if (events.gpu_budget <= 0 || events.gpu_budget_t0 == 0) return false;
-  double allowed = events.gpu_budget * (double)(t - events.gpu_budget_t0) + (double)kBudgetCreditNs;
-  return (double)events.gpu_cost_ns > allowed;
+  const int64_t spent = events.gpu_cost_ns + budget_offthread_ns.load(std::memory_order_relaxed);
+  if (events.budget_last_t == 0) events.budget_last_t = events.gpu_budget_t0;
+  double tokens = events.budget_tokens_ns + events.gpu_budget * (double)(t - events.budget_last_t) -
+                  (double)(spent - events.budget_spent_seen);
+  if (tokens > (double)kBudgetCreditNs) tokens = (double)kBudgetCreditNs;  // idle time saves no more than this
+  events.budget_tokens_ns = tokens;
+  events.budget_last_t = t;
+  events.budget_spent_seen = spent;
+  return tokens < 0;
 }
 
 // One stage boundary (enter or exit) on `stream` (see events.cpp): a slot holding one reference

@@ -161,6 +161,33 @@ PyObject* py_cupti_tags(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_TRUE;
 }
 
+// cupti_tags_enable(domain, cbids, on) -> bool: the callback on or off for those functions of
+// the domain (1 driver, 2 runtime) while subscribed; False when not subscribed or CUPTI refused.
+PyObject* py_cupti_tags_enable(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "cupti_tags_enable(domain, cbids, on)");
+    return nullptr;
+  }
+  long domain = PyLong_AsLong(args[0]);
+  int on = PyObject_IsTrue(args[2]);
+  if ((domain == -1 && PyErr_Occurred()) || on < 0) return nullptr;
+  auto enable = vendor.cupti.enable_callback;
+  if (!cuptitag::sub || !enable) Py_RETURN_FALSE;
+  PyObject* seq = PySequence_Fast(args[1], "cbids must be a sequence of ints");
+  if (!seq) return nullptr;
+  bool ok = true;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+    long cbid = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+    if (cbid == -1 && PyErr_Occurred()) {
+      Py_DECREF(seq);
+      return nullptr;
+    }
+    ok = enable((uint32_t)on, cuptitag::sub, (int)domain, (uint32_t)cbid) == 0 && ok;
+  }
+  Py_DECREF(seq);
+  return PyBool_FromLong(ok);
+}
+
 // cupti_tags_take() -> bytes: the tags of the calls that ended since the last take (48-byte
 // records, see Tag).
 PyObject* py_cupti_tags_take(PyObject*, PyObject*) {
@@ -187,6 +214,8 @@ PyObject* py_cupti_tags_stats(PyObject*, PyObject*) {
 PyMethodDef launch_tags_methods[] = {
     {"cupti_tags", (PyCFunction)(void (*)(void))py_cupti_tags, METH_FASTCALL,
      "cupti_tags(path, runtime_cbids, driver_cbids, flags=1) -> bool: CUPTI callback tagging each launch with its stage."},
+    {"cupti_tags_enable", (PyCFunction)(void (*)(void))py_cupti_tags_enable, METH_FASTCALL,
+     "cupti_tags_enable(domain, cbids, on) -> bool: the launch tags' callback on or off for those functions."},
     {"cupti_tags_take", py_cupti_tags_take, METH_NOARGS, "cupti_tags_take() -> bytes of 48-byte tags."},
     {"cupti_tags_stats", py_cupti_tags_stats, METH_NOARGS, "cupti_tags_stats() -> {'on', 'calls', 'dropped'}."},
     {nullptr, nullptr, 0, nullptr}};

@@ -276,6 +276,10 @@ PyObject* py_configure_events(PyObject*, PyObject* args, PyObject* kwargs) {
     }
     events.gpu_budget = v;
     events.gpu_cost_ns = 0;
+    budget_offthread_ns.store(0);
+    events.budget_tokens_ns = (double)kBudgetCreditNs;
+    events.budget_spent_seen = 0;
+    events.budget_last_t = 0;
     if (events.gpu_budget_t0) events.gpu_budget_t0 = now_ns();
   }
   if (floor != Py_None) {  // -1: calibrate (contexts met from now on); >= 0: fixed for all contexts
@@ -339,7 +343,8 @@ PyObject* py_stats(PyObject*, PyObject*) {
   if (!d) return nullptr;
   {
     PyObject* b = Py_BuildValue(
-        "{sdsLsKsKsKsKsKsK}", "gpu_budget", events.gpu_budget, "gpu_cost_ns", (long long)events.gpu_cost_ns,
+        "{sdsdsLsKsKsKsKsKsK}", "gpu_budget", events.gpu_budget, "gpu_budget_tokens_ns", events.budget_tokens_ns,
+        "gpu_cost_ns", (long long)events.gpu_cost_ns,
         "gpu_sampled_out", (unsigned long long)events.gpu_sampled_out, "event_elapsed_async",
         (unsigned long long)placer::state.calls.load(), "placer_ns", (unsigned long long)placer::state.ns.load(),
         "placer_batches", (unsigned long long)placer::state.batches.load(), "placer_errors",

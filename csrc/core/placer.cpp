@@ -32,7 +32,9 @@ void* main_loop(void*) {
       vendor.gpu.ctx_pop(&old);
     }
     state.calls.fetch_add(state.flight.size(), std::memory_order_relaxed);
-    state.ns.fetch_add((uint64_t)(now_ns() - t0), std::memory_order_relaxed);
+    const int64_t spent = now_ns() - t0;
+    state.ns.fetch_add((uint64_t)spent, std::memory_order_relaxed);
+    budget_offthread_ns.fetch_add(spent, std::memory_order_relaxed);
     state.errors.fetch_add(bad, std::memory_order_relaxed);
     state.batches.fetch_add(1, std::memory_order_relaxed);
     pthread_mutex_lock(&state.mu);

@@ -85,7 +85,8 @@ PyObject* stage_enter(PyObject* o, PyObject*) {
   if (UNLIKELY(!ts->stack.empty() && ts->stack.back()->state == ST_ZOMBIE)) pop_zombies(ts);
   StageObject* parent = innermost_open(ts);
   Record& r = s->rec;
-  r.id = next_id();
+  const bool probe = UNLIKELY(tls_probe != 0);
+  r.id = probe ? 0 : next_id();
   r.tid = ts->tid;
   r.gpu_start_ns = -1;
   r.gpu_end_ns = -1;
@@ -122,8 +123,10 @@ PyObject* stage_enter(PyObject* o, PyObject*) {
     key = vendor.gpu.backend ? gpu_current_key() : nullptr;
     if (key) c = ctx_index(key);
   }
-  marker_push(r.name_id, r.id);
-  cupti_enter(s, r.id);
+  if (!probe) {
+    marker_push(r.name_id, r.id);
+    cupti_enter(s, r.id);
+  }
   if (timed && !events.gpu_off_after_fork) {
     if (key) {
       if (c >= 0) {
@@ -213,6 +216,7 @@ void stage_finish(StageObject* s, int64_t t, uint16_t flags, PyObject* attrs_ove
     s->gpu_ctx = -1;
     if (!(flags & F_UNCLOSED)) r.flags |= F_GPU_DROPPED;
   }
+  if (UNLIKELY(tls_probe != 0)) return;
   push_done(r, attrs);
 }
 
@@ -233,8 +237,10 @@ PyObject* stage_exit(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
   ThreadState* ts = s->ts;
   if (LIKELY(ts == tls_ts && ts->stack.back() == s)) {
     ts->stack.pop_back();
-    cupti_exit(s);
-    marker_pop();
+    if (LIKELY(tls_probe == 0)) {
+      cupti_exit(s);
+      marker_pop();
+    }
     s->state = ST_IDLE;
     if (UNLIKELY(!ts->stack.empty() && ts->stack.back()->state == ST_ZOMBIE)) pop_zombies(ts);
     Py_DECREF(o);  // the caller still holds a reference
@@ -448,8 +454,11 @@ PyObject* py_stage(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject*
     return nullptr;
   }
   PyObject* name = args[0];
-  int32_t nid = intern_name(name);
-  if (UNLIKELY(nid < 0)) return nullptr;
+  int32_t nid = -1;
+  if (LIKELY(tls_probe == 0)) {
+    nid = intern_name(name);
+    if (UNLIKELY(nid < 0)) return nullptr;
+  }
   StageObject* s = stage_alloc();
   if (!s) return nullptr;
   Py_INCREF(name);
@@ -598,7 +607,17 @@ bool stage_module_add(PyObject* m) {
   return true;
 }
 
+// _probing(on): this thread's stages from now on are measured, not recorded (tls_probe), so a
+// session can time what a stage costs on this machine (record/footprint.py) without a record.
+PyObject* py_probing(PyObject*, PyObject* on) {
+  int t = PyObject_IsTrue(on);
+  if (t < 0) return nullptr;
+  tls_probe = t;
+  Py_RETURN_NONE;
+}
+
 PyMethodDef stage_module_methods[] = {
+    {"_probing", py_probing, METH_O, "_probing(on): this thread's stages are timed, not recorded (footprint probe)."},
     {"stage", (PyCFunction)(void (*)(void))py_stage, METH_FASTCALL | METH_KEYWORDS,
      "stage(name, *, stream=None, gpu=None, step=None, **attrs) -> Stage"},
     {"mark", (PyCFunction)(void (*)(void))py_mark, METH_FASTCALL | METH_KEYWORDS, "mark(name, **attrs): instant record."},

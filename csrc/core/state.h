@@ -68,6 +68,9 @@ inline thread_local ThreadState* tls_ts = nullptr;
 // > 0 while this thread launches the core's own GPU work (the floor calibration): the launch
 // tags (launch_tags.cpp) then name no stage, as the NVTX ranges do not hold that work either.
 inline thread_local int tls_core_gpu_work = 0;
+// Set while this thread measures what a stage costs (_probing): its stages keep no record, take
+// no id, name no name and push no marker or CUPTI id.
+inline thread_local int tls_probe = 0;
 struct TlsGuard {  // runs at thread exit, without the GIL: only flips an atomic
   ThreadState* ts = nullptr;
   ~TlsGuard() {

@@ -886,6 +886,39 @@ def test_gpu_budget_samples_whole_top_level_stages(run_fake):
     assert "gpu_budget" in out["bad"]
 
 
+def test_gpu_budget_saves_no_more_than_its_credit_while_idle(run_fake):
+    """The budget earns its share of wall time as a token bucket holding at most the starting
+    credit: time spent without GPU stages (here 0.4 s asleep: 4 ms of earnings at 1 %) leaves it
+    holding the credit (0.25 ms of event work), not everything the idle time earned, which a
+    later stretch of steps would spend in one burst of fully timed steps."""
+    out = run_fake(
+        """
+        import time
+        n._configure_events(share_ns=0, gpu_budget=0.01)
+        fk.fake_set_tick(0)
+        for i in range(20000):  # spend the starting credit: stages are being sampled out
+            with n.stage("step", step=i):
+                with n.stage("inner"):
+                    pass
+            if i % 200 == 199:
+                fk.fake_complete_all()
+            if n.stats()["gpu_sampled_out"] > 1000:
+                break
+        before = n.stats()["gpu_budget_tokens_ns"]
+        time.sleep(0.4)
+        with n.stage("after", step=0):
+            pass
+        after = n.stats()["gpu_budget_tokens_ns"]
+        fk.fake_complete_all(); n.resolve(block=True)
+        emit(dict(before=before, after=after, sampled=n.stats()["gpu_sampled_out"]))
+        """
+    )
+    assert out["sampled"] > 1000 and out["before"] < 250_000
+    # the idle time filled the bucket up to the credit and no further (4 ms earned: the old rule kept it all);
+    # the stage that read it then paid its own events
+    assert 0 < out["after"] <= 250_000, out
+
+
 def test_report_says_when_the_budget_left_stages_untimed(run_fake, tmp_path):
     """A run whose budget sampled stages out keeps the flag on disk (the reader accepts it),
     records the budget in part.json, and its report says how many instances carry GPU times."""

@@ -217,7 +217,9 @@ def test_launch_tags_mode_reads_the_same(fake_lib, tmp_path):
     assert out["enabled"] == [] and out["subscribed"] is False and out["native"]["pushes"] == 0
     act = json.loads(next(run_dir.glob("parts/*/activity.json")).read_text())
     assert act["status"] == "closed" and act["stage_correlation"].startswith("launch tags")
-    assert act["driver_api_records"] == "tags" and not act.get("errors"), act
+    # the stand-in program launches through the driver API too: the driver callbacks stay on
+    assert act["driver_api_records"] == "needed" and not act.get("errors"), act
+    assert act["driver_api_note"].startswith("driver API launch callbacks kept"), act["driver_api_note"]
     # each of the session's 29 launch calls tagged once, none dropped
     assert act["launch_tags"] == {"calls": 29, "dropped": 0}, act["launch_tags"]
     an = _check_attribution(run_dir)
@@ -392,12 +394,14 @@ ADAPT_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("tags", ["0", "1"], ids=["records", "tags"])
 @pytest.mark.parametrize("mode", ["runtime", "driver"])
-def test_driver_api_records_go_off_when_nothing_needs_them(fake_lib, tmp_path, mode):
+def test_driver_api_records_go_off_when_nothing_needs_them(fake_lib, tmp_path, mode, tags):
     """A program launching through the runtime only: after DRIVER_PROBE_OPS GPU ops without a
     driver API record, driver records go off (they cost every API call). A driver-API launch
     afterwards leaves an op with no API record: driver records come back on, the lost op is
-    counted and said, and later driver launches are attributed to their stage again."""
+    counted and said, and later driver launches are attributed to their stage again. The launch
+    tags (the default) do the same with the callback on the driver's launch functions."""
     import maxinstr
 
     src = str(Path(maxinstr.__file__).resolve().parent.parent)
@@ -405,7 +409,7 @@ def test_driver_api_records_go_off_when_nothing_needs_them(fake_lib, tmp_path, m
     for k in ("CUDA_INJECTION64_PATH", "NSYS_PROFILING_SESSION_ID", "MAXINSTR_RUN_DIR", "MAXINSTR_SESSION_DIR"):
         e.pop(k, None)
     e["FAKE_CUPTI_LIB"] = str(fake_lib)
-    e["MAXINSTR_CUPTI_TAGS"] = "0"  # the activity-record path, where DRIVER records adapt
+    e["MAXINSTR_CUPTI_TAGS"] = tags
     e["PYTHONPATH"] = os.pathsep.join([str(HERE / "fake_cupti"), src, e.get("PYTHONPATH", "")])
     run_dir = tmp_path / "run"
     p = subprocess.run([sys.executable, "-c", ADAPT_SCRIPT, str(run_dir), mode], env=e, capture_output=True,
@@ -413,12 +417,14 @@ def test_driver_api_records_go_off_when_nothing_needs_them(fake_lib, tmp_path, m
     assert p.returncode == 0, p.stdout + p.stderr
     seen = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("@@")][-1][2:])
     act = json.loads(next(run_dir.glob("parts/*/activity.json")).read_text())
-    assert seen["at_start"] is True and seen["after_probe"] is False
+    if tags == "0":  # DRIVER activity records themselves (the tags keep them off throughout)
+        assert seen["at_start"] is True and seen["after_probe"] is False
+    what = "driver API launch callbacks" if tags == "1" else "driver API records"
     if mode == "runtime":
         assert act["driver_api_records"] == "off" and act["ops_without_api"] == 0
-        assert "off after" in act["driver_api_note"]
+        assert act["driver_api_note"].startswith(f"{what} off after"), act["driver_api_note"]
         return
-    assert seen["after_driver_launch"] is True
+    assert tags == "1" or seen["after_driver_launch"] is True
     assert act["driver_api_records"] == "needed" and act["ops_without_api"] == 1
     assert "back on" in act["driver_api_note"]
     from maxinstr.kernels.store import ACTIVITY_DTYPE

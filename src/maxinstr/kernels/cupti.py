@@ -475,7 +475,12 @@ class CuptiCollector:
         self._kept_api = len(runtime_ids) + len(driver_ids)
         self._tag_kind = kind_value
         self._tags_at_start = dict(self._native.cupti_tags_stats())
-        self._driver = "tags"
+        # the driver functions' callbacks go off, as driver records do, once the program is seen
+        # to launch through the runtime alone: each is two more CUPTI dispatches inside every
+        # runtime launch (H100, decoder_ab: the tags cost a launch-bound step 3 points over
+        # CUPTI's floor with both domains on)
+        self._tag_driver_ids = driver_ids
+        self._driver = "probing"
 
     def _take_tags(self) -> np.ndarray:
         """Rows from the launch tags: an API row per outermost launch call and, inside a stage,
@@ -712,6 +717,7 @@ class CuptiCollector:
         if self._tags:
             try:
                 rows = self._take_tags()
+                self._adapt_driver(rows)  # the runtime calls' ids, before the ops they launched
                 with self._lock:
                     self._queue_rows(rows)
             except Exception as exc:  # noqa: BLE001
@@ -732,7 +738,7 @@ class CuptiCollector:
     def _adapt_driver(self, rows: np.ndarray) -> None:
         """Driver API records off while nothing needs them, back on as soon as something does
         (flusher thread; see DRIVER_PROBE_OPS)."""
-        if self._driver in ("needed", "tags") or not len(rows):
+        if self._driver == "needed" or not len(rows):
             return
         kinds = rows["kind"]
         ops = kinds <= 2
@@ -744,11 +750,11 @@ class CuptiCollector:
             self._ops_seen += int(ops.sum())
             if self._driver_rows:
                 self._driver = "needed"
-                self._driver_note = f"driver API records kept: driver-API launches seen in the first {self._ops_seen} GPU ops"
+                self._driver_note = f"{self._driver_what} kept: driver-API launches seen in the first {self._ops_seen} GPU ops"
             elif self._ops_seen >= DRIVER_PROBE_OPS:
                 self._set_driver(False)
                 if self._driver == "off":
-                    self._driver_note = (f"driver API records off after {self._ops_seen} GPU ops all launched through the "
+                    self._driver_note = (f"{self._driver_what} off after {self._ops_seen} GPU ops all launched through the "
                                          "runtime API")
             return
         # off: an op whose correlation id no runtime call had was launched through the driver API
@@ -762,13 +768,22 @@ class CuptiCollector:
             self._ops_without_api += int(len(missing))
             self._set_driver(True)
             self._driver = "needed"
-            self._driver_note = (f"driver API records back on: {self._ops_without_api} GPU ops launched through the "
+            self._driver_note = (f"{self._driver_what} back on: {self._ops_without_api} GPU ops launched through the "
                                  "driver API while they were off have no stage")
+
+    @property
+    def _driver_what(self) -> str:
+        return "driver API launch callbacks" if self._tags else "driver API records"
 
     def _set_driver(self, on: bool) -> None:
         c = self._c
         K = c.ActivityKind
         try:
+            if self._tags:
+                if self._native.cupti_tags_enable(1, self._tag_driver_ids, int(on)) is not True:
+                    raise RuntimeError("cuptiEnableCallback failed on the driver launch functions")
+                self._driver = "needed" if on else "off"
+                return
             if on:
                 c.activity_enable(K.DRIVER)
                 self._enabled.append(K.DRIVER)
