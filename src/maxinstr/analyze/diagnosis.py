@@ -985,6 +985,39 @@ def rule_perturbed(report: Report) -> list[Finding]:
         score=0.0)]
 
 
+def rule_observer_cost(report: Report) -> list[Finding]:
+    """maxinstr's own estimated share of the staged time (report["footprint"],
+    analyze/footprint.py) past FOOTPRINT_THRESHOLD: what it costs and the cheaper setting."""
+    from maxinstr.analyze.footprint import THRESHOLD_SHARE
+
+    fp = report.get("footprint") or {}
+    share = fp.get("overall_share")
+    by: dict[str, float] = {k: float(v) for k, v in (fp.get("overall_ns_by_source") or {}).items()
+                            if isinstance(v, (int, float))}
+    if share is None or share < THRESHOLD_SHARE or not by:
+        return []
+    total = sum(by.values()) or 1.0
+    source = max(by, key=lambda k: by[k])
+    cheaper = {
+        "kernels": "kernels=True ties each kernel to its stage inside the process, and CUPTI costs every launch: "
+                   "take the kernels from a profiler's trace instead (maxinstr run -- python SCRIPT), or keep "
+                   "kernels=True for a short window",
+        "stages": "mark fewer, coarser stages in the hot loop (a stage around a few microseconds of work costs "
+                  "about as much as the work), or gpu=False on the nested ones",
+        "gpu_events": "GPU-time fewer steps: maxinstr.set_gpu_budget(0.001) (or MAXINSTR_GPU_BUDGET), or gpu=False "
+                      "on the nested stages",
+    }[source]
+    parts = ", ".join(f"{k.replace('_', ' ')} {v / total:.0%}" for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v > 0)
+    return [_finding(
+        "observer_cost", f"maxinstr's own work is an estimated {share:.0%} of the staged time",
+        "hypothesis", None,
+        {"estimated_share": round(float(share), 4), "by_source": parts, "stage_ns": fp.get("stage_ns"),
+         "event_ns": fp.get("event_ns"), "op_ns": fp.get("op_ns")},
+        f"Watching this program slows it: {cheaper}. The times above include it.",
+        validation="run the program once without maxinstr (MAXINSTR_DISABLE=1) and compare its own throughput",
+        score=float(share))]
+
+
 def rule_straggler(report: Report) -> list[Finding]:
     """A rank that the others wait for (report["ranks"]["stragglers"], analyze/ranks.py)."""
     sec = report.get("ranks") or {}
@@ -1053,6 +1086,7 @@ RULES: list[Callable[[Report], list[Finding]]] = [
     rule_no_kernels,
     rule_unattributed,
     rule_perturbed,
+    rule_observer_cost,
     rule_warmup_contamination,
     rule_healthy_decode,
     rule_attention_dominated_decode,

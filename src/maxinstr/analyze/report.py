@@ -19,11 +19,12 @@ import numpy as np
 
 from maxinstr.analyze import instances as inst_mod
 from maxinstr.analyze.families import MATMUL_FAMILIES
+from maxinstr.analyze.footprint import footprint
 from maxinstr.analyze.kernels import (FAMILY_NAMES, family_table, instance_op_work, kernel_table, op_durations,
                                      op_families, op_instance_pairs, stage_mix)
 from maxinstr.analyze.populations import MIN_INSTANCES as POPULATION_MIN_INSTANCES
 from maxinstr.analyze.populations import stage_populations
-from maxinstr.analyze.schema import (SCHEMA, VERSION, Coverage, Environment, GpuSection, PerStep, RanksSection, Report,
+from maxinstr.analyze.schema import (SCHEMA, VERSION, Coverage, Environment, Footprint, GpuSection, PerStep, RanksSection, Report,
                                      ReproduceStep, SelfTimes, Sources, Stage, StageSamples, StartupRow, Statistic,
                                      StepBasis, StepWork)
 from maxinstr.analyze.stats import group_summaries, step_trend
@@ -115,8 +116,10 @@ def analyze(run: str | Path | Run | None = None,
         trace, run, op_rank = _rank_traces(list(trace), run, trace_ranks)
     trace = _load_trace(trace)
     kernel_notes: list[str] = []
+    inprocess_kernels = False
     if trace is None and run is not None and getattr(run, "path", None) is not None:
         trace, kernel_notes = _inprocess_trace(run)
+        inprocess_kernels = trace is not None
     placed_note = None
     if trace is not None and attribution is None and run is not None:
         from maxinstr.attribute.join import place_run_stages
@@ -191,6 +194,7 @@ def analyze(run: str | Path | Run | None = None,
     report["gpu"] = _gpu_section(trace, attribution, fam, dur)
     report["coverage"] = _coverage(inst)
     report["samples"] = sample_stats.get("_overall") if sample_stats else None
+    report["footprint"] = cast("Footprint | None", footprint(inst, run, inprocess_kernels=inprocess_kernels))
     report["reproduce"] = _reproduce(run, trace, unprofiled_run)
     from maxinstr.analyze.diagnosis import diagnose, rank_bottlenecks
 

@@ -613,6 +613,27 @@ class RanksSection(TypedDict, total=False):
 
 
 # ----------------------------------------------------------------------------- the report
+class FootprintSources(TypedDict, total=False):
+    """``footprint.overall_ns_by_source``: the estimate's ns over the steady top-level instances."""
+
+    stages: float
+    gpu_events: float
+    kernels: float
+
+
+class Footprint(TypedDict, total=False):
+    """``footprint``: what watching cost, estimated (analyze/footprint.py, docs/report.md)."""
+
+    stage_ns: Always[float]
+    stage_felt: Always[float]
+    event_ns: Always[float]
+    gpu_timed_instances: Always[int]
+    op_ns: Always[float | None]
+    share_by_stage: Always[dict[str, float]]
+    overall_share: Always[float | None]
+    overall_ns_by_source: Always[FootprintSources | None]
+
+
 class Report(TypedDict, total=False):
     """The report: what :func:`~maxinstr.analyze.report.build_report` returns and
     ``--format json`` writes (keys in this order, ``coverage`` between ``gpu`` and ``samples``)."""
@@ -637,3 +658,5 @@ class Report(TypedDict, total=False):
     diagnosis: Always[list[Finding]]
     bottlenecks: Always[list[Bottleneck]]
     coverage: Coverage | None
+    footprint: Footprint | None
+    """What watching cost (estimated): None without a run directory that measured it."""

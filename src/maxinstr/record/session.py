@@ -56,6 +56,7 @@ from maxinstr import config
 from maxinstr.kernels import KernelsUnavailable, SessionKernels
 from maxinstr.kernels.base import Collector
 from maxinstr.record import process as proc_mod
+from maxinstr.record.footprint import PROBE_STAGES, probe_stage_ns
 from maxinstr.record.process import PROCESS, BufferDrops, clock_ns, flush_locked, native_core, native_stats
 from maxinstr.record.sinks import MemorySink, NativeSink, NativeWriterUnavailable, PythonSink, Sink
 from maxinstr.record.steady import CAPTURE_FLUSH_INTERVAL_S, SteadyState
@@ -314,6 +315,8 @@ class Session:
             "started_unix_ns": time.time_ns(),
             "closed_ns": None,
             "status": "running",
+            # what one stage costs this process, for the report's footprint (record/footprint.py)
+            "footprint": {"stage_ns": probe_stage_ns(native_core()), "probe_stages": PROBE_STAGES},
         }
 
     def _disk_failed(self, exc: OSError) -> None:

@@ -321,3 +321,25 @@ def inside_stages(report: Report, n_stages: int = 4, n_ranges: int = 6) -> tuple
             total = sum(rules.values()) or 1
             tied.append(f"{s['name']}: " + ", ".join(f"{pct(c / total)} {RULE_WORDS.get(k, k)}" for k, c in rules.items()))
     return rows, tied
+
+
+def footprint_line(report: Report) -> str | None:
+    """What watching cost, in one sentence (after 'watching'), or None when not estimated."""
+    fp = report.get("footprint") or {}
+    share = fp.get("overall_share")
+    if share is None:
+        return None
+    by = {k: float(v) for k, v in (fp.get("overall_ns_by_source") or {}).items() if isinstance(v, (int, float)) and v > 0}
+    total = sum(by.values())
+    words = {"stages": "stage enter/exit", "gpu_events": "GPU events", "kernels": "kernels=True"}
+
+    def share_text(x: float) -> str:
+        return "under 0.1%" if x < 0.001 else f"~{pct(x, 1)}"
+
+    split = ", ".join(f"{words.get(k, k)} {100 * share * v / total:.1f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1]))
+    line = f"maxinstr's own work {share_text(share)} of the staged time" + (f" ({split} points)" if len(by) > 1 else "")
+    stages = fp.get("share_by_stage") or {}
+    worst = max(stages.items(), key=lambda kv: kv[1]) if stages else None
+    if worst and worst[1] >= 2 * share and worst[1] >= 0.02:
+        line += f", {share_text(worst[1])} of {worst[0]}"
+    return line + " (estimated; a profiler's own cost comes on top)"

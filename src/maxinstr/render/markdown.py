@@ -259,6 +259,9 @@ def render(report: Report) -> str:
              f"_maxinstr {report.get('generated', {}).get('maxinstr', '?')}, "
              f"{report.get('generated', {}).get('utc', '')}; report schema {report.get('schema')} v{report.get('version')}_", ""]
     lines += _baseline(report)
+    watching = f.footprint_line(report)
+    if watching:
+        lines += [f"_Watching: {_text(watching)}._", ""]
     lines += _stages(report)
     lines += _ranks(report)
     lines += _bottlenecks(report)

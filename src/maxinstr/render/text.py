@@ -162,6 +162,9 @@ def _header(report: Report) -> Panel:
         lines.append(f"join     {src['join']} ({src.get('records_joined')} records joined to trace ranges)")
     w = report.get("warmup", {})
     lines.append(f"warm-up  {f.warmup_line(w)}")
+    watching = f.footprint_line(report)
+    if watching:
+        lines.append(f"watching {watching}")
     text = _lines(lines)
     if src.get("join_problem"):
         text.append(f"\njoin failed: {visible(src['join_problem'])}", style="bold red")

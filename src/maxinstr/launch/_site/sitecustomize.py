@@ -49,7 +49,7 @@ class _MaxinstrTrigger:
             return None
         if not before:
             if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                spec.loader = _StartAfter(spec.loader, self.wanted)
+                spec.loader = _StartAfter(spec.loader, self.wanted)  # type: ignore[assignment]
             else:
                 _start_maxinstr(self.wanted)
         return spec

@@ -1,0 +1,119 @@
+"""What watching cost: per stage, the share of its host time that was maxinstr's own work.
+
+No profiler says this; users measure it by hand (a run with and without). Here it is estimated
+from what the run recorded about itself, per instance, over the instance and everything nested
+in it (a parent's host time holds its children's costs):
+
+* **stages**: each enter+exit costs ``stage_ns``, timed by the session when it opened (the real
+  enter/exit code, no record kept: record/footprint.py), times :data:`STAGE_FELT`, what a
+  launch-bound step was measured to feel per stage beyond that direct cost;
+* **GPU events**: the host ns the core counted in its own event calls (``gpu_cost_ns`` in
+  part.json, measured) shared out over the GPU-timed instances;
+* **kernels=True**: :data:`NS_PER_TAGGED_OP` per GPU op the in-process collector tied to the
+  stage (CUPTI's activity records and the launch tags' callbacks inside each launch).
+
+The constants come from ``benchmarks/decoder_ab.py`` (docs/benchmarks.md, "What watching
+costs"): the estimate is checked there against the measured difference with and without. A
+profiler around the program (nsys, rocprofv3, torch.profiler) costs on top of this: its own cost
+is not maxinstr's and is not in the estimate (said in the notes). Everything here is numpy over
+the instance columns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from maxinstr.analyze.instances import StageInstances
+
+STAGE_FELT = 4.0
+"""A launch-bound decode step felt each stage at about this many times the probe's direct cost
+(H100, decoder_ab 2026-12-05: the session with host-only stages 1.6 % over bare, 9 stages a 1.5 ms
+step, ~2.7 us a stage, against a direct ~0.35-0.7 us; NVTX alone 3.5x its own call). It covers
+the session's threads (writer, flusher) as well."""
+
+NS_PER_TAGGED_OP = 740.0
+"""kernels=True per GPU op (H100, decoder_ab 2026-12-05: kernels=True 6.3 points over the default
+session on a 1.5 ms step of 127 ops: CUPTI's activity records 0.58 us, the launch tags 0.35 us)."""
+
+THRESHOLD_SHARE = 0.05
+"""Past this share of a top-level stage's time, the report has a finding with the cheaper setting."""
+
+
+def _subtree_sums(inst: StageInstances, values: np.ndarray) -> np.ndarray:
+    """Per instance: ``values`` summed over the instance and everything nested in it (by the
+    parent column), deepest level first."""
+    out = values.astype(np.float64).copy()
+    parent = np.asarray(inst.parent, np.int64)
+    depth = np.asarray(inst.depth, np.int64)
+    if not len(out):
+        return out
+    for d in range(int(depth.max()), 0, -1):
+        rows = np.flatnonzero((depth == d) & (parent >= 0))
+        np.add.at(out, parent[rows], out[rows])
+    return out
+
+
+def _median_stage_ns(parts: list[dict[str, Any]]) -> float | None:
+    values = []
+    for part in parts:
+        fp = part.get("footprint")
+        v = fp.get("stage_ns") if isinstance(fp, dict) else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e7:
+            values.append(float(v))
+    return float(np.median(values)) if values else None
+
+
+def _event_cost_ns(parts: list[dict[str, Any]]) -> int:
+    total = 0
+    for part in parts:
+        native = part.get("native")
+        v = native.get("gpu_cost_ns") if isinstance(native, dict) else None
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62:
+            total += v
+    return total
+
+
+def footprint(inst: StageInstances, run: Any, *, inprocess_kernels: bool) -> dict[str, Any] | None:
+    """The report's ``footprint`` (docs/report.md): per stage name the estimated share of its
+    steady host time that was maxinstr's, and how it was reckoned. None without a run directory
+    or a measured stage cost (runs recorded before maxinstr measured it)."""
+    if run is None or not len(inst):
+        return None
+    parts = [p for p in getattr(run, "parts", []) if isinstance(p, dict)]
+    stage_ns = _median_stage_ns(parts)
+    if stage_ns is None:
+        return None
+    real = ~np.asarray(inst.is_mark, bool)
+    n_sub = _subtree_sums(inst, real.astype(np.float64))
+    timed = (np.asarray(inst.gpu_event_ns, np.int64) >= 0) & real
+    n_timed = int(timed.sum())
+    event_ns = _event_cost_ns(parts) / n_timed if n_timed else 0.0
+    timed_sub = _subtree_sums(inst, timed.astype(np.float64))
+    ops = np.asarray(inst.op_count, np.int64) if inprocess_kernels and len(inst.op_count) == len(inst) else None
+    op_ns = np.maximum(ops, 0) * NS_PER_TAGGED_OP if ops is not None else np.zeros(len(inst))
+    est = n_sub * stage_ns * STAGE_FELT + timed_sub * event_ns + op_ns
+    host = np.asarray(inst.host_ns, np.float64)
+    steady = np.asarray(inst.steady, bool) & real & (host > 0)
+    uniq, code = inst.key_codes()
+    spent = np.bincount(code[steady], weights=est[steady], minlength=len(uniq))
+    held = np.bincount(code[steady], weights=host[steady], minlength=len(uniq))
+    # a share is of the stage's own time: an estimate past it (a stage around nothing) is all of it
+    shares = {str(k): min(float(s / h), 1.0) for k, s, h in zip(uniq, spent, held) if h > 0}
+    top = steady & (np.asarray(inst.depth, np.int64) == 0)
+    top_host = float(host[top].sum())
+    overall = min(float(est[top].sum() / top_host), 1.0) if top_host > 0 else None
+    parts_of = {"stages": float((n_sub * stage_ns * STAGE_FELT)[top].sum()),
+                "gpu_events": float((timed_sub * event_ns)[top].sum()),
+                "kernels": float(op_ns[top].sum())}
+    return {
+        "stage_ns": stage_ns,
+        "stage_felt": STAGE_FELT,
+        "event_ns": float(event_ns),
+        "gpu_timed_instances": n_timed,
+        "op_ns": NS_PER_TAGGED_OP if ops is not None else None,
+        "share_by_stage": shares,
+        "overall_share": overall,
+        "overall_ns_by_source": parts_of if top_host > 0 else None,
+    }
