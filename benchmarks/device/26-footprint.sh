@@ -17,6 +17,15 @@ export PYTHONUNBUFFERED=1
 modes=${AB_MODES:-bare,nvtx,default,default_noattrs,default_hostonly,default_nosampler,memory,kernels,kernels_records,cupti_floor,floor_tags,floor_flush,kernels_noflush}
 AB_KEEP="$out/ab-runs" timeout -k 5 "${AB_TIMEOUT:-300}" python3 benchmarks/decoder_ab.py --rounds "${AB_ROUNDS:-6}" \
   --steps "${AB_STEPS:-128}" --modes "$modes" --json "$out/decoder_ab.json" 2>&1 | tee "$out/decoder_ab.txt"
+echo "--- the report's footprint estimate on the kept run directories (measured above: x bare - 1)"
+for d in "$out"/ab-runs/*; do
+  python3 -m maxinstr report "$d" --format json 2>/dev/null | python3 -c "
+import json, sys
+fp = json.load(sys.stdin).get('footprint') or {}
+print('$(basename "$d")', 'estimate', None if fp.get('overall_share') is None else round(100 * fp['overall_share'], 2), '%',
+      {k: round(v / 1e3) for k, v in (fp.get('overall_ns_by_source') or {}).items()}, 'us;', 'stage_ns', fp.get('stage_ns'),
+      'event_ns', fp.get('event_ns'), 'timed', fp.get('gpu_timed_instances'))"
+done
 echo "--- start-up hook"
 python3 -m maxinstr run -y -q --no-report --profiler none -o /tmp/hookrun -- python3 -c \
   "import sys; print('numpy before line 1:', 'numpy' in sys.modules, '| maxinstr:', any(m.startswith('maxinstr') for m in sys.modules))"

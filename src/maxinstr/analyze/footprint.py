@@ -9,8 +9,8 @@ in it (a parent's host time holds its children's costs):
   launch-bound step was measured to feel per stage beyond that direct cost;
 * **GPU events**: the host ns the core counted in its own event calls (``gpu_cost_ns`` in
   part.json, measured) shared out over the GPU-timed instances;
-* **kernels=True**: :data:`NS_PER_TAGGED_OP` per GPU op the in-process collector tied to the
-  stage (CUPTI's activity records and the launch tags' callbacks inside each launch).
+* **kernels=True**: :data:`OP_STAGE_RATIO` stage costs per GPU op the in-process collector tied
+  to the stage (CUPTI's activity records and the launch tags' callbacks inside each launch).
 
 The constants come from ``benchmarks/decoder_ab.py`` (docs/benchmarks.md, "What watching
 costs"): the estimate is checked there against the measured difference with and without. A
@@ -33,9 +33,12 @@ STAGE_FELT = 4.0
 step, ~2.7 us a stage, against a direct ~0.35-0.7 us; NVTX alone 3.5x its own call). It covers
 the session's threads (writer, flusher) as well."""
 
-NS_PER_TAGGED_OP = 740.0
-"""kernels=True per GPU op (H100, decoder_ab 2026-12-05: kernels=True 6.3 points over the default
-session on a 1.5 ms step of 127 ops: CUPTI's activity records 0.58 us, the launch tags 0.35 us)."""
+OP_STAGE_RATIO = 7.5
+"""kernels=True per GPU op, in units of the session's measured stage cost (so it follows the
+machine's speed as the probe does): on an H100, decoder_ab 2026-12-05, kernels=True 10 points over
+the default session on a 1.96 ms step of 127 ops, 1.5 us an op, where a stage probed 204 ns
+(CUPTI's activity records and the launch tags' callbacks, both domains on: torch launches cuBLAS
+through the driver API)."""
 
 THRESHOLD_SHARE = 0.05
 """Past this share of a top-level stage's time, the report has a finding with the cheaper setting."""
@@ -65,13 +68,20 @@ def _median_stage_ns(parts: list[dict[str, Any]]) -> float | None:
     return float(np.median(values)) if values else None
 
 
+def _count(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62 else None
+
+
 def _event_cost_ns(parts: list[dict[str, Any]]) -> int:
+    """The ns the core spent in event calls during the parts' sessions: its counter at close
+    less its counter at open (the counter is the process's, which may have held other sessions)."""
     total = 0
     for part in parts:
-        native = part.get("native")
-        v = native.get("gpu_cost_ns") if isinstance(native, dict) else None
-        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62:
-            total += v
+        native, fp = part.get("native"), part.get("footprint")
+        end = _count(native.get("gpu_cost_ns")) if isinstance(native, dict) else None
+        start = _count(fp.get("gpu_cost_ns_at_open")) if isinstance(fp, dict) else None
+        if end is not None:
+            total += max(end - (start or 0), 0) if start is None or start <= end else end
     return total
 
 
@@ -92,7 +102,8 @@ def footprint(inst: StageInstances, run: Any, *, inprocess_kernels: bool) -> dic
     event_ns = _event_cost_ns(parts) / n_timed if n_timed else 0.0
     timed_sub = _subtree_sums(inst, timed.astype(np.float64))
     ops = np.asarray(inst.op_count, np.int64) if inprocess_kernels and len(inst.op_count) == len(inst) else None
-    op_ns = np.maximum(ops, 0) * NS_PER_TAGGED_OP if ops is not None else np.zeros(len(inst))
+    per_op_ns = OP_STAGE_RATIO * stage_ns
+    op_ns = np.maximum(ops, 0) * per_op_ns if ops is not None else np.zeros(len(inst))
     est = n_sub * stage_ns * STAGE_FELT + timed_sub * event_ns + op_ns
     host = np.asarray(inst.host_ns, np.float64)
     steady = np.asarray(inst.steady, bool) & real & (host > 0)
@@ -112,7 +123,7 @@ def footprint(inst: StageInstances, run: Any, *, inprocess_kernels: bool) -> dic
         "stage_felt": STAGE_FELT,
         "event_ns": float(event_ns),
         "gpu_timed_instances": n_timed,
-        "op_ns": NS_PER_TAGGED_OP if ops is not None else None,
+        "op_ns": per_op_ns if ops is not None else None,
         "share_by_stage": shares,
         "overall_share": overall,
         "overall_ns_by_source": parts_of if top_host > 0 else None,

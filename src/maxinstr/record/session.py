@@ -316,7 +316,9 @@ class Session:
             "closed_ns": None,
             "status": "running",
             # what one stage costs this process, for the report's footprint (record/footprint.py)
-            "footprint": {"stage_ns": probe_stage_ns(native_core()), "probe_stages": PROBE_STAGES},
+            "footprint": {"stage_ns": probe_stage_ns(native_core()), "probe_stages": PROBE_STAGES,
+                          # the core's counters are the process's: the report takes this session's share
+                          "gpu_cost_ns_at_open": native_stats().get("gpu_cost_ns")},
         }
 
     def _disk_failed(self, exc: OSError) -> None:
