@@ -561,24 +561,8 @@ def read_rocpd(path: str | Path, *, progress: Progress | None = None) -> Trace:
 
 
 def _rocpd_columns(path: Path, db_path: Path, sql: str, kinds: str) -> list[np.ndarray]:
-    """One query through the columnar SQLite backend (native when built): ``i`` columns come
-    back int64 (NULLs must be ``ifnull``-ed in SQL), ``s`` columns as object arrays whose
-    rows share one string per distinct value (NULL -> '')."""
-    from maxinstr.traces import _sqlite_columns
-
-    try:
-        raw = _sqlite_columns.backend("auto").query(str(db_path), sql, kinds)
-    except (RuntimeError, ValueError, TypeError, OverflowError, sqlite3.Error) as exc:
-        raise TraceError(path, f"rocpd: {str(exc)[:100]}") from None
-    out = []
-    for kind, col in zip(kinds, raw):
-        if kind == "s":
-            codes, values = col
-            table = np.array([*values, ""], dtype=object)
-            out.append(table[np.where(codes < 0, len(values), codes)])
-        else:
-            out.append(col)
-    return out
+    """One query through the columnar SQLite backend (``_util.query_columns``)."""
+    return _util.query_columns(path, db_path, sql, kinds, "rocpd")
 
 
 def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress | None) -> Trace:
