@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 import sqlite3
 from pathlib import Path
@@ -27,6 +28,7 @@ from maxinstr.traces._util import Progress, int_column, report, trailing_int
 from maxinstr.traces.model import (
     INVALID_NS,
     NO_ID,
+    RangeStyle,
     TimeCheck,
     Trace,
 )
@@ -522,6 +524,8 @@ _ROCPD_TABLES = (
     "rocpd_kernel_dispatch",
     "rocpd_info_kernel_symbol",
     "rocpd_memory_copy",
+    "rocpd_sample",
+    "rocpd_track",
 )
 _ROCPD_REQUIRED = ("rocpd_string", "rocpd_event", "rocpd_region", "rocpd_kernel_dispatch", "rocpd_info_kernel_symbol")
 
@@ -597,35 +601,44 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
     # (times are read as kind 't': NULL or anything but an integer is INVALID_NS, see checked())
     start_sql, end_sql = f"ifnull(X.start, {INVALID_NS})", f'ifnull(X."end", {INVALID_NS})'
 
+    # the correlation id that ties a call to its ops: rocprofv3 keeps the internal one in
+    # rocpd_event.stack_id (correlation_id holds the external id, mostly 0); writers without it
+    # put it in correlation_id
+    corr_col = _rocpd_correlation_column(con, src["rocpd_event"])
+    meta["correlation_column"] = f"rocpd_event.{corr_col}"
+    ext_sql = "E.extdata" if "extdata" in _source_columns(con, tables, src["rocpd_event"]) else "NULL"
+
     report(progress, "reading rocpd regions")
-    start, end, name, pid, tid, corr, cat = fetch(
+    start, end, name, pid, tid, corr, cat, ext = fetch(
         f"""SELECT {start_sql}, {end_sql}, S.string, ifnull({pid_sql}, -1), ifnull({tid_sql}, -1),
-                   ifnull(E.correlation_id, -1), {cat_sql}
+                   ifnull(E.{corr_col}, -1), {cat_sql}, {ext_sql}
             FROM {src['rocpd_region']} X
             JOIN {src['rocpd_string']} S ON S.id = X.name_id AND S.guid = X.guid
             LEFT JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
-        "ttsiiis",
+        "ttsiiiss",
     )
     if len(start):
         cat = cat.astype(str)
         pid = _ints_or(pid, path, "pid")
         tid = _ints_or(tid, path, "tid")
         corr = _ints_or(corr, path, "correlation_id")
-        is_marker = np.char.startswith(cat, "MARKER")
-        is_api = ~is_marker & (np.char.find(cat, "_API") >= 0) & ~np.char.startswith(cat, "HSA")
+        lower = np.char.lower(cat)
+        # rocprofv3 writes MARKER_CORE_RANGE_API / MARKER_CORE_API, rocprof-sys rocm_marker_api
+        is_marker = np.char.find(lower, "marker") >= 0
+        is_api = ~is_marker & (np.char.find(lower, "_api") >= 0) & (np.char.find(lower, "hsa") < 0)
         # (only the rows read as ranges or calls are checked: other categories' times are unused)
-        start, end, name, pid, tid, corr, cat, is_marker, is_api = checked(
-            "rocpd_region", [start, end, name, pid, tid, corr, cat, is_marker, is_api], is_marker | is_api)
+        start, end, name, pid, tid, corr, cat, ext, is_marker, is_api = checked(
+            "rocpd_region", [start, end, name, pid, tid, corr, cat, ext, is_marker, is_api], is_marker | is_api)
         m = np.flatnonzero(is_marker)
-        if len(m):
-            ops = np.where(np.char.find(cat[m], "RANGE") >= 0, "roctxRangeStartA", "roctxRangePushA")
-            ops = np.where(start[m] == end[m], "roctxMarkA", ops)
-            parts.markers.append(
-                _markers_from_rows(start[m], end[m], name[m].astype(object), tid[m], pid[m], ops, parts.notes)
-            )
         a = np.flatnonzero(is_api)
+        if len(m):
+            parts.markers.append(_rocpd_markers(start[m], end[m], name[m], ext[m], tid[m], pid[m], parts.notes))
+            _pop_time_ranges(parts, start[a], end[a], tid[a], pid[a], cat[m])
         parts.calls.append(dict(start=start[a], end=end[a], tid=tid[a], pid=pid[a], corr=corr[a], name=name[a]))
         meta["region_categories"] = sorted(set(cat.tolist()))
+    marks = _rocpd_marks(path, con, tables, src, fetch, times)
+    if marks is not None:
+        parts.markers.append(marks)
 
     report(progress, "reading rocpd kernel dispatches")
     agent = src.get("rocpd_info_agent")
@@ -637,7 +650,7 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
     )
     start, end, name, dev, stream, pid, corr = fetch(
         f"""SELECT {start_sql}, {end_sql}, COALESCE(K.display_name, K.kernel_name, ''),
-                   ifnull({dev_sql}, -1), ifnull(X.stream_id, -1), ifnull({pid_sql}, -1), ifnull(E.correlation_id, -1)
+                   ifnull({dev_sql}, -1), ifnull(X.stream_id, -1), ifnull({pid_sql}, -1), ifnull(E.{corr_col}, -1)
             FROM {src['rocpd_kernel_dispatch']} X
             LEFT JOIN {src['rocpd_info_kernel_symbol']} K ON K.id = X.kernel_id AND K.guid = X.guid
             LEFT JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
@@ -666,7 +679,7 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
         start, end, name, dst, srcd, dst_type, stream, pid, corr, size = fetch(
             f"""SELECT {start_sql}, {end_sql}, S.string, ifnull({dst_sql}, -1),
                        ifnull({src_sql}, -1), {gpu}, ifnull(X.stream_id, -1), ifnull({pid_sql}, -1),
-                       ifnull(E.correlation_id, -1), ifnull(X.size, 0)
+                       ifnull(E.{corr_col}, -1), ifnull(X.size, 0)
                 FROM {src['rocpd_memory_copy']} X
                 JOIN {src['rocpd_string']} S ON S.id = X.name_id AND S.guid = X.guid
                 LEFT JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
@@ -694,6 +707,136 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
             if isinstance(t, int):
                 parts.thread_names[t] = str(n)
     return assemble(path, "rocpd", parts, meta, clock=CLOCK)
+
+
+def _source_columns(con: sqlite3.Connection, tables: dict[str, str], source: str) -> set[str]:
+    """Column names of a logical rocpd table: its view, or the first of its suffixed tables."""
+    m = re.search(r'"([^"]+)"', source)
+    return _util.sqlite_columns(con, m.group(1)) if m else set()
+
+
+def _rocpd_correlation_column(con: sqlite3.Connection, event_source: str) -> str:
+    """``stack_id`` where the file fills it (rocprofv3: the internal correlation id, which ties a
+    call to its kernels and copies; its ``correlation_id`` is the external id, 0 unless the program
+    set one), else ``correlation_id``."""
+    cols = _source_columns(con, {}, event_source)
+    if "stack_id" in cols:
+        row = con.execute(f"SELECT 1 FROM {event_source} WHERE stack_id IS NOT NULL AND stack_id != 0 LIMIT 1")
+        if row.fetchone() is not None:
+            return "stack_id"
+    return "correlation_id"
+
+
+_PAIRED_OPS = {"roctxThreadRangeA": RangeStyle.PUSH_POP, "roctxProcessRangeA": RangeStyle.START_END}
+
+
+def _marker_message(extdata: str) -> str:
+    """``$.message`` of an event's extdata JSON ('' when none)."""
+    if not extdata or "message" not in extdata:
+        return ""
+    try:
+        doc = json.loads(extdata)
+    except ValueError:
+        return ""
+    msg = doc.get("message") if isinstance(doc, dict) else None
+    return str(msg) if msg is not None else ""
+
+
+def _rocpd_markers(start: np.ndarray, end: np.ndarray, name: np.ndarray, ext: np.ndarray, tid: np.ndarray,
+                   pid: np.ndarray, notes: list[str]) -> dict:
+    """Marker regions as range columns.
+
+    rocprofv3 (ROCm 7) writes one region per range, named after the operation that paired it
+    (``roctxThreadRangeA``: push/pop; ``roctxProcessRangeA``: start/stop, on the thread that
+    stopped it), the message in the event's ``extdata`` (``{"message": ...}``); later versions
+    name the region after the message. rocprof-sys names it after the message. Raw
+    ``roctxRangePush``/``Pop`` rows are paired as in the CSV."""
+    ops = name.astype(str)
+    uniq, inv = np.unique(ext.astype(str), return_inverse=True)
+    message = np.array([_marker_message(u) for u in uniq], dtype=object)[inv]
+    label = np.where(message != "", message, name).astype(object)
+    if np.isin(ops, ["roctxRangePushA", "roctxRangePush", "roctxRangePop", "roctxRangePopA"]).any():
+        return _markers_from_rows(start, end, label, tid, pid, ops, notes)
+    style = np.full(len(start), int(RangeStyle.PUSH_POP), np.int8)
+    process = ops == "roctxProcessRangeA"
+    style[process] = int(RangeStyle.START_END)
+    style[start == end] = int(RangeStyle.MARK)
+    if process.any():
+        notes.append(f"{int(process.sum())} roctx start/stop ranges: rocpd keeps the thread that stopped each, "
+                     "not the one that started it")
+    return dict(start=start, end=end, name=label, tid=np.where(process, NO_ID, tid), pid=pid, style=style,
+                end_tid=tid)
+
+
+def _pop_time_ranges(parts: _Parts, c_start: np.ndarray, c_end: np.ndarray, c_tid: np.ndarray, c_pid: np.ndarray,
+                     categories: np.ndarray) -> None:
+    """Spot roctx ranges stored as instants at their Pop/Stop time, and turn them into marks.
+
+    rocpd written by rocprof-sys before ROCm/rocm-systems PR #2793 (merged January 2026) gave each
+    range the time of its roctxRangePop/Stop call instead of its Push/Start: every range is then a
+    few microseconds at its end and holds none of the work it marked. Seen as: all of them shorter
+    than 50 us, none holding an API call of its thread although those threads made calls. Such
+    ranges would be stages of made-up length; they are kept as marks at the Pop time, and said."""
+    m = parts.markers[-1]
+    spans = np.flatnonzero(m["style"] != int(RangeStyle.MARK))
+    if len(spans) < 2 or not len(c_start):
+        return
+    dur = m["end"][spans] - m["start"][spans]
+    if np.median(dur) >= 50_000 or dur.max() >= 1_000_000:
+        return
+    thread = np.asarray(m["end_tid"] if "end_tid" in m else m["tid"], np.int64)[spans]
+    key = (np.asarray(m["pid"], np.int64)[spans] << np.int64(32)) ^ (thread & np.int64(0xFFFFFFFF))
+    c_key = (np.asarray(c_pid, np.int64) << np.int64(32)) ^ (np.asarray(c_tid, np.int64) & np.int64(0xFFFFFFFF))
+    if not np.isin(key, c_key).all():
+        return  # ranges on threads without calls: nothing to judge them by
+    # the last call on the range's thread that began at or before the range's end: inside it?
+    row = _util.latest_at_or_before(c_key, c_start, key, m["end"][spans])
+    holds = (row >= 0) & (c_start[np.maximum(row, 0)] >= m["start"][spans])
+    if holds.any():
+        return
+    m["style"] = np.full(len(m["style"]), int(RangeStyle.MARK), np.int8)
+    m["end"] = m["start"].copy()  # (the Pop call's entry: the start the writer stored)
+    if "end_tid" in m:  # (a start/stop range's known thread is the one that stopped it: the mark's)
+        m["tid"] = np.asarray(m["end_tid"], np.int64).copy()
+    producer = "rocprof-sys" if any("rocm_marker_api" in str(c) for c in categories.tolist()) else "its writer"
+    parts.notes.append(
+        f"the {len(spans)} roctx ranges are instants at their Pop/Stop time (median {int(np.median(dur))} ns, none "
+        f"holds a call of its thread): rocpd written by {producer} before ROCm/rocm-systems PR #2793 (January 2026) "
+        "stored the Pop time as a range's start; kept as marks, so kernels cannot be given to them: capture again "
+        "with a newer ROCm")
+
+
+def _rocpd_marks(path: Path, con: sqlite3.Connection, tables: dict[str, str], src: dict[str, str], fetch,
+                 times: TimeCheck) -> dict | None:
+    """roctxMark instants: rocprofv3 writes them to rocpd_sample (no name; the message is the
+    event's extdata), on a track of the marker category."""
+    if "rocpd_sample" not in src or "rocpd_track" not in src:
+        return None
+    thr = src.get("rocpd_info_thread")
+    proc = src.get("rocpd_info_process")
+    tid_sql = f"(SELECT T2.tid FROM {thr} T2 WHERE T2.id = T.tid AND T2.guid = T.guid)" if thr else "T.tid"
+    pid_sql = f"(SELECT P.pid FROM {proc} P WHERE P.id = T.pid AND P.guid = T.guid)" if proc else "T.pid"
+    ext_sql = "E.extdata" if "extdata" in _source_columns(con, tables, src["rocpd_event"]) else "NULL"
+    ts, tid, pid, cat, ext = fetch(
+        f"""SELECT ifnull(X.timestamp, {INVALID_NS}), ifnull({tid_sql}, -1), ifnull({pid_sql}, -1),
+                   (SELECT S.string FROM {src['rocpd_string']} S WHERE S.id = E.category_id AND S.guid = E.guid),
+                   {ext_sql}
+            FROM {src['rocpd_sample']} X
+            JOIN {src['rocpd_track']} T ON T.id = X.track_id AND T.guid = X.guid
+            JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
+        "tiiss",
+    )
+    sel = np.flatnonzero(np.char.find(np.char.lower(cat.astype(str)), "marker") >= 0) if len(ts) else ts
+    if not len(sel):
+        return None
+    ts, tid, pid, ext = ts[sel], _ints_or(tid[sel], path, "tid"), _ints_or(pid[sel], path, "pid"), ext[sel]
+    keep = times.keep("rocpd_sample (marks)", ts, ts, names=("timestamp", "timestamp"))
+    if keep is not None:
+        ts, tid, pid, ext = ts[keep], tid[keep], pid[keep], ext[keep]
+    uniq, inv = np.unique(ext.astype(str), return_inverse=True)
+    message = np.array([_marker_message(u) or "roctxMarkA" for u in uniq], dtype=object)[inv]
+    return dict(start=ts, end=ts, name=message, tid=tid, pid=pid,
+                style=np.full(len(ts), int(RangeStyle.MARK), np.int8))
 
 
 def _ints_or(values: np.ndarray, path: Path, what: str, default: int = NO_ID) -> np.ndarray:

@@ -340,6 +340,7 @@ def _ranges(start: np.ndarray, end: np.ndarray, name: np.ndarray, tid: np.ndarra
         notes.append(f"rocTX: {int(starts.sum())} roctxRangeStart/Stop ranges: the file does not say which thread "
                      "started them")
     end_tid = np.where(starts & (tid != 0), tid, np.where(starts, NO_ID, tid))
+    end = np.where(style == int(RangeStyle.MARK), start, end)  # a mark is an instant: tblextr's + 1 is not its length
     return dict(start=start, end=end, name=name, tid=np.where(starts, NO_ID, tid), pid=pid, style=style,
                 end_tid=end_tid)
 
