@@ -100,6 +100,9 @@ def test_rocprof_json_and_rocpd_dispatch(tmp_path):
         (lambda d: _sqlite(d / "other.db"), "SQLite database of an unknown kind"),
         (lambda d: _truncated_sqlite(d / "cut.rpd"), "cut.rpd: "),
         (lambda d: _mkdir(d / "nothing"), "no trace found in folder"),
+        # rocprofv2's file plugin (rocprofiler plugin/file/file.cpp: "<name>_<pid>.csv", this header)
+        (lambda d: _write(d / "hip_api_trace_4242.csv", b"Domain,Function,Start_Timestamp,End_Timestamp,"
+                                                        b"Correlation_ID\n\n"), "rocprofv2 file-plugin CSV: not read"),
     ],
 )
 def test_bad_input_is_one_line_trace_error(tmp_path, setup, message):

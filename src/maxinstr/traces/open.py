@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gzip
 import inspect
+import re
 import sqlite3
 import zlib
 from collections import Counter
@@ -64,6 +65,8 @@ def open_trace(path: str | Path, *, progress: Progress | None = None) -> Trace:
             return _open_sqlite(path, path, progress)
         return _open_json(path, progress)
     if name.endswith(".csv"):
+        if _is_rocprofv2_csv(path, head):
+            raise TraceError(path, _ROCPROFV2)
         from maxinstr.traces.rocprof import read_rocprof_csv
 
         return read_rocprof_csv(path, progress=progress)
@@ -157,6 +160,17 @@ def _open_json(path: Path, progress: Progress | None) -> Trace:
     raise TraceError(path, "JSON of an unknown kind (no 'traceEvents' nor 'rocprofiler-sdk-tool' key)")
 
 
+# rocprofv2's file plugin: <name>_<pid>.csv, headers "Domain,Function,..." / "Domain,ROCTX_ID,..."
+_ROCPROFV2_NAME = re.compile(r"(hip_api_trace|hsa_api_trace|roctx_trace|hcc_ops_trace|async_copy_trace)_\d*.*\.csv$")
+_ROCPROFV2_HEADS = (b"Domain,Function,", b"Domain,ROCTX_ID,", b"Domain,Operation,")
+_ROCPROFV2 = ("rocprofv2 file-plugin CSV: not read (its API and roctx rows carry no thread id, so ranges cannot be "
+              "tied to the kernels they launched); capture with rocprofv3, or rocprof v1 --hip-trace --roctx-trace")
+
+
+def _is_rocprofv2_csv(path: Path, head: bytes) -> bool:
+    return head.startswith(_ROCPROFV2_HEADS) or bool(_ROCPROFV2_NAME.search(path.name))
+
+
 _V1_LABELS = (b'"Markers and Ranges"', b'"CPU HIP API"', b'"CPU HSA API"', b'"COPY"')
 
 
@@ -209,4 +223,6 @@ def _open_folder(path: Path, progress: Progress | None) -> Trace:
     if len(candidates) > 1:
         listed = ", ".join(p.name for p in candidates[:4])
         raise TraceError(path, f"folder holds several traces ({listed}...): name one")
+    if any(p.suffix == ".csv" and _is_rocprofv2_csv(p, _util.read_head(p, 32)) for p in files):
+        raise TraceError(path, _ROCPROFV2)
     raise TraceError(path, "no trace found in folder (rocprofv3 CSV/JSON/db, rocprof v1 results.db, RPD, Kineto or nsys)")
