@@ -180,14 +180,14 @@ def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progr
     # API calls: the correlation id is Index (HSA's counted apart: offset)
     call_args: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for name in _API_TABLES:
-        t = table(name, [("BeginNs", "t"), ("EndNs", "t"), ("pid", "i"), ("tid", "i"), ("Name", "s"),
-                         ("args", "s"), ("Index", "i")])
-        if t is None or not len(t):
+        api = table(name, [("BeginNs", "t"), ("EndNs", "t"), ("pid", "i"), ("tid", "i"), ("Name", "s"),
+                           ("args", "s"), ("Index", "i")])
+        if api is None or not len(api):
             continue
-        corr = t["Index"] + (_HSA_OFFSET if name == "HSA" else 0)
-        parts.calls.append(dict(start=t["BeginNs"], end=t["EndNs"], tid=t["tid"], pid=t["pid"], corr=corr,
-                                name=t["Name"]))
-        call_args[name] = (t["pid"], corr, t["args"])
+        corr = api["Index"] + (_HSA_OFFSET if name == "HSA" else 0)
+        parts.calls.append(dict(start=api["BeginNs"], end=api["EndNs"], tid=api["tid"], pid=api["pid"], corr=corr,
+                                name=api["Name"]))
+        call_args[name] = (api["pid"], corr, api["args"])
 
     # GPU ops
     op_pids: list[np.ndarray] = []
@@ -216,11 +216,11 @@ def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progr
         if copies is not None and len(copies):
             corr = copies["Index"] + (0 if hip_flavour else _HSA_OFFSET)
             names = _map_names(copies["Name"], _strip_quotes)
-            api = call_args.get("HIP" if hip_flavour else "HSA")
-            if api is not None and old:  # (pids are section numbers there: join on Index alone)
-                api = (np.zeros(len(api[0]), np.int64), api[1], api[2])
+            launch = call_args.get("HIP" if hip_flavour else "HSA")
+            if launch is not None and old:  # (pids are section numbers there: join on Index alone)
+                launch = (np.zeros(len(launch[0]), np.int64), launch[1], launch[2])
             c_pid = np.zeros(len(corr), np.int64) if old else copies[cpid]
-            nbytes = _copy_bytes(c_pid, corr, api, parts.notes)
+            nbytes = _copy_bytes(c_pid, corr, launch, parts.notes)
             is_set = np.array([bool(re.search(r"Fill|Memset", n)) for n in names.tolist()], bool)
             stream = _stream(copies, old) if hip_flavour else copies["tid"]
             for sel, group in ((~is_set, parts.copies), (is_set, parts.sets)):

@@ -317,7 +317,9 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
             continue
         ph = e.get("ph")
         if ph == "X":
-            args = e.get("args") if isinstance(e.get("args"), dict) else {}
+            args = e.get("args")
+            if not isinstance(args, dict):
+                args = {}
             if str(e.get("pid")) in gpu_pids:
                 if "kernels" in args or str(args.get("desc", "")).startswith("UserMarker frame"):
                     skipped += 1  # rpd2tracing's summaries of ops already listed
