@@ -418,7 +418,10 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
                           style)
     if skipped:
         notes.append(f"{skipped} rpd2tracing summary spans on the GPU lanes (UserMarker frames, graph spans) skipped")
-    notes.append("RPD JSON export: times are whole microseconds in older rpd2tracing versions; copies carry no byte count")
+    if len(o_start) and not (np.r_[o_start, h_start] % 1000).any():
+        notes.append("RPD JSON export: times are whole microseconds (this rpd2tracing version drops the ns)")
+    if (ops.kind != int(OpKind.KERNEL)).any():
+        notes.append("RPD JSON export: copies carry no byte count (the .rpd's rocpd_copyapi does)")
     trace = Trace(source=str(path), format=FORMAT_JSON, strings=strings.to_array(), ranges=ranges, calls=calls,
                   ops=ops, clock="CLOCK_MONOTONIC", notes=notes, meta={"flows": len(pairs)})
     trace.validate()
