@@ -55,6 +55,10 @@ def _seed_files() -> dict[str, tuple[str, bytes]]:
     seeds["matmul_result.rpd"] = ("sqlite", matmul)
     seeds["matmul_result.rpd.gz"] = ("gzsqlite", gzip.compress(matmul, mtime=0))  # like mytrace.rpd.gz
     seeds["run_results.json"] = ("json", json.dumps(rs.rocprof_json()).encode())
+    v1 = DATA / "rocprof" / "rocprof_v1_kokkos"
+    seeds["results.db"] = ("sqlite", (v1 / "results.db").read_bytes())  # rocprof v1
+    seeds["results.json"] = ("json", (v1 / "results.json").read_bytes())
+    seeds["matmul_result.json"] = ("json", (DATA / "rocprof" / "rpd" / "matmul_result.json").read_bytes())  # rpd2tracing
     db = _WORK / "seed_results.db"
     rs.write_rocpd(db)
     seeds["run_results.db"] = ("sqlite", db.read_bytes())

@@ -262,6 +262,45 @@ def test_rpd_damaged_times_read_as_deleted_rows(table, col, how, modulus, data):
     assert re.fullmatch(note_pattern(table, len(hit), total[0][0], f"id {hit[0][0]}", problem), notes[0]), notes[0]
 
 
+ROCPROF_V1 = DATA / "rocprof" / "rocprof_v1_kokkos" / "results.db"
+
+
+@settings(max_examples=30, **SETTINGS)
+@given(table=st.sampled_from(["OPS", "COPY", "HIP", "rocTX"]), col=st.sampled_from(["BeginNs", "EndNs"]),
+       how=st.sampled_from(sorted(SQL_DAMAGE) + ["zero"]), modulus=st.sampled_from([1, 2, 5, 40]), data=st.data())
+def test_rocprof_v1_damaged_times_read_as_deleted_rows(table, col, how, modulus, data):
+    residue = data.draw(st.integers(0, modulus - 1))
+    where = f"rowid % {modulus} = {residue}"
+    damaged, deleted = copies(ROCPROF_V1, "rocprof_v1")
+    hit, total = run_sql(damaged, f'SELECT rowid FROM "{table}" WHERE {where} ORDER BY rowid',
+                         f'SELECT count(*) FROM "{table}"')
+    if how == "zero":  # the HSA system clock never reads 0
+        statement, problem = f'UPDATE "{table}" SET BeginNs = 0 WHERE {where}', "BeginNs 0 ns: this clock never reads 0 or less"
+    elif how == "end before start":
+        value = "BeginNs - 1000" if col == "EndNs" else "EndNs + 1000"
+        statement, problem = f'UPDATE "{table}" SET "{col}" = {value} WHERE {where}', SQL_DAMAGE[how][1]
+    else:
+        statement = f'UPDATE "{table}" SET "{col}" = {SQL_DAMAGE[how][0]} WHERE {where}'
+        problem = SQL_DAMAGE[how][1].format(col=col)
+    run_sql(damaged, statement)
+    run_sql(deleted, f'DELETE FROM "{table}" WHERE {where}')
+    if not hit:
+        event("no row damaged")
+        return
+    if len(hit) == total[0][0]:
+        with pytest.raises(TraceError) as info:
+            open_trace(damaged)
+        check_error(info.value, damaged, table)
+        event("every row damaged: error")
+        return
+    got, want = open_trace(damaged), open_trace(deleted)
+    assert_same_rows(got, want)
+    notes = new_notes(got, want)
+    event("some rows dropped")
+    assert len(notes) == 1, notes
+    assert re.fullmatch(note_pattern(table, len(hit), total[0][0], f"row {hit[0][0]}", problem), notes[0]), notes[0]
+
+
 # ---- Kineto ------------------------------------------------------------------------------------
 
 KINETO = {name: json.loads(gzip.decompress((DATA / "kineto" / name).read_bytes()))

@@ -34,6 +34,12 @@ CASES = [
     ("rocprof/rocprofv3_docs/marker_api_trace.csv", "rocprofv3-csv"),
     ("rocprof/rocprofv3_llamacpp_decode", "rocprofv3-csv"),
     ("rocprof/rocprofv3_llamacpp_decode/decode_hip_api_trace.csv", "rocprofv3-csv"),
+    ("rocprof/rocprof_v1_kokkos/results.db", "rocprof-v1-db"),
+    ("rocprof/rocprof_v1_kokkos/results.json", "rocprof-v1-json"),  # was taken for Kineto: 0 ops
+    ("rocprof/rocprof_v1_kokkos", "rocprof-v1-db"),  # both files: the database stands for the pair
+    ("rocprof/rocprof_v1_mi250x_stats", "rocprof-v1-db"),
+    ("rocprof/rpd/matmul_result.json", "rpd-json"),  # was taken for Kineto: 0 ops
+    ("rocprof/rpd/mytrace_rpd2tracing.json.gz", "rpd-json"),
 ]
 NSYS = sorted(str(p.relative_to(DATA)) for p in (DATA / "nsys").glob("*.sqlite"))
 
@@ -94,6 +100,9 @@ def test_rocprof_json_and_rocpd_dispatch(tmp_path):
         (lambda d: _sqlite(d / "other.db"), "SQLite database of an unknown kind"),
         (lambda d: _truncated_sqlite(d / "cut.rpd"), "cut.rpd: "),
         (lambda d: _mkdir(d / "nothing"), "no trace found in folder"),
+        # rocprofv2's file plugin (rocprofiler plugin/file/file.cpp: "<name>_<pid>.csv", this header)
+        (lambda d: _write(d / "hip_api_trace_4242.csv", b"Domain,Function,Start_Timestamp,End_Timestamp,"
+                                                        b"Correlation_ID\n\n"), "rocprofv2 file-plugin CSV: not read"),
     ],
 )
 def test_bad_input_is_one_line_trace_error(tmp_path, setup, message):
@@ -103,6 +112,22 @@ def test_bad_input_is_one_line_trace_error(tmp_path, setup, message):
     text = str(info.value)
     assert message in text
     assert str(path) in text and "\n" not in text
+
+
+def test_chrome_trace_nobody_reads_is_not_zero_ops(tmp_path):
+    """A Chrome trace full of events that no reader knows (here: the real RPD export with what
+    marks it as rpd2tracing's removed) must not become an empty report: one line says what it holds."""
+    import json
+
+    events = json.loads((DATA / "rocprof/rpd/matmul_result.json").read_text())
+    plain = [e for e in events if e.get("ph") not in ("M", "s", "f")]
+    spans = sum(e.get("ph") == "X" for e in plain)
+    path = _write(tmp_path / "unknown.json", json.dumps(plain).encode())
+    with pytest.raises(TraceError) as info:
+        open_trace(path)
+    text = str(info.value)
+    assert f"{spans} duration events, none a Kineto GPU op" in text and "\n" not in text
+    assert spans == 210
 
 
 def test_several_traces_in_a_folder_must_be_named():

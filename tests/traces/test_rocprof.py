@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import csv
 import shutil
+import sqlite3
 
 import numpy as np
 import pytest
@@ -276,3 +277,58 @@ def test_csv_module_fallback_reads_the_same(monkeypatch, folder):
             else:
                 assert np.array_equal(getattr(a, col), getattr(b, col)), (table, col)
     assert fast.notes == slow.notes
+
+
+# ---- rocpd from the real Kokkos run (rocprof v1's rows re-encoded, rocprof_samples.py) ----------
+
+
+@pytest.fixture(scope="module")
+def kokkos_db():
+    from maxinstr.traces.rocprof_v1 import read_rocprof_v1_db
+
+    return read_rocprof_v1_db(rs.KOKKOS_DB)
+
+
+@pytest.mark.parametrize("writer", ["rocprofv3", "rocprof-sys"])
+def test_rocpd_writers_read_like_the_same_run(tmp_path, kokkos_db, writer):
+    """rocprofv3's layout (correlation in stack_id, marker names in extdata, marks as samples) and
+    rocprof-sys's (rocm_*_api categories, correlation_id, regions named by the message) give the
+    ops, calls, ranges and stages the run's own results.db gives."""
+    from maxinstr.attribute import attribute
+
+    p = rs.write_rocpd_from_v1(tmp_path / f"{writer}.db", writer)
+    t = read_rocpd(p)
+    d = kokkos_db
+    con = sqlite3.connect(p)
+    assert len(t.ops) == sum(con.execute(f"SELECT count(*) FROM {x}").fetchone()[0]
+                             for x in ("rocpd_kernel_dispatch", "rocpd_memory_copy")) == len(d.ops) == 38
+    con.close()
+    assert t.meta["correlation_column"] == ("rocpd_event.stack_id" if writer == "rocprofv3" else
+                                            "rocpd_event.correlation_id")
+    for a, b in ((t.ops, d.ops), (t.calls, d.calls), (t.ranges, d.ranges)):
+        assert np.array_equal(a.start_ns, b.start_ns) and np.array_equal(a.end_ns, b.end_ns)
+    assert np.array_equal(t.ops.correlation_id, d.ops.correlation_id)
+    assert np.array_equal(t.calls.correlation_id, d.calls.correlation_id)
+    assert names(t, t.ranges.name_id) == names(d, d.ranges.name_id)
+    assert np.array_equal(t.ranges.style, d.ranges.style)  # 7 ranges, 2 marks
+    a, b = attribute(t), attribute(d)
+    assert np.array_equal(a.op_range, b.op_range) and np.array_equal(a.busy_ns, b.busy_ns)
+    assert (a.op_range >= 0).sum() > 0
+
+
+def test_rocpd_ranges_stored_at_pop_time_are_said(tmp_path, kokkos_db):
+    """rocpd written by rocprof-sys before ROCm/rocm-systems PR #2793 holds each roctx range from
+    its Pop call's entry to its exit: detected, kept as marks at the Pop time, and said."""
+    from maxinstr.attribute import attribute
+
+    t = read_rocpd(rs.write_rocpd_from_v1(tmp_path / "pre.db", "rocprof-sys-pre-2793"))
+    d = kokkos_db
+    assert np.all(t.ranges.style == RangeStyle.MARK)
+    spans = d.ranges.style != RangeStyle.MARK
+    assert sorted(t.ranges.start_ns.tolist()) == sorted(np.r_[d.ranges.end_ns[spans], d.ranges.start_ns[~spans]].tolist())
+    note = next(n for n in t.notes if "PR #2793" in n)
+    assert note.startswith("the 7 roctx ranges are instants at their Pop/Stop time") and "rocprof-sys" in note
+    assert (attribute(t).op_range == -1).all()
+    # the same file with real ranges says nothing of the kind
+    ok = read_rocpd(rs.write_rocpd_from_v1(tmp_path / "post.db", "rocprof-sys"))
+    assert not any("PR #2793" in n for n in ok.notes)

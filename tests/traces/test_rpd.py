@@ -14,6 +14,7 @@ import pytest
 from maxinstr.errors import TraceError
 from maxinstr.traces._util import pair_push_pop
 from maxinstr.traces.model import NO_ID, CallKind, OpKind, RangeStyle
+from maxinstr.traces import open_trace
 from maxinstr.traces.rpd import read_rpd
 
 RPD = Path(__file__).resolve().parents[1] / "data" / "rocprof" / "rpd"
@@ -182,3 +183,51 @@ def test_python_and_native_column_backends_agree(monkeypatch, mytrace):
         for col in a.__dataclass_fields__:
             assert np.array_equal(getattr(a, col), getattr(b, col)), (table, col)
     assert list(mytrace.strings) == list(slow.strings)
+
+
+# ---- RPD's Chrome-trace export (rpd2tracing.py) against the .rpd it came from ---------------
+
+
+def _call_key(t) -> dict[int, tuple[int, int, int]]:
+    """correlation id -> (pid, tid, start us) of each call: how both files name one API row."""
+    return {int(c): (int(p), int(d), int(s) // 1000)
+            for c, p, d, s in zip(t.calls.correlation_id, t.calls.pid, t.calls.tid, t.calls.start_ns)}
+
+
+def _op_links(t) -> list[tuple]:
+    calls = _call_key(t)
+    return sorted((int(g), int(q), int(s) // 1000, calls.get(int(c)))
+                  for g, q, s, c in zip(t.ops.device_id, t.ops.stream_id, t.ops.start_ns, t.ops.correlation_id))
+
+
+def test_matmul_json_export_is_the_rpd():
+    """rpd2tracing @ c633a7e9 (integer microseconds, a bare list): every op, and the API call each
+    op's api_op flow leads to, as the database's rocpd_api_ops says."""
+    j = open_trace(RPD / "matmul_result.json")
+    d = read_rpd(RPD / "matmul_result.rpd")
+    assert j.format == "rpd-json"
+    op_types = dict(sql(RPD / "matmul_result.rpd", "SELECT opType, count(*) FROM op GROUP BY opType"))
+    kinds = collections.Counter(j.ops.kind.tolist())
+    assert kinds == {OpKind.KERNEL: op_types["KernelExecution"], OpKind.MEMCPY: op_types["CopyDeviceToHost"]
+                     + op_types["CopyHostToDevice"], OpKind.MEMSET: op_types["FillBuffer"]} == {0: 29, 1: 55, 2: 1}
+    assert len(j.calls) == sql(RPD / "matmul_result.rpd", "SELECT count(*) FROM rocpd_api")[0][0] == 125
+    assert _op_links(j) == _op_links(d)
+    assert (j.ops.correlation_id != NO_ID).all()
+
+
+def test_mytrace_json_export_is_the_rpd(mytrace):
+    """rpd2tracing @ e943e7a5 (ns as decimal microseconds, {"traceEvents": ...}) run on the real
+    mytrace.rpd: its 11884 roctx ranges exactly, the 10124 ops and their calls, graph replays."""
+    j = open_trace(RPD / "mytrace_rpd2tracing.json.gz")
+    d = mytrace
+    assert j.format == "rpd-json"
+    for a, b in ((j.ranges, d.ranges), (j.ops, d.ops)):
+        assert np.array_equal(np.sort(a.start_ns), np.sort(b.start_ns))
+        assert np.array_equal(np.sort(a.end_ns), np.sort(b.end_ns))
+    assert collections.Counter(j.name(int(i)) for i in j.ranges.name_id) == \
+        collections.Counter(d.name(int(i)) for i in d.ranges.name_id)
+    assert np.array_equal(np.sort(j.ranges.tid), np.sort(d.ranges.tid))
+    assert _op_links(j) == _op_links(d)
+    assert (j.calls.kind == CallKind.GRAPH).sum() == 20 and (j.ops.graph_node_id != NO_ID).sum() == 8360
+    # rpd2tracing's own summaries on the GPU lanes (UserMarker frames) are not ops
+    assert any("summary spans on the GPU lanes" in n for n in j.notes)

@@ -377,3 +377,113 @@ def malformed(path: object, what: str) -> Iterator[None]:
         raise TraceError(path, f"malformed {what}: {type(exc).__name__}: {str(exc)[:80]}") from None
     except RecursionError:
         raise TraceError(path, f"malformed {what}: nested too deeply") from None
+
+
+def query_columns(path: Path, db_path: Path, sql: str, kinds: str, what: str) -> list[np.ndarray]:
+    """One SELECT through the columnar SQLite backend (native when built): ``i`` and ``t`` columns
+    come back int64 (NULLs must be ``ifnull``-ed in SQL), ``s`` columns as object arrays whose rows
+    share one string per distinct value (NULL -> ''). Backend errors become a TraceError naming
+    ``what`` (the format or table)."""
+    from maxinstr.traces import _sqlite_columns
+
+    try:
+        raw = _sqlite_columns.backend("auto").query(str(db_path), sql, kinds)
+    except (RuntimeError, ValueError, TypeError, OverflowError, sqlite3.Error) as exc:
+        raise TraceError(path, f"{what}: {str(exc)[:100]}") from None
+    out = []
+    for kind, col in zip(kinds, raw):
+        if kind == "s":
+            codes, values = col
+            table = np.array([*values, ""], dtype=object)
+            out.append(table[np.where(codes < 0, len(values), codes)])
+        else:
+            out.append(col)
+    return out
+
+
+def latest_at_or_before(row_key: np.ndarray, row_t: np.ndarray, q_key: np.ndarray, q_t: np.ndarray) -> np.ndarray:
+    """Per query, the row with the same key and the greatest ``row_t <= q_t`` (of equal times, the
+    later row in input order), or -1: an as-of join in one sort, no loop over keys or rows.
+
+    Rows and queries are sorted together by (key, time), rows before queries at equal times; the
+    last row at or before each query in that order is its match when its key is the query's."""
+    n, m = len(row_key), len(q_key)
+    if not n or not m:
+        return np.full(m, -1, np.int64)
+    key = np.concatenate([np.asarray(row_key, np.int64), np.asarray(q_key, np.int64)])
+    t = np.concatenate([np.asarray(row_t, np.int64), np.asarray(q_t, np.int64)])
+    is_q = np.r_[np.zeros(n, bool), np.ones(m, bool)]
+    order = np.lexsort((np.arange(n + m), is_q, t, key))
+    pos = np.where(is_q[order], -1, np.arange(n + m))
+    last = np.maximum.accumulate(pos)  # sorted position of the last row at or before each entry
+    q_at = np.flatnonzero(is_q[order])
+    hit = last[q_at]
+    row = np.where(hit >= 0, order[np.maximum(hit, 0)], -1)
+    ok = (row >= 0) & (key[np.maximum(row, 0)] == key[order[q_at]])
+    out = np.full(m, -1, np.int64)
+    out[order[q_at] - n] = np.where(ok, row, -1)
+    return out
+
+
+def decimal_us_to_ns(values: list, path: object, what: str) -> np.ndarray:
+    """Microsecond times written as JSON strings or numbers (``"8306017670485"``,
+    ``"12.345"``, ``12``) as int64 ns, exactly for strings (parsed as decimals, rounded to the ns);
+    a value that is no number reads as :data:`~maxinstr.traces.model.INVALID_NS` (the row is then
+    dropped by ``TimeCheck``). Parsed once per distinct value."""
+    from maxinstr.traces.model import INVALID_NS
+
+    local: dict = {}
+    codes = np.fromiter((local.setdefault(v, len(local)) if isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                         else -1 for v in values), dtype=np.int64, count=len(values))
+    parsed = np.array([_us_ns(u) for u in local] + [INVALID_NS], dtype=np.int64)
+    return parsed[codes]
+
+
+def _us_ns(value: str | int | float) -> int:
+    from maxinstr.traces.model import INVALID_NS
+
+    try:
+        if isinstance(value, int):
+            ns = value * 1000
+        elif isinstance(value, float):
+            if value != value or abs(value) > 9.2e15:
+                return INVALID_NS
+            ns = round(value * 1000)
+        else:
+            text = value.strip()
+            neg = text.startswith("-")
+            whole, _, frac = text.lstrip("+-").partition(".")
+            if not (whole.isdigit() or (not whole and frac)) or (frac and not frac.isdigit()):
+                return INVALID_NS
+            digits = (frac + "0000")[:4]
+            ns = int(whole or "0") * 1000 + (int(digits) + 5) // 10
+            ns = -ns if neg else ns
+    except (ValueError, OverflowError):
+        return INVALID_NS
+    return ns if -(2**62) < ns < 2**62 else INVALID_NS
+
+
+def match_rows(keys: np.ndarray, ref_keys: np.ndarray, ref_value: np.ndarray, missing: int = -1) -> np.ndarray:
+    """Per column of ``keys`` (k rows of int64 keys), the ``ref_value`` of the column of
+    ``ref_keys`` with the same k keys (the first such in a stable sort), or ``missing``: an exact
+    join on several integer keys through one sort and one search of a structured view."""
+    keys, ref_keys = np.asarray(keys, np.int64), np.asarray(ref_keys, np.int64)
+    out = np.full(keys.shape[1], missing, np.int64)
+    if not keys.shape[1] or not ref_keys.shape[1]:
+        return out
+    dt = np.dtype([(f"k{i}", np.int64) for i in range(keys.shape[0])])
+
+    def rec(k: np.ndarray) -> np.ndarray:
+        r = np.empty(k.shape[1], dt)
+        for i in range(k.shape[0]):
+            r[f"k{i}"] = k[i]
+        return r
+
+    ref = rec(ref_keys)
+    order = np.argsort(ref, kind="stable")
+    ref = ref[order]
+    q = rec(keys)
+    pos = np.minimum(np.searchsorted(ref, q), len(ref) - 1)
+    hit = ref[pos] == q
+    out[hit] = np.asarray(ref_value)[order][pos[hit]]
+    return out

@@ -5,19 +5,27 @@
 | SQLite with nsys tables (``StringIds``, ``CUPTI_ACTIVITY_KIND_*``, ``NVTX_EVENTS``), ``.nsys-rep`` | :func:`maxinstr.traces.nsys.read_nsys` |
 | SQLite with ``rocpd_api`` + ``rocpd_op`` (plain or gzip) | :func:`maxinstr.traces.rpd.read_rpd` |
 | SQLite with ``rocpd_kernel_dispatch`` / ``rocpd_info_*`` (ROCm >= 7) | :func:`maxinstr.traces.rocprof.read_rocpd` |
-| JSON (plain or gzip) with ``traceEvents`` or a bare event list | :func:`maxinstr.traces.kineto.read_kineto` |
+| SQLite with rocprof v1 tables (``rocTX``, ``HIP``, ``OPS``, ``COPY``, ``KERN``/``A``) | :func:`maxinstr.traces.rocprof_v1.read_rocprof_v1_db` |
 | JSON with ``rocprofiler-sdk-tool`` | :func:`maxinstr.traces.rocprof.read_rocprof_json` |
+| Chrome-trace JSON with rocprof v1's sections ("Markers and Ranges", "CPU HIP API", ``args.BeginNs``) | :func:`maxinstr.traces.rocprof_v1.read_rocprof_v1_json` |
+| Chrome-trace JSON of rpd2tracing (``api_op`` flows, ``Hip <tid>`` threads) | :func:`maxinstr.traces.rpd.read_rpd_json` |
+| any other JSON (plain or gzip) with ``traceEvents`` or a bare event list | :func:`maxinstr.traces.kineto.read_kineto` |
 | ``*_trace.csv`` file or a folder of them | :func:`maxinstr.traces.rocprof.read_rocprof_csv` |
 
 Anything else is a :class:`~maxinstr.errors.TraceError` naming the file and what it looked like.
+So is a Chrome trace that none of the JSON readers knows and in which Kineto finds nothing (no
+GPU op, call or range) while it holds duration events: an empty report of a file full of events
+would be silently wrong, so the error names what the file holds instead.
 """
 
 from __future__ import annotations
 
 import gzip
 import inspect
+import re
 import sqlite3
 import zlib
+from collections import Counter
 from pathlib import Path
 
 from maxinstr.errors import TraceError
@@ -57,6 +65,8 @@ def open_trace(path: str | Path, *, progress: Progress | None = None) -> Trace:
             return _open_sqlite(path, path, progress)
         return _open_json(path, progress)
     if name.endswith(".csv"):
+        if _is_rocprofv2_csv(path, head):
+            raise TraceError(path, _ROCPROFV2)
         from maxinstr.traces.rocprof import read_rocprof_csv
 
         return read_rocprof_csv(path, progress=progress)
@@ -65,7 +75,7 @@ def open_trace(path: str | Path, *, progress: Progress | None = None) -> Trace:
         return _open_json(path, progress)
     if name.endswith((".sqlite", ".db", ".rpd")):
         raise TraceError(path, "not a SQLite database (bad header: truncated or corrupt?)")
-    raise TraceError(path, "unrecognised trace format (expected nsys SQLite/.nsys-rep, rocprofv3, RPD or Kineto JSON)")
+    raise TraceError(path, "unrecognised trace format (expected nsys SQLite/.nsys-rep, rocprofv3, rocprof v1, RPD or Kineto JSON)")
 
 
 def _gunzip_head(path: Path) -> bytes:
@@ -88,17 +98,21 @@ def _nsys(path: Path, progress: Progress | None) -> Trace:
 
 
 def _open_sqlite(path: Path, source: Path, progress: Progress | None) -> Trace:
+    from maxinstr.traces import rocprof, rocprof_v1, rpd
+
     with _util.sqlite_file(path) as con:
         try:
             tables = _util.sqlite_tables(con)
+            v1 = rocprof_v1.is_rocprof_v1(con, tables)
         except sqlite3.Error as exc:
             raise TraceError(path, f"SQLite error: {exc}") from None
-    from maxinstr.traces import rocprof, rpd
 
     if rpd.is_rpd(tables):
         return rpd.read_rpd(path, progress=progress)
     if rocprof.is_rocpd(tables):
         return rocprof.read_rocpd(path, progress=progress)
+    if v1:
+        return rocprof_v1.read_rocprof_v1_db(path, progress=progress)
     if any(t in tables for t in _NSYS_TABLES) or any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in tables):
         if path.name.endswith(".gz"):
             raise TraceError(path, "gzip-compressed nsys SQLite: decompress it first")
@@ -111,16 +125,70 @@ def _open_sqlite(path: Path, source: Path, progress: Progress | None) -> Trace:
 def _open_json(path: Path, progress: Progress | None) -> Trace:
     _util.report(progress, f"parsing {path.name}")
     data = _util.read_bytes(path)
-    document = _util.load_json(data, path)
+    try:
+        document = _util.load_json(data, path)
+    except TraceError:
+        if b'"process_name"' in data[:4096] and any(s in data[:4096] for s in _V1_LABELS):
+            # rocprof v1 opens its sections before it writes any event: with no trace it stops there
+            beside = " (results.db beside it has the tables)" if path.with_suffix(".db").is_file() else ""
+            raise TraceError(path, "rocprof v1 results.json without trace events: it holds only section labels, "
+                                   "not a JSON document (rocprof traced nothing: run it with --hip-trace or "
+                                   f"--sys-trace){beside}") from None
+        raise
     if isinstance(document, dict) and "rocprofiler-sdk-tool" in document:
         from maxinstr.traces.rocprof import read_rocprof_json
 
         return read_rocprof_json(path, progress=progress, document=document)
-    if (isinstance(document, dict) and "traceEvents" in document) or isinstance(document, list):
+    events = document.get("traceEvents") if isinstance(document, dict) else document
+    if isinstance(events, list):
+        from maxinstr.traces import rocprof_v1, rpd
+
+        if rocprof_v1.is_rocprof_v1_json(events):
+            return rocprof_v1.read_rocprof_v1_json(path, progress=progress, document=document)
+        if rpd.is_rpd_json(events):
+            return rpd.read_rpd_json(path, progress=progress, document=document)
         from maxinstr.traces.kineto import read_kineto
 
-        return read_kineto(path, progress=progress, document=document)
+        trace = read_kineto(path, progress=progress, document=document)
+        if not len(trace.ops) and not len(trace.ranges) and not len(trace.calls):
+            _not_kineto(path, events)
+        return trace
+    if isinstance(document, dict) and "traceEvents" in document:
+        from maxinstr.traces.kineto import read_kineto
+
+        return read_kineto(path, progress=progress, document=document)  # (its one-line error)
     raise TraceError(path, "JSON of an unknown kind (no 'traceEvents' nor 'rocprofiler-sdk-tool' key)")
+
+
+# rocprofv2's file plugin: <name>_<pid>.csv, headers "Domain,Function,..." / "Domain,ROCTX_ID,..."
+_ROCPROFV2_NAME = re.compile(r"(hip_api_trace|hsa_api_trace|roctx_trace|hcc_ops_trace|async_copy_trace)_\d*.*\.csv$")
+_ROCPROFV2_HEADS = (b"Domain,Function,", b"Domain,ROCTX_ID,", b"Domain,Operation,")
+_ROCPROFV2 = ("rocprofv2 file-plugin CSV: not read (its API and roctx rows carry no thread id, so ranges cannot be "
+              "tied to the kernels they launched); capture with rocprofv3, or rocprof v1 --hip-trace --roctx-trace")
+
+
+def _is_rocprofv2_csv(path: Path, head: bytes) -> bool:
+    return head.startswith(_ROCPROFV2_HEADS) or bool(_ROCPROFV2_NAME.search(path.name))
+
+
+_V1_LABELS = (b'"Markers and Ranges"', b'"CPU HIP API"', b'"CPU HSA API"', b'"COPY"')
+
+
+def _not_kineto(path: Path, events: list) -> None:
+    """Raise, naming what the file holds, when a Chrome trace of duration events gave Kineto
+    nothing: reporting 0 ops for it would be silently wrong."""
+    spans = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
+    if not spans:
+        return  # an empty trace: an empty report says so
+    cats = Counter(str(e.get("cat")) for e in spans if "cat" in e)
+    sections = sorted({str((e.get("args") or {}).get("name")) for e in events if isinstance(e, dict)
+                       and e.get("ph") == "M" and e.get("name") == "process_name"
+                       and isinstance(e.get("args"), dict)})
+    seen = ", ".join(f"{c} ({n})" for c, n in cats.most_common(4)) or "none"
+    where = f"; sections: {', '.join(sections[:4])}" if sections else ""
+    raise TraceError(path, f"Chrome trace of an unknown producer: {len(spans)} duration events, none a Kineto "
+                           f"GPU op, runtime call or annotation (categories: {seen}{where}); known: Kineto, "
+                           "rocprof v1 results.json, RPD's rpd2tracing export")
 
 
 def _open_folder(path: Path, progress: Progress | None) -> Trace:
@@ -144,11 +212,17 @@ def _open_folder(path: Path, progress: Progress | None) -> Trace:
         p
         for p in files
         if p.name.endswith(("_results.json", "_results.db", ".rpd", ".rpd.gz", ".pt.trace.json", ".pt.trace.json.gz"))
-        or p.suffix in (".nsys-rep", ".sqlite")
+        or p.suffix in (".nsys-rep", ".sqlite") or p.name in ("results.db", "results.json")
     ]
+    # rocprof v1 writes results.db and results.json from the same tables: the database has more
+    # (the calls' Index and arguments), so it stands for the pair
+    dbs = {p.with_suffix("") for p in candidates if p.name.endswith("results.db")}
+    candidates = [p for p in candidates if not (p.name.endswith("results.json") and p.with_suffix("") in dbs)]
     if len(candidates) == 1:
         return open_trace(candidates[0], progress=progress)
     if len(candidates) > 1:
         listed = ", ".join(p.name for p in candidates[:4])
         raise TraceError(path, f"folder holds several traces ({listed}...): name one")
-    raise TraceError(path, "no trace found in folder (rocprofv3 CSV/JSON/db, RPD, Kineto or nsys)")
+    if any(p.suffix == ".csv" and _is_rocprofv2_csv(p, _util.read_head(p, 32)) for p in files):
+        raise TraceError(path, _ROCPROFV2)
+    raise TraceError(path, "no trace found in folder (rocprofv3 CSV/JSON/db, rocprof v1 results.db, RPD, Kineto or nsys)")

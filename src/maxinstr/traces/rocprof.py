@@ -12,25 +12,23 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 import sqlite3
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from maxinstr.errors import TraceError
 from maxinstr.traces import _util
-from maxinstr.traces._util import Progress, int_column, pair_push_pop, ranges_table, report, trailing_int
+from maxinstr.traces._amd import Parts as _Parts
+from maxinstr.traces._amd import assemble
+from maxinstr.traces._amd import markers_from_rows as _markers_from_rows
+from maxinstr.traces._util import Progress, int_column, report, trailing_int
 from maxinstr.traces.model import (
     INVALID_NS,
     NO_ID,
-    CallKind,
-    Calls,
-    GpuOps,
-    OpKind,
     RangeStyle,
-    StringTable,
     TimeCheck,
     Trace,
 )
@@ -52,11 +50,6 @@ _CSV_REQUIRED = {
     "marker": ("Function", "Process_Id", "Thread_Id", "Start_Timestamp", "End_Timestamp"),
     "memcpy": ("Direction", "Correlation_Id", "Start_Timestamp", "End_Timestamp"),
 }
-_GRAPH_LAUNCH = re.compile(r"GraphLaunch", re.IGNORECASE)
-_RAW_PUSH = {"roctxRangePushA", "roctxRangePush"}
-_RAW_POP = {"roctxRangePop", "roctxRangePopA"}
-_MARK_OPS = {"roctxMarkA", "roctxMark"}
-_START_OPS = {"roctxRangeStartA", "roctxRangeStart"}
 
 
 def csv_kind(name: str) -> str | None:
@@ -66,220 +59,6 @@ def csv_kind(name: str) -> str | None:
             return kind
     return None
 
-
-# --------------------------------------------------------------------------------------
-# Columns shared by the three rocprofv3 flavours, then one assembler
-
-
-@dataclass
-class _Parts:
-    """Raw columns gathered by one flavour before they become a Trace."""
-
-    calls: list[dict] = field(default_factory=list)  # start,end,tid,pid,corr,name(str array)
-    kernels: list[dict] = field(default_factory=list)  # start,end,name,device,stream,pid,corr
-    copies: list[dict] = field(default_factory=list)  # start,end,name,device,stream,pid,corr,bytes
-    markers: list[dict] = field(default_factory=list)  # start,end,name,tid,pid,style(op names opt.)
-    notes: list[str] = field(default_factory=list)
-    thread_names: dict[int, str] = field(default_factory=dict)
-
-
-def _cat(parts: list[dict], key: str, dtype) -> np.ndarray:
-    if not parts:
-        return np.empty(0, dtype=dtype)
-    return np.concatenate([np.asarray(p[key]).astype(dtype, copy=False) for p in parts])
-
-
-def _assemble(path: Path, fmt: str, parts: _Parts, meta: dict) -> Trace:
-    strings = StringTable()
-
-    # host calls: one row per correlation id (rocprofv3 ids are unique per process)
-    c_corr = _cat(parts.calls, "corr", np.int64)
-    c_names = _cat(parts.calls, "name", object)
-    c_pid = _cat(parts.calls, "pid", np.int64)
-    keep = _first_per_key(c_pid, c_corr)
-    c_name_id = _util.intern(strings, c_names)
-    calls_kind = _graph_kind(strings, c_name_id)
-    calls = Calls(
-        start_ns=_cat(parts.calls, "start", np.int64),
-        end_ns=_cat(parts.calls, "end", np.int64),
-        tid=_cat(parts.calls, "tid", np.int64),
-        pid=c_pid,
-        correlation_id=c_corr,
-        name_id=c_name_id,
-        kind=calls_kind,
-    ).take(keep)
-    if len(keep) < len(c_corr):
-        parts.notes.append(f"{len(c_corr) - len(keep)} duplicate API rows (same correlation id) dropped")
-    calls = calls.take(np.argsort(calls.start_ns, kind="stable"))
-
-    # GPU ops
-    op_parts = []
-    for kind, group in ((OpKind.KERNEL, parts.kernels), (OpKind.MEMCPY, parts.copies)):
-        if not group:
-            continue
-        names = _cat(group, "name", object)
-        n = len(names)
-        op_parts.append(
-            dict(
-                start=_cat(group, "start", np.int64),
-                end=_cat(group, "end", np.int64),
-                kind=np.full(n, int(kind), np.int8),
-                name_id=_util.intern(strings, names),
-                device=_cat(group, "device", np.int32),
-                stream=_cat(group, "stream", np.int64),
-                pid=_cat(group, "pid", np.int64),
-                corr=_cat(group, "corr", np.int64),
-                bytes=_cat(group, "bytes", np.int64) if kind == OpKind.MEMCPY else np.zeros(n, np.int64),
-            )
-        )
-    if op_parts:
-        cols = {k: np.concatenate([p[k] for p in op_parts]) for k in op_parts[0]}
-        ops = GpuOps(
-            start_ns=cols["start"],
-            end_ns=cols["end"],
-            kind=cols["kind"],
-            name_id=cols["name_id"],
-            device_id=cols["device"],
-            stream_id=cols["stream"],
-            pid=cols["pid"],
-            correlation_id=cols["corr"],
-            graph_node_id=np.full(len(cols["start"]), NO_ID, np.int64),
-            bytes=cols["bytes"],
-        )
-        ops = ops.take(np.argsort(ops.start_ns, kind="stable"))
-        ops.pid = _fill_pid_from_calls(ops.pid, ops.correlation_id, calls)
-        graph_corr = calls.correlation_id[calls.kind == int(CallKind.GRAPH)]
-        ops.graph_node_id = _util.graph_node_ordinals(ops.correlation_id, ops.start_ns, graph_corr)
-        if (ops.graph_node_id != NO_ID).any():
-            parts.notes.append(
-                "graph node ids are stand-ins: the order of each op within its hipGraphLaunch"
-            )
-    else:
-        ops = GpuOps()
-
-    # ranges
-    range_tables = []
-    for m in parts.markers:
-        names = np.asarray(m["name"], dtype=object)
-        if not len(names):
-            continue
-        range_tables.append(
-            ranges_table(
-                np.asarray(m["start"], np.int64),
-                np.asarray(m["end"], np.int64),
-                _util.intern(strings, names),
-                np.asarray(m["tid"], np.int64),
-                np.asarray(m["pid"], np.int64),
-                np.asarray(m["style"], np.int8),
-                end_tid=np.asarray(m.get("end_tid", m["tid"]), np.int64),
-            )
-        )
-    ranges = _util.concat_ranges(range_tables)
-
-    trace = Trace(
-        source=str(path),
-        format=fmt,
-        strings=strings.to_array(),
-        ranges=ranges,
-        calls=calls,
-        ops=ops,
-        thread_names=parts.thread_names,
-        clock=CLOCK,
-        notes=parts.notes,
-        meta=meta,
-    )
-    trace.validate()
-    return trace
-
-
-def _graph_kind(strings: StringTable, name_id: np.ndarray) -> np.ndarray:
-    """CallKind per call: GRAPH for hipGraphLaunch-like names, RUNTIME otherwise."""
-    if not len(name_id):
-        return np.empty(0, dtype=np.int8)
-    table = strings.to_array()
-    flag = np.array([bool(_GRAPH_LAUNCH.search(str(n))) for n in table], dtype=bool)
-    return np.where(flag[name_id], int(CallKind.GRAPH), int(CallKind.RUNTIME)).astype(np.int8)
-
-
-def _first_per_key(pid: np.ndarray, corr: np.ndarray) -> np.ndarray:
-    """Indices of the first row of each (pid, correlation id), in original order."""
-    if not len(corr):
-        return np.empty(0, np.int64)
-    order = np.lexsort((np.arange(len(corr)), corr, pid))
-    first = np.r_[True, (pid[order][1:] != pid[order][:-1]) | (corr[order][1:] != corr[order][:-1])]
-    return np.sort(order[first])
-
-
-def _fill_pid_from_calls(op_pid: np.ndarray, op_corr: np.ndarray, calls: Calls) -> np.ndarray:
-    """Give ops without a pid the pid of the call with their correlation id (or the only pid)."""
-    missing = op_pid == NO_ID
-    if not missing.any() or not len(calls):
-        return op_pid
-    out = op_pid.copy()
-    pids = np.unique(calls.pid)
-    if len(pids) == 1:
-        out[missing] = pids[0]
-        return out
-    order = np.argsort(calls.correlation_id, kind="stable")
-    sorted_corr = calls.correlation_id[order]
-    pos = np.searchsorted(sorted_corr, op_corr[missing])
-    pos_c = np.minimum(pos, len(sorted_corr) - 1)
-    hit = sorted_corr[pos_c] == op_corr[missing]
-    filled = np.where(hit, calls.pid[order][pos_c], NO_ID)
-    out[missing] = filled
-    return out
-
-
-def _marker_styles(start: np.ndarray, end: np.ndarray, tid: np.ndarray, op_names: np.ndarray | None) -> np.ndarray:
-    """Style of paired marker rows: marks are instants, start/stop ranges have no thread (tid 0)."""
-    style = np.full(len(start), int(RangeStyle.PUSH_POP), np.int8)
-    if op_names is not None:
-        ops = np.asarray(op_names).astype(str)
-        style[np.isin(ops, list(_START_OPS))] = int(RangeStyle.START_END)
-        style[np.isin(ops, list(_MARK_OPS))] = int(RangeStyle.MARK)
-    else:
-        style[tid == 0] = int(RangeStyle.START_END)
-        style[start == end] = int(RangeStyle.MARK)
-    return style
-
-
-def _markers_from_rows(
-    start: np.ndarray,
-    end: np.ndarray,
-    name: np.ndarray,
-    tid: np.ndarray,
-    pid: np.ndarray,
-    op_names: np.ndarray | None,
-    notes: list[str],
-) -> dict:
-    """Marker rows -> range columns. Raw push/pop rows are paired; paired rows are kept."""
-    ops = np.asarray(op_names).astype(str) if op_names is not None else np.asarray(name).astype(str)
-    is_push = np.isin(ops, list(_RAW_PUSH))
-    is_pop = np.isin(ops, list(_RAW_POP))
-    raw = is_pop.any()
-    if raw:
-        idx = np.flatnonzero(is_push | is_pop)
-        push_i, pop_i, unmatched, unclosed = pair_push_pop(tid[idx], start[idx], is_push[idx])
-        push_i, pop_i = idx[push_i], idx[pop_i]
-        if unmatched or unclosed:
-            notes.append(f"roctx push/pop: {unmatched} pops without a push and {unclosed} pushes never popped dropped")
-        rest = np.flatnonzero(~(is_push | is_pop))
-        r_style = _marker_styles(start[rest], end[rest], tid[rest], op_names[rest] if op_names is not None else None)
-        # a raw pop row carries no message; the push's name (message when known) names the range
-        return dict(
-            start=np.r_[start[push_i], start[rest]],
-            end=np.r_[end[pop_i], end[rest]],
-            name=np.r_[name[push_i], name[rest]].astype(object),
-            tid=np.r_[tid[push_i], tid[rest]],
-            pid=np.r_[pid[push_i], pid[rest]],
-            style=np.r_[np.full(len(push_i), int(RangeStyle.PUSH_POP), np.int8), r_style],
-        )
-    style = _marker_styles(start, end, tid, op_names)
-    no_thread = (style == int(RangeStyle.START_END)) & (tid == 0)
-    if no_thread.any():
-        notes.append(f"{int(no_thread.sum())} roctx start/stop ranges carry no thread id (rocprofv3 writes 0)")
-    tid = np.where(no_thread, NO_ID, tid)
-    return dict(start=start, end=end, name=name.astype(object), tid=tid, pid=pid, style=style)
 
 
 # --------------------------------------------------------------------------------------
@@ -525,7 +304,7 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
     if len(groups) > 1:
         parts.notes.append(f"{len(groups)} CSV sets read; correlation ids offset by set index << 40")
     meta = {"files": files, "header": sorted(headers)}
-    return _assemble(path, "rocprofv3-csv", parts, meta)
+    return assemble(path, "rocprofv3-csv", parts, meta, clock=CLOCK)
 
 
 def _agent_map(path: Path) -> dict[int, int] | None:
@@ -590,7 +369,7 @@ def read_rocprof_json(path: str | Path, *, progress: Progress | None = None, doc
             _json_process(path, proc, offset, parts, times, progress)
         if len(procs) > 1:
             parts.notes.append(f"{len(procs)} processes; correlation ids offset by process index << 40")
-        return _assemble(path, "rocprofv3-json", parts, meta)
+        return assemble(path, "rocprofv3-json", parts, meta, clock=CLOCK)
 
 
 def _json_process(path: Path, proc: dict, offset: np.int64, parts: _Parts, times: TimeCheck,
@@ -745,6 +524,8 @@ _ROCPD_TABLES = (
     "rocpd_kernel_dispatch",
     "rocpd_info_kernel_symbol",
     "rocpd_memory_copy",
+    "rocpd_sample",
+    "rocpd_track",
 )
 _ROCPD_REQUIRED = ("rocpd_string", "rocpd_event", "rocpd_region", "rocpd_kernel_dispatch", "rocpd_info_kernel_symbol")
 
@@ -784,24 +565,8 @@ def read_rocpd(path: str | Path, *, progress: Progress | None = None) -> Trace:
 
 
 def _rocpd_columns(path: Path, db_path: Path, sql: str, kinds: str) -> list[np.ndarray]:
-    """One query through the columnar SQLite backend (native when built): ``i`` columns come
-    back int64 (NULLs must be ``ifnull``-ed in SQL), ``s`` columns as object arrays whose
-    rows share one string per distinct value (NULL -> '')."""
-    from maxinstr.traces import _sqlite_columns
-
-    try:
-        raw = _sqlite_columns.backend("auto").query(str(db_path), sql, kinds)
-    except (RuntimeError, ValueError, TypeError, OverflowError, sqlite3.Error) as exc:
-        raise TraceError(path, f"rocpd: {str(exc)[:100]}") from None
-    out = []
-    for kind, col in zip(kinds, raw):
-        if kind == "s":
-            codes, values = col
-            table = np.array([*values, ""], dtype=object)
-            out.append(table[np.where(codes < 0, len(values), codes)])
-        else:
-            out.append(col)
-    return out
+    """One query through the columnar SQLite backend (``_util.query_columns``)."""
+    return _util.query_columns(path, db_path, sql, kinds, "rocpd")
 
 
 def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress | None) -> Trace:
@@ -836,35 +601,44 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
     # (times are read as kind 't': NULL or anything but an integer is INVALID_NS, see checked())
     start_sql, end_sql = f"ifnull(X.start, {INVALID_NS})", f'ifnull(X."end", {INVALID_NS})'
 
+    # the correlation id that ties a call to its ops: rocprofv3 keeps the internal one in
+    # rocpd_event.stack_id (correlation_id holds the external id, mostly 0); writers without it
+    # put it in correlation_id
+    corr_col = _rocpd_correlation_column(con, src["rocpd_event"])
+    meta["correlation_column"] = f"rocpd_event.{corr_col}"
+    ext_sql = "E.extdata" if "extdata" in _source_columns(con, tables, src["rocpd_event"]) else "NULL"
+
     report(progress, "reading rocpd regions")
-    start, end, name, pid, tid, corr, cat = fetch(
+    start, end, name, pid, tid, corr, cat, ext = fetch(
         f"""SELECT {start_sql}, {end_sql}, S.string, ifnull({pid_sql}, -1), ifnull({tid_sql}, -1),
-                   ifnull(E.correlation_id, -1), {cat_sql}
+                   ifnull(E.{corr_col}, -1), {cat_sql}, {ext_sql}
             FROM {src['rocpd_region']} X
             JOIN {src['rocpd_string']} S ON S.id = X.name_id AND S.guid = X.guid
             LEFT JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
-        "ttsiiis",
+        "ttsiiiss",
     )
     if len(start):
         cat = cat.astype(str)
         pid = _ints_or(pid, path, "pid")
         tid = _ints_or(tid, path, "tid")
         corr = _ints_or(corr, path, "correlation_id")
-        is_marker = np.char.startswith(cat, "MARKER")
-        is_api = ~is_marker & (np.char.find(cat, "_API") >= 0) & ~np.char.startswith(cat, "HSA")
+        lower = np.char.lower(cat)
+        # rocprofv3 writes MARKER_CORE_RANGE_API / MARKER_CORE_API, rocprof-sys rocm_marker_api
+        is_marker = np.char.find(lower, "marker") >= 0
+        is_api = ~is_marker & (np.char.find(lower, "_api") >= 0) & (np.char.find(lower, "hsa") < 0)
         # (only the rows read as ranges or calls are checked: other categories' times are unused)
-        start, end, name, pid, tid, corr, cat, is_marker, is_api = checked(
-            "rocpd_region", [start, end, name, pid, tid, corr, cat, is_marker, is_api], is_marker | is_api)
+        start, end, name, pid, tid, corr, cat, ext, is_marker, is_api = checked(
+            "rocpd_region", [start, end, name, pid, tid, corr, cat, ext, is_marker, is_api], is_marker | is_api)
         m = np.flatnonzero(is_marker)
-        if len(m):
-            ops = np.where(np.char.find(cat[m], "RANGE") >= 0, "roctxRangeStartA", "roctxRangePushA")
-            ops = np.where(start[m] == end[m], "roctxMarkA", ops)
-            parts.markers.append(
-                _markers_from_rows(start[m], end[m], name[m].astype(object), tid[m], pid[m], ops, parts.notes)
-            )
         a = np.flatnonzero(is_api)
+        if len(m):
+            parts.markers.append(_rocpd_markers(start[m], end[m], name[m], ext[m], tid[m], pid[m], parts.notes))
+            _pop_time_ranges(parts, start[a], end[a], tid[a], pid[a], cat[m])
         parts.calls.append(dict(start=start[a], end=end[a], tid=tid[a], pid=pid[a], corr=corr[a], name=name[a]))
         meta["region_categories"] = sorted(set(cat.tolist()))
+    marks = _rocpd_marks(path, con, tables, src, fetch, times)
+    if marks is not None:
+        parts.markers.append(marks)
 
     report(progress, "reading rocpd kernel dispatches")
     agent = src.get("rocpd_info_agent")
@@ -876,7 +650,7 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
     )
     start, end, name, dev, stream, pid, corr = fetch(
         f"""SELECT {start_sql}, {end_sql}, COALESCE(K.display_name, K.kernel_name, ''),
-                   ifnull({dev_sql}, -1), ifnull(X.stream_id, -1), ifnull({pid_sql}, -1), ifnull(E.correlation_id, -1)
+                   ifnull({dev_sql}, -1), ifnull(X.stream_id, -1), ifnull({pid_sql}, -1), ifnull(E.{corr_col}, -1)
             FROM {src['rocpd_kernel_dispatch']} X
             LEFT JOIN {src['rocpd_info_kernel_symbol']} K ON K.id = X.kernel_id AND K.guid = X.guid
             LEFT JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
@@ -905,7 +679,7 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
         start, end, name, dst, srcd, dst_type, stream, pid, corr, size = fetch(
             f"""SELECT {start_sql}, {end_sql}, S.string, ifnull({dst_sql}, -1),
                        ifnull({src_sql}, -1), {gpu}, ifnull(X.stream_id, -1), ifnull({pid_sql}, -1),
-                       ifnull(E.correlation_id, -1), ifnull(X.size, 0)
+                       ifnull(E.{corr_col}, -1), ifnull(X.size, 0)
                 FROM {src['rocpd_memory_copy']} X
                 JOIN {src['rocpd_string']} S ON S.id = X.name_id AND S.guid = X.guid
                 LEFT JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
@@ -932,7 +706,137 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
         for t, n in con.execute(f"SELECT tid, name FROM {thr} WHERE name IS NOT NULL"):
             if isinstance(t, int):
                 parts.thread_names[t] = str(n)
-    return _assemble(path, "rocpd", parts, meta)
+    return assemble(path, "rocpd", parts, meta, clock=CLOCK)
+
+
+def _source_columns(con: sqlite3.Connection, tables: dict[str, str], source: str) -> set[str]:
+    """Column names of a logical rocpd table: its view, or the first of its suffixed tables."""
+    m = re.search(r'"([^"]+)"', source)
+    return _util.sqlite_columns(con, m.group(1)) if m else set()
+
+
+def _rocpd_correlation_column(con: sqlite3.Connection, event_source: str) -> str:
+    """``stack_id`` where the file fills it (rocprofv3: the internal correlation id, which ties a
+    call to its kernels and copies; its ``correlation_id`` is the external id, 0 unless the program
+    set one), else ``correlation_id``."""
+    cols = _source_columns(con, {}, event_source)
+    if "stack_id" in cols:
+        row = con.execute(f"SELECT 1 FROM {event_source} WHERE stack_id IS NOT NULL AND stack_id != 0 LIMIT 1")
+        if row.fetchone() is not None:
+            return "stack_id"
+    return "correlation_id"
+
+
+_PAIRED_OPS = {"roctxThreadRangeA": RangeStyle.PUSH_POP, "roctxProcessRangeA": RangeStyle.START_END}
+
+
+def _marker_message(extdata: str) -> str:
+    """``$.message`` of an event's extdata JSON ('' when none)."""
+    if not extdata or "message" not in extdata:
+        return ""
+    try:
+        doc = json.loads(extdata)
+    except ValueError:
+        return ""
+    msg = doc.get("message") if isinstance(doc, dict) else None
+    return str(msg) if msg is not None else ""
+
+
+def _rocpd_markers(start: np.ndarray, end: np.ndarray, name: np.ndarray, ext: np.ndarray, tid: np.ndarray,
+                   pid: np.ndarray, notes: list[str]) -> dict:
+    """Marker regions as range columns.
+
+    rocprofv3 (ROCm 7) writes one region per range, named after the operation that paired it
+    (``roctxThreadRangeA``: push/pop; ``roctxProcessRangeA``: start/stop, on the thread that
+    stopped it), the message in the event's ``extdata`` (``{"message": ...}``); later versions
+    name the region after the message. rocprof-sys names it after the message. Raw
+    ``roctxRangePush``/``Pop`` rows are paired as in the CSV."""
+    ops = name.astype(str)
+    uniq, inv = np.unique(ext.astype(str), return_inverse=True)
+    message = np.array([_marker_message(u) for u in uniq], dtype=object)[inv]
+    label = np.where(message != "", message, name).astype(object)
+    if np.isin(ops, ["roctxRangePushA", "roctxRangePush", "roctxRangePop", "roctxRangePopA"]).any():
+        return _markers_from_rows(start, end, label, tid, pid, ops, notes)
+    style = np.full(len(start), int(RangeStyle.PUSH_POP), np.int8)
+    process = ops == "roctxProcessRangeA"
+    style[process] = int(RangeStyle.START_END)
+    style[start == end] = int(RangeStyle.MARK)
+    if process.any():
+        notes.append(f"{int(process.sum())} roctx start/stop ranges: rocpd keeps the thread that stopped each, "
+                     "not the one that started it")
+    return dict(start=start, end=end, name=label, tid=np.where(process, NO_ID, tid), pid=pid, style=style,
+                end_tid=tid)
+
+
+def _pop_time_ranges(parts: _Parts, c_start: np.ndarray, c_end: np.ndarray, c_tid: np.ndarray, c_pid: np.ndarray,
+                     categories: np.ndarray) -> None:
+    """Spot roctx ranges stored as instants at their Pop/Stop time, and turn them into marks.
+
+    rocpd written by rocprof-sys before ROCm/rocm-systems PR #2793 (merged January 2026) gave each
+    range the time of its roctxRangePop/Stop call instead of its Push/Start: every range is then a
+    few microseconds at its end and holds none of the work it marked. Seen as: all of them shorter
+    than 50 us, none holding an API call of its thread although those threads made calls. Such
+    ranges would be stages of made-up length; they are kept as marks at the Pop time, and said."""
+    m = parts.markers[-1]
+    spans = np.flatnonzero(m["style"] != int(RangeStyle.MARK))
+    if len(spans) < 2 or not len(c_start):
+        return
+    dur = m["end"][spans] - m["start"][spans]
+    if np.median(dur) >= 50_000 or dur.max() >= 1_000_000:
+        return
+    thread = np.asarray(m["end_tid"] if "end_tid" in m else m["tid"], np.int64)[spans]
+    key = (np.asarray(m["pid"], np.int64)[spans] << np.int64(32)) ^ (thread & np.int64(0xFFFFFFFF))
+    c_key = (np.asarray(c_pid, np.int64) << np.int64(32)) ^ (np.asarray(c_tid, np.int64) & np.int64(0xFFFFFFFF))
+    if not np.isin(key, c_key).all():
+        return  # ranges on threads without calls: nothing to judge them by
+    # the last call on the range's thread that began at or before the range's end: inside it?
+    row = _util.latest_at_or_before(c_key, c_start, key, m["end"][spans])
+    holds = (row >= 0) & (c_start[np.maximum(row, 0)] >= m["start"][spans])
+    if holds.any():
+        return
+    m["style"] = np.full(len(m["style"]), int(RangeStyle.MARK), np.int8)
+    m["end"] = m["start"].copy()  # (the Pop call's entry: the start the writer stored)
+    if "end_tid" in m:  # (a start/stop range's known thread is the one that stopped it: the mark's)
+        m["tid"] = np.asarray(m["end_tid"], np.int64).copy()
+    producer = "rocprof-sys" if any("rocm_marker_api" in str(c) for c in categories.tolist()) else "its writer"
+    parts.notes.append(
+        f"the {len(spans)} roctx ranges are instants at their Pop/Stop time (median {int(np.median(dur))} ns, none "
+        f"holds a call of its thread): rocpd written by {producer} before ROCm/rocm-systems PR #2793 (January 2026) "
+        "stored the Pop time as a range's start; kept as marks, so kernels cannot be given to them: capture again "
+        "with a newer ROCm")
+
+
+def _rocpd_marks(path: Path, con: sqlite3.Connection, tables: dict[str, str], src: dict[str, str], fetch,
+                 times: TimeCheck) -> dict | None:
+    """roctxMark instants: rocprofv3 writes them to rocpd_sample (no name; the message is the
+    event's extdata), on a track of the marker category."""
+    if "rocpd_sample" not in src or "rocpd_track" not in src:
+        return None
+    thr = src.get("rocpd_info_thread")
+    proc = src.get("rocpd_info_process")
+    tid_sql = f"(SELECT T2.tid FROM {thr} T2 WHERE T2.id = T.tid AND T2.guid = T.guid)" if thr else "T.tid"
+    pid_sql = f"(SELECT P.pid FROM {proc} P WHERE P.id = T.pid AND P.guid = T.guid)" if proc else "T.pid"
+    ext_sql = "E.extdata" if "extdata" in _source_columns(con, tables, src["rocpd_event"]) else "NULL"
+    ts, tid, pid, cat, ext = fetch(
+        f"""SELECT ifnull(X.timestamp, {INVALID_NS}), ifnull({tid_sql}, -1), ifnull({pid_sql}, -1),
+                   (SELECT S.string FROM {src['rocpd_string']} S WHERE S.id = E.category_id AND S.guid = E.guid),
+                   {ext_sql}
+            FROM {src['rocpd_sample']} X
+            JOIN {src['rocpd_track']} T ON T.id = X.track_id AND T.guid = X.guid
+            JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
+        "tiiss",
+    )
+    sel = np.flatnonzero(np.char.find(np.char.lower(cat.astype(str)), "marker") >= 0) if len(ts) else ts
+    if not len(sel):
+        return None
+    ts, tid, pid, ext = ts[sel], _ints_or(tid[sel], path, "tid"), _ints_or(pid[sel], path, "pid"), ext[sel]
+    keep = times.keep("rocpd_sample (marks)", ts, ts, names=("timestamp", "timestamp"))
+    if keep is not None:
+        ts, tid, pid, ext = ts[keep], tid[keep], pid[keep], ext[keep]
+    uniq, inv = np.unique(ext.astype(str), return_inverse=True)
+    message = np.array([_marker_message(u) or "roctxMarkA" for u in uniq], dtype=object)[inv]
+    return dict(start=ts, end=ts, name=message, tid=tid, pid=pid,
+                style=np.full(len(ts), int(RangeStyle.MARK), np.int8))
 
 
 def _ints_or(values: np.ndarray, path: Path, what: str, default: int = NO_ID) -> np.ndarray:

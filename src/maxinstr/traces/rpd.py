@@ -242,3 +242,192 @@ def _text(value) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return str(value)
+
+
+# --------------------------------------------------------------------------------------
+# RPD's Chrome-trace export (rocmProfileData tools/rpd2tracing.py)
+
+FORMAT_JSON = "rpd-json"
+_OP_KINDS = (("KernelExecution", OpKind.KERNEL), ("Task", OpKind.KERNEL), ("Copy", OpKind.MEMCPY),
+             ("FillBuffer", OpKind.MEMSET), ("Memset", OpKind.MEMSET))
+_FLOW_SLACK_NS = 2000  # rpd2tracing starts an api->op flow 2 us before the call's end
+
+
+def is_rpd_json(events: list) -> bool:
+    """Whether a Chrome-trace event list is rpd2tracing's: GPU sections named ``GPU<n>`` with a
+    ``process_sort_index`` of 1000000 + n, host threads named ``Hip <tid>``, flows of category
+    ``api_op``."""
+    head = events[:5000]
+    for e in head:
+        if not isinstance(e, dict):
+            continue
+        if e.get("cat") == "api_op" and e.get("ph") in ("s", "f"):
+            return True
+        args = e.get("args")
+        if e.get("ph") == "M" and isinstance(args, dict):
+            if e.get("name") == "thread_name" and str(args.get("name", "")).startswith("Hip "):
+                return True
+            if e.get("name") == "process_sort_index" and str(args.get("sort_index", "")).startswith("100000"):
+                return True
+    return False
+
+
+def read_rpd_json(path: str | Path, *, progress: Progress | None = None, document: object = None) -> Trace:
+    """Read RPD's Chrome-trace export (``rpd2tracing.py``: a bare event list, or an object with
+    ``traceEvents``).
+
+    GPU ops are the ``X`` events on the ``GPU<n>`` sections (pid = gpuId, tid = queueId), their
+    type in ``args.desc`` (KernelExecution, Copy*, FillBuffer); the tool's own summaries there
+    ("UserMarker frame" spans, "Graph <n>" spans) repeat ops and are skipped. Host events are API
+    calls, except roctx ranges (``UserMarker`` rows, written with the message as both name and
+    ``args.desc``; ``i`` events are marks). Times are microseconds (integers in older exports: the
+    ns are gone). Each op is tied to its API call through the ``api_op`` flow: it starts on the
+    call's thread at the call's end less 2 us (or at the op's start when that is earlier) and ends
+    at the op; the call is the one on that thread that began last by then.
+    """
+    path = Path(path)
+    if document is None:
+        report(progress, f"parsing {path.name}")
+        document = _util.load_json(_util.read_bytes(path), path)
+    events = document.get("traceEvents") if isinstance(document, dict) else document
+    if not isinstance(events, list):
+        raise TraceError(path, "RPD JSON without an event list")
+    with _util.malformed(path, "RPD JSON"):
+        return _read_json(path, events, progress)
+
+
+def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
+    notes: list[str] = []
+    times = TimeCheck(path, notes)
+    gpu_pids: set[str] = set()
+    for e in events:
+        if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "process_name":
+            args = e.get("args")
+            if isinstance(args, dict) and str(args.get("name", "")).startswith("GPU"):
+                gpu_pids.add(str(e.get("pid")))
+    report(progress, f"{len(events)} events")
+    ops_ev: list[dict] = []
+    host_ev: list[dict] = []
+    marks: list[dict] = []
+    flow_s: dict[str, dict] = {}
+    flow_f: list[dict] = []
+    skipped = 0
+    for e in events:
+        if not isinstance(e, dict):
+            continue
+        ph = e.get("ph")
+        if ph == "X":
+            args = e.get("args")
+            if not isinstance(args, dict):
+                args = {}
+            if str(e.get("pid")) in gpu_pids:
+                if "kernels" in args or str(args.get("desc", "")).startswith("UserMarker frame"):
+                    skipped += 1  # rpd2tracing's summaries of ops already listed
+                else:
+                    ops_ev.append(e)
+            else:
+                host_ev.append(e)
+        elif ph == "i":
+            marks.append(e)
+        elif ph == "s" and e.get("cat") == "api_op":
+            flow_s[str(e.get("id"))] = e
+        elif ph == "f" and e.get("cat") == "api_op":
+            flow_f.append(e)
+    strings = StringTable()
+
+    def col(evs: list[dict], key: str) -> list:
+        return [ev.get(key) for ev in evs]
+
+    def timed(evs: list[dict], what: str) -> tuple[list[dict], np.ndarray, np.ndarray]:
+        start = _util.decimal_us_to_ns(col(evs, "ts"), path, f"{what}.ts")
+        dur = _util.decimal_us_to_ns([ev.get("dur", 0) for ev in evs], path, f"{what}.dur")
+        end = np.where((start == INVALID_NS) | (dur == INVALID_NS), INVALID_NS, start + np.where(dur == INVALID_NS, 0, dur))
+        keep = times.keep(what, start, end, row=lambda i: f"event {i}", names=("ts", "dur"), unit="events")
+        if keep is not None:
+            evs = [evs[i] for i in np.flatnonzero(keep).tolist()]
+            start, end = start[keep], end[keep]
+        return evs, start, end
+
+    def ints(values: list, what: str) -> np.ndarray:
+        return int_column(values, path, what, invalid=NO_ID)
+
+    # host: API calls and roctx ranges (UserMarker: the message is both the name and args.desc)
+    host_ev, h_start, h_end = timed(host_ev, "host events")
+    h_name = np.array([str(ev.get("name", "")) for ev in host_ev], dtype=object)
+    h_desc = np.array([str((ev.get("args") or {}).get("desc", "")) for ev in host_ev], dtype=object)
+    is_marker = h_name == h_desc
+    h_pid, h_tid = ints(col(host_ev, "pid"), "pid"), ints(col(host_ev, "tid"), "tid")
+    c = np.flatnonzero(~is_marker)
+    corr = np.arange(len(c), dtype=np.int64)  # the call's row: RPD's own api id is not in the export
+    c_name = _util.intern(strings, h_name[c])
+    is_graph = np.array([bool(_GRAPH_LAUNCH.search(str(n))) for n in h_name[c].tolist()], bool)
+    calls = Calls(start_ns=h_start[c], end_ns=h_end[c], tid=h_tid[c], pid=h_pid[c], correlation_id=corr,
+                  name_id=c_name, kind=np.where(is_graph, int(CallKind.GRAPH), int(CallKind.RUNTIME)).astype(np.int8))
+
+    # GPU ops
+    ops_ev, o_start, o_end = timed(ops_ev, "GPU op events")
+    desc = [str((ev.get("args") or {}).get("desc", "")) for ev in ops_ev]
+    kind = np.array([next((int(k) for prefix, k in _OP_KINDS if d.startswith(prefix)), -1) for d in desc], np.int8)
+    if (kind < 0).any():
+        other = sorted({d for d, k in zip(desc, kind.tolist()) if k < 0})[:5]
+        notes.append(f"{int((kind < 0).sum())} GPU events of other types left out ({', '.join(other)})")
+    o_pid, o_tid = ints(col(ops_ev, "pid"), "pid"), ints(col(ops_ev, "tid"), "tid")
+
+    # api_op flows: f at (gpu, queue, op start) -> s at (pid, tid, call end - 2 us or op start)
+    pairs = [(flow_s[str(f.get("id"))], f) for f in flow_f if str(f.get("id")) in flow_s]
+    s_t = _util.decimal_us_to_ns([s.get("ts") for s, _ in pairs], path, "flow ts")
+    f_t = _util.decimal_us_to_ns([f.get("ts") for _, f in pairs], path, "flow ts")
+    s_key = _thread_key(ints([s.get("pid") for s, _ in pairs], "flow pid"), ints([s.get("tid") for s, _ in pairs], "flow tid"))
+    # the call began at or before the flow's start + 2 us (its end), and began last on that thread
+    # (of calls beginning in one microsecond, the later-listed: rpd2tracing writes them in id order)
+    flow_call = _util.latest_at_or_before(_thread_key(calls.pid, calls.tid), calls.start_ns, s_key,
+                                          np.where(s_t < f_t, s_t + _FLOW_SLACK_NS, s_t))
+    f_key = np.stack([ints([f.get("pid") for _, f in pairs], "flow pid"), ints([f.get("tid") for _, f in pairs], "flow tid"), f_t])
+    op_corr = _util.match_rows(np.stack([o_pid, o_tid, o_start]), f_key, np.where(flow_call >= 0, corr[np.maximum(flow_call, 0)], NO_ID), NO_ID)
+    keep = kind >= 0
+    names = np.array([str(ev.get("name", "")) for ev in ops_ev], dtype=object)
+    ops = GpuOps(start_ns=o_start, end_ns=o_end, kind=kind, name_id=_util.intern(strings, names),
+                 device_id=o_pid.astype(np.int32), stream_id=o_tid, pid=np.full(len(o_pid), NO_ID, np.int64),
+                 correlation_id=op_corr, graph_node_id=np.full(len(o_pid), NO_ID, np.int64),
+                 bytes=np.zeros(len(o_pid), np.int64)).take(keep)
+    ops = ops.take(np.argsort(ops.start_ns, kind="stable"))
+    # an op's process is its call's (a GPU section is no process)
+    row = np.searchsorted(calls.correlation_id, ops.correlation_id)
+    linked = ops.correlation_id != NO_ID
+    ops.pid = np.where(linked, calls.pid[np.minimum(row, max(len(calls) - 1, 0))] if len(calls) else NO_ID, NO_ID)
+    if (~linked).any():
+        pids = np.unique(calls.pid)
+        if len(pids) == 1:
+            ops.pid[~linked] = pids[0]
+        notes.append(f"{int((~linked).sum())} GPU ops have no api_op flow to a host call")
+    graph_corr = calls.correlation_id[calls.kind == int(CallKind.GRAPH)]
+    ops.graph_node_id = _util.graph_node_ordinals(ops.correlation_id, ops.start_ns, graph_corr)
+    if (ops.graph_node_id != NO_ID).any():
+        notes.append("graph node ids are stand-ins: the order of each op within its hipGraphLaunch")
+    calls = calls.take(np.argsort(calls.start_ns, kind="stable"))
+
+    # roctx ranges and marks
+    m = np.flatnonzero(is_marker)
+    marks, k_start, _ = timed(marks, "mark events") if marks else ([], np.empty(0, np.int64), None)
+    r_start = np.r_[h_start[m], k_start]
+    r_end = np.r_[h_end[m], k_start]
+    r_name = np.r_[h_name[m], np.array([str(ev.get("name", "")) for ev in marks], dtype=object)].astype(object)
+    style = np.r_[np.full(len(m), int(RangeStyle.PUSH_POP), np.int8), np.full(len(marks), int(RangeStyle.MARK), np.int8)]
+    ranges = ranges_table(r_start, r_end, _util.intern(strings, r_name),
+                          np.r_[h_tid[m], ints(col(marks, "tid"), "tid")], np.r_[h_pid[m], ints(col(marks, "pid"), "pid")],
+                          style)
+    if skipped:
+        notes.append(f"{skipped} rpd2tracing summary spans on the GPU lanes (UserMarker frames, graph spans) skipped")
+    if len(o_start) and not (np.r_[o_start, h_start] % 1000).any():
+        notes.append("RPD JSON export: times are whole microseconds (this rpd2tracing version drops the ns)")
+    if (ops.kind != int(OpKind.KERNEL)).any():
+        notes.append("RPD JSON export: copies carry no byte count (the .rpd's rocpd_copyapi does)")
+    trace = Trace(source=str(path), format=FORMAT_JSON, strings=strings.to_array(), ranges=ranges, calls=calls,
+                  ops=ops, clock="CLOCK_MONOTONIC", notes=notes, meta={"flows": len(pairs)})
+    trace.validate()
+    return trace
+
+
+def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    return (np.asarray(pid, np.int64) << np.int64(32)) ^ (np.asarray(tid, np.int64) & np.int64(0xFFFFFFFF))
+
