@@ -347,3 +347,18 @@ def test_a_moved_run_directory_finds_its_trace(tmp_path):
     assert discover(str(run), meta, None, None)[0] == str(run / "profile.sqlite")
     choice = _resolve(run, None, "forward", None, None)[0]
     assert "forward" in str(choice) or getattr(choice, "stage", None) == "forward"
+
+
+def test_the_report_says_whether_maxs_markers_were_on():
+    """MAX's op markers change what is watched (MAX recompiles its graphs with them): a run made
+    with them says so and what they cost; one under nsys without them says how to see MAX's ops;
+    kernels=True (no profiler trace) says neither."""
+    from maxinstr.analyze.report import build_report
+
+    on = build_report(MAX / "decoder_run", MAX / "decoder_run" / "profile.sqlite")["sources"]["notes"]
+    assert any(n.startswith("MAX's op markers were on (MODULAR_ENABLE_PROFILING=detailed)") and "1527 tokens/s" in n
+               for n in on), on
+    off = build_report(MAX / "decoder_nsys", MAX / "decoder_nsys.sqlite")["sources"]["notes"]
+    assert any(n.startswith("MAX's op ranges were off: `maxinstr run --max-ops detailed`") for n in off), off
+    inproc = build_report(MAX / "decoder_kernels")["sources"]["notes"]
+    assert not any("MAX's op" in n for n in inproc), inproc

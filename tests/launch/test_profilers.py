@@ -100,15 +100,18 @@ def test_rocprofv3_collect_finds_the_kernel_csv(tmp_path):
     assert not Rocprofv3().collect(tmp_path / "empty").ok
 
 
-@pytest.mark.parametrize("profiler, expected", [("nsys", "detailed"), ("rocprofv3", "detailed"), ("none", None)])
-def test_maxs_markers_only_where_a_profiler_records_them(tmp_path, monkeypatch, profiler, expected):
-    """`maxinstr run` turns MAX's own ranges on for nsys/rocprofv3 (they nest under the stages
-    there); they cost MAX host time, so with --profiler none they stay off. A user's own
-    MODULAR_ENABLE_PROFILING stands either way."""
+@pytest.mark.parametrize("profiler, max_ops, expected", [
+    ("nsys", None, None), ("rocprofv3", None, None),  # off unless asked: they change what is watched
+    ("nsys", "detailed", "detailed"), ("rocprofv3", "on", "on"), ("none", "detailed", None)])
+def test_maxs_markers_only_when_asked_and_a_profiler_records_them(tmp_path, monkeypatch, profiler, max_ops, expected):
+    """MAX's own ranges (MODULAR_ENABLE_PROFILING) nest under the stages in an nsys/rocprofv3 trace,
+    but MAX recompiles its graphs with them and they cost it host time (H200 decoder: 915 against
+    1527 tokens/s): `maxinstr run` turns them on only with --max-ops, and only where a profiler
+    records them. A user's own MODULAR_ENABLE_PROFILING stands either way."""
     from maxinstr.launch.runner import RunOptions, RunSpec, child_env
 
     monkeypatch.delenv("MODULAR_ENABLE_PROFILING", raising=False)
-    options = RunOptions(profiler=make_profiler(profiler))
+    options = RunOptions(profiler=make_profiler(profiler), max_ops=max_ops)
     spec = RunSpec(command=["python3", "x.py"], run_dir=tmp_path, label="", env={})
     env = child_env(spec, options, tmp_path, base={})
     assert env.get("MODULAR_ENABLE_PROFILING") == expected

@@ -36,7 +36,7 @@ def test_nsys_run_end_to_end(tmp_path, script):
     seen = _env_line(res.stdout)
     assert seen["MAXINSTR_RUN_DIR"] == str(out.resolve())
     assert seen["MAXINSTR_CAPTURE"] == "1" and seen["MAXINSTR_CAPTURE_WINDOW_S"] == "4"
-    assert seen["MODULAR_ENABLE_PROFILING"] == "detailed"
+    assert seen["MODULAR_ENABLE_PROFILING"] is None  # MAX's markers only with --max-ops
     calls = [json.loads(line)["argv"] for line in log.read_text().splitlines()]
     profile = next(c for c in calls if c[0] == "profile")
     assert "--capture-range=cudaProfilerApi" in profile and profile[-2:] == [sys.executable, str(prog)]

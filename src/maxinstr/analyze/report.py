@@ -30,6 +30,7 @@ from maxinstr.analyze.schema import (SCHEMA, VERSION, Coverage, Environment, Foo
 from maxinstr.analyze.stats import group_summaries, step_trend
 from maxinstr.attribute import attribute
 from maxinstr.attribute.model import JoinMethod
+from maxinstr.traces.inprocess import FORMAT as INPROCESS_FORMAT
 
 if TYPE_CHECKING:
     from maxinstr.attribute.model import Attribution
@@ -284,6 +285,7 @@ def _sources(run: Run | None, trace: Trace | None, attribution: Attribution | No
         notes += list(getattr(attribution, "notes", []) or [])
     notes += list(getattr(inst, "notes", []) or [])
     notes += _sampled_out_note(run)
+    notes += _max_markers_note(run, trace)
     join = None
     joined = None
     join_problem = None
@@ -355,6 +357,26 @@ def _sampled_out_note(run: Run | None) -> list[str]:
     return [f"GPU event times from {timed} of {timed + out} stage instances: the GPU-timing budget left {out} "
             "untimed (whole top-level stages) to keep event work within its share of wall time; "
             "MAXINSTR_GPU_BUDGET=0 times every stage"]
+
+
+MAX_MARKERS_COST = "H200 decoder, docs/max.md: 915 against 1527 tokens/s plain"
+"""What MAX's op markers were measured to cost MAX, quoted wherever the report speaks of them."""
+
+
+def _max_markers_note(run: Run | None, trace: Trace | None) -> list[str]:
+    """Whether MAX's own op markers were on in a run of a MAX program, and what that means: on,
+    the times include their cost; off under a profiler, how to see MAX's ops inside the stages."""
+    meta = getattr(run, "meta", None) if run is not None else None
+    if not isinstance(meta, dict) or not (meta.get("frameworks") or {}).get("max"):
+        return []
+    level = str((meta.get("env") or {}).get("MODULAR_ENABLE_PROFILING", "off")).strip().lower()
+    if level not in ("", "off", "0", "false"):
+        return [f"MAX's op markers were on (MODULAR_ENABLE_PROFILING={level}): MAX compiled its graphs with them and "
+                f"they cost it host time ({MAX_MARKERS_COST}); these times include that"]
+    if trace is not None and trace.format != INPROCESS_FORMAT:
+        return ["MAX's op ranges were off: `maxinstr run --max-ops detailed` shows MAX's ops inside each stage, at a "
+                f"cost to MAX ({MAX_MARKERS_COST})"]
+    return []
 
 
 def _rules_used(attribution: Attribution | None) -> dict[str, int] | None:

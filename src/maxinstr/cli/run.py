@@ -84,6 +84,9 @@ def print_report(run_dir: Path, trace: str | None, unprofiled: Path | None = Non
 @click.option("--warmup", type=click.IntRange(min=0), default=None, help="Warm-up instances per stage for the run's session (MAXINSTR_WARMUP; overrides the script's "
                    "warmup=, and is needed for the steady-state capture when the program opens no session).")
 @click.option("--warm-run", is_flag=True, help="Run once unprofiled first (compile, load weights); its wall time is reported as startup.")
+@click.option("--max-ops", type=click.Choice(["off", "on", "detailed"]), default="off", show_default=True,
+              help="MAX's own op ranges inside each stage (MODULAR_ENABLE_PROFILING; a profiler records them). They "
+                   "recompile MAX's graphs with markers and cost MAX host time, so they are off unless asked for.")
 @click.option("--stage", "stages", multiple=True, metavar="MODULE:QUALNAME[=name]",
               help="Wrap a function/method of code you cannot edit in a stage (repeatable).")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Fresh-process repeats, each in its own run directory.")
@@ -98,7 +101,7 @@ def print_report(run_dir: Path, trace: str | None, unprofiled: Path | None = Non
 @click.option("-q", "--quiet", is_flag=True, help="Do not echo the program's output (it is still in child.log).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
-def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, warm_run, stages, repeat, sweep, timeout_s,
+def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, warm_run, max_ops, stages, repeat, sweep, timeout_s,
             no_fail_fast, fatal, profiler_args, yes, no_report, quiet, command) -> None:
     """Run CMD under the vendor profiler with maxinstr's session in it, then report.
 
@@ -133,7 +136,7 @@ def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, 
     options = runner.RunOptions(
         profiler=prof, warm_run=warm_run, warmup=warmup, stage_specs=list(stages), timeout_s=timeout_s,
         fail_fast=not no_fail_fast, extra_fatal=list(fatal), echo=None if quiet else runner.sv.print_line,
-        environment=env.to_json(), rerun_args=rerun_args(ctx),
+        environment=env.to_json(), rerun_args=rerun_args(ctx), max_ops=None if max_ops == "off" else max_ops,
     )
     click.echo("maxinstr: plan", err=True)
     for line in runner.plan_lines(specs, options):

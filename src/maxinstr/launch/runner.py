@@ -62,6 +62,9 @@ class RunOptions:
     echo: Callable[[str], None] | None = sv.print_line
     environment: dict | None = None
     """detect_environment().to_json(), stored with the run."""
+    max_ops: str | None = None
+    """``on``/``detailed``: MAX's op markers on (MODULAR_ENABLE_PROFILING) where a profiler records
+    them; None leaves MAX as it is (``--max-ops``)."""
     rerun_args: list[str] | None = None
     """The options of `maxinstr run` that make a run what it is (profiler, capture, warm-up,
     --stage, ...), as command-line words, less where it writes (-o), how it shows it (-y, -q,
@@ -217,14 +220,16 @@ def child_env(spec: RunSpec, options: RunOptions, run_dir: Path, base: dict[str,
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (site_dir(), env.get("PYTHONPATH", "")) if p)
     env[config.RUN_DIR] = str(run_dir.resolve())
-    # MAX's own NVTX/roctx ranges nest under ours where a profiler records them; they cost MAX
-    # host time, so not without one. A user's explicit choice stands (a --sweep value too). Ours
-    # is marked as ours: where MAX's markers would abort MAX, the start-up hook turns ours off
+    # MAX's own NVTX/roctx ranges nest under ours where a profiler records them, but they change
+    # what is watched: MAX compiles its graphs again with markers and they cost it host time (H200
+    # decoder: 915 against 1527 tokens/s plain, docs/max.md). So only when asked (--max-ops), and
+    # only with a profiler to record them. A user's explicit choice stands (a --sweep value too).
+    # Ours is marked as ours: where MAX's markers would abort MAX, the start-up hook turns ours off
     # (one line) but refuses the user's own (launch/bootstrap.py).
     env.pop(config.MAX_PROFILING_BY_RUN, None)
-    if (options.profiler.name in ("nsys", "rocprofv3") and "MODULAR_ENABLE_PROFILING" not in env
+    if (options.max_ops and options.profiler.name in ("nsys", "rocprofv3") and "MODULAR_ENABLE_PROFILING" not in env
             and "MODULAR_ENABLE_PROFILING" not in spec.env):
-        env["MODULAR_ENABLE_PROFILING"] = "detailed"
+        env["MODULAR_ENABLE_PROFILING"] = options.max_ops
         env[config.MAX_PROFILING_BY_RUN] = "1"
     if options.warmup is not None:
         env[config.WARMUP] = str(options.warmup)
