@@ -11,6 +11,16 @@ export PYTHONUNBUFFERED=1
 trace=/tmp/h200_1M.sqlite
 [ -f "$trace" ] || python3 benchmarks/trace_merge_gen.py tests/data/nsys/h200_decode.sqlite 1000000 "$trace" > "$out/gen.txt" 2>&1
 nproc > "$out/host.txt"; uptime >> "$out/host.txt"
+# bytecode for what the report imports, as a user's pip install leaves it: the image sets
+# PYTHONDONTWRITEBYTECODE and ships numpy, click and rich without .pyc, so every process compiled
+# numpy's sources again (0.19 s of a 1.17 s report on an H100 host, 2026-12-05)
+python3 - <<'PY' >> "$out/host.txt" 2>&1
+import compileall, importlib, os
+for name in ("numpy", "click", "rich", "maxinstr"):
+    mod = importlib.import_module(name)
+    ok = compileall.compile_dir(os.path.dirname(mod.__file__), quiet=1, workers=0)
+    print("bytecode", name, ok)
+PY
 python3 benchmarks/report_cli.py "$trace" --rounds "${REPORT_ROUNDS:-3}" ${REPORT_CLI_ARGS:-} 2>&1 | tee "$out/table.txt"
 rc=${PIPESTATUS[0]}
 python3 -c "import cProfile, pstats, sys; from maxinstr.cli import main; sys.argv=['maxinstr']
