@@ -18,7 +18,7 @@ python3 - <<'PY' >> "$out/host.txt" 2>&1
 import compileall, importlib, os
 for name in ("numpy", "click", "rich", "maxinstr"):
     mod = importlib.import_module(name)
-    ok = compileall.compile_dir(os.path.dirname(mod.__file__), quiet=1, workers=0)
+    ok = compileall.compile_dir(os.path.dirname(mod.__file__), quiet=1, workers=1)
     print("bytecode", name, ok)
 PY
 python3 benchmarks/report_cli.py "$trace" --rounds "${REPORT_ROUNDS:-3}" ${REPORT_CLI_ARGS:-} 2>&1 | tee "$out/table.txt"
