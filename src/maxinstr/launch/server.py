@@ -170,6 +170,7 @@ def start_server(
     ready: str | None = None,
     ready_timeout_s: float = 600.0,
     stage_specs: list[str] | None = None,
+    presets: list[str] | None = None,
     fail_fast: bool = True,
 ) -> ServerState:
     """Start ``command`` in its own process group (under ``nsys launch`` when profiling),
@@ -180,7 +181,7 @@ def start_server(
         if old.alive():
             raise MaxinstrError(f"{run_dir}: a server started here is still running (pid {old.pid}); `maxinstr server stop {run_dir}` first")
     spec = runner.RunSpec(command=command, run_dir=run_dir)
-    env = runner.child_env(spec, runner.RunOptions(stage_specs=list(stage_specs or [])), run_dir)
+    env = runner.child_env(spec, runner.RunOptions(stage_specs=list(stage_specs or []), presets=list(presets or [])), run_dir)
     session = None
     cmd = list(command)
     if profiler == "nsys":
@@ -239,6 +240,7 @@ def profile_window(
                 time.sleep(0.5 * (attempt + 1))
         time.sleep(START_SETTLE_S)
     started = time.time()
+    started_ns = time.monotonic_ns()  # the records' clock (CLOCK_MONOTONIC): the window's span in the run
     bench_result = None
     try:
         if bench:
@@ -254,6 +256,7 @@ def profile_window(
         if state.profiler == "nsys":
             _check(stop_command(nsys, state.session))  # type: ignore[arg-type]
     window: dict[str, Any] = {"index": k, "started_unix_s": started, "wall_s": round(time.time() - started, 3),
+              "host_start_ns": started_ns, "host_end_ns": time.monotonic_ns(),
               "bench": bench, "bench_status": bench_result.status if bench_result else None}
     artifact = nsys.collect(output) if state.profiler == "nsys" else None
     if artifact is not None:
