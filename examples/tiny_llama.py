@@ -2,8 +2,8 @@
 pipelines (`max generate`, `max serve`) with no network and no download.
 
     python examples/tiny_llama.py runs/tiny-llama                    # 2 layers, hidden 64 (CPU tests)
-    python examples/tiny_llama.py runs/llama-8x2048 --layers 8 --hidden 2048 --heads 16 --kv-heads 8 \\
-        --intermediate 5632 --dtype bfloat16                         # the size of examples/max_decoder.py
+    python examples/tiny_llama.py runs/llama-8x2048 --layers 8 --hidden 2048 --heads 16 --kv-heads 16 \\
+        --intermediate 5632 --vocab 32000 --dtype bfloat16           # the size of examples/max_decoder.py
     HF_HUB_OFFLINE=1 max generate --model-path runs/tiny-llama --devices cpu \\
         --quantization-encoding float32 --prompt "hello world" --max-new-tokens 8
 
@@ -38,8 +38,9 @@ SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>"]
 
 def train_tokenizer(vocab_size: int) -> dict:
     """A byte-level BPE tokenizer (tokenizer.json as a dict) trained on CORPUS, with the Llama
-    3 special tokens for the start and the end of a text."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    3 special tokens for the start and the end of a text. A vocabulary larger than the corpus
+    gives is filled with reserved tokens, so that every id the model can emit decodes."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -47,6 +48,9 @@ def train_tokenizer(vocab_size: int) -> dict:
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS, trainer=trainer)
+    missing = vocab_size - tok.get_vocab_size()
+    if missing > 0:
+        tok.add_special_tokens([AddedToken(f"<|reserved_{i}|>", special=True) for i in range(missing)])
     bos = tok.token_to_id(SPECIAL[0])
     # the prompt starts with <|begin_of_text|>, as a Llama 3 tokenizer does
     tok.post_processor = processors.TemplateProcessing(single=f"{SPECIAL[0]} $A", special_tokens=[(SPECIAL[0], bos)])
@@ -147,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--intermediate", type=int, default=128)
-    ap.add_argument("--vocab", type=int, default=320, help="the tokenizer's target vocabulary (the corpus caps it)")
+    ap.add_argument("--vocab", type=int, default=320,
+                    help="vocabulary size (beyond what the corpus trains: reserved tokens; 32000 for the GPU size)")
     ap.add_argument("--max-positions", type=int, default=512)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--seed", type=int, default=0)

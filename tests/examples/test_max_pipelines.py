@@ -177,7 +177,11 @@ def test_max_generate_has_its_loop_stages_with_the_counts_it_implies(generate_ru
     launch = json.loads((out / "launch.json").read_text())
     assert launch["presets"] == ["max"] and launch["env"]["MAX_SERVE_DISABLE_TELEMETRY"] == "1"
     assert launch["stage_specs_unapplied"] == {} and "never applied" not in done.stderr
-    assert set(launch["max_compile_cache"]["dirs"]) == {"max", "mogg", "mojo"}
+    cache = launch["max_compile_cache"]
+    assert set(cache["dirs"]) == {"max", "mogg", "mojo"}
+    # the folders named are where MAX put the graphs it compiled (MODULAR_DERIVED_PATH too)
+    assert cache["files_after"]["max"] > 0 and cache["files_after"]["mogg"] > 0
+    assert cache["cold"] == (sum(cache["files_after"].values()) > sum(cache["files_before"].values()))
     assert "preset max: 13 wrap points" in done.stderr and "MAX's compile cache" in done.stderr + done.stdout
     for name in ("tokenize", "prefill", "decode", "decode/forward", "decode/sample", "decode/forward/graph"):
         assert name in done.stdout, name  # the report printed at the end
