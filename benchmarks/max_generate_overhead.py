@@ -1,5 +1,6 @@
 """`max generate` bare against `max generate` under `maxinstr run` (the max preset's 13 wrap
-points; --profiler none here, so the cost is the stages' own): MAX's own throughput lines
+points; --profiler none here, so the cost is the stages' own; bare runs with MAX's telemetry on,
+its default, and off, as the preset sets it): MAX's own throughput lines
 (token generation, prompt eval) and the process's wall time, configurations interleaved and
 rotated round by round (harness.py).
 
@@ -44,14 +45,19 @@ def main() -> int:
            "--max-new-tokens", str(a.tokens), "--ignore-eos"] + (["--quantization-encoding", a.encoding] if a.encoding else [])
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     tmp = Path(tempfile.mkdtemp(prefix="max-overhead-"))
+    # the preset turns MAX's telemetry off (MAX_SERVE_DISABLE_TELEMETRY=1): bare runs both ways, so
+    # that what maxinstr costs is read against "bare, telemetry off" and telemetry's own cost apart
     commands = {
         "bare": gen,
+        "bare, telemetry off": gen,
         "maxinstr run": [sys.executable, "-m", "maxinstr", "run", "--profiler", "none", "-y", "-q", "--no-report",
                          "-o", str(tmp / "run"), "--", *gen],
     }
+    env.pop("MAX_SERVE_DISABLE_TELEMETRY", None)  # bare: MAX's default (the preset sets it for maxinstr run)
+    envs = {name: dict(env, MAX_SERVE_DISABLE_TELEMETRY="1") if "telemetry off" in name else env for name in commands}
 
     def measure(name: str, r: int) -> dict[str, float | None]:
-        child = run_child(commands[name], env=env, limit_s=900)
+        child = run_child(commands[name], env=envs[name], limit_s=900)
         text = child.stdout + child.stderr
         if name != "bare":
             text += (tmp / "run" / "child.log").read_text(errors="replace") if (tmp / "run" / "child.log").exists() else ""
@@ -64,7 +70,7 @@ def main() -> int:
     result: dict[str, dict[str, float]] = {}
     for metric in ("decode_tok_s", "prefill_tok_s", "wall_s"):
         series = {name: [s[metric] for s in runs] for name, runs in samples.items()}
-        rel = ratios(series, "bare")
+        rel = ratios(series, "bare, telemetry off")
         for name, values in series.items():
             got = [v for v in values if v is not None]
             med = Stats.of(got).median if got else float("nan")
@@ -72,7 +78,7 @@ def main() -> int:
             result.setdefault(name, {})[metric] = med
             result[name][f"{metric}_ratio"] = rel[name].median
     print(f"max generate, {a.tokens} tokens, {a.devices}, {a.rounds} rounds rotated; {load_average()}")
-    print_table(["metric", "configuration", "n", "median", "ratio to bare (median of rounds)"], rows,
+    print_table(["metric", "configuration", "n", "median", "ratio to bare, telemetry off (median of rounds)"], rows,
                 [None, None, None, ".2f", ".3f"])
     emit_result(result)
     shutil.rmtree(tmp, ignore_errors=True)

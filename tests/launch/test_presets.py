@@ -171,3 +171,12 @@ def test_max_tokenize_stages_each_call_on_the_pool_thread_never_nested(tmp_path)
     assert (run.stages["depth"] == 0).all() and len(np.unique(run.stages["tid"])) == 4
     with pytest.raises(MaxinstrError, match="not a coroutine function"):
         presets.max_tokenize(encode)
+
+
+def test_a_run_s_recorded_specs_give_back_its_presets_and_its_own_specs():
+    max_specs = list(presets.preset("max").specs)
+    launch = {"presets": ["max"], "stage_specs": [*max_specs, "mod:f=g"]}
+    assert presets.recorded_specs(launch) == (["mod:f=g"], ["max"])
+    # a run without the preset (--no-preset): its specs stay as they were, no preset comes back
+    assert presets.recorded_specs({"presets": ["max"], "stage_specs": ["mod:f=g"]}) == (["mod:f=g"], [])
+    assert presets.recorded_specs({"stage_specs": None, "presets": ["nope", 3]}) == ([], [])

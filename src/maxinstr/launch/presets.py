@@ -58,6 +58,17 @@ def preset(name: str) -> Preset:
         raise MaxinstrError(f"--preset {name!r}: no such preset (known: {', '.join(sorted(PRESETS))})") from None
 
 
+def recorded_specs(launch: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """``(--stage specs given, presets)`` of a run as launch.json recorded them (its
+    ``stage_specs`` holds the presets' specs too): to run the program again as it ran. A preset
+    counts only where every spec of it is among the recorded ones."""
+    recorded = {t for t in (launch.get("stage_specs") or []) if isinstance(t, str)}
+    names = [n for n in (launch.get("presets") or []) if isinstance(n, str) and n in PRESETS
+             and set(PRESETS[n].specs) <= recorded]
+    from_presets = {text for name in names for text in PRESETS[name].specs}
+    return [t for t in (launch.get("stage_specs") or []) if isinstance(t, str) and t not in from_presets], names
+
+
 def auto_presets(command: Sequence[str]) -> list[str]:
     """The presets a command gets without asking: ``max`` for MAX's own entry points."""
     return ["max"] if max_pipeline.is_max_command(command) else []
