@@ -180,6 +180,7 @@ def start_server(
         old = ServerState.load(run_dir)
         if old.alive():
             raise MaxinstrError(f"{run_dir}: a server started here is still running (pid {old.pid}); `maxinstr server stop {run_dir}` first")
+    clear_previous_server(run_dir)
     spec = runner.RunSpec(command=command, run_dir=run_dir)
     env = runner.child_env(spec, runner.RunOptions(stage_specs=list(stage_specs or []), presets=list(presets or [])), run_dir)
     session = None
@@ -210,6 +211,23 @@ def start_server(
 
 
 _children: dict[int, subprocess.Popen] = {}
+
+
+def clear_previous_server(run_dir: Path) -> list[str]:
+    """A server started on a run directory that holds an earlier (ended) server's run replaces
+    it, as `maxinstr run` does: its parts would merge with the new server's records, and its log
+    would answer --ready before the new server is. Only the names a server run writes go;
+    a run a live process still writes is never removed (MaxinstrError names it)."""
+    removed = runner.clear_previous_run(run_dir)
+    if not (run_dir / STATE_FILE).exists():
+        return removed  # no server ran here: its files are not ours to remove
+    names = [STATE_FILE, LOG_FILE, *(p.name for p in run_dir.glob("window-*"))]
+    for name in names:
+        path = run_dir / name
+        if path.is_file() or path.is_symlink():
+            path.unlink()
+            removed.append(name)
+    return removed
 
 
 def profile_window(
