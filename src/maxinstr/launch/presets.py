@@ -30,10 +30,11 @@ class Preset:
     specs: tuple[str, ...]
     env: Mapping[str, str]  # set in the program's environment unless the user set it (why: in the docs)
     what: str
+    applies_to: str  # the commands that get it without --preset
 
     def plan_line(self) -> str:
         env = "".join(f", {k}={v}" for k, v in self.env.items())
-        return f"preset {self.name}: {len(self.specs)} wrap points in {self.what}{env}"
+        return f"preset {self.name}: {len(self.specs)} wrap points in {self.what}{env} (by itself for {self.applies_to}; --no-preset: not)"
 
 
 PRESETS: dict[str, Preset] = {
@@ -44,6 +45,7 @@ PRESETS: dict[str, Preset] = {
         # program being measured, and nothing sent out (a machine without network would retry)
         env={max_pipeline.TELEMETRY_VARIABLE: "1"},
         what=f"MAX {max_pipeline.MAX_RELEASE}'s pipelines (tokenize, prefill, decode, forward, sample, graph, load, compile)",
+        applies_to="MAX's commands",
     ),
 }
 

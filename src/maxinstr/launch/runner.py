@@ -276,7 +276,7 @@ def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:
     if options.presets:
         from maxinstr.launch.presets import preset
 
-        lines += [preset(name).plan_line() + " (--no-preset: without)" for name in options.presets]
+        lines += [preset(name).plan_line() for name in options.presets]
     if options.stage_specs:
         lines.append("stages injected: " + ", ".join(options.stage_specs))
     if options.stage_specs or options.presets:
