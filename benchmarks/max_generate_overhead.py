@@ -1,4 +1,4 @@
-"""`max generate` bare against `max generate` under `maxinstr run` (the max preset's 13 wrap
+"""`max generate` bare against `max generate` under `maxinstr run` (the max preset's wrap
 points; --profiler none here, so the cost is the stages' own; bare runs with MAX's telemetry on,
 its default, and off, as the preset sets it): MAX's own throughput lines
 (token generation, prompt eval) and the process's wall time, configurations interleaved and

@@ -55,6 +55,8 @@ WRAP_POINTS: tuple[WrapPoint, ...] = (
     WrapPoint(f"{_TOKENIZER}:TextTokenizer.decode=detokenize", "tokens back to text (max generate: once a step)"),
     WrapPoint(f"{_TOKENIZER}:TextTokenizer.new_context=@max-arrival",
               "a mark queued (attr request) when a request's context is made: where its queueing starts"),
+    WrapPoint(f"{_TOKENIZER}:TextAndVisionTokenizer.decode=detokenize", "the same for multimodal models' tokenizer"),
+    WrapPoint(f"{_TOKENIZER}:TextAndVisionTokenizer.new_context=@max-arrival", "the same for multimodal models' tokenizer"),
     WrapPoint(f"{_ENGINE}:Model.execute=graph", "one execution of a compiled MAX graph (the model's, the sampler's, ...)"),
     WrapPoint(f"{_ENGINE}:Model.replay=graph", "one replay of a captured device graph (graph capture on the GPU)"),
     WrapPoint(f"{_ENGINE}:InferenceSession.load_all=load", "compile and weight binding of a graph (load() calls it)"),
