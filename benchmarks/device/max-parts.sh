@@ -3,7 +3,9 @@
 # checkout): its wheels unpacked into one site folder, tar + xz (-9e: 244 MB of wheels become
 # ~167 MB, against ../shared/device/max-parts.sh's raw wheels), split into .mx1/ .mx2/ ...
 # (git-ignored) sized to what a call can carry beside the checkout's tracked files.
-#   usage: benchmarks/device/max-parts.sh [MAX_VERSION] [TREE_BYTES]
+#   usage: [MAX_SERVE=1] benchmarks/device/max-parts.sh [MAX_VERSION] [TREE_BYTES]
+#     MAX_SERVE=1: MAX's serve extras too (`max generate`, `max serve`: 64-max-pipelines.sh), with
+#     the pins pip needs to resolve them (pyproject.toml's max-pipelines extra); more parts
 #     TREE_BYTES: the bytes that travel with each part (default: the tracked files now); pass a
 #     smaller number when the calls that carry the parts travel with less (fewer, larger parts)
 # Then, one call per part, back to back (a machine stays warm 30 s): carry [".mxN"], command
@@ -14,13 +16,20 @@ set -euo pipefail
 ver=${1:-26.7.0}
 root=$(git rev-parse --show-toplevel); cd "$root"
 tmp=$(mktemp -d)
+want=("max==$ver")
+if [ "${MAX_SERVE:-0}" = 1 ]; then
+  want=("max[serve]==$ver" $(python3 -c 'import re, tomllib; print(" ".join(d for d in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["max-pipelines"] if not d.startswith("max[")))'))
+fi
 python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 -d "$tmp/all" "max==$ver" 2>&1 | grep -v '^WARNING: Location' || true
+  --platform manylinux2014_x86_64 -d "$tmp/all" "${want[@]}" 2>&1 | grep -v '^WARNING: Location' || true
 mkdir -p "$tmp/site"
-# the H200 image already has numpy, click, rich, psutil, typing-extensions, pygments
+# the H200 image already has numpy, click, rich, psutil, typing-extensions, pygments, and (KINDS.md's
+# package list) scipy: left out. Every other wheel travels, even where the image has the package,
+# so the versions MAX asks for win (/tmp/site comes first on PYTHONPATH): transformers there is 5.17,
+# max[serve] wants < 5.13.
 for w in "$tmp"/all/*.whl; do
-  case $(basename "$w") in numpy-*|click-*|rich-*|psutil-*|typing_extensions-*|pygments-*|markdown_it_py-*|mdurl-*) ;;
+  case $(basename "$w") in numpy-*|click-*|rich-*|psutil-*|typing_extensions-*|pygments-*|markdown_it_py-*|mdurl-*|scipy-*) ;;
     *) unzip -q -o "$w" -d "$tmp/site";;
   esac
 done

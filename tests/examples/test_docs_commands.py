@@ -29,11 +29,15 @@ def _scratch(tmp_path_factory, path: str) -> Path:
 
 
 def _bin_dir(d: Path, python: str) -> Path:
-    """`python` and `maxinstr` on PATH mean the chosen interpreter."""
+    """`python` and `maxinstr` on PATH mean the chosen interpreter; `max` (MAX's CLI), that
+    interpreter's own where it has one."""
     b = d / ".bin"
     b.mkdir(exist_ok=True)
-    for name, body in (("python", f'exec {python} "$@"'), ("python3", f'exec {python} "$@"'),
-                       ("maxinstr", f'exec {python} -m maxinstr "$@"')):
+    programs = [("python", f'exec {python} "$@"'), ("python3", f'exec {python} "$@"'),
+                ("maxinstr", f'exec {python} -m maxinstr "$@"')]
+    if (Path(python).parent / "max").exists():
+        programs.append(("max", f'exec {Path(python).parent / "max"} "$@"'))
+    for name, body in programs:
         f = b / name
         f.write_text(f"#!/bin/sh\n{body}\n")
         f.chmod(0o755)

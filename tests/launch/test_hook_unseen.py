@@ -144,5 +144,7 @@ def test_a_program_that_never_asks_still_gets_a_run(tmp_path, script):
     meta = json.loads((out / "meta.json").read_text())
     assert meta["command"] == [sys.executable, str(prog)] and meta["status"] == "closed"
     assert (out / "parts" / "sampler" / "samples.json").exists()
+    run = __import__("maxinstr").load(out)
+    assert run.parts == [] and "sampler" in run.samples  # samples of the run, no process part
     res = run_cli(["report", str(out)], base_env())
     assert res.returncode == 0, res.stderr

@@ -127,3 +127,25 @@ def test_fatal_log_while_starting_stops_the_server(tmp_path, script):
                    "--", sys.executable, str(server)], base_env())
     assert res.returncode == 2 and "server stopped: out of GPU memory" in res.stderr
     assert _pid_gone(json.loads((tmp_path / "s" / "server.json").read_text())["pid"])
+
+
+def test_a_second_server_on_the_same_run_directory_replaces_the_first(tmp_path, script):
+    # the earlier server's log said "Server ready": the new one must not be taken as ready by it,
+    # and the earlier server's parts must not merge with the new server's records
+    server = script("server.py", SERVER.replace("time.sleep(0.3)", "import maxinstr; maxinstr.mark('up'); time.sleep(2)"))
+    out = tmp_path / "serve"
+    env = base_env()
+    for _ in range(2):
+        port = _free_port()
+        res = run_cli(["server", "start", "--profiler", "none", "-o", str(out), "--ready", "Server ready", "--",
+                       sys.executable, str(server), str(port)], env)
+        assert res.returncode == 0, res.stderr
+        # start returned on this server's own line (it prints it 2 s in), not the earlier one's
+        assert f"Server ready on {port}" in (out / "server.log").read_text()
+        pid = json.loads((out / "server.json").read_text())["pid"]
+        assert run_cli(["server", "stop", str(out)], env).returncode == 0
+    import maxinstr
+
+    run = maxinstr.load(out)
+    assert [p["pid"] for p in run.parts] == [pid] and list(run.stage_names()) == ["up"]
+    assert (out / "server.log").read_text().count("Server ready") == 1

@@ -14,6 +14,7 @@ from maxinstr import config
 from maxinstr.cli import Seconds, UserError
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import deep_dive as dd
+from maxinstr.launch.presets import auto_presets, recorded_specs
 from maxinstr.launch import runner
 from maxinstr.launch import supervise as sv
 from maxinstr.launch.env import detect_environment, find_tool
@@ -173,7 +174,9 @@ def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str 
         stale.unlink(missing_ok=True)
     spec = runner.RunSpec(command=app, run_dir=out_dir / "ncu-run")
     # Same session settings as the profiled run, so the capture starts at the same point.
-    opts = runner.RunOptions(stage_specs=specs, echo=None, warmup=run_warmup)
+    # a MAX command gets its preset again (its environment too); the run's specs hold the preset's
+    specs, presets = recorded_specs({"stage_specs": specs, "presets": auto_presets(app)})
+    opts = runner.RunOptions(stage_specs=specs, presets=presets, echo=None, warmup=run_warmup)
     env = runner.child_env(spec, opts, sv.ensure_dir(spec.run_dir))
     if from_capture:
         env[config.CAPTURE] = "1"  # the session issues cuProfilerStart at steady state

@@ -89,6 +89,10 @@ def print_report(run_dir: Path, trace: str | None, unprofiled: Path | None = Non
                    "recompile MAX's graphs with markers and cost MAX host time, so they are off unless asked for.")
 @click.option("--stage", "stages", multiple=True, metavar="MODULE:QUALNAME[=name]",
               help="Wrap a function/method of code you cannot edit in a stage (repeatable).")
+@click.option("--preset", "presets", multiple=True, metavar="NAME",
+              help="A named set of --stage wrap points for a framework's own code (max: MAX's pipelines; applied "
+                   "by itself when the command is MAX's). Repeatable.")
+@click.option("--no-preset", is_flag=True, help="Apply no preset by itself (those named with --preset still apply).")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Fresh-process repeats, each in its own run directory.")
 @click.option("--sweep", default=None, metavar="NAME=a,b,c",
               help="One run per value: NAME is an env var, or a flag appended to the command when it starts with '-'.")
@@ -101,15 +105,16 @@ def print_report(run_dir: Path, trace: str | None, unprofiled: Path | None = Non
 @click.option("-q", "--quiet", is_flag=True, help="Do not echo the program's output (it is still in child.log).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
-def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, warm_run, max_ops, stages, repeat, sweep, timeout_s,
-            no_fail_fast, fatal, profiler_args, yes, no_report, quiet, command) -> None:
+def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, warm_run, max_ops, stages, presets, no_preset,
+            repeat, sweep, timeout_s, no_fail_fast, fatal, profiler_args, yes, no_report, quiet, command) -> None:
     """Run CMD under the vendor profiler with maxinstr's session in it, then report.
 
     \b
     maxinstr run -- python decode.py
     maxinstr run --warm-run --repeat 3 -- python decode.py
     maxinstr run --sweep BATCH=1,8,32 -- python decode.py
-    maxinstr run --stage max.pipelines.lib:TextGenerationPipeline.execute=step -- max generate ...
+    maxinstr run -- max generate --model-path DIR ...      (the max preset applies by itself)
+    maxinstr run --preset max -- python my_max_pipeline.py
     """
     cmd = list(command)
     if cmd and cmd[0] == "--":
@@ -118,6 +123,7 @@ def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, 
         raise click.UsageError("give the command to run after --")
     for text in stages:
         parse_spec(text)  # fail before starting anything
+    chosen = choose_presets(cmd, presets, no_preset)
     out_dir = out or runner.default_run_dir(cmd)
     specs = runner.plan_runs(cmd, Path(out_dir), repeat=repeat, sweep=sweep)
     for spec in specs:  # a bad -o, or a command that cannot start: one line, nothing made or cleared
@@ -134,7 +140,7 @@ def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, 
     for note in notes:
         click.echo(f"maxinstr: {note}", err=True)
     options = runner.RunOptions(
-        profiler=prof, warm_run=warm_run, warmup=warmup, stage_specs=list(stages), timeout_s=timeout_s,
+        profiler=prof, warm_run=warm_run, warmup=warmup, stage_specs=list(stages), presets=chosen, timeout_s=timeout_s,
         fail_fast=not no_fail_fast, extra_fatal=list(fatal), echo=None if quiet else runner.sv.print_line,
         environment=env.to_json(), rerun_args=rerun_args(ctx), max_ops=None if max_ops == "off" else max_ops,
     )
@@ -147,8 +153,10 @@ def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, 
     outcomes = []
     interrupted = False
     for spec in specs:
+        cache = max_cache_before(chosen, spec)
         outcome = runner.execute(spec, options)
         outcomes.append(outcome)
+        max_cache_after(cache, outcome)
         _summarize(outcome, no_report=no_report)
         if outcome.result.status == runner.sv.STATUS_INTERRUPTED:
             interrupted = True
@@ -160,6 +168,51 @@ def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, 
         raise click.exceptions.Exit(130)
     if not all(o.ok for o in outcomes):
         raise click.exceptions.Exit(1)
+
+
+def choose_presets(cmd: list[str], named: tuple[str, ...], no_preset: bool) -> list[str]:
+    """The presets of this run: those named, then (unless --no-preset) those the command gets by
+    itself (``max`` for MAX's own entry points), each once. An unknown name is a usage error."""
+    from maxinstr.launch.presets import auto_presets, preset
+
+    chosen: list[str] = []
+    for name in [*named, *([] if no_preset else auto_presets(cmd))]:
+        preset(name)  # an unknown name fails here, before anything starts
+        if name not in chosen:
+            chosen.append(name)
+    return chosen
+
+
+def max_cache_before(presets: list[str], spec: runner.RunSpec) -> tuple[dict[str, str], dict[str, int]] | None:
+    """With the max preset: MAX's compile cache folders (as the program will see them) and how
+    many files they hold before the run."""
+    if "max" not in presets:
+        return None
+    from maxinstr.integrations.max_pipeline import cache_entries, compile_cache_dirs
+
+    dirs = compile_cache_dirs({**os.environ, **spec.env})
+    return dirs, cache_entries(dirs)
+
+
+def max_cache_after(cache: tuple[dict[str, str], dict[str, int]] | None, outcome: runner.RunOutcome) -> None:
+    """Say whether MAX compiled anew (entries added to its cache: the compile stage's time is a
+    cold compile, which a later run does not pay) and keep it in launch.json's ``max_compile_cache``."""
+    if cache is None:
+        return
+    from maxinstr.integrations.max_pipeline import cache_entries
+
+    dirs, before = cache
+    after = cache_entries(dirs)
+    added = sum(after.values()) - sum(before.values())
+    root = os.path.dirname(dirs["max"])
+    tag = f"[{outcome.spec.label}] " if outcome.spec.label else ""
+    if added > 0:
+        click.echo(f"maxinstr: {tag}MAX compiled cold: {added} new files in its compile cache {root} (the compile "
+                   "stages hold that time; the next run reads them)", err=True)
+    else:
+        click.echo(f"maxinstr: {tag}MAX's compile cache {root}: nothing new (compiles, if any, were cache hits)", err=True)
+    runner.add_to_launch(outcome.spec.run_dir, "max_compile_cache",
+                         {"dirs": dirs, "files_before": before, "files_after": after, "cold": added > 0})
 
 
 NOT_REPRODUCED = ("out", "yes", "quiet", "no_report", "repeat", "sweep")

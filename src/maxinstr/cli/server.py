@@ -48,6 +48,9 @@ _start_options = [
     click.option("--ready", default=None, metavar="REGEX", help="Log line that says the server is ready (default: do not wait)."),
     click.option("--ready-timeout", type=Seconds(), default=600.0, show_default=True, help="Seconds to wait for --ready."),
     click.option("--stage", "stages", multiple=True, metavar="MODULE:QUALNAME[=name]", help="Wrap server code in stages."),
+    click.option("--preset", "presets", multiple=True, metavar="NAME",
+                 help="Named --stage wrap points (max: MAX's pipelines; by itself for `max serve`)."),
+    click.option("--no-preset", is_flag=True, help="Apply no preset by itself."),
     click.option("--no-fail-fast", is_flag=True, help="Do not stop the server when its log shows a fatal error while starting."),
 ]
 
@@ -60,11 +63,14 @@ def _apply(options):
     return deco
 
 
-def _start(out, profiler, ready, ready_timeout, stages, no_fail_fast, cmd) -> srv.ServerState:
+def _start(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_fail_fast, cmd) -> srv.ServerState:
+    from maxinstr.cli.run import choose_presets
+
     for text in stages:
         parse_spec(text)
     if not cmd:
         raise click.UsageError("give the server command after --")
+    chosen = choose_presets(cmd, presets, no_preset)
     # as `maxinstr run`: a bad -o or a command that cannot start is one line, and nothing is made
     problem = runner.run_dir_problem(out)
     if problem is not None:
@@ -73,7 +79,8 @@ def _start(out, profiler, ready, ready_timeout, stages, no_fail_fast, cmd) -> sr
     if problem is not None:
         raise UserError(f"{problem}; nothing was started")
     state = srv.start_server(cmd, out, profiler=profiler, nsys_path=_nsys_path(profiler), ready=ready,
-                             ready_timeout_s=ready_timeout, stage_specs=list(stages), fail_fast=not no_fail_fast)
+                             ready_timeout_s=ready_timeout, stage_specs=list(stages), presets=chosen,
+                             fail_fast=not no_fail_fast)
     click.echo(f"maxinstr: server running (pid {state.pid}, process group {state.pgid}); log {state.log}", err=True)
     if state.session:
         click.echo(f"maxinstr: nsys session {state.session}: nothing is collected until `maxinstr server window {out}`", err=True)
@@ -83,13 +90,27 @@ def _start(out, profiler, ready, ready_timeout, stages, no_fail_fast, cmd) -> sr
 @command.command("start", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @_apply(_start_options)
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def start_cmd(out, profiler, ready, ready_timeout, stages, no_fail_fast, cmd) -> None:
+def start_cmd(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_fail_fast, cmd) -> None:
     """Start CMD as a server and return once it is ready.
 
     \b
       maxinstr server start -o runs/serve --ready 'Server ready' -- max serve --model ...
     """
-    _start(out, profiler, ready, ready_timeout, stages, no_fail_fast, _strip(cmd))
+    _start(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_fail_fast, _strip(cmd))
+
+
+def serving_lines(run_dir: str | Path, start_ns: int | None = None, end_ns: int | None = None) -> list[str]:
+    """The serving loop of the run over [start_ns, end_ns] of the host clock, as text lines
+    (analyze/serving.py): its batched prefill and decode steps, the requests' queueing."""
+    import maxinstr
+    from maxinstr.analyze.serving import serving_summary
+    from maxinstr.render.serving import serving_text
+
+    try:
+        run = maxinstr.load(run_dir)
+    except (MaxinstrError, OSError) as exc:
+        return [f"serving loop: {exc}"]
+    return serving_text(serving_summary(run, start_ns, end_ns))
 
 
 def _window(run_dir: Path, duration: float | None, bench: list[str] | None, timeout: float | None, quiet: bool) -> bool:
@@ -97,6 +118,8 @@ def _window(run_dir: Path, duration: float | None, bench: list[str] | None, time
                                                         echo=None if quiet else srv.sv.print_line)
     click.echo(f"maxinstr: window {window['index']}: {window['wall_s']:.1f} s"
                + (f", benchmark {bench_result.describe()}" if bench_result else ""), err=True)
+    for line in serving_lines(run_dir, window["host_start_ns"], window["host_end_ns"]):
+        click.echo(f"maxinstr: {line}", err=True)
     ok = bench_result is None or bench_result.ok
     if artifact is not None:
         if artifact.ok:
@@ -148,13 +171,14 @@ def stop_cmd(run_dir) -> None:
 @click.option("--timeout", type=Seconds(), default=None, help="Stop the benchmark after this many seconds.")
 @click.option("-q", "--quiet", is_flag=True)
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def run_cmd(out, profiler, ready, ready_timeout, stages, no_fail_fast, bench, duration, timeout, quiet, cmd) -> None:
+def run_cmd(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_fail_fast, bench, duration, timeout, quiet,
+            cmd) -> None:
     """Start CMD, capture one window around --bench (or --duration), then stop it.
 
     \b
       maxinstr server run -o runs/serve --ready 'Server ready' --bench 'python bench.py' -- max serve --model ...
     """
-    _start(out, profiler, ready, ready_timeout, stages, no_fail_fast, _strip(cmd))
+    _start(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_fail_fast, _strip(cmd))
     try:
         ok = _window(out, duration, shlex.split(bench) if bench else None, timeout, quiet)
     finally:

@@ -57,10 +57,25 @@ def parse_spec(text: str) -> StageSpec:
         raise MaxinstrError(f"--stage {text!r}: expected MODULE:QUALNAME[=name], e.g. mypkg.model:Model.forward=forward")
     if not all(p.isidentifier() for p in module.split(".")):
         raise MaxinstrError(f"--stage {text!r}: {module!r} is not a module name")
+    if name.startswith(HOOK_PREFIX):
+        from maxinstr.launch.presets import HOOKS
+
+        if name[len(HOOK_PREFIX):] not in HOOKS:
+            raise MaxinstrError(f"--stage {text!r}: no hook {name!r} (maxinstr's hooks: "
+                                f"{', '.join(HOOK_PREFIX + h for h in sorted(HOOKS))})")
     return StageSpec(module, qualname, name or qualname)
 
 
+HOOK_PREFIX = "@"
+"""A spec named ``@HOOK`` wraps its target with maxinstr's hook HOOK (launch/presets.py, for wrap
+points that need logic: a step that is prefill or decode by its batch) instead of one stage."""
+
+
 def _default_stage_factory(name: str) -> Callable[[Callable], Callable]:
+    if name.startswith(HOOK_PREFIX):
+        from maxinstr.launch.presets import hook_factory
+
+        return hook_factory(name[len(HOOK_PREFIX):])
     from maxinstr.record import stage
 
     return stage(name)

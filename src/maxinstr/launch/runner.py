@@ -24,6 +24,7 @@ from maxinstr.launch import supervise as sv
 from maxinstr import config
 from maxinstr.launch.bootstrap import STAGE_SPECS_FILE, site_dir
 from maxinstr.launch.profilers import Artifact, NoProfiler, Profiler
+from maxinstr.rundir import format as fmt
 
 LAUNCH_FILE = "launch.json"
 LOG_FILE = "child.log"
@@ -65,11 +66,19 @@ class RunOptions:
     max_ops: str | None = None
     """``on``/``detailed``: MAX's op markers on (MODULAR_ENABLE_PROFILING) where a profiler records
     them; None leaves MAX as it is (``--max-ops``)."""
+    presets: list[str] = field(default_factory=list)
+    """Named presets of --stage specs (launch/presets.py: ``max``), applied before stage_specs."""
     rerun_args: list[str] | None = None
     """The options of `maxinstr run` that make a run what it is (profiler, capture, warm-up,
     --stage, ...), as command-line words, less where it writes (-o), how it shows it (-y, -q,
     --no-report) and the plan's shape (--repeat, --sweep): see :func:`rerun_command`. None when
     the runs were not planned from a command line."""
+
+    def all_stage_specs(self) -> list[str]:
+        """The presets' specs, then the ones given with --stage: what every process applies."""
+        from maxinstr.launch.presets import preset
+
+        return [text for name in self.presets for text in preset(name).specs] + list(self.stage_specs)
 
 
 @dataclass
@@ -233,15 +242,23 @@ def child_env(spec: RunSpec, options: RunOptions, run_dir: Path, base: dict[str,
         env[config.MAX_PROFILING_BY_RUN] = "1"
     if options.warmup is not None:
         env[config.WARMUP] = str(options.warmup)
-    if options.stage_specs:
-        env[config.STAGES] = "\n".join(options.stage_specs)
+    specs = options.all_stage_specs()
+    if specs:
+        env[config.STAGES] = "\n".join(specs)
     env.update(spec.env)
+    if options.presets:  # what a preset needs set (MAX's telemetry off), unless the user set it
+        from maxinstr.launch.presets import preset
+
+        for name in options.presets:
+            for key, value in preset(name).env.items():
+                env.setdefault(key, value)
     return env
 
 
 def maxinstr_env_keys(env: dict[str, str]) -> dict[str, str]:
     """The variables maxinstr set or cares about (stored with the run, never the whole env)."""
-    keep = ("MODULAR_ENABLE_PROFILING", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+    keep = ("MODULAR_ENABLE_PROFILING", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+            "MAX_SERVE_DISABLE_TELEMETRY", "MODULAR_DERIVED_PATH")
     return {k: v for k, v in env.items() if k.startswith("MAXINSTR_") or k in keep}
 
 
@@ -262,8 +279,13 @@ def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:
         lines.append("capture: the whole run (warm-up is separated by the session's warmup count)")
     if options.warm_run:
         lines.append("warm run: one unprofiled run first (its wall time is reported as startup)")
+    if options.presets:
+        from maxinstr.launch.presets import preset
+
+        lines += [preset(name).plan_line() for name in options.presets]
     if options.stage_specs:
         lines.append("stages injected: " + ", ".join(options.stage_specs))
+    if options.stage_specs or options.presets:
         if prof.uses_capture_range and options.warmup is None:
             lines.append("note: if the program opens no maxinstr session itself, give --warmup N: the capture "
                          "starts after N instances of a stage")
@@ -429,8 +451,8 @@ def _execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
         result = _supervise(wrapped, env, run_dir / LOG_FILE, options, patterns)
     except NotStarted:
         _stop_run_sampler(sampler)
-        shutil.rmtree(run_dir / "parts" / SAMPLER_PART, ignore_errors=True)
-        _remove_empty(run_dir / "parts")
+        shutil.rmtree(run_dir / fmt.PARTS_DIR / fmt.SAMPLER_PART, ignore_errors=True)
+        _remove_empty(run_dir / fmt.PARTS_DIR)
         raise
     _stop_run_sampler(sampler)
     meta_if_none(run_dir, spec.command)
@@ -439,15 +461,13 @@ def _execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
         artifact = profiler.collect(output_base)
     outcome = RunOutcome(spec, result, artifact, warm=warm)
     merge_meta(run_dir, profiler, wrapped, artifact, rerun_command(spec, options))
-    outcome.unapplied = unapplied_stage_specs(run_dir, options.stage_specs)
+    outcome.unapplied = unapplied_stage_specs(run_dir, options.all_stage_specs())
     _note_unapplied(run_dir, outcome.unapplied)
     outcome.files = _files(run_dir, artifact)
     _write_launch(run_dir, spec, options, wrapped, env, outcome)
     return outcome
 
 
-SAMPLER_PART = "sampler"
-"""The part folder where `maxinstr run` keeps the GPU samples it takes from its own process."""
 
 
 def _start_run_sampler(run_dir: Path) -> Any:
@@ -457,7 +477,7 @@ def _start_run_sampler(run_dir: Path) -> Any:
     try:
         from maxinstr.sample import DEFAULT_INTERVAL_S, start_sampler
 
-        part = run_dir / "parts" / SAMPLER_PART
+        part = run_dir / fmt.PARTS_DIR / fmt.SAMPLER_PART
         part.mkdir(parents=True, exist_ok=True)
         return start_sampler(part, DEFAULT_INTERVAL_S, pids=[], mode="auto")
     except Exception:  # noqa: BLE001 - the run goes on without samples (samples.json says why when it can)
@@ -534,7 +554,8 @@ def _write_launch(run_dir: Path, spec: RunSpec, options: RunOptions, wrapped: li
             "capture": "steady" if prof.uses_capture_range else "all",
             "window_s": getattr(getattr(prof, "options", None), "window_s", None),
         },
-        "stage_specs": options.stage_specs,
+        "presets": options.presets,
+        "stage_specs": options.all_stage_specs(),
         "stage_specs_unapplied": outcome.unapplied,
         "maxinstr_command": rerun_command(spec, options),
         "startup": None if outcome.warm is None else {"warm_run_wall_s": round(outcome.warm.wall_s, 3), **outcome.warm.to_json()},
@@ -543,6 +564,14 @@ def _write_launch(run_dir: Path, spec: RunSpec, options: RunOptions, wrapped: li
         "environment": options.environment,
     }
     _write_json(run_dir / LAUNCH_FILE, record)
+
+
+def add_to_launch(run_dir: Path, key: str, value: Any) -> None:
+    """Add one key to the run's launch.json (after the run; nothing when there is none)."""
+    record = read_launch(run_dir)
+    if record is not None:
+        record[key] = value
+        _write_json(run_dir / LAUNCH_FILE, record)
 
 
 def unapplied_stage_specs(run_dir: Path, stage_specs: list[str]) -> dict[str, str]:
@@ -554,7 +583,6 @@ def unapplied_stage_specs(run_dir: Path, stage_specs: list[str]) -> dict[str, st
     if not stage_specs:
         return {}
     from maxinstr.launch.instrument import parse_spec
-    from maxinstr.rundir import format as fmt
     from maxinstr.rundir.reader import read_jsonl
 
     said: list[Any]
@@ -573,7 +601,7 @@ def unapplied_stage_specs(run_dir: Path, stage_specs: list[str]) -> dict[str, st
         elif isinstance(line.get("problem"), str):
             failed.setdefault(key, line["problem"])
     # some process started maxinstr (the start-up hook starts it only at the first import that asks)
-    hooked = bool(said) or any(p.name != SAMPLER_PART for p in (run_dir / fmt.PARTS_DIR).glob("*/"))
+    hooked = bool(said) or any(p.name != fmt.SAMPLER_PART for p in (run_dir / fmt.PARTS_DIR).glob("*/"))
     out: dict[str, str] = {}
     for text in stage_specs:
         try:
@@ -597,7 +625,6 @@ def _note_unapplied(run_dir: Path, unapplied: dict[str, str]) -> None:
     """Say in the run itself which specs were never applied: a warning each in the owner part's
     events.jsonl, which the report lists in its notes (written after the program ended, when no
     process writes that part any more)."""
-    from maxinstr.rundir import format as fmt
     from maxinstr.rundir.writer import json_line
 
     if not unapplied:
@@ -617,7 +644,6 @@ def _note_unapplied(run_dir: Path, unapplied: dict[str, str]) -> None:
 
 
 def _part_role(part: Path) -> str | None:
-    from maxinstr.rundir import format as fmt
 
     try:
         return json.loads((part / fmt.PART_FILE).read_text(encoding="utf-8")).get("role")

@@ -170,6 +170,7 @@ def start_server(
     ready: str | None = None,
     ready_timeout_s: float = 600.0,
     stage_specs: list[str] | None = None,
+    presets: list[str] | None = None,
     fail_fast: bool = True,
 ) -> ServerState:
     """Start ``command`` in its own process group (under ``nsys launch`` when profiling),
@@ -179,8 +180,9 @@ def start_server(
         old = ServerState.load(run_dir)
         if old.alive():
             raise MaxinstrError(f"{run_dir}: a server started here is still running (pid {old.pid}); `maxinstr server stop {run_dir}` first")
+    clear_previous_server(run_dir)
     spec = runner.RunSpec(command=command, run_dir=run_dir)
-    env = runner.child_env(spec, runner.RunOptions(stage_specs=list(stage_specs or [])), run_dir)
+    env = runner.child_env(spec, runner.RunOptions(stage_specs=list(stage_specs or []), presets=list(presets or [])), run_dir)
     session = None
     cmd = list(command)
     if profiler == "nsys":
@@ -211,6 +213,23 @@ def start_server(
 _children: dict[int, subprocess.Popen] = {}
 
 
+def clear_previous_server(run_dir: Path) -> list[str]:
+    """A server started on a run directory that holds an earlier (ended) server's run replaces
+    it, as `maxinstr run` does: its parts would merge with the new server's records, and its log
+    would answer --ready before the new server is. Only the names a server run writes go;
+    a run a live process still writes is never removed (MaxinstrError names it)."""
+    removed = runner.clear_previous_run(run_dir)
+    if not (run_dir / STATE_FILE).exists():
+        return removed  # no server ran here: its files are not ours to remove
+    names = [STATE_FILE, LOG_FILE, *(p.name for p in run_dir.glob("window-*"))]
+    for name in names:
+        path = run_dir / name
+        if path.is_file() or path.is_symlink():
+            path.unlink()
+            removed.append(name)
+    return removed
+
+
 def profile_window(
     run_dir: Path,
     *,
@@ -239,6 +258,7 @@ def profile_window(
                 time.sleep(0.5 * (attempt + 1))
         time.sleep(START_SETTLE_S)
     started = time.time()
+    started_ns = time.monotonic_ns()  # the records' clock (CLOCK_MONOTONIC): the window's span in the run
     bench_result = None
     try:
         if bench:
@@ -254,6 +274,7 @@ def profile_window(
         if state.profiler == "nsys":
             _check(stop_command(nsys, state.session))  # type: ignore[arg-type]
     window: dict[str, Any] = {"index": k, "started_unix_s": started, "wall_s": round(time.time() - started, 3),
+              "host_start_ns": started_ns, "host_end_ns": time.monotonic_ns(),
               "bench": bench, "bench_status": bench_result.status if bench_result else None}
     artifact = nsys.collect(output) if state.profiler == "nsys" else None
     if artifact is not None:

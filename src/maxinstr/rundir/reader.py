@@ -143,7 +143,7 @@ def load(path: str | Path) -> Run:
         part_dirs = sorted(p for p in parts_root.iterdir() if p.is_dir() and not p.name.startswith("."))
     elif parts_root.exists():
         raise RunDirError(parts_root, "not a directory")
-    if not part_dirs:
+    if not [p for p in part_dirs if p.name != fmt.SAMPLER_PART]:
         notes.append("the run has no parts yet: no stage was recorded")
 
     names = _Interner()
@@ -153,6 +153,9 @@ def load(path: str | Path) -> Run:
     events: list[dict[str, Any]] = []
     samples: dict[str, Any] = {}
     for index, pdir in enumerate(part_dirs):
+        if pdir.name == fmt.SAMPLER_PART:  # maxinstr run's samples: no process part of the program
+            samples[pdir.name] = _read_samples(pdir, notes)
+            continue
         info = _read_part(pdir, index, names, tables, attrs, events, samples, notes)
         parts.append(info)
 

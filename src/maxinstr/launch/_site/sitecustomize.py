@@ -87,10 +87,38 @@ def _start_maxinstr(wanted):
     try:
         from maxinstr.launch.bootstrap import startup
     except Exception as exc:  # noqa: BLE001 - maxinstr is not importable in this interpreter
-        if wanted:
-            sys.stderr.write(f"maxinstr: not importable in {sys.executable} ({exc}); this process is not instrumented\n")
-        return
+        found = _from_own_site() if wanted else None
+        if found is None:
+            if wanted:
+                sys.stderr.write(f"maxinstr: not importable in {sys.executable} ({exc}); this process is not instrumented\n")
+            return
+        startup = found
     startup()
+
+
+def _from_own_site():
+    """bootstrap.startup from the site folder this file was installed in, when this interpreter
+    can load maxinstr's native module (the same Python version), else None. For a process whose
+    interpreter lost its venv: Mojo's runtime (MAX) sets PYTHONEXECUTABLE to the `python3` on PATH,
+    so MAX's `spawn` workers start with sys.executable and sys.prefix of that Python, without the
+    venv's site-packages (multiprocessing restores the parent's sys.path only after start-up).
+    The folder goes last on sys.path: this interpreter's own packages keep precedence."""
+    import glob
+    import importlib.machinery
+    import os
+    import sys
+
+    site = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    native = os.path.join(site, "maxinstr", "_native")
+    if not any(glob.glob(native + suffix) for suffix in importlib.machinery.EXTENSION_SUFFIXES):
+        return None
+    if site not in sys.path:
+        sys.path.append(site)
+    try:
+        from maxinstr.launch.bootstrap import startup
+    except Exception:  # noqa: BLE001 - still not importable: said by the caller
+        return None
+    return startup
 
 
 def _watched_names(environ):
