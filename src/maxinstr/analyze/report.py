@@ -27,6 +27,7 @@ from maxinstr.analyze.schema import (SCHEMA, VERSION, Coverage, Environment, Gpu
                                      ReproduceStep, SelfTimes, Sources, Stage, StageSamples, StartupRow, Statistic,
                                      StepBasis, StepWork)
 from maxinstr.analyze.stats import group_summaries, step_trend
+from maxinstr._units import ns_text
 from maxinstr.attribute import attribute
 from maxinstr.attribute.model import JoinMethod
 
@@ -169,6 +170,12 @@ def analyze(run: str | Path | Run | None = None,
     }
     if trace is None and kernel_notes:  # kernels=True was asked for and produced nothing: say why
         report["sources"]["notes"] += kernel_notes
+    if run is not None and trace is not None:
+        problem, note = capture_check(getattr(run, "meta", None) or {}, len(trace.ops), inst)
+        if problem:
+            report["sources"]["capture_problem"] = problem
+        if note:
+            report["sources"]["notes"].append(note)
     perturbed, why = _perturbed(run, trace)
     report["perturbed"] = perturbed
     report["perturbed_reason"] = why
@@ -302,6 +309,43 @@ def _sources(run: Run | None, trace: Trace | None, attribution: Attribution | No
         "join_problem": join_problem,
         "notes": notes,
     }
+
+
+CAPTURE_FIX = "rerun with `maxinstr run --capture all -- CMD` (the whole process; the report still keeps warm-up apart)"
+
+
+def capture_check(meta: dict[str, Any], n_ops: int, inst: inst_mod.StageInstances) -> tuple[str | None, str | None]:
+    """What a steady-state capture (meta.json ``capture``, ``maxinstr run --capture steady``) missed:
+    (a line for the report's top, a note). At the top: a capture holding no GPU op while the
+    program ran steady instances (with the GPU time their stages timed on their streams, when
+    they did), or a capture the session could not start. A note: steady instances that ran
+    outside the capture range (before it started, after its window ended), which hold no op."""
+    cap = meta.get("capture")
+    if not isinstance(cap, dict) or not len(inst):
+        return None, None
+    steady = inst.steady & ~inst.is_mark
+    n_steady = int(steady.sum())
+    if cap.get("started") is False:
+        return ("the session could not start the profiler's capture range (profiler_start was refused), so the "
+                f"trace holds only what the profiler recorded by itself; {CAPTURE_FIX}"), None
+    if n_ops == 0 and n_steady:
+        timed = inst.gpu_event_ns > 0
+        launched = (f"; its stages timed {ns_text(float(inst.gpu_event_ns[timed].sum()))} of GPU work on their streams "
+                    f"({int(timed.sum())} instances)" if timed.any() else "")
+        ss = meta.get("steady_state") if isinstance(meta.get("steady_state"), dict) else {}
+        at = f" at the start of a '{ss['name']}'" if ss.get("name") else ""
+        return (f"the capture holds no GPU op, though the program ran {n_steady} steady stage instances{launched}: "
+                f"the capture range started{at} and holds none of that work; {CAPTURE_FIX}"), None
+    start, stop = cap.get("start_ns"), cap.get("stop_ns")
+    if not isinstance(start, int):
+        return None, None
+    outside = steady & ((inst.host_start_ns < start) | ((inst.host_end_ns > stop) if isinstance(stop, int) else False))
+    if not outside.any():
+        return None, None
+    k = int(outside.sum())
+    return None, (f"{k} of {n_steady} steady stage instances ran outside the capture range (before it started or "
+                  "after it stopped): they hold no op, and their GPU columns are empty; `maxinstr run --capture all` "
+                  "or a longer --window covers them")
 
 
 def _join_problem(trace: Trace) -> str:

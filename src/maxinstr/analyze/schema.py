@@ -375,6 +375,9 @@ class Sources(TypedDict, total=False):
     notes: Always[list[str]]
     join_problem: str | None
     """Why no stage record joined the trace, and what to do (null when they joined)."""
+    capture_problem: str | None
+    """A steady-state capture that holds none of the program's GPU work (or could not start),
+    with the fix (null when none)."""
 
 
 class Environment(TypedDict, total=False):

@@ -152,6 +152,9 @@ def _header(report: Report) -> str:
     gen = report.get("generated") or {}
     bits.append(f"maxinstr {gen.get('maxinstr', '?')}, {gen.get('utc', '')}")
     out = [f"<header><h1>maxinstr report: {e(what)}</h1>", f'<div class="sub">{e(" · ".join(bits))}</div>']
+    for key, label in (("join_problem", "Join failed"), ("capture_problem", "Capture empty")):
+        if src.get(key):
+            out.append(f'<div class="banner"><b>{label}:</b> {e(src.get(key))}</div>')
     if report.get("perturbed"):
         head = report.get("headline_source")
         tail = " Headline timings come from the unprofiled run." if head == "unprofiled_run" else \

@@ -83,6 +83,8 @@ def _baseline(report: Report) -> list[str]:
         rows.append(["record join", f"{src['join']} ({src.get('records_joined')} records)"])
     if src.get("join_problem"):
         rows.append(["join failed", src["join_problem"]])
+    if src.get("capture_problem"):
+        rows.append(["capture empty", src["capture_problem"]])
     git = env.get("git") or {}
     if git:
         rows.append(["git", f"{git.get('commit', '?')}{' (dirty)' if git.get('dirty') else ''}"])

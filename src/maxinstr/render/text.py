@@ -165,6 +165,8 @@ def _header(report: Report) -> Panel:
     text = _lines(lines)
     if src.get("join_problem"):
         text.append(f"\njoin failed: {visible(src['join_problem'])}", style="bold red")
+    if src.get("capture_problem"):
+        text.append(f"\ncapture empty: {visible(src['capture_problem'])}", style="bold red")
     if report.get("perturbed") and report.get("headline_source") != "unprofiled_run":
         text.append(f"\nperturbed: {visible(report.get('perturbed_reason'))}", style="yellow")
     return Panel(text, title="maxinstr report", title_align="left")
