@@ -332,8 +332,8 @@ def capture_check(meta: dict[str, Any], n_ops: int, inst: inst_mod.StageInstance
         timed = inst.gpu_event_ns > 0
         launched = (f"; its stages timed {ns_text(float(inst.gpu_event_ns[timed].sum()))} of GPU work on their streams "
                     f"({int(timed.sum())} instances)" if timed.any() else "")
-        ss = meta.get("steady_state") if isinstance(meta.get("steady_state"), dict) else {}
-        at = f" at the start of a '{ss['name']}'" if ss.get("name") else ""
+        ss = meta.get("steady_state")
+        at = f" at the start of a '{ss['name']}'" if isinstance(ss, dict) and ss.get("name") else ""
         return (f"the capture holds no GPU op, though the program ran {n_steady} steady stage instances{launched}: "
                 f"the capture range started{at} and holds none of that work; {CAPTURE_FIX}"), None
     start, stop = cap.get("start_ns"), cap.get("stop_ns")
