@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from maxinstr._units import ns_text
 
 if TYPE_CHECKING:
-    from maxinstr.analyze.schema import PopulationGroup, Report, Stage, Statistic, StatisticField, WarmupSummary
+    from maxinstr.analyze.schema import (PopulationGroup, Report, Stage, StartupRow, Statistic, StatisticField,
+                                         WarmupSummary)
 
 
 ns = ns_text
@@ -36,6 +37,31 @@ def gpu_stat(stage: Stage) -> tuple[str, Statistic | None]:
         if (stage.get(key) or {}).get("n"):
             return label, stage[key]
     return "", None
+
+
+def startup_gpu(row: StartupRow) -> tuple[str, int | None]:
+    """A startup instance's GPU time by the stage table's rule (:func:`gpu_stat`): its events on
+    the stage's stream when recorded, else the trace's first-to-last op span; ("event"|"proj", ns)."""
+    if row.get("gpu_event_ns") is not None:
+        return "event", row.get("gpu_event_ns")
+    if row.get("gpu_proj_ns") is not None:
+        return "proj", row.get("gpu_proj_ns")
+    return "", None
+
+
+STARTUP_SHOWN = 8
+
+
+def startup_shown(report: Report, n: int = STARTUP_SHOWN) -> tuple[list[StartupRow], str]:
+    """The startup instances every view lists, in one order (cold starts first: the findings
+    quote them; then the longest warm-up ones), and the caption saying what was left out."""
+    rows = report.get("startup") or []
+    total = f"{len(rows)}{'+' if len(rows) >= 50 else ''} instances"
+    cold = sum(r["reason"] == "cold_start" for r in rows)
+    shown = sorted(rows, key=lambda r: (r["reason"] != "cold_start", -r["host_ns"]))[:n]
+    left = (f"{total}; the {n} longest shown; " if not cold else
+            f"{total}; the cold starts, then the longest warm-up ones, {n} shown; ") if len(rows) > n else ""
+    return shown, f"{left}nested: the instances inside each, kept out with it"
 
 
 def population_row(g: PopulationGroup) -> Stage:

@@ -11,7 +11,7 @@ from maxinstr._text import safe_name, visible
 from maxinstr.render import _fmt as f
 
 if TYPE_CHECKING:
-    from maxinstr.analyze.schema import Report
+    from maxinstr.analyze.schema import Report, StartupRow
 
 
 class Md(str):
@@ -216,13 +216,18 @@ def _inside_stages(report: Report) -> list[str]:
 
 
 def _startup(report: Report) -> list[str]:
-    rows = report.get("startup") or []
-    if not rows:
+    if not report.get("startup"):
         return []
-    body = [[r["stage"], r["occurrence"], r["reason"], f.ns(r["host_ns"]), f.ns(r.get("gpu_proj_ns") or r.get("gpu_event_ns")),
-             r.get("robust_z") if r.get("robust_z") is not None else "-"] for r in rows[:20]]
+    rows, caption = f.startup_shown(report)
+
+    def gpu(r: StartupRow) -> str:
+        basis, v = f.startup_gpu(r)
+        return f"{f.ns(v)} ({basis})" if basis else "-"
+
+    body = [[r["stage"], r["occurrence"], r["reason"].replace("_", " "), f.ns(r["host_ns"]), gpu(r),
+             r.get("nested") or "-", f"{r['robust_z']:.0f}" if r.get("robust_z") is not None else "-"] for r in rows]
     return ["## Startup (kept out of the numbers above)", ""] + _table(
-        ["stage", "occurrence", "why", "host", "GPU", "robust z"], body)
+        ["stage", "#", "why", "host", "GPU", "nested", "robust z"], body) + [_text(caption[0].upper() + caption[1:]) + ".", ""]
 
 
 def _reproduce(report: Report) -> list[str]:

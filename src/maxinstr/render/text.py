@@ -15,7 +15,7 @@ from maxinstr.render import _fmt as f
 from maxinstr.render.terminal import text_width
 
 if TYPE_CHECKING:
-    from maxinstr.analyze.schema import FamilyRow, Populations, Report, Stage
+    from maxinstr.analyze.schema import FamilyRow, Populations, Report, Stage, StartupRow
 
 
 def _cell(value: Any) -> Any:
@@ -402,23 +402,23 @@ def _diagnosis(report: Report) -> Panel | None:
     return Panel(Group(*parts), title="Diagnosis", title_align="left")
 
 
-def _startup(report: Report, n: int = 8) -> Fitted | None:
-    rows = report.get("startup") or []
-    if not rows:
+def _startup_gpu(r: StartupRow) -> str:
+    basis, v = f.startup_gpu(r)
+    return f.ns(v) + (" p" if basis == "proj" else "")
+
+
+def _startup(report: Report) -> Fitted | None:
+    if not report.get("startup"):
         return None
-    total = f"{len(rows)}{'+' if len(rows) >= 50 else ''} instances"
-    body = [[r["stage"], str(r["occurrence"]), r["reason"].replace("_", " "), f.ns(r["host_ns"]),
-             f.ns(r.get("gpu_event_ns") if r.get("gpu_event_ns") is not None else r.get("gpu_proj_ns")),
+    rows, caption = f.startup_shown(report)
+    body = [[r["stage"], str(r["occurrence"]), r["reason"].replace("_", " "), f.ns(r["host_ns"]), _startup_gpu(r),
              str(r.get("nested") or "-"), f"{r['robust_z']:.0f}" if r.get("robust_z") is not None else "-"]
-            # cold starts first (the findings quote them), then the longest warm-up instances
-            for r in sorted(rows, key=lambda r: (r["reason"] != "cold_start", -r["host_ns"]))[:n]]
+            for r in rows]
     cols = [Col("stage", "left", key=True), Col("#"), Col("why", "left"), Col("host"), Col("GPU", move=2),
             Col("nested", move=3), Col("robust z", move=1)]
-    cold = sum(r["reason"] == "cold_start" for r in rows)
-    shown = (f"{total}; the {n} longest shown; " if not cold else
-             f"{total}; the cold starts, then the longest warm-up ones, {n} shown; ") if len(rows) > n else ""
-    return Fitted("Startup (kept out of the numbers above)", cols, body,
-                  caption=f"{shown}nested: the instances inside each, kept out with it")
+    if any(f.startup_gpu(r)[0] == "proj" for r in rows):
+        caption += "; GPU as in the stage table (p: the trace's first-to-last op span)"
+    return Fitted("Startup (kept out of the numbers above)", cols, body, caption=caption)
 
 
 def _notes(report: Report) -> Text | None:
