@@ -128,7 +128,9 @@ def analyze(run: str | Path | Run | None = None,
     if trace is not None and attribution is None:
         attribution = attribute(trace, run=run)
         if placed_note:
-            attribution.notes.insert(0, placed_note)
+            # the placed ranges carry their record ids: that they join by them says nothing more
+            # than the placement, which is the join (the header's `join clock`)
+            attribution.notes = [placed_note] + [n for n in attribution.notes if not n.endswith("by NVTX payload == record id")]
             if attribution.join_method == JoinMethod.PAYLOAD:
                 attribution.join_method = JoinMethod.CLOCK
     if run is not None:
