@@ -36,3 +36,33 @@ def test_the_notes_name_the_join_the_header_names(torch_decode, kvcache):
     # an nsys capture of a maxinstr program: joined by the NVTX payload, and the note says so
     assert kvcache["sources"]["join"] == "payload"
     assert any(n.endswith("by NVTX payload == record id") for n in _joins_said(kvcache))
+
+
+def test_the_gpu_tables_cover_the_steady_state_and_say_so(torch_decode):
+    """Kineto decode: the weight load (`load`, warm-up only) was 36% of the whole trace's GPU time
+    (memcpy HtoD); the family and kernel tables a user reads first cover the steady state."""
+    from maxinstr.render import _fmt, markdown, text
+
+    gpu = torch_decode["gpu"]
+    whole = {r["family"]: r["share"] for r in gpu["families"]}
+    assert whole["memcpy"] > 0.3  # what the tables showed before
+    st = gpu["steady"]
+    assert st["ops"] + st["startup_ops"] == gpu["ops"]
+    assert abs(st["gpu_ns"] + st["startup_gpu_ns"] - gpu["gpu_ns"]) < 1e-3 * gpu["gpu_ns"]
+    assert st["families"][0]["family"] == "gemm"
+    assert {r["family"]: r["share"] for r in st["families"]}["memcpy"] < 0.01
+    assert not any(k["name"].startswith("Memcpy HtoD") for k in st["kernels"][:10])
+    fams, ks, scope, caption = _fmt.gpu_tables(torch_decode)
+    assert scope == "steady state" and fams == st["families"] and caption.startswith(f"steady state: {st['ops']} ops")
+    t = text.render(torch_decode, width=120)
+    assert "GPU time by kernel family (steady state)" in t and "Top kernels (steady state)" in t
+    assert "## GPU time by kernel family (steady state)" in markdown.render(torch_decode)
+
+
+def test_a_trace_without_stages_says_its_tables_cover_the_whole_trace():
+    from maxinstr.render import text
+
+    report = build_report(None, DATA / "nsys/pipit_cloverleaf_no_nvtx_nsys2024.5.sqlite")
+    assert report["gpu"]["steady"] is None
+    t = text.render(report, width=100)
+    assert "GPU time by kernel family (whole trace)" in t and "whole trace: 1591 ops" in t

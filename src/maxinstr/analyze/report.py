@@ -24,7 +24,7 @@ from maxinstr.analyze.kernels import (FAMILY_NAMES, family_table, instance_op_wo
 from maxinstr.analyze.populations import MIN_INSTANCES as POPULATION_MIN_INSTANCES
 from maxinstr.analyze.populations import stage_populations
 from maxinstr.analyze.schema import (SCHEMA, VERSION, Coverage, Environment, GpuSection, PerStep, RanksSection, Report,
-                                     ReproduceStep, SelfTimes, Sources, Stage, StageSamples, StartupRow, Statistic,
+                                     ReproduceStep, SelfTimes, Sources, Stage, StageSamples, StartupRow, Statistic, SteadyGpu,
                                      StepBasis, StepWork)
 from maxinstr.analyze.stats import group_summaries, step_trend
 from maxinstr._units import ns_text
@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 KERNELS_KEPT = 300
 """Distinct kernel names kept in ``gpu.kernels`` (by total time); enough for compare's
 appeared/disappeared lists without making the JSON huge."""
+
+STEADY_KERNELS_KEPT = 50
+"""Distinct kernel names kept in ``gpu.steady.kernels`` (the views show the first ten)."""
 
 STARTUP_KEPT = 50
 MIX_TOP_KERNELS = 15
@@ -147,8 +150,12 @@ def analyze(run: str | Path | Run | None = None,
     else:
         fam, dur = np.empty(0, dtype=np.int16), np.empty(0, dtype=np.int64)
     mix, work, graph_ops = {}, None, None
+    startup_op = np.zeros(len(dur), bool)
     if trace is not None:
         pairs = op_instance_pairs(inst, trace, attribution)
+        if len(pairs[0]):
+            # an op held by a warm-up or cold-start instance (or one nested in it) is startup work
+            startup_op[pairs[0][~(inst.steady | inst.is_mark)[pairs[1]]]] = True
         mix = stage_mix(inst, trace, attribution, fam, dur, top=MIX_TOP_KERNELS, pairs=pairs)
         if len(pairs[0]):
             matmul_codes = [i for i, n in enumerate(FAMILY_NAMES) if n in MATMUL_FAMILIES]
@@ -197,7 +204,7 @@ def analyze(run: str | Path | Run | None = None,
                           else (np.empty(0, str), np.empty(0, np.int64)))
     report["marks"] = {str(k): int(c) for k, c in zip(marks, mark_counts)}
     report["startup"] = _startup_rows(inst)
-    report["gpu"] = _gpu_section(trace, attribution, fam, dur)
+    report["gpu"] = _gpu_section(trace, attribution, fam, dur, startup_op)
     report["coverage"] = _coverage(inst)
     report["samples"] = sample_stats.get("_overall") if sample_stats else None
     report["reproduce"] = _reproduce(run, trace, unprofiled_run)
@@ -857,7 +864,8 @@ def _coverage(inst: inst_mod.StageInstances) -> Coverage | None:
             "gpu_event_instances": int((gpu >= 0).sum())}
 
 
-def _gpu_section(trace: Trace | None, attribution: Attribution | None, fam: np.ndarray, dur: np.ndarray) -> GpuSection | None:
+def _gpu_section(trace: Trace | None, attribution: Attribution | None, fam: np.ndarray, dur: np.ndarray,
+                 startup_op: np.ndarray | None = None) -> GpuSection | None:
     if trace is None:
         return None
     n = len(dur)
@@ -877,7 +885,15 @@ def _gpu_section(trace: Trace | None, attribution: Attribution | None, fam: np.n
     span = 0
     if n:
         span = int(np.asarray(trace.ops.end_ns).max() - np.asarray(trace.ops.start_ns).min())
+    steady: SteadyGpu | None = None
+    if startup_op is not None and len(startup_op) == n and (keep & startup_op).any():
+        st = keep & ~startup_op
+        steady = {"ops": int(st.sum()), "gpu_ns": float(dur[st].sum()),
+                  "families": family_table(dur[st], np.asarray(fam)[st]),
+                  "kernels": kernel_table(trace, fam, dur, mask=st, limit=STEADY_KERNELS_KEPT),
+                  "startup_ops": int((keep & startup_op).sum()), "startup_gpu_ns": float(dur[keep & startup_op].sum())}
     return {
+        "steady": steady,
         "ops": int(keep.sum()),
         "own_ops": {"count": int(own.sum()), "gpu_ns": float(dur[own].sum())},
         "gpu_ns": float(dur[sel].sum()),

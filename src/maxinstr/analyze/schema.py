@@ -447,6 +447,18 @@ class OwnOps(TypedDict, total=False):
     gpu_ns: Always[float]
 
 
+class SteadyGpu(TypedDict, total=False):
+    """``gpu.steady``: the GPU tables without the warm-up's ops (what the views show first)."""
+
+    ops: Always[int]
+    gpu_ns: Always[float]
+    families: Always[list[FamilyRow]]
+    kernels: Always[list[GpuKernel]]
+    startup_ops: Always[int]
+    """Ops left out: held by a warm-up or cold-start instance, or one nested in it."""
+    startup_gpu_ns: Always[float]
+
+
 class GpuSection(TypedDict, total=False):
     """``gpu``: every GPU op of the trace (null without one)."""
 
@@ -460,6 +472,9 @@ class GpuSection(TypedDict, total=False):
     kernels: Always[list[GpuKernel]]
     kernels_truncated: Always[bool]
     own_ops: OwnOps
+    steady: SteadyGpu | None
+    """The same tables over the steady state only: the ops of warm-up and cold-start stage
+    instances (and of those nested in them) left out. Absent when no such instance holds an op."""
 
 
 class Finding(TypedDict, total=False):

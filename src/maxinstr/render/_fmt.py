@@ -49,6 +49,24 @@ def startup_gpu(row: StartupRow) -> tuple[str, int | None]:
     return "", None
 
 
+def gpu_tables(report: Report) -> tuple[list[Any], list[Any], str, str]:
+    """What the GPU family and kernel tables of every view cover: (families, kernels, the
+    scope for their titles, a caption). The steady state when warm-up or cold-start instances
+    held ops (a decode's weight load is not where its decode time goes), else the whole trace."""
+    gpu = report.get("gpu") or {}
+    own = gpu.get("own_ops") or {}
+    own_note = (f"; maxinstr's own {own['count']} calibration kernels ({ns(own.get('gpu_ns'))}) not counted"
+                if own.get("count") else "")
+    st = gpu.get("steady")
+    if st:
+        caption = (f"steady state: {st['ops']} ops, {ns(st['gpu_ns'])} of GPU time; the {st['startup_ops']} ops "
+                   f"({ns(st['startup_gpu_ns'])}) of warm-up and cold-start instances not counted (whole trace: "
+                   f"{gpu.get('ops')} ops, {ns(gpu.get('gpu_ns'))}){own_note}")
+        return list(st.get("families") or []), list(st.get("kernels") or []), "steady state", caption
+    caption = f"whole trace: {gpu.get('ops')} ops, {ns(gpu.get('gpu_ns'))} of GPU time{own_note}"
+    return list(gpu.get("families") or []), list(gpu.get("kernels") or []), "whole trace", caption
+
+
 STARTUP_SHOWN = 8
 
 
@@ -333,14 +351,18 @@ def inside_stages(report: Report, n_stages: int = 4, n_ranges: int = 6) -> tuple
     stages = report.get("stages") or []
     parents = {s.get("parent") for s in stages}
     leaves = [s for s in stages if s["name"] not in parents and s.get("mix")]
-    leaves.sort(key=lambda s: -float((s.get("mix") or {}).get("gpu_ns") or 0))
+    # steady stages first (most GPU time first); a stage that ran only as warm-up (its mix is
+    # over every instance) after them, and labelled so
+    leaves.sort(key=lambda s: ((s.get("mix") or {}).get("instances_used") == "all",
+                               -float((s.get("mix") or {}).get("gpu_ns") or 0)))
     rows: list[dict[str, Any]] = []
     tied: list[str] = []
     for s in leaves[:n_stages]:
         mix = s.get("mix") or {}
         n_inst = max(int(mix.get("instances") or 1), 1)
+        label = s["name"] + (" (warm-up only)" if mix.get("instances_used") == "all" else "")
         for r in (mix.get("ranges") or [])[:n_ranges]:
-            rows.append({"stage": s["name"], "range": r["name"] or "-", "share": r["share"],
+            rows.append({"stage": label, "range": r["name"] or "-", "share": r["share"],
                          "per_instance": r["per_instance"], "gpu_per_instance_ns": r["gpu_ns"] / n_inst})
         rules = mix.get("rules") or {}
         if set(rules) - {"same_thread"}:

@@ -545,11 +545,12 @@ def _kernels_section(report: Report) -> str:
         out.append(mix_svg(mix))
         out.append(_kernel_table(mix.get("top_kernels") or [], per_instance=True))
         out.append("</details>")
-    if gpu.get("kernels"):
-        out.append(f"<details><summary>All kernels <span class=note>· top {min(20, len(gpu['kernels']))} of "
-                   f"{gpu.get('distinct_kernels')} distinct, whole input</span></summary>")
-        out.append(mix_svg({"families": gpu.get("families") or []}))
-        out.append(_kernel_table(gpu["kernels"][:20], per_instance=False))
+    fams, ks, scope, caption = f.gpu_tables(report)
+    if ks:
+        out.append(f"<details><summary>All kernels <span class=note>· top {min(20, len(ks))}, {e(scope)}: "
+                   f"{e(caption)}</span></summary>")
+        out.append(mix_svg({"families": fams}))
+        out.append(_kernel_table(ks[:20], per_instance=False))
         out.append("</details>")
     out.append("</section>")
     return "".join(out)

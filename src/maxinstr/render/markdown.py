@@ -191,14 +191,14 @@ def _optimisations(report: Report) -> list[str]:
 
 
 def _families(report: Report) -> list[str]:
-    gpu = report.get("gpu") or {}
-    if not gpu.get("families"):
+    fams, ks, scope, caption = f.gpu_tables(report)
+    if not fams:
         return []
-    rows = [[r["family"], f.pct(r["share"], 1), f.ns(r["gpu_ns"]), r["count"]] for r in gpu["families"]]
-    out = ["## GPU time by kernel family", ""] + _table(["family", "share", "time", "ops"], rows)
-    ks = gpu.get("kernels") or []
+    rows = [[r["family"], f.pct(r["share"], 1), f.ns(r["gpu_ns"]), r["count"]] for r in fams]
+    out = [f"## GPU time by kernel family ({scope})", "", _text(caption[0].upper() + caption[1:]) + ".", ""]
+    out += _table(["family", "share", "time", "ops"], rows)
     if ks:
-        out += ["Top kernels:", ""] + _table(
+        out += [f"Top kernels ({scope}):", ""] + _table(
             ["kernel", "family", "share", "count", "median"],
             [[_code(f.short(k["name"], 90)), k["family"], f.pct(k["share"], 1), k["count"], f.ns(k["median_ns"])] for k in ks[:10]])
     return out

@@ -336,26 +336,21 @@ def _bottlenecks(report: Report) -> Fitted | None:
 
 
 def _families(report: Report) -> Fitted | None:
-    gpu = report.get("gpu") or {}
-    fams = gpu.get("families") or []
+    fams, _, scope, caption = f.gpu_tables(report)
     if not fams:
         return None
     body = [[r["family"], f.pct(r["share"], 1), f.ns(r["gpu_ns"]), str(r["count"])] for r in fams]
-    own = gpu.get("own_ops") or {}
-    caption = f"{gpu.get('ops')} ops, {f.ns(gpu.get('gpu_ns'))} of GPU time"
-    if own.get("count"):
-        caption += f" (maxinstr's own {own['count']} calibration kernels, {f.ns(own.get('gpu_ns'))}, left out)"
-    return Fitted("GPU time by kernel family", [Col("family", "left", key=True), Col("share"), Col("time"), Col("ops")],
-                  body, caption=caption)
+    return Fitted(f"GPU time by kernel family ({scope})",
+                  [Col("family", "left", key=True), Col("share"), Col("time"), Col("ops")], body, caption=caption)
 
 
 def _kernels(report: Report, n: int = 10) -> Fitted | None:
-    ks = (report.get("gpu") or {}).get("kernels") or []
+    _, ks, scope, _ = f.gpu_tables(report)
     if not ks:
         return None
     body = [[f.short(k["name"], 80), k["family"], f.pct(k["share"], 1), str(k["count"]), f.ns(k["median_ns"])]
             for k in ks[:n]]
-    return Fitted("Top kernels", [Col("kernel", "left", wrap=True), Col("family", "left", move=1), Col("share"),
+    return Fitted(f"Top kernels ({scope})", [Col("kernel", "left", wrap=True), Col("family", "left", move=1), Col("share"),
                                   Col("count", move=2), Col("median", move=3)], body)
 
 
