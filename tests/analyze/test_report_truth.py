@@ -66,3 +66,13 @@ def test_a_trace_without_stages_says_its_tables_cover_the_whole_trace():
     assert report["gpu"]["steady"] is None
     t = text.render(report, width=100)
     assert "GPU time by kernel family (whole trace)" in t and "whole trace: 1591 ops" in t
+
+
+def test_a_dense_samplers_top_k_is_not_called_routing(torch_decode):
+    """h200_torch_decode is a dense model: torch's top-k in its `sample` stage (mbtopk, 58% of
+    the stage by the framework's aten::topk range) is top-k, not MoE routing."""
+    sample = next(s for s in torch_decode["stages"] if s["name"] == "sample")
+    fams = {f["family"]: f["share"] for f in sample["mix"]["families"]}
+    assert "routing" not in fams and fams["top_k"] > 0.4
+    assert all(k["family"] == "top_k" for k in sample["mix"]["top_kernels"] if "mbtopk::" in k["name"])
+    assert not any(f["id"].startswith("moe_") for f in torch_decode["diagnosis"])

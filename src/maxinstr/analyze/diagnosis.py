@@ -437,12 +437,26 @@ per expert, and the weighted scatter-add that combines expert outputs. Their nam
 about MoE (families: reduction), so the MoE rule counts them beside the routing family."""
 
 
+ROUTING_FAMILIES = ("routing", "top_k")
+"""Families a stage running grouped expert matmuls spends on routing: the router's own kernels
+and its top-k (a bare top-k is the expert choice there, as it is a sampler's top-k elsewhere)."""
+
+
 def moe_permutation(stage: Stage) -> tuple[float, list[str]]:
     """Share of a stage's GPU time in MOE_PERMUTATION kernels of its top kernels (not routing or
     grouped_matmul already), and their names."""
     ks = [k for k in (stage.get("mix") or {}).get("top_kernels", [])
-          if k["family"] not in ("routing", "grouped_matmul") and MOE_PERMUTATION.search(scanned(k["name"]))]
+          if k["family"] not in ROUTING_FAMILIES + ("grouped_matmul",) and MOE_PERMUTATION.search(scanned(k["name"]))]
     return float(sum(k["share"] for k in ks)), [k["name"] for k in ks]
+
+
+def moe_routing_kernels(stage: Stage) -> list[MixKernel]:
+    """The stage's top kernels the MoE rule counts as routing (routing and top-k families, the
+    token permutation), largest first: what its deep dive should look at."""
+    ks = [k for k in (stage.get("mix") or {}).get("top_kernels", [])
+          if k["family"] in ROUTING_FAMILIES
+          or (k["family"] != "grouped_matmul" and MOE_PERMUTATION.search(scanned(k["name"])))]
+    return sorted(ks, key=lambda k: -k["share"])
 
 
 def rule_moe_decode(report: Report) -> list[Finding]:
@@ -451,7 +465,7 @@ def rule_moe_decode(report: Report) -> list[Finding]:
         grouped = _fam_share(st, "grouped_matmul")
         if grouped < MOE_GROUPED_SHARE:
             continue
-        routing_family = _fam_share(st, "routing")
+        routing_family = _fam_share(st, *ROUTING_FAMILIES)
         perm, perm_names = moe_permutation(st)
         routing = routing_family + perm
         ev: dict[str, Any] = {"grouped_matmul_share": round(grouped, 3), "routing_share": round(routing, 3),
@@ -459,6 +473,7 @@ def rule_moe_decode(report: Report) -> list[Finding]:
               "permutation_kernels": [_kernel_regex(n) for n in perm_names],
               "routing_over_grouped": round(routing / grouped, 3) if grouped else None}
         if routing >= ROUTING_RIVALS * grouped:
+            counted = moe_routing_kernels(st)
             out.append(_finding(
                 "moe_routing_overhead",
                 f"'{st['name']}': MoE routing takes {routing:.0%} of GPU time, rivalling the expert matmuls ({grouped:.0%})"
@@ -466,7 +481,8 @@ def rule_moe_decode(report: Report) -> list[Finding]:
                 "hypothesis", st["name"], ev,
                 "Routing (top-k, index creation, permutation) should be a small fraction of the expert matmuls. "
                 "Look for a fused top-k/routing kernel, or unfused sort/scan steps in the routing path.",
-                _deep_dive(report, st, family="routing"),
+                # the largest kernel of what the title counts (a permutation sort can outweigh top-k)
+                _deep_dive(report, st, kernel=counted[0] if counted else None),
                 validation=_compare_cmd(report) + "  # routing share and stage median must drop beyond the noise bound",
                 score=routing * _stage_weight(report, st)))
         else:
