@@ -76,3 +76,54 @@ def test_a_dense_samplers_top_k_is_not_called_routing(torch_decode):
     assert "routing" not in fams and fams["top_k"] > 0.4
     assert all(k["family"] == "top_k" for k in sample["mix"]["top_kernels"] if "mbtopk::" in k["name"])
     assert not any(f["id"].startswith("moe_") for f in torch_decode["diagnosis"])
+
+
+@pytest.fixture(scope="module")
+def reprefill():
+    return build_report(DATA / "nsys/h200_reprefill-run", DATA / "nsys/h200_reprefill.sqlite")
+
+
+def _stage(report, name):
+    return next(s for s in report["stages"] if s["name"] == name)
+
+
+def test_a_stage_and_what_it_holds_draw_one_power(kvcache):
+    """kvcache: `request` read ~246 W (NVML's lagging reading: the sampler stopped before the
+    last request ended, so it had no energy value) while its `decode`, 90% of it, drew 530 W by the
+    energy counter. Power is the energy over the time the counter covered, for both."""
+    req, dec = _stage(kvcache, "request")["samples"], _stage(kvcache, "decode")["samples"]
+    assert req["power_source"] == dec["power_source"] == "energy"
+    assert abs(req["power_w_mean"] - dec["power_w_mean"]) < 0.05 * dec["power_w_mean"]
+    assert req["power_reading_w_mean"] < 0.6 * req["power_w_mean"]  # the reading it showed before
+
+
+def test_the_findings_quote_only_the_power_the_table_prints(reprefill, kvcache):
+    from maxinstr.render import text
+
+    for report in (reprefill, kvcache):
+        t = text.render(report, width=200)
+        for f in report["diagnosis"]:
+            power = f["evidence"].get("power_w_mean") if f["id"] == "throttled" else None
+            if power is None:
+                continue
+            smp = _stage(report, f["stage"])["samples"]
+            assert not smp["power_limited"] and f"{power:.0f} W" in t
+            row = next(line for line in t.splitlines() if line.startswith(f"│   {f['stage']} "))
+            assert f"{power:.0f} W" in row
+    # reprefill: decode's 704 W is shown and quoted; sample's (70 us between decode steps) is neither
+    assert not _stage(reprefill, "decode")["samples"]["power_limited"]
+    assert _stage(reprefill, "sample")["samples"]["power_limited"]
+    note = next(line for line in text.render(reprefill, width=400).splitlines() if line.startswith("power not shown"))
+    assert note.startswith("power not shown for prefill, sample:")
+
+
+def test_util_and_power_are_not_shown_together_without_cause(reprefill):
+    """reprefill: NVML's utilization never changed (90%), so its windows cannot be placed over the
+    last request: util is not shown for any stage, but power, from the energy counter, is for the
+    stages that fill its readings' intervals."""
+    from maxinstr.render import text
+
+    t = text.render(reprefill, width=400)
+    assert "util not shown for request, prefill, sample, decode:" in t and "cannot be placed" in t
+    row = next(line for line in t.splitlines() if line.startswith("│ request "))
+    assert " 705 W " in row

@@ -885,7 +885,10 @@ def rule_throttled(report: Report) -> list[Finding]:
         named = [NVML_REASONS.get(r, r) for r in reasons] or ["reason not given"]
         clock, top = smp.get("sm_clock_mhz_mean"), smp.get("sm_clock_max_mhz")
         loss = max(0.0, 1.0 - clock / top) if clock and top else None
-        power, limit = smp.get("power_w_mean"), smp.get("power_limit_w")
+        # a power the stage table does not print (it describes what ran around the stage) is
+        # not quoted as the stage's either
+        power = None if smp.get("power_limited", smp.get("window_limited")) else smp.get("power_w_mean")
+        limit = smp.get("power_limit_w")
         host = st.get("host_ns") or {}
         ev: dict[str, Any] = {"reason": ", ".join(named), "reasons": reasons, "throttled_share": round(share, 3),
               "samples": smp.get("samples"), "sm_clock_mhz_mean": clock, "sm_clock_max_mhz": top,

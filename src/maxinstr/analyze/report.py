@@ -726,6 +726,13 @@ def _window_note(samples: StageSamples | None, host: Statistic) -> StageSamples 
         out["window_limited"] = bool(share < WINDOW_SHARE_MIN)
     else:
         out["window_limited"] = bool(median is not None and median < NVML_UTIL_WINDOW_MIN_NS)
+    # power: from the energy counter, judged on the readings around the stage (interpolated
+    # linearly between them); from NVML's reading, on the same windows as utilization
+    e_share = out.get("energy_window_share")
+    if out.get("power_source") == "energy" and e_share is not None:
+        out["power_limited"] = bool(e_share < WINDOW_SHARE_MIN)
+    else:
+        out["power_limited"] = bool(out["window_limited"])
     out["sampler_window_min_ns"] = NVML_UTIL_WINDOW_MIN_NS
     return out
 

@@ -240,14 +240,16 @@ class DeviceSamples(TypedDict, total=False):
     energy_total_j: float | None
     gpu_util_window_share: float | None
     sm_active_window_share: float | None
+    energy_power_w: float | None
+    energy_window_share: float | None
 
 
 class StageSamples(TypedDict, total=False):
     """``stages[].samples``: sampler numbers over the stage's steady instances (docs/sampler.md).
     From the sampler's own rows (the usual source) every key but the ``*_mean`` of metrics it
     does not read is there; from plain sample columns (``build_report(samples=...)``), ``device``,
-    ``devices`` and the power split are not. ``window_limited`` and ``sampler_window_min_ns``
-    are the report's verdict on the windows."""
+    ``devices`` and the power split are not. ``window_limited``, ``power_limited`` and
+    ``sampler_window_min_ns`` are the report's verdict on the windows."""
 
     device: int
     samples: int
@@ -274,6 +276,12 @@ class StageSamples(TypedDict, total=False):
     throttle_reason_samples: dict[str, int]
     devices: list[DeviceSamples]
     window_limited: bool
+    """Utilization describes mostly the time around the stage (its NVML windows were mostly spent
+    elsewhere, or none can be placed over it): not shown."""
+    power_limited: bool
+    """The same verdict for power: on the energy counter's readings around the stage
+    (``energy_window_share``), or on NVML's windows for a power reading."""
+    energy_window_share: float | None
     sampler_window_min_ns: int
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderResult
 from rich.panel import Panel
@@ -200,11 +200,16 @@ def _stage_table(report: Report) -> Any:
     trace_cols = any((s.get("gpu_busy_frac") or {}).get("n") or s.get("mix") for s in stages)
     with_samples = [s for s in stages if (s.get("samples") or {}).get("gpu_util_pct_mean") is not None
                     or (s.get("samples") or {}).get("power_w_mean") is not None]
-    short_window = [s for s in with_samples if (s.get("samples") or {}).get("window_limited")]
-    # util/power of a stage whose NVML windows were mostly spent elsewhere (or that no window
-    # covers) describe the time around it: not printed ("-", with a note), and no column at
-    # all when no stage has them
-    sampled = len(with_samples) > len(short_window)
+    def limited(s: Stage, key: Literal["window_limited", "power_limited"]) -> bool:
+        smp = s.get("samples") or {}
+        return bool(smp.get(key, smp.get("window_limited")))
+
+    # util (or power) of a stage whose windows were mostly spent elsewhere (or that no window
+    # covers) describes the time around it: not printed ("-", with a note), and no column at
+    # all when no stage has one
+    short_util = [s for s in with_samples if limited(s, "window_limited")]
+    short_power = [s for s in with_samples if limited(s, "power_limited")]
+    sampled = len(with_samples) > min(len(short_util), len(short_power))
     throttle_col = any((s.get("samples") or {}).get("throttled_share") for s in stages)
     notes = []
     if unprof:
@@ -217,26 +222,35 @@ def _stage_table(report: Report) -> Any:
         notes.append("GPU: events on the stage's stream, or (p) the trace's first-to-last kernel span")
     if trace_cols:
         notes.append("busy: share of that trace span in which a kernel ran; kernels: per instance")
-    if short_window:
-        shortest = min(short_window, key=lambda s: f.stat(s["host_ns"]) or 0)
-        shown_n = len(short_window) if len(short_window) <= 6 else 5
-        names = ", ".join(s["name"] for s in short_window[:shown_n]) + (
-            f" and {len(short_window) - shown_n} more" if len(short_window) > shown_n else "")
-        one = len(short_window) == 1
-        notes.append(("util, power not shown for " if sampled else "util, power not shown: ")
-                     + f"{names}: NVML's utilization and power are averages over windows (200 ms on the H200, "
-                     "1/6 s to 1 s) mostly "
-                     f"spent outside {'it' if one else 'them'} ("
-                     + ("" if one else f"the shortest, {shortest['name']}, ")
-                     + f"median instance {f.ns(f.stat(shortest['host_ns']))}), or none covers {'it' if one else 'them'}, "
-                     "so those averages describe the GPU around the stage, not the stage; read "
-                     + ("busy" if trace_cols else "GPU time" if gpu_cols else "the HTML report's timeline")
+    def listed(short: list[Stage]) -> str:
+        shown_n = len(short) if len(short) <= 6 else 5
+        return ", ".join(s["name"] for s in short[:shown_n]) + (
+            f" and {len(short) - shown_n} more" if len(short) > shown_n else "")
+
+    read = "busy" if trace_cols else "GPU time" if gpu_cols else "the HTML report's timeline"
+    # power from NVML's reading is judged on utilization's windows; from the energy counter, on
+    # the time between its readings
+    by_energy = [s for s in short_power if (s.get("samples") or {}).get("power_source") == "energy"]
+    by_reading = [s for s in short_power if s not in by_energy and (s.get("samples") or {}).get("power_w_mean") is not None]
+    if short_util:
+        both = {s["name"] for s in by_reading} == {s["name"] for s in short_util}
+        notes.append(("util, power" if both else "util") + f" not shown for {listed(short_util)}: NVML's utilization "
+                     + ("and power reading are averages" if both else "is an average")
+                     + " over windows (1/6 s to 1 s; 200 ms on the H200) that the stage filled less than half of, or "
+                     "that cannot be placed over it (a value that never changed), so "
+                     + ("they describe" if both else "it describes") + " the GPU around the stage"
+                     + (f" (so does the power reading of {listed(by_reading)})" if by_reading and not both else "")
+                     + f"; read {read}"
                      + ("; throttle reasons are read at an instant, so throttled is shown" if throttle_col else ""))
+    if by_energy:
+        notes.append(f"power not shown for {listed(by_energy)}: the energy counter is read every 100 ms and "
+                     "interpolated between readings, and the stage filled less than half of the time between the "
+                     "readings around it, so the power is that of what ran around it")
     only_warm = [s["name"] for s in stages if not s["steady"] and f.excluded(s)]
     if only_warm:
         notes.append(f"n (+k): steady instances (+ warm-up / cold-start ones); {', '.join(only_warm[:3])}"
                      f"{' ...' if len(only_warm) > 3 else ''} ran only as warm-up: see Startup below")
-    if sampled and any((s.get("samples") or {}).get("power_source") == "reading" and not (s.get("samples") or {}).get("window_limited")
+    if sampled and any((s.get("samples") or {}).get("power_source") == "reading" and not limited(s, "power_limited")
                        for s in with_samples):
         notes.append("power: from the energy counter over the stage's instances; ~: NVML's power reading (a trailing "
                      "average that lags into the next stage), where the energy counter gives none")
@@ -312,7 +326,9 @@ def _stage_cells(s: Stage, label: str, depth: int, gpu_labels: set, gpu_cols: bo
         if power is not None and smp.get("power_source") == "reading":
             power_s = "~" + power_s
         if smp.get("window_limited"):
-            util_s = power_s = "-"
+            util_s = "-"
+        if smp.get("power_limited", smp.get("window_limited")):
+            power_s = "-"
         row += [util_s, power_s]
     if throttle_col:
         row.append(f.pct(smp.get("throttled_share")))
