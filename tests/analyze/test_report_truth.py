@@ -127,3 +127,28 @@ def test_util_and_power_are_not_shown_together_without_cause(reprefill):
     assert "util not shown for request, prefill, sample, decode:" in t and "cannot be placed" in t
     row = next(line for line in t.splitlines() if line.startswith("│ request "))
     assert " 705 W " in row
+
+
+def test_what_is_at_stake_comes_first(reprefill):
+    """reprefill: the 0%-at-stake profiler note stood above the 23%-at-stake re-prefill hypothesis."""
+    from maxinstr.render import text
+
+    t = text.render(reprefill, width=160)
+    panel = t.split("Diagnosis", 1)[1]
+    assert panel.index("[reprefill_quadratic]") < panel.index("Also noted (nothing at stake)") < panel.index(
+        "[profiled_timings]")
+
+
+def test_one_stage_one_busy_number():
+    """h200_decode: decode has two populations (with and without a CUDA graph); launch_bound
+    measured the no-graph one at 9% busy, while dominant_kernel said "busy only 24%" (the whole
+    stage). Every finding quotes the pace finding's number, and says whose it is."""
+    import re
+
+    report = build_report(None, DATA / "nsys/h200_decode.sqlite")
+    said = {f["id"]: f["title"] for f in report["diagnosis"] if f.get("stage") == "decode"}
+    pace = next(f for f in report["diagnosis"] if f["id"] == "launch_bound" and f["stage"] == "decode")
+    busy = f"{pace['evidence']['gpu_busy_frac_median']:.0%}"
+    for fid in ("dominant_kernel", "healthy_dense_decode"):
+        assert re.findall(r"busy only (\d+%)", said[fid]) == [busy], said[fid]
+        assert f"of its {pace['evidence']['population']} instances" in said[fid]

@@ -1169,11 +1169,15 @@ def _pace_clause(pace: Finding) -> tuple[str, float]:
     """What a launch_bound / host_bound finding measured, as a clause, and the share of the
     stage the GPU's kernels fill (what faster kernels could shorten at today's pace)."""
     ev = pace["evidence"]
+    # a population's finding (two populations, e.g. with and without a CUDA graph) measured its
+    # instances, not the whole stage: say whose number it is, as the finding's own title does
+    whose = f"its {ev['population']} instances" if ev.get("population") else "the stage"
     if ev.get("gpu_busy_frac_median") is not None:
         busy = float(ev["gpu_busy_frac_median"])
-        return f"the GPU is busy only {busy:.0%} of the stage", busy
+        return f"the GPU is busy only {busy:.0%} of {whose}", busy
     ratio = float(ev.get("gpu_over_host") or 0.0)
-    return f"GPU work is only {ratio:.0%} of the stage's host time", ratio
+    return f"GPU work is only {ratio:.0%} of {whose}' host time" if ev.get("population") else \
+        f"GPU work is only {ratio:.0%} of the stage's host time", ratio
 
 
 def _pace_notes(findings: list[Finding]) -> None:
@@ -1194,6 +1198,10 @@ def _pace_notes(findings: list[Finding]) -> None:
                               f"would not shorten the stage much. Then: " + f["next_step"])
             f["evidence"]["paced_by"] = pace["id"]
             f["score"] = round(f["score"] * fill, 4)
+        for f in others:
+            # one number for the stage's pace in every finding: the pace finding's own
+            if f["title"].endswith(")") and " (but " in f["title"]:
+                f["title"] = f["title"][: f["title"].rindex(" (but ")] + f" (but {clause})"
         secondary = [f["id"] for f in mix + others]
         if secondary:
             said = " and ".join(WORDS.get(x, x) for x in secondary)

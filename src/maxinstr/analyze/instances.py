@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from maxinstr import warmup as warmup_rule
-from maxinstr.analyze.stats import cold_start_mask
+from maxinstr.analyze.stats import COLD_START_MAX_PREFIX, cold_start_mask
 from maxinstr.columns import occurrence_index
 from maxinstr.warmup import inside as _inside
 from maxinstr.warmup import top_ancestor  # noqa: F401 - the report's callers find it here
@@ -293,6 +293,9 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
         # processes (ranks) would judge a slow rank's ordinary first steps by the fast ranks'
         # median and call them cold starts.
         codes = inst.key_code * (int(part_code.max()) + 1) + part_code
+        # a first call is among the first few runs of its stage in its process, warm-up included:
+        # the 321st `sample` (320 ran in two warm-up requests) is slow for another reason
+        first_call = occurrence_index(codes, inst.host_start_ns) < warmup_n + COLD_START_MAX_PREFIX
         for lv in range(int(inst.level.max()) + 1):
             at = (inst.level == lv) & ~inst.warmup & ~inst.inside_startup & ~inst.is_mark
             if len(inst.unclosed) == n:
@@ -300,7 +303,7 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
             if not at.any():
                 continue
             for values in (inst.host_ns, inst.proj_ns):
-                mask, z = cold_start_mask(codes, inst.occurrence, values, at & (values >= 0))
+                mask, z = cold_start_mask(codes, inst.occurrence, values, at & (values >= 0), first_calls=first_call)
                 inst.cold |= mask
                 inst.cold_z = np.maximum(inst.cold_z, np.where(mask, z, 0.0))
             if lv == 0 and groups is not None:

@@ -151,6 +151,7 @@ def cold_start_mask(
     z_threshold: float = COLD_START_Z,
     ratio: float = COLD_START_RATIO,
     max_prefix: int = COLD_START_MAX_PREFIX,
+    first_calls: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Cold-start outliers: the leading instances of each group that stand far above the rest.
 
@@ -163,7 +164,9 @@ def cold_start_mask(
     first non-outlier ends it), because compile spikes come first. Returns
     ``(mask, z)``. The MAD is floored at 1% of the median so identical values still give
     finite scores. With several processes (ranks), give each (stage, process) its own code:
-    each has its own first instances and its own pace.
+    each has its own first instances and its own pace. ``first_calls`` (optional) marks the rows
+    that can be a first call at all: an instance whose stage already ran many times (in
+    warm-up) is slow for another reason, not cold, and ends the leading run.
     """
     n = len(codes)
     mask = np.zeros(n, dtype=bool)
@@ -182,6 +185,8 @@ def cold_start_mask(
     # rank among eligible rows of the group, by occurrence
     elig_rank = occurrence_index(c, occurrence[idx])
     candidate = (elig_rank < max_prefix) & (zi > z_threshold) & (v >= ratio * med[c])
+    if first_calls is not None:
+        candidate &= np.asarray(first_calls, bool)[idx]
     # keep only an unbroken leading run: ranks before the group's first non-candidate
     first_non = np.full(n_groups, np.iinfo(np.int64).max)
     np.minimum.at(first_non, c[~candidate], elig_rank[~candidate])

@@ -67,6 +67,15 @@ def gpu_tables(report: Report) -> tuple[list[Any], list[Any], str, str]:
     return list(gpu.get("families") or []), list(gpu.get("kernels") or []), "whole trace", caption
 
 
+def unexplained_populations(host_times: bool) -> str:
+    """What an unexplained two-population split says, with the usual cause of one in host times."""
+    text = "none of what the records hold (process, step, enclosing instance, CUDA graph, kernels) tells those apart"
+    if host_times:
+        text += ("; host times split this way when threads compete for the cores (BLAS thread pools, other "
+                 "processes): compare with OMP_NUM_THREADS=1 or on an idle machine")
+    return text
+
+
 STARTUP_SHOWN = 8
 
 
@@ -214,6 +223,23 @@ def evidence_text(evidence: dict[str, Any], finding_id: str | None = None, limit
 def at_stake(score: float | None) -> str:
     """A finding's score as a reader's number: the rough share of the time at stake."""
     return "-" if score is None else f"{100 * score:.0f}% at stake"
+
+
+NOTHING_AT_STAKE = 0.005
+"""A finding scored below this (shown as 0% at stake) says how to read the numbers, not what to do."""
+
+
+def finding_groups(findings: list[Any]) -> list[tuple[str, list[Any]]]:
+    """The diagnosis as every view lists it: facts, then hypotheses, each by the time at stake;
+    then what has nothing at stake (a profiler's overhead, a healthy mix, a missing input), so a
+    0%-at-stake fact never stands above a 23%-at-stake hypothesis. Empty groups are left out."""
+    def at(x: Any) -> bool:
+        return (x.get("score") or 0.0) >= NOTHING_AT_STAKE
+
+    groups = [("Facts", [x for x in findings if x["verdict"] == "fact" and at(x)]),
+              ("Hypotheses", [x for x in findings if x["verdict"] != "fact" and at(x)]),
+              ("Also noted (nothing at stake)", [x for x in findings if not at(x)])]
+    return [(title, xs) for title, xs in groups if xs]
 
 
 def delta_rows(rows: list[dict]) -> list[tuple[str, dict]]:

@@ -141,7 +141,7 @@ def _stages(report: Report) -> list[str]:
     for s in pops:
         p = s.get("populations") or {}  # (each has two populations: they were listed for that)
         note += (f" {_code(s['name'], in_table=False)} has two populations ("
-                 + (f"told apart by {_text(p['by'])}" if p.get("by") else "nothing in the records tells them apart")
+                 + (f"told apart by {_text(p['by'])}" if p.get("by") else _text(f.unexplained_populations(p.get("basis") == "host_ns")))
                  + "), each in its own row" + ("; the stage's median lies between them" if p.get("median_in_gap") else "")
                  + ".")
     if any(s.get("headline_from") == "unprofiled_run" for s in stages):
@@ -162,9 +162,10 @@ def _bottlenecks(report: Report) -> list[str]:
 
 
 def _findings(report: Report, verdict: str, title: str) -> list[str]:
-    fs = [x for x in report.get("diagnosis") or [] if x["verdict"] == verdict]
+    groups = dict(f.finding_groups(report.get("diagnosis") or []))
+    fs = groups.get({"fact": "Facts", "hypothesis": "Hypotheses"}.get(verdict, verdict), [])
     if not fs:
-        return [f"## {title}", "", "None.", ""]
+        return [f"## {title}", "", "None.", ""] if verdict in ("fact", "hypothesis") else []
     out = [f"## {title}", ""]
     for x in fs:
         out.append(f"- **{_text(x['id'])}** ({f.at_stake(x.get('score'))}): {_text(x['title'])}")
@@ -271,6 +272,7 @@ def render(report: Report) -> str:
     lines += _bottlenecks(report)
     lines += _findings(report, "fact", "Facts (measured)")
     lines += _findings(report, "hypothesis", "Hypotheses (to confirm)")
+    lines += _findings(report, "Also noted (nothing at stake)", "Also noted (nothing at stake)")
     lines += _optimisations(report)
     lines += _startup(report)
     lines += _families(report)

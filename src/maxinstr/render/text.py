@@ -281,6 +281,9 @@ def _stage_table(report: Report) -> Any:
             rows.append(row)
         if pops.get("groups"):
             notes.append(_population_note(s, pops))
+    unexplained = [p for s in stages if (p := s.get("populations")) and p.get("groups") and not p.get("by")]
+    if unexplained:  # why, once for every such stage
+        notes.append(f.unexplained_populations(all(p.get("basis") == "host_ns" for p in unexplained)))
     # the notes under the table at the console's width (a caption would wrap at the table's)
     t = Fitted("Stages (steady state)", cols, rows)
     return Group(t, _lines(notes, style="dim")) if notes else t
@@ -390,11 +393,9 @@ def _diagnosis(report: Report) -> Panel | None:
     if not fs:
         return None
     parts: list[Any] = []
-    for verdict, style in (("fact", "bold green"), ("hypothesis", "bold yellow")):
-        group = [x for x in fs if x["verdict"] == verdict]
-        if not group:
-            continue
-        parts.append(Text("Facts" if verdict == "fact" else "Hypotheses", style=style))
+    styles = {"Facts": "bold green", "Hypotheses": "bold yellow"}
+    for title, group in f.finding_groups(fs):
+        parts.append(Text(title, style=styles.get(title, "bold")))
         for x in group:
             head = Text()
             head.append(f"[{x['id']}] ", style="bold")
@@ -408,8 +409,8 @@ def _diagnosis(report: Report) -> Panel | None:
                 parts.append(Padding(Text(f"next: {visible(x['next_step'])}"), (0, 0, 0, 6)))
             if x.get("command"):
                 parts.append(Padding(Text(f"$ {visible(x['command'])}", style="cyan"), (0, 0, 0, 6)))
-    parts.append(Padding(Text("facts, then hypotheses, each ordered by the share of the time at stake; --format json "
-                              "has every finding's full evidence", style="dim"), (0, 0, 0, 2)))
+    parts.append(Padding(Text("facts, then hypotheses, each ordered by the share of the time at stake, then what has "
+                              "none at stake; --format json has every finding's full evidence", style="dim"), (0, 0, 0, 2)))
     return Panel(Group(*parts), title="Diagnosis", title_align="left")
 
 
