@@ -23,6 +23,7 @@ import shlex
 from collections.abc import Callable
 from typing import Any, Literal
 
+from maxinstr._text import kernel_label
 from maxinstr._units import ns_text as _fmt_ns
 from maxinstr.analyze.families import MATMUL_FAMILIES, scanned
 from maxinstr.analyze.schema import (Bottleneck, Finding, MixKernel, PopulationGroup, Report, Stage, StartupRow,
@@ -1063,7 +1064,9 @@ def rule_straggler(report: Report) -> list[Finding]:
 
 
 def _short(name: str, n: int = 70) -> str:
-    return name if len(name) <= n else name[: n - 3] + "..."
+    """A kernel's label (no namespaces, parameters or wrappers: maxinstr._text.kernel_label), cut to ``n``."""
+    name = kernel_label(name)
+    return name if len(name) <= n else name[: n - 1] + "…"
 
 
 RULES: list[Callable[[Report], list[Finding]]] = [

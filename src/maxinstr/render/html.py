@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from maxinstr._text import visible
+from maxinstr._text import kernel_label, visible
 from maxinstr.render import _fmt as f
 
 if TYPE_CHECKING:
@@ -128,6 +128,11 @@ def _time_label(seconds: float, step: float) -> str:
 
 def _short(name: str, n: int = 80) -> str:
     return f.short(name, n)
+
+
+def _kname(name: str, n: int = 80) -> str:
+    """A kernel's label (:func:`maxinstr._text.kernel_label`), cut to ``n``."""
+    return f.short(kernel_label(name), n)
 
 
 def _family_color(fam: str) -> str:
@@ -581,7 +586,7 @@ def _kernel_table(kernels: Sequence[MixKernel | GpuKernel], per_instance: bool) 
         bar = (f'<span class="bar" style="width:{80 * share / top:.0f}px;background:{_family_color(k.get("family", ""))}">'
                f'</span> {f.pct(share, 1)}')
         rows.append(
-            f'<tr><td class="kname" title="{e(k.get("name"))}">{e(_short(k.get("name", ""), 110))}</td>'
+            f'<tr><td class="kname" title="{e(k.get("name"))}">{e(_kname(k.get("name", ""), 110))}</td>'
             f'<td class="fam"><span class="sw" style="background:{_family_color(k.get("family", ""))}"></span>{e(k.get("family"))}</td>'
             f"<td class=num>{k.get('count')}</td>"
             + (f"<td class=num>{k.get('per_instance')}</td>" if per_instance else "")
@@ -677,7 +682,7 @@ def _diagnosis_section(report: Report) -> str:
             out.append(f"<tr><td class=num>{r.get('rank')}</td><td>{e(r.get('stage'))}</td>"
                        f"<td class=num>{e(f.ns(r.get('self_ns')))} <span class=note>({e(str(r.get('basis', '')).replace('_ns', ''))})</span></td>"
                        f"<td class=num><span class=bar style=\"width:{60 * float(r.get('share') or 0):.0f}px\"></span> {f.pct(r.get('share'))}</td>"
-                       f"<td>{e(r.get('top_family') or '-')}</td><td class=kname>{e(_short(r.get('top_kernel') or '-', 70))}</td>"
+                       f"<td>{e(r.get('top_family') or '-')}</td><td class=kname>{e(_kname(r.get('top_kernel') or '-', 70))}</td>"
                        f"<td>{e(', '.join(r.get('findings') or []))}</td></tr>")
         out.append("</tbody></table>")
     out.append("</section>")

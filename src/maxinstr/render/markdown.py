@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
-from maxinstr._text import safe_name, visible
+from maxinstr._text import kernel_label, safe_name, visible
 from maxinstr.render import _fmt as f
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ def _bottlenecks(report: Report) -> list[str]:
         return []
     body = [[r["rank"], r["stage"] + (" (self)" if r.get("has_children") else ""), f.pct(r["share"]), f.ns(r["self_ns"]), r["basis"],
              f"{r['top_family']} {f.pct(r.get('top_family_share'))}" if r.get("top_family") else "-",
-             _code(f.short(r.get("top_kernel"), 60)) if r.get("top_kernel") else "-",
+             _code(f.short(kernel_label(r.get("top_kernel") or ""), 60)) if r.get("top_kernel") else "-",
              ", ".join(r["findings"]) or "-"] for r in rows]
     return ["## Ranked bottlenecks", ""] + _table(
         ["#", "stage", "share", "self time", "basis", "top family", "top kernel", "findings"], body)
@@ -201,7 +201,7 @@ def _families(report: Report) -> list[str]:
     if ks:
         out += [f"Top kernels ({scope}):", ""] + _table(
             ["kernel", "family", "share", "count", "median"],
-            [[_code(f.short(k["name"], 90)), k["family"], f.pct(k["share"], 1), k["count"], f.ns(k["median_ns"])] for k in ks[:10]])
+            [[_code(f.short(kernel_label(k["name"]), 90)), k["family"], f.pct(k["share"], 1), k["count"], f.ns(k["median_ns"])] for k in ks[:10]])
     return out
 
 
@@ -311,7 +311,7 @@ def render_compare(result: dict[str, Any]) -> str:
             if c.get(key):
                 lines += [f"## {title}", ""] + _table(
                     ["kernel", "family", "GPU time"],
-                    [[_code(f.short(k["name"], 100)), k["family"], f.ns(k["gpu_ns"])] for k in c[key][:20]])
+                    [[_code(f.short(kernel_label(k["name"]), 100)), k["family"], f.ns(k["gpu_ns"])] for k in c[key][:20]])
         if c["settings"]:
             lines += ["## Settings that differ", ""] + _table(
                 ["setting", "A", "B"], [[r["key"], _code(f.setting(r["a"])), _code(f.setting(r["b"]))] for r in c["settings"]])

@@ -10,7 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from maxinstr._text import visible
+from maxinstr._text import kernel_label, visible
 from maxinstr.render import _fmt as f
 from maxinstr.render.terminal import text_width
 
@@ -349,7 +349,7 @@ def _bottlenecks(report: Report) -> Fitted | None:
             Col("top kernel", "left", cut=True, move=2), Col("findings", "left", move=1)]
     body = [[str(r["rank"]), r["stage"] + (" (self)" if r.get("has_children") else ""), f.pct(r["share"]),
              f.ns(r["self_ns"]) + f" ({_BASIS.get(r['basis'], r['basis'])})",
-             f"{f.pct(r.get('top_kernel_share'))} {f.short(r.get('top_kernel'), 48)}" if r.get("top_kernel") else "-",
+             f"{f.pct(r.get('top_kernel_share'))} {kernel_label(r.get('top_kernel') or '')}" if r.get("top_kernel") else "-",
              ", ".join(r["findings"]) or "-"] for r in rows[:10]]
     return Fitted("Where the time goes (ranked)", cols, body)
 
@@ -367,9 +367,10 @@ def _kernels(report: Report, n: int = 10) -> Fitted | None:
     _, ks, scope, _ = f.gpu_tables(report)
     if not ks:
         return None
-    body = [[f.short(k["name"], 80), k["family"], f.pct(k["share"], 1), str(k["count"]), f.ns(k["median_ns"])]
+    body = [[kernel_label(k["name"]), k["family"], f.pct(k["share"], 1), str(k["count"]), f.ns(k["median_ns"])]
             for k in ks[:n]]
-    return Fitted(f"Top kernels ({scope})", [Col("kernel", "left", wrap=True), Col("family", "left", move=1), Col("share"),
+    # one line a kernel, cut to the width left (--format json has the whole name)
+    return Fitted(f"Top kernels ({scope})", [Col("kernel", "left", cut=True), Col("family", "left", move=1), Col("share"),
                                   Col("count", move=2), Col("median", move=3)], body)
 
 
@@ -537,11 +538,11 @@ def compare_renderables(result: dict) -> list[Any]:
                 more = len(c[key]) - 8
                 parts.append(Fitted(label, [Col("kernel", "left", cut=True), Col("family", "left", move=1),
                                             Col("GPU time")],
-                                    [[f.short(k["name"], 70), k["family"], f.ns(k["gpu_ns"])] for k in c[key][:8]],
+                                    [[kernel_label(k["name"]), k["family"], f.ns(k["gpu_ns"])] for k in c[key][:8]],
                                     caption=f"... and {more} more (--format json lists them)" if more > 0 else None))
         if c["kernels_changed_family"]:
             parts.append(_lines(["Kernels classified differently: " + "; ".join(
-                f"{f.short(k['name'], 50)}: {k['a_family']} -> {k['b_family']}" for k in c["kernels_changed_family"][:8])]))
+                f"{f.short(kernel_label(k['name']), 50)}: {k['a_family']} -> {k['b_family']}" for k in c["kernels_changed_family"][:8])]))
         if c["settings"]:
             parts.append(Fitted("Settings that differ", [Col("setting", "left", key=True), Col("A", "left", wrap=True),
                                                           Col("B", "left", wrap=True)],
