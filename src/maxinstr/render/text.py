@@ -144,32 +144,37 @@ class Fitted:
 
 
 def _header(report: Report) -> Panel:
+    """The sources, the GPU, the join and the warm-up, a key and its value a row: a value that
+    wraps stays under its value, not under the keys."""
     src = report.get("sources", {})
-    lines = []
+    rows: list[tuple[str, str, str]] = []  # (key, value, style)
     if src.get("run"):
-        lines.append(f"run      {src['run']}")
+        rows.append(("run", str(src["run"]), ""))
     if src.get("trace"):
-        lines.append(f"trace    {src['trace']} ({src.get('trace_format')})")
+        rows.append(("trace", f"{src['trace']} ({src.get('trace_format')})", ""))
     if src.get("unprofiled_run"):
-        lines.append(f"headline {src['unprofiled_run']} (unprofiled)")
+        rows.append(("headline", f"{src['unprofiled_run']} (unprofiled)", ""))
     env = report.get("environment", {})
     gpus = env.get("gpus") or []
     if gpus:
-        lines.append("gpu      " + ", ".join(str(g.get("name", "?")) for g in gpus[:4])
+        rows.append(("gpu", ", ".join(str(g.get("name", "?")) for g in gpus[:4])
                      + (f" | driver {env['driver']}" if env.get("driver") else "")
-                     + (f" | cuda {env['cuda']}" if env.get("cuda") else ""))
+                     + (f" | cuda {env['cuda']}" if env.get("cuda") else ""), ""))
     if src.get("join"):
-        lines.append(f"join     {src['join']} ({src.get('records_joined')} records joined to trace ranges)")
-    w = report.get("warmup", {})
-    lines.append(f"warm-up  {f.warmup_line(w)}")
-    text = _lines(lines)
+        rows.append(("join", f"{src['join']} ({src.get('records_joined')} records joined to trace ranges)", ""))
+    rows.append(("warm-up", f.warmup_line(report.get("warmup", {})), ""))
     if src.get("join_problem"):
-        text.append(f"\njoin failed: {visible(src['join_problem'])}", style="bold red")
+        rows.append(("join failed", str(src["join_problem"]), "bold red"))
     if src.get("capture_problem"):
-        text.append(f"\ncapture empty: {visible(src['capture_problem'])}", style="bold red")
+        rows.append(("capture empty", str(src["capture_problem"]), "bold red"))
     if report.get("perturbed") and report.get("headline_source") != "unprofiled_run":
-        text.append(f"\nperturbed: {visible(report.get('perturbed_reason'))}", style="yellow")
-    return Panel(text, title="maxinstr report", title_align="left")
+        rows.append(("perturbed", str(report.get("perturbed_reason")), "yellow"))
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for key, value, style in rows:
+        grid.add_row(Text(key, style=style), Text(visible(value), style=style))
+    return Panel(grid, title="maxinstr report", title_align="left")
 
 
 STAGES_SHOWN = 40
@@ -434,11 +439,16 @@ def _startup(report: Report) -> Fitted | None:
     return Fitted("Startup (kept out of the numbers above)", cols, body, caption=caption)
 
 
-def _notes(report: Report) -> Text | None:
+def _notes(report: Report) -> Group | None:
     notes = (report.get("sources") or {}).get("notes") or []
     if not notes:
         return None
-    return _lines(["notes:"] + [f"  - {n}" for n in notes], style="dim")
+    grid = Table.grid(padding=(0, 1))  # a note that wraps stays under its own text
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for n in notes:
+        grid.add_row(Text("  -", style="dim"), Text(visible(n), style="dim"))
+    return Group(Text("notes:", style="dim"), grid)
 
 
 def _ranks(report: Report) -> Group | None:
