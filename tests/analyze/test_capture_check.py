@@ -59,6 +59,6 @@ def test_the_problem_is_the_first_thing_the_text_view_says_after_the_sources():
     report = a.report
     report["sources"]["capture_problem"], _ = capture_check(run.meta, 0, a.instances)
     lines = text_view.render(report, width=80).splitlines()
-    at = next(i for i, line in enumerate(lines) if "capture empty:" in line)
+    at = next(i for i, line in enumerate(lines) if "│ capture empty " in line)
     assert at < next(i for i, line in enumerate(lines) if "Stages" in line)
     assert np.all([len(line) <= 80 for line in lines])

@@ -231,11 +231,19 @@ def rule_no_gpu_data(report: Report) -> list[Finding]:
         return []
     if _any_stage_has(stages, "gpu_event_ns") or _any_stage_has(stages, "gpu_proj_ns"):
         return []
+    gpus = len(report.get("environment", {}).get("gpus") or [])
+    again = _recorded_maxinstr_command(report) is not None
+    if not gpus:
+        # the command is the one for a GPU machine: on this one (none seen) it records the same
+        step = ("Host times show where the program waits, not what the GPU does, and this machine has no GPU: "
+                + ("run the same command on a GPU machine" if again else "run it on a GPU machine with the command")
+                + " (GPU events are on by default there; the profiler adds the kernels).")
+    else:
+        step = ("Host times show where the program waits, not what the GPU does. The GPU was seen but no stage "
+                "timed it: pass stream= (docs/guide.md), and add a profiler trace for kernels.")
     return [_finding(
         "no_gpu_data", "Only host times: no GPU event times were recorded and no trace was given", "fact", None,
-        {"stages": len(stages), "gpus_seen": len(report.get("environment", {}).get("gpus") or [])},
-        "Host times show where the program waits, not what the GPU does. Record on a GPU machine (GPU events "
-        "are on by default there) and add a profiler trace for kernels.",
+        {"stages": len(stages), "gpus_seen": gpus}, step,
         _maxinstr_run(report, with_profiler=True),
         score=0.0)]
 

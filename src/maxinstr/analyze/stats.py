@@ -187,6 +187,11 @@ def cold_start_mask(
     candidate = (elig_rank < max_prefix) & (zi > z_threshold) & (v >= ratio * med[c])
     if first_calls is not None:
         candidate &= np.asarray(first_calls, bool)[idx]
+    # a cold start stands above every later instance: where the steady ones reach as high (a
+    # host time's noise on a busy CPU), a high first one is that noise, not a first call
+    rest_max = np.full(n_groups, -np.inf)
+    np.maximum.at(rest_max, c[~candidate], v[~candidate])
+    candidate &= v > rest_max[c]
     # keep only an unbroken leading run: ranks before the group's first non-candidate
     first_non = np.full(n_groups, np.iinfo(np.int64).max)
     np.minimum.at(first_non, c[~candidate], elig_rank[~candidate])
