@@ -43,8 +43,8 @@ def test_short_stage_samples_are_flagged_window_limited(threads_report):
 def test_text_does_not_print_util_of_short_stages(threads_report):
     text = render(threads_report, width=100)
     table = text.split("Stages (steady state)", 1)[1].split("Where the time goes", 1)[0]
-    assert "util, power not shown for decode" in table
-    assert "NVML's utilization and power reading are averages over windows" in table
+    assert "util, power not shown for decode: NVML's utilization is an average over windows" in table
+    assert "and power NVML's trailing reading" in table
     assert " 0%" not in table.split("util, power", 1)[0]  # no misleading 0 % in the rows
     assert "GPU: CUDA/HIP events on the stage's stream" in table
     assert max(len(line) for line in table.splitlines()) <= 100
@@ -61,7 +61,7 @@ def test_long_and_short_stages_side_by_side(threads_report):
                           window_limited=False, power_limited=False)
     text = render(report, width=120)
     table = text.split("Stages (steady state)", 1)[1].split("Where the time goes", 1)[0]
-    assert "util, power not shown for decode: NVML's utilization and power reading are averages" in table
+    assert "util, power not shown for decode: NVML's utilization is an average" in table
     rows = {r.split("│")[1].strip(): r for r in table.splitlines() if r.startswith("│")}
     assert "97%" in rows["prefill"] and "600 W" in rows["prefill"]
     util_cell, power_cell = [c.strip() for c in rows["decode"].split("│")[-3:-1]]

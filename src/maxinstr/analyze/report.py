@@ -349,12 +349,18 @@ def capture_check(meta: dict[str, Any], n_ops: int, inst: inst_mod.StageInstance
     if not isinstance(start, int):
         return None, None
     outside = steady & ((inst.host_start_ns < start) | ((inst.host_end_ns > stop) if isinstance(stop, int) else False))
-    if not outside.any():
-        return None, None
-    k = int(outside.sum())
-    return None, (f"{k} of {n_steady} steady stage instances ran outside the capture range (before it started or "
-                  "after it stopped): they hold no op, and their GPU columns are empty; `maxinstr run --capture all` "
-                  "or a longer --window covers them")
+    if outside.any():
+        k = int(outside.sum())
+        return None, (f"{k} of {n_steady} steady stage instances ran outside the capture range (before it started or "
+                      "after it stopped): they hold no op, and their GPU columns are empty; `maxinstr run --capture "
+                      "all` or a longer --window covers them")
+    unjoined = (inst.range_index < 0) & ~inst.is_mark
+    if unjoined.any() and not (unjoined & (inst.host_start_ns >= start)).any():
+        # why the join note counts records without a range: all of them began before the capture
+        return None, (f"the {int(unjoined.sum())} stage records with no range in the trace all began before the "
+                      "capture started (a steady-state capture: meta.json capture.start_ns); every steady instance "
+                      "is in it")
+    return None, None
 
 
 def _join_problem(trace: Trace) -> str:

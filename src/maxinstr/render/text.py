@@ -237,6 +237,16 @@ def _stage_table(report: Report) -> Any:
     # the time between its readings
     by_energy = [s for s in short_power if (s.get("samples") or {}).get("power_source") == "energy"]
     by_reading = [s for s in short_power if s not in by_energy and (s.get("samples") or {}).get("power_w_mean") is not None]
+    tail = f"; read {read}" + ("; throttle reasons are read at an instant, so throttled is shown" if throttle_col else "")
+    if short_util and {s["name"] for s in short_util} == {s["name"] for s in by_energy + by_reading}:
+        # the same stages lack both: one note
+        notes.append(f"util, power not shown for {listed(short_util)}: NVML's utilization is an average over windows "
+                     "(1/6 s to 1 s; 200 ms on the H200), and power "
+                     + ("NVML's trailing reading" if not by_energy else "the energy counter's, read every 100 ms and "
+                        "interpolated between readings")
+                     + "; the stage filled less than half of that time (or no window can be placed over it), so "
+                     "they describe the GPU around the stage" + tail)
+        short_util, by_energy, by_reading = [], [], []
     if short_util:
         both = {s["name"] for s in by_reading} == {s["name"] for s in short_util}
         notes.append(("util, power" if both else "util") + f" not shown for {listed(short_util)}: NVML's utilization "
@@ -245,8 +255,7 @@ def _stage_table(report: Report) -> Any:
                      "that cannot be placed over it (a value that never changed), so "
                      + ("they describe" if both else "it describes") + " the GPU around the stage"
                      + (f" (so does the power reading of {listed(by_reading)})" if by_reading and not both else "")
-                     + f"; read {read}"
-                     + ("; throttle reasons are read at an instant, so throttled is shown" if throttle_col else ""))
+                     + tail)
     if by_energy:
         notes.append(f"power not shown for {listed(by_energy)}: the energy counter is read every 100 ms and "
                      "interpolated between readings, and the stage filled less than half of the time between the "
