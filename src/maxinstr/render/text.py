@@ -53,6 +53,22 @@ KEY_MIN = 24
 WRAP_MIN = 24
 """Free-text columns are not squeezed below this (a kernel name folded into 10 columns is
 unreadable): another column moves out first."""
+CUT_MIN = 40
+"""A cut column (kernel names, one line each) keeps at least this much before another column
+moves out: a label cut at 24 characters no longer tells ``nvjet_sm90_tst_256x8_...`` tiles apart."""
+
+
+def _cut_middle(cell: Any, width: int) -> Any:
+    """A cut cell of a plain name (no template brackets) longer than ``width``: its head, an
+    ellipsis and its tail, which is where such names differ (``nvjet_..._v_bz_TNT`` against
+    ``..._v_bz_splitK_TNT``, MAX's ``..._f30e14de`` hashes). Other cells are cut at the end by the
+    table (a template's tail is brackets)."""
+    text = cell.plain if isinstance(cell, Text) else str(cell)
+    if len(text) <= width or "<" in text or width < 12:
+        return cell
+    head = (width - 1) * 3 // 5
+    tail = width - 1 - head
+    return Text(text[:head] + "…" + text[-tail:], style=cell.style if isinstance(cell, Text) else "")
 
 
 class Fitted:
@@ -90,7 +106,8 @@ class Fitted:
 
     def _plan(self, width: int) -> list[list[int]]:
         nat = [self._natural(i, width) for i in range(len(self.cols))]
-        need = lambda idx: sum(min(nat[i], WRAP_MIN) if self.cols[i].wrap else nat[i] for i in idx) + 3 * len(idx) + 1  # noqa: E731
+        need = lambda idx: sum(min(nat[i], CUT_MIN if self.cols[i].cut else WRAP_MIN) if self.cols[i].wrap else nat[i]  # noqa: E731
+                               for i in idx) + 3 * len(idx) + 1
         keys = [i for i, c in enumerate(self.cols) if c.key]
         rest = [i for i, c in enumerate(self.cols) if not c.key]
         tables: list[list[int]] = []
@@ -136,8 +153,9 @@ class Fitted:
                 # only a key longer than half the console is narrower than its cells: it folds
                 t.add_column(c.header, justify=c.justify, width=w, overflow="ellipsis" if c.cut else "fold",
                              no_wrap=c.cut)
+            widths = {i: (min(nat[i], left // max(len(wraps), 1)) if self.cols[i].wrap else nat[i]) for i in idx}
             for r in self.rows:
-                t.add_row(*(r[i] for i in idx))
+                t.add_row(*(_cut_middle(r[i], widths[i]) if self.cols[i].cut else r[i] for i in idx))
             yield t
             if notes:
                 yield _lines(notes, style="dim")
@@ -385,7 +403,7 @@ def _kernels(report: Report, n: int = 10) -> Fitted | None:
             for k in ks[:n]]
     # one line a kernel, cut to the width left (--format json has the whole name)
     return Fitted(f"Top kernels ({scope})", [Col("kernel", "left", cut=True), Col("family", "left", move=1), Col("share"),
-                                  Col("count", move=2), Col("median", move=3)], body)
+                                  Col("count", move=2, drop=True), Col("median", move=3, drop=True)], body)
 
 
 def _inside_stages(report: Report) -> Fitted | Text | None:
