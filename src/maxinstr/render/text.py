@@ -43,9 +43,10 @@ class Col:
     second table of p90s reads worse than a note)."""
 
     def __init__(self, header: str, justify: JustifyMethod = "right", key: bool = False, wrap: bool = False,
-                 move: int = 0, cut: bool = False, drop: bool = False) -> None:
+                 move: int = 0, cut: bool = False, drop: bool = False, keep: int | None = None) -> None:
         self.header, self.justify, self.key, self.move = header, justify, key, move
         self.wrap, self.cut, self.drop = wrap or cut, cut, drop
+        self.keep = WRAP_MIN if keep is None else keep  # a free-text column's width before others move out
 
 
 KEY_MIN = 24
@@ -53,9 +54,9 @@ KEY_MIN = 24
 WRAP_MIN = 24
 """Free-text columns are not squeezed below this (a kernel name folded into 10 columns is
 unreadable): another column moves out first."""
-CUT_MIN = 40
-"""A cut column (kernel names, one line each) keeps at least this much before another column
-moves out: a label cut at 24 characters no longer tells ``nvjet_sm90_tst_256x8_...`` tiles apart."""
+KERNEL_KEEP = 40
+"""The Top kernels table's name column keeps this much before another column moves out: a label
+cut at 24 characters no longer tells ``nvjet_sm90_tst_256x8_...`` tiles apart."""
 
 
 def _cut_middle(cell: Any, width: int) -> Any:
@@ -106,7 +107,7 @@ class Fitted:
 
     def _plan(self, width: int) -> list[list[int]]:
         nat = [self._natural(i, width) for i in range(len(self.cols))]
-        need = lambda idx: sum(min(nat[i], CUT_MIN if self.cols[i].cut else WRAP_MIN) if self.cols[i].wrap else nat[i]  # noqa: E731
+        need = lambda idx: sum(min(nat[i], self.cols[i].keep) if self.cols[i].wrap else nat[i]  # noqa: E731
                                for i in idx) + 3 * len(idx) + 1
         keys = [i for i, c in enumerate(self.cols) if c.key]
         rest = [i for i, c in enumerate(self.cols) if not c.key]
@@ -402,7 +403,7 @@ def _kernels(report: Report, n: int = 10) -> Fitted | None:
     body = [[kernel_label(k["name"]), k["family"], f.pct(k["share"], 1), str(k["count"]), f.ns(k["median_ns"])]
             for k in ks[:n]]
     # one line a kernel, cut to the width left (--format json has the whole name)
-    return Fitted(f"Top kernels ({scope})", [Col("kernel", "left", cut=True), Col("family", "left", move=1), Col("share"),
+    return Fitted(f"Top kernels ({scope})", [Col("kernel", "left", cut=True, keep=KERNEL_KEEP), Col("family", "left", move=1), Col("share"),
                                   Col("count", move=2, drop=True), Col("median", move=3, drop=True)], body)
 
 
