@@ -110,8 +110,13 @@ def warmup_line(w: WarmupSummary) -> str:
     head = w.get("pipeline_head")
     n = w.get("n", 0)
     its = "pipeline iteration" if n == 1 else f"{n} pipeline iterations"
-    declared = (f"{n} declared: the first {its} (each from one '{head}' to the next) and the first "
-                f"{'instance' if n == 1 else f'{n} instances'} of each stage" if head and n else f"{n} per stage declared")
+    if not n:
+        declared = "none declared (warmup=N or --warmup N declares it)"
+    elif head:
+        declared = (f"{n} declared: the first {its} (each from one '{head}' to the next) and the first "
+                    f"{'instance' if n == 1 else f'{n} instances'} of each stage")
+    else:
+        declared = f"{n} declared: the first {'instance' if n == 1 else f'{n} instances'} of each stage"
     return (f"{declared}; {w.get('instances', 0)} warm-up and "
             f"{w.get('cold_start_instances', 0)} cold-start instances"
             + (f", and the {inside} nested in them," if inside else "")
