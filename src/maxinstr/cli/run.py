@@ -219,7 +219,10 @@ def _summarize(outcome: runner.RunOutcome, *, no_report: bool) -> None:
     usable = (outcome.spec.run_dir / "meta.json").exists() or (art is not None and art.ok)
     if not no_report and usable:
         warm = outcome.spec.run_dir / runner.WARM_DIR if outcome.warm is not None and outcome.warm.ok else None
-        print_report(outcome.spec.run_dir, art.trace if art is not None and art.ok else None, warm)
+        # a capture that holds no kernel is still read: the report says at its top what it missed
+        trace = art.trace if art is not None else None
+        readable = art is not None and trace is not None and (art.ok or (art.kernels == 0 and Path(trace).is_file()))
+        print_report(outcome.spec.run_dir, trace if readable else None, warm)
 
 
 def _requested_path(run_dir: Path) -> str | None:
