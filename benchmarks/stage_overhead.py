@@ -5,7 +5,8 @@
 
 Cases (each skipped when its package or a GPU is missing):
   baseline: empty loop, empty Python context manager
-  maxinstr: disabled; ranges + host clock (gpu=False); ranges + GPU events (boundary sharing on,
+  maxinstr: disabled; ranges + host clock (gpu=False), also with the steady-state trigger armed
+            (steady_watch: what a `maxinstr run` capture's warm-up costs); ranges + GPU events (boundary sharing on,
             the default, and off: two events per stage)
   peers:    nvtx-python `annotate` context manager and domain push/pop with cached attributes;
             torch.cuda.nvtx push/pop + a torch.cuda.Event pair; torch.profiler.record_function;
@@ -132,8 +133,22 @@ def _cases() -> tuple[dict[str, Case], dict[str, str], dict]:
                 pass
         _native.drain()
 
+    def mi_host_watched(n):
+        # the steady-state trigger armed (during a `maxinstr run` capture's warm-up): every enter
+        # counts its name; a count it never reaches, so it never fires
+        _native.steady_watch(1 << 62, lambda *_: None)
+        try:
+            for _ in range(n):
+                with st("x", gpu=False):
+                    pass
+        finally:
+            _native.steady_watch(-1, None)
+        _native.drain()
+
     cases["maxinstr disabled"] = mi_disabled
     cases["maxinstr ranges + host clock"] = mi_host
+    if hasattr(_native, "steady_watch"):
+        cases["maxinstr ranges + host clock, steady trigger armed"] = mi_host_watched
 
     # probe GPU timing availability
     with st("probe"):

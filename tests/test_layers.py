@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 # The top-level modules of maxinstr that make up "base" (they may import one another); _native and
 # _columns are built from csrc/.
-BASE = {"config", "errors", "columns", "_columns", "_native", "_attrs", "_text", "_units", "_files"}
+BASE = {"config", "errors", "columns", "warmup", "_columns", "_native", "_attrs", "_text", "_units", "_files"}
 # Names the package root defines that are base, not cli's: the version string is set before the
 # root imports anything, so importing it reaches nothing above the base.
 BASE_ROOT_NAMES = {"__version__"}

@@ -50,6 +50,29 @@ PyObject* py_set_attrs_hook(PyObject*, PyObject* fn) {
   Py_RETURN_NONE;
 }
 
+// steady_watch(n, hook): arm the steady-state trigger (state.h): the first top-level stage
+// entered whose name was entered n times before (since now) calls hook(name_id, t_ns) once.
+// n < 0 (or hook None) disarms. Returns whether it was armed before.
+PyObject* py_steady_watch(PyObject*, PyObject* args) {
+  long long n = -1;
+  PyObject* hook = Py_None;
+  if (!PyArg_ParseTuple(args, "LO:steady_watch", &n, &hook)) return nullptr;
+  if (hook != Py_None && !PyCallable_Check(hook)) {
+    PyErr_SetString(PyExc_TypeError, "steady_watch(n, callable or None)");
+    return nullptr;
+  }
+  bool was = process.steady_n >= 0;
+  process.steady_counts.clear();
+  if (n < 0 || hook == Py_None) {
+    process.steady_n = -1;
+    Py_CLEAR(process.steady_hook);
+  } else {
+    process.steady_n = n;
+    Py_XSETREF(process.steady_hook, Py_NewRef(hook));
+  }
+  return PyBool_FromLong(was);
+}
+
 PyObject* py_set_enabled(PyObject*, PyObject* on) {
   int t = PyObject_IsTrue(on);
   if (t < 0) return nullptr;
@@ -423,6 +446,9 @@ void atfork_child() {
   process.pid = (int64_t)getpid();
   process.seq = 0;
   process.fork_gen++;
+  process.steady_n = -1;  // the child's part starts no capture (its reference is leaked: no Python here)
+  process.steady_hook = nullptr;
+  process.steady_counts.clear();
   tls_ts = nullptr;
   tls_guard.ts = nullptr;
   process.threads.clear();  // the parent's thread states are leaked on purpose (no Python calls here)
@@ -451,6 +477,9 @@ PyMethodDef module_methods[] = {
     {"set_enabled", py_set_enabled, METH_O, "Process-wide enable/disable of stages and marks."},
     {"is_enabled", py_is_enabled, METH_NOARGS, "Whether stages are recorded."},
     {"_env_flag", py_env_flag, METH_VARARGS, "_env_flag(name, default): a yes/no variable as the core reads it."},
+    {"steady_watch", py_steady_watch, METH_VARARGS,
+     "steady_watch(n, hook): call hook(name_id, t_ns) once, at the first top-level stage entered whose name was "
+     "entered n times before (the steady-state trigger, maxinstr/warmup.py); n < 0 or hook None: off."},
     {"_set_attrs_hook", py_set_attrs_hook, METH_O,
      "_set_attrs_hook(fn): fn(attrs) -> plain-data dict, called at stage exit for attrs holding other than "
      "str/int/float/bool/None (maxinstr._attrs.plain)."},

@@ -84,6 +84,9 @@ PyObject* stage_enter(PyObject* o, PyObject*) {
   ThreadState* ts = get_ts();
   if (UNLIKELY(!ts->stack.empty() && ts->stack.back()->state == ST_ZOMBIE)) pop_zombies(ts);
   StageObject* parent = innermost_open(ts);
+  // before this stage is open, its range pushed or its GPU event recorded: a capture the
+  // trigger starts holds the whole instance
+  if (UNLIKELY(process.steady_n >= 0)) steady_enter(s->rec.name_id, parent == nullptr);
   Record& r = s->rec;
   const bool probe = UNLIKELY(tls_probe != 0);
   r.id = probe ? 0 : next_id();

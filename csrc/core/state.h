@@ -59,6 +59,14 @@ struct Process {
   // str/int/float/bool/None are replaced at stage exit by this hook's plain-data copy.
   PyObject* attrs_hook = nullptr;
   uint64_t attrs_unconverted = 0;  // the hook failed: those attrs were not kept (counted)
+
+  // The steady-state trigger (steady_watch in module.cpp; the rule is maxinstr/warmup.py's
+  // steady_can_begin). Armed (steady_n >= 0), every stage enter counts its name; the first
+  // top-level enter whose name was entered steady_n times before calls steady_hook(name_id,
+  // t_ns) once, before its marker range and GPU event, and disarms. -1: off.
+  int64_t steady_n = -1;
+  std::vector<uint32_t> steady_counts;  // stages entered per name id since armed
+  PyObject* steady_hook = nullptr;
 };
 extern Process process;
 
@@ -81,6 +89,10 @@ inline thread_local TlsGuard tls_guard;
 
 // One line for stats()["errors"]; repeats are kept once, and at most 64 lines.
 void add_error(const std::string& msg);
+
+// A stage named name_id is entered (top: at the top level) while the steady-state trigger is
+// armed: count it, and fire the trigger when this is the enter it waits for (state.cpp).
+void steady_enter(int32_t name_id, bool top);
 
 inline int64_t next_id() { return (process.pid << 32) | (int64_t)(++process.seq); }
 

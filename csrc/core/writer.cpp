@@ -72,8 +72,6 @@ void* writer_main(void*) {
   std::vector<Record> batch;
   std::vector<std::string> new_names;
   std::string lines;
-  std::vector<uint32_t> watch_counts;  // the writer thread's own (see writer_watch)
-  uint64_t watch_gen = 0;
   bool took = true;       // the last round took records
   pthread_mutex_lock(&writer.mu);
   for (;;) {
@@ -112,11 +110,6 @@ void* writer_main(void*) {
     new_names.assign(writer.names.begin() + (ptrdiff_t)names_from, writer.names.end());
     uint64_t req = writer.flush_req;
     bool stopping = writer.stop;
-    int64_t watch = writer.watch;
-    if (writer.watch_gen != watch_gen) {
-      watch_gen = writer.watch_gen;
-      watch_counts.clear();
-    }
     bool failed = writer.err != 0;
     pthread_mutex_unlock(&writer.mu);
 
@@ -150,22 +143,6 @@ void* writer_main(void*) {
       }
     }
     took = n != 0;
-    // steady state (only during the warm-up): the first name with `watch` completed top-level
-    // stages (not marks), in the order they were completed
-    int32_t hit_name = -1;
-    int64_t hit_ns = 0;
-    if (watch > 0 && n) {
-      for (size_t i = 0; i < n; i++) {
-        const Record& r = batch[i];
-        if (r.depth != 0 || (r.flags & F_MARK) || r.name_id < 0) continue;
-        if ((size_t)r.name_id >= watch_counts.size()) watch_counts.resize((size_t)r.name_id + 1, 0);
-        if (++watch_counts[(size_t)r.name_id] >= (uint64_t)watch) {
-          hit_name = r.name_id;
-          hit_ns = r.host_end_ns;
-          break;
-        }
-      }
-    }
     pthread_mutex_lock(&writer.mu);
     if ((written || !new_names.empty()) && writer.syncing && !writer.dirty) {
       writer.dirty = true;
@@ -180,11 +157,6 @@ void* writer_main(void*) {
     writer.rows_dropped += dropped;
     if (n) writer.batches++;
     if ((int64_t)n > writer.max_batch) writer.max_batch = (int64_t)n;
-    if (hit_name >= 0 && writer.watch_gen == watch_gen && writer.watch == watch) {
-      writer.steady_name = hit_name;
-      writer.steady_ns = hit_ns;
-      writer.watch = -1;
-    }
     writer.flush_done = req;
     pthread_cond_broadcast(&writer.done_cv);
     if (stopping) break;
@@ -277,8 +249,6 @@ void reset_run() {
   writer.max_batch = 0;
   writer.err = 0;
   writer.err_file.clear();
-  writer.watch = -1;
-  writer.steady_name = -1;
 }
 
 void writer_atfork_prepare() { pthread_mutex_lock(&writer.mu); }
@@ -406,10 +376,6 @@ PyObject* writer_status_dict() {
   Py_INCREF(Py_None);
   int e = writer.err;
   std::string ef = writer.err_file;
-  PyObject* steady = Py_None;
-  Py_INCREF(Py_None);
-  int32_t sn = writer.steady_name;
-  int64_t sns = writer.steady_ns;
   uint64_t rw = writer.rows_written, rd = writer.rows_dropped, bt = writer.batches, tk = writer.taken,
            sg = writer.signals, fy = writer.fsyncs, da = writer.dropped_attrs, wk = writer.wakes;
   size_t nw = writer.names_written, pending = writer.running ? done_count() : 0;
@@ -421,20 +387,12 @@ PyObject* writer_status_dict() {
     err = Py_BuildValue("(iss)", e, strerror(e), ef.c_str());
     if (!err) return nullptr;
   }
-  if (sn >= 0) {
-    Py_DECREF(steady);
-    steady = Py_BuildValue("(iL)", (int)sn, (long long)sns);
-    if (!steady) {
-      Py_DECREF(err);
-      return nullptr;
-    }
-  }
-  return Py_BuildValue("{sOsKsKsnsKsKsKsKsKsKsnsLsdsnsNsN}", "running", writer.running ? Py_True : Py_False, "rows_written",
+  return Py_BuildValue("{sOsKsKsnsKsKsKsKsKsKsnsLsdsnsN}", "running", writer.running ? Py_True : Py_False, "rows_written",
                        (unsigned long long)rw, "rows_dropped", (unsigned long long)rd, "names_written", (Py_ssize_t)nw,
                        "batches", (unsigned long long)bt, "taken", (unsigned long long)tk, "signals",
                        (unsigned long long)sg, "wakes", (unsigned long long)wk, "fsyncs", (unsigned long long)fy, "dropped_attrs",
                        (unsigned long long)da, "pending_records", (Py_ssize_t)pending, "max_batch", (long long)mb,
-                       "interval_ms", (double)iv / 1e6, "threshold", (Py_ssize_t)th, "error", err, "steady", steady);
+                       "interval_ms", (double)iv / 1e6, "threshold", (Py_ssize_t)th, "error", err);
 }
 
 PyObject* py_writer_status(PyObject*, PyObject*) { return writer_status_dict(); }
@@ -443,20 +401,6 @@ PyObject* py_writer_status(PyObject*, PyObject*) { return writer_status_dict(); 
 PyObject* py_writer_stop(PyObject*, PyObject*) {
   writer_join(true);
   return writer_status_dict();
-}
-
-// writer_watch(n): count completed top-level stages (not marks) per name from now on; the first
-// name to reach n shows in writer_status()["steady"] as (name_id, host_end_ns of its n-th). n <= 0: off.
-PyObject* py_writer_watch(PyObject*, PyObject* v) {
-  long long n = PyLong_AsLongLong(v);
-  if (n == -1 && PyErr_Occurred()) return nullptr;
-  pthread_mutex_lock(&writer.mu);
-  writer.watch = n > 0 ? n : -1;
-  writer.watch_gen++;
-  writer.steady_name = -1;
-  writer.steady_ns = 0;
-  pthread_mutex_unlock(&writer.mu);
-  Py_RETURN_NONE;
 }
 
 }  // namespace
@@ -475,8 +419,6 @@ PyMethodDef writer_methods[] = {
      "writer_flush(timeout_s=5.0) -> bool: wait (GIL released) until every record completed so far is written"},
     {"writer_stop", py_writer_stop, METH_NOARGS, "writer_stop() -> status: final write, join the thread"},
     {"writer_status", py_writer_status, METH_NOARGS, "writer_status() -> dict of the native writer's counters"},
-    {"writer_watch", py_writer_watch, METH_O,
-     "writer_watch(n): report the first name with n completed top-level stages in writer_status()['steady']"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace maxinstr

@@ -65,10 +65,6 @@ struct NativeWriter {
   int64_t max_batch = 0;
   int err = 0;                     // first write error (errno), 0 when none; writing stops then
   std::string err_file;
-  int64_t watch = -1;              // steady-state watch: count top-level stages per name up to `watch`
-  uint64_t watch_gen = 0;          // bumped by writer_watch(): the writer thread restarts its counts
-  int32_t steady_name = -1;
-  int64_t steady_ns = 0;
 };
 extern NativeWriter writer;
 
@@ -105,7 +101,7 @@ inline void writer_add_name(const std::string& utf8) {
 // Module init: the writer's condition variables, fork handlers and exit hook.
 void writer_init();
 
-// writer_start, writer_flush, writer_stop, writer_status, writer_watch (module.cpp adds them).
+// writer_start, writer_flush, writer_stop, writer_status (module.cpp adds them).
 extern PyMethodDef writer_methods[];
 
 }  // namespace maxinstr

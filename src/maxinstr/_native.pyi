@@ -84,6 +84,9 @@ def profiler_start() -> bool:
     device's active primary context pushed around the call."""
 
 def profiler_stop() -> bool: ...
+def steady_watch(n: int, hook: Callable[[int, int], object] | None) -> bool:
+    """Call ``hook(name_id, t_ns)`` once, at the first top-level stage entered whose name was
+    entered ``n`` times before (the steady-state trigger, maxinstr/warmup.py); ``n < 0``: off."""
 def _configure_events(
     pool_size: int | None = None,
     share_ns: int | None = None,

@@ -40,3 +40,66 @@ def safe_name(name: str) -> str:
     it raises) and a NUL ends a C string and is dropped from the end of numpy strings (``"a\\0"``
     would become ``"a"``)."""
     return _UNKEEPABLE.sub(_escape, name) if _UNKEEPABLE.search(name) else name
+
+
+KERNEL_LABEL_SCAN = 4096
+"""Characters of a kernel name the label is made from (real names run to ~5,000; a hostile one to
+megabytes: the label is for reading, --format json keeps the name whole)."""
+_NAMESPACE = re.compile(r"\(anonymous namespace\)::|<unnamed>::|\b[A-Za-z_][A-Za-z0-9_]*::")
+_CAST = re.compile(r"\((?:unsigned |signed )?(?:int|bool|long|short|char|long long)\)(?=-?\d)")
+_WRAPPERS = ("device_kernel<", "enable_3x_kernel_for_sm9x<", "enable_sm90_or_later<", "enable_sm80_to_sm89<",
+             "Kernel<", "Kernel2<")
+"""Templates that only wrap the kernel that tells one apart (CUTLASS's device_kernel<GemmUniversal<...>>)."""
+
+
+def _top_level(s: str, stop: str) -> int:
+    """Index of the first ``stop`` character outside template brackets and parentheses (a '>'
+    inside ``(8)>(0)`` is a comparison, not a bracket), or -1."""
+    angle = paren = 0
+    for i, c in enumerate(s):
+        if c == stop and angle == 0 and paren == 0 and i > 0:
+            return i
+        if c == "(":
+            paren += 1
+        elif c == ")":
+            paren = max(paren - 1, 0)
+        elif paren == 0 and c == "<":
+            angle += 1
+        elif paren == 0 and c == ">":
+            angle = max(angle - 1, 0)
+    return -1
+
+
+def _strip_call(s: str) -> str:
+    """``s`` without its parameter list (``kernel<...>(float*, int)`` -> ``kernel<...>``) and
+    without a return type spelled out before it (``enable_if<...>::type kernel<...>``)."""
+    if s.startswith("enable_if<"):
+        at = _top_level(s, " ")
+        if at > 0:
+            s = s[at + 1:]
+    at = _top_level(s, "(")
+    return s[:at] if at > 0 else s
+
+
+def kernel_label(name: str) -> str:
+    """A kernel's name as a reader tells kernels apart by: no ``void``, no namespaces, no
+    parameter list, no ``(int)`` casts, CUTLASS's wrapper templates unwrapped
+    (``void cutlass::device_kernel<...GemmUniversal<cutlass::gemm::GroupProblemShape<...``
+    -> ``GemmUniversal<GroupProblemShape<...``), whitespace collapsed. What every view shows
+    (cut to its width); the full name stays in --format json and in deep-dive's regexes."""
+    s = name[:KERNEL_LABEL_SCAN].strip()
+    if not (s.startswith("void ") or "::" in s or "<" in s):
+        return s  # not a C++ signature: a copy ("Memcpy HtoD (Pageable -> Device)"), a mangled or plain name
+    if s.startswith("void "):
+        s = s[5:]
+    s = _NAMESPACE.sub("", s)
+    s = _CAST.sub("", s)
+    s = _strip_call(s)
+    s = " ".join(s.replace("void ", "").split())  # and the return type of function-type template arguments
+    changed = True
+    while changed:
+        changed = False
+        for w in _WRAPPERS:
+            if s.startswith(w) and s.endswith(">") and len(s) > len(w) + 1:
+                s, changed = s[len(w):-1].strip(), True
+    return s or name[:KERNEL_LABEL_SCAN]

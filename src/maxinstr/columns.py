@@ -158,3 +158,31 @@ def correlation_join(
         found[~hit] = -1
         out[lo : lo + len(key)] = found
     return out
+
+
+def occurrence_index(keys: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """For each row, how many earlier rows (by ``order``) share its key: 0 for the first.
+
+    ``keys`` may be any sortable array (ints, or strings as object arrays); ties in ``order``
+    keep input order.
+    """
+    keys = np.asarray(keys)
+    n = len(keys)
+    if n == 0:
+        return np.empty(0, dtype=np.int64)
+    counts = function("running_counts")
+    if counts is not None and keys.dtype.kind in "iu" and (keys.dtype.kind == "i" or keys.max() < (1 << 63)):
+        # the rows by order (stable: ties keep input order), then a running count per key
+        perm = np.argsort(np.asarray(order), kind="stable")
+        out = np.empty(n, dtype=np.int64)
+        out[perm] = counts(keys.astype(np.int64, copy=False)[perm])
+        return out
+    _, key_codes = np.unique(keys, return_inverse=True)
+    key_codes = key_codes.reshape(-1)
+    perm = np.lexsort((np.arange(n), np.asarray(order), key_codes))
+    sorted_keys = key_codes[perm]
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_keys)) + 1]
+    group_start = np.repeat(starts, np.diff(np.r_[starts, n]))
+    out = np.empty(n, dtype=np.int64)
+    out[perm] = np.arange(n) - group_start
+    return out

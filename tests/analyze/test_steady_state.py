@@ -61,19 +61,23 @@ def test_suggested_warmup_converges_and_keeps_a_steady_request():
     rep = build_report(trace=NSYS / "h200_decode.sqlite")
     f = next(x for x in rep["diagnosis"] if x["id"] == "warmup_contamination")
     k = f["evidence"]["suggested_warmup"]
-    assert k == 2 and f["command"].endswith("--warmup 2")
+    # the first request is the cold start (its first calls: 44.7 ms sample, ...); nothing after it
+    # is a first call (the second request's first sample had 24 before it)
+    assert k == 1 and f["command"].endswith("--warmup 1")
     again = build_report(trace=NSYS / "h200_decode.sqlite", warmup=k)
     assert not [x for x in again["diagnosis"] if x["id"] == "warmup_contamination"]
-    assert _stage(again, "request")["steady"] == 1
+    assert _stage(again, "request")["steady"] == 2
 
 
-def test_cold_start_in_the_last_request_suggests_no_warmup():
-    """A cold start inside the last request cannot be covered by a warm-up count without losing
-    every steady request: the finding says to run more requests and gives no --warmup command."""
-    rep = build_report(run=NSYS / "h200_kvcache-run")
-    f = next(x for x in rep["diagnosis"] if x["id"] == "warmup_contamination")
-    assert f["evidence"]["suggested_warmup"] is None and f["command"] is None
-    assert "run more 'request' instances" in f["next_step"]
+@pytest.mark.parametrize("name", ["h200_kvcache-run", "h200_reprefill-run"])
+def test_run_to_run_noise_is_no_cold_start(name):
+    """The last request's first `sample` (1.5-2.2x the median) had 320 `sample`s before it, in two
+    warm-up requests: it is no first call, and nothing is reported as a cold start (issue 28.6:
+    the report told the user to run more requests to cover it)."""
+    rep = build_report(run=NSYS / name)
+    assert rep["warmup"]["cold_start_instances"] == 0
+    assert not [x for x in rep["diagnosis"] if x["id"] == "warmup_contamination"]
+    assert _stage(rep, "sample")["steady"] == 159 + 1
 
 
 # A pipeline whose stages are siblings: examples/torch_decode.py marks, per request, `prefill`,

@@ -33,7 +33,7 @@ def result():
 def test_every_stage_instance_holds_what_nsys_gives_it(result):
     run, att = result.run, result.attribution
     assert att.join_method == JoinMethod.CLOCK
-    assert "placed on its wall clock" in att.notes[0]
+    assert "placed on the trace's wall clock" in att.notes[0]
     by_record = {int(r): i for i, r in enumerate(att.range_record_id) if r >= 0}
     names = np.asarray(run.stage_names(), dtype=object)
     got: dict[str, list[tuple[int, int]]] = {}

@@ -71,6 +71,8 @@ def make():
     mod.set_capacity = lambda n: setattr(state, "capacity", int(n))
     mod.profiler_start = lambda: state.profiler(True)
     mod.profiler_stop = lambda: state.profiler(False)
+    mod.steady_watch = state.steady_watch
+    mod.names = lambda: [(i, n) for n, i in state.names.items()]
     mod._state = state
     _STATES.append(state)
     return mod
@@ -110,6 +112,12 @@ class _State:
         self.dropped = 0
         self.records = 0
         self.profiling = []
+        self.steady = None  # [n, hook, counts] while the steady-state trigger is armed
+
+    def steady_watch(self, n, hook):
+        was = self.steady is not None
+        self.steady = [int(n), hook, {}] if n >= 0 and hook is not None else None
+        return was
 
     def profiler(self, on):
         self.profiling.append((on, time.monotonic_ns()))
@@ -141,6 +149,13 @@ class _State:
             rid = (os.getpid() << 32) | self.seq
             nid = self._name_id(name)
         parent = st[-1] if st else None
+        if self.steady is not None:  # the core's trigger: before the stage opens
+            n, hook, counts = self.steady
+            before = counts.get(nid, 0)
+            counts[nid] = before + 1
+            if parent is None and before >= n:
+                self.steady = None
+                hook(nid, time.monotonic_ns())
         if step is None:
             step = parent[6] if parent else -1
         row = [rid, parent[0] if parent else -1, threading.get_native_id(), time.monotonic_ns(), -1, nid, step, len(st), attrs]

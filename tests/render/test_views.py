@@ -56,7 +56,10 @@ def test_markdown_note_sections(decode_report):
         assert want in heads, heads
     assert heads.index("Facts (measured)") < heads.index("Hypotheses (to confirm)")
     facts = md.split("## Facts (measured)")[1].split("## Hypotheses")[0]
-    assert "**launch_bound**" in facts and "**healthy_dense_decode**" in facts
+    also = md.split("## Also noted (nothing at stake)")[1].split("\n## ")[0]
+    # what is at stake first; a healthy mix (nothing at stake) after the hypotheses
+    assert "**launch_bound**" in facts and "**healthy_dense_decode**" in also
+    assert heads.index("Hypotheses (to confirm)") < heads.index("Also noted (nothing at stake)")
     # the stage table carries median and p90 per stage
     dec = next(s for s in decode_report["stages"] if s["name"] == "decode")
     row = next(line for line in md.splitlines() if re.match(r"\| (&nbsp;)*decode \|", line))

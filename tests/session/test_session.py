@@ -202,23 +202,24 @@ def test_warmup_starts_the_capture_once_at_steady_state(tmp_path, native, stage,
     monkeypatch.setenv(sess.ENV_CAPTURE, "nsys")
     monkeypatch.setattr(native, "profiler_start", lambda: calls.append("start") or True, raising=False)
     monkeypatch.setattr(native, "profiler_stop", lambda: calls.append("stop") or True, raising=False)
-    with maxinstr.session(tmp_path / "run", warmup=2, sample_hz=0, flush_interval_s=0.01) as s:
+    with maxinstr.session(tmp_path / "run", warmup=2, sample_hz=0, flush_interval_s=60):
         for _ in range(2):
             with stage("step"):
                 with stage("inner"):
                     pass
-        s.flush()
-        assert calls == ["start"]
-        end_of_warmup = max(s.records().stages["host_end_ns"][s.records()["name"] == "step"])
-        for _ in range(3):
+        assert calls == []  # the warm-up's instances: no capture yet
+        with stage("step"):  # the first that can be steady: the capture starts as it enters
+            assert calls == ["start"]
+        for _ in range(2):
             with stage("step"):
                 pass
     assert calls == ["start", "stop"]
     meta = meta_of(tmp_path / "run")
+    run = maxinstr.load(tmp_path / "run")
+    step = run.stages[run["name"] == "step"]
     assert meta["steady_state"]["name"] == "step"
-    assert meta["steady_state"]["start_ns"] == end_of_warmup
-    assert meta["capture"]["started"] is True
-    assert meta["capture"]["start_ns"] >= end_of_warmup and meta["capture"]["stop_ns"] > meta["capture"]["start_ns"]
+    assert step["host_end_ns"][1] <= meta["steady_state"]["start_ns"] <= meta["capture"]["start_ns"] < step["host_start_ns"][2]
+    assert meta["capture"]["started"] is True and meta["capture"]["stop_ns"] > meta["capture"]["start_ns"]
 
 
 def test_warmup_zero_starts_capture_at_session_start(tmp_path, native, monkeypatch):
@@ -323,8 +324,9 @@ def test_meta_and_part_keys_are_documented(tmp_path, native, stage, monkeypatch)
     with maxinstr.session(tmp_path / "run", sample_hz=0, warmup=1) as s:
         with pytest.warns(RuntimeWarning):
             maxinstr.session(tmp_path / "other").start().close()
-        with stage("a"):
-            pass
+        for _ in range(2):
+            with stage("a"):
+                pass
     meta = meta_of(tmp_path / "run")
     assert set(meta) - documented_meta == set()
     for key in ("clock", "session", "steady_state", "capture"):
@@ -365,12 +367,11 @@ def test_maxinstr_run_capture_waits_for_the_scripts_warmup(tmp_path, native, sta
     monkeypatch.delenv(sess.ENV_WARMUP, raising=False)
     auto = sess.ensure_env_session()
     assert calls == []  # warm-up unknown yet: no capture at start-up
-    with maxinstr.session("runs/x", warmup=2) as s:
+    with maxinstr.session("runs/x", warmup=2):
         assert calls == []
-        for _ in range(2):
+        for _ in range(3):
             with stage("step"):
                 pass
-        s.flush()
         assert calls == ["start"]
     auto.close()
     meta = meta_of(tmp_path / "run")
@@ -383,13 +384,14 @@ def test_maxinstr_run_without_any_session_captures_from_the_first_stage(tmp_path
     monkeypatch.setenv(sess.ENV_RUN_DIR, str(tmp_path / "run"))
     monkeypatch.delenv(sess.ENV_WARMUP, raising=False)
     auto = sess.ensure_env_session()
+    assert calls == []
     with stage("only"):
-        pass
-    auto.flush()
-    assert calls == ["start"]
+        assert calls == ["start"]  # warm-up 0: the capture starts as the first stage enters
     auto.close()
     meta = meta_of(tmp_path / "run")
-    assert meta["warmup"] == 0 and meta["steady_state"]["start_ns"] == meta["session"]["start_ns"]
+    run = maxinstr.load(tmp_path / "run")
+    assert meta["warmup"] == 0 and meta["steady_state"]["name"] == "only"
+    assert meta["session"]["start_ns"] < meta["steady_state"]["start_ns"] < int(run["host_start_ns"][0])
 
 
 def test_maxinstr_run_warmup_flag_wins(tmp_path, native, stage, monkeypatch):
@@ -397,15 +399,13 @@ def test_maxinstr_run_warmup_flag_wins(tmp_path, native, stage, monkeypatch):
     monkeypatch.setenv(sess.ENV_RUN_DIR, str(tmp_path / "run"))
     monkeypatch.setenv(sess.ENV_WARMUP, "3")
     auto = sess.ensure_env_session()
-    with maxinstr.session("runs/x", warmup=1) as s:
-        for _ in range(2):
+    with maxinstr.session("runs/x", warmup=1):
+        for _ in range(3):
             with stage("step"):
                 pass
-        s.flush()
         assert calls == []
         with stage("step"):
             pass
-        s.flush()
         assert calls == ["start"]
     auto.close()
     meta = meta_of(tmp_path / "run")

@@ -419,7 +419,7 @@ SHARE_CHECKS = {"attention_dominated_decode": "attention", "moe_routing_overhead
 def _share(stage: Stage, what: str) -> float | None:
     """A stage's share of GPU time in what a finding's validation names (``SHARE_CHECKS``), as
     the finding measures it; None without kernels."""
-    from maxinstr.analyze.diagnosis import moe_permutation
+    from maxinstr.analyze.diagnosis import ROUTING_FAMILIES, moe_permutation
     from maxinstr.analyze.families import NAIVE_MATMUL
 
     mix = stage.get("mix")
@@ -427,8 +427,9 @@ def _share(stage: Stage, what: str) -> float | None:
         return None
     if what == "naive matmul":
         return float(sum(k["share"] for k in mix.get("top_kernels", []) if NAIVE_MATMUL.search(k["name"])))
-    share = float(sum(f["share"] for f in mix.get("families", []) if f["family"] == what))
-    # the routing finding counts generic sort/scatter kernels of the token permutation too
+    counted = ROUTING_FAMILIES if what == "routing" else (what,)
+    share = float(sum(f["share"] for f in mix.get("families", []) if f["family"] in counted))
+    # the routing finding counts top-k and the generic sort/scatter kernels of the token permutation too
     return share + moe_permutation(stage)[0] if what == "routing" else share
 
 

@@ -23,6 +23,7 @@ import shlex
 from collections.abc import Callable
 from typing import Any, Literal
 
+from maxinstr._text import kernel_label
 from maxinstr._units import ns_text as _fmt_ns
 from maxinstr.analyze.families import MATMUL_FAMILIES, scanned
 from maxinstr.analyze.schema import (Bottleneck, Finding, MixKernel, PopulationGroup, Report, Stage, StartupRow,
@@ -230,11 +231,19 @@ def rule_no_gpu_data(report: Report) -> list[Finding]:
         return []
     if _any_stage_has(stages, "gpu_event_ns") or _any_stage_has(stages, "gpu_proj_ns"):
         return []
+    gpus = len(report.get("environment", {}).get("gpus") or [])
+    again = _recorded_maxinstr_command(report) is not None
+    if not gpus:
+        # the command is the one for a GPU machine: on this one (none seen) it records the same
+        step = ("Host times show where the program waits, not what the GPU does, and this machine has no GPU: "
+                + ("run the same command on a GPU machine" if again else "run it on a GPU machine with the command")
+                + " (GPU events are on by default there; the profiler adds the kernels).")
+    else:
+        step = ("Host times show where the program waits, not what the GPU does. The GPU was seen but no stage "
+                "timed it: pass stream= (docs/guide.md), and add a profiler trace for kernels.")
     return [_finding(
         "no_gpu_data", "Only host times: no GPU event times were recorded and no trace was given", "fact", None,
-        {"stages": len(stages), "gpus_seen": len(report.get("environment", {}).get("gpus") or [])},
-        "Host times show where the program waits, not what the GPU does. Record on a GPU machine (GPU events "
-        "are on by default there) and add a profiler trace for kernels.",
+        {"stages": len(stages), "gpus_seen": gpus}, step,
         _maxinstr_run(report, with_profiler=True),
         score=0.0)]
 
@@ -437,12 +446,26 @@ per expert, and the weighted scatter-add that combines expert outputs. Their nam
 about MoE (families: reduction), so the MoE rule counts them beside the routing family."""
 
 
+ROUTING_FAMILIES = ("routing", "top_k")
+"""Families a stage running grouped expert matmuls spends on routing: the router's own kernels
+and its top-k (a bare top-k is the expert choice there, as it is a sampler's top-k elsewhere)."""
+
+
 def moe_permutation(stage: Stage) -> tuple[float, list[str]]:
     """Share of a stage's GPU time in MOE_PERMUTATION kernels of its top kernels (not routing or
     grouped_matmul already), and their names."""
     ks = [k for k in (stage.get("mix") or {}).get("top_kernels", [])
-          if k["family"] not in ("routing", "grouped_matmul") and MOE_PERMUTATION.search(scanned(k["name"]))]
+          if k["family"] not in ROUTING_FAMILIES + ("grouped_matmul",) and MOE_PERMUTATION.search(scanned(k["name"]))]
     return float(sum(k["share"] for k in ks)), [k["name"] for k in ks]
+
+
+def moe_routing_kernels(stage: Stage) -> list[MixKernel]:
+    """The stage's top kernels the MoE rule counts as routing (routing and top-k families, the
+    token permutation), largest first: what its deep dive should look at."""
+    ks = [k for k in (stage.get("mix") or {}).get("top_kernels", [])
+          if k["family"] in ROUTING_FAMILIES
+          or (k["family"] != "grouped_matmul" and MOE_PERMUTATION.search(scanned(k["name"])))]
+    return sorted(ks, key=lambda k: -k["share"])
 
 
 def rule_moe_decode(report: Report) -> list[Finding]:
@@ -451,7 +474,7 @@ def rule_moe_decode(report: Report) -> list[Finding]:
         grouped = _fam_share(st, "grouped_matmul")
         if grouped < MOE_GROUPED_SHARE:
             continue
-        routing_family = _fam_share(st, "routing")
+        routing_family = _fam_share(st, *ROUTING_FAMILIES)
         perm, perm_names = moe_permutation(st)
         routing = routing_family + perm
         ev: dict[str, Any] = {"grouped_matmul_share": round(grouped, 3), "routing_share": round(routing, 3),
@@ -459,6 +482,7 @@ def rule_moe_decode(report: Report) -> list[Finding]:
               "permutation_kernels": [_kernel_regex(n) for n in perm_names],
               "routing_over_grouped": round(routing / grouped, 3) if grouped else None}
         if routing >= ROUTING_RIVALS * grouped:
+            counted = moe_routing_kernels(st)
             out.append(_finding(
                 "moe_routing_overhead",
                 f"'{st['name']}': MoE routing takes {routing:.0%} of GPU time, rivalling the expert matmuls ({grouped:.0%})"
@@ -466,7 +490,8 @@ def rule_moe_decode(report: Report) -> list[Finding]:
                 "hypothesis", st["name"], ev,
                 "Routing (top-k, index creation, permutation) should be a small fraction of the expert matmuls. "
                 "Look for a fused top-k/routing kernel, or unfused sort/scan steps in the routing path.",
-                _deep_dive(report, st, family="routing"),
+                # the largest kernel of what the title counts (a permutation sort can outweigh top-k)
+                _deep_dive(report, st, kernel=counted[0] if counted else None),
                 validation=_compare_cmd(report) + "  # routing share and stage median must drop beyond the noise bound",
                 score=routing * _stage_weight(report, st)))
         else:
@@ -869,7 +894,10 @@ def rule_throttled(report: Report) -> list[Finding]:
         named = [NVML_REASONS.get(r, r) for r in reasons] or ["reason not given"]
         clock, top = smp.get("sm_clock_mhz_mean"), smp.get("sm_clock_max_mhz")
         loss = max(0.0, 1.0 - clock / top) if clock and top else None
-        power, limit = smp.get("power_w_mean"), smp.get("power_limit_w")
+        # a power the stage table does not print (it describes what ran around the stage) is
+        # not quoted as the stage's either
+        power = None if smp.get("power_limited", smp.get("window_limited")) else smp.get("power_w_mean")
+        limit = smp.get("power_limit_w")
         host = st.get("host_ns") or {}
         ev: dict[str, Any] = {"reason": ", ".join(named), "reasons": reasons, "throttled_share": round(share, 3),
               "samples": smp.get("samples"), "sm_clock_mhz_mean": clock, "sm_clock_max_mhz": top,
@@ -1077,7 +1105,9 @@ def rule_straggler(report: Report) -> list[Finding]:
 
 
 def _short(name: str, n: int = 70) -> str:
-    return name if len(name) <= n else name[: n - 3] + "..."
+    """A kernel's label (no namespaces, parameters or wrappers: maxinstr._text.kernel_label), cut to ``n``."""
+    name = kernel_label(name)
+    return name if len(name) <= n else name[: n - 1] + "…"
 
 
 RULES: list[Callable[[Report], list[Finding]]] = [
@@ -1184,11 +1214,15 @@ def _pace_clause(pace: Finding) -> tuple[str, float]:
     """What a launch_bound / host_bound finding measured, as a clause, and the share of the
     stage the GPU's kernels fill (what faster kernels could shorten at today's pace)."""
     ev = pace["evidence"]
+    # a population's finding (two populations, e.g. with and without a CUDA graph) measured its
+    # instances, not the whole stage: say whose number it is, as the finding's own title does
+    whose = f"its {ev['population']} instances" if ev.get("population") else "the stage"
     if ev.get("gpu_busy_frac_median") is not None:
         busy = float(ev["gpu_busy_frac_median"])
-        return f"the GPU is busy only {busy:.0%} of the stage", busy
+        return f"the GPU is busy only {busy:.0%} of {whose}", busy
     ratio = float(ev.get("gpu_over_host") or 0.0)
-    return f"GPU work is only {ratio:.0%} of the stage's host time", ratio
+    return f"GPU work is only {ratio:.0%} of {whose}' host time" if ev.get("population") else \
+        f"GPU work is only {ratio:.0%} of the stage's host time", ratio
 
 
 def _pace_notes(findings: list[Finding]) -> None:
@@ -1209,6 +1243,10 @@ def _pace_notes(findings: list[Finding]) -> None:
                               f"would not shorten the stage much. Then: " + f["next_step"])
             f["evidence"]["paced_by"] = pace["id"]
             f["score"] = round(f["score"] * fill, 4)
+        for f in others:
+            # one number for the stage's pace in every finding: the pace finding's own
+            if f["title"].endswith(")") and " (but " in f["title"]:
+                f["title"] = f["title"][: f["title"].rindex(" (but ")] + f" (but {clause})"
         secondary = [f["id"] for f in mix + others]
         if secondary:
             said = " and ".join(WORDS.get(x, x) for x in secondary)

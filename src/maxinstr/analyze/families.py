@@ -6,7 +6,8 @@ report groups them by family. The table below is data: an ordered list of
 ``(family, regex)``; the FIRST family whose pattern matches (case-insensitive ``re.search``)
 wins, so specific families come before generic ones (grouped matmul before GEMM, attention
 before GEMM because ``fmha_cutlassF`` contains "cutlass", sampling before reduction because
-greedy sampling is an argmax reduction). Extend it by adding a row; every row is exercised by
+greedy sampling is an argmax reduction; a fused top-k sampling kernel is sampling, a top-k gating
+kernel routing, a bare top-k neither). Extend it by adding a row; every row is exercised by
 the tests on the real fixture names in ``tests/data``.
 
 Classification is vectorised: each distinct name is matched once, then the answer is
@@ -63,15 +64,18 @@ FAMILIES: tuple[Family, ...] = (
            r"block_?scaled|blockwise.*(gemm|matmul)|(gemm|matmul).*blockwise|_mxf[468]|mxfp[468].*(gemm|matmul|mm)|"
            r"nvfp4.*(gemm|matmul|mm)|ptr_?array|batched_?moe|expert.*(gemm|matmul)",
            "grouped / block-scaled matmul (MoE experts, MXFP/NVFP4 block scales)"),
-    Family("routing", r"moe_create_indices|moe_align|moe_sum|moe_permute|moe_unpermute|topk|top_k|"
+    Family("routing", r"moe_create_indices|moe_align|moe_sum|moe_permute|moe_unpermute|"
            r"router|routing|gating|expert_?(index|indices|count)|token_?(sort|permute)",
-           "top-k / MoE routing (expert selection, token permutation)"),
+           "MoE routing (router, gating, expert indices, token permutation)"),
     Family("quantization", r"quant|dequant|_q8_|q8_1|fp8_?(cast|convert|scale)|(cast|convert)_?to_?fp8|"
            r"scale_?(factor|inv)|compute_?scales|amax|swizzle_?scale|per_?token_?group|block_?scale_?interleave",
            "quantize / dequantize / scale computation"),
     Family("sampling", r"sampl|argmax|argmin|multinomial|gumbel|top_?p|min_?p|repetition_penalty|"
            r"distribution_|logits_?proc|temperature",
            "token sampling and random-number generation (argmax, multinomial, top-p, RNG)"),
+    # top-k itself is neither: a sampler's top-k in a dense model, an MoE router's expert choice
+    # in an MoE one (the MoE rule counts it as routing where the stage runs grouped matmuls)
+    Family("top_k", r"topk|top_k|radix_?find_?kth", "top-k selection (a sampler's top-k, or an MoE router's expert choice)"),
     Family("gemv", r"gemv|mul_mat_vec|matvec|mat_vec|wvsplt|skinny|\bmv_|_mv_kernel|dot_kernel",
            "matrix-vector products (decode-shaped matmul)"),
     Family("convolution", r"convolution|conv_?[123]d|\bconv_|_conv_|implicit_gemm|fprop|dgrad|wgrad|scudnn|fft2d|fft_|winograd",

@@ -14,7 +14,11 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from maxinstr.analyze.stats import cold_start_mask, occurrence_index
+from maxinstr import warmup as warmup_rule
+from maxinstr.analyze.stats import COLD_START_MAX_PREFIX, cold_start_mask
+from maxinstr.columns import occurrence_index
+from maxinstr.warmup import inside as _inside
+from maxinstr.warmup import top_ancestor  # noqa: F401 - the report's callers find it here
 
 MAXINSTR_DOMAIN = "maxinstr"
 UNPREFIXED_DOMAINS = frozenset({"", MAXINSTR_DOMAIN, "user_annotation"})
@@ -79,7 +83,7 @@ class StageInstances:
     occurrence: np.ndarray = field(default_factory=lambda: _i64(0))
     iteration: np.ndarray = field(default_factory=lambda: _i64(0))
     """The pipeline iteration an instance ran in (-1: before the first one; see
-    :func:`pipeline_iterations`)."""
+    :func:`maxinstr.warmup.pipeline_iterations`)."""
     iteration_head: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     """Whether the instance begins its pipeline iteration (a top-level instance of the head
     stage; all False without a pipeline head)."""
@@ -249,7 +253,7 @@ def stage_keys(names: np.ndarray, parent: np.ndarray,
     return distinct[code], level, code.astype(np.int64), distinct
 
 
-_MAX_LEVELS = 64
+_MAX_LEVELS = warmup_rule.MAX_LEVELS
 
 
 def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
@@ -257,28 +261,25 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
     """Stage keys, occurrence order, warm-up and cold-start flags. ``name_code``: an integer
     per instance that is equal exactly when the names are (the run's name ids), else found.
 
-    Warm-up is decided per pipeline, not per stage name: the first ``warmup_n`` pipeline
-    iterations (:func:`pipeline_iterations`) and whatever ran before the first are warm-up, as
-    are the first ``warmup_n`` instances of each name (per process) and everything nested inside
-    a warm-up or cold-start instance (:attr:`StageInstances.inside_startup`). Cold starts are
-    looked for level by level from the top, among instances not already inside a startup
-    instance, so a request's cold start takes its decode steps with it instead of leaving them
-    as "steady".
+    Warm-up is the rule of :mod:`maxinstr.warmup` (per pipeline iteration, per name, and what
+    is nested in either): the one rule ``Run.warmup_mask()`` and the steady-state capture
+    follow too. Cold starts are looked for level by level from the top, among instances not
+    already inside a startup instance, so a request's cold start takes its decode steps with it
+    instead of leaving them as "steady".
     """
     n = len(inst)
     name_code = name_codes(inst.name) if name_code is None else np.asarray(name_code, np.int64)
     inst.key, inst.level, inst.key_code, inst.keys = stage_keys(inst.name, inst.parent, name_code)
     part_code = np.unique(inst.part, return_inverse=True)[1].reshape(-1).astype(np.int64) if n else _i64(0)
     n_names = int(name_code.max()) + 1 if n else 1
-    # integer keys (part, name) and (parent, name): string keys cost a second per 100k instances
-    inst.occurrence = occurrence_index(part_code * n_names + name_code, inst.host_start_ns) if n else _i64(0)
-    inst.iteration, inst.pipeline_head = pipeline_iterations(inst, part_code, name_code, warmup_n)
-    inst.warmup = (((inst.occurrence < warmup_n) | ((inst.level == 0) & (inst.iteration < warmup_n))) & ~inst.is_mark
-                   if warmup_n > 0 else np.zeros(n, dtype=bool))
+    rule = warmup_rule.warmup_flags(part_code, name_code, inst.parent, inst.host_start_ns, inst.is_mark, warmup_n,
+                                    level=inst.level)
+    inst.occurrence, inst.iteration, inst.warmup = rule.occurrence, rule.iteration, rule.warmup
+    inst.pipeline_head = _head_name(inst, part_code, name_code, rule.heads)
     _derive_steps(inst, name_code, n_names) if n else None
     inst.cold = np.zeros(n, dtype=bool)
     inst.cold_z = np.zeros(n, dtype=np.float64)
-    inst.inside_startup = _inside(inst.parent, inst.warmup) if n else np.zeros(0, dtype=bool)
+    inst.inside_startup = rule.nested.copy()
     # siblings kept out with a cold pipeline iteration: top-level, so _inside never finds them
     groups = _iteration_groups(inst, part_code) if n and inst.pipeline_head is not None else None
     inst.iteration_head = np.zeros(n, dtype=bool)
@@ -292,6 +293,9 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
         # processes (ranks) would judge a slow rank's ordinary first steps by the fast ranks'
         # median and call them cold starts.
         codes = inst.key_code * (int(part_code.max()) + 1) + part_code
+        # a first call is among the first few runs of its stage in its process, warm-up included:
+        # the 321st `sample` (320 ran in two warm-up requests) is slow for another reason
+        first_call = occurrence_index(codes, inst.host_start_ns) < warmup_n + COLD_START_MAX_PREFIX
         for lv in range(int(inst.level.max()) + 1):
             at = (inst.level == lv) & ~inst.warmup & ~inst.inside_startup & ~inst.is_mark
             if len(inst.unclosed) == n:
@@ -299,7 +303,7 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
             if not at.any():
                 continue
             for values in (inst.host_ns, inst.proj_ns):
-                mask, z = cold_start_mask(codes, inst.occurrence, values, at & (values >= 0))
+                mask, z = cold_start_mask(codes, inst.occurrence, values, at & (values >= 0), first_calls=first_call)
                 inst.cold |= mask
                 inst.cold_z = np.maximum(inst.cold_z, np.where(mask, z, 0.0))
             if lv == 0 and groups is not None:
@@ -313,52 +317,15 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
     return inst
 
 
-def pipeline_iterations(inst: StageInstances, part_code: np.ndarray, name_code: np.ndarray,
-                        warmup_n: int) -> tuple[np.ndarray, str | None]:
-    """Per instance, the pipeline iteration it ran in, and the stage that begins each iteration.
-
-    A program's outer loop is not always one enclosing stage: a decoder may mark ``prefill``,
-    ``decode`` (once per token) and ``readback`` side by side for each request. Its iterations
-    begin with the top-level stage that repeats (more than ``warmup_n`` times, at least twice)
-    and starts first among those that repeat: the *head*. Everything from one head instance to
-    the next is one iteration, exactly as if the head enclosed it; a top-level instance before
-    the first head gets -1 (loading, compilation), a nested one its top-level ancestor's
-    iteration. Where the head repeats as often as every other top-level stage, the iterations
-    are the per-name occurrences. Without a head (nothing repeats) the iteration is the
-    top-level ancestor's occurrence. Decided per process (``part_code``); the head reported is
-    that of the process with the most instances.
-    """
-    n = len(inst)
-    if n == 0:
-        return _i64(0), None
-    top = (inst.level == 0) & ~inst.is_mark
-    it_top = np.asarray(inst.occurrence, np.int64).copy()  # no head: per-name occurrences
-    heads: dict[int, int] = {}  # part -> head name code
-    start = inst.host_start_ns
-    for p in np.unique(part_code[top]).tolist():
-        rows = np.flatnonzero(top & (part_code == p))
-        rows = rows[np.argsort(start[rows], kind="stable")]
-        names = name_code[rows]
-        counts = np.bincount(names)
-        repeating = np.flatnonzero(counts > max(warmup_n, 1))
-        if len(repeating) == 0:
-            continue
-        first_pos = np.full(len(counts), len(rows), np.int64)
-        np.minimum.at(first_pos, names, np.arange(len(rows), dtype=np.int64))
-        head = int(repeating[np.argmin(first_pos[repeating])])
-        if counts[head] >= counts[repeating].max():
-            continue  # the head repeats as often as any: per-name occurrences say the same
-        head_starts = start[rows[names == head]]
-        it_top[rows] = np.searchsorted(head_starts, start[rows], side="right") - 1
-        heads[int(p)] = head
-    iteration = it_top[top_ancestor(inst.parent)]
-    head_name = None
-    if heads:
-        sizes = {p: int(np.count_nonzero(part_code == p)) for p in heads}
-        biggest = max(sizes, key=lambda p: sizes[p])
-        at = np.flatnonzero((part_code == biggest) & (name_code == heads[biggest]) & top)
-        head_name = str(inst.name[at[0]]) if len(at) else None
-    return iteration, head_name
+def _head_name(inst: StageInstances, part_code: np.ndarray, name_code: np.ndarray, heads: dict[int, int]) -> str | None:
+    """The pipeline head's name (:func:`maxinstr.warmup.pipeline_iterations`) of the process
+    with the most instances, None when no process has one."""
+    if not heads:
+        return None
+    sizes = {p: int(np.count_nonzero(part_code == p)) for p in heads}
+    biggest = max(sizes, key=lambda p: sizes[p])
+    at = np.flatnonzero((part_code == biggest) & (name_code == heads[biggest]) & (inst.level == 0) & ~inst.is_mark)
+    return str(inst.name[at[0]]) if len(at) else None
 
 
 def _iteration_groups(inst: StageInstances, part_code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -416,41 +383,13 @@ def iteration_sizes(inst: StageInstances) -> np.ndarray:
     return np.where(inst.iteration >= 0, counts[row.reshape(-1)] - 1, 0)
 
 
-def _inside(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:
-    """Per instance: whether any enclosing instance (parent, grandparent, ...) has ``flag``."""
-    out = np.zeros(len(parent), dtype=bool)
-    cur = parent.copy()
-    live = np.flatnonzero(cur >= 0)
-    for _ in range(_MAX_LEVELS):
-        if len(live) == 0:
-            break
-        out[live] |= flag[cur[live]]
-        cur[live] = parent[cur[live]]
-        live = live[cur[live] >= 0]
-    return out
-
-
-def top_ancestor(parent: np.ndarray) -> np.ndarray:
-    """Per instance: its outermost enclosing instance (itself at the top level)."""
-    root = np.arange(len(parent))
-    cur = parent.copy()
-    live = np.flatnonzero(cur >= 0)
-    for _ in range(_MAX_LEVELS):
-        if len(live) == 0:
-            break
-        root[live] = cur[live]
-        cur[live] = parent[cur[live]]
-        live = live[cur[live] >= 0]
-    return root
-
-
 def descendant_counts(parent: np.ndarray) -> np.ndarray:
     """Per instance: how many instances are nested in it, at any depth."""
     n = len(parent)
     out = np.zeros(n, dtype=np.int64)
     cur = parent.copy()
     live = np.flatnonzero(cur >= 0)
-    for _ in range(_MAX_LEVELS):
+    for _ in range(warmup_rule.MAX_LEVELS):
         if len(live) == 0:
             break
         out += np.bincount(cur[live], minlength=n)
@@ -590,11 +529,7 @@ def from_run(run, trace=None, attribution=None, warmup_n: int | None = None) -> 
     gpu_ns = np.where(timed, np.asarray(s["gpu_end_ns"]) - np.asarray(s["gpu_start_ns"]), -1) if n else _i64(0)
     ids = np.asarray(s["id"], np.int64) if n else _i64(0)
     order = np.argsort(ids, kind="stable")
-    parent_ids = np.asarray(s["parent_id"], np.int64) if n else _i64(0)
-    pos = np.searchsorted(ids, parent_ids, sorter=order) if n else _i64(0)
-    pos = np.clip(pos, 0, max(n - 1, 0))
-    found = (parent_ids >= 0) & (ids[order[pos]] == parent_ids) if n else np.zeros(0, bool)
-    parent = np.where(found, order[pos], -1) if n else _i64(0)
+    parent = warmup_rule.parent_rows(ids, s["parent_id"]) if n else _i64(0)
     step = np.asarray(s["step"], np.int64) if n else _i64(0)
     inst = StageInstances(
         name=run.stage_names().astype(object),

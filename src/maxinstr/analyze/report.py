@@ -25,9 +25,10 @@ from maxinstr.analyze.kernels import (FAMILY_NAMES, family_table, instance_op_wo
 from maxinstr.analyze.populations import MIN_INSTANCES as POPULATION_MIN_INSTANCES
 from maxinstr.analyze.populations import stage_populations
 from maxinstr.analyze.schema import (SCHEMA, VERSION, Coverage, Environment, Footprint, GpuSection, PerStep, RanksSection, Report,
-                                     ReproduceStep, SelfTimes, Sources, Stage, StageSamples, StartupRow, Statistic,
+                                     ReproduceStep, SelfTimes, Sources, Stage, StageSamples, StartupRow, Statistic, SteadyGpu,
                                      StepBasis, StepWork)
 from maxinstr.analyze.stats import group_summaries, step_trend
+from maxinstr._units import ns_text
 from maxinstr.attribute import attribute
 from maxinstr.attribute.model import JoinMethod
 from maxinstr.traces.inprocess import FORMAT as INPROCESS_FORMAT
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
 KERNELS_KEPT = 300
 """Distinct kernel names kept in ``gpu.kernels`` (by total time); enough for compare's
 appeared/disappeared lists without making the JSON huge."""
+
+STEADY_KERNELS_KEPT = 50
+"""Distinct kernel names kept in ``gpu.steady.kernels`` (the views show the first ten)."""
 
 STARTUP_KEPT = 50
 MIX_TOP_KERNELS = 15
@@ -131,7 +135,9 @@ def analyze(run: str | Path | Run | None = None,
     if trace is not None and attribution is None:
         attribution = attribute(trace, run=run)
         if placed_note:
-            attribution.notes.insert(0, placed_note)
+            # the placed ranges carry their record ids: that they join by them says nothing more
+            # than the placement, which is the join (the header's `join clock`)
+            attribution.notes = [placed_note] + [n for n in attribution.notes if not n.endswith("by NVTX payload == record id")]
             if attribution.join_method == JoinMethod.PAYLOAD:
                 attribution.join_method = JoinMethod.CLOCK
     if run is not None:
@@ -148,8 +154,12 @@ def analyze(run: str | Path | Run | None = None,
     else:
         fam, dur = np.empty(0, dtype=np.int16), np.empty(0, dtype=np.int64)
     mix, work, graph_ops = {}, None, None
+    startup_op = np.zeros(len(dur), bool)
     if trace is not None:
         pairs = op_instance_pairs(inst, trace, attribution)
+        if len(pairs[0]):
+            # an op held by a warm-up or cold-start instance (or one nested in it) is startup work
+            startup_op[pairs[0][~(inst.steady | inst.is_mark)[pairs[1]]]] = True
         mix = stage_mix(inst, trace, attribution, fam, dur, top=MIX_TOP_KERNELS, pairs=pairs)
         if len(pairs[0]):
             matmul_codes = [i for i, n in enumerate(FAMILY_NAMES) if n in MATMUL_FAMILIES]
@@ -173,6 +183,12 @@ def analyze(run: str | Path | Run | None = None,
     }
     if trace is None and kernel_notes:  # kernels=True was asked for and produced nothing: say why
         report["sources"]["notes"] += kernel_notes
+    if run is not None and trace is not None:
+        problem, note = capture_check(getattr(run, "meta", None) or {}, len(trace.ops), inst)
+        if problem:
+            report["sources"]["capture_problem"] = problem
+        if note:
+            report["sources"]["notes"].append(note)
     perturbed, why = _perturbed(run, trace)
     report["perturbed"] = perturbed
     report["perturbed_reason"] = why
@@ -192,7 +208,7 @@ def analyze(run: str | Path | Run | None = None,
                           else (np.empty(0, str), np.empty(0, np.int64)))
     report["marks"] = {str(k): int(c) for k, c in zip(marks, mark_counts)}
     report["startup"] = _startup_rows(inst)
-    report["gpu"] = _gpu_section(trace, attribution, fam, dur)
+    report["gpu"] = _gpu_section(trace, attribution, fam, dur, startup_op)
     report["coverage"] = _coverage(inst)
     report["samples"] = sample_stats.get("_overall") if sample_stats else None
     report["footprint"] = cast("Footprint | None", footprint(inst, run, inprocess_kernels=inprocess_kernels))
@@ -308,6 +324,49 @@ def _sources(run: Run | None, trace: Trace | None, attribution: Attribution | No
         "join_problem": join_problem,
         "notes": notes,
     }
+
+
+CAPTURE_FIX = "rerun with `maxinstr run --capture all -- CMD` (the whole process; the report still keeps warm-up apart)"
+
+
+def capture_check(meta: dict[str, Any], n_ops: int, inst: inst_mod.StageInstances) -> tuple[str | None, str | None]:
+    """What a steady-state capture (meta.json ``capture``, ``maxinstr run --capture steady``) missed:
+    (a line for the report's top, a note). At the top: a capture holding no GPU op while the
+    program ran steady instances (with the GPU time their stages timed on their streams, when
+    they did), or a capture the session could not start. A note: steady instances that ran
+    outside the capture range (before it started, after its window ended), which hold no op."""
+    cap = meta.get("capture")
+    if not isinstance(cap, dict) or not len(inst):
+        return None, None
+    steady = inst.steady & ~inst.is_mark
+    n_steady = int(steady.sum())
+    if cap.get("started") is False:
+        return ("the session could not start the profiler's capture range (profiler_start was refused), so the "
+                f"trace holds only what the profiler recorded by itself; {CAPTURE_FIX}"), None
+    if n_ops == 0 and n_steady:
+        timed = inst.gpu_event_ns > 0
+        launched = (f"; its stages timed {ns_text(float(inst.gpu_event_ns[timed].sum()))} of GPU work on their streams "
+                    f"({int(timed.sum())} instances)" if timed.any() else "")
+        ss = meta.get("steady_state")
+        at = f" at the start of a '{ss['name']}'" if isinstance(ss, dict) and ss.get("name") else ""
+        return (f"the capture holds no GPU op, though the program ran {n_steady} steady stage instances{launched}: "
+                f"the capture range started{at} and holds none of that work; {CAPTURE_FIX}"), None
+    start, stop = cap.get("start_ns"), cap.get("stop_ns")
+    if not isinstance(start, int):
+        return None, None
+    outside = steady & ((inst.host_start_ns < start) | ((inst.host_end_ns > stop) if isinstance(stop, int) else False))
+    if outside.any():
+        k = int(outside.sum())
+        return None, (f"{k} of {n_steady} steady stage instances ran outside the capture range (before it started or "
+                      "after it stopped): they hold no op, and their GPU columns are empty; `maxinstr run --capture "
+                      "all` or a longer --window covers them")
+    unjoined = (inst.range_index < 0) & ~inst.is_mark
+    if unjoined.any() and not (unjoined & (inst.host_start_ns >= start)).any():
+        # why the join note counts records without a range: all of them began before the capture
+        return None, (f"the {int(unjoined.sum())} stage records with no range in the trace all began before the "
+                      "capture started (a steady-state capture: meta.json capture.start_ns); every steady instance "
+                      "is in it")
+    return None, None
 
 
 def _join_problem(trace: Trace) -> str:
@@ -699,6 +758,13 @@ def _window_note(samples: StageSamples | None, host: Statistic) -> StageSamples 
         out["window_limited"] = bool(share < WINDOW_SHARE_MIN)
     else:
         out["window_limited"] = bool(median is not None and median < NVML_UTIL_WINDOW_MIN_NS)
+    # power: from the energy counter, judged on the readings around the stage (interpolated
+    # linearly between them); from NVML's reading, on the same windows as utilization
+    e_share = out.get("energy_window_share")
+    if out.get("power_source") == "energy" and e_share is not None:
+        out["power_limited"] = bool(e_share < WINDOW_SHARE_MIN)
+    else:
+        out["power_limited"] = bool(out["window_limited"])
     out["sampler_window_min_ns"] = NVML_UTIL_WINDOW_MIN_NS
     return out
 
@@ -837,7 +903,8 @@ def _coverage(inst: inst_mod.StageInstances) -> Coverage | None:
             "gpu_event_instances": int((gpu >= 0).sum())}
 
 
-def _gpu_section(trace: Trace | None, attribution: Attribution | None, fam: np.ndarray, dur: np.ndarray) -> GpuSection | None:
+def _gpu_section(trace: Trace | None, attribution: Attribution | None, fam: np.ndarray, dur: np.ndarray,
+                 startup_op: np.ndarray | None = None) -> GpuSection | None:
     if trace is None:
         return None
     n = len(dur)
@@ -857,7 +924,15 @@ def _gpu_section(trace: Trace | None, attribution: Attribution | None, fam: np.n
     span = 0
     if n:
         span = int(np.asarray(trace.ops.end_ns).max() - np.asarray(trace.ops.start_ns).min())
+    steady: SteadyGpu | None = None
+    if startup_op is not None and len(startup_op) == n and (keep & startup_op).any():
+        st = keep & ~startup_op
+        steady = {"ops": int(st.sum()), "gpu_ns": float(dur[st].sum()),
+                  "families": family_table(dur[st], np.asarray(fam)[st]),
+                  "kernels": kernel_table(trace, fam, dur, mask=st, limit=STEADY_KERNELS_KEPT),
+                  "startup_ops": int((keep & startup_op).sum()), "startup_gpu_ns": float(dur[keep & startup_op].sum())}
     return {
+        "steady": steady,
         "ops": int(keep.sum()),
         "own_ops": {"count": int(own.sum()), "gpu_ns": float(dur[own].sum())},
         "gpu_ns": float(dur[sel].sum()),

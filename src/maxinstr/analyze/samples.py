@@ -152,7 +152,8 @@ def _overall(cols: dict[str, np.ndarray], throttle: np.ndarray, names: tuple[str
 _DEVICE_FIELDS = ("gpu_util_mean_pct", "gpu_util_peak_pct", "mem_util_mean_pct", "sm_active_mean_pct", "sm_clock_mean_mhz",
                   "sm_occupancy_mean_pct", "tensor_active_mean_pct", "dram_bw_util_mean_pct",
                   "mem_used_peak_bytes", "power_mean_w", "power_peak_w", "temp_peak_c",
-                  "energy_per_instance_j", "energy_total_j", "gpu_util_window_share", "sm_active_window_share")
+                  "energy_per_instance_j", "energy_total_j", "gpu_util_window_share", "sm_active_window_share",
+                  "energy_power_w", "energy_window_share")
 
 
 def _num(x: Any) -> float | None:
@@ -230,8 +231,10 @@ def _stage_row(main: dict, rows: list[dict], names: tuple[str, ...], hw_mask: in
     energy's, the power-cap throttle samples are not the stage's either (``throttle_lagged``)."""
     n = main["samples"]
     reading = main["power_mean_w"]
-    energy_w = None
-    if main["energy_per_instance_j"] is not None and main["mean_instance_ns"] > 0:
+    # energy over the time of its instances the counter covered (an instance the sampler stopped
+    # reading in the middle of counts its covered part), else per instance over the mean instance
+    energy_w = main.get("energy_power_w")
+    if energy_w is None and main["energy_per_instance_j"] is not None and main["mean_instance_ns"] > 0:
         energy_w = main["energy_per_instance_j"] / (main["mean_instance_ns"] / 1e9)
     lagged = bool(reading is not None and energy_w is not None and reading > READING_LAGS * energy_w
                   and reading - energy_w > 50.0)
@@ -251,6 +254,7 @@ def _stage_row(main: dict, rows: list[dict], names: tuple[str, ...], hw_mask: in
         "power_source": "energy" if energy_w is not None else ("reading" if reading is not None else None),
         "power_reading_w_mean": reading, "power_reading_lags": lagged,
         "energy_per_instance_j": main["energy_per_instance_j"],
+        "energy_window_share": main.get("energy_window_share") if energy_w is not None else None,
         "sm_clock_mhz_mean": main["sm_clock_mean_mhz"], "sm_clock_max_mhz": main["sm_clock_max_mhz"],
         "power_limit_w": main["power_limit_w"],
         "throttled_samples": throttled,

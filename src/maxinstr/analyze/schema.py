@@ -240,14 +240,16 @@ class DeviceSamples(TypedDict, total=False):
     energy_total_j: float | None
     gpu_util_window_share: float | None
     sm_active_window_share: float | None
+    energy_power_w: float | None
+    energy_window_share: float | None
 
 
 class StageSamples(TypedDict, total=False):
     """``stages[].samples``: sampler numbers over the stage's steady instances (docs/sampler.md).
     From the sampler's own rows (the usual source) every key but the ``*_mean`` of metrics it
     does not read is there; from plain sample columns (``build_report(samples=...)``), ``device``,
-    ``devices`` and the power split are not. ``window_limited`` and ``sampler_window_min_ns``
-    are the report's verdict on the windows."""
+    ``devices`` and the power split are not. ``window_limited``, ``power_limited`` and
+    ``sampler_window_min_ns`` are the report's verdict on the windows."""
 
     device: int
     samples: int
@@ -274,6 +276,12 @@ class StageSamples(TypedDict, total=False):
     throttle_reason_samples: dict[str, int]
     devices: list[DeviceSamples]
     window_limited: bool
+    """Utilization describes mostly the time around the stage (its NVML windows were mostly spent
+    elsewhere, or none can be placed over it): not shown."""
+    power_limited: bool
+    """The same verdict for power: on the energy counter's readings around the stage
+    (``energy_window_share``), or on NVML's windows for a power reading."""
+    energy_window_share: float | None
     sampler_window_min_ns: int
 
 
@@ -375,6 +383,9 @@ class Sources(TypedDict, total=False):
     notes: Always[list[str]]
     join_problem: str | None
     """Why no stage record joined the trace, and what to do (null when they joined)."""
+    capture_problem: str | None
+    """A steady-state capture that holds none of the program's GPU work (or could not start),
+    with the fix (null when none)."""
 
 
 class Environment(TypedDict, total=False):
@@ -444,6 +455,18 @@ class OwnOps(TypedDict, total=False):
     gpu_ns: Always[float]
 
 
+class SteadyGpu(TypedDict, total=False):
+    """``gpu.steady``: the GPU tables without the warm-up's ops (what the views show first)."""
+
+    ops: Always[int]
+    gpu_ns: Always[float]
+    families: Always[list[FamilyRow]]
+    kernels: Always[list[GpuKernel]]
+    startup_ops: Always[int]
+    """Ops left out: held by a warm-up or cold-start instance, or one nested in it."""
+    startup_gpu_ns: Always[float]
+
+
 class GpuSection(TypedDict, total=False):
     """``gpu``: every GPU op of the trace (null without one)."""
 
@@ -457,6 +480,9 @@ class GpuSection(TypedDict, total=False):
     kernels: Always[list[GpuKernel]]
     kernels_truncated: Always[bool]
     own_ops: OwnOps
+    steady: SteadyGpu | None
+    """The same tables over the steady state only: the ops of warm-up and cold-start stage
+    instances (and of those nested in them) left out. Absent when no such instance holds an op."""
 
 
 class Finding(TypedDict, total=False):

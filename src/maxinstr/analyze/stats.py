@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from maxinstr import columns
+from maxinstr.columns import occurrence_index
 from maxinstr.analyze.schema import Statistic, StepTrend
 
 MAD_TO_SIGMA = 1.4826
@@ -113,34 +114,6 @@ def group_summaries(codes: np.ndarray, values: np.ndarray, n_groups: int) -> lis
     return out
 
 
-def occurrence_index(keys: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """For each row, how many earlier rows (by ``order``) share its key: 0 for the first.
-
-    ``keys`` may be any sortable array (ints, or strings as object arrays); ties in ``order``
-    keep input order.
-    """
-    keys = np.asarray(keys)
-    n = len(keys)
-    if n == 0:
-        return np.empty(0, dtype=np.int64)
-    counts = columns.function("running_counts")
-    if counts is not None and keys.dtype.kind in "iu" and (keys.dtype.kind == "i" or keys.max() < (1 << 63)):
-        # the rows by order (stable: ties keep input order), then a running count per key
-        perm = np.argsort(np.asarray(order), kind="stable")
-        out = np.empty(n, dtype=np.int64)
-        out[perm] = counts(keys.astype(np.int64, copy=False)[perm])
-        return out
-    _, key_codes = np.unique(keys, return_inverse=True)
-    key_codes = key_codes.reshape(-1)
-    perm = np.lexsort((np.arange(n), np.asarray(order), key_codes))
-    sorted_keys = key_codes[perm]
-    starts = np.r_[0, np.flatnonzero(np.diff(sorted_keys)) + 1]
-    group_start = np.repeat(starts, np.diff(np.r_[starts, n]))
-    out = np.empty(n, dtype=np.int64)
-    out[perm] = np.arange(n) - group_start
-    return out
-
-
 def group_medians(codes: np.ndarray, values: np.ndarray, n_groups: int) -> np.ndarray:
     """Median of ``values`` per integer group code (NaN for empty groups), vectorised by a sort."""
     out = np.full(n_groups, np.nan)
@@ -178,6 +151,7 @@ def cold_start_mask(
     z_threshold: float = COLD_START_Z,
     ratio: float = COLD_START_RATIO,
     max_prefix: int = COLD_START_MAX_PREFIX,
+    first_calls: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Cold-start outliers: the leading instances of each group that stand far above the rest.
 
@@ -190,7 +164,9 @@ def cold_start_mask(
     first non-outlier ends it), because compile spikes come first. Returns
     ``(mask, z)``. The MAD is floored at 1% of the median so identical values still give
     finite scores. With several processes (ranks), give each (stage, process) its own code:
-    each has its own first instances and its own pace.
+    each has its own first instances and its own pace. ``first_calls`` (optional) marks the rows
+    that can be a first call at all: an instance whose stage already ran many times (in
+    warm-up) is slow for another reason, not cold, and ends the leading run.
     """
     n = len(codes)
     mask = np.zeros(n, dtype=bool)
@@ -209,6 +185,13 @@ def cold_start_mask(
     # rank among eligible rows of the group, by occurrence
     elig_rank = occurrence_index(c, occurrence[idx])
     candidate = (elig_rank < max_prefix) & (zi > z_threshold) & (v >= ratio * med[c])
+    if first_calls is not None:
+        candidate &= np.asarray(first_calls, bool)[idx]
+    # a cold start stands above every later instance: where the steady ones reach as high (a
+    # host time's noise on a busy CPU), a high first one is that noise, not a first call
+    rest_max = np.full(n_groups, -np.inf)
+    np.maximum.at(rest_max, c[~candidate], v[~candidate])
+    candidate &= v > rest_max[c]
     # keep only an unbroken leading run: ranks before the group's first non-candidate
     first_non = np.full(n_groups, np.iinfo(np.int64).max)
     np.minimum.at(first_non, c[~candidate], elig_rank[~candidate])

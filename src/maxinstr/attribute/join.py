@@ -147,7 +147,7 @@ def place_run_stages(trace: Trace, run: Any) -> tuple[Trace, str] | None:
                    calls=trace.calls, ops=trace.ops, thread_names=trace.thread_names, clock=trace.clock,
                    session_start_utc_ns=trace.session_start_utc_ns, notes=list(trace.notes), meta=dict(trace.meta))  # fmt: skip
     placed.validate()
-    note = (f"the trace has no maxinstr ranges (torch.profiler does not record NVTX): the run's {len(added)} stage "
-            "records were placed on its wall clock through the run's (monotonic, realtime) clock pair, and launch "
-            "calls tied to them by thread and time")
+    note = (f"joined by clock: torch.profiler records no NVTX, so the run's {len(added)} stage records were placed on "
+            "the trace's wall clock through the run's (monotonic, realtime) clock pair, and each launch call tied to "
+            "the stage open on its thread at its time")
     return placed, note

@@ -94,8 +94,38 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
     return choice, app, from_capture, run_dir, specs, run_warmup
 
 
+class _ProgramAfterDashes(click.Command):
+    """deep-dive's command line: an option it does not know, before ``--``, is a mistake (the
+    user's `--quiet`), not the start of the program to run; the program goes after ``--``, or
+    starts with a word that is no option."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        before = args[: args.index("--")] if "--" in args else list(args)
+        known = {o for p in self.params for o in getattr(p, "opts", []) + getattr(p, "secondary_opts", [])}
+        known |= set(ctx.help_option_names)
+        taking = {o for p in self.params if isinstance(p, click.Option) and not p.is_flag
+                  for o in p.opts + p.secondary_opts}
+        skip = False
+        seen_source = False
+        for a in before:
+            if skip:
+                skip = False
+                continue
+            name = a.split("=", 1)[0]
+            if a.startswith("-") and a != "-":
+                if name not in known:
+                    raise click.UsageError(f"no such option: {name} (the program to profile goes after --)", ctx)
+                skip = name in taking and "=" not in a
+            elif not seen_source:
+                seen_source = True
+            else:
+                break  # the program's first word: what follows is its own
+        return super().parse_args(ctx, args)
+
+
 @click.command(
     "deep-dive",
+    cls=_ProgramAfterDashes,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True},
     short_help="Profile the dominant kernel of a stage with Nsight Compute.",
 )

@@ -18,6 +18,7 @@ from maxinstr.render.terminal import text_width
 if TYPE_CHECKING:
     from maxinstr.analyze.report import Analysis, TraceArg
     from maxinstr.analyze.schema import Report
+    from maxinstr.rundir import Run
     from maxinstr.traces.model import Trace
 
 FORMATS = ("text", "json", "md", "html", "perfetto")
@@ -130,6 +131,46 @@ def load_report_file(path: str) -> Report:
     return load(text, path)
 
 
+def _program(command: object) -> tuple[str | None, list[str]]:
+    """(the program a recorded command ran: its script under an interpreter, else its
+    executable; its arguments without paths, which differ from run to run: --run-dir /tmp/a)."""
+    if not isinstance(command, list) or not command or not all(isinstance(w, str) for w in command):
+        return None, []
+    words = list(command)
+    if Path(words[0]).name.startswith("python") and len(words) > 1:
+        words = words[2:] if words[1] == "-m" and len(words) > 2 else words[1:]  # the script, or -m's module
+    return Path(words[0]).name, [w for w in words[1:] if "/" not in w]
+
+
+def unprofiled_problem(path: str, run: Run, unprof: Run) -> list[str]:
+    """--unprofiled must be the same program run without the profiler: another program (or one
+    sharing no stage with the run) is refused in one line; the same one with other arguments is
+    said in a note."""
+    prog, args = _program(run.meta.get("command"))
+    uprog, uargs = _program(unprof.meta.get("command"))
+    if prog and uprog and prog != uprog:
+        raise MaxinstrError(f"{path}: --unprofiled is a run of {uprog}, this run is of {prog}: give an unprofiled "
+                            "run of the same program")
+    if len(run.stages) and len(unprof.stages) and not set(run.stage_names().tolist()) & set(unprof.stage_names().tolist()):
+        raise MaxinstrError(f"{path}: --unprofiled shares no stage name with this run: give an unprofiled run of the "
+                            "same program")
+    if prog and uprog and args != uargs:
+        def pairs(words: list[str]) -> list[str]:  # "--mode kvcache" one item: a flag and its value
+            out: list[str] = []
+            for w in words:
+                if out and out[-1].startswith("-") and " " not in out[-1] and not w.startswith("-"):
+                    out[-1] += f" {w}"
+                else:
+                    out.append(w)
+            return out
+
+        mine, theirs = pairs(args), pairs(uargs)
+        return [f"--unprofiled {path} ran {prog} with {' '.join(w for w in theirs if w not in mine) or 'other arguments'}"
+                f" (this run: {' '.join(w for w in mine if w not in theirs) or 'other arguments'}): its headline timings "
+                "are of that configuration"]
+    return []
+
+
 def _is_bare_trace(path: str) -> bool:
     """A positional argument that is neither a run directory nor a saved report: a trace file,
     or a folder without meta.json and parts/ (rocprofv3 writes its trace as a folder)."""
@@ -213,6 +254,12 @@ def command(run_dir: str | None, trace_paths: tuple[str, ...], fmt: str, output:
     """
     paths = list(trace_paths)
     bare_folder = None
+    given_unprofiled = unprofiled
+    if run_dir and not Path(run_dir).exists():
+        # what is missing, by what the name says it is (a trace's suffix is no run directory)
+        what = ("report or trace file" if run_dir.endswith(".json") and not run_dir.endswith(".trace.json")
+                else "trace file" if Path(run_dir).suffix else "run directory")
+        raise MaxinstrError(f"{run_dir}: no such {what}")
     if run_dir and not paths and _is_bare_trace(run_dir):
         # `maxinstr report TRACE` means `maxinstr report --trace TRACE`
         bare_folder = run_dir if Path(run_dir).is_dir() else None
@@ -265,6 +312,9 @@ def command(run_dir: str | None, trace_paths: tuple[str, ...], fmt: str, output:
                     raise MaxinstrError(f"{bare_folder}: not a run directory (no meta.json); read as a trace: "
                                         f"{exc}") from None
             unprof = load(unprofiled) if unprofiled else None
+            if unprof is not None and run is not None and given_unprofiled:
+                # (the warm run `maxinstr run --warm-run` left is the same command by construction)
+                auto_notes += unprofiled_problem(str(unprofiled), run, unprof)
             progress.update("attributing kernels to stages and computing the report ...")
             analysis = analyze(run=run, trace=trace, unprofiled_run=unprof, warmup=warmup, trace_ranks=trace_ranks)
         report = analysis.report

@@ -267,7 +267,29 @@ def _summarize(outcome: runner.RunOutcome, *, no_report: bool) -> None:
         click.echo(f"maxinstr: {tag}files:", err=True)
         for role, path in outcome.files.items():
             click.echo(f"    {role}: {runner.open_hint(role, path)}", err=True)
+        asked = _requested_path(outcome.spec.run_dir)
+        if asked:
+            # the script's own session named a directory: it wrote here instead (one run, one place)
+            click.echo(f"    (the script's session asked for {asked}: under maxinstr run its records are in "
+                       f"{outcome.spec.run_dir}; -o {asked} writes them there)", err=True)
     usable = (outcome.spec.run_dir / "meta.json").exists() or (art is not None and art.ok)
     if not no_report and usable:
         warm = outcome.spec.run_dir / runner.WARM_DIR if outcome.warm is not None and outcome.warm.ok else None
-        print_report(outcome.spec.run_dir, art.trace if art is not None and art.ok else None, warm)
+        # a capture that holds no kernel is still read: the report says at its top what it missed
+        trace = art.trace if art is not None else None
+        readable = art is not None and trace is not None and (art.ok or (art.kernels == 0 and Path(trace).is_file()))
+        print_report(outcome.spec.run_dir, trace if readable else None, warm)
+
+
+def _requested_path(run_dir: Path) -> str | None:
+    """The directory the script's own ``maxinstr.session(...)`` asked for (meta.json
+    ``requested_path``), when it is not where the run is."""
+    import json
+
+    try:
+        asked = json.loads((Path(run_dir) / "meta.json").read_text(encoding="utf-8")).get("requested_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(asked, str) or not asked:
+        return None
+    return None if Path(asked).resolve() == Path(run_dir).resolve() else asked

@@ -103,13 +103,20 @@ def command(duration: float | None, interval: float, as_json: bool, cmd: tuple[s
     console = Console(stderr=bool(cmd))
     with tempfile.TemporaryDirectory(prefix="maxinstr-snapshot-") as tmp:
         child: subprocess.Popen | None = None
-        # Is there a GPU to watch? Asked before the command starts: a command is never started
-        # only to be stopped for a problem of ours.
+        # Is there a GPU to watch? Asked before the command starts. Without one, a command still
+        # runs (unwatched, said in one line) and its status is ours, as the help promises.
         probe = start_sampler(Path(tmp) / "probe", interval, pids=[], mode="auto")
         reason = probe.unavailable or (None if probe.devices else "no visible GPU")
         probe.stop()
+        if reason and not cmd:
+            raise UserError(f"no GPU to watch ({reason})")
         if reason:
-            raise UserError(f"no GPU to watch ({reason})" + (f"; {cmd[0]} was not started" if cmd else ""))
+            click.echo(f"maxinstr: no GPU to watch ({reason}); running {cmd[0]} unwatched", err=True)
+            try:
+                code = subprocess.call(list(cmd))
+            except OSError as exc:
+                raise UserError(f"cannot run {cmd[0]}: {exc.strerror or exc}") from None
+            raise click.exceptions.Exit(128 - code if code < 0 else code)
         if cmd:
             try:
                 child = subprocess.Popen(list(cmd))

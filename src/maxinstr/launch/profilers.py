@@ -179,7 +179,8 @@ class Nsys(Profiler):
         art.files["trace"] = str(sqlite_path)
         art.kernels = count_nsys_kernels(sqlite_path)
         if art.kernels == 0:
-            art.problems.append(f"{sqlite_path}: no kernels in the capture (did the steady-state window start?)")
+            art.problems.append(f"{sqlite_path}: no kernels in the capture (the report says what it missed; "
+                                "--capture all captures the whole process)")
         art.ok = not art.problems
         return art
 

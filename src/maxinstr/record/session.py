@@ -59,7 +59,7 @@ from maxinstr.record import process as proc_mod
 from maxinstr.record.footprint import PROBE_STAGES, probe_stage_ns
 from maxinstr.record.process import PROCESS, BufferDrops, clock_ns, flush_locked, native_core, native_stats
 from maxinstr.record.sinks import MemorySink, NativeSink, NativeWriterUnavailable, PythonSink, Sink
-from maxinstr.record.steady import CAPTURE_FLUSH_INTERVAL_S, SteadyState
+from maxinstr.record.steady import SteadyState
 from maxinstr.rundir import format as fmt
 from maxinstr.rundir import metadata, owners
 from maxinstr.rundir.reader import Run, load
@@ -210,7 +210,7 @@ class Session:
                 host.meta["requested_path"] = self.requested_path
                 if host.steady.deferred:
                     host.meta["warmup"] = self.warmup
-                    host.steady.set_warmup(self.warmup, watch=host._watch)
+                    host.steady.set_warmup(self.warmup)
         elif self.path is not None and host.path is not None and self.path != host.path:
             warnings.warn(
                 f"maxinstr: session {self.requested_path} opened inside the open session {host.path}: "
@@ -266,7 +266,7 @@ class Session:
             self._set_child_env()
             if self.kernels:
                 self._start_kernels(part_dir)
-            self.steady.arm(self.meta, capture=config.capture_request(), watch=self._watch)
+            self.steady.arm(self.meta, capture=config.capture_request())
             local_rank = os.environ.get("LOCAL_RANK")
             if self.sample_hz > 0 and local_rank in (None, "", "0"):
                 self._start_sampler(part_dir)
@@ -377,9 +377,7 @@ class Session:
         else:
             flush_locked(proc, block=True)
         if isinstance(self.sink, NativeSink) and self.sink.running:
-            status = self.sink.stop()
-            if status is not None:
-                self.steady.observe_writer(status, watch=self._watch)
+            self.sink.stop()
             flush_locked(proc, block=False)  # records completed while it stopped: the Python path
         if "kernel" in self._collectors:  # after the stage events resolved: the stages' GPU work is done
             self._stop_kernels()
@@ -402,8 +400,6 @@ class Session:
     # -- what the process asks of its root session (maxinstr.record.process.Root) -----------
     @property
     def next_flush_s(self) -> float:
-        if self.steady.wants_fast_flush:
-            return min(self.flush_interval_s, CAPTURE_FLUSH_INTERVAL_S)
         return self.flush_interval_s
 
     def before_drain(self, native: Any) -> None:
@@ -420,10 +416,7 @@ class Session:
 
     def after_drain(self, rows: np.ndarray, *, periodic: bool) -> None:
         assert self.sink is not None
-        status = self.sink.settle(wait=not periodic)
-        if status is not None:
-            self.steady.observe_writer(status, watch=self._watch)
-        self.steady.observe_rows(rows)
+        self.sink.settle(wait=not periodic)
         self._drops.note(self.sink)
         kernels = self._collectors.get("kernel")
         if kernels is not None:
@@ -453,10 +446,6 @@ class Session:
         return joined
 
     # -- the native writer ------------------------------------------------------------------
-    def _watch(self, warmup: int) -> None:
-        if isinstance(self.sink, NativeSink):
-            self.sink.watch(warmup)  # the writer thread sees the rows: it counts
-
     def _start_native_writer(self) -> None:
         """Start the core's writer thread on this part's files, or fall back to the Python
         writer (said once per process) when it cannot start."""
@@ -468,9 +457,6 @@ class Session:
         except NativeWriterUnavailable as exc:
             self.sink = PythonSink(sink.part, why=str(exc))
             self._python_writer(str(exc))
-            return
-        if self.steady.pending and not self.steady.deferred:
-            sink.watch(self.warmup)
 
     def _python_writer(self, why: str) -> None:
         self._event("warning", f"{why}: the Python flusher writes the stage records")

@@ -193,12 +193,6 @@ class NativeSink(PythonSink):
         self.state = "running"
         self.info = {"kind": self.kind}  # part.json says "python" until the thread runs
 
-    def watch(self, warmup: int) -> None:
-        """Have the thread count top-level stages per name as it writes them, and note when
-        one has completed ``warmup`` times (the end of the warm-up; :meth:`status` ``steady``)."""
-        if self.running:
-            self.native.writer_watch(warmup)
-
     def settle(self, *, wait: bool) -> dict[str, Any] | None:
         if not self.running:
             return None

@@ -1,13 +1,15 @@
-"""Warm-up and steady state of a run (docs/sessions.md "Warm-up and steady state").
+"""Steady state of a run, as it runs (docs/sessions.md "Warm-up and steady state").
 
-A root session counts its completed top-level stages per name: once some name has completed
-``warmup`` times, steady state begins (its next instance is the first steady one). meta.json
-``steady_state`` says when; under ``maxinstr run --capture ...`` (``MAXINSTR_CAPTURE``) that is
-when the profiler's capture range starts (once; :meth:`SteadyState.stop_capture` at close).
-
-Two counters, one rule: with the Python writer the flusher's drains hand the rows here
-(:meth:`SteadyState.observe_rows`); with the native writer its thread counts as it writes
-(``writer_watch``) and the flusher hands its status here (:meth:`SteadyState.observe_writer`).
+What is warm-up is decided once, by the rule of :mod:`maxinstr.warmup`, which the report
+applies to the records afterwards. While the program runs, a root session needs one instant of
+it: when steady state can begin, to start the profiler's capture range there under ``maxinstr
+run --capture steady`` (``MAXINSTR_CAPTURE``). That instant is the rule's
+:func:`~maxinstr.warmup.steady_can_begin`: the start of the first top-level stage whose name
+had started ``warmup`` times before. The native core fires it in the stage's own enter
+(``steady_watch``), before that stage's marker range is pushed or its GPU event recorded, so the
+capture holds every instance the report can call steady however short the steady phase is (a
+flusher that polled for it started a capture tens of milliseconds late, after 12 decode steps of
+0.4 ms had all run). meta.json ``steady_state`` records when it fired; ``capture`` the start.
 """
 
 from __future__ import annotations
@@ -15,20 +17,14 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Callable
 
-import numpy as np
-
-from maxinstr.rundir import format as fmt
-
-CAPTURE_FLUSH_INTERVAL_S = 0.01  # while a capture waits for steady state: start it close to the warm-up's end
-
 
 class SteadyState:
-    """The warm-up bookkeeping of one root session.
+    """The steady-state trigger of one root session.
 
     ``meta`` is the session's meta.json dict (None where this process does not write one: then
     nothing is noted, and no capture starts); ``write_meta`` writes it; ``event`` notes a
     problem in the run's events; ``names`` maps name ids to names; ``core()`` returns the native core
-    (``profiler_start``/``profiler_stop``); ``clock_ns`` the host clock."""
+    (``steady_watch``, ``profiler_start``/``profiler_stop``); ``clock_ns`` the host clock."""
 
     def __init__(self, warmup: int, *, core: Callable[[], Any], clock_ns: Callable[[], int], names: Callable[[], dict[int, str]],
                  write_meta: Callable[[], None], event: Callable[..., None]) -> None:
@@ -38,84 +34,59 @@ class SteadyState:
         self.capture: str | None = None  # MAXINSTR_CAPTURE's value when this session starts the capture
         self.capture_started = False
         self.meta: dict[str, Any] | None = None
-        self._top_counts: dict[int, int] = {}
         self._core = core
         self._clock_ns = clock_ns
         self._names = names
         self._write_meta = write_meta
         self._event = event
 
-    @property
-    def wants_fast_flush(self) -> bool:
-        """A capture waits for steady state: the flusher runs every CAPTURE_FLUSH_INTERVAL_S."""
-        return self.pending and self.capture is not None
-
-    def arm(self, meta: dict[str, Any] | None, *, capture: str | None, watch: Callable[[int], None]) -> None:
-        """Start counting (again). ``watch(warmup)`` hands the count to the native writer, when it runs."""
+    def arm(self, meta: dict[str, Any] | None, *, capture: str | None) -> None:
+        """Start watching for steady state (again). A deferred warm-up (the script's session
+        has not said its own yet) watches for the first top-level stage: a program that opens no
+        session has warm-up 0, and a capture started early holds more, never less."""
         self.meta = meta
         self.capture = capture
         self.pending = True
-        self._top_counts.clear()
         if self.warmup == 0 and not self.deferred:
             self.enter(None, self._clock_ns())
-        elif not self.deferred:
-            watch(self.warmup)
+        else:
+            self._watch(0 if self.deferred else self.warmup)
 
-    def set_warmup(self, warmup: int, *, watch: Callable[[int], None]) -> None:
+    def set_warmup(self, warmup: int) -> None:
         """The script's own session said its warm-up (``maxinstr run`` without ``--warmup``)."""
         self.warmup = warmup
         self.deferred = False
-        self.arm(self.meta, capture=self.capture, watch=watch)
+        if self.pending:
+            self.arm(self.meta, capture=self.capture)
 
-    def _first_records_without_warmup(self) -> bool:
-        """Records arrived before the script's session said its warm-up: warm-up 0 from the
-        session's start (True: steady state entered)."""
-        self.deferred = False
-        if self.warmup == 0:
-            start = (self.meta or {}).get("session", {}).get("start_ns") or self._clock_ns()
-            self.enter(None, int(start))
-            return True
-        return False
+    def disarm(self) -> None:
+        """At close: the core stops watching (the trigger holds a reference to this session)."""
+        if self.pending:
+            try:
+                self._core().steady_watch(-1, None)
+            except Exception:  # noqa: BLE001 - no core: nothing was watching
+                pass
+        self.pending = False
 
-    def observe_rows(self, rows: np.ndarray) -> None:
-        """Completed records drained by the Python path."""
-        if not self.pending or len(rows) == 0:
-            return
-        if self.deferred and self._first_records_without_warmup():
-            return
-        top = rows[(rows["depth"] == 0) & ((rows["flags"] & fmt.MARK) == 0)]
-        if len(top) == 0:
-            return
-        top = top[np.argsort(top["host_end_ns"], kind="stable")]
-        ids, counts = np.unique(top["name_id"], return_counts=True)
-        for name_id, count in zip(ids.tolist(), counts.tolist()):
-            before = self._top_counts.get(name_id, 0)
-            self._top_counts[name_id] = before + count
-            if before + count >= self.warmup:
-                # the warmup-th instance of this name ends the warm-up
-                nth = top["host_end_ns"][top["name_id"] == name_id][self.warmup - before - 1]
-                self.enter(name_id, int(nth))
-                return
+    def _watch(self, n: int) -> None:
+        try:
+            self._core().steady_watch(int(n), self._fired)
+        except Exception as exc:  # noqa: BLE001 - a core without the trigger: no steady-state capture
+            self._event("warning", f"steady-state trigger unavailable: {type(exc).__name__}: {exc}")
 
-    def observe_writer(self, status: dict[str, Any], *, watch: Callable[[int], None]) -> None:
-        """The native writer's status: ``taken`` records so far, ``steady`` (name id, ns) once
-        its count ended the warm-up."""
-        if not self.pending:
-            return
-        steady = status.get("steady")
-        if self.deferred and int(status.get("taken", 0) or 0) > 0:
-            if not self._first_records_without_warmup():
-                watch(self.warmup)
-        elif steady is not None:
-            self.enter(int(steady[0]), int(steady[1]))
+    def _fired(self, name_id: int, at_ns: int) -> None:
+        """The core's trigger: called on the program's thread as the stage enters."""
+        self.enter(int(name_id), int(at_ns))
 
     def enter(self, name_id: int | None, at_ns: int) -> None:
-        """Steady state began at ``at_ns`` (after the warm-up's last instance of ``name_id``)."""
+        """Steady state can begin at ``at_ns`` (the start of a stage named ``name_id``)."""
+        if not self.pending:
+            return
         self.pending = False
         if self.meta is None:
             return
         self.meta["steady_state"] = {
-            "name": None if name_id is None else self._names().get(name_id),
+            "name": None if name_id is None else self._name(name_id),
             "start_ns": at_ns,
             "detected_ns": self._clock_ns(),
         }
@@ -129,8 +100,18 @@ class SteadyState:
             self.meta["capture"] = {"requested": self.capture, "start_ns": self._clock_ns(), "started": ok}
         self._write_meta()
 
+    def _name(self, name_id: int) -> str | None:
+        name = self._names().get(name_id)
+        if name is None:  # interned since the last drain: the core has it
+            try:
+                name = dict(self._core().names()).get(name_id)
+            except Exception:  # noqa: BLE001
+                name = None
+        return name
+
     def stop_capture(self) -> None:
         """At close: stop the capture this session started (once)."""
+        self.disarm()
         if not self.capture_started:
             return
         try:

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from maxinstr._units import ns_text
 
 if TYPE_CHECKING:
-    from maxinstr.analyze.schema import PopulationGroup, Report, Stage, Statistic, StatisticField, WarmupSummary
+    from maxinstr.analyze.schema import (PopulationGroup, Report, Stage, StartupRow, Statistic, StatisticField,
+                                         WarmupSummary)
 
 
 ns = ns_text
@@ -38,6 +39,58 @@ def gpu_stat(stage: Stage) -> tuple[str, Statistic | None]:
     return "", None
 
 
+def startup_gpu(row: StartupRow) -> tuple[str, int | None]:
+    """A startup instance's GPU time by the stage table's rule (:func:`gpu_stat`): its events on
+    the stage's stream when recorded, else the trace's first-to-last op span; ("event"|"proj", ns)."""
+    if row.get("gpu_event_ns") is not None:
+        return "event", row.get("gpu_event_ns")
+    if row.get("gpu_proj_ns") is not None:
+        return "proj", row.get("gpu_proj_ns")
+    return "", None
+
+
+def gpu_tables(report: Report) -> tuple[list[Any], list[Any], str, str]:
+    """What the GPU family and kernel tables of every view cover: (families, kernels, the
+    scope for their titles, a caption). The steady state when warm-up or cold-start instances
+    held ops (a decode's weight load is not where its decode time goes), else the whole trace."""
+    gpu = report.get("gpu") or {}
+    own = gpu.get("own_ops") or {}
+    own_note = (f"; maxinstr's own {own['count']} calibration kernels ({ns(own.get('gpu_ns'))}) not counted"
+                if own.get("count") else "")
+    st = gpu.get("steady")
+    if st:
+        caption = (f"steady state: {st['ops']} ops, {ns(st['gpu_ns'])} of GPU time; the {st['startup_ops']} ops "
+                   f"({ns(st['startup_gpu_ns'])}) of warm-up and cold-start instances not counted (whole trace: "
+                   f"{gpu.get('ops')} ops, {ns(gpu.get('gpu_ns'))}){own_note}")
+        return list(st.get("families") or []), list(st.get("kernels") or []), "steady state", caption
+    caption = f"whole trace: {gpu.get('ops')} ops, {ns(gpu.get('gpu_ns'))} of GPU time{own_note}"
+    return list(gpu.get("families") or []), list(gpu.get("kernels") or []), "whole trace", caption
+
+
+def unexplained_populations(host_times: bool) -> str:
+    """What an unexplained two-population split says, with the usual cause of one in host times."""
+    text = "none of what the records hold (process, step, enclosing instance, CUDA graph, kernels) tells those apart"
+    if host_times:
+        text += ("; host times split this way when threads compete for the cores (BLAS thread pools, other "
+                 "processes): compare with OMP_NUM_THREADS=1 or on an idle machine")
+    return text
+
+
+STARTUP_SHOWN = 8
+
+
+def startup_shown(report: Report, n: int = STARTUP_SHOWN) -> tuple[list[StartupRow], str]:
+    """The startup instances every view lists, in one order (cold starts first: the findings
+    quote them; then the longest warm-up ones), and the caption saying what was left out."""
+    rows = report.get("startup") or []
+    total = f"{len(rows)}{'+' if len(rows) >= 50 else ''} instances"
+    cold = sum(r["reason"] == "cold_start" for r in rows)
+    shown = sorted(rows, key=lambda r: (r["reason"] != "cold_start", -r["host_ns"]))[:n]
+    left = (f"{total}; the {n} longest shown; " if not cold else
+            f"{total}; the cold starts, then the longest warm-up ones, {n} shown; ") if len(rows) > n else ""
+    return shown, f"{left}nested: the instances inside each, kept out with it"
+
+
 def population_row(g: PopulationGroup) -> Stage:
     """One of a stage's two populations as a row of a stage table: its own statistics (the keys
     it shares with a stage row) and its instances as the steady count; it has no warm-up, kernel
@@ -57,8 +110,13 @@ def warmup_line(w: WarmupSummary) -> str:
     head = w.get("pipeline_head")
     n = w.get("n", 0)
     its = "pipeline iteration" if n == 1 else f"{n} pipeline iterations"
-    declared = (f"{n} declared: the first {its} (each from one '{head}' to the next) and the first "
-                f"{'instance' if n == 1 else f'{n} instances'} of each stage" if head and n else f"{n} per stage declared")
+    if not n:
+        declared = "none declared (warmup=N or --warmup N declares it)"
+    elif head:
+        declared = (f"{n} declared: the first {its} (each from one '{head}' to the next) and the first "
+                    f"{'instance' if n == 1 else f'{n} instances'} of each stage")
+    else:
+        declared = f"{n} declared: the first {'instance' if n == 1 else f'{n} instances'} of each stage"
     return (f"{declared}; {w.get('instances', 0)} warm-up and "
             f"{w.get('cold_start_instances', 0)} cold-start instances"
             + (f", and the {inside} nested in them," if inside else "")
@@ -170,6 +228,23 @@ def evidence_text(evidence: dict[str, Any], finding_id: str | None = None, limit
 def at_stake(score: float | None) -> str:
     """A finding's score as a reader's number: the rough share of the time at stake."""
     return "-" if score is None else f"{100 * score:.0f}% at stake"
+
+
+NOTHING_AT_STAKE = 0.005
+"""A finding scored below this (shown as 0% at stake) says how to read the numbers, not what to do."""
+
+
+def finding_groups(findings: list[Any]) -> list[tuple[str, list[Any]]]:
+    """The diagnosis as every view lists it: facts, then hypotheses, each by the time at stake;
+    then what has nothing at stake (a profiler's overhead, a healthy mix, a missing input), so a
+    0%-at-stake fact never stands above a 23%-at-stake hypothesis. Empty groups are left out."""
+    def at(x: Any) -> bool:
+        return (x.get("score") or 0.0) >= NOTHING_AT_STAKE
+
+    groups = [("Facts", [x for x in findings if x["verdict"] == "fact" and at(x)]),
+              ("Hypotheses", [x for x in findings if x["verdict"] != "fact" and at(x)]),
+              ("Also noted (nothing at stake)", [x for x in findings if not at(x)])]
+    return [(title, xs) for title, xs in groups if xs]
 
 
 def delta_rows(rows: list[dict]) -> list[tuple[str, dict]]:
@@ -307,14 +382,18 @@ def inside_stages(report: Report, n_stages: int = 4, n_ranges: int = 6) -> tuple
     stages = report.get("stages") or []
     parents = {s.get("parent") for s in stages}
     leaves = [s for s in stages if s["name"] not in parents and s.get("mix")]
-    leaves.sort(key=lambda s: -float((s.get("mix") or {}).get("gpu_ns") or 0))
+    # steady stages first (most GPU time first); a stage that ran only as warm-up (its mix is
+    # over every instance) after them, and labelled so
+    leaves.sort(key=lambda s: ((s.get("mix") or {}).get("instances_used") == "all",
+                               -float((s.get("mix") or {}).get("gpu_ns") or 0)))
     rows: list[dict[str, Any]] = []
     tied: list[str] = []
     for s in leaves[:n_stages]:
         mix = s.get("mix") or {}
         n_inst = max(int(mix.get("instances") or 1), 1)
+        label = s["name"] + (" (warm-up only)" if mix.get("instances_used") == "all" else "")
         for r in (mix.get("ranges") or [])[:n_ranges]:
-            rows.append({"stage": s["name"], "range": r["name"] or "-", "share": r["share"],
+            rows.append({"stage": label, "range": r["name"] or "-", "share": r["share"],
                          "per_instance": r["per_instance"], "gpu_per_instance_ns": r["gpu_ns"] / n_inst})
         rules = mix.get("rules") or {}
         if set(rules) - {"same_thread"}:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from maxinstr._text import visible
+from maxinstr._text import kernel_label, visible
 from maxinstr.render import _fmt as f
 
 if TYPE_CHECKING:
@@ -130,6 +130,11 @@ def _short(name: str, n: int = 80) -> str:
     return f.short(name, n)
 
 
+def _kname(name: str, n: int = 80) -> str:
+    """A kernel's label (:func:`maxinstr._text.kernel_label`), cut to ``n``."""
+    return f.short(kernel_label(name), n)
+
+
 def _family_color(fam: str) -> str:
     return FAMILY_COLORS.get(fam, FAMILY_COLORS["other"])
 
@@ -152,6 +157,9 @@ def _header(report: Report) -> str:
     gen = report.get("generated") or {}
     bits.append(f"maxinstr {gen.get('maxinstr', '?')}, {gen.get('utc', '')}")
     out = [f"<header><h1>maxinstr report: {e(what)}</h1>", f'<div class="sub">{e(" · ".join(bits))}</div>']
+    for key, label in (("join_problem", "Join failed"), ("capture_problem", "Capture empty")):
+        if src.get(key):
+            out.append(f'<div class="banner"><b>{label}:</b> {e(src.get(key))}</div>')
     if report.get("perturbed"):
         head = report.get("headline_source")
         tail = " Headline timings come from the unprofiled run." if head == "unprofiled_run" else \
@@ -542,11 +550,12 @@ def _kernels_section(report: Report) -> str:
         out.append(mix_svg(mix))
         out.append(_kernel_table(mix.get("top_kernels") or [], per_instance=True))
         out.append("</details>")
-    if gpu.get("kernels"):
-        out.append(f"<details><summary>All kernels <span class=note>· top {min(20, len(gpu['kernels']))} of "
-                   f"{gpu.get('distinct_kernels')} distinct, whole input</span></summary>")
-        out.append(mix_svg({"families": gpu.get("families") or []}))
-        out.append(_kernel_table(gpu["kernels"][:20], per_instance=False))
+    fams, ks, scope, caption = f.gpu_tables(report)
+    if ks:
+        out.append(f"<details><summary>All kernels <span class=note>· top {min(20, len(ks))}, {e(scope)}: "
+                   f"{e(caption)}</span></summary>")
+        out.append(mix_svg({"families": fams}))
+        out.append(_kernel_table(ks[:20], per_instance=False))
         out.append("</details>")
     out.append("</section>")
     return "".join(out)
@@ -577,7 +586,7 @@ def _kernel_table(kernels: Sequence[MixKernel | GpuKernel], per_instance: bool) 
         bar = (f'<span class="bar" style="width:{80 * share / top:.0f}px;background:{_family_color(k.get("family", ""))}">'
                f'</span> {f.pct(share, 1)}')
         rows.append(
-            f'<tr><td class="kname" title="{e(k.get("name"))}">{e(_short(k.get("name", ""), 110))}</td>'
+            f'<tr><td class="kname" title="{e(k.get("name"))}">{e(_kname(k.get("name", ""), 110))}</td>'
             f'<td class="fam"><span class="sw" style="background:{_family_color(k.get("family", ""))}"></span>{e(k.get("family"))}</td>'
             f"<td class=num>{k.get('count')}</td>"
             + (f"<td class=num>{k.get('per_instance')}</td>" if per_instance else "")
@@ -653,15 +662,18 @@ def _finding(d: Finding) -> str:
 
 
 def _diagnosis_section(report: Report) -> str:
-    diag = report.get("diagnosis") or []
-    facts = [d for d in diag if d.get("verdict") == "fact"]
-    hyps = [d for d in diag if d.get("verdict") != "fact"]
+    groups = dict(f.finding_groups(report.get("diagnosis") or []))
+    facts, hyps = groups.get("Facts", []), groups.get("Hypotheses", [])
+    also = groups.get("Also noted (nothing at stake)", [])
     out = ['<section id="diagnosis"><h2>Diagnosis</h2><p class="note">Facts hold by the measured numbers; '
            'hypotheses are likely causes to confirm, each with how to validate a fix. Each group is sorted by the time at stake.</p>',
            f'<h3>Facts (measured) <span class="note">{len(facts)}</span></h3><div class="findings facts">',
            "".join(_finding(d) for d in facts) or '<p class="note">none</p>',
            f'</div><h3>Hypotheses (to confirm) <span class="note">{len(hyps)}</span></h3><div class="findings hypotheses">',
            "".join(_finding(d) for d in hyps) or '<p class="note">none fired</p>', "</div>"]
+    if also:
+        out += [f'<h3>Also noted (nothing at stake) <span class="note">{len(also)}</span></h3><div class="findings facts">',
+                "".join(_finding(d) for d in also), "</div>"]
     b = report.get("bottlenecks") or []
     if b:
         out.append('<h3>Ranked bottlenecks</h3><table><thead><tr><th class=num>#</th><th>stage</th><th class=num>self time'
@@ -670,7 +682,7 @@ def _diagnosis_section(report: Report) -> str:
             out.append(f"<tr><td class=num>{r.get('rank')}</td><td>{e(r.get('stage'))}</td>"
                        f"<td class=num>{e(f.ns(r.get('self_ns')))} <span class=note>({e(str(r.get('basis', '')).replace('_ns', ''))})</span></td>"
                        f"<td class=num><span class=bar style=\"width:{60 * float(r.get('share') or 0):.0f}px\"></span> {f.pct(r.get('share'))}</td>"
-                       f"<td>{e(r.get('top_family') or '-')}</td><td class=kname>{e(_short(r.get('top_kernel') or '-', 70))}</td>"
+                       f"<td>{e(r.get('top_family') or '-')}</td><td class=kname>{e(_kname(r.get('top_kernel') or '-', 70))}</td>"
                        f"<td>{e(', '.join(r.get('findings') or []))}</td></tr>")
         out.append("</tbody></table>")
     out.append("</section>")

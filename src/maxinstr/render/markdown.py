@@ -7,11 +7,11 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
-from maxinstr._text import safe_name, visible
+from maxinstr._text import kernel_label, safe_name, visible
 from maxinstr.render import _fmt as f
 
 if TYPE_CHECKING:
-    from maxinstr.analyze.schema import Report
+    from maxinstr.analyze.schema import Report, StartupRow
 
 
 class Md(str):
@@ -83,6 +83,8 @@ def _baseline(report: Report) -> list[str]:
         rows.append(["record join", f"{src['join']} ({src.get('records_joined')} records)"])
     if src.get("join_problem"):
         rows.append(["join failed", src["join_problem"]])
+    if src.get("capture_problem"):
+        rows.append(["capture empty", src["capture_problem"]])
     git = env.get("git") or {}
     if git:
         rows.append(["git", f"{git.get('commit', '?')}{' (dirty)' if git.get('dirty') else ''}"])
@@ -139,7 +141,7 @@ def _stages(report: Report) -> list[str]:
     for s in pops:
         p = s.get("populations") or {}  # (each has two populations: they were listed for that)
         note += (f" {_code(s['name'], in_table=False)} has two populations ("
-                 + (f"told apart by {_text(p['by'])}" if p.get("by") else "nothing in the records tells them apart")
+                 + (f"told apart by {_text(p['by'])}" if p.get("by") else _text(f.unexplained_populations(p.get("basis") == "host_ns")))
                  + "), each in its own row" + ("; the stage's median lies between them" if p.get("median_in_gap") else "")
                  + ".")
     if any(s.get("headline_from") == "unprofiled_run" for s in stages):
@@ -153,16 +155,17 @@ def _bottlenecks(report: Report) -> list[str]:
         return []
     body = [[r["rank"], r["stage"] + (" (self)" if r.get("has_children") else ""), f.pct(r["share"]), f.ns(r["self_ns"]), r["basis"],
              f"{r['top_family']} {f.pct(r.get('top_family_share'))}" if r.get("top_family") else "-",
-             _code(f.short(r.get("top_kernel"), 60)) if r.get("top_kernel") else "-",
+             _code(f.short(kernel_label(r.get("top_kernel") or ""), 60)) if r.get("top_kernel") else "-",
              ", ".join(r["findings"]) or "-"] for r in rows]
     return ["## Ranked bottlenecks", ""] + _table(
         ["#", "stage", "share", "self time", "basis", "top family", "top kernel", "findings"], body)
 
 
 def _findings(report: Report, verdict: str, title: str) -> list[str]:
-    fs = [x for x in report.get("diagnosis") or [] if x["verdict"] == verdict]
+    groups = dict(f.finding_groups(report.get("diagnosis") or []))
+    fs = groups.get({"fact": "Facts", "hypothesis": "Hypotheses"}.get(verdict, verdict), [])
     if not fs:
-        return [f"## {title}", "", "None.", ""]
+        return [f"## {title}", "", "None.", ""] if verdict in ("fact", "hypothesis") else []
     out = [f"## {title}", ""]
     for x in fs:
         out.append(f"- **{_text(x['id'])}** ({f.at_stake(x.get('score'))}): {_text(x['title'])}")
@@ -189,16 +192,16 @@ def _optimisations(report: Report) -> list[str]:
 
 
 def _families(report: Report) -> list[str]:
-    gpu = report.get("gpu") or {}
-    if not gpu.get("families"):
+    fams, ks, scope, caption = f.gpu_tables(report)
+    if not fams:
         return []
-    rows = [[r["family"], f.pct(r["share"], 1), f.ns(r["gpu_ns"]), r["count"]] for r in gpu["families"]]
-    out = ["## GPU time by kernel family", ""] + _table(["family", "share", "time", "ops"], rows)
-    ks = gpu.get("kernels") or []
+    rows = [[r["family"], f.pct(r["share"], 1), f.ns(r["gpu_ns"]), r["count"]] for r in fams]
+    out = [f"## GPU time by kernel family ({scope})", "", _text(caption[0].upper() + caption[1:]) + ".", ""]
+    out += _table(["family", "share", "time", "ops"], rows)
     if ks:
-        out += ["Top kernels:", ""] + _table(
+        out += [f"Top kernels ({scope}):", ""] + _table(
             ["kernel", "family", "share", "count", "median"],
-            [[_code(f.short(k["name"], 90)), k["family"], f.pct(k["share"], 1), k["count"], f.ns(k["median_ns"])] for k in ks[:10]])
+            [[_code(f.short(kernel_label(k["name"]), 90)), k["family"], f.pct(k["share"], 1), k["count"], f.ns(k["median_ns"])] for k in ks[:10]])
     return out
 
 
@@ -214,13 +217,18 @@ def _inside_stages(report: Report) -> list[str]:
 
 
 def _startup(report: Report) -> list[str]:
-    rows = report.get("startup") or []
-    if not rows:
+    if not report.get("startup"):
         return []
-    body = [[r["stage"], r["occurrence"], r["reason"], f.ns(r["host_ns"]), f.ns(r.get("gpu_proj_ns") or r.get("gpu_event_ns")),
-             r.get("robust_z") if r.get("robust_z") is not None else "-"] for r in rows[:20]]
+    rows, caption = f.startup_shown(report)
+
+    def gpu(r: StartupRow) -> str:
+        basis, v = f.startup_gpu(r)
+        return f"{f.ns(v)} ({basis})" if basis else "-"
+
+    body = [[r["stage"], r["occurrence"], r["reason"].replace("_", " "), f.ns(r["host_ns"]), gpu(r),
+             r.get("nested") or "-", f"{r['robust_z']:.0f}" if r.get("robust_z") is not None else "-"] for r in rows]
     return ["## Startup (kept out of the numbers above)", ""] + _table(
-        ["stage", "occurrence", "why", "host", "GPU", "robust z"], body)
+        ["stage", "#", "why", "host", "GPU", "nested", "robust z"], body) + [_text(caption[0].upper() + caption[1:]) + ".", ""]
 
 
 def _reproduce(report: Report) -> list[str]:
@@ -267,6 +275,7 @@ def render(report: Report) -> str:
     lines += _bottlenecks(report)
     lines += _findings(report, "fact", "Facts (measured)")
     lines += _findings(report, "hypothesis", "Hypotheses (to confirm)")
+    lines += _findings(report, "Also noted (nothing at stake)", "Also noted (nothing at stake)")
     lines += _optimisations(report)
     lines += _startup(report)
     lines += _families(report)
@@ -305,7 +314,7 @@ def render_compare(result: dict[str, Any]) -> str:
             if c.get(key):
                 lines += [f"## {title}", ""] + _table(
                     ["kernel", "family", "GPU time"],
-                    [[_code(f.short(k["name"], 100)), k["family"], f.ns(k["gpu_ns"])] for k in c[key][:20]])
+                    [[_code(f.short(kernel_label(k["name"]), 100)), k["family"], f.ns(k["gpu_ns"])] for k in c[key][:20]])
         if c["settings"]:
             lines += ["## Settings that differ", ""] + _table(
                 ["setting", "A", "B"], [[r["key"], _code(f.setting(r["a"])), _code(f.setting(r["b"]))] for r in c["settings"]])

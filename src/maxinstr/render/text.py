@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderResult
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from maxinstr._text import visible
+from maxinstr._text import kernel_label, visible
 from maxinstr.render import _fmt as f
 from maxinstr.render.terminal import text_width
 
 if TYPE_CHECKING:
-    from maxinstr.analyze.schema import FamilyRow, Populations, Report, Stage
+    from maxinstr.analyze.schema import FamilyRow, Populations, Report, Stage, StartupRow
 
 
 def _cell(value: Any) -> Any:
@@ -43,9 +43,10 @@ class Col:
     second table of p90s reads worse than a note)."""
 
     def __init__(self, header: str, justify: JustifyMethod = "right", key: bool = False, wrap: bool = False,
-                 move: int = 0, cut: bool = False, drop: bool = False) -> None:
+                 move: int = 0, cut: bool = False, drop: bool = False, keep: int | None = None) -> None:
         self.header, self.justify, self.key, self.move = header, justify, key, move
         self.wrap, self.cut, self.drop = wrap or cut, cut, drop
+        self.keep = WRAP_MIN if keep is None else keep  # a free-text column's width before others move out
 
 
 KEY_MIN = 24
@@ -53,6 +54,22 @@ KEY_MIN = 24
 WRAP_MIN = 24
 """Free-text columns are not squeezed below this (a kernel name folded into 10 columns is
 unreadable): another column moves out first."""
+KERNEL_KEEP = 40
+"""The Top kernels table's name column keeps this much before another column moves out: a label
+cut at 24 characters no longer tells ``nvjet_sm90_tst_256x8_...`` tiles apart."""
+
+
+def _cut_middle(cell: Any, width: int) -> Any:
+    """A cut cell of a plain name (no template brackets) longer than ``width``: its head, an
+    ellipsis and its tail, which is where such names differ (``nvjet_..._v_bz_TNT`` against
+    ``..._v_bz_splitK_TNT``, MAX's ``..._f30e14de`` hashes). Other cells are cut at the end by the
+    table (a template's tail is brackets)."""
+    text = cell.plain if isinstance(cell, Text) else str(cell)
+    if len(text) <= width or "<" in text or width < 12:
+        return cell
+    head = (width - 1) * 3 // 5
+    tail = width - 1 - head
+    return Text(text[:head] + "…" + text[-tail:], style=cell.style if isinstance(cell, Text) else "")
 
 
 class Fitted:
@@ -90,7 +107,8 @@ class Fitted:
 
     def _plan(self, width: int) -> list[list[int]]:
         nat = [self._natural(i, width) for i in range(len(self.cols))]
-        need = lambda idx: sum(min(nat[i], WRAP_MIN) if self.cols[i].wrap else nat[i] for i in idx) + 3 * len(idx) + 1  # noqa: E731
+        need = lambda idx: sum(min(nat[i], self.cols[i].keep) if self.cols[i].wrap else nat[i]  # noqa: E731
+                               for i in idx) + 3 * len(idx) + 1
         keys = [i for i, c in enumerate(self.cols) if c.key]
         rest = [i for i, c in enumerate(self.cols) if not c.key]
         tables: list[list[int]] = []
@@ -136,41 +154,49 @@ class Fitted:
                 # only a key longer than half the console is narrower than its cells: it folds
                 t.add_column(c.header, justify=c.justify, width=w, overflow="ellipsis" if c.cut else "fold",
                              no_wrap=c.cut)
+            widths = {i: (min(nat[i], left // max(len(wraps), 1)) if self.cols[i].wrap else nat[i]) for i in idx}
             for r in self.rows:
-                t.add_row(*(r[i] for i in idx))
+                t.add_row(*(_cut_middle(r[i], widths[i]) if self.cols[i].cut else r[i] for i in idx))
             yield t
             if notes:
                 yield _lines(notes, style="dim")
 
 
 def _header(report: Report) -> Panel:
+    """The sources, the GPU, the join and the warm-up, a key and its value a row: a value that
+    wraps stays under its value, not under the keys."""
     src = report.get("sources", {})
-    lines = []
+    rows: list[tuple[str, str, str]] = []  # (key, value, style)
     if src.get("run"):
-        lines.append(f"run      {src['run']}")
+        rows.append(("run", str(src["run"]), ""))
     if src.get("trace"):
-        lines.append(f"trace    {src['trace']} ({src.get('trace_format')})")
+        rows.append(("trace", f"{src['trace']} ({src.get('trace_format')})", ""))
     if src.get("unprofiled_run"):
-        lines.append(f"headline {src['unprofiled_run']} (unprofiled)")
+        rows.append(("headline", f"{src['unprofiled_run']} (unprofiled)", ""))
     env = report.get("environment", {})
     gpus = env.get("gpus") or []
     if gpus:
-        lines.append("gpu      " + ", ".join(str(g.get("name", "?")) for g in gpus[:4])
+        rows.append(("gpu", ", ".join(str(g.get("name", "?")) for g in gpus[:4])
                      + (f" | driver {env['driver']}" if env.get("driver") else "")
-                     + (f" | cuda {env['cuda']}" if env.get("cuda") else ""))
+                     + (f" | cuda {env['cuda']}" if env.get("cuda") else ""), ""))
     if src.get("join"):
-        lines.append(f"join     {src['join']} ({src.get('records_joined')} records joined to trace ranges)")
-    w = report.get("warmup", {})
-    lines.append(f"warm-up  {f.warmup_line(w)}")
+        rows.append(("join", f"{src['join']} ({src.get('records_joined')} records joined to trace ranges)", ""))
+    rows.append(("warm-up", f.warmup_line(report.get("warmup", {})), ""))
     watching = f.footprint_line(report)
     if watching:
-        lines.append(f"watching {watching}")
-    text = _lines(lines)
+        rows.append(("watching", watching, ""))
     if src.get("join_problem"):
-        text.append(f"\njoin failed: {visible(src['join_problem'])}", style="bold red")
+        rows.append(("join failed", str(src["join_problem"]), "bold red"))
+    if src.get("capture_problem"):
+        rows.append(("capture empty", str(src["capture_problem"]), "bold red"))
     if report.get("perturbed") and report.get("headline_source") != "unprofiled_run":
-        text.append(f"\nperturbed: {visible(report.get('perturbed_reason'))}", style="yellow")
-    return Panel(text, title="maxinstr report", title_align="left")
+        rows.append(("perturbed", str(report.get("perturbed_reason")), "yellow"))
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for key, value, style in rows:
+        grid.add_row(Text(key, style=style), Text(visible(value), style=style))
+    return Panel(grid, title="maxinstr report", title_align="left")
 
 
 STAGES_SHOWN = 40
@@ -201,11 +227,16 @@ def _stage_table(report: Report) -> Any:
     trace_cols = any((s.get("gpu_busy_frac") or {}).get("n") or s.get("mix") for s in stages)
     with_samples = [s for s in stages if (s.get("samples") or {}).get("gpu_util_pct_mean") is not None
                     or (s.get("samples") or {}).get("power_w_mean") is not None]
-    short_window = [s for s in with_samples if (s.get("samples") or {}).get("window_limited")]
-    # util/power of a stage whose NVML windows were mostly spent elsewhere (or that no window
-    # covers) describe the time around it: not printed ("-", with a note), and no column at
-    # all when no stage has them
-    sampled = len(with_samples) > len(short_window)
+    def limited(s: Stage, key: Literal["window_limited", "power_limited"]) -> bool:
+        smp = s.get("samples") or {}
+        return bool(smp.get(key, smp.get("window_limited")))
+
+    # util (or power) of a stage whose windows were mostly spent elsewhere (or that no window
+    # covers) describes the time around it: not printed ("-", with a note), and no column at
+    # all when no stage has one
+    short_util = [s for s in with_samples if limited(s, "window_limited")]
+    short_power = [s for s in with_samples if limited(s, "power_limited")]
+    sampled = len(with_samples) > min(len(short_util), len(short_power))
     throttle_col = any((s.get("samples") or {}).get("throttled_share") for s in stages)
     notes = []
     if unprof:
@@ -218,26 +249,44 @@ def _stage_table(report: Report) -> Any:
         notes.append("GPU: events on the stage's stream, or (p) the trace's first-to-last kernel span")
     if trace_cols:
         notes.append("busy: share of that trace span in which a kernel ran; kernels: per instance")
-    if short_window:
-        shortest = min(short_window, key=lambda s: f.stat(s["host_ns"]) or 0)
-        shown_n = len(short_window) if len(short_window) <= 6 else 5
-        names = ", ".join(s["name"] for s in short_window[:shown_n]) + (
-            f" and {len(short_window) - shown_n} more" if len(short_window) > shown_n else "")
-        one = len(short_window) == 1
-        notes.append(("util, power not shown for " if sampled else "util, power not shown: ")
-                     + f"{names}: NVML's utilization and power are averages over windows (200 ms on the H200, "
-                     "1/6 s to 1 s) mostly "
-                     f"spent outside {'it' if one else 'them'} ("
-                     + ("" if one else f"the shortest, {shortest['name']}, ")
-                     + f"median instance {f.ns(f.stat(shortest['host_ns']))}), or none covers {'it' if one else 'them'}, "
-                     "so those averages describe the GPU around the stage, not the stage; read "
-                     + ("busy" if trace_cols else "GPU time" if gpu_cols else "the HTML report's timeline")
-                     + ("; throttle reasons are read at an instant, so throttled is shown" if throttle_col else ""))
+    def listed(short: list[Stage]) -> str:
+        shown_n = len(short) if len(short) <= 6 else 5
+        return ", ".join(s["name"] for s in short[:shown_n]) + (
+            f" and {len(short) - shown_n} more" if len(short) > shown_n else "")
+
+    read = "busy" if trace_cols else "GPU time" if gpu_cols else "the HTML report's timeline"
+    # power from NVML's reading is judged on utilization's windows; from the energy counter, on
+    # the time between its readings
+    by_energy = [s for s in short_power if (s.get("samples") or {}).get("power_source") == "energy"]
+    by_reading = [s for s in short_power if s not in by_energy and (s.get("samples") or {}).get("power_w_mean") is not None]
+    tail = f"; read {read}" + ("; throttle reasons are read at an instant, so throttled is shown" if throttle_col else "")
+    if short_util and {s["name"] for s in short_util} == {s["name"] for s in by_energy + by_reading}:
+        # the same stages lack both: one note
+        notes.append(f"util, power not shown for {listed(short_util)}: NVML's utilization is an average over windows "
+                     "(1/6 s to 1 s; 200 ms on the H200), and power "
+                     + ("NVML's trailing reading" if not by_energy else "the energy counter's, read every 100 ms and "
+                        "interpolated between readings")
+                     + "; the stage filled less than half of that time (or no window can be placed over it), so "
+                     "they describe the GPU around the stage" + tail)
+        short_util, by_energy, by_reading = [], [], []
+    if short_util:
+        both = {s["name"] for s in by_reading} == {s["name"] for s in short_util}
+        notes.append(("util, power" if both else "util") + f" not shown for {listed(short_util)}: NVML's utilization "
+                     + ("and power reading are averages" if both else "is an average")
+                     + " over windows (1/6 s to 1 s; 200 ms on the H200) that the stage filled less than half of, or "
+                     "that cannot be placed over it (a value that never changed), so "
+                     + ("they describe" if both else "it describes") + " the GPU around the stage"
+                     + (f" (so does the power reading of {listed(by_reading)})" if by_reading and not both else "")
+                     + tail)
+    if by_energy:
+        notes.append(f"power not shown for {listed(by_energy)}: the energy counter is read every 100 ms and "
+                     "interpolated between readings, and the stage filled less than half of the time between the "
+                     "readings around it, so the power is that of what ran around it")
     only_warm = [s["name"] for s in stages if not s["steady"] and f.excluded(s)]
     if only_warm:
         notes.append(f"n (+k): steady instances (+ warm-up / cold-start ones); {', '.join(only_warm[:3])}"
                      f"{' ...' if len(only_warm) > 3 else ''} ran only as warm-up: see Startup below")
-    if sampled and any((s.get("samples") or {}).get("power_source") == "reading" and not (s.get("samples") or {}).get("window_limited")
+    if sampled and any((s.get("samples") or {}).get("power_source") == "reading" and not limited(s, "power_limited")
                        for s in with_samples):
         notes.append("power: from the energy counter over the stage's instances; ~: NVML's power reading (a trailing "
                      "average that lags into the next stage), where the energy counter gives none")
@@ -268,6 +317,9 @@ def _stage_table(report: Report) -> Any:
             rows.append(row)
         if pops.get("groups"):
             notes.append(_population_note(s, pops))
+    unexplained = [p for s in stages if (p := s.get("populations")) and p.get("groups") and not p.get("by")]
+    if unexplained:  # why, once for every such stage
+        notes.append(f.unexplained_populations(all(p.get("basis") == "host_ns" for p in unexplained)))
     # the notes under the table at the console's width (a caption would wrap at the table's)
     t = Fitted("Stages (steady state)", cols, rows)
     return Group(t, _lines(notes, style="dim")) if notes else t
@@ -313,7 +365,9 @@ def _stage_cells(s: Stage, label: str, depth: int, gpu_labels: set, gpu_cols: bo
         if power is not None and smp.get("power_source") == "reading":
             power_s = "~" + power_s
         if smp.get("window_limited"):
-            util_s = power_s = "-"
+            util_s = "-"
+        if smp.get("power_limited", smp.get("window_limited")):
+            power_s = "-"
         row += [util_s, power_s]
     if throttle_col:
         row.append(f.pct(smp.get("throttled_share")))
@@ -331,33 +385,29 @@ def _bottlenecks(report: Report) -> Fitted | None:
             Col("top kernel", "left", cut=True, move=2), Col("findings", "left", move=1)]
     body = [[str(r["rank"]), r["stage"] + (" (self)" if r.get("has_children") else ""), f.pct(r["share"]),
              f.ns(r["self_ns"]) + f" ({_BASIS.get(r['basis'], r['basis'])})",
-             f"{f.pct(r.get('top_kernel_share'))} {f.short(r.get('top_kernel'), 48)}" if r.get("top_kernel") else "-",
+             f"{f.pct(r.get('top_kernel_share'))} {kernel_label(r.get('top_kernel') or '')}" if r.get("top_kernel") else "-",
              ", ".join(r["findings"]) or "-"] for r in rows[:10]]
     return Fitted("Where the time goes (ranked)", cols, body)
 
 
 def _families(report: Report) -> Fitted | None:
-    gpu = report.get("gpu") or {}
-    fams = gpu.get("families") or []
+    fams, _, scope, caption = f.gpu_tables(report)
     if not fams:
         return None
     body = [[r["family"], f.pct(r["share"], 1), f.ns(r["gpu_ns"]), str(r["count"])] for r in fams]
-    own = gpu.get("own_ops") or {}
-    caption = f"{gpu.get('ops')} ops, {f.ns(gpu.get('gpu_ns'))} of GPU time"
-    if own.get("count"):
-        caption += f" (maxinstr's own {own['count']} calibration kernels, {f.ns(own.get('gpu_ns'))}, left out)"
-    return Fitted("GPU time by kernel family", [Col("family", "left", key=True), Col("share"), Col("time"), Col("ops")],
-                  body, caption=caption)
+    return Fitted(f"GPU time by kernel family ({scope})",
+                  [Col("family", "left", key=True), Col("share"), Col("time"), Col("ops")], body, caption=caption)
 
 
 def _kernels(report: Report, n: int = 10) -> Fitted | None:
-    ks = (report.get("gpu") or {}).get("kernels") or []
+    _, ks, scope, _ = f.gpu_tables(report)
     if not ks:
         return None
-    body = [[f.short(k["name"], 80), k["family"], f.pct(k["share"], 1), str(k["count"]), f.ns(k["median_ns"])]
+    body = [[kernel_label(k["name"]), k["family"], f.pct(k["share"], 1), str(k["count"]), f.ns(k["median_ns"])]
             for k in ks[:n]]
-    return Fitted("Top kernels", [Col("kernel", "left", wrap=True), Col("family", "left", move=1), Col("share"),
-                                  Col("count", move=2), Col("median", move=3)], body)
+    # one line a kernel, cut to the width left (--format json has the whole name)
+    return Fitted(f"Top kernels ({scope})", [Col("kernel", "left", cut=True, keep=KERNEL_KEEP), Col("family", "left", move=1), Col("share"),
+                                  Col("count", move=2, drop=True), Col("median", move=3, drop=True)], body)
 
 
 def _inside_stages(report: Report) -> Fitted | Text | None:
@@ -380,11 +430,9 @@ def _diagnosis(report: Report) -> Panel | None:
     if not fs:
         return None
     parts: list[Any] = []
-    for verdict, style in (("fact", "bold green"), ("hypothesis", "bold yellow")):
-        group = [x for x in fs if x["verdict"] == verdict]
-        if not group:
-            continue
-        parts.append(Text("Facts" if verdict == "fact" else "Hypotheses", style=style))
+    styles = {"Facts": "bold green", "Hypotheses": "bold yellow"}
+    for title, group in f.finding_groups(fs):
+        parts.append(Text(title, style=styles.get(title, "bold")))
         for x in group:
             head = Text()
             head.append(f"[{x['id']}] ", style="bold")
@@ -398,35 +446,40 @@ def _diagnosis(report: Report) -> Panel | None:
                 parts.append(Padding(Text(f"next: {visible(x['next_step'])}"), (0, 0, 0, 6)))
             if x.get("command"):
                 parts.append(Padding(Text(f"$ {visible(x['command'])}", style="cyan"), (0, 0, 0, 6)))
-    parts.append(Padding(Text("facts, then hypotheses, each ordered by the share of the time at stake; --format json "
-                              "has every finding's full evidence", style="dim"), (0, 0, 0, 2)))
+    parts.append(Padding(Text("facts, then hypotheses, each ordered by the share of the time at stake, then what has "
+                              "none at stake; --format json has every finding's full evidence", style="dim"), (0, 0, 0, 2)))
     return Panel(Group(*parts), title="Diagnosis", title_align="left")
 
 
-def _startup(report: Report, n: int = 8) -> Fitted | None:
-    rows = report.get("startup") or []
-    if not rows:
+def _startup_gpu(r: StartupRow) -> str:
+    basis, v = f.startup_gpu(r)
+    return f.ns(v) + (" p" if basis == "proj" else "")
+
+
+def _startup(report: Report) -> Fitted | None:
+    if not report.get("startup"):
         return None
-    total = f"{len(rows)}{'+' if len(rows) >= 50 else ''} instances"
-    body = [[r["stage"], str(r["occurrence"]), r["reason"].replace("_", " "), f.ns(r["host_ns"]),
-             f.ns(r.get("gpu_event_ns") if r.get("gpu_event_ns") is not None else r.get("gpu_proj_ns")),
+    rows, caption = f.startup_shown(report)
+    body = [[r["stage"], str(r["occurrence"]), r["reason"].replace("_", " "), f.ns(r["host_ns"]), _startup_gpu(r),
              str(r.get("nested") or "-"), f"{r['robust_z']:.0f}" if r.get("robust_z") is not None else "-"]
-            # cold starts first (the findings quote them), then the longest warm-up instances
-            for r in sorted(rows, key=lambda r: (r["reason"] != "cold_start", -r["host_ns"]))[:n]]
+            for r in rows]
     cols = [Col("stage", "left", key=True), Col("#"), Col("why", "left"), Col("host"), Col("GPU", move=2),
             Col("nested", move=3), Col("robust z", move=1)]
-    cold = sum(r["reason"] == "cold_start" for r in rows)
-    shown = (f"{total}; the {n} longest shown; " if not cold else
-             f"{total}; the cold starts, then the longest warm-up ones, {n} shown; ") if len(rows) > n else ""
-    return Fitted("Startup (kept out of the numbers above)", cols, body,
-                  caption=f"{shown}nested: the instances inside each, kept out with it")
+    if any(f.startup_gpu(r)[0] == "proj" for r in rows):
+        caption += "; GPU as in the stage table (p: the trace's first-to-last op span)"
+    return Fitted("Startup (kept out of the numbers above)", cols, body, caption=caption)
 
 
-def _notes(report: Report) -> Text | None:
+def _notes(report: Report) -> Group | None:
     notes = (report.get("sources") or {}).get("notes") or []
     if not notes:
         return None
-    return _lines(["notes:"] + [f"  - {n}" for n in notes], style="dim")
+    grid = Table.grid(padding=(0, 1))  # a note that wraps stays under its own text
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for n in notes:
+        grid.add_row(Text("  -", style="dim"), Text(visible(n), style="dim"))
+    return Group(Text("notes:", style="dim"), grid)
 
 
 def _ranks(report: Report) -> Group | None:
@@ -526,11 +579,11 @@ def compare_renderables(result: dict) -> list[Any]:
                 more = len(c[key]) - 8
                 parts.append(Fitted(label, [Col("kernel", "left", cut=True), Col("family", "left", move=1),
                                             Col("GPU time")],
-                                    [[f.short(k["name"], 70), k["family"], f.ns(k["gpu_ns"])] for k in c[key][:8]],
+                                    [[kernel_label(k["name"]), k["family"], f.ns(k["gpu_ns"])] for k in c[key][:8]],
                                     caption=f"... and {more} more (--format json lists them)" if more > 0 else None))
         if c["kernels_changed_family"]:
             parts.append(_lines(["Kernels classified differently: " + "; ".join(
-                f"{f.short(k['name'], 50)}: {k['a_family']} -> {k['b_family']}" for k in c["kernels_changed_family"][:8])]))
+                f"{f.short(kernel_label(k['name']), 50)}: {k['a_family']} -> {k['b_family']}" for k in c["kernels_changed_family"][:8])]))
         if c["settings"]:
             parts.append(Fitted("Settings that differ", [Col("setting", "left", key=True), Col("A", "left", wrap=True),
                                                           Col("B", "left", wrap=True)],

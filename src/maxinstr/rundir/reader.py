@@ -79,23 +79,19 @@ class Run:
         return self.names[self.stages["name_id"]] if len(self.stages) else np.empty(0, dtype=object)
 
     def warmup_mask(self, warmup: int | None = None) -> np.ndarray:
-        """True for records that are warm-up: the first ``warmup`` instances of each stage
-        name in each part, by host start (docs/formats.md). Marks are never warm-up."""
+        """True for records the report keeps out as warm-up: the rule of :mod:`maxinstr.warmup`
+        (the first ``warmup`` pipeline iterations and instances of each name in each process,
+        and everything nested in them; docs/sessions.md). Marks are never warm-up. Cold starts,
+        which the report finds from the timings, are not in it."""
+        from maxinstr import warmup as rule
+
         n = self.warmup if warmup is None else int(warmup)
         s = self.stages
-        mask = np.zeros(len(s), dtype=bool)
         if n <= 0 or len(s) == 0:
-            return mask
-        # stages are sorted by host start already; a stable sort by (part, name) keeps that
-        key = s["part"].astype(np.int64) << 32 | s["name_id"].astype(np.int64)
-        order = np.argsort(key, kind="stable")
-        sorted_key = key[order]
-        group_start = np.r_[0, np.flatnonzero(np.diff(sorted_key)) + 1]
-        group_len = np.diff(np.r_[group_start, len(s)])
-        rank_in_group = np.arange(len(s)) - np.repeat(group_start, group_len)
-        mask[order] = rank_in_group < n
-        mask &= (s["flags"] & fmt.MARK) == 0
-        return mask
+            return np.zeros(len(s), dtype=bool)
+        parent = rule.parent_rows(s["id"], s["parent_id"])
+        return rule.warmup_flags(s["part"], s["name_id"], parent, s["host_start_ns"], (s["flags"] & fmt.MARK) != 0,
+                                 n).kept_out
 
     def to_pandas(self):
         """The stage records as a pandas DataFrame (columns of :attr:`stages` plus ``name``,

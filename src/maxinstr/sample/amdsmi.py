@@ -108,6 +108,10 @@ def _import_amdsmi() -> Any:
         raise Unavailable(f"amdsmi failed to import: {exc}") from None
     except BaseException as exc:  # noqa: BLE001 - incl. SystemExit: a library must not end the user's run
         said = _one_line(out.getvalue())
+        if "libamd_smi.so" in f"{exc} {said}":
+            # the Python package without ROCm's library (a machine with no AMD GPU): no advice to
+            # install amd-smi-lib on an NVIDIA or CPU machine
+            raise Unavailable("no AMD SMI library (libamd_smi.so not found: no ROCm here)") from None
         raise Unavailable(
             f"amdsmi failed to import ({type(exc).__name__}: {exc})" + (f"; it said: {said}" if said else "")
         ) from None

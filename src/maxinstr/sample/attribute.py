@@ -81,6 +81,11 @@ class InstanceSamples:
     thermal_hw_samples: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     windows: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     """column -> (start_ns, end_ns) of the windows its values describe (windowed columns only)."""
+    energy_covered_j: np.ndarray = field(default_factory=lambda: np.empty(0))
+    """Energy over the part of the instance inside the counter's readings (0 with none)."""
+    energy_covered_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    """That part's length: power over it is energy_covered_j / energy_covered_ns (an instance
+    the sampler stopped reading in the middle of still gets its power)."""
 
 
 @dataclass
@@ -109,6 +114,12 @@ class StageSamples:
     energy_per_instance_j: np.ndarray = field(default_factory=lambda: np.empty(0))
     """Mean over the instances that have an energy value."""
     energy_instances: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    energy_power_w: np.ndarray = field(default_factory=lambda: np.empty(0))
+    """Energy over the covered time of the name's instances, per second (NaN: none covered)."""
+    energy_window_share: np.ndarray = field(default_factory=lambda: np.empty(0))
+    """Share of the time between the energy readings around the name's instances that was spent
+    in them: the counter's difference is interpolated linearly between readings, so a stage that
+    fills little of those intervals gets the power of what ran around it."""
     hw_throttle_samples: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     power_cap_samples: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     thermal_hw_samples: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
@@ -319,6 +330,8 @@ def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np
         if col in names:
             peak[col] = _range_reduce(np.fmax, dev.rows[col].astype(np.float64), lo, hi, np.nan)
     energy = np.full(len(start), np.nan)
+    cov_j = np.zeros(len(start))
+    cov_ns = np.zeros(len(start), np.int64)
     if "energy_j" in names:
         e = dev.rows["energy_j"].astype(np.float64)
         ok = ~np.isnan(e)
@@ -329,6 +342,10 @@ def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np
             e_start = np.interp(start, te, ev - base)
             e_end = np.interp(end, te, ev - base)
             energy = np.where(inside, e_end - e_start, np.nan)
+            cs, ce = np.maximum(start, te[0]), np.minimum(end, te[-1])
+            cov_ns = np.maximum(ce - cs, 0)
+            cov_j = np.where(cov_ns > 0, np.interp(ce, te, ev - base) - np.interp(cs, te, ev - base), 0.0)
+            windows["energy_j"] = (te[:-1], te[1:])
     throttle = _range_reduce(np.bitwise_or, dev.throttle.astype(np.uint32), lo, hi, 0).astype(np.uint32)
 
     def samples_with(mask: int) -> np.ndarray:
@@ -339,7 +356,7 @@ def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np
         device=device, n_samples=n.astype(np.int64), mean=mean, count=count, peak=peak, energy_j=energy,
         throttle=throttle, hw_throttle_samples=samples_with(HW_THROTTLE_MASK), gpm_window=gpm_window,
         power_cap_samples=samples_with(POWER_CAP_MASK), thermal_hw_samples=samples_with(THERMAL_HW_MASK),
-        windows=windows,
+        windows=windows, energy_covered_j=cov_j, energy_covered_ns=cov_ns,
     )
 
 
@@ -416,6 +433,10 @@ def stage_samples(
         with np.errstate(invalid="ignore", divide="ignore"):
             put("energy_per_instance_j", np.where(e_n > 0, e_sum / np.maximum(e_n, 1), np.nan))
         put("energy_instances", e_n)
+        c_j = np.bincount(inverse, weights=inst.energy_covered_j, minlength=k)
+        c_ns = np.bincount(inverse, weights=inst.energy_covered_ns.astype(np.float64), minlength=k)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            put("energy_power_w", np.where(c_ns > 0, c_j / np.maximum(c_ns, 1) * 1e9, np.nan))
         put("hw_throttle_samples", np.bincount(inverse, weights=inst.hw_throttle_samples, minlength=k).astype(np.int64))
         put("power_cap_samples", np.bincount(inverse, weights=inst.power_cap_samples, minlength=k).astype(np.int64))
         put("thermal_hw_samples", np.bincount(inverse, weights=inst.thermal_hw_samples, minlength=k).astype(np.int64))
@@ -423,13 +444,15 @@ def stage_samples(
         np.bitwise_or.at(mask, inverse, inst.throttle)
         put("throttle_mask", mask)
         put("gpm_window_instances", np.bincount(inverse, weights=inst.gpm_window, minlength=k).astype(np.int64))
-        for col, field_name in (("gpu_util_pct", "gpu_util_window_share"), ("sm_active_pct", "sm_active_window_share")):
+        for col, field_name in (("gpu_util_pct", "gpu_util_window_share"), ("sm_active_pct", "sm_active_window_share"),
+                                ("energy_j", "energy_window_share")):
             share = np.full(k, np.nan)
             if col in inst.windows:
                 ws, we = inst.windows[col]
+                covered = inst.energy_covered_ns if col == "energy_j" else inst.count[col]
                 for j in range(k):  # per stage name (few): windows shared by its instances count once
                     sel = inverse == j
-                    share[j] = window_share(ws, we, np.asarray(start_ns)[sel], np.asarray(end_ns)[sel], inst.count[col][sel])
+                    share[j] = window_share(ws, we, np.asarray(start_ns)[sel], np.asarray(end_ns)[sel], covered[sel])
             put(field_name, share)
 
     if not rows:

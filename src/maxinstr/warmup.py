@@ -1,0 +1,212 @@
+"""The warm-up rule: which stage instances a run's ``warmup=N`` keeps out of steady state.
+
+One rule, one home (docs/sessions.md "Warm-up and steady state"); everything else derives from it:
+
+- the report flags its stage instances with :func:`warmup_flags` (``analyze/instances.py``,
+  which adds the cold starts it finds in the timings);
+- ``Run.warmup_mask()`` (``rundir/reader.py``) is :func:`warmup_flags` over a run's records;
+- the steady-state capture of ``maxinstr run`` starts at the instant :func:`steady_can_begin`
+  names: the earliest at which this rule can call any instance steady. The native core fires
+  it as the program runs (``steady_watch``, armed by ``record/steady.py``); the tests replay
+  real runs through the core and check it against this function.
+
+The rule, per process (one part of the run), for ``warmup=N`` > 0:
+
+1. **Pipeline iterations** (:func:`pipeline_iterations`). A program's outer loop is not always
+   one enclosing stage: a decoder may mark ``prefill``, ``decode`` (once per token) and
+   ``readback`` side by side for each request. Its iterations begin with the *head*: the
+   top-level stage that repeats (more than N times, at least twice) and starts first among
+   those that repeat. Everything from one head instance to the next is one iteration, as if the
+   head enclosed it; a top-level instance before the first head is in iteration -1 (loading,
+   compilation). Where the head repeats as often as every other repeating top-level stage, or
+   nothing repeats, each top-level stage's iterations are its own occurrences.
+2. **Warm-up**: an instance among the first N of its name (by host start, at any nesting level),
+   and a top-level instance of an iteration before the N-th (so before the first head too).
+   Marks are never warm-up.
+3. **Nested**: an instance inside a warm-up instance is kept out with it (:func:`inside`): the
+   decode steps of a warm-up request ran the warm-up's compilations too.
+
+So a steady instance always has, at the top of its nesting, an instance whose name had started
+N times before in its process: no instance can be steady before that instant, which is where the
+capture starts. It may start before the rule's steady state (a pipeline's warm-up iterations
+then sit in the trace, where the report keeps them apart), never after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from maxinstr.columns import occurrence_index
+
+MAX_LEVELS = 64
+"""Nesting levels followed up a parent chain (a deeper or cyclic chain stops there)."""
+
+
+def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
+    """Per record, the row of its parent record (-1: none, or a parent not among ``ids``)."""
+    ids = np.asarray(ids, np.int64)
+    parent_ids = np.asarray(parent_ids, np.int64)
+    n = len(ids)
+    if n == 0:
+        return np.empty(0, np.int64)
+    order = np.argsort(ids, kind="stable")
+    pos = np.clip(np.searchsorted(ids, parent_ids, sorter=order), 0, n - 1)
+    found = (parent_ids >= 0) & (ids[order[pos]] == parent_ids)
+    return np.where(found, order[pos], -1).astype(np.int64)
+
+
+def levels(parent: np.ndarray) -> np.ndarray:
+    """Per instance, its nesting level among the instances (0: no enclosing instance)."""
+    level = np.zeros(len(parent), np.int64)
+    cur = np.asarray(parent, np.int64).copy()
+    live = np.flatnonzero(cur >= 0)
+    for _ in range(MAX_LEVELS):
+        if len(live) == 0:
+            break
+        level[live] += 1
+        cur[live] = parent[cur[live]]
+        live = live[cur[live] >= 0]
+    return level
+
+
+def inside(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:
+    """Per instance: whether any enclosing instance (parent, grandparent, ...) has ``flag``."""
+    out = np.zeros(len(parent), dtype=bool)
+    cur = np.asarray(parent, np.int64).copy()
+    live = np.flatnonzero(cur >= 0)
+    for _ in range(MAX_LEVELS):
+        if len(live) == 0:
+            break
+        out[live] |= flag[cur[live]]
+        cur[live] = parent[cur[live]]
+        live = live[cur[live] >= 0]
+    return out
+
+
+def top_ancestor(parent: np.ndarray) -> np.ndarray:
+    """Per instance: its outermost enclosing instance (itself at the top level)."""
+    root = np.arange(len(parent))
+    cur = np.asarray(parent, np.int64).copy()
+    live = np.flatnonzero(cur >= 0)
+    for _ in range(MAX_LEVELS):
+        if len(live) == 0:
+            break
+        root[live] = cur[live]
+        cur[live] = parent[cur[live]]
+        live = live[cur[live] >= 0]
+    return root
+
+
+def occurrences(part_code: np.ndarray, name_code: np.ndarray, is_mark: np.ndarray,
+                host_start_ns: np.ndarray) -> np.ndarray:
+    """Per instance, how many instances of its name started before it in its process (at any
+    level; marks are counted apart from stages of the same name, as the core never enters them)."""
+    n = len(name_code)
+    if n == 0:
+        return np.empty(0, np.int64)
+    n_names = int(np.max(name_code)) + 1
+    key = (np.asarray(part_code, np.int64) * n_names + np.asarray(name_code, np.int64)) * 2 + np.asarray(is_mark, np.int64)
+    return occurrence_index(key, host_start_ns)
+
+
+def pipeline_iterations(part_code: np.ndarray, name_code: np.ndarray, level: np.ndarray, is_mark: np.ndarray,
+                        host_start_ns: np.ndarray, occurrence: np.ndarray, parent: np.ndarray,
+                        warmup_n: int) -> tuple[np.ndarray, dict[int, int]]:
+    """Per instance the pipeline iteration it ran in (step 1 of the rule; a nested instance
+    takes its top-level ancestor's), and per process (part code) the head's name code, for the
+    processes that have a head."""
+    n = len(name_code)
+    if n == 0:
+        return np.empty(0, np.int64), {}
+    top = (level == 0) & ~is_mark
+    it_top = np.asarray(occurrence, np.int64).copy()  # no head: per-name occurrences
+    heads: dict[int, int] = {}
+    for p in np.unique(part_code[top]).tolist():
+        rows = np.flatnonzero(top & (part_code == p))
+        rows = rows[np.argsort(host_start_ns[rows], kind="stable")]
+        names = name_code[rows]
+        counts = np.bincount(names)
+        repeating = np.flatnonzero(counts > max(warmup_n, 1))
+        if len(repeating) == 0:
+            continue
+        first_pos = np.full(len(counts), len(rows), np.int64)
+        np.minimum.at(first_pos, names, np.arange(len(rows), dtype=np.int64))
+        head = int(repeating[np.argmin(first_pos[repeating])])
+        if counts[head] >= counts[repeating].max():
+            continue  # the head repeats as often as any: per-name occurrences say the same
+        head_starts = host_start_ns[rows[names == head]]
+        it_top[rows] = np.searchsorted(head_starts, host_start_ns[rows], side="right") - 1
+        heads[int(p)] = head
+    return it_top[top_ancestor(parent)], heads
+
+
+@dataclass
+class WarmupFlags:
+    """The rule's columns, one value per instance."""
+
+    occurrence: np.ndarray
+    """How many instances of its name started before it in its process."""
+    level: np.ndarray
+    """Nesting level (0: top level)."""
+    iteration: np.ndarray
+    """The pipeline iteration (-1: before the first)."""
+    heads: dict[int, int]
+    """Per process (part code) with a pipeline head, the head's name code."""
+    warmup: np.ndarray
+    """Warm-up by steps 1 and 2 of the rule (the instance's own)."""
+    nested: np.ndarray
+    """Inside a warm-up instance (step 3), and not warm-up itself."""
+    is_mark: np.ndarray
+    """Instant marks (never warm-up: they have no time to keep out)."""
+
+    @property
+    def kept_out(self) -> np.ndarray:
+        """What the rule keeps out of steady state: warm-up and the stages nested in it."""
+        return (self.warmup | self.nested) & ~self.is_mark
+
+
+def warmup_flags(part_code: np.ndarray, name_code: np.ndarray, parent: np.ndarray, host_start_ns: np.ndarray,
+                 is_mark: np.ndarray, warmup_n: int, level: np.ndarray | None = None) -> WarmupFlags:
+    """The rule over one table of stage instances: ``part_code`` the process, ``name_code`` an
+    integer per name (equal exactly when the names are), ``parent`` the enclosing instance's row
+    (-1 none), ``level`` the nesting level when already known."""
+    part_code = np.asarray(part_code, np.int64)
+    name_code = np.asarray(name_code, np.int64)
+    parent = np.asarray(parent, np.int64)
+    host_start_ns = np.asarray(host_start_ns, np.int64)
+    is_mark = np.asarray(is_mark, bool)
+    n = len(name_code)
+    level = levels(parent) if level is None else np.asarray(level, np.int64)
+    occurrence = occurrences(part_code, name_code, is_mark, host_start_ns)
+    iteration, heads = pipeline_iterations(part_code, name_code, level, is_mark, host_start_ns, occurrence, parent,
+                                           warmup_n)
+    if warmup_n > 0 and n:
+        warm = ((occurrence < warmup_n) | ((level == 0) & (iteration < warmup_n))) & ~is_mark
+    else:
+        warm = np.zeros(n, bool)
+    nested = inside(parent, warm) & ~warm if n else np.zeros(0, bool)
+    return WarmupFlags(occurrence=occurrence, level=level, iteration=iteration, heads=heads, warmup=warm,
+                       nested=nested, is_mark=is_mark)
+
+
+def steady_can_begin(part_code: np.ndarray, name_code: np.ndarray, level: np.ndarray, is_mark: np.ndarray,
+                     host_start_ns: np.ndarray, warmup_n: int) -> np.ndarray:
+    """Per instance, whether steady state can begin at its start: per process, the first
+    top-level stage instance (by host start) whose name had started ``warmup_n`` times before
+    (at any level). No instance the rule calls steady starts before it (see the module's
+    docstring); the steady-state capture starts there. ``warmup_n`` 0: the first top-level one."""
+    n = len(name_code)
+    out = np.zeros(n, bool)
+    if n == 0:
+        return out
+    part_code = np.asarray(part_code, np.int64)
+    is_mark = np.asarray(is_mark, bool)
+    occurrence = occurrences(part_code, np.asarray(name_code, np.int64), is_mark, np.asarray(host_start_ns, np.int64))
+    can = np.flatnonzero((np.asarray(level) == 0) & ~is_mark & (occurrence >= max(warmup_n, 0)))
+    if len(can) == 0:
+        return out
+    can = can[np.lexsort((np.asarray(host_start_ns)[can], part_code[can]))]
+    out[can[np.r_[True, part_code[can][1:] != part_code[can][:-1]]]] = True
+    return out
