@@ -260,6 +260,17 @@ def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:
             lines.append("capture: the whole run")
     elif prof.name == "rocprofv3":
         lines.append("capture: the whole run (warm-up is separated by the session's warmup count)")
+    if options.max_ops:  # what child_env does with it, said: an option left unused is never silent
+        own = os.environ.get("MODULAR_ENABLE_PROFILING")
+        swept = any("MODULAR_ENABLE_PROFILING" in spec.env for spec in specs)
+        if prof.name not in ("nsys", "rocprofv3"):
+            lines.append(f"--max-ops {options.max_ops}: left off, no profiler records MAX's markers (--profiler {prof.name})")
+        elif own is not None or swept:
+            lines.append(f"--max-ops {options.max_ops}: not used, MODULAR_ENABLE_PROFILING"
+                         + (" as the --sweep sets it" if swept else f"={own} as you set it"))
+        else:
+            lines.append(f"MAX's op markers: MODULAR_ENABLE_PROFILING={options.max_ops} (MAX compiles its graphs again "
+                         "with them and they cost it host time: docs/max.md)")
     if options.warm_run:
         lines.append("warm run: one unprofiled run first (its wall time is reported as startup)")
     if options.stage_specs:
