@@ -177,3 +177,18 @@ def test_the_hook_knows_every_package_starting_maxinstr_imports(tmp_path, script
     loaded = set(json.loads((out / "child.log").read_text().splitlines()[-1]))
     tops = {m.partition(".")[0] for m in loaded - before} - set(sys.stdlib_module_names) - {"sitecustomize"}
     assert "numpy" in tops and tops <= set(named), sorted(tops - set(named))
+
+
+@pytest.mark.parametrize("flag", ["-I", "-E", "-S", "-sE", "-Xdev -I"])
+def test_a_python_started_so_that_it_skips_the_hook_is_said_in_the_plan(tmp_path, flag):
+    """-I and -E ignore PYTHONPATH, -S skips site: the hook never runs, so --stage and the run's
+    session cannot reach the program. The plan says so before anything runs, with the way that works."""
+    flags = flag.split()
+    out, res = _run(tmp_path, ["json:dumps"], sys.executable, *flags, "-c", "import json; json.dumps(1)")
+    said = [line.strip() for line in res.stderr.splitlines() if "skips maxinstr's start-up hook" in line]
+    assert said and f"python {flags[-1]} -m maxinstr.launch.bootstrap" in said[0], res.stderr
+
+
+def test_the_plan_says_nothing_of_flags_that_keep_the_hook(tmp_path):
+    out, res = _run(tmp_path, ["json:dumps"], sys.executable, "-u", "-X", "dev", "-c", "import json; json.dumps(1)")
+    assert "start-up hook" not in res.stderr and _stage_counts(out) == {"dumps": 1}
