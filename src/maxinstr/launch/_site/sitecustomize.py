@@ -36,19 +36,23 @@ class _MaxinstrTrigger:
         self.before = frozenset(before)
         self.wanted = wanted
         self.fired = False  # maxinstr started, or starts once the import in progress has finished
-        self._finding = set()  # names being looked up through the other finders (no re-entry)
+        self._finding = set()  # (thread, name) being looked up through the other finders: no re-entry
 
     def find_spec(self, fullname, path=None, target=None):
-        if self.fired or fullname in self._finding or (fullname not in self.after and fullname not in self.before):
+        if self.fired or (fullname not in self.after and fullname not in self.before):
             return None
+        import _thread
         import sys
 
+        finding = (_thread.get_ident(), fullname)
+        if finding in self._finding:
+            return None
         before = fullname in self.before
         if before:
             self.fired = True
             _start_maxinstr(self.wanted)
         spec = None
-        self._finding.add(fullname)
+        self._finding.add(finding)
         try:
             for finder in list(sys.meta_path):  # maxinstr's own finders (the --stage wraps) come first now
                 if finder is self or not hasattr(finder, "find_spec"):
@@ -57,7 +61,7 @@ class _MaxinstrTrigger:
                 if spec is not None:
                     break
         finally:
-            self._finding.discard(fullname)
+            self._finding.discard(finding)
         if before:
             return spec
         if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
