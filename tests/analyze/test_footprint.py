@@ -63,6 +63,8 @@ def test_stages_around_almost_nothing_get_the_finding_with_the_cheaper_setting(t
     assert report["footprint"]["overall_share"] > 0.05
     (finding,) = [f for f in report["diagnosis"] if f["id"] == "observer_cost"]
     assert finding["verdict"] == "hypothesis" and "mark fewer, coarser stages" in finding["next_step"]
+    # the cost is the stages' enter/exit, timed host-only: turning their GPU timing off saves none of it
+    assert "gpu=False" not in finding["next_step"], finding["next_step"]
     assert finding["evidence"]["by_source"].startswith("stages 100%")
     from maxinstr.render.text import render
 

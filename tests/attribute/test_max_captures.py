@@ -362,3 +362,20 @@ def test_the_report_says_whether_maxs_markers_were_on():
     assert any(n.startswith("MAX's op ranges were off: `maxinstr run --max-ops detailed`") for n in off), off
     inproc = build_report(MAX / "decoder_kernels")["sources"]["notes"]
     assert not any("MAX's op" in n for n in inproc), inproc
+
+
+def test_markers_the_program_turned_on_itself_are_not_said_to_be_off():
+    """block_maxprof_nsys: the example turned MAX's markers on in the process (--max-profiling
+    detailed), so meta.json's environment does not have MODULAR_ENABLE_PROFILING, but the trace
+    holds MAX's op ranges and the report breaks the stages down by them. Its note said "MAX's op
+    ranges were off" beside that breakdown, and left out that the times include their cost."""
+    from maxinstr.analyze.report import build_report
+
+    meta = json.loads((MAX / "block_maxprof_nsys" / "meta.json").read_text())
+    assert "MODULAR_ENABLE_PROFILING" not in (meta.get("env") or {})
+    report = build_report(MAX / "block_maxprof_nsys", MAX / "block_maxprof_nsys.sqlite")
+    inside = [r for s in report["stages"] for r in ((s.get("mix") or {}).get("ranges") or [])]
+    assert inside, "the breakdown by MAX's op ranges is the evidence"
+    notes = report["sources"]["notes"]
+    assert not any("were off" in n for n in notes), notes
+    assert any(n.startswith("MAX's op markers were on") and "1527 tokens/s" in n for n in notes), notes

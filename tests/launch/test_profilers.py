@@ -125,3 +125,31 @@ def test_maxs_markers_only_when_asked_and_a_profiler_records_them(tmp_path, monk
     swept = RunSpec(command=["python3", "x.py"], run_dir=tmp_path, label="", env={"MODULAR_ENABLE_PROFILING": "on"})
     env = child_env(swept, options, tmp_path, base={})
     assert env["MODULAR_ENABLE_PROFILING"] == "on" and "MAXINSTR_MAX_PROFILING_BY_RUN" not in env
+
+
+
+def test_the_plan_says_what_became_of_max_ops(tmp_path):
+    """--max-ops asks for MAX's markers; where `maxinstr run` leaves them as they are (no profiler
+    records them, or the user's own MODULAR_ENABLE_PROFILING stands) the plan says so in one
+    line, instead of dropping the option without a word. Real runs (nsys: the test fake)."""
+    import sys
+
+    from _launch_helpers import base_env, run_cli
+
+    def run(env, *args):
+        out = tmp_path / f"r{len(list(tmp_path.iterdir()))}"
+        res = run_cli(["run", "-y", "-q", "--no-report", "-o", str(out), *args, "--", sys.executable, "-c",
+                       "import os; print(os.environ.get('MODULAR_ENABLE_PROFILING'))"], env)
+        assert res.returncode == 0, res.stderr
+        plan = [line.strip() for line in res.stderr.splitlines()]
+        return plan, (out / "child.log").read_text().split()[0]
+
+    env = {k: v for k, v in base_env().items() if k != "MODULAR_ENABLE_PROFILING"}
+    plan, seen = run(env, "--profiler", "none", "--max-ops", "detailed")
+    assert seen == "None" and "--max-ops detailed: left off, no profiler records MAX's markers (--profiler none)" in plan
+    plan, seen = run({**env, "MODULAR_ENABLE_PROFILING": "off"}, "--profiler", "nsys", "--max-ops", "on")
+    assert seen == "off" and "--max-ops on: not used, MODULAR_ENABLE_PROFILING=off as you set it" in plan, plan
+    plan, seen = run(env, "--profiler", "nsys", "--max-ops", "detailed")
+    assert seen == "detailed" and any(line.startswith("MAX's op markers: MODULAR_ENABLE_PROFILING=detailed") for line in plan)
+    plan, seen = run(env, "--profiler", "nsys")
+    assert seen == "None" and not any("max-ops" in line or "MAX's op markers" in line for line in plan), plan

@@ -1030,8 +1030,9 @@ def rule_observer_cost(report: Report) -> list[Finding]:
         "kernels": "kernels=True ties each kernel to its stage inside the process, and CUPTI costs every launch: "
                    "take the kernels from a profiler's trace instead (maxinstr run -- python SCRIPT), or keep "
                    "kernels=True for a short window",
+        # the stages' own enter/exit (timed host-only): gpu=False saves none of it, only the GPU events'
         "stages": "mark fewer, coarser stages in the hot loop (a stage around a few microseconds of work costs "
-                  "about as much as the work), or gpu=False on the nested ones",
+                  "about as much as the work)",
         "gpu_events": "GPU-time fewer steps: maxinstr.set_gpu_budget(0.001) (or MAXINSTR_GPU_BUDGET), or gpu=False "
                       "on the nested stages",
     }[source]

@@ -429,13 +429,32 @@ def _max_markers_note(run: Run | None, trace: Trace | None) -> list[str]:
     if not isinstance(meta, dict) or not (meta.get("frameworks") or {}).get("max"):
         return []
     level = str((meta.get("env") or {}).get("MODULAR_ENABLE_PROFILING", "off")).strip().lower()
+    cost = (f"MAX compiled its graphs with them and they cost it host time ({MAX_MARKERS_COST}); these times "
+            "include that")
     if level not in ("", "off", "0", "false"):
-        return [f"MAX's op markers were on (MODULAR_ENABLE_PROFILING={level}): MAX compiled its graphs with them and "
-                f"they cost it host time ({MAX_MARKERS_COST}); these times include that"]
+        return [f"MAX's op markers were on (MODULAR_ENABLE_PROFILING={level}): {cost}"]
+    # the environment at start says off, yet the program can turn them on itself
+    # (enable_max_profiling(), the examples' --max-profiling): the trace then holds their ranges
+    others = _other_domain_ranges(trace) if trace is not None else 0
+    if others:
+        return [f"MAX's op markers were on (the trace holds {others} ranges besides maxinstr's stages, though "
+                f"MODULAR_ENABLE_PROFILING was not set when the run started: the program turned them on): {cost}"]
     if trace is not None and trace.format != INPROCESS_FORMAT:
         return ["MAX's op ranges were off: `maxinstr run --max-ops detailed` shows MAX's ops inside each stage, at a "
                 f"cost to MAX ({MAX_MARKERS_COST})"]
     return []
+
+
+def _other_domain_ranges(trace: Trace) -> int:
+    """How many ranges of the trace are neither maxinstr's stages nor marks: MAX's op ranges in a
+    MAX program. 0 where the trace cannot tell them apart (no maxinstr domain)."""
+    from maxinstr.attribute.attribute import stage_domain_mask
+    from maxinstr.traces.model import RangeStyle
+
+    stage = stage_domain_mask(trace)
+    if stage is None:
+        return 0
+    return int((~stage & (np.asarray(trace.ranges.style) != RangeStyle.MARK)).sum())
 
 
 def _rules_used(attribution: Attribution | None) -> dict[str, int] | None:

@@ -193,10 +193,11 @@ def startup(environ: dict[str, str] | os._Environ = os.environ) -> None:
 def _apply_specs_step(environ) -> None:
     specs = stage_specs_from_env(environ)
     if specs:
-        from maxinstr.launch.instrument import on_outcome
+        from maxinstr.launch.instrument import on_outcome, rebind_aliases
 
         on_outcome(_record_outcome)
         apply_stage_specs(specs)
+        rebind_aliases(specs)
 
 
 STAGE_SPECS_FILE = "stage-specs.jsonl"

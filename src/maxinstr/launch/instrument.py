@@ -298,6 +298,39 @@ def instrument(
     return False
 
 
+def rebind_aliases(specs: list[str]) -> None:
+    """A module-level function wrapped after its module ran (the start-up hook starts maxinstr
+    once the target's package has run) may already be bound under other names: ``from .sub
+    import f`` in the package's ``__init__``, ``from pkg.sub import f`` in a sibling. Those names
+    get the wrapped function too, as they did when the hook wrapped the module as soon as it ran.
+    The defining module's own other names for it (``g = f``) stay, as they did then, and so do
+    maxinstr's own (its calls are not the program's stages). `maxinstr run`'s start-up applies
+    the specs, then calls this."""
+    wrapped: dict[int, tuple[Any, Any, str]] = {}  # id(original) -> (original, wrapped, its module)
+    for text in specs:
+        try:
+            spec = parse_spec(text)
+        except MaxinstrError:
+            continue
+        module = sys.modules.get(spec.module)
+        if module is None or "." in spec.qualname:  # a method is wrapped on its class, shared by every alias
+            continue
+        new = getattr(module, spec.qualname, None)
+        old = getattr(new, "__wrapped__", None) if getattr(new, _WRAPPED_FLAG, None) is not None else None
+        if old is not None:
+            wrapped[id(old)] = (old, new, spec.module)
+    if not wrapped:
+        return
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict) or name == "maxinstr" or name.startswith("maxinstr."):
+            continue
+        hits = [(k, wrapped[id(v)]) for k, v in list(namespace.items()) if id(v) in wrapped]
+        for key, (old, new, home) in hits:
+            if namespace.get(key) is old and name != home:
+                namespace[key] = new
+
+
 def pending_targets() -> list[str]:
     """Targets still waiting for their module to be imported."""
     with _lock:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 import shlex
 import shutil
 import time
@@ -277,6 +278,17 @@ def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:
             lines.append("capture: the whole run")
     elif prof.name == "rocprofv3":
         lines.append("capture: the whole run (warm-up is separated by the session's warmup count)")
+    if options.max_ops:  # what child_env does with it, said: an option left unused is never silent
+        own = os.environ.get("MODULAR_ENABLE_PROFILING")
+        swept = any("MODULAR_ENABLE_PROFILING" in spec.env for spec in specs)
+        if prof.name not in ("nsys", "rocprofv3"):
+            lines.append(f"--max-ops {options.max_ops}: left off, no profiler records MAX's markers (--profiler {prof.name})")
+        elif own is not None or swept:
+            lines.append(f"--max-ops {options.max_ops}: not used, MODULAR_ENABLE_PROFILING"
+                         + (" as the --sweep sets it" if swept else f"={own} as you set it"))
+        else:
+            lines.append(f"MAX's op markers: MODULAR_ENABLE_PROFILING={options.max_ops} (MAX compiles its graphs again "
+                         "with them and they cost it host time: docs/max.md)")
     if options.warm_run:
         lines.append("warm run: one unprofiled run first (its wall time is reported as startup)")
     if options.presets:
@@ -291,6 +303,11 @@ def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:
                          "starts after N instances of a stage")
     if options.timeout_s:
         lines.append(f"time limit: {options.timeout_s:g} s per run")
+    skip = next((f for f in (python_flag_skipping_hook(spec.command) for spec in specs) if f), None)
+    if skip is not None:
+        lines.append(f"note: python {skip} skips maxinstr's start-up hook (it ignores PYTHONPATH, or site): no --stage "
+                     "spec is applied and only a session the program opens itself records; python "
+                     f"{skip} -m maxinstr.launch.bootstrap [--stage SPEC]... SCRIPT applies them (docs/cli.md)")
     for spec in specs:
         tag = f"[{spec.label}] " if spec.label else ""
         env = "".join(f"{k}={shlex.quote(v)} " for k, v in spec.env.items())
@@ -298,6 +315,28 @@ def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:
         lines.append(f"    -> {spec.run_dir}/  (log {spec.run_dir / LOG_FILE}"
                      + (f", trace {spec.run_dir / PROFILE_BASE}.*" if prof.name != "none" else "") + ")")
     return lines
+
+
+def python_flag_skipping_hook(command: list[str]) -> str | None:
+    """The interpreter option of a ``python ...`` command that keeps the start-up hook from running
+    (``-I``, ``-E``: PYTHONPATH ignored; ``-S``: no site, so no sitecustomize), as given; None
+    when there is none or the command is not a Python interpreter."""
+    if not command or not re.fullmatch(r"python[0-9.]*", os.path.basename(command[0])):
+        return None
+    args = iter(command[1:])
+    for arg in args:
+        if not arg.startswith("-") or arg in ("-", "--") or arg.startswith("--"):
+            return None  # the script (or stdin): interpreter options end here
+        for i, letter in enumerate(arg[1:]):
+            if letter in "IES":
+                return arg
+            if letter in "cm":
+                return None
+            if letter in "WX":  # takes a value: the rest of this word, or the next one
+                if i == len(arg) - 2:
+                    next(args, None)
+                break
+    return None
 
 
 def _fatal_patterns(options: RunOptions) -> list[tuple[str, str]] | None:

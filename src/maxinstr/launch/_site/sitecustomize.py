@@ -9,9 +9,16 @@ maxinstr: ``maxinstr`` itself (the program opens a session or marks a stage), th
 package of a ``--stage`` target, or ``max`` when MAX's markers are on (they must be checked
 before MAX loads). Only then does it import maxinstr and run
 ``maxinstr.launch.bootstrap.startup()``: the --stage wraps, the capture window, the run's
-session. It never breaks the program, and it runs the sitecustomize it shadows (if any)
-afterwards.
+session. A target that Python's own start-up imported (``os``, ``time``) has no import to wait
+for: maxinstr then starts at once. It never breaks the program, and it runs the sitecustomize it
+shadows (if any) afterwards. The ways a program reaches that import are tested in
+tests/launch/test_hook_triggers.py.
 """
+
+# Top-level names that starting maxinstr imports besides the standard library's (its own, its
+# dependencies, the optional GPU libraries it reads at start-up); tests/launch/test_hook_triggers.py
+# checks the list against what startup() really imports.
+_MAXINSTR_NEEDS = frozenset(("maxinstr", "numpy", "rich", "click", "pynvml", "amdsmi"))
 
 
 class _MaxinstrTrigger:
@@ -20,52 +27,64 @@ class _MaxinstrTrigger:
     module's loader wrapped so that maxinstr starts once the module has run. ``max`` is the
     exception (``before``): maxinstr starts before MAX runs, because MAX reads its markers'
     setting when it is imported. Starting never imports a module of ``after`` first: that
-    module would run twice (the import in progress would run it again)."""
+    module would run twice (the import in progress would run it again). Only running the module
+    uses the trigger up, not finding it: ``importlib.util.find_spec`` (runpy's ``-m``, an "is it
+    installed?" check) finds without importing."""
 
     def __init__(self, after, before, wanted):
         self.after = frozenset(after)
         self.before = frozenset(before)
         self.wanted = wanted
-        self.fired = False
+        self.fired = False  # maxinstr started, or starts once the import in progress has finished
+        self._finding = set()  # (thread, name) being looked up through the other finders: no re-entry
 
     def find_spec(self, fullname, path=None, target=None):
         if self.fired or (fullname not in self.after and fullname not in self.before):
             return None
+        import _thread
         import sys
 
-        self.fired = True
+        finding = (_thread.get_ident(), fullname)
+        if finding in self._finding:
+            return None
         before = fullname in self.before
         if before:
+            self.fired = True
             _start_maxinstr(self.wanted)
-        for finder in list(sys.meta_path):  # maxinstr's own finders (the --stage wraps) come first now
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            if not before:
-                _start_maxinstr(self.wanted)  # nothing to run first: the import fails as it would
-            return None
-        if not before:
-            if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                spec.loader = _StartAfter(spec.loader, self.wanted)  # type: ignore[assignment]
-            else:
-                _start_maxinstr(self.wanted)
+        spec = None
+        self._finding.add(finding)
+        try:
+            for finder in list(sys.meta_path):  # maxinstr's own finders (the --stage wraps) come first now
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._finding.discard(finding)
+        if before:
+            return spec
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _StartAfter(spec.loader, self)  # type: ignore[assignment]
+        else:  # nothing to run first (the import fails as it would), or nothing to wrap
+            self.fired = True
+            _start_when_safe(self.wanted)
         return spec
 
 
 class _StartAfter:
     """Runs the module with its own loader, then starts maxinstr (whatever the module did)."""
 
-    def __init__(self, inner, wanted):
+    def __init__(self, inner, trigger):
         self._inner = inner
-        self._wanted = wanted
+        self._trigger = trigger
 
     def create_module(self, spec):
         return self._inner.create_module(spec)
 
     def exec_module(self, module):
+        first = not self._trigger.fired  # else another import got there first (a second thread)
+        self._trigger.fired = True
         try:
             self._inner.exec_module(module)
         finally:
@@ -75,10 +94,94 @@ class _StartAfter:
             spec = getattr(module, "__spec__", None)
             if spec is not None and spec.loader is self:
                 spec.loader = self._inner
-            _start_maxinstr(self._wanted)
+            if first:
+                _start_when_safe(self._trigger.wanted, spec)
 
     def __getattr__(self, item):  # get_source, is_package, get_filename ...
         return getattr(self._inner, item)
+
+
+def _start_when_safe(wanted, own=None):
+    """Start maxinstr once the import of ``own`` (the module that asked) has finished: after
+    importlib has put it in sys.modules, or taken a failed one out (a retried import then gets
+    the stage). And never in the middle of an import on this thread that starting maxinstr would
+    meet half-done: numpy imports math, json imports _json, and maxinstr imports numpy and json;
+    started there it would see a half-initialized module and fail. Then it starts when the
+    outermost such import has finished. Without either (a module run by hand, not imported), now."""
+    wait = _outermost_loading(own)
+    if wait is None or not _start_after_load(wait, wanted):
+        _start_maxinstr(wanted)
+
+
+def _outermost_loading(own):
+    """The spec to wait for: of the imports this thread is running (importlib's _load_unlocked
+    frames), the outermost whose top-level package starting maxinstr imports, else ``own`` when
+    it is one of them, else None."""
+    import sys
+
+    needs = _MAXINSTR_NEEDS | getattr(sys, "stdlib_module_names", frozenset())
+    found = None
+    own_loading = False
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_load_unlocked" and code.co_filename == "<frozen importlib._bootstrap>":
+            spec = frame.f_locals.get("spec")
+            if spec is not None and getattr(spec, "_initializing", False):
+                own_loading = own_loading or spec is own
+                if str(getattr(spec, "name", "")).partition(".")[0] in needs:
+                    found = spec  # walking outwards: the last one found is the outermost
+        frame = frame.f_back  # type: ignore[assignment]  # None ends the walk
+    return found if found is not None else (own if own_loading else None)
+
+
+_after_load: dict = {}  # id(spec) -> wanted: the imports whose end starts maxinstr
+_watching_classes: dict = {}  # spec class -> its subclass that sees ``_initializing`` set
+
+
+def _loading_get(spec):
+    return spec.__dict__.get("_initializing", False)
+
+
+def _loading_set(spec, value):
+    spec.__dict__["_initializing"] = value
+    if value:
+        return
+    # importlib's last act on a finished (or failed) import; the spec is as it was again
+    spec.__class__ = type(spec).__mro__[1]
+    wanted = _after_load.pop(id(spec), None)
+    if wanted is None:
+        return
+    import sys
+
+    # a submodule is bound on its package just after this (importlib's next step): bind it now,
+    # the same way, so that starting maxinstr finds `email.message` as the program will
+    parent, _, child = str(getattr(spec, "name", "")).rpartition(".")
+    module = sys.modules.get(spec.name) if parent else None
+    if module is not None and sys.modules.get(parent) is not None:
+        try:
+            setattr(sys.modules[parent], child, module)
+        except Exception:  # noqa: BLE001 - importlib says nothing of this either
+            pass
+    _start_maxinstr(wanted)
+
+
+def _start_after_load(spec, wanted):
+    """Have importlib's ``spec._initializing = False`` (the end of that import) start maxinstr.
+    False when the spec cannot be watched (then the caller starts it now)."""
+    base = type(spec)
+    try:
+        watching = _watching_classes.get(base)
+        if watching is None:
+            watching = type(base.__name__, (base,), {"__slots__": (), "__module__": base.__module__,
+                                                     "_initializing": property(_loading_get, _loading_set)})
+            _watching_classes[base] = watching
+        _after_load[id(spec)] = wanted
+        spec.__class__ = watching
+    except Exception:  # noqa: BLE001 - an odd spec class: start now, as before
+        _after_load.pop(id(spec), None)
+        return False
+    return True
 
 
 def _start_maxinstr(wanted):
@@ -144,8 +247,15 @@ def _maxinstr_install():
     import sys
 
     after, before = _watched_names(os.environ)
-    if after or before:
-        sys.meta_path.insert(0, _MaxinstrTrigger(after, before, wanted=True))
+    if not after and not before:
+        return
+    if any(name in sys.modules for name in after):
+        # Python's own start-up imported it (os, time, io; a .pth file's import): no import of it
+        # is left to wait for, so maxinstr starts with the program, as the user asked (once `site`,
+        # being imported now, has finished: after any sitecustomize this one shadows)
+        _start_when_safe(True)
+        return
+    sys.meta_path.insert(0, _MaxinstrTrigger(after, before, wanted=True))
 
 
 def _chain_shadowed_sitecustomize():
