@@ -413,10 +413,10 @@ def footprint_line(report: Report) -> str | None:
     words = {"stages": "stage enter/exit", "gpu_events": "GPU events", "kernels": "kernels=True"}
 
     def share_text(x: float) -> str:
-        return "under 0.1%" if x < 0.001 else f"~{pct(x, 1)}"
+        return "under 0.1%" if x < 0.001 else "nearly all" if x >= 0.995 else f"~{pct(x, 1)}"
 
     split = ", ".join(f"{words.get(k, k)} {100 * share * v / total:.1f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1]))
-    line = f"maxinstr's own work {share_text(share)} of the staged time" + (f" ({split} points)" if len(by) > 1 else "")
+    line = f"maxinstr's own work {share_text(share)} of the staged time" + (f": {split} points" if len(by) > 1 else "")
     stages = fp.get("share_by_stage") or {}
     worst = max(stages.items(), key=lambda kv: kv[1]) if stages else None
     if worst and worst[1] >= 2 * share and worst[1] >= 0.02:
