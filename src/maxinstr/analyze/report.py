@@ -382,14 +382,17 @@ def _environment(run: Run | None, trace: Trace | None) -> Environment:
 def _sweep(run: Run | None) -> dict[str, str] | None:
     """The ``maxinstr run --sweep`` value this run had (its launch.json), so that compare lists it
     among the settings that differ: the ``sweep`` record, else the run's label (``BATCH=8.r2``)."""
-    import json
+    from maxinstr.errors import RunDirError
+    from maxinstr.rundir.reader import read_launch
 
     path = getattr(run, "path", None) if run is not None else None
-    if path is None or not (Path(path) / "launch.json").is_file():
+    if path is None:
         return None
     try:
-        launch = json.loads((Path(path) / "launch.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        launch = read_launch(path)
+    except RunDirError:
+        return None  # a damaged launch record only loses the sweep label
+    if launch is None:
         return None
     if isinstance(launch.get("sweep"), dict):
         return {str(k): str(v) for k, v in launch["sweep"].items()} or None

@@ -560,14 +560,11 @@ def _part_role(part: Path) -> str | None:
 
 
 def read_launch(run_dir: str | Path) -> dict | None:
-    """The launch record `maxinstr run` left in a run directory (None when absent)."""
-    path = Path(run_dir) / LAUNCH_FILE
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise MaxinstrError(f"{path}: unreadable launch record ({exc})") from None
+    """The launch record `maxinstr run` left in a run directory (None when absent); a damaged
+    one is a MaxinstrError naming the file and the problem (rundir.reader.read_launch)."""
+    from maxinstr.rundir.reader import read_launch as load_launch
+
+    return load_launch(run_dir)
 
 
 def open_hint(role: str, path: str) -> str:

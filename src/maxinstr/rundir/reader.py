@@ -135,7 +135,7 @@ def load(path: str | Path) -> Run:
         raise RunDirError(root, "no such run directory")
     if not root.is_dir():
         raise RunDirError(root, "not a directory (a run directory holds meta.json and parts/)")
-    meta = _read_meta(root / fmt.META_FILE)
+    meta = read_meta(root / fmt.META_FILE)
     notes: list[str] = []
     parts_root = root / fmt.PARTS_DIR
     part_dirs: list[Path] = []
@@ -184,7 +184,8 @@ def load(path: str | Path) -> Run:
     )
 
 
-def _read_meta(path: Path) -> dict[str, Any]:
+def read_meta(path: Path) -> dict[str, Any]:
+    """A run's meta.json, checked (RunDirError naming the file and the problem)."""
     data = read_regular(path, RunDirError)
     if data is None:
         raise RunDirError(path, "missing meta.json: not a maxinstr run directory")
@@ -198,6 +199,28 @@ def _read_meta(path: Path) -> dict[str, Any]:
         )
     check_fields(meta, path, _META_FIELDS)
     return meta
+
+
+LAUNCH_FILE = "launch.json"
+
+# The launch.json fields maxinstr interprets (docs/cli.md "Files of a run"): a field of another
+# type is a RunDirError naming it, never a TypeError three calls later.
+_LAUNCH_FIELDS: Fields  # defined below, after the field tests
+
+
+def read_launch(run_dir: str | Path) -> dict[str, Any] | None:
+    """The record `maxinstr run` left in ``run_dir`` (launch.json), None when there is none.
+    Read as data: only a regular file, JSON of at most 64 levels, the fields maxinstr
+    interprets of their type (else RunDirError naming the file and the field)."""
+    path = Path(run_dir) / LAUNCH_FILE
+    data = read_regular(path, RunDirError)
+    if data is None:
+        return None
+    doc = parse_json(data, path, RunDirError)
+    if not isinstance(doc, dict):
+        raise RunDirError(path, "not a JSON object")
+    check_fields(doc, path, _LAUNCH_FIELDS)
+    return doc
 
 
 def is_int(v: Any, lo: int, hi: int) -> bool:
@@ -240,6 +263,28 @@ _META_FIELDS: Fields = {
     "env": (lambda v: isinstance(v, dict), "an object"),
     "frameworks": (lambda v: isinstance(v, dict), "an object"),
     "git": (lambda v: isinstance(v, dict), "an object"),
+}
+
+
+def _str_map(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
+
+
+_LAUNCH_FIELDS = {
+    "command": (_strings, "a list of strings"),
+    "profiled_command": (_strings, "a list of strings"),
+    "stage_specs": (_strings, "a list of strings"),
+    "env": (_str_map, "an object of strings"),
+    "sweep": (_str_map, "an object of strings"),
+    "label": (lambda v: isinstance(v, str), "a string"),
+    "maxinstr_command": (_strings, "a list of strings"),
+    "profiler": (lambda v: isinstance(v, dict) and all(v.get(k) is None or isinstance(v.get(k), str)
+                                                       for k in ("name", "capture", "flags")), "an object"),
+    "artifact": (lambda v: isinstance(v, dict) and (v.get("files") is None or _str_map(v.get("files"))), "an object"),
+    "run": (lambda v: isinstance(v, dict), "an object"),
+    "startup": (lambda v: isinstance(v, dict), "an object"),
+    "environment": (lambda v: isinstance(v, dict), "an object"),
+    "stage_specs_unapplied": (_str_map, "an object of strings"),
 }
 
 
