@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from maxinstr import config
+from maxinstr._files import real_dirs, replace_atomic
 from maxinstr._text import visible
 from maxinstr.cli import Seconds, UserError
 from maxinstr.errors import MaxinstrError
@@ -182,6 +183,11 @@ def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str 
     tool = find_tool("ncu", probe_version=False) if ncu_path is None else None
     if ncu_path is None and (tool is None or not tool.found):
         raise MaxinstrError(f"ncu is not installed: {env_info.tool('ncu').install_hint()}")
+    if out is None and run_dir is not None:
+        try:
+            real_dirs(run_dir, out_dir / "ncu-run")  # RUN/deep-dive: never a link planted there
+        except OSError as exc:
+            raise UserError(f"{exc.filename}: {exc.strerror}; ncu was not started") from None
     sv.ensure_dir(out_dir)
     for stale in (out_dir / "ncu.log", out_dir / "details.csv", rep):
         stale.unlink(missing_ok=True)
@@ -210,9 +216,9 @@ def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str 
     launches = dd.parse_ncu_csv((out_dir / "details.csv").read_text(encoding="utf-8", errors="replace"),
                                 str(out_dir / "details.csv"))
     verdicts = _print_verdicts(launches, as_json)
-    (out_dir / "verdict.json").write_text(json.dumps({
+    replace_atomic(out_dir / "verdict.json", (json.dumps({
         "choice": choice.to_json(), "ncu_command": ncu_cmd, "verdicts": verdicts,
-    }, indent=2) + "\n", encoding="utf-8")
+    }, indent=2) + "\n").encode("utf-8", "backslashreplace"))
     click.echo(f"maxinstr: files: report {rep} (open with `ncu-ui {rep}`), details {out_dir / 'details.csv'}, "
                f"verdict {out_dir / 'verdict.json'}, log {log}", err=True)
 

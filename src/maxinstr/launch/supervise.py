@@ -21,6 +21,8 @@ import subprocess
 from collections.abc import Callable
 from typing import IO
 
+from maxinstr._files import open_write_file
+
 # Lines that mean the run is already lost. Each is (label, regex). A match starts a short
 # grace period: a child that exits by itself in that time is simply reported as failed;
 # one that keeps running (a server that logged a traceback and hangs) is stopped.
@@ -163,7 +165,7 @@ def supervise(
     Raises FileNotFoundError when the executable does not exist.
     """
     patterns = compile_patterns(fatal_patterns or ())
-    log = open(log_path, "ab") if log_path else None
+    log = open_write_file(log_path) if log_path else None  # O_NOFOLLOW: never through a planted link
     start = time.monotonic()
     try:
         proc = subprocess.Popen(

@@ -599,7 +599,10 @@ def _clear_previous_run(path: Path) -> None:
         return  # not ours to delete
     if not isinstance(old, dict) or old.get("format") != fmt.FORMAT_NAME:
         return
-    shutil.rmtree(path / fmt.PARTS_DIR, ignore_errors=True)
+    parts = path / fmt.PARTS_DIR
+    if parts.is_symlink():
+        parts.unlink()  # a planted link: the link goes, its target is never touched nor written
+    shutil.rmtree(parts, ignore_errors=True)
     meta.unlink(missing_ok=True)
 
 

@@ -17,8 +17,12 @@ stops writing, and counts what it had to drop.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
+import secrets
+import socket
+import stat
 import threading
 import time
 import warnings
@@ -29,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from maxinstr._attrs import plain
+from maxinstr._files import open_write, real_dirs
 from maxinstr.rundir import format as fmt
 
 
@@ -69,7 +74,8 @@ def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
 
     With ``exclusive=True`` an existing file is left alone (returns False then).
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    _remove_stale_tmp(path)
+    tmp = path.with_name(f".{path.name}.{_HOST}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp")
     try:
         text = json.dumps(obj, indent=2, default=str, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError):  # a user value JSON refuses (a cycle, a huge int)
@@ -77,7 +83,7 @@ def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
     data = (text + "\n").encode("utf-8", "backslashreplace")  # a lone surrogate as its JSON escape
     data += b" " * (-(len(data) + _RESERVE_BYTES // 4) % _RESERVE_BYTES + _RESERVE_BYTES // 4)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = open_write(tmp, append=False, exclusive=True)  # nothing planted at tmp is written through
         try:
             _write_all(fd, data)
             os.fsync(fd)
@@ -87,6 +93,9 @@ def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
         tmp.unlink(missing_ok=True)
         if exc.errno in _FULL and not exclusive and _overwrite_in_place(path, data.rstrip(b" ")):
             return True
+        raise
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a signal mid-write (KeyboardInterrupt): no .tmp left behind
         raise
     try:
         if exclusive:
@@ -102,15 +111,46 @@ def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
             tmp.unlink()
 
 
+_HOST = hashlib.sha1(socket.gethostname().encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
+def _remove_stale_tmp(path: Path) -> None:
+    """Remove the temporary files a process of this host left beside ``path`` when it was killed
+    mid-write (a signal during session start left a run directory holding only
+    ``.meta.json.*.tmp``). Only this host's (a shared run directory on NFS has other hosts'
+    writers, whose pids mean nothing here), and only a dead process's."""
+    prefix = f".{path.name}.{_HOST}."
+    try:
+        names = [n for n in os.listdir(path.parent) if n.startswith(prefix) and n.endswith(".tmp")]
+    except OSError:
+        return
+    for name in names:
+        pid_text = name[len(prefix):].split(".", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+            continue  # alive: its write is under way
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):
+            continue
+        try:
+            os.unlink(path.parent / name)
+        except OSError:
+            pass
+
+
 def _overwrite_in_place(path: Path, text: bytes) -> bool:
     """Write ``text`` over ``path``'s own bytes, padded to its size (no new block needed)."""
     try:
-        fd = os.open(path, os.O_WRONLY)
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return False
     try:
-        size = os.fstat(fd).st_size
-        if len(text) > size:
+        st = os.fstat(fd)
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode) or len(text) > size:
             return False
         os.pwrite(fd, text + b" " * (size - len(text)), 0)
         return True
@@ -132,8 +172,8 @@ class _AppendFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self.size = os.fstat(self.fd).st_size if path.is_file() else 0
+        self.fd = open_write(path)  # O_NOFOLLOW: a planted link is refused, never written through
+        self.size = os.fstat(self.fd).st_size
 
     def append(self, data: bytes) -> None:
         if not data:
@@ -143,8 +183,7 @@ class _AppendFile:
         except OSError:
             # Keep the file aligned on whole records: drop what part of this batch got out.
             try:
-                if self.path.is_file():
-                    os.ftruncate(self.fd, self.size)
+                os.ftruncate(self.fd, self.size)
             except OSError:
                 pass
             raise
@@ -197,7 +236,8 @@ class PartWriter:
         """Create the part folder and its files now (raises OSError when it cannot)."""
         if self._opened:
             return
-        self.part_dir.mkdir(parents=True, exist_ok=True)
+        # RUN/parts/<part>: real folders, never a planted link (the run directory itself is the user's)
+        real_dirs(self.part_dir.parent.parent, self.part_dir)
         for name in (fmt.STRINGS_FILE, fmt.ATTRS_FILE, fmt.STAGES_FILE, fmt.EVENTS_FILE):
             self._files[name] = _AppendFile(self.part_dir / name)
         self._opened = True
