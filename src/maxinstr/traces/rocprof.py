@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+from typing import Any
 import re
 import sqlite3
 from dataclasses import dataclass, field
@@ -314,19 +315,25 @@ def _read_csv_pandas(path: Path) -> dict[str, np.ndarray] | None:
     except ImportError:
         return None
     head = _util.read_head(path, 2)
+    # gzip is inflated here, within maxinstr's bound (_util.inflate), never by pandas unbounded
+    source: Any = io.BytesIO(_util.read_bytes(path)) if head == _util.GZIP_MAGIC else path
     try:
-        with open(path, "rb") as fh:
-            header = next(csv.reader([fh.readline().decode("utf-8")]), [])
+        if isinstance(source, io.BytesIO):
+            first = source.readline()
+            source.seek(0)
+        else:
+            with open(path, "rb") as fh:
+                first = fh.readline()
+        header = next(csv.reader([first.decode("utf-8")]), [])
         if not header or len(set(header)) != len(header) or any("\x00" in h for h in header):
             return None
         use = [c for c in header if c in _USED_COLS]
         if not use:
             return {name: np.empty(0, dtype=object) for name in header}
         frame = pd.read_csv(
-            path,
+            source,
             usecols=use,
             dtype={c: "category" for c in use if c in _TEXT_COLS},
-            compression="gzip" if head == _util.GZIP_MAGIC else None,
             engine="c",
             keep_default_na=False,
             na_values=[""],
