@@ -23,10 +23,10 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCH
 MAX_JSON_DEPTH = 64  # maxinstr writes at most ~40 levels (user metadata is cut at 32)
 
 
-def read_regular(path: Path, error: MakeError) -> bytes | None:
-    """The bytes of the regular file ``path``; None when nothing is there. Anything else (a
-    FIFO, a device, a directory, a dangling or looping link, an unreadable file) raises
-    ``error(path, problem)``."""
+def open_regular(path: Path, error: MakeError) -> tuple[int, int] | None:
+    """``(fd, size)`` of the regular file ``path`` opened for reading (the caller closes fd);
+    None when nothing is there. Anything else (a FIFO, a device, a directory, a dangling or
+    looping link, an unreadable file) raises ``error(path, problem)``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -40,15 +40,60 @@ def read_regular(path: Path, error: MakeError) -> bytes | None:
         if not stat.S_ISREG(st.st_mode):
             kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
             raise error(path, f"not a regular file ({kind})")
-        chunks = []
-        left = st.st_size
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 24))
-            if not chunk:
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def read_at(fd: int, offset: int, size: int) -> bytes:
+    """``size`` bytes of ``fd`` from ``offset`` (fewer only at the end of the file)."""
+    chunks = []
+    while size > 0:
+        chunk = os.pread(fd, min(size, 1 << 24), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
+    """The ``[start, end)`` byte ranges of ``fd`` that hold data; the rest is holes (a sparse
+    file), which read as zeros. The whole file where the file system cannot tell."""
+    extents: list[tuple[int, int]] = []
+    pos = 0
+    try:
+        while pos < size:
+            try:
+                start = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as exc:
+                import errno
+
+                if exc.errno == errno.ENXIO:  # no data past pos: a hole to the end
+                    break
+                raise
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            if end <= start:
                 break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
+            extents.append((start, end))
+            pos = end
+    except (OSError, AttributeError):  # no SEEK_DATA here
+        return [(0, size)] if size else []
+    return extents
+
+
+def read_regular(path: Path, error: MakeError) -> bytes | None:
+    """The bytes of the regular file ``path``; None when nothing is there. Anything else (a
+    FIFO, a device, a directory, a dangling or looping link, an unreadable file) raises
+    ``error(path, problem)``."""
+    opened = open_regular(path, error)
+    if opened is None:
+        return None
+    fd, size = opened
+    try:
+        return read_at(fd, 0, size)
     except OSError as exc:
         raise error(path, f"cannot read: {exc.strerror or exc}") from None
     finally:

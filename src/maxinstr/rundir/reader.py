@@ -7,7 +7,8 @@ format are left out, counted and said in one note per file in :attr:`Run.notes`
 (:class:`Skipped`); only a file that is meaningless as a whole (meta.json unreadable or of
 another format or version, a special file, a stages.bin without one stage record) is a
 :class:`~maxinstr.errors.RunDirError` naming the file and the problem in one line
-(docs/formats.md, "Reading rules").
+(docs/formats.md, "Reading rules"). A part.json that cannot be read is a note (the part reads as
+if it had none), and a part with a file meaningless as a whole is left out of a run of several parts.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from maxinstr._files import MAX_JSON_DEPTH, parse_json, read_regular
+from maxinstr._files import MAX_JSON_DEPTH, data_extents, open_regular, parse_json, read_at, read_regular
 from maxinstr._text import safe_name
 from maxinstr.errors import RunDirError
 from maxinstr.rundir import format as fmt
@@ -152,9 +153,28 @@ def load(path: str | Path) -> Run:
     parts: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     samples: dict[str, Any] = {}
-    for index, pdir in enumerate(part_dirs):
-        info = _read_part(pdir, index, names, tables, attrs, events, samples, notes)
+    refused: list[RunDirError] = []
+    for pdir in part_dirs:
+        # a part is read into its own lists first: one whose files are meaningless as a whole
+        # (random bytes for stages.bin, a FIFO in place of a file) is left out with a note and
+        # the other parts are reported; a damaged neighbour never refuses what was recorded
+        part_attrs: dict[int, dict[str, Any]] = {}
+        part_events: list[dict[str, Any]] = []
+        part_notes: list[str] = []
+        part_tables: list[np.ndarray] = []
+        try:
+            info = _read_part(pdir, len(parts), names, part_tables, part_attrs, part_events, samples, part_notes)
+        except RunDirError as exc:
+            refused.append(exc)
+            notes.append(f"{exc}; that part ({pdir.name}) is left out")
+            continue
         parts.append(info)
+        tables += part_tables
+        attrs.update(part_attrs)
+        events += part_events
+        notes += part_notes
+    if refused and not parts:
+        raise refused[0]  # nothing of the run can be read: the first file that says why
 
     if tables:
         stages = np.concatenate(tables)
@@ -325,13 +345,19 @@ def _read_part(
 ) -> dict[str, Any]:
     info: dict[str, Any] = {}
     part_json = pdir / fmt.PART_FILE
-    data = read_regular(part_json, RunDirError)
-    if data is not None:
-        loaded = parse_json(data, part_json, RunDirError)
-        if not isinstance(loaded, dict):
-            raise RunDirError(part_json, "not a JSON object")
-        check_fields(loaded, part_json, _PART_FIELDS)
-        info.update(loaded)
+    try:
+        data = read_regular(part_json, RunDirError)
+        if data is not None:
+            loaded = parse_json(data, part_json, RunDirError)
+            if not isinstance(loaded, dict):
+                raise RunDirError(part_json, "not a JSON object")
+            check_fields(loaded, part_json, _PART_FIELDS)
+            info.update(loaded)
+    except RunDirError as exc:
+        # part.json only describes the part (pid, rank, status, counts): one that is torn (a
+        # kill mid-write) or damaged is read as a missing one, never refusing the part's records
+        notes.append(f"{exc}: the part is read without it (pid and rank from its folder name, "
+                     "its status and counts unknown)")
     pid, rank = _pid_rank_from_name(pdir.name)
     for key, fallback in (("pid", pid), ("rank", rank)):
         value = info.get(key)
@@ -484,18 +510,65 @@ def keep_rows(rows: np.ndarray, checks: list[tuple[np.ndarray, Callable[[int], s
     return rows[~bad]
 
 
+STAGE_CHUNK_ROWS = 1 << 20
+"""stages.bin is read and checked this many rows (72 MB) at a time: memory is the rows kept plus
+one chunk, whatever the file's size (a 20 GB sparse stages.bin was read whole, then MemoryError)."""
+
+
 def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
     skipped = Skipped(path, "row", " that are not stage records")
-    data = read_regular(path, RunDirError)
-    if data is None:
+    opened = open_regular(path, RunDirError)
+    if opened is None:
         return np.empty(0, dtype=fmt.STAGE_DTYPE), skipped
-    size = len(data)
-    count = size // fmt.STAGE_DTYPE.itemsize
-    rows = np.frombuffer(data, dtype=fmt.STAGE_DTYPE, count=count)
+    fd, size = opened
+    width = fmt.STAGE_DTYPE.itemsize
+    count = size // width
     skipped.total = count
-    torn = size - count * fmt.STAGE_DTYPE.itemsize
+    torn = size - count * width
     if torn:
-        skipped.torn = f"ignored a torn last record ({torn} of {fmt.STAGE_DTYPE.itemsize} bytes)"
+        skipped.torn = f"ignored a torn last record ({torn} of {width} bytes)"
+    kept: list[np.ndarray] = []
+    first_bad: tuple[int, str] | None = None
+    try:
+        row = 0
+        # the file's data extents: rows wholly inside a hole of a sparse file are zero rows, never
+        # a record (sequence 0), counted without being read
+        for start, end in data_extents(fd, count * width) + [(count * width, count * width)]:
+            lo, hi = start // width, min(-(-end // width), count)
+            if lo > row:
+                skipped.add(row, "record id 0 has sequence 0 (a zero-filled row?)", count=lo - row)
+                first_bad = first_bad or (row, "record id 0 has sequence 0 (a zero-filled row?)")
+            row = max(row, lo)
+            while row < hi:
+                n = min(STAGE_CHUNK_ROWS, hi - row)
+                data = read_at(fd, row * width, n * width)
+                rows = np.frombuffer(data, dtype=fmt.STAGE_DTYPE, count=len(data) // width)
+                good, bad = _check_stage_rows(rows, skipped, row)
+                first_bad = first_bad or bad
+                if len(good):
+                    kept.append(good)
+                row += len(rows)
+                if len(rows) < n:  # the file was cut while being read: what was read is all
+                    skipped.total = row
+                    break
+            if row < hi:
+                break
+    except OSError as exc:
+        raise RunDirError(path, f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if count and not kept:
+        number, why = first_bad or (0, "unreadable")
+        raise RunDirError(path, f"none of its {count} row(s) is a stage record (row {number}: {why}): "
+                                "file damaged or not a stages.bin")
+    if not kept:
+        return np.empty(0, dtype=fmt.STAGE_DTYPE), skipped
+    return (kept[0] if len(kept) == 1 else np.concatenate(kept)), skipped
+
+
+def _check_stage_rows(rows: np.ndarray, skipped: Skipped, offset: int) -> tuple[np.ndarray, tuple[int, str] | None]:
+    """The stage records among ``rows`` (row ``offset`` of the file onward), the others counted
+    in ``skipped``; and the first bad one's (number, why), or None."""
     if len(rows) and not rows.dtype.isnative:
         rows = rows.astype(rows.dtype.newbyteorder("="))
     timed = (rows["flags"] & fmt.GPU_TIMED) != 0
@@ -505,7 +578,7 @@ def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
         # near -2**63 once made a duration wrap around to -20 ns)
         return (rows[col] < 0) | (rows[col] >= fmt.MAX_TIME_NS)
 
-    rows = keep_rows(rows, [
+    checks = [
         ((rows["flags"] & ~np.uint16(fmt.KNOWN_FLAGS)) != 0,
          lambda i: f"flags 0x{int(rows['flags'][i]):04x} has bits maxinstr does not write"),
         # ids are (pid << 32) | seq with seq from 1: an all-zero row (a zero-filled block left by
@@ -516,8 +589,16 @@ def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
         (outside("host_start_ns") | outside("host_end_ns"), lambda i: "a host time outside [0, 2**62) ns"),
         (rows["host_end_ns"] < rows["host_start_ns"], lambda i: "it ends before it starts"),
         (timed & (outside("gpu_start_ns") | outside("gpu_end_ns")), lambda i: "a GPU time outside [0, 2**62) ns"),
-    ], skipped, "a stage record", "a stages.bin")
-    return rows, skipped
+    ]
+    bad = np.zeros(len(rows), dtype=bool)
+    for mask, _ in checks:
+        bad |= mask
+    if not bad.any():
+        return rows, None
+    first = int(np.argmax(bad))
+    why = next(describe(first) for mask, describe in checks if mask[first])
+    skipped.add(offset + first, why, count=int(bad.sum()))
+    return rows[~bad], (offset + first, why)
 
 
 def read_jsonl(path: Path) -> tuple[list[tuple[int, Any]], Skipped]:
