@@ -59,6 +59,7 @@ struct Process {
   // str/int/float/bool/None are replaced at stage exit by this hook's plain-data copy.
   PyObject* attrs_hook = nullptr;
   uint64_t attrs_unconverted = 0;  // the hook failed: those attrs were not kept (counted)
+  uint64_t depth_refused = 0;      // stages and marks not recorded: nested deeper than kMaxDepth
 };
 extern Process process;
 

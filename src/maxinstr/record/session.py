@@ -338,7 +338,9 @@ class Session:
             proc_mod.exit_process(reason="closed")
             self.closed = True
             return
-        with proc.lock:
+        if proc.root is self:
+            proc_mod.begin_close(proc)  # bounded whatever other threads record (issue 29)
+        with proc_mod.hold_interrupt() as interrupted, proc.lock:
             self.closed = True
             if self in proc.stack:
                 proc.stack.remove(self)
@@ -350,9 +352,11 @@ class Session:
                             entry["end_ns"] = clock_ns()
                             break
                     host._write_meta()
-                return
-            self.close_root("closed")
+            else:
+                self.close_root("closed")
         proc_mod.stop_flusher_if_idle(proc)
+        if interrupted:
+            raise KeyboardInterrupt  # the Ctrl-C that came while the run was being closed, now it is
 
     def close_root(self, reason: str) -> None:
         """Final flush and files of the process's root session (the caller holds the lock)."""
@@ -381,7 +385,7 @@ class Session:
         stats = native_stats()
         if self.sink is not None:
             self.sink.close(status=reason, closed_ns=clock_ns(), native=stats,
-                            dropped_records=self._drops.since_begin(stats))
+                            dropped_records=self._drops.since_begin(stats), **self._drops.losses(stats))
         if self.meta is not None:
             self.meta["status"] = "closed"
             self.meta["session"]["end_ns"] = clock_ns()

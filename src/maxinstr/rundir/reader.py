@@ -320,7 +320,8 @@ _PART_FIELDS: Fields = {
     "started_unix_ns": (lambda v: is_int(v, 0, 2**63), "a time in ns"),
     "ppid": (_count, "a process id"),
     **{key: (lambda v: is_int(v, 0, 2**63), "a count (an integer from 0)")
-       for key in ("rows_written", "dropped_records", "rows_dropped_disk")},
+       for key in ("rows_written", "dropped_records", "rows_dropped_disk", "attrs_dropped_disk", "attrs_dropped_close",
+                                  "attrs_unconverted", "depth_refused")},
 }
 
 
@@ -401,6 +402,7 @@ def _read_part(
         value = info.get(key)
         if value:
             notes.append(f"{pdir.name}: {value} stage record(s) dropped while recording ({why})")
+    notes += _loss_notes(pdir.name, info)
     rows, skipped = _read_stages(pdir / fmt.STAGES_FILE)
     info["rows"] = len(rows)
     said = info.get("rows_written")
@@ -434,6 +436,30 @@ def _read_part(
     if os.path.lexists(pdir / fmt.SAMPLES_FILE) or os.path.lexists(pdir / fmt.SAMPLES_LAYOUT_FILE):
         samples[pdir.name] = _read_samples(pdir, notes)
     return info
+
+
+_LOSSES = (
+    (None, "attrs_dropped_disk", "the attrs of {n} stage record(s) were not written (a disk error, or a file of the "
+                                 "run directory refused)"),
+    (None, "attrs_dropped_close", "the attrs of {n} stage record(s) were still unwritten when the session closed "
+                                  "(close writes attrs for at most 1 s, whatever other threads record): not kept"),
+    ("writer", "dropped_attrs", "the attrs of {n} stage record(s) were dropped while recording (the Python flusher "
+                                "fell a whole buffer behind the native writer)"),
+    (None, "attrs_unconverted", "the attrs of {n} stage record(s) could not be made data: not kept"),
+    (None, "depth_refused", "{n} stage(s) and mark(s) nested deeper than 32767 levels were not recorded"),
+)
+"""What part.json counts as lost (its own fields, written at close; the native writer's): each
+count above zero is a note of the report, never only a number in a file (issue 29)."""
+
+
+def _loss_notes(part: str, info: dict[str, Any]) -> list[str]:
+    out = []
+    for section, key, text in _LOSSES:
+        holder = info if section is None else info.get(section)
+        value = holder.get(key) if isinstance(holder, dict) else None
+        if is_int(value, 1, 2**63):
+            out.append(f"{part}: " + text.format(n=value))
+    return out
 
 
 def missing_name(name_id: int | str, part: str) -> str:
