@@ -29,6 +29,7 @@ from maxinstr.analyze.schema import (SCHEMA, VERSION, Coverage, Environment, Gpu
 from maxinstr.analyze.stats import group_summaries, step_trend
 from maxinstr.attribute import attribute
 from maxinstr.attribute.model import JoinMethod
+from maxinstr.columns import factorize
 
 if TYPE_CHECKING:
     from maxinstr.attribute.model import Attribution
@@ -184,8 +185,11 @@ def analyze(run: str | Path | Run | None = None,
     attrs = getattr(run, "attrs", None) if run is not None else None
     report["stages"] = _stage_rows(inst, head, mix, sample_stats, work, attrs, graph_ops)
     report["ranks"] = _ranks(inst, run, trace, fam, dur, op_rank)
-    marks, mark_counts = (np.unique(inst.key[inst.is_mark].astype(str), return_counts=True) if inst.is_mark.any()
-                          else (np.empty(0, str), np.empty(0, np.int64)))
+    if inst.is_mark.any():
+        marks, mark_code = factorize(inst.key[inst.is_mark])
+        mark_counts = np.bincount(mark_code, minlength=len(marks))
+    else:
+        marks, mark_counts = np.empty(0, object), np.empty(0, np.int64)
     report["marks"] = {str(k): int(c) for k, c in zip(marks, mark_counts)}
     report["startup"] = _startup_rows(inst)
     report["gpu"] = _gpu_section(trace, attribution, fam, dur)

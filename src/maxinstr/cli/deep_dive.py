@@ -13,7 +13,7 @@ import click
 
 from maxinstr import config
 from maxinstr._files import real_dirs, replace_atomic
-from maxinstr._text import visible
+from maxinstr._text import shown, visible
 from maxinstr.cli import Seconds, UserError
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import deep_dive as dd
@@ -230,14 +230,19 @@ def _interactive() -> bool:
 def _confirm_recorded(app: list[str], specs: list[str], where: Path, yes: bool) -> None:
     """A command read from a file (a run directory may come from anyone) runs only when the user
     says so: shown, then confirmed on a terminal (default no), or ``--yes``; refused otherwise."""
-    click.echo(f"maxinstr: the program to re-run under ncu comes from {visible(str(where))}:", err=True)
-    click.echo(f"    {visible(shlex.join(app))}", err=True)
+    text = shlex.join(app)
+    click.echo(f"maxinstr: the program to re-run under ncu comes from {shown(str(where))}:", err=True)
+    click.echo(f"    {shown(text)}", err=True)
     for spec in specs:
-        click.echo(f"    with --stage {visible(spec)} (imports its module in the program)", err=True)
+        click.echo(f"    with --stage {shown(spec)} (imports its module in the program)", err=True)
     if yes:
         return
     if not _interactive():
         raise UserError(f"{where}: a command read from a file is run only when you confirm it: "
+                        "give --yes to run it, or the command to run after --; ncu was not started")
+    if shown(text) != visible(text) or any(shown(s) != visible(s) for s in specs):
+        # what is asked about must be seen whole: a payload past the cut would pass unseen
+        raise UserError(f"{where}: the recorded command is too long to show ({len(text):,} characters): "
                         "give --yes to run it, or the command to run after --; ncu was not started")
     if not click.confirm("Run it?", default=False, err=True):
         raise click.Abort()

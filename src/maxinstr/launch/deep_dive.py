@@ -127,10 +127,11 @@ def stage_ops(analysis: Any, stage: str) -> tuple[np.ndarray, np.ndarray, int, s
     from maxinstr.analyze.kernels import op_instance_pairs
 
     inst, trace = analysis.instances, analysis.trace
-    keys = inst.key.astype(str) if len(inst) else np.empty(0, dtype=str)
-    sel = keys == stage
+    # compared as objects: a fixed-width copy of the names is instances x the longest name
+    keys = np.asarray(inst.key, dtype=object) if len(inst) else np.empty(0, dtype=object)
+    sel = np.fromiter((k == stage for k in keys.tolist()), bool, len(keys))
     if not sel.any():
-        sel = inst.name.astype(str) == stage if len(inst) else sel
+        sel = np.fromiter((k == stage for k in np.asarray(inst.name, dtype=object).tolist()), bool, len(keys))
     if not sel.any():
         raise MaxinstrError(f"{trace.source}: no range named {stage!r} in the trace")
     matched = ", ".join(sorted(set(keys[sel].tolist())))

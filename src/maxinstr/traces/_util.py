@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from maxinstr._text import safe_name
+from maxinstr.columns import factorize
 from maxinstr.errors import TraceError
 from maxinstr.traces.model import NO_ID, RangeStyle, Ranges, StringTable
 
@@ -135,7 +136,7 @@ def _strict_int(value) -> int:
 
 def trailing_int(values: np.ndarray, path: object, what: str) -> np.ndarray:
     """Integers from strings like ``"Agent 1"`` or ``"1"`` (parsed once per distinct value)."""
-    uniques, inverse = np.unique(np.asarray(values).astype(str), return_inverse=True)
+    uniques, inverse = factorize(values)
     parsed = np.empty(len(uniques), dtype=np.int64)
     for i, u in enumerate(uniques):
         digits = u.rstrip()

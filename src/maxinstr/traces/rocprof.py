@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from maxinstr.columns import isin_strings, per_string
 from maxinstr.errors import TraceError
 from maxinstr.traces import _util
 from maxinstr.traces._util import Progress, int_column, pair_push_pop, ranges_table, report, trailing_int
@@ -235,9 +236,8 @@ def _marker_styles(start: np.ndarray, end: np.ndarray, tid: np.ndarray, op_names
     """Style of paired marker rows: marks are instants, start/stop ranges have no thread (tid 0)."""
     style = np.full(len(start), int(RangeStyle.PUSH_POP), np.int8)
     if op_names is not None:
-        ops = np.asarray(op_names).astype(str)
-        style[np.isin(ops, list(_START_OPS))] = int(RangeStyle.START_END)
-        style[np.isin(ops, list(_MARK_OPS))] = int(RangeStyle.MARK)
+        style[isin_strings(op_names, _START_OPS)] = int(RangeStyle.START_END)
+        style[isin_strings(op_names, _MARK_OPS)] = int(RangeStyle.MARK)
     else:
         style[tid == 0] = int(RangeStyle.START_END)
         style[start == end] = int(RangeStyle.MARK)
@@ -254,9 +254,9 @@ def _markers_from_rows(
     notes: list[str],
 ) -> dict:
     """Marker rows -> range columns. Raw push/pop rows are paired; paired rows are kept."""
-    ops = np.asarray(op_names).astype(str) if op_names is not None else np.asarray(name).astype(str)
-    is_push = np.isin(ops, list(_RAW_PUSH))
-    is_pop = np.isin(ops, list(_RAW_POP))
+    ops = op_names if op_names is not None else name
+    is_push = isin_strings(ops, _RAW_PUSH)
+    is_pop = isin_strings(ops, _RAW_POP)
     raw = is_pop.any()
     if raw:
         idx = np.flatnonzero(is_push | is_pop)
@@ -506,7 +506,7 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
                 )
                 if src is not None and dst is not None:
                     src, dst = _gpu_ordinals(src, agents, parts.notes), _gpu_ordinals(dst, agents, parts.notes)
-                    to_device = np.char.find(direction.astype(str), "HOST_TO_DEVICE") >= 0
+                    to_device = per_string(direction, lambda d: "HOST_TO_DEVICE" in d)
                     device = np.where(to_device, dst, src)
                 else:
                     device = np.full(n, NO_ID)
@@ -853,25 +853,25 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
         "ttsiiis",
     )
     if len(start):
-        cat = cat.astype(str)
+        cat = np.asarray(cat, dtype=object)  # tested per distinct category (no fixed-width copy)
         pid = _ints_or(pid, path, "pid")
         tid = _ints_or(tid, path, "tid")
         corr = _ints_or(corr, path, "correlation_id")
-        is_marker = np.char.startswith(cat, "MARKER")
-        is_api = ~is_marker & (np.char.find(cat, "_API") >= 0) & ~np.char.startswith(cat, "HSA")
+        is_marker = per_string(cat, lambda c: c.startswith("MARKER"))
+        is_api = ~is_marker & per_string(cat, lambda c: "_API" in c and not c.startswith("HSA"))
         # (only the rows read as ranges or calls are checked: other categories' times are unused)
         start, end, name, pid, tid, corr, cat, is_marker, is_api = checked(
             "rocpd_region", [start, end, name, pid, tid, corr, cat, is_marker, is_api], is_marker | is_api)
         m = np.flatnonzero(is_marker)
         if len(m):
-            ops = np.where(np.char.find(cat[m], "RANGE") >= 0, "roctxRangeStartA", "roctxRangePushA")
+            ops = np.where(per_string(cat[m], lambda c: "RANGE" in c), "roctxRangeStartA", "roctxRangePushA")
             ops = np.where(start[m] == end[m], "roctxMarkA", ops)
             parts.markers.append(
                 _markers_from_rows(start[m], end[m], name[m].astype(object), tid[m], pid[m], ops, parts.notes)
             )
         a = np.flatnonzero(is_api)
         parts.calls.append(dict(start=start[a], end=end[a], tid=tid[a], pid=pid[a], corr=corr[a], name=name[a]))
-        meta["region_categories"] = sorted(set(cat.tolist()))
+        meta["region_categories"] = sorted({str(c) for c in cat.tolist()})
 
     report(progress, "reading rocpd kernel dispatches")
     agent = src.get("rocpd_info_agent")
