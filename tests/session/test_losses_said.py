@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 import maxinstr
 from maxinstr import _native
+from maxinstr.errors import RunDirError
 from maxinstr.rundir import format as fmt
 from maxinstr.rundir.writer import PartWriter, attrs_line, attrs_lines
 
@@ -228,3 +229,36 @@ def test_the_native_attrs_lines_are_the_python_lines(pairs):
     assert data == b"".join(attrs_line(r, a) for r, a in simple)
     for line in data.splitlines():
         json.loads(line)
+
+
+def test_a_signal_while_the_session_starts_leaves_no_lasting_temporary(tmp_path):
+    """SIGTERM while meta.json's temporary file is being written (the signal sent from inside
+    the write, so always then): the directory holds only that temporary; the reader says what
+    happened, and the next session there removes it (its writer is dead) and records."""
+    run = tmp_path / "run"
+    res = _python(tmp_path, """
+        import os, signal, sys
+        from maxinstr.rundir import writer
+        real = writer._write_all
+        def write_all(fd, data):
+            real(fd, data[:10])
+            os.kill(os.getpid(), signal.SIGTERM)  # killed mid-write, at session start
+        writer._write_all = write_all
+        import maxinstr
+        with maxinstr.session(sys.argv[1], sample_hz=0):
+            pass
+    """, str(run))
+    assert res.returncode == -15, res.stderr
+    left = [p.name for p in run.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".meta.json.") and left[0].endswith(".tmp"), left
+    with pytest.raises(RunDirError, match="a session was killed while it started"):
+        maxinstr.load(run)
+    res = _python(tmp_path, """
+        import sys, maxinstr
+        with maxinstr.session(sys.argv[1], sample_hz=0):
+            with maxinstr.stage("s"):
+                pass
+    """, str(run))
+    assert res.returncode == 0, res.stderr
+    assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
+    assert len(maxinstr.load(run)) == 1

@@ -121,13 +121,9 @@ def discover(run_dir: str, meta: dict, trace_path: str | None, unprofiled: str |
 
 def load_report_file(path: str) -> Report:
     """A saved JSON report (``--format json`` output)."""
-    from maxinstr.render.json import load
+    from maxinstr.analyze.schema_check import read_report
 
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise MaxinstrError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    return load(text, path)
+    return read_report(path)  # a regular file only, every field of its type
 
 
 def _is_bare_trace(path: str) -> bool:

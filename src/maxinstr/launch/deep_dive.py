@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -575,14 +574,8 @@ def verdict_lines(verdict: Verdict, rules: list[dict[str, str]] | None = None) -
 
 
 def load_report_json(path: str | Path) -> dict:
-    """A report JSON document, or a one-line error naming the file."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise MaxinstrError(f"{path}: cannot read: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise MaxinstrError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(data, dict):
-        raise MaxinstrError(f"{path}: expected a JSON object")
-    return data
+    """A saved report, checked as `maxinstr report REPORT.json` checks it (a regular file, its
+    schema, version and field types), or a one-line error naming the file."""
+    from maxinstr.analyze.schema_check import read_report
+
+    return dict(read_report(path))

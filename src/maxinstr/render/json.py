@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -88,15 +88,8 @@ def _layout(obj: Any, level: int, pad: str, out: list[str]) -> None:
 
 
 def load(text: str, source: str = "<report>") -> Report:
-    """Parse a JSON report, checking its schema and version (MaxinstrError otherwise)."""
-    from maxinstr.errors import MaxinstrError
+    """Parse a JSON report, checking its schema, version and field types (MaxinstrError
+    otherwise): :func:`maxinstr.analyze.schema_check.load_report`."""
+    from maxinstr.analyze.schema_check import load_report
 
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise MaxinstrError(f"{source}: not JSON ({str(exc).splitlines()[0]})") from None
-    if not isinstance(doc, dict) or doc.get("schema") != "maxinstr-report":
-        raise MaxinstrError(f"{source}: not a maxinstr report (\"schema\" is not \"maxinstr-report\")")
-    if doc.get("version") != 1:
-        raise MaxinstrError(f"{source}: report version {doc.get('version')!r} is not supported (this maxinstr reads 1)")
-    return cast("Report", doc)  # a version-1 report: its keys are read defensively (analyze/schema.py)
+    return load_report(text, source)

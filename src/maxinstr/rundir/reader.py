@@ -208,6 +208,13 @@ def read_meta(path: Path) -> dict[str, Any]:
     """A run's meta.json, checked (RunDirError naming the file and the problem)."""
     data = read_regular(path, RunDirError)
     if data is None:
+        try:
+            started = any(n.startswith(f".{path.name}.") and n.endswith(".tmp") for n in os.listdir(path.parent))
+        except OSError:
+            started = False
+        if started:  # a session killed while it wrote its first meta.json
+            raise RunDirError(path, "missing meta.json: a session was killed while it started (only its temporary "
+                                    "file is there); nothing was recorded")
         raise RunDirError(path, "missing meta.json: not a maxinstr run directory")
     meta = parse_json(data, path, RunDirError)
     if not isinstance(meta, dict) or meta.get("format") != fmt.FORMAT_NAME:
