@@ -104,12 +104,16 @@ def discover(run_dir: str, meta: dict, trace_path: str | None, unprofiled: str |
     notes: list[str] = []
     prof = meta.get("profiler") if isinstance(meta, dict) else None
     if trace_path is None and isinstance(prof, dict) and prof.get("trace"):
-        from maxinstr.rundir.format import run_artifact
+        from maxinstr.rundir.format import inside, run_artifact
 
         found = run_artifact(run_dir, prof["trace"])
+        recorded = Path(str(prof["trace"]))
         if found:
             trace_path = found
             notes.append(f"trace {found} found in meta.json (profiler.trace)")
+        elif not inside(run_dir, recorded if recorded.is_absolute() else Path(run_dir) / recorded):
+            notes.append(f"meta.json names the trace {prof['trace']}, outside the run directory: not read "
+                         "(give --trace to use it)")
         else:
             notes.append(f"meta.json names the trace {prof['trace']}, which is missing: no kernels in this report")
     warm = Path(run_dir) / WARM_RUN_DIR

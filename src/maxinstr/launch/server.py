@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from maxinstr import config
-from maxinstr._files import open_write_file
+from maxinstr._files import LINK_REFUSED, open_write_file
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import runner
 from maxinstr.launch import supervise as sv
@@ -411,6 +411,10 @@ def profile_window(
         raise _refuse(state, problem, "no window was captured")
     k = len(state.windows) + 1
     output = state.run_dir / f"window-{k}"
+    for ext in (".nsys-rep", ".sqlite", ".qdstrm", ".bench.log"):
+        planted = state.run_dir / f"window-{k}{ext}"
+        if planted.is_symlink():  # nsys and the benchmark's log would write through it
+            raise MaxinstrError(f"{planted}: {LINK_REFUSED}: remove it; no window was captured")
     nsys = _nsys_now(state, say) if state.profiler == "nsys" else _nsys(None)
     if state.profiler == "nsys":
         # The session may not be registered yet right after launch: retry briefly.
