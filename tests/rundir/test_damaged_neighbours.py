@@ -181,3 +181,24 @@ def test_chunked_reading_matches_whole_reading(tmp_path, monkeypatch):
     assert np.array_equal(whole.stages, chunked.stages) and len(chunked) == 46
     assert whole.notes == chunked.notes
     assert any("skipped 4 of 50 row(s) that are not stage records (first: row 3, flags 0x8000" in n for n in chunked.notes)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda doc: doc["row"]["fields"][0].update(name="x"),  # no t_ns: was a ValueError inside the HTML view
+    lambda doc: doc["row"]["fields"][0].update(type="<f8"),  # t_ns not an integer
+    lambda doc: doc.update(devices="gpu0"),
+    lambda doc: doc.update(errors=[1, 2]),
+])
+def test_a_samples_layout_without_its_columns_is_a_note_and_every_view_renders(three_parts, tmp_path, edit):
+    from maxinstr.analyze.report import analyze
+    from maxinstr.render import html as rhtml
+    from maxinstr.render import text
+
+    root = _copy(three_parts, tmp_path / "run")
+    part = next(p for p in sorted((root / "parts").iterdir()) if (p / "samples.json").exists())
+    doc = json.loads((part / "samples.json").read_text())
+    edit(doc)
+    (part / "samples.json").write_text(json.dumps(doc))
+    analysis = analyze(run=root)
+    assert any(n.startswith(f"{part}: samples not read") for n in analysis.run.notes), analysis.run.notes
+    assert rhtml.render(analysis.report, analysis) and text.render(analysis.report)
