@@ -164,13 +164,31 @@ def _recorded_run(tmp_path: Path, command: list[str], specs: list[str] | None = 
     """A run directory whose launch.json names ``command`` and whose trace is a real nsys one."""
     run = tmp_path / "run"
     run.mkdir()
+    (run / "profile.sqlite").write_bytes((DATA / "nsys" / "h200_decode.sqlite").read_bytes())
     (run / "meta.json").write_text(json.dumps({"format": "maxinstr-run", "version": 1, "status": "closed"}))
     (run / "launch.json").write_text(json.dumps({
         "command": command, "stage_specs": specs or [],
         "profiler": {"name": "nsys", "capture": "all"},
-        "artifact": {"files": {"trace": str(DATA / "nsys" / "h200_decode.sqlite")}},
+        "artifact": {"files": {"trace": str(run / "profile.sqlite")}},
     }))
     return run
+
+
+def test_a_trace_a_run_names_outside_itself_is_not_read(tmp_path):
+    """meta.json's profiler.trace naming a file elsewhere: `report` neither reads it nor runs
+    `nsys export` beside it (a copied run would write next to a file the user never named)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "victim.nsys-rep").write_bytes(b"not yours")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "meta.json").write_text(json.dumps({"format": "maxinstr-run", "version": 1, "status": "closed",
+                                               "profiler": {"name": "nsys", "trace": str(elsewhere / "victim.nsys-rep")}}))
+    res = run_cli(["report", str(run)], base_env(FAKE_NSYS_LOG=str(tmp_path / "nsys.jsonl")))
+    assert res.returncode == 0, res.stderr
+    assert "outside the run directory: not read (give --trace to use it)" in res.stdout
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["victim.nsys-rep"]  # nothing exported beside it
+    assert not (tmp_path / "nsys.jsonl").exists()
 
 
 def test_deep_dive_does_not_run_a_recorded_command_unconfirmed(tmp_path):
