@@ -23,10 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from maxinstr._text import DISPLAY_CHARS
 from maxinstr.analyze.report import analyze, build_report
 from maxinstr.analyze.timeline import timeline
-from maxinstr.columns import factorize, isin_strings
 from maxinstr.render import html as rhtml
 from maxinstr.render import json as rjson
 from maxinstr.render import markdown, perfetto, text
@@ -75,6 +73,8 @@ def test_a_huge_name_is_cut_in_every_view(big_name, view):
     else:
         out = perfetto.render(report, big_name)
     assert len(out) < 400_000, len(out)  # the name alone is 2 MB: it is never written whole
+    from maxinstr._text import DISPLAY_CHARS
+
     # the cut said ("…" is "\u2026" in the Perfetto JSON)
     assert f" (+{BIG + 5 - DISPLAY_CHARS:,} characters)" in out
 
@@ -86,6 +86,8 @@ def test_the_json_report_keeps_the_name_whole(big_name):
 
 def test_name_columns_take_no_fixed_width_copy():
     """200,000 rows, one of them a 4 MB name: the fixed-width copy would be 3.2 TB."""
+    from maxinstr.columns import factorize, isin_strings
+
     col = np.array(["decode", "sample"] * 100_000, dtype=object)
     col[123] = "x" * (4 << 20)
     tracemalloc.start()
@@ -103,6 +105,8 @@ def test_name_columns_take_no_fixed_width_copy():
 
 @pytest.mark.parametrize("seed", range(5))
 def test_factorize_is_np_unique_of_the_strings(seed):
+    from maxinstr.columns import factorize
+
     rng = np.random.default_rng(seed)
     words = np.array(["", "a", "b", "ab", "é", "\u2028", "a b", None, 3], dtype=object)
     col = words[rng.integers(0, len(words), 500)]

@@ -12,9 +12,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from maxinstr.analyze.schema_check import load_report
 from maxinstr.cli.report import render
 from maxinstr.errors import MaxinstrError
+from maxinstr.render.json import load
 
 SAVED = Path(__file__).resolve().parents[1] / "data" / "reports" / "h200_kvcache_b16.report.json"
 DOC = json.loads(SAVED.read_text())
@@ -51,7 +51,7 @@ def test_an_edited_saved_report_renders_or_is_one_line(where, value, fmt):
     doc = json.loads(json.dumps(DOC))
     _set(doc, where, value)
     try:
-        report = load_report(json.dumps(doc), "saved.json")
+        report = load(json.dumps(doc), "saved.json")  # what `maxinstr report saved.json` reads it with
     except MaxinstrError as exc:
         said = str(exc)
         assert said.startswith("saved.json: ") and "\n" not in said, said

@@ -29,7 +29,7 @@ import maxinstr
 from maxinstr import _native
 from maxinstr.errors import RunDirError
 from maxinstr.rundir import format as fmt
-from maxinstr.rundir.writer import PartWriter, attrs_line, attrs_lines
+from maxinstr.rundir.writer import PartWriter, attrs_line
 
 
 def _python(tmp_path: Path, body: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -222,6 +222,8 @@ SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), 
 def test_the_native_attrs_lines_are_the_python_lines(pairs):
     """The C++ encoder writes exactly the bytes json.dumps does (control characters, quotes,
     surrogates, NaN, 1e+16, -0.0, ints past int64 and lists go to the Python path)."""
+    from maxinstr.rundir.writer import attrs_lines
+
     assert attrs_lines(pairs) == b"".join(attrs_line(r, a) for r, a in pairs) or \
         sorted(attrs_lines(pairs).splitlines()) == sorted(b"".join(attrs_line(r, a) for r, a in pairs).splitlines())
     data, rest = _native.attrs_lines(pairs)
