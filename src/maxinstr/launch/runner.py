@@ -289,12 +289,15 @@ def merge_meta(run_dir: Path, profiler: Profiler, wrapped: list[str], artifact: 
                maxinstr_command: list[str] | None = None) -> bool:
     """Record the profiler in the session's meta.json (after the child closed it), and the
     `maxinstr run` command that makes the run again (:func:`rerun_command`)."""
+    from maxinstr._files import parse_json, read_regular
+
     meta_path = run_dir / "meta.json"
-    if not meta_path.exists():
-        return False
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        data = read_regular(meta_path, MaxinstrError)  # a regular file only: a FIFO never blocks
+        meta = parse_json(data, meta_path, MaxinstrError) if data is not None else None
+    except MaxinstrError:
+        return False
+    if not isinstance(meta, dict):
         return False
     if profiler.name == "none":
         meta["profiler"] = None

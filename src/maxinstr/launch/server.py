@@ -354,6 +354,10 @@ def start_server(
             old = None  # damaged: nothing in it is trusted, and it is replaced
         if old is not None and verify(old) is None:
             raise MaxinstrError(f"{run_dir}: a server started here is still running (pid {old.pid}); `maxinstr server stop {run_dir}` first")
+        if old is not None and old.alive() and (_environ(old.pid) or {}).get(config.RUN_DIR) == str(run_dir):
+            # started for this directory, but by a maxinstr that recorded nothing to verify it by
+            raise MaxinstrError(f"{run_dir}: a server started here (pid {old.pid}) may still be running and cannot be "
+                                "verified (server.json from an older maxinstr): stop it yourself first")
     spec = runner.RunSpec(command=command, run_dir=run_dir)
     env = runner.child_env(spec, runner.RunOptions(stage_specs=list(stage_specs or [])), run_dir)
     token = secrets.token_hex(16)
