@@ -151,12 +151,12 @@ def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str 
         choice.launch_skip = launch_skip
     what = "the stage's" if choice.stage else "all"
     share = f", {choice.share:.0%} of {what} GPU time (as the report counts it)" if choice.share is not None else ""
-    click.echo(f"maxinstr: kernel: {choice.name}", err=True)
+    click.echo(f"maxinstr: kernel: {shown(choice.name)}", err=True)
     click.echo(f"maxinstr:   {choice.count} launches, {choice.total_ns / 1e6:.3f} ms{share}; "
                f"steady-state instance = launch {choice.launch_skip} of its function name"
                + (" counted from the capture start" if from_capture else ""), err=True)
     for note in choice.notes:
-        click.echo(f"maxinstr:   note: {note}", err=True)
+        click.echo(f"maxinstr:   note: {shown(note)}", err=True)
 
     env_info = detect_environment(tools=("ncu",), probe_versions=False)
     if env_info.vendor == "amd":
@@ -255,5 +255,5 @@ def _print_verdicts(launches: list[dd.NcuLaunch], as_json: bool) -> list[dict[st
     else:
         for launch, verdict in zip(launches, verdicts):
             for line in dd.verdict_lines(verdict, launch.rules):
-                click.echo(line)
+                click.echo(shown(line))  # names from a CSV are data: cut, control characters escaped
     return [v.to_json() for v in verdicts]
