@@ -198,12 +198,14 @@ class _AppendFile:
             return
         try:
             _write_all(self.fd, data)
-        except OSError:
+        except OSError as exc:
             # Keep the file aligned on whole records: drop what part of this batch got out.
             try:
                 os.ftruncate(self.fd, self.size)
             except OSError:
                 pass
+            if exc.filename is None:  # the warning names the file that failed (attrs.jsonl, not the part)
+                raise OSError(exc.errno, exc.strerror, str(self.path)) from None
             raise
         self.size += len(data)
 
