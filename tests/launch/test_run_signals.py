@@ -6,7 +6,6 @@ maxinstr exits with the status the shell gives a death by it."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
