@@ -31,6 +31,15 @@ def bystander():
     proc.wait()
 
 
+@pytest.fixture
+def dead_pid() -> int:
+    """The pid of a process that has exited: a server.json naming it names no one (never a
+    made-up number, which could be someone's process group on a shared machine)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
 def _payload(tmp_path: Path) -> tuple[Path, Path]:
     """A program that leaves a file behind when it runs, and that file."""
     marker = tmp_path / "payload-ran"
@@ -128,10 +137,10 @@ def test_server_json_names_another_run_directory_it_is_never_written(tmp_path, b
     ({"log": None}, '"log" is not a path'),
     ({"run_dir": None}, '"run_dir" is not a path'),
 ])
-def test_a_malformed_server_json_is_one_line(tmp_path, doc, problem):
+def test_a_malformed_server_json_is_one_line(tmp_path, doc, problem, dead_pid):
     """Point 9: not KeyError / TypeError from inside maxinstr."""
     run = tmp_path / "run"
-    _server_json(run, **{"pid": 12345, **doc})
+    _server_json(run, **{"pid": dead_pid, **doc})
     for verb in (["stop"], ["window", "--duration", "0.1"]):
         res = run_cli(["server", *verb, str(run)], base_env())
         assert res.returncode == 2, res.stderr
