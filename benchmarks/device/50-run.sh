@@ -25,7 +25,7 @@ python3 $W/check_capture.py "$out/decode" 2>&1 | tee "$out/check-decode.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 
 echo "== 2. deep dive (real ncu) on decode's dominant kernel"
-python3 -m maxinstr deep-dive "$out/decode" --stage decode --timeout 110 > "$out/deep-dive.txt" 2>&1 || rc=1
+python3 -m maxinstr deep-dive "$out/decode" --stage decode --yes --timeout 110 > "$out/deep-dive.txt" 2>&1 || rc=1
 cat "$out/deep-dive.txt"
 cp "$out/decode/deep-dive/details.csv" "$out/ncu-details.csv" 2>/dev/null
 tail -5 "$out/decode/deep-dive/ncu.log" 2>/dev/null

@@ -29,7 +29,9 @@
 #include "markers.h"
 #include "placer.h"
 #include "probes.h"
+#include "attrs_json.h"
 #include "profiler.h"
+
 #include "records.h"
 #include "stage.h"
 #include "state.h"
@@ -366,13 +368,13 @@ PyObject* py_stats(PyObject*, PyObject*) {
   if (!d) return nullptr;
   {
     PyObject* b = Py_BuildValue(
-        "{sdsdsLsKsKsKsKsKsK}", "gpu_budget", events.gpu_budget, "gpu_budget_tokens_ns", events.budget_tokens_ns,
+        "{sdsdsLsKsKsKsKsKsKsK}", "gpu_budget", events.gpu_budget, "gpu_budget_tokens_ns", events.budget_tokens_ns,
         "gpu_cost_ns", (long long)events.gpu_cost_ns,
         "gpu_sampled_out", (unsigned long long)events.gpu_sampled_out, "event_elapsed_async",
         (unsigned long long)placer::state.calls.load(), "placer_ns", (unsigned long long)placer::state.ns.load(),
         "placer_batches", (unsigned long long)placer::state.batches.load(), "placer_errors",
         (unsigned long long)placer::state.errors.load(), "attrs_unconverted",
-        (unsigned long long)process.attrs_unconverted);
+        (unsigned long long)process.attrs_unconverted, "depth_refused", (unsigned long long)process.depth_refused);
     if (!b || PyDict_Update(d, b) < 0) {
       Py_XDECREF(b);
       Py_DECREF(d);
@@ -461,6 +463,8 @@ void atfork_child() {
   name_table.reported = 0;
   completed.records = 0;
   completed.dropped_records = 0;
+  process.attrs_unconverted = 0;  // per-process counts: the child's part says its own
+  process.depth_refused = 0;
   events.pending.clear();
   events.slots.clear();
   events.ctxs.clear();
@@ -505,6 +509,7 @@ PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_native", "maxinstr native sta
 // The functions of the other units, added after the module's own.
 PyMethodDef* const unit_methods[] = {
     stage_module_methods, profiler_methods, cupti_link_methods, launch_tags_methods, cupti_buffers_methods,
+    attrs_json_methods,
 #if MAXINSTR_BENCH_PROBES
     probe_methods,
 #endif

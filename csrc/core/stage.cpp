@@ -75,6 +75,23 @@ void stage_dealloc(PyObject* o) {
     PyObject_Free(o);
 }
 
+// The depth column is an int16 (STAGE_DTYPE): 32,767 levels below a top-level stage. Deeper
+// stages and marks are not recorded (their `with` block runs as usual), counted in stats()
+// ["depth_refused"] (part.json, the report's notes) and warned once: a wrapped depth read as
+// negative and the records were skipped by the reader, without a word at record time.
+constexpr int kMaxDepth = INT16_MAX;
+
+bool refuse_depth(StageObject* parent) {
+  if (LIKELY(!parent || parent->rec.depth < kMaxDepth)) return false;
+  if (process.depth_refused++ == 0) {
+    add_error("stages nested deeper than 32767 levels are not recorded");
+    if (PyErr_WarnEx(PyExc_RuntimeWarning,
+                     "maxinstr: stages nested deeper than 32767 levels are not recorded (counted in the run)", 1) < 0)
+      PyErr_Clear();  // warnings turned into errors: the program is never broken for it
+  }
+  return true;
+}
+
 PyObject* stage_enter(PyObject* o, PyObject*) {
   StageObject* s = (StageObject*)o;
   if (UNLIKELY(s->state != ST_IDLE && s->gen == process.fork_gen)) {
@@ -84,6 +101,10 @@ PyObject* stage_enter(PyObject* o, PyObject*) {
   ThreadState* ts = get_ts();
   if (UNLIKELY(!ts->stack.empty() && ts->stack.back()->state == ST_ZOMBIE)) pop_zombies(ts);
   StageObject* parent = innermost_open(ts);
+  if (UNLIKELY(refuse_depth(parent))) {
+    Py_INCREF(o);  // not recorded: the stage stays idle, so its exit does nothing
+    return o;
+  }
   // before this stage is open, its range pushed or its GPU event recorded: a capture the
   // trigger starts holds the whole instance
   if (UNLIKELY(process.steady_n >= 0)) steady_enter(s->rec.name_id, parent == nullptr);
@@ -527,6 +548,10 @@ PyObject* py_mark(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* 
   }
   ThreadState* ts = get_ts();
   StageObject* parent = innermost_open(ts);
+  if (UNLIKELY(refuse_depth(parent))) {
+    Py_XDECREF(attrs);
+    Py_RETURN_NONE;
+  }
   Record r;
   r.id = next_id();
   r.parent_id = parent ? parent->rec.id : -1;

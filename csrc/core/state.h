@@ -67,6 +67,7 @@ struct Process {
   int64_t steady_n = -1;
   std::vector<uint32_t> steady_counts;  // stages entered per name id since armed
   PyObject* steady_hook = nullptr;
+  uint64_t depth_refused = 0;      // stages and marks not recorded: nested deeper than kMaxDepth
 };
 extern Process process;
 

@@ -275,8 +275,13 @@ void writer_atfork_child() {
 }
 
 int open_append(const std::string& path, int64_t& size) {
-  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  // O_NOFOLLOW: a link planted in a run directory (stages.bin -> ~/.bashrc) is refused, never
+  // written through; O_NONBLOCK: a FIFO with no reader there fails at once instead of blocking.
+  // (The session's PartWriter opened these paths first and refused anything but a regular file.)
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
   if (fd < 0) return -1;
+  int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
   struct stat st;
   size = (fstat(fd, &st) == 0) ? (int64_t)st.st_size : 0;
   return fd;

@@ -23,10 +23,10 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCH
 MAX_JSON_DEPTH = 64  # maxinstr writes at most ~40 levels (user metadata is cut at 32)
 
 
-def read_regular(path: Path, error: MakeError) -> bytes | None:
-    """The bytes of the regular file ``path``; None when nothing is there. Anything else (a
-    FIFO, a device, a directory, a dangling or looping link, an unreadable file) raises
-    ``error(path, problem)``."""
+def open_regular(path: Path, error: MakeError) -> tuple[int, int] | None:
+    """``(fd, size)`` of the regular file ``path`` opened for reading (the caller closes fd);
+    None when nothing is there. Anything else (a FIFO, a device, a directory, a dangling or
+    looping link, an unreadable file) raises ``error(path, problem)``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -40,15 +40,60 @@ def read_regular(path: Path, error: MakeError) -> bytes | None:
         if not stat.S_ISREG(st.st_mode):
             kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
             raise error(path, f"not a regular file ({kind})")
-        chunks = []
-        left = st.st_size
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 24))
-            if not chunk:
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def read_at(fd: int, offset: int, size: int) -> bytes:
+    """``size`` bytes of ``fd`` from ``offset`` (fewer only at the end of the file)."""
+    chunks = []
+    while size > 0:
+        chunk = os.pread(fd, min(size, 1 << 24), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
+    """The ``[start, end)`` byte ranges of ``fd`` that hold data; the rest is holes (a sparse
+    file), which read as zeros. The whole file where the file system cannot tell."""
+    extents: list[tuple[int, int]] = []
+    pos = 0
+    try:
+        while pos < size:
+            try:
+                start = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as exc:
+                import errno
+
+                if exc.errno == errno.ENXIO:  # no data past pos: a hole to the end
+                    break
+                raise
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            if end <= start:
                 break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
+            extents.append((start, end))
+            pos = end
+    except (OSError, AttributeError):  # no SEEK_DATA here
+        return [(0, size)] if size else []
+    return extents
+
+
+def read_regular(path: Path, error: MakeError) -> bytes | None:
+    """The bytes of the regular file ``path``; None when nothing is there. Anything else (a
+    FIFO, a device, a directory, a dangling or looping link, an unreadable file) raises
+    ``error(path, problem)``."""
+    opened = open_regular(path, error)
+    if opened is None:
+        return None
+    fd, size = opened
+    try:
+        return read_at(fd, 0, size)
     except OSError as exc:
         raise error(path, f"cannot read: {exc.strerror or exc}") from None
     finally:
@@ -83,3 +128,116 @@ def parse_json(data: bytes, path: Path, error: MakeError, *, max_depth: int = MA
     if not _depth(doc, max_depth):
         raise error(path, f"nested deeper than {max_depth} levels: not a file maxinstr wrote")
     return doc
+
+
+# -- writing inside a run directory ---------------------------------------------------------
+# A run directory may be handed to us (copied, unpacked, shared): a symbolic link planted in it
+# (parts/p123/stages.bin -> ~/.bashrc, parts -> /elsewhere) must not turn maxinstr's writes into
+# writes to the link's target. Every file maxinstr writes in a run directory is opened with
+# O_NOFOLLOW (a link in its place is refused) and every folder below the run directory is
+# checked to be a real folder; the run directory itself is the user's to name, a link or not.
+
+LINK_REFUSED = "a symbolic link inside a run directory (maxinstr never writes through one)"
+
+
+def _refuse_link(path: str | os.PathLike[str]) -> OSError:
+    import errno
+
+    return OSError(errno.ELOOP, LINK_REFUSED, os.fspath(path))
+
+
+def real_dirs(root: str | os.PathLike[str], below: str | os.PathLike[str]) -> Path:
+    """Make the folder ``below`` (inside ``root``) and its missing parents up to ``root``, each a
+    real folder: a symbolic link or a file in the way raises OSError naming it. Returns it."""
+    root_p, target = Path(root), Path(below)
+    try:
+        rel = target.relative_to(root_p)
+    except ValueError:
+        rel = None
+    if rel is None:  # not below root: only the last component is ours to check
+        chain = [target]
+    else:
+        chain, probe = [], root_p
+        for part in rel.parts:
+            probe = probe / part
+            chain.append(probe)
+    if rel is not None:
+        root_p.mkdir(parents=True, exist_ok=True)
+    for folder in chain:
+        try:
+            os.mkdir(folder, 0o755)
+        except FileExistsError:
+            pass
+        st = os.lstat(folder)
+        if stat.S_ISLNK(st.st_mode):
+            raise _refuse_link(folder)
+        if not stat.S_ISDIR(st.st_mode):
+            import errno
+
+            raise OSError(errno.ENOTDIR, "not a directory", os.fspath(folder))
+    return target
+
+
+def open_write(path: str | os.PathLike[str], *, append: bool = True, exclusive: bool = False, mode: int = 0o644) -> int:
+    """A file descriptor to write ``path``: O_NOFOLLOW (a link in its place raises OSError
+    naming it), only a regular file (a FIFO in its place would block: refused), appended to
+    (``append``) or truncated; ``exclusive``: the file must not exist yet (O_EXCL)."""
+    import errno
+
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    flags |= os.O_APPEND if append else 0
+    flags |= os.O_EXCL if exclusive else 0
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK) or (exc.errno == errno.EEXIST and os.path.islink(path)):
+            raise _refuse_link(path) from None
+        if exc.errno == errno.ENXIO:  # a FIFO with no reader
+            raise OSError(errno.ENXIO, "not a regular file (a FIFO)", os.fspath(path)) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+            raise OSError(errno.EINVAL, f"not a regular file ({kind})", os.fspath(path))
+        if not append and st.st_size:
+            os.ftruncate(fd, 0)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_write_file(path: str | os.PathLike[str], text: bool = False, *, append: bool = True,
+                    exclusive: bool = False) -> Any:
+    """:func:`open_write` as a Python file object (binary, or UTF-8 text with ``text``)."""
+    fd = open_write(path, append=append, exclusive=exclusive)
+    return os.fdopen(fd, "a" if append else "w", encoding="utf-8") if text else os.fdopen(fd, "ab" if append else "wb")
+
+
+def replace_atomic(path: str | os.PathLike[str], data: bytes, *, fsync: bool = False) -> None:
+    """Write ``data`` to ``path`` through a new temporary file beside it (created exclusively,
+    a random name: nothing planted there is written through) and a rename: a reader sees the
+    old file or the new one. A link at ``path`` is replaced, its target never touched."""
+    import secrets
+
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = open_write(tmp, append=False, exclusive=True)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -65,6 +65,10 @@ def drain(max_records: int = -1) -> tuple[bytes, list[tuple[int, str]], list[tup
     the names first seen since the last drain plus those the returned records use (so each drain is
     self-contained whoever drained before); attrs of the returned records as (record_id, dict)."""
 
+def attrs_lines(pairs: list[tuple[int, dict[str, Any]]]) -> tuple[bytes, list[tuple[int, dict[str, Any]]]]:
+    """The attrs.jsonl lines of the (record_id, attrs) pairs whose attrs are JSON scalars under str
+    keys (rundir.writer.attrs_line's bytes, made in C++); the other pairs, for the Python path."""
+
 def names() -> list[tuple[int, str]]:
     """Every (name_id, name) of this process, for a consumer that missed earlier drains."""
 

@@ -31,6 +31,23 @@ def visible(name: object) -> str:
     return _HIDDEN.sub(_escape, s) if _HIDDEN.search(s) else s
 
 
+DISPLAY_CHARS = 1000
+"""What a view shows of one text (a name, a note, a command): a name of 3 MB took the text report
+33 s and 25 MB of output, 10 MB past 120 s (rich folds it into a hundred thousand lines). The
+JSON report keeps every name whole: it is data."""
+
+
+def clip_text(s: str, limit: int = DISPLAY_CHARS) -> str:
+    """``s`` cut to ``limit`` characters, the cut said; unchanged when it is not longer."""
+    return s if len(s) <= limit else f"{s[:limit]}… (+{len(s) - limit:,} characters)"
+
+
+def shown(value: object, limit: int = DISPLAY_CHARS) -> str:
+    """:func:`visible` of ``value`` cut to ``limit`` characters, the cut said
+    (``… (+9,999,000 characters)``): what every view (text, Markdown, HTML, Perfetto) shows."""
+    return visible(clip_text(value if isinstance(value, str) else str(value), limit))
+
+
 _UNKEEPABLE = re.compile("[\x00\ud800-\udfff]")
 
 

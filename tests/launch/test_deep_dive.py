@@ -186,7 +186,7 @@ def test_deep_dive_cli_end_to_end_with_fakes(tmp_path, script):
                    FAKE_NCU_PROFILE="spill")
     res = run_cli(["run", "--profiler", "nsys", "--no-report", "-o", str(out), "--", sys.executable, str(prog)], env)
     assert res.returncode == 0, res.stderr
-    res = run_cli(["deep-dive", str(out), "--stage", "decode"], env)
+    res = run_cli(["deep-dive", str(out), "--stage", "decode", "--yes"], env)
     assert res.returncode == 0, res.stderr
     assert "kernel: nvjet_sm90_tst_64x8_64x16_4x1_v_bz_NNT" in res.stderr
     assert "verdict: memory-bound" in res.stdout and "register spills" in res.stdout

@@ -269,15 +269,24 @@ def test_missing_names_become_placeholders_naming_their_part_with_a_note(tmp_pat
 # -- the writer under disk errors ----------------------------------------------------------
 
 
-def test_disk_full_warns_once_and_keeps_going(tmp_path):
-    """/dev/full answers every write with ENOSPC, exactly like a full disk."""
+def test_disk_full_warns_once_and_keeps_going(tmp_path, monkeypatch):
+    """Every write of stages.bin answered with ENOSPC, as /dev/full does (a link to /dev/full
+    was this test's full disk until links in a run directory were refused, issue 29)."""
     part = tmp_path / "run" / "parts" / "p1"
-    part.mkdir(parents=True)
-    (part / "stages.bin").symlink_to("/dev/full")
     w = PartWriter(part, {"part": "p1"})
+    real_write = os.write
+    full: set[int] = set()
+
+    def write(fd, data):
+        if fd in full:
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         w.open()
+        full.add(w._files["stages.bin"].fd)
         for _ in range(5):
             w.write(rows(10, pid=1), {0: "x"})
         w.close()

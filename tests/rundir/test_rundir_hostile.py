@@ -189,6 +189,9 @@ def test_a_special_file_anywhere_is_an_error_naming_it_never_a_hang(which, kind)
     if which.endswith(("samples.bin", "samples.json")):
         # samples are optional: a part's unreadable samples are a note
         assert exc is None and any(which.split("/")[-1] in n or "samples" in n for n in run.notes), run.notes
+    elif which.endswith("part.json"):
+        # part.json only describes its part: read as missing, said naming it (issue 29, point 8)
+        assert exc is None and any(n.startswith(f"{root / which}: ") for n in run.notes), run.notes
     else:
         assert exc is not None and str(exc).startswith(str(root / which)), (which, kind, exc)
 
@@ -239,7 +242,9 @@ def test_deep_or_huge_json_is_an_error_naming_the_file(tmp_path, doc):
     other = _write_run(tmp_path / "bad-part.json")
     (other / "parts" / "p7" / "part.json").write_text(_deep(100_000))
     run, exc = _outcome(other)
-    assert exc is not None and str(exc).startswith(str(other / "parts" / "p7" / "part.json")), exc
+    # part.json only describes its part: read as missing, said (issue 29, point 8)
+    assert exc is None and len(run) == 6
+    assert any(n.startswith(f"{other / 'parts' / 'p7' / 'part.json'}: not valid JSON (nested too deeply)") for n in run.notes)
     # one line of a JSON lines file is that line only: skipped and said
     for deep, why in ((_deep(100_000), "not JSON (nested too deeply)"),
                       (_deep(70), "nested deeper than 64 levels: not a file maxinstr wrote")):

@@ -19,6 +19,7 @@ from maxinstr.analyze.stats import COLD_START_MAX_PREFIX, cold_start_mask
 from maxinstr.columns import occurrence_index
 from maxinstr.warmup import inside as _inside
 from maxinstr.warmup import top_ancestor  # noqa: F401 - the report's callers find it here
+from maxinstr.columns import isin_strings, per_string
 
 MAXINSTR_DOMAIN = "maxinstr"
 UNPREFIXED_DOMAINS = frozenset({"", MAXINSTR_DOMAIN, "user_annotation"})
@@ -424,9 +425,11 @@ def _distinct_ranges(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _display_names(dom: np.ndarray, text: np.ndarray) -> np.ndarray:
     """The text, prefixed ``domain:`` unless the domain is empty or maxinstr's own."""
-    prefixed = ~np.isin(dom.astype(str), list(UNPREFIXED_DOMAINS))
+    prefixed = ~isin_strings(dom, UNPREFIXED_DOMAINS)
     out = text.copy()
-    out[prefixed] = np.char.add(np.char.add(dom[prefixed].astype(str), ":"), text[prefixed].astype(str)).astype(object)
+    # one string a distinct (domain, text) pair (np.char on a fixed-width copy made a 50 MB text
+    # of one range cost 50 MB x 4 for every other range too)
+    out[prefixed] = [f"{d}:{t}" for d, t in zip(dom[prefixed].tolist(), text[prefixed].tolist())]
     return out
 
 
@@ -451,7 +454,7 @@ def from_trace(trace, attribution=None, warmup_n: int = 0) -> StageInstances:
         # names are decided per distinct (domain, text) pair, then gathered per range
         pair, dom, text = _distinct_ranges(trace)
         # C++-qualified op names (aten::mm, _C::rms_norm) are framework op markers whatever the domain
-        framework = (np.isin(dom.astype(str), list(FRAMEWORK_OP_DOMAINS)) | (np.char.find(text.astype(str), "::") >= 0))[pair]
+        framework = (isin_strings(dom, FRAMEWORK_OP_DOMAINS) | per_string(text, lambda t: "::" in t))[pair]
         if (keep_mask & ~framework).any():
             keep_mask &= ~framework
         keep = np.flatnonzero(keep_mask)
@@ -570,7 +573,8 @@ def from_run(run, trace=None, attribution=None, warmup_n: int | None = None) -> 
         joined = np.flatnonzero(rows >= 0)
         r_tid = np.asarray(trace.ranges.tid, np.int64)[rows[joined]]
         rec_tid = inst.tid[joined]
-        other_name = text[rows[joined]].astype(str) != inst.name[joined].astype(str)
+        other_name = np.fromiter((a != b for a, b in zip(text[rows[joined]].tolist(), inst.name[joined].tolist())),
+                                 bool, len(joined))
         other_thread = (r_tid > 0) & (rec_tid > 0) & (r_tid != rec_tid)
         if other_thread.mean() > 0.5:
             # most pairs disagree: a systematic tid mapping (PID namespaces, a profiler's own

@@ -32,6 +32,7 @@ import numpy as np
 from maxinstr.analyze.schema import (RankGpu, RankInfo, RanksSection, RankStage, RankStageRow, Straggler, StragglerSlow,
                                      StragglerWait)
 from maxinstr.analyze.stats import occurrence_index, summarize
+from maxinstr.columns import factorize
 
 if TYPE_CHECKING:
     from maxinstr.analyze.instances import StageInstances
@@ -196,7 +197,7 @@ def rank_section(inst: StageInstances, parts: list[dict], gpu_by_rank: list[Rank
     end = inst.host_end_ns + off
     host = inst.host_ns
     use = ~inst.is_mark & (rank >= 0)
-    keys, key_code = np.unique(inst.key.astype(str), return_inverse=True)
+    keys, key_code = factorize(inst.key)
     key_code = key_code.reshape(-1)
     gpu_basis: Literal["gpu_event_ns", "gpu_proj_ns"] | None = None
     gpu_col = inst.gpu_event_ns

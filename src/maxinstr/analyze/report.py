@@ -31,6 +31,7 @@ from maxinstr.analyze.stats import group_summaries, step_trend
 from maxinstr._units import ns_text
 from maxinstr.attribute import attribute
 from maxinstr.attribute.model import JoinMethod
+from maxinstr.columns import factorize
 from maxinstr.traces.inprocess import FORMAT as INPROCESS_FORMAT
 
 if TYPE_CHECKING:
@@ -204,8 +205,11 @@ def analyze(run: str | Path | Run | None = None,
     attrs = getattr(run, "attrs", None) if run is not None else None
     report["stages"] = _stage_rows(inst, head, mix, sample_stats, work, attrs, graph_ops)
     report["ranks"] = _ranks(inst, run, trace, fam, dur, op_rank)
-    marks, mark_counts = (np.unique(inst.key[inst.is_mark].astype(str), return_counts=True) if inst.is_mark.any()
-                          else (np.empty(0, str), np.empty(0, np.int64)))
+    if inst.is_mark.any():
+        marks, mark_code = factorize(inst.key[inst.is_mark])
+        mark_counts = np.bincount(mark_code, minlength=len(marks))
+    else:
+        marks, mark_counts = np.empty(0, object), np.empty(0, np.int64)
     report["marks"] = {str(k): int(c) for k, c in zip(marks, mark_counts)}
     report["startup"] = _startup_rows(inst)
     report["gpu"] = _gpu_section(trace, attribution, fam, dur, startup_op)
@@ -486,14 +490,17 @@ def _environment(run: Run | None, trace: Trace | None) -> Environment:
 def _sweep(run: Run | None) -> dict[str, str] | None:
     """The ``maxinstr run --sweep`` value this run had (its launch.json), so that compare lists it
     among the settings that differ: the ``sweep`` record, else the run's label (``BATCH=8.r2``)."""
-    import json
+    from maxinstr.errors import RunDirError
+    from maxinstr.rundir.reader import read_launch
 
     path = getattr(run, "path", None) if run is not None else None
-    if path is None or not (Path(path) / "launch.json").is_file():
+    if path is None:
         return None
     try:
-        launch = json.loads((Path(path) / "launch.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        launch = read_launch(path)
+    except RunDirError:
+        return None  # a damaged launch record only loses the sweep label
+    if launch is None:
         return None
     if isinstance(launch.get("sweep"), dict):
         return {str(k): str(v) for k, v in launch["sweep"].items()} or None

@@ -401,7 +401,7 @@ class Environment(TypedDict, total=False):
     host: str
     python: str
     maxinstr: str
-    gpus: list[Any]
+    gpus: list[dict[str, Any]]
     driver: str
     cuda: str
     rocm: str

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from maxinstr.attribute.model import Attribution, JoinMethod
+from maxinstr.columns import factorize
 from maxinstr.traces.model import RangeStyle, Trace
 
 MAXINSTR_DOMAIN = "maxinstr"
@@ -70,7 +71,7 @@ def join_records(att: Attribution, run: Any) -> None:
     r_names = np.array([trace.name(int(i)) for i in R.name_id[cand]], dtype=object)
     r_mark = (R.style[cand] == RangeStyle.MARK).astype(np.int64)
     s_mark = ((stages["flags"] & _MARK_FLAG) != 0).astype(np.int64)
-    all_names, name_code = np.unique(np.concatenate([r_names, rec_names]).astype(str), return_inverse=True)
+    all_names, name_code = factorize(np.concatenate([r_names, rec_names]))
     name_code = name_code.reshape(-1).astype(np.int64)
     tid = np.concatenate([R.tid[cand], stages["tid"].astype(np.int64)])
     mark = np.concatenate([r_mark, s_mark])

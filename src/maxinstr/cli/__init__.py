@@ -192,9 +192,17 @@ def _main(args: list[str]) -> int:
     except click.exceptions.Abort:
         click.echo("maxinstr: aborted", err=True)
         return 130
+    except MemoryError:
+        if debug:
+            raise
+        # (its message is empty: "MemoryError: " said nothing)
+        click.echo("maxinstr: out of memory: the input needs more memory than this process could get "
+                   "(run with --debug for the traceback)", err=True)
+        return 1
     except Exception as exc:  # the CLI's last line of defence
         if debug:
             raise
-        click.echo(f"maxinstr: {exc.__class__.__name__}: {exc} (run with --debug for the traceback)", err=True)
+        click.echo(f"maxinstr: {exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else 'no message'} "
+                   "(run with --debug for the traceback)", err=True)
         return 1
     return 0

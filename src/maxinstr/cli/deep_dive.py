@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
 from maxinstr import config
+from maxinstr._files import real_dirs, replace_atomic
+from maxinstr._text import shown, visible
 from maxinstr.cli import Seconds, UserError
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import deep_dive as dd
@@ -22,9 +25,12 @@ from maxinstr.rundir.format import run_artifact
 
 
 def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str | None, warmup: int | None
-             ) -> tuple[dd.KernelChoice, list[str], bool, Path | None, list[str], Any]:
+             ) -> tuple[dd.KernelChoice, list[str], bool, Path | None, list[str], Any, Path | None]:
     """(choice, app command from the run, from_capture_start, run_dir or None, stage specs,
-    the run's MAXINSTR_WARMUP or None)."""
+    the run's MAXINSTR_WARMUP or None, the file the app command was read from)."""
+    from maxinstr.rundir.reader import read_meta
+
+    app_from: Path | None = None
     run_dir: Path | None = None
     launch = None
     app: list[str] = []
@@ -37,15 +43,17 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
     if source.is_dir() and (source / "meta.json").exists():
         run_dir = source
         launch = runner.read_launch(source)
-        meta = json.loads((source / "meta.json").read_text(encoding="utf-8"))
+        meta = read_meta(source / "meta.json")
         if launch is not None:
             app = list(launch.get("command") or [])
+            app_from = source / "launch.json"
             specs = list(launch.get("stage_specs") or [])
             run_warmup = config.warmup_instances(launch.get("env") or {})
             from_capture = (launch.get("profiler") or {}).get("capture") == "steady" and (launch.get("profiler") or {}).get("name") == "nsys"
             trace_path = trace_path or run_artifact(source, ((launch.get("artifact") or {}).get("files") or {}).get("trace"))
         else:
             app = list(meta.get("command") or [])
+            app_from = source / "meta.json"
         trace_path = trace_path or run_artifact(source, (meta.get("profiler") or {}).get("trace"))
         if not trace_path:
             from maxinstr.traces.inprocess import has_activity
@@ -61,6 +69,7 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
             launch = runner.read_launch(run_src)
             if launch:
                 app = list(launch.get("command") or [])
+                app_from = Path(run_src) / "launch.json"
                 specs = list(launch.get("stage_specs") or [])
                 from_capture = (launch.get("profiler") or {}).get("capture") == "steady"
     else:
@@ -91,7 +100,7 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
         choice = dd.choose_from_report(report, stage=stage, kernel=kernel, source=str(source))
     else:
         raise MaxinstrError(f"{source}: no trace to choose a kernel from (give --trace FILE, or a run made by `maxinstr run`)")
-    return choice, app, from_capture, run_dir, specs, run_warmup
+    return choice, app, from_capture, run_dir, specs, run_warmup, app_from if app else None
 
 
 class _ProgramAfterDashes(click.Command):
@@ -143,10 +152,13 @@ class _ProgramAfterDashes(click.Command):
 @click.option("--dry-run", is_flag=True, help="Print the ncu command, do not run it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
 @click.option("--timeout", "timeout_s", type=Seconds(), default=None, help="Stop ncu after this many seconds.")
+@click.option("-y", "--yes", is_flag=True, help="Run the program the run directory records without asking "
+              "(a command read from a file is otherwise shown and confirmed on a terminal, refused elsewhere).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str | None, warmup: int | None,
             launch_skip: int | None, sections: tuple[str, ...], out: Path | None, ncu_path: str | None,
-            csv_file: Path | None, dry_run: bool, as_json: bool, timeout_s: float | None, command: tuple[str, ...]) -> None:
+            csv_file: Path | None, dry_run: bool, as_json: bool, timeout_s: float | None, yes: bool,
+            command: tuple[str, ...]) -> None:
     """Pick the dominant kernel of a stage from SOURCE (a run directory made by `maxinstr
     run`, a trace, or a report JSON), profile one steady-state launch of it with ncu, and
     print a verdict: compute-, memory- or latency-bound, occupancy and its limiter,
@@ -160,21 +172,22 @@ def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str 
         launches = dd.parse_ncu_csv(csv_file.read_text(encoding="utf-8", errors="replace"), str(csv_file))
         _print_verdicts(launches, as_json)
         return
-    choice, app, from_capture, run_dir, specs, run_warmup = _resolve(source, trace_opt, stage, kernel, warmup)
+    choice, app, from_capture, run_dir, specs, run_warmup, app_from = _resolve(source, trace_opt, stage, kernel, warmup)
     cmd_args = list(command)
     if cmd_args and cmd_args[0] == "--":
         cmd_args = cmd_args[1:]
-    app = cmd_args or app
+    if cmd_args:
+        app, app_from = cmd_args, None  # typed by the user
     if launch_skip is not None:
         choice.launch_skip = launch_skip
     what = "the stage's" if choice.stage else "all"
     share = f", {choice.share:.0%} of {what} GPU time (as the report counts it)" if choice.share is not None else ""
-    click.echo(f"maxinstr: kernel: {choice.name}", err=True)
+    click.echo(f"maxinstr: kernel: {shown(choice.name)}", err=True)
     click.echo(f"maxinstr:   {choice.count} launches, {choice.total_ns / 1e6:.3f} ms{share}; "
                f"steady-state instance = launch {choice.launch_skip} of its function name"
                + (" counted from the capture start" if from_capture else ""), err=True)
     for note in choice.notes:
-        click.echo(f"maxinstr:   note: {note}", err=True)
+        click.echo(f"maxinstr:   note: {shown(note)}", err=True)
 
     env_info = detect_environment(tools=("ncu",), probe_versions=False)
     if env_info.vendor == "amd":
@@ -188,7 +201,7 @@ def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str 
     ncu = ncu_path or env_info.tool("ncu").path or "ncu"
     ncu_cmd = dd.ncu_command(choice, app, output=rep, ncu=ncu, sections=tuple(sections) or dd.DEFAULT_SECTIONS,
                              from_capture_start=from_capture)
-    click.echo(f"maxinstr: ncu command: {shlex.join(ncu_cmd)}", err=True)
+    click.echo(f"maxinstr: ncu command: {visible(shlex.join(ncu_cmd))}", err=True)
     if dry_run:
         return
     if not app:
@@ -196,9 +209,16 @@ def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str 
     problem = runner.command_problem(app)
     if problem is not None:
         raise UserError(f"{problem}; ncu was not started")
+    if app_from is not None:
+        _confirm_recorded(app, specs, app_from, yes)
     tool = find_tool("ncu", probe_version=False) if ncu_path is None else None
     if ncu_path is None and (tool is None or not tool.found):
         raise MaxinstrError(f"ncu is not installed: {env_info.tool('ncu').install_hint()}")
+    if out is None and run_dir is not None:
+        try:
+            real_dirs(run_dir, out_dir / "ncu-run")  # RUN/deep-dive: never a link planted there
+        except OSError as exc:
+            raise UserError(f"{exc.filename}: {exc.strerror}; ncu was not started") from None
     sv.ensure_dir(out_dir)
     for stale in (out_dir / "ncu.log", out_dir / "details.csv", rep):
         stale.unlink(missing_ok=True)
@@ -229,11 +249,36 @@ def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str 
     launches = dd.parse_ncu_csv((out_dir / "details.csv").read_text(encoding="utf-8", errors="replace"),
                                 str(out_dir / "details.csv"))
     verdicts = _print_verdicts(launches, as_json)
-    (out_dir / "verdict.json").write_text(json.dumps({
+    replace_atomic(out_dir / "verdict.json", (json.dumps({
         "choice": choice.to_json(), "ncu_command": ncu_cmd, "verdicts": verdicts,
-    }, indent=2) + "\n", encoding="utf-8")
+    }, indent=2) + "\n").encode("utf-8", "backslashreplace"))
     click.echo(f"maxinstr: files: report {rep} (open with `ncu-ui {rep}`), details {out_dir / 'details.csv'}, "
                f"verdict {out_dir / 'verdict.json'}, log {log}", err=True)
+
+
+def _interactive() -> bool:
+    return sys.stdin.isatty() and sys.stderr.isatty()
+
+
+def _confirm_recorded(app: list[str], specs: list[str], where: Path, yes: bool) -> None:
+    """A command read from a file (a run directory may come from anyone) runs only when the user
+    says so: shown, then confirmed on a terminal (default no), or ``--yes``; refused otherwise."""
+    text = shlex.join(app)
+    click.echo(f"maxinstr: the program to re-run under ncu comes from {shown(str(where))}:", err=True)
+    click.echo(f"    {shown(text)}", err=True)
+    for spec in specs:
+        click.echo(f"    with --stage {shown(spec)} (imports its module in the program)", err=True)
+    if yes:
+        return
+    if not _interactive():
+        raise UserError(f"{where}: a command read from a file is run only when you confirm it: "
+                        "give --yes to run it, or the command to run after --; ncu was not started")
+    if shown(text) != visible(text) or any(shown(s) != visible(s) for s in specs):
+        # what is asked about must be seen whole: a payload past the cut would pass unseen
+        raise UserError(f"{where}: the recorded command is too long to show ({len(text):,} characters): "
+                        "give --yes to run it, or the command to run after --; ncu was not started")
+    if not click.confirm("Run it?", default=False, err=True):
+        raise click.Abort()
 
 
 def _print_verdicts(launches: list[dd.NcuLaunch], as_json: bool) -> list[dict[str, Any]]:
@@ -243,5 +288,5 @@ def _print_verdicts(launches: list[dd.NcuLaunch], as_json: bool) -> list[dict[st
     else:
         for launch, verdict in zip(launches, verdicts):
             for line in dd.verdict_lines(verdict, launch.rules):
-                click.echo(line)
+                click.echo(shown(line))  # names from a CSV are data: cut, control characters escaped
     return [v.to_json() for v in verdicts]

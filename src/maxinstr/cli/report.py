@@ -105,12 +105,16 @@ def discover(run_dir: str, meta: dict, trace_path: str | None, unprofiled: str |
     notes: list[str] = []
     prof = meta.get("profiler") if isinstance(meta, dict) else None
     if trace_path is None and isinstance(prof, dict) and prof.get("trace"):
-        from maxinstr.rundir.format import run_artifact
+        from maxinstr.rundir.format import inside, run_artifact
 
         found = run_artifact(run_dir, prof["trace"])
+        recorded = Path(str(prof["trace"]))
         if found:
             trace_path = found
             notes.append(f"trace {found} found in meta.json (profiler.trace)")
+        elif not inside(run_dir, recorded if recorded.is_absolute() else Path(run_dir) / recorded):
+            notes.append(f"meta.json names the trace {prof['trace']}, outside the run directory: not read "
+                         "(give --trace to use it)")
         else:
             notes.append(f"meta.json names the trace {prof['trace']}, which is missing: no kernels in this report")
     warm = Path(run_dir) / WARM_RUN_DIR
@@ -122,13 +126,9 @@ def discover(run_dir: str, meta: dict, trace_path: str | None, unprofiled: str |
 
 def load_report_file(path: str) -> Report:
     """A saved JSON report (``--format json`` output)."""
-    from maxinstr.render.json import load
+    from maxinstr.analyze.schema_check import read_report
 
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise MaxinstrError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    return load(text, path)
+    return read_report(path)  # a regular file only, every field of its type
 
 
 def _program(command: object) -> tuple[str | None, list[str]]:

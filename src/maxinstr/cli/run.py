@@ -165,7 +165,8 @@ def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, 
     if hint and not interrupted:
         click.echo(f"maxinstr: {hint}")
     if interrupted:
-        raise click.exceptions.Exit(130)
+        sig = outcomes[-1].result.signal
+        raise click.exceptions.Exit(128 + sig if sig else 130)  # as the shell says a death by that signal
     if not all(o.ok for o in outcomes):
         raise click.exceptions.Exit(1)
 

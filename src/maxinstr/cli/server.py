@@ -24,6 +24,10 @@ def _nsys_path(profiler: str) -> str | None:
     return tool.path
 
 
+def _say(line: str) -> None:
+    click.echo(line, err=True)
+
+
 def _strip(cmd: tuple[str, ...]) -> list[str]:
     args = list(cmd)
     return args[1:] if args and args[0] == "--" else args
@@ -115,7 +119,7 @@ def serving_lines(run_dir: str | Path, start_ns: int | None = None, end_ns: int 
 
 def _window(run_dir: Path, duration: float | None, bench: list[str] | None, timeout: float | None, quiet: bool) -> bool:
     window, artifact, bench_result = srv.profile_window(run_dir, duration_s=duration, bench=bench, timeout_s=timeout,
-                                                        echo=None if quiet else srv.sv.print_line)
+                                                        echo=None if quiet else srv.sv.print_line, say=_say)
     click.echo(f"maxinstr: window {window['index']}: {window['wall_s']:.1f} s"
                + (f", benchmark {bench_result.describe()}" if bench_result else ""), err=True)
     for line in serving_lines(run_dir, window["host_start_ns"], window["host_end_ns"]):
@@ -160,7 +164,7 @@ def stop_cmd(run_dir) -> None:
     \b
       maxinstr server stop runs/serve
     """
-    state = srv.stop_server(run_dir)
+    state = srv.stop_server(run_dir, say=_say)
     click.echo(f"maxinstr: server stopped; {len(state.windows)} window(s) in {state.run_dir}", err=True)
 
 
@@ -182,7 +186,7 @@ def run_cmd(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_
     try:
         ok = _window(out, duration, shlex.split(bench) if bench else None, timeout, quiet)
     finally:
-        srv.stop_server(out)
+        srv.stop_server(out, say=_say)
         click.echo("maxinstr: server stopped", err=True)
     if not ok:
         raise click.exceptions.Exit(1)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from maxinstr._files import parse_json, read_regular
+from maxinstr._files import open_write, parse_json, read_regular, real_dirs, replace_atomic
 from maxinstr._text import safe_name
 from maxinstr.errors import RunDirError
 from maxinstr.rundir.format import MAX_TIME_NS
@@ -114,7 +114,7 @@ class ActivityWriter:
             if self.error:
                 return
             try:
-                self.part_dir.mkdir(parents=True, exist_ok=True)
+                real_dirs(self.part_dir.parent, self.part_dir)
                 new = names[self._names_written :]
                 if new:
                     text = "".join(json.dumps([self._names_written + i, n]) + "\n" for i, n in enumerate(new))
@@ -132,16 +132,14 @@ class ActivityWriter:
             if self.error:
                 self.meta["write_error"] = self.error
             try:
-                self.part_dir.mkdir(parents=True, exist_ok=True)
-                tmp = self._path(ACTIVITY_META_FILE + ".tmp")
-                tmp.write_text(json.dumps(self.meta, indent=1, default=str))
-                os.replace(tmp, self._path(ACTIVITY_META_FILE))
+                real_dirs(self.part_dir.parent, self.part_dir)
+                replace_atomic(self._path(ACTIVITY_META_FILE), json.dumps(self.meta, indent=1, default=str).encode())
             except OSError as exc:
                 self.error = self.error or f"{exc.filename or self.part_dir}: {exc.strerror or exc}"
 
 
 def _append(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = open_write(path)  # O_NOFOLLOW: never through a link planted in the run directory
     try:
         view = memoryview(data)
         while view:

@@ -218,7 +218,7 @@ def _record_outcome(spec, problem: str | None) -> None:
     line = json.dumps({"stage_spec": spec.text, "applied": problem is None, "problem": problem, "pid": os.getpid()})
     try:
         os.makedirs(run_dir, exist_ok=True)
-        fd = os.open(os.path.join(run_dir, STAGE_SPECS_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(os.path.join(run_dir, STAGE_SPECS_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
         try:
             os.write(fd, (line + "\n").encode("utf-8", "backslashreplace"))
         finally:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -127,10 +126,11 @@ def stage_ops(analysis: Any, stage: str) -> tuple[np.ndarray, np.ndarray, int, s
     from maxinstr.analyze.kernels import op_instance_pairs
 
     inst, trace = analysis.instances, analysis.trace
-    keys = inst.key.astype(str) if len(inst) else np.empty(0, dtype=str)
-    sel = keys == stage
+    # compared as objects: a fixed-width copy of the names is instances x the longest name
+    keys = np.asarray(inst.key, dtype=object) if len(inst) else np.empty(0, dtype=object)
+    sel = np.fromiter((k == stage for k in keys.tolist()), bool, len(keys))
     if not sel.any():
-        sel = inst.name.astype(str) == stage if len(inst) else sel
+        sel = np.fromiter((k == stage for k in np.asarray(inst.name, dtype=object).tolist()), bool, len(keys))
     if not sel.any():
         raise MaxinstrError(f"{trace.source}: no range named {stage!r} in the trace")
     matched = ", ".join(sorted(set(keys[sel].tolist())))
@@ -574,14 +574,8 @@ def verdict_lines(verdict: Verdict, rules: list[dict[str, str]] | None = None) -
 
 
 def load_report_json(path: str | Path) -> dict:
-    """A report JSON document, or a one-line error naming the file."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise MaxinstrError(f"{path}: cannot read: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise MaxinstrError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(data, dict):
-        raise MaxinstrError(f"{path}: expected a JSON object")
-    return data
+    """A saved report, checked as `maxinstr report REPORT.json` checks it (a regular file, its
+    schema, version and field types), or a one-line error naming the file."""
+    from maxinstr.analyze.schema_check import read_report
+
+    return dict(read_report(path))

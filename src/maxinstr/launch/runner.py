@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from maxinstr._files import LINK_REFUSED, open_write_file, replace_atomic
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import supervise as sv
 from maxinstr import config
@@ -346,21 +347,23 @@ def _fatal_patterns(options: RunOptions) -> list[tuple[str, str]] | None:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """``data`` as JSON at ``path``, atomically, never through a link planted there."""
+    replace_atomic(path, (json.dumps(data, indent=2, default=str) + "\n").encode("utf-8", "backslashreplace"))
 
 
 def merge_meta(run_dir: Path, profiler: Profiler, wrapped: list[str], artifact: Artifact | None,
                maxinstr_command: list[str] | None = None) -> bool:
     """Record the profiler in the session's meta.json (after the child closed it), and the
     `maxinstr run` command that makes the run again (:func:`rerun_command`)."""
+    from maxinstr._files import parse_json, read_regular
+
     meta_path = run_dir / "meta.json"
-    if not meta_path.exists():
-        return False
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        data = read_regular(meta_path, MaxinstrError)  # a regular file only: a FIFO never blocks
+        meta = parse_json(data, meta_path, MaxinstrError) if data is not None else None
+    except MaxinstrError:
+        return False
+    if not isinstance(meta, dict):
         return False
     if profiler.name == "none":
         meta["profiler"] = None
@@ -469,6 +472,7 @@ def _undo_start(run_dir: Path, made: list[Path]) -> list[str]:
 def _execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
     run_dir = spec.run_dir
     clear_previous_run(run_dir)
+    _refuse_links(run_dir)
     warm: sv.ChildResult | None = None
     patterns = _fatal_patterns(options)
     if options.warm_run:
@@ -552,6 +556,18 @@ def meta_if_none(run_dir: Path, command: list[str]) -> None:
     meta.update(status="closed", command=list(command), argv=list(command), pid=None,
                 opened_by="maxinstr run: the program opened no session (no stage recorded)")
     _write_json(run_dir / "meta.json", meta)
+
+RUN_NAMES = ("meta.json", "parts", LAUNCH_FILE, LOG_FILE, STAGE_SPECS_FILE, WARM_DIR, "deep-dive",
+             *(f"{PROFILE_BASE}{ext}" for ext in (".nsys-rep", ".sqlite", ".qdstrm")), PROFILE_BASE)
+"""What a run writes in its directory (a profiler writes ``profile.*``)."""
+
+
+def _refuse_links(run_dir: Path) -> None:
+    """A symbolic link where the run writes a file would turn that write (the child's log, the
+    profiler's report) into a write to its target: refused before anything starts."""
+    for name in RUN_NAMES:
+        if (run_dir / name).is_symlink():
+            raise NotStarted(f"{run_dir / name}: {LINK_REFUSED}: remove it, or give another -o")
 
 
 def _supervise(cmd: list[str], env: dict[str, str], log: Path, options: RunOptions, patterns) -> sv.ChildResult:
@@ -668,7 +684,7 @@ def _note_unapplied(run_dir: Path, unapplied: dict[str, str]) -> None:
 
     if not unapplied:
         return
-    parts = sorted(p for p in (run_dir / fmt.PARTS_DIR).glob("*/") if p.is_dir())
+    parts = sorted(p for p in (run_dir / fmt.PARTS_DIR).glob("*/") if p.is_dir() and not p.is_symlink())
     owner = next((p for p in parts if _part_role(p) == "owner"), parts[0] if parts else None)
     if owner is None:
         return
@@ -676,7 +692,7 @@ def _note_unapplied(run_dir: Path, unapplied: dict[str, str]) -> None:
                                 "message": f"--stage {text} was never applied: {why}", "by": "maxinstr run"})
                      for text, why in unapplied.items())
     try:
-        with open(owner / fmt.EVENTS_FILE, "ab") as f:
+        with open_write_file(owner / fmt.EVENTS_FILE) as f:
             f.write(lines)
     except OSError:
         pass  # launch.json and the line on stderr still say it
@@ -684,21 +700,23 @@ def _note_unapplied(run_dir: Path, unapplied: dict[str, str]) -> None:
 
 def _part_role(part: Path) -> str | None:
 
+    from maxinstr._files import parse_json, read_regular
+
     try:
-        return json.loads((part / fmt.PART_FILE).read_text(encoding="utf-8")).get("role")
-    except (OSError, ValueError, AttributeError):
+        data = read_regular(part / fmt.PART_FILE, MaxinstrError)  # never blocks on a FIFO
+        doc = parse_json(data, part / fmt.PART_FILE, MaxinstrError) if data is not None else None
+    except MaxinstrError:
         return None
+    role = doc.get("role") if isinstance(doc, dict) else None
+    return role if isinstance(role, str) else None
 
 
 def read_launch(run_dir: str | Path) -> dict | None:
-    """The launch record `maxinstr run` left in a run directory (None when absent)."""
-    path = Path(run_dir) / LAUNCH_FILE
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise MaxinstrError(f"{path}: unreadable launch record ({exc})") from None
+    """The launch record `maxinstr run` left in a run directory (None when absent); a damaged
+    one is a MaxinstrError naming the file and the problem (rundir.reader.read_launch)."""
+    from maxinstr.rundir.reader import read_launch as load_launch
+
+    return load_launch(run_dir)
 
 
 def open_hint(role: str, path: str) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import time
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from maxinstr import config
+from maxinstr._files import LINK_REFUSED, open_write_file
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import runner
 from maxinstr.launch import supervise as sv
@@ -35,7 +38,12 @@ LOG_FILE = "server.log"
 
 @dataclass
 class ServerState:
-    """What `maxinstr server start` left for the commands that follow."""
+    """What `maxinstr server start` left for the commands that follow.
+
+    ``server.json`` is data: whoever can write the run directory can write it. So nothing in it
+    is run (nsys is the one found on PATH now) and nothing it names is signalled until
+    :func:`verify` proved the process is the server `server start` made for this run directory
+    (its start time, its boot, and the token and run directory in its environment)."""
 
     run_dir: Path
     pid: int
@@ -47,6 +55,9 @@ class ServerState:
     nsys: str | None
     windows: list[dict]
     log: str
+    start_ticks: int | None = None  # /proc/<pid>/stat field 22: when the process started, in clock ticks since boot
+    boot_id: str | None = None  # /proc/sys/kernel/random/boot_id: start ticks are per boot
+    token: str | None = None  # also in the server's environment (config.SERVER_TOKEN)
 
     def save(self) -> None:
         data = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
@@ -54,17 +65,33 @@ class ServerState:
 
     @classmethod
     def load(cls, run_dir: str | Path) -> ServerState:
+        """The state of the server started in ``run_dir`` (the folder named on the command line:
+        the ``run_dir`` written in the file is never where maxinstr writes)."""
+        from maxinstr._files import parse_json, read_regular
+
         path = Path(run_dir) / STATE_FILE
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise MaxinstrError(f"{path}: no server started here (run `maxinstr server start -o {run_dir} -- CMD`)") from None
-        except (OSError, json.JSONDecodeError) as exc:
-            raise MaxinstrError(f"{path}: unreadable server state ({exc})") from None
-        data["run_dir"] = Path(data["run_dir"])
-        return cls(**data)
+        raw = read_regular(path, lambda p, why: MaxinstrError(f"{p}: unreadable server state ({why})"))
+        if raw is None:
+            raise MaxinstrError(f"{path}: no server started here (run `maxinstr server start -o {run_dir} -- CMD`)")
+        data = parse_json(raw, path, lambda p, why: MaxinstrError(f"{p}: unreadable server state ({why})"))
+        if not isinstance(data, dict):
+            raise MaxinstrError(f"{path}: unreadable server state (not a JSON object)")
+        for key, (ok, what) in _FIELDS.items():
+            if key not in data and key in _OPTIONAL:
+                continue
+            if key not in data:
+                raise MaxinstrError(f"{path}: unreadable server state (no \"{key}\")")
+            if not ok(data[key]):
+                raise MaxinstrError(f"{path}: unreadable server state (\"{key}\" is not {what}: {_clip(data[key])})")
+        known: dict[str, Any] = {k: data.get(k) for k in _FIELDS}
+        known["run_dir"] = Path(run_dir).resolve()
+        return cls(**known)
 
     def alive(self) -> bool:
+        """Whether the process ``pid`` exists and is not a zombie (it may be another process: see
+        :func:`verify`)."""
+        if self.pid < 2:
+            return False
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
@@ -77,6 +104,126 @@ class ServerState:
                 return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
         except OSError:
             return True
+
+    def ours(self) -> bool:
+        """Started by this very process (``server run``, a test): no need to ask /proc."""
+        proc = _children.get(self.pid)
+        return proc is not None and proc.poll() is None
+
+
+def _clip(value: object) -> str:
+    text = json.dumps(value, ensure_ascii=True, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_pid(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 2 <= v < 2**31
+
+
+def _str_list(v: object) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _opt_str(v: object) -> bool:
+    return v is None or isinstance(v, str)
+
+
+_SESSION_RE = re.compile(r"maxinstr-[A-Za-z0-9-]{1,120}")
+_FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "run_dir": (lambda v: isinstance(v, str), "a path"),
+    "pid": (_is_pid, "a process id"),
+    "pgid": (_is_pid, "a process group id"),
+    "command": (_str_list, "a list of strings"),
+    "launch_command": (_str_list, "a list of strings"),
+    "profiler": (lambda v: v in ("nsys", "none"), '"nsys" or "none"'),
+    "session": (lambda v: v is None or (isinstance(v, str) and _SESSION_RE.fullmatch(v) is not None),
+                "an nsys session name maxinstr makes (maxinstr-...)"),
+    "nsys": (_opt_str, "a path or null"),
+    "windows": (lambda v: isinstance(v, list) and all(isinstance(w, dict) for w in v), "a list of objects"),
+    "log": (lambda v: isinstance(v, str), "a path"),
+    "start_ticks": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0), "a count"),
+    "boot_id": (_opt_str, "a string"),
+    "token": (_opt_str, "a string"),
+}
+_OPTIONAL = ("start_ticks", "boot_id", "token")  # absent from a server.json of before 2026-12
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (/proc/<pid>/stat field 22); None when
+    unknown. A reused pid has another start time."""
+    text = _read_text(f"/proc/{pid}/stat")
+    if text is None:
+        return None
+    fields = text.rsplit(")", 1)[-1].split()
+    try:
+        return int(fields[19])  # fields after the command: state is field 3, starttime field 22
+    except (IndexError, ValueError):
+        return None
+
+
+def boot_id() -> str | None:
+    text = _read_text("/proc/sys/kernel/random/boot_id")
+    return text.strip() if text else None
+
+
+def _environ(pid: int) -> dict[str, str] | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            raw = fh.read(1 << 22)
+    except OSError:
+        return None
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+    return out
+
+
+def verify(state: ServerState) -> str | None:
+    """Why the process ``state`` names is not the server `maxinstr server start` made for
+    ``state.run_dir``, or None when it is: alive, its own process group leader, started at the
+    recorded time of this boot, and holding in its environment the token and the run directory
+    server.json was written with. Only then is it signalled or its nsys session driven."""
+    if state.ours():
+        return None
+    if state.pgid != state.pid:
+        return f"process group {state.pgid} is not the server's own (pid {state.pid}); maxinstr starts a server as its group's leader"
+    if not state.alive():
+        return f"pid {state.pid} is not running"
+    if state.token is None or state.start_ticks is None:
+        return "server.json has no start time or token to check the process against (written before 2026-12?)"
+    started = process_start_ticks(state.pid)
+    if started is None:
+        return f"the start time of pid {state.pid} cannot be read (/proc/{state.pid}/stat)"
+    if started != state.start_ticks or (state.boot_id and boot_id() not in (None, state.boot_id)):
+        return f"pid {state.pid} started at another time than the server: the pid was reused by another process"
+    try:
+        group = os.getpgid(state.pid)
+    except OSError:
+        return f"pid {state.pid} is not running"
+    if group != state.pgid:
+        return f"pid {state.pid} is in process group {group}, not the server's {state.pgid}"
+    env = _environ(state.pid)
+    if env is None:
+        return f"the environment of pid {state.pid} cannot be read to check it is the server"
+    if env.get(config.SERVER_TOKEN) != state.token:
+        return f"pid {state.pid} does not hold this server's token: not the process `maxinstr server start` made"
+    if env.get(config.RUN_DIR) != str(state.run_dir):
+        return f"pid {state.pid} was started for another run directory ({env.get(config.RUN_DIR)!r})"
+    if state.session is not None:
+        argv = (_read_text(f"/proc/{state.pid}/cmdline") or "").split("\0")
+        if f"--session-new={state.session}" not in argv:
+            return f"pid {state.pid} did not launch the nsys session server.json names ({state.session})"
+    return None
 
 
 def session_name(run_dir: Path) -> str:
@@ -111,8 +258,27 @@ def shutdown_command(nsys: Nsys, session: str) -> list[str]:
     return [nsys.path, "shutdown", f"--session={session}"]
 
 
-def _nsys(state_or_path: str | None) -> Nsys:
-    return Nsys(state_or_path or "nsys", NsysOptions(capture="all", window_s=None))
+def _nsys(path: str | None) -> Nsys:
+    return Nsys(path or "nsys", NsysOptions(capture="all", window_s=None))
+
+
+def _nsys_now(state: ServerState, echo: Callable[[str], None] | None = None) -> Nsys:
+    """The nsys found on PATH now: never the program server.json names (a file is data; a
+    planted ``"nsys": "/tmp/x.sh"`` would otherwise run as whoever stops the server)."""
+    from maxinstr.launch.env import find_tool
+
+    tool = find_tool("nsys", probe_version=False)
+    if not tool.found or tool.path is None:
+        raise MaxinstrError(f"nsys is not installed: {tool.install_hint()}")
+    recorded = state.nsys
+    if recorded and echo is not None and os.path.realpath(recorded) != os.path.realpath(tool.path):
+        echo(f"maxinstr: server.json names nsys {recorded!r}; running {tool.path} (found now) instead: "
+             "a program named in a file is never run")
+    return _nsys(tool.path)
+
+
+def _refuse(state: ServerState, problem: str, what: str) -> MaxinstrError:
+    return MaxinstrError(f"{state.run_dir / STATE_FILE}: {problem}; {what}")
 
 
 def _wait_ready(state: ServerState, ready: str | None, timeout_s: float, patterns) -> None:
@@ -148,8 +314,14 @@ def _wait_ready(state: ServerState, ready: str | None, timeout_s: float, pattern
 
 
 def _kill_group(state: ServerState, grace_s: float = 10.0) -> None:
-    """SIGTERM then SIGKILL to the process group we started (and only that group)."""
+    """SIGTERM then SIGKILL to the process group we started (and only that group: each signal
+    goes only to a process :func:`verify` proves is the server)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
+        problem = verify(state)
+        if problem is not None:
+            if state.alive():
+                raise _refuse(state, problem, "it was not signalled")
+            return
         try:
             os.killpg(state.pgid, sig)
         except (ProcessLookupError, PermissionError):
@@ -176,13 +348,22 @@ def start_server(
     """Start ``command`` in its own process group (under ``nsys launch`` when profiling),
     output to ``RUN/server.log``, and wait until its log matches ``ready``."""
     run_dir = sv.ensure_dir(run_dir).resolve()
-    if (run_dir / STATE_FILE).exists():
-        old = ServerState.load(run_dir)
-        if old.alive():
+    if os.path.lexists(run_dir / STATE_FILE):
+        try:
+            old: ServerState | None = ServerState.load(run_dir)
+        except MaxinstrError:
+            old = None  # damaged: nothing in it is trusted, and it is replaced
+        if old is not None and verify(old) is None:
             raise MaxinstrError(f"{run_dir}: a server started here is still running (pid {old.pid}); `maxinstr server stop {run_dir}` first")
-    clear_previous_server(run_dir)
+        if old is not None and old.alive() and (_environ(old.pid) or {}).get(config.RUN_DIR) == str(run_dir):
+            # started for this directory, but by a maxinstr that recorded nothing to verify it by
+            raise MaxinstrError(f"{run_dir}: a server started here (pid {old.pid}) may still be running and cannot be "
+                                "verified (server.json from an older maxinstr): stop it yourself first")
     spec = runner.RunSpec(command=command, run_dir=run_dir)
+    clear_previous_server(run_dir)
     env = runner.child_env(spec, runner.RunOptions(stage_specs=list(stage_specs or []), presets=list(presets or [])), run_dir)
+    token = secrets.token_hex(16)
+    env[config.SERVER_TOKEN] = token
     session = None
     cmd = list(command)
     if profiler == "nsys":
@@ -192,7 +373,10 @@ def start_server(
     elif profiler != "none":
         raise MaxinstrError(f"server profiling supports nsys or none, not {profiler!r} (on AMD: `maxinstr run --profiler rocprofv3` around the whole server)")
     log_path = run_dir / LOG_FILE
-    log = open(log_path, "ab")
+    try:
+        log = open_write_file(log_path)
+    except OSError as exc:
+        raise MaxinstrError(f"{log_path}: cannot write the server log ({exc.strerror or exc})") from None
     try:
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -202,7 +386,8 @@ def start_server(
         log.close()
     state = ServerState(run_dir=run_dir, pid=proc.pid, pgid=proc.pid, command=list(command), launch_command=cmd,
                         profiler=profiler, session=session, nsys=nsys_path if profiler == "nsys" else None,
-                        windows=[], log=str(log_path))
+                        windows=[], log=str(log_path), start_ticks=process_start_ticks(proc.pid), boot_id=boot_id(),
+                        token=token)
     state.save()
     # Keep a reference so the child is reaped if this process lives on (tests, `server run`).
     _children[proc.pid] = proc
@@ -237,15 +422,23 @@ def profile_window(
     bench: list[str] | None = None,
     echo: Callable[[str], None] | None = sv.print_line,
     timeout_s: float | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> tuple[dict, Artifact | None, sv.ChildResult | None]:
     """One capture window: ``nsys start``, then the benchmark command (or ``duration_s``
     seconds), then ``nsys stop``; verify and export that window's report."""
     state = ServerState.load(run_dir)
     if not state.alive():
-        raise MaxinstrError(f"{run_dir}: the server (pid {state.pid}) is not running; see {state.log}")
+        raise MaxinstrError(f"{run_dir}: the server (pid {state.pid}) is not running; see {state.run_dir / LOG_FILE}")
+    problem = verify(state)
+    if problem is not None:
+        raise _refuse(state, problem, "no window was captured")
     k = len(state.windows) + 1
     output = state.run_dir / f"window-{k}"
-    nsys = _nsys(state.nsys)
+    for ext in (".nsys-rep", ".sqlite", ".qdstrm", ".bench.log"):
+        planted = state.run_dir / f"window-{k}{ext}"
+        if planted.is_symlink():  # nsys and the benchmark's log would write through it
+            raise MaxinstrError(f"{planted}: {LINK_REFUSED}: remove it; no window was captured")
+    nsys = _nsys_now(state, say) if state.profiler == "nsys" else _nsys(None)
     if state.profiler == "nsys":
         # The session may not be registered yet right after launch: retry briefly.
         for attempt in range(5):
@@ -284,16 +477,29 @@ def profile_window(
     return window, artifact, bench_result
 
 
-def stop_server(run_dir: Path, grace_s: float = 20.0) -> ServerState:
+def stop_server(run_dir: Path, grace_s: float = 20.0, say: Callable[[str], None] | None = None) -> ServerState:
     """End the server: ``nsys shutdown`` on its session, then the recorded process group."""
     state = ServerState.load(run_dir)
-    if state.profiler == "nsys" and state.alive():
+    if not state.alive():
+        _reap(state.pid)
+        return state  # nothing left to stop
+    problem = verify(state)
+    if problem is not None:
+        raise _refuse(state, problem, "nothing was signalled")
+    nsys = None
+    if state.profiler == "nsys":
         try:
-            subprocess.run(shutdown_command(_nsys(state.nsys), state.session), capture_output=True,  # type: ignore[arg-type]
+            nsys = _nsys_now(state, say)
+        except MaxinstrError as exc:
+            if say is not None:
+                say(f"maxinstr: {exc}; stopping the server's process group instead")
+    if nsys is not None:
+        try:
+            subprocess.run(shutdown_command(nsys, state.session), capture_output=True,  # type: ignore[arg-type]
                            timeout=60, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired):
             pass
-    elif state.alive():
+    else:
         _kill_group(state, grace_s)  # no profiler session: SIGTERM to the group we started
     deadline = time.monotonic() + grace_s
     while state.alive() and time.monotonic() < deadline:

@@ -8,6 +8,7 @@ group maxinstr started may be signalled, never processes found by name.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -18,8 +19,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 import subprocess
-from collections.abc import Callable
-from typing import IO
+from collections.abc import Callable, Iterator
+from typing import IO, Any
+
+from maxinstr._files import open_write_file
 
 # Lines that mean the run is already lost. Each is (label, regex). A match starts a short
 # grace period: a child that exits by itself in that time is simply reported as failed;
@@ -40,7 +43,37 @@ STATUS_OK = "ok"
 STATUS_FAILED = "failed"  # exited non-zero by itself
 STATUS_FATAL_LOG = "fatal-log"  # stopped by maxinstr after a fatal line in the log
 STATUS_TIMEOUT = "timeout"
-STATUS_INTERRUPTED = "interrupted"  # Ctrl-C
+STATUS_INTERRUPTED = "interrupted"  # Ctrl-C, or SIGTERM / SIGHUP to maxinstr
+
+
+class SignalInterrupt(KeyboardInterrupt):
+    """SIGTERM or SIGHUP to maxinstr while it supervises a child: handled as Ctrl-C is (the
+    child's group is stopped, what ran is recorded). Their default action killed maxinstr alone
+    and left the child (its own process group) running, with no launch.json."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """While a child runs: SIGTERM and SIGHUP raise :class:`SignalInterrupt` (main thread only,
+    and only where they had their default action: a program embedding this keeps its own)."""
+    saved: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                saved[sig] = signal.signal(sig, _raise_interrupt)
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise SignalInterrupt(signum)
 
 
 @dataclass
@@ -56,6 +89,7 @@ class ChildResult:
     fatal_line: str | None = None
     tail: list[str] = field(default_factory=list)
     stopped_by_maxinstr: bool = False
+    signal: int | None = None  # SIGTERM / SIGHUP that interrupted maxinstr (None: Ctrl-C or none)
 
     @property
     def ok(self) -> bool:
@@ -71,7 +105,8 @@ class ChildResult:
             return f"stopped after {self.wall_s:.1f} s: {self.fatal_label}: {self.fatal_line}"
         if self.status == STATUS_TIMEOUT:
             return f"stopped at the {self.wall_s:.0f} s time limit"
-        return f"interrupted after {self.wall_s:.1f} s (partial results kept)"
+        by = f" by {signal.Signals(self.signal).name}" if self.signal else ""
+        return f"interrupted{by} after {self.wall_s:.1f} s (partial results kept)"
 
     def to_json(self) -> dict:
         return {
@@ -82,6 +117,7 @@ class ChildResult:
             "log": self.log_path,
             "fatal": None if self.fatal_label is None else {"label": self.fatal_label, "line": self.fatal_line},
             "stopped_by_maxinstr": self.stopped_by_maxinstr,
+            "signal": signal.Signals(self.signal).name if self.signal else None,
         }
 
 
@@ -163,7 +199,7 @@ def supervise(
     Raises FileNotFoundError when the executable does not exist.
     """
     patterns = compile_patterns(fatal_patterns or ())
-    log = open(log_path, "ab") if log_path else None
+    log = open_write_file(log_path) if log_path else None  # O_NOFOLLOW: never through a planted link
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -183,21 +219,25 @@ def supervise(
     pump = _LogPump(proc.stdout, log, echo, patterns)  # type: ignore[arg-type]
     pump.start()
     status, stopped = STATUS_OK, False
-    try:
-        while proc.poll() is None:
-            now = time.monotonic()
-            if timeout_s is not None and now - start > timeout_s:
-                status, stopped = STATUS_TIMEOUT, True
-                stop_group(proc, pgid, grace_s=stop_grace_s)
-                break
-            if pump.fatal is not None and now - pump.fatal[2] > fatal_grace_s:
-                status, stopped = STATUS_FATAL_LOG, True
-                stop_group(proc, pgid, grace_s=min(stop_grace_s, 10.0))
-                break
-            time.sleep(poll_s)
-    except KeyboardInterrupt:
-        status, stopped = STATUS_INTERRUPTED, True
-        stop_group(proc, pgid, grace_s=stop_grace_s)
+    by_signal: int | None = None
+    with _signals_interrupt():
+        try:
+            while proc.poll() is None:
+                now = time.monotonic()
+                if timeout_s is not None and now - start > timeout_s:
+                    status, stopped = STATUS_TIMEOUT, True
+                    stop_group(proc, pgid, grace_s=stop_grace_s)
+                    break
+                if pump.fatal is not None and now - pump.fatal[2] > fatal_grace_s:
+                    status, stopped = STATUS_FATAL_LOG, True
+                    stop_group(proc, pgid, grace_s=min(stop_grace_s, 10.0))
+                    break
+                time.sleep(poll_s)
+        except KeyboardInterrupt as exc:
+            status, stopped = STATUS_INTERRUPTED, True
+            by_signal = exc.signum if isinstance(exc, SignalInterrupt) else None
+            # a terminating signal asks for an end soon: the child gets less time than after Ctrl-C
+            stop_group(proc, pgid, grace_s=stop_grace_s if by_signal is None else min(stop_grace_s, 5.0))
     wall_s = time.monotonic() - start
     returncode = proc.wait()
     pump.join(timeout=2.0)  # a grandchild may hold the pipe open: do not wait for it
@@ -218,6 +258,7 @@ def supervise(
         fatal_line=fatal_line,
         tail=list(pump.tail),
         stopped_by_maxinstr=stopped,
+        signal=by_signal,
     )
 
 

@@ -19,6 +19,7 @@ Nothing here knows the session class: the session module implements :class:`Root
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -26,6 +27,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import numpy as np
@@ -37,6 +39,10 @@ from maxinstr.rundir import format as fmt
 
 BUSY_ROWS = 4096  # a drain this big means records arrive fast: drain again without sleeping
 SIGNAL_RESOLVE_S = 2.0  # killed by a signal: GPU records in flight get this long, never a blocking wait
+CLOSE_BUDGET_S = 1.0
+"""Close (and exit) write pending attrs for at most this long, from when close is asked: another
+thread recording stages with attrs all the while once made close take 20-40 s. What is left then
+is counted (part.json ``attrs_dropped_close``) and said in the report."""
 
 
 def native_core() -> Any:
@@ -142,17 +148,60 @@ def _drain(proc: Process, native: Any, block: bool, periodic: bool) -> int:
     for name_id, name in new_names:
         proc.names[int(name_id)] = name
     rows = np.frombuffer(data, dtype=fmt.STAGE_DTYPE) if data else np.empty(0, dtype=fmt.STAGE_DTYPE)
-    attrs = [(int(rid), a) for rid, a in attrs]
     try:
+        attrs = attrs if type(attrs) is list else list(attrs)  # (record id, attrs) pairs from the core
         sink.write(rows, proc.names, attrs)
     except Exception as exc:  # noqa: BLE001 - never raise into the program; the loss is counted
         # a batch the sink could not take (a bug, or a value nothing could encode): counted
         # where the run says so (part.json rows_dropped_disk, Run.notes)
-        sink.count_unwritten(len(rows))
+        sink.count_unwritten(len(rows), len(attrs))
         sink.event("error", f"{len(rows)} record(s) not written: {type(exc).__name__}: {exc}", dropped_records=len(rows))
+    except BaseException:
+        # Ctrl-C (or SystemExit from a signal handler) between the drain and the write: the
+        # batch left the core and would vanish without a word; counted, then the interrupt goes on
+        sink.count_unwritten(len(rows), len(attrs))
+        raise
     if root is not None:
         root.after_drain(rows, periodic=periodic)
     return len(rows)
+
+
+def begin_close(proc: Process) -> None:
+    """Start the close's clock (:data:`CLOSE_BUDGET_S`) on the root's sink, before waiting for
+    the lock: a flusher writing a large batch then stops at the deadline too."""
+    root = proc.root
+    sink = root.sink if root is not None else None
+    if sink is not None:
+        try:
+            sink.begin_close(time.monotonic() + CLOSE_BUDGET_S)
+        except Exception:  # noqa: BLE001 - a sink without a deadline still closes
+            pass
+
+
+@contextlib.contextmanager
+def hold_interrupt() -> Iterator[list[int]]:
+    """Ctrl-C while the run is being closed is held until the close finishes (it is bounded,
+    :data:`CLOSE_BUDGET_S`): the list yielded then holds SIGINT, and the caller raises
+    KeyboardInterrupt itself, so nothing drained is lost on the way (it left 300,000 rows without
+    their attrs, the part marked closed, and a traceback from inside the drain). A second Ctrl-C
+    is obeyed at once (what it cuts short is counted). Only in the main thread, and only while
+    SIGINT has Python's default handler: a program's own handler is its own."""
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield held
+        return
+
+    def hold(signum: int, frame: Any) -> None:
+        if held:
+            raise KeyboardInterrupt
+        held.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield held
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def resolve_bounded(timeout_s: float) -> None:
@@ -175,16 +224,27 @@ class BufferDrops:
     """Says in the run's events (and once as a warning) when the native buffer dropped
     records since ``base`` (the count when the session began)."""
 
+    LOSSES = ("attrs_unconverted", "depth_refused")
+    """The core's other counts of what it did not keep (process-wide, so taken since begin)."""
+
     def __init__(self) -> None:
         self.base = 0
         self.said = 0
+        self.loss_base: dict[str, int] = {}
 
     def begin(self) -> None:
-        self.base = int(native_stats().get("dropped_records", 0) or 0)
+        stats = native_stats()
+        self.base = int(stats.get("dropped_records", 0) or 0)
+        self.loss_base = {k: int(stats.get(k, 0) or 0) for k in self.LOSSES}
 
     def since_begin(self, stats: dict[str, Any] | None = None) -> int:
         stats = native_stats() if stats is None else stats
         return int(stats.get("dropped_records", 0) or 0) - self.base
+
+    def losses(self, stats: dict[str, Any]) -> dict[str, int]:
+        """part.json fields: what the core did not keep during this session (the reader says
+        each count above zero in the report's notes)."""
+        return {k: max(int(stats.get(k, 0) or 0) - self.loss_base.get(k, 0), 0) for k in self.LOSSES}
 
     def note(self, sink: Sink) -> None:
         dropped = self.since_begin()
@@ -253,6 +313,15 @@ def exit_process(reason: str = "exit") -> None:
     if proc.pid != os.getpid() or proc.exited or proc.closing:
         return
     proc.closing = True
+    begin_close(proc)
+    with hold_interrupt():  # the process is ending: a Ctrl-C now only waits for the (bounded) close
+        _exit_locked(proc, reason)
+    proc.stop.set()
+    if proc.pending_signal is not None and reason not in ("SIGTERM", "SIGHUP", "SIGINT"):
+        _die_by(proc.pending_signal)  # a terminating signal arrived while we finished
+
+
+def _exit_locked(proc: Process, reason: str) -> None:
     acquired = proc.lock.acquire(timeout=5.0)  # never hang an exiting program
     try:
         if proc.exited:
@@ -274,9 +343,6 @@ def exit_process(reason: str = "exit") -> None:
         if acquired:
             proc.lock.release()
         proc.closing = False
-    proc.stop.set()
-    if proc.pending_signal is not None and reason not in ("SIGTERM", "SIGHUP", "SIGINT"):
-        _die_by(proc.pending_signal)  # a terminating signal arrived while we finished
 
 
 _SAVED_SIGNALS: dict[int, Any] = {}  # signal -> the handler ours replaced (process-wide)

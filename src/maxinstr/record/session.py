@@ -343,7 +343,9 @@ class Session:
             proc_mod.exit_process(reason="closed")
             self.closed = True
             return
-        with proc.lock:
+        if proc.root is self:
+            proc_mod.begin_close(proc)  # bounded whatever other threads record (issue 29)
+        with proc_mod.hold_interrupt() as interrupted, proc.lock:
             self.closed = True
             if self in proc.stack:
                 proc.stack.remove(self)
@@ -355,9 +357,11 @@ class Session:
                             entry["end_ns"] = clock_ns()
                             break
                     host._write_meta()
-                return
-            self.close_root("closed")
+            else:
+                self.close_root("closed")
         proc_mod.stop_flusher_if_idle(proc)
+        if interrupted:
+            raise KeyboardInterrupt  # the Ctrl-C that came while the run was being closed, now it is
 
     def close_root(self, reason: str) -> None:
         """Final flush and files of the process's root session (the caller holds the lock)."""
@@ -384,7 +388,7 @@ class Session:
         stats = native_stats()
         if self.sink is not None:
             self.sink.close(status=reason, closed_ns=clock_ns(), native=stats,
-                            dropped_records=self._drops.since_begin(stats))
+                            dropped_records=self._drops.since_begin(stats), **self._drops.losses(stats))
         if self.meta is not None:
             self.meta["status"] = "closed"
             self.meta["session"]["end_ns"] = clock_ns()
@@ -590,7 +594,10 @@ def _clear_previous_run(path: Path) -> None:
         return  # not ours to delete
     if not isinstance(old, dict) or old.get("format") != fmt.FORMAT_NAME:
         return
-    shutil.rmtree(path / fmt.PARTS_DIR, ignore_errors=True)
+    parts = path / fmt.PARTS_DIR
+    if parts.is_symlink():
+        parts.unlink()  # a planted link: the link goes, its target is never touched nor written
+    shutil.rmtree(parts, ignore_errors=True)
     meta.unlink(missing_ok=True)
 
 

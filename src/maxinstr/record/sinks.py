@@ -39,9 +39,14 @@ class Sink(Protocol):
         """Take one drained batch: ``rows`` (STAGE_DTYPE), every name id the process knows, and
         the attrs of records that had some. Never raises for a disk problem (counted instead)."""
 
-    def count_unwritten(self, rows: int) -> None:
-        """A batch :meth:`write` raised on (a bug, or a value nothing could encode): count it
-        where the run says what was dropped."""
+    def count_unwritten(self, rows: int, attrs: int = 0) -> None:
+        """A batch :meth:`write` raised on, or never reached (a bug, a value nothing could
+        encode, Ctrl-C between the drain and the write): count its rows and attrs where the
+        run says what was dropped."""
+
+    def begin_close(self, deadline: float) -> None:
+        """The session is closing: attrs not written by ``deadline`` (``time.monotonic()``) are
+        counted instead of written, so close is bounded whatever other threads record."""
 
     def event(self, kind: str, message: str, **fields: Any) -> None:
         """One warning/error line for the run (events.jsonl where there is one)."""
@@ -83,8 +88,11 @@ class MemorySink:
                 if rid in kept:
                     self.attrs[int(rid)] = plain(a)  # data, never the caller's objects
 
-    def count_unwritten(self, rows: int) -> None:
+    def count_unwritten(self, rows: int, attrs: int = 0) -> None:
         self.dropped += rows
+
+    def begin_close(self, deadline: float) -> None:
+        return None  # in memory: nothing slow to bound
 
     def event(self, kind: str, message: str, **fields: Any) -> None:
         return None  # an in-memory run has no events.jsonl; records() notes say what was dropped
@@ -137,8 +145,13 @@ class PythonSink:
     def write(self, rows: np.ndarray, names: dict[int, str], attrs: Attrs) -> None:
         self.part.write(rows, names, attrs)
 
-    def count_unwritten(self, rows: int) -> None:
+    def count_unwritten(self, rows: int, attrs: int = 0) -> None:
         self.part.rows_dropped += rows
+        self.part.attrs_dropped_disk += attrs
+
+    def begin_close(self, deadline: float) -> None:
+        if self.part.deadline is None or deadline < self.part.deadline:
+            self.part.deadline = deadline
 
     def event(self, kind: str, message: str, **fields: Any) -> None:
         self.part.event(kind, message, **fields)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
-from maxinstr._text import kernel_label, safe_name, visible
+from maxinstr._text import kernel_label, shown
 from maxinstr.render import _fmt as f
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ _BLOCK_START = re.compile(r"^(\s*)([-+=>]|\d+[.)])")
 def _text(value: Any) -> Md:
     """Data (a name, a path, a sentence quoting names) as Markdown that shows exactly that text:
     no emphasis, link, image, raw HTML or table cell break can come out of it."""
-    return Md(_INLINE.sub(lambda m: "\\" + m.group(), visible(value)))
+    return Md(_INLINE.sub(lambda m: "\\" + m.group(), shown(value)))
 
 
 def _item(value: Any) -> Md:
@@ -40,7 +40,7 @@ def _item(value: Any) -> Md:
 def _code(value: Any, *, in_table: bool = True) -> Md:
     """A code span holding ``value`` whatever backticks it contains (a fence one longer than its
     longest run); in a table, pipes are escaped as GFM wants inside code spans too."""
-    s = visible(value)
+    s = shown(value)
     fence = "`" * (max((len(r) for r in re.findall("`+", s)), default=0) + 1)
     pad = " " if s[:1] in ("`", " ") or s[-1:] in ("`", " ") else ""
     if in_table:
@@ -50,7 +50,7 @@ def _code(value: Any, *, in_table: bool = True) -> Md:
 
 def _fenced(command: str, info: str = "sh") -> list[str]:
     """A fenced code block for ``command``: its fence is longer than any backtick run inside."""
-    body = safe_name(str(command))
+    body = shown(command)
     fence = "`" * max(3, max((len(r) for r in re.findall("`+", body)), default=0) + 1)
     return [fence + info, body, fence]
 

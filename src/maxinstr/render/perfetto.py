@@ -32,6 +32,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
+from maxinstr._text import clip_text
+from maxinstr.columns import factorize
 from maxinstr.analyze.timeline import (CALLS_MAX_OPS, MAX_LANES, OP_KIND_NAMES, Timeline, group_codes, hw_throttled,
                                        lanes, launch_calls, nest_lanes, timeline)
 
@@ -70,8 +72,10 @@ COUNTERS: tuple[tuple[str, str, str, float], ...] = (
 
 
 def _esc(values: Iterable[str]) -> np.ndarray:
-    """JSON string literals (quoted, escaped), ready for a ``%s`` in a template."""
-    return np.array([json.dumps(str(v)) for v in values], dtype=object)
+    """JSON string literals (quoted, escaped), ready for a ``%s`` in a template; a text longer
+    than a view shows (``_text.DISPLAY_CHARS``) is cut, the cut said: a trace viewer shows names,
+    and one 10 MB name repeated on every slice made the trace as many times 10 MB."""
+    return np.array([json.dumps(clip_text(str(v))) for v in values], dtype=object)
 
 
 def _tmpl(text: str) -> str:
@@ -100,13 +104,13 @@ class _Tracks:
             return
         self.seen_pids.add(pid)
         self.meta.append('{"ph":"M","name":"process_name","pid":%d,"tid":0,"args":{"name":%s}},\n'
-                         % (pid, json.dumps(name)))
+                         % (pid, json.dumps(clip_text(name))))
         self.meta.append('{"ph":"M","name":"process_sort_index","pid":%d,"tid":0,"args":{"sort_index":%d}},\n'
                          % (pid, sort))
 
     def thread(self, pid: int, tid: int, name: str, sort: int | None = None) -> None:
         self.meta.append('{"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":%s}},\n'
-                         % (pid, tid, json.dumps(name)))
+                         % (pid, tid, json.dumps(clip_text(name))))
         if sort is not None:
             self.meta.append('{"ph":"M","name":"thread_sort_index","pid":%d,"tid":%d,"args":{"sort_index":%d}},\n'
                              % (pid, tid, sort))
@@ -123,11 +127,10 @@ def _stage_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iter
     n = len(inst)
     if n == 0:
         return
-    keys = inst.key.astype(str)
-    ukeys, kcode = np.unique(keys, return_inverse=True)
-    kcode = kcode.reshape(-1)
+    ukeys, kcode = factorize(inst.key)  # no fixed-width copy of the names
     key_json = _esc(ukeys)
-    leaf_json = _esc(inst.name.astype(str))
+    uleaf, lcode = factorize(inst.name)
+    leaf_json = _esc(uleaf)[lcode]
     startup = inst.warmup | (inst.inside_startup if len(inst.inside_startup) == len(inst) else False)
     cat = np.where(startup, '"stage,warmup"', np.where(inst.cold, '"stage,cold_start"', '"stage"')).astype(object)
     busy = np.where(inst.proj_start_ns >= 0, inst.busy_ns, -1)
@@ -221,7 +224,11 @@ def _op_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dict[s
     names = np.where(nid >= 0, name_json[np.maximum(nid, 0)] if len(name_json) else "",
                      default[np.clip(kind, 0, len(OP_KIND_NAMES) - 1)])
     fam = (_esc(FAMILY_NAMES)[op_family] if len(op_family) == n else np.full(n, '"other"', dtype=object))
-    keys = _esc(tl.inst.key.astype(str)) if len(tl.inst) else np.empty(0, object)
+    if len(tl.inst):
+        ukeys, kcode = factorize(tl.inst.key)
+        keys = _esc(ukeys)[kcode]
+    else:
+        keys = np.empty(0, object)
     stage = np.where(tl.op_stage >= 0, keys[np.maximum(tl.op_stage, 0)] if len(keys) else "null", "null")
     corr = np.asarray(ops.correlation_id, np.int64)
     nbytes = np.asarray(ops.bytes, np.int64)
@@ -321,7 +328,7 @@ def _range_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dic
     udom, dinv = np.unique(dom, return_inverse=True)
     cats = _esc(["range," + (str(strings[d]) if 0 <= d < len(strings) else "") for d in udom.tolist()])[dinv.reshape(-1)]
     names = range_names(trace)[rows]
-    un, ninv = np.unique(names.astype(str), return_inverse=True)
+    un, ninv = factorize(names)
     order = np.lexsort((s - e, s))
     yield from _rows('{"ph":"X","name":%s,"cat":%s,"pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f},\n',
                      _esc(un)[ninv.reshape(-1)][order], cats[order], pid[order], out_tid[order],

@@ -10,7 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from maxinstr._text import kernel_label, visible
+from maxinstr._text import kernel_label, shown, visible
 from maxinstr.render import _fmt as f
 from maxinstr.render.terminal import text_width
 
@@ -21,16 +21,16 @@ if TYPE_CHECKING:
 def _cell(value: Any) -> Any:
     """A table cell: strings become Text, so a name is never read as rich markup (``[/]``,
     ``[link=...]``) or emoji codes, and control characters show as escapes."""
-    return Text(visible(value)) if isinstance(value, str) else value
+    return Text(shown(value)) if isinstance(value, str) else value
 
 
 def _lines(lines: list[str], style: str = "") -> Text:
-    return Text("\n".join(visible(x) for x in lines), style=style)
+    return Text("\n".join(shown(x) for x in lines), style=style)
 
 
 def _title(title: str) -> Text:
     """A table title that may quote names: text, not console markup (rich parses a str title)."""
-    return Text(visible(title), style="table.title")
+    return Text(shown(title), style="table.title")
 
 
 class Col:
@@ -195,7 +195,7 @@ def _header(report: Report) -> Panel:
     grid.add_column(no_wrap=True)
     grid.add_column(overflow="fold")
     for key, value, style in rows:
-        grid.add_row(Text(key, style=style), Text(visible(value), style=style))
+        grid.add_row(Text(key, style=style), Text(shown(value), style=style))
     return Panel(grid, title="maxinstr report", title_align="left")
 
 
@@ -437,15 +437,15 @@ def _diagnosis(report: Report) -> Panel | None:
             head = Text()
             head.append(f"[{x['id']}] ", style="bold")
             head.append(f"({f.at_stake(x.get('score'))}) ", style="dim")
-            head.append(visible(x["title"]))
+            head.append(shown(x["title"]))
             parts.append(Padding(head, (0, 0, 0, 2)))  # wrapped lines keep their indentation
             ev = f.evidence_text(x.get("evidence") or {}, x["id"])
             if ev:
-                parts.append(Padding(Text(f"evidence: {visible(ev)}", style="dim"), (0, 0, 0, 6)))
+                parts.append(Padding(Text(f"evidence: {shown(ev)}", style="dim"), (0, 0, 0, 6)))
             if x.get("next_step"):
-                parts.append(Padding(Text(f"next: {visible(x['next_step'])}"), (0, 0, 0, 6)))
+                parts.append(Padding(Text(f"next: {shown(x['next_step'])}"), (0, 0, 0, 6)))
             if x.get("command"):
-                parts.append(Padding(Text(f"$ {visible(x['command'])}", style="cyan"), (0, 0, 0, 6)))
+                parts.append(Padding(Text(f"$ {shown(x['command'])}", style="cyan"), (0, 0, 0, 6)))
     parts.append(Padding(Text("facts, then hypotheses, each ordered by the share of the time at stake, then what has "
                               "none at stake; --format json has every finding's full evidence", style="dim"), (0, 0, 0, 2)))
     return Panel(Group(*parts), title="Diagnosis", title_align="left")

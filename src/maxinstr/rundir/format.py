@@ -89,4 +89,18 @@ def run_artifact(run_dir: str | Path, recorded: str | None) -> str | None:
     if beside.is_file():
         return str(beside)
     path = path if path.is_absolute() else Path(run_dir) / path
+    if not inside(run_dir, path):
+        return None  # a file is data: a path it names outside the run is never read (nor exported beside) unasked
     return str(path) if path.exists() else None
+
+
+def inside(run_dir: str | Path, path: str | Path) -> bool:
+    """Whether ``path`` (links resolved) is inside ``run_dir``: where a path a run directory
+    names may lead without the user naming it (`maxinstr run` writes its traces there; a path
+    elsewhere, in a copied or crafted run, would have `report` read and `nsys export` write
+    beside a file the user never named)."""
+    try:
+        Path(path).resolve().relative_to(Path(run_dir).resolve())
+        return True
+    except (ValueError, OSError, RuntimeError):
+        return False

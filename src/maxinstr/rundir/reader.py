@@ -7,7 +7,8 @@ format are left out, counted and said in one note per file in :attr:`Run.notes`
 (:class:`Skipped`); only a file that is meaningless as a whole (meta.json unreadable or of
 another format or version, a special file, a stages.bin without one stage record) is a
 :class:`~maxinstr.errors.RunDirError` naming the file and the problem in one line
-(docs/formats.md, "Reading rules").
+(docs/formats.md, "Reading rules"). A part.json that cannot be read is a note (the part reads as
+if it had none), and a part with a file meaningless as a whole is left out of a run of several parts.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from maxinstr._files import MAX_JSON_DEPTH, parse_json, read_regular
+from maxinstr._files import MAX_JSON_DEPTH, data_extents, open_regular, parse_json, read_at, read_regular
 from maxinstr._text import safe_name
 from maxinstr.errors import RunDirError
 from maxinstr.rundir import format as fmt
@@ -131,7 +132,7 @@ def load(path: str | Path) -> Run:
         raise RunDirError(root, "no such run directory")
     if not root.is_dir():
         raise RunDirError(root, "not a directory (a run directory holds meta.json and parts/)")
-    meta = _read_meta(root / fmt.META_FILE)
+    meta = read_meta(root / fmt.META_FILE)
     notes: list[str] = []
     parts_root = root / fmt.PARTS_DIR
     part_dirs: list[Path] = []
@@ -148,12 +149,31 @@ def load(path: str | Path) -> Run:
     parts: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     samples: dict[str, Any] = {}
-    for index, pdir in enumerate(part_dirs):
+    refused: list[RunDirError] = []
+    for pdir in part_dirs:
         if pdir.name == fmt.SAMPLER_PART:  # maxinstr run's samples: no process part of the program
             samples[pdir.name] = _read_samples(pdir, notes)
             continue
-        info = _read_part(pdir, index, names, tables, attrs, events, samples, notes)
+        # a part is read into its own lists first: one whose files are meaningless as a whole
+        # (random bytes for stages.bin, a FIFO in place of a file) is left out with a note and
+        # the other parts are reported; a damaged neighbour never refuses what was recorded
+        part_attrs: dict[int, dict[str, Any]] = {}
+        part_events: list[dict[str, Any]] = []
+        part_notes: list[str] = []
+        part_tables: list[np.ndarray] = []
+        try:
+            info = _read_part(pdir, len(parts), names, part_tables, part_attrs, part_events, samples, part_notes)
+        except RunDirError as exc:
+            refused.append(exc)
+            notes.append(f"{exc}; that part ({pdir.name}) is left out")
+            continue
         parts.append(info)
+        tables += part_tables
+        attrs.update(part_attrs)
+        events += part_events
+        notes += part_notes
+    if refused and not parts:
+        raise refused[0]  # nothing of the run can be read: the first file that says why
 
     if tables:
         stages = np.concatenate(tables)
@@ -183,9 +203,17 @@ def load(path: str | Path) -> Run:
     )
 
 
-def _read_meta(path: Path) -> dict[str, Any]:
+def read_meta(path: Path) -> dict[str, Any]:
+    """A run's meta.json, checked (RunDirError naming the file and the problem)."""
     data = read_regular(path, RunDirError)
     if data is None:
+        try:
+            started = any(n.startswith(f".{path.name}.") and n.endswith(".tmp") for n in os.listdir(path.parent))
+        except OSError:
+            started = False
+        if started:  # a session killed while it wrote its first meta.json
+            raise RunDirError(path, "missing meta.json: a session was killed while it started (only its temporary "
+                                    "file is there); nothing was recorded")
         raise RunDirError(path, "missing meta.json: not a maxinstr run directory")
     meta = parse_json(data, path, RunDirError)
     if not isinstance(meta, dict) or meta.get("format") != fmt.FORMAT_NAME:
@@ -197,6 +225,28 @@ def _read_meta(path: Path) -> dict[str, Any]:
         )
     check_fields(meta, path, _META_FIELDS)
     return meta
+
+
+LAUNCH_FILE = "launch.json"
+
+# The launch.json fields maxinstr interprets (docs/cli.md "Files of a run"): a field of another
+# type is a RunDirError naming it, never a TypeError three calls later.
+_LAUNCH_FIELDS: Fields  # defined below, after the field tests
+
+
+def read_launch(run_dir: str | Path) -> dict[str, Any] | None:
+    """The record `maxinstr run` left in ``run_dir`` (launch.json), None when there is none.
+    Read as data: only a regular file, JSON of at most 64 levels, the fields maxinstr
+    interprets of their type (else RunDirError naming the file and the field)."""
+    path = Path(run_dir) / LAUNCH_FILE
+    data = read_regular(path, RunDirError)
+    if data is None:
+        return None
+    doc = parse_json(data, path, RunDirError)
+    if not isinstance(doc, dict):
+        raise RunDirError(path, "not a JSON object")
+    check_fields(doc, path, _LAUNCH_FIELDS)
+    return doc
 
 
 def is_int(v: Any, lo: int, hi: int) -> bool:
@@ -242,6 +292,28 @@ _META_FIELDS: Fields = {
 }
 
 
+def _str_map(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
+
+
+_LAUNCH_FIELDS = {
+    "command": (_strings, "a list of strings"),
+    "profiled_command": (_strings, "a list of strings"),
+    "stage_specs": (_strings, "a list of strings"),
+    "env": (_str_map, "an object of strings"),
+    "sweep": (_str_map, "an object of strings"),
+    "label": (lambda v: isinstance(v, str), "a string"),
+    "maxinstr_command": (_strings, "a list of strings"),
+    "profiler": (lambda v: isinstance(v, dict) and all(v.get(k) is None or isinstance(v.get(k), str)
+                                                       for k in ("name", "capture", "flags")), "an object"),
+    "artifact": (lambda v: isinstance(v, dict) and (v.get("files") is None or _str_map(v.get("files"))), "an object"),
+    "run": (lambda v: isinstance(v, dict), "an object"),
+    "startup": (lambda v: isinstance(v, dict), "an object"),
+    "environment": (lambda v: isinstance(v, dict), "an object"),
+    "stage_specs_unapplied": (_str_map, "an object of strings"),
+}
+
+
 # The part.json fields maxinstr writes itself and the reader and the report interpret. Not pid
 # and rank (a damaged one falls back to what the folder name says), nor local_rank and
 # world_size: they come from the program's environment (LOCAL_RANK=-1 is the user's to set),
@@ -254,7 +326,8 @@ _PART_FIELDS: Fields = {
     "started_unix_ns": (lambda v: is_int(v, 0, 2**63), "a time in ns"),
     "ppid": (_count, "a process id"),
     **{key: (lambda v: is_int(v, 0, 2**63), "a count (an integer from 0)")
-       for key in ("rows_written", "dropped_records", "rows_dropped_disk")},
+       for key in ("rows_written", "dropped_records", "rows_dropped_disk", "attrs_dropped_disk", "attrs_dropped_close",
+                                  "attrs_unconverted", "depth_refused")},
 }
 
 
@@ -279,13 +352,19 @@ def _read_part(
 ) -> dict[str, Any]:
     info: dict[str, Any] = {}
     part_json = pdir / fmt.PART_FILE
-    data = read_regular(part_json, RunDirError)
-    if data is not None:
-        loaded = parse_json(data, part_json, RunDirError)
-        if not isinstance(loaded, dict):
-            raise RunDirError(part_json, "not a JSON object")
-        check_fields(loaded, part_json, _PART_FIELDS)
-        info.update(loaded)
+    try:
+        data = read_regular(part_json, RunDirError)
+        if data is not None:
+            loaded = parse_json(data, part_json, RunDirError)
+            if not isinstance(loaded, dict):
+                raise RunDirError(part_json, "not a JSON object")
+            check_fields(loaded, part_json, _PART_FIELDS)
+            info.update(loaded)
+    except RunDirError as exc:
+        # part.json only describes the part (pid, rank, status, counts): one that is torn (a
+        # kill mid-write) or damaged is read as a missing one, never refusing the part's records
+        notes.append(f"{exc}: the part is read without it (pid and rank from its folder name, "
+                     "its status and counts unknown)")
     pid, rank = _pid_rank_from_name(pdir.name)
     for key, fallback in (("pid", pid), ("rank", rank)):
         value = info.get(key)
@@ -329,6 +408,7 @@ def _read_part(
         value = info.get(key)
         if value:
             notes.append(f"{pdir.name}: {value} stage record(s) dropped while recording ({why})")
+    notes += _loss_notes(pdir.name, info)
     rows, skipped = _read_stages(pdir / fmt.STAGES_FILE)
     info["rows"] = len(rows)
     said = info.get("rows_written")
@@ -362,6 +442,30 @@ def _read_part(
     if os.path.lexists(pdir / fmt.SAMPLES_FILE) or os.path.lexists(pdir / fmt.SAMPLES_LAYOUT_FILE):
         samples[pdir.name] = _read_samples(pdir, notes)
     return info
+
+
+_LOSSES = (
+    (None, "attrs_dropped_disk", "the attrs of {n} stage record(s) were not written (a disk error, or a file of the "
+                                 "run directory refused)"),
+    (None, "attrs_dropped_close", "the attrs of {n} stage record(s) were still unwritten when the session closed "
+                                  "(close writes attrs for at most 1 s, whatever other threads record): not kept"),
+    ("writer", "dropped_attrs", "the attrs of {n} stage record(s) were dropped while recording (the Python flusher "
+                                "fell a whole buffer behind the native writer)"),
+    (None, "attrs_unconverted", "the attrs of {n} stage record(s) could not be made data: not kept"),
+    (None, "depth_refused", "{n} stage(s) and mark(s) nested deeper than 32767 levels were not recorded"),
+)
+"""What part.json counts as lost (its own fields, written at close; the native writer's): each
+count above zero is a note of the report, never only a number in a file (issue 29)."""
+
+
+def _loss_notes(part: str, info: dict[str, Any]) -> list[str]:
+    out = []
+    for section, key, text in _LOSSES:
+        holder = info if section is None else info.get(section)
+        value = holder.get(key) if isinstance(holder, dict) else None
+        if is_int(value, 1, 2**63):
+            out.append(f"{part}: " + text.format(n=value))
+    return out
 
 
 def missing_name(name_id: int | str, part: str) -> str:
@@ -438,18 +542,65 @@ def keep_rows(rows: np.ndarray, checks: list[tuple[np.ndarray, Callable[[int], s
     return rows[~bad]
 
 
+STAGE_CHUNK_ROWS = 1 << 20
+"""stages.bin is read and checked this many rows (72 MB) at a time: memory is the rows kept plus
+one chunk, whatever the file's size (a 20 GB sparse stages.bin was read whole, then MemoryError)."""
+
+
 def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
     skipped = Skipped(path, "row", " that are not stage records")
-    data = read_regular(path, RunDirError)
-    if data is None:
+    opened = open_regular(path, RunDirError)
+    if opened is None:
         return np.empty(0, dtype=fmt.STAGE_DTYPE), skipped
-    size = len(data)
-    count = size // fmt.STAGE_DTYPE.itemsize
-    rows = np.frombuffer(data, dtype=fmt.STAGE_DTYPE, count=count)
+    fd, size = opened
+    width = fmt.STAGE_DTYPE.itemsize
+    count = size // width
     skipped.total = count
-    torn = size - count * fmt.STAGE_DTYPE.itemsize
+    torn = size - count * width
     if torn:
-        skipped.torn = f"ignored a torn last record ({torn} of {fmt.STAGE_DTYPE.itemsize} bytes)"
+        skipped.torn = f"ignored a torn last record ({torn} of {width} bytes)"
+    kept: list[np.ndarray] = []
+    first_bad: tuple[int, str] | None = None
+    try:
+        row = 0
+        # the file's data extents: rows wholly inside a hole of a sparse file are zero rows, never
+        # a record (sequence 0), counted without being read
+        for start, end in data_extents(fd, count * width) + [(count * width, count * width)]:
+            lo, hi = start // width, min(-(-end // width), count)
+            if lo > row:
+                skipped.add(row, "record id 0 has sequence 0 (a zero-filled row?)", count=lo - row)
+                first_bad = first_bad or (row, "record id 0 has sequence 0 (a zero-filled row?)")
+            row = max(row, lo)
+            while row < hi:
+                n = min(STAGE_CHUNK_ROWS, hi - row)
+                data = read_at(fd, row * width, n * width)
+                rows = np.frombuffer(data, dtype=fmt.STAGE_DTYPE, count=len(data) // width)
+                good, bad = _check_stage_rows(rows, skipped, row)
+                first_bad = first_bad or bad
+                if len(good):
+                    kept.append(good)
+                row += len(rows)
+                if len(rows) < n:  # the file was cut while being read: what was read is all
+                    skipped.total = row
+                    break
+            if row < hi:
+                break
+    except OSError as exc:
+        raise RunDirError(path, f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if count and not kept:
+        number, why = first_bad or (0, "unreadable")
+        raise RunDirError(path, f"none of its {count} row(s) is a stage record (row {number}: {why}): "
+                                "file damaged or not a stages.bin")
+    if not kept:
+        return np.empty(0, dtype=fmt.STAGE_DTYPE), skipped
+    return (kept[0] if len(kept) == 1 else np.concatenate(kept)), skipped
+
+
+def _check_stage_rows(rows: np.ndarray, skipped: Skipped, offset: int) -> tuple[np.ndarray, tuple[int, str] | None]:
+    """The stage records among ``rows`` (row ``offset`` of the file onward), the others counted
+    in ``skipped``; and the first bad one's (number, why), or None."""
     if len(rows) and not rows.dtype.isnative:
         rows = rows.astype(rows.dtype.newbyteorder("="))
     timed = (rows["flags"] & fmt.GPU_TIMED) != 0
@@ -459,7 +610,7 @@ def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
         # near -2**63 once made a duration wrap around to -20 ns)
         return (rows[col] < 0) | (rows[col] >= fmt.MAX_TIME_NS)
 
-    rows = keep_rows(rows, [
+    checks = [
         ((rows["flags"] & ~np.uint16(fmt.KNOWN_FLAGS)) != 0,
          lambda i: f"flags 0x{int(rows['flags'][i]):04x} has bits maxinstr does not write"),
         # ids are (pid << 32) | seq with seq from 1: an all-zero row (a zero-filled block left by
@@ -470,8 +621,16 @@ def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
         (outside("host_start_ns") | outside("host_end_ns"), lambda i: "a host time outside [0, 2**62) ns"),
         (rows["host_end_ns"] < rows["host_start_ns"], lambda i: "it ends before it starts"),
         (timed & (outside("gpu_start_ns") | outside("gpu_end_ns")), lambda i: "a GPU time outside [0, 2**62) ns"),
-    ], skipped, "a stage record", "a stages.bin")
-    return rows, skipped
+    ]
+    bad = np.zeros(len(rows), dtype=bool)
+    for mask, _ in checks:
+        bad |= mask
+    if not bad.any():
+        return rows, None
+    first = int(np.argmax(bad))
+    why = next(describe(first) for mask, describe in checks if mask[first])
+    skipped.add(offset + first, why, count=int(bad.sum()))
+    return rows[~bad], (offset + first, why)
 
 
 def read_jsonl(path: Path) -> tuple[list[tuple[int, Any]], Skipped]:

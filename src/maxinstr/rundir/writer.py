@@ -17,8 +17,12 @@ stops writing, and counts what it had to drop.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
+import secrets
+import socket
+import stat
 import threading
 import time
 import warnings
@@ -29,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from maxinstr._attrs import plain
+from maxinstr._files import open_write, real_dirs
 from maxinstr.rundir import format as fmt
 
 
@@ -54,6 +59,24 @@ def attrs_line(record_id: int, attrs: dict[str, Any]) -> bytes:
         return json_line({"id": record_id, "attrs": plain(attrs)})
 
 
+def attrs_lines(pairs: list[tuple[int, dict[str, Any]]]) -> bytes:
+    """The attrs.jsonl lines of ``pairs`` (record id, attrs): the core's C++ encoder for attrs of
+    JSON scalars (``_native.attrs_lines``, the same bytes as :func:`attrs_line`, ten times
+    faster), :func:`attrs_line` for the others."""
+    rest: Any = pairs
+    head = b""
+    try:
+        from maxinstr import _native
+
+        head, rest = _native.attrs_lines(pairs)
+    except (ImportError, AttributeError):
+        pass
+    return head + b"".join(attrs_line(rid, a) for rid, a in rest) if rest else head
+
+
+ATTRS_CHUNK = 65536
+"""Attrs are written this many records at a time, the close deadline checked between chunks."""
+
 _RESERVE_BYTES = 4096
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
@@ -69,7 +92,8 @@ def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
 
     With ``exclusive=True`` an existing file is left alone (returns False then).
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    _remove_stale_tmp(path)
+    tmp = path.with_name(f".{path.name}.{_HOST}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp")
     try:
         text = json.dumps(obj, indent=2, default=str, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError):  # a user value JSON refuses (a cycle, a huge int)
@@ -77,7 +101,7 @@ def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
     data = (text + "\n").encode("utf-8", "backslashreplace")  # a lone surrogate as its JSON escape
     data += b" " * (-(len(data) + _RESERVE_BYTES // 4) % _RESERVE_BYTES + _RESERVE_BYTES // 4)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = open_write(tmp, append=False, exclusive=True)  # nothing planted at tmp is written through
         try:
             _write_all(fd, data)
             os.fsync(fd)
@@ -87,6 +111,9 @@ def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
         tmp.unlink(missing_ok=True)
         if exc.errno in _FULL and not exclusive and _overwrite_in_place(path, data.rstrip(b" ")):
             return True
+        raise
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a signal mid-write (KeyboardInterrupt): no .tmp left behind
         raise
     try:
         if exclusive:
@@ -102,15 +129,46 @@ def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
             tmp.unlink()
 
 
+_HOST = hashlib.sha1(socket.gethostname().encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
+def _remove_stale_tmp(path: Path) -> None:
+    """Remove the temporary files a process of this host left beside ``path`` when it was killed
+    mid-write (a signal during session start left a run directory holding only
+    ``.meta.json.*.tmp``). Only this host's (a shared run directory on NFS has other hosts'
+    writers, whose pids mean nothing here), and only a dead process's."""
+    prefix = f".{path.name}.{_HOST}."
+    try:
+        names = [n for n in os.listdir(path.parent) if n.startswith(prefix) and n.endswith(".tmp")]
+    except OSError:
+        return
+    for name in names:
+        pid_text = name[len(prefix):].split(".", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+            continue  # alive: its write is under way
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):
+            continue
+        try:
+            os.unlink(path.parent / name)
+        except OSError:
+            pass
+
+
 def _overwrite_in_place(path: Path, text: bytes) -> bool:
     """Write ``text`` over ``path``'s own bytes, padded to its size (no new block needed)."""
     try:
-        fd = os.open(path, os.O_WRONLY)
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return False
     try:
-        size = os.fstat(fd).st_size
-        if len(text) > size:
+        st = os.fstat(fd)
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode) or len(text) > size:
             return False
         os.pwrite(fd, text + b" " * (size - len(text)), 0)
         return True
@@ -132,21 +190,22 @@ class _AppendFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self.size = os.fstat(self.fd).st_size if path.is_file() else 0
+        self.fd = open_write(path)  # O_NOFOLLOW: a planted link is refused, never written through
+        self.size = os.fstat(self.fd).st_size
 
     def append(self, data: bytes) -> None:
         if not data:
             return
         try:
             _write_all(self.fd, data)
-        except OSError:
+        except OSError as exc:
             # Keep the file aligned on whole records: drop what part of this batch got out.
             try:
-                if self.path.is_file():
-                    os.ftruncate(self.fd, self.size)
+                os.ftruncate(self.fd, self.size)
             except OSError:
                 pass
+            if exc.filename is None:  # the warning names the file that failed (attrs.jsonl, not the part)
+                raise OSError(exc.errno, exc.strerror, str(self.path)) from None
             raise
         self.size += len(data)
 
@@ -177,6 +236,11 @@ class PartWriter:
         self.failed: str | None = None  # first disk error, when writing stopped
         self.rows_written = 0
         self.rows_dropped = 0  # rows lost to a disk error
+        self.attrs_dropped_disk = 0  # records whose attrs a disk error (or a refused file) lost
+        self.attrs_dropped_close = 0  # records whose attrs were still unwritten at the close deadline
+        # time.monotonic() past which the attrs not yet written are counted, not written: close is
+        # bounded whatever other threads still record (Sink.begin_close)
+        self.deadline: float | None = None
         # rows appended by the core's native writer thread to this part (the session polls it)
         self.native_rows_written = 0
         self.native_rows_dropped = 0
@@ -197,7 +261,8 @@ class PartWriter:
         """Create the part folder and its files now (raises OSError when it cannot)."""
         if self._opened:
             return
-        self.part_dir.mkdir(parents=True, exist_ok=True)
+        # RUN/parts/<part>: real folders, never a planted link (the run directory itself is the user's)
+        real_dirs(self.part_dir.parent.parent, self.part_dir)
         for name in (fmt.STRINGS_FILE, fmt.ATTRS_FILE, fmt.STAGES_FILE, fmt.EVENTS_FILE):
             self._files[name] = _AppendFile(self.part_dir / name)
         self._opened = True
@@ -226,12 +291,14 @@ class PartWriter:
         ``names`` maps every name id the process knows to its name; only the ids used by
         ``rows`` and not yet in this part are written.
         """
-        attrs = list(attrs)
+        attrs = attrs if isinstance(attrs, list) else list(attrs)
         if len(rows) == 0 and not attrs:
             return
         if self.failed or not self.open_or_warn():
             self.rows_dropped += len(rows)
+            self.attrs_dropped_disk += len(attrs)
             return
+        attrs_started = False
         try:
             if len(rows):
                 new = self._new_name_ids(rows["name_id"])
@@ -241,7 +308,8 @@ class PartWriter:
                     )
                     self.mark_names_written(new)
             if attrs:
-                self._files[fmt.ATTRS_FILE].append(b"".join(attrs_line(rid, a) for rid, a in attrs))
+                attrs_started = True  # from here _write_attrs counts what it could not write
+                self._write_attrs(attrs)
             if len(rows):
                 # the drained buffer itself when it is one (no copy of a large batch)
                 base = rows.base if isinstance(rows.base, bytes) and len(rows.base) == rows.nbytes else None
@@ -251,7 +319,23 @@ class PartWriter:
                 self._fsync_in_background()
         except OSError as exc:
             self.rows_dropped += len(rows)
+            if not attrs_started:
+                self.attrs_dropped_disk += len(attrs)
             self.fail(exc, "cannot write to")
+
+    def _write_attrs(self, attrs: list[tuple[int, dict[str, Any]]]) -> None:
+        """Append the attrs lines a chunk at a time; past :attr:`deadline` the rest are counted
+        (``attrs_dropped_close``), and a disk error counts those not written (then raises)."""
+        out = self._files[fmt.ATTRS_FILE]
+        for start in range(0, len(attrs), ATTRS_CHUNK):
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                self.attrs_dropped_close += len(attrs) - start
+                return
+            try:
+                out.append(attrs_lines(attrs[start:start + ATTRS_CHUNK]))
+            except OSError:
+                self.attrs_dropped_disk += len(attrs) - start
+                raise
 
     def _new_name_ids(self, ids: np.ndarray) -> list[int]:
         """Name ids in ``ids`` not yet written to this part (a bitmap test, no sort, in the
@@ -313,6 +397,8 @@ class PartWriter:
         self.info.update(updates)
         self.info["rows_written"] = self.rows_written + self.native_rows_written
         self.info["rows_dropped_disk"] = self.rows_dropped + self.native_rows_dropped
+        self.info["attrs_dropped_disk"] = self.attrs_dropped_disk
+        self.info["attrs_dropped_close"] = self.attrs_dropped_close
         write_json_atomic(self.part_dir / fmt.PART_FILE, self.info)
 
     def close(self, **updates: Any) -> None:
@@ -350,9 +436,11 @@ class PartWriter:
             return
         self.failed = f"{exc.strerror or exc}"
         where = exc.filename or self.part_dir
+        # not "stages are no longer saved": the native writer may still append the rows (a
+        # failed attrs.jsonl under `ulimit -f` once said so while every row was kept)
         warnings.warn(
-            f"maxinstr: {what} run directory {where}: {self.failed}; "
-            "recording continues without it (stages are no longer saved)",
+            f"maxinstr: {what} run directory {where}: {self.failed}; the program continues, and what "
+            "is not written from now on is counted in part.json and said in the report",
             RunDirWarning,
             stacklevel=2,
         )

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from maxinstr import config
+from maxinstr._files import open_write_file, real_dirs
 from maxinstr.sample.base import DeviceInfo
 from maxinstr.sample.nvml import NVML_LIB_ENV  # noqa: F401 - tests and benchmarks set it
 
@@ -71,7 +72,7 @@ class ProcessSampler:
         """Start the child and wait until it samples (or says why it cannot). False, with
         ``failure`` set, when the child did not come up; nothing is left running then."""
         try:
-            self.part_dir.mkdir(parents=True, exist_ok=True)
+            real_dirs(self.part_dir.parent, self.part_dir)
             cmd = [sys.executable, "-m", "maxinstr.sample.process", str(self.part_dir), repr(self.interval_s),
                    ",".join(str(p) for p in self.pids), "" if self.only is None else ",".join(map(str, self.only)),
                    repr(self.flush_interval_s), str(os.getpid()), json.dumps(self.extra, default=str)]
@@ -79,7 +80,7 @@ class ProcessSampler:
             env[config.SAMPLER_GIL] = "auto"  # in its own process, holding the GIL stops nobody
             src = str(Path(__file__).resolve().parents[2])  # the package the parent imported
             env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-            self._stderr = open(self.part_dir / STDERR_FILE, "wb")
+            self._stderr = open_write_file(self.part_dir / STDERR_FILE, append=False)
             self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
                                           env=env, close_fds=True, start_new_session=True)
             line = self._ready_line()
@@ -139,7 +140,7 @@ class ProcessSampler:
             try:
                 self._stderr.close()
                 path = self.part_dir / STDERR_FILE
-                if path.stat().st_size == 0:
+                if path.lstat().st_size == 0 and not path.is_symlink():
                     path.unlink()
             except OSError:
                 pass

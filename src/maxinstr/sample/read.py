@@ -107,6 +107,15 @@ def dtype_from_layout(layout: dict[str, Any], where: Path) -> np.dtype:
         raise RunDirError(where, f"bad row layout in {SAMPLES_JSON}: {exc}") from None
     if dtype.itemsize != size:
         raise RunDirError(where, f"{SAMPLES_JSON} says rows are {size} bytes but its fields add up to {dtype.itemsize}")
+    # the columns every reader uses (a layout without t_ns, or with it as text, was a
+    # ValueError from inside the HTML view); metrics may come and go
+    for name, kind in (("t_ns", "i"), ("device", "iu"), ("flags", "iu"), ("throttle", "iu")):
+        if name not in (dtype.names or ()) or dtype[name].kind not in kind:
+            raise RunDirError(where, f"bad row layout in {SAMPLES_JSON}: no integer field {name!r}")
+    metrics = [n for n in dtype.names or () if n not in _HEADER_FIELDS]
+    bad = next((n for n in metrics if dtype[n].kind not in "fiu" or dtype[n].shape), None)
+    if bad is not None:
+        raise RunDirError(where, f"bad row layout in {SAMPLES_JSON}: field {bad!r} is not a number")
     return dtype
 
 
@@ -135,7 +144,13 @@ def read_samples(part_dir: Path | str) -> Samples:
         raise RunDirError(meta_path, f"samples format version {_clip(version)} is not a number")
     if version > 1:
         raise RunDirError(meta_path, f"samples format version {version} is newer than this maxinstr reads (1)")
-    dtype = dtype_from_layout(meta.get("row", {}), meta_path)
+    for key, ok, what in (("devices", lambda v: isinstance(v, list) and all(isinstance(d, dict) for d in v), "a list of objects"),
+                          ("errors", lambda v: isinstance(v, list) and all(isinstance(d, dict) for d in v), "a list of objects"),
+                          ("unavailable", lambda v: isinstance(v, str), "a string"),
+                          ("row", lambda v: isinstance(v, dict), "an object")):
+        if meta.get(key) is not None and not ok(meta[key]):
+            raise RunDirError(meta_path, f'"{key}" is not {what}: {_clip(meta[key])}')
+    dtype = dtype_from_layout(meta.get("row") or {}, meta_path)
     raw = np.frombuffer(bytearray(data or b""), dtype=np.uint8)  # writable, as the rows were from np.fromfile
     n = len(raw) // dtype.itemsize
     torn = len(raw) - n * dtype.itemsize

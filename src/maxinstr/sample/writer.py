@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from maxinstr._files import open_write, real_dirs, replace_atomic
+
 from maxinstr.sample.base import (
     FLAG_GPM,
     FLAG_LOST,
@@ -66,11 +68,7 @@ def row_layout() -> dict[str, Any]:
 
 
 def _write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1, allow_nan=False, default=str)
-        f.write("\n")
-    os.replace(tmp, path)
+    replace_atomic(path, (json.dumps(doc, indent=1, allow_nan=False, default=str) + "\n").encode())
 
 
 class Sampler:
@@ -122,7 +120,7 @@ class Sampler:
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> Sampler:
         try:
-            self.part_dir.mkdir(parents=True, exist_ok=True)
+            real_dirs(self.part_dir.parent, self.part_dir)  # the part folder: no planted link (parts/ is the session's)
             if not self.unavailable:
                 try:
                     self.devices = self.backend.devices()
@@ -136,7 +134,7 @@ class Sampler:
                     if d not in keep:
                         d.close()
                 self.devices = keep
-            self._fd = os.open(self.part_dir / SAMPLES_BIN, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._fd = open_write(self.part_dir / SAMPLES_BIN)
             self.write_json("running")
             if self.devices:
                 self._thread = threading.Thread(target=self._run, name="maxinstr-sampler", daemon=True)

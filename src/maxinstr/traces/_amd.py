@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from maxinstr.columns import isin_strings
+
 from maxinstr.traces import _util
 from maxinstr.traces._util import pair_push_pop, ranges_table
 from maxinstr.traces.model import NO_ID, CallKind, Calls, GpuOps, OpKind, RangeStyle, StringTable, Trace
@@ -192,9 +194,8 @@ def _marker_styles(start: np.ndarray, end: np.ndarray, tid: np.ndarray, op_names
     """Style of paired marker rows: marks are instants, start/stop ranges have no thread (tid 0)."""
     style = np.full(len(start), int(RangeStyle.PUSH_POP), np.int8)
     if op_names is not None:
-        ops = np.asarray(op_names).astype(str)
-        style[np.isin(ops, list(_START_OPS))] = int(RangeStyle.START_END)
-        style[np.isin(ops, list(_MARK_OPS))] = int(RangeStyle.MARK)
+        style[isin_strings(op_names, _START_OPS)] = int(RangeStyle.START_END)
+        style[isin_strings(op_names, _MARK_OPS)] = int(RangeStyle.MARK)
     else:
         style[tid == 0] = int(RangeStyle.START_END)
         style[start == end] = int(RangeStyle.MARK)
@@ -211,9 +212,9 @@ def markers_from_rows(
     notes: list[str],
 ) -> dict:
     """Marker rows -> range columns. Raw push/pop rows are paired; paired rows are kept."""
-    ops = np.asarray(op_names).astype(str) if op_names is not None else np.asarray(name).astype(str)
-    is_push = np.isin(ops, list(_RAW_PUSH))
-    is_pop = np.isin(ops, list(_RAW_POP))
+    ops = op_names if op_names is not None else name
+    is_push = isin_strings(ops, _RAW_PUSH)
+    is_pop = isin_strings(ops, _RAW_POP)
     raw = is_pop.any()
     if raw:
         idx = np.flatnonzero(is_push | is_pop)

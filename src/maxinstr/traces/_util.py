@@ -6,7 +6,6 @@ csv / json / sqlite3 modules themselves do while parsing.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from maxinstr._text import safe_name
+from maxinstr.columns import factorize
 from maxinstr.errors import TraceError
 from maxinstr.traces.model import NO_ID, RangeStyle, Ranges, StringTable
 
@@ -136,7 +136,7 @@ def _strict_int(value) -> int:
 
 def trailing_int(values: np.ndarray, path: object, what: str) -> np.ndarray:
     """Integers from strings like ``"Agent 1"`` or ``"1"`` (parsed once per distinct value)."""
-    uniques, inverse = np.unique(np.asarray(values).astype(str), return_inverse=True)
+    uniques, inverse = factorize(values)
     parsed = np.empty(len(uniques), dtype=np.int64)
     for i, u in enumerate(uniques):
         digits = u.rstrip()
@@ -244,19 +244,92 @@ def read_head(path: Path, n: int = 64) -> bytes:
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
 
 
-def read_bytes(path: Path) -> bytes:
-    """The whole file, gunzipped when it is gzip (TraceError when unreadable or corrupt)."""
+GUNZIP_RATIO = 100
+"""A gzip input inflates to at most this many times its own size (real traces: 3x for an RPD
+database, 7-13x for Kineto JSON; a 3 MB decompression bomb inflated to 9.3 GB in memory) ..."""
+GUNZIP_FLOOR_BYTES = 64 << 20
+"""... or this much, whichever is larger (a small file may compress well) ..."""
+GUNZIP_CAP_BYTES = 16 << 30
+"""... and never more than this (what a report can hold in memory or a temp folder)."""
+_INFLATE_CHUNK = 1 << 20
+
+
+def gunzip_limit(compressed_bytes: int) -> int:
+    """How many bytes a gzip file of ``compressed_bytes`` may inflate to."""
+    return min(max(GUNZIP_RATIO * compressed_bytes, GUNZIP_FLOOR_BYTES), GUNZIP_CAP_BYTES)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def inflate(path: Path, sink: Callable[[bytes], object]) -> int:
+    """Gunzip the file ``path`` into ``sink`` a chunk at a time, never more than
+    :func:`gunzip_limit` of its size; returns the inflated size. A file that would inflate past
+    it is a TraceError saying so (a decompression bomb, or a trace to gunzip by hand); corrupt
+    or truncated data is a TraceError too. Every gzip member is read (as ``gzip`` does)."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        fh = open(path, "rb")
     except OSError as exc:
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
-    if data[:2] == GZIP_MAGIC:
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        limit = gunzip_limit(size)
+        total = 0
+
+        def take(out: bytes) -> None:
+            nonlocal total
+            total += len(out)
+            if total > limit:
+                raise TraceError(path, f"gzip data inflates past {_size(limit)} ({GUNZIP_RATIO} times its "
+                                       f"{_size(size)}, maxinstr's bound against decompression bombs): not read; "
+                                       "if it is a real trace, gunzip it yourself and give the result")
+            sink(out)
+
+        d = zlib.decompressobj(wbits=31)
+        pending = b""
         try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
+            while True:
+                if not pending:
+                    pending = fh.read(_INFLATE_CHUNK)
+                    if not pending:
+                        break
+                if d.eof:  # between members: zero padding (as gzip(1) allows), or the next member
+                    pending = pending.lstrip(b"\0")
+                    if not pending:
+                        continue
+                    d = zlib.decompressobj(wbits=31)
+                out = d.decompress(pending, _INFLATE_CHUNK)  # never more than a chunk at a time
+                pending = d.unused_data if d.eof else d.unconsumed_tail
+                if out:
+                    take(out)
+            if not d.eof:
+                take(d.flush())
+        except zlib.error as exc:
             raise TraceError(path, f"corrupt or truncated gzip data ({exc})") from None
-    return data
+        except OSError as exc:
+            raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+        if not d.eof:
+            raise TraceError(path, "corrupt or truncated gzip data (the file ends inside a gzip member)")
+        return total
+
+
+def read_bytes(path: Path) -> bytes | bytearray:
+    """The whole file, gunzipped when it is gzip, inflating to at most :func:`gunzip_limit` of
+    its size (TraceError when unreadable, corrupt, or past that bound)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(2)
+            if head != GZIP_MAGIC:
+                return head + fh.read()
+    except OSError as exc:
+        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+    out = bytearray()
+    inflate(path, out.extend)
+    return out
 
 
 @contextmanager
@@ -276,19 +349,26 @@ def sqlite_db(path: Path) -> Iterator[tuple[sqlite3.Connection, Path]]:
     head = read_head(path, 16)
     tmpdir = None
     db_path = path
+    cleanup = None
     if head[:2] == GZIP_MAGIC:
-        tmpdir = tempfile.mkdtemp(prefix="maxinstr-")
+        # the temp copy goes on every way out: an error, a return, Ctrl-C, and SIGTERM/SIGHUP
+        # (turned into an exception while it exists); only SIGKILL can leave it behind
+        tmpdir = tempfile.mkdtemp(prefix="maxinstr-gunzip-")
+        cleanup = TempCleanup(tmpdir)
         db_path = Path(tmpdir) / (path.name[:-3] if path.name.endswith(".gz") else path.name + ".db")
         try:
-            with gzip.open(path, "rb") as src, open(db_path, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-        except (OSError, EOFError, zlib.error) as exc:
-            shutil.rmtree(tmpdir, ignore_errors=True)
-            raise TraceError(path, f"corrupt or truncated gzip data ({exc})") from None
-        head = read_head(db_path, 16)
+            with open(db_path, "wb") as dst:
+                inflate(path, dst.write)
+            head = read_head(db_path, 16)
+        except OSError as exc:  # the temp folder is full
+            cleanup.close()
+            raise TraceError(path, f"cannot inflate into {tmpdir}: {exc.strerror or exc}") from None
+        except BaseException:
+            cleanup.close()
+            raise
     if head != SQLITE_MAGIC:
-        if tmpdir:
-            shutil.rmtree(tmpdir, ignore_errors=True)
+        if cleanup is not None:
+            cleanup.close()
         raise TraceError(path, "not a SQLite database")
     con = None
     try:
@@ -304,8 +384,52 @@ def sqlite_db(path: Path) -> Iterator[tuple[sqlite3.Connection, Path]]:
     finally:
         if con is not None:
             con.close()
-        if tmpdir:
-            shutil.rmtree(tmpdir, ignore_errors=True)
+        if cleanup is not None:
+            cleanup.close()
+
+
+class TempCleanup:
+    """Removes a temporary folder or file on :meth:`close`, and when SIGTERM or SIGHUP arrives while it
+    exists: those signals (whose default action would kill the process with the folder left
+    behind, a 653 MB ``/tmp/maxinstr-*`` once) raise :class:`SystemExit` in the main thread
+    instead, so every ``finally`` runs; the handlers that were there come back at close. A
+    handler the program set itself is left alone (it decides what its signals do)."""
+
+    def __init__(self, folder: str) -> None:
+        import signal
+        import threading
+
+        self.folder = folder
+        self.saved: dict[int, object] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            try:
+                if signal.getsignal(sig) is signal.SIG_DFL:
+                    self.saved[sig] = signal.signal(sig, _exit_on_signal)
+            except (OSError, ValueError):
+                pass
+
+    def close(self) -> None:
+        import signal
+
+        for sig, handler in self.saved.items():
+            try:
+                signal.signal(sig, handler)  # type: ignore[arg-type]
+            except (OSError, ValueError):
+                pass
+        self.saved.clear()
+        if os.path.isdir(self.folder) and not os.path.islink(self.folder):
+            shutil.rmtree(self.folder, ignore_errors=True)
+        else:
+            try:
+                os.unlink(self.folder)
+            except OSError:
+                pass
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def sqlite_tables(con: sqlite3.Connection) -> dict[str, str]:
@@ -351,7 +475,7 @@ def graph_node_ordinals(op_corr: np.ndarray, op_start: np.ndarray, graph_corr: n
     return out
 
 
-def load_json(data: bytes, path: object) -> object:
+def load_json(data: bytes | bytearray, path: object) -> object:
     """Parse JSON bytes with the standard library; errors become TraceError.
 
     (orjson was measured on the 1.36M-event scaled Kineto trace: 15.4 s vs 18.3 s to parse on

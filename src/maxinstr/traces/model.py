@@ -19,6 +19,7 @@ from enum import IntEnum
 
 import numpy as np
 
+from maxinstr.columns import factorize
 from maxinstr.errors import TraceError
 from maxinstr.rundir.format import MAX_TIME_NS  # trace times too: a difference of two fits an int64
 
@@ -277,7 +278,7 @@ class StringTable:
 
     def ids_for(self, values: np.ndarray) -> np.ndarray:
         """int32 ids for an array of strings (interning each distinct value once)."""
-        uniques, inverse = np.unique(np.asarray(values, dtype=object).astype(str), return_inverse=True)
+        uniques, inverse = factorize(values)  # no fixed-width copy of the column (a 50 MB name)
         mapping = np.fromiter((self.intern(u) for u in uniques), dtype=np.int32, count=len(uniques))
         return mapping[inverse].astype(np.int32, copy=False)
 

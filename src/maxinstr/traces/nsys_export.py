@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from maxinstr.errors import TraceError
+from maxinstr.traces._util import TempCleanup
 
 HOW = (
     "maxinstr reads the SQLite export of an Nsight Systems report: install Nsight Systems so that "
@@ -56,16 +57,22 @@ def sqlite_for_report(report: str | Path, *, nsys: str | None = None, timeout_s:
         target = _cache_dir() / f"{report.stem}-{key}.sqlite"
         if target.is_file():
             return target
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp.sqlite")
+    # a folder of our own beside the target (random name, created exclusively): nsys writes its
+    # export there, never through a link planted at a guessable name; removed on every way out
+    # (SIGTERM and SIGHUP included) but SIGKILL
+    tmpdir = tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    cleanup = TempCleanup(tmpdir)
+    tmp = Path(tmpdir) / f"{target.stem}.sqlite"
     cmd = [exe, "export", "--type", "sqlite", "--force-overwrite", "true", "--output", str(tmp), str(report)]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        tmp.unlink(missing_ok=True)
-        raise TraceError(report, f"`nsys export` failed to run ({exc}): " + HOW.format(stem=report.stem, name=report.name)) from None
-    if done.returncode != 0 or not tmp.is_file():
-        tmp.unlink(missing_ok=True)
-        tail = (done.stderr or done.stdout or "").strip().splitlines()[-1:] or ["no output"]
-        raise TraceError(report, f"`nsys export --type sqlite` exited {done.returncode}: {tail[0]}")
-    os.replace(tmp, target)  # atomic: a reader never sees half an export
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise TraceError(report, f"`nsys export` failed to run ({exc}): " + HOW.format(stem=report.stem, name=report.name)) from None
+        if done.returncode != 0 or not tmp.is_file():
+            tail = (done.stderr or done.stdout or "").strip().splitlines()[-1:] or ["no output"]
+            raise TraceError(report, f"`nsys export --type sqlite` exited {done.returncode}: {tail[0]}")
+        os.replace(tmp, target)  # atomic: a reader never sees half an export
+    finally:
+        cleanup.close()
     return target

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+from typing import Any
 import json
 import re
 import sqlite3
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from maxinstr.columns import per_string
 from maxinstr.errors import TraceError
 from maxinstr.traces import _util
 from maxinstr.traces._amd import Parts as _Parts
@@ -93,19 +95,25 @@ def _read_csv_pandas(path: Path) -> dict[str, np.ndarray] | None:
     except ImportError:
         return None
     head = _util.read_head(path, 2)
+    # gzip is inflated here, within maxinstr's bound (_util.inflate), never by pandas unbounded
+    source: Any = io.BytesIO(_util.read_bytes(path)) if head == _util.GZIP_MAGIC else path
     try:
-        with open(path, "rb") as fh:
-            header = next(csv.reader([fh.readline().decode("utf-8")]), [])
+        if isinstance(source, io.BytesIO):
+            first = source.readline()
+            source.seek(0)
+        else:
+            with open(path, "rb") as fh:
+                first = fh.readline()
+        header = next(csv.reader([first.decode("utf-8")]), [])
         if not header or len(set(header)) != len(header) or any("\x00" in h for h in header):
             return None
         use = [c for c in header if c in _USED_COLS]
         if not use:
             return {name: np.empty(0, dtype=object) for name in header}
         frame = pd.read_csv(
-            path,
+            source,
             usecols=use,
             dtype={c: "category" for c in use if c in _TEXT_COLS},
-            compression="gzip" if head == _util.GZIP_MAGIC else None,
             engine="c",
             keep_default_na=False,
             na_values=[""],
@@ -278,7 +286,7 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
                 )
                 if src is not None and dst is not None:
                     src, dst = _gpu_ordinals(src, agents, parts.notes), _gpu_ordinals(dst, agents, parts.notes)
-                    to_device = np.char.find(direction.astype(str), "HOST_TO_DEVICE") >= 0
+                    to_device = per_string(direction, lambda d: "HOST_TO_DEVICE" in d)
                     device = np.where(to_device, dst, src)
                 else:
                     device = np.full(n, NO_ID)
@@ -618,14 +626,13 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
         "ttsiiiss",
     )
     if len(start):
-        cat = cat.astype(str)
+        cat = np.asarray(cat, dtype=object)  # tested per distinct category (no fixed-width copy)
         pid = _ints_or(pid, path, "pid")
         tid = _ints_or(tid, path, "tid")
         corr = _ints_or(corr, path, "correlation_id")
-        lower = np.char.lower(cat)
         # rocprofv3 writes MARKER_CORE_RANGE_API / MARKER_CORE_API, rocprof-sys rocm_marker_api
-        is_marker = np.char.find(lower, "marker") >= 0
-        is_api = ~is_marker & (np.char.find(lower, "_api") >= 0) & (np.char.find(lower, "hsa") < 0)
+        is_marker = per_string(cat, lambda c: "marker" in c.lower())
+        is_api = ~is_marker & per_string(cat, lambda c: "_api" in c.lower() and "hsa" not in c.lower())
         # (only the rows read as ranges or calls are checked: other categories' times are unused)
         start, end, name, pid, tid, corr, cat, ext, is_marker, is_api = checked(
             "rocpd_region", [start, end, name, pid, tid, corr, cat, ext, is_marker, is_api], is_marker | is_api)
@@ -826,7 +833,7 @@ def _rocpd_marks(path: Path, con: sqlite3.Connection, tables: dict[str, str], sr
             JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
         "tiiss",
     )
-    sel = np.flatnonzero(np.char.find(np.char.lower(cat.astype(str)), "marker") >= 0) if len(ts) else ts
+    sel = np.flatnonzero(per_string(np.asarray(cat, dtype=object), lambda c: "marker" in c.lower())) if len(ts) else ts
     if not len(sel):
         return None
     ts, tid, pid, ext = ts[sel], _ints_or(tid[sel], path, "tid"), _ints_or(pid[sel], path, "pid"), ext[sel]

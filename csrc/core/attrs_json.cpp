@@ -1,0 +1,161 @@
+// attrs_lines(items) -> (bytes, rest): the attrs.jsonl lines (docs/formats.md) of the
+// (record_id, attrs) pairs whose attrs are a dict of str keys and JSON scalar values (None, bool,
+// an int64, a float, a str that is valid UTF-8), byte for byte what rundir.writer.attrs_line makes
+// of them (json.dumps with separators (",", ":"), ensure_ascii=False). Every other pair comes back
+// in `rest`, for the Python path. Why C++: a json.dumps per record cost 3 to 6 us, so a session's
+// attrs were written slower than a loop records them; the close of a run with a million pending
+// attrs took 12 s (40 s while another thread kept recording), and the flusher fell behind and
+// dropped millions (issue 29). Here a line costs about a tenth of that, still under the GIL.
+#include "attrs_json.h"
+
+#include <cmath>
+#include <string>
+
+namespace maxinstr MAXINSTR_HIDDEN {
+
+namespace {
+
+// A JSON string as json.dumps(ensure_ascii=False) writes it: `"`, `\`, and the C0 controls
+// escaped (\b \f \n \r \t, others \u00xx in lowercase hex), everything else as its UTF-8 bytes.
+// False (no exception set) for a str with a lone surrogate: the Python path escapes it.
+bool put_str(std::string& out, PyObject* s) {
+  Py_ssize_t n = 0;
+  const char* u = PyUnicode_AsUTF8AndSize(s, &n);
+  if (!u) {
+    PyErr_Clear();
+    return false;
+  }
+  static const char hex[] = "0123456789abcdef";
+  out += '"';
+  for (Py_ssize_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)u[i];
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          out += "\\u00";
+          out += hex[c >> 4];
+          out += hex[c & 15];
+        } else {
+          out += (char)c;
+        }
+    }
+  }
+  out += '"';
+  return true;
+}
+
+// One JSON scalar as json.dumps writes it; false for anything else (the Python path takes it).
+bool put_value(std::string& out, PyObject* v) {
+  if (v == Py_None) {
+    out += "null";
+  } else if (v == Py_True) {
+    out += "true";
+  } else if (v == Py_False) {
+    out += "false";
+  } else if (PyLong_CheckExact(v)) {
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || (x == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return false;
+    }
+    out += std::to_string(x);
+  } else if (PyFloat_CheckExact(v)) {
+    double d = PyFloat_AS_DOUBLE(v);
+    if (std::isnan(d)) {
+      out += "NaN";
+    } else if (std::isinf(d)) {
+      out += d > 0 ? "Infinity" : "-Infinity";
+    } else {
+      char* text = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, nullptr);  // float.__repr__
+      if (!text) {
+        PyErr_Clear();
+        return false;
+      }
+      out += text;
+      PyMem_Free(text);
+    }
+  } else if (PyUnicode_CheckExact(v)) {
+    return put_str(out, v);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// The line of one pair, appended to out; false (out as it was) when the pair is not simple.
+bool put_line(std::string& out, PyObject* item) {
+  if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) return false;
+  PyObject* rid = PyTuple_GET_ITEM(item, 0);
+  PyObject* attrs = PyTuple_GET_ITEM(item, 1);
+  if (!PyLong_CheckExact(rid) || !PyDict_CheckExact(attrs)) return false;
+  int overflow = 0;
+  long long id = PyLong_AsLongLongAndOverflow(rid, &overflow);
+  if (overflow || (id == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    return false;
+  }
+  size_t mark = out.size();
+  out += "{\"id\":";
+  out += std::to_string(id);
+  out += ",\"attrs\":{";
+  Py_ssize_t pos = 0;
+  PyObject *k, *v;
+  bool first = true;
+  while (PyDict_Next(attrs, &pos, &k, &v)) {
+    if (!first) out += ',';
+    first = false;
+    if (!PyUnicode_CheckExact(k) || !put_str(out, k) || (out += ':', !put_value(out, v))) {
+      out.resize(mark);
+      return false;
+    }
+  }
+  out += "}}\n";
+  return true;
+}
+
+PyObject* py_attrs_lines(PyObject*, PyObject* arg) {
+  PyObject* seq = PySequence_Fast(arg, "attrs_lines takes a list of (record_id, attrs) pairs");
+  if (!seq) return nullptr;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  std::string out;
+  out.reserve((size_t)n * 40);
+  PyObject* rest = PyList_New(0);
+  if (!rest) {
+    Py_DECREF(seq);
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    if (put_line(out, items[i])) continue;
+    if (PyList_Append(rest, items[i]) < 0) {
+      Py_DECREF(rest);
+      Py_DECREF(seq);
+      return nullptr;
+    }
+  }
+  Py_DECREF(seq);
+  PyObject* data = PyBytes_FromStringAndSize(out.data(), (Py_ssize_t)out.size());
+  if (!data) {
+    Py_DECREF(rest);
+    return nullptr;
+  }
+  return Py_BuildValue("(NN)", data, rest);
+}
+
+}  // namespace
+
+PyMethodDef attrs_json_methods[] = {
+    {"attrs_lines", py_attrs_lines, METH_O,
+     "attrs_lines(pairs) -> (bytes, rest): attrs.jsonl lines of the (record_id, attrs) pairs of JSON "
+     "scalars, the other pairs in rest."},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace maxinstr
