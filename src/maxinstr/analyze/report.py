@@ -985,18 +985,22 @@ def _stage_samples(inst: inst_mod.StageInstances, samples: Any, part_names: list
 def _reproduce(run: Run | None, trace: Trace | None, unprofiled: Run | None) -> list[ReproduceStep]:
     out: list[ReproduceStep] = []
     meta = getattr(run, "meta", None) or {}
-    cmd = meta.get("command")
-    if cmd:
-        text = shlex.join(cmd) if isinstance(cmd, list) else str(cmd)
+    def words(value: Any) -> str | None:  # a command as recorded: a list of words (data: checked)
+        if isinstance(value, list) and value and all(isinstance(w, str) for w in value):
+            return shlex.join(value)
+        return value if isinstance(value, str) and value else None
+
+    text = words(meta.get("command"))
+    if text:
         out.append({"what": "the program, as run", "command": text})
     rerun = meta.get("maxinstr_command")
     if isinstance(rerun, list) and rerun and all(isinstance(w, str) for w in rerun):
         # `maxinstr run` recorded how it ran the program: its --stage specs, warm-up, profiler
         out.append({"what": "the run, as maxinstr run made it", "command": shlex.join(rerun)})
     prof = meta.get("profiler")
-    if isinstance(prof, dict) and prof.get("command"):
-        pc = prof["command"]
-        out.append({"what": "the profiler capture", "command": shlex.join(pc) if isinstance(pc, list) else str(pc)})
+    pc = words(prof.get("command")) if isinstance(prof, dict) else None
+    if pc:
+        out.append({"what": "the profiler capture", "command": pc})
     parts = ["maxinstr", "report"]
     if run is not None and getattr(run, "path", None):
         parts.append(str(run.path))
