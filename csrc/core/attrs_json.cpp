@@ -13,22 +13,10 @@
 
 namespace maxinstr MAXINSTR_HIDDEN {
 
-namespace {
-
-// A JSON string as json.dumps(ensure_ascii=False) writes it: `"`, `\`, and the C0 controls
-// escaped (\b \f \n \r \t, others \u00xx in lowercase hex), everything else as its UTF-8 bytes.
-// False (no exception set) for a str with a lone surrogate: the Python path escapes it.
-bool put_str(std::string& out, PyObject* s) {
-  Py_ssize_t n = 0;
-  const char* u = PyUnicode_AsUTF8AndSize(s, &n);
-  if (!u) {
-    PyErr_Clear();
-    return false;
-  }
+void json_escape_into(std::string& out, const char* s, size_t n) {
   static const char hex[] = "0123456789abcdef";
-  out += '"';
-  for (Py_ssize_t i = 0; i < n; i++) {
-    unsigned char c = (unsigned char)u[i];
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -43,10 +31,26 @@ bool put_str(std::string& out, PyObject* s) {
           out += hex[c >> 4];
           out += hex[c & 15];
         } else {
-          out += (char)c;
+          out += (char)c;  // UTF-8 as is (json.dumps's ensure_ascii=False)
         }
     }
   }
+}
+
+namespace {
+
+// A JSON string as json.dumps(ensure_ascii=False) writes it: `"`, `\`, and the C0 controls
+// escaped (\b \f \n \r \t, others \u00xx in lowercase hex), everything else as its UTF-8 bytes.
+// False (no exception set) for a str with a lone surrogate: the Python path escapes it.
+bool put_str(std::string& out, PyObject* s) {
+  Py_ssize_t n = 0;
+  const char* u = PyUnicode_AsUTF8AndSize(s, &n);
+  if (!u) {
+    PyErr_Clear();
+    return false;
+  }
+  out += '"';
+  json_escape_into(out, u, (size_t)n);
   out += '"';
   return true;
 }

@@ -1,6 +1,8 @@
 // The native writer (writer.h): its thread, its syncer, and writer_* of the module.
 #include "writer.h"
 
+#include "attrs_json.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -22,29 +24,6 @@ size_t writer_done_count() {
 }
 
 namespace {
-
-void json_escape_into(std::string& out, const std::string& s) {
-  static const char hex[] = "0123456789abcdef";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) {
-          out += "\\u00";
-          out += hex[c >> 4];
-          out += hex[c & 15];
-        } else {
-          out += (char)c;  // UTF-8 as is (the Python writer's ensure_ascii=False)
-        }
-    }
-  }
-}
 
 // Appends n bytes; on any failure cuts the file back to `size` (whole records only) and
 // returns errno. `size` advances on success.
@@ -126,7 +105,7 @@ void* writer_main(void*) {
           lines += "{\"id\":";
           lines += std::to_string(names_from + i);
           lines += ",\"s\":\"";
-          json_escape_into(lines, new_names[i]);
+          json_escape_into(lines, new_names[i].data(), new_names[i].size());
           lines += "\"}\n";
         }
         err = append_all(writer.fd_strings, lines.data(), lines.size(), writer.strings_size);
