@@ -742,3 +742,35 @@ def test_a_zero_filled_block_is_not_read_as_stages(tmp_path):
     got = load(run)
     assert len(got) == before
     assert any("skipped 4 of" in n and "sequence 0" in n for n in got.notes), got.notes
+
+
+def test_recording_the_git_state_runs_nothing_the_repository_names(tmp_path):
+    """A run records the commit and whether the tree is dirty (meta.json ``git``). The repository
+    the script lives in is data: its config may name a program for `git status` to run
+    (core.fsmonitor); recording never runs it."""
+    import shutil
+    import subprocess
+
+    from maxinstr.rundir.metadata import git_info
+
+    if shutil.which("git") is None:
+        pytest.skip("no git on this machine")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    ran = tmp_path / "ran"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f"#!/bin/sh\ntouch {ran}\nexit 1\n")
+    hook.chmod(0o755)
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (repo / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "one")
+    git("config", "core.fsmonitor", str(hook))
+    (repo / "a.py").write_text("x = 2\n")
+    info = git_info(repo)
+    assert info is not None and info["dirty"] is True and len(info["commit"]) == 40
+    assert not ran.exists(), "git status ran the repository's fsmonitor program"

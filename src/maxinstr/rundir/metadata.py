@@ -121,8 +121,11 @@ def git_info(where: Path) -> dict[str, Any] | None:
     """``{"commit", "dirty", "root"}`` of the git repo containing ``where``; None outside one."""
     try:
         def git(*args: str) -> str:
+            # the repository's own config is data: settings that name a program to run (an
+            # fsmonitor hook on `status`, a pager) are overridden, so recording a run never runs one
+            safe = ["-c", "core.fsmonitor=false", "-c", "core.pager=cat", "--no-optional-locks"]
             out = subprocess.run(
-                ["git", "-C", str(where), *args], capture_output=True, text=True, timeout=3, check=True
+                ["git", *safe, "-C", str(where), *args], capture_output=True, text=True, timeout=3, check=True
             )
             return out.stdout.strip()
 
