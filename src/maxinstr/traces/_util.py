@@ -489,6 +489,18 @@ def load_json(data: bytes | bytearray, path: object) -> object:
         raise TraceError(path, f"not valid JSON ({str(exc)[:80]})") from None
 
 
+def chrome_events(path: Path, document: object, what: str, progress: Progress | None = None) -> list:
+    """The event list of a Chrome trace (``{"traceEvents": [...]}`` or a bare list), parsed from
+    ``path`` unless the caller has ``document`` already; one TraceError line without one."""
+    if document is None:
+        report(progress, f"parsing {path.name}")
+        document = load_json(read_bytes(path), path)
+    events = document.get("traceEvents") if isinstance(document, dict) else document
+    if not isinstance(events, list):
+        raise TraceError(path, f"{what} without a traceEvents list")
+    return events
+
+
 @contextmanager
 def malformed(path: object, what: str) -> Iterator[None]:
     """Translate the errors malformed content raises while a reader picks it apart (a JSON

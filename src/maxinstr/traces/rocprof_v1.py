@@ -389,12 +389,7 @@ def _int_field(values: list, path: Path, what: str) -> np.ndarray:
 def read_rocprof_v1_json(path: str | Path, *, progress: Progress | None = None, document: object = None) -> Trace:
     """Read rocprof v1's ``results.json`` (``document``: the parsed JSON when the caller has it)."""
     path = Path(path)
-    if document is None:
-        report(progress, f"parsing {path.name}")
-        document = _util.load_json(_util.read_bytes(path), path)
-    events = document.get("traceEvents") if isinstance(document, dict) else document
-    if not isinstance(events, list):
-        raise TraceError(path, "rocprof v1 JSON without a traceEvents list")
+    events = _util.chrome_events(path, document, "rocprof v1 JSON", progress)
     with _util.malformed(path, "rocprof v1 JSON"):
         return _read_json(path, events, progress)
 

@@ -286,12 +286,7 @@ def read_rpd_json(path: str | Path, *, progress: Progress | None = None, documen
     at the op; the call is the one on that thread that began last by then.
     """
     path = Path(path)
-    if document is None:
-        report(progress, f"parsing {path.name}")
-        document = _util.load_json(_util.read_bytes(path), path)
-    events = document.get("traceEvents") if isinstance(document, dict) else document
-    if not isinstance(events, list):
-        raise TraceError(path, "RPD JSON without an event list")
+    events = _util.chrome_events(path, document, "RPD JSON", progress)
     with _util.malformed(path, "RPD JSON"):
         return _read_json(path, events, progress)
 
