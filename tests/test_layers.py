@@ -33,10 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 # The top-level modules of maxinstr that make up "base" (they may import one another); _native and
 # _columns are built from csrc/.
-BASE = {"config", "errors", "columns", "warmup", "_columns", "_native", "_attrs", "_text", "_units", "_files"}
-# Names the package root defines that are base, not cli's: the version string is set before the
-# root imports anything, so importing it reaches nothing above the base.
-BASE_ROOT_NAMES = {"__version__"}
+BASE = {"config", "errors", "columns", "warmup", "_columns", "_native", "_attrs", "_text", "_units", "_files", "_version"}
 # Units that may import only the base and the units named (beyond the layer rule).
 ONLY_FROM = {"render": {"analyze"}}
 
@@ -160,8 +157,6 @@ def violations(imp: Import) -> list[str]:
     """Which rules one import breaks (none: an empty list)."""
     broken: list[str] = []
     here, there = unit_of(imp.module), unit_of(imp.target)
-    if imp.target == "maxinstr" and imp.name in BASE_ROOT_NAMES:
-        there = "base"
     what = imp.target + (f".{imp.name}" if imp.name else "")
     if here != there:
         up, down = LAYER_OF[here], LAYER_OF[there]

@@ -18,7 +18,7 @@ def native_module() -> Any | None:
     if config.no_native_columns():
         return None
     try:
-        from maxinstr import _columns
+        import maxinstr._columns as _columns  # type: ignore[import-untyped]  # built from csrc, no stubs
     except ImportError:
         return None
     try:

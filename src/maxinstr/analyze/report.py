@@ -29,6 +29,7 @@ from maxinstr.analyze.schema import (SCHEMA, VERSION, Coverage, Environment, Foo
                                      StepBasis, StepWork)
 from maxinstr.analyze.stats import group_summaries, step_trend
 from maxinstr._units import ns_text
+from maxinstr._version import __version__
 from maxinstr.attribute import attribute
 from maxinstr.attribute.model import JoinMethod
 from maxinstr.columns import factorize
@@ -285,12 +286,7 @@ def _ranks(inst: inst_mod.StageInstances, run: Run | None, trace: Trace | None, 
 
 # ----------------------------------------------------------------------------- sections
 def _version() -> str:
-    try:
-        from maxinstr import __version__
-
-        return __version__
-    except Exception:  # noqa: BLE001
-        return "unknown"
+    return __version__
 
 
 def _sources(run: Run | None, trace: Trace | None, attribution: Attribution | None, unprofiled_run: Run | None,

@@ -11,7 +11,8 @@ import sys
 
 import click
 
-from maxinstr import __version__, config
+from maxinstr import config
+from maxinstr._version import __version__
 from maxinstr.errors import MaxinstrError
 
 # name -> module under maxinstr.cli exposing `command` (a click.Command)

@@ -372,7 +372,7 @@ class CuptiCollector:
         self._c = c = cupti
         self._set_records(check_cupti_python(c))  # before CUPTI is touched: nothing to undo
         try:
-            from maxinstr import _native as native
+            import maxinstr._native as native
         except Exception:  # noqa: BLE001
             raise KernelsUnavailable("the native stage core is not built: stages cannot be tagged") from None
         if not hasattr(native, "cupti_link"):

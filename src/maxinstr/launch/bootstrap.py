@@ -78,7 +78,7 @@ class CaptureWindow:
 
     def install(self) -> bool:
         try:
-            from maxinstr import _native
+            import maxinstr._native as _native
         except Exception:  # noqa: BLE001 - no native core: the session cannot capture either
             return False
         original = getattr(_native, "profiler_start", None)

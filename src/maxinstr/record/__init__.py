@@ -13,7 +13,7 @@ Set MAXINSTR_DISABLE=1 (or call `disable()`) to make `stage()` return a shared n
 
 from __future__ import annotations
 
-from maxinstr import _native
+import maxinstr._native as _native
 from maxinstr import config as _config
 from maxinstr._attrs import plain as _plain_attrs
 

@@ -32,7 +32,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-import maxinstr
 from maxinstr import config
 from maxinstr.record.sinks import MemorySink, Sink
 from maxinstr.rundir import format as fmt
@@ -48,7 +47,9 @@ is counted (part.json ``attrs_dropped_close``) and said in the report."""
 def native_core() -> Any:
     """The native core. Looked up at each call (not bound at import) because the session tests
     run against a stand-in put in its place (tests/session/fake_native.py)."""
-    return maxinstr._native
+    import maxinstr._native  # noqa: F401 - built or replaced; sys.modules holds the one in use
+
+    return sys.modules["maxinstr._native"]
 
 
 def native_stats() -> dict[str, Any]:

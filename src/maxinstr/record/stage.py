@@ -21,7 +21,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from maxinstr import _native
+import maxinstr._native as _native
 
 F = TypeVar("F", bound=Callable[..., Any])
 

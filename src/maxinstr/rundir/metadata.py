@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from maxinstr._version import __version__
 
 ENV_NAMES = {
     "MODULAR_ENABLE_PROFILING",
@@ -64,7 +65,6 @@ FRAMEWORKS: dict[str, tuple[str, ...]] = {
 
 def collect(*, warmup: int = 0, user: dict[str, Any] | None = None, requested_path: str | None = None) -> dict[str, Any]:
     """The metadata of docs/formats.md's meta.json for a run starting now."""
-    import maxinstr
     from maxinstr.rundir import format as fmt
 
     mono, real = _clock_pair()
@@ -83,7 +83,7 @@ def collect(*, warmup: int = 0, user: dict[str, Any] | None = None, requested_pa
         "cpu_count": os.cpu_count(),
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
-        "maxinstr": maxinstr.__version__,
+        "maxinstr": __version__,
         "pid": os.getpid(),
     }
     meta.update(gpu_info())

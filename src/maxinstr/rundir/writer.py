@@ -66,7 +66,7 @@ def attrs_lines(pairs: list[tuple[int, dict[str, Any]]]) -> bytes:
     rest: Any = pairs
     head = b""
     try:
-        from maxinstr import _native
+        import maxinstr._native as _native
 
         head, rest = _native.attrs_lines(pairs)
     except (ImportError, AttributeError):
