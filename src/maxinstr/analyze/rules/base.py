@@ -15,16 +15,14 @@ FindingId = Literal[
     "no_stages", "no_gpu_data", "no_kernels", "unattributed_gpu_time", "profiled_timings", "observer_cost",
     "warmup_contamination", "healthy_dense_decode", "attention_dominated_decode", "moe_decode", "moe_routing_overhead",
     "low_bit_weights", "low_bit_quant_overhead", "unfused_custom_architecture", "reprefill_quadratic", "launch_bound",
-    "host_bound", "naive_matmul", "throttled", "dominant_kernel", "straggler_rank",
-]
+    "host_bound", "naive_matmul", "throttled", "dominant_kernel", "straggler_rank"]
 """Every rule's id (docs/report.md explains each). A saved report is read with ``id: str``: a
 later maxinstr may add rules."""
 
 MIX_FINDINGS: tuple[FindingId, ...] = (
     "moe_routing_overhead", "low_bit_quant_overhead", "unfused_custom_architecture", "attention_dominated_decode",
     "moe_decode", "low_bit_weights", "healthy_dense_decode")
-"""Verdicts on a stage's kernel mix (what kind of model it is, whether the mix is right): diagnose
-keeps one per stage."""
+"""Verdicts on a stage's kernel mix: diagnose keeps one per stage."""
 MIX_HEALTHY: tuple[FindingId, ...] = ("moe_decode", "low_bit_weights", "healthy_dense_decode")
 """The mix verdicts that say nothing is wrong, in precedence order: an MoE stage is not also
 "dense decode", a low-bit one is called low-bit."""
@@ -76,6 +74,7 @@ class Draft:
 
     @property
     def final_score(self) -> float:
+        """A secondary mix verdict's score, scaled by the share of the stage the kernels fill."""
         return round(self.score * self.paced_by.pace[1], 4) if self.paced_by and self.paced_by.pace else self.score
 
     def finding(self) -> Finding:
