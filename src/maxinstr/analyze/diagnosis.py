@@ -35,11 +35,11 @@ RULES: list[Rule] = [
 ]
 
 
-def diagnose(report: Report, launch: LaunchRecord | None = None, rules: list[Rule] | None = None) -> list[Finding]:
+def diagnose(report: Report, launch: LaunchRecord | None = None) -> list[Finding]:
     """Every rule over ``report`` (``launch``: what `maxinstr run` recorded, for the commands);
     findings sorted by score (facts first on ties), a stage's pace finding ahead of its others."""
     cmd = Commands(report, launch)
-    drafts = [d for rule in rules or RULES for d in rule(report, cmd)]
+    drafts = [d for rule in RULES for d in rule(report, cmd)]
     # one mix verdict per stage before dropping parents' duplicates: a parent whose inclusive mix
     # is low-bit (a child's low_bit_weights) is not then left with "healthy dense decode"
     drafts = _deepest_only(report, _one_mix_per_stage(drafts))

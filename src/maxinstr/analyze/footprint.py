@@ -111,13 +111,6 @@ def footprint(inst: StageInstances, run: Any, *, inprocess_kernels: bool) -> dic
     parts_of = {"stages": float((n_sub * stage_ns * felt)[top].sum()),
                 "gpu_events": float((timed_sub * event_ns)[top].sum()),
                 "kernels": float(op_ns[top].sum())}
-    return {
-        "stage_ns": stage_ns,
-        "stage_felt": felt,
-        "event_ns": float(event_ns),
-        "gpu_timed_instances": n_timed,
-        "op_ns": per_op_ns if ops is not None else None,
-        "share_by_stage": shares,
-        "overall_share": overall,
-        "overall_ns_by_source": parts_of if top_host > 0 else None,
-    }
+    return {"stage_ns": stage_ns, "stage_felt": felt, "event_ns": float(event_ns), "gpu_timed_instances": n_timed,
+            "op_ns": per_op_ns if ops is not None else None, "share_by_stage": shares, "overall_share": overall,
+            "overall_ns_by_source": parts_of if top_host > 0 else None}

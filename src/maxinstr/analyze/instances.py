@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from maxinstr import warmup as warmup_rule
+from maxinstr.analyze.schema import StatisticKey
 from maxinstr.analyze.stats import COLD_START_MAX_PREFIX, cold_start_mask
 from maxinstr.columns import isin_strings, occurrence_index, per_string
 from maxinstr.rundir import format as fmt
@@ -104,6 +105,14 @@ class StageInstances:
         span = self.proj_ns
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where((span > 0) & (self.busy_ns >= 0), self.busy_ns / np.maximum(span, 1), np.nan)
+
+    def statistic_values(self, rows: np.ndarray | slice = slice(None)) -> dict[StatisticKey, np.ndarray]:
+        """Per instance of ``rows``, the value of each statistic a stage row carries (< 0 or NaN: none)."""
+        has_span = self.proj_start_ns[rows] >= 0
+        return {"host_ns": self.host_ns[rows], "gpu_event_ns": self.gpu_event_ns[rows], "gpu_proj_ns": self.proj_ns[rows],
+                "gpu_busy_ns": np.where(has_span, self.busy_ns[rows], -1), "gpu_busy_frac": self.busy_frac[rows],
+                "idle_gap_ns": np.where(has_span, self.idle_gap_ns[rows], -1),
+                "kernels_per_instance": np.where(self.range_index[rows] >= 0, self.kernel_count[rows], -1)}
 
     @property
     def steady(self) -> np.ndarray:
@@ -477,31 +486,20 @@ def _fill_from_attribution(inst: StageInstances, attribution, rows: np.ndarray, 
 def from_run(run, trace=None, attribution=None, warmup_n: int | None = None) -> StageInstances:
     """Stage instances from a run's records; GPU projection columns joined from the trace's
     attribution by record id (``attribution.range_record_id``) when given."""
-    s = run.stages
+    s = run.stages  # a structured array (RUN_STAGE_DTYPE), empty or not
     n = len(s)
-    flags = np.asarray(s["flags"]) if n else np.zeros(0, np.uint16)
-    timed = (flags & fmt.GPU_TIMED) != 0
-    gpu_ns = np.where(timed, np.asarray(s["gpu_end_ns"]) - np.asarray(s["gpu_start_ns"]), -1) if n else _i64(0)
-    ids = np.asarray(s["id"], np.int64) if n else _i64(0)
-    parent = warmup_rule.parent_rows(ids, s["parent_id"]) if n else _i64(0)
-    step = np.asarray(s["step"], np.int64) if n else _i64(0)
+    flags = np.asarray(s["flags"])
+    ids, step = np.asarray(s["id"], np.int64), np.asarray(s["step"], np.int64)
+
+    def col(name: str) -> np.ndarray:
+        return np.asarray(s[name], np.int64)
+
     inst = StageInstances(
-        name=run.stage_names().astype(object),
-        host_start_ns=np.asarray(s["host_start_ns"], np.int64) if n else _i64(0),
-        host_end_ns=np.asarray(s["host_end_ns"], np.int64) if n else _i64(0),
-        gpu_event_ns=gpu_ns.astype(np.int64),
-        step=step,
-        step_marked=step >= 0,
-        parent=parent.astype(np.int64),
-        depth=np.asarray(s["depth"], np.int64) if n else _i64(0),
-        part=np.asarray(s["part"], np.int64) if n else _i64(0),
-        tid=np.asarray(s["tid"], np.int64) if n else _i64(0),
-        record_id=ids,
-        range_index=_i64(n),
-        is_mark=(flags & fmt.MARK) != 0,
-        exception=(flags & fmt.EXCEPTION) != 0,
-        unclosed=(flags & fmt.UNCLOSED) != 0,
-    )
+        name=run.stage_names().astype(object), host_start_ns=col("host_start_ns"), host_end_ns=col("host_end_ns"),
+        gpu_event_ns=np.where((flags & fmt.GPU_TIMED) != 0, col("gpu_end_ns") - col("gpu_start_ns"), -1).astype(np.int64),
+        step=step, step_marked=step >= 0, parent=warmup_rule.parent_rows(ids, s["parent_id"]).astype(np.int64),
+        depth=col("depth"), part=col("part"), tid=col("tid"), record_id=ids, range_index=_i64(n),
+        is_mark=(flags & fmt.MARK) != 0, exception=(flags & fmt.EXCEPTION) != 0, unclosed=(flags & fmt.UNCLOSED) != 0)
     if inst.unclosed.any():
         k = int(inst.unclosed.sum())
         inst.notes.append(f"{k} stage instance{'s were' if k > 1 else ' was'} still open when {'their' if k > 1 else 'its'} "
@@ -542,5 +540,4 @@ def from_run(run, trace=None, attribution=None, warmup_n: int | None = None) -> 
     keep_parent, keep_depth = inst.parent, inst.depth
     _fill_from_attribution(inst, attribution if n_ranges else None, rows, n_ranges)
     inst.parent, inst.depth = keep_parent, keep_depth  # the run's own nesting is exact
-    return _finish(inst, run.warmup if warmup_n is None else warmup_n,
-                   name_code=np.asarray(s["name_id"], np.int64) if n else None)
+    return _finish(inst, run.warmup if warmup_n is None else warmup_n, name_code=col("name_id"))

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from maxinstr._units import ns_text
+from maxinstr.analyze.instances import StageInstances
 from maxinstr.analyze.schema import PopulationGroup, Populations, StepBasis
 from maxinstr.analyze.stats import MAD_TO_SIGMA, summarize
 
@@ -165,22 +166,11 @@ def features(inst, rows: np.ndarray, attrs: dict | None, graph_ops: np.ndarray |
     return out
 
 
-def _group_row(inst, rows: np.ndarray, label: str, n_stage: int, graph_ops: np.ndarray | None) -> PopulationGroup:
-    proj = inst.proj_ns[rows]
-    has = inst.proj_start_ns[rows] >= 0
-    row: PopulationGroup = {
-        "label": label,
-        "instances": int(len(rows)),
-        "share": len(rows) / n_stage if n_stage else 0.0,
-        "host_ns": summarize(inst.host_ns[rows]),
-        "gpu_event_ns": summarize(inst.gpu_event_ns[rows]),
-        "gpu_proj_ns": summarize(proj),
-        "gpu_busy_ns": summarize(np.where(has, inst.busy_ns[rows], -1)),
-        "gpu_busy_frac": summarize(inst.busy_frac[rows]),
-        "idle_gap_ns": summarize(np.where(has, inst.idle_gap_ns[rows], -1)),
-        "kernels_per_instance": summarize(np.where(inst.range_index[rows] >= 0, inst.kernel_count[rows], -1)),
-        "cuda_graph_share": None,
-    }
+def _group_row(inst: StageInstances, rows: np.ndarray, label: str, n_stage: int, graph_ops: np.ndarray | None) -> PopulationGroup:
+    row: PopulationGroup = {"label": label, "instances": int(len(rows)), "share": len(rows) / n_stage if n_stage else 0.0}
+    for key, values in inst.statistic_values(rows).items():
+        row[key] = summarize(values)
+    row["cuda_graph_share"] = None
     if graph_ops is not None and len(graph_ops) == len(inst) and (inst.range_index[rows] >= 0).any():
         joined = inst.range_index[rows] >= 0
         row["cuda_graph_share"] = float((graph_ops[rows][joined] > 0).mean())

@@ -248,17 +248,10 @@ def rank_section(inst: StageInstances, parts: list[dict], gpu_by_rank: list[Rank
                     flagged.append((c, int(k), "waited_for", {"excess_total_ns": float(others.sum())}))
         stage_rows.append(entry)
 
-    stragglers = _stragglers(flagged, ranks, keys, parent_key, stage_rows)
-    return {
-        "ranks": rank_table(parts),
-        "world_size": int(R),
-        "clock": clock,
-        "stages": stage_rows,
-        "stragglers": stragglers,
-        "gpu": gpu_by_rank or None,
-        "thresholds": {"slowest_share": SLOWEST_SHARE, "excess_rel": EXCESS_REL, "excess_min_ns": EXCESS_MIN_NS,
-                       "min_groups": MIN_GROUPS, "sync_end_over_start": SYNC_END_OVER_START},
-    }
+    return {"ranks": rank_table(parts), "world_size": int(R), "clock": clock, "stages": stage_rows,
+            "stragglers": _stragglers(flagged, ranks, keys, parent_key, stage_rows), "gpu": gpu_by_rank or None,
+            "thresholds": {"slowest_share": SLOWEST_SHARE, "excess_rel": EXCESS_REL, "excess_min_ns": EXCESS_MIN_NS,
+                           "min_groups": MIN_GROUPS, "sync_end_over_start": SYNC_END_OVER_START}}
 
 
 def _stragglers(flagged: list[tuple[int, int, str, dict[str, float]]], ranks: np.ndarray, keys: np.ndarray,

@@ -155,15 +155,10 @@ def analyze(run: str | Path | Run | None = None,
               if run is not None and run.path else None)
 
     report: Report = {
-        "schema": SCHEMA,
-        "version": VERSION,
-        "generated": {
-            "maxinstr": __version__,
-            "utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        },
+        "schema": SCHEMA, "version": VERSION,
+        "generated": {"maxinstr": __version__, "utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")},
         "sources": sources(run, trace, attribution, unprofiled_run, inst),
-        "environment": environment(run, trace, launch.sweep if launch else None),
-    }
+        "environment": environment(run, trace, launch.sweep if launch else None)}
     if trace is None and kernel_notes:  # kernels=True was asked for and produced nothing: say why
         report["sources"]["notes"] += kernel_notes
     if run is not None and trace is not None:
@@ -280,16 +275,7 @@ def _gpu_section(trace: Trace | None, attribution: Attribution | None, fam: np.n
                   "families": family_table(dur[st], np.asarray(fam)[st]),
                   "kernels": kernel_table(trace, fam, dur, mask=st, limit=STEADY_KERNELS_KEPT),
                   "startup_ops": int((keep & startup_op).sum()), "startup_gpu_ns": float(dur[keep & startup_op].sum())}
-    return {
-        "steady": steady,
-        "ops": int(keep.sum()),
-        "own_ops": {"count": int(own.sum()), "gpu_ns": float(dur[own].sum())},
-        "gpu_ns": float(dur[sel].sum()),
-        "span_ns": span,
-        "attributed_share": attributed,
-        "families": fams,
-        "other_share": float(other),
-        "distinct_kernels": int(distinct),
-        "kernels": kernels,
-        "kernels_truncated": distinct > len(kernels),
-    }
+    return {"steady": steady, "ops": int(keep.sum()), "own_ops": {"count": int(own.sum()), "gpu_ns": float(dur[own].sum())},
+            "gpu_ns": float(dur[sel].sum()), "span_ns": span, "attributed_share": attributed, "families": fams,
+            "other_share": float(other), "distinct_kernels": int(distinct), "kernels": kernels,
+            "kernels_truncated": distinct > len(kernels)}

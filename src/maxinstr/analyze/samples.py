@@ -186,12 +186,10 @@ def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: lis
     out: dict[str, Any] = {}
     if all_t:
         thr = np.concatenate(all_thr)
-        out["_overall"] = {
-            "samples": int(sum(len(t) for t in all_t)),
-            "devices": n_dev,
-            "throttled_samples": int(((thr & hw_mask) != 0).sum()) if hw_mask else 0,
-            "throttle_reasons": {n: int(((thr >> b) & 1).sum()) for b, n in enumerate(names) if ((thr >> b) & 1).any()},
-        }
+        out["_overall"] = {"samples": int(sum(len(t) for t in all_t)), "devices": n_dev,
+                           "throttled_samples": int(((thr & hw_mask) != 0).sum()) if hw_mask else 0,
+                           "throttle_reasons": {n: int(((thr >> b) & 1).sum()) for b, n in enumerate(names)
+                                                if ((thr >> b) & 1).any()}}
     for stage, rows in per_stage.items():
         main = max(rows, key=lambda r: (r["gpu_util_mean_pct"] or -1, r["samples"]))
         out[stage] = _stage_row(main, rows, names, hw_mask)

@@ -39,10 +39,9 @@ def stage_rows(inst: inst_mod.StageInstances, head: inst_mod.StageInstances | No
     np.minimum.at(first_start, code, inst.host_start_ns)
     order_u = np.argsort(first_start, kind="stable")  # pipeline order: by first host start
     steady, host, proj = inst.steady, inst.host_ns, inst.proj_ns
-    has_span = inst.proj_start_ns >= 0
+    values = inst.statistic_values()
     share_of_top = _share_of_top(inst, code, n_stages)
-    self_time = _self_times(inst, {"host_ns": host, "gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": proj,
-                                   "gpu_busy_ns": np.where(has_span, inst.busy_ns, -1)})
+    self_time = _self_times(inst, {k: values[k] for k in ("host_ns", "gpu_event_ns", "gpu_proj_ns", "gpu_busy_ns")})
 
     def count(mask: np.ndarray) -> np.ndarray:
         return np.bincount(code[mask], minlength=n_stages)
@@ -62,10 +61,8 @@ def stage_rows(inst: inst_mod.StageInstances, head: inst_mod.StageInstances | No
     def stats(values: np.ndarray) -> list[Statistic]:
         return group_summaries(sc, values[steady], n_stages)
 
-    c_host, c_event, c_proj = stats(host), stats(inst.gpu_event_ns), stats(proj)
-    c_busy, c_frac = stats(np.where(has_span, inst.busy_ns, -1)), stats(inst.busy_frac)
-    c_gap = stats(np.where(has_span, inst.idle_gap_ns, -1))
-    c_kpi = stats(np.where(inst.range_index >= 0, inst.kernel_count, -1))
+    cols = {k: stats(v) for k, v in values.items()}
+    c_host, c_event, c_proj = cols["host_ns"], cols["gpu_event_ns"], cols["gpu_proj_ns"]
     with np.errstate(divide="ignore", invalid="ignore"):
         c_over = stats(np.where((inst.gpu_event_ns >= 0) & (host > 0), inst.gpu_event_ns / np.maximum(host, 1), np.nan))
     self_ns = []
@@ -97,16 +94,15 @@ def stage_rows(inst: inst_mod.StageInstances, head: inst_mod.StageInstances | No
             continue  # instant marks have no duration: counted in report["marks"]
         name = str(names_l[u])
         n_all, n_st, n_wu, n_cs, n_in, n_ex = counts_l[u]
-        row: Stage = {
-            "name": name, "parent": parent_of[u], "depth": depth_l[u], "leaf": str(leaf_l[u]), "instances": n_all,
-            "steady": n_st, "warmup": n_wu, "cold_start": n_cs, "inside_startup": n_in, "exceptions": n_ex,
-            "host_ns": c_host[u], "gpu_event_ns": c_event[u], "gpu_proj_ns": c_proj[u], "gpu_busy_ns": c_busy[u],
-            "gpu_busy_frac": c_frac[u], "idle_gap_ns": c_gap[u], "kernels_per_instance": c_kpi[u],
-            "share_of_top": None if share_l is None else share_l[u],
-            "self_ns": cast(SelfTimes, {k: total[u] for k, total, present in self_ns if present[u]}),
-            "steps_marked": step_marked_l[u], "steps": None, "mix": mix.get(name),
-            "samples": _window_note(sample_stats.get(name), c_host[u]) if sample_stats else None,
-        }
+        row: Stage = {"name": name, "parent": parent_of[u], "depth": depth_l[u], "leaf": str(leaf_l[u]),
+                      "instances": n_all, "steady": n_st, "warmup": n_wu, "cold_start": n_cs, "inside_startup": n_in,
+                      "exceptions": n_ex}
+        for key, col in cols.items():
+            row[key] = col[u]
+        row.update({"share_of_top": None if share_l is None else share_l[u],
+                    "self_ns": cast(SelfTimes, {k: total[u] for k, total, present in self_ns if present[u]}),
+                    "steps_marked": step_marked_l[u], "steps": None, "mix": mix.get(name),
+                    "samples": _window_note(sample_stats.get(name), c_host[u]) if sample_stats else None})
         # step trend on the best GPU measure available, else host time
         basis: StepBasis = "gpu_event_ns" if c_event[u]["n"] else ("gpu_proj_ns" if c_proj[u]["n"] else "host_ns")
         if n_st >= STEP_WORK_MIN_STEPS:  # fewer instances cannot span the 4 steps a trend needs

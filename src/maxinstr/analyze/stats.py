@@ -33,19 +33,9 @@ def summarize(values: np.ndarray) -> Statistic:
         return {"n": 0}
     v = v.astype(np.float64)
     med, p90, p99, q1, q3 = np.percentile(v, [50, 90, 99, 25, 75])
-    return {
-        "n": int(v.size),
-        "median": float(med),
-        "p90": float(p90),
-        "p99": float(p99),
-        "min": float(v.min()),
-        "max": float(v.max()),
-        "mean": float(v.mean()),
-        "mad": float(np.median(np.abs(v - med))),
-        "q1": float(q1),
-        "q3": float(q3),
-        "total": float(v.sum()),
-    }
+    return {"n": int(v.size), "median": float(med), "p90": float(p90), "p99": float(p99), "min": float(v.min()),
+            "max": float(v.max()), "mean": float(v.mean()), "mad": float(np.median(np.abs(v - med))), "q1": float(q1),
+            "q3": float(q3), "total": float(v.sum())}
 
 
 _QUANTILES = (("median", 0.5), ("p90", 0.9), ("p99", 0.99), ("q1", 0.25), ("q3", 0.75))
@@ -209,17 +199,10 @@ def step_trend(step: np.ndarray, values: np.ndarray) -> StepTrend:
     slope, intercept = np.polyfit(steps.astype(float), med, 1)
     q = max(1, len(steps) // 4)
     first, last = float(np.median(med[:q])), float(np.median(med[-q:]))
-    return {
-        "n_steps": int(len(steps)),
-        "n_instances": int(len(s)),
-        "first_step": int(steps[0]),
-        "last_step": int(steps[-1]),
-        "slope_ns_per_step": float(slope),
-        "spearman": spearman(steps, med),
-        "first_quarter_median_ns": first,
-        "last_quarter_median_ns": last,
-        "last_over_first": float(last / first) if first > 0 else float("nan"),
-    }
+    return {"n_steps": int(len(steps)), "n_instances": int(len(s)), "first_step": int(steps[0]),
+            "last_step": int(steps[-1]), "slope_ns_per_step": float(slope), "spearman": spearman(steps, med),
+            "first_quarter_median_ns": first, "last_quarter_median_ns": last,
+            "last_over_first": float(last / first) if first > 0 else float("nan")}
 
 
 def bootstrap_median_diff_bound(a: np.ndarray, b: np.ndarray, q: float = 50.0, n_boot: int = 400,
