@@ -6,15 +6,13 @@ never how to write it."""
 from __future__ import annotations
 
 import shlex
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from maxinstr.analyze.schema import Report, ReproduceStep
+from maxinstr.rundir import Run
 from maxinstr.rundir.launch_record import LaunchRecord
 from maxinstr.traces.inprocess import FORMAT as INPROCESS_FORMAT
-
-if TYPE_CHECKING:
-    from maxinstr.rundir import Run
-    from maxinstr.traces.model import Trace
+from maxinstr.traces.model import Trace
 
 NVIDIA_SMI_CLOCKS = "nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -29,22 +29,18 @@ from maxinstr.analyze.sources import capture_check, environment, perturbed, sour
 from maxinstr.analyze.stage_table import coverage, stage_rows, startup_rows
 from maxinstr.attribute import attribute
 from maxinstr.attribute.join import place_run_stages
-from maxinstr.attribute.model import JoinMethod
+from maxinstr.attribute.model import Attribution, JoinMethod
 from maxinstr.columns import factorize
 from maxinstr.errors import TraceError
-from maxinstr.rundir import load
+from maxinstr.rundir import Run, load
 from maxinstr.rundir.launch_record import launch_record
 from maxinstr.traces import open_trace
 from maxinstr.traces.inprocess import read_run
 from maxinstr.traces.merge import merge_rank_traces
+from maxinstr.traces.model import Trace
 
-if TYPE_CHECKING:
-    from maxinstr.attribute.model import Attribution
-    from maxinstr.rundir import Run
-    from maxinstr.traces.model import Trace
-
-    TraceArg = str | Path | Trace
-    """A trace: its file (or folder), or one already read."""
+TraceArg = str | Path | Trace
+"""A trace: its file (or folder), or one already read."""
 
 KERNELS_KEPT = 300
 """Distinct kernel names kept in ``gpu.kernels`` (by total time): enough for compare's

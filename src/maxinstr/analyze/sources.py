@@ -4,7 +4,7 @@ profiler was around the timings (``perturbed``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -12,15 +12,11 @@ from maxinstr._units import ns_text
 from maxinstr.analyze import instances as inst_mod
 from maxinstr.analyze.schema import Environment, Sources
 from maxinstr.attribute.attribute import stage_domain_mask
-from maxinstr.attribute.model import Rule
+from maxinstr.attribute.model import Attribution, Rule
+from maxinstr.rundir import Run
 from maxinstr.rundir import format as fmt
 from maxinstr.traces.inprocess import FORMAT as INPROCESS_FORMAT
-from maxinstr.traces.model import RangeStyle
-
-if TYPE_CHECKING:
-    from maxinstr.attribute.model import Attribution
-    from maxinstr.rundir import Run
-    from maxinstr.traces.model import Trace
+from maxinstr.traces.model import RangeStyle, Trace
 
 CAPTURE_FIX = "rerun with `maxinstr run --capture all -- CMD` (the whole process; the report still keeps warm-up apart)"
 EVENT_NOTES_KEPT = 10
