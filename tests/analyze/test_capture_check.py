@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 import maxinstr
-from maxinstr.analyze.report import analyze, capture_check
+from maxinstr.analyze.report import analyze
+from maxinstr.analyze.sources import capture_check
 from maxinstr.render import text as text_view
 
 DATA = Path(__file__).parents[1] / "data"

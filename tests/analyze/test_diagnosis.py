@@ -8,8 +8,19 @@ import numpy as np
 import pytest
 
 from helpers.fixture_columns import nvtx_host_durations
-from maxinstr.analyze import diagnosis as dx
+from maxinstr.analyze.commands import Commands
+from maxinstr.analyze.rules.base import HOST_BOUND_GPU_OVER_HOST, LAUNCH_BOUND_BUSY
+from maxinstr.analyze.rules.hot_kernels import DOMINANT_KERNEL_SHARE
+from maxinstr.analyze.rules.measurement import rule_throttled
+from maxinstr.analyze.rules.mix import HEALTHY_MATMUL_SHARE, QUANT_VS_MATMUL
+from maxinstr.analyze.rules.reprefill import (REPREFILL_GROWTH, REPREFILL_KERNEL_OVERLAP, REPREFILL_SPEARMAN,
+                                              rule_reprefill)
 from maxinstr.analyze.stats import step_trend
+
+
+def fired(rule, report) -> list:
+    """The findings ``rule`` makes of ``report`` on its own (before diagnose relates them)."""
+    return [d.finding() for d in rule(report, Commands(report))]
 
 
 def _ids(report, stage=None):
@@ -27,11 +38,11 @@ def test_h200_decode_is_healthy_mix_but_launch_bound(report_of):
     healthy = _find(r, "healthy_dense_decode", "decode")
     assert healthy["verdict"] == "fact"
     ev = healthy["evidence"]
-    assert ev["matmul_share"] >= dx.HEALTHY_MATMUL_SHARE
+    assert ev["matmul_share"] >= HEALTHY_MATMUL_SHARE
     assert ev["normalization_share"] < ev["matmul_share"] and ev["elementwise_share"] < ev["matmul_share"]
     launch = _find(r, "launch_bound", "decode")
     assert launch["verdict"] == "fact"
-    assert launch["evidence"]["gpu_busy_frac_median"] < dx.LAUNCH_BOUND_BUSY
+    assert launch["evidence"]["gpu_busy_frac_median"] < LAUNCH_BOUND_BUSY
     assert launch["evidence"]["kernels_per_instance_median"] == 19
     assert "graph" in launch["next_step"] and "maxinstr compare" in launch["validation"]
     # the GPU span of a decode step is ~500 us while its kernels sum to well under 100 us
@@ -46,7 +57,7 @@ def test_dominant_kernel_names_kernel_and_command(report_of):
     r = report_of("nsys/h200_decode.sqlite")
     f = _find(r, "dominant_kernel", "decode")
     assert f["evidence"]["kernel"] == "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_NNT"
-    assert f["evidence"]["share"] >= dx.DOMINANT_KERNEL_SHARE
+    assert f["evidence"]["share"] >= DOMINANT_KERNEL_SHARE
     assert f["command"].startswith("maxinstr deep-dive ")
     assert "--stage decode" in f["command"] and "--kernel nvjet_sm90_tst_64x8_64x16_4x1_v_bz_NNT" in f["command"]
 
@@ -85,7 +96,7 @@ def test_fused_attention_is_not_called_unfused(report_of):
 def test_low_bit_on_vllm_fp8_trace(report_of):
     r = report_of("rocprof/rpd/mytrace.rpd.gz")  # vLLM on ROCm: fp8 quant kernels feed Cijk F8 GEMMs
     f = _find(r, "low_bit_weights")
-    assert f["verdict"] == "fact" and 0 < f["evidence"]["quant_over_matmul"] < dx.QUANT_VS_MATMUL
+    assert f["verdict"] == "fact" and 0 < f["evidence"]["quant_over_matmul"] < QUANT_VS_MATMUL
     assert "low_bit_quant_overhead" not in _ids(r)
 
 
@@ -126,24 +137,24 @@ def test_reprefill_rule_fires_on_growing_steps_only(report_of):
     dec = next(s for s in grown["stages"] if s["name"] == "decode")
     d = nvtx_host_durations("h200_decode")["maxinstr:decode"]
     dec["steps"] = {**step_trend(np.arange(len(d)), np.sort(d)), "basis": "host_ns"}
-    assert dx.rule_reprefill(grown) == []  # the step's GPU work (op time, matmul time) is flat
+    assert fired(rule_reprefill, grown) == []  # the step's GPU work (op time, matmul time) is flat
     dec["step_work"] = None
-    f = dx.rule_reprefill(grown)
+    f = fired(rule_reprefill, grown)
     assert [x["id"] for x in f] == ["reprefill_quadratic"]
-    assert f[0]["evidence"]["spearman"] >= dx.REPREFILL_SPEARMAN
-    assert f[0]["evidence"]["last_over_first"] >= dx.REPREFILL_GROWTH and f[0]["evidence"]["prefill_shaped"] is None
+    assert f[0]["evidence"]["spearman"] >= REPREFILL_SPEARMAN
+    assert f[0]["evidence"]["last_over_first"] >= REPREFILL_GROWTH and f[0]["evidence"]["prefill_shaped"] is None
     assert "no kernels to confirm" in f[0]["title"]
     # the real decode runs GEMV-shaped nvjet tiles, the prefill 64x64 tiles: little kernel overlap
-    assert f[0]["evidence"]["kernel_overlap_with_prefill"] < dx.REPREFILL_KERNEL_OVERLAP
+    assert f[0]["evidence"]["kernel_overlap_with_prefill"] < REPREFILL_KERNEL_OVERLAP
     assert "prefill's kernels" not in f[0]["title"]
 
 
 def test_throttled_rule_reads_stage_samples(report_of):
     r = copy.deepcopy(report_of("nsys/h200_decode.sqlite"))
-    assert dx.rule_throttled(r) == []
+    assert fired(rule_throttled, r) == []
     dec = next(s for s in r["stages"] if s["name"] == "decode")
     dec["samples"] = {"samples": 40, "throttled_share": 0.25, "throttle_reasons": ["sw_power_cap"]}
-    f = dx.rule_throttled(r)
+    f = fired(rule_throttled, r)
     assert f and f[0]["evidence"]["reasons"] == ["sw_power_cap"] and f[0]["verdict"] == "fact"
     assert "SW power cap" in f[0]["title"] and "hardware" not in f[0]["title"]
 
@@ -177,8 +188,8 @@ def test_healthy_mix_says_when_the_host_sets_the_pace(trace_of):
     r = build_report(run=DATA / "nsys/h200_threads-run", trace=trace_of("nsys/h200_threads.sqlite"))
     host = _find(r, "host_bound", "decode")
     healthy = _find(r, "healthy_dense_decode", "decode")
-    assert host["evidence"]["gpu_over_host"] < dx.HOST_BOUND_GPU_OVER_HOST
-    assert healthy["evidence"]["gpu_busy_frac_median"] >= dx.LAUNCH_BOUND_BUSY
+    assert host["evidence"]["gpu_over_host"] < HOST_BOUND_GPU_OVER_HOST
+    assert healthy["evidence"]["gpu_busy_frac_median"] >= LAUNCH_BOUND_BUSY
     assert healthy["evidence"]["gpu_over_host"] == host["evidence"]["gpu_over_host"]
     assert "which sets the pace" in healthy["title"] and healthy["next_step"].startswith("The host limit sets")
     assert healthy["evidence"]["paced_by"] == "host_bound" and "healthy_dense_decode" in host["evidence"]["secondary"]

@@ -13,7 +13,8 @@ import json
 import pytest
 
 from helpers.fixture_columns import DATA
-from maxinstr.analyze import diagnosis as dx
+from maxinstr.analyze.diagnosis import diagnose
+from maxinstr.analyze.rules.base import LAUNCH_BOUND_BUSY, MIX_FINDINGS, MIX_HEALTHY, PACE_FINDINGS, WORDS
 
 TRACES = [
     "nsys/h200_decode.sqlite", "nsys/h200_kvcache.sqlite", "nsys/h200_reprefill.sqlite", "nsys/h200_moe.sqlite",
@@ -30,7 +31,7 @@ SAVED = DATA / "reports" / "h200_kvcache_b16.report.json"
 @pytest.fixture(scope="module")
 def saved_b16() -> list[dict]:
     """The 07:09 UTC H200 report whose decode drew three mix findings, diagnosed again."""
-    return dx.diagnose(json.loads(SAVED.read_text()))
+    return diagnose(json.loads(SAVED.read_text()))
 
 
 def _stage(findings, stage):
@@ -41,23 +42,23 @@ def _check_coherent(findings: list[dict]) -> None:
     stages = {f["stage"] for f in findings if f.get("stage")}
     for st in stages:
         fs = _stage(findings, st)
-        mix = [f["id"] for f in fs if f["id"] in dx.MIX_FINDINGS]
+        mix = [f["id"] for f in fs if f["id"] in MIX_FINDINGS]
         assert len(mix) <= 1, (st, mix)
         ids = [f["id"] for f in fs]
         if "reprefill_quadratic" in ids:
-            assert not set(ids) & set(dx.MIX_HEALTHY), (st, ids)
-        pace = [f for f in fs if f["id"] in dx.PACE_FINDINGS]
+            assert not set(ids) & set(MIX_HEALTHY), (st, ids)
+        pace = [f for f in fs if f["id"] in PACE_FINDINGS]
         if pace:
             # one per population of the stage (two when its instances form two), ahead of the rest
             assert len({f["evidence"].get("population") for f in pace}) == len(pace) <= 2, (st, ids)
             assert fs[:len(pace)] == pace, (st, ids)  # what limits the stage comes first
             lead = max(pace, key=lambda f: f["score"])
             for f in fs:
-                if f["id"] in dx.MIX_FINDINGS:
+                if f["id"] in MIX_FINDINGS:
                     assert f["evidence"]["paced_by"] == lead["id"] and "secondary" in f["title"]
-                    assert f["next_step"].startswith(f"The {dx.WORDS[lead['id']]} sets this stage's pace")
+                    assert f["next_step"].startswith(f"The {WORDS[lead['id']]} sets this stage's pace")
                     assert f["id"] in lead["evidence"]["secondary"]
-                    assert not any(i in f["title"] + f["next_step"] for i in dx.PACE_FINDINGS)  # words, not ids
+                    assert not any(i in f["title"] + f["next_step"] for i in PACE_FINDINGS)  # words, not ids
     for f in findings:
         assert 0.0 <= f["score"] <= 1.0, f  # a rough share of time: never above all of it
 
@@ -84,7 +85,7 @@ def test_saved_h200_kvcache_b16_decode(saved_b16):
     dec = _stage(saved_b16, "decode")
     assert [f["id"] for f in dec] == ["launch_bound", "unfused_custom_architecture"]
     launch, mix = dec
-    assert launch["evidence"]["gpu_busy_frac_median"] < dx.LAUNCH_BOUND_BUSY
+    assert launch["evidence"]["gpu_busy_frac_median"] < LAUNCH_BOUND_BUSY
     assert launch["evidence"]["secondary"] == ["unfused_custom_architecture"]
     assert "sets the stage's pace" in launch["title"]
     ev = mix["evidence"]
@@ -102,7 +103,7 @@ def test_h200_decode_verdict(report_of):
     step's span with 19 kernels: launch_bound sets the pace and comes first."""
     dec = _stage(report_of("nsys/h200_decode.sqlite")["diagnosis"], "decode")
     ids = [f["id"] for f in dec]
-    assert ids[0] == "launch_bound" and [i for i in ids if i in dx.MIX_FINDINGS] == ["healthy_dense_decode"]
+    assert ids[0] == "launch_bound" and [i for i in ids if i in MIX_FINDINGS] == ["healthy_dense_decode"]
 
 
 def test_h200_kvcache_verdict(joined, report_of):
@@ -112,7 +113,7 @@ def test_h200_kvcache_verdict(joined, report_of):
     for findings in (joined("h200_kvcache")["diagnosis"], report_of("nsys/h200_kvcache.sqlite")["diagnosis"]):
         dec = _stage(findings, "decode")
         ids = [f["id"] for f in dec]
-        assert "healthy_dense_decode" in ids and not set(ids) & set(dx.PACE_FINDINGS)
+        assert "healthy_dense_decode" in ids and not set(ids) & set(PACE_FINDINGS)
         healthy = next(f for f in dec if f["id"] == "healthy_dense_decode")
         assert "secondary" not in healthy["title"] and healthy["command"].startswith("maxinstr deep-dive")
 
@@ -157,11 +158,11 @@ def test_kineto_decode_and_cs336_verdicts(report_of):
     same fp8 quant kernels) is not also called healthy dense."""
     dec = _stage(report_of("kineto/h200_decode.pt.trace.json.gz")["diagnosis"], "decode")
     ids = [f["id"] for f in dec]
-    assert ids[0] == "launch_bound" and [i for i in ids if i in dx.MIX_FINDINGS] == ["attention_dominated_decode"]
+    assert ids[0] == "launch_bound" and [i for i in ids if i in MIX_FINDINGS] == ["attention_dominated_decode"]
     cs = report_of("nsys/cs336_2_7B_nvtx_nsys2024.6.sqlite")["diagnosis"]
-    assert [f["id"] for f in cs if f["id"] in dx.MIX_FINDINGS] == ["unfused_custom_architecture"]
+    assert [f["id"] for f in cs if f["id"] in MIX_FINDINGS] == ["unfused_custom_architecture"]
     rpd = report_of("rocprof/rpd/mytrace.rpd.gz")["diagnosis"]
-    assert [(f["id"], f["stage"]) for f in rpd if f["id"] in dx.MIX_FINDINGS] == [("low_bit_weights", "execute_model")]
+    assert [(f["id"], f["stage"]) for f in rpd if f["id"] in MIX_FINDINGS] == [("low_bit_weights", "execute_model")]
 
 
 def test_folding_two_problems_into_one_mix_finding(report_of):
@@ -173,8 +174,8 @@ def test_folding_two_problems_into_one_mix_finding(report_of):
     dec = next(s for s in r["stages"] if s["name"] == "decode")
     dec["mix"]["top_kernels"] += [{"name": n, "family": "elementwise", "count": 1, "gpu_ns": 1.0, "median_ns": 1.0,
                                    "share": 0.0} for n in ("cos_kernel_cuda", "sin_kernel_cuda")]
-    fs = _stage(dx.diagnose(r), "decode")
-    mix = [f for f in fs if f["id"] in dx.MIX_FINDINGS]
+    fs = _stage(diagnose(r), "decode")
+    mix = [f for f in fs if f["id"] in MIX_FINDINGS]
     assert len(mix) == 1
     pair = {"moe_routing_overhead", "unfused_custom_architecture"}
     assert mix[0]["id"] in pair

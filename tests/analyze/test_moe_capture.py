@@ -9,7 +9,15 @@ import copy
 
 import pytest
 
-from maxinstr.analyze import diagnosis as dx
+from maxinstr.analyze.commands import Commands
+from maxinstr.analyze.rules.base import deep_dive
+from maxinstr.analyze.rules.mix import (MOE_GROUPED_SHARE, MOE_PERMUTATION, ROUTING_RIVALS, moe_routing_kernels,
+                                        rule_moe_decode)
+
+
+def fired(rule, report) -> list:
+    """The findings ``rule`` makes of ``report`` on its own (before diagnose relates them)."""
+    return [d.finding() for d in rule(report, Commands(report))]
 
 REL = "nsys/h200_moe.sqlite"
 
@@ -44,25 +52,25 @@ def test_routing_with_its_permutation_rivals_the_grouped_matmul(report_of):
     f = next(f for f in r["diagnosis"] if f["id"] == "moe_routing_overhead")
     assert f["stage"] == "decode" and f["verdict"] == "hypothesis"
     ev = f["evidence"]
-    assert ev["grouped_matmul_share"] >= dx.MOE_GROUPED_SHARE
-    assert ev["routing_family_share"] < dx.ROUTING_RIVALS * ev["grouped_matmul_share"]  # family alone: "small"
-    assert ev["routing_over_grouped"] >= dx.ROUTING_RIVALS
+    assert ev["grouped_matmul_share"] >= MOE_GROUPED_SHARE
+    assert ev["routing_family_share"] < ROUTING_RIVALS * ev["grouped_matmul_share"]  # family alone: "small"
+    assert ev["routing_over_grouped"] >= ROUTING_RIVALS
     assert {"radixSortKVInPlace", "kernelHistogram1D", "indexFuncLargeIndex"} <= set(ev["permutation_kernels"])
     assert "moe_decode" not in [x["id"] for x in r["diagnosis"]]
     assert "permutation" in f["title"] and f["command"].startswith("maxinstr deep-dive ")
     # the deep dive looks at the largest kernel of what the title counts: a permutation sort
     # (the issue: it targeted gatherTopK, 4% of the time, while the permutation was 30%)
-    counted = dx.moe_routing_kernels(_decode(r))
+    counted = moe_routing_kernels(_decode(r))
     assert counted[0]["share"] > _kernel(_decode(r), "gatherTopK")["share"]
-    assert dx.MOE_PERMUTATION.search(counted[0]["name"]) and "gatherTopK" not in f["command"]
-    assert f["command"] == dx._deep_dive(r, _decode(r), kernel=counted[0])
+    assert MOE_PERMUTATION.search(counted[0]["name"]) and "gatherTopK" not in f["command"]
+    assert f["command"] == deep_dive(Commands(r), _decode(r), kernel=counted[0])
 
 
 def test_without_the_permutation_kernels_routing_is_small(report_of):
     r = copy.deepcopy(report_of(REL))
     dec = _decode(r)
-    dec["mix"]["top_kernels"] = [k for k in dec["mix"]["top_kernels"] if not dx.MOE_PERMUTATION.search(k["name"])]
-    (f,) = dx.rule_moe_decode(r)
+    dec["mix"]["top_kernels"] = [k for k in dec["mix"]["top_kernels"] if not MOE_PERMUTATION.search(k["name"])]
+    (f,) = fired(rule_moe_decode, r)
     assert f["id"] == "moe_decode" and f["verdict"] == "fact" and f["evidence"]["permutation_share"] == 0
 
 

@@ -9,7 +9,13 @@ import copy
 
 import pytest
 
-from maxinstr.analyze import diagnosis as dx
+from maxinstr.analyze.commands import Commands
+from maxinstr.analyze.rules.reprefill import REPREFILL_SPEARMAN, REPREFILL_WORK_GROWTH, rule_reprefill
+
+
+def fired(rule, report) -> list:
+    """The findings ``rule`` makes of ``report`` on its own (before diagnose relates them)."""
+    return [d.finding() for d in rule(report, Commands(report))]
 
 
 def _decode(r):
@@ -36,7 +42,7 @@ def test_fires_on_the_reprefill_capture_with_its_numbers(joined):
     # the same 29 ops every step: the prefill's op sequence, not more of them
     assert not ev["op_count_grows"] and ev["ops_per_step_first_quarter"] == ev["ops_per_step_last_quarter"] == 29
     # why the time-span rule missed it: other GPU tenants stretched the event spans
-    assert ev["span_basis"] == "gpu_event_ns" and ev["span_spearman"] < dx.REPREFILL_SPEARMAN
+    assert ev["span_basis"] == "gpu_event_ns" and ev["span_spearman"] < REPREFILL_SPEARMAN
     assert "matmul time grows" in f["title"] and "KV-cached" in f["title"]
     # the validation names what compare prints: the median's verdict and the matmul growth
     assert f["command"].startswith("maxinstr compare ") and "matmul growth" in f["validation"]
@@ -52,8 +58,8 @@ def test_kvcache_contrast_does_not_fire(joined):
     assert not _reprefill(r)
     w = _decode(r)["step_work"]
     # the cached step's matmuls read the same weights for one token every step: flat
-    assert w["matmul_ns"]["spearman"] < dx.REPREFILL_SPEARMAN and abs(w["matmul_ns"]["last_over_first"] - 1) < 0.02
-    assert w["gpu_op_ns"]["last_over_first"] < dx.REPREFILL_WORK_GROWTH  # attention over a longer cache: +1%
+    assert w["matmul_ns"]["spearman"] < REPREFILL_SPEARMAN and abs(w["matmul_ns"]["last_over_first"] - 1) < 0.02
+    assert w["gpu_op_ns"]["last_over_first"] < REPREFILL_WORK_GROWTH  # attention over a longer cache: +1%
     assert w["ops"]["first_quarter_median_ns"] == w["ops"]["last_quarter_median_ns"] == 31
 
 
@@ -74,10 +80,10 @@ def test_growth_without_prefill_shaped_work_does_not_fire(joined):
     grown = copy.deepcopy(joined("h200_kvcache"))
     dec = _decode(grown)
     dec["step_work"]["gpu_op_ns"] = _decode(joined("h200_reprefill"))["step_work"]["gpu_op_ns"]
-    assert dx.rule_reprefill(grown) == []
+    assert fired(rule_reprefill, grown) == []
     # ... and prefill-shaped work (matmuls growing) with it: fires
     dec["step_work"]["matmul_ns"] = _decode(joined("h200_reprefill"))["step_work"]["matmul_ns"]
-    assert [f["id"] for f in dx.rule_reprefill(grown)] == ["reprefill_quadratic"]
+    assert [f["id"] for f in fired(rule_reprefill, grown)] == ["reprefill_quadratic"]
 
 
 def test_growing_op_count_is_prefill_shaped_too(joined):
@@ -87,9 +93,9 @@ def test_growing_op_count_is_prefill_shaped_too(joined):
     dec = _decode(r)
     flat_mm = _decode(joined("h200_kvcache"))["step_work"]["matmul_ns"]
     dec["step_work"]["matmul_ns"] = flat_mm
-    assert dx.rule_reprefill(r) == []
+    assert fired(rule_reprefill, r) == []
     dec["step_work"]["ops"] = dict(dec["step_work"]["gpu_op_ns"])  # a count with the op time's trend
-    (f,) = dx.rule_reprefill(r)
+    (f,) = fired(rule_reprefill, r)
     assert f["evidence"]["op_count_grows"] and not f["evidence"]["matmul_grows"] and "op count" in f["title"]
 
 
@@ -103,7 +109,7 @@ def test_rule_reads_a_saved_report(joined, tmp_path):
     back = json.loads(render(joined("h200_reprefill")))
     sample = next(s for s in back["stages"] if s["name"] == "sample")
     assert sample["step_work"]["matmul_ns"]["last_over_first"] is None  # no matmul in the argmax step
-    assert [(f["id"], f["stage"]) for f in dx.rule_reprefill(back)] == [("reprefill_quadratic", "decode")]
+    assert [(f["id"], f["stage"]) for f in fired(rule_reprefill, back)] == [("reprefill_quadratic", "decode")]
     dec = next(s for s in back["stages"] if s["name"] == "decode")
     dec["step_work"]["gpu_op_ns"]["last_over_first"] = None  # as a stage with no op time in its first steps
-    assert dx.rule_reprefill(back) == []
+    assert fired(rule_reprefill, back) == []

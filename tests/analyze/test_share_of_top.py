@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from maxinstr.analyze import instances as inst_mod
-from maxinstr.analyze.report import _stage_rows
+from maxinstr.analyze.stage_table import stage_rows
 
 
 def _share(rows, name):
@@ -93,7 +93,7 @@ def test_child_of_warmup_parents_by_hand():
     request(150, 200, 4)
     inst = _instances(names, spans, parent, warmup_n=2)
     assert inst.steady.tolist()[:3] == [False, False, False]  # request 0 and its first 2 steps
-    rows = _stage_rows(inst, None, {}, {})
+    rows = stage_rows(inst, None, {}, {})
     assert _share(rows, "request") == 1.0
     assert _share(rows, "step") == 40 / 50
 
@@ -102,7 +102,7 @@ def test_recursion_is_not_counted_twice():
     """f calls f: the inner f is its own stage ('f/f'), its time a share of the top level like any
     other (within the outer f's, which already holds it)."""
     inst = _instances(["main", "f", "f", "g"], [(0, 100), (0, 80), (10, 60), (80, 100)], [-1, 0, 1, 0])
-    rows = _stage_rows(inst, None, {}, {})
+    rows = stage_rows(inst, None, {}, {})
     assert {r["name"]: r["share_of_top"] for r in rows} == {"main": 1.0, "main/f": 0.8, "f/f": 0.5, "g": 0.2}
 
 
@@ -140,7 +140,7 @@ def test_share_of_top_is_a_share_for_random_trees(tree):
     names, spans, parent, warm, cold = tree
     inst = _instances(names, spans, parent)
     inst.warmup, inst.cold = np.array(warm), np.array(cold)
-    rows = _stage_rows(inst, None, {}, {})
+    rows = stage_rows(inst, None, {}, {})
     top_steady = inst.host_ns[inst.steady & (inst.parent < 0)].sum()
     for r in rows:
         if top_steady <= 0:
@@ -156,5 +156,5 @@ def test_concurrent_children_are_at_most_all_of_the_time():
     """Two instances of one stage under one parent that overlap (parent links across threads):
     160 ns of host time in a 100 ns parent is still a share of 1, not 1.6."""
     inst = _instances(["main", "c", "c", "d"], [(0, 100), (0, 80), (10, 90), (90, 95)], [-1, 0, 0, 0])
-    rows = _stage_rows(inst, None, {}, {})
+    rows = stage_rows(inst, None, {}, {})
     assert {r["name"]: r["share_of_top"] for r in rows} == {"main": 1.0, "c": 1.0, "d": 0.05}

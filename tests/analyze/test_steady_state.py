@@ -127,7 +127,7 @@ def test_iterations_follow_the_head_and_nested_instances_their_top_level_one(tor
         in_it = top & (inst.iteration == it)
         assert np.count_nonzero(in_it & (name == "decode")) == 64
         assert np.count_nonzero(in_it & (name == "readback")) == 1
-    from maxinstr.analyze.instances import top_ancestor
+    from maxinstr.warmup import top_ancestor
     assert np.array_equal(inst.iteration, inst.iteration[top_ancestor(inst.parent)])
 
 

@@ -105,12 +105,12 @@ def test_no_max_stage_has_more_than_a_tenth_of_its_gpu_time_other(trace_file, ru
     """issue 16: "other" above 10 % of a MAX stage's GPU time means a kernel family is missing.
     Per stage (the innermost maxinstr stage of each op, MAX's op ranges climbed through), over
     every op attributed to it, in every MAX capture: nsys and kernels=True."""
-    from maxinstr.analyze.families import OTHER, classify_ids
+    from maxinstr.analyze.families import OTHER, classify_id_codes, family_names
 
     trace, att = _attributed(trace_file, run_dir)
     O, R = trace.ops, trace.ranges
     strings = np.asarray(trace.strings, dtype=object)
-    family = classify_ids(O.name_id, strings)
+    family = np.asarray(family_names(), dtype=object)[classify_id_codes(O.name_id, strings)]
     owner = _nearest_stage(att)
     op_stage = np.where(att.op_range >= 0, owner[np.maximum(att.op_range, 0)], -1)
     stage_name = strings[R.name_id]

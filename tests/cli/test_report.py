@@ -463,11 +463,10 @@ def test_suggested_compare_shows_what_it_asks_to_check(args, words, capsys):
 
 def test_every_validation_is_read_off_compare():
     """Each validation line's words map to a check compare prints (the test above reads them)."""
-    import inspect
+    from maxinstr.analyze import rules
 
-    from maxinstr.analyze import diagnosis
-
-    said = re.findall(r'_compare_cmd\(report\) \+ "  # ([^"]*)"', inspect.getsource(diagnosis))
+    source = "".join(p.read_text() for p in Path(rules.__file__).parent.glob("*.py"))
+    said = re.findall(r'cmd\.check\(\s*"([^"]*)"', source)
     assert len(said) >= 9
     readable = ("matmul", "GPU busy", "kernels per instance", "attention share", "routing share", "quantization share",
                 "naive kernel", "median", "findings")
@@ -558,7 +557,7 @@ def test_the_kernel_regex_picks_each_top_kernel_of_its_stage(args, capsys):
     top kernels (deep-dive takes the top match) that it matches is that kernel, for every kernel
     of every stage, and for a copy of those lists where a rival with as much time extends the
     kernel's name (the case a cut or unanchored regex gets wrong)."""
-    from maxinstr.analyze.diagnosis import _kernel_regex
+    from maxinstr.analyze.rules.base import kernel_regex as _kernel_regex
 
     doc = _report_doc(capsys, args)
     checked = 0

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from helpers.fixture_columns import DATA
-from maxinstr.analyze.report import NVML_UTIL_WINDOW_MIN_NS, build_report
+from maxinstr.analyze.report import build_report
+from maxinstr.analyze.stage_table import NVML_UTIL_WINDOW_MIN_NS
 from maxinstr.render.text import render
 
 RUN = DATA / "nsys/h200_threads-run"

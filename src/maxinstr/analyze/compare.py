@@ -419,7 +419,7 @@ SHARE_CHECKS = {"attention_dominated_decode": "attention", "moe_routing_overhead
 def _share(stage: Stage, what: str) -> float | None:
     """A stage's share of GPU time in what a finding's validation names (``SHARE_CHECKS``), as
     the finding measures it; None without kernels."""
-    from maxinstr.analyze.diagnosis import ROUTING_FAMILIES, moe_permutation
+    from maxinstr.analyze.rules.mix import ROUTING_FAMILIES, moe_permutation
     from maxinstr.analyze.families import NAIVE_MATMUL
 
     mix = stage.get("mix")

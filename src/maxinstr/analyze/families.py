@@ -1,17 +1,10 @@
-"""Kernel families: classify GPU op names by what they do, not by their exact name.
-
-Exact kernel names change with every GPU generation, library version and vendor
-(``nvjet_sm90_tst_64x8...``, ``ampere_sgemm_128x64_tn``, ``Cijk_Alik_Bljk_F8HS...``), so the
-report groups them by family. The table below is data: an ordered list of
-``(family, regex)``; the FIRST family whose pattern matches (case-insensitive ``re.search``)
-wins, so specific families come before generic ones (grouped matmul before GEMM, attention
-before GEMM because ``fmha_cutlassF`` contains "cutlass", sampling before reduction because
-greedy sampling is an argmax reduction; a fused top-k sampling kernel is sampling, a top-k gating
-kernel routing, a bare top-k neither). Extend it by adding a row; every row is exercised by
-the tests on the real fixture names in ``tests/data``.
-
-Classification is vectorised: each distinct name is matched once, then the answer is
-broadcast back to every op with ``np.unique``'s inverse index.
+"""Kernel families: GPU op names classified by what they do, not by their exact name, which
+changes with every GPU generation, library and vendor (``nvjet_sm90_tst_64x8...``,
+``Cijk_Alik_Bljk_F8HS...``). The table is data: the FIRST family whose pattern matches
+(case-insensitive ``re.search``) wins, so specific families come before generic ones (grouped
+matmul and attention before GEMM: ``fmha_cutlassF`` contains "cutlass"; sampling before
+reduction: greedy sampling is an argmax). Every row is exercised by the tests on the real
+fixture names. Each distinct name is matched once.
 """
 
 from __future__ import annotations
@@ -26,9 +19,8 @@ OTHER = "other"
 """The family of a name no pattern matches."""
 
 NAME_SCAN_CHARS = 4096
-"""Names are classified (and searched by the diagnosis) on their first this many characters.
-Real kernel names, templates and all, run to ~3,000; a pattern such as ``blockwise.*gemm`` is
-quadratic in the length of a hostile name (a 200 MB Kineto kernel name took minutes)."""
+"""Names are classified (and searched by the diagnosis) on their first this many characters:
+real ones run to ~3,000, and ``blockwise.*gemm`` is quadratic in a hostile name's length."""
 
 
 def scanned(name: str) -> str:
@@ -38,8 +30,6 @@ def scanned(name: str) -> str:
 
 @dataclass(frozen=True)
 class Family:
-    """One row of the families table."""
-
     name: str
     pattern: str
     description: str
@@ -129,55 +119,27 @@ def classify_one(name: str, table: tuple[Family, ...] = FAMILIES) -> str:
     return OTHER
 
 
-def classify(names: np.ndarray, table: tuple[Family, ...] = FAMILIES) -> np.ndarray:
-    """Family name (object array) for every entry of ``names``.
-
-    Each distinct name is matched once; the result is broadcast with the inverse index, so
-    a million ops with a few hundred distinct names costs a few hundred regex searches.
-    """
-    values = np.asarray(names, dtype=object)
-    if values.size == 0:
-        return np.empty(0, dtype=object)
-    # unique over the Python str objects themselves: casting to a fixed-width unicode array
-    # would allocate n x longest-name x 4 bytes (gigabytes for a million templated names)
-    uniques, inverse = np.unique(values, return_inverse=True)
-    fams = np.array([classify_one(str(u), table) for u in uniques], dtype=object)
-    return fams[inverse.reshape(values.shape)]
-
-
-def classify_ids(name_ids: np.ndarray, strings: np.ndarray, table: tuple[Family, ...] = FAMILIES) -> np.ndarray:
-    """Family names for ops given as ids into a string table (``-1``: ``other``).
-
-    Only the ids that occur are classified, so a trace's string table of 100k entries
-    (most of them not kernel names) costs nothing extra.
-    """
-    ids = np.asarray(name_ids, dtype=np.int64)
-    if ids.size == 0:
-        return np.empty(0, dtype=object)
-    used, inverse = np.unique(ids, return_inverse=True)
-    fams = np.array([OTHER if i < 0 else classify_one(str(strings[i]), table) for i in used], dtype=object)
-    return fams[inverse]
-
-
 def classify_id_codes(name_ids: np.ndarray, strings: np.ndarray, table: tuple[Family, ...] = FAMILIES) -> np.ndarray:
-    """Like :func:`classify_ids` but as int16 codes into :func:`family_names` (cheap to group)."""
+    """Family codes (int16 into :func:`family_names`: cheap to group) of ops given as ids into a
+    string table (``-1``: ``other``); only the ids that occur are classified."""
     ids = np.asarray(name_ids, dtype=np.int64)
-    names = family_names(table)
-    index = {n: i for i, n in enumerate(names)}
     if ids.size == 0:
         return np.empty(0, dtype=np.int16)
+    index = {n: i for i, n in enumerate(family_names(table))}
+
+    def codes(used: list[int]) -> list[int]:
+        return [index[OTHER] if i < 0 else index[classify_one(str(strings[i]), table)] for i in used]
+
     lo, hi = int(ids.min()), int(ids.max())
     if lo >= -1 and hi < max(1 << 20, 4 * ids.size):
         # ids index a string table: dense small integers, so the distinct ones are a bincount
         # and the broadcast a table lookup (np.unique's sort of a million ids costs ~0.1 s)
         used = np.flatnonzero(np.bincount(ids + 1, minlength=hi + 2)) - 1
         lut = np.zeros(hi + 2, np.int16)
-        lut[used + 1] = [index[OTHER] if i < 0 else index[classify_one(str(strings[i]), table)] for i in used.tolist()]
+        lut[used + 1] = codes(used.tolist())
         return lut[ids + 1]
-    used, inverse = np.unique(ids, return_inverse=True)
-    codes = np.array([index[OTHER] if i < 0 else index[classify_one(str(strings[i]), table)] for i in used],
-                     dtype=np.int16)
-    return codes[inverse]
+    used_ids, inverse = np.unique(ids, return_inverse=True)
+    return np.array(codes(used_ids.tolist()), dtype=np.int16)[inverse]
 
 
 MATMUL_FAMILIES = frozenset({"gemv", "gemm", "grouped_matmul"})

@@ -1,22 +1,15 @@
-"""What watching cost: per stage, the share of its host time that was maxinstr's own work.
+"""What watching cost: per stage, the share of its host time that was maxinstr's own work,
+estimated from what the run recorded about itself, per instance over everything nested in it:
 
-No profiler says this; users measure it by hand (a run with and without). Here it is estimated
-from what the run recorded about itself, per instance, over the instance and everything nested
-in it (a parent's host time holds its children's costs):
+* **stages**: each enter+exit costs ``stage_ns`` (timed by the session when it opened:
+  record/footprint.py), times STAGE_FELT, what a launch-bound step was measured to feel;
+* **GPU events**: the host ns the core counted in its own event calls (part.json
+  ``gpu_cost_ns``) shared out over the GPU-timed instances;
+* **kernels=True**: OP_STAGE_RATIO stage costs per GPU op the in-process collector tied to it.
 
-* **stages**: each enter+exit costs ``stage_ns``, timed by the session when it opened (the real
-  enter/exit code, no record kept: record/footprint.py), times :data:`STAGE_FELT`, what a
-  launch-bound step was measured to feel per stage beyond that direct cost;
-* **GPU events**: the host ns the core counted in its own event calls (``gpu_cost_ns`` in
-  part.json, measured) shared out over the GPU-timed instances;
-* **kernels=True**: :data:`OP_STAGE_RATIO` stage costs per GPU op the in-process collector tied
-  to the stage (CUPTI's activity records and the launch tags' callbacks inside each launch).
-
-The constants come from ``benchmarks/decoder_ab.py`` (docs/benchmarks.md, "What watching
-costs"): the estimate is checked there against the measured difference with and without. A
-profiler around the program (nsys, rocprofv3, torch.profiler) costs on top of this: its own cost
-is not maxinstr's and is not in the estimate (said in the notes). Everything here is numpy over
-the instance columns.
+The constants and the check of the estimate against runs with and without maxinstr are
+``benchmarks/decoder_ab.py`` (docs/benchmarks.md, "What watching costs"). A profiler around the
+program costs on top of this, and is not in the estimate.
 """
 
 from __future__ import annotations
@@ -28,25 +21,17 @@ import numpy as np
 from maxinstr.analyze.instances import StageInstances
 
 STAGE_FELT = 4.0
-"""A launch-bound decode step felt each stage at about this many times the probe's direct cost
-(H100, decoder_ab 2026-12-05: the session with host-only stages 1.6 % over bare, 9 stages a 1.5 ms
-step, ~2.7 us a stage, against a direct ~0.35-0.7 us; NVTX alone 3.5x its own call). It covers
-the session's threads (writer, flusher) as well."""
-
+"""A launch-bound decode step felt each stage at about this many times the probe's direct cost,
+the session's threads included (H100, decoder_ab 2026-12-05: ~2.7 us a stage against ~0.35-0.7)."""
 OP_STAGE_RATIO = 7.5
-"""kernels=True per GPU op, in units of the session's measured stage cost (so it follows the
-machine's speed as the probe does): on an H100, decoder_ab 2026-12-05, kernels=True 10 points over
-the default session on a 1.96 ms step of 127 ops, 1.5 us an op, where a stage probed 204 ns
-(CUPTI's activity records and the launch tags' callbacks, both domains on: torch launches cuBLAS
-through the driver API)."""
-
+"""kernels=True per GPU op, in the session's measured stage cost (so it follows the machine's
+speed): H100, decoder_ab 2026-12-05, 1.5 us an op where a stage probed 204 ns."""
 THRESHOLD_SHARE = 0.05
 """Past this share of a top-level stage's time, the report has a finding with the cheaper setting."""
 
 
 def _subtree_sums(inst: StageInstances, values: np.ndarray) -> np.ndarray:
-    """Per instance: ``values`` summed over the instance and everything nested in it (by the
-    parent column), deepest level first."""
+    """Per instance: ``values`` summed over it and everything nested in it, deepest level first."""
     out = values.astype(np.float64).copy()
     parent = np.asarray(inst.parent, np.int64)
     depth = np.asarray(inst.depth, np.int64)
@@ -92,9 +77,8 @@ def _gpu_run(parts: list[dict[str, Any]]) -> bool:
 
 
 def footprint(inst: StageInstances, run: Any, *, inprocess_kernels: bool) -> dict[str, Any] | None:
-    """The report's ``footprint`` (docs/report.md): per stage name the estimated share of its
-    steady host time that was maxinstr's, and how it was reckoned. None without a run directory
-    or a measured stage cost (runs recorded before maxinstr measured it)."""
+    """The report's ``footprint`` (docs/report.md). None without a run directory or a measured
+    stage cost (runs recorded before maxinstr measured it)."""
     if run is None or not len(inst):
         return None
     parts = [p for p in getattr(run, "parts", []) if isinstance(p, dict)]
@@ -127,13 +111,6 @@ def footprint(inst: StageInstances, run: Any, *, inprocess_kernels: bool) -> dic
     parts_of = {"stages": float((n_sub * stage_ns * felt)[top].sum()),
                 "gpu_events": float((timed_sub * event_ns)[top].sum()),
                 "kernels": float(op_ns[top].sum())}
-    return {
-        "stage_ns": stage_ns,
-        "stage_felt": felt,
-        "event_ns": float(event_ns),
-        "gpu_timed_instances": n_timed,
-        "op_ns": per_op_ns if ops is not None else None,
-        "share_by_stage": shares,
-        "overall_share": overall,
-        "overall_ns_by_source": parts_of if top_host > 0 else None,
-    }
+    return {"stage_ns": stage_ns, "stage_felt": felt, "event_ns": float(event_ns), "gpu_timed_instances": n_timed,
+            "op_ns": per_op_ns if ops is not None else None, "share_by_stage": shares, "overall_share": overall,
+            "overall_ns_by_source": parts_of if top_host > 0 else None}

@@ -1,37 +1,30 @@
-"""The stage-instance table: one row per stage instance, as numpy columns.
-
-It is the common ground of every report input: a run directory's stage records, a vendor
-trace's host ranges with their attribution, or both joined by record id. Analysis
-(statistics, diagnosis) reads only this table and the per-op columns; it never goes back to
-the raw inputs.
-
-Missing int64 values are ``-1``.
-"""
+"""The stage-instance table: one row per stage instance, as numpy columns (missing int64 values
+are ``-1``), from a run directory's stage records, a trace's host ranges with their attribution,
+or both joined by record id. Analysis reads only this table and the per-op columns, never the
+raw inputs again."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from maxinstr import warmup as warmup_rule
+from maxinstr.analyze.schema import StatisticKey
 from maxinstr.analyze.stats import COLD_START_MAX_PREFIX, cold_start_mask
-from maxinstr.columns import occurrence_index
-from maxinstr.warmup import inside as _inside
-from maxinstr.warmup import top_ancestor  # noqa: F401 - the report's callers find it here
-from maxinstr.columns import isin_strings, per_string
+from maxinstr.columns import isin_strings, occurrence_index, per_string
+from maxinstr.rundir import format as fmt
+from maxinstr.traces.model import RangeStyle
 
 MAXINSTR_DOMAIN = "maxinstr"
 UNPREFIXED_DOMAINS = frozenset({"", MAXINSTR_DOMAIN, "user_annotation"})
-"""Domains whose range names are shown bare: maxinstr's own, the default NVTX domain and
-PyTorch's record_function (Kineto ``user_annotation``)."""
+"""Domains whose range names are shown bare: maxinstr's, NVTX's default, PyTorch's record_function."""
 FRAMEWORK_OP_DOMAINS = frozenset({"cpu_op", "python_function", "cuda_runtime", "cuda_driver", "cuBLAS", "cuDNN",
                                   "gpu_user_annotation", "kernel", "ac2g"})
-"""Domains of ranges a framework or library emits by itself (one per aten op or API call).
-They are not stages: leaving them out keeps the stage table to what the user marked. Ops
-inside them still count towards the enclosing stage. Kept only when nothing else exists.
-Ranges whose name is C++-qualified (``aten::mm``, ``_C::rms_norm``: RPD/roctx op markers carry
-no domain) are treated the same way."""
+"""Domains of ranges a framework or library emits by itself (one per aten op or API call), and
+C++-qualified names (``aten::mm``: RPD/roctx op markers carry no domain): not stages, so the
+stage table keeps to what the user marked (their ops still count to the enclosing stage). Kept
+only when nothing else exists."""
 
 
 def _i64(n: int, fill: int = -1) -> np.ndarray:
@@ -40,17 +33,13 @@ def _i64(n: int, fill: int = -1) -> np.ndarray:
 
 @dataclass
 class StageInstances:
-    """Columns of stage instances (all the same length).
-
-    ``range_index`` is the row in ``trace.ranges`` the instance came from or joined (-1
-    none); ``record_id`` the run's stage record id (-1 none). ``step`` is the ``step=`` the
-    user marked when ``step_marked``; otherwise the instance's position among same-named
-    siblings under its parent instance (so the k-th decode inside a request gets step k),
-    which is what step trends need. ``warmup`` comes from the session's ``warmup=N``;
-    ``cold`` marks cold-start outliers; ``inside_startup`` marks instances nested in a warm-up
-    or cold-start instance of an enclosing stage (the decode steps of a warm-up request ran the
-    warm-up's compilations too); ``steady`` is none of these (and not a mark).
-    """
+    """Columns of stage instances (all the same length). ``range_index``: the row in
+    ``trace.ranges`` the instance came from or joined; ``record_id``: the run's record id.
+    ``step``: the ``step=`` the user marked (``step_marked``), else the instance's position among
+    same-named siblings under its parent (the k-th decode of a request is step k). ``warmup``:
+    the session's ``warmup=N``; ``cold``: cold-start outliers; ``inside_startup``: nested in a
+    warm-up or cold-start instance (a warm-up request's decode steps ran its compilations too);
+    ``steady``: none of these, and not a mark."""
 
     name: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
     host_start_ns: np.ndarray = field(default_factory=lambda: _i64(0))
@@ -75,32 +64,26 @@ class StageInstances:
     is_mark: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     exception: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     unclosed: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
-    """Still open when its process or session ended (killed, interrupted): its end is the close
-    time, not the stage's, so it is no steady instance."""
+    """Still open when its process ended: its end is the close time, so it is no steady instance."""
     warmup: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     cold: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     cold_z: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float64))
     inside_startup: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     occurrence: np.ndarray = field(default_factory=lambda: _i64(0))
     iteration: np.ndarray = field(default_factory=lambda: _i64(0))
-    """The pipeline iteration an instance ran in (-1: before the first one; see
-    :func:`maxinstr.warmup.pipeline_iterations`)."""
+    """The pipeline iteration an instance ran in (-1: before the first; maxinstr.warmup)."""
     iteration_head: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
-    """Whether the instance begins its pipeline iteration (a top-level instance of the head
-    stage; all False without a pipeline head)."""
+    """Whether the instance begins its pipeline iteration (a top-level instance of the head stage)."""
     pipeline_head: str | None = None
-    """The top-level stage that begins each pipeline iteration (None: each top-level stage name
-    counts its own instances)."""
+    """The top-level stage that begins each pipeline iteration (None: each name counts its own)."""
     key: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
-    """The stage a statistic groups by: the name, or ``parent/.../name`` when the same name
-    occurs under different parents (``prefill/attention`` and ``decode/attention`` are
-    different populations: one processes the prompt, the other one token)."""
+    """The stage a statistic groups by: the name, or ``parent/.../name`` when the same name occurs
+    under different parents (``prefill/attention`` processes the prompt, ``decode/attention`` one token)."""
     level: np.ndarray = field(default_factory=lambda: _i64(0))
     """Nesting level among stage instances (0: no enclosing instance)."""
     key_code: np.ndarray = field(default_factory=lambda: _i64(0))
-    """Index of each instance's key in :attr:`keys`."""
     keys: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
-    """The distinct keys, sorted (not per instance: :meth:`take` keeps it whole)."""
+    """The distinct keys, sorted: ``keys[key_code] == key``."""
     notes: list = field(default_factory=list)
     """What building the table had to work around (one line each)."""
 
@@ -123,6 +106,14 @@ class StageInstances:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where((span > 0) & (self.busy_ns >= 0), self.busy_ns / np.maximum(span, 1), np.nan)
 
+    def statistic_values(self, rows: np.ndarray | slice = slice(None)) -> dict[StatisticKey, np.ndarray]:
+        """Per instance of ``rows``, the value of each statistic a stage row carries (< 0 or NaN: none)."""
+        has_span = self.proj_start_ns[rows] >= 0
+        return {"host_ns": self.host_ns[rows], "gpu_event_ns": self.gpu_event_ns[rows], "gpu_proj_ns": self.proj_ns[rows],
+                "gpu_busy_ns": np.where(has_span, self.busy_ns[rows], -1), "gpu_busy_frac": self.busy_frac[rows],
+                "idle_gap_ns": np.where(has_span, self.idle_gap_ns[rows], -1),
+                "kernels_per_instance": np.where(self.range_index[rows] >= 0, self.kernel_count[rows], -1)}
+
     @property
     def steady(self) -> np.ndarray:
         startup = self.warmup | self.cold | self.is_mark
@@ -132,14 +123,8 @@ class StageInstances:
             startup = startup | self.unclosed
         return ~startup
 
-    def take(self, index: np.ndarray) -> StageInstances:
-        return StageInstances(**{f.name: (getattr(self, f.name) if f.name in ("notes", "keys", "pipeline_head")
-                                          else getattr(self, f.name)[index])
-                                 for f in fields(self)})
-
     def key_codes(self) -> tuple[np.ndarray, np.ndarray]:
-        """(distinct keys sorted, each instance's index in them): ``np.unique(key)``, kept from
-        when the keys were made when they still describe this table."""
+        """(distinct keys sorted, each instance's index in them): ``np.unique(key)``."""
         if len(self.key_code) == len(self.key) and (len(self.key) == 0 or len(self.keys)):
             return self.keys, self.key_code
         keys, code = np.unique(self.key, return_inverse=True)
@@ -155,16 +140,9 @@ class StageInstances:
         return keys, [idx[bounds[k]:bounds[k + 1]] for k in range(len(keys))]
 
 
-def _derive_steps(inst: StageInstances, name_code: np.ndarray, n_names: int) -> None:
-    """Position among same-named siblings of the same parent (top level: among all of that name)."""
-    pos = occurrence_index((inst.parent + 1) * n_names + name_code, inst.host_start_ns)
-    inst.step = np.where(inst.step_marked, inst.step, pos)
-
-
 def name_codes(names: np.ndarray) -> np.ndarray:
-    """Dense int codes of the names (equal names, equal codes): what grouping needs, without
-    comparing strings again. Names stay Python strings (a fixed-width copy is as wide as the
-    longest name for every row)."""
+    """Dense int codes of the names (equal names, equal codes). Names stay Python strings (a
+    fixed-width copy is as wide as the longest name for every row)."""
     if len(names) == 0:
         return np.empty(0, np.int64)
     return np.unique(np.asarray(names, dtype=object), return_inverse=True)[1].reshape(-1).astype(np.int64)
@@ -172,22 +150,14 @@ def name_codes(names: np.ndarray) -> np.ndarray:
 
 def stage_keys(names: np.ndarray, parent: np.ndarray,
                name_code: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(key, level, key code, distinct keys) per instance: see :attr:`StageInstances.key`;
-    ``distinct[code] == key``, sorted (what ``np.unique(key)`` gives). Vectorised per nesting
-    level on integer codes (``name_code``: equal exactly when the names are, found when not
-    given): a path is its parent's path code and its own name code, and its names are listed
-    once per distinct path, not per instance, so a name holding '/' cannot be mistaken for two
-    levels when the shortest telling suffix is chosen."""
+    """(key, level, key code, distinct keys) per instance (:attr:`StageInstances.key`;
+    ``distinct[code] == key``, sorted). Vectorised per nesting level on integer codes
+    (``name_code``: equal exactly when the names are): a path is its parent's path code and its
+    own name code, its names listed once per distinct path, so a name holding '/' cannot be
+    mistaken for two levels when the shortest telling suffix is chosen."""
     n = len(names)
     names = np.asarray(names, dtype=object)
-    level = np.zeros(n, dtype=np.int64)
-    cur = parent.copy()
-    for _ in range(_MAX_LEVELS):
-        live = cur >= 0
-        if not live.any():
-            break
-        level[live] += 1
-        cur[live] = parent[cur[live]]
+    level = warmup_rule.levels(parent)
     if n == 0:
         return np.empty(0, dtype=object), level, _i64(0), np.empty(0, dtype=object)
     name_code = name_codes(names) if name_code is None else np.asarray(name_code, np.int64)
@@ -254,20 +224,13 @@ def stage_keys(names: np.ndarray, parent: np.ndarray,
     return distinct[code], level, code.astype(np.int64), distinct
 
 
-_MAX_LEVELS = warmup_rule.MAX_LEVELS
-
-
 def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
             name_code: np.ndarray | None = None) -> StageInstances:
-    """Stage keys, occurrence order, warm-up and cold-start flags. ``name_code``: an integer
-    per instance that is equal exactly when the names are (the run's name ids), else found.
-
-    Warm-up is the rule of :mod:`maxinstr.warmup` (per pipeline iteration, per name, and what
-    is nested in either): the one rule ``Run.warmup_mask()`` and the steady-state capture
-    follow too. Cold starts are looked for level by level from the top, among instances not
-    already inside a startup instance, so a request's cold start takes its decode steps with it
-    instead of leaving them as "steady".
-    """
+    """Stage keys, occurrence order, warm-up (:mod:`maxinstr.warmup`'s rule, which
+    ``Run.warmup_mask()`` and the steady-state capture follow too) and cold-start flags.
+    ``name_code``: equal exactly when the names are (the run's name ids), else found. Cold starts
+    are looked for level by level from the top, among instances not already inside a startup
+    instance, so a request's cold start takes its decode steps with it."""
     n = len(inst)
     name_code = name_codes(inst.name) if name_code is None else np.asarray(name_code, np.int64)
     inst.key, inst.level, inst.key_code, inst.keys = stage_keys(inst.name, inst.parent, name_code)
@@ -277,11 +240,13 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
                                     level=inst.level)
     inst.occurrence, inst.iteration, inst.warmup = rule.occurrence, rule.iteration, rule.warmup
     inst.pipeline_head = _head_name(inst, part_code, name_code, rule.heads)
-    _derive_steps(inst, name_code, n_names) if n else None
+    if n:  # without a marked step: the position among same-named siblings of the same parent
+        pos = occurrence_index((inst.parent + 1) * n_names + name_code, inst.host_start_ns)
+        inst.step = np.where(inst.step_marked, inst.step, pos)
     inst.cold = np.zeros(n, dtype=bool)
     inst.cold_z = np.zeros(n, dtype=np.float64)
     inst.inside_startup = rule.nested.copy()
-    # siblings kept out with a cold pipeline iteration: top-level, so _inside never finds them
+    # siblings kept out with a cold pipeline iteration: top-level, so inside() never finds them
     groups = _iteration_groups(inst, part_code) if n and inst.pipeline_head is not None else None
     inst.iteration_head = np.zeros(n, dtype=bool)
     if groups is not None:
@@ -313,7 +278,7 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
                 top, row, is_head = groups
                 cold_rows = np.unique(row[is_head & inst.cold[top]])
                 in_cold_iteration[top[np.isin(row, cold_rows) & ~inst.cold[top]]] = True
-            inst.inside_startup = _inside(inst.parent, inst.warmup | inst.cold | in_cold_iteration) | in_cold_iteration
+            inst.inside_startup = warmup_rule.inside(inst.parent, inst.warmup | inst.cold | in_cold_iteration) | in_cold_iteration
     inst.inside_startup &= ~(inst.warmup | inst.cold)
     return inst
 
@@ -445,8 +410,6 @@ def range_names(trace) -> np.ndarray:
 def from_trace(trace, attribution=None, warmup_n: int = 0) -> StageInstances:
     """Stage instances from a trace's host ranges (marks dropped), with attribution's per-range
     GPU columns when given."""
-    from maxinstr.traces.model import RangeStyle
-
     r = trace.ranges
     keep_mask = np.asarray(r.style) != RangeStyle.MARK
     n_all = len(r)
@@ -523,34 +486,20 @@ def _fill_from_attribution(inst: StageInstances, attribution, rows: np.ndarray, 
 def from_run(run, trace=None, attribution=None, warmup_n: int | None = None) -> StageInstances:
     """Stage instances from a run's records; GPU projection columns joined from the trace's
     attribution by record id (``attribution.range_record_id``) when given."""
-    from maxinstr.rundir import format as fmt
-
-    s = run.stages
+    s = run.stages  # a structured array (RUN_STAGE_DTYPE), empty or not
     n = len(s)
-    flags = np.asarray(s["flags"]) if n else np.zeros(0, np.uint16)
-    timed = (flags & fmt.GPU_TIMED) != 0
-    gpu_ns = np.where(timed, np.asarray(s["gpu_end_ns"]) - np.asarray(s["gpu_start_ns"]), -1) if n else _i64(0)
-    ids = np.asarray(s["id"], np.int64) if n else _i64(0)
-    order = np.argsort(ids, kind="stable")
-    parent = warmup_rule.parent_rows(ids, s["parent_id"]) if n else _i64(0)
-    step = np.asarray(s["step"], np.int64) if n else _i64(0)
+    flags = np.asarray(s["flags"])
+    ids, step = np.asarray(s["id"], np.int64), np.asarray(s["step"], np.int64)
+
+    def col(name: str) -> np.ndarray:
+        return np.asarray(s[name], np.int64)
+
     inst = StageInstances(
-        name=run.stage_names().astype(object),
-        host_start_ns=np.asarray(s["host_start_ns"], np.int64) if n else _i64(0),
-        host_end_ns=np.asarray(s["host_end_ns"], np.int64) if n else _i64(0),
-        gpu_event_ns=gpu_ns.astype(np.int64),
-        step=step,
-        step_marked=step >= 0,
-        parent=parent.astype(np.int64),
-        depth=np.asarray(s["depth"], np.int64) if n else _i64(0),
-        part=np.asarray(s["part"], np.int64) if n else _i64(0),
-        tid=np.asarray(s["tid"], np.int64) if n else _i64(0),
-        record_id=ids,
-        range_index=_i64(n),
-        is_mark=(flags & fmt.MARK) != 0,
-        exception=(flags & fmt.EXCEPTION) != 0,
-        unclosed=(flags & fmt.UNCLOSED) != 0,
-    )
+        name=run.stage_names().astype(object), host_start_ns=col("host_start_ns"), host_end_ns=col("host_end_ns"),
+        gpu_event_ns=np.where((flags & fmt.GPU_TIMED) != 0, col("gpu_end_ns") - col("gpu_start_ns"), -1).astype(np.int64),
+        step=step, step_marked=step >= 0, parent=warmup_rule.parent_rows(ids, s["parent_id"]).astype(np.int64),
+        depth=col("depth"), part=col("part"), tid=col("tid"), record_id=ids, range_index=_i64(n),
+        is_mark=(flags & fmt.MARK) != 0, exception=(flags & fmt.EXCEPTION) != 0, unclosed=(flags & fmt.UNCLOSED) != 0)
     if inst.unclosed.any():
         k = int(inst.unclosed.sum())
         inst.notes.append(f"{k} stage instance{'s were' if k > 1 else ' was'} still open when {'their' if k > 1 else 'its'} "
@@ -563,9 +512,8 @@ def from_run(run, trace=None, attribution=None, warmup_n: int | None = None) -> 
         rec = np.asarray(getattr(attribution, "range_record_id", _i64(0)), np.int64)
         if len(rec) == n_ranges and n:
             joined = np.flatnonzero(rec >= 0)
-            p = np.clip(np.searchsorted(ids, rec[joined], sorter=order), 0, n - 1)
-            hit = ids[order[p]] == rec[joined]
-            rows[order[p[hit]]] = joined[hit]
+            row = warmup_rule.parent_rows(ids, rec[joined])  # the record with the range's id
+            rows[row[row >= 0]] = joined[row >= 0]
     if (rows >= 0).any():
         # a join must agree on the name: a record id that matches a range of another name means
         # the trace is not this run's (ids restart at 1 in every process)
@@ -592,5 +540,4 @@ def from_run(run, trace=None, attribution=None, warmup_n: int | None = None) -> 
     keep_parent, keep_depth = inst.parent, inst.depth
     _fill_from_attribution(inst, attribution if n_ranges else None, rows, n_ranges)
     inst.parent, inst.depth = keep_parent, keep_depth  # the run's own nesting is exact
-    return _finish(inst, run.warmup if warmup_n is None else warmup_n,
-                   name_code=np.asarray(s["name_id"], np.int64) if n else None)
+    return _finish(inst, run.warmup if warmup_n is None else warmup_n, name_code=col("name_id"))

@@ -9,10 +9,10 @@ from maxinstr import columns
 from maxinstr.analyze.families import OTHER, classify_id_codes, family_names
 from maxinstr.analyze.instances import StageInstances
 from maxinstr.analyze.schema import FamilyRow, GpuKernel, Mix, MixRange
+from maxinstr.attribute.model import Rule
+from maxinstr.traces.model import OpKind
 
 _MAX_DEPTH = 64
-
-
 FAMILY_NAMES = np.array(family_names(), dtype=object)
 """Family name for each int16 family code."""
 _OTHER_CODE = family_names().index(OTHER)
@@ -24,8 +24,6 @@ def op_families(trace) -> np.ndarray:
     """Family code (int16 into :data:`FAMILY_NAMES`) of every op in ``trace.ops``; copies and
     sets go by their kind, not their name. Codes, not strings: grouping a million ops by an
     integer is a bincount, by a string a sort of Python objects."""
-    from maxinstr.traces.model import OpKind
-
     ops = trace.ops
     fam = classify_id_codes(np.asarray(ops.name_id), np.asarray(trace.strings, dtype=object))
     kind = np.asarray(ops.kind)
@@ -51,11 +49,8 @@ def family_table(dur_ns: np.ndarray, families: np.ndarray) -> list[FamilyRow]:
     cnt = np.bincount(codes, minlength=k)
     total = float(ns.sum())
     order = [i for i in np.argsort(-ns, kind="stable") if cnt[i] > 0]
-    return [
-        {"family": str(FAMILY_NAMES[i]), "gpu_ns": float(ns[i]), "share": float(ns[i] / total) if total > 0 else 0.0,
-         "count": int(cnt[i])}
-        for i in order
-    ]
+    return [{"family": str(FAMILY_NAMES[i]), "gpu_ns": float(ns[i]), "share": float(ns[i] / total) if total > 0 else 0.0,
+             "count": int(cnt[i])} for i in order]
 
 
 def group_stats(codes: np.ndarray, values: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
@@ -114,18 +109,9 @@ def kernel_table(trace, families: np.ndarray, dur_ns: np.ndarray, mask: np.ndarr
     if limit is not None:
         order = order[:limit]
     strings = np.asarray(trace.strings, dtype=object)
-    return [
-        {
-            "name": "" if i == 0 else str(strings[i - 1]),
-            "family": str(FAMILY_NAMES[name_family[i]]),
-            "count": int(st["count"][i]),
-            "gpu_ns": float(total[i]),
-            "median_ns": float(st["median"][i]),
-            "max_ns": float(st["max"][i]),
-            "share": float(total[i] / grand) if grand > 0 else 0.0,
-        }
-        for i in order
-    ]
+    return [{"name": "" if i == 0 else str(strings[i - 1]), "family": str(FAMILY_NAMES[name_family[i]]),
+             "count": int(st["count"][i]), "gpu_ns": float(total[i]), "median_ns": float(st["median"][i]),
+             "max_ns": float(st["max"][i]), "share": float(total[i] / grand) if grand > 0 else 0.0} for i in order]
 
 
 def range_to_instance(inst: StageInstances, attribution, n_ranges: int) -> np.ndarray:
@@ -174,11 +160,8 @@ def range_below_instance(inst: StageInstances, attribution, n_ranges: int) -> np
 
 
 def op_instance_pairs(inst: StageInstances, trace, attribution) -> tuple[np.ndarray, np.ndarray]:
-    """(op index, instance row) for every op and every instance enclosing it (inclusive).
-
-    An op appears once per enclosing instance level; a name nested in itself is counted
-    once per instance, which is what per-instance GPU time means.
-    """
+    """(op index, instance row) for every op and every instance enclosing it (inclusive): a name
+    nested in itself counts once per instance, which is what per-instance GPU time means."""
     if attribution is None or len(attribution.op_range) != len(trace.ops):
         return np.empty(0, np.int64), np.empty(0, np.int64)
     r2i = range_to_instance(inst, attribution, len(trace.ranges))
@@ -213,11 +196,8 @@ def instance_op_work(inst: StageInstances, families: np.ndarray, dur_ns: np.ndar
     chosen[[int(c) for c in family_codes if int(c) >= 0]] = True
     sel = chosen[fam][op_i]  # per op once (a table lookup), then per (op, instance) pair
     has = np.asarray(inst.range_index) >= 0 if len(inst.range_index) == n else np.zeros(n, bool)
-    out = {
-        "op_ns": np.bincount(inst_i, weights=d, minlength=n),
-        "ops": np.bincount(inst_i, minlength=n).astype(np.float64),
-        "family_ns": np.bincount(inst_i[sel], weights=d[sel], minlength=n),
-    }
+    out = {"op_ns": np.bincount(inst_i, weights=d, minlength=n), "ops": np.bincount(inst_i, minlength=n).astype(np.float64),
+           "family_ns": np.bincount(inst_i[sel], weights=d[sel], minlength=n)}
     return {k: np.where(has, v, -1.0) for k, v in out.items()}
 
 
@@ -255,8 +235,6 @@ def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, du
     fam_cnt = np.bincount(fk, minlength=n_stages * n_fam).reshape(n_stages, n_fam)
     del fk
     ops = np.bincount(code, minlength=n_stages)
-    from maxinstr.attribute.model import Rule
-
     n_rules = len(Rule)
     rule_cnt = np.bincount(code * np.int32(n_rules) + np.asarray(attribution.op_rule, np.int32)[op_i],
                            minlength=n_stages * n_rules).reshape(n_stages, n_rules)
@@ -316,10 +294,7 @@ def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, du
 
 
 def _rule_counts(counts: np.ndarray) -> dict[str, int]:
-    """Ops per attribution rule (the rule that tied each op to its stage), by rule name, from one
-    stage's row of counts per rule code."""
-    from maxinstr.attribute.model import Rule
-
+    """Ops per attribution rule (the rule that tied each op to its stage), by rule name."""
     return {Rule(i).name.lower(): int(c) for i, c in enumerate(counts) if c and i != Rule.NONE}
 
 

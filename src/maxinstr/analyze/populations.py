@@ -4,22 +4,15 @@ A decode loop that replays a CUDA graph every other step has two kinds of step (
 716-1015 us of GPU span on the H200 capture); one median of both (505 us) is a time no step
 took, and a rule judging the stage by it advises what half the steps already do. So, per stage:
 
-1. *Two modes?* The steady values (the stage's best time measure, in log space) are split in
-   two by exact 1-D 2-means. The split is real when each side holds at least
-   :data:`MIN_SHARE` of the instances and the sides are separated: the gap between the lower
-   group's 90th percentile and the upper group's 10th is at least :data:`MIN_SEPARATION` times
-   the groups' own robust spread (1.4826 * MAD), and their medians differ by at least
-   :data:`MIN_RATIO` (closer modes are one population for a summary's purpose). The statistic is rank- and scale-free: one
-   unimodal population split at its middle gives about 0.4 (normal), two populations with an
-   empty band between them give far more (h200_decode's decode: 27). No duration threshold.
-2. *What explains it?* Features the records carry, in this order: the user's own attrs, the
-   process (a slow rank), CUDA graph replay (ops with a graph node id), kernels per instance, the enclosing instance (which
-   request) or, for top-level siblings, the pipeline iteration, the step index's parity, the GPU busy fraction. The first whose levels each fall
-   (>= :data:`EXPLAINS`) on one side of the split defines the populations, so membership comes
-   from a cause, not from the value. When none does, the populations are the two sides of the
-   value split, and the report says nothing in the records tells them apart.
-
-Everything is numpy over the stage-instance columns; only the few stages and features loop.
+1. *Two modes?* The steady values (log of the stage's best time measure) split in two by exact
+   1-D 2-means, each side at least MIN_SHARE of the instances, the gap between the lower group's
+   p90 and the upper's p10 at least MIN_SEPARATION times their robust spread (rank- and
+   scale-free: a normal sample split at its middle gives ~0.4, h200_decode's decode 27), and
+   medians at least MIN_RATIO apart.
+2. *What explains it?* The first feature the records carry (the user's attrs, the process,
+   CUDA graph replay, kernels per instance, the enclosing instance or pipeline iteration, step
+   parity, GPU busy) whose levels each fall (>= EXPLAINS) on one side defines the populations:
+   membership from a cause, not the value. Else the two sides of the split, said unexplained.
 """
 
 from __future__ import annotations
@@ -29,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from maxinstr._units import ns_text
+from maxinstr.analyze.instances import StageInstances
 from maxinstr.analyze.schema import PopulationGroup, Populations, StepBasis
 from maxinstr.analyze.stats import MAD_TO_SIGMA, summarize
 
@@ -37,20 +31,14 @@ MIN_INSTANCES = 12
 MIN_SHARE = 0.1
 """Each population holds at least this share of the stage's steady instances (and 3)."""
 MIN_GROUP_UNEXPLAINED = 8
-"""A split that nothing in the records explains needs at least this many instances a side: the
-separation compares a group's 10th/90th percentiles, which a handful of values does not pin
-down (17 GPU-timed decode steps of one KV-cache request, slower as the cache grew, split 6/11
-into two "populations" that were one trend). A split a feature explains (a slow rank's 7 steps)
-has that feature as its evidence."""
+"""A split nothing explains needs this many instances a side: a handful of values does not pin
+down a p10/p90 (17 decode steps of one growing KV-cache request split 6/11 into two
+"populations" that were one trend). A feature's split has the feature as its evidence."""
 MIN_SEPARATION = 2.0
-"""Gap between the groups' inner quantiles (p90 of the lower, p10 of the upper) over their
-robust spread. A unimodal normal sample split at its middle gives ~0.4."""
 MIN_RATIO = 1.5
-"""...and the upper mode's median is at least this many times the lower's: below it one median
-still describes every instance to within a fifth, which is what a summary is for."""
+"""Below it one median still describes every instance to within a fifth: what a summary is for."""
 EXPLAINS = 0.9
-"""A feature explains the split when this share of the instances fall on the side their
-feature level mostly falls on."""
+"""A feature explains the split when this share of the instances fall on its levels' sides."""
 MAX_LEVELS = 8
 
 
@@ -178,22 +166,11 @@ def features(inst, rows: np.ndarray, attrs: dict | None, graph_ops: np.ndarray |
     return out
 
 
-def _group_row(inst, rows: np.ndarray, label: str, n_stage: int, graph_ops: np.ndarray | None) -> PopulationGroup:
-    proj = inst.proj_ns[rows]
-    has = inst.proj_start_ns[rows] >= 0
-    row: PopulationGroup = {
-        "label": label,
-        "instances": int(len(rows)),
-        "share": len(rows) / n_stage if n_stage else 0.0,
-        "host_ns": summarize(inst.host_ns[rows]),
-        "gpu_event_ns": summarize(inst.gpu_event_ns[rows]),
-        "gpu_proj_ns": summarize(proj),
-        "gpu_busy_ns": summarize(np.where(has, inst.busy_ns[rows], -1)),
-        "gpu_busy_frac": summarize(inst.busy_frac[rows]),
-        "idle_gap_ns": summarize(np.where(has, inst.idle_gap_ns[rows], -1)),
-        "kernels_per_instance": summarize(np.where(inst.range_index[rows] >= 0, inst.kernel_count[rows], -1)),
-        "cuda_graph_share": None,
-    }
+def _group_row(inst: StageInstances, rows: np.ndarray, label: str, n_stage: int, graph_ops: np.ndarray | None) -> PopulationGroup:
+    row: PopulationGroup = {"label": label, "instances": int(len(rows)), "share": len(rows) / n_stage if n_stage else 0.0}
+    for key, values in inst.statistic_values(rows).items():
+        row[key] = summarize(values)
+    row["cuda_graph_share"] = None
     if graph_ops is not None and len(graph_ops) == len(inst) and (inst.range_index[rows] >= 0).any():
         joined = inst.range_index[rows] >= 0
         row["cuda_graph_share"] = float((graph_ops[rows][joined] > 0).mean())

@@ -1,56 +1,46 @@
 """Multi-rank analysis: per-rank stage statistics and stragglers, over numpy columns.
 
-A torchrun-style job writes one part per process, each carrying its ``rank`` (part.json,
-from ``RANK``). Ranks run the same program, so the k-th instance of stage S on rank 0 is the
-same piece of work as the k-th instance of S on rank 1: :func:`aligned_groups` pairs them
-(group = stage key and occurrence; a group is *full* when every rank has it). Over full,
-steady groups:
+Each process of a torchrun-style job writes a part with its ``rank``. Ranks run the same
+program, so the k-th instance of stage S on every rank is the same piece of work:
+:func:`aligned_groups` pairs them (a group is *full* when every rank has it). Over full, steady
+groups:
 
-- **duration**: per group, the rank whose instance took longest and by how much it exceeded
-  the median of the other ranks (``excess_ns``). A rank that is slowest in most groups by a
-  clear margin is a *straggler* at that stage.
-- **arrival**: per group, how late each rank started the stage relative to the first rank
-  (host clocks of one host are the same CLOCK_MONOTONIC; across hosts each part's clock is put
-  on the wall clock through its own ``started_ns``/``started_unix_ns`` pair, good to NTP's
-  accuracy).
-- **synchronising stages**: a stage whose ends are much closer together across ranks than its
-  starts contains a collective or barrier: every rank leaves it together, so a rank that
-  arrives early *waits* there. ``wait_ns`` of rank r = its duration minus the shortest
-  duration of the group. The rank that makes the others wait is the one with the shortest
-  duration there (it arrived last): judged on durations, which need no common clock.
-
-Nothing here reads files: inputs are the stage-instance columns and the run's part list.
+- **duration**: the rank whose instance took longest, and by how much it exceeded the other
+  ranks' median (``excess_ns``): slowest in most groups by a clear margin is a *straggler*.
+- **arrival**: how late each rank started the stage (one host: one CLOCK_MONOTONIC; across
+  hosts each part's clock goes on the wall clock by its ``started_ns``/``started_unix_ns``).
+- **synchronising stages**: ends much closer together than starts mean a collective or barrier
+  inside: a rank that arrives early *waits* there (``wait_ns``: its duration over the group's
+  shortest), and the one the others wait for has the shortest duration (no common clock needed).
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
+from maxinstr.analyze.instances import StageInstances
 from maxinstr.analyze.schema import (RankGpu, RankInfo, RanksSection, RankStage, RankStageRow, Straggler, StragglerSlow,
                                      StragglerWait)
 from maxinstr.analyze.stats import occurrence_index, summarize
 from maxinstr.columns import factorize
-
-if TYPE_CHECKING:
-    from maxinstr.analyze.instances import StageInstances
+from maxinstr.warmup import parent_rows
 
 SLOWEST_SHARE = 0.75
-"""A rank is a straggler at a stage when it is the slowest (or arrives last) in at least this
-share of the stage's full groups ..."""
+"""A straggler at a stage is the slowest (or the one waited for) in this share of its full groups,"""
 EXCESS_REL = 0.10
-"""... by a median margin of at least this fraction of the other ranks' median duration ..."""
+"""... by a median margin of this fraction of the other ranks' median duration ..."""
 EXCESS_MIN_NS = 200_000
-"""... and at least this many nanoseconds (timer and scheduler noise stay below it)."""
+"""... and this many ns (timer and scheduler noise stay below it)."""
 MIN_GROUPS = 3
 """Stages with fewer full groups are listed per rank but not judged."""
 SYNC_END_OVER_START = 0.5
 """A stage synchronises the ranks when its median end spread is below this fraction of its
-median start spread (and the start spread clears :data:`EXCESS_MIN_NS`)."""
+median start spread (and the start spread clears EXCESS_MIN_NS)."""
 STAGES_KEPT = 200
-"""Stages kept in ``report["ranks"]["stages"]`` (by total host time)."""
 
 
 # ----------------------------------------------------------------------------- identity
@@ -65,10 +55,8 @@ def part_ranks(parts: list[dict]) -> np.ndarray:
 
 
 def part_clock_offsets(parts: list[dict]) -> tuple[np.ndarray, str]:
-    """Per part, ns to add to its host times to put every rank on one clock, and which clock.
-
-    All parts on one host: CLOCK_MONOTONIC is shared, offsets are 0. Several hosts: each part's
-    ``started_unix_ns - started_ns`` (wall clock; as good as the hosts' time sync)."""
+    """Per part, ns to add to its host times to put every rank on one clock, and which clock: 0
+    on one host, else each part's ``started_unix_ns - started_ns`` (the wall clock)."""
     hosts = {p.get("host") for p in parts if p.get("host")}
     off = np.zeros(len(parts), np.int64)
     if len(hosts) <= 1:
@@ -100,12 +88,9 @@ def rank_table(parts: list[dict]) -> list[RankInfo]:
 # ----------------------------------------------------------------------------- alignment
 def aligned_groups(key_code: np.ndarray, rank: np.ndarray, start_ns: np.ndarray, n_ranks: int,
                    ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pair the k-th instance of each stage across ranks.
-
-    Returns ``(rows, group_key)``: ``rows`` is a (G, R) int matrix of instance indexes, one row
-    per *full* group (every rank in ``ranks`` has the k-th instance of that stage), columns in
-    the order of ``ranks``; ``group_key`` the stage code of each row. Instances are ordered by
-    start within (rank, stage)."""
+    """Pair the k-th instance (by start) of each stage across ranks: ``(rows, group_key)``, a
+    (G, R) matrix of instance indexes, one row per *full* group, columns in the order of
+    ``ranks``, and the stage code of each row."""
     n = len(key_code)
     if n == 0 or n_ranks < 2:
         return np.empty((0, n_ranks), np.int64), np.empty(0, np.int64)
@@ -263,17 +248,10 @@ def rank_section(inst: StageInstances, parts: list[dict], gpu_by_rank: list[Rank
                     flagged.append((c, int(k), "waited_for", {"excess_total_ns": float(others.sum())}))
         stage_rows.append(entry)
 
-    stragglers = _stragglers(flagged, ranks, keys, parent_key, stage_rows)
-    return {
-        "ranks": rank_table(parts),
-        "world_size": int(R),
-        "clock": clock,
-        "stages": stage_rows,
-        "stragglers": stragglers,
-        "gpu": gpu_by_rank or None,
-        "thresholds": {"slowest_share": SLOWEST_SHARE, "excess_rel": EXCESS_REL, "excess_min_ns": EXCESS_MIN_NS,
-                       "min_groups": MIN_GROUPS, "sync_end_over_start": SYNC_END_OVER_START},
-    }
+    return {"ranks": rank_table(parts), "world_size": int(R), "clock": clock, "stages": stage_rows,
+            "stragglers": _stragglers(flagged, ranks, keys, parent_key, stage_rows), "gpu": gpu_by_rank or None,
+            "thresholds": {"slowest_share": SLOWEST_SHARE, "excess_rel": EXCESS_REL, "excess_min_ns": EXCESS_MIN_NS,
+                           "min_groups": MIN_GROUPS, "sync_end_over_start": SYNC_END_OVER_START}}
 
 
 def _stragglers(flagged: list[tuple[int, int, str, dict[str, float]]], ranks: np.ndarray, keys: np.ndarray,
@@ -347,32 +325,23 @@ _RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:rank|r)[-_]?(\d+)(?=[^0-9]|$)", r
 
 def trace_rank_from_name(path: str) -> int | None:
     """The rank a trace file's name gives (``r0.sqlite``, ``rank1.nsys-rep``, ``trace_rank-2``)."""
-    from pathlib import Path
-
     name = Path(path).name
     found = _RANK_IN_NAME.findall(name.split(".")[0]) or _RANK_IN_NAME.findall(name)
     return int(found[-1]) if found else None
 
 
 def dense_record_ids(stages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(id, parent_id)`` re-numbered to row positions in ``stages`` (a run's merged table).
-
-    Record ids are ``(pid << 32) | seq``: unique on one host, but ranks on different hosts or
-    in containers can share a pid, so ids can repeat across ranks. Row positions are unique;
-    a parent is looked up within the record's own part (-1 stays -1)."""
+    """``(id, parent_id)`` re-numbered to row positions in ``stages`` (a run's merged table): record
+    ids (``(pid << 32) | seq``) can repeat across ranks on different hosts or in containers. A
+    parent is looked up within the record's own part."""
     n = len(stages)
-    ids = np.asarray(stages["id"], np.int64)
-    parent = np.asarray(stages["parent_id"], np.int64)
+    ids, parent = np.asarray(stages["id"], np.int64), np.asarray(stages["parent_id"], np.int64)
     new_parent = np.full(n, -1, np.int64)
     part = np.asarray(stages["part"], np.int64)
     for p in np.unique(part):
         rows = np.flatnonzero(part == p)
-        order = np.argsort(ids[rows], kind="stable")
-        sid = ids[rows][order]
-        want = parent[rows]
-        pos = np.clip(np.searchsorted(sid, want), 0, len(sid) - 1)
-        hit = (want >= 0) & (sid[pos] == want)
-        new_parent[rows[hit]] = rows[order[pos[hit]]]
+        found = parent_rows(ids[rows], parent[rows])
+        new_parent[rows[found >= 0]] = rows[found[found >= 0]]
     return np.arange(n, dtype=np.int64), new_parent
 
 
@@ -381,15 +350,10 @@ def payload_rows(stages: np.ndarray, rank: int, payload: np.ndarray) -> np.ndarr
     record of that rank with that id, -1 where none (so a trace joins only its rank's records)."""
     payload = np.asarray(payload, np.int64)
     rows = np.flatnonzero(np.asarray(stages["rank"]) == rank)
-    out = np.full(len(payload), -1, np.int64)
     if not len(rows):
-        return out
-    ids = np.asarray(stages["id"], np.int64)[rows]
-    order = np.argsort(ids, kind="stable")
-    pos = np.clip(np.searchsorted(ids[order], payload), 0, len(rows) - 1)
-    hit = (payload >= 0) & (ids[order][pos] == payload)
-    out[hit] = rows[order[pos[hit]]]
-    return out
+        return np.full(len(payload), -1, np.int64)
+    found = parent_rows(np.asarray(stages["id"], np.int64)[rows], payload)
+    return np.where(found >= 0, rows[np.maximum(found, 0)], -1)
 
 
 def assign_trace_ranks(specs: list[str], run_ranks: list[int]) -> list[tuple[int, str]]:

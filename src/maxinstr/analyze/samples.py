@@ -1,9 +1,6 @@
 """Sampler rows seen per stage: utilisation, clocks, power and throttle reasons during each
-stage's host interval (both on CLOCK_MONOTONIC), over steady instances.
-
-Vectorised with cumulative sums: for each instance, the samples in ``[host_start, host_end]``
-are a contiguous slice of the time-sorted rows, so per-instance sums are differences of
-prefix sums and nested (overlapping) stages cost nothing extra.
+stage's host interval (both on CLOCK_MONOTONIC), over steady instances. An instance's samples
+are a contiguous slice of the time-sorted rows: per-instance sums are differences of prefix sums.
 """
 
 from __future__ import annotations
@@ -13,27 +10,18 @@ from typing import Any
 import numpy as np
 
 from maxinstr.analyze.instances import StageInstances
+from maxinstr.sample.attribute import stage_samples
+from maxinstr.sample.base import HW_THROTTLE_MASK, THROTTLE_NAMES
 
 METRICS = ("gpu_util_pct", "sm_active_pct", "sm_clock_mhz", "power_w", "mem_util_pct", "temp_c",
            "tensor_active_pct", "dram_bw_util_pct")
-
-
-def _throttle_meta() -> tuple[tuple[str, ...], int]:
-    try:
-        from maxinstr.sample.base import HW_THROTTLE_MASK, THROTTLE_NAMES
-
-        return tuple(THROTTLE_NAMES), int(HW_THROTTLE_MASK)
-    except Exception:  # noqa: BLE001 - the sampler part may be absent; names are then unknown
-        return (), 0
+_NAMES, _HW_MASK = tuple(THROTTLE_NAMES), int(HW_THROTTLE_MASK)
 
 
 def sample_columns(samples: Any) -> dict[str, np.ndarray] | None:
-    """Merge whatever the run holds for samples into one dict of columns (``t_ns`` required).
-
-    Accepts a dict of columns, a numpy structured array, an object with ``columns``/``rows``,
-    or a mapping part -> any of those (the shape ``maxinstr.load`` gives). Raw undecoded
-    bytes are skipped (None when nothing usable).
-    """
+    """Whatever the run holds for samples as one dict of columns (``t_ns`` required; None when
+    nothing is usable): a dict of columns, a structured array, an object with ``rows``/``columns``,
+    or a mapping part -> any of those (raw undecoded bytes are skipped)."""
     if samples is None:
         return None
     cols = _as_columns(samples)
@@ -74,14 +62,10 @@ def _is_sampler_samples(obj: Any) -> bool:
 
 
 def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str] | None = None) -> dict[str, Any]:
-    """Per stage name: samples seen, mean metrics, throttled share and reasons.
-
-    ``samples`` is what ``maxinstr.load`` gives (part name -> the sampler's ``Samples``),
-    in which case the sampler's own per-stage attribution is used
-    (:func:`maxinstr.sample.attribute.stage_samples`: GPM windows, interpolated energy), or
-    any dict/structured array of columns with ``t_ns``. Key ``_overall`` holds run-wide
-    numbers. Empty dict when there are no decodable samples.
-    """
+    """Per stage name: samples seen, mean metrics, throttled share and reasons; ``_overall`` the
+    run-wide numbers ({} without decodable samples). From what ``maxinstr.load`` gives (part ->
+    the sampler's ``Samples``) the sampler's own attribution is used (GPM windows, interpolated
+    energy: :func:`maxinstr.sample.attribute.stage_samples`), else columns with ``t_ns``."""
     if isinstance(samples, dict) and samples and all(_is_sampler_samples(v) for v in samples.values()):
         return _from_sampler(inst, samples, part_names or [])
     if _is_sampler_samples(samples):
@@ -93,7 +77,7 @@ def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str]
     order = np.argsort(t, kind="stable")
     t = t[order]
     cols = {k: np.asarray(v)[order] for k, v in cols.items()}
-    names, hw_mask = _throttle_meta()
+    names, hw_mask = _NAMES, _HW_MASK
     throttle = np.asarray(cols.get("throttle", np.zeros(len(t), np.int64)), np.int64)
     out: dict[str, Any] = {"_overall": _overall(cols, throttle, names, hw_mask)}
     if len(inst) == 0:
@@ -164,9 +148,7 @@ def _num(x: Any) -> float | None:
 def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: list[str]) -> dict[str, Any]:
     """Per stage: one row per device from the sampler's attribution; headline fields from the
     device the stage kept busiest (the one it ran on)."""
-    from maxinstr.sample.attribute import stage_samples
-
-    names, hw_mask = _throttle_meta()
+    names, hw_mask = _NAMES, _HW_MASK
     steady = inst.steady
     uniq, code = inst.key_codes()
     per_stage: dict[str, list[dict[str, Any]]] = {}
@@ -204,12 +186,10 @@ def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: lis
     out: dict[str, Any] = {}
     if all_t:
         thr = np.concatenate(all_thr)
-        out["_overall"] = {
-            "samples": int(sum(len(t) for t in all_t)),
-            "devices": n_dev,
-            "throttled_samples": int(((thr & hw_mask) != 0).sum()) if hw_mask else 0,
-            "throttle_reasons": {n: int(((thr >> b) & 1).sum()) for b, n in enumerate(names) if ((thr >> b) & 1).any()},
-        }
+        out["_overall"] = {"samples": int(sum(len(t) for t in all_t)), "devices": n_dev,
+                           "throttled_samples": int(((thr & hw_mask) != 0).sum()) if hw_mask else 0,
+                           "throttle_reasons": {n: int(((thr >> b) & 1).sum()) for b, n in enumerate(names)
+                                                if ((thr >> b) & 1).any()}}
     for stage, rows in per_stage.items():
         main = max(rows, key=lambda r: (r["gpu_util_mean_pct"] or -1, r["samples"]))
         out[stage] = _stage_row(main, rows, names, hw_mask)
@@ -217,18 +197,15 @@ def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: lis
 
 
 READING_LAGS = 1.5
-"""NVML's power reading is a trailing average (about 1 s on Hopper): when it reads this many times
-the power the energy counter gives for the stage itself (and 50 W more), it describes the time
-before the stage (a busy stage before an idle one), and so do the power-cap throttle bits that
-follow it."""
+"""NVML's power reading is a trailing average (~1 s on Hopper): at this many times the energy
+counter's power for the stage (and 50 W more) it, and the power-cap bits that follow it,
+describe the time before the stage."""
 
 
 def _stage_row(main: dict, rows: list[dict], names: tuple[str, ...], hw_mask: int) -> dict[str, Any]:
-    """The per-stage sampler numbers a report shows, from the device the stage kept busiest.
-
-    Power describes the stage as the energy counter does: energy per instance over the mean
-    instance time. NVML's own reading (``power_reading_w_mean``) lags; where it is far above the
-    energy's, the power-cap throttle samples are not the stage's either (``throttle_lagged``)."""
+    """The per-stage sampler numbers a report shows, from the device the stage kept busiest. Power
+    as the energy counter gives it; where NVML's lagging reading is far above, its power-cap
+    throttle samples are not the stage's either (``throttle_lagged_samples``)."""
     n = main["samples"]
     reading = main["power_mean_w"]
     # energy over the time of its instances the counter covered (an instance the sampler stopped

@@ -1,29 +1,14 @@
-"""The report's schema, ``maxinstr-report`` version 1, as types: the source of truth for its keys.
+"""The report's schema, ``maxinstr-report`` version 1, as types: the source of truth for its keys
+(docs/report.md says what they mean). At run time a report is a plain ``dict``; mypy checks the
+producer and every reader against these types, ``report["key"]`` and ``report.get("key")`` alike
+(.ci/mypy_typeddict_get.py), and tests/analyze/test_schema.py every fixture's report.
 
-:func:`maxinstr.analyze.report.build_report` returns one JSON-serialisable dict; these
-:class:`typing.TypedDict` classes say which keys it holds and what their values are, and
-docs/report.md says what they mean. At run time a report is a plain ``dict`` (a TypedDict is
-only a type: nothing is wrapped or copied, and the JSON is what it was). mypy checks the
-producer and every module that reads a report against these types (pyproject.toml
-``[tool.mypy]``, run by ``.ci/run``), so a renamed or misspelt key fails the type check, in
-``report["key"]`` and in ``report.get("key")`` alike (.ci/mypy_typeddict_get.py);
-tests/analyze/test_schema.py checks the reports built from every fixture, and the oldest saved
-one, against them.
-
-How to read a class:
-
-- Every class is ``total=False``: to a type checker any key may be missing, because readers take
-  reports written by earlier maxinstr versions of version 1, and read them defensively
-  (``st.get("mix") or {}``). Keys and value types are checked all the same.
-- ``Always[X]`` marks a key that every version-1 report carries (the oldest saved one the tests
-  keep included, tests/data/reports/h200_kvcache_b16.report.json, 2026-12-03): it is ``X`` to
-  mypy, and tests/analyze/test_schema.py checks that it is there. A key without it was added to
-  version 1 since (reports saved before lack it) or is written only sometimes (said beside it).
-- ``X | None``: the value may be null. Durations are nanoseconds (floats in statistics), shares
-  are 0..1, and in JSON every NaN or infinity is null, so a float that may not be computable is
-  ``float | None``.
-
-Dict keys that are data (stage names, rule names, ranks) are ``dict[str, ...]``.
+Every class is ``total=False``: readers take reports of earlier maxinstr versions of version 1,
+and read them defensively (``st.get("mix") or {}``). ``Always[X]`` marks a key every version-1
+report carries (the oldest saved one included, tests/data/reports/h200_kvcache_b16.report.json);
+a key without it was added since or is written only sometimes. ``X | None``: may be null (in
+JSON every NaN or infinity is null). Durations are ns, shares 0..1; dict keys that are data
+(stage names, rule names, ranks) are ``dict[str, ...]``.
 """
 
 from __future__ import annotations

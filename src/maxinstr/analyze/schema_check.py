@@ -1,10 +1,8 @@
-"""A report (or a part of one) checked against the schema's TypedDicts (analyze/schema.py) at run
-time: the keys each class declares, the ``Always[...]`` ones present, values of the declared types.
-
-A saved report JSON is data anyone may have written: ``maxinstr report REPORT.json`` checks it
-here before any view reads it (render/json.py ``load``), so a field of the wrong type is one line
-naming it, not a ``TypeError`` from inside a renderer (273 of 1,264 fuzzed reports, issue 29).
-The tests check every report the analysis builds against the same rules (tests/analyze/test_schema.py).
+"""A report (or a part of one) checked against the schema's TypedDicts at run time: the keys each
+class declares, the ``Always[...]`` ones present, values of the declared types. A saved report
+is data anyone may have written: ``maxinstr report REPORT.json`` checks it here before any view
+reads it, so a field of the wrong type is one line naming it, not a ``TypeError`` inside a
+renderer (273 of 1,264 fuzzed reports, issue 29).
 """
 
 from __future__ import annotations
@@ -12,8 +10,11 @@ from __future__ import annotations
 import functools
 import types
 import typing
+from pathlib import Path
 
+from maxinstr._files import MAX_JSON_DEPTH, parse_json, read_regular
 from maxinstr.analyze import schema
+from maxinstr.errors import MaxinstrError
 
 
 @functools.cache
@@ -118,11 +119,6 @@ def load_report(text: str | bytes, source: str = "<report>") -> schema.Report:
     """Parse a saved JSON report, checking its schema, version and the type of every field a
     view or the deep dive reads (MaxinstrError naming ``source`` and the first problem). A saved
     report is data anyone may have edited: fields a later maxinstr may add are allowed."""
-    from pathlib import Path
-
-    from maxinstr._files import MAX_JSON_DEPTH, parse_json
-    from maxinstr.errors import MaxinstrError
-
     def refused(path: object, why: str) -> MaxinstrError:
         return MaxinstrError(f"{path}: {why.replace('not valid JSON', 'not JSON', 1)}")
 
@@ -141,11 +137,6 @@ def load_report(text: str | bytes, source: str = "<report>") -> schema.Report:
 
 def read_report(path: str | object) -> schema.Report:
     """:func:`load_report` of the file ``path`` (only a regular file: a FIFO never blocks)."""
-    from pathlib import Path
-
-    from maxinstr._files import read_regular
-    from maxinstr.errors import MaxinstrError
-
     data = read_regular(Path(str(path)), lambda p, why: MaxinstrError(f"{p}: {why}"))
     if data is None:
         raise MaxinstrError(f"{path}: no such file")

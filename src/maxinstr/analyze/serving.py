@@ -1,13 +1,8 @@
 """The serving loop of a model server, from the stages of MAX's preset (launch/presets.py): how
-the steps batched (prefill and decode steps, the contexts and tokens in each), and how long each
-request waited between its arrival and the first step that took it.
-
-A request's wait joins two processes of one run: ``max serve``'s API server marks ``queued``
-(attr ``request``) when it has made the request's context, and the model worker's ``prefill``
-step lists the requests it starts (attr ``requests``). Both are on the host's monotonic clock,
-so the wait is the first such step's start minus the mark. Over a window (``start_ns``,
-``end_ns``: `maxinstr server window`, or a load generator's own span) only the steps that started
-in it, and the requests queued in it, count.
+the steps batched, and how long each request waited between its arrival and the first step that
+took it. A wait joins two processes on the host's monotonic clock: ``max serve``'s API server
+marks ``queued`` (attr ``request``), the model worker's ``prefill`` step lists the requests it
+starts (attr ``requests``). Over a window only the steps started, and requests queued, in it count.
 """
 
 from __future__ import annotations

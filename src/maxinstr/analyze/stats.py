@@ -1,38 +1,29 @@
-"""Statistics over numpy columns: summaries, occurrence order, warm-up and cold-start splits,
-and step trends. Every function takes whole arrays; none loops over rows in Python.
-
-Conventions: durations are int64 nanoseconds; a missing value is ``-1`` (never a valid
-duration) and is dropped before summarising, so every summary says how many values it
-rests on (``n``).
-"""
+"""Statistics over whole numpy columns (no loop over rows): summaries, group medians, cold-start
+outliers, step trends, noise bounds. A missing duration is ``-1`` (a missing float NaN), dropped
+before summarising, so every summary says how many values it rests on (``n``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from maxinstr import columns
-from maxinstr.columns import occurrence_index
 from maxinstr.analyze.schema import Statistic, StepTrend
+from maxinstr.columns import occurrence_index
 
 MAD_TO_SIGMA = 1.4826
 """Scale that turns a median absolute deviation into a normal standard deviation."""
-
 COLD_START_Z = 5.0
-"""Robust z-score above which a leading instance counts as a cold-start outlier."""
+"""Robust z-score above which a leading instance counts as a cold-start outlier, ..."""
 COLD_START_RATIO = 1.5
-"""...and it must also be at least this many times the steady median (so a very tight
-distribution does not flag a 3% wobble as a compile spike)."""
+"""... when also this many times the steady median (a tight distribution's 3% wobble is no spike)."""
 COLD_START_MAX_PREFIX = 3
-"""At most this many leading instances per name can be cold-start outliers: a compile or
-cache-fill spike happens on the first calls, not in the middle of a run."""
+"""Leading instances per name that can be cold-start outliers: compile and cache-fill spikes
+come on the first calls."""
 
 
 def summarize(values: np.ndarray) -> Statistic:
-    """count, median, p90, p99, min, max, mean and MAD of ``values`` (missing ``<0`` dropped).
-
-    Returns ``{"n": 0}`` when nothing is left. Percentiles use linear interpolation
-    (numpy's default), the same convention as ``nsys stats`` medians.
-    """
+    """:class:`Statistic` of ``values`` (missing dropped; ``{"n": 0}`` when none is left).
+    Percentiles interpolate linearly (numpy's default, as ``nsys stats`` medians)."""
     v = np.asarray(values)
     if v.dtype.kind in "iu":
         v = v[v >= 0]
@@ -42,36 +33,24 @@ def summarize(values: np.ndarray) -> Statistic:
         return {"n": 0}
     v = v.astype(np.float64)
     med, p90, p99, q1, q3 = np.percentile(v, [50, 90, 99, 25, 75])
-    return {
-        "n": int(v.size),
-        "median": float(med),
-        "p90": float(p90),
-        "p99": float(p99),
-        "min": float(v.min()),
-        "max": float(v.max()),
-        "mean": float(v.mean()),
-        "mad": float(np.median(np.abs(v - med))),
-        "q1": float(q1),
-        "q3": float(q3),
-        "total": float(v.sum()),
-    }
+    return {"n": int(v.size), "median": float(med), "p90": float(p90), "p99": float(p99), "min": float(v.min()),
+            "max": float(v.max()), "mean": float(v.mean()), "mad": float(np.median(np.abs(v - med))), "q1": float(q1),
+            "q3": float(q3), "total": float(v.sum())}
 
 
 _QUANTILES = (("median", 0.5), ("p90", 0.9), ("p99", 0.99), ("q1", 0.25), ("q3", 0.75))
 
 
 def _lerp(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
-    # numpy's own linear interpolation (numpy.lib._function_base_impl._lerp), so the numbers
-    # equal np.percentile's to the last bit
+    # numpy's own linear interpolation (numpy.lib._function_base_impl._lerp): np.percentile's
+    # numbers to the last bit
     diff = b - a
-    out = a + diff * t
-    return np.where(t >= 0.5, b - diff * (1 - t), out)
+    return np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
 
 
 def group_summaries(codes: np.ndarray, values: np.ndarray, n_groups: int) -> list[Statistic]:
-    """:func:`summarize` of ``values`` per integer group code (``0..n_groups-1``), the same
-    numbers, for every group at once: two sorts instead of a numpy call per group per
-    statistic (a report of 50,000 stage names made 400,000 such calls)."""
+    """:func:`summarize` per integer group code (``0..n_groups-1``), the same numbers, every group
+    at once: two sorts, not a numpy call per group per statistic (400,000 for 50,000 stages)."""
     c = np.asarray(codes, dtype=np.int64)
     v = np.asarray(values)
     keep = v >= 0 if v.dtype.kind in "iu" else np.isfinite(v)
@@ -106,11 +85,9 @@ def group_summaries(codes: np.ndarray, values: np.ndarray, n_groups: int) -> lis
     stats["mad"] = group_medians(np.repeat(np.arange(len(filled)), n), dev, len(filled))
     cols = (stats[k].tolist() for k in ("median", "p90", "p99", "min", "max", "mean", "mad", "q1", "q3", "total"))
     # a dict display per group (twice as fast as dict(zip(...)): 50,000 groups per column)
-    dicts: list[Statistic] = [{"n": c, "median": md, "p90": p90, "p99": p99, "min": lo, "max": hi, "mean": mean, "mad": mad, "q1": q1,
-              "q3": q3, "total": total}
-             for c, md, p90, p99, lo, hi, mean, mad, q1, q3, total in zip(n.tolist(), *cols)]
-    for g, d in zip(filled.tolist(), dicts):
-        out[g] = d
+    for g, c, md, p90, p99, lo, hi, mean, mad, q1, q3, total in zip(filled.tolist(), n.tolist(), *cols):
+        out[g] = {"n": c, "median": md, "p90": p90, "p99": p99, "min": lo, "max": hi, "mean": mean, "mad": mad,
+                  "q1": q1, "q3": q3, "total": total}
     return out
 
 
@@ -143,31 +120,18 @@ def group_medians(codes: np.ndarray, values: np.ndarray, n_groups: int) -> np.nd
     return out
 
 
-def cold_start_mask(
-    codes: np.ndarray,
-    occurrence: np.ndarray,
-    values: np.ndarray,
-    eligible: np.ndarray,
-    z_threshold: float = COLD_START_Z,
-    ratio: float = COLD_START_RATIO,
-    max_prefix: int = COLD_START_MAX_PREFIX,
-    first_calls: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Cold-start outliers: the leading instances of each group that stand far above the rest.
-
-    ``codes`` groups rows (one code per stage name), ``occurrence`` is each row's rank within
-    its group (0 first), ``eligible`` marks the rows that are candidates and form the steady
-    reference (warm-up already removed, values present). A row is an outlier when it is
-    among the first ``max_prefix`` eligible rows of its group, its robust z-score
-    ``(x - median) / (1.4826 * MAD)`` against the group's eligible rows exceeds
-    ``z_threshold`` and ``x >= ratio * median``; only an unbroken leading run counts (the
-    first non-outlier ends it), because compile spikes come first. Returns
-    ``(mask, z)``. The MAD is floored at 1% of the median so identical values still give
-    finite scores. With several processes (ranks), give each (stage, process) its own code:
-    each has its own first instances and its own pace. ``first_calls`` (optional) marks the rows
-    that can be a first call at all: an instance whose stage already ran many times (in
-    warm-up) is slow for another reason, not cold, and ends the leading run.
-    """
+def cold_start_mask(codes: np.ndarray, occurrence: np.ndarray, values: np.ndarray, eligible: np.ndarray,
+                    z_threshold: float = COLD_START_Z, ratio: float = COLD_START_RATIO,
+                    max_prefix: int = COLD_START_MAX_PREFIX, first_calls: np.ndarray | None = None,
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Cold-start outliers, ``(mask, z)``: the leading instances of each group (``codes``; give
+    each process its own: it has its own first instances and pace) that stand far above the
+    rest. ``occurrence``: each row's rank in its group; ``eligible``: the candidates and steady
+    reference (warm-up removed, values present). An outlier is among the first ``max_prefix``
+    eligible rows, its robust z-score ``(x - median) / (1.4826 * MAD)`` (MAD floored at 1% of the
+    median) above ``z_threshold`` and ``x >= ratio * median``, in an unbroken leading run (compile
+    spikes come first). ``first_calls``: the rows that can be a first call at all (a stage that
+    already ran many times in warm-up is slow for another reason)."""
     n = len(codes)
     mask = np.zeros(n, dtype=bool)
     z = np.zeros(n, dtype=np.float64)
@@ -222,12 +186,9 @@ def _rank(a: np.ndarray) -> np.ndarray:
 
 
 def step_trend(step: np.ndarray, values: np.ndarray) -> StepTrend:
-    """How a per-instance duration changes with the step index.
-
-    Per distinct step, the median value; then over those medians: a least-squares slope
-    (ns per step), the Spearman correlation with the step, and the ratio of the last
-    quarter's median to the first quarter's. ``{"n_steps": k}`` only when under 4 steps.
-    """
+    """How a per-instance duration changes with the step index: over the per-step medians, the
+    least-squares slope, the Spearman correlation with the step, and the last quarter's median
+    over the first quarter's. ``{"n_steps": k}`` only under 4 steps."""
     ok = (np.asarray(step) >= 0) & (np.asarray(values) >= 0)
     s, v = np.asarray(step)[ok], np.asarray(values)[ok]
     steps = np.unique(s)
@@ -238,26 +199,16 @@ def step_trend(step: np.ndarray, values: np.ndarray) -> StepTrend:
     slope, intercept = np.polyfit(steps.astype(float), med, 1)
     q = max(1, len(steps) // 4)
     first, last = float(np.median(med[:q])), float(np.median(med[-q:]))
-    return {
-        "n_steps": int(len(steps)),
-        "n_instances": int(len(s)),
-        "first_step": int(steps[0]),
-        "last_step": int(steps[-1]),
-        "slope_ns_per_step": float(slope),
-        "spearman": spearman(steps, med),
-        "first_quarter_median_ns": first,
-        "last_quarter_median_ns": last,
-        "last_over_first": float(last / first) if first > 0 else float("nan"),
-    }
+    return {"n_steps": int(len(steps)), "n_instances": int(len(s)), "first_step": int(steps[0]),
+            "last_step": int(steps[-1]), "slope_ns_per_step": float(slope), "spearman": spearman(steps, med),
+            "first_quarter_median_ns": first, "last_quarter_median_ns": last,
+            "last_over_first": float(last / first) if first > 0 else float("nan")}
 
 
 def bootstrap_median_diff_bound(a: np.ndarray, b: np.ndarray, q: float = 50.0, n_boot: int = 400,
                                  seed: int = 0) -> float:
-    """Half-width of the 95% bootstrap interval of ``percentile(b, q) - percentile(a, q)``.
-
-    The noise bound used by ``compare``: a difference smaller than this is within the
-    runs' own spread. Vectorised: all resamples are drawn as one index matrix.
-    """
+    """Half-width of the 95% bootstrap interval of ``percentile(b, q) - percentile(a, q)``:
+    compare's noise bound (all resamples drawn as one index matrix)."""
     a = np.asarray(a, float)
     b = np.asarray(b, float)
     if len(a) < 2 or len(b) < 2:
@@ -271,11 +222,8 @@ def bootstrap_median_diff_bound(a: np.ndarray, b: np.ndarray, q: float = 50.0, n
 
 
 def mad_noise_bound(stat_a: Statistic, stat_b: Statistic) -> float:
-    """Noise bound on a median difference from two summaries alone (no raw values).
-
-    Two standard errors of the difference, the standard error of a median taken as
-    ``1.2533 * 1.4826 * MAD / sqrt(n)``. Used when comparing saved JSON reports.
-    """
+    """Noise bound on a median difference from two summaries alone (saved JSON reports): two
+    standard errors of the difference, a median's taken as ``1.2533 * 1.4826 * MAD / sqrt(n)``."""
     def se(s: Statistic) -> float:
         n = s.get("n", 0)
         if n < 2:

@@ -1,16 +1,9 @@
 """The timeline: a run's records, a trace's ops and calls, and the sampler's rows on one time
-axis, as columns. What the Perfetto (``maxinstr.render.perfetto``) and HTML views draw; they
-only turn it into text.
-
-One axis for everything: the run's host clock (CLOCK_MONOTONIC) when a run directory is
-given, else the trace's own clock. Trace times are moved onto the host clock by one offset,
-the median of ``trace range start - record host start`` over the records the attribution
-joined to trace ranges (by NVTX payload, or thread/name/order); :class:`Clock` says which
-offset was used and how it was found. Each op is placed under the stage instance that
-launched it (through the attribution's op -> range join).
-
-Rows of one track that overlap are spread over lanes (:func:`lanes`, :func:`nest_lanes`), so
-that slices of one lane nest as a trace viewer needs.
+axis, as columns; what the Perfetto and HTML views draw. The axis is the run's host clock
+(CLOCK_MONOTONIC) when a run is given, else the trace's: trace times move onto it by one offset,
+the median of ``trace range start - record host start`` over the joined records (:class:`Clock`
+says how it was found). Each op sits under the stage instance that launched it; rows of one
+track that overlap are spread over lanes, so that slices of one lane nest as a viewer needs.
 """
 
 from __future__ import annotations
@@ -30,14 +23,11 @@ if TYPE_CHECKING:
     from maxinstr.analyze.report import Analysis
 
 CALLS_MAX_OPS = 250_000
-"""Launch calls (and launch -> kernel flow arrows) are on the timeline for traces up to this
-many ops; beyond, they would double a view for little (the Perfetto metadata says they were
-left out)."""
-
+"""Launch calls (and their flow arrows) are on the timeline up to this many ops; beyond, they
+would double a view for little (the Perfetto metadata says they were left out)."""
 MAX_LANES = 16
-"""Overlapping slices of one track are spread over at most this many lanes (Chrome JSON
-slices of one thread must nest); the rest share the last lane."""
-
+"""Lanes an overlapping track is spread over (Chrome JSON slices of one thread must nest); the
+rest share the last lane."""
 OP_KIND_NAMES: tuple[str, ...] = tuple(kind.name.lower() for kind in sorted(OpKind))
 """An op's kind by its ``kind`` code (``traces.model.OpKind``): kernel, memcpy, memset."""
 
@@ -53,11 +43,9 @@ class Clock:
     method: str = "none"
     """``matched_pairs`` | ``same_clock`` | ``start_aligned`` | ``trace_only`` | ``run_only``."""
     pairs: int = 0
-    """Record/range pairs the offset rests on (``matched_pairs``)."""
     spread_ns: float | None = None
     """Median absolute deviation of the pairs' differences around the offset."""
     join: str | None = None
-    """How the pairs were matched: ``payload`` or ``thread_name_order``."""
     note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -101,11 +89,8 @@ def _first(*arrays: np.ndarray) -> int | None:
 
 # ----------------------------------------------------------------------------- tracks
 def lanes(group: np.ndarray, start: np.ndarray, end: np.ndarray, max_lanes: int = MAX_LANES) -> np.ndarray:
-    """A lane per row such that, within one group and lane, no two rows overlap.
-
-    Greedy in passes: a row that starts before the end of an earlier row of its group
-    (earlier by start) moves to the next lane; each pass is vectorised per group.
-    """
+    """A lane per row such that, within one group and lane, no two rows overlap: greedy in passes,
+    a row that starts before the end of an earlier one of its group moves to the next lane."""
     n = len(start)
     lane = np.zeros(n, np.int64)
     todo = np.arange(n)
@@ -129,13 +114,9 @@ def lanes(group: np.ndarray, start: np.ndarray, end: np.ndarray, max_lanes: int 
 
 def nest_lanes(group: np.ndarray, start: np.ndarray, end: np.ndarray, depth: np.ndarray,
                parent: np.ndarray) -> np.ndarray:
-    """Lane 0 for rows that nest properly on their group's track, 1+ for the rest.
-
-    Rows of one depth must not overlap one another in lane 0 (children lie inside their
-    ``parent``, so that is enough for proper nesting); a row that crosses another of its depth
-    (start/end ranges, skewed clocks) moves to a plain non-overlapping lane, and its
-    descendants with it.
-    """
+    """Lane 0 for rows that nest properly on their group's track (rows of one depth do not
+    overlap; children lie inside their ``parent``), 1+ for a row that crosses another of its
+    depth (start/end ranges, skewed clocks), and its descendants with it."""
     n = len(start)
     if n == 0:
         return np.zeros(0, np.int64)
@@ -175,26 +156,24 @@ def group_codes(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class Timeline:
-    """Everything on one axis (ns, the :class:`Clock`'s axis), as columns: what the Perfetto
-    and HTML views draw. Built by :func:`timeline`."""
+    """Everything on the :class:`Clock`'s axis (ns), as columns (-1: none); built by :func:`timeline`."""
 
     clock: Clock
     origin_ns: int
     inst: Any
-    """The analysis's :class:`~maxinstr.analyze.instances.StageInstances` (host times on the axis)."""
+    """The analysis's StageInstances (host times on the axis)."""
     inst_pid: np.ndarray
     proj_start_ns: np.ndarray
-    """Per instance, the projected GPU span on the axis (-1 when none)."""
     proj_end_ns: np.ndarray
     event_start_ns: np.ndarray
-    """Per instance, the GPU event span from the run on the axis (-1 when none)."""
+    """Per instance, the GPU event span the run recorded."""
     event_end_ns: np.ndarray
     op_start_ns: np.ndarray
     op_end_ns: np.ndarray
     op_stage: np.ndarray
-    """Per op, the instance row of the stage that launched it (-1 when none)."""
+    """Per op, the instance row of the stage that launched it."""
     samples: list[tuple[str, Any]]
-    """``(part name, Samples)`` with at least one row; their ``t_ns`` is on the host clock."""
+    """``(part name, Samples)`` with at least one row, on the host clock."""
     thread_names: dict[int, str]
     pid_names: dict[int, str]
     gpu_names: dict[int, str] = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""The diagnosis rules, one module a concern (analyze/diagnosis.py runs them in order)."""
