@@ -6,10 +6,98 @@
 
 #include "dispatch.h"
 #include "events.h"
+#include "floor.h"
+#include "writer.h"
 
 namespace maxinstr MAXINSTR_HIDDEN {
 
 namespace {
+
+// The name_id of `name` (a str), interning it on first sight: registered with the markers and
+// handed to the native writer. -1 with a Python error set.
+int32_t intern_name(PyObject* name) {
+  PyObject* v = PyDict_GetItemWithError(name_table.dict, name);
+  if (LIKELY(v != nullptr)) return (int32_t)PyLong_AS_LONG(v);
+  if (PyErr_Occurred()) return -1;
+  if (!PyUnicode_Check(name)) {
+    PyErr_Format(PyExc_TypeError, "stage name must be str, not %.80s", Py_TYPE(name)->tp_name);
+    return -1;
+  }
+  Py_ssize_t n = 0;
+  const char* u = PyUnicode_AsUTF8AndSize(name, &n);
+  PyObject* shown = name;  // the name as recorded
+  PyObject* escaped = nullptr;
+  if (!u) {
+    // A lone surrogate (os.fsdecode of a non-UTF-8 file name) has no UTF-8: record the name
+    // with it escaped as \udcff, as the readers show it (maxinstr/_text.py safe_name).
+    if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return -1;
+    PyErr_Clear();
+    PyObject* b = PyUnicode_AsEncodedString(name, "utf-8", "backslashreplace");
+    if (!b) return -1;
+    escaped = PyUnicode_FromEncodedObject(b, "utf-8", "strict");
+    Py_DECREF(b);
+    if (!escaped) return -1;
+    u = PyUnicode_AsUTF8AndSize(escaped, &n);
+    if (!u) {
+      Py_DECREF(escaped);
+      return -1;
+    }
+    shown = escaped;
+  }
+  int32_t id = (int32_t)name_table.entries.size();
+  PyObject* idobj = PyLong_FromLong(id);
+  if (!idobj) {
+    Py_XDECREF(escaped);
+    return -1;
+  }
+  if (PyDict_SetItem(name_table.dict, name, idobj) < 0) {
+    Py_DECREF(idobj);
+    Py_XDECREF(escaped);
+    return -1;
+  }
+  Py_DECREF(idobj);
+  NameEntry e;
+  e.str = shown;
+  if (!escaped) Py_INCREF(shown);  // (escaped: its reference moves into the entry)
+  e.utf8.assign(u, (size_t)n);
+  e.nvtx = marker_register(e.utf8);
+  writer_add_name(e.utf8);
+  name_table.entries.push_back(std::move(e));
+  return id;
+}
+
+// The context state of `key` (the current context), made, paired and calibrated on first use;
+// -1 while its reference pairing fails (retried at most once a second: a graph capture may be
+// running). Internal linkage: inlined into stage enter, its one caller.
+inline int ctx_index(void* key) {
+  int found = -1;
+  if (events.last_ctx >= 0 && events.ctxs[(size_t)events.last_ctx].key == key) {
+    found = events.last_ctx;
+  } else {
+    for (size_t i = 0; i < events.ctxs.size(); i++)
+      if (events.ctxs[i].key == key) found = (int)i;
+  }
+  if (found >= 0) {
+    events.last_ctx = found;
+    Ctx& cx = events.ctxs[(size_t)found];
+    if (LIKELY(cx.ok)) return found;
+    int64_t t = now_ns();
+    if (t < cx.retry_ns) return -1;
+    cx.ok = ctx_pair_reference(found);
+    if (!cx.ok) events.ctxs[(size_t)found].retry_ns = t + 1000000000LL;
+    else ctx_calibrate(found);
+    return events.ctxs[(size_t)found].ok ? found : -1;
+  }
+  Ctx cx;
+  cx.key = key;
+  events.ctxs.push_back(cx);
+  int c = (int)events.ctxs.size() - 1;
+  events.last_ctx = c;
+  events.ctxs[(size_t)c].ok = ctx_pair_reference(c);
+  if (!events.ctxs[(size_t)c].ok) events.ctxs[(size_t)c].retry_ns = now_ns() + 1000000000LL;
+  else ctx_calibrate(c);
+  return events.ctxs[(size_t)c].ok ? c : -1;
+}
 
 PyTypeObject StageType;
 PyTypeObject NoopType;
