@@ -11,8 +11,7 @@ Dispatch vendor;
 
 namespace {
 
-// Every library the core opens, it opens here. only_if_loaded: RTLD_NOLOAD, take a library the
-// process has already loaded, never load one.
+// only_if_loaded: RTLD_NOLOAD, take a library the process has already loaded, never load one.
 void* open_library(const char* path, bool only_if_loaded) {
   return dlopen(path, RTLD_NOW | RTLD_LOCAL | (only_if_loaded ? RTLD_NOLOAD : 0));
 }
@@ -25,12 +24,8 @@ void bind(void* h, F& out, const char* name, const char* fallback = nullptr) {
   out = reinterpret_cast<F>(p);
 }
 
-// ---------------------------------------------------------------------------------------------
-// GPU backend: the few functions used of the CUDA driver or the HIP runtime.
-// ---------------------------------------------------------------------------------------------
-
-// Opens the GPU library at `path`, binds its functions (bind_all) and keeps it as vendor.gpu when
-// it has every function the events need; else an error line ("cuda: <path>" + lacks) and false.
+// Keeps the GPU library at `path` as vendor.gpu when it has every function the events need; else
+// an error line and false.
 template <typename BindAll>
 bool load_gpu(const char* path, bool only_if_loaded, int backend, const char* lacks, BindAll bind_all) {
   void* h = open_library(path, only_if_loaded);
@@ -129,9 +124,7 @@ void gpu_try_load() {
   load_loaded_hip();
 }
 
-// ---------------------------------------------------------------------------------------------
-// roctx (markers.cpp decides whether to use it, and which library).
-// ---------------------------------------------------------------------------------------------
+// markers.cpp decides whether to use roctx, and which library.
 bool roctx_load(const char* path) {
   void* h = open_library(path, false);
   if (!h) return false;
@@ -151,10 +144,7 @@ bool roctx_load(const char* path) {
   return true;
 }
 
-// ---------------------------------------------------------------------------------------------
-// libcupti: every function any user of it needs, taken at once. The handle is kept: libcupti stays
-// loaded for the process's life.
-// ---------------------------------------------------------------------------------------------
+// Every function any user of libcupti needs, taken at once; the handle is kept for the process's life.
 bool cupti_load(const char* path) {
   if (vendor.cupti.lib && vendor.cupti.path == path) return true;
   void* h = open_library(path, true);

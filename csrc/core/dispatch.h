@@ -1,11 +1,7 @@
 // The vendor dispatch table: every function the core calls in a vendor library (the CUDA driver or
-// the HIP runtime, roctx, libcupti), taken with dlopen + dlsym at run time. The module links no
-// vendor library (tests/core/test_build.py), and this unit (dispatch.cpp) is the only one that
-// calls dlopen or dlsym; the vendor names of the functions live there, the others call through
-// the table below. NVTX needs no entry: it is header-only (markers.h).
-//
-// The hot path calls straight through these pointers (one load from a global, as before): no
-// lazy lookup per call.
+// the HIP runtime, roctx, libcupti), taken with dlopen + dlsym at run time by dispatch.cpp, the
+// only unit that calls them; the module links no vendor library (tests/core/test_build.py). The
+// hot path calls straight through these pointers: no lazy lookup per call.
 #pragma once
 
 #include "base.h"
@@ -64,9 +60,8 @@ struct RoctxApi {  // set when a roctx library loaded (markers.cpp picks it)
   int (*resume)(uint64_t) = nullptr;      // roctxProfilerResume (optional)
 };
 
-// libcupti is loaded by the Python side (cupti-python); the core only ever takes that very
-// instance (RTLD_NOLOAD), once per path. Functions it lacks stay null: each user checks those it
-// needs (cupti_link.cpp, cupti_buffers.cpp, launch_tags.cpp).
+// The libcupti the Python side loaded (cupti-python), taken with RTLD_NOLOAD. Functions it lacks
+// stay null: each user checks those it needs.
 struct CuptiApi {
   void* lib = nullptr;
   std::string path;
@@ -111,12 +106,10 @@ inline void* gpu_current_key() {
   return nullptr;
 }
 
-// Loads roctx from `path` into vendor.roctx; false (and an error line if it lacks the range
-// functions) when it cannot.
+// roctx from `path` into vendor.roctx; false (an error line if it lacks the range functions) when not.
 bool roctx_load(const char* path);
 
-// Takes the libcupti already loaded at `path` into vendor.cupti (a second call with the same path
-// opens nothing); false when no such library is loaded in this process.
+// The libcupti already loaded at `path` into vendor.cupti (once per path); false when none is.
 bool cupti_load(const char* path);
 
 }  // namespace maxinstr

@@ -1,8 +1,6 @@
-// GPU events (docs/stage-core.md, "GPU events"): a bounded pool of events created once and reused,
-// one event per stage boundary (boundaries close in time share one), lazy non-blocking
-// resolution, GPU times mapped onto the host clock through a reference event per context. The
-// floor taken out of GPU times is measured apart (floor.h); elapsed-time calls can go to the
-// placer thread (placer.h). What stage enter/exit calls is inline here or in events.cpp.
+// GPU events (docs/stage-core.md, "GPU events"): a bounded pool reused, one event per stage
+// boundary (boundaries close in time share one), lazy non-blocking resolution, GPU times mapped
+// onto the host clock through a reference event per context.
 #pragma once
 
 #include "base.h"
@@ -142,12 +140,10 @@ int gpu_point(ThreadState* ts, int c, uint64_t stream, int64_t t_now, int may_cr
 
 inline size_t pending_count() { return events.pending.size(); }
 
-// Resolves up to n records from the front of the queue, stopping at the first not ready. With
-// `async` (and the placer usable), events not placed yet go to the placer and their records wait
-// for a later pass; without, they are placed here (the pool needs its events back now).
+// Resolves up to n records from the front of the queue, stopping at the first not ready. async:
+// events not placed yet go to the placer, their records wait for a later pass.
 size_t resolve_front(size_t n, bool async = false);
-// Resolves every finished record (block: waits for all). Records not complete, or (defer)
-// waiting for the placer, stay queued in their order.
+// Resolves every finished record (block: waits for all); defer: as async above.
 size_t resolve_all(bool block, bool defer = false);
 
 }  // namespace maxinstr

@@ -1,6 +1,10 @@
-// Launch tags (launch_tags.h): the CUPTI callback, and cupti_tags(), cupti_tags_take(),
-// cupti_tags_stats() of the module.
-#include "launch_tags.h"
+// Launch tags through CUPTI's callback API (docs/kernels.md): kernels=True gives each kernel, copy
+// and set its stage. The API activity records that could carry a stage id to each op cost a
+// launch-bound H200 step ~13-19 % (benchmarks/cupti_configs.py); here a native callback on the
+// launch/copy/set functions only reads, on the calling thread, the correlation id CUPTI gives the
+// call (kernel records carry it too) and that thread's innermost open stage. One tag per
+// outermost call: a runtime launch's own driver call is folded into its tag.
+#include "base.h"
 
 #include <atomic>
 #include <mutex>
@@ -105,10 +109,7 @@ void callback(void*, int domain, uint32_t cbid, const void* data) {
 }  // namespace cuptitag
 
 // cupti_tags(path, runtime_cbids, driver_cbids, flags=1) -> True, False (no such library or
-// symbols) or cuptiSubscribe's error code (39: another subscriber holds CUPTI): subscribe to the
-// libcupti loaded at path (RTLD_NOLOAD) with the native callback, enabled for those functions
-// only (flags: 1 times, 2 no work, see TAG_TIMES); cupti_tags(None) unsubscribes. The
-// subscriber slot is CUPTI's only one.
+// symbols) or cuptiSubscribe's error code (39: another subscriber holds CUPTI's one slot).
 PyObject* py_cupti_tags(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs == 1 && args[0] == Py_None) {
     if (cuptitag::sub && cuptitag::unsubscribe) cuptitag::unsubscribe(cuptitag::sub);

@@ -1,9 +1,7 @@
 // The placer thread: cuEventElapsedTime off the program's threads (docs/stage-core.md, "The
-// placer thread"). Under launch load that call costs ~3 us of host time (0.3-0.5 us idle;
-// benchmarks/event_diag.py), the larger part of what resolving a GPU-timed stage cost the thread
-// that did it. events.cpp stages items and submits them as a batch; the placer makes the batch's
-// context current on itself, fills in each item's ms and rc, and events.cpp consumes the batch.
-// While a batch is in flight only the placer touches it.
+// placer thread"; under launch load the call costs ~3 us). events.cpp stages items and submits a
+// batch; the placer makes its context current on itself and fills in each item's ms and rc;
+// events.cpp consumes the batch. While a batch is in flight only the placer touches it.
 #pragma once
 
 #include "base.h"
@@ -17,10 +15,9 @@
 
 namespace maxinstr MAXINSTR_HIDDEN {
 
-// Host ns the placer spent in elapsed-time calls since the GPU-timing budget began: not the
-// program's thread, yet a launch-bound program feels them, since they take the driver's locks its
-// launches need (H100, decoder_ab: GPU events cost the step ~1 point while the program's own
-// threads counted 0.25 %). So they count against the budget too (events.h, budget_skips).
+// Host ns the placer spent in elapsed-time calls since the GPU-timing budget began: they count
+// against the budget too (budget_skips), since they take the driver's locks the program's
+// launches need (H100, decoder_ab: ~1 point of a step while the program's threads counted 0.25 %).
 inline std::atomic<int64_t> budget_offthread_ns{0};
 
 namespace placer {

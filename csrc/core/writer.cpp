@@ -26,7 +26,7 @@ void push_done(const Record& r, PyObject* attrs) {
   }
   if (attrs && PyDict_GET_SIZE(attrs) > 0) {
     if (UNLIKELY(locked && completed.attrs.size() - completed.attrs_head >= completed.capacity)) {
-      writer.dropped_attrs++;  // the Python flusher has not taken attrs for a whole buffer's worth
+      writer.counts.dropped_attrs++;  // the Python flusher has not taken attrs for a whole buffer's worth
     } else {
       Py_INCREF(attrs);
       completed.attrs.push_back(AttrEntry{completed.done_pushed, r.id, attrs});
@@ -39,11 +39,11 @@ void push_done(const Record& r, PyObject* attrs) {
     // interval) or the threshold is crossed: a busy program pays none.
     if (UNLIKELY(writer.idle)) {
       writer.idle = false;
-      writer.wakes++;
+      writer.counts.wakes++;
       pthread_cond_signal(&writer.cv);
     } else if (!writer.signalled && done_count() >= writer.threshold) {
       writer.signalled = true;
-      writer.signals++;
+      writer.counts.signals++;
       pthread_cond_signal(&writer.cv);
     }
     pthread_mutex_unlock(&writer.mu);
@@ -116,7 +116,7 @@ void* writer_main(void*) {
         completed.done_head = 0;
       }
       completed.done_drained += n;
-      writer.taken += n;
+      writer.counts.taken += n;
     }
     writer.signalled = false;
     size_t names_from = writer.names_written, names_to = writer.names.size();
@@ -166,10 +166,10 @@ void* writer_main(void*) {
       writer.err_file = (strcmp(err_file, "strings") == 0) ? writer.strings_path : writer.stages_path;
     }
     if (!err && !failed) writer.names_written = names_to;
-    writer.rows_written += written;
-    writer.rows_dropped += dropped;
-    if (n) writer.batches++;
-    if ((int64_t)n > writer.max_batch) writer.max_batch = (int64_t)n;
+    writer.counts.rows_written += written;
+    writer.counts.rows_dropped += dropped;
+    if (n) writer.counts.batches++;
+    if ((int64_t)n > writer.counts.max_batch) writer.counts.max_batch = (int64_t)n;
     writer.flush_done = req;
     pthread_cond_broadcast(&writer.done_cv);
     if (stopping) break;
@@ -201,7 +201,7 @@ void* syncer_main(void*) {
     }
     pthread_mutex_lock(&writer.mu);
     if (work) {
-      writer.fsyncs++;
+      writer.counts.fsyncs++;
       last = now_ns();
     }
     if (last_round) break;
@@ -255,9 +255,7 @@ void reset_run() {
   writer.idle = false;
   writer.flush_req = writer.flush_done = 0;
   writer.names_written = 0;
-  writer.rows_written = writer.rows_dropped = writer.batches = writer.taken = writer.signals = writer.fsyncs =
-      writer.wakes = writer.dropped_attrs = 0;
-  writer.max_batch = 0;
+  writer.counts = {};
   writer.err = 0;
   writer.err_file.clear();
 }
@@ -386,27 +384,21 @@ PyObject* py_writer_flush(PyObject*, PyObject* args) {
 
 PyObject* writer_status_dict() {
   pthread_mutex_lock(&writer.mu);
-  PyObject* err = Py_None;
-  Py_INCREF(Py_None);
-  int e = writer.err;
-  std::string ef = writer.err_file;
-  uint64_t rw = writer.rows_written, rd = writer.rows_dropped, bt = writer.batches, tk = writer.taken,
-           sg = writer.signals, fy = writer.fsyncs, da = writer.dropped_attrs, wk = writer.wakes;
-  size_t nw = writer.names_written, pending = writer.running ? done_count() : 0;
-  int64_t mb = writer.max_batch, iv = writer.interval_ns;
-  size_t th = writer.threshold;
+  const NativeWriter::Counts c = writer.counts;
+  const int e = writer.err;
+  const std::string ef = writer.err_file;
+  const size_t nw = writer.names_written, pending = writer.running ? done_count() : 0, th = writer.threshold;
+  const int64_t iv = writer.interval_ns;
   pthread_mutex_unlock(&writer.mu);
-  if (e) {
-    Py_DECREF(err);
-    err = Py_BuildValue("(iss)", e, strerror(e), ef.c_str());
-    if (!err) return nullptr;
-  }
+  PyObject* err = e ? Py_BuildValue("(iss)", e, strerror(e), ef.c_str()) : Py_NewRef(Py_None);
+  if (!err) return nullptr;
   return Py_BuildValue("{sOsKsKsnsKsKsKsKsKsKsnsLsdsnsN}", "running", writer.running ? Py_True : Py_False, "rows_written",
-                       (unsigned long long)rw, "rows_dropped", (unsigned long long)rd, "names_written", (Py_ssize_t)nw,
-                       "batches", (unsigned long long)bt, "taken", (unsigned long long)tk, "signals",
-                       (unsigned long long)sg, "wakes", (unsigned long long)wk, "fsyncs", (unsigned long long)fy, "dropped_attrs",
-                       (unsigned long long)da, "pending_records", (Py_ssize_t)pending, "max_batch", (long long)mb,
-                       "interval_ms", (double)iv / 1e6, "threshold", (Py_ssize_t)th, "error", err);
+                       (unsigned long long)c.rows_written, "rows_dropped", (unsigned long long)c.rows_dropped,
+                       "names_written", (Py_ssize_t)nw, "batches", (unsigned long long)c.batches, "taken",
+                       (unsigned long long)c.taken, "signals", (unsigned long long)c.signals, "wakes",
+                       (unsigned long long)c.wakes, "fsyncs", (unsigned long long)c.fsyncs, "dropped_attrs",
+                       (unsigned long long)c.dropped_attrs, "pending_records", (Py_ssize_t)pending, "max_batch",
+                       (long long)c.max_batch, "interval_ms", (double)iv / 1e6, "threshold", (Py_ssize_t)th, "error", err);
 }
 
 PyObject* py_writer_status(PyObject*, PyObject*) { return writer_status_dict(); }

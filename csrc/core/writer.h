@@ -1,8 +1,6 @@
-// The native writer (docs/sessions.md "The native writer"): a thread of ours (it never takes the
-// GIL) appends the completed records to the part's stages.bin with write(2), names new since its
-// last write to strings.jsonl first, so a row on disk always has its name. fsync runs on a second
-// thread (the syncer): a SIGKILL loses only what was not yet handed to write(2), so an fsync of a
-// large file (270 ms for 72 MB) must not stall the writer.
+// The native writer (docs/sessions.md "The native writer"): a thread of ours (never taking the
+// GIL) appends completed records to stages.bin, new names to strings.jsonl first. fsync runs on
+// a second thread: a SIGKILL loses only what was not yet handed to write(2).
 //
 // Locking: writer.mu guards completed.done/done_head/done_drained while the writer runs
 // (push_done and drain() take it only then: `writer.running` is read and written with the GIL
@@ -45,9 +43,11 @@ struct NativeWriter {
   size_t threshold = 8192;          // records that wake the writer early (not clamped to the capacity)
   std::vector<std::string> names;  // UTF-8 of every interned name, by id (appended under mu)
   size_t names_written = 0;        // names [0, names_written) are in this part's strings.jsonl
-  uint64_t rows_written = 0, rows_dropped = 0, batches = 0, taken = 0, signals = 0, fsyncs = 0, wakes = 0;
-  uint64_t dropped_attrs = 0;      // attrs not kept: the Python flusher had not taken them for `capacity` records
-  int64_t max_batch = 0;
+  struct Counts {                  // writer_status(); zero at each writer_start
+    uint64_t rows_written, rows_dropped, batches, taken, signals, fsyncs, wakes;
+    uint64_t dropped_attrs;        // attrs not kept: the Python flusher had not taken them for `capacity` records
+    int64_t max_batch;
+  } counts{};
   int err = 0;                     // first write error (errno), 0 when none; writing stops then
   std::string err_file;
 };
