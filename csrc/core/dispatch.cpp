@@ -19,7 +19,7 @@ void* open_library(const char* path, bool only_if_loaded) {
 // out = the function `name` of h, else `fallback` (an older name of it); nullptr when neither.
 template <typename F>
 void bind(void* h, F& out, const char* name, const char* fallback = nullptr) {
-  void* p = dlsym(h, name);
+  void* p = name ? dlsym(h, name) : nullptr;
   if (!p && fallback) p = dlsym(h, fallback);
   out = reinterpret_cast<F>(p);
 }
@@ -48,48 +48,18 @@ bool load_gpu(const char* path, bool only_if_loaded, int backend, const char* la
 bool load_cuda(const char* path) {
   const char* lacks = " lacks a needed cuEvent*/cuCtxGetCurrent function";
   return load_gpu(path, false, BK_CUDA, lacks, [](void* h, GpuApi& a) {
-    bind(h, a.ev_create, "cuEventCreate");
-    bind(h, a.ev_record, "cuEventRecord");
-    bind(h, a.ev_query, "cuEventQuery");
-    bind(h, a.ev_elapsed, "cuEventElapsedTime");
-    bind(h, a.ev_sync, "cuEventSynchronize");
-    bind(h, a.ev_destroy, "cuEventDestroy_v2", "cuEventDestroy");
-    bind(h, a.ctx_current, "cuCtxGetCurrent");
-    bind(h, a.prof_start, "cuProfilerStart");
-    bind(h, a.prof_stop, "cuProfilerStop");
-    bind(h, a.is_capturing, "cuStreamIsCapturing");
-    bind(h, a.exch_mode, "cuThreadExchangeStreamCaptureMode");
-    bind(h, a.mod_load, "cuModuleLoadData");
-    bind(h, a.mod_unload, "cuModuleUnload");
-    bind(h, a.mod_func, "cuModuleGetFunction");
-    bind(h, a.launch, "cuLaunchKernel");
-    bind(h, a.stream_create, "cuStreamCreate");
-    bind(h, a.stream_destroy, "cuStreamDestroy_v2", "cuStreamDestroy");
-    bind(h, a.ctx_device, "cuCtxGetDevice");
-    bind(h, a.dev_count, "cuDeviceGetCount");
-    bind(h, a.dev_get, "cuDeviceGet");
-    bind(h, a.primary_state, "cuDevicePrimaryCtxGetState");
-    bind(h, a.primary_retain, "cuDevicePrimaryCtxRetain");
-    bind(h, a.primary_release, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease");
-    bind(h, a.ctx_push, "cuCtxPushCurrent_v2", "cuCtxPushCurrent");
-    bind(h, a.ctx_pop, "cuCtxPopCurrent_v2", "cuCtxPopCurrent");
+#define BIND_CUDA(member, signature, cuda, cuda_old, hip) bind(h, a.member, cuda, cuda_old);
+    GPU_FUNCTIONS(BIND_CUDA)
+#undef BIND_CUDA
   });
 }
 
 bool load_hip(const char* path, bool only_if_loaded) {
   const char* lacks = " lacks a needed hipEvent*/hipGetDevice function";
   return load_gpu(path, only_if_loaded, BK_HIP, lacks, [](void* h, GpuApi& a) {
-    bind(h, a.ev_create, "hipEventCreateWithFlags");
-    bind(h, a.ev_record, "hipEventRecord");
-    bind(h, a.ev_query, "hipEventQuery");
-    bind(h, a.ev_elapsed, "hipEventElapsedTime");
-    bind(h, a.ev_sync, "hipEventSynchronize");
-    bind(h, a.ev_destroy, "hipEventDestroy");
-    bind(h, a.get_device, "hipGetDevice");
-    bind(h, a.prof_start, "hipProfilerStart");
-    bind(h, a.prof_stop, "hipProfilerStop");
-    bind(h, a.is_capturing, "hipStreamIsCapturing");
-    bind(h, a.exch_mode, "hipThreadExchangeStreamCaptureMode");
+#define BIND_HIP(member, signature, cuda, cuda_old, hip) bind(h, a.member, hip);
+    GPU_FUNCTIONS(BIND_HIP)
+#undef BIND_HIP
   });
 }
 

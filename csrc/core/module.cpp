@@ -227,20 +227,14 @@ PyObject* py_resolve_async(PyObject*, PyObject*) {
 }
 
 PyObject* py_close_open(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  PyObject* reason = nullptr;
   PyObject* a = nullptr;
   if (!one_arg(args, nargs, kwnames, "reason", &a)) return nullptr;
-  if (a) {
-    if (!PyUnicode_Check(a)) {
-      PyErr_SetString(PyExc_TypeError, "reason must be str");
-      return nullptr;
-    }
-    reason = a;
-    Py_INCREF(reason);
-  } else {
-    reason = PyUnicode_FromString("closed");
-    if (!reason) return nullptr;
+  if (a && !PyUnicode_Check(a)) {
+    PyErr_SetString(PyExc_TypeError, "reason must be str");
+    return nullptr;
   }
+  PyObject* reason = a ? Py_NewRef(a) : PyUnicode_FromString("closed");
+  if (!reason) return nullptr;
   int64_t t = now_ns();
   long closed = 0;
   for (ThreadState* ts : process.threads) {
