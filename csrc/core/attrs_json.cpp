@@ -142,12 +142,7 @@ PyObject* py_attrs_lines(PyObject*, PyObject* arg) {
     }
   }
   Py_DECREF(seq);
-  PyObject* data = PyBytes_FromStringAndSize(out.data(), (Py_ssize_t)out.size());
-  if (!data) {
-    Py_DECREF(rest);
-    return nullptr;
-  }
-  return Py_BuildValue("(NN)", data, rest);
+  return Py_BuildValue("(y#N)", out.data(), (Py_ssize_t)out.size(), rest);
 }
 
 }  // namespace

@@ -182,11 +182,9 @@ PyObject* py_cupti_take(PyObject*, PyObject*) {
     Py_END_ALLOW_THREADS
     // CUPTI_ERROR_MAX_LIMIT_REACHED (12) ends a buffer; anything else stops the walk early
     if (rc != 12) cuptibuf::walk_errors++;
-    PyObject* data = PyBytes_FromStringAndSize((const char*)d.buf, (Py_ssize_t)d.valid);
-    PyObject* off = PyBytes_FromStringAndSize((const char*)offs.data(), (Py_ssize_t)(offs.size() * sizeof(int64_t)));
-    PyObject* item = (data && off) ? PyTuple_Pack(2, data, off) : nullptr;
-    Py_XDECREF(data);
-    Py_XDECREF(off);
+    PyObject* item = Py_BuildValue("(y#y#)", (const char*)d.buf, (Py_ssize_t)d.valid,
+                                   offs.empty() ? "" : (const char*)offs.data(),
+                                   (Py_ssize_t)(offs.size() * sizeof(int64_t)));
     cuptibuf::put_back(d.buf);
     if (!item || PyList_Append(out, item) < 0) {
       Py_XDECREF(item);
