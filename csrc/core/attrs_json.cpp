@@ -1,11 +1,8 @@
-// attrs_lines(items) -> (bytes, rest): the attrs.jsonl lines (docs/formats.md) of the
-// (record_id, attrs) pairs whose attrs are a dict of str keys and JSON scalar values (None, bool,
-// an int64, a float, a str that is valid UTF-8), byte for byte what rundir.writer.attrs_line makes
-// of them (json.dumps with separators (",", ":"), ensure_ascii=False). Every other pair comes back
-// in `rest`, for the Python path. Why C++: a json.dumps per record cost 3 to 6 us, so a session's
-// attrs were written slower than a loop records them; the close of a run with a million pending
-// attrs took 12 s (40 s while another thread kept recording), and the flusher fell behind and
-// dropped millions (issue 29). Here a line costs about a tenth of that, still under the GIL.
+// attrs_lines(items) -> (bytes, rest): the attrs.jsonl lines (docs/formats.md) of the pairs whose
+// attrs are a dict of str keys and JSON scalars, byte for byte what rundir.writer.attrs_line makes
+// of them; the other pairs come back in `rest`. Why C++: a json.dumps per record cost 3 to 6 us,
+// slower than a loop records them: a close with a million pending attrs took 12 s and the flusher
+// fell behind (issue 29). A line here costs about a tenth of that.
 #include "attrs_json.h"
 
 #include <cmath>
@@ -39,9 +36,8 @@ void json_escape_into(std::string& out, const char* s, size_t n) {
 
 namespace {
 
-// A JSON string as json.dumps(ensure_ascii=False) writes it: `"`, `\`, and the C0 controls
-// escaped (\b \f \n \r \t, others \u00xx in lowercase hex), everything else as its UTF-8 bytes.
-// False (no exception set) for a str with a lone surrogate: the Python path escapes it.
+// A quoted JSON string (json_escape_into); false (no exception set) for a str with a lone
+// surrogate: the Python path escapes it.
 bool put_str(std::string& out, PyObject* s) {
   Py_ssize_t n = 0;
   const char* u = PyUnicode_AsUTF8AndSize(s, &n);
@@ -146,12 +142,7 @@ PyObject* py_attrs_lines(PyObject*, PyObject* arg) {
     }
   }
   Py_DECREF(seq);
-  PyObject* data = PyBytes_FromStringAndSize(out.data(), (Py_ssize_t)out.size());
-  if (!data) {
-    Py_DECREF(rest);
-    return nullptr;
-  }
-  return Py_BuildValue("(NN)", data, rest);
+  return Py_BuildValue("(y#N)", out.data(), (Py_ssize_t)out.size(), rest);
 }
 
 }  // namespace

@@ -1,14 +1,13 @@
 // What every unit of the stage core uses: Python.h, branch hints, the namespace, the host clock,
-// the readers of MAXINSTR_* variables (env, env_flag, env_int, env_double).
+// the readers of MAXINSTR_* variables.
 //
-// Every unit declares its names inside `namespace maxinstr MAXINSTR_HIDDEN`: hidden visibility on
-// the declarations themselves (not only on definitions, which -fvisibility=hidden covers) lets the
-// compiler reach another unit's globals and functions directly, PC-relative, as it did when the
-// whole core was one file with an anonymous namespace: no GOT load, no PLT call. The module's one
-// export is PyInit__native (tests/core/test_build.py).
+// `namespace maxinstr MAXINSTR_HIDDEN`: hidden visibility on the declarations themselves (not
+// only on definitions, which -fvisibility=hidden covers) lets a unit reach another's globals and
+// functions PC-relative, as when the core was one file: no GOT load, no PLT call. The module's
+// one export is PyInit__native (tests/core/test_build.py).
 #pragma once
 
-// Python.h first, as its documentation asks (it sets feature macros the C library reads).
+// Python.h first: it sets feature macros the C library reads.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -32,19 +31,17 @@
 
 namespace maxinstr MAXINSTR_HIDDEN {
 
-// The host clock of every record and sample: CLOCK_MONOTONIC in ns.
+// The host clock of every record and sample.
 inline int64_t now_ns() {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-// -- MAXINSTR_* variables ---------------------------------------------------------------------
-// Every read of the environment in the core goes through these, with the rules of
-// src/maxinstr/config.py (docs/sessions.md "Environment variables" lists every variable):
-// unset or blank is the default; a value that is not of the variable's kind is one line on
-// stderr and the default. Yes/no variables: 1/true/yes/on or 0/false/no/off, ASCII case and
-// ASCII blanks around the word ignored (tests/test_config.py holds C and Python equal).
+// Every read of the environment in the core, with the rules of src/maxinstr/config.py: unset or
+// blank is the default; a value not of the variable's kind is one line on stderr and the
+// default. Yes/no: 1/true/yes/on or 0/false/no/off, ASCII case and blanks around ignored
+// (tests/test_config.py holds C and Python equal).
 
 inline bool env_blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 

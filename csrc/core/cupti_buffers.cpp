@@ -1,6 +1,10 @@
-// CUPTI activity buffers (cupti_buffers.h): CUPTI's buffer callbacks, and cupti_buffers(),
-// cupti_flush(), cupti_take(), cupti_buffer_stats() of the module.
-#include "cupti_buffers.h"
+// CUPTI activity buffers handled natively (session kernels=True): CUPTI hands completed buffers to
+// buffer_completed() on its own thread, or inside cuptiActivityFlushAll; these callbacks never
+// touch Python, so they never need the GIL (none can deadlock with a thread that holds it, nor
+// compete with the program's thread for it). cupti_take(), on the session's flusher thread,
+// copies the completed buffers out with their record offsets (walked with
+// cuptiActivityGetNextRecord); the records become rows there, with numpy.
+#include "base.h"
 
 #include <atomic>
 #include <cstring>
@@ -16,12 +20,6 @@ namespace maxinstr MAXINSTR_HIDDEN {
 
 namespace {
 
-// CUPTI activity buffers, handled here (session kernels=True): CUPTI hands completed buffers to
-// buffer_completed() on its own thread, or inside cuptiActivityFlushAll; these callbacks never
-// touch Python, so they never need the GIL (no callback can deadlock with a thread that holds
-// it, and none competes with the program's thread for it). cupti_take(), called from the
-// session's flusher thread, copies the completed buffers out with their record offsets
-// (walked with cuptiActivityGetNextRecord); the records are turned into rows there, with numpy.
 namespace cuptibuf {
 struct Done {
   uint8_t* buf;
@@ -184,11 +182,9 @@ PyObject* py_cupti_take(PyObject*, PyObject*) {
     Py_END_ALLOW_THREADS
     // CUPTI_ERROR_MAX_LIMIT_REACHED (12) ends a buffer; anything else stops the walk early
     if (rc != 12) cuptibuf::walk_errors++;
-    PyObject* data = PyBytes_FromStringAndSize((const char*)d.buf, (Py_ssize_t)d.valid);
-    PyObject* off = PyBytes_FromStringAndSize((const char*)offs.data(), (Py_ssize_t)(offs.size() * sizeof(int64_t)));
-    PyObject* item = (data && off) ? PyTuple_Pack(2, data, off) : nullptr;
-    Py_XDECREF(data);
-    Py_XDECREF(off);
+    PyObject* item = Py_BuildValue("(y#y#)", (const char*)d.buf, (Py_ssize_t)d.valid,
+                                   offs.empty() ? "" : (const char*)offs.data(),
+                                   (Py_ssize_t)(offs.size() * sizeof(int64_t)));
     cuptibuf::put_back(d.buf);
     if (!item || PyList_Append(out, item) < 0) {
       Py_XDECREF(item);
@@ -213,9 +209,8 @@ PyObject* py_cupti_buffer_stats(PyObject*, PyObject*) {
 
 }  // namespace
 
-// fork(): CUPTI does not follow, nor do its buffers: a fresh lock (another thread may have held
-// it at the fork) and empty queues (their buffers belong to the parent's CUPTI; left to the
-// parent). Only trivial work: we are inside fork().
+// fork(): CUPTI does not follow, nor do its buffers (left to the parent): a fresh lock, empty
+// queues. Only trivial work: we are inside fork().
 void cupti_buffers_atfork_child() {
   new (&cuptibuf::mu) std::mutex();
   new (&cuptibuf::done) std::vector<cuptibuf::Done>();

@@ -11,8 +11,7 @@ Dispatch vendor;
 
 namespace {
 
-// Every library the core opens, it opens here. only_if_loaded: RTLD_NOLOAD, take a library the
-// process has already loaded, never load one.
+// only_if_loaded: RTLD_NOLOAD, take a library the process has already loaded, never load one.
 void* open_library(const char* path, bool only_if_loaded) {
   return dlopen(path, RTLD_NOW | RTLD_LOCAL | (only_if_loaded ? RTLD_NOLOAD : 0));
 }
@@ -20,17 +19,13 @@ void* open_library(const char* path, bool only_if_loaded) {
 // out = the function `name` of h, else `fallback` (an older name of it); nullptr when neither.
 template <typename F>
 void bind(void* h, F& out, const char* name, const char* fallback = nullptr) {
-  void* p = dlsym(h, name);
+  void* p = name ? dlsym(h, name) : nullptr;
   if (!p && fallback) p = dlsym(h, fallback);
   out = reinterpret_cast<F>(p);
 }
 
-// ---------------------------------------------------------------------------------------------
-// GPU backend: the few functions used of the CUDA driver or the HIP runtime.
-// ---------------------------------------------------------------------------------------------
-
-// Opens the GPU library at `path`, binds its functions (bind_all) and keeps it as vendor.gpu when
-// it has every function the events need; else an error line ("cuda: <path>" + lacks) and false.
+// Keeps the GPU library at `path` as vendor.gpu when it has every function the events need; else
+// an error line and false.
 template <typename BindAll>
 bool load_gpu(const char* path, bool only_if_loaded, int backend, const char* lacks, BindAll bind_all) {
   void* h = open_library(path, only_if_loaded);
@@ -53,48 +48,18 @@ bool load_gpu(const char* path, bool only_if_loaded, int backend, const char* la
 bool load_cuda(const char* path) {
   const char* lacks = " lacks a needed cuEvent*/cuCtxGetCurrent function";
   return load_gpu(path, false, BK_CUDA, lacks, [](void* h, GpuApi& a) {
-    bind(h, a.ev_create, "cuEventCreate");
-    bind(h, a.ev_record, "cuEventRecord");
-    bind(h, a.ev_query, "cuEventQuery");
-    bind(h, a.ev_elapsed, "cuEventElapsedTime");
-    bind(h, a.ev_sync, "cuEventSynchronize");
-    bind(h, a.ev_destroy, "cuEventDestroy_v2", "cuEventDestroy");
-    bind(h, a.ctx_current, "cuCtxGetCurrent");
-    bind(h, a.prof_start, "cuProfilerStart");
-    bind(h, a.prof_stop, "cuProfilerStop");
-    bind(h, a.is_capturing, "cuStreamIsCapturing");
-    bind(h, a.exch_mode, "cuThreadExchangeStreamCaptureMode");
-    bind(h, a.mod_load, "cuModuleLoadData");
-    bind(h, a.mod_unload, "cuModuleUnload");
-    bind(h, a.mod_func, "cuModuleGetFunction");
-    bind(h, a.launch, "cuLaunchKernel");
-    bind(h, a.stream_create, "cuStreamCreate");
-    bind(h, a.stream_destroy, "cuStreamDestroy_v2", "cuStreamDestroy");
-    bind(h, a.ctx_device, "cuCtxGetDevice");
-    bind(h, a.dev_count, "cuDeviceGetCount");
-    bind(h, a.dev_get, "cuDeviceGet");
-    bind(h, a.primary_state, "cuDevicePrimaryCtxGetState");
-    bind(h, a.primary_retain, "cuDevicePrimaryCtxRetain");
-    bind(h, a.primary_release, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease");
-    bind(h, a.ctx_push, "cuCtxPushCurrent_v2", "cuCtxPushCurrent");
-    bind(h, a.ctx_pop, "cuCtxPopCurrent_v2", "cuCtxPopCurrent");
+#define BIND_CUDA(member, signature, cuda, cuda_old, hip) bind(h, a.member, cuda, cuda_old);
+    GPU_FUNCTIONS(BIND_CUDA)
+#undef BIND_CUDA
   });
 }
 
 bool load_hip(const char* path, bool only_if_loaded) {
   const char* lacks = " lacks a needed hipEvent*/hipGetDevice function";
   return load_gpu(path, only_if_loaded, BK_HIP, lacks, [](void* h, GpuApi& a) {
-    bind(h, a.ev_create, "hipEventCreateWithFlags");
-    bind(h, a.ev_record, "hipEventRecord");
-    bind(h, a.ev_query, "hipEventQuery");
-    bind(h, a.ev_elapsed, "hipEventElapsedTime");
-    bind(h, a.ev_sync, "hipEventSynchronize");
-    bind(h, a.ev_destroy, "hipEventDestroy");
-    bind(h, a.get_device, "hipGetDevice");
-    bind(h, a.prof_start, "hipProfilerStart");
-    bind(h, a.prof_stop, "hipProfilerStop");
-    bind(h, a.is_capturing, "hipStreamIsCapturing");
-    bind(h, a.exch_mode, "hipThreadExchangeStreamCaptureMode");
+#define BIND_HIP(member, signature, cuda, cuda_old, hip) bind(h, a.member, hip);
+    GPU_FUNCTIONS(BIND_HIP)
+#undef BIND_HIP
   });
 }
 
@@ -129,9 +94,7 @@ void gpu_try_load() {
   load_loaded_hip();
 }
 
-// ---------------------------------------------------------------------------------------------
-// roctx (markers.cpp decides whether to use it, and which library).
-// ---------------------------------------------------------------------------------------------
+// markers.cpp decides whether to use roctx, and which library.
 bool roctx_load(const char* path) {
   void* h = open_library(path, false);
   if (!h) return false;
@@ -151,10 +114,7 @@ bool roctx_load(const char* path) {
   return true;
 }
 
-// ---------------------------------------------------------------------------------------------
-// libcupti: every function any user of it needs, taken at once. The handle is kept: libcupti stays
-// loaded for the process's life.
-// ---------------------------------------------------------------------------------------------
+// Every function any user of libcupti needs, taken at once; the handle is kept for the process's life.
 bool cupti_load(const char* path) {
   if (vendor.cupti.lib && vendor.cupti.path == path) return true;
   void* h = open_library(path, true);

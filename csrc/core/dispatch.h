@@ -1,58 +1,60 @@
 // The vendor dispatch table: every function the core calls in a vendor library (the CUDA driver or
-// the HIP runtime, roctx, libcupti), taken with dlopen + dlsym at run time. The module links no
-// vendor library (tests/core/test_build.py), and this unit (dispatch.cpp) is the only one that
-// calls dlopen or dlsym; the vendor names of the functions live there, the others call through
-// the table below. NVTX needs no entry: it is header-only (markers.h).
-//
-// The hot path calls straight through these pointers (one load from a global, as before): no
-// lazy lookup per call.
+// the HIP runtime, roctx, libcupti), taken with dlopen + dlsym at run time by dispatch.cpp, the
+// only unit that calls them; the module links no vendor library (tests/core/test_build.py). The
+// hot path calls straight through these pointers: no lazy lookup per call.
 #pragma once
 
 #include "base.h"
 
 #include <string>
+#include <type_traits>
 
 namespace maxinstr MAXINSTR_HIDDEN {
 
 enum Backend { BK_NONE = 0, BK_CUDA = 1, BK_HIP = 2 };
 
+// The functions used of the CUDA driver or the HIP runtime, which share these shapes (status int:
+// 0 success, 600 not ready; opaque handles): (member, signature, CUDA name, its older name, HIP
+// name). The events need the first five and the backend's current-context one (CUDA ctx_current,
+// HIP get_device); the rest are optional: stream capture (CUDA 10+/HIP 5+: RelaxedCapture,
+// gpu_point), the floor's kernel on a private stream (floor.cpp), a primary context pushed for
+// profiler_start/stop on a thread with none (profiler.cpp).
+#define GPU_FUNCTIONS(X)                                                                              \
+  X(ev_create, int(void**, unsigned), "cuEventCreate", nullptr, "hipEventCreateWithFlags")                     \
+  X(ev_record, int(void*, void*), "cuEventRecord", nullptr, "hipEventRecord")                                  \
+  X(ev_query, int(void*), "cuEventQuery", nullptr, "hipEventQuery")                                            \
+  X(ev_elapsed, int(float*, void*, void*), "cuEventElapsedTime", nullptr, "hipEventElapsedTime")               \
+  X(ev_sync, int(void*), "cuEventSynchronize", nullptr, "hipEventSynchronize")                                 \
+  X(ev_destroy, int(void*), "cuEventDestroy_v2", "cuEventDestroy", "hipEventDestroy")                          \
+  X(ctx_current, int(void**), "cuCtxGetCurrent", nullptr, nullptr)                                             \
+  X(get_device, int(int*), nullptr, nullptr, "hipGetDevice")                                                   \
+  X(prof_start, int(), "cuProfilerStart", nullptr, "hipProfilerStart")                                         \
+  X(prof_stop, int(), "cuProfilerStop", nullptr, "hipProfilerStop")                                            \
+  X(is_capturing, int(void*, int*), "cuStreamIsCapturing", nullptr, "hipStreamIsCapturing")                    \
+  X(exch_mode, int(int*), "cuThreadExchangeStreamCaptureMode", nullptr, "hipThreadExchangeStreamCaptureMode")  \
+  X(mod_load, int(void**, const void*), "cuModuleLoadData", nullptr, nullptr)                                  \
+  X(mod_unload, int(void*), "cuModuleUnload", nullptr, nullptr)                                                \
+  X(mod_func, int(void**, void*, const char*), "cuModuleGetFunction", nullptr, nullptr)                        \
+  X(launch, int(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,    \
+                void**), "cuLaunchKernel", nullptr, nullptr)                                                   \
+  X(stream_create, int(void**, unsigned), "cuStreamCreate", nullptr, nullptr)                                  \
+  X(stream_destroy, int(void*), "cuStreamDestroy_v2", "cuStreamDestroy", nullptr)                              \
+  X(ctx_device, int(int*), "cuCtxGetDevice", nullptr, nullptr)                                                 \
+  X(dev_count, int(int*), "cuDeviceGetCount", nullptr, nullptr)                                                \
+  X(dev_get, int(int*, int), "cuDeviceGet", nullptr, nullptr)                                                  \
+  X(primary_state, int(int, unsigned*, int*), "cuDevicePrimaryCtxGetState", nullptr, nullptr)                  \
+  X(primary_retain, int(void**, int), "cuDevicePrimaryCtxRetain", nullptr, nullptr)                            \
+  X(primary_release, int(int), "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease", nullptr)          \
+  X(ctx_push, int(void*), "cuCtxPushCurrent_v2", "cuCtxPushCurrent", nullptr)                                  \
+  X(ctx_pop, int(void**), "cuCtxPopCurrent_v2", "cuCtxPopCurrent", nullptr)
+
 struct GpuApi {
   int backend = BK_NONE;
   void* lib = nullptr;
   std::string lib_name;
-  // CUDA driver and HIP runtime share these shapes: status int (0 = success, 600 = not ready),
-  // opaque handles.
-  int (*ev_create)(void**, unsigned) = nullptr;
-  int (*ev_record)(void*, void*) = nullptr;
-  int (*ev_query)(void*) = nullptr;
-  int (*ev_elapsed)(float*, void*, void*) = nullptr;
-  int (*ev_sync)(void*) = nullptr;
-  int (*ev_destroy)(void*) = nullptr;
-  int (*ctx_current)(void**) = nullptr;  // CUDA: cuCtxGetCurrent
-  int (*get_device)(int*) = nullptr;     // HIP: hipGetDevice
-  int (*prof_start)() = nullptr;
-  int (*prof_stop)() = nullptr;
-  // Optional (stream capture, CUDA 10+/HIP 5+): see RelaxedCapture and gpu_point.
-  int (*is_capturing)(void*, int*) = nullptr;
-  int (*exch_mode)(int*) = nullptr;
-  // Optional (CUDA only), for the floor calibration (ctx_calibrate): a tiny PTX kernel on a
-  // private non-blocking stream.
-  int (*mod_load)(void**, const void*) = nullptr;         // cuModuleLoadData
-  int (*mod_unload)(void*) = nullptr;                     // cuModuleUnload
-  int (*mod_func)(void**, void*, const char*) = nullptr;  // cuModuleGetFunction
-  int (*launch)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
-                void**) = nullptr;                        // cuLaunchKernel
-  int (*stream_create)(void**, unsigned) = nullptr;       // cuStreamCreate
-  int (*stream_destroy)(void*) = nullptr;                 // cuStreamDestroy_v2
-  // Optional (CUDA only), for profiler_start/stop on a thread with no current context.
-  int (*ctx_device)(int*) = nullptr;                      // cuCtxGetDevice
-  int (*dev_count)(int*) = nullptr;                       // cuDeviceGetCount
-  int (*dev_get)(int*, int) = nullptr;                    // cuDeviceGet
-  int (*primary_state)(int, unsigned*, int*) = nullptr;   // cuDevicePrimaryCtxGetState
-  int (*primary_retain)(void**, int) = nullptr;           // cuDevicePrimaryCtxRetain
-  int (*primary_release)(int) = nullptr;                  // cuDevicePrimaryCtxRelease_v2
-  int (*ctx_push)(void*) = nullptr;                       // cuCtxPushCurrent_v2
-  int (*ctx_pop)(void**) = nullptr;                       // cuCtxPopCurrent_v2
+#define DECLARE_GPU_FUNCTION(member, signature, cuda, cuda_old, hip) std::add_pointer_t<signature> member = nullptr;
+  GPU_FUNCTIONS(DECLARE_GPU_FUNCTION)
+#undef DECLARE_GPU_FUNCTION
 };
 
 struct RoctxApi {  // set when a roctx library loaded (markers.cpp picks it)
@@ -64,9 +66,8 @@ struct RoctxApi {  // set when a roctx library loaded (markers.cpp picks it)
   int (*resume)(uint64_t) = nullptr;      // roctxProfilerResume (optional)
 };
 
-// libcupti is loaded by the Python side (cupti-python); the core only ever takes that very
-// instance (RTLD_NOLOAD), once per path. Functions it lacks stay null: each user checks those it
-// needs (cupti_link.cpp, cupti_buffers.cpp, launch_tags.cpp).
+// The libcupti the Python side loaded (cupti-python), taken with RTLD_NOLOAD. Functions it lacks
+// stay null: each user checks those it needs.
 struct CuptiApi {
   void* lib = nullptr;
   std::string path;
@@ -111,12 +112,10 @@ inline void* gpu_current_key() {
   return nullptr;
 }
 
-// Loads roctx from `path` into vendor.roctx; false (and an error line if it lacks the range
-// functions) when it cannot.
+// roctx from `path` into vendor.roctx; false (an error line if it lacks the range functions) when not.
 bool roctx_load(const char* path);
 
-// Takes the libcupti already loaded at `path` into vendor.cupti (a second call with the same path
-// opens nothing); false when no such library is loaded in this process.
+// The libcupti already loaded at `path` into vendor.cupti (once per path); false when none is.
 bool cupti_load(const char* path);
 
 }  // namespace maxinstr

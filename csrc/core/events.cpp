@@ -4,12 +4,11 @@
 #include <cmath>
 #include <string>
 
-#include "placer.h"
+#include "writer.h"
 
 namespace maxinstr MAXINSTR_HIDDEN {
 
 Events events;
-std::atomic<int64_t> budget_offthread_ns{0};
 
 void slot_release(int s) {
   if (s < 0) return;
@@ -56,10 +55,8 @@ int slot_alloc(int c, int may_create) {
   return s;
 }
 
-// The reference pair: record an event on the legacy default stream, wait for it, and take the
-// midpoint of the host clock around record+wait as its host time (best of three, i.e. the
-// narrowest window). Once per context, at its first GPU stage: the only synchronisation outside
-// resolve(block=True).
+// Record an event on the legacy default stream, wait for it, and take the midpoint of the host
+// clock around record+wait as its host time: best of three (the narrowest window).
 bool ctx_pair_reference(int c) {
   RelaxedCapture relaxed;
   if (vendor.gpu.is_capturing) {  // the legacy stream must not be touched while a graph is captured
@@ -96,16 +93,9 @@ bool ctx_pair_reference(int c) {
   return true;
 }
 
-// One stage boundary (enter or exit) on `stream`: returns a slot holding one reference for the
-// caller, or -1 (no event: pool exhausted or driver error).
-//
-// Boundary sharing: if this thread's previous boundary on the same stream and context was less
-// than share_ns ago (host clock), its event is reused instead of recording a new one. Submitting
-// GPU work (a kernel launch, a copy, an event record) costs the host more than ~1 us, so no work
-// of this thread can sit between two boundaries that close: the stream position is the same, and
-// one event stands for both. This turns the exit of a stage and the enter of its next sibling (or
-// a parent's enter and its first child's enter) into one event. Work submitted to the same stream
-// by *another* thread inside that window would be missed; see docs/stage-core.md.
+// Boundary sharing (docs/stage-core.md): submitting GPU work costs the host more than ~1 us, so
+// no work of this thread can sit between two of its boundaries on one stream closer than
+// share_ns: the stream position is the same, and one event stands for both.
 int gpu_point(ThreadState* ts, int c, uint64_t stream, int64_t t_now, int may_create) {
   Boundary* b = nullptr;
   for (auto& x : ts->bnd)
@@ -167,18 +157,65 @@ int gpu_point(ThreadState* ts, int c, uint64_t stream, int64_t t_now, int may_cr
 
 namespace {
 
-// Host-clock time of a completed event: computed once per recording (cached in the slot) as
-// anchor + elapsed(anchor, event). With sibling boundaries shared, a stage's enter event is the
-// previous stage's exit event, already placed: one cuEventElapsedTime per event, not two per
-// stage. The anchor is the newest placed event of the context, so the float milliseconds stay
-// small and keep ~ns precision. Returns the driver status (0 ok, 600 not ready).
+constexpr int kDeferred = -7777;  // slot_place(): the event was handed to the placer
+
+// Releases the references a placer batch's items hold; with `apply`, places the events measured.
+void release_items(std::vector<placer::Item>& items, bool apply) {
+  for (placer::Item& it : items) {
+    Slot& sl = events.slots[(size_t)it.slot];
+    if (apply && it.rc == 0 && sl.rec_seq == it.seq && sl.host_ns == kUnplaced)
+      sl.host_ns = it.anchor_ns + (int64_t)llround((double)it.ms * 1e6);
+    sl.placing = 0;  // not placed (not ready, an error): placed again later, inline or there
+    slot_release(it.slot);
+    slot_release(it.anchor);
+  }
+  items.clear();
+}
+
+// Takes a finished batch's results (non-blocking).
+void placer_consume() {
+  if (!placer::finished()) return;
+  release_items(placer::state.flight, true);
+  placer::consumed();
+}
+
+// The pool needs its events back: nothing of ours in flight meanwhile, nothing measured twice.
+void placer_wait() {
+  placer::wait_busy();
+  placer_consume();
+}
+
+void placer_submit() {
+  if (!placer::submit()) release_items(placer::state.staged, false);
+}
+
+// Hands slot s of context cx to the placer. True: staged (or already with it, or the batch is
+// full: a later pass stages it); false: place it inline (a batch holds one context's events, and
+// a program with several contexts is rare enough to pay for it). Every slot of a batch, and its
+// anchor, holds an extra reference until the batch is consumed: none is recorded again meanwhile.
+bool placer_stage(Ctx& cx, int s) {
+  Slot& sl = events.slots[(size_t)s];
+  if (sl.placing || placer::state.staged.size() >= placer::kMaxBatch) return true;
+  if (cx.anchor < 0 || (!placer::state.staged.empty() && placer::state.ctx != cx.key)) return false;
+  placer::state.ctx = cx.key;
+  Slot& an = events.slots[(size_t)cx.anchor];
+  placer::state.staged.push_back(placer::Item{s, cx.anchor, an.ev, sl.ev, cx.anchor_ns, sl.rec_seq, 0.f, 0});
+  sl.placing = 1;
+  sl.ref++;
+  an.ref++;
+  return true;
+}
+
+// Host-clock time of a completed event, once per recording (cached in the slot): anchor +
+// elapsed(anchor, event), the anchor being the newest placed event of the context so that the
+// float milliseconds keep ~ns precision. Returns the driver status (0 ok, 600 not ready).
 int slot_place(Ctx& cx, int s, int64_t* out) {
   Slot& sl = events.slots[(size_t)s];
   if (sl.host_ns != kUnplaced) {
     *out = sl.host_ns;
     return 0;
   }
-  if (events.place_async && placer::stage(cx, s)) return placer::kDeferred;
+  if (events.place_async && placer_stage(cx, s)) return kDeferred;
   float ms = 0.f;
   events.event_elapsed++;
   DrvTime dt(DRV_ELAPSED);
@@ -205,14 +242,13 @@ int resolve_known(Pending& p) {
   Ctx& cx = events.ctxs[(size_t)p.ctx];
   int64_t t0 = 0, t1 = 0;
   int rc0 = slot_place(cx, p.ev0, &t0);
-  int rc1 = (rc0 == 0 || rc0 == placer::kDeferred) ? slot_place(cx, p.ev1, &t1) : rc0;
-  if (rc0 == placer::kDeferred || rc1 == placer::kDeferred) return 0;  // placed at a later pass
+  int rc1 = (rc0 == 0 || rc0 == kDeferred) ? slot_place(cx, p.ev1, &t1) : rc0;
+  if (rc0 == kDeferred || rc1 == kDeferred) return 0;  // placed at a later pass
   int rc = rc0 ? rc0 : rc1;
   if (rc == 600) return 0;  // not complete after all (another thread's event on the stream)
   if (rc == 0) {
-    // Take out the floor (ctx_calibrate): enter later and exit earlier by half of it each, so
-    // shared boundaries map to the same points and nesting is kept. A stage shorter than the
-    // floor (no kernel in it) reads 0 at the middle of its events.
+    // The floor (floor.h) out: half of it at each end, so shared boundaries map to the same
+    // points and nesting is kept; a stage shorter than it reads 0 at the middle of its events.
     int64_t f = cx.floor_ns;
     if (t1 - t0 >= f) {
       p.rec.gpu_start_ns = t0 + f / 2;
@@ -244,12 +280,9 @@ int resolve_failed(Pending& p, int rc) {
 }
 
 // Work on one stream completes in order: once an exit event of a (context, stream) is complete,
-// every record of that stream recorded no later (rec_seq) is complete too, and needs no query of
-// its own. A pass finds, per stream, the newest complete exit among the records it looks at: one
-// query of the newest (enough when the GPU has caught up), else a binary search over the older
-// ones (about log2(n) queries). Under load a query costs far more than on an idle GPU (1.3 us
-// against 0.3 us on an H200 busy with launches), and asking each record in turn made it ~1 query
-// per stage.
+// every record of that stream recorded no later (rec_seq) is complete too. A pass finds, per
+// stream, the newest complete exit among the records it looks at: one query of the newest, else
+// a binary search (docs/stage-core.md, "Resolution": a query per record cost too much under load).
 struct StreamDone {
   int ctx;
   uint64_t stream;
@@ -268,15 +301,16 @@ inline int query_exit(size_t i, bool block) {
 
 inline uint64_t exit_seq(size_t i) { return events.slots[(size_t)events.pending[i].ev1].rec_seq; }
 
+inline StreamDone* find_stream(std::vector<StreamDone>& sd, const Pending& p) {
+  for (auto& x : sd)
+    if (x.ctx == p.ctx && x.stream == p.stream) return &x;
+  return nullptr;
+}
+
 void scan_streams(std::vector<StreamDone>& sd, size_t m, bool block) {
   for (size_t i = 0; i < m; i++) {
     Pending& p = events.pending[i];
-    StreamDone* d = nullptr;
-    for (auto& x : sd)
-      if (x.ctx == p.ctx && x.stream == p.stream) {
-        d = &x;
-        break;
-      }
+    StreamDone* d = find_stream(sd, p);
     if (!d) {
       sd.push_back(StreamDone{p.ctx, p.stream, {}, 0, 0, -1});
       d = &sd.back();
@@ -284,44 +318,32 @@ void scan_streams(std::vector<StreamDone>& sd, size_t m, bool block) {
     d->idx.push_back(i);
   }
   for (auto& d : sd) {
-    // exit events of one stream were recorded in queue order: rec_seq grows along idx
-    size_t last = d.idx.back();
-    int rc = query_exit(last, block);
-    if (rc == 0) {
-      d.done_seq = exit_seq(last);
+    // whether the exit of the stream's k-th record is complete; a failed query drops that record
+    // (the first error of the stream is kept). rec_seq grows along idx (queue order).
+    auto complete = [&](size_t k, bool wait) {
+      int rc = query_exit(d.idx[k], wait);
+      if (rc != 0 && rc != 600 && !d.err) {
+        d.err = rc;
+        d.err_slot = events.pending[d.idx[k]].ev1;
+      }
+      return rc == 0;
+    };
+    const long n = (long)d.idx.size();
+    if (complete((size_t)(n - 1), block)) {
+      d.done_seq = exit_seq(d.idx.back());
       continue;
-    }
-    if (rc != 600) {  // that record is dropped; the older ones are searched below
-      d.err = rc;
-      d.err_slot = events.pending[last].ev1;
     }
     // largest k in [0, n-2] whose exit is complete (lo = -1: none); the oldest first, so a
     // pass with nothing complete costs two queries, not a whole search
-    long lo = -1, hi = (long)d.idx.size() - 2;
+    long lo = -1, hi = n - 2;
     if (hi >= 0) {
-      int r = query_exit(d.idx[0], false);
-      if (r == 0) {
-        lo = 0;
-      } else {
-        if (r != 600 && !d.err) {
-          d.err = r;
-          d.err_slot = events.pending[d.idx[0]].ev1;
-        }
-        hi = -1;
-      }
+      if (complete(0, false)) lo = 0;
+      else hi = -1;
     }
     while (lo < hi) {
       long mid = (lo + hi + 1) / 2;
-      int r = query_exit(d.idx[(size_t)mid], false);
-      if (r == 0) {
-        lo = mid;
-      } else {
-        if (r != 600 && !d.err) {
-          d.err = r;
-          d.err_slot = events.pending[d.idx[(size_t)mid]].ev1;
-        }
-        hi = mid - 1;
-      }
+      if (complete((size_t)mid, false)) lo = mid;
+      else hi = mid - 1;
     }
     d.done_seq = lo >= 0 ? exit_seq(d.idx[(size_t)lo]) : 0;
   }
@@ -339,12 +361,6 @@ inline int resolve_scanned(StreamDone* d, Pending& p) {
   return 0;
 }
 
-inline StreamDone* find_stream(std::vector<StreamDone>& sd, const Pending& p) {
-  for (auto& x : sd)
-    if (x.ctx == p.ctx && x.stream == p.stream) return &x;
-  return nullptr;
-}
-
 // Hands the events of the complete records among pending[from, to) to the placer.
 void stage_complete(std::vector<StreamDone>& sd, size_t from, size_t to) {
   int64_t t = 0;
@@ -360,16 +376,12 @@ void stage_complete(std::vector<StreamDone>& sd, size_t from, size_t to) {
 
 }  // namespace
 
-// Resolves up to n records from the front of the queue, stopping at the first not ready. With
-// `async` (and the placer usable), events not placed yet go to the placer (this and the
-// following complete records) and their records wait for a later pass; without, they are placed
-// here (the pool needs its events back now).
 size_t resolve_front(size_t n, bool async) {
   if (events.pending.empty()) return 0;
   DrvTime dt(DRV_RESOLVE);
   RelaxedCapture relaxed;
-  if (async) placer::consume();
-  else placer::wait_idle();  // the pool needs events back: nothing measured twice meanwhile
+  if (async) placer_consume();
+  else placer_wait();
   events.place_async = async && placer::usable();
   size_t m = n < events.pending.size() ? n : events.pending.size();
   std::vector<StreamDone> sd;
@@ -384,21 +396,19 @@ size_t resolve_front(size_t n, bool async) {
   if (events.place_async) {
     stage_complete(sd, 0, m - k);
     events.place_async = false;
-    placer::submit();
+    placer_submit();
   }
   return k;
 }
 
-// Resolves every finished record (block: waits for all). Records not complete, or (defer)
-// waiting for the placer, stay queued in their order; the others are finished in this pass.
 size_t resolve_all(bool block, bool defer) {
   RelaxedCapture relaxed;
   size_t k = 0;
   if (defer && !block && placer::usable()) {
-    placer::consume();
+    placer_consume();
     events.place_async = true;
   } else {
-    placer::wait_idle();  // inline placement: nothing of ours in flight meanwhile
+    placer_wait();
   }
   std::vector<StreamDone> sd;
   scan_streams(sd, events.pending.size(), block);
@@ -413,7 +423,7 @@ size_t resolve_all(bool block, bool defer) {
   events.pending.swap(keep);
   if (events.place_async) {
     events.place_async = false;
-    placer::submit();
+    placer_submit();
   }
   return k;
 }

@@ -1,4 +1,4 @@
-// The GPU-time floor (floor.h): measured once per CUDA context, taken out of its GPU times.
+// The GPU-time floor (floor.h).
 #include "floor.h"
 
 #include <cmath>
@@ -12,19 +12,13 @@ namespace maxinstr MAXINSTR_HIDDEN {
 
 namespace {
 
-// The GPU-time floor. Events around a kernel do not read the kernel's own time: between an event
-// and the first instruction of the next kernel, and between the kernel's last instruction and the
-// next event, the GPU front end spends a fixed time (about 2.9 us on an H200, even with everything
-// queued back to back). So a stage around one 200 us kernel read 202.9 us. Once per context, right
-// after the reference pairing (so at the same moment, the first GPU stage), we measure that floor:
-// on a private non-blocking stream (the user's streams are never touched or waited for), a busy
-// kernel keeps the stream occupied so that [event, empty kernel, event] are queued back to back,
-// seven times; the floor is the shortest of those event pairs. resolve_known() then moves each stage's
-// enter time later and its exit time earlier by half the floor, so a stage reads the span of its
-// work (first kernel start to last kernel end, approximately), the way a profiler reads kernels.
-// CUDA only (the kernel is PTX, JIT-compiled by the driver); HIP: floor 0 (raw event times).
-// Two headers: the first JITs on any GPU since Maxwell; should a future driver refuse that old
-// target, the second (PTX ISA 8.0, sm_90) is tried.
+// The floor (docs/stage-core.md, "The floor"): between an event and the next kernel's first
+// instruction, and between a kernel's last and the next event, the GPU front end spends a fixed
+// time (about 2.9 us on an H200, queued back to back). It is measured on a private non-blocking
+// stream (no user stream is touched or waited for): a busy kernel keeps the stream occupied so
+// that [event, empty kernel, event] are queued back to back. CUDA only (the kernel is PTX, which
+// the driver JIT-compiles). The first header JITs on any GPU since Maxwell; should a driver
+// refuse that target, the second (PTX ISA 8.0, sm_90) is tried.
 const char* const kSpinPtxHeads[] = {".version 6.0\n.target sm_50\n", ".version 8.0\n.target sm_90\n"};
 const char kSpinPtx[] =
     ".address_size 64\n"
@@ -61,10 +55,8 @@ namespace {
 constexpr int kFloorRuns = 7;
 constexpr int64_t kFloorMaxNs = 50000;  // a floor above this is not the front end: not used
 
-// Returns the floor in ns, or -1 (one line in errors()) when it could not be measured. Uses its
-// own 14 events (created and destroyed here, never from the pool) and its own stream. The
-// minimum of the 7 pairs is taken: other work can only make a pair longer (e.g. kernels of a
-// user's non-blocking stream holding every SM), never shorter.
+// The floor in ns, or -1 (one line in errors()). Its own 14 events (not the pool's) and stream;
+// the minimum of 7 pairs: other work can only make a pair longer, never shorter.
 int64_t ctx_measure_floor() {
   GpuApi& a = vendor.gpu;
   if (a.backend != BK_CUDA || !a.mod_load || !a.mod_func || !a.launch || !a.stream_create) return -1;

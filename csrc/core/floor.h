@@ -1,14 +1,13 @@
-// The GPU-time floor: what an event pair around a kernel reads beyond the kernel itself (the GPU
-// front end's fixed time), measured once per CUDA context with a tiny PTX kernel and taken out of
-// every GPU time of that context (events.cpp, resolve_known). See floor.cpp.
+// The GPU-time floor: what an event pair around a kernel reads beyond the kernel itself, measured
+// once per CUDA context with a tiny PTX kernel and taken out of its GPU times (events.cpp).
 #pragma once
 
 #include "base.h"
 
 namespace maxinstr MAXINSTR_HIDDEN {
 
-// Calibrates context c (current on this thread) right after its reference pairing: its device
-// ordinal, and its floor (measured, fixed by MAXINSTR_GPU_FLOOR_NS, or none for HIP).
+// Context c (current on this thread), right after its reference pairing: its device ordinal and
+// its floor (measured, fixed by MAXINSTR_GPU_FLOOR_NS, or none for HIP).
 void ctx_calibrate(int c);
 
 // Loads the floor's spin kernel `maxinstr_spin(u64 ns)` (PTX, JIT-compiled by the CUDA driver)

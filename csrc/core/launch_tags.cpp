@@ -1,6 +1,10 @@
-// Launch tags (launch_tags.h): the CUPTI callback, and cupti_tags(), cupti_tags_take(),
-// cupti_tags_stats() of the module.
-#include "launch_tags.h"
+// Launch tags through CUPTI's callback API (docs/kernels.md): kernels=True gives each kernel, copy
+// and set its stage. The API activity records that could carry a stage id to each op cost a
+// launch-bound H200 step ~13-19 % (benchmarks/cupti_configs.py); here a native callback on the
+// launch/copy/set functions only reads, on the calling thread, the correlation id CUPTI gives the
+// call (kernel records carry it too) and that thread's innermost open stage. One tag per
+// outermost call: a runtime launch's own driver call is folded into its tag.
+#include "base.h"
 
 #include <atomic>
 #include <mutex>
@@ -102,13 +106,28 @@ void callback(void*, int domain, uint32_t cbid, const void* data) {
   }
 }
 
+// The callback on (or off) for each cbid of the sequence, in domain (1 driver, 2 runtime): -1 (a
+// Python error set) when it is not a sequence of ints, else whether CUPTI accepted them all.
+int enable_cbids(PyObject* cbids, int domain, uint32_t on) {
+  PyObject* seq = PySequence_Fast(cbids, "cbids must be a sequence of ints");
+  if (!seq) return -1;
+  int ok = 1;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+    long cbid = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+    if (cbid == -1 && PyErr_Occurred()) {
+      ok = -1;
+      break;
+    }
+    if (vendor.cupti.enable_callback(on, sub, domain, (uint32_t)cbid) != 0) ok = 0;
+  }
+  Py_DECREF(seq);
+  return ok;
+}
+
 }  // namespace cuptitag
 
 // cupti_tags(path, runtime_cbids, driver_cbids, flags=1) -> True, False (no such library or
-// symbols) or cuptiSubscribe's error code (39: another subscriber holds CUPTI): subscribe to the
-// libcupti loaded at path (RTLD_NOLOAD) with the native callback, enabled for those functions
-// only (flags: 1 times, 2 no work, see TAG_TIMES); cupti_tags(None) unsubscribes. The
-// subscriber slot is CUPTI's only one.
+// symbols) or cuptiSubscribe's error code (39: another subscriber holds CUPTI's one slot).
 PyObject* py_cupti_tags(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs == 1 && args[0] == Py_None) {
     if (cuptitag::sub && cuptitag::unsubscribe) cuptitag::unsubscribe(cuptitag::sub);
@@ -144,20 +163,8 @@ PyObject* py_cupti_tags(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     add_error("cupti tags: cuptiSubscribe returned " + std::to_string(rc));
     return PyLong_FromLong(rc);
   }
-  for (int k = 1; k <= 2; k++) {
-    PyObject* seq = PySequence_Fast(args[k], "cbids must be a sequence of ints");
-    if (!seq) return nullptr;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
-      long cbid = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
-      if (cbid == -1 && PyErr_Occurred()) {
-        Py_DECREF(seq);
-        return nullptr;
-      }
-      // domain 2 = runtime (args[1]), 1 = driver (args[2])
-      enable(1, cuptitag::sub, k == 1 ? 2 : 1, (uint32_t)cbid);
-    }
-    Py_DECREF(seq);
-  }
+  for (int k = 1; k <= 2; k++)  // domain 2 = runtime (args[1]), 1 = driver (args[2])
+    if (cuptitag::enable_cbids(args[k], k == 1 ? 2 : 1, 1) < 0) return nullptr;
   Py_RETURN_TRUE;
 }
 
@@ -171,21 +178,9 @@ PyObject* py_cupti_tags_enable(PyObject*, PyObject* const* args, Py_ssize_t narg
   long domain = PyLong_AsLong(args[0]);
   int on = PyObject_IsTrue(args[2]);
   if ((domain == -1 && PyErr_Occurred()) || on < 0) return nullptr;
-  auto enable = vendor.cupti.enable_callback;
-  if (!cuptitag::sub || !enable) Py_RETURN_FALSE;
-  PyObject* seq = PySequence_Fast(args[1], "cbids must be a sequence of ints");
-  if (!seq) return nullptr;
-  bool ok = true;
-  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
-    long cbid = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
-    if (cbid == -1 && PyErr_Occurred()) {
-      Py_DECREF(seq);
-      return nullptr;
-    }
-    ok = enable((uint32_t)on, cuptitag::sub, (int)domain, (uint32_t)cbid) == 0 && ok;
-  }
-  Py_DECREF(seq);
-  return PyBool_FromLong(ok);
+  if (!cuptitag::sub || !vendor.cupti.enable_callback) Py_RETURN_FALSE;
+  const int ok = cuptitag::enable_cbids(args[1], (int)domain, (uint32_t)on);
+  return ok < 0 ? nullptr : PyBool_FromLong(ok);
 }
 
 // cupti_tags_take() -> bytes: the tags of the calls that ended since the last take (48-byte

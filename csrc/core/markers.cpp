@@ -24,13 +24,9 @@ void init_markers() {
   }
   if (w == "roctx" || w == "auto") {
     const char* path = env("MAXINSTR_ROCTX_LIBRARY");
-    bool ok = false;
-    if (path)
-      ok = roctx_load(path);
-    else
-      ok = roctx_load("librocprofiler-sdk-roctx.so") || roctx_load("librocprofiler-sdk-roctx.so.1") ||
-           roctx_load("libroctx64.so") || roctx_load("libroctx64.so.4");
-    if (ok) {
+    if (path ? roctx_load(path)
+             : roctx_load("librocprofiler-sdk-roctx.so") || roctx_load("librocprofiler-sdk-roctx.so.1") ||
+                   roctx_load("libroctx64.so") || roctx_load("libroctx64.so.4")) {
       markers.kind = MK_ROCTX;
       return;
     }

@@ -1,16 +1,7 @@
-// maxinstr._native: the stage core (docs/stage-core.md for the user-facing story; docs/architecture.md
-// "The native core" for the files and their order). This unit is the module: its init, its
-// fork handler, and the functions that act on the whole process (drain, stats, resolve,
-// close_open, configuration). Every other unit adds its own functions (a PyMethodDef table).
-//
-// What the core keeps, and where:
-//   * the host clock (CLOCK_MONOTONIC ns) of every record and sample (base.h);
-//   * the Stage type (stage.h);
-//   * per-OS-thread stacks of open stages (depth/parent) (state.h), completed records waiting for
-//     drain() or the native writer (records.h, writer.h);
-//   * markers (markers.h), and every vendor library through one dispatch table (dispatch.h);
-//   * GPU events (events.h, floor.h, placer.h); CUPTI (cupti_link.h, cupti_buffers.h,
-//     launch_tags.h).
+// maxinstr._native: the stage core (docs/stage-core.md; its files and their order:
+// docs/architecture.md, "The native core"). This unit is the module: its init, its fork handler,
+// and the functions over the whole process (drain, stats, resolve, close_open, configuration);
+// every other unit adds its own functions (a PyMethodDef table).
 #include "base.h"
 
 #include <strings.h>
@@ -21,17 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "cupti_buffers.h"
+#include "attrs_json.h"
 #include "cupti_link.h"
 #include "dispatch.h"
 #include "events.h"
-#include "launch_tags.h"
 #include "markers.h"
 #include "placer.h"
-#include "probes.h"
-#include "attrs_json.h"
-#include "profiler.h"
-
 #include "records.h"
 #include "stage.h"
 #include "state.h"
@@ -39,7 +25,25 @@
 
 namespace maxinstr MAXINSTR_HIDDEN {
 
+// The units that only add functions (they have no header).
+extern PyMethodDef profiler_methods[], launch_tags_methods[], cupti_buffers_methods[], probe_methods[];
+void cupti_buffers_atfork_child();
+
 namespace {
+
+// Appends item (a new reference, or null after an error) to list; false on an error.
+bool append_new(PyObject* list, PyObject* item) {
+  const bool ok = item && PyList_Append(list, item) == 0;
+  Py_XDECREF(item);
+  return ok;
+}
+
+// d[key] = v (a new reference, or null after an error); false on an error.
+bool set_new(PyObject* d, const char* key, PyObject* v) {
+  const bool ok = v && PyDict_SetItemString(d, key, v) == 0;
+  Py_XDECREF(v);
+  return ok;
+}
 
 PyObject* py_clock_ns(PyObject*, PyObject*) { return PyLong_FromLongLong(now_ns()); }
 
@@ -52,9 +56,6 @@ PyObject* py_set_attrs_hook(PyObject*, PyObject* fn) {
   Py_RETURN_NONE;
 }
 
-// steady_watch(n, hook): arm the steady-state trigger (state.h): the first top-level stage
-// entered whose name was entered n times before (since now) calls hook(name_id, t_ns) once.
-// n < 0 (or hook None) disarms. Returns whether it was armed before.
 PyObject* py_steady_watch(PyObject*, PyObject* args) {
   long long n = -1;
   PyObject* hook = Py_None;
@@ -150,15 +151,8 @@ PyObject* py_drain(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject*
       size_t id = (size_t)rows[i].name_id;
       if (id < want.size()) want[id] = 1;
     }
-    for (size_t i = 0; i < want.size(); i++) {
-      if (!want[i]) continue;
-      PyObject* t = Py_BuildValue("(iO)", (int)i, name_table.entries[i].str);
-      if (!t || PyList_Append(names, t) < 0) {
-        Py_XDECREF(t);
-        goto fail;
-      }
-      Py_DECREF(t);
-    }
+    for (size_t i = 0; i < want.size(); i++)
+      if (want[i] && !append_new(names, Py_BuildValue("(iO)", (int)i, name_table.entries[i].str))) goto fail;
   }
   name_table.reported = name_table.entries.size();
   if (!writer_on) {  // the writer moves these (under its lock) while it runs
@@ -171,11 +165,7 @@ PyObject* py_drain(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject*
     PyObject* t = Py_BuildValue("(LN)", (long long)e.id, e.attrs);  // steals the entry's reference
     e.attrs = nullptr;
     completed.attrs_head++;
-    if (!t || PyList_Append(attrs, t) < 0) {
-      Py_XDECREF(t);
-      goto fail;
-    }
-    Py_DECREF(t);
+    if (!append_new(attrs, t)) goto fail;
   }
   if (writer_on) {
     // completed.done is the writer's to take and reset
@@ -227,8 +217,7 @@ PyObject* py_resolve(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObjec
   return PyLong_FromSize_t(k);
 }
 
-// resolve_async(): the session flusher's pass. Like resolve(), but events not placed yet go to
-// the placer thread (placer.h) and their records are finished by a later pass.
+// The session flusher's pass: events not placed yet go to the placer thread.
 PyObject* py_resolve_async(PyObject*, PyObject*) {
   if (vendor.gpu.backend == BK_NONE || pending_count() == 0) return PyLong_FromLong(0);
   int64_t t0 = now_ns();
@@ -238,20 +227,14 @@ PyObject* py_resolve_async(PyObject*, PyObject*) {
 }
 
 PyObject* py_close_open(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  PyObject* reason = nullptr;
   PyObject* a = nullptr;
   if (!one_arg(args, nargs, kwnames, "reason", &a)) return nullptr;
-  if (a) {
-    if (!PyUnicode_Check(a)) {
-      PyErr_SetString(PyExc_TypeError, "reason must be str");
-      return nullptr;
-    }
-    reason = a;
-    Py_INCREF(reason);
-  } else {
-    reason = PyUnicode_FromString("closed");
-    if (!reason) return nullptr;
+  if (a && !PyUnicode_Check(a)) {
+    PyErr_SetString(PyExc_TypeError, "reason must be str");
+    return nullptr;
   }
+  PyObject* reason = a ? Py_NewRef(a) : PyUnicode_FromString("closed");
+  if (!reason) return nullptr;
   int64_t t = now_ns();
   long closed = 0;
   for (ThreadState* ts : process.threads) {
@@ -287,7 +270,7 @@ PyObject* py_set_capacity(PyObject*, PyObject* v) {
   Py_RETURN_NONE;
 }
 
-// _configure_events(pool_size=None, share_ns=None): tests and benchmarks only.
+// Tests and benchmarks only.
 PyObject* py_configure_events(PyObject*, PyObject* args, PyObject* kwargs) {
   static const char* kw[] = {"pool_size", "share_ns", "floor_ns", "gpu_budget", nullptr};
   PyObject *pool = Py_None, *share = Py_None, *floor = Py_None, *budget = Py_None;
@@ -341,22 +324,17 @@ PyObject* py_stats(PyObject*, PyObject*) {
     for (StageObject* s : ts->stack)
       if (s->state == ST_OPEN) open_stages++;
   PyObject* errs = PyList_New(0);
-  if (!errs) return nullptr;
-  for (auto& e : process.errors) {
-    PyObject* u = PyUnicode_DecodeUTF8(e.data(), (Py_ssize_t)e.size(), "replace");
-    if (!u || PyList_Append(errs, u) < 0) {
-      Py_XDECREF(u);
-      Py_DECREF(errs);
-      return nullptr;
-    }
-    Py_DECREF(u);
+  for (size_t i = 0; errs && i < process.errors.size(); i++) {
+    const std::string& e = process.errors[i];
+    if (!append_new(errs, PyUnicode_DecodeUTF8(e.data(), (Py_ssize_t)e.size(), "replace"))) Py_CLEAR(errs);
   }
+  if (!errs) return nullptr;
   const char* backend = vendor.gpu.backend == BK_CUDA ? "cuda" : vendor.gpu.backend == BK_HIP ? "hip" : "none";
   const char* marker_kind = markers.kind == MK_NVTX ? "nvtx" : markers.kind == MK_ROCTX ? "roctx" : "none";
   PyObject* d = Py_BuildValue(
-      "{sKsKsKslsnsKsKsKsisisssssNsLsisssnsOsKsKsn}", "records", (unsigned long long)completed.records,
-      "dropped_records", (unsigned long long)completed.dropped_records, "pending_records",
-      (unsigned long long)writer_done_count(), "open_stages", open_stages, "events_in_flight",
+      "{sKsKsKslsnsKsKsKsisisssssNsLsisssnsOsKsKsnsdsdsLsKsKsKsKsKsKsK}", "records",
+      (unsigned long long)completed.records, "dropped_records", (unsigned long long)completed.dropped_records,
+      "pending_records", (unsigned long long)writer_done_count(), "open_stages", open_stages, "events_in_flight",
       (Py_ssize_t)pending_count(), "events_dropped", (unsigned long long)events.events_dropped, "events_recorded",
       (unsigned long long)events.events_recorded, "events_shared", (unsigned long long)events.events_shared,
       "event_pool_size", events.pool_total, "event_pool_max", events.pool_max, "gpu_backend", backend, "markers",
@@ -364,85 +342,41 @@ PyObject* py_stats(PyObject*, PyObject*) {
       (int)events.ctxs.size(), "gpu_library", vendor.gpu.lib_name.c_str(), "capacity", (Py_ssize_t)completed.capacity,
       "gpu_off_after_fork", events.gpu_off_after_fork ? Py_True : Py_False, "errors_dropped",
       (unsigned long long)process.errors_dropped, "events_skipped_capture", (unsigned long long)events.events_capture,
-      "threads", (Py_ssize_t)process.threads.size());
+      "threads", (Py_ssize_t)process.threads.size(), "gpu_budget", events.gpu_budget, "gpu_budget_tokens_ns",
+      events.budget_tokens_ns, "gpu_cost_ns", (long long)events.gpu_cost_ns, "gpu_sampled_out",
+      (unsigned long long)events.gpu_sampled_out, "event_elapsed_async", (unsigned long long)placer::state.calls.load(),
+      "placer_ns", (unsigned long long)placer::state.ns.load(), "placer_batches",
+      (unsigned long long)placer::state.batches.load(), "placer_errors", (unsigned long long)placer::state.errors.load(),
+      "attrs_unconverted", (unsigned long long)process.attrs_unconverted, "depth_refused",
+      (unsigned long long)process.depth_refused);
   if (!d) return nullptr;
-  {
-    PyObject* b = Py_BuildValue(
-        "{sdsdsLsKsKsKsKsKsKsK}", "gpu_budget", events.gpu_budget, "gpu_budget_tokens_ns", events.budget_tokens_ns,
-        "gpu_cost_ns", (long long)events.gpu_cost_ns,
-        "gpu_sampled_out", (unsigned long long)events.gpu_sampled_out, "event_elapsed_async",
-        (unsigned long long)placer::state.calls.load(), "placer_ns", (unsigned long long)placer::state.ns.load(),
-        "placer_batches", (unsigned long long)placer::state.batches.load(), "placer_errors",
-        (unsigned long long)placer::state.errors.load(), "attrs_unconverted",
-        (unsigned long long)process.attrs_unconverted, "depth_refused", (unsigned long long)process.depth_refused);
-    if (!b || PyDict_Update(d, b) < 0) {
-      Py_XDECREF(b);
-      Py_DECREF(d);
-      return nullptr;
-    }
-    Py_DECREF(b);
-  }
-  if (events.time_driver) {
-    PyObject* t = Py_BuildValue("{sKsKsKsKsK}", "event_record", (unsigned long long)events.drv_ns[DRV_RECORD],
-                                "event_query", (unsigned long long)events.drv_ns[DRV_QUERY], "event_elapsed",
-                                (unsigned long long)events.drv_ns[DRV_ELAPSED], "stream_is_capturing",
-                                (unsigned long long)events.drv_ns[DRV_CAPTURING], "resolve_front",
-                                (unsigned long long)events.drv_ns[DRV_RESOLVE]);
-    if (!t || PyDict_SetItemString(d, "driver_time_ns", t) < 0) {
-      Py_XDECREF(t);
-      Py_DECREF(d);
-      return nullptr;
-    }
-    Py_DECREF(t);
-  }
-  // Per context: the GPU-time floor taken out of every stage (docs/stage-core.md) and how it was
-  // set: "calibrated", "fixed" (MAXINSTR_GPU_FLOOR_NS), "failed" (raw event times), "none" (HIP,
-  // or the context's reference pairing has not succeeded yet).
+  bool ok = !events.time_driver ||
+            set_new(d, "driver_time_ns",
+                    Py_BuildValue("{sKsKsKsKsK}", "event_record", (unsigned long long)events.drv_ns[DRV_RECORD],
+                                  "event_query", (unsigned long long)events.drv_ns[DRV_QUERY], "event_elapsed",
+                                  (unsigned long long)events.drv_ns[DRV_ELAPSED], "stream_is_capturing",
+                                  (unsigned long long)events.drv_ns[DRV_CAPTURING], "resolve_front",
+                                  (unsigned long long)events.drv_ns[DRV_RESOLVE]));
+  // Per context, the floor taken out of its GPU times and how it was set (docs/stage-core.md).
   PyObject* fl = PyList_New(0);
   PyObject* fs = PyList_New(0);
-  if (!fl || !fs) {
-    Py_XDECREF(fl);
-    Py_XDECREF(fs);
-    Py_DECREF(d);
-    return nullptr;
+  ok = ok && fl && fs;
+  for (size_t i = 0; ok && i < events.ctxs.size(); i++) {
+    const int st = events.ctxs[i].floor_state;
+    ok = append_new(fl, PyLong_FromLongLong(events.ctxs[i].floor_ns)) &&
+         append_new(fs, PyUnicode_FromString(st == 1 ? "calibrated" : st == 2 ? "fixed" : st == -1 ? "failed" : "none"));
   }
-  for (auto& cx : events.ctxs) {
-    const char* how = cx.floor_state == 1 ? "calibrated" : cx.floor_state == 2 ? "fixed" : cx.floor_state == -1 ? "failed" : "none";
-    PyObject* v = PyLong_FromLongLong(cx.floor_ns);
-    PyObject* h = PyUnicode_FromString(how);
-    if (!v || !h || PyList_Append(fl, v) < 0 || PyList_Append(fs, h) < 0) {
-      Py_XDECREF(v);
-      Py_XDECREF(h);
-      Py_DECREF(fl);
-      Py_DECREF(fs);
-      Py_DECREF(d);
-      return nullptr;
-    }
-    Py_DECREF(v);
-    Py_DECREF(h);
-  }
-  PyObject* q = PyLong_FromUnsignedLongLong(events.event_queries);
-  PyObject* e = PyLong_FromUnsignedLongLong(events.event_elapsed);
-  if (!q || !e || PyDict_SetItemString(d, "gpu_floor_ns", fl) < 0 || PyDict_SetItemString(d, "gpu_floor", fs) < 0 ||
-      PyDict_SetItemString(d, "event_queries", q) < 0 || PyDict_SetItemString(d, "event_elapsed_calls", e) < 0) {
-    Py_XDECREF(q);
-    Py_XDECREF(e);
-    Py_DECREF(fl);
-    Py_DECREF(fs);
-    Py_DECREF(d);
-    return nullptr;
-  }
-  Py_DECREF(q);
-  Py_DECREF(e);
-  Py_DECREF(fl);
-  Py_DECREF(fs);
+  ok = ok && PyDict_SetItemString(d, "gpu_floor_ns", fl) == 0 && PyDict_SetItemString(d, "gpu_floor", fs) == 0 &&
+       set_new(d, "event_queries", PyLong_FromUnsignedLongLong(events.event_queries)) &&
+       set_new(d, "event_elapsed_calls", PyLong_FromUnsignedLongLong(events.event_elapsed));
+  Py_XDECREF(fl);
+  Py_XDECREF(fs);
+  if (!ok) Py_CLEAR(d);
   return d;
 }
 
-// After fork() the child starts clean: new pid in the ids, seq from 1, no open stages (the
-// parent's Stage objects become inert: their exit is a no-op), an empty pending buffer, names
-// reported again on the first drain, and no GPU timing (a CUDA context does not survive fork).
-// Only trivial work here: we are inside fork().
+// After fork() the child starts clean (docs/stage-core.md, "fork()"). Only trivial work: we are
+// inside fork().
 void atfork_child() {
   placer::atfork_child();
   process.pid = (int64_t)getpid();

@@ -1,15 +1,12 @@
 // The placer thread (placer.h).
 #include "placer.h"
 
-#include <cmath>
 #include <new>
 
 #include "state.h"
 
 namespace maxinstr MAXINSTR_HIDDEN {
 namespace placer {
-
-State state;
 
 namespace {
 
@@ -46,67 +43,38 @@ void* main_loop(void*) {
   return nullptr;
 }
 
-// Releases the references a batch's items hold; with `apply`, places the events measured.
-void release_items(std::vector<Item>& items, bool apply) {
-  for (Item& it : items) {
-    Slot& sl = events.slots[(size_t)it.slot];
-    if (apply && it.rc == 0 && sl.rec_seq == it.seq && sl.host_ns == kUnplaced)
-      sl.host_ns = it.anchor_ns + (int64_t)llround((double)it.ms * 1e6);
-    sl.placing = 0;  // not placed (not ready, an error): placed again later, inline or here
-    slot_release(it.slot);
-    slot_release(it.anchor);
-  }
-  items.clear();
-}
-
 }  // namespace
 
-void consume() {
-  if (!state.started) return;
+bool finished() {
+  if (!state.started) return false;
   pthread_mutex_lock(&state.mu);
   bool done = state.done;
   pthread_mutex_unlock(&state.mu);
-  if (!done) return;
-  release_items(state.flight, true);
+  return done;
+}
+
+void consumed() {
   pthread_mutex_lock(&state.mu);
   state.done = false;
   pthread_mutex_unlock(&state.mu);
 }
 
-void wait_idle() {
+void wait_busy() {
   if (!state.started) return;
   pthread_mutex_lock(&state.mu);
   while (state.busy) pthread_cond_wait(&state.cv, &state.mu);
   pthread_mutex_unlock(&state.mu);
-  consume();
 }
 
-// Hands slot s of context cx to the placer. true: staged (or already with it, or the batch is
-// full: a later pass stages it); false: place it inline (a batch holds one context's events, and
-// a program with several contexts is rare enough to pay for it).
-bool stage(Ctx& cx, int s) {
-  Slot& sl = events.slots[(size_t)s];
-  if (sl.placing || state.staged.size() >= kMaxBatch) return true;
-  if (cx.anchor < 0 || (!state.staged.empty() && state.ctx != cx.key)) return false;
-  state.ctx = cx.key;
-  Slot& an = events.slots[(size_t)cx.anchor];
-  state.staged.push_back(Item{s, cx.anchor, an.ev, sl.ev, cx.anchor_ns, sl.rec_seq, 0.f, 0});
-  sl.placing = 1;
-  sl.ref++;
-  an.ref++;
-  return true;
-}
-
-void submit() {
-  if (state.staged.empty()) return;
+bool submit() {
+  if (state.staged.empty()) return true;
   if (!state.started) {
     state.started = true;
     if (pthread_create(&state.th, nullptr, main_loop, nullptr) != 0) {
       state.failed = true;
       state.started = false;
       add_error("the event placer thread did not start: events are placed inline");
-      release_items(state.staged, false);
-      return;
+      return false;
     }
     pthread_detach(state.th);
   }
@@ -118,6 +86,7 @@ void submit() {
     pthread_cond_signal(&state.cv);
   }
   pthread_mutex_unlock(&state.mu);
+  return true;
 }
 
 void shutdown() {

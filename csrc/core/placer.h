@@ -1,18 +1,7 @@
-// The placer thread: cuEventElapsedTime off the program's threads (events.cpp hands it events).
-//
-// Placing an event on the host clock takes one cuEventElapsedTime against the context's anchor.
-// On an H200 busy with launches that call costs ~3 us of host time (0.3-0.5 us on an idle GPU;
-// benchmarks/event_diag.py), the larger part of what a GPU-timed stage cost the thread that
-// resolved it. The opportunistic resolution at stage exits and the session flusher's passes
-// therefore hand the elapsed-time calls of complete records to this thread in batches and move
-// on; the records are finished (no driver call left) at a later pass once their events are
-// placed. Explicit resolve() and resolve(block=True) place inline, as before.
-//
-// Sharing: the program's side (GIL held) stages items, submits a batch, and consumes a finished
-// batch; the placer only reads the batch's event handles and writes each item's ms/rc while the
-// batch is in flight, and the program's side does not touch the batch then. Every slot in a batch
-// (the event and the anchor it is measured against) holds an extra reference from staging to
-// consumption, so no event of a batch is re-recorded in between.
+// The placer thread: cuEventElapsedTime off the program's threads (docs/stage-core.md, "The
+// placer thread"; under launch load the call costs ~3 us). events.cpp stages items and submits a
+// batch; the placer makes its context current on itself and fills in each item's ms and rc;
+// events.cpp consumes the batch. While a batch is in flight only the placer touches it.
 #pragma once
 
 #include "base.h"
@@ -23,12 +12,16 @@
 #include <vector>
 
 #include "dispatch.h"
-#include "events.h"
 
 namespace maxinstr MAXINSTR_HIDDEN {
+
+// Host ns the placer spent in elapsed-time calls since the GPU-timing budget began: they count
+// against the budget too (budget_skips), since they take the driver's locks the program's
+// launches need (H100, decoder_ab: ~1 point of a step while the program's threads counted 0.25 %).
+inline std::atomic<int64_t> budget_offthread_ns{0};
+
 namespace placer {
 
-constexpr int kDeferred = -7777;  // slot_place(): the event was handed to the placer
 constexpr size_t kMaxBatch = 256;
 
 struct Item {
@@ -38,7 +31,7 @@ struct Item {
   void* ev;
   int64_t anchor_ns;
   uint64_t seq;
-  float ms;
+  float ms;  // the placer's results
   int rc;
 };
 
@@ -58,21 +51,22 @@ struct State {
   pthread_t th{};
   std::atomic<uint64_t> calls{0}, ns{0}, batches{0}, errors{0};
 };
-extern State state;
+inline State state;
 
 inline bool usable() {
   return state.on && !state.failed && !state.stop && vendor.gpu.backend == BK_CUDA && vendor.gpu.ctx_push &&
          vendor.gpu.ctx_pop;
 }
 
-// Takes a finished batch's results (program side). Non-blocking.
-void consume();
-// Waits for the batch in flight, then consumes it (resolve() before it places inline).
-void wait_idle();
-// Hands slot s of context cx to the placer (see placer.cpp); false: place it inline.
-bool stage(Ctx& cx, int s);
-// Submits what was staged when the placer is idle (else it waits for the next pass).
-void submit();
+// Program side, non-blocking: whether state.flight holds a finished batch, to be taken and then
+// handed back with consumed().
+bool finished();
+void consumed();
+// Waits until no batch is in flight.
+void wait_busy();
+// Hands what was staged to the placer when it is idle (else it waits for the next pass). False:
+// the thread could not start (one error line); the staged items are the caller's to release.
+bool submit();
 // Py_AtExit: no driver call may be in flight while the interpreter (and then the driver) goes.
 void shutdown();
 // fork(): the thread does not exist in the child; GPU timing is off there.

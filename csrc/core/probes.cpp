@@ -1,5 +1,7 @@
-// Benchmark-only probes of the driver (probes.h): built with MAXINSTR_BENCH_PROBES (CMakeLists.txt).
-#include "probes.h"
+// Benchmark-only probes: _driver_costs() and _event_diag() time the driver calls a GPU-timed stage
+// makes, in C (benchmarks/stage_overhead.py, benchmarks/event_diag.py; tests/core runs them
+// against the stand-in driver). Built only with the CMake option MAXINSTR_BENCH_PROBES.
+#include "base.h"
 
 #include <string>
 #include <vector>
@@ -21,9 +23,8 @@ bool probe_args(PyObject* args, PyObject* kwargs, long* n, unsigned long long* s
   return true;
 }
 
-// _driver_costs(n=2000, stream=0): benchmarks only. Median-free plain averages, in ns per call,
-// of the driver calls a GPU-timed stage makes, measured here in C (no Python in the loop) on the
-// current context: where the per-stage cost goes. Synchronises (it is not the hot path).
+// _driver_costs(n=2000, stream=0): plain averages, in ns per call, of the driver calls a GPU-timed
+// stage makes, on the current context, no Python in the loop. Synchronises.
 PyObject* py_driver_costs(PyObject*, PyObject* args, PyObject* kwargs) {
   long n = 2000;
   unsigned long long stream = 0;
@@ -40,47 +41,34 @@ PyObject* py_driver_costs(PyObject*, PyObject* args, PyObject* kwargs) {
     PyErr_SetString(PyExc_RuntimeError, "event create failed");
     return nullptr;
   }
-  auto per = [n](int64_t t0) { return (double)(now_ns() - t0) / (double)n; };
-  void* c = nullptr;
+  // ns per call of `call(i)`, averaged over n calls
+  auto per = [n](auto call) {
+    const int64_t t0 = now_ns();
+    for (long i = 0; i < n; i++) call(i);
+    return (double)(now_ns() - t0) / (double)n;
+  };
   int cap = 0;
   float ms = 0.f;
-  int64_t t = now_ns();
-  for (long i = 0; i < n; i++) gpu_current_key();
-  double ctx_ns = per(t);
-  double cap_ns = -1;
-  if (a.is_capturing) {
-    t = now_ns();
-    for (long i = 0; i < n; i++) a.is_capturing(st, &cap);
-    cap_ns = per(t);
-  }
-  t = now_ns();
-  for (long i = 0; i < n; i++) a.ev_record((i & 1) ? e1 : e0, st);
-  double rec_ns = per(t);
+  const double ctx_ns = per([](long) { gpu_current_key(); });
+  const double cap_ns = a.is_capturing ? per([&](long) { a.is_capturing(st, &cap); }) : -1;
+  const double rec_ns = per([&](long i) { a.ev_record((i & 1) ? e1 : e0, st); });
   a.ev_sync(e1);
-  t = now_ns();
-  for (long i = 0; i < n; i++) a.ev_query(e1);
-  double query_ns = per(t);
-  t = now_ns();
-  for (long i = 0; i < n; i++) a.ev_elapsed(&ms, e0, e1);
-  double el_ns = per(t);
-  t = now_ns();
-  for (long i = 0; i < n; i++) now_ns();
-  double clock_ns = per(t);
+  const double query_ns = per([&](long) { a.ev_query(e1); });
+  const double el_ns = per([&](long) { a.ev_elapsed(&ms, e0, e1); });
+  const double clock_ns = per([](long) { now_ns(); });
   a.ev_sync(e1);
   if (a.ev_destroy) {
     a.ev_destroy(e0);
     a.ev_destroy(e1);
   }
-  (void)c;
   return Py_BuildValue("{sdsdsdsdsdsd}", "ctx_current", ctx_ns, "stream_is_capturing", cap_ns, "event_record", rec_ns,
                        "event_query", query_ns, "event_elapsed", el_ns, "clock_gettime", clock_ns);
 }
 
-// _event_diag(n=4000, stream=0): benchmarks only. Where an event record's cost comes from, in C:
-// each pattern runs n times on `stream` (0: the legacy stream) and reports the host ns per
-// iteration to issue it and per iteration including a final synchronize (GPU-bound patterns show
-// there). "launch" is an empty kernel (the floor calibration's, spin 0 ns); "pool" events rotate
-// through 4096 distinct events as the stage pool does, "pair" reuses two.
+// _event_diag(n=4000, stream=0): where an event record's cost comes from: each pattern runs n
+// times on `stream` (0: legacy); host ns per iteration to issue it, and with a final synchronize.
+// "launch" is the floor's empty kernel; "pool" rotates through 4096 events as the pool does,
+// "pair" reuses two.
 PyObject* py_event_diag(PyObject*, PyObject* args, PyObject* kwargs) {
   long n = 4000;
   unsigned long long stream = 0;

@@ -1,5 +1,6 @@
-// profiler_start() / profiler_stop() (profiler.h).
-#include "profiler.h"
+// profiler_start/stop: cuProfilerStart/Stop (with a primary context pushed where the calling
+// thread has none), or roctxProfilerResume/Pause where the markers are roctx's.
+#include "base.h"
 
 #include <string>
 
@@ -12,10 +13,9 @@ namespace maxinstr MAXINSTR_HIDDEN {
 
 namespace {
 
-// cuProfilerStart/Stop act on the current context. A session's flusher thread (or any thread the
-// framework never made a context current on) has none: there we push the primary context of the
-// device our stages used (else the first device whose primary context is active), call, and pop.
-// We never create a context: a primary context that is not active is not retained.
+// cuProfilerStart/Stop act on the current context. Where there is none (a session's flusher
+// thread), the primary context of the device our stages used (else the first active one) is
+// pushed around the call; a primary context that is not active is never retained (created).
 int profiler_cuda(int (*f)()) {
   GpuApi& a = vendor.gpu;
   if (gpu_current_key()) return f() == 0;

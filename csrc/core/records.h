@@ -1,5 +1,5 @@
 // What the core records: the record layout, the names records refer to, and the queue of completed
-// records waiting for drain() or the native writer (writer.h).
+// records waiting for drain() or the native writer (which fills it: push_done, writer.h).
 #pragma once
 
 #include "base.h"
@@ -11,9 +11,7 @@
 
 namespace maxinstr MAXINSTR_HIDDEN {
 
-// ---------------------------------------------------------------------------------------------
-// Record layout: maxinstr.rundir.format.STAGE_DTYPE (docs/formats.md), 72 little-endian bytes.
-// ---------------------------------------------------------------------------------------------
+// maxinstr.rundir.format.STAGE_DTYPE (docs/formats.md), 72 little-endian bytes.
 struct Record {
   int64_t id;
   int64_t parent_id;
@@ -38,9 +36,7 @@ enum : uint16_t {
   F_GPU_SAMPLED_OUT = 1u << 5,  // left without GPU events by the timing budget (see budget_skips)
 };
 
-// ---------------------------------------------------------------------------------------------
-// Names: a record holds a name_id; the table maps it to the name (str -> int while interning).
-// ---------------------------------------------------------------------------------------------
+// A record holds a name_id; the table maps it to the name (interned by stage.cpp).
 struct NameEntry {
   PyObject* str;  // strong ref
   std::string utf8;
@@ -52,16 +48,10 @@ struct NameTable {
   std::vector<NameEntry> entries;
   size_t reported = 0;  // entries [0, reported) were returned by a drain()
 };
-extern NameTable name_table;
+inline NameTable name_table;
 
-// The name_id of `name` (a str), interning it on first sight: registered with NVTX and handed to
-// the native writer. -1 with a Python error set.
-int32_t intern_name(PyObject* name);
-
-// ---------------------------------------------------------------------------------------------
 // Completed records, FIFO: done[done_head:] are undrained (the GIL is their lock, and the native
 // writer's mutex too while it runs: see push_done).
-// ---------------------------------------------------------------------------------------------
 struct AttrEntry {
   uint64_t done_index;  // position of the record in the completed stream
   int64_t id;
@@ -79,11 +69,8 @@ struct CompletedRecords {
   uint64_t records = 0;
   uint64_t dropped_records = 0;
 };
-extern CompletedRecords completed;
+inline CompletedRecords completed;
 
 inline size_t done_count() { return completed.done.size() - completed.done_head; }
-
-// Appends a completed record (and its attrs, a new reference taken) to the queue.
-void push_done(const Record& r, PyObject* attrs);
 
 }  // namespace maxinstr

@@ -6,10 +6,98 @@
 
 #include "dispatch.h"
 #include "events.h"
+#include "floor.h"
+#include "writer.h"
 
 namespace maxinstr MAXINSTR_HIDDEN {
 
 namespace {
+
+// The name_id of `name` (a str), interning it on first sight: registered with the markers and
+// handed to the native writer. -1 with a Python error set.
+int32_t intern_name(PyObject* name) {
+  PyObject* v = PyDict_GetItemWithError(name_table.dict, name);
+  if (LIKELY(v != nullptr)) return (int32_t)PyLong_AS_LONG(v);
+  if (PyErr_Occurred()) return -1;
+  if (!PyUnicode_Check(name)) {
+    PyErr_Format(PyExc_TypeError, "stage name must be str, not %.80s", Py_TYPE(name)->tp_name);
+    return -1;
+  }
+  Py_ssize_t n = 0;
+  const char* u = PyUnicode_AsUTF8AndSize(name, &n);
+  PyObject* shown = name;  // the name as recorded
+  PyObject* escaped = nullptr;
+  if (!u) {
+    // A lone surrogate (os.fsdecode of a non-UTF-8 file name) has no UTF-8: record the name
+    // with it escaped as \udcff, as the readers show it (maxinstr/_text.py safe_name).
+    if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return -1;
+    PyErr_Clear();
+    PyObject* b = PyUnicode_AsEncodedString(name, "utf-8", "backslashreplace");
+    if (!b) return -1;
+    escaped = PyUnicode_FromEncodedObject(b, "utf-8", "strict");
+    Py_DECREF(b);
+    if (!escaped) return -1;
+    u = PyUnicode_AsUTF8AndSize(escaped, &n);
+    if (!u) {
+      Py_DECREF(escaped);
+      return -1;
+    }
+    shown = escaped;
+  }
+  int32_t id = (int32_t)name_table.entries.size();
+  PyObject* idobj = PyLong_FromLong(id);
+  if (!idobj) {
+    Py_XDECREF(escaped);
+    return -1;
+  }
+  if (PyDict_SetItem(name_table.dict, name, idobj) < 0) {
+    Py_DECREF(idobj);
+    Py_XDECREF(escaped);
+    return -1;
+  }
+  Py_DECREF(idobj);
+  NameEntry e;
+  e.str = shown;
+  if (!escaped) Py_INCREF(shown);  // (escaped: its reference moves into the entry)
+  e.utf8.assign(u, (size_t)n);
+  e.nvtx = marker_register(e.utf8);
+  writer_add_name(e.utf8);
+  name_table.entries.push_back(std::move(e));
+  return id;
+}
+
+// The context state of `key` (the current context), made, paired and calibrated on first use;
+// -1 while its reference pairing fails (retried at most once a second: a graph capture may be
+// running). Internal linkage: inlined into stage enter, its one caller.
+inline int ctx_index(void* key) {
+  int found = -1;
+  if (events.last_ctx >= 0 && events.ctxs[(size_t)events.last_ctx].key == key) {
+    found = events.last_ctx;
+  } else {
+    for (size_t i = 0; i < events.ctxs.size(); i++)
+      if (events.ctxs[i].key == key) found = (int)i;
+  }
+  if (found >= 0) {
+    events.last_ctx = found;
+    Ctx& cx = events.ctxs[(size_t)found];
+    if (LIKELY(cx.ok)) return found;
+    int64_t t = now_ns();
+    if (t < cx.retry_ns) return -1;
+    cx.ok = ctx_pair_reference(found);
+    if (!cx.ok) events.ctxs[(size_t)found].retry_ns = t + 1000000000LL;
+    else ctx_calibrate(found);
+    return events.ctxs[(size_t)found].ok ? found : -1;
+  }
+  Ctx cx;
+  cx.key = key;
+  events.ctxs.push_back(cx);
+  int c = (int)events.ctxs.size() - 1;
+  events.last_ctx = c;
+  events.ctxs[(size_t)c].ok = ctx_pair_reference(c);
+  if (!events.ctxs[(size_t)c].ok) events.ctxs[(size_t)c].retry_ns = now_ns() + 1000000000LL;
+  else ctx_calibrate(c);
+  return events.ctxs[(size_t)c].ok ? c : -1;
+}
 
 PyTypeObject StageType;
 PyTypeObject NoopType;
@@ -35,11 +123,9 @@ StageObject* stage_alloc() {
     s = PyObject_New(StageObject, &StageType);
     if (!s) return nullptr;
   }
-  // Zero the embedded objects' headers first. Not Py_SET_REFCNT(b, 0): on Python >= 3.12 it does
-  // nothing when the refcount already reads as immortal, and fresh memory holds whatever was
-  // there before. Such a bound object then took no reference on its Stage (descr_get saw a
-  // nonzero count), so `with stage("x"):` freed the Stage while it was open; with several threads
-  // it was handed out again and freed twice (SIGSEGV on the H200, tests/core/test_stage_lifetime.py).
+  // Zero the embedded objects' headers, not Py_SET_REFCNT(b, 0): on Python >= 3.12 that does
+  // nothing to a count that reads as immortal (old memory), and such a bound object then took no
+  // reference on its Stage: freed while open (tests/core/test_stage_lifetime.py).
   memset((void*)&s->b_enter, 0, sizeof(BoundObject));
   memset((void*)&s->b_exit, 0, sizeof(BoundObject));
   PyTypeObject* bt = &BoundType;
@@ -75,10 +161,8 @@ void stage_dealloc(PyObject* o) {
     PyObject_Free(o);
 }
 
-// The depth column is an int16 (STAGE_DTYPE): 32,767 levels below a top-level stage. Deeper
-// stages and marks are not recorded (their `with` block runs as usual), counted in stats()
-// ["depth_refused"] (part.json, the report's notes) and warned once: a wrapped depth read as
-// negative and the records were skipped by the reader, without a word at record time.
+// The depth column is an int16: deeper stages and marks are not recorded (their block runs as
+// usual), counted in stats()["depth_refused"] and warned once (docs/stage-core.md, "Records").
 constexpr int kMaxDepth = INT16_MAX;
 
 bool refuse_depth(StageObject* parent) {
@@ -105,8 +189,7 @@ PyObject* stage_enter(PyObject* o, PyObject*) {
     Py_INCREF(o);  // not recorded: the stage stays idle, so its exit does nothing
     return o;
   }
-  // before this stage is open, its range pushed or its GPU event recorded: a capture the
-  // trigger starts holds the whole instance
+  // before the range and GPU event: a capture the trigger starts holds the whole instance
   if (UNLIKELY(process.steady_n >= 0)) steady_enter(s->rec.name_id, parent == nullptr);
   Record& r = s->rec;
   const bool probe = UNLIKELY(tls_probe != 0);
@@ -131,8 +214,8 @@ PyObject* stage_enter(PyObject* o, PyObject*) {
   s->ev0 = -1;
   Py_INCREF(o);
   ts->stack.push_back(s);
-  // The context is looked up (and, the first time, paired and calibrated) before the range is
-  // pushed, so the calibration kernels never sit inside a stage's range in a trace.
+  // The context is looked up (the first time, paired and calibrated) before the range is pushed:
+  // the calibration kernels never sit inside a stage's range.
   void* key = nullptr;
   int c = -1;
   // The budget decides once per top-level stage; its children follow it (a step is timed whole).
@@ -178,11 +261,9 @@ inline bool json_scalar(PyObject* v) {
   return v == Py_None || PyUnicode_CheckExact(v) || PyLong_CheckExact(v) || PyFloat_CheckExact(v) || PyBool_Check(v);
 }
 
-// What a record keeps of `attrs` (a new reference, or NULL for nothing): the dict itself when
-// every value is what JSON holds as is, else the hook's plain-data copy, so the record holds no
-// reference to the caller's objects (a 50 MB array passed as an attr is not kept alive). Runs
-// Python only for attrs with other values. Never leaves an exception set: a failing hook means
-// the attrs are not kept, and counted.
+// What a record keeps of `attrs` (a new reference, or NULL): the dict itself when every value is
+// what JSON holds as is, else the hook's plain-data copy (process.attrs_hook). Never leaves an
+// exception set: a failing hook means the attrs are not kept, and counted.
 PyObject* record_attrs(PyObject* attrs) {
   if (!attrs || PyDict_GET_SIZE(attrs) == 0) return nullptr;
   Py_ssize_t pos = 0;
@@ -209,7 +290,6 @@ PyObject* record_attrs(PyObject* attrs) {
 
 }  // namespace
 
-// Finishes s's record at host time t (GPU exit event, then pending or done). Stack untouched.
 void stage_finish(StageObject* s, int64_t t, uint16_t flags, PyObject* attrs_override) {
   Record& r = s->rec;
   r.host_end_ns = t;
@@ -223,10 +303,9 @@ void stage_finish(StageObject* s, int64_t t, uint16_t flags, PyObject* attrs_ove
       events.pending.push_back(Pending{r, s->ev0, ev1, s->gpu_ctx, s->stream, attrs});
       s->ev0 = -1;
       s->gpu_ctx = -1;
-      // Opportunistic, small and non-blocking: most resolution happens in resolve(), called
-      // by the session's drain loop.
-      // One scan query per stream resolves a whole batch (resolve_front), so batches are large
-      // and rare: every 32nd GPU exit, or every 8th while more than a quarter of the pool waits.
+      // Opportunistic (most resolution is the session's resolve()): one scan query per stream
+      // resolves a batch, so batches are large and rare: every 32nd GPU exit, or every 8th while
+      // more than a quarter of the pool waits.
       uint64_t x = ++events.gpu_exits;
       if ((x & 31) == 0 || ((x & 7) == 0 && (int)pending_count() * 4 > events.pool_max)) {
         int64_t t0 = now_ns();
@@ -269,17 +348,15 @@ PyObject* stage_exit(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
     if (UNLIKELY(!ts->stack.empty() && ts->stack.back()->state == ST_ZOMBIE)) pop_zombies(ts);
     Py_DECREF(o);  // the caller still holds a reference
   } else {
-    // Exited out of order (an outer stage closed before an inner one, interleaved tasks) or on
-    // another thread than it entered: the record is complete now, but its marker range stays
-    // pushed on the entering thread until everything above it there is popped (markers are
-    // per-thread LIFO stacks; popping now would end someone else's range).
+    // Exited out of order or on another thread (docs/stage-core.md, "Non-nested exits"): the
+    // record is complete, its range stays pushed until everything above it there is popped.
     s->state = ST_ZOMBIE;
   }
   Py_RETURN_FALSE;
 }
 
+// Decorator use: @stage("name") -> maxinstr.record.stage.wrap(stage, func)
 PyObject* stage_call(PyObject* o, PyObject* args, PyObject* kwargs) {
-  // Decorator use: @stage("name") -> maxinstr.record.stage.wrap(stage, func)
   if (!decorator_wrap) {
     PyObject* m = PyImport_ImportModule("maxinstr.record.stage");
     if (!m) return nullptr;
@@ -298,38 +375,30 @@ PyObject* stage_call(PyObject* o, PyObject* args, PyObject* kwargs) {
   return PyObject_CallFunctionObjArgs(decorator_wrap, o, PyTuple_GET_ITEM(args, 0), nullptr);
 }
 
+// (name, kwargs) that recreate this stage: the decorator makes a fresh stage per call.
 PyObject* stage_spec(PyObject* o, PyObject*) {
-  // (name, kwargs) that recreate this stage: the decorator makes a fresh stage per call.
   StageObject* s = (StageObject*)o;
   PyObject* kw = s->attrs ? PyDict_Copy(s->attrs) : PyDict_New();
   if (!kw) return nullptr;
-  PyObject* stream = s->stream ? PyLong_FromUnsignedLongLong(s->stream) : (Py_INCREF(Py_None), Py_None);
-  PyObject* gpu = s->gpu_mode < 0 ? Py_None : (s->gpu_mode ? Py_True : Py_False);
-  Py_INCREF(gpu);
-  PyObject* step = s->step_arg >= 0 ? PyLong_FromLongLong(s->step_arg) : (Py_INCREF(Py_None), Py_None);
-  if (!stream || !step || PyDict_SetItem(kw, kw_stream, stream) < 0 || PyDict_SetItem(kw, kw_gpu, gpu) < 0 ||
-      PyDict_SetItem(kw, kw_step, step) < 0) {
-    Py_XDECREF(stream);
-    Py_DECREF(gpu);
-    Py_XDECREF(step);
+  auto put = [kw](PyObject* k, PyObject* v) {
+    const bool ok = v && PyDict_SetItem(kw, k, v) == 0;
+    Py_XDECREF(v);
+    return ok;
+  };
+  if (!put(kw_stream, s->stream ? PyLong_FromUnsignedLongLong(s->stream) : Py_NewRef(Py_None)) ||
+      !put(kw_gpu, Py_NewRef(s->gpu_mode < 0 ? Py_None : (s->gpu_mode ? Py_True : Py_False))) ||
+      !put(kw_step, s->step_arg >= 0 ? PyLong_FromLongLong(s->step_arg) : Py_NewRef(Py_None))) {
     Py_DECREF(kw);
     return nullptr;
   }
-  Py_DECREF(stream);
-  Py_DECREF(gpu);
-  Py_DECREF(step);
   return Py_BuildValue("(ON)", s->name, kw);
 }
 
-PyObject* stage_get_name(PyObject* o, void*) {
-  PyObject* n = ((StageObject*)o)->name;
-  Py_INCREF(n);
-  return n;
-}
+PyObject* stage_get_name(PyObject* o, void*) { return Py_NewRef(((StageObject*)o)->name); }
 PyObject* stage_get_id(PyObject* o, void*) { return PyLong_FromLongLong(((StageObject*)o)->rec.id); }
 PyObject* stage_get_attrs(PyObject* o, void*) {
-  StageObject* s = (StageObject*)o;
-  return s->attrs ? PyDict_Copy(s->attrs) : PyDict_New();
+  PyObject* a = ((StageObject*)o)->attrs;
+  return a ? PyDict_Copy(a) : PyDict_New();
 }
 PyObject* stage_get_open(PyObject* o, void*) {
   StageObject* s = (StageObject*)o;
@@ -342,12 +411,10 @@ PyObject* stage_repr(PyObject* o) {
                               s->state == ST_OPEN ? " open" : "");
 }
 
-// `with` looks __enter__/__exit__ up on the type and binds them to the instance, which for a
-// C method allocates a bound builtin-method object each time (~20 ns apiece). Instead, each Stage
-// embeds its two bound callables, and the type's __enter__/__exit__ are descriptors that hand out
-// those embedded objects. An embedded object owns a reference to its Stage exactly while its own
-// refcount is above zero (taken on 0 -> 1 in descr_get, given back by its tp_dealloc on 1 -> 0),
-// and is never freed on its own: its memory is the Stage's.
+// `with` binds __enter__/__exit__, which for a C method allocates a bound method each time (~20 ns
+// apiece): each Stage embeds its two bound callables instead, handed out by descriptors. One owns
+// a reference to its Stage while its own refcount is above zero (taken on 0 -> 1 in descr_get,
+// given back by tp_dealloc on 1 -> 0); its memory is the Stage's.
 PyObject* bound_enter_vc(PyObject* b, PyObject* const* args, size_t nargsf, PyObject* kw) {
   if (PyVectorcall_NARGS(nargsf) != 0 || (kw && PyTuple_GET_SIZE(kw))) {
     PyErr_SetString(PyExc_TypeError, "__enter__() takes no arguments");
@@ -362,10 +429,7 @@ PyObject* bound_exit_vc(PyObject* b, PyObject* const* args, size_t nargsf, PyObj
   }
   return stage_exit(((BoundObject*)b)->owner, args, PyVectorcall_NARGS(nargsf));
 }
-void bound_dealloc(PyObject* b) {
-  // refcount fell to 0: give back the Stage reference taken in descr_get; memory stays.
-  Py_DECREF(((BoundObject*)b)->owner);
-}
+void bound_dealloc(PyObject* b) { Py_DECREF(((BoundObject*)b)->owner); }  // memory stays: the Stage's
 PyObject* bound_repr(PyObject* b) {
   BoundObject* o = (BoundObject*)b;
   return PyUnicode_FromFormat("<bound %s of %R>", o->vc == bound_enter_vc ? "__enter__" : "__exit__", o->owner);
@@ -376,10 +440,7 @@ struct BoundDescr {
   int which;  // 0 enter, 1 exit
 };
 PyObject* bound_descr_get(PyObject* d, PyObject* obj, PyObject*) {
-  if (!obj) {
-    Py_INCREF(d);
-    return d;
-  }
+  if (!obj) return Py_NewRef(d);
   if (Py_TYPE(obj) != &StageType) {
     PyErr_SetString(PyExc_TypeError, "descriptor for maxinstr Stage objects only");
     return nullptr;
@@ -418,24 +479,15 @@ PyObject* noop_call(PyObject*, PyObject* args, PyObject* kwargs) {
     PyErr_SetString(PyExc_TypeError, "a stage used as a decorator takes one callable");
     return nullptr;
   }
-  PyObject* f = PyTuple_GET_ITEM(args, 0);
-  Py_INCREF(f);
-  return f;
+  return Py_NewRef(PyTuple_GET_ITEM(args, 0));
 }
 PyObject* noop_repr(PyObject*) { return PyUnicode_FromString("<maxinstr.stage (disabled)>"); }
-// __enter__/__exit__ of the no-op are plain builtin functions stored in the type's dict, not
-// method descriptors: `with` then finds them without allocating a bound method (two allocations
-// saved, ~40 ns of the ~70 ns a disabled `with stage("x"): pass` would otherwise cost).
-PyObject* noop_fn_enter(PyObject*, PyObject*) {
-  Py_INCREF(noop_stage);
-  return noop_stage;
-}
+// __enter__/__exit__ of the no-op are plain builtin functions in the type's dict, not method
+// descriptors: `with` binds nothing (~40 ns of the ~70 ns a disabled stage would cost).
+PyObject* noop_fn_enter(PyObject*, PyObject*) { return Py_NewRef(noop_stage); }
 PyMethodDef noop_fn_defs[] = {{"__enter__", (PyCFunction)noop_fn_enter, METH_NOARGS, nullptr},
                               {"__exit__", (PyCFunction)(void (*)(void))noop_exit, METH_FASTCALL, nullptr}};
 
-// ---------------------------------------------------------------------------------------------
-// Module functions
-// ---------------------------------------------------------------------------------------------
 bool parse_stream(PyObject* v, uint64_t* out) {
   if (v == Py_None) {
     *out = 0;
@@ -469,10 +521,7 @@ inline bool kw_is(PyObject* k, PyObject* interned) {
 }
 
 PyObject* py_stage(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  if (UNLIKELY(!process.enabled)) {
-    Py_INCREF(noop_stage);
-    return noop_stage;
-  }
+  if (UNLIKELY(!process.enabled)) return Py_NewRef(noop_stage);
   if (UNLIKELY(nargs != 1)) {
     PyErr_SetString(PyExc_TypeError, "stage(name, *, stream=None, gpu=None, step=None, **attrs)");
     return nullptr;
@@ -635,8 +684,8 @@ bool stage_module_add(PyObject* m) {
   return true;
 }
 
-// _probing(on): this thread's stages from now on are measured, not recorded (tls_probe), so a
-// session can time what a stage costs on this machine (record/footprint.py) without a record.
+// _probing(on): this thread's stages are measured, not recorded (tls_probe): what a stage costs
+// on this machine, without a record (record/footprint.py).
 PyObject* py_probing(PyObject*, PyObject* on) {
   int t = PyObject_IsTrue(on);
   if (t < 0) return nullptr;

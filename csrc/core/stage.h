@@ -1,6 +1,5 @@
 // The Stage type: a raw CPython type, because the hot path (`with stage("x"): ...`) must cost a
-// few hundred ns at most and an empty *Python* context manager already costs ~230 ns. Its
-// enter/exit, stage() and mark(), and the no-op stage of a disabled process. See stage.cpp.
+// few hundred ns at most and an empty *Python* context manager already costs ~230 ns.
 #pragma once
 
 #include "base.h"
@@ -39,8 +38,7 @@ struct StageObject {
   Record rec;
 };
 
-// CUPTI external correlation: every CUDA API call made while the stage is the innermost one on
-// its thread is tagged with the stage's record id (one push at enter, one pop at exit).
+// CUPTI external correlation (cupti_link.h): one push at enter, one pop at exit.
 inline void cupti_enter(StageObject* s, int64_t id) {
   if (correlation.on) {
     if (LIKELY(correlation.push(correlation.kind, (uint64_t)id) == 0)) {
@@ -69,7 +67,7 @@ inline StageObject* innermost_open(ThreadState* ts) {
 }
 
 // Pops closed-but-still-pushed stages ("zombies") off the top of this thread's stack, ending
-// their marker ranges. Only ever called on the stack's own thread (markers are per thread).
+// their marker ranges. Only on the stack's own thread: markers are per thread.
 inline void pop_zombies(ThreadState* ts) {
   while (!ts->stack.empty() && ts->stack.back()->state == ST_ZOMBIE) {
     StageObject* z = ts->stack.back();
@@ -84,12 +82,11 @@ inline void pop_zombies(ThreadState* ts) {
 // Finishes s's record at host time t (GPU exit event, then pending or done). Stack untouched.
 void stage_finish(StageObject* s, int64_t t, uint16_t flags, PyObject* attrs_override);
 
-// Module init: PyType_Ready of Stage, its bound methods and NoopStage (before the module exists);
-// then Stage, NoopStage and NOOP added to module m. false with a Python error set.
+// Module init: the types readied (before the module exists), then added to m. False with a
+// Python error set.
 bool stage_types_ready();
 bool stage_module_add(PyObject* m);
 
-// stage, mark (module.cpp adds them).
 extern PyMethodDef stage_module_methods[];
 
 }  // namespace maxinstr

@@ -1,13 +1,9 @@
 // Process-wide state of the stage core: record ids, the per-OS-thread stacks of open stages, the
 // error lines stats() reports.
 //
-// Concurrency: every entry point is called from Python with the GIL held, and this module does not
-// release it, so the GIL is the lock of all shared state here (the module declares no free-threading
-// support, so a free-threaded interpreter re-enables the GIL on import). Code that runs without
-// the GIL: the thread-exit hook, which only stores an atomic flag; the native writer thread
-// (writer.h), which shares only the completed-record buffer, under its own mutex, taken by
-// push_done and drain() only while that thread runs; the placer thread (placer.h), which only
-// touches the batch it was handed; and the CUPTI callbacks (cupti_buffers.h, launch_tags.h).
+// The GIL is the lock of all shared state (docs/stage-core.md, "Threads"). Without it run: the
+// thread-exit hook (an atomic flag), the native writer (writer.h: the completed records, under
+// its mutex), the placer (placer.h: the batch it was handed), the CUPTI callbacks.
 #pragma once
 
 #include "base.h"
@@ -55,15 +51,12 @@ struct Process {
   std::vector<std::string> errors;
   uint64_t errors_dropped = 0;
 
-  // Attrs are data, not references (maxinstr/_attrs.py): attrs holding anything but
-  // str/int/float/bool/None are replaced at stage exit by this hook's plain-data copy.
+  // Attrs holding anything but str/int/float/bool/None are replaced at stage exit by this hook's
+  // plain-data copy (maxinstr/_attrs.py), so a record holds no reference to the caller's objects.
   PyObject* attrs_hook = nullptr;
   uint64_t attrs_unconverted = 0;  // the hook failed: those attrs were not kept (counted)
 
-  // The steady-state trigger (steady_watch in module.cpp; the rule is maxinstr/warmup.py's
-  // steady_can_begin). Armed (steady_n >= 0), every stage enter counts its name; the first
-  // top-level enter whose name was entered steady_n times before calls steady_hook(name_id,
-  // t_ns) once, before its marker range and GPU event, and disarms. -1: off.
+  // The steady-state trigger (steady_watch, docs/stage-core.md): -1 off.
   int64_t steady_n = -1;
   std::vector<uint32_t> steady_counts;  // stages entered per name id since armed
   PyObject* steady_hook = nullptr;
@@ -71,8 +64,7 @@ struct Process {
 };
 extern Process process;
 
-// Defined here, not only declared, so that every unit sees their constant initialisers: an
-// `extern thread_local` would be read through a TLS wrapper call on the hot path.
+// Defined here, not only declared: an `extern thread_local` is read through a TLS wrapper call.
 inline thread_local ThreadState* tls_ts = nullptr;
 // > 0 while this thread launches the core's own GPU work (the floor calibration): the launch
 // tags (launch_tags.cpp) then name no stage, as the NVTX ranges do not hold that work either.
@@ -92,7 +84,7 @@ inline thread_local TlsGuard tls_guard;
 void add_error(const std::string& msg);
 
 // A stage named name_id is entered (top: at the top level) while the steady-state trigger is
-// armed: count it, and fire the trigger when this is the enter it waits for (state.cpp).
+// armed: count it, and fire the trigger when this is the enter it waits for.
 void steady_enter(int32_t name_id, bool top);
 
 inline int64_t next_id() { return (process.pid << 32) | (int64_t)(++process.seq); }

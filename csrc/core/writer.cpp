@@ -1,7 +1,5 @@
-// The native writer (writer.h): its thread, its syncer, and writer_* of the module.
+// The native writer (writer.h): push_done, its thread, its syncer, and writer_* of the module.
 #include "writer.h"
-
-#include "attrs_json.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -11,9 +9,46 @@
 
 #include <cstring>
 
+#include "attrs_json.h"
+
 namespace maxinstr MAXINSTR_HIDDEN {
 
 NativeWriter writer;
+
+void push_done(const Record& r, PyObject* attrs) {
+  completed.records++;
+  const bool locked = writer.running;  // the writer takes completed.done concurrently
+  if (locked) pthread_mutex_lock(&writer.mu);
+  if (UNLIKELY(done_count() >= completed.capacity)) {
+    completed.dropped_records++;
+    if (locked) pthread_mutex_unlock(&writer.mu);
+    return;
+  }
+  if (attrs && PyDict_GET_SIZE(attrs) > 0) {
+    if (UNLIKELY(locked && completed.attrs.size() - completed.attrs_head >= completed.capacity)) {
+      writer.counts.dropped_attrs++;  // the Python flusher has not taken attrs for a whole buffer's worth
+    } else {
+      Py_INCREF(attrs);
+      completed.attrs.push_back(AttrEntry{completed.done_pushed, r.id, attrs});
+    }
+  }
+  completed.done.push_back(r);
+  completed.done_pushed++;
+  if (locked) {
+    // A syscall only when the writer sleeps without a timeout (nothing completed for a whole
+    // interval) or the threshold is crossed: a busy program pays none.
+    if (UNLIKELY(writer.idle)) {
+      writer.idle = false;
+      writer.counts.wakes++;
+      pthread_cond_signal(&writer.cv);
+    } else if (!writer.signalled && done_count() >= writer.threshold) {
+      writer.signalled = true;
+      writer.counts.signals++;
+      pthread_cond_signal(&writer.cv);
+    }
+    pthread_mutex_unlock(&writer.mu);
+  }
+}
 
 size_t writer_done_count() {
   if (!writer.running) return done_count();
@@ -24,6 +59,8 @@ size_t writer_done_count() {
 }
 
 namespace {
+
+struct timespec at_ns(int64_t t) { return {(time_t)(t / 1000000000LL), (long)(t % 1000000000LL)}; }
 
 // Appends n bytes; on any failure cuts the file back to `size` (whole records only) and
 // returns errno. `size` advances on success.
@@ -63,10 +100,7 @@ void* writer_main(void*) {
           pthread_cond_wait(&writer.cv, &writer.mu);
         writer.idle = false;
       } else {
-        int64_t t = now_ns() + writer.interval_ns;
-        struct timespec ts;
-        ts.tv_sec = (time_t)(t / 1000000000LL);
-        ts.tv_nsec = (long)(t % 1000000000LL);
+        const struct timespec ts = at_ns(now_ns() + writer.interval_ns);
         pthread_cond_timedwait(&writer.cv, &writer.mu, &ts);  // spurious wakes are harmless
       }
     }
@@ -82,7 +116,7 @@ void* writer_main(void*) {
         completed.done_head = 0;
       }
       completed.done_drained += n;
-      writer.taken += n;
+      writer.counts.taken += n;
     }
     writer.signalled = false;
     size_t names_from = writer.names_written, names_to = writer.names.size();
@@ -132,10 +166,10 @@ void* writer_main(void*) {
       writer.err_file = (strcmp(err_file, "strings") == 0) ? writer.strings_path : writer.stages_path;
     }
     if (!err && !failed) writer.names_written = names_to;
-    writer.rows_written += written;
-    writer.rows_dropped += dropped;
-    if (n) writer.batches++;
-    if ((int64_t)n > writer.max_batch) writer.max_batch = (int64_t)n;
+    writer.counts.rows_written += written;
+    writer.counts.rows_dropped += dropped;
+    if (n) writer.counts.batches++;
+    if ((int64_t)n > writer.counts.max_batch) writer.counts.max_batch = (int64_t)n;
     writer.flush_done = req;
     pthread_cond_broadcast(&writer.done_cv);
     if (stopping) break;
@@ -153,9 +187,7 @@ void* syncer_main(void*) {
     while (!writer.dirty && !writer.sync_stop) pthread_cond_wait(&writer.sync_cv, &writer.mu);
     if (!writer.sync_stop) {
       const int64_t due = last + writer.fsync_ns;  // written since: wait until the interval is up
-      struct timespec ts;
-      ts.tv_sec = (time_t)(due / 1000000000LL);
-      ts.tv_nsec = (long)(due % 1000000000LL);
+      const struct timespec ts = at_ns(due);
       while (!writer.sync_stop && now_ns() < due) pthread_cond_timedwait(&writer.sync_cv, &writer.mu, &ts);
     }
     const bool work = writer.dirty && writer.err == 0;
@@ -169,7 +201,7 @@ void* syncer_main(void*) {
     }
     pthread_mutex_lock(&writer.mu);
     if (work) {
-      writer.fsyncs++;
+      writer.counts.fsyncs++;
       last = now_ns();
     }
     if (last_round) break;
@@ -223,9 +255,7 @@ void reset_run() {
   writer.idle = false;
   writer.flush_req = writer.flush_done = 0;
   writer.names_written = 0;
-  writer.rows_written = writer.rows_dropped = writer.batches = writer.taken = writer.signals = writer.fsyncs =
-      writer.wakes = writer.dropped_attrs = 0;
-  writer.max_batch = 0;
+  writer.counts = {};
   writer.err = 0;
   writer.err_file.clear();
 }
@@ -338,11 +368,9 @@ PyObject* py_writer_flush(PyObject*, PyObject* args) {
   Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&writer.mu);
   uint64_t req = ++writer.flush_req;
   pthread_cond_signal(&writer.cv);
-  struct timespec dl;
-  clock_gettime(CLOCK_REALTIME, &dl);  // done_cv uses the default (realtime) clock
-  int64_t t = (int64_t)dl.tv_sec * 1000000000LL + dl.tv_nsec + (int64_t)(timeout_s * 1e9);
-  dl.tv_sec = (time_t)(t / 1000000000LL);
-  dl.tv_nsec = (long)(t % 1000000000LL);
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);  // done_cv uses the default (realtime) clock
+  const struct timespec dl = at_ns((int64_t)now.tv_sec * 1000000000LL + now.tv_nsec + (int64_t)(timeout_s * 1e9));
   while (writer.flush_done < req && !writer.stop) {
     if (pthread_cond_timedwait(&writer.done_cv, &writer.mu, &dl) == ETIMEDOUT) {
       ok = writer.flush_done >= req;
@@ -356,27 +384,21 @@ PyObject* py_writer_flush(PyObject*, PyObject* args) {
 
 PyObject* writer_status_dict() {
   pthread_mutex_lock(&writer.mu);
-  PyObject* err = Py_None;
-  Py_INCREF(Py_None);
-  int e = writer.err;
-  std::string ef = writer.err_file;
-  uint64_t rw = writer.rows_written, rd = writer.rows_dropped, bt = writer.batches, tk = writer.taken,
-           sg = writer.signals, fy = writer.fsyncs, da = writer.dropped_attrs, wk = writer.wakes;
-  size_t nw = writer.names_written, pending = writer.running ? done_count() : 0;
-  int64_t mb = writer.max_batch, iv = writer.interval_ns;
-  size_t th = writer_threshold();
+  const NativeWriter::Counts c = writer.counts;
+  const int e = writer.err;
+  const std::string ef = writer.err_file;
+  const size_t nw = writer.names_written, pending = writer.running ? done_count() : 0, th = writer.threshold;
+  const int64_t iv = writer.interval_ns;
   pthread_mutex_unlock(&writer.mu);
-  if (e) {
-    Py_DECREF(err);
-    err = Py_BuildValue("(iss)", e, strerror(e), ef.c_str());
-    if (!err) return nullptr;
-  }
+  PyObject* err = e ? Py_BuildValue("(iss)", e, strerror(e), ef.c_str()) : Py_NewRef(Py_None);
+  if (!err) return nullptr;
   return Py_BuildValue("{sOsKsKsnsKsKsKsKsKsKsnsLsdsnsN}", "running", writer.running ? Py_True : Py_False, "rows_written",
-                       (unsigned long long)rw, "rows_dropped", (unsigned long long)rd, "names_written", (Py_ssize_t)nw,
-                       "batches", (unsigned long long)bt, "taken", (unsigned long long)tk, "signals",
-                       (unsigned long long)sg, "wakes", (unsigned long long)wk, "fsyncs", (unsigned long long)fy, "dropped_attrs",
-                       (unsigned long long)da, "pending_records", (Py_ssize_t)pending, "max_batch", (long long)mb,
-                       "interval_ms", (double)iv / 1e6, "threshold", (Py_ssize_t)th, "error", err);
+                       (unsigned long long)c.rows_written, "rows_dropped", (unsigned long long)c.rows_dropped,
+                       "names_written", (Py_ssize_t)nw, "batches", (unsigned long long)c.batches, "taken",
+                       (unsigned long long)c.taken, "signals", (unsigned long long)c.signals, "wakes",
+                       (unsigned long long)c.wakes, "fsyncs", (unsigned long long)c.fsyncs, "dropped_attrs",
+                       (unsigned long long)c.dropped_attrs, "pending_records", (Py_ssize_t)pending, "max_batch",
+                       (long long)c.max_batch, "interval_ms", (double)iv / 1e6, "threshold", (Py_ssize_t)th, "error", err);
 }
 
 PyObject* py_writer_status(PyObject*, PyObject*) { return writer_status_dict(); }

@@ -1,4 +1,4 @@
-"""The core's native writer thread (csrc/core/native_writer.h): records and names reach the
+"""The core's native writer thread (csrc/core/writer.h): records and names reach the
 files without the GIL, each record once, names before rows, in the reader's format."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A Stage's embedded __enter__/__exit__ callables keep their Stage alive (the BoundDescr comment
-and stage_alloc in csrc/core/native.cpp; docs/stage-core.md, "How it is proven").
+and stage_alloc in csrc/core/stage.cpp; docs/stage-core.md, "How it is proven").
 
 Found on the H200 (Python 3.12): `benchmarks/session_overhead.py --n 50000 --reps 5 --threads 16`
 died with SIGSEGV. The embedded bound objects of a freshly allocated Stage had their refcount set

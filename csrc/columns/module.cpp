@@ -1,0 +1,321 @@
+// maxinstr._columns: the bindings of the columns units (the only file that knows Python). Each
+// function checks its arguments with the GIL held, runs the unit's work with it released, and
+// hands vectors to numpy without a copy.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "btree.h"
+#include "groups.h"
+#include "intervals.h"
+#include "query.h"
+#include "sqlite.h"
+
+namespace py = pybind11;
+using namespace columns;
+
+namespace {
+
+using I64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+using F64 = py::array_t<double, py::array::c_style | py::array::forcecast>;
+using U8 = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
+
+// numpy takes the vector over: no copy; the capsule frees it with the array.
+template <typename T>
+py::array adopt(std::vector<T>* v) {
+  py::capsule owner(v, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<T>({static_cast<py::ssize_t>(v->size())}, {static_cast<py::ssize_t>(sizeof(T))}, v->data(),
+                        owner);
+}
+
+py::str decode(const std::string& s) {
+  PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+  if (!o) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(o);
+}
+
+// Gives freed heap memory back to the OS (glibc): false where there is no such call.
+bool trim_heap() {
+#if defined(__GLIBC__)
+  return malloc_trim(0) != 0;
+#else
+  return false;
+#endif
+}
+
+py::list py_query_many(const std::string& uri, const std::vector<py::tuple>& specs, int threads, bool trim) {
+  require();
+  // Each spec: (sql, kinds[, filter_column, uint8 mask[, expected_rows]]). Pointers are taken
+  // while the GIL is held; `masks` keeps the arrays alive for the call.
+  std::vector<Query> queries(specs.size());
+  std::vector<U8> masks;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const py::tuple& t = specs[i];
+    Query& q = queries[i];
+    q.sql = t[0].cast<std::string>();
+    q.kinds = t[1].cast<std::string>();
+    if (t.size() >= 5 && !t[4].is_none()) q.filter.reserve = t[4].cast<int64_t>();
+    if (t.size() >= 4 && !t[3].is_none()) {
+      masks.emplace_back(t[3].cast<U8>());
+      q.filter.col = t[2].cast<int>();
+      q.filter.mask = masks.back().data();
+      q.filter.size = masks.back().size();
+      if (q.filter.col < 0 || q.filter.col >= static_cast<int>(q.kinds.size()))
+        throw std::runtime_error("filter column out of range");
+    }
+  }
+  {
+    py::gil_scoped_release release;
+    run_queries(uri, queries, threads);
+  }
+  for (auto& q : queries)
+    if (!q.error.empty()) throw std::runtime_error(q.error);
+  py::list out;
+  for (auto& q : queries) {
+    py::list cols;
+    for (auto& col : q.columns) {
+      if (col.ints) {
+        cols.append(adopt(col.ints.release()));
+      } else if (col.reals) {
+        cols.append(adopt(col.reals.release()));
+      } else if (col.kind == 'n') {
+        cols.append(adopt(col.narrow.release()));
+      } else {
+        py::list values;
+        for (const auto& s : col.values) values.append(decode(s));
+        cols.append(py::make_tuple(adopt(col.narrow.release()), values));
+      }
+    }
+    out.append(cols);
+  }
+  // The reader threads' malloc arenas keep SQLite's page caches and scratch after the connections
+  // close: hand that memory back, so that peak RSS reflects the columns only (unless the caller
+  // is a batch process that will reuse it: trim=False).
+  if (trim) trim_heap();
+  return out;
+}
+
+py::list py_strings_by_id(const std::string& uri, const std::string& table, py::array_t<int64_t, py::array::c_style> ids) {
+  std::vector<std::string> values;
+  {
+    py::gil_scoped_release release;
+    values = strings_by_id(uri, table, ids.data(), static_cast<size_t>(ids.size()));
+  }
+  py::list out;
+  for (const auto& s : values) out.append(decode(s));
+  return out;
+}
+
+// One column of every reader thread's rows: joined, or (pieces) a list of the threads' arrays.
+template <typename T>
+py::object scan_column(std::vector<ScanOut>& parts, size_t c, bool pieces) {
+  auto of = [c](ScanOut& p) -> std::vector<T>& {
+    if constexpr (std::is_same_v<T, int32_t>) return p.narrow[c];
+    else return p.ints[c];
+  };
+  if (pieces) {
+    py::list col;
+    for (auto& p : parts) col.append(adopt(new std::vector<T>(std::move(of(p)))));
+    return col;
+  }
+  auto* v = new std::vector<T>();
+  if (parts.size() == 1) {
+    v->swap(of(parts[0]));
+  } else {
+    size_t total = 0;
+    for (auto& p : parts) total += of(p).size();
+    v->reserve(total);
+    for (auto& p : parts) {
+      v->insert(v->end(), of(p).begin(), of(p).end());
+      std::vector<T>().swap(of(p));
+    }
+  }
+  return adopt(v);
+}
+
+py::object py_scan_table(const std::string& path, int64_t root, const std::vector<py::tuple>& columns, int filter_col,
+                      py::object mask_obj, int exclude_col, int64_t exclude_value, int threads, int64_t expected_rows,
+                      bool pieces) {
+  ScanSpec spec;
+  for (const auto& t : columns) {
+    ScanCol c;
+    c.src = t[0].cast<int>();
+    c.null_value = t[1].cast<int64_t>();
+    const std::string kind = t[2].cast<std::string>();
+    if (kind != "i" && kind != "n") throw std::runtime_error("scan_table: kind must be 'i' or 'n'");
+    c.kind = kind[0];
+    c.shift = t[3].cast<int>();
+    c.and_mask = t[4].cast<int64_t>();
+    if (c.shift < 0 || c.shift > 63) throw std::runtime_error("scan_table: shift out of range");
+    spec.cols.push_back(c);
+  }
+  const int ncol = static_cast<int>(spec.cols.size());
+  if (filter_col >= ncol || exclude_col >= ncol) throw std::runtime_error("scan_table: column out of range");
+  U8 mask;
+  if (!mask_obj.is_none()) {
+    mask = mask_obj.cast<U8>();
+    spec.filter_col = filter_col;
+    spec.mask = mask.data();
+    spec.mask_size = mask.size();
+  }
+  spec.exclude_col = exclude_col;
+  spec.exclude_value = exclude_value;
+  std::vector<ScanOut> parts;
+  bool ok;
+  {
+    py::gil_scoped_release release;
+    ok = scan_table(path, root, spec, threads, expected_rows, parts);
+  }
+  if (!ok) return py::none();
+  py::list out;
+  for (size_t c = 0; c < spec.cols.size(); ++c)
+    out.append(spec.cols[c].kind == 'n' ? scan_column<int32_t>(parts, c, pieces) : scan_column<int64_t>(parts, c, pieces));
+  return out;
+}
+
+// codes and values: 1-d, one length; n_groups >= 0 (`name` says whose arguments they are).
+void check_groups(const char* name, const I64& codes, const py::array& values, int64_t n_groups) {
+  if (codes.ndim() != 1 || values.ndim() != 1 || codes.size() != values.size())
+    throw std::runtime_error(std::string(name) + ": codes and values must be 1-d of one length");
+  if (n_groups < 0) throw std::runtime_error(std::string(name) + ": n_groups < 0");
+}
+
+py::tuple py_group_order_stats(I64 codes, I64 values, int64_t n_groups) {
+  check_groups("group_order_stats", codes, values, n_groups);
+  py::array_t<double> median(static_cast<py::ssize_t>(n_groups)), maximum(static_cast<py::ssize_t>(n_groups));
+  int bad;
+  {
+    py::gil_scoped_release release;
+    bad = group_medians(codes.data(), values.data(), static_cast<size_t>(codes.size()), static_cast<size_t>(n_groups),
+                        median.mutable_data(), maximum.mutable_data());
+  }
+  if (bad) throw std::runtime_error("group_order_stats: a code outside 0..n_groups-1");
+  return py::make_tuple(median, maximum);
+}
+
+py::object py_group_medians_f64(I64 codes, F64 values, int64_t n_groups) {
+  check_groups("group_medians_f64", codes, values, n_groups);
+  py::array_t<double> median(static_cast<py::ssize_t>(n_groups));
+  int bad;
+  {
+    py::gil_scoped_release release;
+    bad = group_medians(codes.data(), values.data(), static_cast<size_t>(codes.size()), static_cast<size_t>(n_groups),
+                        median.mutable_data());
+  }
+  if (bad == kBadCode) throw std::runtime_error("group_medians_f64: a code outside 0..n_groups-1");
+  if (bad == kSortDecides) return py::none();
+  return median;
+}
+
+py::object py_group_sort_f64(I64 codes, F64 values, int64_t n_groups) {
+  if (codes.ndim() != 1 || values.ndim() != 1 || codes.size() != values.size() || n_groups < 0)
+    throw std::runtime_error("group_sort_f64: codes and values must be 1-d of one length");
+  const size_t n = static_cast<size_t>(codes.size());
+  py::array_t<double> stable(static_cast<py::ssize_t>(n)), sorted(static_cast<py::ssize_t>(n));
+  int bad;
+  {
+    py::gil_scoped_release release;
+    bad = group_sort_f64(codes.data(), values.data(), n, static_cast<size_t>(n_groups), stable.mutable_data(),
+                                  sorted.mutable_data());
+  }
+  if (bad == kBadCode) throw std::runtime_error("group_sort_f64: a code outside 0..n_groups-1");
+  if (bad == kSortDecides) return py::none();
+  return py::make_tuple(stable, sorted);
+}
+
+py::tuple py_segmented_union(I64 group, I64 start, I64 end, py::object index_obj) {
+  const size_t n = static_cast<size_t>(group.size());
+  I64 index;
+  const int64_t* ix = nullptr;
+  if (!index_obj.is_none()) {
+    index = index_obj.cast<I64>();
+    if (static_cast<size_t>(index.size()) != n) throw std::runtime_error("segmented_union: index length");
+    ix = index.data();
+    for (size_t i = 0; i < n; ++i)
+      if (ix[i] < 0 || ix[i] >= start.size() || ix[i] >= end.size())
+        throw std::runtime_error("segmented_union: index out of range");
+  } else if (static_cast<size_t>(start.size()) != n || static_cast<size_t>(end.size()) != n) {
+    throw std::runtime_error("segmented_union: columns of different lengths");
+  }
+  const auto heads = static_cast<py::ssize_t>(count_groups(group.data(), n));
+  py::array_t<int64_t> gid(heads), first(heads), last(heads), uni(heads);
+  {
+    py::gil_scoped_release release;
+    segmented_union(group.data(), start.data(), end.data(), ix, n, gid.mutable_data(), first.mutable_data(),
+                             last.mutable_data(), uni.mutable_data());
+  }
+  return py::make_tuple(gid, first, last, uni);
+}
+
+py::array_t<int64_t> py_running_counts(I64 keys) {
+  py::array_t<int64_t> out(keys.size());
+  {
+    py::gil_scoped_release release;
+    running_counts(keys.data(), static_cast<size_t>(keys.size()), out.mutable_data());
+  }
+  return out;
+}
+
+py::array_t<int64_t> py_searchsorted_i64(I64 a, I64 v, bool right) {
+  py::array_t<int64_t> out(v.size());
+  {
+    py::gil_scoped_release release;
+    searchsorted_i64(a.data(), a.size(), v.data(), static_cast<size_t>(v.size()), right, out.mutable_data());
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_columns, m) {
+  m.doc() = "Columnar SQLite reading through a dlopened system libsqlite3 (see maxinstr.traces._sqlite_columns)";
+  m.def("available", [] { return api().handle != nullptr; }, "True when the system SQLite could be loaded.");
+  m.def("release_memory", &trim_heap,
+        "Return freed heap memory to the OS (glibc malloc_trim): after a big read, the freed "
+        "slices and scratch otherwise stay in the process's RSS.");
+  m.def("sqlite_version", [] { return std::string(require().libversion()); });
+  m.def("query_many", &py_query_many, py::arg("uri"), py::arg("queries"), py::arg("threads") = 1, py::arg("trim") = true,
+        "Run [(sql, kinds[, filter_column, uint8_mask[, expected_rows]]), ...] on parallel read-only connections; per query "
+        "a list of columns: int64 ('i'; 't': INT64_MIN for a value that is not an integer, NULL included), int32 ('n', out-of-range values -1) or float64 ('f') arrays, or (int32 codes, [distinct strings]) for kind 's'. "
+        "With a mask, only rows whose filter column value v has mask[v] != 0 are kept.");
+  m.def("scan_table", &py_scan_table, py::arg("path"), py::arg("root"), py::arg("columns"), py::arg("filter_col") = -1,
+        py::arg("mask") = py::none(), py::arg("exclude_col") = -1, py::arg("exclude_value") = 0, py::arg("threads") = 1,
+        py::arg("expected_rows") = 0, py::arg("pieces") = false,
+        "Integer columns of an ordinary rowid table read straight from the file's table b-tree, in rowid order: "
+        "columns [(record_index or -1, null_value, 'i'|'n', shift, and_mask)] give ((ifnull(col, null_value) >> shift) "
+        "& and_mask); rows whose exclude_col value equals exclude_value, or (with a mask) whose filter_col value v "
+        "has mask[v] == 0, are dropped. None when the file or a value is outside what it handles (WAL mode, "
+        "overflow pages, a non-integer value, damage): then run the query through SQLite. With pieces, each column "
+        "is a list of arrays (one per reader thread, in row order) to be joined by the caller.");
+  m.def("group_order_stats", &py_group_order_stats, py::arg("codes"), py::arg("values"), py::arg("n_groups"),
+        "(median, max) of int64 values per group code 0..n_groups-1, as float64 arrays (NaN and 0 for an empty "
+        "group); the median of an even count is (lower + upper) / 2.0 of the int64 middle values.");
+  m.def("group_medians_f64", &py_group_medians_f64, py::arg("codes"), py::arg("values"), py::arg("n_groups"),
+        "median of float64 values per group code 0..n_groups-1 (NaN for an empty group), (lower + upper) / 2 of "
+        "the middle values; None when a value is NaN.");
+  m.def("segmented_union", &py_segmented_union, py::arg("group"), py::arg("start"), py::arg("end"),
+        py::arg("index") = py::none(),
+        "(groups, first start, last end, union length) per group of intervals sorted by (group, start), as "
+        "maxinstr.attribute.intervals.segmented_union computes them; with index, interval i is "
+        "(start[index[i]], end[index[i]]).");
+  m.def("group_sort_f64", &py_group_sort_f64, py::arg("codes"), py::arg("values"), py::arg("n_groups"),
+        "(values[argsort(codes, stable)], values[lexsort((values, codes))]) for float64 values and group codes "
+        "0..n_groups-1; None when a value is NaN or -0.0.");
+  m.def("running_counts", &py_running_counts, py::arg("keys"),
+        "Per row, how many earlier rows have the same int64 key (0 for the first).");
+  m.def("searchsorted_i64", &py_searchsorted_i64, py::arg("a"), py::arg("v"), py::arg("right") = false,
+        "np.searchsorted(a, v, side='right' if right else 'left') for a sorted int64 array, galloping from the "
+        "previous key's position (nearly sorted keys cost a few steps each).");
+  m.def("strings_by_id", &py_strings_by_id, py::arg("uri"), py::arg("table"), py::arg("ids"),
+        "value of table rows by integer id, in the order of ids ('' when missing).");
+}
