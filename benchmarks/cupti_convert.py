@@ -30,7 +30,7 @@ from cupti import cupti as fake
 from harness import time_calls_ns
 from maxinstr import _native
 from maxinstr.kernels.cupti import CuptiCollector
-from maxinstr.kernels.store import ActivityWriter
+from maxinstr.rundir.activity import ActivityWriter
 
 N = 3000
 K, A, E = fake.activity_kernel10_dtype, fake.activity_api_dtype, fake.activity_external_correlation_dtype

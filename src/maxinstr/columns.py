@@ -86,6 +86,34 @@ def per_string(values: Any, test: Callable[[str], bool]) -> np.ndarray:
     return hit[codes] if len(codes) else np.zeros(0, bool)
 
 
+class StringTable:
+    """Interns names while a reader builds its columns; ``ids_for`` works on whole arrays."""
+
+    def __init__(self) -> None:
+        self._index: dict[str, int] = {}
+        self._values: list[str] = []
+
+    def intern(self, value: str) -> int:
+        """The id of ``value``, adding it when new."""
+        found = self._index.get(value)
+        if found is None:
+            found = self._index[value] = len(self._values)
+            self._values.append(value)
+        return found
+
+    def ids_for(self, values: np.ndarray) -> np.ndarray:
+        """int32 ids for an array of strings (interning each distinct value once)."""
+        uniques, inverse = factorize(values)  # no fixed-width copy of the column (a 50 MB name)
+        mapping = np.fromiter((self.intern(u) for u in uniques), dtype=np.int32, count=len(uniques))
+        return mapping[inverse].astype(np.int32, copy=False)
+
+    def to_array(self) -> np.ndarray:
+        """The interned strings, indexable by id."""
+        out = np.empty(len(self._values), dtype=object)
+        out[:] = self._values
+        return out
+
+
 JOIN_BLOCK = 1 << 21  # left rows per step of correlation_join (bounds its temporaries)
 
 

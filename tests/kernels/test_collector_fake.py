@@ -427,7 +427,7 @@ def test_driver_api_records_go_off_when_nothing_needs_them(fake_lib, tmp_path, m
     assert tags == "1" or seen["after_driver_launch"] is True
     assert act["driver_api_records"] == "needed" and act["ops_without_api"] == 1
     assert "back on" in act["driver_api_note"]
-    from maxinstr.kernels.store import ACTIVITY_DTYPE
+    from maxinstr.rundir.activity import ACTIVITY_DTYPE
 
     rows = np.fromfile(next(run_dir.glob("parts/*/activity.bin")), dtype=ACTIVITY_DTYPE)
     run = maxinstr.load(run_dir)
@@ -473,7 +473,7 @@ REAL_RECORDS_SCRIPT = textwrap.dedent(
     import numpy as np
     from cupti import cupti
     from maxinstr.kernels.cupti import CuptiCollector, check_cupti_python
-    from maxinstr.kernels.store import ACTIVITY_DTYPE, ActivityWriter
+    from maxinstr.rundir.activity import ACTIVITY_DTYPE, ActivityWriter
     col = CuptiCollector(ActivityWriter(Path(sys.argv[1]), {"part": "p1", "pid": 1}))
     col._c = cupti
     col._set_records(check_cupti_python(cupti))

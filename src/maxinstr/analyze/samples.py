@@ -20,7 +20,7 @@ METRICS = ("gpu_util_pct", "sm_active_pct", "sm_clock_mhz", "power_w", "mem_util
 
 def _throttle_meta() -> tuple[tuple[str, ...], int]:
     try:
-        from maxinstr.sample.base import HW_THROTTLE_MASK, THROTTLE_NAMES
+        from maxinstr.rundir.samples import HW_THROTTLE_MASK, THROTTLE_NAMES
 
         return tuple(THROTTLE_NAMES), int(HW_THROTTLE_MASK)
     except Exception:  # noqa: BLE001 - the sampler part may be absent; names are then unknown

@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from maxinstr.integrations.driver import nvidia_driver_present
 from maxinstr.kernels.base import Collector, KernelCollector, KernelsUnavailable, NullCollector
-from maxinstr.kernels.store import ActivityWriter
+from maxinstr.rundir.activity import ActivityWriter
 
 __all__ = ["Collector", "KernelCollector", "KernelsUnavailable", "NullCollector", "SessionKernels", "start", "AMD_NOTE"]
 
@@ -112,8 +113,6 @@ def _reason_before_start() -> str | None:
 def _reason_after(exc: KernelsUnavailable) -> str:
     """CUPTI's reason, or the real one when there is no NVIDIA driver at all (not whatever
     CUPTI lacked on the way)."""
-    from maxinstr.integrations.driver import nvidia_driver_present
-
     if "already holds CUPTI" not in str(exc) and not nvidia_driver_present():
         return ("no NVIDIA driver in this process (libcuda.so.1 cannot be loaded): "
                 "kernels=True collects on NVIDIA GPUs; stages get host times here")

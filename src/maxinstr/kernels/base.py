@@ -2,7 +2,7 @@
 
 A collector gathers GPU activity (kernels, copies, sets, the API calls that launched them, and
 which stage each call was made in) inside the process and hands rows to an
-:class:`~maxinstr.kernels.store.ActivityWriter`. Vendors live behind it: :mod:`.cupti` on
+:class:`~maxinstr.rundir.activity.ActivityWriter`. Vendors live behind it: :mod:`.cupti` on
 NVIDIA; :class:`NullCollector` everywhere else (it records nothing and says why).
 """
 

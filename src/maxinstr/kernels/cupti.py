@@ -46,7 +46,7 @@ import numpy as np
 
 from maxinstr import config
 from maxinstr.kernels.base import KernelsUnavailable
-from maxinstr.kernels.store import (
+from maxinstr.rundir.activity import (
     ACTIVITY_DTYPE,
     KIND_DRIVER,
     KIND_EXTERNAL,

@@ -23,8 +23,6 @@ PART_FILE = "part.json"
 SAMPLER_PART = "sampler"
 """``parts/sampler/``: the GPU samples `maxinstr run` takes from its own process for the whole run
 (only samples.bin and samples.json; no process of the program writes there)."""
-SAMPLES_FILE = "samples.bin"
-SAMPLES_LAYOUT_FILE = "samples.json"
 
 STAGE_DTYPE = np.dtype(
     [

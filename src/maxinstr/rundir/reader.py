@@ -1,14 +1,11 @@
-"""Read a run directory back into numpy columns (see docs/formats.md).
+"""Read a run directory back into numpy columns (docs/formats.md, "Reading rules").
 
-The reader merges every part (process / rank) into one table of stage records sorted by
-host start. What the user recorded is never refused for a damaged neighbour: a torn tail (the
-last row or line of a file cut by a kill or a full disk) and any row or line that is not the
-format are left out, counted and said in one note per file in :attr:`Run.notes`
-(:class:`Skipped`); only a file that is meaningless as a whole (meta.json unreadable or of
-another format or version, a special file, a stages.bin without one stage record) is a
-:class:`~maxinstr.errors.RunDirError` naming the file and the problem in one line
-(docs/formats.md, "Reading rules"). A part.json that cannot be read is a note (the part reads as
-if it had none), and a part with a file meaningless as a whole is left out of a run of several parts.
+What the user recorded is never refused for a damaged neighbour: a torn tail (a kill or a full
+disk cut the last row or line) and any row or line that is not the format are left out,
+counted and said in one note per file (:class:`Skipped`); only a file meaningless as a whole
+(meta.json unreadable or of another format or version, a special file, a stages.bin without one
+stage record) is a :class:`~maxinstr.errors.RunDirError` naming the file and the problem. A part
+with such a file is left out of a run of several parts.
 """
 
 from __future__ import annotations
@@ -22,11 +19,20 @@ from typing import Any
 
 import numpy as np
 
+from maxinstr import warmup as rule
 from maxinstr._files import MAX_JSON_DEPTH, data_extents, open_regular, parse_json, read_at, read_regular
 from maxinstr._text import safe_name
+from maxinstr.columns import StringTable
 from maxinstr.errors import RunDirError
 from maxinstr.rundir import format as fmt
-from maxinstr.sample import read_samples
+from maxinstr.rundir.samples import (
+    HEADER_FIELDS,
+    HW_THROTTLE_MASK,
+    SAMPLES_FILE,
+    SAMPLES_FORMAT,
+    SAMPLES_LAYOUT_FILE,
+    SAMPLES_VERSION,
+)
 
 RUN_STAGE_DTYPE = np.dtype(
     list(fmt.STAGE_DTYPE.descr) + [("part", "<i4"), ("pid", "<i8"), ("rank", "<i4")]
@@ -38,14 +44,10 @@ when the process had none)."""
 
 @dataclass
 class Run:
-    """A loaded run: stage records of every part as numpy columns, plus metadata.
-
-    ``stages`` is a structured array (:data:`RUN_STAGE_DTYPE`) sorted by ``host_start_ns``;
-    ``names[stages["name_id"]]`` are the stage names. ``attrs`` maps a record id to the
-    attrs given to that stage. ``parts`` has one dict per part (its part.json plus
-    ``name``, ``path``, ``rows``). ``samples`` maps a part name to what the sampler reader
-    returned (or ``{"layout": ..., "raw": bytes}`` when no reader is available).
-    """
+    """A loaded run: ``stages`` (:data:`RUN_STAGE_DTYPE`, sorted by ``host_start_ns``; their
+    names are ``names[stages["name_id"]]``), ``attrs`` by record id, ``parts`` (each part.json
+    plus ``name``, ``path``, ``rows``), ``samples`` by part name (:class:`Samples`, or
+    ``{"layout": ..., "raw": bytes}`` when they could not be read)."""
 
     path: Path | None
     meta: dict[str, Any]
@@ -84,8 +86,6 @@ class Run:
         (the first ``warmup`` pipeline iterations and instances of each name in each process,
         and everything nested in them; docs/sessions.md). Marks are never warm-up. Cold starts,
         which the report finds from the timings, are not in it."""
-        from maxinstr import warmup as rule
-
         n = self.warmup if warmup is None else int(warmup)
         s = self.stages
         if n <= 0 or len(s) == 0:
@@ -143,7 +143,7 @@ def load(path: str | Path) -> Run:
     if not [p for p in part_dirs if p.name != fmt.SAMPLER_PART]:
         notes.append("the run has no parts yet: no stage was recorded")
 
-    names = _Interner()
+    names = StringTable()
     tables: list[np.ndarray] = []
     attrs: dict[int, dict[str, Any]] = {}
     parts: list[dict[str, Any]] = []
@@ -154,9 +154,7 @@ def load(path: str | Path) -> Run:
         if pdir.name == fmt.SAMPLER_PART:  # maxinstr run's samples: no process part of the program
             samples[pdir.name] = _read_samples(pdir, notes)
             continue
-        # a part is read into its own lists first: one whose files are meaningless as a whole
-        # (random bytes for stages.bin, a FIFO in place of a file) is left out with a note and
-        # the other parts are reported; a damaged neighbour never refuses what was recorded
+        # into lists of its own first: a part with a file meaningless as a whole is left out
         part_attrs: dict[int, dict[str, Any]] = {}
         part_events: list[dict[str, Any]] = []
         part_notes: list[str] = []
@@ -343,7 +341,7 @@ def check_fields(doc: dict[str, Any], path: Path, fields: Fields) -> None:
 def _read_part(
     pdir: Path,
     index: int,
-    names: _Interner,
+    names: StringTable,
     tables: list[np.ndarray],
     attrs: dict[int, dict[str, Any]],
     events: list[dict[str, Any]],
@@ -439,7 +437,7 @@ def _read_part(
     table["rank"] = -1 if info["rank"] is None else info["rank"]
     tables.append(table)
 
-    if os.path.lexists(pdir / fmt.SAMPLES_FILE) or os.path.lexists(pdir / fmt.SAMPLES_LAYOUT_FILE):
+    if os.path.lexists(pdir / SAMPLES_FILE) or os.path.lexists(pdir / SAMPLES_LAYOUT_FILE):
         samples[pdir.name] = _read_samples(pdir, notes)
     return info
 
@@ -699,17 +697,17 @@ def _read_samples(pdir: Path, notes: list[str]) -> Any:
         result = read_samples(pdir)
         torn = getattr(result, "torn_bytes", 0)
         if isinstance(torn, int) and torn > 0:
-            notes.append(f"{pdir / fmt.SAMPLES_FILE}: ignored a torn last sample row ({torn} bytes)")
+            notes.append(f"{pdir / SAMPLES_FILE}: ignored a torn last sample row ({torn} bytes)")
         return result
     except Exception as exc:  # noqa: BLE001 - any refusal: the rest of the run still loads
         notes.append(f"{pdir}: samples not read ({type(exc).__name__}: {_short(exc)}); raw bytes kept")
     layout = None
-    layout_path = pdir / fmt.SAMPLES_LAYOUT_FILE
+    layout_path = pdir / SAMPLES_LAYOUT_FILE
     raw = b""
     try:
         data = read_regular(layout_path, RunDirError)
         layout = None if data is None else parse_json(data, layout_path, RunDirError)
-        raw = read_regular(pdir / fmt.SAMPLES_FILE, RunDirError) or b""
+        raw = read_regular(pdir / SAMPLES_FILE, RunDirError) or b""
     except RunDirError as exc:
         notes.append(f"not read: {exc}")
     return {"layout": layout, "raw": raw}
@@ -728,24 +726,6 @@ def _pid_rank_from_name(name: str) -> tuple[int | None, int | None]:
     return pid, rank
 
 
-class _Interner:
-    def __init__(self) -> None:
-        self._index: dict[str, int] = {}
-        self._values: list[str] = []
-
-    def intern(self, value: str) -> int:
-        found = self._index.get(value)
-        if found is None:
-            found = self._index[value] = len(self._values)
-            self._values.append(value)
-        return found
-
-    def to_array(self) -> np.ndarray:
-        out = np.empty(len(self._values), dtype=object)
-        out[:] = self._values
-        return out
-
-
 def _short(exc: BaseException) -> str:
     return str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
 
@@ -754,3 +734,132 @@ def clip(obj: Any) -> str:
     """``obj`` as JSON cut to 80 characters: a value quoted in a one-line error."""
     text = json.dumps(obj, default=str)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+@dataclass(repr=False)
+class Samples:
+    """Sampler rows of one part, one row per (tick, device), in time order per device: ``rows``
+    (fields as ``meta['row']`` names them; float metrics NaN where absent or not read in that
+    row) and samples.json as ``meta``, whose ``devices`` the ``device`` column indexes."""
+
+    rows: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+    torn_bytes: int = 0
+
+    @property
+    def t_ns(self) -> np.ndarray:
+        return self.rows["t_ns"]
+
+    @property
+    def device(self) -> np.ndarray:
+        return self.rows["device"]
+
+    @property
+    def flags(self) -> np.ndarray:
+        return self.rows["flags"]
+
+    @property
+    def throttle(self) -> np.ndarray:
+        return self.rows["throttle"]
+
+    @property
+    def devices(self) -> list[dict[str, Any]]:
+        return list(self.meta.get("devices", []))
+
+    @property
+    def metric_names(self) -> list[str]:
+        return [f["name"] for f in self.meta.get("row", {}).get("fields", []) if f["name"] not in HEADER_FIELDS]
+
+    @property
+    def units(self) -> dict[str, str]:
+        return {f["name"]: f.get("unit", "") for f in self.meta.get("row", {}).get("fields", [])}
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        return list(self.meta.get("errors", []))
+
+    @property
+    def unavailable(self) -> str | None:
+        return self.meta.get("unavailable")
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __repr__(self) -> str:
+        names = [f"{d.get('visible_index')}:{d.get('name')}" for d in self.devices]
+        why = f", unavailable={self.unavailable!r}" if self.unavailable else ""
+        return f"Samples({len(self)} rows, devices={names}, backend={self.meta.get('backend')!r}{why})"
+
+    def column(self, name: str) -> np.ndarray:
+        """One metric column (float, NaN where absent)."""
+        return self.rows[name]
+
+    def for_device(self, device: int) -> Samples:
+        """Only the rows of ``device`` (an index into ``devices``), in time order."""
+        rows = self.rows[self.rows["device"] == device]
+        return Samples(rows[np.argsort(rows["t_ns"], kind="stable")], self.meta, 0)
+
+    def hw_throttled(self) -> np.ndarray:
+        """Per row: hardware/firmware throttling (not idle, not a clock setting) was seen."""
+        return (self.rows["throttle"] & HW_THROTTLE_MASK) != 0
+
+
+def dtype_from_layout(layout: dict[str, Any], where: Path) -> np.dtype:
+    """The numpy dtype of a samples.bin row described in samples.json."""
+    try:
+        dtype = np.dtype([(f["name"], f["type"]) for f in layout["fields"]])
+        size = int(layout["size"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RunDirError(where, f"bad row layout in {SAMPLES_LAYOUT_FILE}: {exc}") from None
+    if dtype.itemsize != size:
+        raise RunDirError(where, f"{SAMPLES_LAYOUT_FILE} says rows are {size} bytes but its fields add up to {dtype.itemsize}")
+    # the columns every reader uses (a layout without t_ns, or with it as text, was a
+    # ValueError from inside the HTML view); metrics may come and go
+    for name, kind in (("t_ns", "i"), ("device", "iu"), ("flags", "iu"), ("throttle", "iu")):
+        if name not in (dtype.names or ()) or dtype[name].kind not in kind:
+            raise RunDirError(where, f"bad row layout in {SAMPLES_LAYOUT_FILE}: no integer field {name!r}")
+    metrics = [n for n in dtype.names or () if n not in HEADER_FIELDS]
+    bad = next((n for n in metrics if dtype[n].kind not in "fiu" or dtype[n].shape), None)
+    if bad is not None:
+        raise RunDirError(where, f"bad row layout in {SAMPLES_LAYOUT_FILE}: field {bad!r} is not a number")
+    return dtype
+
+
+def _objects(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(d, dict) for d in v)
+
+
+def read_samples(part_dir: Path | str) -> Samples:
+    """The samples in ``part_dir``; empty when neither file is there (the sampler never ran).
+    A samples.bin without samples.json, or a malformed samples.json, is a RunDirError."""
+    part = Path(part_dir)
+    meta_path, bin_path = part / SAMPLES_LAYOUT_FILE, part / SAMPLES_FILE
+    text = read_regular(meta_path, RunDirError)
+    data = read_regular(bin_path, RunDirError)
+    if text is None:
+        if data:
+            raise RunDirError(bin_path, f"has no {SAMPLES_LAYOUT_FILE} beside it: the row layout is unknown")
+        return Samples(np.empty(0, dtype=[("t_ns", "<i8"), ("device", "<u2"), ("flags", "<u2"), ("throttle", "<u4")]))
+    meta = parse_json(text, meta_path, RunDirError)
+    if not isinstance(meta, dict) or meta.get("format") != SAMPLES_FORMAT:
+        raise RunDirError(meta_path, "is not a maxinstr samples description")
+    version = meta.get("version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise RunDirError(meta_path, f"samples format version {_clip40(version)} is not a number")
+    if version > SAMPLES_VERSION:
+        raise RunDirError(meta_path, f"samples format version {version} is newer than this maxinstr reads (1)")
+    for key, ok, what in (("devices", _objects, "a list of objects"), ("errors", _objects, "a list of objects"),
+                          ("unavailable", lambda v: isinstance(v, str), "a string"),
+                          ("row", lambda v: isinstance(v, dict), "an object")):
+        if meta.get(key) is not None and not ok(meta[key]):
+            raise RunDirError(meta_path, f'"{key}" is not {what}: {_clip40(meta[key])}')
+    dtype = dtype_from_layout(meta.get("row") or {}, meta_path)
+    raw = np.frombuffer(bytearray(data or b""), dtype=np.uint8)  # writable, as the rows were from np.fromfile
+    n = len(raw) // dtype.itemsize
+    rows = raw[: n * dtype.itemsize].view(dtype) if n else np.empty(0, dtype=dtype)
+    return Samples(rows, meta, len(raw) - n * dtype.itemsize)
+
+
+def _clip40(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -103,7 +103,7 @@ def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
     try:
         fd = open_write(tmp, append=False, exclusive=True)  # nothing planted at tmp is written through
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -178,7 +178,7 @@ def _overwrite_in_place(path: Path, text: bytes) -> bool:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         n = os.write(fd, view)
@@ -197,7 +197,7 @@ class _AppendFile:
         if not data:
             return
         try:
-            _write_all(self.fd, data)
+            write_all(self.fd, data)
         except OSError as exc:
             # Keep the file aligned on whole records: drop what part of this batch got out.
             try:

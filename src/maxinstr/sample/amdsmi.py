@@ -19,12 +19,12 @@ import os
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from maxinstr.rundir.samples import THROTTLE_BIT
 from maxinstr.sample.base import (
     ABSENT,
     COL,
     LOST,
     RETRY,
-    THROTTLE_BIT,
     Backend,
     Device,
     DeviceInfo,

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from maxinstr.sample.base import FLAG_GPM, GPM_METRICS, HW_THROTTLE_MASK, POWER_CAP_MASK, THERMAL_HW_MASK
-from maxinstr.sample.read import Samples
+from maxinstr.rundir.reader import Samples
+from maxinstr.rundir.samples import FLAG_GPM, GPM_METRICS, HW_THROTTLE_MASK, POWER_CAP_MASK, THERMAL_HW_MASK
 
 NVML_UTIL_COLUMNS = ("gpu_util_pct", "mem_util_pct")
 """NVML utilization: one value per driver sample period, describing a window that ended before

@@ -36,10 +36,10 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from maxinstr import config
+from maxinstr.rundir.samples import FLAG_GPM
 from maxinstr.sample.base import (
     ABSENT,
     COL,
-    FLAG_GPM,
     LOST,
     MAX_FAILS_IN_A_ROW,
     RETRY,

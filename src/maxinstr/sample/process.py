@@ -31,8 +31,8 @@ from typing import Any
 
 from maxinstr import config
 from maxinstr._files import open_write_file, real_dirs
-from maxinstr.sample.base import DeviceInfo
-from maxinstr.sample.nvml import NVML_LIB_ENV  # noqa: F401 - tests and benchmarks set it
+from maxinstr.sample.base import DeviceInfo, ErrorLog
+from maxinstr.sample.writer import Sampler, clock_ns, open_backend
 
 STDERR_FILE = "sampler-stderr.txt"
 
@@ -190,13 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     # the parent reads one line from our stdout: keep it for that, send everything else to stderr
     ready = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    from maxinstr.sample import start_sampler
-
-    s = start_sampler(part, float(interval), pids=[int(p) for p in pids.split(",") if p],
-                      devices=[int(d) for d in devices.split(",") if d] if devices else None,
-                      flush_interval_s=float(flush),
-                      extra={**json.loads(extra_json),
-                             "process": {"sampler_pid": os.getpid(), "parent_pid": int(parent)}})
+    errors, pid_list = ErrorLog(clock_ns), [int(p) for p in pids.split(",") if p]
+    backend, unavailable = open_backend(errors, interval_s=float(interval), pids=pid_list)
+    s = Sampler(Path(part), float(interval), backend, unavailable=unavailable, errors=errors, pids=pid_list,
+                extra={**json.loads(extra_json), "process": {"sampler_pid": os.getpid(), "parent_pid": int(parent)}},
+                flush_interval_s=float(flush), only=[int(d) for d in devices.split(",") if d] if devices else None).start()
     ready.write(json.dumps({"unavailable": s.unavailable, "devices": [d.info.to_json() for d in s.devices],
                             "notes": s.notes}) + "\n")
     ready.flush()

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from maxinstr.sample.base import HW_THROTTLE_MASK, POWER_CAP_MASK, THERMAL_HW_MASK, THROTTLE_BITS
-from maxinstr.sample.read import Samples
+from maxinstr.rundir.reader import Samples
+from maxinstr.rundir.samples import HW_THROTTLE_MASK, POWER_CAP_MASK, THERMAL_HW_MASK, THROTTLE_BITS
 
 IDLE_PEAK_UTIL_PCT = 5.0
 BUSY_UTIL_PCT = 70.0

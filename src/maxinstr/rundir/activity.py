@@ -1,6 +1,4 @@
-"""In-process kernel activity in the run directory (docs/kernels.md, docs/formats.md).
-
-A session opened with ``kernels=True`` writes, in its part folder ``parts/<part>/``:
+"""The in-process kernel collector's files in a part folder (docs/kernels.md, docs/formats.md):
 
 * ``activity.bin``: rows of :data:`ACTIVITY_DTYPE` (80 bytes, little-endian), appended by the
   flusher thread. Times are the collector's raw clock (CUPTI timestamps); ``activity.json``
@@ -31,6 +29,7 @@ from maxinstr._text import safe_name
 from maxinstr.errors import RunDirError
 from maxinstr.rundir.format import MAX_TIME_NS
 from maxinstr.rundir.reader import Fields, Skipped, check_fields, clip, is_int, keep_rows, missing_name, read_jsonl
+from maxinstr.rundir.writer import write_all
 
 ACTIVITY_FILE = "activity.bin"
 ACTIVITY_NAMES_FILE = "activity_names.jsonl"
@@ -141,10 +140,7 @@ class ActivityWriter:
 def _append(path: Path, data: bytes) -> None:
     fd = open_write(path)  # O_NOFOLLOW: never through a link planted in the run directory
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        write_all(fd, data)
     finally:
         os.close(fd)
 
