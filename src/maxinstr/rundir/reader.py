@@ -34,12 +34,9 @@ from maxinstr.rundir.samples import (
     SAMPLES_VERSION,
 )
 
-RUN_STAGE_DTYPE = np.dtype(
-    list(fmt.STAGE_DTYPE.descr) + [("part", "<i4"), ("pid", "<i8"), ("rank", "<i4")]
-)
-"""The columns of :attr:`Run.stages`: the file's columns (``name_id`` re-numbered into
-:attr:`Run.names`) plus the index of the record's part, its process id, and its rank (-1
-when the process had none)."""
+RUN_STAGE_DTYPE = np.dtype(list(fmt.STAGE_DTYPE.descr) + [("part", "<i4"), ("pid", "<i8"), ("rank", "<i4")])
+"""The columns of :attr:`Run.stages`: the file's (``name_id`` re-numbered into :attr:`Run.names`),
+the record's part index, process id and rank (-1: none)."""
 
 
 @dataclass
@@ -78,14 +75,11 @@ class Run:
         return int(self.meta.get("warmup") or 0)
 
     def stage_names(self) -> np.ndarray:
-        """The name of every stage record (object array aligned with :attr:`stages`)."""
         return self.names[self.stages["name_id"]] if len(self.stages) else np.empty(0, dtype=object)
 
     def warmup_mask(self, warmup: int | None = None) -> np.ndarray:
-        """True for records the report keeps out as warm-up: the rule of :mod:`maxinstr.warmup`
-        (the first ``warmup`` pipeline iterations and instances of each name in each process,
-        and everything nested in them; docs/sessions.md). Marks are never warm-up. Cold starts,
-        which the report finds from the timings, are not in it."""
+        """True for records the report keeps out as warm-up (:mod:`maxinstr.warmup`'s rule;
+        marks never are). Cold starts, which the report finds from the timings, are not in it."""
         n = self.warmup if warmup is None else int(warmup)
         s = self.stages
         if n <= 0 or len(s) == 0:
@@ -95,10 +89,9 @@ class Run:
                                  n).kept_out
 
     def to_pandas(self):
-        """The stage records as a pandas DataFrame (columns of :attr:`stages` plus ``name``,
-        ``part_name``, ``warmup`` and ``attrs``). Needs pandas."""
+        """The stage records as a pandas DataFrame (plus ``name``, ``part_name``, ``warmup``, ``attrs``)."""
         try:
-            import pandas as pd
+            import pandas as pd  # optional: maxinstr[pandas]
         except ImportError as exc:  # pragma: no cover - pandas is in the test extra
             raise ImportError("Run.to_pandas() needs pandas: pip install 'maxinstr[pandas]'") from exc
         df = pd.DataFrame({name: self.stages[name] for name in self.stages.dtype.names or ()})
@@ -109,8 +102,7 @@ class Run:
         if self.attrs and len(self.stages):
             ids = np.fromiter(self.attrs.keys(), dtype=np.int64, count=len(self.attrs))
             order = np.argsort(self.stages["id"], kind="stable")
-            pos = np.searchsorted(self.stages["id"], ids, sorter=order)
-            pos = np.clip(pos, 0, len(order) - 1)
+            pos = np.clip(np.searchsorted(self.stages["id"], ids, sorter=order), 0, len(order) - 1)
             hit = self.stages["id"][order[pos]] == ids
             values = np.empty(len(ids), dtype=object)
             values[:] = list(self.attrs.values())
@@ -119,12 +111,20 @@ class Run:
         return df
 
 
-def load(path: str | Path) -> Run:
-    """Read the run directory at ``path`` (every part merged).
+@dataclass
+class _Part:
+    """What one part gave, kept apart until the part is known to be readable."""
 
-    Raises :class:`~maxinstr.errors.RunDirError` (one line: file and problem) when ``path``
-    is not a readable run directory of a known version.
-    """
+    info: dict[str, Any]
+    table: np.ndarray
+    attrs: dict[int, dict[str, Any]]
+    events: list[dict[str, Any]]
+    notes: list[str]
+
+
+def load(path: str | Path) -> Run:
+    """Read the run directory at ``path`` (every part merged); a RunDirError (one line: file
+    and problem) when it is not a readable run directory of a known version."""
     root = Path(path)
     if root.name == fmt.META_FILE and root.is_file():
         root = root.parent  # the run's meta.json stands for its directory
@@ -144,37 +144,27 @@ def load(path: str | Path) -> Run:
         notes.append("the run has no parts yet: no stage was recorded")
 
     names = StringTable()
-    tables: list[np.ndarray] = []
-    attrs: dict[int, dict[str, Any]] = {}
-    parts: list[dict[str, Any]] = []
-    events: list[dict[str, Any]] = []
+    read: list[_Part] = []
     samples: dict[str, Any] = {}
     refused: list[RunDirError] = []
     for pdir in part_dirs:
         if pdir.name == fmt.SAMPLER_PART:  # maxinstr run's samples: no process part of the program
             samples[pdir.name] = _read_samples(pdir, notes)
             continue
-        # into lists of its own first: a part with a file meaningless as a whole is left out
-        part_attrs: dict[int, dict[str, Any]] = {}
-        part_events: list[dict[str, Any]] = []
-        part_notes: list[str] = []
-        part_tables: list[np.ndarray] = []
         try:
-            info = _read_part(pdir, len(parts), names, part_tables, part_attrs, part_events, samples, part_notes)
+            part = _read_part(pdir, len(read), names, samples)
         except RunDirError as exc:
             refused.append(exc)
             notes.append(f"{exc}; that part ({pdir.name}) is left out")
             continue
-        parts.append(info)
-        tables += part_tables
-        attrs.update(part_attrs)
-        events += part_events
-        notes += part_notes
-    if refused and not parts:
+        read.append(part)
+        notes += part.notes
+    if refused and not read:
         raise refused[0]  # nothing of the run can be read: the first file that says why
 
-    if tables:
-        stages = np.concatenate(tables)
+    parts = [p.info for p in read]
+    if read:
+        stages = np.concatenate([p.table for p in read])
         stages = stages[np.argsort(stages["host_start_ns"], kind="stable")]
     else:
         stages = np.empty(0, dtype=RUN_STAGE_DTYPE)
@@ -183,22 +173,11 @@ def load(path: str | Path) -> Run:
     else:
         unclosed = [p["name"] for p in parts if p.get("status") == "running"]
         if unclosed:
-            notes.append(
-                f"{len(unclosed)} process(es) did not close their part (killed?): {', '.join(unclosed[:5])}"
-                + (" ..." if len(unclosed) > 5 else "")
-                + "; their last records may be missing"
-            )
-    return Run(
-        path=root,
-        meta=meta,
-        stages=stages,
-        names=names.to_array(),
-        attrs=attrs,
-        parts=parts,
-        events=events,
-        samples=samples,
-        notes=notes,
-    )
+            notes.append(f"{len(unclosed)} process(es) did not close their part (killed?): {', '.join(unclosed[:5])}"
+                         + (" ..." if len(unclosed) > 5 else "") + "; their last records may be missing")
+    return Run(path=root, meta=meta, stages=stages, names=names.to_array(),
+               attrs={k: v for p in read for k, v in p.attrs.items()}, parts=parts,
+               events=[e for p in read for e in p.events], samples=samples, notes=notes)
 
 
 def read_meta(path: Path) -> dict[str, Any]:
@@ -227,23 +206,22 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 LAUNCH_FILE = "launch.json"
 
-# The launch.json fields maxinstr interprets (docs/cli.md "Files of a run"): a field of another
-# type is a RunDirError naming it, never a TypeError three calls later.
-_LAUNCH_FIELDS: Fields  # defined below, after the field tests
-
 
 def read_launch(run_dir: str | Path) -> dict[str, Any] | None:
     """The record `maxinstr run` left in ``run_dir`` (launch.json), None when there is none.
     Read as data: only a regular file, JSON of at most 64 levels, the fields maxinstr
     interprets of their type (else RunDirError naming the file and the field)."""
-    path = Path(run_dir) / LAUNCH_FILE
+    return _read_object(Path(run_dir) / LAUNCH_FILE, _LAUNCH_FIELDS)
+
+
+def _read_object(path: Path, fields: Fields) -> dict[str, Any] | None:
     data = read_regular(path, RunDirError)
     if data is None:
         return None
     doc = parse_json(data, path, RunDirError)
     if not isinstance(doc, dict):
         raise RunDirError(path, "not a JSON object")
-    check_fields(doc, path, _LAUNCH_FIELDS)
+    check_fields(doc, path, fields)
     return doc
 
 
@@ -266,66 +244,61 @@ def _strings(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 
-Fields = dict[str, tuple[Callable[[Any], bool], str]]
-"""field -> (test, what it must be): the fields of a JSON object a reader interprets."""
-
-# The meta.json fields the reader and the report interpret, and what each must be; any other
-# field is shown as it is. None (or absent) is always allowed.
-_META_FIELDS: Fields = {
-    "warmup": (_count, "a count (an integer from 0)"),
-    "status": (lambda v: isinstance(v, str), "a string"),
-    "command": (_strings, "a list of strings"),
-    "argv": (_strings, "a list of strings"),
-    "pid": (_count, "a process id"),
-    "session": (lambda v: isinstance(v, dict) and all(v.get(k) is None or _time(v.get(k)) for k in ("start_ns", "end_ns")),
-                "an object with times in ns"),
-    "steady_state": (lambda v: isinstance(v, dict) and all(v.get(k) is None or _time(v.get(k)) for k in ("start_ns", "detected_ns")),
-                     "an object with times in ns"),
-    "gpus": (lambda v: isinstance(v, list) and all(isinstance(g, dict) for g in v), "a list of objects"),
-    "profiler": (lambda v: isinstance(v, dict), "an object"),
-    "user": (lambda v: isinstance(v, dict), "an object"),
-    "env": (lambda v: isinstance(v, dict), "an object"),
-    "frameworks": (lambda v: isinstance(v, dict), "an object"),
-    "git": (lambda v: isinstance(v, dict), "an object"),
-}
-
-
 def _str_map(v: Any) -> bool:
     return isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
 
 
-_LAUNCH_FIELDS = {
-    "command": (_strings, "a list of strings"),
-    "profiled_command": (_strings, "a list of strings"),
-    "stage_specs": (_strings, "a list of strings"),
-    "env": (_str_map, "an object of strings"),
-    "sweep": (_str_map, "an object of strings"),
-    "label": (lambda v: isinstance(v, str), "a string"),
-    "maxinstr_command": (_strings, "a list of strings"),
+def _times_in(*keys: str) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, dict) and all(v.get(k) is None or _time(v.get(k)) for k in keys)
+
+
+Fields = dict[str, tuple[Callable[[Any], bool], str]]
+"""field -> (test, what it must be): the fields of a JSON object a reader interprets (None or
+absent is always allowed; any other field is kept as it is). A field of another type is a
+RunDirError naming it, never a TypeError three calls later."""
+STRING = (lambda v: isinstance(v, str), "a string")
+OBJECT = (lambda v: isinstance(v, dict), "an object")
+STRINGS = (_strings, "a list of strings")
+STR_MAP = (_str_map, "an object of strings")
+
+_META_FIELDS: Fields = {
+    "warmup": (_count, "a count (an integer from 0)"),
+    "status": STRING,
+    "command": STRINGS,
+    "argv": STRINGS,
+    "pid": (_count, "a process id"),
+    "session": (_times_in("start_ns", "end_ns"), "an object with times in ns"),
+    "steady_state": (_times_in("start_ns", "detected_ns"), "an object with times in ns"),
+    "gpus": (lambda v: isinstance(v, list) and all(isinstance(g, dict) for g in v), "a list of objects"),
+    **dict.fromkeys(("profiler", "user", "env", "frameworks", "git"), OBJECT),
+}
+# launch.json (docs/cli.md "Files of a run")
+_LAUNCH_FIELDS: Fields = {
+    "command": STRINGS,
+    "profiled_command": STRINGS,
+    "stage_specs": STRINGS,
+    "env": STR_MAP,
+    "sweep": STR_MAP,
+    "label": STRING,
+    "maxinstr_command": STRINGS,
     "profiler": (lambda v: isinstance(v, dict) and all(v.get(k) is None or isinstance(v.get(k), str)
                                                        for k in ("name", "capture", "flags")), "an object"),
     "artifact": (lambda v: isinstance(v, dict) and (v.get("files") is None or _str_map(v.get("files"))), "an object"),
-    "run": (lambda v: isinstance(v, dict), "an object"),
-    "startup": (lambda v: isinstance(v, dict), "an object"),
-    "environment": (lambda v: isinstance(v, dict), "an object"),
-    "stage_specs_unapplied": (_str_map, "an object of strings"),
+    **dict.fromkeys(("run", "startup", "environment"), OBJECT),
+    "stage_specs_unapplied": STR_MAP,
 }
-
-
-# The part.json fields maxinstr writes itself and the reader and the report interpret. Not pid
-# and rank (a damaged one falls back to what the folder name says), nor local_rank and
-# world_size: they come from the program's environment (LOCAL_RANK=-1 is the user's to set),
-# are only shown, and a value that is no int32 is shown as none.
+# part.json: the fields maxinstr writes itself. Not pid and rank (a damaged one falls back to
+# what the folder name says), nor local_rank and world_size: they come from the program's
+# environment (LOCAL_RANK=-1 is the user's to set), are only shown, and one no int32 shows as none.
 _PART_FIELDS: Fields = {
-    "status": (lambda v: isinstance(v, str), "a string"),
-    "host": (lambda v: isinstance(v, str), "a string"),
+    "status": STRING,
+    "host": STRING,
     "started_ns": (_time, "a time in ns"),
     "closed_ns": (_time, "a time in ns"),
     "started_unix_ns": (lambda v: is_int(v, 0, 2**63), "a time in ns"),
     "ppid": (_count, "a process id"),
-    **{key: (lambda v: is_int(v, 0, 2**63), "a count (an integer from 0)")
-       for key in ("rows_written", "dropped_records", "rows_dropped_disk", "attrs_dropped_disk", "attrs_dropped_close",
-                                  "attrs_unconverted", "depth_refused")},
+    **dict.fromkeys(("rows_written", "dropped_records", "rows_dropped_disk", "attrs_dropped_disk", "attrs_dropped_close",
+                     "attrs_unconverted", "depth_refused"), (lambda v: is_int(v, 0, 2**63), "a count (an integer from 0)")),
 }
 
 
@@ -338,43 +311,27 @@ def check_fields(doc: dict[str, Any], path: Path, fields: Fields) -> None:
             raise RunDirError(path, f'"{key}" is not {what}: {clip(value)}')
 
 
-def _read_part(
-    pdir: Path,
-    index: int,
-    names: StringTable,
-    tables: list[np.ndarray],
-    attrs: dict[int, dict[str, Any]],
-    events: list[dict[str, Any]],
-    samples: dict[str, Any],
-    notes: list[str],
-) -> dict[str, Any]:
+def _read_part(pdir: Path, index: int, names: StringTable, samples: dict[str, Any]) -> _Part:
     info: dict[str, Any] = {}
-    part_json = pdir / fmt.PART_FILE
+    notes: list[str] = []
+    part = pdir.name
     try:
-        data = read_regular(part_json, RunDirError)
-        if data is not None:
-            loaded = parse_json(data, part_json, RunDirError)
-            if not isinstance(loaded, dict):
-                raise RunDirError(part_json, "not a JSON object")
-            check_fields(loaded, part_json, _PART_FIELDS)
-            info.update(loaded)
+        info.update(_read_object(pdir / fmt.PART_FILE, _PART_FIELDS) or {})
     except RunDirError as exc:
         # part.json only describes the part (pid, rank, status, counts): one that is torn (a
         # kill mid-write) or damaged is read as a missing one, never refusing the part's records
         notes.append(f"{exc}: the part is read without it (pid and rank from its folder name, "
                      "its status and counts unknown)")
-    pid, rank = _pid_rank_from_name(pdir.name)
+    pid, rank = _pid_rank_from_name(part)
     for key, fallback in (("pid", pid), ("rank", rank)):
-        value = info.get(key)
-        if not is_int(value, 0, 2**31):
+        if not is_int(info.get(key), 0, 2**31):
             info[key] = fallback  # the folder name says it too; never trust a damaged value
     for key in ("local_rank", "world_size"):
         if not is_int(info.get(key), -(2**31), 2**31):
             info[key] = None
-    info["name"] = pdir.name
+    info["name"] = part
     info["path"] = str(pdir)
 
-    part = info["name"]
     lines, names_skipped = read_jsonl(pdir / fmt.STRINGS_FILE)
     local_names: dict[int, str] = {}
     for number, rec in lines:
@@ -386,6 +343,7 @@ def _read_part(
         first = local_names.setdefault(rec["id"], name)
         if first != name:  # a writer names an id once: a second name is not one it wrote
             names_skipped.add(number, f"id {rec['id']} was named {clip(first)} before", rec)
+    attrs: dict[int, dict[str, Any]] = {}
     lines, skipped = read_jsonl(pdir / fmt.ATTRS_FILE)
     for number, rec in lines:
         # a record id is an int64 of stages.bin's id column
@@ -394,19 +352,19 @@ def _read_part(
             continue
         attrs[rec["id"]] = rec["attrs"]
     skipped.say(notes, "those records' attrs are not shown")
+    events: list[dict[str, Any]] = []
     lines, skipped = read_jsonl(pdir / fmt.EVENTS_FILE)
     for number, rec in lines:
         if not isinstance(rec, dict):
             skipped.add(number, "not a JSON object", rec)
             continue
-        events.append({"part": pdir.name, **rec})
+        events.append({"part": part, **rec})
     skipped.say(notes)
 
     for key, why in (("dropped_records", "the record buffer was full"), ("rows_dropped_disk", "the disk write failed")):
-        value = info.get(key)
-        if value:
-            notes.append(f"{pdir.name}: {value} stage record(s) dropped while recording ({why})")
-    notes += _loss_notes(pdir.name, info)
+        if info.get(key):
+            notes.append(f"{part}: {info[key]} stage record(s) dropped while recording ({why})")
+    notes += _loss_notes(part, info)
     rows, skipped = _read_stages(pdir / fmt.STAGES_FILE)
     info["rows"] = len(rows)
     said = info.get("rows_written")
@@ -421,27 +379,27 @@ def _read_part(
         table[col] = rows[col]
     if len(rows):
         used = np.unique(rows["name_id"])
-        used_ids = used.tolist()
-        missing = [i for i in used_ids if i not in local_names]
+        missing = [i for i in used.tolist() if i not in local_names]
         if missing:
             names_skipped.also(f"{len(missing)} name id(s) used by stages are not defined, shown as "
                                f"{missing_name(missing[0], part)}" + (" ..." if len(missing) > 1 else ""))
         # a placeholder names its part: name 17 of one part and name 17 of another are
         # different stages, never merged
-        mapping_ids = np.array([names.intern(local_names[i] if i in local_names else missing_name(i, part))
-                                for i in used_ids], dtype=np.int32)
-        table["name_id"] = mapping_ids[np.searchsorted(used, rows["name_id"])]
+        mapping = np.array([names.intern(local_names[i] if i in local_names else missing_name(i, part))
+                            for i in used.tolist()], dtype=np.int32)
+        table["name_id"] = mapping[np.searchsorted(used, rows["name_id"])]
     names_skipped.say(notes)
     table["part"] = index
     table["pid"] = -1 if info["pid"] is None else info["pid"]
     table["rank"] = -1 if info["rank"] is None else info["rank"]
-    tables.append(table)
 
     if os.path.lexists(pdir / SAMPLES_FILE) or os.path.lexists(pdir / SAMPLES_LAYOUT_FILE):
-        samples[pdir.name] = _read_samples(pdir, notes)
-    return info
+        samples[part] = _read_samples(pdir, notes)
+    return _Part(info, table, attrs, events, notes)
 
 
+# What part.json counts as lost (its own fields, written at close; the native writer's): each
+# count above zero is a note of the report, never only a number in a file (issue 29).
 _LOSSES = (
     (None, "attrs_dropped_disk", "the attrs of {n} stage record(s) were not written (a disk error, or a file of the "
                                  "run directory refused)"),
@@ -452,8 +410,6 @@ _LOSSES = (
     (None, "attrs_unconverted", "the attrs of {n} stage record(s) could not be made data: not kept"),
     (None, "depth_refused", "{n} stage(s) and mark(s) nested deeper than 32767 levels were not recorded"),
 )
-"""What part.json counts as lost (its own fields, written at close; the native writer's): each
-count above zero is a note of the report, never only a number in a file (issue 29)."""
 
 
 def _loss_notes(part: str, info: dict[str, Any]) -> list[str]:
@@ -467,18 +423,16 @@ def _loss_notes(part: str, info: dict[str, Any]) -> list[str]:
 
 
 def missing_name(name_id: int | str, part: str) -> str:
-    """What a name id with no (valid) line in its names file reads as: visibly a placeholder,
-    and naming the part, since name ids are numbered per part."""
+    """What a name id with no (valid) line reads as: visibly a placeholder naming its part
+    (name ids are numbered per part)."""
     return safe_name(f"<name {name_id} missing in {part}>")
 
 
 class Skipped:
     """The rows or lines of one file left out because they are not the format, and its torn
     tail: counted, and said in one note naming the file, how many were skipped of how many, the
-    first one's number (rows count from 0, lines from 1) and what was wrong with it.
-
-    Costs nothing per line skipped but a count: only the first one's value is quoted.
-    """
+    first one's number (rows count from 0, lines from 1) and what was wrong with it (only the
+    first one's value is quoted)."""
 
     def __init__(self, path: Path, unit: str, what: str = "") -> None:
         self.path = path
@@ -491,8 +445,7 @@ class Skipped:
         self._also: list[str] = []
 
     def add(self, number: int, problem: str, value: Any = None, count: int = 1) -> None:
-        """``count`` more skipped; the first of all is at ``number``, ``problem`` quoting
-        ``value`` (when given)."""
+        """``count`` more skipped, the first of all at ``number`` (``problem``, quoting ``value``)."""
         self.count += count
         if self.first is None:
             self.first = (number, problem if value is None else f"{problem}: {clip(value)}")
@@ -501,8 +454,8 @@ class Skipped:
         """Something more the file's note says (what the skipped lines cost)."""
         self._also.append(text)
 
-    def note(self, consequence: str = "") -> str | None:
-        """The file's one note; None when nothing was left out."""
+    def say(self, notes: list[str], consequence: str = "") -> None:
+        """The file's one note into ``notes``, when something was left out."""
         said = []
         if self.first is not None:
             number, why = self.first
@@ -511,27 +464,33 @@ class Skipped:
         if self.torn:
             said.append(self.torn)
         said += self._also
-        return f"{self.path}: " + "; ".join(said) if said else None
-
-    def say(self, notes: list[str], consequence: str = "") -> None:
-        text = self.note(consequence)
-        if text:
-            notes.append(text)
+        if said:
+            notes.append(f"{self.path}: " + "; ".join(said))
 
 
-def keep_rows(rows: np.ndarray, checks: list[tuple[np.ndarray, Callable[[int], str]]], skipped: Skipped,
-              record: str, whole: str) -> np.ndarray:
-    """``rows`` without those any of ``checks`` (a mask of bad rows, and what is wrong with a
-    row of that mask) marks bad, counted in ``skipped``. When every row is bad the file holds
-    no ``record`` (e.g. "a stage record"): it is damaged as a whole or not what its name says
-    (``whole``, e.g. "a stages.bin"), a RunDirError naming it."""
-    bad = np.zeros(len(rows), dtype=bool)
+Checks = list[tuple[np.ndarray, Callable[[int], str]]]
+
+
+def _bad_rows(n: int, checks: Checks) -> tuple[np.ndarray, int, str] | None:
+    """The rows any check (a mask of bad rows, and what is wrong with a row of it) marks bad,
+    the first of them and what is wrong with it; None when none is."""
+    bad = np.zeros(n, dtype=bool)
     for mask, _ in checks:
         bad |= mask
     if not bad.any():
-        return rows
+        return None
     first = int(np.argmax(bad))
-    why = next(describe(first) for mask, describe in checks if mask[first])
+    return bad, first, next(describe(first) for mask, describe in checks if mask[first])
+
+
+def keep_rows(rows: np.ndarray, checks: Checks, skipped: Skipped, record: str, whole: str) -> np.ndarray:
+    """``rows`` without those ``checks`` marks bad, counted in ``skipped``. When every row is bad
+    the file holds no ``record`` (e.g. "a stage record"): it is damaged as a whole or not what
+    its name says (``whole``, e.g. "a stages.bin"), a RunDirError naming it."""
+    found = _bad_rows(len(rows), checks)
+    if found is None:
+        return rows
+    bad, first, why = found
     count = int(bad.sum())
     if count == len(rows):
         raise RunDirError(skipped.path, f"none of its {len(rows)} row(s) is {record} (row {first}: {why}): "
@@ -543,6 +502,7 @@ def keep_rows(rows: np.ndarray, checks: list[tuple[np.ndarray, Callable[[int], s
 STAGE_CHUNK_ROWS = 1 << 20
 """stages.bin is read and checked this many rows (72 MB) at a time: memory is the rows kept plus
 one chunk, whatever the file's size (a 20 GB sparse stages.bin was read whole, then MemoryError)."""
+_ZERO_ROW = "record id 0 has sequence 0 (a zero-filled row?)"
 
 
 def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
@@ -566,8 +526,8 @@ def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
         for start, end in data_extents(fd, count * width) + [(count * width, count * width)]:
             lo, hi = start // width, min(-(-end // width), count)
             if lo > row:
-                skipped.add(row, "record id 0 has sequence 0 (a zero-filled row?)", count=lo - row)
-                first_bad = first_bad or (row, "record id 0 has sequence 0 (a zero-filled row?)")
+                skipped.add(row, _ZERO_ROW, count=lo - row)
+                first_bad = first_bad or (row, _ZERO_ROW)
             row = max(row, lo)
             while row < hi:
                 n = min(STAGE_CHUNK_ROWS, hi - row)
@@ -608,7 +568,7 @@ def _check_stage_rows(rows: np.ndarray, skipped: Skipped, offset: int) -> tuple[
         # near -2**63 once made a duration wrap around to -20 ns)
         return (rows[col] < 0) | (rows[col] >= fmt.MAX_TIME_NS)
 
-    checks = [
+    found = _bad_rows(len(rows), [
         ((rows["flags"] & ~np.uint16(fmt.KNOWN_FLAGS)) != 0,
          lambda i: f"flags 0x{int(rows['flags'][i]):04x} has bits maxinstr does not write"),
         # ids are (pid << 32) | seq with seq from 1: an all-zero row (a zero-filled block left by
@@ -619,14 +579,10 @@ def _check_stage_rows(rows: np.ndarray, skipped: Skipped, offset: int) -> tuple[
         (outside("host_start_ns") | outside("host_end_ns"), lambda i: "a host time outside [0, 2**62) ns"),
         (rows["host_end_ns"] < rows["host_start_ns"], lambda i: "it ends before it starts"),
         (timed & (outside("gpu_start_ns") | outside("gpu_end_ns")), lambda i: "a GPU time outside [0, 2**62) ns"),
-    ]
-    bad = np.zeros(len(rows), dtype=bool)
-    for mask, _ in checks:
-        bad |= mask
-    if not bad.any():
+    ])
+    if found is None:
         return rows, None
-    first = int(np.argmax(bad))
-    why = next(describe(first) for mask, describe in checks if mask[first])
+    bad, first, why = found
     skipped.add(offset + first, why, count=int(bad.sum()))
     return rows[~bad], (offset + first, why)
 
@@ -661,7 +617,7 @@ def read_jsonl(path: Path) -> tuple[list[tuple[int, Any]], Skipped]:
         try:
             out.append((number, parse_json(line, path, _LineRefused)))
         except _LineRefused as exc:
-            skipped.add(number, exc.problem.replace("not valid JSON", "not JSON", 1))
+            skipped.add(number, str(exc).replace("not valid JSON", "not JSON", 1))
     return out, skipped
 
 
@@ -670,15 +626,13 @@ class _LineRefused(Exception):
 
     def __init__(self, path: Path, problem: str) -> None:
         super().__init__(problem)
-        self.problem = problem
 
 
 def _parse_lines(lines: list[bytes]) -> list[Any] | None:
-    """Every line parsed in one ``json.loads`` of them as an array (a third of the time of one
-    ``json.loads`` a line: 30 ms for 50,000 names, 80 ms line by line), or None when that cannot be trusted: a line not JSON on its own
-    (joined, ``[1`` and ``2]`` would be one value: the count differs), or one that could nest
-    deeper than MAX_JSON_DEPTH (more brackets than that; checked line by line then). Joined by
-    newlines: a JSON string cannot hold one, so no string spans two lines."""
+    """Every line parsed in one ``json.loads`` of them as an array (30 ms for 50,000 names, 80 ms
+    line by line), or None when that cannot be trusted: a line not JSON on its own (joined, ``[1``
+    and ``2]`` would be one value: the count differs), or one with more brackets than
+    MAX_JSON_DEPTH (checked line by line then). Joined by newlines: no JSON string holds one."""
     if any(line.count(b"[") + line.count(b"{") >= MAX_JSON_DEPTH for line in lines):
         return None
     try:
@@ -689,18 +643,16 @@ def _parse_lines(lines: list[bytes]) -> list[Any] | None:
 
 
 def _read_samples(pdir: Path, notes: list[str]) -> Any:
-    """Samples through the sampler's own reader. When it refuses the files (samples of a newer
-    format, a damaged layout), the part's layout and raw bytes instead, said in ``notes``: a
-    samples file this maxinstr cannot read must not make the run's stages unreadable
-    (tests/rundir/test_rundir.py, the raw-samples fallback)."""
+    """The part's :class:`Samples`; when they cannot be read (a newer format, a damaged layout),
+    its layout and raw bytes, said in ``notes``: samples must not make the stages unreadable."""
     try:
         result = read_samples(pdir)
-        torn = getattr(result, "torn_bytes", 0)
-        if isinstance(torn, int) and torn > 0:
-            notes.append(f"{pdir / SAMPLES_FILE}: ignored a torn last sample row ({torn} bytes)")
+        if result.torn_bytes:
+            notes.append(f"{pdir / SAMPLES_FILE}: ignored a torn last sample row ({result.torn_bytes} bytes)")
         return result
     except Exception as exc:  # noqa: BLE001 - any refusal: the rest of the run still loads
-        notes.append(f"{pdir}: samples not read ({type(exc).__name__}: {_short(exc)}); raw bytes kept")
+        text = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        notes.append(f"{pdir}: samples not read ({type(exc).__name__}: {text}); raw bytes kept")
     layout = None
     layout_path = pdir / SAMPLES_LAYOUT_FILE
     raw = b""
@@ -724,10 +676,6 @@ def _pid_rank_from_name(name: str) -> tuple[int | None, int | None]:
         elif piece[:1] == "r" and number is not None:
             rank = number
     return pid, rank
-
-
-def _short(exc: BaseException) -> str:
-    return str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
 
 
 def clip(obj: Any) -> str:

@@ -1,11 +1,9 @@
-"""The sampler's small vendor interface, the row layout every vendor fills, and the null backend.
+"""The sampler's small vendor interface and the null backend.
 
-A :class:`Backend` opens a vendor library and hands out one :class:`Device` per visible GPU.
-A device fills a preallocated list of metric values (``NaN`` = not read in this row) and
-returns the throttle bits it saw; it never raises into the sampler: vendor errors are
-translated where they enter (``nvml.py``, ``amdsmi.py``) and reported through
-:class:`ErrorLog`, once each. The row layout is vendor-neutral, so a reader never needs to
-know which library wrote it.
+A :class:`Backend` opens a vendor library and hands out one :class:`Device` per visible GPU. A
+device fills a list of metric values (:data:`COL`; ``NaN``: not read in this row) and returns the
+throttle bits it saw; it never raises into the sampler: vendor errors are translated where they
+enter (``nvml.py``, ``amdsmi.py``) and recorded once each in :class:`ErrorLog`.
 """
 
 from __future__ import annotations
@@ -25,14 +23,9 @@ NAN = math.nan
 COL: dict[str, int] = {m[0]: i for i, m in enumerate(METRICS)}
 """Metric name -> position in the values list a device fills."""
 
-
-# ------------------------------------------------------------------------ errors, once
 class ErrorLog:
-    """Errors and absences met while sampling, recorded once per key (thread-safe).
-
-    ``on_new`` is called (outside the lock) after a new entry is added, so the writer can
-    persist it; it must not raise.
-    """
+    """Errors and absences met while sampling, recorded once per key (thread-safe). ``on_new``
+    is called (outside the lock) after a new entry, so the writer can persist it."""
 
     def __init__(self, clock: Callable[[], int], on_new: Callable[[], None] | None = None) -> None:
         self._clock = clock
@@ -48,9 +41,7 @@ class ErrorLog:
             if key in self._seen:
                 return False
             self._seen.add(key)
-            self.entries.append(
-                {"t_ns": self._clock(), "kind": kind, "device": device, "metric": metric, "message": message}
-            )
+            self.entries.append({"t_ns": self._clock(), "kind": kind, "device": device, "metric": metric, "message": message})
         if self.on_new is not None:
             try:
                 self.on_new()
@@ -62,8 +53,6 @@ class ErrorLog:
         with self._lock:
             return list(self.entries)
 
-
-# ----------------------------------------------------------------------- devices
 @dataclass
 class DeviceInfo:
     """What a device is, written into samples.json once. Units in names."""
@@ -80,8 +69,7 @@ class DeviceInfo:
     mem_total_bytes: float | None = None
     power_limit_w: float | None = None
     gpm: bool = False
-    absent: list[str] = field(default_factory=list)
-    """Metrics this device does not support (NaN in every row)."""
+    absent: list[str] = field(default_factory=list)  # metrics it does not support (NaN in every row)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,8 +89,8 @@ class Device(ABC):
     @abstractmethod
     def read(self, values: list[float], tick: int, now_ns: int) -> tuple[int, int, int]: ...
 
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release per-device vendor resources (GPM sample buffers)."""
+    def close(self) -> None:  # noqa: B027 - optional hook: per-device vendor resources (GPM sample buffers)
+        pass
 
     def probe_stats(self) -> dict[str, Any]:
         """Per-metric read cost (calls, wall ns per call, cadence), for samples.json."""
@@ -121,8 +109,8 @@ class Backend(ABC):
         """Driver / library versions, for samples.json."""
         return {}
 
-    def shutdown(self) -> None:  # noqa: B027 - optional hook
-        """Close the vendor library."""
+    def shutdown(self) -> None:  # noqa: B027 - optional hook: close the vendor library
+        pass
 
 
 class NullDevice(Device):
@@ -137,11 +125,8 @@ class NullDevice(Device):
 
 
 class NullBackend(Backend):
-    """No vendor library: no devices (or ``n`` null devices, for cost measurements).
-
-    ``reason`` says why there is no real backend, e.g. "NVML: libnvidia-ml.so.1 not found;
-    amdsmi: not installed"; it is written into samples.json and printed by ``snapshot``.
-    """
+    """No vendor library: no devices (or ``n`` null devices, for cost measurements); ``reason``
+    says why (samples.json, ``snapshot``)."""
 
     name = "none"
 
@@ -158,7 +143,14 @@ def nan_values() -> list[float]:
     return [NAN] * len(METRICS)
 
 
-# ------------------------------------------------------------- probe-based vendor devices
+def try_call(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, None when the vendor call fails (static facts are optional)."""
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - vendor boundary: a fact this device does not give
+        return None
+
+
 ABSENT, LOST, RETRY = "absent", "lost", "retry"
 MAX_FAILS_IN_A_ROW = 100
 
