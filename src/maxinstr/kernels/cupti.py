@@ -44,11 +44,6 @@ from maxinstr.kernels.convert import (
 )
 from maxinstr.rundir.activity import ACTIVITY_DTYPE, ActivityWriter
 
-try:
-    import maxinstr._native as _native
-except Exception:  # noqa: BLE001 - no native build: start says why kernels=True cannot run
-    _native = None  # type: ignore[assignment]
-
 BUFFER_BYTES = 16 << 20
 FLUSH_EVERY_S = 0.25
 # Driver API records: needed only for work launched through the driver API (CuPy, Triton, MAX,
@@ -71,6 +66,16 @@ _PTR = operator.attrgetter("ptr")
 # function were missed here would show up as "no launch-call record" in the report's notes.
 _LAUNCH_WORDS = ("Launch", "Memcpy", "Memset")
 _NOT_FUNCTIONS = ("INVALID", "SIZE", "FORCE_INT")
+
+
+def _functions(c: Any, enum_name: str) -> list[tuple[Any, bool]]:
+    """The API functions of one of cupti-python's cbid enums, and whether each launches GPU work."""
+    out = []
+    for member in getattr(c, enum_name, None) or []:
+        name = str(getattr(member, "name", ""))
+        if name and name not in _NOT_FUNCTIONS:
+            out.append((member, any(w in name for w in _LAUNCH_WORDS)))
+    return out
 
 
 def _held(text: str) -> str:
@@ -104,17 +109,11 @@ def _error_text(cupti: Any, exc: BaseException) -> str:
 
 def _loaded_cupti_paths() -> list[str]:
     """The libcupti files this process has mapped, in load order (usually one)."""
-    found: list[str] = []
     try:
         with open("/proc/self/maps") as f:
-            for line in f:
-                if "libcupti.so" in line:
-                    path = line.split(None, 5)[-1].strip()
-                    if path not in found:
-                        found.append(path)
+            return list(dict.fromkeys(line.split(None, 5)[-1].strip() for line in f if "libcupti.so" in line))
     except OSError:
-        pass
-    return found
+        return []
 
 
 def _same_instance_path(c: Any, kind: int) -> str | None:
@@ -161,7 +160,6 @@ class CuptiCollector:
         self._convert_errors = 0
         self._callback_s = 0.0
         self._buffers = 0
-        self._rows = 0
         self._last_flush = 0.0
         self._pairs: list[list[int]] = []
         self._driver = "probing"  # "probing" (on), "needed" (on for good), "off"
@@ -199,11 +197,9 @@ class CuptiCollector:
             raise KernelsUnavailable(f"cupti-python failed to import: {type(exc).__name__}: {exc}") from None
         self._c = c = cupti
         self._conv = Converter(c, check_cupti_python(c))  # before CUPTI is touched: nothing to undo
-        native = _native
-        if native is None:
-            raise KernelsUnavailable("the native stage core is not built: stages cannot be tagged")
-        if not hasattr(native, "cupti_link"):
-            raise KernelsUnavailable("this build of the native stage core predates kernels=True (rebuild maxinstr)")
+        # looked up here, not bound at import: the session tests run against a stand-in core
+        import maxinstr._native as native
+
         self._native = native
         try:
             # tags mode: the core's callback takes CUPTI's one subscriber slot (below)
@@ -222,7 +218,7 @@ class CuptiCollector:
                     f"could not tell which loaded libcupti cupti-python uses ({_loaded_cupti_paths() or 'none mapped'})"
                 )
             # buffers before any activity kind is on: no record is ever written to a buffer we cannot read
-            if hasattr(native, "cupti_buffers") and native.cupti_buffers(path, BUFFER_BYTES, MAX_PENDING_BYTES):
+            if native.cupti_buffers(path, BUFFER_BYTES, MAX_PENDING_BYTES):
                 self._mode = "native"
             else:
                 c.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
@@ -270,20 +266,13 @@ class CuptiCollector:
         )
 
     def _launch_cbids(self) -> tuple[list[int], list[int]]:
-        """Callback ids of the runtime and driver functions that launch GPU work (names with
-        Launch, Memcpy or Memset)."""
-        out: tuple[list[int], list[int]] = ([], [])
-        for i, enum_name in enumerate(("runtime_api_trace_cbid", "driver_api_trace_cbid")):
-            for member in getattr(self._c, enum_name, None) or []:
-                name = str(getattr(member, "name", ""))
-                if name and name not in _NOT_FUNCTIONS and any(w in name for w in _LAUNCH_WORDS):
-                    out[i].append(int(member))
-        return out
+        """Callback ids of the runtime and driver functions that launch GPU work."""
+        runtime, driver = ([int(m) for m, launches in _functions(self._c, e) if launches]
+                           for e in ("runtime_api_trace_cbid", "driver_api_trace_cbid"))
+        return runtime, driver
 
     def _start_tags(self, path: str, kind_value: int) -> None:
         """The core's launch tags: its callback on the launch functions holds CUPTI's subscriber."""
-        if not hasattr(self._native, "cupti_tags"):
-            raise KernelsUnavailable("this build of the native stage core has no launch tags (MAXINSTR_CUPTI_TAGS)")
         runtime_ids, driver_ids = self._launch_cbids()
         rc = self._native.cupti_tags(path, runtime_ids, driver_ids)
         if rc is not True:
@@ -308,29 +297,22 @@ class CuptiCollector:
         self._quiet = self._kept_api = self._api_filter_errors = 0
         for enum_name, fn_name in (("driver_api_trace_cbid", "activity_enable_driver_api"),
                                    ("runtime_api_trace_cbid", "activity_enable_runtime_api")):  # fmt: skip
-            ids = getattr(self._c, enum_name, None)
             fn = getattr(self._c, fn_name, None)
-            if ids is None or fn is None:
+            if getattr(self._c, enum_name, None) is None or fn is None:
                 continue
-            done = 0
-            for member in ids:
-                name = str(getattr(member, "name", ""))
-                if not name or name in _NOT_FUNCTIONS:
-                    continue
-                if any(w in name for w in _LAUNCH_WORDS):
+            for member, launches in _functions(self._c, enum_name):
+                if launches:
                     self._kept_api += 1
                     continue
                 try:
                     fn(int(member), 0)
+                    self._quiet += 1
                 except Exception:  # noqa: BLE001 - an id this CUPTI refuses: that function keeps its records
                     self._api_filter_errors += 1
-                    continue
-                done += 1
-            self._quiet += done
 
     def _teardown(self) -> None:
         c = self._c
-        if self._tags and self._native is not None and hasattr(self._native, "cupti_tags"):
+        if self._tags and self._native is not None:
             _quietly(self._native.cupti_tags, None)
         if self._linked and self._native is not None:
             _quietly(self._native.cupti_link, None)
@@ -561,9 +543,7 @@ class CuptiCollector:
         with self._lock:
             chunks, self._queue, self._queued = self._queue, [], 0
         names = self._conv.names.snapshot()  # after the rows: every name they use is in it
-        rows = np.concatenate(chunks) if chunks else np.empty(0, ACTIVITY_DTYPE)
-        self._rows += len(rows)
-        self.writer.write(rows, names)
+        self.writer.write(np.concatenate(chunks) if chunks else np.empty(0, ACTIVITY_DTYPE), names)
 
     def _clock_pair(self) -> None:
         """One (host clock, CUPTI clock) pair: the host time is the midpoint of two reads around
