@@ -1,19 +1,16 @@
-"""The sampler in a process of its own (``MAXINSTR_SAMPLER_GIL=process``).
+"""The sampler in a process of its own (``MAXINSTR_SAMPLER_GIL=process``, the default).
 
-A sampler thread in the user's process shares its GIL: however cheap the vendor calls, every
-tick hands the GIL over and back (see docs/sampler.md, "What a sample costs"). Here the same
-sampler runs in a child process (``python -m maxinstr.sample.process``) that has its own GIL,
-so the user's Python is never stopped by it; what it costs is CPU on another core. The child
-writes the same ``samples.bin`` / ``samples.json`` into the part directory (timestamps are
-CLOCK_MONOTONIC, which is system-wide, so they line up with the parent's stage records).
+A sampler thread in the user's process shares its GIL: every tick hands it over and back
+(docs/sampler.md, "What a sample costs"). Here the same sampler runs in a child process
+(``python -m maxinstr.sample.process``) with its own GIL, costing CPU on another core; it writes
+the same files (CLOCK_MONOTONIC is system-wide: its times line up with the parent's stages).
 
-Protocol: the parent starts the child with a pipe on its stdin and waits (``ready_timeout_s``)
-for one JSON line on the child's original stdout: ``{"unavailable": ..., "devices": [...]}``
-(anything a vendor library prints goes to the child's stderr, which is kept in
-``sampler-stderr.txt`` in the part directory when not empty). ``stop()`` writes ``stop`` and
-closes the pipe; the child stops its sampler (final samples.json) and exits. If the parent
-dies, the pipe closes and the child stops the same way. If the child does not come up,
-:func:`~maxinstr.sample.start_sampler` samples in-process instead and says so in ``notes``.
+Protocol: the parent starts the child with a pipe on its stdin and waits (``ready_timeout_s``) for
+one JSON line on the child's original stdout: ``{"unavailable": ..., "devices": [...]}`` (what a
+vendor library prints goes to the child's stderr, kept in ``sampler-stderr.txt`` when not
+empty). ``stop()`` writes ``stop`` and closes the pipe; the child writes its final samples.json
+and exits, as it does when the parent dies. If the child does not come up,
+:func:`~maxinstr.sample.start_sampler` samples in-process and says so in ``notes``.
 """
 
 from __future__ import annotations
@@ -27,6 +24,7 @@ import sys
 import time
 from collections.abc import Collection
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from maxinstr import config
@@ -35,13 +33,6 @@ from maxinstr.sample.base import DeviceInfo, ErrorLog
 from maxinstr.sample.writer import Sampler, clock_ns, open_backend
 
 STDERR_FILE = "sampler-stderr.txt"
-
-
-class _RemoteDevice:
-    """What the parent knows of a device the child samples."""
-
-    def __init__(self, info: DeviceInfo) -> None:
-        self.info = info
 
 
 class ProcessSampler:
@@ -59,7 +50,7 @@ class ProcessSampler:
         self.env = env
         self.ready_timeout_s = ready_timeout_s
         self.extra = dict(extra or {})
-        self.devices: list[_RemoteDevice] = []
+        self.devices: list[SimpleNamespace] = []  # what the parent knows of the child's devices: .info
         self.unavailable = ""
         self.failure = ""
         self.notes: list[str] = []
@@ -88,7 +79,7 @@ class ProcessSampler:
                 return self._give_up(self.failure or "no answer")
             doc = json.loads(line)
             self.unavailable = doc.get("unavailable") or ""
-            self.devices = [_RemoteDevice(DeviceInfo(**d)) for d in doc.get("devices", [])]
+            self.devices = [SimpleNamespace(info=DeviceInfo(**d)) for d in doc.get("devices", [])]
             self.notes = list(doc.get("notes", []))
             atexit.register(self.stop)
             return True

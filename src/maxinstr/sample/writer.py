@@ -38,7 +38,7 @@ from maxinstr.rundir.samples import (
     row_layout,
 )
 from maxinstr.sample import amdsmi, nvml
-from maxinstr.sample.base import NAN, Backend, Device, DeviceLost, ErrorLog, NullBackend
+from maxinstr.sample.base import NAN, Backend, Device, DeviceLost, ErrorLog, NullBackend, try_call
 
 try:  # the native core's clock (CLOCK_MONOTONIC ns, the clock stage records use)
     from maxinstr._native import clock_ns as _clock_ns
@@ -137,7 +137,6 @@ class Sampler:
         self._costs = array.array("q", bytes(8 * _COST_RING))
         self._thread_cpu_ns = 0
 
-    # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> Sampler:
         try:
             real_dirs(self.part_dir.parent, self.part_dir)  # the part folder: no planted link (parts/ is the session's)
@@ -174,28 +173,20 @@ class Sampler:
             self._stopped = True
             return
         self._stopped = True
-        leak_fd = False
+        leak_fd = False  # a vendor call hangs (a wedged GPU): a reused descriptor would take the thread's late writes
         try:
             atexit.unregister(self.stop)
             self._stop_evt.set()
             if self._thread is not None:
                 self._thread.join(timeout=max(2.0, 5 * self.interval_s))
                 if self._thread.is_alive():
-                    # a vendor call hangs (a wedged GPU): never close the fd under the thread, a
-                    # reused descriptor number would take its late writes
                     leak_fd = True
                     self.errors.once(("hung",), "internal", "sampler thread did not stop within "
                                      f"{max(2.0, 5 * self.interval_s):g} s (a vendor call hangs); left running")
             self.stopped_ns = clock_ns()
             for dev in self.devices:
-                try:
-                    dev.close()
-                except Exception:  # noqa: BLE001
-                    pass
-            try:
-                self.backend.shutdown()
-            except Exception:  # noqa: BLE001
-                pass
+                try_call(dev.close)
+            try_call(self.backend.shutdown)
             self.write_json("closed")
         except Exception:  # noqa: BLE001 - never raise at stop
             pass
@@ -211,7 +202,6 @@ class Sampler:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    # -- the thread ------------------------------------------------------------------
     def _run(self) -> None:
         cpu0 = time.thread_time_ns()
         try:
@@ -298,7 +288,6 @@ class Sampler:
             if off:
                 os.write(fd, view[:off])
 
-    # -- samples.json ----------------------------------------------------------------
     def _on_new_error(self) -> None:
         if self._fd >= 0 and not self._stopped:
             self.write_json("running")
@@ -320,7 +309,7 @@ class Sampler:
             out["per_device_row_ns_mean"] = self._cost_sum_ns / max(1, self.rows)
         probes: dict[str, Any] = {}
         for d in self.devices:
-            stats = _safe(d.probe_stats)
+            stats = try_call(d.probe_stats)
             if stats:
                 probes[str(d.info.visible_index)] = stats
         if probes:
@@ -341,7 +330,7 @@ class Sampler:
             "clock": "CLOCK_MONOTONIC",
             "backend": self.backend.name if not self.unavailable else "none",
             "unavailable": self.unavailable or None,
-            "backend_versions": _safe(self.backend.versions) or {},
+            "backend_versions": try_call(self.backend.versions) or {},
             "visible": getattr(self.backend, "source", "") or None,
             "gil": getattr(self.backend, "gil", None),
             "interval_s": self.interval_s,
@@ -361,13 +350,6 @@ class Sampler:
         with self._json_lock:
             replace_atomic(self.part_dir / SAMPLES_LAYOUT_FILE,
                            (json.dumps(_finite(doc), indent=1, allow_nan=False, default=str) + "\n").encode())
-
-
-def _safe(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except Exception:  # noqa: BLE001
-        return None
 
 
 def _finite(obj: Any) -> Any:
