@@ -1,13 +1,9 @@
 """CUPTI's activity records and the core's launch tags -> rows of
-:data:`~maxinstr.rundir.activity.ACTIVITY_DTYPE` (the collector's lifecycle is :mod:`.cupti`).
-
-Three converters: :func:`rows_from_bytes` reads a buffer's records with numpy through
-cupti-python's own struct dtypes (``activity_<kind>N_dtype``), one gather per field;
-:func:`rows_from_records` reads cupti-python's record objects attribute by attribute (what its
-completed-buffer callback hands out); :func:`rows_from_tags` turns the core's launch tags into
-the API and external-correlation rows CUPTI's records would be. :class:`Converter` trusts the
-numpy path only after it gave exactly the record objects' rows on a session's first
-``FAST_CHECK_ROWS`` records.
+:data:`~maxinstr.rundir.activity.ACTIVITY_DTYPE` (the collector's lifecycle is :mod:`.cupti`):
+:func:`rows_from_bytes` (numpy over a buffer, through cupti-python's own struct dtypes),
+:func:`rows_from_records` (cupti-python's record objects, attribute by attribute),
+:func:`rows_from_tags`, and :class:`Converter`, which trusts the first only once it matched the
+second on a session's first ``FAST_CHECK_ROWS`` records.
 """
 
 from __future__ import annotations
@@ -85,8 +81,7 @@ class RecordLayout:
 
 
 def _unreadable(dt: Any, fields: tuple[str, ...]) -> list[str]:
-    """What keeps ``dt`` from giving these fields as they are read (little-endian integers,
-    aligned to their size)."""
+    """What keeps ``dt`` from giving these fields as little-endian integers aligned to their size."""
     bad = []
     for f in fields:
         got = (getattr(dt, "fields", None) or {}).get(f)
@@ -160,6 +155,7 @@ def _cupti_pin() -> str:
 
 
 def installed(dist: str) -> str | None:
+    """The installed version of ``dist``, None when unknown."""
     try:
         return version(dist)
     except Exception:  # noqa: BLE001 - not installed, or broken metadata
@@ -208,8 +204,8 @@ def _quiet_record_objects(counter: list[int]) -> Iterator[None]:
 
 
 class Names:
-    """The names rows refer to (kernels, API functions) as ids into activity_names.jsonl, each
-    interned once; thread-safe (CUPTI's thread in python-callback mode, the flusher)."""
+    """Kernel and API function names as ids into activity_names.jsonl; thread-safe (CUPTI's
+    thread in python-callback mode, the flusher)."""
 
     def __init__(self, c: Any) -> None:
         self.c = c
@@ -252,7 +248,6 @@ class Names:
         return nid
 
     def api_ids(self, kind: int, cbids: np.ndarray, driver: bool) -> np.ndarray:
-        """:meth:`api_id` of a column of callback ids, one lookup per function."""
         uniq, inv = np.unique(cbids, return_inverse=True)
         ids = np.array([self.api_id(kind, v, driver) for v in uniq.tolist()], np.int32)
         return ids[inv.reshape(-1)]
@@ -271,7 +266,7 @@ class Names:
 
 
 class Kinds:
-    """cupti-python's ActivityKind values as ints, and the record layout read for each."""
+    """cupti-python's ActivityKind values, and the record layout read for each."""
 
     def __init__(self, c: Any, layouts: dict[str, RecordLayout]) -> None:
         K = c.ActivityKind
@@ -285,9 +280,8 @@ class Kinds:
 
 
 def rows_from_bytes(data: bytes, off: np.ndarray, kinds: Kinds, names: Names) -> np.ndarray:
-    """Rows read straight from a buffer's bytes (records at ``off``): one numpy gather per field,
-    from typed views over the buffer. CUPTI records are 8-byte aligned; anything unaligned or
-    out of the buffer raises (the caller then uses the record objects)."""
+    """Rows of the records at ``off`` in a buffer: one numpy gather per field from typed views.
+    CUPTI records are 8-byte aligned: anything unaligned or out of the buffer raises."""
     n = len(off)
     if n == 0:
         return np.empty(0, ACTIVITY_DTYPE)
@@ -427,10 +421,9 @@ def rows_from_tags(tags: np.ndarray, kinds: Kinds, names: Names, pairs: list[lis
 
 
 class Converter:
-    """A session's buffers -> rows: the numpy path (:func:`rows_from_bytes`), checked against
-    cupti-python's record objects on the first ``FAST_CHECK_ROWS`` records (a slice at a time:
-    an object costs tens of microseconds with the GIL held), then trusted; the record objects
-    for everything once the two differed."""
+    """A session's buffers -> rows: :func:`rows_from_bytes`, checked against the record objects
+    on the first ``FAST_CHECK_ROWS`` records (a slice at a time), then trusted; the record
+    objects for everything once the two differed."""
 
     def __init__(self, c: Any, layouts: dict[str, RecordLayout] | None = None) -> None:
         self.names = Names(c)
@@ -442,7 +435,6 @@ class Converter:
         self._keep_alive: Any = None
 
     def convert(self, data: bytes, offs: np.ndarray) -> np.ndarray:
-        """Rows from one buffer's bytes and its records' offsets."""
         if self.fast is True:
             return rows_from_bytes(data, offs, self.kinds, self.names)
         if self.fast is False:

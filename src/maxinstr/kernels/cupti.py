@@ -1,23 +1,14 @@
 """NVIDIA: kernels, copies and sets per stage through CUPTI's activity API, in-process
-(docs/kernels.md). This is the collector's lifecycle; :mod:`.convert` turns what it takes into rows.
+(docs/kernels.md): the collector's lifecycle (:mod:`.convert` makes the rows).
 
-Uses NVIDIA's ``cupti-python`` (the optional extra ``maxinstr[cupti]``), imported only when a
-session asks for ``kernels=True``. It turns on the GPU ops (CONCURRENT_KERNEL, MEMCPY, MEMSET)
-and learns each launch's stage either from the core's launch tags (CUPTI's callback API,
-``_native.cupti_tags``: the default) or from RUNTIME/DRIVER API records beside
-EXTERNAL_CORRELATION records of the stage ids the core pushes at each stage's enter
-(``_native.cupti_link``, ``MAXINSTR_CUPTI_TAGS=0``). CUPTI has one subscriber slot: when nsys,
-Kineto or another tool holds it, CUPTI says MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED and stages are
-recorded with events only, never with records taken from the other tool.
-
-Buffers: CUPTI fills buffers the core hands out (``_native.cupti_buffers``: C callbacks that only
-queue completed buffers, so nothing on CUPTI's thread touches Python); the session's flusher, at
-most every ``FLUSH_EVERY_S``, makes CUPTI deliver (``_native.cupti_flush``, GIL released), takes
-the buffers and converts them. Where the native buffers cannot be had, cupti-python's Python
-callback copies each buffer's bytes and queues them. API records are kept only for the functions
-that launch GPU work; every other runtime/driver function is switched off. Records CUPTI dropped
-and records we dropped (queues over their bounds) are counted in activity.json and said in the
-report.
+cupti-python (``maxinstr[cupti]``) is imported only for ``kernels=True``. Each launch's stage comes
+from the core's launch tags (CUPTI's callback API, the default) or from API records beside the
+external-correlation records of the stage ids the core pushes (``MAXINSTR_CUPTI_TAGS=0``). CUPTI
+has one subscriber slot: when another tool holds it, stages are recorded with events only, never
+with records taken from that tool. CUPTI fills buffers the core hands out (C callbacks: nothing on
+CUPTI's thread touches Python), or cupti-python's callback copies them; the session's flusher,
+at most every ``FLUSH_EVERY_S``, makes CUPTI deliver and converts. Records CUPTI dropped and
+records we dropped (queues over their bounds) are counted in activity.json and said in the report.
 """
 
 from __future__ import annotations

@@ -40,18 +40,14 @@ def start_sampler(
     devices: Collection[int] | None = None,
     mode: str | None = None,
 ) -> Sampler:
-    """Start sampling every visible GPU into ``part_dir/samples.bin`` (+ ``samples.json``); rows
-    reach the file every ``flush_interval_s`` (a SIGKILL loses at most that much). Never raises.
-
-    ``devices``: visible indices to sample (default: all; under torchrun the session samples from
-    local rank 0 only). ``pids``: processes whose GPU memory is ``proc_mem_bytes`` (default: this
-    one). ``backend``: a ready backend (tests, benchmarks). By default (``mode`` or
+    """Start sampling every visible GPU (``devices``: these visible indices) into ``part_dir``;
+    rows reach the file every ``flush_interval_s`` (a SIGKILL loses at most that). ``pids``: whose
+    GPU memory is ``proc_mem_bytes`` (default: this process). By default (``mode`` or
     ``MAXINSTR_SAMPLER_GIL``: ``process``) NVIDIA GPUs are sampled by a child process
-    (:class:`~maxinstr.sample.process.ProcessSampler`), so the sampler never takes this process's
-    GIL; if it cannot start, and for AMD and given backends, a thread here samples
-    (:class:`~maxinstr.sample.writer.Sampler`). Both have ``stop()``, ``running``, ``devices``,
-    ``unavailable`` and ``notes``. With no GPU nothing runs and samples.json says why.
-    """
+    (:class:`~maxinstr.sample.process.ProcessSampler`), never taking this process's GIL; else, and
+    when it cannot start, a thread here (:class:`~maxinstr.sample.writer.Sampler`). Both have
+    ``stop()``, ``running``, ``devices``, ``unavailable``, ``notes``. Never raises; with no GPU
+    nothing runs and samples.json says why."""
     # a given backend already reports into its own log: share it
     errors = getattr(backend, "errors", None) if backend is not None else None
     if not isinstance(errors, ErrorLog):
