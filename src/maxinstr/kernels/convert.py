@@ -22,16 +22,8 @@ from typing import Any
 import numpy as np
 
 from maxinstr.kernels.base import KernelsUnavailable
-from maxinstr.rundir.activity import (
-    ACTIVITY_DTYPE,
-    KIND_DRIVER,
-    KIND_EXTERNAL,
-    KIND_KERNEL,
-    KIND_MEMCPY,
-    KIND_MEMSET,
-    KIND_RUNTIME,
-    to_collector_clock,
-)
+from maxinstr.rundir.activity import (ACTIVITY_DTYPE, KIND_DRIVER, KIND_EXTERNAL, KIND_KERNEL, KIND_MEMCPY,
+                                      KIND_MEMSET, KIND_RUNTIME, to_collector_clock)
 
 # The native launch tags (_native.cupti_tags; csrc/core/launch_tags.cpp: struct Tag)
 TAG_DTYPE = np.dtype([("correlation_id", "<u4"), ("domain", "<i4"), ("stage_id", "<i8"), ("tid", "<i8"),

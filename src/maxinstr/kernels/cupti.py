@@ -25,14 +25,8 @@ import numpy as np
 
 from maxinstr import config
 from maxinstr.kernels.base import KernelsUnavailable
-from maxinstr.kernels.convert import (
-    TAG_DTYPE,
-    Converter,
-    check_cupti_python,
-    installed,
-    rows_from_records,
-    rows_from_tags,
-)
+from maxinstr.kernels.convert import (TAG_DTYPE, Converter, check_cupti_python, installed, rows_from_records,
+                                      rows_from_tags)
 from maxinstr.rundir.activity import ACTIVITY_DTYPE, ActivityWriter
 
 BUFFER_BYTES = 16 << 20
@@ -240,21 +234,13 @@ class CuptiCollector:
                 ) from None
             raise KernelsUnavailable(f"CUPTI activity could not be enabled: {text}") from None
         self._clock_pair()
-        self.writer.write_meta(
-            status="collecting",
-            collector="cupti",
-            buffers_by=self._mode,
-            cupti_library=path,
-            cupti_python=installed("cupti-python"),
-            record_layouts={r.family: r.name for r in self._conv.kinds.records.values()},
-            external_kind=kind_value,
-            clock_pairs=self._pairs,
-            buffer_bytes=BUFFER_BYTES,
-            api_functions_kept=self._kept_api,
-            quiet_api_functions=self._quiet,
-            api_filter_errors=self._api_filter_errors,
-            stage_correlation="launch tags (CUPTI callback API)" if self._tags else "external correlation records",
-        )
+        self.writer.write_meta(status="collecting", collector="cupti", buffers_by=self._mode, cupti_library=path,
+                               cupti_python=installed("cupti-python"),
+                               record_layouts={r.family: r.name for r in self._conv.kinds.records.values()},
+                               external_kind=kind_value, clock_pairs=self._pairs, buffer_bytes=BUFFER_BYTES,
+                               api_functions_kept=self._kept_api, quiet_api_functions=self._quiet,
+                               api_filter_errors=self._api_filter_errors,
+                               stage_correlation="launch tags (CUPTI callback API)" if self._tags else "external correlation records")
 
     def _launch_cbids(self) -> tuple[list[int], list[int]]:
         """Callback ids of the runtime and driver functions that launch GPU work."""

@@ -25,14 +25,8 @@ from maxinstr._text import safe_name
 from maxinstr.columns import StringTable
 from maxinstr.errors import RunDirError
 from maxinstr.rundir import format as fmt
-from maxinstr.rundir.samples import (
-    HEADER_FIELDS,
-    HW_THROTTLE_MASK,
-    SAMPLES_FILE,
-    SAMPLES_FORMAT,
-    SAMPLES_LAYOUT_FILE,
-    SAMPLES_VERSION,
-)
+from maxinstr.rundir.samples import (HEADER_FIELDS, HW_THROTTLE_MASK, SAMPLES_FILE, SAMPLES_FORMAT,
+                                     SAMPLES_LAYOUT_FILE, SAMPLES_VERSION)
 
 RUN_STAGE_DTYPE = np.dtype(list(fmt.STAGE_DTYPE.descr) + [("part", "<i4"), ("pid", "<i8"), ("rank", "<i4")])
 """The columns of :attr:`Run.stages`: the file's (``name_id`` re-numbered into :attr:`Run.names`),

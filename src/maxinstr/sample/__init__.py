@@ -28,18 +28,10 @@ MIN_INTERVAL_S = 0.0005
 _VISIBILITY_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
-def start_sampler(
-    part_dir: Path | str,
-    interval_s: float = DEFAULT_INTERVAL_S,
-    *,
-    pids: Collection[int] | None = None,
-    env: Mapping[str, str] | None = None,
-    backend: Backend | None = None,
-    extra: dict[str, Any] | None = None,
-    flush_interval_s: float = 0.1,
-    devices: Collection[int] | None = None,
-    mode: str | None = None,
-) -> Sampler:
+def start_sampler(part_dir: Path | str, interval_s: float = DEFAULT_INTERVAL_S, *, pids: Collection[int] | None = None,
+                  env: Mapping[str, str] | None = None, backend: Backend | None = None,
+                  extra: dict[str, Any] | None = None, flush_interval_s: float = 0.1,
+                  devices: Collection[int] | None = None, mode: str | None = None) -> Sampler:
     """Start sampling every visible GPU (``devices``: these visible indices) into ``part_dir``;
     rows reach the file every ``flush_interval_s`` (a SIGKILL loses at most that). ``pids``: whose
     GPU memory is ``proc_mem_bytes`` (default: this process). By default (``mode`` or

@@ -17,19 +17,8 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from maxinstr.rundir.samples import THROTTLE_BIT
-from maxinstr.sample.base import (
-    ABSENT,
-    COL,
-    LOST,
-    RETRY,
-    Backend,
-    Device,
-    DeviceInfo,
-    ErrorLog,
-    Probe,
-    ProbeDevice,
-    try_call,
-)
+from maxinstr.sample.base import (ABSENT, COL, LOST, RETRY, Backend, Device, DeviceInfo, ErrorLog, Probe, ProbeDevice,
+                                  try_call)
 from maxinstr.sample.devices import PhysicalGpu, amd_visible
 
 # amdsmi_status_t values (amdsmi.h / amdsmi_wrapper.py), kept here so a mocked module cannot change them

@@ -348,13 +348,8 @@ def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np
     )
 
 
-def stage_samples(
-    samples: Samples,
-    start_ns: np.ndarray,
-    end_ns: np.ndarray,
-    name_id: np.ndarray,
-    devices: list[int] | None = None,
-) -> tuple[StageSamples, list[InstanceSamples]]:
+def stage_samples(samples: Samples, start_ns: np.ndarray, end_ns: np.ndarray, name_id: np.ndarray,
+                  devices: list[int] | None = None) -> tuple[StageSamples, list[InstanceSamples]]:
     """Per stage name and device, from stage host intervals and their name ids.
 
     Returns the per-name table and the per-instance statistics (one per device, aligned

@@ -28,22 +28,8 @@ from typing import Any
 
 from maxinstr import config
 from maxinstr.rundir.samples import FLAG_GPM
-from maxinstr.sample.base import (
-    ABSENT,
-    COL,
-    LOST,
-    MAX_FAILS_IN_A_ROW,
-    RETRY,
-    SLOW_CALL_NS,
-    Backend,
-    Device,
-    DeviceInfo,
-    ErrorLog,
-    Probe,
-    ProbeDevice,
-    perf_ns,
-    try_call,
-)
+from maxinstr.sample.base import (ABSENT, COL, LOST, MAX_FAILS_IN_A_ROW, RETRY, SLOW_CALL_NS, Backend, Device,
+                                  DeviceInfo, ErrorLog, Probe, ProbeDevice, perf_ns, try_call)
 from maxinstr.sample.devices import MigInstance, PhysicalGpu, nvidia_visible
 
 # NVML's ABI values (nvml.h); stable across releases. Kept here rather than read from the
@@ -441,18 +427,9 @@ class NvmlBackend(Backend):
 
     name = "nvml"
 
-    def __init__(
-        self,
-        errors: ErrorLog,
-        *,
-        env: Mapping[str, str] | None = None,
-        pids: Collection[int] | None = None,
-        interval_s: float = 0.01,
-        gpm_interval_s: float | None = None,
-        slow_interval_s: float = SLOW_INTERVAL_S,
-        moved_interval_s: float = MOVED_INTERVAL_S,
-        nv: Any = None,
-    ) -> None:
+    def __init__(self, errors: ErrorLog, *, env: Mapping[str, str] | None = None, pids: Collection[int] | None = None,
+                 interval_s: float = 0.01, gpm_interval_s: float | None = None,
+                 slow_interval_s: float = SLOW_INTERVAL_S, moved_interval_s: float = MOVED_INTERVAL_S, nv: Any = None) -> None:
         self.nv = nv if nv is not None else import_pynvml()
         self.errors = errors
         try:

@@ -23,20 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from maxinstr._files import open_write, real_dirs, replace_atomic
-from maxinstr.rundir.samples import (
-    FLAG_GPM,
-    FLAG_LOST,
-    FLAG_SLOW,
-    METRICS,
-    ROW_FORMAT,
-    ROW_SIZE,
-    SAMPLES_FILE,
-    SAMPLES_FORMAT,
-    SAMPLES_LAYOUT_FILE,
-    SAMPLES_VERSION,
-    THROTTLE_BITS,
-    row_layout,
-)
+from maxinstr.rundir.samples import (FLAG_GPM, FLAG_LOST, FLAG_SLOW, METRICS, ROW_FORMAT, ROW_SIZE, SAMPLES_FILE,
+                                     SAMPLES_FORMAT, SAMPLES_LAYOUT_FILE, SAMPLES_VERSION, THROTTLE_BITS, row_layout)
 from maxinstr.sample import amdsmi, nvml
 from maxinstr.sample.base import NAN, Backend, Device, DeviceLost, ErrorLog, NullBackend, try_call
 
@@ -53,14 +41,8 @@ _COST_RING = 8192  # recent per-tick costs kept for percentiles
 _U32_MAX = 0xFFFFFFFF
 
 
-def open_backend(
-    errors: ErrorLog,
-    *,
-    interval_s: float = DEFAULT_INTERVAL_S,
-    env: Mapping[str, str] | None = None,
-    pids: Collection[int] | None = None,
-    prefer: str | None = None,
-) -> tuple[Backend, str]:
+def open_backend(errors: ErrorLog, *, interval_s: float = DEFAULT_INTERVAL_S, env: Mapping[str, str] | None = None,
+                 pids: Collection[int] | None = None, prefer: str | None = None) -> tuple[Backend, str]:
     """The first vendor backend with at least one visible device: NVML, then AMD SMI (``prefer``:
     only that one). ``(backend, "")``, or ``(NullBackend, reason)`` saying in one line why
     nothing can be sampled. Never raises."""
@@ -94,20 +76,9 @@ def open_backend(
 class Sampler:
     """A running (or finished) sampler for one part directory. Use :meth:`stop`."""
 
-    def __init__(
-        self,
-        part_dir: Path,
-        interval_s: float,
-        backend: Backend,
-        *,
-        unavailable: str = "",
-        notes: list[str] | None = None,
-        errors: ErrorLog | None = None,
-        pids: list[int] | None = None,
-        extra: dict[str, Any] | None = None,
-        flush_interval_s: float = 0.1,
-        only: Any = None,
-    ) -> None:
+    def __init__(self, part_dir: Path, interval_s: float, backend: Backend, *, unavailable: str = "",
+                 notes: list[str] | None = None, errors: ErrorLog | None = None, pids: list[int] | None = None,
+                 extra: dict[str, Any] | None = None, flush_interval_s: float = 0.1, only: Any = None) -> None:
         self.part_dir = Path(part_dir)
         self.interval_s = interval_s
         self.flush_interval_s = flush_interval_s
