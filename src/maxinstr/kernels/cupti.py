@@ -182,7 +182,7 @@ class CuptiCollector:
             raise KernelsUnavailable(f"cupti-python failed to import: {type(exc).__name__}: {exc}") from None
         self._c = c = cupti
         self._conv = Converter(c, check_cupti_python(c))  # before CUPTI is touched: nothing to undo
-        # looked up here, not bound at import: the session tests run against a stand-in core
+        # the core in sys.modules when the session starts (tests may put a stand-in there), not bound at import
         import maxinstr._native as native
 
         self._native = native
