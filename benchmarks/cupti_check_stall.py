@@ -30,12 +30,9 @@ from harness import interleave
 def _collector():
     from cupti import cupti as c
 
-    from maxinstr.kernels.cupti import CuptiCollector
+    from maxinstr.kernels.convert import Converter
 
-    col = CuptiCollector.__new__(CuptiCollector)
-    CuptiCollector.__init__(col, writer=None)  # type: ignore[arg-type]
-    col._c = c
-    return col, c
+    return Converter(c), c
 
 
 def _buffer(c, n: int) -> tuple[bytes, np.ndarray]:
@@ -50,12 +47,12 @@ def _buffer(c, n: int) -> tuple[bytes, np.ndarray]:
 def stall(rows: int | None, slice_rows: int, records: int) -> tuple[float, float, float]:
     """One conversion: (check ms, main-thread time lost in gaps > 0.2 ms, longest gap ms);
     rows=None: no check."""
-    from maxinstr.kernels import cupti as mc
+    from maxinstr.kernels import convert as mc
 
     col, c = _collector()
     data, offs = _buffer(c, records)
     if rows is None:
-        col._fast = True
+        col.fast = True
     else:
         mc.FAST_CHECK_ROWS, mc.FAST_CHECK_SLICE = rows, slice_rows
     done = threading.Event()
@@ -63,7 +60,7 @@ def stall(rows: int | None, slice_rows: int, records: int) -> tuple[float, float
 
     def work() -> None:
         t0 = time.perf_counter()
-        col._convert_checked(data, offs)
+        col.convert(data, offs)
         took[0] = time.perf_counter() - t0
         done.set()
 
@@ -87,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default="1000:1000000,128:16", help="ROWS:SLICE settings to compare")
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args(argv)
-    from maxinstr.kernels import cupti as mc
+    from maxinstr.kernels import convert as mc
 
     print(f"one buffer of {a.records} kernel records; FAST_CHECK_SLICE {mc.FAST_CHECK_SLICE}; "
           f"median of {a.repeats}; switch interval {1e3 * __import__('sys').getswitchinterval():.0f} ms")

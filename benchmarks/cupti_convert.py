@@ -29,8 +29,9 @@ from cupti import cupti as fake
 
 from harness import time_calls_ns
 from maxinstr import _native
+from maxinstr.kernels.convert import Converter, rows_from_bytes, rows_from_records
 from maxinstr.kernels.cupti import CuptiCollector
-from maxinstr.kernels.store import ActivityWriter
+from maxinstr.rundir.activity import ActivityWriter
 
 N = 3000
 K, A, E = fake.activity_kernel10_dtype, fake.activity_api_dtype, fake.activity_external_correlation_dtype
@@ -57,7 +58,7 @@ for i in range(N):
         off += dt.itemsize
 data, offs_a = buf.tobytes(), np.array(offs, np.int64)
 c = CuptiCollector(ActivityWriter(tempfile.mkdtemp(), {}))
-c._c = fake
+c._c, c._conv = fake, Converter(fake)
 
 
 def best(fn, reps: int = 5) -> float:
@@ -70,7 +71,8 @@ def callback() -> None:
     c._raw, c._raw_bytes = [], 0
 
 
-res = {"attribute path": best(lambda: c._convert(recs)), "python callback": best(callback)}
+res = {"attribute path": best(lambda: rows_from_records(recs, c._conv.kinds, c._conv.names)),
+       "python callback": best(callback)}
 if fake._NATIVE and _native.cupti_buffers(os.environ["FAKE_CUPTI_LIB"], 16 << 20, 512 << 20):
     fake._LIB.fake_cupti_set_size(10, K.itemsize)
 
@@ -81,8 +83,8 @@ if fake._NATIVE and _native.cupti_buffers(os.environ["FAKE_CUPTI_LIB"], 16 << 20
         assert sum(len(o) // 8 for _, o in got) == len(recs)
 
     res["native take"] = best(native_take)
-res["fast path"] = best(lambda: c._convert_fast(data, offs_a))
-a, b = c._convert(recs), c._convert_fast(data, offs_a)
+res["fast path"] = best(lambda: rows_from_bytes(data, offs_a, c._conv.kinds, c._conv.names))
+a, b = rows_from_records(recs, c._conv.kinds, c._conv.names), rows_from_bytes(data, offs_a, c._conv.kinds, c._conv.names)
 assert all(np.array_equal(a[f], b[f]) for f in a.dtype.names), "the two paths disagree"
 for k, v in res.items():
     print(f"{k:16} {v:7.0f} ns/record")

@@ -22,9 +22,9 @@ DOC = ROOT / "docs" / "architecture.md"
 # __main__.py (the entry points) count as cli's.
 LAYERS: list[tuple[str, ...]] = [
     ("base",),                  # L0
-    ("integrations", "sample"),  # L1
-    ("rundir",),                 # L2
-    ("kernels",),                # L3: its activity files are run-directory files, read with rundir's checks
+    ("integrations",),           # L1
+    ("rundir",),                 # L2: every file format of a run directory, the collectors' included
+    ("kernels", "sample"),       # L3: the two collectors, peers
     ("record", "traces"),        # L4
     ("attribute",),              # L5
     ("analyze",),                # L6

@@ -1,7 +1,7 @@
-"""The native column module (``maxinstr._columns``: the SQLite scan, group statistics, joins) and
-its functions, looked up once for the readers and the analysis alike; every caller keeps a numpy
-path for when it is not built. Also the columnar primitives that readers and analysis share
-(``searchsorted``, ``correlation_join``): they sit here, below both."""
+"""The columnar primitives readers and analysis share (``searchsorted``, ``correlation_join``,
+``factorize``, :class:`StringTable`), below both, and the native column module
+(``maxinstr._columns``: the SQLite scan, group statistics, joins), looked up once; every caller
+keeps a numpy path for when it is not built."""
 
 from __future__ import annotations
 
@@ -18,20 +18,15 @@ def native_module() -> Any | None:
     if config.no_native_columns():
         return None
     try:
+        # at first use, not at import: the switch above decides first, and a process that never reads a trace never loads it
         import maxinstr._columns as _columns  # type: ignore[import-untyped]  # built from csrc, no stubs
-    except ImportError:
+
+        return _columns if _columns.available() else None
+    except Exception:  # noqa: BLE001 - not built, or a broken build: the Python path
         return None
-    try:
-        if not _columns.available():
-            return None
-    except Exception:  # noqa: BLE001 - a broken build must not stop the Python path
-        return None
-    return _columns
 
 
-FUNCTIONS: dict[str, Callable[..., Any] | None] = {}
-"""Looked-up functions by name (None: not in this build); tests set an entry to None to run the
-numpy path."""
+FUNCTIONS: dict[str, Callable[..., Any] | None] = {}  # by name (None: not built); tests set None for the numpy path
 
 
 def function(name: str) -> Callable[..., Any] | None:
@@ -51,13 +46,10 @@ def searchsorted(a: np.ndarray, v: np.ndarray, side: Literal["left", "right"] = 
 
 
 def factorize(values: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``(uniques, codes)`` of a column of strings: the distinct values sorted (an object array)
-    and each value's index in them (int64), so ``uniques[codes]`` is the column: what
-    ``np.unique(values.astype(str), return_inverse=True)`` gives, without its fixed-width copy of
-    the column, which takes len(column) x the longest string x 4 bytes (one 50 MB name among a
-    million rows asks for 200 TB; a 3 MB name made a report 2.3 GB). Linear in the column (one dict
-    lookup a value), the sort only over the distinct values. A value that is not a str is taken as
-    ``str(value)``."""
+    """``(uniques, codes)`` of a column of strings (a value not a str taken as ``str(value)``):
+    what ``np.unique(values.astype(str), return_inverse=True)`` gives, without its fixed-width
+    copy of the column, len(column) x the longest string x 4 bytes (one 50 MB name among a
+    million rows asks for 200 TB). One dict lookup a value; the sort only over distinct values."""
     seq = values.tolist() if isinstance(values, np.ndarray) else list(values)
     index: dict[str, int] = {}
     setdefault = index.setdefault
@@ -84,6 +76,34 @@ def per_string(values: Any, test: Callable[[str], bool]) -> np.ndarray:
     uniques, codes = factorize(values)
     hit = np.fromiter((bool(test(u)) for u in uniques.tolist()), bool, len(uniques))
     return hit[codes] if len(codes) else np.zeros(0, bool)
+
+
+class StringTable:
+    """Interns names while a reader builds its columns; ``ids_for`` works on whole arrays."""
+
+    def __init__(self) -> None:
+        self._index: dict[str, int] = {}
+        self._values: list[str] = []
+
+    def intern(self, value: str) -> int:
+        """The id of ``value``, adding it when new."""
+        found = self._index.get(value)
+        if found is None:
+            found = self._index[value] = len(self._values)
+            self._values.append(value)
+        return found
+
+    def ids_for(self, values: np.ndarray) -> np.ndarray:
+        """int32 ids for an array of strings (interning each distinct value once)."""
+        uniques, inverse = factorize(values)  # no fixed-width copy of the column (a 50 MB name)
+        mapping = np.fromiter((self.intern(u) for u in uniques), dtype=np.int32, count=len(uniques))
+        return mapping[inverse].astype(np.int32, copy=False)
+
+    def to_array(self) -> np.ndarray:
+        """The interned strings, indexable by id."""
+        out = np.empty(len(self._values), dtype=object)
+        out[:] = self._values
+        return out
 
 
 JOIN_BLOCK = 1 << 21  # left rows per step of correlation_join (bounds its temporaries)

@@ -29,8 +29,8 @@ SCRIPT = textwrap.dedent(
     import maxinstr
     from maxinstr import _native
     from cupti import cupti as fake
-    import maxinstr.kernels.cupti as collector
-    collector.FAST_CHECK_ROWS = 30      # trust the fast path after ~one step's records (FAST_CHECK_ROWS on a GPU)
+    import maxinstr.kernels.convert as convert
+    convert.FAST_CHECK_ROWS = 30        # trust the fast path after ~one step's records (FAST_CHECK_ROWS on a GPU)
     run = sys.argv[1]
     assert fake.launch("before_session") is None        # activity is off before the session
     with maxinstr.session(run, kernels=True, sample_hz=0, warmup=1):
@@ -427,7 +427,7 @@ def test_driver_api_records_go_off_when_nothing_needs_them(fake_lib, tmp_path, m
     assert tags == "1" or seen["after_driver_launch"] is True
     assert act["driver_api_records"] == "needed" and act["ops_without_api"] == 1
     assert "back on" in act["driver_api_note"]
-    from maxinstr.kernels.store import ACTIVITY_DTYPE
+    from maxinstr.rundir.activity import ACTIVITY_DTYPE
 
     rows = np.fromfile(next(run_dir.glob("parts/*/activity.bin")), dtype=ACTIVITY_DTYPE)
     run = maxinstr.load(run_dir)
@@ -447,7 +447,7 @@ def test_real_cupti_python_record_objects_leave_stderr_alone(tmp_path):
         """
         import numpy as np
         from cupti import cupti
-        from maxinstr.kernels.cupti import _quiet_record_objects, record_layouts
+        from maxinstr.kernels.convert import _quiet_record_objects, record_layouts
         kernel = record_layouts(cupti)["kernel"].record_class  # the struct the collector reads with
         buf = np.zeros(4096, np.uint8)
         counter = [0]
@@ -472,11 +472,9 @@ REAL_RECORDS_SCRIPT = textwrap.dedent(
     from pathlib import Path
     import numpy as np
     from cupti import cupti
-    from maxinstr.kernels.cupti import CuptiCollector, check_cupti_python
-    from maxinstr.kernels.store import ACTIVITY_DTYPE, ActivityWriter
-    col = CuptiCollector(ActivityWriter(Path(sys.argv[1]), {"part": "p1", "pid": 1}))
-    col._c = cupti
-    col._set_records(check_cupti_python(cupti))
+    from maxinstr.kernels.convert import Converter, rows_from_bytes
+    from maxinstr.rundir.activity import ACTIVITY_DTYPE
+    conv = Converter(cupti)
     K = cupti.ActivityKind
     kinds = [K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.RUNTIME, K.DRIVER, K.EXTERNAL_CORRELATION]
     names = [ctypes.create_string_buffer(b"gemm_kernel"), ctypes.create_string_buffer(b"relu_kernel")]
@@ -485,7 +483,7 @@ REAL_RECORDS_SCRIPT = textwrap.dedent(
     chunks = []
     for i in range(61):  # the last one a kernel record
         kind = int(kinds[i % 6])
-        layout = col._records[kind]
+        layout = conv.kinds.records[kind]
         rec = np.zeros(1, layout.dtype)
         rec["kind"] = kind
         for f, v in values.items():
@@ -499,13 +497,13 @@ REAL_RECORDS_SCRIPT = textwrap.dedent(
         chunks.append(raw[: -(-layout.read_bytes // 8) * 8] if i == 60 else raw)
     data = b"".join(chunks)
     offs = np.cumsum([0] + [len(c) for c in chunks[:-1]]).astype(np.int64)
-    fast = col._convert_fast(data, offs)
-    slow = col._convert_objects(data, offs)
+    fast = rows_from_bytes(data, offs, conv.kinds, conv.names)
+    slow = conv.from_objects(data, offs)
     assert len(fast) == len(slow) == 61, (len(fast), len(slow))
     differ = [f for f in ACTIVITY_DTYPE.names if not np.array_equal(fast[f], slow[f])]
-    kernel_names = sorted({col._name_list[i] for i in fast["name_id"][fast["kind"] == 0]})
-    print(json.dumps(dict(differ=differ, kernel_names=kernel_names, record_free_errors=col._record_free_errors[0],
-                          kernel=col._records[int(K.CONCURRENT_KERNEL)].name)))
+    kernel_names = sorted({conv.names.names[i] for i in fast["name_id"][fast["kind"] == 0]})
+    print(json.dumps(dict(differ=differ, kernel_names=kernel_names, record_free_errors=conv.record_free_errors[0],
+                          kernel=conv.kinds.records[int(K.CONCURRENT_KERNEL)].name)))
     """
 )
 

@@ -2,7 +2,7 @@
 installing them (CI installs one): each release's description, recorded from its real wheel
 (tests/data/cupti/cupti_python/, PROVENANCE.md there), against the extra's pin; the installed
 release against its own description, made the same way; and the collector's own check and choice
-of record layouts (maxinstr.kernels.cupti.check_cupti_python) on each. The collector running end
+of record layouts (maxinstr.kernels.convert.check_cupti_python) on each. The collector running end
 to end as each release is in test_collector_fake.py (test_every_allowed_cupti_python_release...)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from maxinstr.kernels.base import KernelsUnavailable
-from maxinstr.kernels.cupti import RECORD_FIELDS, check_cupti_python
+from maxinstr.kernels.convert import RECORD_FIELDS, check_cupti_python
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent / "data" / "cupti" / "cupti_python"

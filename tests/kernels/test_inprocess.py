@@ -15,7 +15,7 @@ import maxinstr
 from maxinstr.analyze.report import build_report
 from maxinstr.attribute.attribute import attribute
 from maxinstr.attribute.model import JoinMethod, Rule
-from maxinstr.kernels.store import (
+from maxinstr.rundir.activity import (
     ACTIVITY_DTYPE,
     KIND_DRIVER,
     KIND_EXTERNAL,
@@ -27,7 +27,7 @@ from maxinstr.kernels.store import (
     read_part_activity,
 )
 from maxinstr.rundir import load
-from maxinstr.kernels.store import to_collector_clock
+from maxinstr.rundir.activity import to_collector_clock
 from maxinstr.traces.inprocess import read_run, to_host_clock
 from maxinstr.traces.model import OpKind
 

@@ -114,7 +114,7 @@ def test_fixture_every_op_was_launched_by_a_function_kernels_true_keeps():
     function on), each kernel, copy and set was launched by such a function, and the others
     were most of the API records."""
     from maxinstr.kernels.cupti import _LAUNCH_WORDS
-    from maxinstr.kernels.store import KIND_DRIVER, KIND_EXTERNAL, KIND_MEMSET, KIND_RUNTIME, read_part_activity
+    from maxinstr.rundir.activity import KIND_DRIVER, KIND_EXTERNAL, KIND_MEMSET, KIND_RUNTIME, read_part_activity
 
     _, rows, names = read_part_activity(FIXTURE)
     api = rows[(rows["kind"] == KIND_RUNTIME) | (rows["kind"] == KIND_DRIVER)]

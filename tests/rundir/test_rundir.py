@@ -16,6 +16,7 @@ import pytest
 from maxinstr.errors import RunDirError
 from maxinstr.rundir import RUN_STAGE_DTYPE, load
 from maxinstr.rundir import format as fmt
+from maxinstr.rundir.samples import SAMPLES_FILE, SAMPLES_LAYOUT_FILE
 from maxinstr.rundir.writer import PartWriter, RunDirWarning, write_json_atomic
 
 DOC = Path(__file__).parents[2] / "docs" / "formats.md"
@@ -343,8 +344,8 @@ def test_samples_the_sampler_reader_refuses_keep_their_raw_bytes(tmp_path):
     w.write(rows(3), {0: "step"})
     w.close(status="closed")
     layout = {"format": "maxinstr-samples", "version": 99, "row": {}}
-    (root / "parts" / "p1" / fmt.SAMPLES_LAYOUT_FILE).write_text(json.dumps(layout))
-    (root / "parts" / "p1" / fmt.SAMPLES_FILE).write_bytes(b"\x01" * 24)
+    (root / "parts" / "p1" / SAMPLES_LAYOUT_FILE).write_text(json.dumps(layout))
+    (root / "parts" / "p1" / SAMPLES_FILE).write_bytes(b"\x01" * 24)
     run = load(root)
     assert len(run) == 3
     assert run.samples["p1"] == {"layout": layout, "raw": b"\x01" * 24}

@@ -367,7 +367,7 @@ def test_a_kernel_name_id_never_sizes_memory(tmp_path):
     the files' size."""
     import tracemalloc
 
-    from maxinstr.kernels.store import read_part_activity
+    from maxinstr.rundir.activity import read_part_activity
 
     pdir = tmp_path / "p"
     pdir.mkdir()
@@ -641,7 +641,7 @@ def test_one_note_per_file_for_a_damaged_line_and_a_torn_tail(real_run):
 def test_random_rows_in_activity_bin_are_skipped_and_the_kernels_still_reported(tmp_path):
     """kernels=True's activity.bin with two random rows: those two are skipped (counted, the first
     said), every other GPU op and API call is read and attributed."""
-    from maxinstr.kernels.store import ACTIVITY_DTYPE
+    from maxinstr.rundir.activity import ACTIVITY_DTYPE
     from maxinstr.traces.inprocess import read_run
 
     root = tmp_path / "run"
@@ -696,7 +696,7 @@ def test_kernels_whose_name_lines_are_cut_off_keep_their_records(tmp_path):
     """activity_names.jsonl cut to its first half: every activity row is still read, the ops of
     the names cut off named by placeholders (one per distinct id, numbered on after the file's
     lines); a row's name id of 2**31-1 adds one placeholder, not a list that long."""
-    from maxinstr.kernels.store import ACTIVITY_DTYPE, read_part_activity
+    from maxinstr.rundir.activity import ACTIVITY_DTYPE, read_part_activity
 
     root = tmp_path / "run"
     shutil.copytree(KRUN, root)

@@ -15,7 +15,8 @@ import pytest
 
 from maxinstr.sample import amdsmi as amd
 from maxinstr.sample import open_backend, read_samples, start_sampler
-from maxinstr.sample.base import COL, THROTTLE_BIT, ErrorLog, nan_values
+from maxinstr.rundir.samples import THROTTLE_BIT
+from maxinstr.sample.base import COL, ErrorLog, nan_values
 from maxinstr.sample.writer import clock_ns
 
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from maxinstr.sample import read_samples, start_sampler
 from maxinstr.sample.attribute import instance_samples, stage_samples
-from maxinstr.sample.base import COL, FLAG_GPM, THROTTLE_BIT, Backend, Device, DeviceInfo
+from maxinstr.rundir.samples import FLAG_GPM, THROTTLE_BIT
+from maxinstr.sample.base import COL, Backend, Device, DeviceInfo
 
 
 class ScriptDevice(Device):

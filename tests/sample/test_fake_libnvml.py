@@ -15,7 +15,8 @@ import pytest
 pynvml = pytest.importorskip("pynvml")
 
 from maxinstr.sample import nvml  # noqa: E402
-from maxinstr.sample.base import COL, FLAG_GPM, ErrorLog, nan_values  # noqa: E402
+from maxinstr.rundir.samples import FLAG_GPM  # noqa: E402
+from maxinstr.sample.base import COL, ErrorLog, nan_values  # noqa: E402
 from maxinstr.sample.writer import clock_ns  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "sampler_cost.py"

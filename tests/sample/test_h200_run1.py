@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from maxinstr.sample import read_samples
-from maxinstr.sample.base import THROTTLE_BIT
+from maxinstr.rundir.samples import THROTTLE_BIT
 from maxinstr.sample.summary import summarize
 
 PART = Path(__file__).parent / "data" / "h200_run1"

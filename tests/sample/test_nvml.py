@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from maxinstr.sample import nvml, read_samples, start_sampler
-from maxinstr.sample.base import COL, FLAG_GPM, FLAG_LOST, FLAG_SLOW, THROTTLE_BIT, ErrorLog, nan_values
+from maxinstr.rundir.samples import FLAG_GPM, FLAG_LOST, FLAG_SLOW, THROTTLE_BIT
+from maxinstr.sample.base import COL, ErrorLog, nan_values
 from maxinstr.sample.writer import clock_ns
 
 pynvml = pytest.importorskip("pynvml")

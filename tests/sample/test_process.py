@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from maxinstr.sample import read_samples, start_sampler
-from maxinstr.sample.process import NVML_LIB_ENV, ProcessSampler
+from maxinstr.sample.nvml import NVML_LIB_ENV
+from maxinstr.sample.process import ProcessSampler
 from maxinstr.sample.writer import Sampler
 
 

@@ -16,8 +16,9 @@ import pytest
 
 from maxinstr.errors import RunDirError
 from maxinstr.sample import read_samples, start_sampler
-from maxinstr.sample.base import COL, FLAG_SLOW, Backend, Device, DeviceInfo, NullBackend
-from maxinstr.sample.writer import ROW_SIZE
+from maxinstr.rundir.samples import FLAG_SLOW
+from maxinstr.sample.base import COL, Backend, Device, DeviceInfo, NullBackend
+from maxinstr.rundir.samples import ROW_SIZE
 
 
 class RampDevice(Device):
@@ -171,7 +172,7 @@ def test_errors_reach_samples_json_while_running(tmp_path):
 
 
 def test_formats_doc_lists_every_row_field():
-    from maxinstr.sample.base import HEADER, METRICS, THROTTLE_NAMES
+    from maxinstr.rundir.samples import HEADER, METRICS, THROTTLE_NAMES
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text()
     section = doc[doc.index("### Samples"):]

@@ -241,11 +241,11 @@ def test_a_signal_while_the_session_starts_leaves_no_lasting_temporary(tmp_path)
     res = _python(tmp_path, """
         import os, signal, sys
         from maxinstr.rundir import writer
-        real = writer._write_all
+        real = writer.write_all
         def write_all(fd, data):
             real(fd, data[:10])
             os.kill(os.getpid(), signal.SIGTERM)  # killed mid-write, at session start
-        writer._write_all = write_all
+        writer.write_all = write_all
         import maxinstr
         with maxinstr.session(sys.argv[1], sample_hz=0):
             pass

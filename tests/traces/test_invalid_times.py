@@ -461,7 +461,7 @@ BLOCK = DATA / "max" / "block_kernels"
 @settings(max_examples=12, **SETTINGS)
 @given(what=st.sampled_from(["GPU ops", "API calls"]), modulus=st.sampled_from([1, 3, 50]), data=st.data())
 def test_inprocess_ops_ending_before_they_start_read_as_deleted_rows(what, modulus, data):
-    from maxinstr.kernels.store import ACTIVITY_DTYPE, KIND_DRIVER, KIND_MEMSET, KIND_RUNTIME
+    from maxinstr.rundir.activity import ACTIVITY_DTYPE, KIND_DRIVER, KIND_MEMSET, KIND_RUNTIME
 
     residue = data.draw(st.integers(0, modulus - 1))
     (part,) = (BLOCK / "parts").iterdir()

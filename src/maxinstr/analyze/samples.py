@@ -11,7 +11,7 @@ import numpy as np
 
 from maxinstr.analyze.instances import StageInstances
 from maxinstr.sample.attribute import stage_samples
-from maxinstr.sample.base import HW_THROTTLE_MASK, THROTTLE_NAMES
+from maxinstr.rundir.samples import HW_THROTTLE_MASK, THROTTLE_NAMES
 
 METRICS = ("gpu_util_pct", "sm_active_pct", "sm_clock_mhz", "power_w", "mem_util_pct", "temp_c",
            "tensor_active_pct", "dram_bw_util_pct")

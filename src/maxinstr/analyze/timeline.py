@@ -16,7 +16,7 @@ import numpy as np
 from maxinstr.analyze.kernels import range_to_instance
 from maxinstr.columns import correlation_join
 from maxinstr.rundir import format as fmt
-from maxinstr.sample.base import HW_THROTTLE_MASK
+from maxinstr.rundir.samples import HW_THROTTLE_MASK
 from maxinstr.traces.model import CallKind, OpKind, Trace
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ def render(summaries: list, meta: dict[str, Any], console) -> None:
     from rich.text import Text
 
     from maxinstr._text import visible
-    from maxinstr.sample.base import THROTTLE_BITS
+    from maxinstr.rundir.samples import THROTTLE_BITS
     from maxinstr.sample.summary import THRESHOLDS
 
     groups = dict(THROTTLE_BITS)

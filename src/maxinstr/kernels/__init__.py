@@ -1,9 +1,8 @@
 """In-process kernels per stage (``maxinstr.session(..., kernels=True)``): docs/kernels.md.
 
-:class:`SessionKernels` is what a session attaches (start/flush/stop): it picks the collector
-for this machine and starts it, or raises :class:`KernelsUnavailable` with the one-line reason
-it cannot run (then the session warns once and records stages with events only). :func:`start`
-does the same and returns the running collector, or a
+:class:`SessionKernels` is what a session attaches: it picks this machine's collector and starts
+it, or raises :class:`KernelsUnavailable` with the one-line reason (the session then warns once
+and records stages with events only). :func:`start` returns the running collector, or a
 :class:`~maxinstr.kernels.base.NullCollector` holding the reason.
 """
 
@@ -14,10 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from maxinstr.kernels.base import Collector, KernelCollector, KernelsUnavailable, NullCollector
-from maxinstr.kernels.store import ActivityWriter
+from maxinstr.integrations.driver import nvidia_driver_present
+from maxinstr.kernels.base import Collector, KernelsUnavailable, NullCollector
+from maxinstr.rundir.activity import ActivityWriter
 
-__all__ = ["Collector", "KernelCollector", "KernelsUnavailable", "NullCollector", "SessionKernels", "start", "AMD_NOTE"]
+__all__ = ["Collector", "KernelsUnavailable", "NullCollector", "SessionKernels", "start", "AMD_NOTE"]
 
 AMD_NOTE = "AMD GPUs: in-process kernels are not supported yet; run under rocprofv3 (maxinstr run --profiler rocprofv3)"
 
@@ -46,26 +46,24 @@ def _tool_attached() -> str | None:
         try:
             if torch.autograd.profiler._is_profiler_enabled:  # torch.profiler / Kineto running
                 return "torch.profiler (Kineto)"
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a torch without that flag: no profiler known to run
             pass
     return None
 
 
 class SessionKernels:
-    """``kernels=True`` as a session attaches it (the :class:`~maxinstr.kernels.base.Collector`
-    protocol): :meth:`start` picks this machine's collector and starts it, or raises
-    :class:`KernelsUnavailable` with the one-line reason (activity.json then says
-    ``status: unavailable``)."""
+    """``kernels=True`` as a session attaches it (:class:`~maxinstr.kernels.base.Collector`);
+    when no collector can run, activity.json says ``status: unavailable`` and why."""
 
     def __init__(self, part_dir: Path, info: dict[str, Any]) -> None:
         self.writer = ActivityWriter(part_dir, info)
-        self.active: KernelCollector | None = None
+        self.active: Collector | None = None
         self.name = "none"
 
     def start(self) -> None:
         reason = _reason_before_start()
         if reason is None:
-            from maxinstr.kernels.cupti import CuptiCollector
+            from maxinstr.kernels.cupti import CuptiCollector  # the CUPTI collector loads only for kernels=True
 
             collector = CuptiCollector(self.writer)
             try:
@@ -75,7 +73,7 @@ class SessionKernels:
             else:
                 self.active, self.name = collector, collector.name
                 return
-        _unavailable(self.writer, reason)
+        self.writer.write_meta(status="unavailable", reason=reason, collector="none")
         raise KernelsUnavailable(reason)
 
     def flush(self, final: bool = False) -> None:
@@ -86,9 +84,9 @@ class SessionKernels:
         return self.active.stop() if self.active is not None else {"rows": 0}
 
 
-def start(part_dir: Path, info: dict[str, Any]) -> tuple[KernelCollector, ActivityWriter]:
+def start(part_dir: Path, info: dict[str, Any]) -> tuple[Collector, ActivityWriter]:
     """The running collector for this process and its writer (a NullCollector with the reason
-    when none can run; activity.json then says ``status: unavailable``)."""
+    when none can run)."""
     kernels = SessionKernels(part_dir, info)
     try:
         kernels.start()
@@ -112,13 +110,7 @@ def _reason_before_start() -> str | None:
 def _reason_after(exc: KernelsUnavailable) -> str:
     """CUPTI's reason, or the real one when there is no NVIDIA driver at all (not whatever
     CUPTI lacked on the way)."""
-    from maxinstr.integrations.driver import nvidia_driver_present
-
     if "already holds CUPTI" not in str(exc) and not nvidia_driver_present():
         return ("no NVIDIA driver in this process (libcuda.so.1 cannot be loaded): "
                 "kernels=True collects on NVIDIA GPUs; stages get host times here")
     return str(exc)
-
-
-def _unavailable(writer: ActivityWriter, reason: str) -> None:
-    writer.write_meta(status="unavailable", reason=reason, collector="none")

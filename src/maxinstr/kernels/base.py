@@ -1,10 +1,7 @@
-"""The kernel-collector interface: what ``session(..., kernels=True)`` talks to.
-
-A collector gathers GPU activity (kernels, copies, sets, the API calls that launched them, and
-which stage each call was made in) inside the process and hands rows to an
-:class:`~maxinstr.kernels.store.ActivityWriter`. Vendors live behind it: :mod:`.cupti` on
-NVIDIA; :class:`NullCollector` everywhere else (it records nothing and says why).
-"""
+"""The collector interface: what a session attaches to its part. The kernel collectors
+(:mod:`.cupti` on NVIDIA; :class:`NullCollector`, which records nothing and says why) hand rows
+to a :class:`~maxinstr.rundir.activity.ActivityWriter`; the GPU sampler
+(:class:`maxinstr.sample.SessionSampler`) writes its own files."""
 
 from __future__ import annotations
 
@@ -16,26 +13,17 @@ class KernelsUnavailable(Exception):
 
 
 class Collector(Protocol):
-    """What a session attaches to its part: started when the part opens, flushed at each round
-    of its flusher, stopped at close. The kernel collectors implement it, and so does the GPU
-    sampler (:class:`maxinstr.sample.SessionSampler`)."""
+    """Started when the part opens (raises with the reason when it cannot), flushed at each
+    round of the session's flusher (``final``: everything, at close), stopped at close
+    (returns its counters: activity.json's for kernels)."""
 
     name: str
 
-    def start(self) -> None:
-        """Begin collecting (raise with the reason when it cannot)."""
+    def start(self) -> None: ...
 
-    def flush(self, final: bool = False) -> None:
-        """Write what was delivered so far (called by the session's flusher thread; ``final``:
-        force out everything, at session close)."""
+    def flush(self, final: bool = False) -> None: ...
 
-    def stop(self) -> dict[str, Any]:
-        """Stop collecting, write the rest; returns counters (activity.json for kernels)."""
-
-
-class KernelCollector(Collector, Protocol):
-    """A vendor's in-process kernel collector: :meth:`start` raises :class:`KernelsUnavailable`
-    with the reason when it cannot run."""
+    def stop(self) -> dict[str, Any]: ...
 
 
 class NullCollector:

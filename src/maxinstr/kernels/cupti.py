@@ -1,62 +1,33 @@
-"""NVIDIA: kernels, copies and sets per stage through CUPTI's activity API, in-process.
+"""NVIDIA: kernels, copies and sets per stage through CUPTI's activity API, in-process
+(docs/kernels.md): the collector's lifecycle (:mod:`.convert` makes the rows).
 
-Uses NVIDIA's ``cupti-python`` (the optional extra ``maxinstr[cupti]``), imported only here
-and only when a session asks for ``kernels=True``. What it turns on:
-
-* activity kinds CONCURRENT_KERNEL, MEMCPY, MEMSET (the GPU ops), RUNTIME and DRIVER (the API
-  calls: CUPTI writes external-correlation records only next to API records), and
-  EXTERNAL_CORRELATION;
-* the native stage core pushes each stage's record id with
-  ``cuptiActivityPushExternalCorrelationId`` at enter and pops it at exit (``_native.cupti_link``
-  dlsyms the two functions from the libcupti this module loaded), so every API call made
-  inside a stage is tagged with the innermost stage's id, exactly;
-* a no-op ``cuptiSubscribe`` first, which claims CUPTI's single subscriber slot: when nsys,
-  Kineto or another tool holds it, CUPTI answers MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED and we
-  fall back to events-only stages instead of taking records from the other tool.
-
-Buffers: CUPTI fills buffers handed out by the native stage core (``_native.cupti_buffers``:
-C callbacks that only queue completed buffers, so nothing on CUPTI's thread touches Python or
-the GIL). The session's flusher thread, at most every ``FLUSH_EVERY_S``, makes CUPTI deliver
-what is complete (``_native.cupti_flush``, GIL released), takes the buffers (their bytes and
-each record's offset, walked with ``cuptiActivityGetNextRecord``) and turns the records into
-rows with numpy through cupti-python's own struct dtypes, then writes them. That numpy path is
-trusted only after it gave exactly the rows of cupti-python's record objects (``from_ptr``,
-attribute by attribute) on the first ``FAST_CHECK_ROWS`` records. Where the native buffers
-cannot be had, cupti-python's Python callbacks are used: the callback only copies the buffer's
-bytes and queues them. API records are kept only for the functions that launch GPU work (a
-launch, copy or set: what the report joins ops to); every other runtime/driver function is
-switched off. Records CUPTI dropped (no buffer in time) and records we dropped (queue over its
-bound) are counted in activity.json and said in the report.
+cupti-python (``maxinstr[cupti]``) is imported only for ``kernels=True``. Each launch's stage comes
+from the core's launch tags (CUPTI's callback API, the default) or from API records beside the
+external-correlation records of the stage ids the core pushes (``MAXINSTR_CUPTI_TAGS=0``). CUPTI
+has one subscriber slot: when another tool holds it, stages are recorded with events only, never
+with records taken from that tool. CUPTI fills buffers the core hands out (C callbacks: nothing on
+CUPTI's thread touches Python), or cupti-python's callback copies them; the session's flusher,
+at most every ``FLUSH_EVERY_S``, makes CUPTI deliver and converts. Records CUPTI dropped and
+records we dropped (queues over their bounds) are counted in activity.json and said in the report.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import operator
 import os
-import re
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from maxinstr import config
 from maxinstr.kernels.base import KernelsUnavailable
-from maxinstr.kernels.store import (
-    ACTIVITY_DTYPE,
-    KIND_DRIVER,
-    KIND_EXTERNAL,
-    KIND_KERNEL,
-    KIND_MEMCPY,
-    KIND_MEMSET,
-    KIND_RUNTIME,
-    ActivityWriter,
-    to_collector_clock,
-)
+from maxinstr.kernels.convert import (TAG_DTYPE, Converter, check_cupti_python, installed, rows_from_records,
+                                      rows_from_tags)
+from maxinstr.rundir.activity import ACTIVITY_DTYPE, ActivityWriter
 
 BUFFER_BYTES = 16 << 20
 FLUSH_EVERY_S = 0.25
@@ -66,20 +37,11 @@ FLUSH_EVERY_S = 0.25
 # H200, benchmarks/cupti_configs.py). After this many GPU ops with no driver API record, DRIVER
 # goes off; an op whose launch then left no API record turns it back on (docs/kernels.md).
 DRIVER_PROBE_OPS = 5000
-# The native launch tags (_native.cupti_tags; csrc/core/launch_tags.cpp: struct Tag)
-TAG_DTYPE = np.dtype([("correlation_id", "<u4"), ("domain", "<i4"), ("stage_id", "<i8"), ("tid", "<i8"),
-                      ("start_ns", "<i8"), ("end_ns", "<i8"), ("cbid", "<u4"), ("inner_correlation_id", "<u4")])  # fmt: skip
 RECENT_RUNTIME_IDS = 1 << 16
 MAX_QUEUED_ROWS = 8 << 20  # ~640 MB of rows waiting for the flusher: beyond, rows are dropped
 MAX_PENDING_BYTES = 512 << 20  # completed CUPTI buffers not yet taken: beyond, buffers are dropped (counted)
 CLOCK_PAIRS_MAX = 512
 _PTR = operator.attrgetter("ptr")
-# Records converted both ways (and compared) before the fast path is trusted. A record object
-# costs ~60 us with the GIL held (cupti-python 13.0.1: made, read, freed): 1,000 of them stalled
-# the H200 MAX decoder's main thread ~90 ms once, mid-run (389.5 against 1235.8 tokens/s plain,
-# 2026-12-04), so few, in slices that hand the GIL back in between.
-FAST_CHECK_ROWS = 128
-FAST_CHECK_SLICE = 16
 
 # API records are kept only for the functions that launch GPU work: the report joins each
 # kernel, copy and set to the call that launched it (same correlation id) and reads the stage
@@ -90,167 +52,31 @@ FAST_CHECK_SLICE = 16
 _LAUNCH_WORDS = ("Launch", "Memcpy", "Memset")
 _NOT_FUNCTIONS = ("INVALID", "SIZE", "FORCE_INT")
 
-# The fields read from each kind of record, through cupti-python's description of its struct
-# (``activity_<kind>N_dtype``) and, to check that path, its record class (``Activity<Kind>N``).
-# Each cupti-python release describes the structs of its own CUDA minor (13.0.x: ActivityKernel10;
-# 13.2.0: 11 only; 13.3.0: 12 only; 13.4.0: 9 to 13); a newer struct appends fields, these keep
-# their offsets in every release checked (tests/data/cupti/cupti_python/, docs/kernels.md).
-RECORD_FIELDS: dict[str, tuple[str, ...]] = {
-    "kernel": ("kind", "start", "end", "device_id", "stream_id", "correlation_id", "name", "graph_node_id"),
-    "memcpy": ("kind", "copy_kind", "bytes", "start", "end", "device_id", "stream_id", "correlation_id", "graph_node_id"),
-    "memset": ("kind", "bytes", "start", "end", "device_id", "stream_id", "correlation_id", "graph_node_id"),
-    "api": ("kind", "cbid", "start", "end", "thread_id", "correlation_id"),
-    "external_correlation": ("kind", "external_kind", "external_id", "correlation_id"),
-}
-_RECORD_CLASS_STEM = {"kernel": "Kernel", "memcpy": "Memcpy", "memset": "Memset", "api": "API",
-                      "external_correlation": "ExternalCorrelation"}  # fmt: skip
-# cupti-python's functions and enums the collector cannot do without (the others it calls have a
-# fallback: activity_enable_*_api, get_callback_name, activity_get_num_dropped_records)
-CUPTI_FUNCTIONS = ("activity_enable", "activity_disable", "activity_flush_all", "activity_register_callbacks",
-                   "activity_pop_external_correlation_id", "get_timestamp", "subscribe", "unsubscribe")  # fmt: skip
-CUPTI_ENUMS = {
-    "ActivityKind": ("MEMCPY", "MEMSET", "KERNEL", "DRIVER", "RUNTIME", "CONCURRENT_KERNEL", "EXTERNAL_CORRELATION"),
-    "ExternalCorrelationKind": ("CUSTOM2",),
-    "runtime_api_trace_cbid": (),  # the launch functions tagged or kept (_launch_cbids, _trace_launches_only)
-    "driver_api_trace_cbid": (),
-}
 
-
-@dataclass(frozen=True)
-class RecordLayout:
-    """How one kind of record is read: cupti-python's struct description and record class."""
-
-    family: str
-    name: str  # the record class, e.g. "ActivityKernel13"
-    dtype: np.dtype
-    record_class: Any
-    read_bytes: int  # where the last field read ends: a record is read up to here, whatever its struct's size
-
-
-def _unreadable(dt: Any, fields: tuple[str, ...]) -> list[str]:
-    """What keeps ``dt`` from giving these fields as the collector reads them (little-endian
-    integers, aligned to their size)."""
-    bad = []
-    for f in fields:
-        got = (getattr(dt, "fields", None) or {}).get(f)
-        if got is None:
-            bad.append(f"no {f}")
-        elif got[0].kind not in "iu" or got[0].byteorder == ">":
-            bad.append(f"{f} is {got[0].str}")
-        elif got[1] % got[0].itemsize:
-            bad.append(f"{f} unaligned at {got[1]}")
-    return bad
-
-
-def record_layouts(c: Any) -> dict[str, RecordLayout]:
-    """For each kind of record the collector reads, the newest struct this cupti-python describes
-    (``activity_<kind>N_dtype`` with its ``Activity<Kind>N`` class) that has every field read.
-    Raises :class:`KernelsUnavailable` naming what is missing."""
-    out: dict[str, RecordLayout] = {}
-    problems = []
-    names = dir(c)
-    for family, fields in RECORD_FIELDS.items():
-        stem = _RECORD_CLASS_STEM[family]
-        versions = sorted(((int(m.group(1) or -1), m.group(1)) for m in
-                           (re.fullmatch(rf"activity_{family}(\d*)_dtype", n) for n in names) if m), reverse=True)  # fmt: skip
-        tried = []
-        for _, n in versions:
-            dt, cls = getattr(c, f"activity_{family}{n}_dtype"), getattr(c, f"Activity{stem}{n}", None)
-            bad = _unreadable(dt, fields)
-            if cls is None or not callable(getattr(cls, "from_ptr", None)):
-                bad.append(f"no Activity{stem}{n}.from_ptr")
-            if bad:
-                tried.append(f"activity_{family}{n}_dtype: {', '.join(bad)}")
-                continue
-            end = max(dt.fields[f][1] + dt.fields[f][0].itemsize for f in fields)
-            out[family] = RecordLayout(family, f"Activity{stem}{n}", dt, cls, int(end))
-            break
-        else:
-            problems.append(f"no {family} record layout it can read ({'; '.join(tried) or f'no activity_{family}*_dtype'})")
-    if problems:
-        raise KernelsUnavailable(_unsupported(problems))
+def _functions(c: Any, enum_name: str) -> list[tuple[Any, bool]]:
+    """The API functions of one of cupti-python's cbid enums, and whether each launches GPU work."""
+    out = []
+    for member in getattr(c, enum_name, None) or []:
+        name = str(getattr(member, "name", ""))
+        if name and name not in _NOT_FUNCTIONS:
+            out.append((member, any(w in name for w in _LAUNCH_WORDS)))
     return out
 
 
-def check_cupti_python(c: Any) -> dict[str, RecordLayout]:
-    """The record layouts to read with, once this cupti-python has everything the collector uses;
-    else :class:`KernelsUnavailable` saying what it lacks (then the session warns once and records
-    stages with events only, as for any other reason)."""
-    missing = [f for f in CUPTI_FUNCTIONS if not callable(getattr(c, f, None))]
-    for enum_name, members in CUPTI_ENUMS.items():
-        enum = getattr(c, enum_name, None)
-        if enum is None:
-            missing.append(enum_name)
-        missing += [f"{enum_name}.{m}" for m in members if enum is not None and not hasattr(enum, m)]
-    if missing:
-        raise KernelsUnavailable(_unsupported([f"no {', '.join(missing)}"]))
-    return record_layouts(c)
+def _held(text: str) -> str:
+    return ("another tool (nsys, Nsight, torch.profiler/Kineto...) already holds CUPTI in this process "
+            f"({text}): stages are recorded with events only; take the kernels from that tool's trace")
 
 
-def _unsupported(problems: list[str]) -> str:
-    return (f"cupti-python {_version('cupti-python') or '(version unknown)'} is not supported: {'; '.join(problems)}; "
-            f"install the versions maxinstr was checked with: pip install 'maxinstr[cupti]' ({_cupti_pin()})")
-
-
-def _cupti_pin() -> str:
-    """The cupti-python requirement of maxinstr's ``cupti`` extra, as installed."""
+def _quietly(fn: Callable[..., Any], *args: Any) -> None:
     try:
-        from importlib.metadata import requires
-
-        for req in requires("maxinstr") or []:
-            spec, _, marker = req.partition(";")
-            if spec.strip().startswith("cupti-python") and "cupti" in marker:
-                return spec.strip()
-    except Exception:  # noqa: BLE001
+        fn(*args)
+    except Exception:  # noqa: BLE001 - teardown: undo what can be undone
         pass
-    return "cupti-python, see docs/kernels.md"
 
 
 def _noop_callback(*args: Any) -> None:  # the subscriber enables no domain: never called
     return None
-
-
-def _is_record_free_error(exc_type: Any, tb: Any) -> bool:
-    """The KeyError cupti-python <= 13.0.1 raises in its BufferManager when a record object made
-    with ``from_ptr`` over a buffer it did not allocate is freed (the object's ``__dealloc__``)."""
-    if exc_type is not KeyError or tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return "buffer_manager" in tb.tb_frame.f_code.co_filename
-
-
-@contextlib.contextmanager
-def _quiet_record_objects(counter: list[int]) -> Iterator[None]:
-    """While record objects over our buffers live and die: cupti-python <= 13.0.1 reports each
-    one's free as a KeyError traceback on stderr, twice (Cython's __dealloc__ goes through
-    sys.excepthook, then sys.unraisablehook): 2,000 tracebacks in a PyTorch program on the H200.
-    Those are swallowed and counted in ``counter``; anything else goes to the hooks in place.
-    The hooks are process-wide, so they are ours only for this block, and put back only if
-    nobody replaced them meanwhile."""
-    import sys
-
-    prev_except, prev_unraisable = sys.excepthook, sys.unraisablehook
-
-    def excepthook(exc_type, value, tb):
-        if _is_record_free_error(exc_type, tb):  # the first of the two reports: counted at the second
-            return
-        prev_except(exc_type, value, tb)
-
-    def unraisablehook(args):
-        if _is_record_free_error(args.exc_type, args.exc_traceback):
-            counter[0] += 1
-            return
-        prev_unraisable(args)
-
-    sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
-    try:
-        yield
-    finally:
-        if sys.excepthook is excepthook:
-            sys.excepthook = prev_except
-        if sys.unraisablehook is unraisablehook:
-            sys.unraisablehook = prev_unraisable
 
 
 def _error_text(cupti: Any, exc: BaseException) -> str:
@@ -260,7 +86,7 @@ def _error_text(cupti: Any, exc: BaseException) -> str:
     name = None
     try:
         name = cupti.Result(int(status)).name if status is not None else None
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a status this cupti-python cannot name: the text alone
         pass
     text = str(exc) or (name or type(exc).__name__)
     return f"CUPTI_{name}" if name and name not in text else text
@@ -268,17 +94,11 @@ def _error_text(cupti: Any, exc: BaseException) -> str:
 
 def _loaded_cupti_paths() -> list[str]:
     """The libcupti files this process has mapped, in load order (usually one)."""
-    found: list[str] = []
     try:
         with open("/proc/self/maps") as f:
-            for line in f:
-                if "libcupti.so" in line:
-                    path = line.split(None, 5)[-1].strip()
-                    if path not in found:
-                        found.append(path)
+            return list(dict.fromkeys(line.split(None, 5)[-1].strip() for line in f if "libcupti.so" in line))
     except OSError:
-        pass
-    return found
+        return []
 
 
 def _same_instance_path(c: Any, kind: int) -> str | None:
@@ -307,6 +127,9 @@ def _same_instance_path(c: Any, kind: int) -> str | None:
 
 
 class CuptiCollector:
+    """The lifecycle of kernels=True on NVIDIA (start, flush, stop, CUPTI's errors in one line);
+    what the records become is :class:`~maxinstr.kernels.convert.Converter`'s."""
+
     name = "cupti"
 
     def __init__(self, writer: ActivityWriter) -> None:
@@ -317,14 +140,11 @@ class CuptiCollector:
         self._lock = threading.Lock()
         self._queue: list[np.ndarray] = []
         self._queued = 0
-        self._names: dict[str, int] = {}
-        self._name_list: list[str] = []
-        self._api_names: dict[tuple[int, int], int] = {}
+        self._conv: Converter  # at start, once cupti-python is checked
         self._dropped_queue = 0
         self._convert_errors = 0
         self._callback_s = 0.0
         self._buffers = 0
-        self._rows = 0
         self._last_flush = 0.0
         self._pairs: list[list[int]] = []
         self._driver = "probing"  # "probing" (on), "needed" (on for good), "off"
@@ -343,15 +163,6 @@ class CuptiCollector:
         self._raw: list[tuple[bytes, np.ndarray]] = []  # (buffer bytes, record offsets) waiting for conversion
         self._raw_bytes = 0
         self._take_s = 0.0
-        self._keep_alive: Any = None
-        self._fast: bool | None = None  # None: being checked against the attribute path
-        self._fast_checked = 0
-        self._fast_note = "fast path not used yet"
-        self._record_free_errors = [0]  # cupti-python's KeyErrors on freeing our record objects, kept off stderr
-        self._records: dict[int, RecordLayout] = {}  # by activity kind (check_cupti_python, at start)
-        self._layout: dict[int, Any] = {}  # their dtypes, by activity kind
-        self._read_bytes: dict[int, int] = {}
-        self._name_ptrs: dict[int, int] = {}
         # stages from the core's launch tags (CUPTI callback API, csrc/core/launch_tags.cpp): on the
         # H200 they cost a launch-bound step less than API + external-correlation activity records
         # and read the same (docs/kernels.md); MAXINSTR_CUPTI_TAGS=0 goes back to those records
@@ -370,25 +181,17 @@ class CuptiCollector:
         except Exception as exc:  # noqa: BLE001 - a broken install: say so, record stages anyway
             raise KernelsUnavailable(f"cupti-python failed to import: {type(exc).__name__}: {exc}") from None
         self._c = c = cupti
-        self._set_records(check_cupti_python(c))  # before CUPTI is touched: nothing to undo
-        try:
-            import maxinstr._native as native
-        except Exception:  # noqa: BLE001
-            raise KernelsUnavailable("the native stage core is not built: stages cannot be tagged") from None
-        if not hasattr(native, "cupti_link"):
-            raise KernelsUnavailable("this build of the native stage core predates kernels=True (rebuild maxinstr)")
+        self._conv = Converter(c, check_cupti_python(c))  # before CUPTI is touched: nothing to undo
+        # the core in sys.modules when the session starts (tests may put a stand-in there), not bound at import
+        import maxinstr._native as native
+
         self._native = native
         try:
             # tags mode: the core's callback takes CUPTI's one subscriber slot (below)
             self._subscriber = None if self._tags else c.subscribe(_noop_callback, None)
         except Exception as exc:  # noqa: BLE001 - cuptiError, or no driver / no libcupti
             text = _error_text(c, exc)
-            if "MULTIPLE_SUBSCRIBERS" in text:
-                raise KernelsUnavailable(
-                    "another tool (nsys, Nsight, torch.profiler/Kineto...) already holds CUPTI in this process "
-                    f"({text}): stages are recorded with events only; take the kernels from that tool's trace"
-                ) from None
-            raise KernelsUnavailable(f"CUPTI could not start: {text}") from None
+            raise KernelsUnavailable(_held(text) if "MULTIPLE_SUBSCRIBERS" in text else f"CUPTI could not start: {text}") from None
         try:
             kind_value = int(c.ExternalCorrelationKind.CUSTOM2)
             # cupti-python maps libcupti at its first call, and in tags mode nothing above called
@@ -400,7 +203,7 @@ class CuptiCollector:
                     f"could not tell which loaded libcupti cupti-python uses ({_loaded_cupti_paths() or 'none mapped'})"
                 )
             # buffers before any activity kind is on: no record is ever written to a buffer we cannot read
-            if hasattr(native, "cupti_buffers") and native.cupti_buffers(path, BUFFER_BYTES, MAX_PENDING_BYTES):
+            if native.cupti_buffers(path, BUFFER_BYTES, MAX_PENDING_BYTES):
                 self._mode = "native"
             else:
                 c.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
@@ -431,46 +234,27 @@ class CuptiCollector:
                 ) from None
             raise KernelsUnavailable(f"CUPTI activity could not be enabled: {text}") from None
         self._clock_pair()
-        self.writer.write_meta(
-            status="collecting",
-            collector="cupti",
-            buffers_by=self._mode,
-            cupti_library=path,
-            cupti_python=_version("cupti-python"),
-            record_layouts={r.family: r.name for r in self._records.values()},
-            external_kind=kind_value,
-            clock_pairs=self._pairs,
-            buffer_bytes=BUFFER_BYTES,
-            api_functions_kept=self._kept_api,
-            quiet_api_functions=self._quiet,
-            api_filter_errors=self._api_filter_errors,
-            stage_correlation="launch tags (CUPTI callback API)" if self._tags else "external correlation records",
-        )
+        self.writer.write_meta(status="collecting", collector="cupti", buffers_by=self._mode, cupti_library=path,
+                               cupti_python=installed("cupti-python"),
+                               record_layouts={r.family: r.name for r in self._conv.kinds.records.values()},
+                               external_kind=kind_value, clock_pairs=self._pairs, buffer_bytes=BUFFER_BYTES,
+                               api_functions_kept=self._kept_api, quiet_api_functions=self._quiet,
+                               api_filter_errors=self._api_filter_errors,
+                               stage_correlation="launch tags (CUPTI callback API)" if self._tags else "external correlation records")
 
     def _launch_cbids(self) -> tuple[list[int], list[int]]:
-        """Callback ids of the runtime and driver functions that launch GPU work (names with
-        Launch, Memcpy or Memset)."""
-        out: tuple[list[int], list[int]] = ([], [])
-        for i, enum_name in enumerate(("runtime_api_trace_cbid", "driver_api_trace_cbid")):
-            for member in getattr(self._c, enum_name, None) or []:
-                name = str(getattr(member, "name", ""))
-                if name and name not in _NOT_FUNCTIONS and any(w in name for w in _LAUNCH_WORDS):
-                    out[i].append(int(member))
-        return out
+        """Callback ids of the runtime and driver functions that launch GPU work."""
+        runtime, driver = ([int(m) for m, launches in _functions(self._c, e) if launches]
+                           for e in ("runtime_api_trace_cbid", "driver_api_trace_cbid"))
+        return runtime, driver
 
     def _start_tags(self, path: str, kind_value: int) -> None:
         """The core's launch tags: its callback on the launch functions holds CUPTI's subscriber."""
-        if not hasattr(self._native, "cupti_tags"):
-            raise KernelsUnavailable("this build of the native stage core has no launch tags (MAXINSTR_CUPTI_TAGS)")
         runtime_ids, driver_ids = self._launch_cbids()
         rc = self._native.cupti_tags(path, runtime_ids, driver_ids)
         if rc is not True:
             if rc == 39:  # CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
-                raise KernelsUnavailable(
-                    "another tool (nsys, Nsight, torch.profiler/Kineto...) already holds CUPTI in this process "
-                    "(ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED): stages are recorded with events only; take the "
-                    "kernels from that tool's trace"
-                )
+                raise KernelsUnavailable(_held("ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED"))
             raise KernelsUnavailable(f"CUPTI launch tags could not start ({rc!r}: {self._native.stats()['errors'][-1:]})")
         self._kept_api = len(runtime_ids) + len(driver_ids)
         self._tag_kind = kind_value
@@ -482,51 +266,6 @@ class CuptiCollector:
         self._tag_driver_ids = driver_ids
         self._driver = "probing"
 
-    def _take_tags(self) -> np.ndarray:
-        """Rows from the launch tags: an API row per outermost launch call and, inside a stage,
-        an external-correlation row naming it, as CUPTI's records would be."""
-        tags = np.frombuffer(self._native.cupti_tags_take(), dtype=TAG_DTYPE)
-        n = len(tags)
-        if not n:
-            return np.empty(0, ACTIVITY_DTYPE)
-        K = self._c.ActivityKind
-        driver = tags["domain"] == 1
-        api = np.zeros(n, ACTIVITY_DTYPE)
-        api["kind"] = np.where(driver, KIND_DRIVER, KIND_RUNTIME)
-        keys, inverse = np.unique(tags["cbid"].astype(np.int64) * 2 + driver, return_inverse=True)
-        name_ids = []
-        for key in keys.tolist():  # one name lookup per function, not per call
-            drv, cbid = bool(key & 1), key >> 1
-            k = int(K.DRIVER) if drv else int(K.RUNTIME)
-            nid = self._api_names.get((k, cbid))
-            name_ids.append(nid if nid is not None else self._api_name(k, cbid, drv))
-        api["name_id"] = np.asarray(name_ids, np.int32)[inverse]
-        # the tags carry the core's host clock; rows are on CUPTI's (the pair taken just before
-        # this take covers them). A tag is kept at its call's exit, so end is set with start.
-        host = np.stack([tags["start_ns"], tags["end_ns"]])
-        coll = to_collector_clock(host.ravel(), self._pairs).reshape(2, n)
-        timed = tags["start_ns"] >= 0
-        api["start_ns"] = np.where(timed, coll[0], -1)
-        api["end_ns"] = np.where(timed, coll[1], -1)
-        api["correlation_id"] = tags["correlation_id"]
-        api["tid"] = tags["tid"]
-        api["cbid"] = tags["cbid"]
-        for col in ("external_id", "stream_id", "graph_node_id", "device_id"):
-            api[col] = -1
-        inside = tags["stage_id"] >= 0
-        # the driver call a runtime launch made inside itself is named too, so an op that
-        # carries either call's id finds its stage
-        inner = inside & (tags["inner_correlation_id"] != 0)
-        ext = np.zeros(int(inside.sum() + inner.sum()), ACTIVITY_DTYPE)
-        ext["kind"] = KIND_EXTERNAL
-        ext["name_id"] = -1
-        ext["correlation_id"] = np.concatenate([tags["correlation_id"][inside], tags["inner_correlation_id"][inner]])
-        ext["external_id"] = np.concatenate([tags["stage_id"][inside], tags["stage_id"][inner]])
-        for col in ("stream_id", "tid", "graph_node_id", "device_id"):
-            ext[col] = -1
-        ext["cbid"] = self._tag_kind
-        return np.concatenate([api, ext])
-
     def _trace_launches_only(self) -> None:
         """API records only for the functions that launch GPU work (names with Launch, Memcpy or
         Memset); every other runtime and driver function CUPTI knows is switched off. A function
@@ -535,50 +274,31 @@ class CuptiCollector:
         self._quiet = self._kept_api = self._api_filter_errors = 0
         for enum_name, fn_name in (("driver_api_trace_cbid", "activity_enable_driver_api"),
                                    ("runtime_api_trace_cbid", "activity_enable_runtime_api")):  # fmt: skip
-            ids = getattr(self._c, enum_name, None)
             fn = getattr(self._c, fn_name, None)
-            if ids is None or fn is None:
+            if getattr(self._c, enum_name, None) is None or fn is None:
                 continue
-            done = 0
-            for member in ids:
-                name = str(getattr(member, "name", ""))
-                if not name or name in _NOT_FUNCTIONS:
-                    continue
-                if any(w in name for w in _LAUNCH_WORDS):
+            for member, launches in _functions(self._c, enum_name):
+                if launches:
                     self._kept_api += 1
                     continue
                 try:
                     fn(int(member), 0)
+                    self._quiet += 1
                 except Exception:  # noqa: BLE001 - an id this CUPTI refuses: that function keeps its records
                     self._api_filter_errors += 1
-                    continue
-                done += 1
-            self._quiet += done
 
     def _teardown(self) -> None:
         c = self._c
-        if self._tags and self._native is not None and hasattr(self._native, "cupti_tags"):
-            try:
-                self._native.cupti_tags(None)
-            except Exception:  # noqa: BLE001
-                pass
+        if self._tags and self._native is not None:
+            _quietly(self._native.cupti_tags, None)
         if self._linked and self._native is not None:
-            try:
-                self._native.cupti_link(None)
-            except Exception:  # noqa: BLE001
-                pass
+            _quietly(self._native.cupti_link, None)
             self._linked = False
         for kind in self._enabled:
-            try:
-                c.activity_disable(kind)
-            except Exception:  # noqa: BLE001
-                pass
+            _quietly(c.activity_disable, kind)
         self._enabled = []
         if self._subscriber is not None:
-            try:
-                c.unsubscribe(self._subscriber)
-            except Exception:  # noqa: BLE001
-                pass
+            _quietly(c.unsubscribe, self._subscriber)
             self._subscriber = None
 
     def flush(self, final: bool = False) -> None:
@@ -635,8 +355,8 @@ class CuptiCollector:
             "dropped_queue": self._dropped_queue,
             "convert_errors": self._convert_errors,
             "buffers": self._buffers,
-            "fast_path": self._fast_note,
-            "record_free_errors": self._record_free_errors[0],
+            "fast_path": self._conv.fast_note,
+            "record_free_errors": self._conv.record_free_errors[0],
             "callback_s": round(self._callback_s, 6),
             "convert_s": round(self._take_s, 6),
             "stage_pushes": int(self._native.cupti_stats().get("pushes", 0)),
@@ -668,18 +388,17 @@ class CuptiCollector:
             try:
                 ptrs = np.fromiter(map(_PTR, activities), np.int64, n)
             except Exception as exc:  # noqa: BLE001 - records without bytes: the attribute path
-                if self._fast is not False:
-                    self._fast = False
-                    self._fast_note = f"fast path off: {type(exc).__name__}: {exc}"
-                rows = self._convert(activities)
+                if self._conv.fast is not False:
+                    self._conv.fast = False
+                    self._conv.fast_note = f"fast path off: {type(exc).__name__}: {exc}"
+                rows = rows_from_records(activities, self._conv.kinds, self._conv.names)
                 with self._lock:
                     self._buffers += 1
                     self._queue_rows(rows)
                 return
             base, last = int(ptrs.min()), int(ptrs.max())
             kind = int.from_bytes(ctypes.string_at(last, 4), "little")
-            self._by_kind()
-            data = ctypes.string_at(base, last - base + self._read_bytes.get(kind, 4))
+            data = ctypes.string_at(base, last - base + self._conv.kinds.read_bytes.get(kind, 4))
             with self._lock:
                 self._buffers += 1
                 if self._raw_bytes + len(data) > MAX_PENDING_BYTES:
@@ -716,7 +435,8 @@ class CuptiCollector:
             raw, self._raw, self._raw_bytes = self._raw + raw, [], 0
         if self._tags:
             try:
-                rows = self._take_tags()
+                tags = np.frombuffer(self._native.cupti_tags_take(), dtype=TAG_DTYPE)
+                rows = rows_from_tags(tags, self._conv.kinds, self._conv.names, self._pairs, self._tag_kind)
                 self._adapt_driver(rows)  # the runtime calls' ids, before the ops they launched
                 with self._lock:
                     self._queue_rows(rows)
@@ -724,7 +444,7 @@ class CuptiCollector:
                 self._error(f"launch tags: {type(exc).__name__}: {exc}")
         for data, offs in raw:
             try:
-                rows = self._convert_checked(data, offs)
+                rows = self._conv.convert(data, offs)
             except Exception as exc:  # noqa: BLE001 - a buffer we cannot read: counted, never silent
                 self._convert_errors += 1
                 self._dropped_queue += len(offs)
@@ -796,251 +516,11 @@ class CuptiCollector:
             self._driver = "needed"
             self._error(f"driver API records {'on' if on else 'off'}: {_error_text(c, exc)}")
 
-    def _convert_checked(self, data: bytes, offs: np.ndarray) -> np.ndarray:
-        """Rows from one buffer: the numpy path (the records' bytes read through cupti-python's
-        own struct dtypes), checked against cupti-python's record objects on the first
-        ``FAST_CHECK_ROWS`` records of the session (only those, a slice at a time: the objects
-        cost tens of microseconds a record, with the GIL held); the record objects for everything
-        once the two differed."""
-        if self._fast is True:
-            return self._convert_fast(data, offs)
-        if self._fast is False:
-            return self._convert_objects(data, offs)
-        try:
-            fast = self._convert_fast(data, offs)
-        except Exception as exc:  # noqa: BLE001 - any surprise: the record objects, for good
-            self._fast = False
-            self._fast_note = f"fast path off: {type(exc).__name__}: {exc}"
-            return self._convert_objects(data, offs)
-        head = offs[: max(0, FAST_CHECK_ROWS - self._fast_checked)]
-        try:
-            slices = []
-            for i in range(0, len(head), FAST_CHECK_SLICE):
-                slices.append(self._convert_objects(data, head[i : i + FAST_CHECK_SLICE]))
-                time.sleep(0)  # the GIL to the program's threads between slices
-            slow = np.concatenate(slices) if slices else self._convert_objects(data, head)
-        except Exception as exc:  # noqa: BLE001 - no record objects to check against
-            self._fast = True
-            self._fast_note = f"fast path on, unchecked (cupti-python record objects unavailable: {type(exc).__name__}: {exc})"
-            return fast
-        fast_head = fast if len(head) == len(offs) else self._convert_fast(data, head)
-        if len(fast_head) != len(slow) or any(not np.array_equal(fast_head[f], slow[f]) for f in ACTIVITY_DTYPE.names or ()):
-            self._fast = False
-            bad = [f for f in ACTIVITY_DTYPE.names or () if len(fast_head) != len(slow) or not np.array_equal(fast_head[f], slow[f])]
-            self._fast_note = f"fast path off: differs from the attribute path in {bad}"
-            return self._convert_objects(data, offs)
-        self._fast_checked += len(head)
-        if self._fast_checked >= FAST_CHECK_ROWS:
-            self._fast = True
-            self._fast_note = f"fast path on (checked against the attribute path on {self._fast_checked} records)"
-        else:
-            self._fast_note = f"fast path used, checked on all {self._fast_checked} records so far"
-        return fast
-
-    def _convert_objects(self, data: bytes, offs: np.ndarray) -> np.ndarray:
-        """Rows through cupti-python's record objects over the buffer's bytes; the objects are
-        made and freed inside, with cupti-python's complaints about freeing them kept off stderr."""
-        with _quiet_record_objects(self._record_free_errors):
-            return self._convert(self._objects(data, offs))
-
-    def _objects(self, data: bytes, offs: np.ndarray) -> list[Any]:
-        """cupti-python's record objects over the buffer's bytes (``Activity*.from_ptr``), for the
-        kinds we read; what its completed-buffer callback would have handed us."""
-        if not len(offs):
-            return []
-        classes = {k: r.record_class for k, r in self._by_kind().items()}
-        # the records' span, copied with room for a whole struct after the last record: an object
-        # of a newer struct than the libcupti wrote (cupti-python 13.4 over libcupti 13.0) stays
-        # inside memory we own
-        lo, hi = int(offs.min()), int(offs.max())
-        buf = np.zeros(hi - lo + max(int(r.dtype.itemsize) for r in self._records.values()), np.uint8)
-        span = np.frombuffer(data, np.uint8)[lo:]
-        buf[: min(len(span), len(buf))] = span[: len(buf)]
-        addr = buf.ctypes.data - lo
-        kinds = np.frombuffer(data, "<i4", count=len(data) // 4)[offs // 4]
-        out = []
-        for o, k in zip(offs.tolist(), kinds.tolist()):
-            cls = classes.get(int(k))
-            if cls is not None:
-                out.append(cls.from_ptr(addr + o, True))
-        self._keep_alive = buf  # the objects point into it until they are converted
-        return out
-
-    def _by_kind(self) -> dict[int, RecordLayout]:
-        """The record layouts by activity kind: picked at start, or here for a collector used
-        without start (benchmarks/cupti_convert.py, cupti_check_stall.py)."""
-        if not self._records:
-            self._set_records(check_cupti_python(self._c))
-        return self._records
-
-    def _set_records(self, records: dict[str, RecordLayout]) -> None:
-        K = self._c.ActivityKind
-        by_kind = {K.CONCURRENT_KERNEL: "kernel", K.KERNEL: "kernel", K.MEMCPY: "memcpy", K.MEMSET: "memset",
-                   K.RUNTIME: "api", K.DRIVER: "api", K.EXTERNAL_CORRELATION: "external_correlation"}  # fmt: skip
-        self._records = {int(k): records[family] for k, family in by_kind.items()}
-        self._layout = {k: r.dtype for k, r in self._records.items()}
-        self._read_bytes = {k: r.read_bytes for k, r in self._records.items()}
-
-    def _convert_fast(self, data: bytes, off: np.ndarray) -> np.ndarray:
-        """Rows read straight from a buffer's bytes: one numpy gather per field, from typed views
-        over the buffer (CUPTI records are 8-byte aligned; anything unaligned or out of the
-        buffer raises and the caller uses the record objects)."""
-        n = len(off)
-        if n == 0:
-            return np.empty(0, ACTIVITY_DTYPE)
-        self._by_kind()
-        layout = self._layout
-        if (off % 8).any() or int(off.min()) < 0:
-            raise ValueError("activity records are not 8-byte aligned")
-        kinds = np.frombuffer(data, "<i4", count=len(data) // 4)[off // 4]
-        sizes = np.full(n, 4, np.int64)
-        for k, end in self._read_bytes.items():
-            sizes[kinds == k] = end
-        if int((off + sizes).max()) > len(data):
-            raise ValueError("an activity record runs past the end of its buffer")
-        views: dict[str, np.ndarray] = {}
-
-        def get(offs: np.ndarray, dt: Any, name: str) -> np.ndarray:
-            fdt, fo = dt.fields[name][:2]
-            w = fdt.itemsize
-            pos = offs + fo
-            if fo % w:
-                raise ValueError(f"field {name} at offset {fo} is not aligned to its size {w}")
-            v = views.get(fdt.str)
-            if v is None:
-                v = views[fdt.str] = np.frombuffer(data, fdt, count=len(data) // w)
-            return v[pos // w]
-
-        out = np.zeros(n, ACTIVITY_DTYPE)
-        out["kind"] = -1
-        for f in ("external_id", "stream_id", "tid", "graph_node_id", "name_id", "device_id", "cbid"):
-            out[f] = -1
-        K = self._c.ActivityKind
-        k_kernel, k_kernel2 = int(K.CONCURRENT_KERNEL), int(K.KERNEL)
-        k_rt, k_drv, k_ext = int(K.RUNTIME), int(K.DRIVER), int(K.EXTERNAL_CORRELATION)
-        k_copy = int(K.MEMCPY)
-        for k in np.unique(kinds).tolist():
-            dt = layout.get(int(k))
-            if dt is None:
-                continue
-            sel = np.flatnonzero(kinds == k)
-            o = off[sel]
-            cols: dict[str, Any] = {"correlation_id": get(o, dt, "correlation_id")}
-            if k in (k_rt, k_drv):
-                cols["kind"] = KIND_DRIVER if k == k_drv else KIND_RUNTIME
-                cb = get(o, dt, "cbid").astype(np.int64)
-                uniq, inv = np.unique(cb, return_inverse=True)
-                ids = np.array([self._api_names.get((k, int(v))) if (k, int(v)) in self._api_names
-                                else self._api_name(k, int(v), k == k_drv) for v in uniq.tolist()], np.int32)  # fmt: skip
-                cols["name_id"] = ids[inv.reshape(-1)]
-                cols["cbid"] = cb
-                cols["tid"] = get(o, dt, "thread_id")
-            elif k == k_ext:
-                cols["kind"] = KIND_EXTERNAL
-                cols["external_id"] = get(o, dt, "external_id").astype(np.int64)
-                cols["cbid"] = get(o, dt, "external_kind")
-                cols["start_ns"] = cols["end_ns"] = 0
-            else:
-                if k in (k_kernel, k_kernel2):
-                    cols["kind"] = KIND_KERNEL
-                    cols["name_id"] = self._kernel_name_ids(get(o, dt, "name"))
-                else:
-                    cols["kind"] = KIND_MEMCPY if k == k_copy else KIND_MEMSET
-                    cols["bytes"] = get(o, dt, "bytes").astype(np.int64)
-                    if k == k_copy:
-                        cols["copy_kind"] = get(o, dt, "copy_kind")
-                cols["stream_id"] = get(o, dt, "stream_id")
-                cols["graph_node_id"] = get(o, dt, "graph_node_id").astype(np.int64)
-                cols["device_id"] = get(o, dt, "device_id")
-            if k != k_ext:
-                cols["start_ns"] = get(o, dt, "start").astype(np.int64)
-                cols["end_ns"] = get(o, dt, "end").astype(np.int64)
-            for f, v in cols.items():
-                out[f][sel] = v
-        return out[out["kind"] >= 0]
-
-    def _kernel_name_ids(self, name_ptrs: np.ndarray) -> np.ndarray:
-        """Name ids of kernel records from their (shared, CUPTI-owned) name pointers."""
-        cache = self._name_ptrs
-        uniq, inv = np.unique(name_ptrs.astype(np.int64), return_inverse=True)
-        ids = np.empty(len(uniq), np.int32)
-        for i, p in enumerate(uniq.tolist()):
-            nid = cache.get(p)
-            if nid is None:
-                text = ctypes.string_at(p).decode("utf-8", "replace") if p else ""
-                nid = cache[p] = self._intern(text)
-            ids[i] = nid
-        return ids[inv.reshape(-1)]
-
-    def _convert(self, activities: Any) -> np.ndarray:
-        c = self._c
-        K = c.ActivityKind
-        k_kernel, k_kernel2 = int(K.CONCURRENT_KERNEL), int(K.KERNEL)
-        k_copy, k_set = int(K.MEMCPY), int(K.MEMSET)
-        k_rt, k_drv, k_ext = int(K.RUNTIME), int(K.DRIVER), int(K.EXTERNAL_CORRELATION)
-        names, api_names = self._names, self._api_names
-        out: list[tuple] = []
-        app = out.append
-        for a in activities:
-            k = a.kind
-            if k == k_rt or k == k_drv:
-                cbid = a.cbid
-                nid = api_names.get((k, cbid))
-                if nid is None:
-                    nid = self._api_name(k, cbid, k == k_drv)
-                app((KIND_DRIVER if k == k_drv else KIND_RUNTIME, 0, 0, nid, a.start, a.end, a.correlation_id, -1,
-                     -1, a.thread_id, -1, 0, -1, cbid))  # fmt: skip
-            elif k == k_ext:
-                app((KIND_EXTERNAL, 0, 0, -1, 0, 0, a.correlation_id, a.external_id, -1, -1, -1, 0, -1,
-                     a.external_kind))  # fmt: skip
-            elif k == k_kernel or k == k_kernel2:
-                name = a.name
-                nid = names.get(name)
-                if nid is None:
-                    nid = self._intern(name)
-                app((KIND_KERNEL, 0, 0, nid, a.start, a.end, a.correlation_id, -1, a.stream_id, -1,
-                     a.graph_node_id, 0, a.device_id, -1))  # fmt: skip
-            elif k == k_copy:
-                app((KIND_MEMCPY, a.copy_kind, 0, -1, a.start, a.end, a.correlation_id, -1, a.stream_id, -1,
-                     a.graph_node_id, a.bytes, a.device_id, -1))  # fmt: skip
-            elif k == k_set:
-                app((KIND_MEMSET, 0, 0, -1, a.start, a.end, a.correlation_id, -1, a.stream_id, -1,
-                     a.graph_node_id, a.bytes, a.device_id, -1))  # fmt: skip
-        return np.array(out, dtype=ACTIVITY_DTYPE) if out else np.empty(0, ACTIVITY_DTYPE)
-
-    def _intern(self, name: Any) -> int:
-        text = name if isinstance(name, str) else (name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name))
-        with self._lock:
-            nid = self._names.get(text)
-            if nid is None:
-                nid = self._names[text] = len(self._name_list)
-                self._name_list.append(text)
-            if text is not name:
-                self._names[name] = nid
-        return nid
-
-    def _api_name(self, kind: int, cbid: int, driver: bool) -> int:
-        c = self._c
-        try:
-            domain = c.CallbackDomain.DRIVER_API if driver else c.CallbackDomain.RUNTIME_API
-            name = c.get_callback_name(domain, cbid)
-            if isinstance(name, bytes):
-                name = name.decode("utf-8", "replace")
-            name = str(name) or f"{'driver' if driver else 'runtime'} cbid {cbid}"
-        except Exception:  # noqa: BLE001
-            name = f"{'driver' if driver else 'runtime'} cbid {cbid}"
-        nid = self._intern(name)
-        self._api_names[(kind, cbid)] = nid
-        return nid
-
-    # -- flusher side -----------------------------------------------------------------------
     def _write_queued(self) -> None:
         with self._lock:
             chunks, self._queue, self._queued = self._queue, [], 0
-            names = list(self._name_list)
-        rows = np.concatenate(chunks) if chunks else np.empty(0, ACTIVITY_DTYPE)
-        self._rows += len(rows)
-        self.writer.write(rows, names)
+        names = self._conv.names.snapshot()  # after the rows: every name they use is in it
+        self.writer.write(np.concatenate(chunks) if chunks else np.empty(0, ACTIVITY_DTYPE), names)
 
     def _clock_pair(self) -> None:
         """One (host clock, CUPTI clock) pair: the host time is the midpoint of two reads around
@@ -1056,26 +536,16 @@ class CuptiCollector:
                 h1 = int(self._native.clock_ns())
                 if best is None or h1 - h0 < best[0]:
                     best = (h1 - h0, (h0 + h1) // 2, t)
-        except Exception:  # noqa: BLE001
-            if best is None:
-                return
-        if best is None:  # (three tries: not without an exception)
-            return
-        self._pairs.append([best[1], best[2]])
+        except Exception:  # noqa: BLE001 - CUPTI's clock unreadable now: the tries that worked, if any
+            pass
+        if best is not None:
+            self._pairs.append([best[1], best[2]])
 
     def _cupti_dropped(self) -> int | None:
         try:
             value = ctypes.c_size_t(0)
             self._c.activity_get_num_dropped_records(0, 0, ctypes.addressof(value))
             return int(value.value)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a CUPTI without the count: unknown
             return None
 
-
-def _version(dist: str) -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version(dist)
-    except Exception:  # noqa: BLE001
-        return None

@@ -1,7 +1,5 @@
-"""Run directory format, version 1: the constants every writer and reader shares.
-
-docs/formats.md is the specification; this module is its executable half. Keep them equal.
-"""
+"""Run directory format, version 1: the constants every writer and reader shares (the
+specification is docs/formats.md; keep them equal)."""
 
 from __future__ import annotations
 
@@ -23,8 +21,6 @@ PART_FILE = "part.json"
 SAMPLER_PART = "sampler"
 """``parts/sampler/``: the GPU samples `maxinstr run` takes from its own process for the whole run
 (only samples.bin and samples.json; no process of the program writes there)."""
-SAMPLES_FILE = "samples.bin"
-SAMPLES_LAYOUT_FILE = "samples.json"
 
 STAGE_DTYPE = np.dtype(
     [
@@ -62,10 +58,8 @@ NO_VALUE = -1
 
 
 def part_name(pid: int | None = None, rank: int | str | None = None) -> str:
-    """The part folder name of a process: ``p<pid>``, or ``r<rank>.p<pid>`` when a rank is set.
-
-    With ``rank=None`` the torchrun-style ``RANK`` environment variable is used when present.
-    """
+    """The part folder name of a process: ``p<pid>``, or ``r<rank>.p<pid>`` with a rank
+    (``rank=None``: torchrun's ``RANK`` when set)."""
     pid = os.getpid() if pid is None else pid
     if rank is None:
         rank = os.environ.get("RANK")

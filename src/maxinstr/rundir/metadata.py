@@ -1,14 +1,14 @@
 """What reproduces a run: collected once at session start into meta.json.
 
-Everything here is cheap and side-effect free: no framework is imported that the program
-has not imported already (versions of the others come from installed package metadata),
-and no CUDA context is created (GPU facts come from NVML, which does not create one).
-Each probe is isolated: one that fails leaves its field empty.
+Cheap and side-effect free: no framework is imported that the program has not imported already
+(the others' versions come from installed package metadata), and no CUDA context is created
+(GPU facts come from NVML, which creates none). A probe that fails leaves its field empty.
 """
 
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import os
 import platform
 import re
@@ -18,7 +18,10 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from maxinstr import config
 from maxinstr._version import __version__
+from maxinstr.rundir import format as fmt
 
 ENV_NAMES = {
     "MODULAR_ENABLE_PROFILING",
@@ -65,8 +68,6 @@ FRAMEWORKS: dict[str, tuple[str, ...]] = {
 
 def collect(*, warmup: int = 0, user: dict[str, Any] | None = None, requested_path: str | None = None) -> dict[str, Any]:
     """The metadata of docs/formats.md's meta.json for a run starting now."""
-    from maxinstr.rundir import format as fmt
-
     mono, real = _clock_pair()
     meta: dict[str, Any] = {
         "format": fmt.FORMAT_NAME,
@@ -110,11 +111,8 @@ def _clock_pair() -> tuple[int, int]:
 
 
 def _script_dir() -> Path:
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if path:
-        return Path(path).resolve().parent
-    return Path.cwd()
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    return Path(path).resolve().parent if path else Path.cwd()
 
 
 def git_info(where: Path) -> dict[str, Any] | None:
@@ -158,27 +156,23 @@ def gpu_info() -> dict[str, Any]:
 
 def _nvml_info() -> dict[str, Any]:
     try:
-        import pynvml  # nvidia-ml-py
-    except Exception:  # noqa: BLE001 - not installed or broken: no NVIDIA facts
-        return {}
-    try:
+        import pynvml  # optional (nvidia-ml-py), and imported only here, at session start
+
         pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no driver / no GPU
+    except Exception:  # noqa: BLE001 - not installed or broken, no driver, no GPU: no NVIDIA facts
         return {}
+
+    def text(value: Any) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
     info: dict[str, Any] = {"gpus": []}
     try:
-        def text(value: Any) -> str:
-            return value.decode() if isinstance(value, bytes) else str(value)
-
-        try:
-            info["driver"] = text(pynvml.nvmlSystemGetDriverVersion())
-        except Exception:  # noqa: BLE001
-            pass
-        try:
-            v = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())
+        driver = _quietly(pynvml.nvmlSystemGetDriverVersion)
+        if driver is not None:
+            info["driver"] = text(driver)
+        v = _quietly(lambda: int(pynvml.nvmlSystemGetCudaDriverVersion_v2()))
+        if v is not None:
             info["cuda"] = f"{v // 1000}.{(v % 1000) // 10}"
-        except Exception:  # noqa: BLE001
-            pass
         for index in range(int(pynvml.nvmlDeviceGetCount())):
             gpu: dict[str, Any] = {"index": index}
             try:
@@ -186,21 +180,24 @@ def _nvml_info() -> dict[str, Any]:
                 gpu["name"] = text(pynvml.nvmlDeviceGetName(h))
                 gpu["uuid"] = text(pynvml.nvmlDeviceGetUUID(h))
                 gpu["memory_total_bytes"] = int(pynvml.nvmlDeviceGetMemoryInfo(h).total)
-                try:
-                    gpu["pci_bus_id"] = text(pynvml.nvmlDeviceGetPciInfo(h).busId)
-                except Exception:  # noqa: BLE001
-                    pass
-            except Exception as exc:  # noqa: BLE001
+                bus = _quietly(lambda h=h: text(pynvml.nvmlDeviceGetPciInfo(h).busId))
+                if bus is not None:
+                    gpu["pci_bus_id"] = bus
+            except Exception as exc:  # noqa: BLE001 - one GPU's facts: the error instead
                 gpu["error"] = str(exc)
             info["gpus"].append(gpu)
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - the facts gathered so far
         pass
     finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
+        _quietly(pynvml.nvmlShutdown)
     return info
+
+
+def _quietly(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001 - a fact this driver does not give: left out
+        return None
 
 
 def _rocm_version() -> str | None:
@@ -221,15 +218,10 @@ def framework_versions() -> dict[str, Any]:
     for module, dists in FRAMEWORKS.items():
         loaded = sys.modules.get(module)
         version = getattr(loaded, "__version__", None) if loaded is not None else None
-        if version is None:
-            for dist in dists:
-                try:
-                    version = md.version(dist)
-                    break
-                except md.PackageNotFoundError:
-                    continue
-                except Exception:  # noqa: BLE001 - broken metadata
-                    continue
+        for dist in dists if version is None else ():
+            version = _quietly(lambda dist=dist: md.version(dist))  # not installed, or broken metadata: None
+            if version is not None:
+                break
         if version is not None:
             out[module] = str(version)
             out[f"{module}_imported"] = loaded is not None
@@ -276,13 +268,9 @@ def relevant_env() -> dict[str, str]:
 
 def _profiler_from_env() -> Any:
     """``maxinstr run`` says which profiler wraps the process through MAXINSTR_PROFILER (JSON)."""
-    from maxinstr import config
-
     raw = config.profiler_json()
     if not raw:
         return None
-    import json
-
     try:
         return json.loads(raw)
     except ValueError:

@@ -1,11 +1,8 @@
-"""Who still writes a run directory: a session opened on a directory replaces the run that was
-there only when every process of that run is gone (docs/sessions.md, "Two sessions on one
-directory"). A live run is never deleted: the new session joins it with a part of its own.
-
-A process counts as alive when its part (or meta.json) says ``running`` and either it ran on
-another host (whether it is alive cannot be known from here, so it is assumed to be) or a
-process with its pid exists here and did not start after the part did (a pid reused by an
-unrelated process is not the run's writer).
+"""Who still writes a run directory: a session replaces the run there only when every process of
+it is gone (docs/sessions.md, "Two sessions on one directory"); else it joins with a part of its
+own. A process is alive when its part (or meta.json) says ``running`` and it ran on another host
+(assumed alive: it cannot be known from here) or its pid exists here and did not start after
+the part did (a reused pid is not the run's writer).
 """
 
 from __future__ import annotations
@@ -26,9 +23,9 @@ _START_SLACK_NS = 2_000_000_000  # /proc gives a process's start to a clock tick
 
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """An exclusive flock on the directory itself while a session decides whether to replace
-    the run there and writes its meta.json: two sessions opened at the same moment decide one
-    after the other (no lock file is left in the folder). Best effort where flock is refused."""
+    """An exclusive flock on the directory itself (no lock file left in it) while a session
+    decides whether to replace the run there: two sessions opened at once decide in turn. Best
+    effort where flock is refused."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:

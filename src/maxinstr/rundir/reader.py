@@ -1,14 +1,11 @@
-"""Read a run directory back into numpy columns (see docs/formats.md).
+"""Read a run directory back into numpy columns (docs/formats.md, "Reading rules").
 
-The reader merges every part (process / rank) into one table of stage records sorted by
-host start. What the user recorded is never refused for a damaged neighbour: a torn tail (the
-last row or line of a file cut by a kill or a full disk) and any row or line that is not the
-format are left out, counted and said in one note per file in :attr:`Run.notes`
-(:class:`Skipped`); only a file that is meaningless as a whole (meta.json unreadable or of
-another format or version, a special file, a stages.bin without one stage record) is a
-:class:`~maxinstr.errors.RunDirError` naming the file and the problem in one line
-(docs/formats.md, "Reading rules"). A part.json that cannot be read is a note (the part reads as
-if it had none), and a part with a file meaningless as a whole is left out of a run of several parts.
+What the user recorded is never refused for a damaged neighbour: a torn tail (a kill or a full
+disk cut the last row or line) and any row or line that is not the format are left out,
+counted and said in one note per file (:class:`Skipped`); only a file meaningless as a whole
+(meta.json unreadable or of another format or version, a special file, a stages.bin without one
+stage record) is a :class:`~maxinstr.errors.RunDirError` naming the file and the problem. A part
+with such a file is left out of a run of several parts.
 """
 
 from __future__ import annotations
@@ -22,30 +19,26 @@ from typing import Any
 
 import numpy as np
 
+from maxinstr import warmup as rule
 from maxinstr._files import MAX_JSON_DEPTH, data_extents, open_regular, parse_json, read_at, read_regular
 from maxinstr._text import safe_name
+from maxinstr.columns import StringTable
 from maxinstr.errors import RunDirError
 from maxinstr.rundir import format as fmt
-from maxinstr.sample import read_samples
+from maxinstr.rundir.samples import (HEADER_FIELDS, HW_THROTTLE_MASK, SAMPLES_FILE, SAMPLES_FORMAT,
+                                     SAMPLES_LAYOUT_FILE, SAMPLES_VERSION)
 
-RUN_STAGE_DTYPE = np.dtype(
-    list(fmt.STAGE_DTYPE.descr) + [("part", "<i4"), ("pid", "<i8"), ("rank", "<i4")]
-)
-"""The columns of :attr:`Run.stages`: the file's columns (``name_id`` re-numbered into
-:attr:`Run.names`) plus the index of the record's part, its process id, and its rank (-1
-when the process had none)."""
+RUN_STAGE_DTYPE = np.dtype(list(fmt.STAGE_DTYPE.descr) + [("part", "<i4"), ("pid", "<i8"), ("rank", "<i4")])
+"""The columns of :attr:`Run.stages`: the file's (``name_id`` re-numbered into :attr:`Run.names`),
+the record's part index, process id and rank (-1: none)."""
 
 
 @dataclass
 class Run:
-    """A loaded run: stage records of every part as numpy columns, plus metadata.
-
-    ``stages`` is a structured array (:data:`RUN_STAGE_DTYPE`) sorted by ``host_start_ns``;
-    ``names[stages["name_id"]]`` are the stage names. ``attrs`` maps a record id to the
-    attrs given to that stage. ``parts`` has one dict per part (its part.json plus
-    ``name``, ``path``, ``rows``). ``samples`` maps a part name to what the sampler reader
-    returned (or ``{"layout": ..., "raw": bytes}`` when no reader is available).
-    """
+    """A loaded run: ``stages`` (:data:`RUN_STAGE_DTYPE`, sorted by ``host_start_ns``; their
+    names are ``names[stages["name_id"]]``), ``attrs`` by record id, ``parts`` (each part.json
+    plus ``name``, ``path``, ``rows``), ``samples`` by part name (:class:`Samples`, or
+    ``{"layout": ..., "raw": bytes}`` when they could not be read)."""
 
     path: Path | None
     meta: dict[str, Any]
@@ -76,16 +69,11 @@ class Run:
         return int(self.meta.get("warmup") or 0)
 
     def stage_names(self) -> np.ndarray:
-        """The name of every stage record (object array aligned with :attr:`stages`)."""
         return self.names[self.stages["name_id"]] if len(self.stages) else np.empty(0, dtype=object)
 
     def warmup_mask(self, warmup: int | None = None) -> np.ndarray:
-        """True for records the report keeps out as warm-up: the rule of :mod:`maxinstr.warmup`
-        (the first ``warmup`` pipeline iterations and instances of each name in each process,
-        and everything nested in them; docs/sessions.md). Marks are never warm-up. Cold starts,
-        which the report finds from the timings, are not in it."""
-        from maxinstr import warmup as rule
-
+        """True for records the report keeps out as warm-up (:mod:`maxinstr.warmup`'s rule;
+        marks never are). Cold starts, which the report finds from the timings, are not in it."""
         n = self.warmup if warmup is None else int(warmup)
         s = self.stages
         if n <= 0 or len(s) == 0:
@@ -95,10 +83,9 @@ class Run:
                                  n).kept_out
 
     def to_pandas(self):
-        """The stage records as a pandas DataFrame (columns of :attr:`stages` plus ``name``,
-        ``part_name``, ``warmup`` and ``attrs``). Needs pandas."""
+        """The stage records as a pandas DataFrame (plus ``name``, ``part_name``, ``warmup``, ``attrs``)."""
         try:
-            import pandas as pd
+            import pandas as pd  # optional: maxinstr[pandas]
         except ImportError as exc:  # pragma: no cover - pandas is in the test extra
             raise ImportError("Run.to_pandas() needs pandas: pip install 'maxinstr[pandas]'") from exc
         df = pd.DataFrame({name: self.stages[name] for name in self.stages.dtype.names or ()})
@@ -109,8 +96,7 @@ class Run:
         if self.attrs and len(self.stages):
             ids = np.fromiter(self.attrs.keys(), dtype=np.int64, count=len(self.attrs))
             order = np.argsort(self.stages["id"], kind="stable")
-            pos = np.searchsorted(self.stages["id"], ids, sorter=order)
-            pos = np.clip(pos, 0, len(order) - 1)
+            pos = np.clip(np.searchsorted(self.stages["id"], ids, sorter=order), 0, len(order) - 1)
             hit = self.stages["id"][order[pos]] == ids
             values = np.empty(len(ids), dtype=object)
             values[:] = list(self.attrs.values())
@@ -119,12 +105,20 @@ class Run:
         return df
 
 
-def load(path: str | Path) -> Run:
-    """Read the run directory at ``path`` (every part merged).
+@dataclass
+class _Part:
+    """What one part gave, kept apart until the part is known to be readable."""
 
-    Raises :class:`~maxinstr.errors.RunDirError` (one line: file and problem) when ``path``
-    is not a readable run directory of a known version.
-    """
+    info: dict[str, Any]
+    table: np.ndarray
+    attrs: dict[int, dict[str, Any]]
+    events: list[dict[str, Any]]
+    notes: list[str]
+
+
+def load(path: str | Path) -> Run:
+    """Read the run directory at ``path`` (every part merged); a RunDirError (one line: file
+    and problem) when it is not a readable run directory of a known version."""
     root = Path(path)
     if root.name == fmt.META_FILE and root.is_file():
         root = root.parent  # the run's meta.json stands for its directory
@@ -143,40 +137,28 @@ def load(path: str | Path) -> Run:
     if not [p for p in part_dirs if p.name != fmt.SAMPLER_PART]:
         notes.append("the run has no parts yet: no stage was recorded")
 
-    names = _Interner()
-    tables: list[np.ndarray] = []
-    attrs: dict[int, dict[str, Any]] = {}
-    parts: list[dict[str, Any]] = []
-    events: list[dict[str, Any]] = []
+    names = StringTable()
+    read: list[_Part] = []
     samples: dict[str, Any] = {}
     refused: list[RunDirError] = []
     for pdir in part_dirs:
         if pdir.name == fmt.SAMPLER_PART:  # maxinstr run's samples: no process part of the program
             samples[pdir.name] = _read_samples(pdir, notes)
             continue
-        # a part is read into its own lists first: one whose files are meaningless as a whole
-        # (random bytes for stages.bin, a FIFO in place of a file) is left out with a note and
-        # the other parts are reported; a damaged neighbour never refuses what was recorded
-        part_attrs: dict[int, dict[str, Any]] = {}
-        part_events: list[dict[str, Any]] = []
-        part_notes: list[str] = []
-        part_tables: list[np.ndarray] = []
         try:
-            info = _read_part(pdir, len(parts), names, part_tables, part_attrs, part_events, samples, part_notes)
+            part = _read_part(pdir, len(read), names, samples)
         except RunDirError as exc:
             refused.append(exc)
             notes.append(f"{exc}; that part ({pdir.name}) is left out")
             continue
-        parts.append(info)
-        tables += part_tables
-        attrs.update(part_attrs)
-        events += part_events
-        notes += part_notes
-    if refused and not parts:
+        read.append(part)
+        notes += part.notes
+    if refused and not read:
         raise refused[0]  # nothing of the run can be read: the first file that says why
 
-    if tables:
-        stages = np.concatenate(tables)
+    parts = [p.info for p in read]
+    if read:
+        stages = np.concatenate([p.table for p in read])
         stages = stages[np.argsort(stages["host_start_ns"], kind="stable")]
     else:
         stages = np.empty(0, dtype=RUN_STAGE_DTYPE)
@@ -185,22 +167,11 @@ def load(path: str | Path) -> Run:
     else:
         unclosed = [p["name"] for p in parts if p.get("status") == "running"]
         if unclosed:
-            notes.append(
-                f"{len(unclosed)} process(es) did not close their part (killed?): {', '.join(unclosed[:5])}"
-                + (" ..." if len(unclosed) > 5 else "")
-                + "; their last records may be missing"
-            )
-    return Run(
-        path=root,
-        meta=meta,
-        stages=stages,
-        names=names.to_array(),
-        attrs=attrs,
-        parts=parts,
-        events=events,
-        samples=samples,
-        notes=notes,
-    )
+            notes.append(f"{len(unclosed)} process(es) did not close their part (killed?): {', '.join(unclosed[:5])}"
+                         + (" ..." if len(unclosed) > 5 else "") + "; their last records may be missing")
+    return Run(path=root, meta=meta, stages=stages, names=names.to_array(),
+               attrs={k: v for p in read for k, v in p.attrs.items()}, parts=parts,
+               events=[e for p in read for e in p.events], samples=samples, notes=notes)
 
 
 def read_meta(path: Path) -> dict[str, Any]:
@@ -229,23 +200,22 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 LAUNCH_FILE = "launch.json"
 
-# The launch.json fields maxinstr interprets (docs/cli.md "Files of a run"): a field of another
-# type is a RunDirError naming it, never a TypeError three calls later.
-_LAUNCH_FIELDS: Fields  # defined below, after the field tests
-
 
 def read_launch(run_dir: str | Path) -> dict[str, Any] | None:
     """The record `maxinstr run` left in ``run_dir`` (launch.json), None when there is none.
     Read as data: only a regular file, JSON of at most 64 levels, the fields maxinstr
     interprets of their type (else RunDirError naming the file and the field)."""
-    path = Path(run_dir) / LAUNCH_FILE
+    return _read_object(Path(run_dir) / LAUNCH_FILE, _LAUNCH_FIELDS)
+
+
+def _read_object(path: Path, fields: Fields) -> dict[str, Any] | None:
     data = read_regular(path, RunDirError)
     if data is None:
         return None
     doc = parse_json(data, path, RunDirError)
     if not isinstance(doc, dict):
         raise RunDirError(path, "not a JSON object")
-    check_fields(doc, path, _LAUNCH_FIELDS)
+    check_fields(doc, path, fields)
     return doc
 
 
@@ -268,66 +238,61 @@ def _strings(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 
-Fields = dict[str, tuple[Callable[[Any], bool], str]]
-"""field -> (test, what it must be): the fields of a JSON object a reader interprets."""
-
-# The meta.json fields the reader and the report interpret, and what each must be; any other
-# field is shown as it is. None (or absent) is always allowed.
-_META_FIELDS: Fields = {
-    "warmup": (_count, "a count (an integer from 0)"),
-    "status": (lambda v: isinstance(v, str), "a string"),
-    "command": (_strings, "a list of strings"),
-    "argv": (_strings, "a list of strings"),
-    "pid": (_count, "a process id"),
-    "session": (lambda v: isinstance(v, dict) and all(v.get(k) is None or _time(v.get(k)) for k in ("start_ns", "end_ns")),
-                "an object with times in ns"),
-    "steady_state": (lambda v: isinstance(v, dict) and all(v.get(k) is None or _time(v.get(k)) for k in ("start_ns", "detected_ns")),
-                     "an object with times in ns"),
-    "gpus": (lambda v: isinstance(v, list) and all(isinstance(g, dict) for g in v), "a list of objects"),
-    "profiler": (lambda v: isinstance(v, dict), "an object"),
-    "user": (lambda v: isinstance(v, dict), "an object"),
-    "env": (lambda v: isinstance(v, dict), "an object"),
-    "frameworks": (lambda v: isinstance(v, dict), "an object"),
-    "git": (lambda v: isinstance(v, dict), "an object"),
-}
-
-
 def _str_map(v: Any) -> bool:
     return isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
 
 
-_LAUNCH_FIELDS = {
-    "command": (_strings, "a list of strings"),
-    "profiled_command": (_strings, "a list of strings"),
-    "stage_specs": (_strings, "a list of strings"),
-    "env": (_str_map, "an object of strings"),
-    "sweep": (_str_map, "an object of strings"),
-    "label": (lambda v: isinstance(v, str), "a string"),
-    "maxinstr_command": (_strings, "a list of strings"),
+def _times_in(*keys: str) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, dict) and all(v.get(k) is None or _time(v.get(k)) for k in keys)
+
+
+Fields = dict[str, tuple[Callable[[Any], bool], str]]
+"""field -> (test, what it must be): the fields of a JSON object a reader interprets (None or
+absent is always allowed; any other field is kept as it is). A field of another type is a
+RunDirError naming it, never a TypeError three calls later."""
+STRING = (lambda v: isinstance(v, str), "a string")
+OBJECT = (lambda v: isinstance(v, dict), "an object")
+STRINGS = (_strings, "a list of strings")
+STR_MAP = (_str_map, "an object of strings")
+
+_META_FIELDS: Fields = {
+    "warmup": (_count, "a count (an integer from 0)"),
+    "status": STRING,
+    "command": STRINGS,
+    "argv": STRINGS,
+    "pid": (_count, "a process id"),
+    "session": (_times_in("start_ns", "end_ns"), "an object with times in ns"),
+    "steady_state": (_times_in("start_ns", "detected_ns"), "an object with times in ns"),
+    "gpus": (lambda v: isinstance(v, list) and all(isinstance(g, dict) for g in v), "a list of objects"),
+    **dict.fromkeys(("profiler", "user", "env", "frameworks", "git"), OBJECT),
+}
+# launch.json (docs/cli.md "Files of a run")
+_LAUNCH_FIELDS: Fields = {
+    "command": STRINGS,
+    "profiled_command": STRINGS,
+    "stage_specs": STRINGS,
+    "env": STR_MAP,
+    "sweep": STR_MAP,
+    "label": STRING,
+    "maxinstr_command": STRINGS,
     "profiler": (lambda v: isinstance(v, dict) and all(v.get(k) is None or isinstance(v.get(k), str)
                                                        for k in ("name", "capture", "flags")), "an object"),
     "artifact": (lambda v: isinstance(v, dict) and (v.get("files") is None or _str_map(v.get("files"))), "an object"),
-    "run": (lambda v: isinstance(v, dict), "an object"),
-    "startup": (lambda v: isinstance(v, dict), "an object"),
-    "environment": (lambda v: isinstance(v, dict), "an object"),
-    "stage_specs_unapplied": (_str_map, "an object of strings"),
+    **dict.fromkeys(("run", "startup", "environment"), OBJECT),
+    "stage_specs_unapplied": STR_MAP,
 }
-
-
-# The part.json fields maxinstr writes itself and the reader and the report interpret. Not pid
-# and rank (a damaged one falls back to what the folder name says), nor local_rank and
-# world_size: they come from the program's environment (LOCAL_RANK=-1 is the user's to set),
-# are only shown, and a value that is no int32 is shown as none.
+# part.json: the fields maxinstr writes itself. Not pid and rank (a damaged one falls back to
+# what the folder name says), nor local_rank and world_size: they come from the program's
+# environment (LOCAL_RANK=-1 is the user's to set), are only shown, and one no int32 shows as none.
 _PART_FIELDS: Fields = {
-    "status": (lambda v: isinstance(v, str), "a string"),
-    "host": (lambda v: isinstance(v, str), "a string"),
+    "status": STRING,
+    "host": STRING,
     "started_ns": (_time, "a time in ns"),
     "closed_ns": (_time, "a time in ns"),
     "started_unix_ns": (lambda v: is_int(v, 0, 2**63), "a time in ns"),
     "ppid": (_count, "a process id"),
-    **{key: (lambda v: is_int(v, 0, 2**63), "a count (an integer from 0)")
-       for key in ("rows_written", "dropped_records", "rows_dropped_disk", "attrs_dropped_disk", "attrs_dropped_close",
-                                  "attrs_unconverted", "depth_refused")},
+    **dict.fromkeys(("rows_written", "dropped_records", "rows_dropped_disk", "attrs_dropped_disk", "attrs_dropped_close",
+                     "attrs_unconverted", "depth_refused"), (lambda v: is_int(v, 0, 2**63), "a count (an integer from 0)")),
 }
 
 
@@ -340,43 +305,27 @@ def check_fields(doc: dict[str, Any], path: Path, fields: Fields) -> None:
             raise RunDirError(path, f'"{key}" is not {what}: {clip(value)}')
 
 
-def _read_part(
-    pdir: Path,
-    index: int,
-    names: _Interner,
-    tables: list[np.ndarray],
-    attrs: dict[int, dict[str, Any]],
-    events: list[dict[str, Any]],
-    samples: dict[str, Any],
-    notes: list[str],
-) -> dict[str, Any]:
+def _read_part(pdir: Path, index: int, names: StringTable, samples: dict[str, Any]) -> _Part:
     info: dict[str, Any] = {}
-    part_json = pdir / fmt.PART_FILE
+    notes: list[str] = []
+    part = pdir.name
     try:
-        data = read_regular(part_json, RunDirError)
-        if data is not None:
-            loaded = parse_json(data, part_json, RunDirError)
-            if not isinstance(loaded, dict):
-                raise RunDirError(part_json, "not a JSON object")
-            check_fields(loaded, part_json, _PART_FIELDS)
-            info.update(loaded)
+        info.update(_read_object(pdir / fmt.PART_FILE, _PART_FIELDS) or {})
     except RunDirError as exc:
         # part.json only describes the part (pid, rank, status, counts): one that is torn (a
         # kill mid-write) or damaged is read as a missing one, never refusing the part's records
         notes.append(f"{exc}: the part is read without it (pid and rank from its folder name, "
                      "its status and counts unknown)")
-    pid, rank = _pid_rank_from_name(pdir.name)
+    pid, rank = _pid_rank_from_name(part)
     for key, fallback in (("pid", pid), ("rank", rank)):
-        value = info.get(key)
-        if not is_int(value, 0, 2**31):
+        if not is_int(info.get(key), 0, 2**31):
             info[key] = fallback  # the folder name says it too; never trust a damaged value
     for key in ("local_rank", "world_size"):
         if not is_int(info.get(key), -(2**31), 2**31):
             info[key] = None
-    info["name"] = pdir.name
+    info["name"] = part
     info["path"] = str(pdir)
 
-    part = info["name"]
     lines, names_skipped = read_jsonl(pdir / fmt.STRINGS_FILE)
     local_names: dict[int, str] = {}
     for number, rec in lines:
@@ -388,6 +337,7 @@ def _read_part(
         first = local_names.setdefault(rec["id"], name)
         if first != name:  # a writer names an id once: a second name is not one it wrote
             names_skipped.add(number, f"id {rec['id']} was named {clip(first)} before", rec)
+    attrs: dict[int, dict[str, Any]] = {}
     lines, skipped = read_jsonl(pdir / fmt.ATTRS_FILE)
     for number, rec in lines:
         # a record id is an int64 of stages.bin's id column
@@ -396,19 +346,19 @@ def _read_part(
             continue
         attrs[rec["id"]] = rec["attrs"]
     skipped.say(notes, "those records' attrs are not shown")
+    events: list[dict[str, Any]] = []
     lines, skipped = read_jsonl(pdir / fmt.EVENTS_FILE)
     for number, rec in lines:
         if not isinstance(rec, dict):
             skipped.add(number, "not a JSON object", rec)
             continue
-        events.append({"part": pdir.name, **rec})
+        events.append({"part": part, **rec})
     skipped.say(notes)
 
     for key, why in (("dropped_records", "the record buffer was full"), ("rows_dropped_disk", "the disk write failed")):
-        value = info.get(key)
-        if value:
-            notes.append(f"{pdir.name}: {value} stage record(s) dropped while recording ({why})")
-    notes += _loss_notes(pdir.name, info)
+        if info.get(key):
+            notes.append(f"{part}: {info[key]} stage record(s) dropped while recording ({why})")
+    notes += _loss_notes(part, info)
     rows, skipped = _read_stages(pdir / fmt.STAGES_FILE)
     info["rows"] = len(rows)
     said = info.get("rows_written")
@@ -423,27 +373,27 @@ def _read_part(
         table[col] = rows[col]
     if len(rows):
         used = np.unique(rows["name_id"])
-        used_ids = used.tolist()
-        missing = [i for i in used_ids if i not in local_names]
+        missing = [i for i in used.tolist() if i not in local_names]
         if missing:
             names_skipped.also(f"{len(missing)} name id(s) used by stages are not defined, shown as "
                                f"{missing_name(missing[0], part)}" + (" ..." if len(missing) > 1 else ""))
         # a placeholder names its part: name 17 of one part and name 17 of another are
         # different stages, never merged
-        mapping_ids = np.array([names.intern(local_names[i] if i in local_names else missing_name(i, part))
-                                for i in used_ids], dtype=np.int32)
-        table["name_id"] = mapping_ids[np.searchsorted(used, rows["name_id"])]
+        mapping = np.array([names.intern(local_names[i] if i in local_names else missing_name(i, part))
+                            for i in used.tolist()], dtype=np.int32)
+        table["name_id"] = mapping[np.searchsorted(used, rows["name_id"])]
     names_skipped.say(notes)
     table["part"] = index
     table["pid"] = -1 if info["pid"] is None else info["pid"]
     table["rank"] = -1 if info["rank"] is None else info["rank"]
-    tables.append(table)
 
-    if os.path.lexists(pdir / fmt.SAMPLES_FILE) or os.path.lexists(pdir / fmt.SAMPLES_LAYOUT_FILE):
-        samples[pdir.name] = _read_samples(pdir, notes)
-    return info
+    if os.path.lexists(pdir / SAMPLES_FILE) or os.path.lexists(pdir / SAMPLES_LAYOUT_FILE):
+        samples[part] = _read_samples(pdir, notes)
+    return _Part(info, table, attrs, events, notes)
 
 
+# What part.json counts as lost (its own fields, written at close; the native writer's): each
+# count above zero is a note of the report, never only a number in a file (issue 29).
 _LOSSES = (
     (None, "attrs_dropped_disk", "the attrs of {n} stage record(s) were not written (a disk error, or a file of the "
                                  "run directory refused)"),
@@ -454,8 +404,6 @@ _LOSSES = (
     (None, "attrs_unconverted", "the attrs of {n} stage record(s) could not be made data: not kept"),
     (None, "depth_refused", "{n} stage(s) and mark(s) nested deeper than 32767 levels were not recorded"),
 )
-"""What part.json counts as lost (its own fields, written at close; the native writer's): each
-count above zero is a note of the report, never only a number in a file (issue 29)."""
 
 
 def _loss_notes(part: str, info: dict[str, Any]) -> list[str]:
@@ -469,18 +417,16 @@ def _loss_notes(part: str, info: dict[str, Any]) -> list[str]:
 
 
 def missing_name(name_id: int | str, part: str) -> str:
-    """What a name id with no (valid) line in its names file reads as: visibly a placeholder,
-    and naming the part, since name ids are numbered per part."""
+    """What a name id with no (valid) line reads as: visibly a placeholder naming its part
+    (name ids are numbered per part)."""
     return safe_name(f"<name {name_id} missing in {part}>")
 
 
 class Skipped:
     """The rows or lines of one file left out because they are not the format, and its torn
     tail: counted, and said in one note naming the file, how many were skipped of how many, the
-    first one's number (rows count from 0, lines from 1) and what was wrong with it.
-
-    Costs nothing per line skipped but a count: only the first one's value is quoted.
-    """
+    first one's number (rows count from 0, lines from 1) and what was wrong with it (only the
+    first one's value is quoted)."""
 
     def __init__(self, path: Path, unit: str, what: str = "") -> None:
         self.path = path
@@ -493,8 +439,7 @@ class Skipped:
         self._also: list[str] = []
 
     def add(self, number: int, problem: str, value: Any = None, count: int = 1) -> None:
-        """``count`` more skipped; the first of all is at ``number``, ``problem`` quoting
-        ``value`` (when given)."""
+        """``count`` more skipped, the first of all at ``number`` (``problem``, quoting ``value``)."""
         self.count += count
         if self.first is None:
             self.first = (number, problem if value is None else f"{problem}: {clip(value)}")
@@ -503,8 +448,8 @@ class Skipped:
         """Something more the file's note says (what the skipped lines cost)."""
         self._also.append(text)
 
-    def note(self, consequence: str = "") -> str | None:
-        """The file's one note; None when nothing was left out."""
+    def say(self, notes: list[str], consequence: str = "") -> None:
+        """The file's one note into ``notes``, when something was left out."""
         said = []
         if self.first is not None:
             number, why = self.first
@@ -513,27 +458,33 @@ class Skipped:
         if self.torn:
             said.append(self.torn)
         said += self._also
-        return f"{self.path}: " + "; ".join(said) if said else None
-
-    def say(self, notes: list[str], consequence: str = "") -> None:
-        text = self.note(consequence)
-        if text:
-            notes.append(text)
+        if said:
+            notes.append(f"{self.path}: " + "; ".join(said))
 
 
-def keep_rows(rows: np.ndarray, checks: list[tuple[np.ndarray, Callable[[int], str]]], skipped: Skipped,
-              record: str, whole: str) -> np.ndarray:
-    """``rows`` without those any of ``checks`` (a mask of bad rows, and what is wrong with a
-    row of that mask) marks bad, counted in ``skipped``. When every row is bad the file holds
-    no ``record`` (e.g. "a stage record"): it is damaged as a whole or not what its name says
-    (``whole``, e.g. "a stages.bin"), a RunDirError naming it."""
-    bad = np.zeros(len(rows), dtype=bool)
+Checks = list[tuple[np.ndarray, Callable[[int], str]]]
+
+
+def _bad_rows(n: int, checks: Checks) -> tuple[np.ndarray, int, str] | None:
+    """The rows any check (a mask of bad rows, and what is wrong with a row of it) marks bad,
+    the first of them and what is wrong with it; None when none is."""
+    bad = np.zeros(n, dtype=bool)
     for mask, _ in checks:
         bad |= mask
     if not bad.any():
-        return rows
+        return None
     first = int(np.argmax(bad))
-    why = next(describe(first) for mask, describe in checks if mask[first])
+    return bad, first, next(describe(first) for mask, describe in checks if mask[first])
+
+
+def keep_rows(rows: np.ndarray, checks: Checks, skipped: Skipped, record: str, whole: str) -> np.ndarray:
+    """``rows`` without those ``checks`` marks bad, counted in ``skipped``. When every row is bad
+    the file holds no ``record`` (e.g. "a stage record"): it is damaged as a whole or not what
+    its name says (``whole``, e.g. "a stages.bin"), a RunDirError naming it."""
+    found = _bad_rows(len(rows), checks)
+    if found is None:
+        return rows
+    bad, first, why = found
     count = int(bad.sum())
     if count == len(rows):
         raise RunDirError(skipped.path, f"none of its {len(rows)} row(s) is {record} (row {first}: {why}): "
@@ -545,6 +496,7 @@ def keep_rows(rows: np.ndarray, checks: list[tuple[np.ndarray, Callable[[int], s
 STAGE_CHUNK_ROWS = 1 << 20
 """stages.bin is read and checked this many rows (72 MB) at a time: memory is the rows kept plus
 one chunk, whatever the file's size (a 20 GB sparse stages.bin was read whole, then MemoryError)."""
+_ZERO_ROW = "record id 0 has sequence 0 (a zero-filled row?)"
 
 
 def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
@@ -568,8 +520,8 @@ def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
         for start, end in data_extents(fd, count * width) + [(count * width, count * width)]:
             lo, hi = start // width, min(-(-end // width), count)
             if lo > row:
-                skipped.add(row, "record id 0 has sequence 0 (a zero-filled row?)", count=lo - row)
-                first_bad = first_bad or (row, "record id 0 has sequence 0 (a zero-filled row?)")
+                skipped.add(row, _ZERO_ROW, count=lo - row)
+                first_bad = first_bad or (row, _ZERO_ROW)
             row = max(row, lo)
             while row < hi:
                 n = min(STAGE_CHUNK_ROWS, hi - row)
@@ -610,7 +562,7 @@ def _check_stage_rows(rows: np.ndarray, skipped: Skipped, offset: int) -> tuple[
         # near -2**63 once made a duration wrap around to -20 ns)
         return (rows[col] < 0) | (rows[col] >= fmt.MAX_TIME_NS)
 
-    checks = [
+    found = _bad_rows(len(rows), [
         ((rows["flags"] & ~np.uint16(fmt.KNOWN_FLAGS)) != 0,
          lambda i: f"flags 0x{int(rows['flags'][i]):04x} has bits maxinstr does not write"),
         # ids are (pid << 32) | seq with seq from 1: an all-zero row (a zero-filled block left by
@@ -621,14 +573,10 @@ def _check_stage_rows(rows: np.ndarray, skipped: Skipped, offset: int) -> tuple[
         (outside("host_start_ns") | outside("host_end_ns"), lambda i: "a host time outside [0, 2**62) ns"),
         (rows["host_end_ns"] < rows["host_start_ns"], lambda i: "it ends before it starts"),
         (timed & (outside("gpu_start_ns") | outside("gpu_end_ns")), lambda i: "a GPU time outside [0, 2**62) ns"),
-    ]
-    bad = np.zeros(len(rows), dtype=bool)
-    for mask, _ in checks:
-        bad |= mask
-    if not bad.any():
+    ])
+    if found is None:
         return rows, None
-    first = int(np.argmax(bad))
-    why = next(describe(first) for mask, describe in checks if mask[first])
+    bad, first, why = found
     skipped.add(offset + first, why, count=int(bad.sum()))
     return rows[~bad], (offset + first, why)
 
@@ -663,7 +611,7 @@ def read_jsonl(path: Path) -> tuple[list[tuple[int, Any]], Skipped]:
         try:
             out.append((number, parse_json(line, path, _LineRefused)))
         except _LineRefused as exc:
-            skipped.add(number, exc.problem.replace("not valid JSON", "not JSON", 1))
+            skipped.add(number, str(exc).replace("not valid JSON", "not JSON", 1))
     return out, skipped
 
 
@@ -672,15 +620,13 @@ class _LineRefused(Exception):
 
     def __init__(self, path: Path, problem: str) -> None:
         super().__init__(problem)
-        self.problem = problem
 
 
 def _parse_lines(lines: list[bytes]) -> list[Any] | None:
-    """Every line parsed in one ``json.loads`` of them as an array (a third of the time of one
-    ``json.loads`` a line: 30 ms for 50,000 names, 80 ms line by line), or None when that cannot be trusted: a line not JSON on its own
-    (joined, ``[1`` and ``2]`` would be one value: the count differs), or one that could nest
-    deeper than MAX_JSON_DEPTH (more brackets than that; checked line by line then). Joined by
-    newlines: a JSON string cannot hold one, so no string spans two lines."""
+    """Every line parsed in one ``json.loads`` of them as an array (30 ms for 50,000 names, 80 ms
+    line by line), or None when that cannot be trusted: a line not JSON on its own (joined, ``[1``
+    and ``2]`` would be one value: the count differs), or one with more brackets than
+    MAX_JSON_DEPTH (checked line by line then). Joined by newlines: no JSON string holds one."""
     if any(line.count(b"[") + line.count(b"{") >= MAX_JSON_DEPTH for line in lines):
         return None
     try:
@@ -691,25 +637,23 @@ def _parse_lines(lines: list[bytes]) -> list[Any] | None:
 
 
 def _read_samples(pdir: Path, notes: list[str]) -> Any:
-    """Samples through the sampler's own reader. When it refuses the files (samples of a newer
-    format, a damaged layout), the part's layout and raw bytes instead, said in ``notes``: a
-    samples file this maxinstr cannot read must not make the run's stages unreadable
-    (tests/rundir/test_rundir.py, the raw-samples fallback)."""
+    """The part's :class:`Samples`; when they cannot be read (a newer format, a damaged layout),
+    its layout and raw bytes, said in ``notes``: samples must not make the stages unreadable."""
     try:
         result = read_samples(pdir)
-        torn = getattr(result, "torn_bytes", 0)
-        if isinstance(torn, int) and torn > 0:
-            notes.append(f"{pdir / fmt.SAMPLES_FILE}: ignored a torn last sample row ({torn} bytes)")
+        if result.torn_bytes:
+            notes.append(f"{pdir / SAMPLES_FILE}: ignored a torn last sample row ({result.torn_bytes} bytes)")
         return result
     except Exception as exc:  # noqa: BLE001 - any refusal: the rest of the run still loads
-        notes.append(f"{pdir}: samples not read ({type(exc).__name__}: {_short(exc)}); raw bytes kept")
+        text = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        notes.append(f"{pdir}: samples not read ({type(exc).__name__}: {text}); raw bytes kept")
     layout = None
-    layout_path = pdir / fmt.SAMPLES_LAYOUT_FILE
+    layout_path = pdir / SAMPLES_LAYOUT_FILE
     raw = b""
     try:
         data = read_regular(layout_path, RunDirError)
         layout = None if data is None else parse_json(data, layout_path, RunDirError)
-        raw = read_regular(pdir / fmt.SAMPLES_FILE, RunDirError) or b""
+        raw = read_regular(pdir / SAMPLES_FILE, RunDirError) or b""
     except RunDirError as exc:
         notes.append(f"not read: {exc}")
     return {"layout": layout, "raw": raw}
@@ -728,29 +672,136 @@ def _pid_rank_from_name(name: str) -> tuple[int | None, int | None]:
     return pid, rank
 
 
-class _Interner:
-    def __init__(self) -> None:
-        self._index: dict[str, int] = {}
-        self._values: list[str] = []
-
-    def intern(self, value: str) -> int:
-        found = self._index.get(value)
-        if found is None:
-            found = self._index[value] = len(self._values)
-            self._values.append(value)
-        return found
-
-    def to_array(self) -> np.ndarray:
-        out = np.empty(len(self._values), dtype=object)
-        out[:] = self._values
-        return out
-
-
-def _short(exc: BaseException) -> str:
-    return str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-
-
 def clip(obj: Any) -> str:
     """``obj`` as JSON cut to 80 characters: a value quoted in a one-line error."""
     text = json.dumps(obj, default=str)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+@dataclass(repr=False)
+class Samples:
+    """Sampler rows of one part, one row per (tick, device), in time order per device: ``rows``
+    (fields as ``meta['row']`` names them; float metrics NaN where absent or not read in that
+    row) and samples.json as ``meta``, whose ``devices`` the ``device`` column indexes."""
+
+    rows: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+    torn_bytes: int = 0
+
+    @property
+    def t_ns(self) -> np.ndarray:
+        return self.rows["t_ns"]
+
+    @property
+    def device(self) -> np.ndarray:
+        return self.rows["device"]
+
+    @property
+    def flags(self) -> np.ndarray:
+        return self.rows["flags"]
+
+    @property
+    def throttle(self) -> np.ndarray:
+        return self.rows["throttle"]
+
+    @property
+    def devices(self) -> list[dict[str, Any]]:
+        return list(self.meta.get("devices", []))
+
+    @property
+    def metric_names(self) -> list[str]:
+        return [f["name"] for f in self.meta.get("row", {}).get("fields", []) if f["name"] not in HEADER_FIELDS]
+
+    @property
+    def units(self) -> dict[str, str]:
+        return {f["name"]: f.get("unit", "") for f in self.meta.get("row", {}).get("fields", [])}
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        return list(self.meta.get("errors", []))
+
+    @property
+    def unavailable(self) -> str | None:
+        return self.meta.get("unavailable")
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __repr__(self) -> str:
+        names = [f"{d.get('visible_index')}:{d.get('name')}" for d in self.devices]
+        why = f", unavailable={self.unavailable!r}" if self.unavailable else ""
+        return f"Samples({len(self)} rows, devices={names}, backend={self.meta.get('backend')!r}{why})"
+
+    def column(self, name: str) -> np.ndarray:
+        """One metric column (float, NaN where absent)."""
+        return self.rows[name]
+
+    def for_device(self, device: int) -> Samples:
+        """Only the rows of ``device`` (an index into ``devices``), in time order."""
+        rows = self.rows[self.rows["device"] == device]
+        return Samples(rows[np.argsort(rows["t_ns"], kind="stable")], self.meta, 0)
+
+    def hw_throttled(self) -> np.ndarray:
+        """Per row: hardware/firmware throttling (not idle, not a clock setting) was seen."""
+        return (self.rows["throttle"] & HW_THROTTLE_MASK) != 0
+
+
+def dtype_from_layout(layout: dict[str, Any], where: Path) -> np.dtype:
+    """The numpy dtype of a samples.bin row described in samples.json."""
+    try:
+        dtype = np.dtype([(f["name"], f["type"]) for f in layout["fields"]])
+        size = int(layout["size"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RunDirError(where, f"bad row layout in {SAMPLES_LAYOUT_FILE}: {exc}") from None
+    if dtype.itemsize != size:
+        raise RunDirError(where, f"{SAMPLES_LAYOUT_FILE} says rows are {size} bytes but its fields add up to {dtype.itemsize}")
+    # the columns every reader uses (a layout without t_ns, or with it as text, was a
+    # ValueError from inside the HTML view); metrics may come and go
+    for name, kind in (("t_ns", "i"), ("device", "iu"), ("flags", "iu"), ("throttle", "iu")):
+        if name not in (dtype.names or ()) or dtype[name].kind not in kind:
+            raise RunDirError(where, f"bad row layout in {SAMPLES_LAYOUT_FILE}: no integer field {name!r}")
+    metrics = [n for n in dtype.names or () if n not in HEADER_FIELDS]
+    bad = next((n for n in metrics if dtype[n].kind not in "fiu" or dtype[n].shape), None)
+    if bad is not None:
+        raise RunDirError(where, f"bad row layout in {SAMPLES_LAYOUT_FILE}: field {bad!r} is not a number")
+    return dtype
+
+
+def _objects(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(d, dict) for d in v)
+
+
+def read_samples(part_dir: Path | str) -> Samples:
+    """The samples in ``part_dir``; empty when neither file is there (the sampler never ran).
+    A samples.bin without samples.json, or a malformed samples.json, is a RunDirError."""
+    part = Path(part_dir)
+    meta_path, bin_path = part / SAMPLES_LAYOUT_FILE, part / SAMPLES_FILE
+    text = read_regular(meta_path, RunDirError)
+    data = read_regular(bin_path, RunDirError)
+    if text is None:
+        if data:
+            raise RunDirError(bin_path, f"has no {SAMPLES_LAYOUT_FILE} beside it: the row layout is unknown")
+        return Samples(np.empty(0, dtype=[("t_ns", "<i8"), ("device", "<u2"), ("flags", "<u2"), ("throttle", "<u4")]))
+    meta = parse_json(text, meta_path, RunDirError)
+    if not isinstance(meta, dict) or meta.get("format") != SAMPLES_FORMAT:
+        raise RunDirError(meta_path, "is not a maxinstr samples description")
+    version = meta.get("version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise RunDirError(meta_path, f"samples format version {_clip40(version)} is not a number")
+    if version > SAMPLES_VERSION:
+        raise RunDirError(meta_path, f"samples format version {version} is newer than this maxinstr reads (1)")
+    for key, ok, what in (("devices", _objects, "a list of objects"), ("errors", _objects, "a list of objects"),
+                          ("unavailable", lambda v: isinstance(v, str), "a string"),
+                          ("row", lambda v: isinstance(v, dict), "an object")):
+        if meta.get(key) is not None and not ok(meta[key]):
+            raise RunDirError(meta_path, f'"{key}" is not {what}: {_clip40(meta[key])}')
+    dtype = dtype_from_layout(meta.get("row") or {}, meta_path)
+    raw = np.frombuffer(bytearray(data or b""), dtype=np.uint8)  # writable, as the rows were from np.fromfile
+    n = len(raw) // dtype.itemsize
+    rows = raw[: n * dtype.itemsize].view(dtype) if n else np.empty(0, dtype=dtype)
+    return Samples(rows, meta, len(raw) - n * dtype.itemsize)
+
+
+def _clip40(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

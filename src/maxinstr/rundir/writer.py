@@ -1,16 +1,10 @@
-"""Append-only writer of one part of a run directory (see docs/formats.md).
+"""Append-only writer of one part of a run directory (docs/formats.md).
 
-Crash safety comes from the order and shape of the writes, not from fsync:
-
-* every batch goes out as whole lines / whole 72-byte rows with one ``write`` per file, into
-  files opened ``O_APPEND``; once ``write`` returns, the bytes are in the kernel's page cache and
-  survive a SIGKILL of this process (only a machine crash can lose them, bounded by the fsync
-  interval);
-* names and attrs are written before the stage rows that use them, so a reader never finds a
-  row whose name is missing unless the files were damaged;
-* a short write (disk full) is cut back to the last whole record, so the files stay aligned.
-
-Disk errors never reach the user's program: the writer warns once (:class:`RunDirWarning`),
+Crash safety comes from the order and shape of the writes, not from fsync: each batch is whole
+lines and whole 72-byte rows, one ``write`` per ``O_APPEND`` file (once it returns, the bytes
+survive a SIGKILL; only a machine crash can lose them, bounded by the fsync interval); names and
+attrs go before the rows that use them; a short write (disk full) is cut back to the last whole
+record. Disk errors never reach the program: the writer warns once (:class:`RunDirWarning`),
 stops writing, and counts what it had to drop.
 """
 
@@ -66,6 +60,7 @@ def attrs_lines(pairs: list[tuple[int, dict[str, Any]]]) -> bytes:
     rest: Any = pairs
     head = b""
     try:
+        # looked up at each call: the session tests run against a stand-in core without it
         import maxinstr._native as _native
 
         head, rest = _native.attrs_lines(pairs)
@@ -82,16 +77,14 @@ _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
-    """Write ``obj`` as pretty JSON to ``path`` through a temporary file and a rename, so a
-    reader sees the old file or the new one, never half of one.
+    """Write ``obj`` as pretty JSON to ``path`` through a temporary file and a rename: a reader
+    sees the old file or the new one, never half of one. ``exclusive``: an existing file is left
+    alone (False then).
 
-    The file is padded with spaces (JSON allows them) to the next 4 KiB past its text: when the
-    disk is full, so that no new file can be written, the last version (part.json and meta.json
-    at close: status and drop counts) is overwritten in place, in blocks the file already has;
-    a run cut by a full disk then reads as closed with its losses counted, not as killed.
-
-    With ``exclusive=True`` an existing file is left alone (returns False then).
-    """
+    The file is padded with spaces to the next 4 KiB past its text: when the disk is full, the
+    last version (part.json and meta.json at close: status and drop counts) is overwritten in
+    place, in blocks the file has; a run cut by a full disk reads as closed with its losses
+    counted, not as killed."""
     _remove_stale_tmp(path)
     tmp = path.with_name(f".{path.name}.{_HOST}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp")
     try:
@@ -103,7 +96,7 @@ def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
     try:
         fd = open_write(tmp, append=False, exclusive=True)  # nothing planted at tmp is written through
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -178,7 +171,7 @@ def _overwrite_in_place(path: Path, text: bytes) -> bool:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         n = os.write(fd, view)
@@ -197,7 +190,7 @@ class _AppendFile:
         if not data:
             return
         try:
-            _write_all(self.fd, data)
+            write_all(self.fd, data)
         except OSError as exc:
             # Keep the file aligned on whole records: drop what part of this batch got out.
             try:
@@ -224,10 +217,7 @@ class _AppendFile:
 
 
 class PartWriter:
-    """Writes the files of ``RUN/parts/<part>/`` for one process.
-
-    Not thread-safe on its own: the session serialises calls with its lock.
-    """
+    """Writes the files of ``RUN/parts/<part>/`` for one process (the session serialises calls)."""
 
     def __init__(self, part_dir: Path, part_info: dict[str, Any], *, fsync_interval_s: float = 1.0) -> None:
         self.part_dir = Path(part_dir)
@@ -253,10 +243,8 @@ class PartWriter:
 
     @property
     def is_open(self) -> bool:
-        """The part's files are open (created by :meth:`open`, not yet closed)."""
         return self._opened
 
-    # -- opening ----------------------------------------------------------------------
     def open(self) -> None:
         """Create the part folder and its files now (raises OSError when it cannot)."""
         if self._opened:
@@ -269,7 +257,7 @@ class PartWriter:
         self.write_part_json(status="running")
 
     def open_or_warn(self) -> bool:
-        """:meth:`open`, turning a failure into the one warning. True when open."""
+        """:meth:`open`, a failure turned into the one warning; True when open."""
         if self.failed:
             return False
         try:
@@ -279,18 +267,9 @@ class PartWriter:
             self.fail(exc, "cannot create")
             return False
 
-    # -- writing ----------------------------------------------------------------------
-    def write(
-        self,
-        rows: np.ndarray,
-        names: dict[int, str],
-        attrs: Iterable[tuple[int, dict[str, Any]]] = (),
-    ) -> None:
-        """Append stage ``rows`` (STAGE_DTYPE) with the names they need and their attrs.
-
-        ``names`` maps every name id the process knows to its name; only the ids used by
-        ``rows`` and not yet in this part are written.
-        """
+    def write(self, rows: np.ndarray, names: dict[int, str], attrs: Iterable[tuple[int, dict[str, Any]]] = ()) -> None:
+        """Append stage ``rows`` (STAGE_DTYPE), the names of ``names`` (every id the process
+        knows) they use that this part lacks, and their attrs."""
         attrs = attrs if isinstance(attrs, list) else list(attrs)
         if len(rows) == 0 and not attrs:
             return
@@ -415,21 +394,20 @@ class PartWriter:
                 self.write_part_json(**updates)
             except OSError as exc:
                 self.fail(exc, "cannot write to")
-        for f in self._files.values():
-            f.close()
-        self._files.clear()
-        self._opened = False
+        self._close_files()
 
     def abandon(self) -> None:
-        """Close the files without writing anything: a fork child holds its parent's writer,
-        whose part is not the child's to write. The writer writes nothing afterwards."""
+        """Close the files without writing anything, for good: a fork child holds its parent's
+        writer, whose part is not the child's to write."""
+        self._close_files()
+        self.failed = self.failed or "abandoned in a fork child"
+
+    def _close_files(self) -> None:
         for f in self._files.values():
             f.close()
         self._files.clear()
         self._opened = False
-        self.failed = self.failed or "abandoned in a fork child"
 
-    # -- errors -----------------------------------------------------------------------
     def fail(self, exc: OSError, what: str) -> None:
         """Stop writing after a disk error: said once (:class:`RunDirWarning`), kept in ``failed``."""
         if self.failed:

@@ -1,14 +1,11 @@
-"""AMD devices through AMD SMI (the ``amdsmi`` Python package, imported lazily and guarded).
+"""AMD devices through AMD SMI (the ``amdsmi`` package, imported when sampling starts).
 
-``import amdsmi`` misbehaves where ROCm is missing or partial: it prints to stdout/stderr
-and raises whatever its ctypes loader hits (a ``KeyError`` for ``libamd_smi.so`` in 7.0.2,
-``OSError`` elsewhere, even ``SystemExit`` in some builds). The import is wrapped so that
-none of it reaches the user: output captured, every exception but KeyboardInterrupt turned
-into :class:`Unavailable` with the captured text as the reason.
-
-A metric returning NOT_SUPPORTED (or "N/A") is dropped for that device and recorded once; it
-never stops sampling (``max benchmark`` dies exactly there on consumer Radeon cards,
-modular#7141).
+``import amdsmi`` misbehaves where ROCm is missing or partial: it prints, and raises whatever its
+ctypes loader hits (a ``KeyError`` for ``libamd_smi.so`` in 7.0.2, ``OSError``, even
+``SystemExit``): none of it reaches the user (output captured, every exception but
+KeyboardInterrupt an :class:`Unavailable` saying it). A metric returning NOT_SUPPORTED (or "N/A")
+is dropped for that device and recorded once; it never stops sampling (``max benchmark`` dies
+exactly there on consumer Radeon cards, modular#7141).
 """
 
 from __future__ import annotations
@@ -16,22 +13,12 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
-from maxinstr.sample.base import (
-    ABSENT,
-    COL,
-    LOST,
-    RETRY,
-    THROTTLE_BIT,
-    Backend,
-    Device,
-    DeviceInfo,
-    ErrorLog,
-    Probe,
-    ProbeDevice,
-)
+from maxinstr.rundir.samples import THROTTLE_BIT
+from maxinstr.sample.base import (ABSENT, COL, LOST, RETRY, Backend, Device, DeviceInfo, ErrorLog, Probe, ProbeDevice,
+                                  try_call)
 from maxinstr.sample.devices import PhysicalGpu, amd_visible
 
 # amdsmi_status_t values (amdsmi.h / amdsmi_wrapper.py), kept here so a mocked module cannot change them
@@ -83,38 +70,29 @@ _import_failure: str | None = None  # a failed import is not retried in this pro
 
 
 def import_amdsmi() -> Any:
-    """The amdsmi module, or :class:`Unavailable`. Never prints, never raises anything else
-    (but KeyboardInterrupt). A failure is remembered for the life of the process."""
+    """The amdsmi module, or :class:`Unavailable` (remembered for the life of the process).
+    Never prints, never raises anything else but KeyboardInterrupt."""
     global _import_failure
     if _import_failure is not None:
         raise Unavailable(_import_failure)
-    try:
-        return _import_amdsmi()
-    except Unavailable as exc:
-        _import_failure = str(exc)
-        raise
-
-
-def _import_amdsmi() -> Any:
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            import amdsmi  # lazily, only when sampling AMD
+            import amdsmi  # optional (maxinstr[amd]), and only when sampling starts
     except KeyboardInterrupt:
         raise
-    except ModuleNotFoundError as exc:
-        if exc.name == "amdsmi":
-            raise Unavailable("amdsmi is not installed: pip install 'maxinstr[amd]'") from None
-        raise Unavailable(f"amdsmi failed to import: {exc}") from None
     except BaseException as exc:  # noqa: BLE001 - incl. SystemExit: a library must not end the user's run
         said = _one_line(out.getvalue())
-        if "libamd_smi.so" in f"{exc} {said}":
+        if isinstance(exc, ModuleNotFoundError):
+            why = "amdsmi is not installed: pip install 'maxinstr[amd]'" if exc.name == "amdsmi" else f"amdsmi failed to import: {exc}"
+        elif "libamd_smi.so" in f"{exc} {said}":
             # the Python package without ROCm's library (a machine with no AMD GPU): no advice to
             # install amd-smi-lib on an NVIDIA or CPU machine
-            raise Unavailable("no AMD SMI library (libamd_smi.so not found: no ROCm here)") from None
-        raise Unavailable(
-            f"amdsmi failed to import ({type(exc).__name__}: {exc})" + (f"; it said: {said}" if said else "")
-        ) from None
+            why = "no AMD SMI library (libamd_smi.so not found: no ROCm here)"
+        else:
+            why = f"amdsmi failed to import ({type(exc).__name__}: {exc})" + (f"; it said: {said}" if said else "")
+        _import_failure = why
+        raise Unavailable(why) from None
     return amdsmi
 
 
@@ -259,13 +237,6 @@ class AmdSmiDevice(ProbeDevice):
         return flags, self._throttle_bits, self._throttle_raw
 
 
-def _try(fn: Callable[..., Any], *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except Exception:  # noqa: BLE001 - static info is optional
-        return None
-
-
 class AmdSmiBackend(Backend):
     """AMD SMI opened; one :class:`AmdSmiDevice` per visible GPU."""
 
@@ -296,17 +267,17 @@ class AmdSmiBackend(Backend):
     def devices(self) -> list[Device]:
         smi = self.smi
         handles = list(smi.amdsmi_get_processor_handles())
-        gpus = [PhysicalGpu(index=i, uuid=str(_try(smi.amdsmi_get_gpu_device_uuid, h) or "")) for i, h in enumerate(handles)]
+        gpus = [PhysicalGpu(index=i, uuid=str(try_call(smi.amdsmi_get_gpu_device_uuid, h) or "")) for i, h in enumerate(handles)]
         vis = amd_visible(gpus, self._env)
         self.notes.extend(vis.notes)
         self.source = vis.source
         out: list[Device] = []
         for g in vis.gpus:
             h = handles[g.physical_index]
-            asic = _try(smi.amdsmi_get_gpu_asic_info, h) or {}
-            vram = _try(smi.amdsmi_get_gpu_vram_usage, h) or {}
-            gfx = _try(smi.amdsmi_get_clock_info, h, smi.AmdSmiClkType.GFX) or {}
-            mem = _try(smi.amdsmi_get_clock_info, h, smi.AmdSmiClkType.MEM) or {}
+            asic = try_call(smi.amdsmi_get_gpu_asic_info, h) or {}
+            vram = try_call(smi.amdsmi_get_gpu_vram_usage, h) or {}
+            gfx = try_call(smi.amdsmi_get_clock_info, h, smi.AmdSmiClkType.GFX) or {}
+            mem = try_call(smi.amdsmi_get_clock_info, h, smi.AmdSmiClkType.MEM) or {}
             total = vram.get("vram_total")
             info = DeviceInfo(
                 vendor="amd",
@@ -314,7 +285,7 @@ class AmdSmiBackend(Backend):
                 physical_index=g.physical_index,
                 name=str(asic.get("market_name", "")),
                 uuid=g.uuid,
-                pci_bus_id=str(_try(smi.amdsmi_get_gpu_device_bdf, h) or ""),
+                pci_bus_id=str(try_call(smi.amdsmi_get_gpu_device_bdf, h) or ""),
                 sm_clock_max_mhz=gfx.get("max_clk") if isinstance(gfx.get("max_clk"), int) else None,
                 mem_clock_max_mhz=mem.get("max_clk") if isinstance(mem.get("max_clk"), int) else None,
                 mem_total_bytes=float(total) * MIB if isinstance(total, int) else None,
@@ -325,4 +296,4 @@ class AmdSmiBackend(Backend):
         return out
 
     def shutdown(self) -> None:
-        _try(self.smi.amdsmi_shut_down)
+        try_call(self.smi.amdsmi_shut_down)

@@ -1,30 +1,20 @@
-"""Samples -> stages: what the GPU did while each stage was open on the host.
+"""Samples -> stages: what the GPU did while each stage was open on the host. Sort +
+searchsorted + cumulative sums over numpy columns; no Python loop over rows or instances.
 
-A sample belongs to every stage instance whose host interval ``[start, end)`` contains its
-time (nested stages each get it, as inclusive times do). Everything is sort + searchsorted +
-cumulative sums over numpy columns; no Python loop over rows or instances (only over the
-few devices).
-
-- mean / peak of a metric: over the samples inside the instance (NaN rows skipped).
-- Windowed metrics are attributed by the time their value describes, not the time it was
-  read (:func:`metric_windows`). A GPM value (SM activity, occupancy, tensor, DRAM bandwidth)
-  covers the time since the previous GPM row. NVIDIA's ``gpu_util_pct``/``mem_util_pct`` is
-  the share of the driver's last sample period (200 ms on the H200) in which a kernel ran: the
-  value changes once per period and, read at time t, describes a window that ended before t.
-  Taking the rows inside an instance (what this module did before) gave a 0.25 s matmul
-  stage the driver's value for the idle 0.2-0.4 s before it (H200: 15 % for a stage the GPU
-  ran back to back). Such an instance's value is the mean of the windows' values weighted by
-  their overlap with it, ``count`` is the covered time (ns), and ``window_share`` per stage
-  name says how much of the windows' time the stage itself filled: a low share means the value
-  describes mostly other stages (or idle), which a report must say instead of printing it.
-  Instances with no GPM row inside that took the value of the window around them are counted
-  (``gpm_window_instances``).
-- energy: the difference of the energy counter, linearly interpolated at the instance's start
-  and end (so stages shorter than the sampling interval still get a share); NaN when the
-  instance is not inside the sampled time.
-- throttling: the OR of the throttle bits of the samples inside; ``hw_throttle_samples``
-  counts samples with clocks held down by a limit (not idle, not clock settings), split into
-  ``power_cap_samples`` (the driver staying under the power limit: power-bound) and
+- mean / peak of a metric: over the samples inside the instance's ``[start, end)`` (nested
+  stages each get them, as inclusive times do; NaN rows skipped).
+- Windowed metrics go by the time their value describes, not the time it was read. A GPM value
+  covers the time since the previous GPM row; NVIDIA's ``gpu_util_pct``/``mem_util_pct`` is the
+  share of the driver's last sample period (200 ms on the H200) in which a kernel ran, read
+  after that period ended: taking the rows inside a 0.25 s matmul stage gave it the idle
+  period before it (H200: 15 % for a stage the GPU ran back to back). Such an instance's value
+  is the mean of the windows' values weighted by their overlap with it, ``count`` the covered
+  ns, and per name ``window_share`` how much of the windows' time the stage itself filled (a
+  low share: the value describes mostly other stages, which a report must say instead).
+- energy: the counter's difference, interpolated at the instance's start and end (a stage
+  shorter than the sampling interval still gets its share); NaN outside the sampled time.
+- throttling: the OR of the throttle bits inside; ``hw_throttle_samples`` counts samples with
+  clocks held down by a limit, split into ``power_cap_samples`` (power-bound) and
   ``thermal_hw_samples`` (thermal or hardware slowdown).
 """
 
@@ -34,12 +24,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from maxinstr.sample.base import FLAG_GPM, GPM_METRICS, HW_THROTTLE_MASK, POWER_CAP_MASK, THERMAL_HW_MASK
-from maxinstr.sample.read import Samples
+from maxinstr.rundir.reader import Samples
+from maxinstr.rundir.samples import FLAG_GPM, GPM_METRICS, HW_THROTTLE_MASK, POWER_CAP_MASK, THERMAL_HW_MASK
 
-NVML_UTIL_COLUMNS = ("gpu_util_pct", "mem_util_pct")
-"""NVML utilization: one value per driver sample period, describing a window that ended before
-it was read (:func:`util_windows`)."""
+NVML_UTIL_COLUMNS = ("gpu_util_pct", "mem_util_pct")  # windowed on NVIDIA (:func:`util_windows`)
 NVML_UTIL_PERIODS_NS = (166_666_667, 200_000_000, 250_000_000, 333_333_333, 500_000_000, 1_000_000_000)
 """Sample periods NVML documents (1/6 s to 1 s, by GPU). The period is found from the rows: the
 times at which the value changes; the H200 changes it every 200.0 ms (docs/sampler.md)."""
@@ -360,13 +348,8 @@ def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np
     )
 
 
-def stage_samples(
-    samples: Samples,
-    start_ns: np.ndarray,
-    end_ns: np.ndarray,
-    name_id: np.ndarray,
-    devices: list[int] | None = None,
-) -> tuple[StageSamples, list[InstanceSamples]]:
+def stage_samples(samples: Samples, start_ns: np.ndarray, end_ns: np.ndarray, name_id: np.ndarray,
+                  devices: list[int] | None = None) -> tuple[StageSamples, list[InstanceSamples]]:
     """Per stage name and device, from stage host intervals and their name ids.
 
     Returns the per-name table and the per-instance statistics (one per device, aligned

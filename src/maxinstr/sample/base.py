@@ -1,11 +1,9 @@
-"""The sampler's small vendor interface, the row layout every vendor fills, and the null backend.
+"""The sampler's small vendor interface and the null backend.
 
-A :class:`Backend` opens a vendor library and hands out one :class:`Device` per visible GPU.
-A device fills a preallocated list of metric values (``NaN`` = not read in this row) and
-returns the throttle bits it saw; it never raises into the sampler: vendor errors are
-translated where they enter (``nvml.py``, ``amdsmi.py``) and reported through
-:class:`ErrorLog`, once each. The row layout is vendor-neutral, so a reader never needs to
-know which library wrote it.
+A :class:`Backend` opens a vendor library and hands out one :class:`Device` per visible GPU. A
+device fills a list of metric values (:data:`COL`; ``NaN``: not read in this row) and returns the
+throttle bits it saw; it never raises into the sampler: vendor errors are translated where they
+enter (``nvml.py``, ``amdsmi.py``) and recorded once each in :class:`ErrorLog`.
 """
 
 from __future__ import annotations
@@ -19,92 +17,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from maxinstr.rundir.samples import FLAG_SLOW, METRICS
+
 NAN = math.nan
-
-# --------------------------------------------------------------------------- row layout
-# (name, struct code, unit, what). Header fields first, then metrics. Float metrics are
-# NaN when absent (unsupported on this device, or not read in this row: GPM and "slow"
-# metrics have their own cadence, see flags).
-HEADER: tuple[tuple[str, str, str, str], ...] = (
-    ("t_ns", "q", "ns", "host clock (CLOCK_MONOTONIC) when this device's read began"),
-    ("device", "H", "", "index into samples.json 'devices'"),
-    ("flags", "H", "", "bit 0 GPM: GPM metrics read in this row; bit 1 SLOW: slow metrics read; bit 2 LOST: device lost, last row"),
-    ("read_ns", "I", "ns", "time the sampler spent reading this device for this row"),
-    ("throttle", "I", "", "vendor-neutral throttle bits, names in samples.json 'throttle_bits'"),
-    ("throttle_raw", "Q", "", "the vendor's own reason bitmask (NVML clocks-event reasons; AMD indep_throttle_status), 0 when none"),
-)
-
-METRICS: tuple[tuple[str, str, str, str], ...] = (
-    ("gpu_util_pct", "f", "%", "time some kernel ran (NVML utilization.gpu / AMD gfx_activity)"),
-    ("mem_util_pct", "f", "%", "memory-controller busy time (NVML utilization.memory / AMD umc_activity)"),
-    ("mem_used_bytes", "d", "B", "device memory used (all processes)"),
-    ("proc_mem_bytes", "d", "B", "device memory used by the watched process(es); slow cadence"),
-    ("sm_clock_mhz", "f", "MHz", "SM / graphics clock"),
-    ("mem_clock_mhz", "f", "MHz", "memory clock"),
-    ("power_w", "f", "W", "board power draw"),
-    ("energy_j", "d", "J", "energy counter (monotonic; differences are energy)"),
-    ("temp_c", "f", "C", "GPU temperature (NVML GPU sensor / AMD hotspot); slow cadence"),
-    ("sm_active_pct", "f", "%", "GPM SM activity: SMs busy x time (Hopper+ only), GPM cadence"),
-    ("sm_occupancy_pct", "f", "%", "GPM SM occupancy: resident warps / max, GPM cadence"),
-    ("tensor_active_pct", "f", "%", "GPM tensor-pipe activity (any tensor op), GPM cadence"),
-    ("dram_bw_util_pct", "f", "%", "GPM DRAM bandwidth utilization, GPM cadence"),
-)
-
-METRIC_NAMES: tuple[str, ...] = tuple(m[0] for m in METRICS)
-COL: dict[str, int] = {name: i for i, name in enumerate(METRIC_NAMES)}
+COL: dict[str, int] = {m[0]: i for i, m in enumerate(METRICS)}
 """Metric name -> position in the values list a device fills."""
 
-ROW_FORMAT = "<" + "".join(f[1] for f in HEADER + METRICS)
-
-FLAG_GPM = 1
-FLAG_SLOW = 2
-FLAG_LOST = 4
-
-GPM_METRICS = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_util_pct")
-SLOW_METRICS = ("proc_mem_bytes", "temp_c")
-
-# ------------------------------------------------------------------------ throttle bits
-# Vendor-neutral reasons a GPU's clocks are below maximum. Groups: "idle" is not a problem,
-# "setting" is someone's configuration, "power_cap" is the driver holding clocks down to stay
-# under the board's power limit (normal for a GPU that is fully loaded: it means "power-bound",
-# not "broken"), "thermal_hw" is thermal or hardware slowdown (heat, power brake, current
-# limit: what a report must flag as a problem). Both limiting groups together are
-# HW_THROTTLE_MASK ("clocks held below maximum by a limit"), kept for existing readers.
-THROTTLE_BITS: tuple[tuple[str, str], ...] = (
-    ("idle", "idle"),  # 0: nothing to do, clocks lowered
-    ("app_clocks", "setting"),  # 1: applications clocks setting
-    ("sw_power_cap", "power_cap"),  # 2: driver holds clocks down to stay under the power limit
-    ("hw_slowdown", "thermal_hw"),  # 3: hardware slowdown (power brake, thermal, ...)
-    ("sync_boost", "setting"),  # 4: held to another GPU's clocks (sync boost group)
-    ("sw_thermal", "thermal_hw"),  # 5: software thermal slowdown
-    ("hw_thermal", "thermal_hw"),  # 6: hardware thermal slowdown
-    ("hw_power_brake", "thermal_hw"),  # 7: external power brake assertion (hardware)
-    ("display_clocks", "setting"),  # 8: display clock setting
-    ("user_clocks", "setting"),  # 9: user-defined (locked) clocks
-    ("current_limit", "thermal_hw"),  # 10: AMD TDC/EDC current limit
-    ("throttled_unknown", "thermal_hw"),  # 11: vendor says throttled, cause not given
-)
-THROTTLE_NAMES: tuple[str, ...] = tuple(t[0] for t in THROTTLE_BITS)
-THROTTLE_BIT: dict[str, int] = {name: 1 << i for i, name in enumerate(THROTTLE_NAMES)}
-POWER_CAP_MASK = sum(1 << i for i, (_, group) in enumerate(THROTTLE_BITS) if group == "power_cap")
-THERMAL_HW_MASK = sum(1 << i for i, (_, group) in enumerate(THROTTLE_BITS) if group == "thermal_hw")
-HW_THROTTLE_MASK = POWER_CAP_MASK | THERMAL_HW_MASK
-SETTING_MASK = sum(1 << i for i, (_, group) in enumerate(THROTTLE_BITS) if group == "setting")
-IDLE_MASK = THROTTLE_BIT["idle"]
-
-
-def throttle_names(mask: int) -> list[str]:
-    """The names of the vendor-neutral throttle bits set in ``mask``."""
-    return [name for i, name in enumerate(THROTTLE_NAMES) if mask >> i & 1]
-
-
-# ------------------------------------------------------------------------ errors, once
 class ErrorLog:
-    """Errors and absences met while sampling, recorded once per key (thread-safe).
-
-    ``on_new`` is called (outside the lock) after a new entry is added, so the writer can
-    persist it; it must not raise.
-    """
+    """Errors and absences met while sampling, recorded once per key (thread-safe). ``on_new``
+    is called (outside the lock) after a new entry, so the writer can persist it."""
 
     def __init__(self, clock: Callable[[], int], on_new: Callable[[], None] | None = None) -> None:
         self._clock = clock
@@ -120,9 +41,7 @@ class ErrorLog:
             if key in self._seen:
                 return False
             self._seen.add(key)
-            self.entries.append(
-                {"t_ns": self._clock(), "kind": kind, "device": device, "metric": metric, "message": message}
-            )
+            self.entries.append({"t_ns": self._clock(), "kind": kind, "device": device, "metric": metric, "message": message})
         if self.on_new is not None:
             try:
                 self.on_new()
@@ -134,8 +53,6 @@ class ErrorLog:
         with self._lock:
             return list(self.entries)
 
-
-# ----------------------------------------------------------------------- devices
 @dataclass
 class DeviceInfo:
     """What a device is, written into samples.json once. Units in names."""
@@ -152,8 +69,7 @@ class DeviceInfo:
     mem_total_bytes: float | None = None
     power_limit_w: float | None = None
     gpm: bool = False
-    absent: list[str] = field(default_factory=list)
-    """Metrics this device does not support (NaN in every row)."""
+    absent: list[str] = field(default_factory=list)  # metrics it does not support (NaN in every row)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -173,8 +89,8 @@ class Device(ABC):
     @abstractmethod
     def read(self, values: list[float], tick: int, now_ns: int) -> tuple[int, int, int]: ...
 
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release per-device vendor resources (GPM sample buffers)."""
+    def close(self) -> None:  # noqa: B027 - optional hook: per-device vendor resources (GPM sample buffers)
+        pass
 
     def probe_stats(self) -> dict[str, Any]:
         """Per-metric read cost (calls, wall ns per call, cadence), for samples.json."""
@@ -193,8 +109,8 @@ class Backend(ABC):
         """Driver / library versions, for samples.json."""
         return {}
 
-    def shutdown(self) -> None:  # noqa: B027 - optional hook
-        """Close the vendor library."""
+    def shutdown(self) -> None:  # noqa: B027 - optional hook: close the vendor library
+        pass
 
 
 class NullDevice(Device):
@@ -209,11 +125,8 @@ class NullDevice(Device):
 
 
 class NullBackend(Backend):
-    """No vendor library: no devices (or ``n`` null devices, for cost measurements).
-
-    ``reason`` says why there is no real backend, e.g. "NVML: libnvidia-ml.so.1 not found;
-    amdsmi: not installed"; it is written into samples.json and printed by ``snapshot``.
-    """
+    """No vendor library: no devices (or ``n`` null devices, for cost measurements); ``reason``
+    says why (samples.json, ``snapshot``)."""
 
     name = "none"
 
@@ -230,7 +143,14 @@ def nan_values() -> list[float]:
     return [NAN] * len(METRICS)
 
 
-# ------------------------------------------------------------- probe-based vendor devices
+def try_call(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, None when the vendor call fails (static facts are optional)."""
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - vendor boundary: a fact this device does not give
+        return None
+
+
 ABSENT, LOST, RETRY = "absent", "lost", "retry"
 MAX_FAILS_IN_A_ROW = 100
 

@@ -1,20 +1,10 @@
-"""Which physical GPUs a program sees, from CUDA_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES /
-HIP_VISIBLE_DEVICES, so sample rows carry the index the user's framework uses (``cuda:0``)
-and the sampler watches only the GPUs the program can use.
-
-Pure functions over the vendor library's enumeration (tested without a GPU). The rules
-follow the CUDA and ROCm runtimes:
-
-- unset: every GPU, in enumeration order; set but empty: none.
-- a comma-separated list of indices, ``GPU-<uuid>`` (a unique prefix is enough, as in CUDA),
-  ``MIG-<uuid>`` or the legacy ``MIG-GPU-<uuid>/<gi>/<ci>``; the list ends at the first entry
-  that is invalid, out of range, ambiguous or repeated (CUDA ignores the rest).
-- AMD: ROCR_VISIBLE_DEVICES filters first (indices or UUIDs), then HIP_VISIBLE_DEVICES (or
-  CUDA_VISIBLE_DEVICES, which HIP honours too) indexes into what ROCR left.
-
-NVML and amdsmi enumerate in PCI bus order; CUDA does too only with
-``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (its default is fastest first). A note says so when the order
-may differ (several GPUs of different names and no PCI_BUS_ID order).
+"""Which GPUs a program sees (CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES),
+so rows carry the index the program's framework uses (``cuda:0``) and only its GPUs are
+sampled. The rules are the CUDA and ROCm runtimes': unset, every GPU; empty, none; a list of
+indices, ``GPU-<uuid>`` (a unique prefix), ``MIG-<uuid>`` or ``MIG-GPU-<uuid>/<gi>/<ci>`` that ends
+at the first entry invalid, out of range, ambiguous or repeated; on AMD, ROCR filters first and
+HIP (or CUDA) indexes into what it left. NVML and amdsmi enumerate in PCI bus order, CUDA only
+with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: a note says so when the orders may differ.
 """
 
 from __future__ import annotations

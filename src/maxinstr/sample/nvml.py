@@ -1,57 +1,35 @@
-"""NVIDIA devices through NVML (nvidia-ml-py, imported lazily).
+"""NVIDIA devices through NVML (nvidia-ml-py, imported when sampling starts).
 
-NVML errors are translated here and nowhere else: a metric a device does not support is
-dropped from that device's read list and recorded once (its column stays NaN); a lost GPU
-raises :class:`~maxinstr.sample.base.DeviceLost`; anything else is recorded once per
-(metric, error) and the metric is tried again next row (dropped after many failures in a
-row). Per-row work is a fixed tuple of small closures over precomputed handles.
+NVML errors are translated here and nowhere else (:meth:`NvmlDevice.classify`): a metric a device
+does not support is dropped and recorded once (its column stays NaN); a lost GPU raises
+:class:`~maxinstr.sample.base.DeviceLost`; anything else is recorded once per (metric, error) and
+retried next row. How calls are made (``MAXINSTR_SAMPLER_GIL``, written to samples.json ``gil``):
 
-How calls are made (``MAXINSTR_SAMPLER_GIL``; the choice is written to samples.json ``gil``):
-
-- ``auto`` (default): per-row calls go straight to the NVML library through a ``ctypes.PyDLL``
-  view (GIL held: one GIL hand-over per row instead of one per call, see
-  :func:`direct_library`). Every call is timed: one slower than
-  :data:`~maxinstr.sample.base.SLOW_CALL_NS` (median of 5 calls at start, or 5 calls in a row
-  while sampling) is moved to every :data:`MOVED_INTERVAL_S` and then called with the GIL
+- ``auto``: per-row calls go straight to the library through a ``ctypes.PyDLL`` view (GIL held:
+  one GIL hand-over per row instead of one per call, :func:`direct_library`). A call slower than
+  :data:`~maxinstr.sample.base.SLOW_CALL_NS` is moved to every :data:`MOVED_INTERVAL_S`, GIL
   released (a ``ctypes.CDLL`` view), so a millisecond call never stops the user's Python.
-- ``release``: every call releases the GIL (CDLL view). The user's Python runs during the
-  calls, but each return waits for the GIL (up to the 5 ms switch interval in a program busy
-  in Python), so a row is read over several switch intervals.
-- ``process``: the sampler runs in a child process (:mod:`maxinstr.sample.process`, which
-  uses ``auto`` there); this backend then lives in the child.
+- ``release``: every call releases the GIL (CDLL view); each return waits for the GIL (up to the
+  5 ms switch interval in a program busy in Python).
+- ``process`` (the default): the sampler runs in a child process (:mod:`maxinstr.sample.process`),
+  which uses ``auto``.
 
-``MAXINSTR_SAMPLER_PROFILE=1`` also records each call's thread CPU time (``cost.probes``).
-
-GPM (Hopper and later: SM activity, occupancy, tensor activity, DRAM bandwidth) compares
-two GPM samples; NVML wants them >= 100 ms apart, so GPM runs on its own slower cadence
-(``gpm_interval_s``, at least 0.1 s) and its columns are NaN in the rows between (flag GPM
-marks the rows that carry them; a value covers the time since the previous GPM row). GPM
-calls go through pynvml (GIL released).
+GPM (Hopper and later: SM activity, occupancy, tensor activity, DRAM bandwidth) compares two GPM
+samples that NVML wants >= 100 ms apart: it has its own cadence, its columns are NaN in the rows
+between (flag GPM marks the others; a value covers the time since the previous GPM row).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from maxinstr import config
-from maxinstr.sample.base import (
-    ABSENT,
-    COL,
-    FLAG_GPM,
-    LOST,
-    MAX_FAILS_IN_A_ROW,
-    RETRY,
-    Backend,
-    Device,
-    DeviceInfo,
-    ErrorLog,
-    Probe,
-    ProbeDevice,
-    SLOW_CALL_NS,
-    perf_ns,
-)
+from maxinstr.rundir.samples import FLAG_GPM
+from maxinstr.sample.base import (ABSENT, COL, LOST, MAX_FAILS_IN_A_ROW, RETRY, SLOW_CALL_NS, Backend, Device,
+                                  DeviceInfo, ErrorLog, Probe, ProbeDevice, perf_ns, try_call)
 from maxinstr.sample.devices import MigInstance, PhysicalGpu, nvidia_visible
 
 # NVML's ABI values (nvml.h); stable across releases. Kept here rather than read from the
@@ -88,8 +66,7 @@ MOVED_INTERVAL_S = 0.1
 NVML's counters do not change faster: the H200's energy counter and power value moved in
 ~100 ms steps in run 1 (tests/sample/data/h200_run1), so reading them more often adds nothing."""
 
-# (GPM metric id, column)
-GPM_COLUMNS: tuple[tuple[int, str], ...] = (
+GPM_COLUMNS: tuple[tuple[int, str], ...] = (  # (GPM metric id, column)
     (GPM_SM_UTIL, "sm_active_pct"),
     (GPM_SM_OCCUPANCY, "sm_occupancy_pct"),
     (GPM_ANY_TENSOR_UTIL, "tensor_active_pct"),
@@ -102,33 +79,25 @@ GPM_COLUMNS: tuple[tuple[int, str], ...] = (
 NVML_REASON_MASK = 0x1FF
 
 _ABSENT = {ERR_NOT_SUPPORTED, ERR_NO_PERMISSION, ERR_FUNCTION_NOT_FOUND, ERR_ARGUMENT_VERSION_MISMATCH, ERR_DEPRECATED}
-_LOST = {
-    ERR_GPU_IS_LOST,
-    ERR_GPU_NOT_FOUND,
-    ERR_RESET_REQUIRED,
-    ERR_DRIVER_NOT_LOADED,
-    ERR_UNINITIALIZED,
-    ERR_LIB_RM_VERSION_MISMATCH,
-}
+_LOST = {ERR_GPU_IS_LOST, ERR_GPU_NOT_FOUND, ERR_RESET_REQUIRED, ERR_DRIVER_NOT_LOADED, ERR_UNINITIALIZED,
+         ERR_LIB_RM_VERSION_MISMATCH}  # fmt: skip
+
+NVML_LIB_ENV = config.SAMPLER_NVML_LIB
+"""Tests and benchmarks: path of a stand-in libnvidia-ml for pynvml to use (in this process and
+in a sampler child process) instead of the driver's."""
 
 
 def direct_library(nv: Any, *, hold_gil: bool = True) -> Any:
-    """A view of the NVML library pynvml loaded, for the per-row calls with preallocated
-    out-parameters: ``ctypes.PyDLL`` (GIL held) or, with ``hold_gil=False``, ``ctypes.CDLL``
-    (GIL released). None unless ``nv`` is the real pynvml with its library loaded.
+    """A view of the NVML library pynvml loaded: ``ctypes.PyDLL`` (GIL held) or, with
+    ``hold_gil=False``, ``ctypes.CDLL`` (GIL released). None unless ``nv`` is the real pynvml with
+    its library loaded.
 
-    Why hold the GIL: pynvml calls NVML through ``ctypes.CDLL``, which releases the GIL around
-    every call, and wraps each call in a few microseconds of Python. In a program busy in
-    Python, every GIL re-acquisition by the sampler thread costs that program a thread switch
-    and can wait up to the interpreter's 5 ms switch interval: about eight per row. Calling
-    the cheap per-row functions (microseconds each in the driver) through PyDLL makes a row
-    one acquisition, read back to back. That is only right for calls that are cheap: each is
-    timed and the slow ones are moved to a slower cadence and the CDLL view
-    (:meth:`ProbeDevice.calibrate <maxinstr.sample.base.ProbeDevice.calibrate>`). pynvml's
-    own state is not touched.
-    """
-    import ctypes
-
+    Why hold the GIL: pynvml's CDLL releases it around every call and wraps each in a few
+    microseconds of Python; in a program busy in Python each re-acquisition costs that program a
+    thread switch and can wait up to the 5 ms switch interval, about eight per row. Through
+    PyDLL the cheap per-row calls (microseconds in the driver) make a row one acquisition; each
+    is timed, and the slow ones move to the CDLL view (:meth:`ProbeDevice.calibrate
+    <maxinstr.sample.base.ProbeDevice.calibrate>`)."""
     try:
         lib = getattr(nv, "nvmlLib", None)
         if not isinstance(lib, ctypes.CDLL) or not isinstance(getattr(nv, "c_nvmlMemory_t", None), type):
@@ -151,64 +120,40 @@ def _code(exc: BaseException) -> int | None:
     return value if isinstance(value, int) else None
 
 
-NVML_LIB_ENV = config.SAMPLER_NVML_LIB
-"""Tests and benchmarks: path of a stand-in libnvidia-ml for pynvml to use (in this process and
-in a sampler child process) instead of the driver's."""
-
-
 def import_pynvml() -> Any:
-    """The pynvml module, or :class:`Unavailable`. Imported only when sampling starts."""
+    """The pynvml module, or :class:`Unavailable`."""
     try:
-        import pynvml
+        import pynvml  # optional (maxinstr[nvidia]), and only when sampling starts
     except ImportError as exc:
         raise Unavailable(f"nvidia-ml-py is not installed: pip install 'maxinstr[nvidia]' ({exc})") from None
     lib = config.sampler_nvml_library()
     if lib and getattr(pynvml, "nvmlLib", None) is None:
-        import ctypes
-
         pynvml.nvmlLib = ctypes.CDLL(lib)  # pynvml loads nothing else once this is set
     return pynvml
 
 
 class NvmlDevice(ProbeDevice):
-    """One visible NVIDIA GPU or MIG instance."""
+    """One visible NVIDIA GPU or MIG instance (``parent``: the MIG instance's GPU)."""
 
-    def __init__(
-        self,
-        nv: Any,
-        handle: Any,
-        info: DeviceInfo,
-        errors: ErrorLog,
-        *,
-        pids: Collection[int] | None,
-        slow_every: int,
-        gpm_interval_s: float,
-        moved_every: int = 1,
-        moved_interval_s: float | None = None,
-        parent: Any = None,
-        gpu_instance_id: int = -1,
-        direct: Any = None,
-        released: Any = None,
-        calibrate: bool = False,
-        profile: bool = False,
-    ) -> None:
-        self.nv = nv
-        self._direct = direct  # PyDLL view (GIL held) or None
-        self._released = released  # CDLL view (GIL released) or None
+    def __init__(self, backend: NvmlBackend, handle: Any, info: DeviceInfo, parent: Any = None,
+                 gpu_instance_id: int = -1) -> None:
+        self.nv = backend.nv
+        self._direct = backend._direct  # PyDLL view (GIL held) or None
+        self._released = backend._released  # CDLL view (GIL released) or None
         self.h = handle
         self.info = info
-        self.errors = errors
-        self._slow_every = max(1, slow_every)
-        self._moved_every = max(1, moved_every)
-        self.moved_interval_s = moved_interval_s
+        self.errors = backend.errors
+        self._slow_every = backend._slow_every
+        self._moved_every = backend._moved_every
+        self.moved_interval_s = backend._moved_every * backend._interval_s
         self._throttle_raw = 0
         self._parent = parent
         self._gi = gpu_instance_id
-        self.profile = profile
+        self.profile = backend._profile
         self._fast: tuple[Probe, ...] = self._fast_probes()
-        self._slow: tuple[Probe, ...] = self._slow_probes(pids)
+        self._slow: tuple[Probe, ...] = self._slow_probes(backend._pids)
         self._throttle_probe = next((p for p in self._fast if p.name == "throttle"), None)
-        self._gpm_ns = int(max(gpm_interval_s, GPM_MIN_INTERVAL_S) * 1e9)
+        self._gpm_ns = int(max(backend._gpm_interval_s, GPM_MIN_INTERVAL_S) * 1e9)
         self._gpm_t = -(1 << 62)
         self._gpm_ok = False
         self._gpm_fails = 0
@@ -217,7 +162,7 @@ class NvmlDevice(ProbeDevice):
         self._gpm_probe.cadence = "gpm"
         if info.gpm:
             self._gpm_ok = self._gpm_setup()
-        if calibrate:
+        if backend._calibrate:
             self.slow_call_ns = SLOW_CALL_NS
             self.calibrate()
 
@@ -238,9 +183,8 @@ class NvmlDevice(ProbeDevice):
                 self._direct = self._released = None
                 self.held = False
         nv, h = self.nv, self.h
-        c_gpu, c_mem = COL["gpu_util_pct"], COL["mem_util_pct"]
-        c_used, c_sm, c_mclk = COL["mem_used_bytes"], COL["sm_clock_mhz"], COL["mem_clock_mhz"]
-        c_pow, c_en = COL["power_w"], COL["energy_j"]
+        c_gpu, c_mem, c_used = COL["gpu_util_pct"], COL["mem_util_pct"], COL["mem_used_bytes"]
+        c_sm, c_mclk, c_pow, c_en = COL["sm_clock_mhz"], COL["mem_clock_mhz"], COL["power_w"], COL["energy_j"]
 
         def util(v: list) -> None:
             u = nv.nvmlDeviceGetUtilizationRates(h)
@@ -274,28 +218,14 @@ class NvmlDevice(ProbeDevice):
                 reasons[0] = nv.nvmlDeviceGetCurrentClocksThrottleReasons
                 self._throttle_raw = reasons[0](h)
 
-        return tuple(
-            Probe(*p)
-            for p in (
-                ("gpu_util_pct", util, ("gpu_util_pct", "mem_util_pct")),
-                ("mem_used_bytes", memory, None),
-                ("sm_clock_mhz", sm_clock, None),
-                ("mem_clock_mhz", mem_clock, None),
-                ("power_w", power, None),
-                ("energy_j", energy, None),
-                ("throttle", throttle, ()),
-            )
-        )
+        return _row_probes(util, memory, sm_clock, mem_clock, power, energy, throttle)
 
     def _direct_probes(self, lib: Any) -> tuple[Probe, ...]:
-        """The per-row reads through ``lib`` (PyDLL: GIL held), out-parameters preallocated.
-        Same columns, units and errors (``nv.NVMLError(code)``) as the pynvml probes."""
-        import ctypes
-
+        """The per-row reads through ``lib``, out-parameters preallocated; the same columns, units
+        and errors (``nv.NVMLError(code)``) as pynvml's."""
         nv, h, err = self.nv, self.h, self.nv.NVMLError
-        c_gpu, c_mem = COL["gpu_util_pct"], COL["mem_util_pct"]
-        c_used, c_sm, c_mclk = COL["mem_used_bytes"], COL["sm_clock_mhz"], COL["mem_clock_mhz"]
-        c_pow, c_en = COL["power_w"], COL["energy_j"]
+        c_gpu, c_mem, c_used = COL["gpu_util_pct"], COL["mem_util_pct"], COL["mem_used_bytes"]
+        c_sm, c_mclk, c_pow, c_en = COL["sm_clock_mhz"], COL["mem_clock_mhz"], COL["power_w"], COL["energy_j"]
         util, mem = nv.c_nvmlUtilization_t(), nv.c_nvmlMemory_t()
         u_sm, u_mclk, u_pow = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint()
         q_en, q_why = ctypes.c_ulonglong(), ctypes.c_ulonglong()
@@ -351,15 +281,7 @@ class NvmlDevice(ProbeDevice):
                 raise err(ret)
             self._throttle_raw = q_why.value
 
-        return (
-            Probe("gpu_util_pct", util_, ("gpu_util_pct", "mem_util_pct")),
-            Probe("mem_used_bytes", memory),
-            Probe("sm_clock_mhz", sm_clock),
-            Probe("mem_clock_mhz", mem_clock),
-            Probe("power_w", power),
-            Probe("energy_j", energy),
-            Probe("throttle", throttle, ()),
-        )
+        return _row_probes(util_, memory, sm_clock, mem_clock, power, energy, throttle)
 
     def _slow_probes(self, pids: Collection[int] | None) -> tuple[Probe, ...]:
         nv, h = self.nv, self.h
@@ -376,8 +298,6 @@ class NvmlDevice(ProbeDevice):
             v[c_proc] = total
 
         if self._released is not None and hasattr(self._released, "nvmlDeviceGetTemperature"):
-            import ctypes
-
             f_temp, u_temp = self._released.nvmlDeviceGetTemperature, ctypes.c_uint()
             r_temp, err = ctypes.byref(u_temp), nv.NVMLError
 
@@ -413,11 +333,9 @@ class NvmlDevice(ProbeDevice):
 
     def _absent_gpm(self, why: str) -> None:
         self._gpm_ok = False
-        for _, col in GPM_COLUMNS:
-            if col not in self.info.absent:
-                self.info.absent.append(col)
-        self.errors.once((self.info.visible_index, "gpm"), "absent", f"gpu{self.info.visible_index}: GPM metrics absent: {why}",
-                         self.info.visible_index, "gpm")
+        idx = self.info.visible_index
+        self.info.absent.extend(col for _, col in GPM_COLUMNS if col not in self.info.absent)
+        self.errors.once((idx, "gpm"), "absent", f"gpu{idx}: GPM metrics absent: {why}", idx, "gpm")
 
     def _read_gpm(self, v: list, now_ns: int) -> int:
         nv = self.nv
@@ -433,23 +351,21 @@ class NvmlDevice(ProbeDevice):
             get.sample1 = self._gpm_samples[self._gpm_cur ^ 1]
             get.sample2 = sample
             nv.nvmlGpmMetricsGet(get)
-            metrics = get.metrics
+            idx = self.info.visible_index
             for i, col in enumerate(self._gpm_cols):
-                m = metrics[i]
+                m = get.metrics[i]
                 if m.nvmlReturn == NVML_SUCCESS:
                     v[col] = m.value
                 else:
                     name = GPM_COLUMNS[i][1]
-                    self.errors.once((self.info.visible_index, name, m.nvmlReturn), "metric",
-                                     f"gpu{self.info.visible_index}: GPM {name}: NVML error {m.nvmlReturn}",
-                                     self.info.visible_index, name)
+                    self.errors.once((idx, name, m.nvmlReturn), "metric", f"gpu{idx}: GPM {name}: NVML error {m.nvmlReturn}",
+                                     idx, name)
             flags = FLAG_GPM
         self._gpm_have_prev = True
         self._gpm_cur ^= 1
         self._gpm_fails = 0
         return flags
 
-    # -- errors ------------------------------------------------------------------------
     def classify(self, exc: Exception) -> tuple[str, str, object]:
         if not isinstance(exc, self.nv.NVMLError):
             return ABSENT, f"{type(exc).__name__}: {exc}", type(exc).__name__
@@ -459,7 +375,6 @@ class NvmlDevice(ProbeDevice):
             return LOST, what, code
         return (ABSENT if code in _ABSENT else RETRY), what, code
 
-    # -- the per-row read --------------------------------------------------------------
     def read(self, values: list[float], tick: int, now_ns: int) -> tuple[int, int, int]:
         tp = self._throttle_probe
         if tp is None or tp.cadence == "fast":
@@ -500,11 +415,11 @@ class NvmlDevice(ProbeDevice):
         self._gpm_samples = []
 
 
-def _try(fn: Callable[..., Any], *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except Exception:  # noqa: BLE001 - static info is optional
-        return None
+def _row_probes(util: Any, memory: Any, sm_clock: Any, mem_clock: Any, power: Any, energy: Any, throttle: Any
+                ) -> tuple[Probe, ...]:
+    return (Probe("gpu_util_pct", util, ("gpu_util_pct", "mem_util_pct")), Probe("mem_used_bytes", memory),
+            Probe("sm_clock_mhz", sm_clock), Probe("mem_clock_mhz", mem_clock), Probe("power_w", power),
+            Probe("energy_j", energy), Probe("throttle", throttle, ()))
 
 
 class NvmlBackend(Backend):
@@ -512,18 +427,9 @@ class NvmlBackend(Backend):
 
     name = "nvml"
 
-    def __init__(
-        self,
-        errors: ErrorLog,
-        *,
-        env: Mapping[str, str] | None = None,
-        pids: Collection[int] | None = None,
-        interval_s: float = 0.01,
-        gpm_interval_s: float | None = None,
-        slow_interval_s: float = SLOW_INTERVAL_S,
-        moved_interval_s: float = MOVED_INTERVAL_S,
-        nv: Any = None,
-    ) -> None:
+    def __init__(self, errors: ErrorLog, *, env: Mapping[str, str] | None = None, pids: Collection[int] | None = None,
+                 interval_s: float = 0.01, gpm_interval_s: float | None = None,
+                 slow_interval_s: float = SLOW_INTERVAL_S, moved_interval_s: float = MOVED_INTERVAL_S, nv: Any = None) -> None:
         self.nv = nv if nv is not None else import_pynvml()
         self.errors = errors
         try:
@@ -558,10 +464,10 @@ class NvmlBackend(Backend):
 
     def versions(self) -> dict[str, str]:
         out = {}
-        driver = _try(self.nv.nvmlSystemGetDriverVersion)
+        driver = try_call(self.nv.nvmlSystemGetDriverVersion)
         if driver is not None:
             out["driver"] = _text(driver)
-        cuda = _try(self.nv.nvmlSystemGetCudaDriverVersion)
+        cuda = try_call(self.nv.nvmlSystemGetCudaDriverVersion)
         if isinstance(cuda, int):
             out["cuda_driver"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
         return out
@@ -572,51 +478,43 @@ class NvmlBackend(Backend):
         for i in range(nv.nvmlDeviceGetCount()):
             h = nv.nvmlDeviceGetHandleByIndex(i)
             migs: list[MigInstance] = []
-            if want_mig and (_try(nv.nvmlDeviceGetMigMode, h) or [0])[0] == 1:
-                for k in range(_try(nv.nvmlDeviceGetMaxMigDeviceCount, h) or 0):
-                    mh = _try(nv.nvmlDeviceGetMigDeviceHandleByIndex, h, k)
-                    if mh is None:
-                        continue
-                    migs.append(
-                        MigInstance(
-                            uuid=_text(_try(nv.nvmlDeviceGetUUID, mh) or ""),
-                            gpu_instance_id=_try(nv.nvmlDeviceGetGpuInstanceId, mh) or -1,
-                            compute_instance_id=_try(nv.nvmlDeviceGetComputeInstanceId, mh) or -1,
-                            index=k,
-                        )
-                    )
-            gpus.append(PhysicalGpu(index=i, uuid=_text(nv.nvmlDeviceGetUUID(h)), name=_text(_try(nv.nvmlDeviceGetName, h) or ""), mig=tuple(migs)))
+            if want_mig and (try_call(nv.nvmlDeviceGetMigMode, h) or [0])[0] == 1:
+                for k in range(try_call(nv.nvmlDeviceGetMaxMigDeviceCount, h) or 0):
+                    mh = try_call(nv.nvmlDeviceGetMigDeviceHandleByIndex, h, k)
+                    if mh is not None:
+                        migs.append(MigInstance(uuid=_text(try_call(nv.nvmlDeviceGetUUID, mh) or ""),
+                                                gpu_instance_id=try_call(nv.nvmlDeviceGetGpuInstanceId, mh) or -1,
+                                                compute_instance_id=try_call(nv.nvmlDeviceGetComputeInstanceId, mh) or -1,
+                                                index=k))
+            gpus.append(PhysicalGpu(index=i, uuid=_text(nv.nvmlDeviceGetUUID(h)),
+                                    name=_text(try_call(nv.nvmlDeviceGetName, h) or ""), mig=tuple(migs)))
             handles.append(h)
         return gpus, handles
 
     def devices(self) -> list[Device]:
         nv = self.nv
-        want_mig = "MIG" in self._env.get("CUDA_VISIBLE_DEVICES", "").upper()
-        gpus, handles = self._physical(want_mig)
+        gpus, handles = self._physical("MIG" in self._env.get("CUDA_VISIBLE_DEVICES", "").upper())
         vis = nvidia_visible(gpus, self._env)
         self.notes.extend(vis.notes)
         self.source = vis.source
         out: list[Device] = []
         for g in vis.gpus:
             parent = handles[g.physical_index]
-            if g.mig is not None:
-                h = nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, g.mig.index)
-            else:
-                h = parent
-            gpm_support = _try(nv.nvmlGpmQueryDeviceSupport, parent)
-            mem = _try(nv.nvmlDeviceGetMemoryInfo, h)
-            limit_mw = _try(nv.nvmlDeviceGetEnforcedPowerLimit, h)
-            pci = _try(nv.nvmlDeviceGetPciInfo, parent)
+            h = nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, g.mig.index) if g.mig is not None else parent
+            gpm_support = try_call(nv.nvmlGpmQueryDeviceSupport, parent)
+            mem = try_call(nv.nvmlDeviceGetMemoryInfo, h)
+            limit_mw = try_call(nv.nvmlDeviceGetEnforcedPowerLimit, h)
+            pci = try_call(nv.nvmlDeviceGetPciInfo, parent)
             info = DeviceInfo(
                 vendor="nvidia",
                 visible_index=g.visible_index,
                 physical_index=g.physical_index,
-                name=_text(_try(nv.nvmlDeviceGetName, h) or ""),
+                name=_text(try_call(nv.nvmlDeviceGetName, h) or ""),
                 uuid=g.uuid,
                 pci_bus_id=_text(pci.busId) if pci is not None else "",
                 mig=g.mig is not None,
-                sm_clock_max_mhz=_try(nv.nvmlDeviceGetMaxClockInfo, h, CLOCK_SM),
-                mem_clock_max_mhz=_try(nv.nvmlDeviceGetMaxClockInfo, h, CLOCK_MEM),
+                sm_clock_max_mhz=try_call(nv.nvmlDeviceGetMaxClockInfo, h, CLOCK_SM),
+                mem_clock_max_mhz=try_call(nv.nvmlDeviceGetMaxClockInfo, h, CLOCK_MEM),
                 mem_total_bytes=float(mem.total) if mem is not None else None,
                 power_limit_w=limit_mw * 1e-3 if isinstance(limit_mw, (int, float)) else None,
                 gpm=bool(getattr(gpm_support, "isSupportedDevice", 0)) if gpm_support is not None else False,
@@ -625,23 +523,9 @@ class NvmlBackend(Backend):
                 info.absent.extend(c for _, c in GPM_COLUMNS)
                 self.errors.once((g.visible_index, "gpm"), "absent",
                                  f"gpu{g.visible_index}: GPM metrics absent (needs Hopper or later)", g.visible_index, "gpm")
-            out.append(
-                NvmlDevice(
-                    nv, h, info, self.errors,
-                    pids=self._pids,
-                    slow_every=self._slow_every,
-                    moved_every=self._moved_every,
-                    moved_interval_s=self._moved_every * self._interval_s,
-                    gpm_interval_s=self._gpm_interval_s,
-                    parent=parent if g.mig is not None else None,
-                    gpu_instance_id=g.mig.gpu_instance_id if g.mig is not None else -1,
-                    direct=self._direct,
-                    released=self._released,
-                    calibrate=self._calibrate,
-                    profile=self._profile,
-                )
-            )
+            mig = g.mig
+            out.append(NvmlDevice(self, h, info, parent if mig is not None else None, mig.gpu_instance_id if mig is not None else -1))
         return out
 
     def shutdown(self) -> None:
-        _try(self.nv.nvmlShutdown)
+        try_call(self.nv.nvmlShutdown)

@@ -1,19 +1,16 @@
-"""The sampler in a process of its own (``MAXINSTR_SAMPLER_GIL=process``).
+"""The sampler in a process of its own (``MAXINSTR_SAMPLER_GIL=process``, the default).
 
-A sampler thread in the user's process shares its GIL: however cheap the vendor calls, every
-tick hands the GIL over and back (see docs/sampler.md, "What a sample costs"). Here the same
-sampler runs in a child process (``python -m maxinstr.sample.process``) that has its own GIL,
-so the user's Python is never stopped by it; what it costs is CPU on another core. The child
-writes the same ``samples.bin`` / ``samples.json`` into the part directory (timestamps are
-CLOCK_MONOTONIC, which is system-wide, so they line up with the parent's stage records).
+A sampler thread in the user's process shares its GIL: every tick hands it over and back
+(docs/sampler.md, "What a sample costs"). Here the same sampler runs in a child process
+(``python -m maxinstr.sample.process``) with its own GIL, costing CPU on another core; it writes
+the same files (CLOCK_MONOTONIC is system-wide: its times line up with the parent's stages).
 
-Protocol: the parent starts the child with a pipe on its stdin and waits (``ready_timeout_s``)
-for one JSON line on the child's original stdout: ``{"unavailable": ..., "devices": [...]}``
-(anything a vendor library prints goes to the child's stderr, which is kept in
-``sampler-stderr.txt`` in the part directory when not empty). ``stop()`` writes ``stop`` and
-closes the pipe; the child stops its sampler (final samples.json) and exits. If the parent
-dies, the pipe closes and the child stops the same way. If the child does not come up,
-:func:`~maxinstr.sample.start_sampler` samples in-process instead and says so in ``notes``.
+Protocol: the parent starts the child with a pipe on its stdin and waits (``ready_timeout_s``) for
+one JSON line on the child's original stdout: ``{"unavailable": ..., "devices": [...]}`` (what a
+vendor library prints goes to the child's stderr, kept in ``sampler-stderr.txt`` when not
+empty). ``stop()`` writes ``stop`` and closes the pipe; the child writes its final samples.json
+and exits, as it does when the parent dies. If the child does not come up,
+:func:`~maxinstr.sample.start_sampler` samples in-process and says so in ``notes``.
 """
 
 from __future__ import annotations
@@ -27,21 +24,15 @@ import sys
 import time
 from collections.abc import Collection
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from maxinstr import config
 from maxinstr._files import open_write_file, real_dirs
-from maxinstr.sample.base import DeviceInfo
-from maxinstr.sample.nvml import NVML_LIB_ENV  # noqa: F401 - tests and benchmarks set it
+from maxinstr.sample.base import DeviceInfo, ErrorLog
+from maxinstr.sample.writer import Sampler, clock_ns, open_backend
 
 STDERR_FILE = "sampler-stderr.txt"
-
-
-class _RemoteDevice:
-    """What the parent knows of a device the child samples."""
-
-    def __init__(self, info: DeviceInfo) -> None:
-        self.info = info
 
 
 class ProcessSampler:
@@ -59,7 +50,7 @@ class ProcessSampler:
         self.env = env
         self.ready_timeout_s = ready_timeout_s
         self.extra = dict(extra or {})
-        self.devices: list[_RemoteDevice] = []
+        self.devices: list[SimpleNamespace] = []  # what the parent knows of the child's devices: .info
         self.unavailable = ""
         self.failure = ""
         self.notes: list[str] = []
@@ -88,7 +79,7 @@ class ProcessSampler:
                 return self._give_up(self.failure or "no answer")
             doc = json.loads(line)
             self.unavailable = doc.get("unavailable") or ""
-            self.devices = [_RemoteDevice(DeviceInfo(**d)) for d in doc.get("devices", [])]
+            self.devices = [SimpleNamespace(info=DeviceInfo(**d)) for d in doc.get("devices", [])]
             self.notes = list(doc.get("notes", []))
             atexit.register(self.stop)
             return True
@@ -190,13 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     # the parent reads one line from our stdout: keep it for that, send everything else to stderr
     ready = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    from maxinstr.sample import start_sampler
-
-    s = start_sampler(part, float(interval), pids=[int(p) for p in pids.split(",") if p],
-                      devices=[int(d) for d in devices.split(",") if d] if devices else None,
-                      flush_interval_s=float(flush),
-                      extra={**json.loads(extra_json),
-                             "process": {"sampler_pid": os.getpid(), "parent_pid": int(parent)}})
+    errors, pid_list = ErrorLog(clock_ns), [int(p) for p in pids.split(",") if p]
+    backend, unavailable = open_backend(errors, interval_s=float(interval), pids=pid_list)
+    s = Sampler(Path(part), float(interval), backend, unavailable=unavailable, errors=errors, pids=pid_list,
+                extra={**json.loads(extra_json), "process": {"sampler_pid": os.getpid(), "parent_pid": int(parent)}},
+                flush_interval_s=float(flush), only=[int(d) for d in devices.split(",") if d] if devices else None).start()
     ready.write(json.dumps({"unavailable": s.unavailable, "devices": [d.info.to_json() for d in s.devices],
                             "notes": s.notes}) + "\n")
     ready.flush()

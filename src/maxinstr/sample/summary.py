@@ -1,19 +1,8 @@
-"""Per-GPU summary of a sampling window and the "is my GPU used?" verdict (for ``snapshot``
-and reports). Analysis only: rendering is in ``maxinstr.cli.snapshot``.
-
-Verdict rules, applied to the active window (from the first to the last sample with any GPU
-utilization, so process start-up and tear-down do not dilute the numbers):
-
-- ``idle``: peak utilization below ``IDLE_PEAK_UTIL_PCT``.
-- ``busy``: mean utilization at least ``BUSY_UTIL_PCT`` and, where GPM gives it, mean SM
-  activity at least ``SM_ACTIVE_LOW_PCT``.
-- ``launch/sync-bound``: a kernel runs most of the time (utilization >= ``BUSY_UTIL_PCT``) but
-  the kernels fill few SMs (SM activity < ``SM_ACTIVE_LOW_PCT``): many small kernels, launch
-  overhead and serialization set the pace.
-- ``host-bound``: otherwise: the GPU waits for the host a good part of the time.
-
-NVML "utilization" is the share of time *some* kernel ran, not how much of the GPU it used;
-SM activity (Hopper+ GPM) is the share of SMs x time that were busy, hence both.
+"""Per-GPU summary of a sampling window and the "is my GPU used?" verdict (``snapshot``;
+rendering is ``maxinstr.cli.snapshot``'s), over the active window (first to last sample with any
+utilization: start-up and tear-down do not dilute it). The rules are :data:`THRESHOLDS`; a busy
+GPU whose kernels fill few SMs is launch/sync-bound: NVML "utilization" is the share of time
+*some* kernel ran, not how much of the GPU it used, which SM activity (Hopper+ GPM) says.
 """
 
 from __future__ import annotations
@@ -23,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from maxinstr.sample.base import HW_THROTTLE_MASK, POWER_CAP_MASK, THERMAL_HW_MASK, THROTTLE_BITS
-from maxinstr.sample.read import Samples
+from maxinstr.rundir.reader import Samples
+from maxinstr.rundir.samples import HW_THROTTLE_MASK, POWER_CAP_MASK, THERMAL_HW_MASK, THROTTLE_BITS
 
 IDLE_PEAK_UTIL_PCT = 5.0
 BUSY_UTIL_PCT = 70.0
@@ -60,15 +49,10 @@ class GpuSummary:
     energy_j: float
     sm_clock_mean_mhz: float
     sm_clock_max_mhz: float
-    throttle_pct: dict[str, float] = field(default_factory=dict)
-    """Throttle reason -> % of samples in the active window showing it."""
-    hw_throttle_pct: float = 0.0
-    """% of samples with clocks held below maximum by any limit (power cap or thermal/HW)."""
-    power_cap_pct: float = 0.0
-    """% of samples where the driver held clocks down to stay under the power limit
-    (``sw_power_cap``): normal for a fully loaded GPU; it means power-bound, not a fault."""
-    thermal_hw_pct: float = 0.0
-    """% of samples with thermal or hardware slowdown (heat, power brake, current limit)."""
+    throttle_pct: dict[str, float] = field(default_factory=dict)  # reason -> % of the window's samples
+    hw_throttle_pct: float = 0.0  # clocks held below maximum by any limit (power cap or thermal/HW)
+    power_cap_pct: float = 0.0  # the driver under the power limit: normal for a loaded GPU (power-bound)
+    thermal_hw_pct: float = 0.0  # thermal or hardware slowdown (heat, power brake, current limit)
     verdict: str = "idle"
     why: str = ""
 

@@ -1,14 +1,12 @@
 """The sampler thread: reads every visible device at a fixed rate and appends one fixed-size
-row per device to ``samples.bin``.
+row per device to ``samples.bin`` (:mod:`maxinstr.rundir.samples`).
 
-Rows are packed with ``struct.pack_into`` into a preallocated buffer and handed to the OS in
-one ``os.write`` per flush interval (default 0.1 s; every tick when the interval is longer), so
-a process killed by SIGKILL loses at most the last flush interval of samples. Writing less often
-matters: ``os.write`` releases the GIL, and taking it back from a program busy in Python costs a
-thread switch and can wait up to the interpreter's 5 ms switch interval. ``samples.json`` (layout, devices,
-errors, the sampler's own cost) is replaced atomically at start, when a new error is seen,
-and at stop. Nothing here raises into the user's program: failures become entries in
-``samples.json``'s ``errors``.
+Rows are packed into a preallocated buffer and handed to the OS in one ``os.write`` per flush
+interval (default 0.1 s), so a SIGKILL loses at most that much. Writing less often matters:
+``os.write`` releases the GIL, and taking it back from a program busy in Python costs a thread
+switch and can wait up to the interpreter's 5 ms switch interval. ``samples.json`` is replaced
+atomically at start, when a new error is seen, and at stop. Nothing here raises into the user's
+program: failures become entries in ``samples.json``'s ``errors``.
 """
 
 from __future__ import annotations
@@ -20,26 +18,15 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 from maxinstr._files import open_write, real_dirs, replace_atomic
-
-from maxinstr.sample.base import (
-    FLAG_GPM,
-    FLAG_LOST,
-    FLAG_SLOW,
-    HEADER,
-    METRICS,
-    NAN,
-    ROW_FORMAT,
-    THROTTLE_BITS,
-    Backend,
-    Device,
-    DeviceLost,
-    ErrorLog,
-)
+from maxinstr.rundir.samples import (FLAG_GPM, FLAG_LOST, FLAG_SLOW, METRICS, ROW_FORMAT, ROW_SIZE, SAMPLES_FILE,
+                                     SAMPLES_FORMAT, SAMPLES_LAYOUT_FILE, SAMPLES_VERSION, THROTTLE_BITS, row_layout)
+from maxinstr.sample import amdsmi, nvml
+from maxinstr.sample.base import NAN, Backend, Device, DeviceLost, ErrorLog, NullBackend, try_call
 
 try:  # the native core's clock (CLOCK_MONOTONIC ns, the clock stage records use)
     from maxinstr._native import clock_ns as _clock_ns
@@ -48,46 +35,50 @@ except Exception:  # noqa: BLE001 - no native build: time.monotonic_ns is CLOCK_
 
 clock_ns: Callable[[], int] = _clock_ns
 
-SAMPLES_BIN = "samples.bin"
-SAMPLES_JSON = "samples.json"
-FORMAT_VERSION = 1
-
-_NUMPY_TYPE = {"q": "<i8", "H": "<u2", "I": "<u4", "Q": "<u8", "f": "<f4", "d": "<f8"}
-ROW_SIZE = struct.calcsize(ROW_FORMAT)
+DEFAULT_INTERVAL_S = 0.01
+"""100 Hz: fast enough to see a decode step. Cost measured in docs/benchmarks.md (target <= 1%)."""
 _COST_RING = 8192  # recent per-tick costs kept for percentiles
 _U32_MAX = 0xFFFFFFFF
 
 
-def row_layout() -> dict[str, Any]:
-    """The samples.bin row layout as written into samples.json."""
-    return {
-        "size": ROW_SIZE,
-        "byteorder": "little",
-        "fields": [{"name": n, "type": _NUMPY_TYPE[c], "unit": u, "desc": d} for n, c, u, d in HEADER + METRICS],
-    }
-
-
-def _write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
-    replace_atomic(path, (json.dumps(doc, indent=1, allow_nan=False, default=str) + "\n").encode())
+def open_backend(errors: ErrorLog, *, interval_s: float = DEFAULT_INTERVAL_S, env: Mapping[str, str] | None = None,
+                 pids: Collection[int] | None = None, prefer: str | None = None) -> tuple[Backend, str]:
+    """The first vendor backend with at least one visible device: NVML, then AMD SMI (``prefer``:
+    only that one). ``(backend, "")``, or ``(NullBackend, reason)`` saying in one line why
+    nothing can be sampled. Never raises."""
+    reasons: list[str] = []
+    for name in [prefer] if prefer else ["nvml", "amdsmi"]:
+        try:
+            if name == "nvml":
+                try:
+                    backend: Backend = nvml.NvmlBackend(errors, env=env, pids=pids, interval_s=interval_s)
+                except nvml.Unavailable as exc:
+                    reasons.append(str(exc))
+                    continue
+                count = backend.nv.nvmlDeviceGetCount()  # type: ignore[attr-defined]
+            else:
+                try:
+                    backend = amdsmi.AmdSmiBackend(errors, env=env, pids=pids, interval_s=interval_s)
+                except amdsmi.Unavailable as exc:
+                    reasons.append(str(exc))
+                    continue
+                count = len(backend.smi.amdsmi_get_processor_handles())
+        except Exception as exc:  # noqa: BLE001 - a vendor module misbehaving: try the next one
+            reasons.append(f"{name}: {type(exc).__name__}: {exc}")
+            continue
+        if count:
+            return backend, ""
+        backend.shutdown()
+        reasons.append(f"{name}: no GPUs")
+    return NullBackend("; ".join(reasons)), "; ".join(reasons) or "no GPU library"
 
 
 class Sampler:
     """A running (or finished) sampler for one part directory. Use :meth:`stop`."""
 
-    def __init__(
-        self,
-        part_dir: Path,
-        interval_s: float,
-        backend: Backend,
-        *,
-        unavailable: str = "",
-        notes: list[str] | None = None,
-        errors: ErrorLog | None = None,
-        pids: list[int] | None = None,
-        extra: dict[str, Any] | None = None,
-        flush_interval_s: float = 0.1,
-        only: Any = None,
-    ) -> None:
+    def __init__(self, part_dir: Path, interval_s: float, backend: Backend, *, unavailable: str = "",
+                 notes: list[str] | None = None, errors: ErrorLog | None = None, pids: list[int] | None = None,
+                 extra: dict[str, Any] | None = None, flush_interval_s: float = 0.1, only: Any = None) -> None:
         self.part_dir = Path(part_dir)
         self.interval_s = interval_s
         self.flush_interval_s = flush_interval_s
@@ -117,7 +108,6 @@ class Sampler:
         self._costs = array.array("q", bytes(8 * _COST_RING))
         self._thread_cpu_ns = 0
 
-    # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> Sampler:
         try:
             real_dirs(self.part_dir.parent, self.part_dir)  # the part folder: no planted link (parts/ is the session's)
@@ -134,7 +124,7 @@ class Sampler:
                     if d not in keep:
                         d.close()
                 self.devices = keep
-            self._fd = open_write(self.part_dir / SAMPLES_BIN)
+            self._fd = open_write(self.part_dir / SAMPLES_FILE)
             self.write_json("running")
             if self.devices:
                 self._thread = threading.Thread(target=self._run, name="maxinstr-sampler", daemon=True)
@@ -154,28 +144,20 @@ class Sampler:
             self._stopped = True
             return
         self._stopped = True
-        leak_fd = False
+        leak_fd = False  # a vendor call hangs (a wedged GPU): a reused descriptor would take the thread's late writes
         try:
             atexit.unregister(self.stop)
             self._stop_evt.set()
             if self._thread is not None:
                 self._thread.join(timeout=max(2.0, 5 * self.interval_s))
                 if self._thread.is_alive():
-                    # a vendor call hangs (a wedged GPU): never close the fd under the thread, a
-                    # reused descriptor number would take its late writes
                     leak_fd = True
                     self.errors.once(("hung",), "internal", "sampler thread did not stop within "
                                      f"{max(2.0, 5 * self.interval_s):g} s (a vendor call hangs); left running")
             self.stopped_ns = clock_ns()
             for dev in self.devices:
-                try:
-                    dev.close()
-                except Exception:  # noqa: BLE001
-                    pass
-            try:
-                self.backend.shutdown()
-            except Exception:  # noqa: BLE001
-                pass
+                try_call(dev.close)
+            try_call(self.backend.shutdown)
             self.write_json("closed")
         except Exception:  # noqa: BLE001 - never raise at stop
             pass
@@ -191,7 +173,6 @@ class Sampler:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    # -- the thread ------------------------------------------------------------------
     def _run(self) -> None:
         cpu0 = time.thread_time_ns()
         try:
@@ -278,7 +259,6 @@ class Sampler:
             if off:
                 os.write(fd, view[:off])
 
-    # -- samples.json ----------------------------------------------------------------
     def _on_new_error(self) -> None:
         if self._fd >= 0 and not self._stopped:
             self.write_json("running")
@@ -287,7 +267,7 @@ class Sampler:
         n = min(self.ticks, _COST_RING)
         out: dict[str, Any] = {"ticks": self.ticks, "rows": self.rows, "missed_ticks": self.missed_ticks}
         if n:
-            import numpy as np
+            import numpy as np  # not at the top: the sampler's child process samples without it
 
             recent = np.frombuffer(self._costs, dtype=np.int64)[:n]
             out["per_tick_ns"] = {
@@ -300,7 +280,7 @@ class Sampler:
             out["per_device_row_ns_mean"] = self._cost_sum_ns / max(1, self.rows)
         probes: dict[str, Any] = {}
         for d in self.devices:
-            stats = _safe(d.probe_stats)
+            stats = try_call(d.probe_stats)
             if stats:
                 probes[str(d.info.visible_index)] = stats
         if probes:
@@ -315,13 +295,13 @@ class Sampler:
 
     def write_json(self, status: str) -> None:
         doc: dict[str, Any] = {
-            "format": "maxinstr-samples",
-            "version": FORMAT_VERSION,
+            "format": SAMPLES_FORMAT,
+            "version": SAMPLES_VERSION,
             "status": status,
             "clock": "CLOCK_MONOTONIC",
             "backend": self.backend.name if not self.unavailable else "none",
             "unavailable": self.unavailable or None,
-            "backend_versions": _safe(self.backend.versions) or {},
+            "backend_versions": try_call(self.backend.versions) or {},
             "visible": getattr(self.backend, "source", "") or None,
             "gil": getattr(self.backend, "gil", None),
             "interval_s": self.interval_s,
@@ -339,14 +319,8 @@ class Sampler:
             "errors": self.errors.snapshot(),
         }
         with self._json_lock:
-            _write_json_atomic(self.part_dir / SAMPLES_JSON, _finite(doc))
-
-
-def _safe(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except Exception:  # noqa: BLE001
-        return None
+            replace_atomic(self.part_dir / SAMPLES_LAYOUT_FILE,
+                           (json.dumps(_finite(doc), indent=1, allow_nan=False, default=str) + "\n").encode())
 
 
 def _finite(obj: Any) -> Any:

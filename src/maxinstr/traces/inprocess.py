@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from maxinstr.errors import RunDirError, TraceError
-from maxinstr.kernels.store import (
+from maxinstr.rundir.activity import (
     ACTIVITY_FILE,
     KIND_DRIVER,
     KIND_EXTERNAL,

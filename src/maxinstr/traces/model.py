@@ -19,7 +19,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from maxinstr.columns import factorize
+from maxinstr.columns import StringTable as StringTable  # the readers take it with the model (one interner: columns)
 from maxinstr.errors import TraceError
 from maxinstr.rundir.format import MAX_TIME_NS  # trace times too: a difference of two fits an int64
 
@@ -259,29 +259,3 @@ class TimeCheck:
         if start <= self.lowest_start:
             return f"{names[0]} {start} ns: this clock never reads 0 or less"
         return f"ends {start - end} ns before it starts"
-
-
-class StringTable:
-    """Interns names while a reader builds a trace; ``ids_for`` works on whole arrays."""
-
-    def __init__(self) -> None:
-        self._index: dict[str, int] = {}
-        self._values: list[str] = []
-
-    def intern(self, value: str) -> int:
-        """The id of ``value``, adding it when new."""
-        found = self._index.get(value)
-        if found is None:
-            found = self._index[value] = len(self._values)
-            self._values.append(value)
-        return found
-
-    def ids_for(self, values: np.ndarray) -> np.ndarray:
-        """int32 ids for an array of strings (interning each distinct value once)."""
-        uniques, inverse = factorize(values)  # no fixed-width copy of the column (a 50 MB name)
-        mapping = np.fromiter((self.intern(u) for u in uniques), dtype=np.int32, count=len(uniques))
-        return mapping[inverse].astype(np.int32, copy=False)
-
-    def to_array(self) -> np.ndarray:
-        """The interned strings, indexable by id."""
-        return np.array(self._values, dtype=object)

@@ -1,19 +1,7 @@
-"""In-process kernel activity in the run directory (docs/kernels.md, docs/formats.md).
-
-A session opened with ``kernels=True`` writes, in its part folder ``parts/<part>/``:
-
-* ``activity.bin``: rows of :data:`ACTIVITY_DTYPE` (80 bytes, little-endian), appended by the
-  flusher thread. Times are the collector's raw clock (CUPTI timestamps); ``activity.json``
-  holds the pairs that map them onto the host clock of the stage records.
-* ``activity_names.jsonl``: ``[name_id, "name"]`` per line, each id once (kernel names and API
-  function names).
-* ``activity.json``: what collected the rows and how it went: ``status`` (``collecting``,
-  ``closed``, ``unavailable``), ``reason`` when unavailable, ``clock_pairs`` ([host_ns,
-  collector_ns] taken together), dropped-record counts, row counts.
-
-Row kinds (column ``kind``): 0 kernel, 1 memcpy, 2 memset (GPU ops, as :class:`OpKind`), 3 runtime
-API call, 4 driver API call, 5 external correlation (``correlation_id`` -> ``external_id``, the
-stage record id that was innermost on the calling thread when the API call was made).
+"""The in-process kernel collector's files in a part folder (docs/kernels.md "Files"):
+``activity.bin`` (rows of :data:`ACTIVITY_DTYPE` on the collector's clock), ``activity_names.jsonl``
+(``[name_id, "name"]``, each id once) and ``activity.json`` (how collecting went, and the
+``clock_pairs`` that map the rows' times onto the stage records' host clock).
 """
 
 from __future__ import annotations
@@ -31,6 +19,7 @@ from maxinstr._text import safe_name
 from maxinstr.errors import RunDirError
 from maxinstr.rundir.format import MAX_TIME_NS
 from maxinstr.rundir.reader import Fields, Skipped, check_fields, clip, is_int, keep_rows, missing_name, read_jsonl
+from maxinstr.rundir.writer import write_all
 
 ACTIVITY_FILE = "activity.bin"
 ACTIVITY_NAMES_FILE = "activity_names.jsonl"
@@ -62,12 +51,10 @@ assert ACTIVITY_DTYPE.itemsize == 80
 
 
 def to_host_clock(ts: np.ndarray, pairs: list[list[int]] | None) -> tuple[np.ndarray, bool]:
-    """Collector timestamps -> host-clock ns, through ``pairs`` of (host_ns, collector_ns).
-
-    The offset (collector - host) is interpolated in collector time between pairs (constant
-    before the first and after the last); integer arithmetic around the first pair keeps ns
-    precision whatever the clocks' epochs. Returns (times, mapped?); unmapped when no pair.
-    """
+    """Collector timestamps -> host-clock ns through ``pairs`` of (host_ns, collector_ns), and
+    whether there was a pair to map them with. The offset (collector - host) is interpolated in
+    collector time between pairs (constant outside them); integer arithmetic around the first
+    pair keeps ns precision whatever the clocks' epochs."""
     ts = np.asarray(ts, np.int64)
     if not pairs:
         return ts.copy(), False
@@ -90,11 +77,8 @@ def to_collector_clock(host_ns: np.ndarray, pairs: list[list[int]] | None) -> np
 
 
 class ActivityWriter:
-    """Appends activity rows and new names to a part folder; rewrites activity.json.
-
-    Thread-safe; every method is best effort after a disk error (the error is kept in
-    ``self.error`` and in activity.json when it can still be written).
-    """
+    """Appends activity rows and new names to a part folder; rewrites activity.json. Thread-safe;
+    best effort after a disk error (kept in ``error``, and in activity.json when it can be)."""
 
     def __init__(self, part_dir: Path, info: dict[str, Any]) -> None:
         self.part_dir = Path(part_dir)
@@ -104,9 +88,6 @@ class ActivityWriter:
         self.lock = threading.Lock()
         self.error: str | None = None
         self._names_written = 0
-
-    def _path(self, name: str) -> Path:
-        return self.part_dir / name
 
     def write(self, rows: np.ndarray, names: list[str]) -> None:
         """Append ``rows`` and the names ``names[already written:]``."""
@@ -118,10 +99,10 @@ class ActivityWriter:
                 new = names[self._names_written :]
                 if new:
                     text = "".join(json.dumps([self._names_written + i, n]) + "\n" for i, n in enumerate(new))
-                    _append(self._path(ACTIVITY_NAMES_FILE), text.encode())
+                    _append(self.part_dir / ACTIVITY_NAMES_FILE, text.encode())
                     self._names_written += len(new)
                 if len(rows):
-                    _append(self._path(ACTIVITY_FILE), np.ascontiguousarray(rows, ACTIVITY_DTYPE).tobytes())
+                    _append(self.part_dir / ACTIVITY_FILE, np.ascontiguousarray(rows, ACTIVITY_DTYPE).tobytes())
                     self.meta["rows"] = int(self.meta.get("rows", 0)) + len(rows)
             except OSError as exc:
                 self.error = f"{exc.filename or self.part_dir}: {exc.strerror or exc}"
@@ -133,7 +114,7 @@ class ActivityWriter:
                 self.meta["write_error"] = self.error
             try:
                 real_dirs(self.part_dir.parent, self.part_dir)
-                replace_atomic(self._path(ACTIVITY_META_FILE), json.dumps(self.meta, indent=1, default=str).encode())
+                replace_atomic(self.part_dir / ACTIVITY_META_FILE, json.dumps(self.meta, indent=1, default=str).encode())
             except OSError as exc:
                 self.error = self.error or f"{exc.filename or self.part_dir}: {exc.strerror or exc}"
 
@@ -141,10 +122,7 @@ class ActivityWriter:
 def _append(path: Path, data: bytes) -> None:
     fd = open_write(path)  # O_NOFOLLOW: never through a link planted in the run directory
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        write_all(fd, data)
     finally:
         os.close(fd)
 
@@ -152,17 +130,12 @@ def _append(path: Path, data: bytes) -> None:
 def read_part_activity(part_dir: Path) -> tuple[dict[str, Any], np.ndarray, list[str]] | None:
     """(activity.json, rows, names) of one part folder, or None when it has no activity.json.
 
-    Read like the rest of the run directory (:mod:`maxinstr.rundir.reader`, docs/formats.md
-    "Reading rules"): only regular files (a FIFO or a link to ``/dev/zero`` is an error, not a
-    hang), JSON no deeper than the run's bound, the fields the report interprets of their type,
-    every name id an index below the number of name lines (memory stays a small multiple of the
-    files' size). A row or line that is not the format, and a torn last one (a process killed
-    mid-write), is left out, counted and said in one note per file in ``meta["notes"]``; a name
-    id whose line was left out reads as a placeholder naming the part. What makes a file
+    Read by the run directory's rules (:mod:`maxinstr.rundir.reader`): a row or line that is not
+    the format, or torn, is left out and said in one note per file in ``meta["notes"]``; a name id
+    whose line was left out reads as a placeholder naming the part; every name id is an index
+    below the number of name lines (memory stays a small multiple of the files' size). A file
     meaningless as a whole (activity.json unreadable, of another format or version; a special
-    file; an activity.bin without one activity record) raises
-    :class:`~maxinstr.errors.RunDirError` (one line naming the file and the problem).
-    """
+    file; an activity.bin without one activity record) is a RunDirError."""
     part_dir = Path(part_dir)
     meta_path = part_dir / ACTIVITY_META_FILE
     data = read_regular(meta_path, RunDirError)
