@@ -1,4 +1,5 @@
-"""Every ``MAXINSTR_*`` environment variable, read in one place with one rule.
+"""Every ``MAXINSTR_*`` environment variable, read in one place with one rule (and the launcher's
+``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, with one rule of their own, at the end).
 
 The table in docs/sessions.md ("Environment variables") says what each one does; this module is
 the only Python code that reads them (tests/test_config.py holds it to that, and to the table).
@@ -333,6 +334,33 @@ def debug(environ: Mapping[str, str] | None = None) -> bool:
 def cuda_library(environ: Mapping[str, str] | None = None) -> str | None:
     """``MAXINSTR_CUDA_LIBRARY``: the driver library to load instead of libcuda.so.1."""
     return text(CUDA_LIBRARY, environ)
+
+
+# -- the launcher's variables (torchrun and the like): one rule for RANK, LOCAL_RANK, WORLD_SIZE --------
+def _launcher_number(name: str, environ: Mapping[str, str] | None) -> int | None:
+    """A whole number >= 0, ASCII blanks around it ignored; None when unset, blank or anything else
+    (``x``, ``-1``, ``2.5``): such a value names no rank, silently, as a program's own variable may."""
+    value = text(name, environ)
+    try:
+        number = None if value is None else int(_word(value))
+    except ValueError:
+        return None
+    return number if number is not None and number >= 0 else None
+
+
+def rank(environ: Mapping[str, str] | None = None) -> int | None:
+    """``RANK``: this process's rank (its part is ``r<rank>.p<pid>``), or None (``p<pid>``)."""
+    return _launcher_number("RANK", environ)
+
+
+def local_rank(environ: Mapping[str, str] | None = None) -> int | None:
+    """``LOCAL_RANK``: the rank on this host (the sampler runs where it is 0 or None)."""
+    return _launcher_number("LOCAL_RANK", environ)
+
+
+def world_size(environ: Mapping[str, str] | None = None) -> int | None:
+    """``WORLD_SIZE``: how many ranks the job has."""
+    return _launcher_number("WORLD_SIZE", environ)
 
 
 def disabled(environ: Mapping[str, str] | None = None) -> bool:

@@ -436,3 +436,39 @@ def test_session_closed_from_another_thread_keeps_signal_chaining(tmp_path, nati
         assert signal.getsignal(signal.SIGTERM) is mine  # restored once a main-thread close could
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+@pytest.mark.parametrize("rank, local_rank, part_rank, part_local_rank, samples", [
+    ("2", "1", 2, 1, False), (" 1 ", " 0 ", 1, 0, True), ("x", "x", None, None, True),
+    ("-1", "-1", None, None, True), ("", "", None, None, True),
+])  # fmt: skip
+def test_one_rank_rule_for_the_part_its_json_the_records_and_the_sampler(tmp_path, native, stage, monkeypatch, rank,
+                                                                        local_rank, part_rank, part_local_rank, samples):
+    """RANK is read once (maxinstr.config.rank): a value that is not a whole number >= 0 names no rank
+    everywhere alike (part p<pid>, part.json rank null, records' rank -1, meta.json written as by a
+    single process); LOCAL_RANK by the same rule decides the one sampler per host."""
+    import maxinstr.sample as sample
+
+    started = []
+
+    class Handle:
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(sample, "start_sampler", lambda part_dir, interval_s: started.append(part_dir) or Handle())
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("LOCAL_RANK", local_rank)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    pid = os.getpid()
+    with maxinstr.session(tmp_path / "run", sample_hz=50) as s:
+        with stage("a"):
+            pass
+    assert s.part == (f"p{pid}" if part_rank is None else f"r{part_rank}.p{pid}")
+    info = json.loads((tmp_path / "run" / "parts" / s.part / "part.json").read_text())
+    assert (info["rank"], info["local_rank"], info["world_size"]) == (part_rank, part_local_rank, 4)
+    assert (tmp_path / "run" / "meta.json").is_file()
+    assert bool(started) is samples
+    with stage("b"):  # no session open: the in-memory one keeps it, with the same rank
+        pass
+    memory = sess.current_session().records()
+    assert memory["rank"].tolist() == [-1 if part_rank is None else part_rank]

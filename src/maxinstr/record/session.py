@@ -232,23 +232,23 @@ class Session:
         return bool(self.meta and self.meta.get("nested_sessions"))
 
     def _open_root(self) -> None:
-        rank = os.environ.get("RANK")
-        self.part = fmt.part_name(self._pid, rank if rank not in (None, "") else None)
+        rank = config.rank()
+        self.part = fmt.part_name(self._pid, rank)
         if self.path is None:
             self.role = "memory"
             self.sink = MemorySink(PROCESS.memory.limit)
             return
         part_dir = self.path / fmt.PARTS_DIR / self.part
-        part = PartWriter(part_dir, self._part_info(rank), fsync_interval_s=self.fsync_interval_s)
+        part = PartWriter(part_dir, self._part_info(), fsync_interval_s=self.fsync_interval_s)
         self.sink = self._part_sink(part)
         if self.role == "owner":
             self.meta = metadata.collect(warmup=self.warmup, user=self.user_meta, requested_path=self.requested_path)
             self.meta["session"] = {"pid": self._pid, "part": self.part, "start_ns": clock_ns(), "end_ns": None}
-            self._writes_meta = rank in (None, "", "0")
+            self._writes_meta = rank in (None, 0)
             try:
                 self.path.mkdir(parents=True, exist_ok=True)
                 with owners.locked(self.path):  # two sessions opening here decide one after the other
-                    if rank in (None, "") and not config.run_dir():
+                    if rank is None and not config.run_dir():
                         live = owners.live_writers(self.path)
                         if live:
                             self._join_live_run(part, live)
@@ -267,8 +267,7 @@ class Session:
             if self.kernels:
                 self._start_kernels(part_dir)
             self.steady.arm(self.meta, capture=config.capture_request())
-            local_rank = os.environ.get("LOCAL_RANK")
-            if self.sample_hz > 0 and local_rank in (None, "", "0"):
+            if self.sample_hz > 0 and config.local_rank() in (None, 0):
                 self._start_sampler(part_dir)
         # children create their part lazily, at their first record (before_drain): a helper
         # process that records nothing leaves no empty part behind
@@ -294,21 +293,14 @@ class Session:
             stacklevel=4,
         )
 
-    def _part_info(self, rank: str | None) -> dict[str, Any]:
-        def env_int(name: str) -> int | None:
-            value = os.environ.get(name)
-            try:
-                return int(value) if value not in (None, "") else None
-            except ValueError:
-                return None
-
+    def _part_info(self) -> dict[str, Any]:
         return {
             "part": self.part,
             "pid": self._pid,
             "ppid": os.getppid(),
-            "rank": env_int("RANK"),
-            "local_rank": env_int("LOCAL_RANK"),
-            "world_size": env_int("WORLD_SIZE"),
+            "rank": config.rank(),
+            "local_rank": config.local_rank(),
+            "world_size": config.world_size(),
             "host": socket.gethostname(),
             "role": self.role,
             "started_ns": clock_ns(),
@@ -440,7 +432,7 @@ class Session:
         joined.started = True
         joined._pid = pid
         joined.part = fmt.part_name(pid)
-        part = PartWriter(self.path / fmt.PARTS_DIR / joined.part, joined._part_info(os.environ.get("RANK")),
+        part = PartWriter(self.path / fmt.PARTS_DIR / joined.part, joined._part_info(),
                           fsync_interval_s=self.fsync_interval_s)
         # the core's writer thread did not follow the fork: the child starts its own writer on
         # its own part once it has records (before_drain)

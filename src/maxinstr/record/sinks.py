@@ -119,8 +119,8 @@ class MemorySink:
         if len(rows):
             out["name_id"] = np.searchsorted(used, rows["name_id"]).astype(np.int32)
         out["pid"] = os.getpid()
-        rank = os.environ.get("RANK")
-        out["rank"] = int(rank) if rank not in (None, "") and rank.isdigit() else -1
+        rank = config.rank()
+        out["rank"] = -1 if rank is None else rank
         out = out[np.argsort(out["host_start_ns"], kind="stable")]
         notes = []
         if self.dropped:

@@ -29,11 +29,13 @@ The native path exists because fetching millions of rows through Python objects 
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from collections.abc import Sequence
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import numpy as np
 
@@ -83,8 +85,6 @@ class ColumnBackend(Protocol):
 def _uri(path: str) -> str:
     # Read-only and immutable: fixtures live in read-only folders, and an exported trace is
     # never written while we read it. immutable=1 skips locking and journal checks.
-    from urllib.parse import quote
-
     return f"file:{quote(os.path.abspath(path))}?mode=ro&immutable=1"
 
 
@@ -198,8 +198,6 @@ def _sqlite_int(v: object) -> int:
     if isinstance(v, float):
         return 0 if v != v else int(max(min(v, 9.2e18), -9.2e18))
     if isinstance(v, str):
-        import re
-
         m = re.match(r"\s*([+-]?\d+)", v)
         return _sqlite_int(int(m.group(1))) if m else 0
     return 0
@@ -267,7 +265,7 @@ class NativeBackend:
     def scan(self, path: str, table: str, columns: Sequence[IntCol], *, filter_col: int = -1,
              mask: np.ndarray | None = None, exclude: tuple[int, int] | None = None,
              expected_rows: int = 0, pieces: bool = False) -> list[Any] | None:
-        if not hasattr(self._m, "scan_table") or config.no_direct_scan():
+        if config.no_direct_scan():
             return None
         layout = table_layout(path, table)
         if layout is None:
@@ -342,7 +340,7 @@ def release_memory() -> None:
     if not _TRIM:
         return
     module = native_module()
-    if module is not None and hasattr(module, "release_memory"):
+    if module is not None:
         module.release_memory()
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import tempfile
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,7 +23,8 @@ import numpy as np
 from maxinstr._text import safe_name
 from maxinstr.columns import factorize
 from maxinstr.errors import TraceError
-from maxinstr.traces.model import NO_ID, RangeStyle, Ranges, StringTable
+from maxinstr.traces import _sqlite_columns
+from maxinstr.traces.model import INVALID_NS, NO_ID, Ranges, StringTable
 
 Progress = Callable[[str], None]
 
@@ -396,9 +399,6 @@ class TempCleanup:
     handler the program set itself is left alone (it decides what its signals do)."""
 
     def __init__(self, folder: str) -> None:
-        import signal
-        import threading
-
         self.folder = folder
         self.saved: dict[int, object] = {}
         if threading.current_thread() is not threading.main_thread():
@@ -411,8 +411,6 @@ class TempCleanup:
                 pass
 
     def close(self) -> None:
-        import signal
-
         for sig, handler in self.saved.items():
             try:
                 signal.signal(sig, handler)  # type: ignore[arg-type]
@@ -448,11 +446,6 @@ def fetch_columns(con: sqlite3.Connection, sql: str, n_cols: int) -> list[np.nda
     if not rows:
         return [np.empty(0, dtype=object) for _ in range(n_cols)]
     return [np.array(col) for col in zip(*rows)]
-
-
-def style_array(n: int, style: RangeStyle) -> np.ndarray:
-    """A constant style column."""
-    return np.full(n, int(style), dtype=np.int8)
 
 
 def graph_node_ordinals(op_corr: np.ndarray, op_start: np.ndarray, graph_corr: np.ndarray) -> np.ndarray:
@@ -520,8 +513,6 @@ def query_columns(path: Path, db_path: Path, sql: str, kinds: str, what: str) ->
     come back int64 (NULLs must be ``ifnull``-ed in SQL), ``s`` columns as object arrays whose rows
     share one string per distinct value (NULL -> ''). Backend errors become a TraceError naming
     ``what`` (the format or table)."""
-    from maxinstr.traces import _sqlite_columns
-
     try:
         raw = _sqlite_columns.backend("auto").query(str(db_path), sql, kinds)
     except (RuntimeError, ValueError, TypeError, OverflowError, sqlite3.Error) as exc:
@@ -566,8 +557,6 @@ def decimal_us_to_ns(values: list, path: object, what: str) -> np.ndarray:
     ``"12.345"``, ``12``) as int64 ns, exactly for strings (parsed as decimals, rounded to the ns);
     a value that is no number reads as :data:`~maxinstr.traces.model.INVALID_NS` (the row is then
     dropped by ``TimeCheck``). Parsed once per distinct value."""
-    from maxinstr.traces.model import INVALID_NS
-
     local: dict = {}
     codes = np.fromiter((local.setdefault(v, len(local)) if isinstance(v, (str, int, float)) and not isinstance(v, bool)
                          else -1 for v in values), dtype=np.int64, count=len(values))
@@ -576,8 +565,6 @@ def decimal_us_to_ns(values: list, path: object, what: str) -> np.ndarray:
 
 
 def _us_ns(value: str | int | float) -> int:
-    from maxinstr.traces.model import INVALID_NS
-
     try:
         if isinstance(value, int):
             ns = value * 1000

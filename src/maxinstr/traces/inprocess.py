@@ -35,6 +35,7 @@ from maxinstr.kernels.store import (
     read_part_activity,
     to_host_clock,
 )
+from maxinstr.rundir import load
 from maxinstr.traces.model import (
     NO_ID,
     CallKind,
@@ -93,8 +94,6 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
     None when no part collected activity; plus notes for the report (why there are no kernels,
     dropped records...)."""
     if isinstance(run, (str, Path)):
-        from maxinstr.rundir import load
-
         run = load(run)
     root = getattr(run, "path", None)
     notes: list[str] = []

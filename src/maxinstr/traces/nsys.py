@@ -26,6 +26,7 @@ What is read, and the traps handled:
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from maxinstr.columns import correlation_join
 from maxinstr.errors import TraceError
 from maxinstr.traces import _sqlite_columns as cols
 from maxinstr.traces._sqlite_columns import IntCol
+from maxinstr.traces.nsys_export import sqlite_for_report
 from maxinstr.traces.model import (
     INVALID_NS,
     NO_ID,
@@ -133,8 +135,6 @@ def read_nsys(path: str | Path, *, backend: str = "auto", progress: Callable[[st
     if progress is not None:
         progress(f"reading {source.name} (Nsight Systems)")
     if source.suffix in (".nsys-rep", ".qdrep"):
-        from maxinstr.traces.nsys_export import sqlite_for_report
-
         db = sqlite_for_report(source)
     else:
         db = source
@@ -296,8 +296,6 @@ class _Reader:
             background: dict[str, Any] = {}
             worker = None
             if queries and scans and self.be.name == "native":
-                import threading
-
                 own_queries, own_slots = list(queries), dict(slots)
                 queries.clear()
                 slots.clear()

@@ -21,7 +21,6 @@ would be silently wrong, so the error names what the file holds instead.
 from __future__ import annotations
 
 import gzip
-import inspect
 import re
 import sqlite3
 import zlib
@@ -29,9 +28,12 @@ from collections import Counter
 from pathlib import Path
 
 from maxinstr.errors import TraceError
-from maxinstr.traces import _util
+from maxinstr.traces import _util, rocprof, rocprof_v1, rpd
 from maxinstr.traces._util import GZIP_MAGIC, SQLITE_MAGIC, Progress
+from maxinstr.traces.inprocess import has_activity, read_run
+from maxinstr.traces.kineto import read_kineto
 from maxinstr.traces.model import Trace
+from maxinstr.traces.nsys import read_nsys
 
 _NSYS_TABLES = ("StringIds", "NVTX_EVENTS", "TARGET_INFO_SESSION_START_TIME", "CUPTI_ACTIVITY_KIND_KERNEL",
                 "CUPTI_ACTIVITY_KIND_RUNTIME", "ThreadNames", "TARGET_INFO_GPU")
@@ -53,23 +55,21 @@ def open_trace(path: str | Path, *, progress: Progress | None = None) -> Trace:
         raise TraceError(path, "not a regular file")
     name = path.name.lower()
     if name.endswith(".nsys-rep") or name.endswith(".qdrep"):
-        return _nsys(path, progress)
+        return read_nsys(path, progress=progress)
     head = _util.read_head(path, 64)
     if not head:
         raise TraceError(path, "empty file")
     if head.startswith(SQLITE_MAGIC):
-        return _open_sqlite(path, path, progress)
+        return _open_sqlite(path, progress)
     if head.startswith(GZIP_MAGIC):
         inner = _gunzip_head(path)
         if inner.startswith(SQLITE_MAGIC):
-            return _open_sqlite(path, path, progress)
+            return _open_sqlite(path, progress)
         return _open_json(path, progress)
     if name.endswith(".csv"):
         if _is_rocprofv2_csv(path, head):
             raise TraceError(path, _ROCPROFV2)
-        from maxinstr.traces.rocprof import read_rocprof_csv
-
-        return read_rocprof_csv(path, progress=progress)
+        return rocprof.read_rocprof_csv(path, progress=progress)
     stripped = head.lstrip()
     if stripped[:1] in (b"{", b"[") or name.endswith(".json"):
         return _open_json(path, progress)
@@ -86,20 +86,7 @@ def _gunzip_head(path: Path) -> bytes:
         raise TraceError(path, f"corrupt or truncated gzip data ({exc})") from None
 
 
-def _nsys(path: Path, progress: Progress | None) -> Trace:
-    try:
-        from maxinstr.traces.nsys import read_nsys
-    except ImportError:
-        raise TraceError(path, "the Nsight Systems reader is not available in this build") from None
-    if "progress" in inspect.signature(read_nsys).parameters:
-        return read_nsys(path, progress=progress)
-    _util.report(progress, f"reading {path.name} (Nsight Systems)")
-    return read_nsys(path)
-
-
-def _open_sqlite(path: Path, source: Path, progress: Progress | None) -> Trace:
-    from maxinstr.traces import rocprof, rocprof_v1, rpd
-
+def _open_sqlite(path: Path, progress: Progress | None) -> Trace:
     with _util.sqlite_file(path) as con:
         try:
             tables = _util.sqlite_tables(con)
@@ -116,7 +103,7 @@ def _open_sqlite(path: Path, source: Path, progress: Progress | None) -> Trace:
     if any(t in tables for t in _NSYS_TABLES) or any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in tables):
         if path.name.endswith(".gz"):
             raise TraceError(path, "gzip-compressed nsys SQLite: decompress it first")
-        return _nsys(path, progress)
+        return read_nsys(path, progress=progress)
     if not tables:
         raise TraceError(path, "SQLite database with no tables (empty or truncated)")
     raise TraceError(path, f"SQLite database of an unknown kind (tables: {', '.join(sorted(tables)[:6])})")
@@ -136,26 +123,18 @@ def _open_json(path: Path, progress: Progress | None) -> Trace:
                                    f"--sys-trace){beside}") from None
         raise
     if isinstance(document, dict) and "rocprofiler-sdk-tool" in document:
-        from maxinstr.traces.rocprof import read_rocprof_json
-
-        return read_rocprof_json(path, progress=progress, document=document)
+        return rocprof.read_rocprof_json(path, progress=progress, document=document)
     events = document.get("traceEvents") if isinstance(document, dict) else document
     if isinstance(events, list):
-        from maxinstr.traces import rocprof_v1, rpd
-
         if rocprof_v1.is_rocprof_v1_json(events):
             return rocprof_v1.read_rocprof_v1_json(path, progress=progress, document=document)
         if rpd.is_rpd_json(events):
             return rpd.read_rpd_json(path, progress=progress, document=document)
-        from maxinstr.traces.kineto import read_kineto
-
         trace = read_kineto(path, progress=progress, document=document)
         if not len(trace.ops) and not len(trace.ranges) and not len(trace.calls):
             _not_kineto(path, events)
         return trace
     if isinstance(document, dict) and "traceEvents" in document:
-        from maxinstr.traces.kineto import read_kineto
-
         return read_kineto(path, progress=progress, document=document)  # (its one-line error)
     raise TraceError(path, "JSON of an unknown kind (no 'traceEvents' nor 'rocprofiler-sdk-tool' key)")
 
@@ -192,11 +171,7 @@ def _not_kineto(path: Path, events: list) -> None:
 
 
 def _open_folder(path: Path, progress: Progress | None) -> Trace:
-    from maxinstr.traces.rocprof import csv_kind
-
     if (path / "meta.json").is_file() and (path / "parts").is_dir():
-        from maxinstr.traces.inprocess import has_activity, read_run
-
         if has_activity(path):  # a run directory whose session collected kernels (kernels=True)
             trace, notes = read_run(path)
             if trace is None:
@@ -204,10 +179,8 @@ def _open_folder(path: Path, progress: Progress | None) -> Trace:
             return trace
 
     files = sorted(p for p in path.rglob("*") if p.is_file())
-    if any(csv_kind(p.name) for p in files):
-        from maxinstr.traces.rocprof import read_rocprof_csv
-
-        return read_rocprof_csv(path, progress=progress)
+    if any(rocprof.csv_kind(p.name) for p in files):
+        return rocprof.read_rocprof_csv(path, progress=progress)
     candidates = [
         p
         for p in files

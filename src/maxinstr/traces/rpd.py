@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from maxinstr.errors import TraceError
-from maxinstr.traces import _util
+from maxinstr.traces import _sqlite_columns, _util
 from maxinstr.traces._util import Progress, int_column, ranges_table, report
 from maxinstr.traces.model import INVALID_NS, NO_ID, CallKind, Calls, GpuOps, OpKind, RangeStyle, StringTable, TimeCheck, Trace
 
@@ -49,8 +49,6 @@ def _int_columns(path: Path, db_path: Path, table: str, cols: tuple[str, ...], o
     1.47M-row rocpd_api of a scaled fixture took 0.9 s there, ~8 s through sqlite3 tuples).
     NULL reads as -1; in ``start``/``end`` (kind 't'), NULL or anything but an integer reads as
     INVALID_NS (model.TimeCheck drops the row)."""
-    from maxinstr.traces import _sqlite_columns
-
     times = [c in ("start", "end") for c in cols]
     sql = "SELECT " + ", ".join(f'ifnull("{c}", {INVALID_NS if t else -1})' for c, t in zip(cols, times))
     sql += f' FROM "{table}"' + (f" ORDER BY {order}" if order else "")
