@@ -16,7 +16,9 @@ import threading
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -24,7 +26,9 @@ from maxinstr._text import safe_name
 from maxinstr.columns import factorize
 from maxinstr.errors import TraceError
 from maxinstr.traces import _sqlite_columns
-from maxinstr.traces.model import INVALID_NS, NO_ID, Ranges, StringTable
+from maxinstr.traces.model import INVALID_NS, NO_ID, Calls, CallKind, GpuOps, Ranges, StringTable, Trace
+
+T = TypeVar("T")
 
 Progress = Callable[[str], None]
 
@@ -197,45 +201,141 @@ def pair_push_pop(
     return push_idx.astype(np.int64), pop_idx.astype(np.int64), unmatched, unclosed
 
 
-def ranges_table(
-    start_ns: np.ndarray,
-    end_ns: np.ndarray,
-    name_id: np.ndarray,
-    tid: np.ndarray,
-    pid: np.ndarray,
-    style: np.ndarray | int,
-    *,
-    domain_id: np.ndarray | int = NO_ID,
-    end_tid: np.ndarray | None = None,
-) -> Ranges:
-    """A :class:`Ranges` table sorted by start time, scalar columns broadcast."""
-    n = len(start_ns)
-    order = np.argsort(start_ns, kind="stable")
-
-    def col(value, dtype):
-        arr = np.asarray(value, dtype=dtype)
-        return np.full(n, arr, dtype=dtype) if arr.ndim == 0 else arr[order]
-
-    tid_col = col(tid, np.int64)
-    return Ranges(
-        start_ns=col(start_ns, np.int64),
-        end_ns=col(end_ns, np.int64),
-        name_id=col(name_id, np.int32),
-        domain_id=col(domain_id, np.int32),
-        tid=tid_col,
-        end_tid=tid_col.copy() if end_tid is None else col(end_tid, np.int64),
-        pid=col(pid, np.int64),
-        style=col(style, np.int8),
-        payload=np.full(n, NO_ID, dtype=np.int64),
-    )
+# -- assembling a Trace: what every reader does once it has found its columns ----------------------
+_DTYPES = {cls: {f.name: f.default_factory().dtype for f in fields(cls)} for cls in (Ranges, Calls, GpuOps)}  # type: ignore[misc]
+_ZERO = ("bytes", "kind", "style")  # columns that default to 0 (a kernel moves no bytes; RUNTIME; PUSH_POP)
 
 
-def concat_ranges(parts: list[Ranges]) -> Ranges:
-    """Concatenate range tables and sort the result by start time."""
+def make_table(cls: type[T], parts: list[dict[str, Any]], strings: StringTable, *, sort: bool = True) -> T:
+    """One ``cls`` table (Ranges, Calls or GpuOps) of the ``parts`` a reader found, each a dict of
+    columns by field name: a scalar stands for a whole column, ``name`` (strings) is interned into
+    ``strings`` part by part, a field left out is NO_ID (0 for ``bytes``, ``kind``, ``style``;
+    ``end_tid`` is ``tid``). Rows sorted by start (stable) unless ``sort`` is False."""
+    columns: dict[str, list[np.ndarray]] = {}
+    for part in parts:
+        n = len(part["start_ns"])
+        for name, dtype in _DTYPES[cls].items():
+            value = part.get(name)
+            if value is None:
+                if name == "name_id" and "name" in part:
+                    value = intern(strings, part["name"])
+                else:
+                    value = part["tid"] if name == "end_tid" else 0 if name in _ZERO else NO_ID
+            columns.setdefault(name, []).append(
+                np.full(n, value, dtype) if np.ndim(value) == 0 else np.asarray(value).astype(dtype, copy=False))
     if not parts:
-        return Ranges()
-    merged = Ranges(**{k: np.concatenate([getattr(p, k) for p in parts]) for k in Ranges.__dataclass_fields__})
-    return merged.take(np.argsort(merged.start_ns, kind="stable"))
+        return cls()
+    table = cls(**{k: v[0] if len(v) == 1 else np.concatenate(v) for k, v in columns.items()})
+    return by_start(table) if sort else table
+
+
+def by_start(table: T) -> T:
+    """``table`` sorted by start time (stable)."""
+    return table.take(np.argsort(table.start_ns, kind="stable"))  # type: ignore[attr-defined]
+
+
+class TraceBuilder:
+    """The one way a reader makes its Trace: it adds the parts of each table as it finds them
+    (:meth:`add`), interns names through :attr:`strings`, appends to :attr:`notes`, and calls
+    :meth:`trace`, which joins the parts (:func:`make_table`), makes the Trace and validates it."""
+
+    def __init__(self, source: object, format: str, clock: str) -> None:
+        self.source, self.format, self.clock = str(source), format, clock
+        self.strings = StringTable()
+        self.notes: list[str] = []
+        self.thread_names: dict[int, str] = {}
+        self.parts: dict[type, list[dict[str, Any]]] = {Ranges: [], Calls: [], GpuOps: []}
+
+    def names(self, values: Any) -> np.ndarray:
+        """int32 ids of a column of names (:func:`intern`)."""
+        return intern(self.strings, values)
+
+    def add(self, cls: type, **columns: Any) -> None:
+        """One part of the ``cls`` table (see :func:`make_table`)."""
+        self.parts[cls].append(columns)
+
+    def table(self, cls: type[T], *, sort: bool = True) -> T:
+        """The parts added to ``cls`` so far as one table (they are taken)."""
+        parts, self.parts[cls] = self.parts[cls], []
+        return make_table(cls, parts, self.strings, sort=sort)
+
+    def trace(self, *, calls: Calls | None = None, ops: GpuOps | None = None, ranges: Ranges | None = None,
+              **fields: Any) -> Trace:
+        """The Trace, validated (a TraceError naming the file when malformed). A table not given is
+        made of its parts, sorted by start (calls, then ops, then ranges: the order names are
+        interned in). ``fields``: the Trace's others (meta, session_start_utc_ns)."""
+        calls = self.table(Calls) if calls is None else calls
+        ops = self.table(GpuOps) if ops is None else ops
+        ranges = self.table(Ranges) if ranges is None else ranges
+        trace = Trace(source=self.source, format=self.format, strings=self.strings.to_array(), ranges=ranges,
+                      calls=calls, ops=ops, thread_names=self.thread_names, clock=self.clock, notes=self.notes,
+                      **fields)
+        trace.validate()
+        return trace
+
+
+def first_rows(*keys: np.ndarray) -> np.ndarray:
+    """Indices of the first row (in table order) of each distinct tuple of ``keys``, in table order."""
+    n = len(keys[0])
+    if not n:
+        return np.empty(0, np.int64)
+    order = np.lexsort((np.arange(n), *keys[::-1]))
+    first = np.zeros(n, bool)
+    first[0] = True
+    for k in keys:
+        ks = k[order]
+        first[1:] |= ks[1:] != ks[:-1]
+    return np.sort(order[first])
+
+
+def name_flags(strings: StringTable, name_id: np.ndarray, test: Callable[[str], object]) -> np.ndarray:
+    """``test`` of each row's name (False for NO_ID), called once per distinct string."""
+    flags = np.array([bool(test(str(s))) for s in strings.to_array()] + [False], bool)
+    return flags[name_id]
+
+
+def mark_graph_calls(strings: StringTable, calls: Calls, test: Callable[[str], object]) -> None:
+    """Calls whose name passes ``test`` (a graph launch, by the format's names) get CallKind.GRAPH."""
+    if len(calls):
+        calls.kind[name_flags(strings, calls.name_id, test)] = CallKind.GRAPH
+
+
+def call_rows(op_corr: np.ndarray, call_corr: np.ndarray) -> np.ndarray:
+    """Per op, the row of the first call (in table order) with its correlation id, or -1."""
+    if not len(call_corr):
+        return np.full(len(op_corr), -1, np.int64)
+    order = np.argsort(call_corr, kind="stable")
+    found = call_corr[order]
+    pos = np.minimum(np.searchsorted(found, op_corr), len(found) - 1)
+    return np.where(found[pos] == op_corr, order[pos], -1)
+
+
+def pids_from_calls(ops: GpuOps, calls: Calls) -> None:
+    """Ops without a process (NO_ID) take the process of the call with their correlation id, or the
+    one process of all calls when there is one (a GPU lane names no process)."""
+    missing = ops.pid == NO_ID
+    if not missing.any() or not len(calls):
+        return
+    pids = np.unique(calls.pid)
+    if len(pids) == 1:
+        ops.pid = np.where(missing, pids[0], ops.pid)
+    else:
+        row = call_rows(ops.correlation_id, calls.correlation_id)
+        ops.pid = np.where(missing, np.where(row >= 0, calls.pid[np.maximum(row, 0)], NO_ID), ops.pid)
+
+
+HIP_GRAPH_NOTE = "graph node ids are stand-ins: the order of each op within its hipGraphLaunch"
+
+
+def graph_stand_ins(ops: GpuOps, calls: Calls, notes: list[str], note: str) -> None:
+    """Ops without a graph node id that a graph launch call replayed get :func:`graph_node_ordinals`
+    instead, and ``note`` (``{n}``: how many) says so."""
+    graph_corr = calls.correlation_id[calls.kind == int(CallKind.GRAPH)]
+    stand_in = graph_node_ordinals(ops.correlation_id, ops.start_ns, graph_corr)
+    fill = (ops.graph_node_id == NO_ID) & (stand_in != NO_ID)
+    if fill.any():
+        ops.graph_node_id = np.where(fill, stand_in, ops.graph_node_id)
+        notes.append(note.format(n=int(fill.sum())))
 
 
 def read_head(path: Path, n: int = 64) -> bytes:

@@ -36,18 +36,8 @@ from maxinstr.kernels.store import (
     to_host_clock,
 )
 from maxinstr.rundir import load
-from maxinstr.traces.model import (
-    NO_ID,
-    CallKind,
-    Calls,
-    GpuOps,
-    OpKind,
-    Ranges,
-    RangeStyle,
-    StringTable,
-    TimeCheck,
-    Trace,
-)
+from maxinstr.traces._util import TraceBuilder, name_flags
+from maxinstr.traces.model import NO_ID, CallKind, Calls, GpuOps, OpKind, Ranges, RangeStyle, StringTable, TimeCheck, Trace
 
 FORMAT = "maxinstr-inprocess"
 OP_STAGE_KEY = "op_stage_id"
@@ -100,10 +90,8 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
     if root is None:
         return None, notes
     parts = getattr(run, "parts", []) or []
-    strings = StringTable()
-    domain = strings.intern("maxinstr")
-    ops_cols: dict[str, list[np.ndarray]] = {}
-    call_cols: dict[str, list[np.ndarray]] = {}
+    b = TraceBuilder(root, FORMAT, "CLOCK_MONOTONIC")
+    domain = b.strings.intern("maxinstr")
     op_stage: list[np.ndarray] = []
     any_activity = False
     how: set[str] = set()  # how each part tied ops to stages (activity.json stage_correlation)
@@ -146,7 +134,7 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
         names = demangle(names)
         # a row's name_id indexes this (the reader checked -1 <= name_id < len(names)); -1, no
         # name, is the NO_ID at the end
-        name_ids = np.array([strings.intern(n) for n in names] + [NO_ID], np.int32)
+        name_ids = np.array([b.strings.intern(n) for n in names] + [NO_ID], np.int32)
         kind = rows["kind"]
         pairs = meta.get("clock_pairs") or []
         pairs_all.append(pairs)
@@ -182,14 +170,12 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
         oname[kern] = name_ids[op["name_id"][kern]]
         copy = okind == OpKind.MEMCPY
         for ck in np.unique(op["copy_kind"][copy]):
-            oname[copy & (op["copy_kind"] == ck)] = strings.intern(f"[CUDA memcpy {_MEMCPY_KINDS.get(int(ck), 'Unknown')}]")
-        oname[okind == OpKind.MEMSET] = strings.intern("[CUDA memset]")
+            oname[copy & (op["copy_kind"] == ck)] = b.strings.intern(f"[CUDA memcpy {_MEMCPY_KINDS.get(int(ck), 'Unknown')}]")
+        oname[okind == OpKind.MEMSET] = b.strings.intern("[CUDA memset]")
         gnode = op["graph_node_id"].astype(np.int64)
-        for key, col in (("start_ns", start), ("end_ns", end), ("kind", okind), ("name_id", oname),
-                         ("device_id", op["device_id"].astype(np.int32)), ("stream_id", op["stream_id"].astype(np.int64)),
-                         ("pid", np.full(len(op), pid, np.int64)), ("correlation_id", op["correlation_id"].astype(np.int64)),
-                         ("graph_node_id", np.where(gnode > 0, gnode, NO_ID)), ("bytes", op["bytes"].astype(np.int64))):  # fmt: skip
-            ops_cols.setdefault(key, []).append(col)
+        b.add(GpuOps, start_ns=start, end_ns=end, kind=okind, name_id=oname, device_id=op["device_id"],
+              stream_id=op["stream_id"], pid=pid, correlation_id=op["correlation_id"],
+              graph_node_id=np.where(gnode > 0, gnode, NO_ID), bytes=op["bytes"])
         op_stage.append(stage_of(op["correlation_id"].astype(np.int64)))
 
         api = rows[(kind == KIND_RUNTIME) | (kind == KIND_DRIVER)]
@@ -205,13 +191,9 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
         a_end = a_start + (api["end_ns"].astype(np.int64) - api["start_ns"].astype(np.int64))
         a_name = name_ids[api["name_id"]]
         ckind = np.where(api["kind"] == KIND_DRIVER, CallKind.DRIVER, CallKind.RUNTIME).astype(np.int8)
-        if len(api):
-            is_graph = np.array([("GraphLaunch" in strings._values[i]) if i >= 0 else False for i in a_name], bool)
-            ckind[is_graph] = CallKind.GRAPH
-        for key, col in (("start_ns", a_start), ("end_ns", a_end), ("tid", a_tid), ("pid", np.full(len(api), pid, np.int64)),
-                         ("correlation_id", api["correlation_id"].astype(np.int64)), ("name_id", a_name.astype(np.int32)),
-                         ("kind", ckind)):  # fmt: skip
-            call_cols.setdefault(key, []).append(col)
+        ckind[name_flags(b.strings, a_name, lambda name: "GraphLaunch" in name)] = CallKind.GRAPH
+        b.add(Calls, start_ns=a_start, end_ns=a_end, tid=a_tid, pid=pid, correlation_id=api["correlation_id"],
+              name_id=a_name, kind=ckind)
         if not len(ext_corr) and len(op):
             notes.append(f"{label}: no external correlation records: GPU ops cannot be tied to stages")
         unlaunched = int((~np.isin(op["correlation_id"], api["correlation_id"])).sum()) if len(op) else 0
@@ -224,32 +206,16 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
         if isinstance(kmeta, dict) and kmeta.get("requested"):
             notes.append(f"kernels=True was requested but no activity was written: {kmeta.get('reason') or kmeta.get('status')}")
         return None, notes
-    if not ops_cols:
+    if not b.parts[GpuOps]:
         return None, notes
-
-    def cat(cols: dict[str, list[np.ndarray]], key: str, dtype: Any) -> np.ndarray:
-        got = cols.get(key)
-        return np.concatenate(got).astype(dtype, copy=False) if got else np.empty(0, dtype)
-
-    ops = GpuOps(**{f: cat(ops_cols, f, d) for f, d in (
-        ("start_ns", np.int64), ("end_ns", np.int64), ("kind", np.int8), ("name_id", np.int32),
-        ("device_id", np.int32), ("stream_id", np.int64), ("pid", np.int64), ("correlation_id", np.int64),
-        ("graph_node_id", np.int64), ("bytes", np.int64))})  # fmt: skip
-    calls = Calls(**{f: cat(call_cols, f, d) for f, d in (
-        ("start_ns", np.int64), ("end_ns", np.int64), ("tid", np.int64), ("pid", np.int64),
-        ("correlation_id", np.int64), ("name_id", np.int32), ("kind", np.int8))})  # fmt: skip
-    ranges = stage_ranges(run, strings, domain)
-    owner = np.concatenate(op_stage).astype(np.int64) if op_stage else np.empty(0, np.int64)
-    order_ops = np.argsort(ops.start_ns, kind="stable")
-    ops = ops.take(order_ops)
-    owner = owner[order_ops]
-    trace = Trace(source=str(root), format=FORMAT, strings=strings.to_array(), ranges=ranges, calls=calls, ops=ops,
-                  clock="CLOCK_MONOTONIC" if all(pairs_all) else "cupti", notes=list(notes))  # fmt: skip
-    trace.meta[OP_STAGE_KEY] = owner
-    trace.meta["collector"] = "cupti"
-    trace.meta["stage_correlation"] = ", ".join(sorted(how)) or "CUPTI external correlation"
-    trace.validate()
-    return trace, notes
+    ranges = stage_ranges(run, b.strings, domain)
+    ops = b.table(GpuOps, sort=False)
+    order = np.argsort(ops.start_ns, kind="stable")  # the ops by start, and their owners with them
+    owner = np.concatenate(op_stage).astype(np.int64)[order]
+    b.notes, b.clock = list(notes), "CLOCK_MONOTONIC" if all(pairs_all) else "cupti"
+    meta = {OP_STAGE_KEY: owner, "collector": "cupti",
+            "stage_correlation": ", ".join(sorted(how)) or "CUPTI external correlation"}
+    return b.trace(calls=b.table(Calls, sort=False), ops=ops.take(order), ranges=ranges, meta=meta), notes
 
 
 def _valid_times(rows: np.ndarray, path: Path, label: str, notes: list[str]) -> np.ndarray:

@@ -37,6 +37,7 @@ from maxinstr.columns import correlation_join
 from maxinstr.errors import TraceError
 from maxinstr.traces import _sqlite_columns as cols
 from maxinstr.traces._sqlite_columns import IntCol
+from maxinstr.traces._util import TraceBuilder, mark_graph_calls
 from maxinstr.traces.nsys_export import sqlite_for_report
 from maxinstr.traces.model import (
     INVALID_NS,
@@ -48,7 +49,6 @@ from maxinstr.traces.model import (
     OpKind,
     Ranges,
     RangeStyle,
-    StringTable,
     TimeCheck,
     Trace,
 )
@@ -165,8 +165,8 @@ class _Reader:
         self.db = db
         self.schema = schema
         self.be = be
-        self.notes: list[str] = []
-        self.strings = StringTable()
+        self.b = TraceBuilder(db, "nsys-sqlite", "nsys")
+        self.notes, self.strings = self.b.notes, self.b.strings
         # nsys times count from the session start, so 0 is a time the clock can read
         self.times = TimeCheck(db, self.notes, start_can_be_zero=True)
 
@@ -394,7 +394,7 @@ class _Reader:
         op_name[ops.kind == OpKind.MEMSET] = self.strings.intern("[CUDA memset]")
         ops.name_id = op_name
         calls.name_id = by_sid(call_name_sid)
-        self._mark_graph_calls(calls)
+        mark_graph_calls(self.strings, calls, lambda name: name.split("_v")[0] in ("cudaGraphLaunch", "cuGraphLaunch"))
 
         # Range names: registered (textId) first, else inline text -- as nsys coalesces them.
         text_codes, text_values = nvtx_parts["text"]
@@ -404,31 +404,14 @@ class _Reader:
         ranges.name_id = np.where(registered >= 0, registered, inline).astype(np.int32)
         self._domains_and_categories(ranges, nvtx_parts, registered, inline)
 
-        thread_names: dict[int, str] = {}
         if thread_rows is not None and len(thread_rows[0]):
             _, tids = split_global_tid(thread_rows[0])
-            names = by_sid(thread_rows[1])
-            thread_names = {int(t): self._str(n) for t, n in zip(tids, names) if n >= 0}
-        thread_names.update(nvtx_parts["thread_names"](self))
-
-        trace = Trace(
-            source=str(source),
-            format="nsys-sqlite",
-            strings=self.strings.to_array(),
-            ranges=ranges,
-            calls=calls,
-            ops=ops,
-            thread_names=thread_names,
-            clock="nsys",
-            session_start_utc_ns=self._session_start(),
-            notes=self.notes,
-            meta=self._meta(nvtx_parts),
-        )
-        trace.validate()
-        return trace
-
-    def _str(self, name_id: int) -> str:
-        return self.strings._values[name_id]
+            strings = self.strings.to_array()
+            self.b.thread_names = {int(t): str(strings[n]) for t, n in zip(tids, by_sid(thread_rows[1])) if n >= 0}
+        self.b.thread_names.update(nvtx_parts["thread_names"](self))
+        self.b.source = str(source)
+        return self.b.trace(calls=calls, ops=ops, ranges=ranges, session_start_utc_ns=self._session_start(),
+                            meta=self._meta(nvtx_parts))
 
     def enum_labels(self, table: str, defaults: dict[int, str]) -> dict[int, str]:
         found = dict(defaults)
@@ -549,15 +532,6 @@ class _Reader:
         op_call.flags.writeable = False  # shared: nobody may change it under the trace
         self._op_call = (ops.pid, ops.correlation_id, calls.pid, calls.correlation_id, op_call)
         return calls, name[keep]
-
-    def _mark_graph_calls(self, calls: Calls) -> None:
-        if not len(calls):
-            return
-        # Decide per distinct string (a few hundred), then map the column through that table.
-        graph_name = np.array(
-            [v.split("_v")[0] in ("cudaGraphLaunch", "cuGraphLaunch") for v in self.strings._values] + [False], bool
-        )
-        calls.kind[graph_name[calls.name_id]] = CallKind.GRAPH  # name_id -1 hits the False pad
 
     # -- NVTX --------------------------------------------------------------------------------
     def _nvtx(self, rows: list[Any] | None, types: dict[str, int]) -> tuple[Ranges, dict[str, Any]]:

@@ -23,17 +23,9 @@ import numpy as np
 from maxinstr.columns import per_string
 from maxinstr.errors import TraceError
 from maxinstr.traces import _util
-from maxinstr.traces._amd import Parts as _Parts
-from maxinstr.traces._amd import assemble
-from maxinstr.traces._amd import markers_from_rows as _markers_from_rows
-from maxinstr.traces._util import Progress, int_column, report, trailing_int
-from maxinstr.traces.model import (
-    INVALID_NS,
-    NO_ID,
-    RangeStyle,
-    TimeCheck,
-    Trace,
-)
+from maxinstr.traces._amd import assemble, markers_from_rows
+from maxinstr.traces._util import Progress, TraceBuilder, int_column, report, trailing_int
+from maxinstr.traces.model import INVALID_NS, NO_ID, Calls, GpuOps, OpKind, RangeStyle, Ranges, TimeCheck, Trace
 
 CLOCK = "rocprofiler-sdk-ns"
 
@@ -209,8 +201,8 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
     groups = _csv_groups(path)
     if not groups:
         raise TraceError(path, "no rocprofv3 trace CSV files (*kernel_trace.csv, *hip_api_trace.csv, ...) found")
-    parts = _Parts()
-    times = TimeCheck(path, parts.notes)  # rocprofiler-sdk's clock never reads 0
+    b = TraceBuilder(path, "rocprofv3-csv", CLOCK)
+    times = TimeCheck(path, b.notes)  # rocprofiler-sdk's clock never reads 0
     files: list[str] = []
     headers: set[str] = set()
     for g, (prefix, kinds) in enumerate(sorted(groups.items())):
@@ -235,46 +227,27 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
             if base == "hip":
                 pid = int_column(t["Process_Id"], f, "Process_Id")
                 pids.append(pid)
-                parts.calls.append(
-                    dict(
-                        start=start,
-                        end=end,
-                        tid=int_column(t["Thread_Id"], f, "Thread_Id"),
-                        pid=pid,
-                        corr=int_column(t["Correlation_Id"], f, "Correlation_Id") + offset,
-                        name=t["Function"],
-                    )
-                )
+                b.add(Calls, start_ns=start, end_ns=end, tid=int_column(t["Thread_Id"], f, "Thread_Id"), pid=pid,
+                      correlation_id=int_column(t["Correlation_Id"], f, "Correlation_Id") + offset, name=t["Function"])
             elif base == "marker":
                 pid = int_column(t["Process_Id"], f, "Process_Id")
                 pids.append(pid)
-                parts.markers.append(
-                    _markers_from_rows(
-                        start, end, t["Function"], int_column(t["Thread_Id"], f, "Thread_Id"), pid, None, parts.notes
-                    )
-                )
+                b.add(Ranges, **markers_from_rows(start, end, t["Function"], int_column(t["Thread_Id"], f, "Thread_Id"),
+                                                  pid, None, b.notes))
             elif base == "kernel":
                 headers.add("rocprofv3 >= 7 (Stream_Id)" if "Stream_Id" in t else "rocprofv3 < 7 (no Stream_Id)")
                 n = len(start)
                 device = trailing_int(t["Agent_Id"], f, "Agent_Id") if "Agent_Id" in t else np.full(n, NO_ID)
-                device = _gpu_ordinals(device, agents, parts.notes)
+                device = _gpu_ordinals(device, agents, b.notes)
                 if "Stream_Id" in t:
                     stream = int_column(t["Stream_Id"], f, "Stream_Id")
                 elif "Queue_Id" in t:
                     stream = int_column(t["Queue_Id"], f, "Queue_Id")
                 else:
                     stream = np.full(n, NO_ID)
-                parts.kernels.append(
-                    dict(
-                        start=start,
-                        end=end,
-                        name=t["Kernel_Name"],
-                        device=device,
-                        stream=stream,
-                        pid=np.full(n, _single(pids)),
-                        corr=int_column(t["Correlation_Id"], f, "Correlation_Id") + offset,
-                    )
-                )
+                b.add(GpuOps, kind=OpKind.KERNEL, start_ns=start, end_ns=end, name=t["Kernel_Name"], device_id=device,
+                      stream_id=stream, pid=_single(pids),
+                      correlation_id=int_column(t["Correlation_Id"], f, "Correlation_Id") + offset)
             else:  # memcpy
                 n = len(start)
                 direction = t["Direction"]
@@ -285,7 +258,7 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
                     else None
                 )
                 if src is not None and dst is not None:
-                    src, dst = _gpu_ordinals(src, agents, parts.notes), _gpu_ordinals(dst, agents, parts.notes)
+                    src, dst = _gpu_ordinals(src, agents, b.notes), _gpu_ordinals(dst, agents, b.notes)
                     to_device = per_string(direction, lambda d: "HOST_TO_DEVICE" in d)
                     device = np.where(to_device, dst, src)
                 else:
@@ -293,26 +266,16 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
                 size_col = next((c for c in ("Bytes", "Size", "Copy_Bytes") if c in t), None)
                 nbytes = int_column(t[size_col], f, size_col) if size_col else np.zeros(n, np.int64)
                 if size_col is None and n:
-                    parts.notes.append(f"{f.name}: no byte counts in this rocprofv3 version (bytes = 0)")
+                    b.notes.append(f"{f.name}: no byte counts in this rocprofv3 version (bytes = 0)")
                 stream_col = next((c for c in ("Stream_Id", "Queue_Id") if c in t), None)
-                parts.copies.append(
-                    dict(
-                        start=start,
-                        end=end,
-                        name=direction,
-                        device=device,
-                        stream=int_column(t[stream_col], f, stream_col) if stream_col else np.full(n, NO_ID),
-                        pid=np.full(n, _single(pids)),
-                        corr=int_column(t["Correlation_Id"], f, "Correlation_Id") + offset,
-                        bytes=nbytes,
-                    )
-                )
+                b.add(GpuOps, kind=OpKind.MEMCPY, start_ns=start, end_ns=end, name=direction, device_id=device,
+                      stream_id=int_column(t[stream_col], f, stream_col) if stream_col else NO_ID, pid=_single(pids),
+                      correlation_id=int_column(t["Correlation_Id"], f, "Correlation_Id") + offset, bytes=nbytes)
         if "hip" not in kinds and "kernel" in kinds:
-            parts.notes.append("no HIP API trace next to the kernel trace: kernels cannot be tied to launches")
+            b.notes.append("no HIP API trace next to the kernel trace: kernels cannot be tied to launches")
     if len(groups) > 1:
-        parts.notes.append(f"{len(groups)} CSV sets read; correlation ids offset by set index << 40")
-    meta = {"files": files, "header": sorted(headers)}
-    return assemble(path, "rocprofv3-csv", parts, meta, clock=CLOCK)
+        b.notes.append(f"{len(groups)} CSV sets read; correlation ids offset by set index << 40")
+    return assemble(b, {"files": files, "header": sorted(headers)})
 
 
 def _agent_map(path: Path) -> dict[int, int] | None:
@@ -368,19 +331,18 @@ def read_rocprof_json(path: str | Path, *, progress: Progress | None = None, doc
         procs = [procs]
     if not isinstance(procs, list):
         raise TraceError(path, "'rocprofiler-sdk-tool' is neither a list nor an object")
-    parts = _Parts()
-    times = TimeCheck(path, parts.notes)
-    meta: dict[str, object] = {"processes": len(procs)}
+    b = TraceBuilder(path, "rocprofv3-json", CLOCK)
+    times = TimeCheck(path, b.notes)
     with _util.malformed(path, "rocprofv3 JSON"):
         for g, proc in enumerate(procs):
             offset = np.int64(g) << np.int64(40) if len(procs) > 1 else np.int64(0)
-            _json_process(path, proc, offset, parts, times, progress)
+            _json_process(path, proc, offset, b, times, progress)
         if len(procs) > 1:
-            parts.notes.append(f"{len(procs)} processes; correlation ids offset by process index << 40")
-        return assemble(path, "rocprofv3-json", parts, meta, clock=CLOCK)
+            b.notes.append(f"{len(procs)} processes; correlation ids offset by process index << 40")
+        return assemble(b, {"processes": len(procs)})
 
 
-def _json_process(path: Path, proc: dict, offset: np.int64, parts: _Parts, times: TimeCheck,
+def _json_process(path: Path, proc: dict, offset: np.int64, b: TraceBuilder, times: TimeCheck,
                   progress: Progress | None) -> None:
     if not isinstance(proc, dict):
         raise TraceError(path, "a 'rocprofiler-sdk-tool' entry is not an object")
@@ -443,16 +405,9 @@ def _json_process(path: Path, proc: dict, offset: np.int64, parts: _Parts, times
         report(progress, f"{len(hip)} HIP API records")
         kind = ints(hip, lambda r: r["kind"], "hip_api.kind")
         op = ints(hip, lambda r: r["operation"], "hip_api.operation")
-        parts.calls.append(
-            dict(
-                start=hip_start,
-                end=hip_end,
-                tid=ints(hip, lambda r: r["thread_id"], "hip_api.thread_id"),
-                pid=np.full(len(hip), pid),
-                corr=ints(hip, lambda r: r["correlation_id"]["internal"], "hip_api.correlation_id") + offset,
-                name=op_name(kind, op),
-            )
-        )
+        b.add(Calls, start_ns=hip_start, end_ns=hip_end, tid=ints(hip, lambda r: r["thread_id"], "hip_api.thread_id"),
+              pid=pid, correlation_id=ints(hip, lambda r: r["correlation_id"]["internal"], "hip_api.correlation_id")
+              + offset, name=op_name(kind, op))
     kd, kd_start, kd_end = timed("kernel_dispatch" if buffers.get("kernel_dispatch") else "kernel_dispatches")
     if kd:
         report(progress, f"{len(kd)} kernel dispatches")
@@ -461,23 +416,17 @@ def _json_process(path: Path, proc: dict, offset: np.int64, parts: _Parts, times
         u, inv = np.unique(kid, return_inverse=True)
         names = np.array([symbols.get(int(k), f"kernel_{int(k)}") for k in u], dtype=object)[inv]
         if any(int(k) not in symbols for k in u):
-            parts.notes.append("some kernel ids have no kernel_symbols entry (named kernel_<id>)")
+            b.notes.append("some kernel ids have no kernel_symbols entry (named kernel_<id>)")
         streams = [r.get("stream_id") for r in kd]
         if all(isinstance(s, dict) for s in streams):
             stream = int_column([s["handle"] for s in streams], path, "stream_id")
         else:
             stream = int_column([i["queue_id"]["handle"] for i in info], path, "queue_id")
-        parts.kernels.append(
-            dict(
-                start=kd_start,
-                end=kd_end,
-                name=names,
-                device=device_of(int_column([i["agent_id"]["handle"] for i in info], path, "agent_id")),
-                stream=stream,
-                pid=np.full(len(kd), pid),
-                corr=ints(kd, lambda r: r["correlation_id"]["internal"], "kernel_dispatch.correlation_id") + offset,
-            )
-        )
+        b.add(GpuOps, kind=OpKind.KERNEL, start_ns=kd_start, end_ns=kd_end, name=names,
+              device_id=device_of(int_column([i["agent_id"]["handle"] for i in info], path, "agent_id")),
+              stream_id=stream, pid=pid,
+              correlation_id=ints(kd, lambda r: r["correlation_id"]["internal"], "kernel_dispatch.correlation_id")
+              + offset)
     mc, mc_start, mc_end = timed("memory_copy")
     if mc:
         kind = ints(mc, lambda r: r["kind"], "memory_copy.kind")
@@ -485,20 +434,11 @@ def _json_process(path: Path, proc: dict, offset: np.int64, parts: _Parts, times
         direction = op_name(kind, op)
         src = device_of(ints(mc, lambda r: r["src_agent_id"]["handle"], "src_agent_id"))
         dst = device_of(ints(mc, lambda r: r["dst_agent_id"]["handle"], "dst_agent_id"))
-        parts.copies.append(
-            dict(
-                start=mc_start,
-                end=mc_end,
-                name=direction,
-                device=np.where(dst != NO_ID, dst, src),
-                stream=np.array(
-                    [(r.get("stream_id") or {}).get("handle", NO_ID) for r in mc], dtype=np.int64
-                ),
-                pid=np.full(len(mc), pid),
-                corr=ints(mc, lambda r: r["correlation_id"]["internal"], "memory_copy.correlation_id") + offset,
-                bytes=ints(mc, lambda r: r.get("bytes", 0), "memory_copy.bytes"),
-            )
-        )
+        b.add(GpuOps, kind=OpKind.MEMCPY, start_ns=mc_start, end_ns=mc_end, name=direction,
+              device_id=np.where(dst != NO_ID, dst, src),
+              stream_id=np.array([(r.get("stream_id") or {}).get("handle", NO_ID) for r in mc], dtype=np.int64),
+              pid=pid, correlation_id=ints(mc, lambda r: r["correlation_id"]["internal"], "memory_copy.correlation_id")
+              + offset, bytes=ints(mc, lambda r: r.get("bytes", 0), "memory_copy.bytes"))
     mk, mk_start, mk_end = timed("marker_api")
     if mk:
         kind = ints(mk, lambda r: r["kind"], "marker_api.kind")
@@ -506,17 +446,9 @@ def _json_process(path: Path, proc: dict, offset: np.int64, parts: _Parts, times
         ops = op_name(kind, op)
         corr = ints(mk, lambda r: r["correlation_id"]["internal"], "marker_api.correlation_id")
         names = np.array([messages.get(int(c), o) for c, o in zip(corr.tolist(), ops.tolist())], dtype=object)
-        parts.markers.append(
-            _markers_from_rows(
-                mk_start,
-                mk_end,
-                names,
-                ints(mk, lambda r: r["thread_id"], "marker_api.thread_id"),
-                np.full(len(mk), pid),
-                ops,
-                parts.notes,
-            )
-        )
+        b.add(Ranges, **markers_from_rows(mk_start, mk_end, names, ints(mk, lambda r: r["thread_id"],
+                                                                            "marker_api.thread_id"),
+                                          np.full(len(mk), pid), ops, b.notes))
 
 
 # --------------------------------------------------------------------------------------
@@ -580,8 +512,8 @@ def _rocpd_columns(path: Path, db_path: Path, sql: str, kinds: str) -> list[np.n
 def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress | None) -> Trace:
     tables = _util.sqlite_tables(con)
     src = _rocpd_sources(path, tables)
-    parts = _Parts()
-    times = TimeCheck(path, parts.notes)
+    b = TraceBuilder(path, "rocpd", CLOCK)
+    times = TimeCheck(path, b.notes)
     meta: dict[str, object] = {}
     if "rocpd_metadata" in tables:
         meta["rocpd_metadata"] = {str(k): str(v) for k, v in con.execute('SELECT tag, value FROM "rocpd_metadata"')}
@@ -639,13 +571,13 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
         m = np.flatnonzero(is_marker)
         a = np.flatnonzero(is_api)
         if len(m):
-            parts.markers.append(_rocpd_markers(start[m], end[m], name[m], ext[m], tid[m], pid[m], parts.notes))
-            _pop_time_ranges(parts, start[a], end[a], tid[a], pid[a], cat[m])
-        parts.calls.append(dict(start=start[a], end=end[a], tid=tid[a], pid=pid[a], corr=corr[a], name=name[a]))
+            b.add(Ranges, **_rocpd_markers(start[m], end[m], name[m], ext[m], tid[m], pid[m], b.notes))
+            _pop_time_ranges(b, start[a], end[a], tid[a], pid[a], cat[m])
+        b.add(Calls, start_ns=start[a], end_ns=end[a], tid=tid[a], pid=pid[a], correlation_id=corr[a], name=name[a])
         meta["region_categories"] = sorted(set(cat.tolist()))
     marks = _rocpd_marks(path, con, tables, src, fetch, times)
     if marks is not None:
-        parts.markers.append(marks)
+        b.add(Ranges, **marks)
 
     report(progress, "reading rocpd kernel dispatches")
     agent = src.get("rocpd_info_agent")
@@ -665,17 +597,9 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
     )
     if len(start):
         start, end, name, dev, stream, pid, corr = checked("rocpd_kernel_dispatch", [start, end, name, dev, stream, pid, corr])
-        parts.kernels.append(
-            dict(
-                start=start,
-                end=end,
-                name=name.astype(object),
-                device=_ints_or(dev, path, "agent"),
-                stream=_ints_or(stream, path, "stream_id"),
-                pid=_ints_or(pid, path, "pid"),
-                corr=_ints_or(corr, path, "correlation_id"),
-            )
-        )
+        b.add(GpuOps, kind=OpKind.KERNEL, start_ns=start, end_ns=end, name=name.astype(object),
+              device_id=_ints_or(dev, path, "agent"), stream_id=_ints_or(stream, path, "stream_id"),
+              pid=_ints_or(pid, path, "pid"), correlation_id=_ints_or(corr, path, "correlation_id"))
     if "rocpd_memory_copy" in src:
         report(progress, "reading rocpd memory copies")
         dst_sql = dev_sql.replace("X.agent_id", "X.dst_agent_id")
@@ -697,23 +621,15 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
                 "rocpd_memory_copy", [start, end, name, dst, srcd, dst_type, stream, pid, corr, size])
             dst_i = _ints_or(dst, path, "dst_agent")
             src_i = _ints_or(srcd, path, "src_agent")
-            parts.copies.append(
-                dict(
-                    start=start,
-                    end=end,
-                    name=name.astype(object),
-                    device=np.where(dst_type == "GPU", dst_i, src_i),
-                    stream=_ints_or(stream, path, "stream_id"),
-                    pid=_ints_or(pid, path, "pid"),
-                    corr=_ints_or(corr, path, "correlation_id"),
-                    bytes=_ints_or(size, path, "size", default=0),
-                )
-            )
+            b.add(GpuOps, kind=OpKind.MEMCPY, start_ns=start, end_ns=end, name=name.astype(object),
+                  device_id=np.where(dst_type == "GPU", dst_i, src_i), stream_id=_ints_or(stream, path, "stream_id"),
+                  pid=_ints_or(pid, path, "pid"), correlation_id=_ints_or(corr, path, "correlation_id"),
+                  bytes=_ints_or(size, path, "size", default=0))
     if thr:
         for t, n in con.execute(f"SELECT tid, name FROM {thr} WHERE name IS NOT NULL"):
             if isinstance(t, int):
-                parts.thread_names[t] = str(n)
-    return assemble(path, "rocpd", parts, meta, clock=CLOCK)
+                b.thread_names[t] = str(n)
+    return assemble(b, meta)
 
 
 def _source_columns(con: sqlite3.Connection, tables: dict[str, str], source: str) -> set[str]:
@@ -763,7 +679,7 @@ def _rocpd_markers(start: np.ndarray, end: np.ndarray, name: np.ndarray, ext: np
     message = np.array([_marker_message(u) for u in uniq], dtype=object)[inv]
     label = np.where(message != "", message, name).astype(object)
     if np.isin(ops, ["roctxRangePushA", "roctxRangePush", "roctxRangePop", "roctxRangePopA"]).any():
-        return _markers_from_rows(start, end, label, tid, pid, ops, notes)
+        return markers_from_rows(start, end, label, tid, pid, ops, notes)
     style = np.full(len(start), int(RangeStyle.PUSH_POP), np.int8)
     process = ops == "roctxProcessRangeA"
     style[process] = int(RangeStyle.START_END)
@@ -771,11 +687,11 @@ def _rocpd_markers(start: np.ndarray, end: np.ndarray, name: np.ndarray, ext: np
     if process.any():
         notes.append(f"{int(process.sum())} roctx start/stop ranges: rocpd keeps the thread that stopped each, "
                      "not the one that started it")
-    return dict(start=start, end=end, name=label, tid=np.where(process, NO_ID, tid), pid=pid, style=style,
+    return dict(start_ns=start, end_ns=end, name=label, tid=np.where(process, NO_ID, tid), pid=pid, style=style,
                 end_tid=tid)
 
 
-def _pop_time_ranges(parts: _Parts, c_start: np.ndarray, c_end: np.ndarray, c_tid: np.ndarray, c_pid: np.ndarray,
+def _pop_time_ranges(b: TraceBuilder, c_start: np.ndarray, c_end: np.ndarray, c_tid: np.ndarray, c_pid: np.ndarray,
                      categories: np.ndarray) -> None:
     """Spot roctx ranges stored as instants at their Pop/Stop time, and turn them into marks.
 
@@ -784,11 +700,11 @@ def _pop_time_ranges(parts: _Parts, c_start: np.ndarray, c_end: np.ndarray, c_ti
     few microseconds at its end and holds none of the work it marked. Seen as: all of them shorter
     than 50 us, none holding an API call of its thread although those threads made calls. Such
     ranges would be stages of made-up length; they are kept as marks at the Pop time, and said."""
-    m = parts.markers[-1]
+    m = b.parts[Ranges][-1]
     spans = np.flatnonzero(m["style"] != int(RangeStyle.MARK))
     if len(spans) < 2 or not len(c_start):
         return
-    dur = m["end"][spans] - m["start"][spans]
+    dur = m["end_ns"][spans] - m["start_ns"][spans]
     if np.median(dur) >= 50_000 or dur.max() >= 1_000_000:
         return
     thread = np.asarray(m["end_tid"] if "end_tid" in m else m["tid"], np.int64)[spans]
@@ -797,16 +713,16 @@ def _pop_time_ranges(parts: _Parts, c_start: np.ndarray, c_end: np.ndarray, c_ti
     if not np.isin(key, c_key).all():
         return  # ranges on threads without calls: nothing to judge them by
     # the last call on the range's thread that began at or before the range's end: inside it?
-    row = _util.latest_at_or_before(c_key, c_start, key, m["end"][spans])
-    holds = (row >= 0) & (c_start[np.maximum(row, 0)] >= m["start"][spans])
+    row = _util.latest_at_or_before(c_key, c_start, key, m["end_ns"][spans])
+    holds = (row >= 0) & (c_start[np.maximum(row, 0)] >= m["start_ns"][spans])
     if holds.any():
         return
     m["style"] = np.full(len(m["style"]), int(RangeStyle.MARK), np.int8)
-    m["end"] = m["start"].copy()  # (the Pop call's entry: the start the writer stored)
+    m["end_ns"] = m["start_ns"].copy()  # (the Pop call's entry: the start the writer stored)
     if "end_tid" in m:  # (a start/stop range's known thread is the one that stopped it: the mark's)
         m["tid"] = np.asarray(m["end_tid"], np.int64).copy()
     producer = "rocprof-sys" if any("rocm_marker_api" in str(c) for c in categories.tolist()) else "its writer"
-    parts.notes.append(
+    b.notes.append(
         f"the {len(spans)} roctx ranges are instants at their Pop/Stop time (median {int(np.median(dur))} ns, none "
         f"holds a call of its thread): rocpd written by {producer} before ROCm/rocm-systems PR #2793 (January 2026) "
         "stored the Pop time as a range's start; kept as marks, so kernels cannot be given to them: capture again "
@@ -842,8 +758,7 @@ def _rocpd_marks(path: Path, con: sqlite3.Connection, tables: dict[str, str], sr
         ts, tid, pid, ext = ts[keep], tid[keep], pid[keep], ext[keep]
     uniq, inv = np.unique(ext.astype(str), return_inverse=True)
     message = np.array([_marker_message(u) or "roctxMarkA" for u in uniq], dtype=object)[inv]
-    return dict(start=ts, end=ts, name=message, tid=tid, pid=pid,
-                style=np.full(len(ts), int(RangeStyle.MARK), np.int8))
+    return dict(start_ns=ts, end_ns=ts, name=message, tid=tid, pid=pid, style=int(RangeStyle.MARK))
 
 
 def _ints_or(values: np.ndarray, path: Path, what: str, default: int = NO_ID) -> np.ndarray:

@@ -43,9 +43,9 @@ import numpy as np
 from maxinstr.columns import correlation_join
 from maxinstr.errors import TraceError
 from maxinstr.traces import _util
-from maxinstr.traces._amd import Parts, assemble
-from maxinstr.traces._util import Progress, int_column, report
-from maxinstr.traces.model import INVALID_NS, NO_ID, RangeStyle, TimeCheck, Trace
+from maxinstr.traces._amd import assemble
+from maxinstr.traces._util import Progress, TraceBuilder, int_column, report
+from maxinstr.traces.model import INVALID_NS, NO_ID, Calls, GpuOps, OpKind, RangeStyle, Ranges, TimeCheck, Trace
 
 CLOCK = "hsa-system-ns"
 FORMAT_DB = "rocprof-v1-db"
@@ -161,8 +161,8 @@ def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progr
         missing = [c for c in need if c not in cols]
         if missing:
             raise TraceError(path, f"rocprof v1 table {t} lacks column {missing[0]!r} (truncated, or a wrong version)")
-    parts = Parts()
-    times = TimeCheck(path, parts.notes)  # the HSA system clock never reads 0
+    b = TraceBuilder(path, FORMAT_DB, CLOCK)
+    times = TimeCheck(path, b.notes)  # the HSA system clock never reads 0
     # ROCm <= 4.2 files keep the process in OPS/COPY "proc-id" and section numbers in rocTX/HIP "pid"
     old = any("proc-id" in present.get(t, ()) for t in ("OPS", "COPY"))
     meta: dict[str, object] = {"tables": {t: con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]
@@ -185,8 +185,8 @@ def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progr
         if api is None or not len(api):
             continue
         corr = api["Index"] + (_HSA_OFFSET if name == "HSA" else 0)
-        parts.calls.append(dict(start=api["BeginNs"], end=api["EndNs"], tid=api["tid"], pid=api["pid"], corr=corr,
-                                name=api["Name"]))
+        b.add(Calls, start_ns=api["BeginNs"], end_ns=api["EndNs"], tid=api["tid"], pid=api["pid"], correlation_id=corr,
+              name=api["Name"])
         call_args[name] = (api["pid"], corr, api["args"])
 
     # GPU ops
@@ -198,12 +198,12 @@ def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progr
         names = _map_names(ops["Name"], _strip_quotes)
         barrier = np.isin(names, list(_BARRIERS))
         if barrier.any():
-            parts.notes.append(f"OPS: {int(barrier.sum())} barrier packets (the GPU side of synchronize calls, "
+            b.notes.append(f"OPS: {int(barrier.sum())} barrier packets (the GPU side of synchronize calls, "
                                f"named {', '.join(sorted(set(names[barrier].tolist())))}) are not kernels: left out")
         k = ~barrier
-        parts.kernels.append(dict(start=ops["BeginNs"][k], end=ops["EndNs"][k], name=names[k],
-                                  device=ops["dev-id"][k], stream=_stream(ops, old)[k], pid=ops[pid_col][k],
-                                  corr=ops["Index"][k]))
+        b.add(GpuOps, kind=OpKind.KERNEL, start_ns=ops["BeginNs"][k], end_ns=ops["EndNs"][k], name=names[k],
+              device_id=ops["dev-id"][k], stream_id=_stream(ops, old)[k], pid=ops[pid_col][k],
+              correlation_id=ops["Index"][k])
         op_pids.append(ops[pid_col][k])
         if "roctx-range" in ops.present:
             meta["roctx_range"] = "OPS has roctx-range (tblextr's own range of each op; not used: see docs)"
@@ -220,28 +220,28 @@ def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progr
             if launch is not None and old:  # (pids are section numbers there: join on Index alone)
                 launch = (np.zeros(len(launch[0]), np.int64), launch[1], launch[2])
             c_pid = np.zeros(len(corr), np.int64) if old else copies[cpid]
-            nbytes = _copy_bytes(c_pid, corr, launch, parts.notes)
+            nbytes = _copy_bytes(c_pid, corr, launch, b.notes)
             is_set = np.array([bool(re.search(r"Fill|Memset", n)) for n in names.tolist()], bool)
             stream = _stream(copies, old) if hip_flavour else copies["tid"]
-            for sel, group in ((~is_set, parts.copies), (is_set, parts.sets)):
+            for sel, kind in ((~is_set, OpKind.MEMCPY), (is_set, OpKind.MEMSET)):
                 if sel.any():
-                    group.append(dict(start=copies["BeginNs"][sel], end=copies["EndNs"][sel], name=names[sel],
-                                      device=copies["dev-id"][sel], stream=stream[sel], pid=copies[cpid][sel],
-                                      corr=corr[sel], bytes=nbytes[sel]))
+                    b.add(GpuOps, kind=kind, start_ns=copies["BeginNs"][sel], end_ns=copies["EndNs"][sel],
+                          name=names[sel], device_id=copies["dev-id"][sel], stream_id=stream[sel],
+                          pid=copies[cpid][sel], correlation_id=corr[sel], bytes=nbytes[sel])
             op_pids.append(copies[cpid])
 
     # KERN dispatches: kernels when the HIP activity trace gave none
     kern_name = next((t for t in _KERN_TABLES if t in present and "BeginNs" in present[t]), None)
     if kern_name is not None:
-        if parts.kernels:
+        if any(part["kind"] == OpKind.KERNEL for part in b.parts[GpuOps]):
             n = con.execute(f'SELECT count(*) FROM "{kern_name}"').fetchone()[0]
             if n:
-                parts.notes.append(f"{kern_name}: {n} kernel dispatches not added (the same kernels as OPS)")
+                b.notes.append(f"{kern_name}: {n} kernel dispatches not added (the same kernels as OPS)")
         else:
             kern = table(kern_name, [("BeginNs", "t"), ("EndNs", "t"), ("DispatchNs", "t"), ("KernelName", "s"),
                                      ("gpu-id", "i"), ("queue-id", "i"), ("pid", "i"), ("tid", "i"), ("Index", "i")])
             if kern is not None and len(kern):
-                _kern_ops(kern, parts, times)
+                _kern_ops(kern, b, times)
                 op_pids.append(kern["pid"])
 
     # rocTX ranges
@@ -249,15 +249,15 @@ def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progr
                          ("__lane", "i")])
     if tx is not None and len(tx):
         lane = tx["__lane"] if "__lane" in tx.present else None
-        parts.markers.append(_ranges(tx["BeginNs"], tx["EndNs"], _map_names(tx["Name"], _strip_quotes),
-                                     tx["tid"], tx["pid"], lane, parts.notes))
-        if any(c["name"][0] == _DISPATCH for c in parts.calls if len(c["name"])):
-            parts.notes.append("kernels tied to rocTX ranges by their dispatching thread and DispatchNs "
+        b.add(Ranges, **_ranges(tx["BeginNs"], tx["EndNs"], _map_names(tx["Name"], _strip_quotes), tx["tid"],
+                                tx["pid"], lane, b.notes))
+        if any(c["name"][0] == _DISPATCH for c in b.parts[Calls] if len(c["name"])):
+            b.notes.append("kernels tied to rocTX ranges by their dispatching thread and DispatchNs "
                                "(KERN has no API calls)")
 
     if old:
-        _old_layout_pids(parts, op_pids)
-    return assemble(path, FORMAT_DB, parts, meta, clock=CLOCK)
+        _old_layout_pids(b, op_pids)
+    return assemble(b, meta)
 
 
 def _layout(present: dict[str, set[str]], old: bool) -> str:
@@ -307,22 +307,22 @@ def _size_of(args: str) -> int:
     return int(m.group(1) or m.group(2)) if m else 0
 
 
-def _kern_ops(kern: _Table, parts: Parts, times: TimeCheck) -> None:
+def _kern_ops(kern: _Table, b: TraceBuilder, times: TimeCheck) -> None:
     """KERN rows as kernels, each with a stand-in launch call at its dispatch time on its dispatching
     thread: the table has no API calls, so a kernel belongs to the range open on that thread when it
     was dispatched (the thread-and-time rule)."""
     corr = kern["Index"] + _KERN_OFFSET
     names = _map_names(kern["KernelName"], _kernel_name)
-    parts.kernels.append(dict(start=kern["BeginNs"], end=kern["EndNs"], name=names, device=kern["gpu-id"],
-                              stream=kern["queue-id"], pid=kern["pid"], corr=corr))
+    b.add(GpuOps, kind=OpKind.KERNEL, start_ns=kern["BeginNs"], end_ns=kern["EndNs"], name=names,
+          device_id=kern["gpu-id"], stream_id=kern["queue-id"], pid=kern["pid"], correlation_id=corr)
     dispatch = kern["DispatchNs"]
     if "DispatchNs" not in kern.present:
-        parts.notes.append(f"{kern.name}: no DispatchNs column: kernels are placed in ranges by GPU start time")
+        b.notes.append(f"{kern.name}: no DispatchNs column: kernels are placed in ranges by GPU start time")
         return
     ok = times.keep(f"{kern.name}.DispatchNs", dispatch, dispatch, names=("DispatchNs", "DispatchNs"))
     sel = slice(None) if ok is None else ok
-    parts.calls.append(dict(start=dispatch[sel], end=dispatch[sel], tid=kern["tid"][sel], pid=kern["pid"][sel],
-                            corr=corr[sel], name=np.full(len(dispatch[sel]), _DISPATCH, dtype=object)))
+    b.add(Calls, start_ns=dispatch[sel], end_ns=dispatch[sel], tid=kern["tid"][sel], pid=kern["pid"][sel],
+          correlation_id=corr[sel], name=np.full(len(dispatch[sel]), _DISPATCH, dtype=object))
 
 
 def _ranges(start: np.ndarray, end: np.ndarray, name: np.ndarray, tid: np.ndarray, pid: np.ndarray,
@@ -341,25 +341,23 @@ def _ranges(start: np.ndarray, end: np.ndarray, name: np.ndarray, tid: np.ndarra
                      "started them")
     end_tid = np.where(starts & (tid != 0), tid, np.where(starts, NO_ID, tid))
     end = np.where(style == int(RangeStyle.MARK), start, end)  # a mark is an instant: tblextr's + 1 is not its length
-    return dict(start=start, end=end, name=name, tid=np.where(starts, NO_ID, tid), pid=pid, style=style,
+    return dict(start_ns=start, end_ns=end, name=name, tid=np.where(starts, NO_ID, tid), pid=pid, style=style,
                 end_tid=end_tid)
 
 
-def _old_layout_pids(parts: Parts, op_pids: list[np.ndarray]) -> None:
+def _old_layout_pids(b: TraceBuilder, op_pids: list[np.ndarray]) -> None:
     """ROCm <= 4.2: rocTX and HIP rows carry a section number where the process belongs; the ops
     name it (``proc-id``). One process: every row gets it. Several: the calls cannot say whose they
     are, so ops join calls by Index alone (pids cleared), and a note says so."""
     pids = np.unique(np.concatenate(op_pids)) if op_pids else np.empty(0, np.int64)
     if len(pids) == 1:
-        for group in (parts.calls, parts.markers):
-            for g in group:
-                g["pid"] = np.full(len(g["start"]), pids[0], np.int64)
+        for part in (*b.parts[Calls], *b.parts[Ranges]):
+            part["pid"] = pids[0]
         return
     if len(pids) > 1:
-        for group in (parts.calls, parts.markers, parts.kernels, parts.copies, parts.sets):
-            for g in group:
-                g["pid"] = np.full(len(g["start"]), NO_ID, np.int64)
-        parts.notes.append(f"{len(pids)} processes in a rocprof file from before ROCm 4.3: its API and rocTX rows "
+        for part in (*b.parts[Calls], *b.parts[Ranges], *b.parts[GpuOps]):
+            part["pid"] = NO_ID
+        b.notes.append(f"{len(pids)} processes in a rocprof file from before ROCm 4.3: its API and rocTX rows "
                            "carry no process id, so ops are joined to calls by Index alone")
 
 
@@ -396,8 +394,8 @@ def read_rocprof_v1_json(path: str | Path, *, progress: Progress | None = None, 
 
 def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
     labels = _section_labels(events)
-    parts = Parts()
-    times = TimeCheck(path, parts.notes)
+    b = TraceBuilder(path, FORMAT_JSON, CLOCK)
+    times = TimeCheck(path, b.notes)
     report(progress, f"{len(events)} events")
     by_section: dict[str, list[dict]] = {}
     flows_s: list[dict] = []
@@ -451,9 +449,9 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
         sec, lane, ts = lane_keys(evs)
         corr = np.arange(n_calls, n_calls + len(evs), dtype=np.int64)
         n_calls += len(evs)
-        parts.calls.append(dict(start=start, end=end, tid=_int_field(arg(evs, "tid"), path, "args.tid"),
-                                pid=_int_field(arg(evs, "pid"), path, "args.pid"), corr=corr,
-                                name=np.array([ev.get("name", "") for ev in evs], dtype=object)))
+        b.add(Calls, start_ns=start, end_ns=end, tid=_int_field(arg(evs, "tid"), path, "args.tid"),
+              pid=_int_field(arg(evs, "pid"), path, "args.pid"), correlation_id=corr,
+              name=np.array([ev.get("name", "") for ev in evs], dtype=object))
         # of calls that began in the same microsecond, the later-beginning, then the shorter one is
         # taken for a flow there (hipMemcpyToSymbol holds the hipMemcpy that launched the copy)
         call_key.append(np.stack([sec, lane, ts, corr, start, -end]))
@@ -492,57 +490,55 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
         if label == "GPU":
             barrier = np.isin(names, list(_BARRIERS))
             if barrier.any():
-                parts.notes.append(f"{int(barrier.sum())} barrier packets (the GPU side of synchronize calls) are not "
+                b.notes.append(f"{int(barrier.sum())} barrier packets (the GPU side of synchronize calls) are not "
                                    "kernels: left out")
             dispatch = [ev["args"].get("DispatchNs") for ev in evs]
             if any(d is not None for d in dispatch):  # KERN rows (--stats): the dispatching thread and time
-                _json_kern(path, evs, start, end, names, dispatch, parts, times)
+                _json_kern(path, evs, start, end, names, dispatch, b, times)
                 op_pids.append(_int_field(arg(evs, "pid"), path, "args.pid"))
                 continue
             k = ~barrier
-            parts.kernels.append(dict(start=start[k], end=end[k], name=names[k], device=device[k], stream=stream[k],
-                                      pid=pid[k], corr=corr[k]))
+            b.add(GpuOps, kind=OpKind.KERNEL, start_ns=start[k], end_ns=end[k], name=names[k], device_id=device[k],
+                  stream_id=stream[k], pid=pid[k], correlation_id=corr[k])
             op_pids.append(pid[k])
         else:
             is_set = np.array([bool(re.search(r"Fill|Memset", n)) for n in names.tolist()], bool)
-            for sel, group in ((~is_set, parts.copies), (is_set, parts.sets)):
+            for sel, kind in ((~is_set, OpKind.MEMCPY), (is_set, OpKind.MEMSET)):
                 if sel.any():
-                    group.append(dict(start=start[sel], end=end[sel], name=names[sel], device=device[sel],
-                                      stream=stream[sel], pid=pid[sel], corr=corr[sel],
-                                      bytes=np.zeros(int(sel.sum()), np.int64)))
+                    b.add(GpuOps, kind=kind, start_ns=start[sel], end_ns=end[sel], name=names[sel],
+                          device_id=device[sel], stream_id=stream[sel], pid=pid[sel], correlation_id=corr[sel])
             op_pids.append(pid)
-            parts.notes.append("rocprof v1 JSON: copies carry no byte count (results.db's HIP arguments do)")
-    unlinked = sum(int((g["corr"] == NO_ID).sum()) for g in (*parts.kernels, *parts.copies, *parts.sets))
+            b.notes.append("rocprof v1 JSON: copies carry no byte count (results.db's HIP arguments do)")
+    unlinked = sum(int((part["correlation_id"] == NO_ID).sum()) for part in b.parts[GpuOps])
     if unlinked:
-        parts.notes.append(f"{unlinked} GPU ops have no flow event to their call (tblextr writes one per call)")
+        b.notes.append(f"{unlinked} GPU ops have no flow event to their call (tblextr writes one per call)")
 
     evs, start, end = timed("Markers and Ranges")
     if evs:
         lane = _int_field([ev.get("tid") for ev in evs], path, "tid")
-        parts.markers.append(_ranges(start, end, np.array([str(ev.get("name", "")) for ev in evs], dtype=object),
-                                     _int_field(arg(evs, "tid"), path, "args.tid"),
-                                     _int_field(arg(evs, "pid"), path, "args.pid"), lane, parts.notes))
+        b.add(Ranges, **_ranges(start, end, np.array([str(ev.get("name", "")) for ev in evs], dtype=object),
+                                _int_field(arg(evs, "tid"), path, "args.tid"),
+                                _int_field(arg(evs, "pid"), path, "args.pid"), lane, b.notes))
     if old:
-        _old_layout_pids(parts, op_pids)
-    meta = {"sections": sorted(set(labels.values())), "flows": len(pairs)}
-    return assemble(path, FORMAT_JSON, parts, meta, clock=CLOCK)
+        _old_layout_pids(b, op_pids)
+    return assemble(b, {"sections": sorted(set(labels.values())), "flows": len(pairs)})
 
 
 def _json_kern(path: Path, evs: list[dict], start: np.ndarray, end: np.ndarray, names: np.ndarray,
-               dispatch: list, parts: Parts, times: TimeCheck) -> None:
+               dispatch: list, b: TraceBuilder, times: TimeCheck) -> None:
     corr = np.arange(len(evs), dtype=np.int64) + _KERN_OFFSET
     pid = _int_field([ev["args"].get("pid") for ev in evs], path, "args.pid")
     tid = _int_field([ev["args"].get("tid") for ev in evs], path, "args.tid")
-    parts.kernels.append(dict(start=start, end=end, name=_map_names(names, _kernel_name),
-                              device=_int_field([ev["args"].get("gpu-id") for ev in evs], path, "gpu-id"),
-                              stream=_int_field([ev["args"].get("queue-id") for ev in evs], path, "queue-id"),
-                              pid=pid, corr=corr))
+    b.add(GpuOps, kind=OpKind.KERNEL, start_ns=start, end_ns=end, name=_map_names(names, _kernel_name),
+          device_id=_int_field([ev["args"].get("gpu-id") for ev in evs], path, "gpu-id"),
+          stream_id=_int_field([ev["args"].get("queue-id") for ev in evs], path, "queue-id"), pid=pid,
+          correlation_id=corr)
     d = int_column(dispatch, path, "DispatchNs", invalid=INVALID_NS)
     ok = times.keep("DispatchNs", d, d, names=("DispatchNs", "DispatchNs"))
     sel = slice(None) if ok is None else ok
-    parts.calls.append(dict(start=d[sel], end=d[sel], tid=tid[sel], pid=pid[sel], corr=corr[sel],
-                            name=np.full(len(d[sel]), _DISPATCH, dtype=object)))
-    parts.notes.append("kernels tied to ranges by their dispatching thread and DispatchNs (no API calls)")
+    b.add(Calls, start_ns=d[sel], end_ns=d[sel], tid=tid[sel], pid=pid[sel], correlation_id=corr[sel],
+          name=np.full(len(d[sel]), _DISPATCH, dtype=object))
+    b.notes.append("kernels tied to ranges by their dispatching thread and DispatchNs (no API calls)")
 
 
 def _pack(a: np.ndarray, b: np.ndarray) -> np.ndarray:

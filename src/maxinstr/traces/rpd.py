@@ -16,8 +16,9 @@ import numpy as np
 
 from maxinstr.errors import TraceError
 from maxinstr.traces import _sqlite_columns, _util
-from maxinstr.traces._util import Progress, int_column, ranges_table, report
-from maxinstr.traces.model import INVALID_NS, NO_ID, CallKind, Calls, GpuOps, OpKind, RangeStyle, StringTable, TimeCheck, Trace
+from maxinstr.traces._util import (HIP_GRAPH_NOTE, Progress, TraceBuilder, by_start, graph_stand_ins, int_column,
+                                   mark_graph_calls, pids_from_calls, report)
+from maxinstr.traces.model import INVALID_NS, NO_ID, Calls, GpuOps, OpKind, RangeStyle, Ranges, TimeCheck, Trace
 
 _REQUIRED = {
     "rocpd_string": ("id", "string"),
@@ -75,7 +76,8 @@ def _read(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress
     meta: dict[str, object] = {}
     if "rocpd_metadata" in tables:
         meta["rpd_metadata"] = {str(k): str(v) for k, v in con.execute('SELECT tag, value FROM "rocpd_metadata"')}
-    notes: list[str] = []
+    b = TraceBuilder(path, "rpd", "CLOCK_MONOTONIC")
+    notes = b.notes
     times = TimeCheck(path, notes)  # rpd_tracer's CLOCK_MONOTONIC never reads 0
     fetch = _util.fetch_columns
 
@@ -84,8 +86,7 @@ def _read(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress
     s_id, s_text = fetch(con, 'SELECT id, string FROM "rocpd_string" ORDER BY id', 2)
     s_id = int_column(s_id, path, "rocpd_string.id")
     s_text = np.array([_text(v) for v in s_text.tolist()] + [""], dtype=object)  # last: missing
-    strings = StringTable()
-    s_name = _util.intern(strings, s_text)
+    s_name = b.names(s_text)
     s_len = np.array([len(v) for v in s_text], dtype=np.int64)
     missing_pos = len(s_text) - 1
 
@@ -172,66 +173,24 @@ def _read(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress
 
     # an op is named by its description (kernel name), else by its type (CopyHostToDevice)
     name_pos = np.where(s_len[desc_pos] > 0, desc_pos, type_pos)
-    ops = GpuOps(
-        start_ns=o_start,
-        end_ns=o_end,
-        kind=kind,
-        name_id=s_name[name_pos],
-        device_id=o_gpu.astype(np.int32),
-        stream_id=o_queue,
-        pid=op_pid.astype(np.int64),
-        correlation_id=corr,
-        graph_node_id=np.full(len(o_id), NO_ID, np.int64),
-        bytes=nbytes,
-    ).take(keep)
-    ops = ops.take(np.argsort(ops.start_ns, kind="stable"))
-
+    b.add(GpuOps, start_ns=o_start, end_ns=o_end, kind=kind, name_id=s_name[name_pos], device_id=o_gpu,
+          stream_id=o_queue, pid=op_pid, correlation_id=corr, bytes=nbytes)
+    ops = by_start(b.table(GpuOps, sort=False).take(keep))
     # host calls: every API row that is not a roctx marker
     c_sel = ~is_marker
-    is_graph = flag(lambda v: _GRAPH_LAUNCH.search(v))[api_pos[c_sel]]
-    calls = Calls(
-        start_ns=a_start[c_sel],
-        end_ns=a_end[c_sel],
-        tid=a_tid[c_sel],
-        pid=a_pid[c_sel],
-        correlation_id=a_id[c_sel],
-        name_id=s_name[api_pos[c_sel]],
-        kind=np.where(is_graph, int(CallKind.GRAPH), int(CallKind.RUNTIME)).astype(np.int8),
-    )
-    calls = calls.take(np.argsort(calls.start_ns, kind="stable"))
-    graph_corr = calls.correlation_id[calls.kind == int(CallKind.GRAPH)]
-    ops.graph_node_id = _util.graph_node_ordinals(ops.correlation_id, ops.start_ns, graph_corr)
-    if (ops.graph_node_id != NO_ID).any():
-        notes.append("graph node ids are stand-ins: the order of each op within its hipGraphLaunch")
-
+    b.add(Calls, start_ns=a_start[c_sel], end_ns=a_end[c_sel], tid=a_tid[c_sel], pid=a_pid[c_sel],
+          correlation_id=a_id[c_sel], name_id=s_name[api_pos[c_sel]])
+    calls = b.table(Calls)
+    mark_graph_calls(b.strings, calls, _GRAPH_LAUNCH.search)
+    graph_stand_ins(ops, calls, notes, HIP_GRAPH_NOTE)
     # roctx ranges: UserMarker rows, message in args
     m = np.flatnonzero(is_marker)
-    m_start, m_end = a_start[m], a_end[m]
-    style = np.where(m_start == m_end, int(RangeStyle.MARK), int(RangeStyle.PUSH_POP)).astype(np.int8)
-    ranges = ranges_table(
-        m_start,
-        m_end,
-        s_name[pos_of(a_args[m], "marker args")],
-        a_tid[m],
-        a_pid[m],
-        style,
-    )
+    b.add(Ranges, start_ns=a_start[m], end_ns=a_end[m], name_id=s_name[pos_of(a_args[m], "marker args")],
+          tid=a_tid[m], pid=a_pid[m], style=np.where(a_start[m] == a_end[m], int(RangeStyle.MARK), 0))
     unlinked = int(((ops.correlation_id == NO_ID)).sum())
     if unlinked:
         notes.append(f"{unlinked} GPU ops have no rocpd_api_ops link to a host call")
-    trace = Trace(
-        source=str(path),
-        format="rpd",
-        strings=strings.to_array(),
-        ranges=ranges,
-        calls=calls,
-        ops=ops,
-        clock="CLOCK_MONOTONIC",
-        notes=notes,
-        meta=meta,
-    )
-    trace.validate()
-    return trace
+    return b.trace(calls=calls, ops=ops, meta=meta)
 
 
 def _text(value) -> str:
@@ -290,7 +249,8 @@ def read_rpd_json(path: str | Path, *, progress: Progress | None = None, documen
 
 
 def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
-    notes: list[str] = []
+    b = TraceBuilder(path, FORMAT_JSON, "CLOCK_MONOTONIC")
+    notes = b.notes
     times = TimeCheck(path, notes)
     gpu_pids: set[str] = set()
     for e in events:
@@ -326,7 +286,6 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
             flow_s[str(e.get("id"))] = e
         elif ph == "f" and e.get("cat") == "api_op":
             flow_f.append(e)
-    strings = StringTable()
 
     def col(evs: list[dict], key: str) -> list:
         return [ev.get(key) for ev in evs]
@@ -352,10 +311,10 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
     h_pid, h_tid = ints(col(host_ev, "pid"), "pid"), ints(col(host_ev, "tid"), "tid")
     c = np.flatnonzero(~is_marker)
     corr = np.arange(len(c), dtype=np.int64)  # the call's row: RPD's own api id is not in the export
-    c_name = _util.intern(strings, h_name[c])
-    is_graph = np.array([bool(_GRAPH_LAUNCH.search(str(n))) for n in h_name[c].tolist()], bool)
-    calls = Calls(start_ns=h_start[c], end_ns=h_end[c], tid=h_tid[c], pid=h_pid[c], correlation_id=corr,
-                  name_id=c_name, kind=np.where(is_graph, int(CallKind.GRAPH), int(CallKind.RUNTIME)).astype(np.int8))
+    b.add(Calls, start_ns=h_start[c], end_ns=h_end[c], tid=h_tid[c], pid=h_pid[c], correlation_id=corr,
+          name_id=b.names(h_name[c]))
+    calls = b.table(Calls, sort=False)
+    mark_graph_calls(b.strings, calls, _GRAPH_LAUNCH.search)
 
     # GPU ops
     ops_ev, o_start, o_end = timed(ops_ev, "GPU op events")
@@ -377,27 +336,15 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
                                           np.where(s_t < f_t, s_t + _FLOW_SLACK_NS, s_t))
     f_key = np.stack([ints([f.get("pid") for _, f in pairs], "flow pid"), ints([f.get("tid") for _, f in pairs], "flow tid"), f_t])
     op_corr = _util.match_rows(np.stack([o_pid, o_tid, o_start]), f_key, np.where(flow_call >= 0, corr[np.maximum(flow_call, 0)], NO_ID), NO_ID)
-    keep = kind >= 0
     names = np.array([str(ev.get("name", "")) for ev in ops_ev], dtype=object)
-    ops = GpuOps(start_ns=o_start, end_ns=o_end, kind=kind, name_id=_util.intern(strings, names),
-                 device_id=o_pid.astype(np.int32), stream_id=o_tid, pid=np.full(len(o_pid), NO_ID, np.int64),
-                 correlation_id=op_corr, graph_node_id=np.full(len(o_pid), NO_ID, np.int64),
-                 bytes=np.zeros(len(o_pid), np.int64)).take(keep)
-    ops = ops.take(np.argsort(ops.start_ns, kind="stable"))
-    # an op's process is its call's (a GPU section is no process)
-    row = np.searchsorted(calls.correlation_id, ops.correlation_id)
-    linked = ops.correlation_id != NO_ID
-    ops.pid = np.where(linked, calls.pid[np.minimum(row, max(len(calls) - 1, 0))] if len(calls) else NO_ID, NO_ID)
-    if (~linked).any():
-        pids = np.unique(calls.pid)
-        if len(pids) == 1:
-            ops.pid[~linked] = pids[0]
-        notes.append(f"{int((~linked).sum())} GPU ops have no api_op flow to a host call")
-    graph_corr = calls.correlation_id[calls.kind == int(CallKind.GRAPH)]
-    ops.graph_node_id = _util.graph_node_ordinals(ops.correlation_id, ops.start_ns, graph_corr)
-    if (ops.graph_node_id != NO_ID).any():
-        notes.append("graph node ids are stand-ins: the order of each op within its hipGraphLaunch")
-    calls = calls.take(np.argsort(calls.start_ns, kind="stable"))
+    b.add(GpuOps, start_ns=o_start, end_ns=o_end, kind=kind, name_id=b.names(names), device_id=o_pid, stream_id=o_tid,
+          correlation_id=op_corr)
+    ops = by_start(b.table(GpuOps, sort=False).take(kind >= 0))
+    pids_from_calls(ops, calls)  # an op's process is its call's (a GPU section is no process)
+    if unlinked := int((ops.correlation_id == NO_ID).sum()):
+        notes.append(f"{unlinked} GPU ops have no api_op flow to a host call")
+    graph_stand_ins(ops, calls, notes, HIP_GRAPH_NOTE)
+    calls = by_start(calls)
 
     # roctx ranges and marks
     m = np.flatnonzero(is_marker)
@@ -406,19 +353,15 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
     r_end = np.r_[h_end[m], k_start]
     r_name = np.r_[h_name[m], np.array([str(ev.get("name", "")) for ev in marks], dtype=object)].astype(object)
     style = np.r_[np.full(len(m), int(RangeStyle.PUSH_POP), np.int8), np.full(len(marks), int(RangeStyle.MARK), np.int8)]
-    ranges = ranges_table(r_start, r_end, _util.intern(strings, r_name),
-                          np.r_[h_tid[m], ints(col(marks, "tid"), "tid")], np.r_[h_pid[m], ints(col(marks, "pid"), "pid")],
-                          style)
+    b.add(Ranges, start_ns=r_start, end_ns=r_end, name=r_name, tid=np.r_[h_tid[m], ints(col(marks, "tid"), "tid")],
+          pid=np.r_[h_pid[m], ints(col(marks, "pid"), "pid")], style=style)
     if skipped:
         notes.append(f"{skipped} rpd2tracing summary spans on the GPU lanes (UserMarker frames, graph spans) skipped")
     if len(o_start) and not (np.r_[o_start, h_start] % 1000).any():
         notes.append("RPD JSON export: times are whole microseconds (this rpd2tracing version drops the ns)")
     if (ops.kind != int(OpKind.KERNEL)).any():
         notes.append("RPD JSON export: copies carry no byte count (the .rpd's rocpd_copyapi does)")
-    trace = Trace(source=str(path), format=FORMAT_JSON, strings=strings.to_array(), ranges=ranges, calls=calls,
-                  ops=ops, clock="CLOCK_MONOTONIC", notes=notes, meta={"flows": len(pairs)})
-    trace.validate()
-    return trace
+    return b.trace(calls=calls, ops=ops, meta={"flows": len(pairs)})
 
 
 def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
