@@ -202,7 +202,8 @@ def pair_push_pop(
 
 
 # -- assembling a Trace: what every reader does once it has found its columns ----------------------
-_DTYPES = {cls: {f.name: f.default_factory().dtype for f in fields(cls)} for cls in (Ranges, Calls, GpuOps)}  # type: ignore[misc]
+_DTYPES: dict[type, dict[str, np.dtype]] = {cls: {f.name: getattr(cls(), f.name).dtype for f in fields(cls)}
+                                             for cls in (Ranges, Calls, GpuOps)}
 _ZERO = ("bytes", "kind", "style")  # columns that default to 0 (a kernel moves no bytes; RUNTIME; PUSH_POP)
 
 
