@@ -436,20 +436,21 @@ def read_bytes(path: Path) -> bytes | bytearray:
     return out
 
 
-@contextmanager
-def sqlite_file(path: Path) -> Iterator[sqlite3.Connection]:
-    """Open a SQLite database read-only; a gzip-compressed one is inflated into a temp file.
-
-    sqlite3 errors while opening become TraceError. The temp copy is removed on exit.
-    """
-    with sqlite_db(path) as (con, _db_path):
-        yield con
+def read_sqlite(path: str | Path, what: str, read: Callable[[Path, sqlite3.Connection, Path], Trace]) -> Trace:
+    """``read(path, connection, database file)`` on a SQLite trace (see :func:`sqlite_db`); a
+    sqlite3 error on the way is a TraceError naming ``what``."""
+    path = Path(path)
+    with sqlite_db(path) as (con, db_path):
+        try:
+            return read(path, con, db_path)
+        except sqlite3.Error as exc:
+            raise TraceError(path, f"{what}: SQLite error: {exc}") from None
 
 
 @contextmanager
 def sqlite_db(path: Path) -> Iterator[tuple[sqlite3.Connection, Path]]:
-    """Like :func:`sqlite_file`, also giving the path of the (inflated) database file, for
-    readers that fetch big tables through the columnar backend of ``_sqlite_columns``."""
+    """A SQLite database opened read-only, and the path of its file, inflated into a temp file when
+    gzip-compressed (removed on exit). sqlite3 errors while opening become TraceError."""
     head = read_head(path, 16)
     tmpdir = None
     db_path = path
@@ -583,12 +584,18 @@ def load_json(data: bytes | bytearray, path: object) -> object:
         raise TraceError(path, f"not valid JSON ({str(exc)[:80]})") from None
 
 
-def chrome_events(path: Path, document: object, what: str, progress: Progress | None = None) -> list:
-    """The event list of a Chrome trace (``{"traceEvents": [...]}`` or a bare list), parsed from
-    ``path`` unless the caller has ``document`` already; one TraceError line without one."""
+def json_document(path: Path, document: object, progress: Progress | None) -> object:
+    """``document`` when the caller has parsed it already (open_trace sniffs it), else ``path``'s."""
     if document is None:
         report(progress, f"parsing {path.name}")
         document = load_json(read_bytes(path), path)
+    return document
+
+
+def chrome_events(path: Path, document: object, what: str, progress: Progress | None = None) -> list:
+    """The event list of a Chrome trace (``{"traceEvents": [...]}`` or a bare list); one TraceError
+    line without one."""
+    document = json_document(path, document, progress)
     events = document.get("traceEvents") if isinstance(document, dict) else document
     if not isinstance(events, list):
         raise TraceError(path, f"{what} without a traceEvents list")

@@ -40,10 +40,7 @@ def read_kineto(path: str | Path, *, progress: Progress | None = None, document:
     ``document`` is the already-parsed JSON when the caller has it (open_trace sniffs it).
     """
     path = Path(path)
-    if document is None:
-        report(progress, f"parsing {path.name}")
-        data = _util.read_bytes(path)
-        document = _util.load_json(data, path)
+    document = _util.json_document(path, document, progress)
     if isinstance(document, dict):
         events = document.get("traceEvents")
         where = "traceEvents"  # how a note names an event: traceEvents[12], or [12] in a bare list

@@ -87,7 +87,7 @@ def _gunzip_head(path: Path) -> bytes:
 
 
 def _open_sqlite(path: Path, progress: Progress | None) -> Trace:
-    with _util.sqlite_file(path) as con:
+    with _util.sqlite_db(path) as (con, _):
         try:
             tables = _util.sqlite_tables(con)
             v1 = rocprof_v1.is_rocprof_v1(con, tables)

@@ -11,12 +11,15 @@ paired here per thread, columnarly. Timestamps are rocprofiler-sdk nanoseconds (
 from __future__ import annotations
 
 import csv
+import functools
 import io
-from typing import Any
 import json
 import re
 import sqlite3
+from collections.abc import Callable
+from operator import itemgetter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -54,7 +57,6 @@ def csv_kind(name: str) -> str | None:
     return None
 
 
-
 # --------------------------------------------------------------------------------------
 # CSV set
 
@@ -70,25 +72,21 @@ _USED_COLS = frozenset(
 
 
 def _read_csv(path: Path) -> dict[str, np.ndarray]:
-    """One rocprofv3 CSV file as column name -> numpy column (header row required).
-
-    pandas' C parser reads the used columns when pandas is installed (about 20x faster than
-    the csv module and without a Python object per field); text columns are read as
-    categories so each distinct name is one string. Any doubt (a parse error, a missing
-    field, no pandas) falls back to the csv module, which names the bad row.
-    """
+    """One rocprofv3 CSV file as column name -> numpy column (header row required): through pandas'
+    C parser when it is installed (about 20x faster, no Python object per field; text read as
+    categories, so each distinct name is one string), else, or at any doubt (a parse error, a
+    missing field), through the csv module, which names the bad row."""
     fast = _read_csv_pandas(path)
     return fast if fast is not None else _read_csv_python(path)
 
 
 def _read_csv_pandas(path: Path) -> dict[str, np.ndarray] | None:
     try:
-        import pandas as pd
+        import pandas as pd  # optional, and heavy: only for a CSV trace
     except ImportError:
         return None
-    head = _util.read_head(path, 2)
     # gzip is inflated here, within maxinstr's bound (_util.inflate), never by pandas unbounded
-    source: Any = io.BytesIO(_util.read_bytes(path)) if head == _util.GZIP_MAGIC else path
+    source: Any = io.BytesIO(_util.read_bytes(path)) if _util.read_head(path, 2) == _util.GZIP_MAGIC else path
     try:
         if isinstance(source, io.BytesIO):
             first = source.readline()
@@ -102,15 +100,8 @@ def _read_csv_pandas(path: Path) -> dict[str, np.ndarray] | None:
         use = [c for c in header if c in _USED_COLS]
         if not use:
             return {name: np.empty(0, dtype=object) for name in header}
-        frame = pd.read_csv(
-            source,
-            usecols=use,
-            dtype={c: "category" for c in use if c in _TEXT_COLS},
-            engine="c",
-            keep_default_na=False,
-            na_values=[""],
-            encoding="utf-8",
-        )
+        frame = pd.read_csv(source, usecols=use, dtype={c: "category" for c in use if c in _TEXT_COLS}, engine="c",
+                            keep_default_na=False, na_values=[""], encoding="utf-8")
     except Exception:  # noqa: BLE001 - any parser complaint: the csv-module path gives the precise error
         return None
     if frame.isna().to_numpy().any():
@@ -140,8 +131,7 @@ def _read_csv_python(path: Path) -> dict[str, np.ndarray]:
         rows = list(csv.reader(io.StringIO(text)))
     except csv.Error as exc:
         raise TraceError(path, f"bad CSV: {exc}") from None
-    header = rows[0]
-    body = [r for r in rows[1:] if r]
+    header, body = rows[0], [r for r in rows[1:] if r]
     width = len(header)
     if width == 0 or len(set(header)) != width:
         raise TraceError(path, "bad CSV header")
@@ -152,19 +142,7 @@ def _read_csv_python(path: Path) -> dict[str, np.ndarray]:
         raise TraceError(path, f"row {i + 2} has {lengths[i]} fields, the header has {width} (truncated or corrupt?)")
     if not body:
         return {name: np.empty(0, dtype=object) for name in header}
-    columns = list(zip(*body))
-    out = {}
-    for name, col in zip(header, columns):
-        arr = np.empty(len(col), dtype=object)
-        arr[:] = col
-        out[name] = arr
-    return out
-
-
-def _need(path: Path, table: dict, kind: str) -> None:
-    missing = [c for c in _CSV_REQUIRED[kind] if c not in table]
-    if missing:
-        raise TraceError(path, f"column {missing[0]!r} missing (not a rocprofv3 {kind} trace, or a wrong version)")
+    return {name: np.array(col, dtype=object) for name, col in zip(header, zip(*body))}
 
 
 def _csv_groups(path: Path) -> dict[str, dict[str, Path]]:
@@ -172,22 +150,16 @@ def _csv_groups(path: Path) -> dict[str, dict[str, Path]]:
     if path.is_dir():
         files = sorted(p for p in path.rglob("*.csv") if p.is_file())
     else:
-        kind = csv_kind(path.name)
-        if kind is None:
+        if csv_kind(path.name) is None:
             raise TraceError(path, "not a rocprofv3 trace CSV (expected *kernel_trace.csv, *hip_api_trace.csv, ...)")
         prefix = path.name[: -len(next(s for s in _CSV_KINDS if path.name.endswith(s)))]
         files = [p for p in sorted(path.parent.glob(prefix + "*.csv")) if p.name[len(prefix) :] in _CSV_KINDS]
     groups: dict[str, dict[str, Path]] = {}
     for f in files:
-        for suffix, kind in _CSV_KINDS.items():
-            if f.name.endswith(suffix):
-                key = str(f.parent / f.name[: -len(suffix)])
-                slot = groups.setdefault(key, {})
-                if kind in slot and kind == "hip":
-                    slot.setdefault("hip2", f)  # hip_runtime + hip_compiler both present
-                else:
-                    slot.setdefault(kind, f)
-                break
+        suffix, kind = next(((s, k) for s, k in _CSV_KINDS.items() if f.name.endswith(s)), ("", ""))
+        if kind:
+            slot = groups.setdefault(str(f.parent / f.name[: -len(suffix)]), {})
+            slot.setdefault("hip2" if kind == "hip" and "hip" in slot else kind, f)  # hip_runtime + hip_compiler
     return groups
 
 
@@ -209,73 +181,57 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
         offset = np.int64(g) << np.int64(40) if len(groups) > 1 else np.int64(0)
         pids: list[np.ndarray] = []
         agents = _agent_map(Path(prefix + "agent_info.csv"))
-        for kind in ("hip", "hip2", "marker", "kernel", "memcpy"):
-            f = kinds.get(kind)
-            if f is None:
-                continue
+        for kind, f in ((k, kinds[k]) for k in ("hip", "hip2", "marker", "kernel", "memcpy") if k in kinds):
             report(progress, f"reading {f.name}")
             files.append(str(f))
             t = _read_csv(f)
-            base = "hip" if kind == "hip2" else kind
-            _need(f, t, base)
+            kind = "hip" if kind == "hip2" else kind
+            missing = [c for c in _CSV_REQUIRED[kind] if c not in t]
+            if missing:
+                raise TraceError(f, f"column {missing[0]!r} missing (not a rocprofv3 {kind} trace, or a wrong version)")
             start = int_column(t["Start_Timestamp"], f, "Start_Timestamp", invalid=INVALID_NS)
             end = int_column(t["End_Timestamp"], f, "End_Timestamp", invalid=INVALID_NS)
             keep = times.keep(f.name, start, end, names=("Start_Timestamp", "End_Timestamp"))
             if keep is not None:  # rows with times that cannot be real: dropped before anything pairs them
                 t = {name: col[keep] for name, col in t.items()}
                 start, end = start[keep], end[keep]
-            if base == "hip":
-                pid = int_column(t["Process_Id"], f, "Process_Id")
-                pids.append(pid)
-                b.add(Calls, start_ns=start, end_ns=end, tid=int_column(t["Thread_Id"], f, "Thread_Id"), pid=pid,
-                      correlation_id=int_column(t["Correlation_Id"], f, "Correlation_Id") + offset, name=t["Function"])
-            elif base == "marker":
-                pid = int_column(t["Process_Id"], f, "Process_Id")
-                pids.append(pid)
-                b.add(Ranges, **markers_from_rows(start, end, t["Function"], int_column(t["Thread_Id"], f, "Thread_Id"),
-                                                  pid, None, b.notes))
-            elif base == "kernel":
-                headers.add("rocprofv3 >= 7 (Stream_Id)" if "Stream_Id" in t else "rocprofv3 < 7 (no Stream_Id)")
-                n = len(start)
-                device = trailing_int(t["Agent_Id"], f, "Agent_Id") if "Agent_Id" in t else np.full(n, NO_ID)
-                device = _gpu_ordinals(device, agents, b.notes)
-                if "Stream_Id" in t:
-                    stream = int_column(t["Stream_Id"], f, "Stream_Id")
-                elif "Queue_Id" in t:
-                    stream = int_column(t["Queue_Id"], f, "Queue_Id")
+            n = len(start)
+            ints = functools.partial(_ints, t, f)
+            stream_col = next((c for c in ("Stream_Id", "Queue_Id") if c in t), None)
+            if kind in ("hip", "marker"):
+                pids.append(pid := ints("Process_Id"))
+                if kind == "hip":
+                    b.add(Calls, start_ns=start, end_ns=end, tid=ints("Thread_Id"), pid=pid,
+                          correlation_id=ints("Correlation_Id") + offset, name=t["Function"])
                 else:
-                    stream = np.full(n, NO_ID)
-                b.add(GpuOps, kind=OpKind.KERNEL, start_ns=start, end_ns=end, name=t["Kernel_Name"], device_id=device,
-                      stream_id=stream, pid=_single(pids),
-                      correlation_id=int_column(t["Correlation_Id"], f, "Correlation_Id") + offset)
+                    b.add(Ranges, **markers_from_rows(start, end, t["Function"], ints("Thread_Id"), pid, None, b.notes))
+            elif kind == "kernel":
+                headers.add("rocprofv3 >= 7 (Stream_Id)" if "Stream_Id" in t else "rocprofv3 < 7 (no Stream_Id)")
+                agent = trailing_int(t["Agent_Id"], f, "Agent_Id") if "Agent_Id" in t else np.full(n, NO_ID)
+                b.add(GpuOps, kind=OpKind.KERNEL, start_ns=start, end_ns=end, name=t["Kernel_Name"],
+                      device_id=_gpu_ordinals(agent, agents, b.notes), stream_id=ints(stream_col) if stream_col else NO_ID, pid=_single(pids),
+                      correlation_id=ints("Correlation_Id") + offset)
             else:  # memcpy
-                n = len(start)
-                direction = t["Direction"]
-                src = trailing_int(t["Source_Agent_Id"], f, "Source_Agent_Id") if "Source_Agent_Id" in t else None
-                dst = (
-                    trailing_int(t["Destination_Agent_Id"], f, "Destination_Agent_Id")
-                    if "Destination_Agent_Id" in t
-                    else None
-                )
+                src, dst = (trailing_int(t[c], f, c) if c in t else None for c in ("Source_Agent_Id", "Destination_Agent_Id"))
+                device: Any = NO_ID
                 if src is not None and dst is not None:
                     src, dst = _gpu_ordinals(src, agents, b.notes), _gpu_ordinals(dst, agents, b.notes)
-                    to_device = per_string(direction, lambda d: "HOST_TO_DEVICE" in d)
-                    device = np.where(to_device, dst, src)
-                else:
-                    device = np.full(n, NO_ID)
+                    device = np.where(per_string(t["Direction"], lambda d: "HOST_TO_DEVICE" in d), dst, src)
                 size_col = next((c for c in ("Bytes", "Size", "Copy_Bytes") if c in t), None)
-                nbytes = int_column(t[size_col], f, size_col) if size_col else np.zeros(n, np.int64)
                 if size_col is None and n:
                     b.notes.append(f"{f.name}: no byte counts in this rocprofv3 version (bytes = 0)")
-                stream_col = next((c for c in ("Stream_Id", "Queue_Id") if c in t), None)
-                b.add(GpuOps, kind=OpKind.MEMCPY, start_ns=start, end_ns=end, name=direction, device_id=device,
-                      stream_id=int_column(t[stream_col], f, stream_col) if stream_col else NO_ID, pid=_single(pids),
-                      correlation_id=int_column(t["Correlation_Id"], f, "Correlation_Id") + offset, bytes=nbytes)
+                b.add(GpuOps, kind=OpKind.MEMCPY, start_ns=start, end_ns=end, name=t["Direction"], device_id=device,
+                      bytes=ints(size_col) if size_col else 0, stream_id=ints(stream_col) if stream_col else NO_ID,
+                      pid=_single(pids), correlation_id=ints("Correlation_Id") + offset)
         if "hip" not in kinds and "kernel" in kinds:
             b.notes.append("no HIP API trace next to the kernel trace: kernels cannot be tied to launches")
     if len(groups) > 1:
         b.notes.append(f"{len(groups)} CSV sets read; correlation ids offset by set index << 40")
     return assemble(b, {"files": files, "header": sorted(headers)})
+
+
+def _ints(table: dict[str, np.ndarray], path: Path, column: str) -> np.ndarray:
+    return int_column(table[column], path, column)
 
 
 def _agent_map(path: Path) -> dict[int, int] | None:
@@ -286,8 +242,7 @@ def _agent_map(path: Path) -> dict[int, int] | None:
     if "Logical_Node_Id" not in t or "Agent_Type" not in t:
         return None
     node = int_column(t["Logical_Node_Id"], path, "Logical_Node_Id")
-    is_gpu = np.array([str(v) == "GPU" for v in t["Agent_Type"].tolist()], dtype=bool)
-    gpus = np.sort(node[is_gpu])
+    gpus = np.sort(node[np.array([str(v) == "GPU" for v in t["Agent_Type"].tolist()], dtype=bool)])
     return {int(n): i for i, n in enumerate(gpus.tolist())}
 
 
@@ -304,9 +259,7 @@ def _gpu_ordinals(agent: np.ndarray, agents: dict[int, int] | None, notes: list[
 
 def _single(pids: list[np.ndarray]) -> int:
     """The one process id seen in this set's host tables, or NO_ID."""
-    if not pids:
-        return NO_ID
-    u = np.unique(np.concatenate(pids))
+    u = np.unique(np.concatenate(pids)) if pids else np.empty(0)
     return int(u[0]) if len(u) == 1 else NO_ID
 
 
@@ -315,28 +268,22 @@ def _single(pids: list[np.ndarray]) -> int:
 
 
 def read_rocprof_json(path: str | Path, *, progress: Progress | None = None, document: object = None) -> Trace:
-    """Read rocprofv3's JSON output (``<name>_results.json``).
-
-    ``document`` is the already-parsed JSON when the caller has it (open_trace sniffs it).
-    """
+    """Read rocprofv3's JSON output (``<name>_results.json``; ``document``: the parsed JSON when the
+    caller has it)."""
     path = Path(path)
-    if document is None:
-        report(progress, f"parsing {path.name}")
-        data = _util.read_bytes(path)
-        document = _util.load_json(data, path)
+    document = _util.json_document(path, document, progress)
     if not isinstance(document, dict) or "rocprofiler-sdk-tool" not in document:
         raise TraceError(path, "not rocprofv3 JSON (no 'rocprofiler-sdk-tool' key)")
     procs = document["rocprofiler-sdk-tool"]
-    if isinstance(procs, dict):
-        procs = [procs]
+    procs = [procs] if isinstance(procs, dict) else procs
     if not isinstance(procs, list):
         raise TraceError(path, "'rocprofiler-sdk-tool' is neither a list nor an object")
     b = TraceBuilder(path, "rocprofv3-json", CLOCK)
     times = TimeCheck(path, b.notes)
     with _util.malformed(path, "rocprofv3 JSON"):
         for g, proc in enumerate(procs):
-            offset = np.int64(g) << np.int64(40) if len(procs) > 1 else np.int64(0)
-            _json_process(path, proc, offset, b, times, progress)
+            _json_process(path, proc, np.int64(g) << np.int64(40) if len(procs) > 1 else np.int64(0), b, times,
+                          progress)
         if len(procs) > 1:
             b.notes.append(f"{len(procs)} processes; correlation ids offset by process index << 40")
         return assemble(b, {"processes": len(procs)})
@@ -348,41 +295,38 @@ def _json_process(path: Path, proc: dict, offset: np.int64, b: TraceBuilder, tim
         raise TraceError(path, "a 'rocprofiler-sdk-tool' entry is not an object")
     pid = int(int_column([(proc.get("metadata") or {}).get("pid", NO_ID)], path, "metadata.pid")[0])
     strings = proc.get("strings") or {}
-    kinds = strings.get("buffer_records") or []
-    op_names = [list(k.get("operations") or []) for k in kinds]
-
-    def op_name(kind: np.ndarray, op: np.ndarray) -> np.ndarray:
-        out = np.empty(len(kind), dtype=object)
-        for k, o in set(zip(kind.tolist(), op.tolist())):
-            sel = (kind == k) & (op == o)
-            name = op_names[k][o] if 0 <= k < len(op_names) and 0 <= o < len(op_names[k]) else f"op{k}.{o}"
-            out[sel] = str(name)
-        return out
-
-    # agents: handle -> GPU ordinal (GPU agents in listed order)
-    gpu_ordinal: dict[int, int] = {}
+    op_names = [list(k.get("operations") or []) for k in strings.get("buffer_records") or []]
+    gpu_ordinal: dict[int, int] = {}  # agent handle -> GPU ordinal (GPU agents in listed order)
     for agent in proc.get("agents") or []:
         if agent.get("type") == 2:
             gpu_ordinal[int(agent["id"]["handle"])] = int(agent.get("gpu_index", len(gpu_ordinal)))
-
-    def device_of(handles: np.ndarray) -> np.ndarray:
-        if not len(handles):
-            return np.empty(0, np.int32)
-        u, inv = np.unique(handles, return_inverse=True)
-        return np.array([gpu_ordinal.get(int(h), NO_ID) for h in u], np.int32)[inv]
-
     symbols = {}
     for s in proc.get("kernel_symbols") or []:
         name = s.get("formatted_kernel_name") or s.get("demangled_kernel_name") or s.get("kernel_name") or ""
         symbols[int(s["kernel_id"])] = str(name)
     messages = {int(m["key"]): str(m["value"]) for m in strings.get("marker_api") or []}
-
     buffers = proc.get("buffer_records") or {}
     if not isinstance(buffers, dict):
         raise TraceError(path, "'buffer_records' is not an object")
 
-    def ints(recs, getter, what):
-        return int_column([getter(r) for r in recs], path, what)
+    def ints(recs: list, what: str, get: Callable[[dict], Any]) -> np.ndarray:
+        return int_column([get(r) for r in recs], path, what)
+
+    def operations(recs: list, key: str) -> np.ndarray:
+        """Each record's operation name: its ``kind`` and ``operation`` index the strings table."""
+        kind, op = ints(recs, f"{key}.kind", itemgetter("kind")), ints(recs, f"{key}.operation", itemgetter("operation"))
+        out = np.empty(len(kind), dtype=object)
+        for k, o in set(zip(kind.tolist(), op.tolist())):
+            name = op_names[k][o] if 0 <= k < len(op_names) and 0 <= o < len(op_names[k]) else f"op{k}.{o}"
+            out[(kind == k) & (op == o)] = str(name)
+        return out
+
+    def corr(recs: list, key: str) -> np.ndarray:
+        return ints(recs, f"{key}.correlation_id", lambda r: r["correlation_id"]["internal"])
+
+    def device_of(handles: np.ndarray) -> np.ndarray:
+        u, inv = np.unique(handles, return_inverse=True)
+        return np.array([gpu_ordinal.get(int(h), NO_ID) for h in u], np.int32)[inv]
 
     def timed(key: str) -> tuple[list, np.ndarray, np.ndarray]:
         """The records of ``buffer_records[key]`` whose times are valid, and their times."""
@@ -400,73 +344,54 @@ def _json_process(path: Path, proc: dict, offset: np.int64, b: TraceBuilder, tim
             start, end = start[keep], end[keep]
         return recs, start, end
 
-    hip, hip_start, hip_end = timed("hip_api")
-    if hip:
-        report(progress, f"{len(hip)} HIP API records")
-        kind = ints(hip, lambda r: r["kind"], "hip_api.kind")
-        op = ints(hip, lambda r: r["operation"], "hip_api.operation")
-        b.add(Calls, start_ns=hip_start, end_ns=hip_end, tid=ints(hip, lambda r: r["thread_id"], "hip_api.thread_id"),
-              pid=pid, correlation_id=ints(hip, lambda r: r["correlation_id"]["internal"], "hip_api.correlation_id")
-              + offset, name=op_name(kind, op))
-    kd, kd_start, kd_end = timed("kernel_dispatch" if buffers.get("kernel_dispatch") else "kernel_dispatches")
-    if kd:
-        report(progress, f"{len(kd)} kernel dispatches")
-        info = [r["dispatch_info"] for r in kd]
-        kid = int_column([i["kernel_id"] for i in info], path, "dispatch_info.kernel_id")
-        u, inv = np.unique(kid, return_inverse=True)
+    recs, start, end = timed("hip_api")
+    if recs:
+        report(progress, f"{len(recs)} HIP API records")
+        name = operations(recs, "hip_api")
+        b.add(Calls, start_ns=start, end_ns=end, tid=ints(recs, "hip_api.thread_id", itemgetter("thread_id")), pid=pid,
+              correlation_id=corr(recs, "hip_api") + offset, name=name)
+    recs, start, end = timed("kernel_dispatch" if buffers.get("kernel_dispatch") else "kernel_dispatches")
+    if recs:
+        report(progress, f"{len(recs)} kernel dispatches")
+        info = [r["dispatch_info"] for r in recs]
+        u, inv = np.unique(int_column([i["kernel_id"] for i in info], path, "dispatch_info.kernel_id"),
+                           return_inverse=True)
         names = np.array([symbols.get(int(k), f"kernel_{int(k)}") for k in u], dtype=object)[inv]
         if any(int(k) not in symbols for k in u):
             b.notes.append("some kernel ids have no kernel_symbols entry (named kernel_<id>)")
-        streams = [r.get("stream_id") for r in kd]
+        streams = [r.get("stream_id") for r in recs]
         if all(isinstance(s, dict) for s in streams):
             stream = int_column([s["handle"] for s in streams], path, "stream_id")
         else:
             stream = int_column([i["queue_id"]["handle"] for i in info], path, "queue_id")
-        b.add(GpuOps, kind=OpKind.KERNEL, start_ns=kd_start, end_ns=kd_end, name=names,
+        b.add(GpuOps, kind=OpKind.KERNEL, start_ns=start, end_ns=end, name=names, stream_id=stream, pid=pid,
               device_id=device_of(int_column([i["agent_id"]["handle"] for i in info], path, "agent_id")),
-              stream_id=stream, pid=pid,
-              correlation_id=ints(kd, lambda r: r["correlation_id"]["internal"], "kernel_dispatch.correlation_id")
-              + offset)
-    mc, mc_start, mc_end = timed("memory_copy")
-    if mc:
-        kind = ints(mc, lambda r: r["kind"], "memory_copy.kind")
-        op = ints(mc, lambda r: r["operation"], "memory_copy.operation")
-        direction = op_name(kind, op)
-        src = device_of(ints(mc, lambda r: r["src_agent_id"]["handle"], "src_agent_id"))
-        dst = device_of(ints(mc, lambda r: r["dst_agent_id"]["handle"], "dst_agent_id"))
-        b.add(GpuOps, kind=OpKind.MEMCPY, start_ns=mc_start, end_ns=mc_end, name=direction,
-              device_id=np.where(dst != NO_ID, dst, src),
-              stream_id=np.array([(r.get("stream_id") or {}).get("handle", NO_ID) for r in mc], dtype=np.int64),
-              pid=pid, correlation_id=ints(mc, lambda r: r["correlation_id"]["internal"], "memory_copy.correlation_id")
-              + offset, bytes=ints(mc, lambda r: r.get("bytes", 0), "memory_copy.bytes"))
-    mk, mk_start, mk_end = timed("marker_api")
-    if mk:
-        kind = ints(mk, lambda r: r["kind"], "marker_api.kind")
-        op = ints(mk, lambda r: r["operation"], "marker_api.operation")
-        ops = op_name(kind, op)
-        corr = ints(mk, lambda r: r["correlation_id"]["internal"], "marker_api.correlation_id")
-        names = np.array([messages.get(int(c), o) for c, o in zip(corr.tolist(), ops.tolist())], dtype=object)
-        b.add(Ranges, **markers_from_rows(mk_start, mk_end, names, ints(mk, lambda r: r["thread_id"],
-                                                                            "marker_api.thread_id"),
-                                          np.full(len(mk), pid), ops, b.notes))
+              correlation_id=corr(recs, "kernel_dispatch") + offset)
+    recs, start, end = timed("memory_copy")
+    if recs:
+        direction = operations(recs, "memory_copy")
+        src = device_of(ints(recs, "src_agent_id", lambda r: r["src_agent_id"]["handle"]))
+        dst = device_of(ints(recs, "dst_agent_id", lambda r: r["dst_agent_id"]["handle"]))
+        b.add(GpuOps, kind=OpKind.MEMCPY, start_ns=start, end_ns=end, name=direction,
+              device_id=np.where(dst != NO_ID, dst, src), pid=pid,
+              stream_id=np.array([(r.get("stream_id") or {}).get("handle", NO_ID) for r in recs], dtype=np.int64),
+              correlation_id=corr(recs, "memory_copy") + offset,
+              bytes=ints(recs, "memory_copy.bytes", lambda r: r.get("bytes", 0)))
+    recs, start, end = timed("marker_api")
+    if recs:
+        ops = operations(recs, "marker_api")
+        names = np.array([messages.get(int(c), o) for c, o in zip(corr(recs, "marker_api").tolist(), ops.tolist())],
+                         dtype=object)
+        tid = ints(recs, "marker_api.thread_id", itemgetter("thread_id"))
+        b.add(Ranges, **markers_from_rows(start, end, names, tid, np.full(len(recs), pid), ops, b.notes))
 
 
 # --------------------------------------------------------------------------------------
 # rocpd SQLite (ROCm >= 7 default output; schema: rocprofiler-sdk-rocpd/rocpd_tables.sql)
 
-_ROCPD_TABLES = (
-    "rocpd_string",
-    "rocpd_info_process",
-    "rocpd_info_thread",
-    "rocpd_info_agent",
-    "rocpd_event",
-    "rocpd_region",
-    "rocpd_kernel_dispatch",
-    "rocpd_info_kernel_symbol",
-    "rocpd_memory_copy",
-    "rocpd_sample",
-    "rocpd_track",
-)
+_ROCPD_TABLES = ("rocpd_string", "rocpd_info_process", "rocpd_info_thread", "rocpd_info_agent", "rocpd_event",
+                 "rocpd_region", "rocpd_kernel_dispatch", "rocpd_info_kernel_symbol", "rocpd_memory_copy",
+                 "rocpd_sample", "rocpd_track")
 _ROCPD_REQUIRED = ("rocpd_string", "rocpd_event", "rocpd_region", "rocpd_kernel_dispatch", "rocpd_info_kernel_symbol")
 
 
@@ -496,17 +421,7 @@ def _rocpd_sources(path: Path, tables: dict[str, str]) -> dict[str, str]:
 
 def read_rocpd(path: str | Path, *, progress: Progress | None = None) -> Trace:
     """Read a rocpd SQLite database written by rocprofv3 (ROCm >= 7)."""
-    path = Path(path)
-    with _util.sqlite_db(path) as (con, db_path):
-        try:
-            return _read_rocpd(path, con, db_path, progress)
-        except sqlite3.Error as exc:
-            raise TraceError(path, f"rocpd: SQLite error: {exc}") from None
-
-
-def _rocpd_columns(path: Path, db_path: Path, sql: str, kinds: str) -> list[np.ndarray]:
-    """One query through the columnar SQLite backend (``_util.query_columns``)."""
-    return _util.query_columns(path, db_path, sql, kinds, "rocpd")
+    return _util.read_sqlite(path, "rocpd", lambda path, con, db_path: _read_rocpd(path, con, db_path, progress))
 
 
 def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress | None) -> Trace:
@@ -521,11 +436,10 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
     thr = src.get("rocpd_info_thread")
     pid_sql = f"(SELECT P.pid FROM {proc} P WHERE P.id = X.pid AND P.guid = X.guid)" if proc else "X.pid"
     tid_sql = f"(SELECT T.tid FROM {thr} T WHERE T.id = X.tid AND T.guid = X.guid)" if thr else "X.tid"
-    cat_sql = (
-        f"(SELECT S.string FROM {src['rocpd_string']} S WHERE S.id = E.category_id AND S.guid = E.guid)"
-    )
+    cat_sql = f"(SELECT S.string FROM {src['rocpd_string']} S WHERE S.id = E.category_id AND S.guid = E.guid)"
+
     def fetch(sql: str, kinds: str) -> list[np.ndarray]:
-        return _rocpd_columns(path, db_path, sql, kinds)
+        return _util.query_columns(path, db_path, sql, kinds, "rocpd")
 
     def checked(table: str, columns: list[np.ndarray], used: np.ndarray | None = None) -> list[np.ndarray]:
         # columns[0:2] are start and end; of the rows used (all by default), those whose times

@@ -112,12 +112,7 @@ def _map_names(values: np.ndarray, fn) -> np.ndarray:
 
 def read_rocprof_v1_db(path: str | Path, *, progress: Progress | None = None) -> Trace:
     """Read rocprof v1's ``results.db``."""
-    path = Path(path)
-    with _util.sqlite_db(path) as (con, db_path):
-        try:
-            return _read_db(path, con, db_path, progress)
-        except sqlite3.Error as exc:
-            raise TraceError(path, f"rocprof v1: SQLite error: {exc}") from None
+    return _util.read_sqlite(path, "rocprof v1", lambda path, con, db_path: _read_db(path, con, db_path, progress))
 
 
 class _Table:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from maxinstr.errors import TraceError
-from maxinstr.traces import _sqlite_columns, _util
+from maxinstr.traces import _util
 from maxinstr.traces._util import (HIP_GRAPH_NOTE, Progress, TraceBuilder, by_start, graph_stand_ins, int_column,
                                    mark_graph_calls, pids_from_calls, report)
 from maxinstr.traces.model import INVALID_NS, NO_ID, Calls, GpuOps, OpKind, RangeStyle, Ranges, TimeCheck, Trace
@@ -37,12 +37,7 @@ def is_rpd(tables: dict[str, str]) -> bool:
 
 def read_rpd(path: str | Path, *, progress: Progress | None = None) -> Trace:
     """Read an RPD database (``.rpd``, or ``.rpd.gz``: inflated into a temp file first)."""
-    path = Path(path)
-    with _util.sqlite_db(path) as (con, db_path):
-        try:
-            return _read(path, con, db_path, progress)
-        except sqlite3.Error as exc:
-            raise TraceError(path, f"RPD: SQLite error: {exc}") from None
+    return _util.read_sqlite(path, "RPD", lambda path, con, db_path: _read(path, con, db_path, progress))
 
 
 def _int_columns(path: Path, db_path: Path, table: str, cols: tuple[str, ...], order: str = "") -> list[np.ndarray]:
@@ -50,13 +45,10 @@ def _int_columns(path: Path, db_path: Path, table: str, cols: tuple[str, ...], o
     1.47M-row rocpd_api of a scaled fixture took 0.9 s there, ~8 s through sqlite3 tuples).
     NULL reads as -1; in ``start``/``end`` (kind 't'), NULL or anything but an integer reads as
     INVALID_NS (model.TimeCheck drops the row)."""
-    times = [c in ("start", "end") for c in cols]
-    sql = "SELECT " + ", ".join(f'ifnull("{c}", {INVALID_NS if t else -1})' for c, t in zip(cols, times))
+    kinds = "".join("t" if c in ("start", "end") else "i" for c in cols)
+    sql = "SELECT " + ", ".join(f'ifnull("{c}", {INVALID_NS if k == "t" else -1})' for c, k in zip(cols, kinds))
     sql += f' FROM "{table}"' + (f" ORDER BY {order}" if order else "")
-    try:
-        return list(_sqlite_columns.backend("auto").query(str(db_path), sql, "".join("t" if t else "i" for t in times)))
-    except (RuntimeError, ValueError, TypeError, OverflowError, sqlite3.Error) as exc:
-        raise TraceError(path, f"RPD table {table}: {str(exc)[:100]}") from None
+    return _util.query_columns(path, db_path, sql, kinds, f"RPD table {table}")
 
 
 def _check_schema(path: Path, con: sqlite3.Connection) -> dict[str, str]:
