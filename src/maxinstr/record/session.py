@@ -1,42 +1,18 @@
-"""Sessions: where stage records go, and the run directory they are written to.
+"""Sessions: where stage records go, and the run directory they are written to (docs/sessions.md
+says what is kept on each way a process can end, and the rules for nested and unbalanced use).
 
     with maxinstr.session("runs/decode", warmup=2, dtype="bf16"):
         ...
 
-A session owns a run directory (docs/formats.md). While it is open, the native core's writer
-thread (no GIL) appends completed stage records to ``parts/<part>/stages.bin`` every 2 ms, or
-sooner when many complete (docs/sessions.md "The native writer"); a Python flusher thread runs
-every ``flush_interval_s`` (50 ms) for what needs Python: attrs, GPU event resolution, warm-up
-detection. With ``MAXINSTR_NATIVE_WRITER=0``, or when the native writer cannot start (said
-once), the Python flusher drains and writes the records itself. The sampler (when
-``sample_hz`` > 0) writes its samples next to them. What is lost if the process dies:
+While a session is open, the native core's writer thread (no GIL) appends completed stage records
+to ``parts/<part>/stages.bin`` every 2 ms; a Python flusher runs every ``flush_interval_s`` for what
+needs Python (attrs, GPU event resolution), and writes the records itself when the native writer is
+off or cannot start. Each process writes its own part (``p<pid>``, ``r<rank>.p<pid>``): fork
+children in a part of their own, spawn children and subprocesses through ``MAXINSTR_SESSION_DIR``.
 
-* SIGKILL / OOM kill: the records completed since the writer's last write (about 2 ms of
-  records with the native writer; the last ``flush_interval_s`` plus the wait for the GIL with
-  the Python one), attrs of the last ``flush_interval_s``, and the stages still open. Written
-  rows are in the kernel's page cache as soon as ``write`` returns, so they survive the process.
-* machine crash / power loss: additionally up to ``fsync_interval_s`` (1 s) of rows.
-* normal exit, an exception escaping the program, SIGTERM, SIGINT: nothing; still-open
-  stages are closed and written flagged ``UNCLOSED``.
-
-Rules for unbalanced use (all tested in tests/session/):
-
-* ``close()`` twice: the second call does nothing.
-* A session opened while another is open in the same process *joins* it: its stages go to
-  the outer run directory; its path, warm-up and user metadata are recorded in the outer
-  meta.json under ``nested_sessions`` (and, when the outer session was started from the
-  environment by ``maxinstr run``, they become the run's own warm-up and user metadata).
-* Stages are not owned by a session object: one that completes while no session is open
-  (for example, opened after its session closed) goes to the default in-memory session,
-  ``maxinstr.current_session()``.
-* Child processes never mix records with their parent: each process writes its own part
-  ``p<pid>`` (``r<rank>.p<pid>`` under torchrun). fork children continue the parent's run
-  in a part of their own; spawn/forkserver children (and any subprocess that imports
-  maxinstr) join through ``MAXINSTR_SESSION_DIR``, which an open session sets.
-
-This module is the public API and the lifecycle; the rest of the recording side is
-:mod:`.sinks` (where drained records go), :mod:`.steady` (warm-up, steady state, the profiler
-capture) and :mod:`.process` (the process's state, the flusher thread, exit, signals, forks).
+This module is the public API and the lifecycle; the rest of the recording side is :mod:`.sinks`
+(where drained records go), :mod:`.steady` (steady state, the profiler capture) and
+:mod:`.process` (the process's state, the flusher thread, exit, signals, forks).
 """
 
 from __future__ import annotations
@@ -67,15 +43,6 @@ from maxinstr.rundir.writer import PartWriter, RunDirWarning, write_json_atomic
 from maxinstr.sample import SessionSampler
 
 __all__ = ["Session", "session", "current_session", "ensure_env_session", "RunDirWarning"]
-
-# the variables a session reads or sets (maxinstr.config; docs/sessions.md "Environment variables")
-ENV_RUN_DIR = config.RUN_DIR
-ENV_SESSION_DIR = config.SESSION_DIR
-ENV_SESSION_PID = config.SESSION_PID
-ENV_CAPTURE = config.CAPTURE
-ENV_MEMORY_RECORDS = config.MEMORY_RECORDS
-ENV_WARMUP = config.WARMUP
-ENV_NATIVE_WRITER = config.NATIVE_WRITER
 
 DEFAULT_FLUSH_INTERVAL_S = 0.05
 FLUSH_INTERVAL_RANGE_S = (0.001, 3600.0)  # 0 would make the flusher spin a core; inf, never wake
@@ -109,18 +76,9 @@ class Session:
     are public.
     """
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str] | None,
-        *,
-        warmup: int = 0,
-        sample_hz: float = DEFAULT_SAMPLE_HZ,
-        flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
-        fsync_interval_s: float = 1.0,
-        kernels: bool = False,
-        _role: str = "owner",
-        **user_meta: Any,
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None, *, warmup: int = 0, sample_hz: float = DEFAULT_SAMPLE_HZ,
+                 flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S, fsync_interval_s: float = 1.0,
+                 kernels: bool = False, _role: str = "owner", **user_meta: Any) -> None:
         if warmup < 0:
             raise ValueError("warmup must be >= 0")
         self.requested_path = None if path is None else str(path)
@@ -195,13 +153,9 @@ class Session:
     def _join(self, host: Session) -> None:
         self._host = host
         self.part = host.part
-        entry = {
-            "requested_path": self.requested_path,
-            "warmup": self.warmup,
-            "user": self.user_meta,
-            "start_ns": clock_ns(),
-        }
-        if host.auto and not host._adopted_once():
+        entry = {"requested_path": self.requested_path, "warmup": self.warmup, "user": self.user_meta,
+                 "start_ns": clock_ns()}
+        if host.auto and not (host.meta and host.meta.get("nested_sessions")):
             # The script's own session inside `maxinstr run`: its settings are the run's
             # (except a warm-up given on `maxinstr run`'s command line, which wins).
             host.user_meta.update(self.user_meta)
@@ -212,12 +166,8 @@ class Session:
                     host.meta["warmup"] = self.warmup
                     host.steady.set_warmup(self.warmup)
         elif self.path is not None and host.path is not None and self.path != host.path:
-            warnings.warn(
-                f"maxinstr: session {self.requested_path} opened inside the open session {host.path}: "
-                "its stages are recorded in the outer run",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            warnings.warn(f"maxinstr: session {self.requested_path} opened inside the open session {host.path}: "
+                          "its stages are recorded in the outer run", RuntimeWarning, stacklevel=3)
         if host.meta is not None:
             host.meta.setdefault("nested_sessions", []).append(entry)
             host._write_meta()
@@ -227,9 +177,6 @@ class Session:
             # `maxinstr run`): the process's recording is the host's, so the host collects.
             host.kernels = True
             host._start_kernels(host.path / fmt.PARTS_DIR / host.part)
-
-    def _adopted_once(self) -> bool:
-        return bool(self.meta and self.meta.get("nested_sessions"))
 
     def _open_root(self) -> None:
         rank = config.rank()
@@ -285,27 +232,15 @@ class Session:
         (as ranks do) and leave its meta.json to its owner. Said once, naming that process."""
         self._writes_meta = False
         part.info["joined_live_run"] = live
-        warnings.warn(
-            f"maxinstr: {self.path} is the run of a live process ({'; '.join(live[:3])}"
-            f"{' ...' if len(live) > 3 else ''}): this session adds its records to that run as part "
-            f"{self.part} instead of replacing it",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+        warnings.warn(f"maxinstr: {self.path} is the run of a live process ({'; '.join(live[:3])}"
+                      f"{' ...' if len(live) > 3 else ''}): this session adds its records to that run as part "
+                      f"{self.part} instead of replacing it", RuntimeWarning, stacklevel=4)
 
     def _part_info(self) -> dict[str, Any]:
         return {
-            "part": self.part,
-            "pid": self._pid,
-            "ppid": os.getppid(),
-            "rank": config.rank(),
-            "local_rank": config.local_rank(),
-            "world_size": config.world_size(),
-            "host": socket.gethostname(),
-            "role": self.role,
-            "started_ns": clock_ns(),
-            "started_unix_ns": time.time_ns(),
-            "closed_ns": None,
+            "part": self.part, "pid": self._pid, "ppid": os.getppid(), "rank": config.rank(),
+            "local_rank": config.local_rank(), "world_size": config.world_size(), "host": socket.gethostname(),
+            "role": self.role, "started_ns": clock_ns(), "started_unix_ns": time.time_ns(), "closed_ns": None,
             "status": "running",
             # what one stage costs this process, for the report's footprint (record/footprint.py)
             "footprint": {"stage_ns": probe_stage_ns(native_core()), "probe_stages": PROBE_STAGES,
@@ -315,12 +250,8 @@ class Session:
 
     def _disk_failed(self, exc: OSError) -> None:
         self.failed = exc.strerror or str(exc)
-        warnings.warn(
-            f"maxinstr: cannot write run directory {exc.filename or self.path}: {self.failed}; "
-            "the program continues and stages are kept in memory only",
-            RunDirWarning,
-            stacklevel=4,
-        )
+        warnings.warn(f"maxinstr: cannot write run directory {exc.filename or self.path}: {self.failed}; the "
+                      "program continues and stages are kept in memory only", RunDirWarning, stacklevel=4)
         self.sink = MemorySink(PROCESS.memory.limit)
 
     def close(self) -> None:
@@ -459,12 +390,8 @@ class Session:
         global _PYTHON_WRITER_SAID
         if not _PYTHON_WRITER_SAID:
             _PYTHON_WRITER_SAID = True
-            warnings.warn(
-                f"maxinstr: {why}; the Python flusher writes the stage records (a SIGKILL can lose "
-                "the records of the last flush interval)",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+            warnings.warn(f"maxinstr: {why}; the Python flusher writes the stage records (a SIGKILL can lose the "
+                          "records of the last flush interval)", RuntimeWarning, stacklevel=4)
 
     # -- what attaches to the part: the kernel collector, the sampler ---------------------------
     def _start_kernels(self, part_dir: Path) -> None:
@@ -479,13 +406,11 @@ class Session:
             reason = str(exc)
         except Exception as exc:  # noqa: BLE001 - instrumentation must never stop the program
             reason = f"kernel collector failed to start: {type(exc).__name__}: {exc}"
-        info: dict[str, Any] = {"requested": True, "collector": collector.name}
+        info: dict[str, Any] = {"requested": True, "collector": collector.name, "status": "collecting"}
         if reason:
             info["status"], info["reason"] = "unavailable", reason
             self._event("warning", f"kernels=True: {reason}")
             _warn_kernels_once(reason)
-        else:
-            info["status"] = "collecting"
         if self.meta is not None:
             self.meta["kernels"] = info
             self._write_meta()
@@ -529,11 +454,8 @@ class Session:
             flush_locked(PROCESS, block=True)
 
     def records(self) -> Run:
-        """The records of this session so far, as a :class:`maxinstr.Run` (flushes first).
-
-        For a directory session this is ``maxinstr.load(path)``; for the in-memory session
-        the records held in memory.
-        """
+        """The records of this session so far, as a :class:`maxinstr.Run` (flushes first):
+        ``maxinstr.load(path)``, or the records an in-memory session holds."""
         target = self._host or self
         with PROCESS.lock:
             flush_locked(PROCESS, block=False)
@@ -593,19 +515,8 @@ def _clear_previous_run(path: Path) -> None:
     meta.unlink(missing_ok=True)
 
 
-# ------------------------------------------------------------------------------------------
-# public functions
-
-
-def session(
-    path: str | os.PathLike[str] | None,
-    *,
-    warmup: int = 0,
-    sample_hz: float = DEFAULT_SAMPLE_HZ,
-    flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
-    kernels: bool = False,
-    **user_meta: Any,
-) -> Session:
+def session(path: str | os.PathLike[str] | None, *, warmup: int = 0, sample_hz: float = DEFAULT_SAMPLE_HZ,
+            flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S, kernels: bool = False, **user_meta: Any) -> Session:
     """A recording session writing the run directory ``path`` (docs/sessions.md).
 
     Use it as a context manager, or call ``.start()`` and ``.close()``. ``warmup=N``: the
@@ -628,9 +539,7 @@ def current_session() -> Session:
     """The innermost open session of this process, or the default in-memory session that
     keeps stages recorded outside any session (bounded by ``MAXINSTR_MEMORY_RECORDS``,
     default 1Mi records; the rest are counted in ``records().notes``)."""
-    if PROCESS.stack:
-        return PROCESS.stack[-1]
-    return _default
+    return PROCESS.stack[-1] if PROCESS.stack else _default
 
 
 def ensure_env_session() -> Session | None:

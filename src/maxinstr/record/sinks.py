@@ -30,34 +30,29 @@ Attrs = list[tuple[int, dict[str, Any]]]
 
 
 class Sink(Protocol):
-    """What a drained batch of records is handed to."""
+    """What a drained batch of records is handed to. No method raises for a disk problem: what
+    could not be written is counted where the run says so (part.json, Run.notes)."""
 
-    kind: str
-    """part.json ``writer.kind``: ``memory``, ``python`` or ``native``."""
+    kind: str  # part.json ``writer.kind``: ``memory``, ``python`` or ``native``
 
     def write(self, rows: np.ndarray, names: dict[int, str], attrs: Attrs) -> None:
-        """Take one drained batch: ``rows`` (STAGE_DTYPE), every name id the process knows, and
-        the attrs of records that had some. Never raises for a disk problem (counted instead)."""
+        """One drained batch: ``rows`` (STAGE_DTYPE), every name the process knows, the attrs."""
 
     def count_unwritten(self, rows: int, attrs: int = 0) -> None:
-        """A batch :meth:`write` raised on, or never reached (a bug, a value nothing could
-        encode, Ctrl-C between the drain and the write): count its rows and attrs where the
-        run says what was dropped."""
+        """A batch :meth:`write` raised on or never reached (a bug, Ctrl-C after the drain)."""
 
     def begin_close(self, deadline: float) -> None:
-        """The session is closing: attrs not written by ``deadline`` (``time.monotonic()``) are
-        counted instead of written, so close is bounded whatever other threads record."""
+        """Attrs not written by ``deadline`` (``time.monotonic()``) are counted, not written: close
+        is bounded whatever other threads record."""
 
     def event(self, kind: str, message: str, **fields: Any) -> None:
         """One warning/error line for the run (events.jsonl where there is one)."""
 
     def disk_error(self, exc: OSError) -> None:
-        """Another file of the run (meta.json) could not be written: said as the sink's own
-        disk errors are (once), and nothing more is written."""
+        """Another file of the run (meta.json) could not be written: said once, nothing more written."""
 
     def settle(self, *, wait: bool) -> dict[str, Any] | None:
-        """After a drain: with ``wait``, return once every record completed so far is written.
-        Returns the writer thread's status (:class:`NativeSink` while it runs), else None."""
+        """After a drain; with ``wait``, return once every record completed so far is written."""
 
     def close(self, **part_fields: Any) -> None:
         """The last write: part.json with ``part_fields`` (status, counts), files closed."""
@@ -91,20 +86,16 @@ class MemorySink:
     def count_unwritten(self, rows: int, attrs: int = 0) -> None:
         self.dropped += rows
 
-    def begin_close(self, deadline: float) -> None:
-        return None  # in memory: nothing slow to bound
+    # no disk, nothing slow to bound; no events.jsonl (records() notes say what was dropped)
+    def begin_close(self, deadline: float) -> None: ...
 
-    def event(self, kind: str, message: str, **fields: Any) -> None:
-        return None  # an in-memory run has no events.jsonl; records() notes say what was dropped
+    def event(self, kind: str, message: str, **fields: Any) -> None: ...
 
-    def disk_error(self, exc: OSError) -> None:
-        return None  # no disk
+    def disk_error(self, exc: OSError) -> None: ...
 
-    def settle(self, *, wait: bool) -> None:
-        return None
+    def settle(self, *, wait: bool) -> None: ...
 
-    def close(self, **part_fields: Any) -> None:
-        return None
+    def close(self, **part_fields: Any) -> None: ...
 
     def to_run(self, names_map: dict[int, str], *, warmup: int, user: dict[str, Any], native_dropped: int) -> Run:
         """The records kept, as a :class:`maxinstr.Run` (``names_map``: the process's name table;

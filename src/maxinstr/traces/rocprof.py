@@ -460,7 +460,7 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
     # put it in correlation_id
     corr_col = _rocpd_correlation_column(con, src["rocpd_event"])
     meta["correlation_column"] = f"rocpd_event.{corr_col}"
-    ext_sql = "E.extdata" if "extdata" in _source_columns(con, tables, src["rocpd_event"]) else "NULL"
+    ext_sql = "E.extdata" if "extdata" in _source_columns(con, src["rocpd_event"]) else "NULL"
 
     report(progress, "reading rocpd regions")
     start, end, name, pid, tid, corr, cat, ext = fetch(
@@ -473,9 +473,6 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
     )
     if len(start):
         cat = np.asarray(cat, dtype=object)  # tested per distinct category (no fixed-width copy)
-        pid = _ints_or(pid, path, "pid")
-        tid = _ints_or(tid, path, "tid")
-        corr = _ints_or(corr, path, "correlation_id")
         # rocprofv3 writes MARKER_CORE_RANGE_API / MARKER_CORE_API, rocprof-sys rocm_marker_api
         is_marker = per_string(cat, lambda c: "marker" in c.lower())
         is_api = ~is_marker & per_string(cat, lambda c: "_api" in c.lower() and "hsa" not in c.lower())
@@ -489,7 +486,7 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
             _pop_time_ranges(b, start[a], end[a], tid[a], pid[a], cat[m])
         b.add(Calls, start_ns=start[a], end_ns=end[a], tid=tid[a], pid=pid[a], correlation_id=corr[a], name=name[a])
         meta["region_categories"] = sorted(set(cat.tolist()))
-    marks = _rocpd_marks(path, con, tables, src, fetch, times)
+    marks = _rocpd_marks(src, fetch, times, ext_sql)
     if marks is not None:
         b.add(Ranges, **marks)
 
@@ -512,8 +509,7 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
     if len(start):
         start, end, name, dev, stream, pid, corr = checked("rocpd_kernel_dispatch", [start, end, name, dev, stream, pid, corr])
         b.add(GpuOps, kind=OpKind.KERNEL, start_ns=start, end_ns=end, name=name.astype(object),
-              device_id=_ints_or(dev, path, "agent"), stream_id=_ints_or(stream, path, "stream_id"),
-              pid=_ints_or(pid, path, "pid"), correlation_id=_ints_or(corr, path, "correlation_id"))
+              device_id=dev, stream_id=stream, pid=pid, correlation_id=corr)
     if "rocpd_memory_copy" in src:
         report(progress, "reading rocpd memory copies")
         dst_sql = dev_sql.replace("X.agent_id", "X.dst_agent_id")
@@ -533,12 +529,9 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
         if len(start):
             start, end, name, dst, srcd, dst_type, stream, pid, corr, size = checked(
                 "rocpd_memory_copy", [start, end, name, dst, srcd, dst_type, stream, pid, corr, size])
-            dst_i = _ints_or(dst, path, "dst_agent")
-            src_i = _ints_or(srcd, path, "src_agent")
             b.add(GpuOps, kind=OpKind.MEMCPY, start_ns=start, end_ns=end, name=name.astype(object),
-                  device_id=np.where(dst_type == "GPU", dst_i, src_i), stream_id=_ints_or(stream, path, "stream_id"),
-                  pid=_ints_or(pid, path, "pid"), correlation_id=_ints_or(corr, path, "correlation_id"),
-                  bytes=_ints_or(size, path, "size", default=0))
+                  device_id=np.where(dst_type == "GPU", dst, srcd), stream_id=stream, pid=pid, correlation_id=corr,
+                  bytes=size)
     if thr:
         for t, n in con.execute(f"SELECT tid, name FROM {thr} WHERE name IS NOT NULL"):
             if isinstance(t, int):
@@ -546,7 +539,7 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
     return assemble(b, meta)
 
 
-def _source_columns(con: sqlite3.Connection, tables: dict[str, str], source: str) -> set[str]:
+def _source_columns(con: sqlite3.Connection, source: str) -> set[str]:
     """Column names of a logical rocpd table: its view, or the first of its suffixed tables."""
     m = re.search(r'"([^"]+)"', source)
     return _util.sqlite_columns(con, m.group(1)) if m else set()
@@ -556,15 +549,11 @@ def _rocpd_correlation_column(con: sqlite3.Connection, event_source: str) -> str
     """``stack_id`` where the file fills it (rocprofv3: the internal correlation id, which ties a
     call to its kernels and copies; its ``correlation_id`` is the external id, 0 unless the program
     set one), else ``correlation_id``."""
-    cols = _source_columns(con, {}, event_source)
-    if "stack_id" in cols:
+    if "stack_id" in _source_columns(con, event_source):
         row = con.execute(f"SELECT 1 FROM {event_source} WHERE stack_id IS NOT NULL AND stack_id != 0 LIMIT 1")
         if row.fetchone() is not None:
             return "stack_id"
     return "correlation_id"
-
-
-_PAIRED_OPS = {"roctxThreadRangeA": RangeStyle.PUSH_POP, "roctxProcessRangeA": RangeStyle.START_END}
 
 
 def _marker_message(extdata: str) -> str:
@@ -643,8 +632,8 @@ def _pop_time_ranges(b: TraceBuilder, c_start: np.ndarray, c_end: np.ndarray, c_
         "with a newer ROCm")
 
 
-def _rocpd_marks(path: Path, con: sqlite3.Connection, tables: dict[str, str], src: dict[str, str], fetch,
-                 times: TimeCheck) -> dict | None:
+def _rocpd_marks(src: dict[str, str], fetch: Callable[[str, str], list[np.ndarray]], times: TimeCheck,
+                 ext_sql: str) -> dict | None:
     """roctxMark instants: rocprofv3 writes them to rocpd_sample (no name; the message is the
     event's extdata), on a track of the marker category."""
     if "rocpd_sample" not in src or "rocpd_track" not in src:
@@ -653,7 +642,6 @@ def _rocpd_marks(path: Path, con: sqlite3.Connection, tables: dict[str, str], sr
     proc = src.get("rocpd_info_process")
     tid_sql = f"(SELECT T2.tid FROM {thr} T2 WHERE T2.id = T.tid AND T2.guid = T.guid)" if thr else "T.tid"
     pid_sql = f"(SELECT P.pid FROM {proc} P WHERE P.id = T.pid AND P.guid = T.guid)" if proc else "T.pid"
-    ext_sql = "E.extdata" if "extdata" in _source_columns(con, tables, src["rocpd_event"]) else "NULL"
     ts, tid, pid, cat, ext = fetch(
         f"""SELECT ifnull(X.timestamp, {INVALID_NS}), ifnull({tid_sql}, -1), ifnull({pid_sql}, -1),
                    (SELECT S.string FROM {src['rocpd_string']} S WHERE S.id = E.category_id AND S.guid = E.guid),
@@ -666,7 +654,7 @@ def _rocpd_marks(path: Path, con: sqlite3.Connection, tables: dict[str, str], sr
     sel = np.flatnonzero(per_string(np.asarray(cat, dtype=object), lambda c: "marker" in c.lower())) if len(ts) else ts
     if not len(sel):
         return None
-    ts, tid, pid, ext = ts[sel], _ints_or(tid[sel], path, "tid"), _ints_or(pid[sel], path, "pid"), ext[sel]
+    ts, tid, pid, ext = ts[sel], tid[sel], pid[sel], ext[sel]
     keep = times.keep("rocpd_sample (marks)", ts, ts, names=("timestamp", "timestamp"))
     if keep is not None:
         ts, tid, pid, ext = ts[keep], tid[keep], pid[keep], ext[keep]
@@ -674,10 +662,3 @@ def _rocpd_marks(path: Path, con: sqlite3.Connection, tables: dict[str, str], sr
     message = np.array([_marker_message(u) or "roctxMarkA" for u in uniq], dtype=object)[inv]
     return dict(start_ns=ts, end_ns=ts, name=message, tid=tid, pid=pid, style=int(RangeStyle.MARK))
 
-
-def _ints_or(values: np.ndarray, path: Path, what: str, default: int = NO_ID) -> np.ndarray:
-    """An int64 column where SQL NULL becomes ``default``."""
-    arr = np.asarray(values, dtype=object) if np.asarray(values).dtype == object else np.asarray(values)
-    if arr.dtype == object:
-        arr = np.where(np.equal(arr, None), default, arr)  # type: ignore[call-overload]  # (object array: per element)
-    return int_column(arr, path, what)
