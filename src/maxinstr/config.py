@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any
 from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
+
+T_co = TypeVar("T_co", covariant=True)
 
 # -- the names ------------------------------------------------------------------------------
 # read by Python (the accessors below)
@@ -184,14 +186,49 @@ def _checked(name: str, default: Any, environ: Mapping[str, str] | None, parse: 
 
 
 # -- the accessors (one a variable read by Python) ------------------------------------------
-def run_dir(environ: Mapping[str, str] | None = None) -> str | None:
-    """``MAXINSTR_RUN_DIR`` (set by ``maxinstr run``): where every session of the run writes."""
-    return text(RUN_DIR, environ)
+class Accessor(Protocol[T_co]):
+    def __call__(self, environ: Mapping[str, str] | None = None) -> T_co: ...
 
 
-def session_dir(environ: Mapping[str, str] | None = None) -> str | None:
-    """``MAXINSTR_SESSION_DIR`` (set by an open session): the run a child process joins."""
-    return text(SESSION_DIR, environ)
+def _text_variable(name: str, doc: str) -> Accessor[str | None]:
+    def read(environ: Mapping[str, str] | None = None) -> str | None:
+        return text(name, environ)
+
+    read.__doc__ = f"``{name}``: {doc}"
+    return read
+
+
+def _flag_variable(name: str, default: bool, doc: str) -> Accessor[bool]:
+    def read(environ: Mapping[str, str] | None = None) -> bool:
+        return flag(name, default, environ)
+
+    read.__doc__ = f"``{name}`` (default {'on' if default else 'off'}): {doc}"
+    return read
+
+
+run_dir = _text_variable(RUN_DIR, "set by ``maxinstr run``: where every session of the run writes")
+session_dir = _text_variable(SESSION_DIR, "set by an open session: the run a child process joins")
+profiler_json = _text_variable(PROFILER, "the JSON ``maxinstr run`` passes about the wrapping profiler")
+sampler_nvml_library = _text_variable(SAMPLER_NVML_LIB, "a stand-in libnvidia-ml to load (tests, benchmarks)")
+cuda_library = _text_variable(CUDA_LIBRARY, "the driver library to load instead of libcuda.so.1")
+native_writer_enabled = _flag_variable(NATIVE_WRITER, True, "the core's writer thread writes the records")
+cupti_tags = _flag_variable(CUPTI_TAGS, True, "kernels=True ties ops to stages with the core's launch tags; "
+                            "off: with CUPTI's API + external-correlation activity records")
+sampler_profile = _flag_variable(SAMPLER_PROFILE, False, "samples.json also gets each call's CPU time")
+no_native_columns = _flag_variable(NO_NATIVE_COLUMNS, False, "the nsys SQLite reader stays in Python")
+no_direct_scan = _flag_variable(NO_DIRECT_SCAN, False, "the native nsys reader asks SQLite for every table "
+                                "instead of scanning integer tables' b-trees itself")
+no_malloc_tuning = _flag_variable(NO_MALLOC_TUNING, False, "report/compare leave glibc malloc's and OpenBLAS's "
+                                  "settings as the environment has them")
+no_nvtx_v2 = _flag_variable(NO_NVTX_V2, False, "do not provide NVTX's v2 entry points for MAX")
+max_profiling_by_run = _flag_variable(MAX_PROFILING_BY_RUN, False, "``maxinstr run`` set MODULAR_ENABLE_PROFILING "
+                                      "itself (the user did not), so the start-up hook may turn MAX's markers off "
+                                      "where they would abort MAX")
+run_sampled = _flag_variable(RUN_SAMPLED, False, "``maxinstr run`` samples the GPUs from its own process for the "
+                             "whole run, so the run's session in the program starts no sampler")
+debug = _flag_variable(DEBUG, False, "CLI errors show the traceback (as ``--debug``)")
+disabled = _flag_variable(DISABLE, False, "stages are no-ops, as the native core reads it at import (Python does "
+                          "not act on it; tests hold the two answers equal)")
 
 
 def session_pid(environ: Mapping[str, str] | None = None) -> int | None:
@@ -231,23 +268,13 @@ def warmup_instances(environ: Mapping[str, str] | None = None) -> int | None:
                     instead="it is ignored, as if unset")
 
 
-def profiler_json(environ: Mapping[str, str] | None = None) -> str | None:
-    """``MAXINSTR_PROFILER``: the JSON ``maxinstr run`` passes about the wrapping profiler."""
-    return text(PROFILER, environ)
+DEFAULT_WRITER_INTERVAL_MS = 2.0
+DEFAULT_WRITER_THRESHOLD_RECORDS = 8192
 
 
 def memory_records(environ: Mapping[str, str] | None = None) -> int:
     """``MAXINSTR_MEMORY_RECORDS``: bound of the default in-memory session (1Mi records)."""
     return integer(MEMORY_RECORDS, 1 << 20, minimum=0, environ=environ)
-
-
-def native_writer_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_NATIVE_WRITER`` (default on): the core's writer thread writes the records."""
-    return flag(NATIVE_WRITER, True, environ)
-
-
-DEFAULT_WRITER_INTERVAL_MS = 2.0
-DEFAULT_WRITER_THRESHOLD_RECORDS = 8192
 
 
 def writer_interval_ms(environ: Mapping[str, str] | None = None) -> float:
@@ -258,12 +285,6 @@ def writer_interval_ms(environ: Mapping[str, str] | None = None) -> float:
 def writer_threshold_records(environ: Mapping[str, str] | None = None) -> int:
     """``MAXINSTR_WRITER_THRESHOLD``: the native writer writes at once at this many records (8192)."""
     return integer(WRITER_THRESHOLD, DEFAULT_WRITER_THRESHOLD_RECORDS, minimum=1, environ=environ)
-
-
-def cupti_tags(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_CUPTI_TAGS`` (default on): kernels=True ties ops to stages with the core's
-    launch tags; off: with CUPTI's API + external-correlation activity records."""
-    return flag(CUPTI_TAGS, True, environ)
 
 
 SAMPLER_GIL_MODES = ("process", "auto", "release")
@@ -281,71 +302,16 @@ def sampler_gil(environ: Mapping[str, str] | None = None) -> str:
     return mode
 
 
-def sampler_profile(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_SAMPLER_PROFILE`` (default off): samples.json also gets each call's CPU time."""
-    return flag(SAMPLER_PROFILE, False, environ)
-
-
-def sampler_nvml_library(environ: Mapping[str, str] | None = None) -> str | None:
-    """``MAXINSTR_SAMPLER_NVML_LIB``: a stand-in libnvidia-ml to load (tests, benchmarks)."""
-    return text(SAMPLER_NVML_LIB, environ)
-
-
-def no_native_columns(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_NO_NATIVE_COLUMNS`` (default off): the nsys SQLite reader stays in Python."""
-    return flag(NO_NATIVE_COLUMNS, False, environ)
-
-
-def no_direct_scan(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_NO_DIRECT_SCAN`` (default off): the native nsys reader asks SQLite for every
-    table instead of scanning integer tables' b-trees itself."""
-    return flag(NO_DIRECT_SCAN, False, environ)
-
-
-def no_malloc_tuning(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_NO_MALLOC_TUNING`` (default off): report/compare leave glibc malloc's and
-    OpenBLAS's settings as the environment has them."""
-    return flag(NO_MALLOC_TUNING, False, environ)
-
-
-def no_nvtx_v2(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_NO_NVTX_V2`` (default off): do not provide NVTX's v2 entry points for MAX."""
-    return flag(NO_NVTX_V2, False, environ)
-
-
-def max_profiling_by_run(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_MAX_PROFILING_BY_RUN`` (default off): ``maxinstr run`` set
-    ``MODULAR_ENABLE_PROFILING`` itself (the user did not), so the start-up hook may turn MAX's
-    markers off where they would abort MAX."""
-    return flag(MAX_PROFILING_BY_RUN, False, environ)
-
-
-def run_sampled(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_RUN_SAMPLED`` (default off): ``maxinstr run`` samples the GPUs from its own
-    process for the whole run, so the run's session in the program starts no sampler."""
-    return flag(RUN_SAMPLED, False, environ)
-
-
-def debug(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_DEBUG`` (default off): CLI errors show the traceback (as ``--debug``)."""
-    return flag(DEBUG, False, environ)
-
-
-def cuda_library(environ: Mapping[str, str] | None = None) -> str | None:
-    """``MAXINSTR_CUDA_LIBRARY``: the driver library to load instead of libcuda.so.1."""
-    return text(CUDA_LIBRARY, environ)
-
-
 # -- the launcher's variables (torchrun and the like): one rule for RANK, LOCAL_RANK, WORLD_SIZE --------
 def _launcher_number(name: str, environ: Mapping[str, str] | None) -> int | None:
     """A whole number >= 0, ASCII blanks around it ignored; None when unset, blank or anything else
     (``x``, ``-1``, ``2.5``): such a value names no rank, silently, as a program's own variable may."""
     value = text(name, environ)
     try:
-        number = None if value is None else int(_word(value))
+        n = None if value is None else int(_word(value))
     except ValueError:
         return None
-    return number if number is not None and number >= 0 else None
+    return n if n is not None and n >= 0 else None
 
 
 def rank(environ: Mapping[str, str] | None = None) -> int | None:
@@ -361,10 +327,3 @@ def local_rank(environ: Mapping[str, str] | None = None) -> int | None:
 def world_size(environ: Mapping[str, str] | None = None) -> int | None:
     """``WORLD_SIZE``: how many ranks the job has."""
     return _launcher_number("WORLD_SIZE", environ)
-
-
-def disabled(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_DISABLE`` (default off) as the native core reads it at import: stages are
-    no-ops. Python does not act on it (the core does); tests hold the two answers equal."""
-    return flag(DISABLE, False, environ)
-
