@@ -156,15 +156,13 @@ def text(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     return _raw(name, environ)
 
 
-def integer(name: str, default: int, *, minimum: int | None = None,
-            environ: Mapping[str, str] | None = None) -> int:
+def integer(name: str, default: int, *, minimum: int | None = None, environ: Mapping[str, str] | None = None) -> int:
     """A whole number (at least ``minimum``), else one warning and ``default``."""
     return _checked(name, default, environ, int, lambda n: minimum is None or n >= minimum,
                     "a whole number" + (f" >= {minimum}" if minimum is not None else ""))
 
 
-def number(name: str, default: float, *, positive: bool = True,
-           environ: Mapping[str, str] | None = None) -> float:
+def number(name: str, default: float, *, positive: bool = True, environ: Mapping[str, str] | None = None) -> float:
     """A finite number (> 0 when ``positive``, else >= 0), else one warning and ``default``."""
     return _checked(name, default, environ, float, lambda x: (x > 0 if positive else x >= 0) and x != float("inf"),
                     "a number > 0" if positive else "a number >= 0")

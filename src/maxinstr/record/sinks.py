@@ -185,13 +185,10 @@ class NativeSink(PythonSink):
         if part.failed or not part.is_open:
             raise NativeWriterUnavailable(f"the part's files are not open ({part.failed or 'not created'})")
         try:
-            self.native.writer_start(
-                str(part.part_dir / fmt.STAGES_FILE),
-                str(part.part_dir / fmt.STRINGS_FILE),
-                interval_ms=config.writer_interval_ms(),
-                threshold=config.writer_threshold_records(),
-                fsync_interval_s=self.fsync_interval_s,
-            )
+            self.native.writer_start(str(part.part_dir / fmt.STAGES_FILE), str(part.part_dir / fmt.STRINGS_FILE),
+                                     interval_ms=config.writer_interval_ms(),
+                                     threshold=config.writer_threshold_records(),
+                                     fsync_interval_s=self.fsync_interval_s)
         except Exception as exc:  # noqa: BLE001 - a thread or file that cannot be created: the Python writer
             raise NativeWriterUnavailable(f"the native writer did not start ({type(exc).__name__}: {exc})") from None
         self.state = "running"

@@ -85,11 +85,8 @@ class SteadyState:
         self.pending = False
         if self.meta is None:
             return
-        self.meta["steady_state"] = {
-            "name": None if name_id is None else self._name(name_id),
-            "start_ns": at_ns,
-            "detected_ns": self._clock_ns(),
-        }
+        self.meta["steady_state"] = {"name": None if name_id is None else self._name(name_id), "start_ns": at_ns,
+                                     "detected_ns": self._clock_ns()}
         if self.capture is not None and not self.capture_started:
             ok = False
             try:

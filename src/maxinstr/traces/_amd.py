@@ -46,15 +46,8 @@ def _marker_styles(start: np.ndarray, end: np.ndarray, tid: np.ndarray, op_names
     return style
 
 
-def markers_from_rows(
-    start: np.ndarray,
-    end: np.ndarray,
-    name: np.ndarray,
-    tid: np.ndarray,
-    pid: np.ndarray,
-    op_names: np.ndarray | None,
-    notes: list[str],
-) -> dict:
+def markers_from_rows(start: np.ndarray, end: np.ndarray, name: np.ndarray, tid: np.ndarray, pid: np.ndarray,
+                      op_names: np.ndarray | None, notes: list[str]) -> dict:
     """Marker rows as the columns of a Ranges part: raw push/pop rows are paired; rows rocprofv3
     paired already are kept."""
     ops = op_names if op_names is not None else name
@@ -70,14 +63,10 @@ def markers_from_rows(
         rest = np.flatnonzero(~(is_push | is_pop))
         r_style = _marker_styles(start[rest], end[rest], tid[rest], op_names[rest] if op_names is not None else None)
         # a raw pop row carries no message; the push's name (message when known) names the range
-        return dict(
-            start_ns=np.r_[start[push_i], start[rest]],
-            end_ns=np.r_[end[pop_i], end[rest]],
-            name=np.r_[name[push_i], name[rest]].astype(object),
-            tid=np.r_[tid[push_i], tid[rest]],
-            pid=np.r_[pid[push_i], pid[rest]],
-            style=np.r_[np.full(len(push_i), int(RangeStyle.PUSH_POP), np.int8), r_style],
-        )
+        return dict(start_ns=np.r_[start[push_i], start[rest]], end_ns=np.r_[end[pop_i], end[rest]],
+                    name=np.r_[name[push_i], name[rest]].astype(object), tid=np.r_[tid[push_i], tid[rest]],
+                    pid=np.r_[pid[push_i], pid[rest]],
+                    style=np.r_[np.full(len(push_i), int(RangeStyle.PUSH_POP), np.int8), r_style])
     style = _marker_styles(start, end, tid, op_names)
     no_thread = (style == int(RangeStyle.START_END)) & (tid == 0)
     if no_thread.any():

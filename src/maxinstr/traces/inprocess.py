@@ -244,17 +244,12 @@ def stage_ranges(run: Any, strings: StringTable, domain: int) -> Ranges:
     st = run.stages
     names = run.stage_names() if len(st) else np.empty(0, object)
     mark = (st["flags"] & _MARK_FLAG) != 0
-    return Ranges(
-        start_ns=st["host_start_ns"].astype(np.int64),
-        end_ns=st["host_end_ns"].astype(np.int64),
-        name_id=strings.ids_for(names) if len(st) else np.empty(0, np.int32),
-        domain_id=np.full(len(st), domain, np.int32),
-        tid=st["tid"].astype(np.int64),
-        end_tid=st["tid"].astype(np.int64),
-        pid=st["pid"].astype(np.int64),
-        style=np.where(mark, RangeStyle.MARK, RangeStyle.PUSH_POP).astype(np.int8),
-        payload=st["id"].astype(np.int64),
-    )
+    return Ranges(start_ns=st["host_start_ns"].astype(np.int64), end_ns=st["host_end_ns"].astype(np.int64),
+                  name_id=strings.ids_for(names) if len(st) else np.empty(0, np.int32),
+                  domain_id=np.full(len(st), domain, np.int32), tid=st["tid"].astype(np.int64),
+                  end_tid=st["tid"].astype(np.int64), pid=st["pid"].astype(np.int64),
+                  style=np.where(mark, RangeStyle.MARK, RangeStyle.PUSH_POP).astype(np.int8),
+                  payload=st["id"].astype(np.int64))
 
 
 __all__ = ["FORMAT", "OP_STAGE_KEY", "has_activity", "read_run", "stage_ranges", "to_host_clock"]

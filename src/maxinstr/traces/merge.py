@@ -89,17 +89,11 @@ def merge_rank_traces(traces: list[Trace], ranks: list[int],
     for t in traces:
         thread_names.update(t.thread_names)
     formats = sorted({t.format for t in traces})
-    merged = Trace(
-        source=" + ".join(str(t.source) for t in traces),
-        format=formats[0] if len(formats) == 1 else "+".join(formats),
-        strings=np.array(values, dtype=object),
-        ranges=cat("ranges", Ranges),
-        calls=cat("calls", Calls),
-        ops=cat("ops", GpuOps),
-        thread_names=thread_names,
-        clock=first.clock if len({t.clock for t in traces}) == 1 else "per-rank",
-        session_start_utc_ns=first.session_start_utc_ns,
-        notes=notes,
-        meta={"ranks": [int(r) for r in ranks], "rank_sources": [str(t.source) for t in traces]},
-    )
+    merged = Trace(source=" + ".join(str(t.source) for t in traces),
+                   format=formats[0] if len(formats) == 1 else "+".join(formats),
+                   strings=np.array(values, dtype=object), ranges=cat("ranges", Ranges), calls=cat("calls", Calls),
+                   ops=cat("ops", GpuOps), thread_names=thread_names,
+                   clock=first.clock if len({t.clock for t in traces}) == 1 else "per-rank",
+                   session_start_utc_ns=first.session_start_utc_ns, notes=notes,
+                   meta={"ranks": [int(r) for r in ranks], "rank_sources": [str(t.source) for t in traces]})
     return merged, {k: np.concatenate(v) if v else np.empty(0, np.int64) for k, v in row_rank.items()}

@@ -1,14 +1,10 @@
-"""The one columnar in-memory model every trace reader produces.
+"""The one columnar model every trace reader produces, and attribution and analysis read.
 
-Readers (nsys SQLite, rocprofv3, RPD, Kineto, in-process CUPTI) fill a :class:`Trace`;
-attribution and analysis only ever see this model. Every table is a struct of numpy
-columns of equal length; names are interned once into ``Trace.strings`` and referred to
-by int32 ids (``-1`` means "none"). Times are int64 nanoseconds on the trace's own clock
-(``Trace.clock`` says which); readers never convert row by row in Python.
-Integer columns are int64 unless a reader knows the values are small: the nsys reader gives
-int32 ``pid``/``tid`` (nsys packs them in 24 bits), which halves them on 10M-op traces;
-consumers compare and index with them as they are and widen (``np.asarray(x, np.int64)``)
-before shifting or multiplying.
+Every table is a struct of equal-length numpy columns; names are interned once into
+``Trace.strings`` and referred to by int32 ids (``-1``: none). Times are int64 ns on the trace's
+own clock (``Trace.clock``). Integer columns are int64 unless a reader knows the values are small:
+the nsys reader gives int32 ``pid``/``tid`` (24 bits in nsys), which halves them on 10M-op traces;
+consumers widen (``np.asarray(x, np.int64)``) before shifting or multiplying.
 """
 
 from __future__ import annotations
@@ -23,20 +19,15 @@ from maxinstr.columns import factorize
 from maxinstr.errors import TraceError
 from maxinstr.rundir.format import MAX_TIME_NS  # trace times too: a difference of two fits an int64
 
-NO_ID = -1
-"""Sentinel for a missing id / string / payload in integer columns."""
-
+NO_ID = -1  # a missing id / string / payload in integer columns
+# In a time column where the file holds no integer (text, a float, a missing value): TimeCheck drops
+# such rows; far below -2**62, it can never pass for a time.
 INVALID_NS = int(np.iinfo(np.int64).min)
-"""What a reader puts in a time column where the file holds no integer (text, a float in an integer
-column, a missing value where one is required): :class:`TimeCheck` drops such rows. Being far
-below -2**62 it can never pass for a time."""
-
 OP_CALL_KEY = "op_call"
-"""``trace.meta[OP_CALL_KEY]``, set by a reader that joined ops to their launch calls anyway
-(the nsys reader keeps only the calls some op points at): ``(ops.pid, ops.correlation_id,
-calls.pid, calls.correlation_id, op_call)``, the four key columns (the very array objects) and
-per op its call row, as :func:`maxinstr.attribute.attribute.join_ops_to_calls` computes it.
-That function uses it only while the trace still holds those same arrays."""
+"""``trace.meta[OP_CALL_KEY]``, set by a reader that joined ops to their launch calls anyway (nsys):
+``(ops.pid, ops.correlation_id, calls.pid, calls.correlation_id, op_call)``, the key columns (the
+very array objects) and per op its call row, as :func:`maxinstr.attribute.attribute.join_ops_to_calls`
+computes it; used only while the trace still holds those same arrays."""
 
 
 class RangeStyle(IntEnum):
@@ -222,9 +213,8 @@ class TimeCheck:
         self.lowest_start = -MAX_TIME_NS if start_can_be_zero else 0  # a valid start is above this
         self.expected = expected  # what a time column holds in this format ("a number" in JSON)
 
-    def keep(self, table: str, start_ns: np.ndarray, end_ns: np.ndarray, *,
-             row: Callable[[int], str] | None = None, names: tuple[str, str] = ("start", "end"),
-             unit: str = "rows") -> np.ndarray | None:
+    def keep(self, table: str, start_ns: np.ndarray, end_ns: np.ndarray, *, row: Callable[[int], str] | None = None,
+             names: tuple[str, str] = ("start", "end"), unit: str = "rows") -> np.ndarray | None:
         """A boolean mask of the rows of ``table`` to keep, or None when every row is valid (the
         common case: three passes over the columns, nothing copied). ``row(i)`` names the i-th row
         for the note (default ``"row {i + 1}"``); ``names`` are the file's names of the two

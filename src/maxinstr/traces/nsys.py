@@ -54,17 +54,8 @@ from maxinstr.traces.model import (
 )
 
 # Fallback numbers for files without ENUM_NSYS_EVENT_TYPE (nsys 2022.2 exports lack it).
-_EVENT_TYPES = {
-    "NvtxCategory": 33,
-    "NvtxMark": 34,
-    "NvtxThread": 39,
-    "NvtxPushPopRange": 59,
-    "NvtxStartEndRange": 60,
-    "NvtxtMark": 65,
-    "NvtxtPushPopRange": 70,
-    "NvtxtStartEndRange": 71,
-    "NvtxDomainCreate": 75,
-}
+_EVENT_TYPES = {"NvtxCategory": 33, "NvtxMark": 34, "NvtxThread": 39, "NvtxPushPopRange": 59, "NvtxStartEndRange": 60,
+                "NvtxtMark": 65, "NvtxtPushPopRange": 70, "NvtxtStartEndRange": 71, "NvtxDomainCreate": 75}
 _EVENT_CLASS_DRIVER = 1
 _EVENT_CLASS_BACKTRACE = 67  # TRACE_PROCESS_EVENT_CUDABACKTRACE
 
@@ -387,9 +378,8 @@ class _Reader:
             is_copy, kinds = memcpy_kinds  # op rows of the copies, their copy kinds
             labels = self.enum_labels("ENUM_CUDA_MEMCPY_OPER", _MEMCPY_KINDS)
             uniq, inv = np.unique(kinds, return_inverse=True)
-            ids = np.array(
-                [self.strings.intern(f"[CUDA memcpy {labels.get(int(u), 'Unknown')}]") for u in uniq], np.int32
-            )
+            ids = np.array([self.strings.intern(f"[CUDA memcpy {labels.get(int(u), 'Unknown')}]") for u in uniq],
+                           np.int32)
             op_name[is_copy] = ids[inv.reshape(-1)]
         op_name[ops.kind == OpKind.MEMSET] = self.strings.intern("[CUDA memset]")
         ops.name_id = op_name
@@ -472,18 +462,10 @@ class _Reader:
 
         kinds = np.concatenate([np.full(p["n"], int(p["kind"]), np.int8) for p in parts])
         pid = cat("gpid")  # split from globalPid in SQL, on the reader threads
-        ops = GpuOps(
-            start_ns=cat("start"),
-            end_ns=cat("end"),
-            kind=kinds,
-            name_id=np.full(len(kinds), NO_ID, np.int32),
-            device_id=cat("dev").astype(np.int32, copy=False),
-            stream_id=cat("stream"),
-            pid=pid,
-            correlation_id=cat("corr"),
-            graph_node_id=cat("node"),
-            bytes=cat("bytes"),
-        )
+        ops = GpuOps(start_ns=cat("start"), end_ns=cat("end"), kind=kinds,
+                     name_id=np.full(len(kinds), NO_ID, np.int32), device_id=cat("dev").astype(np.int32, copy=False),
+                     stream_id=cat("stream"), pid=pid, correlation_id=cat("corr"), graph_node_id=cat("node"),
+                     bytes=cat("bytes"))
         sids = name_sid[0] if len(name_sid) == 1 else np.concatenate(name_sid)
         return ops, sids, (copy_rows, copy_kind) if copy_rows is not None else None
 
@@ -518,15 +500,8 @@ class _Reader:
         del used
         kind = np.where(is_driver[keep], np.int8(CallKind.DRIVER), np.int8(CallKind.RUNTIME))
         del is_driver
-        calls = Calls(
-            start_ns=s[keep],
-            end_ns=e[keep],
-            tid=tid[keep],
-            pid=pid[keep],
-            correlation_id=corr[keep],
-            name_id=np.full(len(kind), NO_ID, np.int32),
-            kind=kind,
-        )
+        calls = Calls(start_ns=s[keep], end_ns=e[keep], tid=tid[keep], pid=pid[keep], correlation_id=corr[keep],
+                      name_id=np.full(len(kind), NO_ID, np.int32), kind=kind)
         # Kept calls are one per (pid, correlation id), so this is the join attribution makes:
         # handed over with the columns it was computed from (traces.model.OP_CALL_KEY).
         op_call.flags.writeable = False  # shared: nobody may change it under the trace
@@ -565,17 +540,9 @@ class _Reader:
         pid, tid = split_global_tid(gtid)
         _, end_tid = split_global_tid(np.where(end_gtid >= 0, end_gtid, gtid))
         style = np.where(pushpop, RangeStyle.PUSH_POP, np.where(startend, RangeStyle.START_END, RangeStyle.MARK))
-        ranges = Ranges(
-            start_ns=start[keep],
-            end_ns=end[keep],
-            name_id=np.full(int(keep.sum()), NO_ID, np.int32),
-            domain_id=np.full(int(keep.sum()), NO_ID, np.int32),
-            tid=tid[keep],
-            end_tid=end_tid[keep],
-            pid=pid[keep],
-            style=style[keep].astype(np.int8),
-            payload=payload[keep],
-        )
+        ranges = Ranges(start_ns=start[keep], end_ns=end[keep], name_id=np.full(int(keep.sum()), NO_ID, np.int32),
+                        domain_id=np.full(int(keep.sum()), NO_ID, np.int32), tid=tid[keep], end_tid=end_tid[keep],
+                        pid=pid[keep], style=style[keep].astype(np.int8), payload=payload[keep])
         text_codes, text_values = text
 
         def rows_of(event: str) -> np.ndarray:
@@ -592,24 +559,14 @@ class _Reader:
                     out[int(tid[i])] = name
             return out
 
-        parts = {
-            "keep": keep,
-            "text_sid": text_sid[keep],
-            "text": (text_codes[keep], text_values),
-            "all_text_sid": text_sid,
-            "all_text": text,
-            "domain": domain,
-            "category": category,
-            "pid": pid,
-            "domain_rows": rows_of("NvtxDomainCreate"),
-            "category_rows": rows_of("NvtxCategory"),
-            "thread_names": thread_names,
-        }
+        parts = {"keep": keep, "text_sid": text_sid[keep], "text": (text_codes[keep], text_values),
+                 "all_text_sid": text_sid, "all_text": text, "domain": domain, "category": category, "pid": pid,
+                 "domain_rows": rows_of("NvtxDomainCreate"), "category_rows": rows_of("NvtxCategory"),
+                 "thread_names": thread_names}
         return ranges, parts
 
-    def _domains_and_categories(
-        self, ranges: Ranges, parts: dict[str, Any], registered: np.ndarray, inline: np.ndarray
-    ) -> None:
+    def _domains_and_categories(self, ranges: Ranges, parts: dict[str, Any], registered: np.ndarray,
+                                inline: np.ndarray) -> None:
         if "keep" not in parts:
             return
         keep = parts["keep"]

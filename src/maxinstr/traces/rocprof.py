@@ -33,20 +33,12 @@ from maxinstr.traces.model import INVALID_NS, NO_ID, Calls, GpuOps, OpKind, Rang
 CLOCK = "rocprofiler-sdk-ns"
 
 # file-name suffixes of the rocprofv3 CSV set (files may carry a "<pid>_" or other prefix)
-_CSV_KINDS = {
-    "kernel_trace.csv": "kernel",
-    "hip_api_trace.csv": "hip",
-    "hip_runtime_trace.csv": "hip",
-    "hip_compiler_trace.csv": "hip",
-    "marker_api_trace.csv": "marker",
-    "memory_copy_trace.csv": "memcpy",
-}
-_CSV_REQUIRED = {
-    "kernel": ("Kernel_Name", "Correlation_Id", "Start_Timestamp", "End_Timestamp"),
-    "hip": ("Function", "Process_Id", "Thread_Id", "Correlation_Id", "Start_Timestamp", "End_Timestamp"),
-    "marker": ("Function", "Process_Id", "Thread_Id", "Start_Timestamp", "End_Timestamp"),
-    "memcpy": ("Direction", "Correlation_Id", "Start_Timestamp", "End_Timestamp"),
-}
+_CSV_KINDS = {"kernel_trace.csv": "kernel", "hip_api_trace.csv": "hip", "hip_runtime_trace.csv": "hip",
+              "hip_compiler_trace.csv": "hip", "marker_api_trace.csv": "marker", "memory_copy_trace.csv": "memcpy"}
+_CSV_REQUIRED = {"kernel": ("Kernel_Name", "Correlation_Id", "Start_Timestamp", "End_Timestamp"),
+                 "hip": ("Function", "Process_Id", "Thread_Id", "Correlation_Id", "Start_Timestamp", "End_Timestamp"),
+                 "marker": ("Function", "Process_Id", "Thread_Id", "Start_Timestamp", "End_Timestamp"),
+                 "memcpy": ("Direction", "Correlation_Id", "Start_Timestamp", "End_Timestamp")}
 
 
 def csv_kind(name: str) -> str | None:

@@ -118,8 +118,7 @@ def read_rocprof_v1_db(path: str | Path, *, progress: Progress | None = None) ->
 class _Table:
     """Named columns of one table, read by name (a missing optional column gives its default)."""
 
-    def __init__(self, path: Path, db_path: Path, table: str, present: set[str],
-                 spec: list[tuple[str, str]]) -> None:
+    def __init__(self, path: Path, db_path: Path, table: str, present: set[str], spec: list[tuple[str, str]]) -> None:
         exprs, kinds = [], ""
         for col, kind in spec:
             if kind == "t":

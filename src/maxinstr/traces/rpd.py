@@ -20,12 +20,10 @@ from maxinstr.traces._util import (HIP_GRAPH_NOTE, Progress, TraceBuilder, by_st
                                    mark_graph_calls, pids_from_calls, report)
 from maxinstr.traces.model import INVALID_NS, NO_ID, Calls, GpuOps, OpKind, RangeStyle, Ranges, TimeCheck, Trace
 
-_REQUIRED = {
-    "rocpd_string": ("id", "string"),
-    "rocpd_api": ("id", "pid", "tid", "start", "end", "apiName_id", "args_id"),
-    "rocpd_op": ("id", "gpuId", "queueId", "start", "end", "description_id", "opType_id"),
-    "rocpd_api_ops": ("api_id", "op_id"),
-}
+_REQUIRED = {"rocpd_string": ("id", "string"),
+             "rocpd_api": ("id", "pid", "tid", "start", "end", "apiName_id", "args_id"),
+             "rocpd_op": ("id", "gpuId", "queueId", "start", "end", "description_id", "opType_id"),
+             "rocpd_api_ops": ("api_id", "op_id")}
 _MARKER_API = "UserMarker"
 _GRAPH_LAUNCH = re.compile(r"GraphLaunch", re.IGNORECASE)
 
