@@ -1,8 +1,5 @@
-"""Small columnar helpers shared by the non-nsys readers (rocprofv3, RPD, Kineto).
-
-Everything here works on whole numpy columns; the only per-row Python work is what the
-csv / json / sqlite3 modules themselves do while parsing.
-"""
+"""What the trace readers share: the Trace's assembly (:class:`TraceBuilder`), columnar helpers
+(every one works on whole numpy columns), and reading files safely (bounded gunzip, SQLite)."""
 
 from __future__ import annotations
 
@@ -37,7 +34,6 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 
 def report(progress: Progress | None, message: str) -> None:
-    """Call the optional progress callback."""
     if progress is not None:
         progress(message)
 
@@ -124,19 +120,10 @@ def _int_or(value, invalid: int) -> int:
 
 
 def _strict_int(value) -> int:
-    if isinstance(value, bool) or value is None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer, float, str, bytes)):
         raise TypeError(value)
-    if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ValueError(value)
-        return int(value)
-    if isinstance(value, (int, np.integer)):
-        result = int(value)
-    elif isinstance(value, (str, bytes)):
-        result = int(value)
-    else:
-        raise TypeError(value)
-    if not -(2**63) <= result < 2**63:
+    result = int(value)  # (NaN: ValueError, infinity: OverflowError)
+    if not isinstance(value, float) and not -(2**63) <= result < 2**63:
         raise OverflowError(value)
     return result
 
@@ -329,13 +316,20 @@ HIP_GRAPH_NOTE = "graph node ids are stand-ins: the order of each op within its 
 
 
 def graph_stand_ins(ops: GpuOps, calls: Calls, notes: list[str], note: str) -> None:
-    """Ops without a graph node id that a graph launch call replayed get :func:`graph_node_ordinals`
-    instead, and ``note`` (``{n}``: how many) says so."""
+    """Stand-in graph node ids where a trace records none (rocprofv3, RPD, Kineto): an op replayed by
+    a graph launch call (sharing its correlation id) gets its order within that launch (0, 1, ... by
+    start time), which names the same node across replays of one graph; ``note`` (``{n}``: how many
+    ops) says so. Ops that have a node id keep it."""
     graph_corr = calls.correlation_id[calls.kind == int(CallKind.GRAPH)]
-    stand_in = graph_node_ordinals(ops.correlation_id, ops.start_ns, graph_corr)
-    fill = (ops.graph_node_id == NO_ID) & (stand_in != NO_ID)
+    idx = np.flatnonzero(np.isin(ops.correlation_id, graph_corr) & (ops.correlation_id != NO_ID))
+    order = idx[np.lexsort((ops.start_ns[idx], ops.correlation_id[idx]))]
+    corr_sorted = ops.correlation_id[order]
+    group_start = np.flatnonzero(np.r_[True, corr_sorted[1:] != corr_sorted[:-1]]) if len(order) else order
+    ordinal = np.arange(len(order)) - np.repeat(group_start, np.diff(np.r_[group_start, len(order)]))
+    fill = ops.graph_node_id[order] == NO_ID
     if fill.any():
-        ops.graph_node_id = np.where(fill, stand_in, ops.graph_node_id)
+        ops.graph_node_id = ops.graph_node_id.copy()
+        ops.graph_node_id[order[fill]] = ordinal[fill]
         notes.append(note.format(n=int(fill.sum())))
 
 
@@ -348,13 +342,10 @@ def read_head(path: Path, n: int = 64) -> bytes:
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
 
 
-GUNZIP_RATIO = 100
-"""A gzip input inflates to at most this many times its own size (real traces: 3x for an RPD
-database, 7-13x for Kineto JSON; a 3 MB decompression bomb inflated to 9.3 GB in memory) ..."""
-GUNZIP_FLOOR_BYTES = 64 << 20
-"""... or this much, whichever is larger (a small file may compress well) ..."""
-GUNZIP_CAP_BYTES = 16 << 30
-"""... and never more than this (what a report can hold in memory or a temp folder)."""
+# A gzip input inflates to at most RATIO times its own size (real traces: 3x for an RPD database,
+# 7-13x for Kineto JSON; a 3 MB decompression bomb inflated to 9.3 GB in memory), or FLOOR, whichever
+# is larger (a small file may compress well), and never more than CAP (what a report can hold).
+GUNZIP_RATIO, GUNZIP_FLOOR_BYTES, GUNZIP_CAP_BYTES = 100, 64 << 20, 16 << 30
 _INFLATE_CHUNK = 1 << 20
 
 
@@ -450,45 +441,38 @@ def read_sqlite(path: str | Path, what: str, read: Callable[[Path, sqlite3.Conne
 @contextmanager
 def sqlite_db(path: Path) -> Iterator[tuple[sqlite3.Connection, Path]]:
     """A SQLite database opened read-only, and the path of its file, inflated into a temp file when
-    gzip-compressed (removed on exit). sqlite3 errors while opening become TraceError."""
-    head = read_head(path, 16)
-    tmpdir = None
-    db_path = path
+    gzip-compressed. sqlite3 errors while opening become TraceError."""
     cleanup = None
-    if head[:2] == GZIP_MAGIC:
-        # the temp copy goes on every way out: an error, a return, Ctrl-C, and SIGTERM/SIGHUP
-        # (turned into an exception while it exists); only SIGKILL can leave it behind
-        tmpdir = tempfile.mkdtemp(prefix="maxinstr-gunzip-")
-        cleanup = TempCleanup(tmpdir)
-        db_path = Path(tmpdir) / (path.name[:-3] if path.name.endswith(".gz") else path.name + ".db")
-        try:
-            with open(db_path, "wb") as dst:
-                inflate(path, dst.write)
-            head = read_head(db_path, 16)
-        except OSError as exc:  # the temp folder is full
-            cleanup.close()
-            raise TraceError(path, f"cannot inflate into {tmpdir}: {exc.strerror or exc}") from None
-        except BaseException:
-            cleanup.close()
-            raise
-    if head != SQLITE_MAGIC:
-        if cleanup is not None:
-            cleanup.close()
-        raise TraceError(path, "not a SQLite database")
-    con = None
     try:
-        con = sqlite3.connect(f"file:{os.fspath(db_path)}?mode=ro", uri=True)
-        # corrupt pages can hold invalid UTF-8: replace it rather than fail in the middle of a fetch
-        con.text_factory = lambda b: b.decode("utf-8", "replace")
-        con.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        yield con, db_path
-    except sqlite3.Error as exc:
-        raise TraceError(path, f"SQLite error: {exc}") from None
-    except UnicodeDecodeError:  # sqlite3 decodes schema text and column names strictly
-        raise TraceError(path, "corrupt database: invalid UTF-8 in its schema") from None
+        db_path = path
+        if read_head(path, 2) == GZIP_MAGIC:
+            # the temp copy goes on every way out: an error, a return, Ctrl-C, and SIGTERM/SIGHUP
+            # (turned into an exception while it exists); only SIGKILL can leave it behind
+            tmpdir = tempfile.mkdtemp(prefix="maxinstr-gunzip-")
+            cleanup = TempCleanup(tmpdir)
+            db_path = Path(tmpdir) / (path.name[:-3] if path.name.endswith(".gz") else path.name + ".db")
+            try:
+                with open(db_path, "wb") as dst:
+                    inflate(path, dst.write)
+            except OSError as exc:  # the temp folder is full
+                raise TraceError(path, f"cannot inflate into {tmpdir}: {exc.strerror or exc}") from None
+        if read_head(db_path, 16) != SQLITE_MAGIC:
+            raise TraceError(path, "not a SQLite database")
+        con = None
+        try:
+            con = sqlite3.connect(f"file:{os.fspath(db_path)}?mode=ro", uri=True)
+            # corrupt pages can hold invalid UTF-8: replace it rather than fail in the middle of a fetch
+            con.text_factory = lambda b: b.decode("utf-8", "replace")
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            yield con, db_path
+        except sqlite3.Error as exc:
+            raise TraceError(path, f"SQLite error: {exc}") from None
+        except UnicodeDecodeError:  # sqlite3 decodes schema text and column names strictly
+            raise TraceError(path, "corrupt database: invalid UTF-8 in its schema") from None
+        finally:
+            if con is not None:
+                con.close()
     finally:
-        if con is not None:
-            con.close()
         if cleanup is not None:
             cleanup.close()
 
@@ -550,32 +534,9 @@ def fetch_columns(con: sqlite3.Connection, sql: str, n_cols: int) -> list[np.nda
     return [np.array(col) for col in zip(*rows)]
 
 
-def graph_node_ordinals(op_corr: np.ndarray, op_start: np.ndarray, graph_corr: np.ndarray) -> np.ndarray:
-    """Stand-in graph node ids for ops launched by a graph launch call.
-
-    rocprofv3 and RPD record no graph node id; ops that share the correlation id of a
-    ``hipGraphLaunch`` get their order within that launch (0, 1, ... by start time), which
-    names the same node across replays of one graph. Other ops get ``NO_ID``.
-    """
-    out = np.full(len(op_corr), NO_ID, dtype=np.int64)
-    in_graph = np.isin(op_corr, graph_corr) & (op_corr != NO_ID)
-    idx = np.flatnonzero(in_graph)
-    if not len(idx):
-        return out
-    order = idx[np.lexsort((op_start[idx], op_corr[idx]))]
-    corr_sorted = op_corr[order]
-    group_start = np.flatnonzero(np.r_[True, corr_sorted[1:] != corr_sorted[:-1]])
-    ranks = np.arange(len(order)) - np.repeat(group_start, np.diff(np.r_[group_start, len(order)]))
-    out[order] = ranks
-    return out
-
-
 def load_json(data: bytes | bytearray, path: object) -> object:
-    """Parse JSON bytes with the standard library; errors become TraceError.
-
-    (orjson was measured on the 1.36M-event scaled Kineto trace: 15.4 s vs 18.3 s to parse on
-    the loaded 2-core machine, but 2.28 GB vs 1.65 GB peak: not worth a dependency.)
-    """
+    """Parse JSON bytes with the standard library (orjson parsed a 1.36M-event Kineto trace in 15.4 s
+    instead of 18.3 s, but peaked at 2.28 GB instead of 1.65 GB: not worth a dependency)."""
     try:
         return json.loads(data)
     except RecursionError:
@@ -638,10 +599,9 @@ def query_columns(path: Path, db_path: Path, sql: str, kinds: str, what: str) ->
 
 def latest_at_or_before(row_key: np.ndarray, row_t: np.ndarray, q_key: np.ndarray, q_t: np.ndarray) -> np.ndarray:
     """Per query, the row with the same key and the greatest ``row_t <= q_t`` (of equal times, the
-    later row in input order), or -1: an as-of join in one sort, no loop over keys or rows.
-
-    Rows and queries are sorted together by (key, time), rows before queries at equal times; the
-    last row at or before each query in that order is its match when its key is the query's."""
+    later row in input order), or -1: an as-of join in one sort. Rows and queries are sorted
+    together by (key, time), rows first at equal times; the last row at or before each query in
+    that order is its match when its key is the query's."""
     n, m = len(row_key), len(q_key)
     if not n or not m:
         return np.full(m, -1, np.int64)

@@ -35,10 +35,8 @@ _MAX_US = 4.6e15  # 2**62 ns: beyond it a start plus a duration, or a difference
 
 
 def read_kineto(path: str | Path, *, progress: Progress | None = None, document: object = None) -> Trace:
-    """Read a Kineto trace (``*.pt.trace.json`` or ``.json.gz``).
-
-    ``document`` is the already-parsed JSON when the caller has it (open_trace sniffs it).
-    """
+    """Read a Kineto trace (``*.pt.trace.json`` or ``.json.gz``; ``document``: the parsed JSON
+    when the caller has it)."""
     path = Path(path)
     document = _util.json_document(path, document, progress)
     if isinstance(document, dict):
@@ -61,16 +59,12 @@ def read_kineto(path: str | Path, *, progress: Progress | None = None, document:
         return _read(path, document, events, where, progress)
 
 
+_JSON_KINDS = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string",
+               list: "an array"}
+
+
 def _json_kind(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else f"a {type(value).__name__}"
+    return _JSON_KINDS.get(type(value), f"a {type(value).__name__}")
 
 
 def us_to_ns(us: np.ndarray) -> tuple[np.ndarray, float]:
@@ -90,11 +84,7 @@ def _col(evs: list, key: str, default=None) -> list:
 
 
 def _args_col(evs: list, key: str, default=None) -> list:
-    out = []
-    for e in evs:
-        a = e.get("args")
-        out.append(a.get(key, default) if isinstance(a, dict) else default)
-    return out
+    return [a.get(key, default) if isinstance(a := e.get("args"), dict) else default for e in evs]
 
 
 def _flat(values: list, dtype) -> np.ndarray | None:
@@ -108,20 +98,16 @@ def _flat(values: list, dtype) -> np.ndarray | None:
     return arr if arr.shape == (len(values),) else None
 
 
-def _not_a_container(values: list, path: Path, what: str) -> None:
-    for i, v in enumerate(values):
-        if isinstance(v, (list, dict)):
-            raise TraceError(path, f"{what}: event {i + 1} holds a JSON {'array' if isinstance(v, list) else 'object'} "
-                                   "where a number belongs")
-
-
 def _loose_ints(values: list, path: Path, what: str) -> np.ndarray:
     """Ints where the value is one (or a numeric string like '7' / 'stream 7'), else NO_ID; a
     list or object where a number belongs is an error."""
     arr = _flat(values, np.int64)
     if arr is not None:
         return arr
-    _not_a_container(values, path, what)
+    for i, v in enumerate(values):
+        if isinstance(v, (list, dict)):
+            raise TraceError(path, f"{what}: event {i + 1} holds a JSON {'array' if isinstance(v, list) else 'object'} "
+                                   "where a number belongs")
     out = np.full(len(values), NO_ID, dtype=np.int64)
     for i, v in enumerate(values):
         if isinstance(v, bool) or v is None:
