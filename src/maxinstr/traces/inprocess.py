@@ -1,18 +1,11 @@
-"""Kernels collected in-process (``session(..., kernels=True)``) -> :class:`Trace`.
+"""Kernels collected in-process (``session(..., kernels=True)``) -> :class:`Trace` (docs/kernels.md).
 
-The run directory's ``parts/*/activity.bin`` (docs/kernels.md) become the same columnar model
-the nsys/rocprofv3/Kineto readers produce:
-
-* ``ops``: the kernel, memcpy and memset rows, their times moved from CUPTI's clock onto the
-  host clock of the stage records (CLOCK_MONOTONIC) through the clock pairs in activity.json
-  (offset interpolated between pairs);
-* ``calls``: the runtime/driver API rows that launched an op (joined by correlation id); their
-  thread is the stage record's thread when the call was tagged with a stage;
-* ``ranges``: the run's stage records of the same process, as push/pop ranges in domain
-  ``maxinstr`` whose payload is the record id (so the run joins by PAYLOAD, exactly);
-* ``meta["op_stage_id"]``: per op, the id of the stage that was innermost on the launching thread
-  when the launch call was made (CUPTI external correlation), -1 when none. Attribution uses it
-  as the owner (rule SAME_THREAD, or GRAPH for graph replays) instead of comparing times.
+The run's ``parts/*/activity.bin`` become ``ops`` (times moved from CUPTI's clock onto the stage
+records' CLOCK_MONOTONIC through the clock pairs in activity.json) and ``calls`` (the API rows that
+launched an op, on the stage record's thread when tagged with a stage); ``ranges`` are the run's
+stage records (domain ``maxinstr``, payload = record id). ``meta["op_stage_id"]``: per op, the
+stage innermost on the launching thread at the launch (CUPTI external correlation; -1 when none),
+which attribution takes as the owner instead of comparing times.
 """
 
 from __future__ import annotations
@@ -37,17 +30,12 @@ from maxinstr.kernels.store import (
 )
 from maxinstr.rundir import load
 from maxinstr.traces._util import TraceBuilder, name_flags
+from maxinstr.traces.nsys import MEMCPY_KINDS  # copies named as nsys names them: kernels tables read alike
 from maxinstr.traces.model import NO_ID, CallKind, Calls, GpuOps, OpKind, Ranges, RangeStyle, StringTable, TimeCheck, Trace
 
 FORMAT = "maxinstr-inprocess"
 OP_STAGE_KEY = "op_stage_id"
 
-_MEMCPY_KINDS = {
-    0: "Unknown", 1: "Host-to-Device", 2: "Device-to-Host", 3: "Host-to-Array", 4: "Array-to-Host",
-    5: "Array-to-Array", 6: "Array-to-Device", 7: "Device-to-Array", 8: "Device-to-Device",
-    9: "Host-to-Host", 10: "Peer-to-Peer", 11: "Unified Host-to-Device", 12: "Unified Device-to-Host",
-    13: "Unified Device-to-Device",
-}  # fmt: skip  (the nsys reader's names, so kernels tables read alike)
 _MARK_FLAG = 1 << 2
 
 
@@ -170,7 +158,7 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
         oname[kern] = name_ids[op["name_id"][kern]]
         copy = okind == OpKind.MEMCPY
         for ck in np.unique(op["copy_kind"][copy]):
-            oname[copy & (op["copy_kind"] == ck)] = b.strings.intern(f"[CUDA memcpy {_MEMCPY_KINDS.get(int(ck), 'Unknown')}]")
+            oname[copy & (op["copy_kind"] == ck)] = b.strings.intern(f"[CUDA memcpy {MEMCPY_KINDS.get(int(ck), 'Unknown')}]")
         oname[okind == OpKind.MEMSET] = b.strings.intern("[CUDA memset]")
         gnode = op["graph_node_id"].astype(np.int64)
         b.add(GpuOps, start_ns=start, end_ns=end, kind=okind, name_id=oname, device_id=op["device_id"],

@@ -1,18 +1,9 @@
-"""PyTorch profiler (Kineto) Chrome-trace JSON, plain or gzip.
+"""PyTorch profiler (Kineto) Chrome-trace JSON, plain or gzip (docs/traces.md).
 
-Host ranges are the ``X`` events of category ``user_annotation`` (``record_function``) and
-``cpu_op`` (ATen ops); runtime/driver calls are ``cuda_runtime``/``cuda_driver`` (HIP names on
-ROCm) carrying ``args.correlation``; GPU ops are ``kernel``/``gpu_memcpy``/``gpu_memset`` with
-the same ``args.correlation``, ``stream``, ``device`` and ``bytes``. ``ac2g`` flow events repeat
-the correlation link and are used only where an op lacks ``args.correlation``.
-``gpu_user_annotation`` (the GPU-side copy of a record_function range) goes to
-``trace.meta["gpu_annotations"]``.
-
-Times are microseconds as JSON numbers, relative to ``baseTimeNanoseconds`` (wall clock) in
-recent Kineto, absolute Unix-epoch microseconds in older traces. They are converted to int64
-nanoseconds by splitting integer and fractional microseconds, which is exact while a
-timestamp is below 2**43 us (about 100 days); above that float64 cannot carry the third
-decimal and a note says how many nanoseconds may be off.
+Host ranges are ``user_annotation``/``cpu_op`` events, calls ``cuda_runtime``/``cuda_driver`` (HIP
+names on ROCm), GPU ops ``kernel``/``gpu_memcpy``/``gpu_memset``, tied by ``args.correlation`` (else
+the ``ac2g`` flow). Microsecond float timestamps become int64 ns by splitting whole and fractional
+microseconds: exact below 2**43 us (~100 days); above that a note says how many ns may be off.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
-"""Nsight Systems SQLite export -> :class:`~maxinstr.traces.model.Trace`.
+"""Nsight Systems SQLite export -> :class:`~maxinstr.traces.model.Trace` (docs/traces.md).
 
-Works across export schema versions (nsys 2022.2 / schema 2.9 through 2026.2 / 3.25): every
-column that a version lacks is replaced by a literal default in the SELECT, and event-type
-numbers are looked up in ``ENUM_NSYS_EVENT_TYPE`` when the file has it.
-
-What is read, and the traps handled:
-
-- NVTX push/pop and start/end ranges (also the NVTXT file variants) and marks; names inline
-  (``text``) or registered (``textId`` -> StringIds); domain names from the domain-create rows
-  (per process, as nsys joins them); categories named by category rows (kept in
-  ``meta["range_category"]`` / ``meta["category_names"]``); the int64 payload from
-  ``int64Value`` (else ``uint64Value``/``int32Value``/``uint32Value``); unclosed ranges end at
-  the last NVTX timestamp, like ``nsys stats`` does.
-- Kernels (demangled names, as ``nsys stats`` prints them), memcpy (named like nsys,
-  ``[CUDA memcpy Host-to-Device]``), memset, with ``graphNodeId`` for graph-replayed ops.
-- CUDA runtime and driver calls. ``CUPTI_ACTIVITY_KIND_RUNTIME`` may hold backtrace rows
-  (``eventClass`` CUDABACKTRACE) that repeat a correlation id: they are dropped, and only one
-  call per (process, correlation id) is kept, runtime before driver. Only calls that launched a
-  GPU op are kept. ``cudaGraphLaunch``/``cuGraphLaunch`` calls get ``CallKind.GRAPH``.
-- Threads and processes from ``globalTid``: tid = globalTid & 0xFFFFFF, pid = (globalTid >> 24)
-  & 0xFFFFFF; thread names from ``ThreadNames`` and NVTX thread-naming rows.
-- Session start on the wall clock (``TARGET_INFO_SESSION_START_TIME.utcEpochNs``).
+Works across export schemas (nsys 2022.2 / schema 2.9 through 2026.2 / 3.25): a column a version
+lacks is a literal default in the SELECT; event types come from ``ENUM_NSYS_EVENT_TYPE`` when the
+file has it. ``CUPTI_ACTIVITY_KIND_RUNTIME`` may hold backtrace rows that repeat a correlation id:
+they are dropped, and one call per (process, correlation id) is kept, runtime before driver, and
+only the calls that launched an op. tid = globalTid & 0xFFFFFF, pid = (globalTid >> 24) & 0xFFFFFF.
+Unclosed NVTX ranges end at the last NVTX timestamp, as ``nsys stats`` does.
 """
 
 from __future__ import annotations
@@ -37,7 +22,7 @@ from maxinstr.columns import correlation_join
 from maxinstr.errors import TraceError
 from maxinstr.traces import _sqlite_columns as cols
 from maxinstr.traces._sqlite_columns import IntCol
-from maxinstr.traces._util import TraceBuilder, mark_graph_calls
+from maxinstr.traces._util import TraceBuilder, mark_graph_calls, report
 from maxinstr.traces.nsys_export import sqlite_for_report
 from maxinstr.traces.model import (
     INVALID_NS,
@@ -59,12 +44,12 @@ _EVENT_TYPES = {"NvtxCategory": 33, "NvtxMark": 34, "NvtxThread": 39, "NvtxPushP
 _EVENT_CLASS_DRIVER = 1
 _EVENT_CLASS_BACKTRACE = 67  # TRACE_PROCESS_EVENT_CUDABACKTRACE
 
-_MEMCPY_KINDS = {
+MEMCPY_KINDS = {
     0: "Unknown", 1: "Host-to-Device", 2: "Device-to-Host", 3: "Host-to-Array", 4: "Array-to-Host",
     5: "Array-to-Array", 6: "Array-to-Device", 7: "Device-to-Array", 8: "Device-to-Device",
     9: "Host-to-Host", 10: "Peer-to-Peer", 11: "Unified Host-to-Device", 12: "Unified Device-to-Host",
     13: "Unified Device-to-Device",
-}  # fmt: skip
+}  # fmt: skip  (CUPTI's memcpy kinds, named as nsys names copies: "[CUDA memcpy Host-to-Device]")
 
 _KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 _MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -117,18 +102,11 @@ def split_global_tid(global_tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def read_nsys(path: str | Path, *, backend: str = "auto", progress: Callable[[str], None] | None = None) -> Trace:
     """Read an Nsight Systems SQLite export (or a ``.nsys-rep``, exported first when nsys is on PATH).
-
     ``backend``: ``"native"`` (the ``maxinstr._columns`` reader), ``"python"`` (sqlite3), or
-    ``"auto"``. Both give identical traces. Raises :class:`TraceError` for unreadable input.
-    ``progress`` (optional) is called with a one-line message per step.
-    """
+    ``"auto"``; both give identical traces. ``progress`` gets a one-line message per step."""
     source = Path(path)
-    if progress is not None:
-        progress(f"reading {source.name} (Nsight Systems)")
-    if source.suffix in (".nsys-rep", ".qdrep"):
-        db = sqlite_for_report(source)
-    else:
-        db = source
+    report(progress, f"reading {source.name} (Nsight Systems)")
+    db = sqlite_for_report(source) if source.suffix in (".nsys-rep", ".qdrep") else source
     if not db.exists():
         raise TraceError(db, "no such file")
     try:
@@ -376,7 +354,7 @@ class _Reader:
         op_name = by_sid(op_name_sid)
         if memcpy_kinds is not None:
             is_copy, kinds = memcpy_kinds  # op rows of the copies, their copy kinds
-            labels = self.enum_labels("ENUM_CUDA_MEMCPY_OPER", _MEMCPY_KINDS)
+            labels = self.enum_labels("ENUM_CUDA_MEMCPY_OPER", MEMCPY_KINDS)
             uniq, inv = np.unique(kinds, return_inverse=True)
             ids = np.array([self.strings.intern(f"[CUDA memcpy {labels.get(int(u), 'Unknown')}]") for u in uniq],
                            np.int32)

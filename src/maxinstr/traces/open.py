@@ -1,21 +1,8 @@
-"""``open_trace``: sniff a trace's format from its bytes, name and folder contents, and read it.
-
-| what it finds | reader |
-|---|---|
-| SQLite with nsys tables (``StringIds``, ``CUPTI_ACTIVITY_KIND_*``, ``NVTX_EVENTS``), ``.nsys-rep`` | :func:`maxinstr.traces.nsys.read_nsys` |
-| SQLite with ``rocpd_api`` + ``rocpd_op`` (plain or gzip) | :func:`maxinstr.traces.rpd.read_rpd` |
-| SQLite with ``rocpd_kernel_dispatch`` / ``rocpd_info_*`` (ROCm >= 7) | :func:`maxinstr.traces.rocprof.read_rocpd` |
-| SQLite with rocprof v1 tables (``rocTX``, ``HIP``, ``OPS``, ``COPY``, ``KERN``/``A``) | :func:`maxinstr.traces.rocprof_v1.read_rocprof_v1_db` |
-| JSON with ``rocprofiler-sdk-tool`` | :func:`maxinstr.traces.rocprof.read_rocprof_json` |
-| Chrome-trace JSON with rocprof v1's sections ("Markers and Ranges", "CPU HIP API", ``args.BeginNs``) | :func:`maxinstr.traces.rocprof_v1.read_rocprof_v1_json` |
-| Chrome-trace JSON of rpd2tracing (``api_op`` flows, ``Hip <tid>`` threads) | :func:`maxinstr.traces.rpd.read_rpd_json` |
-| any other JSON (plain or gzip) with ``traceEvents`` or a bare event list | :func:`maxinstr.traces.kineto.read_kineto` |
-| ``*_trace.csv`` file or a folder of them | :func:`maxinstr.traces.rocprof.read_rocprof_csv` |
-
-Anything else is a :class:`~maxinstr.errors.TraceError` naming the file and what it looked like.
-So is a Chrome trace that none of the JSON readers knows and in which Kineto finds nothing (no
-GPU op, call or range) while it holds duration events: an empty report of a file full of events
-would be silently wrong, so the error names what the file holds instead.
+"""``open_trace``: sniff a trace's format from its bytes, name and folder contents, and read it
+(docs/traces.md has the table of formats and how each is recognised). Anything else is a one-line
+TraceError naming the file and what it looked like; so is a Chrome trace none of the readers
+knows in which Kineto finds nothing while it holds duration events (an empty report of a file
+full of events would be silently wrong).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""rocprofv3 output: the CSV set, the ``--output-format json`` file, and the rocpd SQLite
-database that ROCm >= 7 writes by default.
-
-All three carry the same records: HIP API calls (with a correlation id), kernel dispatches and
-memory copies (with the correlation id of the call that issued them), and roctx markers, which
-rocprofv3 already pairs into ranges (a ``roctxRangePush``/``Pop`` pair is one row whose
-``Function`` is the message). Raw, unpaired ``roctxRangePush``/``roctxRangePop`` rows are
-paired here per thread, columnarly. Timestamps are rocprofiler-sdk nanoseconds (int64).
-"""
+"""rocprofv3 output: the CSV set, the ``--output-format json`` file, and the rocpd SQLite database
+ROCm >= 7 writes by default (docs/traces.md). All three carry HIP API calls, kernel dispatches and
+copies tied by correlation id, and roctx markers, which rocprofv3 pairs already (raw push/pop rows
+are paired here, per thread, columnarly). Times are rocprofiler-sdk ns."""
 
 from __future__ import annotations
 
@@ -562,13 +557,10 @@ def _marker_message(extdata: str) -> str:
 
 def _rocpd_markers(start: np.ndarray, end: np.ndarray, name: np.ndarray, ext: np.ndarray, tid: np.ndarray,
                    pid: np.ndarray, notes: list[str]) -> dict:
-    """Marker regions as range columns.
-
-    rocprofv3 (ROCm 7) writes one region per range, named after the operation that paired it
-    (``roctxThreadRangeA``: push/pop; ``roctxProcessRangeA``: start/stop, on the thread that
-    stopped it), the message in the event's ``extdata`` (``{"message": ...}``); later versions
-    name the region after the message. rocprof-sys names it after the message. Raw
-    ``roctxRangePush``/``Pop`` rows are paired as in the CSV."""
+    """Marker regions as the columns of a Ranges part: named after the message in ``extdata`` when
+    there is one (rocprofv3 names a region after the operation that paired it: roctxThreadRangeA
+    is push/pop, roctxProcessRangeA start/stop on the thread that stopped it); raw push/pop rows
+    are paired as in the CSV."""
     ops = name.astype(str)
     uniq, inv = np.unique(ext.astype(str), return_inverse=True)
     message = np.array([_marker_message(u) for u in uniq], dtype=object)[inv]
@@ -588,13 +580,9 @@ def _rocpd_markers(start: np.ndarray, end: np.ndarray, name: np.ndarray, ext: np
 
 def _pop_time_ranges(b: TraceBuilder, c_start: np.ndarray, c_end: np.ndarray, c_tid: np.ndarray, c_pid: np.ndarray,
                      categories: np.ndarray) -> None:
-    """Spot roctx ranges stored as instants at their Pop/Stop time, and turn them into marks.
-
-    rocpd written by rocprof-sys before ROCm/rocm-systems PR #2793 (merged January 2026) gave each
-    range the time of its roctxRangePop/Stop call instead of its Push/Start: every range is then a
-    few microseconds at its end and holds none of the work it marked. Seen as: all of them shorter
-    than 50 us, none holding an API call of its thread although those threads made calls. Such
-    ranges would be stages of made-up length; they are kept as marks at the Pop time, and said."""
+    """roctx ranges stored at their Pop/Stop time (rocprof-sys before ROCm/rocm-systems PR #2793,
+    docs/traces.md), seen as all shorter than 50 us and none holding an API call of its thread
+    though those threads made calls: kept as marks at the Pop time (no stage of made-up length)."""
     m = b.parts[Ranges][-1]
     spans = np.flatnonzero(m["style"] != int(RangeStyle.MARK))
     if len(spans) < 2 or not len(c_start):

@@ -1,36 +1,9 @@
-"""rocprof v1, the roctracer-based ``rocprof`` of ROCm 3.x to 6.x (``rocprof --hip-trace
---roctx-trace``, ``--sys-trace``, ``--stats``): its two trace files, which its post-processing
-script (``tblextr.py``) writes from one set of tables.
-
-``results.db`` (SQLite), tables read by column name:
-
-- ``rocTX``: roctx ranges and marks, already paired (``BeginNs``, ``EndNs``, ``pid``, ``tid``,
-  ``Name``). A mark is written as ``tms``..``tms + 1``; a ``roctxRangeStart/Stop`` range gets lane
-  (``__lane``) 0, or tid 0 in the oldest layout.
-- ``HIP`` / ``HSA``: API calls; ``Index`` is the correlation id.
-- ``OPS``: GPU kernels of the HIP activity trace, ``Index`` = the launching call's; ``COPY``: copies
-  and fills (``FillBuffer``: a memset) of the same trace, or of the HSA async-copy trace (then
-  ``Index`` is the HSA call's).
-- ``KERN`` (``A`` before ROCm 4.1): kernel dispatches of ``--stats`` / ``--timestamp on``, with the
-  dispatching thread (``tid``) and the dispatch time (``DispatchNs``), but no API call.
-
-Column layouts (tblextr.py history): up to ROCm 4.2, ``pid`` of rocTX/HIP rows is the JSON section
-number (0, 2) and OPS/COPY carry the process in ``proc-id`` (their ``tid`` is the stream index);
-from ROCm 4.3 (rocprofiler commit 567f457, "real pid/tid arg values") every table has the real
-``pid``/``tid`` (OPS: the launching thread) plus ``stream-id``, ``__section``, ``__lane``; from
-ROCm 5.2 OPS has ``roctx-range`` (the innermost range holding the launching call, as tblextr
-computed it: the same rule the attribution applies to the calls, so it is kept in ``meta`` only).
-
-``results.json`` (Chrome trace): the same rows as ``X`` events in sections named by
-``process_name`` metadata ("Markers and Ranges", "CPU HIP API", "CPU HSA API", "COPY", "GPU<n>",
-"GPU Barriers<n>"), exact times as strings in ``args.BeginNs``/``args.EndNs`` (the event's own
-``ts`` is microseconds from the start of the capture). It has no ``Index``: an op is tied to its
-call through the flow events tblextr writes (``s`` on the call's thread at a time inside the call,
-``t`` at the op's section, lane and start), as the call on that thread that began last before the
-flow's start.
-
-Times are nanoseconds of the HSA system clock (roctracer's timestamps).
-"""
+"""rocprof v1, the roctracer-based ``rocprof`` of ROCm 3.x to 6.x: the two files its
+post-processing script (``tblextr.py``) writes from one set of tables, ``results.db`` (tables
+``rocTX``, ``HIP``/``HSA``, ``OPS``, ``COPY``, ``KERN``/``A``, read by column name across tblextr's
+layouts) and ``results.json`` (a Chrome trace of the same rows, exact times in
+``args.BeginNs``/``EndNs``, no ``Index``: ops are tied to calls through tblextr's flow events).
+Times are ns of the HSA system clock. docs/traces.md says what each layout holds."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""RPD (rocmProfileData) SQLite databases, plain or gzip-compressed.
+"""RPD (rocmProfileData) SQLite databases, plain or gzip, and rpd2tracing's Chrome-trace export.
 
-``rocpd_api`` holds host API calls and roctx ranges (``apiName`` ``UserMarker``, message in
-``args``), ``rocpd_op`` the GPU work (kernels, copies, fills), and ``rocpd_api_ops`` links each
-op to the API call that issued it: the API row id is used as the correlation id. Names are
-ids into ``rocpd_string``. rpd_tracer stamps API rows with CLOCK_MONOTONIC nanoseconds.
-"""
+``rocpd_api`` holds host calls and roctx ranges (``UserMarker``, message in ``args``), ``rocpd_op``
+the GPU work, ``rocpd_api_ops`` the link (the API row id is the correlation id); names are ids into
+``rocpd_string``. rpd_tracer stamps CLOCK_MONOTONIC ns."""
 
 from __future__ import annotations
 
@@ -221,17 +219,10 @@ def is_rpd_json(events: list) -> bool:
 
 def read_rpd_json(path: str | Path, *, progress: Progress | None = None, document: object = None) -> Trace:
     """Read RPD's Chrome-trace export (``rpd2tracing.py``: a bare event list, or an object with
-    ``traceEvents``).
-
-    GPU ops are the ``X`` events on the ``GPU<n>`` sections (pid = gpuId, tid = queueId), their
-    type in ``args.desc`` (KernelExecution, Copy*, FillBuffer); the tool's own summaries there
-    ("UserMarker frame" spans, "Graph <n>" spans) repeat ops and are skipped. Host events are API
-    calls, except roctx ranges (``UserMarker`` rows, written with the message as both name and
-    ``args.desc``; ``i`` events are marks). Times are microseconds (integers in older exports: the
-    ns are gone). Each op is tied to its API call through the ``api_op`` flow: it starts on the
-    call's thread at the call's end less 2 us (or at the op's start when that is earlier) and ends
-    at the op; the call is the one on that thread that began last by then.
-    """
+    ``traceEvents``). GPU ops are the ``X`` events on the ``GPU<n>`` sections (pid = gpuId, tid =
+    queueId), their type in ``args.desc``; the tool's own summaries there ("UserMarker frame" and
+    "Graph <n>" spans) are skipped. Each op is tied to its API call through the ``api_op`` flow: it
+    starts on the call's thread at the call's end less 2 us (or at the op's start when earlier)."""
     path = Path(path)
     events = _util.chrome_events(path, document, "RPD JSON", progress)
     with _util.malformed(path, "RPD JSON"):
