@@ -1,14 +1,6 @@
-"""Recording: `stage`, `mark`, and the process-wide switch.
-
-`stage` and `mark` are the native functions themselves (no Python layer on the hot path).
-
-    with maxinstr.stage("decode", step=i, stream=torch.cuda.current_stream().cuda_stream):
-        ...
-
-    @maxinstr.stage("sample")          # decorator: see maxinstr.record.stage
-    def sample(logits): ...
-
-Set MAXINSTR_DISABLE=1 (or call `disable()`) to make `stage()` return a shared no-op.
+"""Recording: `stage` and `mark` (the native functions themselves: no Python layer on the hot path;
+`@maxinstr.stage(...)` as a decorator: :mod:`maxinstr.record.stage`), and the process-wide switch
+(`disable()`, or MAXINSTR_DISABLE=1: `stage()` returns a shared no-op).
 """
 
 from __future__ import annotations

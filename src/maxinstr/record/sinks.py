@@ -1,16 +1,8 @@
-"""Where a session's records go: one interface, three implementations.
-
-The flusher drains the native core (``_native.drain``) and hands each batch to the session's
-:class:`Sink`:
-
-* :class:`MemorySink`: in memory, up to a bound (the default session, ``session(None)``, and a
-  session whose directory could not be written);
-* :class:`PythonSink`: the Python writer, :class:`~maxinstr.rundir.writer.PartWriter`, appends
-  the rows, their names and attrs to the part's files (``MAXINSTR_NATIVE_WRITER=0``, or when
-  the native writer cannot start);
-* :class:`NativeSink`: the core's writer thread appends rows and names to the part's files
-  without the GIL (docs/sessions.md "The native writer"); drains then hand Python only attrs,
-  which the same PartWriter writes, and, once the thread has stopped, the last rows.
+"""Where a session's drained records go (:class:`Sink`): :class:`MemorySink` (in memory, bounded:
+the default session, and a session whose directory could not be written), :class:`PythonSink`
+(:class:`~maxinstr.rundir.writer.PartWriter` appends rows, names and attrs to the part's files) and
+:class:`NativeSink` (the core's writer thread appends rows and names without the GIL, docs/sessions.md
+"The native writer"; drains then hand Python only attrs, and the last rows once it has stopped).
 """
 
 from __future__ import annotations

@@ -1,21 +1,18 @@
 """Steady state of a run, as it runs (docs/sessions.md "Warm-up and steady state").
 
-What is warm-up is decided once, by the rule of :mod:`maxinstr.warmup`, which the report
-applies to the records afterwards. While the program runs, a root session needs one instant of
-it: when steady state can begin, to start the profiler's capture range there under ``maxinstr
-run --capture steady`` (``MAXINSTR_CAPTURE``). That instant is the rule's
-:func:`~maxinstr.warmup.steady_can_begin`: the start of the first top-level stage whose name
-had started ``warmup`` times before. The native core fires it in the stage's own enter
-(``steady_watch``), before that stage's marker range is pushed or its GPU event recorded, so the
-capture holds every instance the report can call steady however short the steady phase is (a
-flusher that polled for it started a capture tens of milliseconds late, after 12 decode steps of
-0.4 ms had all run). meta.json ``steady_state`` records when it fired; ``capture`` the start.
+Warm-up is decided by the rule of :mod:`maxinstr.warmup`, which the report applies afterwards. A
+root session needs one instant of it while the program runs: where steady state can begin
+(:func:`~maxinstr.warmup.steady_can_begin`), to start the profiler's capture there under
+``maxinstr run --capture steady``. The native core fires it in the stage's own enter
+(``steady_watch``), before its marker range or GPU event, so the capture holds every instance the
+report can call steady (a flusher that polled for it started a capture tens of ms late, after 12
+decode steps of 0.4 ms had all run). meta.json ``steady_state`` records when it fired.
 """
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 
 class SteadyState:

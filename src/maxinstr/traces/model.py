@@ -187,23 +187,13 @@ class Trace:
 
 
 class TimeCheck:
-    """Drops the rows whose times cannot be real, table by table of the file, and says so.
-
-    A reader hands each table of its file (``CUPTI_ACTIVITY_KIND_KERNEL``, the ``kernel`` events
-    of a Kineto trace, a rocprofv3 CSV...) to :meth:`keep` as soon as it has its start and end
-    columns, before it pairs, joins or sorts anything, and applies the mask it gets back to that
-    table's columns. A row is invalid when
-
-    * its start or end is :data:`INVALID_NS` (the file held no integer there),
-    * a time is beyond +-2**62 ns (a difference of two could wrap around int64),
-    * it ends before it starts,
-    * or its start is <= 0 where the format's clock cannot read 0 (every clock but nsys's, which
-      counts from the session start; ``start_can_be_zero``).
-
-    Such rows would otherwise be summed as they are: text read as 0 in an nsys export made a
-    21 ms request span 8 s. Each table with invalid rows gets one note (the table, the count,
-    the first such row and its problem, appended to ``notes``); a table whose every row is
-    invalid is a :class:`~maxinstr.errors.TraceError` naming the file.
+    """Drops the rows whose times cannot be real, table by table of the file, and says so: a reader
+    hands each table to :meth:`keep` as soon as it has its start and end columns, before it pairs,
+    joins or sorts anything. Invalid: a time that is INVALID_NS (no integer in the file) or beyond
+    +-2**62 ns (a difference could wrap around int64), an end before the start, or a start <= 0
+    where the clock cannot read 0 (every clock but nsys's: ``start_can_be_zero``). Such rows would
+    otherwise be summed (text read as 0 in an nsys export made a 21 ms span 8 s). One note per
+    table with invalid rows; a table whose every row is invalid is a TraceError naming the file.
     """
 
     def __init__(self, source: object, notes: list[str], *, start_can_be_zero: bool = False,
