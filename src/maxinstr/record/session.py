@@ -543,15 +543,10 @@ def current_session() -> Session:
 
 
 def ensure_env_session() -> Session | None:
-    """Open the session the environment asks for, if any, and return the open root session.
-
-    * ``MAXINSTR_SESSION_DIR`` set by another process's open session: join it (this
-      process writes its own part; the other owns meta.json).
-    * ``MAXINSTR_RUN_DIR`` set (``maxinstr run``): open the run's session here; a session
-      the script opens later joins it and gives the run its warm-up and user metadata.
-
-    Called by ``maxinstr run``'s start-up hook and when ``maxinstr.record`` is imported.
-    """
+    """Open the session the environment asks for, and return the open root session (or None):
+    join another process's open session (``MAXINSTR_SESSION_DIR``: a part of our own, the other
+    owns meta.json), or open the run of ``maxinstr run`` (``MAXINSTR_RUN_DIR``; the script's own
+    session joins it later and gives the run its warm-up and user metadata)."""
     root = PROCESS.root
     if root is not None and not root.closed:
         return root  # type: ignore[return-value]
