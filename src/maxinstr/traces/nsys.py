@@ -44,12 +44,11 @@ _EVENT_TYPES = {"NvtxCategory": 33, "NvtxMark": 34, "NvtxThread": 39, "NvtxPushP
 _EVENT_CLASS_DRIVER = 1
 _EVENT_CLASS_BACKTRACE = 67  # TRACE_PROCESS_EVENT_CUDABACKTRACE
 
-MEMCPY_KINDS = {
-    0: "Unknown", 1: "Host-to-Device", 2: "Device-to-Host", 3: "Host-to-Array", 4: "Array-to-Host",
-    5: "Array-to-Array", 6: "Array-to-Device", 7: "Device-to-Array", 8: "Device-to-Device",
-    9: "Host-to-Host", 10: "Peer-to-Peer", 11: "Unified Host-to-Device", 12: "Unified Device-to-Host",
-    13: "Unified Device-to-Device",
-}  # fmt: skip  (CUPTI's memcpy kinds, named as nsys names copies: "[CUDA memcpy Host-to-Device]")
+# CUPTI's memcpy kinds, as nsys names copies ("[CUDA memcpy Host-to-Device]")
+MEMCPY_KINDS = dict(enumerate((
+    "Unknown", "Host-to-Device", "Device-to-Host", "Host-to-Array", "Array-to-Host", "Array-to-Array", "Array-to-Device",
+    "Device-to-Array", "Device-to-Device", "Host-to-Host", "Peer-to-Peer", "Unified Host-to-Device",
+    "Unified Device-to-Host", "Unified Device-to-Device")))
 
 _KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 _MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -139,7 +138,6 @@ class _Reader:
         # nsys times count from the session start, so 0 is a time the clock can read
         self.times = TimeCheck(db, self.notes, start_can_be_zero=True)
 
-    # -- SQL helpers -------------------------------------------------------------------------
     def col(self, table: str, name: str, default: str = "-1") -> str:
         """``ifnull(name, default)`` when the column exists in this version, else the literal."""
         return f'ifnull("{name}", {default})' if name in self.schema.get(table, ()) else default
@@ -169,7 +167,6 @@ class _Reader:
                 found[str(name)] = int(value)
         return found
 
-    # -- main --------------------------------------------------------------------------------
     def read(self, source: Path) -> Trace:
         types = self.enum("ENUM_NSYS_EVENT_TYPE", _EVENT_TYPES)
         queries: list[tuple[str, str]] = []
@@ -370,13 +367,13 @@ class _Reader:
         inline = np.where(text_codes >= 0, local[np.maximum(text_codes, 0)] if len(local) else NO_ID, NO_ID)
         registered = by_sid(nvtx_parts["text_sid"])
         ranges.name_id = np.where(registered >= 0, registered, inline).astype(np.int32)
-        self._domains_and_categories(ranges, nvtx_parts, registered, inline)
+        self._domains_and_categories(ranges, nvtx_parts)
 
         if thread_rows is not None and len(thread_rows[0]):
             _, tids = split_global_tid(thread_rows[0])
             strings = self.strings.to_array()
             self.b.thread_names = {int(t): str(strings[n]) for t, n in zip(tids, by_sid(thread_rows[1])) if n >= 0}
-        self.b.thread_names.update(nvtx_parts["thread_names"](self))
+        self.b.thread_names.update(nvtx_parts["thread_names"])
         self.b.source = str(source)
         return self.b.trace(calls=calls, ops=ops, ranges=ranges, session_start_utc_ns=self._session_start(),
                             meta=self._meta(nvtx_parts))
@@ -388,7 +385,6 @@ class _Reader:
                 found[int(value)] = str(label)
         return found
 
-    # -- ops ---------------------------------------------------------------------------------
     def _ops(self, got: dict[str, list[Any]]) -> tuple[GpuOps, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
         # A column is an array, or a list of arrays (a scan's pieces, one per reader thread):
         # every table's pieces are joined in one concatenation per column below.
@@ -447,7 +443,6 @@ class _Reader:
         sids = name_sid[0] if len(name_sid) == 1 else np.concatenate(name_sid)
         return ops, sids, (copy_rows, copy_kind) if copy_rows is not None else None
 
-    # -- calls -------------------------------------------------------------------------------
     def _calls(self, got: dict[str, list[Any]], ops: GpuOps) -> tuple[Calls, np.ndarray]:
         if "runtime" not in got:
             if len(ops):
@@ -486,15 +481,9 @@ class _Reader:
         self._op_call = (ops.pid, ops.correlation_id, calls.pid, calls.correlation_id, op_call)
         return calls, name[keep]
 
-    # -- NVTX --------------------------------------------------------------------------------
     def _nvtx(self, rows: list[Any] | None, types: dict[str, int]) -> tuple[Ranges, dict[str, Any]]:
-        empty_parts: dict[str, Any] = {
-            "text_sid": np.empty(0, np.int64),
-            "text": (np.empty(0, np.int32), []),
-            "thread_names": lambda reader: {},
-        }
         if rows is None:
-            return Ranges(), empty_parts
+            return Ranges(), {"text_sid": np.empty(0, np.int64), "text": (np.empty(0, np.int32), []), "thread_names": {}}
         start, end, etype, gtid, end_gtid, text_sid, domain, category, payload, text = rows
         pushpop = (etype == types["NvtxPushPopRange"]) | (etype == types["NvtxtPushPopRange"])
         startend = (etype == types["NvtxStartEndRange"]) | (etype == types["NvtxtStartEndRange"])
@@ -526,25 +515,20 @@ class _Reader:
         def rows_of(event: str) -> np.ndarray:
             return np.flatnonzero(etype == types[event])
 
-        def thread_names(reader: _Reader) -> dict[int, str]:
-            idx = rows_of("NvtxThread")
-            out: dict[int, str] = {}
-            for i in idx:  # a handful of naming rows, not trace rows
-                name = text_values[text_codes[i]] if text_codes[i] >= 0 else ""
-                if not name and text_sid[i] >= 0:
-                    name = reader.be.strings_by_id(reader.db, "StringIds", np.array([text_sid[i]]))[0]
-                if name:
-                    out[int(tid[i])] = name
-            return out
-
+        thread_names: dict[int, str] = {}
+        for i in rows_of("NvtxThread"):  # a handful of naming rows, not trace rows
+            name = text_values[text_codes[i]] if text_codes[i] >= 0 else ""
+            if not name and text_sid[i] >= 0:
+                name = self.be.strings_by_id(self.db, "StringIds", np.array([text_sid[i]]))[0]
+            if name:
+                thread_names[int(tid[i])] = name
         parts = {"keep": keep, "text_sid": text_sid[keep], "text": (text_codes[keep], text_values),
                  "all_text_sid": text_sid, "all_text": text, "domain": domain, "category": category, "pid": pid,
                  "domain_rows": rows_of("NvtxDomainCreate"), "category_rows": rows_of("NvtxCategory"),
                  "thread_names": thread_names}
         return ranges, parts
 
-    def _domains_and_categories(self, ranges: Ranges, parts: dict[str, Any], registered: np.ndarray,
-                                inline: np.ndarray) -> None:
+    def _domains_and_categories(self, ranges: Ranges, parts: dict[str, Any]) -> None:
         if "keep" not in parts:
             return
         keep = parts["keep"]
@@ -562,24 +546,24 @@ class _Reader:
         for i in parts["domain_rows"]:  # one row per nvtxDomainCreate: a handful
             names.setdefault((int(pid[i]), int(domain[i])), self.strings.intern(label(int(i))))
         kept_domain, kept_pid = domain[keep], pid[keep]
-        if names:
-            for (p, d), name_id in names.items():
-                ranges.domain_id[(kept_pid == p) & (kept_domain == d)] = name_id
+        for (p, d), name_id in names.items():
+            ranges.domain_id[(kept_pid == p) & (kept_domain == d)] = name_id
         cats: dict[tuple[int, int, int], str] = {}
         for i in parts["category_rows"]:
             cats[(int(pid[i]), int(domain[i]), int(category[i]))] = label(int(i))
         self._category = category[keep].astype(np.int32)
         self._category_names = {f"{p}:{d}:{c}": v for (p, d, c), v in cats.items()}
 
-    # -- session -----------------------------------------------------------------------------
-    def _session_start(self) -> int | None:
+    def _session_value(self, column: str) -> int | None:
         t = "TARGET_INFO_SESSION_START_TIME"
-        if t in self.schema and "utcEpochNs" in self.schema[t]:
-            rows = self.small(f"SELECT utcEpochNs FROM {t} LIMIT 1")
-            if rows and rows[0][0] is not None:
-                return int(rows[0][0])
-        self.notes.append("no session start time: wall-clock times unknown")
-        return None
+        rows = self.small(f"SELECT {column} FROM {t} LIMIT 1") if column in self.schema.get(t, ()) else []
+        return int(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    def _session_start(self) -> int | None:
+        utc = self._session_value("utcEpochNs")
+        if utc is None:
+            self.notes.append("no session start time: wall-clock times unknown")
+        return utc
 
     def _meta(self, parts: dict[str, Any]) -> dict[str, object]:
         meta: dict[str, object] = {"reader_backend": self.be.name}
@@ -588,11 +572,8 @@ class _Reader:
                 for name, value in self.small(f"SELECT name, value FROM {table}"):
                     if name in ("EXPORT_PRODUCT_VERSION", "EXPORT_SCHEMA_VERSION"):
                         meta["nsys_version" if "PRODUCT" in name else "schema_version"] = str(value)
-        t = "TARGET_INFO_SESSION_START_TIME"
-        if t in self.schema and "systemClockNs" in self.schema[t]:
-            rows = self.small(f"SELECT systemClockNs FROM {t} LIMIT 1")
-            if rows and rows[0][0] is not None:
-                meta["session_start_system_clock_ns"] = int(rows[0][0])
+        if (clock_ns := self._session_value("systemClockNs")) is not None:
+            meta["session_start_system_clock_ns"] = clock_ns
         if hasattr(self, "_op_call"):
             meta[OP_CALL_KEY] = self._op_call
         if hasattr(self, "_category"):
