@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from enum import IntEnum
+from typing import Any
 
 import numpy as np
 
@@ -223,6 +224,19 @@ class TimeCheck:
             raise TraceError(self.source, f"{table}: {every} invalid times ({problem})")
         self.notes.append(f"{table}: {count} of {n} {unit} dropped, their times are not valid (first: {problem})")
         return ~bad
+
+    def drop(self, table: str, columns: list[Any], used: np.ndarray | None = None, **how: Any) -> list[Any]:
+        """``columns`` (start and end first) without the rows :meth:`keep` drops; with a mask
+        ``used``, only those rows are judged (the others' times are not read)."""
+        rows: Any = slice(None) if used is None else np.flatnonzero(used)
+        valid = self.keep(table, columns[0][rows], columns[1][rows], **how)
+        if valid is None:
+            return columns
+        if used is not None:
+            ok = np.ones(len(columns[0]), bool)
+            ok[rows[~valid]] = False
+            valid = ok
+        return [c[valid] for c in columns]
 
     def all_valid(self, start_ns: np.ndarray, end_ns: np.ndarray) -> bool:
         """Whether every row is valid (:meth:`keep` would return None)."""

@@ -450,9 +450,8 @@ class _Reader:
             return Calls(), np.empty(0, np.int64)
         s, e, pid, tid, corr, name, eclass = got.pop("runtime")
         # (only the rows of launches were read: a row is named by its correlation id)
-        keep = self.times.keep(f"{_RUNTIME} (launch calls)", s, e, row=lambda i: f"correlationId {corr[i]}")
-        if keep is not None:
-            s, e, pid, tid, corr, name, eclass = (c[keep] for c in (s, e, pid, tid, corr, name, eclass))
+        s, e, pid, tid, corr, name, eclass = self.times.drop(
+            f"{_RUNTIME} (launch calls)", [s, e, pid, tid, corr, name, eclass], row=lambda i: f"correlationId {corr[i]}")
         # One call per (process, correlation id): runtime rows win over driver rows, then the
         # first in table order. Only calls that some op points at (the launches) are kept.
         is_driver = eclass == _EVENT_CLASS_DRIVER

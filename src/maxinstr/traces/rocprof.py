@@ -178,10 +178,9 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
                 raise TraceError(f, f"column {missing[0]!r} missing (not a rocprofv3 {kind} trace, or a wrong version)")
             start = int_column(t["Start_Timestamp"], f, "Start_Timestamp", invalid=INVALID_NS)
             end = int_column(t["End_Timestamp"], f, "End_Timestamp", invalid=INVALID_NS)
-            keep = times.keep(f.name, start, end, names=("Start_Timestamp", "End_Timestamp"))
-            if keep is not None:  # rows with times that cannot be real: dropped before anything pairs them
-                t = {name: col[keep] for name, col in t.items()}
-                start, end = start[keep], end[keep]
+            # rows with times that cannot be real: dropped before anything pairs them
+            start, end, *columns = times.drop(f.name, [start, end, *t.values()], names=("Start_Timestamp", "End_Timestamp"))
+            t = dict(zip(t, columns))
             n = len(start)
             ints = functools.partial(_ints, t, f)
             stream_col = next((c for c in ("Stream_Id", "Queue_Id") if c in t), None)
@@ -428,18 +427,7 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
     def fetch(sql: str, kinds: str) -> list[np.ndarray]:
         return _util.query_columns(path, db_path, sql, kinds, "rocpd")
 
-    def checked(table: str, columns: list[np.ndarray], used: np.ndarray | None = None) -> list[np.ndarray]:
-        # columns[0:2] are start and end; of the rows used (all by default), those whose times
-        # cannot be real are dropped from every column (counted, noted)
-        rows = np.arange(len(columns[0])) if used is None else np.flatnonzero(used)
-        keep = times.keep(table, columns[0][rows], columns[1][rows])
-        if keep is None:
-            return columns
-        drop = np.zeros(len(columns[0]), bool)
-        drop[rows[~keep]] = True
-        return [c[~drop] for c in columns]
-
-    # (times are read as kind 't': NULL or anything but an integer is INVALID_NS, see checked())
+    # (times are read as kind 't': NULL or anything but an integer is INVALID_NS: TimeCheck drops it)
     start_sql, end_sql = f"ifnull(X.start, {INVALID_NS})", f'ifnull(X."end", {INVALID_NS})'
 
     # the correlation id that ties a call to its ops: rocprofv3 keeps the internal one in
@@ -464,7 +452,7 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
         is_marker = per_string(cat, lambda c: "marker" in c.lower())
         is_api = ~is_marker & per_string(cat, lambda c: "_api" in c.lower() and "hsa" not in c.lower())
         # (only the rows read as ranges or calls are checked: other categories' times are unused)
-        start, end, name, pid, tid, corr, cat, ext, is_marker, is_api = checked(
+        start, end, name, pid, tid, corr, cat, ext, is_marker, is_api = times.drop(
             "rocpd_region", [start, end, name, pid, tid, corr, cat, ext, is_marker, is_api], is_marker | is_api)
         m = np.flatnonzero(is_marker)
         a = np.flatnonzero(is_api)
@@ -494,7 +482,8 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
         "ttsiiii",
     )
     if len(start):
-        start, end, name, dev, stream, pid, corr = checked("rocpd_kernel_dispatch", [start, end, name, dev, stream, pid, corr])
+        start, end, name, dev, stream, pid, corr = times.drop("rocpd_kernel_dispatch",
+                                                              [start, end, name, dev, stream, pid, corr])
         b.add(GpuOps, kind=OpKind.KERNEL, start_ns=start, end_ns=end, name=name.astype(object),
               device_id=dev, stream_id=stream, pid=pid, correlation_id=corr)
     if "rocpd_memory_copy" in src:
@@ -514,7 +503,7 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
             "ttsiisiiii",
         )
         if len(start):
-            start, end, name, dst, srcd, dst_type, stream, pid, corr, size = checked(
+            start, end, name, dst, srcd, dst_type, stream, pid, corr, size = times.drop(
                 "rocpd_memory_copy", [start, end, name, dst, srcd, dst_type, stream, pid, corr, size])
             b.add(GpuOps, kind=OpKind.MEMCPY, start_ns=start, end_ns=end, name=name.astype(object),
                   device_id=np.where(dst_type == "GPU", dst, srcd), stream_id=stream, pid=pid, correlation_id=corr,
@@ -635,9 +624,7 @@ def _rocpd_marks(src: dict[str, str], fetch: Callable[[str, str], list[np.ndarra
     if not len(sel):
         return None
     ts, tid, pid, ext = ts[sel], tid[sel], pid[sel], ext[sel]
-    keep = times.keep("rocpd_sample (marks)", ts, ts, names=("timestamp", "timestamp"))
-    if keep is not None:
-        ts, tid, pid, ext = ts[keep], tid[keep], pid[keep], ext[keep]
+    ts, _, tid, pid, ext = times.drop("rocpd_sample (marks)", [ts, ts, tid, pid, ext], names=("timestamp", "timestamp"))
     uniq, inv = np.unique(ext.astype(str), return_inverse=True)
     message = np.array([_marker_message(u) or "roctxMarkA" for u in uniq], dtype=object)[inv]
     return dict(start_ns=ts, end_ns=ts, name=message, tid=tid, pid=pid, style=int(RangeStyle.MARK))

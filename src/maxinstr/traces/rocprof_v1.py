@@ -113,10 +113,6 @@ class _Table:
     def __len__(self) -> int:
         return len(next(iter(self.cols.values())))
 
-    def keep(self, mask: np.ndarray | None) -> None:
-        if mask is not None:
-            self.cols = {k: v[mask] for k, v in self.cols.items()}
-
 
 def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress | None) -> Trace:
     tables = _util.sqlite_tables(con)
@@ -141,7 +137,8 @@ def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progr
             return None
         report(progress, f"reading {name}")
         t = _Table(path, db_path, name, present[name], spec)
-        t.keep(times.keep(name, t["BeginNs"], t["EndNs"], names=("BeginNs", "EndNs")))
+        t.cols = dict(zip(t.cols, times.drop(name, [t["BeginNs"], t["EndNs"], *t.cols.values()],
+                                             names=("BeginNs", "EndNs"))[2:]))
         return t
 
     # API calls: the correlation id is Index (HSA's counted apart: offset)

@@ -97,10 +97,8 @@ def _read(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress
         path, db_path, "rocpd_api", ("id", "pid", "tid", "start", "end", "apiName_id", "args_id"), order="id"
     )
     # every API row becomes a call or a range: rows whose times cannot be real are dropped first
-    keep = times.keep("rocpd_api", a_start, a_end, row=lambda i: f"id {a_id[i]}")
-    if keep is not None:
-        a_id, a_pid, a_tid, a_start, a_end, a_name, a_args = (
-            c[keep] for c in (a_id, a_pid, a_tid, a_start, a_end, a_name, a_args))
+    a_start, a_end, a_id, a_pid, a_tid, a_name, a_args = times.drop(
+        "rocpd_api", [a_start, a_end, a_id, a_pid, a_tid, a_name, a_args], row=lambda i: f"id {a_id[i]}")
     api_pos = pos_of(a_name, "apiName")
     is_marker = flag(lambda v: v == _MARKER_API)[api_pos]
 
