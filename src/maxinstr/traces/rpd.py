@@ -14,8 +14,8 @@ import numpy as np
 
 from maxinstr.errors import TraceError
 from maxinstr.traces import _util
-from maxinstr.traces._util import (HIP_GRAPH_NOTE, Progress, TraceBuilder, by_start, graph_stand_ins, int_column,
-                                   mark_graph_calls, pids_from_calls, report)
+from maxinstr.traces._util import (HIP_GRAPH_NOTE, Progress, TraceBuilder, by_start, call_rows, graph_stand_ins,
+                                   int_column, mark_graph_calls, pids_from_calls, report)
 from maxinstr.traces.model import INVALID_NS, NO_ID, Calls, GpuOps, OpKind, RangeStyle, Ranges, TimeCheck, Trace
 
 _REQUIRED = {"rocpd_string": ("id", "string"),
@@ -113,10 +113,9 @@ def _read(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress
     # correlation id of each op = the id of the API row linked to it
     corr = np.full(len(o_id), NO_ID, dtype=np.int64)
     if len(link_op) and len(o_id):
-        o_order = np.argsort(o_id, kind="stable")
-        pos = np.minimum(np.searchsorted(o_id[o_order], link_op), len(o_id) - 1)
-        hit = o_id[o_order][pos] == link_op
-        corr[o_order[pos[hit]]] = link_api[hit]
+        row = call_rows(link_op, o_id)
+        hit = row >= 0
+        corr[row[hit]] = link_api[hit]
         if (~hit).any():
             notes.append(f"{int((~hit).sum())} rocpd_api_ops rows point at missing ops")
 
@@ -137,25 +136,14 @@ def _read(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress
         keep[used[~valid]] = False
 
     # pid of each op from its API row; bytes of copies from rocpd_copyapi
-    link_pos = np.searchsorted(a_id, corr)
-    api_pos_c = np.minimum(link_pos, max(len(a_id) - 1, 0))
-    linked = (corr != NO_ID) & (len(a_id) > 0)
-    if len(a_id):
-        linked &= a_id[api_pos_c] == corr
-    op_pid = np.where(linked, a_pid[api_pos_c] if len(a_id) else NO_ID, NO_ID)
+    op_pid = np.where(corr != NO_ID, np.r_[a_pid, NO_ID][call_rows(corr, a_id)], NO_ID)
     nbytes = np.zeros(len(o_id), dtype=np.int64)
     if "rocpd_copyapi" in tables and {"api_ptr_id", "size"} <= _util.sqlite_columns(con, "rocpd_copyapi"):
-        c_api, c_size = (
-            int_column(c, path, f"rocpd_copyapi.{n}")
-            for c, n in zip(
-                fetch(con, 'SELECT api_ptr_id, size FROM "rocpd_copyapi" ORDER BY api_ptr_id', 2),
-                ("api_ptr_id", "size"),
-            )
-        )
-        if len(c_api):
-            p = np.minimum(np.searchsorted(c_api, corr), len(c_api) - 1)
-            has = (c_api[p] == corr) & (kind == int(OpKind.MEMCPY))
-            nbytes[has] = c_size[p[has]]
+        c_api, c_size = (int_column(c, path, f"rocpd_copyapi.{n}") for c, n in zip(
+            fetch(con, 'SELECT api_ptr_id, size FROM "rocpd_copyapi" ORDER BY api_ptr_id', 2), ("api_ptr_id", "size")))
+        row = call_rows(corr, c_api)
+        has = (row >= 0) & (kind == int(OpKind.MEMCPY))
+        nbytes[has] = c_size[row[has]]
 
     # an op is named by its description (kernel name), else by its type (CopyHostToDevice)
     name_pos = np.where(s_len[desc_pos] > 0, desc_pos, type_pos)
