@@ -597,6 +597,11 @@ def query_columns(path: Path, db_path: Path, sql: str, kinds: str, what: str) ->
     return out
 
 
+def thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """(process, thread) as one int64 key."""
+    return (np.asarray(pid, np.int64) << np.int64(32)) ^ (np.asarray(tid, np.int64) & np.int64(0xFFFFFFFF))
+
+
 def latest_at_or_before(row_key: np.ndarray, row_t: np.ndarray, q_key: np.ndarray, q_t: np.ndarray) -> np.ndarray:
     """Per query, the row with the same key and the greatest ``row_t <= q_t`` (of equal times, the
     later row in input order), or -1: an as-of join in one sort. Rows and queries are sorted

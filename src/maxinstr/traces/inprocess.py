@@ -29,7 +29,7 @@ from maxinstr.kernels.store import (
     to_host_clock,
 )
 from maxinstr.rundir import load
-from maxinstr.traces._util import TraceBuilder, name_flags
+from maxinstr.traces._util import TraceBuilder, call_rows, name_flags
 from maxinstr.traces.nsys import MEMCPY_KINDS  # copies named as nsys names them: kernels tables read alike
 from maxinstr.traces.model import NO_ID, CallKind, Calls, GpuOps, OpKind, Ranges, RangeStyle, StringTable, TimeCheck, Trace
 
@@ -134,15 +134,10 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
         if want_kind is not None:
             ext = ext[ext["cbid"] == int(want_kind)]
         ext_corr = ext["correlation_id"].astype(np.int64)
-        ext_id = ext["external_id"].astype(np.int64)
-        srt = np.argsort(ext_corr, kind="stable")
-        ext_corr, ext_id = ext_corr[srt], ext_id[srt]
+        ext_id = np.r_[ext["external_id"].astype(np.int64), -1]  # (-1: no record of the call)
 
         def stage_of(corr: np.ndarray, ext_corr: np.ndarray = ext_corr, ext_id: np.ndarray = ext_id) -> np.ndarray:
-            if not len(ext_corr):
-                return np.full(len(corr), -1, np.int64)
-            pos = np.minimum(np.searchsorted(ext_corr, corr), len(ext_corr) - 1)
-            return np.where(ext_corr[pos] == corr, ext_id[pos], -1)
+            return ext_id[call_rows(corr, ext_corr)]
 
         is_op = kind <= KIND_MEMSET
         op = rows[is_op]

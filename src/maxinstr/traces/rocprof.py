@@ -580,8 +580,7 @@ def _pop_time_ranges(b: TraceBuilder, c_start: np.ndarray, c_end: np.ndarray, c_
     if np.median(dur) >= 50_000 or dur.max() >= 1_000_000:
         return
     thread = np.asarray(m["end_tid"] if "end_tid" in m else m["tid"], np.int64)[spans]
-    key = (np.asarray(m["pid"], np.int64)[spans] << np.int64(32)) ^ (thread & np.int64(0xFFFFFFFF))
-    c_key = (np.asarray(c_pid, np.int64) << np.int64(32)) ^ (np.asarray(c_tid, np.int64) & np.int64(0xFFFFFFFF))
+    key, c_key = _util.thread_key(np.asarray(m["pid"], np.int64)[spans], thread), _util.thread_key(c_pid, c_tid)
     if not np.isin(key, c_key).all():
         return  # ranges on threads without calls: nothing to judge them by
     # the last call on the range's thread that began at or before the range's end: inside it?

@@ -432,8 +432,8 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
                       _int_field([t.get("tid") for _, t in pairs], path, "flow tid"),
                       _int_field([t.get("ts") for _, t in pairs], path, "flow ts")]) if pairs else np.empty((3, 0))
     # the call of each flow: on its thread, the one that began last at or before the flow's start
-    thread_key = _pack(calls_k[0], calls_k[1])
-    flow_call = _util.latest_at_or_before(thread_key, calls_k[2], _pack(f_sec, f_thr), f_ts)
+    flow_call = _util.latest_at_or_before(_util.thread_key(calls_k[0], calls_k[1]), calls_k[2],
+                                          _util.thread_key(f_sec, f_thr), f_ts)
     flow_corr = np.where(flow_call >= 0, calls_k[3][np.maximum(flow_call, 0)], NO_ID)
 
     op_pids: list[np.ndarray] = []
@@ -503,9 +503,4 @@ def _json_kern(path: Path, evs: list[dict], start: np.ndarray, end: np.ndarray, 
     b.add(Calls, start_ns=d[sel], end_ns=d[sel], tid=tid[sel], pid=pid[sel], correlation_id=corr[sel],
           name=np.full(len(d[sel]), _DISPATCH, dtype=object))
     b.notes.append("kernels tied to ranges by their dispatching thread and DispatchNs (no API calls)")
-
-
-def _pack(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Two small integer keys (section, thread) as one int64 key."""
-    return (np.asarray(a, np.int64) << np.int64(32)) ^ (np.asarray(b, np.int64) & np.int64(0xFFFFFFFF))
 

@@ -296,10 +296,10 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
     pairs = [(flow_s[str(f.get("id"))], f) for f in flow_f if str(f.get("id")) in flow_s]
     s_t = _util.decimal_us_to_ns([s.get("ts") for s, _ in pairs], path, "flow ts")
     f_t = _util.decimal_us_to_ns([f.get("ts") for _, f in pairs], path, "flow ts")
-    s_key = _thread_key(ints([s.get("pid") for s, _ in pairs], "flow pid"), ints([s.get("tid") for s, _ in pairs], "flow tid"))
+    s_key = _util.thread_key(ints([s.get("pid") for s, _ in pairs], "flow pid"), ints([s.get("tid") for s, _ in pairs], "flow tid"))
     # the call began at or before the flow's start + 2 us (its end), and began last on that thread
     # (of calls beginning in one microsecond, the later-listed: rpd2tracing writes them in id order)
-    flow_call = _util.latest_at_or_before(_thread_key(calls.pid, calls.tid), calls.start_ns, s_key,
+    flow_call = _util.latest_at_or_before(_util.thread_key(calls.pid, calls.tid), calls.start_ns, s_key,
                                           np.where(s_t < f_t, s_t + _FLOW_SLACK_NS, s_t))
     f_key = np.stack([ints([f.get("pid") for _, f in pairs], "flow pid"), ints([f.get("tid") for _, f in pairs], "flow tid"), f_t])
     op_corr = _util.match_rows(np.stack([o_pid, o_tid, o_start]), f_key, np.where(flow_call >= 0, corr[np.maximum(flow_call, 0)], NO_ID), NO_ID)
@@ -329,8 +329,4 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
     if (ops.kind != int(OpKind.KERNEL)).any():
         notes.append("RPD JSON export: copies carry no byte count (the .rpd's rocpd_copyapi does)")
     return b.trace(calls=calls, ops=ops, meta={"flows": len(pairs)})
-
-
-def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
-    return (np.asarray(pid, np.int64) << np.int64(32)) ^ (np.asarray(tid, np.int64) & np.int64(0xFFFFFFFF))
 
