@@ -178,11 +178,8 @@ def _read(path: Path, doc: dict, events: list, where: str, progress: Progress | 
         idx = by_cat.get(c, [])
         evs = list(map(events.__getitem__, idx))
         start, end, rounding_ns[c] = _times(evs)
-        keep = check.keep(f"'{c}' events", start, end, row=lambda i: f"{where}[{idx[i]}]", names=("ts", "dur"),
-                          unit="events")
-        if keep is not None:
-            evs = [evs[i] for i in np.flatnonzero(keep).tolist()]
-            start, end = start[keep], end[keep]
+        start, end, evs = check.drop(f"'{c}' events", [start, end, evs], row=lambda i: f"{where}[{idx[i]}]",
+                                     names=("ts", "dur"), unit="events")
         return evs, start, end
 
     def ints(evs: list, key: str, what: str, args: bool = False) -> np.ndarray:

@@ -226,8 +226,8 @@ class TimeCheck:
         return ~bad
 
     def drop(self, table: str, columns: list[Any], used: np.ndarray | None = None, **how: Any) -> list[Any]:
-        """``columns`` (start and end first) without the rows :meth:`keep` drops; with a mask
-        ``used``, only those rows are judged (the others' times are not read)."""
+        """``columns`` (start and end first; arrays, or lists of the file's records) without the rows
+        :meth:`keep` drops; with a mask ``used``, only those rows are judged."""
         rows: Any = slice(None) if used is None else np.flatnonzero(used)
         valid = self.keep(table, columns[0][rows], columns[1][rows], **how)
         if valid is None:
@@ -236,7 +236,8 @@ class TimeCheck:
             ok = np.ones(len(columns[0]), bool)
             ok[rows[~valid]] = False
             valid = ok
-        return [c[valid] for c in columns]
+        rows = np.flatnonzero(valid).tolist() if any(isinstance(c, list) for c in columns) else None
+        return [c[valid] if isinstance(c, np.ndarray) else [c[i] for i in rows] for c in columns]
 
     def all_valid(self, start_ns: np.ndarray, end_ns: np.ndarray) -> bool:
         """Whether every row is valid (:meth:`keep` would return None)."""

@@ -323,11 +323,8 @@ def _json_process(path: Path, proc: dict, offset: np.int64, b: TraceBuilder, tim
             raise TraceError(path, f"buffer_records.{key}: a record is not an object")
         start = int_column([r.get("start_timestamp") for r in recs], path, f"{key}.start_timestamp", invalid=INVALID_NS)
         end = int_column([r.get("end_timestamp") for r in recs], path, f"{key}.end_timestamp", invalid=INVALID_NS)
-        keep = times.keep(f"buffer_records.{key} (pid {pid})", start, end, row=lambda i: f"index {i}",
-                          names=("start_timestamp", "end_timestamp"), unit="records")
-        if keep is not None:
-            recs = [recs[i] for i in np.flatnonzero(keep).tolist()]
-            start, end = start[keep], end[keep]
+        start, end, recs = times.drop(f"buffer_records.{key} (pid {pid})", [start, end, recs], row=lambda i: f"index {i}",
+                                      names=("start_timestamp", "end_timestamp"), unit="records")
         return recs, start, end
 
     recs, start, end = timed("hip_api")

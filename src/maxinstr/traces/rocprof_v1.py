@@ -390,11 +390,8 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
         evs = by_section.get(label, [])
         start = int_column(arg(evs, "BeginNs"), path, f"{label}.BeginNs", invalid=INVALID_NS)
         end = int_column(arg(evs, "EndNs"), path, f"{label}.EndNs", invalid=INVALID_NS)
-        keep = times.keep(f"'{label}' events", start, end, row=lambda i: f"event {i}", names=("BeginNs", "EndNs"),
-                          unit="events")
-        if keep is not None:
-            evs = [evs[i] for i in np.flatnonzero(keep).tolist()]
-            start, end = start[keep], end[keep]
+        start, end, evs = times.drop(f"'{label}' events", [start, end, evs], row=lambda i: f"event {i}",
+                                     names=("BeginNs", "EndNs"), unit="events")
         return evs, start, end
 
     def lane_keys(evs: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -261,10 +261,8 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
         start = _util.decimal_us_to_ns(col(evs, "ts"), path, f"{what}.ts")
         dur = _util.decimal_us_to_ns([ev.get("dur", 0) for ev in evs], path, f"{what}.dur")
         end = np.where((start == INVALID_NS) | (dur == INVALID_NS), INVALID_NS, start + np.where(dur == INVALID_NS, 0, dur))
-        keep = times.keep(what, start, end, row=lambda i: f"event {i}", names=("ts", "dur"), unit="events")
-        if keep is not None:
-            evs = [evs[i] for i in np.flatnonzero(keep).tolist()]
-            start, end = start[keep], end[keep]
+        start, end, evs = times.drop(what, [start, end, evs], row=lambda i: f"event {i}", names=("ts", "dur"),
+                                     unit="events")
         return evs, start, end
 
     def ints(values: list, what: str) -> np.ndarray:
