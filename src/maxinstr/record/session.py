@@ -34,7 +34,7 @@ from maxinstr.kernels.base import Collector
 from maxinstr.record import process as proc_mod
 from maxinstr.record.footprint import PROBE_STAGES, probe_stage_ns
 from maxinstr.record.process import PROCESS, BufferDrops, clock_ns, flush_locked, native_core, native_stats
-from maxinstr.record.sinks import MemorySink, NativeSink, NativeWriterUnavailable, PythonSink, Sink
+from maxinstr.record.sinks import MemorySink, NativeSink, NativeWriterUnavailable, PythonSink, Sink, attempt
 from maxinstr.record.steady import SteadyState
 from maxinstr.rundir import format as fmt
 from maxinstr.rundir import metadata, owners
@@ -292,10 +292,7 @@ class Session:
         self.steady.stop_capture()
         sampler = self._collectors.pop("sampler", None)
         if sampler is not None:
-            try:
-                sampler.stop()
-            except Exception as exc:  # noqa: BLE001 - a broken sampler must not break close
-                self._event("error", f"sampler stop failed: {type(exc).__name__}: {exc}")
+            attempt(self._event, "sampler stop", sampler.stop)
         if reason.startswith("SIG"):
             # Killed by a signal: never wait on a GPU that may be hung (the process must die);
             # give in-flight GPU records a bounded time to finish instead.
@@ -347,10 +344,7 @@ class Session:
         self._drops.note(self.sink)
         kernels = self._collectors.get("kernel")
         if kernels is not None:
-            try:
-                kernels.flush()
-            except Exception as exc:  # noqa: BLE001
-                self._event("error", f"kernel flush failed: {type(exc).__name__}: {exc}")
+            attempt(self._event, "kernel flush", kernels.flush)
 
     def fork_child(self) -> Session | None:
         """In a fork child: the session that records the child's own part of this run (its

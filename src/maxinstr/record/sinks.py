@@ -8,7 +8,8 @@ the default session, and a session whose directory could not be written), :class
 from __future__ import annotations
 
 import os
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -19,6 +20,17 @@ from maxinstr.rundir.reader import RUN_STAGE_DTYPE, Run
 from maxinstr.rundir.writer import PartWriter
 
 Attrs = list[tuple[int, dict[str, Any]]]
+T = TypeVar("T")
+
+
+def attempt(event: Callable[..., None], what: str, call: Callable[[], T], kind: str = "error") -> T | None:
+    """``call()``, or None when it raises: then one line in the run's events (``what`` failed, why).
+    Instrumentation never stops the program, nor a close."""
+    try:
+        return call()
+    except Exception as exc:  # noqa: BLE001
+        event(kind, f"{what} failed: {type(exc).__name__}: {exc}")
+        return None
 
 
 class Sink(Protocol):
@@ -190,19 +202,14 @@ class NativeSink(PythonSink):
         if not self.running:
             return None
         if wait:
-            try:
-                self.native.writer_flush()
-            except Exception as exc:  # noqa: BLE001
-                self.event("error", f"native writer flush failed: {type(exc).__name__}: {exc}")
+            attempt(self.event, "native writer flush", self.native.writer_flush)
         return self.poll()
 
     def poll(self, status: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """What the writer thread found (``status``, else asked now): its counts go to
         part.json; a write error is the PartWriter's one warning. Returns the status."""
-        try:
-            st = status if status is not None else self.native.writer_status()
-        except Exception as exc:  # noqa: BLE001
-            self.event("error", f"native writer status failed: {type(exc).__name__}: {exc}")
+        st = status if status is not None else attempt(self.event, "native writer status", self.native.writer_status)
+        if st is None:
             return None
         part = self.part
         part.native_rows_written = int(st.get("rows_written", 0))
@@ -222,10 +229,8 @@ class NativeSink(PythonSink):
         left in the core's buffer: the caller drains once more (they reach :meth:`write`).
         Returns the thread's final status."""
         self.state = "stopped"
-        try:
-            st = self.native.writer_stop()
-        except Exception as exc:  # noqa: BLE001
-            self.event("error", f"native writer stop failed: {type(exc).__name__}: {exc}")
+        st = attempt(self.event, "native writer stop", self.native.writer_stop)
+        if st is None:
             return None
         self.poll(st)
         names = int(st.get("names_written", 0) or 0)
