@@ -166,10 +166,10 @@ def _read(path: Path, doc: dict, events: list, where: str, progress: Progress | 
     notes = b.notes
     ph = _col(events, "ph")
     cat = _col(events, "cat")
-    x_idx = [i for i, (p, c) in enumerate(zip(ph, cat)) if p == "X" and c is not None]
-    by_cat: dict[str, list[int]] = {}  # category -> positions in traceEvents
-    for i in x_idx:
-        by_cat.setdefault(cat[i], []).append(i)
+    by_cat: dict[str, list[int]] = {}  # category -> positions of its X events in traceEvents
+    for i, (p, c) in enumerate(zip(ph, cat)):
+        if p == "X" and c is not None:
+            by_cat.setdefault(c, []).append(i)
     rounding_ns: dict[str, float] = {}  # per category: the worst a float64 timestamp can be off
     check = TimeCheck(path, notes, expected="a number")  # Kineto's clock (wall or monotonic) never reads 0
 
@@ -250,9 +250,8 @@ def _read(path: Path, doc: dict, events: list, where: str, progress: Progress | 
             tid=ints(evs, "stream", "gpu_user_annotation: args.stream", True),
             pid=ints(evs, "device", "gpu_user_annotation: args.device", True),
             domain_id=b.strings.intern("gpu_user_annotation"))], b.strings)
-    for key in ("schemaVersion", "cuda_runtime_version", "cuda_driver_version", "trace_id", "distributedInfo"):
-        if key in doc:
-            meta[key] = doc[key]
+    meta.update({k: doc[k] for k in ("schemaVersion", "cuda_runtime_version", "cuda_driver_version", "trace_id",
+                                     "distributedInfo") if k in doc})
     if isinstance(doc.get("deviceProperties"), list):
         meta["devices"] = [d.get("name") for d in doc["deviceProperties"] if isinstance(d, dict)]
     if name_flags(b.strings, np.unique(calls.name_id), lambda name: name.startswith("hip")).any():
@@ -263,8 +262,7 @@ def _read(path: Path, doc: dict, events: list, where: str, progress: Progress | 
 
     base = doc.get("baseTimeNanoseconds")
     session_start = None
-    t0_candidates = [a.min() for a in (ranges.start_ns, calls.start_ns, ops.start_ns) if len(a)]
-    if t0_candidates:
+    if t0_candidates := [a.min() for a in (ranges.start_ns, calls.start_ns, ops.start_ns) if len(a)]:
         t0 = int(min(t0_candidates))
         if isinstance(base, int) and not isinstance(base, bool):
             session_start = base + t0

@@ -16,7 +16,7 @@ import numpy as np
 from maxinstr.columns import correlation_join
 from maxinstr.errors import TraceError
 from maxinstr.traces import _util
-from maxinstr.traces._amd import assemble
+from maxinstr.traces.rocprof import assemble
 from maxinstr.traces._util import Progress, TraceBuilder, int_column, report
 from maxinstr.traces.model import INVALID_NS, NO_ID, Calls, GpuOps, OpKind, RangeStyle, Ranges, TimeCheck, Trace
 
