@@ -69,12 +69,8 @@ _KERNELS_WARNED: set[str] = set()
 
 
 class Session:
-    """A recording session. Use :func:`session` to make one.
-
-    ``path=None`` makes an in-memory session (no directory, no sampler). The attributes
-    ``path`` (where it writes), ``part`` (this process's part folder name) and ``closed``
-    are public.
-    """
+    """A recording session (made by :func:`session`; ``path=None``: in memory, no sampler). Public:
+    ``path`` (where it writes), ``part`` (this process's part folder name), ``closed``."""
 
     def __init__(self, path: str | os.PathLike[str] | None, *, warmup: int = 0, sample_hz: float = DEFAULT_SAMPLE_HZ,
                  flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S, fsync_interval_s: float = 1.0,

@@ -16,12 +16,8 @@ from typing import Any
 
 
 class SteadyState:
-    """The steady-state trigger of one root session.
-
-    ``meta`` is the session's meta.json dict (None where this process does not write one: then
-    nothing is noted, and no capture starts); ``write_meta`` writes it; ``event`` notes a
-    problem in the run's events; ``names`` maps name ids to names; ``core()`` returns the native core
-    (``steady_watch``, ``profiler_start``/``profiler_stop``); ``clock_ns`` the host clock."""
+    """The steady-state trigger of one root session. ``meta``: the session's meta.json dict (None where
+    this process writes none: nothing noted, no capture started); ``core()``: the native core."""
 
     def __init__(self, warmup: int, *, core: Callable[[], Any], clock_ns: Callable[[], int], names: Callable[[], dict[int, str]],
                  write_meta: Callable[[], None], event: Callable[..., None]) -> None:

@@ -87,12 +87,9 @@ def int_column(values, path: object, what: str, *, invalid: int | None = None) -
 
 
 def intern(strings: StringTable, values) -> np.ndarray:
-    """int32 ids in ``strings`` for a column of names.
-
-    Unlike ``StringTable.ids_for`` this never builds a fixed-width unicode array (kernel names
-    run to thousands of characters: a 1M-row '<U4000' array would need 16 GB); a dict assigns
-    local codes in one pass and each distinct name is interned once.
-    """
+    """int32 ids in ``strings`` for a column of names. Unlike ``StringTable.ids_for`` this builds no
+    fixed-width unicode array (kernel names run to thousands of characters: a 1M-row '<U4000' array
+    would need 16 GB): a dict codes them in one pass, and each distinct name is interned once."""
     seq = values.tolist() if isinstance(values, np.ndarray) else list(values)
     if not seq:
         return np.empty(0, dtype=np.int32)
@@ -195,10 +192,9 @@ _ZERO = ("bytes", "kind", "style")  # columns that default to 0 (a kernel moves 
 
 
 def make_table(cls: type[T], parts: list[dict[str, Any]], strings: StringTable, *, sort: bool = True) -> T:
-    """One ``cls`` table (Ranges, Calls or GpuOps) of the ``parts`` a reader found, each a dict of
-    columns by field name: a scalar stands for a whole column, ``name`` (strings) is interned into
-    ``strings`` part by part, a field left out is NO_ID (0 for ``bytes``, ``kind``, ``style``;
-    ``end_tid`` is ``tid``). Rows sorted by start (stable) unless ``sort`` is False."""
+    """One ``cls`` table (Ranges, Calls or GpuOps) of ``parts``, dicts of columns by field name: a
+    scalar stands for a whole column, ``name`` (strings) is interned, a field left out is NO_ID (0 for
+    ``bytes``, ``kind``, ``style``; ``end_tid`` is ``tid``). Rows sorted by start unless not ``sort``."""
     columns: dict[str, list[np.ndarray]] = {}
     for part in parts:
         n = len(part["start_ns"])
@@ -249,9 +245,8 @@ class TraceBuilder:
 
     def trace(self, *, calls: Calls | None = None, ops: GpuOps | None = None, ranges: Ranges | None = None,
               **fields: Any) -> Trace:
-        """The Trace, validated (a TraceError naming the file when malformed). A table not given is
-        made of its parts, sorted by start (calls, then ops, then ranges: the order names are
-        interned in). ``fields``: the Trace's others (meta, session_start_utc_ns)."""
+        """The Trace, validated; a table not given is made of its parts (calls, ops, then ranges: the
+        order names are interned in). ``fields``: the Trace's others (meta, session_start_utc_ns)."""
         calls = self.table(Calls) if calls is None else calls
         ops = self.table(GpuOps) if ops is None else ops
         ranges = self.table(Ranges) if ranges is None else ranges

@@ -55,10 +55,6 @@ class CallKind(IntEnum):
     GRAPH = 2  # cudaGraphLaunch / hipGraphLaunch: one call, many ops
 
 
-def _empty(dtype: str | type) -> np.ndarray:
-    return np.empty(0, dtype=dtype)
-
-
 class _Table:
     """Struct-of-arrays base: every dataclass field is a numpy column of one length."""
 
@@ -91,71 +87,58 @@ class _Table:
 
 @dataclass
 class Ranges(_Table):
-    """Host annotation ranges: NVTX, roctx, record_function, and maxinstr stages.
+    """Host annotation ranges: NVTX, roctx, record_function, maxinstr stages. ``payload``: the NVTX
+    payload (maxinstr's stage record id) or NO_ID; ``end_tid`` differs from ``tid`` only for a
+    start/end range closed on another thread."""
 
-    ``payload`` holds the int64 NVTX payload when one was attached (maxinstr puts its stage
-    record id there); ``NO_ID`` otherwise. ``end_tid`` differs from ``tid`` only for
-    start/end ranges closed on another thread.
-    """
-
-    start_ns: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    end_ns: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    name_id: np.ndarray = field(default_factory=lambda: _empty(np.int32))
-    domain_id: np.ndarray = field(default_factory=lambda: _empty(np.int32))
-    tid: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    end_tid: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    pid: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    style: np.ndarray = field(default_factory=lambda: _empty(np.int8))
-    payload: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    start_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    end_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    name_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    domain_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    tid: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    end_tid: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    pid: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    style: np.ndarray = field(default_factory=lambda: np.empty(0, np.int8))
+    payload: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
 
 @dataclass
 class Calls(_Table):
-    """Host API calls that launched GPU work, keyed by ``correlation_id``.
+    """Host API calls that launched GPU work, keyed by ``correlation_id`` (one row per correlation id
+    and layer: a reader drops backtrace and duplicate rows)."""
 
-    Only the calls that matter for attribution are kept (one row per correlation id and
-    layer; backtrace/duplicate rows are dropped by the reader).
-    """
-
-    start_ns: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    end_ns: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    tid: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    pid: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    correlation_id: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    name_id: np.ndarray = field(default_factory=lambda: _empty(np.int32))
-    kind: np.ndarray = field(default_factory=lambda: _empty(np.int8))
+    start_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    end_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    tid: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    pid: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    correlation_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    name_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    kind: np.ndarray = field(default_factory=lambda: np.empty(0, np.int8))
 
 
 @dataclass
 class GpuOps(_Table):
-    """Kernels, copies and sets that ran on a GPU.
+    """Kernels, copies and sets that ran on a GPU (``graph_node_id``: NO_ID unless replayed from a
+    CUDA/HIP graph; ``bytes``: 0 for kernels)."""
 
-    ``graph_node_id`` is ``NO_ID`` unless the op was replayed from a CUDA/HIP graph.
-    ``bytes`` is 0 for kernels.
-    """
-
-    start_ns: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    end_ns: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    kind: np.ndarray = field(default_factory=lambda: _empty(np.int8))
-    name_id: np.ndarray = field(default_factory=lambda: _empty(np.int32))
-    device_id: np.ndarray = field(default_factory=lambda: _empty(np.int32))
-    stream_id: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    pid: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    correlation_id: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    graph_node_id: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    bytes: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    start_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    end_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    kind: np.ndarray = field(default_factory=lambda: np.empty(0, np.int8))
+    name_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    device_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    stream_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    pid: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    correlation_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    graph_node_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    bytes: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
 
 @dataclass
 class Trace:
-    """A vendor trace in columnar form.
-
-    ``strings[name_id]`` gives a name. ``thread_names`` maps tid -> name where the trace
-    has them. ``clock`` names the timebase of every ``*_ns`` column (e.g. ``"nsys-session"``,
-    ``"CLOCK_MONOTONIC"``, ``"kineto-us"``); ``session_start_utc_ns`` is the capture start on
-    the wall clock when known. ``notes`` collects what a reader had to work around (one
-    line each), so a report can say plainly when a trace lacked something.
-    """
+    """A vendor trace in columnar form: ``strings[name_id]`` is a name; ``clock`` names the timebase
+    of every ``*_ns`` column (``"nsys"``, ``"CLOCK_MONOTONIC"``, ``"kineto-us"``...);
+    ``session_start_utc_ns`` is the capture start on the wall clock when known; ``notes``: what
+    the reader had to work around (one line each), for the report to say."""
 
     source: str
     format: str
