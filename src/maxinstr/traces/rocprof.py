@@ -109,8 +109,7 @@ def csv_kind(name: str) -> str | None:
     return None
 
 
-# --------------------------------------------------------------------------------------
-# CSV set
+# -- CSV set -------------------------------------------------------------------------------------
 
 
 # the columns any table of the set is read for; names and other text become shared strings
@@ -314,8 +313,7 @@ def _single(pids: list[np.ndarray]) -> int:
     return int(u[0]) if len(u) == 1 else NO_ID
 
 
-# --------------------------------------------------------------------------------------
-# JSON (rocprofv3 --output-format json; schema: rocprofiler-sdk source/docs/rocprofv3-schema.json)
+# -- JSON (rocprofv3 --output-format json; schema: rocprofiler-sdk source/docs/rocprofv3-schema.json) --
 
 
 def read_rocprof_json(path: str | Path, *, progress: Progress | None = None, document: object = None) -> Trace:
@@ -434,8 +432,7 @@ def _json_process(path: Path, proc: dict, offset: np.int64, b: TraceBuilder, tim
         b.add(Ranges, **markers_from_rows(start, end, names, tid, np.full(len(recs), pid), ops, b.notes))
 
 
-# --------------------------------------------------------------------------------------
-# rocpd SQLite (ROCm >= 7 default output; schema: rocprofiler-sdk-rocpd/rocpd_tables.sql)
+# -- rocpd SQLite (ROCm >= 7 default output; schema: rocprofiler-sdk-rocpd/rocpd_tables.sql) ---------
 
 _ROCPD_TABLES = ("rocpd_string", "rocpd_info_process", "rocpd_info_thread", "rocpd_info_agent", "rocpd_event",
                  "rocpd_region", "rocpd_kernel_dispatch", "rocpd_info_kernel_symbol", "rocpd_memory_copy",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from maxinstr.columns import correlation_join
+from maxinstr.columns import correlation_join, factorize
 from maxinstr.errors import TraceError
 from maxinstr.traces import _util
 from maxinstr.traces.rocprof import assemble
@@ -72,15 +72,11 @@ def _kernel_name(name: str) -> str:
 
 def _map_names(values: np.ndarray, fn) -> np.ndarray:
     """``fn`` applied once per distinct name (names repeat; rows share the result)."""
-    if not len(values):
-        return values.astype(object)
-    local: dict = {}
-    codes = np.fromiter((local.setdefault(v, len(local)) for v in values.tolist()), np.int64, len(values))
-    return np.array([fn(str(v)) for v in local], dtype=object)[codes]
+    uniques, codes = factorize(values)
+    return np.array([fn(u) for u in uniques.tolist()], dtype=object)[codes]
 
 
-# --------------------------------------------------------------------------------------
-# results.db
+# -- results.db ----------------------------------------------------------------------------------
 
 
 def read_rocprof_v1_db(path: str | Path, *, progress: Progress | None = None) -> Trace:
@@ -325,8 +321,7 @@ def _old_layout_pids(b: TraceBuilder, op_pids: list[np.ndarray]) -> None:
                            "carry no process id, so ops are joined to calls by Index alone")
 
 
-# --------------------------------------------------------------------------------------
-# results.json
+# -- results.json --------------------------------------------------------------------------------
 
 
 def _section_labels(events: list) -> dict[int, str]:
@@ -344,7 +339,7 @@ def _section_labels(events: list) -> dict[int, str]:
     return out
 
 
-def _int_field(values: list, path: Path, what: str) -> np.ndarray:
+def _ints(values: list, path: Path, what: str) -> np.ndarray:
     return int_column(values, path, what, invalid=NO_ID)
 
 
@@ -396,9 +391,9 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
 
     def lane_keys(evs: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         # the event's own section (pid), lane (tid) and ts (us), as the flow events name them
-        return (_int_field([ev.get("pid") for ev in evs], path, "pid"),
-                _int_field([ev.get("tid") for ev in evs], path, "tid"),
-                _int_field([ev.get("ts") for ev in evs], path, "ts"))
+        return (_ints([ev.get("pid") for ev in evs], path, "pid"),
+                _ints([ev.get("tid") for ev in evs], path, "tid"),
+                _ints([ev.get("ts") for ev in evs], path, "ts"))
 
     # calls: one row per event, in file order; the correlation id is the row number
     call_key: list[np.ndarray] = []
@@ -410,8 +405,8 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
         sec, lane, ts = lane_keys(evs)
         corr = np.arange(n_calls, n_calls + len(evs), dtype=np.int64)
         n_calls += len(evs)
-        b.add(Calls, start_ns=start, end_ns=end, tid=_int_field(arg(evs, "tid"), path, "args.tid"),
-              pid=_int_field(arg(evs, "pid"), path, "args.pid"), correlation_id=corr,
+        b.add(Calls, start_ns=start, end_ns=end, tid=_ints(arg(evs, "tid"), path, "args.tid"),
+              pid=_ints(arg(evs, "pid"), path, "args.pid"), correlation_id=corr,
               name=np.array([ev.get("name", "") for ev in evs], dtype=object))
         # of calls that began in the same microsecond, the later-beginning, then the shorter one is
         # taken for a flow there (hipMemcpyToSymbol holds the hipMemcpy that launched the copy)
@@ -422,12 +417,12 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
     # flows: t (the op's section, lane, ts) -> s (the call's section, thread, a time inside the call)
     s_id = {str(f.get("id")): f for f in flows_s}
     pairs = [(s_id[str(t.get("id"))], t) for t in flows_t if str(t.get("id")) in s_id]
-    f_sec = _int_field([s.get("pid") for s, _ in pairs], path, "flow pid")
-    f_thr = _int_field([s.get("tid") for s, _ in pairs], path, "flow tid")
-    f_ts = _int_field([s.get("ts") for s, _ in pairs], path, "flow ts")
-    t_key = np.stack([_int_field([t.get("pid") for _, t in pairs], path, "flow pid"),
-                      _int_field([t.get("tid") for _, t in pairs], path, "flow tid"),
-                      _int_field([t.get("ts") for _, t in pairs], path, "flow ts")]) if pairs else np.empty((3, 0))
+    f_sec = _ints([s.get("pid") for s, _ in pairs], path, "flow pid")
+    f_thr = _ints([s.get("tid") for s, _ in pairs], path, "flow tid")
+    f_ts = _ints([s.get("ts") for s, _ in pairs], path, "flow ts")
+    t_key = np.stack([_ints([t.get("pid") for _, t in pairs], path, "flow pid"),
+                      _ints([t.get("tid") for _, t in pairs], path, "flow tid"),
+                      _ints([t.get("ts") for _, t in pairs], path, "flow ts")]) if pairs else np.empty((3, 0))
     # the call of each flow: on its thread, the one that began last at or before the flow's start
     flow_call = _util.latest_at_or_before(_util.thread_key(calls_k[0], calls_k[1]), calls_k[2],
                                           _util.thread_key(f_sec, f_thr), f_ts)
@@ -441,13 +436,13 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
             continue
         names = np.array([_strip_quotes(str(ev.get("name", ""))) for ev in evs], dtype=object)
         old = old or any("proc-id" in ev["args"] for ev in evs[:1])
-        pid = _int_field(arg(evs, "proc-id") if old else arg(evs, "pid"), path, "args.pid")
+        pid = _ints(arg(evs, "proc-id") if old else arg(evs, "pid"), path, "args.pid")
         sec, lane, ts = lane_keys(evs)
         corr = _util.match_rows(np.stack([sec, lane, ts]), t_key, flow_corr, NO_ID)
-        device = _int_field(arg(evs, "dev-id", NO_ID), path, "args.dev-id")
-        stream = _int_field(arg(evs, "stream-id", None), path, "args.stream-id")
+        device = _ints(arg(evs, "dev-id", NO_ID), path, "args.dev-id")
+        stream = _ints(arg(evs, "stream-id", None), path, "args.stream-id")
         if not any(ev["args"].get("stream-id") is not None for ev in evs[:1]):
-            stream = lane if label == "GPU" or old else _int_field(arg(evs, "queue-id", NO_ID), path, "queue-id")
+            stream = lane if label == "GPU" or old else _ints(arg(evs, "queue-id", NO_ID), path, "queue-id")
         if label == "GPU":
             barrier = np.isin(names, list(_BARRIERS))
             if barrier.any():
@@ -456,7 +451,7 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
             dispatch = [ev["args"].get("DispatchNs") for ev in evs]
             if any(d is not None for d in dispatch):  # KERN rows (--stats): the dispatching thread and time
                 _json_kern(path, evs, start, end, names, dispatch, b, times)
-                op_pids.append(_int_field(arg(evs, "pid"), path, "args.pid"))
+                op_pids.append(_ints(arg(evs, "pid"), path, "args.pid"))
                 continue
             k = ~barrier
             b.add(GpuOps, kind=OpKind.KERNEL, start_ns=start[k], end_ns=end[k], name=names[k], device_id=device[k],
@@ -476,10 +471,10 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
 
     evs, start, end = timed("Markers and Ranges")
     if evs:
-        lane = _int_field([ev.get("tid") for ev in evs], path, "tid")
+        lane = _ints([ev.get("tid") for ev in evs], path, "tid")
         b.add(Ranges, **_ranges(start, end, np.array([str(ev.get("name", "")) for ev in evs], dtype=object),
-                                _int_field(arg(evs, "tid"), path, "args.tid"),
-                                _int_field(arg(evs, "pid"), path, "args.pid"), lane, b.notes))
+                                _ints(arg(evs, "tid"), path, "args.tid"),
+                                _ints(arg(evs, "pid"), path, "args.pid"), lane, b.notes))
     if old:
         _old_layout_pids(b, op_pids)
     return assemble(b, {"sections": sorted(set(labels.values())), "flows": len(pairs)})
@@ -488,11 +483,11 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
 def _json_kern(path: Path, evs: list[dict], start: np.ndarray, end: np.ndarray, names: np.ndarray,
                dispatch: list, b: TraceBuilder, times: TimeCheck) -> None:
     corr = np.arange(len(evs), dtype=np.int64) + _KERN_OFFSET
-    pid = _int_field([ev["args"].get("pid") for ev in evs], path, "args.pid")
-    tid = _int_field([ev["args"].get("tid") for ev in evs], path, "args.tid")
+    pid = _ints([ev["args"].get("pid") for ev in evs], path, "args.pid")
+    tid = _ints([ev["args"].get("tid") for ev in evs], path, "args.tid")
     b.add(GpuOps, kind=OpKind.KERNEL, start_ns=start, end_ns=end, name=_map_names(names, _kernel_name),
-          device_id=_int_field([ev["args"].get("gpu-id") for ev in evs], path, "gpu-id"),
-          stream_id=_int_field([ev["args"].get("queue-id") for ev in evs], path, "queue-id"), pid=pid,
+          device_id=_ints([ev["args"].get("gpu-id") for ev in evs], path, "gpu-id"),
+          stream_id=_ints([ev["args"].get("queue-id") for ev in evs], path, "queue-id"), pid=pid,
           correlation_id=corr)
     d = int_column(dispatch, path, "DispatchNs", invalid=INVALID_NS)
     ok = times.keep("DispatchNs", d, d, names=("DispatchNs", "DispatchNs"))

@@ -175,8 +175,7 @@ def _text(value) -> str:
     return str(value)
 
 
-# --------------------------------------------------------------------------------------
-# RPD's Chrome-trace export (rocmProfileData tools/rpd2tracing.py)
+# -- RPD's Chrome-trace export (rocmProfileData tools/rpd2tracing.py) ----------------------------
 
 FORMAT_JSON = "rpd-json"
 _OP_KINDS = (("KernelExecution", OpKind.KERNEL), ("Task", OpKind.KERNEL), ("Copy", OpKind.MEMCPY),
