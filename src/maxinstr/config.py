@@ -1,25 +1,18 @@
 """Every ``MAXINSTR_*`` environment variable, read in one place with one rule (and the launcher's
-``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, with one rule of their own, at the end).
+``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, with one rule of their own, at the end). docs/sessions.md
+("Environment variables") says what each does; tests/test_config.py holds the code to this module
+and to that table. The native core reads its own at import with csrc/core/base.h's helpers, which
+follow the same rules.
 
-The table in docs/sessions.md ("Environment variables") says what each one does; this module is
-the only Python code that reads them (tests/test_config.py holds it to that, and to the table).
-The native core reads its own (``MAXINSTR_DISABLE``, ``MAXINSTR_EVENT_POOL``...) at import with
-the helpers of csrc/core/base.h, which follow the same rules.
+**The truth rule** (every yes/no variable, in C and in Python alike): unset, empty or blank: the
+default; ``1``/``true``/``yes``/``on``: true, ``0``/``false``/``no``/``off``: false (ASCII case and
+blanks around the word ignored); anything else: one line of warning naming the variable and the
+value, and the default. Numbers alike: a value that is not a number of the right kind, or is out of
+range, is one warning and the default. Nothing here raises.
 
-**The truth rule** (for every yes/no variable, in C and in Python alike):
-
-* unset, empty or only blanks: the variable's default;
-* ``1``, ``true``, ``yes``, ``on``: true; ``0``, ``false``, ``no``, ``off``: false (ASCII case
-  ignored, ASCII blanks around the word ignored);
-* anything else: one line of warning naming the variable and the value, and the default.
-
-Numbers follow the same shape: unset or blank is the default; a value that is not a number of
-the right kind, or is out of range, is one warning and the default. Nothing here raises.
-
-Accessors take an optional ``environ`` (a mapping; default ``os.environ``) so that code reading
-another process's environment (``maxinstr run``'s child, a launch.json) uses the same rules.
-This module imports nothing of maxinstr: the sampler's child process and the start-up hook use
-it before anything else is loaded.
+Accessors take an optional ``environ`` (default ``os.environ``), so that code reading another
+process's environment (``maxinstr run``'s child, a launch.json) uses the same rules. This module
+imports nothing of maxinstr: the sampler's child process and the start-up hook use it first.
 """
 
 from __future__ import annotations
@@ -102,7 +95,8 @@ _BLANKS = b" \t\n\r\v\f"  # what C's isspace() calls blank in the C locale
 
 
 # -- the rules ------------------------------------------------------------------------------
-def _raw(name: str, environ: Mapping[str, str] | None) -> str | None:
+def text(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """A string variable as it is set, or None when unset or blank."""
     value = (os.environ if environ is None else environ).get(name)
     return value if value is not None and _word(value) else None
 
@@ -128,19 +122,13 @@ def _warn(name: str, value: str, expected: str, default: object, *, stacklevel: 
 
 def parse_flag(value: str | None) -> bool | None:
     """The truth rule on one value: True, False, or None (unset, blank, or not a yes/no word)."""
-    if value is None:
-        return None
-    word = _word(value)
-    if word in (w.encode() for w in TRUE_WORDS):
-        return True
-    if word in (w.encode() for w in FALSE_WORDS):
-        return False
-    return None
+    word = None if value is None else _word(value).decode("ascii", "replace")
+    return True if word in TRUE_WORDS else False if word in FALSE_WORDS else None
 
 
 def flag(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
     """A yes/no variable under the truth rule (module docstring)."""
-    value = _raw(name, environ)
+    value = text(name, environ)
     if value is None:
         return default
     parsed = parse_flag(value)
@@ -149,11 +137,6 @@ def flag(name: str, default: bool, environ: Mapping[str, str] | None = None) -> 
               "on" if default else "off")
         return default
     return parsed
-
-
-def text(name: str, environ: Mapping[str, str] | None = None) -> str | None:
-    """A string variable as it is set, or None when unset or blank."""
-    return _raw(name, environ)
 
 
 def integer(name: str, default: int, *, minimum: int | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -170,7 +153,7 @@ def number(name: str, default: float, *, positive: bool = True, environ: Mapping
 
 def _checked(name: str, default: Any, environ: Mapping[str, str] | None, parse: Callable[[bytes], Any],
              ok: Callable[[Any], bool], expected: str, *, stacklevel: int = 5, instead: str | None = None) -> Any:
-    value = _raw(name, environ)
+    value = text(name, environ)
     if value is None:
         return default
     try:
