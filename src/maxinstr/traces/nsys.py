@@ -249,12 +249,9 @@ class _Reader:
         if "ThreadNames" in self.schema:
             add("threads", "SELECT globalTid, nameId FROM ThreadNames", "ii")
 
-        def run_queries() -> dict[str, list[Any]]:
+        def run_queries(queries: list, slots: dict[str, list[int]]) -> dict[str, list[Any]]:
             results = self.be.query_many(self.db, queries) if queries else []
-            out = {key: cols.concat_results([results[i] for i in idx]) for key, idx in slots.items()}
-            queries.clear()
-            slots.clear()
-            return out
+            return {key: cols.concat_results([results[i] for i in idx]) for key, idx in slots.items()}
 
         def run() -> dict[str, list[Any]]:
             # The SQL queries (NVTX, thread names) run on a thread of their own while the big
@@ -268,9 +265,7 @@ class _Reader:
 
                 def sql_part() -> None:
                     try:
-                        res = self.be.query_many(self.db, own_queries)
-                        background["out"] = {key: cols.concat_results([res[i] for i in idx])
-                                             for key, idx in own_slots.items()}
+                        background["out"] = run_queries(own_queries, own_slots)
                     except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
                         background["error"] = exc
 
@@ -293,7 +288,9 @@ class _Reader:
                     worker.join()
             if "error" in background:
                 raise background["error"]
-            out = run_queries()
+            out = run_queries(queries, slots)
+            queries.clear()
+            slots.clear()
             out.update(background.get("out", {}))
             out.update(scanned)
             return out
