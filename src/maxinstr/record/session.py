@@ -192,15 +192,12 @@ class Session:
                 self.path.mkdir(parents=True, exist_ok=True)
                 with owners.locked(self.path):  # two sessions opening here decide one after the other
                     if rank is None and not config.run_dir():
-                        live = owners.live_writers(self.path)
-                        if live:
+                        if live := owners.live_writers(self.path):
                             self._join_live_run(part, live)
                         else:
                             _clear_previous_run(self.path)
-                    if self._writes_meta:
-                        write_json_atomic(self.path / fmt.META_FILE, self.meta)
-                    else:  # another rank: only when rank 0 has not written it (it overwrites ours)
-                        write_json_atomic(self.path / fmt.META_FILE, self.meta, exclusive=True)
+                    # another rank writes it only when rank 0 has not (which overwrites ours)
+                    write_json_atomic(self.path / fmt.META_FILE, self.meta, exclusive=not self._writes_meta)
                     part.open()
             except OSError as exc:
                 self._disk_failed(exc)
