@@ -145,8 +145,7 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
         if (~complete).any():
             notes.append(f"{label}: {int((~complete).sum())} GPU ops without timestamps (unfinished at close) left out")
             op = op[complete]
-        start, _ = to_host_clock(op["start_ns"], pairs)
-        end = start + (op["end_ns"].astype(np.int64) - op["start_ns"].astype(np.int64))
+        start, end = _host_times(op, pairs)
         okind = op["kind"].astype(np.int8)
         oname = np.full(len(op), NO_ID, np.int32)
         kern = okind == OpKind.KERNEL
@@ -170,8 +169,7 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
             pos = np.minimum(np.searchsorted(sorted_ids, a_stage), len(sorted_ids) - 1)
             hit = (a_stage >= 0) & (sorted_ids[pos] == a_stage)
             a_tid = np.where(hit, stages["tid"][order[pos]].astype(np.int64), a_tid)
-        a_start, _ = to_host_clock(api["start_ns"], pairs)
-        a_end = a_start + (api["end_ns"].astype(np.int64) - api["start_ns"].astype(np.int64))
+        a_start, a_end = _host_times(api, pairs)
         a_name = name_ids[api["name_id"]]
         ckind = np.where(api["kind"] == KIND_DRIVER, CallKind.DRIVER, CallKind.RUNTIME).astype(np.int8)
         ckind[name_flags(b.strings, a_name, lambda name: "GraphLaunch" in name)] = CallKind.GRAPH
@@ -199,6 +197,12 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
     meta = {OP_STAGE_KEY: owner, "collector": "cupti",
             "stage_correlation": ", ".join(sorted(how)) or "CUPTI external correlation"}
     return b.trace(calls=b.table(Calls, sort=False), ops=ops.take(order), ranges=ranges, meta=meta), notes
+
+
+def _host_times(rows: np.ndarray, pairs: list) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end on the host clock (the span kept as CUPTI measured it)."""
+    start, _ = to_host_clock(rows["start_ns"], pairs)
+    return start, start + (rows["end_ns"].astype(np.int64) - rows["start_ns"].astype(np.int64))
 
 
 def _valid_times(rows: np.ndarray, path: Path, label: str, notes: list[str]) -> np.ndarray:
