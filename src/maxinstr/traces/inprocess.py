@@ -19,15 +19,9 @@ from typing import Any
 import numpy as np
 
 from maxinstr.errors import RunDirError, TraceError
-from maxinstr.kernels.store import (
-    ACTIVITY_FILE,
-    KIND_DRIVER,
-    KIND_EXTERNAL,
-    KIND_MEMSET,
-    KIND_RUNTIME,
-    read_part_activity,
-    to_host_clock,
-)
+from maxinstr.kernels.store import (ACTIVITY_FILE, KIND_DRIVER, KIND_EXTERNAL, KIND_MEMSET, KIND_RUNTIME,
+                                    read_part_activity, to_host_clock)
+from maxinstr.rundir import format as fmt
 from maxinstr.rundir import load
 from maxinstr.traces._util import TraceBuilder, call_rows, name_flags
 from maxinstr.traces.nsys import MEMCPY_KINDS  # copies named as nsys names them: kernels tables read alike
@@ -35,8 +29,6 @@ from maxinstr.traces.model import NO_ID, CallKind, Calls, GpuOps, OpKind, Ranges
 
 FORMAT = "maxinstr-inprocess"
 OP_STAGE_KEY = "op_stage_id"
-
-_MARK_FLAG = 1 << 2
 
 
 def demangle(names: list[str]) -> list[str]:
@@ -230,7 +222,7 @@ def stage_ranges(run: Any, strings: StringTable, domain: int) -> Ranges:
     """The run's stage records as trace ranges on the host clock (payload = record id)."""
     st = run.stages
     names = run.stage_names() if len(st) else np.empty(0, object)
-    mark = (st["flags"] & _MARK_FLAG) != 0
+    mark = (st["flags"] & fmt.MARK) != 0
     return Ranges(start_ns=st["host_start_ns"].astype(np.int64), end_ns=st["host_end_ns"].astype(np.int64),
                   name_id=strings.ids_for(names) if len(st) else np.empty(0, np.int32),
                   domain_id=np.full(len(st), domain, np.int32), tid=st["tid"].astype(np.int64),

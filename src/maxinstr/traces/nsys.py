@@ -24,19 +24,8 @@ from maxinstr.traces import _sqlite_columns as cols
 from maxinstr.traces._sqlite_columns import IntCol
 from maxinstr.traces._util import TraceBuilder, mark_graph_calls, report
 from maxinstr.traces.nsys_export import sqlite_for_report
-from maxinstr.traces.model import (
-    INVALID_NS,
-    NO_ID,
-    OP_CALL_KEY,
-    CallKind,
-    Calls,
-    GpuOps,
-    OpKind,
-    Ranges,
-    RangeStyle,
-    TimeCheck,
-    Trace,
-)
+from maxinstr.traces.model import (INVALID_NS, NO_ID, OP_CALL_KEY, CallKind, Calls, GpuOps, OpKind, Ranges,
+                                   RangeStyle, TimeCheck, Trace)
 
 # Fallback numbers for files without ENUM_NSYS_EVENT_TYPE (nsys 2022.2 exports lack it).
 _EVENT_TYPES = {"NvtxCategory": 33, "NvtxMark": 34, "NvtxThread": 39, "NvtxPushPopRange": 59, "NvtxStartEndRange": 60,
