@@ -35,12 +35,8 @@ def wrap(st: Any, func: F) -> F:
                 while True:
                     with make(name, **kw):
                         try:
-                            if thrown is not None:
-                                exc, thrown = thrown, None
-                                value = await agen.athrow(exc)
-                            else:
-                                value = await agen.asend(sent)
-                            suspended = True
+                            value = await (agen.asend(sent) if thrown is None else agen.athrow(thrown))
+                            thrown, suspended = None, True
                         except StopAsyncIteration:
                             suspended = False
                             return
@@ -81,12 +77,8 @@ def wrap(st: Any, func: F) -> F:
                 while True:
                     with make(name, **kw):
                         try:
-                            if thrown is not None:
-                                exc, thrown = thrown, None
-                                value = gen.throw(exc)
-                            else:
-                                value = gen.send(sent)
-                            started = True
+                            value = gen.send(sent) if thrown is None else gen.throw(thrown)
+                            thrown, started = None, True
                         except StopIteration as stop:
                             started = False
                             return stop.value
