@@ -96,14 +96,8 @@ class PythonBackend:
                 if not rows:
                     break
                 for c, (k, col) in enumerate(zip(kinds, zip(*rows))):
-                    if k == "i":
-                        chunks[c].append(_int64(col))
-                    elif k == "t":
-                        chunks[c].append(_time64(col))
-                    elif k == "n":
-                        chunks[c].append(_narrow(_int64(col)))
-                    elif k == "f":
-                        chunks[c].append(_float64(col))
+                    if k in _CONVERT:
+                        chunks[c].append(_CONVERT[k](col))
                     else:
                         t = tables[c]
                         chunks[c].append(np.fromiter(
@@ -198,6 +192,9 @@ def _float64(col: tuple) -> np.ndarray:
             except (TypeError, ValueError):
                 out.append(0.0)
         return np.array(out, dtype=np.float64)
+
+
+_CONVERT = {"i": _int64, "t": _time64, "n": lambda col: _narrow(_int64(col)), "f": _float64}
 
 
 def connect(path: str | Path) -> sqlite3.Connection:
