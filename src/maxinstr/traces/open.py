@@ -168,12 +168,9 @@ def _open_folder(path: Path, progress: Progress | None) -> Trace:
     files = sorted(p for p in path.rglob("*") if p.is_file())
     if any(rocprof.csv_kind(p.name) for p in files):
         return rocprof.read_rocprof_csv(path, progress=progress)
-    candidates = [
-        p
-        for p in files
-        if p.name.endswith(("_results.json", "_results.db", ".rpd", ".rpd.gz", ".pt.trace.json", ".pt.trace.json.gz"))
-        or p.suffix in (".nsys-rep", ".sqlite") or p.name in ("results.db", "results.json")
-    ]
+    candidates = [p for p in files if p.name.endswith(("_results.json", "_results.db", ".rpd", ".rpd.gz", ".pt.trace.json",
+                                                       ".pt.trace.json.gz"))
+                  or p.suffix in (".nsys-rep", ".sqlite") or p.name in ("results.db", "results.json")]
     # rocprof v1 writes results.db and results.json from the same tables: the database has more
     # (the calls' Index and arguments), so it stands for the pair
     dbs = {p.with_suffix("") for p in candidates if p.name.endswith("results.db")}
@@ -181,8 +178,7 @@ def _open_folder(path: Path, progress: Progress | None) -> Trace:
     if len(candidates) == 1:
         return open_trace(candidates[0], progress=progress)
     if len(candidates) > 1:
-        listed = ", ".join(p.name for p in candidates[:4])
-        raise TraceError(path, f"folder holds several traces ({listed}...): name one")
+        raise TraceError(path, f"folder holds several traces ({', '.join(p.name for p in candidates[:4])}...): name one")
     if any(p.suffix == ".csv" and _is_rocprofv2_csv(p, _util.read_head(p, 32)) for p in files):
         raise TraceError(path, _ROCPROFV2)
     raise TraceError(path, "no trace found in folder (rocprofv3 CSV/JSON/db, rocprof v1 results.db, RPD, Kineto or nsys)")

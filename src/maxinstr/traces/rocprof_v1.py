@@ -368,10 +368,7 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
                 label = labels.get(int(e.get("pid")), "")  # type: ignore[arg-type]
             except (TypeError, ValueError):
                 label = ""
-            if label.startswith("GPU Barriers"):
-                label = "GPU Barriers"
-            elif label.startswith("GPU"):
-                label = "GPU"
+            label = "GPU Barriers" if label.startswith("GPU Barriers") else "GPU" if label.startswith("GPU") else label
             by_section.setdefault(label, []).append(e)
         elif ph == "s":
             flows_s.append(e)
@@ -389,11 +386,9 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
                                      names=("BeginNs", "EndNs"), unit="events")
         return evs, start, end
 
-    def lane_keys(evs: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def lane_keys(evs: list[dict]) -> tuple[np.ndarray, ...]:
         # the event's own section (pid), lane (tid) and ts (us), as the flow events name them
-        return (_ints([ev.get("pid") for ev in evs], path, "pid"),
-                _ints([ev.get("tid") for ev in evs], path, "tid"),
-                _ints([ev.get("ts") for ev in evs], path, "ts"))
+        return tuple(_ints([ev.get(key) for ev in evs], path, key) for key in ("pid", "tid", "ts"))
 
     # calls: one row per event, in file order; the correlation id is the row number
     call_key: list[np.ndarray] = []
