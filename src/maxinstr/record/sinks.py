@@ -214,10 +214,8 @@ class NativeSink(PythonSink):
         part = self.part
         part.native_rows_written = int(st.get("rows_written", 0))
         part.native_rows_dropped = int(st.get("rows_dropped", 0))
-        for key in ("rows_written", "rows_dropped", "batches", "max_batch", "signals", "fsyncs", "dropped_attrs",
-                    "interval_ms", "threshold"):
-            if key in st:
-                self.info[key] = st[key]
+        self.info.update({key: st[key] for key in ("rows_written", "rows_dropped", "batches", "max_batch", "signals",
+                                                   "fsyncs", "dropped_attrs", "interval_ms", "threshold") if key in st})
         err = st.get("error")
         if err and not part.failed:
             code, message, filename = err
@@ -233,8 +231,7 @@ class NativeSink(PythonSink):
         if st is None:
             return None
         self.poll(st)
-        names = int(st.get("names_written", 0) or 0)
-        if names:
+        if names := int(st.get("names_written", 0) or 0):
             self.part.mark_names_written(list(range(names)))  # in strings.jsonl already
         if st.get("dropped_attrs"):
             self.event("warning", "attrs dropped: the Python flusher did not take them in time",
