@@ -107,13 +107,14 @@ def _as_text(value) -> str:
 
 
 def _int_or(value, invalid: int) -> int:
-    """``value`` as an int when it is one (a float only when whole), else ``invalid``."""
+    """``value`` as an int when it is one in the int64 range (a float only when whole), else ``invalid``."""
     if isinstance(value, float) and not value.is_integer():
         return invalid
     try:
-        return _strict_int(value)
+        number = _strict_int(value)
     except (ValueError, TypeError, OverflowError):
         return invalid
+    return number if -(2**63) <= number < 2**63 else invalid  # (a whole float may be beyond int64: 1.5e73)
 
 
 def _strict_int(value) -> int:
