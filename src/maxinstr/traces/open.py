@@ -15,12 +15,12 @@ from collections import Counter
 from pathlib import Path
 
 from maxinstr.errors import TraceError
-from maxinstr.traces import _util, rocprof, rocprof_v1, rpd
+from maxinstr.traces import _util
 from maxinstr.traces._util import GZIP_MAGIC, SQLITE_MAGIC, Progress
-from maxinstr.traces.inprocess import has_activity, read_run
-from maxinstr.traces.kineto import read_kineto
 from maxinstr.traces.model import Trace
-from maxinstr.traces.nsys import read_nsys
+
+# The readers are imported where a trace of their kind is read: all of them (and what they import:
+# kernels.store, subprocess...) take ~40 ms to import, which reading one format need not pay.
 
 _NSYS_TABLES = ("StringIds", "NVTX_EVENTS", "TARGET_INFO_SESSION_START_TIME", "CUPTI_ACTIVITY_KIND_KERNEL",
                 "CUPTI_ACTIVITY_KIND_RUNTIME", "ThreadNames", "TARGET_INFO_GPU")
@@ -42,6 +42,8 @@ def open_trace(path: str | Path, *, progress: Progress | None = None) -> Trace:
         raise TraceError(path, "not a regular file")
     name = path.name.lower()
     if name.endswith(".nsys-rep") or name.endswith(".qdrep"):
+        from maxinstr.traces.nsys import read_nsys
+
         return read_nsys(path, progress=progress)
     head = _util.read_head(path, 64)
     if not head:
@@ -56,7 +58,9 @@ def open_trace(path: str | Path, *, progress: Progress | None = None) -> Trace:
     if name.endswith(".csv"):
         if _is_rocprofv2_csv(path, head):
             raise TraceError(path, _ROCPROFV2)
-        return rocprof.read_rocprof_csv(path, progress=progress)
+        from maxinstr.traces.rocprof import read_rocprof_csv
+
+        return read_rocprof_csv(path, progress=progress)
     stripped = head.lstrip()
     if stripped[:1] in (b"{", b"[") or name.endswith(".json"):
         return _open_json(path, progress)
@@ -74,6 +78,8 @@ def _gunzip_head(path: Path) -> bytes:
 
 
 def _open_sqlite(path: Path, progress: Progress | None) -> Trace:
+    from maxinstr.traces import rocprof, rocprof_v1, rpd
+
     with _util.sqlite_db(path) as (con, _):
         try:
             tables = _util.sqlite_tables(con)
@@ -90,6 +96,8 @@ def _open_sqlite(path: Path, progress: Progress | None) -> Trace:
     if any(t in tables for t in _NSYS_TABLES) or any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in tables):
         if path.name.endswith(".gz"):
             raise TraceError(path, "gzip-compressed nsys SQLite: decompress it first")
+        from maxinstr.traces.nsys import read_nsys
+
         return read_nsys(path, progress=progress)
     if not tables:
         raise TraceError(path, "SQLite database with no tables (empty or truncated)")
@@ -109,6 +117,9 @@ def _open_json(path: Path, progress: Progress | None) -> Trace:
                                    "not a JSON document (rocprof traced nothing: run it with --hip-trace or "
                                    f"--sys-trace){beside}") from None
         raise
+    from maxinstr.traces import rocprof, rocprof_v1, rpd
+    from maxinstr.traces.kineto import read_kineto
+
     if isinstance(document, dict) and "rocprofiler-sdk-tool" in document:
         return rocprof.read_rocprof_json(path, progress=progress, document=document)
     events = document.get("traceEvents") if isinstance(document, dict) else document
@@ -158,7 +169,11 @@ def _not_kineto(path: Path, events: list) -> None:
 
 
 def _open_folder(path: Path, progress: Progress | None) -> Trace:
+    from maxinstr.traces import rocprof
+
     if (path / "meta.json").is_file() and (path / "parts").is_dir():
+        from maxinstr.traces.inprocess import has_activity, read_run
+
         if has_activity(path):  # a run directory whose session collected kernels (kernels=True)
             trace, notes = read_run(path)
             if trace is None:
