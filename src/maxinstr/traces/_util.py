@@ -288,7 +288,8 @@ def call_rows(op_corr: np.ndarray, call_corr: np.ndarray) -> np.ndarray:
     """Per op, the row of the first call (in table order) with its correlation id, or -1."""
     if not len(call_corr):
         return np.full(len(op_corr), -1, np.int64)
-    order = np.argsort(call_corr, kind="stable")
+    # (tables read in id order are sorted already: then no sort)
+    order = np.arange(len(call_corr)) if (call_corr[1:] >= call_corr[:-1]).all() else np.argsort(call_corr, kind="stable")
     found = call_corr[order]
     pos = np.minimum(np.searchsorted(found, op_corr), len(found) - 1)
     return np.where(found[pos] == op_corr, order[pos], -1)
