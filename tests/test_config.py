@@ -177,3 +177,14 @@ def test_a_lone_surrogate_given_by_code_is_not_a_word():
     mapping given by code may; it reads as no yes/no word (one warning), never raises."""
     with pytest.warns(RuntimeWarning, match=NAME):
         assert config.flag(NAME, True, {NAME: "\ud800on"}) is True
+
+
+@pytest.mark.parametrize("raw, value", [(None, None), ("", None), (" ", None), ("0", 0), ("2", 2), (" 1 ", 1),
+                                        ("+3", 3), ("x", None), ("-1", None), ("2.5", None), ("1 2", None)])
+def test_the_launcher_variables_have_one_rule(raw, value):
+    """RANK, LOCAL_RANK and WORLD_SIZE: a whole number >= 0, blanks around it ignored; anything else
+    names no rank, without a warning (it is the launcher's variable, not ours to judge)."""
+    env = {} if raw is None else {"RANK": raw, "LOCAL_RANK": raw, "WORLD_SIZE": raw}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert config.rank(env) == config.local_rank(env) == config.world_size(env) == value

@@ -1,32 +1,28 @@
-"""Every ``MAXINSTR_*`` environment variable, read in one place with one rule.
+"""Every ``MAXINSTR_*`` environment variable, read in one place with one rule (and the launcher's
+``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, with one rule of their own, at the end). docs/sessions.md
+("Environment variables") says what each does; tests/test_config.py holds the code to this module
+and to that table. The native core reads its own at import with csrc/core/base.h's helpers, which
+follow the same rules.
 
-The table in docs/sessions.md ("Environment variables") says what each one does; this module is
-the only Python code that reads them (tests/test_config.py holds it to that, and to the table).
-The native core reads its own (``MAXINSTR_DISABLE``, ``MAXINSTR_EVENT_POOL``...) at import with
-the helpers of csrc/core/base.h, which follow the same rules.
+**The truth rule** (every yes/no variable, in C and in Python alike): unset, empty or blank: the
+default; ``1``/``true``/``yes``/``on``: true, ``0``/``false``/``no``/``off``: false (ASCII case and
+blanks around the word ignored); anything else: one line of warning naming the variable and the
+value, and the default. Numbers alike: a value that is not a number of the right kind, or is out of
+range, is one warning and the default. Nothing here raises.
 
-**The truth rule** (for every yes/no variable, in C and in Python alike):
-
-* unset, empty or only blanks: the variable's default;
-* ``1``, ``true``, ``yes``, ``on``: true; ``0``, ``false``, ``no``, ``off``: false (ASCII case
-  ignored, ASCII blanks around the word ignored);
-* anything else: one line of warning naming the variable and the value, and the default.
-
-Numbers follow the same shape: unset or blank is the default; a value that is not a number of
-the right kind, or is out of range, is one warning and the default. Nothing here raises.
-
-Accessors take an optional ``environ`` (a mapping; default ``os.environ``) so that code reading
-another process's environment (``maxinstr run``'s child, a launch.json) uses the same rules.
-This module imports nothing of maxinstr: the sampler's child process and the start-up hook use
-it before anything else is loaded.
+Accessors take an optional ``environ`` (default ``os.environ``), so that code reading another
+process's environment (``maxinstr run``'s child, a launch.json) uses the same rules. This module
+imports nothing of maxinstr: the sampler's child process and the start-up hook use it first.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
-from typing import Any
 from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
+
+T_co = TypeVar("T_co", covariant=True)
 
 # -- the names ------------------------------------------------------------------------------
 # read by Python (the accessors below)
@@ -99,7 +95,8 @@ _BLANKS = b" \t\n\r\v\f"  # what C's isspace() calls blank in the C locale
 
 
 # -- the rules ------------------------------------------------------------------------------
-def _raw(name: str, environ: Mapping[str, str] | None) -> str | None:
+def text(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """A string variable as it is set, or None when unset or blank."""
     value = (os.environ if environ is None else environ).get(name)
     return value if value is not None and _word(value) else None
 
@@ -125,19 +122,13 @@ def _warn(name: str, value: str, expected: str, default: object, *, stacklevel: 
 
 def parse_flag(value: str | None) -> bool | None:
     """The truth rule on one value: True, False, or None (unset, blank, or not a yes/no word)."""
-    if value is None:
-        return None
-    word = _word(value)
-    if word in (w.encode() for w in TRUE_WORDS):
-        return True
-    if word in (w.encode() for w in FALSE_WORDS):
-        return False
-    return None
+    word = None if value is None else _word(value).decode("ascii", "replace")
+    return True if word in TRUE_WORDS else False if word in FALSE_WORDS else None
 
 
 def flag(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
     """A yes/no variable under the truth rule (module docstring)."""
-    value = _raw(name, environ)
+    value = text(name, environ)
     if value is None:
         return default
     parsed = parse_flag(value)
@@ -148,20 +139,13 @@ def flag(name: str, default: bool, environ: Mapping[str, str] | None = None) -> 
     return parsed
 
 
-def text(name: str, environ: Mapping[str, str] | None = None) -> str | None:
-    """A string variable as it is set, or None when unset or blank."""
-    return _raw(name, environ)
-
-
-def integer(name: str, default: int, *, minimum: int | None = None,
-            environ: Mapping[str, str] | None = None) -> int:
+def integer(name: str, default: int, *, minimum: int | None = None, environ: Mapping[str, str] | None = None) -> int:
     """A whole number (at least ``minimum``), else one warning and ``default``."""
     return _checked(name, default, environ, int, lambda n: minimum is None or n >= minimum,
                     "a whole number" + (f" >= {minimum}" if minimum is not None else ""))
 
 
-def number(name: str, default: float, *, positive: bool = True,
-           environ: Mapping[str, str] | None = None) -> float:
+def number(name: str, default: float, *, positive: bool = True, environ: Mapping[str, str] | None = None) -> float:
     """A finite number (> 0 when ``positive``, else >= 0), else one warning and ``default``."""
     return _checked(name, default, environ, float, lambda x: (x > 0 if positive else x >= 0) and x != float("inf"),
                     "a number > 0" if positive else "a number >= 0")
@@ -169,7 +153,7 @@ def number(name: str, default: float, *, positive: bool = True,
 
 def _checked(name: str, default: Any, environ: Mapping[str, str] | None, parse: Callable[[bytes], Any],
              ok: Callable[[Any], bool], expected: str, *, stacklevel: int = 5, instead: str | None = None) -> Any:
-    value = _raw(name, environ)
+    value = text(name, environ)
     if value is None:
         return default
     try:
@@ -183,14 +167,49 @@ def _checked(name: str, default: Any, environ: Mapping[str, str] | None, parse: 
 
 
 # -- the accessors (one a variable read by Python) ------------------------------------------
-def run_dir(environ: Mapping[str, str] | None = None) -> str | None:
-    """``MAXINSTR_RUN_DIR`` (set by ``maxinstr run``): where every session of the run writes."""
-    return text(RUN_DIR, environ)
+class Accessor(Protocol[T_co]):
+    def __call__(self, environ: Mapping[str, str] | None = None) -> T_co: ...
 
 
-def session_dir(environ: Mapping[str, str] | None = None) -> str | None:
-    """``MAXINSTR_SESSION_DIR`` (set by an open session): the run a child process joins."""
-    return text(SESSION_DIR, environ)
+def _text_variable(name: str, doc: str) -> Accessor[str | None]:
+    def read(environ: Mapping[str, str] | None = None) -> str | None:
+        return text(name, environ)
+
+    read.__doc__ = f"``{name}``: {doc}"
+    return read
+
+
+def _flag_variable(name: str, default: bool, doc: str) -> Accessor[bool]:
+    def read(environ: Mapping[str, str] | None = None) -> bool:
+        return flag(name, default, environ)
+
+    read.__doc__ = f"``{name}`` (default {'on' if default else 'off'}): {doc}"
+    return read
+
+
+run_dir = _text_variable(RUN_DIR, "set by ``maxinstr run``: where every session of the run writes")
+session_dir = _text_variable(SESSION_DIR, "set by an open session: the run a child process joins")
+profiler_json = _text_variable(PROFILER, "the JSON ``maxinstr run`` passes about the wrapping profiler")
+sampler_nvml_library = _text_variable(SAMPLER_NVML_LIB, "a stand-in libnvidia-ml to load (tests, benchmarks)")
+cuda_library = _text_variable(CUDA_LIBRARY, "the driver library to load instead of libcuda.so.1")
+native_writer_enabled = _flag_variable(NATIVE_WRITER, True, "the core's writer thread writes the records")
+cupti_tags = _flag_variable(CUPTI_TAGS, True, "kernels=True ties ops to stages with the core's launch tags; "
+                            "off: with CUPTI's API + external-correlation activity records")
+sampler_profile = _flag_variable(SAMPLER_PROFILE, False, "samples.json also gets each call's CPU time")
+no_native_columns = _flag_variable(NO_NATIVE_COLUMNS, False, "the nsys SQLite reader stays in Python")
+no_direct_scan = _flag_variable(NO_DIRECT_SCAN, False, "the native nsys reader asks SQLite for every table "
+                                "instead of scanning integer tables' b-trees itself")
+no_malloc_tuning = _flag_variable(NO_MALLOC_TUNING, False, "report/compare leave glibc malloc's and OpenBLAS's "
+                                  "settings as the environment has them")
+no_nvtx_v2 = _flag_variable(NO_NVTX_V2, False, "do not provide NVTX's v2 entry points for MAX")
+max_profiling_by_run = _flag_variable(MAX_PROFILING_BY_RUN, False, "``maxinstr run`` set MODULAR_ENABLE_PROFILING "
+                                      "itself (the user did not), so the start-up hook may turn MAX's markers off "
+                                      "where they would abort MAX")
+run_sampled = _flag_variable(RUN_SAMPLED, False, "``maxinstr run`` samples the GPUs from its own process for the "
+                             "whole run, so the run's session in the program starts no sampler")
+debug = _flag_variable(DEBUG, False, "CLI errors show the traceback (as ``--debug``)")
+disabled = _flag_variable(DISABLE, False, "stages are no-ops, as the native core reads it at import (Python does "
+                          "not act on it; tests hold the two answers equal)")
 
 
 def session_pid(environ: Mapping[str, str] | None = None) -> int | None:
@@ -230,23 +249,13 @@ def warmup_instances(environ: Mapping[str, str] | None = None) -> int | None:
                     instead="it is ignored, as if unset")
 
 
-def profiler_json(environ: Mapping[str, str] | None = None) -> str | None:
-    """``MAXINSTR_PROFILER``: the JSON ``maxinstr run`` passes about the wrapping profiler."""
-    return text(PROFILER, environ)
+DEFAULT_WRITER_INTERVAL_MS = 2.0
+DEFAULT_WRITER_THRESHOLD_RECORDS = 8192
 
 
 def memory_records(environ: Mapping[str, str] | None = None) -> int:
     """``MAXINSTR_MEMORY_RECORDS``: bound of the default in-memory session (1Mi records)."""
     return integer(MEMORY_RECORDS, 1 << 20, minimum=0, environ=environ)
-
-
-def native_writer_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_NATIVE_WRITER`` (default on): the core's writer thread writes the records."""
-    return flag(NATIVE_WRITER, True, environ)
-
-
-DEFAULT_WRITER_INTERVAL_MS = 2.0
-DEFAULT_WRITER_THRESHOLD_RECORDS = 8192
 
 
 def writer_interval_ms(environ: Mapping[str, str] | None = None) -> float:
@@ -257,12 +266,6 @@ def writer_interval_ms(environ: Mapping[str, str] | None = None) -> float:
 def writer_threshold_records(environ: Mapping[str, str] | None = None) -> int:
     """``MAXINSTR_WRITER_THRESHOLD``: the native writer writes at once at this many records (8192)."""
     return integer(WRITER_THRESHOLD, DEFAULT_WRITER_THRESHOLD_RECORDS, minimum=1, environ=environ)
-
-
-def cupti_tags(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_CUPTI_TAGS`` (default on): kernels=True ties ops to stages with the core's
-    launch tags; off: with CUPTI's API + external-correlation activity records."""
-    return flag(CUPTI_TAGS, True, environ)
 
 
 SAMPLER_GIL_MODES = ("process", "auto", "release")
@@ -280,63 +283,28 @@ def sampler_gil(environ: Mapping[str, str] | None = None) -> str:
     return mode
 
 
-def sampler_profile(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_SAMPLER_PROFILE`` (default off): samples.json also gets each call's CPU time."""
-    return flag(SAMPLER_PROFILE, False, environ)
+# -- the launcher's variables (torchrun and the like): one rule for RANK, LOCAL_RANK, WORLD_SIZE --------
+def _launcher_number(name: str, environ: Mapping[str, str] | None) -> int | None:
+    """A whole number >= 0, ASCII blanks around it ignored; None when unset, blank or anything else
+    (``x``, ``-1``, ``2.5``): such a value names no rank, silently, as a program's own variable may."""
+    value = text(name, environ)
+    try:
+        n = None if value is None else int(_word(value))
+    except ValueError:
+        return None
+    return n if n is not None and n >= 0 else None
 
 
-def sampler_nvml_library(environ: Mapping[str, str] | None = None) -> str | None:
-    """``MAXINSTR_SAMPLER_NVML_LIB``: a stand-in libnvidia-ml to load (tests, benchmarks)."""
-    return text(SAMPLER_NVML_LIB, environ)
+def rank(environ: Mapping[str, str] | None = None) -> int | None:
+    """``RANK``: this process's rank (its part is ``r<rank>.p<pid>``), or None (``p<pid>``)."""
+    return _launcher_number("RANK", environ)
 
 
-def no_native_columns(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_NO_NATIVE_COLUMNS`` (default off): the nsys SQLite reader stays in Python."""
-    return flag(NO_NATIVE_COLUMNS, False, environ)
+def local_rank(environ: Mapping[str, str] | None = None) -> int | None:
+    """``LOCAL_RANK``: the rank on this host (the sampler runs where it is 0 or None)."""
+    return _launcher_number("LOCAL_RANK", environ)
 
 
-def no_direct_scan(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_NO_DIRECT_SCAN`` (default off): the native nsys reader asks SQLite for every
-    table instead of scanning integer tables' b-trees itself."""
-    return flag(NO_DIRECT_SCAN, False, environ)
-
-
-def no_malloc_tuning(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_NO_MALLOC_TUNING`` (default off): report/compare leave glibc malloc's and
-    OpenBLAS's settings as the environment has them."""
-    return flag(NO_MALLOC_TUNING, False, environ)
-
-
-def no_nvtx_v2(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_NO_NVTX_V2`` (default off): do not provide NVTX's v2 entry points for MAX."""
-    return flag(NO_NVTX_V2, False, environ)
-
-
-def max_profiling_by_run(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_MAX_PROFILING_BY_RUN`` (default off): ``maxinstr run`` set
-    ``MODULAR_ENABLE_PROFILING`` itself (the user did not), so the start-up hook may turn MAX's
-    markers off where they would abort MAX."""
-    return flag(MAX_PROFILING_BY_RUN, False, environ)
-
-
-def run_sampled(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_RUN_SAMPLED`` (default off): ``maxinstr run`` samples the GPUs from its own
-    process for the whole run, so the run's session in the program starts no sampler."""
-    return flag(RUN_SAMPLED, False, environ)
-
-
-def debug(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_DEBUG`` (default off): CLI errors show the traceback (as ``--debug``)."""
-    return flag(DEBUG, False, environ)
-
-
-def cuda_library(environ: Mapping[str, str] | None = None) -> str | None:
-    """``MAXINSTR_CUDA_LIBRARY``: the driver library to load instead of libcuda.so.1."""
-    return text(CUDA_LIBRARY, environ)
-
-
-def disabled(environ: Mapping[str, str] | None = None) -> bool:
-    """``MAXINSTR_DISABLE`` (default off) as the native core reads it at import: stages are
-    no-ops. Python does not act on it (the core does); tests hold the two answers equal."""
-    return flag(DISABLE, False, environ)
-
+def world_size(environ: Mapping[str, str] | None = None) -> int | None:
+    """``WORLD_SIZE``: how many ranks the job has."""
+    return _launcher_number("WORLD_SIZE", environ)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import maxinstr
+from maxinstr import config
 from maxinstr.record import process
 from maxinstr.record import session as sess
 from maxinstr.record.sinks import MemorySink
@@ -165,7 +166,7 @@ def test_nested_session_joins_the_outer_one(tmp_path, native, stage):
 
 def test_run_dir_env_redirects_and_adopts_the_scripts_session(tmp_path, native, stage, monkeypatch):
     run_dir = tmp_path / "from-env"
-    monkeypatch.setenv(sess.ENV_RUN_DIR, str(run_dir))
+    monkeypatch.setenv(config.RUN_DIR, str(run_dir))
     auto = sess.ensure_env_session()
     assert auto is not None and auto.path == run_dir
     assert sess.ensure_env_session() is auto
@@ -182,7 +183,7 @@ def test_run_dir_env_redirects_and_adopts_the_scripts_session(tmp_path, native, 
 
 
 def test_run_dir_env_without_bootstrap(tmp_path, native, monkeypatch):
-    monkeypatch.setenv(sess.ENV_RUN_DIR, str(tmp_path / "env"))
+    monkeypatch.setenv(config.RUN_DIR, str(tmp_path / "env"))
     with maxinstr.session(tmp_path / "asked", sample_hz=0):
         pass
     assert meta_of(tmp_path / "env")["requested_path"] == str(tmp_path / "asked")
@@ -190,16 +191,16 @@ def test_run_dir_env_without_bootstrap(tmp_path, native, monkeypatch):
 
 
 def test_session_sets_and_restores_the_child_env(tmp_path, native, monkeypatch):
-    monkeypatch.delenv(sess.ENV_SESSION_DIR, raising=False)
+    monkeypatch.delenv(config.SESSION_DIR, raising=False)
     with maxinstr.session(tmp_path / "run", sample_hz=0):
-        assert os.environ[sess.ENV_SESSION_DIR] == str(tmp_path / "run")
-        assert os.environ[sess.ENV_SESSION_PID] == str(os.getpid())
-    assert sess.ENV_SESSION_DIR not in os.environ
+        assert os.environ[config.SESSION_DIR] == str(tmp_path / "run")
+        assert os.environ[config.SESSION_PID] == str(os.getpid())
+    assert config.SESSION_DIR not in os.environ
 
 
 def test_warmup_starts_the_capture_once_at_steady_state(tmp_path, native, stage, monkeypatch):
     calls = []
-    monkeypatch.setenv(sess.ENV_CAPTURE, "nsys")
+    monkeypatch.setenv(config.CAPTURE, "nsys")
     monkeypatch.setattr(native, "profiler_start", lambda: calls.append("start") or True, raising=False)
     monkeypatch.setattr(native, "profiler_stop", lambda: calls.append("stop") or True, raising=False)
     with maxinstr.session(tmp_path / "run", warmup=2, sample_hz=0, flush_interval_s=60):
@@ -224,7 +225,7 @@ def test_warmup_starts_the_capture_once_at_steady_state(tmp_path, native, stage,
 
 def test_warmup_zero_starts_capture_at_session_start(tmp_path, native, monkeypatch):
     calls = []
-    monkeypatch.setenv(sess.ENV_CAPTURE, "1")
+    monkeypatch.setenv(config.CAPTURE, "1")
     monkeypatch.setattr(native, "profiler_start", lambda: calls.append("start") or False, raising=False)
     monkeypatch.setattr(native, "profiler_stop", lambda: calls.append("stop") or False, raising=False)
     with maxinstr.session(tmp_path / "run", sample_hz=0):
@@ -234,7 +235,7 @@ def test_warmup_zero_starts_capture_at_session_start(tmp_path, native, monkeypat
 
 
 def test_no_capture_without_the_env(tmp_path, native, stage, monkeypatch):
-    monkeypatch.delenv(sess.ENV_CAPTURE, raising=False)
+    monkeypatch.delenv(config.CAPTURE, raising=False)
     monkeypatch.setattr(native, "profiler_start", lambda: pytest.fail("profiler_start called"), raising=False)
     with maxinstr.session(tmp_path / "run", warmup=1, sample_hz=0):
         with stage("a"):
@@ -320,7 +321,7 @@ def test_meta_and_part_keys_are_documented(tmp_path, native, stage, monkeypatch)
     part_block = doc.split("### part.json and events.jsonl")[1].split("```json")[1].split("```")[0]
     documented_meta = set(re.findall(r'"(\w+)":', meta_block))
     documented_part = set(re.findall(r'"(\w+)":', part_block))
-    monkeypatch.setenv(sess.ENV_CAPTURE, "1")
+    monkeypatch.setenv(config.CAPTURE, "1")
     with maxinstr.session(tmp_path / "run", sample_hz=0, warmup=1) as s:
         with pytest.warns(RuntimeWarning):
             maxinstr.session(tmp_path / "other").start().close()
@@ -355,7 +356,7 @@ def test_reopening_a_path_replaces_the_previous_run(tmp_path, native, stage, mon
 
 def _capture_calls(native, monkeypatch):
     calls = []
-    monkeypatch.setenv(sess.ENV_CAPTURE, "1")
+    monkeypatch.setenv(config.CAPTURE, "1")
     monkeypatch.setattr(native, "profiler_start", lambda: calls.append("start") or True, raising=False)
     monkeypatch.setattr(native, "profiler_stop", lambda: calls.append("stop") or True, raising=False)
     return calls
@@ -363,8 +364,8 @@ def _capture_calls(native, monkeypatch):
 
 def test_maxinstr_run_capture_waits_for_the_scripts_warmup(tmp_path, native, stage, monkeypatch):
     calls = _capture_calls(native, monkeypatch)
-    monkeypatch.setenv(sess.ENV_RUN_DIR, str(tmp_path / "run"))
-    monkeypatch.delenv(sess.ENV_WARMUP, raising=False)
+    monkeypatch.setenv(config.RUN_DIR, str(tmp_path / "run"))
+    monkeypatch.delenv(config.WARMUP, raising=False)
     auto = sess.ensure_env_session()
     assert calls == []  # warm-up unknown yet: no capture at start-up
     with maxinstr.session("runs/x", warmup=2):
@@ -381,8 +382,8 @@ def test_maxinstr_run_capture_waits_for_the_scripts_warmup(tmp_path, native, sta
 
 def test_maxinstr_run_without_any_session_captures_from_the_first_stage(tmp_path, native, stage, monkeypatch):
     calls = _capture_calls(native, monkeypatch)
-    monkeypatch.setenv(sess.ENV_RUN_DIR, str(tmp_path / "run"))
-    monkeypatch.delenv(sess.ENV_WARMUP, raising=False)
+    monkeypatch.setenv(config.RUN_DIR, str(tmp_path / "run"))
+    monkeypatch.delenv(config.WARMUP, raising=False)
     auto = sess.ensure_env_session()
     assert calls == []
     with stage("only"):
@@ -396,8 +397,8 @@ def test_maxinstr_run_without_any_session_captures_from_the_first_stage(tmp_path
 
 def test_maxinstr_run_warmup_flag_wins(tmp_path, native, stage, monkeypatch):
     calls = _capture_calls(native, monkeypatch)
-    monkeypatch.setenv(sess.ENV_RUN_DIR, str(tmp_path / "run"))
-    monkeypatch.setenv(sess.ENV_WARMUP, "3")
+    monkeypatch.setenv(config.RUN_DIR, str(tmp_path / "run"))
+    monkeypatch.setenv(config.WARMUP, "3")
     auto = sess.ensure_env_session()
     with maxinstr.session("runs/x", warmup=1):
         for _ in range(3):
@@ -436,3 +437,39 @@ def test_session_closed_from_another_thread_keeps_signal_chaining(tmp_path, nati
         assert signal.getsignal(signal.SIGTERM) is mine  # restored once a main-thread close could
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+@pytest.mark.parametrize("rank, local_rank, part_rank, part_local_rank, samples", [
+    ("2", "1", 2, 1, False), (" 1 ", " 0 ", 1, 0, True), ("x", "x", None, None, True),
+    ("-1", "-1", None, None, True), ("", "", None, None, True),
+])  # fmt: skip
+def test_one_rank_rule_for_the_part_its_json_the_records_and_the_sampler(tmp_path, native, stage, monkeypatch, rank,
+                                                                        local_rank, part_rank, part_local_rank, samples):
+    """RANK is read once (maxinstr.config.rank): a value that is not a whole number >= 0 names no rank
+    everywhere alike (part p<pid>, part.json rank null, records' rank -1, meta.json written as by a
+    single process); LOCAL_RANK by the same rule decides the one sampler per host."""
+    import maxinstr.sample as sample
+
+    started = []
+
+    class Handle:
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(sample, "start_sampler", lambda part_dir, interval_s: started.append(part_dir) or Handle())
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("LOCAL_RANK", local_rank)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    pid = os.getpid()
+    with maxinstr.session(tmp_path / "run", sample_hz=50) as s:
+        with stage("a"):
+            pass
+    assert s.part == (f"p{pid}" if part_rank is None else f"r{part_rank}.p{pid}")
+    info = json.loads((tmp_path / "run" / "parts" / s.part / "part.json").read_text())
+    assert (info["rank"], info["local_rank"], info["world_size"]) == (part_rank, part_local_rank, 4)
+    assert (tmp_path / "run" / "meta.json").is_file()
+    assert bool(started) is samples
+    with stage("b"):  # no session open: the in-memory one keeps it, with the same rank
+        pass
+    memory = sess.current_session().records()
+    assert memory["rank"].tolist() == [-1 if part_rank is None else part_rank]

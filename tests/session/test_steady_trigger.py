@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import maxinstr
+from maxinstr import config
 from maxinstr import warmup as rule
 from maxinstr.analyze.report import analyze
 from maxinstr.record import session as sess
@@ -96,7 +97,7 @@ def test_the_core_starts_the_capture_where_the_rule_says(name, tmp_path, native,
     s, parent, level, is_mark = _columns(run)
     entered: list[int] = []
     starts: list[int] = []
-    monkeypatch.setenv(sess.ENV_CAPTURE, "1")
+    monkeypatch.setenv(config.CAPTURE, "1")
     monkeypatch.setattr(native, "profiler_start", lambda: starts.append(len(entered)) or True, raising=False)
     monkeypatch.setattr(native, "profiler_stop", lambda: True, raising=False)
 

@@ -494,3 +494,18 @@ def test_inprocess_ops_ending_before_they_start_read_as_deleted_rows(what, modul
     added = [n for n in notes if n not in want_notes]
     assert len(added) == 1, added
     assert re.fullmatch(note_pattern(label, len(hit), len(sel), f"row {hit[0]}", r"ends 1000 ns before it starts"), added[0])
+
+
+def test_a_whole_float_beyond_int64_is_no_time(tmp_path):
+    """A time column that pandas reads as floats, one of them whole but beyond int64 (1.5e73, from
+    the readers' fuzz test): that row is dropped and said, like any time that is no integer; it
+    used to stop the read with an OverflowError."""
+    real = Path(__file__).resolve().parents[1] / "data" / "rocprof" / "rocprofv3_llamacpp_decode"
+    rows = list(csv.reader(open(real / "decode_kernel_trace.csv", newline="")))
+    header, body = rows[0], rows[1:6]
+    body[0][header.index("Start_Timestamp")] = "1.5e73"
+    with open(tmp_path / "decode_kernel_trace.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows([header, *body])
+    trace = open_trace(tmp_path / "decode_kernel_trace.csv")
+    assert len(trace.ops) == 4
+    assert any("1 of 5 rows dropped" in n and "Start_Timestamp missing or not an integer" in n for n in trace.notes)

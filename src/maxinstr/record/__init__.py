@@ -1,14 +1,6 @@
-"""Recording: `stage`, `mark`, and the process-wide switch.
-
-`stage` and `mark` are the native functions themselves (no Python layer on the hot path).
-
-    with maxinstr.stage("decode", step=i, stream=torch.cuda.current_stream().cuda_stream):
-        ...
-
-    @maxinstr.stage("sample")          # decorator: see maxinstr.record.stage
-    def sample(logits): ...
-
-Set MAXINSTR_DISABLE=1 (or call `disable()`) to make `stage()` return a shared no-op.
+"""Recording: `stage` and `mark` (the native functions themselves: no Python layer on the hot path;
+`@maxinstr.stage(...)` as a decorator: :mod:`maxinstr.record.stage`), and the process-wide switch
+(`disable()`, or MAXINSTR_DISABLE=1: `stage()` returns a shared no-op).
 """
 
 from __future__ import annotations
@@ -40,21 +32,20 @@ def disable() -> None:
 
 
 def set_gpu_budget(share: float) -> None:
-    """Share of wall time GPU timing may cost the program (default 0.0025; env MAXINSTR_GPU_BUDGET).
-
-    Past it, whole top-level stages with ``gpu=None`` are left untimed (flagged
-    ``GPU_SAMPLED_OUT``) until the cost is back under budget; ``gpu=True`` stages are always
-    timed. ``0`` times every stage. Counts from the call. See docs/stage-core.md."""
+    """Share of wall time GPU timing may cost the program (default 0.0025; env MAXINSTR_GPU_BUDGET):
+    past it, top-level stages with ``gpu=None`` go untimed (``GPU_SAMPLED_OUT``) until the cost is
+    back under budget; ``gpu=True`` stages are always timed; ``0`` times every stage (docs/stage-core.md)."""
     _native._configure_events(gpu_budget=float(share))
 
 
 __all__ = ["stage", "mark", "enable", "disable", "is_enabled", "clock_ns", "set_gpu_budget"]
 
 # A process started from inside an open session (spawn/forkserver children, subprocesses) or
-# under `maxinstr run` joins that run here, so its stages land in a part of its own
-# (maxinstr/record/session.py). Never lets a problem there break `import maxinstr.record`.
+# under `maxinstr run` joins that run here, so its stages land in a part of its own. Never lets a
+# problem there break `import maxinstr.record`.
 if _config.session_dir() or _config.run_dir():
     try:
+        # only then: the session module brings numpy and the writer, which `import maxinstr` must not
         from maxinstr.record.session import ensure_env_session as _ensure_env_session
 
         _ensure_env_session()

@@ -1,20 +1,10 @@
-"""The process side of recording: its state, the flusher thread, exit, signals, forks.
-
-:data:`PROCESS` holds what one process records: the name table, its open sessions (the root
-owns the part this process writes) and the default in-memory sink. Here also:
-
-* **the drain** (:func:`flush_locked`): completed records out of the native core into the
-  root session's sink (or the in-memory one), then the root's own follow-up (:class:`Root`);
-* **the flusher thread**, which drains every ``flush_interval_s`` while a directory session
-  is open;
-* **exit**: atexit, multiprocessing's exit hook (its children end with ``os._exit``), SIGTERM
-  and SIGHUP (and SIGINT where the program left Python's default) close the run first
-  (:func:`exit_process`), then die by the same signal or chain to the program's handler;
-* **fork**: the lock is held across ``fork()``; the child gets a fresh state and records into a
-  part of its own (:meth:`Root.fork_child`).
-
-Nothing here knows the session class: the session module implements :class:`Root`.
-"""
+"""The process side of recording: :data:`PROCESS` (the name table, the open sessions, the default
+in-memory sink), the drain (:func:`flush_locked`: completed records out of the native core into the
+root session's sink), the flusher thread, and exit: atexit, multiprocessing's exit hook (its
+children end with ``os._exit``), SIGTERM and SIGHUP (and SIGINT where the program left Python's
+default) close the run first (:func:`exit_process`), then die by the same signal or chain to the
+program's handler. Across ``fork()`` the lock is held; the child records into a part of its own.
+Nothing here knows the session class: the session module implements :class:`Root`."""
 
 from __future__ import annotations
 
@@ -38,16 +28,14 @@ from maxinstr.rundir import format as fmt
 
 BUSY_ROWS = 4096  # a drain this big means records arrive fast: drain again without sleeping
 SIGNAL_RESOLVE_S = 2.0  # killed by a signal: GPU records in flight get this long, never a blocking wait
+# Close (and exit) write pending attrs for at most this long from when close is asked (another thread
+# recording with attrs all the while once made close take 20-40 s); the rest is counted and said.
 CLOSE_BUDGET_S = 1.0
-"""Close (and exit) write pending attrs for at most this long, from when close is asked: another
-thread recording stages with attrs all the while once made close take 20-40 s. What is left then
-is counted (part.json ``attrs_dropped_close``) and said in the report."""
 
 
 def native_core() -> Any:
-    """The native core. Looked up at each call (not bound at import) because the session tests
-    run against a stand-in put in its place (tests/session/fake_native.py)."""
-    import maxinstr._native  # noqa: F401 - built or replaced; sys.modules holds the one in use
+    """The native core, looked up at each call: the session tests may put a stand-in in its place."""
+    import maxinstr._native  # noqa: F401 - (imported here, not bound: sys.modules holds the one in use)
 
     return sys.modules["maxinstr._native"]
 
@@ -113,10 +101,6 @@ class Process:
 PROCESS = Process()
 
 
-# ------------------------------------------------------------------------------------------
-# draining the core
-
-
 def flush_locked(proc: Process, *, block: bool = False, periodic: bool = False) -> int:
     """Drain the native core once into the current sink (the caller holds ``proc.lock``).
     Returns the rows drained (by the Python path). Unless ``periodic`` (the flusher's own
@@ -170,23 +154,16 @@ def _drain(proc: Process, native: Any, block: bool, periodic: bool) -> int:
 def begin_close(proc: Process) -> None:
     """Start the close's clock (:data:`CLOSE_BUDGET_S`) on the root's sink, before waiting for
     the lock: a flusher writing a large batch then stops at the deadline too."""
-    root = proc.root
-    sink = root.sink if root is not None else None
-    if sink is not None:
-        try:
-            sink.begin_close(time.monotonic() + CLOSE_BUDGET_S)
-        except Exception:  # noqa: BLE001 - a sink without a deadline still closes
-            pass
+    if proc.root is not None and proc.root.sink is not None:
+        proc.root.sink.begin_close(time.monotonic() + CLOSE_BUDGET_S)
 
 
 @contextlib.contextmanager
 def hold_interrupt() -> Iterator[list[int]]:
-    """Ctrl-C while the run is being closed is held until the close finishes (it is bounded,
-    :data:`CLOSE_BUDGET_S`): the list yielded then holds SIGINT, and the caller raises
-    KeyboardInterrupt itself, so nothing drained is lost on the way (it left 300,000 rows without
-    their attrs, the part marked closed, and a traceback from inside the drain). A second Ctrl-C
-    is obeyed at once (what it cuts short is counted). Only in the main thread, and only while
-    SIGINT has Python's default handler: a program's own handler is its own."""
+    """Ctrl-C while the run is closed is held until the (bounded) close finishes: the list yielded
+    then holds SIGINT and the caller raises KeyboardInterrupt itself, so nothing drained is lost on
+    the way (it once left 300,000 rows without their attrs). A second Ctrl-C is obeyed at once.
+    Only in the main thread, while SIGINT has Python's default handler (a program's own is its own)."""
     held: list[int] = []
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
@@ -251,18 +228,10 @@ class BufferDrops:
         dropped = self.since_begin()
         if dropped > self.said:
             if self.said == 0:
-                warnings.warn(
-                    f"maxinstr: the record buffer was full and dropped {dropped} stage record(s); "
-                    "the count is kept in part.json",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+                warnings.warn(f"maxinstr: the record buffer was full and dropped {dropped} stage record(s); the count "
+                              "is kept in part.json", RuntimeWarning, stacklevel=2)
             sink.event("warning", "record buffer full: records dropped", dropped_records=dropped)
             self.said = dropped
-
-
-# ------------------------------------------------------------------------------------------
-# the flusher thread
 
 
 def _flusher_main(proc_ref: weakref.ref[Process]) -> None:
@@ -288,8 +257,7 @@ def ensure_flusher(proc: Process) -> None:
     if proc.flusher is not None and proc.flusher.is_alive():
         return
     proc.stop.clear()
-    proc.flusher = threading.Thread(target=_flusher_main, args=(weakref.ref(proc),), name="maxinstr-flusher",
-                                    daemon=True)
+    proc.flusher = threading.Thread(target=_flusher_main, args=(weakref.ref(proc),), name="maxinstr-flusher", daemon=True)
     proc.flusher.start()
 
 
@@ -301,10 +269,6 @@ def stop_flusher_if_idle(proc: Process) -> None:
     if t is not None and t is not threading.current_thread():
         t.join(timeout=2.0)
     proc.flusher = None
-
-
-# ------------------------------------------------------------------------------------------
-# process exit: atexit, signals, multiprocessing children
 
 
 def exit_process(reason: str = "exit") -> None:
@@ -432,17 +396,13 @@ def register_mp_exit_hook() -> None:
     try:
         if mp.parent_process() is None:
             return
-        from multiprocessing import util
+        from multiprocessing import util  # (a child of multiprocessing: it is imported already)
 
         util.Finalize(None, exit_process, exitpriority=-100)
         # a child's bootstrap clears finalizers registered before it; this re-registers after
         util.register_after_fork(_MP_TOKEN, lambda _: util.Finalize(None, exit_process, exitpriority=-100))
     except Exception:  # noqa: BLE001 - an odd multiprocessing: the child's records end at its last flush
         pass
-
-
-# ------------------------------------------------------------------------------------------
-# fork
 
 
 def _before_fork() -> None:

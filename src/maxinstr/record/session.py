@@ -1,42 +1,18 @@
-"""Sessions: where stage records go, and the run directory they are written to.
+"""Sessions: where stage records go, and the run directory they are written to (docs/sessions.md
+says what is kept on each way a process can end, and the rules for nested and unbalanced use).
 
     with maxinstr.session("runs/decode", warmup=2, dtype="bf16"):
         ...
 
-A session owns a run directory (docs/formats.md). While it is open, the native core's writer
-thread (no GIL) appends completed stage records to ``parts/<part>/stages.bin`` every 2 ms, or
-sooner when many complete (docs/sessions.md "The native writer"); a Python flusher thread runs
-every ``flush_interval_s`` (50 ms) for what needs Python: attrs, GPU event resolution, warm-up
-detection. With ``MAXINSTR_NATIVE_WRITER=0``, or when the native writer cannot start (said
-once), the Python flusher drains and writes the records itself. The sampler (when
-``sample_hz`` > 0) writes its samples next to them. What is lost if the process dies:
+While a session is open, the native core's writer thread (no GIL) appends completed stage records
+to ``parts/<part>/stages.bin`` every 2 ms; a Python flusher runs every ``flush_interval_s`` for what
+needs Python (attrs, GPU event resolution), and writes the records itself when the native writer is
+off or cannot start. Each process writes its own part (``p<pid>``, ``r<rank>.p<pid>``): fork
+children in a part of their own, spawn children and subprocesses through ``MAXINSTR_SESSION_DIR``.
 
-* SIGKILL / OOM kill: the records completed since the writer's last write (about 2 ms of
-  records with the native writer; the last ``flush_interval_s`` plus the wait for the GIL with
-  the Python one), attrs of the last ``flush_interval_s``, and the stages still open. Written
-  rows are in the kernel's page cache as soon as ``write`` returns, so they survive the process.
-* machine crash / power loss: additionally up to ``fsync_interval_s`` (1 s) of rows.
-* normal exit, an exception escaping the program, SIGTERM, SIGINT: nothing; still-open
-  stages are closed and written flagged ``UNCLOSED``.
-
-Rules for unbalanced use (all tested in tests/session/):
-
-* ``close()`` twice: the second call does nothing.
-* A session opened while another is open in the same process *joins* it: its stages go to
-  the outer run directory; its path, warm-up and user metadata are recorded in the outer
-  meta.json under ``nested_sessions`` (and, when the outer session was started from the
-  environment by ``maxinstr run``, they become the run's own warm-up and user metadata).
-* Stages are not owned by a session object: one that completes while no session is open
-  (for example, opened after its session closed) goes to the default in-memory session,
-  ``maxinstr.current_session()``.
-* Child processes never mix records with their parent: each process writes its own part
-  ``p<pid>`` (``r<rank>.p<pid>`` under torchrun). fork children continue the parent's run
-  in a part of their own; spawn/forkserver children (and any subprocess that imports
-  maxinstr) join through ``MAXINSTR_SESSION_DIR``, which an open session sets.
-
-This module is the public API and the lifecycle; the rest of the recording side is
-:mod:`.sinks` (where drained records go), :mod:`.steady` (warm-up, steady state, the profiler
-capture) and :mod:`.process` (the process's state, the flusher thread, exit, signals, forks).
+This module is the public API and the lifecycle; the rest of the recording side is :mod:`.sinks`
+(where drained records go), :mod:`.steady` (steady state, the profiler capture) and
+:mod:`.process` (the process's state, the flusher thread, exit, signals, forks).
 """
 
 from __future__ import annotations
@@ -58,7 +34,7 @@ from maxinstr.kernels.base import Collector
 from maxinstr.record import process as proc_mod
 from maxinstr.record.footprint import PROBE_STAGES, probe_stage_ns
 from maxinstr.record.process import PROCESS, BufferDrops, clock_ns, flush_locked, native_core, native_stats
-from maxinstr.record.sinks import MemorySink, NativeSink, NativeWriterUnavailable, PythonSink, Sink
+from maxinstr.record.sinks import MemorySink, NativeSink, NativeWriterUnavailable, PythonSink, Sink, attempt
 from maxinstr.record.steady import SteadyState
 from maxinstr.rundir import format as fmt
 from maxinstr.rundir import metadata, owners
@@ -67,15 +43,6 @@ from maxinstr.rundir.writer import PartWriter, RunDirWarning, write_json_atomic
 from maxinstr.sample import SessionSampler
 
 __all__ = ["Session", "session", "current_session", "ensure_env_session", "RunDirWarning"]
-
-# the variables a session reads or sets (maxinstr.config; docs/sessions.md "Environment variables")
-ENV_RUN_DIR = config.RUN_DIR
-ENV_SESSION_DIR = config.SESSION_DIR
-ENV_SESSION_PID = config.SESSION_PID
-ENV_CAPTURE = config.CAPTURE
-ENV_MEMORY_RECORDS = config.MEMORY_RECORDS
-ENV_WARMUP = config.WARMUP
-ENV_NATIVE_WRITER = config.NATIVE_WRITER
 
 DEFAULT_FLUSH_INTERVAL_S = 0.05
 FLUSH_INTERVAL_RANGE_S = (0.001, 3600.0)  # 0 would make the flusher spin a core; inf, never wake
@@ -102,25 +69,12 @@ _KERNELS_WARNED: set[str] = set()
 
 
 class Session:
-    """A recording session. Use :func:`session` to make one.
+    """A recording session (made by :func:`session`; ``path=None``: in memory, no sampler). Public:
+    ``path`` (where it writes), ``part`` (this process's part folder name), ``closed``."""
 
-    ``path=None`` makes an in-memory session (no directory, no sampler). The attributes
-    ``path`` (where it writes), ``part`` (this process's part folder name) and ``closed``
-    are public.
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str] | None,
-        *,
-        warmup: int = 0,
-        sample_hz: float = DEFAULT_SAMPLE_HZ,
-        flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
-        fsync_interval_s: float = 1.0,
-        kernels: bool = False,
-        _role: str = "owner",
-        **user_meta: Any,
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None, *, warmup: int = 0, sample_hz: float = DEFAULT_SAMPLE_HZ,
+                 flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S, fsync_interval_s: float = 1.0,
+                 kernels: bool = False, _role: str = "owner", **user_meta: Any) -> None:
         if warmup < 0:
             raise ValueError("warmup must be >= 0")
         self.requested_path = None if path is None else str(path)
@@ -195,13 +149,9 @@ class Session:
     def _join(self, host: Session) -> None:
         self._host = host
         self.part = host.part
-        entry = {
-            "requested_path": self.requested_path,
-            "warmup": self.warmup,
-            "user": self.user_meta,
-            "start_ns": clock_ns(),
-        }
-        if host.auto and not host._adopted_once():
+        entry = {"requested_path": self.requested_path, "warmup": self.warmup, "user": self.user_meta,
+                 "start_ns": clock_ns()}
+        if host.auto and not (host.meta and host.meta.get("nested_sessions")):
             # The script's own session inside `maxinstr run`: its settings are the run's
             # (except a warm-up given on `maxinstr run`'s command line, which wins).
             host.user_meta.update(self.user_meta)
@@ -212,12 +162,8 @@ class Session:
                     host.meta["warmup"] = self.warmup
                     host.steady.set_warmup(self.warmup)
         elif self.path is not None and host.path is not None and self.path != host.path:
-            warnings.warn(
-                f"maxinstr: session {self.requested_path} opened inside the open session {host.path}: "
-                "its stages are recorded in the outer run",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            warnings.warn(f"maxinstr: session {self.requested_path} opened inside the open session {host.path}: "
+                          "its stages are recorded in the outer run", RuntimeWarning, stacklevel=3)
         if host.meta is not None:
             host.meta.setdefault("nested_sessions", []).append(entry)
             host._write_meta()
@@ -228,36 +174,30 @@ class Session:
             host.kernels = True
             host._start_kernels(host.path / fmt.PARTS_DIR / host.part)
 
-    def _adopted_once(self) -> bool:
-        return bool(self.meta and self.meta.get("nested_sessions"))
-
     def _open_root(self) -> None:
-        rank = os.environ.get("RANK")
-        self.part = fmt.part_name(self._pid, rank if rank not in (None, "") else None)
+        rank = config.rank()
+        self.part = fmt.part_name(self._pid, rank)
         if self.path is None:
             self.role = "memory"
             self.sink = MemorySink(PROCESS.memory.limit)
             return
         part_dir = self.path / fmt.PARTS_DIR / self.part
-        part = PartWriter(part_dir, self._part_info(rank), fsync_interval_s=self.fsync_interval_s)
+        part = PartWriter(part_dir, self._part_info(), fsync_interval_s=self.fsync_interval_s)
         self.sink = self._part_sink(part)
         if self.role == "owner":
             self.meta = metadata.collect(warmup=self.warmup, user=self.user_meta, requested_path=self.requested_path)
             self.meta["session"] = {"pid": self._pid, "part": self.part, "start_ns": clock_ns(), "end_ns": None}
-            self._writes_meta = rank in (None, "", "0")
+            self._writes_meta = rank in (None, 0)
             try:
                 self.path.mkdir(parents=True, exist_ok=True)
                 with owners.locked(self.path):  # two sessions opening here decide one after the other
-                    if rank in (None, "") and not config.run_dir():
-                        live = owners.live_writers(self.path)
-                        if live:
+                    if rank is None and not config.run_dir():
+                        if live := owners.live_writers(self.path):
                             self._join_live_run(part, live)
                         else:
                             _clear_previous_run(self.path)
-                    if self._writes_meta:
-                        write_json_atomic(self.path / fmt.META_FILE, self.meta)
-                    else:  # another rank: only when rank 0 has not written it (it overwrites ours)
-                        write_json_atomic(self.path / fmt.META_FILE, self.meta, exclusive=True)
+                    # another rank writes it only when rank 0 has not (which overwrites ours)
+                    write_json_atomic(self.path / fmt.META_FILE, self.meta, exclusive=not self._writes_meta)
                     part.open()
             except OSError as exc:
                 self._disk_failed(exc)
@@ -267,8 +207,7 @@ class Session:
             if self.kernels:
                 self._start_kernels(part_dir)
             self.steady.arm(self.meta, capture=config.capture_request())
-            local_rank = os.environ.get("LOCAL_RANK")
-            if self.sample_hz > 0 and local_rank in (None, "", "0"):
+            if self.sample_hz > 0 and config.local_rank() in (None, 0):
                 self._start_sampler(part_dir)
         # children create their part lazily, at their first record (before_drain): a helper
         # process that records nothing leaves no empty part behind
@@ -286,34 +225,15 @@ class Session:
         (as ranks do) and leave its meta.json to its owner. Said once, naming that process."""
         self._writes_meta = False
         part.info["joined_live_run"] = live
-        warnings.warn(
-            f"maxinstr: {self.path} is the run of a live process ({'; '.join(live[:3])}"
-            f"{' ...' if len(live) > 3 else ''}): this session adds its records to that run as part "
-            f"{self.part} instead of replacing it",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+        warnings.warn(f"maxinstr: {self.path} is the run of a live process ({'; '.join(live[:3])}"
+                      f"{' ...' if len(live) > 3 else ''}): this session adds its records to that run as part "
+                      f"{self.part} instead of replacing it", RuntimeWarning, stacklevel=4)
 
-    def _part_info(self, rank: str | None) -> dict[str, Any]:
-        def env_int(name: str) -> int | None:
-            value = os.environ.get(name)
-            try:
-                return int(value) if value not in (None, "") else None
-            except ValueError:
-                return None
-
+    def _part_info(self) -> dict[str, Any]:
         return {
-            "part": self.part,
-            "pid": self._pid,
-            "ppid": os.getppid(),
-            "rank": env_int("RANK"),
-            "local_rank": env_int("LOCAL_RANK"),
-            "world_size": env_int("WORLD_SIZE"),
-            "host": socket.gethostname(),
-            "role": self.role,
-            "started_ns": clock_ns(),
-            "started_unix_ns": time.time_ns(),
-            "closed_ns": None,
+            "part": self.part, "pid": self._pid, "ppid": os.getppid(), "rank": config.rank(),
+            "local_rank": config.local_rank(), "world_size": config.world_size(), "host": socket.gethostname(),
+            "role": self.role, "started_ns": clock_ns(), "started_unix_ns": time.time_ns(), "closed_ns": None,
             "status": "running",
             # what one stage costs this process, for the report's footprint (record/footprint.py)
             "footprint": {"stage_ns": probe_stage_ns(native_core()), "probe_stages": PROBE_STAGES,
@@ -323,12 +243,8 @@ class Session:
 
     def _disk_failed(self, exc: OSError) -> None:
         self.failed = exc.strerror or str(exc)
-        warnings.warn(
-            f"maxinstr: cannot write run directory {exc.filename or self.path}: {self.failed}; "
-            "the program continues and stages are kept in memory only",
-            RunDirWarning,
-            stacklevel=4,
-        )
+        warnings.warn(f"maxinstr: cannot write run directory {exc.filename or self.path}: {self.failed}; the "
+                      "program continues and stages are kept in memory only", RunDirWarning, stacklevel=4)
         self.sink = MemorySink(PROCESS.memory.limit)
 
     def close(self) -> None:
@@ -369,10 +285,7 @@ class Session:
         self.steady.stop_capture()
         sampler = self._collectors.pop("sampler", None)
         if sampler is not None:
-            try:
-                sampler.stop()
-            except Exception as exc:  # noqa: BLE001 - a broken sampler must not break close
-                self._event("error", f"sampler stop failed: {type(exc).__name__}: {exc}")
+            attempt(self._event, "sampler stop", sampler.stop)
         if reason.startswith("SIG"):
             # Killed by a signal: never wait on a GPU that may be hung (the process must die);
             # give in-flight GPU records a bounded time to finish instead.
@@ -424,10 +337,7 @@ class Session:
         self._drops.note(self.sink)
         kernels = self._collectors.get("kernel")
         if kernels is not None:
-            try:
-                kernels.flush()
-            except Exception as exc:  # noqa: BLE001
-                self._event("error", f"kernel flush failed: {type(exc).__name__}: {exc}")
+            attempt(self._event, "kernel flush", kernels.flush)
 
     def fork_child(self) -> Session | None:
         """In a fork child: the session that records the child's own part of this run (its
@@ -440,7 +350,7 @@ class Session:
         joined.started = True
         joined._pid = pid
         joined.part = fmt.part_name(pid)
-        part = PartWriter(self.path / fmt.PARTS_DIR / joined.part, joined._part_info(os.environ.get("RANK")),
+        part = PartWriter(self.path / fmt.PARTS_DIR / joined.part, joined._part_info(),
                           fsync_interval_s=self.fsync_interval_s)
         # the core's writer thread did not follow the fork: the child starts its own writer on
         # its own part once it has records (before_drain)
@@ -467,12 +377,8 @@ class Session:
         global _PYTHON_WRITER_SAID
         if not _PYTHON_WRITER_SAID:
             _PYTHON_WRITER_SAID = True
-            warnings.warn(
-                f"maxinstr: {why}; the Python flusher writes the stage records (a SIGKILL can lose "
-                "the records of the last flush interval)",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+            warnings.warn(f"maxinstr: {why}; the Python flusher writes the stage records (a SIGKILL can lose the "
+                          "records of the last flush interval)", RuntimeWarning, stacklevel=4)
 
     # -- what attaches to the part: the kernel collector, the sampler ---------------------------
     def _start_kernels(self, part_dir: Path) -> None:
@@ -487,13 +393,11 @@ class Session:
             reason = str(exc)
         except Exception as exc:  # noqa: BLE001 - instrumentation must never stop the program
             reason = f"kernel collector failed to start: {type(exc).__name__}: {exc}"
-        info: dict[str, Any] = {"requested": True, "collector": collector.name}
+        info: dict[str, Any] = {"requested": True, "collector": collector.name, "status": "collecting"}
         if reason:
             info["status"], info["reason"] = "unavailable", reason
             self._event("warning", f"kernels=True: {reason}")
             _warn_kernels_once(reason)
-        else:
-            info["status"] = "collecting"
         if self.meta is not None:
             self.meta["kernels"] = info
             self._write_meta()
@@ -537,11 +441,8 @@ class Session:
             flush_locked(PROCESS, block=True)
 
     def records(self) -> Run:
-        """The records of this session so far, as a :class:`maxinstr.Run` (flushes first).
-
-        For a directory session this is ``maxinstr.load(path)``; for the in-memory session
-        the records held in memory.
-        """
+        """The records of this session so far, as a :class:`maxinstr.Run` (flushes first):
+        ``maxinstr.load(path)``, or the records an in-memory session holds."""
         target = self._host or self
         with PROCESS.lock:
             flush_locked(PROCESS, block=False)
@@ -601,19 +502,8 @@ def _clear_previous_run(path: Path) -> None:
     meta.unlink(missing_ok=True)
 
 
-# ------------------------------------------------------------------------------------------
-# public functions
-
-
-def session(
-    path: str | os.PathLike[str] | None,
-    *,
-    warmup: int = 0,
-    sample_hz: float = DEFAULT_SAMPLE_HZ,
-    flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
-    kernels: bool = False,
-    **user_meta: Any,
-) -> Session:
+def session(path: str | os.PathLike[str] | None, *, warmup: int = 0, sample_hz: float = DEFAULT_SAMPLE_HZ,
+            flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S, kernels: bool = False, **user_meta: Any) -> Session:
     """A recording session writing the run directory ``path`` (docs/sessions.md).
 
     Use it as a context manager, or call ``.start()`` and ``.close()``. ``warmup=N``: the
@@ -636,21 +526,14 @@ def current_session() -> Session:
     """The innermost open session of this process, or the default in-memory session that
     keeps stages recorded outside any session (bounded by ``MAXINSTR_MEMORY_RECORDS``,
     default 1Mi records; the rest are counted in ``records().notes``)."""
-    if PROCESS.stack:
-        return PROCESS.stack[-1]
-    return _default
+    return PROCESS.stack[-1] if PROCESS.stack else _default
 
 
 def ensure_env_session() -> Session | None:
-    """Open the session the environment asks for, if any, and return the open root session.
-
-    * ``MAXINSTR_SESSION_DIR`` set by another process's open session: join it (this
-      process writes its own part; the other owns meta.json).
-    * ``MAXINSTR_RUN_DIR`` set (``maxinstr run``): open the run's session here; a session
-      the script opens later joins it and gives the run its warm-up and user metadata.
-
-    Called by ``maxinstr run``'s start-up hook and when ``maxinstr.record`` is imported.
-    """
+    """Open the session the environment asks for, and return the open root session (or None):
+    join another process's open session (``MAXINSTR_SESSION_DIR``: a part of our own, the other
+    owns meta.json), or open the run of ``maxinstr run`` (``MAXINSTR_RUN_DIR``; the script's own
+    session joins it later and gives the run its warm-up and user metadata)."""
     root = PROCESS.root
     if root is not None and not root.closed:
         return root  # type: ignore[return-value]

@@ -1,22 +1,15 @@
-"""Where a session's records go: one interface, three implementations.
-
-The flusher drains the native core (``_native.drain``) and hands each batch to the session's
-:class:`Sink`:
-
-* :class:`MemorySink`: in memory, up to a bound (the default session, ``session(None)``, and a
-  session whose directory could not be written);
-* :class:`PythonSink`: the Python writer, :class:`~maxinstr.rundir.writer.PartWriter`, appends
-  the rows, their names and attrs to the part's files (``MAXINSTR_NATIVE_WRITER=0``, or when
-  the native writer cannot start);
-* :class:`NativeSink`: the core's writer thread appends rows and names to the part's files
-  without the GIL (docs/sessions.md "The native writer"); drains then hand Python only attrs,
-  which the same PartWriter writes, and, once the thread has stopped, the last rows.
+"""Where a session's drained records go (:class:`Sink`): :class:`MemorySink` (in memory, bounded:
+the default session, and a session whose directory could not be written), :class:`PythonSink`
+(:class:`~maxinstr.rundir.writer.PartWriter` appends rows, names and attrs to the part's files) and
+:class:`NativeSink` (the core's writer thread appends rows and names without the GIL, docs/sessions.md
+"The native writer"; drains then hand Python only attrs, and the last rows once it has stopped).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -27,37 +20,43 @@ from maxinstr.rundir.reader import RUN_STAGE_DTYPE, Run
 from maxinstr.rundir.writer import PartWriter
 
 Attrs = list[tuple[int, dict[str, Any]]]
+T = TypeVar("T")
+
+
+def attempt(event: Callable[..., None], what: str, call: Callable[[], T], kind: str = "error") -> T | None:
+    """``call()``, or None when it raises: then one line in the run's events (``what`` failed, why).
+    Instrumentation never stops the program, nor a close."""
+    try:
+        return call()
+    except Exception as exc:  # noqa: BLE001
+        event(kind, f"{what} failed: {type(exc).__name__}: {exc}")
+        return None
 
 
 class Sink(Protocol):
-    """What a drained batch of records is handed to."""
+    """What a drained batch of records is handed to. No method raises for a disk problem: what
+    could not be written is counted where the run says so (part.json, Run.notes)."""
 
-    kind: str
-    """part.json ``writer.kind``: ``memory``, ``python`` or ``native``."""
+    kind: str  # part.json ``writer.kind``: ``memory``, ``python`` or ``native``
 
     def write(self, rows: np.ndarray, names: dict[int, str], attrs: Attrs) -> None:
-        """Take one drained batch: ``rows`` (STAGE_DTYPE), every name id the process knows, and
-        the attrs of records that had some. Never raises for a disk problem (counted instead)."""
+        """One drained batch: ``rows`` (STAGE_DTYPE), every name the process knows, the attrs."""
 
     def count_unwritten(self, rows: int, attrs: int = 0) -> None:
-        """A batch :meth:`write` raised on, or never reached (a bug, a value nothing could
-        encode, Ctrl-C between the drain and the write): count its rows and attrs where the
-        run says what was dropped."""
+        """A batch :meth:`write` raised on or never reached (a bug, Ctrl-C after the drain)."""
 
     def begin_close(self, deadline: float) -> None:
-        """The session is closing: attrs not written by ``deadline`` (``time.monotonic()``) are
-        counted instead of written, so close is bounded whatever other threads record."""
+        """Attrs not written by ``deadline`` (``time.monotonic()``) are counted, not written: close
+        is bounded whatever other threads record."""
 
     def event(self, kind: str, message: str, **fields: Any) -> None:
         """One warning/error line for the run (events.jsonl where there is one)."""
 
     def disk_error(self, exc: OSError) -> None:
-        """Another file of the run (meta.json) could not be written: said as the sink's own
-        disk errors are (once), and nothing more is written."""
+        """Another file of the run (meta.json) could not be written: said once, nothing more written."""
 
     def settle(self, *, wait: bool) -> dict[str, Any] | None:
-        """After a drain: with ``wait``, return once every record completed so far is written.
-        Returns the writer thread's status (:class:`NativeSink` while it runs), else None."""
+        """After a drain; with ``wait``, return once every record completed so far is written."""
 
     def close(self, **part_fields: Any) -> None:
         """The last write: part.json with ``part_fields`` (status, counts), files closed."""
@@ -91,20 +90,16 @@ class MemorySink:
     def count_unwritten(self, rows: int, attrs: int = 0) -> None:
         self.dropped += rows
 
-    def begin_close(self, deadline: float) -> None:
-        return None  # in memory: nothing slow to bound
+    # no disk, nothing slow to bound; no events.jsonl (records() notes say what was dropped)
+    def begin_close(self, deadline: float) -> None: ...
 
-    def event(self, kind: str, message: str, **fields: Any) -> None:
-        return None  # an in-memory run has no events.jsonl; records() notes say what was dropped
+    def event(self, kind: str, message: str, **fields: Any) -> None: ...
 
-    def disk_error(self, exc: OSError) -> None:
-        return None  # no disk
+    def disk_error(self, exc: OSError) -> None: ...
 
-    def settle(self, *, wait: bool) -> None:
-        return None
+    def settle(self, *, wait: bool) -> None: ...
 
-    def close(self, **part_fields: Any) -> None:
-        return None
+    def close(self, **part_fields: Any) -> None: ...
 
     def to_run(self, names_map: dict[int, str], *, warmup: int, user: dict[str, Any], native_dropped: int) -> Run:
         """The records kept, as a :class:`maxinstr.Run` (``names_map``: the process's name table;
@@ -119,8 +114,8 @@ class MemorySink:
         if len(rows):
             out["name_id"] = np.searchsorted(used, rows["name_id"]).astype(np.int32)
         out["pid"] = os.getpid()
-        rank = os.environ.get("RANK")
-        out["rank"] = int(rank) if rank not in (None, "") and rank.isdigit() else -1
+        rank = config.rank()
+        out["rank"] = -1 if rank is None else rank
         out = out[np.argsort(out["host_start_ns"], kind="stable")]
         notes = []
         if self.dropped:
@@ -194,13 +189,10 @@ class NativeSink(PythonSink):
         if part.failed or not part.is_open:
             raise NativeWriterUnavailable(f"the part's files are not open ({part.failed or 'not created'})")
         try:
-            self.native.writer_start(
-                str(part.part_dir / fmt.STAGES_FILE),
-                str(part.part_dir / fmt.STRINGS_FILE),
-                interval_ms=config.writer_interval_ms(),
-                threshold=config.writer_threshold_records(),
-                fsync_interval_s=self.fsync_interval_s,
-            )
+            self.native.writer_start(str(part.part_dir / fmt.STAGES_FILE), str(part.part_dir / fmt.STRINGS_FILE),
+                                     interval_ms=config.writer_interval_ms(),
+                                     threshold=config.writer_threshold_records(),
+                                     fsync_interval_s=self.fsync_interval_s)
         except Exception as exc:  # noqa: BLE001 - a thread or file that cannot be created: the Python writer
             raise NativeWriterUnavailable(f"the native writer did not start ({type(exc).__name__}: {exc})") from None
         self.state = "running"
@@ -210,27 +202,20 @@ class NativeSink(PythonSink):
         if not self.running:
             return None
         if wait:
-            try:
-                self.native.writer_flush()
-            except Exception as exc:  # noqa: BLE001
-                self.event("error", f"native writer flush failed: {type(exc).__name__}: {exc}")
+            attempt(self.event, "native writer flush", self.native.writer_flush)
         return self.poll()
 
     def poll(self, status: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """What the writer thread found (``status``, else asked now): its counts go to
         part.json; a write error is the PartWriter's one warning. Returns the status."""
-        try:
-            st = status if status is not None else self.native.writer_status()
-        except Exception as exc:  # noqa: BLE001
-            self.event("error", f"native writer status failed: {type(exc).__name__}: {exc}")
+        st = status if status is not None else attempt(self.event, "native writer status", self.native.writer_status)
+        if st is None:
             return None
         part = self.part
         part.native_rows_written = int(st.get("rows_written", 0))
         part.native_rows_dropped = int(st.get("rows_dropped", 0))
-        for key in ("rows_written", "rows_dropped", "batches", "max_batch", "signals", "fsyncs", "dropped_attrs",
-                    "interval_ms", "threshold"):
-            if key in st:
-                self.info[key] = st[key]
+        self.info.update({key: st[key] for key in ("rows_written", "rows_dropped", "batches", "max_batch", "signals",
+                                                   "fsyncs", "dropped_attrs", "interval_ms", "threshold") if key in st})
         err = st.get("error")
         if err and not part.failed:
             code, message, filename = err
@@ -242,14 +227,11 @@ class NativeSink(PythonSink):
         left in the core's buffer: the caller drains once more (they reach :meth:`write`).
         Returns the thread's final status."""
         self.state = "stopped"
-        try:
-            st = self.native.writer_stop()
-        except Exception as exc:  # noqa: BLE001
-            self.event("error", f"native writer stop failed: {type(exc).__name__}: {exc}")
+        st = attempt(self.event, "native writer stop", self.native.writer_stop)
+        if st is None:
             return None
         self.poll(st)
-        names = int(st.get("names_written", 0) or 0)
-        if names:
+        if names := int(st.get("names_written", 0) or 0):
             self.part.mark_names_written(list(range(names)))  # in strings.jsonl already
         if st.get("dropped_attrs"):
             self.event("warning", "attrs dropped: the Python flusher did not take them in time",

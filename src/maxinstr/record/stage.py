@@ -1,17 +1,9 @@
-"""`@maxinstr.stage(...)` as a decorator: a fresh stage per call (or per resumption).
-
-`maxinstr.stage(name, ...)` returns a native Stage; calling it with a function lands here
-(`Stage.__call__` -> `wrap`). The wrapper keeps the function's name, signature and docstring
-(`functools.wraps`) and its kind, so `inspect` still sees a coroutine function or generator
-function.
-
-- plain function: one stage per call;
-- `async def`: one stage per call, from the call until the coroutine returns (awaits included);
-- generator / async generator: one stage per *resumption* (each `next()`/`send()`/`throw()`,
-  from resuming the body until it yields, returns or raises). A stage around a generator's whole
-  lifetime would contain its consumer's work between yields, making the consumer's stages its
-  children and its time the generator's; per-resumption stages are exactly the time spent in the
-  body, they always nest, and a generator abandoned half-way leaves nothing open.
+"""`@maxinstr.stage(...)` as a decorator (``Stage.__call__`` -> :func:`wrap`): a fresh stage per
+call of a plain or ``async`` function, and per *resumption* of a generator or async generator (from
+resuming the body until it yields, returns or raises). A stage around a generator's whole lifetime
+would hold its consumer's work between yields; per-resumption stages are exactly the body's time,
+always nest, and a generator abandoned half-way leaves nothing open. The wrapper keeps the
+function's name, signature, docstring and kind (``inspect`` still sees a coroutine function).
 """
 
 from __future__ import annotations
@@ -43,12 +35,8 @@ def wrap(st: Any, func: F) -> F:
                 while True:
                     with make(name, **kw):
                         try:
-                            if thrown is not None:
-                                exc, thrown = thrown, None
-                                value = await agen.athrow(exc)
-                            else:
-                                value = await agen.asend(sent)
-                            suspended = True
+                            value = await (agen.asend(sent) if thrown is None else agen.athrow(thrown))
+                            thrown, suspended = None, True
                         except StopAsyncIteration:
                             suspended = False
                             return
@@ -89,12 +77,8 @@ def wrap(st: Any, func: F) -> F:
                 while True:
                     with make(name, **kw):
                         try:
-                            if thrown is not None:
-                                exc, thrown = thrown, None
-                                value = gen.throw(exc)
-                            else:
-                                value = gen.send(sent)
-                            started = True
+                            value = gen.send(sent) if thrown is None else gen.throw(thrown)
+                            thrown, started = None, True
                         except StopIteration as stop:
                             started = False
                             return stop.value

@@ -1,30 +1,23 @@
 """Steady state of a run, as it runs (docs/sessions.md "Warm-up and steady state").
 
-What is warm-up is decided once, by the rule of :mod:`maxinstr.warmup`, which the report
-applies to the records afterwards. While the program runs, a root session needs one instant of
-it: when steady state can begin, to start the profiler's capture range there under ``maxinstr
-run --capture steady`` (``MAXINSTR_CAPTURE``). That instant is the rule's
-:func:`~maxinstr.warmup.steady_can_begin`: the start of the first top-level stage whose name
-had started ``warmup`` times before. The native core fires it in the stage's own enter
-(``steady_watch``), before that stage's marker range is pushed or its GPU event recorded, so the
-capture holds every instance the report can call steady however short the steady phase is (a
-flusher that polled for it started a capture tens of milliseconds late, after 12 decode steps of
-0.4 ms had all run). meta.json ``steady_state`` records when it fired; ``capture`` the start.
+Warm-up is decided by the rule of :mod:`maxinstr.warmup`, which the report applies afterwards. A
+root session needs one instant of it while the program runs: where steady state can begin
+(:func:`~maxinstr.warmup.steady_can_begin`), to start the profiler's capture there under
+``maxinstr run --capture steady``. The native core fires it in the stage's own enter
+(``steady_watch``), before its marker range or GPU event, so the capture holds every instance the
+report can call steady (a flusher that polled for it started a capture tens of ms late, after 12
+decode steps of 0.4 ms had all run). meta.json ``steady_state`` records when it fired.
 """
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 
 class SteadyState:
-    """The steady-state trigger of one root session.
-
-    ``meta`` is the session's meta.json dict (None where this process does not write one: then
-    nothing is noted, and no capture starts); ``write_meta`` writes it; ``event`` notes a
-    problem in the run's events; ``names`` maps name ids to names; ``core()`` returns the native core
-    (``steady_watch``, ``profiler_start``/``profiler_stop``); ``clock_ns`` the host clock."""
+    """The steady-state trigger of one root session. ``meta``: the session's meta.json dict (None where
+    this process writes none: nothing noted, no capture started); ``core()``: the native core."""
 
     def __init__(self, warmup: int, *, core: Callable[[], Any], clock_ns: Callable[[], int], names: Callable[[], dict[int, str]],
                  write_meta: Callable[[], None], event: Callable[..., None]) -> None:
@@ -85,11 +78,8 @@ class SteadyState:
         self.pending = False
         if self.meta is None:
             return
-        self.meta["steady_state"] = {
-            "name": None if name_id is None else self._name(name_id),
-            "start_ns": at_ns,
-            "detected_ns": self._clock_ns(),
-        }
+        self.meta["steady_state"] = {"name": None if name_id is None else self._name(name_id), "start_ns": at_ns,
+                                     "detected_ns": self._clock_ns()}
         if self.capture is not None and not self.capture_started:
             ok = False
             try:

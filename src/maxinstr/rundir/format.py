@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from maxinstr import config
+
 FORMAT_NAME = "maxinstr-run"
 FORMAT_VERSION = 1
 
@@ -62,7 +64,7 @@ def part_name(pid: int | None = None, rank: int | str | None = None) -> str:
     (``rank=None``: torchrun's ``RANK`` when set)."""
     pid = os.getpid() if pid is None else pid
     if rank is None:
-        rank = os.environ.get("RANK")
+        rank = config.rank()
     try:
         number = int(str(rank).strip()) if rank is not None else -1
     except ValueError:  # a RANK that is not a number names no rank

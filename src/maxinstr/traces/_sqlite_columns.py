@@ -1,39 +1,18 @@
-"""Columnar SQLite reading: the native ``maxinstr._columns`` module, or Python's sqlite3.
-
-Both backends expose the same three calls and give identical arrays:
-
-- ``query(path, sql, kinds)``: run one SELECT; ``kinds`` has one letter per result column,
-  ``i`` (int64), ``t`` (int64 for times: a value that is not an integer, NULL included, reads
-  as :data:`~maxinstr.traces.model.INVALID_NS` instead of SQL's conversion of it, which reads
-  'abc' as 0), ``n`` (int32, for ids, 24-bit pids/tids and enums: half the memory; a value
-  outside the int32 range reads as -1), ``f`` (float64) or ``s`` (text, interned: an int32
-  code array with -1 for NULL, and the list of distinct strings). Integer NULLs must be
-  handled in SQL (``ifnull``).
-- ``query_many(path, [(sql, kinds[, filter_column, mask]), ...])``: several queries; the
-  native backend runs them on parallel threads, each on its own read-only connection. With a
-  uint8 ``mask``, only rows whose integer ``filter_column`` value v has ``mask[v] != 0`` are
-  kept (the native reader never stores the others).
-- ``strings_by_id(path, table, ids)``: ``value`` of ``table`` rows whose ``id`` is in ``ids``
-  (returned in the order of ``ids``; a missing id gives ``""``).
-- ``scan(path, table, columns, ...)``: integer columns (:class:`IntCol`) of one table, in rowid
-  order, as :meth:`IntCol.sql` computes them; the native backend reads them straight from the
-  file's table b-tree (no SQL), and both return None when that is not possible: the caller
-  then runs the same columns through ``query``/``query_many``. With ``pieces=True`` each
-  column is a list of arrays (one per reader thread, in row order), for a caller that joins
-  several tables anyway.
-
-The native path exists because fetching millions of rows through Python objects costs seconds
-(docs/benchmarks.md, "Trace merge"); the Python path is kept as the reference and fallback.
+"""Columnar SQLite reading: the native ``maxinstr._columns`` module, or Python's sqlite3 (the
+reference and fallback: fetching millions of rows through Python objects costs seconds,
+docs/benchmarks.md "Trace merge"). Both backends give identical arrays (:class:`ColumnBackend`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from collections.abc import Sequence
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import numpy as np
 
@@ -69,22 +48,30 @@ class IntCol:
 class ColumnBackend(Protocol):
     name: str
 
-    def query(self, path: str, sql: str, kinds: str) -> list[Any]: ...
+    def query(self, path: str, sql: str, kinds: str) -> list[Any]:
+        """One SELECT; ``kinds``, a letter per result column: ``i`` int64, ``t`` int64 time (a value
+        that is not an integer, NULL included, reads as INVALID_NS where SQL would read 'abc' as 0),
+        ``n`` int32 (ids, 24-bit pids/tids, enums: half the memory; out of range: -1), ``f`` float64,
+        ``s`` text as (int32 codes, -1 for NULL; the distinct strings). Integer NULLs: ``ifnull``."""
 
-    def query_many(self, path: str, queries: Sequence[tuple]) -> list[list[Any]]: ...
+    def query_many(self, path: str, queries: Sequence[tuple]) -> list[list[Any]]:
+        """``[(sql, kinds[, filter_column, mask]), ...]``, on parallel threads in the native backend;
+        with a uint8 ``mask``, only rows whose ``filter_column`` value v has ``mask[v] != 0`` are kept."""
 
-    def strings_by_id(self, path: str, table: str, ids: np.ndarray) -> list[str]: ...
+    def strings_by_id(self, path: str, table: str, ids: np.ndarray) -> list[str]:
+        """``value`` of the rows of ``table`` with each ``id`` of ``ids``, in order ("" when missing)."""
 
     def scan(self, path: str, table: str, columns: Sequence[IntCol], *, filter_col: int = -1,
              mask: np.ndarray | None = None, exclude: tuple[int, int] | None = None,
-             expected_rows: int = 0, pieces: bool = False) -> list[Any] | None: ...
+             expected_rows: int = 0, pieces: bool = False) -> list[Any] | None:
+        """Integer columns of one table in rowid order, read straight from its b-tree (native), or
+        None when that is not possible (then the same columns go through SQL). ``pieces``: each
+        column a list of arrays, one per reader thread, for a caller that joins tables anyway."""
 
 
 def _uri(path: str) -> str:
     # Read-only and immutable: fixtures live in read-only folders, and an exported trace is
     # never written while we read it. immutable=1 skips locking and journal checks.
-    from urllib.parse import quote
-
     return f"file:{quote(os.path.abspath(path))}?mode=ro&immutable=1"
 
 
@@ -96,13 +83,10 @@ class PythonBackend:
 
     name = "python-sqlite3"
 
-    def _connect(self, path: str) -> sqlite3.Connection:
-        return connect(path)
-
     def query(self, path: str, sql: str, kinds: str) -> list[Any]:
         # Rows are fetched and converted in batches: a whole fetchall() of millions of rows
         # holds a tuple per row and an int object per value at once (GBs at 10M rows).
-        con = self._connect(path)
+        con = connect(path)
         tables: list[dict[str, int]] = [{} for _ in kinds]
         chunks: list[list[np.ndarray]] = [[] for _ in kinds]
         try:
@@ -112,14 +96,8 @@ class PythonBackend:
                 if not rows:
                     break
                 for c, (k, col) in enumerate(zip(kinds, zip(*rows))):
-                    if k == "i":
-                        chunks[c].append(_int64(col))
-                    elif k == "t":
-                        chunks[c].append(_time64(col))
-                    elif k == "n":
-                        chunks[c].append(_narrow(_int64(col)))
-                    elif k == "f":
-                        chunks[c].append(_float64(col))
+                    if k in _CONVERT:
+                        chunks[c].append(_CONVERT[k](col))
                     else:
                         t = tables[c]
                         chunks[c].append(np.fromiter(
@@ -154,7 +132,7 @@ class PythonBackend:
         ids = np.asarray(ids, dtype=np.int64)
         if len(ids) == 0:
             return []
-        con = self._connect(path)
+        con = connect(path)
         try:
             found: dict[int, str] = {}
             step = 500  # stay under SQLite's host-parameter limit on old builds
@@ -198,8 +176,6 @@ def _sqlite_int(v: object) -> int:
     if isinstance(v, float):
         return 0 if v != v else int(max(min(v, 9.2e18), -9.2e18))
     if isinstance(v, str):
-        import re
-
         m = re.match(r"\s*([+-]?\d+)", v)
         return _sqlite_int(int(m.group(1))) if m else 0
     return 0
@@ -216,6 +192,9 @@ def _float64(col: tuple) -> np.ndarray:
             except (TypeError, ValueError):
                 out.append(0.0)
         return np.array(out, dtype=np.float64)
+
+
+_CONVERT = {"i": _int64, "t": _time64, "n": lambda col: _narrow(_int64(col)), "f": _float64}
 
 
 def connect(path: str | Path) -> sqlite3.Connection:
@@ -236,14 +215,11 @@ def apply_filter(columns: list[Any], col: int, mask: np.ndarray) -> list[Any]:
     return [c[keep] for c in columns]
 
 
+_DTYPES = {"i": np.int64, "t": np.int64, "n": np.int32, "f": np.float64}
+
+
 def _empty(kind: str) -> Any:
-    if kind in ("i", "t"):
-        return np.empty(0, np.int64)
-    if kind == "n":
-        return np.empty(0, np.int32)
-    if kind == "f":
-        return np.empty(0, np.float64)
-    return (np.empty(0, np.int32), [])
+    return np.empty(0, _DTYPES[kind]) if kind in _DTYPES else (np.empty(0, np.int32), [])
 
 
 class NativeBackend:
@@ -267,7 +243,7 @@ class NativeBackend:
     def scan(self, path: str, table: str, columns: Sequence[IntCol], *, filter_col: int = -1,
              mask: np.ndarray | None = None, exclude: tuple[int, int] | None = None,
              expected_rows: int = 0, pieces: bool = False) -> list[Any] | None:
-        if not hasattr(self._m, "scan_table") or config.no_direct_scan():
+        if config.no_direct_scan():
             return None
         layout = table_layout(path, table)
         if layout is None:
@@ -342,7 +318,7 @@ def release_memory() -> None:
     if not _TRIM:
         return
     module = native_module()
-    if module is not None and hasattr(module, "release_memory"):
+    if module is not None:
         module.release_memory()
 
 

@@ -1,27 +1,31 @@
-"""Small columnar helpers shared by the non-nsys readers (rocprofv3, RPD, Kineto).
-
-Everything here works on whole numpy columns; the only per-row Python work is what the
-csv / json / sqlite3 modules themselves do while parsing.
-"""
+"""What the trace readers share: the Trace's assembly (:class:`TraceBuilder`), columnar helpers
+(every one works on whole numpy columns), and reading files safely (bounded gunzip, SQLite)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import tempfile
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
 from maxinstr._text import safe_name
 from maxinstr.columns import factorize
 from maxinstr.errors import TraceError
-from maxinstr.traces.model import NO_ID, RangeStyle, Ranges, StringTable
+from maxinstr.traces import _sqlite_columns
+from maxinstr.traces.model import INVALID_NS, NO_ID, Calls, CallKind, GpuOps, Ranges, StringTable, Trace
+
+T = TypeVar("T")
 
 Progress = Callable[[str], None]
 
@@ -30,7 +34,6 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 
 def report(progress: Progress | None, message: str) -> None:
-    """Call the optional progress callback."""
     if progress is not None:
         progress(message)
 
@@ -84,12 +87,9 @@ def int_column(values, path: object, what: str, *, invalid: int | None = None) -
 
 
 def intern(strings: StringTable, values) -> np.ndarray:
-    """int32 ids in ``strings`` for a column of names.
-
-    Unlike ``StringTable.ids_for`` this never builds a fixed-width unicode array (kernel names
-    run to thousands of characters: a 1M-row '<U4000' array would need 16 GB); a dict assigns
-    local codes in one pass and each distinct name is interned once.
-    """
+    """int32 ids in ``strings`` for a column of names. Unlike ``StringTable.ids_for`` this builds no
+    fixed-width unicode array (kernel names run to thousands of characters: a 1M-row '<U4000' array
+    would need 16 GB): a dict codes them in one pass, and each distinct name is interned once."""
     seq = values.tolist() if isinstance(values, np.ndarray) else list(values)
     if not seq:
         return np.empty(0, dtype=np.int32)
@@ -107,29 +107,21 @@ def _as_text(value) -> str:
 
 
 def _int_or(value, invalid: int) -> int:
-    """``value`` as an int when it is one (a float only when whole), else ``invalid``."""
+    """``value`` as an int when it is one in the int64 range (a float only when whole), else ``invalid``."""
     if isinstance(value, float) and not value.is_integer():
         return invalid
     try:
-        return _strict_int(value)
+        number = _strict_int(value)
     except (ValueError, TypeError, OverflowError):
         return invalid
+    return number if -(2**63) <= number < 2**63 else invalid  # (a whole float may be beyond int64: 1.5e73)
 
 
 def _strict_int(value) -> int:
-    if isinstance(value, bool) or value is None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer, float, str, bytes)):
         raise TypeError(value)
-    if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ValueError(value)
-        return int(value)
-    if isinstance(value, (int, np.integer)):
-        result = int(value)
-    elif isinstance(value, (str, bytes)):
-        result = int(value)
-    else:
-        raise TypeError(value)
-    if not -(2**63) <= result < 2**63:
+    result = int(value)  # (NaN: ValueError, infinity: OverflowError)
+    if not isinstance(value, float) and not -(2**63) <= result < 2**63:
         raise OverflowError(value)
     return result
 
@@ -194,45 +186,148 @@ def pair_push_pop(
     return push_idx.astype(np.int64), pop_idx.astype(np.int64), unmatched, unclosed
 
 
-def ranges_table(
-    start_ns: np.ndarray,
-    end_ns: np.ndarray,
-    name_id: np.ndarray,
-    tid: np.ndarray,
-    pid: np.ndarray,
-    style: np.ndarray | int,
-    *,
-    domain_id: np.ndarray | int = NO_ID,
-    end_tid: np.ndarray | None = None,
-) -> Ranges:
-    """A :class:`Ranges` table sorted by start time, scalar columns broadcast."""
-    n = len(start_ns)
-    order = np.argsort(start_ns, kind="stable")
-
-    def col(value, dtype):
-        arr = np.asarray(value, dtype=dtype)
-        return np.full(n, arr, dtype=dtype) if arr.ndim == 0 else arr[order]
-
-    tid_col = col(tid, np.int64)
-    return Ranges(
-        start_ns=col(start_ns, np.int64),
-        end_ns=col(end_ns, np.int64),
-        name_id=col(name_id, np.int32),
-        domain_id=col(domain_id, np.int32),
-        tid=tid_col,
-        end_tid=tid_col.copy() if end_tid is None else col(end_tid, np.int64),
-        pid=col(pid, np.int64),
-        style=col(style, np.int8),
-        payload=np.full(n, NO_ID, dtype=np.int64),
-    )
+# -- assembling a Trace: what every reader does once it has found its columns ----------------------
+_DTYPES: dict[type, dict[str, np.dtype]] = {cls: {f.name: getattr(cls(), f.name).dtype for f in fields(cls)}
+                                             for cls in (Ranges, Calls, GpuOps)}
+_ZERO = ("bytes", "kind", "style")  # columns that default to 0 (a kernel moves no bytes; RUNTIME; PUSH_POP)
 
 
-def concat_ranges(parts: list[Ranges]) -> Ranges:
-    """Concatenate range tables and sort the result by start time."""
+def make_table(cls: type[T], parts: list[dict[str, Any]], strings: StringTable, *, sort: bool = True) -> T:
+    """One ``cls`` table (Ranges, Calls or GpuOps) of ``parts``, dicts of columns by field name: a
+    scalar stands for a whole column, ``name`` (strings) is interned, a field left out is NO_ID (0 for
+    ``bytes``, ``kind``, ``style``; ``end_tid`` is ``tid``). Rows sorted by start unless not ``sort``."""
+    columns: dict[str, list[np.ndarray]] = {}
+    for part in parts:
+        n = len(part["start_ns"])
+        for name, dtype in _DTYPES[cls].items():
+            value = part.get(name)
+            if value is None:
+                if name == "name_id" and "name" in part:
+                    value = intern(strings, part["name"])
+                else:
+                    value = part["tid"] if name == "end_tid" else 0 if name in _ZERO else NO_ID
+            columns.setdefault(name, []).append(
+                np.full(n, value, dtype) if np.ndim(value) == 0 else np.asarray(value).astype(dtype, copy=False))
     if not parts:
-        return Ranges()
-    merged = Ranges(**{k: np.concatenate([getattr(p, k) for p in parts]) for k in Ranges.__dataclass_fields__})
-    return merged.take(np.argsort(merged.start_ns, kind="stable"))
+        return cls()
+    table = cls(**{k: v[0] if len(v) == 1 else np.concatenate(v) for k, v in columns.items()})
+    return by_start(table) if sort else table
+
+
+def by_start(table: T) -> T:
+    """``table`` sorted by start time (stable)."""
+    return table.take(np.argsort(table.start_ns, kind="stable"))  # type: ignore[attr-defined]
+
+
+class TraceBuilder:
+    """The one way a reader makes its Trace: it adds the parts of each table as it finds them
+    (:meth:`add`), interns names through :attr:`strings`, appends to :attr:`notes`, and calls
+    :meth:`trace`, which joins the parts (:func:`make_table`), makes the Trace and validates it."""
+
+    def __init__(self, source: object, format: str, clock: str) -> None:
+        self.source, self.format, self.clock = str(source), format, clock
+        self.strings = StringTable()
+        self.notes: list[str] = []
+        self.thread_names: dict[int, str] = {}
+        self.parts: dict[type, list[dict[str, Any]]] = {Ranges: [], Calls: [], GpuOps: []}
+
+    def names(self, values: Any) -> np.ndarray:
+        """int32 ids of a column of names (:func:`intern`)."""
+        return intern(self.strings, values)
+
+    def add(self, cls: type, **columns: Any) -> None:
+        """One part of the ``cls`` table (see :func:`make_table`)."""
+        self.parts[cls].append(columns)
+
+    def table(self, cls: type[T], *, sort: bool = True) -> T:
+        """The parts added to ``cls`` so far as one table (they are taken)."""
+        parts, self.parts[cls] = self.parts[cls], []
+        return make_table(cls, parts, self.strings, sort=sort)
+
+    def trace(self, *, calls: Calls | None = None, ops: GpuOps | None = None, ranges: Ranges | None = None,
+              **fields: Any) -> Trace:
+        """The Trace, validated; a table not given is made of its parts (calls, ops, then ranges: the
+        order names are interned in). ``fields``: the Trace's others (meta, session_start_utc_ns)."""
+        calls = self.table(Calls) if calls is None else calls
+        ops = self.table(GpuOps) if ops is None else ops
+        ranges = self.table(Ranges) if ranges is None else ranges
+        trace = Trace(source=self.source, format=self.format, strings=self.strings.to_array(), ranges=ranges,
+                      calls=calls, ops=ops, thread_names=self.thread_names, clock=self.clock, notes=self.notes,
+                      **fields)
+        trace.validate()
+        return trace
+
+
+def first_rows(*keys: np.ndarray) -> np.ndarray:
+    """Indices of the first row (in table order) of each distinct tuple of ``keys``, in table order."""
+    n = len(keys[0])
+    if not n:
+        return np.empty(0, np.int64)
+    order = np.lexsort((np.arange(n), *keys[::-1]))
+    first = np.zeros(n, bool)
+    first[0] = True
+    for k in keys:
+        ks = k[order]
+        first[1:] |= ks[1:] != ks[:-1]
+    return np.sort(order[first])
+
+
+def name_flags(strings: StringTable, name_id: np.ndarray, test: Callable[[str], object]) -> np.ndarray:
+    """``test`` of each row's name (False for NO_ID), called once per distinct string."""
+    flags = np.array([bool(test(str(s))) for s in strings.to_array()] + [False], bool)
+    return flags[name_id]
+
+
+def mark_graph_calls(strings: StringTable, calls: Calls, test: Callable[[str], object]) -> None:
+    """Calls whose name passes ``test`` (a graph launch, by the format's names) get CallKind.GRAPH."""
+    if len(calls):
+        calls.kind[name_flags(strings, calls.name_id, test)] = CallKind.GRAPH
+
+
+def call_rows(op_corr: np.ndarray, call_corr: np.ndarray) -> np.ndarray:
+    """Per op, the row of the first call (in table order) with its correlation id, or -1."""
+    if not len(call_corr):
+        return np.full(len(op_corr), -1, np.int64)
+    # (tables read in id order are sorted already: then no sort)
+    order = np.arange(len(call_corr)) if (call_corr[1:] >= call_corr[:-1]).all() else np.argsort(call_corr, kind="stable")
+    found = call_corr[order]
+    pos = np.minimum(np.searchsorted(found, op_corr), len(found) - 1)
+    return np.where(found[pos] == op_corr, order[pos], -1)
+
+
+def pids_from_calls(ops: GpuOps, calls: Calls) -> None:
+    """Ops without a process (NO_ID) take the process of the call with their correlation id, or the
+    one process of all calls when there is one (a GPU lane names no process)."""
+    missing = ops.pid == NO_ID
+    if not missing.any() or not len(calls):
+        return
+    pids = np.unique(calls.pid)
+    if len(pids) == 1:
+        ops.pid = np.where(missing, pids[0], ops.pid)
+    else:
+        row = call_rows(ops.correlation_id, calls.correlation_id)
+        ops.pid = np.where(missing, np.where(row >= 0, calls.pid[np.maximum(row, 0)], NO_ID), ops.pid)
+
+
+HIP_GRAPH_NOTE = "graph node ids are stand-ins: the order of each op within its hipGraphLaunch"
+
+
+def graph_stand_ins(ops: GpuOps, calls: Calls, notes: list[str], note: str) -> None:
+    """Stand-in graph node ids where a trace records none (rocprofv3, RPD, Kineto): an op replayed by
+    a graph launch call (sharing its correlation id) gets its order within that launch (0, 1, ... by
+    start time), which names the same node across replays of one graph; ``note`` (``{n}``: how many
+    ops) says so. Ops that have a node id keep it."""
+    graph_corr = calls.correlation_id[calls.kind == int(CallKind.GRAPH)]
+    idx = np.flatnonzero(np.isin(ops.correlation_id, graph_corr) & (ops.correlation_id != NO_ID))
+    order = idx[np.lexsort((ops.start_ns[idx], ops.correlation_id[idx]))]
+    corr_sorted = ops.correlation_id[order]
+    group_start = np.flatnonzero(np.r_[True, corr_sorted[1:] != corr_sorted[:-1]]) if len(order) else order
+    ordinal = np.arange(len(order)) - np.repeat(group_start, np.diff(np.r_[group_start, len(order)]))
+    fill = ops.graph_node_id[order] == NO_ID
+    if fill.any():
+        ops.graph_node_id = ops.graph_node_id.copy()
+        ops.graph_node_id[order[fill]] = ordinal[fill]
+        notes.append(note.format(n=int(fill.sum())))
 
 
 def read_head(path: Path, n: int = 64) -> bytes:
@@ -244,13 +339,10 @@ def read_head(path: Path, n: int = 64) -> bytes:
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
 
 
-GUNZIP_RATIO = 100
-"""A gzip input inflates to at most this many times its own size (real traces: 3x for an RPD
-database, 7-13x for Kineto JSON; a 3 MB decompression bomb inflated to 9.3 GB in memory) ..."""
-GUNZIP_FLOOR_BYTES = 64 << 20
-"""... or this much, whichever is larger (a small file may compress well) ..."""
-GUNZIP_CAP_BYTES = 16 << 30
-"""... and never more than this (what a report can hold in memory or a temp folder)."""
+# A gzip input inflates to at most RATIO times its own size (real traces: 3x for an RPD database,
+# 7-13x for Kineto JSON; a 3 MB decompression bomb inflated to 9.3 GB in memory), or FLOOR, whichever
+# is larger (a small file may compress well), and never more than CAP (what a report can hold).
+GUNZIP_RATIO, GUNZIP_FLOOR_BYTES, GUNZIP_CAP_BYTES = 100, 64 << 20, 16 << 30
 _INFLATE_CHUNK = 1 << 20
 
 
@@ -332,58 +424,52 @@ def read_bytes(path: Path) -> bytes | bytearray:
     return out
 
 
-@contextmanager
-def sqlite_file(path: Path) -> Iterator[sqlite3.Connection]:
-    """Open a SQLite database read-only; a gzip-compressed one is inflated into a temp file.
-
-    sqlite3 errors while opening become TraceError. The temp copy is removed on exit.
-    """
-    with sqlite_db(path) as (con, _db_path):
-        yield con
+def read_sqlite(path: str | Path, what: str, read: Callable[[Path, sqlite3.Connection, Path], Trace]) -> Trace:
+    """``read(path, connection, database file)`` on a SQLite trace (see :func:`sqlite_db`); a
+    sqlite3 error on the way is a TraceError naming ``what``."""
+    path = Path(path)
+    with sqlite_db(path) as (con, db_path):
+        try:
+            return read(path, con, db_path)
+        except sqlite3.Error as exc:
+            raise TraceError(path, f"{what}: SQLite error: {exc}") from None
 
 
 @contextmanager
 def sqlite_db(path: Path) -> Iterator[tuple[sqlite3.Connection, Path]]:
-    """Like :func:`sqlite_file`, also giving the path of the (inflated) database file, for
-    readers that fetch big tables through the columnar backend of ``_sqlite_columns``."""
-    head = read_head(path, 16)
-    tmpdir = None
-    db_path = path
+    """A SQLite database opened read-only, and the path of its file, inflated into a temp file when
+    gzip-compressed. sqlite3 errors while opening become TraceError."""
     cleanup = None
-    if head[:2] == GZIP_MAGIC:
-        # the temp copy goes on every way out: an error, a return, Ctrl-C, and SIGTERM/SIGHUP
-        # (turned into an exception while it exists); only SIGKILL can leave it behind
-        tmpdir = tempfile.mkdtemp(prefix="maxinstr-gunzip-")
-        cleanup = TempCleanup(tmpdir)
-        db_path = Path(tmpdir) / (path.name[:-3] if path.name.endswith(".gz") else path.name + ".db")
-        try:
-            with open(db_path, "wb") as dst:
-                inflate(path, dst.write)
-            head = read_head(db_path, 16)
-        except OSError as exc:  # the temp folder is full
-            cleanup.close()
-            raise TraceError(path, f"cannot inflate into {tmpdir}: {exc.strerror or exc}") from None
-        except BaseException:
-            cleanup.close()
-            raise
-    if head != SQLITE_MAGIC:
-        if cleanup is not None:
-            cleanup.close()
-        raise TraceError(path, "not a SQLite database")
-    con = None
     try:
-        con = sqlite3.connect(f"file:{os.fspath(db_path)}?mode=ro", uri=True)
-        # corrupt pages can hold invalid UTF-8: replace it rather than fail in the middle of a fetch
-        con.text_factory = lambda b: b.decode("utf-8", "replace")
-        con.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        yield con, db_path
-    except sqlite3.Error as exc:
-        raise TraceError(path, f"SQLite error: {exc}") from None
-    except UnicodeDecodeError:  # sqlite3 decodes schema text and column names strictly
-        raise TraceError(path, "corrupt database: invalid UTF-8 in its schema") from None
+        db_path = path
+        if read_head(path, 2) == GZIP_MAGIC:
+            # the temp copy goes on every way out: an error, a return, Ctrl-C, and SIGTERM/SIGHUP
+            # (turned into an exception while it exists); only SIGKILL can leave it behind
+            tmpdir = tempfile.mkdtemp(prefix="maxinstr-gunzip-")
+            cleanup = TempCleanup(tmpdir)
+            db_path = Path(tmpdir) / (path.name[:-3] if path.name.endswith(".gz") else path.name + ".db")
+            try:
+                with open(db_path, "wb") as dst:
+                    inflate(path, dst.write)
+            except OSError as exc:  # the temp folder is full
+                raise TraceError(path, f"cannot inflate into {tmpdir}: {exc.strerror or exc}") from None
+        if read_head(db_path, 16) != SQLITE_MAGIC:
+            raise TraceError(path, "not a SQLite database")
+        con = None
+        try:
+            con = sqlite3.connect(f"file:{os.fspath(db_path)}?mode=ro", uri=True)
+            # corrupt pages can hold invalid UTF-8: replace it rather than fail in the middle of a fetch
+            con.text_factory = lambda b: b.decode("utf-8", "replace")
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            yield con, db_path
+        except sqlite3.Error as exc:
+            raise TraceError(path, f"SQLite error: {exc}") from None
+        except UnicodeDecodeError:  # sqlite3 decodes schema text and column names strictly
+            raise TraceError(path, "corrupt database: invalid UTF-8 in its schema") from None
+        finally:
+            if con is not None:
+                con.close()
     finally:
-        if con is not None:
-            con.close()
         if cleanup is not None:
             cleanup.close()
 
@@ -396,9 +482,6 @@ class TempCleanup:
     handler the program set itself is left alone (it decides what its signals do)."""
 
     def __init__(self, folder: str) -> None:
-        import signal
-        import threading
-
         self.folder = folder
         self.saved: dict[int, object] = {}
         if threading.current_thread() is not threading.main_thread():
@@ -411,8 +494,6 @@ class TempCleanup:
                 pass
 
     def close(self) -> None:
-        import signal
-
         for sig, handler in self.saved.items():
             try:
                 signal.signal(sig, handler)  # type: ignore[arg-type]
@@ -450,37 +531,9 @@ def fetch_columns(con: sqlite3.Connection, sql: str, n_cols: int) -> list[np.nda
     return [np.array(col) for col in zip(*rows)]
 
 
-def style_array(n: int, style: RangeStyle) -> np.ndarray:
-    """A constant style column."""
-    return np.full(n, int(style), dtype=np.int8)
-
-
-def graph_node_ordinals(op_corr: np.ndarray, op_start: np.ndarray, graph_corr: np.ndarray) -> np.ndarray:
-    """Stand-in graph node ids for ops launched by a graph launch call.
-
-    rocprofv3 and RPD record no graph node id; ops that share the correlation id of a
-    ``hipGraphLaunch`` get their order within that launch (0, 1, ... by start time), which
-    names the same node across replays of one graph. Other ops get ``NO_ID``.
-    """
-    out = np.full(len(op_corr), NO_ID, dtype=np.int64)
-    in_graph = np.isin(op_corr, graph_corr) & (op_corr != NO_ID)
-    idx = np.flatnonzero(in_graph)
-    if not len(idx):
-        return out
-    order = idx[np.lexsort((op_start[idx], op_corr[idx]))]
-    corr_sorted = op_corr[order]
-    group_start = np.flatnonzero(np.r_[True, corr_sorted[1:] != corr_sorted[:-1]])
-    ranks = np.arange(len(order)) - np.repeat(group_start, np.diff(np.r_[group_start, len(order)]))
-    out[order] = ranks
-    return out
-
-
 def load_json(data: bytes | bytearray, path: object) -> object:
-    """Parse JSON bytes with the standard library; errors become TraceError.
-
-    (orjson was measured on the 1.36M-event scaled Kineto trace: 15.4 s vs 18.3 s to parse on
-    the loaded 2-core machine, but 2.28 GB vs 1.65 GB peak: not worth a dependency.)
-    """
+    """Parse JSON bytes with the standard library (orjson parsed a 1.36M-event Kineto trace in 15.4 s
+    instead of 18.3 s, but peaked at 2.28 GB instead of 1.65 GB: not worth a dependency)."""
     try:
         return json.loads(data)
     except RecursionError:
@@ -489,12 +542,18 @@ def load_json(data: bytes | bytearray, path: object) -> object:
         raise TraceError(path, f"not valid JSON ({str(exc)[:80]})") from None
 
 
-def chrome_events(path: Path, document: object, what: str, progress: Progress | None = None) -> list:
-    """The event list of a Chrome trace (``{"traceEvents": [...]}`` or a bare list), parsed from
-    ``path`` unless the caller has ``document`` already; one TraceError line without one."""
+def json_document(path: Path, document: object, progress: Progress | None) -> object:
+    """``document`` when the caller has parsed it already (open_trace sniffs it), else ``path``'s."""
     if document is None:
         report(progress, f"parsing {path.name}")
         document = load_json(read_bytes(path), path)
+    return document
+
+
+def chrome_events(path: Path, document: object, what: str, progress: Progress | None = None) -> list:
+    """The event list of a Chrome trace (``{"traceEvents": [...]}`` or a bare list); one TraceError
+    line without one."""
+    document = json_document(path, document, progress)
     events = document.get("traceEvents") if isinstance(document, dict) else document
     if not isinstance(events, list):
         raise TraceError(path, f"{what} without a traceEvents list")
@@ -520,8 +579,6 @@ def query_columns(path: Path, db_path: Path, sql: str, kinds: str, what: str) ->
     come back int64 (NULLs must be ``ifnull``-ed in SQL), ``s`` columns as object arrays whose rows
     share one string per distinct value (NULL -> ''). Backend errors become a TraceError naming
     ``what`` (the format or table)."""
-    from maxinstr.traces import _sqlite_columns
-
     try:
         raw = _sqlite_columns.backend("auto").query(str(db_path), sql, kinds)
     except (RuntimeError, ValueError, TypeError, OverflowError, sqlite3.Error) as exc:
@@ -537,12 +594,16 @@ def query_columns(path: Path, db_path: Path, sql: str, kinds: str, what: str) ->
     return out
 
 
+def thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """(process, thread) as one int64 key."""
+    return (np.asarray(pid, np.int64) << np.int64(32)) ^ (np.asarray(tid, np.int64) & np.int64(0xFFFFFFFF))
+
+
 def latest_at_or_before(row_key: np.ndarray, row_t: np.ndarray, q_key: np.ndarray, q_t: np.ndarray) -> np.ndarray:
     """Per query, the row with the same key and the greatest ``row_t <= q_t`` (of equal times, the
-    later row in input order), or -1: an as-of join in one sort, no loop over keys or rows.
-
-    Rows and queries are sorted together by (key, time), rows before queries at equal times; the
-    last row at or before each query in that order is its match when its key is the query's."""
+    later row in input order), or -1: an as-of join in one sort. Rows and queries are sorted
+    together by (key, time), rows first at equal times; the last row at or before each query in
+    that order is its match when its key is the query's."""
     n, m = len(row_key), len(q_key)
     if not n or not m:
         return np.full(m, -1, np.int64)
@@ -566,8 +627,6 @@ def decimal_us_to_ns(values: list, path: object, what: str) -> np.ndarray:
     ``"12.345"``, ``12``) as int64 ns, exactly for strings (parsed as decimals, rounded to the ns);
     a value that is no number reads as :data:`~maxinstr.traces.model.INVALID_NS` (the row is then
     dropped by ``TimeCheck``). Parsed once per distinct value."""
-    from maxinstr.traces.model import INVALID_NS
-
     local: dict = {}
     codes = np.fromiter((local.setdefault(v, len(local)) if isinstance(v, (str, int, float)) and not isinstance(v, bool)
                          else -1 for v in values), dtype=np.int64, count=len(values))
@@ -576,8 +635,6 @@ def decimal_us_to_ns(values: list, path: object, what: str) -> np.ndarray:
 
 
 def _us_ns(value: str | int | float) -> int:
-    from maxinstr.traces.model import INVALID_NS
-
     try:
         if isinstance(value, int):
             ns = value * 1000

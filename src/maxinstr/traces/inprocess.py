@@ -1,18 +1,11 @@
-"""Kernels collected in-process (``session(..., kernels=True)``) -> :class:`Trace`.
+"""Kernels collected in-process (``session(..., kernels=True)``) -> :class:`Trace` (docs/kernels.md).
 
-The run directory's ``parts/*/activity.bin`` (docs/kernels.md) become the same columnar model
-the nsys/rocprofv3/Kineto readers produce:
-
-* ``ops``: the kernel, memcpy and memset rows, their times moved from CUPTI's clock onto the
-  host clock of the stage records (CLOCK_MONOTONIC) through the clock pairs in activity.json
-  (offset interpolated between pairs);
-* ``calls``: the runtime/driver API rows that launched an op (joined by correlation id); their
-  thread is the stage record's thread when the call was tagged with a stage;
-* ``ranges``: the run's stage records of the same process, as push/pop ranges in domain
-  ``maxinstr`` whose payload is the record id (so the run joins by PAYLOAD, exactly);
-* ``meta["op_stage_id"]``: per op, the id of the stage that was innermost on the launching thread
-  when the launch call was made (CUPTI external correlation), -1 when none. Attribution uses it
-  as the owner (rule SAME_THREAD, or GRAPH for graph replays) instead of comparing times.
+The run's ``parts/*/activity.bin`` become ``ops`` (times moved from CUPTI's clock onto the stage
+records' CLOCK_MONOTONIC through the clock pairs in activity.json) and ``calls`` (the API rows that
+launched an op, on the stage record's thread when tagged with a stage); ``ranges`` are the run's
+stage records (domain ``maxinstr``, payload = record id). ``meta["op_stage_id"]``: per op, the
+stage innermost on the launching thread at the launch (CUPTI external correlation; -1 when none),
+which attribution takes as the owner instead of comparing times.
 """
 
 from __future__ import annotations
@@ -26,38 +19,16 @@ from typing import Any
 import numpy as np
 
 from maxinstr.errors import RunDirError, TraceError
-from maxinstr.rundir.activity import (
-    ACTIVITY_FILE,
-    KIND_DRIVER,
-    KIND_EXTERNAL,
-    KIND_MEMSET,
-    KIND_RUNTIME,
-    read_part_activity,
-    to_host_clock,
-)
-from maxinstr.traces.model import (
-    NO_ID,
-    CallKind,
-    Calls,
-    GpuOps,
-    OpKind,
-    Ranges,
-    RangeStyle,
-    StringTable,
-    TimeCheck,
-    Trace,
-)
+from maxinstr.rundir.activity import (ACTIVITY_FILE, KIND_DRIVER, KIND_EXTERNAL, KIND_MEMSET, KIND_RUNTIME,
+                                      read_part_activity, to_host_clock)
+from maxinstr.rundir import format as fmt
+from maxinstr.rundir import load
+from maxinstr.traces._util import TraceBuilder, call_rows, name_flags
+from maxinstr.traces.nsys import MEMCPY_KINDS  # copies named as nsys names them: kernels tables read alike
+from maxinstr.traces.model import NO_ID, CallKind, Calls, GpuOps, OpKind, Ranges, RangeStyle, StringTable, TimeCheck, Trace
 
 FORMAT = "maxinstr-inprocess"
 OP_STAGE_KEY = "op_stage_id"
-
-_MEMCPY_KINDS = {
-    0: "Unknown", 1: "Host-to-Device", 2: "Device-to-Host", 3: "Host-to-Array", 4: "Array-to-Host",
-    5: "Array-to-Array", 6: "Array-to-Device", 7: "Device-to-Array", 8: "Device-to-Device",
-    9: "Host-to-Host", 10: "Peer-to-Peer", 11: "Unified Host-to-Device", 12: "Unified Device-to-Host",
-    13: "Unified Device-to-Device",
-}  # fmt: skip  (the nsys reader's names, so kernels tables read alike)
-_MARK_FLAG = 1 << 2
 
 
 def demangle(names: list[str]) -> list[str]:
@@ -93,18 +64,14 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
     None when no part collected activity; plus notes for the report (why there are no kernels,
     dropped records...)."""
     if isinstance(run, (str, Path)):
-        from maxinstr.rundir import load
-
         run = load(run)
     root = getattr(run, "path", None)
     notes: list[str] = []
     if root is None:
         return None, notes
     parts = getattr(run, "parts", []) or []
-    strings = StringTable()
-    domain = strings.intern("maxinstr")
-    ops_cols: dict[str, list[np.ndarray]] = {}
-    call_cols: dict[str, list[np.ndarray]] = {}
+    b = TraceBuilder(root, FORMAT, "CLOCK_MONOTONIC")
+    domain = b.strings.intern("maxinstr")
     op_stage: list[np.ndarray] = []
     any_activity = False
     how: set[str] = set()  # how each part tied ops to stages (activity.json stage_correlation)
@@ -147,7 +114,7 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
         names = demangle(names)
         # a row's name_id indexes this (the reader checked -1 <= name_id < len(names)); -1, no
         # name, is the NO_ID at the end
-        name_ids = np.array([strings.intern(n) for n in names] + [NO_ID], np.int32)
+        name_ids = np.array([b.strings.intern(n) for n in names] + [NO_ID], np.int32)
         kind = rows["kind"]
         pairs = meta.get("clock_pairs") or []
         pairs_all.append(pairs)
@@ -159,15 +126,10 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
         if want_kind is not None:
             ext = ext[ext["cbid"] == int(want_kind)]
         ext_corr = ext["correlation_id"].astype(np.int64)
-        ext_id = ext["external_id"].astype(np.int64)
-        srt = np.argsort(ext_corr, kind="stable")
-        ext_corr, ext_id = ext_corr[srt], ext_id[srt]
+        ext_id = np.r_[ext["external_id"].astype(np.int64), -1]  # (-1: no record of the call)
 
         def stage_of(corr: np.ndarray, ext_corr: np.ndarray = ext_corr, ext_id: np.ndarray = ext_id) -> np.ndarray:
-            if not len(ext_corr):
-                return np.full(len(corr), -1, np.int64)
-            pos = np.minimum(np.searchsorted(ext_corr, corr), len(ext_corr) - 1)
-            return np.where(ext_corr[pos] == corr, ext_id[pos], -1)
+            return ext_id[call_rows(corr, ext_corr)]
 
         is_op = kind <= KIND_MEMSET
         op = rows[is_op]
@@ -175,22 +137,19 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
         if (~complete).any():
             notes.append(f"{label}: {int((~complete).sum())} GPU ops without timestamps (unfinished at close) left out")
             op = op[complete]
-        start, _ = to_host_clock(op["start_ns"], pairs)
-        end = start + (op["end_ns"].astype(np.int64) - op["start_ns"].astype(np.int64))
+        start, end = _host_times(op, pairs)
         okind = op["kind"].astype(np.int8)
         oname = np.full(len(op), NO_ID, np.int32)
         kern = okind == OpKind.KERNEL
         oname[kern] = name_ids[op["name_id"][kern]]
         copy = okind == OpKind.MEMCPY
         for ck in np.unique(op["copy_kind"][copy]):
-            oname[copy & (op["copy_kind"] == ck)] = strings.intern(f"[CUDA memcpy {_MEMCPY_KINDS.get(int(ck), 'Unknown')}]")
-        oname[okind == OpKind.MEMSET] = strings.intern("[CUDA memset]")
+            oname[copy & (op["copy_kind"] == ck)] = b.strings.intern(f"[CUDA memcpy {MEMCPY_KINDS.get(int(ck), 'Unknown')}]")
+        oname[okind == OpKind.MEMSET] = b.strings.intern("[CUDA memset]")
         gnode = op["graph_node_id"].astype(np.int64)
-        for key, col in (("start_ns", start), ("end_ns", end), ("kind", okind), ("name_id", oname),
-                         ("device_id", op["device_id"].astype(np.int32)), ("stream_id", op["stream_id"].astype(np.int64)),
-                         ("pid", np.full(len(op), pid, np.int64)), ("correlation_id", op["correlation_id"].astype(np.int64)),
-                         ("graph_node_id", np.where(gnode > 0, gnode, NO_ID)), ("bytes", op["bytes"].astype(np.int64))):  # fmt: skip
-            ops_cols.setdefault(key, []).append(col)
+        b.add(GpuOps, start_ns=start, end_ns=end, kind=okind, name_id=oname, device_id=op["device_id"],
+              stream_id=op["stream_id"], pid=pid, correlation_id=op["correlation_id"],
+              graph_node_id=np.where(gnode > 0, gnode, NO_ID), bytes=op["bytes"])
         op_stage.append(stage_of(op["correlation_id"].astype(np.int64)))
 
         api = rows[(kind == KIND_RUNTIME) | (kind == KIND_DRIVER)]
@@ -202,17 +161,12 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
             pos = np.minimum(np.searchsorted(sorted_ids, a_stage), len(sorted_ids) - 1)
             hit = (a_stage >= 0) & (sorted_ids[pos] == a_stage)
             a_tid = np.where(hit, stages["tid"][order[pos]].astype(np.int64), a_tid)
-        a_start, _ = to_host_clock(api["start_ns"], pairs)
-        a_end = a_start + (api["end_ns"].astype(np.int64) - api["start_ns"].astype(np.int64))
+        a_start, a_end = _host_times(api, pairs)
         a_name = name_ids[api["name_id"]]
         ckind = np.where(api["kind"] == KIND_DRIVER, CallKind.DRIVER, CallKind.RUNTIME).astype(np.int8)
-        if len(api):
-            is_graph = np.array([("GraphLaunch" in strings._values[i]) if i >= 0 else False for i in a_name], bool)
-            ckind[is_graph] = CallKind.GRAPH
-        for key, col in (("start_ns", a_start), ("end_ns", a_end), ("tid", a_tid), ("pid", np.full(len(api), pid, np.int64)),
-                         ("correlation_id", api["correlation_id"].astype(np.int64)), ("name_id", a_name.astype(np.int32)),
-                         ("kind", ckind)):  # fmt: skip
-            call_cols.setdefault(key, []).append(col)
+        ckind[name_flags(b.strings, a_name, lambda name: "GraphLaunch" in name)] = CallKind.GRAPH
+        b.add(Calls, start_ns=a_start, end_ns=a_end, tid=a_tid, pid=pid, correlation_id=api["correlation_id"],
+              name_id=a_name, kind=ckind)
         if not len(ext_corr) and len(op):
             notes.append(f"{label}: no external correlation records: GPU ops cannot be tied to stages")
         unlaunched = int((~np.isin(op["correlation_id"], api["correlation_id"])).sum()) if len(op) else 0
@@ -225,32 +179,22 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
         if isinstance(kmeta, dict) and kmeta.get("requested"):
             notes.append(f"kernels=True was requested but no activity was written: {kmeta.get('reason') or kmeta.get('status')}")
         return None, notes
-    if not ops_cols:
+    if not b.parts[GpuOps]:
         return None, notes
+    ranges = stage_ranges(run, b.strings, domain)
+    ops = b.table(GpuOps, sort=False)
+    order = np.argsort(ops.start_ns, kind="stable")  # the ops by start, and their owners with them
+    owner = np.concatenate(op_stage).astype(np.int64)[order]
+    b.notes, b.clock = list(notes), "CLOCK_MONOTONIC" if all(pairs_all) else "cupti"
+    meta = {OP_STAGE_KEY: owner, "collector": "cupti",
+            "stage_correlation": ", ".join(sorted(how)) or "CUPTI external correlation"}
+    return b.trace(calls=b.table(Calls, sort=False), ops=ops.take(order), ranges=ranges, meta=meta), notes
 
-    def cat(cols: dict[str, list[np.ndarray]], key: str, dtype: Any) -> np.ndarray:
-        got = cols.get(key)
-        return np.concatenate(got).astype(dtype, copy=False) if got else np.empty(0, dtype)
 
-    ops = GpuOps(**{f: cat(ops_cols, f, d) for f, d in (
-        ("start_ns", np.int64), ("end_ns", np.int64), ("kind", np.int8), ("name_id", np.int32),
-        ("device_id", np.int32), ("stream_id", np.int64), ("pid", np.int64), ("correlation_id", np.int64),
-        ("graph_node_id", np.int64), ("bytes", np.int64))})  # fmt: skip
-    calls = Calls(**{f: cat(call_cols, f, d) for f, d in (
-        ("start_ns", np.int64), ("end_ns", np.int64), ("tid", np.int64), ("pid", np.int64),
-        ("correlation_id", np.int64), ("name_id", np.int32), ("kind", np.int8))})  # fmt: skip
-    ranges = stage_ranges(run, strings, domain)
-    owner = np.concatenate(op_stage).astype(np.int64) if op_stage else np.empty(0, np.int64)
-    order_ops = np.argsort(ops.start_ns, kind="stable")
-    ops = ops.take(order_ops)
-    owner = owner[order_ops]
-    trace = Trace(source=str(root), format=FORMAT, strings=strings.to_array(), ranges=ranges, calls=calls, ops=ops,
-                  clock="CLOCK_MONOTONIC" if all(pairs_all) else "cupti", notes=list(notes))  # fmt: skip
-    trace.meta[OP_STAGE_KEY] = owner
-    trace.meta["collector"] = "cupti"
-    trace.meta["stage_correlation"] = ", ".join(sorted(how)) or "CUPTI external correlation"
-    trace.validate()
-    return trace, notes
+def _host_times(rows: np.ndarray, pairs: list) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end on the host clock (the span kept as CUPTI measured it)."""
+    start, _ = to_host_clock(rows["start_ns"], pairs)
+    return start, start + (rows["end_ns"].astype(np.int64) - rows["start_ns"].astype(np.int64))
 
 
 def _valid_times(rows: np.ndarray, path: Path, label: str, notes: list[str]) -> np.ndarray:
@@ -278,18 +222,13 @@ def stage_ranges(run: Any, strings: StringTable, domain: int) -> Ranges:
     """The run's stage records as trace ranges on the host clock (payload = record id)."""
     st = run.stages
     names = run.stage_names() if len(st) else np.empty(0, object)
-    mark = (st["flags"] & _MARK_FLAG) != 0
-    return Ranges(
-        start_ns=st["host_start_ns"].astype(np.int64),
-        end_ns=st["host_end_ns"].astype(np.int64),
-        name_id=strings.ids_for(names) if len(st) else np.empty(0, np.int32),
-        domain_id=np.full(len(st), domain, np.int32),
-        tid=st["tid"].astype(np.int64),
-        end_tid=st["tid"].astype(np.int64),
-        pid=st["pid"].astype(np.int64),
-        style=np.where(mark, RangeStyle.MARK, RangeStyle.PUSH_POP).astype(np.int8),
-        payload=st["id"].astype(np.int64),
-    )
+    mark = (st["flags"] & fmt.MARK) != 0
+    return Ranges(start_ns=st["host_start_ns"].astype(np.int64), end_ns=st["host_end_ns"].astype(np.int64),
+                  name_id=strings.ids_for(names) if len(st) else np.empty(0, np.int32),
+                  domain_id=np.full(len(st), domain, np.int32), tid=st["tid"].astype(np.int64),
+                  end_tid=st["tid"].astype(np.int64), pid=st["pid"].astype(np.int64),
+                  style=np.where(mark, RangeStyle.MARK, RangeStyle.PUSH_POP).astype(np.int8),
+                  payload=st["id"].astype(np.int64))
 
 
 __all__ = ["FORMAT", "OP_STAGE_KEY", "has_activity", "read_run", "stage_ranges", "to_host_clock"]

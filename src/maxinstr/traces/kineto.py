@@ -1,43 +1,23 @@
-"""PyTorch profiler (Kineto) Chrome-trace JSON, plain or gzip.
+"""PyTorch profiler (Kineto) Chrome-trace JSON, plain or gzip (docs/traces.md).
 
-Host ranges are the ``X`` events of category ``user_annotation`` (``record_function``) and
-``cpu_op`` (ATen ops); runtime/driver calls are ``cuda_runtime``/``cuda_driver`` (HIP names on
-ROCm) carrying ``args.correlation``; GPU ops are ``kernel``/``gpu_memcpy``/``gpu_memset`` with
-the same ``args.correlation``, ``stream``, ``device`` and ``bytes``. ``ac2g`` flow events repeat
-the correlation link and are used only where an op lacks ``args.correlation``.
-``gpu_user_annotation`` (the GPU-side copy of a record_function range) goes to
-``trace.meta["gpu_annotations"]``.
-
-Times are microseconds as JSON numbers, relative to ``baseTimeNanoseconds`` (wall clock) in
-recent Kineto, absolute Unix-epoch microseconds in older traces. They are converted to int64
-nanoseconds by splitting integer and fractional microseconds, which is exact while a
-timestamp is below 2**43 us (about 100 days); above that float64 cannot carry the third
-decimal and a note says how many nanoseconds may be off.
+Host ranges are ``user_annotation``/``cpu_op`` events, calls ``cuda_runtime``/``cuda_driver`` (HIP
+names on ROCm), GPU ops ``kernel``/``gpu_memcpy``/``gpu_memset``, tied by ``args.correlation`` (else
+the ``ac2g`` flow). Microsecond float timestamps become int64 ns by splitting whole and fractional
+microseconds: exact below 2**43 us (~100 days); above that a note says how many ns may be off.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from maxinstr.errors import TraceError
 from maxinstr.rundir.format import MAX_TIME_NS
 from maxinstr.traces import _util
-from maxinstr.traces._util import Progress, ranges_table, report
-from maxinstr.traces.model import (
-    INVALID_NS,
-    NO_ID,
-    CallKind,
-    Calls,
-    GpuOps,
-    OpKind,
-    RangeStyle,
-    StringTable,
-    TimeCheck,
-    Trace,
-)
+from maxinstr.traces._util import (Progress, TraceBuilder, by_start, call_rows, first_rows, graph_stand_ins,
+                                   make_table, mark_graph_calls, name_flags, pids_from_calls, report)
+from maxinstr.traces.model import INVALID_NS, NO_ID, CallKind, Calls, GpuOps, OpKind, Ranges, TimeCheck, Trace
 
 HOST_RANGE_CATS = ("user_annotation", "cpu_op")
 CALL_CATS = {"cuda_runtime": CallKind.RUNTIME, "cuda_driver": CallKind.DRIVER}
@@ -46,15 +26,10 @@ _MAX_US = 4.6e15  # 2**62 ns: beyond it a start plus a duration, or a difference
 
 
 def read_kineto(path: str | Path, *, progress: Progress | None = None, document: object = None) -> Trace:
-    """Read a Kineto trace (``*.pt.trace.json`` or ``.json.gz``).
-
-    ``document`` is the already-parsed JSON when the caller has it (open_trace sniffs it).
-    """
+    """Read a Kineto trace (``*.pt.trace.json`` or ``.json.gz``; ``document``: the parsed JSON
+    when the caller has it)."""
     path = Path(path)
-    if document is None:
-        report(progress, f"parsing {path.name}")
-        data = _util.read_bytes(path)
-        document = _util.load_json(data, path)
+    document = _util.json_document(path, document, progress)
     if isinstance(document, dict):
         events = document.get("traceEvents")
         where = "traceEvents"  # how a note names an event: traceEvents[12], or [12] in a bare list
@@ -75,16 +50,12 @@ def read_kineto(path: str | Path, *, progress: Progress | None = None, document:
         return _read(path, document, events, where, progress)
 
 
+_JSON_KINDS = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string",
+               list: "an array"}
+
+
 def _json_kind(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else f"a {type(value).__name__}"
+    return _JSON_KINDS.get(type(value), f"a {type(value).__name__}")
 
 
 def us_to_ns(us: np.ndarray) -> tuple[np.ndarray, float]:
@@ -104,11 +75,7 @@ def _col(evs: list, key: str, default=None) -> list:
 
 
 def _args_col(evs: list, key: str, default=None) -> list:
-    out = []
-    for e in evs:
-        a = e.get("args")
-        out.append(a.get(key, default) if isinstance(a, dict) else default)
-    return out
+    return [a.get(key, default) if isinstance(a := e.get("args"), dict) else default for e in evs]
 
 
 def _flat(values: list, dtype) -> np.ndarray | None:
@@ -122,20 +89,16 @@ def _flat(values: list, dtype) -> np.ndarray | None:
     return arr if arr.shape == (len(values),) else None
 
 
-def _not_a_container(values: list, path: Path, what: str) -> None:
-    for i, v in enumerate(values):
-        if isinstance(v, (list, dict)):
-            raise TraceError(path, f"{what}: event {i + 1} holds a JSON {'array' if isinstance(v, list) else 'object'} "
-                                   "where a number belongs")
-
-
 def _loose_ints(values: list, path: Path, what: str) -> np.ndarray:
     """Ints where the value is one (or a numeric string like '7' / 'stream 7'), else NO_ID; a
     list or object where a number belongs is an error."""
     arr = _flat(values, np.int64)
     if arr is not None:
         return arr
-    _not_a_container(values, path, what)
+    for i, v in enumerate(values):
+        if isinstance(v, (list, dict)):
+            raise TraceError(path, f"{what}: event {i + 1} holds a JSON {'array' if isinstance(v, list) else 'object'} "
+                                   "where a number belongs")
     out = np.full(len(values), NO_ID, dtype=np.int64)
     for i, v in enumerate(values):
         if isinstance(v, bool) or v is None:
@@ -199,218 +162,114 @@ def _ns(us: np.ndarray) -> tuple[np.ndarray, float]:
 
 def _read(path: Path, doc: dict, events: list, where: str, progress: Progress | None) -> Trace:
     report(progress, f"{len(events)} trace events")
-    notes: list[str] = []
-    strings = StringTable()
+    b = TraceBuilder(path, "kineto", "kineto-us")
+    notes = b.notes
     ph = _col(events, "ph")
     cat = _col(events, "cat")
-    x_idx = [i for i, (p, c) in enumerate(zip(ph, cat)) if p == "X" and c is not None]
-    by_cat: dict[str, list[int]] = {}  # category -> positions in traceEvents
-    for i in x_idx:
-        by_cat.setdefault(cat[i], []).append(i)
-    worst_ns = 0.0
+    by_cat: dict[str, list[int]] = {}  # category -> positions of its X events in traceEvents
+    for i, (p, c) in enumerate(zip(ph, cat)):
+        if p == "X" and c is not None:
+            by_cat.setdefault(c, []).append(i)
+    rounding_ns: dict[str, float] = {}  # per category: the worst a float64 timestamp can be off
     check = TimeCheck(path, notes, expected="a number")  # Kineto's clock (wall or monotonic) never reads 0
 
-    def category(c: str) -> tuple[list, np.ndarray, np.ndarray, float]:
+    def category(c: str) -> tuple[list, np.ndarray, np.ndarray]:
         """The ``X`` events of category ``c`` whose times are valid, and those times."""
         idx = by_cat.get(c, [])
         evs = list(map(events.__getitem__, idx))
-        start, end, err = _times(evs)
-        keep = check.keep(f"'{c}' events", start, end, row=lambda i: f"{where}[{idx[i]}]", names=("ts", "dur"),
-                          unit="events")
-        if keep is not None:
-            evs = [evs[i] for i in np.flatnonzero(keep).tolist()]
-            start, end = start[keep], end[keep]
-        return evs, start, end, err
+        start, end, rounding_ns[c] = _times(evs)
+        start, end, evs = check.drop(f"'{c}' events", [start, end, evs], row=lambda i: f"{where}[{idx[i]}]",
+                                     names=("ts", "dur"), unit="events")
+        return evs, start, end
 
-    # host ranges
-    range_parts = []
-    for c in HOST_RANGE_CATS:
-        if c not in by_cat:
-            continue
-        evs, start, end, err = category(c)
-        worst_ns = max(worst_ns, err)
-        range_parts.append(
-            ranges_table(
-                start,
-                end,
-                _util.intern(strings, _col(evs, "name", "")),
-                _loose_ints(_col(evs, "tid"), path, f"{c}: tid"),
-                _loose_ints(_col(evs, "pid"), path, f"{c}: pid"),
-                int(RangeStyle.PUSH_POP),
-                domain_id=strings.intern(c),
-            )
-        )
-    ranges = _util.concat_ranges(range_parts)
+    def ints(evs: list, key: str, what: str, args: bool = False) -> np.ndarray:
+        return _loose_ints(_args_col(evs, key) if args else _col(evs, key), path, what)
 
-    # runtime / driver calls
-    c_parts = []
-    for c, kind in CALL_CATS.items():
-        if c not in by_cat:
-            continue
-        evs, start, end, err = category(c)
-        worst_ns = max(worst_ns, err)
-        name_id = _util.intern(strings, _col(evs, "name", ""))
-        c_parts.append(
-            dict(
-                start=start,
-                end=end,
-                tid=_loose_ints(_col(evs, "tid"), path, f"{c}: tid"),
-                pid=_loose_ints(_col(evs, "pid"), path, f"{c}: pid"),
-                corr=_loose_ints(_args_col(evs, "correlation"), path, f"{c}: args.correlation"),
-                name_id=name_id,
-                kind=np.full(len(evs), int(kind), np.int8),
-                size=_loose_ints(_args_col(evs, "size"), path, f"{c}: args.size"),
-            )
-        )
-    if c_parts:
-        cc = {k: np.concatenate([p[k] for p in c_parts]) for k in c_parts[0]}
-        table = strings.to_array()
-        is_graph = np.array(["GraphLaunch" in str(s) for s in table], dtype=bool)[cc["name_id"]]
-        cc["kind"] = np.where(is_graph, int(CallKind.GRAPH), cc["kind"]).astype(np.int8)
-        calls = Calls(
-            start_ns=cc["start"],
-            end_ns=cc["end"],
-            tid=cc["tid"],
-            pid=cc["pid"],
-            correlation_id=cc["corr"],
-            name_id=cc["name_id"],
-            kind=cc["kind"],
-        )
-        call_size = cc["size"]
-        # keep calls that can launch work: one per (correlation id, layer); unknown ids dropped
-        has_corr = calls.correlation_id != NO_ID
-        order = np.lexsort((np.arange(len(calls)), calls.kind, calls.correlation_id))
-        k_sorted = calls.kind[order]
-        c_sorted = calls.correlation_id[order]
-        first = np.r_[True, (c_sorted[1:] != c_sorted[:-1]) | (k_sorted[1:] != k_sorted[:-1])]
-        keep = np.zeros(len(calls), bool)
-        keep[order[first]] = True
-        keep &= has_corr
-        if (~has_corr).any():
-            notes.append(f"{int((~has_corr).sum())} runtime calls without a correlation id dropped")
-        dup = int((has_corr & ~keep).sum())
-        if dup:
-            notes.append(f"{dup} duplicate runtime calls (same correlation id and layer) dropped")
-        calls = calls.take(keep)
-        call_size = call_size[keep]
-        order = np.argsort(calls.start_ns, kind="stable")
-        calls, call_size = calls.take(order), call_size[order]
-    else:
-        calls, call_size = Calls(), np.empty(0, np.int64)
+    for c in (c for c in HOST_RANGE_CATS if c in by_cat):
+        evs, start, end = category(c)
+        b.add(Ranges, start_ns=start, end_ns=end, name_id=b.names(_col(evs, "name", "")), tid=ints(evs, "tid", f"{c}: tid"),
+              pid=ints(evs, "pid", f"{c}: pid"), domain_id=b.strings.intern(c))
+    ranges = b.table(Ranges)
 
-    # GPU ops
-    o_parts: list[dict[str, Any]] = []
-    for c, op_kind in OP_CATS.items():
-        if c not in by_cat:
-            continue
-        evs, start, end, err = category(c)
-        worst_ns = max(worst_ns, err)
-        device = _loose_ints(_args_col(evs, "device"), path, f"{c}: args.device")
-        device = np.where(device == NO_ID, _loose_ints(_col(evs, "pid"), path, f"{c}: pid"), device)
-        stream = _loose_ints(_args_col(evs, "stream"), path, f"{c}: args.stream")
-        stream = np.where(stream == NO_ID, _loose_ints(_col(evs, "tid"), path, f"{c}: tid"), stream)
-        o_parts.append(
-            dict(
-                start=start,
-                end=end,
-                kind=np.full(len(evs), int(op_kind), np.int8),
-                name_id=_util.intern(strings, _col(evs, "name", "")),
-                device=device.astype(np.int32),
-                stream=stream,
-                corr=_loose_ints(_args_col(evs, "correlation"), path, f"{c}: args.correlation"),
-                bytes=_loose_ints(_args_col(evs, "bytes"), path, f"{c}: args.bytes") if op_kind != OpKind.KERNEL else np.zeros(len(evs), np.int64),
-                graph=_loose_ints(_args_col(evs, "graph node id"), path, f"{c}: args.graph node id"),
-                events=evs,
-            )
-        )
-    if o_parts:
-        oc = {k: np.concatenate([p[k] for p in o_parts]) for k in o_parts[0] if k != "events"}
-        corr = oc["corr"]
-        if (corr == NO_ID).any():  # only then: where each op sits, to find its ac2g flow end
-            keys = [(e.get("pid"), e.get("tid"), e.get("ts")) for p in o_parts for e in p["events"]]
-            corr = _corr_from_flows(events, ph, cat, keys, corr, notes)
-        ops = GpuOps(
-            start_ns=oc["start"],
-            end_ns=oc["end"],
-            kind=oc["kind"],
-            name_id=oc["name_id"],
-            device_id=oc["device"],
-            stream_id=oc["stream"],
-            pid=np.full(len(corr), NO_ID, np.int64),
-            correlation_id=corr,
-            graph_node_id=oc["graph"],
-            bytes=np.maximum(oc["bytes"], 0),
-        )
-        ops = ops.take(np.argsort(ops.start_ns, kind="stable"))
-        ops.pid, ops.bytes = _from_calls(ops, calls, call_size, notes)
-        # graph replays: Kineto names no graph node; as for rocprofv3/RPD, the order of an op
-        # within its cudaGraphLaunch stands in (kept where the trace does carry a node id)
-        graph_corr = calls.correlation_id[calls.kind == int(CallKind.GRAPH)]
-        stand_in = _util.graph_node_ordinals(ops.correlation_id, ops.start_ns, graph_corr)
-        fill = (ops.graph_node_id == NO_ID) & (stand_in != NO_ID)
-        if fill.any():
-            ops.graph_node_id = np.where(fill, stand_in, ops.graph_node_id)
-            notes.append(f"graph node ids of {int(fill.sum())} ops are stand-ins: their order within their graph launch")
-    else:
-        ops = GpuOps()
+    # runtime / driver calls: those that can launch work, one per (correlation id, layer)
+    sizes = []
+    for c, kind in ((c, k) for c, k in CALL_CATS.items() if c in by_cat):
+        evs, start, end = category(c)
+        b.add(Calls, start_ns=start, end_ns=end, name_id=b.names(_col(evs, "name", "")), tid=ints(evs, "tid", f"{c}: tid"),
+              pid=ints(evs, "pid", f"{c}: pid"), correlation_id=ints(evs, "correlation", f"{c}: args.correlation", True),
+              kind=int(kind))
+        sizes.append(ints(evs, "size", f"{c}: args.size", True))
+    calls = b.table(Calls, sort=False)
+    call_size = np.concatenate(sizes) if sizes else np.empty(0, np.int64)
+    mark_graph_calls(b.strings, calls, lambda name: "GraphLaunch" in name)
+    has_corr = calls.correlation_id != NO_ID
+    keep = np.zeros(len(calls), bool)
+    keep[first_rows(calls.correlation_id, calls.kind)] = True
+    keep &= has_corr
+    if (~has_corr).any():
+        notes.append(f"{int((~has_corr).sum())} runtime calls without a correlation id dropped")
+    if dup := int((has_corr & ~keep).sum()):
+        notes.append(f"{dup} duplicate runtime calls (same correlation id and layer) dropped")
+    order = np.flatnonzero(keep)[np.argsort(calls.start_ns[keep], kind="stable")]
+    calls, call_size = calls.take(order), call_size[order]
 
-    # thread names and GPU-side annotations
-    thread_names: dict[int, str] = {}
+    op_events = []
+    for c, op_kind in ((c, k) for c, k in OP_CATS.items() if c in by_cat):
+        evs, start, end = category(c)
+        device = ints(evs, "device", f"{c}: args.device", True)
+        device = np.where(device == NO_ID, ints(evs, "pid", f"{c}: pid"), device)
+        stream = ints(evs, "stream", f"{c}: args.stream", True)
+        stream = np.where(stream == NO_ID, ints(evs, "tid", f"{c}: tid"), stream)
+        b.add(GpuOps, start_ns=start, end_ns=end, kind=int(op_kind), name_id=b.names(_col(evs, "name", "")),
+              device_id=device, stream_id=stream, correlation_id=ints(evs, "correlation", f"{c}: args.correlation", True),
+              bytes=0 if op_kind == OpKind.KERNEL else np.maximum(ints(evs, "bytes", f"{c}: args.bytes", True), 0),
+              graph_node_id=ints(evs, "graph node id", f"{c}: args.graph node id", True))
+        op_events += evs
+    ops = b.table(GpuOps, sort=False)
+    if (ops.correlation_id == NO_ID).any():  # only then: where each op sits, to find its ac2g flow end
+        keys = [(e.get("pid"), e.get("tid"), e.get("ts")) for e in op_events]
+        ops.correlation_id = _corr_from_flows(events, ph, cat, keys, ops.correlation_id, notes)
+    ops = by_start(ops)
+    pids_from_calls(ops, calls)
+    ops.bytes = _bytes_from_calls(ops, calls, call_size, notes)
+    # graph replays: Kineto names no graph node; as for rocprofv3/RPD, the order of an op within its
+    # cudaGraphLaunch stands in (kept where the trace does carry a node id)
+    graph_stand_ins(ops, calls, notes, "graph node ids of {n} ops are stand-ins: their order within their graph launch")
+
     host_pids = set(np.unique(np.r_[ranges.pid, calls.pid]).tolist())
-    for i, (p, _c) in enumerate(zip(ph, cat)):
-        if p == "M":
-            e = events[i]
-            if e.get("name") == "thread_name" and isinstance(e.get("args"), dict):
-                tid, pid = e.get("tid"), e.get("pid")
-                if isinstance(tid, int) and pid in host_pids and not isinstance(tid, bool):
-                    thread_names[tid] = str(e["args"].get("name", "")).strip()
+    for i, p in enumerate(ph):
+        if p == "M" and (e := events[i]).get("name") == "thread_name" and isinstance(e.get("args"), dict):
+            tid, pid = e.get("tid"), e.get("pid")
+            if isinstance(tid, int) and pid in host_pids and not isinstance(tid, bool):
+                b.thread_names[tid] = str(e["args"].get("name", "")).strip()
     meta: dict[str, object] = {}
-    if "gpu_user_annotation" in by_cat:
-        gpu_ann, start, end, _ = category("gpu_user_annotation")
-        meta["gpu_annotations"] = ranges_table(
-            start,
-            end,
-            _util.intern(strings, _col(gpu_ann, "name", "")),
-            _loose_ints(_args_col(gpu_ann, "stream", None), path, "gpu_user_annotation: args.stream"),
-            _loose_ints(_args_col(gpu_ann, "device", None), path, "gpu_user_annotation: args.device"),
-            int(RangeStyle.PUSH_POP),
-            domain_id=strings.intern("gpu_user_annotation"),
-        )
-    for key in ("schemaVersion", "cuda_runtime_version", "cuda_driver_version", "trace_id", "distributedInfo"):
-        if key in doc:
-            meta[key] = doc[key]
+    if "gpu_user_annotation" in by_cat:  # the GPU-side copy of each record_function range
+        evs, start, end = category("gpu_user_annotation")
+        meta["gpu_annotations"] = make_table(Ranges, [dict(
+            start_ns=start, end_ns=end, name_id=b.names(_col(evs, "name", "")),
+            tid=ints(evs, "stream", "gpu_user_annotation: args.stream", True),
+            pid=ints(evs, "device", "gpu_user_annotation: args.device", True),
+            domain_id=b.strings.intern("gpu_user_annotation"))], b.strings)
+    meta.update({k: doc[k] for k in ("schemaVersion", "cuda_runtime_version", "cuda_driver_version", "trace_id",
+                                     "distributedInfo") if k in doc})
     if isinstance(doc.get("deviceProperties"), list):
         meta["devices"] = [d.get("name") for d in doc["deviceProperties"] if isinstance(d, dict)]
-    if any(str(strings.to_array()[i]).startswith("hip") for i in np.unique(calls.name_id)):
+    if name_flags(b.strings, np.unique(calls.name_id), lambda name: name.startswith("hip")).any():
         meta["runtime"] = "hip"
+    worst_ns = max((rounding_ns.get(c, 0.0) for c in (*HOST_RANGE_CATS, *CALL_CATS, *OP_CATS)), default=0.0)
     if worst_ns > 0.5:
         notes.append(f"timestamps beyond 2**43 us lose nanoseconds in float64: up to {worst_ns:.0f} ns off")
 
     base = doc.get("baseTimeNanoseconds")
     session_start = None
-    t0_candidates = [a.min() for a in (ranges.start_ns, calls.start_ns, ops.start_ns) if len(a)]
-    if t0_candidates:
+    if t0_candidates := [a.min() for a in (ranges.start_ns, calls.start_ns, ops.start_ns) if len(a)]:
         t0 = int(min(t0_candidates))
         if isinstance(base, int) and not isinstance(base, bool):
             session_start = base + t0
             meta["base_time_ns"] = base
         elif t0 > 946_684_800 * 10**9:  # after 2000-01-01: absolute Unix-epoch microseconds
             session_start = t0
-    trace = Trace(
-        source=str(path),
-        format="kineto",
-        strings=strings.to_array(),
-        ranges=ranges,
-        calls=calls,
-        ops=ops,
-        thread_names=thread_names,
-        clock="kineto-us",
-        session_start_utc_ns=session_start,
-        notes=notes,
-        meta=meta,
-    )
-    trace.validate()
-    return trace
+    return b.trace(calls=calls, ops=ops, ranges=ranges, session_start_utc_ns=session_start, meta=meta)
 
 
 def _corr_from_flows(events: list, ph: list, cat: list, op_keys: list, corr: np.ndarray, notes: list) -> np.ndarray:
@@ -435,27 +294,19 @@ def _corr_from_flows(events: list, ph: list, cat: list, op_keys: list, corr: np.
     return out
 
 
-def _from_calls(ops: GpuOps, calls: Calls, call_size: np.ndarray, notes: list) -> tuple[np.ndarray, np.ndarray]:
-    """Host pid of each op (from its launching call), and copy bytes from the call's ``size``
-    argument where the op has none (ROCm Kineto copies carry no ``bytes``)."""
-    pid = np.full(len(ops), NO_ID, np.int64)
-    nbytes = ops.bytes.copy()
+def _bytes_from_calls(ops: GpuOps, calls: Calls, call_size: np.ndarray, notes: list) -> np.ndarray:
+    """Copy bytes from the launching call's ``size`` argument where the op has none (ROCm Kineto
+    copies carry no ``bytes``)."""
+    nbytes = ops.bytes
     if len(calls):
-        order = np.argsort(calls.correlation_id, kind="stable")
-        sc = calls.correlation_id[order]
-        pos = np.minimum(np.searchsorted(sc, ops.correlation_id), len(sc) - 1)
-        hit = (sc[pos] == ops.correlation_id) & (ops.correlation_id != NO_ID)
-        pid[hit] = calls.pid[order][pos[hit]]
-        need = hit & (ops.kind != int(OpKind.KERNEL)) & (nbytes == 0)
-        size = call_size[order][pos]
-        fill = need & (size > 0)
-        nbytes[fill] = size[fill]
+        row = call_rows(ops.correlation_id, calls.correlation_id)
+        hit = (row >= 0) & (ops.correlation_id != NO_ID)
+        size = call_size[np.maximum(row, 0)]
+        fill = hit & (ops.kind != int(OpKind.KERNEL)) & (nbytes == 0) & (size > 0)
+        nbytes = np.where(fill, size, nbytes)
         if fill.any():
             notes.append(f"{int(fill.sum())} copies took their byte count from the runtime call's size argument")
         unknown = (ops.correlation_id != NO_ID) & ~hit
         if unknown.any():
             notes.append(f"{int(unknown.sum())} GPU ops have a correlation id with no runtime call in the trace")
-        host = np.unique(calls.pid)
-        if len(host) == 1:
-            pid[~hit] = host[0]
-    return pid, nbytes
+    return nbytes

@@ -1,17 +1,9 @@
-"""Merge the traces of several ranks into one :class:`~maxinstr.traces.model.Trace`.
-
-Each rank of a multi-rank job is usually profiled on its own (``nsys profile -o r0 ...`` per
-rank), so ``maxinstr report RUN --trace r0.sqlite --trace r1.sqlite`` gets one trace per rank.
-The merge keeps every op, call and range, re-interns names into one string table, and tags
-every row with its rank (``Trace.meta["rank_of"]`` maps each trace to its rank; the per-row
-rank columns are returned alongside). NVTX payloads (maxinstr's record ids, which can repeat
-across ranks on different hosts or in containers) go through ``payload_map(rank, payload)``
-when given (the report maps them to row positions of that rank's records, see
-:func:`maxinstr.analyze.ranks.payload_rows`), so a rank's ranges join only its own records. Process ids that clash between traces (ranks on
-different hosts, containers) are re-numbered so (pid, correlation id) stays unique.
-
-Each trace keeps its own timebase: attribution works within one process, so that is enough
-for per-stage GPU time; spans across ranks are not compared on the traces' clocks.
+"""Merge the traces of several ranks (``--trace r0.sqlite --trace r1.sqlite``, each rank profiled on
+its own) into one :class:`~maxinstr.traces.model.Trace`: every row kept and tagged with its rank,
+names re-interned into one table, NVTX payloads (record ids, which can repeat across ranks) mapped
+through ``payload_map(rank, payload)`` so a rank's ranges join only its own records, clashing
+process ids re-numbered so (pid, correlation id) stays unique. Each trace keeps its own timebase:
+attribution works within one process, and spans across ranks are not compared on trace clocks.
 """
 
 from __future__ import annotations
@@ -35,19 +27,9 @@ def merge_rank_traces(traces: list[Trace], ranks: list[int],
     if len(traces) != len(ranks):
         raise ValueError("one rank per trace")
     table: dict[str, int] = {}
-    values: list[str] = []
 
-    def remap(strings: np.ndarray) -> np.ndarray:
-        out = np.empty(len(strings) + 1, np.int32)  # last slot: -1 stays -1
-        for i, s in enumerate(strings):
-            s = str(s)
-            j = table.get(s)
-            if j is None:
-                j = table[s] = len(values)
-                values.append(s)
-            out[i] = j
-        out[-1] = -1
-        return out
+    def remap(strings: np.ndarray) -> np.ndarray:  # (the last slot: -1 stays -1)
+        return np.array([table.setdefault(str(s), len(table)) for s in strings] + [-1], np.int32)
 
     seen_pids: set[int] = set()
     parts: dict[str, list[Any]] = {"ranges": [], "calls": [], "ops": []}
@@ -58,22 +40,16 @@ def merge_rank_traces(traces: list[Trace], ranks: list[int],
         pids = set(np.unique(np.r_[np.asarray(t.ranges.pid), np.asarray(t.calls.pid), np.asarray(t.ops.pid)]).tolist())
         clash = bool(pids & seen_pids)
         seen_pids |= pids
-
-        def fix_pid(col: np.ndarray, ti: int = ti, clash: bool = clash) -> np.ndarray:  # this trace's
-            col = np.asarray(col, np.int64)
-            return ((ti + 1) << PID_SHIFT) | col if clash else col
-
         if clash:
             notes.append(f"{t.source}: process ids clash with another rank's trace: re-numbered")
         for attr, cls in (("ranges", Ranges), ("calls", Calls), ("ops", GpuOps)):
             tab = getattr(t, attr)
             cols = {f.name: np.asarray(getattr(tab, f.name)) for f in fields(cls)}
-            if "name_id" in cols:
-                cols["name_id"] = m[np.where(cols["name_id"] >= 0, cols["name_id"], -1)]
-            if "domain_id" in cols:
-                cols["domain_id"] = m[np.where(cols["domain_id"] >= 0, cols["domain_id"], -1)]
-            if "pid" in cols:
-                cols["pid"] = fix_pid(cols["pid"])
+            for key in ("name_id", "domain_id"):
+                if key in cols:
+                    cols[key] = m[np.where(cols[key] >= 0, cols[key], -1)]
+            pid = np.asarray(cols["pid"], np.int64)
+            cols["pid"] = ((ti + 1) << PID_SHIFT) | pid if clash else pid
             if "payload" in cols and payload_map is not None:
                 cols["payload"] = np.asarray(payload_map(rank, cols["payload"]), np.int64)
             parts[attr].append(cols)
@@ -89,17 +65,11 @@ def merge_rank_traces(traces: list[Trace], ranks: list[int],
     for t in traces:
         thread_names.update(t.thread_names)
     formats = sorted({t.format for t in traces})
-    merged = Trace(
-        source=" + ".join(str(t.source) for t in traces),
-        format=formats[0] if len(formats) == 1 else "+".join(formats),
-        strings=np.array(values, dtype=object),
-        ranges=cat("ranges", Ranges),
-        calls=cat("calls", Calls),
-        ops=cat("ops", GpuOps),
-        thread_names=thread_names,
-        clock=first.clock if len({t.clock for t in traces}) == 1 else "per-rank",
-        session_start_utc_ns=first.session_start_utc_ns,
-        notes=notes,
-        meta={"ranks": [int(r) for r in ranks], "rank_sources": [str(t.source) for t in traces]},
-    )
+    merged = Trace(source=" + ".join(str(t.source) for t in traces),
+                   format=formats[0] if len(formats) == 1 else "+".join(formats),
+                   strings=np.array(list(table), dtype=object), ranges=cat("ranges", Ranges), calls=cat("calls", Calls),
+                   ops=cat("ops", GpuOps), thread_names=thread_names,
+                   clock=first.clock if len({t.clock for t in traces}) == 1 else "per-rank",
+                   session_start_utc_ns=first.session_start_utc_ns, notes=notes,
+                   meta={"ranks": [int(r) for r in ranks], "rank_sources": [str(t.source) for t in traces]})
     return merged, {k: np.concatenate(v) if v else np.empty(0, np.int64) for k, v in row_rank.items()}

@@ -1,14 +1,10 @@
-"""The one columnar in-memory model every trace reader produces.
+"""The one columnar model every trace reader produces, and attribution and analysis read.
 
-Readers (nsys SQLite, rocprofv3, RPD, Kineto, in-process CUPTI) fill a :class:`Trace`;
-attribution and analysis only ever see this model. Every table is a struct of numpy
-columns of equal length; names are interned once into ``Trace.strings`` and referred to
-by int32 ids (``-1`` means "none"). Times are int64 nanoseconds on the trace's own clock
-(``Trace.clock`` says which); readers never convert row by row in Python.
-Integer columns are int64 unless a reader knows the values are small: the nsys reader gives
-int32 ``pid``/``tid`` (nsys packs them in 24 bits), which halves them on 10M-op traces;
-consumers compare and index with them as they are and widen (``np.asarray(x, np.int64)``)
-before shifting or multiplying.
+Every table is a struct of equal-length numpy columns; names are interned once into
+``Trace.strings`` and referred to by int32 ids (``-1``: none). Times are int64 ns on the trace's
+own clock (``Trace.clock``). Integer columns are int64 unless a reader knows the values are small:
+the nsys reader gives int32 ``pid``/``tid`` (24 bits in nsys), which halves them on 10M-op traces;
+consumers widen (``np.asarray(x, np.int64)``) before shifting or multiplying.
 """
 
 from __future__ import annotations
@@ -16,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from enum import IntEnum
+from typing import Any
 
 import numpy as np
 
@@ -23,20 +20,15 @@ from maxinstr.columns import StringTable as StringTable  # the readers take it w
 from maxinstr.errors import TraceError
 from maxinstr.rundir.format import MAX_TIME_NS  # trace times too: a difference of two fits an int64
 
-NO_ID = -1
-"""Sentinel for a missing id / string / payload in integer columns."""
-
+NO_ID = -1  # a missing id / string / payload in integer columns
+# In a time column where the file holds no integer (text, a float, a missing value): TimeCheck drops
+# such rows; far below -2**62, it can never pass for a time.
 INVALID_NS = int(np.iinfo(np.int64).min)
-"""What a reader puts in a time column where the file holds no integer (text, a float in an integer
-column, a missing value where one is required): :class:`TimeCheck` drops such rows. Being far
-below -2**62 it can never pass for a time."""
-
 OP_CALL_KEY = "op_call"
-"""``trace.meta[OP_CALL_KEY]``, set by a reader that joined ops to their launch calls anyway
-(the nsys reader keeps only the calls some op points at): ``(ops.pid, ops.correlation_id,
-calls.pid, calls.correlation_id, op_call)``, the four key columns (the very array objects) and
-per op its call row, as :func:`maxinstr.attribute.attribute.join_ops_to_calls` computes it.
-That function uses it only while the trace still holds those same arrays."""
+"""``trace.meta[OP_CALL_KEY]``, set by a reader that joined ops to their launch calls anyway (nsys):
+``(ops.pid, ops.correlation_id, calls.pid, calls.correlation_id, op_call)``, the key columns (the
+very array objects) and per op its call row, as :func:`maxinstr.attribute.attribute.join_ops_to_calls`
+computes it; used only while the trace still holds those same arrays."""
 
 
 class RangeStyle(IntEnum):
@@ -61,10 +53,6 @@ class CallKind(IntEnum):
     RUNTIME = 0  # cudaLaunchKernel, hipLaunchKernel, ...
     DRIVER = 1  # cuLaunchKernel, ...
     GRAPH = 2  # cudaGraphLaunch / hipGraphLaunch: one call, many ops
-
-
-def _empty(dtype: str | type) -> np.ndarray:
-    return np.empty(0, dtype=dtype)
 
 
 class _Table:
@@ -99,71 +87,58 @@ class _Table:
 
 @dataclass
 class Ranges(_Table):
-    """Host annotation ranges: NVTX, roctx, record_function, and maxinstr stages.
+    """Host annotation ranges: NVTX, roctx, record_function, maxinstr stages. ``payload``: the NVTX
+    payload (maxinstr's stage record id) or NO_ID; ``end_tid`` differs from ``tid`` only for a
+    start/end range closed on another thread."""
 
-    ``payload`` holds the int64 NVTX payload when one was attached (maxinstr puts its stage
-    record id there); ``NO_ID`` otherwise. ``end_tid`` differs from ``tid`` only for
-    start/end ranges closed on another thread.
-    """
-
-    start_ns: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    end_ns: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    name_id: np.ndarray = field(default_factory=lambda: _empty(np.int32))
-    domain_id: np.ndarray = field(default_factory=lambda: _empty(np.int32))
-    tid: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    end_tid: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    pid: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    style: np.ndarray = field(default_factory=lambda: _empty(np.int8))
-    payload: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    start_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    end_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    name_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    domain_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    tid: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    end_tid: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    pid: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    style: np.ndarray = field(default_factory=lambda: np.empty(0, np.int8))
+    payload: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
 
 @dataclass
 class Calls(_Table):
-    """Host API calls that launched GPU work, keyed by ``correlation_id``.
+    """Host API calls that launched GPU work, keyed by ``correlation_id`` (one row per correlation id
+    and layer: a reader drops backtrace and duplicate rows)."""
 
-    Only the calls that matter for attribution are kept (one row per correlation id and
-    layer; backtrace/duplicate rows are dropped by the reader).
-    """
-
-    start_ns: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    end_ns: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    tid: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    pid: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    correlation_id: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    name_id: np.ndarray = field(default_factory=lambda: _empty(np.int32))
-    kind: np.ndarray = field(default_factory=lambda: _empty(np.int8))
+    start_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    end_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    tid: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    pid: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    correlation_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    name_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    kind: np.ndarray = field(default_factory=lambda: np.empty(0, np.int8))
 
 
 @dataclass
 class GpuOps(_Table):
-    """Kernels, copies and sets that ran on a GPU.
+    """Kernels, copies and sets that ran on a GPU (``graph_node_id``: NO_ID unless replayed from a
+    CUDA/HIP graph; ``bytes``: 0 for kernels)."""
 
-    ``graph_node_id`` is ``NO_ID`` unless the op was replayed from a CUDA/HIP graph.
-    ``bytes`` is 0 for kernels.
-    """
-
-    start_ns: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    end_ns: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    kind: np.ndarray = field(default_factory=lambda: _empty(np.int8))
-    name_id: np.ndarray = field(default_factory=lambda: _empty(np.int32))
-    device_id: np.ndarray = field(default_factory=lambda: _empty(np.int32))
-    stream_id: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    pid: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    correlation_id: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    graph_node_id: np.ndarray = field(default_factory=lambda: _empty(np.int64))
-    bytes: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    start_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    end_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    kind: np.ndarray = field(default_factory=lambda: np.empty(0, np.int8))
+    name_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    device_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    stream_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    pid: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    correlation_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    graph_node_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    bytes: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
 
 @dataclass
 class Trace:
-    """A vendor trace in columnar form.
-
-    ``strings[name_id]`` gives a name. ``thread_names`` maps tid -> name where the trace
-    has them. ``clock`` names the timebase of every ``*_ns`` column (e.g. ``"nsys-session"``,
-    ``"CLOCK_MONOTONIC"``, ``"kineto-us"``); ``session_start_utc_ns`` is the capture start on
-    the wall clock when known. ``notes`` collects what a reader had to work around (one
-    line each), so a report can say plainly when a trace lacked something.
-    """
+    """A vendor trace in columnar form: ``strings[name_id]`` is a name; ``clock`` names the timebase
+    of every ``*_ns`` column (``"nsys"``, ``"CLOCK_MONOTONIC"``, ``"kineto-us"``...);
+    ``session_start_utc_ns`` is the capture start on the wall clock when known; ``notes``: what
+    the reader had to work around (one line each), for the report to say."""
 
     source: str
     format: str
@@ -196,23 +171,13 @@ class Trace:
 
 
 class TimeCheck:
-    """Drops the rows whose times cannot be real, table by table of the file, and says so.
-
-    A reader hands each table of its file (``CUPTI_ACTIVITY_KIND_KERNEL``, the ``kernel`` events
-    of a Kineto trace, a rocprofv3 CSV...) to :meth:`keep` as soon as it has its start and end
-    columns, before it pairs, joins or sorts anything, and applies the mask it gets back to that
-    table's columns. A row is invalid when
-
-    * its start or end is :data:`INVALID_NS` (the file held no integer there),
-    * a time is beyond +-2**62 ns (a difference of two could wrap around int64),
-    * it ends before it starts,
-    * or its start is <= 0 where the format's clock cannot read 0 (every clock but nsys's, which
-      counts from the session start; ``start_can_be_zero``).
-
-    Such rows would otherwise be summed as they are: text read as 0 in an nsys export made a
-    21 ms request span 8 s. Each table with invalid rows gets one note (the table, the count,
-    the first such row and its problem, appended to ``notes``); a table whose every row is
-    invalid is a :class:`~maxinstr.errors.TraceError` naming the file.
+    """Drops the rows whose times cannot be real, table by table of the file, and says so: a reader
+    hands each table to :meth:`keep` as soon as it has its start and end columns, before it pairs,
+    joins or sorts anything. Invalid: a time that is INVALID_NS (no integer in the file) or beyond
+    +-2**62 ns (a difference could wrap around int64), an end before the start, or a start <= 0
+    where the clock cannot read 0 (every clock but nsys's: ``start_can_be_zero``). Such rows would
+    otherwise be summed (text read as 0 in an nsys export made a 21 ms span 8 s). One note per
+    table with invalid rows; a table whose every row is invalid is a TraceError naming the file.
     """
 
     def __init__(self, source: object, notes: list[str], *, start_can_be_zero: bool = False,
@@ -222,9 +187,8 @@ class TimeCheck:
         self.lowest_start = -MAX_TIME_NS if start_can_be_zero else 0  # a valid start is above this
         self.expected = expected  # what a time column holds in this format ("a number" in JSON)
 
-    def keep(self, table: str, start_ns: np.ndarray, end_ns: np.ndarray, *,
-             row: Callable[[int], str] | None = None, names: tuple[str, str] = ("start", "end"),
-             unit: str = "rows") -> np.ndarray | None:
+    def keep(self, table: str, start_ns: np.ndarray, end_ns: np.ndarray, *, row: Callable[[int], str] | None = None,
+             names: tuple[str, str] = ("start", "end"), unit: str = "rows") -> np.ndarray | None:
         """A boolean mask of the rows of ``table`` to keep, or None when every row is valid (the
         common case: three passes over the columns, nothing copied). ``row(i)`` names the i-th row
         for the note (default ``"row {i + 1}"``); ``names`` are the file's names of the two
@@ -243,6 +207,20 @@ class TimeCheck:
             raise TraceError(self.source, f"{table}: {every} invalid times ({problem})")
         self.notes.append(f"{table}: {count} of {n} {unit} dropped, their times are not valid (first: {problem})")
         return ~bad
+
+    def drop(self, table: str, columns: list[Any], used: np.ndarray | None = None, **how: Any) -> list[Any]:
+        """``columns`` (start and end first; arrays, or lists of the file's records) without the rows
+        :meth:`keep` drops; with a mask ``used``, only those rows are judged."""
+        rows: Any = slice(None) if used is None else np.flatnonzero(used)
+        valid = self.keep(table, columns[0][rows], columns[1][rows], **how)
+        if valid is None:
+            return columns
+        if used is not None:
+            ok = np.ones(len(columns[0]), bool)
+            ok[rows[~valid]] = False
+            valid = ok
+        rows = np.flatnonzero(valid).tolist() if any(isinstance(c, list) for c in columns) else None
+        return [c[valid] if isinstance(c, np.ndarray) else [c[i] for i in rows] for c in columns]
 
     def all_valid(self, start_ns: np.ndarray, end_ns: np.ndarray) -> bool:
         """Whether every row is valid (:meth:`keep` would return None)."""

@@ -1,31 +1,17 @@
-"""Nsight Systems SQLite export -> :class:`~maxinstr.traces.model.Trace`.
+"""Nsight Systems SQLite export -> :class:`~maxinstr.traces.model.Trace` (docs/traces.md).
 
-Works across export schema versions (nsys 2022.2 / schema 2.9 through 2026.2 / 3.25): every
-column that a version lacks is replaced by a literal default in the SELECT, and event-type
-numbers are looked up in ``ENUM_NSYS_EVENT_TYPE`` when the file has it.
-
-What is read, and the traps handled:
-
-- NVTX push/pop and start/end ranges (also the NVTXT file variants) and marks; names inline
-  (``text``) or registered (``textId`` -> StringIds); domain names from the domain-create rows
-  (per process, as nsys joins them); categories named by category rows (kept in
-  ``meta["range_category"]`` / ``meta["category_names"]``); the int64 payload from
-  ``int64Value`` (else ``uint64Value``/``int32Value``/``uint32Value``); unclosed ranges end at
-  the last NVTX timestamp, like ``nsys stats`` does.
-- Kernels (demangled names, as ``nsys stats`` prints them), memcpy (named like nsys,
-  ``[CUDA memcpy Host-to-Device]``), memset, with ``graphNodeId`` for graph-replayed ops.
-- CUDA runtime and driver calls. ``CUPTI_ACTIVITY_KIND_RUNTIME`` may hold backtrace rows
-  (``eventClass`` CUDABACKTRACE) that repeat a correlation id: they are dropped, and only one
-  call per (process, correlation id) is kept, runtime before driver. Only calls that launched a
-  GPU op are kept. ``cudaGraphLaunch``/``cuGraphLaunch`` calls get ``CallKind.GRAPH``.
-- Threads and processes from ``globalTid``: tid = globalTid & 0xFFFFFF, pid = (globalTid >> 24)
-  & 0xFFFFFF; thread names from ``ThreadNames`` and NVTX thread-naming rows.
-- Session start on the wall clock (``TARGET_INFO_SESSION_START_TIME.utcEpochNs``).
+Works across export schemas (nsys 2022.2 / schema 2.9 through 2026.2 / 3.25): a column a version
+lacks is a literal default in the SELECT; event types come from ``ENUM_NSYS_EVENT_TYPE`` when the
+file has it. ``CUPTI_ACTIVITY_KIND_RUNTIME`` may hold backtrace rows that repeat a correlation id:
+they are dropped, and one call per (process, correlation id) is kept, runtime before driver, and
+only the calls that launched an op. tid = globalTid & 0xFFFFFF, pid = (globalTid >> 24) & 0xFFFFFF.
+Unclosed NVTX ranges end at the last NVTX timestamp, as ``nsys stats`` does.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,42 +22,22 @@ from maxinstr.columns import correlation_join
 from maxinstr.errors import TraceError
 from maxinstr.traces import _sqlite_columns as cols
 from maxinstr.traces._sqlite_columns import IntCol
-from maxinstr.traces.model import (
-    INVALID_NS,
-    NO_ID,
-    OP_CALL_KEY,
-    CallKind,
-    Calls,
-    GpuOps,
-    OpKind,
-    Ranges,
-    RangeStyle,
-    StringTable,
-    TimeCheck,
-    Trace,
-)
+from maxinstr.traces._util import TraceBuilder, mark_graph_calls, report
+from maxinstr.traces.nsys_export import sqlite_for_report
+from maxinstr.traces.model import (INVALID_NS, NO_ID, OP_CALL_KEY, CallKind, Calls, GpuOps, OpKind, Ranges,
+                                   RangeStyle, TimeCheck, Trace)
 
 # Fallback numbers for files without ENUM_NSYS_EVENT_TYPE (nsys 2022.2 exports lack it).
-_EVENT_TYPES = {
-    "NvtxCategory": 33,
-    "NvtxMark": 34,
-    "NvtxThread": 39,
-    "NvtxPushPopRange": 59,
-    "NvtxStartEndRange": 60,
-    "NvtxtMark": 65,
-    "NvtxtPushPopRange": 70,
-    "NvtxtStartEndRange": 71,
-    "NvtxDomainCreate": 75,
-}
+_EVENT_TYPES = {"NvtxCategory": 33, "NvtxMark": 34, "NvtxThread": 39, "NvtxPushPopRange": 59, "NvtxStartEndRange": 60,
+                "NvtxtMark": 65, "NvtxtPushPopRange": 70, "NvtxtStartEndRange": 71, "NvtxDomainCreate": 75}
 _EVENT_CLASS_DRIVER = 1
 _EVENT_CLASS_BACKTRACE = 67  # TRACE_PROCESS_EVENT_CUDABACKTRACE
 
-_MEMCPY_KINDS = {
-    0: "Unknown", 1: "Host-to-Device", 2: "Device-to-Host", 3: "Host-to-Array", 4: "Array-to-Host",
-    5: "Array-to-Array", 6: "Array-to-Device", 7: "Device-to-Array", 8: "Device-to-Device",
-    9: "Host-to-Host", 10: "Peer-to-Peer", 11: "Unified Host-to-Device", 12: "Unified Device-to-Host",
-    13: "Unified Device-to-Device",
-}  # fmt: skip
+# CUPTI's memcpy kinds, as nsys names copies ("[CUDA memcpy Host-to-Device]")
+MEMCPY_KINDS = dict(enumerate((
+    "Unknown", "Host-to-Device", "Device-to-Host", "Host-to-Array", "Array-to-Host", "Array-to-Array", "Array-to-Device",
+    "Device-to-Array", "Device-to-Device", "Host-to-Host", "Peer-to-Peer", "Unified Host-to-Device",
+    "Unified Device-to-Host", "Unified Device-to-Device")))
 
 _KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 _MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -124,20 +90,11 @@ def split_global_tid(global_tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def read_nsys(path: str | Path, *, backend: str = "auto", progress: Callable[[str], None] | None = None) -> Trace:
     """Read an Nsight Systems SQLite export (or a ``.nsys-rep``, exported first when nsys is on PATH).
-
     ``backend``: ``"native"`` (the ``maxinstr._columns`` reader), ``"python"`` (sqlite3), or
-    ``"auto"``. Both give identical traces. Raises :class:`TraceError` for unreadable input.
-    ``progress`` (optional) is called with a one-line message per step.
-    """
+    ``"auto"``; both give identical traces. ``progress`` gets a one-line message per step."""
     source = Path(path)
-    if progress is not None:
-        progress(f"reading {source.name} (Nsight Systems)")
-    if source.suffix in (".nsys-rep", ".qdrep"):
-        from maxinstr.traces.nsys_export import sqlite_for_report
-
-        db = sqlite_for_report(source)
-    else:
-        db = source
+    report(progress, f"reading {source.name} (Nsight Systems)")
+    db = sqlite_for_report(source) if source.suffix in (".nsys-rep", ".qdrep") else source
     if not db.exists():
         raise TraceError(db, "no such file")
     try:
@@ -165,12 +122,11 @@ class _Reader:
         self.db = db
         self.schema = schema
         self.be = be
-        self.notes: list[str] = []
-        self.strings = StringTable()
+        self.b = TraceBuilder(db, "nsys-sqlite", "nsys")
+        self.notes, self.strings = self.b.notes, self.b.strings
         # nsys times count from the session start, so 0 is a time the clock can read
         self.times = TimeCheck(db, self.notes, start_can_be_zero=True)
 
-    # -- SQL helpers -------------------------------------------------------------------------
     def col(self, table: str, name: str, default: str = "-1") -> str:
         """``ifnull(name, default)`` when the column exists in this version, else the literal."""
         return f'ifnull("{name}", {default})' if name in self.schema.get(table, ()) else default
@@ -200,7 +156,6 @@ class _Reader:
                 found[str(name)] = int(value)
         return found
 
-    # -- main --------------------------------------------------------------------------------
     def read(self, source: Path) -> Trace:
         types = self.enum("ENUM_NSYS_EVENT_TYPE", _EVENT_TYPES)
         queries: list[tuple[str, str]] = []
@@ -283,12 +238,9 @@ class _Reader:
         if "ThreadNames" in self.schema:
             add("threads", "SELECT globalTid, nameId FROM ThreadNames", "ii")
 
-        def run_queries() -> dict[str, list[Any]]:
+        def run_queries(queries: list, slots: dict[str, list[int]]) -> dict[str, list[Any]]:
             results = self.be.query_many(self.db, queries) if queries else []
-            out = {key: cols.concat_results([results[i] for i in idx]) for key, idx in slots.items()}
-            queries.clear()
-            slots.clear()
-            return out
+            return {key: cols.concat_results([results[i] for i in idx]) for key, idx in slots.items()}
 
         def run() -> dict[str, list[Any]]:
             # The SQL queries (NVTX, thread names) run on a thread of their own while the big
@@ -296,17 +248,13 @@ class _Reader:
             background: dict[str, Any] = {}
             worker = None
             if queries and scans and self.be.name == "native":
-                import threading
-
                 own_queries, own_slots = list(queries), dict(slots)
                 queries.clear()
                 slots.clear()
 
                 def sql_part() -> None:
                     try:
-                        res = self.be.query_many(self.db, own_queries)
-                        background["out"] = {key: cols.concat_results([res[i] for i in idx])
-                                             for key, idx in own_slots.items()}
+                        background["out"] = run_queries(own_queries, own_slots)
                     except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
                         background["error"] = exc
 
@@ -329,7 +277,9 @@ class _Reader:
                     worker.join()
             if "error" in background:
                 raise background["error"]
-            out = run_queries()
+            out = run_queries(queries, slots)
+            queries.clear()
+            slots.clear()
             out.update(background.get("out", {}))
             out.update(scanned)
             return out
@@ -387,16 +337,15 @@ class _Reader:
         op_name = by_sid(op_name_sid)
         if memcpy_kinds is not None:
             is_copy, kinds = memcpy_kinds  # op rows of the copies, their copy kinds
-            labels = self.enum_labels("ENUM_CUDA_MEMCPY_OPER", _MEMCPY_KINDS)
+            labels = self.enum_labels("ENUM_CUDA_MEMCPY_OPER", MEMCPY_KINDS)
             uniq, inv = np.unique(kinds, return_inverse=True)
-            ids = np.array(
-                [self.strings.intern(f"[CUDA memcpy {labels.get(int(u), 'Unknown')}]") for u in uniq], np.int32
-            )
+            ids = np.array([self.strings.intern(f"[CUDA memcpy {labels.get(int(u), 'Unknown')}]") for u in uniq],
+                           np.int32)
             op_name[is_copy] = ids[inv.reshape(-1)]
         op_name[ops.kind == OpKind.MEMSET] = self.strings.intern("[CUDA memset]")
         ops.name_id = op_name
         calls.name_id = by_sid(call_name_sid)
-        self._mark_graph_calls(calls)
+        mark_graph_calls(self.strings, calls, lambda name: name.split("_v")[0] in ("cudaGraphLaunch", "cuGraphLaunch"))
 
         # Range names: registered (textId) first, else inline text -- as nsys coalesces them.
         text_codes, text_values = nvtx_parts["text"]
@@ -404,33 +353,16 @@ class _Reader:
         inline = np.where(text_codes >= 0, local[np.maximum(text_codes, 0)] if len(local) else NO_ID, NO_ID)
         registered = by_sid(nvtx_parts["text_sid"])
         ranges.name_id = np.where(registered >= 0, registered, inline).astype(np.int32)
-        self._domains_and_categories(ranges, nvtx_parts, registered, inline)
+        self._domains_and_categories(ranges, nvtx_parts)
 
-        thread_names: dict[int, str] = {}
         if thread_rows is not None and len(thread_rows[0]):
             _, tids = split_global_tid(thread_rows[0])
-            names = by_sid(thread_rows[1])
-            thread_names = {int(t): self._str(n) for t, n in zip(tids, names) if n >= 0}
-        thread_names.update(nvtx_parts["thread_names"](self))
-
-        trace = Trace(
-            source=str(source),
-            format="nsys-sqlite",
-            strings=self.strings.to_array(),
-            ranges=ranges,
-            calls=calls,
-            ops=ops,
-            thread_names=thread_names,
-            clock="nsys",
-            session_start_utc_ns=self._session_start(),
-            notes=self.notes,
-            meta=self._meta(nvtx_parts),
-        )
-        trace.validate()
-        return trace
-
-    def _str(self, name_id: int) -> str:
-        return self.strings._values[name_id]
+            strings = self.strings.to_array()
+            self.b.thread_names = {int(t): str(strings[n]) for t, n in zip(tids, by_sid(thread_rows[1])) if n >= 0}
+        self.b.thread_names.update(nvtx_parts["thread_names"])
+        self.b.source = str(source)
+        return self.b.trace(calls=calls, ops=ops, ranges=ranges, session_start_utc_ns=self._session_start(),
+                            meta=self._meta(nvtx_parts))
 
     def enum_labels(self, table: str, defaults: dict[int, str]) -> dict[int, str]:
         found = dict(defaults)
@@ -439,7 +371,6 @@ class _Reader:
                 found[int(value)] = str(label)
         return found
 
-    # -- ops ---------------------------------------------------------------------------------
     def _ops(self, got: dict[str, list[Any]]) -> tuple[GpuOps, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
         # A column is an array, or a list of arrays (a scan's pieces, one per reader thread):
         # every table's pieces are joined in one concatenation per column below.
@@ -491,22 +422,13 @@ class _Reader:
 
         kinds = np.concatenate([np.full(p["n"], int(p["kind"]), np.int8) for p in parts])
         pid = cat("gpid")  # split from globalPid in SQL, on the reader threads
-        ops = GpuOps(
-            start_ns=cat("start"),
-            end_ns=cat("end"),
-            kind=kinds,
-            name_id=np.full(len(kinds), NO_ID, np.int32),
-            device_id=cat("dev").astype(np.int32, copy=False),
-            stream_id=cat("stream"),
-            pid=pid,
-            correlation_id=cat("corr"),
-            graph_node_id=cat("node"),
-            bytes=cat("bytes"),
-        )
+        ops = GpuOps(start_ns=cat("start"), end_ns=cat("end"), kind=kinds,
+                     name_id=np.full(len(kinds), NO_ID, np.int32), device_id=cat("dev").astype(np.int32, copy=False),
+                     stream_id=cat("stream"), pid=pid, correlation_id=cat("corr"), graph_node_id=cat("node"),
+                     bytes=cat("bytes"))
         sids = name_sid[0] if len(name_sid) == 1 else np.concatenate(name_sid)
         return ops, sids, (copy_rows, copy_kind) if copy_rows is not None else None
 
-    # -- calls -------------------------------------------------------------------------------
     def _calls(self, got: dict[str, list[Any]], ops: GpuOps) -> tuple[Calls, np.ndarray]:
         if "runtime" not in got:
             if len(ops):
@@ -514,9 +436,8 @@ class _Reader:
             return Calls(), np.empty(0, np.int64)
         s, e, pid, tid, corr, name, eclass = got.pop("runtime")
         # (only the rows of launches were read: a row is named by its correlation id)
-        keep = self.times.keep(f"{_RUNTIME} (launch calls)", s, e, row=lambda i: f"correlationId {corr[i]}")
-        if keep is not None:
-            s, e, pid, tid, corr, name, eclass = (c[keep] for c in (s, e, pid, tid, corr, name, eclass))
+        s, e, pid, tid, corr, name, eclass = self.times.drop(
+            f"{_RUNTIME} (launch calls)", [s, e, pid, tid, corr, name, eclass], row=lambda i: f"correlationId {corr[i]}")
         # One call per (process, correlation id): runtime rows win over driver rows, then the
         # first in table order. Only calls that some op points at (the launches) are kept.
         is_driver = eclass == _EVENT_CLASS_DRIVER
@@ -537,39 +458,17 @@ class _Reader:
         del used
         kind = np.where(is_driver[keep], np.int8(CallKind.DRIVER), np.int8(CallKind.RUNTIME))
         del is_driver
-        calls = Calls(
-            start_ns=s[keep],
-            end_ns=e[keep],
-            tid=tid[keep],
-            pid=pid[keep],
-            correlation_id=corr[keep],
-            name_id=np.full(len(kind), NO_ID, np.int32),
-            kind=kind,
-        )
+        calls = Calls(start_ns=s[keep], end_ns=e[keep], tid=tid[keep], pid=pid[keep], correlation_id=corr[keep],
+                      name_id=np.full(len(kind), NO_ID, np.int32), kind=kind)
         # Kept calls are one per (pid, correlation id), so this is the join attribution makes:
         # handed over with the columns it was computed from (traces.model.OP_CALL_KEY).
         op_call.flags.writeable = False  # shared: nobody may change it under the trace
         self._op_call = (ops.pid, ops.correlation_id, calls.pid, calls.correlation_id, op_call)
         return calls, name[keep]
 
-    def _mark_graph_calls(self, calls: Calls) -> None:
-        if not len(calls):
-            return
-        # Decide per distinct string (a few hundred), then map the column through that table.
-        graph_name = np.array(
-            [v.split("_v")[0] in ("cudaGraphLaunch", "cuGraphLaunch") for v in self.strings._values] + [False], bool
-        )
-        calls.kind[graph_name[calls.name_id]] = CallKind.GRAPH  # name_id -1 hits the False pad
-
-    # -- NVTX --------------------------------------------------------------------------------
     def _nvtx(self, rows: list[Any] | None, types: dict[str, int]) -> tuple[Ranges, dict[str, Any]]:
-        empty_parts: dict[str, Any] = {
-            "text_sid": np.empty(0, np.int64),
-            "text": (np.empty(0, np.int32), []),
-            "thread_names": lambda reader: {},
-        }
         if rows is None:
-            return Ranges(), empty_parts
+            return Ranges(), {"text_sid": np.empty(0, np.int64), "text": (np.empty(0, np.int32), []), "thread_names": {}}
         start, end, etype, gtid, end_gtid, text_sid, domain, category, payload, text = rows
         pushpop = (etype == types["NvtxPushPopRange"]) | (etype == types["NvtxtPushPopRange"])
         startend = (etype == types["NvtxStartEndRange"]) | (etype == types["NvtxtStartEndRange"])
@@ -593,51 +492,28 @@ class _Reader:
         pid, tid = split_global_tid(gtid)
         _, end_tid = split_global_tid(np.where(end_gtid >= 0, end_gtid, gtid))
         style = np.where(pushpop, RangeStyle.PUSH_POP, np.where(startend, RangeStyle.START_END, RangeStyle.MARK))
-        ranges = Ranges(
-            start_ns=start[keep],
-            end_ns=end[keep],
-            name_id=np.full(int(keep.sum()), NO_ID, np.int32),
-            domain_id=np.full(int(keep.sum()), NO_ID, np.int32),
-            tid=tid[keep],
-            end_tid=end_tid[keep],
-            pid=pid[keep],
-            style=style[keep].astype(np.int8),
-            payload=payload[keep],
-        )
+        ranges = Ranges(start_ns=start[keep], end_ns=end[keep], name_id=np.full(int(keep.sum()), NO_ID, np.int32),
+                        domain_id=np.full(int(keep.sum()), NO_ID, np.int32), tid=tid[keep], end_tid=end_tid[keep],
+                        pid=pid[keep], style=style[keep].astype(np.int8), payload=payload[keep])
         text_codes, text_values = text
 
         def rows_of(event: str) -> np.ndarray:
             return np.flatnonzero(etype == types[event])
 
-        def thread_names(reader: _Reader) -> dict[int, str]:
-            idx = rows_of("NvtxThread")
-            out: dict[int, str] = {}
-            for i in idx:  # a handful of naming rows, not trace rows
-                name = text_values[text_codes[i]] if text_codes[i] >= 0 else ""
-                if not name and text_sid[i] >= 0:
-                    name = reader.be.strings_by_id(reader.db, "StringIds", np.array([text_sid[i]]))[0]
-                if name:
-                    out[int(tid[i])] = name
-            return out
-
-        parts = {
-            "keep": keep,
-            "text_sid": text_sid[keep],
-            "text": (text_codes[keep], text_values),
-            "all_text_sid": text_sid,
-            "all_text": text,
-            "domain": domain,
-            "category": category,
-            "pid": pid,
-            "domain_rows": rows_of("NvtxDomainCreate"),
-            "category_rows": rows_of("NvtxCategory"),
-            "thread_names": thread_names,
-        }
+        thread_names: dict[int, str] = {}
+        for i in rows_of("NvtxThread"):  # a handful of naming rows, not trace rows
+            name = text_values[text_codes[i]] if text_codes[i] >= 0 else ""
+            if not name and text_sid[i] >= 0:
+                name = self.be.strings_by_id(self.db, "StringIds", np.array([text_sid[i]]))[0]
+            if name:
+                thread_names[int(tid[i])] = name
+        parts = {"keep": keep, "text_sid": text_sid[keep], "text": (text_codes[keep], text_values),
+                 "all_text_sid": text_sid, "all_text": text, "domain": domain, "category": category, "pid": pid,
+                 "domain_rows": rows_of("NvtxDomainCreate"), "category_rows": rows_of("NvtxCategory"),
+                 "thread_names": thread_names}
         return ranges, parts
 
-    def _domains_and_categories(
-        self, ranges: Ranges, parts: dict[str, Any], registered: np.ndarray, inline: np.ndarray
-    ) -> None:
+    def _domains_and_categories(self, ranges: Ranges, parts: dict[str, Any]) -> None:
         if "keep" not in parts:
             return
         keep = parts["keep"]
@@ -655,24 +531,24 @@ class _Reader:
         for i in parts["domain_rows"]:  # one row per nvtxDomainCreate: a handful
             names.setdefault((int(pid[i]), int(domain[i])), self.strings.intern(label(int(i))))
         kept_domain, kept_pid = domain[keep], pid[keep]
-        if names:
-            for (p, d), name_id in names.items():
-                ranges.domain_id[(kept_pid == p) & (kept_domain == d)] = name_id
+        for (p, d), name_id in names.items():
+            ranges.domain_id[(kept_pid == p) & (kept_domain == d)] = name_id
         cats: dict[tuple[int, int, int], str] = {}
         for i in parts["category_rows"]:
             cats[(int(pid[i]), int(domain[i]), int(category[i]))] = label(int(i))
         self._category = category[keep].astype(np.int32)
         self._category_names = {f"{p}:{d}:{c}": v for (p, d, c), v in cats.items()}
 
-    # -- session -----------------------------------------------------------------------------
-    def _session_start(self) -> int | None:
+    def _session_value(self, column: str) -> int | None:
         t = "TARGET_INFO_SESSION_START_TIME"
-        if t in self.schema and "utcEpochNs" in self.schema[t]:
-            rows = self.small(f"SELECT utcEpochNs FROM {t} LIMIT 1")
-            if rows and rows[0][0] is not None:
-                return int(rows[0][0])
-        self.notes.append("no session start time: wall-clock times unknown")
-        return None
+        rows = self.small(f"SELECT {column} FROM {t} LIMIT 1") if column in self.schema.get(t, ()) else []
+        return int(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    def _session_start(self) -> int | None:
+        utc = self._session_value("utcEpochNs")
+        if utc is None:
+            self.notes.append("no session start time: wall-clock times unknown")
+        return utc
 
     def _meta(self, parts: dict[str, Any]) -> dict[str, object]:
         meta: dict[str, object] = {"reader_backend": self.be.name}
@@ -681,11 +557,8 @@ class _Reader:
                 for name, value in self.small(f"SELECT name, value FROM {table}"):
                     if name in ("EXPORT_PRODUCT_VERSION", "EXPORT_SCHEMA_VERSION"):
                         meta["nsys_version" if "PRODUCT" in name else "schema_version"] = str(value)
-        t = "TARGET_INFO_SESSION_START_TIME"
-        if t in self.schema and "systemClockNs" in self.schema[t]:
-            rows = self.small(f"SELECT systemClockNs FROM {t} LIMIT 1")
-            if rows and rows[0][0] is not None:
-                meta["session_start_system_clock_ns"] = int(rows[0][0])
+        if (clock_ns := self._session_value("systemClockNs")) is not None:
+            meta["session_start_system_clock_ns"] = clock_ns
         if hasattr(self, "_op_call"):
             meta[OP_CALL_KEY] = self._op_call
         if hasattr(self, "_category"):

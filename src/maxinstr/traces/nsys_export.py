@@ -1,10 +1,7 @@
-"""``.nsys-rep`` -> SQLite: ``nsys export --type sqlite``, cached, or a clear error.
-
-Order, as ``nsys stats`` does it: a ``NAME.sqlite`` beside ``NAME.nsys-rep`` is used (nsys
-writes it there with ``--stats`` or ``nsys export``), unless it is older than the report and
-nsys is on PATH to export again; else, with ``nsys`` on PATH, the report is exported beside it
-when that folder is writable, or into a per-user cache keyed by the report's path, size and
-mtime; else a :class:`TraceError` says how to get the SQLite.
+"""``.nsys-rep`` -> SQLite, in ``nsys stats``'s order: ``NAME.sqlite`` beside the report (unless older
+than it while nsys is on PATH to export again); else ``nsys export`` beside it when that folder is
+writable, or into a per-user cache keyed by the report's path, size and mtime; else a TraceError
+saying how to get the SQLite.
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
-"""``open_trace``: sniff a trace's format from its bytes, name and folder contents, and read it.
-
-| what it finds | reader |
-|---|---|
-| SQLite with nsys tables (``StringIds``, ``CUPTI_ACTIVITY_KIND_*``, ``NVTX_EVENTS``), ``.nsys-rep`` | :func:`maxinstr.traces.nsys.read_nsys` |
-| SQLite with ``rocpd_api`` + ``rocpd_op`` (plain or gzip) | :func:`maxinstr.traces.rpd.read_rpd` |
-| SQLite with ``rocpd_kernel_dispatch`` / ``rocpd_info_*`` (ROCm >= 7) | :func:`maxinstr.traces.rocprof.read_rocpd` |
-| SQLite with rocprof v1 tables (``rocTX``, ``HIP``, ``OPS``, ``COPY``, ``KERN``/``A``) | :func:`maxinstr.traces.rocprof_v1.read_rocprof_v1_db` |
-| JSON with ``rocprofiler-sdk-tool`` | :func:`maxinstr.traces.rocprof.read_rocprof_json` |
-| Chrome-trace JSON with rocprof v1's sections ("Markers and Ranges", "CPU HIP API", ``args.BeginNs``) | :func:`maxinstr.traces.rocprof_v1.read_rocprof_v1_json` |
-| Chrome-trace JSON of rpd2tracing (``api_op`` flows, ``Hip <tid>`` threads) | :func:`maxinstr.traces.rpd.read_rpd_json` |
-| any other JSON (plain or gzip) with ``traceEvents`` or a bare event list | :func:`maxinstr.traces.kineto.read_kineto` |
-| ``*_trace.csv`` file or a folder of them | :func:`maxinstr.traces.rocprof.read_rocprof_csv` |
-
-Anything else is a :class:`~maxinstr.errors.TraceError` naming the file and what it looked like.
-So is a Chrome trace that none of the JSON readers knows and in which Kineto finds nothing (no
-GPU op, call or range) while it holds duration events: an empty report of a file full of events
-would be silently wrong, so the error names what the file holds instead.
+"""``open_trace``: sniff a trace's format from its bytes, name and folder contents, and read it
+(docs/traces.md has the table of formats and how each is recognised). Anything else is a one-line
+TraceError naming the file and what it looked like; so is a Chrome trace none of the readers
+knows in which Kineto finds nothing while it holds duration events (an empty report of a file
+full of events would be silently wrong).
 """
 
 from __future__ import annotations
 
 import gzip
-import inspect
 import re
 import sqlite3
 import zlib
@@ -32,6 +18,9 @@ from maxinstr.errors import TraceError
 from maxinstr.traces import _util
 from maxinstr.traces._util import GZIP_MAGIC, SQLITE_MAGIC, Progress
 from maxinstr.traces.model import Trace
+
+# The readers are imported where a trace of their kind is read: all of them (and what they import:
+# kernels.store, subprocess...) take ~40 ms to import, which reading one format need not pay.
 
 _NSYS_TABLES = ("StringIds", "NVTX_EVENTS", "TARGET_INFO_SESSION_START_TIME", "CUPTI_ACTIVITY_KIND_KERNEL",
                 "CUPTI_ACTIVITY_KIND_RUNTIME", "ThreadNames", "TARGET_INFO_GPU")
@@ -53,16 +42,18 @@ def open_trace(path: str | Path, *, progress: Progress | None = None) -> Trace:
         raise TraceError(path, "not a regular file")
     name = path.name.lower()
     if name.endswith(".nsys-rep") or name.endswith(".qdrep"):
-        return _nsys(path, progress)
+        from maxinstr.traces.nsys import read_nsys
+
+        return read_nsys(path, progress=progress)
     head = _util.read_head(path, 64)
     if not head:
         raise TraceError(path, "empty file")
     if head.startswith(SQLITE_MAGIC):
-        return _open_sqlite(path, path, progress)
+        return _open_sqlite(path, progress)
     if head.startswith(GZIP_MAGIC):
         inner = _gunzip_head(path)
         if inner.startswith(SQLITE_MAGIC):
-            return _open_sqlite(path, path, progress)
+            return _open_sqlite(path, progress)
         return _open_json(path, progress)
     if name.endswith(".csv"):
         if _is_rocprofv2_csv(path, head):
@@ -86,21 +77,10 @@ def _gunzip_head(path: Path) -> bytes:
         raise TraceError(path, f"corrupt or truncated gzip data ({exc})") from None
 
 
-def _nsys(path: Path, progress: Progress | None) -> Trace:
-    try:
-        from maxinstr.traces.nsys import read_nsys
-    except ImportError:
-        raise TraceError(path, "the Nsight Systems reader is not available in this build") from None
-    if "progress" in inspect.signature(read_nsys).parameters:
-        return read_nsys(path, progress=progress)
-    _util.report(progress, f"reading {path.name} (Nsight Systems)")
-    return read_nsys(path)
-
-
-def _open_sqlite(path: Path, source: Path, progress: Progress | None) -> Trace:
+def _open_sqlite(path: Path, progress: Progress | None) -> Trace:
     from maxinstr.traces import rocprof, rocprof_v1, rpd
 
-    with _util.sqlite_file(path) as con:
+    with _util.sqlite_db(path) as (con, _):
         try:
             tables = _util.sqlite_tables(con)
             v1 = rocprof_v1.is_rocprof_v1(con, tables)
@@ -116,7 +96,9 @@ def _open_sqlite(path: Path, source: Path, progress: Progress | None) -> Trace:
     if any(t in tables for t in _NSYS_TABLES) or any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in tables):
         if path.name.endswith(".gz"):
             raise TraceError(path, "gzip-compressed nsys SQLite: decompress it first")
-        return _nsys(path, progress)
+        from maxinstr.traces.nsys import read_nsys
+
+        return read_nsys(path, progress=progress)
     if not tables:
         raise TraceError(path, "SQLite database with no tables (empty or truncated)")
     raise TraceError(path, f"SQLite database of an unknown kind (tables: {', '.join(sorted(tables)[:6])})")
@@ -135,27 +117,22 @@ def _open_json(path: Path, progress: Progress | None) -> Trace:
                                    "not a JSON document (rocprof traced nothing: run it with --hip-trace or "
                                    f"--sys-trace){beside}") from None
         raise
-    if isinstance(document, dict) and "rocprofiler-sdk-tool" in document:
-        from maxinstr.traces.rocprof import read_rocprof_json
+    from maxinstr.traces import rocprof, rocprof_v1, rpd
+    from maxinstr.traces.kineto import read_kineto
 
-        return read_rocprof_json(path, progress=progress, document=document)
+    if isinstance(document, dict) and "rocprofiler-sdk-tool" in document:
+        return rocprof.read_rocprof_json(path, progress=progress, document=document)
     events = document.get("traceEvents") if isinstance(document, dict) else document
     if isinstance(events, list):
-        from maxinstr.traces import rocprof_v1, rpd
-
         if rocprof_v1.is_rocprof_v1_json(events):
             return rocprof_v1.read_rocprof_v1_json(path, progress=progress, document=document)
         if rpd.is_rpd_json(events):
             return rpd.read_rpd_json(path, progress=progress, document=document)
-        from maxinstr.traces.kineto import read_kineto
-
         trace = read_kineto(path, progress=progress, document=document)
         if not len(trace.ops) and not len(trace.ranges) and not len(trace.calls):
             _not_kineto(path, events)
         return trace
     if isinstance(document, dict) and "traceEvents" in document:
-        from maxinstr.traces.kineto import read_kineto
-
         return read_kineto(path, progress=progress, document=document)  # (its one-line error)
     raise TraceError(path, "JSON of an unknown kind (no 'traceEvents' nor 'rocprofiler-sdk-tool' key)")
 
@@ -192,7 +169,7 @@ def _not_kineto(path: Path, events: list) -> None:
 
 
 def _open_folder(path: Path, progress: Progress | None) -> Trace:
-    from maxinstr.traces.rocprof import csv_kind
+    from maxinstr.traces import rocprof
 
     if (path / "meta.json").is_file() and (path / "parts").is_dir():
         from maxinstr.traces.inprocess import has_activity, read_run
@@ -204,16 +181,11 @@ def _open_folder(path: Path, progress: Progress | None) -> Trace:
             return trace
 
     files = sorted(p for p in path.rglob("*") if p.is_file())
-    if any(csv_kind(p.name) for p in files):
-        from maxinstr.traces.rocprof import read_rocprof_csv
-
-        return read_rocprof_csv(path, progress=progress)
-    candidates = [
-        p
-        for p in files
-        if p.name.endswith(("_results.json", "_results.db", ".rpd", ".rpd.gz", ".pt.trace.json", ".pt.trace.json.gz"))
-        or p.suffix in (".nsys-rep", ".sqlite") or p.name in ("results.db", "results.json")
-    ]
+    if any(rocprof.csv_kind(p.name) for p in files):
+        return rocprof.read_rocprof_csv(path, progress=progress)
+    candidates = [p for p in files if p.name.endswith(("_results.json", "_results.db", ".rpd", ".rpd.gz", ".pt.trace.json",
+                                                       ".pt.trace.json.gz"))
+                  or p.suffix in (".nsys-rep", ".sqlite") or p.name in ("results.db", "results.json")]
     # rocprof v1 writes results.db and results.json from the same tables: the database has more
     # (the calls' Index and arguments), so it stands for the pair
     dbs = {p.with_suffix("") for p in candidates if p.name.endswith("results.db")}
@@ -221,8 +193,7 @@ def _open_folder(path: Path, progress: Progress | None) -> Trace:
     if len(candidates) == 1:
         return open_trace(candidates[0], progress=progress)
     if len(candidates) > 1:
-        listed = ", ".join(p.name for p in candidates[:4])
-        raise TraceError(path, f"folder holds several traces ({listed}...): name one")
+        raise TraceError(path, f"folder holds several traces ({', '.join(p.name for p in candidates[:4])}...): name one")
     if any(p.suffix == ".csv" and _is_rocprofv2_csv(p, _util.read_head(p, 32)) for p in files):
         raise TraceError(path, _ROCPROFV2)
     raise TraceError(path, "no trace found in folder (rocprofv3 CSV/JSON/db, rocprof v1 results.db, RPD, Kineto or nsys)")

@@ -1,36 +1,9 @@
-"""rocprof v1, the roctracer-based ``rocprof`` of ROCm 3.x to 6.x (``rocprof --hip-trace
---roctx-trace``, ``--sys-trace``, ``--stats``): its two trace files, which its post-processing
-script (``tblextr.py``) writes from one set of tables.
-
-``results.db`` (SQLite), tables read by column name:
-
-- ``rocTX``: roctx ranges and marks, already paired (``BeginNs``, ``EndNs``, ``pid``, ``tid``,
-  ``Name``). A mark is written as ``tms``..``tms + 1``; a ``roctxRangeStart/Stop`` range gets lane
-  (``__lane``) 0, or tid 0 in the oldest layout.
-- ``HIP`` / ``HSA``: API calls; ``Index`` is the correlation id.
-- ``OPS``: GPU kernels of the HIP activity trace, ``Index`` = the launching call's; ``COPY``: copies
-  and fills (``FillBuffer``: a memset) of the same trace, or of the HSA async-copy trace (then
-  ``Index`` is the HSA call's).
-- ``KERN`` (``A`` before ROCm 4.1): kernel dispatches of ``--stats`` / ``--timestamp on``, with the
-  dispatching thread (``tid``) and the dispatch time (``DispatchNs``), but no API call.
-
-Column layouts (tblextr.py history): up to ROCm 4.2, ``pid`` of rocTX/HIP rows is the JSON section
-number (0, 2) and OPS/COPY carry the process in ``proc-id`` (their ``tid`` is the stream index);
-from ROCm 4.3 (rocprofiler commit 567f457, "real pid/tid arg values") every table has the real
-``pid``/``tid`` (OPS: the launching thread) plus ``stream-id``, ``__section``, ``__lane``; from
-ROCm 5.2 OPS has ``roctx-range`` (the innermost range holding the launching call, as tblextr
-computed it: the same rule the attribution applies to the calls, so it is kept in ``meta`` only).
-
-``results.json`` (Chrome trace): the same rows as ``X`` events in sections named by
-``process_name`` metadata ("Markers and Ranges", "CPU HIP API", "CPU HSA API", "COPY", "GPU<n>",
-"GPU Barriers<n>"), exact times as strings in ``args.BeginNs``/``args.EndNs`` (the event's own
-``ts`` is microseconds from the start of the capture). It has no ``Index``: an op is tied to its
-call through the flow events tblextr writes (``s`` on the call's thread at a time inside the call,
-``t`` at the op's section, lane and start), as the call on that thread that began last before the
-flow's start.
-
-Times are nanoseconds of the HSA system clock (roctracer's timestamps).
-"""
+"""rocprof v1, the roctracer-based ``rocprof`` of ROCm 3.x to 6.x: the two files its
+post-processing script (``tblextr.py``) writes from one set of tables, ``results.db`` (tables
+``rocTX``, ``HIP``/``HSA``, ``OPS``, ``COPY``, ``KERN``/``A``, read by column name across tblextr's
+layouts) and ``results.json`` (a Chrome trace of the same rows, exact times in
+``args.BeginNs``/``EndNs``, no ``Index``: ops are tied to calls through tblextr's flow events).
+Times are ns of the HSA system clock. docs/traces.md says what each layout holds."""
 
 from __future__ import annotations
 
@@ -40,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from maxinstr.columns import correlation_join
+from maxinstr.columns import correlation_join, factorize
 from maxinstr.errors import TraceError
 from maxinstr.traces import _util
-from maxinstr.traces._amd import Parts, assemble
-from maxinstr.traces._util import Progress, int_column, report
-from maxinstr.traces.model import INVALID_NS, NO_ID, RangeStyle, TimeCheck, Trace
+from maxinstr.traces.rocprof import assemble
+from maxinstr.traces._util import Progress, TraceBuilder, int_column, report
+from maxinstr.traces.model import INVALID_NS, NO_ID, Calls, GpuOps, OpKind, RangeStyle, Ranges, TimeCheck, Trace
 
 CLOCK = "hsa-system-ns"
 FORMAT_DB = "rocprof-v1-db"
@@ -99,32 +72,22 @@ def _kernel_name(name: str) -> str:
 
 def _map_names(values: np.ndarray, fn) -> np.ndarray:
     """``fn`` applied once per distinct name (names repeat; rows share the result)."""
-    if not len(values):
-        return values.astype(object)
-    local: dict = {}
-    codes = np.fromiter((local.setdefault(v, len(local)) for v in values.tolist()), np.int64, len(values))
-    return np.array([fn(str(v)) for v in local], dtype=object)[codes]
+    uniques, codes = factorize(values)
+    return np.array([fn(u) for u in uniques.tolist()], dtype=object)[codes]
 
 
-# --------------------------------------------------------------------------------------
-# results.db
+# -- results.db ----------------------------------------------------------------------------------
 
 
 def read_rocprof_v1_db(path: str | Path, *, progress: Progress | None = None) -> Trace:
     """Read rocprof v1's ``results.db``."""
-    path = Path(path)
-    with _util.sqlite_db(path) as (con, db_path):
-        try:
-            return _read_db(path, con, db_path, progress)
-        except sqlite3.Error as exc:
-            raise TraceError(path, f"rocprof v1: SQLite error: {exc}") from None
+    return _util.read_sqlite(path, "rocprof v1", lambda path, con, db_path: _read_db(path, con, db_path, progress))
 
 
 class _Table:
     """Named columns of one table, read by name (a missing optional column gives its default)."""
 
-    def __init__(self, path: Path, db_path: Path, table: str, present: set[str],
-                 spec: list[tuple[str, str]]) -> None:
+    def __init__(self, path: Path, db_path: Path, table: str, present: set[str], spec: list[tuple[str, str]]) -> None:
         exprs, kinds = [], ""
         for col, kind in spec:
             if kind == "t":
@@ -146,10 +109,6 @@ class _Table:
     def __len__(self) -> int:
         return len(next(iter(self.cols.values())))
 
-    def keep(self, mask: np.ndarray | None) -> None:
-        if mask is not None:
-            self.cols = {k: v[mask] for k, v in self.cols.items()}
-
 
 def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress | None) -> Trace:
     tables = _util.sqlite_tables(con)
@@ -161,8 +120,8 @@ def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progr
         missing = [c for c in need if c not in cols]
         if missing:
             raise TraceError(path, f"rocprof v1 table {t} lacks column {missing[0]!r} (truncated, or a wrong version)")
-    parts = Parts()
-    times = TimeCheck(path, parts.notes)  # the HSA system clock never reads 0
+    b = TraceBuilder(path, FORMAT_DB, CLOCK)
+    times = TimeCheck(path, b.notes)  # the HSA system clock never reads 0
     # ROCm <= 4.2 files keep the process in OPS/COPY "proc-id" and section numbers in rocTX/HIP "pid"
     old = any("proc-id" in present.get(t, ()) for t in ("OPS", "COPY"))
     meta: dict[str, object] = {"tables": {t: con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]
@@ -174,7 +133,8 @@ def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progr
             return None
         report(progress, f"reading {name}")
         t = _Table(path, db_path, name, present[name], spec)
-        t.keep(times.keep(name, t["BeginNs"], t["EndNs"], names=("BeginNs", "EndNs")))
+        t.cols = dict(zip(t.cols, times.drop(name, [t["BeginNs"], t["EndNs"], *t.cols.values()],
+                                             names=("BeginNs", "EndNs"))[2:]))
         return t
 
     # API calls: the correlation id is Index (HSA's counted apart: offset)
@@ -185,8 +145,8 @@ def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progr
         if api is None or not len(api):
             continue
         corr = api["Index"] + (_HSA_OFFSET if name == "HSA" else 0)
-        parts.calls.append(dict(start=api["BeginNs"], end=api["EndNs"], tid=api["tid"], pid=api["pid"], corr=corr,
-                                name=api["Name"]))
+        b.add(Calls, start_ns=api["BeginNs"], end_ns=api["EndNs"], tid=api["tid"], pid=api["pid"], correlation_id=corr,
+              name=api["Name"])
         call_args[name] = (api["pid"], corr, api["args"])
 
     # GPU ops
@@ -198,12 +158,12 @@ def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progr
         names = _map_names(ops["Name"], _strip_quotes)
         barrier = np.isin(names, list(_BARRIERS))
         if barrier.any():
-            parts.notes.append(f"OPS: {int(barrier.sum())} barrier packets (the GPU side of synchronize calls, "
+            b.notes.append(f"OPS: {int(barrier.sum())} barrier packets (the GPU side of synchronize calls, "
                                f"named {', '.join(sorted(set(names[barrier].tolist())))}) are not kernels: left out")
         k = ~barrier
-        parts.kernels.append(dict(start=ops["BeginNs"][k], end=ops["EndNs"][k], name=names[k],
-                                  device=ops["dev-id"][k], stream=_stream(ops, old)[k], pid=ops[pid_col][k],
-                                  corr=ops["Index"][k]))
+        b.add(GpuOps, kind=OpKind.KERNEL, start_ns=ops["BeginNs"][k], end_ns=ops["EndNs"][k], name=names[k],
+              device_id=ops["dev-id"][k], stream_id=_stream(ops, old)[k], pid=ops[pid_col][k],
+              correlation_id=ops["Index"][k])
         op_pids.append(ops[pid_col][k])
         if "roctx-range" in ops.present:
             meta["roctx_range"] = "OPS has roctx-range (tblextr's own range of each op; not used: see docs)"
@@ -220,28 +180,28 @@ def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progr
             if launch is not None and old:  # (pids are section numbers there: join on Index alone)
                 launch = (np.zeros(len(launch[0]), np.int64), launch[1], launch[2])
             c_pid = np.zeros(len(corr), np.int64) if old else copies[cpid]
-            nbytes = _copy_bytes(c_pid, corr, launch, parts.notes)
+            nbytes = _copy_bytes(c_pid, corr, launch, b.notes)
             is_set = np.array([bool(re.search(r"Fill|Memset", n)) for n in names.tolist()], bool)
             stream = _stream(copies, old) if hip_flavour else copies["tid"]
-            for sel, group in ((~is_set, parts.copies), (is_set, parts.sets)):
+            for sel, kind in ((~is_set, OpKind.MEMCPY), (is_set, OpKind.MEMSET)):
                 if sel.any():
-                    group.append(dict(start=copies["BeginNs"][sel], end=copies["EndNs"][sel], name=names[sel],
-                                      device=copies["dev-id"][sel], stream=stream[sel], pid=copies[cpid][sel],
-                                      corr=corr[sel], bytes=nbytes[sel]))
+                    b.add(GpuOps, kind=kind, start_ns=copies["BeginNs"][sel], end_ns=copies["EndNs"][sel],
+                          name=names[sel], device_id=copies["dev-id"][sel], stream_id=stream[sel],
+                          pid=copies[cpid][sel], correlation_id=corr[sel], bytes=nbytes[sel])
             op_pids.append(copies[cpid])
 
     # KERN dispatches: kernels when the HIP activity trace gave none
     kern_name = next((t for t in _KERN_TABLES if t in present and "BeginNs" in present[t]), None)
     if kern_name is not None:
-        if parts.kernels:
+        if any(part["kind"] == OpKind.KERNEL for part in b.parts[GpuOps]):
             n = con.execute(f'SELECT count(*) FROM "{kern_name}"').fetchone()[0]
             if n:
-                parts.notes.append(f"{kern_name}: {n} kernel dispatches not added (the same kernels as OPS)")
+                b.notes.append(f"{kern_name}: {n} kernel dispatches not added (the same kernels as OPS)")
         else:
             kern = table(kern_name, [("BeginNs", "t"), ("EndNs", "t"), ("DispatchNs", "t"), ("KernelName", "s"),
                                      ("gpu-id", "i"), ("queue-id", "i"), ("pid", "i"), ("tid", "i"), ("Index", "i")])
             if kern is not None and len(kern):
-                _kern_ops(kern, parts, times)
+                _kern_ops(kern, b, times)
                 op_pids.append(kern["pid"])
 
     # rocTX ranges
@@ -249,15 +209,15 @@ def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progr
                          ("__lane", "i")])
     if tx is not None and len(tx):
         lane = tx["__lane"] if "__lane" in tx.present else None
-        parts.markers.append(_ranges(tx["BeginNs"], tx["EndNs"], _map_names(tx["Name"], _strip_quotes),
-                                     tx["tid"], tx["pid"], lane, parts.notes))
-        if any(c["name"][0] == _DISPATCH for c in parts.calls if len(c["name"])):
-            parts.notes.append("kernels tied to rocTX ranges by their dispatching thread and DispatchNs "
+        b.add(Ranges, **_ranges(tx["BeginNs"], tx["EndNs"], _map_names(tx["Name"], _strip_quotes), tx["tid"],
+                                tx["pid"], lane, b.notes))
+        if any(c["name"][0] == _DISPATCH for c in b.parts[Calls] if len(c["name"])):
+            b.notes.append("kernels tied to rocTX ranges by their dispatching thread and DispatchNs "
                                "(KERN has no API calls)")
 
     if old:
-        _old_layout_pids(parts, op_pids)
-    return assemble(path, FORMAT_DB, parts, meta, clock=CLOCK)
+        _old_layout_pids(b, op_pids)
+    return assemble(b, meta)
 
 
 def _layout(present: dict[str, set[str]], old: bool) -> str:
@@ -307,22 +267,22 @@ def _size_of(args: str) -> int:
     return int(m.group(1) or m.group(2)) if m else 0
 
 
-def _kern_ops(kern: _Table, parts: Parts, times: TimeCheck) -> None:
+def _kern_ops(kern: _Table, b: TraceBuilder, times: TimeCheck) -> None:
     """KERN rows as kernels, each with a stand-in launch call at its dispatch time on its dispatching
     thread: the table has no API calls, so a kernel belongs to the range open on that thread when it
     was dispatched (the thread-and-time rule)."""
     corr = kern["Index"] + _KERN_OFFSET
     names = _map_names(kern["KernelName"], _kernel_name)
-    parts.kernels.append(dict(start=kern["BeginNs"], end=kern["EndNs"], name=names, device=kern["gpu-id"],
-                              stream=kern["queue-id"], pid=kern["pid"], corr=corr))
+    b.add(GpuOps, kind=OpKind.KERNEL, start_ns=kern["BeginNs"], end_ns=kern["EndNs"], name=names,
+          device_id=kern["gpu-id"], stream_id=kern["queue-id"], pid=kern["pid"], correlation_id=corr)
     dispatch = kern["DispatchNs"]
     if "DispatchNs" not in kern.present:
-        parts.notes.append(f"{kern.name}: no DispatchNs column: kernels are placed in ranges by GPU start time")
+        b.notes.append(f"{kern.name}: no DispatchNs column: kernels are placed in ranges by GPU start time")
         return
     ok = times.keep(f"{kern.name}.DispatchNs", dispatch, dispatch, names=("DispatchNs", "DispatchNs"))
     sel = slice(None) if ok is None else ok
-    parts.calls.append(dict(start=dispatch[sel], end=dispatch[sel], tid=kern["tid"][sel], pid=kern["pid"][sel],
-                            corr=corr[sel], name=np.full(len(dispatch[sel]), _DISPATCH, dtype=object)))
+    b.add(Calls, start_ns=dispatch[sel], end_ns=dispatch[sel], tid=kern["tid"][sel], pid=kern["pid"][sel],
+          correlation_id=corr[sel], name=np.full(len(dispatch[sel]), _DISPATCH, dtype=object))
 
 
 def _ranges(start: np.ndarray, end: np.ndarray, name: np.ndarray, tid: np.ndarray, pid: np.ndarray,
@@ -341,30 +301,27 @@ def _ranges(start: np.ndarray, end: np.ndarray, name: np.ndarray, tid: np.ndarra
                      "started them")
     end_tid = np.where(starts & (tid != 0), tid, np.where(starts, NO_ID, tid))
     end = np.where(style == int(RangeStyle.MARK), start, end)  # a mark is an instant: tblextr's + 1 is not its length
-    return dict(start=start, end=end, name=name, tid=np.where(starts, NO_ID, tid), pid=pid, style=style,
+    return dict(start_ns=start, end_ns=end, name=name, tid=np.where(starts, NO_ID, tid), pid=pid, style=style,
                 end_tid=end_tid)
 
 
-def _old_layout_pids(parts: Parts, op_pids: list[np.ndarray]) -> None:
+def _old_layout_pids(b: TraceBuilder, op_pids: list[np.ndarray]) -> None:
     """ROCm <= 4.2: rocTX and HIP rows carry a section number where the process belongs; the ops
     name it (``proc-id``). One process: every row gets it. Several: the calls cannot say whose they
     are, so ops join calls by Index alone (pids cleared), and a note says so."""
     pids = np.unique(np.concatenate(op_pids)) if op_pids else np.empty(0, np.int64)
     if len(pids) == 1:
-        for group in (parts.calls, parts.markers):
-            for g in group:
-                g["pid"] = np.full(len(g["start"]), pids[0], np.int64)
+        for part in (*b.parts[Calls], *b.parts[Ranges]):
+            part["pid"] = pids[0]
         return
     if len(pids) > 1:
-        for group in (parts.calls, parts.markers, parts.kernels, parts.copies, parts.sets):
-            for g in group:
-                g["pid"] = np.full(len(g["start"]), NO_ID, np.int64)
-        parts.notes.append(f"{len(pids)} processes in a rocprof file from before ROCm 4.3: its API and rocTX rows "
+        for part in (*b.parts[Calls], *b.parts[Ranges], *b.parts[GpuOps]):
+            part["pid"] = NO_ID
+        b.notes.append(f"{len(pids)} processes in a rocprof file from before ROCm 4.3: its API and rocTX rows "
                            "carry no process id, so ops are joined to calls by Index alone")
 
 
-# --------------------------------------------------------------------------------------
-# results.json
+# -- results.json --------------------------------------------------------------------------------
 
 
 def _section_labels(events: list) -> dict[int, str]:
@@ -382,7 +339,7 @@ def _section_labels(events: list) -> dict[int, str]:
     return out
 
 
-def _int_field(values: list, path: Path, what: str) -> np.ndarray:
+def _ints(values: list, path: Path, what: str) -> np.ndarray:
     return int_column(values, path, what, invalid=NO_ID)
 
 
@@ -396,8 +353,8 @@ def read_rocprof_v1_json(path: str | Path, *, progress: Progress | None = None, 
 
 def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
     labels = _section_labels(events)
-    parts = Parts()
-    times = TimeCheck(path, parts.notes)
+    b = TraceBuilder(path, FORMAT_JSON, CLOCK)
+    times = TimeCheck(path, b.notes)
     report(progress, f"{len(events)} events")
     by_section: dict[str, list[dict]] = {}
     flows_s: list[dict] = []
@@ -411,10 +368,7 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
                 label = labels.get(int(e.get("pid")), "")  # type: ignore[arg-type]
             except (TypeError, ValueError):
                 label = ""
-            if label.startswith("GPU Barriers"):
-                label = "GPU Barriers"
-            elif label.startswith("GPU"):
-                label = "GPU"
+            label = "GPU Barriers" if label.startswith("GPU Barriers") else "GPU" if label.startswith("GPU") else label
             by_section.setdefault(label, []).append(e)
         elif ph == "s":
             flows_s.append(e)
@@ -428,18 +382,13 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
         evs = by_section.get(label, [])
         start = int_column(arg(evs, "BeginNs"), path, f"{label}.BeginNs", invalid=INVALID_NS)
         end = int_column(arg(evs, "EndNs"), path, f"{label}.EndNs", invalid=INVALID_NS)
-        keep = times.keep(f"'{label}' events", start, end, row=lambda i: f"event {i}", names=("BeginNs", "EndNs"),
-                          unit="events")
-        if keep is not None:
-            evs = [evs[i] for i in np.flatnonzero(keep).tolist()]
-            start, end = start[keep], end[keep]
+        start, end, evs = times.drop(f"'{label}' events", [start, end, evs], row=lambda i: f"event {i}",
+                                     names=("BeginNs", "EndNs"), unit="events")
         return evs, start, end
 
-    def lane_keys(evs: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def lane_keys(evs: list[dict]) -> tuple[np.ndarray, ...]:
         # the event's own section (pid), lane (tid) and ts (us), as the flow events name them
-        return (_int_field([ev.get("pid") for ev in evs], path, "pid"),
-                _int_field([ev.get("tid") for ev in evs], path, "tid"),
-                _int_field([ev.get("ts") for ev in evs], path, "ts"))
+        return tuple(_ints([ev.get(key) for ev in evs], path, key) for key in ("pid", "tid", "ts"))
 
     # calls: one row per event, in file order; the correlation id is the row number
     call_key: list[np.ndarray] = []
@@ -451,9 +400,9 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
         sec, lane, ts = lane_keys(evs)
         corr = np.arange(n_calls, n_calls + len(evs), dtype=np.int64)
         n_calls += len(evs)
-        parts.calls.append(dict(start=start, end=end, tid=_int_field(arg(evs, "tid"), path, "args.tid"),
-                                pid=_int_field(arg(evs, "pid"), path, "args.pid"), corr=corr,
-                                name=np.array([ev.get("name", "") for ev in evs], dtype=object)))
+        b.add(Calls, start_ns=start, end_ns=end, tid=_ints(arg(evs, "tid"), path, "args.tid"),
+              pid=_ints(arg(evs, "pid"), path, "args.pid"), correlation_id=corr,
+              name=np.array([ev.get("name", "") for ev in evs], dtype=object))
         # of calls that began in the same microsecond, the later-beginning, then the shorter one is
         # taken for a flow there (hipMemcpyToSymbol holds the hipMemcpy that launched the copy)
         call_key.append(np.stack([sec, lane, ts, corr, start, -end]))
@@ -463,15 +412,15 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
     # flows: t (the op's section, lane, ts) -> s (the call's section, thread, a time inside the call)
     s_id = {str(f.get("id")): f for f in flows_s}
     pairs = [(s_id[str(t.get("id"))], t) for t in flows_t if str(t.get("id")) in s_id]
-    f_sec = _int_field([s.get("pid") for s, _ in pairs], path, "flow pid")
-    f_thr = _int_field([s.get("tid") for s, _ in pairs], path, "flow tid")
-    f_ts = _int_field([s.get("ts") for s, _ in pairs], path, "flow ts")
-    t_key = np.stack([_int_field([t.get("pid") for _, t in pairs], path, "flow pid"),
-                      _int_field([t.get("tid") for _, t in pairs], path, "flow tid"),
-                      _int_field([t.get("ts") for _, t in pairs], path, "flow ts")]) if pairs else np.empty((3, 0))
+    f_sec = _ints([s.get("pid") for s, _ in pairs], path, "flow pid")
+    f_thr = _ints([s.get("tid") for s, _ in pairs], path, "flow tid")
+    f_ts = _ints([s.get("ts") for s, _ in pairs], path, "flow ts")
+    t_key = np.stack([_ints([t.get("pid") for _, t in pairs], path, "flow pid"),
+                      _ints([t.get("tid") for _, t in pairs], path, "flow tid"),
+                      _ints([t.get("ts") for _, t in pairs], path, "flow ts")]) if pairs else np.empty((3, 0))
     # the call of each flow: on its thread, the one that began last at or before the flow's start
-    thread_key = _pack(calls_k[0], calls_k[1])
-    flow_call = _util.latest_at_or_before(thread_key, calls_k[2], _pack(f_sec, f_thr), f_ts)
+    flow_call = _util.latest_at_or_before(_util.thread_key(calls_k[0], calls_k[1]), calls_k[2],
+                                          _util.thread_key(f_sec, f_thr), f_ts)
     flow_corr = np.where(flow_call >= 0, calls_k[3][np.maximum(flow_call, 0)], NO_ID)
 
     op_pids: list[np.ndarray] = []
@@ -482,70 +431,63 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
             continue
         names = np.array([_strip_quotes(str(ev.get("name", ""))) for ev in evs], dtype=object)
         old = old or any("proc-id" in ev["args"] for ev in evs[:1])
-        pid = _int_field(arg(evs, "proc-id") if old else arg(evs, "pid"), path, "args.pid")
+        pid = _ints(arg(evs, "proc-id") if old else arg(evs, "pid"), path, "args.pid")
         sec, lane, ts = lane_keys(evs)
         corr = _util.match_rows(np.stack([sec, lane, ts]), t_key, flow_corr, NO_ID)
-        device = _int_field(arg(evs, "dev-id", NO_ID), path, "args.dev-id")
-        stream = _int_field(arg(evs, "stream-id", None), path, "args.stream-id")
+        device = _ints(arg(evs, "dev-id", NO_ID), path, "args.dev-id")
+        stream = _ints(arg(evs, "stream-id", None), path, "args.stream-id")
         if not any(ev["args"].get("stream-id") is not None for ev in evs[:1]):
-            stream = lane if label == "GPU" or old else _int_field(arg(evs, "queue-id", NO_ID), path, "queue-id")
+            stream = lane if label == "GPU" or old else _ints(arg(evs, "queue-id", NO_ID), path, "queue-id")
         if label == "GPU":
             barrier = np.isin(names, list(_BARRIERS))
             if barrier.any():
-                parts.notes.append(f"{int(barrier.sum())} barrier packets (the GPU side of synchronize calls) are not "
+                b.notes.append(f"{int(barrier.sum())} barrier packets (the GPU side of synchronize calls) are not "
                                    "kernels: left out")
             dispatch = [ev["args"].get("DispatchNs") for ev in evs]
             if any(d is not None for d in dispatch):  # KERN rows (--stats): the dispatching thread and time
-                _json_kern(path, evs, start, end, names, dispatch, parts, times)
-                op_pids.append(_int_field(arg(evs, "pid"), path, "args.pid"))
+                _json_kern(path, evs, start, end, names, dispatch, b, times)
+                op_pids.append(_ints(arg(evs, "pid"), path, "args.pid"))
                 continue
             k = ~barrier
-            parts.kernels.append(dict(start=start[k], end=end[k], name=names[k], device=device[k], stream=stream[k],
-                                      pid=pid[k], corr=corr[k]))
+            b.add(GpuOps, kind=OpKind.KERNEL, start_ns=start[k], end_ns=end[k], name=names[k], device_id=device[k],
+                  stream_id=stream[k], pid=pid[k], correlation_id=corr[k])
             op_pids.append(pid[k])
         else:
             is_set = np.array([bool(re.search(r"Fill|Memset", n)) for n in names.tolist()], bool)
-            for sel, group in ((~is_set, parts.copies), (is_set, parts.sets)):
+            for sel, kind in ((~is_set, OpKind.MEMCPY), (is_set, OpKind.MEMSET)):
                 if sel.any():
-                    group.append(dict(start=start[sel], end=end[sel], name=names[sel], device=device[sel],
-                                      stream=stream[sel], pid=pid[sel], corr=corr[sel],
-                                      bytes=np.zeros(int(sel.sum()), np.int64)))
+                    b.add(GpuOps, kind=kind, start_ns=start[sel], end_ns=end[sel], name=names[sel],
+                          device_id=device[sel], stream_id=stream[sel], pid=pid[sel], correlation_id=corr[sel])
             op_pids.append(pid)
-            parts.notes.append("rocprof v1 JSON: copies carry no byte count (results.db's HIP arguments do)")
-    unlinked = sum(int((g["corr"] == NO_ID).sum()) for g in (*parts.kernels, *parts.copies, *parts.sets))
+            b.notes.append("rocprof v1 JSON: copies carry no byte count (results.db's HIP arguments do)")
+    unlinked = sum(int((part["correlation_id"] == NO_ID).sum()) for part in b.parts[GpuOps])
     if unlinked:
-        parts.notes.append(f"{unlinked} GPU ops have no flow event to their call (tblextr writes one per call)")
+        b.notes.append(f"{unlinked} GPU ops have no flow event to their call (tblextr writes one per call)")
 
     evs, start, end = timed("Markers and Ranges")
     if evs:
-        lane = _int_field([ev.get("tid") for ev in evs], path, "tid")
-        parts.markers.append(_ranges(start, end, np.array([str(ev.get("name", "")) for ev in evs], dtype=object),
-                                     _int_field(arg(evs, "tid"), path, "args.tid"),
-                                     _int_field(arg(evs, "pid"), path, "args.pid"), lane, parts.notes))
+        lane = _ints([ev.get("tid") for ev in evs], path, "tid")
+        b.add(Ranges, **_ranges(start, end, np.array([str(ev.get("name", "")) for ev in evs], dtype=object),
+                                _ints(arg(evs, "tid"), path, "args.tid"),
+                                _ints(arg(evs, "pid"), path, "args.pid"), lane, b.notes))
     if old:
-        _old_layout_pids(parts, op_pids)
-    meta = {"sections": sorted(set(labels.values())), "flows": len(pairs)}
-    return assemble(path, FORMAT_JSON, parts, meta, clock=CLOCK)
+        _old_layout_pids(b, op_pids)
+    return assemble(b, {"sections": sorted(set(labels.values())), "flows": len(pairs)})
 
 
 def _json_kern(path: Path, evs: list[dict], start: np.ndarray, end: np.ndarray, names: np.ndarray,
-               dispatch: list, parts: Parts, times: TimeCheck) -> None:
+               dispatch: list, b: TraceBuilder, times: TimeCheck) -> None:
     corr = np.arange(len(evs), dtype=np.int64) + _KERN_OFFSET
-    pid = _int_field([ev["args"].get("pid") for ev in evs], path, "args.pid")
-    tid = _int_field([ev["args"].get("tid") for ev in evs], path, "args.tid")
-    parts.kernels.append(dict(start=start, end=end, name=_map_names(names, _kernel_name),
-                              device=_int_field([ev["args"].get("gpu-id") for ev in evs], path, "gpu-id"),
-                              stream=_int_field([ev["args"].get("queue-id") for ev in evs], path, "queue-id"),
-                              pid=pid, corr=corr))
+    pid = _ints([ev["args"].get("pid") for ev in evs], path, "args.pid")
+    tid = _ints([ev["args"].get("tid") for ev in evs], path, "args.tid")
+    b.add(GpuOps, kind=OpKind.KERNEL, start_ns=start, end_ns=end, name=_map_names(names, _kernel_name),
+          device_id=_ints([ev["args"].get("gpu-id") for ev in evs], path, "gpu-id"),
+          stream_id=_ints([ev["args"].get("queue-id") for ev in evs], path, "queue-id"), pid=pid,
+          correlation_id=corr)
     d = int_column(dispatch, path, "DispatchNs", invalid=INVALID_NS)
     ok = times.keep("DispatchNs", d, d, names=("DispatchNs", "DispatchNs"))
     sel = slice(None) if ok is None else ok
-    parts.calls.append(dict(start=d[sel], end=d[sel], tid=tid[sel], pid=pid[sel], corr=corr[sel],
-                            name=np.full(len(d[sel]), _DISPATCH, dtype=object)))
-    parts.notes.append("kernels tied to ranges by their dispatching thread and DispatchNs (no API calls)")
-
-
-def _pack(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Two small integer keys (section, thread) as one int64 key."""
-    return (np.asarray(a, np.int64) << np.int64(32)) ^ (np.asarray(b, np.int64) & np.int64(0xFFFFFFFF))
+    b.add(Calls, start_ns=d[sel], end_ns=d[sel], tid=tid[sel], pid=pid[sel], correlation_id=corr[sel],
+          name=np.full(len(d[sel]), _DISPATCH, dtype=object))
+    b.notes.append("kernels tied to ranges by their dispatching thread and DispatchNs (no API calls)")
 

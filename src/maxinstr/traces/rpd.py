@@ -1,10 +1,8 @@
-"""RPD (rocmProfileData) SQLite databases, plain or gzip-compressed.
+"""RPD (rocmProfileData) SQLite databases, plain or gzip, and rpd2tracing's Chrome-trace export.
 
-``rocpd_api`` holds host API calls and roctx ranges (``apiName`` ``UserMarker``, message in
-``args``), ``rocpd_op`` the GPU work (kernels, copies, fills), and ``rocpd_api_ops`` links each
-op to the API call that issued it: the API row id is used as the correlation id. Names are
-ids into ``rocpd_string``. rpd_tracer stamps API rows with CLOCK_MONOTONIC nanoseconds.
-"""
+``rocpd_api`` holds host calls and roctx ranges (``UserMarker``, message in ``args``), ``rocpd_op``
+the GPU work, ``rocpd_api_ops`` the link (the API row id is the correlation id); names are ids into
+``rocpd_string``. rpd_tracer stamps CLOCK_MONOTONIC ns."""
 
 from __future__ import annotations
 
@@ -16,15 +14,14 @@ import numpy as np
 
 from maxinstr.errors import TraceError
 from maxinstr.traces import _util
-from maxinstr.traces._util import Progress, int_column, ranges_table, report
-from maxinstr.traces.model import INVALID_NS, NO_ID, CallKind, Calls, GpuOps, OpKind, RangeStyle, StringTable, TimeCheck, Trace
+from maxinstr.traces._util import (HIP_GRAPH_NOTE, Progress, TraceBuilder, by_start, call_rows, graph_stand_ins,
+                                   int_column, mark_graph_calls, pids_from_calls, report)
+from maxinstr.traces.model import INVALID_NS, NO_ID, Calls, GpuOps, OpKind, RangeStyle, Ranges, TimeCheck, Trace
 
-_REQUIRED = {
-    "rocpd_string": ("id", "string"),
-    "rocpd_api": ("id", "pid", "tid", "start", "end", "apiName_id", "args_id"),
-    "rocpd_op": ("id", "gpuId", "queueId", "start", "end", "description_id", "opType_id"),
-    "rocpd_api_ops": ("api_id", "op_id"),
-}
+_REQUIRED = {"rocpd_string": ("id", "string"),
+             "rocpd_api": ("id", "pid", "tid", "start", "end", "apiName_id", "args_id"),
+             "rocpd_op": ("id", "gpuId", "queueId", "start", "end", "description_id", "opType_id"),
+             "rocpd_api_ops": ("api_id", "op_id")}
 _MARKER_API = "UserMarker"
 _GRAPH_LAUNCH = re.compile(r"GraphLaunch", re.IGNORECASE)
 
@@ -36,12 +33,7 @@ def is_rpd(tables: dict[str, str]) -> bool:
 
 def read_rpd(path: str | Path, *, progress: Progress | None = None) -> Trace:
     """Read an RPD database (``.rpd``, or ``.rpd.gz``: inflated into a temp file first)."""
-    path = Path(path)
-    with _util.sqlite_db(path) as (con, db_path):
-        try:
-            return _read(path, con, db_path, progress)
-        except sqlite3.Error as exc:
-            raise TraceError(path, f"RPD: SQLite error: {exc}") from None
+    return _util.read_sqlite(path, "RPD", lambda path, con, db_path: _read(path, con, db_path, progress))
 
 
 def _int_columns(path: Path, db_path: Path, table: str, cols: tuple[str, ...], order: str = "") -> list[np.ndarray]:
@@ -49,15 +41,10 @@ def _int_columns(path: Path, db_path: Path, table: str, cols: tuple[str, ...], o
     1.47M-row rocpd_api of a scaled fixture took 0.9 s there, ~8 s through sqlite3 tuples).
     NULL reads as -1; in ``start``/``end`` (kind 't'), NULL or anything but an integer reads as
     INVALID_NS (model.TimeCheck drops the row)."""
-    from maxinstr.traces import _sqlite_columns
-
-    times = [c in ("start", "end") for c in cols]
-    sql = "SELECT " + ", ".join(f'ifnull("{c}", {INVALID_NS if t else -1})' for c, t in zip(cols, times))
+    kinds = "".join("t" if c in ("start", "end") else "i" for c in cols)
+    sql = "SELECT " + ", ".join(f'ifnull("{c}", {INVALID_NS if k == "t" else -1})' for c, k in zip(cols, kinds))
     sql += f' FROM "{table}"' + (f" ORDER BY {order}" if order else "")
-    try:
-        return list(_sqlite_columns.backend("auto").query(str(db_path), sql, "".join("t" if t else "i" for t in times)))
-    except (RuntimeError, ValueError, TypeError, OverflowError, sqlite3.Error) as exc:
-        raise TraceError(path, f"RPD table {table}: {str(exc)[:100]}") from None
+    return _util.query_columns(path, db_path, sql, kinds, f"RPD table {table}")
 
 
 def _check_schema(path: Path, con: sqlite3.Connection) -> dict[str, str]:
@@ -77,7 +64,8 @@ def _read(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress
     meta: dict[str, object] = {}
     if "rocpd_metadata" in tables:
         meta["rpd_metadata"] = {str(k): str(v) for k, v in con.execute('SELECT tag, value FROM "rocpd_metadata"')}
-    notes: list[str] = []
+    b = TraceBuilder(path, "rpd", "CLOCK_MONOTONIC")
+    notes = b.notes
     times = TimeCheck(path, notes)  # rpd_tracer's CLOCK_MONOTONIC never reads 0
     fetch = _util.fetch_columns
 
@@ -86,8 +74,7 @@ def _read(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress
     s_id, s_text = fetch(con, 'SELECT id, string FROM "rocpd_string" ORDER BY id', 2)
     s_id = int_column(s_id, path, "rocpd_string.id")
     s_text = np.array([_text(v) for v in s_text.tolist()] + [""], dtype=object)  # last: missing
-    strings = StringTable()
-    s_name = _util.intern(strings, s_text)
+    s_name = b.names(s_text)
     s_len = np.array([len(v) for v in s_text], dtype=np.int64)
     missing_pos = len(s_text) - 1
 
@@ -110,10 +97,8 @@ def _read(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress
         path, db_path, "rocpd_api", ("id", "pid", "tid", "start", "end", "apiName_id", "args_id"), order="id"
     )
     # every API row becomes a call or a range: rows whose times cannot be real are dropped first
-    keep = times.keep("rocpd_api", a_start, a_end, row=lambda i: f"id {a_id[i]}")
-    if keep is not None:
-        a_id, a_pid, a_tid, a_start, a_end, a_name, a_args = (
-            c[keep] for c in (a_id, a_pid, a_tid, a_start, a_end, a_name, a_args))
+    a_start, a_end, a_id, a_pid, a_tid, a_name, a_args = times.drop(
+        "rocpd_api", [a_start, a_end, a_id, a_pid, a_tid, a_name, a_args], row=lambda i: f"id {a_id[i]}")
     api_pos = pos_of(a_name, "apiName")
     is_marker = flag(lambda v: v == _MARKER_API)[api_pos]
 
@@ -128,10 +113,9 @@ def _read(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress
     # correlation id of each op = the id of the API row linked to it
     corr = np.full(len(o_id), NO_ID, dtype=np.int64)
     if len(link_op) and len(o_id):
-        o_order = np.argsort(o_id, kind="stable")
-        pos = np.minimum(np.searchsorted(o_id[o_order], link_op), len(o_id) - 1)
-        hit = o_id[o_order][pos] == link_op
-        corr[o_order[pos[hit]]] = link_api[hit]
+        row = call_rows(link_op, o_id)
+        hit = row >= 0
+        corr[row[hit]] = link_api[hit]
         if (~hit).any():
             notes.append(f"{int((~hit).sum())} rocpd_api_ops rows point at missing ops")
 
@@ -152,88 +136,35 @@ def _read(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progress
         keep[used[~valid]] = False
 
     # pid of each op from its API row; bytes of copies from rocpd_copyapi
-    link_pos = np.searchsorted(a_id, corr)
-    api_pos_c = np.minimum(link_pos, max(len(a_id) - 1, 0))
-    linked = (corr != NO_ID) & (len(a_id) > 0)
-    if len(a_id):
-        linked &= a_id[api_pos_c] == corr
-    op_pid = np.where(linked, a_pid[api_pos_c] if len(a_id) else NO_ID, NO_ID)
+    op_pid = np.where(corr != NO_ID, np.r_[a_pid, NO_ID][call_rows(corr, a_id)], NO_ID)
     nbytes = np.zeros(len(o_id), dtype=np.int64)
     if "rocpd_copyapi" in tables and {"api_ptr_id", "size"} <= _util.sqlite_columns(con, "rocpd_copyapi"):
-        c_api, c_size = (
-            int_column(c, path, f"rocpd_copyapi.{n}")
-            for c, n in zip(
-                fetch(con, 'SELECT api_ptr_id, size FROM "rocpd_copyapi" ORDER BY api_ptr_id', 2),
-                ("api_ptr_id", "size"),
-            )
-        )
-        if len(c_api):
-            p = np.minimum(np.searchsorted(c_api, corr), len(c_api) - 1)
-            has = (c_api[p] == corr) & (kind == int(OpKind.MEMCPY))
-            nbytes[has] = c_size[p[has]]
+        c_api, c_size = (int_column(c, path, f"rocpd_copyapi.{n}") for c, n in zip(
+            fetch(con, 'SELECT api_ptr_id, size FROM "rocpd_copyapi" ORDER BY api_ptr_id', 2), ("api_ptr_id", "size")))
+        row = call_rows(corr, c_api)
+        has = (row >= 0) & (kind == int(OpKind.MEMCPY))
+        nbytes[has] = c_size[row[has]]
 
     # an op is named by its description (kernel name), else by its type (CopyHostToDevice)
     name_pos = np.where(s_len[desc_pos] > 0, desc_pos, type_pos)
-    ops = GpuOps(
-        start_ns=o_start,
-        end_ns=o_end,
-        kind=kind,
-        name_id=s_name[name_pos],
-        device_id=o_gpu.astype(np.int32),
-        stream_id=o_queue,
-        pid=op_pid.astype(np.int64),
-        correlation_id=corr,
-        graph_node_id=np.full(len(o_id), NO_ID, np.int64),
-        bytes=nbytes,
-    ).take(keep)
-    ops = ops.take(np.argsort(ops.start_ns, kind="stable"))
-
+    b.add(GpuOps, start_ns=o_start, end_ns=o_end, kind=kind, name_id=s_name[name_pos], device_id=o_gpu,
+          stream_id=o_queue, pid=op_pid, correlation_id=corr, bytes=nbytes)
+    ops = by_start(b.table(GpuOps, sort=False).take(keep))
     # host calls: every API row that is not a roctx marker
     c_sel = ~is_marker
-    is_graph = flag(lambda v: _GRAPH_LAUNCH.search(v))[api_pos[c_sel]]
-    calls = Calls(
-        start_ns=a_start[c_sel],
-        end_ns=a_end[c_sel],
-        tid=a_tid[c_sel],
-        pid=a_pid[c_sel],
-        correlation_id=a_id[c_sel],
-        name_id=s_name[api_pos[c_sel]],
-        kind=np.where(is_graph, int(CallKind.GRAPH), int(CallKind.RUNTIME)).astype(np.int8),
-    )
-    calls = calls.take(np.argsort(calls.start_ns, kind="stable"))
-    graph_corr = calls.correlation_id[calls.kind == int(CallKind.GRAPH)]
-    ops.graph_node_id = _util.graph_node_ordinals(ops.correlation_id, ops.start_ns, graph_corr)
-    if (ops.graph_node_id != NO_ID).any():
-        notes.append("graph node ids are stand-ins: the order of each op within its hipGraphLaunch")
-
+    b.add(Calls, start_ns=a_start[c_sel], end_ns=a_end[c_sel], tid=a_tid[c_sel], pid=a_pid[c_sel],
+          correlation_id=a_id[c_sel], name_id=s_name[api_pos[c_sel]])
+    calls = b.table(Calls)
+    mark_graph_calls(b.strings, calls, _GRAPH_LAUNCH.search)
+    graph_stand_ins(ops, calls, notes, HIP_GRAPH_NOTE)
     # roctx ranges: UserMarker rows, message in args
     m = np.flatnonzero(is_marker)
-    m_start, m_end = a_start[m], a_end[m]
-    style = np.where(m_start == m_end, int(RangeStyle.MARK), int(RangeStyle.PUSH_POP)).astype(np.int8)
-    ranges = ranges_table(
-        m_start,
-        m_end,
-        s_name[pos_of(a_args[m], "marker args")],
-        a_tid[m],
-        a_pid[m],
-        style,
-    )
+    b.add(Ranges, start_ns=a_start[m], end_ns=a_end[m], name_id=s_name[pos_of(a_args[m], "marker args")],
+          tid=a_tid[m], pid=a_pid[m], style=np.where(a_start[m] == a_end[m], int(RangeStyle.MARK), 0))
     unlinked = int(((ops.correlation_id == NO_ID)).sum())
     if unlinked:
         notes.append(f"{unlinked} GPU ops have no rocpd_api_ops link to a host call")
-    trace = Trace(
-        source=str(path),
-        format="rpd",
-        strings=strings.to_array(),
-        ranges=ranges,
-        calls=calls,
-        ops=ops,
-        clock="CLOCK_MONOTONIC",
-        notes=notes,
-        meta=meta,
-    )
-    trace.validate()
-    return trace
+    return b.trace(calls=calls, ops=ops, meta=meta)
 
 
 def _text(value) -> str:
@@ -244,8 +175,7 @@ def _text(value) -> str:
     return str(value)
 
 
-# --------------------------------------------------------------------------------------
-# RPD's Chrome-trace export (rocmProfileData tools/rpd2tracing.py)
+# -- RPD's Chrome-trace export (rocmProfileData tools/rpd2tracing.py) ----------------------------
 
 FORMAT_JSON = "rpd-json"
 _OP_KINDS = (("KernelExecution", OpKind.KERNEL), ("Task", OpKind.KERNEL), ("Copy", OpKind.MEMCPY),
@@ -274,17 +204,10 @@ def is_rpd_json(events: list) -> bool:
 
 def read_rpd_json(path: str | Path, *, progress: Progress | None = None, document: object = None) -> Trace:
     """Read RPD's Chrome-trace export (``rpd2tracing.py``: a bare event list, or an object with
-    ``traceEvents``).
-
-    GPU ops are the ``X`` events on the ``GPU<n>`` sections (pid = gpuId, tid = queueId), their
-    type in ``args.desc`` (KernelExecution, Copy*, FillBuffer); the tool's own summaries there
-    ("UserMarker frame" spans, "Graph <n>" spans) repeat ops and are skipped. Host events are API
-    calls, except roctx ranges (``UserMarker`` rows, written with the message as both name and
-    ``args.desc``; ``i`` events are marks). Times are microseconds (integers in older exports: the
-    ns are gone). Each op is tied to its API call through the ``api_op`` flow: it starts on the
-    call's thread at the call's end less 2 us (or at the op's start when that is earlier) and ends
-    at the op; the call is the one on that thread that began last by then.
-    """
+    ``traceEvents``). GPU ops are the ``X`` events on the ``GPU<n>`` sections (pid = gpuId, tid =
+    queueId), their type in ``args.desc``; the tool's own summaries there ("UserMarker frame" and
+    "Graph <n>" spans) are skipped. Each op is tied to its API call through the ``api_op`` flow: it
+    starts on the call's thread at the call's end less 2 us (or at the op's start when earlier)."""
     path = Path(path)
     events = _util.chrome_events(path, document, "RPD JSON", progress)
     with _util.malformed(path, "RPD JSON"):
@@ -292,7 +215,8 @@ def read_rpd_json(path: str | Path, *, progress: Progress | None = None, documen
 
 
 def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
-    notes: list[str] = []
+    b = TraceBuilder(path, FORMAT_JSON, "CLOCK_MONOTONIC")
+    notes = b.notes
     times = TimeCheck(path, notes)
     gpu_pids: set[str] = set()
     for e in events:
@@ -328,7 +252,6 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
             flow_s[str(e.get("id"))] = e
         elif ph == "f" and e.get("cat") == "api_op":
             flow_f.append(e)
-    strings = StringTable()
 
     def col(evs: list[dict], key: str) -> list:
         return [ev.get(key) for ev in evs]
@@ -337,10 +260,8 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
         start = _util.decimal_us_to_ns(col(evs, "ts"), path, f"{what}.ts")
         dur = _util.decimal_us_to_ns([ev.get("dur", 0) for ev in evs], path, f"{what}.dur")
         end = np.where((start == INVALID_NS) | (dur == INVALID_NS), INVALID_NS, start + np.where(dur == INVALID_NS, 0, dur))
-        keep = times.keep(what, start, end, row=lambda i: f"event {i}", names=("ts", "dur"), unit="events")
-        if keep is not None:
-            evs = [evs[i] for i in np.flatnonzero(keep).tolist()]
-            start, end = start[keep], end[keep]
+        start, end, evs = times.drop(what, [start, end, evs], row=lambda i: f"event {i}", names=("ts", "dur"),
+                                     unit="events")
         return evs, start, end
 
     def ints(values: list, what: str) -> np.ndarray:
@@ -354,10 +275,10 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
     h_pid, h_tid = ints(col(host_ev, "pid"), "pid"), ints(col(host_ev, "tid"), "tid")
     c = np.flatnonzero(~is_marker)
     corr = np.arange(len(c), dtype=np.int64)  # the call's row: RPD's own api id is not in the export
-    c_name = _util.intern(strings, h_name[c])
-    is_graph = np.array([bool(_GRAPH_LAUNCH.search(str(n))) for n in h_name[c].tolist()], bool)
-    calls = Calls(start_ns=h_start[c], end_ns=h_end[c], tid=h_tid[c], pid=h_pid[c], correlation_id=corr,
-                  name_id=c_name, kind=np.where(is_graph, int(CallKind.GRAPH), int(CallKind.RUNTIME)).astype(np.int8))
+    b.add(Calls, start_ns=h_start[c], end_ns=h_end[c], tid=h_tid[c], pid=h_pid[c], correlation_id=corr,
+          name_id=b.names(h_name[c]))
+    calls = b.table(Calls, sort=False)
+    mark_graph_calls(b.strings, calls, _GRAPH_LAUNCH.search)
 
     # GPU ops
     ops_ev, o_start, o_end = timed(ops_ev, "GPU op events")
@@ -372,34 +293,22 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
     pairs = [(flow_s[str(f.get("id"))], f) for f in flow_f if str(f.get("id")) in flow_s]
     s_t = _util.decimal_us_to_ns([s.get("ts") for s, _ in pairs], path, "flow ts")
     f_t = _util.decimal_us_to_ns([f.get("ts") for _, f in pairs], path, "flow ts")
-    s_key = _thread_key(ints([s.get("pid") for s, _ in pairs], "flow pid"), ints([s.get("tid") for s, _ in pairs], "flow tid"))
+    s_key = _util.thread_key(ints([s.get("pid") for s, _ in pairs], "flow pid"), ints([s.get("tid") for s, _ in pairs], "flow tid"))
     # the call began at or before the flow's start + 2 us (its end), and began last on that thread
     # (of calls beginning in one microsecond, the later-listed: rpd2tracing writes them in id order)
-    flow_call = _util.latest_at_or_before(_thread_key(calls.pid, calls.tid), calls.start_ns, s_key,
+    flow_call = _util.latest_at_or_before(_util.thread_key(calls.pid, calls.tid), calls.start_ns, s_key,
                                           np.where(s_t < f_t, s_t + _FLOW_SLACK_NS, s_t))
     f_key = np.stack([ints([f.get("pid") for _, f in pairs], "flow pid"), ints([f.get("tid") for _, f in pairs], "flow tid"), f_t])
     op_corr = _util.match_rows(np.stack([o_pid, o_tid, o_start]), f_key, np.where(flow_call >= 0, corr[np.maximum(flow_call, 0)], NO_ID), NO_ID)
-    keep = kind >= 0
     names = np.array([str(ev.get("name", "")) for ev in ops_ev], dtype=object)
-    ops = GpuOps(start_ns=o_start, end_ns=o_end, kind=kind, name_id=_util.intern(strings, names),
-                 device_id=o_pid.astype(np.int32), stream_id=o_tid, pid=np.full(len(o_pid), NO_ID, np.int64),
-                 correlation_id=op_corr, graph_node_id=np.full(len(o_pid), NO_ID, np.int64),
-                 bytes=np.zeros(len(o_pid), np.int64)).take(keep)
-    ops = ops.take(np.argsort(ops.start_ns, kind="stable"))
-    # an op's process is its call's (a GPU section is no process)
-    row = np.searchsorted(calls.correlation_id, ops.correlation_id)
-    linked = ops.correlation_id != NO_ID
-    ops.pid = np.where(linked, calls.pid[np.minimum(row, max(len(calls) - 1, 0))] if len(calls) else NO_ID, NO_ID)
-    if (~linked).any():
-        pids = np.unique(calls.pid)
-        if len(pids) == 1:
-            ops.pid[~linked] = pids[0]
-        notes.append(f"{int((~linked).sum())} GPU ops have no api_op flow to a host call")
-    graph_corr = calls.correlation_id[calls.kind == int(CallKind.GRAPH)]
-    ops.graph_node_id = _util.graph_node_ordinals(ops.correlation_id, ops.start_ns, graph_corr)
-    if (ops.graph_node_id != NO_ID).any():
-        notes.append("graph node ids are stand-ins: the order of each op within its hipGraphLaunch")
-    calls = calls.take(np.argsort(calls.start_ns, kind="stable"))
+    b.add(GpuOps, start_ns=o_start, end_ns=o_end, kind=kind, name_id=b.names(names), device_id=o_pid, stream_id=o_tid,
+          correlation_id=op_corr)
+    ops = by_start(b.table(GpuOps, sort=False).take(kind >= 0))
+    pids_from_calls(ops, calls)  # an op's process is its call's (a GPU section is no process)
+    if unlinked := int((ops.correlation_id == NO_ID).sum()):
+        notes.append(f"{unlinked} GPU ops have no api_op flow to a host call")
+    graph_stand_ins(ops, calls, notes, HIP_GRAPH_NOTE)
+    calls = by_start(calls)
 
     # roctx ranges and marks
     m = np.flatnonzero(is_marker)
@@ -408,21 +317,13 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
     r_end = np.r_[h_end[m], k_start]
     r_name = np.r_[h_name[m], np.array([str(ev.get("name", "")) for ev in marks], dtype=object)].astype(object)
     style = np.r_[np.full(len(m), int(RangeStyle.PUSH_POP), np.int8), np.full(len(marks), int(RangeStyle.MARK), np.int8)]
-    ranges = ranges_table(r_start, r_end, _util.intern(strings, r_name),
-                          np.r_[h_tid[m], ints(col(marks, "tid"), "tid")], np.r_[h_pid[m], ints(col(marks, "pid"), "pid")],
-                          style)
+    b.add(Ranges, start_ns=r_start, end_ns=r_end, name=r_name, tid=np.r_[h_tid[m], ints(col(marks, "tid"), "tid")],
+          pid=np.r_[h_pid[m], ints(col(marks, "pid"), "pid")], style=style)
     if skipped:
         notes.append(f"{skipped} rpd2tracing summary spans on the GPU lanes (UserMarker frames, graph spans) skipped")
     if len(o_start) and not (np.r_[o_start, h_start] % 1000).any():
         notes.append("RPD JSON export: times are whole microseconds (this rpd2tracing version drops the ns)")
     if (ops.kind != int(OpKind.KERNEL)).any():
         notes.append("RPD JSON export: copies carry no byte count (the .rpd's rocpd_copyapi does)")
-    trace = Trace(source=str(path), format=FORMAT_JSON, strings=strings.to_array(), ranges=ranges, calls=calls,
-                  ops=ops, clock="CLOCK_MONOTONIC", notes=notes, meta={"flows": len(pairs)})
-    trace.validate()
-    return trace
-
-
-def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
-    return (np.asarray(pid, np.int64) << np.int64(32)) ^ (np.asarray(tid, np.int64) & np.int64(0xFFFFFFFF))
+    return b.trace(calls=calls, ops=ops, meta={"flows": len(pairs)})
 
