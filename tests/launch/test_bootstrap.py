@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from maxinstr import config
 from maxinstr.launch import bootstrap
 
 from _launch_helpers import PKG_ROOT, base_env
@@ -19,8 +20,8 @@ def _py(args, env, cwd=None):
 
 
 def test_specs_from_env():
-    assert bootstrap.stage_specs_from_env({"MAXINSTR_STAGES": "a:f\n\n  b:C.g=x \n"}) == ["a:f", "b:C.g=x"]
-    assert bootstrap.stage_specs_from_env({}) == []
+    assert config.stage_specs({"MAXINSTR_STAGES": "a:f\n\n  b:C.g=x \n"}) == ["a:f", "b:C.g=x"]
+    assert config.stage_specs({}) == []
 
 
 def test_sitecustomize_runs_and_chains_the_one_it_shadows(tmp_path):

@@ -16,42 +16,25 @@ Nothing here may break the user's program: every problem is one line on stderr.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import runpy
 import sys
 import threading
+import time
 from pathlib import Path
 
-from maxinstr import config
-
+from maxinstr import _native, config
+from maxinstr.errors import MaxinstrError
+from maxinstr.integrations.max import max_profiling_problem
+from maxinstr.launch import layout
+from maxinstr.launch.instrument import instrument, on_outcome, rebind_aliases
 
 _started = False
 
 
 def _say(message: str) -> None:
     sys.stderr.write(f"maxinstr: {message}\n")
-
-
-def stage_specs_from_env(environ: dict[str, str] | os._Environ = os.environ) -> list[str]:
-    """The --stage specs passed down by `maxinstr run` (newline-separated)."""
-    return config.stage_specs(environ)
-
-
-def apply_stage_specs(specs: list[str]) -> int:
-    """Apply specs lazily (now for modules already imported). Returns how many were accepted."""
-    from maxinstr.errors import MaxinstrError
-    from maxinstr.launch.instrument import instrument
-
-    accepted = 0
-    for text in specs:
-        try:
-            instrument(text, lazy=True)
-            accepted += 1
-        except MaxinstrError as exc:
-            _say(str(exc))
-        except Exception as exc:  # noqa: BLE001 - one spec never takes the others (or the program) down
-            _say(f"--stage {text}: {type(exc).__name__}: {exc}")
-    return accepted
 
 
 class CaptureWindow:
@@ -77,10 +60,6 @@ class CaptureWindow:
         self._timer: threading.Timer | None = None
 
     def install(self) -> bool:
-        try:
-            import maxinstr._native as _native
-        except Exception:  # noqa: BLE001 - no native core: the session cannot capture either
-            return False
         original = getattr(_native, "profiler_start", None)
         if original is None or getattr(original, "__maxinstr_window__", False):
             return False
@@ -104,8 +83,6 @@ class CaptureWindow:
         return True
 
     def _arm(self, ctx) -> None:
-        import time
-
         if self._timer is not None or not self.window_s:
             return
         self.started_at = time.monotonic()
@@ -122,14 +99,10 @@ class CaptureWindow:
 
 
 def _libcuda():
-    import ctypes
-
     return ctypes.CDLL("libcuda.so.1")
 
 
 def _current_cuda_context():
-    import ctypes
-
     try:
         lib = _libcuda()
         ctx = ctypes.c_void_p()
@@ -143,8 +116,6 @@ def _current_cuda_context():
 def _call_with_primary_context(fn):
     """``(fn(), ctx)`` with device 0's primary context current on this thread for the call,
     or None when libcuda is absent or that context is not active (we never create one)."""
-    import ctypes
-
     try:
         lib = _libcuda()
     except OSError:
@@ -191,40 +162,19 @@ def startup(environ: dict[str, str] | os._Environ = os.environ) -> None:
 
 
 def _apply_specs_step(environ) -> None:
-    specs = stage_specs_from_env(environ)
-    if specs:
-        from maxinstr.launch.instrument import on_outcome, rebind_aliases
-
-        on_outcome(_record_outcome)
-        apply_stage_specs(specs)
-        rebind_aliases(specs)
-
-
-STAGE_SPECS_FILE = "stage-specs.jsonl"
-"""In the run directory: one line a spec a process applied, or failed to apply (launch/runner.py
-reads them all to say which specs no process applied)."""
-
-
-def _record_outcome(spec, problem: str | None) -> None:
-    """Record in the run directory, as it happens, that this process applied a --stage spec or
-    failed to (with the line it printed). A file of the run's own, appended a whole line at a
-    time by every process: a helper process's part opens only at its first record, a fork child
-    ends with ``os._exit`` and a killed process runs no exit code, yet what they applied counts."""
-    run_dir = config.run_dir()
-    if not run_dir:
+    """The specs, applied lazily (now for modules already imported), each outcome recorded."""
+    specs = config.stage_specs(environ)
+    if not specs:
         return
-    import json
-
-    line = json.dumps({"stage_spec": spec.text, "applied": problem is None, "problem": problem, "pid": os.getpid()})
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-        fd = os.open(os.path.join(run_dir, STAGE_SPECS_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+    on_outcome(layout.record_spec_outcome)
+    for text in specs:
         try:
-            os.write(fd, (line + "\n").encode("utf-8", "backslashreplace"))
-        finally:
-            os.close(fd)
-    except OSError:
-        pass  # the run then says the spec was never applied; the program goes on
+            instrument(text, lazy=True)
+        except MaxinstrError as exc:
+            _say(str(exc))
+        except Exception as exc:  # noqa: BLE001 - one spec never takes the others (or the program) down
+            _say(f"--stage {text}: {type(exc).__name__}: {exc}")
+    rebind_aliases(specs)
 
 
 def _run_sink():
@@ -255,8 +205,6 @@ def _max_markers_step(environ) -> None:
     level = environ.get("MODULAR_ENABLE_PROFILING", "off").strip().lower()
     if level in _MARKERS_OFF:
         return
-    from maxinstr.integrations.max import max_profiling_problem
-
     problem = max_profiling_problem()
     if problem is None:
         return
@@ -288,6 +236,8 @@ class RefuseMaxImport:
 
 def _session_step(environ) -> None:
     if config.run_dir(environ):
+        # here, not at the top: importing maxinstr.record joins the run's session (record/__init__.py),
+        # which must come after the specs and the capture window
         from maxinstr.record.session import ensure_env_session
 
         session = ensure_env_session()
@@ -323,23 +273,18 @@ def main(argv: list[str] | None = None) -> int:
         _say(USAGE)
         return 2
     if specs:
-        os.environ[config.STAGES] = "\n".join(stage_specs_from_env() + specs)
+        os.environ[config.STAGES] = "\n".join(config.stage_specs() + specs)
     if out is not None:
-        from maxinstr.errors import MaxinstrError
-        from maxinstr.launch.runner import clear_previous_run
-
         try:  # as `maxinstr run -o`: a previous run there is replaced, a live one never
             if os.path.isdir(out):
-                clear_previous_run(Path(out))
+                layout.clear_previous_run(Path(out))
         except (MaxinstrError, OSError) as exc:
             _say(str(exc))
             return 2
         os.environ[config.RUN_DIR] = os.path.abspath(out)
     elif not config.run_dir() and not config.session_dir():
-        from maxinstr.launch.runner import default_run_dir
-
         target = args[1] if args[0] == "-m" else args[0]
-        os.environ[config.RUN_DIR] = os.path.abspath(default_run_dir([target]))
+        os.environ[config.RUN_DIR] = os.path.abspath(layout.default_run_dir([target]))
         _say(f"writing the run to {os.path.relpath(os.environ[config.RUN_DIR])} (-o DIR or MAXINSTR_RUN_DIR to choose)")
     startup()
     try:
@@ -363,13 +308,11 @@ def _say_unapplied() -> None:
     report lists them) as `maxinstr run` says them (launch/runner.py), and in one line those whose
     module it never imported (one that failed to apply was said when it failed, by this process,
     the only one with the start-up hook)."""
-    from maxinstr.launch.runner import unapplied_stage_specs
-
     run_dir = config.run_dir()
-    specs = stage_specs_from_env()
+    specs = config.stage_specs()
     if not run_dir or not specs:
         return
-    unapplied = unapplied_stage_specs(Path(run_dir), specs)
+    unapplied = layout.unapplied_stage_specs(Path(run_dir), specs)
     never = {text: why for text, why in unapplied.items() if why.startswith("no process of the run")}
     if never:
         _say("never applied: " + "; ".join(f"--stage {text} ({why})" for text, why in never.items()))

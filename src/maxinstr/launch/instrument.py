@@ -6,7 +6,8 @@
 A target is ``"package.module:QualName"`` where QualName is a function or ``Class.method``
 (nested classes allowed). ``name`` defaults to the QualName. With ``lazy=True`` the wrap is
 applied when the module is first imported (an import hook), which also catches code that
-does ``from module import func`` after that point; `maxinstr run --stage` uses this.
+does ``from module import func`` after that point; `maxinstr run --stage` uses this. A name
+``@HOOK`` wraps with one of :data:`HOOKS` instead of a stage, for wrap points that need logic.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.abc
-import importlib.machinery
 import inspect
 import sys
 import threading
@@ -24,8 +24,10 @@ from types import ModuleType
 from typing import Any
 
 from maxinstr.errors import MaxinstrError
+from maxinstr.integrations import max_pipeline
 
 _WRAPPED_FLAG = "__maxinstr_stage__"
+HOOK_PREFIX = "@"
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,7 @@ class StageSpec:
 
 def parse_spec(text: str) -> StageSpec:
     """Parse ``MODULE:QUALNAME[=name]``; raises MaxinstrError with the reason when malformed."""
-    spec = text.strip()
-    target, _, name = spec.partition("=")
+    target, _, name = text.strip().partition("=")
     module, sep, qualname = target.partition(":")
     module, qualname, name = module.strip(), qualname.strip(), name.strip()
     parts = qualname.split(".") if qualname else []
@@ -57,34 +58,29 @@ def parse_spec(text: str) -> StageSpec:
         raise MaxinstrError(f"--stage {text!r}: expected MODULE:QUALNAME[=name], e.g. mypkg.model:Model.forward=forward")
     if not all(p.isidentifier() for p in module.split(".")):
         raise MaxinstrError(f"--stage {text!r}: {module!r} is not a module name")
-    if name.startswith(HOOK_PREFIX):
-        from maxinstr.launch.presets import HOOKS
-
-        if name[len(HOOK_PREFIX):] not in HOOKS:
-            raise MaxinstrError(f"--stage {text!r}: no hook {name!r} (maxinstr's hooks: "
-                                f"{', '.join(HOOK_PREFIX + h for h in sorted(HOOKS))})")
+    if name.startswith(HOOK_PREFIX) and name[len(HOOK_PREFIX):] not in HOOKS:
+        raise MaxinstrError(f"--stage {text!r}: no hook {name!r} (maxinstr's hooks: "
+                            f"{', '.join(HOOK_PREFIX + h for h in sorted(HOOKS))})")
     return StageSpec(module, qualname, name or qualname)
 
 
-HOOK_PREFIX = "@"
-"""A spec named ``@HOOK`` wraps its target with maxinstr's hook HOOK (launch/presets.py, for wrap
-points that need logic: a step that is prefill or decode by its batch) instead of one stage."""
+def _record() -> Any:
+    """maxinstr.record, at the first wrap and not before: its import joins the run's session
+    (record/__init__.py), which a program that never reaches a wrap point must not do."""
+    import maxinstr.record
+
+    return maxinstr.record
 
 
 def _default_stage_factory(name: str) -> Callable[[Callable], Callable]:
     if name.startswith(HOOK_PREFIX):
-        from maxinstr.launch.presets import hook_factory
-
-        return hook_factory(name[len(HOOK_PREFIX):])
-    from maxinstr.record import stage
-
-    return stage(name)
+        return HOOKS[name[len(HOOK_PREFIX):]]
+    return _record().stage(name)
 
 
 def _called_by_maxinstr(frame: Any) -> bool:
     """Whether the calling frame is maxinstr's own code (its writers, flusher, sampler, and a
-    module of it run with ``-m``, whose ``__name__`` is ``__main__``: ``python -m
-    maxinstr.launch.bootstrap``)."""
+    module of it run with ``-m``, whose ``__name__`` is ``__main__``)."""
     if frame is None:
         return False
     name = frame.f_globals.get("__name__", "")
@@ -111,16 +107,14 @@ def _skip_own_calls(func: Callable, staged: Callable) -> Callable:
 
     @functools.wraps(func)
     def dispatch(*args: Any, **kwargs: Any) -> Any:
-        if _called_by_maxinstr(sys._getframe(1)):
-            return func(*args, **kwargs)
-        return staged(*args, **kwargs)
+        return (func if _called_by_maxinstr(sys._getframe(1)) else staged)(*args, **kwargs)
 
     return dispatch
 
 
 def _wrap_callable(func: Callable, name: str, stage_factory: Callable[[str], Any]) -> Callable:
-    """``func`` wrapped in a stage named ``name``; the stage object is a decorator that
-    handles plain, async and generator functions and keeps the signature."""
+    """``func`` wrapped in a stage named ``name`` (the stage decorator handles plain, async and
+    generator functions and keeps the signature)."""
     wrapped = stage_factory(name)(func)
     if wrapped is func:  # a factory that returned the function untouched (disabled mode)
         return func
@@ -136,7 +130,6 @@ def _wrap_callable(func: Callable, name: str, stage_factory: Callable[[str], Any
 
 def apply_spec(spec: StageSpec, module: ModuleType, stage_factory: Callable[[str], Any] | None = None) -> None:
     """Replace ``spec.qualname`` inside the imported ``module`` by its stage-wrapped version."""
-    factory = stage_factory or _default_stage_factory
     parts = spec.qualname.split(".")
     owner: Any = module
     for i, part in enumerate(parts[:-1]):
@@ -150,18 +143,16 @@ def apply_spec(spec: StageSpec, module: ModuleType, stage_factory: Callable[[str
     raw = inspect.getattr_static(owner, attr, None) if inspect.isclass(owner) else getattr(owner, attr, None)
     if raw is None:
         raise MaxinstrError(f"--stage {spec.target}: {module.__name__} has no {spec.qualname}")
-    rewrap: Any  # staticmethod, classmethod or None: how to wrap the instrumented function again
-    if isinstance(raw, staticmethod):
-        func, rewrap = raw.__func__, staticmethod
-    elif isinstance(raw, classmethod):
-        func, rewrap = raw.__func__, classmethod
+    rewrap: Any = None  # staticmethod, classmethod or None: how to wrap the instrumented function again
+    if isinstance(raw, (staticmethod, classmethod)):
+        func, rewrap = raw.__func__, staticmethod if isinstance(raw, staticmethod) else classmethod
     elif callable(raw):
-        func, rewrap = raw, None
+        func = raw
     else:
         raise MaxinstrError(f"--stage {spec.target}: {spec.qualname} is a {type(raw).__name__}, not a function or method")
     if getattr(func, _WRAPPED_FLAG, None) is not None:
         return  # already instrumented (the same spec given twice, or a module reload)
-    new: Any = _wrap_callable(func, spec.name, factory)
+    new: Any = _wrap_callable(func, spec.name, stage_factory or _default_stage_factory)
     if rewrap is not None:
         new = rewrap(new)
     try:
@@ -173,7 +164,6 @@ def apply_spec(spec: StageSpec, module: ModuleType, stage_factory: Callable[[str
                             "wrap a Python function that calls it instead") from None
 
 
-# ---------------------------------------------------------------------------------------
 # Lazy application: an import hook that applies pending specs right after a module loads.
 
 _lock = threading.RLock()
@@ -191,14 +181,6 @@ def on_outcome(listener: Callable[[StageSpec, str | None], None]) -> None:
             _listeners.append(listener)
 
 
-def _tell(spec: StageSpec, problem: str | None) -> None:
-    for listener in list(_listeners):
-        try:
-            listener(spec, problem)
-        except Exception:  # noqa: BLE001 - runs inside the user's import: never breaks it
-            pass
-
-
 class _ApplyAfterExec(importlib.abc.Loader):
     """Delegates to the real loader, then applies the pending specs of the module."""
 
@@ -211,7 +193,10 @@ class _ApplyAfterExec(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)
-        _apply_pending(self._fullname, module)
+        with _lock:
+            todo = _pending.pop(self._fullname, [])
+        for spec, factory in todo:
+            _apply_or_say(spec, module, factory)
 
     def __getattr__(self, item: str) -> Any:  # get_source, is_package, get_filename ...
         return getattr(self._inner, item)
@@ -238,40 +223,26 @@ class _StageImportHook(importlib.abc.MetaPathFinder):
 _hook = _StageImportHook()
 
 
-def _apply_pending(fullname: str, module: ModuleType) -> None:
-    with _lock:
-        todo = _pending.pop(fullname, [])
-    for spec, factory in todo:
-        _apply_or_say(spec, module, factory)
-
-
 def _apply_or_say(spec: StageSpec, module: ModuleType, factory: Callable[[str], Any] | None) -> bool:
     """:func:`apply_spec`, saying any problem in one line instead of raising: it runs inside the
     user's import (or start-up), which must never break. True when applied."""
     try:
         apply_spec(spec, module, factory)
+        problem = None
     except Exception as exc:  # noqa: BLE001 - a wrap we did not foresee failing is still ours
-        text = str(exc) if isinstance(exc, MaxinstrError) else f"--stage {spec.target}: {type(exc).__name__}: {exc}"
-        _errors.append(text)
-        sys.stderr.write(f"maxinstr: {text}\n")
-        _tell(spec, text)
-        return False
-    _tell(spec, None)
-    return True
+        problem = str(exc) if isinstance(exc, MaxinstrError) else f"--stage {spec.target}: {type(exc).__name__}: {exc}"
+        _errors.append(problem)
+        sys.stderr.write(f"maxinstr: {problem}\n")
+    for listener in list(_listeners):
+        try:
+            listener(spec, problem)
+        except Exception:  # noqa: BLE001 - runs inside the user's import: never breaks it
+            pass
+    return problem is None
 
 
-def _install_hook() -> None:
-    if _hook not in sys.meta_path:
-        sys.meta_path.insert(0, _hook)
-
-
-def instrument(
-    target: str,
-    name: str | None = None,
-    *,
-    lazy: bool = False,
-    stage_factory: Callable[[str], Any] | None = None,
-) -> bool:
+def instrument(target: str, name: str | None = None, *, lazy: bool = False,
+               stage_factory: Callable[[str], Any] | None = None) -> bool:
     """Wrap ``"module:QualName"`` in a stage named ``name`` (default: the QualName).
 
     With ``lazy=False`` (the default) the module is imported now and errors raise
@@ -294,7 +265,8 @@ def instrument(
         return True
     with _lock:
         _pending.setdefault(spec.module, []).append((spec, stage_factory))
-    _install_hook()
+    if _hook not in sys.meta_path:
+        sys.meta_path.insert(0, _hook)
     return False
 
 
@@ -304,8 +276,7 @@ def rebind_aliases(specs: list[str]) -> None:
     import f`` in the package's ``__init__``, ``from pkg.sub import f`` in a sibling. Those names
     get the wrapped function too, as they did when the hook wrapped the module as soon as it ran.
     The defining module's own other names for it (``g = f``) stay, as they did then, and so do
-    maxinstr's own (its calls are not the program's stages). `maxinstr run`'s start-up applies
-    the specs, then calls this."""
+    maxinstr's own (its calls are not the program's stages)."""
     wrapped: dict[int, tuple[Any, Any, str]] = {}  # id(original) -> (original, wrapped, its module)
     for text in specs:
         try:
@@ -340,3 +311,101 @@ def pending_targets() -> list[str]:
 def instrument_errors() -> list[str]:
     """Problems met while applying lazy targets (also printed when they happened)."""
     return list(_errors)
+
+
+# Hooks: a spec ``MODULE:QUALNAME=@HOOK`` wraps QUALNAME with HOOKS[HOOK](func), for wrap points
+# that need logic (the ``max`` preset's, launch/presets.py). Each returns a function of the same
+# kind (plain or async) that calls func exactly once, and never lets a problem of its own reach
+# the program (they run inside the program's calls). A spec names a hook, never code of its own.
+
+
+def max_step(func: Callable) -> Callable:
+    """A pipeline's ``execute(inputs)``: in a stage ``prefill``, ``decode`` or ``drain`` with the
+    batch's attrs (:func:`maxinstr.integrations.max_pipeline.step_stage`)."""
+    stage = _record().stage
+
+    @functools.wraps(func)
+    def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        inputs = kwargs["inputs"] if "inputs" in kwargs else args[0] if args else None
+        name, attrs = max_pipeline.step_stage(inputs)
+        with stage(name, **attrs):
+            return func(self, *args, **kwargs)
+
+    return execute
+
+
+def max_model(func: Callable) -> Callable:
+    """A pipeline's ``__init__``: once it has run, the class of the pipeline's model (the
+    architecture's: ``Llama3Model``) gets its ``execute`` wrapped in a stage ``forward``, as a
+    ``--stage`` spec applied now (recorded like the others; one line if it cannot be)."""
+
+    @functools.wraps(func)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        func(self, *args, **kwargs)
+        spec, problem = max_pipeline.model_execute_spec(self)
+        where = type(self).__qualname__
+        try:
+            if spec is not None:
+                instrument(spec, lazy=True)  # its module is imported: applied now, or one line said
+            else:
+                sys.stderr.write(f"maxinstr: --stage @max-model ({where}): no forward stage: {problem}\n")
+        except Exception as exc:  # noqa: BLE001 - inside MAX's constructor: never break it
+            sys.stderr.write(f"maxinstr: --stage @max-model ({where}): {type(exc).__name__}: {exc}\n")
+
+    return __init__
+
+
+def max_arrival(func: Callable) -> Callable:
+    """A tokenizer's ``new_context(request)``: once the request's context is made, a mark
+    ``queued`` with the attr ``request`` (its id): the start of its wait for a first step."""
+    mark = _record().mark
+
+    def said(context: Any) -> Any:
+        try:
+            mark(max_pipeline.QUEUED_MARK, request=max_pipeline.request_key(context))
+        except Exception:  # noqa: BLE001 - a mark that fails must not lose the request
+            pass
+        return context
+
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def new_context(*args: Any, **kwargs: Any) -> Any:
+            return said(await func(*args, **kwargs))
+
+        return new_context
+
+    @functools.wraps(func)
+    def new_context_sync(*args: Any, **kwargs: Any) -> Any:
+        return said(func(*args, **kwargs))
+
+    return new_context_sync
+
+
+def max_tokenize(func: Callable) -> Callable:
+    """MAX's ``run_with_default_executor(fn, *args)``, the tokenizer's way of running its work
+    (encode, the chat template) in a thread pool: ``fn`` runs in a stage ``tokenize`` on the pool's
+    thread. A stage around the awaiting coroutine instead would open on the event loop's thread,
+    where a server's concurrent requests interleave: each would nest inside the one before."""
+    if not inspect.iscoroutinefunction(func):
+        raise MaxinstrError(f"@max-tokenize: {func.__qualname__} is not a coroutine function (MAX {max_pipeline.MAX_RELEASE}'s was)")
+    stage = _record().stage
+
+    @functools.wraps(func)
+    async def run_with_default_executor(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        @functools.wraps(fn)
+        def in_stage(*a: Any, **k: Any) -> Any:
+            with stage("tokenize"):
+                return fn(*a, **k)
+
+        return await func(in_stage, *args, **kwargs)
+
+    return run_with_default_executor
+
+
+HOOKS: dict[str, Callable[[Callable], Callable]] = {
+    "max-tokenize": max_tokenize,
+    "max-step": max_step,
+    "max-model": max_model,
+    "max-arrival": max_arrival,
+}

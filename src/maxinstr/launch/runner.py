@@ -8,7 +8,6 @@ export, merge into the run directory (``launch.json``, ``meta.json``'s ``profile
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import re
@@ -20,18 +19,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from maxinstr._files import LINK_REFUSED, open_write_file, replace_atomic
+from maxinstr import config
+from maxinstr._files import LINK_REFUSED, open_write_file, parse_json, read_regular, replace_atomic
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import supervise as sv
-from maxinstr import config
-from maxinstr.launch.bootstrap import STAGE_SPECS_FILE, site_dir
+from maxinstr.launch.bootstrap import site_dir
+from maxinstr.launch.layout import LAUNCH_FILE, LOG_FILE, PROFILE_BASE, RUN_NAMES, WARM_DIR, unapplied_stage_specs
+from maxinstr.launch.layout import clear_previous_run, default_run_dir as default_run_dir  # (cli/run.py's, from here)
+from maxinstr.launch.presets import preset
 from maxinstr.launch.profilers import Artifact, NoProfiler, Profiler
 from maxinstr.rundir import format as fmt
-
-LAUNCH_FILE = "launch.json"
-LOG_FILE = "child.log"
-WARM_DIR = "warm-run"
-PROFILE_BASE = "profile"
+from maxinstr.rundir import metadata
+from maxinstr.rundir.reader import read_launch
+from maxinstr.rundir.writer import json_line
+from maxinstr.sample import DEFAULT_INTERVAL_S, start_sampler
 
 
 @dataclass
@@ -78,8 +79,6 @@ class RunOptions:
 
     def all_stage_specs(self) -> list[str]:
         """The presets' specs, then the ones given with --stage: what every process applies."""
-        from maxinstr.launch.presets import preset
-
         return [text for name in self.presets for text in preset(name).specs] + list(self.stage_specs)
 
 
@@ -98,14 +97,6 @@ class RunOutcome:
     @property
     def ok(self) -> bool:
         return self.result.ok and (self.artifact is None or self.artifact.ok)
-
-
-def default_run_dir(command: list[str], root: str | Path = "runs", now: _dt.datetime | None = None) -> Path:
-    """``runs/<script or program>-<YYYYmmdd-HHMMSS>``."""
-    script = next((a for a in command if a.endswith(".py")), None)
-    stem = Path(script).stem if script else Path(command[0]).name
-    stamp = (now or _dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
-    return Path(root) / f"{stem}-{stamp}"
 
 
 def parse_sweep(text: str) -> tuple[str, list[str]]:
@@ -249,8 +240,6 @@ def child_env(spec: RunSpec, options: RunOptions, run_dir: Path, base: dict[str,
         env[config.STAGES] = "\n".join(specs)
     env.update(spec.env)
     if options.presets:  # what a preset needs set (MAX's telemetry off), unless the user set it
-        from maxinstr.launch.presets import preset
-
         for name in options.presets:
             for key, value in preset(name).env.items():
                 env.setdefault(key, value)
@@ -293,8 +282,6 @@ def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:
     if options.warm_run:
         lines.append("warm run: one unprofiled run first (its wall time is reported as startup)")
     if options.presets:
-        from maxinstr.launch.presets import preset
-
         lines += [preset(name).plan_line() for name in options.presets]
     if options.stage_specs:
         lines.append("stages injected: " + ", ".join(options.stage_specs))
@@ -355,8 +342,6 @@ def merge_meta(run_dir: Path, profiler: Profiler, wrapped: list[str], artifact: 
                maxinstr_command: list[str] | None = None) -> bool:
     """Record the profiler in the session's meta.json (after the child closed it), and the
     `maxinstr run` command that makes the run again (:func:`rerun_command`)."""
-    from maxinstr._files import parse_json, read_regular
-
     meta_path = run_dir / "meta.json"
     try:
         data = read_regular(meta_path, MaxinstrError)  # a regular file only: a FIFO never blocks
@@ -380,44 +365,6 @@ def merge_meta(run_dir: Path, profiler: Profiler, wrapped: list[str], artifact: 
         meta["maxinstr_command"] = maxinstr_command
     _write_json(meta_path, meta)
     return True
-
-
-def clear_previous_run(run_dir: Path) -> list[str]:
-    """A new run in an existing run directory replaces the old one (as a session opened on
-    it does), so two runs never merge. Only a folder that holds a run (meta.json or
-    launch.json) is touched, and only the names a run writes; returns what was removed.
-    A run that a live process still writes is never removed: MaxinstrError names it."""
-    from maxinstr.rundir import owners
-
-    with owners.locked(run_dir):
-        live = owners.live_writers(run_dir)
-        if live:
-            raise MaxinstrError(f"{run_dir}: still written by a live process ({'; '.join(live[:3])}): "
-                                "give another -o, or run again once it has ended")
-        return _remove_run(run_dir)
-
-
-def _remove_run(run_dir: Path) -> list[str]:
-    import shutil
-
-    if not (run_dir / "meta.json").exists() and not (run_dir / LAUNCH_FILE).exists():
-        return []
-    names = ["meta.json", "parts", LAUNCH_FILE, LOG_FILE, STAGE_SPECS_FILE, WARM_DIR, "deep-dive"]
-    names += [f"{PROFILE_BASE}{ext}" for ext in (".nsys-rep", ".sqlite", ".qdstrm")]
-    rocprof_dir = run_dir / PROFILE_BASE
-    if rocprof_dir.is_dir() and any(rocprof_dir.glob("**/*_trace.csv")):
-        names.append(PROFILE_BASE)
-    removed = []
-    for name in names:
-        path = run_dir / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
-        else:
-            continue
-        removed.append(name)
-    return removed
 
 
 def execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
@@ -518,8 +465,6 @@ def _start_run_sampler(run_dir: Path) -> Any:
     left without a sampler thread or process of ours, and a program that never opens a session
     still gets its utilization. Never raises; None when nothing could start."""
     try:
-        from maxinstr.sample import DEFAULT_INTERVAL_S, start_sampler
-
         part = run_dir / fmt.PARTS_DIR / fmt.SAMPLER_PART
         part.mkdir(parents=True, exist_ok=True)
         return start_sampler(part, DEFAULT_INTERVAL_S, pids=[], mode="auto")
@@ -547,8 +492,6 @@ def meta_if_none(run_dir: Path, command: list[str]) -> None:
     no meta.json: write one for it, so the run's samples and trace still make a report."""
     if (run_dir / "meta.json").exists():
         return
-    from maxinstr.rundir import metadata
-
     try:
         meta = metadata.collect()
     except Exception:  # noqa: BLE001 - no report of this run, as before the run sampled
@@ -556,10 +499,6 @@ def meta_if_none(run_dir: Path, command: list[str]) -> None:
     meta.update(status="closed", command=list(command), argv=list(command), pid=None,
                 opened_by="maxinstr run: the program opened no session (no stage recorded)")
     _write_json(run_dir / "meta.json", meta)
-
-RUN_NAMES = ("meta.json", "parts", LAUNCH_FILE, LOG_FILE, STAGE_SPECS_FILE, WARM_DIR, "deep-dive",
-             *(f"{PROFILE_BASE}{ext}" for ext in (".nsys-rep", ".sqlite", ".qdstrm")), PROFILE_BASE)
-"""What a run writes in its directory (a profiler writes ``profile.*``)."""
 
 
 def _refuse_links(run_dir: Path) -> None:
@@ -629,59 +568,10 @@ def add_to_launch(run_dir: Path, key: str, value: Any) -> None:
         _write_json(run_dir / LAUNCH_FILE, record)
 
 
-def unapplied_stage_specs(run_dir: Path, stage_specs: list[str]) -> dict[str, str]:
-    """The ``--stage`` specs that no process of the run applied, each with why: the problem a
-    process met applying it, or that no process imported its module. Read from the run's
-    stage-specs.jsonl, where the start-up hook of every process records each spec it applies or
-    fails to apply, as it happens (launch/bootstrap.py): a spec that any process applied (a
-    worker, a fork child, one killed later) was applied."""
-    if not stage_specs:
-        return {}
-    from maxinstr.launch.instrument import parse_spec
-    from maxinstr.rundir.reader import read_jsonl
-
-    said: list[Any]
-    try:
-        said = [value for _, value in read_jsonl(run_dir / STAGE_SPECS_FILE)[0]]  # (damaged lines skipped)
-    except (MaxinstrError, OSError):
-        said = []  # unreadable: every spec is then "never applied", which the run's log can correct
-    applied: set[str] = set()
-    failed: dict[str, str] = {}
-    for line in said:
-        key = line.get("stage_spec") if isinstance(line, dict) else None
-        if not isinstance(key, str):
-            continue
-        if line.get("applied") is True:
-            applied.add(key)
-        elif isinstance(line.get("problem"), str):
-            failed.setdefault(key, line["problem"])
-    # some process started maxinstr (the start-up hook starts it only at the first import that asks)
-    hooked = bool(said) or any(p.name != fmt.SAMPLER_PART for p in (run_dir / fmt.PARTS_DIR).glob("*/"))
-    out: dict[str, str] = {}
-    for text in stage_specs:
-        try:
-            spec = parse_spec(text)
-        except MaxinstrError as exc:  # (`maxinstr run` refuses these before it starts)
-            out[text] = str(exc).removeprefix(f"--stage {text!r}: ")
-            continue
-        if spec.text in applied:
-            continue
-        if spec.text in failed:
-            out[text] = failed[spec.text].removeprefix(f"--stage {spec.target}: ")
-        elif hooked:
-            out[text] = f"no process of the run imported {spec.module}"
-        else:
-            out[text] = (f"no process of the run imported {spec.module} or recorded anything (or the program is not "
-                         "Python, or cannot import maxinstr)")
-    return out
-
-
 def _note_unapplied(run_dir: Path, unapplied: dict[str, str]) -> None:
     """Say in the run itself which specs were never applied: a warning each in the owner part's
     events.jsonl, which the report lists in its notes (written after the program ended, when no
     process writes that part any more)."""
-    from maxinstr.rundir.writer import json_line
-
     if not unapplied:
         return
     parts = sorted(p for p in (run_dir / fmt.PARTS_DIR).glob("*/") if p.is_dir() and not p.is_symlink())
@@ -699,9 +589,6 @@ def _note_unapplied(run_dir: Path, unapplied: dict[str, str]) -> None:
 
 
 def _part_role(part: Path) -> str | None:
-
-    from maxinstr._files import parse_json, read_regular
-
     try:
         data = read_regular(part / fmt.PART_FILE, MaxinstrError)  # never blocks on a FIFO
         doc = parse_json(data, part / fmt.PART_FILE, MaxinstrError) if data is not None else None
@@ -709,14 +596,6 @@ def _part_role(part: Path) -> str | None:
         return None
     role = doc.get("role") if isinstance(doc, dict) else None
     return role if isinstance(role, str) else None
-
-
-def read_launch(run_dir: str | Path) -> dict | None:
-    """The launch record `maxinstr run` left in a run directory (None when absent); a damaged
-    one is a MaxinstrError naming the file and the problem (rundir.reader.read_launch)."""
-    from maxinstr.rundir.reader import read_launch as load_launch
-
-    return load_launch(run_dir)
 
 
 def open_hint(role: str, path: str) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 from maxinstr import config
 from maxinstr._files import LINK_REFUSED, open_write_file
 from maxinstr.errors import MaxinstrError
-from maxinstr.launch import runner
+from maxinstr.launch import layout, runner
 from maxinstr.launch import supervise as sv
 from maxinstr.launch.profilers import Artifact, Nsys, NsysOptions
 
@@ -403,7 +403,7 @@ def clear_previous_server(run_dir: Path) -> list[str]:
     it, as `maxinstr run` does: its parts would merge with the new server's records, and its log
     would answer --ready before the new server is. Only the names a server run writes go;
     a run a live process still writes is never removed (MaxinstrError names it)."""
-    removed = runner.clear_previous_run(run_dir)
+    removed = layout.clear_previous_run(run_dir)
     if not (run_dir / STATE_FILE).exists():
         return removed  # no server ran here: its files are not ours to remove
     names = [STATE_FILE, LOG_FILE, *(p.name for p in run_dir.glob("window-*"))]
