@@ -1,9 +1,9 @@
 """Command builders for the vendor tracers `maxinstr run` drives, behind one small interface.
 
-A :class:`Profiler` turns the user's command into the wrapped command, says which
-environment variables the child needs (so maxinstr's session drives the capture range),
-and after the run finds, verifies and exports the artifact. :class:`NoProfiler` is the
-real null implementation: the command runs as given and the run directory is the result.
+A :class:`Profiler` turns the user's command into the wrapped command, says which environment
+variables the child needs (so maxinstr's session drives the capture range), and after the run
+finds, verifies and exports the artifact. :class:`NoProfiler` is the real null implementation:
+the command runs as given and the run directory is the result.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ class Artifact:
 
     @property
     def trace(self) -> str | None:
-        """The file or folder a trace reader should open."""
         return self.files.get("trace")
 
     def to_json(self) -> dict:
@@ -51,6 +50,13 @@ class Profiler:
     name = "none"
     uses_capture_range = False
     """True when the child's maxinstr session must call profiler start/stop (MAXINSTR_CAPTURE)."""
+    records_markers = False
+    """Whether its trace holds NVTX/roctx ranges (MAX's op markers among them)."""
+    window_s: float | None = None
+
+    @property
+    def capture(self) -> str:
+        return "steady" if self.uses_capture_range else "all"
 
     def wrap(self, command: list[str], output_base: Path) -> list[str]:
         """The command line to run: ``command`` under this profiler, writing to ``output_base``."""
@@ -61,7 +67,6 @@ class Profiler:
         return {}
 
     def flags_text(self) -> str:
-        """The profiler flags, for the plan shown before a run."""
         return "(no profiler)"
 
     def collect(self, output_base: Path, *, timeout_s: float = 600.0) -> Artifact:
@@ -94,19 +99,18 @@ class Nsys(Profiler):
     """
 
     name = "nsys"
+    records_markers = True
 
     def __init__(self, path: str = "nsys", options: NsysOptions | None = None) -> None:
         self.path = path
         self.options = options or NsysOptions()
         self.uses_capture_range = self.options.capture == "steady"
+        self.window_s = self.options.window_s
 
     def trace_flags_launch(self) -> list[str]:
         """What to trace (valid for ``nsys profile`` and ``nsys launch``)."""
-        traces = "cuda,nvtx,osrt" if self.options.osrt else "cuda,nvtx"
-        flags = [f"--trace={traces}"]
-        if self.options.cuda_graph_trace:
-            flags.append(f"--cuda-graph-trace={self.options.cuda_graph_trace}")
-        return flags
+        graphs = [f"--cuda-graph-trace={self.options.cuda_graph_trace}"] if self.options.cuda_graph_trace else []
+        return ["--trace=cuda,nvtx,osrt" if self.options.osrt else "--trace=cuda,nvtx", *graphs]
 
     def sampling_flags(self) -> list[str]:
         """No CPU sampling or context switches (valid for ``nsys profile`` and ``nsys start``)."""
@@ -117,41 +121,26 @@ class Nsys(Profiler):
         return t[:1] + self.sampling_flags() + t[1:]
 
     def capture_flags(self) -> list[str]:
-        if self.options.capture == "steady":
-            # stop: end collection at cuProfilerStop and let the app finish normally.
-            return ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
-        return []
+        # stop: end collection at cuProfilerStop and let the app finish normally
+        return ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"] if self.uses_capture_range else []
 
     def wrap(self, command: list[str], output_base: Path) -> list[str]:
-        return [
-            self.path,
-            "profile",
-            *self.trace_flags(),
-            *self.capture_flags(),
-            "--force-overwrite=true",
-            f"--output={output_base}",
-            *self.options.extra,
-            *command,
-        ]
+        return [self.path, "profile", *self.trace_flags(), *self.capture_flags(), "--force-overwrite=true",
+                f"--output={output_base}", *self.options.extra, *command]
 
     def child_env(self) -> dict[str, str]:
-        env: dict[str, str] = {}
-        if self.uses_capture_range:
-            env[config.CAPTURE] = "1"
-            if self.options.window_s:
-                env[config.CAPTURE_WINDOW_S] = f"{self.options.window_s:g}"
-        return env
+        if not self.uses_capture_range:
+            return {}
+        return {config.CAPTURE: "1", **({config.CAPTURE_WINDOW_S: f"{self.window_s:g}"} if self.window_s else {})}
 
     def flags_text(self) -> str:
         return " ".join(self.trace_flags() + self.capture_flags() + self.options.extra)
 
     def collect(self, output_base: Path, *, timeout_s: float = 600.0) -> Artifact:
         art = Artifact(profiler=self.name)
-        rep = Path(f"{output_base}.nsys-rep")
-        qdstrm = Path(f"{output_base}.qdstrm")
-        sqlite_path = Path(f"{output_base}.sqlite")
+        rep, qdstrm, sqlite_path = (Path(f"{output_base}{ext}") for ext in (".nsys-rep", ".qdstrm", ".sqlite"))
         if not rep.exists() and qdstrm.exists():
-            # nsys leaves only the raw stream when its importer is not beside it.
+            # nsys leaves only the raw stream when its importer is not beside it
             importer = shutil.which("QdstrmImporter")
             if importer:
                 _run_quiet([importer, "-i", str(qdstrm)], timeout_s, art)
@@ -161,22 +150,17 @@ class Nsys(Profiler):
             art.problems.append(
                 f"{rep}: nsys wrote no report (the capture range may never have started: it starts when a stage "
                 "completes its warm-up instances; a program that opens no maxinstr session needs `--warmup N`, "
-                "or use `--capture all`)"
-            )
+                "or use `--capture all`)")
             return art
         art.files["report"] = str(rep)
         if rep.stat().st_size < MIN_ARTIFACT_BYTES:
             art.problems.append(f"{rep}: only {rep.stat().st_size} bytes, nothing was captured")
-        _run_quiet(
-            [self.path, "export", "--type=sqlite", "--force-overwrite=true", f"--output={sqlite_path}", str(rep)],
-            timeout_s,
-            art,
-        )
+        _run_quiet([self.path, "export", "--type=sqlite", "--force-overwrite=true", f"--output={sqlite_path}", str(rep)],
+                   timeout_s, art)
         if not sqlite_path.exists():
             art.problems.append(f"{sqlite_path}: `nsys export --type=sqlite` wrote nothing")
             return art
-        art.files["sqlite"] = str(sqlite_path)
-        art.files["trace"] = str(sqlite_path)
+        art.files["sqlite"] = art.files["trace"] = str(sqlite_path)
         art.kernels = count_nsys_kernels(sqlite_path)
         if art.kernels == 0:
             art.problems.append(f"{sqlite_path}: no kernels in the capture (the report says what it missed; "
@@ -207,46 +191,28 @@ class Rocprofv3(Profiler):
     """
 
     name = "rocprofv3"
+    records_markers = True
 
     def __init__(self, path: str = "rocprofv3", extra: list[str] | None = None) -> None:
         self.path = path
         self.extra = list(extra or [])
 
     def trace_flags(self) -> list[str]:
-        return [
-            "--kernel-trace",
-            "--marker-trace",
-            "--hip-runtime-trace",
-            "--memory-copy-trace",
-            "--output-format",
-            "csv",
-        ]
+        return ["--kernel-trace", "--marker-trace", "--hip-runtime-trace", "--memory-copy-trace", "--output-format", "csv"]
 
     def wrap(self, command: list[str], output_base: Path) -> list[str]:
-        return [
-            self.path,
-            *self.trace_flags(),
-            "-d",
-            str(output_base),
-            "-o",
-            "trace",
-            *self.extra,
-            "--",
-            *command,
-        ]
+        return [self.path, *self.trace_flags(), "-d", str(output_base), "-o", "trace", *self.extra, "--", *command]
 
     def flags_text(self) -> str:
         return " ".join(self.trace_flags() + self.extra)
 
     def collect(self, output_base: Path, *, timeout_s: float = 600.0) -> Artifact:
         art = Artifact(profiler=self.name)
-        folder = Path(output_base)
-        kernel_csvs = sorted(glob.glob(str(folder / "**" / "*kernel_trace.csv"), recursive=True))
+        kernel_csvs = sorted(glob.glob(str(Path(output_base) / "**" / "*kernel_trace.csv"), recursive=True))
         if not kernel_csvs:
-            art.problems.append(f"{folder}: rocprofv3 wrote no kernel_trace.csv")
+            art.problems.append(f"{Path(output_base)}: rocprofv3 wrote no kernel_trace.csv")
             return art
-        art.files["folder"] = str(Path(kernel_csvs[0]).parent)
-        art.files["trace"] = art.files["folder"]
+        art.files["folder"] = art.files["trace"] = str(Path(kernel_csvs[0]).parent)
         with open(kernel_csvs[0], "rb") as fh:
             art.kernels = max(sum(1 for _ in fh) - 1, 0)  # one header line
         if art.kernels == 0:

@@ -1,9 +1,9 @@
 """`maxinstr run`: one command from a script to a profiled run directory and its report.
 
-The orchestration, separate from the CLI so it can be driven and tested directly:
-plan (:func:`plan_runs`), show (:func:`plan_lines`), execute (:func:`execute`): optional
-unprofiled warm run, the profiled run under a supervisor, artifact verification and
-export, merge into the run directory (``launch.json``, ``meta.json``'s ``profiler``).
+The orchestration, apart from the CLI so it can be driven and tested directly: plan
+(:func:`plan_runs`), show (:func:`plan_lines`), execute (:func:`execute`): optional unprofiled
+warm run, the profiled run under a supervisor, the profiler's artifact verified and exported,
+merged into the run directory (``launch.json``, ``meta.json``'s ``profiler``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from maxinstr.rundir import metadata
 from maxinstr.rundir.reader import read_launch
 from maxinstr.rundir.writer import json_line
 from maxinstr.sample import DEFAULT_INTERVAL_S, start_sampler
+
+MAX_PROFILING = "MODULAR_ENABLE_PROFILING"
 
 
 @dataclass
@@ -99,20 +101,10 @@ class RunOutcome:
         return self.result.ok and (self.artifact is None or self.artifact.ok)
 
 
-def parse_sweep(text: str) -> tuple[str, list[str]]:
-    """``NAME=a,b,c`` -> (NAME, [a, b, c]). NAME is an env var, or a flag when it starts with '-'."""
-    name, sep, values = text.partition("=")
-    items = [v for v in values.split(",") if v != ""]
-    if not sep or not name or not items:
-        raise MaxinstrError(f"--sweep {text!r}: expected NAME=a,b,c (an env var, or a flag such as --batch-size=1,8)")
-    if not name.startswith("-") and not name.replace("_", "").isalnum():
-        raise MaxinstrError(f"--sweep {text!r}: {name!r} is neither an environment variable name nor a flag")
-    return name, items
-
-
 def plan_runs(command: list[str], out: Path, *, repeat: int = 1, sweep: str | None = None) -> list[RunSpec]:
     """Fresh-process runs, each with its own run directory under ``out`` (``out`` itself
-    when there is just one). Sweep values go into the env var, or after the flag.
+    when there is just one). ``sweep`` is ``NAME=a,b,c``: its values go into the env var NAME,
+    or after the flag NAME when it starts with '-'.
 
     Layout: ``--repeat N`` alone: ``out/r1`` .. ``out/rN``; ``--sweep`` alone: ``out/NAME=v``
     per value; both: ``out/NAME=v/r1`` ..: every folder of repeats holds one program's runs
@@ -123,19 +115,23 @@ def plan_runs(command: list[str], out: Path, *, repeat: int = 1, sweep: str | No
     # (label, env, flag words, this value's --sweep)
     axis: list[tuple[str, dict[str, str], list[str], str]] = [("", {}, [], "")]
     if sweep:
-        name, values = parse_sweep(sweep)
+        name, sep, values = sweep.partition("=")
+        items = [v for v in values.split(",") if v != ""]
+        if not sep or not name or not items:
+            raise MaxinstrError(f"--sweep {sweep!r}: expected NAME=a,b,c (an env var, or a flag such as --batch-size=1,8)")
+        if not name.startswith("-") and not name.replace("_", "").isalnum():
+            raise MaxinstrError(f"--sweep {sweep!r}: {name!r} is neither an environment variable name nor a flag")
         if name.startswith("-"):
-            axis = [(f"{name.lstrip('-')}={v}", {}, [name, v], f"{name}={v}") for v in values]
+            axis = [(f"{name.lstrip('-')}={v}", {}, [name, v], f"{name}={v}") for v in items]
         else:
-            axis = [(f"{name}={v}", {name: v}, [], f"{name}={v}") for v in values]
+            axis = [(f"{name}={v}", {name: v}, [], f"{name}={v}") for v in items]
     specs: list[RunSpec] = []
     for label, env, extra_args, value in axis:
         side = out / label if label else out
         for r in range(repeat):
             rep = f"r{r + 1}" if repeat > 1 else ""
-            run_label = ".".join(p for p in (label, rep) if p)
-            run_dir = side / rep if rep else side
-            specs.append(RunSpec(command=list(command) + extra_args, run_dir=run_dir, label=run_label, env=dict(env),
+            specs.append(RunSpec(command=list(command) + extra_args, run_dir=side / rep if rep else side,
+                                 label=".".join(p for p in (label, rep) if p), env=dict(env),
                                  side=side if repeat > 1 else None, sweep=value, program=list(command)))
     return specs
 
@@ -152,11 +148,7 @@ def compare_hint(specs: list[RunSpec]) -> str | None:
     """What to compare after a plan of several runs, as a line to print: the --sweep values
     against the first, each value's repeats pooled into one side; repeats alone are one side,
     to compare with another set. None for a single run."""
-    sides: list[Path] = []
-    for spec in specs:
-        side = spec.side or spec.run_dir
-        if side not in sides:
-            sides.append(side)
+    sides = list(dict.fromkeys(spec.side or spec.run_dir for spec in specs))
     if len(specs) < 2:
         return None
     if len(sides) == 1:
@@ -208,9 +200,7 @@ def command_problem(command: list[str], env: dict[str, str] | None = None) -> st
             return f"{program}: not an executable file"
         return None
     path = os.pathsep.join(os.get_exec_path(dict(os.environ) if env is None else env))
-    if shutil.which(program, path=path) is None:
-        return f"{program}: command not found"
-    return None
+    return f"{program}: command not found" if shutil.which(program, path=path) is None else None
 
 
 class NotStarted(MaxinstrError):
@@ -229,9 +219,8 @@ def child_env(spec: RunSpec, options: RunOptions, run_dir: Path, base: dict[str,
     # Ours is marked as ours: where MAX's markers would abort MAX, the start-up hook turns ours off
     # (one line) but refuses the user's own (launch/bootstrap.py).
     env.pop(config.MAX_PROFILING_BY_RUN, None)
-    if (options.max_ops and options.profiler.name in ("nsys", "rocprofv3") and "MODULAR_ENABLE_PROFILING" not in env
-            and "MODULAR_ENABLE_PROFILING" not in spec.env):
-        env["MODULAR_ENABLE_PROFILING"] = options.max_ops
+    if options.max_ops and options.profiler.records_markers and MAX_PROFILING not in env and MAX_PROFILING not in spec.env:
+        env[MAX_PROFILING] = options.max_ops
         env[config.MAX_PROFILING_BY_RUN] = "1"
     if options.warmup is not None:
         env[config.WARMUP] = str(options.warmup)
@@ -239,39 +228,32 @@ def child_env(spec: RunSpec, options: RunOptions, run_dir: Path, base: dict[str,
     if specs:
         env[config.STAGES] = "\n".join(specs)
     env.update(spec.env)
-    if options.presets:  # what a preset needs set (MAX's telemetry off), unless the user set it
-        for name in options.presets:
-            for key, value in preset(name).env.items():
-                env.setdefault(key, value)
+    for name in options.presets:  # what a preset needs set (MAX's telemetry off), unless the user set it
+        for key, value in preset(name).env.items():
+            env.setdefault(key, value)
     return env
 
 
-def maxinstr_env_keys(env: dict[str, str]) -> dict[str, str]:
-    """The variables maxinstr set or cares about (stored with the run, never the whole env)."""
-    keep = ("MODULAR_ENABLE_PROFILING", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
-            "MAX_SERVE_DISABLE_TELEMETRY", "MODULAR_DERIVED_PATH")
-    return {k: v for k, v in env.items() if k.startswith("MAXINSTR_") or k in keep}
+_KEPT_VARIABLES = (MAX_PROFILING, "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                   "MAX_SERVE_DISABLE_TELEMETRY", "MODULAR_DERIVED_PATH")
+"""Stored in launch.json with every MAXINSTR_* variable (never the whole environment)."""
 
 
 def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:
     """The plan shown before running: commands, profiler flags, window, output paths."""
     prof = options.profiler
     lines = [f"profiler: {prof.name}" + (f"  flags: {prof.flags_text()}" if prof.name != "none" else "")]
-    if prof.name == "nsys":
-        window = getattr(getattr(prof, "options", None), "window_s", None)
-        if prof.uses_capture_range:
-            lines.append(
-                "capture: steady state only (starts after the session's warm-up instances)"
-                + (f", window {window:g} s" if window else ", until the session closes")
-            )
-        else:
-            lines.append("capture: the whole run")
+    if prof.name == "nsys" and prof.uses_capture_range:
+        lines.append("capture: steady state only (starts after the session's warm-up instances)"
+                     + (f", window {prof.window_s:g} s" if prof.window_s else ", until the session closes"))
+    elif prof.name == "nsys":
+        lines.append("capture: the whole run")
     elif prof.name == "rocprofv3":
         lines.append("capture: the whole run (warm-up is separated by the session's warmup count)")
     if options.max_ops:  # what child_env does with it, said: an option left unused is never silent
-        own = os.environ.get("MODULAR_ENABLE_PROFILING")
-        swept = any("MODULAR_ENABLE_PROFILING" in spec.env for spec in specs)
-        if prof.name not in ("nsys", "rocprofv3"):
+        own = os.environ.get(MAX_PROFILING)
+        swept = any(MAX_PROFILING in spec.env for spec in specs)
+        if not prof.records_markers:
             lines.append(f"--max-ops {options.max_ops}: left off, no profiler records MAX's markers (--profiler {prof.name})")
         elif own is not None or swept:
             lines.append(f"--max-ops {options.max_ops}: not used, MODULAR_ENABLE_PROFILING"
@@ -281,14 +263,12 @@ def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:
                          "with them and they cost it host time: docs/max.md)")
     if options.warm_run:
         lines.append("warm run: one unprofiled run first (its wall time is reported as startup)")
-    if options.presets:
-        lines += [preset(name).plan_line() for name in options.presets]
+    lines += [preset(name).plan_line() for name in options.presets]
     if options.stage_specs:
         lines.append("stages injected: " + ", ".join(options.stage_specs))
-    if options.stage_specs or options.presets:
-        if prof.uses_capture_range and options.warmup is None:
-            lines.append("note: if the program opens no maxinstr session itself, give --warmup N: the capture "
-                         "starts after N instances of a stage")
+    if (options.stage_specs or options.presets) and prof.uses_capture_range and options.warmup is None:
+        lines.append("note: if the program opens no maxinstr session itself, give --warmup N: the capture "
+                     "starts after N instances of a stage")
     if options.timeout_s:
         lines.append(f"time limit: {options.timeout_s:g} s per run")
     skip = next((f for f in (python_flag_skipping_hook(spec.command) for spec in specs) if f), None)
@@ -327,43 +307,34 @@ def python_flag_skipping_hook(command: list[str]) -> str | None:
     return None
 
 
-def _fatal_patterns(options: RunOptions) -> list[tuple[str, str]] | None:
-    if not options.fail_fast:
-        return None
-    return list(sv.DEFAULT_FATAL_PATTERNS) + [("user pattern", rx) for rx in options.extra_fatal]
-
-
-def _write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict) -> None:
     """``data`` as JSON at ``path``, atomically, never through a link planted there."""
     replace_atomic(path, (json.dumps(data, indent=2, default=str) + "\n").encode("utf-8", "backslashreplace"))
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON of a regular file (a FIFO never blocks), None when absent or unreadable."""
+    try:
+        data = read_regular(path, MaxinstrError)
+        return parse_json(data, path, MaxinstrError) if data is not None else None
+    except MaxinstrError:
+        return None
 
 
 def merge_meta(run_dir: Path, profiler: Profiler, wrapped: list[str], artifact: Artifact | None,
                maxinstr_command: list[str] | None = None) -> bool:
     """Record the profiler in the session's meta.json (after the child closed it), and the
     `maxinstr run` command that makes the run again (:func:`rerun_command`)."""
-    meta_path = run_dir / "meta.json"
-    try:
-        data = read_regular(meta_path, MaxinstrError)  # a regular file only: a FIFO never blocks
-        meta = parse_json(data, meta_path, MaxinstrError) if data is not None else None
-    except MaxinstrError:
-        return False
+    meta = _read_json(run_dir / "meta.json")
     if not isinstance(meta, dict):
         return False
-    if profiler.name == "none":
-        meta["profiler"] = None
-    else:
-        window = getattr(getattr(profiler, "options", None), "window_s", None)
-        meta["profiler"] = {
-            "name": profiler.name,
-            "command": wrapped,
-            "capture": "steady" if profiler.uses_capture_range else "all",
-            "window_s": window if profiler.uses_capture_range else None,
-            "trace": artifact.trace if artifact else None,
-        }
+    meta["profiler"] = None if profiler.name == "none" else {
+        "name": profiler.name, "command": wrapped, "capture": profiler.capture,
+        "window_s": profiler.window_s if profiler.uses_capture_range else None,
+        "trace": artifact.trace if artifact else None}
     if maxinstr_command is not None:
         meta["maxinstr_command"] = maxinstr_command
-    _write_json(meta_path, meta)
+    write_json(run_dir / "meta.json", meta)
     return True
 
 
@@ -373,26 +344,20 @@ def execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
     problem = command_problem(spec.command, {**os.environ, **spec.env})
     if problem is not None:
         raise NotStarted(f"{problem}; nothing was started")
-    made = _make_dirs(spec.run_dir)
+    made = []  # the folders this run makes, deepest first
+    probe = Path(spec.run_dir)
+    while not os.path.lexists(probe) and probe.parent != probe:
+        made.append(probe)
+        probe = probe.parent
+    try:
+        Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MaxinstrError(f"{spec.run_dir}: cannot make the run directory ({exc.strerror or exc})") from None
     try:
         return _execute(spec, options)
     except NotStarted as exc:
         left = _undo_start(spec.run_dir, made)
         raise NotStarted(f"{exc}; nothing was started" + (f" (left in place: {', '.join(left)})" if left else "")) from None
-
-
-def _make_dirs(path: Path) -> list[Path]:
-    """Make ``path`` and its missing parents; returns those it made, deepest first."""
-    made = []
-    probe = Path(path)
-    while not os.path.lexists(probe) and probe.parent != probe:
-        made.append(probe)
-        probe = probe.parent
-    try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise MaxinstrError(f"{path}: cannot make the run directory ({exc.strerror or exc})") from None
-    return made
 
 
 def _undo_start(run_dir: Path, made: list[Path]) -> list[str]:
@@ -419,9 +384,12 @@ def _undo_start(run_dir: Path, made: list[Path]) -> list[str]:
 def _execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
     run_dir = spec.run_dir
     clear_previous_run(run_dir)
-    _refuse_links(run_dir)
+    for name in RUN_NAMES:  # a link where the run writes (its log, the profiler's report) would write its target
+        if (run_dir / name).is_symlink():
+            raise NotStarted(f"{run_dir / name}: {LINK_REFUSED}: remove it, or give another -o")
     warm: sv.ChildResult | None = None
-    patterns = _fatal_patterns(options)
+    patterns = None if not options.fail_fast else (
+        list(sv.DEFAULT_FATAL_PATTERNS) + [("user pattern", rx) for rx in options.extra_fatal])
     if options.warm_run:
         warm_dir = sv.ensure_dir(run_dir / WARM_DIR)
         warm = _supervise(spec.command, child_env(spec, options, warm_dir), warm_dir / LOG_FILE, options, patterns)
@@ -430,61 +398,53 @@ def _execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
     env = child_env(spec, options, run_dir)
     env.update(profiler.child_env())
     wrapped = profiler.wrap(spec.command, output_base)
-    if warm is not None and not warm.ok:
-        # The warm run failed: the profiled run would fail the same way. Say so, stop.
+    if warm is not None and not warm.ok:  # the profiled run would fail the same way: said, stopped
         outcome = RunOutcome(spec, warm, None, warm=warm)
         _write_launch(run_dir, spec, options, wrapped, env, outcome)
         return outcome
     env[config.RUN_SAMPLED] = "1"
-    sampler = _start_run_sampler(run_dir)
+    # the GPUs sampled for the whole run from this process, not the program's: the program is left
+    # without a sampler thread or process of ours, and one that never opens a session still gets
+    # its utilization (no sampler: samples.json says why when it can)
+    part = run_dir / fmt.PARTS_DIR / fmt.SAMPLER_PART
+    try:
+        part.mkdir(parents=True, exist_ok=True)
+        sampler = start_sampler(part, DEFAULT_INTERVAL_S, pids=[], mode="auto")
+    except Exception:  # noqa: BLE001 - the run goes on without samples
+        sampler = None
     try:
         result = _supervise(wrapped, env, run_dir / LOG_FILE, options, patterns)
     except NotStarted:
-        _stop_run_sampler(sampler)
-        shutil.rmtree(run_dir / fmt.PARTS_DIR / fmt.SAMPLER_PART, ignore_errors=True)
-        _remove_empty(run_dir / fmt.PARTS_DIR)
+        _stop(sampler)
+        shutil.rmtree(part, ignore_errors=True)
+        try:
+            part.parent.rmdir()
+        except OSError:
+            pass
         raise
-    _stop_run_sampler(sampler)
+    _stop(sampler)
     meta_if_none(run_dir, spec.command)
-    artifact = None
-    if profiler.name != "none":
-        artifact = profiler.collect(output_base)
+    artifact = profiler.collect(output_base) if profiler.name != "none" else None
     outcome = RunOutcome(spec, result, artifact, warm=warm)
     merge_meta(run_dir, profiler, wrapped, artifact, rerun_command(spec, options))
     outcome.unapplied = unapplied_stage_specs(run_dir, options.all_stage_specs())
     _note_unapplied(run_dir, outcome.unapplied)
-    outcome.files = _files(run_dir, artifact)
+    outcome.files = {"run directory": str(run_dir), "child log": str(run_dir / LOG_FILE),
+                     "launch record": str(run_dir / LAUNCH_FILE)}
+    if (run_dir / "meta.json").exists():
+        outcome.files["run metadata"] = str(run_dir / "meta.json")
+    if artifact is not None:
+        outcome.files.update({f"{artifact.profiler} {role}": path for role, path in artifact.files.items() if role != "trace"})
     _write_launch(run_dir, spec, options, wrapped, env, outcome)
     return outcome
 
 
-
-
-def _start_run_sampler(run_dir: Path) -> Any:
-    """Sample the GPUs for the whole run from this process, not the program's: the program is
-    left without a sampler thread or process of ours, and a program that never opens a session
-    still gets its utilization. Never raises; None when nothing could start."""
+def _stop(sampler: Any) -> None:
     try:
-        part = run_dir / fmt.PARTS_DIR / fmt.SAMPLER_PART
-        part.mkdir(parents=True, exist_ok=True)
-        return start_sampler(part, DEFAULT_INTERVAL_S, pids=[], mode="auto")
-    except Exception:  # noqa: BLE001 - the run goes on without samples (samples.json says why when it can)
-        return None
-
-
-def _remove_empty(folder: Path) -> None:
-    try:
-        folder.rmdir()
-    except OSError:
-        pass
-
-
-def _stop_run_sampler(sampler: Any) -> None:
-    if sampler is not None:
-        try:
+        if sampler is not None:
             sampler.stop()
-        except Exception:  # noqa: BLE001
-            pass
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def meta_if_none(run_dir: Path, command: list[str]) -> None:
@@ -498,56 +458,33 @@ def meta_if_none(run_dir: Path, command: list[str]) -> None:
         return
     meta.update(status="closed", command=list(command), argv=list(command), pid=None,
                 opened_by="maxinstr run: the program opened no session (no stage recorded)")
-    _write_json(run_dir / "meta.json", meta)
-
-
-def _refuse_links(run_dir: Path) -> None:
-    """A symbolic link where the run writes a file would turn that write (the child's log, the
-    profiler's report) into a write to its target: refused before anything starts."""
-    for name in RUN_NAMES:
-        if (run_dir / name).is_symlink():
-            raise NotStarted(f"{run_dir / name}: {LINK_REFUSED}: remove it, or give another -o")
+    write_json(run_dir / "meta.json", meta)
 
 
 def _supervise(cmd: list[str], env: dict[str, str], log: Path, options: RunOptions, patterns) -> sv.ChildResult:
     try:
-        return sv.supervise(
-            cmd, env=env, log_path=log, timeout_s=options.timeout_s, fatal_patterns=patterns, echo=options.echo
-        )
+        return sv.supervise(cmd, env=env, log_path=log, timeout_s=options.timeout_s, fatal_patterns=patterns,
+                            echo=options.echo)
     except FileNotFoundError:
         raise NotStarted(f"{cmd[0]}: command not found") from None
     except PermissionError:
         raise NotStarted(f"{cmd[0]}: not executable") from None
 
 
-def _files(run_dir: Path, artifact: Artifact | None) -> dict[str, str]:
-    files = {"run directory": str(run_dir), "child log": str(run_dir / LOG_FILE), "launch record": str(run_dir / LAUNCH_FILE)}
-    if (run_dir / "meta.json").exists():
-        files["run metadata"] = str(run_dir / "meta.json")
-    if artifact is not None:
-        files.update({f"{artifact.profiler} {role}": path for role, path in artifact.files.items() if role != "trace"})
-    return files
-
-
 def _write_launch(run_dir: Path, spec: RunSpec, options: RunOptions, wrapped: list[str], env: dict[str, str],
                   outcome: RunOutcome) -> None:
     prof = options.profiler
-    record = {
+    write_json(run_dir / LAUNCH_FILE, {
         "format": "maxinstr-launch",
         "version": 1,
         "written_unix_s": time.time(),
         "label": spec.label,
-        # the --sweep variable and its value for this run (compare lists it among the settings)
-        "sweep": dict(spec.env),
+        "sweep": dict(spec.env),  # the --sweep variable and its value for this run (compare lists it among the settings)
         "command": spec.command,
         "profiled_command": wrapped,
-        "env": maxinstr_env_keys(env),
-        "profiler": {
-            "name": prof.name,
-            "flags": prof.flags_text() if prof.name != "none" else "",
-            "capture": "steady" if prof.uses_capture_range else "all",
-            "window_s": getattr(getattr(prof, "options", None), "window_s", None),
-        },
+        "env": {k: v for k, v in env.items() if k.startswith("MAXINSTR_") or k in _KEPT_VARIABLES},
+        "profiler": {"name": prof.name, "flags": prof.flags_text() if prof.name != "none" else "",
+                     "capture": prof.capture, "window_s": prof.window_s},
         "presets": options.presets,
         "stage_specs": options.all_stage_specs(),
         "stage_specs_unapplied": outcome.unapplied,
@@ -556,8 +493,7 @@ def _write_launch(run_dir: Path, spec: RunSpec, options: RunOptions, wrapped: li
         "run": outcome.result.to_json(),
         "artifact": None if outcome.artifact is None else outcome.artifact.to_json(),
         "environment": options.environment,
-    }
-    _write_json(run_dir / LAUNCH_FILE, record)
+    })
 
 
 def add_to_launch(run_dir: Path, key: str, value: Any) -> None:
@@ -565,7 +501,7 @@ def add_to_launch(run_dir: Path, key: str, value: Any) -> None:
     record = read_launch(run_dir)
     if record is not None:
         record[key] = value
-        _write_json(run_dir / LAUNCH_FILE, record)
+        write_json(run_dir / LAUNCH_FILE, record)
 
 
 def _note_unapplied(run_dir: Path, unapplied: dict[str, str]) -> None:
@@ -575,7 +511,7 @@ def _note_unapplied(run_dir: Path, unapplied: dict[str, str]) -> None:
     if not unapplied:
         return
     parts = sorted(p for p in (run_dir / fmt.PARTS_DIR).glob("*/") if p.is_dir() and not p.is_symlink())
-    owner = next((p for p in parts if _part_role(p) == "owner"), parts[0] if parts else None)
+    owner = next((p for p in parts if _is_owner(p)), parts[0] if parts else None)
     if owner is None:
         return
     lines = b"".join(json_line({"time_ns": time.monotonic_ns(), "kind": "warning",
@@ -588,14 +524,9 @@ def _note_unapplied(run_dir: Path, unapplied: dict[str, str]) -> None:
         pass  # launch.json and the line on stderr still say it
 
 
-def _part_role(part: Path) -> str | None:
-    try:
-        data = read_regular(part / fmt.PART_FILE, MaxinstrError)  # never blocks on a FIFO
-        doc = parse_json(data, part / fmt.PART_FILE, MaxinstrError) if data is not None else None
-    except MaxinstrError:
-        return None
-    role = doc.get("role") if isinstance(doc, dict) else None
-    return role if isinstance(role, str) else None
+def _is_owner(part: Path) -> bool:
+    doc = _read_json(part / fmt.PART_FILE)
+    return isinstance(doc, dict) and doc.get("role") == "owner"
 
 
 def open_hint(role: str, path: str) -> str:

@@ -61,7 +61,7 @@ class ServerState:
 
     def save(self) -> None:
         data = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
-        runner._write_json(self.run_dir / STATE_FILE, data)
+        runner.write_json(self.run_dir / STATE_FILE, data)
 
     @classmethod
     def load(cls, run_dir: str | Path) -> ServerState:
