@@ -3,16 +3,13 @@
 Steps, each a plain function so it can be used and tested alone:
 
 1. choose the kernel: the one with the most GPU time in a stage, counted as the report counts
-   it (the report's attribution and steady instances, :func:`stage_ops`; or from a report
-   JSON), or the one the user names;
+   it (:func:`stage_ops`; or from a report JSON), or the one the user names;
 2. place it: ``--launch-skip`` = how many launches of that kernel's function name came before
-   its first launch that the report counts for a steady instance of the stage, in process-wide
-   launch order, counted in the trace. When the run
-   was captured with maxinstr's steady-state range (nsys ``cudaProfilerApi``), the trace
-   starts at steady state, and ncu is run with ``--profile-from-start off`` so it starts
-   counting at the same ``cuProfilerStart`` the session issues: the two counts line up;
-3. build the ``ncu`` command (kernel-name regex, launch skip/count 1, ``--clock-control
-   none`` so clocks are the ones the application really runs at, a section set);
+   its first launch in a steady instance of the stage, in process-wide launch order. A run
+   captured from steady state (nsys ``cudaProfilerApi``) has a trace that starts there, and ncu
+   runs with ``--profile-from-start off`` to start counting at the same ``cuProfilerStart``;
+3. build the ``ncu`` command (kernel-name regex, launch skip/count 1, ``--clock-control none``
+   so clocks are the ones the application really runs at, a section set);
 4. read ``ncu --import REP --csv --page details`` back into a :class:`Verdict`.
 
 NVIDIA only: on AMD, :func:`amd_equivalent` says what to run instead (rocprof-compute).
@@ -31,18 +28,9 @@ import numpy as np
 
 from maxinstr.errors import MaxinstrError
 
-DEFAULT_SECTIONS: tuple[str, ...] = (
-    "SpeedOfLight",
-    "LaunchStats",
-    "Occupancy",
-    "ComputeWorkloadAnalysis",
-    "MemoryWorkloadAnalysis",
-)
+DEFAULT_SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis")
 # Local-memory instructions executed: non-zero means register spills (or local arrays).
-SPILL_METRICS: tuple[str, ...] = (
-    "sm__sass_inst_executed_op_local_ld.sum",
-    "sm__sass_inst_executed_op_local_st.sum",
-)
+SPILL_METRICS = ("sm__sass_inst_executed_op_local_ld.sum", "sm__sass_inst_executed_op_local_st.sum")
 LATENCY_BOUND_PCT = 60.0
 """Below this % of peak for both SM and memory, ncu's own SOLBottleneck rule calls a kernel latency-bound."""
 
@@ -57,8 +45,7 @@ class KernelChoice:
     stage: str | None
     total_ns: int = 0
     count: int = 0
-    share: float | None = None
-    """Fraction of the stage's kernel time this kernel takes."""
+    share: float | None = None  # of the stage's GPU time
     launch_skip: int = 0
     source: str = ""
     notes: list[str] = field(default_factory=list)
@@ -67,10 +54,6 @@ class KernelChoice:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-# ---------------------------------------------------------------------------------------
-# 1 + 2: choosing and placing the kernel
 
 
 def function_name(name: str) -> str:
@@ -94,36 +77,28 @@ def function_name(name: str) -> str:
     return head.split("::")[-1].split()[-1] if head else name
 
 
-def _launch_times(trace: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per op: (has a launch call, launch thread, launch time). Launch time is the API
-    call's start (launch order), or the op's own start when it has no call."""
+def _launch_times(trace: Any) -> np.ndarray:
+    """Per op, its launch call's start (launch order), or the op's own start when it has no call."""
     calls, ops = trace.calls, trace.ops
     if len(calls) == 0:
-        none = np.zeros(len(ops), dtype=bool)
-        return none, np.full(len(ops), -1, np.int64), ops.start_ns.astype(np.int64)
+        return ops.start_ns.astype(np.int64)
     order = np.argsort(calls.correlation_id, kind="stable")
     corr_sorted = calls.correlation_id[order]
     pos = np.searchsorted(corr_sorted, ops.correlation_id)
     pos_c = np.minimum(pos, len(corr_sorted) - 1)
     has_call = (pos < len(corr_sorted)) & (corr_sorted[pos_c] == ops.correlation_id)
-    row = order[pos_c]
-    tid = np.where(has_call, calls.tid[row], -1)
-    t = np.where(has_call, calls.start_ns[row], ops.start_ns)
-    return has_call, tid.astype(np.int64), t.astype(np.int64)
+    return np.where(has_call, calls.start_ns[order[pos_c]], ops.start_ns).astype(np.int64)
 
 
 def stage_ops(analysis: Any, stage: str) -> tuple[np.ndarray, np.ndarray, int, str]:
-    """The ops the report counts for ``stage``, from the report's own analysis
-    (:func:`maxinstr.analyze.report.analyze`): every op attributed to an instance of the stage
-    or of a stage nested in it (launches from other threads included, by the attribution's
-    rules), over the stage's steady instances (all of them when it has none), exactly as the
-    report's ``stages[].mix`` counts them.
+    """The ops the report's ``stages[].mix`` counts for ``stage``, from its own analysis
+    (:func:`maxinstr.analyze.report.analyze`): every op attributed to an instance of the stage or
+    of a stage nested in it, over the stage's steady instances (all of them when it has none).
 
     ``stage`` is a report stage key (``decode``, ``prefill/attention``) or a bare stage name;
     a bare name shared by several keys takes them all. Returns (op indices with one entry per
-    enclosing instance, as the report counts them; the instance of each; the number of
-    instances used; the key(s) matched)."""
-    from maxinstr.analyze.kernels import op_instance_pairs
+    enclosing instance; the instance of each; the number of instances used; the key(s) matched)."""
+    from maxinstr.analyze.kernels import op_instance_pairs  # (here: the analysis is loaded for a trace only)
 
     inst, trace = analysis.instances, analysis.trace
     # compared as objects: a fixed-width copy of the names is instances x the longest name
@@ -153,15 +128,13 @@ def choose_from_trace(
 ) -> KernelChoice:
     """The dominant kernel of ``stage`` (or of the whole trace), or the top one matching ``kernel``.
 
-    The stage's ops, time and share are the report's (:func:`stage_ops`): the same attribution
-    (cross-thread launches included), the same steady instances. ``run`` (a run directory or a
-    loaded run) joins the trace to its records as `maxinstr report RUN --trace T` does;
-    ``warmup_instances`` is the report's ``--warmup`` (None: the run's own; 0 for a trace captured
-    from steady state). ``analysis``: an :class:`~maxinstr.analyze.report.Analysis` already made.
-    The share is of all the stage's GPU time, copies included, as the report prints it; only a
-    kernel can be chosen (ncu profiles kernels). ``launch_skip`` counts, in process-wide launch
-    order, the launches before the chosen one whose function name is the same: that is what ncu
-    counts with ``--kernel-name-base function`` (see :func:`kernel_regex`).
+    The stage's ops, time and share are the report's (:func:`stage_ops`). ``run`` (a run
+    directory or a loaded run) joins the trace to its records as `maxinstr report RUN --trace T`
+    does; ``warmup_instances`` is the report's ``--warmup`` (None: the run's own; 0 for a trace
+    captured from steady state); ``analysis``: one already made. The share is of all the stage's
+    GPU time, copies included, as the report prints it; only a kernel can be chosen (ncu
+    profiles kernels). ``launch_skip`` counts, in process-wide launch order, the earlier launches
+    of the same function name: what ncu counts with ``--kernel-name-base function``.
     """
     ops = trace.ops
     strings = np.asarray(trace.strings, dtype=object)
@@ -170,7 +143,7 @@ def choose_from_trace(
     dur = np.maximum((ops.end_ns - ops.start_ns).astype(np.int64), 0)
     if stage is not None:
         if analysis is None:
-            from maxinstr.analyze.report import analyze
+            from maxinstr.analyze.report import analyze  # (here: ~0.1 s of imports, for a trace only)
 
             analysis = analyze(run=run, trace=trace, warmup=warmup_instances)
         op_idx, _inst, n_inst, matched = stage_ops(analysis, stage)
@@ -214,7 +187,7 @@ def choose_from_trace(
     base = function_name(name)
     kernel_ids = np.unique(ops.name_id[is_kernel])
     same_base = np.array([i for i in kernel_ids.tolist() if function_name(str(strings[i])) == base], dtype=np.int64)
-    _has, _tid, launch_t = _launch_times(trace)
+    launch_t = _launch_times(trace)
     cand = np.flatnonzero(is_kernel & np.isin(ops.name_id, same_base))
     cand = cand[np.lexsort((ops.start_ns[cand], launch_t[cand]))]
     chosen = np.flatnonzero(in_stage[cand] & (ops.name_id[cand] == name_id))
@@ -223,17 +196,9 @@ def choose_from_trace(
         notes.append(f"{len(same_base)} kernel names share the function name {base!r}: launch-skip counts them all")
     if len(np.unique(ops.pid[cand])) > 1:
         notes.append("the kernel ran in several processes: the launch count is over all of them")
-    return KernelChoice(
-        name=name,
-        stage=stage,
-        total_ns=int(totals[pick]),
-        count=int(counts[pick]),
-        share=(float(totals[pick]) / stage_total) if stage_total else None,
-        launch_skip=launch_skip,
-        source=str(trace.source),
-        notes=notes,
-        candidates=candidates,
-    )
+    return KernelChoice(name=name, stage=stage, total_ns=int(totals[pick]), count=int(counts[pick]),
+                        share=(float(totals[pick]) / stage_total) if stage_total else None, launch_skip=launch_skip,
+                        source=str(trace.source), notes=notes, candidates=candidates)
 
 
 _TIME_KEYS = ("total_ns", "gpu_ns", "time_ns", "sum_ns", "kernel_ns", "busy_ns")
@@ -300,17 +265,10 @@ def choose_from_report(data: dict, *, stage: str | None = None, kernel: str | No
     )
 
 
-# ---------------------------------------------------------------------------------------
-# 3: the ncu command
-
-
 def kernel_regex(name: str) -> tuple[str, str]:
-    """(``--kernel-name-base``, ``--kernel-name``) for a trace kernel name.
-
-    Demangled signatures differ between nsys and ncu in details (``(int)512`` vs ``512``),
-    so the match is on the bare function name, which both tools agree on; a namespace
-    prefix is tolerated in case a tool keeps it.
-    """
+    """(``--kernel-name-base``, ``--kernel-name``) for a trace kernel name. Demangled signatures
+    differ between nsys and ncu (``(int)512`` vs ``512``), so the match is on the bare function
+    name, which both agree on; a namespace prefix is tolerated in case a tool keeps it."""
     return "function", f"regex:(^|::){re.escape(function_name(name))}$"
 
 
@@ -327,15 +285,8 @@ def ncu_command(
 ) -> list[str]:
     """The Nsight Compute command that profiles one steady-state launch of the chosen kernel."""
     base, rx = kernel_regex(choice.name)
-    cmd = [
-        ncu,
-        "--target-processes", "all",
-        "--kernel-name-base", base,
-        "--kernel-name", rx,
-        "--launch-skip", str(choice.launch_skip),
-        "--launch-count", str(launch_count),
-        "--clock-control", "none",
-    ]
+    cmd = [ncu, "--target-processes", "all", "--kernel-name-base", base, "--kernel-name", rx, "--launch-skip",
+           str(choice.launch_skip), "--launch-count", str(launch_count), "--clock-control", "none"]
     for s in sections:
         cmd += ["--section", s]
     if metrics:
@@ -361,10 +312,6 @@ def amd_equivalent(choice: KernelChoice | None, app: list[str]) -> str:
     )
 
 
-# ---------------------------------------------------------------------------------------
-# 4: reading ncu's CSV back
-
-
 @dataclass
 class NcuLaunch:
     """One profiled launch from ``ncu --csv --page details``."""
@@ -383,21 +330,16 @@ class NcuLaunch:
         """A metric as a number (thousands separators removed); None when absent or n/a."""
         for (sec, metric), (_unit, raw) in self.metrics.items():
             if metric == name and (section is None or sec == section):
-                return _number(raw)
+                try:
+                    return float(raw.strip().replace(",", ""))
+                except ValueError:
+                    return None
         return None
 
     def unit(self, name: str) -> str | None:
         for (_sec, metric), (unit, _raw) in self.metrics.items():
             if metric == name:
                 return unit
-        return None
-
-
-def _number(raw: str) -> float | None:
-    text = raw.strip().replace(",", "")
-    try:
-        return float(text)
-    except ValueError:
         return None
 
 
@@ -414,24 +356,16 @@ def parse_ncu_csv(text: str, source: str = "ncu output") -> list[NcuLaunch]:
         if not row.get("ID") or not (row["ID"].strip().isdigit()):
             continue
         launch = launches.get(row["ID"])
+        get = lambda key, row=row: row.get(key) or ""  # noqa: E731 - an empty cell and a missing column alike
         if launch is None:
-            launch = launches[row["ID"]] = NcuLaunch(
-                id=row["ID"], kernel=row.get("Kernel Name") or "", block=row.get("Block Size") or "",
-                grid=row.get("Grid Size") or "", device=row.get("Device") or "", cc=row.get("CC") or "",
-            )
-        section = row.get("Section Name") or ""
-        metric = row.get("Metric Name") or ""
+            launch = launches[row["ID"]] = NcuLaunch(id=row["ID"], kernel=get("Kernel Name"), block=get("Block Size"),
+                                                     grid=get("Grid Size"), device=get("Device"), cc=get("CC"))
+        section, metric, rule = get("Section Name"), get("Metric Name"), get("Rule Name")
         if metric:
-            launch.metrics[(section, metric)] = (row.get("Metric Unit") or "", row.get("Metric Value") or "")
-        rule = row.get("Rule Name") or ""
+            launch.metrics[(section, metric)] = (get("Metric Unit"), get("Metric Value"))
         if rule:
-            launch.rules.append({
-                "section": section,
-                "rule": rule,
-                "type": row.get("Rule Type") or "",
-                "description": row.get("Rule Description") or "",
-                "speedup": row.get("Estimated Speedup") or "",
-            })
+            launch.rules.append({"section": section, "rule": rule, "type": get("Rule Type"),
+                                 "description": get("Rule Description"), "speedup": get("Estimated Speedup")})
     if not launches:
         raise MaxinstrError(f"{source}: the ncu CSV holds no profiled launch (did the kernel filter match?)")
     return list(launches.values())
@@ -464,13 +398,9 @@ class Verdict:
 
 
 _TIME_SCALE_NS = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "s": 1e9, "second": 1e9}
-_LIMITERS = (
-    ("Block Limit Registers", "registers"),
-    ("Block Limit Shared Mem", "shared memory"),
-    ("Block Limit Warps", "warps per SM (block size)"),
-    ("Block Limit SM", "blocks per SM"),
-    ("Block Limit Barriers", "barriers"),
-)
+_LIMITERS = (("Block Limit Registers", "registers"), ("Block Limit Shared Mem", "shared memory"),
+             ("Block Limit Warps", "warps per SM (block size)"), ("Block Limit SM", "blocks per SM"),
+             ("Block Limit Barriers", "barriers"))
 
 
 def make_verdict(launch: NcuLaunch) -> Verdict:
@@ -482,16 +412,11 @@ def make_verdict(launch: NcuLaunch) -> Verdict:
     unit = (launch.unit("Duration") or "ns").strip()
     duration_ns = dur * _TIME_SCALE_NS.get(unit, 1.0) if dur is not None else None
     achieved, theoretical = v("Achieved Occupancy"), v("Theoretical Occupancy")
-    regs = v("Registers Per Thread")
-    waves = v("Waves Per SM")
-    local = None
-    spill_vals = [v(m) for m in SPILL_METRICS]
-    if any(x is not None for x in spill_vals):
-        local = float(sum(x for x in spill_vals if x is not None))
-    limits = [(v(metric), label) for metric, label in _LIMITERS]
-    limits = [(n, label) for n, label in limits if n is not None]
+    regs, waves = v("Registers Per Thread"), v("Waves Per SM")
+    spills = [x for x in (v(m) for m in SPILL_METRICS) if x is not None]
+    local = float(sum(spills)) if spills else None
+    limits = [(n, label) for n, label in ((v(metric), label) for metric, label in _LIMITERS) if n is not None]
     limiter = min(limits)[1] if limits and theoretical is not None and theoretical < 99.5 else None
-
     facts: list[str] = []
     advice: list[str] = []
     if sm is None or mem is None:
@@ -527,24 +452,10 @@ def make_verdict(launch: NcuLaunch) -> Verdict:
             advice.append("local memory traffic: cap registers (__launch_bounds__/maxrregcount) carefully or shrink per-thread state")
         else:
             facts.append("no local-memory instructions: no register spills")
-    return Verdict(
-        kernel=launch.kernel,
-        duration_ns=duration_ns,
-        sm_throughput_pct=sm,
-        memory_throughput_pct=mem,
-        dram_throughput_pct=dram,
-        achieved_occupancy_pct=achieved,
-        theoretical_occupancy_pct=theoretical,
-        occupancy_limiter=limiter,
-        registers_per_thread=regs,
-        local_memory_instructions=local,
-        block=launch.block,
-        grid=launch.grid,
-        waves_per_sm=waves,
-        bound=bound,
-        facts=facts,
-        advice=advice,
-    )
+    return Verdict(kernel=launch.kernel, duration_ns=duration_ns, sm_throughput_pct=sm, memory_throughput_pct=mem,
+                   dram_throughput_pct=dram, achieved_occupancy_pct=achieved, theoretical_occupancy_pct=theoretical,
+                   occupancy_limiter=limiter, registers_per_thread=regs, local_memory_instructions=local,
+                   block=launch.block, grid=launch.grid, waves_per_sm=waves, bound=bound, facts=facts, advice=advice)
 
 
 def verdict_lines(verdict: Verdict, rules: list[dict[str, str]] | None = None) -> list[str]:
@@ -576,6 +487,6 @@ def verdict_lines(verdict: Verdict, rules: list[dict[str, str]] | None = None) -
 def load_report_json(path: str | Path) -> dict:
     """A saved report, checked as `maxinstr report REPORT.json` checks it (a regular file, its
     schema, version and field types), or a one-line error naming the file."""
-    from maxinstr.analyze.schema_check import read_report
+    from maxinstr.analyze.schema_check import read_report  # (here: a saved report's path only)
 
     return dict(read_report(path))

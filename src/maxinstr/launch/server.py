@@ -1,14 +1,12 @@
 """Profiling a long-running server around a benchmark window.
 
 A server (``max serve``, a vLLM-style API, any process that warms up and then waits for
-requests) is started once under ``nsys launch`` with a named session, so nothing is
-collected while it loads; each benchmark window is ``nsys start`` ... ``nsys stop`` on that
-session, one report per window; ``nsys shutdown`` ends it. The server's maxinstr stages go
-to the run directory the whole time (the sitecustomize bootstrap opens the session), so
-each window's trace joins the same run.
-
-State lives in ``RUN/server.json`` so start, window and stop can be separate commands
-(e.g. in a CI script), and only the process group recorded there is ever signalled.
+requests) is started once under ``nsys launch`` with a named session, so nothing is collected
+while it loads; each benchmark window is ``nsys start`` ... ``nsys stop`` on that session, one
+report per window; ``nsys shutdown`` ends it. The server's stages go to the run directory the
+whole time (the start-up hook opens the session), so each window's trace joins the same run.
+State lives in ``RUN/server.json`` so start, window and stop can be separate commands (a CI
+script), and only the process group recorded there is ever signalled.
 """
 
 from __future__ import annotations
@@ -26,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from maxinstr import config
-from maxinstr._files import LINK_REFUSED, open_write_file
+from maxinstr._files import LINK_REFUSED, open_write_file, parse_json, read_regular
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import layout, runner
 from maxinstr.launch import supervise as sv
+from maxinstr.launch.env import find_tool
 from maxinstr.launch.profilers import Artifact, Nsys, NsysOptions
 
 STATE_FILE = "server.json"
@@ -67,8 +66,6 @@ class ServerState:
     def load(cls, run_dir: str | Path) -> ServerState:
         """The state of the server started in ``run_dir`` (the folder named on the command line:
         the ``run_dir`` written in the file is never where maxinstr writes)."""
-        from maxinstr._files import parse_json, read_regular
-
         path = Path(run_dir) / STATE_FILE
         raw = read_regular(path, lambda p, why: MaxinstrError(f"{p}: unreadable server state ({why})"))
         if raw is None:
@@ -88,8 +85,7 @@ class ServerState:
         return cls(**known)
 
     def alive(self) -> bool:
-        """Whether the process ``pid`` exists and is not a zombie (it may be another process: see
-        :func:`verify`)."""
+        """Whether the process ``pid`` exists and is not a zombie (maybe another process: :func:`verify`)."""
         if self.pid < 2:
             return False
         try:
@@ -98,8 +94,7 @@ class ServerState:
             return False
         except PermissionError:
             return True
-        # A zombie (exited, not yet reaped by its parent) is not alive for our purposes.
-        try:
+        try:  # a zombie (exited, not yet reaped by its parent) is not alive
             with open(f"/proc/{self.pid}/stat", encoding="ascii") as fh:
                 return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
         except OSError:
@@ -232,30 +227,8 @@ def session_name(run_dir: Path) -> str:
     return f"maxinstr-{stem}-{os.getpid()}-{int(time.time())}"
 
 
-def launch_command(nsys: Nsys, session: str, command: list[str]) -> list[str]:
-    """``nsys launch``: the app runs with tracing injected, nothing is collected until start.
-    What to trace is set here; sampling is not: nsys 2025.3 refuses ``--sample`` and
-    ``--cpuctxsw`` on ``launch`` ("can be set on the profile and start commands", seen on the H200)."""
-    return [nsys.path, "launch", f"--session-new={session}", *nsys.trace_flags_launch(), *command]
-
-
-def start_command(nsys: Nsys, session: str, output: Path) -> list[str]:
-    """``nsys start``: where this window's report goes, and no CPU sampling or context-switch
-    tracing (without them a tiny script wrote a 2 GB .qdstrm)."""
-    return [nsys.path, "start", f"--session={session}", *nsys.sampling_flags(), "--force-overwrite=true",
-            f"--output={output}"]
-
-
 START_SETTLE_S = 0.5
 """`nsys start` returns before collection is live: wait this long before the benchmark."""
-
-
-def stop_command(nsys: Nsys, session: str) -> list[str]:
-    return [nsys.path, "stop", f"--session={session}"]
-
-
-def shutdown_command(nsys: Nsys, session: str) -> list[str]:
-    return [nsys.path, "shutdown", f"--session={session}"]
 
 
 def _nsys(path: str | None) -> Nsys:
@@ -265,8 +238,6 @@ def _nsys(path: str | None) -> Nsys:
 def _nsys_now(state: ServerState, echo: Callable[[str], None] | None = None) -> Nsys:
     """The nsys found on PATH now: never the program server.json names (a file is data; a
     planted ``"nsys": "/tmp/x.sh"`` would otherwise run as whoever stops the server)."""
-    from maxinstr.launch.env import find_tool
-
     tool = find_tool("nsys", probe_version=False)
     if not tool.found or tool.path is None:
         raise MaxinstrError(f"nsys is not installed: {tool.install_hint()}")
@@ -333,18 +304,9 @@ def _kill_group(state: ServerState, grace_s: float = 10.0) -> None:
             time.sleep(0.1)
 
 
-def start_server(
-    command: list[str],
-    run_dir: Path,
-    *,
-    profiler: str = "nsys",
-    nsys_path: str | None = None,
-    ready: str | None = None,
-    ready_timeout_s: float = 600.0,
-    stage_specs: list[str] | None = None,
-    presets: list[str] | None = None,
-    fail_fast: bool = True,
-) -> ServerState:
+def start_server(command: list[str], run_dir: Path, *, profiler: str = "nsys", nsys_path: str | None = None,
+                 ready: str | None = None, ready_timeout_s: float = 600.0, stage_specs: list[str] | None = None,
+                 presets: list[str] | None = None, fail_fast: bool = True) -> ServerState:
     """Start ``command`` in its own process group (under ``nsys launch`` when profiling),
     output to ``RUN/server.log``, and wait until its log matches ``ready``."""
     run_dir = sv.ensure_dir(run_dir).resolve()
@@ -367,9 +329,12 @@ def start_server(
     session = None
     cmd = list(command)
     if profiler == "nsys":
+        # `nsys launch`: the app runs with tracing injected, nothing is collected until start. What
+        # to trace is set here; sampling is not: nsys 2025.3 refuses --sample and --cpuctxsw on
+        # launch ("can be set on the profile and start commands", seen on the H200)
         nsys = _nsys(nsys_path)
         session = session_name(run_dir)
-        cmd = launch_command(nsys, session, command)
+        cmd = [nsys.path, "launch", f"--session-new={session}", *nsys.trace_flags_launch(), *command]
     elif profiler != "none":
         raise MaxinstrError(f"server profiling supports nsys or none, not {profiler!r} (on AMD: `maxinstr run --profiler rocprofv3` around the whole server)")
     log_path = run_dir / LOG_FILE
@@ -389,8 +354,7 @@ def start_server(
                         windows=[], log=str(log_path), start_ticks=process_start_ticks(proc.pid), boot_id=boot_id(),
                         token=token)
     state.save()
-    # Keep a reference so the child is reaped if this process lives on (tests, `server run`).
-    _children[proc.pid] = proc
+    _children[proc.pid] = proc  # so the child is reaped if this process lives on (tests, `server run`)
     _wait_ready(state, ready, ready_timeout_s, sv.DEFAULT_FATAL_PATTERNS if fail_fast else None)
     return state
 
@@ -415,15 +379,9 @@ def clear_previous_server(run_dir: Path) -> list[str]:
     return removed
 
 
-def profile_window(
-    run_dir: Path,
-    *,
-    duration_s: float | None = None,
-    bench: list[str] | None = None,
-    echo: Callable[[str], None] | None = sv.print_line,
-    timeout_s: float | None = None,
-    say: Callable[[str], None] | None = None,
-) -> tuple[dict, Artifact | None, sv.ChildResult | None]:
+def profile_window(run_dir: Path, *, duration_s: float | None = None, bench: list[str] | None = None,
+                   echo: Callable[[str], None] | None = sv.print_line, timeout_s: float | None = None,
+                   say: Callable[[str], None] | None = None) -> tuple[dict, Artifact | None, sv.ChildResult | None]:
     """One capture window: ``nsys start``, then the benchmark command (or ``duration_s``
     seconds), then ``nsys stop``; verify and export that window's report."""
     state = ServerState.load(run_dir)
@@ -440,10 +398,12 @@ def profile_window(
             raise MaxinstrError(f"{planted}: {LINK_REFUSED}: remove it; no window was captured")
     nsys = _nsys_now(state, say) if state.profiler == "nsys" else _nsys(None)
     if state.profiler == "nsys":
-        # The session may not be registered yet right after launch: retry briefly.
+        # this window's report, no CPU sampling or context switches (without them a tiny script wrote
+        # a 2 GB .qdstrm); the session may not be registered yet right after launch: retried briefly
         for attempt in range(5):
             try:
-                _check(start_command(nsys, state.session, output))  # type: ignore[arg-type]
+                _check([nsys.path, "start", f"--session={state.session}", *nsys.sampling_flags(),
+                        "--force-overwrite=true", f"--output={output}"])
                 break
             except MaxinstrError:
                 if attempt == 4:
@@ -465,10 +425,10 @@ def profile_window(
         pass  # end the window early; the report of what was collected is still written
     finally:
         if state.profiler == "nsys":
-            _check(stop_command(nsys, state.session))  # type: ignore[arg-type]
+            _check([nsys.path, "stop", f"--session={state.session}"])
     window: dict[str, Any] = {"index": k, "started_unix_s": started, "wall_s": round(time.time() - started, 3),
-              "host_start_ns": started_ns, "host_end_ns": time.monotonic_ns(),
-              "bench": bench, "bench_status": bench_result.status if bench_result else None}
+                              "host_start_ns": started_ns, "host_end_ns": time.monotonic_ns(), "bench": bench,
+                              "bench_status": bench_result.status if bench_result else None}
     artifact = nsys.collect(output) if state.profiler == "nsys" else None
     if artifact is not None:
         window["artifact"] = artifact.to_json()
@@ -495,8 +455,8 @@ def stop_server(run_dir: Path, grace_s: float = 20.0, say: Callable[[str], None]
                 say(f"maxinstr: {exc}; stopping the server's process group instead")
     if nsys is not None:
         try:
-            subprocess.run(shutdown_command(nsys, state.session), capture_output=True,  # type: ignore[arg-type]
-                           timeout=60, stdin=subprocess.DEVNULL)
+            subprocess.run([nsys.path, "shutdown", f"--session={state.session}"], capture_output=True, timeout=60,
+                           stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired):
             pass
     else:
