@@ -3,26 +3,20 @@
 The rules, in order of precedence (docs/attribution.md states them for users):
 
 1. ``SAME_THREAD`` (nsys's rule): the op's launch call (joined by correlation id within its
-   process) lies inside a push/pop range -- or a start/end range begun and ended on one
-   thread -- on the call's own thread, bounds inclusive. The op belongs to the innermost such
-   range (the latest-starting one) and, through ``range_parent``, to every enclosing one.
-   Ops whose launch was a CUDA graph launch (or that carry a graph node id) get ``GRAPH``:
-   every node kernel of a replay belongs to the range holding the ``cudaGraphLaunch``.
-2. ``START_END``: no range of 1 holds the call, but a start/end range that was ended on
-   another thread does, and the call was made on its start or its end thread.
-3. ``CROSS_THREAD``: the launching thread has no range holding the call (a worker or autograd
-   thread): the op goes to the innermost range, over the *other* threads of the same process,
-   that holds the call (ties broken by latest start). A range on the launching thread always
-   wins over this rule.
-4. ``TIME_OVERLAP``: the op has no launch call in the trace (no correlation): it goes to the
-   innermost range of its process holding the op's GPU start time. Stated in ``notes``.
+   process) lies inside a push/pop range, or a start/end range begun and ended on one thread,
+   on the call's own thread, bounds inclusive: the innermost such range (the latest-starting)
+   and, through ``range_parent``, every enclosing one. ``GRAPH``: the same for the kernels of a
+   CUDA graph replay (or ops that carry a graph node id), at the ``cudaGraphLaunch``.
+2. ``START_END``: no range of 1 holds the call, but a start/end range ended on another thread
+   does, and the call was made on its start or its end thread.
+3. ``CROSS_THREAD``: no range on the launching thread holds the call (a worker or autograd
+   thread): the innermost range over the *other* threads of the process that holds it.
+4. ``TIME_OVERLAP``: the op has no launch call in the trace (no correlation): the innermost
+   range of its process holding the op's GPU start time. Stated in ``notes``.
 
-Per-range numbers are inclusive of nested ranges, as ``nsys stats`` counts them.
-
-Where the trace holds maxinstr's stages and ranges of other domains too (MAX's op ranges, a
-framework's), stages own the work they submit (:func:`_own_by_stages`): a call's stage comes from
-the stage ranges alone (rules 1 and 3 over stages only), and ranges of other domains on threads
-that hold no stage nest under the stage of their first launch, as a breakdown.
+Per-range numbers are inclusive of nested ranges, as ``nsys stats`` counts them. Where the
+trace holds maxinstr's stages and ranges of other domains too (MAX's op ranges), stages own the
+work they submit (:func:`_own_by_stages`).
 """
 
 from __future__ import annotations
@@ -33,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from maxinstr.attribute.intervals import IntervalIndex, segmented_union
+from maxinstr.attribute.join import MAXINSTR_DOMAIN, join_records
 from maxinstr.attribute.model import Attribution, JoinMethod, Rule
 from maxinstr.columns import correlation_join
 from maxinstr.traces.model import OP_CALL_KEY, CallKind, OpKind, RangeStyle, Trace
@@ -62,12 +57,9 @@ def join_ops_to_calls(trace: Trace) -> np.ndarray:
 
 
 def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = None) -> Attribution:
-    """Attribute every GPU op of ``trace`` to the ranges that launched it.
-
-    ``rules`` limits the rules used (default: all); ``NSYS_RULES`` reproduces ``nsys stats``.
-    With ``run`` (a run directory, see :func:`join_run`), ranges are joined to its stage
-    records and ``range_record_id``/``join_method`` are filled.
-    """
+    """Attribute every GPU op of ``trace`` to the ranges that launched it. ``rules`` limits the
+    rules used (default: all; ``NSYS_RULES`` reproduces ``nsys stats``). With ``run`` (a run
+    directory or a loaded run) ranges are joined to its stage records (:mod:`.join`)."""
     use = ALL_RULES if rules is None else frozenset(Rule(r) for r in rules)
     owner = trace.meta.get(OP_STAGE_KEY) if isinstance(trace.meta, dict) else None
     if isinstance(owner, np.ndarray) and len(owner) == len(trace.ops):
@@ -76,11 +68,7 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
     n, m = len(R), len(O)
     notes: list[str] = []
 
-    style = R.style
-    same_thread = (style == RangeStyle.PUSH_POP) | ((style == RangeStyle.START_END) & (R.end_tid == R.tid))
-    split = (style == RangeStyle.START_END) & (R.end_tid != R.tid)
-    marks = style == RangeStyle.MARK
-
+    split = (R.style == RangeStyle.START_END) & (R.end_tid != R.tid)
     # Threads are (pid, tid) pairs. Only threads holding ranges matter: they get dense ids,
     # and a call on any other thread gets -1 (it can only match by the cross-thread rule).
     r_key = _thread_key(R.pid, R.tid)
@@ -88,14 +76,7 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
     threads = np.unique(np.concatenate([r_key, r_end_key]))
     r_thread, r_end_thread = np.searchsorted(threads, r_key), np.searchsorted(threads, r_end_key)
     c_thread = _thread_ids(threads, C.pid, C.tid)
-
-    rows1 = np.flatnonzero(same_thread)
-    idx1 = IntervalIndex.build(rows1, r_thread[rows1], R.start_ns[rows1], R.end_ns[rows1])
-    parent = np.full(n, -1, np.int64)
-    parent[idx1.rows] = idx1.parents()
-    if marks.any():  # a mark's parent is the range open around it on its thread
-        mrows = np.flatnonzero(marks)
-        parent[mrows] = idx1.innermost(r_thread[mrows], R.start_ns[mrows], R.start_ns[mrows])
+    same_thread, rows1, idx1, parent = _range_tree(trace, r_thread)
     depth = _depth(parent)
 
     # --- calls -> ranges -------------------------------------------------------------------
@@ -136,15 +117,7 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
 
     if Rule.CROSS_THREAD in use and len(rows1):
         left = pending()
-        best = np.full(len(left), -1, np.int64)
-        for t in np.unique(r_thread[rows1]):  # threads holding ranges: few
-            pid_t = R.pid[rows1][r_thread[rows1] == t][0]
-            sel = np.flatnonzero((C.pid[left] == pid_t) & (c_thread[left] != t))
-            if not len(sel):
-                continue
-            q = left[sel]
-            got = idx1.innermost(np.full(len(q), t), C.start_ns[q], C.end_ns[q])
-            best[sel] = _later(R.start_ns, best[sel], got)
+        best = _innermost_elsewhere(trace, idx1, rows1, r_thread, left, C.pid, C.start_ns, C.end_ns, c_thread)
         call_range[left] = best
         call_rule[left[best >= 0]] = Rule.CROSS_THREAD
         del left, best
@@ -175,15 +148,7 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
     no_call = np.flatnonzero(op_call < 0)
     if len(no_call):
         if Rule.TIME_OVERLAP in use and len(rows1):
-            best = np.full(len(no_call), -1, np.int64)
-            for t in np.unique(r_thread[rows1]):
-                pid_t = R.pid[rows1][r_thread[rows1] == t][0]
-                sel = np.flatnonzero(O.pid[no_call] == pid_t)
-                if not len(sel):
-                    continue
-                q = no_call[sel]
-                got = idx1.innermost(np.full(len(q), t), O.start_ns[q], O.start_ns[q])
-                best[sel] = _later(R.start_ns, best[sel], got)
+            best = _innermost_elsewhere(trace, idx1, rows1, r_thread, no_call, O.pid, O.start_ns, O.start_ns)
             op_range[no_call] = best
             op_rule[no_call[best >= 0]] = Rule.TIME_OVERLAP
             notes.append(
@@ -216,16 +181,14 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
     _range_spans(att)
     att.notes = notes
     if run is not None:
-        join_run(att, run)
+        join_records(att, run)
     return att
 
 
 def stage_domain_mask(trace: Trace) -> np.ndarray | None:
     """Per range, whether it is a maxinstr stage (NVTX domain ``maxinstr``), when the trace also
     holds ranges of other domains (a framework's, MAX's op ranges); None otherwise: then every
-    range takes part in attribution alike, as before."""
-    from maxinstr.attribute.join import MAXINSTR_DOMAIN
-
+    range takes part in attribution alike."""
     R = trace.ranges
     if not len(R):
         return None
@@ -265,13 +228,7 @@ def _own_by_stages(trace: Trace, stage: np.ndarray, same_thread: np.ndarray, r_t
     rule = np.where(own >= 0, np.where(C.kind[cidx] == CallKind.GRAPH, Rule.GRAPH, Rule.SAME_THREAD), Rule.NONE)
     left = np.flatnonzero(own < 0)
     if len(left):
-        best = np.full(len(left), -1, np.int64)
-        for t in np.unique(r_thread[srows]):  # threads holding stages: few
-            pid_t = R.pid[srows][r_thread[srows] == t][0]
-            sel = np.flatnonzero((C.pid[cidx[left]] == pid_t) & (ct[left] != t))
-            if len(sel):
-                got = idx.innermost(np.full(len(sel), t), cs[left[sel]], ce[left[sel]])
-                best[sel] = _later(R.start_ns, best[sel], got)
+        best = _innermost_elsewhere(trace, idx, srows, r_thread, cidx[left], C.pid, C.start_ns, C.end_ns, c_thread)
         own[left] = best
         rule[left[best >= 0]] = Rule.CROSS_THREAD
     rule = rule.astype(np.int8)
@@ -327,24 +284,15 @@ def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribu
     whose payload is that id (same process); rule SAME_THREAD (GRAPH for graph replays), as nsys
     would find it."""
     R, O = trace.ranges, trace.ops
-    n, m = len(R), len(O)
+    m = len(O)
     notes: list[str] = []
-    same_thread = (R.style == RangeStyle.PUSH_POP) | ((R.style == RangeStyle.START_END) & (R.end_tid == R.tid))
-    marks = R.style == RangeStyle.MARK
     r_key = _thread_key(R.pid, R.tid)
     threads = np.unique(r_key)
     r_thread = np.searchsorted(threads, r_key)
-    rows1 = np.flatnonzero(same_thread)
-    idx1 = IntervalIndex.build(rows1, r_thread[rows1], R.start_ns[rows1], R.end_ns[rows1])
-    parent = np.full(n, -1, np.int64)
-    parent[idx1.rows] = idx1.parents()
-    if marks.any():
-        mrows = np.flatnonzero(marks)
-        parent[mrows] = idx1.innermost(r_thread[mrows], R.start_ns[mrows], R.start_ns[mrows])
+    _, rows1, idx1, parent = _range_tree(trace, r_thread)
     depth = _depth(parent)
-
     # (pid, record id) -> range row; marks never own ops.
-    cand = np.flatnonzero(~marks & (R.payload >= 0))
+    cand = np.flatnonzero((R.style != RangeStyle.MARK) & (R.payload >= 0))
     key = _thread_key(R.pid[cand], R.payload[cand])  # record ids are unique per process
     srt = np.argsort(key, kind="stable")
     key, cand = key[srt], cand[srt]
@@ -379,10 +327,11 @@ def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribu
         notes.append(f"{lost} GPU ops name a stage record that is not in the trace's ranges (record lost?): not attributed")
     att = Attribution(trace=trace, op_range=op_range, op_rule=op_rule, range_parent=parent,
                       range_depth=depth.astype(np.int16))  # fmt: skip
-    _range_totals(att, op_call)
+    _range_sums(att, op_call)
+    _range_spans(att)
     att.notes = notes
     if run is not None:
-        join_run(att, run)
+        join_records(att, run)
     return att
 
 
@@ -400,15 +349,41 @@ def _cross_thread_untagged(trace: Trace, owner: np.ndarray, op_call: np.ndarray,
     ci = op_call[left]
     worker = ~np.isin(_thread_key(C.pid[ci], C.tid[ci]), threads) & (C.start_ns[ci] >= 0)
     left, ci = left[worker], ci[worker]
-    best = np.full(len(left), -1, np.int64)
-    for t in np.unique(r_thread[rows1]):
-        pid_t = trace.ranges.pid[rows1][r_thread[rows1] == t][0]
-        sel = np.flatnonzero(C.pid[ci] == pid_t)
-        if len(sel):
-            got = idx1.innermost(np.full(len(sel), t), C.start_ns[ci[sel]], C.end_ns[ci[sel]])
-            best[sel] = _later(trace.ranges.start_ns, best[sel], got)
+    best = _innermost_elsewhere(trace, idx1, rows1, r_thread, ci, C.pid, C.start_ns, C.end_ns)
     op_range[left] = best
     return left[best >= 0]
+
+
+def _range_tree(trace: Trace, r_thread: np.ndarray) -> tuple[np.ndarray, np.ndarray, IntervalIndex, np.ndarray]:
+    """(same-thread ranges mask, their rows, their index, per range its parent): a range's parent
+    is the innermost same-thread range holding it on its thread, a mark's the one open around it."""
+    R = trace.ranges
+    same_thread = (R.style == RangeStyle.PUSH_POP) | ((R.style == RangeStyle.START_END) & (R.end_tid == R.tid))
+    rows1 = np.flatnonzero(same_thread)
+    idx1 = IntervalIndex.build(rows1, r_thread[rows1], R.start_ns[rows1], R.end_ns[rows1])
+    parent = np.full(len(R), -1, np.int64)
+    parent[idx1.rows] = idx1.parents()
+    mrows = np.flatnonzero(R.style == RangeStyle.MARK)
+    if len(mrows):
+        parent[mrows] = idx1.innermost(r_thread[mrows], R.start_ns[mrows], R.start_ns[mrows])
+    return same_thread, rows1, idx1, parent
+
+
+def _innermost_elsewhere(trace: Trace, idx: IntervalIndex, rows: np.ndarray, r_thread: np.ndarray, q: np.ndarray,
+                         pid: np.ndarray, start: np.ndarray, end: np.ndarray,
+                         thread: np.ndarray | None = None) -> np.ndarray:
+    """Per query row ``q`` (of the columns ``pid``, ``start``, ``end``), the latest-starting range
+    of ``idx`` (over range ``rows``) that holds it on a thread of its process, other than its own
+    ``thread`` when given; -1 none. One pass per thread holding ranges: few."""
+    R = trace.ranges
+    best = np.full(len(q), -1, np.int64)
+    for t in np.unique(r_thread[rows]):
+        pid_t = R.pid[rows][r_thread[rows] == t][0]
+        sel = np.flatnonzero((pid[q] == pid_t) & (thread[q] != t) if thread is not None else pid[q] == pid_t)
+        if len(sel):
+            got = idx.innermost(np.full(len(sel), t), start[q[sel]], end[q[sel]])
+            best[sel] = _later(R.start_ns, best[sel], got)
+    return best
 
 
 def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
@@ -450,26 +425,14 @@ def _depth(parent: np.ndarray) -> np.ndarray:
     return depth
 
 
-def _range_totals(att: Attribution, op_call: np.ndarray) -> None:
-    """Fill the per-range totals, inclusive of nested ranges, from ``op_range``/``range_parent``.
-
-    Sums are taken per innermost range with ``bincount`` and pushed up the range tree one
-    depth level at a time (:func:`_range_sums`). Spans and busy time (a union, which does not
-    add up) are computed per depth level over (op, ancestor-at-that-level) pairs: each range
-    sees its whole subtree (:func:`_range_spans`).
-    """
-    _range_sums(att, op_call)
-    _range_spans(att)
-
-
 def _range_sums(att: Attribution, op_call: np.ndarray | list[np.ndarray],
                 call_launch: np.ndarray | None = None) -> None:
-    """Counts, times and bytes per range (inclusive), launch counts and the rules used.
+    """Counts, times and bytes per range, launch counts and the rules used: summed per innermost
+    range with ``bincount`` and pushed up the range tree one depth level at a time (inclusive).
 
     ``op_call`` (per op, its launch call row) may be handed over in a one-element list: it is
     then taken out and freed as soon as the per-op pass is done. ``call_launch``: the range of
-    every launch call that has one (when the caller knows the calls' ranges; then launches are
-    counted per call, not found as each call's first op).
+    every launch call that has one (then launches are counted per call, not per call's first op).
     """
     if isinstance(op_call, list):
         op_call = op_call.pop()
@@ -561,8 +524,9 @@ def _where32(mask: np.ndarray) -> np.ndarray:
 
 
 def _range_spans(att: Attribution) -> None:
-    """Projected GPU span (first op start, last op end), busy time (union of op intervals) and
-    idle gaps per range, inclusive of nested ranges, one nesting level at a time.
+    """Projected GPU span (first op start, last op end), busy time (union of op intervals: it does
+    not add up, so each range sees its whole subtree) and idle gaps per range, inclusive of nested
+    ranges, over (op, ancestor at that level) pairs one nesting level at a time.
 
     Memory: on a 10M-op trace this is the largest pass, so positions are int32 and every
     per-op temporary is taken in blocks of ``_CHUNK``; per level one int64 array holds
@@ -643,11 +607,4 @@ def _range_spans(att: Attribution) -> None:
     att.range_record_id = np.full(n, -1, np.int64)
 
 
-def join_run(att: Attribution, run: Any) -> None:
-    """Join trace ranges to a run directory's stage records (see :mod:`maxinstr.attribute.join`)."""
-    from maxinstr.attribute.join import join_records
-
-    join_records(att, run)
-
-
-__all__ = ["ALL_RULES", "NSYS_RULES", "attribute", "join_ops_to_calls", "join_run", "JoinMethod"]
+__all__ = ["ALL_RULES", "NSYS_RULES", "attribute", "join_ops_to_calls", "JoinMethod"]

@@ -64,9 +64,6 @@ WRAP_POINTS: tuple[WrapPoint, ...] = (
     WrapPoint(f"{_ENGINE}:InferenceSession.init_all=init", "binding the weights to a compiled graph"),
 )
 
-STAGE_NAMES = ("prefill", "decode", "drain", "forward", "sample", "tokenize", "detokenize", "graph", "load", "compile", "init")
-"""The stage names the preset records (and the mark ``queued``)."""
-
 QUEUED_MARK = "queued"
 
 

@@ -18,35 +18,22 @@ from dataclasses import dataclass, field
 # Where vendors install profilers off PATH (seen on real machines: the lent H200 has nsys
 # only inside Nsight Compute's host folder).
 _KNOWN_LOCATIONS: dict[str, tuple[str, ...]] = {
-    "nsys": (
-        "/usr/local/cuda/bin/nsys",
-        "/opt/nvidia/nsight-systems/*/bin/nsys",
-        "/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys",
-    ),
+    "nsys": ("/usr/local/cuda/bin/nsys", "/opt/nvidia/nsight-systems/*/bin/nsys",
+             "/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys"),
     "ncu": ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu"),
     "rocprofv3": ("/opt/rocm/bin/rocprofv3", "/opt/rocm-*/bin/rocprofv3"),
     "rocprof-compute": ("/opt/rocm/bin/rocprof-compute", "/opt/rocm-*/bin/rocprof-compute"),
 }
 
 INSTALL_STEPS: dict[str, str] = {
-    "nsys": (
-        "install Nsight Systems: `sudo apt-get install -y nsight-systems` from NVIDIA's CUDA apt "
-        "repository (or the .run/.deb from https://developer.nvidia.com/nsight-systems), then make "
-        "sure `nsys` is on PATH"
-    ),
-    "ncu": (
-        "install Nsight Compute: `sudo apt-get install -y nsight-compute` from NVIDIA's CUDA apt "
-        "repository (it also ships with the CUDA toolkit as /usr/local/cuda/bin/ncu), then make "
-        "sure `ncu` is on PATH"
-    ),
-    "rocprofv3": (
-        "install the ROCm profiler SDK: `sudo apt-get install -y rocprofiler-sdk` (ROCm >= 6.2; "
-        "it provides /opt/rocm/bin/rocprofv3), then add /opt/rocm/bin to PATH"
-    ),
-    "rocprof-compute": (
-        "install ROCm Compute Profiler: `sudo apt-get install -y rocprofiler-compute` (ROCm >= 6.3; "
-        "it provides /opt/rocm/bin/rocprof-compute)"
-    ),
+    "nsys": "install Nsight Systems: `sudo apt-get install -y nsight-systems` from NVIDIA's CUDA apt repository (or "
+            "the .run/.deb from https://developer.nvidia.com/nsight-systems), then make sure `nsys` is on PATH",
+    "ncu": "install Nsight Compute: `sudo apt-get install -y nsight-compute` from NVIDIA's CUDA apt repository (it "
+           "also ships with the CUDA toolkit as /usr/local/cuda/bin/ncu), then make sure `ncu` is on PATH",
+    "rocprofv3": "install the ROCm profiler SDK: `sudo apt-get install -y rocprofiler-sdk` (ROCm >= 6.2; it provides "
+                 "/opt/rocm/bin/rocprofv3), then add /opt/rocm/bin to PATH",
+    "rocprof-compute": "install ROCm Compute Profiler: `sudo apt-get install -y rocprofiler-compute` (ROCm >= 6.3; it "
+                       "provides /opt/rocm/bin/rocprof-compute)",
 }
 
 _VERSION_RE = re.compile(r"\b(\d{4}\.\d+(?:\.\d+)*|\d+\.\d+\.\d+(?:\.\d+)*)\b")
@@ -108,15 +95,9 @@ class Environment:
         return lines
 
     def to_json(self) -> dict:
-        return {
-            "vendor": self.vendor,
-            "vendor_source": self.vendor_source,
-            "devices": self.devices,
-            "tools": {
-                n: {"path": t.path, "version": t.version, "on_path": t.found and not t.off_path}
-                for n, t in self.tools.items()
-            },
-        }
+        return {"vendor": self.vendor, "vendor_source": self.vendor_source, "devices": self.devices,
+                "tools": {n: {"path": t.path, "version": t.version, "on_path": t.found and not t.off_path}
+                          for n, t in self.tools.items()}}
 
 
 def find_tool(name: str, *, probe_version: bool = True, search_known: bool = True) -> Tool:
@@ -138,9 +119,7 @@ def find_tool(name: str, *, probe_version: bool = True, search_known: bool = Tru
 def tool_version(path: str, timeout_s: float = 20.0) -> str | None:
     """The version a profiler prints for ``--version`` (None when it fails or says nothing)."""
     try:
-        out = subprocess.run(
-            [path, "--version"], capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
-        )
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return None
     match = _VERSION_RE.search(out.stdout + "\n" + out.stderr)
@@ -149,7 +128,7 @@ def tool_version(path: str, timeout_s: float = 20.0) -> str | None:
 
 def _nvml_devices() -> list[str] | None:
     try:
-        import pynvml  # nvidia-ml-py
+        import pynvml  # nvidia-ml-py: optional
     except Exception:  # noqa: BLE001 - any import failure means "no NVML here"
         return None
     try:
@@ -157,12 +136,8 @@ def _nvml_devices() -> list[str] | None:
     except Exception:  # noqa: BLE001 - NVML_ERROR_LIBRARY_NOT_FOUND, driver not loaded, ...
         return None
     try:
-        count = pynvml.nvmlDeviceGetCount()
-        names = []
-        for i in range(count):
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-            names.append(name.decode() if isinstance(name, bytes) else str(name))
-        return names
+        names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
+        return [name.decode() if isinstance(name, bytes) else str(name) for name in names]
     except Exception:  # noqa: BLE001
         return None
     finally:
@@ -186,11 +161,8 @@ def _smi_devices(tool: str, args: list[str], pattern: str) -> list[str] | None:
 
 
 def detect_vendor() -> tuple[str, str, list[str]]:
-    """(vendor, how it was detected, device names). NVML first, then the SMI tools.
-
-    amdsmi is not imported here: its import prints and can fail in odd ways, and
-    ``rocm-smi`` answers the same question from a subprocess.
-    """
+    """(vendor, how it was detected, device names). NVML first, then the SMI tools (not amdsmi:
+    its import prints and can fail in odd ways; ``rocm-smi`` answers from a subprocess)."""
     names = _nvml_devices()
     if names:
         return "nvidia", "nvml", names
@@ -208,7 +180,5 @@ def detect_vendor() -> tuple[str, str, list[str]]:
 def detect_environment(tools: tuple[str, ...] = ("nsys", "ncu", "rocprofv3"), *, probe_versions: bool = True) -> Environment:
     """Detect the GPU vendor and the given profilers (with versions)."""
     vendor, source, devices = detect_vendor()
-    env = Environment(vendor=vendor, vendor_source=source, devices=devices)
-    for name in tools:
-        env.tools[name] = find_tool(name, probe_version=probe_versions)
-    return env
+    return Environment(vendor=vendor, vendor_source=source, devices=devices,
+                       tools={name: find_tool(name, probe_version=probe_versions) for name in tools})

@@ -12,14 +12,14 @@ import contextlib
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-import subprocess
-from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from maxinstr._files import open_write_file
@@ -30,11 +30,8 @@ from maxinstr._files import open_write_file
 DEFAULT_FATAL_PATTERNS: tuple[tuple[str, str], ...] = (
     ("python traceback", r"^Traceback \(most recent call last\):"),
     ("out of GPU memory", r"CUDA out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|hipErrorOutOfMemory|out of memory"),
-    (
-        "model not found",
-        r"RepositoryNotFoundError|EntryNotFoundError|GatedRepoError|(model|checkpoint|repository|weights?)\b.*\bnot found"
-        r"|does not appear to have a file named|No such file or directory",
-    ),
+    ("model not found", r"RepositoryNotFoundError|EntryNotFoundError|GatedRepoError|(model|checkpoint|repository|weights?)\b"
+                        r".*\bnot found|does not appear to have a file named|No such file or directory"),
     ("bad command-line flag", r"unrecognized arguments:|error: argument |invalid choice:|No such option:|unknown option|Unknown argument"),
     ("crash", r"Segmentation fault|core dumped|Aborted \(core dumped\)|illegal memory access|CUDA error:|HIP error:"),
 )
@@ -109,16 +106,11 @@ class ChildResult:
         return f"interrupted{by} after {self.wall_s:.1f} s (partial results kept)"
 
     def to_json(self) -> dict:
-        return {
-            "command": self.command,
-            "status": self.status,
-            "returncode": self.returncode,
-            "wall_s": round(self.wall_s, 3),
-            "log": self.log_path,
-            "fatal": None if self.fatal_label is None else {"label": self.fatal_label, "line": self.fatal_line},
-            "stopped_by_maxinstr": self.stopped_by_maxinstr,
-            "signal": signal.Signals(self.signal).name if self.signal else None,
-        }
+        return {"command": self.command, "status": self.status, "returncode": self.returncode,
+                "wall_s": round(self.wall_s, 3), "log": self.log_path,
+                "fatal": None if self.fatal_label is None else {"label": self.fatal_label, "line": self.fatal_line},
+                "stopped_by_maxinstr": self.stopped_by_maxinstr,
+                "signal": signal.Signals(self.signal).name if self.signal else None}
 
 
 def compile_patterns(patterns: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> list[tuple[str, re.Pattern[str]]]:
@@ -179,38 +171,21 @@ def stop_group(proc: subprocess.Popen, pgid: int, *, grace_s: float = 20.0, firs
     _signal_group(pgid, signal.SIGTERM)
 
 
-def supervise(
-    command: list[str],
-    *,
-    env: dict[str, str] | None = None,
-    cwd: str | os.PathLike | None = None,
-    log_path: str | os.PathLike | None = None,
-    timeout_s: float | None = None,
-    fatal_patterns: tuple[tuple[str, str], ...] | list[tuple[str, str]] | None = DEFAULT_FATAL_PATTERNS,
-    fatal_grace_s: float = 3.0,
-    stop_grace_s: float = 20.0,
-    echo: Callable[[str], None] | None = None,
-    poll_s: float = 0.05,
-) -> ChildResult:
-    """Run ``command`` in a new process group and wait for it, stopping it early when its
-    log shows a fatal error (after ``fatal_grace_s``), at ``timeout_s``, or on Ctrl-C.
-
-    Output (stdout and stderr merged) goes to ``log_path`` and, when given, to ``echo``.
-    Raises FileNotFoundError when the executable does not exist.
-    """
+def supervise(command: list[str], *, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
+              log_path: str | os.PathLike | None = None, timeout_s: float | None = None,
+              fatal_patterns: tuple[tuple[str, str], ...] | list[tuple[str, str]] | None = DEFAULT_FATAL_PATTERNS,
+              fatal_grace_s: float = 3.0, stop_grace_s: float = 20.0, echo: Callable[[str], None] | None = None,
+              poll_s: float = 0.05) -> ChildResult:
+    """Run ``command`` in a new process group and wait for it, stopping it early when its log
+    shows a fatal error (after ``fatal_grace_s``), at ``timeout_s``, or on Ctrl-C. Output (stdout
+    and stderr merged) goes to ``log_path`` and, when given, to ``echo``. Raises
+    FileNotFoundError when the executable does not exist."""
     patterns = compile_patterns(fatal_patterns or ())
     log = open_write_file(log_path) if log_path else None  # O_NOFOLLOW: never through a planted link
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            command,
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # own session and process group: we signal only it
-        )
+        proc = subprocess.Popen(command, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # own group: we signal only it
     except BaseException:
         if log:
             log.close()
@@ -245,21 +220,10 @@ def supervise(
         log.close()
     if status == STATUS_OK and returncode != 0:
         status = STATUS_FAILED
-    fatal_label = fatal_line = None
-    if pump.fatal is not None and status != STATUS_OK:
-        fatal_label, fatal_line = pump.fatal[0], pump.fatal[1]
-    return ChildResult(
-        command=list(command),
-        status=status,
-        returncode=returncode,
-        wall_s=wall_s,
-        log_path=str(log_path) if log_path else None,
-        fatal_label=fatal_label,
-        fatal_line=fatal_line,
-        tail=list(pump.tail),
-        stopped_by_maxinstr=stopped,
-        signal=by_signal,
-    )
+    fatal_label, fatal_line = pump.fatal[:2] if pump.fatal is not None and status != STATUS_OK else (None, None)
+    return ChildResult(command=list(command), status=status, returncode=returncode, wall_s=wall_s,
+                       log_path=str(log_path) if log_path else None, fatal_label=fatal_label, fatal_line=fatal_line,
+                       tail=list(pump.tail), stopped_by_maxinstr=stopped, signal=by_signal)
 
 
 def print_line(line: str) -> None:

@@ -1,18 +1,15 @@
-"""maxinstr's start-up hook. `maxinstr run` puts this folder first on PYTHONPATH so every
+"""maxinstr's start-up hook: `maxinstr run` puts this folder first on PYTHONPATH so every
 Python process of the run reads this file before user code.
 
-It must leave the program as it would be without maxinstr until the program asks for it: no
-import beyond importlib's frozen core, no thread, no GPU call, no signal handler, no
-environment change (tests/launch/test_hook_unseen.py holds it to that). All it does is put one
-finder on ``sys.meta_path`` that waits for the first import of a module that asks for
-maxinstr: ``maxinstr`` itself (the program opens a session or marks a stage), the top-level
-package of a ``--stage`` target, or ``max`` when MAX's markers are on (they must be checked
-before MAX loads). Only then does it import maxinstr and run
-``maxinstr.launch.bootstrap.startup()``: the --stage wraps, the capture window, the run's
-session. A target that Python's own start-up imported (``os``, ``time``) has no import to wait
-for: maxinstr then starts at once. It never breaks the program, and it runs the sitecustomize it
-shadows (if any) afterwards. The ways a program reaches that import are tested in
-tests/launch/test_hook_triggers.py.
+It leaves the program as it would be without maxinstr until the program asks for it: no import
+beyond importlib's frozen core, no thread, no GPU call, no signal handler, no environment change
+(tests/launch/test_hook_unseen.py). It puts one finder on ``sys.meta_path`` that waits for the
+first import of a module that asks for maxinstr: ``maxinstr`` itself, the top-level package of a
+``--stage`` target, or ``max`` when MAX's markers are on (checked before MAX loads). Only then
+does it import maxinstr and run ``maxinstr.launch.bootstrap.startup()``. A target that Python's
+own start-up imported (``os``) has no import to wait for: maxinstr then starts at once. It never
+breaks the program, and runs the sitecustomize it shadows (if any) afterwards. The ways a program
+reaches that import: tests/launch/test_hook_triggers.py.
 """
 
 # Top-level names that starting maxinstr imports besides the standard library's (its own, its
@@ -23,13 +20,11 @@ _MAXINSTR_NEEDS = frozenset(("maxinstr", "numpy", "rich", "click", "pynvml", "am
 
 class _MaxinstrTrigger:
     """A meta-path finder that starts maxinstr at the first import of a watched top-level name.
-    It finds nothing itself: it answers that import as the finders after it would, with the
-    module's loader wrapped so that maxinstr starts once the module has run. ``max`` is the
-    exception (``before``): maxinstr starts before MAX runs, because MAX reads its markers'
-    setting when it is imported. Starting never imports a module of ``after`` first: that
-    module would run twice (the import in progress would run it again). Only running the module
-    uses the trigger up, not finding it: ``importlib.util.find_spec`` (runpy's ``-m``, an "is it
-    installed?" check) finds without importing."""
+    It answers that import as the finders after it would, the module's loader wrapped so that
+    maxinstr starts once the module has run; ``max`` (``before``) starts it before MAX runs, as
+    MAX reads its markers' setting when imported. Starting never imports a module of ``after``
+    first (it would run twice). Only running the module uses the trigger up, not finding it
+    (``importlib.util.find_spec``: runpy's ``-m``, an "is it installed?" check)."""
 
     def __init__(self, after, before, wanted):
         self.after = frozenset(after)
@@ -102,21 +97,19 @@ class _StartAfter:
 
 
 def _start_when_safe(wanted, own=None):
-    """Start maxinstr once the import of ``own`` (the module that asked) has finished: after
-    importlib has put it in sys.modules, or taken a failed one out (a retried import then gets
-    the stage). And never in the middle of an import on this thread that starting maxinstr would
-    meet half-done: numpy imports math, json imports _json, and maxinstr imports numpy and json;
-    started there it would see a half-initialized module and fail. Then it starts when the
-    outermost such import has finished. Without either (a module run by hand, not imported), now."""
+    """Start maxinstr once the import of ``own`` (the module that asked) has finished (in
+    sys.modules, or a failed one taken out: a retried import then gets the stage), and never in
+    the middle of an import on this thread that starting maxinstr would meet half-done (numpy
+    imports math, maxinstr imports numpy): then once the outermost such import has finished.
+    Without either (a module run by hand, not imported), now."""
     wait = _outermost_loading(own)
     if wait is None or not _start_after_load(wait, wanted):
         _start_maxinstr(wanted)
 
 
 def _outermost_loading(own):
-    """The spec to wait for: of the imports this thread is running (importlib's _load_unlocked
-    frames), the outermost whose top-level package starting maxinstr imports, else ``own`` when
-    it is one of them, else None."""
+    """Of the imports this thread is running (importlib's _load_unlocked frames), the outermost
+    whose top-level package starting maxinstr imports, else ``own`` when it is one, else None."""
     import sys
 
     needs = _MAXINSTR_NEEDS | getattr(sys, "stdlib_module_names", frozenset())
@@ -167,8 +160,8 @@ def _loading_set(spec, value):
 
 
 def _start_after_load(spec, wanted):
-    """Have importlib's ``spec._initializing = False`` (the end of that import) start maxinstr.
-    False when the spec cannot be watched (then the caller starts it now)."""
+    """Have importlib's ``spec._initializing = False`` (the end of that import) start maxinstr;
+    False when the spec cannot be watched (the caller starts it now)."""
     base = type(spec)
     try:
         watching = _watching_classes.get(base)
@@ -201,11 +194,10 @@ def _start_maxinstr(wanted):
 
 def _from_own_site():
     """bootstrap.startup from the site folder this file was installed in, when this interpreter
-    can load maxinstr's native module (the same Python version), else None. For a process whose
-    interpreter lost its venv: Mojo's runtime (MAX) sets PYTHONEXECUTABLE to the `python3` on PATH,
-    so MAX's `spawn` workers start with sys.executable and sys.prefix of that Python, without the
-    venv's site-packages (multiprocessing restores the parent's sys.path only after start-up).
-    The folder goes last on sys.path: this interpreter's own packages keep precedence."""
+    can load maxinstr's native module (the same Python version), else None. For a process that
+    lost its venv: Mojo's runtime (MAX) sets PYTHONEXECUTABLE to the `python3` on PATH, so MAX's
+    `spawn` workers start without the venv's site-packages (multiprocessing restores the parent's
+    sys.path only after start-up). The folder goes last on sys.path: this Python's own come first."""
     import glob
     import importlib.machinery
     import os
@@ -250,18 +242,16 @@ def _maxinstr_install():
     if not after and not before:
         return
     if any(name in sys.modules for name in after):
-        # Python's own start-up imported it (os, time, io; a .pth file's import): no import of it
-        # is left to wait for, so maxinstr starts with the program, as the user asked (once `site`,
-        # being imported now, has finished: after any sitecustomize this one shadows)
+        # Python's own start-up imported it (os, io; a .pth file's import): maxinstr starts with
+        # the program, once `site` (being imported now, with any sitecustomize this one shadows) has
         _start_when_safe(True)
         return
     sys.meta_path.insert(0, _MaxinstrTrigger(after, before, wanted=True))
 
 
 def _chain_shadowed_sitecustomize():
-    # Our folder shadows any other sitecustomize (a distro's, a venv's): run that one too.
-    # importlib's frozen core (always loaded) rather than importlib.util, which a program that
-    # never imports it would otherwise find in sys.modules.
+    # Our folder shadows any other sitecustomize (a distro's, a venv's): run that one too, through
+    # importlib's frozen core (always loaded), not importlib.util (the program would find it loaded)
     import _frozen_importlib
     import _frozen_importlib_external
     import os
