@@ -8,8 +8,10 @@ file had when opened (a file still being appended to reads as a consistent prefi
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import secrets
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -38,12 +40,15 @@ def open_regular(path: Path, error: MakeError) -> tuple[int, int] | None:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
-            raise error(path, f"not a regular file ({kind})")
+            raise error(path, f"not a regular file ({_kind(st.st_mode)})")
     except BaseException:
         os.close(fd)
         raise
     return fd, st.st_size
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
 def read_at(fd: int, offset: int, size: int) -> bytes:
@@ -69,8 +74,6 @@ def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
             try:
                 start = os.lseek(fd, pos, os.SEEK_DATA)
             except OSError as exc:
-                import errno
-
                 if exc.errno == errno.ENXIO:  # no data past pos: a hole to the end
                     break
                 raise
@@ -85,9 +88,8 @@ def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
 
 
 def read_regular(path: Path, error: MakeError) -> bytes | None:
-    """The bytes of the regular file ``path``; None when nothing is there. Anything else (a
-    FIFO, a device, a directory, a dangling or looping link, an unreadable file) raises
-    ``error(path, problem)``."""
+    """The bytes of the regular file ``path``; None when nothing is there; anything else raises
+    ``error(path, problem)`` (as :func:`open_regular`)."""
     opened = open_regular(path, error)
     if opened is None:
         return None
@@ -141,8 +143,6 @@ LINK_REFUSED = "a symbolic link inside a run directory (maxinstr never writes th
 
 
 def _refuse_link(path: str | os.PathLike[str]) -> OSError:
-    import errno
-
     return OSError(errno.ELOOP, LINK_REFUSED, os.fspath(path))
 
 
@@ -172,8 +172,6 @@ def real_dirs(root: str | os.PathLike[str], below: str | os.PathLike[str]) -> Pa
         if stat.S_ISLNK(st.st_mode):
             raise _refuse_link(folder)
         if not stat.S_ISDIR(st.st_mode):
-            import errno
-
             raise OSError(errno.ENOTDIR, "not a directory", os.fspath(folder))
     return target
 
@@ -182,8 +180,6 @@ def open_write(path: str | os.PathLike[str], *, append: bool = True, exclusive: 
     """A file descriptor to write ``path``: O_NOFOLLOW (a link in its place raises OSError
     naming it), only a regular file (a FIFO in its place would block: refused), appended to
     (``append``) or truncated; ``exclusive``: the file must not exist yet (O_EXCL)."""
-    import errno
-
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     flags |= os.O_APPEND if append else 0
     flags |= os.O_EXCL if exclusive else 0
@@ -198,8 +194,7 @@ def open_write(path: str | os.PathLike[str], *, append: bool = True, exclusive: 
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
-            raise OSError(errno.EINVAL, f"not a regular file ({kind})", os.fspath(path))
+            raise OSError(errno.EINVAL, f"not a regular file ({_kind(st.st_mode)})", os.fspath(path))
         if not append and st.st_size:
             os.ftruncate(fd, 0)
         os.set_blocking(fd, True)
@@ -220,8 +215,6 @@ def replace_atomic(path: str | os.PathLike[str], data: bytes, *, fsync: bool = F
     """Write ``data`` to ``path`` through a new temporary file beside it (created exclusively,
     a random name: nothing planted there is written through) and a rename: a reader sees the
     old file or the new one. A link at ``path`` is replaced, its target never touched."""
-    import secrets
-
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = open_write(tmp, append=False, exclusive=True)

@@ -34,6 +34,7 @@ then sit in the trace, where the report keeps them apart), never after it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,45 +58,40 @@ def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
     return np.where(found, order[pos], -1).astype(np.int64)
 
 
-def levels(parent: np.ndarray) -> np.ndarray:
-    """Per instance, its nesting level among the instances (0: no enclosing instance)."""
-    level = np.zeros(len(parent), np.int64)
+def _up(parent: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """One level up the parent chains at a time (at most MAX_LEVELS): the instances that still
+    have an enclosing instance there, and that instance."""
     cur = np.asarray(parent, np.int64).copy()
     live = np.flatnonzero(cur >= 0)
     for _ in range(MAX_LEVELS):
         if len(live) == 0:
             break
-        level[live] += 1
+        yield live, cur[live]
         cur[live] = parent[cur[live]]
         live = live[cur[live] >= 0]
+
+
+def levels(parent: np.ndarray) -> np.ndarray:
+    """Per instance, its nesting level among the instances (0: no enclosing instance)."""
+    level = np.zeros(len(parent), np.int64)
+    for live, _ in _up(parent):
+        level[live] += 1
     return level
 
 
 def inside(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:
     """Per instance: whether any enclosing instance (parent, grandparent, ...) has ``flag``."""
     out = np.zeros(len(parent), dtype=bool)
-    cur = np.asarray(parent, np.int64).copy()
-    live = np.flatnonzero(cur >= 0)
-    for _ in range(MAX_LEVELS):
-        if len(live) == 0:
-            break
-        out[live] |= flag[cur[live]]
-        cur[live] = parent[cur[live]]
-        live = live[cur[live] >= 0]
+    for live, above in _up(parent):
+        out[live] |= flag[above]
     return out
 
 
 def top_ancestor(parent: np.ndarray) -> np.ndarray:
     """Per instance: its outermost enclosing instance (itself at the top level)."""
     root = np.arange(len(parent))
-    cur = np.asarray(parent, np.int64).copy()
-    live = np.flatnonzero(cur >= 0)
-    for _ in range(MAX_LEVELS):
-        if len(live) == 0:
-            break
-        root[live] = cur[live]
-        cur[live] = parent[cur[live]]
-        live = live[cur[live] >= 0]
+    for live, above in _up(parent):
+        root[live] = above
     return root
 
 
@@ -146,20 +142,13 @@ def pipeline_iterations(part_code: np.ndarray, name_code: np.ndarray, level: np.
 class WarmupFlags:
     """The rule's columns, one value per instance."""
 
-    occurrence: np.ndarray
-    """How many instances of its name started before it in its process."""
-    level: np.ndarray
-    """Nesting level (0: top level)."""
-    iteration: np.ndarray
-    """The pipeline iteration (-1: before the first)."""
-    heads: dict[int, int]
-    """Per process (part code) with a pipeline head, the head's name code."""
-    warmup: np.ndarray
-    """Warm-up by steps 1 and 2 of the rule (the instance's own)."""
-    nested: np.ndarray
-    """Inside a warm-up instance (step 3), and not warm-up itself."""
-    is_mark: np.ndarray
-    """Instant marks (never warm-up: they have no time to keep out)."""
+    occurrence: np.ndarray  # how many instances of its name started before it in its process
+    level: np.ndarray  # nesting level (0: top level)
+    iteration: np.ndarray  # the pipeline iteration (-1: before the first)
+    heads: dict[int, int]  # per process (part code) with a pipeline head, the head's name code
+    warmup: np.ndarray  # warm-up by steps 1 and 2 of the rule (the instance's own)
+    nested: np.ndarray  # inside a warm-up instance (step 3), and not warm-up itself
+    is_mark: np.ndarray  # instant marks (never warm-up: they have no time to keep out)
 
     @property
     def kept_out(self) -> np.ndarray:

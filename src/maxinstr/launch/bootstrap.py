@@ -1,17 +1,12 @@
-"""Start-up code that `maxinstr run` injects into the profiled Python process.
+"""Start-up code that `maxinstr run` injects into the profiled Python process, two ways in:
+its ``sitecustomize`` (``maxinstr/launch/_site`` first on PYTHONPATH: every Python the command
+starts, workers too, runs :func:`startup` before the user's code, with no edit to that code),
+or ``python -m maxinstr.launch.bootstrap [--stage SPEC]... script.py ARGS`` (or ``-m MOD``).
 
-Two ways in, same effect:
-
-- ``sitecustomize``: `maxinstr run` prepends ``maxinstr/launch/_site`` to PYTHONPATH, so
-  every Python the command starts (``python script.py``, ``max generate``, ``torchrun``
-  workers) runs :func:`startup` before the user's code, with no edit to that code;
-- ``python -m maxinstr.launch.bootstrap [--stage SPEC]... script.py ARGS`` (or ``-m MOD``).
-
-:func:`startup` reads the environment `maxinstr run` set: ``MAXINSTR_STAGES`` (the
-``--stage`` specs, one per line) are applied through the import hook, the capture window
-(``MAXINSTR_CAPTURE_WINDOW_S``) is armed, and ``ensure_env_session()`` opens the session
-that writes into ``MAXINSTR_RUN_DIR`` for scripts that never open one themselves.
-Nothing here may break the user's program: every problem is one line on stderr.
+:func:`startup` applies what `maxinstr run` set in the environment: the ``--stage`` specs
+(``MAXINSTR_STAGES``) through the import hook, the capture window, and the session that writes
+into ``MAXINSTR_RUN_DIR`` for scripts that never open one themselves. Nothing here may break the
+user's program: every problem is one line on stderr.
 """
 
 from __future__ import annotations
@@ -40,14 +35,12 @@ def _say(message: str) -> None:
 class CaptureWindow:
     """Makes the session's steady-state capture start reliably, and ends it after a window.
 
-    The session calls ``maxinstr._native.profiler_start()`` once steady state begins, and it
-    may do so from its flusher thread, where no CUDA context is current: cuProfilerStart then
-    fails (it acts on the calling thread's context). This wraps that call: when it fails on
-    a thread without a context, it is retried with device 0's primary context made current
-    for the call (only if the program already activated that context; none is created).
-    With ``window_s``, a timer then calls ``cuProfilerStop`` on that same context, which ends
-    an nsys ``--capture-range=cudaProfilerApi`` capture; the session's own stop at close is
-    then a no-op. libcuda is loaded with ctypes at run time, like every vendor library here.
+    The session calls ``maxinstr._native.profiler_start()`` once steady state begins, maybe from
+    its flusher thread, where no CUDA context is current: cuProfilerStart then fails (it acts on
+    the calling thread's context). This wraps that call: it is retried with device 0's primary
+    context made current (only if the program already activated it; none is created). With
+    ``window_s``, a timer then calls ``cuProfilerStop`` on that same context, which ends an nsys
+    ``--capture-range=cudaProfilerApi`` capture (the session's own stop at close is a no-op).
     """
 
     def __init__(self, window_s: float | None, stop=None, context=None, retry=None) -> None:
@@ -114,8 +107,8 @@ def _current_cuda_context():
 
 
 def _call_with_primary_context(fn):
-    """``(fn(), ctx)`` with device 0's primary context current on this thread for the call,
-    or None when libcuda is absent or that context is not active (we never create one)."""
+    """``(fn(), ctx)`` with device 0's primary context current on this thread for the call, or
+    None when libcuda is absent or that context is not active (never created here)."""
     try:
         lib = _libcuda()
     except OSError:
@@ -152,8 +145,7 @@ def startup(environ: dict[str, str] | os._Environ = os.environ) -> None:
     if _started:
         return
     _started = True
-    # each step on its own: one that fails must not skip the others (a failed wrap once left
-    # the run without its session, so nothing was recorded at all)
+    # each step on its own: a failed wrap once left the run without its session (nothing recorded)
     for step in (_apply_specs_step, _capture_step, _max_markers_step, _session_step):
         try:
             step(environ)
@@ -178,8 +170,8 @@ def _apply_specs_step(environ) -> None:
 
 
 def _run_sink():
-    """Where this process's open root session writes, or None. Never imports maxinstr.record
-    (its import opens the run's session)."""
+    """Where this process's open root session writes, or None (never imports maxinstr.record:
+    its import opens the run's session)."""
     process = sys.modules.get("maxinstr.record.process")
     if process is None:
         return None
@@ -221,8 +213,7 @@ def _max_markers_step(environ) -> None:
 
 class RefuseMaxImport:
     """A meta-path finder that stops the program, with one line and exit status 2, when it
-    imports MAX (the ``max`` package): installed where the user turned MAX's markers on and
-    they would abort MAX at its first marker. Programs that never import MAX run as usual."""
+    imports MAX, where the user turned MAX's markers on and they would abort MAX at its first."""
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -250,11 +241,9 @@ USAGE = "usage: python -m maxinstr.launch.bootstrap [--stage SPEC]... [-o RUN_DI
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m maxinstr.launch.bootstrap [--stage SPEC]... [-o RUN_DIR] (SCRIPT | -m MODULE) [ARGS]``
-
-    The stages are written to a run directory: ``-o``, else ``MAXINSTR_RUN_DIR``, else (unless
-    the process already joins another's session) ``runs/<script>-<time>`` as `maxinstr run`
-    picks, said in one line: records kept only in memory would be lost at exit."""
+    """:data:`USAGE`. The stages are written to a run directory: ``-o``, else ``MAXINSTR_RUN_DIR``,
+    else (unless the process already joins another's session) ``runs/<script>-<time>`` as
+    `maxinstr run` picks, said in one line: records kept only in memory would be lost at exit."""
     args = list(sys.argv[1:] if argv is None else argv)
     specs: list[str] = []
     out: str | None = None
@@ -304,10 +293,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _say_unapplied() -> None:
-    """At the end of the program this form ran: the specs it never applied, in the run (the
-    report lists them) as `maxinstr run` says them (launch/runner.py), and in one line those whose
-    module it never imported (one that failed to apply was said when it failed, by this process,
-    the only one with the start-up hook)."""
+    """At the end of the program this form ran: the specs it never applied, in the run (the report
+    lists them) as `maxinstr run` says them, and in one line those whose module it never imported
+    (one that failed to apply was said when it failed, by this process)."""
     run_dir = config.run_dir()
     specs = config.stage_specs()
     if not run_dir or not specs:
@@ -322,8 +310,7 @@ def _say_unapplied() -> None:
             sink.event("warning", f"--stage {text} was never applied: {why}")
 
 
-def site_dir() -> str:
-    """The folder holding maxinstr's sitecustomize.py (to prepend to PYTHONPATH)."""
+def site_dir() -> str:  # the folder holding maxinstr's sitecustomize.py (to prepend to PYTHONPATH)
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
 
 

@@ -43,8 +43,7 @@ class StageSpec:
         return f"{self.module}:{self.qualname}"
 
     @property
-    def text(self) -> str:
-        """``MODULE:QUALNAME=name``, the name written out: one spelling for one spec."""
+    def text(self) -> str:  # the name written out: one spelling for one spec
         return f"{self.target}={self.name}"
 
 
@@ -91,9 +90,8 @@ def _called_by_maxinstr(frame: Any) -> bool:
 
 def _skip_own_calls(func: Callable, staged: Callable) -> Callable:
     """``staged``, except for calls made by maxinstr itself, which go to ``func``: with
-    ``--stage json:dumps`` the run directory's own JSON lines (on maxinstr's threads too) are not
-    the program's stages. Plain and generator functions (the kinds maxinstr calls); coroutine
-    and async generator functions are returned as they are (maxinstr awaits none)."""
+    ``--stage json:dumps`` the run directory's own JSON lines are not the program's stages.
+    Coroutine and async generator functions are returned as they are (maxinstr awaits none)."""
     if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
         return staged
     if inspect.isgeneratorfunction(func):
@@ -113,8 +111,6 @@ def _skip_own_calls(func: Callable, staged: Callable) -> Callable:
 
 
 def _wrap_callable(func: Callable, name: str, stage_factory: Callable[[str], Any]) -> Callable:
-    """``func`` wrapped in a stage named ``name`` (the stage decorator handles plain, async and
-    generator functions and keeps the signature)."""
     wrapped = stage_factory(name)(func)
     if wrapped is func:  # a factory that returned the function untouched (disabled mode)
         return func
@@ -174,8 +170,7 @@ _listeners: list[Callable[[StageSpec, str | None], None]] = []
 
 def on_outcome(listener: Callable[[StageSpec, str | None], None]) -> None:
     """Call ``listener(spec, problem)`` whenever a lazy spec is applied (``problem`` None) or
-    fails to apply (``problem``: the one line printed). `maxinstr run`'s start-up hook records
-    these in the run, so that the run can say which specs no process ever applied."""
+    fails to apply (``problem``: the one line printed): the start-up hook records them in the run."""
     with _lock:
         if listener not in _listeners:
             _listeners.append(listener)
@@ -225,7 +220,7 @@ _hook = _StageImportHook()
 
 def _apply_or_say(spec: StageSpec, module: ModuleType, factory: Callable[[str], Any] | None) -> bool:
     """:func:`apply_spec`, saying any problem in one line instead of raising: it runs inside the
-    user's import (or start-up), which must never break. True when applied."""
+    user's import (or start-up), which must never break."""
     try:
         apply_spec(spec, module, factory)
         problem = None
@@ -272,11 +267,10 @@ def instrument(target: str, name: str | None = None, *, lazy: bool = False,
 
 def rebind_aliases(specs: list[str]) -> None:
     """A module-level function wrapped after its module ran (the start-up hook starts maxinstr
-    once the target's package has run) may already be bound under other names: ``from .sub
-    import f`` in the package's ``__init__``, ``from pkg.sub import f`` in a sibling. Those names
-    get the wrapped function too, as they did when the hook wrapped the module as soon as it ran.
-    The defining module's own other names for it (``g = f``) stay, as they did then, and so do
-    maxinstr's own (its calls are not the program's stages)."""
+    once the target's package has run) may already be bound under other names (``from .sub
+    import f`` in the package's ``__init__``, in a sibling): those get the wrapped function too, as
+    when the hook wrapped the module as soon as it ran. The defining module's own other names
+    for it (``g = f``) stay, as they did then, and so do maxinstr's own."""
     wrapped: dict[int, tuple[Any, Any, str]] = {}  # id(original) -> (original, wrapped, its module)
     for text in specs:
         try:
@@ -303,14 +297,12 @@ def rebind_aliases(specs: list[str]) -> None:
 
 
 def pending_targets() -> list[str]:
-    """Targets still waiting for their module to be imported."""
     with _lock:
         return [s.target for specs in _pending.values() for s, _ in specs]
 
 
 def instrument_errors() -> list[str]:
-    """Problems met while applying lazy targets (also printed when they happened)."""
-    return list(_errors)
+    return list(_errors)  # problems met applying lazy targets (also printed when they happened)
 
 
 # Hooks: a spec ``MODULE:QUALNAME=@HOOK`` wraps QUALNAME with HOOKS[HOOK](func), for wrap points
@@ -335,9 +327,8 @@ def max_step(func: Callable) -> Callable:
 
 
 def max_model(func: Callable) -> Callable:
-    """A pipeline's ``__init__``: once it has run, the class of the pipeline's model (the
-    architecture's: ``Llama3Model``) gets its ``execute`` wrapped in a stage ``forward``, as a
-    ``--stage`` spec applied now (recorded like the others; one line if it cannot be)."""
+    """A pipeline's ``__init__``: once it has run, the class of its model (``Llama3Model``) gets
+    its ``execute`` wrapped in a stage ``forward``, as a ``--stage`` spec applied now."""
 
     @functools.wraps(func)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -383,10 +374,10 @@ def max_arrival(func: Callable) -> Callable:
 
 
 def max_tokenize(func: Callable) -> Callable:
-    """MAX's ``run_with_default_executor(fn, *args)``, the tokenizer's way of running its work
-    (encode, the chat template) in a thread pool: ``fn`` runs in a stage ``tokenize`` on the pool's
-    thread. A stage around the awaiting coroutine instead would open on the event loop's thread,
-    where a server's concurrent requests interleave: each would nest inside the one before."""
+    """MAX's ``run_with_default_executor(fn, *args)``, the tokenizer's way of running its work in a
+    thread pool: ``fn`` runs in a stage ``tokenize`` on the pool's thread. A stage around the
+    awaiting coroutine would open on the event loop's thread, where a server's concurrent
+    requests interleave: each would nest inside the one before."""
     if not inspect.iscoroutinefunction(func):
         raise MaxinstrError(f"@max-tokenize: {func.__qualname__} is not a coroutine function (MAX {max_pipeline.MAX_RELEASE}'s was)")
     stage = _record().stage
@@ -403,9 +394,5 @@ def max_tokenize(func: Callable) -> Callable:
     return run_with_default_executor
 
 
-HOOKS: dict[str, Callable[[Callable], Callable]] = {
-    "max-tokenize": max_tokenize,
-    "max-step": max_step,
-    "max-model": max_model,
-    "max-arrival": max_arrival,
-}
+HOOKS: dict[str, Callable[[Callable], Callable]] = {"max-tokenize": max_tokenize, "max-step": max_step,
+                                                   "max-model": max_model, "max-arrival": max_arrival}
