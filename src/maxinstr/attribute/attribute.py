@@ -206,17 +206,13 @@ def _own_by_stages(trace: Trace, stage: np.ndarray, same_thread: np.ndarray, r_t
                    c_thread: np.ndarray, cidx: np.ndarray, parent: np.ndarray, call_range: np.ndarray,
                    call_rule: np.ndarray) -> int:
     """Stages own the work they submit, whoever launches it; other domains' ranges nest under
-    them as a breakdown, never instead of them.
-
-    Each launch call (rows ``cidx``) gets its stage from the stage ranges alone: the innermost
-    one holding the call on its own thread (SAME_THREAD), else, where its thread has no stage
-    holding it, the innermost one holding it on another thread of the process (CROSS_THREAD),
-    whatever ranges of other domains (MAX's op ranges on its worker thread) hold it on its own.
-    ``call_range`` keeps the innermost range of any domain when that range lies under the
-    call's stage; a range of another domain on a thread that holds no stage nests under the
-    stage of its first launch (its top-level ancestor's ``parent`` is set there), and a call
-    whose range lies under another stage is given its stage directly. ``call_rule`` becomes the
-    rule that tied the call to its stage. Returns the number of ranges so linked.
+    them as a breakdown, never instead of them. Each launch call (rows ``cidx``) gets its stage
+    from the stage ranges alone (SAME_THREAD, else CROSS_THREAD), whatever ranges of other domains
+    (MAX's op ranges on its worker thread) hold it on its own thread. ``call_range`` keeps the
+    innermost range of any domain when it lies under the call's stage; a range of another domain
+    on a thread that holds no stage nests under the stage of its first launch (its top-level
+    ancestor's ``parent``), and a call whose range lies under another stage gets its stage
+    directly. Returns the number of ranges so linked.
     """
     R, C = trace.ranges, trace.calls
     srows = np.flatnonzero(same_thread & stage)
@@ -279,10 +275,9 @@ def _stage_ancestry(stage: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, 
 
 def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribution:
     """Attribution when the trace says, per op, which stage record launched it (in-process
-    collection: the core's launch tags, or CUPTI external correlation, tagged each launch call
-    with the innermost stage's record id, on the launching thread). The op belongs to the range
-    whose payload is that id (same process); rule SAME_THREAD (GRAPH for graph replays), as nsys
-    would find it."""
+    collection: launch tags or CUPTI external correlation name the innermost stage of the
+    launching thread): the range whose payload is that id (same process), rule SAME_THREAD
+    (GRAPH for graph replays), as nsys would find it."""
     R, O = trace.ranges, trace.ops
     m = len(O)
     notes: list[str] = []
@@ -339,9 +334,8 @@ def _cross_thread_untagged(trace: Trace, owner: np.ndarray, op_call: np.ndarray,
                            r_thread: np.ndarray, threads: np.ndarray, rows1: np.ndarray, idx1: IntervalIndex) -> np.ndarray:
     """In-process ops whose launch named no stage because their thread holds none (MAX's worker
     launches every kernel): the innermost stage of another thread of the process holding the
-    launch call (its times are the core's, on the trace's clock), as nsys's CROSS_THREAD would
-    find it. Sets ``op_range`` for them; returns their rows. A launch on a thread that holds
-    stages but named none was outside them (or maxinstr's own work): it stays unattributed."""
+    launch call, as CROSS_THREAD would find it; sets their ``op_range``, returns their rows. A
+    launch on a thread that holds stages but named none was outside them: unattributed."""
     C = trace.calls
     left = np.flatnonzero((owner < 0) & (op_range < 0) & (op_call >= 0))
     if not len(left) or not len(rows1):
@@ -391,8 +385,8 @@ def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
 
 
 def _thread_ids(threads: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
-    """int32 position of each (pid, tid) in the sorted ``threads`` keys, -1 when absent
-    (block by block: one call per GPU op's launch, millions of rows)."""
+    """int32 position of each (pid, tid) in the sorted ``threads`` keys, -1 when absent (block by
+    block: millions of rows)."""
     out = np.empty(len(pid), np.int32 if len(threads) < (1 << 31) else np.int64)
     for lo in range(0, len(pid), _CHUNK):
         out[lo : lo + _CHUNK] = _lookup(threads, _thread_key(pid[lo : lo + _CHUNK], tid[lo : lo + _CHUNK]))
@@ -445,10 +439,8 @@ def _range_sums(att: Attribution, op_call: np.ndarray | list[np.ndarray],
     K, C, S = int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET)
 
     # Launch calls: every op of one call has the same range, so counting each call's first op
-    # counts distinct calls; an op with no call counts as its own launch (nsys counts
-    # correlation ids, and a graph replay is one of them). Ops are taken in blocks so the
-    # temporaries stay small on 10M-op traces; the first op of a call is found by scattering
-    # blocks last to first.
+    # counts distinct calls (nsys counts correlation ids); an op with no call is a launch of its
+    # own. The first op of a call is found by scattering blocks of ops last to first.
     first_op = np.full(len(trace.calls) if call_launch is None else 0, m, np.int64)
     for lo in range(((m - 1) // _CHUNK) * _CHUNK if m and call_launch is None else -1, -1, -_CHUNK):
         oc = op_call[lo : lo + _CHUNK]
@@ -515,8 +507,7 @@ def _range_sums(att: Attribution, op_call: np.ndarray | list[np.ndarray],
 
 
 def _where32(mask: np.ndarray) -> np.ndarray:
-    """``np.flatnonzero(mask)`` as int32 when it fits, built block by block (never an int64
-    array of millions of positions)."""
+    """``np.flatnonzero(mask)`` as int32 when it fits, built block by block."""
     if len(mask) >= (1 << 31):
         return np.flatnonzero(mask)
     parts = [np.flatnonzero(mask[lo : lo + _CHUNK]).astype(np.int32) + np.int32(lo) for lo in range(0, len(mask), _CHUNK)]
@@ -528,9 +519,9 @@ def _range_spans(att: Attribution) -> None:
     not add up, so each range sees its whole subtree) and idle gaps per range, inclusive of nested
     ranges, over (op, ancestor at that level) pairs one nesting level at a time.
 
-    Memory: on a 10M-op trace this is the largest pass, so positions are int32 and every
-    per-op temporary is taken in blocks of ``_CHUNK``; per level one int64 array holds
-    (range rank << 32 | position) and is sorted in place.
+    The largest pass on a 10M-op trace: positions are int32, per-op temporaries are taken in
+    blocks of ``_CHUNK``, and per level one int64 array of (range rank << 32 | position) is
+    sorted in place.
     """
     trace = att.trace
     O, R = trace.ops, trace.ranges

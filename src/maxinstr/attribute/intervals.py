@@ -1,8 +1,5 @@
 """Columnar interval machinery for attribution: innermost containing range, segmented unions.
-
-All functions work on whole numpy arrays; the only Python loops run over threads or over
-nesting depth, never over trace rows.
-"""
+The only Python loops run over threads or over nesting depth, never over trace rows."""
 
 from __future__ import annotations
 
@@ -61,13 +58,11 @@ class IntervalIndex:
         """Per query, the caller row of the latest-starting interval in ``q_group`` with
         start <= q_start and end >= q_end (bounds inclusive, like nsys); -1 when none.
         Queries are taken in blocks so temporaries stay bounded on huge traces."""
-        block = self.BLOCK
-        if len(q_group) <= block:
+        b = self.BLOCK
+        if len(q_group) <= b:
             return self._innermost(q_group, q_start, q_end)
-        return np.concatenate([
-            self._innermost(q_group[i : i + block], q_start[i : i + block], q_end[i : i + block])
-            for i in range(0, len(q_group), block)
-        ])  # fmt: skip
+        return np.concatenate([self._innermost(q_group[i : i + b], q_start[i : i + b], q_end[i : i + b])
+                               for i in range(0, len(q_group), b)])
 
     def _innermost(self, q_group: np.ndarray, q_start: np.ndarray, q_end: np.ndarray) -> np.ndarray:
         out_pos = np.full(len(q_group), -1, np.int64)
@@ -100,8 +95,7 @@ class IntervalIndex:
         result[found] = self.rows[out_pos[found]]
         return result
 
-    def parents(self) -> np.ndarray:
-        """Caller row of each caller row's parent (-1 for none), aligned with ``rows`` order."""
+    def parents(self) -> np.ndarray:  # caller row of each caller row's parent (-1 none), in ``rows`` order
         par = np.full(len(self.rows), -1, np.int64)
         ok = self.parent >= 0
         par[ok] = self.rows[self.parent[ok]]
@@ -110,16 +104,13 @@ class IntervalIndex:
 
 def segmented_union(group: np.ndarray, start: np.ndarray, end: np.ndarray,
                     index: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per group of intervals sorted by (group, start): (groups, min start, max end, union length).
-    With ``index``, interval i is ``(start[index[i]], end[index[i]])``.
-
-    The native module (``maxinstr._columns.segmented_union``) does it in one pass when built;
-    the numpy path below gives the same numbers (tests/attribute/test_intervals.py).
-
-    The union counts overlapping time once (GPU busy time across streams). A segmented running
-    maximum is done with one ``np.maximum.accumulate`` by lifting each group into its own band
-    of the int64 line; groups are processed in chunks small enough that bands cannot overflow.
-    Temporaries are reused in place: this runs over millions of (op, range) pairs.
+    """Per group of intervals sorted by (group, start): (groups, min start, max end, union length);
+    with ``index``, interval i is ``(start[index[i]], end[index[i]])``. The union counts
+    overlapping time once (GPU busy time across streams). The native module does it in one pass
+    when built; the numpy path gives the same numbers (tests/attribute/test_intervals.py): a
+    segmented running maximum as one ``np.maximum.accumulate`` by lifting each group into its own
+    band of the int64 line, in chunks small enough that bands cannot overflow, temporaries reused
+    in place (this runs over millions of (op, range) pairs).
     """
     n = len(group)
     if not n:

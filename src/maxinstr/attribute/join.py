@@ -6,7 +6,7 @@
    is the k-th record named N on tid T, both ordered by start; marks pair with marks.
 
 Only ranges in domain ``maxinstr`` take part when the trace has that domain; traces without
-domains (roctx, Kineto) offer all their ranges. Everything is columnar (sort + searchsorted).
+domains (roctx, Kineto) offer all their ranges.
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ import numpy as np
 
 from maxinstr.attribute.model import Attribution, JoinMethod
 from maxinstr.columns import factorize
-from maxinstr.traces.model import RangeStyle, Trace
+from maxinstr.rundir import load
+from maxinstr.rundir.format import MARK
+from maxinstr.traces.inprocess import stage_ranges
+from maxinstr.traces.model import RangeStyle, StringTable, Trace
 
 MAXINSTR_DOMAIN = "maxinstr"
-_MARK_FLAG = 1 << 2  # rundir.format.MARK
 
 
 def _records(run: Any) -> tuple[np.ndarray, np.ndarray]:
     """(stages structured array, per-record names) from a Run or a run directory path."""
     if isinstance(run, (str, Path)):
-        from maxinstr.rundir import load
-
         run = load(run)
     stages = run.stages
     names = run.stage_names() if hasattr(run, "stage_names") else np.asarray(run.names)[stages["name_id"]]
@@ -70,7 +70,7 @@ def join_records(att: Attribution, run: Any) -> None:
     # (thread, name, mark?) groups on both sides, then the k-th of each group pairs up.
     r_names = np.array([trace.name(int(i)) for i in R.name_id[cand]], dtype=object)
     r_mark = (R.style[cand] == RangeStyle.MARK).astype(np.int64)
-    s_mark = ((stages["flags"] & _MARK_FLAG) != 0).astype(np.int64)
+    s_mark = ((stages["flags"] & MARK) != 0).astype(np.int64)
     all_names, name_code = factorize(np.concatenate([r_names, rec_names]))
     name_code = name_code.reshape(-1).astype(np.int64)
     tid = np.concatenate([R.tid[cand], stages["tid"].astype(np.int64)])
@@ -108,21 +108,14 @@ def place_run_stages(trace: Trace, run: Any) -> tuple[Trace, str] | None:
     """The trace with the run's stage records added as ranges (domain ``maxinstr``, payload =
     record id), placed on the trace's clock, when the trace records none of its own and its
     clock is the wall clock (Kineto: microseconds from ``baseTimeNanoseconds``, or Unix time).
-
-    maxinstr's stages are NVTX ranges, which torch.profiler does not record; but both clocks
-    are known: records are CLOCK_MONOTONIC and the run's meta.json holds a (monotonic, realtime)
-    pair taken at session start. Launch calls are then tied to stages by thread and time, as
-    for any other range. Returns (trace, note) or None (nothing to add, or no common clock).
-    On the H200 the placement put every one of a PyTorch decoder's 24,053 launches in the stage
-    instance nsys gives it (tests/attribute/test_kineto_join.py)."""
-    from maxinstr.traces.inprocess import stage_ranges
-    from maxinstr.traces.model import StringTable
-
+    torch.profiler records no NVTX, but records are CLOCK_MONOTONIC and meta.json holds a
+    (monotonic, realtime) pair taken at session start; launch calls are then tied to stages by
+    thread and time. Returns (trace, note) or None (nothing to add, or no common clock). On the
+    H200 it put every one of a PyTorch decoder's 24,053 launches in the stage instance nsys gives
+    it (tests/attribute/test_kineto_join.py)."""
     if trace.format != "kineto" or run is None:
         return None
     if isinstance(run, (str, Path)):
-        from maxinstr.rundir import load
-
         run = load(run)
     strings = np.asarray(trace.strings, dtype=object)
     if len(strings) and (strings == MAXINSTR_DOMAIN).any():

@@ -1,10 +1,7 @@
-"""Summaries over an attribution: per-name range tables like ``nsys stats`` prints, and the
-kernels inside each range instance.
-
-``gpu_proj_sum``/``nvtx_sum``/``kern_sum`` return rows with the same meaning (and, for the
-nsys-comparable columns, the same names) as ``nsys stats -r nvtx_gpu_proj_sum,nvtx_sum,
-cuda_gpu_kern_sum``; tests hold them to nsys's own output on the fixtures. Loops here run
-over distinct names, never over trace rows.
+"""Summaries over an attribution: ``gpu_proj_sum``/``nvtx_sum``/``kern_sum`` give the rows (and,
+for the nsys-comparable columns, the names) of ``nsys stats -r nvtx_gpu_proj_sum,nvtx_sum,
+cuda_gpu_kern_sum``, held to nsys's own output on the fixtures; :func:`kernels_by_range`, the
+kernels inside each range instance. Loops run over distinct names, never over trace rows.
 """
 
 from __future__ import annotations
@@ -30,14 +27,8 @@ def range_names(trace: Trace) -> np.ndarray:
 
 def _stats(values: np.ndarray) -> dict[str, float]:
     v = values.astype(np.float64)
-    return {
-        "total": float(v.sum()),
-        "avg": float(v.mean()),
-        "med": float(np.median(v)),
-        "min": float(v.min()),
-        "max": float(v.max()),
-        "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
-    }
+    return {"total": float(v.sum()), "avg": float(v.mean()), "med": float(np.median(v)), "min": float(v.min()),
+            "max": float(v.max()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0}
 
 
 def _groups(labels: np.ndarray, mask: np.ndarray) -> list[tuple[Any, np.ndarray]]:
@@ -90,11 +81,7 @@ def nvtx_sum(trace: Trace) -> list[dict[str, object]]:
         rows_out.append({"Range": name, "Style": style, "Total Time (ns)": int(s["total"]), "Instances": len(rows),
                          "Avg (ns)": s["avg"], "Med (ns)": s["med"], "Min (ns)": int(s["min"]),
                          "Max (ns)": int(s["max"]), "StdDev (ns)": s["std"]})  # fmt: skip
-    total = sum(int(r["Total Time (ns)"]) for r in rows_out) or 1
-    for r in rows_out:
-        r["Time (%)"] = 100.0 * int(r["Total Time (ns)"]) / total
-    rows_out.sort(key=lambda r: (-int(r["Total Time (ns)"]), str(r["Range"])))
-    return rows_out
+    return _shares(rows_out, "Range")
 
 
 def kern_sum(trace: Trace, ops: np.ndarray | None = None) -> list[dict[str, object]]:
@@ -112,11 +99,15 @@ def kern_sum(trace: Trace, ops: np.ndarray | None = None) -> list[dict[str, obje
         out.append({"Name": trace.name(int(name_id)), "Total Time (ns)": int(s["total"]), "Instances": len(rows),
                     "Avg (ns)": s["avg"], "Med (ns)": s["med"], "Min (ns)": int(s["min"]),
                     "Max (ns)": int(s["max"]), "StdDev (ns)": s["std"]})  # fmt: skip
-    total = sum(int(r["Total Time (ns)"]) for r in out) or 1
-    for r in out:
+    return _shares(out, "Name")
+
+
+def _shares(rows: list[dict[str, Any]], name: str) -> list[dict[str, object]]:
+    """Each row's share of the total time, the rows by time (then name), as nsys orders them."""
+    total = sum(int(r["Total Time (ns)"]) for r in rows) or 1
+    for r in rows:
         r["Time (%)"] = 100.0 * int(r["Total Time (ns)"]) / total
-    out.sort(key=lambda r: (-int(r["Total Time (ns)"]), str(r["Name"])))
-    return out
+    return sorted(rows, key=lambda r: (-int(r["Total Time (ns)"]), str(r[name])))
 
 
 @dataclass
@@ -130,11 +121,8 @@ class RangeKernels:
 
 
 def kernels_by_range(att: Attribution, inclusive: bool = True) -> RangeKernels:
-    """Kernel names with counts and GPU time per range instance, from ``op_range``.
-
-    ``inclusive=True`` credits each kernel to every enclosing range too (nsys's convention);
-    ``False`` only to its innermost range.
-    """
+    """Kernel names with counts and GPU time per range instance, from ``op_range``: credited to
+    every enclosing range too with ``inclusive`` (nsys's convention), else the innermost only."""
     O = att.trace.ops
     k = np.flatnonzero((O.kind == OpKind.KERNEL) & (att.op_range >= 0))
     ops_l, rng_l = [k], [att.op_range[k]]

@@ -45,13 +45,9 @@ class RunSpec:
     run_dir: Path
     label: str = ""
     env: dict[str, str] = field(default_factory=dict)
-    side: Path | None = None
-    """The folder this run is one of the repeats in (``maxinstr compare`` pools a folder of
-    repeats into one side); None for a run without repeats."""
-    sweep: str = ""
-    """This run's own ``--sweep`` value (``BATCH=8``, ``--batch-size=8``); '' without a sweep."""
-    program: list[str] | None = None
-    """The command before a ``--sweep`` flag was appended (None: ``command`` itself)."""
+    side: Path | None = None  # the folder of repeats it is one of (compare pools it into a side); None: no repeats
+    sweep: str = ""  # its own --sweep value (BATCH=8, --batch-size=8); '' without a sweep
+    program: list[str] | None = None  # the command before a --sweep flag was appended (None: command)
 
 
 @dataclass
@@ -66,13 +62,9 @@ class RunOptions:
     fail_fast: bool = True
     extra_fatal: list[str] = field(default_factory=list)
     echo: Callable[[str], None] | None = sv.print_line
-    environment: dict | None = None
-    """detect_environment().to_json(), stored with the run."""
-    max_ops: str | None = None
-    """``on``/``detailed``: MAX's op markers on (MODULAR_ENABLE_PROFILING) where a profiler records
-    them; None leaves MAX as it is (``--max-ops``)."""
-    presets: list[str] = field(default_factory=list)
-    """Named presets of --stage specs (launch/presets.py: ``max``), applied before stage_specs."""
+    environment: dict | None = None  # detect_environment().to_json(), stored with the run
+    max_ops: str | None = None  # --max-ops: MAX's op markers on where a profiler records them; None: as MAX is
+    presets: list[str] = field(default_factory=list)  # named presets of --stage specs, applied before stage_specs
     rerun_args: list[str] | None = None
     """The options of `maxinstr run` that make a run what it is (profiler, capture, warm-up,
     --stage, ...), as command-line words, less where it writes (-o), how it shows it (-y, -q,
@@ -93,8 +85,7 @@ class RunOutcome:
     artifact: Artifact | None
     warm: sv.ChildResult | None = None
     files: dict[str, str] = field(default_factory=dict)
-    unapplied: dict[str, str] = field(default_factory=dict)
-    """--stage specs no process of the run applied -> why (:func:`unapplied_stage_specs`)."""
+    unapplied: dict[str, str] = field(default_factory=dict)  # --stage specs no process of the run applied -> why
 
     @property
     def ok(self) -> bool:
@@ -102,14 +93,12 @@ class RunOutcome:
 
 
 def plan_runs(command: list[str], out: Path, *, repeat: int = 1, sweep: str | None = None) -> list[RunSpec]:
-    """Fresh-process runs, each with its own run directory under ``out`` (``out`` itself
-    when there is just one). ``sweep`` is ``NAME=a,b,c``: its values go into the env var NAME,
-    or after the flag NAME when it starts with '-'.
-
-    Layout: ``--repeat N`` alone: ``out/r1`` .. ``out/rN``; ``--sweep`` alone: ``out/NAME=v``
-    per value; both: ``out/NAME=v/r1`` ..: every folder of repeats holds one program's runs
-    only, so ``maxinstr compare out/NAME=a out/NAME=b`` pools each value's repeats into a side.
-    The label (``NAME=v.r2``) names the run in the output and in its launch.json."""
+    """Fresh-process runs, each with its own run directory under ``out`` (``out`` itself when there
+    is one). ``sweep`` ``NAME=a,b,c``: its values go into the env var NAME, or after the flag NAME.
+    ``--repeat N`` alone: ``out/r1`` .. ``out/rN``; ``--sweep`` alone: ``out/NAME=v``; both:
+    ``out/NAME=v/r1`` ..: a folder of repeats holds one program's runs only, so ``maxinstr compare
+    out/NAME=a out/NAME=b`` pools each value's repeats into a side. The label (``NAME=v.r2``)
+    names the run in the output and in its launch.json."""
     if repeat < 1:
         raise MaxinstrError("--repeat must be at least 1")
     # (label, env, flag words, this value's --sweep)
@@ -160,10 +149,9 @@ def compare_hint(specs: list[RunSpec]) -> str | None:
 
 
 def rerun_command(spec: RunSpec, options: RunOptions) -> list[str] | None:
-    """The `maxinstr run` command that makes this run again: the options it was made with
-    (:attr:`RunOptions.rerun_args`), this run's own ``--sweep`` value, its program. No ``-o``
-    (a rerun writes a run of its own, never over this one) and no ``--repeat`` (one run, as
-    this one). None when the run was not planned from a command line."""
+    """The `maxinstr run` command that makes this run again: its options, its own ``--sweep``
+    value, its program; no ``-o`` (a rerun writes a run of its own, never over this one), no
+    ``--repeat``. None when the run was not planned from a command line."""
     if options.rerun_args is None:
         return None
     sweep = [f"--sweep={spec.sweep}"] if spec.sweep else []
@@ -171,9 +159,8 @@ def rerun_command(spec: RunSpec, options: RunOptions) -> list[str] | None:
 
 
 def run_dir_problem(path: str | Path) -> str | None:
-    """Why ``path`` cannot be made a run directory, or None: it, or the nearest of its parents
-    that exists, must be a directory this process may write in. Asked before anything starts,
-    so that a bad ``-o`` is one line and nothing else happens."""
+    """Why ``path`` cannot be made a run directory, or None: it, or the nearest of its parents that
+    exists, must be a directory this process may write in (asked before anything starts)."""
     probe = Path(path)
     while not os.path.lexists(probe) and probe.parent != probe:
         probe = probe.parent
@@ -187,9 +174,8 @@ def run_dir_problem(path: str | Path) -> str | None:
 
 
 def command_problem(command: list[str], env: dict[str, str] | None = None) -> str | None:
-    """Why ``command`` cannot be started, or None: a program that is not on the PATH the child
-    will have, or a path that is not an executable file. Asked before a run directory is made
-    or a previous run cleared, so a command that cannot start costs nothing."""
+    """Why ``command`` cannot be started, or None: a program not on the PATH the child will have,
+    or a path that is not an executable file (asked before a run directory is made or cleared)."""
     program = command[0] if command else ""
     if not program:
         return "no command to run"
