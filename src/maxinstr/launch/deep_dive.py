@@ -27,14 +27,12 @@ from typing import Any
 import numpy as np
 
 from maxinstr.errors import MaxinstrError
+from maxinstr.traces.model import OpKind
 
 DEFAULT_SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis")
 # Local-memory instructions executed: non-zero means register spills (or local arrays).
 SPILL_METRICS = ("sm__sass_inst_executed_op_local_ld.sum", "sm__sass_inst_executed_op_local_st.sum")
-LATENCY_BOUND_PCT = 60.0
-"""Below this % of peak for both SM and memory, ncu's own SOLBottleneck rule calls a kernel latency-bound."""
-
-_KERNEL = 0  # maxinstr.traces.model.OpKind.KERNEL
+LATENCY_BOUND_PCT = 60.0  # below this % of peak for SM and memory, ncu's SOLBottleneck rule says latency-bound
 
 
 @dataclass
@@ -49,8 +47,7 @@ class KernelChoice:
     launch_skip: int = 0
     source: str = ""
     notes: list[str] = field(default_factory=list)
-    candidates: list[tuple[str, int, int]] = field(default_factory=list)
-    """Top kernels of the stage: (name, total_ns, count)."""
+    candidates: list[tuple[str, int, int]] = field(default_factory=list)  # top kernels: (name, total_ns, count)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -116,16 +113,8 @@ def stage_ops(analysis: Any, stage: str) -> tuple[np.ndarray, np.ndarray, int, s
     return op_i[keep], inst_i[keep], int(use.sum()), matched
 
 
-def choose_from_trace(
-    trace: Any,
-    *,
-    stage: str | None = None,
-    kernel: str | None = None,
-    warmup_instances: int | None = 0,
-    top: int = 5,
-    run: Any = None,
-    analysis: Any = None,
-) -> KernelChoice:
+def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | None = None,
+                      warmup_instances: int | None = 0, top: int = 5, run: Any = None, analysis: Any = None) -> KernelChoice:
     """The dominant kernel of ``stage`` (or of the whole trace), or the top one matching ``kernel``.
 
     The stage's ops, time and share are the report's (:func:`stage_ops`). ``run`` (a run
@@ -138,7 +127,7 @@ def choose_from_trace(
     """
     ops = trace.ops
     strings = np.asarray(trace.strings, dtype=object)
-    is_kernel = ops.kind == _KERNEL
+    is_kernel = ops.kind == OpKind.KERNEL
     notes: list[str] = []
     dur = np.maximum((ops.end_ns - ops.start_ns).astype(np.int64), 0)
     if stage is not None:
@@ -258,11 +247,9 @@ def choose_from_report(data: dict, *, stage: str | None = None, kernel: str | No
     total = sum(r[1] for r in rows)
     # the report's own share (of all the stage's GPU time, copies included) when it has one
     share = pick[3] if pick[3] is not None else (pick[1] / total if total else None)
-    return KernelChoice(
-        name=pick[0], stage=stage, total_ns=pick[1], count=pick[2], share=share,
-        launch_skip=0, source=source, candidates=[r[:3] for r in rows[:5]],
-        notes=["the report has no launch order: launch-skip 0 (give --trace to land on a steady-state instance)"],
-    )
+    return KernelChoice(name=pick[0], stage=stage, total_ns=pick[1], count=pick[2], share=share, launch_skip=0,
+                        source=source, candidates=[r[:3] for r in rows[:5]],
+                        notes=["the report has no launch order: launch-skip 0 (give --trace to land on a steady-state instance)"])
 
 
 def kernel_regex(name: str) -> tuple[str, str]:
@@ -272,23 +259,14 @@ def kernel_regex(name: str) -> tuple[str, str]:
     return "function", f"regex:(^|::){re.escape(function_name(name))}$"
 
 
-def ncu_command(
-    choice: KernelChoice,
-    app: list[str],
-    *,
-    output: str | Path,
-    ncu: str = "ncu",
-    sections: tuple[str, ...] = DEFAULT_SECTIONS,
-    metrics: tuple[str, ...] = SPILL_METRICS,
-    from_capture_start: bool = False,
-    launch_count: int = 1,
-) -> list[str]:
+def ncu_command(choice: KernelChoice, app: list[str], *, output: str | Path, ncu: str = "ncu",
+                sections: tuple[str, ...] = DEFAULT_SECTIONS, metrics: tuple[str, ...] = SPILL_METRICS,
+                from_capture_start: bool = False, launch_count: int = 1) -> list[str]:
     """The Nsight Compute command that profiles one steady-state launch of the chosen kernel."""
     base, rx = kernel_regex(choice.name)
     cmd = [ncu, "--target-processes", "all", "--kernel-name-base", base, "--kernel-name", rx, "--launch-skip",
            str(choice.launch_skip), "--launch-count", str(launch_count), "--clock-control", "none"]
-    for s in sections:
-        cmd += ["--section", s]
+    cmd += [word for s in sections for word in ("--section", s)]
     if metrics:
         cmd += ["--metrics", ",".join(metrics)]
     if from_capture_start:
@@ -337,10 +315,7 @@ class NcuLaunch:
         return None
 
     def unit(self, name: str) -> str | None:
-        for (_sec, metric), (unit, _raw) in self.metrics.items():
-            if metric == name:
-                return unit
-        return None
+        return next((unit for (_sec, metric), (unit, _raw) in self.metrics.items() if metric == name), None)
 
 
 def parse_ncu_csv(text: str, source: str = "ncu output") -> list[NcuLaunch]:
@@ -388,8 +363,7 @@ class Verdict:
     block: str
     grid: str
     waves_per_sm: float | None
-    bound: str
-    """'compute-bound' | 'memory-bound' | 'latency-bound' | 'unknown'."""
+    bound: str  # compute-bound, memory-bound, latency-bound or unknown
     facts: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
 

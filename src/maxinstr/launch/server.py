@@ -37,12 +37,10 @@ LOG_FILE = "server.log"
 
 @dataclass
 class ServerState:
-    """What `maxinstr server start` left for the commands that follow.
-
-    ``server.json`` is data: whoever can write the run directory can write it. So nothing in it
-    is run (nsys is the one found on PATH now) and nothing it names is signalled until
-    :func:`verify` proved the process is the server `server start` made for this run directory
-    (its start time, its boot, and the token and run directory in its environment)."""
+    """What `maxinstr server start` left for the commands that follow. ``server.json`` is data
+    (whoever can write the run directory can write it): nothing in it is run (nsys is the one
+    on PATH now) and nothing it names is signalled until :func:`verify` proved the process is the
+    server `server start` made for this run directory."""
 
     run_dir: Path
     pid: int
@@ -59,8 +57,7 @@ class ServerState:
     token: str | None = None  # also in the server's environment (config.SERVER_TOKEN)
 
     def save(self) -> None:
-        data = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
-        runner.write_json(self.run_dir / STATE_FILE, data)
+        runner.write_json(self.run_dir / STATE_FILE, {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()})
 
     @classmethod
     def load(cls, run_dir: str | Path) -> ServerState:
@@ -152,14 +149,10 @@ def _read_text(path: str) -> str | None:
 
 
 def process_start_ticks(pid: int) -> int | None:
-    """When ``pid`` started, in clock ticks since boot (/proc/<pid>/stat field 22); None when
-    unknown. A reused pid has another start time."""
-    text = _read_text(f"/proc/{pid}/stat")
-    if text is None:
-        return None
-    fields = text.rsplit(")", 1)[-1].split()
-    try:
-        return int(fields[19])  # fields after the command: state is field 3, starttime field 22
+    """When ``pid`` started, in clock ticks since boot (/proc/<pid>/stat field 22; a reused pid has
+    another); None when unknown."""
+    try:  # the fields after the command: state is field 3, starttime field 22
+        return int((_read_text(f"/proc/{pid}/stat") or "").rsplit(")", 1)[-1].split()[19])
     except (IndexError, ValueError):
         return None
 
@@ -185,9 +178,9 @@ def _environ(pid: int) -> dict[str, str] | None:
 
 def verify(state: ServerState) -> str | None:
     """Why the process ``state`` names is not the server `maxinstr server start` made for
-    ``state.run_dir``, or None when it is: alive, its own process group leader, started at the
-    recorded time of this boot, and holding in its environment the token and the run directory
-    server.json was written with. Only then is it signalled or its nsys session driven."""
+    ``state.run_dir``, or None when it is: alive, its own group's leader, started at the recorded
+    time of this boot, holding in its environment the token and the run directory server.json
+    was written with. Only then is it signalled or its nsys session driven."""
     if state.ours():
         return None
     if state.pgid != state.pid:
@@ -221,8 +214,7 @@ def verify(state: ServerState) -> str | None:
     return None
 
 
-def session_name(run_dir: Path) -> str:
-    """A unique nsys session name (letters, digits, dashes)."""
+def session_name(run_dir: Path) -> str:  # a unique nsys session name (letters, digits, dashes)
     stem = re.sub(r"[^A-Za-z0-9-]+", "-", run_dir.name).strip("-")[:40] or "run"
     return f"maxinstr-{stem}-{os.getpid()}-{int(time.time())}"
 
@@ -253,8 +245,8 @@ def _refuse(state: ServerState, problem: str, what: str) -> MaxinstrError:
 
 
 def _wait_ready(state: ServerState, ready: str | None, timeout_s: float, patterns) -> None:
-    """Return once the server's log shows ``ready`` (or at once when None); raise with the
-    log's tail when it dies or logs a fatal error first."""
+    """Return once the server's log shows ``ready`` (at once when None); raise with the log's
+    tail when it dies or logs a fatal error first."""
     rx = re.compile(ready) if ready else None
     fatal = sv.compile_patterns(patterns or ())
     log = Path(state.log)
@@ -285,8 +277,8 @@ def _wait_ready(state: ServerState, ready: str | None, timeout_s: float, pattern
 
 
 def _kill_group(state: ServerState, grace_s: float = 10.0) -> None:
-    """SIGTERM then SIGKILL to the process group we started (and only that group: each signal
-    goes only to a process :func:`verify` proves is the server)."""
+    """SIGTERM then SIGKILL to the process group we started, each only once :func:`verify` proves
+    it is the server."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         problem = verify(state)
         if problem is not None:
@@ -363,15 +355,13 @@ _children: dict[int, subprocess.Popen] = {}
 
 
 def clear_previous_server(run_dir: Path) -> list[str]:
-    """A server started on a run directory that holds an earlier (ended) server's run replaces
-    it, as `maxinstr run` does: its parts would merge with the new server's records, and its log
-    would answer --ready before the new server is. Only the names a server run writes go;
-    a run a live process still writes is never removed (MaxinstrError names it)."""
+    """A server started on a run directory that holds an earlier (ended) server's run replaces it,
+    as `maxinstr run` does (its log would answer --ready before the new server is). Only the
+    names a server run writes go; a run a live process still writes never (MaxinstrError)."""
     removed = layout.clear_previous_run(run_dir)
     if not (run_dir / STATE_FILE).exists():
         return removed  # no server ran here: its files are not ours to remove
-    names = [STATE_FILE, LOG_FILE, *(p.name for p in run_dir.glob("window-*"))]
-    for name in names:
+    for name in [STATE_FILE, LOG_FILE, *(p.name for p in run_dir.glob("window-*"))]:
         path = run_dir / name
         if path.is_file() or path.is_symlink():
             path.unlink()
