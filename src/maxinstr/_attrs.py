@@ -1,16 +1,13 @@
-"""Stage attrs are data, not references (docs/sessions.md, "Attrs").
+"""Stage attrs are data, not references (docs/sessions.md, "Attrs"): when a stage ends, the native
+core hands attrs holding anything but ``str``/``int``/``float``/``bool``/``None`` to :func:`plain`,
+which returns the JSON data they are written as. So maxinstr keeps no reference to the objects
+passed (a 50 MB array given as an attr is not kept alive by the record), and what is kept in
+memory is what a run directory would hold. Nothing here raises: a value that cannot be
+converted is recorded as a short description.
 
-``maxinstr.stage("load", file=path, shape=x.shape, model=model)``: when the stage ends, the
-native core hands attrs holding anything but ``str``/``int``/``float``/``bool``/``None`` to
-:func:`plain`, which returns the JSON data they are written as. So maxinstr keeps no reference
-to the objects passed (a 50 MB array given as an attr is not kept alive by the record, in or
-outside a session), and what is kept in memory is what a run directory would hold.
-
-Nothing here raises: a value that cannot be converted is recorded as a short description.
-
-A base module (docs/architecture.md) because the recording side installs :func:`plain` as the
-core's hook and the run-directory writer falls back on it: inside ``maxinstr.rundir`` it would
-make ``import maxinstr.record`` load the run reader and numpy as well.
+A base module because the recording side installs :func:`plain` as the core's hook and the
+run-directory writer falls back on it: in ``maxinstr.rundir`` it would make ``import
+maxinstr.record`` load the run reader and numpy as well.
 """
 
 from __future__ import annotations

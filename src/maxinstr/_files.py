@@ -1,9 +1,7 @@
-"""Reading a file named by a run directory or a user: only regular files, only their size.
-
-A FIFO blocks ``open()``/``read()`` forever and a link to ``/dev/zero`` never ends, so a
-reader that opens whatever it finds can hang or grow without bound. :func:`read_regular` opens
-without blocking, refuses anything that is not a regular file, and reads at most the size the
-file had when opened (a file still being appended to reads as a consistent prefix).
+"""Reading a file named by a run directory or a user: only regular files, only their size (a FIFO
+blocks ``open()``/``read()`` forever and a link to ``/dev/zero`` never ends). :func:`read_regular`
+opens without blocking, refuses anything that is not a regular file, and reads at most the size
+the file had when opened (a file still being appended to reads as a consistent prefix).
 """
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
-def read_at(fd: int, offset: int, size: int) -> bytes:
-    """``size`` bytes of ``fd`` from ``offset`` (fewer only at the end of the file)."""
+def read_at(fd: int, offset: int, size: int) -> bytes:  # (fewer bytes only at the end of the file)
     chunks = []
     while size > 0:
         chunk = os.pread(fd, min(size, 1 << 24), offset)
@@ -102,8 +99,7 @@ def read_regular(path: Path, error: MakeError) -> bytes | None:
         os.close(fd)
 
 
-def _depth(obj: Any, limit: int) -> bool:
-    """Whether ``obj`` nests no deeper than ``limit`` (iteratively: no recursion to blow)."""
+def _depth(obj: Any, limit: int) -> bool:  # nests no deeper than limit (iteratively: no recursion to blow)
     stack = [(obj, 0)]
     while stack:
         node, d = stack.pop()
@@ -132,12 +128,10 @@ def parse_json(data: bytes, path: Path, error: MakeError, *, max_depth: int = MA
     return doc
 
 
-# -- writing inside a run directory ---------------------------------------------------------
-# A run directory may be handed to us (copied, unpacked, shared): a symbolic link planted in it
-# (parts/p123/stages.bin -> ~/.bashrc, parts -> /elsewhere) must not turn maxinstr's writes into
-# writes to the link's target. Every file maxinstr writes in a run directory is opened with
-# O_NOFOLLOW (a link in its place is refused) and every folder below the run directory is
-# checked to be a real folder; the run directory itself is the user's to name, a link or not.
+# Writing inside a run directory: one may be handed to us (copied, unpacked, shared), and a link
+# planted in it (parts/p123/stages.bin -> ~/.bashrc) must not turn maxinstr's writes into writes to
+# its target. Every file maxinstr writes there is opened with O_NOFOLLOW and every folder below
+# the run directory is checked to be a real folder; the run directory itself is the user's to name.
 
 LINK_REFUSED = "a symbolic link inside a run directory (maxinstr never writes through one)"
 
@@ -151,17 +145,11 @@ def real_dirs(root: str | os.PathLike[str], below: str | os.PathLike[str]) -> Pa
     real folder: a symbolic link or a file in the way raises OSError naming it. Returns it."""
     root_p, target = Path(root), Path(below)
     try:
-        rel = target.relative_to(root_p)
-    except ValueError:
-        rel = None
-    if rel is None:  # not below root: only the last component is ours to check
+        rel = target.relative_to(root_p).parts
+    except ValueError:  # not below root: only the last component is ours to check
         chain = [target]
     else:
-        chain, probe = [], root_p
-        for part in rel.parts:
-            probe = probe / part
-            chain.append(probe)
-    if rel is not None:
+        chain = [root_p.joinpath(*rel[: i + 1]) for i in range(len(rel))]
         root_p.mkdir(parents=True, exist_ok=True)
     for folder in chain:
         try:
@@ -181,10 +169,8 @@ def open_write(path: str | os.PathLike[str], *, append: bool = True, exclusive: 
     naming it), only a regular file (a FIFO in its place would block: refused), appended to
     (``append``) or truncated; ``exclusive``: the file must not exist yet (O_EXCL)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    flags |= os.O_APPEND if append else 0
-    flags |= os.O_EXCL if exclusive else 0
     try:
-        fd = os.open(path, flags, mode)
+        fd = os.open(path, flags | (os.O_APPEND if append else 0) | (os.O_EXCL if exclusive else 0), mode)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.EMLINK) or (exc.errno == errno.EEXIST and os.path.islink(path)):
             raise _refuse_link(path) from None

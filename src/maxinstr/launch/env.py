@@ -1,8 +1,6 @@
-"""What this machine can profile with: GPU vendor, and which profilers are installed.
-
-`maxinstr run` calls :func:`detect_environment` before it starts anything, so a missing
-profiler is reported with the exact install step up front instead of after a long run.
-Every probe is best effort: a vendor library that fails to load, or a tool that hangs on
+"""What this machine can profile with: GPU vendor, and which profilers are installed, asked before
+anything starts (a missing profiler is said with its install step up front, not after a long
+run). Every probe is best effort: a library that fails to load, or a tool that hangs on
 ``--version``, makes the answer "absent", never an exception.
 """
 
@@ -46,15 +44,13 @@ class Tool:
     name: str
     path: str | None = None
     version: str | None = None
-    off_path: bool = False
-    """Found in a known install folder but not on PATH (usable; PATH should be fixed)."""
+    off_path: bool = False  # found in a known install folder but not on PATH (usable; PATH should be fixed)
 
     @property
     def found(self) -> bool:
         return self.path is not None
 
-    def install_hint(self) -> str:
-        """The exact step that makes this tool usable."""
+    def install_hint(self) -> str:  # the exact step that makes this tool usable
         if self.path and self.off_path:
             return f"{self.name} is at {self.path} but not on PATH: export PATH={os.path.dirname(self.path)}:$PATH"
         return INSTALL_STEPS.get(self.name, f"install {self.name}")
@@ -72,8 +68,7 @@ class Environment:
     def tool(self, name: str) -> Tool:
         return self.tools.get(name) or Tool(name)
 
-    def default_profiler(self) -> str:
-        """The profiler `--profiler auto` picks: the vendor's tracer when installed, else none."""
+    def default_profiler(self) -> str:  # --profiler auto: the vendor's tracer when installed, else none
         if self.vendor == "nvidia" and self.tool("nsys").found:
             return "nsys"
         if self.vendor == "amd" and self.tool("rocprofv3").found:
@@ -81,8 +76,8 @@ class Environment:
         return "none"
 
     def summary_lines(self, install_hints: bool = True) -> list[str]:
-        """Human lines: vendor, devices, each profiler with version or its install step (just
-        "missing" without ``install_hints``: for a run that asked for no profiler)."""
+        """Vendor, devices, each profiler with its version or install step (just "missing" without
+        ``install_hints``: a run that asked for no profiler)."""
         head = f"GPU vendor: {self.vendor} (from {self.vendor_source})"
         if self.devices:
             head += ": " + ", ".join(self.devices)
@@ -116,8 +111,7 @@ def find_tool(name: str, *, probe_version: bool = True, search_known: bool = Tru
     return tool
 
 
-def tool_version(path: str, timeout_s: float = 20.0) -> str | None:
-    """The version a profiler prints for ``--version`` (None when it fails or says nothing)."""
+def tool_version(path: str, timeout_s: float = 20.0) -> str | None:  # what --version prints (None: nothing)
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
@@ -178,7 +172,6 @@ def detect_vendor() -> tuple[str, str, list[str]]:
 
 
 def detect_environment(tools: tuple[str, ...] = ("nsys", "ncu", "rocprofv3"), *, probe_versions: bool = True) -> Environment:
-    """Detect the GPU vendor and the given profilers (with versions)."""
     vendor, source, devices = detect_vendor()
     return Environment(vendor=vendor, vendor_source=source, devices=devices,
                        tools={name: find_tool(name, probe_version=probe_versions) for name in tools})

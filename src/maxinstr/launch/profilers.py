@@ -1,9 +1,6 @@
-"""Command builders for the vendor tracers `maxinstr run` drives, behind one small interface.
-
-A :class:`Profiler` turns the user's command into the wrapped command, says which environment
-variables the child needs (so maxinstr's session drives the capture range), and after the run
-finds, verifies and exports the artifact. :class:`NoProfiler` is the real null implementation:
-the command runs as given and the run directory is the result.
+"""The vendor tracers `maxinstr run` drives, behind one small interface: a :class:`Profiler` wraps
+the user's command, says which environment variables the child needs (so maxinstr's session
+drives the capture range), and after the run finds, verifies and exports the artifact.
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ class Artifact:
     """What a profiler left, and whether it is usable."""
 
     profiler: str
-    files: dict[str, str] = field(default_factory=dict)
-    """role -> path: 'report' (.nsys-rep), 'sqlite', 'folder' (rocprofv3 CSVs), 'trace' (what readers open)."""
+    files: dict[str, str] = field(default_factory=dict)  # role -> path: report, sqlite, folder, trace (what readers open)
     kernels: int = 0
     ok: bool = False
     problems: list[str] = field(default_factory=list)
@@ -48,22 +44,18 @@ class Profiler:
     """One vendor tracer. Subclasses build commands; the base is the interface."""
 
     name = "none"
-    uses_capture_range = False
-    """True when the child's maxinstr session must call profiler start/stop (MAXINSTR_CAPTURE)."""
-    records_markers = False
-    """Whether its trace holds NVTX/roctx ranges (MAX's op markers among them)."""
+    uses_capture_range = False  # the child's session calls profiler start/stop (MAXINSTR_CAPTURE)
+    records_markers = False  # its trace holds NVTX/roctx ranges (MAX's op markers among them)
     window_s: float | None = None
 
     @property
     def capture(self) -> str:
         return "steady" if self.uses_capture_range else "all"
 
-    def wrap(self, command: list[str], output_base: Path) -> list[str]:
-        """The command line to run: ``command`` under this profiler, writing to ``output_base``."""
+    def wrap(self, command: list[str], output_base: Path) -> list[str]:  # command under it, writing to output_base
         return list(command)
 
-    def child_env(self) -> dict[str, str]:
-        """Environment the profiled child needs (on top of maxinstr's own)."""
+    def child_env(self) -> dict[str, str]:  # what the profiled child needs on top of maxinstr's own
         return {}
 
     def flags_text(self) -> str:
@@ -75,7 +67,7 @@ class Profiler:
 
 
 class NoProfiler(Profiler):
-    """Run the command as is: stages, GPU events and samples still go to the run directory."""
+    """The command as is: stages, GPU events and samples still go to the run directory."""
 
 
 @dataclass
@@ -107,13 +99,11 @@ class Nsys(Profiler):
         self.uses_capture_range = self.options.capture == "steady"
         self.window_s = self.options.window_s
 
-    def trace_flags_launch(self) -> list[str]:
-        """What to trace (valid for ``nsys profile`` and ``nsys launch``)."""
+    def trace_flags_launch(self) -> list[str]:  # what to trace (nsys profile and nsys launch take them)
         graphs = [f"--cuda-graph-trace={self.options.cuda_graph_trace}"] if self.options.cuda_graph_trace else []
         return ["--trace=cuda,nvtx,osrt" if self.options.osrt else "--trace=cuda,nvtx", *graphs]
 
-    def sampling_flags(self) -> list[str]:
-        """No CPU sampling or context switches (valid for ``nsys profile`` and ``nsys start``)."""
+    def sampling_flags(self) -> list[str]:  # no CPU sampling or context switches (nsys profile and start)
         return ["--sample=none", "--cpuctxsw=none"]
 
     def trace_flags(self) -> list[str]:
@@ -184,11 +174,9 @@ def count_nsys_kernels(path: Path) -> int:
 
 
 class Rocprofv3(Profiler):
-    """rocprofv3: kernel, marker (roctx) and HIP runtime traces, as CSV files the readers take.
-
-    rocprofv3 has no start/stop API tied to maxinstr's session in this version, so the whole
-    run is traced; the report separates warm-up by the session's ``warmup`` count instead.
-    """
+    """rocprofv3: kernel, marker (roctx) and HIP runtime traces, as CSV files. It has no start/stop
+    API tied to maxinstr's session here, so the whole run is traced; the report separates warm-up
+    by the session's ``warmup`` count instead."""
 
     name = "rocprofv3"
     records_markers = True

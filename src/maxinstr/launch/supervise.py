@@ -1,9 +1,7 @@
-"""Run a child command in its own process group, watch its log, stop it fast when it fails.
-
-Why: a profiled run that died at start-up (model not found, OOM, a bad flag) must be
-reported within seconds, not after a timeout; a Ctrl-C must leave a usable partial result
-(nsys writes its report on SIGINT, the run directory is append-only); and only the process
-group maxinstr started may be signalled, never processes found by name.
+"""Run a child command in its own process group, watch its log, stop it fast when it fails: a
+profiled run that died at start-up (model not found, OOM, a bad flag) is reported within seconds,
+not after a timeout; a Ctrl-C leaves a usable partial result (nsys writes its report on SIGINT);
+only the process group maxinstr started is signalled, never processes found by name.
 """
 
 from __future__ import annotations
@@ -24,9 +22,9 @@ from typing import IO, Any
 
 from maxinstr._files import open_write_file
 
-# Lines that mean the run is already lost. Each is (label, regex). A match starts a short
-# grace period: a child that exits by itself in that time is simply reported as failed;
-# one that keeps running (a server that logged a traceback and hangs) is stopped.
+# Lines that mean the run is lost, (label, regex). A match starts a short grace period: a child
+# that exits by itself in it is reported as failed; one that keeps running (a server that logged
+# a traceback and hangs) is stopped.
 DEFAULT_FATAL_PATTERNS: tuple[tuple[str, str], ...] = (
     ("python traceback", r"^Traceback \(most recent call last\):"),
     ("out of GPU memory", r"CUDA out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|hipErrorOutOfMemory|out of memory"),
@@ -44,9 +42,8 @@ STATUS_INTERRUPTED = "interrupted"  # Ctrl-C, or SIGTERM / SIGHUP to maxinstr
 
 
 class SignalInterrupt(KeyboardInterrupt):
-    """SIGTERM or SIGHUP to maxinstr while it supervises a child: handled as Ctrl-C is (the
-    child's group is stopped, what ran is recorded). Their default action killed maxinstr alone
-    and left the child (its own process group) running, with no launch.json."""
+    """SIGTERM or SIGHUP to maxinstr while it supervises a child: handled as Ctrl-C is (their
+    default action killed maxinstr alone and left the child running, with no launch.json)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -55,8 +52,8 @@ class SignalInterrupt(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def _signals_interrupt() -> Iterator[None]:
-    """While a child runs: SIGTERM and SIGHUP raise :class:`SignalInterrupt` (main thread only,
-    and only where they had their default action: a program embedding this keeps its own)."""
+    """While a child runs: SIGTERM and SIGHUP raise :class:`SignalInterrupt` (main thread only, and
+    only where they had their default action: a program embedding this keeps its own)."""
     saved: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -92,8 +89,7 @@ class ChildResult:
     def ok(self) -> bool:
         return self.status == STATUS_OK
 
-    def describe(self) -> str:
-        """One line saying how the child ended."""
+    def describe(self) -> str:  # one line saying how the child ended
         if self.status == STATUS_OK:
             return f"finished in {self.wall_s:.1f} s"
         if self.status == STATUS_FAILED:
@@ -118,8 +114,8 @@ def compile_patterns(patterns: tuple[tuple[str, str], ...] | list[tuple[str, str
 
 
 class _LogPump(threading.Thread):
-    """Copies the child's merged stdout/stderr to the log (and the terminal), line by line,
-    and notes the first line that matches a fatal pattern."""
+    """Copies the child's output to the log (and the terminal) line by line; notes the first
+    line that matches a fatal pattern."""
 
     def __init__(self, stream: IO[bytes], log: IO[bytes] | None, echo: Callable[[str], None] | None,
                  patterns: list[tuple[str, re.Pattern[str]]]) -> None:
@@ -144,12 +140,11 @@ class _LogPump(threading.Thread):
                         break
 
 
-def _signal_group(pgid: int, sig: int) -> bool:
+def _signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
-        return True
     except (ProcessLookupError, PermissionError):
-        return False
+        pass
 
 
 def stop_group(proc: subprocess.Popen, pgid: int, *, grace_s: float = 20.0, first: int = signal.SIGINT) -> None:
@@ -226,13 +221,11 @@ def supervise(command: list[str], *, env: dict[str, str] | None = None, cwd: str
                        tail=list(pump.tail), stopped_by_maxinstr=stopped, signal=by_signal)
 
 
-def print_line(line: str) -> None:
-    """Echo a child's line to our stdout as it arrives."""
+def print_line(line: str) -> None:  # a child's line echoed to our stdout as it arrives
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
 
 def ensure_dir(path: str | os.PathLike) -> Path:
-    p = Path(path)
-    p.mkdir(parents=True, exist_ok=True)
-    return p
+    Path(path).mkdir(parents=True, exist_ok=True)
+    return Path(path)
