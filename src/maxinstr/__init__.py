@@ -1,12 +1,6 @@
-"""maxinstr: in-process GPU stage instrumentation.
-
-    import maxinstr
-
-    with maxinstr.session("runs/decode", warmup=2):
-        with maxinstr.stage("decode", step=0):
-            ...
-
-Public names are imported lazily so `import maxinstr` stays cheap and never touches a GPU.
+"""maxinstr: in-process GPU stage instrumentation (``with maxinstr.session("runs/decode", warmup=2):``
+``with maxinstr.stage("decode", step=0): ...``). Public names are imported lazily so `import
+maxinstr` stays cheap and never touches a GPU.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Join trace ranges to a run directory's stage records (docs/formats.md, "How records join").
-
-1. ``PAYLOAD``: a range in NVTX domain ``maxinstr`` carries its record id as int64 payload:
-   exact. Used whenever any such range's payload is a record id of the run.
-2. ``THREAD_NAME_ORDER``: otherwise (roctx has no payload) the k-th range named N on thread T
-   is the k-th record named N on tid T, both ordered by start; marks pair with marks.
-
-Only ranges in domain ``maxinstr`` take part when the trace has that domain; traces without
-domains (roctx, Kineto) offer all their ranges.
+"""Join trace ranges to a run directory's stage records (docs/formats.md, "How records join"):
+``PAYLOAD`` (exact) whenever a range of NVTX domain ``maxinstr`` carries a record id of the run
+as int64 payload; else ``THREAD_NAME_ORDER`` (roctx has no payload): the k-th range named N on
+thread T is the k-th record named N on tid T by start, marks with marks. Only ranges of domain
+``maxinstr`` take part when the trace has it; traces without domains offer all their ranges.
 """
 
 from __future__ import annotations

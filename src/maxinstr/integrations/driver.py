@@ -1,11 +1,7 @@
-"""Make the CUDA context that owns a stream current on the calling thread.
-
-maxinstr's core times a stage on the GPU only when a CUDA context is current on the thread that
-enters it (it never creates or initialises one). A framework that keeps its context current only
-inside its own calls, or only on its own threads, leaves the user's thread without one, and the
-stages there get host times only. `cuStreamGetCtx` names the context of the framework's stream;
-making that context current here is what the CUDA runtime would do on this thread's first
-runtime call. Nothing is created, and a thread that already has a current context is left alone.
+"""Make the CUDA context that owns a stream current on the calling thread: the core times a stage on
+the GPU only where a context is current (it never creates one), and a framework that keeps its
+context current only inside its own calls or threads leaves the user's thread without one. This
+is what the CUDA runtime would do at this thread's first call; a current context is left alone.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
-"""Why is this one kernel slow: hand the dominant kernel of a stage to Nsight Compute.
-
-Steps, each a plain function so it can be used and tested alone:
-
-1. choose the kernel: the one with the most GPU time in a stage, counted as the report counts
-   it (:func:`stage_ops`; or from a report JSON), or the one the user names;
-2. place it: ``--launch-skip`` = how many launches of that kernel's function name came before
-   its first launch in a steady instance of the stage, in process-wide launch order. A run
-   captured from steady state (nsys ``cudaProfilerApi``) has a trace that starts there, and ncu
-   runs with ``--profile-from-start off`` to start counting at the same ``cuProfilerStart``;
-3. build the ``ncu`` command (kernel-name regex, launch skip/count 1, ``--clock-control none``
-   so clocks are the ones the application really runs at, a section set);
-4. read ``ncu --import REP --csv --page details`` back into a :class:`Verdict`.
-
-NVIDIA only: on AMD, :func:`amd_equivalent` says what to run instead (rocprof-compute).
+"""Why is this one kernel slow: hand the dominant kernel of a stage to Nsight Compute, in steps
+that are plain functions: choose the kernel (the most GPU time in a stage as the report counts
+it, :func:`stage_ops`, or the one named); place it (``--launch-skip``: the launches of its
+function name before its first in a steady instance, in process-wide launch order; a trace
+captured from steady state starts at the ``cuProfilerStart`` that ncu's ``--profile-from-start
+off`` counts from); build the ``ncu`` command (``--clock-control none``: the clocks the program
+really runs at); read its CSV back into a :class:`Verdict`. On AMD, :func:`amd_equivalent`.
 """
 
 from __future__ import annotations

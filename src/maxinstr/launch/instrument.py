@@ -1,13 +1,9 @@
-"""Wrap functions and methods of code you cannot edit in maxinstr stages.
-
-    import maxinstr
-    maxinstr.instrument("max.pipelines.lib:TextGenerationPipeline.execute", name="step")
-
-A target is ``"package.module:QualName"`` where QualName is a function or ``Class.method``
-(nested classes allowed). ``name`` defaults to the QualName. With ``lazy=True`` the wrap is
-applied when the module is first imported (an import hook), which also catches code that
-does ``from module import func`` after that point; `maxinstr run --stage` uses this. A name
-``@HOOK`` wraps with one of :data:`HOOKS` instead of a stage, for wrap points that need logic.
+"""Wrap functions and methods of code you cannot edit in maxinstr stages:
+``maxinstr.instrument("max.pipelines.lib:TextGenerationPipeline.execute", name="step")``.
+A target is ``"package.module:QualName"`` (a function or ``Class.method``). With ``lazy=True``
+the wrap is applied when the module is first imported (an import hook), which also catches a
+later ``from module import func``; `maxinstr run --stage` uses this. A name ``@HOOK`` wraps with
+one of :data:`HOOKS` instead of a stage, for wrap points that need logic.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Profiling a long-running server around a benchmark window.
-
-A server (``max serve``, a vLLM-style API, any process that warms up and then waits for
-requests) is started once under ``nsys launch`` with a named session, so nothing is collected
-while it loads; each benchmark window is ``nsys start`` ... ``nsys stop`` on that session, one
-report per window; ``nsys shutdown`` ends it. The server's stages go to the run directory the
-whole time (the start-up hook opens the session), so each window's trace joins the same run.
-State lives in ``RUN/server.json`` so start, window and stop can be separate commands (a CI
-script), and only the process group recorded there is ever signalled.
+"""Profiling a long-running server around benchmark windows: started once under ``nsys launch``
+with a named session (nothing collected while it loads), a window is ``nsys start`` ... ``nsys
+stop`` (one report each), ``nsys shutdown`` ends it. Its stages go to the run directory the whole
+time, so each window's trace joins the same run. State lives in ``RUN/server.json`` so start,
+window and stop can be separate commands; only the process group recorded there is signalled.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""maxinstr's start-up hook: `maxinstr run` puts this folder first on PYTHONPATH so every
-Python process of the run reads this file before user code.
-
-It leaves the program as it would be without maxinstr until the program asks for it: no import
-beyond importlib's frozen core, no thread, no GPU call, no signal handler, no environment change
-(tests/launch/test_hook_unseen.py). It puts one finder on ``sys.meta_path`` that waits for the
-first import of a module that asks for maxinstr: ``maxinstr`` itself, the top-level package of a
-``--stage`` target, or ``max`` when MAX's markers are on (checked before MAX loads). Only then
-does it import maxinstr and run ``maxinstr.launch.bootstrap.startup()``. A target that Python's
-own start-up imported (``os``) has no import to wait for: maxinstr then starts at once. It never
-breaks the program, and runs the sitecustomize it shadows (if any) afterwards. The ways a program
-reaches that import: tests/launch/test_hook_triggers.py.
+"""maxinstr's start-up hook (`maxinstr run` puts this folder first on PYTHONPATH). It leaves the
+program as it would be without maxinstr until the program asks for it: no import beyond
+importlib's frozen core, no thread, no GPU call, no signal handler, no environment change
+(tests/launch/test_hook_unseen.py). One finder on ``sys.meta_path`` waits for the first import of
+``maxinstr``, the top-level package of a ``--stage`` target, or ``max`` when MAX's markers are on;
+only then does it run ``maxinstr.launch.bootstrap.startup()`` (at once for a target Python's
+start-up imported, ``os``). It never breaks the program, and runs the sitecustomize it shadows
+afterwards. How a program reaches that import: tests/launch/test_hook_triggers.py.
 """
 
 # Top-level names that starting maxinstr imports besides the standard library's (its own, its
