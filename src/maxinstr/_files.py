@@ -6,6 +6,7 @@ the file had when opened (a file still being appended to reads as a consistent p
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -152,10 +153,8 @@ def real_dirs(root: str | os.PathLike[str], below: str | os.PathLike[str]) -> Pa
         chain = [root_p.joinpath(*rel[: i + 1]) for i in range(len(rel))]
         root_p.mkdir(parents=True, exist_ok=True)
     for folder in chain:
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(folder, 0o755)
-        except FileExistsError:
-            pass
         st = os.lstat(folder)
         if stat.S_ISLNK(st.st_mode):
             raise _refuse_link(folder)
@@ -215,8 +214,6 @@ def replace_atomic(path: str | os.PathLike[str], data: bytes, *, fsync: bool = F
             os.close(fd)
         os.replace(tmp, target)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise

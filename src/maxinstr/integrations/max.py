@@ -19,6 +19,7 @@ and works where MAX is not installed.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -120,12 +121,10 @@ def provide_nvtx_v2() -> str | None:
         return _nvtx_v2
     if config.no_nvtx_v2():
         return "disabled"  # diagnosis only: see what MAX does without it (benchmarks/device/65-max.sh)
-    try:
+    with contextlib.suppress(OSError):
         if _exports_nvtx_v2(ctypes.CDLL(None)):
             _nvtx_v2 = "process"
             return _nvtx_v2
-    except OSError:
-        pass
     # the loader's own search path first (LD_LIBRARY_PATH, ldconfig), then known folders
     _nvtx_v2 = load_nvtx_v2((*NVTX_V2_LIBRARIES, *nvtx_v2_candidates()))
     return _nvtx_v2

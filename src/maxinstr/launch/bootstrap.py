@@ -11,6 +11,7 @@ user's program: every problem is one line on stderr.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import runpy
@@ -96,13 +97,11 @@ def _libcuda():
 
 
 def _current_cuda_context():
-    try:
+    with contextlib.suppress(OSError):
         lib = _libcuda()
         ctx = ctypes.c_void_p()
         if lib.cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and ctx.value:
             return ctx
-    except OSError:
-        pass
     return None
 
 

@@ -6,6 +6,7 @@ run). Every probe is best effort: a library that fails to load, or a tool that h
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -135,10 +136,8 @@ def _nvml_devices() -> list[str] | None:
     except Exception:  # noqa: BLE001
         return None
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def _smi_devices(tool: str, args: list[str], pattern: str) -> list[str] | None:

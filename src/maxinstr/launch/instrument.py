@@ -8,6 +8,7 @@ one of :data:`HOOKS` instead of a stage, for wrap points that need logic.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.abc
@@ -113,10 +114,8 @@ def _wrap_callable(func: Callable, name: str, stage_factory: Callable[[str], Any
     if getattr(wrapped, "__wrapped__", None) is None:
         functools.update_wrapper(wrapped, func)
     wrapped = _skip_own_calls(func, wrapped)
-    try:
+    with contextlib.suppress(AttributeError, TypeError):
         setattr(wrapped, _WRAPPED_FLAG, name)
-    except (AttributeError, TypeError):
-        pass
     return wrapped
 
 
@@ -225,10 +224,8 @@ def _apply_or_say(spec: StageSpec, module: ModuleType, factory: Callable[[str], 
         _errors.append(problem)
         sys.stderr.write(f"maxinstr: {problem}\n")
     for listener in list(_listeners):
-        try:
+        with contextlib.suppress(Exception):  # runs inside the user's import: never breaks it
             listener(spec, problem)
-        except Exception:  # noqa: BLE001 - runs inside the user's import: never breaks it
-            pass
     return problem is None
 
 
@@ -348,10 +345,8 @@ def max_arrival(func: Callable) -> Callable:
     mark = _record().mark
 
     def said(context: Any) -> Any:
-        try:
+        with contextlib.suppress(Exception):  # a mark that fails must not lose the request
             mark(max_pipeline.QUEUED_MARK, request=max_pipeline.request_key(context))
-        except Exception:  # noqa: BLE001 - a mark that fails must not lose the request
-            pass
         return context
 
     if inspect.iscoroutinefunction(func):

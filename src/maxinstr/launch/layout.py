@@ -4,6 +4,7 @@ folder, replacing a previous run, and the record of which --stage specs each pro
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -74,15 +75,13 @@ def record_spec_outcome(spec: StageSpec, problem: str | None) -> None:
     if not run_dir:
         return
     line = json.dumps({"stage_spec": spec.text, "applied": problem is None, "problem": problem, "pid": os.getpid()})
-    try:
+    with contextlib.suppress(OSError):  # the run then says the spec was never applied; the program goes on
         os.makedirs(run_dir, exist_ok=True)
         fd = os.open(os.path.join(run_dir, STAGE_SPECS_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
         try:
             os.write(fd, (line + "\n").encode("utf-8", "backslashreplace"))
         finally:
             os.close(fd)
-    except OSError:
-        pass  # the run then says the spec was never applied; the program goes on
 
 
 def unapplied_stage_specs(run_dir: Path, stage_specs: list[str]) -> dict[str, str]:

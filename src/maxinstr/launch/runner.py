@@ -8,6 +8,7 @@ merged into the run directory (``launch.json``, ``meta.json``'s ``profiler``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -350,11 +351,9 @@ def _undo_start(run_dir: Path, made: list[Path]) -> list[str]:
     """After a command that never started: remove the empty logs and folders this run made
     (never anything that holds data), and return what is left of them."""
     for log in (run_dir / WARM_DIR / LOG_FILE, run_dir / LOG_FILE):
-        try:
+        with contextlib.suppress(OSError):
             if log.is_file() and not log.is_symlink() and log.stat().st_size == 0:
                 log.unlink()
-        except OSError:
-            pass
     left = []
     for folder in [run_dir / WARM_DIR, *made]:
         try:
@@ -403,10 +402,8 @@ def _execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
     except NotStarted:
         _stop(sampler)
         shutil.rmtree(part, ignore_errors=True)
-        try:
+        with contextlib.suppress(OSError):
             part.parent.rmdir()
-        except OSError:
-            pass
         raise
     _stop(sampler)
     meta_if_none(run_dir, spec.command)
@@ -426,11 +423,9 @@ def _execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
 
 
 def _stop(sampler: Any) -> None:
-    try:
+    with contextlib.suppress(Exception):
         if sampler is not None:
             sampler.stop()
-    except Exception:  # noqa: BLE001
-        pass
 
 
 def meta_if_none(run_dir: Path, command: list[str]) -> None:
@@ -503,11 +498,9 @@ def _note_unapplied(run_dir: Path, unapplied: dict[str, str]) -> None:
     lines = b"".join(json_line({"time_ns": time.monotonic_ns(), "kind": "warning",
                                 "message": f"--stage {text} was never applied: {why}", "by": "maxinstr run"})
                      for text, why in unapplied.items())
-    try:
+    with contextlib.suppress(OSError):  # launch.json and the line on stderr still say it
         with open_write_file(owner / fmt.EVENTS_FILE) as f:
             f.write(lines)
-    except OSError:
-        pass  # launch.json and the line on stderr still say it
 
 
 def _is_owner(part: Path) -> bool:

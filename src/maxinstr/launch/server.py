@@ -7,6 +7,7 @@ window and stop can be separate commands; only the process group recorded there 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -440,11 +441,9 @@ def stop_server(run_dir: Path, grace_s: float = 20.0, say: Callable[[str], None]
             if say is not None:
                 say(f"maxinstr: {exc}; stopping the server's process group instead")
     if nsys is not None:
-        try:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             subprocess.run([nsys.path, "shutdown", f"--session={state.session}"], capture_output=True, timeout=60,
                            stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
     else:
         _kill_group(state, grace_s)  # no profiler session: SIGTERM to the group we started
     deadline = time.monotonic() + grace_s
