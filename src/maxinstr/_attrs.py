@@ -77,9 +77,7 @@ def _plain(value: Any, depth: int) -> Any:
         except Exception:  # noqa: BLE001
             return _as_str(value)
         return {_key(k): _plain(v, depth - 1) for k, v in items}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v, depth - 1) for v in list(value)]
-    return _as_str(value)
+    return [_plain(v, depth - 1) for v in list(value)] if isinstance(value, (list, tuple)) else _as_str(value)
 
 
 def plain(attrs: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,4 @@ def ns_text(value: float | int | None) -> str:
         return f"{v / 1e9:.3f} s"
     if a >= 1e6:
         return f"{v / 1e6:.2f} ms"
-    if a >= 1e3:
-        return f"{v / 1e3:.1f} us"
-    return f"{v:.0f} ns"
+    return f"{v / 1e3:.1f} us" if a >= 1e3 else f"{v:.0f} ns"

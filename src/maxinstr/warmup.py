@@ -32,8 +32,7 @@ import numpy as np
 
 from maxinstr.columns import occurrence_index
 
-MAX_LEVELS = 64
-"""Nesting levels followed up a parent chain (a deeper or cyclic chain stops there)."""
+MAX_LEVELS = 64  # nesting levels followed up a parent chain (a deeper or cyclic chain stops there)
 
 
 def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:

@@ -197,9 +197,7 @@ def stage_domain_mask(trace: Trace) -> np.ndarray | None:
     if not len(dom):
         return None
     stage = np.isin(R.domain_id, dom) & (R.style != RangeStyle.MARK)
-    if not stage.any() or stage.all():
-        return None
-    return stage
+    return None if not stage.any() or stage.all() else stage
 
 
 def _own_by_stages(trace: Trace, stage: np.ndarray, same_thread: np.ndarray, r_thread: np.ndarray,

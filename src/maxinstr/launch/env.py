@@ -72,9 +72,7 @@ class Environment:
     def default_profiler(self) -> str:  # --profiler auto: the vendor's tracer when installed, else none
         if self.vendor == "nvidia" and self.tool("nsys").found:
             return "nsys"
-        if self.vendor == "amd" and self.tool("rocprofv3").found:
-            return "rocprofv3"
-        return "none"
+        return "rocprofv3" if self.vendor == "amd" and self.tool("rocprofv3").found else "none"
 
     def summary_lines(self, install_hints: bool = True) -> list[str]:
         """Vendor, devices, each profiler with its version or install step (just "missing" without
@@ -148,9 +146,7 @@ def _smi_devices(tool: str, args: list[str], pattern: str) -> list[str] | None:
         out = subprocess.run([path, *args], capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if out.returncode != 0:
-        return None
-    return re.findall(pattern, out.stdout, flags=re.MULTILINE)
+    return None if out.returncode != 0 else re.findall(pattern, out.stdout, flags=re.MULTILINE)
 
 
 def detect_vendor() -> tuple[str, str, list[str]]:

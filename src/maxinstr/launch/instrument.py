@@ -69,9 +69,7 @@ def _record() -> Any:
 
 
 def _default_stage_factory(name: str) -> Callable[[Callable], Callable]:
-    if name.startswith(HOOK_PREFIX):
-        return HOOKS[name[len(HOOK_PREFIX):]]
-    return _record().stage(name)
+    return HOOKS[name[len(HOOK_PREFIX):]] if name.startswith(HOOK_PREFIX) else _record().stage(name)
 
 
 def _called_by_maxinstr(frame: Any) -> bool:

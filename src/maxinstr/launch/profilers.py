@@ -15,11 +15,9 @@ from pathlib import Path
 from maxinstr import config
 from maxinstr.errors import MaxinstrError
 
-DEFAULT_WINDOW_S = 10.0
-"""Captured steady-state window. The seeds found ~10 s enough to see the kernel mix."""
+DEFAULT_WINDOW_S = 10.0  # captured steady-state window. The seeds found ~10 s enough to see the kernel mix
 
-MIN_ARTIFACT_BYTES = 4096
-"""Smaller than this, an .nsys-rep/.sqlite holds no data (empty reports are ~100 KB+)."""
+MIN_ARTIFACT_BYTES = 4096  # smaller than this, an .nsys-rep/.sqlite holds no data (empty reports are ~100 KB+)
 
 
 @dataclass

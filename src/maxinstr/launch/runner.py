@@ -516,6 +516,4 @@ def open_hint(role: str, path: str) -> str:
         return f"maxinstr report RUN --trace {path}   (or sqlite3 {path})"
     if path.endswith(".ncu-rep"):
         return f"ncu-ui {path}   (or `ncu --import {path} --page details`)"
-    if role.endswith("log"):
-        return f"less {path}"
-    return path
+    return f"less {path}" if role.endswith("log") else path

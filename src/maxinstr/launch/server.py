@@ -216,8 +216,7 @@ def session_name(run_dir: Path) -> str:  # a unique nsys session name (letters, 
     return f"maxinstr-{stem}-{os.getpid()}-{int(time.time())}"
 
 
-START_SETTLE_S = 0.5
-"""`nsys start` returns before collection is live: wait this long before the benchmark."""
+START_SETTLE_S = 0.5  # `nsys start` returns before collection is live: wait this long before the benchmark
 
 
 def _nsys(path: str | None) -> Nsys:
