@@ -1,6 +1,6 @@
-"""A run directory as `maxinstr run` lays it out, shared by the launcher (runner.py) and the
-start-up hook of every process it starts (bootstrap.py): the names it writes, the default
-folder, replacing a previous run, and the record of which --stage specs each process applied."""
+"""A run directory as `maxinstr run` lays it out, for the launcher (runner.py) and the start-up hook
+of every process it starts (bootstrap.py): its names, the default folder, replacing a previous
+run, the record of which --stage specs each process applied."""
 
 from __future__ import annotations
 
@@ -23,11 +23,9 @@ LAUNCH_FILE = "launch.json"
 LOG_FILE = "child.log"
 WARM_DIR = "warm-run"
 PROFILE_BASE = "profile"
-STAGE_SPECS_FILE = "stage-specs.jsonl"
-"""One line a spec a process applied, or failed to apply (:func:`record_spec_outcome`)."""
+STAGE_SPECS_FILE = "stage-specs.jsonl"  # one line a spec a process applied, or failed to apply
 RUN_NAMES = ("meta.json", "parts", LAUNCH_FILE, LOG_FILE, STAGE_SPECS_FILE, WARM_DIR, "deep-dive",
-             *(f"{PROFILE_BASE}{ext}" for ext in (".nsys-rep", ".sqlite", ".qdstrm")), PROFILE_BASE)
-"""What a run writes in its directory (a profiler writes ``profile.*``)."""
+             *(f"{PROFILE_BASE}{ext}" for ext in (".nsys-rep", ".sqlite", ".qdstrm")), PROFILE_BASE)  # what a run writes
 
 
 def default_run_dir(command: list[str], root: str | Path = "runs", now: _dt.datetime | None = None) -> Path:
@@ -38,10 +36,9 @@ def default_run_dir(command: list[str], root: str | Path = "runs", now: _dt.date
 
 
 def clear_previous_run(run_dir: Path) -> list[str]:
-    """A new run in an existing run directory replaces the old one (as a session opened on
-    it does), so two runs never merge. Only a folder that holds a run (meta.json or
-    launch.json) is touched, and only the names a run writes; returns what was removed.
-    A run that a live process still writes is never removed: MaxinstrError names it."""
+    """A new run in a run directory replaces the old one (as a session opened on it does), so two
+    runs never merge: only a folder that holds a run (meta.json or launch.json), only the names a
+    run writes; returns what was removed. One a live process still writes: MaxinstrError."""
     with owners.locked(run_dir):
         live = owners.live_writers(run_dir)
         if live:
@@ -67,10 +64,10 @@ def clear_previous_run(run_dir: Path) -> list[str]:
 
 
 def record_spec_outcome(spec: StageSpec, problem: str | None) -> None:
-    """Record in the run directory, as it happens, that this process applied a --stage spec or
-    failed to (with the line it printed). A file of the run's own, appended a whole line at a
-    time by every process: a helper process's part opens only at its first record, a fork child
-    ends with ``os._exit`` and a killed process runs no exit code, yet what they applied counts."""
+    """Record in the run directory, as it happens, that this process applied a --stage spec or failed
+    to (with the line it printed): a whole line at a time by every process, as a helper process's
+    part opens only at its first record, a fork child ends with ``os._exit`` and a killed process
+    runs no exit code, yet what they applied counts."""
     run_dir = config.run_dir()
     if not run_dir:
         return
@@ -85,10 +82,9 @@ def record_spec_outcome(spec: StageSpec, problem: str | None) -> None:
 
 
 def unapplied_stage_specs(run_dir: Path, stage_specs: list[str]) -> dict[str, str]:
-    """The ``--stage`` specs that no process of the run applied, each with why: the problem a
-    process met applying it, or that no process imported its module. Read from the run's
-    stage-specs.jsonl: a spec that any process applied (a worker, a fork child, one killed
-    later) was applied."""
+    """The ``--stage`` specs that no process of the run applied (a worker, a fork child, one killed
+    later counts), each with why: the problem a process met applying it, or that no process
+    imported its module."""
     if not stage_specs:
         return {}
     said: list[Any]

@@ -8,6 +8,14 @@ start-up imported, ``os``). It never breaks the program, and runs the sitecustom
 afterwards. How a program reaches that import: tests/launch/test_hook_triggers.py.
 """
 
+# Only what every Python has loaded when site runs this file (glob and importlib.machinery are not:
+# imported where used, they would show in the program's sys.modules otherwise)
+import _frozen_importlib
+import _frozen_importlib_external
+import _thread
+import os
+import sys
+
 # Top-level names that starting maxinstr imports besides the standard library's (its own, its
 # dependencies, the optional GPU libraries it reads at start-up); tests/launch/test_hook_triggers.py
 # checks the list against what startup() really imports.
@@ -21,7 +29,6 @@ class _MaxinstrTrigger:
     MAX reads its markers' setting when imported. Starting never imports a module of ``after``
     first (it would run twice). Only running the module uses the trigger up, not finding it
     (``importlib.util.find_spec``: runpy's ``-m``, an "is it installed?" check)."""
-
     def __init__(self, after, before, wanted):
         self.after = frozenset(after)
         self.before = frozenset(before)
@@ -32,9 +39,6 @@ class _MaxinstrTrigger:
     def find_spec(self, fullname, path=None, target=None):
         if self.fired or (fullname not in self.after and fullname not in self.before):
             return None
-        import _thread
-        import sys
-
         finding = (_thread.get_ident(), fullname)
         if finding in self._finding:
             return None
@@ -65,7 +69,6 @@ class _MaxinstrTrigger:
 
 class _StartAfter:
     """Runs the module with its own loader, then starts maxinstr (whatever the module did)."""
-
     def __init__(self, inner, trigger):
         self._inner = inner
         self._trigger = trigger
@@ -106,8 +109,6 @@ def _start_when_safe(wanted, own=None):
 def _outermost_loading(own):
     """Of the imports this thread is running (importlib's _load_unlocked frames), the outermost
     whose top-level package starting maxinstr imports, else ``own`` when it is one, else None."""
-    import sys
-
     needs = _MAXINSTR_NEEDS | getattr(sys, "stdlib_module_names", frozenset())
     found = None
     own_loading = False
@@ -141,7 +142,6 @@ def _loading_set(spec, value):
     wanted = _after_load.pop(id(spec), None)
     if wanted is None:
         return
-    import sys
 
     # a submodule is bound on its package just after this (importlib's next step): bind it now,
     # the same way, so that starting maxinstr finds `email.message` as the program will
@@ -174,8 +174,6 @@ def _start_after_load(spec, wanted):
 
 
 def _start_maxinstr(wanted):
-    import sys
-
     try:
         from maxinstr.launch.bootstrap import startup
     except Exception as exc:  # noqa: BLE001 - maxinstr is not importable in this interpreter
@@ -196,8 +194,6 @@ def _from_own_site():
     sys.path only after start-up). The folder goes last on sys.path: this Python's own come first."""
     import glob
     import importlib.machinery
-    import os
-    import sys
 
     site = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     native = os.path.join(site, "maxinstr", "_native")
@@ -231,9 +227,6 @@ def _watched_names(environ):
 
 
 def _maxinstr_install():
-    import os
-    import sys
-
     after, before = _watched_names(os.environ)
     if not after and not before:
         return
@@ -248,11 +241,6 @@ def _maxinstr_install():
 def _chain_shadowed_sitecustomize():
     # Our folder shadows any other sitecustomize (a distro's, a venv's): run that one too, through
     # importlib's frozen core (always loaded), not importlib.util (the program would find it loaded)
-    import _frozen_importlib
-    import _frozen_importlib_external
-    import os
-    import sys
-
     here = os.path.dirname(os.path.abspath(__file__))
     path = [p for p in sys.path if os.path.abspath(p or ".") != here]
     spec = _frozen_importlib_external.PathFinder.find_spec("sitecustomize", path)
