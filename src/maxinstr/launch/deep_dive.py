@@ -182,50 +182,27 @@ def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | Non
                         source=str(trace.source), notes=notes, candidates=candidates)
 
 
-_TIME_KEYS = ("total_ns", "gpu_ns", "time_ns", "sum_ns", "kernel_ns", "busy_ns")
-
-
 def _kernel_rows(obj: Any) -> list[tuple[str, int, int, float | None]]:
-    """(name, time ns, count, the report's share or None) per kernel, copies left out."""
-    rows = []
-    for k in obj if isinstance(obj, list) else []:
-        if not isinstance(k, dict) or "name" not in k:
-            continue
-        t = next((k[key] for key in _TIME_KEYS if isinstance(k.get(key), (int, float))), None)
-        if t is None:
-            continue
-        if k.get("family") in ("memcpy", "memset"):
-            continue  # copies are not kernels ncu can profile
-        share = k.get("share") if isinstance(k.get("share"), (int, float)) else None
-        rows.append((str(k["name"]), int(t), int(k.get("count", k.get("instances", 0)) or 0), share))
+    """(name, GPU time ns, count, the report's share) per kernel of a report's list, by time;
+    copies left out (ncu profiles kernels)."""
+    rows = [(str(k["name"]), int(k["gpu_ns"]), int(k.get("count") or 0),
+             k.get("share") if isinstance(k.get("share"), (int, float)) else None)
+            for k in obj if isinstance(k, dict) and "name" in k and isinstance(k.get("gpu_ns"), (int, float))
+            and k.get("family") not in ("memcpy", "memset")] if isinstance(obj, list) else []
     return sorted(rows, key=lambda r: -r[1])
 
 
 def choose_from_report(data: dict, *, stage: str | None = None, kernel: str | None = None, source: str = "report") -> KernelChoice:
-    """Pick from a `maxinstr report --format json` document: the stage's kernels
-    (``stages[i].mix.top_kernels``: objects with ``name`` and a time in ns, ``gpu_ns``), or
-    ``gpu.kernels`` when no stage is given. The report has no launch order, so
-    ``launch_skip`` is 0 and a note says so (pass the trace to place the kernel exactly)."""
-    rows: list[tuple[str, int, int, float | None]] = []
+    """Pick from a `maxinstr report --format json` document: the stage's ``mix.top_kernels``, or
+    ``gpu.kernels`` when no stage is given. The report has no launch order, so ``launch_skip`` is
+    0 and a note says so (pass the trace to place the kernel exactly)."""
     if stage is not None:
-        stages = data.get("stages")
-        entries = stages.items() if isinstance(stages, dict) else (
-            ((s.get("name"), s) for s in stages if isinstance(s, dict)) if isinstance(stages, list) else ()
-        )
-        found = False
-        for name, obj in entries:
-            if name == stage and isinstance(obj, dict):
-                found = True
-                got = obj.get("mix")
-                mix: dict[str, Any] = got if isinstance(got, dict) else {}
-                rows = _kernel_rows(obj.get("kernels") or obj.get("top_kernels") or mix.get("top_kernels"))
-                break
-        if not found:
+        obj = next((s for s in data.get("stages") or [] if isinstance(s, dict) and s.get("name") == stage), None)
+        if obj is None:
             raise MaxinstrError(f"{source}: no stage named {stage!r} in the report")
+        rows = _kernel_rows((obj.get("mix") or {}).get("top_kernels"))
     else:
-        got_gpu = data.get("gpu")
-        gpu: dict[str, Any] = got_gpu if isinstance(got_gpu, dict) else {}
-        rows = _kernel_rows(data.get("kernels") or data.get("top_kernels") or gpu.get("kernels"))
+        rows = _kernel_rows((data.get("gpu") or {}).get("kernels"))
     if not rows:
         raise MaxinstrError(f"{source}: the report lists no kernels{' for stage ' + repr(stage) if stage else ''}")
     if kernel is not None:
