@@ -210,8 +210,7 @@ def _own_by_stages(trace: Trace, stage: np.ndarray, same_thread: np.ndarray, r_t
     innermost range of any domain when it lies under the call's stage; a range of another domain
     on a thread that holds no stage nests under the stage of its first launch (its top-level
     ancestor's ``parent``), and a call whose range lies under another stage gets its stage
-    directly. Returns the number of ranges so linked.
-    """
+    directly. Returns the number of ranges so linked."""
     R, C = trace.ranges, trace.calls
     srows = np.flatnonzero(same_thread & stage)
     if not len(srows) or not len(cidx):
@@ -424,8 +423,7 @@ def _range_sums(att: Attribution, op_call: np.ndarray | list[np.ndarray],
 
     ``op_call`` (per op, its launch call row) may be handed over in a one-element list: it is
     then taken out and freed as soon as the per-op pass is done. ``call_launch``: the range of
-    every launch call that has one (then launches are counted per call, not per call's first op).
-    """
+    every launch call that has one (then launches are counted per call, not per call's first op)."""
     if isinstance(op_call, list):
         op_call = op_call.pop()
     trace = att.trace
@@ -519,8 +517,7 @@ def _range_spans(att: Attribution) -> None:
 
     The largest pass on a 10M-op trace: positions are int32, per-op temporaries are taken in
     blocks of ``_CHUNK``, and per level one int64 array of (range rank << 32 | position) is
-    sorted in place.
-    """
+    sorted in place."""
     trace = att.trace
     O, R = trace.ops, trace.ranges
     n, m = len(R), len(O)

@@ -17,8 +17,7 @@ class IntervalIndex:
 
     ``parent[i]`` (sorted positions) is the nearest earlier interval of the same group whose
     end is >= this one's end: the latest-starting interval containing it (for properly nested
-    push/pop ranges, the enclosing range). ``rows`` maps sorted positions to caller rows.
-    """
+    push/pop ranges, the enclosing range). ``rows`` maps sorted positions to caller rows."""
 
     rows: np.ndarray
     group: np.ndarray
@@ -110,8 +109,7 @@ def segmented_union(group: np.ndarray, start: np.ndarray, end: np.ndarray,
     when built; the numpy path gives the same numbers (tests/attribute/test_intervals.py): a
     segmented running maximum as one ``np.maximum.accumulate`` by lifting each group into its own
     band of the int64 line, in chunks small enough that bands cannot overflow, temporaries reused
-    in place (this runs over millions of (op, range) pairs).
-    """
+    in place (this runs over millions of (op, range) pairs)."""
     n = len(group)
     if not n:
         z = np.empty(0, np.int64)

@@ -39,8 +39,7 @@ class Attribution:
     innermost owning range (-1 none; its whole stack follows ``range_parent``), and the
     :class:`Rule` used. Per range instance, inclusive of nested ranges as ``nsys stats`` counts
     them: projected GPU span (``proj_start_ns`` -1: it owns no op), busy time (union of op
-    intervals across streams), op counts, copy/set bytes and time, idle gaps, the rules used.
-    """
+    intervals across streams), op counts, copy/set bytes and time, idle gaps, the rules used."""
 
     trace: Trace
     op_range: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))

@@ -44,8 +44,7 @@ def max_stream_handle(device_or_queue: Any, *, make_context_current: bool = True
 
     With `make_context_current` (default), the stream's own CUDA context is made current on the
     calling thread when none is: maxinstr times stages only on a thread with a current context,
-    and MAX's runtime need not leave one on yours. Call it on the thread that enters the stages.
-    """
+    and MAX's runtime need not leave one on yours. Call it on the thread that enters the stages."""
     if device_or_queue is None:
         return None
     queue = getattr(device_or_queue, "default_queue", device_or_queue)
@@ -141,13 +140,6 @@ def max_profiling_problem() -> str | None:
             "(CUDA 13) or nvidia-nvtx-cu12, or put the CUDA toolkit's lib64 on LD_LIBRARY_PATH")
 
 
-def max_accelerator() -> Any:
-    """The first MAX accelerator, or the host CPU device when MAX finds none (ImportError without MAX)."""
-    from max.driver import CPU, Accelerator, accelerator_count  # optional: MAX
-
-    return Accelerator() if accelerator_count() > 0 else CPU()
-
-
 def enable_max_profiling(level: ProfilingLevel = "detailed", session: Any = None) -> None:
     """Turn on MAX's own NVTX ranges so they nest under maxinstr's stages in nsys: sets
     `MODULAR_ENABLE_PROFILING=level` (MAX reads it when first imported; children inherit it);
@@ -155,8 +147,7 @@ def enable_max_profiling(level: ProfilingLevel = "detailed", session: Any = None
     `InferenceSession`), `session.gpu_profiling(level)` adds kernel-level markers to graphs loaded
     after this call. `"detailed"` costs MAX host time per op: profile with it, measure without.
     Where an NVIDIA driver is present but NVTX's v2 entry points cannot be provided (MAX would
-    abort), `MaxProfilingUnavailable` is raised before MAX is touched.
-    """
+    abort), `MaxProfilingUnavailable` is raised before MAX is touched."""
     if level not in _LEVELS:
         raise ValueError(f"MAX profiling level must be one of {', '.join(_LEVELS)}, not {level!r}")
     problem = max_profiling_problem() if level != "off" else None
@@ -186,5 +177,5 @@ def max_versions() -> dict[str, str]:
     return out
 
 
-__all__ = ["MaxProfilingUnavailable", "enable_max_profiling", "max_accelerator", "max_profiling_problem",
-           "max_stream_handle", "max_versions", "provide_nvtx_v2"]
+__all__ = ["MaxProfilingUnavailable", "enable_max_profiling", "max_profiling_problem", "max_stream_handle",
+           "max_versions", "provide_nvtx_v2"]

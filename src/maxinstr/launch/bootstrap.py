@@ -41,8 +41,7 @@ class CaptureWindow:
     the calling thread's context). This wraps that call: it is retried with device 0's primary
     context made current (only if the program already activated it; none is created). With
     ``window_s``, a timer then calls ``cuProfilerStop`` on that same context, which ends an nsys
-    ``--capture-range=cudaProfilerApi`` capture (the session's own stop at close is a no-op).
-    """
+    ``--capture-range=cudaProfilerApi`` capture (the session's own stop at close is a no-op)."""
 
     def __init__(self, window_s: float | None, stop=None, context=None, retry=None) -> None:
         self.window_s = window_s

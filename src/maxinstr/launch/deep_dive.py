@@ -50,8 +50,7 @@ def function_name(name: str) -> str:
     nsys's short names give it: no return type, namespace, template or parameter list.
 
     >>> function_name("void at::native::reduce_kernel<(int)512, (int)1>(T3)")
-    'reduce_kernel'
-    """
+    'reduce_kernel'"""
     text = name.replace("(anonymous namespace)", "").replace("<unnamed>", "").strip()
     if text.startswith("void "):
         text = text[5:]
@@ -115,8 +114,7 @@ def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | Non
     captured from steady state); ``analysis``: one already made. The share is of all the stage's
     GPU time, copies included, as the report prints it; only a kernel can be chosen (ncu
     profiles kernels). ``launch_skip`` counts, in process-wide launch order, the earlier launches
-    of the same function name: what ncu counts with ``--kernel-name-base function``.
-    """
+    of the same function name: what ncu counts with ``--kernel-name-base function``."""
     ops = trace.ops
     strings = np.asarray(trace.strings, dtype=object)
     is_kernel = ops.kind == OpKind.KERNEL

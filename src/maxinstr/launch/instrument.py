@@ -235,8 +235,7 @@ def instrument(target: str, name: str | None = None, *, lazy: bool = False,
     :class:`~maxinstr.errors.MaxinstrError`. With ``lazy=True`` the wrap waits for the
     module's first import (applied now if it is already imported) and problems are printed
     as one line, never raised into the importing code. Returns True when applied now.
-    ``stage_factory`` replaces :func:`maxinstr.stage` (tests, custom recorders).
-    """
+    ``stage_factory`` replaces :func:`maxinstr.stage` (tests, custom recorders)."""
     spec = parse_spec(target if name is None else f"{target}={name}")
     module = sys.modules.get(spec.module)
     if module is None and not lazy:

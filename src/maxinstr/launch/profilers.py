@@ -85,8 +85,7 @@ class Nsys(Profiler):
     With ``capture="steady"`` collection starts only when the maxinstr session calls
     ``cuProfilerStart`` (after the warm-up instances) and ends at ``cuProfilerStop``, so
     warm-up is not in the trace; the window (default 10 s) is enforced in the child.
-    ``--sample=none --cpuctxsw=none`` matter: without them a tiny script wrote a 2 GB .qdstrm.
-    """
+    ``--sample=none --cpuctxsw=none`` matter: without them a tiny script wrote a 2 GB .qdstrm."""
 
     name = "nsys"
     records_markers = True
