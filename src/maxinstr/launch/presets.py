@@ -30,16 +30,11 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    "max": Preset(
-        name="max",
-        specs=tuple(p.spec for p in max_pipeline.WRAP_POINTS),
-        # telemetry off: no telemetry process, exporter threads or metrics server beside the
-        # program being measured, and nothing sent out (a machine without network would retry)
-        env={max_pipeline.TELEMETRY_VARIABLE: "1"},
-        what=f"MAX {max_pipeline.MAX_RELEASE}'s pipelines (tokenize, prefill, decode, forward, sample, graph, load, compile)",
-        applies_to="MAX's commands",
-    ),
-}
+    # telemetry off: no telemetry process, exporter threads or metrics server beside the program
+    # being measured, and nothing sent out (a machine without network would retry)
+    "max": Preset(name="max", specs=tuple(p.spec for p in max_pipeline.WRAP_POINTS), env={max_pipeline.TELEMETRY_VARIABLE: "1"},
+                  what=f"MAX {max_pipeline.MAX_RELEASE}'s pipelines (tokenize, prefill, decode, forward, sample, graph, load, compile)",
+                  applies_to="MAX's commands")}
 
 
 def preset(name: str) -> Preset:

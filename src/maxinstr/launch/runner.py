@@ -455,26 +455,17 @@ def _supervise(cmd: list[str], env: dict[str, str], log: Path, options: RunOptio
 def _write_launch(run_dir: Path, spec: RunSpec, options: RunOptions, wrapped: list[str], env: dict[str, str],
                   outcome: RunOutcome) -> None:
     prof = options.profiler
-    write_json(run_dir / LAUNCH_FILE, {
-        "format": "maxinstr-launch",
-        "version": 1,
-        "written_unix_s": time.time(),
-        "label": spec.label,
-        "sweep": dict(spec.env),  # the --sweep variable and its value for this run (compare lists it among the settings)
-        "command": spec.command,
-        "profiled_command": wrapped,
+    write_json(run_dir / LAUNCH_FILE, {  # "sweep": this run's --sweep variable and value (compare lists it)
+        "format": "maxinstr-launch", "version": 1, "written_unix_s": time.time(), "label": spec.label,
+        "sweep": dict(spec.env), "command": spec.command, "profiled_command": wrapped,
         "env": {k: v for k, v in env.items() if k.startswith("MAXINSTR_") or k in _KEPT_VARIABLES},
         "profiler": {"name": prof.name, "flags": prof.flags_text() if prof.name != "none" else "",
                      "capture": prof.capture, "window_s": prof.window_s},
-        "presets": options.presets,
-        "stage_specs": options.all_stage_specs(),
-        "stage_specs_unapplied": outcome.unapplied,
+        "presets": options.presets, "stage_specs": options.all_stage_specs(), "stage_specs_unapplied": outcome.unapplied,
         "maxinstr_command": rerun_command(spec, options),
         "startup": None if outcome.warm is None else {"warm_run_wall_s": round(outcome.warm.wall_s, 3), **outcome.warm.to_json()},
-        "run": outcome.result.to_json(),
-        "artifact": None if outcome.artifact is None else outcome.artifact.to_json(),
-        "environment": options.environment,
-    })
+        "run": outcome.result.to_json(), "artifact": None if outcome.artifact is None else outcome.artifact.to_json(),
+        "environment": options.environment})
 
 
 def add_to_launch(run_dir: Path, key: str, value: Any) -> None:

@@ -119,21 +119,16 @@ def _opt_str(v: object) -> bool:
 
 _SESSION_RE = re.compile(r"maxinstr-[A-Za-z0-9-]{1,120}")
 _FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
-    "run_dir": (lambda v: isinstance(v, str), "a path"),
-    "pid": (_is_pid, "a process id"),
-    "pgid": (_is_pid, "a process group id"),
-    "command": (_str_list, "a list of strings"),
-    "launch_command": (_str_list, "a list of strings"),
-    "profiler": (lambda v: v in ("nsys", "none"), '"nsys" or "none"'),
+    "run_dir": (lambda v: isinstance(v, str), "a path"), "pid": (_is_pid, "a process id"),
+    "pgid": (_is_pid, "a process group id"), "command": (_str_list, "a list of strings"),
+    "launch_command": (_str_list, "a list of strings"), "profiler": (lambda v: v in ("nsys", "none"), '"nsys" or "none"'),
     "session": (lambda v: v is None or (isinstance(v, str) and _SESSION_RE.fullmatch(v) is not None),
                 "an nsys session name maxinstr makes (maxinstr-...)"),
     "nsys": (_opt_str, "a path or null"),
     "windows": (lambda v: isinstance(v, list) and all(isinstance(w, dict) for w in v), "a list of objects"),
     "log": (lambda v: isinstance(v, str), "a path"),
     "start_ticks": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0), "a count"),
-    "boot_id": (_opt_str, "a string"),
-    "token": (_opt_str, "a string"),
-}
+    "boot_id": (_opt_str, "a string"), "token": (_opt_str, "a string")}
 _OPTIONAL = ("start_ticks", "boot_id", "token")  # absent from a server.json of before 2026-12
 
 
