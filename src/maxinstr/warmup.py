@@ -1,26 +1,11 @@
-"""The warm-up rule: which stage instances a run's ``warmup=N`` keeps out of steady state; one home
-(docs/sessions.md "Warm-up and steady state") for the report (:func:`warmup_flags`, to which
-``analyze/instances.py`` adds the cold starts), ``Run.warmup_mask()``, and the steady-state
-capture, which starts at the instant :func:`steady_can_begin` names (fired by the native core's
-``steady_watch``; the tests replay real runs through the core against this function).
-
-The rule, per process (one part of the run), for ``warmup=N`` > 0:
-
-1. **Pipeline iterations** (:func:`pipeline_iterations`). A program's outer loop is not always
-   one enclosing stage: a decoder may mark ``prefill``, ``decode`` and ``readback`` side by side
-   for each request. Its iterations begin with the *head*: the top-level stage that repeats
-   (more than N times, at least twice) and starts first among those that repeat; everything from
-   one head instance to the next is one iteration; a top-level instance before the first head is
-   in iteration -1 (loading, compilation). Where the head repeats as often as every other
-   repeating top-level stage, or nothing repeats, each top-level stage's iterations are its own
-   occurrences.
-2. **Warm-up**: an instance among the first N of its name (by host start, at any nesting level),
-   and a top-level instance of an iteration before the N-th. Marks are never warm-up.
-3. **Nested**: an instance inside a warm-up instance is kept out with it (:func:`inside`).
-
-So a steady instance always has, at the top of its nesting, an instance whose name had started
-N times before in its process: the capture starts there, maybe before the rule's steady state
-(the report keeps those warm-up iterations apart), never after it.
+"""The warm-up rule: which stage instances a run's ``warmup=N`` keeps out of steady state, written
+once (the rule, in words: docs/sessions.md, "Warm-up and steady state"). The report flags its
+instances with :func:`warmup_flags` (``analyze/instances.py`` adds the cold starts),
+``Run.warmup_mask()`` is the same over a run's records, and the steady-state capture starts at the
+instant :func:`steady_can_begin` names (fired by the native core's ``steady_watch``; the tests
+replay real runs through the core against this function): no instance the rule calls steady
+starts before it, as a steady instance always has at the top of its nesting an instance whose
+name had started N times before in its process.
 """
 
 from __future__ import annotations

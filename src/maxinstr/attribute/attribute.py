@@ -1,22 +1,10 @@
-"""Exact per-range attribution of GPU ops: ``attribute(trace, run=None) -> Attribution``.
-
-The rules, in order of precedence (docs/attribution.md states them for users):
-
-1. ``SAME_THREAD`` (nsys's rule): the op's launch call (joined by correlation id within its
-   process) lies inside a push/pop range, or a start/end range begun and ended on one thread,
-   on the call's own thread, bounds inclusive: the innermost such range (the latest-starting)
-   and, through ``range_parent``, every enclosing one. ``GRAPH``: the same for the kernels of a
-   CUDA graph replay (or ops that carry a graph node id), at the ``cudaGraphLaunch``.
-2. ``START_END``: no range of 1 holds the call, but a start/end range ended on another thread
-   does, and the call was made on its start or its end thread.
-3. ``CROSS_THREAD``: no range on the launching thread holds the call (a worker or autograd
-   thread): the innermost range over the *other* threads of the process that holds it.
-4. ``TIME_OVERLAP``: the op has no launch call in the trace (no correlation): the innermost
-   range of its process holding the op's GPU start time. Stated in ``notes``.
-
-Per-range numbers are inclusive of nested ranges, as ``nsys stats`` counts them. Where the
-trace holds maxinstr's stages and ranges of other domains too (MAX's op ranges), stages own the
-work they submit (:func:`_own_by_stages`).
+"""Exact per-range attribution of GPU ops: ``attribute(trace, run=None) -> Attribution``, by the rules
+docs/attribution.md states, in order: ``SAME_THREAD`` (nsys's: the launch call inside a range on
+its own thread; ``GRAPH`` for a graph replay's kernels), ``START_END`` (a start/end range ended on
+another thread, on its start or end thread), ``CROSS_THREAD`` (no range on the launching thread:
+the innermost over the process's other threads), ``TIME_OVERLAP`` (no launch call: the op's GPU
+start). Per-range numbers are inclusive of nested ranges, as ``nsys stats`` counts them. Where the
+trace holds maxinstr's stages and other domains' ranges too, stages own the work they submit.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
-"""Modular MAX helpers: the native stream of a MAX device, and MAX's own profiling markers.
-
-MAX runs a graph on the device's *default queue*, a non-blocking CUDA/HIP stream of its own.
-Events on the legacy default stream (maxinstr's default, `stream=0`) do not wait for work on a
-non-blocking stream, so a stage around `model.execute(...)` records its events on MAX's queue:
-
-    with maxinstr.stage("decode", stream=max_stream_handle(Accelerator())):
-        model.execute(...)
-
-`enable_max_profiling()` turns on MAX's own NVTX ranges, which then nest under maxinstr's stages
-in an nsys timeline. MAX's kernel-level markers look up NVTX's v2 entry points
-(`nvtxRangeStartEx`, ...) at run time and abort the process when they are missing, as on CUDA 13
-(no libnvToolsExt): `provide_nvtx_v2()` loads a library that exports them before MAX runs, and
-`max_profiling_problem()` says in one line when none can be found (docs/max.md).
-
-`max` is imported only inside the functions that need it: importing this module costs nothing
-and works where MAX is not installed.
+"""Modular MAX helpers (docs/max.md): the native stream of a MAX device's default queue (a
+non-blocking stream of its own, which events on the legacy default stream do not wait for), and
+MAX's own profiling markers, which abort the process where NVTX's v2 entry points are missing (CUDA
+13): :func:`provide_nvtx_v2` loads a library that exports them. `max` is imported only inside the
+functions that need it: importing this module costs nothing and works where MAX is not installed.
 """
 
 from __future__ import annotations

@@ -69,10 +69,7 @@ class CaptureWindow:
             return result
 
         profiler_start.__maxinstr_window__ = True  # type: ignore[attr-defined]
-        try:
-            _native.profiler_start = profiler_start
-        except (AttributeError, TypeError):
-            return False
+        _native.profiler_start = profiler_start
         return True
 
     def _arm(self, ctx) -> None:
@@ -96,10 +93,9 @@ def _libcuda():
 
 
 def _current_cuda_context():
+    ctx = ctypes.c_void_p()
     with contextlib.suppress(OSError):
-        lib = _libcuda()
-        ctx = ctypes.c_void_p()
-        if lib.cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and ctx.value:
+        if _libcuda().cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and ctx.value:
             return ctx
     return None
 
@@ -132,8 +128,7 @@ def _cuda_profiler_stop(ctx) -> None:
     lib = _libcuda()
     if ctx is not None:
         lib.cuCtxSetCurrent(ctx)
-    rc = lib.cuProfilerStop()
-    if rc != 0:
+    if (rc := lib.cuProfilerStop()) != 0:
         raise RuntimeError(f"cuProfilerStop returned CUresult {rc}")
 
 

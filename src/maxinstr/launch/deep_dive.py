@@ -1,10 +1,7 @@
-"""Why is this one kernel slow: hand the dominant kernel of a stage to Nsight Compute, in steps
-that are plain functions: choose the kernel (the most GPU time in a stage as the report counts
-it, :func:`stage_ops`, or the one named); place it (``--launch-skip``: the launches of its
-function name before its first in a steady instance, in process-wide launch order; a trace
-captured from steady state starts at the ``cuProfilerStart`` that ncu's ``--profile-from-start
-off`` counts from); build the ``ncu`` command (``--clock-control none``: the clocks the program
-really runs at); read its CSV back into a :class:`Verdict`. On AMD, :func:`amd_equivalent`.
+"""Why is this one kernel slow: hand the dominant kernel of a stage to Nsight Compute (docs/cli.md,
+`maxinstr deep-dive`), in plain functions: choose the kernel as the report counts it
+(:func:`stage_ops`), place it (``--launch-skip`` in process-wide launch order), build the ``ncu``
+command, read its CSV back into a :class:`Verdict`; on AMD, :func:`amd_equivalent`.
 """
 
 from __future__ import annotations

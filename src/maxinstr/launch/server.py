@@ -1,8 +1,7 @@
-"""Profiling a long-running server around benchmark windows: started once under ``nsys launch``
-with a named session (nothing collected while it loads), a window is ``nsys start`` ... ``nsys
-stop`` (one report each), ``nsys shutdown`` ends it. Its stages go to the run directory the whole
-time, so each window's trace joins the same run. State lives in ``RUN/server.json`` so start,
-window and stop can be separate commands; only the process group recorded there is signalled.
+"""Profiling a long-running server around benchmark windows (docs/cli.md, `maxinstr server`): under
+``nsys launch`` with a named session, a window is ``nsys start`` ... ``nsys stop``. State lives in
+``RUN/server.json`` so start, window and stop can be separate commands; only the process group
+recorded there is signalled, once :func:`verify` proved it is the server.
 """
 
 from __future__ import annotations
