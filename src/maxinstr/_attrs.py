@@ -1,13 +1,9 @@
-"""Stage attrs are data, not references (docs/sessions.md, "Attrs"): when a stage ends, the native
-core hands attrs holding anything but ``str``/``int``/``float``/``bool``/``None`` to :func:`plain`,
-which returns the JSON data they are written as. So maxinstr keeps no reference to the objects
-passed (a 50 MB array given as an attr is not kept alive by the record), and what is kept in
-memory is what a run directory would hold. Nothing here raises: a value that cannot be
-converted is recorded as a short description.
-
-A base module because the recording side installs :func:`plain` as the core's hook and the
-run-directory writer falls back on it: in ``maxinstr.rundir`` it would make ``import
-maxinstr.record`` load the run reader and numpy as well.
+"""Stage attrs are data, not references (docs/sessions.md, "Attrs"): the native core hands attrs
+holding anything but ``str``/``int``/``float``/``bool``/``None`` to :func:`plain`, which returns the
+JSON data they are written as, so no object passed is kept alive. Nothing here raises. A base
+module because the recording side installs :func:`plain` as the core's hook and the run-directory
+writer falls back on it: in ``maxinstr.rundir`` it would make ``import maxinstr.record`` load the
+run reader and numpy as well.
 """
 
 from __future__ import annotations

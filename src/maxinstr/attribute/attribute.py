@@ -191,14 +191,10 @@ def stage_domain_mask(trace: Trace) -> np.ndarray | None:
 def _own_by_stages(trace: Trace, stage: np.ndarray, same_thread: np.ndarray, r_thread: np.ndarray,
                    c_thread: np.ndarray, cidx: np.ndarray, parent: np.ndarray, call_range: np.ndarray,
                    call_rule: np.ndarray) -> int:
-    """Stages own the work they submit, whoever launches it; other domains' ranges nest under
-    them as a breakdown, never instead of them. Each launch call (rows ``cidx``) gets its stage
-    from the stage ranges alone (SAME_THREAD, else CROSS_THREAD), whatever ranges of other domains
-    (MAX's op ranges on its worker thread) hold it on its own thread. ``call_range`` keeps the
-    innermost range of any domain when it lies under the call's stage; a range of another domain
-    on a thread that holds no stage nests under the stage of its first launch (its top-level
-    ancestor's ``parent``), and a call whose range lies under another stage gets its stage
-    directly. Returns the number of ranges so linked."""
+    """Stages own the work they submit, whoever launches it (docs/attribution.md): each launch call
+    (rows ``cidx``) gets its stage from the stage ranges alone; ``call_range`` keeps the innermost
+    range of any domain when it lies under that stage, and a range of another domain on a thread
+    that holds no stage nests under the stage of its first launch. Returns the ranges so linked."""
     R, C = trace.ranges, trace.calls
     srows = np.flatnonzero(same_thread & stage)
     if not len(srows) or not len(cidx):
@@ -260,9 +256,7 @@ def _stage_ancestry(stage: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, 
 
 def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribution:
     """Attribution when the trace says, per op, which stage record launched it (in-process
-    collection: launch tags or CUPTI external correlation name the innermost stage of the
-    launching thread): the range whose payload is that id (same process), rule SAME_THREAD
-    (GRAPH for graph replays), as nsys would find it."""
+    collection): the range whose payload is that id, as nsys would find it (docs/attribution.md)."""
     R, O = trace.ranges, trace.ops
     m = len(O)
     notes: list[str] = []
@@ -317,10 +311,8 @@ def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribu
 
 def _cross_thread_untagged(trace: Trace, owner: np.ndarray, op_call: np.ndarray, op_range: np.ndarray,
                            r_thread: np.ndarray, threads: np.ndarray, rows1: np.ndarray, idx1: IntervalIndex) -> np.ndarray:
-    """In-process ops whose launch named no stage because their thread holds none (MAX's worker
-    launches every kernel): the innermost stage of another thread of the process holding the
-    launch call, as CROSS_THREAD would find it; sets their ``op_range``, returns their rows. A
-    launch on a thread that holds stages but named none was outside them: unattributed."""
+    """In-process ops whose launch named no stage because their thread holds none (MAX's worker):
+    rule CROSS_THREAD; sets their ``op_range``, returns their rows."""
     C = trace.calls
     left = np.flatnonzero((owner < 0) & (op_range < 0) & (op_call >= 0))
     if not len(left) or not len(rows1):

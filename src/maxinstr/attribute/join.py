@@ -101,14 +101,10 @@ def _note(att: Attribution, joined: int, ranges: int, records: int, how: str) ->
 
 
 def place_run_stages(trace: Trace, run: Any) -> tuple[Trace, str] | None:
-    """The trace with the run's stage records added as ranges (domain ``maxinstr``, payload =
-    record id), placed on the trace's clock, when the trace records none of its own and its
-    clock is the wall clock (Kineto: microseconds from ``baseTimeNanoseconds``, or Unix time).
-    torch.profiler records no NVTX, but records are CLOCK_MONOTONIC and meta.json holds a
-    (monotonic, realtime) pair taken at session start; launch calls are then tied to stages by
-    thread and time. Returns (trace, note) or None (nothing to add, or no common clock). On the
-    H200 it put every one of a PyTorch decoder's 24,053 launches in the stage instance nsys gives
-    it (tests/attribute/test_kineto_join.py)."""
+    """The trace with the run's stage records added as ranges (domain ``maxinstr``, payload = record
+    id) placed on its clock, when the trace records none of its own and its clock is the wall clock
+    (a torch.profiler trace: docs/attribution.md); (trace, note), or None (nothing to add, or no
+    common clock)."""
     if trace.format != "kineto" or run is None:
         return None
     if isinstance(run, (str, Path)):

@@ -26,13 +26,10 @@ _LEVELS: tuple[str, ...] = ("off", "on", "detailed")
 
 
 def max_stream_handle(device_or_queue: Any, *, make_context_current: bool = True) -> int | None:
-    """The native stream (CUstream / hipStream_t, as an int) of a MAX device's default queue, from
-    a `max.driver.Device` or `DeviceQueue`; None for a CPU device or anything else, so the stage
-    records host times only there instead of timing the wrong stream.
-
-    With `make_context_current` (default), the stream's own CUDA context is made current on the
-    calling thread when none is: maxinstr times stages only on a thread with a current context,
-    and MAX's runtime need not leave one on yours. Call it on the thread that enters the stages."""
+    """The native stream (CUstream / hipStream_t, as an int) of a MAX device's default queue, from a
+    `max.driver.Device` or `DeviceQueue`; None for a CPU device or anything else (host times only,
+    not the wrong stream). With `make_context_current`, the stream's own CUDA context is made
+    current on this thread when none is (docs/max.md): call it on the thread that enters the stages."""
     if device_or_queue is None:
         return None
     queue = getattr(device_or_queue, "default_queue", device_or_queue)
@@ -129,13 +126,10 @@ def max_profiling_problem() -> str | None:
 
 
 def enable_max_profiling(level: ProfilingLevel = "detailed", session: Any = None) -> None:
-    """Turn on MAX's own NVTX ranges so they nest under maxinstr's stages in nsys: sets
-    `MODULAR_ENABLE_PROFILING=level` (MAX reads it when first imported; children inherit it);
-    switches MAX's runtime state now when MAX is already imported; with `session` (an
-    `InferenceSession`), `session.gpu_profiling(level)` adds kernel-level markers to graphs loaded
-    after this call. `"detailed"` costs MAX host time per op: profile with it, measure without.
-    Where an NVIDIA driver is present but NVTX's v2 entry points cannot be provided (MAX would
-    abort), `MaxProfilingUnavailable` is raised before MAX is touched."""
+    """Turn on MAX's own NVTX ranges so they nest under maxinstr's stages in nsys (docs/max.md): sets
+    `MODULAR_ENABLE_PROFILING=level`, switches MAX's runtime state now when MAX is imported, and with
+    `session` adds kernel-level markers to graphs loaded after this call. Where they would abort MAX,
+    `MaxProfilingUnavailable` is raised before MAX is touched."""
     if level not in _LEVELS:
         raise ValueError(f"MAX profiling level must be one of {', '.join(_LEVELS)}, not {level!r}")
     problem = max_profiling_problem() if level != "off" else None

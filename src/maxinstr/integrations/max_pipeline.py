@@ -61,12 +61,8 @@ QUEUED_MARK = "queued"
 
 def step_stage(inputs: Any) -> tuple[str, dict[str, int | str]]:
     """The stage (name, attrs) for one pipeline step over ``inputs`` (``TextGenerationInputs``):
-    ``prefill`` when some context of the batch has processed no token yet, ``decode`` when every
-    context has (a chunked prefill's later chunks count as decode), ``drain`` for an empty batch
-    (the overlap pipeline's call that only collects the previous step's tokens). attrs: ``batch``
-    (contexts), ``tokens`` (fed to the model), ``new`` (contexts on their first step) and, for
-    prefill, ``requests``: their request ids joined by ``,`` (:mod:`maxinstr.analyze.serving`
-    joins them with the ``queued`` marks)."""
+    ``prefill``, ``decode`` or ``drain`` by its batch, with the attrs ``batch``, ``tokens``, ``new``
+    and, on a prefill, ``requests`` (docs/max.md: the max preset)."""
     try:
         batch = list(_flat_batch(inputs))
         tokens = 0

@@ -34,14 +34,11 @@ def _say(message: str) -> None:
 
 
 class CaptureWindow:
-    """Makes the session's steady-state capture start reliably, and ends it after a window.
-
-    The session calls ``maxinstr._native.profiler_start()`` once steady state begins, maybe from
-    its flusher thread, where no CUDA context is current: cuProfilerStart then fails (it acts on
-    the calling thread's context). This wraps that call: it is retried with device 0's primary
-    context made current (only if the program already activated it; none is created). With
-    ``window_s``, a timer then calls ``cuProfilerStop`` on that same context, which ends an nsys
-    ``--capture-range=cudaProfilerApi`` capture (the session's own stop at close is a no-op)."""
+    """Makes the session's steady-state capture start reliably, and ends it after a window (docs/cli.md,
+    "The steady-state capture"): the session may call ``_native.profiler_start()`` from its flusher
+    thread, where no CUDA context is current and cuProfilerStart fails; it is retried with device 0's
+    primary context current (only if the program activated it), and with ``window_s`` a timer calls
+    ``cuProfilerStop`` on that same context."""
 
     def __init__(self, window_s: float | None, stop=None, context=None, retry=None) -> None:
         self.window_s = window_s

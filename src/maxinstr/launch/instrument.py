@@ -256,11 +256,10 @@ def instrument(target: str, name: str | None = None, *, lazy: bool = False,
 
 
 def rebind_aliases(specs: list[str]) -> None:
-    """A module-level function wrapped after its module ran (the start-up hook starts maxinstr
-    once the target's package has run) may already be bound under other names (``from .sub
-    import f`` in the package's ``__init__``, in a sibling): those get the wrapped function too, as
-    when the hook wrapped the module as soon as it ran. The defining module's own other names
-    for it (``g = f``) stay, as they did then, and so do maxinstr's own."""
+    """A module-level function wrapped after its module ran may already be bound under other names
+    (``from .sub import f`` in its package's ``__init__``): those get the wrapped function too, as
+    when the hook wrapped the module as soon as it ran (docs/cli.md); the defining module's own
+    other names for it stay, as then, and so do maxinstr's."""
     wrapped: dict[int, tuple[Any, Any, str]] = {}  # id(original) -> (original, wrapped, its module)
     for text in specs:
         try:

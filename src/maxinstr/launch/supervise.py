@@ -1,7 +1,6 @@
-"""Run a child command in its own process group, watch its log, stop it fast when it fails: a
-profiled run that died at start-up (model not found, OOM, a bad flag) is reported within seconds,
-not after a timeout; a Ctrl-C leaves a usable partial result (nsys writes its report on SIGINT);
-only the process group maxinstr started is signalled, never processes found by name.
+"""Run a child command in its own process group, watch its log, stop it fast when it fails
+(docs/cli.md, "Failing fast"): a run that died at start-up is reported within seconds, a Ctrl-C
+leaves a usable partial result, only the process group maxinstr started is ever signalled.
 """
 
 from __future__ import annotations
