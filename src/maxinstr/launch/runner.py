@@ -67,10 +67,8 @@ class RunOptions:
     max_ops: str | None = None  # --max-ops: MAX's op markers on where a profiler records them; None: as MAX is
     presets: list[str] = field(default_factory=list)  # named presets of --stage specs, applied before stage_specs
     rerun_args: list[str] | None = None
-    """The options of `maxinstr run` that make a run what it is (profiler, capture, warm-up,
-    --stage, ...), as command-line words, less where it writes (-o), how it shows it (-y, -q,
-    --no-report) and the plan's shape (--repeat, --sweep): see :func:`rerun_command`. None when
-    the runs were not planned from a command line."""
+    """The options of `maxinstr run` that make a run what it is, as command-line words, less where it
+    writes, how it shows it and the plan's shape (:func:`rerun_command`); None: not from a command line."""
 
     def all_stage_specs(self) -> list[str]:
         """The presets' specs, then the ones given with --stage: what every process applies."""
@@ -199,20 +197,16 @@ def child_env(spec: RunSpec, options: RunOptions, run_dir: Path, base: dict[str,
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (site_dir(), env.get("PYTHONPATH", "")) if p)
     env[config.RUN_DIR] = str(run_dir.resolve())
-    # MAX's own NVTX/roctx ranges nest under ours where a profiler records them, but they change
-    # what is watched: MAX compiles its graphs again with markers and they cost it host time (H200
-    # decoder: 915 against 1527 tokens/s plain, docs/max.md). So only when asked (--max-ops), and
-    # only with a profiler to record them. A user's explicit choice stands (a --sweep value too).
-    # Ours is marked as ours: where MAX's markers would abort MAX, the start-up hook turns ours off
-    # (one line) but refuses the user's own (launch/bootstrap.py).
+    # MAX's markers change what is watched (MAX compiles its graphs again with them and they cost it
+    # host time: docs/max.md): only with --max-ops and a profiler that records them. A user's own
+    # choice stands; ours is marked so the start-up hook may turn it off where it would abort MAX.
     env.pop(config.MAX_PROFILING_BY_RUN, None)
     if options.max_ops and options.profiler.records_markers and MAX_PROFILING not in env and MAX_PROFILING not in spec.env:
         env[MAX_PROFILING] = options.max_ops
         env[config.MAX_PROFILING_BY_RUN] = "1"
     if options.warmup is not None:
         env[config.WARMUP] = str(options.warmup)
-    specs = options.all_stage_specs()
-    if specs:
+    if specs := options.all_stage_specs():
         env[config.STAGES] = "\n".join(specs)
     env.update(spec.env)
     for name in options.presets:  # what a preset needs set (MAX's telemetry off), unless the user set it
@@ -358,10 +352,8 @@ def _undo_start(run_dir: Path, made: list[Path]) -> list[str]:
     for folder in [run_dir / WARM_DIR, *made]:
         try:
             folder.rmdir()  # only an empty folder goes
-        except FileNotFoundError:
-            pass
-        except OSError:
-            if folder in made:
+        except OSError as exc:
+            if folder in made and not isinstance(exc, FileNotFoundError):
                 left.append(str(folder))
     return left
 
