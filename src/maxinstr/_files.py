@@ -86,8 +86,7 @@ def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
 
 
 def read_regular(path: Path, error: MakeError) -> bytes | None:
-    """The bytes of the regular file ``path``; None when nothing is there; anything else raises
-    ``error(path, problem)`` (as :func:`open_regular`)."""
+    """The bytes of the regular file ``path`` (None: nothing there); else as :func:`open_regular` raises."""
     opened = open_regular(path, error)
     if opened is None:
         return None

@@ -34,8 +34,7 @@ def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
 
 
 def _up(parent: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """One level up the parent chains at a time (at most MAX_LEVELS): the instances that still
-    have an enclosing instance there, and that instance."""
+    """Up the parent chains a level at a time (at most MAX_LEVELS): who still has a parent there, and it."""
     cur = np.asarray(parent, np.int64).copy()
     live = np.flatnonzero(cur >= 0)
     for _ in range(MAX_LEVELS):

@@ -34,8 +34,7 @@ included (through the graph launch's correlation id)."""
 
 
 def join_ops_to_calls(trace: Trace) -> np.ndarray:
-    """Per op, the row of its launch call in ``trace.calls`` (same process, same correlation
-    id), or -1 (the first call row wins if a reader left duplicates)."""
+    """Per op, its launch call's row (same process and correlation id; the first of duplicates), or -1."""
     O, C = trace.ops, trace.calls
     known = trace.meta.get(OP_CALL_KEY) if isinstance(trace.meta, dict) else None
     if (isinstance(known, tuple) and len(known) == 5 and known[0] is O.pid and known[1] is O.correlation_id
@@ -362,8 +361,7 @@ def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
 
 
 def _thread_ids(threads: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
-    """int32 position of each (pid, tid) in the sorted ``threads`` keys, -1 when absent (block by
-    block: millions of rows)."""
+    """int32 position of each (pid, tid) in the sorted ``threads`` keys, -1 when absent, block by block."""
     out = np.empty(len(pid), np.int32 if len(threads) < (1 << 31) else np.int64)
     for lo in range(0, len(pid), _CHUNK):
         out[lo : lo + _CHUNK] = _lookup(threads, _thread_key(pid[lo : lo + _CHUNK], tid[lo : lo + _CHUNK]))

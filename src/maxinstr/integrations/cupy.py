@@ -12,8 +12,7 @@ from maxinstr.integrations.driver import ensure_stream_context
 
 
 def cupy_stream_handle() -> int | None:
-    """`cupy.cuda.get_current_stream().ptr` (0 is a real answer: CuPy's legacy default stream),
-    or None when CuPy or a CUDA device is missing."""
+    """CuPy's current stream (0: its legacy default stream), or None without CuPy or a CUDA device."""
     try:
         import cupy  # optional: imported only when called
     except ImportError:

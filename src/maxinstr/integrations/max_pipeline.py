@@ -144,6 +144,5 @@ def compile_cache_dirs(environ: Mapping[str, str] | None = None) -> dict[str, st
 
 
 def cache_entries(dirs: Mapping[str, str]) -> dict[str, int]:
-    """How many files each cache folder holds now (0 for one that does not exist): a run that
-    adds entries compiled cold."""
+    """Files each cache folder holds now (0: none): a run that adds entries compiled cold."""
     return {key: sum(len(files) for _root, _dirs, files in os.walk(path)) for key, path in dirs.items()}

@@ -12,8 +12,7 @@ from maxinstr.integrations.driver import ensure_stream_context
 
 
 def torch_stream_handle(device: Any = None) -> int | None:
-    """`torch.cuda.current_stream(device).cuda_stream` (the HIP stream on ROCm builds), or None
-    without torch or CUDA (host times only)."""
+    """torch's current CUDA stream (HIP on ROCm builds), or None without torch or CUDA (host times only)."""
     try:
         import torch  # optional: imported only when called
     except ImportError:

@@ -160,8 +160,7 @@ def _apply_specs_step(environ) -> None:
 
 
 def _run_sink():
-    """Where this process's open root session writes, or None (never imports maxinstr.record:
-    its import opens the run's session)."""
+    """Where this process's root session writes, or None (no import of maxinstr.record: it joins the run)."""
     process = sys.modules.get("maxinstr.record.process")
     if process is None:
         return None

@@ -178,8 +178,7 @@ def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | Non
 
 
 def _kernel_rows(obj: Any) -> list[tuple[str, int, int, float | None]]:
-    """(name, GPU time ns, count, the report's share) per kernel of a report's list, by time;
-    copies left out (ncu profiles kernels)."""
+    """(name, GPU ns, count, the report's share) per kernel of a report's list, by time; no copies."""
     rows = [(str(k["name"]), int(k["gpu_ns"]), int(k.get("count") or 0),
              k.get("share") if isinstance(k.get("share"), (int, float)) else None)
             for k in obj if isinstance(k, dict) and "name" in k and isinstance(k.get("gpu_ns"), (int, float))

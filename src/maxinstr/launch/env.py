@@ -75,8 +75,7 @@ class Environment:
         return "rocprofv3" if self.vendor == "amd" and self.tool("rocprofv3").found else "none"
 
     def summary_lines(self, install_hints: bool = True) -> list[str]:
-        """Vendor, devices, each profiler with its version or install step (just "missing" without
-        ``install_hints``: a run that asked for no profiler)."""
+        """Vendor, devices, each profiler's version or install step (just "missing" without ``install_hints``)."""
         head = f"GPU vendor: {self.vendor} (from {self.vendor_source})"
         if self.devices:
             head += ": " + ", ".join(self.devices)

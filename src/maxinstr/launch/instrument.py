@@ -173,8 +173,7 @@ class _ApplyAfterExec(importlib.abc.Loader):
     """Delegates to the real loader, then applies the pending specs of the module."""
 
     def __init__(self, inner: importlib.abc.Loader, fullname: str) -> None:
-        self._inner = inner
-        self._fullname = fullname
+        self._inner, self._fullname = inner, fullname
 
     def create_module(self, spec):
         return self._inner.create_module(spec)
@@ -212,8 +211,7 @@ _hook = _StageImportHook()
 
 
 def _apply_or_say(spec: StageSpec, module: ModuleType, factory: Callable[[str], Any] | None) -> bool:
-    """:func:`apply_spec`, saying any problem in one line instead of raising: it runs inside the
-    user's import (or start-up), which must never break."""
+    """apply_spec, a problem said in one line, not raised: it runs inside the user's import, never broken."""
     try:
         apply_spec(spec, module, factory)
         problem = None

@@ -342,8 +342,7 @@ def execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
 
 
 def _undo_start(run_dir: Path, made: list[Path]) -> list[str]:
-    """After a command that never started: remove the empty logs and folders this run made
-    (never anything that holds data), and return what is left of them."""
+    """After a command that never started: the empty logs and folders this run made go; what is left."""
     for log in (run_dir / WARM_DIR / LOG_FILE, run_dir / LOG_FILE):
         with contextlib.suppress(OSError):
             if log.is_file() and not log.is_symlink() and log.stat().st_size == 0:

@@ -140,8 +140,7 @@ def _read_text(path: str) -> str | None:
 
 
 def process_start_ticks(pid: int) -> int | None:
-    """When ``pid`` started, in clock ticks since boot (/proc/<pid>/stat field 22; a reused pid has
-    another); None when unknown."""
+    """When ``pid`` started, in clock ticks since boot (/proc stat field 22; a reused pid has another)."""
     try:  # the fields after the command: state is field 3, starttime field 22
         return int((_read_text(f"/proc/{pid}/stat") or "").rsplit(")", 1)[-1].split()[19])
     except (IndexError, ValueError):
@@ -235,8 +234,7 @@ def _refuse(state: ServerState, problem: str, what: str) -> MaxinstrError:
 
 
 def _wait_ready(state: ServerState, ready: str | None, timeout_s: float, patterns) -> None:
-    """Return once the server's log shows ``ready`` (at once when None); raise with the log's
-    tail when it dies or logs a fatal error first."""
+    """Return once the log shows ``ready``; raise with its tail when the server dies or logs a fatal error."""
     rx = re.compile(ready) if ready else None
     fatal = sv.compile_patterns(patterns or ())
     log = Path(state.log)
@@ -267,8 +265,7 @@ def _wait_ready(state: ServerState, ready: str | None, timeout_s: float, pattern
 
 
 def _kill_group(state: ServerState, grace_s: float = 10.0) -> None:
-    """SIGTERM then SIGKILL to the process group we started, each only once :func:`verify` proves
-    it is the server."""
+    """SIGTERM then SIGKILL to the process group we started, each once :func:`verify` proves it the server."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         problem = verify(state)
         if problem is not None:
@@ -289,8 +286,7 @@ def _kill_group(state: ServerState, grace_s: float = 10.0) -> None:
 def start_server(command: list[str], run_dir: Path, *, profiler: str = "nsys", nsys_path: str | None = None,
                  ready: str | None = None, ready_timeout_s: float = 600.0, stage_specs: list[str] | None = None,
                  presets: list[str] | None = None, fail_fast: bool = True) -> ServerState:
-    """Start ``command`` in its own process group (under ``nsys launch`` when profiling),
-    output to ``RUN/server.log``, and wait until its log matches ``ready``."""
+    """Start ``command`` in its own group (under ``nsys launch`` when profiling); wait for ``ready``."""
     run_dir = sv.ensure_dir(run_dir).resolve()
     if os.path.lexists(run_dir / STATE_FILE):
         try:

@@ -113,8 +113,7 @@ def compile_patterns(patterns: tuple[tuple[str, str], ...] | list[tuple[str, str
 
 
 class _LogPump(threading.Thread):
-    """Copies the child's output to the log (and the terminal) line by line; notes the first
-    line that matches a fatal pattern."""
+    """Copies the child's output to the log (and terminal) line by line; notes the first fatal line."""
 
     def __init__(self, stream: IO[bytes], log: IO[bytes] | None, echo: Callable[[str], None] | None,
                  patterns: list[tuple[str, re.Pattern[str]]]) -> None:
@@ -132,11 +131,9 @@ class _LogPump(threading.Thread):
             self.tail.append(line)
             if self.echo is not None:
                 self.echo(line)
-            if self.fatal is None:
-                for label, rx in self.patterns:
-                    if rx.search(line):
-                        self.fatal = (label, line.strip()[:300], time.monotonic())
-                        break
+            hit = next((label for label, rx in self.patterns if rx.search(line)), None) if self.fatal is None else None
+            if hit is not None:
+                self.fatal = (hit, line.strip()[:300], time.monotonic())
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -145,8 +142,7 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def stop_group(proc: subprocess.Popen, pgid: int, *, grace_s: float = 20.0, first: int = signal.SIGINT) -> None:
-    """Stop the process group we started: ``first`` (SIGINT lets nsys write its report),
-    then SIGTERM, then SIGKILL, each after a grace period. Never touches other groups."""
+    """SIGINT (nsys writes its report), SIGTERM, SIGKILL to the group we started, each after a grace."""
     for sig, wait_s in ((first, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         if proc.poll() is not None:
             break

@@ -30,9 +30,7 @@ class _MaxinstrTrigger:
     first (it would run twice). Only running the module uses the trigger up, not finding it
     (``importlib.util.find_spec``: runpy's ``-m``, an "is it installed?" check)."""
     def __init__(self, after, before, wanted):
-        self.after = frozenset(after)
-        self.before = frozenset(before)
-        self.wanted = wanted
+        self.after, self.before, self.wanted = frozenset(after), frozenset(before), wanted
         self.fired = False  # maxinstr started, or starts once the import in progress has finished
         self._finding = set()  # (thread, name) being looked up through the other finders: no re-entry
 
@@ -70,8 +68,7 @@ class _MaxinstrTrigger:
 class _StartAfter:
     """Runs the module with its own loader, then starts maxinstr (whatever the module did)."""
     def __init__(self, inner, trigger):
-        self._inner = inner
-        self._trigger = trigger
+        self._inner, self._trigger = inner, trigger
 
     def create_module(self, spec):
         return self._inner.create_module(spec)
@@ -142,7 +139,6 @@ def _loading_set(spec, value):
     wanted = _after_load.pop(id(spec), None)
     if wanted is None:
         return
-
     # a submodule is bound on its package just after this (importlib's next step): bind it now,
     # the same way, so that starting maxinstr finds `email.message` as the program will
     parent, _, child = str(getattr(spec, "name", "")).rpartition(".")
@@ -215,14 +211,10 @@ def _watched_names(environ):
     specs = [line.strip() for line in environ.get("MAXINSTR_STAGES", "").splitlines() if line.strip()]
     if not run and not specs:
         return set(), set()
-    after = {"maxinstr"}
-    for spec in specs:
-        module = spec.partition("=")[0].partition(":")[0].strip()
-        if module:
-            after.add(module.split(".")[0])
-    before = set()
-    if environ.get("MODULAR_ENABLE_PROFILING", "off").strip().lower() not in ("", "off", "0", "false"):
-        before.add("max")  # MAX's markers can abort MAX where NVTX's v2 entry points are missing
+    after = {"maxinstr"} | {s.partition("=")[0].partition(":")[0].strip().split(".")[0] for s in specs} - {""}
+    # MAX's markers can abort MAX where NVTX's v2 entry points are missing: checked before MAX loads
+    markers = environ.get("MODULAR_ENABLE_PROFILING", "off").strip().lower() not in ("", "off", "0", "false")
+    before = {"max"} if markers else set()
     return after - before, before
 
 
