@@ -25,9 +25,8 @@ MAX_JSON_DEPTH = 64  # maxinstr writes at most ~40 levels (user metadata is cut 
 
 
 def open_regular(path: Path, error: MakeError) -> tuple[int, int] | None:
-    """``(fd, size)`` of the regular file ``path`` opened for reading (the caller closes fd);
-    None when nothing is there. Anything else (a FIFO, a device, a directory, a dangling or
-    looping link, an unreadable file) raises ``error(path, problem)``."""
+    """``(fd, size)`` of the regular file ``path`` opened for reading (the caller closes fd); None when
+    nothing is there; anything else (a FIFO, a device, a dangling link...) raises ``error(path, problem)``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -113,9 +112,8 @@ def _depth(obj: Any, limit: int) -> bool:  # nests no deeper than limit (iterati
 
 
 def parse_json(data: bytes, path: Path, error: MakeError, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """JSON from ``data``; any way it is not (bad syntax, bad UTF-8, nested past ``max_depth``
-    or past the interpreter's recursion limit, a number too long to convert) raises
-    ``error(path, problem)``."""
+    """JSON from ``data``; any way it is not (bad syntax or UTF-8, nested past ``max_depth`` or the
+    recursion limit, a number too long) raises ``error(path, problem)``."""
     try:
         doc = json.loads(data)
     except RecursionError:
@@ -163,9 +161,8 @@ def real_dirs(root: str | os.PathLike[str], below: str | os.PathLike[str]) -> Pa
 
 
 def open_write(path: str | os.PathLike[str], *, append: bool = True, exclusive: bool = False, mode: int = 0o644) -> int:
-    """A file descriptor to write ``path``: O_NOFOLLOW (a link in its place raises OSError
-    naming it), only a regular file (a FIFO in its place would block: refused), appended to
-    (``append``) or truncated; ``exclusive``: the file must not exist yet (O_EXCL)."""
+    """A file descriptor to write ``path``: O_NOFOLLOW (a link there: OSError naming it), a regular file
+    only (a FIFO would block), appended to or truncated; ``exclusive``: it must not exist yet."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
         fd = os.open(path, flags | (os.O_APPEND if append else 0) | (os.O_EXCL if exclusive else 0), mode)
@@ -196,9 +193,8 @@ def open_write_file(path: str | os.PathLike[str], text: bool = False, *, append:
 
 
 def replace_atomic(path: str | os.PathLike[str], data: bytes, *, fsync: bool = False) -> None:
-    """Write ``data`` to ``path`` through a new temporary file beside it (created exclusively,
-    a random name: nothing planted there is written through) and a rename: a reader sees the
-    old file or the new one. A link at ``path`` is replaced, its target never touched."""
+    """Write ``data`` to ``path`` through a new temporary file beside it (exclusive, a random name) and a
+    rename: a reader sees the old file or the new one; a link at ``path`` is replaced, never followed."""
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = open_write(tmp, append=False, exclusive=True)

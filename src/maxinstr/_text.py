@@ -48,10 +48,8 @@ _UNKEEPABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def safe_name(name: str) -> str:
-    """``name`` with lone surrogates and NUL escaped (``\\udcff``, ``\\x00``), otherwise the same
-    string: what a reader keeps as a name. A surrogate cannot be encoded (printing or writing
-    it raises) and a NUL ends a C string and is dropped from the end of numpy strings (``"a\\0"``
-    would become ``"a"``)."""
+    """``name`` with lone surrogates and NUL escaped (``\\udcff``, ``\\x00``): what a reader keeps as a
+    name (a surrogate cannot be encoded; numpy strings drop a trailing NUL)."""
     return _UNKEEPABLE.sub(_escape, name) if _UNKEEPABLE.search(name) else name
 
 
@@ -84,11 +82,9 @@ def _top_level(s: str, stop: str) -> int:
 
 
 def kernel_label(name: str) -> str:
-    """A kernel's name as a reader tells kernels apart by: no ``void``, no namespaces, no
-    parameter list, no ``(int)`` casts, CUTLASS's wrapper templates unwrapped
-    (``void cutlass::device_kernel<...GemmUniversal<cutlass::gemm::GroupProblemShape<...``
-    -> ``GemmUniversal<GroupProblemShape<...``), whitespace collapsed. What every view shows
-    (cut to its width); the full name stays in --format json and in deep-dive's regexes."""
+    """A kernel's name as a reader tells kernels apart by: no ``void``, namespaces, parameter list or
+    ``(int)`` casts, CUTLASS's wrapper templates unwrapped (``device_kernel<GemmUniversal<...`` ->
+    ``GemmUniversal<...``), whitespace collapsed. The full name stays in --format json and deep-dive."""
     s = name[:KERNEL_LABEL_SCAN].strip()
     if not (s.startswith("void ") or "::" in s or "<" in s):
         return s  # not a C++ signature: a copy ("Memcpy HtoD (Pageable -> Device)"), a mangled or plain name

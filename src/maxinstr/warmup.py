@@ -84,9 +84,8 @@ def occurrences(part_code: np.ndarray, name_code: np.ndarray, is_mark: np.ndarra
 def pipeline_iterations(part_code: np.ndarray, name_code: np.ndarray, level: np.ndarray, is_mark: np.ndarray,
                         host_start_ns: np.ndarray, occurrence: np.ndarray, parent: np.ndarray,
                         warmup_n: int) -> tuple[np.ndarray, dict[int, int]]:
-    """Per instance the pipeline iteration it ran in (step 1 of the rule; a nested instance
-    takes its top-level ancestor's), and per process (part code) the head's name code, for the
-    processes that have a head."""
+    """Per instance the pipeline iteration it ran in (step 1 of the rule; nested: its top-level
+    ancestor's), and per process (part code) with a head, the head's name code."""
     n = len(name_code)
     if n == 0:
         return np.empty(0, np.int64), {}
@@ -132,9 +131,8 @@ class WarmupFlags:
 
 def warmup_flags(part_code: np.ndarray, name_code: np.ndarray, parent: np.ndarray, host_start_ns: np.ndarray,
                  is_mark: np.ndarray, warmup_n: int, level: np.ndarray | None = None) -> WarmupFlags:
-    """The rule over one table of stage instances: ``part_code`` the process, ``name_code`` an
-    integer per name (equal exactly when the names are), ``parent`` the enclosing instance's row
-    (-1 none), ``level`` the nesting level when already known."""
+    """The rule over stage instances: ``part_code`` the process, ``name_code`` per name, ``parent`` the
+    enclosing instance's row (-1 none), ``level`` the nesting level when already known."""
     part_code = np.asarray(part_code, np.int64)
     name_code = np.asarray(name_code, np.int64)
     parent = np.asarray(parent, np.int64)
@@ -156,10 +154,8 @@ def warmup_flags(part_code: np.ndarray, name_code: np.ndarray, parent: np.ndarra
 
 def steady_can_begin(part_code: np.ndarray, name_code: np.ndarray, level: np.ndarray, is_mark: np.ndarray,
                      host_start_ns: np.ndarray, warmup_n: int) -> np.ndarray:
-    """Per instance, whether steady state can begin at its start: per process, the first
-    top-level stage instance (by host start) whose name had started ``warmup_n`` times before
-    (at any level). No instance the rule calls steady starts before it (see the module's
-    docstring); the steady-state capture starts there. ``warmup_n`` 0: the first top-level one."""
+    """Per instance, whether steady state can begin at its start: per process, the first top-level
+    instance (by start) whose name had started ``warmup_n`` times before, at any level (0: the first)."""
     n = len(name_code)
     out = np.zeros(n, bool)
     if n == 0:

@@ -173,9 +173,8 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
 
 
 def stage_domain_mask(trace: Trace) -> np.ndarray | None:
-    """Per range, whether it is a maxinstr stage (NVTX domain ``maxinstr``), when the trace also
-    holds ranges of other domains (a framework's, MAX's op ranges); None otherwise: then every
-    range takes part in attribution alike."""
+    """Per range, whether it is a maxinstr stage (NVTX domain ``maxinstr``), when the trace also holds
+    other domains' ranges (MAX's op ranges); None otherwise: every range then takes part alike."""
     R = trace.ranges
     if not len(R):
         return None
@@ -342,9 +341,8 @@ def _range_tree(trace: Trace, r_thread: np.ndarray) -> tuple[np.ndarray, np.ndar
 def _innermost_elsewhere(trace: Trace, idx: IntervalIndex, rows: np.ndarray, r_thread: np.ndarray, q: np.ndarray,
                          pid: np.ndarray, start: np.ndarray, end: np.ndarray,
                          thread: np.ndarray | None = None) -> np.ndarray:
-    """Per query row ``q`` (of the columns ``pid``, ``start``, ``end``), the latest-starting range
-    of ``idx`` (over range ``rows``) that holds it on a thread of its process, other than its own
-    ``thread`` when given; -1 none. One pass per thread holding ranges: few."""
+    """Per query row ``q`` of the columns, the latest-starting range of ``idx`` holding it on a thread of
+    its process other than its own ``thread`` (when given); -1 none. One pass per thread holding ranges."""
     R = trace.ranges
     best = np.full(len(q), -1, np.int64)
     for t in np.unique(r_thread[rows]):

@@ -13,11 +13,8 @@ from maxinstr.columns import searchsorted
 
 @dataclass
 class IntervalIndex:
-    """Intervals grouped by an integer group (a thread), sorted by (group, start, -end).
-
-    ``parent[i]`` (sorted positions) is the nearest earlier interval of the same group whose
-    end is >= this one's end: the latest-starting interval containing it (for properly nested
-    push/pop ranges, the enclosing range). ``rows`` maps sorted positions to caller rows."""
+    """Intervals grouped by an integer group (a thread), sorted by (group, start, -end). ``parent[i]`` (in
+    sorted positions): the latest-starting earlier interval of its group containing it; ``rows``: caller rows."""
 
     rows: np.ndarray
     group: np.ndarray
@@ -54,9 +51,8 @@ class IntervalIndex:
         return cls(rows[order], g, s, e, cand, group_ids, lo.astype(np.int64), hi)
 
     def innermost(self, q_group: np.ndarray, q_start: np.ndarray, q_end: np.ndarray) -> np.ndarray:
-        """Per query, the caller row of the latest-starting interval in ``q_group`` with
-        start <= q_start and end >= q_end (bounds inclusive, like nsys); -1 when none.
-        Queries are taken in blocks so temporaries stay bounded on huge traces."""
+        """Per query, the caller row of the latest-starting interval in ``q_group`` holding [q_start, q_end]
+        (bounds inclusive, like nsys); -1 none. In blocks: bounded temporaries on huge traces."""
         b = self.BLOCK
         if len(q_group) <= b:
             return self._innermost(q_group, q_start, q_end)

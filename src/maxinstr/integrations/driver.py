@@ -36,9 +36,8 @@ def nvidia_driver_present() -> bool:
 
 
 def ensure_stream_context(stream_handle: int | None) -> bool:
-    """True when a CUDA context is current on this thread afterwards (set from the stream's own
-    context if none was). False without libcuda, for a null handle, or when the driver refuses
-    (uninitialised driver, invalid stream): never raises."""
+    """True when a CUDA context is current on this thread afterwards (the stream's own if none was);
+    False without libcuda, for a null handle, or when the driver refuses. Never raises."""
     if not stream_handle:
         return False
     lib = _libcuda()

@@ -65,8 +65,7 @@ def _exports_nvtx_v2(lib: ctypes.CDLL) -> bool:
 def nvtx_v2_candidates(search_path: Iterable[str] | None = None, environ: Mapping[str, str] | None = None,
                        toolkit_dirs: Iterable[str] = NVTX_V2_TOOLKIT_DIRS) -> list[str]:
     """Files that may export NVTX's v2 entry points, most specific first: the wheels' folders under
-    each entry of ``search_path`` (default ``sys.path``), then ``CUDA_HOME``'s (or ``CUDA_PATH``'s)
-    and the default toolkit's library folders."""
+    ``search_path`` (``sys.path``), then ``CUDA_HOME``'s (or ``CUDA_PATH``'s) and the toolkit's."""
     env = os.environ if environ is None else environ
     entries = sys.path if search_path is None else search_path
     dirs = [Path(entry) / sub for entry in entries if entry for sub in NVTX_V2_WHEEL_DIRS]
@@ -97,9 +96,8 @@ def load_nvtx_v2(names_or_paths: Iterable[str]) -> str | None:
 
 
 def provide_nvtx_v2() -> str | None:
-    """Make NVTX's v2 entry points resolvable by name anywhere in this process (what MAX's
-    kernel-level markers need). Returns where they come from ("process" when something already
-    provides them, else the library's path), or None when none is found. Idempotent; never raises."""
+    """Make NVTX's v2 entry points resolvable by name anywhere in this process (MAX's kernel markers need
+    them): "process" when something provides them, else the library's path, or None. Never raises."""
     global _nvtx_v2
     if _nvtx_v2 is not None:
         return _nvtx_v2
@@ -115,9 +113,8 @@ def provide_nvtx_v2() -> str | None:
 
 
 def max_profiling_problem() -> str | None:
-    """Why MAX's profiling markers would abort this process, in one line, or None when they can
-    run: they need NVTX's v2 entry points where an NVIDIA driver is present (MAX's GPU markers
-    run there), and :func:`provide_nvtx_v2` found no library exporting them."""
+    """Why MAX's markers would abort this process, in one line, or None: where an NVIDIA driver is
+    present they need NVTX's v2 entry points, and :func:`provide_nvtx_v2` found no library."""
     if provide_nvtx_v2() is not None or not _nvidia_driver_present():
         return None
     return ("MAX's profiling markers need NVTX's v2 library (one of " + ", ".join(NVTX_V2_LIBRARIES)

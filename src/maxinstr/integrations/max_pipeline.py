@@ -134,9 +134,8 @@ sends nothing out (launch/presets.py sets it unless you did)."""
 
 
 def compile_cache_dirs(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Where MAX keeps what it compiled (the first run of a graph compiles; later runs read these):
-    ``$MODULAR_DERIVED_PATH/cache`` when that is set, else ``~/.cache/modular`` (both seen with MAX
-    26.7), holding ``.max_cache`` (compiled graphs), ``.mogg_cache`` and ``.mojo_cache`` (kernels)."""
+    """Where MAX keeps what it compiled: ``$MODULAR_DERIVED_PATH/cache``, else ``~/.cache/modular`` (MAX
+    26.7), holding ``.max_cache`` (graphs), ``.mogg_cache`` and ``.mojo_cache`` (kernels)."""
     env = os.environ if environ is None else environ
     derived = env.get("MODULAR_DERIVED_PATH")
     root = os.path.join(derived, "cache") if derived else os.path.join(os.path.expanduser("~"), ".cache", "modular")

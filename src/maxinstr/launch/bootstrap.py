@@ -230,9 +230,8 @@ USAGE = "usage: python -m maxinstr.launch.bootstrap [--stage SPEC]... [-o RUN_DI
 
 
 def main(argv: list[str] | None = None) -> int:
-    """:data:`USAGE`. The stages are written to a run directory: ``-o``, else ``MAXINSTR_RUN_DIR``,
-    else (unless the process already joins another's session) ``runs/<script>-<time>`` as
-    `maxinstr run` picks, said in one line: records kept only in memory would be lost at exit."""
+    """:data:`USAGE`. The run directory: ``-o``, else ``MAXINSTR_RUN_DIR``, else (unless joining another's
+    session) ``runs/<script>-<time>``, said in one line: records kept only in memory are lost at exit."""
     args = list(sys.argv[1:] if argv is None else argv)
     specs: list[str] = []
     out: str | None = None
@@ -282,9 +281,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _say_unapplied() -> None:
-    """At the end of the program this form ran: the specs it never applied, in the run (the report
-    lists them) as `maxinstr run` says them, and in one line those whose module it never imported
-    (one that failed to apply was said when it failed, by this process)."""
+    """At the end of the program: the specs it never applied, in the run as `maxinstr run` says them, and
+    in one line those whose module it never imported (a failed one was said when it failed)."""
     run_dir = config.run_dir()
     specs = config.stage_specs()
     if not run_dir or not specs:

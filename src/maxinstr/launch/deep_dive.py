@@ -187,9 +187,8 @@ def _kernel_rows(obj: Any) -> list[tuple[str, int, int, float | None]]:
 
 
 def choose_from_report(data: dict, *, stage: str | None = None, kernel: str | None = None, source: str = "report") -> KernelChoice:
-    """Pick from a `maxinstr report --format json` document: the stage's ``mix.top_kernels``, or
-    ``gpu.kernels`` when no stage is given. The report has no launch order, so ``launch_skip`` is
-    0 and a note says so (pass the trace to place the kernel exactly)."""
+    """Pick from a `maxinstr report --format json` document: the stage's ``mix.top_kernels``, else
+    ``gpu.kernels``. No launch order there: ``launch_skip`` 0, said (the trace places it exactly)."""
     if stage is not None:
         obj = next((s for s in data.get("stages") or [] if isinstance(s, dict) and s.get("name") == stage), None)
         if obj is None:
@@ -216,9 +215,8 @@ def choose_from_report(data: dict, *, stage: str | None = None, kernel: str | No
 
 
 def kernel_regex(name: str) -> tuple[str, str]:
-    """(``--kernel-name-base``, ``--kernel-name``) for a trace kernel name. Demangled signatures
-    differ between nsys and ncu (``(int)512`` vs ``512``), so the match is on the bare function
-    name, which both agree on; a namespace prefix is tolerated in case a tool keeps it."""
+    """(``--kernel-name-base``, ``--kernel-name``) for a kernel name: its bare function name, which nsys
+    and ncu agree on (their demangled signatures differ: ``(int)512`` vs ``512``), any namespace before."""
     return "function", f"regex:(^|::){re.escape(function_name(name))}$"
 
 

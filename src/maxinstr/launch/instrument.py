@@ -84,9 +84,8 @@ def _called_by_maxinstr(frame: Any) -> bool:
 
 
 def _skip_own_calls(func: Callable, staged: Callable) -> Callable:
-    """``staged``, except for calls made by maxinstr itself, which go to ``func``: with
-    ``--stage json:dumps`` the run directory's own JSON lines are not the program's stages.
-    Coroutine and async generator functions are returned as they are (maxinstr awaits none)."""
+    """``staged``, but calls by maxinstr itself go to ``func`` (with ``--stage json:dumps`` the run's own
+    JSON lines are not the program's stages); coroutines and async generators as they are."""
     if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
         return staged
     if inspect.isgeneratorfunction(func):

@@ -36,9 +36,8 @@ def default_run_dir(command: list[str], root: str | Path = "runs", now: _dt.date
 
 
 def clear_previous_run(run_dir: Path) -> list[str]:
-    """A new run in a run directory replaces the old one (as a session opened on it does), so two
-    runs never merge: only a folder that holds a run (meta.json or launch.json), only the names a
-    run writes; returns what was removed. One a live process still writes: MaxinstrError."""
+    """A new run in a run directory replaces the old one, so two runs never merge: only a folder holding a
+    run, only the names a run writes (returned); one a live process still writes: MaxinstrError."""
     with owners.locked(run_dir):
         live = owners.live_writers(run_dir)
         if live:
@@ -82,9 +81,8 @@ def record_spec_outcome(spec: StageSpec, problem: str | None) -> None:
 
 
 def unapplied_stage_specs(run_dir: Path, stage_specs: list[str]) -> dict[str, str]:
-    """The ``--stage`` specs that no process of the run applied (a worker, a fork child, one killed
-    later counts), each with why: the problem a process met applying it, or that no process
-    imported its module."""
+    """The ``--stage`` specs no process of the run applied (a worker, a fork child, one killed later count),
+    each with why: the problem met applying it, or that no process imported its module."""
     if not stage_specs:
         return {}
     said: list[Any]

@@ -46,9 +46,8 @@ def preset(name: str) -> Preset:
 
 
 def recorded_specs(launch: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """``(--stage specs given, presets)`` of a run as launch.json recorded them (its
-    ``stage_specs`` holds the presets' specs too): to run the program again as it ran. A preset
-    counts only where every spec of it is among the recorded ones."""
+    """``(--stage specs given, presets)`` of a run as launch.json recorded them, to run it again as it ran;
+    a preset counts only where all its specs were recorded (``stage_specs`` holds them too)."""
     recorded = {t for t in (launch.get("stage_specs") or []) if isinstance(t, str)}
     names = [n for n in (launch.get("presets") or []) if isinstance(n, str) and n in PRESETS
              and set(PRESETS[n].specs) <= recorded]

@@ -171,9 +171,8 @@ def count_nsys_kernels(path: Path) -> int:
 
 
 class Rocprofv3(Profiler):
-    """rocprofv3: kernel, marker (roctx) and HIP runtime traces, as CSV files. It has no start/stop
-    API tied to maxinstr's session here, so the whole run is traced; the report separates warm-up
-    by the session's ``warmup`` count instead."""
+    """rocprofv3: kernel, marker and HIP runtime traces as CSV. No start/stop API tied to the session
+    here: the whole run is traced; the report keeps warm-up apart by the session's ``warmup``."""
 
     name = "rocprofv3"
     records_markers = True

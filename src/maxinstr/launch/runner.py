@@ -133,9 +133,8 @@ def sweep_label(label: str) -> str:
 
 
 def compare_hint(specs: list[RunSpec]) -> str | None:
-    """What to compare after a plan of several runs, as a line to print: the --sweep values
-    against the first, each value's repeats pooled into one side; repeats alone are one side,
-    to compare with another set. None for a single run."""
+    """What to compare after a plan of several runs, as a line: the --sweep values (each value's repeats
+    pooled), or repeats alone as one side against another set; None for a single run."""
     sides = list(dict.fromkeys(spec.side or spec.run_dir for spec in specs))
     if len(specs) < 2:
         return None
@@ -148,9 +147,8 @@ def compare_hint(specs: list[RunSpec]) -> str | None:
 
 
 def rerun_command(spec: RunSpec, options: RunOptions) -> list[str] | None:
-    """The `maxinstr run` command that makes this run again: its options, its own ``--sweep``
-    value, its program; no ``-o`` (a rerun writes a run of its own, never over this one), no
-    ``--repeat``. None when the run was not planned from a command line."""
+    """The `maxinstr run` command that makes this run again: its options, its own ``--sweep`` value, its
+    program; no ``-o`` (never over this one), no ``--repeat``; None when not planned from a command line."""
     if options.rerun_args is None:
         return None
     sweep = [f"--sweep={spec.sweep}"] if spec.sweep else []
@@ -267,9 +265,8 @@ def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:
 
 
 def python_flag_skipping_hook(command: list[str]) -> str | None:
-    """The interpreter option of a ``python ...`` command that keeps the start-up hook from running
-    (``-I``, ``-E``: PYTHONPATH ignored; ``-S``: no site, so no sitecustomize), as given; None
-    when there is none or the command is not a Python interpreter."""
+    """The interpreter option of a ``python ...`` command that keeps the start-up hook from running (``-I``,
+    ``-E``: PYTHONPATH ignored; ``-S``: no site), as given; None when none or not a Python interpreter."""
     if not command or not re.fullmatch(r"python[0-9.]*", os.path.basename(command[0])):
         return None
     args = iter(command[1:])
@@ -468,9 +465,8 @@ def add_to_launch(run_dir: Path, key: str, value: Any) -> None:
 
 
 def _note_unapplied(run_dir: Path, unapplied: dict[str, str]) -> None:
-    """Say in the run itself which specs were never applied: a warning each in the owner part's
-    events.jsonl, which the report lists in its notes (written after the program ended, when no
-    process writes that part any more)."""
+    """Each spec never applied as a warning in the owner part's events.jsonl, which the report lists
+    (written after the program ended: no process writes that part any more)."""
     if not unapplied:
         return
     parts = sorted(p for p in (run_dir / fmt.PARTS_DIR).glob("*/") if p.is_dir() and not p.is_symlink())

@@ -341,9 +341,8 @@ _children: dict[int, subprocess.Popen] = {}
 
 
 def clear_previous_server(run_dir: Path) -> list[str]:
-    """A server started on a run directory that holds an earlier (ended) server's run replaces it,
-    as `maxinstr run` does (its log would answer --ready before the new server is). Only the
-    names a server run writes go; a run a live process still writes never (MaxinstrError)."""
+    """A server started on a run directory holding an earlier (ended) server's run replaces it, as `maxinstr
+    run` does (its log would answer --ready first): only the names a server run writes."""
     removed = layout.clear_previous_run(run_dir)
     if not (run_dir / STATE_FILE).exists():
         return removed  # no server ran here: its files are not ours to remove

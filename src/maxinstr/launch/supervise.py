@@ -164,10 +164,8 @@ def supervise(command: list[str], *, env: dict[str, str] | None = None, cwd: str
               fatal_patterns: tuple[tuple[str, str], ...] | list[tuple[str, str]] | None = DEFAULT_FATAL_PATTERNS,
               fatal_grace_s: float = 3.0, stop_grace_s: float = 20.0, echo: Callable[[str], None] | None = None,
               poll_s: float = 0.05) -> ChildResult:
-    """Run ``command`` in a new process group and wait for it, stopping it early when its log
-    shows a fatal error (after ``fatal_grace_s``), at ``timeout_s``, or on Ctrl-C. Output (stdout
-    and stderr merged) goes to ``log_path`` and, when given, to ``echo``. Raises
-    FileNotFoundError when the executable does not exist."""
+    """Run ``command`` in a new process group and wait, stopping it early at a fatal log line (after
+    ``fatal_grace_s``), ``timeout_s`` or Ctrl-C. Output to ``log_path`` (and ``echo``); FileNotFoundError."""
     patterns = compile_patterns(fatal_patterns or ())
     log = open_write_file(log_path) if log_path else None  # O_NOFOLLOW: never through a planted link
     start = time.monotonic()
