@@ -1,7 +1,6 @@
-"""Reading a file named by a run directory or a user: only regular files, only their size (a FIFO
-blocks ``open()``/``read()`` forever and a link to ``/dev/zero`` never ends). :func:`read_regular`
-opens without blocking, refuses anything that is not a regular file, and reads at most the size
-the file had when opened (a file still being appended to reads as a consistent prefix).
+"""Reading a file named by a run directory or a user: only regular files (a FIFO blocks forever), only
+the size it had when opened (a link to ``/dev/zero`` never ends; a file being appended to reads as a
+consistent prefix); and writing inside a run directory, never through a link planted there.
 """
 
 from __future__ import annotations

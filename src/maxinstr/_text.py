@@ -1,10 +1,6 @@
-"""Names as text any view can show: what a user or a trace calls a stage or a kernel is data.
-
-A name can hold what no terminal, file or page should receive raw: control characters (an ESC
-starts a terminal escape sequence, a newline breaks a table row), line separators, and lone
-surrogates (``os.fsdecode`` of a non-UTF-8 file name: printing or writing them raises).
-:func:`visible` shows those as Python-style escapes. Markup (rich's ``[...]``, Markdown, HTML) is
-each renderer's own business.
+"""Names as text any view can show: a name is data, and can hold what no terminal, file or page should
+receive raw: control characters (ESC starts a terminal escape sequence), line separators, lone
+surrogates (printing them raises). :func:`visible` shows those as escapes; markup is each renderer's.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Durations as short text, for the analysis (finding titles, population labels) and the views
-alike: the analysis writes sentences a reader sees, so it formats numbers the way the views do
-without depending on them."""
+"""Durations as short text for the analysis (finding titles) and the views alike, without one depending
+on the other."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Attribution: which range launched each GPU op, and per-range-instance GPU totals:
-``attribute(trace, run=None)`` (rules in docs/attribution.md); nsys-style tables in
-:mod:`.summary`. After this import ``maxinstr.attribute.attribute`` names the function; the
-module's other names come with ``from maxinstr.attribute.attribute import``.
+"""Attribution: which range launched each GPU op, and per-range-instance GPU totals (docs/attribution.md).
+After this import ``maxinstr.attribute.attribute`` names the function, not the module.
 """
 
 from __future__ import annotations

@@ -394,12 +394,9 @@ def _depth(parent: np.ndarray) -> np.ndarray:
 
 def _range_sums(att: Attribution, op_call: np.ndarray | list[np.ndarray],
                 call_launch: np.ndarray | None = None) -> None:
-    """Counts, times and bytes per range, launch counts and the rules used: summed per innermost
-    range with ``bincount`` and pushed up the range tree one depth level at a time (inclusive).
-
-    ``op_call`` (per op, its launch call row) may be handed over in a one-element list: it is
-    then taken out and freed as soon as the per-op pass is done. ``call_launch``: the range of
-    every launch call that has one (then launches are counted per call, not per call's first op)."""
+    """Counts, times, bytes, launches and rules per range: summed per innermost range and pushed up the
+    tree a level at a time. ``op_call`` handed over in a one-element list is freed after the per-op
+    pass; ``call_launch``: the range of each launch call that has one (launches counted per call)."""
     if isinstance(op_call, list):
         op_call = op_call.pop()
     trace = att.trace
@@ -487,13 +484,9 @@ def _where32(mask: np.ndarray) -> np.ndarray:
 
 
 def _range_spans(att: Attribution) -> None:
-    """Projected GPU span (first op start, last op end), busy time (union of op intervals: it does
-    not add up, so each range sees its whole subtree) and idle gaps per range, inclusive of nested
-    ranges, over (op, ancestor at that level) pairs one nesting level at a time.
-
-    The largest pass on a 10M-op trace: positions are int32, per-op temporaries are taken in
-    blocks of ``_CHUNK``, and per level one int64 array of (range rank << 32 | position) is
-    sorted in place."""
+    """Projected GPU span, busy time (a union: it does not add up, so each range sees its whole subtree)
+    and idle gaps per range, over (op, ancestor at that level) pairs one level at a time. The largest
+    pass on a 10M-op trace: int32 positions, temporaries in blocks, one int64 key array sorted in place."""
     trace = att.trace
     O, R = trace.ops, trace.ranges
     n, m = len(R), len(O)

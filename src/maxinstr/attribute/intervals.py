@@ -99,13 +99,10 @@ class IntervalIndex:
 
 def segmented_union(group: np.ndarray, start: np.ndarray, end: np.ndarray,
                     index: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per group of intervals sorted by (group, start): (groups, min start, max end, union length);
-    with ``index``, interval i is ``(start[index[i]], end[index[i]])``. The union counts
-    overlapping time once (GPU busy time across streams). The native module does it in one pass
-    when built; the numpy path gives the same numbers (tests/attribute/test_intervals.py): a
-    segmented running maximum as one ``np.maximum.accumulate`` by lifting each group into its own
-    band of the int64 line, in chunks small enough that bands cannot overflow, temporaries reused
-    in place (this runs over millions of (op, range) pairs)."""
+    """Per group of intervals sorted by (group, start): (groups, min start, max end, union length), the
+    union counting overlaps once (GPU busy time across streams); with ``index``, interval i is
+    ``(start[index[i]], end[index[i]])``. Native when built; the numpy path gives the same numbers: one
+    ``np.maximum.accumulate`` over groups lifted into bands of the int64 line, temporaries reused."""
     n = len(group)
     if not n:
         z = np.empty(0, np.int64)

@@ -1,7 +1,5 @@
-"""What attribution produces: which range owns each GPU op, and per-range-instance totals, as
-columns aligned with the trace's tables (``trace.ops``, ``trace.ranges``). Analysis and rendering
-read only this (plus the run directory); they never re-join the trace.
-"""
+"""What attribution produces, as columns aligned with ``trace.ops`` and ``trace.ranges``: analysis and
+rendering read only this (plus the run directory), never re-joining the trace."""
 
 from __future__ import annotations
 
@@ -35,11 +33,9 @@ class JoinMethod(IntEnum):
 
 @dataclass
 class Attribution:
-    """The result of attributing ``trace.ops`` to ``trace.ranges``. Per op: ``op_range``, the
-    innermost owning range (-1 none; its whole stack follows ``range_parent``), and the
-    :class:`Rule` used. Per range instance, inclusive of nested ranges as ``nsys stats`` counts
-    them: projected GPU span (``proj_start_ns`` -1: it owns no op), busy time (union of op
-    intervals across streams), op counts, copy/set bytes and time, idle gaps, the rules used."""
+    """``trace.ops`` attributed to ``trace.ranges``. Per op: the innermost owning range (-1 none; the stack
+    follows ``range_parent``) and the :class:`Rule`. Per range instance, inclusive of nested ranges as
+    nsys counts them: GPU span (``proj_start_ns`` -1: no op), busy time, counts, bytes, gaps, rules."""
 
     trace: Trace
     op_range: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))

@@ -1,7 +1,5 @@
-"""Summaries over an attribution: ``gpu_proj_sum``/``nvtx_sum``/``kern_sum`` give the rows (and,
-for the nsys-comparable columns, the names) of ``nsys stats -r nvtx_gpu_proj_sum,nvtx_sum,
-cuda_gpu_kern_sum``, held to nsys's own output on the fixtures; :func:`kernels_by_range`, the
-kernels inside each range instance. Loops run over distinct names, never over trace rows.
+"""nsys's tables over an attribution (``gpu_proj_sum``, ``nvtx_sum``, ``kern_sum``: the rows and column
+names of ``nsys stats``, held to its output on the fixtures), and :func:`kernels_by_range`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""CuPy helper: the handle of CuPy's current stream, or None without CuPy or a GPU.
-
-    with maxinstr.stage("h2d", stream=cupy_stream_handle()):
-        ...
-
-A `cupy.cuda.Stream` can also be passed as `stream=` directly (maxinstr reads its `.ptr`).
-"""
+"""CuPy helper: ``maxinstr.stage("h2d", stream=cupy_stream_handle())`` (a `cupy.cuda.Stream` can be
+passed as `stream=` too: maxinstr reads its `.ptr`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Make the CUDA context that owns a stream current on the calling thread: the core times a stage on
-the GPU only where a context is current (it never creates one), and a framework that keeps its
-context current only inside its own calls or threads leaves the user's thread without one. This
-is what the CUDA runtime would do at this thread's first call; a current context is left alone.
+"""Make the CUDA context that owns a stream current on the calling thread, as the CUDA runtime would at
+its first call: the core times a stage on the GPU only where a context is current (it creates none),
+and a framework may keep its context current only inside its own calls or threads.
 """
 
 from __future__ import annotations

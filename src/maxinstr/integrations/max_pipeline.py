@@ -1,8 +1,6 @@
-"""MAX's own pipelines (`max generate`, `max serve`) as maxinstr sees them: where to wrap, and what
-a wrapped call means: the MAX side of the ``max`` preset (launch/presets.py), as data and pure
-functions. Nothing here imports MAX (or maxinstr.record: this is layer 1): every MAX object
-arrives as an argument and is read by attribute, and any surprise gives a plain answer instead
-of an error, since these run inside MAX's calls.
+"""MAX's own pipelines as the ``max`` preset sees them: where to wrap, what a wrapped call means. Layer
+1: nothing imports MAX; every MAX object arrives as an argument and is read by attribute, and any
+surprise gives a plain answer, not an error (these run inside MAX's calls).
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""PyTorch helper: the handle of torch's current CUDA stream, or None where there is none.
-
-    with maxinstr.stage("decode", step=i, stream=torch_stream_handle()):
-        logits = model(tokens)
-"""
+"""PyTorch helper: ``maxinstr.stage("decode", stream=torch_stream_handle())``."""
 
 from __future__ import annotations
 

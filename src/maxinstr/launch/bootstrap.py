@@ -1,12 +1,8 @@
-"""Start-up code that `maxinstr run` injects into the profiled Python process, two ways in:
-its ``sitecustomize`` (``maxinstr/launch/_site`` first on PYTHONPATH: every Python the command
-starts, workers too, runs :func:`startup` before the user's code, with no edit to that code),
-or ``python -m maxinstr.launch.bootstrap [--stage SPEC]... script.py ARGS`` (or ``-m MOD``).
-
-:func:`startup` applies what `maxinstr run` set in the environment: the ``--stage`` specs
-(``MAXINSTR_STAGES``) through the import hook, the capture window, and the session that writes
-into ``MAXINSTR_RUN_DIR`` for scripts that never open one themselves. Nothing here may break the
-user's program: every problem is one line on stderr.
+"""Start-up code that `maxinstr run` injects into the profiled Python process, through its
+``sitecustomize`` (every Python the command starts runs :func:`startup` before the user's code) or
+``python -m maxinstr.launch.bootstrap [--stage SPEC]... script.py ARGS``: the ``--stage`` specs,
+the capture window, and the session writing ``MAXINSTR_RUN_DIR`` for a script that opens none.
+Nothing here may break the user's program: every problem is one line on stderr.
 """
 
 from __future__ import annotations
@@ -178,11 +174,9 @@ _run_warnings: list[str] = []  # said on stderr before the session opened; kept 
 
 
 def _max_markers_step(environ) -> None:
-    """MAX's markers (``MODULAR_ENABLE_PROFILING``) abort MAX where NVTX's v2 entry points are
-    missing (CUDA 13 without a library that exports them): provide them before MAX is imported.
-    Where that cannot be done, `maxinstr run`'s own default is turned off (the run goes on
-    without MAX's op ranges, said in one line); a level the user set is refused in one line
-    when the program imports MAX, instead of MAX aborting at its first marker."""
+    """MAX's markers abort MAX where NVTX's v2 entry points are missing (CUDA 13): provided before MAX is
+    imported; where they cannot be, `maxinstr run`'s own default is turned off (said in one line), and
+    a level the user set is refused in one line when the program imports MAX."""
     level = environ.get("MODULAR_ENABLE_PROFILING", "off").strip().lower()
     if level in _MARKERS_OFF:
         return

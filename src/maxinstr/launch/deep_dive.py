@@ -76,13 +76,9 @@ def _launch_times(trace: Any) -> np.ndarray:
 
 
 def stage_ops(analysis: Any, stage: str) -> tuple[np.ndarray, np.ndarray, int, str]:
-    """The ops the report's ``stages[].mix`` counts for ``stage``, from its own analysis
-    (:func:`maxinstr.analyze.report.analyze`): every op attributed to an instance of the stage or
-    of a stage nested in it, over the stage's steady instances (all of them when it has none).
-
-    ``stage`` is a report stage key (``decode``, ``prefill/attention``) or a bare stage name;
-    a bare name shared by several keys takes them all. Returns (op indices with one entry per
-    enclosing instance; the instance of each; the number of instances used; the key(s) matched)."""
+    """The ops the report's ``stages[].mix`` counts for ``stage`` (a stage key, or a bare name taking every
+    key of it), from its own analysis: those of its steady instances (all when none) and nested stages.
+    Returns (op indices, one per enclosing instance; the instance of each; instances used; keys matched)."""
     from maxinstr.analyze.kernels import op_instance_pairs  # (here: the analysis is loaded for a trace only)
 
     inst, trace = analysis.instances, analysis.trace
@@ -103,15 +99,10 @@ def stage_ops(analysis: Any, stage: str) -> tuple[np.ndarray, np.ndarray, int, s
 
 def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | None = None,
                       warmup_instances: int | None = 0, top: int = 5, run: Any = None, analysis: Any = None) -> KernelChoice:
-    """The dominant kernel of ``stage`` (or of the whole trace), or the top one matching ``kernel``.
-
-    The stage's ops, time and share are the report's (:func:`stage_ops`). ``run`` (a run
-    directory or a loaded run) joins the trace to its records as `maxinstr report RUN --trace T`
-    does; ``warmup_instances`` is the report's ``--warmup`` (None: the run's own; 0 for a trace
-    captured from steady state); ``analysis``: one already made. The share is of all the stage's
-    GPU time, copies included, as the report prints it; only a kernel can be chosen (ncu
-    profiles kernels). ``launch_skip`` counts, in process-wide launch order, the earlier launches
-    of the same function name: what ncu counts with ``--kernel-name-base function``."""
+    """The dominant kernel of ``stage`` (or of the trace), or the top one matching ``kernel``; its ops,
+    time and share (of all the stage's GPU time, copies included) as the report counts them
+    (:func:`stage_ops`; ``run`` and ``warmup_instances`` as `maxinstr report RUN --trace T --warmup N`).
+    ``launch_skip``: the earlier launches of its function name, in process-wide launch order."""
     ops = trace.ops
     strings = np.asarray(trace.strings, dtype=object)
     is_kernel = ops.kind == OpKind.KERNEL

@@ -1,7 +1,6 @@
-"""What this machine can profile with: GPU vendor, and which profilers are installed, asked before
-anything starts (a missing profiler is said with its install step up front, not after a long
-run). Every probe is best effort: a library that fails to load, or a tool that hangs on
-``--version``, makes the answer "absent", never an exception.
+"""What this machine can profile with (GPU vendor, profilers installed), asked before anything starts:
+a missing profiler is said with its install step up front. Every probe is best effort: one that
+fails or hangs makes the answer "absent", never an exception.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Wrap functions and methods of code you cannot edit in maxinstr stages:
-``maxinstr.instrument("max.pipelines.lib:TextGenerationPipeline.execute", name="step")``.
-A target is ``"package.module:QualName"`` (a function or ``Class.method``). With ``lazy=True``
-the wrap is applied when the module is first imported (an import hook), which also catches a
-later ``from module import func``; `maxinstr run --stage` uses this. A name ``@HOOK`` wraps with
-one of :data:`HOOKS` instead of a stage, for wrap points that need logic.
+"""Wrap functions and methods of code you cannot edit in maxinstr stages (``"package.module:QualName"``,
+a function or ``Class.method``); lazily, the wrap is applied at the module's first import (an import
+hook, which also catches a later ``from module import func``). A name ``@HOOK`` wraps with one of
+:data:`HOOKS` instead of a stage, for wrap points that need logic.
 """
 
 from __future__ import annotations
@@ -226,13 +224,10 @@ def _apply_or_say(spec: StageSpec, module: ModuleType, factory: Callable[[str], 
 
 def instrument(target: str, name: str | None = None, *, lazy: bool = False,
                stage_factory: Callable[[str], Any] | None = None) -> bool:
-    """Wrap ``"module:QualName"`` in a stage named ``name`` (default: the QualName).
-
-    With ``lazy=False`` (the default) the module is imported now and errors raise
-    :class:`~maxinstr.errors.MaxinstrError`. With ``lazy=True`` the wrap waits for the
-    module's first import (applied now if it is already imported) and problems are printed
-    as one line, never raised into the importing code. Returns True when applied now.
-    ``stage_factory`` replaces :func:`maxinstr.stage` (tests, custom recorders)."""
+    """Wrap ``"module:QualName"`` in a stage named ``name`` (default: the QualName): now, the module
+    imported, errors raised; with ``lazy``, at the module's first import (now when imported), problems
+    said in one line, never raised into the importing code. True when applied now. ``stage_factory``
+    replaces :func:`maxinstr.stage` (tests, custom recorders)."""
     spec = parse_spec(target if name is None else f"{target}={name}")
     module = sys.modules.get(spec.module)
     if module is None and not lazy:

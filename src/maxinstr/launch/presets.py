@@ -1,9 +1,5 @@
-"""Named presets of ``--stage`` wrap points for a framework's own code: ``maxinstr run --preset max``
-(applied by itself when the command is MAX's: `max generate`, `max serve`, ``python -m
-max.entrypoints...``; ``--no-preset`` turns that off). The specs travel to every process of the
-run as any ``--stage`` does (``MAXINSTR_STAGES``), are applied when their module is imported, and
-a spec that no process applied is said at the end of the run. A spec named ``@HOOK`` wraps with
-one of instrument.py's hooks (:data:`maxinstr.launch.instrument.HOOKS`).
+"""Named presets of ``--stage`` wrap points for a framework's own code (``--preset max``, applied by
+itself to MAX's commands; ``--no-preset`` not): they travel to every process as ``--stage`` specs do.
 """
 
 from __future__ import annotations

@@ -80,12 +80,9 @@ class NsysOptions:
 
 
 class Nsys(Profiler):
-    """Nsight Systems: CUDA + NVTX trace (OS runtime on request), no CPU sampling.
-
-    With ``capture="steady"`` collection starts only when the maxinstr session calls
-    ``cuProfilerStart`` (after the warm-up instances) and ends at ``cuProfilerStop``, so
-    warm-up is not in the trace; the window (default 10 s) is enforced in the child.
-    ``--sample=none --cpuctxsw=none`` matter: without them a tiny script wrote a 2 GB .qdstrm."""
+    """Nsight Systems: CUDA + NVTX trace, no CPU sampling (``--sample=none --cpuctxsw=none``: without them
+    a tiny script wrote a 2 GB .qdstrm). ``capture="steady"``: from the session's ``cuProfilerStart``
+    (after warm-up) to ``cuProfilerStop``, the window enforced in the child."""
 
     name = "nsys"
     records_markers = True

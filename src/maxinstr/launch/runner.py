@@ -1,9 +1,6 @@
-"""`maxinstr run`: one command from a script to a profiled run directory and its report.
-
-The orchestration, apart from the CLI so it can be driven and tested directly: plan
-(:func:`plan_runs`), show (:func:`plan_lines`), execute (:func:`execute`): optional unprofiled
-warm run, the profiled run under a supervisor, the profiler's artifact verified and exported,
-merged into the run directory (``launch.json``, ``meta.json``'s ``profiler``).
+"""`maxinstr run`, apart from the CLI so it can be driven and tested directly: plan (:func:`plan_runs`),
+show (:func:`plan_lines`), execute (:func:`execute`: a warm run, the profiled run under a supervisor,
+the profiler's artifact verified and exported, merged into the run directory).
 """
 
 from __future__ import annotations
@@ -92,12 +89,10 @@ class RunOutcome:
 
 
 def plan_runs(command: list[str], out: Path, *, repeat: int = 1, sweep: str | None = None) -> list[RunSpec]:
-    """Fresh-process runs, each with its own run directory under ``out`` (``out`` itself when there
-    is one). ``sweep`` ``NAME=a,b,c``: its values go into the env var NAME, or after the flag NAME.
-    ``--repeat N`` alone: ``out/r1`` .. ``out/rN``; ``--sweep`` alone: ``out/NAME=v``; both:
-    ``out/NAME=v/r1`` ..: a folder of repeats holds one program's runs only, so ``maxinstr compare
-    out/NAME=a out/NAME=b`` pools each value's repeats into a side. The label (``NAME=v.r2``)
-    names the run in the output and in its launch.json."""
+    """Fresh-process runs, each with its own run directory under ``out`` (``out`` itself for one);
+    ``sweep`` ``NAME=a,b,c`` sets the env var NAME, or follows as the flag NAME. ``out/r1``.. (``--repeat``),
+    ``out/NAME=v`` (``--sweep``), ``out/NAME=v/r1``..: a folder of repeats holds one program's runs, so
+    ``maxinstr compare out/NAME=a out/NAME=b`` pools each value's repeats; labels ``NAME=v.r2``."""
     if repeat < 1:
         raise MaxinstrError("--repeat must be at least 1")
     # (label, env, flag words, this value's --sweep)

@@ -1,11 +1,9 @@
-"""maxinstr's start-up hook (`maxinstr run` puts this folder first on PYTHONPATH). It leaves the
-program as it would be without maxinstr until the program asks for it: no import beyond
-importlib's frozen core, no thread, no GPU call, no signal handler, no environment change
-(tests/launch/test_hook_unseen.py). One finder on ``sys.meta_path`` waits for the first import of
-``maxinstr``, the top-level package of a ``--stage`` target, or ``max`` when MAX's markers are on;
-only then does it run ``maxinstr.launch.bootstrap.startup()`` (at once for a target Python's
-start-up imported, ``os``). It never breaks the program, and runs the sitecustomize it shadows
-afterwards. How a program reaches that import: tests/launch/test_hook_triggers.py.
+"""maxinstr's start-up hook (`maxinstr run` puts this folder first on PYTHONPATH). It leaves the program
+as it would be without maxinstr until the program asks for it (no import beyond what Python has
+loaded, no thread, GPU call, signal handler or environment change: tests/launch/test_hook_unseen.py):
+one finder waits for the first import of ``maxinstr``, a ``--stage`` target's package, or ``max``
+when MAX's markers are on, and only then runs ``maxinstr.launch.bootstrap.startup()``. It never
+breaks the program, and runs the sitecustomize it shadows afterwards.
 """
 
 # Only what every Python has loaded when site runs this file (glob and importlib.machinery are not:
@@ -23,12 +21,10 @@ _MAXINSTR_NEEDS = frozenset(("maxinstr", "numpy", "rich", "click", "pynvml", "am
 
 
 class _MaxinstrTrigger:
-    """A meta-path finder that starts maxinstr at the first import of a watched top-level name.
-    It answers that import as the finders after it would, the module's loader wrapped so that
-    maxinstr starts once the module has run; ``max`` (``before``) starts it before MAX runs, as
-    MAX reads its markers' setting when imported. Starting never imports a module of ``after``
-    first (it would run twice). Only running the module uses the trigger up, not finding it
-    (``importlib.util.find_spec``: runpy's ``-m``, an "is it installed?" check)."""
+    """A meta-path finder that starts maxinstr at the first import of a watched top-level name, once the
+    module has run (its loader wrapped), or before it for ``max`` (MAX reads its markers' setting when
+    imported). Starting never imports a module of ``after`` first (it would run twice); finding it
+    without running it (``importlib.util.find_spec``, runpy's ``-m``) does not use the trigger up."""
     def __init__(self, after, before, wanted):
         self.after, self.before, self.wanted = frozenset(after), frozenset(before), wanted
         self.fired = False  # maxinstr started, or starts once the import in progress has finished
@@ -183,11 +179,9 @@ def _start_maxinstr(wanted):
 
 
 def _from_own_site():
-    """bootstrap.startup from the site folder this file was installed in, when this interpreter
-    can load maxinstr's native module (the same Python version), else None. For a process that
-    lost its venv: Mojo's runtime (MAX) sets PYTHONEXECUTABLE to the `python3` on PATH, so MAX's
-    `spawn` workers start without the venv's site-packages (multiprocessing restores the parent's
-    sys.path only after start-up). The folder goes last on sys.path: this Python's own come first."""
+    """bootstrap.startup from the site folder this file is in, when this interpreter can load its native
+    module, else None: for a process that lost its venv (Mojo's runtime sets PYTHONEXECUTABLE to the
+    `python3` on PATH, so MAX's `spawn` workers start without its site-packages). Last on sys.path."""
     import glob
     import importlib.machinery
 
