@@ -401,9 +401,8 @@ def _range_sums(att: Attribution, op_call: np.ndarray | list[np.ndarray],
         op_call = op_call.pop()
     trace = att.trace
     O, R = trace.ops, trace.ranges
-    n = len(R)
+    n, m = len(R), len(O)
     parent, depth = att.range_parent, att.range_depth.astype(np.int64)
-    m = len(O)
     n_rules = max(int(r) for r in Rule) + 1
     K, C, S = int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET)
 
@@ -417,11 +416,8 @@ def _range_sums(att: Attribution, op_call: np.ndarray | list[np.ndarray],
         has = oc >= 0
         first_op[oc[has][::-1]] = idx[has][::-1]
     # A handful of bincounts over (range, kind) and (range, rule) keys, block by block.
-    by_kind = np.zeros(3 * n, np.float64)
-    ns_kind = np.zeros(3 * n, np.float64)
-    bytes_kind = np.zeros(3 * n, np.float64)
-    launches = np.zeros(n, np.float64)
-    by_rule = np.zeros(n_rules * n, np.float64)
+    by_kind, ns_kind, bytes_kind = (np.zeros(3 * n, np.float64) for _ in range(3))
+    launches, by_rule = np.zeros(n, np.float64), np.zeros(n_rules * n, np.float64)
     owned_count = 0
     for lo in range(0, m, _CHUNK):
         sl = slice(lo, lo + _CHUNK)

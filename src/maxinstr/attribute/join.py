@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from maxinstr.attribute.model import Attribution, JoinMethod
-from maxinstr.columns import factorize
+from maxinstr.columns import factorize, occurrence_index
 from maxinstr.rundir import load
 from maxinstr.rundir.format import MARK
 from maxinstr.traces.inprocess import stage_ranges
@@ -75,19 +75,13 @@ def join_records(att: Attribution, run: Any) -> None:
     _, group = np.unique(np.stack([tid, name_code, mark], axis=1), axis=0, return_inverse=True)
     group = group.reshape(-1).astype(np.int64)
     side = np.r_[np.zeros(len(cand), np.int64), np.ones(len(stages), np.int64)]
-    order = np.lexsort((start, side, group))
-    g, sd = group[order], side[order]
-    first = np.r_[True, (g[1:] != g[:-1]) | (sd[1:] != sd[:-1])]
-    heads = np.flatnonzero(first)
-    rank = np.arange(len(order)) - np.repeat(heads, np.diff(np.r_[heads, len(order)]))
-    key = g * (int(rank.max()) + 1) + rank
-    is_rec = sd == 1
-    rec_key, rec_row = key[is_rec], order[is_rec] - len(cand)
-    rng_key, rng_row = key[~is_rec], order[~is_rec]
+    rank = occurrence_index(group * 2 + side, start)  # the k-th of its group on its side, by start
+    key = group * (int(rank.max()) + 1) + rank
+    rec_key, rng_key = key[len(cand):], key[: len(cand)]
     srt = np.argsort(rec_key)
     p = np.minimum(np.searchsorted(rec_key[srt], rng_key), len(srt) - 1)
     ok = rec_key[srt][p] == rng_key
-    att.range_record_id[cand[rng_row[ok]]] = ids[rec_row[srt][p[ok]]]
+    att.range_record_id[cand[ok]] = ids[srt[p[ok]]]
     if ok.any():
         att.join_method = JoinMethod.THREAD_NAME_ORDER
     _note(att, int(ok.sum()), len(cand), len(stages), "(thread, name, order)")
