@@ -51,14 +51,7 @@ def function_name(name: str) -> str:
     text = name.replace("(anonymous namespace)", "").replace("<unnamed>", "").strip()
     if text.startswith("void "):
         text = text[5:]
-    depth, end = 0, len(text)
-    for i, ch in enumerate(text):
-        if ch in "<(":
-            if depth == 0:
-                end = i
-                break
-            depth += 1
-    head = text[:end].strip()
+    head = text[: next((i for i, ch in enumerate(text) if ch in "<("), len(text))].strip()
     return head.split("::")[-1].split()[-1] if head else name
 
 

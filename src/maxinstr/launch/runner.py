@@ -481,12 +481,11 @@ def _is_owner(part: Path) -> bool:
     return isinstance(doc, dict) and doc.get("role") == "owner"
 
 
+_OPEN_HINTS = ((".nsys-rep", "nsys-ui {0}   (or `nsys stats {0}`)"), (".sqlite", "maxinstr report RUN --trace {0}   (or sqlite3 {0})"),
+               (".ncu-rep", "ncu-ui {0}   (or `ncu --import {0} --page details`)"))
+
+
 def open_hint(role: str, path: str) -> str:
     """How to open a file we produced."""
-    if path.endswith(".nsys-rep"):
-        return f"nsys-ui {path}   (or `nsys stats {path}`)"
-    if path.endswith(".sqlite"):
-        return f"maxinstr report RUN --trace {path}   (or sqlite3 {path})"
-    if path.endswith(".ncu-rep"):
-        return f"ncu-ui {path}   (or `ncu --import {path} --page details`)"
-    return f"less {path}" if role.endswith("log") else path
+    hint = next((h for ext, h in _OPEN_HINTS if path.endswith(ext)), "less {0}" if role.endswith("log") else "{0}")
+    return hint.format(path)

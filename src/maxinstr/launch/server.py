@@ -302,10 +302,8 @@ def start_server(command: list[str], run_dir: Path, *, profiler: str = "nsys", n
     spec = runner.RunSpec(command=command, run_dir=run_dir)
     clear_previous_server(run_dir)
     env = runner.child_env(spec, runner.RunOptions(stage_specs=list(stage_specs or []), presets=list(presets or [])), run_dir)
-    token = secrets.token_hex(16)
-    env[config.SERVER_TOKEN] = token
-    session = None
-    cmd = list(command)
+    env[config.SERVER_TOKEN] = token = secrets.token_hex(16)
+    session, cmd = None, list(command)
     if profiler == "nsys":
         # `nsys launch`: the app runs with tracing injected, nothing is collected until start. What
         # to trace is set here; sampling is not: nsys 2025.3 refuses --sample and --cpuctxsw on
