@@ -73,13 +73,7 @@ def nvtx_v2_candidates(search_path: Iterable[str] | None = None, environ: Mappin
     if cuda_home:
         dirs += [Path(cuda_home) / "lib64", Path(cuda_home) / "lib"]
     dirs += [Path(d) for d in toolkit_dirs]
-    found: list[str] = []
-    for folder in dirs:
-        for name in NVTX_V2_LIBRARIES:
-            path = folder / name
-            if path.is_file() and str(path) not in found:
-                found.append(str(path))
-    return found
+    return list(dict.fromkeys(str(d / name) for d in dirs for name in NVTX_V2_LIBRARIES if (d / name).is_file()))
 
 
 def load_nvtx_v2(names_or_paths: Iterable[str]) -> str | None:

@@ -75,15 +75,10 @@ class Environment:
 
     def summary_lines(self, install_hints: bool = True) -> list[str]:
         """Vendor, devices, each profiler's version or install step (just "missing" without ``install_hints``)."""
-        head = f"GPU vendor: {self.vendor} (from {self.vendor_source})"
-        if self.devices:
-            head += ": " + ", ".join(self.devices)
-        lines = [head]
+        lines = [f"GPU vendor: {self.vendor} (from {self.vendor_source})" + (": " + ", ".join(self.devices) if self.devices else "")]
         for name, tool in self.tools.items():
-            if tool.found and not tool.off_path:
-                lines.append(f"{name}: {tool.version or 'version unknown'} at {tool.path}")
-            else:
-                lines.append(f"{name}: missing; {tool.install_hint()}" if install_hints else f"{name}: missing")
+            lines.append(f"{name}: {tool.version or 'version unknown'} at {tool.path}" if tool.found and not tool.off_path
+                         else f"{name}: missing; {tool.install_hint()}" if install_hints else f"{name}: missing")
         return lines
 
     def to_json(self) -> dict:
@@ -102,10 +97,7 @@ def find_tool(name: str, *, probe_version: bool = True, search_known: bool = Tru
             if hits and os.access(hits[-1], os.X_OK):
                 path, off_path = hits[-1], True
                 break
-    tool = Tool(name, path=path, off_path=off_path)
-    if path and probe_version:
-        tool.version = tool_version(path)
-    return tool
+    return Tool(name, path=path, off_path=off_path, version=tool_version(path) if path and probe_version else None)
 
 
 def tool_version(path: str, timeout_s: float = 20.0) -> str | None:  # what --version prints (None: nothing)

@@ -90,16 +90,12 @@ def unapplied_stage_specs(run_dir: Path, stage_specs: list[str]) -> dict[str, st
         said = [value for _, value in read_jsonl(run_dir / STAGE_SPECS_FILE)[0]]  # (damaged lines skipped)
     except (MaxinstrError, OSError):
         said = []  # unreadable: every spec is then "never applied", which the run's log can correct
-    applied: set[str] = set()
+    lines = [x for x in said if isinstance(x, dict) and isinstance(x.get("stage_spec"), str)]
+    applied = {x["stage_spec"] for x in lines if x.get("applied") is True}
     failed: dict[str, str] = {}
-    for line in said:
-        key = line.get("stage_spec") if isinstance(line, dict) else None
-        if not isinstance(key, str):
-            continue
-        if line.get("applied") is True:
-            applied.add(key)
-        elif isinstance(line.get("problem"), str):
-            failed.setdefault(key, line["problem"])
+    for x in lines:
+        if x.get("applied") is not True and isinstance(x.get("problem"), str):
+            failed.setdefault(x["stage_spec"], x["problem"])
     # some process started maxinstr (the start-up hook starts it only at the first import that asks)
     hooked = bool(said) or any(p.name != fmt.SAMPLER_PART for p in (run_dir / fmt.PARTS_DIR).glob("*/"))
     out: dict[str, str] = {}

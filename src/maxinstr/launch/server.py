@@ -158,12 +158,8 @@ def _environ(pid: int) -> dict[str, str] | None:
             raw = fh.read(1 << 22)
     except OSError:
         return None
-    out = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
-    return out
+    pairs = (item.partition(b"=") for item in raw.split(b"\0"))
+    return {k.decode("utf-8", "surrogateescape"): v.decode("utf-8", "surrogateescape") for k, sep, v in pairs if sep}
 
 
 def verify(state: ServerState) -> str | None:
