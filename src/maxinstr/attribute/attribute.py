@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from maxinstr.attribute.intervals import IntervalIndex, segmented_union
-from maxinstr.attribute.join import MAXINSTR_DOMAIN, join_records
+from maxinstr.attribute.join import in_maxinstr_domain, join_records
 from maxinstr.attribute.model import Attribution, JoinMethod, Rule
 from maxinstr.columns import correlation_join
 from maxinstr.traces.model import OP_CALL_KEY, CallKind, OpKind, RangeStyle, Trace
@@ -175,14 +175,7 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
 def stage_domain_mask(trace: Trace) -> np.ndarray | None:
     """Per range, whether it is a maxinstr stage (NVTX domain ``maxinstr``), when the trace also holds
     other domains' ranges (MAX's op ranges); None otherwise: every range then takes part alike."""
-    R = trace.ranges
-    if not len(R):
-        return None
-    strings = np.asarray(trace.strings, dtype=object)
-    dom = np.flatnonzero(strings == MAXINSTR_DOMAIN) if len(strings) else np.empty(0, np.int64)
-    if not len(dom):
-        return None
-    stage = np.isin(R.domain_id, dom) & (R.style != RangeStyle.MARK)
+    stage = in_maxinstr_domain(trace) & (trace.ranges.style != RangeStyle.MARK)
     return None if not stage.any() or stage.all() else stage
 
 

@@ -31,13 +31,17 @@ def _records(run: Any) -> tuple[np.ndarray, np.ndarray]:
     return stages, np.asarray(names, dtype=object)
 
 
-def candidate_ranges(trace: Trace) -> np.ndarray:
-    """Rows of ``trace.ranges`` that may be maxinstr stages."""
-    R = trace.ranges
+def in_maxinstr_domain(trace: Trace) -> np.ndarray:
+    """Per range, whether it is in NVTX domain ``maxinstr``."""
     strings = np.asarray(trace.strings, dtype=object)
     dom = np.flatnonzero(strings == MAXINSTR_DOMAIN) if len(strings) else np.empty(0, np.int64)
-    in_domain = np.isin(R.domain_id, dom) if len(dom) else np.zeros(len(R), bool)
-    return np.flatnonzero(in_domain) if in_domain.any() else np.arange(len(R))
+    return np.isin(trace.ranges.domain_id, dom) if len(dom) else np.zeros(len(trace.ranges), bool)
+
+
+def candidate_ranges(trace: Trace) -> np.ndarray:
+    """Rows of ``trace.ranges`` that may be maxinstr stages."""
+    in_domain = in_maxinstr_domain(trace)
+    return np.flatnonzero(in_domain) if in_domain.any() else np.arange(len(trace.ranges))
 
 
 def join_records(att: Attribution, run: Any) -> None:
