@@ -40,10 +40,7 @@ class IntervalIndex:
         active = np.flatnonzero(cand >= 0)
         while len(active):
             c = cand[active]
-            bad = e[c] < e[active]
-            active = active[bad]
-            if not len(active):
-                break
+            active = active[e[c] < e[active]]
             cand[active] = cand[cand[active]]
             active = active[cand[active] >= 0]
         group_ids, lo = np.unique(g, return_index=True)
@@ -85,16 +82,15 @@ class IntervalIndex:
             active = active[bad]
             out_pos[active] = self.parent[out_pos[active]]
             active = active[out_pos[active] >= 0]
-        result = np.full(len(q_group), -1, np.int64)
-        found = out_pos >= 0
-        result[found] = self.rows[out_pos[found]]
-        return result
+        return self._rows_of(out_pos)
 
     def parents(self) -> np.ndarray:  # caller row of each caller row's parent (-1 none), in ``rows`` order
-        par = np.full(len(self.rows), -1, np.int64)
-        ok = self.parent >= 0
-        par[ok] = self.rows[self.parent[ok]]
-        return par
+        return self._rows_of(self.parent)
+
+    def _rows_of(self, pos: np.ndarray) -> np.ndarray:  # caller rows of sorted positions (-1 stays -1)
+        out = np.full(len(pos), -1, np.int64)
+        out[pos >= 0] = self.rows[pos[pos >= 0]]
+        return out
 
 
 def segmented_union(group: np.ndarray, start: np.ndarray, end: np.ndarray,
