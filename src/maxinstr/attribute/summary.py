@@ -49,10 +49,8 @@ def gpu_proj_sum(att: Attribution) -> list[dict[str, object]]:
     host = R.end_ns - R.start_ns
     child_of = att.range_parent[projected & (att.range_parent >= 0)]
     children = np.bincount(child_of, minlength=len(R))[: len(R)]
-    key = np.array([f"{n}\x00{_STYLE[int(s)]}" for n, s in zip(range_names(trace), R.style)], dtype=object)
     out: list[dict[str, Any]] = []
-    for label, rows in _groups(key, projected):
-        name, style = str(label).split("\x00")
+    for name, style, rows in _range_groups(trace, projected):
         s = _stats(proj[rows])
         out.append({
             "Range": name, "Style": style,
@@ -71,15 +69,8 @@ def nvtx_sum(trace: Trace) -> list[dict[str, object]]:
     """Host time per (range name, style) over every range instance (nsys ``nvtx_sum``)."""
     R = trace.ranges
     host = R.end_ns - R.start_ns
-    key = np.array([f"{n}\x00{_STYLE[int(s)]}" for n, s in zip(range_names(trace), R.style)], dtype=object)
-    rows_out: list[dict[str, Any]] = []
-    for label, rows in _groups(key, R.style != RangeStyle.MARK):
-        name, style = str(label).split("\x00")
-        s = _stats(host[rows])
-        rows_out.append({"Range": name, "Style": style, "Total Time (ns)": int(s["total"]), "Instances": len(rows),
-                         "Avg (ns)": s["avg"], "Med (ns)": s["med"], "Min (ns)": int(s["min"]),
-                         "Max (ns)": int(s["max"]), "StdDev (ns)": s["std"]})  # fmt: skip
-    return _shares(rows_out, "Range")
+    return _shares([{"Range": name, "Style": style, **_time_row(host[rows])}
+                    for name, style, rows in _range_groups(trace, R.style != RangeStyle.MARK)], "Range")
 
 
 def kern_sum(trace: Trace, ops: np.ndarray | None = None) -> list[dict[str, object]]:
@@ -91,13 +82,20 @@ def kern_sum(trace: Trace, ops: np.ndarray | None = None) -> list[dict[str, obje
         sel[ops] = True
         mask &= sel
     dur = O.end_ns - O.start_ns
-    out: list[dict[str, Any]] = []
-    for name_id, rows in _groups(O.name_id, mask):
-        s = _stats(dur[rows])
-        out.append({"Name": trace.name(int(name_id)), "Total Time (ns)": int(s["total"]), "Instances": len(rows),
-                    "Avg (ns)": s["avg"], "Med (ns)": s["med"], "Min (ns)": int(s["min"]),
-                    "Max (ns)": int(s["max"]), "StdDev (ns)": s["std"]})  # fmt: skip
-    return _shares(out, "Name")
+    return _shares([{"Name": trace.name(int(name_id)), **_time_row(dur[rows])} for name_id, rows in _groups(O.name_id, mask)],
+                   "Name")
+
+
+def _range_groups(trace: Trace, mask: np.ndarray) -> list[tuple[str, str, np.ndarray]]:
+    """(range name, style, rows) per (name, style) among the ranges of ``mask``."""
+    key = np.array([f"{n}\x00{_STYLE[int(s)]}" for n, s in zip(range_names(trace), trace.ranges.style)], dtype=object)
+    return [(*str(label).split("\x00"), rows) for label, rows in _groups(key, mask)]  # type: ignore[misc]
+
+
+def _time_row(values: np.ndarray) -> dict[str, Any]:
+    s = _stats(values)
+    return {"Total Time (ns)": int(s["total"]), "Instances": len(values), "Avg (ns)": s["avg"], "Med (ns)": s["med"],
+            "Min (ns)": int(s["min"]), "Max (ns)": int(s["max"]), "StdDev (ns)": s["std"]}
 
 
 def _shares(rows: list[dict[str, Any]], name: str) -> list[dict[str, object]]:
