@@ -110,10 +110,8 @@ def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | Non
         if matched != stage:
             notes.append(f"stage {stage!r} matches the report's stage(s) {matched}")
         if not is_kernel[op_idx].any():
-            raise MaxinstrError(
-                f"{trace.source}: no kernel was launched inside a steady-state instance of {stage!r} "
-                f"({n_inst} instances used, as the report counts them)"
-            )
+            raise MaxinstrError(f"{trace.source}: no kernel was launched inside a steady-state instance of {stage!r} "
+                                f"({n_inst} instances used, as the report counts them)")
     else:
         op_idx = np.arange(len(ops))
         if not is_kernel.any():
@@ -128,15 +126,8 @@ def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | Non
     name_is_kernel[inv[is_kernel[op_idx]]] = True
     rank = [i for i in np.argsort(-totals, kind="stable") if name_is_kernel[i]]
     candidates = [(str(strings[uniq[i]]), int(totals[i]), int(counts[i])) for i in rank[:top]]
-    if kernel is not None:
-        rx = re.compile(kernel)
-        hits = [i for i in rank if rx.search(str(strings[uniq[i]]))]
-        if not hits:
-            where = f"stage {stage!r}" if stage else "the trace"
-            raise MaxinstrError(f"{trace.source}: no kernel in {where} matches {kernel!r}")
-        pick = hits[0]
-    else:
-        pick = rank[0]
+    where = f"stage {stage!r}" if stage else "the trace"
+    pick = rank[_pick([str(strings[uniq[i]]) for i in rank], kernel, f"{trace.source}: no kernel in {where} matches {kernel!r}")]
     name_id = int(uniq[pick])
     name = str(strings[name_id])
     stage_total = int(totals.sum())
@@ -161,6 +152,17 @@ def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | Non
                         source=str(trace.source), notes=notes, candidates=candidates)
 
 
+def _pick(names: list[str], kernel: str | None, missing: str) -> int:
+    """The first of ``names`` (by time) matching the regex ``kernel`` (the first when None)."""
+    if kernel is None:
+        return 0
+    rx = re.compile(kernel)
+    hit = next((i for i, name in enumerate(names) if rx.search(name)), None)
+    if hit is None:
+        raise MaxinstrError(missing)
+    return hit
+
+
 def _kernel_rows(obj: Any) -> list[tuple[str, int, int, float | None]]:
     """(name, GPU ns, count, the report's share) per kernel of a report's list, by time; no copies."""
     rows = [(str(k["name"]), int(k["gpu_ns"]), int(k.get("count") or 0),
@@ -182,14 +184,7 @@ def choose_from_report(data: dict, *, stage: str | None = None, kernel: str | No
         rows = _kernel_rows((data.get("gpu") or {}).get("kernels"))
     if not rows:
         raise MaxinstrError(f"{source}: the report lists no kernels{' for stage ' + repr(stage) if stage else ''}")
-    if kernel is not None:
-        rx = re.compile(kernel)
-        rows_k = [r for r in rows if rx.search(r[0])]
-        if not rows_k:
-            raise MaxinstrError(f"{source}: no kernel matches {kernel!r}")
-        pick = rows_k[0]
-    else:
-        pick = rows[0]
+    pick = rows[_pick([r[0] for r in rows], kernel, f"{source}: no kernel matches {kernel!r}")]
     total = sum(r[1] for r in rows)
     # the report's own share (of all the stage's GPU time, copies included) when it has one
     share = pick[3] if pick[3] is not None else (pick[1] / total if total else None)
