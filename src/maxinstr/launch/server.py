@@ -60,21 +60,19 @@ class ServerState:
         """The state of the server started in ``run_dir`` (the folder named on the command line:
         the ``run_dir`` written in the file is never where maxinstr writes)."""
         path = Path(run_dir) / STATE_FILE
-        raw = read_regular(path, lambda p, why: MaxinstrError(f"{p}: unreadable server state ({why})"))
+        unreadable = lambda p, why: MaxinstrError(f"{p}: unreadable server state ({why})")  # noqa: E731
+        raw = read_regular(path, unreadable)
         if raw is None:
             raise MaxinstrError(f"{path}: no server started here (run `maxinstr server start -o {run_dir} -- CMD`)")
-        data = parse_json(raw, path, lambda p, why: MaxinstrError(f"{p}: unreadable server state ({why})"))
+        data = parse_json(raw, path, unreadable)
         if not isinstance(data, dict):
-            raise MaxinstrError(f"{path}: unreadable server state (not a JSON object)")
+            raise unreadable(path, "not a JSON object")
         for key, (ok, what) in _FIELDS.items():
-            if key not in data and key in _OPTIONAL:
-                continue
-            if key not in data:
-                raise MaxinstrError(f"{path}: unreadable server state (no \"{key}\")")
-            if not ok(data[key]):
-                raise MaxinstrError(f"{path}: unreadable server state (\"{key}\" is not {what}: {_clip(data[key])})")
-        known: dict[str, Any] = {k: data.get(k) for k in _FIELDS}
-        known["run_dir"] = Path(run_dir).resolve()
+            if key not in data and key not in _OPTIONAL:
+                raise unreadable(path, f'no "{key}"')
+            if key in data and not ok(data[key]):
+                raise unreadable(path, f'"{key}" is not {what}: {_clip(data[key])}')
+        known: dict[str, Any] = {**{k: data.get(k) for k in _FIELDS}, "run_dir": Path(run_dir).resolve()}
         return cls(**known)
 
     def alive(self) -> bool:
