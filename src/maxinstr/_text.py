@@ -93,10 +93,6 @@ def kernel_label(name: str) -> str:
     at = _top_level(s, "(")  # the parameter list
     s = s[:at] if at > 0 else s
     s = " ".join(s.replace("void ", "").split())  # and the return type of function-type template arguments
-    changed = True
-    while changed:
-        changed = False
-        for w in _WRAPPERS:
-            if s.startswith(w) and s.endswith(">") and len(s) > len(w) + 1:
-                s, changed = s[len(w):-1].strip(), True
+    while w := next((w for w in _WRAPPERS if s.startswith(w) and s.endswith(">") and len(s) > len(w) + 1), None):
+        s = s[len(w):-1].strip()
     return s or name[:KERNEL_LABEL_SCAN]

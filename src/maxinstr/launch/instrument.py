@@ -139,10 +139,8 @@ def apply_spec(spec: StageSpec, module: ModuleType, stage_factory: Callable[[str
     if getattr(func, _WRAPPED_FLAG, None) is not None:
         return  # already instrumented (the same spec given twice, or a module reload)
     new: Any = _wrap_callable(func, spec.name, stage_factory or _default_stage_factory)
-    if rewrap is not None:
-        new = rewrap(new)
     try:
-        setattr(owner, attr, new)
+        setattr(owner, attr, new if rewrap is None else rewrap(new))
     except (TypeError, AttributeError) as exc:
         # a method of a built-in (C) type, a read-only or slotted attribute: nothing to replace
         where = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", type(owner).__name__)

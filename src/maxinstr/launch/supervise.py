@@ -176,7 +176,7 @@ def supervise(command: list[str], *, env: dict[str, str] | None = None, cwd: str
         if log:
             log.close()
         raise
-    pgid = proc.pid
+    pgid = proc.pid  # (the group's leader: its pid is the group id)
     pump = _LogPump(proc.stdout, log, echo, patterns)  # type: ignore[arg-type]
     pump.start()
     status, stopped = STATUS_OK, False
