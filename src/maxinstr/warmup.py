@@ -133,20 +133,15 @@ def warmup_flags(part_code: np.ndarray, name_code: np.ndarray, parent: np.ndarra
                  is_mark: np.ndarray, warmup_n: int, level: np.ndarray | None = None) -> WarmupFlags:
     """The rule over stage instances: ``part_code`` the process, ``name_code`` per name, ``parent`` the
     enclosing instance's row (-1 none), ``level`` the nesting level when already known."""
-    part_code = np.asarray(part_code, np.int64)
-    name_code = np.asarray(name_code, np.int64)
-    parent = np.asarray(parent, np.int64)
-    host_start_ns = np.asarray(host_start_ns, np.int64)
+    part_code, name_code, parent, host_start_ns = (np.asarray(a, np.int64) for a in (part_code, name_code, parent, host_start_ns))
     is_mark = np.asarray(is_mark, bool)
     n = len(name_code)
     level = levels(parent) if level is None else np.asarray(level, np.int64)
     occurrence = occurrences(part_code, name_code, is_mark, host_start_ns)
     iteration, heads = pipeline_iterations(part_code, name_code, level, is_mark, host_start_ns, occurrence, parent,
                                            warmup_n)
-    if warmup_n > 0 and n:
-        warm = ((occurrence < warmup_n) | ((level == 0) & (iteration < warmup_n))) & ~is_mark
-    else:
-        warm = np.zeros(n, bool)
+    warm = (((occurrence < warmup_n) | ((level == 0) & (iteration < warmup_n))) & ~is_mark if warmup_n > 0 and n
+            else np.zeros(n, bool))
     nested = inside(parent, warm) & ~warm if n else np.zeros(0, bool)
     return WarmupFlags(occurrence=occurrence, level=level, iteration=iteration, heads=heads, warmup=warm,
                        nested=nested, is_mark=is_mark)
