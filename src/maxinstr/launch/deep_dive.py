@@ -331,23 +331,18 @@ def make_verdict(launch: NcuLaunch) -> Verdict:
     local = float(sum(spills)) if spills else None
     limits = [(n, label) for n, label in ((v(metric), label) for metric, label in _LIMITERS) if n is not None]
     limiter = min(limits)[1] if limits and theoretical is not None and theoretical < 99.5 else None
-    facts: list[str] = []
-    advice: list[str] = []
     if sm is None or mem is None:
-        bound = "unknown"
-        facts.append("SpeedOfLight metrics missing: cannot classify")
+        bound, fact, tip = "unknown", "SpeedOfLight metrics missing: cannot classify", None
     elif max(sm, mem) < LATENCY_BOUND_PCT:
-        bound = "latency-bound"
-        facts.append(f"SM {sm:.1f}% and memory {mem:.1f}% of peak, both below {LATENCY_BOUND_PCT:.0f}%")
-        advice.append("neither unit is busy: look at occupancy, waves and warp stalls (too few warps, dependent loads, tiny grid)")
+        bound, fact, tip = ("latency-bound", f"SM {sm:.1f}% and memory {mem:.1f}% of peak, both below {LATENCY_BOUND_PCT:.0f}%",
+                            "neither unit is busy: look at occupancy, waves and warp stalls (too few warps, dependent loads, tiny grid)")
     elif mem >= sm:
-        bound = "memory-bound"
-        facts.append(f"memory throughput {mem:.1f}% of peak is above SM {sm:.1f}%")
-        advice.append("reduce bytes moved (fusion, lower precision, better reuse/caching) before tuning math")
+        bound, fact, tip = ("memory-bound", f"memory throughput {mem:.1f}% of peak is above SM {sm:.1f}%",
+                            "reduce bytes moved (fusion, lower precision, better reuse/caching) before tuning math")
     else:
-        bound = "compute-bound"
-        facts.append(f"SM throughput {sm:.1f}% of peak is above memory {mem:.1f}%")
-        advice.append("use faster math paths (tensor cores, lower precision) or do less work")
+        bound, fact, tip = ("compute-bound", f"SM throughput {sm:.1f}% of peak is above memory {mem:.1f}%",
+                            "use faster math paths (tensor cores, lower precision) or do less work")
+    facts, advice = [fact], ([tip] if tip else [])
     if achieved is not None and theoretical is not None:
         facts.append(f"achieved occupancy {achieved:.1f}% of theoretical {theoretical:.1f}%")
         if limiter:
