@@ -22,8 +22,7 @@ MAX_LEVELS = 64  # nesting levels followed up a parent chain (a deeper or cyclic
 
 def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
     """Per record, the row of its parent record (-1: none, or a parent not among ``ids``)."""
-    ids = np.asarray(ids, np.int64)
-    parent_ids = np.asarray(parent_ids, np.int64)
+    ids, parent_ids = np.asarray(ids, np.int64), np.asarray(parent_ids, np.int64)
     n = len(ids)
     if n == 0:
         return np.empty(0, np.int64)

@@ -58,15 +58,13 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
     split = (R.style == RangeStyle.START_END) & (R.end_tid != R.tid)
     # Threads are (pid, tid) pairs. Only threads holding ranges matter: they get dense ids,
     # and a call on any other thread gets -1 (it can only match by the cross-thread rule).
-    r_key = _thread_key(R.pid, R.tid)
-    r_end_key = _thread_key(R.pid, R.end_tid)
+    r_key, r_end_key = _thread_key(R.pid, R.tid), _thread_key(R.pid, R.end_tid)
     threads = np.unique(np.concatenate([r_key, r_end_key]))
     r_thread, r_end_thread = np.searchsorted(threads, r_key), np.searchsorted(threads, r_end_key)
     c_thread = _thread_ids(threads, C.pid, C.tid)
     same_thread, rows1, idx1, parent = _range_tree(trace, r_thread)
     depth = _depth(parent)
 
-    # --- calls -> ranges -------------------------------------------------------------------
     op_call = join_ops_to_calls(trace)
     call_used = np.zeros(len(C), bool)
     for lo in range(0, m, _CHUNK):
@@ -76,8 +74,7 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
     # passed as they are (no 10M-row index copies).
     all_used = bool(call_used.all())
     cu = slice(None) if all_used else np.flatnonzero(call_used)
-    call_range = np.full(len(C), -1, np.int64)
-    call_rule = np.zeros(len(C), np.int8)
+    call_range, call_rule = np.full(len(C), -1, np.int64), np.zeros(len(C), np.int8)
     is_graph_call = C.kind == CallKind.GRAPH
 
     if Rule.SAME_THREAD in use or Rule.GRAPH in use:
@@ -109,7 +106,6 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
         call_rule[left[best >= 0]] = Rule.CROSS_THREAD
         del left, best
 
-    # --- stages own the work they submit ---------------------------------------------------
     stage = stage_domain_mask(trace)
     linked = 0
     if stage is not None and Rule.CROSS_THREAD in use:
@@ -119,9 +115,7 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
             depth = _depth(parent)
         del cidx
 
-    # --- ops ---------------------------------------------------------------------------------
-    op_range = np.full(m, -1, np.int64)
-    op_rule = np.zeros(m, np.int8)
+    op_range, op_rule = np.full(m, -1, np.int64), np.zeros(m, np.int8)
     for lo in range(0, m, _CHUNK):  # in blocks: bounded temporaries on 10M-op traces
         h = np.flatnonzero(op_call[lo : lo + _CHUNK] >= 0)
         c = op_call[lo + h]
@@ -232,8 +226,7 @@ def _stage_ancestry(stage: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, 
     """Per range: the nearest stage among itself and its ancestors (-1 none), and its top-level
     ancestor (itself when it has no parent), one nesting level at a time."""
     n = len(parent)
-    nearest = np.where(stage, np.arange(n), -1)
-    top = np.arange(n)
+    nearest, top = np.where(stage, np.arange(n), -1), np.arange(n)
     up = parent.copy()
     active = np.flatnonzero(up >= 0)
     while len(active):  # one pass per nesting level
@@ -269,8 +262,7 @@ def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribu
         op_range[hit] = cand[pos[hit]]
     op_call = join_ops_to_calls(trace)
     cross = _cross_thread_untagged(trace, owner, op_call, op_range, r_thread, threads, rows1, idx1)
-    graph = O.graph_node_id >= 0
-    has_call = op_call >= 0
+    graph, has_call = O.graph_node_id >= 0, op_call >= 0
     if has_call.any():
         graph[has_call] |= trace.calls.kind[op_call[has_call]] == CallKind.GRAPH
     op_rule = np.where(op_range >= 0, np.where(graph, Rule.GRAPH, Rule.SAME_THREAD), Rule.NONE).astype(np.int8)
@@ -375,8 +367,7 @@ def _later(start: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _depth(parent: np.ndarray) -> np.ndarray:
-    depth = np.zeros(len(parent), np.int64)
-    cur = parent.copy()
+    depth, cur = np.zeros(len(parent), np.int64), parent.copy()
     active = np.flatnonzero(cur >= 0)
     while len(active):  # one pass per nesting level
         depth[active] += 1

@@ -115,9 +115,7 @@ def segmented_union(group: np.ndarray, start: np.ndarray, end: np.ndarray,
     seg = np.cumsum(head, dtype=np.int64)
     seg -= 1
     del head
-    gid = group[heads]
-    first_start = start[heads]
-    last_end = np.maximum.reduceat(end, heads)
+    gid, first_start, last_end = group[heads], start[heads], np.maximum.reduceat(end, heads)
     span = int((last_end - first_start).max()) + 1
     per_chunk = max(1, (1 << 62) // span)
     fs = first_start[seg]

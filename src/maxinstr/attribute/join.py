@@ -56,9 +56,7 @@ def join_records(att: Attribution, run: Any) -> None:
         att.notes.append("no stage records or no candidate ranges: ranges not joined to the run")
         return
     ids = stages["id"].astype(np.int64)
-    sorted_ids = np.sort(ids)
-
-    payload = R.payload[cand]
+    sorted_ids, payload = np.sort(ids), R.payload[cand]
     pos = np.minimum(np.searchsorted(sorted_ids, payload), len(sorted_ids) - 1)
     hit = (payload >= 0) & (sorted_ids[pos] == payload)
     if hit.any():

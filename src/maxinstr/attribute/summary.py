@@ -45,8 +45,7 @@ def gpu_proj_sum(att: Attribution) -> list[dict[str, object]]:
     trace = att.trace
     R = trace.ranges
     projected = att.proj_start_ns >= 0
-    proj = att.proj_end_ns - att.proj_start_ns
-    host = R.end_ns - R.start_ns
+    proj, host = att.proj_end_ns - att.proj_start_ns, R.end_ns - R.start_ns
     child_of = att.range_parent[projected & (att.range_parent >= 0)]
     children = np.bincount(child_of, minlength=len(R))[: len(R)]
     out: list[dict[str, Any]] = []

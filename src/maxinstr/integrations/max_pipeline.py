@@ -62,8 +62,7 @@ def step_stage(inputs: Any) -> tuple[str, dict[str, int | str]]:
     ``prefill``, ``decode`` or ``drain`` by its batch, with the attrs ``batch``, ``tokens``, ``new``
     and, on a prefill, ``requests`` (docs/max.md: the max preset)."""
     try:
-        batch = list(_flat_batch(inputs))
-        tokens = 0
+        batch, tokens = list(_flat_batch(inputs)), 0
         new: list[str] = []
         for ctx in batch:
             t = getattr(ctx, "tokens", None)

@@ -51,8 +51,7 @@ class CaptureWindow:
             return False
 
         def profiler_start(*args, **kwargs):
-            result = original(*args, **kwargs)
-            ctx = self._context_fn()
+            result, ctx = original(*args, **kwargs), self._context_fn()
             if not result and ctx is None:
                 retried = self._retry_fn(lambda: original(*args, **kwargs))
                 if retried is not None:
@@ -277,8 +276,7 @@ def main(argv: list[str] | None = None) -> int:
 def _say_unapplied() -> None:
     """At the end of the program: the specs it never applied, in the run as `maxinstr run` says them, and
     in one line those whose module it never imported (a failed one was said when it failed)."""
-    run_dir = config.run_dir()
-    specs = config.stage_specs()
+    run_dir, specs = config.run_dir(), config.stage_specs()
     if not run_dir or not specs:
         return
     unapplied = layout.unapplied_stage_specs(Path(run_dir), specs)

@@ -322,8 +322,7 @@ def make_verdict(launch: NcuLaunch) -> Verdict:
     registers and local-memory (spill) traffic. Facts state the numbers they rest on."""
     v = launch.value
     sm, mem, dram = v("Compute (SM) Throughput"), v("Memory Throughput"), v("DRAM Throughput")
-    dur = v("Duration")
-    unit = (launch.unit("Duration") or "ns").strip()
+    dur, unit = v("Duration"), (launch.unit("Duration") or "ns").strip()
     duration_ns = dur * _TIME_SCALE_NS.get(unit, 1.0) if dur is not None else None
     achieved, theoretical = v("Achieved Occupancy"), v("Theoretical Occupancy")
     regs, waves = v("Registers Per Thread"), v("Waves Per SM")

@@ -21,8 +21,7 @@ from typing import Any
 from maxinstr.errors import MaxinstrError
 from maxinstr.integrations import max_pipeline
 
-_WRAPPED_FLAG = "__maxinstr_stage__"
-HOOK_PREFIX = "@"
+_WRAPPED_FLAG, HOOK_PREFIX = "__maxinstr_stage__", "@"
 
 
 @dataclass(frozen=True)
@@ -148,9 +147,7 @@ def apply_spec(spec: StageSpec, module: ModuleType, stage_factory: Callable[[str
                             "wrap a Python function that calls it instead") from None
 
 
-# Lazy application: an import hook that applies pending specs right after a module loads.
-
-_lock = threading.RLock()
+_lock = threading.RLock()  # the lazy specs: an import hook applies them right after their module loads
 _pending: dict[str, list[tuple[StageSpec, Callable[[str], Any] | None]]] = {}
 _errors: list[str] = []
 _listeners: list[Callable[[StageSpec, str | None], None]] = []

@@ -19,10 +19,7 @@ from maxinstr.rundir import format as fmt
 from maxinstr.rundir import owners
 from maxinstr.rundir.reader import read_jsonl
 
-LAUNCH_FILE = "launch.json"
-LOG_FILE = "child.log"
-WARM_DIR = "warm-run"
-PROFILE_BASE = "profile"
+LAUNCH_FILE, LOG_FILE, WARM_DIR, PROFILE_BASE = "launch.json", "child.log", "warm-run", "profile"
 STAGE_SPECS_FILE = "stage-specs.jsonl"  # one line a spec a process applied, or failed to apply
 RUN_NAMES = ("meta.json", "parts", LAUNCH_FILE, LOG_FILE, STAGE_SPECS_FILE, WARM_DIR, "deep-dive",
              *(f"{PROFILE_BASE}{ext}" for ext in (".nsys-rep", ".sqlite", ".qdstrm")), PROFILE_BASE)  # what a run writes

@@ -84,8 +84,7 @@ class Nsys(Profiler):
     a tiny script wrote a 2 GB .qdstrm). ``capture="steady"``: from the session's ``cuProfilerStart``
     (after warm-up) to ``cuProfilerStop``, the window enforced in the child."""
 
-    name = "nsys"
-    records_markers = True
+    name, records_markers = "nsys", True
 
     def __init__(self, path: str = "nsys", options: NsysOptions | None = None) -> None:
         self.path = path
@@ -171,8 +170,7 @@ class Rocprofv3(Profiler):
     """rocprofv3: kernel, marker and HIP runtime traces as CSV. No start/stop API tied to the session
     here: the whole run is traced; the report keeps warm-up apart by the session's ``warmup``."""
 
-    name = "rocprofv3"
-    records_markers = True
+    name, records_markers = "rocprofv3", True
 
     def __init__(self, path: str = "rocprofv3", extra: list[str] | None = None) -> None:
         self.path = path

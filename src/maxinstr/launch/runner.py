@@ -225,8 +225,7 @@ def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:
     elif prof.name == "rocprofv3":
         lines.append("capture: the whole run (warm-up is separated by the session's warmup count)")
     if options.max_ops:  # what child_env does with it, said: an option left unused is never silent
-        own = os.environ.get(MAX_PROFILING)
-        swept = any(MAX_PROFILING in spec.env for spec in specs)
+        own, swept = os.environ.get(MAX_PROFILING), any(MAX_PROFILING in spec.env for spec in specs)
         if not prof.records_markers:
             lines.append(f"--max-ops {options.max_ops}: left off, no profiler records MAX's markers (--profiler {prof.name})")
         elif own is not None or swept:

@@ -27,8 +27,7 @@ from maxinstr.launch import supervise as sv
 from maxinstr.launch.env import find_tool
 from maxinstr.launch.profilers import Artifact, Nsys, NsysOptions
 
-STATE_FILE = "server.json"
-LOG_FILE = "server.log"
+STATE_FILE, LOG_FILE = "server.json", "server.log"
 
 
 @dataclass
@@ -302,8 +301,7 @@ def start_server(command: list[str], run_dir: Path, *, profiler: str = "nsys", n
         # `nsys launch`: the app runs with tracing injected, nothing is collected until start. What
         # to trace is set here; sampling is not: nsys 2025.3 refuses --sample and --cpuctxsw on
         # launch ("can be set on the profile and start commands", seen on the H200)
-        nsys = _nsys(nsys_path)
-        session = session_name(run_dir)
+        nsys, session = _nsys(nsys_path), session_name(run_dir)
         cmd = [nsys.path, "launch", f"--session-new={session}", *nsys.trace_flags_launch(), *command]
     elif profiler != "none":
         raise MaxinstrError(f"server profiling supports nsys or none, not {profiler!r} (on AMD: `maxinstr run --profiler rocprofv3` around the whole server)")

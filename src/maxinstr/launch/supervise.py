@@ -199,8 +199,7 @@ def supervise(command: list[str], *, env: dict[str, str] | None = None, cwd: str
             by_signal = exc.signum if isinstance(exc, SignalInterrupt) else None
             # a terminating signal asks for an end soon: the child gets less time than after Ctrl-C
             stop_group(proc, pgid, grace_s=stop_grace_s if by_signal is None else min(stop_grace_s, 5.0))
-    wall_s = time.monotonic() - start
-    returncode = proc.wait()
+    wall_s, returncode = time.monotonic() - start, proc.wait()
     pump.join(timeout=2.0)  # a grandchild may hold the pipe open: do not wait for it
     if log:
         log.close()

@@ -103,8 +103,7 @@ def _outermost_loading(own):
     """Of the imports this thread is running (importlib's _load_unlocked frames), the outermost
     whose top-level package starting maxinstr imports, else ``own`` when it is one, else None."""
     needs = _MAXINSTR_NEEDS | getattr(sys, "stdlib_module_names", frozenset())
-    found = None
-    own_loading = False
+    found, own_loading = None, False
     frame = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
