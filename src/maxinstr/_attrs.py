@@ -50,8 +50,6 @@ def _plain(value: Any, depth: int) -> Any:
             pass
         else:
             return _plain(value, depth)
-    if value is None or isinstance(value, bool):
-        return value
     if isinstance(value, str):
         return value if type(value) is str else str.__str__(value)  # a subclass's __str__ is not called
     if isinstance(value, numbers.Integral):

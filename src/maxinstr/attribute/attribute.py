@@ -106,8 +106,7 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
         call_rule[left[best >= 0]] = Rule.CROSS_THREAD
         del left, best
 
-    stage = stage_domain_mask(trace)
-    linked = 0
+    stage, linked = stage_domain_mask(trace), 0
     if stage is not None and Rule.CROSS_THREAD in use:
         cidx = np.arange(len(C)) if all_used else cu
         linked = _own_by_stages(trace, stage, same_thread, r_thread, c_thread, cidx, parent, call_range, call_rule)
@@ -213,8 +212,7 @@ def _own_by_stages(trace: Trace, stage: np.ndarray, same_thread: np.ndarray, r_t
         first = np.r_[True, tops[order][1:] != tops[order][:-1]]
         link_top, link_to = tops[order][first], own[f][order][first]
         parent[link_top] = link_to
-        linked = len(link_top)
-        target = np.full(len(R), -1, np.int64)
+        linked, target = len(link_top), np.full(len(R), -1, np.int64)
         target[link_top] = link_to
         keep[f] = target[tops] == own[f]
     call_range[cidx] = np.where(keep, inner, np.where(own >= 0, own, inner))
@@ -254,8 +252,7 @@ def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribu
     key = _thread_key(R.pid[cand], R.payload[cand])  # record ids are unique per process
     srt = np.argsort(key, kind="stable")
     key, cand = key[srt], cand[srt]
-    op_key = _thread_key(O.pid, owner)
-    op_range = np.full(m, -1, np.int64)
+    op_key, op_range = _thread_key(O.pid, owner), np.full(m, -1, np.int64)
     if len(key) and m:
         pos = np.minimum(np.searchsorted(key, op_key), len(key) - 1)
         hit = (owner >= 0) & (key[pos] == op_key) & (R.payload[cand[pos]] == owner)
@@ -328,8 +325,7 @@ def _innermost_elsewhere(trace: Trace, idx: IntervalIndex, rows: np.ndarray, r_t
                          thread: np.ndarray | None = None) -> np.ndarray:
     """Per query row ``q`` of the columns, the latest-starting range of ``idx`` holding it on a thread of
     its process other than its own ``thread`` (when given); -1 none. One pass per thread holding ranges."""
-    R = trace.ranges
-    best = np.full(len(q), -1, np.int64)
+    R, best = trace.ranges, np.full(len(q), -1, np.int64)
     for t in np.unique(r_thread[rows]):
         pid_t = R.pid[rows][r_thread[rows] == t][0]
         sel = np.flatnonzero((pid[q] == pid_t) & (thread[q] != t) if thread is not None else pid[q] == pid_t)

@@ -132,8 +132,7 @@ def kernels_by_range(att: Attribution, inclusive: bool = True) -> RangeKernels:
             ops_l.append(cur_ops)
             rng_l.append(cur)
     ops_all, rng_all = np.concatenate(ops_l), np.concatenate(rng_l)
-    names = O.name_id[ops_all].astype(np.int64)
-    dur = (O.end_ns - O.start_ns)[ops_all]
+    names, dur = O.name_id[ops_all].astype(np.int64), (O.end_ns - O.start_ns)[ops_all]
     packed = (rng_all << 32) | (names & 0xFFFFFFFF)
     uniq, inv, counts = np.unique(packed, return_inverse=True, return_counts=True)
     total = np.bincount(inv.reshape(-1), weights=dur, minlength=len(uniq)).astype(np.int64)

@@ -38,8 +38,7 @@ class CaptureWindow:
 
     def __init__(self, window_s: float | None, stop=None, context=None, retry=None) -> None:
         self.window_s = window_s
-        self._stop_fn = stop or _cuda_profiler_stop
-        self._context_fn = context or _current_cuda_context
+        self._stop_fn, self._context_fn = stop or _cuda_profiler_stop, context or _current_cuda_context
         self._retry_fn = retry or _call_with_primary_context
         self.started_at: float | None = None
         self.stopped = threading.Event()

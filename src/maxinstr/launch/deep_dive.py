@@ -96,8 +96,7 @@ def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | Non
     time and share (of all the stage's GPU time, copies included) as the report counts them
     (:func:`stage_ops`; ``run`` and ``warmup_instances`` as `maxinstr report RUN --trace T --warmup N`).
     ``launch_skip``: the earlier launches of its function name, in process-wide launch order."""
-    ops = trace.ops
-    strings = np.asarray(trace.strings, dtype=object)
+    ops, strings = trace.ops, np.asarray(trace.strings, dtype=object)
     is_kernel = ops.kind == OpKind.KERNEL
     notes: list[str] = []
     dur = np.maximum((ops.end_ns - ops.start_ns).astype(np.int64), 0)
@@ -129,14 +128,12 @@ def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | Non
     where = f"stage {stage!r}" if stage else "the trace"
     pick = rank[_pick([str(strings[uniq[i]]) for i in rank], kernel, f"{trace.source}: no kernel in {where} matches {kernel!r}")]
     name_id = int(uniq[pick])
-    name = str(strings[name_id])
-    stage_total = int(totals.sum())
+    name, stage_total = str(strings[name_id]), int(totals.sum())
     in_stage = np.zeros(len(ops), bool)
     in_stage[op_idx] = True
     # Place it. One Python step per distinct kernel name (not per op): which names share
     # the chosen one's function name, i.e. which launches ncu's filter will also count.
-    base = function_name(name)
-    kernel_ids = np.unique(ops.name_id[is_kernel])
+    base, kernel_ids = function_name(name), np.unique(ops.name_id[is_kernel])
     same_base = np.array([i for i in kernel_ids.tolist() if function_name(str(strings[i])) == base], dtype=np.int64)
     launch_t = _launch_times(trace)
     cand = np.flatnonzero(is_kernel & np.isin(ops.name_id, same_base))

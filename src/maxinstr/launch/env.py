@@ -89,8 +89,7 @@ class Environment:
 
 def find_tool(name: str, *, probe_version: bool = True, search_known: bool = True) -> Tool:
     """Locate ``name`` on PATH (then in known install folders) and read its version."""
-    path = shutil.which(name)
-    off_path = False
+    path, off_path = shutil.which(name), False
     if path is None and search_known:
         for pattern in _KNOWN_LOCATIONS.get(name, ()):
             hits = sorted(glob.glob(pattern))

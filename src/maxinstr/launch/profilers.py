@@ -112,9 +112,8 @@ class Nsys(Profiler):
                 f"--output={output_base}", *self.options.extra, *command]
 
     def child_env(self) -> dict[str, str]:
-        if not self.uses_capture_range:
-            return {}
-        return {config.CAPTURE: "1", **({config.CAPTURE_WINDOW_S: f"{self.window_s:g}"} if self.window_s else {})}
+        window = {config.CAPTURE_WINDOW_S: f"{self.window_s:g}"} if self.window_s else {}
+        return {config.CAPTURE: "1", **window} if self.uses_capture_range else {}
 
     def flags_text(self) -> str:
         return " ".join(self.trace_flags() + self.capture_flags() + self.options.extra)

@@ -360,19 +360,16 @@ def _execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
     if options.warm_run:
         warm_dir = sv.ensure_dir(run_dir / WARM_DIR)
         warm = _supervise(spec.command, child_env(spec, options, warm_dir), warm_dir / LOG_FILE, options, patterns)
-    profiler = options.profiler
-    output_base = (run_dir / PROFILE_BASE).resolve()
-    env = child_env(spec, options, run_dir)
-    env.update(profiler.child_env())
+    profiler, output_base = options.profiler, (run_dir / PROFILE_BASE).resolve()
+    env = {**child_env(spec, options, run_dir), **profiler.child_env()}
     wrapped = profiler.wrap(spec.command, output_base)
     if warm is not None and not warm.ok:  # the profiled run would fail the same way: said, stopped
         outcome = RunOutcome(spec, warm, None, warm=warm)
         _write_launch(run_dir, spec, options, wrapped, env, outcome)
         return outcome
     env[config.RUN_SAMPLED] = "1"
-    # the GPUs sampled for the whole run from this process, not the program's: the program is left
-    # without a sampler thread or process of ours, and one that never opens a session still gets
-    # its utilization (no sampler: samples.json says why when it can)
+    # the GPUs sampled from this process, not the program's (left without a sampler of ours): one that
+    # never opens a session still gets its utilization (no sampler: samples.json says why when it can)
     part = run_dir / fmt.PARTS_DIR / fmt.SAMPLER_PART
     try:
         part.mkdir(parents=True, exist_ok=True)

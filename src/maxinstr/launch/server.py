@@ -228,10 +228,8 @@ def _refuse(state: ServerState, problem: str, what: str) -> MaxinstrError:
 
 def _wait_ready(state: ServerState, ready: str | None, timeout_s: float, patterns) -> None:
     """Return once the log shows ``ready``; raise with its tail when the server dies or logs a fatal error."""
-    rx = re.compile(ready) if ready else None
-    fatal = sv.compile_patterns(patterns or ())
-    log = Path(state.log)
-    deadline = time.monotonic() + timeout_s
+    rx, fatal = re.compile(ready) if ready else None, sv.compile_patterns(patterns or ())
+    log, deadline = Path(state.log), time.monotonic() + timeout_s
     tail: list[str] = []
     pending = ""
     with open(log, "rb") as fh:  # read what is new each time, never the whole log again
