@@ -365,10 +365,10 @@ def make_verdict(launch: NcuLaunch) -> Verdict:
 
 def verdict_lines(verdict: Verdict, rules: list[dict[str, str]] | None = None) -> list[str]:
     """The verdict as short lines for the terminal (rendering kept apart from analysis)."""
-    def pct(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:.1f}%"
+    def pct(x: float | None, form: str = "{:.1f}%") -> str:
+        return "n/a" if x is None else form.format(x)
 
-    dur = "n/a" if verdict.duration_ns is None else f"{verdict.duration_ns / 1e3:.1f} us"
+    dur = pct(None if verdict.duration_ns is None else verdict.duration_ns / 1e3, "{:.1f} us")
     lines = [
         f"kernel: {verdict.kernel}",
         f"  verdict: {verdict.bound}  (duration {dur}, block {verdict.block or '?'}, grid {verdict.grid or '?'})",
@@ -376,9 +376,8 @@ def verdict_lines(verdict: Verdict, rules: list[dict[str, str]] | None = None) -
         f"(DRAM {pct(verdict.dram_throughput_pct)})",
         f"  occupancy: achieved {pct(verdict.achieved_occupancy_pct)}, theoretical {pct(verdict.theoretical_occupancy_pct)}"
         + (f", limited by {verdict.occupancy_limiter}" if verdict.occupancy_limiter else ""),
-        "  registers/thread: " + ("n/a" if verdict.registers_per_thread is None else f"{verdict.registers_per_thread:.0f}")
-        + ", local-memory instructions: "
-        + ("n/a" if verdict.local_memory_instructions is None else f"{verdict.local_memory_instructions:.0f}"),
+        f"  registers/thread: {pct(verdict.registers_per_thread, '{:.0f}')}, local-memory instructions: "
+        + pct(verdict.local_memory_instructions, "{:.0f}"),
     ]
     lines += [f"  fact: {f}" for f in verdict.facts]
     lines += [f"  next: {a}" for a in verdict.advice]

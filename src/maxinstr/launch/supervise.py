@@ -89,16 +89,12 @@ class ChildResult:
         return self.status == STATUS_OK
 
     def describe(self) -> str:  # one line saying how the child ended
-        if self.status == STATUS_OK:
-            return f"finished in {self.wall_s:.1f} s"
-        if self.status == STATUS_FAILED:
-            return f"exited with status {self.returncode} after {self.wall_s:.1f} s"
-        if self.status == STATUS_FATAL_LOG:
-            return f"stopped after {self.wall_s:.1f} s: {self.fatal_label}: {self.fatal_line}"
-        if self.status == STATUS_TIMEOUT:
-            return f"stopped at the {self.wall_s:.0f} s time limit"
         by = f" by {signal.Signals(self.signal).name}" if self.signal else ""
-        return f"interrupted{by} after {self.wall_s:.1f} s (partial results kept)"
+        return {STATUS_OK: f"finished in {self.wall_s:.1f} s",
+                STATUS_FAILED: f"exited with status {self.returncode} after {self.wall_s:.1f} s",
+                STATUS_FATAL_LOG: f"stopped after {self.wall_s:.1f} s: {self.fatal_label}: {self.fatal_line}",
+                STATUS_TIMEOUT: f"stopped at the {self.wall_s:.0f} s time limit",
+                }.get(self.status, f"interrupted{by} after {self.wall_s:.1f} s (partial results kept)")
 
     def to_json(self) -> dict:
         return {"command": self.command, "status": self.status, "returncode": self.returncode,
