@@ -55,8 +55,7 @@ def read_at(fd: int, offset: int, size: int) -> bytes:  # (fewer bytes only at t
         if not chunk:
             break
         chunks.append(chunk)
-        offset += len(chunk)
-        size -= len(chunk)
+        offset, size = offset + len(chunk), size - len(chunk)
     return b"".join(chunks)
 
 

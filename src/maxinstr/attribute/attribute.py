@@ -56,8 +56,7 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
     notes: list[str] = []
 
     split = (R.style == RangeStyle.START_END) & (R.end_tid != R.tid)
-    # Threads are (pid, tid) pairs. Only threads holding ranges matter: they get dense ids,
-    # and a call on any other thread gets -1 (it can only match by the cross-thread rule).
+    # threads ((pid, tid)) holding ranges get dense ids; a call on another thread gets -1 (only CROSS_THREAD)
     r_key, r_end_key = _thread_key(R.pid, R.tid), _thread_key(R.pid, R.end_tid)
     threads = np.unique(np.concatenate([r_key, r_end_key]))
     r_thread, r_end_thread = np.searchsorted(threads, r_key), np.searchsorted(threads, r_end_key)
@@ -70,8 +69,7 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
     for lo in range(0, m, _CHUNK):
         oc = op_call[lo : lo + _CHUNK]
         call_used[oc[oc >= 0]] = True
-    # Readers keep only launch calls, so usually every call is used: then whole columns are
-    # passed as they are (no 10M-row index copies).
+    # readers keep launch calls only: usually all used, then whole columns pass as they are (no index copies)
     all_used = bool(call_used.all())
     cu = slice(None) if all_used else np.flatnonzero(call_used)
     call_range, call_rule = np.full(len(C), -1, np.int64), np.zeros(len(C), np.int8)
@@ -386,9 +384,8 @@ def _range_sums(att: Attribution, op_call: np.ndarray | list[np.ndarray],
     n_rules = max(int(r) for r in Rule) + 1
     K, C, S = int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET)
 
-    # Launch calls: every op of one call has the same range, so counting each call's first op
-    # counts distinct calls (nsys counts correlation ids); an op with no call is a launch of its
-    # own. The first op of a call is found by scattering blocks of ops last to first.
+    # Launches: each call's first op (found by scattering blocks of ops last to first) counts its call
+    # (nsys counts correlation ids); an op with no call is a launch of its own.
     first_op = np.full(len(trace.calls) if call_launch is None else 0, m, np.int64)
     for lo in range(((m - 1) // _CHUNK) * _CHUNK if m and call_launch is None else -1, -1, -_CHUNK):
         oc = op_call[lo : lo + _CHUNK]

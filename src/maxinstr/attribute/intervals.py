@@ -31,8 +31,7 @@ class IntervalIndex:
         order = np.lexsort((-end, start, group))
         g, s, e = group[order], start[order], end[order]
         n = len(order)
-        # Previous-greater-or-equal element by pointer jumping: candidates only ever move to
-        # elements whose end is smaller than the query's, so none is skipped wrongly.
+        # previous-greater-or-equal by pointer jumping: a candidate moves only past ends smaller than its own
         cand = np.arange(n, dtype=np.int64) - 1
         if n:
             cand[0] = -1

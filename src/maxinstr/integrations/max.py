@@ -43,11 +43,9 @@ def max_stream_handle(device_or_queue: Any, *, make_context_current: bool = True
 
 
 NVTX_V2_SYMBOL = "nvtxRangeStartEx"
-# Libraries exporting NVTX's v2 entry points (what MAX's profiler shim names too): CUDA <= 12.8's
-# libnvToolsExt, libnvtx3interop (the same over NVTX3: CUDA 13, the nvidia-nvtx-cu12 12.9 wheel).
+# Libraries exporting NVTX's v2 entry points (as MAX's profiler shim names them): CUDA <= 12.8's libnvToolsExt,
+# libnvtx3interop (CUDA 13, nvidia-nvtx-cu12 12.9); the wheels: nvidia-nvtx (CUDA 13), nvidia-nvtx-cu12
 NVTX_V2_LIBRARIES = ("libnvToolsExt.so.1", "libnvToolsExt.so", "libnvtx3interop.so.1", "libnvtx3interop.so")
-# Where the wheels put them: nvidia-nvtx (CUDA 13) under nvidia/cu13/lib; nvidia-nvtx-cu12 under
-# nvidia/nvtx/lib (libnvToolsExt.so.1 up to 12.8, libnvtx3interop.so.1 from 12.9).
 NVTX_V2_WHEEL_DIRS = ("nvidia/cu13/lib", "nvidia/nvtx/lib")
 NVTX_V2_TOOLKIT_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib",
                         "/usr/local/cuda/targets/sbsa-linux/lib")

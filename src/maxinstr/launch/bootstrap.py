@@ -156,9 +156,7 @@ def _apply_specs_step(environ) -> None:
 def _run_sink():
     """Where this process's root session writes, or None (no import of maxinstr.record: it joins the run)."""
     process = sys.modules.get("maxinstr.record.process")
-    if process is None:
-        return None
-    root = process.PROCESS.root
+    root = process.PROCESS.root if process is not None else None
     return None if root is None or root.closed else root.sink
 
 

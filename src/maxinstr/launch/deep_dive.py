@@ -131,8 +131,7 @@ def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | Non
     name, stage_total = str(strings[name_id]), int(totals.sum())
     in_stage = np.zeros(len(ops), bool)
     in_stage[op_idx] = True
-    # Place it. One Python step per distinct kernel name (not per op): which names share
-    # the chosen one's function name, i.e. which launches ncu's filter will also count.
+    # place it: the kernel names sharing its function name (per name, not per op) are what ncu's filter counts
     base, kernel_ids = function_name(name), np.unique(ops.name_id[is_kernel])
     same_base = np.array([i for i in kernel_ids.tolist() if function_name(str(strings[i])) == base], dtype=np.int64)
     launch_t = _launch_times(trace)

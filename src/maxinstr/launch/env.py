@@ -111,11 +111,9 @@ def tool_version(path: str, timeout_s: float = 20.0) -> str | None:  # what --ve
 def _nvml_devices() -> list[str] | None:
     try:
         import pynvml  # nvidia-ml-py: optional
-    except Exception:  # noqa: BLE001 - any import failure means "no NVML here"
-        return None
-    try:
+
         pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - NVML_ERROR_LIBRARY_NOT_FOUND, driver not loaded, ...
+    except Exception:  # noqa: BLE001 - no NVML here: not installed, NVML_ERROR_LIBRARY_NOT_FOUND, no driver...
         return None
     try:
         names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]

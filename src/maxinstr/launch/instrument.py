@@ -281,10 +281,9 @@ def instrument_errors() -> list[str]:
     return list(_errors)  # problems met applying lazy targets (also printed when they happened)
 
 
-# Hooks: a spec ``MODULE:QUALNAME=@HOOK`` wraps QUALNAME with HOOKS[HOOK](func), for wrap points
-# that need logic (the ``max`` preset's, launch/presets.py). Each returns a function of the same
-# kind (plain or async) that calls func exactly once, and never lets a problem of its own reach
-# the program (they run inside the program's calls). A spec names a hook, never code of its own.
+# Hooks (``MODULE:QUALNAME=@HOOK`` wraps with HOOKS[HOOK](func)): each returns a function of the same kind
+# that calls func exactly once and never lets a problem of its own reach the program. A spec names a
+# hook, never code of its own.
 
 
 def max_step(func: Callable) -> Callable:

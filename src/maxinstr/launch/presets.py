@@ -26,8 +26,7 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    # telemetry off: no telemetry process, exporter threads or metrics server beside the program
-    # being measured, and nothing sent out (a machine without network would retry)
+    # telemetry off: no telemetry process or threads beside the program measured, nothing sent out
     "max": Preset(name="max", specs=tuple(p.spec for p in max_pipeline.WRAP_POINTS), env={max_pipeline.TELEMETRY_VARIABLE: "1"},
                   what=f"MAX {max_pipeline.MAX_RELEASE}'s pipelines (tokenize, prefill, decode, forward, sample, graph, load, compile)",
                   applies_to="MAX's commands")}

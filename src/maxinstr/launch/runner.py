@@ -190,9 +190,8 @@ def child_env(spec: RunSpec, options: RunOptions, run_dir: Path, base: dict[str,
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (site_dir(), env.get("PYTHONPATH", "")) if p)
     env[config.RUN_DIR] = str(run_dir.resolve())
-    # MAX's markers change what is watched (MAX compiles its graphs again with them and they cost it
-    # host time: docs/max.md): only with --max-ops and a profiler that records them. A user's own
-    # choice stands; ours is marked so the start-up hook may turn it off where it would abort MAX.
+    # MAX's markers cost it recompiles and host time (docs/max.md): only with --max-ops and a profiler that records
+    # them; a user's own choice stands, ours is marked so the start-up hook may turn it off where it would abort MAX
     env.pop(config.MAX_PROFILING_BY_RUN, None)
     if options.max_ops and options.profiler.records_markers and MAX_PROFILING not in env and MAX_PROFILING not in spec.env:
         env[MAX_PROFILING] = options.max_ops
@@ -208,9 +207,8 @@ def child_env(spec: RunSpec, options: RunOptions, run_dir: Path, base: dict[str,
     return env
 
 
-_KEPT_VARIABLES = (MAX_PROFILING, "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
-                   "MAX_SERVE_DISABLE_TELEMETRY", "MODULAR_DERIVED_PATH")
-"""Stored in launch.json with every MAXINSTR_* variable (never the whole environment)."""
+_KEPT_VARIABLES = (MAX_PROFILING, "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",  # in launch.json
+                   "MAX_SERVE_DISABLE_TELEMETRY", "MODULAR_DERIVED_PATH")  # with every MAXINSTR_*, never the whole env
 
 
 def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:

@@ -296,9 +296,8 @@ def start_server(command: list[str], run_dir: Path, *, profiler: str = "nsys", n
     env[config.SERVER_TOKEN] = token = secrets.token_hex(16)
     session, cmd = None, list(command)
     if profiler == "nsys":
-        # `nsys launch`: the app runs with tracing injected, nothing is collected until start. What
-        # to trace is set here; sampling is not: nsys 2025.3 refuses --sample and --cpuctxsw on
-        # launch ("can be set on the profile and start commands", seen on the H200)
+        # `nsys launch`: nothing collected until start; what to trace is set here, sampling not (nsys
+        # 2025.3 refuses --sample and --cpuctxsw on launch, seen on the H200)
         nsys, session = _nsys(nsys_path), session_name(run_dir)
         cmd = [nsys.path, "launch", f"--session-new={session}", *nsys.trace_flags_launch(), *command]
     elif profiler != "none":

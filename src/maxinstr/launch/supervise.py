@@ -21,9 +21,8 @@ from typing import IO, Any
 
 from maxinstr._files import open_write_file
 
-# Lines that mean the run is lost, (label, regex). A match starts a short grace period: a child
-# that exits by itself in it is reported as failed; one that keeps running (a server that logged
-# a traceback and hangs) is stopped.
+# Lines that mean the run is lost: a match starts a grace period, after which a child still running
+# (a server that logged a traceback and hangs) is stopped
 DEFAULT_FATAL_PATTERNS: tuple[tuple[str, str], ...] = (
     ("python traceback", r"^Traceback \(most recent call last\):"),
     ("out of GPU memory", r"CUDA out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|hipErrorOutOfMemory|out of memory"),

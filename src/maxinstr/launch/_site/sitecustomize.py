@@ -134,8 +134,7 @@ def _loading_set(spec, value):
     wanted = _after_load.pop(id(spec), None)
     if wanted is None:
         return
-    # a submodule is bound on its package just after this (importlib's next step): bind it now,
-    # the same way, so that starting maxinstr finds `email.message` as the program will
+    # bind a submodule on its package now, as importlib does next: starting maxinstr finds `email.message`
     parent, _, child = str(getattr(spec, "name", "")).rpartition(".")
     module = sys.modules.get(spec.name) if parent else None
     if module is not None and sys.modules.get(parent) is not None:
