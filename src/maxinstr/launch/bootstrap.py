@@ -286,9 +286,6 @@ def _say_unapplied() -> None:
             sink.event("warning", f"--stage {text} was never applied: {why}")
 
 
-def site_dir() -> str:  # the folder holding maxinstr's sitecustomize.py (to prepend to PYTHONPATH)
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -25,6 +25,10 @@ RUN_NAMES = ("meta.json", "parts", LAUNCH_FILE, LOG_FILE, STAGE_SPECS_FILE, WARM
              *(f"{PROFILE_BASE}{ext}" for ext in (".nsys-rep", ".sqlite", ".qdstrm")), PROFILE_BASE)  # what a run writes
 
 
+def site_dir() -> str:  # the folder holding maxinstr's sitecustomize.py (to prepend to PYTHONPATH)
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
+
+
 def default_run_dir(command: list[str], root: str | Path = "runs", now: _dt.datetime | None = None) -> Path:
     """``runs/<script or program>-<YYYYmmdd-HHMMSS>``."""
     script = next((a for a in command if a.endswith(".py")), None)

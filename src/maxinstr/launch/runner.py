@@ -21,8 +21,7 @@ from maxinstr import config
 from maxinstr._files import LINK_REFUSED, open_write_file, parse_json, read_regular, replace_atomic
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import supervise as sv
-from maxinstr.launch.bootstrap import site_dir
-from maxinstr.launch.layout import LAUNCH_FILE, LOG_FILE, PROFILE_BASE, RUN_NAMES, WARM_DIR, unapplied_stage_specs
+from maxinstr.launch.layout import LAUNCH_FILE, LOG_FILE, PROFILE_BASE, RUN_NAMES, WARM_DIR, site_dir, unapplied_stage_specs
 from maxinstr.launch.layout import clear_previous_run, default_run_dir as default_run_dir  # (cli/run.py's, from here)
 from maxinstr.launch.presets import preset
 from maxinstr.launch.profilers import Artifact, NoProfiler, Profiler
