@@ -1,7 +1,9 @@
 """maxinstr's import layers (docs/architecture.md, "Layers"): every module under src/maxinstr imports
-only from a lower layer, renderers only from the base and analyze/, and nobody imports another
-module's private names. Checked on the source with `ast`, so imports inside functions and under
-`if TYPE_CHECKING:` count as much as those at the top of a module."""
+only from a lower layer, renderers only from the base and analyze/, nobody imports another
+module's private names, nothing below the CLI takes a name from the package root, and no two
+modules import each other (directly or round a longer loop, inside a package too). Checked on
+the source with `ast`, so imports inside functions and under `if TYPE_CHECKING:` count as much
+as those at the top of a module."""
 
 from __future__ import annotations
 
@@ -37,12 +39,15 @@ BASE = {"config", "errors", "columns", "warmup", "_columns", "_native", "_attrs"
 # Units that may import only the base and the units named (beyond the layer rule).
 ONLY_FROM = {"render": {"analyze"}}
 
-# Imports that break a rule and live in files other work is changing now (issue 19); each is
-# allowed exactly, with why. test_allowances_are_still_needed fails once one is gone, so this
-# list only shrinks.
+# Imports that break a rule and live in files other work is changing now (issue 31); each is
+# allowed exactly, with why. A key is (the importing module, what it imports): for a layer or
+# privacy rule the module and name imported (maxinstr.rundir.load), for an import loop the
+# module imported (the edge of the loop left out, so the rest of the graph is still checked).
+# test_allowances_are_still_needed fails once one is gone, so this list only shrinks.
 ALLOWED: dict[tuple[str, str], str] = {}
 
 LAYER_OF = {unit: n for n, units in enumerate(LAYERS) for unit in units}
+ROOT_INIT = SRC / "__init__.py"
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,10 @@ def violations(imp: Import) -> list[str]:
         elif here in ONLY_FROM and there != "base" and there not in ONLY_FROM[here]:
             allowed = ", ".join(["the base", *sorted(ONLY_FROM[here])])
             broken.append(f"layers: {here} imports {what} from {there}; {here} imports only {allowed}")
+    # the package root is the users' front door (and the CLI's): a name defined there, or one it
+    # re-exports lazily, is taken from its own module by everything below the CLI
+    if imp.target == "maxinstr" and imp.name is not None and here != "cli":
+        broken.append(f"package root: {imp.module} takes {imp.name} from maxinstr/__init__.py; import it from its own module")
     # a private module of a package (maxinstr.traces._util) belongs to that package; the
     # top-level ones (maxinstr._native) to the whole of maxinstr
     parts = imp.target.split(".")
@@ -183,6 +192,87 @@ def violations(imp: Import) -> list[str]:
 
 def all_imports() -> list[Import]:
     return [imp for path in sorted(SRC.rglob("*.py")) for imp in imports_of(path)]
+
+
+def lazy_exports() -> list[Import]:
+    """The root's lazy re-exports as imports: maxinstr/__init__.py's `__getattr__` imports the
+    module `_EXPORTS` names for a public name with `importlib.import_module(module)`, a variable
+    that `ast` cannot follow. They run at the first use of the name, once the root has been
+    imported, so they cannot break an import in progress; they count as the root's imports all
+    the same (rule 4: every import counts), read from `_EXPORTS`, which must stay a literal."""
+    tree = ast.parse(ROOT_INIT.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign | ast.Assign):
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+            if any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in targets):
+                exports = ast.literal_eval(node.value)
+                return [Import(ROOT_INIT, node.lineno, "maxinstr", module, None) for module in sorted(set(exports.values()))]
+    raise AssertionError(f"{ROOT_INIT}: no literal _EXPORTS (the lazy re-exports tests/test_layers.py reads)")
+
+
+def import_graph(skip: set[tuple[str, str]] = frozenset()) -> dict[str, dict[str, Import]]:
+    """module -> {module it imports -> the first such import}. `from package import name` is an
+    import of the package (its __init__.py), `import package.sub` of the submodule only (Python
+    runs the package's __init__.py first, but that is no edge: a package importing its own
+    submodules is what packages do). An importlib call naming a prefix (`f"maxinstr.cli.{x}"`)
+    comes out as the importing package itself: no edge."""
+    graph: dict[str, dict[str, Import]] = {}
+    for imp in sorted(all_imports() + lazy_exports(), key=lambda imp: (imp.module, imp.line)):
+        if imp.target != imp.module and (imp.module, imp.target) not in skip:
+            graph.setdefault(imp.module, {}).setdefault(imp.target, imp)
+    return graph
+
+
+def import_loops(graph: dict[str, dict[str, Import]]) -> list[list[Import]]:
+    """One loop of each strongly connected group of modules (Tarjan's algorithm), as its imports
+    in order: a -> b -> ... -> a."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while not group or w != v:
+                w = stack.pop()
+                group.add(w)
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    loops = []
+    for group in groups:  # a shortest way back to the group's first module, by breadth first
+        start = min(group)
+        came: dict[str, Import] = {}  # module -> the import that first reached it
+        frontier = [start]
+        while start not in came:
+            reached = []
+            for v in frontier:
+                for w, imp in sorted(graph[v].items()):
+                    if w in group and w not in came:
+                        came[w] = imp
+                        reached.append(w)
+            frontier = reached
+        path = [came[start]]
+        while path[-1].module != start:
+            path.append(came[path[-1].module])
+        loops.append(path[::-1])
+    return loops
+
+
+def loop_text(loop: list[Import]) -> str:
+    return " -> ".join([loop[0].module] + [f"{imp.target} ({imp.where()})" for imp in loop])
 
 
 def test_every_package_has_a_layer():
@@ -202,8 +292,24 @@ def test_imports_follow_the_layers():
     assert not problems, "imports against docs/architecture.md's layers:\n" + "\n".join(problems)
 
 
+def test_no_import_loops():
+    """No module imports one that imports it back, directly or round a loop, inside a package
+    as well as between packages (the layers already keep loops from crossing them)."""
+    loops = import_loops(import_graph(skip=set(ALLOWED)))
+    assert not loops, "import loops:\n" + "\n".join(loop_text(loop) for loop in loops)
+
+
+def test_nothing_below_the_cli_imports_from_the_package_root():
+    """The root (maxinstr/__init__.py) is the users' front door: below the CLI a name comes from
+    its own module (`maxinstr._version.__version__`, `maxinstr._native`), never from the root."""
+    taken = [f"{imp.where()}: {imp.module} takes {imp.name}" for imp in all_imports()
+             if imp.target == "maxinstr" and imp.name is not None and unit_of(imp.module) != "cli"]
+    assert not taken, "names taken from maxinstr/__init__.py below the CLI:\n" + "\n".join(taken)
+
+
 def test_allowances_are_still_needed():
     seen = {(imp.module, imp.target + (f".{imp.name}" if imp.name else "")) for imp in all_imports() if violations(imp)}
+    seen |= {(imp.module, imp.target) for loop in import_loops(import_graph()) for imp in loop}
     stale = sorted(set(ALLOWED) - seen)
     assert not stale, f"ALLOWED names imports that no longer break a rule (remove them): {stale}"
 
@@ -232,6 +338,8 @@ def test_the_doc_draws_this_table():
         ("if TYPE_CHECKING:\n    from maxinstr.analyze import report", "a layer above it"),
         ("from ..analyze import report", "a layer above it"),
         ("importlib.import_module(f'maxinstr.render.{fmt}')", "a layer above it"),
+        ("from maxinstr import __version__", "package root"),
+        ("import maxinstr\nmaxinstr.session", "package root"),
     ],
 )
 def test_a_planted_import_is_caught(source, rule):
@@ -244,3 +352,25 @@ def test_a_planted_import_is_caught(source, rule):
 def test_a_planted_render_import_is_caught():
     got = [text for imp in imports_of(SRC / "render" / "planted.py", "from maxinstr.rundir import load") for text in violations(imp)]
     assert got == ["layers: render imports maxinstr.rundir.load from rundir; render imports only the base, analyze"]
+
+
+def test_a_planted_loop_is_caught():
+    """The loop finder itself, on a planted graph: a package and its submodule importing each
+    other (the shape of the root's lazy re-exports too), and a loop of three."""
+    def imp(module: str, target: str) -> Import:
+        return Import(SRC / "planted.py", 1, module, target, None)
+
+    graph = {m: {t: imp(m, t) for t in ts} for m, ts in {
+        "p": {"p.sub"}, "p.sub": {"p", "q"},
+        "a": {"b"}, "b": {"c"}, "c": {"a", "q"},
+    }.items()}
+    loops = sorted([[(i.module, i.target) for i in loop] for loop in import_loops(graph)])
+    assert loops == [[("a", "b"), ("b", "c"), ("c", "a")], [("p", "p.sub"), ("p.sub", "p")]]
+    del graph["c"]["a"]  # an allowed edge is left out of the graph: that loop is gone
+    assert [[i.module for i in loop] for loop in import_loops(graph)] == [["p", "p.sub"]]
+
+
+def test_the_roots_lazy_exports_count():
+    """`maxinstr.instrument` and the other lazy names are imports of their modules by the root."""
+    assert {imp.target for imp in lazy_exports()} >= {"maxinstr.record", "maxinstr.record.session", "maxinstr.rundir",
+                                                      "maxinstr.launch.instrument"}

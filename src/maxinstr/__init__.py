@@ -1,12 +1,6 @@
-"""maxinstr: in-process GPU stage instrumentation.
-
-    import maxinstr
-
-    with maxinstr.session("runs/decode", warmup=2):
-        with maxinstr.stage("decode", step=0):
-            ...
-
-Public names are imported lazily so `import maxinstr` stays cheap and never touches a GPU.
+"""maxinstr: in-process GPU stage instrumentation (``with maxinstr.session("runs/decode", warmup=2):``
+``with maxinstr.stage("decode", step=0): ...``). Public names are imported lazily so `import
+maxinstr` stays cheap and never touches a GPU.
 """
 
 from __future__ import annotations
@@ -18,19 +12,10 @@ from maxinstr._version import __version__
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
-    "stage": "maxinstr.record",
-    "mark": "maxinstr.record",
-    "enable": "maxinstr.record",
-    "disable": "maxinstr.record",
-    "is_enabled": "maxinstr.record",
-    "set_gpu_budget": "maxinstr.record",
-    "session": "maxinstr.record.session",
-    "Session": "maxinstr.record.session",
-    "current_session": "maxinstr.record.session",
-    "load": "maxinstr.rundir",
-    "Run": "maxinstr.rundir",
-    "instrument": "maxinstr.launch.instrument",
-}
+    "stage": "maxinstr.record", "mark": "maxinstr.record", "enable": "maxinstr.record", "disable": "maxinstr.record",
+    "is_enabled": "maxinstr.record", "set_gpu_budget": "maxinstr.record", "session": "maxinstr.record.session",
+    "Session": "maxinstr.record.session", "current_session": "maxinstr.record.session", "load": "maxinstr.rundir",
+    "Run": "maxinstr.rundir", "instrument": "maxinstr.launch.instrument"}
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 

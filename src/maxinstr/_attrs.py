@@ -1,16 +1,9 @@
-"""Stage attrs are data, not references (docs/sessions.md, "Attrs").
-
-``maxinstr.stage("load", file=path, shape=x.shape, model=model)``: when the stage ends, the
-native core hands attrs holding anything but ``str``/``int``/``float``/``bool``/``None`` to
-:func:`plain`, which returns the JSON data they are written as. So maxinstr keeps no reference
-to the objects passed (a 50 MB array given as an attr is not kept alive by the record, in or
-outside a session), and what is kept in memory is what a run directory would hold.
-
-Nothing here raises: a value that cannot be converted is recorded as a short description.
-
-A base module (docs/architecture.md) because the recording side installs :func:`plain` as the
-core's hook and the run-directory writer falls back on it: inside ``maxinstr.rundir`` it would
-make ``import maxinstr.record`` load the run reader and numpy as well.
+"""Stage attrs are data, not references (docs/sessions.md, "Attrs"): the native core hands attrs
+holding anything but ``str``/``int``/``float``/``bool``/``None`` to :func:`plain`, which returns the
+JSON data they are written as, so no object passed is kept alive. Nothing here raises. A base
+module because the recording side installs :func:`plain` as the core's hook and the run-directory
+writer falls back on it: in ``maxinstr.rundir`` it would make ``import maxinstr.record`` load the
+run reader and numpy as well.
 """
 
 from __future__ import annotations
@@ -57,8 +50,6 @@ def _plain(value: Any, depth: int) -> Any:
             pass
         else:
             return _plain(value, depth)
-    if value is None or isinstance(value, bool):
-        return value
     if isinstance(value, str):
         return value if type(value) is str else str.__str__(value)  # a subclass's __str__ is not called
     if isinstance(value, numbers.Integral):
@@ -80,9 +71,7 @@ def _plain(value: Any, depth: int) -> Any:
         except Exception:  # noqa: BLE001
             return _as_str(value)
         return {_key(k): _plain(v, depth - 1) for k, v in items}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v, depth - 1) for v in list(value)]
-    return _as_str(value)
+    return [_plain(v, depth - 1) for v in list(value)] if isinstance(value, (list, tuple)) else _as_str(value)
 
 
 def plain(attrs: dict[str, Any]) -> dict[str, Any]:

@@ -1,15 +1,15 @@
-"""Reading a file named by a run directory or a user: only regular files, only their size.
-
-A FIFO blocks ``open()``/``read()`` forever and a link to ``/dev/zero`` never ends, so a
-reader that opens whatever it finds can hang or grow without bound. :func:`read_regular` opens
-without blocking, refuses anything that is not a regular file, and reads at most the size the
-file had when opened (a file still being appended to reads as a consistent prefix).
+"""Reading a file named by a run directory or a user: only regular files (a FIFO blocks forever), only
+the size it had when opened (a link to ``/dev/zero`` never ends; a file being appended to reads as a
+consistent prefix); and writing inside a run directory, never through a link planted there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import secrets
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -24,9 +24,8 @@ MAX_JSON_DEPTH = 64  # maxinstr writes at most ~40 levels (user metadata is cut 
 
 
 def open_regular(path: Path, error: MakeError) -> tuple[int, int] | None:
-    """``(fd, size)`` of the regular file ``path`` opened for reading (the caller closes fd);
-    None when nothing is there. Anything else (a FIFO, a device, a directory, a dangling or
-    looping link, an unreadable file) raises ``error(path, problem)``."""
+    """``(fd, size)`` of the regular file ``path`` opened for reading (the caller closes fd); None when
+    nothing is there; anything else (a FIFO, a device, a dangling link...) raises ``error(path, problem)``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -38,24 +37,25 @@ def open_regular(path: Path, error: MakeError) -> tuple[int, int] | None:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
-            raise error(path, f"not a regular file ({kind})")
+            raise error(path, f"not a regular file ({_kind(st.st_mode)})")
     except BaseException:
         os.close(fd)
         raise
     return fd, st.st_size
 
 
-def read_at(fd: int, offset: int, size: int) -> bytes:
-    """``size`` bytes of ``fd`` from ``offset`` (fewer only at the end of the file)."""
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def read_at(fd: int, offset: int, size: int) -> bytes:  # (fewer bytes only at the end of the file)
     chunks = []
     while size > 0:
         chunk = os.pread(fd, min(size, 1 << 24), offset)
         if not chunk:
             break
         chunks.append(chunk)
-        offset += len(chunk)
-        size -= len(chunk)
+        offset, size = offset + len(chunk), size - len(chunk)
     return b"".join(chunks)
 
 
@@ -69,8 +69,6 @@ def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
             try:
                 start = os.lseek(fd, pos, os.SEEK_DATA)
             except OSError as exc:
-                import errno
-
                 if exc.errno == errno.ENXIO:  # no data past pos: a hole to the end
                     break
                 raise
@@ -85,9 +83,7 @@ def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
 
 
 def read_regular(path: Path, error: MakeError) -> bytes | None:
-    """The bytes of the regular file ``path``; None when nothing is there. Anything else (a
-    FIFO, a device, a directory, a dangling or looping link, an unreadable file) raises
-    ``error(path, problem)``."""
+    """The bytes of the regular file ``path`` (None: nothing there); else as :func:`open_regular` raises."""
     opened = open_regular(path, error)
     if opened is None:
         return None
@@ -100,8 +96,7 @@ def read_regular(path: Path, error: MakeError) -> bytes | None:
         os.close(fd)
 
 
-def _depth(obj: Any, limit: int) -> bool:
-    """Whether ``obj`` nests no deeper than ``limit`` (iteratively: no recursion to blow)."""
+def _depth(obj: Any, limit: int) -> bool:  # nests no deeper than limit (iteratively: no recursion to blow)
     stack = [(obj, 0)]
     while stack:
         node, d = stack.pop()
@@ -115,9 +110,8 @@ def _depth(obj: Any, limit: int) -> bool:
 
 
 def parse_json(data: bytes, path: Path, error: MakeError, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """JSON from ``data``; any way it is not (bad syntax, bad UTF-8, nested past ``max_depth``
-    or past the interpreter's recursion limit, a number too long to convert) raises
-    ``error(path, problem)``."""
+    """JSON from ``data``; any way it is not (bad syntax or UTF-8, nested past ``max_depth`` or the
+    recursion limit, a number too long) raises ``error(path, problem)``."""
     try:
         doc = json.loads(data)
     except RecursionError:
@@ -130,19 +124,15 @@ def parse_json(data: bytes, path: Path, error: MakeError, *, max_depth: int = MA
     return doc
 
 
-# -- writing inside a run directory ---------------------------------------------------------
-# A run directory may be handed to us (copied, unpacked, shared): a symbolic link planted in it
-# (parts/p123/stages.bin -> ~/.bashrc, parts -> /elsewhere) must not turn maxinstr's writes into
-# writes to the link's target. Every file maxinstr writes in a run directory is opened with
-# O_NOFOLLOW (a link in its place is refused) and every folder below the run directory is
-# checked to be a real folder; the run directory itself is the user's to name, a link or not.
+# Writing inside a run directory: one may be handed to us (copied, unpacked, shared), and a link
+# planted in it (parts/p123/stages.bin -> ~/.bashrc) must not turn maxinstr's writes into writes to
+# its target. Every file maxinstr writes there is opened with O_NOFOLLOW and every folder below
+# the run directory is checked to be a real folder; the run directory itself is the user's to name.
 
 LINK_REFUSED = "a symbolic link inside a run directory (maxinstr never writes through one)"
 
 
 def _refuse_link(path: str | os.PathLike[str]) -> OSError:
-    import errno
-
     return OSError(errno.ELOOP, LINK_REFUSED, os.fspath(path))
 
 
@@ -151,44 +141,29 @@ def real_dirs(root: str | os.PathLike[str], below: str | os.PathLike[str]) -> Pa
     real folder: a symbolic link or a file in the way raises OSError naming it. Returns it."""
     root_p, target = Path(root), Path(below)
     try:
-        rel = target.relative_to(root_p)
-    except ValueError:
-        rel = None
-    if rel is None:  # not below root: only the last component is ours to check
+        rel = target.relative_to(root_p).parts
+    except ValueError:  # not below root: only the last component is ours to check
         chain = [target]
     else:
-        chain, probe = [], root_p
-        for part in rel.parts:
-            probe = probe / part
-            chain.append(probe)
-    if rel is not None:
+        chain = [root_p.joinpath(*rel[: i + 1]) for i in range(len(rel))]
         root_p.mkdir(parents=True, exist_ok=True)
     for folder in chain:
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(folder, 0o755)
-        except FileExistsError:
-            pass
         st = os.lstat(folder)
         if stat.S_ISLNK(st.st_mode):
             raise _refuse_link(folder)
         if not stat.S_ISDIR(st.st_mode):
-            import errno
-
             raise OSError(errno.ENOTDIR, "not a directory", os.fspath(folder))
     return target
 
 
 def open_write(path: str | os.PathLike[str], *, append: bool = True, exclusive: bool = False, mode: int = 0o644) -> int:
-    """A file descriptor to write ``path``: O_NOFOLLOW (a link in its place raises OSError
-    naming it), only a regular file (a FIFO in its place would block: refused), appended to
-    (``append``) or truncated; ``exclusive``: the file must not exist yet (O_EXCL)."""
-    import errno
-
+    """A file descriptor to write ``path``: O_NOFOLLOW (a link there: OSError naming it), a regular file
+    only (a FIFO would block), appended to or truncated; ``exclusive``: it must not exist yet."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    flags |= os.O_APPEND if append else 0
-    flags |= os.O_EXCL if exclusive else 0
     try:
-        fd = os.open(path, flags, mode)
+        fd = os.open(path, flags | (os.O_APPEND if append else 0) | (os.O_EXCL if exclusive else 0), mode)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.EMLINK) or (exc.errno == errno.EEXIST and os.path.islink(path)):
             raise _refuse_link(path) from None
@@ -198,8 +173,7 @@ def open_write(path: str | os.PathLike[str], *, append: bool = True, exclusive: 
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
-            raise OSError(errno.EINVAL, f"not a regular file ({kind})", os.fspath(path))
+            raise OSError(errno.EINVAL, f"not a regular file ({_kind(st.st_mode)})", os.fspath(path))
         if not append and st.st_size:
             os.ftruncate(fd, 0)
         os.set_blocking(fd, True)
@@ -217,11 +191,8 @@ def open_write_file(path: str | os.PathLike[str], text: bool = False, *, append:
 
 
 def replace_atomic(path: str | os.PathLike[str], data: bytes, *, fsync: bool = False) -> None:
-    """Write ``data`` to ``path`` through a new temporary file beside it (created exclusively,
-    a random name: nothing planted there is written through) and a rename: a reader sees the
-    old file or the new one. A link at ``path`` is replaced, its target never touched."""
-    import secrets
-
+    """Write ``data`` to ``path`` through a new temporary file beside it (exclusive, a random name) and a
+    rename: a reader sees the old file or the new one; a link at ``path`` is replaced, never followed."""
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = open_write(tmp, append=False, exclusive=True)
@@ -236,8 +207,6 @@ def replace_atomic(path: str | os.PathLike[str], data: bytes, *, fsync: bool = F
             os.close(fd)
         os.replace(tmp, target)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise

@@ -1,11 +1,6 @@
-"""Names as text any view can show: what a user or a trace calls a stage or a kernel is data.
-
-A name can hold what no terminal, file or page should receive raw: control characters
-(an ESC starts a terminal escape sequence, a newline breaks a table row), line separators, and
-lone surrogates (``os.fsdecode`` of a non-UTF-8 file name: they cannot be encoded, so printing
-or writing them raises). :func:`visible` shows those as Python-style escapes and leaves every
-other character as it is. Markup (rich's ``[...]``, Markdown, HTML) is each renderer's own
-business: they escape it with their library's tools.
+"""Names as text any view can show: a name is data, and can hold what no terminal, file or page should
+receive raw: control characters (ESC starts a terminal escape sequence), line separators, lone
+surrogates (printing them raises). :func:`visible` shows those as escapes; markup is each renderer's.
 """
 
 from __future__ import annotations
@@ -18,10 +13,7 @@ _SHORT = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 def _escape(m: re.Match[str]) -> str:
     c = m.group()
-    if c in _SHORT:
-        return _SHORT[c]
-    code = ord(c)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    return _SHORT.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
 
 
 def visible(name: object) -> str:
@@ -52,10 +44,8 @@ _UNKEEPABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def safe_name(name: str) -> str:
-    """``name`` with lone surrogates and NUL escaped (``\\udcff``, ``\\x00``), otherwise the same
-    string: what a reader keeps as a name. A surrogate cannot be encoded (printing or writing
-    it raises) and a NUL ends a C string and is dropped from the end of numpy strings (``"a\\0"``
-    would become ``"a"``)."""
+    """``name`` with lone surrogates and NUL escaped (``\\udcff``, ``\\x00``): what a reader keeps as a
+    name (a surrogate cannot be encoded; numpy strings drop a trailing NUL)."""
     return _UNKEEPABLE.sub(_escape, name) if _UNKEEPABLE.search(name) else name
 
 
@@ -87,23 +77,10 @@ def _top_level(s: str, stop: str) -> int:
     return -1
 
 
-def _strip_call(s: str) -> str:
-    """``s`` without its parameter list (``kernel<...>(float*, int)`` -> ``kernel<...>``) and
-    without a return type spelled out before it (``enable_if<...>::type kernel<...>``)."""
-    if s.startswith("enable_if<"):
-        at = _top_level(s, " ")
-        if at > 0:
-            s = s[at + 1:]
-    at = _top_level(s, "(")
-    return s[:at] if at > 0 else s
-
-
 def kernel_label(name: str) -> str:
-    """A kernel's name as a reader tells kernels apart by: no ``void``, no namespaces, no
-    parameter list, no ``(int)`` casts, CUTLASS's wrapper templates unwrapped
-    (``void cutlass::device_kernel<...GemmUniversal<cutlass::gemm::GroupProblemShape<...``
-    -> ``GemmUniversal<GroupProblemShape<...``), whitespace collapsed. What every view shows
-    (cut to its width); the full name stays in --format json and in deep-dive's regexes."""
+    """A kernel's name as a reader tells kernels apart by: no ``void``, namespaces, parameter list or
+    ``(int)`` casts, CUTLASS's wrapper templates unwrapped (``device_kernel<GemmUniversal<...`` ->
+    ``GemmUniversal<...``), whitespace collapsed. The full name stays in --format json and deep-dive."""
     s = name[:KERNEL_LABEL_SCAN].strip()
     if not (s.startswith("void ") or "::" in s or "<" in s):
         return s  # not a C++ signature: a copy ("Memcpy HtoD (Pageable -> Device)"), a mangled or plain name
@@ -111,12 +88,11 @@ def kernel_label(name: str) -> str:
         s = s[5:]
     s = _NAMESPACE.sub("", s)
     s = _CAST.sub("", s)
-    s = _strip_call(s)
+    if s.startswith("enable_if<") and _top_level(s, " ") > 0:  # a return type spelled out before it
+        s = s[_top_level(s, " ") + 1:]
+    at = _top_level(s, "(")  # the parameter list
+    s = s[:at] if at > 0 else s
     s = " ".join(s.replace("void ", "").split())  # and the return type of function-type template arguments
-    changed = True
-    while changed:
-        changed = False
-        for w in _WRAPPERS:
-            if s.startswith(w) and s.endswith(">") and len(s) > len(w) + 1:
-                s, changed = s[len(w):-1].strip(), True
+    while w := next((w for w in _WRAPPERS if s.startswith(w) and s.endswith(">") and len(s) > len(w) + 1), None):
+        s = s[len(w):-1].strip()
     return s or name[:KERNEL_LABEL_SCAN]

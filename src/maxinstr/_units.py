@@ -1,6 +1,5 @@
-"""Durations as short text, for the analysis (finding titles, population labels) and the views
-alike: the analysis writes sentences a reader sees, so it formats numbers the way the views do
-without depending on them."""
+"""Durations as short text for the analysis (finding titles) and the views alike, without one depending
+on the other."""
 
 from __future__ import annotations
 
@@ -17,6 +16,4 @@ def ns_text(value: float | int | None) -> str:
         return f"{v / 1e9:.3f} s"
     if a >= 1e6:
         return f"{v / 1e6:.2f} ms"
-    if a >= 1e3:
-        return f"{v / 1e3:.1f} us"
-    return f"{v:.0f} ns"
+    return f"{v / 1e3:.1f} us" if a >= 1e3 else f"{v:.0f} ns"

@@ -14,19 +14,16 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-class TraceError(MaxinstrError):
+class _PathError(MaxinstrError):
+    def __init__(self, path: object, problem: str) -> None:
+        self.path = str(path)
+        self.problem = one_line(problem)
+        super().__init__(f"{self.path}: {self.problem}")
+
+
+class TraceError(_PathError):
     """A trace file cannot be read. The message names the file and the problem in one line."""
 
-    def __init__(self, path: object, problem: str) -> None:
-        self.path = str(path)
-        self.problem = one_line(problem)
-        super().__init__(f"{self.path}: {self.problem}")
 
-
-class RunDirError(MaxinstrError):
+class RunDirError(_PathError):
     """A run directory cannot be read. The message names the directory and the problem in one line."""
-
-    def __init__(self, path: object, problem: str) -> None:
-        self.path = str(path)
-        self.problem = one_line(problem)
-        super().__init__(f"{self.path}: {self.problem}")

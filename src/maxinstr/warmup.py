@@ -1,53 +1,28 @@
-"""The warm-up rule: which stage instances a run's ``warmup=N`` keeps out of steady state.
-
-One rule, one home (docs/sessions.md "Warm-up and steady state"); everything else derives from it:
-
-- the report flags its stage instances with :func:`warmup_flags` (``analyze/instances.py``,
-  which adds the cold starts it finds in the timings);
-- ``Run.warmup_mask()`` (``rundir/reader.py``) is :func:`warmup_flags` over a run's records;
-- the steady-state capture of ``maxinstr run`` starts at the instant :func:`steady_can_begin`
-  names: the earliest at which this rule can call any instance steady. The native core fires
-  it as the program runs (``steady_watch``, armed by ``record/steady.py``); the tests replay
-  real runs through the core and check it against this function.
-
-The rule, per process (one part of the run), for ``warmup=N`` > 0:
-
-1. **Pipeline iterations** (:func:`pipeline_iterations`). A program's outer loop is not always
-   one enclosing stage: a decoder may mark ``prefill``, ``decode`` (once per token) and
-   ``readback`` side by side for each request. Its iterations begin with the *head*: the
-   top-level stage that repeats (more than N times, at least twice) and starts first among
-   those that repeat. Everything from one head instance to the next is one iteration, as if the
-   head enclosed it; a top-level instance before the first head is in iteration -1 (loading,
-   compilation). Where the head repeats as often as every other repeating top-level stage, or
-   nothing repeats, each top-level stage's iterations are its own occurrences.
-2. **Warm-up**: an instance among the first N of its name (by host start, at any nesting level),
-   and a top-level instance of an iteration before the N-th (so before the first head too).
-   Marks are never warm-up.
-3. **Nested**: an instance inside a warm-up instance is kept out with it (:func:`inside`): the
-   decode steps of a warm-up request ran the warm-up's compilations too.
-
-So a steady instance always has, at the top of its nesting, an instance whose name had started
-N times before in its process: no instance can be steady before that instant, which is where the
-capture starts. It may start before the rule's steady state (a pipeline's warm-up iterations
-then sit in the trace, where the report keeps them apart), never after it.
+"""The warm-up rule: which stage instances a run's ``warmup=N`` keeps out of steady state, written
+once (the rule, in words: docs/sessions.md, "Warm-up and steady state"). The report flags its
+instances with :func:`warmup_flags` (``analyze/instances.py`` adds the cold starts),
+``Run.warmup_mask()`` is the same over a run's records, and the steady-state capture starts at the
+instant :func:`steady_can_begin` names (fired by the native core's ``steady_watch``; the tests
+replay real runs through the core against this function): no instance the rule calls steady
+starts before it, as a steady instance always has at the top of its nesting an instance whose
+name had started N times before in its process.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from maxinstr.columns import occurrence_index
 
-MAX_LEVELS = 64
-"""Nesting levels followed up a parent chain (a deeper or cyclic chain stops there)."""
+MAX_LEVELS = 64  # nesting levels followed up a parent chain (a deeper or cyclic chain stops there)
 
 
 def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
     """Per record, the row of its parent record (-1: none, or a parent not among ``ids``)."""
-    ids = np.asarray(ids, np.int64)
-    parent_ids = np.asarray(parent_ids, np.int64)
+    ids, parent_ids = np.asarray(ids, np.int64), np.asarray(parent_ids, np.int64)
     n = len(ids)
     if n == 0:
         return np.empty(0, np.int64)
@@ -57,45 +32,39 @@ def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
     return np.where(found, order[pos], -1).astype(np.int64)
 
 
-def levels(parent: np.ndarray) -> np.ndarray:
-    """Per instance, its nesting level among the instances (0: no enclosing instance)."""
-    level = np.zeros(len(parent), np.int64)
+def _up(parent: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Up the parent chains a level at a time (at most MAX_LEVELS): who still has a parent there, and it."""
     cur = np.asarray(parent, np.int64).copy()
     live = np.flatnonzero(cur >= 0)
     for _ in range(MAX_LEVELS):
         if len(live) == 0:
             break
-        level[live] += 1
+        yield live, cur[live]
         cur[live] = parent[cur[live]]
         live = live[cur[live] >= 0]
+
+
+def levels(parent: np.ndarray) -> np.ndarray:
+    """Per instance, its nesting level among the instances (0: no enclosing instance)."""
+    level = np.zeros(len(parent), np.int64)
+    for live, _ in _up(parent):
+        level[live] += 1
     return level
 
 
 def inside(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:
     """Per instance: whether any enclosing instance (parent, grandparent, ...) has ``flag``."""
     out = np.zeros(len(parent), dtype=bool)
-    cur = np.asarray(parent, np.int64).copy()
-    live = np.flatnonzero(cur >= 0)
-    for _ in range(MAX_LEVELS):
-        if len(live) == 0:
-            break
-        out[live] |= flag[cur[live]]
-        cur[live] = parent[cur[live]]
-        live = live[cur[live] >= 0]
+    for live, above in _up(parent):
+        out[live] |= flag[above]
     return out
 
 
 def top_ancestor(parent: np.ndarray) -> np.ndarray:
     """Per instance: its outermost enclosing instance (itself at the top level)."""
     root = np.arange(len(parent))
-    cur = np.asarray(parent, np.int64).copy()
-    live = np.flatnonzero(cur >= 0)
-    for _ in range(MAX_LEVELS):
-        if len(live) == 0:
-            break
-        root[live] = cur[live]
-        cur[live] = parent[cur[live]]
-        live = live[cur[live] >= 0]
+    for live, above in _up(parent):
+        root[live] = above
     return root
 
 
@@ -114,9 +83,8 @@ def occurrences(part_code: np.ndarray, name_code: np.ndarray, is_mark: np.ndarra
 def pipeline_iterations(part_code: np.ndarray, name_code: np.ndarray, level: np.ndarray, is_mark: np.ndarray,
                         host_start_ns: np.ndarray, occurrence: np.ndarray, parent: np.ndarray,
                         warmup_n: int) -> tuple[np.ndarray, dict[int, int]]:
-    """Per instance the pipeline iteration it ran in (step 1 of the rule; a nested instance
-    takes its top-level ancestor's), and per process (part code) the head's name code, for the
-    processes that have a head."""
+    """Per instance the pipeline iteration it ran in (step 1 of the rule; nested: its top-level
+    ancestor's), and per process (part code) with a head, the head's name code."""
     n = len(name_code)
     if n == 0:
         return np.empty(0, np.int64), {}
@@ -146,20 +114,13 @@ def pipeline_iterations(part_code: np.ndarray, name_code: np.ndarray, level: np.
 class WarmupFlags:
     """The rule's columns, one value per instance."""
 
-    occurrence: np.ndarray
-    """How many instances of its name started before it in its process."""
-    level: np.ndarray
-    """Nesting level (0: top level)."""
-    iteration: np.ndarray
-    """The pipeline iteration (-1: before the first)."""
-    heads: dict[int, int]
-    """Per process (part code) with a pipeline head, the head's name code."""
-    warmup: np.ndarray
-    """Warm-up by steps 1 and 2 of the rule (the instance's own)."""
-    nested: np.ndarray
-    """Inside a warm-up instance (step 3), and not warm-up itself."""
-    is_mark: np.ndarray
-    """Instant marks (never warm-up: they have no time to keep out)."""
+    occurrence: np.ndarray  # how many instances of its name started before it in its process
+    level: np.ndarray  # nesting level (0: top level)
+    iteration: np.ndarray  # the pipeline iteration (-1: before the first)
+    heads: dict[int, int]  # per process (part code) with a pipeline head, the head's name code
+    warmup: np.ndarray  # warm-up by steps 1 and 2 of the rule (the instance's own)
+    nested: np.ndarray  # inside a warm-up instance (step 3), and not warm-up itself
+    is_mark: np.ndarray  # instant marks (never warm-up: they have no time to keep out)
 
     @property
     def kept_out(self) -> np.ndarray:
@@ -169,23 +130,17 @@ class WarmupFlags:
 
 def warmup_flags(part_code: np.ndarray, name_code: np.ndarray, parent: np.ndarray, host_start_ns: np.ndarray,
                  is_mark: np.ndarray, warmup_n: int, level: np.ndarray | None = None) -> WarmupFlags:
-    """The rule over one table of stage instances: ``part_code`` the process, ``name_code`` an
-    integer per name (equal exactly when the names are), ``parent`` the enclosing instance's row
-    (-1 none), ``level`` the nesting level when already known."""
-    part_code = np.asarray(part_code, np.int64)
-    name_code = np.asarray(name_code, np.int64)
-    parent = np.asarray(parent, np.int64)
-    host_start_ns = np.asarray(host_start_ns, np.int64)
+    """The rule over stage instances: ``part_code`` the process, ``name_code`` per name, ``parent`` the
+    enclosing instance's row (-1 none), ``level`` the nesting level when already known."""
+    part_code, name_code, parent, host_start_ns = (np.asarray(a, np.int64) for a in (part_code, name_code, parent, host_start_ns))
     is_mark = np.asarray(is_mark, bool)
     n = len(name_code)
     level = levels(parent) if level is None else np.asarray(level, np.int64)
     occurrence = occurrences(part_code, name_code, is_mark, host_start_ns)
     iteration, heads = pipeline_iterations(part_code, name_code, level, is_mark, host_start_ns, occurrence, parent,
                                            warmup_n)
-    if warmup_n > 0 and n:
-        warm = ((occurrence < warmup_n) | ((level == 0) & (iteration < warmup_n))) & ~is_mark
-    else:
-        warm = np.zeros(n, bool)
+    warm = (((occurrence < warmup_n) | ((level == 0) & (iteration < warmup_n))) & ~is_mark if warmup_n > 0 and n
+            else np.zeros(n, bool))
     nested = inside(parent, warm) & ~warm if n else np.zeros(0, bool)
     return WarmupFlags(occurrence=occurrence, level=level, iteration=iteration, heads=heads, warmup=warm,
                        nested=nested, is_mark=is_mark)
@@ -193,10 +148,8 @@ def warmup_flags(part_code: np.ndarray, name_code: np.ndarray, parent: np.ndarra
 
 def steady_can_begin(part_code: np.ndarray, name_code: np.ndarray, level: np.ndarray, is_mark: np.ndarray,
                      host_start_ns: np.ndarray, warmup_n: int) -> np.ndarray:
-    """Per instance, whether steady state can begin at its start: per process, the first
-    top-level stage instance (by host start) whose name had started ``warmup_n`` times before
-    (at any level). No instance the rule calls steady starts before it (see the module's
-    docstring); the steady-state capture starts there. ``warmup_n`` 0: the first top-level one."""
+    """Per instance, whether steady state can begin at its start: per process, the first top-level
+    instance (by start) whose name had started ``warmup_n`` times before, at any level (0: the first)."""
     n = len(name_code)
     out = np.zeros(n, bool)
     if n == 0:

@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from maxinstr.launch import bootstrap
+from maxinstr import config
+from maxinstr.launch import bootstrap, layout
 
 from _launch_helpers import PKG_ROOT, base_env
 
@@ -19,8 +20,8 @@ def _py(args, env, cwd=None):
 
 
 def test_specs_from_env():
-    assert bootstrap.stage_specs_from_env({"MAXINSTR_STAGES": "a:f\n\n  b:C.g=x \n"}) == ["a:f", "b:C.g=x"]
-    assert bootstrap.stage_specs_from_env({}) == []
+    assert config.stage_specs({"MAXINSTR_STAGES": "a:f\n\n  b:C.g=x \n"}) == ["a:f", "b:C.g=x"]
+    assert config.stage_specs({}) == []
 
 
 def test_sitecustomize_runs_and_chains_the_one_it_shadows(tmp_path):
@@ -28,7 +29,7 @@ def test_sitecustomize_runs_and_chains_the_one_it_shadows(tmp_path):
     other.mkdir()
     (other / "sitecustomize.py").write_text("import os\nos.environ['OTHER_SITE_RAN'] = '1'\n")
     env = base_env()
-    env["PYTHONPATH"] = os.pathsep.join([bootstrap.site_dir(), str(other), PKG_ROOT])
+    env["PYTHONPATH"] = os.pathsep.join([layout.site_dir(), str(other), PKG_ROOT])
     env["MAXINSTR_STAGES"] = "json:dumps=encode"
     res = _py(["-c", "import os, json, sys; json.dumps(1); "
                "print(os.environ.get('OTHER_SITE_RAN'), getattr(json.dumps, '__maxinstr_stage__', None), "
@@ -41,7 +42,7 @@ def test_sitecustomize_runs_and_chains_the_one_it_shadows(tmp_path):
 
 def test_a_bad_spec_never_breaks_the_program(tmp_path):
     env = base_env()
-    env["PYTHONPATH"] = os.pathsep.join([bootstrap.site_dir(), PKG_ROOT])
+    env["PYTHONPATH"] = os.pathsep.join([layout.site_dir(), PKG_ROOT])
     env["MAXINSTR_STAGES"] = "json:nothing_here\nnot a spec"
     res = _py(["-c", "import json; print(json.dumps([1]))"], env)
     assert res.returncode == 0 and res.stdout == "[1]\n"

@@ -156,7 +156,7 @@ def test_the_hook_knows_every_package_starting_maxinstr_imports(tmp_path, script
     imported inside that package's import would start maxinstr on the half-initialized package."""
     import ast
 
-    from maxinstr.launch.bootstrap import site_dir
+    from maxinstr.launch.layout import site_dir
 
     tree = ast.parse((__import__("pathlib").Path(site_dir()) / "sitecustomize.py").read_text())
     named = next(ast.literal_eval(node.value.args[0]) for node in tree.body if isinstance(node, ast.Assign)

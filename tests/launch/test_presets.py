@@ -17,7 +17,7 @@ import pytest
 import maxinstr
 from maxinstr.errors import MaxinstrError
 from maxinstr.integrations.max_pipeline import WRAP_POINTS, is_max_command
-from maxinstr.launch import presets, runner
+from maxinstr.launch import instrument, presets, runner
 from maxinstr.launch.instrument import parse_spec
 
 from _launch_helpers import base_env, run_cli
@@ -45,7 +45,7 @@ def test_every_preset_spec_parses_and_names_a_known_hook():
         spec = parse_spec(point.spec)
         assert spec.text == point.spec
         if spec.name.startswith("@"):
-            assert spec.name[1:] in presets.HOOKS, point.spec
+            assert spec.name[1:] in instrument.HOOKS, point.spec
     with pytest.raises(MaxinstrError, match=r"no hook '@nope' \(maxinstr's hooks: @max-arrival, @max-model"):
         parse_spec("mod:f=@nope")
     with pytest.raises(MaxinstrError, match="no such preset"):
@@ -153,7 +153,7 @@ def test_max_tokenize_stages_each_call_on_the_pool_thread_never_nested(tmp_path)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, partial(fn, *args, **kwargs))
 
-    wrapped = presets.max_tokenize(run_with_default_executor)
+    wrapped = instrument.max_tokenize(run_with_default_executor)
     barrier = threading.Barrier(4)
 
     def encode(text):
@@ -170,7 +170,7 @@ def test_max_tokenize_stages_each_call_on_the_pool_thread_never_nested(tmp_path)
     assert list(run.stage_names()) == ["tokenize"] * 4
     assert (run.stages["depth"] == 0).all() and len(np.unique(run.stages["tid"])) == 4
     with pytest.raises(MaxinstrError, match="not a coroutine function"):
-        presets.max_tokenize(encode)
+        instrument.max_tokenize(encode)
 
 
 def test_a_run_s_recorded_specs_give_back_its_presets_and_its_own_specs():

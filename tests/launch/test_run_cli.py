@@ -318,7 +318,7 @@ def test_a_second_run_in_the_same_directory_replaces_the_first(tmp_path, script)
 
 
 def test_a_folder_that_holds_no_run_is_never_cleared(tmp_path):
-    from maxinstr.launch.runner import clear_previous_run
+    from maxinstr.launch.layout import clear_previous_run
 
     (tmp_path / "profile.py").write_text("x")
     (tmp_path / "child.log").write_text("mine")
@@ -335,7 +335,7 @@ def test_a_run_a_live_process_still_writes_is_never_cleared(tmp_path):
     import socket
 
     from maxinstr.errors import MaxinstrError
-    from maxinstr.launch.runner import clear_previous_run
+    from maxinstr.launch.layout import clear_previous_run
 
     part = tmp_path / "parts" / "p1"
     part.mkdir(parents=True)

@@ -1,9 +1,5 @@
-"""Attribution: which range launched each GPU op, and per-range-instance GPU totals.
-
-``attribute(trace, run=None)`` is the entry point (rules in :mod:`maxinstr.attribute.attribute`
-and docs/attribution.md); :mod:`maxinstr.attribute.summary` gives nsys-style tables and
-kernels per range. Note: after this import ``maxinstr.attribute.attribute`` names the
-function; import the module's other names with ``from maxinstr.attribute.attribute import``.
+"""Attribution: which range launched each GPU op, and per-range-instance GPU totals (docs/attribution.md).
+After this import ``maxinstr.attribute.attribute`` names the function, not the module.
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
-"""Exact per-range attribution of GPU ops: ``attribute(trace, run=None) -> Attribution``.
-
-The rules, in order of precedence (docs/attribution.md states them for users):
-
-1. ``SAME_THREAD`` (nsys's rule): the op's launch call (joined by correlation id within its
-   process) lies inside a push/pop range -- or a start/end range begun and ended on one
-   thread -- on the call's own thread, bounds inclusive. The op belongs to the innermost such
-   range (the latest-starting one) and, through ``range_parent``, to every enclosing one.
-   Ops whose launch was a CUDA graph launch (or that carry a graph node id) get ``GRAPH``:
-   every node kernel of a replay belongs to the range holding the ``cudaGraphLaunch``.
-2. ``START_END``: no range of 1 holds the call, but a start/end range that was ended on
-   another thread does, and the call was made on its start or its end thread.
-3. ``CROSS_THREAD``: the launching thread has no range holding the call (a worker or autograd
-   thread): the op goes to the innermost range, over the *other* threads of the same process,
-   that holds the call (ties broken by latest start). A range on the launching thread always
-   wins over this rule.
-4. ``TIME_OVERLAP``: the op has no launch call in the trace (no correlation): it goes to the
-   innermost range of its process holding the op's GPU start time. Stated in ``notes``.
-
-Per-range numbers are inclusive of nested ranges, as ``nsys stats`` counts them.
-
-Where the trace holds maxinstr's stages and ranges of other domains too (MAX's op ranges, a
-framework's), stages own the work they submit (:func:`_own_by_stages`): a call's stage comes from
-the stage ranges alone (rules 1 and 3 over stages only), and ranges of other domains on threads
-that hold no stage nest under the stage of their first launch, as a breakdown.
+"""Exact per-range attribution of GPU ops: ``attribute(trace, run=None) -> Attribution``, by the rules
+docs/attribution.md states, in order: ``SAME_THREAD`` (nsys's: the launch call inside a range on
+its own thread; ``GRAPH`` for a graph replay's kernels), ``START_END`` (a start/end range ended on
+another thread, on its start or end thread), ``CROSS_THREAD`` (no range on the launching thread:
+the innermost over the process's other threads), ``TIME_OVERLAP`` (no launch call: the op's GPU
+start). Per-range numbers are inclusive of nested ranges, as ``nsys stats`` counts them. Where the
+trace holds maxinstr's stages and other domains' ranges too, stages own the work they submit.
 """
 
 from __future__ import annotations
@@ -33,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from maxinstr.attribute.intervals import IntervalIndex, segmented_union
+from maxinstr.attribute.join import in_maxinstr_domain, join_records
 from maxinstr.attribute.model import Attribution, JoinMethod, Rule
 from maxinstr.columns import correlation_join
 from maxinstr.traces.model import OP_CALL_KEY, CallKind, OpKind, RangeStyle, Trace
@@ -51,8 +34,7 @@ included (through the graph launch's correlation id)."""
 
 
 def join_ops_to_calls(trace: Trace) -> np.ndarray:
-    """Per op, the row of its launch call in ``trace.calls`` (same process, same correlation
-    id), or -1 (the first call row wins if a reader left duplicates)."""
+    """Per op, its launch call's row (same process and correlation id; the first of duplicates), or -1."""
     O, C = trace.ops, trace.calls
     known = trace.meta.get(OP_CALL_KEY) if isinstance(trace.meta, dict) else None
     if (isinstance(known, tuple) and len(known) == 5 and known[0] is O.pid and known[1] is O.correlation_id
@@ -62,12 +44,9 @@ def join_ops_to_calls(trace: Trace) -> np.ndarray:
 
 
 def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = None) -> Attribution:
-    """Attribute every GPU op of ``trace`` to the ranges that launched it.
-
-    ``rules`` limits the rules used (default: all); ``NSYS_RULES`` reproduces ``nsys stats``.
-    With ``run`` (a run directory, see :func:`join_run`), ranges are joined to its stage
-    records and ``range_record_id``/``join_method`` are filled.
-    """
+    """Attribute every GPU op of ``trace`` to the ranges that launched it. ``rules`` limits the
+    rules used (default: all; ``NSYS_RULES`` reproduces ``nsys stats``). With ``run`` (a run
+    directory or a loaded run) ranges are joined to its stage records (:mod:`.join`)."""
     use = ALL_RULES if rules is None else frozenset(Rule(r) for r in rules)
     owner = trace.meta.get(OP_STAGE_KEY) if isinstance(trace.meta, dict) else None
     if isinstance(owner, np.ndarray) and len(owner) == len(trace.ops):
@@ -76,40 +55,24 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
     n, m = len(R), len(O)
     notes: list[str] = []
 
-    style = R.style
-    same_thread = (style == RangeStyle.PUSH_POP) | ((style == RangeStyle.START_END) & (R.end_tid == R.tid))
-    split = (style == RangeStyle.START_END) & (R.end_tid != R.tid)
-    marks = style == RangeStyle.MARK
-
-    # Threads are (pid, tid) pairs. Only threads holding ranges matter: they get dense ids,
-    # and a call on any other thread gets -1 (it can only match by the cross-thread rule).
-    r_key = _thread_key(R.pid, R.tid)
-    r_end_key = _thread_key(R.pid, R.end_tid)
+    split = (R.style == RangeStyle.START_END) & (R.end_tid != R.tid)
+    # threads ((pid, tid)) holding ranges get dense ids; a call on another thread gets -1 (only CROSS_THREAD)
+    r_key, r_end_key = _thread_key(R.pid, R.tid), _thread_key(R.pid, R.end_tid)
     threads = np.unique(np.concatenate([r_key, r_end_key]))
     r_thread, r_end_thread = np.searchsorted(threads, r_key), np.searchsorted(threads, r_end_key)
     c_thread = _thread_ids(threads, C.pid, C.tid)
-
-    rows1 = np.flatnonzero(same_thread)
-    idx1 = IntervalIndex.build(rows1, r_thread[rows1], R.start_ns[rows1], R.end_ns[rows1])
-    parent = np.full(n, -1, np.int64)
-    parent[idx1.rows] = idx1.parents()
-    if marks.any():  # a mark's parent is the range open around it on its thread
-        mrows = np.flatnonzero(marks)
-        parent[mrows] = idx1.innermost(r_thread[mrows], R.start_ns[mrows], R.start_ns[mrows])
+    same_thread, rows1, idx1, parent = _range_tree(trace, r_thread)
     depth = _depth(parent)
 
-    # --- calls -> ranges -------------------------------------------------------------------
     op_call = join_ops_to_calls(trace)
     call_used = np.zeros(len(C), bool)
     for lo in range(0, m, _CHUNK):
         oc = op_call[lo : lo + _CHUNK]
         call_used[oc[oc >= 0]] = True
-    # Readers keep only launch calls, so usually every call is used: then whole columns are
-    # passed as they are (no 10M-row index copies).
+    # readers keep launch calls only: usually all used, then whole columns pass as they are (no index copies)
     all_used = bool(call_used.all())
     cu = slice(None) if all_used else np.flatnonzero(call_used)
-    call_range = np.full(len(C), -1, np.int64)
-    call_rule = np.zeros(len(C), np.int8)
+    call_range, call_rule = np.full(len(C), -1, np.int64), np.zeros(len(C), np.int8)
     is_graph_call = C.kind == CallKind.GRAPH
 
     if Rule.SAME_THREAD in use or Rule.GRAPH in use:
@@ -136,22 +99,12 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
 
     if Rule.CROSS_THREAD in use and len(rows1):
         left = pending()
-        best = np.full(len(left), -1, np.int64)
-        for t in np.unique(r_thread[rows1]):  # threads holding ranges: few
-            pid_t = R.pid[rows1][r_thread[rows1] == t][0]
-            sel = np.flatnonzero((C.pid[left] == pid_t) & (c_thread[left] != t))
-            if not len(sel):
-                continue
-            q = left[sel]
-            got = idx1.innermost(np.full(len(q), t), C.start_ns[q], C.end_ns[q])
-            best[sel] = _later(R.start_ns, best[sel], got)
+        best = _innermost_elsewhere(trace, idx1, rows1, r_thread, left, C.pid, C.start_ns, C.end_ns, c_thread)
         call_range[left] = best
         call_rule[left[best >= 0]] = Rule.CROSS_THREAD
         del left, best
 
-    # --- stages own the work they submit ---------------------------------------------------
-    stage = stage_domain_mask(trace)
-    linked = 0
+    stage, linked = stage_domain_mask(trace), 0
     if stage is not None and Rule.CROSS_THREAD in use:
         cidx = np.arange(len(C)) if all_used else cu
         linked = _own_by_stages(trace, stage, same_thread, r_thread, c_thread, cidx, parent, call_range, call_rule)
@@ -159,9 +112,7 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
             depth = _depth(parent)
         del cidx
 
-    # --- ops ---------------------------------------------------------------------------------
-    op_range = np.full(m, -1, np.int64)
-    op_rule = np.zeros(m, np.int8)
+    op_range, op_rule = np.full(m, -1, np.int64), np.zeros(m, np.int8)
     for lo in range(0, m, _CHUNK):  # in blocks: bounded temporaries on 10M-op traces
         h = np.flatnonzero(op_call[lo : lo + _CHUNK] >= 0)
         c = op_call[lo + h]
@@ -175,15 +126,7 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
     no_call = np.flatnonzero(op_call < 0)
     if len(no_call):
         if Rule.TIME_OVERLAP in use and len(rows1):
-            best = np.full(len(no_call), -1, np.int64)
-            for t in np.unique(r_thread[rows1]):
-                pid_t = R.pid[rows1][r_thread[rows1] == t][0]
-                sel = np.flatnonzero(O.pid[no_call] == pid_t)
-                if not len(sel):
-                    continue
-                q = no_call[sel]
-                got = idx1.innermost(np.full(len(q), t), O.start_ns[q], O.start_ns[q])
-                best[sel] = _later(R.start_ns, best[sel], got)
+            best = _innermost_elsewhere(trace, idx1, rows1, r_thread, no_call, O.pid, O.start_ns, O.start_ns)
             op_range[no_call] = best
             op_rule[no_call[best >= 0]] = Rule.TIME_OVERLAP
             notes.append(
@@ -216,45 +159,24 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
     _range_spans(att)
     att.notes = notes
     if run is not None:
-        join_run(att, run)
+        join_records(att, run)
     return att
 
 
 def stage_domain_mask(trace: Trace) -> np.ndarray | None:
-    """Per range, whether it is a maxinstr stage (NVTX domain ``maxinstr``), when the trace also
-    holds ranges of other domains (a framework's, MAX's op ranges); None otherwise: then every
-    range takes part in attribution alike, as before."""
-    from maxinstr.attribute.join import MAXINSTR_DOMAIN
-
-    R = trace.ranges
-    if not len(R):
-        return None
-    strings = np.asarray(trace.strings, dtype=object)
-    dom = np.flatnonzero(strings == MAXINSTR_DOMAIN) if len(strings) else np.empty(0, np.int64)
-    if not len(dom):
-        return None
-    stage = np.isin(R.domain_id, dom) & (R.style != RangeStyle.MARK)
-    if not stage.any() or stage.all():
-        return None
-    return stage
+    """Per range, whether it is a maxinstr stage (NVTX domain ``maxinstr``), when the trace also holds
+    other domains' ranges (MAX's op ranges); None otherwise: every range then takes part alike."""
+    stage = in_maxinstr_domain(trace) & (trace.ranges.style != RangeStyle.MARK)
+    return None if not stage.any() or stage.all() else stage
 
 
 def _own_by_stages(trace: Trace, stage: np.ndarray, same_thread: np.ndarray, r_thread: np.ndarray,
                    c_thread: np.ndarray, cidx: np.ndarray, parent: np.ndarray, call_range: np.ndarray,
                    call_rule: np.ndarray) -> int:
-    """Stages own the work they submit, whoever launches it; other domains' ranges nest under
-    them as a breakdown, never instead of them.
-
-    Each launch call (rows ``cidx``) gets its stage from the stage ranges alone: the innermost
-    one holding the call on its own thread (SAME_THREAD), else, where its thread has no stage
-    holding it, the innermost one holding it on another thread of the process (CROSS_THREAD),
-    whatever ranges of other domains (MAX's op ranges on its worker thread) hold it on its own.
-    ``call_range`` keeps the innermost range of any domain when that range lies under the
-    call's stage; a range of another domain on a thread that holds no stage nests under the
-    stage of its first launch (its top-level ancestor's ``parent`` is set there), and a call
-    whose range lies under another stage is given its stage directly. ``call_rule`` becomes the
-    rule that tied the call to its stage. Returns the number of ranges so linked.
-    """
+    """Stages own the work they submit, whoever launches it (docs/attribution.md): each launch call
+    (rows ``cidx``) gets its stage from the stage ranges alone; ``call_range`` keeps the innermost
+    range of any domain when it lies under that stage, and a range of another domain on a thread
+    that holds no stage nests under the stage of its first launch. Returns the ranges so linked."""
     R, C = trace.ranges, trace.calls
     srows = np.flatnonzero(same_thread & stage)
     if not len(srows) or not len(cidx):
@@ -265,13 +187,7 @@ def _own_by_stages(trace: Trace, stage: np.ndarray, same_thread: np.ndarray, r_t
     rule = np.where(own >= 0, np.where(C.kind[cidx] == CallKind.GRAPH, Rule.GRAPH, Rule.SAME_THREAD), Rule.NONE)
     left = np.flatnonzero(own < 0)
     if len(left):
-        best = np.full(len(left), -1, np.int64)
-        for t in np.unique(r_thread[srows]):  # threads holding stages: few
-            pid_t = R.pid[srows][r_thread[srows] == t][0]
-            sel = np.flatnonzero((C.pid[cidx[left]] == pid_t) & (ct[left] != t))
-            if len(sel):
-                got = idx.innermost(np.full(len(sel), t), cs[left[sel]], ce[left[sel]])
-                best[sel] = _later(R.start_ns, best[sel], got)
+        best = _innermost_elsewhere(trace, idx, srows, r_thread, cidx[left], C.pid, C.start_ns, C.end_ns, c_thread)
         own[left] = best
         rule[left[best >= 0]] = Rule.CROSS_THREAD
     rule = rule.astype(np.int8)
@@ -294,8 +210,7 @@ def _own_by_stages(trace: Trace, stage: np.ndarray, same_thread: np.ndarray, r_t
         first = np.r_[True, tops[order][1:] != tops[order][:-1]]
         link_top, link_to = tops[order][first], own[f][order][first]
         parent[link_top] = link_to
-        linked = len(link_top)
-        target = np.full(len(R), -1, np.int64)
+        linked, target = len(link_top), np.full(len(R), -1, np.int64)
         target[link_top] = link_to
         keep[f] = target[tops] == own[f]
     call_range[cidx] = np.where(keep, inner, np.where(own >= 0, own, inner))
@@ -307,8 +222,7 @@ def _stage_ancestry(stage: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, 
     """Per range: the nearest stage among itself and its ancestors (-1 none), and its top-level
     ancestor (itself when it has no parent), one nesting level at a time."""
     n = len(parent)
-    nearest = np.where(stage, np.arange(n), -1)
-    top = np.arange(n)
+    nearest, top = np.where(stage, np.arange(n), -1), np.arange(n)
     up = parent.copy()
     active = np.flatnonzero(up >= 0)
     while len(active):  # one pass per nesting level
@@ -322,42 +236,28 @@ def _stage_ancestry(stage: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, 
 
 def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribution:
     """Attribution when the trace says, per op, which stage record launched it (in-process
-    collection: the core's launch tags, or CUPTI external correlation, tagged each launch call
-    with the innermost stage's record id, on the launching thread). The op belongs to the range
-    whose payload is that id (same process); rule SAME_THREAD (GRAPH for graph replays), as nsys
-    would find it."""
+    collection): the range whose payload is that id, as nsys would find it (docs/attribution.md)."""
     R, O = trace.ranges, trace.ops
-    n, m = len(R), len(O)
+    m = len(O)
     notes: list[str] = []
-    same_thread = (R.style == RangeStyle.PUSH_POP) | ((R.style == RangeStyle.START_END) & (R.end_tid == R.tid))
-    marks = R.style == RangeStyle.MARK
     r_key = _thread_key(R.pid, R.tid)
     threads = np.unique(r_key)
     r_thread = np.searchsorted(threads, r_key)
-    rows1 = np.flatnonzero(same_thread)
-    idx1 = IntervalIndex.build(rows1, r_thread[rows1], R.start_ns[rows1], R.end_ns[rows1])
-    parent = np.full(n, -1, np.int64)
-    parent[idx1.rows] = idx1.parents()
-    if marks.any():
-        mrows = np.flatnonzero(marks)
-        parent[mrows] = idx1.innermost(r_thread[mrows], R.start_ns[mrows], R.start_ns[mrows])
+    _, rows1, idx1, parent = _range_tree(trace, r_thread)
     depth = _depth(parent)
-
     # (pid, record id) -> range row; marks never own ops.
-    cand = np.flatnonzero(~marks & (R.payload >= 0))
+    cand = np.flatnonzero((R.style != RangeStyle.MARK) & (R.payload >= 0))
     key = _thread_key(R.pid[cand], R.payload[cand])  # record ids are unique per process
     srt = np.argsort(key, kind="stable")
     key, cand = key[srt], cand[srt]
-    op_key = _thread_key(O.pid, owner)
-    op_range = np.full(m, -1, np.int64)
+    op_key, op_range = _thread_key(O.pid, owner), np.full(m, -1, np.int64)
     if len(key) and m:
         pos = np.minimum(np.searchsorted(key, op_key), len(key) - 1)
         hit = (owner >= 0) & (key[pos] == op_key) & (R.payload[cand[pos]] == owner)
         op_range[hit] = cand[pos[hit]]
     op_call = join_ops_to_calls(trace)
     cross = _cross_thread_untagged(trace, owner, op_call, op_range, r_thread, threads, rows1, idx1)
-    graph = O.graph_node_id >= 0
-    has_call = op_call >= 0
+    graph, has_call = O.graph_node_id >= 0, op_call >= 0
     if has_call.any():
         graph[has_call] |= trace.calls.kind[op_call[has_call]] == CallKind.GRAPH
     op_rule = np.where(op_range >= 0, np.where(graph, Rule.GRAPH, Rule.SAME_THREAD), Rule.NONE).astype(np.int8)
@@ -379,20 +279,18 @@ def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribu
         notes.append(f"{lost} GPU ops name a stage record that is not in the trace's ranges (record lost?): not attributed")
     att = Attribution(trace=trace, op_range=op_range, op_rule=op_rule, range_parent=parent,
                       range_depth=depth.astype(np.int16))  # fmt: skip
-    _range_totals(att, op_call)
+    _range_sums(att, op_call)
+    _range_spans(att)
     att.notes = notes
     if run is not None:
-        join_run(att, run)
+        join_records(att, run)
     return att
 
 
 def _cross_thread_untagged(trace: Trace, owner: np.ndarray, op_call: np.ndarray, op_range: np.ndarray,
                            r_thread: np.ndarray, threads: np.ndarray, rows1: np.ndarray, idx1: IntervalIndex) -> np.ndarray:
-    """In-process ops whose launch named no stage because their thread holds none (MAX's worker
-    launches every kernel): the innermost stage of another thread of the process holding the
-    launch call (its times are the core's, on the trace's clock), as nsys's CROSS_THREAD would
-    find it. Sets ``op_range`` for them; returns their rows. A launch on a thread that holds
-    stages but named none was outside them (or maxinstr's own work): it stays unattributed."""
+    """In-process ops whose launch named no stage because their thread holds none (MAX's worker):
+    rule CROSS_THREAD; sets their ``op_range``, returns their rows."""
     C = trace.calls
     left = np.flatnonzero((owner < 0) & (op_range < 0) & (op_call >= 0))
     if not len(left) or not len(rows1):
@@ -400,15 +298,39 @@ def _cross_thread_untagged(trace: Trace, owner: np.ndarray, op_call: np.ndarray,
     ci = op_call[left]
     worker = ~np.isin(_thread_key(C.pid[ci], C.tid[ci]), threads) & (C.start_ns[ci] >= 0)
     left, ci = left[worker], ci[worker]
-    best = np.full(len(left), -1, np.int64)
-    for t in np.unique(r_thread[rows1]):
-        pid_t = trace.ranges.pid[rows1][r_thread[rows1] == t][0]
-        sel = np.flatnonzero(C.pid[ci] == pid_t)
-        if len(sel):
-            got = idx1.innermost(np.full(len(sel), t), C.start_ns[ci[sel]], C.end_ns[ci[sel]])
-            best[sel] = _later(trace.ranges.start_ns, best[sel], got)
+    best = _innermost_elsewhere(trace, idx1, rows1, r_thread, ci, C.pid, C.start_ns, C.end_ns)
     op_range[left] = best
     return left[best >= 0]
+
+
+def _range_tree(trace: Trace, r_thread: np.ndarray) -> tuple[np.ndarray, np.ndarray, IntervalIndex, np.ndarray]:
+    """(same-thread ranges mask, their rows, their index, per range its parent): a range's parent
+    is the innermost same-thread range holding it on its thread, a mark's the one open around it."""
+    R = trace.ranges
+    same_thread = (R.style == RangeStyle.PUSH_POP) | ((R.style == RangeStyle.START_END) & (R.end_tid == R.tid))
+    rows1 = np.flatnonzero(same_thread)
+    idx1 = IntervalIndex.build(rows1, r_thread[rows1], R.start_ns[rows1], R.end_ns[rows1])
+    parent = np.full(len(R), -1, np.int64)
+    parent[idx1.rows] = idx1.parents()
+    mrows = np.flatnonzero(R.style == RangeStyle.MARK)
+    if len(mrows):
+        parent[mrows] = idx1.innermost(r_thread[mrows], R.start_ns[mrows], R.start_ns[mrows])
+    return same_thread, rows1, idx1, parent
+
+
+def _innermost_elsewhere(trace: Trace, idx: IntervalIndex, rows: np.ndarray, r_thread: np.ndarray, q: np.ndarray,
+                         pid: np.ndarray, start: np.ndarray, end: np.ndarray,
+                         thread: np.ndarray | None = None) -> np.ndarray:
+    """Per query row ``q`` of the columns, the latest-starting range of ``idx`` holding it on a thread of
+    its process other than its own ``thread`` (when given); -1 none. One pass per thread holding ranges."""
+    R, best = trace.ranges, np.full(len(q), -1, np.int64)
+    for t in np.unique(r_thread[rows]):
+        pid_t = R.pid[rows][r_thread[rows] == t][0]
+        sel = np.flatnonzero((pid[q] == pid_t) & (thread[q] != t) if thread is not None else pid[q] == pid_t)
+        if len(sel):
+            got = idx.innermost(np.full(len(sel), t), start[q[sel]], end[q[sel]])
+            best[sel] = _later(R.start_ns, best[sel], got)
+    return best
 
 
 def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
@@ -416,8 +338,7 @@ def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
 
 
 def _thread_ids(threads: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
-    """int32 position of each (pid, tid) in the sorted ``threads`` keys, -1 when absent
-    (block by block: one call per GPU op's launch, millions of rows)."""
+    """int32 position of each (pid, tid) in the sorted ``threads`` keys, -1 when absent, block by block."""
     out = np.empty(len(pid), np.int32 if len(threads) < (1 << 31) else np.int64)
     for lo in range(0, len(pid), _CHUNK):
         out[lo : lo + _CHUNK] = _lookup(threads, _thread_key(pid[lo : lo + _CHUNK], tid[lo : lo + _CHUNK]))
@@ -440,8 +361,7 @@ def _later(start: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _depth(parent: np.ndarray) -> np.ndarray:
-    depth = np.zeros(len(parent), np.int64)
-    cur = parent.copy()
+    depth, cur = np.zeros(len(parent), np.int64), parent.copy()
     active = np.flatnonzero(cur >= 0)
     while len(active):  # one pass per nesting level
         depth[active] += 1
@@ -450,42 +370,22 @@ def _depth(parent: np.ndarray) -> np.ndarray:
     return depth
 
 
-def _range_totals(att: Attribution, op_call: np.ndarray) -> None:
-    """Fill the per-range totals, inclusive of nested ranges, from ``op_range``/``range_parent``.
-
-    Sums are taken per innermost range with ``bincount`` and pushed up the range tree one
-    depth level at a time (:func:`_range_sums`). Spans and busy time (a union, which does not
-    add up) are computed per depth level over (op, ancestor-at-that-level) pairs: each range
-    sees its whole subtree (:func:`_range_spans`).
-    """
-    _range_sums(att, op_call)
-    _range_spans(att)
-
-
 def _range_sums(att: Attribution, op_call: np.ndarray | list[np.ndarray],
                 call_launch: np.ndarray | None = None) -> None:
-    """Counts, times and bytes per range (inclusive), launch counts and the rules used.
-
-    ``op_call`` (per op, its launch call row) may be handed over in a one-element list: it is
-    then taken out and freed as soon as the per-op pass is done. ``call_launch``: the range of
-    every launch call that has one (when the caller knows the calls' ranges; then launches are
-    counted per call, not found as each call's first op).
-    """
+    """Counts, times, bytes, launches and rules per range: summed per innermost range and pushed up the
+    tree a level at a time. ``op_call`` handed over in a one-element list is freed after the per-op
+    pass; ``call_launch``: the range of each launch call that has one (launches counted per call)."""
     if isinstance(op_call, list):
         op_call = op_call.pop()
     trace = att.trace
     O, R = trace.ops, trace.ranges
-    n = len(R)
+    n, m = len(R), len(O)
     parent, depth = att.range_parent, att.range_depth.astype(np.int64)
-    m = len(O)
     n_rules = max(int(r) for r in Rule) + 1
     K, C, S = int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET)
 
-    # Launch calls: every op of one call has the same range, so counting each call's first op
-    # counts distinct calls; an op with no call counts as its own launch (nsys counts
-    # correlation ids, and a graph replay is one of them). Ops are taken in blocks so the
-    # temporaries stay small on 10M-op traces; the first op of a call is found by scattering
-    # blocks last to first.
+    # Launches: each call's first op (found by scattering blocks of ops last to first) counts its call
+    # (nsys counts correlation ids); an op with no call is a launch of its own.
     first_op = np.full(len(trace.calls) if call_launch is None else 0, m, np.int64)
     for lo in range(((m - 1) // _CHUNK) * _CHUNK if m and call_launch is None else -1, -1, -_CHUNK):
         oc = op_call[lo : lo + _CHUNK]
@@ -493,11 +393,8 @@ def _range_sums(att: Attribution, op_call: np.ndarray | list[np.ndarray],
         has = oc >= 0
         first_op[oc[has][::-1]] = idx[has][::-1]
     # A handful of bincounts over (range, kind) and (range, rule) keys, block by block.
-    by_kind = np.zeros(3 * n, np.float64)
-    ns_kind = np.zeros(3 * n, np.float64)
-    bytes_kind = np.zeros(3 * n, np.float64)
-    launches = np.zeros(n, np.float64)
-    by_rule = np.zeros(n_rules * n, np.float64)
+    by_kind, ns_kind, bytes_kind = (np.zeros(3 * n, np.float64) for _ in range(3))
+    launches, by_rule = np.zeros(n, np.float64), np.zeros(n_rules * n, np.float64)
     owned_count = 0
     for lo in range(0, m, _CHUNK):
         sl = slice(lo, lo + _CHUNK)
@@ -552,8 +449,7 @@ def _range_sums(att: Attribution, op_call: np.ndarray | list[np.ndarray],
 
 
 def _where32(mask: np.ndarray) -> np.ndarray:
-    """``np.flatnonzero(mask)`` as int32 when it fits, built block by block (never an int64
-    array of millions of positions)."""
+    """``np.flatnonzero(mask)`` as int32 when it fits, built block by block."""
     if len(mask) >= (1 << 31):
         return np.flatnonzero(mask)
     parts = [np.flatnonzero(mask[lo : lo + _CHUNK]).astype(np.int32) + np.int32(lo) for lo in range(0, len(mask), _CHUNK)]
@@ -561,13 +457,9 @@ def _where32(mask: np.ndarray) -> np.ndarray:
 
 
 def _range_spans(att: Attribution) -> None:
-    """Projected GPU span (first op start, last op end), busy time (union of op intervals) and
-    idle gaps per range, inclusive of nested ranges, one nesting level at a time.
-
-    Memory: on a 10M-op trace this is the largest pass, so positions are int32 and every
-    per-op temporary is taken in blocks of ``_CHUNK``; per level one int64 array holds
-    (range rank << 32 | position) and is sorted in place.
-    """
+    """Projected GPU span, busy time (a union: it does not add up, so each range sees its whole subtree)
+    and idle gaps per range, over (op, ancestor at that level) pairs one level at a time. The largest
+    pass on a 10M-op trace: int32 positions, temporaries in blocks, one int64 key array sorted in place."""
     trace = att.trace
     O, R = trace.ops, trace.ranges
     n, m = len(R), len(O)
@@ -643,11 +535,4 @@ def _range_spans(att: Attribution) -> None:
     att.range_record_id = np.full(n, -1, np.int64)
 
 
-def join_run(att: Attribution, run: Any) -> None:
-    """Join trace ranges to a run directory's stage records (see :mod:`maxinstr.attribute.join`)."""
-    from maxinstr.attribute.join import join_records
-
-    join_records(att, run)
-
-
-__all__ = ["ALL_RULES", "NSYS_RULES", "attribute", "join_ops_to_calls", "join_run", "JoinMethod"]
+__all__ = ["ALL_RULES", "NSYS_RULES", "attribute", "join_ops_to_calls", "JoinMethod"]

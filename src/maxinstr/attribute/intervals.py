@@ -1,8 +1,5 @@
 """Columnar interval machinery for attribution: innermost containing range, segmented unions.
-
-All functions work on whole numpy arrays; the only Python loops run over threads or over
-nesting depth, never over trace rows.
-"""
+The only Python loops run over threads or over nesting depth, never over trace rows."""
 
 from __future__ import annotations
 
@@ -16,12 +13,8 @@ from maxinstr.columns import searchsorted
 
 @dataclass
 class IntervalIndex:
-    """Intervals grouped by an integer group (a thread), sorted by (group, start, -end).
-
-    ``parent[i]`` (sorted positions) is the nearest earlier interval of the same group whose
-    end is >= this one's end: the latest-starting interval containing it (for properly nested
-    push/pop ranges, the enclosing range). ``rows`` maps sorted positions to caller rows.
-    """
+    """Intervals grouped by an integer group (a thread), sorted by (group, start, -end). ``parent[i]`` (in
+    sorted positions): the latest-starting earlier interval of its group containing it; ``rows``: caller rows."""
 
     rows: np.ndarray
     group: np.ndarray
@@ -38,8 +31,7 @@ class IntervalIndex:
         order = np.lexsort((-end, start, group))
         g, s, e = group[order], start[order], end[order]
         n = len(order)
-        # Previous-greater-or-equal element by pointer jumping: candidates only ever move to
-        # elements whose end is smaller than the query's, so none is skipped wrongly.
+        # previous-greater-or-equal by pointer jumping: a candidate moves only past ends smaller than its own
         cand = np.arange(n, dtype=np.int64) - 1
         if n:
             cand[0] = -1
@@ -47,10 +39,7 @@ class IntervalIndex:
         active = np.flatnonzero(cand >= 0)
         while len(active):
             c = cand[active]
-            bad = e[c] < e[active]
-            active = active[bad]
-            if not len(active):
-                break
+            active = active[e[c] < e[active]]
             cand[active] = cand[cand[active]]
             active = active[cand[active] >= 0]
         group_ids, lo = np.unique(g, return_index=True)
@@ -58,16 +47,13 @@ class IntervalIndex:
         return cls(rows[order], g, s, e, cand, group_ids, lo.astype(np.int64), hi)
 
     def innermost(self, q_group: np.ndarray, q_start: np.ndarray, q_end: np.ndarray) -> np.ndarray:
-        """Per query, the caller row of the latest-starting interval in ``q_group`` with
-        start <= q_start and end >= q_end (bounds inclusive, like nsys); -1 when none.
-        Queries are taken in blocks so temporaries stay bounded on huge traces."""
-        block = self.BLOCK
-        if len(q_group) <= block:
+        """Per query, the caller row of the latest-starting interval in ``q_group`` holding [q_start, q_end]
+        (bounds inclusive, like nsys); -1 none. In blocks: bounded temporaries on huge traces."""
+        b = self.BLOCK
+        if len(q_group) <= b:
             return self._innermost(q_group, q_start, q_end)
-        return np.concatenate([
-            self._innermost(q_group[i : i + block], q_start[i : i + block], q_end[i : i + block])
-            for i in range(0, len(q_group), block)
-        ])  # fmt: skip
+        return np.concatenate([self._innermost(q_group[i : i + b], q_start[i : i + b], q_end[i : i + b])
+                               for i in range(0, len(q_group), b)])
 
     def _innermost(self, q_group: np.ndarray, q_start: np.ndarray, q_end: np.ndarray) -> np.ndarray:
         out_pos = np.full(len(q_group), -1, np.int64)
@@ -95,32 +81,23 @@ class IntervalIndex:
             active = active[bad]
             out_pos[active] = self.parent[out_pos[active]]
             active = active[out_pos[active] >= 0]
-        result = np.full(len(q_group), -1, np.int64)
-        found = out_pos >= 0
-        result[found] = self.rows[out_pos[found]]
-        return result
+        return self._rows_of(out_pos)
 
-    def parents(self) -> np.ndarray:
-        """Caller row of each caller row's parent (-1 for none), aligned with ``rows`` order."""
-        par = np.full(len(self.rows), -1, np.int64)
-        ok = self.parent >= 0
-        par[ok] = self.rows[self.parent[ok]]
-        return par
+    def parents(self) -> np.ndarray:  # caller row of each caller row's parent (-1 none), in ``rows`` order
+        return self._rows_of(self.parent)
+
+    def _rows_of(self, pos: np.ndarray) -> np.ndarray:  # caller rows of sorted positions (-1 stays -1)
+        out = np.full(len(pos), -1, np.int64)
+        out[pos >= 0] = self.rows[pos[pos >= 0]]
+        return out
 
 
 def segmented_union(group: np.ndarray, start: np.ndarray, end: np.ndarray,
                     index: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per group of intervals sorted by (group, start): (groups, min start, max end, union length).
-    With ``index``, interval i is ``(start[index[i]], end[index[i]])``.
-
-    The native module (``maxinstr._columns.segmented_union``) does it in one pass when built;
-    the numpy path below gives the same numbers (tests/attribute/test_intervals.py).
-
-    The union counts overlapping time once (GPU busy time across streams). A segmented running
-    maximum is done with one ``np.maximum.accumulate`` by lifting each group into its own band
-    of the int64 line; groups are processed in chunks small enough that bands cannot overflow.
-    Temporaries are reused in place: this runs over millions of (op, range) pairs.
-    """
+    """Per group of intervals sorted by (group, start): (groups, min start, max end, union length), the
+    union counting overlaps once (GPU busy time across streams); with ``index``, interval i is
+    ``(start[index[i]], end[index[i]])``. Native when built; the numpy path gives the same numbers: one
+    ``np.maximum.accumulate`` over groups lifted into bands of the int64 line, temporaries reused."""
     n = len(group)
     if not n:
         z = np.empty(0, np.int64)
@@ -137,9 +114,7 @@ def segmented_union(group: np.ndarray, start: np.ndarray, end: np.ndarray,
     seg = np.cumsum(head, dtype=np.int64)
     seg -= 1
     del head
-    gid = group[heads]
-    first_start = start[heads]
-    last_end = np.maximum.reduceat(end, heads)
+    gid, first_start, last_end = group[heads], start[heads], np.maximum.reduceat(end, heads)
     span = int((last_end - first_start).max()) + 1
     per_chunk = max(1, (1 << 62) // span)
     fs = first_start[seg]

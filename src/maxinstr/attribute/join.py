@@ -1,12 +1,8 @@
-"""Join trace ranges to a run directory's stage records (docs/formats.md, "How records join").
-
-1. ``PAYLOAD``: a range in NVTX domain ``maxinstr`` carries its record id as int64 payload:
-   exact. Used whenever any such range's payload is a record id of the run.
-2. ``THREAD_NAME_ORDER``: otherwise (roctx has no payload) the k-th range named N on thread T
-   is the k-th record named N on tid T, both ordered by start; marks pair with marks.
-
-Only ranges in domain ``maxinstr`` take part when the trace has that domain; traces without
-domains (roctx, Kineto) offer all their ranges. Everything is columnar (sort + searchsorted).
+"""Join trace ranges to a run directory's stage records (docs/formats.md, "How records join"):
+``PAYLOAD`` (exact) whenever a range of NVTX domain ``maxinstr`` carries a record id of the run
+as int64 payload; else ``THREAD_NAME_ORDER`` (roctx has no payload): the k-th range named N on
+thread T is the k-th record named N on tid T by start, marks with marks. Only ranges of domain
+``maxinstr`` take part when the trace has it; traces without domains offer all their ranges.
 """
 
 from __future__ import annotations
@@ -17,31 +13,35 @@ from typing import Any
 import numpy as np
 
 from maxinstr.attribute.model import Attribution, JoinMethod
-from maxinstr.columns import factorize
-from maxinstr.traces.model import RangeStyle, Trace
+from maxinstr.columns import factorize, occurrence_index
+from maxinstr.rundir import load
+from maxinstr.rundir.format import MARK
+from maxinstr.traces.inprocess import stage_ranges
+from maxinstr.traces.model import RangeStyle, StringTable, Trace
 
 MAXINSTR_DOMAIN = "maxinstr"
-_MARK_FLAG = 1 << 2  # rundir.format.MARK
 
 
 def _records(run: Any) -> tuple[np.ndarray, np.ndarray]:
     """(stages structured array, per-record names) from a Run or a run directory path."""
     if isinstance(run, (str, Path)):
-        from maxinstr.rundir import load
-
         run = load(run)
     stages = run.stages
     names = run.stage_names() if hasattr(run, "stage_names") else np.asarray(run.names)[stages["name_id"]]
     return stages, np.asarray(names, dtype=object)
 
 
-def candidate_ranges(trace: Trace) -> np.ndarray:
-    """Rows of ``trace.ranges`` that may be maxinstr stages."""
-    R = trace.ranges
+def in_maxinstr_domain(trace: Trace) -> np.ndarray:
+    """Per range, whether it is in NVTX domain ``maxinstr``."""
     strings = np.asarray(trace.strings, dtype=object)
     dom = np.flatnonzero(strings == MAXINSTR_DOMAIN) if len(strings) else np.empty(0, np.int64)
-    in_domain = np.isin(R.domain_id, dom) if len(dom) else np.zeros(len(R), bool)
-    return np.flatnonzero(in_domain) if in_domain.any() else np.arange(len(R))
+    return np.isin(trace.ranges.domain_id, dom) if len(dom) else np.zeros(len(trace.ranges), bool)
+
+
+def candidate_ranges(trace: Trace) -> np.ndarray:
+    """Rows of ``trace.ranges`` that may be maxinstr stages."""
+    in_domain = in_maxinstr_domain(trace)
+    return np.flatnonzero(in_domain) if in_domain.any() else np.arange(len(trace.ranges))
 
 
 def join_records(att: Attribution, run: Any) -> None:
@@ -56,9 +56,7 @@ def join_records(att: Attribution, run: Any) -> None:
         att.notes.append("no stage records or no candidate ranges: ranges not joined to the run")
         return
     ids = stages["id"].astype(np.int64)
-    sorted_ids = np.sort(ids)
-
-    payload = R.payload[cand]
+    sorted_ids, payload = np.sort(ids), R.payload[cand]
     pos = np.minimum(np.searchsorted(sorted_ids, payload), len(sorted_ids) - 1)
     hit = (payload >= 0) & (sorted_ids[pos] == payload)
     if hit.any():
@@ -70,7 +68,7 @@ def join_records(att: Attribution, run: Any) -> None:
     # (thread, name, mark?) groups on both sides, then the k-th of each group pairs up.
     r_names = np.array([trace.name(int(i)) for i in R.name_id[cand]], dtype=object)
     r_mark = (R.style[cand] == RangeStyle.MARK).astype(np.int64)
-    s_mark = ((stages["flags"] & _MARK_FLAG) != 0).astype(np.int64)
+    s_mark = ((stages["flags"] & MARK) != 0).astype(np.int64)
     all_names, name_code = factorize(np.concatenate([r_names, rec_names]))
     name_code = name_code.reshape(-1).astype(np.int64)
     tid = np.concatenate([R.tid[cand], stages["tid"].astype(np.int64)])
@@ -79,19 +77,13 @@ def join_records(att: Attribution, run: Any) -> None:
     _, group = np.unique(np.stack([tid, name_code, mark], axis=1), axis=0, return_inverse=True)
     group = group.reshape(-1).astype(np.int64)
     side = np.r_[np.zeros(len(cand), np.int64), np.ones(len(stages), np.int64)]
-    order = np.lexsort((start, side, group))
-    g, sd = group[order], side[order]
-    first = np.r_[True, (g[1:] != g[:-1]) | (sd[1:] != sd[:-1])]
-    heads = np.flatnonzero(first)
-    rank = np.arange(len(order)) - np.repeat(heads, np.diff(np.r_[heads, len(order)]))
-    key = g * (int(rank.max()) + 1) + rank
-    is_rec = sd == 1
-    rec_key, rec_row = key[is_rec], order[is_rec] - len(cand)
-    rng_key, rng_row = key[~is_rec], order[~is_rec]
+    rank = occurrence_index(group * 2 + side, start)  # the k-th of its group on its side, by start
+    key = group * (int(rank.max()) + 1) + rank
+    rec_key, rng_key = key[len(cand):], key[: len(cand)]
     srt = np.argsort(rec_key)
     p = np.minimum(np.searchsorted(rec_key[srt], rng_key), len(srt) - 1)
     ok = rec_key[srt][p] == rng_key
-    att.range_record_id[cand[rng_row[ok]]] = ids[rec_row[srt][p[ok]]]
+    att.range_record_id[cand[ok]] = ids[srt[p[ok]]]
     if ok.any():
         att.join_method = JoinMethod.THREAD_NAME_ORDER
     _note(att, int(ok.sum()), len(cand), len(stages), "(thread, name, order)")
@@ -105,24 +97,13 @@ def _note(att: Attribution, joined: int, ranges: int, records: int, how: str) ->
 
 
 def place_run_stages(trace: Trace, run: Any) -> tuple[Trace, str] | None:
-    """The trace with the run's stage records added as ranges (domain ``maxinstr``, payload =
-    record id), placed on the trace's clock, when the trace records none of its own and its
-    clock is the wall clock (Kineto: microseconds from ``baseTimeNanoseconds``, or Unix time).
-
-    maxinstr's stages are NVTX ranges, which torch.profiler does not record; but both clocks
-    are known: records are CLOCK_MONOTONIC and the run's meta.json holds a (monotonic, realtime)
-    pair taken at session start. Launch calls are then tied to stages by thread and time, as
-    for any other range. Returns (trace, note) or None (nothing to add, or no common clock).
-    On the H200 the placement put every one of a PyTorch decoder's 24,053 launches in the stage
-    instance nsys gives it (tests/attribute/test_kineto_join.py)."""
-    from maxinstr.traces.inprocess import stage_ranges
-    from maxinstr.traces.model import StringTable
-
+    """The trace with the run's stage records added as ranges (domain ``maxinstr``, payload = record
+    id) placed on its clock, when the trace records none of its own and its clock is the wall clock
+    (a torch.profiler trace: docs/attribution.md); (trace, note), or None (nothing to add, or no
+    common clock)."""
     if trace.format != "kineto" or run is None:
         return None
     if isinstance(run, (str, Path)):
-        from maxinstr.rundir import load
-
         run = load(run)
     strings = np.asarray(trace.strings, dtype=object)
     if len(strings) and (strings == MAXINSTR_DOMAIN).any():

@@ -1,9 +1,5 @@
-"""What attribution produces: which range owns each GPU op, and per-range-instance totals.
-
-Everything is columnar: per-op arrays have ``len(trace.ops)`` rows, per-range arrays have
-``len(trace.ranges)`` rows, aligned with the trace's tables. Analysis and rendering read
-only this (plus the run directory); they never re-join the trace.
-"""
+"""What attribution produces, as columns aligned with ``trace.ops`` and ``trace.ranges``: analysis and
+rendering read only this (plus the run directory), never re-joining the trace."""
 
 from __future__ import annotations
 
@@ -37,17 +33,9 @@ class JoinMethod(IntEnum):
 
 @dataclass
 class Attribution:
-    """The result of attributing ``trace.ops`` to ``trace.ranges``.
-
-    Per op: ``op_range`` is the innermost owning range (index into ``trace.ranges``, -1 when
-    none) and ``op_rule`` the :class:`Rule` used. The whole stack of an op is found by
-    following ``range_parent`` from ``op_range``.
-
-    Per range instance (inclusive of nested child ranges, as ``nsys stats`` counts them):
-    projected GPU span, GPU busy time (union of op intervals across streams), op counts,
-    copy/set bytes and time, idle gaps inside the projected span, and the rule(s) used.
-    ``-1`` in ``proj_start_ns`` means the range owns no op.
-    """
+    """``trace.ops`` attributed to ``trace.ranges``. Per op: the innermost owning range (-1 none; the stack
+    follows ``range_parent``) and the :class:`Rule`. Per range instance, inclusive of nested ranges as
+    nsys counts them: GPU span (``proj_start_ns`` -1: no op), busy time, counts, bytes, gaps, rules."""
 
     trace: Trace
     op_range: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
@@ -59,8 +47,7 @@ class Attribution:
     busy_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     op_count: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     launch_count: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-    """Distinct launch calls behind the range's ops (a graph replay is one launch of many ops):
-    what ``nsys stats`` counts as "GPU Ops" (distinct correlation ids)."""
+    """Distinct launch calls behind the range's ops (a graph replay is one): nsys's "GPU Ops"."""
     kernel_count: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     kernel_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     memcpy_bytes: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
@@ -68,10 +55,7 @@ class Attribution:
     memset_bytes: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     memset_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     idle_gap_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-    range_rules: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint8))
-    """Bit set of ``1 << Rule`` values used for the ops of each range."""
-    range_record_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-    """The run directory's stage record id joined to each range, -1 when none."""
+    range_rules: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint8))  # bit set of 1 << Rule used
+    range_record_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # joined stage record, -1 none
     join_method: JoinMethod = JoinMethod.NONE
-    notes: list[str] = field(default_factory=list)
-    """Plain statements about fallbacks used (e.g. 'no correlation ids: time overlap used')."""
+    notes: list[str] = field(default_factory=list)  # plain statements about fallbacks used

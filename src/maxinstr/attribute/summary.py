@@ -1,10 +1,5 @@
-"""Summaries over an attribution: per-name range tables like ``nsys stats`` prints, and the
-kernels inside each range instance.
-
-``gpu_proj_sum``/``nvtx_sum``/``kern_sum`` return rows with the same meaning (and, for the
-nsys-comparable columns, the same names) as ``nsys stats -r nvtx_gpu_proj_sum,nvtx_sum,
-cuda_gpu_kern_sum``; tests hold them to nsys's own output on the fixtures. Loops here run
-over distinct names, never over trace rows.
+"""nsys's tables over an attribution (``gpu_proj_sum``, ``nvtx_sum``, ``kern_sum``: the rows and column
+names of ``nsys stats``, held to its output on the fixtures), and :func:`kernels_by_range`.
 """
 
 from __future__ import annotations
@@ -30,14 +25,8 @@ def range_names(trace: Trace) -> np.ndarray:
 
 def _stats(values: np.ndarray) -> dict[str, float]:
     v = values.astype(np.float64)
-    return {
-        "total": float(v.sum()),
-        "avg": float(v.mean()),
-        "med": float(np.median(v)),
-        "min": float(v.min()),
-        "max": float(v.max()),
-        "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
-    }
+    return {"total": float(v.sum()), "avg": float(v.mean()), "med": float(np.median(v)), "min": float(v.min()),
+            "max": float(v.max()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0}
 
 
 def _groups(labels: np.ndarray, mask: np.ndarray) -> list[tuple[Any, np.ndarray]]:
@@ -56,14 +45,11 @@ def gpu_proj_sum(att: Attribution) -> list[dict[str, object]]:
     trace = att.trace
     R = trace.ranges
     projected = att.proj_start_ns >= 0
-    proj = att.proj_end_ns - att.proj_start_ns
-    host = R.end_ns - R.start_ns
+    proj, host = att.proj_end_ns - att.proj_start_ns, R.end_ns - R.start_ns
     child_of = att.range_parent[projected & (att.range_parent >= 0)]
     children = np.bincount(child_of, minlength=len(R))[: len(R)]
-    key = np.array([f"{n}\x00{_STYLE[int(s)]}" for n, s in zip(range_names(trace), R.style)], dtype=object)
     out: list[dict[str, Any]] = []
-    for label, rows in _groups(key, projected):
-        name, style = str(label).split("\x00")
+    for name, style, rows in _range_groups(trace, projected):
         s = _stats(proj[rows])
         out.append({
             "Range": name, "Style": style,
@@ -82,19 +68,8 @@ def nvtx_sum(trace: Trace) -> list[dict[str, object]]:
     """Host time per (range name, style) over every range instance (nsys ``nvtx_sum``)."""
     R = trace.ranges
     host = R.end_ns - R.start_ns
-    key = np.array([f"{n}\x00{_STYLE[int(s)]}" for n, s in zip(range_names(trace), R.style)], dtype=object)
-    rows_out: list[dict[str, Any]] = []
-    for label, rows in _groups(key, R.style != RangeStyle.MARK):
-        name, style = str(label).split("\x00")
-        s = _stats(host[rows])
-        rows_out.append({"Range": name, "Style": style, "Total Time (ns)": int(s["total"]), "Instances": len(rows),
-                         "Avg (ns)": s["avg"], "Med (ns)": s["med"], "Min (ns)": int(s["min"]),
-                         "Max (ns)": int(s["max"]), "StdDev (ns)": s["std"]})  # fmt: skip
-    total = sum(int(r["Total Time (ns)"]) for r in rows_out) or 1
-    for r in rows_out:
-        r["Time (%)"] = 100.0 * int(r["Total Time (ns)"]) / total
-    rows_out.sort(key=lambda r: (-int(r["Total Time (ns)"]), str(r["Range"])))
-    return rows_out
+    return _shares([{"Range": name, "Style": style, **_time_row(host[rows])}
+                    for name, style, rows in _range_groups(trace, R.style != RangeStyle.MARK)], "Range")
 
 
 def kern_sum(trace: Trace, ops: np.ndarray | None = None) -> list[dict[str, object]]:
@@ -106,17 +81,28 @@ def kern_sum(trace: Trace, ops: np.ndarray | None = None) -> list[dict[str, obje
         sel[ops] = True
         mask &= sel
     dur = O.end_ns - O.start_ns
-    out: list[dict[str, Any]] = []
-    for name_id, rows in _groups(O.name_id, mask):
-        s = _stats(dur[rows])
-        out.append({"Name": trace.name(int(name_id)), "Total Time (ns)": int(s["total"]), "Instances": len(rows),
-                    "Avg (ns)": s["avg"], "Med (ns)": s["med"], "Min (ns)": int(s["min"]),
-                    "Max (ns)": int(s["max"]), "StdDev (ns)": s["std"]})  # fmt: skip
-    total = sum(int(r["Total Time (ns)"]) for r in out) or 1
-    for r in out:
+    return _shares([{"Name": trace.name(int(name_id)), **_time_row(dur[rows])} for name_id, rows in _groups(O.name_id, mask)],
+                   "Name")
+
+
+def _range_groups(trace: Trace, mask: np.ndarray) -> list[tuple[str, str, np.ndarray]]:
+    """(range name, style, rows) per (name, style) among the ranges of ``mask``."""
+    key = np.array([f"{n}\x00{_STYLE[int(s)]}" for n, s in zip(range_names(trace), trace.ranges.style)], dtype=object)
+    return [(*str(label).split("\x00"), rows) for label, rows in _groups(key, mask)]  # type: ignore[misc]
+
+
+def _time_row(values: np.ndarray) -> dict[str, Any]:
+    s = _stats(values)
+    return {"Total Time (ns)": int(s["total"]), "Instances": len(values), "Avg (ns)": s["avg"], "Med (ns)": s["med"],
+            "Min (ns)": int(s["min"]), "Max (ns)": int(s["max"]), "StdDev (ns)": s["std"]}
+
+
+def _shares(rows: list[dict[str, Any]], name: str) -> list[dict[str, object]]:
+    """Each row's share of the total time, the rows by time (then name), as nsys orders them."""
+    total = sum(int(r["Total Time (ns)"]) for r in rows) or 1
+    for r in rows:
         r["Time (%)"] = 100.0 * int(r["Total Time (ns)"]) / total
-    out.sort(key=lambda r: (-int(r["Total Time (ns)"]), str(r["Name"])))
-    return out
+    return sorted(rows, key=lambda r: (-int(r["Total Time (ns)"]), str(r[name])))
 
 
 @dataclass
@@ -130,11 +116,8 @@ class RangeKernels:
 
 
 def kernels_by_range(att: Attribution, inclusive: bool = True) -> RangeKernels:
-    """Kernel names with counts and GPU time per range instance, from ``op_range``.
-
-    ``inclusive=True`` credits each kernel to every enclosing range too (nsys's convention);
-    ``False`` only to its innermost range.
-    """
+    """Kernel names with counts and GPU time per range instance, from ``op_range``: credited to
+    every enclosing range too with ``inclusive`` (nsys's convention), else the innermost only."""
     O = att.trace.ops
     k = np.flatnonzero((O.kind == OpKind.KERNEL) & (att.op_range >= 0))
     ops_l, rng_l = [k], [att.op_range[k]]
@@ -149,8 +132,7 @@ def kernels_by_range(att: Attribution, inclusive: bool = True) -> RangeKernels:
             ops_l.append(cur_ops)
             rng_l.append(cur)
     ops_all, rng_all = np.concatenate(ops_l), np.concatenate(rng_l)
-    names = O.name_id[ops_all].astype(np.int64)
-    dur = (O.end_ns - O.start_ns)[ops_all]
+    names, dur = O.name_id[ops_all].astype(np.int64), (O.end_ns - O.start_ns)[ops_all]
     packed = (rng_all << 32) | (names & 0xFFFFFFFF)
     uniq, inv, counts = np.unique(packed, return_inverse=True, return_counts=True)
     total = np.bincount(inv.reshape(-1), weights=dur, minlength=len(uniq)).astype(np.int64)

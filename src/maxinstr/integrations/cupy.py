@@ -1,24 +1,15 @@
-"""CuPy helper: the handle of CuPy's current stream, or None without CuPy or a GPU.
-
-    from maxinstr.integrations.cupy import cupy_stream_handle
-
-    with copy_stream:
-        with maxinstr.stage("h2d", stream=cupy_stream_handle()):
-            ...
-
-A `cupy.cuda.Stream` can also be passed as `stream=` directly (maxinstr reads its `.ptr`).
-"""
+"""CuPy helper: ``maxinstr.stage("h2d", stream=cupy_stream_handle())`` (a `cupy.cuda.Stream` can be
+passed as `stream=` too: maxinstr reads its `.ptr`)."""
 
 from __future__ import annotations
 
+from maxinstr.integrations.driver import ensure_stream_context
+
 
 def cupy_stream_handle() -> int | None:
-    """`cupy.cuda.get_current_stream().ptr`, or None when CuPy or a CUDA device is missing.
-
-    0 is a real answer: CuPy's default (legacy) stream.
-    """
+    """CuPy's current stream (0: its legacy default stream), or None without CuPy or a CUDA device."""
     try:
-        import cupy
+        import cupy  # optional: imported only when called
     except ImportError:
         return None
     try:
@@ -28,10 +19,7 @@ def cupy_stream_handle() -> int | None:
         return None
     handle = int(cupy.cuda.get_current_stream().ptr)
     if handle and not cupy.cuda.runtime.is_hip:
-        # the stream's context current on this thread, so stages entered here get GPU times
-        from maxinstr.integrations.driver import ensure_stream_context
-
-        ensure_stream_context(handle)
+        ensure_stream_context(handle)  # the stream's context current here, so stages entered here get GPU times
     return handle
 
 

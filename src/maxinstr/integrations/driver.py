@@ -1,11 +1,6 @@
-"""Make the CUDA context that owns a stream current on the calling thread.
-
-maxinstr's core times a stage on the GPU only when a CUDA context is current on the thread that
-enters it (it never creates or initialises one). A framework that keeps its context current only
-inside its own calls, or only on its own threads, leaves the user's thread without one, and the
-stages there get host times only. `cuStreamGetCtx` names the context of the framework's stream;
-making that context current here is what the CUDA runtime would do on this thread's first
-runtime call. Nothing is created, and a thread that already has a current context is left alone.
+"""Make the CUDA context that owns a stream current on the calling thread, as the CUDA runtime would at
+its first call: the core times a stage on the GPU only where a context is current (it creates none),
+and a framework may keep its context current only inside its own calls or threads.
 """
 
 from __future__ import annotations
@@ -40,9 +35,8 @@ def nvidia_driver_present() -> bool:
 
 
 def ensure_stream_context(stream_handle: int | None) -> bool:
-    """True when a CUDA context is current on this thread afterwards (set from the stream's own
-    context if none was). False without libcuda, for a null handle, or when the driver refuses
-    (uninitialised driver, invalid stream): never raises."""
+    """True when a CUDA context is current on this thread afterwards (the stream's own if none was);
+    False without libcuda, for a null handle, or when the driver refuses. Never raises."""
     if not stream_handle:
         return False
     lib = _libcuda()

@@ -1,41 +1,24 @@
-"""Modular MAX helpers: the native stream of a MAX device, and MAX's own profiling markers.
-
-MAX runs a graph on the device's *default queue*, a non-blocking CUDA/HIP stream of its own.
-Events on the legacy default stream (maxinstr's default, `stream=0`) do not wait for work on a
-non-blocking stream, so a stage around `model.execute(...)` must record its events on MAX's
-queue to time the GPU work:
-
-    from max.driver import Accelerator
-    from maxinstr.integrations.max import max_stream_handle
-
-    device = Accelerator()
-    with maxinstr.stage("decode", stream=max_stream_handle(device)):
-        model.execute(...)
-
-`enable_max_profiling()` turns on MAX's own NVTX ranges (its `Tracer` spans and per-op markers),
-which then nest under maxinstr's stage ranges in an nsys timeline. MAX's kernel-level markers
-look up NVTX's v2 entry points (`nvtxRangeStartEx`, ...) in the process at run time and abort the
-process when they are missing, which they are on CUDA 13 (it no longer ships libnvToolsExt);
-`provide_nvtx_v2()` loads a library that exports them (libnvtx3interop from the `nvidia-nvtx`
-wheel or a CUDA 13 toolkit; libnvToolsExt or libnvtx3interop from `nvidia-nvtx-cu12` or a CUDA 12
-toolkit) before MAX runs; `max_profiling_problem()` says, in one line, when none can be found
-where MAX's markers would need one (docs/max.md).
-
-`max` is never imported at module import time: importing this module costs nothing and works
-where MAX is not installed.
+"""Modular MAX helpers (docs/max.md): the native stream of a MAX device's default queue (a
+non-blocking stream of its own, which events on the legacy default stream do not wait for), and
+MAX's own profiling markers, which abort the process where NVTX's v2 entry points are missing (CUDA
+13): :func:`provide_nvtx_v2` loads a library that exports them. `max` is imported only inside the
+functions that need it: importing this module costs nothing and works where MAX is not installed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
-from pathlib import Path
 from collections.abc import Iterable, Mapping
+from importlib import metadata
+from pathlib import Path
 from typing import Any, Literal
 
 from maxinstr import config
 from maxinstr.errors import MaxinstrError
+from maxinstr.integrations.driver import ensure_stream_context
 from maxinstr.integrations.driver import nvidia_driver_present as _nvidia_driver_present
 
 ProfilingLevel = Literal["off", "on", "detailed"]
@@ -43,17 +26,10 @@ _LEVELS: tuple[str, ...] = ("off", "on", "detailed")
 
 
 def max_stream_handle(device_or_queue: Any, *, make_context_current: bool = True) -> int | None:
-    """The native stream (CUstream / hipStream_t, as an int) of a MAX device's default queue.
-
-    Takes a `max.driver.Device` (Accelerator or CPU) or a `max.driver.DeviceQueue`. Returns
-    `None` for a CPU device (its queue has no native handle) or for anything that is not a MAX
-    device, so `maxinstr.stage(..., stream=max_stream_handle(device))` records host times only
-    there instead of timing the wrong stream.
-
-    With `make_context_current` (default), a CUDA stream's own context is made current on the
-    calling thread when none is: maxinstr times stages only on a thread with a current context,
-    and MAX's runtime need not leave one on yours. Call it on the thread that enters the stages.
-    """
+    """The native stream (CUstream / hipStream_t, as an int) of a MAX device's default queue, from a
+    `max.driver.Device` or `DeviceQueue`; None for a CPU device or anything else (host times only,
+    not the wrong stream). With `make_context_current`, the stream's own CUDA context is made
+    current on this thread when none is (docs/max.md): call it on the thread that enters the stages."""
     if device_or_queue is None:
         return None
     queue = getattr(device_or_queue, "default_queue", device_or_queue)
@@ -62,19 +38,14 @@ def max_stream_handle(device_or_queue: Any, *, make_context_current: bool = True
     except (AttributeError, TypeError, ValueError, RuntimeError):
         return None
     if handle and make_context_current:
-        from maxinstr.integrations.driver import ensure_stream_context
-
         ensure_stream_context(handle)
     return handle or None
 
 
 NVTX_V2_SYMBOL = "nvtxRangeStartEx"
-# Libraries exporting NVTX's v2 entry points: CUDA <= 12.8's libnvToolsExt, libnvtx3interop (the
-# same entry points over NVTX3: CUDA 13, and the nvidia-nvtx-cu12 12.9 wheel); what MAX's
-# profiler shim names too.
+# Libraries exporting NVTX's v2 entry points (as MAX's profiler shim names them): CUDA <= 12.8's libnvToolsExt,
+# libnvtx3interop (CUDA 13, nvidia-nvtx-cu12 12.9); the wheels: nvidia-nvtx (CUDA 13), nvidia-nvtx-cu12
 NVTX_V2_LIBRARIES = ("libnvToolsExt.so.1", "libnvToolsExt.so", "libnvtx3interop.so.1", "libnvtx3interop.so")
-# Where the wheels put them: nvidia-nvtx (CUDA 13) under nvidia/cu13/lib; nvidia-nvtx-cu12 under
-# nvidia/nvtx/lib (libnvToolsExt.so.1 up to 12.8, libnvtx3interop.so.1 from 12.9).
 NVTX_V2_WHEEL_DIRS = ("nvidia/cu13/lib", "nvidia/nvtx/lib")
 NVTX_V2_TOOLKIT_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib",
                         "/usr/local/cuda/targets/sbsa-linux/lib")
@@ -86,18 +57,13 @@ class MaxProfilingUnavailable(MaxinstrError):
 
 
 def _exports_nvtx_v2(lib: ctypes.CDLL) -> bool:
-    try:
-        getattr(lib, NVTX_V2_SYMBOL)
-    except AttributeError:
-        return False
-    return True
+    return hasattr(lib, NVTX_V2_SYMBOL)
 
 
 def nvtx_v2_candidates(search_path: Iterable[str] | None = None, environ: Mapping[str, str] | None = None,
                        toolkit_dirs: Iterable[str] = NVTX_V2_TOOLKIT_DIRS) -> list[str]:
-    """Files that may export NVTX's v2 entry points, most specific first: the wheels' folders
-    under each entry of ``search_path`` (default ``sys.path``), then ``CUDA_HOME``'s (or
-    ``CUDA_PATH``'s) and the default toolkit's library folders."""
+    """Files that may export NVTX's v2 entry points, most specific first: the wheels' folders under
+    ``search_path`` (``sys.path``), then ``CUDA_HOME``'s (or ``CUDA_PATH``'s) and the toolkit's."""
     env = os.environ if environ is None else environ
     entries = sys.path if search_path is None else search_path
     dirs = [Path(entry) / sub for entry in entries if entry for sub in NVTX_V2_WHEEL_DIRS]
@@ -105,19 +71,12 @@ def nvtx_v2_candidates(search_path: Iterable[str] | None = None, environ: Mappin
     if cuda_home:
         dirs += [Path(cuda_home) / "lib64", Path(cuda_home) / "lib"]
     dirs += [Path(d) for d in toolkit_dirs]
-    found: list[str] = []
-    for folder in dirs:
-        for name in NVTX_V2_LIBRARIES:
-            path = folder / name
-            if path.is_file() and str(path) not in found:
-                found.append(str(path))
-    return found
+    return list(dict.fromkeys(str(d / name) for d in dirs for name in NVTX_V2_LIBRARIES if (d / name).is_file()))
 
 
 def load_nvtx_v2(names_or_paths: Iterable[str]) -> str | None:
-    """Load the first of ``names_or_paths`` that loads and exports NVTX's v2 entry points, with
-    ``RTLD_GLOBAL`` (so a later lookup by name anywhere in the process finds them); its name,
-    or None when none does. Never raises."""
+    """Load the first of ``names_or_paths`` that exports NVTX's v2 entry points, with ``RTLD_GLOBAL``
+    (a later lookup by name anywhere in the process finds them); its name, or None. Never raises."""
     for name_or_path in names_or_paths:
         try:
             lib = ctypes.CDLL(name_or_path, mode=os.RTLD_NOW | ctypes.RTLD_GLOBAL)
@@ -129,33 +88,25 @@ def load_nvtx_v2(names_or_paths: Iterable[str]) -> str | None:
 
 
 def provide_nvtx_v2() -> str | None:
-    """Make NVTX's v2 entry points resolvable by name anywhere in this process (what MAX's
-    kernel-level markers need), loading a library that exports them with ``RTLD_GLOBAL``.
-
-    Returns where they come from ("process" when something already provides them, else the
-    library's path), or None when no such library is found. Idempotent and cheap after the
-    first call; never raises.
-    """
+    """Make NVTX's v2 entry points resolvable by name anywhere in this process (MAX's kernel markers need
+    them): "process" when something provides them, else the library's path, or None. Never raises."""
     global _nvtx_v2
     if _nvtx_v2 is not None:
         return _nvtx_v2
     if config.no_nvtx_v2():
         return "disabled"  # diagnosis only: see what MAX does without it (benchmarks/device/65-max.sh)
-    try:
+    with contextlib.suppress(OSError):
         if _exports_nvtx_v2(ctypes.CDLL(None)):
             _nvtx_v2 = "process"
             return _nvtx_v2
-    except OSError:
-        pass
     # the loader's own search path first (LD_LIBRARY_PATH, ldconfig), then known folders
     _nvtx_v2 = load_nvtx_v2((*NVTX_V2_LIBRARIES, *nvtx_v2_candidates()))
     return _nvtx_v2
 
 
 def max_profiling_problem() -> str | None:
-    """Why MAX's profiling markers would abort this process, in one line, or None when they can
-    run: they need NVTX's v2 entry points where an NVIDIA driver is present (MAX's GPU markers
-    run there), and :func:`provide_nvtx_v2` found no library exporting them."""
+    """Why MAX's markers would abort this process, in one line, or None: where an NVIDIA driver is
+    present they need NVTX's v2 entry points, and :func:`provide_nvtx_v2` found no library."""
     if provide_nvtx_v2() is not None or not _nvidia_driver_present():
         return None
     return ("MAX's profiling markers need NVTX's v2 library (one of " + ", ".join(NVTX_V2_LIBRARIES)
@@ -163,39 +114,18 @@ def max_profiling_problem() -> str | None:
             "(CUDA 13) or nvidia-nvtx-cu12, or put the CUDA toolkit's lib64 on LD_LIBRARY_PATH")
 
 
-def max_accelerator() -> Any:
-    """The first MAX accelerator, or the host CPU device when MAX finds no accelerator.
-
-    Raises ImportError when MAX is not installed (`pip install max`).
-    """
-    from max.driver import CPU, Accelerator, accelerator_count
-
-    return Accelerator() if accelerator_count() > 0 else CPU()
-
-
 def enable_max_profiling(level: ProfilingLevel = "detailed", session: Any = None) -> None:
-    """Turn on MAX's own NVTX ranges so they nest under maxinstr's stages in nsys.
-
-    - sets `MODULAR_ENABLE_PROFILING=level` in the environment (MAX reads it when it is first
-      imported, and child processes inherit it);
-    - when MAX is already imported, switches its runtime profiling state now;
-    - with `session` (a `max.engine.InferenceSession`), calls `session.gpu_profiling(level)`,
-      which adds MAX's kernel-level markers to graphs loaded *after* this call.
-
-    `"detailed"` costs MAX some host time per op: profile with it, measure without it.
-
-    MAX's markers need NVTX's v2 entry points in the process (MAX aborts without them, on CUDA
-    13 machines): they are loaded here (`provide_nvtx_v2`), and where an NVIDIA driver is present
-    but no such library can be found, `MaxProfilingUnavailable` is raised before MAX is touched.
-    """
+    """Turn on MAX's own NVTX ranges so they nest under maxinstr's stages in nsys (docs/max.md): sets
+    `MODULAR_ENABLE_PROFILING=level`, switches MAX's runtime state now when MAX is imported, and with
+    `session` adds kernel-level markers to graphs loaded after this call. Where they would abort MAX,
+    `MaxProfilingUnavailable` is raised before MAX is touched."""
     if level not in _LEVELS:
         raise ValueError(f"MAX profiling level must be one of {', '.join(_LEVELS)}, not {level!r}")
     problem = max_profiling_problem() if level != "off" else None
     if problem is not None:
         raise MaxProfilingUnavailable(problem)
     os.environ["MODULAR_ENABLE_PROFILING"] = level
-    # Only touch MAX's runtime when the user has already imported it: importing MAX costs
-    # about a second and must not happen behind their back.
+    # MAX's runtime only when the user has already imported it: importing MAX costs a second
     if "max._core" in sys.modules or "max.engine" in sys.modules:
         try:
             from max._core.profiler import set_gpu_profiling_state
@@ -209,8 +139,6 @@ def enable_max_profiling(level: ProfilingLevel = "detailed", session: Any = None
 
 def max_versions() -> dict[str, str]:
     """Versions of the MAX packages installed (empty when MAX is not installed); cheap."""
-    from importlib import metadata
-
     out: dict[str, str] = {}
     for dist in ("max", "max-core", "mojo-compiler"):
         try:
@@ -220,12 +148,5 @@ def max_versions() -> dict[str, str]:
     return out
 
 
-__all__ = [
-    "MaxProfilingUnavailable",
-    "enable_max_profiling",
-    "max_accelerator",
-    "max_profiling_problem",
-    "max_stream_handle",
-    "max_versions",
-    "provide_nvtx_v2",
-]
+__all__ = ["MaxProfilingUnavailable", "enable_max_profiling", "max_profiling_problem", "max_stream_handle",
+           "max_versions", "provide_nvtx_v2"]

@@ -1,16 +1,6 @@
-"""MAX's own pipelines (`max generate`, `max serve`) as maxinstr sees them: where to wrap, and what
-a wrapped call means.
-
-`maxinstr run` applies the ``max`` preset (launch/presets.py) by itself when the command is MAX's:
-``--stage`` specs over MAX 26.7's own code, some through a small hook of maxinstr's (a name
-``@hook``). This module is the MAX side of it, as data and pure functions: the wrap points
-(:data:`WRAP_POINTS`), how a pipeline step is told prefill from decode (:func:`step_stage`), which
-class holds the architecture's model (:func:`model_execute_spec`), which commands are MAX's
-(:func:`is_max_command`), where MAX keeps its compile cache (:func:`compile_cache_dirs`).
-
-Nothing here imports MAX (or maxinstr.record: this is layer 1): every MAX object arrives as an
-argument and is read by attribute, and any surprise gives a plain answer instead of an error,
-since these run inside MAX's calls.
+"""MAX's own pipelines as the ``max`` preset sees them: where to wrap, what a wrapped call means. Layer
+1: nothing imports MAX; every MAX object arrives as an argument and is read by attribute, and any
+surprise gives a plain answer, not an error (these run inside MAX's calls).
 """
 
 from __future__ import annotations
@@ -36,7 +26,7 @@ _ENGINE = "max.engine.api"
 class WrapPoint:
     """One ``--stage`` spec of the preset and what it stands for."""
 
-    spec: str  # MODULE:QUALNAME=name, or =@hook for a wrap with logic (launch/presets.py)
+    spec: str  # MODULE:QUALNAME=name, or =@hook for a wrap with logic (launch/instrument.py)
     what: str  # one line for the docs and the plan
 
 
@@ -64,25 +54,15 @@ WRAP_POINTS: tuple[WrapPoint, ...] = (
     WrapPoint(f"{_ENGINE}:InferenceSession.init_all=init", "binding the weights to a compiled graph"),
 )
 
-STAGE_NAMES = ("prefill", "decode", "drain", "forward", "sample", "tokenize", "detokenize", "graph", "load", "compile", "init")
-"""The stage names the preset records (and the mark ``queued``)."""
-
 QUEUED_MARK = "queued"
 
 
 def step_stage(inputs: Any) -> tuple[str, dict[str, int | str]]:
-    """The stage for one pipeline step over ``inputs`` (MAX's ``TextGenerationInputs``): its name
-    and attrs. ``prefill`` when some context of the batch has processed no token yet (its prompt
-    goes through the model in this step), ``decode`` when every context has (one new token each,
-    or a later chunk of a long prompt: a chunked prefill's later chunks count as decode), ``drain``
-    for an empty batch (the overlap pipeline's call that only collects the previous step's tokens).
-
-    attrs: ``batch`` (contexts), ``tokens`` (tokens the step feeds the model), ``new`` (contexts on
-    their first step) and, for prefill, ``requests``: the request ids of those new contexts, joined
-    by ``,`` (what :mod:`maxinstr.analyze.serving` joins with the ``queued`` marks)."""
+    """The stage (name, attrs) for one pipeline step over ``inputs`` (``TextGenerationInputs``):
+    ``prefill``, ``decode`` or ``drain`` by its batch, with the attrs ``batch``, ``tokens``, ``new``
+    and, on a prefill, ``requests`` (docs/max.md: the max preset)."""
     try:
-        batch = list(_flat_batch(inputs))
-        tokens = 0
+        batch, tokens = list(_flat_batch(inputs)), 0
         new: list[str] = []
         for ctx in batch:
             t = getattr(ctx, "tokens", None)
@@ -102,22 +82,18 @@ def step_stage(inputs: Any) -> tuple[str, dict[str, int | str]]:
 
 def _flat_batch(inputs: Any) -> Iterable[Any]:
     flat = getattr(inputs, "flat_batch", None)
-    if flat is not None:
-        return flat
-    return [ctx for batch in getattr(inputs, "batches", ()) for ctx in batch]
+    return flat if flat is not None else [ctx for batch in getattr(inputs, "batches", ()) for ctx in batch]
 
 
 def request_key(context: Any) -> str:
     """A request's id as text (a context's ``request_id``; MAX's RequestID prints its value)."""
     rid = getattr(context, "request_id", None)
-    value = getattr(rid, "value", rid)
-    return str(value)
+    return str(getattr(rid, "value", rid))
 
 
 def model_execute_spec(pipeline: Any, name: str = "forward") -> tuple[str | None, str | None]:
     """``(spec, None)``: the ``--stage`` spec that wraps the ``execute`` of the class of
-    ``pipeline._pipeline_model`` (the architecture's model: ``Llama3Model`` for a Llama), or
-    ``(None, why)`` when the pipeline holds no such model or its class cannot be named."""
+    ``pipeline._pipeline_model`` (``Llama3Model`` for a Llama), or ``(None, why)``."""
     model = getattr(pipeline, "_pipeline_model", None)
     if model is None:
         return None, f"{type(pipeline).__qualname__} has no _pipeline_model (MAX {MAX_RELEASE} had one)"
@@ -155,9 +131,8 @@ sends nothing out (launch/presets.py sets it unless you did)."""
 
 
 def compile_cache_dirs(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Where MAX keeps what it compiled (the first run of a graph compiles; later runs read these):
-    ``$MODULAR_DERIVED_PATH/cache`` when that is set, else ``~/.cache/modular`` (both seen with MAX
-    26.7), holding ``.max_cache`` (compiled graphs), ``.mogg_cache`` and ``.mojo_cache`` (kernels)."""
+    """Where MAX keeps what it compiled: ``$MODULAR_DERIVED_PATH/cache``, else ``~/.cache/modular`` (MAX
+    26.7), holding ``.max_cache`` (graphs), ``.mogg_cache`` and ``.mojo_cache`` (kernels)."""
     env = os.environ if environ is None else environ
     derived = env.get("MODULAR_DERIVED_PATH")
     root = os.path.join(derived, "cache") if derived else os.path.join(os.path.expanduser("~"), ".cache", "modular")
@@ -165,12 +140,5 @@ def compile_cache_dirs(environ: Mapping[str, str] | None = None) -> dict[str, st
 
 
 def cache_entries(dirs: Mapping[str, str]) -> dict[str, int]:
-    """How many files each cache folder holds now (0 for one that does not exist): a run that
-    adds entries compiled cold."""
-    out: dict[str, int] = {}
-    for key, path in dirs.items():
-        n = 0
-        for _root, _dirs, files in os.walk(path):
-            n += len(files)
-        out[key] = n
-    return out
+    """Files each cache folder holds now (0: none): a run that adds entries compiled cold."""
+    return {key: sum(len(files) for _root, _dirs, files in os.walk(path)) for key, path in dirs.items()}

@@ -1,35 +1,23 @@
-"""PyTorch helper: the handle of torch's current CUDA stream, or None where there is none.
-
-    from maxinstr.integrations.torch import torch_stream_handle
-
-    with maxinstr.stage("decode", step=i, stream=torch_stream_handle()):
-        logits = model(tokens)
-
-torch is imported only when called; without CUDA the answer is None (host times only).
-"""
+"""PyTorch helper: ``maxinstr.stage("decode", stream=torch_stream_handle())``."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from maxinstr.integrations.driver import ensure_stream_context
+
 
 def torch_stream_handle(device: Any = None) -> int | None:
-    """`torch.cuda.current_stream(device).cuda_stream`, or None without torch or CUDA.
-
-    On ROCm builds of torch this is the HIP stream, which maxinstr's HIP path takes as well.
-    """
+    """torch's current CUDA stream (HIP on ROCm builds), or None without torch or CUDA (host times only)."""
     try:
-        import torch
+        import torch  # optional: imported only when called
     except ImportError:
         return None
     if not torch.cuda.is_available():
         return None
     handle = int(torch.cuda.current_stream(device).cuda_stream)
     if handle and not getattr(torch.version, "hip", None):
-        # the stream's context current on this thread, so stages entered here get GPU times
-        from maxinstr.integrations.driver import ensure_stream_context
-
-        ensure_stream_context(handle)
+        ensure_stream_context(handle)  # the stream's context current here, so stages entered here get GPU times
     return handle
 
 

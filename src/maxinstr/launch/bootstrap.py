@@ -1,29 +1,26 @@
-"""Start-up code that `maxinstr run` injects into the profiled Python process.
-
-Two ways in, same effect:
-
-- ``sitecustomize``: `maxinstr run` prepends ``maxinstr/launch/_site`` to PYTHONPATH, so
-  every Python the command starts (``python script.py``, ``max generate``, ``torchrun``
-  workers) runs :func:`startup` before the user's code, with no edit to that code;
-- ``python -m maxinstr.launch.bootstrap [--stage SPEC]... script.py ARGS`` (or ``-m MOD``).
-
-:func:`startup` reads the environment `maxinstr run` set: ``MAXINSTR_STAGES`` (the
-``--stage`` specs, one per line) are applied through the import hook, the capture window
-(``MAXINSTR_CAPTURE_WINDOW_S``) is armed, and ``ensure_env_session()`` opens the session
-that writes into ``MAXINSTR_RUN_DIR`` for scripts that never open one themselves.
+"""Start-up code that `maxinstr run` injects into the profiled Python process, through its
+``sitecustomize`` (every Python the command starts runs :func:`startup` before the user's code) or
+``python -m maxinstr.launch.bootstrap [--stage SPEC]... script.py ARGS``: the ``--stage`` specs,
+the capture window, and the session writing ``MAXINSTR_RUN_DIR`` for a script that opens none.
 Nothing here may break the user's program: every problem is one line on stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import runpy
 import sys
 import threading
+import time
 from pathlib import Path
 
-from maxinstr import config
-
+from maxinstr import _native, config
+from maxinstr.errors import MaxinstrError
+from maxinstr.integrations.max import max_profiling_problem
+from maxinstr.launch import layout
+from maxinstr.launch.instrument import instrument, on_outcome, rebind_aliases
 
 _started = False
 
@@ -32,62 +29,28 @@ def _say(message: str) -> None:
     sys.stderr.write(f"maxinstr: {message}\n")
 
 
-def stage_specs_from_env(environ: dict[str, str] | os._Environ = os.environ) -> list[str]:
-    """The --stage specs passed down by `maxinstr run` (newline-separated)."""
-    return config.stage_specs(environ)
-
-
-def apply_stage_specs(specs: list[str]) -> int:
-    """Apply specs lazily (now for modules already imported). Returns how many were accepted."""
-    from maxinstr.errors import MaxinstrError
-    from maxinstr.launch.instrument import instrument
-
-    accepted = 0
-    for text in specs:
-        try:
-            instrument(text, lazy=True)
-            accepted += 1
-        except MaxinstrError as exc:
-            _say(str(exc))
-        except Exception as exc:  # noqa: BLE001 - one spec never takes the others (or the program) down
-            _say(f"--stage {text}: {type(exc).__name__}: {exc}")
-    return accepted
-
-
 class CaptureWindow:
-    """Makes the session's steady-state capture start reliably, and ends it after a window.
-
-    The session calls ``maxinstr._native.profiler_start()`` once steady state begins, and it
-    may do so from its flusher thread, where no CUDA context is current: cuProfilerStart then
-    fails (it acts on the calling thread's context). This wraps that call: when it fails on
-    a thread without a context, it is retried with device 0's primary context made current
-    for the call (only if the program already activated that context; none is created).
-    With ``window_s``, a timer then calls ``cuProfilerStop`` on that same context, which ends
-    an nsys ``--capture-range=cudaProfilerApi`` capture; the session's own stop at close is
-    then a no-op. libcuda is loaded with ctypes at run time, like every vendor library here.
-    """
+    """Makes the session's steady-state capture start reliably, and ends it after a window (docs/cli.md,
+    "The steady-state capture"): the session may call ``_native.profiler_start()`` from its flusher
+    thread, where no CUDA context is current and cuProfilerStart fails; it is retried with device 0's
+    primary context current (only if the program activated it), and with ``window_s`` a timer calls
+    ``cuProfilerStop`` on that same context."""
 
     def __init__(self, window_s: float | None, stop=None, context=None, retry=None) -> None:
         self.window_s = window_s
-        self._stop_fn = stop or _cuda_profiler_stop
-        self._context_fn = context or _current_cuda_context
+        self._stop_fn, self._context_fn = stop or _cuda_profiler_stop, context or _current_cuda_context
         self._retry_fn = retry or _call_with_primary_context
         self.started_at: float | None = None
         self.stopped = threading.Event()
         self._timer: threading.Timer | None = None
 
     def install(self) -> bool:
-        try:
-            import maxinstr._native as _native
-        except Exception:  # noqa: BLE001 - no native core: the session cannot capture either
-            return False
         original = getattr(_native, "profiler_start", None)
         if original is None or getattr(original, "__maxinstr_window__", False):
             return False
 
         def profiler_start(*args, **kwargs):
-            result = original(*args, **kwargs)
-            ctx = self._context_fn()
+            result, ctx = original(*args, **kwargs), self._context_fn()
             if not result and ctx is None:
                 retried = self._retry_fn(lambda: original(*args, **kwargs))
                 if retried is not None:
@@ -97,15 +60,10 @@ class CaptureWindow:
             return result
 
         profiler_start.__maxinstr_window__ = True  # type: ignore[attr-defined]
-        try:
-            _native.profiler_start = profiler_start
-        except (AttributeError, TypeError):
-            return False
+        _native.profiler_start = profiler_start
         return True
 
     def _arm(self, ctx) -> None:
-        import time
-
         if self._timer is not None or not self.window_s:
             return
         self.started_at = time.monotonic()
@@ -122,29 +80,20 @@ class CaptureWindow:
 
 
 def _libcuda():
-    import ctypes
-
     return ctypes.CDLL("libcuda.so.1")
 
 
 def _current_cuda_context():
-    import ctypes
-
-    try:
-        lib = _libcuda()
-        ctx = ctypes.c_void_p()
-        if lib.cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and ctx.value:
+    ctx = ctypes.c_void_p()
+    with contextlib.suppress(OSError):
+        if _libcuda().cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and ctx.value:
             return ctx
-    except OSError:
-        pass
     return None
 
 
 def _call_with_primary_context(fn):
-    """``(fn(), ctx)`` with device 0's primary context current on this thread for the call,
-    or None when libcuda is absent or that context is not active (we never create one)."""
-    import ctypes
-
+    """``(fn(), ctx)`` with device 0's primary context current on this thread for the call, or
+    None when libcuda is absent or that context is not active (never created here)."""
     try:
         lib = _libcuda()
     except OSError:
@@ -170,8 +119,7 @@ def _cuda_profiler_stop(ctx) -> None:
     lib = _libcuda()
     if ctx is not None:
         lib.cuCtxSetCurrent(ctx)
-    rc = lib.cuProfilerStop()
-    if rc != 0:
+    if (rc := lib.cuProfilerStop()) != 0:
         raise RuntimeError(f"cuProfilerStop returned CUresult {rc}")
 
 
@@ -181,8 +129,7 @@ def startup(environ: dict[str, str] | os._Environ = os.environ) -> None:
     if _started:
         return
     _started = True
-    # each step on its own: one that fails must not skip the others (a failed wrap once left
-    # the run without its session, so nothing was recorded at all)
+    # each step on its own: a failed wrap once left the run without its session (nothing recorded)
     for step in (_apply_specs_step, _capture_step, _max_markers_step, _session_step):
         try:
             step(environ)
@@ -191,49 +138,25 @@ def startup(environ: dict[str, str] | os._Environ = os.environ) -> None:
 
 
 def _apply_specs_step(environ) -> None:
-    specs = stage_specs_from_env(environ)
-    if specs:
-        from maxinstr.launch.instrument import on_outcome, rebind_aliases
-
-        on_outcome(_record_outcome)
-        apply_stage_specs(specs)
-        rebind_aliases(specs)
-
-
-STAGE_SPECS_FILE = "stage-specs.jsonl"
-"""In the run directory: one line a spec a process applied, or failed to apply (launch/runner.py
-reads them all to say which specs no process applied)."""
-
-
-def _record_outcome(spec, problem: str | None) -> None:
-    """Record in the run directory, as it happens, that this process applied a --stage spec or
-    failed to (with the line it printed). A file of the run's own, appended a whole line at a
-    time by every process: a helper process's part opens only at its first record, a fork child
-    ends with ``os._exit`` and a killed process runs no exit code, yet what they applied counts."""
-    run_dir = config.run_dir()
-    if not run_dir:
+    """The specs, applied lazily (now for modules already imported), each outcome recorded."""
+    specs = config.stage_specs(environ)
+    if not specs:
         return
-    import json
-
-    line = json.dumps({"stage_spec": spec.text, "applied": problem is None, "problem": problem, "pid": os.getpid()})
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-        fd = os.open(os.path.join(run_dir, STAGE_SPECS_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+    on_outcome(layout.record_spec_outcome)
+    for text in specs:
         try:
-            os.write(fd, (line + "\n").encode("utf-8", "backslashreplace"))
-        finally:
-            os.close(fd)
-    except OSError:
-        pass  # the run then says the spec was never applied; the program goes on
+            instrument(text, lazy=True)
+        except MaxinstrError as exc:
+            _say(str(exc))
+        except Exception as exc:  # noqa: BLE001 - one spec never takes the others (or the program) down
+            _say(f"--stage {text}: {type(exc).__name__}: {exc}")
+    rebind_aliases(specs)
 
 
 def _run_sink():
-    """Where this process's open root session writes, or None. Never imports maxinstr.record
-    (its import opens the run's session)."""
+    """Where this process's root session writes, or None (no import of maxinstr.record: it joins the run)."""
     process = sys.modules.get("maxinstr.record.process")
-    if process is None:
-        return None
-    root = process.PROCESS.root
+    root = process.PROCESS.root if process is not None else None
     return None if root is None or root.closed else root.sink
 
 
@@ -247,16 +170,12 @@ _run_warnings: list[str] = []  # said on stderr before the session opened; kept 
 
 
 def _max_markers_step(environ) -> None:
-    """MAX's markers (``MODULAR_ENABLE_PROFILING``) abort MAX where NVTX's v2 entry points are
-    missing (CUDA 13 without a library that exports them): provide them before MAX is imported.
-    Where that cannot be done, `maxinstr run`'s own default is turned off (the run goes on
-    without MAX's op ranges, said in one line); a level the user set is refused in one line
-    when the program imports MAX, instead of MAX aborting at its first marker."""
+    """MAX's markers abort MAX where NVTX's v2 entry points are missing (CUDA 13): provided before MAX is
+    imported; where they cannot be, `maxinstr run`'s own default is turned off (said in one line), and
+    a level the user set is refused in one line when the program imports MAX."""
     level = environ.get("MODULAR_ENABLE_PROFILING", "off").strip().lower()
     if level in _MARKERS_OFF:
         return
-    from maxinstr.integrations.max import max_profiling_problem
-
     problem = max_profiling_problem()
     if problem is None:
         return
@@ -273,8 +192,7 @@ def _max_markers_step(environ) -> None:
 
 class RefuseMaxImport:
     """A meta-path finder that stops the program, with one line and exit status 2, when it
-    imports MAX (the ``max`` package): installed where the user turned MAX's markers on and
-    they would abort MAX at its first marker. Programs that never import MAX run as usual."""
+    imports MAX, where the user turned MAX's markers on and they would abort MAX at its first."""
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -288,6 +206,8 @@ class RefuseMaxImport:
 
 def _session_step(environ) -> None:
     if config.run_dir(environ):
+        # here, not at the top: importing maxinstr.record joins the run's session (record/__init__.py),
+        # which must come after the specs and the capture window
         from maxinstr.record.session import ensure_env_session
 
         session = ensure_env_session()
@@ -300,11 +220,8 @@ USAGE = "usage: python -m maxinstr.launch.bootstrap [--stage SPEC]... [-o RUN_DI
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m maxinstr.launch.bootstrap [--stage SPEC]... [-o RUN_DIR] (SCRIPT | -m MODULE) [ARGS]``
-
-    The stages are written to a run directory: ``-o``, else ``MAXINSTR_RUN_DIR``, else (unless
-    the process already joins another's session) ``runs/<script>-<time>`` as `maxinstr run`
-    picks, said in one line: records kept only in memory would be lost at exit."""
+    """:data:`USAGE`. The run directory: ``-o``, else ``MAXINSTR_RUN_DIR``, else (unless joining another's
+    session) ``runs/<script>-<time>``, said in one line: records kept only in memory are lost at exit."""
     args = list(sys.argv[1:] if argv is None else argv)
     specs: list[str] = []
     out: str | None = None
@@ -323,23 +240,18 @@ def main(argv: list[str] | None = None) -> int:
         _say(USAGE)
         return 2
     if specs:
-        os.environ[config.STAGES] = "\n".join(stage_specs_from_env() + specs)
+        os.environ[config.STAGES] = "\n".join(config.stage_specs() + specs)
     if out is not None:
-        from maxinstr.errors import MaxinstrError
-        from maxinstr.launch.runner import clear_previous_run
-
         try:  # as `maxinstr run -o`: a previous run there is replaced, a live one never
             if os.path.isdir(out):
-                clear_previous_run(Path(out))
+                layout.clear_previous_run(Path(out))
         except (MaxinstrError, OSError) as exc:
             _say(str(exc))
             return 2
         os.environ[config.RUN_DIR] = os.path.abspath(out)
     elif not config.run_dir() and not config.session_dir():
-        from maxinstr.launch.runner import default_run_dir
-
         target = args[1] if args[0] == "-m" else args[0]
-        os.environ[config.RUN_DIR] = os.path.abspath(default_run_dir([target]))
+        os.environ[config.RUN_DIR] = os.path.abspath(layout.default_run_dir([target]))
         _say(f"writing the run to {os.path.relpath(os.environ[config.RUN_DIR])} (-o DIR or MAXINSTR_RUN_DIR to choose)")
     startup()
     try:
@@ -359,17 +271,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _say_unapplied() -> None:
-    """At the end of the program this form ran: the specs it never applied, in the run (the
-    report lists them) as `maxinstr run` says them (launch/runner.py), and in one line those whose
-    module it never imported (one that failed to apply was said when it failed, by this process,
-    the only one with the start-up hook)."""
-    from maxinstr.launch.runner import unapplied_stage_specs
-
-    run_dir = config.run_dir()
-    specs = stage_specs_from_env()
+    """At the end of the program: the specs it never applied, in the run as `maxinstr run` says them, and
+    in one line those whose module it never imported (a failed one was said when it failed)."""
+    run_dir, specs = config.run_dir(), config.stage_specs()
     if not run_dir or not specs:
         return
-    unapplied = unapplied_stage_specs(Path(run_dir), specs)
+    unapplied = layout.unapplied_stage_specs(Path(run_dir), specs)
     never = {text: why for text, why in unapplied.items() if why.startswith("no process of the run")}
     if never:
         _say("never applied: " + "; ".join(f"--stage {text} ({why})" for text, why in never.items()))
@@ -378,10 +285,6 @@ def _say_unapplied() -> None:
         for text, why in unapplied.items():
             sink.event("warning", f"--stage {text} was never applied: {why}")
 
-
-def site_dir() -> str:
-    """The folder holding maxinstr's sitecustomize.py (to prepend to PYTHONPATH)."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
 
 
 if __name__ == "__main__":

@@ -1,21 +1,7 @@
-"""Why is this one kernel slow: hand the dominant kernel of a stage to Nsight Compute.
-
-Steps, each a plain function so it can be used and tested alone:
-
-1. choose the kernel: the one with the most GPU time in a stage, counted as the report counts
-   it (the report's attribution and steady instances, :func:`stage_ops`; or from a report
-   JSON), or the one the user names;
-2. place it: ``--launch-skip`` = how many launches of that kernel's function name came before
-   its first launch that the report counts for a steady instance of the stage, in process-wide
-   launch order, counted in the trace. When the run
-   was captured with maxinstr's steady-state range (nsys ``cudaProfilerApi``), the trace
-   starts at steady state, and ncu is run with ``--profile-from-start off`` so it starts
-   counting at the same ``cuProfilerStart`` the session issues: the two counts line up;
-3. build the ``ncu`` command (kernel-name regex, launch skip/count 1, ``--clock-control
-   none`` so clocks are the ones the application really runs at, a section set);
-4. read ``ncu --import REP --csv --page details`` back into a :class:`Verdict`.
-
-NVIDIA only: on AMD, :func:`amd_equivalent` says what to run instead (rocprof-compute).
+"""Why is this one kernel slow: hand the dominant kernel of a stage to Nsight Compute (docs/cli.md,
+`maxinstr deep-dive`), in plain functions: choose the kernel as the report counts it
+(:func:`stage_ops`), place it (``--launch-skip`` in process-wide launch order), build the ``ncu``
+command, read its CSV back into a :class:`Verdict`; on AMD, :func:`amd_equivalent`.
 """
 
 from __future__ import annotations
@@ -30,23 +16,12 @@ from typing import Any
 import numpy as np
 
 from maxinstr.errors import MaxinstrError
+from maxinstr.traces.model import OpKind
 
-DEFAULT_SECTIONS: tuple[str, ...] = (
-    "SpeedOfLight",
-    "LaunchStats",
-    "Occupancy",
-    "ComputeWorkloadAnalysis",
-    "MemoryWorkloadAnalysis",
-)
+DEFAULT_SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis")
 # Local-memory instructions executed: non-zero means register spills (or local arrays).
-SPILL_METRICS: tuple[str, ...] = (
-    "sm__sass_inst_executed_op_local_ld.sum",
-    "sm__sass_inst_executed_op_local_st.sum",
-)
-LATENCY_BOUND_PCT = 60.0
-"""Below this % of peak for both SM and memory, ncu's own SOLBottleneck rule calls a kernel latency-bound."""
-
-_KERNEL = 0  # maxinstr.traces.model.OpKind.KERNEL
+SPILL_METRICS = ("sm__sass_inst_executed_op_local_ld.sum", "sm__sass_inst_executed_op_local_st.sum")
+LATENCY_BOUND_PCT = 60.0  # below this % of peak for SM and memory, ncu's SOLBottleneck rule says latency-bound
 
 
 @dataclass
@@ -57,20 +32,14 @@ class KernelChoice:
     stage: str | None
     total_ns: int = 0
     count: int = 0
-    share: float | None = None
-    """Fraction of the stage's kernel time this kernel takes."""
+    share: float | None = None  # of the stage's GPU time
     launch_skip: int = 0
     source: str = ""
     notes: list[str] = field(default_factory=list)
-    candidates: list[tuple[str, int, int]] = field(default_factory=list)
-    """Top kernels of the stage: (name, total_ns, count)."""
+    candidates: list[tuple[str, int, int]] = field(default_factory=list)  # top kernels: (name, total_ns, count)
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-# ---------------------------------------------------------------------------------------
-# 1 + 2: choosing and placing the kernel
 
 
 def function_name(name: str) -> str:
@@ -78,52 +47,32 @@ def function_name(name: str) -> str:
     nsys's short names give it: no return type, namespace, template or parameter list.
 
     >>> function_name("void at::native::reduce_kernel<(int)512, (int)1>(T3)")
-    'reduce_kernel'
-    """
+    'reduce_kernel'"""
     text = name.replace("(anonymous namespace)", "").replace("<unnamed>", "").strip()
     if text.startswith("void "):
         text = text[5:]
-    depth, end = 0, len(text)
-    for i, ch in enumerate(text):
-        if ch in "<(":
-            if depth == 0:
-                end = i
-                break
-            depth += 1
-    head = text[:end].strip()
+    head = text[: next((i for i, ch in enumerate(text) if ch in "<("), len(text))].strip()
     return head.split("::")[-1].split()[-1] if head else name
 
 
-def _launch_times(trace: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per op: (has a launch call, launch thread, launch time). Launch time is the API
-    call's start (launch order), or the op's own start when it has no call."""
+def _launch_times(trace: Any) -> np.ndarray:
+    """Per op, its launch call's start (launch order), or the op's own start when it has no call."""
     calls, ops = trace.calls, trace.ops
     if len(calls) == 0:
-        none = np.zeros(len(ops), dtype=bool)
-        return none, np.full(len(ops), -1, np.int64), ops.start_ns.astype(np.int64)
+        return ops.start_ns.astype(np.int64)
     order = np.argsort(calls.correlation_id, kind="stable")
     corr_sorted = calls.correlation_id[order]
     pos = np.searchsorted(corr_sorted, ops.correlation_id)
     pos_c = np.minimum(pos, len(corr_sorted) - 1)
     has_call = (pos < len(corr_sorted)) & (corr_sorted[pos_c] == ops.correlation_id)
-    row = order[pos_c]
-    tid = np.where(has_call, calls.tid[row], -1)
-    t = np.where(has_call, calls.start_ns[row], ops.start_ns)
-    return has_call, tid.astype(np.int64), t.astype(np.int64)
+    return np.where(has_call, calls.start_ns[order[pos_c]], ops.start_ns).astype(np.int64)
 
 
 def stage_ops(analysis: Any, stage: str) -> tuple[np.ndarray, np.ndarray, int, str]:
-    """The ops the report counts for ``stage``, from the report's own analysis
-    (:func:`maxinstr.analyze.report.analyze`): every op attributed to an instance of the stage
-    or of a stage nested in it (launches from other threads included, by the attribution's
-    rules), over the stage's steady instances (all of them when it has none), exactly as the
-    report's ``stages[].mix`` counts them.
-
-    ``stage`` is a report stage key (``decode``, ``prefill/attention``) or a bare stage name;
-    a bare name shared by several keys takes them all. Returns (op indices with one entry per
-    enclosing instance, as the report counts them; the instance of each; the number of
-    instances used; the key(s) matched)."""
-    from maxinstr.analyze.kernels import op_instance_pairs
+    """The ops the report's ``stages[].mix`` counts for ``stage`` (a stage key, or a bare name taking every
+    key of it), from its own analysis: those of its steady instances (all when none) and nested stages.
+    Returns (op indices, one per enclosing instance; the instance of each; instances used; keys matched)."""
+    from maxinstr.analyze.kernels import op_instance_pairs  # (here: the analysis is loaded for a trace only)
 
     inst, trace = analysis.instances, analysis.trace
     # compared as objects: a fixed-width copy of the names is instances x the longest name
@@ -141,46 +90,27 @@ def stage_ops(analysis: Any, stage: str) -> tuple[np.ndarray, np.ndarray, int, s
     return op_i[keep], inst_i[keep], int(use.sum()), matched
 
 
-def choose_from_trace(
-    trace: Any,
-    *,
-    stage: str | None = None,
-    kernel: str | None = None,
-    warmup_instances: int | None = 0,
-    top: int = 5,
-    run: Any = None,
-    analysis: Any = None,
-) -> KernelChoice:
-    """The dominant kernel of ``stage`` (or of the whole trace), or the top one matching ``kernel``.
-
-    The stage's ops, time and share are the report's (:func:`stage_ops`): the same attribution
-    (cross-thread launches included), the same steady instances. ``run`` (a run directory or a
-    loaded run) joins the trace to its records as `maxinstr report RUN --trace T` does;
-    ``warmup_instances`` is the report's ``--warmup`` (None: the run's own; 0 for a trace captured
-    from steady state). ``analysis``: an :class:`~maxinstr.analyze.report.Analysis` already made.
-    The share is of all the stage's GPU time, copies included, as the report prints it; only a
-    kernel can be chosen (ncu profiles kernels). ``launch_skip`` counts, in process-wide launch
-    order, the launches before the chosen one whose function name is the same: that is what ncu
-    counts with ``--kernel-name-base function`` (see :func:`kernel_regex`).
-    """
-    ops = trace.ops
-    strings = np.asarray(trace.strings, dtype=object)
-    is_kernel = ops.kind == _KERNEL
+def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | None = None,
+                      warmup_instances: int | None = 0, top: int = 5, run: Any = None, analysis: Any = None) -> KernelChoice:
+    """The dominant kernel of ``stage`` (or of the trace), or the top one matching ``kernel``; its ops,
+    time and share (of all the stage's GPU time, copies included) as the report counts them
+    (:func:`stage_ops`; ``run`` and ``warmup_instances`` as `maxinstr report RUN --trace T --warmup N`).
+    ``launch_skip``: the earlier launches of its function name, in process-wide launch order."""
+    ops, strings = trace.ops, np.asarray(trace.strings, dtype=object)
+    is_kernel = ops.kind == OpKind.KERNEL
     notes: list[str] = []
     dur = np.maximum((ops.end_ns - ops.start_ns).astype(np.int64), 0)
     if stage is not None:
         if analysis is None:
-            from maxinstr.analyze.report import analyze
+            from maxinstr.analyze.report import analyze  # (here: ~0.1 s of imports, for a trace only)
 
             analysis = analyze(run=run, trace=trace, warmup=warmup_instances)
         op_idx, _inst, n_inst, matched = stage_ops(analysis, stage)
         if matched != stage:
             notes.append(f"stage {stage!r} matches the report's stage(s) {matched}")
         if not is_kernel[op_idx].any():
-            raise MaxinstrError(
-                f"{trace.source}: no kernel was launched inside a steady-state instance of {stage!r} "
-                f"({n_inst} instances used, as the report counts them)"
-            )
+            raise MaxinstrError(f"{trace.source}: no kernel was launched inside a steady-state instance of {stage!r} "
+                                f"({n_inst} instances used, as the report counts them)")
     else:
         op_idx = np.arange(len(ops))
         if not is_kernel.any():
@@ -195,26 +125,16 @@ def choose_from_trace(
     name_is_kernel[inv[is_kernel[op_idx]]] = True
     rank = [i for i in np.argsort(-totals, kind="stable") if name_is_kernel[i]]
     candidates = [(str(strings[uniq[i]]), int(totals[i]), int(counts[i])) for i in rank[:top]]
-    if kernel is not None:
-        rx = re.compile(kernel)
-        hits = [i for i in rank if rx.search(str(strings[uniq[i]]))]
-        if not hits:
-            where = f"stage {stage!r}" if stage else "the trace"
-            raise MaxinstrError(f"{trace.source}: no kernel in {where} matches {kernel!r}")
-        pick = hits[0]
-    else:
-        pick = rank[0]
+    where = f"stage {stage!r}" if stage else "the trace"
+    pick = rank[_pick([str(strings[uniq[i]]) for i in rank], kernel, f"{trace.source}: no kernel in {where} matches {kernel!r}")]
     name_id = int(uniq[pick])
-    name = str(strings[name_id])
-    stage_total = int(totals.sum())
+    name, stage_total = str(strings[name_id]), int(totals.sum())
     in_stage = np.zeros(len(ops), bool)
     in_stage[op_idx] = True
-    # Place it. One Python step per distinct kernel name (not per op): which names share
-    # the chosen one's function name, i.e. which launches ncu's filter will also count.
-    base = function_name(name)
-    kernel_ids = np.unique(ops.name_id[is_kernel])
+    # place it: the kernel names sharing its function name (per name, not per op) are what ncu's filter counts
+    base, kernel_ids = function_name(name), np.unique(ops.name_id[is_kernel])
     same_base = np.array([i for i in kernel_ids.tolist() if function_name(str(strings[i])) == base], dtype=np.int64)
-    _has, _tid, launch_t = _launch_times(trace)
+    launch_t = _launch_times(trace)
     cand = np.flatnonzero(is_kernel & np.isin(ops.name_id, same_base))
     cand = cand[np.lexsort((ops.start_ns[cand], launch_t[cand]))]
     chosen = np.flatnonzero(in_stage[cand] & (ops.name_id[cand] == name_id))
@@ -223,121 +143,66 @@ def choose_from_trace(
         notes.append(f"{len(same_base)} kernel names share the function name {base!r}: launch-skip counts them all")
     if len(np.unique(ops.pid[cand])) > 1:
         notes.append("the kernel ran in several processes: the launch count is over all of them")
-    return KernelChoice(
-        name=name,
-        stage=stage,
-        total_ns=int(totals[pick]),
-        count=int(counts[pick]),
-        share=(float(totals[pick]) / stage_total) if stage_total else None,
-        launch_skip=launch_skip,
-        source=str(trace.source),
-        notes=notes,
-        candidates=candidates,
-    )
+    return KernelChoice(name=name, stage=stage, total_ns=int(totals[pick]), count=int(counts[pick]),
+                        share=(float(totals[pick]) / stage_total) if stage_total else None, launch_skip=launch_skip,
+                        source=str(trace.source), notes=notes, candidates=candidates)
 
 
-_TIME_KEYS = ("total_ns", "gpu_ns", "time_ns", "sum_ns", "kernel_ns", "busy_ns")
+def _pick(names: list[str], kernel: str | None, missing: str) -> int:
+    """The first of ``names`` (by time) matching the regex ``kernel`` (the first when None)."""
+    if kernel is None:
+        return 0
+    rx = re.compile(kernel)
+    hit = next((i for i, name in enumerate(names) if rx.search(name)), None)
+    if hit is None:
+        raise MaxinstrError(missing)
+    return hit
 
 
 def _kernel_rows(obj: Any) -> list[tuple[str, int, int, float | None]]:
-    """(name, time ns, count, the report's share or None) per kernel, copies left out."""
-    rows = []
-    for k in obj if isinstance(obj, list) else []:
-        if not isinstance(k, dict) or "name" not in k:
-            continue
-        t = next((k[key] for key in _TIME_KEYS if isinstance(k.get(key), (int, float))), None)
-        if t is None:
-            continue
-        if k.get("family") in ("memcpy", "memset"):
-            continue  # copies are not kernels ncu can profile
-        share = k.get("share") if isinstance(k.get("share"), (int, float)) else None
-        rows.append((str(k["name"]), int(t), int(k.get("count", k.get("instances", 0)) or 0), share))
+    """(name, GPU ns, count, the report's share) per kernel of a report's list, by time; no copies."""
+    rows = [(str(k["name"]), int(k["gpu_ns"]), int(k.get("count") or 0),
+             k.get("share") if isinstance(k.get("share"), (int, float)) else None)
+            for k in obj if isinstance(k, dict) and "name" in k and isinstance(k.get("gpu_ns"), (int, float))
+            and k.get("family") not in ("memcpy", "memset")] if isinstance(obj, list) else []
     return sorted(rows, key=lambda r: -r[1])
 
 
 def choose_from_report(data: dict, *, stage: str | None = None, kernel: str | None = None, source: str = "report") -> KernelChoice:
-    """Pick from a `maxinstr report --format json` document: the stage's kernels
-    (``stages[i].mix.top_kernels``: objects with ``name`` and a time in ns, ``gpu_ns``), or
-    ``gpu.kernels`` when no stage is given. The report has no launch order, so
-    ``launch_skip`` is 0 and a note says so (pass the trace to place the kernel exactly)."""
-    rows: list[tuple[str, int, int, float | None]] = []
+    """Pick from a `maxinstr report --format json` document: the stage's ``mix.top_kernels``, else
+    ``gpu.kernels``. No launch order there: ``launch_skip`` 0, said (the trace places it exactly)."""
     if stage is not None:
-        stages = data.get("stages")
-        entries = stages.items() if isinstance(stages, dict) else (
-            ((s.get("name"), s) for s in stages if isinstance(s, dict)) if isinstance(stages, list) else ()
-        )
-        found = False
-        for name, obj in entries:
-            if name == stage and isinstance(obj, dict):
-                found = True
-                got = obj.get("mix")
-                mix: dict[str, Any] = got if isinstance(got, dict) else {}
-                rows = _kernel_rows(obj.get("kernels") or obj.get("top_kernels") or mix.get("top_kernels"))
-                break
-        if not found:
+        obj = next((s for s in data.get("stages") or [] if isinstance(s, dict) and s.get("name") == stage), None)
+        if obj is None:
             raise MaxinstrError(f"{source}: no stage named {stage!r} in the report")
+        rows = _kernel_rows((obj.get("mix") or {}).get("top_kernels"))
     else:
-        got_gpu = data.get("gpu")
-        gpu: dict[str, Any] = got_gpu if isinstance(got_gpu, dict) else {}
-        rows = _kernel_rows(data.get("kernels") or data.get("top_kernels") or gpu.get("kernels"))
+        rows = _kernel_rows((data.get("gpu") or {}).get("kernels"))
     if not rows:
         raise MaxinstrError(f"{source}: the report lists no kernels{' for stage ' + repr(stage) if stage else ''}")
-    if kernel is not None:
-        rx = re.compile(kernel)
-        rows_k = [r for r in rows if rx.search(r[0])]
-        if not rows_k:
-            raise MaxinstrError(f"{source}: no kernel matches {kernel!r}")
-        pick = rows_k[0]
-    else:
-        pick = rows[0]
+    pick = rows[_pick([r[0] for r in rows], kernel, f"{source}: no kernel matches {kernel!r}")]
     total = sum(r[1] for r in rows)
     # the report's own share (of all the stage's GPU time, copies included) when it has one
     share = pick[3] if pick[3] is not None else (pick[1] / total if total else None)
-    return KernelChoice(
-        name=pick[0], stage=stage, total_ns=pick[1], count=pick[2], share=share,
-        launch_skip=0, source=source, candidates=[r[:3] for r in rows[:5]],
-        notes=["the report has no launch order: launch-skip 0 (give --trace to land on a steady-state instance)"],
-    )
-
-
-# ---------------------------------------------------------------------------------------
-# 3: the ncu command
+    return KernelChoice(name=pick[0], stage=stage, total_ns=pick[1], count=pick[2], share=share, launch_skip=0,
+                        source=source, candidates=[r[:3] for r in rows[:5]],
+                        notes=["the report has no launch order: launch-skip 0 (give --trace to land on a steady-state instance)"])
 
 
 def kernel_regex(name: str) -> tuple[str, str]:
-    """(``--kernel-name-base``, ``--kernel-name``) for a trace kernel name.
-
-    Demangled signatures differ between nsys and ncu in details (``(int)512`` vs ``512``),
-    so the match is on the bare function name, which both tools agree on; a namespace
-    prefix is tolerated in case a tool keeps it.
-    """
+    """(``--kernel-name-base``, ``--kernel-name``) for a kernel name: its bare function name, which nsys
+    and ncu agree on (their demangled signatures differ: ``(int)512`` vs ``512``), any namespace before."""
     return "function", f"regex:(^|::){re.escape(function_name(name))}$"
 
 
-def ncu_command(
-    choice: KernelChoice,
-    app: list[str],
-    *,
-    output: str | Path,
-    ncu: str = "ncu",
-    sections: tuple[str, ...] = DEFAULT_SECTIONS,
-    metrics: tuple[str, ...] = SPILL_METRICS,
-    from_capture_start: bool = False,
-    launch_count: int = 1,
-) -> list[str]:
+def ncu_command(choice: KernelChoice, app: list[str], *, output: str | Path, ncu: str = "ncu",
+                sections: tuple[str, ...] = DEFAULT_SECTIONS, metrics: tuple[str, ...] = SPILL_METRICS,
+                from_capture_start: bool = False, launch_count: int = 1) -> list[str]:
     """The Nsight Compute command that profiles one steady-state launch of the chosen kernel."""
     base, rx = kernel_regex(choice.name)
-    cmd = [
-        ncu,
-        "--target-processes", "all",
-        "--kernel-name-base", base,
-        "--kernel-name", rx,
-        "--launch-skip", str(choice.launch_skip),
-        "--launch-count", str(launch_count),
-        "--clock-control", "none",
-    ]
-    for s in sections:
-        cmd += ["--section", s]
+    cmd = [ncu, "--target-processes", "all", "--kernel-name-base", base, "--kernel-name", rx, "--launch-skip",
+           str(choice.launch_skip), "--launch-count", str(launch_count), "--clock-control", "none"]
+    cmd += [word for s in sections for word in ("--section", s)]
     if metrics:
         cmd += ["--metrics", ",".join(metrics)]
     if from_capture_start:
@@ -361,10 +226,6 @@ def amd_equivalent(choice: KernelChoice | None, app: list[str]) -> str:
     )
 
 
-# ---------------------------------------------------------------------------------------
-# 4: reading ncu's CSV back
-
-
 @dataclass
 class NcuLaunch:
     """One profiled launch from ``ncu --csv --page details``."""
@@ -383,22 +244,14 @@ class NcuLaunch:
         """A metric as a number (thousands separators removed); None when absent or n/a."""
         for (sec, metric), (_unit, raw) in self.metrics.items():
             if metric == name and (section is None or sec == section):
-                return _number(raw)
+                try:
+                    return float(raw.strip().replace(",", ""))
+                except ValueError:
+                    return None
         return None
 
     def unit(self, name: str) -> str | None:
-        for (_sec, metric), (unit, _raw) in self.metrics.items():
-            if metric == name:
-                return unit
-        return None
-
-
-def _number(raw: str) -> float | None:
-    text = raw.strip().replace(",", "")
-    try:
-        return float(text)
-    except ValueError:
-        return None
+        return next((unit for (_sec, metric), (unit, _raw) in self.metrics.items() if metric == name), None)
 
 
 def parse_ncu_csv(text: str, source: str = "ncu output") -> list[NcuLaunch]:
@@ -414,24 +267,16 @@ def parse_ncu_csv(text: str, source: str = "ncu output") -> list[NcuLaunch]:
         if not row.get("ID") or not (row["ID"].strip().isdigit()):
             continue
         launch = launches.get(row["ID"])
+        get = lambda key, row=row: row.get(key) or ""  # noqa: E731 - an empty cell and a missing column alike
         if launch is None:
-            launch = launches[row["ID"]] = NcuLaunch(
-                id=row["ID"], kernel=row.get("Kernel Name") or "", block=row.get("Block Size") or "",
-                grid=row.get("Grid Size") or "", device=row.get("Device") or "", cc=row.get("CC") or "",
-            )
-        section = row.get("Section Name") or ""
-        metric = row.get("Metric Name") or ""
+            launch = launches[row["ID"]] = NcuLaunch(id=row["ID"], kernel=get("Kernel Name"), block=get("Block Size"),
+                                                     grid=get("Grid Size"), device=get("Device"), cc=get("CC"))
+        section, metric, rule = get("Section Name"), get("Metric Name"), get("Rule Name")
         if metric:
-            launch.metrics[(section, metric)] = (row.get("Metric Unit") or "", row.get("Metric Value") or "")
-        rule = row.get("Rule Name") or ""
+            launch.metrics[(section, metric)] = (get("Metric Unit"), get("Metric Value"))
         if rule:
-            launch.rules.append({
-                "section": section,
-                "rule": rule,
-                "type": row.get("Rule Type") or "",
-                "description": row.get("Rule Description") or "",
-                "speedup": row.get("Estimated Speedup") or "",
-            })
+            launch.rules.append({"section": section, "rule": rule, "type": get("Rule Type"),
+                                 "description": get("Rule Description"), "speedup": get("Estimated Speedup")})
     if not launches:
         raise MaxinstrError(f"{source}: the ncu CSV holds no profiled launch (did the kernel filter match?)")
     return list(launches.values())
@@ -454,8 +299,7 @@ class Verdict:
     block: str
     grid: str
     waves_per_sm: float | None
-    bound: str
-    """'compute-bound' | 'memory-bound' | 'latency-bound' | 'unknown'."""
+    bound: str  # compute-bound, memory-bound, latency-bound or unknown
     facts: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
 
@@ -464,13 +308,9 @@ class Verdict:
 
 
 _TIME_SCALE_NS = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "s": 1e9, "second": 1e9}
-_LIMITERS = (
-    ("Block Limit Registers", "registers"),
-    ("Block Limit Shared Mem", "shared memory"),
-    ("Block Limit Warps", "warps per SM (block size)"),
-    ("Block Limit SM", "blocks per SM"),
-    ("Block Limit Barriers", "barriers"),
-)
+_LIMITERS = (("Block Limit Registers", "registers"), ("Block Limit Shared Mem", "shared memory"),
+             ("Block Limit Warps", "warps per SM (block size)"), ("Block Limit SM", "blocks per SM"),
+             ("Block Limit Barriers", "barriers"))
 
 
 def make_verdict(launch: NcuLaunch) -> Verdict:
@@ -478,37 +318,26 @@ def make_verdict(launch: NcuLaunch) -> Verdict:
     registers and local-memory (spill) traffic. Facts state the numbers they rest on."""
     v = launch.value
     sm, mem, dram = v("Compute (SM) Throughput"), v("Memory Throughput"), v("DRAM Throughput")
-    dur = v("Duration")
-    unit = (launch.unit("Duration") or "ns").strip()
+    dur, unit = v("Duration"), (launch.unit("Duration") or "ns").strip()
     duration_ns = dur * _TIME_SCALE_NS.get(unit, 1.0) if dur is not None else None
     achieved, theoretical = v("Achieved Occupancy"), v("Theoretical Occupancy")
-    regs = v("Registers Per Thread")
-    waves = v("Waves Per SM")
-    local = None
-    spill_vals = [v(m) for m in SPILL_METRICS]
-    if any(x is not None for x in spill_vals):
-        local = float(sum(x for x in spill_vals if x is not None))
-    limits = [(v(metric), label) for metric, label in _LIMITERS]
-    limits = [(n, label) for n, label in limits if n is not None]
+    regs, waves = v("Registers Per Thread"), v("Waves Per SM")
+    spills = [x for x in (v(m) for m in SPILL_METRICS) if x is not None]
+    local = float(sum(spills)) if spills else None
+    limits = [(n, label) for n, label in ((v(metric), label) for metric, label in _LIMITERS) if n is not None]
     limiter = min(limits)[1] if limits and theoretical is not None and theoretical < 99.5 else None
-
-    facts: list[str] = []
-    advice: list[str] = []
     if sm is None or mem is None:
-        bound = "unknown"
-        facts.append("SpeedOfLight metrics missing: cannot classify")
+        bound, fact, tip = "unknown", "SpeedOfLight metrics missing: cannot classify", None
     elif max(sm, mem) < LATENCY_BOUND_PCT:
-        bound = "latency-bound"
-        facts.append(f"SM {sm:.1f}% and memory {mem:.1f}% of peak, both below {LATENCY_BOUND_PCT:.0f}%")
-        advice.append("neither unit is busy: look at occupancy, waves and warp stalls (too few warps, dependent loads, tiny grid)")
+        bound, fact, tip = ("latency-bound", f"SM {sm:.1f}% and memory {mem:.1f}% of peak, both below {LATENCY_BOUND_PCT:.0f}%",
+                            "neither unit is busy: look at occupancy, waves and warp stalls (too few warps, dependent loads, tiny grid)")
     elif mem >= sm:
-        bound = "memory-bound"
-        facts.append(f"memory throughput {mem:.1f}% of peak is above SM {sm:.1f}%")
-        advice.append("reduce bytes moved (fusion, lower precision, better reuse/caching) before tuning math")
+        bound, fact, tip = ("memory-bound", f"memory throughput {mem:.1f}% of peak is above SM {sm:.1f}%",
+                            "reduce bytes moved (fusion, lower precision, better reuse/caching) before tuning math")
     else:
-        bound = "compute-bound"
-        facts.append(f"SM throughput {sm:.1f}% of peak is above memory {mem:.1f}%")
-        advice.append("use faster math paths (tensor cores, lower precision) or do less work")
+        bound, fact, tip = ("compute-bound", f"SM throughput {sm:.1f}% of peak is above memory {mem:.1f}%",
+                            "use faster math paths (tensor cores, lower precision) or do less work")
+    facts, advice = [fact], ([tip] if tip else [])
     if achieved is not None and theoretical is not None:
         facts.append(f"achieved occupancy {achieved:.1f}% of theoretical {theoretical:.1f}%")
         if limiter:
@@ -527,32 +356,18 @@ def make_verdict(launch: NcuLaunch) -> Verdict:
             advice.append("local memory traffic: cap registers (__launch_bounds__/maxrregcount) carefully or shrink per-thread state")
         else:
             facts.append("no local-memory instructions: no register spills")
-    return Verdict(
-        kernel=launch.kernel,
-        duration_ns=duration_ns,
-        sm_throughput_pct=sm,
-        memory_throughput_pct=mem,
-        dram_throughput_pct=dram,
-        achieved_occupancy_pct=achieved,
-        theoretical_occupancy_pct=theoretical,
-        occupancy_limiter=limiter,
-        registers_per_thread=regs,
-        local_memory_instructions=local,
-        block=launch.block,
-        grid=launch.grid,
-        waves_per_sm=waves,
-        bound=bound,
-        facts=facts,
-        advice=advice,
-    )
+    return Verdict(kernel=launch.kernel, duration_ns=duration_ns, sm_throughput_pct=sm, memory_throughput_pct=mem,
+                   dram_throughput_pct=dram, achieved_occupancy_pct=achieved, theoretical_occupancy_pct=theoretical,
+                   occupancy_limiter=limiter, registers_per_thread=regs, local_memory_instructions=local,
+                   block=launch.block, grid=launch.grid, waves_per_sm=waves, bound=bound, facts=facts, advice=advice)
 
 
 def verdict_lines(verdict: Verdict, rules: list[dict[str, str]] | None = None) -> list[str]:
     """The verdict as short lines for the terminal (rendering kept apart from analysis)."""
-    def pct(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:.1f}%"
+    def pct(x: float | None, form: str = "{:.1f}%") -> str:
+        return "n/a" if x is None else form.format(x)
 
-    dur = "n/a" if verdict.duration_ns is None else f"{verdict.duration_ns / 1e3:.1f} us"
+    dur = pct(None if verdict.duration_ns is None else verdict.duration_ns / 1e3, "{:.1f} us")
     lines = [
         f"kernel: {verdict.kernel}",
         f"  verdict: {verdict.bound}  (duration {dur}, block {verdict.block or '?'}, grid {verdict.grid or '?'})",
@@ -560,9 +375,8 @@ def verdict_lines(verdict: Verdict, rules: list[dict[str, str]] | None = None) -
         f"(DRAM {pct(verdict.dram_throughput_pct)})",
         f"  occupancy: achieved {pct(verdict.achieved_occupancy_pct)}, theoretical {pct(verdict.theoretical_occupancy_pct)}"
         + (f", limited by {verdict.occupancy_limiter}" if verdict.occupancy_limiter else ""),
-        "  registers/thread: " + ("n/a" if verdict.registers_per_thread is None else f"{verdict.registers_per_thread:.0f}")
-        + ", local-memory instructions: "
-        + ("n/a" if verdict.local_memory_instructions is None else f"{verdict.local_memory_instructions:.0f}"),
+        f"  registers/thread: {pct(verdict.registers_per_thread, '{:.0f}')}, local-memory instructions: "
+        + pct(verdict.local_memory_instructions, "{:.0f}"),
     ]
     lines += [f"  fact: {f}" for f in verdict.facts]
     lines += [f"  next: {a}" for a in verdict.advice]
@@ -576,6 +390,6 @@ def verdict_lines(verdict: Verdict, rules: list[dict[str, str]] | None = None) -
 def load_report_json(path: str | Path) -> dict:
     """A saved report, checked as `maxinstr report REPORT.json` checks it (a regular file, its
     schema, version and field types), or a one-line error naming the file."""
-    from maxinstr.analyze.schema_check import read_report
+    from maxinstr.analyze.schema_check import read_report  # (here: a saved report's path only)
 
     return dict(read_report(path))

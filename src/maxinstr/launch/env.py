@@ -1,13 +1,11 @@
-"""What this machine can profile with: GPU vendor, and which profilers are installed.
-
-`maxinstr run` calls :func:`detect_environment` before it starts anything, so a missing
-profiler is reported with the exact install step up front instead of after a long run.
-Every probe is best effort: a vendor library that fails to load, or a tool that hangs on
-``--version``, makes the answer "absent", never an exception.
+"""What this machine can profile with (GPU vendor, profilers installed), asked before anything starts:
+a missing profiler is said with its install step up front. Every probe is best effort: one that
+fails or hangs makes the answer "absent", never an exception.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -18,35 +16,22 @@ from dataclasses import dataclass, field
 # Where vendors install profilers off PATH (seen on real machines: the lent H200 has nsys
 # only inside Nsight Compute's host folder).
 _KNOWN_LOCATIONS: dict[str, tuple[str, ...]] = {
-    "nsys": (
-        "/usr/local/cuda/bin/nsys",
-        "/opt/nvidia/nsight-systems/*/bin/nsys",
-        "/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys",
-    ),
+    "nsys": ("/usr/local/cuda/bin/nsys", "/opt/nvidia/nsight-systems/*/bin/nsys",
+             "/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys"),
     "ncu": ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu"),
     "rocprofv3": ("/opt/rocm/bin/rocprofv3", "/opt/rocm-*/bin/rocprofv3"),
     "rocprof-compute": ("/opt/rocm/bin/rocprof-compute", "/opt/rocm-*/bin/rocprof-compute"),
 }
 
 INSTALL_STEPS: dict[str, str] = {
-    "nsys": (
-        "install Nsight Systems: `sudo apt-get install -y nsight-systems` from NVIDIA's CUDA apt "
-        "repository (or the .run/.deb from https://developer.nvidia.com/nsight-systems), then make "
-        "sure `nsys` is on PATH"
-    ),
-    "ncu": (
-        "install Nsight Compute: `sudo apt-get install -y nsight-compute` from NVIDIA's CUDA apt "
-        "repository (it also ships with the CUDA toolkit as /usr/local/cuda/bin/ncu), then make "
-        "sure `ncu` is on PATH"
-    ),
-    "rocprofv3": (
-        "install the ROCm profiler SDK: `sudo apt-get install -y rocprofiler-sdk` (ROCm >= 6.2; "
-        "it provides /opt/rocm/bin/rocprofv3), then add /opt/rocm/bin to PATH"
-    ),
-    "rocprof-compute": (
-        "install ROCm Compute Profiler: `sudo apt-get install -y rocprofiler-compute` (ROCm >= 6.3; "
-        "it provides /opt/rocm/bin/rocprof-compute)"
-    ),
+    "nsys": "install Nsight Systems: `sudo apt-get install -y nsight-systems` from NVIDIA's CUDA apt repository (or "
+            "the .run/.deb from https://developer.nvidia.com/nsight-systems), then make sure `nsys` is on PATH",
+    "ncu": "install Nsight Compute: `sudo apt-get install -y nsight-compute` from NVIDIA's CUDA apt repository (it "
+           "also ships with the CUDA toolkit as /usr/local/cuda/bin/ncu), then make sure `ncu` is on PATH",
+    "rocprofv3": "install the ROCm profiler SDK: `sudo apt-get install -y rocprofiler-sdk` (ROCm >= 6.2; it provides "
+                 "/opt/rocm/bin/rocprofv3), then add /opt/rocm/bin to PATH",
+    "rocprof-compute": "install ROCm Compute Profiler: `sudo apt-get install -y rocprofiler-compute` (ROCm >= 6.3; it "
+                       "provides /opt/rocm/bin/rocprof-compute)",
 }
 
 _VERSION_RE = re.compile(r"\b(\d{4}\.\d+(?:\.\d+)*|\d+\.\d+\.\d+(?:\.\d+)*)\b")
@@ -59,15 +44,13 @@ class Tool:
     name: str
     path: str | None = None
     version: str | None = None
-    off_path: bool = False
-    """Found in a known install folder but not on PATH (usable; PATH should be fixed)."""
+    off_path: bool = False  # found in a known install folder but not on PATH (usable; PATH should be fixed)
 
     @property
     def found(self) -> bool:
         return self.path is not None
 
-    def install_hint(self) -> str:
-        """The exact step that makes this tool usable."""
+    def install_hint(self) -> str:  # the exact step that makes this tool usable
         if self.path and self.off_path:
             return f"{self.name} is at {self.path} but not on PATH: export PATH={os.path.dirname(self.path)}:$PATH"
         return INSTALL_STEPS.get(self.name, f"install {self.name}")
@@ -85,62 +68,40 @@ class Environment:
     def tool(self, name: str) -> Tool:
         return self.tools.get(name) or Tool(name)
 
-    def default_profiler(self) -> str:
-        """The profiler `--profiler auto` picks: the vendor's tracer when installed, else none."""
+    def default_profiler(self) -> str:  # --profiler auto: the vendor's tracer when installed, else none
         if self.vendor == "nvidia" and self.tool("nsys").found:
             return "nsys"
-        if self.vendor == "amd" and self.tool("rocprofv3").found:
-            return "rocprofv3"
-        return "none"
+        return "rocprofv3" if self.vendor == "amd" and self.tool("rocprofv3").found else "none"
 
     def summary_lines(self, install_hints: bool = True) -> list[str]:
-        """Human lines: vendor, devices, each profiler with version or its install step (just
-        "missing" without ``install_hints``: for a run that asked for no profiler)."""
-        head = f"GPU vendor: {self.vendor} (from {self.vendor_source})"
-        if self.devices:
-            head += ": " + ", ".join(self.devices)
-        lines = [head]
+        """Vendor, devices, each profiler's version or install step (just "missing" without ``install_hints``)."""
+        lines = [f"GPU vendor: {self.vendor} (from {self.vendor_source})" + (": " + ", ".join(self.devices) if self.devices else "")]
         for name, tool in self.tools.items():
-            if tool.found and not tool.off_path:
-                lines.append(f"{name}: {tool.version or 'version unknown'} at {tool.path}")
-            else:
-                lines.append(f"{name}: missing; {tool.install_hint()}" if install_hints else f"{name}: missing")
+            lines.append(f"{name}: {tool.version or 'version unknown'} at {tool.path}" if tool.found and not tool.off_path
+                         else f"{name}: missing; {tool.install_hint()}" if install_hints else f"{name}: missing")
         return lines
 
     def to_json(self) -> dict:
-        return {
-            "vendor": self.vendor,
-            "vendor_source": self.vendor_source,
-            "devices": self.devices,
-            "tools": {
-                n: {"path": t.path, "version": t.version, "on_path": t.found and not t.off_path}
-                for n, t in self.tools.items()
-            },
-        }
+        return {"vendor": self.vendor, "vendor_source": self.vendor_source, "devices": self.devices,
+                "tools": {n: {"path": t.path, "version": t.version, "on_path": t.found and not t.off_path}
+                          for n, t in self.tools.items()}}
 
 
 def find_tool(name: str, *, probe_version: bool = True, search_known: bool = True) -> Tool:
     """Locate ``name`` on PATH (then in known install folders) and read its version."""
-    path = shutil.which(name)
-    off_path = False
+    path, off_path = shutil.which(name), False
     if path is None and search_known:
         for pattern in _KNOWN_LOCATIONS.get(name, ()):
             hits = sorted(glob.glob(pattern))
             if hits and os.access(hits[-1], os.X_OK):
                 path, off_path = hits[-1], True
                 break
-    tool = Tool(name, path=path, off_path=off_path)
-    if path and probe_version:
-        tool.version = tool_version(path)
-    return tool
+    return Tool(name, path=path, off_path=off_path, version=tool_version(path) if path and probe_version else None)
 
 
-def tool_version(path: str, timeout_s: float = 20.0) -> str | None:
-    """The version a profiler prints for ``--version`` (None when it fails or says nothing)."""
+def tool_version(path: str, timeout_s: float = 20.0) -> str | None:  # what --version prints (None: nothing)
     try:
-        out = subprocess.run(
-            [path, "--version"], capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
-        )
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return None
     match = _VERSION_RE.search(out.stdout + "\n" + out.stderr)
@@ -149,27 +110,19 @@ def tool_version(path: str, timeout_s: float = 20.0) -> str | None:
 
 def _nvml_devices() -> list[str] | None:
     try:
-        import pynvml  # nvidia-ml-py
-    except Exception:  # noqa: BLE001 - any import failure means "no NVML here"
-        return None
-    try:
+        import pynvml  # nvidia-ml-py: optional
+
         pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - NVML_ERROR_LIBRARY_NOT_FOUND, driver not loaded, ...
+    except Exception:  # noqa: BLE001 - no NVML here: not installed, NVML_ERROR_LIBRARY_NOT_FOUND, no driver...
         return None
     try:
-        count = pynvml.nvmlDeviceGetCount()
-        names = []
-        for i in range(count):
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-            names.append(name.decode() if isinstance(name, bytes) else str(name))
-        return names
+        names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
+        return [name.decode() if isinstance(name, bytes) else str(name) for name in names]
     except Exception:  # noqa: BLE001
         return None
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def _smi_devices(tool: str, args: list[str], pattern: str) -> list[str] | None:
@@ -180,17 +133,12 @@ def _smi_devices(tool: str, args: list[str], pattern: str) -> list[str] | None:
         out = subprocess.run([path, *args], capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if out.returncode != 0:
-        return None
-    return re.findall(pattern, out.stdout, flags=re.MULTILINE)
+    return None if out.returncode != 0 else re.findall(pattern, out.stdout, flags=re.MULTILINE)
 
 
 def detect_vendor() -> tuple[str, str, list[str]]:
-    """(vendor, how it was detected, device names). NVML first, then the SMI tools.
-
-    amdsmi is not imported here: its import prints and can fail in odd ways, and
-    ``rocm-smi`` answers the same question from a subprocess.
-    """
+    """(vendor, how it was detected, device names). NVML first, then the SMI tools (not amdsmi:
+    its import prints and can fail in odd ways; ``rocm-smi`` answers from a subprocess)."""
     names = _nvml_devices()
     if names:
         return "nvidia", "nvml", names
@@ -206,9 +154,6 @@ def detect_vendor() -> tuple[str, str, list[str]]:
 
 
 def detect_environment(tools: tuple[str, ...] = ("nsys", "ncu", "rocprofv3"), *, probe_versions: bool = True) -> Environment:
-    """Detect the GPU vendor and the given profilers (with versions)."""
     vendor, source, devices = detect_vendor()
-    env = Environment(vendor=vendor, vendor_source=source, devices=devices)
-    for name in tools:
-        env.tools[name] = find_tool(name, probe_version=probe_versions)
-    return env
+    return Environment(vendor=vendor, vendor_source=source, devices=devices,
+                       tools={name: find_tool(name, probe_version=probe_versions) for name in tools})

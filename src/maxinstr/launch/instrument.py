@@ -1,20 +1,15 @@
-"""Wrap functions and methods of code you cannot edit in maxinstr stages.
-
-    import maxinstr
-    maxinstr.instrument("max.pipelines.lib:TextGenerationPipeline.execute", name="step")
-
-A target is ``"package.module:QualName"`` where QualName is a function or ``Class.method``
-(nested classes allowed). ``name`` defaults to the QualName. With ``lazy=True`` the wrap is
-applied when the module is first imported (an import hook), which also catches code that
-does ``from module import func`` after that point; `maxinstr run --stage` uses this.
+"""Wrap functions and methods of code you cannot edit in maxinstr stages (``"package.module:QualName"``,
+a function or ``Class.method``); lazily, the wrap is applied at the module's first import (an import
+hook, which also catches a later ``from module import func``). A name ``@HOOK`` wraps with one of
+:data:`HOOKS` instead of a stage, for wrap points that need logic.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.abc
-import importlib.machinery
 import inspect
 import sys
 import threading
@@ -24,8 +19,9 @@ from types import ModuleType
 from typing import Any
 
 from maxinstr.errors import MaxinstrError
+from maxinstr.integrations import max_pipeline
 
-_WRAPPED_FLAG = "__maxinstr_stage__"
+_WRAPPED_FLAG, HOOK_PREFIX = "__maxinstr_stage__", "@"
 
 
 @dataclass(frozen=True)
@@ -41,15 +37,13 @@ class StageSpec:
         return f"{self.module}:{self.qualname}"
 
     @property
-    def text(self) -> str:
-        """``MODULE:QUALNAME=name``, the name written out: one spelling for one spec."""
+    def text(self) -> str:  # the name written out: one spelling for one spec
         return f"{self.target}={self.name}"
 
 
 def parse_spec(text: str) -> StageSpec:
     """Parse ``MODULE:QUALNAME[=name]``; raises MaxinstrError with the reason when malformed."""
-    spec = text.strip()
-    target, _, name = spec.partition("=")
+    target, _, name = text.strip().partition("=")
     module, sep, qualname = target.partition(":")
     module, qualname, name = module.strip(), qualname.strip(), name.strip()
     parts = qualname.split(".") if qualname else []
@@ -57,34 +51,27 @@ def parse_spec(text: str) -> StageSpec:
         raise MaxinstrError(f"--stage {text!r}: expected MODULE:QUALNAME[=name], e.g. mypkg.model:Model.forward=forward")
     if not all(p.isidentifier() for p in module.split(".")):
         raise MaxinstrError(f"--stage {text!r}: {module!r} is not a module name")
-    if name.startswith(HOOK_PREFIX):
-        from maxinstr.launch.presets import HOOKS
-
-        if name[len(HOOK_PREFIX):] not in HOOKS:
-            raise MaxinstrError(f"--stage {text!r}: no hook {name!r} (maxinstr's hooks: "
-                                f"{', '.join(HOOK_PREFIX + h for h in sorted(HOOKS))})")
+    if name.startswith(HOOK_PREFIX) and name[len(HOOK_PREFIX):] not in HOOKS:
+        raise MaxinstrError(f"--stage {text!r}: no hook {name!r} (maxinstr's hooks: "
+                            f"{', '.join(HOOK_PREFIX + h for h in sorted(HOOKS))})")
     return StageSpec(module, qualname, name or qualname)
 
 
-HOOK_PREFIX = "@"
-"""A spec named ``@HOOK`` wraps its target with maxinstr's hook HOOK (launch/presets.py, for wrap
-points that need logic: a step that is prefill or decode by its batch) instead of one stage."""
+def _record() -> Any:
+    """maxinstr.record, at the first wrap and not before: its import joins the run's session
+    (record/__init__.py), which a program that never reaches a wrap point must not do."""
+    import maxinstr.record
+
+    return maxinstr.record
 
 
 def _default_stage_factory(name: str) -> Callable[[Callable], Callable]:
-    if name.startswith(HOOK_PREFIX):
-        from maxinstr.launch.presets import hook_factory
-
-        return hook_factory(name[len(HOOK_PREFIX):])
-    from maxinstr.record import stage
-
-    return stage(name)
+    return HOOKS[name[len(HOOK_PREFIX):]] if name.startswith(HOOK_PREFIX) else _record().stage(name)
 
 
 def _called_by_maxinstr(frame: Any) -> bool:
     """Whether the calling frame is maxinstr's own code (its writers, flusher, sampler, and a
-    module of it run with ``-m``, whose ``__name__`` is ``__main__``: ``python -m
-    maxinstr.launch.bootstrap``)."""
+    module of it run with ``-m``, whose ``__name__`` is ``__main__``)."""
     if frame is None:
         return False
     name = frame.f_globals.get("__name__", "")
@@ -94,10 +81,8 @@ def _called_by_maxinstr(frame: Any) -> bool:
 
 
 def _skip_own_calls(func: Callable, staged: Callable) -> Callable:
-    """``staged``, except for calls made by maxinstr itself, which go to ``func``: with
-    ``--stage json:dumps`` the run directory's own JSON lines (on maxinstr's threads too) are not
-    the program's stages. Plain and generator functions (the kinds maxinstr calls); coroutine
-    and async generator functions are returned as they are (maxinstr awaits none)."""
+    """``staged``, but calls by maxinstr itself go to ``func`` (with ``--stage json:dumps`` the run's own
+    JSON lines are not the program's stages); coroutines and async generators as they are."""
     if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
         return staged
     if inspect.isgeneratorfunction(func):
@@ -111,32 +96,25 @@ def _skip_own_calls(func: Callable, staged: Callable) -> Callable:
 
     @functools.wraps(func)
     def dispatch(*args: Any, **kwargs: Any) -> Any:
-        if _called_by_maxinstr(sys._getframe(1)):
-            return func(*args, **kwargs)
-        return staged(*args, **kwargs)
+        return (func if _called_by_maxinstr(sys._getframe(1)) else staged)(*args, **kwargs)
 
     return dispatch
 
 
 def _wrap_callable(func: Callable, name: str, stage_factory: Callable[[str], Any]) -> Callable:
-    """``func`` wrapped in a stage named ``name``; the stage object is a decorator that
-    handles plain, async and generator functions and keeps the signature."""
     wrapped = stage_factory(name)(func)
     if wrapped is func:  # a factory that returned the function untouched (disabled mode)
         return func
     if getattr(wrapped, "__wrapped__", None) is None:
         functools.update_wrapper(wrapped, func)
     wrapped = _skip_own_calls(func, wrapped)
-    try:
+    with contextlib.suppress(AttributeError, TypeError):
         setattr(wrapped, _WRAPPED_FLAG, name)
-    except (AttributeError, TypeError):
-        pass
     return wrapped
 
 
 def apply_spec(spec: StageSpec, module: ModuleType, stage_factory: Callable[[str], Any] | None = None) -> None:
     """Replace ``spec.qualname`` inside the imported ``module`` by its stage-wrapped version."""
-    factory = stage_factory or _default_stage_factory
     parts = spec.qualname.split(".")
     owner: Any = module
     for i, part in enumerate(parts[:-1]):
@@ -150,22 +128,18 @@ def apply_spec(spec: StageSpec, module: ModuleType, stage_factory: Callable[[str
     raw = inspect.getattr_static(owner, attr, None) if inspect.isclass(owner) else getattr(owner, attr, None)
     if raw is None:
         raise MaxinstrError(f"--stage {spec.target}: {module.__name__} has no {spec.qualname}")
-    rewrap: Any  # staticmethod, classmethod or None: how to wrap the instrumented function again
-    if isinstance(raw, staticmethod):
-        func, rewrap = raw.__func__, staticmethod
-    elif isinstance(raw, classmethod):
-        func, rewrap = raw.__func__, classmethod
+    rewrap: Any = None  # staticmethod, classmethod or None: how to wrap the instrumented function again
+    if isinstance(raw, (staticmethod, classmethod)):
+        func, rewrap = raw.__func__, staticmethod if isinstance(raw, staticmethod) else classmethod
     elif callable(raw):
-        func, rewrap = raw, None
+        func = raw
     else:
         raise MaxinstrError(f"--stage {spec.target}: {spec.qualname} is a {type(raw).__name__}, not a function or method")
     if getattr(func, _WRAPPED_FLAG, None) is not None:
         return  # already instrumented (the same spec given twice, or a module reload)
-    new: Any = _wrap_callable(func, spec.name, factory)
-    if rewrap is not None:
-        new = rewrap(new)
+    new: Any = _wrap_callable(func, spec.name, stage_factory or _default_stage_factory)
     try:
-        setattr(owner, attr, new)
+        setattr(owner, attr, new if rewrap is None else rewrap(new))
     except (TypeError, AttributeError) as exc:
         # a method of a built-in (C) type, a read-only or slotted attribute: nothing to replace
         where = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", type(owner).__name__)
@@ -173,10 +147,7 @@ def apply_spec(spec: StageSpec, module: ModuleType, stage_factory: Callable[[str
                             "wrap a Python function that calls it instead") from None
 
 
-# ---------------------------------------------------------------------------------------
-# Lazy application: an import hook that applies pending specs right after a module loads.
-
-_lock = threading.RLock()
+_lock = threading.RLock()  # the lazy specs: an import hook applies them right after their module loads
 _pending: dict[str, list[tuple[StageSpec, Callable[[str], Any] | None]]] = {}
 _errors: list[str] = []
 _listeners: list[Callable[[StageSpec, str | None], None]] = []
@@ -184,34 +155,27 @@ _listeners: list[Callable[[StageSpec, str | None], None]] = []
 
 def on_outcome(listener: Callable[[StageSpec, str | None], None]) -> None:
     """Call ``listener(spec, problem)`` whenever a lazy spec is applied (``problem`` None) or
-    fails to apply (``problem``: the one line printed). `maxinstr run`'s start-up hook records
-    these in the run, so that the run can say which specs no process ever applied."""
+    fails to apply (``problem``: the one line printed): the start-up hook records them in the run."""
     with _lock:
         if listener not in _listeners:
             _listeners.append(listener)
-
-
-def _tell(spec: StageSpec, problem: str | None) -> None:
-    for listener in list(_listeners):
-        try:
-            listener(spec, problem)
-        except Exception:  # noqa: BLE001 - runs inside the user's import: never breaks it
-            pass
 
 
 class _ApplyAfterExec(importlib.abc.Loader):
     """Delegates to the real loader, then applies the pending specs of the module."""
 
     def __init__(self, inner: importlib.abc.Loader, fullname: str) -> None:
-        self._inner = inner
-        self._fullname = fullname
+        self._inner, self._fullname = inner, fullname
 
     def create_module(self, spec):
         return self._inner.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)
-        _apply_pending(self._fullname, module)
+        with _lock:
+            todo = _pending.pop(self._fullname, [])
+        for spec, factory in todo:
+            _apply_or_say(spec, module, factory)
 
     def __getattr__(self, item: str) -> Any:  # get_source, is_package, get_filename ...
         return getattr(self._inner, item)
@@ -238,48 +202,27 @@ class _StageImportHook(importlib.abc.MetaPathFinder):
 _hook = _StageImportHook()
 
 
-def _apply_pending(fullname: str, module: ModuleType) -> None:
-    with _lock:
-        todo = _pending.pop(fullname, [])
-    for spec, factory in todo:
-        _apply_or_say(spec, module, factory)
-
-
 def _apply_or_say(spec: StageSpec, module: ModuleType, factory: Callable[[str], Any] | None) -> bool:
-    """:func:`apply_spec`, saying any problem in one line instead of raising: it runs inside the
-    user's import (or start-up), which must never break. True when applied."""
+    """apply_spec, a problem said in one line, not raised: it runs inside the user's import, never broken."""
     try:
         apply_spec(spec, module, factory)
+        problem = None
     except Exception as exc:  # noqa: BLE001 - a wrap we did not foresee failing is still ours
-        text = str(exc) if isinstance(exc, MaxinstrError) else f"--stage {spec.target}: {type(exc).__name__}: {exc}"
-        _errors.append(text)
-        sys.stderr.write(f"maxinstr: {text}\n")
-        _tell(spec, text)
-        return False
-    _tell(spec, None)
-    return True
+        problem = str(exc) if isinstance(exc, MaxinstrError) else f"--stage {spec.target}: {type(exc).__name__}: {exc}"
+        _errors.append(problem)
+        sys.stderr.write(f"maxinstr: {problem}\n")
+    for listener in list(_listeners):
+        with contextlib.suppress(Exception):  # runs inside the user's import: never breaks it
+            listener(spec, problem)
+    return problem is None
 
 
-def _install_hook() -> None:
-    if _hook not in sys.meta_path:
-        sys.meta_path.insert(0, _hook)
-
-
-def instrument(
-    target: str,
-    name: str | None = None,
-    *,
-    lazy: bool = False,
-    stage_factory: Callable[[str], Any] | None = None,
-) -> bool:
-    """Wrap ``"module:QualName"`` in a stage named ``name`` (default: the QualName).
-
-    With ``lazy=False`` (the default) the module is imported now and errors raise
-    :class:`~maxinstr.errors.MaxinstrError`. With ``lazy=True`` the wrap waits for the
-    module's first import (applied now if it is already imported) and problems are printed
-    as one line, never raised into the importing code. Returns True when applied now.
-    ``stage_factory`` replaces :func:`maxinstr.stage` (tests, custom recorders).
-    """
+def instrument(target: str, name: str | None = None, *, lazy: bool = False,
+               stage_factory: Callable[[str], Any] | None = None) -> bool:
+    """Wrap ``"module:QualName"`` in a stage named ``name`` (default: the QualName): now, the module
+    imported, errors raised; with ``lazy``, at the module's first import (now when imported), problems
+    said in one line, never raised into the importing code. True when applied now. ``stage_factory``
+    replaces :func:`maxinstr.stage` (tests, custom recorders)."""
     spec = parse_spec(target if name is None else f"{target}={name}")
     module = sys.modules.get(spec.module)
     if module is None and not lazy:
@@ -294,18 +237,16 @@ def instrument(
         return True
     with _lock:
         _pending.setdefault(spec.module, []).append((spec, stage_factory))
-    _install_hook()
+    if _hook not in sys.meta_path:
+        sys.meta_path.insert(0, _hook)
     return False
 
 
 def rebind_aliases(specs: list[str]) -> None:
-    """A module-level function wrapped after its module ran (the start-up hook starts maxinstr
-    once the target's package has run) may already be bound under other names: ``from .sub
-    import f`` in the package's ``__init__``, ``from pkg.sub import f`` in a sibling. Those names
-    get the wrapped function too, as they did when the hook wrapped the module as soon as it ran.
-    The defining module's own other names for it (``g = f``) stay, as they did then, and so do
-    maxinstr's own (its calls are not the program's stages). `maxinstr run`'s start-up applies
-    the specs, then calls this."""
+    """A module-level function wrapped after its module ran may already be bound under other names
+    (``from .sub import f`` in its package's ``__init__``): those get the wrapped function too, as
+    when the hook wrapped the module as soon as it ran (docs/cli.md); the defining module's own
+    other names for it stay, as then, and so do maxinstr's."""
     wrapped: dict[int, tuple[Any, Any, str]] = {}  # id(original) -> (original, wrapped, its module)
     for text in specs:
         try:
@@ -332,11 +273,99 @@ def rebind_aliases(specs: list[str]) -> None:
 
 
 def pending_targets() -> list[str]:
-    """Targets still waiting for their module to be imported."""
     with _lock:
         return [s.target for specs in _pending.values() for s, _ in specs]
 
 
 def instrument_errors() -> list[str]:
-    """Problems met while applying lazy targets (also printed when they happened)."""
-    return list(_errors)
+    return list(_errors)  # problems met applying lazy targets (also printed when they happened)
+
+
+# Hooks (``MODULE:QUALNAME=@HOOK`` wraps with HOOKS[HOOK](func)): each returns a function of the same kind
+# that calls func exactly once and never lets a problem of its own reach the program. A spec names a
+# hook, never code of its own.
+
+
+def max_step(func: Callable) -> Callable:
+    """A pipeline's ``execute(inputs)``: in a stage ``prefill``, ``decode`` or ``drain`` with the
+    batch's attrs (:func:`maxinstr.integrations.max_pipeline.step_stage`)."""
+    stage = _record().stage
+
+    @functools.wraps(func)
+    def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        inputs = kwargs["inputs"] if "inputs" in kwargs else args[0] if args else None
+        name, attrs = max_pipeline.step_stage(inputs)
+        with stage(name, **attrs):
+            return func(self, *args, **kwargs)
+
+    return execute
+
+
+def max_model(func: Callable) -> Callable:
+    """A pipeline's ``__init__``: once it has run, the class of its model (``Llama3Model``) gets
+    its ``execute`` wrapped in a stage ``forward``, as a ``--stage`` spec applied now."""
+
+    @functools.wraps(func)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        func(self, *args, **kwargs)
+        spec, problem = max_pipeline.model_execute_spec(self)
+        where = type(self).__qualname__
+        try:
+            if spec is not None:
+                instrument(spec, lazy=True)  # its module is imported: applied now, or one line said
+            else:
+                sys.stderr.write(f"maxinstr: --stage @max-model ({where}): no forward stage: {problem}\n")
+        except Exception as exc:  # noqa: BLE001 - inside MAX's constructor: never break it
+            sys.stderr.write(f"maxinstr: --stage @max-model ({where}): {type(exc).__name__}: {exc}\n")
+
+    return __init__
+
+
+def max_arrival(func: Callable) -> Callable:
+    """A tokenizer's ``new_context(request)``: once the request's context is made, a mark
+    ``queued`` with the attr ``request`` (its id): the start of its wait for a first step."""
+    mark = _record().mark
+
+    def said(context: Any) -> Any:
+        with contextlib.suppress(Exception):  # a mark that fails must not lose the request
+            mark(max_pipeline.QUEUED_MARK, request=max_pipeline.request_key(context))
+        return context
+
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def new_context(*args: Any, **kwargs: Any) -> Any:
+            return said(await func(*args, **kwargs))
+
+        return new_context
+
+    @functools.wraps(func)
+    def new_context_sync(*args: Any, **kwargs: Any) -> Any:
+        return said(func(*args, **kwargs))
+
+    return new_context_sync
+
+
+def max_tokenize(func: Callable) -> Callable:
+    """MAX's ``run_with_default_executor(fn, *args)``, the tokenizer's way of running its work in a
+    thread pool: ``fn`` runs in a stage ``tokenize`` on the pool's thread. A stage around the
+    awaiting coroutine would open on the event loop's thread, where a server's concurrent
+    requests interleave: each would nest inside the one before."""
+    if not inspect.iscoroutinefunction(func):
+        raise MaxinstrError(f"@max-tokenize: {func.__qualname__} is not a coroutine function (MAX {max_pipeline.MAX_RELEASE}'s was)")
+    stage = _record().stage
+
+    @functools.wraps(func)
+    async def run_with_default_executor(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        @functools.wraps(fn)
+        def in_stage(*a: Any, **k: Any) -> Any:
+            with stage("tokenize"):
+                return fn(*a, **k)
+
+        return await func(in_stage, *args, **kwargs)
+
+    return run_with_default_executor
+
+
+HOOKS: dict[str, Callable[[Callable], Callable]] = {"max-tokenize": max_tokenize, "max-step": max_step,
+                                                   "max-model": max_model, "max-arrival": max_arrival}

@@ -1,9 +1,6 @@
-"""Command builders for the vendor tracers `maxinstr run` drives, behind one small interface.
-
-A :class:`Profiler` turns the user's command into the wrapped command, says which
-environment variables the child needs (so maxinstr's session drives the capture range),
-and after the run finds, verifies and exports the artifact. :class:`NoProfiler` is the
-real null implementation: the command runs as given and the run directory is the result.
+"""The vendor tracers `maxinstr run` drives, behind one small interface: a :class:`Profiler` wraps
+the user's command, says which environment variables the child needs (so maxinstr's session
+drives the capture range), and after the run finds, verifies and exports the artifact.
 """
 
 from __future__ import annotations
@@ -18,11 +15,9 @@ from pathlib import Path
 from maxinstr import config
 from maxinstr.errors import MaxinstrError
 
-DEFAULT_WINDOW_S = 10.0
-"""Captured steady-state window. The seeds found ~10 s enough to see the kernel mix."""
+DEFAULT_WINDOW_S = 10.0  # captured steady-state window. The seeds found ~10 s enough to see the kernel mix
 
-MIN_ARTIFACT_BYTES = 4096
-"""Smaller than this, an .nsys-rep/.sqlite holds no data (empty reports are ~100 KB+)."""
+MIN_ARTIFACT_BYTES = 4096  # smaller than this, an .nsys-rep/.sqlite holds no data (empty reports are ~100 KB+)
 
 
 @dataclass
@@ -30,15 +25,13 @@ class Artifact:
     """What a profiler left, and whether it is usable."""
 
     profiler: str
-    files: dict[str, str] = field(default_factory=dict)
-    """role -> path: 'report' (.nsys-rep), 'sqlite', 'folder' (rocprofv3 CSVs), 'trace' (what readers open)."""
+    files: dict[str, str] = field(default_factory=dict)  # role -> path: report, sqlite, folder, trace (what readers open)
     kernels: int = 0
     ok: bool = False
     problems: list[str] = field(default_factory=list)
 
     @property
     def trace(self) -> str | None:
-        """The file or folder a trace reader should open."""
         return self.files.get("trace")
 
     def to_json(self) -> dict:
@@ -49,19 +42,21 @@ class Profiler:
     """One vendor tracer. Subclasses build commands; the base is the interface."""
 
     name = "none"
-    uses_capture_range = False
-    """True when the child's maxinstr session must call profiler start/stop (MAXINSTR_CAPTURE)."""
+    uses_capture_range = False  # the child's session calls profiler start/stop (MAXINSTR_CAPTURE)
+    records_markers = False  # its trace holds NVTX/roctx ranges (MAX's op markers among them)
+    window_s: float | None = None
 
-    def wrap(self, command: list[str], output_base: Path) -> list[str]:
-        """The command line to run: ``command`` under this profiler, writing to ``output_base``."""
+    @property
+    def capture(self) -> str:
+        return "steady" if self.uses_capture_range else "all"
+
+    def wrap(self, command: list[str], output_base: Path) -> list[str]:  # command under it, writing to output_base
         return list(command)
 
-    def child_env(self) -> dict[str, str]:
-        """Environment the profiled child needs (on top of maxinstr's own)."""
+    def child_env(self) -> dict[str, str]:  # what the profiled child needs on top of maxinstr's own
         return {}
 
     def flags_text(self) -> str:
-        """The profiler flags, for the plan shown before a run."""
         return "(no profiler)"
 
     def collect(self, output_base: Path, *, timeout_s: float = 600.0) -> Artifact:
@@ -70,7 +65,7 @@ class Profiler:
 
 
 class NoProfiler(Profiler):
-    """Run the command as is: stages, GPU events and samples still go to the run directory."""
+    """The command as is: stages, GPU events and samples still go to the run directory."""
 
 
 @dataclass
@@ -85,31 +80,23 @@ class NsysOptions:
 
 
 class Nsys(Profiler):
-    """Nsight Systems: CUDA + NVTX trace (OS runtime on request), no CPU sampling.
+    """Nsight Systems: CUDA + NVTX trace, no CPU sampling (``--sample=none --cpuctxsw=none``: without them
+    a tiny script wrote a 2 GB .qdstrm). ``capture="steady"``: from the session's ``cuProfilerStart``
+    (after warm-up) to ``cuProfilerStop``, the window enforced in the child."""
 
-    With ``capture="steady"`` collection starts only when the maxinstr session calls
-    ``cuProfilerStart`` (after the warm-up instances) and ends at ``cuProfilerStop``, so
-    warm-up is not in the trace; the window (default 10 s) is enforced in the child.
-    ``--sample=none --cpuctxsw=none`` matter: without them a tiny script wrote a 2 GB .qdstrm.
-    """
-
-    name = "nsys"
+    name, records_markers = "nsys", True
 
     def __init__(self, path: str = "nsys", options: NsysOptions | None = None) -> None:
         self.path = path
         self.options = options or NsysOptions()
         self.uses_capture_range = self.options.capture == "steady"
+        self.window_s = self.options.window_s
 
-    def trace_flags_launch(self) -> list[str]:
-        """What to trace (valid for ``nsys profile`` and ``nsys launch``)."""
-        traces = "cuda,nvtx,osrt" if self.options.osrt else "cuda,nvtx"
-        flags = [f"--trace={traces}"]
-        if self.options.cuda_graph_trace:
-            flags.append(f"--cuda-graph-trace={self.options.cuda_graph_trace}")
-        return flags
+    def trace_flags_launch(self) -> list[str]:  # what to trace (nsys profile and nsys launch take them)
+        graphs = [f"--cuda-graph-trace={self.options.cuda_graph_trace}"] if self.options.cuda_graph_trace else []
+        return ["--trace=cuda,nvtx,osrt" if self.options.osrt else "--trace=cuda,nvtx", *graphs]
 
-    def sampling_flags(self) -> list[str]:
-        """No CPU sampling or context switches (valid for ``nsys profile`` and ``nsys start``)."""
+    def sampling_flags(self) -> list[str]:  # no CPU sampling or context switches (nsys profile and start)
         return ["--sample=none", "--cpuctxsw=none"]
 
     def trace_flags(self) -> list[str]:
@@ -117,41 +104,25 @@ class Nsys(Profiler):
         return t[:1] + self.sampling_flags() + t[1:]
 
     def capture_flags(self) -> list[str]:
-        if self.options.capture == "steady":
-            # stop: end collection at cuProfilerStop and let the app finish normally.
-            return ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
-        return []
+        # stop: end collection at cuProfilerStop and let the app finish normally
+        return ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"] if self.uses_capture_range else []
 
     def wrap(self, command: list[str], output_base: Path) -> list[str]:
-        return [
-            self.path,
-            "profile",
-            *self.trace_flags(),
-            *self.capture_flags(),
-            "--force-overwrite=true",
-            f"--output={output_base}",
-            *self.options.extra,
-            *command,
-        ]
+        return [self.path, "profile", *self.trace_flags(), *self.capture_flags(), "--force-overwrite=true",
+                f"--output={output_base}", *self.options.extra, *command]
 
     def child_env(self) -> dict[str, str]:
-        env: dict[str, str] = {}
-        if self.uses_capture_range:
-            env[config.CAPTURE] = "1"
-            if self.options.window_s:
-                env[config.CAPTURE_WINDOW_S] = f"{self.options.window_s:g}"
-        return env
+        window = {config.CAPTURE_WINDOW_S: f"{self.window_s:g}"} if self.window_s else {}
+        return {config.CAPTURE: "1", **window} if self.uses_capture_range else {}
 
     def flags_text(self) -> str:
         return " ".join(self.trace_flags() + self.capture_flags() + self.options.extra)
 
     def collect(self, output_base: Path, *, timeout_s: float = 600.0) -> Artifact:
         art = Artifact(profiler=self.name)
-        rep = Path(f"{output_base}.nsys-rep")
-        qdstrm = Path(f"{output_base}.qdstrm")
-        sqlite_path = Path(f"{output_base}.sqlite")
+        rep, qdstrm, sqlite_path = (Path(f"{output_base}{ext}") for ext in (".nsys-rep", ".qdstrm", ".sqlite"))
         if not rep.exists() and qdstrm.exists():
-            # nsys leaves only the raw stream when its importer is not beside it.
+            # nsys leaves only the raw stream when its importer is not beside it
             importer = shutil.which("QdstrmImporter")
             if importer:
                 _run_quiet([importer, "-i", str(qdstrm)], timeout_s, art)
@@ -161,22 +132,17 @@ class Nsys(Profiler):
             art.problems.append(
                 f"{rep}: nsys wrote no report (the capture range may never have started: it starts when a stage "
                 "completes its warm-up instances; a program that opens no maxinstr session needs `--warmup N`, "
-                "or use `--capture all`)"
-            )
+                "or use `--capture all`)")
             return art
         art.files["report"] = str(rep)
         if rep.stat().st_size < MIN_ARTIFACT_BYTES:
             art.problems.append(f"{rep}: only {rep.stat().st_size} bytes, nothing was captured")
-        _run_quiet(
-            [self.path, "export", "--type=sqlite", "--force-overwrite=true", f"--output={sqlite_path}", str(rep)],
-            timeout_s,
-            art,
-        )
+        _run_quiet([self.path, "export", "--type=sqlite", "--force-overwrite=true", f"--output={sqlite_path}", str(rep)],
+                   timeout_s, art)
         if not sqlite_path.exists():
             art.problems.append(f"{sqlite_path}: `nsys export --type=sqlite` wrote nothing")
             return art
-        art.files["sqlite"] = str(sqlite_path)
-        art.files["trace"] = str(sqlite_path)
+        art.files["sqlite"] = art.files["trace"] = str(sqlite_path)
         art.kernels = count_nsys_kernels(sqlite_path)
         if art.kernels == 0:
             art.problems.append(f"{sqlite_path}: no kernels in the capture (the report says what it missed; "
@@ -200,53 +166,31 @@ def count_nsys_kernels(path: Path) -> int:
 
 
 class Rocprofv3(Profiler):
-    """rocprofv3: kernel, marker (roctx) and HIP runtime traces, as CSV files the readers take.
+    """rocprofv3: kernel, marker and HIP runtime traces as CSV. No start/stop API tied to the session
+    here: the whole run is traced; the report keeps warm-up apart by the session's ``warmup``."""
 
-    rocprofv3 has no start/stop API tied to maxinstr's session in this version, so the whole
-    run is traced; the report separates warm-up by the session's ``warmup`` count instead.
-    """
-
-    name = "rocprofv3"
+    name, records_markers = "rocprofv3", True
 
     def __init__(self, path: str = "rocprofv3", extra: list[str] | None = None) -> None:
         self.path = path
         self.extra = list(extra or [])
 
     def trace_flags(self) -> list[str]:
-        return [
-            "--kernel-trace",
-            "--marker-trace",
-            "--hip-runtime-trace",
-            "--memory-copy-trace",
-            "--output-format",
-            "csv",
-        ]
+        return ["--kernel-trace", "--marker-trace", "--hip-runtime-trace", "--memory-copy-trace", "--output-format", "csv"]
 
     def wrap(self, command: list[str], output_base: Path) -> list[str]:
-        return [
-            self.path,
-            *self.trace_flags(),
-            "-d",
-            str(output_base),
-            "-o",
-            "trace",
-            *self.extra,
-            "--",
-            *command,
-        ]
+        return [self.path, *self.trace_flags(), "-d", str(output_base), "-o", "trace", *self.extra, "--", *command]
 
     def flags_text(self) -> str:
         return " ".join(self.trace_flags() + self.extra)
 
     def collect(self, output_base: Path, *, timeout_s: float = 600.0) -> Artifact:
         art = Artifact(profiler=self.name)
-        folder = Path(output_base)
-        kernel_csvs = sorted(glob.glob(str(folder / "**" / "*kernel_trace.csv"), recursive=True))
+        kernel_csvs = sorted(glob.glob(str(Path(output_base) / "**" / "*kernel_trace.csv"), recursive=True))
         if not kernel_csvs:
-            art.problems.append(f"{folder}: rocprofv3 wrote no kernel_trace.csv")
+            art.problems.append(f"{Path(output_base)}: rocprofv3 wrote no kernel_trace.csv")
             return art
-        art.files["folder"] = str(Path(kernel_csvs[0]).parent)
-        art.files["trace"] = art.files["folder"]
+        art.files["folder"] = art.files["trace"] = str(Path(kernel_csvs[0]).parent)
         with open(kernel_csvs[0], "rb") as fh:
             art.kernels = max(sum(1 for _ in fh) - 1, 0)  # one header line
         if art.kernels == 0:

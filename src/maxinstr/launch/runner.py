@@ -1,14 +1,11 @@
-"""`maxinstr run`: one command from a script to a profiled run directory and its report.
-
-The orchestration, separate from the CLI so it can be driven and tested directly:
-plan (:func:`plan_runs`), show (:func:`plan_lines`), execute (:func:`execute`): optional
-unprofiled warm run, the profiled run under a supervisor, artifact verification and
-export, merge into the run directory (``launch.json``, ``meta.json``'s ``profiler``).
+"""`maxinstr run`, apart from the CLI so it can be driven and tested directly: plan (:func:`plan_runs`),
+show (:func:`plan_lines`), execute (:func:`execute`: a warm run, the profiled run under a supervisor,
+the profiler's artifact verified and exported, merged into the run directory).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
+import contextlib
 import json
 import os
 import re
@@ -20,18 +17,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from maxinstr._files import LINK_REFUSED, open_write_file, replace_atomic
+from maxinstr import config
+from maxinstr._files import LINK_REFUSED, open_write_file, parse_json, read_regular, replace_atomic
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import supervise as sv
-from maxinstr import config
-from maxinstr.launch.bootstrap import STAGE_SPECS_FILE, site_dir
+from maxinstr.launch.layout import LAUNCH_FILE, LOG_FILE, PROFILE_BASE, RUN_NAMES, WARM_DIR, site_dir, unapplied_stage_specs
+from maxinstr.launch.layout import clear_previous_run, default_run_dir as default_run_dir  # (cli/run.py's, from here)
+from maxinstr.launch.presets import preset
 from maxinstr.launch.profilers import Artifact, NoProfiler, Profiler
 from maxinstr.rundir import format as fmt
+from maxinstr.rundir import metadata
+from maxinstr.rundir.reader import read_launch
+from maxinstr.rundir.writer import json_line
+from maxinstr.sample import DEFAULT_INTERVAL_S, start_sampler
 
-LAUNCH_FILE = "launch.json"
-LOG_FILE = "child.log"
-WARM_DIR = "warm-run"
-PROFILE_BASE = "profile"
+MAX_PROFILING = "MODULAR_ENABLE_PROFILING"
 
 
 @dataclass
@@ -42,13 +42,9 @@ class RunSpec:
     run_dir: Path
     label: str = ""
     env: dict[str, str] = field(default_factory=dict)
-    side: Path | None = None
-    """The folder this run is one of the repeats in (``maxinstr compare`` pools a folder of
-    repeats into one side); None for a run without repeats."""
-    sweep: str = ""
-    """This run's own ``--sweep`` value (``BATCH=8``, ``--batch-size=8``); '' without a sweep."""
-    program: list[str] | None = None
-    """The command before a ``--sweep`` flag was appended (None: ``command`` itself)."""
+    side: Path | None = None  # the folder of repeats it is one of (compare pools it into a side); None: no repeats
+    sweep: str = ""  # its own --sweep value (BATCH=8, --batch-size=8); '' without a sweep
+    program: list[str] | None = None  # the command before a --sweep flag was appended (None: command)
 
 
 @dataclass
@@ -63,23 +59,15 @@ class RunOptions:
     fail_fast: bool = True
     extra_fatal: list[str] = field(default_factory=list)
     echo: Callable[[str], None] | None = sv.print_line
-    environment: dict | None = None
-    """detect_environment().to_json(), stored with the run."""
-    max_ops: str | None = None
-    """``on``/``detailed``: MAX's op markers on (MODULAR_ENABLE_PROFILING) where a profiler records
-    them; None leaves MAX as it is (``--max-ops``)."""
-    presets: list[str] = field(default_factory=list)
-    """Named presets of --stage specs (launch/presets.py: ``max``), applied before stage_specs."""
+    environment: dict | None = None  # detect_environment().to_json(), stored with the run
+    max_ops: str | None = None  # --max-ops: MAX's op markers on where a profiler records them; None: as MAX is
+    presets: list[str] = field(default_factory=list)  # named presets of --stage specs, applied before stage_specs
     rerun_args: list[str] | None = None
-    """The options of `maxinstr run` that make a run what it is (profiler, capture, warm-up,
-    --stage, ...), as command-line words, less where it writes (-o), how it shows it (-y, -q,
-    --no-report) and the plan's shape (--repeat, --sweep): see :func:`rerun_command`. None when
-    the runs were not planned from a command line."""
+    """The options of `maxinstr run` that make a run what it is, as command-line words, less where it
+    writes, how it shows it and the plan's shape (:func:`rerun_command`); None: not from a command line."""
 
     def all_stage_specs(self) -> list[str]:
         """The presets' specs, then the ones given with --stage: what every process applies."""
-        from maxinstr.launch.presets import preset
-
         return [text for name in self.presets for text in preset(name).specs] + list(self.stage_specs)
 
 
@@ -92,59 +80,40 @@ class RunOutcome:
     artifact: Artifact | None
     warm: sv.ChildResult | None = None
     files: dict[str, str] = field(default_factory=dict)
-    unapplied: dict[str, str] = field(default_factory=dict)
-    """--stage specs no process of the run applied -> why (:func:`unapplied_stage_specs`)."""
+    unapplied: dict[str, str] = field(default_factory=dict)  # --stage specs no process of the run applied -> why
 
     @property
     def ok(self) -> bool:
         return self.result.ok and (self.artifact is None or self.artifact.ok)
 
 
-def default_run_dir(command: list[str], root: str | Path = "runs", now: _dt.datetime | None = None) -> Path:
-    """``runs/<script or program>-<YYYYmmdd-HHMMSS>``."""
-    script = next((a for a in command if a.endswith(".py")), None)
-    stem = Path(script).stem if script else Path(command[0]).name
-    stamp = (now or _dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
-    return Path(root) / f"{stem}-{stamp}"
-
-
-def parse_sweep(text: str) -> tuple[str, list[str]]:
-    """``NAME=a,b,c`` -> (NAME, [a, b, c]). NAME is an env var, or a flag when it starts with '-'."""
-    name, sep, values = text.partition("=")
-    items = [v for v in values.split(",") if v != ""]
-    if not sep or not name or not items:
-        raise MaxinstrError(f"--sweep {text!r}: expected NAME=a,b,c (an env var, or a flag such as --batch-size=1,8)")
-    if not name.startswith("-") and not name.replace("_", "").isalnum():
-        raise MaxinstrError(f"--sweep {text!r}: {name!r} is neither an environment variable name nor a flag")
-    return name, items
-
-
 def plan_runs(command: list[str], out: Path, *, repeat: int = 1, sweep: str | None = None) -> list[RunSpec]:
-    """Fresh-process runs, each with its own run directory under ``out`` (``out`` itself
-    when there is just one). Sweep values go into the env var, or after the flag.
-
-    Layout: ``--repeat N`` alone: ``out/r1`` .. ``out/rN``; ``--sweep`` alone: ``out/NAME=v``
-    per value; both: ``out/NAME=v/r1`` ..: every folder of repeats holds one program's runs
-    only, so ``maxinstr compare out/NAME=a out/NAME=b`` pools each value's repeats into a side.
-    The label (``NAME=v.r2``) names the run in the output and in its launch.json."""
+    """Fresh-process runs, each with its own run directory under ``out`` (``out`` itself for one);
+    ``sweep`` ``NAME=a,b,c`` sets the env var NAME, or follows as the flag NAME. ``out/r1``.. (``--repeat``),
+    ``out/NAME=v`` (``--sweep``), ``out/NAME=v/r1``..: a folder of repeats holds one program's runs, so
+    ``maxinstr compare out/NAME=a out/NAME=b`` pools each value's repeats; labels ``NAME=v.r2``."""
     if repeat < 1:
         raise MaxinstrError("--repeat must be at least 1")
     # (label, env, flag words, this value's --sweep)
     axis: list[tuple[str, dict[str, str], list[str], str]] = [("", {}, [], "")]
     if sweep:
-        name, values = parse_sweep(sweep)
+        name, sep, values = sweep.partition("=")
+        items = [v for v in values.split(",") if v != ""]
+        if not sep or not name or not items:
+            raise MaxinstrError(f"--sweep {sweep!r}: expected NAME=a,b,c (an env var, or a flag such as --batch-size=1,8)")
+        if not name.startswith("-") and not name.replace("_", "").isalnum():
+            raise MaxinstrError(f"--sweep {sweep!r}: {name!r} is neither an environment variable name nor a flag")
         if name.startswith("-"):
-            axis = [(f"{name.lstrip('-')}={v}", {}, [name, v], f"{name}={v}") for v in values]
+            axis = [(f"{name.lstrip('-')}={v}", {}, [name, v], f"{name}={v}") for v in items]
         else:
-            axis = [(f"{name}={v}", {name: v}, [], f"{name}={v}") for v in values]
+            axis = [(f"{name}={v}", {name: v}, [], f"{name}={v}") for v in items]
     specs: list[RunSpec] = []
     for label, env, extra_args, value in axis:
         side = out / label if label else out
         for r in range(repeat):
             rep = f"r{r + 1}" if repeat > 1 else ""
-            run_label = ".".join(p for p in (label, rep) if p)
-            run_dir = side / rep if rep else side
-            specs.append(RunSpec(command=list(command) + extra_args, run_dir=run_dir, label=run_label, env=dict(env),
+            specs.append(RunSpec(command=list(command) + extra_args, run_dir=side / rep if rep else side,
+                                 label=".".join(p for p in (label, rep) if p), env=dict(env),
                                  side=side if repeat > 1 else None, sweep=value, program=list(command)))
     return specs
 
@@ -158,14 +127,9 @@ def sweep_label(label: str) -> str:
 
 
 def compare_hint(specs: list[RunSpec]) -> str | None:
-    """What to compare after a plan of several runs, as a line to print: the --sweep values
-    against the first, each value's repeats pooled into one side; repeats alone are one side,
-    to compare with another set. None for a single run."""
-    sides: list[Path] = []
-    for spec in specs:
-        side = spec.side or spec.run_dir
-        if side not in sides:
-            sides.append(side)
+    """What to compare after a plan of several runs, as a line: the --sweep values (each value's repeats
+    pooled), or repeats alone as one side against another set; None for a single run."""
+    sides = list(dict.fromkeys(spec.side or spec.run_dir for spec in specs))
     if len(specs) < 2:
         return None
     if len(sides) == 1:
@@ -177,10 +141,8 @@ def compare_hint(specs: list[RunSpec]) -> str | None:
 
 
 def rerun_command(spec: RunSpec, options: RunOptions) -> list[str] | None:
-    """The `maxinstr run` command that makes this run again: the options it was made with
-    (:attr:`RunOptions.rerun_args`), this run's own ``--sweep`` value, its program. No ``-o``
-    (a rerun writes a run of its own, never over this one) and no ``--repeat`` (one run, as
-    this one). None when the run was not planned from a command line."""
+    """The `maxinstr run` command that makes this run again: its options, its own ``--sweep`` value, its
+    program; no ``-o`` (never over this one), no ``--repeat``; None when not planned from a command line."""
     if options.rerun_args is None:
         return None
     sweep = [f"--sweep={spec.sweep}"] if spec.sweep else []
@@ -188,9 +150,8 @@ def rerun_command(spec: RunSpec, options: RunOptions) -> list[str] | None:
 
 
 def run_dir_problem(path: str | Path) -> str | None:
-    """Why ``path`` cannot be made a run directory, or None: it, or the nearest of its parents
-    that exists, must be a directory this process may write in. Asked before anything starts,
-    so that a bad ``-o`` is one line and nothing else happens."""
+    """Why ``path`` cannot be made a run directory, or None: it, or the nearest of its parents that
+    exists, must be a directory this process may write in (asked before anything starts)."""
     probe = Path(path)
     while not os.path.lexists(probe) and probe.parent != probe:
         probe = probe.parent
@@ -204,9 +165,8 @@ def run_dir_problem(path: str | Path) -> str | None:
 
 
 def command_problem(command: list[str], env: dict[str, str] | None = None) -> str | None:
-    """Why ``command`` cannot be started, or None: a program that is not on the PATH the child
-    will have, or a path that is not an executable file. Asked before a run directory is made
-    or a previous run cleared, so a command that cannot start costs nothing."""
+    """Why ``command`` cannot be started, or None: a program not on the PATH the child will have,
+    or a path that is not an executable file (asked before a run directory is made or cleared)."""
     program = command[0] if command else ""
     if not program:
         return "no command to run"
@@ -217,9 +177,7 @@ def command_problem(command: list[str], env: dict[str, str] | None = None) -> st
             return f"{program}: not an executable file"
         return None
     path = os.pathsep.join(os.get_exec_path(dict(os.environ) if env is None else env))
-    if shutil.which(program, path=path) is None:
-        return f"{program}: command not found"
-    return None
+    return f"{program}: command not found" if shutil.which(program, path=path) is None else None
 
 
 class NotStarted(MaxinstrError):
@@ -231,58 +189,41 @@ def child_env(spec: RunSpec, options: RunOptions, run_dir: Path, base: dict[str,
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (site_dir(), env.get("PYTHONPATH", "")) if p)
     env[config.RUN_DIR] = str(run_dir.resolve())
-    # MAX's own NVTX/roctx ranges nest under ours where a profiler records them, but they change
-    # what is watched: MAX compiles its graphs again with markers and they cost it host time (H200
-    # decoder: 915 against 1527 tokens/s plain, docs/max.md). So only when asked (--max-ops), and
-    # only with a profiler to record them. A user's explicit choice stands (a --sweep value too).
-    # Ours is marked as ours: where MAX's markers would abort MAX, the start-up hook turns ours off
-    # (one line) but refuses the user's own (launch/bootstrap.py).
+    # MAX's markers cost it recompiles and host time (docs/max.md): only with --max-ops and a profiler that records
+    # them; a user's own choice stands, ours is marked so the start-up hook may turn it off where it would abort MAX
     env.pop(config.MAX_PROFILING_BY_RUN, None)
-    if (options.max_ops and options.profiler.name in ("nsys", "rocprofv3") and "MODULAR_ENABLE_PROFILING" not in env
-            and "MODULAR_ENABLE_PROFILING" not in spec.env):
-        env["MODULAR_ENABLE_PROFILING"] = options.max_ops
+    if options.max_ops and options.profiler.records_markers and MAX_PROFILING not in env and MAX_PROFILING not in spec.env:
+        env[MAX_PROFILING] = options.max_ops
         env[config.MAX_PROFILING_BY_RUN] = "1"
     if options.warmup is not None:
         env[config.WARMUP] = str(options.warmup)
-    specs = options.all_stage_specs()
-    if specs:
+    if specs := options.all_stage_specs():
         env[config.STAGES] = "\n".join(specs)
     env.update(spec.env)
-    if options.presets:  # what a preset needs set (MAX's telemetry off), unless the user set it
-        from maxinstr.launch.presets import preset
-
-        for name in options.presets:
-            for key, value in preset(name).env.items():
-                env.setdefault(key, value)
+    for name in options.presets:  # what a preset needs set (MAX's telemetry off), unless the user set it
+        for key, value in preset(name).env.items():
+            env.setdefault(key, value)
     return env
 
 
-def maxinstr_env_keys(env: dict[str, str]) -> dict[str, str]:
-    """The variables maxinstr set or cares about (stored with the run, never the whole env)."""
-    keep = ("MODULAR_ENABLE_PROFILING", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
-            "MAX_SERVE_DISABLE_TELEMETRY", "MODULAR_DERIVED_PATH")
-    return {k: v for k, v in env.items() if k.startswith("MAXINSTR_") or k in keep}
+_KEPT_VARIABLES = (MAX_PROFILING, "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",  # in launch.json
+                   "MAX_SERVE_DISABLE_TELEMETRY", "MODULAR_DERIVED_PATH")  # with every MAXINSTR_*, never the whole env
 
 
 def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:
     """The plan shown before running: commands, profiler flags, window, output paths."""
     prof = options.profiler
     lines = [f"profiler: {prof.name}" + (f"  flags: {prof.flags_text()}" if prof.name != "none" else "")]
-    if prof.name == "nsys":
-        window = getattr(getattr(prof, "options", None), "window_s", None)
-        if prof.uses_capture_range:
-            lines.append(
-                "capture: steady state only (starts after the session's warm-up instances)"
-                + (f", window {window:g} s" if window else ", until the session closes")
-            )
-        else:
-            lines.append("capture: the whole run")
+    if prof.name == "nsys" and prof.uses_capture_range:
+        lines.append("capture: steady state only (starts after the session's warm-up instances)"
+                     + (f", window {prof.window_s:g} s" if prof.window_s else ", until the session closes"))
+    elif prof.name == "nsys":
+        lines.append("capture: the whole run")
     elif prof.name == "rocprofv3":
         lines.append("capture: the whole run (warm-up is separated by the session's warmup count)")
     if options.max_ops:  # what child_env does with it, said: an option left unused is never silent
-        own = os.environ.get("MODULAR_ENABLE_PROFILING")
-        swept = any("MODULAR_ENABLE_PROFILING" in spec.env for spec in specs)
-        if prof.name not in ("nsys", "rocprofv3"):
+        own, swept = os.environ.get(MAX_PROFILING), any(MAX_PROFILING in spec.env for spec in specs)
+        if not prof.records_markers:
             lines.append(f"--max-ops {options.max_ops}: left off, no profiler records MAX's markers (--profiler {prof.name})")
         elif own is not None or swept:
             lines.append(f"--max-ops {options.max_ops}: not used, MODULAR_ENABLE_PROFILING"
@@ -292,16 +233,12 @@ def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:
                          "with them and they cost it host time: docs/max.md)")
     if options.warm_run:
         lines.append("warm run: one unprofiled run first (its wall time is reported as startup)")
-    if options.presets:
-        from maxinstr.launch.presets import preset
-
-        lines += [preset(name).plan_line() for name in options.presets]
+    lines += [preset(name).plan_line() for name in options.presets]
     if options.stage_specs:
         lines.append("stages injected: " + ", ".join(options.stage_specs))
-    if options.stage_specs or options.presets:
-        if prof.uses_capture_range and options.warmup is None:
-            lines.append("note: if the program opens no maxinstr session itself, give --warmup N: the capture "
-                         "starts after N instances of a stage")
+    if (options.stage_specs or options.presets) and prof.uses_capture_range and options.warmup is None:
+        lines.append("note: if the program opens no maxinstr session itself, give --warmup N: the capture "
+                     "starts after N instances of a stage")
     if options.timeout_s:
         lines.append(f"time limit: {options.timeout_s:g} s per run")
     skip = next((f for f in (python_flag_skipping_hook(spec.command) for spec in specs) if f), None)
@@ -319,9 +256,8 @@ def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:
 
 
 def python_flag_skipping_hook(command: list[str]) -> str | None:
-    """The interpreter option of a ``python ...`` command that keeps the start-up hook from running
-    (``-I``, ``-E``: PYTHONPATH ignored; ``-S``: no site, so no sitecustomize), as given; None
-    when there is none or the command is not a Python interpreter."""
+    """The interpreter option of a ``python ...`` command that keeps the start-up hook from running (``-I``,
+    ``-E``: PYTHONPATH ignored; ``-S``: no site), as given; None when none or not a Python interpreter."""
     if not command or not re.fullmatch(r"python[0-9.]*", os.path.basename(command[0])):
         return None
     args = iter(command[1:])
@@ -340,84 +276,35 @@ def python_flag_skipping_hook(command: list[str]) -> str | None:
     return None
 
 
-def _fatal_patterns(options: RunOptions) -> list[tuple[str, str]] | None:
-    if not options.fail_fast:
-        return None
-    return list(sv.DEFAULT_FATAL_PATTERNS) + [("user pattern", rx) for rx in options.extra_fatal]
-
-
-def _write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict) -> None:
     """``data`` as JSON at ``path``, atomically, never through a link planted there."""
     replace_atomic(path, (json.dumps(data, indent=2, default=str) + "\n").encode("utf-8", "backslashreplace"))
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON of a regular file (a FIFO never blocks), None when absent or unreadable."""
+    try:
+        data = read_regular(path, MaxinstrError)
+        return parse_json(data, path, MaxinstrError) if data is not None else None
+    except MaxinstrError:
+        return None
 
 
 def merge_meta(run_dir: Path, profiler: Profiler, wrapped: list[str], artifact: Artifact | None,
                maxinstr_command: list[str] | None = None) -> bool:
     """Record the profiler in the session's meta.json (after the child closed it), and the
     `maxinstr run` command that makes the run again (:func:`rerun_command`)."""
-    from maxinstr._files import parse_json, read_regular
-
-    meta_path = run_dir / "meta.json"
-    try:
-        data = read_regular(meta_path, MaxinstrError)  # a regular file only: a FIFO never blocks
-        meta = parse_json(data, meta_path, MaxinstrError) if data is not None else None
-    except MaxinstrError:
-        return False
+    meta = _read_json(run_dir / "meta.json")
     if not isinstance(meta, dict):
         return False
-    if profiler.name == "none":
-        meta["profiler"] = None
-    else:
-        window = getattr(getattr(profiler, "options", None), "window_s", None)
-        meta["profiler"] = {
-            "name": profiler.name,
-            "command": wrapped,
-            "capture": "steady" if profiler.uses_capture_range else "all",
-            "window_s": window if profiler.uses_capture_range else None,
-            "trace": artifact.trace if artifact else None,
-        }
+    meta["profiler"] = None if profiler.name == "none" else {
+        "name": profiler.name, "command": wrapped, "capture": profiler.capture,
+        "window_s": profiler.window_s if profiler.uses_capture_range else None,
+        "trace": artifact.trace if artifact else None}
     if maxinstr_command is not None:
         meta["maxinstr_command"] = maxinstr_command
-    _write_json(meta_path, meta)
+    write_json(run_dir / "meta.json", meta)
     return True
-
-
-def clear_previous_run(run_dir: Path) -> list[str]:
-    """A new run in an existing run directory replaces the old one (as a session opened on
-    it does), so two runs never merge. Only a folder that holds a run (meta.json or
-    launch.json) is touched, and only the names a run writes; returns what was removed.
-    A run that a live process still writes is never removed: MaxinstrError names it."""
-    from maxinstr.rundir import owners
-
-    with owners.locked(run_dir):
-        live = owners.live_writers(run_dir)
-        if live:
-            raise MaxinstrError(f"{run_dir}: still written by a live process ({'; '.join(live[:3])}): "
-                                "give another -o, or run again once it has ended")
-        return _remove_run(run_dir)
-
-
-def _remove_run(run_dir: Path) -> list[str]:
-    import shutil
-
-    if not (run_dir / "meta.json").exists() and not (run_dir / LAUNCH_FILE).exists():
-        return []
-    names = ["meta.json", "parts", LAUNCH_FILE, LOG_FILE, STAGE_SPECS_FILE, WARM_DIR, "deep-dive"]
-    names += [f"{PROFILE_BASE}{ext}" for ext in (".nsys-rep", ".sqlite", ".qdstrm")]
-    rocprof_dir = run_dir / PROFILE_BASE
-    if rocprof_dir.is_dir() and any(rocprof_dir.glob("**/*_trace.csv")):
-        names.append(PROFILE_BASE)
-    removed = []
-    for name in names:
-        path = run_dir / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
-        else:
-            continue
-        removed.append(name)
-    return removed
 
 
 def execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
@@ -426,7 +313,15 @@ def execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
     problem = command_problem(spec.command, {**os.environ, **spec.env})
     if problem is not None:
         raise NotStarted(f"{problem}; nothing was started")
-    made = _make_dirs(spec.run_dir)
+    made = []  # the folders this run makes, deepest first
+    probe = Path(spec.run_dir)
+    while not os.path.lexists(probe) and probe.parent != probe:
+        made.append(probe)
+        probe = probe.parent
+    try:
+        Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MaxinstrError(f"{spec.run_dir}: cannot make the run directory ({exc.strerror or exc})") from None
     try:
         return _execute(spec, options)
     except NotStarted as exc:
@@ -434,37 +329,18 @@ def execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
         raise NotStarted(f"{exc}; nothing was started" + (f" (left in place: {', '.join(left)})" if left else "")) from None
 
 
-def _make_dirs(path: Path) -> list[Path]:
-    """Make ``path`` and its missing parents; returns those it made, deepest first."""
-    made = []
-    probe = Path(path)
-    while not os.path.lexists(probe) and probe.parent != probe:
-        made.append(probe)
-        probe = probe.parent
-    try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise MaxinstrError(f"{path}: cannot make the run directory ({exc.strerror or exc})") from None
-    return made
-
-
 def _undo_start(run_dir: Path, made: list[Path]) -> list[str]:
-    """After a command that never started: remove the empty logs and folders this run made
-    (never anything that holds data), and return what is left of them."""
+    """After a command that never started: the empty logs and folders this run made go; what is left."""
     for log in (run_dir / WARM_DIR / LOG_FILE, run_dir / LOG_FILE):
-        try:
+        with contextlib.suppress(OSError):
             if log.is_file() and not log.is_symlink() and log.stat().st_size == 0:
                 log.unlink()
-        except OSError:
-            pass
     left = []
     for folder in [run_dir / WARM_DIR, *made]:
         try:
             folder.rmdir()  # only an empty folder goes
-        except FileNotFoundError:
-            pass
-        except OSError:
-            if folder in made:
+        except OSError as exc:
+            if folder in made and not isinstance(exc, FileNotFoundError):
                 left.append(str(folder))
     return left
 
@@ -472,74 +348,60 @@ def _undo_start(run_dir: Path, made: list[Path]) -> list[str]:
 def _execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
     run_dir = spec.run_dir
     clear_previous_run(run_dir)
-    _refuse_links(run_dir)
+    for name in RUN_NAMES:  # a link where the run writes (its log, the profiler's report) would write its target
+        if (run_dir / name).is_symlink():
+            raise NotStarted(f"{run_dir / name}: {LINK_REFUSED}: remove it, or give another -o")
     warm: sv.ChildResult | None = None
-    patterns = _fatal_patterns(options)
+    patterns = None if not options.fail_fast else (
+        list(sv.DEFAULT_FATAL_PATTERNS) + [("user pattern", rx) for rx in options.extra_fatal])
     if options.warm_run:
         warm_dir = sv.ensure_dir(run_dir / WARM_DIR)
         warm = _supervise(spec.command, child_env(spec, options, warm_dir), warm_dir / LOG_FILE, options, patterns)
-    profiler = options.profiler
-    output_base = (run_dir / PROFILE_BASE).resolve()
-    env = child_env(spec, options, run_dir)
-    env.update(profiler.child_env())
+    profiler, output_base = options.profiler, (run_dir / PROFILE_BASE).resolve()
+    env = {**child_env(spec, options, run_dir), **profiler.child_env()}
     wrapped = profiler.wrap(spec.command, output_base)
-    if warm is not None and not warm.ok:
-        # The warm run failed: the profiled run would fail the same way. Say so, stop.
+    if warm is not None and not warm.ok:  # the profiled run would fail the same way: said, stopped
         outcome = RunOutcome(spec, warm, None, warm=warm)
         _write_launch(run_dir, spec, options, wrapped, env, outcome)
         return outcome
     env[config.RUN_SAMPLED] = "1"
-    sampler = _start_run_sampler(run_dir)
+    # the GPUs sampled from this process, not the program's (left without a sampler of ours): one that
+    # never opens a session still gets its utilization (no sampler: samples.json says why when it can)
+    part = run_dir / fmt.PARTS_DIR / fmt.SAMPLER_PART
+    try:
+        part.mkdir(parents=True, exist_ok=True)
+        sampler = start_sampler(part, DEFAULT_INTERVAL_S, pids=[], mode="auto")
+    except Exception:  # noqa: BLE001 - the run goes on without samples
+        sampler = None
     try:
         result = _supervise(wrapped, env, run_dir / LOG_FILE, options, patterns)
     except NotStarted:
-        _stop_run_sampler(sampler)
-        shutil.rmtree(run_dir / fmt.PARTS_DIR / fmt.SAMPLER_PART, ignore_errors=True)
-        _remove_empty(run_dir / fmt.PARTS_DIR)
+        _stop(sampler)
+        shutil.rmtree(part, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            part.parent.rmdir()
         raise
-    _stop_run_sampler(sampler)
+    _stop(sampler)
     meta_if_none(run_dir, spec.command)
-    artifact = None
-    if profiler.name != "none":
-        artifact = profiler.collect(output_base)
+    artifact = profiler.collect(output_base) if profiler.name != "none" else None
     outcome = RunOutcome(spec, result, artifact, warm=warm)
     merge_meta(run_dir, profiler, wrapped, artifact, rerun_command(spec, options))
     outcome.unapplied = unapplied_stage_specs(run_dir, options.all_stage_specs())
     _note_unapplied(run_dir, outcome.unapplied)
-    outcome.files = _files(run_dir, artifact)
+    outcome.files = {"run directory": str(run_dir), "child log": str(run_dir / LOG_FILE),
+                     "launch record": str(run_dir / LAUNCH_FILE)}
+    if (run_dir / "meta.json").exists():
+        outcome.files["run metadata"] = str(run_dir / "meta.json")
+    if artifact is not None:
+        outcome.files.update({f"{artifact.profiler} {role}": path for role, path in artifact.files.items() if role != "trace"})
     _write_launch(run_dir, spec, options, wrapped, env, outcome)
     return outcome
 
 
-
-
-def _start_run_sampler(run_dir: Path) -> Any:
-    """Sample the GPUs for the whole run from this process, not the program's: the program is
-    left without a sampler thread or process of ours, and a program that never opens a session
-    still gets its utilization. Never raises; None when nothing could start."""
-    try:
-        from maxinstr.sample import DEFAULT_INTERVAL_S, start_sampler
-
-        part = run_dir / fmt.PARTS_DIR / fmt.SAMPLER_PART
-        part.mkdir(parents=True, exist_ok=True)
-        return start_sampler(part, DEFAULT_INTERVAL_S, pids=[], mode="auto")
-    except Exception:  # noqa: BLE001 - the run goes on without samples (samples.json says why when it can)
-        return None
-
-
-def _remove_empty(folder: Path) -> None:
-    try:
-        folder.rmdir()
-    except OSError:
-        pass
-
-
-def _stop_run_sampler(sampler: Any) -> None:
-    if sampler is not None:
-        try:
+def _stop(sampler: Any) -> None:
+    with contextlib.suppress(Exception):
+        if sampler is not None:
             sampler.stop()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def meta_if_none(run_dir: Path, command: list[str]) -> None:
@@ -547,78 +409,39 @@ def meta_if_none(run_dir: Path, command: list[str]) -> None:
     no meta.json: write one for it, so the run's samples and trace still make a report."""
     if (run_dir / "meta.json").exists():
         return
-    from maxinstr.rundir import metadata
-
     try:
         meta = metadata.collect()
     except Exception:  # noqa: BLE001 - no report of this run, as before the run sampled
         return
     meta.update(status="closed", command=list(command), argv=list(command), pid=None,
                 opened_by="maxinstr run: the program opened no session (no stage recorded)")
-    _write_json(run_dir / "meta.json", meta)
-
-RUN_NAMES = ("meta.json", "parts", LAUNCH_FILE, LOG_FILE, STAGE_SPECS_FILE, WARM_DIR, "deep-dive",
-             *(f"{PROFILE_BASE}{ext}" for ext in (".nsys-rep", ".sqlite", ".qdstrm")), PROFILE_BASE)
-"""What a run writes in its directory (a profiler writes ``profile.*``)."""
-
-
-def _refuse_links(run_dir: Path) -> None:
-    """A symbolic link where the run writes a file would turn that write (the child's log, the
-    profiler's report) into a write to its target: refused before anything starts."""
-    for name in RUN_NAMES:
-        if (run_dir / name).is_symlink():
-            raise NotStarted(f"{run_dir / name}: {LINK_REFUSED}: remove it, or give another -o")
+    write_json(run_dir / "meta.json", meta)
 
 
 def _supervise(cmd: list[str], env: dict[str, str], log: Path, options: RunOptions, patterns) -> sv.ChildResult:
     try:
-        return sv.supervise(
-            cmd, env=env, log_path=log, timeout_s=options.timeout_s, fatal_patterns=patterns, echo=options.echo
-        )
+        return sv.supervise(cmd, env=env, log_path=log, timeout_s=options.timeout_s, fatal_patterns=patterns,
+                            echo=options.echo)
     except FileNotFoundError:
         raise NotStarted(f"{cmd[0]}: command not found") from None
     except PermissionError:
         raise NotStarted(f"{cmd[0]}: not executable") from None
 
 
-def _files(run_dir: Path, artifact: Artifact | None) -> dict[str, str]:
-    files = {"run directory": str(run_dir), "child log": str(run_dir / LOG_FILE), "launch record": str(run_dir / LAUNCH_FILE)}
-    if (run_dir / "meta.json").exists():
-        files["run metadata"] = str(run_dir / "meta.json")
-    if artifact is not None:
-        files.update({f"{artifact.profiler} {role}": path for role, path in artifact.files.items() if role != "trace"})
-    return files
-
-
 def _write_launch(run_dir: Path, spec: RunSpec, options: RunOptions, wrapped: list[str], env: dict[str, str],
                   outcome: RunOutcome) -> None:
     prof = options.profiler
-    record = {
-        "format": "maxinstr-launch",
-        "version": 1,
-        "written_unix_s": time.time(),
-        "label": spec.label,
-        # the --sweep variable and its value for this run (compare lists it among the settings)
-        "sweep": dict(spec.env),
-        "command": spec.command,
-        "profiled_command": wrapped,
-        "env": maxinstr_env_keys(env),
-        "profiler": {
-            "name": prof.name,
-            "flags": prof.flags_text() if prof.name != "none" else "",
-            "capture": "steady" if prof.uses_capture_range else "all",
-            "window_s": getattr(getattr(prof, "options", None), "window_s", None),
-        },
-        "presets": options.presets,
-        "stage_specs": options.all_stage_specs(),
-        "stage_specs_unapplied": outcome.unapplied,
+    write_json(run_dir / LAUNCH_FILE, {  # "sweep": this run's --sweep variable and value (compare lists it)
+        "format": "maxinstr-launch", "version": 1, "written_unix_s": time.time(), "label": spec.label,
+        "sweep": dict(spec.env), "command": spec.command, "profiled_command": wrapped,
+        "env": {k: v for k, v in env.items() if k.startswith("MAXINSTR_") or k in _KEPT_VARIABLES},
+        "profiler": {"name": prof.name, "flags": prof.flags_text() if prof.name != "none" else "",
+                     "capture": prof.capture, "window_s": prof.window_s},
+        "presets": options.presets, "stage_specs": options.all_stage_specs(), "stage_specs_unapplied": outcome.unapplied,
         "maxinstr_command": rerun_command(spec, options),
         "startup": None if outcome.warm is None else {"warm_run_wall_s": round(outcome.warm.wall_s, 3), **outcome.warm.to_json()},
-        "run": outcome.result.to_json(),
-        "artifact": None if outcome.artifact is None else outcome.artifact.to_json(),
-        "environment": options.environment,
-    }
-    _write_json(run_dir / LAUNCH_FILE, record)
+        "run": outcome.result.to_json(), "artifact": None if outcome.artifact is None else outcome.artifact.to_json(),
+        "environment": options.environment})
 
 
 def add_to_launch(run_dir: Path, key: str, value: Any) -> None:
@@ -626,107 +449,36 @@ def add_to_launch(run_dir: Path, key: str, value: Any) -> None:
     record = read_launch(run_dir)
     if record is not None:
         record[key] = value
-        _write_json(run_dir / LAUNCH_FILE, record)
-
-
-def unapplied_stage_specs(run_dir: Path, stage_specs: list[str]) -> dict[str, str]:
-    """The ``--stage`` specs that no process of the run applied, each with why: the problem a
-    process met applying it, or that no process imported its module. Read from the run's
-    stage-specs.jsonl, where the start-up hook of every process records each spec it applies or
-    fails to apply, as it happens (launch/bootstrap.py): a spec that any process applied (a
-    worker, a fork child, one killed later) was applied."""
-    if not stage_specs:
-        return {}
-    from maxinstr.launch.instrument import parse_spec
-    from maxinstr.rundir.reader import read_jsonl
-
-    said: list[Any]
-    try:
-        said = [value for _, value in read_jsonl(run_dir / STAGE_SPECS_FILE)[0]]  # (damaged lines skipped)
-    except (MaxinstrError, OSError):
-        said = []  # unreadable: every spec is then "never applied", which the run's log can correct
-    applied: set[str] = set()
-    failed: dict[str, str] = {}
-    for line in said:
-        key = line.get("stage_spec") if isinstance(line, dict) else None
-        if not isinstance(key, str):
-            continue
-        if line.get("applied") is True:
-            applied.add(key)
-        elif isinstance(line.get("problem"), str):
-            failed.setdefault(key, line["problem"])
-    # some process started maxinstr (the start-up hook starts it only at the first import that asks)
-    hooked = bool(said) or any(p.name != fmt.SAMPLER_PART for p in (run_dir / fmt.PARTS_DIR).glob("*/"))
-    out: dict[str, str] = {}
-    for text in stage_specs:
-        try:
-            spec = parse_spec(text)
-        except MaxinstrError as exc:  # (`maxinstr run` refuses these before it starts)
-            out[text] = str(exc).removeprefix(f"--stage {text!r}: ")
-            continue
-        if spec.text in applied:
-            continue
-        if spec.text in failed:
-            out[text] = failed[spec.text].removeprefix(f"--stage {spec.target}: ")
-        elif hooked:
-            out[text] = f"no process of the run imported {spec.module}"
-        else:
-            out[text] = (f"no process of the run imported {spec.module} or recorded anything (or the program is not "
-                         "Python, or cannot import maxinstr)")
-    return out
+        write_json(run_dir / LAUNCH_FILE, record)
 
 
 def _note_unapplied(run_dir: Path, unapplied: dict[str, str]) -> None:
-    """Say in the run itself which specs were never applied: a warning each in the owner part's
-    events.jsonl, which the report lists in its notes (written after the program ended, when no
-    process writes that part any more)."""
-    from maxinstr.rundir.writer import json_line
-
+    """Each spec never applied as a warning in the owner part's events.jsonl, which the report lists
+    (written after the program ended: no process writes that part any more)."""
     if not unapplied:
         return
     parts = sorted(p for p in (run_dir / fmt.PARTS_DIR).glob("*/") if p.is_dir() and not p.is_symlink())
-    owner = next((p for p in parts if _part_role(p) == "owner"), parts[0] if parts else None)
+    owner = next((p for p in parts if _is_owner(p)), parts[0] if parts else None)
     if owner is None:
         return
     lines = b"".join(json_line({"time_ns": time.monotonic_ns(), "kind": "warning",
                                 "message": f"--stage {text} was never applied: {why}", "by": "maxinstr run"})
                      for text, why in unapplied.items())
-    try:
+    with contextlib.suppress(OSError):  # launch.json and the line on stderr still say it
         with open_write_file(owner / fmt.EVENTS_FILE) as f:
             f.write(lines)
-    except OSError:
-        pass  # launch.json and the line on stderr still say it
 
 
-def _part_role(part: Path) -> str | None:
-
-    from maxinstr._files import parse_json, read_regular
-
-    try:
-        data = read_regular(part / fmt.PART_FILE, MaxinstrError)  # never blocks on a FIFO
-        doc = parse_json(data, part / fmt.PART_FILE, MaxinstrError) if data is not None else None
-    except MaxinstrError:
-        return None
-    role = doc.get("role") if isinstance(doc, dict) else None
-    return role if isinstance(role, str) else None
+def _is_owner(part: Path) -> bool:
+    doc = _read_json(part / fmt.PART_FILE)
+    return isinstance(doc, dict) and doc.get("role") == "owner"
 
 
-def read_launch(run_dir: str | Path) -> dict | None:
-    """The launch record `maxinstr run` left in a run directory (None when absent); a damaged
-    one is a MaxinstrError naming the file and the problem (rundir.reader.read_launch)."""
-    from maxinstr.rundir.reader import read_launch as load_launch
-
-    return load_launch(run_dir)
+_OPEN_HINTS = ((".nsys-rep", "nsys-ui {0}   (or `nsys stats {0}`)"), (".sqlite", "maxinstr report RUN --trace {0}   (or sqlite3 {0})"),
+               (".ncu-rep", "ncu-ui {0}   (or `ncu --import {0} --page details`)"))
 
 
 def open_hint(role: str, path: str) -> str:
     """How to open a file we produced."""
-    if path.endswith(".nsys-rep"):
-        return f"nsys-ui {path}   (or `nsys stats {path}`)"
-    if path.endswith(".sqlite"):
-        return f"maxinstr report RUN --trace {path}   (or sqlite3 {path})"
-    if path.endswith(".ncu-rep"):
-        return f"ncu-ui {path}   (or `ncu --import {path} --page details`)"
-    if role.endswith("log"):
-        return f"less {path}"
-    return path
+    hint = next((h for ext, h in _OPEN_HINTS if path.endswith(ext)), "less {0}" if role.endswith("log") else "{0}")
+    return hint.format(path)

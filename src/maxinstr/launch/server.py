@@ -1,18 +1,12 @@
-"""Profiling a long-running server around a benchmark window.
-
-A server (``max serve``, a vLLM-style API, any process that warms up and then waits for
-requests) is started once under ``nsys launch`` with a named session, so nothing is
-collected while it loads; each benchmark window is ``nsys start`` ... ``nsys stop`` on that
-session, one report per window; ``nsys shutdown`` ends it. The server's maxinstr stages go
-to the run directory the whole time (the sitecustomize bootstrap opens the session), so
-each window's trace joins the same run.
-
-State lives in ``RUN/server.json`` so start, window and stop can be separate commands
-(e.g. in a CI script), and only the process group recorded there is ever signalled.
+"""Profiling a long-running server around benchmark windows (docs/cli.md, `maxinstr server`): under
+``nsys launch`` with a named session, a window is ``nsys start`` ... ``nsys stop``. State lives in
+``RUN/server.json`` so start, window and stop can be separate commands; only the process group
+recorded there is signalled, once :func:`verify` proved it is the server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -26,24 +20,22 @@ from pathlib import Path
 from typing import Any
 
 from maxinstr import config
-from maxinstr._files import LINK_REFUSED, open_write_file
+from maxinstr._files import LINK_REFUSED, open_write_file, parse_json, read_regular
 from maxinstr.errors import MaxinstrError
-from maxinstr.launch import runner
+from maxinstr.launch import layout, runner
 from maxinstr.launch import supervise as sv
+from maxinstr.launch.env import find_tool
 from maxinstr.launch.profilers import Artifact, Nsys, NsysOptions
 
-STATE_FILE = "server.json"
-LOG_FILE = "server.log"
+STATE_FILE, LOG_FILE = "server.json", "server.log"
 
 
 @dataclass
 class ServerState:
-    """What `maxinstr server start` left for the commands that follow.
-
-    ``server.json`` is data: whoever can write the run directory can write it. So nothing in it
-    is run (nsys is the one found on PATH now) and nothing it names is signalled until
-    :func:`verify` proved the process is the server `server start` made for this run directory
-    (its start time, its boot, and the token and run directory in its environment)."""
+    """What `maxinstr server start` left for the commands that follow. ``server.json`` is data
+    (whoever can write the run directory can write it): nothing in it is run (nsys is the one
+    on PATH now) and nothing it names is signalled until :func:`verify` proved the process is the
+    server `server start` made for this run directory."""
 
     run_dir: Path
     pid: int
@@ -60,36 +52,30 @@ class ServerState:
     token: str | None = None  # also in the server's environment (config.SERVER_TOKEN)
 
     def save(self) -> None:
-        data = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
-        runner._write_json(self.run_dir / STATE_FILE, data)
+        runner.write_json(self.run_dir / STATE_FILE, {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()})
 
     @classmethod
     def load(cls, run_dir: str | Path) -> ServerState:
         """The state of the server started in ``run_dir`` (the folder named on the command line:
         the ``run_dir`` written in the file is never where maxinstr writes)."""
-        from maxinstr._files import parse_json, read_regular
-
         path = Path(run_dir) / STATE_FILE
-        raw = read_regular(path, lambda p, why: MaxinstrError(f"{p}: unreadable server state ({why})"))
+        unreadable = lambda p, why: MaxinstrError(f"{p}: unreadable server state ({why})")  # noqa: E731
+        raw = read_regular(path, unreadable)
         if raw is None:
             raise MaxinstrError(f"{path}: no server started here (run `maxinstr server start -o {run_dir} -- CMD`)")
-        data = parse_json(raw, path, lambda p, why: MaxinstrError(f"{p}: unreadable server state ({why})"))
+        data = parse_json(raw, path, unreadable)
         if not isinstance(data, dict):
-            raise MaxinstrError(f"{path}: unreadable server state (not a JSON object)")
+            raise unreadable(path, "not a JSON object")
         for key, (ok, what) in _FIELDS.items():
-            if key not in data and key in _OPTIONAL:
-                continue
-            if key not in data:
-                raise MaxinstrError(f"{path}: unreadable server state (no \"{key}\")")
-            if not ok(data[key]):
-                raise MaxinstrError(f"{path}: unreadable server state (\"{key}\" is not {what}: {_clip(data[key])})")
-        known: dict[str, Any] = {k: data.get(k) for k in _FIELDS}
-        known["run_dir"] = Path(run_dir).resolve()
+            if key not in data and key not in _OPTIONAL:
+                raise unreadable(path, f'no "{key}"')
+            if key in data and not ok(data[key]):
+                raise unreadable(path, f'"{key}" is not {what}: {_clip(data[key])}')
+        known: dict[str, Any] = {**{k: data.get(k) for k in _FIELDS}, "run_dir": Path(run_dir).resolve()}
         return cls(**known)
 
     def alive(self) -> bool:
-        """Whether the process ``pid`` exists and is not a zombie (it may be another process: see
-        :func:`verify`)."""
+        """Whether the process ``pid`` exists and is not a zombie (maybe another process: :func:`verify`)."""
         if self.pid < 2:
             return False
         try:
@@ -98,8 +84,7 @@ class ServerState:
             return False
         except PermissionError:
             return True
-        # A zombie (exited, not yet reaped by its parent) is not alive for our purposes.
-        try:
+        try:  # a zombie (exited, not yet reaped by its parent) is not alive
             with open(f"/proc/{self.pid}/stat", encoding="ascii") as fh:
                 return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
         except OSError:
@@ -130,21 +115,16 @@ def _opt_str(v: object) -> bool:
 
 _SESSION_RE = re.compile(r"maxinstr-[A-Za-z0-9-]{1,120}")
 _FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
-    "run_dir": (lambda v: isinstance(v, str), "a path"),
-    "pid": (_is_pid, "a process id"),
-    "pgid": (_is_pid, "a process group id"),
-    "command": (_str_list, "a list of strings"),
-    "launch_command": (_str_list, "a list of strings"),
-    "profiler": (lambda v: v in ("nsys", "none"), '"nsys" or "none"'),
+    "run_dir": (lambda v: isinstance(v, str), "a path"), "pid": (_is_pid, "a process id"),
+    "pgid": (_is_pid, "a process group id"), "command": (_str_list, "a list of strings"),
+    "launch_command": (_str_list, "a list of strings"), "profiler": (lambda v: v in ("nsys", "none"), '"nsys" or "none"'),
     "session": (lambda v: v is None or (isinstance(v, str) and _SESSION_RE.fullmatch(v) is not None),
                 "an nsys session name maxinstr makes (maxinstr-...)"),
     "nsys": (_opt_str, "a path or null"),
     "windows": (lambda v: isinstance(v, list) and all(isinstance(w, dict) for w in v), "a list of objects"),
     "log": (lambda v: isinstance(v, str), "a path"),
     "start_ticks": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0), "a count"),
-    "boot_id": (_opt_str, "a string"),
-    "token": (_opt_str, "a string"),
-}
+    "boot_id": (_opt_str, "a string"), "token": (_opt_str, "a string")}
 _OPTIONAL = ("start_ticks", "boot_id", "token")  # absent from a server.json of before 2026-12
 
 
@@ -157,14 +137,9 @@ def _read_text(path: str) -> str | None:
 
 
 def process_start_ticks(pid: int) -> int | None:
-    """When ``pid`` started, in clock ticks since boot (/proc/<pid>/stat field 22); None when
-    unknown. A reused pid has another start time."""
-    text = _read_text(f"/proc/{pid}/stat")
-    if text is None:
-        return None
-    fields = text.rsplit(")", 1)[-1].split()
-    try:
-        return int(fields[19])  # fields after the command: state is field 3, starttime field 22
+    """When ``pid`` started, in clock ticks since boot (/proc stat field 22; a reused pid has another)."""
+    try:  # the fields after the command: state is field 3, starttime field 22
+        return int((_read_text(f"/proc/{pid}/stat") or "").rsplit(")", 1)[-1].split()[19])
     except (IndexError, ValueError):
         return None
 
@@ -180,19 +155,15 @@ def _environ(pid: int) -> dict[str, str] | None:
             raw = fh.read(1 << 22)
     except OSError:
         return None
-    out = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
-    return out
+    pairs = (item.partition(b"=") for item in raw.split(b"\0"))
+    return {k.decode("utf-8", "surrogateescape"): v.decode("utf-8", "surrogateescape") for k, sep, v in pairs if sep}
 
 
 def verify(state: ServerState) -> str | None:
     """Why the process ``state`` names is not the server `maxinstr server start` made for
-    ``state.run_dir``, or None when it is: alive, its own process group leader, started at the
-    recorded time of this boot, and holding in its environment the token and the run directory
-    server.json was written with. Only then is it signalled or its nsys session driven."""
+    ``state.run_dir``, or None when it is: alive, its own group's leader, started at the recorded
+    time of this boot, holding in its environment the token and the run directory server.json
+    was written with. Only then is it signalled or its nsys session driven."""
     if state.ours():
         return None
     if state.pgid != state.pid:
@@ -226,36 +197,12 @@ def verify(state: ServerState) -> str | None:
     return None
 
 
-def session_name(run_dir: Path) -> str:
-    """A unique nsys session name (letters, digits, dashes)."""
+def session_name(run_dir: Path) -> str:  # a unique nsys session name (letters, digits, dashes)
     stem = re.sub(r"[^A-Za-z0-9-]+", "-", run_dir.name).strip("-")[:40] or "run"
     return f"maxinstr-{stem}-{os.getpid()}-{int(time.time())}"
 
 
-def launch_command(nsys: Nsys, session: str, command: list[str]) -> list[str]:
-    """``nsys launch``: the app runs with tracing injected, nothing is collected until start.
-    What to trace is set here; sampling is not: nsys 2025.3 refuses ``--sample`` and
-    ``--cpuctxsw`` on ``launch`` ("can be set on the profile and start commands", seen on the H200)."""
-    return [nsys.path, "launch", f"--session-new={session}", *nsys.trace_flags_launch(), *command]
-
-
-def start_command(nsys: Nsys, session: str, output: Path) -> list[str]:
-    """``nsys start``: where this window's report goes, and no CPU sampling or context-switch
-    tracing (without them a tiny script wrote a 2 GB .qdstrm)."""
-    return [nsys.path, "start", f"--session={session}", *nsys.sampling_flags(), "--force-overwrite=true",
-            f"--output={output}"]
-
-
-START_SETTLE_S = 0.5
-"""`nsys start` returns before collection is live: wait this long before the benchmark."""
-
-
-def stop_command(nsys: Nsys, session: str) -> list[str]:
-    return [nsys.path, "stop", f"--session={session}"]
-
-
-def shutdown_command(nsys: Nsys, session: str) -> list[str]:
-    return [nsys.path, "shutdown", f"--session={session}"]
+START_SETTLE_S = 0.5  # `nsys start` returns before collection is live: wait this long before the benchmark
 
 
 def _nsys(path: str | None) -> Nsys:
@@ -265,8 +212,6 @@ def _nsys(path: str | None) -> Nsys:
 def _nsys_now(state: ServerState, echo: Callable[[str], None] | None = None) -> Nsys:
     """The nsys found on PATH now: never the program server.json names (a file is data; a
     planted ``"nsys": "/tmp/x.sh"`` would otherwise run as whoever stops the server)."""
-    from maxinstr.launch.env import find_tool
-
     tool = find_tool("nsys", probe_version=False)
     if not tool.found or tool.path is None:
         raise MaxinstrError(f"nsys is not installed: {tool.install_hint()}")
@@ -282,12 +227,9 @@ def _refuse(state: ServerState, problem: str, what: str) -> MaxinstrError:
 
 
 def _wait_ready(state: ServerState, ready: str | None, timeout_s: float, patterns) -> None:
-    """Return once the server's log shows ``ready`` (or at once when None); raise with the
-    log's tail when it dies or logs a fatal error first."""
-    rx = re.compile(ready) if ready else None
-    fatal = sv.compile_patterns(patterns or ())
-    log = Path(state.log)
-    deadline = time.monotonic() + timeout_s
+    """Return once the log shows ``ready``; raise with its tail when the server dies or logs a fatal error."""
+    rx, fatal = re.compile(ready) if ready else None, sv.compile_patterns(patterns or ())
+    log, deadline = Path(state.log), time.monotonic() + timeout_s
     tail: list[str] = []
     pending = ""
     with open(log, "rb") as fh:  # read what is new each time, never the whole log again
@@ -314,8 +256,7 @@ def _wait_ready(state: ServerState, ready: str | None, timeout_s: float, pattern
 
 
 def _kill_group(state: ServerState, grace_s: float = 10.0) -> None:
-    """SIGTERM then SIGKILL to the process group we started (and only that group: each signal
-    goes only to a process :func:`verify` proves is the server)."""
+    """SIGTERM then SIGKILL to the process group we started, each once :func:`verify` proves it the server."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         problem = verify(state)
         if problem is not None:
@@ -333,20 +274,10 @@ def _kill_group(state: ServerState, grace_s: float = 10.0) -> None:
             time.sleep(0.1)
 
 
-def start_server(
-    command: list[str],
-    run_dir: Path,
-    *,
-    profiler: str = "nsys",
-    nsys_path: str | None = None,
-    ready: str | None = None,
-    ready_timeout_s: float = 600.0,
-    stage_specs: list[str] | None = None,
-    presets: list[str] | None = None,
-    fail_fast: bool = True,
-) -> ServerState:
-    """Start ``command`` in its own process group (under ``nsys launch`` when profiling),
-    output to ``RUN/server.log``, and wait until its log matches ``ready``."""
+def start_server(command: list[str], run_dir: Path, *, profiler: str = "nsys", nsys_path: str | None = None,
+                 ready: str | None = None, ready_timeout_s: float = 600.0, stage_specs: list[str] | None = None,
+                 presets: list[str] | None = None, fail_fast: bool = True) -> ServerState:
+    """Start ``command`` in its own group (under ``nsys launch`` when profiling); wait for ``ready``."""
     run_dir = sv.ensure_dir(run_dir).resolve()
     if os.path.lexists(run_dir / STATE_FILE):
         try:
@@ -362,14 +293,13 @@ def start_server(
     spec = runner.RunSpec(command=command, run_dir=run_dir)
     clear_previous_server(run_dir)
     env = runner.child_env(spec, runner.RunOptions(stage_specs=list(stage_specs or []), presets=list(presets or [])), run_dir)
-    token = secrets.token_hex(16)
-    env[config.SERVER_TOKEN] = token
-    session = None
-    cmd = list(command)
+    env[config.SERVER_TOKEN] = token = secrets.token_hex(16)
+    session, cmd = None, list(command)
     if profiler == "nsys":
-        nsys = _nsys(nsys_path)
-        session = session_name(run_dir)
-        cmd = launch_command(nsys, session, command)
+        # `nsys launch`: nothing collected until start; what to trace is set here, sampling not (nsys
+        # 2025.3 refuses --sample and --cpuctxsw on launch, seen on the H200)
+        nsys, session = _nsys(nsys_path), session_name(run_dir)
+        cmd = [nsys.path, "launch", f"--session-new={session}", *nsys.trace_flags_launch(), *command]
     elif profiler != "none":
         raise MaxinstrError(f"server profiling supports nsys or none, not {profiler!r} (on AMD: `maxinstr run --profiler rocprofv3` around the whole server)")
     log_path = run_dir / LOG_FILE
@@ -389,8 +319,7 @@ def start_server(
                         windows=[], log=str(log_path), start_ticks=process_start_ticks(proc.pid), boot_id=boot_id(),
                         token=token)
     state.save()
-    # Keep a reference so the child is reaped if this process lives on (tests, `server run`).
-    _children[proc.pid] = proc
+    _children[proc.pid] = proc  # so the child is reaped if this process lives on (tests, `server run`)
     _wait_ready(state, ready, ready_timeout_s, sv.DEFAULT_FATAL_PATTERNS if fail_fast else None)
     return state
 
@@ -399,15 +328,12 @@ _children: dict[int, subprocess.Popen] = {}
 
 
 def clear_previous_server(run_dir: Path) -> list[str]:
-    """A server started on a run directory that holds an earlier (ended) server's run replaces
-    it, as `maxinstr run` does: its parts would merge with the new server's records, and its log
-    would answer --ready before the new server is. Only the names a server run writes go;
-    a run a live process still writes is never removed (MaxinstrError names it)."""
-    removed = runner.clear_previous_run(run_dir)
+    """A server started on a run directory holding an earlier (ended) server's run replaces it, as `maxinstr
+    run` does (its log would answer --ready first): only the names a server run writes."""
+    removed = layout.clear_previous_run(run_dir)
     if not (run_dir / STATE_FILE).exists():
         return removed  # no server ran here: its files are not ours to remove
-    names = [STATE_FILE, LOG_FILE, *(p.name for p in run_dir.glob("window-*"))]
-    for name in names:
+    for name in [STATE_FILE, LOG_FILE, *(p.name for p in run_dir.glob("window-*"))]:
         path = run_dir / name
         if path.is_file() or path.is_symlink():
             path.unlink()
@@ -415,15 +341,9 @@ def clear_previous_server(run_dir: Path) -> list[str]:
     return removed
 
 
-def profile_window(
-    run_dir: Path,
-    *,
-    duration_s: float | None = None,
-    bench: list[str] | None = None,
-    echo: Callable[[str], None] | None = sv.print_line,
-    timeout_s: float | None = None,
-    say: Callable[[str], None] | None = None,
-) -> tuple[dict, Artifact | None, sv.ChildResult | None]:
+def profile_window(run_dir: Path, *, duration_s: float | None = None, bench: list[str] | None = None,
+                   echo: Callable[[str], None] | None = sv.print_line, timeout_s: float | None = None,
+                   say: Callable[[str], None] | None = None) -> tuple[dict, Artifact | None, sv.ChildResult | None]:
     """One capture window: ``nsys start``, then the benchmark command (or ``duration_s``
     seconds), then ``nsys stop``; verify and export that window's report."""
     state = ServerState.load(run_dir)
@@ -440,10 +360,12 @@ def profile_window(
             raise MaxinstrError(f"{planted}: {LINK_REFUSED}: remove it; no window was captured")
     nsys = _nsys_now(state, say) if state.profiler == "nsys" else _nsys(None)
     if state.profiler == "nsys":
-        # The session may not be registered yet right after launch: retry briefly.
+        # this window's report, no CPU sampling or context switches (without them a tiny script wrote
+        # a 2 GB .qdstrm); the session may not be registered yet right after launch: retried briefly
         for attempt in range(5):
             try:
-                _check(start_command(nsys, state.session, output))  # type: ignore[arg-type]
+                _check([nsys.path, "start", f"--session={state.session}", *nsys.sampling_flags(),
+                        "--force-overwrite=true", f"--output={output}"])
                 break
             except MaxinstrError:
                 if attempt == 4:
@@ -465,10 +387,10 @@ def profile_window(
         pass  # end the window early; the report of what was collected is still written
     finally:
         if state.profiler == "nsys":
-            _check(stop_command(nsys, state.session))  # type: ignore[arg-type]
+            _check([nsys.path, "stop", f"--session={state.session}"])
     window: dict[str, Any] = {"index": k, "started_unix_s": started, "wall_s": round(time.time() - started, 3),
-              "host_start_ns": started_ns, "host_end_ns": time.monotonic_ns(),
-              "bench": bench, "bench_status": bench_result.status if bench_result else None}
+                              "host_start_ns": started_ns, "host_end_ns": time.monotonic_ns(), "bench": bench,
+                              "bench_status": bench_result.status if bench_result else None}
     artifact = nsys.collect(output) if state.profiler == "nsys" else None
     if artifact is not None:
         window["artifact"] = artifact.to_json()
@@ -494,11 +416,9 @@ def stop_server(run_dir: Path, grace_s: float = 20.0, say: Callable[[str], None]
             if say is not None:
                 say(f"maxinstr: {exc}; stopping the server's process group instead")
     if nsys is not None:
-        try:
-            subprocess.run(shutdown_command(nsys, state.session), capture_output=True,  # type: ignore[arg-type]
-                           timeout=60, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run([nsys.path, "shutdown", f"--session={state.session}"], capture_output=True, timeout=60,
+                           stdin=subprocess.DEVNULL)
     else:
         _kill_group(state, grace_s)  # no profiler session: SIGTERM to the group we started
     deadline = time.monotonic() + grace_s

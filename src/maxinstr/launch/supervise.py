@@ -1,9 +1,6 @@
-"""Run a child command in its own process group, watch its log, stop it fast when it fails.
-
-Why: a profiled run that died at start-up (model not found, OOM, a bad flag) must be
-reported within seconds, not after a timeout; a Ctrl-C must leave a usable partial result
-(nsys writes its report on SIGINT, the run directory is append-only); and only the process
-group maxinstr started may be signalled, never processes found by name.
+"""Run a child command in its own process group, watch its log, stop it fast when it fails
+(docs/cli.md, "Failing fast"): a run that died at start-up is reported within seconds, a Ctrl-C
+leaves a usable partial result, only the process group maxinstr started is ever signalled.
 """
 
 from __future__ import annotations
@@ -12,29 +9,25 @@ import contextlib
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-import subprocess
-from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from maxinstr._files import open_write_file
 
-# Lines that mean the run is already lost. Each is (label, regex). A match starts a short
-# grace period: a child that exits by itself in that time is simply reported as failed;
-# one that keeps running (a server that logged a traceback and hangs) is stopped.
+# Lines that mean the run is lost: a match starts a grace period, after which a child still running
+# (a server that logged a traceback and hangs) is stopped
 DEFAULT_FATAL_PATTERNS: tuple[tuple[str, str], ...] = (
     ("python traceback", r"^Traceback \(most recent call last\):"),
     ("out of GPU memory", r"CUDA out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|hipErrorOutOfMemory|out of memory"),
-    (
-        "model not found",
-        r"RepositoryNotFoundError|EntryNotFoundError|GatedRepoError|(model|checkpoint|repository|weights?)\b.*\bnot found"
-        r"|does not appear to have a file named|No such file or directory",
-    ),
+    ("model not found", r"RepositoryNotFoundError|EntryNotFoundError|GatedRepoError|(model|checkpoint|repository|weights?)\b"
+                        r".*\bnot found|does not appear to have a file named|No such file or directory"),
     ("bad command-line flag", r"unrecognized arguments:|error: argument |invalid choice:|No such option:|unknown option|Unknown argument"),
     ("crash", r"Segmentation fault|core dumped|Aborted \(core dumped\)|illegal memory access|CUDA error:|HIP error:"),
 )
@@ -47,9 +40,8 @@ STATUS_INTERRUPTED = "interrupted"  # Ctrl-C, or SIGTERM / SIGHUP to maxinstr
 
 
 class SignalInterrupt(KeyboardInterrupt):
-    """SIGTERM or SIGHUP to maxinstr while it supervises a child: handled as Ctrl-C is (the
-    child's group is stopped, what ran is recorded). Their default action killed maxinstr alone
-    and left the child (its own process group) running, with no launch.json."""
+    """SIGTERM or SIGHUP to maxinstr while it supervises a child: handled as Ctrl-C is (their
+    default action killed maxinstr alone and left the child running, with no launch.json)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -58,8 +50,8 @@ class SignalInterrupt(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def _signals_interrupt() -> Iterator[None]:
-    """While a child runs: SIGTERM and SIGHUP raise :class:`SignalInterrupt` (main thread only,
-    and only where they had their default action: a program embedding this keeps its own)."""
+    """While a child runs: SIGTERM and SIGHUP raise :class:`SignalInterrupt` (main thread only, and
+    only where they had their default action: a program embedding this keeps its own)."""
     saved: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -95,30 +87,20 @@ class ChildResult:
     def ok(self) -> bool:
         return self.status == STATUS_OK
 
-    def describe(self) -> str:
-        """One line saying how the child ended."""
-        if self.status == STATUS_OK:
-            return f"finished in {self.wall_s:.1f} s"
-        if self.status == STATUS_FAILED:
-            return f"exited with status {self.returncode} after {self.wall_s:.1f} s"
-        if self.status == STATUS_FATAL_LOG:
-            return f"stopped after {self.wall_s:.1f} s: {self.fatal_label}: {self.fatal_line}"
-        if self.status == STATUS_TIMEOUT:
-            return f"stopped at the {self.wall_s:.0f} s time limit"
+    def describe(self) -> str:  # one line saying how the child ended
         by = f" by {signal.Signals(self.signal).name}" if self.signal else ""
-        return f"interrupted{by} after {self.wall_s:.1f} s (partial results kept)"
+        return {STATUS_OK: f"finished in {self.wall_s:.1f} s",
+                STATUS_FAILED: f"exited with status {self.returncode} after {self.wall_s:.1f} s",
+                STATUS_FATAL_LOG: f"stopped after {self.wall_s:.1f} s: {self.fatal_label}: {self.fatal_line}",
+                STATUS_TIMEOUT: f"stopped at the {self.wall_s:.0f} s time limit",
+                }.get(self.status, f"interrupted{by} after {self.wall_s:.1f} s (partial results kept)")
 
     def to_json(self) -> dict:
-        return {
-            "command": self.command,
-            "status": self.status,
-            "returncode": self.returncode,
-            "wall_s": round(self.wall_s, 3),
-            "log": self.log_path,
-            "fatal": None if self.fatal_label is None else {"label": self.fatal_label, "line": self.fatal_line},
-            "stopped_by_maxinstr": self.stopped_by_maxinstr,
-            "signal": signal.Signals(self.signal).name if self.signal else None,
-        }
+        return {"command": self.command, "status": self.status, "returncode": self.returncode,
+                "wall_s": round(self.wall_s, 3), "log": self.log_path,
+                "fatal": None if self.fatal_label is None else {"label": self.fatal_label, "line": self.fatal_line},
+                "stopped_by_maxinstr": self.stopped_by_maxinstr,
+                "signal": signal.Signals(self.signal).name if self.signal else None}
 
 
 def compile_patterns(patterns: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> list[tuple[str, re.Pattern[str]]]:
@@ -126,8 +108,7 @@ def compile_patterns(patterns: tuple[tuple[str, str], ...] | list[tuple[str, str
 
 
 class _LogPump(threading.Thread):
-    """Copies the child's merged stdout/stderr to the log (and the terminal), line by line,
-    and notes the first line that matches a fatal pattern."""
+    """Copies the child's output to the log (and terminal) line by line; notes the first fatal line."""
 
     def __init__(self, stream: IO[bytes], log: IO[bytes] | None, echo: Callable[[str], None] | None,
                  patterns: list[tuple[str, re.Pattern[str]]]) -> None:
@@ -145,24 +126,18 @@ class _LogPump(threading.Thread):
             self.tail.append(line)
             if self.echo is not None:
                 self.echo(line)
-            if self.fatal is None:
-                for label, rx in self.patterns:
-                    if rx.search(line):
-                        self.fatal = (label, line.strip()[:300], time.monotonic())
-                        break
+            hit = next((label for label, rx in self.patterns if rx.search(line)), None) if self.fatal is None else None
+            if hit is not None:
+                self.fatal = (hit, line.strip()[:300], time.monotonic())
 
 
-def _signal_group(pgid: int, sig: int) -> bool:
-    try:
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
 
 
 def stop_group(proc: subprocess.Popen, pgid: int, *, grace_s: float = 20.0, first: int = signal.SIGINT) -> None:
-    """Stop the process group we started: ``first`` (SIGINT lets nsys write its report),
-    then SIGTERM, then SIGKILL, each after a grace period. Never touches other groups."""
+    """SIGINT (nsys writes its report), SIGTERM, SIGKILL to the group we started, each after a grace."""
     for sig, wait_s in ((first, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         if proc.poll() is not None:
             break
@@ -179,43 +154,24 @@ def stop_group(proc: subprocess.Popen, pgid: int, *, grace_s: float = 20.0, firs
     _signal_group(pgid, signal.SIGTERM)
 
 
-def supervise(
-    command: list[str],
-    *,
-    env: dict[str, str] | None = None,
-    cwd: str | os.PathLike | None = None,
-    log_path: str | os.PathLike | None = None,
-    timeout_s: float | None = None,
-    fatal_patterns: tuple[tuple[str, str], ...] | list[tuple[str, str]] | None = DEFAULT_FATAL_PATTERNS,
-    fatal_grace_s: float = 3.0,
-    stop_grace_s: float = 20.0,
-    echo: Callable[[str], None] | None = None,
-    poll_s: float = 0.05,
-) -> ChildResult:
-    """Run ``command`` in a new process group and wait for it, stopping it early when its
-    log shows a fatal error (after ``fatal_grace_s``), at ``timeout_s``, or on Ctrl-C.
-
-    Output (stdout and stderr merged) goes to ``log_path`` and, when given, to ``echo``.
-    Raises FileNotFoundError when the executable does not exist.
-    """
+def supervise(command: list[str], *, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
+              log_path: str | os.PathLike | None = None, timeout_s: float | None = None,
+              fatal_patterns: tuple[tuple[str, str], ...] | list[tuple[str, str]] | None = DEFAULT_FATAL_PATTERNS,
+              fatal_grace_s: float = 3.0, stop_grace_s: float = 20.0, echo: Callable[[str], None] | None = None,
+              poll_s: float = 0.05) -> ChildResult:
+    """Run ``command`` in a new process group and wait, stopping it early at a fatal log line (after
+    ``fatal_grace_s``), ``timeout_s`` or Ctrl-C. Output to ``log_path`` (and ``echo``); FileNotFoundError."""
     patterns = compile_patterns(fatal_patterns or ())
     log = open_write_file(log_path) if log_path else None  # O_NOFOLLOW: never through a planted link
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            command,
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # own session and process group: we signal only it
-        )
+        proc = subprocess.Popen(command, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # own group: we signal only it
     except BaseException:
         if log:
             log.close()
         raise
-    pgid = proc.pid
+    pgid = proc.pid  # (the group's leader: its pid is the group id)
     pump = _LogPump(proc.stdout, log, echo, patterns)  # type: ignore[arg-type]
     pump.start()
     status, stopped = STATUS_OK, False
@@ -238,37 +194,23 @@ def supervise(
             by_signal = exc.signum if isinstance(exc, SignalInterrupt) else None
             # a terminating signal asks for an end soon: the child gets less time than after Ctrl-C
             stop_group(proc, pgid, grace_s=stop_grace_s if by_signal is None else min(stop_grace_s, 5.0))
-    wall_s = time.monotonic() - start
-    returncode = proc.wait()
+    wall_s, returncode = time.monotonic() - start, proc.wait()
     pump.join(timeout=2.0)  # a grandchild may hold the pipe open: do not wait for it
     if log:
         log.close()
     if status == STATUS_OK and returncode != 0:
         status = STATUS_FAILED
-    fatal_label = fatal_line = None
-    if pump.fatal is not None and status != STATUS_OK:
-        fatal_label, fatal_line = pump.fatal[0], pump.fatal[1]
-    return ChildResult(
-        command=list(command),
-        status=status,
-        returncode=returncode,
-        wall_s=wall_s,
-        log_path=str(log_path) if log_path else None,
-        fatal_label=fatal_label,
-        fatal_line=fatal_line,
-        tail=list(pump.tail),
-        stopped_by_maxinstr=stopped,
-        signal=by_signal,
-    )
+    fatal_label, fatal_line = pump.fatal[:2] if pump.fatal is not None and status != STATUS_OK else (None, None)
+    return ChildResult(command=list(command), status=status, returncode=returncode, wall_s=wall_s,
+                       log_path=str(log_path) if log_path else None, fatal_label=fatal_label, fatal_line=fatal_line,
+                       tail=list(pump.tail), stopped_by_maxinstr=stopped, signal=by_signal)
 
 
-def print_line(line: str) -> None:
-    """Echo a child's line to our stdout as it arrives."""
+def print_line(line: str) -> None:  # a child's line echoed to our stdout as it arrives
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
 
 def ensure_dir(path: str | os.PathLike) -> Path:
-    p = Path(path)
-    p.mkdir(parents=True, exist_ok=True)
-    return p
+    Path(path).mkdir(parents=True, exist_ok=True)
+    return Path(path)

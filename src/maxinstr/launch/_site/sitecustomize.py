@@ -1,19 +1,18 @@
-"""maxinstr's start-up hook. `maxinstr run` puts this folder first on PYTHONPATH so every
-Python process of the run reads this file before user code.
-
-It must leave the program as it would be without maxinstr until the program asks for it: no
-import beyond importlib's frozen core, no thread, no GPU call, no signal handler, no
-environment change (tests/launch/test_hook_unseen.py holds it to that). All it does is put one
-finder on ``sys.meta_path`` that waits for the first import of a module that asks for
-maxinstr: ``maxinstr`` itself (the program opens a session or marks a stage), the top-level
-package of a ``--stage`` target, or ``max`` when MAX's markers are on (they must be checked
-before MAX loads). Only then does it import maxinstr and run
-``maxinstr.launch.bootstrap.startup()``: the --stage wraps, the capture window, the run's
-session. A target that Python's own start-up imported (``os``, ``time``) has no import to wait
-for: maxinstr then starts at once. It never breaks the program, and it runs the sitecustomize it
-shadows (if any) afterwards. The ways a program reaches that import are tested in
-tests/launch/test_hook_triggers.py.
+"""maxinstr's start-up hook (`maxinstr run` puts this folder first on PYTHONPATH). It leaves the program
+as it would be without maxinstr until the program asks for it (no import beyond what Python has
+loaded, no thread, GPU call, signal handler or environment change: tests/launch/test_hook_unseen.py):
+one finder waits for the first import of ``maxinstr``, a ``--stage`` target's package, or ``max``
+when MAX's markers are on, and only then runs ``maxinstr.launch.bootstrap.startup()``. It never
+breaks the program, and runs the sitecustomize it shadows afterwards.
 """
+
+# Only what every Python has loaded when site runs this file (glob and importlib.machinery are not:
+# imported where used, they would show in the program's sys.modules otherwise)
+import _frozen_importlib
+import _frozen_importlib_external
+import _thread
+import os
+import sys
 
 # Top-level names that starting maxinstr imports besides the standard library's (its own, its
 # dependencies, the optional GPU libraries it reads at start-up); tests/launch/test_hook_triggers.py
@@ -22,28 +21,18 @@ _MAXINSTR_NEEDS = frozenset(("maxinstr", "numpy", "rich", "click", "pynvml", "am
 
 
 class _MaxinstrTrigger:
-    """A meta-path finder that starts maxinstr at the first import of a watched top-level name.
-    It finds nothing itself: it answers that import as the finders after it would, with the
-    module's loader wrapped so that maxinstr starts once the module has run. ``max`` is the
-    exception (``before``): maxinstr starts before MAX runs, because MAX reads its markers'
-    setting when it is imported. Starting never imports a module of ``after`` first: that
-    module would run twice (the import in progress would run it again). Only running the module
-    uses the trigger up, not finding it: ``importlib.util.find_spec`` (runpy's ``-m``, an "is it
-    installed?" check) finds without importing."""
-
+    """A meta-path finder that starts maxinstr at the first import of a watched top-level name, once the
+    module has run (its loader wrapped), or before it for ``max`` (MAX reads its markers' setting when
+    imported). Starting never imports a module of ``after`` first (it would run twice); finding it
+    without running it (``importlib.util.find_spec``, runpy's ``-m``) does not use the trigger up."""
     def __init__(self, after, before, wanted):
-        self.after = frozenset(after)
-        self.before = frozenset(before)
-        self.wanted = wanted
+        self.after, self.before, self.wanted = frozenset(after), frozenset(before), wanted
         self.fired = False  # maxinstr started, or starts once the import in progress has finished
         self._finding = set()  # (thread, name) being looked up through the other finders: no re-entry
 
     def find_spec(self, fullname, path=None, target=None):
         if self.fired or (fullname not in self.after and fullname not in self.before):
             return None
-        import _thread
-        import sys
-
         finding = (_thread.get_ident(), fullname)
         if finding in self._finding:
             return None
@@ -74,10 +63,8 @@ class _MaxinstrTrigger:
 
 class _StartAfter:
     """Runs the module with its own loader, then starts maxinstr (whatever the module did)."""
-
     def __init__(self, inner, trigger):
-        self._inner = inner
-        self._trigger = trigger
+        self._inner, self._trigger = inner, trigger
 
     def create_module(self, spec):
         return self._inner.create_module(spec)
@@ -102,26 +89,21 @@ class _StartAfter:
 
 
 def _start_when_safe(wanted, own=None):
-    """Start maxinstr once the import of ``own`` (the module that asked) has finished: after
-    importlib has put it in sys.modules, or taken a failed one out (a retried import then gets
-    the stage). And never in the middle of an import on this thread that starting maxinstr would
-    meet half-done: numpy imports math, json imports _json, and maxinstr imports numpy and json;
-    started there it would see a half-initialized module and fail. Then it starts when the
-    outermost such import has finished. Without either (a module run by hand, not imported), now."""
+    """Start maxinstr once the import of ``own`` (the module that asked) has finished (in
+    sys.modules, or a failed one taken out: a retried import then gets the stage), and never in
+    the middle of an import on this thread that starting maxinstr would meet half-done (numpy
+    imports math, maxinstr imports numpy): then once the outermost such import has finished.
+    Without either (a module run by hand, not imported), now."""
     wait = _outermost_loading(own)
     if wait is None or not _start_after_load(wait, wanted):
         _start_maxinstr(wanted)
 
 
 def _outermost_loading(own):
-    """The spec to wait for: of the imports this thread is running (importlib's _load_unlocked
-    frames), the outermost whose top-level package starting maxinstr imports, else ``own`` when
-    it is one of them, else None."""
-    import sys
-
+    """Of the imports this thread is running (importlib's _load_unlocked frames), the outermost
+    whose top-level package starting maxinstr imports, else ``own`` when it is one, else None."""
     needs = _MAXINSTR_NEEDS | getattr(sys, "stdlib_module_names", frozenset())
-    found = None
-    own_loading = False
+    found, own_loading = None, False
     frame = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
@@ -152,10 +134,7 @@ def _loading_set(spec, value):
     wanted = _after_load.pop(id(spec), None)
     if wanted is None:
         return
-    import sys
-
-    # a submodule is bound on its package just after this (importlib's next step): bind it now,
-    # the same way, so that starting maxinstr finds `email.message` as the program will
+    # bind a submodule on its package now, as importlib does next: starting maxinstr finds `email.message`
     parent, _, child = str(getattr(spec, "name", "")).rpartition(".")
     module = sys.modules.get(spec.name) if parent else None
     if module is not None and sys.modules.get(parent) is not None:
@@ -167,8 +146,8 @@ def _loading_set(spec, value):
 
 
 def _start_after_load(spec, wanted):
-    """Have importlib's ``spec._initializing = False`` (the end of that import) start maxinstr.
-    False when the spec cannot be watched (then the caller starts it now)."""
+    """Have importlib's ``spec._initializing = False`` (the end of that import) start maxinstr;
+    False when the spec cannot be watched (the caller starts it now)."""
     base = type(spec)
     try:
         watching = _watching_classes.get(base)
@@ -185,8 +164,6 @@ def _start_after_load(spec, wanted):
 
 
 def _start_maxinstr(wanted):
-    import sys
-
     try:
         from maxinstr.launch.bootstrap import startup
     except Exception as exc:  # noqa: BLE001 - maxinstr is not importable in this interpreter
@@ -200,16 +177,11 @@ def _start_maxinstr(wanted):
 
 
 def _from_own_site():
-    """bootstrap.startup from the site folder this file was installed in, when this interpreter
-    can load maxinstr's native module (the same Python version), else None. For a process whose
-    interpreter lost its venv: Mojo's runtime (MAX) sets PYTHONEXECUTABLE to the `python3` on PATH,
-    so MAX's `spawn` workers start with sys.executable and sys.prefix of that Python, without the
-    venv's site-packages (multiprocessing restores the parent's sys.path only after start-up).
-    The folder goes last on sys.path: this interpreter's own packages keep precedence."""
+    """bootstrap.startup from the site folder this file is in, when this interpreter can load its native
+    module, else None: for a process that lost its venv (Mojo's runtime sets PYTHONEXECUTABLE to the
+    `python3` on PATH, so MAX's `spawn` workers start without its site-packages). Last on sys.path."""
     import glob
     import importlib.machinery
-    import os
-    import sys
 
     site = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     native = os.path.join(site, "maxinstr", "_native")
@@ -231,42 +203,28 @@ def _watched_names(environ):
     specs = [line.strip() for line in environ.get("MAXINSTR_STAGES", "").splitlines() if line.strip()]
     if not run and not specs:
         return set(), set()
-    after = {"maxinstr"}
-    for spec in specs:
-        module = spec.partition("=")[0].partition(":")[0].strip()
-        if module:
-            after.add(module.split(".")[0])
-    before = set()
-    if environ.get("MODULAR_ENABLE_PROFILING", "off").strip().lower() not in ("", "off", "0", "false"):
-        before.add("max")  # MAX's markers can abort MAX where NVTX's v2 entry points are missing
+    after = {"maxinstr"} | {s.partition("=")[0].partition(":")[0].strip().split(".")[0] for s in specs} - {""}
+    # MAX's markers can abort MAX where NVTX's v2 entry points are missing: checked before MAX loads
+    markers = environ.get("MODULAR_ENABLE_PROFILING", "off").strip().lower() not in ("", "off", "0", "false")
+    before = {"max"} if markers else set()
     return after - before, before
 
 
 def _maxinstr_install():
-    import os
-    import sys
-
     after, before = _watched_names(os.environ)
     if not after and not before:
         return
     if any(name in sys.modules for name in after):
-        # Python's own start-up imported it (os, time, io; a .pth file's import): no import of it
-        # is left to wait for, so maxinstr starts with the program, as the user asked (once `site`,
-        # being imported now, has finished: after any sitecustomize this one shadows)
+        # Python's own start-up imported it (os, io; a .pth file's import): maxinstr starts with
+        # the program, once `site` (being imported now, with any sitecustomize this one shadows) has
         _start_when_safe(True)
         return
     sys.meta_path.insert(0, _MaxinstrTrigger(after, before, wanted=True))
 
 
 def _chain_shadowed_sitecustomize():
-    # Our folder shadows any other sitecustomize (a distro's, a venv's): run that one too.
-    # importlib's frozen core (always loaded) rather than importlib.util, which a program that
-    # never imports it would otherwise find in sys.modules.
-    import _frozen_importlib
-    import _frozen_importlib_external
-    import os
-    import sys
-
+    # Our folder shadows any other sitecustomize (a distro's, a venv's): run that one too, through
+    # importlib's frozen core (always loaded), not importlib.util (the program would find it loaded)
     here = os.path.dirname(os.path.abspath(__file__))
     path = [p for p in sys.path if os.path.abspath(p or ".") != here]
     spec = _frozen_importlib_external.PathFinder.find_spec("sitecustomize", path)
