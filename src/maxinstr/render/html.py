@@ -761,7 +761,7 @@ def _ranks_section(report: Report) -> str:
     return "".join(out)
 
 
-def render(report: Report, analysis: Analysis | None = None) -> str:
+def render(report: Report, analysis: Analysis | None = None, *, width: int = 120, color: bool = False) -> str:
     """The whole report as one HTML document (no external resource)."""
     src = report.get("sources") or {}
     title = f"maxinstr report: {src.get('run') or src.get('trace') or ''}"

@@ -9,8 +9,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from maxinstr._text import kernel_label, shown
 from maxinstr.render import _fmt as f
+from maxinstr.render import _ranks as rk
 
 if TYPE_CHECKING:
+    from maxinstr.analyze.compare import CompareResult
+    from maxinstr.analyze.report import Analysis
     from maxinstr.analyze.schema import Report, StartupRow
 
 
@@ -241,8 +244,6 @@ def _reproduce(report: Report) -> list[str]:
 
 def _ranks(report: Report) -> list[str]:
     """Per-rank stage statistics and the stragglers (multi-rank runs only)."""
-    from maxinstr.render import _ranks as rk
-
     sec = rk.section(report)
     if sec is None:
         return []
@@ -259,7 +260,7 @@ def _ranks(report: Report) -> list[str]:
     return out
 
 
-def render(report: Report) -> str:
+def render(report: Report, analysis: Analysis | None = None, *, width: int = 120, color: bool = False) -> str:
     """The report as a Markdown document."""
     src = report.get("sources", {})
     title = src.get("run") or src.get("trace") or "report"
@@ -287,14 +288,12 @@ def render(report: Report) -> str:
     return "\n".join(lines)
 
 
-
-def render_compare(result: dict[str, Any]) -> str:
+def render_compare(result: CompareResult, *, width: int = 120, color: bool = False) -> str:
     """A comparison (``maxinstr-compare``) as Markdown."""
     lines = ["# maxinstr compare", ""]
     for c in result.get("comparisons", []):
         lines += [f"A = {_code(c['a'], in_table=False)}, B = {_code(c['b'], in_table=False)}", ""]
-        for key, title in (("stages", "Host time per stage"), ("gpu_stages", "GPU time per stage")):
-            rows = c[key]
+        for rows, title in ((c["stages"], "Host time per stage"), (c["gpu_stages"], "GPU time per stage")):
             if not any("a" in r for r in rows):
                 continue
             lines += [f"## {title}", ""] + [f"- {_item(n)}" for n in f.compare_notes(rows)] + [""] + _table(
@@ -310,11 +309,10 @@ def render_compare(result: dict[str, Any]) -> str:
         if fams:
             lines += ["## Kernel-mix changes", ""] + _table(
                 ["family", "A share", "B share"], [[r["family"], f.pct(r["a_share"], 1), f.pct(r["b_share"], 1)] for r in fams])
-        for key, title in (("kernels_appeared", "Kernels only in B"), ("kernels_disappeared", "Kernels only in A")):
-            if c.get(key):
-                lines += [f"## {title}", ""] + _table(
-                    ["kernel", "family", "GPU time"],
-                    [[_code(f.short(kernel_label(k["name"]), 100)), k["family"], f.ns(k["gpu_ns"])] for k in c[key][:20]])
+        for ks, title in ((c["kernels_appeared"], "Kernels only in B"), (c["kernels_disappeared"], "Kernels only in A")):
+            if ks:
+                lines += [f"## {title}", ""] + _table(["kernel", "family", "GPU time"], [
+                    [_code(f.short(kernel_label(k["name"]), 100)), k["family"], f.ns(k["gpu_ns"])] for k in ks[:20]])
         if c["settings"]:
             lines += ["## Settings that differ", ""] + _table(
                 ["setting", "A", "B"], [[r["key"], _code(f.setting(r["a"])), _code(f.setting(r["b"]))] for r in c["settings"]])

@@ -447,7 +447,7 @@ def _drain(chunks: Iterator[str], fh: IO[str]) -> str:
     return last
 
 
-def render(report: Report, analysis: Analysis | None = None) -> str:
+def render(report: Report, analysis: Analysis | None = None, *, width: int = 120, color: bool = False) -> str:
     """The trace JSON as one string (``maxinstr report --format perfetto``). For big traces
     prefer :func:`write`, which never holds the whole document."""
     buf = io.StringIO()

@@ -5,16 +5,22 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderResult
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from maxinstr._text import kernel_label, shown, visible
 from maxinstr.render import _fmt as f
+from maxinstr.render import _ranks as rk
 from maxinstr.render.terminal import text_width
 
 if TYPE_CHECKING:
+    from maxinstr.analyze.compare import CompareResult, DeltaRow
+    from maxinstr.analyze.report import Analysis
     from maxinstr.analyze.schema import FamilyRow, Populations, Report, Stage, StartupRow
 
 
@@ -35,12 +41,11 @@ def _title(title: str) -> Text:
 
 class Col:
     """A column of a :class:`Fitted` table. ``key``: the row key (the stage), repeated in every
-    continuation table and never moved; ``wrap``: free text that folds into the width left over;
-    ``cut``: free text cut to one line with an ellipsis (kernel names: the row stays one line;
-    --format json has them whole); ``move``: the order in which columns move to a continuation
-    table when the console is too narrow (the highest first; stated in docs/report.md); ``drop``:
-    left out instead when only such columns would make the continuation table (a one-column
-    second table of p90s reads worse than a note)."""
+    continuation table; ``wrap``: free text folded into the width left over; ``cut``: free text
+    cut to one line (kernel names; --format json has them whole); ``move``: the order in which
+    columns move to a continuation table when the console is too narrow (highest first;
+    docs/report.md); ``drop``: left out instead when only such columns would move (a one-column
+    table of p90s reads worse than a note)."""
 
     def __init__(self, header: str, justify: JustifyMethod = "right", key: bool = False, wrap: bool = False,
                  move: int = 0, cut: bool = False, drop: bool = False, keep: int | None = None) -> None:
@@ -89,8 +94,6 @@ class Fitted:
 
     @staticmethod
     def _len(cell: Any) -> int:
-        from rich.cells import cell_len
-
         text = cell.plain if isinstance(cell, Text) else str(cell)
         return max((cell_len(line) for line in text.split("\n")), default=0)
 
@@ -133,7 +136,7 @@ class Fitted:
             fixed = sum(nat[i] for i in idx if not self.cols[i].wrap) + 3 * len(idx) + 1
             wraps = [i for i in idx if self.cols[i].wrap]
             left = max(width - fixed, WRAP_MIN * len(wraps))
-            title = self.title if k == 0 else f"{self.title} (continued)"
+            widths = {i: (min(nat[i], left // max(len(wraps), 1)) if self.cols[i].wrap else nat[i]) for i in idx}
             # notes go under the table at the console's width (a caption wraps at the table's)
             notes = []
             if k == 0 and len(plan) > 1:
@@ -146,15 +149,12 @@ class Fitted:
                 notes += [self.caption] if isinstance(self.caption, str) else self.caption
             # the title on a line of its own at the console's width: as the table's title it
             # wrapped at the table's width, which a continuation table makes narrow
-            yield _title(title)
+            yield _title(self.title if k == 0 else f"{self.title} (continued)")
             t = Table(header_style="bold")
-            for i in idx:
+            for i in idx:  # only a key longer than half the console is narrower than its cells: it folds
                 c = self.cols[i]
-                w = min(nat[i], left // max(len(wraps), 1)) if c.wrap else nat[i]
-                # only a key longer than half the console is narrower than its cells: it folds
-                t.add_column(c.header, justify=c.justify, width=w, overflow="ellipsis" if c.cut else "fold",
+                t.add_column(c.header, justify=c.justify, width=widths[i], overflow="ellipsis" if c.cut else "fold",
                              no_wrap=c.cut)
-            widths = {i: (min(nat[i], left // max(len(wraps), 1)) if self.cols[i].wrap else nat[i]) for i in idx}
             for r in self.rows:
                 t.add_row(*(_cut_middle(r[i], widths[i]) if self.cols[i].cut else r[i] for i in idx))
             yield t
@@ -208,8 +208,6 @@ to read in a terminal, and rich took a minute to lay them out)."""
 def _shown_stages(stages: list[Stage]) -> list[Stage]:
     if len(stages) <= STAGES_SHOWN:
         return stages
-    import numpy as np
-
     total = np.array([float((s.get("headline_host_ns") or s.get("host_ns") or {}).get("total", 0.0) or 0.0)
                       for s in stages])
     keep = np.sort(np.argsort(-total, kind="stable")[:STAGES_SHOWN])
@@ -424,8 +422,6 @@ def _inside_stages(report: Report) -> Fitted | Text | None:
 
 
 def _diagnosis(report: Report) -> Panel | None:
-    from rich.padding import Padding
-
     fs = report.get("diagnosis") or []
     if not fs:
         return None
@@ -484,8 +480,6 @@ def _notes(report: Report) -> Group | None:
 
 def _ranks(report: Report) -> Group | None:
     """Per-rank stage statistics and the stragglers (multi-rank runs only)."""
-    from maxinstr.render import _ranks as rk
-
     sec = rk.section(report)
     if sec is None:
         return None
@@ -514,20 +508,20 @@ def renderables(report: Report) -> list[Any]:
     return [p for p in parts if p is not None]
 
 
-def render(report: Report, width: int = 120, color: bool = False) -> str:
-    """The report as terminal text (ANSI colours when ``color``)."""
+def _print(parts: list[Any], width: int, color: bool) -> str:
     buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=color, color_system="auto" if color else None)
-    console.print(Group(*renderables(report)))
+    Console(file=buf, width=width, force_terminal=color, color_system="auto" if color else None).print(Group(*parts))
     return buf.getvalue()
 
 
+def render(report: Report, analysis: Analysis | None = None, *, width: int = 120, color: bool = False) -> str:
+    """The report as terminal text (ANSI colours when ``color``)."""
+    return _print(renderables(report), width, color)
+
+
 def print_report(report: Report, console: Console | None = None) -> None:
-    """Print the report to a console (stdout by default, as wide as COLUMNS, else the terminal,
-    else 120 columns)."""
-    if console is None:
-        console = Console()
-        console = Console(width=text_width(console.is_terminal))
+    """Print the report to a console (stdout by default, as wide as :func:`text_width` says)."""
+    console = console or Console(width=text_width(Console().is_terminal))
     console.print(Group(*renderables(report)))
 
 
@@ -535,10 +529,10 @@ def print_report(report: Report, console: Console | None = None) -> None:
 _VERDICT_STYLE = {"faster": "green", "slower": "red", "within noise": "dim", "cannot tell": "yellow"}
 
 
-def _delta_table(title: str, rows: list[dict]) -> Fitted:
+def _delta_table(title: str, rows: list[DeltaRow]) -> Fitted:
     cols = [Col("stage", "left", key=True), Col("n A/B", move=2), Col("median A"), Col("median B"), Col("delta"),
             Col("noise ±", move=1), Col("p90 delta", move=3, drop=True), Col("verdict", "left", move=-1)]
-    body = []
+    body: list[list[Any]] = []
     for stage, r in f.delta_rows(rows):
         if "a" not in r:
             verdict = f"only in {r['only_in'].upper()}" if r.get("only_in") else r["verdict"]
@@ -554,7 +548,7 @@ def _delta_table(title: str, rows: list[dict]) -> Fitted:
     return Fitted(title, cols, body, caption=f.compare_notes(rows))
 
 
-def compare_renderables(result: dict) -> list[Any]:
+def compare_renderables(result: CompareResult) -> list[Any]:
     parts: list[Any] = []
     for c in result.get("comparisons", []):
         parts.append(Panel(_lines([f"A = {c['a']}", f"B = {c['b']}"]), title="maxinstr compare", title_align="left"))
@@ -574,13 +568,11 @@ def compare_renderables(result: dict) -> list[Any]:
                                 [Col("family", "left", key=True), Col("A"), Col("B"), Col("change")],
                                 [[r["family"], f.pct(r["a_share"], 1), f.pct(r["b_share"], 1),
                                   f.signed_points(r["delta_share"])] for r in fams]))
-        for key, label in (("kernels_appeared", "Kernels only in B"), ("kernels_disappeared", "Kernels only in A")):
-            if c[key]:
-                more = len(c[key]) - 8
-                parts.append(Fitted(label, [Col("kernel", "left", cut=True), Col("family", "left", move=1),
-                                            Col("GPU time")],
-                                    [[kernel_label(k["name"]), k["family"], f.ns(k["gpu_ns"])] for k in c[key][:8]],
-                                    caption=f"... and {more} more (--format json lists them)" if more > 0 else None))
+        for ks, label in ((c["kernels_appeared"], "Kernels only in B"), (c["kernels_disappeared"], "Kernels only in A")):
+            if ks:
+                parts.append(Fitted(label, [Col("kernel", "left", cut=True), Col("family", "left", move=1), Col("GPU time")],
+                                    [[kernel_label(k["name"]), k["family"], f.ns(k["gpu_ns"])] for k in ks[:8]],
+                                    caption=f"... and {len(ks) - 8} more (--format json lists them)" if len(ks) > 8 else None))
         if c["kernels_changed_family"]:
             parts.append(_lines(["Kernels classified differently: " + "; ".join(
                 f"{f.short(kernel_label(k['name']), 50)}: {k['a_family']} -> {k['b_family']}" for k in c["kernels_changed_family"][:8])]))
@@ -598,9 +590,6 @@ def compare_renderables(result: dict) -> list[Any]:
     return parts
 
 
-def render_compare(result: dict, width: int = 120, color: bool = False) -> str:
+def render_compare(result: CompareResult, *, width: int = 120, color: bool = False) -> str:
     """A comparison (``maxinstr-compare``) as terminal text."""
-    buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=color, color_system="auto" if color else None)
-    console.print(Group(*compare_renderables(result)))
-    return buf.getvalue()
+    return _print(compare_renderables(result), width, color)
