@@ -1,23 +1,12 @@
-"""The timeline as Chrome trace-event JSON, which ui.perfetto.dev (and chrome://tracing) opens.
+"""The timeline (:mod:`maxinstr.analyze.timeline`: one clock, lanes, each op's stage) as Chrome
+trace-event JSON, which ui.perfetto.dev opens; timestamps in us from ``metadata.maxinstr.origin_ns``.
 
-The timeline itself (one axis for everything, the clock offset, the stage each op belongs to,
-lanes) is :mod:`maxinstr.analyze.timeline`; the metadata says which clock offset was used
-and how it was found. Timestamps are microseconds (floats with nanosecond decimals) from
-``metadata.maxinstr.origin_ns``.
-
-Tracks (Perfetto "processes" and "threads"):
-
-- ``host pid N``: stage instances as slices on their host threads (nested as they ran);
-  instant marks as instant events.
-- ``stage GPU spans``: per stage key, the trace-projected GPU span of each instance (first op
-  start to last op end) and, from the run, the span between the stage's own GPU events.
-- ``GPU d``: one track per stream with its kernels, copies and sets (category = kernel
-  family, ``args.stage`` = the stage that launched it), and the sampler's metrics as counter
-  tracks (utilization, SM activity, power, memory, clocks, temperature).
-
-Events are written in chunks straight from the numpy columns (``%`` templates over
-``tolist()`` slices), so a million-kernel trace is never a list of dicts.
-"""
+Tracks: ``host pid N`` (stage instances on their threads, nested as they ran; marks as instants;
+launch calls and other trace ranges beside each thread), ``stage GPU spans`` (per stage, each
+instance's projected GPU span and its GPU events' span), ``GPU d`` (a track per stream with its ops,
+category = kernel family, ``args.stage`` = the stage that launched it; the sampler's metrics as
+counters). Events are written in chunks straight from the numpy columns (``%`` templates over
+``tolist()`` slices): a million-kernel trace is never a list of dicts."""
 
 from __future__ import annotations
 
@@ -25,7 +14,7 @@ import gzip
 import io
 import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -33,9 +22,12 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from maxinstr._text import clip_text
-from maxinstr.columns import factorize
+from maxinstr.analyze.instances import range_names
+from maxinstr.analyze.kernels import FAMILY_NAMES
 from maxinstr.analyze.timeline import (CALLS_MAX_OPS, MAX_LANES, OP_KIND_NAMES, Timeline, group_codes, hw_throttled,
                                        lanes, launch_calls, nest_lanes, timeline)
+from maxinstr.columns import factorize
+from maxinstr.errors import MaxinstrError
 
 if TYPE_CHECKING:
     from maxinstr.analyze.report import Analysis
@@ -103,10 +95,9 @@ class _Tracks:
         if pid in self.seen_pids:
             return
         self.seen_pids.add(pid)
-        self.meta.append('{"ph":"M","name":"process_name","pid":%d,"tid":0,"args":{"name":%s}},\n'
-                         % (pid, json.dumps(clip_text(name))))
-        self.meta.append('{"ph":"M","name":"process_sort_index","pid":%d,"tid":0,"args":{"sort_index":%d}},\n'
-                         % (pid, sort))
+        self.meta += ['{"ph":"M","name":"process_name","pid":%d,"tid":0,"args":{"name":%s}},\n'
+                      % (pid, json.dumps(clip_text(name))),
+                      '{"ph":"M","name":"process_sort_index","pid":%d,"tid":0,"args":{"sort_index":%d}},\n' % (pid, sort)]
 
     def thread(self, pid: int, tid: int, name: str, sort: int | None = None) -> None:
         self.meta.append('{"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":%s}},\n'
@@ -193,8 +184,6 @@ def _stage_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iter
 
 
 def _op_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
-    from maxinstr.analyze.kernels import FAMILY_NAMES
-
     trace, op_family = analysis.trace, analysis.op_family
     if trace is None:
         return
@@ -254,16 +243,9 @@ def _call_events(tl: Timeline, analysis: Analysis, op_tids: np.ndarray, tracks: 
         return
     cs = np.asarray(calls.start_ns, np.int64) - tl.shift_ns
     ce = np.maximum(np.asarray(calls.end_ns, np.int64) - tl.shift_ns, cs)
-    pid, tid = np.asarray(calls.pid, np.int64), np.asarray(calls.tid, np.int64)
-    pairs, group = group_codes(pid, tid)
-    lane = lanes(group, cs, ce)
-    tr, track = group_codes(group, lane)
-    call_tid = PID_BASE * 2 + track  # synthetic: never a real tid, never a stage lane
-    for i, (g, ln) in enumerate(tr.tolist()):
-        p, t = pairs[g]
-        tracks.process(int(p), tl.pid_names.get(int(p), f"host pid {p}"), 0)
-        base = tl.thread_names.get(int(t)) or "thread"
-        tracks.thread(int(p), int(PID_BASE * 2 + i), f"{base} {t} · launch calls" + (f" ({ln + 1})" if ln else ""))
+    pid = np.asarray(calls.pid, np.int64)
+    call_tid = _beside(tl, tracks, pid, np.asarray(calls.tid, np.int64), PID_BASE * 2, "launch calls",
+                       lambda group: lanes(group, cs, ce))
     strings = np.asarray(trace.strings, dtype=object)
     nid = np.asarray(calls.name_id, np.int64)
     uid, inv = np.unique(nid, return_inverse=True)
@@ -287,8 +269,6 @@ def _call_events(tl: Timeline, analysis: Analysis, op_tids: np.ndarray, tracks: 
 def _range_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
     """The trace's other host ranges (framework ops, other NVTX domains: not stages), on a
     track beside their thread, nested as they ran."""
-    from maxinstr.analyze.instances import range_names
-
     trace, attribution = analysis.trace, analysis.attribution
     if trace is None:
         return
@@ -314,15 +294,8 @@ def _range_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dic
         depth = np.asarray(attribution.range_depth, np.int64)[rows]
     else:
         parent, depth = np.full(len(rows), -1, np.int64), np.zeros(len(rows), np.int64)
-    pairs, group = group_codes(pid, tid)
-    lane = nest_lanes(group, s, e, depth, parent)
-    tr, track = group_codes(group, lane)
-    out_tid = PID_BASE * 3 + track
-    for i, (g, ln) in enumerate(tr.tolist()):
-        p, t = pairs[g]
-        tracks.process(int(p), tl.pid_names.get(int(p), f"host pid {p}"), 0)
-        base = tl.thread_names.get(int(t)) or "thread"
-        tracks.thread(int(p), int(PID_BASE * 3 + i), f"{base} {t} · trace ranges" + (f" ({ln + 1})" if ln else ""))
+    out_tid = _beside(tl, tracks, pid, tid, PID_BASE * 3, "trace ranges",
+                      lambda group: nest_lanes(group, s, e, depth, parent))
     strings = np.asarray(trace.strings, dtype=object)
     dom = np.asarray(r.domain_id, np.int64)[rows]
     udom, dinv = np.unique(dom, return_inverse=True)
@@ -334,6 +307,20 @@ def _range_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dic
                      _esc(un)[ninv.reshape(-1)][order], cats[order], pid[order], out_tid[order],
                      _us(s - tl.origin_ns)[order], _us(e - s)[order])
     counts["trace_ranges"] = len(rows)
+
+
+def _beside(tl: Timeline, tracks: _Tracks, pid: np.ndarray, tid: np.ndarray, base: int, label: str,
+            lanes_of: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Tracks beside each host thread (synthetic tids from ``base``: never a real tid, never a
+    stage lane), one per lane of ``lanes_of(thread group)``; each row's tid."""
+    pairs, group = group_codes(pid, tid)
+    tr, track = group_codes(group, lanes_of(group))
+    for i, (g, ln) in enumerate(tr.tolist()):
+        p, t = pairs[g]
+        tracks.process(int(p), tl.pid_names.get(int(p), f"host pid {p}"), 0)
+        tracks.thread(int(p), int(base + i), f"{tl.thread_names.get(int(t)) or 'thread'} {t} · {label}"
+                      + (f" ({ln + 1})" if ln else ""))
+    return base + track
 
 
 def _gpu_label(tl: Timeline, index: int) -> str:
@@ -417,8 +404,6 @@ def _jsonable(obj: Any) -> Any:
 
 
 def _need_analysis(analysis: Analysis | None) -> Analysis:
-    from maxinstr.errors import MaxinstrError
-
     if analysis is None:
         raise MaxinstrError("--format perfetto needs the run directory or trace itself, not a saved JSON report "
                             "(the report keeps statistics, not the timeline)")
