@@ -15,6 +15,7 @@ import click
 
 from maxinstr._text import visible
 from maxinstr.analyze.schema import is_report_file
+from maxinstr.analyze.schema_check import read_report
 from maxinstr.cli import batch_command, write_output
 from maxinstr.errors import MaxinstrError, TraceError
 from maxinstr.render import VIEWS, view
@@ -112,8 +113,6 @@ def discover(run_dir: str, meta: dict, trace_path: str | None, unprofiled: str |
 
 def load_report_file(path: str) -> Report:
     """A saved JSON report (``--format json`` output)."""
-    from maxinstr.analyze.schema_check import read_report  # only for a saved report
-
     return read_report(path)  # a regular file only, every field of its type
 
 

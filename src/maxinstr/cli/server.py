@@ -8,11 +8,14 @@ from pathlib import Path
 import click
 
 from maxinstr.cli import Seconds, UserError
+from maxinstr.cli.run import choose_presets
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import runner
 from maxinstr.launch import server as srv
 from maxinstr.launch.env import find_tool
 from maxinstr.launch.instrument import parse_spec
+from maxinstr.render.serving import serving_text
+from maxinstr.rundir import load
 
 
 def _nsys_path(profiler: str) -> str | None:
@@ -68,8 +71,6 @@ def _apply(options):
 
 
 def _start(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_fail_fast, cmd) -> srv.ServerState:
-    from maxinstr.cli.run import choose_presets
-
     for text in stages:
         parse_spec(text)
     if not cmd:
@@ -106,12 +107,10 @@ def start_cmd(out, profiler, ready, ready_timeout, stages, presets, no_preset, n
 def serving_lines(run_dir: str | Path, start_ns: int | None = None, end_ns: int | None = None) -> list[str]:
     """The serving loop of the run over [start_ns, end_ns] of the host clock, as text lines
     (analyze/serving.py): its batched prefill and decode steps, the requests' queueing."""
-    import maxinstr
-    from maxinstr.analyze.serving import serving_summary
-    from maxinstr.render.serving import serving_text
+    from maxinstr.analyze.serving import serving_summary  # the analysis stack: only after a window
 
     try:
-        run = maxinstr.load(run_dir)
+        run = load(run_dir)
     except (MaxinstrError, OSError) as exc:
         return [f"serving loop: {exc}"]
     return serving_text(serving_summary(run, start_ns, end_ns))

@@ -1,8 +1,10 @@
-"""Number formatting shared by the text and Markdown renderers."""
+"""What the views share: number formatting, and what each table shows of the report, so text,
+Markdown and HTML show the same numbers."""
 
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -41,13 +43,10 @@ def gpu_stat(stage: Stage) -> tuple[str, Statistic | None]:
 
 
 def startup_gpu(row: StartupRow) -> tuple[str, int | None]:
-    """A startup instance's GPU time by the stage table's rule (:func:`gpu_stat`): its events on
-    the stage's stream when recorded, else the trace's first-to-last op span; ("event"|"proj", ns)."""
+    """A startup instance's GPU time by the stage table's rule (:func:`gpu_stat`): ("event"|"proj", ns)."""
     if row.get("gpu_event_ns") is not None:
         return "event", row.get("gpu_event_ns")
-    if row.get("gpu_proj_ns") is not None:
-        return "proj", row.get("gpu_proj_ns")
-    return "", None
+    return ("proj", row.get("gpu_proj_ns")) if row.get("gpu_proj_ns") is not None else ("", None)
 
 
 def gpu_tables(report: Report) -> tuple[list[Any], list[Any], str, str]:
@@ -265,9 +264,8 @@ def compare_notes(rows: list[DeltaRow]) -> list[str]:
     shown = [r for _, r in delta_rows(rows) if "a" in r]
     if not shown:
         return []
-    notes = []
     pooled = any(max(r["a"].get("runs", 1), r["b"].get("runs", 1)) > 1 for r in shown)
-    notes.append("n A/B: steady instances on each side" + (", (runs) the fresh-process runs pooled into it" if pooled else ""))
+    notes = ["n A/B: steady instances on each side" + (", (runs) the fresh-process runs pooled into it" if pooled else "")]
     multi = [r for r in shown if r.get("run_to_run_bound_ns") is not None]
     single = [r for r in shown if r.get("run_to_run_bound_ns") is None]
     if multi:
@@ -285,11 +283,7 @@ def compare_notes(rows: list[DeltaRow]) -> list[str]:
                      "process moves: give each side a folder of repeats (maxinstr run --repeat 3)")
     if "too few instances" in verdicts:
         notes.append("too few instances: under 2 steady instances on a side")
-    for r in rows:
-        line = population_note(r)
-        if line:
-            notes.append(line)
-    return notes
+    return notes + [line for r in rows if (line := population_note(r))]
 
 
 def population_note(row: DeltaRow) -> str | None:
@@ -363,8 +357,6 @@ def signed_ns(v: float | None) -> str:
 def setting(value: Any) -> str:
     """A meta value for display: command lists as a shell line."""
     if isinstance(value, list) and all(isinstance(x, str) for x in value):
-        import shlex
-
         return shlex.join(value)
     return "-" if value is None else str(value)
 

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from maxinstr.analyze.schema_check import load_report
+
 if TYPE_CHECKING:
     from maxinstr.analyze.compare import CompareResult
     from maxinstr.analyze.report import Analysis
@@ -89,6 +91,4 @@ def _layout(obj: Any, level: int, out: list[str]) -> None:
 def load(text: str, source: str = "<report>") -> Report:
     """Parse a JSON report, checking its schema, version and field types (MaxinstrError
     otherwise): :func:`maxinstr.analyze.schema_check.load_report`."""
-    from maxinstr.analyze.schema_check import load_report  # only where a saved report is read
-
     return load_report(text, source)
