@@ -1,11 +1,6 @@
-"""Compare runs: per-stage median/p90 deltas with a noise bound from the runs' own spread,
-GPU-time and kernel-mix changes, and the settings that differ.
-
-Each side is an :class:`~maxinstr.analyze.report.Analysis` (raw per-instance values at hand: the
-noise bound is a bootstrap interval) or a saved report (summaries only: the bound comes from the
-MADs). The result is a :class:`CompareResult`, schema ``maxinstr-compare`` version 1, typed here
-as the report is in :mod:`maxinstr.analyze.schema` (plain dicts at run time; docs/report.md).
-"""
+"""Compare runs: per-stage median/p90 deltas with a noise bound from the runs' own spread (a
+bootstrap over an Analysis' raw values, the MADs of a saved report's summaries), GPU-time and
+kernel-mix changes, the settings that differ: a :class:`CompareResult` (``maxinstr-compare`` v1)."""
 
 from __future__ import annotations
 
@@ -80,11 +75,9 @@ CompareResult = TypedDict("CompareResult", {"schema": str, "version": int, "base
                                             "comparisons": list[Comparison]})
 
 
-# ----------------------------------------------------------------------------- sides
 class Side:
-    """One side of a comparison: its label and one or more runs of one program (fresh processes:
-    ``maxinstr run --repeat N``), each an Analysis or a saved report; ``report`` is the first
-    run's, ``notes`` what was found for the side besides its paths (a trace its meta.json names)."""
+    """A side: one or more runs of one program (``maxinstr run --repeat N``), each an Analysis or a
+    saved report; ``notes``: what was found for it besides its paths (a trace its meta.json names)."""
 
     def __init__(self, label: str, source: Analysis | Report | Sequence[Analysis | Report],
                  notes: list[str] | None = None) -> None:
@@ -114,8 +107,7 @@ class Side:
         return [index[name] for index in self._stages if name in index]
 
     def run_values(self, name: str, key: StepBasis) -> list[np.ndarray] | None:
-        """Steady per-instance values of a stage, one array per run (headline source for host
-        time), or None when a run has only summaries."""
+        """Steady values of a stage, an array a run (None when a run has only summaries)."""
         if len(self.analyses) != len(self.reports):
             return None
         out = []
@@ -141,7 +133,6 @@ class Side:
         return self._rows[id(inst)]
 
 
-# ----------------------------------------------------------------------------- deltas
 def _stat_of(stage: Stage, key: StepBasis) -> Statistic:
     if key == "host_ns":
         return stage.get("headline_host_ns") or stage.get("host_ns") or {"n": 0}
@@ -166,9 +157,8 @@ def run_to_run_bound(a: list[float], b: list[float]) -> float:
 
 
 def _pooled_summary(stats: list[Statistic]) -> Statistic:
-    """One side's summary from its runs' summaries alone: one run's as it is; several runs',
-    their instances added up and the median, p90 and MAD the median over the runs (a pooled
-    percentile needs the values)."""
+    """One side's summary from its runs' summaries alone: several runs' instances added up, their
+    median, p90 and MAD the median over the runs (a pooled percentile needs the values)."""
     if len(stats) == 1:
         return stats[0]
     return {"n": sum(int(x["n"]) for x in stats), "median": float(np.median([x["median"] for x in stats])),
@@ -176,9 +166,8 @@ def _pooled_summary(stats: list[Statistic]) -> Statistic:
 
 
 def _delta(runs_a: list[Statistic], runs_b: list[Statistic], va: np.ndarray | None, vb: np.ndarray | None) -> Delta:
-    """Deltas, noise bounds and verdicts of one time measure: ``runs_*`` the statistic in each run
-    of a side (n > 0), ``v*`` the side's pooled steady values when at hand (a bootstrap bound),
-    else None (a bound from the MADs)."""
+    """Deltas, noise bounds and verdicts of one time measure from each run's statistic, and the
+    pooled steady values when at hand (a bootstrap bound; else one from the MADs)."""
     if va is not None and vb is not None and len(va) >= 2 and len(vb) >= 2:
         ta, tb = summarize(va), summarize(vb)
         within, within90 = bootstrap_median_diff_bound(va, vb, 50.0), bootstrap_median_diff_bound(va, vb, 90.0)
@@ -293,7 +282,6 @@ def _group_stats(ps: list[Populations | None], label: str, key: StepBasis) -> li
     return out
 
 
-# ----------------------------------------------------------------------------- kernels
 def _families(a: Report, b: Report) -> list[FamilyChange]:
     fa = {f["family"]: f for f in (a.get("gpu") or {}).get("families", [])}
     fb = {f["family"]: f for f in (b.get("gpu") or {}).get("families", [])}
@@ -365,7 +353,6 @@ def _kernels(a: Report, b: Report) -> tuple[list[KernelChange], list[KernelChang
     return listed(kb, kb.keys() - ka.keys()), listed(ka, ka.keys() - kb.keys()), refamilied
 
 
-# ----------------------------------------------------------------------------- settings and checks
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     if isinstance(d, dict):
@@ -425,23 +412,13 @@ def _share(stage: Stage, what: str) -> float | None:
     return share + moe_permutation(stage)[0] if what == "routing" else share
 
 
-def _busy(st: Stage) -> float | None:
-    return (st.get("gpu_busy_frac") or {}).get("median") if (st.get("gpu_busy_frac") or {}).get("n") else None
-
-
-def _kernels_per_instance(st: Stage) -> float | None:
-    k = st.get("kernels_per_instance") or {}
-    return k.get("median") if k.get("n") else None
-
-
-def _growth(st: Stage) -> float | None:
-    return (((st.get("step_work") or {}).get("matmul_ns")) or {}).get("last_over_first")
+def _median(stat: Statistic | None) -> float | None:
+    return (stat or {}).get("median") if (stat or {}).get("n") else None
 
 
 def _stage_checks(a: Side, b: Side, names: list[str]) -> list[Check]:
     """Per stage, what the diagnosis' validation lines ask to check, on each side (the median
-    over its runs): GPU busy, kernels per instance, matmul growth over the steps, the share of
-    GPU time a finding is about, and the findings about the stage."""
+    over its runs), and the findings about the stage."""
     def findings(side: Side, name: str) -> list[str]:
         return sorted({f["id"] for f in side.report.get("diagnosis") or [] if f.get("stage") == name})
 
@@ -454,8 +431,11 @@ def _stage_checks(a: Side, b: Side, names: list[str]) -> list[Check]:
             continue
         fa, fb = findings(a, n), findings(b, n)
         named = sorted({SHARE_CHECKS[x] for x in fa + fb if x in SHARE_CHECKS})
-        row: Check = {"stage": n, "gpu_busy_frac": ab(n, _busy), "kernels_per_instance": ab(n, _kernels_per_instance),
-                      "matmul_growth": ab(n, _growth), "shares": {w: ab(n, partial(_share, what=w)) for w in named},
+        row: Check = {"stage": n, "gpu_busy_frac": ab(n, lambda st: _median(st.get("gpu_busy_frac"))),
+                      "kernels_per_instance": ab(n, lambda st: _median(st.get("kernels_per_instance"))),
+                      "matmul_growth": ab(n, lambda st: ((st.get("step_work") or {}).get("matmul_ns") or {}).get(
+                          "last_over_first")),
+                      "shares": {w: ab(n, partial(_share, what=w)) for w in named},
                       "findings": {"a": fa, "b": fb, "gone": [x for x in fa if x not in fb],
                                    "new": [x for x in fb if x not in fa]}}
         measured = (row["gpu_busy_frac"], row["kernels_per_instance"], row["matmul_growth"])
@@ -464,7 +444,6 @@ def _stage_checks(a: Side, b: Side, names: list[str]) -> list[Check]:
     return rows
 
 
-# ----------------------------------------------------------------------------- the comparison
 def compare_pair(a: Side, b: Side) -> Comparison:
     """Everything that changed from ``a`` to ``b``."""
     names = [s["name"] for s in a.report.get("stages", [])]
@@ -512,9 +491,8 @@ def compare(sides: list[Side]) -> CompareResult:
 
 
 def finite(obj: Any) -> Any:
-    """``obj`` with every NaN or infinity made None and numpy scalars plain numbers: a value that
-    could not be computed is missing, in every view (JSON has no NaN; text and Markdown print
-    '-'), never 'nan'."""
+    """``obj`` with NaN and infinities None and numpy scalars plain numbers: a value that could
+    not be computed is missing in every view (null, '-'), never 'nan'."""
     if isinstance(obj, dict):
         return {k: finite(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -49,8 +49,7 @@ def _sweep_value(run: Path) -> str:
 def _one_program(path: str, runs: list[Path]) -> None:
     """A folder pooled into one side must hold repeats of one program: runs of different --sweep
     values pooled would be a median of two settings. MaxinstrError names them."""
-    value = {r: _sweep_value(r) for r in runs}
-    values = sorted(set(value.values()))
+    values = sorted({_sweep_value(r) for r in runs})
     if len(values) > 1:
         shown = ", ".join(v or "(none)" for v in values)
         # one run a value (what --sweep without --repeat writes): each run is a side
@@ -108,11 +107,9 @@ def _side(path: str, trace: str | None, warmup: int | None, quiet: bool) -> Side
         return Side(path, analyses, notes)
     sweep = _sweep_folders(p)
     if sweep:
-        sides = " ".join(shlex.quote(str(c)) for c in sweep)
         raise MaxinstrError(f"{path}: a --sweep folder (one folder of runs per value), not one side: compare the values, "
-                            f"maxinstr compare {sides}")
-    if p.exists():
-        # a bare trace file or folder
+                            f"maxinstr compare {' '.join(shlex.quote(str(c)) for c in sweep)}")
+    if p.exists():  # a bare trace file or folder
         if trace:
             raise MaxinstrError(f"{path}: a trace itself: give --trace {NO_TRACE} for it")
         return Side(path, analyze(trace=open_trace_with_progress(path, quiet), warmup=warmup))

@@ -32,13 +32,10 @@ def choose_profiler(requested: str, env, *, window_s: float, capture: str, osrt:
     name = requested
     if requested == "auto":
         name = env.default_profiler()
+        missing = {"nvidia": "nsys", "amd": "rocprofv3"}.get(env.vendor) if name == "none" else None
         if name == "none":
-            if env.vendor == "nvidia":
-                notes.append(f"nsys not found, running without a profiler; {env.tool('nsys').install_hint()}")
-            elif env.vendor == "amd":
-                notes.append(f"rocprofv3 not found, running without a profiler; {env.tool('rocprofv3').install_hint()}")
-            else:
-                notes.append("no GPU found: running without a profiler (stages still record host times)")
+            notes.append(f"{missing} not found, running without a profiler; {env.tool(missing).install_hint()}" if missing
+                         else "no GPU found: running without a profiler (stages still record host times)")
     if name == "none":
         return make_profiler("none"), notes
     tool = env.tool(name)

@@ -115,8 +115,7 @@ def _us(ns: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- events
 def _stage_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
     inst = tl.inst
-    n = len(inst)
-    if n == 0:
+    if len(inst) == 0:
         return
     ukeys, kcode = factorize(inst.key)  # no fixed-width copy of the names
     key_json = _esc(ukeys)
@@ -140,9 +139,8 @@ def _stage_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iter
     for p in np.unique(pid).tolist():
         tracks.process(int(p), tl.pid_names.get(int(p), f"host pid {p}"), 0)
     for p, t, ln in group_codes(pid, tid, lane)[0].tolist():
-        name = tl.thread_names.get(int(t)) or "thread"
-        name = f"{name} {t}" + (f" (overlapping ranges {ln})" if ln else "")
-        tracks.thread(int(p), int(PID_BASE + t * MAX_LANES + ln if ln else t), name)
+        tracks.thread(int(p), int(PID_BASE + t * MAX_LANES + ln if ln else t),
+                      f"{tl.thread_names.get(int(t)) or 'thread'} {t}" + (f" (overlapping ranges {ln})" if ln else ""))
     mark = inst.is_mark
     # parents before children that start at the same nanosecond (importers nest in file order)
     sl = np.lexsort((inst.host_start_ns - inst.host_end_ns, inst.host_start_ns))
@@ -196,10 +194,8 @@ def _op_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dict[s
     if n == 0:
         return
     dev = np.asarray(ops.device_id, np.int64)
-    stream = np.asarray(ops.stream_id, np.int64)
-    pairs, sid = group_codes(dev, stream)
-    lane = lanes(sid, tl.op_start_ns, tl.op_end_ns)
-    tr, track = group_codes(sid, lane)
+    pairs, sid = group_codes(dev, np.asarray(ops.stream_id, np.int64))
+    tr, track = group_codes(sid, lanes(sid, tl.op_start_ns, tl.op_end_ns))
     pid = GPU_PID + np.maximum(dev, 0)
     for d in np.unique(dev).tolist():
         tracks.process(int(GPU_PID + max(d, 0)), _gpu_label(tl, d), 2 + max(d, 0))
@@ -213,19 +209,16 @@ def _op_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dict[s
     names = np.where(nid >= 0, name_json[np.maximum(nid, 0)] if len(name_json) else "",
                      default[np.clip(kind, 0, len(OP_KIND_NAMES) - 1)])
     fam = (_esc(FAMILY_NAMES)[op_family] if len(op_family) == n else np.full(n, '"other"', dtype=object))
+    keys = np.empty(0, object)
     if len(tl.inst):
         ukeys, kcode = factorize(tl.inst.key)
         keys = _esc(ukeys)[kcode]
-    else:
-        keys = np.empty(0, object)
     stage = np.where(tl.op_stage >= 0, keys[np.maximum(tl.op_stage, 0)] if len(keys) else "null", "null")
-    corr = np.asarray(ops.correlation_id, np.int64)
-    nbytes = np.asarray(ops.bytes, np.int64)
     tracks.op_tids = track + 1
     yield from _rows('{"ph":"X","name":%s,"cat":%s,"pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,'
                      '"args":{"stage":%s,"correlation_id":%d,"bytes":%d}},\n',
                      names, fam, pid, track + 1, _us(tl.op_start_ns - tl.origin_ns), _us(tl.op_end_ns - tl.op_start_ns),
-                     stage, corr, nbytes)
+                     stage, np.asarray(ops.correlation_id, np.int64), np.asarray(ops.bytes, np.int64))
 
 
 def _call_events(tl: Timeline, analysis: Analysis, op_tids: np.ndarray, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
@@ -331,19 +324,15 @@ def _gpu_label(tl: Timeline, index: int) -> str:
 def _counter_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
     total = 0
     for part, smp in tl.samples:
-        devs = smp.devices
-        have = set(smp.rows.dtype.names or ())
+        devs, have = smp.devices, set(smp.rows.dtype.names or ())
         for d in np.unique(np.asarray(smp.device)).tolist():
-            info = devs[d] if d < len(devs) else {}
-            vis = int(info.get("visible_index", d))
+            vis = int((devs[d] if d < len(devs) else {}).get("visible_index", d))
             pid = GPU_PID + vis
             tracks.process(pid, _gpu_label(tl, vis), 2 + vis)
             rows = smp.for_device(d).rows
             ts = _us(rows["t_ns"].astype(np.int64) - tl.origin_ns)
             label = f"GPU {vis}" + (f" {part}" if len(tl.samples) > 1 else "")
-            for col, what, unit, scale in COUNTERS:
-                if col not in have:
-                    continue
+            for col, what, unit, scale in (c for c in COUNTERS if c[0] in have):
                 v = rows[col].astype(np.float64) * scale
                 ok = np.isfinite(v)
                 if not ok.any():
@@ -378,20 +367,12 @@ def events(report: Report, analysis: Analysis) -> Iterator[str]:
     # metadata last (tracks are named as events are planned); the array's last element
     # loses its trailing comma
     yield ("".join(tracks.meta)[:-2] if tracks.meta else "") + "\n],\n"
-    meta = {
-        "maxinstr": {
-            "schema": "maxinstr-perfetto", "version": 1,
-            "origin_ns": int(tl.origin_ns),
-            "ts_unit": "us from origin_ns on the axis clock",
-            "clock": tl.clock.as_dict(),
-            "counts": counts,
-            "run": (report.get("sources") or {}).get("run"),
-            "trace": (report.get("sources") or {}).get("trace"),
-            "trace_format": (report.get("sources") or {}).get("trace_format"),
-            "generated": report.get("generated"),
-        }
-    }
-    yield '"metadata":' + json.dumps(meta, default=_jsonable, allow_nan=False) + "}\n"
+    src = report.get("sources") or {}
+    meta = {"schema": "maxinstr-perfetto", "version": 1, "origin_ns": int(tl.origin_ns),
+            "ts_unit": "us from origin_ns on the axis clock", "clock": tl.clock.as_dict(), "counts": counts,
+            "run": src.get("run"), "trace": src.get("trace"), "trace_format": src.get("trace_format"),
+            "generated": report.get("generated")}
+    yield '"metadata":' + json.dumps({"maxinstr": meta}, default=_jsonable, allow_nan=False) + "}\n"
 
 
 def _jsonable(obj: Any) -> Any:
@@ -416,8 +397,7 @@ def write(out: str | Path | IO[str], report: Report, analysis: Analysis | None =
     chunks = events(report, _need_analysis(analysis))
     if isinstance(out, (str, Path)):
         path = Path(out)
-        opener = (lambda: gzip.open(path, "wt", compresslevel=GZIP_LEVEL)) if path.suffix == ".gz" else (lambda: open(path, "w"))
-        with opener() as fh:
+        with gzip.open(path, "wt", compresslevel=GZIP_LEVEL) if path.suffix == ".gz" else open(path, "w") as fh:
             last = _drain(chunks, fh)
     else:
         last = _drain(chunks, out)
