@@ -599,17 +599,15 @@ def _finding(d: Finding) -> str:
 
 def _diagnosis_section(report: Report) -> str:
     groups = dict(f.finding_groups(report.get("diagnosis") or []))
-    facts, hyps = groups.get("Facts", []), groups.get("Hypotheses", [])
-    also = groups.get("Also noted (nothing at stake)", [])
     out = ['<section id="diagnosis"><h2>Diagnosis</h2><p class="note">Facts hold by the measured numbers; '
-           'hypotheses are likely causes to confirm, each with how to validate a fix. Each group is sorted by the time at stake.</p>',
-           f'<h3>Facts (measured) <span class="note">{len(facts)}</span></h3><div class="findings facts">',
-           "".join(_finding(d) for d in facts) or '<p class="note">none</p>',
-           f'</div><h3>Hypotheses (to confirm) <span class="note">{len(hyps)}</span></h3><div class="findings hypotheses">',
-           "".join(_finding(d) for d in hyps) or '<p class="note">none fired</p>', "</div>"]
-    if also:
-        out += [f'<h3>Also noted (nothing at stake) <span class="note">{len(also)}</span></h3><div class="findings facts">',
-                "".join(_finding(d) for d in also), "</div>"]
+           'hypotheses are likely causes to confirm, each with how to validate a fix. Each group is sorted by the time at stake.</p>']
+    for group, title, cls, none in (("Facts", "Facts (measured)", "facts", "none"),
+                                    ("Hypotheses", "Hypotheses (to confirm)", "hypotheses", "none fired"),
+                                    ("Also noted (nothing at stake)", "Also noted (nothing at stake)", "facts", "")):
+        fs = groups.get(group, [])
+        if fs or none:  # (the first two always, "none" when empty)
+            out.append(f'<h3>{title} <span class="note">{len(fs)}</span></h3><div class="findings {cls}">'
+                       + ("".join(_finding(d) for d in fs) or f'<p class="note">{none}</p>') + "</div>")
     b = report.get("bottlenecks") or []
     if b:
         out.append('<h3>Ranked bottlenecks</h3><table><thead><tr><th class=num>#</th><th>stage</th><th class=num>self time'

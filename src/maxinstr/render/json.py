@@ -45,11 +45,6 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def to_jsonable(report: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``report`` holding only JSON types (NaN -> None)."""
-    return _clean(report)
-
-
 PRETTY_LEVELS = 2
 """Levels laid out one member a line (the report's sections, then each stage, finding, ...);
 deeper values are written compactly on their member's line: Python's json module writes an
@@ -64,7 +59,7 @@ def render(report: Mapping[str, Any], analysis: Analysis | None = None, *, width
     """The report (or compare's result) as a JSON document: its top levels indented two spaces,
     one stage (one finding, one rank, ...) a line below them."""
     out: list[str] = []
-    _layout(to_jsonable(report), 0, out)
+    _layout(_clean(report), 0, out)  # a copy holding only JSON types
     out.append("\n")
     return "".join(out)
 
