@@ -114,6 +114,11 @@ def write_output(output: str | None, text: str | Callable[[str], object]) -> Non
     click.echo(f"maxinstr: wrote {output}", err=True)
 
 
+def after_dashes(words: tuple[str, ...]) -> list[str]:
+    """A program's command line as click hands it over: without the ``--`` that set it apart."""
+    return list(words[1:] if words[:1] == ("--",) else words)
+
+
 class Seconds(click.FloatRange):
     """A number of seconds for an option: a finite number > 0 (>= 0 with ``zero_ok``). Every
     numeric option is range-checked by click, so a bad value is a usage error before anything

@@ -14,7 +14,7 @@ import click
 from maxinstr import config
 from maxinstr._files import real_dirs, replace_atomic
 from maxinstr._text import shown, visible
-from maxinstr.cli import Seconds, UserError
+from maxinstr.cli import Seconds, UserError, after_dashes
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import deep_dive as dd
 from maxinstr.launch.presets import auto_presets, recorded_specs
@@ -161,13 +161,10 @@ def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str 
     maxinstr deep-dive profile.sqlite --kernel gemv -- python decode.py
     """
     if csv_file is not None:
-        launches = dd.parse_ncu_csv(csv_file.read_text(encoding="utf-8", errors="replace"), str(csv_file))
-        _print_verdicts(launches, as_json)
+        _print_verdicts(dd.parse_ncu_csv(csv_file.read_text(encoding="utf-8", errors="replace"), str(csv_file)), as_json)
         return
     choice, app, from_capture, run_dir, specs, run_warmup, app_from = _resolve(source, trace_opt, stage, kernel, warmup)
-    cmd_args = list(command)
-    if cmd_args and cmd_args[0] == "--":
-        cmd_args = cmd_args[1:]
+    cmd_args = after_dashes(command)
     if cmd_args:
         app, app_from = cmd_args, None  # typed by the user
     if launch_skip is not None:

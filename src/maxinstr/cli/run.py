@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from maxinstr.cli import Seconds, UserError
+from maxinstr.cli import Seconds, UserError, after_dashes
 from maxinstr.cli.report import command as report_command
 from maxinstr.errors import MaxinstrError
 from maxinstr.integrations.max_pipeline import cache_entries, compile_cache_dirs
@@ -112,9 +112,7 @@ def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, 
     maxinstr run -- max generate --model-path DIR ...      (the max preset applies by itself)
     maxinstr run --preset max -- python my_max_pipeline.py
     """
-    cmd = list(command)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
+    cmd = after_dashes(command)
     if not cmd:
         raise click.UsageError("give the command to run after --")
     for text in stages:

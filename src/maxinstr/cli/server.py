@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from maxinstr.cli import Seconds, UserError
+from maxinstr.cli import Seconds, UserError, after_dashes
 from maxinstr.cli.run import choose_presets
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import runner
@@ -29,11 +29,6 @@ def _nsys_path(profiler: str) -> str | None:
 
 def _say(line: str) -> None:
     click.echo(line, err=True)
-
-
-def _strip(cmd: tuple[str, ...]) -> list[str]:
-    args = list(cmd)
-    return args[1:] if args and args[0] == "--" else args
 
 
 @click.group("server", short_help="Profile a long-running server around benchmark windows.")
@@ -101,7 +96,7 @@ def start_cmd(out, profiler, ready, ready_timeout, stages, presets, no_preset, n
     \b
       maxinstr server start -o runs/serve --ready 'Server ready' -- max serve --model ...
     """
-    _start(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_fail_fast, _strip(cmd))
+    _start(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_fail_fast, after_dashes(cmd))
 
 
 def serving_lines(run_dir: str | Path, start_ns: int | None = None, end_ns: int | None = None) -> list[str]:
@@ -151,7 +146,7 @@ def window_cmd(run_dir, duration, timeout, quiet, bench) -> None:
       maxinstr server window runs/serve -- python bench.py --requests 200
       maxinstr server window runs/serve --duration 30
     """
-    if not _window(run_dir, duration, _strip(bench) or None, timeout, quiet):
+    if not _window(run_dir, duration, after_dashes(bench) or None, timeout, quiet):
         raise click.exceptions.Exit(1)
 
 
@@ -181,7 +176,7 @@ def run_cmd(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_
     \b
       maxinstr server run -o runs/serve --ready 'Server ready' --bench 'python bench.py' -- max serve --model ...
     """
-    _start(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_fail_fast, _strip(cmd))
+    _start(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_fail_fast, after_dashes(cmd))
     try:
         ok = _window(out, duration, shlex.split(bench) if bench else None, timeout, quiet)
     finally:
