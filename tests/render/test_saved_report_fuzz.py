@@ -12,8 +12,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from maxinstr.cli.report import render
 from maxinstr.errors import MaxinstrError
+from maxinstr.render import view
 from maxinstr.render.json import load
 
 SAVED = Path(__file__).resolve().parents[1] / "data" / "reports" / "h200_kvcache_b16.report.json"
@@ -56,5 +56,5 @@ def test_an_edited_saved_report_renders_or_is_one_line(where, value, fmt):
         said = str(exc)
         assert said.startswith("saved.json: ") and "\n" not in said, said
         return
-    out = render(report, fmt, width=100, color=False)
+    out = view(fmt).render(report, width=100, color=False)
     assert isinstance(out, str) and out

@@ -1,23 +1,20 @@
-"""Compare runs: per-stage median/p90 deltas with a noise bound from the runs' own spread,
-GPU-time and kernel-mix changes, and the settings that differ.
-
-Each side is an :class:`~maxinstr.analyze.report.Analysis` (from a run directory and/or
-trace, so the raw per-instance values are at hand and the noise bound is a bootstrap
-interval) or a saved report dict (summaries only: the bound then comes from the MADs). The
-result is a JSON-serialisable dict, schema ``maxinstr-compare`` version 1 (docs/report.md).
-"""
+"""Compare runs: per-stage median/p90 deltas with a noise bound from the runs' own spread (a
+bootstrap over an Analysis' raw values, the MADs of a saved report's summaries), GPU-time and
+kernel-mix changes, the settings that differ: a :class:`CompareResult` (``maxinstr-compare`` v1)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, cast
+from typing import Any, Literal, TypedDict, cast
 
 import numpy as np
 
+from maxinstr.analyze.families import NAIVE_MATMUL
 from maxinstr.analyze.instances import StageInstances
 from maxinstr.analyze.report import Analysis
+from maxinstr.analyze.rules.mix import ROUTING_FAMILIES, moe_permutation
 from maxinstr.analyze.schema import GpuKernel, Populations, Report, Stage, Statistic, StepBasis
 from maxinstr.analyze.stats import bootstrap_median_diff_bound, mad_noise_bound, summarize
 
@@ -32,20 +29,60 @@ _RUN_OWN = ("env.MAXINSTR_RUN_DIR",)
 """Keys every run has its own value of (where ``maxinstr run`` put it)."""
 
 
+# ----------------------------------------------------------------------------- the result's types
+# (docs/report.md says what each key means; a value that cannot be computed is None, never NaN),
+# in the functional form: a type a line or two, where ruff's UP013 wants a key a line.
+# ruff: noqa: UP013
+SideStat = TypedDict("SideStat", {"n": int, "median": float, "p90": float, "runs": int, "run_medians": list[float]})
+Delta = TypedDict("Delta", {
+    "a": SideStat, "b": SideStat, "median_delta_ns": float, "median_delta_rel": "float | None", "p90_delta_ns": float,
+    "p90_delta_rel": "float | None", "noise_bound_ns": "float | None", "p90_noise_bound_ns": "float | None",
+    "noise_method": str, "within_run_bound_ns": "float | None", "run_to_run_bound_ns": "float | None", "verdict": str,
+    "p90_verdict": str}, total=False)
+PopulationSide = TypedDict("PopulationSide", {"by": "str | None", "groups": list[str], "median_in_gap": bool, "runs": int,
+                                              "of_runs": int})
+
+
+
+class DeltaRow(Delta, total=False):
+    """A stage's row (one only on a side has ``stage``, ``basis``, ``verdict`` and ``only_in``
+    alone), or a population's under it (``population`` and the delta)."""
+
+    stage: str
+    basis: StepBasis
+    only_in: Literal["a", "b"]
+    populations: PopulationDeltas
+    population: str
+
+
+PopulationDeltas = TypedDict("PopulationDeltas", {"a": "PopulationSide | None", "b": "PopulationSide | None",
+                                                  "rows": list[DeltaRow], "not_split": "str | None"})
+
+
+AB = TypedDict("AB", {"a": Any, "b": Any})  # a value on each side
+Findings = TypedDict("Findings", {"a": list[str], "b": list[str], "gone": list[str], "new": list[str]})
+Check = TypedDict("Check", {"stage": str, "gpu_busy_frac": AB, "kernels_per_instance": AB, "matmul_growth": AB,
+                            "shares": dict[str, AB], "findings": Findings})
+FamilyChange = TypedDict("FamilyChange", {"family": str, "a_share": float, "b_share": float, "delta_share": float,
+                                          "a_gpu_ns": float, "b_gpu_ns": float, "changed": bool})
+KernelChange = TypedDict("KernelChange", {"name": str, "family": str, "gpu_ns": float, "share": float})
+Comparison = TypedDict("Comparison", {
+    "a": str, "b": str, "stages": list[DeltaRow], "gpu_stages": list[DeltaRow], "gpu_total": "dict[str, Any] | None",
+    "families": list[FamilyChange], "kernels_appeared": list[KernelChange], "kernels_disappeared": list[KernelChange],
+    "kernels_changed_family": list[dict[str, str]], "runs": AB, "checks": list[Check], "settings": list[dict[str, Any]],
+    "perturbed": AB, "notes": list[str]})
+CompareResult = TypedDict("CompareResult", {"schema": str, "version": int, "baseline": str, "runs": list[str],
+                                            "comparisons": list[Comparison]})
+
+
 class Side:
-    """One side of a comparison: its label and one or more runs of the same program (fresh
-    processes: ``maxinstr run --repeat N`` writes them), each an
-    :class:`~maxinstr.analyze.report.Analysis` (raw per-instance values at hand) or a saved
-    report dict (summaries only). ``report`` is the first run's."""
+    """A side: one or more runs of one program (``maxinstr run --repeat N``), each an Analysis or a
+    saved report; ``notes``: what was found for it besides its paths (a trace its meta.json names)."""
 
     def __init__(self, label: str, source: Analysis | Report | Sequence[Analysis | Report],
                  notes: list[str] | None = None) -> None:
         self.label = label
         self.notes = list(notes or [])
-        """What was found for this side besides its paths (a trace its meta.json names), said in
-        the comparison's notes."""
-        self._rows_cache: dict[int, dict[str, np.ndarray]] = {}
-        self._stage_rows: dict[int, dict[str, Stage]] = {}
         sources: list[Analysis | Report] = (list(cast("Sequence[Analysis | Report]", source))
                                             if isinstance(source, (list, tuple)) else [cast("Analysis | Report", source)])
         if not sources:
@@ -53,37 +90,24 @@ class Side:
         self.analyses = [x for x in sources if isinstance(x, Analysis)]
         self.reports: list[Report] = [x.report if isinstance(x, Analysis) else x for x in sources]
         self.report = self.reports[0]
-
-    @property
-    def runs(self) -> int:
-        return len(self.reports)
-
-    def _stage_index(self, k: int) -> dict[str, Stage]:
-        """Stage name -> its (first) row in run ``k``'s report, built once (a scan per stage
-        and side was quadratic in the number of stages)."""
-        idx = self._stage_rows.get(k)
-        if idx is None:
-            idx = {}
-            for s in self.reports[k].get("stages", []):
-                idx.setdefault(s["name"], s)
-            self._stage_rows[k] = idx
-        return idx
+        self.runs = len(self.reports)
+        # stage name -> its (first) row, and stage key -> its steady instances, built once (a scan
+        # or a mask per stage and side was quadratic in the number of stages)
+        self._stages: list[dict[str, Stage]] = [{} for _ in self.reports]
+        for index, rep in zip(self._stages, self.reports):
+            for s in rep.get("stages", []):
+                index.setdefault(s["name"], s)
+        self._rows: dict[int, dict[str, np.ndarray]] = {}
 
     def stage(self, name: str) -> Stage | None:
-        return self._stage_index(0).get(name)
+        return self._stages[0].get(name)
 
     def stages_of_runs(self, name: str) -> list[Stage]:
         """The stage's row in every run that has it."""
-        out = []
-        for k in range(len(self.reports)):
-            st = self._stage_index(k).get(name)
-            if st is not None:
-                out.append(st)
-        return out
+        return [index[name] for index in self._stages if name in index]
 
     def run_values(self, name: str, key: StepBasis) -> list[np.ndarray] | None:
-        """Steady per-instance values of a stage, one array per run (headline source for host
-        time), or None when a run has only summaries."""
+        """Steady values of a stage, an array a run (None when a run has only summaries)."""
         if len(self.analyses) != len(self.reports):
             return None
         out = []
@@ -93,8 +117,7 @@ class Side:
             if rows is None:
                 out.append(np.empty(0, np.int64))
                 continue
-            col = {"host_ns": inst.host_ns, "gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": inst.proj_ns}[key]
-            v = col[rows]
+            v = {"host_ns": inst.host_ns, "gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": inst.proj_ns}[key][rows]
             out.append(v[v >= 0])
         return out
 
@@ -104,13 +127,10 @@ class Side:
         return None if runs is None else np.concatenate(runs) if runs else np.empty(0, np.int64)
 
     def _rows_of(self, inst: StageInstances) -> dict[str, np.ndarray]:
-        """Stage key -> its steady instances, built once per table (a mask per stage and
-        side was quadratic in the number of stages)."""
-        cache = self._rows_cache
-        if id(inst) not in cache:
+        if id(inst) not in self._rows:
             keys, rows = inst.steady_by_key()
-            cache[id(inst)] = dict(zip(keys.tolist(), rows))
-        return cache[id(inst)]
+            self._rows[id(inst)] = dict(zip(keys.tolist(), rows))
+        return self._rows[id(inst)]
 
 
 def _stat_of(stage: Stage, key: StepBasis) -> Statistic:
@@ -126,39 +146,31 @@ T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 
 """Two-sided 95% critical values of Student's t by degrees of freedom (2.0 beyond 30)."""
 
 
-def _t95(df: int) -> float:
-    return next((v for k, v in sorted(T95.items()) if df <= k), 2.0)
-
-
 def run_to_run_bound(a: list[float], b: list[float]) -> float:
     """Half-width of a 95% interval of the difference of the mean run medians, from the spread of
     the runs' medians on each side (Student's t on ka + kb - 2 degrees of freedom). NaN with
     fewer than two runs on a side: one run cannot show how much a fresh process moves."""
     if len(a) < 2 or len(b) < 2:
         return float("nan")
-    va, vb = np.var(a, ddof=1), np.var(b, ddof=1)
-    return float(_t95(len(a) + len(b) - 2) * np.sqrt(va / len(a) + vb / len(b)))
+    t95 = next((v for k, v in sorted(T95.items()) if len(a) + len(b) - 2 <= k), 2.0)
+    return float(t95 * np.sqrt(np.var(a, ddof=1) / len(a) + np.var(b, ddof=1) / len(b)))
 
 
 def _pooled_summary(stats: list[Statistic]) -> Statistic:
-    """One side's summary from its runs' summaries alone (no raw values): one run's as it is;
-    several runs', their instances added up and the median, p90 and MAD the median over the
-    runs (a pooled percentile needs the values)."""
+    """One side's summary from its runs' summaries alone: several runs' instances added up, their
+    median, p90 and MAD the median over the runs (a pooled percentile needs the values)."""
     if len(stats) == 1:
         return stats[0]
     return {"n": sum(int(x["n"]) for x in stats), "median": float(np.median([x["median"] for x in stats])),
             "p90": float(np.median([x["p90"] for x in stats])), "mad": float(np.median([x.get("mad", 0.0) for x in stats]))}
 
 
-def _delta(runs_a: list[Statistic], runs_b: list[Statistic], va: np.ndarray | None, vb: np.ndarray | None
-           ) -> dict[str, Any]:
-    """Deltas, noise bounds and verdicts of one time measure between two sides: ``runs_*`` the
-    statistic in each run of a side (n > 0), ``v*`` the side's pooled steady values when at hand
-    (a bootstrap bound), else None (a bound from the MADs)."""
+def _delta(runs_a: list[Statistic], runs_b: list[Statistic], va: np.ndarray | None, vb: np.ndarray | None) -> Delta:
+    """Deltas, noise bounds and verdicts of one time measure from each run's statistic, and the
+    pooled steady values when at hand (a bootstrap bound; else one from the MADs)."""
     if va is not None and vb is not None and len(va) >= 2 and len(vb) >= 2:
         ta, tb = summarize(va), summarize(vb)
-        within = bootstrap_median_diff_bound(va, vb, 50.0)
-        within90 = bootstrap_median_diff_bound(va, vb, 90.0)
+        within, within90 = bootstrap_median_diff_bound(va, vb, 50.0), bootstrap_median_diff_bound(va, vb, 90.0)
         method = "bootstrap"
     else:
         ta, tb = _pooled_summary(runs_a), _pooled_summary(runs_b)
@@ -167,48 +179,42 @@ def _delta(runs_a: list[Statistic], runs_b: list[Statistic], va: np.ndarray | No
         method = "mad"
     med_a, med_b = [x["median"] for x in runs_a], [x["median"] for x in runs_b]
     between = run_to_run_bound(med_a, med_b)
-    d = tb["median"] - ta["median"]
-    d90 = tb["p90"] - ta["p90"]
-    bound = max(within, between) if np.isfinite(between) else within
-    if np.isfinite(between):
-        method = f"runs+{method}"
+    pooled = np.isfinite(between)
+    d, d90 = tb["median"] - ta["median"], tb["p90"] - ta["p90"]
+    bound = max(within, between) if pooled else within
     if not np.isfinite(within):
         verdict = "too few instances"
     elif abs(d) <= bound:
         verdict = "within noise"
-    elif not np.isfinite(between):
-        # beyond one run's own spread, but fresh processes of one program differ by more than that
-        verdict = "cannot tell"
-    else:
-        verdict = "slower" if d > 0 else "faster"
+    else:  # beyond one run's own spread, fresh processes of one program differ by more than that
+        verdict = ("slower" if d > 0 else "faster") if pooled else "cannot tell"
     if not np.isfinite(within90):
         v90 = "too few instances"
-    elif abs(d90) <= max(within90, 1.5 * between if np.isfinite(between) else 0.0):
+    elif abs(d90) <= max(within90, 1.5 * between if pooled else 0.0):
         v90 = "within noise"
     else:
-        v90 = ("slower" if d90 > 0 else "faster") if np.isfinite(between) else "cannot tell"
+        v90 = ("slower" if d90 > 0 else "faster") if pooled else "cannot tell"
     return {
         "a": {"n": ta["n"], "median": ta["median"], "p90": ta["p90"], "runs": len(runs_a), "run_medians": med_a},
         "b": {"n": tb["n"], "median": tb["median"], "p90": tb["p90"], "runs": len(runs_b), "run_medians": med_b},
         "median_delta_ns": d, "median_delta_rel": d / ta["median"] if ta["median"] else None,
         "p90_delta_ns": d90, "p90_delta_rel": d90 / ta["p90"] if ta["p90"] else None,
-        "noise_bound_ns": bound, "p90_noise_bound_ns": within90, "noise_method": method,
-        "within_run_bound_ns": within, "run_to_run_bound_ns": between if np.isfinite(between) else None,
+        "noise_bound_ns": bound, "p90_noise_bound_ns": within90, "noise_method": f"runs+{method}" if pooled else method,
+        "within_run_bound_ns": within, "run_to_run_bound_ns": between if pooled else None,
         "verdict": verdict, "p90_verdict": v90,
     }
 
 
-def _delta_row(a: Side, b: Side, name: str, key: StepBasis) -> dict[str, Any] | None:
+def _delta_row(a: Side, b: Side, name: str, key: StepBasis) -> DeltaRow | None:
     sa, sb = a.stage(name), b.stage(name)
     if sa is None or sb is None:
-        present = a.label if sa is not None else b.label
-        return {"stage": name, "basis": key, "verdict": f"only in {present}", "only_in": "a" if sa is not None else "b"}
-    runs_a = [_stat_of(x, key) for x in a.stages_of_runs(name)]
-    runs_b = [_stat_of(x, key) for x in b.stages_of_runs(name)]
-    runs_a, runs_b = [x for x in runs_a if x.get("n")], [x for x in runs_b if x.get("n")]
+        return {"stage": name, "basis": key, "verdict": f"only in {a.label if sa is not None else b.label}",
+                "only_in": "a" if sa is not None else "b"}
+    runs_a = [st for st in (_stat_of(x, key) for x in a.stages_of_runs(name)) if st.get("n")]
+    runs_b = [st for st in (_stat_of(x, key) for x in b.stages_of_runs(name)) if st.get("n")]
     if not runs_a or not runs_b:
         return None
-    row: dict[str, Any] = {"stage": name, "basis": key, **_delta(runs_a, runs_b, a.values(name, key), b.values(name, key))}
+    row: DeltaRow = {"stage": name, "basis": key, **_delta(runs_a, runs_b, a.values(name, key), b.values(name, key))}
     pops = _populations(a, b, name, key)
     if pops is not None:
         row["populations"] = pops
@@ -228,18 +234,17 @@ def _population_labels(p: Populations) -> tuple[str | None, list[str]]:
     return None, list(_MODES[:len(groups)])
 
 
-def _populations(a: Side, b: Side, name: str, key: StepBasis) -> dict[str, Any] | None:
-    """A stage whose steady instances form two populations on either side (the report's
-    ``stages[].populations``): what each side has, and, when every run of both sides has the
-    same two (same feature, same groups), a delta row per population from its statistics (a
-    pooled median of two populations lies between them, a time no instance took, and moves
-    with their mix). None when neither side has two populations."""
+def _populations(a: Side, b: Side, name: str, key: StepBasis) -> PopulationDeltas | None:
+    """A stage whose steady instances form two populations on either side: what each side has,
+    and, when every run of both sides has the same two (same feature, same groups), a delta row
+    per population from its statistics (a pooled median of two populations lies between them, a
+    time no instance took, and moves with their mix). None when neither side has two."""
     pa = [st.get("populations") for st in a.stages_of_runs(name)]
     pb = [st.get("populations") for st in b.stages_of_runs(name)]
     if not any(pa) and not any(pb):
         return None
 
-    def side(ps: list[Populations | None]) -> dict[str, Any] | None:
+    def side(ps: list[Populations | None]) -> PopulationSide | None:
         have = [p for p in ps if p]
         if not have:
             return None
@@ -247,24 +252,22 @@ def _populations(a: Side, b: Side, name: str, key: StepBasis) -> dict[str, Any] 
         return {"by": by, "groups": labels, "median_in_gap": any(bool(p.get("median_in_gap")) for p in have),
                 "runs": len(have), "of_runs": len(ps)}
 
-    out: dict[str, Any] = {"a": side(pa), "b": side(pb), "rows": [], "not_split": None}
+    out: PopulationDeltas = {"a": side(pa), "b": side(pb), "rows": [], "not_split": None}
     keys = {(by, frozenset(labels)) if by else (None, tuple(labels))
             for by, labels in (_population_labels(p) for p in pa + pb if p)}
-    if not all(pa) or not all(pb) or len(keys) != 1:
-        if not any(pa) or not any(pb):
-            out["not_split"] = f"side {'A' if not any(pa) else 'B'} has one"
-        elif not all(pa) or not all(pb):
-            out["not_split"] = f"not two in every run of side {'A' if not all(pa) else 'B'}"
-        else:
-            out["not_split"] = "the runs' populations differ (told apart by another feature, or other groups)"
-        return out
-    _, labels = _population_labels(cast(Populations, pa[0]))
-    for label in labels:
-        ra, rb = _group_stats(pa, label, key), _group_stats(pb, label, key)
-        if ra and rb:
-            out["rows"].append({"population": label, **_delta(ra, rb, None, None)})
-    if not out["rows"]:
-        out["not_split"] = f"its populations have no {key} values on both sides"
+    if not any(pa) or not any(pb):
+        out["not_split"] = f"side {'A' if not any(pa) else 'B'} has one"
+    elif not all(pa) or not all(pb):
+        out["not_split"] = f"not two in every run of side {'A' if not all(pa) else 'B'}"
+    elif len(keys) != 1:
+        out["not_split"] = "the runs' populations differ (told apart by another feature, or other groups)"
+    else:
+        for label in _population_labels(cast(Populations, pa[0]))[1]:
+            ra, rb = _group_stats(pa, label, key), _group_stats(pb, label, key)
+            if ra and rb:
+                out["rows"].append({"population": label, **_delta(ra, rb, None, None)})
+        if not out["rows"]:
+            out["not_split"] = f"its populations have no {key} values on both sides"
     return out
 
 
@@ -272,28 +275,17 @@ def _group_stats(ps: list[Populations | None], label: str, key: StepBasis) -> li
     """The statistic ``key`` of the population ``label`` in each run (those with values)."""
     out: list[Statistic] = []
     for p in ps:
-        if not p:
-            continue
-        _, labels = _population_labels(p)
-        group = (p.get("groups") or [])[labels.index(label)]
-        st: Statistic = group.get(key) or {"n": 0}
-        if st.get("n"):
-            out.append(st)
+        if p:
+            st: Statistic = (p.get("groups") or [])[_population_labels(p)[1].index(label)].get(key) or {"n": 0}
+            if st.get("n"):
+                out.append(st)
     return out
 
 
-def _gpu_key(a: Stage, b: Stage) -> StepBasis | None:
-    keys: tuple[StepBasis, ...] = ("gpu_event_ns", "gpu_proj_ns")
-    for key in keys:
-        if (a.get(key) or {}).get("n") and (b.get(key) or {}).get("n"):
-            return key
-    return None
-
-
-def _families(a: Report, b: Report) -> list[dict[str, Any]]:
+def _families(a: Report, b: Report) -> list[FamilyChange]:
     fa = {f["family"]: f for f in (a.get("gpu") or {}).get("families", [])}
     fb = {f["family"]: f for f in (b.get("gpu") or {}).get("families", [])}
-    rows: list[dict[str, Any]] = []
+    rows: list[FamilyChange] = []
     for fam in sorted(set(fa) | set(fb)):
         x, y = fa.get(fam, {}), fb.get(fam, {})
         sa, sb = x.get("share", 0.0), y.get("share", 0.0)
@@ -318,55 +310,47 @@ def kernel_key(name: str) -> str:
     low = name.lower()
     if "memcpy" in low or "memset" in low or low.startswith(("copy", "fill")):
         kind = "memset" if "memset" in low or low.startswith("fill") else "memcpy"
-        for label, words in _COPY_DIR:
-            if any(w in low for w in words):
-                return f"{kind} {label}"
-        return kind
-    text = _strip_params(name.strip())
-    text = text.replace("(bool)1", "true").replace("(bool)0", "false")
+        return next((f"{kind} {label}" for label, words in _COPY_DIR if any(w in low for w in words)), kind)
+    text = _strip_params(name.strip()).replace("(bool)1", "true").replace("(bool)0", "false")
     text = _CAST.sub("", text).replace("(anonymous namespace)", "<unnamed>")
     return " ".join(text.split()).replace("> >", ">>").replace("> >", ">>")
 
 
 def _strip_params(name: str) -> str:
-    """The name without its trailing parameter list (nsys prints ``(T3)`` where Kineto prints
-    the concrete types)."""
+    """The name without its trailing parameter list."""
     if not name.endswith(")"):
         return name
     depth = 0
     for i in range(len(name) - 1, -1, -1):
-        ch = name[i]
-        if ch in ")>":
+        if name[i] in ")>":
             depth += 1
-        elif ch in "(<":
+        elif name[i] in "(<":
             depth -= 1
             if depth == 0:
-                return name[:i] if ch == "(" and i > 0 else name
+                return name[:i] if name[i] == "(" and i > 0 else name
     return name
 
 
-def _kernels(a: Report, b: Report) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+def _kernels(a: Report, b: Report) -> tuple[list[KernelChange], list[KernelChange], list[dict[str, str]]]:
     def by_key(side: Report) -> dict[str, GpuKernel]:
         out: dict[str, GpuKernel] = {}
         for k in (side.get("gpu") or {}).get("kernels", []):
             key = kernel_key(k["name"])
             if key in out:  # two names that are one kernel (or one copy kind): add them up
-                merged = GpuKernel(**out[key])
-                merged["gpu_ns"] = merged["gpu_ns"] + k["gpu_ns"]
-                merged["share"] = (merged.get("share") or 0) + (k.get("share") or 0)
-                out[key] = merged
-            else:
-                out[key] = k
+                k = {**out[key], "gpu_ns": out[key]["gpu_ns"] + k["gpu_ns"],
+                     "share": (out[key].get("share") or 0) + (k.get("share") or 0)}
+            out[key] = k
         return out
 
+    def listed(side: dict[str, GpuKernel], keys: set[str]) -> list[KernelChange]:
+        rows: list[KernelChange] = [{"name": side[n]["name"], "family": side[n]["family"], "gpu_ns": side[n]["gpu_ns"],
+                                     "share": side[n]["share"]} for n in keys]
+        return sorted(rows, key=lambda r: -r["gpu_ns"])
+
     ka, kb = by_key(a), by_key(b)
-    appeared: list[dict[str, Any]] = sorted(({"name": kb[n]["name"], "family": kb[n]["family"], "gpu_ns": kb[n]["gpu_ns"],
-                        "share": kb[n]["share"]} for n in kb.keys() - ka.keys()), key=lambda r: -r["gpu_ns"])
-    gone: list[dict[str, Any]] = sorted(({"name": ka[n]["name"], "family": ka[n]["family"], "gpu_ns": ka[n]["gpu_ns"],
-                    "share": ka[n]["share"]} for n in ka.keys() - kb.keys()), key=lambda r: -r["gpu_ns"])
     refamilied = [{"name": ka[n]["name"], "a_family": ka[n]["family"], "b_family": kb[n]["family"]}
                   for n in ka.keys() & kb.keys() if ka[n]["family"] != kb[n]["family"]]
-    return appeared, gone, refamilied
+    return listed(kb, kb.keys() - ka.keys()), listed(ka, ka.keys() - kb.keys()), refamilied
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -394,10 +378,8 @@ def settings_diff(a: Report, b: Report, more_a: list[Report] | None = None, more
     fa, fb = flat(a), flat(b)
     own = {k for other in (more_a or []) for k, v in flat(other).items() if fa.get(k) != v}
     own |= {k for other in (more_b or []) for k, v in flat(other).items() if fb.get(k) != v}
-    rows = []
-    for k in sorted(set(fa) | set(fb)):
-        if fa.get(k) != fb.get(k) and k not in own:
-            rows.append({"key": k, "a": fa.get(k), "b": fb.get(k)})
+    rows = [{"key": k, "a": fa.get(k), "b": fb.get(k)} for k in sorted(set(fa) | set(fb))
+            if fa.get(k) != fb.get(k) and k not in own]
     w_a, w_b = a.get("warmup", {}).get("n"), b.get("warmup", {}).get("n")
     if w_a != w_b and not any(r["key"] == "warmup" for r in rows):
         rows.append({"key": "warmup", "a": w_a, "b": w_b})
@@ -419,9 +401,6 @@ SHARE_CHECKS = {"attention_dominated_decode": "attention", "moe_routing_overhead
 def _share(stage: Stage, what: str) -> float | None:
     """A stage's share of GPU time in what a finding's validation names (``SHARE_CHECKS``), as
     the finding measures it; None without kernels."""
-    from maxinstr.analyze.rules.mix import ROUTING_FAMILIES, moe_permutation
-    from maxinstr.analyze.families import NAIVE_MATMUL
-
     mix = stage.get("mix")
     if not mix:
         return None
@@ -433,63 +412,55 @@ def _share(stage: Stage, what: str) -> float | None:
     return share + moe_permutation(stage)[0] if what == "routing" else share
 
 
-def _stage_checks(a: Side, b: Side, names: list[str]) -> list[dict[str, Any]]:
+def _median(stat: Statistic | None) -> float | None:
+    return (stat or {}).get("median") if (stat or {}).get("n") else None
+
+
+def _stage_checks(a: Side, b: Side, names: list[str]) -> list[Check]:
     """Per stage, what the diagnosis' validation lines ask to check, on each side (the median
-    over its runs): GPU busy, kernels per instance, matmul growth over the steps, the share of
-    GPU time a finding is about (attention, routing, quantization, the naive matmul), and the
-    findings about the stage."""
-    def busy(st: Stage) -> float | None:
-        return (st.get("gpu_busy_frac") or {}).get("median") if (st.get("gpu_busy_frac") or {}).get("n") else None
-
-    def kernels(st: Stage) -> float | None:
-        k = st.get("kernels_per_instance") or {}
-        return k.get("median") if k.get("n") else None
-
-    def growth(st: Stage) -> float | None:
-        return (((st.get("step_work") or {}).get("matmul_ns")) or {}).get("last_over_first")
-
+    over its runs), and the findings about the stage."""
     def findings(side: Side, name: str) -> list[str]:
         return sorted({f["id"] for f in side.report.get("diagnosis") or [] if f.get("stage") == name})
 
-    rows = []
+    def ab(n: str, get: Callable[[Stage], float | None]) -> AB:
+        return {"a": _median_of_runs(a, n, get), "b": _median_of_runs(b, n, get)}
+
+    rows: list[Check] = []
     for n in names:
         if a.stage(n) is None or b.stage(n) is None:
             continue
-        row: dict[str, Any] = {"stage": n}
-        for key, get in (("gpu_busy_frac", busy), ("kernels_per_instance", kernels), ("matmul_growth", growth)):
-            row[key] = {"a": _median_of_runs(a, n, get), "b": _median_of_runs(b, n, get)}
         fa, fb = findings(a, n), findings(b, n)
         named = sorted({SHARE_CHECKS[x] for x in fa + fb if x in SHARE_CHECKS})
-        row["shares"] = {w: {"a": _median_of_runs(a, n, partial(_share, what=w)),
-                             "b": _median_of_runs(b, n, partial(_share, what=w))} for w in named}
-        row["findings"] = {"a": fa, "b": fb, "gone": [x for x in fa if x not in fb], "new": [x for x in fb if x not in fa]}
-        if any(v["a"] is not None or v["b"] is not None for k, v in row.items()
-               if k not in ("stage", "findings", "shares")) or fa or fb:
+        row: Check = {"stage": n, "gpu_busy_frac": ab(n, lambda st: _median(st.get("gpu_busy_frac"))),
+                      "kernels_per_instance": ab(n, lambda st: _median(st.get("kernels_per_instance"))),
+                      "matmul_growth": ab(n, lambda st: ((st.get("step_work") or {}).get("matmul_ns") or {}).get(
+                          "last_over_first")),
+                      "shares": {w: ab(n, partial(_share, what=w)) for w in named},
+                      "findings": {"a": fa, "b": fb, "gone": [x for x in fa if x not in fb],
+                                   "new": [x for x in fb if x not in fa]}}
+        measured = (row["gpu_busy_frac"], row["kernels_per_instance"], row["matmul_growth"])
+        if any(v["a"] is not None or v["b"] is not None for v in measured) or fa or fb:
             rows.append(row)
     return rows
 
 
-def compare_pair(a: Side, b: Side) -> dict[str, Any]:
+def compare_pair(a: Side, b: Side) -> Comparison:
     """Everything that changed from ``a`` to ``b``."""
     names = [s["name"] for s in a.report.get("stages", [])]
     names += [s["name"] for s in b.report.get("stages", []) if s["name"] not in names]
-    host = [r for r in (_delta_row(a, b, n, "host_ns") for n in names) if r is not None]
     gpu = []
     for n in names:
         sa, sb = a.stage(n), b.stage(n)
-        if sa is None or sb is None:
-            continue
-        key = _gpu_key(sa, sb)
-        if key:
-            row = _delta_row(a, b, n, key)
-            if row is not None:
-                gpu.append(row)
+        key = _gpu_key(sa, sb) if sa is not None and sb is not None else None
+        row = _delta_row(a, b, n, key) if key else None
+        if row is not None:
+            gpu.append(row)
     appeared, gone, refamilied = _kernels(a.report, b.report)
     ga, gb = a.report.get("gpu") or {}, b.report.get("gpu") or {}
     return {
         "a": a.label,
         "b": b.label,
-        "stages": host,
+        "stages": [r for r in (_delta_row(a, b, n, "host_ns") for n in names) if r is not None],
         "gpu_stages": gpu,
         "gpu_total": {"a_gpu_ns": ga.get("gpu_ns"), "b_gpu_ns": gb.get("gpu_ns"),
                       "a_ops": ga.get("ops"), "b_ops": gb.get("ops")} if (ga or gb) else None,
@@ -499,29 +470,29 @@ def compare_pair(a: Side, b: Side) -> dict[str, Any]:
         "kernels_changed_family": refamilied,
         "runs": {"a": a.runs, "b": b.runs},
         "checks": _stage_checks(a, b, names),
-        "settings": settings_diff(a.report, b.report, [r for r in a.reports[1:]], [r for r in b.reports[1:]]),
+        "settings": settings_diff(a.report, b.report, a.reports[1:], b.reports[1:]),
         "perturbed": {"a": bool(a.report.get("perturbed")), "b": bool(b.report.get("perturbed"))},
         "notes": [f"A: {n}" for n in a.notes] + [f"B: {n}" for n in b.notes],
     }
 
 
-def compare(sides: list[Side]) -> dict[str, Any]:
+def _gpu_key(a: Stage, b: Stage) -> StepBasis | None:
+    keys: tuple[StepBasis, ...] = ("gpu_event_ns", "gpu_proj_ns")
+    return next((key for key in keys if (a.get(key) or {}).get("n") and (b.get(key) or {}).get("n")), None)
+
+
+def compare(sides: list[Side]) -> CompareResult:
     """Each side against the first (the baseline)."""
     if len(sides) < 2:
         raise ValueError("compare needs at least two runs")
-    return cast(dict[str, Any], finite({
-        "schema": SCHEMA,
-        "version": VERSION,
-        "baseline": sides[0].label,
-        "runs": [s.label for s in sides],
-        "comparisons": [compare_pair(sides[0], s) for s in sides[1:]],
-    }))
+    return cast(CompareResult, finite({"schema": SCHEMA, "version": VERSION, "baseline": sides[0].label,
+                                       "runs": [s.label for s in sides],
+                                       "comparisons": [compare_pair(sides[0], s) for s in sides[1:]]}))
 
 
 def finite(obj: Any) -> Any:
-    """``obj`` with every NaN or infinity made None and numpy scalars plain numbers: a value that
-    could not be computed is missing, in every view (JSON has no NaN; text and Markdown print
-    '-'), never 'nan'."""
+    """``obj`` with NaN and infinities None and numpy scalars plain numbers: a value that could
+    not be computed is missing in every view (null, '-'), never 'nan'."""
     if isinstance(obj, dict):
         return {k: finite(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

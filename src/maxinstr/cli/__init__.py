@@ -4,10 +4,14 @@ the others."""
 
 from __future__ import annotations
 
+import functools
+import gc
 import importlib
 import math
 import os
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import click
 
@@ -27,12 +31,9 @@ SUBCOMMANDS: dict[str, str] = {
 
 
 def without_gc(command):
-    """Run a batch command with the cyclic garbage collector paused: a report builds millions
-    of small dicts and lists that hold no cycles, and the collector's passes over them were a
-    quarter of the time of a report of 50,000 stage names. Reference counting still frees
-    everything; the collector is back on when the command returns."""
-    import functools
-    import gc
+    """Run a batch command with the cyclic garbage collector paused: a report builds millions of
+    small dicts and lists that hold no cycles, and the collector's passes over them were a quarter
+    of the time of a report of 50,000 stage names (reference counting still frees everything)."""
 
     @functools.wraps(command)
     def run(*args, **kwargs):
@@ -48,10 +49,8 @@ def without_gc(command):
 
 
 def batch_command(command):
-    """:func:`without_gc`, plus the process settings of a command that reads a big trace once and
-    exits (``report``, ``compare``): see :func:`batch_process`."""
-    import functools
-
+    """:func:`without_gc`, plus :func:`batch_process`: a command that reads a big trace once and
+    exits (``report``, ``compare``)."""
     inner = without_gc(command)
 
     @functools.wraps(command)
@@ -65,25 +64,15 @@ def batch_command(command):
 def batch_process() -> None:
     """Settings for a process that builds one report and exits; they change no result.
 
-    - OpenBLAS starts one spinning thread per core when numpy loads, and a report makes no
-      BLAS call large enough to use them (its only one is a tiny least-squares fit): numpy is
-      loaded with ``OPENBLAS_NUM_THREADS=1`` unless the user set it, and the variable is taken
-      back out of the environment at once (nothing this process starts inherits it).
-    - numpy asks for transparent huge pages for every array of 4 MB or more: each is then
-      zeroed 2 MB at a time on first touch, used or not (measured: a third more system time);
-      numpy is loaded with ``NUMPY_MADVISE_HUGEPAGE=0`` unless the user set it, taken back out
-      of the environment the same way.
-    - glibc malloc hands every freed array above its mmap threshold back to the OS, and a
-      report allocates and frees hundreds of arrays of millions of rows: each one came back as
-      fresh zeroed pages (a quarter of the process's CPU time was page faults). The threshold
-      is raised to 32 MB (glibc's largest) and automatic trimming is turned off; the trace
-      readers no longer trim (``malloc_trim``) after a read: the next phase reuses that memory
-      rather than faulting it back in. One arena for every thread:
-      the columns the reader's threads build and free are reused by the main thread's arrays
-      instead of staying in per-thread arenas (33 MB less peak memory on a 1M-kernel trace).
+    - numpy is loaded here with ``OPENBLAS_NUM_THREADS=1`` (OpenBLAS starts a spinning thread per
+      core, and a report makes no BLAS call big enough to use them) and ``NUMPY_MADVISE_HUGEPAGE=0``
+      (huge pages are zeroed 2 MB at a time on first touch: a third more system time), unless the
+      user set them; both are taken back out of the environment at once (no child inherits them).
+    - glibc malloc: the mmap threshold raised to 32 MB and automatic trimming off (each freed array
+      of millions of rows came back as fresh zeroed pages: a quarter of the CPU time was page
+      faults), and one arena for every thread, so the main thread reuses what the reader's threads
+      free (33 MB less peak memory on a 1M-kernel trace); the readers skip ``malloc_trim`` too.
     """
-    import sys
-
     if "numpy" not in sys.modules:
         added = []
         for k, v in (("OPENBLAS_NUM_THREADS", "1"), ("NUMPY_MADVISE_HUGEPAGE", "0")):
@@ -97,7 +86,7 @@ def batch_process() -> None:
                 del os.environ[k]
     if sys.platform.startswith("linux") and not config.no_malloc_tuning():
         try:
-            import ctypes
+            import ctypes  # here: not every command pays for it
 
             libc = ctypes.CDLL(None)
             mallopt = getattr(libc, "mallopt", None)  # glibc (musl has none)
@@ -105,11 +94,29 @@ def batch_process() -> None:
                 mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
                 mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
                 mallopt(-8, 1)  # M_ARENA_MAX: what the reader's threads free, numpy reuses
-                from maxinstr.traces import keep_freed_memory
+                from maxinstr.traces import keep_freed_memory  # (after numpy: the readers import it)
 
-                keep_freed_memory()  # no malloc_trim after reads either
+                keep_freed_memory()
         except (OSError, AttributeError, TypeError):
             pass
+
+
+def write_output(output: str | None, text: str | Callable[[str], object]) -> None:
+    """What a command made, to stdout or to ``-o PATH``: ``text``, or a function that writes it
+    to the path itself (a Perfetto trace is streamed); an unwritable path is one line."""
+    if not output:
+        click.echo(text, nl=False)
+        return
+    try:
+        text(output) if callable(text) else Path(output).write_text(text)
+    except OSError as exc:
+        raise MaxinstrError(f"{output}: cannot write ({exc.strerror or exc})") from None
+    click.echo(f"maxinstr: wrote {output}", err=True)
+
+
+def after_dashes(words: tuple[str, ...]) -> list[str]:
+    """A program's command line as click hands it over: without the ``--`` that set it apart."""
+    return list(words[1:] if words[:1] == ("--",) else words)
 
 
 class Seconds(click.FloatRange):
@@ -166,10 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main(sys.argv[1:])
     finally:
         # The process exits next: the interpreter's shutdown would run the cyclic collector over
-        # every object still alive (numpy's, click's, ours), a third of a small report's wall
-        # time. Frozen objects are skipped; reference counting still frees what it frees.
-        import gc
-
+        # every object still alive (numpy's, click's, ours), a third of a small report's wall time
         gc.freeze()
 
 

@@ -1,4 +1,5 @@
-"""`maxinstr compare`: what changed between runs, and whether it is beyond noise."""
+"""`maxinstr compare`: what changed between runs, and whether it is beyond noise. The analysis
+stack (numpy) is imported inside the command, after :func:`maxinstr.cli.batch_process`."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from maxinstr.cli import batch_command
+from maxinstr.analyze.schema import is_report_file
+from maxinstr.cli import batch_command, write_output
+from maxinstr.cli.report import discover, load_report_file, open_trace_with_progress
 from maxinstr.errors import MaxinstrError
+from maxinstr.render import compare_view
+from maxinstr.render.terminal import text_width
 
 if TYPE_CHECKING:
     from maxinstr.analyze.compare import Side
@@ -32,7 +37,7 @@ def _runs_in(p: Path) -> list[Path]:
 def _sweep_value(run: Path) -> str:
     """Which ``maxinstr run --sweep`` value a run had: its launch.json label without the repeat
     (``BATCH=8`` of ``BATCH=8.r2``); '' for a run that was not part of a sweep."""
-    from maxinstr.launch.runner import read_launch, sweep_label
+    from maxinstr.launch.runner import read_launch, sweep_label  # numpy
 
     try:
         launch = read_launch(run) or {}
@@ -44,8 +49,7 @@ def _sweep_value(run: Path) -> str:
 def _one_program(path: str, runs: list[Path]) -> None:
     """A folder pooled into one side must hold repeats of one program: runs of different --sweep
     values pooled would be a median of two settings. MaxinstrError names them."""
-    value = {r: _sweep_value(r) for r in runs}
-    values = sorted(set(value.values()))
+    values = sorted({_sweep_value(r) for r in runs})
     if len(values) > 1:
         shown = ", ".join(v or "(none)" for v in values)
         # one run a value (what --sweep without --repeat writes): each run is a side
@@ -66,8 +70,7 @@ def _sweep_folders(p: Path) -> list[Path]:
 def _analyze_run(run_dir: Path, trace: str | None, warmup: int | None, quiet: bool) -> tuple[Analysis, list[str]]:
     """One run directory, with the trace and unprofiled warm run `maxinstr run` left beside it
     (as `maxinstr report` finds them: cli.report.discover) unless a trace is given."""
-    from maxinstr.analyze.report import analyze
-    from maxinstr.cli.report import discover, open_trace_with_progress
+    from maxinstr.analyze.report import analyze  # numpy
     from maxinstr.rundir import load
 
     run = load(run_dir)
@@ -78,12 +81,10 @@ def _analyze_run(run_dir: Path, trace: str | None, warmup: int | None, quiet: bo
 
 
 def _side(path: str, trace: str | None, warmup: int | None, quiet: bool) -> Side:
-    from maxinstr.analyze.compare import Side
+    from maxinstr.analyze.compare import Side  # numpy
     from maxinstr.analyze.report import analyze
-    from maxinstr.analyze.schema import is_report_file as _is_report_file
-    from maxinstr.cli.report import load_report_file, open_trace_with_progress
 
-    if _is_report_file(path):
+    if is_report_file(path):
         if trace:
             raise MaxinstrError(f"{path}: a saved report has its kernels already: give --trace {NO_TRACE} for it")
         return Side(path, load_report_file(path))
@@ -106,11 +107,9 @@ def _side(path: str, trace: str | None, warmup: int | None, quiet: bool) -> Side
         return Side(path, analyses, notes)
     sweep = _sweep_folders(p)
     if sweep:
-        sides = " ".join(shlex.quote(str(c)) for c in sweep)
         raise MaxinstrError(f"{path}: a --sweep folder (one folder of runs per value), not one side: compare the values, "
-                            f"maxinstr compare {sides}")
-    if p.exists():
-        # a bare trace file or folder
+                            f"maxinstr compare {' '.join(shlex.quote(str(c)) for c in sweep)}")
+    if p.exists():  # a bare trace file or folder
         if trace:
             raise MaxinstrError(f"{path}: a trace itself: give --trace {NO_TRACE} for it")
         return Side(path, analyze(trace=open_trace_with_progress(path, quiet), warmup=warmup))
@@ -153,30 +152,9 @@ def command(runs: tuple[str, ...], traces: tuple[str, ...], fmt: str, output: st
         raise click.UsageError("give at least two runs to compare")
     if traces and len(traces) != len(runs):
         raise click.UsageError(f"--trace given {len(traces)} time(s) for {len(runs)} runs: give one per run or none")
-    from maxinstr.analyze.compare import compare
+    from maxinstr.analyze.compare import compare  # numpy
 
     given = [None if not traces or traces[i] == NO_TRACE else traces[i] for i in range(len(runs))]
-    sides = [_side(r, given[i], warmup, quiet) for i, r in enumerate(runs)]
-    result = compare(sides)
-    if fmt == "json":
-        from maxinstr.render.json import render
-
-        text = render(result)
-    elif fmt == "md":
-        from maxinstr.render.markdown import render_compare as markdown
-
-        text = markdown(result)
-    else:
-        from maxinstr.render.terminal import text_width
-        from maxinstr.render.text import render_compare as terminal
-
-        tty = output is None and sys.stdout.isatty()
-        text = terminal(result, color=tty, width=text_width(tty, width))
-    if output:
-        try:
-            Path(output).write_text(text)
-        except OSError as exc:
-            raise MaxinstrError(f"{output}: cannot write ({exc.strerror or exc})") from None
-        click.echo(f"maxinstr: wrote {output}", err=True)
-    else:
-        click.echo(text, nl=False)
+    result = compare([_side(r, given[i], warmup, quiet) for i, r in enumerate(runs)])
+    color = output is None and fmt == "text" and sys.stdout.isatty()
+    write_output(output, compare_view(fmt).render_compare(result, width=text_width(color, width), color=color))

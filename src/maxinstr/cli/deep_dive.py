@@ -14,7 +14,7 @@ import click
 from maxinstr import config
 from maxinstr._files import real_dirs, replace_atomic
 from maxinstr._text import shown, visible
-from maxinstr.cli import Seconds, UserError
+from maxinstr.cli import Seconds, UserError, after_dashes
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import deep_dive as dd
 from maxinstr.launch.presets import auto_presets, recorded_specs
@@ -22,26 +22,21 @@ from maxinstr.launch import runner
 from maxinstr.launch import supervise as sv
 from maxinstr.launch.env import detect_environment, find_tool
 from maxinstr.rundir.format import run_artifact
+from maxinstr.rundir.reader import read_meta
 
 
 def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str | None, warmup: int | None
              ) -> tuple[dd.KernelChoice, list[str], bool, Path | None, list[str], Any, Path | None]:
     """(choice, app command from the run, from_capture_start, run_dir or None, stage specs,
     the run's MAXINSTR_WARMUP or None, the file the app command was read from)."""
-    from maxinstr.rundir.reader import read_meta
-
     app_from: Path | None = None
-    run_dir: Path | None = None
-    launch = None
+    run_dir = join_run = report = run_warmup = run_warmup_meta = None
     app: list[str] = []
     specs: list[str] = []
     from_capture = False
-    run_warmup = None
     trace_path = trace_opt
-    report = None
-    run_warmup_meta = None
     if source.is_dir() and (source / "meta.json").exists():
-        run_dir = source
+        run_dir = join_run = source
         launch = runner.read_launch(source)
         meta = read_meta(source / "meta.json")
         if launch is not None:
@@ -56,7 +51,7 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
             app_from = source / "meta.json"
         trace_path = trace_path or run_artifact(source, (meta.get("profiler") or {}).get("trace"))
         if not trace_path:
-            from maxinstr.traces.inprocess import has_activity
+            from maxinstr.traces.inprocess import has_activity  # numpy, the readers: only here
 
             if has_activity(source):  # kernels=True: the run directory holds its own kernels
                 trace_path = str(source)
@@ -65,6 +60,7 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
         report = dd.load_report_json(source)
         trace_path = trace_path or (report.get("sources") or {}).get("trace")
         run_src = (report.get("sources") or {}).get("run")
+        join_run = Path(run_src) if run_src and (Path(run_src) / "meta.json").exists() else None
         if run_src and Path(run_src).is_dir():
             launch = runner.read_launch(run_src)
             if launch:
@@ -75,13 +71,9 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
     else:
         trace_path = trace_path or str(source)
     if trace_path and Path(trace_path).exists():
-        from maxinstr.traces import open_trace
+        from maxinstr.traces import open_trace  # numpy, the readers: only when a kernel is chosen from a trace
 
         trace = open_trace(trace_path)
-        join_run = run_dir
-        if join_run is None and report is not None:
-            run_src = (report.get("sources") or {}).get("run")
-            join_run = Path(run_src) if run_src and (Path(run_src) / "meta.json").exists() else None
         analysis = None
         if stage is not None:
             # the report's attribution and steady instances: `maxinstr report RUN --trace T` (or the
@@ -169,13 +161,10 @@ def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str 
     maxinstr deep-dive profile.sqlite --kernel gemv -- python decode.py
     """
     if csv_file is not None:
-        launches = dd.parse_ncu_csv(csv_file.read_text(encoding="utf-8", errors="replace"), str(csv_file))
-        _print_verdicts(launches, as_json)
+        _print_verdicts(dd.parse_ncu_csv(csv_file.read_text(encoding="utf-8", errors="replace"), str(csv_file)), as_json)
         return
     choice, app, from_capture, run_dir, specs, run_warmup, app_from = _resolve(source, trace_opt, stage, kernel, warmup)
-    cmd_args = list(command)
-    if cmd_args and cmd_args[0] == "--":
-        cmd_args = cmd_args[1:]
+    cmd_args = after_dashes(command)
     if cmd_args:
         app, app_from = cmd_args, None  # typed by the user
     if launch_skip is not None:

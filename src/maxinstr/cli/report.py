@@ -1,27 +1,31 @@
-"""`maxinstr report`: a per-stage report from a run directory, a trace, or both."""
+"""`maxinstr report`: a per-stage report from a run directory, a trace, or both.
+
+The analysis stack (traces, rundir, analyze: numpy) is imported inside the command, after
+:func:`maxinstr.cli.batch_process` has set numpy's environment, and never by ``--help``."""
 
 from __future__ import annotations
 
-import importlib
-import inspect
+import contextlib
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from maxinstr.analyze.schema import is_report_file as _is_report_file
-from maxinstr.cli import batch_command
+from maxinstr._text import visible
+from maxinstr.analyze.schema import is_report_file
+from maxinstr.analyze.schema_check import read_report
+from maxinstr.cli import batch_command, write_output
 from maxinstr.errors import MaxinstrError, TraceError
+from maxinstr.render import VIEWS, view
 from maxinstr.render.terminal import text_width
 
 if TYPE_CHECKING:
-    from maxinstr.analyze.report import Analysis, TraceArg
+    from maxinstr.analyze.report import TraceArg
     from maxinstr.analyze.schema import Report
     from maxinstr.rundir import Run
     from maxinstr.traces.model import Trace
-
-FORMATS = ("text", "json", "md", "html", "perfetto")
 
 
 class Progress:
@@ -32,7 +36,7 @@ class Progress:
         self._status = None
         if quiet or not _may_be_terminal():
             return  # rich is not imported at all (a tenth of the imports of a report)
-        from rich.console import Console
+        from rich.console import Console  # rich: only on a terminal
 
         console = Console(stderr=True)
         self._status = None if not console.is_terminal else console.status("maxinstr report ...")
@@ -50,9 +54,7 @@ class Progress:
         """Show ``message``: text, never rich markup (it quotes paths and a reader's words, and a
         run directory named ``r[/]`` made rich raise MarkupError), control characters escaped."""
         if self._status is not None:
-            from rich.text import Text
-
-            from maxinstr._text import visible
+            from rich.text import Text  # (rich is loaded already when there is a status)
 
             self._status.update(Text(visible(message)))
 
@@ -60,8 +62,6 @@ class Progress:
 def _may_be_terminal() -> bool:
     """False when rich's Console(stderr=True).is_terminal would be False for certain: stderr is
     not a tty and no environment variable (FORCE_COLOR, TTY_COMPATIBLE) says otherwise."""
-    import os
-
     if os.environ.get("TTY_COMPATIBLE", "") == "1" or os.environ.get("FORCE_COLOR") is not None:
         return True
     isatty = getattr(sys.stderr, "isatty", None)
@@ -72,27 +72,14 @@ def _may_be_terminal() -> bool:
 
 
 def open_trace_with_progress(path: str, quiet: bool = False, progress: Progress | None = None) -> Trace:
-    """Open a trace through the readers' dispatcher, showing a spinner (and the reader's own
-    progress messages when it gives them) on stderr while it loads."""
-    try:
-        from maxinstr.traces import open_trace
-    except ImportError:
-        raise MaxinstrError("trace readers are not available in this build (maxinstr.traces.open_trace missing)") from None
+    """Open a trace, showing a spinner and the reader's progress messages on stderr while it loads."""
+    from maxinstr.traces import open_trace  # numpy: after batch_process()
+
     if not Path(path).exists():
         raise MaxinstrError(f"{path}: no such trace file or folder")
-    takes_progress = "progress" in inspect.signature(open_trace).parameters
-    own = progress is None
-    progress = progress or Progress(quiet)
-    try:
-        if own:
-            progress.__enter__()
-        progress.update(f"reading {path} ...")
-        if takes_progress:
-            return open_trace(path, progress=lambda msg: progress.update(f"{path}: {msg}"))
-        return open_trace(path)
-    finally:
-        if own:
-            progress.__exit__(None, None, None)
+    with Progress(quiet) if progress is None else contextlib.nullcontext(progress) as on:
+        on.update(f"reading {path} ...")
+        return open_trace(path, progress=lambda msg: on.update(f"{path}: {msg}"))
 
 
 WARM_RUN_DIR = "warm-run"
@@ -105,7 +92,7 @@ def discover(run_dir: str, meta: dict, trace_path: str | None, unprofiled: str |
     notes: list[str] = []
     prof = meta.get("profiler") if isinstance(meta, dict) else None
     if trace_path is None and isinstance(prof, dict) and prof.get("trace"):
-        from maxinstr.rundir.format import inside, run_artifact
+        from maxinstr.rundir.format import inside, run_artifact  # numpy: after batch_process()
 
         found = run_artifact(run_dir, prof["trace"])
         recorded = Path(str(prof["trace"]))
@@ -126,8 +113,6 @@ def discover(run_dir: str, meta: dict, trace_path: str | None, unprofiled: str |
 
 def load_report_file(path: str) -> Report:
     """A saved JSON report (``--format json`` output)."""
-    from maxinstr.analyze.schema_check import read_report
-
     return read_report(path)  # a regular file only, every field of its type
 
 
@@ -176,51 +161,8 @@ def _is_bare_trace(path: str) -> bool:
     or a folder without meta.json and parts/ (rocprofv3 writes its trace as a folder)."""
     p = Path(path)
     if p.is_file():
-        return not _is_report_file(path)
+        return not is_report_file(path)
     return p.is_dir() and not (p / "meta.json").exists() and not (p / "parts").is_dir()
-
-
-def render(report: Report, fmt: str, color: bool = False, width: int = 120, analysis: Analysis | None = None) -> str:
-    """The report in one of FORMATS (html/perfetto through their own modules when present).
-
-    Timeline views need more than the summary dict: their ``render`` receives the
-    :class:`~maxinstr.analyze.report.Analysis` (stage instances, trace, attribution, run with
-    its samples) as ``analysis=`` when it declares that parameter."""
-    if fmt == "text":
-        from maxinstr.render.text import render as text
-
-        return text(report, width=width, color=color)
-    if fmt == "json":
-        from maxinstr.render.json import render as json
-
-        return json(report)
-    if fmt == "md":
-        from maxinstr.render.markdown import render as markdown
-
-        return markdown(report)
-    module = f"maxinstr.render.{fmt}"
-    try:
-        mod = importlib.import_module(module)
-    except ImportError:
-        raise MaxinstrError(f"--format {fmt}: not available in this build ({module} is missing)") from None
-    kwargs: dict[str, Analysis] = {}
-    if analysis is not None and "analysis" in inspect.signature(mod.render).parameters:
-        kwargs["analysis"] = analysis
-    out = mod.render(report, **kwargs)
-    return out if isinstance(out, str) else out.decode() if isinstance(out, bytes) else str(out)
-
-
-def write_streamed(output: str, report: Report, analysis: Analysis | None) -> None:
-    """``--format perfetto -o PATH``: the trace JSON streamed to PATH (gzip when it ends in
-    ``.gz``) through :func:`maxinstr.render.perfetto.write`; the same bytes as ``render``."""
-    try:
-        from maxinstr.render import perfetto
-    except ImportError:
-        raise MaxinstrError("--format perfetto: not available in this build (maxinstr.render.perfetto is missing)") from None
-    try:
-        perfetto.write(output, report, analysis=analysis)
-    except OSError as exc:
-        raise MaxinstrError(f"{output}: cannot write ({exc.strerror or exc})") from None
 
 
 @click.command("report", context_settings={"help_option_names": ["-h", "--help"]})
@@ -229,7 +171,7 @@ def write_streamed(output: str, report: Report, analysis: Analysis | None) -> No
               help="Vendor trace: nsys .sqlite/.nsys-rep, rocprofv3 folder/CSV, RPD, Kineto JSON. Repeat it for a "
                    "multi-rank run, one trace per rank: the rank comes from RANK=FILE, else from the file name "
                    "(r0.sqlite, rank1.nsys-rep), else from the order of the ranks.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(tuple(VIEWS)), default="text", show_default=True)
 @click.option("-o", "--output", metavar="PATH", help="Write here instead of stdout.")
 @click.option("--unprofiled", metavar="RUN_DIR", help="An unprofiled run of the same program: headline timings come from it.")
 @click.option("--warmup", type=click.IntRange(min=0), default=None, help="Warm-up instances per stage (overrides the session's).")
@@ -270,11 +212,12 @@ def command(run_dir: str | None, trace_paths: tuple[str, ...], fmt: str, output:
     if len(paths) > 1 and not run_dir:
         raise click.UsageError("several --trace files are one per rank: give the RUN_DIR they belong to")
     analysis = None
-    if run_dir and _is_report_file(run_dir):
+    if run_dir and is_report_file(run_dir):
         report = load_report_file(run_dir)
     else:
+        # numpy: imported after batch_process()
+        from maxinstr.analyze.ranks import assign_trace_ranks, part_ranks, trace_rank_from_name
         from maxinstr.analyze.report import analyze
-
         from maxinstr.rundir import load
 
         run = None
@@ -286,8 +229,6 @@ def command(run_dir: str | None, trace_paths: tuple[str, ...], fmt: str, output:
                 trace_path, unprofiled, auto_notes = discover(run_dir, run.meta, trace_path, unprofiled)
             trace_ranks = None
             trace: TraceArg | list[TraceArg] | None
-            from maxinstr.analyze.ranks import assign_trace_ranks, part_ranks, trace_rank_from_name
-
             run_ranks = sorted(set(part_ranks(run.parts).tolist()) - {-1}) if run is not None else []
             one_rank_trace = (len(paths) == 1 and len(run_ranks) > 1
                               and (trace_rank_from_name(paths[0]) is not None
@@ -320,18 +261,11 @@ def command(run_dir: str | None, trace_paths: tuple[str, ...], fmt: str, output:
         report = analysis.report
         report["sources"]["notes"] = auto_notes + report["sources"]["notes"]
     if output and fmt == "perfetto":
-        # Streamed to the file event by event: a 10M-kernel timeline is GBs of JSON, and
-        # building it as one string first would hold all of it (and a copy) in memory.
-        write_streamed(output, report, analysis)
-        click.echo(f"maxinstr: wrote {output}", err=True)
+        from maxinstr.render import perfetto  # numpy, the timeline: only for this view
+
+        # streamed to the file event by event: a 10M-kernel timeline is GBs of JSON, and building
+        # it as one string first would hold all of it (and a copy) in memory
+        write_output(output, lambda path: perfetto.write(path, report, analysis=analysis))
         return
     color = output is None and fmt == "text" and sys.stdout.isatty()
-    text = render(report, fmt, color=color, width=text_width(color, width), analysis=analysis)
-    if output:
-        try:
-            Path(output).write_text(text)
-        except OSError as exc:
-            raise MaxinstrError(f"{output}: cannot write ({exc.strerror or exc})") from None
-        click.echo(f"maxinstr: wrote {output}", err=True)
-    else:
-        click.echo(text, nl=False)
+    write_output(output, view(fmt).render(report, analysis, width=text_width(color, width), color=color))

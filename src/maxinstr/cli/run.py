@@ -3,18 +3,22 @@ warm-up kept out of the capture, and print the per-stage report."""
 
 from __future__ import annotations
 
+import json
 import os
-import shlex
 import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
-from maxinstr.cli import Seconds, UserError
+from maxinstr.cli import Seconds, UserError, after_dashes
+from maxinstr.cli.report import command as report_command
 from maxinstr.errors import MaxinstrError
+from maxinstr.integrations.max_pipeline import cache_entries, compile_cache_dirs
 from maxinstr.launch import runner
 from maxinstr.launch.env import detect_environment
 from maxinstr.launch.instrument import parse_spec
+from maxinstr.launch.presets import auto_presets, preset
 from maxinstr.launch.profilers import DEFAULT_WINDOW_S, Profiler, make_profiler
 
 
@@ -28,13 +32,10 @@ def choose_profiler(requested: str, env, *, window_s: float, capture: str, osrt:
     name = requested
     if requested == "auto":
         name = env.default_profiler()
+        missing = {"nvidia": "nsys", "amd": "rocprofv3"}.get(env.vendor) if name == "none" else None
         if name == "none":
-            if env.vendor == "nvidia":
-                notes.append(f"nsys not found, running without a profiler; {env.tool('nsys').install_hint()}")
-            elif env.vendor == "amd":
-                notes.append(f"rocprofv3 not found, running without a profiler; {env.tool('rocprofv3').install_hint()}")
-            else:
-                notes.append("no GPU found: running without a profiler (stages still record host times)")
+            notes.append(f"{missing} not found, running without a profiler; {env.tool(missing).install_hint()}" if missing
+                         else "no GPU found: running without a profiler (stages still record host times)")
     if name == "none":
         return make_profiler("none"), notes
     tool = env.tool(name)
@@ -53,11 +54,6 @@ def print_report(run_dir: Path, trace: str | None, unprofiled: Path | None = Non
     args = [str(run_dir)] + (["--trace", trace] if trace else [])
     if unprofiled is not None and (unprofiled / "meta.json").exists():
         args += ["--unprofiled", str(unprofiled)]
-    try:
-        from maxinstr.cli.report import command as report_command
-    except ImportError:
-        click.echo(f"report: run `maxinstr report {shlex.join(args)}` (the report module is not in this build)")
-        return
     try:
         report_command.main(args=args, prog_name="maxinstr report", standalone_mode=False)
     except (click.ClickException, MaxinstrError) as exc:
@@ -116,9 +112,7 @@ def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, 
     maxinstr run -- max generate --model-path DIR ...      (the max preset applies by itself)
     maxinstr run --preset max -- python my_max_pipeline.py
     """
-    cmd = list(command)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
+    cmd = after_dashes(command)
     if not cmd:
         raise click.UsageError("give the command to run after --")
     for text in stages:
@@ -174,8 +168,6 @@ def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, 
 def choose_presets(cmd: list[str], named: tuple[str, ...], no_preset: bool) -> list[str]:
     """The presets of this run: those named, then (unless --no-preset) those the command gets by
     itself (``max`` for MAX's own entry points), each once. An unknown name is a usage error."""
-    from maxinstr.launch.presets import auto_presets, preset
-
     chosen: list[str] = []
     for name in [*named, *([] if no_preset else auto_presets(cmd))]:
         preset(name)  # an unknown name fails here, before anything starts
@@ -189,8 +181,6 @@ def max_cache_before(presets: list[str], spec: runner.RunSpec) -> tuple[dict[str
     many files they hold before the run."""
     if "max" not in presets:
         return None
-    from maxinstr.integrations.max_pipeline import cache_entries, compile_cache_dirs
-
     dirs = compile_cache_dirs({**os.environ, **spec.env})
     return dirs, cache_entries(dirs)
 
@@ -200,8 +190,6 @@ def max_cache_after(cache: tuple[dict[str, str], dict[str, int]] | None, outcome
     cold compile, which a later run does not pay) and keep it in launch.json's ``max_compile_cache``."""
     if cache is None:
         return
-    from maxinstr.integrations.max_pipeline import cache_entries
-
     dirs, before = cache
     after = cache_entries(dirs)
     added = sum(after.values()) - sum(before.values())
@@ -225,8 +213,6 @@ def rerun_args(ctx: click.Context) -> list[str]:
     """The options this `maxinstr run` was given (not those left at their defaults), as
     command-line words, less :data:`NOT_REPRODUCED`: every other option changes what a run
     records or how it is run, so the commands a report suggests carry them."""
-    from click.core import ParameterSource
-
     words: list[str] = []
     for param in ctx.command.params:
         if not isinstance(param, click.Option) or param.name in NOT_REPRODUCED or param.name is None:
@@ -285,8 +271,6 @@ def _summarize(outcome: runner.RunOutcome, *, no_report: bool) -> None:
 def _requested_path(run_dir: Path) -> str | None:
     """The directory the script's own ``maxinstr.session(...)`` asked for (meta.json
     ``requested_path``), when it is not where the run is."""
-    import json
-
     try:
         asked = json.loads((Path(run_dir) / "meta.json").read_text(encoding="utf-8")).get("requested_path")
     except (OSError, ValueError, AttributeError):

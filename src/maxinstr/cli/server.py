@@ -7,12 +7,15 @@ from pathlib import Path
 
 import click
 
-from maxinstr.cli import Seconds, UserError
+from maxinstr.cli import Seconds, UserError, after_dashes
+from maxinstr.cli.run import choose_presets
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch import runner
 from maxinstr.launch import server as srv
 from maxinstr.launch.env import find_tool
 from maxinstr.launch.instrument import parse_spec
+from maxinstr.render.serving import serving_text
+from maxinstr.rundir import load
 
 
 def _nsys_path(profiler: str) -> str | None:
@@ -26,11 +29,6 @@ def _nsys_path(profiler: str) -> str | None:
 
 def _say(line: str) -> None:
     click.echo(line, err=True)
-
-
-def _strip(cmd: tuple[str, ...]) -> list[str]:
-    args = list(cmd)
-    return args[1:] if args and args[0] == "--" else args
 
 
 @click.group("server", short_help="Profile a long-running server around benchmark windows.")
@@ -68,8 +66,6 @@ def _apply(options):
 
 
 def _start(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_fail_fast, cmd) -> srv.ServerState:
-    from maxinstr.cli.run import choose_presets
-
     for text in stages:
         parse_spec(text)
     if not cmd:
@@ -100,18 +96,16 @@ def start_cmd(out, profiler, ready, ready_timeout, stages, presets, no_preset, n
     \b
       maxinstr server start -o runs/serve --ready 'Server ready' -- max serve --model ...
     """
-    _start(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_fail_fast, _strip(cmd))
+    _start(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_fail_fast, after_dashes(cmd))
 
 
 def serving_lines(run_dir: str | Path, start_ns: int | None = None, end_ns: int | None = None) -> list[str]:
     """The serving loop of the run over [start_ns, end_ns] of the host clock, as text lines
     (analyze/serving.py): its batched prefill and decode steps, the requests' queueing."""
-    import maxinstr
-    from maxinstr.analyze.serving import serving_summary
-    from maxinstr.render.serving import serving_text
+    from maxinstr.analyze.serving import serving_summary  # the analysis stack: only after a window
 
     try:
-        run = maxinstr.load(run_dir)
+        run = load(run_dir)
     except (MaxinstrError, OSError) as exc:
         return [f"serving loop: {exc}"]
     return serving_text(serving_summary(run, start_ns, end_ns))
@@ -152,7 +146,7 @@ def window_cmd(run_dir, duration, timeout, quiet, bench) -> None:
       maxinstr server window runs/serve -- python bench.py --requests 200
       maxinstr server window runs/serve --duration 30
     """
-    if not _window(run_dir, duration, _strip(bench) or None, timeout, quiet):
+    if not _window(run_dir, duration, after_dashes(bench) or None, timeout, quiet):
         raise click.exceptions.Exit(1)
 
 
@@ -182,7 +176,7 @@ def run_cmd(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_
     \b
       maxinstr server run -o runs/serve --ready 'Server ready' --bench 'python bench.py' -- max serve --model ...
     """
-    _start(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_fail_fast, _strip(cmd))
+    _start(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_fail_fast, after_dashes(cmd))
     try:
         ok = _window(out, duration, shlex.split(bench) if bench else None, timeout, quiet)
     finally:

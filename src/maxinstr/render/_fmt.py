@@ -1,14 +1,17 @@
-"""Number formatting shared by the text and Markdown renderers."""
+"""What the views share: number formatting, and what each table shows of the report, so text,
+Markdown and HTML show the same numbers."""
 
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from maxinstr._units import ns_text
 
 if TYPE_CHECKING:
+    from maxinstr.analyze.compare import AB, Check, DeltaRow
     from maxinstr.analyze.schema import (PopulationGroup, Report, Stage, StartupRow, Statistic, StatisticField,
                                          WarmupSummary)
 
@@ -40,13 +43,10 @@ def gpu_stat(stage: Stage) -> tuple[str, Statistic | None]:
 
 
 def startup_gpu(row: StartupRow) -> tuple[str, int | None]:
-    """A startup instance's GPU time by the stage table's rule (:func:`gpu_stat`): its events on
-    the stage's stream when recorded, else the trace's first-to-last op span; ("event"|"proj", ns)."""
+    """A startup instance's GPU time by the stage table's rule (:func:`gpu_stat`): ("event"|"proj", ns)."""
     if row.get("gpu_event_ns") is not None:
         return "event", row.get("gpu_event_ns")
-    if row.get("gpu_proj_ns") is not None:
-        return "proj", row.get("gpu_proj_ns")
-    return "", None
+    return ("proj", row.get("gpu_proj_ns")) if row.get("gpu_proj_ns") is not None else ("", None)
 
 
 def gpu_tables(report: Report) -> tuple[list[Any], list[Any], str, str]:
@@ -247,27 +247,25 @@ def finding_groups(findings: list[Any]) -> list[tuple[str, list[Any]]]:
     return [(title, xs) for title, xs in groups if xs]
 
 
-def delta_rows(rows: list[dict]) -> list[tuple[str, dict]]:
+def delta_rows(rows: list[DeltaRow]) -> list[tuple[str, DeltaRow]]:
     """compare's delta rows as (stage cell, row): each stage, then, when its two populations were
     compared one by one, a row per population under it ('· CUDA graph replay', as the report's
     stage table shows them)."""
-    out: list[tuple[str, dict]] = []
+    out: list[tuple[str, DeltaRow]] = []
     for r in rows:
         out.append((r["stage"], r))
-        for p in (r.get("populations") or {}).get("rows") or []:
-            out.append((f"  · {p['population']}", p))
+        out += [(f"  · {p['population']}", p) for p in r["populations"]["rows"]] if "populations" in r else []
     return out
 
 
-def compare_notes(rows: list[dict]) -> list[str]:
+def compare_notes(rows: list[DeltaRow]) -> list[str]:
     """What a compare delta table shows, said from its rows: only the cases it holds (a note
     about pooled runs under a table of single runs misleads)."""
     shown = [r for _, r in delta_rows(rows) if "a" in r]
     if not shown:
         return []
-    notes = []
     pooled = any(max(r["a"].get("runs", 1), r["b"].get("runs", 1)) > 1 for r in shown)
-    notes.append("n A/B: steady instances on each side" + (", (runs) the fresh-process runs pooled into it" if pooled else ""))
+    notes = ["n A/B: steady instances on each side" + (", (runs) the fresh-process runs pooled into it" if pooled else "")]
     multi = [r for r in shown if r.get("run_to_run_bound_ns") is not None]
     single = [r for r in shown if r.get("run_to_run_bound_ns") is None]
     if multi:
@@ -285,24 +283,20 @@ def compare_notes(rows: list[dict]) -> list[str]:
                      "process moves: give each side a folder of repeats (maxinstr run --repeat 3)")
     if "too few instances" in verdicts:
         notes.append("too few instances: under 2 steady instances on a side")
-    for r in rows:
-        line = population_note(r)
-        if line:
-            notes.append(line)
-    return notes
+    return notes + [line for r in rows if (line := population_note(r))]
 
 
-def population_note(row: dict) -> str | None:
+def population_note(row: DeltaRow) -> str | None:
     """What compare says of a stage whose instances form two populations on either side."""
     p = row.get("populations")
     if not p:
         return None
-    sides = [x for x in ("a", "b") if p.get(x)]
-    which = "both sides" if len(sides) == 2 else f"side {sides[0].upper()} only"
-    by = p[sides[0]].get("by")
+    sides = [(x, side) for x, side in (("A", p["a"]), ("B", p["b"])) if side]
+    which = "both sides" if len(sides) == 2 else f"side {sides[0][0]} only"
+    by = sides[0][1]["by"]
     line = f"{row['stage']}: two populations on {which} (" + (f"told apart by {by}" if by else
                                                                "nothing recorded tells them apart") + ")"
-    if any(p[x].get("median_in_gap") for x in sides):
+    if any(side["median_in_gap"] for _, side in sides):
         line += "; its median lies between them, a time no instance took"
     if p.get("rows"):
         line += "; the rows under it (·) compare each population, from its summary"
@@ -321,20 +315,20 @@ def signed_points(share: float | None) -> str:
     return "-" if share is None or not math.isfinite(share) else f"{100 * share:+.1f} pt"
 
 
-def runs_n(row: dict) -> str:
+def runs_n(row: DeltaRow) -> str:
     """'n A/B' of a compare row, with the runs pooled on each side when more than one."""
     a, b = row["a"], row["b"]
     runs = f" ({a.get('runs', 1)}/{b.get('runs', 1)} runs)" if max(a.get("runs", 1), b.get("runs", 1)) > 1 else ""
     return f"{a['n']}/{b['n']}{runs}"
 
 
-def check_rows(checks: list[dict]) -> tuple[list[str], list[list[str]]]:
+def check_rows(checks: list[Check]) -> tuple[list[str], list[list[str]]]:
     """compare's per-stage checks (GPU busy, kernels per instance, matmul growth, findings) as
     table rows: each value 'A -> B'."""
     def one(v: Any, fmt: Callable[[Any], str]) -> str:
         return fmt(v) if isinstance(v, (int, float)) and math.isfinite(v) else "-"
 
-    def arrow(v: dict[str, Any], fmt: Callable[[Any], str]) -> str:
+    def arrow(v: AB, fmt: Callable[[Any], str]) -> str:
         a, b = one(v["a"], fmt), one(v["b"], fmt)
         return "-" if a == b == "-" else f"{a} -> {b}"
 
@@ -363,8 +357,6 @@ def signed_ns(v: float | None) -> str:
 def setting(value: Any) -> str:
     """A meta value for display: command lists as a shell line."""
     if isinstance(value, list) and all(isinstance(x, str) for x in value):
-        import shlex
-
         return shlex.join(value)
     return "-" if value is None else str(value)
 

@@ -1,12 +1,6 @@
-"""The report as one self-contained HTML file: inline CSS and SVG, no script, no network.
-
-Plots are SVG drawn here from the report dict (and, for the timeline, from the analysis's
-columns): per-stage time breakdown (host vs GPU span vs GPU busy), GPU utilization / SM
-activity / power / memory over time with the stages as bands, the kernel-family mix and top
-kernels of each stage, per-step trends, the ranked bottlenecks, and the diagnosis with facts
-apart from hypotheses. Hover texts are SVG ``<title>`` elements, so even tooltips need no
-JavaScript. Why no plotting library: docs/report.md ("Views").
-"""
+"""The report as one self-contained HTML file: inline CSS and SVG drawn here from the report (the
+timeline from the analysis's columns), no script, no network; hover texts are SVG ``<title>``
+elements. Why no plotting library: docs/report.md ("Views")."""
 
 from __future__ import annotations
 
@@ -19,6 +13,7 @@ import numpy as np
 
 from maxinstr._text import kernel_label, shown
 from maxinstr.render import _fmt as f
+from maxinstr.render import _ranks as rk
 
 if TYPE_CHECKING:
     from maxinstr.analyze.report import Analysis
@@ -126,10 +121,6 @@ def _time_label(seconds: float, step: float) -> str:
     return f"{seconds * 1e6:.0f} us"
 
 
-def _short(name: str, n: int = 80) -> str:
-    return f.short(name, n)
-
-
 def _kname(name: str, n: int = 80) -> str:
     """A kernel's label (:func:`maxinstr._text.kernel_label`), cut to ``n``."""
     return f.short(kernel_label(name), n)
@@ -143,31 +134,22 @@ def _family_color(fam: str) -> str:
 def _header(report: Report) -> str:
     src = report.get("sources") or {}
     env = report.get("environment") or {}
-    what = src.get("run") or src.get("trace") or "report"
-    bits = []
-    if src.get("run"):
-        bits.append(f"run {src['run']}")
-    if src.get("trace"):
-        bits.append(f"trace {src['trace']} ({src.get('trace_format')})")
-    if src.get("unprofiled_run"):
-        bits.append(f"headline from {src['unprofiled_run']}")
-    gpus = env.get("gpus") or []
-    if gpus:
-        bits.append(", ".join(str(g.get("name")) for g in gpus if isinstance(g, dict)))
-    gen = report.get("generated") or {}
+    gen, gpus = report.get("generated") or {}, env.get("gpus") or []
+    bits = [f"run {src['run']}"] if src.get("run") else []
+    bits += [f"trace {src['trace']} ({src.get('trace_format')})"] if src.get("trace") else []
+    bits += [f"headline from {src['unprofiled_run']}"] if src.get("unprofiled_run") else []
+    bits += [", ".join(str(g.get("name")) for g in gpus if isinstance(g, dict))] if gpus else []
     bits.append(f"maxinstr {gen.get('maxinstr', '?')}, {gen.get('utc', '')}")
-    out = [f"<header><h1>maxinstr report: {e(what)}</h1>", f'<div class="sub">{e(" · ".join(bits))}</div>']
+    out = [f"<header><h1>maxinstr report: {e(src.get('run') or src.get('trace') or 'report')}</h1>",
+           f'<div class="sub">{e(" · ".join(bits))}</div>']
     for key, label in (("join_problem", "Join failed"), ("capture_problem", "Capture empty")):
         if src.get(key):
             out.append(f'<div class="banner"><b>{label}:</b> {e(src.get(key))}</div>')
     if report.get("perturbed"):
-        head = report.get("headline_source")
-        tail = " Headline timings come from the unprofiled run." if head == "unprofiled_run" else \
-            " Take headline timings from an unprofiled run (--unprofiled)."
+        tail = (" Headline timings come from the unprofiled run." if report.get("headline_source") == "unprofiled_run"
+                else " Take headline timings from an unprofiled run (--unprofiled).")
         out.append(f'<div class="banner"><b>Perturbed:</b> {e(report.get("perturbed_reason"))}.{e(tail)}</div>')
-    out.append(_cards(report))
-    out.append("</header>")
-    return "".join(out)
+    return "".join(out) + _cards(report) + "</header>"
 
 
 def _cards(report: Report) -> str:
@@ -181,13 +163,11 @@ def _cards(report: Report) -> str:
         cards.append((f.ns(gpu.get("gpu_ns")), f"GPU time in {gpu.get('ops', 0):,} ops"))
         if gpu.get("attributed_share") is not None:
             cards.append((f.pct(gpu.get("attributed_share")), "of GPU time inside a stage"))
-    bottlenecks = report.get("bottlenecks") or []
-    b = bottlenecks[0] if bottlenecks else None
+    b = next(iter(report.get("bottlenecks") or []), None)
     if b:
         cards.append((f"{b['stage']}", f"top bottleneck ({f.pct(b.get('share'))} of self {b.get('basis', '').replace('_ns', '')})"))
     facts = sum(1 for d in report.get("diagnosis") or [] if d.get("verdict") == "fact")
-    hyps = sum(1 for d in report.get("diagnosis") or [] if d.get("verdict") != "fact")
-    cards.append((f"{facts} / {hyps}", "facts / hypotheses"))
+    cards.append((f"{facts} / {len(report.get('diagnosis') or []) - facts}", "facts / hypotheses"))
     return '<div class="cards">' + "".join(
         f'<div class="card"><div class="v">{e(v)}</div><div class="k">{e(k)}</div></div>' for v, k in cards) + "</div>"
 
@@ -198,7 +178,6 @@ def breakdown_svg(stages: Sequence[Stage]) -> str:
     (dark). The numbers beside each bar are medians per instance."""
     rows = [s for s in stages if (s.get("host_ns") or {}).get("n") or f.gpu_stat(s)[1]]
     bar_x, bar_w, row_h = 240, 470, 26
-    h = 30 + row_h * len(rows) + 8
 
     def total(stat: Statistic | None) -> float:
         return float((stat or {}).get("total") or 0.0) if (stat or {}).get("n") else 0.0
@@ -208,15 +187,12 @@ def breakdown_svg(stages: Sequence[Stage]) -> str:
     body = [_text(bar_x, 14, "total over steady instances, one scale for every stage", 11, fill="#5b6577"),
             _text(W - 8, 14, "median: host · GPU · busy · n", 11, "end", "#5b6577")]
     for i, s in enumerate(rows):
-        y = 24 + i * row_h
-        host = f.stat(s.get("headline_host_ns") or s.get("host_ns")) or 0.0
-        glabel, g = f.gpu_stat(s)
-        gpu = f.stat(g) or 0.0
-        busy = f.stat(s.get("gpu_busy_ns")) or 0.0
+        y, head, (glabel, g) = 24 + i * row_h, s.get("headline_host_ns") or s.get("host_ns"), f.gpu_stat(s)
+        host, gpu, busy = f.stat(head) or 0.0, f.stat(g) or 0.0, f.stat(s.get("gpu_busy_ns")) or 0.0
         frac = f.stat(s.get("gpu_busy_frac"))
-        host_t, gpu_t, busy_t = total(s.get("headline_host_ns") or s.get("host_ns")), total(g), total(s.get("gpu_busy_ns"))
+        host_t, gpu_t, busy_t = total(head), total(g), total(s.get("gpu_busy_ns"))
         indent = 14 * int(s.get("depth", 0))
-        body.append(_text(8 + indent, y + 16, _short(s["name"], 32 - indent // 7), 12))
+        body.append(_text(8 + indent, y + 16, f.short(s["name"], 32 - indent // 7), 12))
         tip = (f"{s['name']}: host {f.ns(host)}, GPU {glabel or '-'} {f.ns(gpu) if gpu else '-'}, busy "
                f"{f.ns(busy) if busy else '-'} ({f.pct(frac) if frac is not None else '-'}) per instance (median), "
                f"{s.get('steady')} steady instances; totals host {f.ns(host_t)}, GPU {f.ns(gpu_t) if gpu_t else '-'}")
@@ -232,30 +208,28 @@ def breakdown_svg(stages: Sequence[Stage]) -> str:
     legend = ('<div class="legend"><span><span class="sw" style="background:%s"></span>host time</span>'
               '<span><span class="sw" style="background:%s"></span>GPU span (events, else projected)</span>'
               '<span><span class="sw" style="background:%s"></span>GPU busy inside the span</span></div>' % (C_HOST, C_SPAN, C_BUSY))
-    return legend + _svg(W, h, body, "per-stage time breakdown", "breakdown")
+    return legend + _svg(W, 30 + row_h * len(rows) + 8, body, "per-stage time breakdown", "breakdown")
 
 
 def _breakdown_section(report: Report) -> str:
     stages = report.get("stages") or []
     if not stages:
         return '<section id="stages"><h2>Where the time goes</h2><p class="note">No stages in this input.</p></section>'
-    out = ['<section id="stages"><h2>Where the time goes, stage by stage</h2>',
-           '<p class="note">Steady state only: warm-up and cold-start instances are excluded (counted in the table). '
-           'Busy = GPU busy time / the trace span of the stage\'s GPU work (first kernel start to last kernel end); '
-           'a GPU median from events can be longer, since it also counts the stream\'s wait for the first launch. '
-           'Low busy with a long span means the GPU waits for launches or the host.</p>',
-           breakdown_svg(stages), _stage_table(stages), "</section>"]
-    return "".join(out)
+    return ('<section id="stages"><h2>Where the time goes, stage by stage</h2>'
+            '<p class="note">Steady state only: warm-up and cold-start instances are excluded (counted in the table). '
+            'Busy = GPU busy time / the trace span of the stage\'s GPU work (first kernel start to last kernel end); '
+            'a GPU median from events can be longer, since it also counts the stream\'s wait for the first launch. '
+            'Low busy with a long span means the GPU waits for launches or the host.</p>'
+            + breakdown_svg(stages) + _stage_table(stages) + "</section>")
 
 
 def _stage_table(stages: Sequence[Stage]) -> str:
     rows = []
     units = []
-    for s in stages:
+    for s in stages:  # two populations: each in its own row under the stage (its median is neither's)
         units.append((s, e(s["name"]), int(s.get("depth", 0)), f.excluded(s), s.get("share_of_top")))
-        # two populations: each in its own row under the stage (its median is neither's)
-        for grp in (s.get("populations") or {}).get("groups") or []:
-            units.append((f.population_row(grp), "· " + e(grp["label"]), int(s.get("depth", 0)) + 1, 0, None))
+        units += [(f.population_row(grp), "· " + e(grp["label"]), int(s.get("depth", 0)) + 1, 0, None)
+                  for grp in (s.get("populations") or {}).get("groups") or []]
     for s, name, depth, excluded, share in units:
         head = s.get("headline_host_ns") or s["host_ns"]
         label, g = f.gpu_stat(s)
@@ -318,7 +292,7 @@ def timeline_section(report: Report, analysis: Analysis | None) -> str:
         return head + ('<p class="note">This view was rendered from a saved JSON report, which keeps statistics, not '
                        'the timeline. Render from the run directory (maxinstr report RUN --format html) to see it.'
                        '</p></section>')
-    from maxinstr.analyze.timeline import timeline
+    from maxinstr.analyze.timeline import timeline  # (traces, rundir, sample): only with an analysis
 
     tl = timeline(analysis)
     t0, t1 = float(tl.origin_ns), float(tl.end_ns)
@@ -355,73 +329,61 @@ def timeline_section(report: Report, analysis: Analysis | None) -> str:
     shown = [k for k in order_keys if k in with_stage and depth_of.get(k, 0) <= 2][:12]
     colors = {k: STAGE_COLORS[i % len(STAGE_COLORS)] for i, k in enumerate(shown)}
 
-    parts: list[str] = []
-    # stage strips
-    strip_h, gpu_h = 14, 9
+    def spans(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return _merge_spans(np.maximum(start.astype(np.float64), t0), np.minimum(end.astype(np.float64), t1), px_ns)
+
+    def bars(k: str, merged: tuple[np.ndarray, np.ndarray, np.ndarray], y: float, h: float, what: str,
+             extra: str = "") -> list[str]:
+        s_, e_, n_ = merged
+        return [_rect(a, y, max(b - a, 0.6), h, colors[k], f"{what}: {c} instance{'s' if c > 1 else ''}, "
+                      f"{f.ns((b - a) * px_ns)}", extra) for a, b, c in zip(X(s_).tolist(), X(e_).tolist(), n_.tolist())]
+
+    # stage strips, each with its GPU work under it: projected spans (trace), else GPU events
     y = 8
     strip_body: list[str] = []
     bands: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for k in shown:
         sel = (keys == k) & ~inst.is_mark & (inst.host_end_ns >= t0) & (inst.host_start_ns <= t1)
-        s_, e_, n_ = _merge_spans(np.maximum(inst.host_start_ns[sel].astype(np.float64), t0),
-                                  np.minimum(inst.host_end_ns[sel].astype(np.float64), t1), px_ns)
-        bands[k] = (s_, e_)
-        strip_body.append(_text(plot_x - 6, y + 11, _short(k, 22), 11, "end"))
-        for a, b, c in zip(X(s_).tolist(), X(e_).tolist(), n_.tolist()):
-            strip_body.append(_rect(a, y, max(b - a, 0.6), strip_h - 3, colors[k],
-                                    f"{k}: {c} instance{'s' if c > 1 else ''}, {f.ns((b - a) * px_ns)}"))
-        y += strip_h
-        # the stage's GPU work under its host strip: projected spans (trace), else GPU events
+        host = spans(inst.host_start_ns[sel], inst.host_end_ns[sel])
+        bands[k] = host[:2]
+        strip_body.append(_text(plot_x - 6, y + 11, f.short(k, 22), 11, "end"))
+        strip_body += bars(k, host, y, 11, k)
+        y += 14
         for gs, ge, what in ((tl.proj_start_ns, tl.proj_end_ns, "projected GPU span"),
                              (tl.event_start_ns, tl.event_end_ns, "GPU events")):
             gsel = (keys == k) & (gs >= 0) & (ge >= gs) & (ge >= t0) & (gs <= t1)
-            if not gsel.any():
-                continue
-            s_, e_, n_ = _merge_spans(np.maximum(gs[gsel].astype(np.float64), t0),
-                                      np.minimum(ge[gsel].astype(np.float64), t1), px_ns)
-            strip_body.append(_text(plot_x - 6, y + 6, "GPU", 9, "end", "#5b6577"))
-            for a, b, c in zip(X(s_).tolist(), X(e_).tolist(), n_.tolist()):
-                strip_body.append(_rect(a, y - 1, max(b - a, 0.6), gpu_h - 3, colors[k],
-                                        f"{k} {what}: {c} instance{'s' if c > 1 else ''}, {f.ns((b - a) * px_ns)}",
-                                        ' fill-opacity="0.55" class="gpu"'))
-            y += gpu_h
-            break
+            if gsel.any():
+                strip_body.append(_text(plot_x - 6, y + 6, "GPU", 9, "end", "#5b6577"))
+                strip_body += bars(k, spans(gs[gsel], ge[gsel]), y - 1, 6, f"{k} {what}", ' fill-opacity="0.55" class="gpu"')
+                y += 9
+                break
     strip_h_total = y + 4
 
     # background bands for the charts: the most detailed stages shown, each in its colour
     deepest = max((depth_of.get(k, 0) for k in shown), default=0)
     band_keys = [k for k in shown if depth_of.get(k, 0) == deepest]
-
-    charts: list[tuple[str, list[tuple[str, str, np.ndarray, np.ndarray, str]], float | None, str]] = []
     Series = tuple[str, str, np.ndarray, np.ndarray, str]  # (label, colour, t, values, dash)
-    util_series: list[Series] = []
-    power_series: list[Series] = []
-    mem_series: list[Series] = []
+    util: list[Series] = []
+    power: list[Series] = []
+    mem: list[Series] = []
     limits_power: list[float] = []
     limits_mem: list[float] = []
     dashes = ("", "5,3", "2,2", "8,3,2,3")
     for _part, smp in tl.samples:
-        devs = smp.devices
         names = set(smp.rows.dtype.names or ())
         for d in np.unique(np.asarray(smp.device)).tolist():
-            info = devs[d] if d < len(devs) else {}
-            vis = info.get("visible_index", d)
+            info = smp.devices[d] if d < len(smp.devices) else {}
             rows = smp.for_device(d).rows
             t = rows["t_ns"].astype(np.float64)
-            dash = dashes[(len(util_series) // 2) % len(dashes)]
-            tag = f"GPU {vis}"
-            for col, label, color, target in (("gpu_util_pct", "util %", "#2166ac", util_series),
-                                              ("sm_active_pct", "SM active %", "#e66101", util_series),
-                                              ("tensor_active_pct", "tensor active %", "#5e3c99", util_series),
-                                              ("power_w", "power W", "#b2182b", power_series),
-                                              ("mem_used_bytes", "memory used GiB", "#1b7837", mem_series)):
-                if col not in names:
-                    continue
-                v = rows[col].astype(np.float64) * (1 / 2**30 if col == "mem_used_bytes" else 1.0)
-                if not np.isfinite(v).any():
-                    continue
-                tt, vv = _bin_mean(t, v, t0, t1, SERIES_POINTS)
-                target.append((f"{tag} {label}", color, tt, vv, dash))
+            dash = dashes[(len(util) // 2) % len(dashes)]
+            for col, label, color, target in (("gpu_util_pct", "util %", "#2166ac", util),
+                                              ("sm_active_pct", "SM active %", "#e66101", util),
+                                              ("tensor_active_pct", "tensor active %", "#5e3c99", util),
+                                              ("power_w", "power W", "#b2182b", power),
+                                              ("mem_used_bytes", "memory used GiB", "#1b7837", mem)):
+                v = rows[col].astype(np.float64) * (1 / 2**30 if col == "mem_used_bytes" else 1.0) if col in names else None
+                if v is not None and np.isfinite(v).any():
+                    target.append((f"GPU {info.get('visible_index', d)} {label}", color, *_bin_mean(t, v, t0, t1, SERIES_POINTS), dash))
             if info.get("power_limit_w"):
                 limits_power.append(float(info["power_limit_w"]))
             if info.get("mem_total_bytes"):
@@ -430,13 +392,10 @@ def timeline_section(report: Report, analysis: Analysis | None) -> str:
         bins = min(SERIES_POINTS, max(50, plot_w))
         edges = t0 + np.arange(bins + 1) * (span / bins)
         pct = np.minimum(np.diff(busy_before(tl.op_start_ns, tl.op_end_ns, edges)) / (span / bins) * 100.0, 100.0)
-        util_series.append(("kernels running (trace) %", "#9aa3b2", (edges[:-1] + edges[1:]) / 2, pct, "area"))
-    if util_series:
-        charts.append(("utilization / activity (%)", util_series, 100.0, "%"))
-    if power_series:
-        charts.append(("power (W)", power_series, max(limits_power) if limits_power else None, "W"))
-    if mem_series:
-        charts.append(("memory used (GiB)", mem_series, max(limits_mem) if limits_mem else None, "GiB"))
+        util.append(("kernels running (trace) %", "#9aa3b2", (edges[:-1] + edges[1:]) / 2, pct, "area"))
+    charts = [(title, series, cap, unit) for title, series, cap, unit in (
+        ("utilization / activity (%)", util, 100.0, "%"), ("power (W)", power, max(limits_power, default=None), "W"),
+        ("memory used (GiB)", mem, max(limits_mem, default=None), "GiB")) if series]
 
     chart_h, gap = 120, 26
     total_h = strip_h_total + len(charts) * (chart_h + gap) + 30
@@ -446,8 +405,7 @@ def timeline_section(report: Report, analysis: Analysis | None) -> str:
         top, bottom = y0 + 16, y0 + 16 + chart_h - 20
         title_at = len(body)
         for bk in band_keys:
-            s_, e_ = bands[bk]
-            for a, b in zip(X(s_).tolist(), X(e_).tolist()):
+            for a, b in zip(X(bands[bk][0]).tolist(), X(bands[bk][1]).tolist()):
                 body.append(_rect(a, top, max(b - a, 0.6), bottom - top, colors[bk], extra=' fill-opacity="0.12"'))
         vmax = max([float(np.nanmax(v)) for _, _, _, v, _ in series if len(v)] + [1e-9])
         if cap and unit != "%" and vmax < 0.5 * cap:
@@ -471,9 +429,8 @@ def timeline_section(report: Report, analysis: Analysis | None) -> str:
             pts = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(xs.tolist(), ys.tolist()))
             tip = f"<title>{e(name)}: mean {np.nanmean(vv):.3g}, max {np.nanmax(vv):.3g}</title>"
             if dash == "area":  # a derived share, drawn under the measured lines
-                pts = f"{xs[0]:.1f},{bottom:.1f} {pts} {xs[-1]:.1f},{bottom:.1f}"
-                body.append(f'<polygon class="series" data-points="{len(tt)}" points="{pts}" fill="{color}" '
-                            f'fill-opacity="0.55" stroke="none">{tip}</polygon>')
+                body.append(f'<polygon class="series" data-points="{len(tt)}" points="{xs[0]:.1f},{bottom:.1f} {pts} '
+                            f'{xs[-1]:.1f},{bottom:.1f}" fill="{color}" fill-opacity="0.55" stroke="none">{tip}</polygon>')
                 continue
             da = f' stroke-dasharray="{dash}"' if dash else ""
             body.append(f'<polyline class="series" data-points="{len(tt)}" points="{pts}" fill="none" stroke="{color}" '
@@ -490,35 +447,28 @@ def timeline_section(report: Report, analysis: Analysis | None) -> str:
         body.append(f'<line x1="{xx:.1f}" y1="{ax_y}" x2="{xx:.1f}" y2="{ax_y + 4}" stroke="#5b6577"/>')
         body.append(_text(xx, ax_y + 15, _time_label(tick * step, step), 10, "middle", "#5b6577"))
         tick += 1
-    legend_items = [f'<span><span class="sw" style="background:{colors[k]}"></span>{e(k)}</span>' for k in shown]
-    series_items = []
-    for _, series, _, _ in charts:
-        for name, color, _, _, dash in series:
-            series_items.append(f'<span><span class="sw" style="background:{color}"></span>{e(name)}'
-                                f'{" (dashed)" if dash and dash != "area" else ""}</span>')
-    clock = tl.clock
-    note = (f"Time from the first event shown; axis: {e(clock.axis)} clock. " + e(window_note)
-            + (e(clock.note) + ". " if clock.note else "")
+    legend_items = "".join(f'<span><span class="sw" style="background:{colors[k]}"></span>{e(k)}</span>' for k in shown)
+    series_items = "".join(f'<span><span class="sw" style="background:{color}"></span>{e(name)}'
+                           f'{" (dashed)" if dash and dash != "area" else ""}</span>'
+                           for _, series, _, _ in charts for name, color, _, _, dash in series)
+    note = (f"Time from the first event shown; axis: {e(tl.clock.axis)} clock. " + e(window_note)
+            + (e(tl.clock.note) + ". " if tl.clock.note else "")
             + (f"Shaded: {e(', '.join(band_keys))} instances. " if band_keys else "")
             + ("Under each stage, its GPU work (GPU). " if 'class="gpu"' in "".join(strip_body) else ""))
     if not tl.samples:
         note += ("No sampler data in this input (the sampler runs inside maxinstr.session() on a GPU); "
                  "the grey line is the share of each time bin in which trace kernels ran. ")
-    parts.append(head + f'<p class="note">{note}</p>')
-    parts.append('<div class="legend">' + "".join(legend_items) + "</div>")
-    parts.append(_svg(W, total_h, body, "GPU metrics over time with stage bands", "timeline"))
-    parts.append('<div class="legend">' + "".join(series_items) + "</div>")
-    parts.append("</section>")
-    return "".join(parts)
+    return (head + f'<p class="note">{note}</p><div class="legend">{legend_items}</div>'
+            + _svg(W, total_h, body, "GPU metrics over time with stage bands", "timeline")
+            + f'<div class="legend">{series_items}</div></section>')
 
 
 # ----------------------------------------------------------------------------- kernels
 def mix_svg(mix: Mix) -> str:
     """A 100% stacked bar of the stage's kernel families."""
-    fams = mix.get("families") or []
     x = 0.0
     body = []
-    for fam in fams:
+    for fam in mix.get("families") or []:
         w = float(fam.get("share") or 0) * W
         if w <= 0:
             continue
@@ -547,22 +497,16 @@ def _kernels_section(report: Report) -> str:
     stages = sorted(stages, key=lambda s: (by_rank.get(s["name"], 1e9), -float((s.get("mix") or {}).get("gpu_ns") or 0)))
     for i, s in enumerate(stages):
         mix = s.get("mix") or {}
-        opened = " open" if i < 3 else ""
-        out.append(f"<details{opened}><summary>{e(s['name'])} <span class=note>· {f.ns(mix.get('gpu_ns'))} GPU over "
-                   f"{mix.get('instances')} instances ({e(mix.get('instances_used'))}), "
-                   f"{mix.get('ops_per_instance')} ops per instance</span></summary>")
-        out.append(mix_svg(mix))
-        out.append(_kernel_table(mix.get("top_kernels") or [], per_instance=True))
-        out.append("</details>")
+        out.append(f"<details{' open' if i < 3 else ''}><summary>{e(s['name'])} <span class=note>· "
+                   f"{f.ns(mix.get('gpu_ns'))} GPU over {mix.get('instances')} instances ({e(mix.get('instances_used'))}), "
+                   f"{mix.get('ops_per_instance')} ops per instance</span></summary>" + mix_svg(mix)
+                   + _kernel_table(mix.get("top_kernels") or [], per_instance=True) + "</details>")
     fams, ks, scope, caption = f.gpu_tables(report)
     if ks:
         out.append(f"<details><summary>All kernels <span class=note>· top {min(20, len(ks))}, {e(scope)}: "
-                   f"{e(caption)}</span></summary>")
-        out.append(mix_svg({"families": fams}))
-        out.append(_kernel_table(ks[:20], per_instance=False))
-        out.append("</details>")
-    out.append("</section>")
-    return "".join(out)
+                   f"{e(caption)}</span></summary>" + mix_svg({"families": fams})
+                   + _kernel_table(ks[:20], per_instance=False) + "</details>")
+    return "".join(out) + "</section>"
 
 
 def _inside_section(report: Report) -> str:
@@ -572,30 +516,27 @@ def _inside_section(report: Report) -> str:
     out = [f'<section id="inside"><h2>{e(f.INSIDE_TITLE if rows else "How the stages got their GPU work")}</h2>']
     if tied:
         out.append(f'<p class="note">Ops tied to their stage: {e("; ".join(tied))}.</p>')
-    if not rows:
-        return "".join(out) + "</section>"
-    out.append("<table><thead><tr><th>stage</th><th>range</th><th>share</th><th>ops / inst</th><th>GPU / inst</th></tr></thead><tbody>")
-    for r in rows:
-        out.append(f"<tr><td>{e(r['stage'])}</td><td><code>{e(r['range'])}</code></td><td>{f.pct(r['share'])}</td>"
-                   f"<td>{r['per_instance']:.4g}</td><td>{f.ns(r['gpu_per_instance_ns'])}</td></tr>")
-    out.append("</tbody></table></section>")
-    return "".join(out)
+    if rows:
+        out.append("<table><thead><tr><th>stage</th><th>range</th><th>share</th><th>ops / inst</th><th>GPU / inst</th>"
+                   "</tr></thead><tbody>" + "".join(
+                       f"<tr><td>{e(r['stage'])}</td><td><code>{e(r['range'])}</code></td><td>{f.pct(r['share'])}</td>"
+                       f"<td>{r['per_instance']:.4g}</td><td>{f.ns(r['gpu_per_instance_ns'])}</td></tr>" for r in rows)
+                   + "</tbody></table>")
+    return "".join(out) + "</section>"
 
 
 def _kernel_table(kernels: Sequence[MixKernel | GpuKernel], per_instance: bool) -> str:
     top = max([float(k.get("share") or 0) for k in kernels] + [1e-9])
     rows = []
     for k in kernels:
-        share = float(k.get("share") or 0)
-        bar = (f'<span class="bar" style="width:{80 * share / top:.0f}px;background:{_family_color(k.get("family", ""))}">'
-               f'</span> {f.pct(share, 1)}')
+        share, color = float(k.get("share") or 0), _family_color(k.get("family", ""))
         rows.append(
             f'<tr><td class="kname" title="{e(k.get("name"))}">{e(_kname(k.get("name", ""), 110))}</td>'
-            f'<td class="fam"><span class="sw" style="background:{_family_color(k.get("family", ""))}"></span>{e(k.get("family"))}</td>'
-            f"<td class=num>{k.get('count')}</td>"
-            + (f"<td class=num>{k.get('per_instance')}</td>" if per_instance else "")
+            f'<td class="fam"><span class="sw" style="background:{color}"></span>{e(k.get("family"))}</td>'
+            f"<td class=num>{k.get('count')}</td>" + (f"<td class=num>{k.get('per_instance')}</td>" if per_instance else "")
             + f"<td class=num>{e(f.ns(k.get('median_ns')))}</td><td class=num>{e(f.ns(k.get('gpu_ns')))}</td>"
-            f"<td class=num>{bar}</td></tr>")
+            f'<td class=num><span class="bar" style="width:{80 * share / top:.0f}px;background:{color}"></span> '
+            f"{f.pct(share, 1)}</td></tr>")
     return ('<table class="kernels"><thead><tr><th>kernel</th><th>family</th><th class=num>count</th>'
             + ("<th class=num>per instance</th>" if per_instance else "")
             + '<th class=num>median</th><th class=num>total</th><th class=num>share</th></tr></thead><tbody>'
@@ -605,14 +546,12 @@ def _kernel_table(kernels: Sequence[MixKernel | GpuKernel], per_instance: bool) 
 # ----------------------------------------------------------------------------- steps
 def steps_svg(stage: Stage) -> str | None:
     """Per-step median (GPU when measured, else host) of a stage with marked or derived steps."""
-    per = stage.get("per_step")
-    steps = stage.get("steps")
-    if per and per.get("step"):
-        xs = np.asarray(per["step"], np.float64)
-        ys = np.asarray(per.get("gpu_median_ns") or per.get("host_median_ns"), np.float64)
-        basis = "GPU" if per.get("gpu_median_ns") else "host"
-    else:
+    per, steps = stage.get("per_step"), stage.get("steps")
+    if not per or not per.get("step"):
         return None
+    xs = np.asarray(per["step"], np.float64)
+    ys = np.asarray(per.get("gpu_median_ns") or per.get("host_median_ns"), np.float64)
+    basis = "GPU" if per.get("gpu_median_ns") else "host"
     ok = np.isfinite(ys) & (ys >= 0)
     xs, ys = xs[ok], ys[ok]
     if len(xs) < 2:
@@ -630,10 +569,8 @@ def steps_svg(stage: Stage) -> str | None:
             + " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(X.tolist(), Y.tolist()))
             + f'" fill="none" stroke="#2166ac" stroke-width="1.5"><title>{e(stage["name"])}: {basis} median per step'
             + "</title></polyline>"]
-    tr = ""
-    if steps:
-        tr = (f" · Spearman {steps.get('spearman', 0):.2f}, last/first quarter {steps.get('last_over_first', 0):.2f}, "
-              f"slope {f.ns(steps.get('slope_ns_per_step'))}/step")
+    tr = (f" · Spearman {steps.get('spearman', 0):.2f}, last/first quarter {steps.get('last_over_first', 0):.2f}, "
+          f"slope {f.ns(steps.get('slope_ns_per_step'))}/step") if steps else ""
     return (f'<h3>{e(stage["name"])} <span class="note">{basis} median per step{e(tr)}</span></h3>'
             + _svg(W, h, body, f"{stage['name']} per step", "steps"))
 
@@ -650,34 +587,27 @@ def _steps_section(report: Report) -> str:
 # ----------------------------------------------------------------------------- diagnosis
 def _finding(d: Finding) -> str:
     cls = "fact" if d.get("verdict") == "fact" else "hypothesis"
-    out = [f'<div class="finding {cls}" data-id="{e(d.get("id"))}"><div class="t"><span class="tag {cls}">{e(d.get("verdict"))}'
-           f'</span>{e(d.get("title"))}</div>']
     ev = f.evidence_text(d.get("evidence") or {}, d.get("id"), limit=8)
-    if ev:
-        out.append(f'<div class="ev">evidence: {e(ev)} <span class="note">[{e(d.get("id"))}]</span></div>')
-    if d.get("next_step"):
-        out.append(f"<div><b>Next step:</b> {e(d['next_step'])}</div>")
-    if d.get("command"):
-        out.append(f"<pre>{e(d['command'])}</pre>")
-    if d.get("validation"):
-        out.append(f'<div class="note"><b>Validate:</b> <code>{e(d["validation"])}</code></div>')
-    out.append("</div>")
-    return "".join(out)
+    return (f'<div class="finding {cls}" data-id="{e(d.get("id"))}"><div class="t"><span class="tag {cls}">'
+            f'{e(d.get("verdict"))}</span>{e(d.get("title"))}</div>'
+            + (f'<div class="ev">evidence: {e(ev)} <span class="note">[{e(d.get("id"))}]</span></div>' if ev else "")
+            + (f"<div><b>Next step:</b> {e(d.get('next_step'))}</div>" if d.get("next_step") else "")
+            + (f"<pre>{e(d.get('command'))}</pre>" if d.get("command") else "")
+            + (f'<div class="note"><b>Validate:</b> <code>{e(d.get("validation"))}</code></div>' if d.get("validation") else "")
+            + "</div>")
 
 
 def _diagnosis_section(report: Report) -> str:
     groups = dict(f.finding_groups(report.get("diagnosis") or []))
-    facts, hyps = groups.get("Facts", []), groups.get("Hypotheses", [])
-    also = groups.get("Also noted (nothing at stake)", [])
     out = ['<section id="diagnosis"><h2>Diagnosis</h2><p class="note">Facts hold by the measured numbers; '
-           'hypotheses are likely causes to confirm, each with how to validate a fix. Each group is sorted by the time at stake.</p>',
-           f'<h3>Facts (measured) <span class="note">{len(facts)}</span></h3><div class="findings facts">',
-           "".join(_finding(d) for d in facts) or '<p class="note">none</p>',
-           f'</div><h3>Hypotheses (to confirm) <span class="note">{len(hyps)}</span></h3><div class="findings hypotheses">',
-           "".join(_finding(d) for d in hyps) or '<p class="note">none fired</p>', "</div>"]
-    if also:
-        out += [f'<h3>Also noted (nothing at stake) <span class="note">{len(also)}</span></h3><div class="findings facts">',
-                "".join(_finding(d) for d in also), "</div>"]
+           'hypotheses are likely causes to confirm, each with how to validate a fix. Each group is sorted by the time at stake.</p>']
+    for group, title, cls, none in (("Facts", "Facts (measured)", "facts", "none"),
+                                    ("Hypotheses", "Hypotheses (to confirm)", "hypotheses", "none fired"),
+                                    ("Also noted (nothing at stake)", "Also noted (nothing at stake)", "facts", "")):
+        fs = groups.get(group, [])
+        if fs or none:  # (the first two always, "none" when empty)
+            out.append(f'<h3>{title} <span class="note">{len(fs)}</span></h3><div class="findings {cls}">'
+                       + ("".join(_finding(d) for d in fs) or f'<p class="note">{none}</p>') + "</div>")
     b = report.get("bottlenecks") or []
     if b:
         out.append('<h3>Ranked bottlenecks</h3><table><thead><tr><th class=num>#</th><th>stage</th><th class=num>self time'
@@ -696,47 +626,36 @@ def _diagnosis_section(report: Report) -> str:
 def _env_section(report: Report) -> str:
     env = report.get("environment") or {}
     src = report.get("sources") or {}
-    rows: list[tuple[str, str]] = []
     text_keys: tuple[Literal["host", "python", "driver", "cuda", "rocm", "maxinstr"], ...] = (
         "host", "python", "driver", "cuda", "rocm", "maxinstr")
-    for k in text_keys:
-        if env.get(k):
-            rows.append((k, env[k]))
+    rows: list[tuple[str, Any]] = [(k, env[k]) for k in text_keys if env.get(k)]
     git = env.get("git") or {}
-    if git:
-        rows.append(("git", f"{git.get('commit', '?')}{' (dirty)' if git.get('dirty') else ''}"))
+    rows += [("git", f"{git.get('commit', '?')}{' (dirty)' if git.get('dirty') else ''}")] if git else []
     other_keys: tuple[Literal["gpus", "frameworks", "user", "env", "profiler"], ...] = (
         "gpus", "frameworks", "user", "env", "profiler")
     for other in other_keys:
         v: Any = env.get(other)
-        if v:
-            if isinstance(v, list):
-                v = ", ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in v)
-            elif isinstance(v, dict):
-                v = ", ".join(f"{a}={b}" for a, b in v.items())
+        if isinstance(v, list) and v:
+            rows.append((other, ", ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in v)))
+        elif isinstance(v, dict) and v:
+            rows.append((other, ", ".join(f"{a}={b}" for a, b in v.items())))
+        elif v:
             rows.append((other, v))
-    if src.get("join"):
-        rows.append(("record join", f"{src['join']} ({src.get('records_joined')} records)"))
+    rows += [("record join", f"{src.get('join')} ({src.get('records_joined')} records)")] if src.get("join") else []
     rules = src.get("attribution_rules")
-    if rules:
-        rows.append(("attribution", ", ".join(f"{k}: {v}" for k, v in rules.items())))
-    w = report.get("warmup") or {}
-    rows.append(("warm-up", f.warmup_line(w)))
-    out = ['<section id="environment"><h2>Reproduce and environment</h2>']
-    for r in report.get("reproduce") or []:
-        out.append(f'<div class="note">{e(r.get("what"))}</div><pre>{e(r.get("command"))}</pre>')
-    out.append("<table><tbody>" + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows) + "</tbody></table>")
+    rows += [("attribution", ", ".join(f"{k}: {v}" for k, v in rules.items()))] if rules else []
+    rows.append(("warm-up", f.warmup_line(report.get("warmup") or {})))
     notes = src.get("notes") or []
-    if notes:
-        out.append("<h3>Notes</h3><ul>" + "".join(f'<li class="note">{e(n)}</li>' for n in notes) + "</ul>")
-    out.append("</section>")
-    return "".join(out)
+    return ('<section id="environment"><h2>Reproduce and environment</h2>'
+            + "".join(f'<div class="note">{e(r.get("what"))}</div><pre>{e(r.get("command"))}</pre>'
+                      for r in report.get("reproduce") or [])
+            + "<table><tbody>" + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows) + "</tbody></table>"
+            + ("<h3>Notes</h3><ul>" + "".join(f'<li class="note">{e(n)}</li>' for n in notes) + "</ul>" if notes else "")
+            + "</section>")
 
 
 def _ranks_section(report: Report) -> str:
-    """Per-rank stage statistics and the stragglers (multi-rank runs only; rows from render/_ranks.py)."""
-    from maxinstr.render import _ranks as rk
-
+    """Per-rank stage statistics and the stragglers (multi-rank runs only)."""
     sec = rk.section(report)
     if sec is None:
         return ""
@@ -748,25 +667,24 @@ def _ranks_section(report: Report) -> str:
                        for r in rows)
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
-    out = [f'<section id="ranks"><h2>Ranks</h2><p class="note">{e(rk.summary_line(sec))}. Clock: {e(sec.get("clock"))}.</p>',
-           table(*rk.rank_rows(sec)),
-           '<h3>Per-rank stage statistics</h3><p class="note">steps: instances aligned across ranks; slowest / last in: '
-           'share of steps where the rank took longest / started last; vs others: median excess over the other ranks; '
-           'wait: time waiting for the last rank in a [sync] stage (one the ranks leave together).</p>',
-           table(*rk.stage_rows(sec))]
     lines = rk.straggler_lines(sec)
-    if lines:
-        out.append("<h3>Stragglers</h3><ul>" + "".join(f"<li>{e(x)}</li>" for x in lines) + "</ul>")
-    out.append("</section>")
-    return "".join(out)
+    return (f'<section id="ranks"><h2>Ranks</h2><p class="note">{e(rk.summary_line(sec))}. Clock: {e(sec.get("clock"))}.</p>'
+            + table(*rk.rank_rows(sec))
+            + '<h3>Per-rank stage statistics</h3><p class="note">steps: instances aligned across ranks; slowest / last in: '
+            'share of steps where the rank took longest / started last; vs others: median excess over the other ranks; '
+            'wait: time waiting for the last rank in a [sync] stage (one the ranks leave together).</p>'
+            + table(*rk.stage_rows(sec))
+            + ("<h3>Stragglers</h3><ul>" + "".join(f"<li>{e(x)}</li>" for x in lines) + "</ul>" if lines else "")
+            + "</section>")
 
 
-def render(report: Report, analysis: Analysis | None = None) -> str:
+def render(report: Report, analysis: Analysis | None = None, *, width: int = 120, color: bool = False) -> str:
     """The whole report as one HTML document (no external resource)."""
     src = report.get("sources") or {}
     title = f"maxinstr report: {src.get('run') or src.get('trace') or ''}"
-    body = [_header(report), _breakdown_section(report), timeline_section(report, analysis), _ranks_section(report), _diagnosis_section(report),
-            _kernels_section(report), _inside_section(report), _steps_section(report), _env_section(report)]
+    body = [_header(report), _breakdown_section(report), timeline_section(report, analysis), _ranks_section(report),
+            _diagnosis_section(report), _kernels_section(report), _inside_section(report), _steps_section(report),
+            _env_section(report)]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{e(title)}</title>"
             f"<style>{CSS}</style></head><body><main>" + "".join(body)

@@ -1,8 +1,5 @@
-"""The report as JSON (schema ``maxinstr-report``, version 1; see docs/report.md).
-
-Strict JSON: NaN and infinities become ``null`` and numpy scalars become plain numbers, so
-any JSON reader (jq, JavaScript) takes it.
-"""
+"""The report (or a comparison) as strict JSON (schema ``maxinstr-report`` version 1, docs/report.md):
+NaN and infinities become ``null`` and numpy scalars plain numbers, so any JSON reader takes it."""
 
 from __future__ import annotations
 
@@ -13,7 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from maxinstr.analyze.schema_check import load_report
+
 if TYPE_CHECKING:
+    from maxinstr.analyze.compare import CompareResult
+    from maxinstr.analyze.report import Analysis
     from maxinstr.analyze.schema import Report
 
 
@@ -33,11 +34,10 @@ def _clean(obj: Any) -> Any:
         return {str(k): _clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_clean(v) for v in obj]
-    if isinstance(obj, (np.integer,)):
+    if isinstance(obj, np.integer):
         return int(obj)
     if isinstance(obj, (np.floating, float)):
-        f = float(obj)
-        return f if math.isfinite(f) else None
+        return float(obj) if math.isfinite(float(obj)) else None
     if isinstance(obj, np.bool_):
         return bool(obj)
     if isinstance(obj, np.ndarray):
@@ -45,51 +45,45 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def to_jsonable(report: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``report`` holding only JSON types (NaN -> None)."""
-    return _clean(report)
-
-
 PRETTY_LEVELS = 2
 """Levels laid out one member a line (the report's sections, then each stage, finding, ...);
-deeper values are written compactly on their member's line. Python's json module writes an
-indented document in pure Python, ten times slower than its C encoder writes a compact one: a
-report of 50,000 stages took 20 s and 1.2 GB as one indented document."""
-
-
-def render(report: Mapping[str, Any], indent: int | None = 2) -> str:
-    """The report (or compare's result) as a JSON document: its top levels indented, one
-    stage (one finding, one rank, ...) a line below them."""
-    doc = to_jsonable(report)
-    if indent is None:
-        return json.dumps(doc, allow_nan=False) + "\n"
-    out: list[str] = []
-    _layout(doc, 0, " " * indent, out)
-    out.append("\n")
-    return "".join(out)
-
+deeper values are written compactly on their member's line: Python's json module writes an
+indented document in pure Python, ten times slower than its C encoder writes a compact one (a
+report of 50,000 stages took 20 s and 1.2 GB as one indented document)."""
 
 _COMPACT = json.JSONEncoder(allow_nan=False).encode  # built once: json.dumps with options builds one a call
 
 
-def _layout(obj: Any, level: int, pad: str, out: list[str]) -> None:
+def render(report: Mapping[str, Any], analysis: Analysis | None = None, *, width: int = 120, color: bool = False
+           ) -> str:
+    """The report (or compare's result) as a JSON document: its top levels indented two spaces,
+    one stage (one finding, one rank, ...) a line below them."""
+    out: list[str] = []
+    _layout(_clean(report), 0, out)  # a copy holding only JSON types
+    out.append("\n")
+    return "".join(out)
+
+
+def render_compare(result: CompareResult, *, width: int = 120, color: bool = False) -> str:
+    return render(result)
+
+
+def _layout(obj: Any, level: int, out: list[str]) -> None:
     if level >= PRETTY_LEVELS or not isinstance(obj, (dict, list)) or not obj:
         out.append(_COMPACT(obj))
         return
-    inner = "\n" + pad * (level + 1)
+    inner = "\n" + "  " * (level + 1)
     out.append("{" if isinstance(obj, dict) else "[")
     items = obj.items() if isinstance(obj, dict) else ((None, v) for v in obj)
     for i, (key, value) in enumerate(items):
         out.append(("," if i else "") + inner)
         if key is not None:
             out.append(_COMPACT(key) + ": ")
-        _layout(value, level + 1, pad, out)
-    out.append("\n" + pad * level + ("}" if isinstance(obj, dict) else "]"))
+        _layout(value, level + 1, out)
+    out.append("\n" + "  " * level + ("}" if isinstance(obj, dict) else "]"))
 
 
 def load(text: str, source: str = "<report>") -> Report:
     """Parse a JSON report, checking its schema, version and field types (MaxinstrError
     otherwise): :func:`maxinstr.analyze.schema_check.load_report`."""
-    from maxinstr.analyze.schema_check import load_report
-
     return load_report(text, source)

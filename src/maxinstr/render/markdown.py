@@ -9,8 +9,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from maxinstr._text import kernel_label, shown
 from maxinstr.render import _fmt as f
+from maxinstr.render import _ranks as rk
 
 if TYPE_CHECKING:
+    from maxinstr.analyze.compare import CompareResult
+    from maxinstr.analyze.report import Analysis
     from maxinstr.analyze.schema import Report, StartupRow
 
 
@@ -71,40 +74,25 @@ def _baseline(report: Report) -> list[str]:
     for rep in report.get("reproduce", []):
         if rep["what"] == "the program, as run":
             out += ["Command:", ""] + _fenced(rep["command"]) + [""]
-    rows: list[list[Any]] = []
     sources: tuple[tuple[Literal["run", "trace", "unprofiled_run"], str], ...] = (
         ("run", "run directory"), ("trace", "trace"), ("unprofiled_run", "unprofiled run (headline)"))
-    for key, label in sources:
-        if src.get(key):
-            rows.append([label, _code(src[key])])
-    if src.get("trace_format"):
-        rows.append(["trace format", src["trace_format"]])
-    if src.get("join"):
-        rows.append(["record join", f"{src['join']} ({src.get('records_joined')} records)"])
-    if src.get("join_problem"):
-        rows.append(["join failed", src["join_problem"]])
-    if src.get("capture_problem"):
-        rows.append(["capture empty", src["capture_problem"]])
+    rows: list[list[Any]] = [[label, _code(src[key])] for key, label in sources if src.get(key)]
+    rows += [["trace format", src.get("trace_format")]] if src.get("trace_format") else []
+    rows += [["record join", f"{src.get('join')} ({src.get('records_joined')} records)"]] if src.get("join") else []
+    rows += [["join failed", src.get("join_problem")]] if src.get("join_problem") else []
+    rows += [["capture empty", src.get("capture_problem")]] if src.get("capture_problem") else []
     git = env.get("git") or {}
-    if git:
-        rows.append(["git", f"{git.get('commit', '?')}{' (dirty)' if git.get('dirty') else ''}"])
+    rows += [["git", f"{git.get('commit', '?')}{' (dirty)' if git.get('dirty') else ''}"]] if git else []
     text_keys: tuple[Literal["host", "python", "driver", "cuda", "rocm", "maxinstr"], ...] = (
         "host", "python", "driver", "cuda", "rocm", "maxinstr")
-    for text_key in text_keys:
-        if env.get(text_key):
-            rows.append([text_key, env[text_key]])
-    if env.get("gpus"):
-        rows.append(["gpus", ", ".join(str(g.get("name")) for g in env["gpus"])])
+    rows += [[k, env[k]] for k in text_keys if env.get(k)]
+    rows += [["gpus", ", ".join(str(g.get("name")) for g in env.get("gpus") or [])]] if env.get("gpus") else []
     dict_keys: tuple[Literal["frameworks", "user", "env"], ...] = ("frameworks", "user", "env")
-    for dict_key in dict_keys:
-        if env.get(dict_key):
-            rows.append([dict_key, ", ".join(f"{k}={v}" for k, v in env[dict_key].items())])
-    w = report.get("warmup", {})
-    rows.append(["warm-up", f.warmup_line(w)])
+    rows += [[k, ", ".join(f"{a}={b}" for a, b in env[k].items())] for k in dict_keys if env.get(k)]
+    rows.append(["warm-up", f.warmup_line(report.get("warmup", {}))])
     if report.get("perturbed"):
-        head = report.get("headline_source")
-        note = report.get("perturbed_reason")
-        rows.append(["perturbed", f"{note}" + ("; headline timings from the unprofiled run" if head == "unprofiled_run" else "")])
+        rows.append(["perturbed", f"{report.get('perturbed_reason')}" + (
+            "; headline timings from the unprofiled run" if report.get("headline_source") == "unprofiled_run" else "")])
     return out + _table(["what", "value"], rows)
 
 
@@ -210,10 +198,10 @@ def _inside_stages(report: Report) -> list[str]:
     tied_line = [_text("Ops tied to their stage: " + "; ".join(tied) + "."), ""] if tied else []
     if not rows:
         return tied_line
-    out = [f"## {f.INSIDE_TITLE}", ""] + _table(
+    return [f"## {f.INSIDE_TITLE}", ""] + _table(
         ["stage", "range", "share", "ops / inst", "GPU / inst"],
-        [[r["stage"], _code(r["range"]), f.pct(r["share"]), f"{r['per_instance']:.4g}", f.ns(r["gpu_per_instance_ns"])] for r in rows])
-    return out + tied_line
+        [[r["stage"], _code(r["range"]), f.pct(r["share"]), f"{r['per_instance']:.4g}", f.ns(r["gpu_per_instance_ns"])]
+         for r in rows]) + tied_line
 
 
 def _startup(report: Report) -> list[str]:
@@ -232,17 +220,12 @@ def _startup(report: Report) -> list[str]:
 
 
 def _reproduce(report: Report) -> list[str]:
-    reps = report.get("reproduce") or []
-    out = ["## Reproduce", ""]
-    for r in reps:
-        out += [f"{_text(r['what'])}:", ""] + _fenced(r["command"]) + [""]
-    return out
+    return ["## Reproduce", ""] + [line for r in report.get("reproduce") or []
+                                   for line in [f"{_text(r['what'])}:", ""] + _fenced(r["command"]) + [""]]
 
 
 def _ranks(report: Report) -> list[str]:
     """Per-rank stage statistics and the stragglers (multi-rank runs only)."""
-    from maxinstr.render import _ranks as rk
-
     sec = rk.section(report)
     if sec is None:
         return []
@@ -259,7 +242,7 @@ def _ranks(report: Report) -> list[str]:
     return out
 
 
-def render(report: Report) -> str:
+def render(report: Report, analysis: Analysis | None = None, *, width: int = 120, color: bool = False) -> str:
     """The report as a Markdown document."""
     src = report.get("sources", {})
     title = src.get("run") or src.get("trace") or "report"
@@ -287,14 +270,12 @@ def render(report: Report) -> str:
     return "\n".join(lines)
 
 
-
-def render_compare(result: dict[str, Any]) -> str:
+def render_compare(result: CompareResult, *, width: int = 120, color: bool = False) -> str:
     """A comparison (``maxinstr-compare``) as Markdown."""
     lines = ["# maxinstr compare", ""]
     for c in result.get("comparisons", []):
         lines += [f"A = {_code(c['a'], in_table=False)}, B = {_code(c['b'], in_table=False)}", ""]
-        for key, title in (("stages", "Host time per stage"), ("gpu_stages", "GPU time per stage")):
-            rows = c[key]
+        for rows, title in ((c["stages"], "Host time per stage"), (c["gpu_stages"], "GPU time per stage")):
             if not any("a" in r for r in rows):
                 continue
             lines += [f"## {title}", ""] + [f"- {_item(n)}" for n in f.compare_notes(rows)] + [""] + _table(
@@ -310,11 +291,10 @@ def render_compare(result: dict[str, Any]) -> str:
         if fams:
             lines += ["## Kernel-mix changes", ""] + _table(
                 ["family", "A share", "B share"], [[r["family"], f.pct(r["a_share"], 1), f.pct(r["b_share"], 1)] for r in fams])
-        for key, title in (("kernels_appeared", "Kernels only in B"), ("kernels_disappeared", "Kernels only in A")):
-            if c.get(key):
-                lines += [f"## {title}", ""] + _table(
-                    ["kernel", "family", "GPU time"],
-                    [[_code(f.short(kernel_label(k["name"]), 100)), k["family"], f.ns(k["gpu_ns"])] for k in c[key][:20]])
+        for ks, title in ((c["kernels_appeared"], "Kernels only in B"), (c["kernels_disappeared"], "Kernels only in A")):
+            if ks:
+                lines += [f"## {title}", ""] + _table(["kernel", "family", "GPU time"], [
+                    [_code(f.short(kernel_label(k["name"]), 100)), k["family"], f.ns(k["gpu_ns"])] for k in ks[:20]])
         if c["settings"]:
             lines += ["## Settings that differ", ""] + _table(
                 ["setting", "A", "B"], [[r["key"], _code(f.setting(r["a"])), _code(f.setting(r["b"]))] for r in c["settings"]])

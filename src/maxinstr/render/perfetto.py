@@ -1,23 +1,12 @@
-"""The timeline as Chrome trace-event JSON, which ui.perfetto.dev (and chrome://tracing) opens.
+"""The timeline (:mod:`maxinstr.analyze.timeline`: one clock, lanes, each op's stage) as Chrome
+trace-event JSON, which ui.perfetto.dev opens; timestamps in us from ``metadata.maxinstr.origin_ns``.
 
-The timeline itself (one axis for everything, the clock offset, the stage each op belongs to,
-lanes) is :mod:`maxinstr.analyze.timeline`; the metadata says which clock offset was used
-and how it was found. Timestamps are microseconds (floats with nanosecond decimals) from
-``metadata.maxinstr.origin_ns``.
-
-Tracks (Perfetto "processes" and "threads"):
-
-- ``host pid N``: stage instances as slices on their host threads (nested as they ran);
-  instant marks as instant events.
-- ``stage GPU spans``: per stage key, the trace-projected GPU span of each instance (first op
-  start to last op end) and, from the run, the span between the stage's own GPU events.
-- ``GPU d``: one track per stream with its kernels, copies and sets (category = kernel
-  family, ``args.stage`` = the stage that launched it), and the sampler's metrics as counter
-  tracks (utilization, SM activity, power, memory, clocks, temperature).
-
-Events are written in chunks straight from the numpy columns (``%`` templates over
-``tolist()`` slices), so a million-kernel trace is never a list of dicts.
-"""
+Tracks: ``host pid N`` (stage instances on their threads, nested as they ran; marks as instants;
+launch calls and other trace ranges beside each thread), ``stage GPU spans`` (per stage, each
+instance's projected GPU span and its GPU events' span), ``GPU d`` (a track per stream with its ops,
+category = kernel family, ``args.stage`` = the stage that launched it; the sampler's metrics as
+counters). Events are written in chunks straight from the numpy columns (``%`` templates over
+``tolist()`` slices): a million-kernel trace is never a list of dicts."""
 
 from __future__ import annotations
 
@@ -25,7 +14,7 @@ import gzip
 import io
 import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -33,9 +22,12 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from maxinstr._text import clip_text
-from maxinstr.columns import factorize
+from maxinstr.analyze.instances import range_names
+from maxinstr.analyze.kernels import FAMILY_NAMES
 from maxinstr.analyze.timeline import (CALLS_MAX_OPS, MAX_LANES, OP_KIND_NAMES, Timeline, group_codes, hw_throttled,
                                        lanes, launch_calls, nest_lanes, timeline)
+from maxinstr.columns import factorize
+from maxinstr.errors import MaxinstrError
 
 if TYPE_CHECKING:
     from maxinstr.analyze.report import Analysis
@@ -103,10 +95,9 @@ class _Tracks:
         if pid in self.seen_pids:
             return
         self.seen_pids.add(pid)
-        self.meta.append('{"ph":"M","name":"process_name","pid":%d,"tid":0,"args":{"name":%s}},\n'
-                         % (pid, json.dumps(clip_text(name))))
-        self.meta.append('{"ph":"M","name":"process_sort_index","pid":%d,"tid":0,"args":{"sort_index":%d}},\n'
-                         % (pid, sort))
+        self.meta += ['{"ph":"M","name":"process_name","pid":%d,"tid":0,"args":{"name":%s}},\n'
+                      % (pid, json.dumps(clip_text(name))),
+                      '{"ph":"M","name":"process_sort_index","pid":%d,"tid":0,"args":{"sort_index":%d}},\n' % (pid, sort)]
 
     def thread(self, pid: int, tid: int, name: str, sort: int | None = None) -> None:
         self.meta.append('{"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":%s}},\n'
@@ -124,8 +115,7 @@ def _us(ns: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- events
 def _stage_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
     inst = tl.inst
-    n = len(inst)
-    if n == 0:
+    if len(inst) == 0:
         return
     ukeys, kcode = factorize(inst.key)  # no fixed-width copy of the names
     key_json = _esc(ukeys)
@@ -149,9 +139,8 @@ def _stage_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iter
     for p in np.unique(pid).tolist():
         tracks.process(int(p), tl.pid_names.get(int(p), f"host pid {p}"), 0)
     for p, t, ln in group_codes(pid, tid, lane)[0].tolist():
-        name = tl.thread_names.get(int(t)) or "thread"
-        name = f"{name} {t}" + (f" (overlapping ranges {ln})" if ln else "")
-        tracks.thread(int(p), int(PID_BASE + t * MAX_LANES + ln if ln else t), name)
+        tracks.thread(int(p), int(PID_BASE + t * MAX_LANES + ln if ln else t),
+                      f"{tl.thread_names.get(int(t)) or 'thread'} {t}" + (f" (overlapping ranges {ln})" if ln else ""))
     mark = inst.is_mark
     # parents before children that start at the same nanosecond (importers nest in file order)
     sl = np.lexsort((inst.host_start_ns - inst.host_end_ns, inst.host_start_ns))
@@ -193,8 +182,6 @@ def _stage_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iter
 
 
 def _op_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
-    from maxinstr.analyze.kernels import FAMILY_NAMES
-
     trace, op_family = analysis.trace, analysis.op_family
     if trace is None:
         return
@@ -207,10 +194,8 @@ def _op_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dict[s
     if n == 0:
         return
     dev = np.asarray(ops.device_id, np.int64)
-    stream = np.asarray(ops.stream_id, np.int64)
-    pairs, sid = group_codes(dev, stream)
-    lane = lanes(sid, tl.op_start_ns, tl.op_end_ns)
-    tr, track = group_codes(sid, lane)
+    pairs, sid = group_codes(dev, np.asarray(ops.stream_id, np.int64))
+    tr, track = group_codes(sid, lanes(sid, tl.op_start_ns, tl.op_end_ns))
     pid = GPU_PID + np.maximum(dev, 0)
     for d in np.unique(dev).tolist():
         tracks.process(int(GPU_PID + max(d, 0)), _gpu_label(tl, d), 2 + max(d, 0))
@@ -224,19 +209,16 @@ def _op_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dict[s
     names = np.where(nid >= 0, name_json[np.maximum(nid, 0)] if len(name_json) else "",
                      default[np.clip(kind, 0, len(OP_KIND_NAMES) - 1)])
     fam = (_esc(FAMILY_NAMES)[op_family] if len(op_family) == n else np.full(n, '"other"', dtype=object))
+    keys = np.empty(0, object)
     if len(tl.inst):
         ukeys, kcode = factorize(tl.inst.key)
         keys = _esc(ukeys)[kcode]
-    else:
-        keys = np.empty(0, object)
     stage = np.where(tl.op_stage >= 0, keys[np.maximum(tl.op_stage, 0)] if len(keys) else "null", "null")
-    corr = np.asarray(ops.correlation_id, np.int64)
-    nbytes = np.asarray(ops.bytes, np.int64)
     tracks.op_tids = track + 1
     yield from _rows('{"ph":"X","name":%s,"cat":%s,"pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,'
                      '"args":{"stage":%s,"correlation_id":%d,"bytes":%d}},\n',
                      names, fam, pid, track + 1, _us(tl.op_start_ns - tl.origin_ns), _us(tl.op_end_ns - tl.op_start_ns),
-                     stage, corr, nbytes)
+                     stage, np.asarray(ops.correlation_id, np.int64), np.asarray(ops.bytes, np.int64))
 
 
 def _call_events(tl: Timeline, analysis: Analysis, op_tids: np.ndarray, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
@@ -254,16 +236,9 @@ def _call_events(tl: Timeline, analysis: Analysis, op_tids: np.ndarray, tracks: 
         return
     cs = np.asarray(calls.start_ns, np.int64) - tl.shift_ns
     ce = np.maximum(np.asarray(calls.end_ns, np.int64) - tl.shift_ns, cs)
-    pid, tid = np.asarray(calls.pid, np.int64), np.asarray(calls.tid, np.int64)
-    pairs, group = group_codes(pid, tid)
-    lane = lanes(group, cs, ce)
-    tr, track = group_codes(group, lane)
-    call_tid = PID_BASE * 2 + track  # synthetic: never a real tid, never a stage lane
-    for i, (g, ln) in enumerate(tr.tolist()):
-        p, t = pairs[g]
-        tracks.process(int(p), tl.pid_names.get(int(p), f"host pid {p}"), 0)
-        base = tl.thread_names.get(int(t)) or "thread"
-        tracks.thread(int(p), int(PID_BASE * 2 + i), f"{base} {t} · launch calls" + (f" ({ln + 1})" if ln else ""))
+    pid = np.asarray(calls.pid, np.int64)
+    call_tid = _beside(tl, tracks, pid, np.asarray(calls.tid, np.int64), PID_BASE * 2, "launch calls",
+                       lambda group: lanes(group, cs, ce))
     strings = np.asarray(trace.strings, dtype=object)
     nid = np.asarray(calls.name_id, np.int64)
     uid, inv = np.unique(nid, return_inverse=True)
@@ -287,8 +262,6 @@ def _call_events(tl: Timeline, analysis: Analysis, op_tids: np.ndarray, tracks: 
 def _range_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
     """The trace's other host ranges (framework ops, other NVTX domains: not stages), on a
     track beside their thread, nested as they ran."""
-    from maxinstr.analyze.instances import range_names
-
     trace, attribution = analysis.trace, analysis.attribution
     if trace is None:
         return
@@ -314,15 +287,8 @@ def _range_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dic
         depth = np.asarray(attribution.range_depth, np.int64)[rows]
     else:
         parent, depth = np.full(len(rows), -1, np.int64), np.zeros(len(rows), np.int64)
-    pairs, group = group_codes(pid, tid)
-    lane = nest_lanes(group, s, e, depth, parent)
-    tr, track = group_codes(group, lane)
-    out_tid = PID_BASE * 3 + track
-    for i, (g, ln) in enumerate(tr.tolist()):
-        p, t = pairs[g]
-        tracks.process(int(p), tl.pid_names.get(int(p), f"host pid {p}"), 0)
-        base = tl.thread_names.get(int(t)) or "thread"
-        tracks.thread(int(p), int(PID_BASE * 3 + i), f"{base} {t} · trace ranges" + (f" ({ln + 1})" if ln else ""))
+    out_tid = _beside(tl, tracks, pid, tid, PID_BASE * 3, "trace ranges",
+                      lambda group: nest_lanes(group, s, e, depth, parent))
     strings = np.asarray(trace.strings, dtype=object)
     dom = np.asarray(r.domain_id, np.int64)[rows]
     udom, dinv = np.unique(dom, return_inverse=True)
@@ -336,6 +302,20 @@ def _range_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dic
     counts["trace_ranges"] = len(rows)
 
 
+def _beside(tl: Timeline, tracks: _Tracks, pid: np.ndarray, tid: np.ndarray, base: int, label: str,
+            lanes_of: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Tracks beside each host thread (synthetic tids from ``base``: never a real tid, never a
+    stage lane), one per lane of ``lanes_of(thread group)``; each row's tid."""
+    pairs, group = group_codes(pid, tid)
+    tr, track = group_codes(group, lanes_of(group))
+    for i, (g, ln) in enumerate(tr.tolist()):
+        p, t = pairs[g]
+        tracks.process(int(p), tl.pid_names.get(int(p), f"host pid {p}"), 0)
+        tracks.thread(int(p), int(base + i), f"{tl.thread_names.get(int(t)) or 'thread'} {t} · {label}"
+                      + (f" ({ln + 1})" if ln else ""))
+    return base + track
+
+
 def _gpu_label(tl: Timeline, index: int) -> str:
     name = tl.gpu_names.get(int(index))
     return f"GPU {index}" + (f" ({name})" if name else "")
@@ -344,19 +324,15 @@ def _gpu_label(tl: Timeline, index: int) -> str:
 def _counter_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
     total = 0
     for part, smp in tl.samples:
-        devs = smp.devices
-        have = set(smp.rows.dtype.names or ())
+        devs, have = smp.devices, set(smp.rows.dtype.names or ())
         for d in np.unique(np.asarray(smp.device)).tolist():
-            info = devs[d] if d < len(devs) else {}
-            vis = int(info.get("visible_index", d))
+            vis = int((devs[d] if d < len(devs) else {}).get("visible_index", d))
             pid = GPU_PID + vis
             tracks.process(pid, _gpu_label(tl, vis), 2 + vis)
             rows = smp.for_device(d).rows
             ts = _us(rows["t_ns"].astype(np.int64) - tl.origin_ns)
             label = f"GPU {vis}" + (f" {part}" if len(tl.samples) > 1 else "")
-            for col, what, unit, scale in COUNTERS:
-                if col not in have:
-                    continue
+            for col, what, unit, scale in (c for c in COUNTERS if c[0] in have):
                 v = rows[col].astype(np.float64) * scale
                 ok = np.isfinite(v)
                 if not ok.any():
@@ -391,20 +367,12 @@ def events(report: Report, analysis: Analysis) -> Iterator[str]:
     # metadata last (tracks are named as events are planned); the array's last element
     # loses its trailing comma
     yield ("".join(tracks.meta)[:-2] if tracks.meta else "") + "\n],\n"
-    meta = {
-        "maxinstr": {
-            "schema": "maxinstr-perfetto", "version": 1,
-            "origin_ns": int(tl.origin_ns),
-            "ts_unit": "us from origin_ns on the axis clock",
-            "clock": tl.clock.as_dict(),
-            "counts": counts,
-            "run": (report.get("sources") or {}).get("run"),
-            "trace": (report.get("sources") or {}).get("trace"),
-            "trace_format": (report.get("sources") or {}).get("trace_format"),
-            "generated": report.get("generated"),
-        }
-    }
-    yield '"metadata":' + json.dumps(meta, default=_jsonable, allow_nan=False) + "}\n"
+    src = report.get("sources") or {}
+    meta = {"schema": "maxinstr-perfetto", "version": 1, "origin_ns": int(tl.origin_ns),
+            "ts_unit": "us from origin_ns on the axis clock", "clock": tl.clock.as_dict(), "counts": counts,
+            "run": src.get("run"), "trace": src.get("trace"), "trace_format": src.get("trace_format"),
+            "generated": report.get("generated")}
+    yield '"metadata":' + json.dumps({"maxinstr": meta}, default=_jsonable, allow_nan=False) + "}\n"
 
 
 def _jsonable(obj: Any) -> Any:
@@ -417,8 +385,6 @@ def _jsonable(obj: Any) -> Any:
 
 
 def _need_analysis(analysis: Analysis | None) -> Analysis:
-    from maxinstr.errors import MaxinstrError
-
     if analysis is None:
         raise MaxinstrError("--format perfetto needs the run directory or trace itself, not a saved JSON report "
                             "(the report keeps statistics, not the timeline)")
@@ -431,8 +397,7 @@ def write(out: str | Path | IO[str], report: Report, analysis: Analysis | None =
     chunks = events(report, _need_analysis(analysis))
     if isinstance(out, (str, Path)):
         path = Path(out)
-        opener = (lambda: gzip.open(path, "wt", compresslevel=GZIP_LEVEL)) if path.suffix == ".gz" else (lambda: open(path, "w"))
-        with opener() as fh:
+        with gzip.open(path, "wt", compresslevel=GZIP_LEVEL) if path.suffix == ".gz" else open(path, "w") as fh:
             last = _drain(chunks, fh)
     else:
         last = _drain(chunks, out)
@@ -447,7 +412,7 @@ def _drain(chunks: Iterator[str], fh: IO[str]) -> str:
     return last
 
 
-def render(report: Report, analysis: Analysis | None = None) -> str:
+def render(report: Report, analysis: Analysis | None = None, *, width: int = 120, color: bool = False) -> str:
     """The trace JSON as one string (``maxinstr report --format perfetto``). For big traces
     prefer :func:`write`, which never holds the whole document."""
     buf = io.StringIO()

@@ -5,16 +5,22 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderResult
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from maxinstr._text import kernel_label, shown, visible
 from maxinstr.render import _fmt as f
+from maxinstr.render import _ranks as rk
 from maxinstr.render.terminal import text_width
 
 if TYPE_CHECKING:
+    from maxinstr.analyze.compare import CompareResult, DeltaRow
+    from maxinstr.analyze.report import Analysis
     from maxinstr.analyze.schema import FamilyRow, Populations, Report, Stage, StartupRow
 
 
@@ -35,12 +41,11 @@ def _title(title: str) -> Text:
 
 class Col:
     """A column of a :class:`Fitted` table. ``key``: the row key (the stage), repeated in every
-    continuation table and never moved; ``wrap``: free text that folds into the width left over;
-    ``cut``: free text cut to one line with an ellipsis (kernel names: the row stays one line;
-    --format json has them whole); ``move``: the order in which columns move to a continuation
-    table when the console is too narrow (the highest first; stated in docs/report.md); ``drop``:
-    left out instead when only such columns would make the continuation table (a one-column
-    second table of p90s reads worse than a note)."""
+    continuation table; ``wrap``: free text folded into the width left over; ``cut``: free text
+    cut to one line (kernel names; --format json has them whole); ``move``: the order in which
+    columns move to a continuation table when the console is too narrow (highest first;
+    docs/report.md); ``drop``: left out instead when only such columns would move (a one-column
+    table of p90s reads worse than a note)."""
 
     def __init__(self, header: str, justify: JustifyMethod = "right", key: bool = False, wrap: bool = False,
                  move: int = 0, cut: bool = False, drop: bool = False, keep: int | None = None) -> None:
@@ -89,8 +94,6 @@ class Fitted:
 
     @staticmethod
     def _len(cell: Any) -> int:
-        from rich.cells import cell_len
-
         text = cell.plain if isinstance(cell, Text) else str(cell)
         return max((cell_len(line) for line in text.split("\n")), default=0)
 
@@ -133,7 +136,7 @@ class Fitted:
             fixed = sum(nat[i] for i in idx if not self.cols[i].wrap) + 3 * len(idx) + 1
             wraps = [i for i in idx if self.cols[i].wrap]
             left = max(width - fixed, WRAP_MIN * len(wraps))
-            title = self.title if k == 0 else f"{self.title} (continued)"
+            widths = {i: (min(nat[i], left // max(len(wraps), 1)) if self.cols[i].wrap else nat[i]) for i in idx}
             # notes go under the table at the console's width (a caption wraps at the table's)
             notes = []
             if k == 0 and len(plan) > 1:
@@ -146,15 +149,12 @@ class Fitted:
                 notes += [self.caption] if isinstance(self.caption, str) else self.caption
             # the title on a line of its own at the console's width: as the table's title it
             # wrapped at the table's width, which a continuation table makes narrow
-            yield _title(title)
+            yield _title(self.title if k == 0 else f"{self.title} (continued)")
             t = Table(header_style="bold")
-            for i in idx:
+            for i in idx:  # only a key longer than half the console is narrower than its cells: it folds
                 c = self.cols[i]
-                w = min(nat[i], left // max(len(wraps), 1)) if c.wrap else nat[i]
-                # only a key longer than half the console is narrower than its cells: it folds
-                t.add_column(c.header, justify=c.justify, width=w, overflow="ellipsis" if c.cut else "fold",
+                t.add_column(c.header, justify=c.justify, width=widths[i], overflow="ellipsis" if c.cut else "fold",
                              no_wrap=c.cut)
-            widths = {i: (min(nat[i], left // max(len(wraps), 1)) if self.cols[i].wrap else nat[i]) for i in idx}
             for r in self.rows:
                 t.add_row(*(_cut_middle(r[i], widths[i]) if self.cols[i].cut else r[i] for i in idx))
             yield t
@@ -165,38 +165,33 @@ class Fitted:
 def _header(report: Report) -> Panel:
     """The sources, the GPU, the join and the warm-up, a key and its value a row: a value that
     wraps stays under its value, not under the keys."""
-    src = report.get("sources", {})
-    rows: list[tuple[str, str, str]] = []  # (key, value, style)
-    if src.get("run"):
-        rows.append(("run", str(src["run"]), ""))
-    if src.get("trace"):
-        rows.append(("trace", f"{src['trace']} ({src.get('trace_format')})", ""))
-    if src.get("unprofiled_run"):
-        rows.append(("headline", f"{src['unprofiled_run']} (unprofiled)", ""))
-    env = report.get("environment", {})
+    src, env = report.get("sources", {}), report.get("environment", {})
     gpus = env.get("gpus") or []
-    if gpus:
-        rows.append(("gpu", ", ".join(str(g.get("name", "?")) for g in gpus[:4])
-                     + (f" | driver {env['driver']}" if env.get("driver") else "")
-                     + (f" | cuda {env['cuda']}" if env.get("cuda") else ""), ""))
-    if src.get("join"):
-        rows.append(("join", f"{src['join']} ({src.get('records_joined')} records joined to trace ranges)", ""))
-    rows.append(("warm-up", f.warmup_line(report.get("warmup", {})), ""))
-    watching = f.footprint_line(report)
-    if watching:
-        rows.append(("watching", watching, ""))
-    if src.get("join_problem"):
-        rows.append(("join failed", str(src["join_problem"]), "bold red"))
-    if src.get("capture_problem"):
-        rows.append(("capture empty", str(src["capture_problem"]), "bold red"))
-    if report.get("perturbed") and report.get("headline_source") != "unprofiled_run":
-        rows.append(("perturbed", str(report.get("perturbed_reason")), "yellow"))
+    perturbed = report.get("perturbed") and report.get("headline_source") != "unprofiled_run"
+    rows: list[tuple[str, str | None, str]] = [  # (key, value, style): the rows with a value
+        ("run", str(src.get("run")) if src.get("run") else None, ""),
+        ("trace", f"{src.get('trace')} ({src.get('trace_format')})" if src.get("trace") else None, ""),
+        ("headline", f"{src.get('unprofiled_run')} (unprofiled)" if src.get("unprofiled_run") else None, ""),
+        ("gpu", ", ".join(str(g.get("name", "?")) for g in gpus[:4]) + (f" | driver {env.get('driver')}" if env.get("driver")
+                else "") + (f" | cuda {env.get('cuda')}" if env.get("cuda") else "") if gpus else None, ""),
+        ("join", f"{src.get('join')} ({src.get('records_joined')} records joined to trace ranges)" if src.get("join")
+         else None, ""),
+        ("warm-up", f.warmup_line(report.get("warmup", {})), ""), ("watching", f.footprint_line(report), ""),
+        ("join failed", str(src.get("join_problem")) if src.get("join_problem") else None, "bold red"),
+        ("capture empty", str(src.get("capture_problem")) if src.get("capture_problem") else None, "bold red"),
+        ("perturbed", str(report.get("perturbed_reason")) if perturbed else None, "yellow")]
+    return Panel(_grid([(Text(k, style=st), Text(shown(v), style=st)) for k, v, st in rows if v]), title="maxinstr report",
+                 title_align="left")
+
+
+def _grid(rows: list[tuple[Text, Text]]) -> Table:
+    """Two columns, a key and its value: a value that wraps stays under itself, not under the keys."""
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True)
     grid.add_column(overflow="fold")
-    for key, value, style in rows:
-        grid.add_row(Text(key, style=style), Text(shown(value), style=style))
-    return Panel(grid, title="maxinstr report", title_align="left")
+    for key, value in rows:
+        grid.add_row(key, value)
+    return grid
 
 
 STAGES_SHOWN = 40
@@ -208,8 +203,6 @@ to read in a terminal, and rich took a minute to lay them out)."""
 def _shown_stages(stages: list[Stage]) -> list[Stage]:
     if len(stages) <= STAGES_SHOWN:
         return stages
-    import numpy as np
-
     total = np.array([float((s.get("headline_host_ns") or s.get("host_ns") or {}).get("total", 0.0) or 0.0)
                       for s in stages])
     keep = np.sort(np.argsort(-total, kind="stable")[:STAGES_SHOWN])
@@ -221,72 +214,32 @@ def _stage_table(report: Report) -> Any:
     if not all_stages:
         return None
     stages = _shown_stages(all_stages)
-    unprof = any(s.get("headline_from") == "unprofiled_run" for s in stages)
     gpu_labels = {f.gpu_stat(s)[0] for s in stages} - {""}
-    gpu_cols = bool(gpu_labels)
     trace_cols = any((s.get("gpu_busy_frac") or {}).get("n") or s.get("mix") for s in stages)
     with_samples = [s for s in stages if (s.get("samples") or {}).get("gpu_util_pct_mean") is not None
                     or (s.get("samples") or {}).get("power_w_mean") is not None]
-    def limited(s: Stage, key: Literal["window_limited", "power_limited"]) -> bool:
-        smp = s.get("samples") or {}
-        return bool(smp.get(key, smp.get("window_limited")))
-
     # util (or power) of a stage whose windows were mostly spent elsewhere (or that no window
     # covers) describes the time around it: not printed ("-", with a note), and no column at
     # all when no stage has one
-    short_util = [s for s in with_samples if limited(s, "window_limited")]
-    short_power = [s for s in with_samples if limited(s, "power_limited")]
+    short_util = [s for s in with_samples if _limited(s, "window_limited")]
+    short_power = [s for s in with_samples if _limited(s, "power_limited")]
     sampled = len(with_samples) > min(len(short_util), len(short_power))
     throttle_col = any((s.get("samples") or {}).get("throttled_share") for s in stages)
-    notes = []
-    if unprof:
-        notes.append("* host times from the unprofiled run; GPU columns from the profiled one")
-    if gpu_labels == {"event"}:
-        notes.append("GPU: CUDA/HIP events on the stage's stream")
-    elif gpu_labels == {"proj"}:
-        notes.append("GPU: the trace's span per instance, first kernel start to last kernel end")
-    elif gpu_labels:
-        notes.append("GPU: events on the stage's stream, or (p) the trace's first-to-last kernel span")
+    notes = ["* host times from the unprofiled run; GPU columns from the profiled one"] * any(
+        s.get("headline_from") == "unprofiled_run" for s in stages)
+    if gpu_labels:
+        notes.append({"event": "GPU: CUDA/HIP events on the stage's stream",
+                      "proj": "GPU: the trace's span per instance, first kernel start to last kernel end"}.get(
+            "".join(gpu_labels), "GPU: events on the stage's stream, or (p) the trace's first-to-last kernel span"))
     if trace_cols:
         notes.append("busy: share of that trace span in which a kernel ran; kernels: per instance")
-    def listed(short: list[Stage]) -> str:
-        shown_n = len(short) if len(short) <= 6 else 5
-        return ", ".join(s["name"] for s in short[:shown_n]) + (
-            f" and {len(short) - shown_n} more" if len(short) > shown_n else "")
-
-    read = "busy" if trace_cols else "GPU time" if gpu_cols else "the HTML report's timeline"
-    # power from NVML's reading is judged on utilization's windows; from the energy counter, on
-    # the time between its readings
-    by_energy = [s for s in short_power if (s.get("samples") or {}).get("power_source") == "energy"]
-    by_reading = [s for s in short_power if s not in by_energy and (s.get("samples") or {}).get("power_w_mean") is not None]
-    tail = f"; read {read}" + ("; throttle reasons are read at an instant, so throttled is shown" if throttle_col else "")
-    if short_util and {s["name"] for s in short_util} == {s["name"] for s in by_energy + by_reading}:
-        # the same stages lack both: one note
-        notes.append(f"util, power not shown for {listed(short_util)}: NVML's utilization is an average over windows "
-                     "(1/6 s to 1 s; 200 ms on the H200), and power "
-                     + ("NVML's trailing reading" if not by_energy else "the energy counter's, read every 100 ms and "
-                        "interpolated between readings")
-                     + "; the stage filled less than half of that time (or no window can be placed over it), so "
-                     "they describe the GPU around the stage" + tail)
-        short_util, by_energy, by_reading = [], [], []
-    if short_util:
-        both = {s["name"] for s in by_reading} == {s["name"] for s in short_util}
-        notes.append(("util, power" if both else "util") + f" not shown for {listed(short_util)}: NVML's utilization "
-                     + ("and power reading are averages" if both else "is an average")
-                     + " over windows (1/6 s to 1 s; 200 ms on the H200) that the stage filled less than half of, or "
-                     "that cannot be placed over it (a value that never changed), so "
-                     + ("they describe" if both else "it describes") + " the GPU around the stage"
-                     + (f" (so does the power reading of {listed(by_reading)})" if by_reading and not both else "")
-                     + tail)
-    if by_energy:
-        notes.append(f"power not shown for {listed(by_energy)}: the energy counter is read every 100 ms and "
-                     "interpolated between readings, and the stage filled less than half of the time between the "
-                     "readings around it, so the power is that of what ran around it")
+    notes += _sample_notes(short_util, short_power, "busy" if trace_cols else "GPU time" if gpu_labels else
+                           "the HTML report's timeline", throttle_col)
     only_warm = [s["name"] for s in stages if not s["steady"] and f.excluded(s)]
     if only_warm:
         notes.append(f"n (+k): steady instances (+ warm-up / cold-start ones); {', '.join(only_warm[:3])}"
                      f"{' ...' if len(only_warm) > 3 else ''} ran only as warm-up: see Startup below")
-    if sampled and any((s.get("samples") or {}).get("power_source") == "reading" and not limited(s, "power_limited")
+    if sampled and any((s.get("samples") or {}).get("power_source") == "reading" and not _limited(s, "power_limited")
                        for s in with_samples):
         notes.append("power: from the energy counter over the stage's instances; ~: NVML's power reading (a trailing "
                      "average that lags into the next stage), where the energy counter gives none")
@@ -298,23 +251,17 @@ def _stage_table(report: Report) -> Any:
     # columns move to a continuation table in this order when the console is narrow: the p90s,
     # then the sampler's, then the kernel columns (docs/report.md, "In the terminal")
     cols = [Col("stage", "left", key=True), Col("n"), Col("host median"), Col("host p90", move=9, drop=True)]
-    if gpu_cols:
-        cols += [Col("GPU median", move=1), Col("GPU p90", move=8, drop=True)]
-    if trace_cols:
-        cols += [Col("busy", move=2), Col("kernels", move=3), Col("top family", "left", move=4)]
-    if sampled:
-        cols += [Col("util", move=6), Col("power", move=5)]
-    if throttle_col:
-        cols.append(Col("throttled", move=7))
+    cols += [Col("GPU median", move=1), Col("GPU p90", move=8, drop=True)] if gpu_labels else []
+    cols += [Col("busy", move=2), Col("kernels", move=3), Col("top family", "left", move=4)] if trace_cols else []
+    cols += [Col("util", move=6), Col("power", move=5)] if sampled else []
+    cols += [Col("throttled", move=7)] if throttle_col else []
+    shape = (gpu_labels, trace_cols, sampled, throttle_col)
     rows = []
     for s in stages:
-        rows.append(_stage_cells(s, s["name"], s.get("depth", 0), gpu_labels, gpu_cols, trace_cols, sampled,
-                                 throttle_col))
+        rows.append(_stage_cells(s, s["name"], s.get("depth", 0), shape))
         pops = s.get("populations") or {}
-        for g in pops.get("groups") or []:
-            row = _stage_cells(f.population_row(g), f"· {g['label']}", s.get("depth", 0) + 1, gpu_labels,
-                               gpu_cols, trace_cols, sampled, throttle_col, population=True)
-            rows.append(row)
+        rows += [_stage_cells(f.population_row(g), f"· {g['label']}", s.get("depth", 0) + 1, shape, population=True)
+                 for g in pops.get("groups") or []]
         if pops.get("groups"):
             notes.append(_population_note(s, pops))
     unexplained = [p for s in stages if (p := s.get("populations")) and p.get("groups") and not p.get("by")]
@@ -323,6 +270,47 @@ def _stage_table(report: Report) -> Any:
     # the notes under the table at the console's width (a caption would wrap at the table's)
     t = Fitted("Stages (steady state)", cols, rows)
     return Group(t, _lines(notes, style="dim")) if notes else t
+
+
+def _limited(s: Stage, key: Literal["window_limited", "power_limited"]) -> bool:
+    smp = s.get("samples") or {}
+    return bool(smp.get(key, smp.get("window_limited")))
+
+
+def _listed(short: list[Stage]) -> str:
+    n = len(short) if len(short) <= 6 else 5
+    return ", ".join(s["name"] for s in short[:n]) + (f" and {len(short) - n} more" if len(short) > n else "")
+
+
+def _sample_notes(short_util: list[Stage], short_power: list[Stage], read: str, throttle_col: bool) -> list[str]:
+    """Why util or power is not shown for a stage. Power from NVML's reading is judged on
+    utilization's windows; from the energy counter, on the time between its readings."""
+    by_energy = [s for s in short_power if (s.get("samples") or {}).get("power_source") == "energy"]
+    by_reading = [s for s in short_power if s not in by_energy and (s.get("samples") or {}).get("power_w_mean") is not None]
+    tail = f"; read {read}" + ("; throttle reasons are read at an instant, so throttled is shown" if throttle_col else "")
+    notes = []
+    if short_util and {s["name"] for s in short_util} == {s["name"] for s in by_energy + by_reading}:
+        # the same stages lack both: one note
+        return [f"util, power not shown for {_listed(short_util)}: NVML's utilization is an average over windows "
+                "(1/6 s to 1 s; 200 ms on the H200), and power "
+                + ("NVML's trailing reading" if not by_energy else "the energy counter's, read every 100 ms and "
+                   "interpolated between readings")
+                + "; the stage filled less than half of that time (or no window can be placed over it), so "
+                "they describe the GPU around the stage" + tail]
+    if short_util:
+        both = {s["name"] for s in by_reading} == {s["name"] for s in short_util}
+        notes.append(("util, power" if both else "util") + f" not shown for {_listed(short_util)}: NVML's utilization "
+                     + ("and power reading are averages" if both else "is an average")
+                     + " over windows (1/6 s to 1 s; 200 ms on the H200) that the stage filled less than half of, or "
+                     "that cannot be placed over it (a value that never changed), so "
+                     + ("they describe" if both else "it describes") + " the GPU around the stage"
+                     + (f" (so does the power reading of {_listed(by_reading)})" if by_reading and not both else "")
+                     + tail)
+    if by_energy:
+        notes.append(f"power not shown for {_listed(by_energy)}: the energy counter is read every 100 ms and "
+                     "interpolated between readings, and the stage filled less than half of the time between the "
+                     "readings around it, so the power is that of what ran around it")
+    return notes
 
 
 def _population_note(s: Stage, pops: Populations) -> str:
@@ -336,39 +324,27 @@ def _population_note(s: Stage, pops: Populations) -> str:
     return text
 
 
-def _stage_cells(s: Stage, label: str, depth: int, gpu_labels: set, gpu_cols: bool, trace_cols: bool,
-                 sampled: bool, throttle_col: bool, population: bool = False) -> list[str]:
+def _stage_cells(s: Stage, label: str, depth: int, shape: tuple[set[str], bool, bool, bool],
+                 population: bool = False) -> list[str]:
+    gpu_labels, trace_cols, sampled, throttle_col = shape
     glabel, g = f.gpu_stat(s)
     head = s.get("headline_host_ns") or s["host_ns"]
-    n = str(s["steady"])
-    if s.get("headline_from") == "unprofiled_run":
-        n = f"{(s.get('headline_host_ns') or {}).get('n', 0)}*"
+    n = f"{(s.get('headline_host_ns') or {}).get('n', 0)}*" if s.get("headline_from") == "unprofiled_run" else str(s["steady"])
     extra = 0 if population else f.excluded(s)
-    if extra:
-        n += f" (+{extra})"
-    mix = s.get("mix") or {}
-    fam: FamilyRow = (mix.get("families") or [{}])[0]
-    row = ["  " * depth + label, n, f.ns(f.stat(head)), f.ns(f.stat(head, "p90"))]
-    if gpu_cols:
-        mark = " p" if len(gpu_labels) > 1 and glabel == "proj" else ""
-        row += [f.ns(f.stat(g)) + mark, f.ns(f.stat(g, "p90"))]
+    row = ["  " * depth + label, n + (f" (+{extra})" if extra else ""), f.ns(f.stat(head)), f.ns(f.stat(head, "p90"))]
+    if gpu_labels:
+        row += [f.ns(f.stat(g)) + (" p" if len(gpu_labels) > 1 and glabel == "proj" else ""), f.ns(f.stat(g, "p90"))]
     if trace_cols:
         kpi = f.stat(s.get("kernels_per_instance"))
+        fam: FamilyRow = ((s.get("mix") or {}).get("families") or [{}])[0]
         row += [f.pct(f.stat(s.get("gpu_busy_frac"))), f"{kpi:.0f}" if kpi is not None else "-",
                 f"{fam.get('family')} {f.pct(fam.get('share'))}" if fam else "-"]
     smp = s.get("samples") or {}
     if sampled:
-        util = smp.get("gpu_util_pct_mean")
-        power = smp.get("power_w_mean")
-        util_s = f"{util:.0f}%" if util is not None else "-"
-        power_s = f"{power:.0f} W" if power is not None else "-"
-        if power is not None and smp.get("power_source") == "reading":
-            power_s = "~" + power_s
-        if smp.get("window_limited"):
-            util_s = "-"
-        if smp.get("power_limited", smp.get("window_limited")):
-            power_s = "-"
-        row += [util_s, power_s]
+        util, power = smp.get("gpu_util_pct_mean"), smp.get("power_w_mean")
+        row += ["-" if util is None or smp.get("window_limited") else f"{util:.0f}%",
+                "-" if power is None or smp.get("power_limited", smp.get("window_limited")) else
+                ("~" if smp.get("power_source") == "reading" else "") + f"{power:.0f} W"]
     if throttle_col:
         row.append(f.pct(smp.get("throttled_share")))
     return row
@@ -424,8 +400,6 @@ def _inside_stages(report: Report) -> Fitted | Text | None:
 
 
 def _diagnosis(report: Report) -> Panel | None:
-    from rich.padding import Padding
-
     fs = report.get("diagnosis") or []
     if not fs:
         return None
@@ -440,12 +414,11 @@ def _diagnosis(report: Report) -> Panel | None:
             head.append(shown(x["title"]))
             parts.append(Padding(head, (0, 0, 0, 2)))  # wrapped lines keep their indentation
             ev = f.evidence_text(x.get("evidence") or {}, x["id"])
-            if ev:
-                parts.append(Padding(Text(f"evidence: {shown(ev)}", style="dim"), (0, 0, 0, 6)))
-            if x.get("next_step"):
-                parts.append(Padding(Text(f"next: {shown(x['next_step'])}"), (0, 0, 0, 6)))
-            if x.get("command"):
-                parts.append(Padding(Text(f"$ {shown(x['command'])}", style="cyan"), (0, 0, 0, 6)))
+            for line, style in ((f"evidence: {shown(ev)}" if ev else "", "dim"),
+                                (f"next: {shown(x.get('next_step'))}" if x.get("next_step") else "", ""),
+                                (f"$ {shown(x.get('command'))}" if x.get("command") else "", "cyan")):
+                if line:
+                    parts.append(Padding(Text(line, style=style), (0, 0, 0, 6)))
     parts.append(Padding(Text("facts, then hypotheses, each ordered by the share of the time at stake, then what has "
                               "none at stake; --format json has every finding's full evidence", style="dim"), (0, 0, 0, 2)))
     return Panel(Group(*parts), title="Diagnosis", title_align="left")
@@ -472,39 +445,26 @@ def _startup(report: Report) -> Fitted | None:
 
 def _notes(report: Report) -> Group | None:
     notes = (report.get("sources") or {}).get("notes") or []
-    if not notes:
-        return None
-    grid = Table.grid(padding=(0, 1))  # a note that wraps stays under its own text
-    grid.add_column(no_wrap=True)
-    grid.add_column(overflow="fold")
-    for n in notes:
-        grid.add_row(Text("  -", style="dim"), Text(visible(n), style="dim"))
-    return Group(Text("notes:", style="dim"), grid)
+    grid = _grid([(Text("  -", style="dim"), Text(visible(n), style="dim")) for n in notes])
+    return Group(Text("notes:", style="dim"), grid) if notes else None
 
 
 def _ranks(report: Report) -> Group | None:
     """Per-rank stage statistics and the stragglers (multi-rank runs only)."""
-    from maxinstr.render import _ranks as rk
-
     sec = rk.section(report)
     if sec is None:
         return None
-    out: list[Any] = []
-    header, rows = rk.rank_rows(sec)
-    out.append(Fitted(f"Ranks ({rk.summary_line(sec)})",
-                      [Col(h, "left" if h in ("host", "pids", "top family") else "right", key=i == 0)
-                       for i, h in enumerate(header)], rows))
-    header, rows = rk.stage_rows(sec)
-    out.append(Fitted("Per-rank stage statistics (steady state; steps = instances aligned across ranks)",
-                      [Col(h, "left" if h == "stage" else "right", key=h == "stage") for h in header],
-                      rows,
-                      caption="slowest / last in: share of steps where the rank took longest / started last; vs "
-                              "others: median excess over the other ranks; wait: time spent waiting for the last rank "
-                              "in a [sync] stage (one the ranks leave together)"))
+    (rank_head, rank_rows), (stage_head, stage_rows) = rk.rank_rows(sec), rk.stage_rows(sec)
     lines = rk.straggler_lines(sec)
-    if lines:
-        out.append(_lines(["stragglers:"] + [f"  - {x}" for x in lines], style="yellow"))
-    return Group(*out)
+    return Group(
+        Fitted(f"Ranks ({rk.summary_line(sec)})", [Col(h, "left" if h in ("host", "pids", "top family") else "right",
+                                                       key=i == 0) for i, h in enumerate(rank_head)], rank_rows),
+        Fitted("Per-rank stage statistics (steady state; steps = instances aligned across ranks)",
+               [Col(h, "left" if h == "stage" else "right", key=h == "stage") for h in stage_head], stage_rows,
+               caption="slowest / last in: share of steps where the rank took longest / started last; vs "
+                       "others: median excess over the other ranks; wait: time spent waiting for the last rank "
+                       "in a [sync] stage (one the ranks leave together)"),
+        *([_lines(["stragglers:"] + [f"  - {x}" for x in lines], style="yellow")] if lines else []))
 
 
 def renderables(report: Report) -> list[Any]:
@@ -514,20 +474,20 @@ def renderables(report: Report) -> list[Any]:
     return [p for p in parts if p is not None]
 
 
-def render(report: Report, width: int = 120, color: bool = False) -> str:
-    """The report as terminal text (ANSI colours when ``color``)."""
+def _print(parts: list[Any], width: int, color: bool) -> str:
     buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=color, color_system="auto" if color else None)
-    console.print(Group(*renderables(report)))
+    Console(file=buf, width=width, force_terminal=color, color_system="auto" if color else None).print(Group(*parts))
     return buf.getvalue()
 
 
+def render(report: Report, analysis: Analysis | None = None, *, width: int = 120, color: bool = False) -> str:
+    """The report as terminal text (ANSI colours when ``color``)."""
+    return _print(renderables(report), width, color)
+
+
 def print_report(report: Report, console: Console | None = None) -> None:
-    """Print the report to a console (stdout by default, as wide as COLUMNS, else the terminal,
-    else 120 columns)."""
-    if console is None:
-        console = Console()
-        console = Console(width=text_width(console.is_terminal))
+    """Print the report to a console (stdout by default, as wide as :func:`text_width` says)."""
+    console = console or Console(width=text_width(Console().is_terminal))
     console.print(Group(*renderables(report)))
 
 
@@ -535,10 +495,10 @@ def print_report(report: Report, console: Console | None = None) -> None:
 _VERDICT_STYLE = {"faster": "green", "slower": "red", "within noise": "dim", "cannot tell": "yellow"}
 
 
-def _delta_table(title: str, rows: list[dict]) -> Fitted:
+def _delta_table(title: str, rows: list[DeltaRow]) -> Fitted:
     cols = [Col("stage", "left", key=True), Col("n A/B", move=2), Col("median A"), Col("median B"), Col("delta"),
             Col("noise ±", move=1), Col("p90 delta", move=3, drop=True), Col("verdict", "left", move=-1)]
-    body = []
+    body: list[list[Any]] = []
     for stage, r in f.delta_rows(rows):
         if "a" not in r:
             verdict = f"only in {r['only_in'].upper()}" if r.get("only_in") else r["verdict"]
@@ -554,7 +514,7 @@ def _delta_table(title: str, rows: list[dict]) -> Fitted:
     return Fitted(title, cols, body, caption=f.compare_notes(rows))
 
 
-def compare_renderables(result: dict) -> list[Any]:
+def compare_renderables(result: CompareResult) -> list[Any]:
     parts: list[Any] = []
     for c in result.get("comparisons", []):
         parts.append(Panel(_lines([f"A = {c['a']}", f"B = {c['b']}"]), title="maxinstr compare", title_align="left"))
@@ -574,13 +534,11 @@ def compare_renderables(result: dict) -> list[Any]:
                                 [Col("family", "left", key=True), Col("A"), Col("B"), Col("change")],
                                 [[r["family"], f.pct(r["a_share"], 1), f.pct(r["b_share"], 1),
                                   f.signed_points(r["delta_share"])] for r in fams]))
-        for key, label in (("kernels_appeared", "Kernels only in B"), ("kernels_disappeared", "Kernels only in A")):
-            if c[key]:
-                more = len(c[key]) - 8
-                parts.append(Fitted(label, [Col("kernel", "left", cut=True), Col("family", "left", move=1),
-                                            Col("GPU time")],
-                                    [[kernel_label(k["name"]), k["family"], f.ns(k["gpu_ns"])] for k in c[key][:8]],
-                                    caption=f"... and {more} more (--format json lists them)" if more > 0 else None))
+        for ks, label in ((c["kernels_appeared"], "Kernels only in B"), (c["kernels_disappeared"], "Kernels only in A")):
+            if ks:
+                parts.append(Fitted(label, [Col("kernel", "left", cut=True), Col("family", "left", move=1), Col("GPU time")],
+                                    [[kernel_label(k["name"]), k["family"], f.ns(k["gpu_ns"])] for k in ks[:8]],
+                                    caption=f"... and {len(ks) - 8} more (--format json lists them)" if len(ks) > 8 else None))
         if c["kernels_changed_family"]:
             parts.append(_lines(["Kernels classified differently: " + "; ".join(
                 f"{f.short(kernel_label(k['name']), 50)}: {k['a_family']} -> {k['b_family']}" for k in c["kernels_changed_family"][:8])]))
@@ -598,9 +556,6 @@ def compare_renderables(result: dict) -> list[Any]:
     return parts
 
 
-def render_compare(result: dict, width: int = 120, color: bool = False) -> str:
+def render_compare(result: CompareResult, *, width: int = 120, color: bool = False) -> str:
     """A comparison (``maxinstr-compare``) as terminal text."""
-    buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=color, color_system="auto" if color else None)
-    console.print(Group(*compare_renderables(result)))
-    return buf.getvalue()
+    return _print(compare_renderables(result), width, color)
