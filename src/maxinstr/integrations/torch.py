@@ -17,7 +17,7 @@ def torch_stream_handle(device: Any = None) -> int | None:
         return None
     handle = int(torch.cuda.current_stream(device).cuda_stream)
     if handle and not getattr(torch.version, "hip", None):
-        ensure_stream_context(handle)  # the stream's context current here, so stages entered here get GPU times
+        ensure_stream_context(handle)  # stages entered on this thread then get GPU times
     return handle
 
 
