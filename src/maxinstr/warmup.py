@@ -72,8 +72,7 @@ def occurrences(part_code: np.ndarray, name_code: np.ndarray, is_mark: np.ndarra
                 host_start_ns: np.ndarray) -> np.ndarray:
     """Per instance, how many instances of its name started before it in its process (at any
     level; marks are counted apart from stages of the same name, as the core never enters them)."""
-    n = len(name_code)
-    if n == 0:
+    if len(name_code) == 0:
         return np.empty(0, np.int64)
     n_names = int(np.max(name_code)) + 1
     key = (np.asarray(part_code, np.int64) * n_names + np.asarray(name_code, np.int64)) * 2 + np.asarray(is_mark, np.int64)
@@ -85,8 +84,7 @@ def pipeline_iterations(part_code: np.ndarray, name_code: np.ndarray, level: np.
                         warmup_n: int) -> tuple[np.ndarray, dict[int, int]]:
     """Per instance the pipeline iteration it ran in (step 1 of the rule; nested: its top-level
     ancestor's), and per process (part code) with a head, the head's name code."""
-    n = len(name_code)
-    if n == 0:
+    if len(name_code) == 0:
         return np.empty(0, np.int64), {}
     top = (level == 0) & ~is_mark
     it_top = np.asarray(occurrence, np.int64).copy()  # no head: per-name occurrences
@@ -150,12 +148,10 @@ def steady_can_begin(part_code: np.ndarray, name_code: np.ndarray, level: np.nda
                      host_start_ns: np.ndarray, warmup_n: int) -> np.ndarray:
     """Per instance, whether steady state can begin at its start: per process, the first top-level
     instance (by start) whose name had started ``warmup_n`` times before, at any level (0: the first)."""
-    n = len(name_code)
-    out = np.zeros(n, bool)
-    if n == 0:
+    out = np.zeros(len(name_code), bool)
+    if len(out) == 0:
         return out
-    part_code = np.asarray(part_code, np.int64)
-    is_mark = np.asarray(is_mark, bool)
+    part_code, is_mark = np.asarray(part_code, np.int64), np.asarray(is_mark, bool)
     occurrence = occurrences(part_code, np.asarray(name_code, np.int64), is_mark, np.asarray(host_start_ns, np.int64))
     can = np.flatnonzero((np.asarray(level) == 0) & ~is_mark & (occurrence >= max(warmup_n, 0)))
     if len(can) == 0:

@@ -18,7 +18,6 @@ import maxinstr
 from maxinstr import config
 from maxinstr import warmup as rule
 from maxinstr.analyze.report import analyze
-from maxinstr.record import session as sess
 from maxinstr.rundir import format as fmt
 
 DATA = Path(__file__).parents[1] / "data"

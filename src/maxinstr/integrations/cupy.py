@@ -19,7 +19,8 @@ def cupy_stream_handle() -> int | None:
         return None
     handle = int(cupy.cuda.get_current_stream().ptr)
     if handle and not cupy.cuda.runtime.is_hip:
-        ensure_stream_context(handle)  # the stream's context current here, so stages entered here get GPU times
+        # the stream's context current here: stages entered on this thread get GPU times
+        ensure_stream_context(handle)
     return handle
 
 

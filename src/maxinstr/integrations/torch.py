@@ -17,7 +17,8 @@ def torch_stream_handle(device: Any = None) -> int | None:
         return None
     handle = int(torch.cuda.current_stream(device).cuda_stream)
     if handle and not getattr(torch.version, "hip", None):
-        ensure_stream_context(handle)  # the stream's context current here, so stages entered here get GPU times
+        # the stream's context current here: stages entered on this thread get GPU times
+        ensure_stream_context(handle)
     return handle
 
 
