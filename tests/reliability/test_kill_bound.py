@@ -95,4 +95,6 @@ def test_sigkill_during_a_slow_fsync_loses_only_the_last_writes(tmp_path, slow_f
         print(f"{writer}, {machine_load}: completed {completed}, on disk {kept}, lost {completed - kept} "
               f"= the last {window_ms:.1f} ms")
         assert window_ms <= bound_ms, f"lost the last {window_ms:.0f} ms of records (kill {k})"
-    assert max(windows) >= 0
+        # the kill can land between a stage's exit (its record written) and the program counting
+        # it in `shared`: the disk may then hold one record more than counted, never two
+        assert kept - completed <= 1, f"{kept} records on disk, only {completed} completed (kill {k})"
