@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers.graphs import cycles
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "maxinstr"
@@ -224,51 +225,8 @@ def import_graph(skip: set[tuple[str, str]] = frozenset()) -> dict[str, dict[str
 
 
 def import_loops(graph: dict[str, dict[str, Import]]) -> list[list[Import]]:
-    """One loop of each strongly connected group of modules (Tarjan's algorithm), as its imports
-    in order: a -> b -> ... -> a."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    groups: list[set[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in graph.get(v, {}):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = set()
-            while not group or w != v:
-                w = stack.pop()
-                group.add(w)
-            if len(group) > 1:
-                groups.append(group)
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    loops = []
-    for group in groups:  # a shortest way back to the group's first module, by breadth first
-        start = min(group)
-        came: dict[str, Import] = {}  # module -> the import that first reached it
-        frontier = [start]
-        while start not in came:
-            reached = []
-            for v in frontier:
-                for w, imp in sorted(graph[v].items()):
-                    if w in group and w not in came:
-                        came[w] = imp
-                        reached.append(w)
-            frontier = reached
-        path = [came[start]]
-        while path[-1].module != start:
-            path.append(came[path[-1].module])
-        loops.append(path[::-1])
-    return loops
+    """One loop of each strongly connected group of modules, as its imports in order: a -> b -> ... -> a."""
+    return [[graph[a][b] for a, b in zip(loop, loop[1:])] for loop in cycles(graph)]
 
 
 def loop_text(loop: list[Import]) -> str:

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers.graphs import cycles
 
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
@@ -114,65 +115,9 @@ def problems(
 
 
 def loops(graph: dict[str, dict[str, str]]) -> list[str]:
-    """One cycle of each group of units that reach one another, said with its includes."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    groups: list[list[str]] = []
-
-    def visit(u: str) -> None:  # Tarjan's strongly connected components
-        index[u] = low[u] = len(index)
-        stack.append(u)
-        for t in graph.get(u, {}):
-            if t not in index:
-                visit(t)
-                low[u] = min(low[u], low[t])
-            elif t in stack:
-                low[u] = min(low[u], index[t])
-        if low[u] == index[u]:
-            group = []
-            while True:
-                w = stack.pop()
-                group.append(w)
-                if w == u:
-                    break
-            if len(group) > 1:
-                groups.append(group)
-
-    for u in sorted(graph):
-        if u not in index:
-            visit(u)
-    said = []
-    for group in groups:
-        cycles = set()
-        for start in sorted(group):  # the shortest cycle through each unit of the group
-            parent: dict[str, str] = {}
-            frontier = [start]
-            while (
-                start not in parent
-            ):  # breadth first from start, until it is reached again
-                reached = []
-                for u in frontier:
-                    for t in sorted(graph[u]):
-                        if t in group and t not in parent:
-                            parent[t] = u
-                            reached.append(t)
-                frontier = reached
-            cycle, u = [start], parent[start]
-            while u != start:
-                cycle.append(u)
-                u = parent[u]
-            cycle.reverse()  # in include order
-            i = cycle.index(min(cycle))
-            cycles.add(tuple(cycle[i:] + cycle[:i] + [cycle[i]]))
-        for cycle in sorted(cycles):
-            said.append(
-                " -> ".join(cycle)
-                + " ("
-                + "; ".join(graph[a][b] for a, b in zip(cycle, cycle[1:]))
-                + ")"
-            )
-    return said
+    """The shortest cycle through each unit of a group of units that reach one another, said with its includes."""
+    return [" -> ".join(loop) + " (" + "; ".join(graph[a][b] for a, b in zip(loop, loop[1:])) + ")"
+            for loop in cycles(graph, through_each=True)]
 
 
 def test_includes_follow_the_order():
