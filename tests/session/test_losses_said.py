@@ -264,3 +264,25 @@ def test_a_signal_while_the_session_starts_leaves_no_lasting_temporary(tmp_path)
     assert res.returncode == 0, res.stderr
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
     assert len(maxinstr.load(run)) == 1
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_a_slow_profiler_stop_at_close_loses_no_attrs(tmp_path, monkeypatch, native):
+    """Under `maxinstr run` close first stops the steady capture, and nsys flushes its trace inside
+    that call (seconds on the H100 for a 59k-kernel decoder; 49 records' attrs were then dropped as
+    late). Close's budget bounds close's own writing, so it counts from after that stop."""
+    from maxinstr.record import process, steady
+
+    def slow_stop(self):
+        time.sleep(process.CLOSE_BUDGET_S + 0.3)
+
+    monkeypatch.setenv("MAXINSTR_NATIVE_WRITER", native)
+    monkeypatch.setattr(steady.SteadyState, "stop_capture", slow_stop)
+    with maxinstr.session(tmp_path / "run", sample_hz=0):
+        for i in range(50):
+            with maxinstr.stage("s", i=i):
+                pass
+    run = maxinstr.load(tmp_path / "run")
+    [part] = run.parts
+    assert len(run) == 50 and part.get("attrs_dropped_close", 0) == 0
+    assert len(run.attrs) == 50

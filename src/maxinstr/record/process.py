@@ -151,11 +151,12 @@ def _drain(proc: Process, native: Any, block: bool, periodic: bool) -> int:
     return len(rows)
 
 
-def begin_close(proc: Process) -> None:
+def begin_close(proc: Process, *, restart: bool = False) -> None:
     """Start the close's clock (:data:`CLOSE_BUDGET_S`) on the root's sink, before waiting for
-    the lock: a flusher writing a large batch then stops at the deadline too."""
+    the lock: a flusher writing a large batch then stops at the deadline too. ``restart``: from
+    now, after a wait that was not close's own writing (the profiler's stop)."""
     if proc.root is not None and proc.root.sink is not None:
-        proc.root.sink.begin_close(time.monotonic() + CLOSE_BUDGET_S)
+        proc.root.sink.begin_close(time.monotonic() + CLOSE_BUDGET_S, restart=restart)
 
 
 @contextlib.contextmanager

@@ -286,6 +286,9 @@ class Session:
         sampler = self._collectors.pop("sampler", None)
         if sampler is not None:
             attempt(self._event, "sampler stop", sampler.stop)
+        # nsys writes its trace inside the capture's stop (seconds for a long decode): the budget
+        # bounds close's own writing, so it starts again here (the lock keeps other writers out)
+        proc_mod.begin_close(proc, restart=True)
         if reason.startswith("SIG"):
             # Killed by a signal: never wait on a GPU that may be hung (the process must die);
             # give in-flight GPU records a bounded time to finish instead.

@@ -45,9 +45,9 @@ class Sink(Protocol):
     def count_unwritten(self, rows: int, attrs: int = 0) -> None:
         """A batch :meth:`write` raised on or never reached (a bug, Ctrl-C after the drain)."""
 
-    def begin_close(self, deadline: float) -> None:
+    def begin_close(self, deadline: float, *, restart: bool = False) -> None:
         """Attrs not written by ``deadline`` (``time.monotonic()``) are counted, not written: close
-        is bounded whatever other threads record."""
+        is bounded whatever other threads record. The earliest deadline holds, unless ``restart``."""
 
     def event(self, kind: str, message: str, **fields: Any) -> None:
         """One warning/error line for the run (events.jsonl where there is one)."""
@@ -91,7 +91,7 @@ class MemorySink:
         self.dropped += rows
 
     # no disk, nothing slow to bound; no events.jsonl (records() notes say what was dropped)
-    def begin_close(self, deadline: float) -> None: ...
+    def begin_close(self, deadline: float, *, restart: bool = False) -> None: ...
 
     def event(self, kind: str, message: str, **fields: Any) -> None: ...
 
@@ -144,8 +144,8 @@ class PythonSink:
         self.part.rows_dropped += rows
         self.part.attrs_dropped_disk += attrs
 
-    def begin_close(self, deadline: float) -> None:
-        if self.part.deadline is None or deadline < self.part.deadline:
+    def begin_close(self, deadline: float, *, restart: bool = False) -> None:
+        if restart or self.part.deadline is None or deadline < self.part.deadline:
             self.part.deadline = deadline
 
     def event(self, kind: str, message: str, **fields: Any) -> None:
