@@ -87,7 +87,8 @@ def test_saved_h200_kvcache_b16_decode(saved_b16):
     launch, mix = dec
     assert launch["evidence"]["gpu_busy_frac_median"] < LAUNCH_BOUND_BUSY
     assert launch["evidence"]["secondary"] == ["unfused_custom_architecture"]
-    assert "sets the stage's pace" in launch["title"]
+    assert launch["title"].endswith("this sets the stage's pace, its unfused kernels come second")
+    assert launch["next_step"].startswith("This limits the stage first: its unfused kernels matter once it is fixed.")
     ev = mix["evidence"]
     assert ev["supersedes"] == ["healthy_dense_decode"] and ev["paced_by"] == "launch_bound"
     assert ev["concat_share"] > 0.25 and ev["top_elementwise_kernels"][0]["kernel"] == "CatArrayBatchedCopy"

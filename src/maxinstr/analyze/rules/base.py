@@ -96,7 +96,7 @@ class Draft:
             title += f" (but {self.but})"
         if self.secondary:
             said = " and ".join(WORDS[x] for x in self.secondary)
-            one = len(self.secondary) == 1
+            one = len(self.secondary) == 1 and not said.endswith("kernels")  # "its unfused kernels come second"
             ev["secondary"] = list(self.secondary)
             title += f"; this sets the stage's pace, {said} come{'s' if one else ''} second"
             step = f"This limits the stage first: {said} matter{'s' if one else ''} once it is fixed. " + step
