@@ -379,3 +379,20 @@ def test_markers_the_program_turned_on_itself_are_not_said_to_be_off():
     notes = report["sources"]["notes"]
     assert not any("were off" in n for n in notes), notes
     assert any(n.startswith("MAX's op markers were on") and "1527 tokens/s" in n for n in notes), notes
+
+
+def test_a_program_that_never_imported_max_gets_no_max_note(tmp_path):
+    """MAX installed beside a PyTorch decoder (the H100 run of examples/torch_decode.py under
+    `maxinstr run`): meta.json's frameworks held MAX's version, the trace held torch's own ranges,
+    and the report said "MAX's op markers were on ... the program turned them on". A run that
+    lists the frameworks it loaded (``frameworks_loaded``, at close) gets a MAX note only with MAX."""
+    from maxinstr.analyze.report import build_report
+
+    run = tmp_path / "run"
+    shutil.copytree(MAX / "block_maxprof_nsys", run)
+    meta = json.loads((run / "meta.json").read_text())
+    for loaded, said in ((["torch"], False), (["max"], True)):
+        meta["frameworks_loaded"] = loaded
+        (run / "meta.json").write_text(json.dumps(meta))
+        notes = build_report(run, MAX / "block_maxprof_nsys.sqlite")["sources"]["notes"]
+        assert any(n.startswith("MAX's op") for n in notes) is said, (loaded, notes)

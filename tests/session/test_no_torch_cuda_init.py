@@ -112,3 +112,16 @@ def test_framework_versions_cudnn_only_with_torch_loaded(monkeypatch, with_torch
     out = metadata.framework_versions()
     assert ("cudnn" in out) is with_torch
     assert calls == []
+
+
+def test_frameworks_imported_after_the_session_began_are_listed_at_close(tmp_path, monkeypatch):
+    """Under `maxinstr run` the session begins before the program's first line, so
+    ``<name>_imported`` (at start) is False for every framework; ``frameworks_loaded`` (at close)
+    says which ones the program used."""
+    for name in metadata.FRAMEWORKS:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with maxinstr.session(tmp_path / "run", sample_hz=0):
+        monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
+    meta = maxinstr.load(tmp_path / "run").meta
+    assert meta["frameworks_loaded"] == ["cupy"]
+    assert meta["frameworks"].get("cupy_imported") is not True

@@ -141,6 +141,9 @@ def _max_markers_note(run: Run | None, trace: Trace | None) -> list[str]:
     meta = run.meta if run is not None else None
     if not isinstance(meta, dict) or not (meta.get("frameworks") or {}).get("max"):
         return []
+    loaded = meta.get("frameworks_loaded")  # at close; runs before it say only what is installed
+    if isinstance(loaded, list) and "max" not in loaded:
+        return []  # MAX installed beside a program that never imported it (a PyTorch decoder)
     level = str((meta.get("env") or {}).get("MODULAR_ENABLE_PROFILING", "off")).strip().lower()
     cost = (f"MAX compiled its graphs with them and they cost it host time ({MAX_MARKERS_COST}); these times "
             "include that")

@@ -307,6 +307,7 @@ class Session:
                             dropped_records=self._drops.since_begin(stats), **self._drops.losses(stats))
         if self.meta is not None:
             self.meta["status"] = "closed"
+            self.meta["frameworks_loaded"] = metadata.frameworks_loaded()
             self.meta["session"]["end_ns"] = clock_ns()
             self.meta["session"]["end_reason"] = reason
             self._write_meta()

@@ -232,6 +232,12 @@ def framework_versions() -> dict[str, Any]:
     return out
 
 
+def frameworks_loaded() -> list[str]:
+    """The frameworks the program has imported by now (meta.json ``frameworks_loaded``, written at
+    close: under `maxinstr run` the session starts before the program's first import)."""
+    return [m for m in FRAMEWORKS if sys.modules.get(m) is not None]
+
+
 # cuDNN's wheels, newest CUDA first (torch's pip wheels depend on one of them)
 CUDNN_DISTS = ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn-cu11", "nvidia-cudnn")
 

@@ -260,6 +260,7 @@ _META_FIELDS: Fields = {
     "status": STRING,
     "command": STRINGS,
     "argv": STRINGS,
+    "frameworks_loaded": STRINGS,
     "pid": (_count, "a process id"),
     "session": (_times_in("start_ns", "end_ns"), "an object with times in ns"),
     "steady_state": (_times_in("start_ns", "detected_ns"), "an object with times in ns"),
