@@ -10,6 +10,7 @@ from html.parser import HTMLParser
 
 import pytest
 
+import maxinstr
 from maxinstr.analyze.report import analyze
 from maxinstr.render import _fmt
 from maxinstr.render import html as rhtml
@@ -117,8 +118,12 @@ def test_run_directory_with_samples(tmp_path, monkeypatch):
     for tag, attrs in tags.attrs:
         if tag == "polyline" and attrs.get("class") == "series":
             lines[attrs["stroke"]] = max(lines.get(attrs["stroke"], 0), int(attrs["data-points"]))
-    # util, SM active, tensor active, power, memory: every sampler row of the replayed H200 (GPM ones ~1 in 10)
-    assert len(lines) == 5 and min(lines.values()) > 20, lines
+    # util, SM active, tensor active, power, memory: every sampler row of the replayed H200 that
+    # has the metric (GPM ones ~1 in 10); how many rows there are depends on the machine's load
+    [samples] = maxinstr.load(run).samples.values()
+    have = [int(np.isfinite(samples.rows[m]).sum())
+            for m in ("gpu_util_pct", "sm_active_pct", "tensor_active_pct", "power_w", "mem_used_bytes")]
+    assert sorted(lines.values()) == sorted(have) and min(have) > 0, (lines, have)
     for label in ("utilization / activity (%)", "power (W)", "memory used (GiB"):
         assert label in doc
     assert "Perturbed" not in doc  # no profiler: not perturbed
