@@ -1,7 +1,6 @@
 """The stage-instance table: one row per stage instance, as numpy columns (missing int64 values
-are ``-1``), from a run directory's stage records, a trace's host ranges with their attribution,
-or both joined by record id. Analysis reads only this table and the per-op columns, never the
-raw inputs again."""
+are ``-1``), from a run's stage records, a trace's host ranges with their attribution, or both
+joined by record id. Analysis reads only this table and the per-op columns."""
 
 from __future__ import annotations
 
@@ -22,9 +21,8 @@ UNPREFIXED_DOMAINS = frozenset({"", MAXINSTR_DOMAIN, "user_annotation"})
 FRAMEWORK_OP_DOMAINS = frozenset({"cpu_op", "python_function", "cuda_runtime", "cuda_driver", "cuBLAS", "cuDNN",
                                   "gpu_user_annotation", "kernel", "ac2g"})
 """Domains of ranges a framework or library emits by itself (one per aten op or API call), and
-C++-qualified names (``aten::mm``: RPD/roctx op markers carry no domain): not stages, so the
-stage table keeps to what the user marked (their ops still count to the enclosing stage). Kept
-only when nothing else exists."""
+C++-qualified names (``aten::mm``: RPD/roctx op markers carry no domain): not stages (their ops
+still count to the enclosing stage), unless nothing else exists."""
 
 
 def _i64(n: int, fill: int = -1) -> np.ndarray:
@@ -34,12 +32,11 @@ def _i64(n: int, fill: int = -1) -> np.ndarray:
 @dataclass
 class StageInstances:
     """Columns of stage instances (all the same length). ``range_index``: the row in
-    ``trace.ranges`` the instance came from or joined; ``record_id``: the run's record id.
-    ``step``: the ``step=`` the user marked (``step_marked``), else the instance's position among
-    same-named siblings under its parent (the k-th decode of a request is step k). ``warmup``:
-    the session's ``warmup=N``; ``cold``: cold-start outliers; ``inside_startup``: nested in a
-    warm-up or cold-start instance (a warm-up request's decode steps ran its compilations too);
-    ``steady``: none of these, and not a mark."""
+    ``trace.ranges`` the instance came from or joined. ``step``: the ``step=`` the user marked
+    (``step_marked``), else the position among same-named siblings under its parent (the k-th
+    decode of a request is step k). ``inside_startup``: nested in a warm-up or cold-start
+    instance (a warm-up request's decode steps ran its compilations too); ``steady``: none of
+    ``warmup``, ``cold``, ``inside_startup``, and not a mark."""
 
     name: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
     host_start_ns: np.ndarray = field(default_factory=lambda: _i64(0))
@@ -78,7 +75,7 @@ class StageInstances:
     """The top-level stage that begins each pipeline iteration (None: each name counts its own)."""
     key: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
     """The stage a statistic groups by: the name, or ``parent/.../name`` when the same name occurs
-    under different parents (``prefill/attention`` processes the prompt, ``decode/attention`` one token)."""
+    under different parents (``prefill/attention``, ``decode/attention``)."""
     level: np.ndarray = field(default_factory=lambda: _i64(0))
     """Nesting level among stage instances (0: no enclosing instance)."""
     key_code: np.ndarray = field(default_factory=lambda: _i64(0))
@@ -149,7 +146,7 @@ def name_codes(names: np.ndarray) -> np.ndarray:
 
 
 def stage_keys(names: np.ndarray, parent: np.ndarray,
-               name_code: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+               name_code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(key, level, key code, distinct keys) per instance (:attr:`StageInstances.key`;
     ``distinct[code] == key``, sorted). Vectorised per nesting level on integer codes
     (``name_code``: equal exactly when the names are): a path is its parent's path code and its
@@ -160,7 +157,7 @@ def stage_keys(names: np.ndarray, parent: np.ndarray,
     level = warmup_rule.levels(parent)
     if n == 0:
         return np.empty(0, dtype=object), level, _i64(0), np.empty(0, dtype=object)
-    name_code = name_codes(names) if name_code is None else np.asarray(name_code, np.int64)
+    name_code = np.asarray(name_code, np.int64)
     n_names = int(name_code.max()) + 1
     # a path code per instance: its name's code at level 0, then per level a new code per
     # distinct (parent's path code, name); what each new code is made of, to list its names once
@@ -364,15 +361,6 @@ def descendant_counts(parent: np.ndarray) -> np.ndarray:
     return out
 
 
-def range_texts(trace) -> np.ndarray:
-    """The bare text of every trace range ('' when none)."""
-    r = trace.ranges
-    strings = np.asarray(trace.strings, dtype=object)
-    if len(r) == 0 or len(strings) == 0:
-        return np.full(len(r), "", dtype=object)
-    return np.where(r.name_id >= 0, strings[np.maximum(r.name_id, 0)], "").astype(object)
-
-
 def _distinct_ranges(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(per range its (domain, text) pair's index, each distinct pair's domain string, its text
     string; object arrays, '' when none). A trace has a million ranges and a few hundred
@@ -432,7 +420,7 @@ def from_trace(trace, attribution=None, warmup_n: int = 0) -> StageInstances:
         names, name_code = pair_names[kept_pair], code_of_pair[kept_pair]
     else:
         keep = np.empty(0, np.int64)
-        names, name_code = np.empty(0, dtype=object), None
+        names, name_code = np.empty(0, dtype=object), _i64(0)
     inst = StageInstances(
         name=names.astype(object),
         host_start_ns=np.asarray(r.start_ns, np.int64)[keep],
@@ -448,7 +436,7 @@ def from_trace(trace, attribution=None, warmup_n: int = 0) -> StageInstances:
         exception=np.zeros(len(keep), bool),
     )
     _fill_from_attribution(inst, attribution, keep, n_all)
-    return _finish(inst, warmup_n, name_code=name_code if len(keep) else None)
+    return _finish(inst, warmup_n, name_code=name_code)
 
 
 def _fill_from_attribution(inst: StageInstances, attribution, rows: np.ndarray, n_ranges: int) -> None:
@@ -517,11 +505,13 @@ def from_run(run, trace=None, attribution=None, warmup_n: int | None = None) -> 
     if (rows >= 0).any():
         # a join must agree on the name: a record id that matches a range of another name means
         # the trace is not this run's (ids restart at 1 in every process)
-        text = range_texts(trace)
         joined = np.flatnonzero(rows >= 0)
+        name_id = np.asarray(trace.ranges.name_id, np.int64)[rows[joined]]
+        strings = np.asarray(trace.strings, dtype=object)
+        text = np.where(name_id >= 0, strings[np.maximum(name_id, 0)] if len(strings) else "", "").tolist()
         r_tid = np.asarray(trace.ranges.tid, np.int64)[rows[joined]]
         rec_tid = inst.tid[joined]
-        other_name = np.fromiter((a != b for a, b in zip(text[rows[joined]].tolist(), inst.name[joined].tolist())),
+        other_name = np.fromiter((a != b for a, b in zip(text, inst.name[joined].tolist())),
                                  bool, len(joined))
         other_thread = (r_tid > 0) & (rec_tid > 0) & (r_tid != rec_tid)
         if other_thread.mean() > 0.5:

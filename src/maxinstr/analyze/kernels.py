@@ -24,18 +24,15 @@ def op_families(trace) -> np.ndarray:
     """Family code (int16 into :data:`FAMILY_NAMES`) of every op in ``trace.ops``; copies and
     sets go by their kind, not their name. Codes, not strings: grouping a million ops by an
     integer is a bincount, by a string a sort of Python objects."""
-    ops = trace.ops
-    fam = classify_id_codes(np.asarray(ops.name_id), np.asarray(trace.strings, dtype=object))
-    kind = np.asarray(ops.kind)
-    names = list(FAMILY_NAMES)
-    fam[kind == OpKind.MEMCPY] = names.index("memcpy")
-    fam[kind == OpKind.MEMSET] = names.index("memset")
+    fam = classify_id_codes(np.asarray(trace.ops.name_id), np.asarray(trace.strings, dtype=object))
+    kind = np.asarray(trace.ops.kind)
+    fam[kind == OpKind.MEMCPY] = _MEMCPY_CODE
+    fam[kind == OpKind.MEMSET] = _MEMSET_CODE
     return fam
 
 
 def op_durations(trace) -> np.ndarray:
-    ops = trace.ops
-    return np.maximum(np.asarray(ops.end_ns, np.int64) - np.asarray(ops.start_ns, np.int64), 0)
+    return np.maximum(np.asarray(trace.ops.end_ns, np.int64) - np.asarray(trace.ops.start_ns, np.int64), 0)
 
 
 def family_table(dur_ns: np.ndarray, families: np.ndarray) -> list[FamilyRow]:
@@ -43,14 +40,14 @@ def family_table(dur_ns: np.ndarray, families: np.ndarray) -> list[FamilyRow]:
     ``families`` are int codes (:func:`op_families`)."""
     if len(dur_ns) == 0:
         return []
-    k = len(FAMILY_NAMES)
     codes = np.asarray(families, dtype=np.int64)
-    ns = np.bincount(codes, weights=dur_ns, minlength=k)
-    cnt = np.bincount(codes, minlength=k)
-    total = float(ns.sum())
-    order = [i for i in np.argsort(-ns, kind="stable") if cnt[i] > 0]
+    ns = np.bincount(codes, weights=dur_ns, minlength=len(FAMILY_NAMES))
+    return _family_rows(ns, np.bincount(codes, minlength=len(FAMILY_NAMES)), float(ns.sum()))
+
+
+def _family_rows(ns: np.ndarray, cnt: np.ndarray, total: float) -> list[FamilyRow]:
     return [{"family": str(FAMILY_NAMES[i]), "gpu_ns": float(ns[i]), "share": float(ns[i] / total) if total > 0 else 0.0,
-             "count": int(cnt[i])} for i in order]
+             "count": int(cnt[i])} for i in np.argsort(-ns, kind="stable") if cnt[i] > 0]
 
 
 def group_stats(codes: np.ndarray, values: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
@@ -117,9 +114,7 @@ def kernel_table(trace, families: np.ndarray, dur_ns: np.ndarray, mask: np.ndarr
 def range_to_instance(inst: StageInstances, attribution, n_ranges: int) -> np.ndarray:
     """For every trace range, the instance row of itself or its nearest ancestor that is an
     instance (-1 when none): ops inside an unjoined range still reach the enclosing stage."""
-    pos = np.full(n_ranges, -1, np.int64)
-    ok = inst.range_index >= 0
-    pos[inst.range_index[ok]] = np.flatnonzero(ok)
+    pos = _own_instance(inst, n_ranges)
     if attribution is None or len(attribution.range_parent) != n_ranges:
         return pos
     parent = np.asarray(attribution.range_parent, np.int64)
@@ -133,14 +128,20 @@ def range_to_instance(inst: StageInstances, attribution, n_ranges: int) -> np.nd
     return pos
 
 
+def _own_instance(inst: StageInstances, n_ranges: int) -> np.ndarray:
+    """Per trace range, the instance row that is that range (-1: none)."""
+    own = np.full(n_ranges, -1, np.int64)
+    ok = inst.range_index >= 0
+    own[inst.range_index[ok]] = np.flatnonzero(ok)
+    return own
+
+
 def range_below_instance(inst: StageInstances, attribution, n_ranges: int) -> np.ndarray:
     """For every trace range that is not a stage instance, its outermost ancestor-or-self below
     the nearest enclosing instance (-1 for instance ranges and for ranges under none): the
     range an op is grouped by in its stage's breakdown (a MAX op range under ``forward``, a
     framework range under a stage). Ranges of one chain between two instances share it."""
-    own = np.full(n_ranges, -1, np.int64)
-    ok = inst.range_index >= 0
-    own[inst.range_index[ok]] = np.flatnonzero(ok)
+    own = _own_instance(inst, n_ranges)
     below = np.where(own < 0, np.arange(n_ranges), -1)
     if attribution is None or len(attribution.range_parent) != n_ranges:
         return below
@@ -268,16 +269,13 @@ def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, du
         best = mine[np.argsort(-st["total"][mine], kind="stable")[:top]]
         grand = float(fam_ns[k].sum())
         ni = int(n_inst[k])
-        fam_order = [j for j in np.argsort(-fam_ns[k], kind="stable") if fam_cnt[k, j] > 0]
         out[stage] = {
             "instances": ni,
             "instances_used": "steady" if has_steady[k] else "all",
             "gpu_ns": grand,
             "ops": int(ops[k]),
             "ops_per_instance": float(ops[k] / ni) if ni else 0.0,
-            "families": [{"family": str(FAMILY_NAMES[j]), "gpu_ns": float(fam_ns[k, j]),
-                          "share": float(fam_ns[k, j] / grand) if grand > 0 else 0.0, "count": int(fam_cnt[k, j])}
-                         for j in fam_order],
+            "families": _family_rows(fam_ns[k], fam_cnt[k], grand),
             "top_kernels": [
                 {"name": "" if p_name_i == 0 else str(strings[p_name_i - 1]),
                  "family": str(FAMILY_NAMES[name_family[p_name_i]]),

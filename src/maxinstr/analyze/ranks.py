@@ -43,15 +43,14 @@ median start spread (and the start spread clears EXCESS_MIN_NS)."""
 STAGES_KEPT = 200
 
 
-# ----------------------------------------------------------------------------- identity
+def _rank(part: dict) -> int:
+    r = part.get("rank")
+    return r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else -1
+
+
 def part_ranks(parts: list[dict]) -> np.ndarray:
     """Rank of every part (-1 when the process had none)."""
-    out = np.full(len(parts), -1, np.int64)
-    for i, p in enumerate(parts):
-        r = p.get("rank")
-        if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
-            out[i] = r
-    return out
+    return np.array([_rank(p) for p in parts], np.int64)
 
 
 def part_clock_offsets(parts: list[dict]) -> tuple[np.ndarray, str]:
@@ -72,8 +71,8 @@ def rank_table(parts: list[dict]) -> list[RankInfo]:
     """One row per rank: local rank, world size, host, pids and part names."""
     rows: dict[int, RankInfo] = {}
     for p in parts:
-        r = p.get("rank")
-        if not isinstance(r, int) or isinstance(r, bool) or r < 0:
+        r = _rank(p)
+        if r < 0:
             continue
         row = rows.setdefault(r, {"rank": r, "local_rank": p.get("local_rank"), "world_size": p.get("world_size"),
                                   "host": p.get("host"), "pids": [], "parts": [], "records": 0})
@@ -85,7 +84,6 @@ def rank_table(parts: list[dict]) -> list[RankInfo]:
     return [rows[r] for r in sorted(rows)]
 
 
-# ----------------------------------------------------------------------------- alignment
 def aligned_groups(key_code: np.ndarray, rank: np.ndarray, start_ns: np.ndarray, n_ranks: int,
                    ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Pair the k-th instance (by start) of each stage across ranks: ``(rows, group_key)``, a
@@ -139,9 +137,8 @@ def group_metrics(start_ns: np.ndarray, end_ns: np.ndarray) -> dict[str, np.ndar
 def judge_stage(m: dict[str, np.ndarray]) -> dict[str, Any]:
     """Per-rank verdicts for one stage's group metrics (columns = ranks)."""
     G, R = m["dur_ns"].shape
-    slow_share = np.bincount(m["slowest"], minlength=R) / max(G, 1)
-    last_share = np.bincount(m["last"], minlength=R) / max(G, 1)
-    least_share = np.bincount(m["least_wait"], minlength=R) / max(G, 1)
+    slow_share, last_share, least_share = (np.bincount(m[k], minlength=R) / max(G, 1)
+                                           for k in ("slowest", "last", "least_wait"))
     # per rank: the least any *other* rank waited, per step (all the others wait for it)
     others_min_wait = np.empty((G, R), np.float64)
     for r in range(R):
@@ -165,7 +162,6 @@ def judge_stage(m: dict[str, np.ndarray]) -> dict[str, Any]:
             "sync": bool(sync), "arrival_median_ns": arrival_med, "slow": slow, "waited_for": waited_for}
 
 
-# ----------------------------------------------------------------------------- section
 def rank_section(inst: StageInstances, parts: list[dict], gpu_by_rank: list[RankGpu] | None = None) -> RanksSection | None:
     """``report["ranks"]`` (docs/report.md): None unless the run has two or more ranks."""
     p_rank = part_ranks(parts)
@@ -302,7 +298,6 @@ def _stragglers(flagged: list[tuple[int, int, str, dict[str, float]]], ranks: np
     return out
 
 
-# ----------------------------------------------------------------------------- GPU per rank
 def gpu_by_rank(op_rank: np.ndarray, family_code: np.ndarray, op_ns: np.ndarray, family_names: list[str]) -> list[RankGpu]:
     """Per rank: GPU op time, and the time and share of collective kernels (NCCL/RCCL...)."""
     out: list[RankGpu] = []
@@ -319,7 +314,6 @@ def gpu_by_rank(op_rank: np.ndarray, family_code: np.ndarray, op_ns: np.ndarray,
     return out
 
 
-# ----------------------------------------------------------------------------- traces per rank
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:rank|r)[-_]?(\d+)(?=[^0-9]|$)", re.IGNORECASE)
 
 

@@ -77,9 +77,8 @@ def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str]
     order = np.argsort(t, kind="stable")
     t = t[order]
     cols = {k: np.asarray(v)[order] for k, v in cols.items()}
-    names, hw_mask = _NAMES, _HW_MASK
     throttle = np.asarray(cols.get("throttle", np.zeros(len(t), np.int64)), np.int64)
-    out: dict[str, Any] = {"_overall": _overall(cols, throttle, names, hw_mask)}
+    out: dict[str, Any] = {"_overall": _overall(cols, throttle)}
     if len(inst) == 0:
         return out
     lo = np.searchsorted(t, inst.host_start_ns, "left")
@@ -93,10 +92,10 @@ def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str]
         cn = np.r_[0, np.cumsum(ok)]
         return cs[hi] - cs[lo], cn[hi] - cn[lo]
 
-    thr_hw = np.r_[0, np.cumsum((throttle & hw_mask) != 0)] if hw_mask else np.zeros(len(t) + 1, np.int64)
+    thr_hw = np.r_[0, np.cumsum((throttle & _HW_MASK) != 0)]
     bit_counts = {}
-    for i, name in enumerate(names):
-        if hw_mask >> i & 1:
+    for i, name in enumerate(_NAMES):
+        if _HW_MASK >> i & 1:
             c = np.r_[0, np.cumsum((throttle >> i) & 1)]
             bit_counts[name] = c[hi] - c[lo]
     metric_sums = {m: per_instance_sum(cols[m]) for m in METRICS if m in cols}
@@ -116,7 +115,7 @@ def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str]
     return out
 
 
-def _overall(cols: dict[str, np.ndarray], throttle: np.ndarray, names: tuple[str, ...], hw_mask: int) -> dict[str, Any]:
+def _overall(cols: dict[str, np.ndarray], throttle: np.ndarray) -> dict[str, Any]:
     n = len(cols["t_ns"])
     row: dict[str, Any] = {"samples": int(n), "span_ns": int(cols["t_ns"][-1] - cols["t_ns"][0]) if n else 0}
     if "device" in cols:
@@ -127,10 +126,14 @@ def _overall(cols: dict[str, np.ndarray], throttle: np.ndarray, names: tuple[str
             x = x[np.isfinite(x)]
             row[f"{m}_mean"] = float(x.mean()) if len(x) else None
             row[f"{m}_max"] = float(x.max()) if len(x) else None
-    row["throttled_samples"] = int(((throttle & hw_mask) != 0).sum()) if hw_mask else 0
-    row["throttle_reasons"] = {name: int(((throttle >> i) & 1).sum()) for i, name in enumerate(names)
-                               if ((throttle >> i) & 1).any()}
-    return row
+    return row | _throttle_counts(throttle)
+
+
+def _throttle_counts(throttle: np.ndarray) -> dict[str, Any]:
+    """Samples a hardware limit held the clocks down in, and samples per throttle reason."""
+    return {"throttled_samples": int(((throttle & _HW_MASK) != 0).sum()),
+            "throttle_reasons": {name: int(((throttle >> i) & 1).sum()) for i, name in enumerate(_NAMES)
+                                 if ((throttle >> i) & 1).any()}}
 
 
 _DEVICE_FIELDS = ("gpu_util_mean_pct", "gpu_util_peak_pct", "mem_util_mean_pct", "sm_active_mean_pct", "sm_clock_mean_mhz",
@@ -148,7 +151,6 @@ def _num(x: Any) -> float | None:
 def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: list[str]) -> dict[str, Any]:
     """Per stage: one row per device from the sampler's attribution; headline fields from the
     device the stage kept busiest (the one it ran on)."""
-    names, hw_mask = _NAMES, _HW_MASK
     steady = inst.steady
     uniq, code = inst.key_codes()
     per_stage: dict[str, list[dict[str, Any]]] = {}
@@ -177,7 +179,7 @@ def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: lis
             row = {"part": part, "device": d, "instances": int(table.instances[i]),
                    "samples": int(table.samples[i]), "hw_throttle_samples": int(table.hw_throttle_samples[i]),
                    "power_cap_samples": int(table.power_cap_samples[i]),
-                   "throttle_reasons_seen": [n for b, n in enumerate(names) if int(table.throttle_mask[i]) >> b & 1],
+                   "throttle_reasons_seen": [n for b, n in enumerate(_NAMES) if int(table.throttle_mask[i]) >> b & 1],
                    "mean_instance_ns": float(mean_ns[int(table.name_id[i])]),
                    "sm_clock_max_mhz": info.get("sm_clock_max_mhz"), "power_limit_w": info.get("power_limit_w")}
             for fld in _DEVICE_FIELDS:
@@ -185,14 +187,11 @@ def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: lis
             per_stage.setdefault(str(uniq[int(table.name_id[i])]), []).append(row)
     out: dict[str, Any] = {}
     if all_t:
-        thr = np.concatenate(all_thr)
         out["_overall"] = {"samples": int(sum(len(t) for t in all_t)), "devices": n_dev,
-                           "throttled_samples": int(((thr & hw_mask) != 0).sum()) if hw_mask else 0,
-                           "throttle_reasons": {n: int(((thr >> b) & 1).sum()) for b, n in enumerate(names)
-                                                if ((thr >> b) & 1).any()}}
+                           **_throttle_counts(np.concatenate(all_thr))}
     for stage, rows in per_stage.items():
         main = max(rows, key=lambda r: (r["gpu_util_mean_pct"] or -1, r["samples"]))
-        out[stage] = _stage_row(main, rows, names, hw_mask)
+        out[stage] = _stage_row(main, rows)
     return out
 
 
@@ -202,7 +201,7 @@ counter's power for the stage (and 50 W more) it, and the power-cap bits that fo
 describe the time before the stage."""
 
 
-def _stage_row(main: dict, rows: list[dict], names: tuple[str, ...], hw_mask: int) -> dict[str, Any]:
+def _stage_row(main: dict, rows: list[dict]) -> dict[str, Any]:
     """The per-stage sampler numbers a report shows, from the device the stage kept busiest. Power
     as the energy counter gives it; where NVML's lagging reading is far above, its power-cap
     throttle samples are not the stage's either (``throttle_lagged_samples``)."""
@@ -218,7 +217,7 @@ def _stage_row(main: dict, rows: list[dict], names: tuple[str, ...], hw_mask: in
     throttled = main["hw_throttle_samples"]
     if lagged:
         throttled -= main["power_cap_samples"]  # the power cap follows the lagging reading
-    reasons = [r for r in main["throttle_reasons_seen"] if r in names and hw_mask >> names.index(r) & 1]
+    reasons = [r for r in main["throttle_reasons_seen"] if r in _NAMES and _HW_MASK >> _NAMES.index(r) & 1]
     if lagged and throttled == 0:
         reasons = []
     return {
