@@ -138,8 +138,8 @@ class StageInstances:
 
 
 def name_codes(names: np.ndarray) -> np.ndarray:
-    """Dense int codes of the names (equal names, equal codes). Names stay Python strings (a
-    fixed-width copy is as wide as the longest name for every row)."""
+    """Dense int codes of the names, kept Python strings (a fixed-width copy is as wide as the
+    longest name for every row)."""
     if len(names) == 0:
         return np.empty(0, np.int64)
     return np.unique(np.asarray(names, dtype=object), return_inverse=True)[1].reshape(-1).astype(np.int64)
@@ -147,11 +147,10 @@ def name_codes(names: np.ndarray) -> np.ndarray:
 
 def stage_keys(names: np.ndarray, parent: np.ndarray,
                name_code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(key, level, key code, distinct keys) per instance (:attr:`StageInstances.key`;
-    ``distinct[code] == key``, sorted). Vectorised per nesting level on integer codes
-    (``name_code``: equal exactly when the names are): a path is its parent's path code and its
-    own name code, its names listed once per distinct path, so a name holding '/' cannot be
-    mistaken for two levels when the shortest telling suffix is chosen."""
+    """(key, level, key code, sorted distinct keys) per instance (:attr:`StageInstances.key`).
+    Per nesting level on integer codes (``name_code``: equal exactly when the names are): a path
+    is its parent's path code and its own name code, so a name holding '/' cannot be mistaken
+    for two levels when the shortest telling suffix is chosen."""
     n = len(names)
     names = np.asarray(names, dtype=object)
     level = warmup_rule.levels(parent)
@@ -159,8 +158,8 @@ def stage_keys(names: np.ndarray, parent: np.ndarray,
         return np.empty(0, dtype=object), level, _i64(0), np.empty(0, dtype=object)
     name_code = np.asarray(name_code, np.int64)
     n_names = int(name_code.max()) + 1
-    # a path code per instance: its name's code at level 0, then per level a new code per
-    # distinct (parent's path code, name); what each new code is made of, to list its names once
+    # a path code per instance: its name's code at level 0, then a new one per distinct
+    # (parent's path code, name)
     pcode = name_code.copy()
     made_of: dict[int, tuple[int, int]] = {}  # path code -> (parent's path code, an instance it ends in)
     next_code = n_names
@@ -281,8 +280,8 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
 
 
 def _head_name(inst: StageInstances, part_code: np.ndarray, name_code: np.ndarray, heads: dict[int, int]) -> str | None:
-    """The pipeline head's name (:func:`maxinstr.warmup.pipeline_iterations`) of the process
-    with the most instances, None when no process has one."""
+    """The pipeline head's name (:func:`maxinstr.warmup.pipeline_iterations`) in the process
+    with the most instances, or None."""
     if not heads:
         return None
     sizes = {p: int(np.count_nonzero(part_code == p)) for p in heads}
@@ -308,11 +307,9 @@ def _iteration_groups(inst: StageInstances, part_code: np.ndarray) -> tuple[np.n
 
 def _cold_iterations(inst: StageInstances, part_code: np.ndarray,
                      groups: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
-    """Cold-start pipeline iterations, judged like cold-start instances (per process, first
-    ones far above the rest) on each iteration's wall time (its first top-level start to its
-    last end): the head instance that begins a cold iteration is a cold start, and the rest
-    of the iteration is kept out with it, as the steps of a cold request are. Returns the
-    top-level instances kept out with a cold head (the head itself is marked cold)."""
+    """Cold-start pipeline iterations, judged like cold-start instances on each iteration's wall
+    time: the head instance of a cold iteration is marked cold, and the top-level instances kept
+    out with it (as the steps of a cold request are) are returned."""
     out = np.zeros(len(inst), dtype=bool)
     top, row, is_head = groups
     if len(top) == 0:
@@ -335,8 +332,7 @@ def _cold_iterations(inst: StageInstances, part_code: np.ndarray,
 
 
 def iteration_sizes(inst: StageInstances) -> np.ndarray:
-    """Per instance: how many other instances share its pipeline iteration and process (0 where
-    there is no pipeline head): what a cold head instance keeps out with it."""
+    """Per instance: how many others share its pipeline iteration and process (0 without a head)."""
     n = len(inst)
     if inst.pipeline_head is None or n == 0:
         return np.zeros(n, np.int64)
@@ -362,9 +358,8 @@ def descendant_counts(parent: np.ndarray) -> np.ndarray:
 
 
 def _distinct_ranges(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(per range its (domain, text) pair's index, each distinct pair's domain string, its text
-    string; object arrays, '' when none). A trace has a million ranges and a few hundred
-    distinct names: whatever is done to a name string is done once per distinct pair."""
+    """(per range its (domain, text) pair's index, each pair's domain, its text; '' when none): a
+    trace has a million ranges and a few hundred distinct names, each string handled once."""
     r = trace.ranges
     strings = np.asarray(trace.strings, dtype=object)
     n_s = len(strings) + 1
@@ -387,8 +382,7 @@ def _display_names(dom: np.ndarray, text: np.ndarray) -> np.ndarray:
 
 
 def range_names(trace) -> np.ndarray:
-    """Display names of the trace's ranges: the text, prefixed ``domain:`` unless the domain is
-    empty or maxinstr's own."""
+    """Display names of the trace's ranges (:func:`_display_names`)."""
     if len(trace.ranges) == 0:
         return np.empty(0, dtype=object)
     inv, dom, text = _distinct_ranges(trace)
@@ -396,13 +390,11 @@ def range_names(trace) -> np.ndarray:
 
 
 def from_trace(trace, attribution=None, warmup_n: int = 0) -> StageInstances:
-    """Stage instances from a trace's host ranges (marks dropped), with attribution's per-range
-    GPU columns when given."""
+    """Stage instances from a trace's host ranges (marks dropped), with attribution's GPU columns."""
     r = trace.ranges
     keep_mask = np.asarray(r.style) != RangeStyle.MARK
     n_all = len(r)
     if n_all:
-        # names are decided per distinct (domain, text) pair, then gathered per range
         pair, dom, text = _distinct_ranges(trace)
         # C++-qualified op names (aten::mm, _C::rms_norm) are framework op markers whatever the domain
         framework = (isin_strings(dom, FRAMEWORK_OP_DOMAINS) | per_string(text, lambda t: "::" in t))[pair]
@@ -411,8 +403,7 @@ def from_trace(trace, attribution=None, warmup_n: int = 0) -> StageInstances:
         keep = np.flatnonzero(keep_mask)
         pair_names = _display_names(dom, text)
         kept_pair = pair[keep]
-        # name codes as name_codes() finds them (ranks among the distinct kept names, sorted),
-        # from the few distinct pairs instead of a sort of every instance's string
+        # name_codes() of the few distinct pairs, not a sort of every instance's string
         present = np.flatnonzero(np.bincount(kept_pair, minlength=len(pair_names))) if len(keep) else kept_pair
         code_of_pair = np.full(len(pair_names), -1, np.int64)
         if len(present):
@@ -440,7 +431,7 @@ def from_trace(trace, attribution=None, warmup_n: int = 0) -> StageInstances:
 
 
 def _fill_from_attribution(inst: StageInstances, attribution, rows: np.ndarray, n_ranges: int) -> None:
-    """Copy attribution's per-range columns for ``rows`` (indexes into trace.ranges, -1 none)."""
+    """Attribution's per-range columns for ``rows`` (indexes into trace.ranges, -1 none)."""
     n = len(inst)
     have = attribution is not None and len(getattr(attribution, "proj_start_ns", [])) == n_ranges and n_ranges > 0
     ok = (rows >= 0) & have
@@ -460,7 +451,6 @@ def _fill_from_attribution(inst: StageInstances, attribution, rows: np.ndarray, 
         setattr(inst, name, np.where(ok & no_ops, 0, values) if have else values)
     if have:
         parent_range = np.asarray(attribution.range_parent, np.int64)
-        # map parent range indexes to instance rows
         pos_of_range = _i64(n_ranges)
         pos_of_range[rows[ok]] = np.flatnonzero(ok)
         pr = np.where(ok, parent_range[safe], -1)

@@ -1,6 +1,5 @@
-"""Sampler rows seen per stage: utilisation, clocks, power and throttle reasons during each
-stage's host interval (both on CLOCK_MONOTONIC), over steady instances. An instance's samples
-are a contiguous slice of the time-sorted rows: per-instance sums are differences of prefix sums.
+"""Sampler rows seen per stage over its steady instances' host intervals: utilisation, clocks,
+power, throttle reasons. Per-instance sums are differences of prefix sums over time-sorted rows.
 """
 
 from __future__ import annotations
@@ -19,9 +18,8 @@ _NAMES, _HW_MASK = tuple(THROTTLE_NAMES), int(HW_THROTTLE_MASK)
 
 
 def sample_columns(samples: Any) -> dict[str, np.ndarray] | None:
-    """Whatever the run holds for samples as one dict of columns (``t_ns`` required; None when
-    nothing is usable): a dict of columns, a structured array, an object with ``rows``/``columns``,
-    or a mapping part -> any of those (raw undecoded bytes are skipped)."""
+    """Samples as one dict of columns (``t_ns`` required; None: nothing usable), from a dict of
+    columns, a structured array, an object with ``rows``/``columns``, or part -> any of those."""
     if samples is None:
         return None
     cols = _as_columns(samples)
@@ -62,10 +60,9 @@ def _is_sampler_samples(obj: Any) -> bool:
 
 
 def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str] | None = None) -> dict[str, Any]:
-    """Per stage name: samples seen, mean metrics, throttled share and reasons; ``_overall`` the
-    run-wide numbers ({} without decodable samples). From what ``maxinstr.load`` gives (part ->
-    the sampler's ``Samples``) the sampler's own attribution is used (GPM windows, interpolated
-    energy: :func:`maxinstr.sample.attribute.stage_samples`), else columns with ``t_ns``."""
+    """Per stage: samples seen, mean metrics, throttled share and reasons; ``_overall`` the run's
+    ({} without samples). The sampler's ``Samples`` (part -> Samples, as ``maxinstr.load`` gives)
+    go through its own attribution (:func:`maxinstr.sample.attribute.stage_samples`)."""
     if isinstance(samples, dict) and samples and all(_is_sampler_samples(v) for v in samples.values()):
         return _from_sampler(inst, samples, part_names or [])
     if _is_sampler_samples(samples):
@@ -197,18 +194,15 @@ def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: lis
 
 READING_LAGS = 1.5
 """NVML's power reading is a trailing average (~1 s on Hopper): at this many times the energy
-counter's power for the stage (and 50 W more) it, and the power-cap bits that follow it,
-describe the time before the stage."""
+counter's power (and 50 W more), it and its power-cap bits describe the time before the stage."""
 
 
 def _stage_row(main: dict, rows: list[dict]) -> dict[str, Any]:
-    """The per-stage sampler numbers a report shows, from the device the stage kept busiest. Power
-    as the energy counter gives it; where NVML's lagging reading is far above, its power-cap
-    throttle samples are not the stage's either (``throttle_lagged_samples``)."""
+    """A stage's sampler numbers from the device it kept busiest, power by the energy counter;
+    where NVML's lagging reading is far above, its power-cap samples are not the stage's either."""
     n = main["samples"]
     reading = main["power_mean_w"]
-    # energy over the time of its instances the counter covered (an instance the sampler stopped
-    # reading in the middle of counts its covered part), else per instance over the mean instance
+    # energy over the covered time of its instances, else per instance over the mean instance
     energy_w = main.get("energy_power_w")
     if energy_w is None and main["energy_per_instance_j"] is not None and main["mean_instance_ns"] > 0:
         energy_w = main["energy_per_instance_j"] / (main["mean_instance_ns"] / 1e9)
