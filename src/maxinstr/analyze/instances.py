@@ -61,7 +61,7 @@ class StageInstances:
     is_mark: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     exception: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     unclosed: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
-    """Still open when its process ended: its end is the close time, so it is no steady instance."""
+    """Still open when its process ended: its end is the close time."""
     warmup: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     cold: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     cold_z: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float64))
@@ -77,12 +77,11 @@ class StageInstances:
     """The stage a statistic groups by: the name, or ``parent/.../name`` when the same name occurs
     under different parents (``prefill/attention``, ``decode/attention``)."""
     level: np.ndarray = field(default_factory=lambda: _i64(0))
-    """Nesting level among stage instances (0: no enclosing instance)."""
     key_code: np.ndarray = field(default_factory=lambda: _i64(0))
     keys: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
     """The distinct keys, sorted: ``keys[key_code] == key``."""
     notes: list = field(default_factory=list)
-    """What building the table had to work around (one line each)."""
+    """What building the table had to work around."""
 
     def __len__(self) -> int:
         return len(self.name)

@@ -6,6 +6,7 @@ behind it (stage instances, per-op families) that ``compare`` uses for noise bou
 from __future__ import annotations
 
 import datetime as _dt
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -29,7 +30,6 @@ from maxinstr.analyze.stage_table import coverage, stage_rows, startup_rows
 from maxinstr.attribute import attribute
 from maxinstr.attribute.join import place_run_stages
 from maxinstr.attribute.model import Attribution, JoinMethod
-from maxinstr.columns import factorize
 from maxinstr.errors import TraceError
 from maxinstr.rundir import Run, load
 from maxinstr.rundir.launch_record import launch_record
@@ -166,12 +166,7 @@ def analyze(run: str | Path | Run | None = None,
     }
     report["stages"] = stage_rows(inst, head, mix, sample_stats, work, run.attrs if run is not None else None, graph_ops)
     report["ranks"] = _ranks(inst, run, trace, fam, dur, op_rank)
-    if inst.is_mark.any():
-        marks, mark_code = factorize(inst.key[inst.is_mark])
-        mark_counts = np.bincount(mark_code, minlength=len(marks))
-    else:
-        marks, mark_counts = np.empty(0, object), np.empty(0, np.int64)
-    report["marks"] = {str(k): int(c) for k, c in zip(marks, mark_counts)}
+    report["marks"] = dict(sorted(Counter(str(k) for k in inst.key[inst.is_mark].tolist()).items()))
     report["startup"] = startup_rows(inst)
     report["gpu"] = _gpu_section(trace, attribution, fam, dur, startup_op)
     report["coverage"] = coverage(inst)

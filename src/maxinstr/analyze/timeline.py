@@ -187,14 +187,12 @@ def timeline(analysis: Analysis) -> Timeline:
     clock = align(analysis)
     inst, trace, run = analysis.instances, analysis.trace, analysis.run
     n = len(inst)
-    off = clock.offset_ns
-    shift = off if (run is not None and trace is not None) else 0
+    shift = clock.offset_ns if (run is not None and trace is not None) else 0
 
     def moved(col: np.ndarray) -> np.ndarray:
         col = np.asarray(col, np.int64)
         return np.where(col >= 0, col - shift, -1)
 
-    proj_s, proj_e = moved(inst.proj_start_ns), moved(inst.proj_end_ns)
     ev_s = ev_e = np.full(n, -1, np.int64)
     pid_names: dict[int, str] = {}
     if run is not None:
@@ -232,13 +230,12 @@ def timeline(analysis: Analysis) -> Timeline:
     samples = [(name, smp) for name, smp in sorted(run_samples.items()) if hasattr(smp, "t_ns") and len(smp)]
 
     gpu_names: dict[int, str] = {}
-    for _, smp in samples:
-        for d in smp.devices:
-            if d.get("name"):
-                gpu_names.setdefault(int(d.get("visible_index", 0)), str(d["name"]))
+    for d in (d for _, smp in samples for d in smp.devices if d.get("name")):
+        gpu_names.setdefault(int(d.get("visible_index", 0)), str(d["name"]))
     for g in ((run.meta or {}).get("gpus") or []) if run is not None else []:
         if isinstance(g, dict) and g.get("name") is not None:
             gpu_names[int(g.get("index", 0))] = str(g["name"])
+    proj_s = moved(inst.proj_start_ns)
     lows = [int(a[a >= 0].min()) for a in (inst.host_start_ns, proj_s, ev_s, op_s) if len(a) and (a >= 0).any()]
     lows += [int(s.t_ns.min()) for _, s in samples]
     if trace is not None and len(trace.calls) and len(trace.ops) <= CALLS_MAX_OPS:
@@ -246,7 +243,7 @@ def timeline(analysis: Analysis) -> Timeline:
     origin = min(lows) if lows else 0
     tnames = {int(k): str(v) for k, v in (getattr(trace, "thread_names", None) or {}).items()} if trace is not None else {}
     return Timeline(clock=clock, origin_ns=origin, inst=inst, inst_pid=inst_pid, proj_start_ns=proj_s,
-                    proj_end_ns=proj_e, event_start_ns=ev_s, event_end_ns=ev_e, op_start_ns=op_s, op_end_ns=op_e,
+                    proj_end_ns=moved(inst.proj_end_ns), event_start_ns=ev_s, event_end_ns=ev_e, op_start_ns=op_s, op_end_ns=op_e,
                     op_stage=op_stage, samples=samples, thread_names=tnames, pid_names=pid_names, gpu_names=gpu_names,
                     shift_ns=shift)
 
