@@ -1,7 +1,5 @@
-"""Every command line a report shows, spelt in one place: the next step of a finding, the
-`maxinstr compare` its validation asks for, and how to make the report again (``reproduce``).
-Built from the report's inputs and what `maxinstr run` recorded, so rules say what to run,
-never how to write it."""
+"""Every command line a report shows, spelt in one place from the report's inputs and what
+`maxinstr run` recorded: a finding's next step and validation, and ``reproduce``."""
 
 from __future__ import annotations
 
@@ -40,18 +38,15 @@ class Commands:
         return f"maxinstr report {self._inputs()} {options}"
 
     def deep_dive(self, kernel_regex: str, stage: str | None = None) -> str:
-        """deep-dive's SOURCE is a run directory or a trace (a run's separate trace as --trace);
-        ``stage`` is the stage key (``prefill/attention``), which deep-dive resolves as the report does."""
+        """deep-dive's SOURCE is a run directory or a trace; ``stage`` is the stage key."""
         source = shlex.quote(str(self.trace)) if self.trace and not self.run else self._inputs()
         at = f" --stage {shlex.quote(stage)}" if stage is not None else ""
         return f"maxinstr deep-dive {source}{at} --kernel {shlex.quote(kernel_regex)}"
 
     def compare(self) -> str:
-        """compare before/after with this report's inputs, so that it shows what a finding asks to
-        check (kernels, GPU busy, matmul growth come from the trace). Each side best a folder of
-        fresh-process repeats (maxinstr run --repeat 3): one run a side "cannot tell". compare
-        finds a run's trace as report does (meta.json), so only a trace given beside the run goes
-        on the command line."""
+        """compare before/after with this report's inputs, each side best a folder of repeats (one
+        run a side "cannot tell"); only a trace given beside the run goes on the command line
+        (compare finds a run's own trace as report does)."""
         q = shlex.quote
         if not self.run:
             return f"maxinstr compare {q(str(self.trace))} TRACE_AFTER" if self.trace else "maxinstr compare RUNS_BEFORE RUNS_AFTER"
@@ -64,9 +59,8 @@ class Commands:
         return f"{self.compare()}  # {what}"
 
     def rerun(self, *, with_profiler: bool = False) -> str:
-        """The `maxinstr run` that records this program again: the one the run recorded (its
-        --stage specs, --warmup, every option that shaped it), else ``maxinstr run -- PROGRAM``.
-        ``with_profiler`` (a step that asks for a profiler's kernels): without ``--profiler none``."""
+        """The `maxinstr run` that records this program again: the one the run recorded, else
+        ``maxinstr run -- PROGRAM``; ``with_profiler``: without ``--profiler none``."""
         words = self.launch.maxinstr_command
         if words is None:
             cmd = self.program

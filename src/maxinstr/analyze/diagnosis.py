@@ -1,12 +1,7 @@
-"""The diagnosis: every rule (analyze/rules/, one module per concern) over the report, the drafts
-of one stage related (one kernel-mix verdict, the pace first, the most specific stage only), then
-made findings; and the stages ranked as bottlenecks.
-
-A rule reads only the report dict and the commands it may suggest (analyze/commands.py), so
-rules are tested on reports built from real fixtures. A finding (schema ``Finding``):
-``verdict`` is ``"fact"`` (holds by the measured numbers) or ``"hypothesis"`` (a likely cause to
-confirm), ``evidence`` the numbers that fired it, ``command`` the exact next command where there
-is one, ``validation`` how to prove a fix worked, ``score`` the rough share of time at stake.
+"""The diagnosis: every rule (analyze/rules/) over the report, the drafts of one stage related
+(one kernel-mix verdict, the pace first, the most specific stage only), then made findings; and
+the stages ranked as bottlenecks. A rule reads only the report dict and the commands it may
+suggest (analyze/commands.py), so rules are tested on reports built from real fixtures.
 """
 
 from __future__ import annotations
@@ -55,10 +50,9 @@ def diagnose(report: Report, launch: LaunchRecord | None = None) -> list[Finding
 
 
 def _one_mix_per_stage(drafts: list[Draft]) -> list[Draft]:
-    """One kernel-mix verdict per stage, so that "healthy" never stands beside "misses fused
-    kernels" on the same stage: any problem (a mix hypothesis) or a re-prefill rules out the
-    healthy verdicts; the problem with the highest score is the verdict, the others folded into
-    it (``also``); without a problem, the first of MIX_HEALTHY that fired is the verdict."""
+    """One kernel-mix verdict per stage ("healthy" never beside "misses fused kernels"): a problem
+    or a re-prefill rules out the healthy verdicts, the top-scored problem is the verdict with the
+    others folded in (``also``); else the first of MIX_HEALTHY that fired."""
     by_stage: dict[str, list[Draft]] = {}
     reprefill = {d.stage: d for d in drafts if d.id == "reprefill_quadratic"}
     for d in drafts:
@@ -82,8 +76,8 @@ def _one_mix_per_stage(drafts: list[Draft]) -> list[Draft]:
 
 
 def _deepest_only(report: Report, drafts: list[Draft]) -> list[Draft]:
-    """Drop a finding when a stage nested inside its stage has the same finding: the most
-    specific stage is the actionable one (a launch-bound decode inside a request)."""
+    """Drop a finding when a stage nested in its stage has the same one: the most specific stage
+    is the actionable one (a launch-bound decode inside a request)."""
     parent = {s["name"]: s.get("parent") for s in report.get("stages", [])}
     ancestors_with: set[tuple[str, str]] = set()
     for fid, stage in {(d.id, d.stage) for d in drafts if d.stage}:
@@ -97,9 +91,8 @@ def _deepest_only(report: Report, drafts: list[Draft]) -> list[Draft]:
 
 def _pace_first_notes(drafts: list[Draft]) -> None:
     """Where launch_bound / host_bound fire they set the stage's pace: the stage's mix verdict is
-    secondary to it (``paced_by``: title, next step, its score scaled by the share of the stage
-    the kernels fill), dominant_kernel's "(but ...)" quotes its number, and the pace finding names
-    what it outranks (``secondary``)."""
+    secondary to it (``paced_by``), dominant_kernel's "(but ...)" quotes its number, and the pace
+    finding names what it outranks (``secondary``)."""
     # with two populations, the one that costs more speaks for the stage
     pace_by_stage = {d.stage: d for d in sorted(drafts, key=lambda d: d.score) if d.pace and d.stage}
     for stage, pace in pace_by_stage.items():
@@ -115,12 +108,10 @@ def _pace_first_notes(drafts: list[Draft]) -> None:
 
 
 def rank_bottlenecks(report: Report) -> list[Bottleneck]:
-    """Stages ranked by their *self* time (``stages[].self_ns``: per steady instance, its time
-    minus its direct child instances' time), so a parent's own work (the matmuls between nested attention
-    stages) competes with its children and nothing is counted twice. One basis for all: GPU
-    busy time when a trace is joined, else GPU event time, else projected span, else host
-    time. Each row carries the stage's top family and kernel (inclusive mix) and the findings
-    about it; ``share`` is of the summed self time."""
+    """Stages ranked by their *self* time (``stages[].self_ns``), so a parent's own work (the
+    matmuls between nested attention stages) competes with its children and nothing counts twice.
+    One basis for all: GPU busy time when a trace is joined, else GPU event time, else projected
+    span, else host time. ``share`` is of the summed self time."""
     rows: list[Bottleneck] = []
     findings = report.get("diagnosis", [])
     stages = report.get("stages", [])

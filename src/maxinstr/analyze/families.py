@@ -1,10 +1,7 @@
 """Kernel families: GPU op names classified by what they do, not by their exact name, which
-changes with every GPU generation, library and vendor (``nvjet_sm90_tst_64x8...``,
-``Cijk_Alik_Bljk_F8HS...``). The table is data: the FIRST family whose pattern matches
-(case-insensitive ``re.search``) wins, so specific families come before generic ones (grouped
-matmul and attention before GEMM: ``fmha_cutlassF`` contains "cutlass"; sampling before
-reduction: greedy sampling is an argmax). Every row is exercised by the tests on the real
-fixture names. Each distinct name is matched once.
+changes with every GPU generation, library and vendor. The FIRST family whose pattern matches
+(case-insensitive ``re.search``) wins, so specific families come before generic ones
+(``fmha_cutlassF`` is attention, not GEMM; greedy sampling is an argmax, not a reduction).
 """
 
 from __future__ import annotations
@@ -16,15 +13,13 @@ from functools import lru_cache
 import numpy as np
 
 OTHER = "other"
-"""The family of a name no pattern matches."""
 
 NAME_SCAN_CHARS = 4096
-"""Names are classified (and searched by the diagnosis) on their first this many characters:
-real ones run to ~3,000, and ``blockwise.*gemm`` is quadratic in a hostile name's length."""
+"""Names are classified (and searched by the diagnosis) on their first this many characters: real
+ones run to ~3,000, and ``blockwise.*gemm`` is quadratic in a hostile name's length."""
 
 
 def scanned(name: str) -> str:
-    """The part of ``name`` the patterns look at."""
     return name[:NAME_SCAN_CHARS]
 
 
@@ -35,7 +30,6 @@ class Family:
     description: str
 
 
-# Order matters: first match wins.
 FAMILIES: tuple[Family, ...] = (
     Family("maxinstr", r"^maxinstr_", "maxinstr's own GPU-floor calibration kernel (launched outside every stage)"),
     Family("memcpy", r"^memcpy|\bmemcpy\b|copybuffer|^copy(devicetodevice|hosttodevice|devicetohost)|\bdtoh\b|\bhtod\b",
@@ -120,8 +114,8 @@ def classify_one(name: str, table: tuple[Family, ...] = FAMILIES) -> str:
 
 
 def classify_id_codes(name_ids: np.ndarray, strings: np.ndarray, table: tuple[Family, ...] = FAMILIES) -> np.ndarray:
-    """Family codes (int16 into :func:`family_names`: cheap to group) of ops given as ids into a
-    string table (``-1``: ``other``); only the ids that occur are classified."""
+    """Family codes (int16 into :func:`family_names`) of ops given as ids into a string table
+    (``-1``: ``other``), each id that occurs classified once."""
     ids = np.asarray(name_ids, dtype=np.int64)
     if ids.size == 0:
         return np.empty(0, dtype=np.int16)

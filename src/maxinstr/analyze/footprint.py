@@ -1,15 +1,13 @@
 """What watching cost: per stage, the share of its host time that was maxinstr's own work,
-estimated from what the run recorded about itself, per instance over everything nested in it:
+estimated per instance over everything nested in it from what the run recorded about itself:
 
-* **stages**: each enter+exit costs ``stage_ns`` (timed by the session when it opened:
-  record/footprint.py), times STAGE_FELT, what a launch-bound step was measured to feel;
-* **GPU events**: the host ns the core counted in its own event calls (part.json
-  ``gpu_cost_ns``) shared out over the GPU-timed instances;
+* **stages**: each enter+exit costs ``stage_ns`` (timed by the session: record/footprint.py),
+  times STAGE_FELT, what a launch-bound step was measured to feel;
+* **GPU events**: the host ns the core counted in its event calls (part.json ``gpu_cost_ns``);
 * **kernels=True**: OP_STAGE_RATIO stage costs per GPU op the in-process collector tied to it.
 
-The constants and the check of the estimate against runs with and without maxinstr are
-``benchmarks/decoder_ab.py`` (docs/benchmarks.md, "What watching costs"). A profiler around the
-program costs on top of this, and is not in the estimate.
+The constants and their check are ``benchmarks/decoder_ab.py`` (docs/benchmarks.md, "What
+watching costs"). A profiler around the program is not in the estimate.
 """
 
 from __future__ import annotations
@@ -58,8 +56,8 @@ def _count(v: Any) -> int | None:
 
 
 def _event_cost_ns(parts: list[dict[str, Any]]) -> int:
-    """The ns the core spent in event calls during the parts' sessions: its counter at close
-    less its counter at open (the counter is the process's, which may have held other sessions)."""
+    """The ns the core spent in event calls during the parts' sessions: its counter (the
+    process's, which may have held other sessions) at close less at open."""
     total = 0
     for part in parts:
         native, fp = part.get("native"), part.get("footprint")
@@ -77,8 +75,7 @@ def _gpu_run(parts: list[dict[str, Any]]) -> bool:
 
 
 def footprint(inst: StageInstances, run: Any, *, inprocess_kernels: bool) -> dict[str, Any] | None:
-    """The report's ``footprint`` (docs/report.md). None without a run directory or a measured
-    stage cost (runs recorded before maxinstr measured it)."""
+    """The report's ``footprint`` (docs/report.md); None without a run or a measured stage cost."""
     if run is None or not len(inst):
         return None
     parts = [p for p in getattr(run, "parts", []) if isinstance(p, dict)]

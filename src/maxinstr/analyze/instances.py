@@ -1,7 +1,6 @@
 """The stage-instance table: one row per stage instance, as numpy columns (missing int64 values
-are ``-1``), from a run directory's stage records, a trace's host ranges with their attribution,
-or both joined by record id. Analysis reads only this table and the per-op columns, never the
-raw inputs again."""
+are ``-1``), from a run's stage records, a trace's host ranges with their attribution, or both
+joined by record id. Analysis reads only this table and the per-op columns."""
 
 from __future__ import annotations
 
@@ -22,9 +21,8 @@ UNPREFIXED_DOMAINS = frozenset({"", MAXINSTR_DOMAIN, "user_annotation"})
 FRAMEWORK_OP_DOMAINS = frozenset({"cpu_op", "python_function", "cuda_runtime", "cuda_driver", "cuBLAS", "cuDNN",
                                   "gpu_user_annotation", "kernel", "ac2g"})
 """Domains of ranges a framework or library emits by itself (one per aten op or API call), and
-C++-qualified names (``aten::mm``: RPD/roctx op markers carry no domain): not stages, so the
-stage table keeps to what the user marked (their ops still count to the enclosing stage). Kept
-only when nothing else exists."""
+C++-qualified names (``aten::mm``: RPD/roctx op markers carry no domain): not stages (their ops
+still count to the enclosing stage), unless nothing else exists."""
 
 
 def _i64(n: int, fill: int = -1) -> np.ndarray:
@@ -34,12 +32,11 @@ def _i64(n: int, fill: int = -1) -> np.ndarray:
 @dataclass
 class StageInstances:
     """Columns of stage instances (all the same length). ``range_index``: the row in
-    ``trace.ranges`` the instance came from or joined; ``record_id``: the run's record id.
-    ``step``: the ``step=`` the user marked (``step_marked``), else the instance's position among
-    same-named siblings under its parent (the k-th decode of a request is step k). ``warmup``:
-    the session's ``warmup=N``; ``cold``: cold-start outliers; ``inside_startup``: nested in a
-    warm-up or cold-start instance (a warm-up request's decode steps ran its compilations too);
-    ``steady``: none of these, and not a mark."""
+    ``trace.ranges`` the instance came from or joined. ``step``: the ``step=`` the user marked
+    (``step_marked``), else the position among same-named siblings under its parent (the k-th
+    decode of a request is step k). ``inside_startup``: nested in a warm-up or cold-start
+    instance (a warm-up request's decode steps ran its compilations too); ``steady``: none of
+    ``warmup``, ``cold``, ``inside_startup``, and not a mark."""
 
     name: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
     host_start_ns: np.ndarray = field(default_factory=lambda: _i64(0))
@@ -64,7 +61,7 @@ class StageInstances:
     is_mark: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     exception: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     unclosed: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
-    """Still open when its process ended: its end is the close time, so it is no steady instance."""
+    """Still open when its process ended: its end is the close time."""
     warmup: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     cold: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     cold_z: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float64))
@@ -78,14 +75,13 @@ class StageInstances:
     """The top-level stage that begins each pipeline iteration (None: each name counts its own)."""
     key: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
     """The stage a statistic groups by: the name, or ``parent/.../name`` when the same name occurs
-    under different parents (``prefill/attention`` processes the prompt, ``decode/attention`` one token)."""
+    under different parents (``prefill/attention``, ``decode/attention``)."""
     level: np.ndarray = field(default_factory=lambda: _i64(0))
-    """Nesting level among stage instances (0: no enclosing instance)."""
     key_code: np.ndarray = field(default_factory=lambda: _i64(0))
     keys: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
     """The distinct keys, sorted: ``keys[key_code] == key``."""
     notes: list = field(default_factory=list)
-    """What building the table had to work around (one line each)."""
+    """What building the table had to work around."""
 
     def __len__(self) -> int:
         return len(self.name)
@@ -141,29 +137,28 @@ class StageInstances:
 
 
 def name_codes(names: np.ndarray) -> np.ndarray:
-    """Dense int codes of the names (equal names, equal codes). Names stay Python strings (a
-    fixed-width copy is as wide as the longest name for every row)."""
+    """Dense int codes of the names, kept Python strings (a fixed-width copy is as wide as the
+    longest name for every row)."""
     if len(names) == 0:
         return np.empty(0, np.int64)
     return np.unique(np.asarray(names, dtype=object), return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 def stage_keys(names: np.ndarray, parent: np.ndarray,
-               name_code: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(key, level, key code, distinct keys) per instance (:attr:`StageInstances.key`;
-    ``distinct[code] == key``, sorted). Vectorised per nesting level on integer codes
-    (``name_code``: equal exactly when the names are): a path is its parent's path code and its
-    own name code, its names listed once per distinct path, so a name holding '/' cannot be
-    mistaken for two levels when the shortest telling suffix is chosen."""
+               name_code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(key, level, key code, sorted distinct keys) per instance (:attr:`StageInstances.key`).
+    Per nesting level on integer codes (``name_code``: equal exactly when the names are): a path
+    is its parent's path code and its own name code, so a name holding '/' cannot be mistaken
+    for two levels when the shortest telling suffix is chosen."""
     n = len(names)
     names = np.asarray(names, dtype=object)
     level = warmup_rule.levels(parent)
     if n == 0:
         return np.empty(0, dtype=object), level, _i64(0), np.empty(0, dtype=object)
-    name_code = name_codes(names) if name_code is None else np.asarray(name_code, np.int64)
+    name_code = np.asarray(name_code, np.int64)
     n_names = int(name_code.max()) + 1
-    # a path code per instance: its name's code at level 0, then per level a new code per
-    # distinct (parent's path code, name); what each new code is made of, to list its names once
+    # a path code per instance: its name's code at level 0, then a new one per distinct
+    # (parent's path code, name)
     pcode = name_code.copy()
     made_of: dict[int, tuple[int, int]] = {}  # path code -> (parent's path code, an instance it ends in)
     next_code = n_names
@@ -284,8 +279,8 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
 
 
 def _head_name(inst: StageInstances, part_code: np.ndarray, name_code: np.ndarray, heads: dict[int, int]) -> str | None:
-    """The pipeline head's name (:func:`maxinstr.warmup.pipeline_iterations`) of the process
-    with the most instances, None when no process has one."""
+    """The pipeline head's name (:func:`maxinstr.warmup.pipeline_iterations`) in the process
+    with the most instances, or None."""
     if not heads:
         return None
     sizes = {p: int(np.count_nonzero(part_code == p)) for p in heads}
@@ -311,11 +306,9 @@ def _iteration_groups(inst: StageInstances, part_code: np.ndarray) -> tuple[np.n
 
 def _cold_iterations(inst: StageInstances, part_code: np.ndarray,
                      groups: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
-    """Cold-start pipeline iterations, judged like cold-start instances (per process, first
-    ones far above the rest) on each iteration's wall time (its first top-level start to its
-    last end): the head instance that begins a cold iteration is a cold start, and the rest
-    of the iteration is kept out with it, as the steps of a cold request are. Returns the
-    top-level instances kept out with a cold head (the head itself is marked cold)."""
+    """Cold-start pipeline iterations, judged like cold-start instances on each iteration's wall
+    time: the head instance of a cold iteration is marked cold, and the top-level instances kept
+    out with it (as the steps of a cold request are) are returned."""
     out = np.zeros(len(inst), dtype=bool)
     top, row, is_head = groups
     if len(top) == 0:
@@ -338,8 +331,7 @@ def _cold_iterations(inst: StageInstances, part_code: np.ndarray,
 
 
 def iteration_sizes(inst: StageInstances) -> np.ndarray:
-    """Per instance: how many other instances share its pipeline iteration and process (0 where
-    there is no pipeline head): what a cold head instance keeps out with it."""
+    """Per instance: how many others share its pipeline iteration and process (0 without a head)."""
     n = len(inst)
     if inst.pipeline_head is None or n == 0:
         return np.zeros(n, np.int64)
@@ -364,19 +356,9 @@ def descendant_counts(parent: np.ndarray) -> np.ndarray:
     return out
 
 
-def range_texts(trace) -> np.ndarray:
-    """The bare text of every trace range ('' when none)."""
-    r = trace.ranges
-    strings = np.asarray(trace.strings, dtype=object)
-    if len(r) == 0 or len(strings) == 0:
-        return np.full(len(r), "", dtype=object)
-    return np.where(r.name_id >= 0, strings[np.maximum(r.name_id, 0)], "").astype(object)
-
-
 def _distinct_ranges(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(per range its (domain, text) pair's index, each distinct pair's domain string, its text
-    string; object arrays, '' when none). A trace has a million ranges and a few hundred
-    distinct names: whatever is done to a name string is done once per distinct pair."""
+    """(per range its (domain, text) pair's index, each pair's domain, its text; '' when none): a
+    trace has a million ranges and a few hundred distinct names, each string handled once."""
     r = trace.ranges
     strings = np.asarray(trace.strings, dtype=object)
     n_s = len(strings) + 1
@@ -399,8 +381,7 @@ def _display_names(dom: np.ndarray, text: np.ndarray) -> np.ndarray:
 
 
 def range_names(trace) -> np.ndarray:
-    """Display names of the trace's ranges: the text, prefixed ``domain:`` unless the domain is
-    empty or maxinstr's own."""
+    """Display names of the trace's ranges (:func:`_display_names`)."""
     if len(trace.ranges) == 0:
         return np.empty(0, dtype=object)
     inv, dom, text = _distinct_ranges(trace)
@@ -408,13 +389,11 @@ def range_names(trace) -> np.ndarray:
 
 
 def from_trace(trace, attribution=None, warmup_n: int = 0) -> StageInstances:
-    """Stage instances from a trace's host ranges (marks dropped), with attribution's per-range
-    GPU columns when given."""
+    """Stage instances from a trace's host ranges (marks dropped), with attribution's GPU columns."""
     r = trace.ranges
     keep_mask = np.asarray(r.style) != RangeStyle.MARK
     n_all = len(r)
     if n_all:
-        # names are decided per distinct (domain, text) pair, then gathered per range
         pair, dom, text = _distinct_ranges(trace)
         # C++-qualified op names (aten::mm, _C::rms_norm) are framework op markers whatever the domain
         framework = (isin_strings(dom, FRAMEWORK_OP_DOMAINS) | per_string(text, lambda t: "::" in t))[pair]
@@ -423,8 +402,7 @@ def from_trace(trace, attribution=None, warmup_n: int = 0) -> StageInstances:
         keep = np.flatnonzero(keep_mask)
         pair_names = _display_names(dom, text)
         kept_pair = pair[keep]
-        # name codes as name_codes() finds them (ranks among the distinct kept names, sorted),
-        # from the few distinct pairs instead of a sort of every instance's string
+        # name_codes() of the few distinct pairs, not a sort of every instance's string
         present = np.flatnonzero(np.bincount(kept_pair, minlength=len(pair_names))) if len(keep) else kept_pair
         code_of_pair = np.full(len(pair_names), -1, np.int64)
         if len(present):
@@ -432,7 +410,7 @@ def from_trace(trace, attribution=None, warmup_n: int = 0) -> StageInstances:
         names, name_code = pair_names[kept_pair], code_of_pair[kept_pair]
     else:
         keep = np.empty(0, np.int64)
-        names, name_code = np.empty(0, dtype=object), None
+        names, name_code = np.empty(0, dtype=object), _i64(0)
     inst = StageInstances(
         name=names.astype(object),
         host_start_ns=np.asarray(r.start_ns, np.int64)[keep],
@@ -448,11 +426,11 @@ def from_trace(trace, attribution=None, warmup_n: int = 0) -> StageInstances:
         exception=np.zeros(len(keep), bool),
     )
     _fill_from_attribution(inst, attribution, keep, n_all)
-    return _finish(inst, warmup_n, name_code=name_code if len(keep) else None)
+    return _finish(inst, warmup_n, name_code=name_code)
 
 
 def _fill_from_attribution(inst: StageInstances, attribution, rows: np.ndarray, n_ranges: int) -> None:
-    """Copy attribution's per-range columns for ``rows`` (indexes into trace.ranges, -1 none)."""
+    """Attribution's per-range columns for ``rows`` (indexes into trace.ranges, -1 none)."""
     n = len(inst)
     have = attribution is not None and len(getattr(attribution, "proj_start_ns", [])) == n_ranges and n_ranges > 0
     ok = (rows >= 0) & have
@@ -472,7 +450,6 @@ def _fill_from_attribution(inst: StageInstances, attribution, rows: np.ndarray, 
         setattr(inst, name, np.where(ok & no_ops, 0, values) if have else values)
     if have:
         parent_range = np.asarray(attribution.range_parent, np.int64)
-        # map parent range indexes to instance rows
         pos_of_range = _i64(n_ranges)
         pos_of_range[rows[ok]] = np.flatnonzero(ok)
         pr = np.where(ok, parent_range[safe], -1)
@@ -517,11 +494,13 @@ def from_run(run, trace=None, attribution=None, warmup_n: int | None = None) -> 
     if (rows >= 0).any():
         # a join must agree on the name: a record id that matches a range of another name means
         # the trace is not this run's (ids restart at 1 in every process)
-        text = range_texts(trace)
         joined = np.flatnonzero(rows >= 0)
+        name_id = np.asarray(trace.ranges.name_id, np.int64)[rows[joined]]
+        strings = np.asarray(trace.strings, dtype=object)
+        text = np.where(name_id >= 0, strings[np.maximum(name_id, 0)] if len(strings) else "", "").tolist()
         r_tid = np.asarray(trace.ranges.tid, np.int64)[rows[joined]]
         rec_tid = inst.tid[joined]
-        other_name = np.fromiter((a != b for a, b in zip(text[rows[joined]].tolist(), inst.name[joined].tolist())),
+        other_name = np.fromiter((a != b for a, b in zip(text, inst.name[joined].tolist())),
                                  bool, len(joined))
         other_thread = (r_tid > 0) & (rec_tid > 0) & (r_tid != rec_tid)
         if other_thread.mean() > 0.5:

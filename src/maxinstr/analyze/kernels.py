@@ -1,5 +1,5 @@
 """Per-op analysis: families, kernel tables and each stage's kernel mix (inclusive of nested
-stages), all as grouped numpy reductions over the trace's op columns."""
+stages), as grouped numpy reductions over the trace's op columns."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from maxinstr import columns
 from maxinstr.analyze.families import OTHER, classify_id_codes, family_names
 from maxinstr.analyze.instances import StageInstances
 from maxinstr.analyze.schema import FamilyRow, GpuKernel, Mix, MixRange
+from maxinstr.analyze.stats import sort_by_group
 from maxinstr.attribute.model import Rule
 from maxinstr.traces.model import OpKind
 
@@ -21,41 +22,36 @@ _MEMSET_CODE = family_names().index("memset")
 
 
 def op_families(trace) -> np.ndarray:
-    """Family code (int16 into :data:`FAMILY_NAMES`) of every op in ``trace.ops``; copies and
-    sets go by their kind, not their name. Codes, not strings: grouping a million ops by an
-    integer is a bincount, by a string a sort of Python objects."""
-    ops = trace.ops
-    fam = classify_id_codes(np.asarray(ops.name_id), np.asarray(trace.strings, dtype=object))
-    kind = np.asarray(ops.kind)
-    names = list(FAMILY_NAMES)
-    fam[kind == OpKind.MEMCPY] = names.index("memcpy")
-    fam[kind == OpKind.MEMSET] = names.index("memset")
+    """Family code (int16 into :data:`FAMILY_NAMES`: grouping a million ops by it is a bincount)
+    of every op in ``trace.ops``; copies and sets go by their kind, not their name."""
+    fam = classify_id_codes(np.asarray(trace.ops.name_id), np.asarray(trace.strings, dtype=object))
+    kind = np.asarray(trace.ops.kind)
+    fam[kind == OpKind.MEMCPY] = _MEMCPY_CODE
+    fam[kind == OpKind.MEMSET] = _MEMSET_CODE
     return fam
 
 
 def op_durations(trace) -> np.ndarray:
-    ops = trace.ops
-    return np.maximum(np.asarray(ops.end_ns, np.int64) - np.asarray(ops.start_ns, np.int64), 0)
+    return np.maximum(np.asarray(trace.ops.end_ns, np.int64) - np.asarray(trace.ops.start_ns, np.int64), 0)
 
 
 def family_table(dur_ns: np.ndarray, families: np.ndarray) -> list[FamilyRow]:
-    """Rows ``{family, gpu_ns, share, count}`` sorted by time, shares of the total given.
-    ``families`` are int codes (:func:`op_families`)."""
+    """Rows ``{family, gpu_ns, share, count}`` by time, of the ops given (family codes)."""
     if len(dur_ns) == 0:
         return []
-    k = len(FAMILY_NAMES)
     codes = np.asarray(families, dtype=np.int64)
-    ns = np.bincount(codes, weights=dur_ns, minlength=k)
-    cnt = np.bincount(codes, minlength=k)
-    total = float(ns.sum())
-    order = [i for i in np.argsort(-ns, kind="stable") if cnt[i] > 0]
+    ns = np.bincount(codes, weights=dur_ns, minlength=len(FAMILY_NAMES))
+    return _family_rows(ns, np.bincount(codes, minlength=len(FAMILY_NAMES)), float(ns.sum()))
+
+
+def _family_rows(ns: np.ndarray, cnt: np.ndarray, total: float) -> list[FamilyRow]:
     return [{"family": str(FAMILY_NAMES[i]), "gpu_ns": float(ns[i]), "share": float(ns[i] / total) if total > 0 else 0.0,
-             "count": int(cnt[i])} for i in order]
+             "count": int(cnt[i])} for i in np.argsort(-ns, kind="stable") if cnt[i] > 0]
 
 
 def group_stats(codes: np.ndarray, values: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
     """Per integer group code: count, total, median and max of non-negative int ``values``, from
-    one sort of a combined (group, value) key (no per-group loop, no second sort)."""
+    one sort of a combined (group, value) key."""
     codes = np.asarray(codes, np.int64)
     v = np.asarray(values, np.int64)
     out = {"count": np.bincount(codes, minlength=n_groups),
@@ -67,22 +63,9 @@ def group_stats(codes: np.ndarray, values: np.ndarray, n_groups: int) -> dict[st
     if native is not None:  # the same numbers in O(n): a counting sort by group (maxinstr._columns)
         out["median"], out["max"] = native(codes, v, n_groups)
         return out
-    vmax = int(v.max()) + 1
-    if vmax * max(n_groups, 1) < (1 << 62):
-        key = codes * vmax
-        key += v
-        key.sort()  # in place: a 1M-op trace holds 2M (op, stage) pairs here
-        c = key // vmax
-        key -= c * vmax
-        sv = key
-    else:
-        perm = np.lexsort((v, codes))
-        c, sv = codes[perm], v[perm]
-    starts = np.r_[0, np.flatnonzero(np.diff(c)) + 1]
-    ends = np.r_[starts[1:], len(c)]
-    lo, hi = starts + (ends - starts - 1) // 2, starts + (ends - starts) // 2
+    c, sv, starts, ends = sort_by_group(codes, v, n_groups)
     g = c[starts]
-    out["median"][g] = (sv[lo] + sv[hi]) / 2.0
+    out["median"][g] = (sv[(starts + ends - 1) // 2] + sv[(starts + ends) // 2]) / 2.0
     out["max"][g] = sv[ends - 1]
     return out
 
@@ -95,7 +78,7 @@ def kernel_table(trace, families: np.ndarray, dur_ns: np.ndarray, mask: np.ndarr
         name_id, families, dur_ns = name_id[mask], families[mask], dur_ns[mask]
     if len(name_id) == 0:
         return []
-    # name ids index the string table: dense, so they are group codes as they are (-1 -> 0)
+    # name ids index the string table: dense group codes as they are (-1 -> 0)
     code = name_id + 1
     n = int(code.max()) + 1
     st = group_stats(code, dur_ns, n)
@@ -117,9 +100,7 @@ def kernel_table(trace, families: np.ndarray, dur_ns: np.ndarray, mask: np.ndarr
 def range_to_instance(inst: StageInstances, attribution, n_ranges: int) -> np.ndarray:
     """For every trace range, the instance row of itself or its nearest ancestor that is an
     instance (-1 when none): ops inside an unjoined range still reach the enclosing stage."""
-    pos = np.full(n_ranges, -1, np.int64)
-    ok = inst.range_index >= 0
-    pos[inst.range_index[ok]] = np.flatnonzero(ok)
+    pos = _own_instance(inst, n_ranges)
     if attribution is None or len(attribution.range_parent) != n_ranges:
         return pos
     parent = np.asarray(attribution.range_parent, np.int64)
@@ -133,14 +114,19 @@ def range_to_instance(inst: StageInstances, attribution, n_ranges: int) -> np.nd
     return pos
 
 
-def range_below_instance(inst: StageInstances, attribution, n_ranges: int) -> np.ndarray:
-    """For every trace range that is not a stage instance, its outermost ancestor-or-self below
-    the nearest enclosing instance (-1 for instance ranges and for ranges under none): the
-    range an op is grouped by in its stage's breakdown (a MAX op range under ``forward``, a
-    framework range under a stage). Ranges of one chain between two instances share it."""
+def _own_instance(inst: StageInstances, n_ranges: int) -> np.ndarray:
+    """Per trace range, the instance row that is that range (-1: none)."""
     own = np.full(n_ranges, -1, np.int64)
     ok = inst.range_index >= 0
     own[inst.range_index[ok]] = np.flatnonzero(ok)
+    return own
+
+
+def range_below_instance(inst: StageInstances, attribution, n_ranges: int) -> np.ndarray:
+    """For every trace range that is not a stage instance, its outermost ancestor-or-self below
+    the nearest enclosing instance (-1: none): what an op is grouped by in its stage's breakdown
+    (a MAX op range under ``forward``, a framework range under a stage)."""
+    own = _own_instance(inst, n_ranges)
     below = np.where(own < 0, np.arange(n_ranges), -1)
     if attribution is None or len(attribution.range_parent) != n_ranges:
         return below
@@ -184,10 +170,9 @@ def op_instance_pairs(inst: StageInstances, trace, attribution) -> tuple[np.ndar
 
 def instance_op_work(inst: StageInstances, families: np.ndarray, dur_ns: np.ndarray,
                      pairs: tuple[np.ndarray, np.ndarray], family_codes) -> dict[str, np.ndarray]:
-    """Per stage instance (inclusive of nested stages), from the (op, instance) ``pairs`` of
-    :func:`op_instance_pairs`: ``op_ns`` the summed duration of its GPU ops, ``ops`` their
-    number, and ``family_ns`` the summed duration of the ops whose family code is in
-    ``family_codes``. -1 where the instance has no trace range (nothing to say)."""
+    """Per stage instance (inclusive of nested stages), from :func:`op_instance_pairs`: ``op_ns``
+    its GPU ops' summed duration, ``ops`` their number, ``family_ns`` the duration of those of
+    ``family_codes``; -1 where the instance has no trace range."""
     n = len(inst)
     op_i, inst_i = pairs
     d = np.asarray(dur_ns, np.float64)[op_i]
@@ -203,11 +188,10 @@ def instance_op_work(inst: StageInstances, families: np.ndarray, dur_ns: np.ndar
 
 def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, dur_ns: np.ndarray,
               top: int = 8, pairs: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Mix]:
-    """Per stage name, over its steady instances: family table, top kernels, and kernels per
-    instance. Ops are counted in every enclosing stage (inclusive). A stage with no steady
-    instance at all (e.g. a prefill run once per request, all warm-up) uses every instance,
-    and says so (``"instances_used": "all"``). ``pairs``: :func:`op_instance_pairs`'s result
-    when the caller already has it."""
+    """Per stage key, over its steady instances: family table, top kernels, kernels per instance,
+    ops counted in every enclosing stage. A stage with no steady instance (a prefill run once per
+    request, all warm-up) uses every instance (``"instances_used": "all"``). ``pairs``:
+    :func:`op_instance_pairs`'s result when the caller has it."""
     op_i, inst_i = pairs if pairs is not None else op_instance_pairs(inst, trace, attribution)
     out: dict[str, Mix] = {}
     if len(op_i) == 0:
@@ -268,16 +252,13 @@ def stage_mix(inst: StageInstances, trace, attribution, families: np.ndarray, du
         best = mine[np.argsort(-st["total"][mine], kind="stable")[:top]]
         grand = float(fam_ns[k].sum())
         ni = int(n_inst[k])
-        fam_order = [j for j in np.argsort(-fam_ns[k], kind="stable") if fam_cnt[k, j] > 0]
         out[stage] = {
             "instances": ni,
             "instances_used": "steady" if has_steady[k] else "all",
             "gpu_ns": grand,
             "ops": int(ops[k]),
             "ops_per_instance": float(ops[k] / ni) if ni else 0.0,
-            "families": [{"family": str(FAMILY_NAMES[j]), "gpu_ns": float(fam_ns[k, j]),
-                          "share": float(fam_ns[k, j] / grand) if grand > 0 else 0.0, "count": int(fam_cnt[k, j])}
-                         for j in fam_order],
+            "families": _family_rows(fam_ns[k], fam_cnt[k], grand),
             "top_kernels": [
                 {"name": "" if p_name_i == 0 else str(strings[p_name_i - 1]),
                  "family": str(FAMILY_NAMES[name_family[p_name_i]]),
@@ -301,8 +282,7 @@ def _rule_counts(counts: np.ndarray) -> dict[str, int]:
 def _ranges_by_stage(inst: StageInstances, trace, attribution, op_i: np.ndarray, code: np.ndarray, d: np.ndarray,
                      families: np.ndarray, n_stages: int) -> dict[str, np.ndarray] | None:
     """Per (stage, range name) over the (op, stage) pairs: GPU time, ops and kernels of the ops
-    under the ranges of other domains inside the stage (MAX's op ranges, a framework's); None when
-    no op is under one. Whole-array bincounts, one pass for every stage."""
+    under ranges of other domains inside the stage (MAX's op ranges); None when no op is."""
     below = range_below_instance(inst, attribution, len(trace.ranges))
     op_range = np.asarray(attribution.op_range, np.int64)
     op_below = np.where(op_range >= 0, below[np.maximum(op_range, 0)], -1)[op_i]
@@ -323,8 +303,7 @@ def _ranges_by_stage(inst: StageInstances, trace, attribution, op_i: np.ndarray,
 
 def _range_breakdown(ranges: dict[str, np.ndarray] | None, k: int | np.integer, strings: np.ndarray, n_inst: int, grand: float,
                      top: int) -> list[MixRange]:
-    """Stage ``k``'s rows of :func:`_ranges_by_stage`, by GPU time: name, ops, kernels, GPU time,
-    share and ops per stage instance. Empty when none."""
+    """Stage ``k``'s rows of :func:`_ranges_by_stage`, by GPU time."""
     if ranges is None:
         return []
     mine = np.flatnonzero(ranges["stage"] == k)

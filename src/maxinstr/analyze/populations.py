@@ -1,18 +1,15 @@
-"""Stages whose steady instances form two populations, and what tells them apart.
+"""Stages whose steady instances form two populations, and what tells them apart. A decode loop
+replaying a CUDA graph every other step has two kinds of step (162-294 us and 716-1015 us of GPU
+span on the H200 capture): their one median (505 us) is a time no step took. Per stage:
 
-A decode loop that replays a CUDA graph every other step has two kinds of step (162-294 us and
-716-1015 us of GPU span on the H200 capture); one median of both (505 us) is a time no step
-took, and a rule judging the stage by it advises what half the steps already do. So, per stage:
-
-1. *Two modes?* The steady values (log of the stage's best time measure) split in two by exact
-   1-D 2-means, each side at least MIN_SHARE of the instances, the gap between the lower group's
-   p90 and the upper's p10 at least MIN_SEPARATION times their robust spread (rank- and
-   scale-free: a normal sample split at its middle gives ~0.4, h200_decode's decode 27), and
-   medians at least MIN_RATIO apart.
-2. *What explains it?* The first feature the records carry (the user's attrs, the process,
-   CUDA graph replay, kernels per instance, the enclosing instance or pipeline iteration, step
-   parity, GPU busy) whose levels each fall (>= EXPLAINS) on one side defines the populations:
-   membership from a cause, not the value. Else the two sides of the split, said unexplained.
+1. *Two modes?* The log values of the best time measure split by exact 1-D 2-means, each side
+   at least MIN_SHARE, the gap between the lower p90 and the upper p10 at least MIN_SEPARATION
+   times their robust spread (a normal sample split at its middle gives ~0.4, h200_decode's
+   decode 27), and medians at least MIN_RATIO apart.
+2. *What explains it?* The first feature (the user's attrs, the process, CUDA graph replay,
+   kernels per instance, the enclosing instance or pipeline iteration, step parity, GPU busy)
+   whose levels each fall (>= EXPLAINS) on one side defines the populations: membership from a
+   cause, not the value. Else the two sides of the split, said unexplained.
 """
 
 from __future__ import annotations
@@ -43,8 +40,7 @@ MAX_LEVELS = 8
 
 
 def two_means_split(logv: np.ndarray) -> int:
-    """Index k into the sorted values: [:k] and [k:] minimise the summed squared deviations
-    (exact for 1-D, via prefix sums)."""
+    """Index k into the sorted values: [:k] and [k:] minimise the summed squared deviations."""
     v = np.sort(logv)
     n = len(v)
     cs, cs2 = np.cumsum(v), np.cumsum(v * v)
@@ -83,9 +79,8 @@ def _rsd(x: np.ndarray) -> float:
 
 def explain(side: np.ndarray, features: list[tuple[str, np.ndarray, list[str]]]
             ) -> tuple[str, np.ndarray, dict[int, str]] | None:
-    """The first feature (name, per-instance level codes (-1: unknown), level names) whose levels
-    each sit on one side of ``side`` (bool per instance: upper mode): (name, upper-side mask by
-    the feature, {side: label})."""
+    """The first feature (name, level codes per instance (-1: unknown), level names) whose levels
+    each sit on one side of ``side`` (upper mode): (name, its upper-side mask, {side: label})."""
     for name, codes, names in features:
         known = codes >= 0
         if known.mean() < EXPLAINS:
@@ -109,7 +104,7 @@ def explain(side: np.ndarray, features: list[tuple[str, np.ndarray, list[str]]]
 
 
 def _int_levels(values: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    """Codes (-1 where the value is < 0, i.e. missing) and level names of non-negative ints."""
+    """Codes (-1 where missing: < 0) and level names of non-negative ints."""
     values = np.asarray(values, np.int64)
     ok = values >= 0
     levels, inv = np.unique(values[ok], return_inverse=True)
@@ -170,24 +165,20 @@ def _group_row(inst: StageInstances, rows: np.ndarray, label: str, n_stage: int,
     row: PopulationGroup = {"label": label, "instances": int(len(rows)), "share": len(rows) / n_stage if n_stage else 0.0}
     for key, values in inst.statistic_values(rows).items():
         row[key] = summarize(values)
-    row["cuda_graph_share"] = None
-    if graph_ops is not None and len(graph_ops) == len(inst) and (inst.range_index[rows] >= 0).any():
-        joined = inst.range_index[rows] >= 0
-        row["cuda_graph_share"] = float((graph_ops[rows][joined] > 0).mean())
+    joined = inst.range_index[rows] >= 0
+    row["cuda_graph_share"] = (float((graph_ops[rows][joined] > 0).mean())
+                               if graph_ops is not None and len(graph_ops) == len(inst) and joined.any() else None)
     return row
 
 
 def stage_populations(inst, rows: np.ndarray, basis: StepBasis, attrs: dict | None = None,
                       graph_ops: np.ndarray | None = None, values: np.ndarray | None = None) -> Populations | None:
-    """``stages[].populations`` for the steady instances ``rows`` of one stage, or None when
-    they form one population. ``basis``: the time measure judged (``gpu_event_ns``,
-    ``gpu_proj_ns`` or ``host_ns``); ``values``: that column for every instance, when the
-    caller has it (computing it per stage is quadratic in the number of stages)."""
-    if values is not None:
-        col = values
-    else:
-        col = {"gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": inst.proj_ns, "host_ns": inst.host_ns}[basis]
-    v = col[rows]
+    """``stages[].populations`` for the steady instances ``rows`` of one stage, or None (one
+    population). ``basis``: the time measure judged; ``values``: its column, when the caller has
+    it (computing it per stage is quadratic in the number of stages)."""
+    if values is None:
+        values = {"gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": inst.proj_ns, "host_ns": inst.host_ns}[basis]
+    v = values[rows]
     ok = v > 0
     m = modes(v[ok])
     if m is None:
@@ -206,6 +197,5 @@ def stage_populations(inst, rows: np.ndarray, basis: StepBasis, attrs: dict | No
     med = float(np.median(v[ok]))
     # the symptom: a median between the modes, a time no instance took
     in_gap = bool(v[ok][~side].max() < med < v[ok][side].min())
-    out: Populations = {"basis": basis, "by": by, "explained": by is not None, "separation": round(m["separation"], 2),
-                        "threshold_ns": m["threshold"], "median_in_gap": in_gap, "groups": groups}
-    return out
+    return {"basis": basis, "by": by, "explained": by is not None, "separation": round(m["separation"], 2),
+            "threshold_ns": m["threshold"], "median_in_gap": in_gap, "groups": groups}

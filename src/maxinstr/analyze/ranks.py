@@ -1,17 +1,14 @@
-"""Multi-rank analysis: per-rank stage statistics and stragglers, over numpy columns.
+"""Multi-rank analysis: per-rank stage statistics and stragglers. Ranks run the same program, so
+the k-th instance of stage S on every rank is the same work: :func:`aligned_groups` pairs them
+(a group is *full* when every rank has it). Over full, steady groups:
 
-Each process of a torchrun-style job writes a part with its ``rank``. Ranks run the same
-program, so the k-th instance of stage S on every rank is the same piece of work:
-:func:`aligned_groups` pairs them (a group is *full* when every rank has it). Over full, steady
-groups:
-
-- **duration**: the rank whose instance took longest, and by how much it exceeded the other
-  ranks' median (``excess_ns``): slowest in most groups by a clear margin is a *straggler*.
-- **arrival**: how late each rank started the stage (one host: one CLOCK_MONOTONIC; across
-  hosts each part's clock goes on the wall clock by its ``started_ns``/``started_unix_ns``).
-- **synchronising stages**: ends much closer together than starts mean a collective or barrier
-  inside: a rank that arrives early *waits* there (``wait_ns``: its duration over the group's
-  shortest), and the one the others wait for has the shortest duration (no common clock needed).
+- **duration**: the rank whose instance took longest, and its excess over the other ranks'
+  median: slowest in most groups by a clear margin is a *straggler*.
+- **arrival**: how late each rank started the stage (across hosts on the wall clock, by each
+  part's ``started_ns``/``started_unix_ns``).
+- **synchronising stages**: ends much closer together than starts mean a collective inside: an
+  early rank *waits* there (its duration over the group's shortest), and the one the others
+  wait for has the shortest duration (no common clock needed).
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ from maxinstr.analyze.instances import StageInstances
 from maxinstr.analyze.schema import (RankGpu, RankInfo, RanksSection, RankStage, RankStageRow, Straggler, StragglerSlow,
                                      StragglerWait)
 from maxinstr.analyze.stats import occurrence_index, summarize
-from maxinstr.columns import factorize
 from maxinstr.warmup import parent_rows
 
 SLOWEST_SHARE = 0.75
@@ -43,20 +39,19 @@ median start spread (and the start spread clears EXCESS_MIN_NS)."""
 STAGES_KEPT = 200
 
 
-# ----------------------------------------------------------------------------- identity
+def _rank(part: dict) -> int:
+    r = part.get("rank")
+    return r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else -1
+
+
 def part_ranks(parts: list[dict]) -> np.ndarray:
     """Rank of every part (-1 when the process had none)."""
-    out = np.full(len(parts), -1, np.int64)
-    for i, p in enumerate(parts):
-        r = p.get("rank")
-        if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
-            out[i] = r
-    return out
+    return np.array([_rank(p) for p in parts], np.int64)
 
 
 def part_clock_offsets(parts: list[dict]) -> tuple[np.ndarray, str]:
-    """Per part, ns to add to its host times to put every rank on one clock, and which clock: 0
-    on one host, else each part's ``started_unix_ns - started_ns`` (the wall clock)."""
+    """Per part, ns to add to its host times to put every rank on one clock (0 on one host, else
+    its ``started_unix_ns - started_ns``), and which clock."""
     hosts = {p.get("host") for p in parts if p.get("host")}
     off = np.zeros(len(parts), np.int64)
     if len(hosts) <= 1:
@@ -72,8 +67,8 @@ def rank_table(parts: list[dict]) -> list[RankInfo]:
     """One row per rank: local rank, world size, host, pids and part names."""
     rows: dict[int, RankInfo] = {}
     for p in parts:
-        r = p.get("rank")
-        if not isinstance(r, int) or isinstance(r, bool) or r < 0:
+        r = _rank(p)
+        if r < 0:
             continue
         row = rows.setdefault(r, {"rank": r, "local_rank": p.get("local_rank"), "world_size": p.get("world_size"),
                                   "host": p.get("host"), "pids": [], "parts": [], "records": 0})
@@ -85,12 +80,10 @@ def rank_table(parts: list[dict]) -> list[RankInfo]:
     return [rows[r] for r in sorted(rows)]
 
 
-# ----------------------------------------------------------------------------- alignment
 def aligned_groups(key_code: np.ndarray, rank: np.ndarray, start_ns: np.ndarray, n_ranks: int,
                    ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Pair the k-th instance (by start) of each stage across ranks: ``(rows, group_key)``, a
-    (G, R) matrix of instance indexes, one row per *full* group, columns in the order of
-    ``ranks``, and the stage code of each row."""
+    (G, R) matrix of instance indexes per *full* group (columns as ``ranks``) and its stage code."""
     n = len(key_code)
     if n == 0 or n_ranks < 2:
         return np.empty((0, n_ranks), np.int64), np.empty(0, np.int64)
@@ -110,9 +103,8 @@ def aligned_groups(key_code: np.ndarray, rank: np.ndarray, start_ns: np.ndarray,
 
 
 def group_metrics(start_ns: np.ndarray, end_ns: np.ndarray) -> dict[str, np.ndarray]:
-    """Per group (rows) and rank (columns) of aligned instances: duration, excess over the
-    other ranks' median, arrival lag, wait (duration over the group's shortest), and per group
-    the slowest and last-arriving column, start spread and end spread."""
+    """Per group (rows) and rank (columns) of aligned instances: duration, excess over the other
+    ranks' median, arrival lag, wait; per group the slowest and last column and the spreads."""
     dur = end_ns - start_ns
     G, R = dur.shape
     if R < 2:
@@ -139,9 +131,8 @@ def group_metrics(start_ns: np.ndarray, end_ns: np.ndarray) -> dict[str, np.ndar
 def judge_stage(m: dict[str, np.ndarray]) -> dict[str, Any]:
     """Per-rank verdicts for one stage's group metrics (columns = ranks)."""
     G, R = m["dur_ns"].shape
-    slow_share = np.bincount(m["slowest"], minlength=R) / max(G, 1)
-    last_share = np.bincount(m["last"], minlength=R) / max(G, 1)
-    least_share = np.bincount(m["least_wait"], minlength=R) / max(G, 1)
+    slow_share, last_share, least_share = (np.bincount(m[k], minlength=R) / max(G, 1)
+                                           for k in ("slowest", "last", "least_wait"))
     # per rank: the least any *other* rank waited, per step (all the others wait for it)
     others_min_wait = np.empty((G, R), np.float64)
     for r in range(R):
@@ -165,7 +156,6 @@ def judge_stage(m: dict[str, np.ndarray]) -> dict[str, Any]:
             "sync": bool(sync), "arrival_median_ns": arrival_med, "slow": slow, "waited_for": waited_for}
 
 
-# ----------------------------------------------------------------------------- section
 def rank_section(inst: StageInstances, parts: list[dict], gpu_by_rank: list[RankGpu] | None = None) -> RanksSection | None:
     """``report["ranks"]`` (docs/report.md): None unless the run has two or more ranks."""
     p_rank = part_ranks(parts)
@@ -182,16 +172,12 @@ def rank_section(inst: StageInstances, parts: list[dict], gpu_by_rank: list[Rank
     end = inst.host_end_ns + off
     host = inst.host_ns
     use = ~inst.is_mark & (rank >= 0)
-    keys, key_code = factorize(inst.key)
-    key_code = key_code.reshape(-1)
-    gpu_basis: Literal["gpu_event_ns", "gpu_proj_ns"] | None = None
-    gpu_col = inst.gpu_event_ns
-    col_of: tuple[tuple[Literal["gpu_event_ns", "gpu_proj_ns"], np.ndarray], ...] = (
-        ("gpu_event_ns", inst.gpu_event_ns), ("gpu_proj_ns", inst.proj_ns))
-    for name, col in col_of:
-        if (col[use & inst.steady] >= 0).any():
-            gpu_basis, gpu_col = name, col
-            break
+    counted = use & inst.steady
+    keys, key_code = inst.key_codes()
+    gpu_basis: Literal["gpu_event_ns", "gpu_proj_ns"] | None = (
+        "gpu_event_ns" if (inst.gpu_event_ns[counted] >= 0).any()
+        else "gpu_proj_ns" if (inst.proj_ns[counted] >= 0).any() else None)
+    gpu_col = inst.proj_ns if gpu_basis == "gpu_proj_ns" else inst.gpu_event_ns
 
     idx = np.flatnonzero(use)
     rows, gkey = aligned_groups(key_code[idx], rank[idx], start[idx], R, ranks)
@@ -199,7 +185,7 @@ def rank_section(inst: StageInstances, parts: list[dict], gpu_by_rank: list[Rank
     steady_group = inst.steady[rows].all(axis=1) if len(rows) else np.zeros(0, bool)
     rows, gkey = rows[steady_group], gkey[steady_group]
 
-    # parent stage key of every stage (the most common), to prefer the deepest flagged stage
+    # a parent stage key of every stage, to prefer the deepest flagged stage
     parent_key: dict[int, int] = {}
     has_p = inst.parent >= 0
     if has_p.any():
@@ -208,11 +194,11 @@ def rank_section(inst: StageInstances, parts: list[dict], gpu_by_rank: list[Rank
         for c, p in zip(*np.unique(np.stack([ck, pk]), axis=1)):
             parent_key.setdefault(int(c), int(p))
 
-    totals = np.bincount(key_code[use & inst.steady], weights=host[use & inst.steady], minlength=len(keys))
+    totals = np.bincount(key_code[counted], weights=host[counted], minlength=len(keys))
     stage_rows: list[RankStage] = []
     flagged: list[tuple[int, int, str, dict]] = []  # (rank col, key code, kind, numbers)
     for k in np.argsort(-totals, kind="stable")[:STAGES_KEPT]:
-        sel_k = use & inst.steady & (key_code == k)
+        sel_k = counted & (key_code == k)
         if not sel_k.any():
             continue
         per_rank: list[RankStageRow] = []
@@ -256,14 +242,12 @@ def rank_section(inst: StageInstances, parts: list[dict], gpu_by_rank: list[Rank
 
 def _stragglers(flagged: list[tuple[int, int, str, dict[str, float]]], ranks: np.ndarray, keys: np.ndarray,
                 parent_key: dict[int, int], stage_rows: list[RankStage]) -> list[Straggler]:
-    """One entry per straggler rank: the stages where it is slowest (deepest only), the
-    synchronising stages where the others wait for it (deepest only) and how long."""
+    """Per straggler rank: the (deepest) stages where it is slowest, and where the others wait for it."""
     by_name = {s["stage"]: s for s in stage_rows}
     out: list[Straggler] = []
     for c in sorted({f[0] for f in flagged}):
         mine = [f for f in flagged if f[0] == c]
-        # deepest only: drop a stage when one of its descendants is flagged the same way on this
-        # rank (a parent 'step' that ends with the collective synchronises too)
+        # deepest only: a parent 'step' that ends with the collective synchronises too
         covered: dict[str, set[int]] = {"slowest": set(), "waited_for": set()}
         for _, k, kind, _ in mine:
             seen, p = {k}, parent_key.get(k)
@@ -302,7 +286,6 @@ def _stragglers(flagged: list[tuple[int, int, str, dict[str, float]]], ranks: np
     return out
 
 
-# ----------------------------------------------------------------------------- GPU per rank
 def gpu_by_rank(op_rank: np.ndarray, family_code: np.ndarray, op_ns: np.ndarray, family_names: list[str]) -> list[RankGpu]:
     """Per rank: GPU op time, and the time and share of collective kernels (NCCL/RCCL...)."""
     out: list[RankGpu] = []
@@ -319,7 +302,6 @@ def gpu_by_rank(op_rank: np.ndarray, family_code: np.ndarray, op_ns: np.ndarray,
     return out
 
 
-# ----------------------------------------------------------------------------- traces per rank
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:rank|r)[-_]?(\d+)(?=[^0-9]|$)", re.IGNORECASE)
 
 
@@ -331,9 +313,8 @@ def trace_rank_from_name(path: str) -> int | None:
 
 
 def dense_record_ids(stages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(id, parent_id)`` re-numbered to row positions in ``stages`` (a run's merged table): record
-    ids (``(pid << 32) | seq``) can repeat across ranks on different hosts or in containers. A
-    parent is looked up within the record's own part."""
+    """``(id, parent_id)`` re-numbered to row positions in ``stages`` (a run's merged table), a
+    parent looked up in its record's part: record ids can repeat across hosts or containers."""
     n = len(stages)
     ids, parent = np.asarray(stages["id"], np.int64), np.asarray(stages["parent_id"], np.int64)
     new_parent = np.full(n, -1, np.int64)
@@ -346,8 +327,8 @@ def dense_record_ids(stages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def payload_rows(stages: np.ndarray, rank: int, payload: np.ndarray) -> np.ndarray:
-    """For NVTX payloads (record ids) of rank ``rank``'s trace: the row in ``stages`` of the
-    record of that rank with that id, -1 where none (so a trace joins only its rank's records)."""
+    """For NVTX payloads (record ids) of rank ``rank``'s trace: the row in ``stages`` of that
+    rank's record with that id (-1: none), so a trace joins only its rank's records."""
     payload = np.asarray(payload, np.int64)
     rows = np.flatnonzero(np.asarray(stages["rank"]) == rank)
     if not len(rows):
@@ -357,9 +338,8 @@ def payload_rows(stages: np.ndarray, rank: int, payload: np.ndarray) -> np.ndarr
 
 
 def assign_trace_ranks(specs: list[str], run_ranks: list[int]) -> list[tuple[int, str]]:
-    """``(rank, path)`` for each ``--trace`` value: ``RANK=PATH`` says it; else the rank in the
-    file name (``r0.sqlite``, ``rank1.nsys-rep``); else, when no name gives one and there are as
-    many traces as ranks, the order of the ranks. Raises ValueError (one line) otherwise."""
+    """``(rank, path)`` for each ``--trace`` value: ``RANK=PATH``, else the rank in the file name,
+    else (no name gives one, as many traces as ranks) the ranks in order. Else ValueError."""
     out: list[tuple[int | None, str]] = []
     for spec in specs:
         head, sep, tail = spec.partition("=")

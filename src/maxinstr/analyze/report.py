@@ -1,12 +1,12 @@
-"""Build the report: one JSON-serialisable dict (schema ``maxinstr-report``, version 1; its keys
-and types are :class:`maxinstr.analyze.schema.Report`, docs/report.md says what each means).
-Renderers are functions of this dict only. :func:`analyze` also returns the in-memory columns
-(stage instances, per-op families) that ``compare`` uses for noise bounds.
+"""Build the report: one JSON-serialisable dict (:class:`maxinstr.analyze.schema.Report`,
+docs/report.md), of which renderers are functions. :func:`analyze` also returns the columns
+behind it (stage instances, per-op families) that ``compare`` uses for noise bounds.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -30,7 +30,6 @@ from maxinstr.analyze.stage_table import coverage, stage_rows, startup_rows
 from maxinstr.attribute import attribute
 from maxinstr.attribute.join import place_run_stages
 from maxinstr.attribute.model import Attribution, JoinMethod
-from maxinstr.columns import factorize
 from maxinstr.errors import TraceError
 from maxinstr.rundir import Run, load
 from maxinstr.rundir.launch_record import launch_record
@@ -43,8 +42,7 @@ TraceArg = str | Path | Trace
 """A trace: its file (or folder), or one already read."""
 
 KERNELS_KEPT = 300
-"""Distinct kernel names kept in ``gpu.kernels`` (by total time): enough for compare's
-appeared/disappeared lists without making the JSON huge."""
+"""Distinct kernel names kept in ``gpu.kernels`` (by total time): enough for compare's lists."""
 STEADY_KERNELS_KEPT = 50
 MIX_TOP_KERNELS = 15
 """Top kernels kept per stage (the diagnosis rules look for markers among them)."""
@@ -65,10 +63,6 @@ class Analysis:
     attribution: Attribution | None = None
 
 
-def _load_run(run: str | Path | Run | None) -> Run | None:
-    return load(run) if isinstance(run, (str, Path)) else run
-
-
 def _load_trace(trace: TraceArg | None) -> Trace | None:
     return open_trace(trace) if isinstance(trace, (str, Path)) else trace
 
@@ -80,15 +74,13 @@ def analyze(run: str | Path | Run | None = None,
             trace_ranks: list[int] | None = None) -> Analysis:
     """Everything :func:`build_report` computes, plus the columns behind it.
 
-    ``run`` and ``unprofiled_run`` may be run directories (paths) or loaded runs; ``trace`` a
-    path or a :class:`~maxinstr.traces.model.Trace`. Attribution is computed when a trace is
-    given without one. ``warmup`` overrides the session's ``warmup=N`` (and sets it for
-    trace-only reports). ``trace`` may be a list, one trace per rank of a multi-rank run, with
-    ``trace_ranks`` saying whose each is (default: the run's ranks in order); they are merged and
-    each joins only its rank's records (see :mod:`maxinstr.traces.merge`).
+    ``run`` and ``unprofiled_run``: run directories or loaded runs; ``trace``: a path or a
+    :class:`~maxinstr.traces.model.Trace` (attributed here when no ``attribution`` is given), or a
+    list, one per rank, ``trace_ranks`` saying whose each is (default: the run's ranks in order;
+    :mod:`maxinstr.traces.merge`). ``warmup`` overrides the session's ``warmup=N``.
     """
-    run = _load_run(run)
-    unprofiled_run = _load_run(unprofiled_run)
+    run = load(run) if isinstance(run, (str, Path)) else run
+    unprofiled_run = load(unprofiled_run) if isinstance(unprofiled_run, (str, Path)) else unprofiled_run
     op_rank = None
     if isinstance(trace, (list, tuple)):
         trace, run, op_rank = _rank_traces(list(trace), run, trace_ranks)
@@ -124,8 +116,7 @@ def analyze(run: str | Path | Run | None = None,
     head = inst_mod.from_run(unprofiled_run, warmup_n=warmup) if unprofiled_run is not None else None
 
     if trace is not None and len(trace.ops):
-        fam = op_families(trace)
-        dur = op_durations(trace)
+        fam, dur = op_families(trace), op_durations(trace)
     else:
         fam, dur = np.empty(0, dtype=np.int16), np.empty(0, dtype=np.int64)
     mix, work, graph_ops = {}, None, None
@@ -175,12 +166,7 @@ def analyze(run: str | Path | Run | None = None,
     }
     report["stages"] = stage_rows(inst, head, mix, sample_stats, work, run.attrs if run is not None else None, graph_ops)
     report["ranks"] = _ranks(inst, run, trace, fam, dur, op_rank)
-    if inst.is_mark.any():
-        marks, mark_code = factorize(inst.key[inst.is_mark])
-        mark_counts = np.bincount(mark_code, minlength=len(marks))
-    else:
-        marks, mark_counts = np.empty(0, object), np.empty(0, np.int64)
-    report["marks"] = {str(k): int(c) for k, c in zip(marks, mark_counts)}
+    report["marks"] = dict(sorted(Counter(str(k) for k in inst.key[inst.is_mark].tolist()).items()))
     report["startup"] = startup_rows(inst)
     report["gpu"] = _gpu_section(trace, attribution, fam, dur, startup_op)
     report["coverage"] = coverage(inst)
@@ -204,9 +190,8 @@ def build_report(run: str | Path | Run | None = None,
 
 def _rank_traces(specs: list[TraceArg], run: Run | None, trace_ranks: list[int] | None
                  ) -> tuple[Trace | None, Run | None, np.ndarray | None]:
-    """Several traces, one per rank: merged into one trace in which each rank's NVTX payloads
-    point only at that rank's records (record ids re-numbered to row positions: ids can repeat
-    across hosts). Returns (trace, run, rank per op)."""
+    """Several traces, one per rank, merged so that each rank's NVTX payloads point only at its
+    records (ids re-numbered to row positions): (trace, run, rank per op)."""
     traces = [t for t in (_load_trace(s) for s in specs) if t is not None]
     if len(traces) == 1 and trace_ranks is None:
         return traces[0], run, None
@@ -261,9 +246,7 @@ def _gpu_section(trace: Trace | None, attribution: Attribution | None, fam: np.n
     kernels = kernel_table(trace, fam, dur, mask=None if isinstance(sel, slice) else keep, limit=KERNELS_KEPT)
     # distinct names (ids index the string table, -1 for none: a bincount, not a sort)
     distinct = int(np.count_nonzero(np.bincount(np.asarray(trace.ops.name_id, np.int64)[sel] + 1))) if n and keep.any() else 0
-    span = 0
-    if n:
-        span = int(np.asarray(trace.ops.end_ns).max() - np.asarray(trace.ops.start_ns).min())
+    span = int(np.asarray(trace.ops.end_ns).max() - np.asarray(trace.ops.start_ns).min()) if n else 0
     steady: SteadyGpu | None = None
     if startup_op is not None and len(startup_op) == n and (keep & startup_op).any():
         st = keep & ~startup_op

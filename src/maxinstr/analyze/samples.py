@@ -1,6 +1,5 @@
-"""Sampler rows seen per stage: utilisation, clocks, power and throttle reasons during each
-stage's host interval (both on CLOCK_MONOTONIC), over steady instances. An instance's samples
-are a contiguous slice of the time-sorted rows: per-instance sums are differences of prefix sums.
+"""Sampler rows seen per stage over its steady instances' host intervals: utilisation, clocks,
+power, throttle reasons. Per-instance sums are differences of prefix sums over time-sorted rows.
 """
 
 from __future__ import annotations
@@ -19,9 +18,8 @@ _NAMES, _HW_MASK = tuple(THROTTLE_NAMES), int(HW_THROTTLE_MASK)
 
 
 def sample_columns(samples: Any) -> dict[str, np.ndarray] | None:
-    """Whatever the run holds for samples as one dict of columns (``t_ns`` required; None when
-    nothing is usable): a dict of columns, a structured array, an object with ``rows``/``columns``,
-    or a mapping part -> any of those (raw undecoded bytes are skipped)."""
+    """Samples as one dict of columns (``t_ns`` required; None: nothing usable), from a dict of
+    columns, a structured array, an object with ``rows``/``columns``, or part -> any of those."""
     if samples is None:
         return None
     cols = _as_columns(samples)
@@ -62,10 +60,9 @@ def _is_sampler_samples(obj: Any) -> bool:
 
 
 def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str] | None = None) -> dict[str, Any]:
-    """Per stage name: samples seen, mean metrics, throttled share and reasons; ``_overall`` the
-    run-wide numbers ({} without decodable samples). From what ``maxinstr.load`` gives (part ->
-    the sampler's ``Samples``) the sampler's own attribution is used (GPM windows, interpolated
-    energy: :func:`maxinstr.sample.attribute.stage_samples`), else columns with ``t_ns``."""
+    """Per stage: samples seen, mean metrics, throttled share and reasons; ``_overall`` the run's
+    ({} without samples). The sampler's ``Samples`` (part -> Samples, as ``maxinstr.load`` gives)
+    go through its own attribution (:func:`maxinstr.sample.attribute.stage_samples`)."""
     if isinstance(samples, dict) and samples and all(_is_sampler_samples(v) for v in samples.values()):
         return _from_sampler(inst, samples, part_names or [])
     if _is_sampler_samples(samples):
@@ -77,9 +74,8 @@ def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str]
     order = np.argsort(t, kind="stable")
     t = t[order]
     cols = {k: np.asarray(v)[order] for k, v in cols.items()}
-    names, hw_mask = _NAMES, _HW_MASK
     throttle = np.asarray(cols.get("throttle", np.zeros(len(t), np.int64)), np.int64)
-    out: dict[str, Any] = {"_overall": _overall(cols, throttle, names, hw_mask)}
+    out: dict[str, Any] = {"_overall": _overall(cols, throttle)}
     if len(inst) == 0:
         return out
     lo = np.searchsorted(t, inst.host_start_ns, "left")
@@ -93,10 +89,10 @@ def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str]
         cn = np.r_[0, np.cumsum(ok)]
         return cs[hi] - cs[lo], cn[hi] - cn[lo]
 
-    thr_hw = np.r_[0, np.cumsum((throttle & hw_mask) != 0)] if hw_mask else np.zeros(len(t) + 1, np.int64)
+    thr_hw = np.r_[0, np.cumsum((throttle & _HW_MASK) != 0)]
     bit_counts = {}
-    for i, name in enumerate(names):
-        if hw_mask >> i & 1:
+    for i, name in enumerate(_NAMES):
+        if _HW_MASK >> i & 1:
             c = np.r_[0, np.cumsum((throttle >> i) & 1)]
             bit_counts[name] = c[hi] - c[lo]
     metric_sums = {m: per_instance_sum(cols[m]) for m in METRICS if m in cols}
@@ -116,7 +112,7 @@ def stage_sample_stats(inst: StageInstances, samples: Any, part_names: list[str]
     return out
 
 
-def _overall(cols: dict[str, np.ndarray], throttle: np.ndarray, names: tuple[str, ...], hw_mask: int) -> dict[str, Any]:
+def _overall(cols: dict[str, np.ndarray], throttle: np.ndarray) -> dict[str, Any]:
     n = len(cols["t_ns"])
     row: dict[str, Any] = {"samples": int(n), "span_ns": int(cols["t_ns"][-1] - cols["t_ns"][0]) if n else 0}
     if "device" in cols:
@@ -127,10 +123,14 @@ def _overall(cols: dict[str, np.ndarray], throttle: np.ndarray, names: tuple[str
             x = x[np.isfinite(x)]
             row[f"{m}_mean"] = float(x.mean()) if len(x) else None
             row[f"{m}_max"] = float(x.max()) if len(x) else None
-    row["throttled_samples"] = int(((throttle & hw_mask) != 0).sum()) if hw_mask else 0
-    row["throttle_reasons"] = {name: int(((throttle >> i) & 1).sum()) for i, name in enumerate(names)
-                               if ((throttle >> i) & 1).any()}
-    return row
+    return row | _throttle_counts(throttle)
+
+
+def _throttle_counts(throttle: np.ndarray) -> dict[str, Any]:
+    """Samples a hardware limit held the clocks down in, and samples per throttle reason."""
+    return {"throttled_samples": int(((throttle & _HW_MASK) != 0).sum()),
+            "throttle_reasons": {name: int(((throttle >> i) & 1).sum()) for i, name in enumerate(_NAMES)
+                                 if ((throttle >> i) & 1).any()}}
 
 
 _DEVICE_FIELDS = ("gpu_util_mean_pct", "gpu_util_peak_pct", "mem_util_mean_pct", "sm_active_mean_pct", "sm_clock_mean_mhz",
@@ -148,7 +148,6 @@ def _num(x: Any) -> float | None:
 def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: list[str]) -> dict[str, Any]:
     """Per stage: one row per device from the sampler's attribution; headline fields from the
     device the stage kept busiest (the one it ran on)."""
-    names, hw_mask = _NAMES, _HW_MASK
     steady = inst.steady
     uniq, code = inst.key_codes()
     per_stage: dict[str, list[dict[str, Any]]] = {}
@@ -177,7 +176,7 @@ def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: lis
             row = {"part": part, "device": d, "instances": int(table.instances[i]),
                    "samples": int(table.samples[i]), "hw_throttle_samples": int(table.hw_throttle_samples[i]),
                    "power_cap_samples": int(table.power_cap_samples[i]),
-                   "throttle_reasons_seen": [n for b, n in enumerate(names) if int(table.throttle_mask[i]) >> b & 1],
+                   "throttle_reasons_seen": [n for b, n in enumerate(_NAMES) if int(table.throttle_mask[i]) >> b & 1],
                    "mean_instance_ns": float(mean_ns[int(table.name_id[i])]),
                    "sm_clock_max_mhz": info.get("sm_clock_max_mhz"), "power_limit_w": info.get("power_limit_w")}
             for fld in _DEVICE_FIELDS:
@@ -185,31 +184,25 @@ def _from_sampler(inst: StageInstances, samples: dict[str, Any], part_names: lis
             per_stage.setdefault(str(uniq[int(table.name_id[i])]), []).append(row)
     out: dict[str, Any] = {}
     if all_t:
-        thr = np.concatenate(all_thr)
         out["_overall"] = {"samples": int(sum(len(t) for t in all_t)), "devices": n_dev,
-                           "throttled_samples": int(((thr & hw_mask) != 0).sum()) if hw_mask else 0,
-                           "throttle_reasons": {n: int(((thr >> b) & 1).sum()) for b, n in enumerate(names)
-                                                if ((thr >> b) & 1).any()}}
+                           **_throttle_counts(np.concatenate(all_thr))}
     for stage, rows in per_stage.items():
         main = max(rows, key=lambda r: (r["gpu_util_mean_pct"] or -1, r["samples"]))
-        out[stage] = _stage_row(main, rows, names, hw_mask)
+        out[stage] = _stage_row(main, rows)
     return out
 
 
 READING_LAGS = 1.5
 """NVML's power reading is a trailing average (~1 s on Hopper): at this many times the energy
-counter's power for the stage (and 50 W more) it, and the power-cap bits that follow it,
-describe the time before the stage."""
+counter's power (and 50 W more), it and its power-cap bits describe the time before the stage."""
 
 
-def _stage_row(main: dict, rows: list[dict], names: tuple[str, ...], hw_mask: int) -> dict[str, Any]:
-    """The per-stage sampler numbers a report shows, from the device the stage kept busiest. Power
-    as the energy counter gives it; where NVML's lagging reading is far above, its power-cap
-    throttle samples are not the stage's either (``throttle_lagged_samples``)."""
+def _stage_row(main: dict, rows: list[dict]) -> dict[str, Any]:
+    """A stage's sampler numbers from the device it kept busiest, power by the energy counter;
+    where NVML's lagging reading is far above, its power-cap samples are not the stage's either."""
     n = main["samples"]
     reading = main["power_mean_w"]
-    # energy over the time of its instances the counter covered (an instance the sampler stopped
-    # reading in the middle of counts its covered part), else per instance over the mean instance
+    # energy over the covered time of its instances, else per instance over the mean instance
     energy_w = main.get("energy_power_w")
     if energy_w is None and main["energy_per_instance_j"] is not None and main["mean_instance_ns"] > 0:
         energy_w = main["energy_per_instance_j"] / (main["mean_instance_ns"] / 1e9)
@@ -218,7 +211,7 @@ def _stage_row(main: dict, rows: list[dict], names: tuple[str, ...], hw_mask: in
     throttled = main["hw_throttle_samples"]
     if lagged:
         throttled -= main["power_cap_samples"]  # the power cap follows the lagging reading
-    reasons = [r for r in main["throttle_reasons_seen"] if r in names and hw_mask >> names.index(r) & 1]
+    reasons = [r for r in main["throttle_reasons_seen"] if r in _NAMES and _HW_MASK >> _NAMES.index(r) & 1]
     if lagged and throttled == 0:
         reasons = []
     return {

@@ -1,14 +1,11 @@
 """The report's schema, ``maxinstr-report`` version 1, as types: the source of truth for its keys
-(docs/report.md says what they mean). At run time a report is a plain ``dict``; mypy checks the
-producer and every reader against these types, ``report["key"]`` and ``report.get("key")`` alike
-(.ci/mypy_typeddict_get.py), and tests/analyze/test_schema.py every fixture's report.
+(docs/report.md says what they mean). A report is a plain ``dict`` that mypy checks against these
+types (.ci/mypy_typeddict_get.py covers ``.get``), as tests/analyze/test_schema.py checks every fixture's.
 
-Every class is ``total=False``: readers take reports of earlier maxinstr versions of version 1,
-and read them defensively (``st.get("mix") or {}``). ``Always[X]`` marks a key every version-1
-report carries (the oldest saved one included, tests/data/reports/h200_kvcache_b16.report.json);
-a key without it was added since or is written only sometimes. ``X | None``: may be null (in
-JSON every NaN or infinity is null). Durations are ns, shares 0..1; dict keys that are data
-(stage names, rule names, ranks) are ``dict[str, ...]``.
+Every class is ``total=False``: reports of earlier maxinstr versions of version 1 are read too.
+``Always[X]`` marks a key every version-1 report carries (the oldest saved one included,
+tests/data/reports/h200_kvcache_b16.report.json). ``X | None``: may be null (so is every NaN or
+infinity). Durations are ns, shares 0..1; dict keys that are data are ``dict[str, ...]``.
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ def is_report_file(path: str) -> bool:
     if not p.is_file() or p.suffix.lower() != ".json":
         return False
     with open(p, "rb") as fh:
-        head = fh.read(4096)
-    return SCHEMA.encode() in head
+        return SCHEMA.encode() in fh.read(4096)
 
 _T = TypeVar("_T")
 ALWAYS = "always"
@@ -121,16 +117,23 @@ class FamilyRow(TypedDict, total=False):
     count: Always[int]
 
 
-class MixKernel(TypedDict, total=False):
-    """``stages[].mix.top_kernels[]``."""
+class KernelRow(FamilyRow, total=False):
+    """What a row of ``gpu.kernels[]`` and of ``stages[].mix.top_kernels[]`` share: one kernel name."""
 
     name: Always[str]
-    family: Always[str]
-    count: Always[int]
-    gpu_ns: Always[float]
     median_ns: Always[float]
-    share: Always[float]
+
+
+class MixKernel(KernelRow, total=False):
+    """``stages[].mix.top_kernels[]``."""
+
     per_instance: Always[float]
+
+
+class GpuKernel(KernelRow, total=False):
+    """``gpu.kernels[]``: one distinct kernel (or copy) name, top 300 by time."""
+
+    max_ns: Always[float]
 
 
 class MixRange(TypedDict, total=False):
@@ -229,16 +232,11 @@ class DeviceSamples(TypedDict, total=False):
     energy_window_share: float | None
 
 
-class StageSamples(TypedDict, total=False):
-    """``stages[].samples``: sampler numbers over the stage's steady instances (docs/sampler.md).
-    From the sampler's own rows (the usual source) every key but the ``*_mean`` of metrics it
-    does not read is there; from plain sample columns (``build_report(samples=...)``), ``device``,
-    ``devices`` and the power split are not. ``window_limited``, ``power_limited`` and
-    ``sampler_window_min_ns`` are the report's verdict on the windows."""
+class SamplerMeans(TypedDict, total=False):
+    """What ``samples`` and ``stages[].samples`` share: sample counts and each metric's mean."""
 
-    device: int
     samples: int
-    instances_with_samples: int | None
+    throttled_samples: int
     gpu_util_pct_mean: float | None
     sm_active_pct_mean: float | None
     sm_clock_mhz_mean: float | None
@@ -247,6 +245,15 @@ class StageSamples(TypedDict, total=False):
     temp_c_mean: float | None
     tensor_active_pct_mean: float | None
     dram_bw_util_pct_mean: float | None
+
+
+class StageSamples(SamplerMeans, total=False):
+    """``stages[].samples``: sampler numbers over the stage's steady instances (docs/sampler.md).
+    From plain sample columns (``build_report(samples=...)``) ``device``, ``devices`` and the power
+    split are absent. ``window_limited``, ``power_limited``, ``sampler_window_min_ns``: the verdict."""
+
+    device: int
+    instances_with_samples: int | None
     util_window_share: float | None
     power_source: Literal["energy", "reading"] | None
     power_reading_w_mean: float | None
@@ -254,47 +261,34 @@ class StageSamples(TypedDict, total=False):
     energy_per_instance_j: float | None
     sm_clock_max_mhz: int | None
     power_limit_w: float | None
-    throttled_samples: int
     throttled_share: float | None
     throttle_lagged_samples: int
     throttle_reasons: list[str]
     throttle_reason_samples: dict[str, int]
     devices: list[DeviceSamples]
     window_limited: bool
-    """Utilization describes mostly the time around the stage (its NVML windows were mostly spent
-    elsewhere, or none can be placed over it): not shown."""
+    """Utilization describes mostly the time around the stage (NVML windows elsewhere, or none over it)."""
     power_limited: bool
-    """The same verdict for power: on the energy counter's readings around the stage
-    (``energy_window_share``), or on NVML's windows for a power reading."""
+    """The same verdict for power (on the energy counter's readings, else on NVML's windows)."""
     energy_window_share: float | None
     sampler_window_min_ns: int
 
 
-class SamplesSummary(TypedDict, total=False):
+class SamplesSummary(SamplerMeans, total=False):
     """``samples``: the run-wide sampler summary; ``{error}`` when the samples could not be read."""
 
-    samples: int
     devices: int
     span_ns: int
-    throttled_samples: int
     throttle_reasons: dict[str, int]
     """Throttle reason -> samples that carry it."""
     error: str
-    gpu_util_pct_mean: float | None
     gpu_util_pct_max: float | None
-    sm_active_pct_mean: float | None
     sm_active_pct_max: float | None
-    sm_clock_mhz_mean: float | None
     sm_clock_mhz_max: float | None
-    power_w_mean: float | None
     power_w_max: float | None
-    mem_util_pct_mean: float | None
     mem_util_pct_max: float | None
-    temp_c_mean: float | None
     temp_c_max: float | None
-    tensor_active_pct_mean: float | None
     tensor_active_pct_max: float | None
-    dram_bw_util_pct_mean: float | None
     dram_bw_util_pct_max: float | None
 
 
@@ -326,9 +320,8 @@ class Stage(StageStatistics, total=False):
     populations: Populations | None
     cuda_graph_share: float | None
     gpu_event_over_host: Statistic
-    """Per steady instance timed on the GPU: its GPU event time over its own host time. (The
-    medians of ``gpu_event_ns`` and ``host_ns`` are over different instances when only some
-    carry GPU times: their ratio is not this.)"""
+    """Per steady instance timed on the GPU: its GPU event time over its own host time (not the
+    ratio of the medians, which are over different instances when only some carry GPU times)."""
     per_step: PerStep
     """Only on a stage whose steps the user marked (``steps_marked``)."""
 
@@ -369,8 +362,7 @@ class Sources(TypedDict, total=False):
     join_problem: str | None
     """Why no stage record joined the trace, and what to do (null when they joined)."""
     capture_problem: str | None
-    """A steady-state capture that holds none of the program's GPU work (or could not start),
-    with the fix (null when none)."""
+    """A steady-state capture that holds none of the program's GPU work (or could not start), with the fix."""
 
 
 class Environment(TypedDict, total=False):
@@ -379,8 +371,7 @@ class Environment(TypedDict, total=False):
 
     command: list[str] | str
     maxinstr_command: list[str]
-    """The ``maxinstr run`` command line that makes the run again (its --stage specs, warm-up,
-    profiler), where ``maxinstr run`` made it."""
+    """The ``maxinstr run`` command line that makes the run again, where ``maxinstr run`` made it."""
     cwd: str
     git: dict[str, Any]
     host: str
@@ -407,9 +398,8 @@ class WarmupSummary(TypedDict, total=False):
     cold_start_instances: Always[int]
     inside_startup_instances: int
     pipeline_head: str | None
-    """The top-level stage that begins each pipeline iteration when the top-level stages are
-    siblings that repeat at different rates (``prefill``, then many ``decode``): warm-up counts
-    iterations from one head instance to the next. None: each name counts its own instances."""
+    """The top-level stage that begins each pipeline iteration when top-level siblings repeat at
+    different rates (``prefill``, then many ``decode``); None: each name counts its own instances."""
 
 
 class Coverage(TypedDict, total=False):
@@ -421,18 +411,6 @@ class Coverage(TypedDict, total=False):
     gpu_event_instances: Always[int]
 
 
-class GpuKernel(TypedDict, total=False):
-    """``gpu.kernels[]``: one distinct kernel (or copy) name, top 300 by time."""
-
-    name: Always[str]
-    family: Always[str]
-    count: Always[int]
-    gpu_ns: Always[float]
-    median_ns: Always[float]
-    max_ns: Always[float]
-    share: Always[float]
-
-
 class OwnOps(TypedDict, total=False):
     """maxinstr's own GPU-floor calibration kernels, left out of the rest of ``gpu``."""
 
@@ -440,34 +418,34 @@ class OwnOps(TypedDict, total=False):
     gpu_ns: Always[float]
 
 
-class SteadyGpu(TypedDict, total=False):
-    """``gpu.steady``: the GPU tables without the warm-up's ops (what the views show first)."""
+class GpuTables(TypedDict, total=False):
+    """What ``gpu`` and ``gpu.steady`` share."""
 
     ops: Always[int]
     gpu_ns: Always[float]
     families: Always[list[FamilyRow]]
     kernels: Always[list[GpuKernel]]
+
+
+class SteadyGpu(GpuTables, total=False):
+    """``gpu.steady``: the GPU tables without the warm-up's ops (what the views show first)."""
+
     startup_ops: Always[int]
     """Ops left out: held by a warm-up or cold-start instance, or one nested in it."""
     startup_gpu_ns: Always[float]
 
 
-class GpuSection(TypedDict, total=False):
+class GpuSection(GpuTables, total=False):
     """``gpu``: every GPU op of the trace (null without one)."""
 
-    ops: Always[int]
-    gpu_ns: Always[float]
     span_ns: Always[int]
     attributed_share: Always[float | None]
-    families: Always[list[FamilyRow]]
     other_share: Always[float]
     distinct_kernels: Always[int]
-    kernels: Always[list[GpuKernel]]
     kernels_truncated: Always[bool]
     own_ops: OwnOps
     steady: SteadyGpu | None
-    """The same tables over the steady state only: the ops of warm-up and cold-start stage
-    instances (and of those nested in them) left out. Absent when no such instance holds an op."""
+    """The same tables without the ops of startup instances; absent when no such instance holds an op."""
 
 
 class Finding(TypedDict, total=False):
@@ -510,8 +488,6 @@ class ReproduceStep(TypedDict, total=False):
 
 
 # ----------------------------------------------------------------------------- ranks
-
-
 class RankInfo(TypedDict, total=False):
     """``ranks.ranks[]``: one rank's identity and parts."""
 

@@ -1,8 +1,6 @@
-"""A report (or a part of one) checked against the schema's TypedDicts at run time: the keys each
-class declares, the ``Always[...]`` ones present, values of the declared types. A saved report
-is data anyone may have written: ``maxinstr report REPORT.json`` checks it here before any view
-reads it, so a field of the wrong type is one line naming it, not a ``TypeError`` inside a
-renderer (273 of 1,264 fuzzed reports, issue 29).
+"""A report (or a part of one) checked against the schema's TypedDicts at run time: a saved
+report is data anyone may have written, so a field of the wrong type is one line naming it, not
+a ``TypeError`` inside a renderer (273 of 1,264 fuzzed reports, issue 29).
 """
 
 from __future__ import annotations
@@ -32,9 +30,8 @@ def _hints(td: type) -> dict[str, typing.Any]:
 def problems(value: object, tp: object, path: str = "report", *, extra_keys: bool = True,
              first: bool = False) -> list[str]:
     """Where ``value`` is not of type ``tp`` (a TypedDict, list/dict/Literal/union of them, or a
-    plain type), as 'path: what' lines. ``extra_keys=False``: keys a TypedDict does not declare
-    are not problems (a report of a later maxinstr may have more). ``first``: stop at the first
-    problem (what a reader needs to refuse a file)."""
+    plain type), as 'path: what' lines. ``extra_keys=False``: undeclared keys are allowed (a later
+    maxinstr may add some). ``first``: stop at the first problem."""
     out: list[str] = []
     _check(value, tp, path, out, extra_keys, first)
     return out
@@ -116,9 +113,8 @@ def _show(value: object) -> str:
 
 
 def load_report(text: str | bytes, source: str = "<report>") -> schema.Report:
-    """Parse a saved JSON report, checking its schema, version and the type of every field a
-    view or the deep dive reads (MaxinstrError naming ``source`` and the first problem). A saved
-    report is data anyone may have edited: fields a later maxinstr may add are allowed."""
+    """Parse a saved JSON report, checking its schema, version and the type of every field
+    (MaxinstrError naming ``source`` and the first problem)."""
     def refused(path: object, why: str) -> MaxinstrError:
         return MaxinstrError(f"{path}: {why.replace('not valid JSON', 'not JSON', 1)}")
 

@@ -1,8 +1,7 @@
 """The serving loop of a model server, from the stages of MAX's preset (launch/presets.py): how
-the steps batched, and how long each request waited between its arrival and the first step that
-took it. A wait joins two processes on the host's monotonic clock: ``max serve``'s API server
-marks ``queued`` (attr ``request``), the model worker's ``prefill`` step lists the requests it
-starts (attr ``requests``). Over a window only the steps started, and requests queued, in it count.
+the steps batched, and how long each request waited for its first step: from ``max serve``'s
+``queued`` mark (attr ``request``) to the model worker's ``prefill`` that lists it (attr
+``requests``), one host clock. Over a window, only the steps and requests in it count.
 """
 
 from __future__ import annotations
@@ -58,9 +57,8 @@ def serving_summary(run: Run, start_ns: int | None = None, end_ns: int | None = 
 
 
 def queue_waits(run: Run, names: np.ndarray, is_mark: np.ndarray, inside: np.ndarray) -> dict[str, Any]:
-    """Each request queued in the window: the wait from its ``queued`` mark to the start of the
-    first ``prefill`` listing it (any time later: a request queued at the window's end still
-    counts its wait). Requests with no such step are counted apart (``not_started``)."""
+    """Each request queued in the window: the wait from its ``queued`` mark to the first
+    ``prefill`` listing it, even after the window (else counted in ``not_started``)."""
     s = run.stages
     marks = np.flatnonzero(inside & is_mark & (names == QUEUED_MARK))
     if marks.size == 0:
@@ -72,7 +70,6 @@ def queue_waits(run: Run, names: np.ndarray, is_mark: np.ndarray, inside: np.nda
     counts = np.fromiter((len(str(x).split(",")) if x else 0 for x in lists), dtype=np.int64, count=len(lists))
     step_req = np.asarray([r for x in lists if x for r in str(x).split(",")], dtype=object)
     step_ns = np.repeat(s["host_start_ns"][prefills], counts)
-    # the first step of each request: sort by (request, time), keep each request's first row
     wait = np.full(marks.size, -1, dtype=np.int64)
     if step_req.size:
         order = np.lexsort((step_ns, step_req))

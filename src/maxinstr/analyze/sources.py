@@ -1,6 +1,5 @@
-"""Where a report's numbers come from: ``sources`` (the inputs, how the run joined the trace, and
-the notes on what the inputs lacked), ``environment`` (the run's meta.json) and whether a
-profiler was around the timings (``perturbed``)."""
+"""Where a report's numbers come from: ``sources`` (the inputs, the join, notes on what they
+lacked), ``environment`` (the run's meta.json) and ``perturbed`` (a profiler around the timings)."""
 
 from __future__ import annotations
 
@@ -53,11 +52,9 @@ def sources(run: Run | None, trace: Trace | None, attribution: Attribution | Non
 
 
 def capture_check(meta: dict[str, Any], n_ops: int, inst: inst_mod.StageInstances) -> tuple[str | None, str | None]:
-    """What a steady-state capture (meta.json ``capture``, ``maxinstr run --capture steady``) missed:
-    (a line for the report's top, a note). At the top: a capture holding no GPU op while the
-    program ran steady instances (with the GPU time their stages timed on their streams, when
-    they did), or a capture the session could not start. A note: steady instances that ran
-    outside the capture range (before it started, after its window ended), which hold no op."""
+    """What a steady-state capture (meta.json ``capture``) missed: (a line for the report's top,
+    a note). At the top: a capture holding no GPU op while steady instances ran, or one the
+    session could not start. A note: steady instances that ran outside the capture range."""
     cap = meta.get("capture")
     if not isinstance(cap, dict) or not len(inst):
         return None, None
@@ -104,9 +101,8 @@ def _join_problem(trace: Trace) -> str:
 
 
 def _event_notes(run: Run) -> list[str]:
-    """The warnings and errors the recording wrote into its parts' events.jsonl (what the run
-    went without: MAX's op ranges, kernels=True falling back, a failed write), each distinct
-    message once, with how many parts said it."""
+    """The warnings and errors in the parts' events.jsonl (what the run went without), each
+    distinct message once, with how many parts said it."""
     said: dict[tuple[str, str], set[str]] = {}
     for ev in run.events:
         kind, message = ev.get("kind"), ev.get("message")
@@ -136,8 +132,8 @@ def _sampled_out_note(run: Run | None) -> list[str]:
 
 
 def _max_markers_note(run: Run | None, trace: Trace | None) -> list[str]:
-    """Whether MAX's own op markers were on in a run of a MAX program, and what that means: on,
-    the times include their cost; off under a profiler, how to see MAX's ops inside the stages."""
+    """Whether MAX's op markers were on in a run of a MAX program: on, the times include their
+    cost; off under a profiler, how to see MAX's ops inside the stages."""
     meta = run.meta if run is not None else None
     if not isinstance(meta, dict) or not (meta.get("frameworks") or {}).get("max"):
         return []
@@ -149,8 +145,7 @@ def _max_markers_note(run: Run | None, trace: Trace | None) -> list[str]:
             "include that")
     if level not in ("", "off", "0", "false"):
         return [f"MAX's op markers were on (MODULAR_ENABLE_PROFILING={level}): {cost}"]
-    # the environment at start says off, yet the program can turn them on itself
-    # (enable_max_profiling(), the examples' --max-profiling): the trace then holds their ranges
+    # off at start, but the program can turn them on (enable_max_profiling()): then the trace holds their ranges
     stage = stage_domain_mask(trace) if trace is not None else None
     others = 0 if stage is None or trace is None else int((~stage & (np.asarray(trace.ranges.style) != RangeStyle.MARK)).sum())
     if others:
@@ -171,7 +166,7 @@ def _rules_used(attribution: Attribution | None) -> dict[str, int] | None:
 
 def environment(run: Run | None, trace: Trace | None, sweep: dict[str, str] | None) -> Environment:
     """The run's meta.json keys that have a value, the trace's scalar metadata and the
-    ``maxinstr run --sweep`` value (compare lists it among the settings that differ)."""
+    ``maxinstr run --sweep`` value."""
     env: Environment = {}
     if run is not None:
         meta = run.meta or {}

@@ -1,7 +1,6 @@
-"""The report's per-stage sections: ``stages`` (one row per stage key, its statistics over steady
-instances, step trends, populations, self times), ``startup`` and ``coverage``. Columnar over all
-stages at once: a run of 50,000 distinct names made a per-stage mask over every instance
-(quadratic) and eight numpy calls per stage, 179 s."""
+"""The report's per-stage sections: ``stages``, ``startup`` and ``coverage``. Columnar over all
+stages at once: a per-stage mask over every instance (quadratic) and eight numpy calls per
+stage took 179 s for a run of 50,000 distinct names."""
 
 from __future__ import annotations
 
@@ -35,9 +34,6 @@ def stage_rows(inst: inst_mod.StageInstances, head: inst_mod.StageInstances | No
         return []
     uniq, code = inst.key_codes()
     n_stages = len(uniq)
-    first_start = np.full(n_stages, np.iinfo(np.int64).max)
-    np.minimum.at(first_start, code, inst.host_start_ns)
-    order_u = np.argsort(first_start, kind="stable")  # pipeline order: by first host start
     steady, host, proj = inst.steady, inst.host_ns, inst.proj_ns
     values = inst.statistic_values()
     share_of_top = _share_of_top(inst, code, n_stages)
@@ -46,15 +42,18 @@ def stage_rows(inst: inst_mod.StageInstances, head: inst_mod.StageInstances | No
     def count(mask: np.ndarray) -> np.ndarray:
         return np.bincount(code[mask], minlength=n_stages)
 
+    def least(values: np.ndarray, start: int) -> np.ndarray:  # per stage, the least of values
+        out = np.full(n_stages, start)
+        np.minimum.at(out, code, values)
+        return out
+
     instances, n_steady = count(np.ones(len(inst), bool)), count(steady)
     n_warmup, n_cold, n_exc = count(inst.warmup), count(inst.cold & ~inst.warmup), count(inst.exception)
     n_inside = count(inst.inside_startup) if len(inst.inside_startup) == len(inst) else np.zeros(n_stages, np.int64)
     only_marks = count(inst.is_mark) == instances
     step_marked = count(inst.step_marked) > 0
-    depth = np.full(n_stages, np.iinfo(np.int64).max)
-    np.minimum.at(depth, code, inst.level)
-    first_of = np.full(n_stages, len(inst))
-    np.minimum.at(first_of, code, np.arange(len(inst)))
+    order_u = np.argsort(least(inst.host_start_ns, np.iinfo(np.int64).max), kind="stable")  # pipeline order
+    depth, first_of = least(inst.level, np.iinfo(np.int64).max), least(np.arange(len(inst)), len(inst))
     parent_of = _most_common_parent(inst, code, n_stages)
     sc = code[steady]
 
@@ -70,7 +69,6 @@ def stage_rows(inst: inst_mod.StageInstances, head: inst_mod.StageInstances | No
         present = steady & (v >= 0)
         self_ns.append((k, np.bincount(code[present], weights=v[present], minlength=n_stages).tolist(),
                         (count(present) > 0).tolist()))
-    # each stage's steady instances, as one slice of a stage-sorted index
     by_stage = np.flatnonzero(steady)[np.argsort(sc, kind="stable")]
     bounds = np.concatenate(([0], np.cumsum(n_steady))).tolist()
     per_steps = _per_steps(inst, by_stage, code[by_stage], n_stages) if step_marked.any() else None
@@ -103,7 +101,6 @@ def stage_rows(inst: inst_mod.StageInstances, head: inst_mod.StageInstances | No
                     "self_ns": cast(SelfTimes, {k: total[u] for k, total, present in self_ns if present[u]}),
                     "steps_marked": step_marked_l[u], "steps": None, "mix": mix.get(name),
                     "samples": _window_note(sample_stats.get(name), c_host[u]) if sample_stats else None})
-        # step trend on the best GPU measure available, else host time
         basis: StepBasis = "gpu_event_ns" if c_event[u]["n"] else ("gpu_proj_ns" if c_proj[u]["n"] else "host_ns")
         if n_st >= STEP_WORK_MIN_STEPS:  # fewer instances cannot span the 4 steps a trend needs
             st = by_stage[bounds[u]:bounds[u + 1]]
@@ -132,8 +129,7 @@ def stage_rows(inst: inst_mod.StageInstances, head: inst_mod.StageInstances | No
 
 
 def _most_common_parent(inst: inst_mod.StageInstances, code: np.ndarray, n_stages: int) -> list[str | None]:
-    """Per stage: the stage key its instances' parents most often have (ties: the first key in
-    sort order), None for a stage whose instances have no parent."""
+    """Per stage: the stage key its instances' parents most often have (ties: the first key), or None."""
     out: list[str | None] = [None] * n_stages
     child = np.flatnonzero(inst.parent >= 0)
     if len(child) == 0:
@@ -151,7 +147,7 @@ def _most_common_parent(inst: inst_mod.StageInstances, code: np.ndarray, n_stage
 
 def _headline_stats(head: inst_mod.StageInstances, uniq: np.ndarray) -> list[tuple[Statistic, Statistic] | None]:
     """Per stage of ``uniq``: (host, GPU-event) statistics over the unprofiled run's steady
-    instances of the same key, None where that run has none."""
+    instances of that key, None where it has none."""
     keys = head.key
     pos = np.minimum(np.searchsorted(uniq, keys), len(uniq) - 1)
     hit = (uniq[pos] == keys) & head.steady
@@ -162,20 +158,16 @@ def _headline_stats(head: inst_mod.StageInstances, uniq: np.ndarray) -> list[tup
 
 
 def _share_of_top(inst: inst_mod.StageInstances, code: np.ndarray, n_stages: int) -> np.ndarray | None:
-    """Per stage: the share of the steady top-level host time its steady instances account for;
-    None without steady top-level time.
-
-    Numerator and denominator cover the same top-level instances: a steady instance counts only
-    inside a steady top-level ancestor. (Counting every steady instance while dividing by the
-    steady top-level time gave 50x on a capture whose first request, warm-up with compilation,
-    held most of the "steady" decode steps.) An instance with an ancestor of its own stage is
-    left out (its time is in that ancestor's); so is one whose parent chain does not end."""
+    """Per stage: the share of the steady top-level host time its steady instances account for
+    (None without any). A steady instance counts only inside a steady top-level ancestor: dividing
+    every steady instance by the steady top-level time gave 50x on a capture whose warm-up request
+    held most of the "steady" decode steps. One with an ancestor of its own stage is left out (its
+    time is in that ancestor's), as is one whose parent chain does not end."""
     parent, steady, host = inst.parent, inst.steady, inst.host_ns
     top = steady & (inst.level == 0)
     top_total = float(host[top].sum())
     if top_total <= 0:
         return None
-    # each instance's top-level ancestor, one nesting level per pass over the rows still climbing
     root = np.arange(len(inst))
     cur = parent.copy()
     nested_in_same = np.zeros(len(inst), dtype=bool)
@@ -196,8 +188,7 @@ def _share_of_top(inst: inst_mod.StageInstances, code: np.ndarray, n_stages: int
 
 
 def _tree_order(rows: list[Stage]) -> list[Stage]:
-    """Rows (in pipeline order) reordered so each stage follows its parent, depth first:
-    indentation by depth then reads as the tree."""
+    """Rows (in pipeline order) reordered depth first, so that indentation by depth reads as the tree."""
     present = {r["name"] for r in rows}
     children: dict[str | None, list[Stage]] = {}
     for r in rows:
@@ -218,10 +209,9 @@ def _tree_order(rows: list[Stage]) -> list[Stage]:
 
 def _window_note(samples: StageSamples | None, host: Statistic) -> StageSamples | None:
     """The stage's sampler numbers, with ``window_limited`` set when utilization cannot be told for
-    the stage itself: its NVML windows' time mostly other stages' or idle (``util_window_share``
-    below WINDOW_SHARE_MIN, :mod:`maxinstr.sample.attribute`), no window over it, or (samples not
-    from NVML) a median instance shorter than NVML's shortest window. ``power_limited`` is the
-    same verdict for power."""
+    the stage itself: its NVML windows' time mostly not its own (``util_window_share`` below
+    WINDOW_SHARE_MIN), no window over it, or (samples not from NVML) a median instance shorter
+    than NVML's shortest window. ``power_limited``: the same verdict for power."""
     if not samples:
         return samples
     out = StageSamples(**samples)
@@ -245,8 +235,8 @@ def _window_note(samples: StageSamples | None, host: Statistic) -> StageSamples 
 
 
 def _self_times(inst: inst_mod.StageInstances, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Per instance: its value minus its direct child instances' values (-1 where the value is
-    missing), clipped at 0. Exact per instance, so children that are warm-up still come off."""
+    """Per instance: its value minus its direct child instances' values, clipped at 0 (-1 where
+    missing). Exact per instance, so children that are warm-up still come off."""
     out = {}
     has_parent = inst.parent >= 0
     for key, v in columns.items():
@@ -258,9 +248,8 @@ def _self_times(inst: inst_mod.StageInstances, columns: dict[str, np.ndarray]) -
 
 
 def _step_work(step: np.ndarray, work: dict[str, np.ndarray]) -> StepWork | None:
-    """Step trends of the GPU work a stage launches, from the trace's ops (not from time spans,
-    which other tenants, launch gaps and syncs stretch): summed op time, matmul time, op count.
-    The re-prefill rule reads them: a KV-cached step's matmuls and op count do not grow."""
+    """Step trends of the GPU work a stage launches (op time, matmul time, op count), from the ops:
+    other tenants, launch gaps and syncs stretch time spans. The re-prefill rule reads them."""
     out: StepWork = {}
     keys: tuple[tuple[Literal["gpu_op_ns", "matmul_ns", "ops"], str], ...] = (
         ("gpu_op_ns", "op_ns"), ("matmul_ns", "family_ns"), ("ops", "ops"))
@@ -276,10 +265,9 @@ PerSteps = tuple[list[tuple[int, int]], tuple[Any, ...]]
 
 
 def _per_steps(inst: inst_mod.StageInstances, idx: np.ndarray, stage: np.ndarray, n_stages: int) -> PerSteps:
-    """Over the instances ``idx`` (``stage``: their stage codes), per (stage, marked step): the
-    instance count, the median host time and the median GPU time by each GPU measure; the first
-    PER_STEP_KEPT steps of each stage, every stage by one sort of (stage, step). Returns (per stage
-    its (lo, hi) slice, (steps, n, host medians, {measure: GPU medians}))."""
+    """Over the instances ``idx`` (``stage``: their stage codes), per (stage, marked step) of the
+    first PER_STEP_KEPT of each stage, by one sort: (per stage its (lo, hi) slice, (steps,
+    instances, host medians, {GPU measure: medians}))."""
     step = inst.step[idx]
     ok = step >= 0
     s, st, i = stage[ok], step[ok], idx[ok]
@@ -316,10 +304,9 @@ def _per_step(per_steps: PerSteps, stage: int, basis: StepBasis) -> PerStep:
 
 
 def startup_rows(inst: inst_mod.StageInstances) -> list[StartupRow]:
-    """``report["startup"]``: the instances kept out as warm-up or cold start (their own, not those
-    nested in one), with the pipeline iteration each ran in (``top_stage``, ``top_occurrence``):
-    declaring warm-up up to that one covers it, since nested instances follow their ancestors and
-    later siblings their iteration."""
+    """``report["startup"]``: the instances kept out as warm-up or cold start (not those nested in
+    one), with the pipeline iteration each ran in (``top_stage``, ``top_occurrence``): declaring
+    warm-up up to that one covers it."""
     idx = np.flatnonzero(inst.warmup | inst.cold)
     if len(idx) == 0:
         return []
@@ -343,16 +330,14 @@ def startup_rows(inst: inst_mod.StageInstances) -> list[StartupRow]:
 
 
 def coverage(inst: inst_mod.StageInstances) -> Coverage | None:
-    """How much of the run's wall time (first top-level start to last end) some top-level stage
-    covers, and its GPU event time: what a run without a kernel trace can say about the GPU
-    between stages. None without stages."""
+    """How much of the run's wall time (first top-level start to last end) top-level stages cover,
+    and their GPU event time; None without stages."""
     top = (inst.level == 0) & ~inst.is_mark if len(inst) else np.zeros(0, bool)
     if not top.any():
         return None
     start, end = inst.host_start_ns[top], inst.host_end_ns[top]
     order = np.argsort(start, kind="stable")
     s, e = start[order], np.maximum.accumulate(end[order])
-    # union of the intervals: a new run starts where a start passes every end before it
     new = np.r_[True, s[1:] > e[:-1]]
     run_end = np.maximum.reduceat(e, np.flatnonzero(new))
     gpu = inst.gpu_event_ns[top]

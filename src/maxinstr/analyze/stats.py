@@ -1,6 +1,6 @@
-"""Statistics over whole numpy columns (no loop over rows): summaries, group medians, cold-start
-outliers, step trends, noise bounds. A missing duration is ``-1`` (a missing float NaN), dropped
-before summarising, so every summary says how many values it rests on (``n``)."""
+"""Statistics over whole numpy columns: summaries, group medians, cold-start outliers, step
+trends, noise bounds. A missing duration (``-1``, a float NaN) is dropped before summarising:
+every summary says how many values it rests on (``n``)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ COLD_START_Z = 5.0
 COLD_START_RATIO = 1.5
 """... when also this many times the steady median (a tight distribution's 3% wobble is no spike)."""
 COLD_START_MAX_PREFIX = 3
-"""Leading instances per name that can be cold-start outliers: compile and cache-fill spikes
-come on the first calls."""
+"""Leading instances per name that can be cold-start outliers (compile and cache-fill spikes)."""
 
 
 def summarize(values: np.ndarray) -> Statistic:
@@ -49,8 +48,8 @@ def _lerp(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
 
 
 def group_summaries(codes: np.ndarray, values: np.ndarray, n_groups: int) -> list[Statistic]:
-    """:func:`summarize` per integer group code (``0..n_groups-1``), the same numbers, every group
-    at once: two sorts, not a numpy call per group per statistic (400,000 for 50,000 stages)."""
+    """:func:`summarize` per group code (``0..n_groups-1``), the same numbers, by two sorts, not a
+    numpy call per group per statistic (400,000 for 50,000 stages)."""
     c = np.asarray(codes, dtype=np.int64)
     v = np.asarray(values)
     keep = v >= 0 if v.dtype.kind in "iu" else np.isfinite(v)
@@ -103,35 +102,43 @@ def group_medians(codes: np.ndarray, values: np.ndarray, n_groups: int) -> np.nd
         got = native(codes, values.astype(np.float64, copy=False), n_groups)
         if got is not None:
             return got
-    vmax = int(values.max()) if values.dtype.kind in "iu" and len(values) else -1
-    if values.dtype.kind in "iu" and values.min() >= 0 and vmax < (1 << 62) // max(n_groups, 1):
-        # one int64 key (group, value): a plain sort, several times faster than lexsort
-        key = np.sort(codes * (vmax + 1) + values)
-        c = key // (vmax + 1)
-        v = (key - c * (vmax + 1)).astype(np.float64)
+    c, v, starts, ends = sort_by_group(codes, values, n_groups)
+    v = v.astype(np.float64)
+    out[c[starts]] = (v[(starts + ends - 1) // 2] + v[(starts + ends) // 2]) / 2
+    return out
+
+
+def sort_by_group(codes: np.ndarray, values: np.ndarray, n_groups: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(codes, values) sorted by (group, value), and each present group's [start, end) in them.
+    Small non-negative int values sort as one int64 key (group, value), in place: several times
+    faster than lexsort, and a 1M-op trace holds 2M (op, stage) pairs (kernels.group_stats)."""
+    span = int(values.max()) + 1 if values.dtype.kind == "i" and len(values) and values.min() >= 0 else 0
+    if 0 < span and span * max(n_groups, 1) < (1 << 62):
+        key = codes * span
+        key += values
+        key.sort()
+        c = key // span
+        key -= c * span
+        v = key
     else:
         perm = np.lexsort((values, codes))
-        c, v = codes[perm], values[perm].astype(np.float64)
+        c, v = codes[perm], values[perm]
     starts = np.r_[0, np.flatnonzero(np.diff(c)) + 1]
-    ends = np.r_[starts[1:], len(c)]
-    lo = starts + (ends - starts - 1) // 2
-    hi = starts + (ends - starts) // 2
-    out[c[starts]] = (v[lo] + v[hi]) / 2
-    return out
+    return c, v, starts, np.r_[starts[1:], len(c)]
 
 
 def cold_start_mask(codes: np.ndarray, occurrence: np.ndarray, values: np.ndarray, eligible: np.ndarray,
                     z_threshold: float = COLD_START_Z, ratio: float = COLD_START_RATIO,
                     max_prefix: int = COLD_START_MAX_PREFIX, first_calls: np.ndarray | None = None,
                     ) -> tuple[np.ndarray, np.ndarray]:
-    """Cold-start outliers, ``(mask, z)``: the leading instances of each group (``codes``; give
-    each process its own: it has its own first instances and pace) that stand far above the
-    rest. ``occurrence``: each row's rank in its group; ``eligible``: the candidates and steady
-    reference (warm-up removed, values present). An outlier is among the first ``max_prefix``
-    eligible rows, its robust z-score ``(x - median) / (1.4826 * MAD)`` (MAD floored at 1% of the
-    median) above ``z_threshold`` and ``x >= ratio * median``, in an unbroken leading run (compile
-    spikes come first). ``first_calls``: the rows that can be a first call at all (a stage that
-    already ran many times in warm-up is slow for another reason)."""
+    """Cold-start outliers, ``(mask, z)``: the leading instances of each group (``codes``: one per
+    process, with its own first instances and pace) that stand far above the rest. ``eligible``:
+    the candidates and steady reference (warm-up removed, values present). An outlier is among the
+    first ``max_prefix`` eligible rows by ``occurrence``, its robust z-score ``(x - median) /
+    (1.4826 * MAD)`` (MAD floored at 1% of the median) above ``z_threshold``, ``x >= ratio *
+    median``, in an unbroken leading run. ``first_calls``: the rows that can be a first call at
+    all (a stage that ran many times in warm-up is slow for another reason)."""
     n = len(codes)
     mask = np.zeros(n, dtype=bool)
     z = np.zeros(n, dtype=np.float64)
@@ -146,7 +153,6 @@ def cold_start_mask(codes: np.ndarray, occurrence: np.ndarray, values: np.ndarra
     scale = np.where(scale > 0, scale, 1.0)
     zi = (v - med[c]) / scale[c]
     z[idx] = zi
-    # rank among eligible rows of the group, by occurrence
     elig_rank = occurrence_index(c, occurrence[idx])
     candidate = (elig_rank < max_prefix) & (zi > z_threshold) & (v >= ratio * med[c])
     if first_calls is not None:
@@ -179,16 +185,15 @@ def _rank(a: np.ndarray) -> np.ndarray:
     order = np.argsort(a, kind="mergesort")
     ranks = np.empty(len(a), dtype=np.float64)
     ranks[order] = np.arange(len(a), dtype=np.float64)
-    # average the ranks of ties
+    # ties: their average rank
     _, inv, counts = np.unique(a, return_inverse=True, return_counts=True)
     sums = np.bincount(inv.reshape(-1), weights=ranks)
     return (sums / counts)[inv.reshape(-1)]
 
 
 def step_trend(step: np.ndarray, values: np.ndarray) -> StepTrend:
-    """How a per-instance duration changes with the step index: over the per-step medians, the
-    least-squares slope, the Spearman correlation with the step, and the last quarter's median
-    over the first quarter's. ``{"n_steps": k}`` only under 4 steps."""
+    """How a per-instance duration changes with the step index, over the per-step medians: slope,
+    Spearman correlation, last quarter's median over the first's (``{"n_steps": k}`` under 4)."""
     ok = (np.asarray(step) >= 0) & (np.asarray(values) >= 0)
     s, v = np.asarray(step)[ok], np.asarray(values)[ok]
     steps = np.unique(s)

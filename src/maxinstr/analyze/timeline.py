@@ -1,9 +1,8 @@
-"""The timeline: a run's records, a trace's ops and calls, and the sampler's rows on one time
-axis, as columns; what the Perfetto and HTML views draw. The axis is the run's host clock
-(CLOCK_MONOTONIC) when a run is given, else the trace's: trace times move onto it by one offset,
-the median of ``trace range start - record host start`` over the joined records (:class:`Clock`
-says how it was found). Each op sits under the stage instance that launched it; rows of one
-track that overlap are spread over lanes, so that slices of one lane nest as a viewer needs.
+"""The timeline the Perfetto and HTML views draw: a run's records, a trace's ops and calls, and
+the sampler's rows on one axis, as columns. The axis is the run's host clock (CLOCK_MONOTONIC)
+when a run is given, else the trace's: trace times move by the median of ``trace range start -
+record host start`` over the joined records (:class:`Clock`). Overlapping rows of one track are
+spread over lanes, so that slices of one lane nest as a viewer needs.
 """
 
 from __future__ import annotations
@@ -23,28 +22,26 @@ if TYPE_CHECKING:
     from maxinstr.analyze.report import Analysis
 
 CALLS_MAX_OPS = 250_000
-"""Launch calls (and their flow arrows) are on the timeline up to this many ops; beyond, they
-would double a view for little (the Perfetto metadata says they were left out)."""
+"""Launch calls (and their flow arrows) are on the timeline up to this many ops: beyond, they
+would double a view for little."""
 MAX_LANES = 16
-"""Lanes an overlapping track is spread over (Chrome JSON slices of one thread must nest); the
-rest share the last lane."""
+"""Lanes an overlapping track is spread over (Chrome JSON slices of one thread must nest)."""
 OP_KIND_NAMES: tuple[str, ...] = tuple(kind.name.lower() for kind in sorted(OpKind))
-"""An op's kind by its ``kind`` code (``traces.model.OpKind``): kernel, memcpy, memset."""
+"""An op's kind by its ``kind`` code (``traces.model.OpKind``)."""
 
 
-# ----------------------------------------------------------------------------- clock
 @dataclass
 class Clock:
     """How trace times map onto the view's axis: ``axis_ns = trace_ns - offset_ns``."""
 
     axis: str
-    """The axis clock: ``"host"`` (the run's CLOCK_MONOTONIC) or the trace's clock name."""
+    """``"host"`` (the run's CLOCK_MONOTONIC) or the trace's clock name."""
     offset_ns: int = 0
     method: str = "none"
     """``matched_pairs`` | ``same_clock`` | ``start_aligned`` | ``trace_only`` | ``run_only``."""
     pairs: int = 0
     spread_ns: float | None = None
-    """Median absolute deviation of the pairs' differences around the offset."""
+    """Median absolute deviation of the pairs' differences from the offset."""
     join: str | None = None
     note: str = ""
 
@@ -87,10 +84,9 @@ def _first(*arrays: np.ndarray) -> int | None:
     return min(lows) if lows else None
 
 
-# ----------------------------------------------------------------------------- tracks
 def lanes(group: np.ndarray, start: np.ndarray, end: np.ndarray, max_lanes: int = MAX_LANES) -> np.ndarray:
-    """A lane per row such that, within one group and lane, no two rows overlap: greedy in passes,
-    a row that starts before the end of an earlier one of its group moves to the next lane."""
+    """A lane per row such that no two rows of one group and lane overlap: greedy in passes, a
+    row that starts before the end of an earlier one of its group moves to the next lane."""
     n = len(start)
     lane = np.zeros(n, np.int64)
     todo = np.arange(n)
@@ -156,30 +152,28 @@ def group_codes(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class Timeline:
-    """Everything on the :class:`Clock`'s axis (ns), as columns (-1: none); built by :func:`timeline`."""
+    """Everything on the :class:`Clock`'s axis (ns), as columns (-1: none). ``inst``: the
+    analysis's StageInstances; ``event_*``: per instance, the GPU event span the run recorded;
+    ``op_stage``: per op, the instance row of the stage that launched it; ``samples``: ``(part
+    name, Samples)`` with a row; ``shift_ns``: what was subtracted from the trace's times."""
 
     clock: Clock
     origin_ns: int
     inst: Any
-    """The analysis's StageInstances (host times on the axis)."""
     inst_pid: np.ndarray
     proj_start_ns: np.ndarray
     proj_end_ns: np.ndarray
     event_start_ns: np.ndarray
-    """Per instance, the GPU event span the run recorded."""
     event_end_ns: np.ndarray
     op_start_ns: np.ndarray
     op_end_ns: np.ndarray
     op_stage: np.ndarray
-    """Per op, the instance row of the stage that launched it."""
     samples: list[tuple[str, Any]]
-    """``(part name, Samples)`` with at least one row, on the host clock."""
     thread_names: dict[int, str]
     pid_names: dict[int, str]
     gpu_names: dict[int, str] = field(default_factory=dict)
     """Visible GPU index -> name (run meta.json, else the sampler's device list)."""
     shift_ns: int = 0
-    """What was subtracted from the trace's times to put them on the axis."""
 
     @property
     def end_ns(self) -> int:
@@ -193,14 +187,12 @@ def timeline(analysis: Analysis) -> Timeline:
     clock = align(analysis)
     inst, trace, run = analysis.instances, analysis.trace, analysis.run
     n = len(inst)
-    off = clock.offset_ns
-    shift = off if (run is not None and trace is not None) else 0
+    shift = clock.offset_ns if (run is not None and trace is not None) else 0
 
     def moved(col: np.ndarray) -> np.ndarray:
         col = np.asarray(col, np.int64)
         return np.where(col >= 0, col - shift, -1)
 
-    proj_s, proj_e = moved(inst.proj_start_ns), moved(inst.proj_end_ns)
     ev_s = ev_e = np.full(n, -1, np.int64)
     pid_names: dict[int, str] = {}
     if run is not None:
@@ -234,20 +226,16 @@ def timeline(analysis: Analysis) -> Timeline:
     else:
         op_s = op_e = op_stage = np.empty(0, np.int64)
 
-    samples: list[tuple[str, Any]] = []
-    if run is not None:
-        for name, smp in sorted((getattr(run, "samples", None) or {}).items()):
-            if hasattr(smp, "t_ns") and len(smp):
-                samples.append((name, smp))
+    run_samples = (getattr(run, "samples", None) or {}) if run is not None else {}
+    samples = [(name, smp) for name, smp in sorted(run_samples.items()) if hasattr(smp, "t_ns") and len(smp)]
 
     gpu_names: dict[int, str] = {}
-    for _, smp in samples:
-        for d in smp.devices:
-            if d.get("name"):
-                gpu_names.setdefault(int(d.get("visible_index", 0)), str(d["name"]))
+    for d in (d for _, smp in samples for d in smp.devices if d.get("name")):
+        gpu_names.setdefault(int(d.get("visible_index", 0)), str(d["name"]))
     for g in ((run.meta or {}).get("gpus") or []) if run is not None else []:
         if isinstance(g, dict) and g.get("name") is not None:
             gpu_names[int(g.get("index", 0))] = str(g["name"])
+    proj_s = moved(inst.proj_start_ns)
     lows = [int(a[a >= 0].min()) for a in (inst.host_start_ns, proj_s, ev_s, op_s) if len(a) and (a >= 0).any()]
     lows += [int(s.t_ns.min()) for _, s in samples]
     if trace is not None and len(trace.calls) and len(trace.ops) <= CALLS_MAX_OPS:
@@ -255,7 +243,7 @@ def timeline(analysis: Analysis) -> Timeline:
     origin = min(lows) if lows else 0
     tnames = {int(k): str(v) for k, v in (getattr(trace, "thread_names", None) or {}).items()} if trace is not None else {}
     return Timeline(clock=clock, origin_ns=origin, inst=inst, inst_pid=inst_pid, proj_start_ns=proj_s,
-                    proj_end_ns=proj_e, event_start_ns=ev_s, event_end_ns=ev_e, op_start_ns=op_s, op_end_ns=op_e,
+                    proj_end_ns=moved(inst.proj_end_ns), event_start_ns=ev_s, event_end_ns=ev_e, op_start_ns=op_s, op_end_ns=op_e,
                     op_stage=op_stage, samples=samples, thread_names=tnames, pid_names=pid_names, gpu_names=gpu_names,
                     shift_ns=shift)
 

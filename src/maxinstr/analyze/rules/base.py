@@ -1,5 +1,4 @@
-"""What every rule shares: the finding ids, the draft a rule makes, the thresholds more than one
-rule reads, and helpers over a report's stages."""
+"""What the rules share: finding ids, the draft a rule makes, common thresholds, stage helpers."""
 
 from __future__ import annotations
 
@@ -16,16 +15,15 @@ FindingId = Literal[
     "warmup_contamination", "healthy_dense_decode", "attention_dominated_decode", "moe_decode", "moe_routing_overhead",
     "low_bit_weights", "low_bit_quant_overhead", "unfused_custom_architecture", "reprefill_quadratic", "launch_bound",
     "host_bound", "naive_matmul", "throttled", "dominant_kernel", "straggler_rank"]
-"""Every rule's id (docs/report.md explains each). A saved report is read with ``id: str``: a
-later maxinstr may add rules."""
+"""Every rule's id (docs/report.md); a saved report's is a ``str``: a later maxinstr may add rules."""
 
 MIX_FINDINGS: tuple[FindingId, ...] = (
     "moe_routing_overhead", "low_bit_quant_overhead", "unfused_custom_architecture", "attention_dominated_decode",
     "moe_decode", "low_bit_weights", "healthy_dense_decode")
 """Verdicts on a stage's kernel mix: diagnose keeps one per stage."""
 MIX_HEALTHY: tuple[FindingId, ...] = ("moe_decode", "low_bit_weights", "healthy_dense_decode")
-"""The mix verdicts that say nothing is wrong, in precedence order: an MoE stage is not also
-"dense decode", a low-bit one is called low-bit."""
+"""The mix verdicts that say nothing is wrong, in precedence order (an MoE stage is not also
+"dense decode")."""
 PACE_FINDINGS: tuple[FindingId, ...] = ("launch_bound", "host_bound")
 """Findings that say the GPU's kernels do not set the stage's pace (launches or the host do)."""
 WORDS: dict[FindingId, str] = {
@@ -43,9 +41,8 @@ DECODE_NAME = re.compile(r"decode|generat|next_?token|token_?step", re.IGNORECAS
 
 @dataclass(eq=False)
 class Draft:
-    """A finding as a rule makes it (``score``: the rough share of time at stake, 0..1).
-    :func:`maxinstr.analyze.diagnosis.diagnose` relates the drafts of a stage and makes each a
-    report finding once (:meth:`finding`)."""
+    """A finding as a rule makes it (``score``: the rough share of time at stake, 0..1), before
+    :func:`maxinstr.analyze.diagnosis.diagnose` relates a stage's drafts (:meth:`finding`)."""
 
     id: FindingId
     title: str
@@ -58,7 +55,7 @@ class Draft:
     score: float = 0.0
     pace: tuple[str, float] | None = None
     """launch_bound / host_bound: what limits the stage as a clause, and the share of the stage
-    the GPU's kernels fill (what faster kernels could shorten at today's pace)."""
+    the GPU's kernels fill."""
     but: str | None = None
     """dominant_kernel: why a faster kernel would not shorten the stage yet, as a clause."""
     supersedes: list[FindingId] = field(default_factory=list)
@@ -105,8 +102,7 @@ class Draft:
 
 
 class PaceUnit(PopulationGroup, total=False):
-    """What launch_bound / host_bound judge of a stage with two populations: one population's
-    statistics, named and weighted as (its share of) its stage."""
+    """One population of a stage, named and weighted as its share of the stage (pace rules)."""
 
     name: str
     leaf: str | None
@@ -122,8 +118,7 @@ def fam_share(stage: Stage, *families: str) -> float:
 def stage_weight(report: Report, stage: Stage | PaceUnit) -> float:
     """Share of top-level time a stage accounts for (1.0 when unknown, e.g. a single stage)."""
     s = stage.get("share_of_top")
-    # Reports saved before share_of_top was bounded (tests/data/reports/h200_kvcache_b16.report.json:
-    # decode 2.79) are still read; no stage accounts for more than all of the time.
+    # reports saved before it was bounded (h200_kvcache_b16.report.json: decode 2.79) are still read
     return 1.0 if s is None else min(float(s), 1.0)
 
 
@@ -155,18 +150,17 @@ def kernel_names(st: Stage) -> list[str]:
 
 
 def kernel_id(name: str) -> str:
-    """A kernel's identifier before its template/argument lists, without namespaces
-    (``void at::native::<unnamed>::CatArrayBatchedCopy<...>(...)`` -> ``CatArrayBatchedCopy``), whole."""
+    """A kernel's identifier without namespaces and template/argument lists
+    (``void at::native::<unnamed>::CatArrayBatchedCopy<...>(...)`` -> ``CatArrayBatchedCopy``)."""
     text = name.replace("<unnamed>", "").replace("(anonymous namespace)", "").replace("void ", "", 1).strip()
     base = re.split(r"[<(]", text, maxsplit=1)[0].strip()
     return base.split("::")[-1] or name
 
 
 def kernel_regex(name: str, rivals: list[str] | tuple[str, ...] = ()) -> str:
-    """A regex that picks this kernel out of a stage for `maxinstr deep-dive --kernel` (which takes
-    the stage's top kernel the regex matches): its whole identifier (a cut one could match another
-    kernel), or, where that also matches one of ``rivals`` (kernels with as much of the stage's
-    time or more), its whole name, anchored."""
+    """A regex that picks this kernel out of a stage for `maxinstr deep-dive --kernel` (the top
+    kernel it matches): its whole identifier, or its whole name, anchored, where that also
+    matches one of ``rivals`` (kernels with as much of the stage's time or more)."""
     rx = re.escape(kernel_id(name))
     if any(re.search(rx, other) for other in rivals if other != name):
         rx = f"^{re.escape(name)}$"
@@ -180,8 +174,7 @@ def short(name: str, n: int = 70) -> str:
 
 
 def deep_dive(cmd: Commands, st: Stage, family: str | None = None, kernel: MixKernel | None = None) -> str | None:
-    """deep-dive into the stage's top kernel (of ``family`` where it has one), or ``kernel`` (one of
-    its top kernels): the command picks that very kernel, whose share it then prints."""
+    """deep-dive into the stage's top kernel (of ``family`` where it has one), or ``kernel``."""
     top: list[MixKernel] = (st.get("mix") or {}).get("top_kernels", [])
     kernels = [kernel] if kernel is not None else top
     if family and kernel is None:

@@ -40,8 +40,7 @@ def rule_no_gpu_data(report: Report, cmd: Commands) -> list[Draft]:
 
 
 def rule_no_kernels(report: Report, cmd: Commands) -> list[Draft]:
-    """A GPU run without a kernel trace: what its GPU events and samples already show (GPU time
-    against host time per stage, utilization, time outside every stage), and how to add kernels."""
+    """A GPU run without a kernel trace: what its GPU events and samples show, and how to add kernels."""
     stages = report.get("stages") or []
     if report.get("gpu") is not None or not stages:
         return []
@@ -55,8 +54,7 @@ def rule_no_kernels(report: Report, cmd: Commands) -> list[Draft]:
         util = None if smp.get("window_limited") else smp.get("gpu_util_pct_mean")
         if not host_stat.get("n") or not (gpu_stat.get("n") or util is not None):
             continue
-        # GPU over host per instance, over the instances timed on both (with a GPU-timing budget
-        # only some are: the two medians would describe different instances)
+        # per instance timed on both (with a GPU-timing budget, the two medians are of different instances)
         over = st.get("gpu_event_over_host") or {}
         ratio = over["median"] if over.get("n") else None
         shown.append((st, host_stat["median"], gpu_stat.get("median") if gpu_stat.get("n") else None, ratio, util))

@@ -1,5 +1,4 @@
-"""Kernels worth a deep dive: one that dominates a stage (or the whole trace), and MAX's naive
-matmul, its fallback where no tuned kernel covers the dtype and shape."""
+"""Kernels worth a deep dive: one that dominates a stage (or the trace), and MAX's naive matmul."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ def rule_naive_matmul(report: Report, cmd: Commands) -> list[Draft]:
 
 
 def _not_gpu_paced(st: Stage) -> str | None:
-    """Why the GPU's kernels do not set this stage's pace, as a clause ("the GPU is busy only 18% of
-    the stage"), or None when they may: the launch_bound / host_bound tests."""
+    """Why the GPU's kernels do not set this stage's pace, as a clause, or None (the pace tests)."""
     busy = median(st, "gpu_busy_frac")
     if busy is not None and busy < LAUNCH_BOUND_BUSY:
         return f"the GPU is busy only {busy:.0%} of the stage"

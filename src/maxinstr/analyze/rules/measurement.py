@@ -1,5 +1,5 @@
-"""Rules on how far the numbers can be taken as they are: a profiler's overhead, maxinstr's own,
-cold starts left undeclared, clocks held down."""
+"""Rules on how far the numbers hold: a profiler's overhead, maxinstr's own, undeclared cold
+starts, clocks held down."""
 
 from __future__ import annotations
 
@@ -29,8 +29,7 @@ def rule_perturbed(report: Report, cmd: Commands) -> list[Draft]:
 
 
 def rule_observer_cost(report: Report, cmd: Commands) -> list[Draft]:
-    """maxinstr's own estimated share of the staged time (analyze/footprint.py) past its threshold:
-    what it costs and the cheaper setting."""
+    """maxinstr's own estimated share of the staged time (analyze/footprint.py) past its threshold."""
     fp = report.get("footprint") or {}
     share = fp.get("overall_share")
     by: dict[str, float] = {k: float(v) for k, v in (fp.get("overall_ns_by_source") or {}).items()
@@ -68,8 +67,7 @@ def rule_warmup_contamination(report: Report, cmd: Commands) -> list[Draft]:
     stages = {s["name"]: s for s in report.get("stages", [])}
     ratios: dict[str, float] = {}
     worst_stage, worst_ratio, n_cold = None, 0.0, 0
-    # warm-up=K covers the first K top-level instances and everything inside them, so the
-    # suggestion is counted in top-level instances: one more than the last that held a cold start
+    # warm-up=K covers the first K top-level instances and all inside them: one more than the last cold one
     suggested, top_stage = 0, None
     for name, rows in by_stage.items():
         st = stages.get(name)
@@ -114,11 +112,10 @@ def rule_warmup_contamination(report: Report, cmd: Commands) -> list[Draft]:
 
 
 def rule_throttled(report: Report, cmd: Commands) -> list[Draft]:
-    """Clocks held below their maximum by a limit, named as NVML names it and ranked by the time
-    it can cost: the stage's weight x the throttled share x the clock shortfall (1 - mean SM clock
-    / max SM clock), an upper bound for work that scales with the clock. A SW power cap is the
-    driver keeping the board under its power limit: power-bound, what a fully loaded GPU is, not a
-    fault; thermal and hardware slowdowns are."""
+    """Clocks held below their maximum, ranked by the time it can cost: the stage's weight x the
+    throttled share x the clock shortfall (an upper bound for work that scales with the clock). A
+    SW power cap is a fully loaded GPU at its power limit, not a fault; thermal and hardware
+    slowdowns are."""
     out = []
     for st in report.get("stages", []):
         smp = st.get("samples") or {}

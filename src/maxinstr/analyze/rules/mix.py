@@ -1,5 +1,5 @@
-"""Verdicts on a stage's kernel mix: what kind of model it runs (dense decode, MoE, low-bit) and
-whether the mix is right (attention-dominated, MoE routing, quantization, unfused kernels)."""
+"""Verdicts on a stage's kernel mix: what model it runs (dense decode, MoE, low-bit) and whether
+the mix is right (attention-dominated, MoE routing, quantization, unfused kernels)."""
 
 from __future__ import annotations
 
@@ -22,16 +22,15 @@ UNFUSED_ELEMENTWISE_SHARE = 0.3
 UNFUSED_SOFTMAX_SHARE = 0.02  # below this a softmax is more likely a loss's log-softmax than attention
 
 MOE_PERMUTATION = re.compile(r"sort|histogram|bincount|index_?add|indexFunc.*ReduceAdd|scatter_?add", re.IGNORECASE)
-"""Generic kernels that, in a stage running grouped expert matmuls, are the routing path's token
-permutation: sorting tokens by expert (and top-k's own sort of its k results), counting tokens
-per expert, and the weighted scatter-add that combines expert outputs. Their names say nothing
-about MoE (families: reduction), so the MoE rule counts them beside the routing family."""
+"""Generic kernels (family reduction) that, in a stage running grouped expert matmuls, are the
+routing path's token permutation: sorting tokens by expert (and top-k's sort of its k results),
+counting tokens per expert, the scatter-add that combines expert outputs."""
 ROUTING_FAMILIES = ("routing", "top_k")
-"""Families a stage running grouped expert matmuls spends on routing: the router's own kernels
-and its top-k (a bare top-k is the expert choice there, as it is a sampler's top-k elsewhere)."""
+"""Families a stage running grouped expert matmuls spends on routing: the router's kernels and
+its top-k (the expert choice there)."""
 CONCAT_KERNEL = re.compile(r"CatArray|concat|\bcat_", re.IGNORECASE)
-"""Concatenation kernels (PyTorch's torch.cat is CatArrayBatchedCopy): family elementwise by name;
-in a decode stage the usual source is a KV cache extended by concatenation each step."""
+"""Concatenation kernels (torch.cat is CatArrayBatchedCopy), family elementwise: in a decode
+stage usually a KV cache extended by concatenation each step."""
 
 
 def _mixed_stages(report: Report) -> list[Stage]:

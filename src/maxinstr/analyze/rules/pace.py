@@ -1,6 +1,5 @@
-"""What sets a stage's pace when the GPU's kernels do not: launches (``launch_bound``: many short
-kernels with idle gaps) or the host (``host_bound``). A stage whose steady instances form two
-populations (a CUDA graph replay and an eager step) is judged per population."""
+"""What sets a stage's pace when the GPU's kernels do not: launches (``launch_bound``) or the host
+(``host_bound``), judged per population where a stage has two (a graph replay, an eager step)."""
 
 from __future__ import annotations
 
@@ -19,9 +18,8 @@ GRAPH_REPLAY_SHARE = 0.5
 
 
 def _pace_units(report: Report, st: Stage) -> list[tuple[Stage | PaceUnit, str | None, PopulationGroup | None]]:
-    """The stage itself, or with two populations (``stages[].populations``) each on its own (one busy
-    fraction for a graph replay and an eager step is neither's): (statistics, population label or
-    None, the other population or None)."""
+    """The stage itself, or each of its two populations (one busy fraction for a graph replay and
+    an eager step is neither's): (statistics, population label, the other population)."""
     groups = (st.get("populations") or {}).get("groups") or []
     if len(groups) != 2:
         return [(st, None, None)]
@@ -37,8 +35,7 @@ def _pace_units(report: Report, st: Stage) -> list[tuple[Stage | PaceUnit, str |
 
 
 def _graph_advice(unit: Stage | PaceUnit, other: PopulationGroup | None, stage: Stage) -> str:
-    """The launch-bound fix, without advising what the stage (or its other population) already does;
-    ``stage``'s kernel mix says whether MAX runs it."""
+    """The launch-bound fix, without advising what the stage (or its other population) already does."""
     if (unit.get("cuda_graph_share") or 0.0) >= GRAPH_REPLAY_SHARE:
         return ("These instances already replay a CUDA graph: the gaps are between its nodes. Fewer, larger "
                 "kernels (fusion, torch.compile, a MAX graph) or more work per node shorten it; a graph does not.")

@@ -1,17 +1,14 @@
-"""A decode whose every step re-runs the whole sequence (no KV cache): O(n^2) overall.
-
-Two signals, both required when the trace gives the kernels (``stages[].step_work``):
+"""A decode whose every step re-runs the whole sequence (no KV cache): O(n^2) overall. With the
+kernels (``stages[].step_work``) both of:
 
 1. *Growth*: the GPU op time a step launches rises with the step index (Spearman >=
-   REPREFILL_SPEARMAN and last/first quarter >= REPREFILL_WORK_GROWTH). Op time, not the
-   step's time span: other tenants, launch gaps and syncs stretch spans, not kernels.
-2. *Prefill-shaped work*: with a KV cache a step multiplies ONE token's activations by the
-   weights, so its matmul time and op count do not depend on the step index; re-running the
-   sequence grows them with the same trend and ratio.
+   REPREFILL_SPEARMAN, last/first quarter >= REPREFILL_WORK_GROWTH); op time, not the step's
+   span, which other tenants, launch gaps and syncs stretch.
+2. *Prefill-shaped work*: a KV-cached step multiplies ONE token's activations by the weights,
+   so its matmul time and op count do not grow with the step index.
 
-The kernel overlap with a prefill stage (shared GPU time by kernel name) is evidence only.
-Without kernels the rule fires on the time trend alone with the stricter REPREFILL_GROWTH, and
-says that the kernel mix was not seen (docs/report.md explains the thresholds).
+The kernel overlap with a prefill stage is evidence only. Without kernels the time trend alone,
+with the stricter REPREFILL_GROWTH (docs/report.md explains the thresholds).
 """
 
 from __future__ import annotations
@@ -33,17 +30,15 @@ REPREFILL_KERNEL_OVERLAP = 0.6
 
 
 def _kernel_overlap(a: Stage, b: Stage) -> float:
-    """Shared GPU time of two stages' kernel mixes: sum over kernel names of the smaller share.
-    Kernel names carry the tile shape (``nvjet_..._64x8_...`` for a decode GEMV-like matmul), so a
-    decode step that re-runs the prompt shows the prefill's kernels, not just its families."""
+    """Shared GPU time of two stages' kernel mixes: over kernel names, the smaller share. Names
+    carry the tile shape, so a decode step that re-runs the prompt shows the prefill's kernels."""
     ka = {k["name"]: k["share"] for k in (a.get("mix") or {}).get("top_kernels", [])}
     kb = {k["name"]: k["share"] for k in (b.get("mix") or {}).get("top_kernels", [])}
     return float(sum(min(ka[n], kb[n]) for n in ka.keys() & kb.keys()))
 
 
 def _grows(tr: StepTrend | None, ratio: float) -> bool:
-    """A trend (stats.step_trend) rising with the step. A saved report's ratio is null when the
-    first quarter is 0 (a stage without matmuls): no growth."""
+    """A trend (stats.step_trend) rising with the step (a null ratio, first quarter 0: no growth)."""
     if not tr:
         return False
     return (tr.get("n_steps") or 0) >= REPREFILL_MIN_STEPS \
