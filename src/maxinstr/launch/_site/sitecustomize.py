@@ -1,29 +1,25 @@
-"""maxinstr's start-up hook (`maxinstr run` puts this folder first on PYTHONPATH). It leaves the program
-as it would be without maxinstr until the program asks for it (no import beyond what Python has
-loaded, no thread, GPU call, signal handler or environment change: tests/launch/test_hook_unseen.py):
-one finder waits for the first import of ``maxinstr``, a ``--stage`` target's package, or ``max``
-when MAX's markers are on, and only then runs ``maxinstr.launch.bootstrap.startup()``. It never
-breaks the program, and runs the sitecustomize it shadows afterwards.
+"""maxinstr's start-up hook (`maxinstr run` puts this folder first on PYTHONPATH). Until the program asks
+for maxinstr it is unseen (no import beyond what Python has loaded, no thread, GPU call, signal handler
+or environment change: tests/launch/test_hook_unseen.py): a finder waits for the first import of
+``maxinstr``, a ``--stage`` target's package, or ``max`` (MAX's markers on), then runs
+``maxinstr.launch.bootstrap.startup()``. It never breaks the program, and runs the sitecustomize it shadows.
 """
 
-# Only what every Python has loaded when site runs this file (glob and importlib.machinery are not:
-# imported where used, they would show in the program's sys.modules otherwise)
+# Only what every Python has loaded when site runs this file (glob, importlib.machinery: where used)
 import _frozen_importlib
 import _frozen_importlib_external
 import _thread
 import os
 import sys
 
-# Top-level names that starting maxinstr imports besides the standard library's (its own, its
-# dependencies, the optional GPU libraries it reads at start-up); tests/launch/test_hook_triggers.py
-# checks the list against what startup() really imports.
+# Top-level names starting maxinstr imports besides the standard library's (tests/launch/test_hook_triggers.py
+# checks them against what startup() imports)
 _MAXINSTR_NEEDS = frozenset(("maxinstr", "numpy", "rich", "click", "pynvml", "amdsmi"))
 
 
 class _MaxinstrTrigger:
-    """A meta-path finder that starts maxinstr at the first import of a watched top-level name, once the
-    module has run (its loader wrapped), or before it for ``max`` (MAX reads its markers' setting when
-    imported). Starting never imports a module of ``after`` first (it would run twice); finding it
+    """Starts maxinstr at the first import of a watched top-level name, once the module has run (its loader
+    wrapped), or before it for ``max`` (MAX reads its markers' setting when imported). Finding a module
     without running it (``importlib.util.find_spec``, runpy's ``-m``) does not use the trigger up."""
     def __init__(self, after, before, wanted):
         self.after, self.before, self.wanted = frozenset(after), frozenset(before), wanted
@@ -61,8 +57,7 @@ class _MaxinstrTrigger:
         return spec
 
 
-class _StartAfter:
-    """Runs the module with its own loader, then starts maxinstr (whatever the module did)."""
+class _StartAfter:  # runs the module with its own loader, then starts maxinstr (whatever the module did)
     def __init__(self, inner, trigger):
         self._inner, self._trigger = inner, trigger
 
@@ -89,19 +84,17 @@ class _StartAfter:
 
 
 def _start_when_safe(wanted, own=None):
-    """Start maxinstr once the import of ``own`` (the module that asked) has finished (in
-    sys.modules, or a failed one taken out: a retried import then gets the stage), and never in
-    the middle of an import on this thread that starting maxinstr would meet half-done (numpy
-    imports math, maxinstr imports numpy): then once the outermost such import has finished.
-    Without either (a module run by hand, not imported), now."""
+    """Start maxinstr once the import of ``own`` (the module that asked) has finished, never in the middle
+    of an import on this thread that starting maxinstr would meet half-done (numpy imports math,
+    maxinstr imports numpy): then once the outermost such import has. Without either, now."""
     wait = _outermost_loading(own)
     if wait is None or not _start_after_load(wait, wanted):
         _start_maxinstr(wanted)
 
 
 def _outermost_loading(own):
-    """Of the imports this thread is running (importlib's _load_unlocked frames), the outermost
-    whose top-level package starting maxinstr imports, else ``own`` when it is one, else None."""
+    """Of the imports this thread runs (importlib's _load_unlocked frames), the outermost whose top-level
+    package starting maxinstr imports, else ``own`` when it is one, else None."""
     needs = _MAXINSTR_NEEDS | getattr(sys, "stdlib_module_names", frozenset())
     found, own_loading = None, False
     frame = sys._getframe(1)
@@ -146,8 +139,7 @@ def _loading_set(spec, value):
 
 
 def _start_after_load(spec, wanted):
-    """Have importlib's ``spec._initializing = False`` (the end of that import) start maxinstr;
-    False when the spec cannot be watched (the caller starts it now)."""
+    """Have importlib's ``spec._initializing = False`` (the import's end) start maxinstr; False: unwatchable."""
     base = type(spec)
     try:
         watching = _watching_classes.get(base)
@@ -177,9 +169,9 @@ def _start_maxinstr(wanted):
 
 
 def _from_own_site():
-    """bootstrap.startup from the site folder this file is in, when this interpreter can load its native
-    module, else None: for a process that lost its venv (Mojo's runtime sets PYTHONEXECUTABLE to the
-    `python3` on PATH, so MAX's `spawn` workers start without its site-packages). Last on sys.path."""
+    """bootstrap.startup from the site folder this file is in, if this interpreter loads its native module:
+    for a process that lost its venv (Mojo's runtime sets PYTHONEXECUTABLE to the `python3` on PATH, so
+    MAX's `spawn` workers start without its site-packages). Last on sys.path."""
     import glob
     import importlib.machinery
 
@@ -197,8 +189,8 @@ def _from_own_site():
 
 
 def _watched_names(environ):
-    """``(after, before)``: the top-level names whose first import starts maxinstr. The one read
-    of MAXINSTR_* outside maxinstr.config, on purpose: reading them through maxinstr would import it."""
+    """``(after, before)``: the top-level names whose first import starts maxinstr (MAXINSTR_* read here,
+    not through maxinstr.config: that would import maxinstr)."""
     run = bool(environ.get("MAXINSTR_RUN_DIR", "").strip())
     specs = [line.strip() for line in environ.get("MAXINSTR_STAGES", "").splitlines() if line.strip()]
     if not run and not specs:
@@ -215,16 +207,15 @@ def _maxinstr_install():
     if not after and not before:
         return
     if any(name in sys.modules for name in after):
-        # Python's own start-up imported it (os, io; a .pth file's import): maxinstr starts with
-        # the program, once `site` (being imported now, with any sitecustomize this one shadows) has
+        # Python's own start-up imported it (os, io; a .pth file): maxinstr starts once `site` has
         _start_when_safe(True)
         return
     sys.meta_path.insert(0, _MaxinstrTrigger(after, before, wanted=True))
 
 
 def _chain_shadowed_sitecustomize():
-    # Our folder shadows any other sitecustomize (a distro's, a venv's): run that one too, through
-    # importlib's frozen core (always loaded), not importlib.util (the program would find it loaded)
+    # Ours shadows any other sitecustomize (a distro's, a venv's): run that one too, through importlib's
+    # frozen core (always loaded), not importlib.util (the program would find it loaded)
     here = os.path.dirname(os.path.abspath(__file__))
     path = [p for p in sys.path if os.path.abspath(p or ".") != here]
     spec = _frozen_importlib_external.PathFinder.find_spec("sitecustomize", path)
