@@ -1,5 +1,4 @@
-"""Errors maxinstr raises at its boundaries. Vendor errors are translated into these where
-they enter, so callers never handle pynvml/amdsmi/sqlite exception types."""
+"""Errors maxinstr raises at its boundaries (vendor errors are translated into these where they enter)."""
 
 from __future__ import annotations
 
@@ -9,8 +8,7 @@ class MaxinstrError(Exception):
 
 
 def one_line(text: str) -> str:
-    """``text`` with every run of whitespace (newlines included) as one space: problems quoted
-    from a library (SQLite quotes a corrupt schema's SQL, newlines and all) stay on one line."""
+    """``text`` with every run of whitespace as one space: a library's quoted problem stays on one line."""
     return " ".join(text.split())
 
 

@@ -176,15 +176,9 @@ class _StageImportHook(importlib.abc.MetaPathFinder):
         with _lock:
             if fullname not in _pending:
                 return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+        spec = next((s for f in sys.meta_path if f is not self and hasattr(f, "find_spec")
+                     and (s := f.find_spec(fullname, path, target)) is not None), None)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
             spec.loader = _ApplyAfterExec(spec.loader, fullname)
         return spec
 

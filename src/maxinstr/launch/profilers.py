@@ -4,6 +4,7 @@ exports the artifact."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import shutil
 import sqlite3
@@ -74,9 +75,8 @@ class NsysOptions:  # what `maxinstr run` lets users change about an Nsight Syst
 
 
 class Nsys(Profiler):
-    """Nsight Systems: CUDA + NVTX trace, no CPU sampling (``--sample=none --cpuctxsw=none``: without them
-    a tiny script wrote a 2 GB .qdstrm). ``capture="steady"``: from the session's ``cuProfilerStart``
-    (after warm-up) to ``cuProfilerStop``, the window enforced in the child."""
+    """Nsight Systems: CUDA + NVTX, no CPU sampling (without it a tiny script wrote a 2 GB .qdstrm);
+    ``capture="steady"``: from the session's ``cuProfilerStart`` (after warm-up) to ``cuProfilerStop``."""
 
     name, records_markers = "nsys", True
 
@@ -148,20 +148,14 @@ class Nsys(Profiler):
 def count_nsys_kernels(path: Path) -> int:
     """Kernel rows in an nsys SQLite export (0 when the table is absent)."""
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as con:
+            return int(con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0])
     except sqlite3.Error:
         return 0
-    try:
-        return int(con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0])
-    except sqlite3.Error:
-        return 0
-    finally:
-        con.close()
 
 
 class Rocprofv3(Profiler):
-    """rocprofv3: kernel, marker and HIP runtime traces as CSV. No start/stop API tied to the session
-    here: the whole run is traced; the report keeps warm-up apart by the session's ``warmup``."""
+    """rocprofv3: kernel, marker and HIP runtime traces as CSV, the whole run (the report keeps warm-up apart)."""
 
     name, records_markers = "rocprofv3", True
 
@@ -203,8 +197,7 @@ def run_tool(cmd: list[str], timeout_s: float, *, words: int = 2) -> str | None:
     return f"{' '.join(cmd[:words])} exited {out.returncode}: {tail[0]}" if out.returncode != 0 else None
 
 
-def make_profiler(name: str, path: str | None = None, **options) -> Profiler:
-    """A profiler by name ('nsys', 'rocprofv3', 'none'); ``options`` go to its options."""
+def make_profiler(name: str, path: str | None = None, **options) -> Profiler:  # ``options``: its options
     if name == "nsys":
         return Nsys(path or "nsys", NsysOptions(**options))
     if name == "rocprofv3":

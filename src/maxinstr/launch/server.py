@@ -65,9 +65,9 @@ class ServerState:
             if key not in data and key not in _OPTIONAL:
                 raise unreadable(path, f'no "{key}"')
             if key in data and not ok(data[key]):
-                raise unreadable(path, f'"{key}" is not {what}: {_clip(data[key])}')
-        known: dict[str, Any] = {**{k: data.get(k) for k in _FIELDS}, "run_dir": Path(run_dir).resolve()}
-        return cls(**known)
+                text = json.dumps(data[key], ensure_ascii=True, default=str)
+                raise unreadable(path, f'"{key}" is not {what}: {text if len(text) <= 60 else text[:57] + "..."}')
+        return cls(**{**{k: data.get(k) for k in _FIELDS}, "run_dir": Path(run_dir).resolve()})
 
     def alive(self) -> bool:
         """Whether the process ``pid`` exists and is not a zombie (maybe another process: :func:`verify`)."""
@@ -84,11 +84,6 @@ class ServerState:
     def ours(self) -> bool:  # started by this very process (``server run``, a test): no need to ask /proc
         proc = _children.get(self.pid)
         return proc is not None and proc.poll() is None
-
-
-def _clip(value: object) -> str:
-    text = json.dumps(value, ensure_ascii=True, default=str)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _is_pid(v: object) -> bool:
