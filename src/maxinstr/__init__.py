@@ -29,8 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover  (`X as X`: re-exported, for type checkers
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    if (module := _EXPORTS.get(name)) is None:
         raise AttributeError(f"module 'maxinstr' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value

@@ -49,8 +49,7 @@ def _kind(mode: int) -> str:
 def read_at(fd: int, offset: int, size: int) -> bytes:  # (fewer bytes only at the end of the file)
     chunks = []
     while size > 0:
-        chunk = os.pread(fd, min(size, 1 << 24), offset)
-        if not chunk:
+        if not (chunk := os.pread(fd, min(size, 1 << 24), offset)):
             break
         chunks.append(chunk)
         offset, size = offset + len(chunk), size - len(chunk)
@@ -81,8 +80,7 @@ def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
 
 def read_regular(path: Path, error: MakeError) -> bytes | None:
     """The bytes of the regular file ``path`` (None: nothing there), or as :func:`open_regular` raises."""
-    opened = open_regular(path, error)
-    if opened is None:
+    if (opened := open_regular(path, error)) is None:
         return None
     fd, size = opened
     try:

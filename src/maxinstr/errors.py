@@ -7,15 +7,10 @@ class MaxinstrError(Exception):
     """Base of every error maxinstr raises on purpose."""
 
 
-def one_line(text: str) -> str:
-    """``text`` with every run of whitespace as one space: a library's quoted problem stays on one line."""
-    return " ".join(text.split())
-
-
 class _PathError(MaxinstrError):
     def __init__(self, path: object, problem: str) -> None:
         self.path = str(path)
-        self.problem = one_line(problem)
+        self.problem = " ".join(problem.split())  # a library's quoted problem (SQL, newlines and all) on one line
         super().__init__(f"{self.path}: {self.problem}")
 
 

@@ -130,8 +130,7 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
         notes.append("the trace has no ranges: every op has op_range -1 (kernel breakdown only)")
     for r, what in ((Rule.CROSS_THREAD, "launched from another thread than the range's"),
                     (Rule.START_END, "inside start/end ranges ended on another thread")):  # fmt: skip
-        k = int((op_rule == r).sum())
-        if k:
+        if k := int((op_rule == r).sum()):
             notes.append(f"{k} GPU ops attributed by rule {r.name}: {what}")
     if linked:
         notes.append(f"{linked} ranges of other domains on threads that hold no stage (a runtime's worker: MAX "

@@ -98,12 +98,10 @@ def segmented_union(group: np.ndarray, start: np.ndarray, end: np.ndarray,
     union counting overlaps once (GPU busy time across streams); with ``index``, interval i is
     ``(start[index[i]], end[index[i]])``. Native when built; the numpy path gives the same numbers: one
     ``np.maximum.accumulate`` over groups lifted into bands of the int64 line, temporaries reused."""
-    n = len(group)
-    if not n:
+    if not (n := len(group)):
         z = np.empty(0, np.int64)
         return z, z, z, z
-    native = columns.function("segmented_union")
-    if native is not None:
+    if (native := columns.function("segmented_union")) is not None:
         return native(group, start, end, None if index is None else np.asarray(index, np.int64))
     if index is not None:
         start, end = start[index], end[index]

@@ -20,14 +20,6 @@ from maxinstr.traces.model import RangeStyle, StringTable, Trace
 MAXINSTR_DOMAIN = "maxinstr"
 
 
-def _records(run: Any) -> tuple[np.ndarray, np.ndarray]:  # (stages, per-record names) of a Run or its path
-    if isinstance(run, (str, Path)):
-        run = load(run)
-    stages = run.stages
-    names = run.stage_names() if hasattr(run, "stage_names") else np.asarray(run.names)[stages["name_id"]]
-    return stages, np.asarray(names, dtype=object)
-
-
 def in_maxinstr_domain(trace: Trace) -> np.ndarray:  # per range, whether it is in NVTX domain ``maxinstr``
     strings = np.asarray(trace.strings, dtype=object)
     dom = np.flatnonzero(strings == MAXINSTR_DOMAIN) if len(strings) else np.empty(0, np.int64)
@@ -38,7 +30,10 @@ def join_records(att: Attribution, run: Any) -> None:
     """Fill ``att.range_record_id`` and ``att.join_method`` from the run's stage records."""
     trace = att.trace
     R = trace.ranges
-    stages, rec_names = _records(run)
+    run = load(run) if isinstance(run, (str, Path)) else run
+    stages = run.stages
+    rec_names = run.stage_names() if hasattr(run, "stage_names") else np.asarray(run.names)[stages["name_id"]]
+    rec_names = np.asarray(rec_names, dtype=object)
     att.range_record_id = np.full(len(R), -1, np.int64)
     att.join_method = JoinMethod.NONE
     in_domain = in_maxinstr_domain(trace)  # the ranges that may be stages

@@ -36,8 +36,7 @@ def ensure_stream_context(stream_handle: int | None) -> bool:
     """Whether a CUDA context is current on this thread afterwards (the stream's own if none was). Never raises."""
     if not stream_handle:
         return False
-    lib = _libcuda()
-    if lib is None:
+    if (lib := _libcuda()) is None:
         return False
     current = ctypes.c_void_p()
     if lib.cuCtxGetCurrent(ctypes.byref(current)) != 0:

@@ -5,7 +5,7 @@ error (these run inside MAX's calls)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +56,8 @@ def step_stage(inputs: Any) -> tuple[str, dict[str, int | str]]:
     """The stage (``prefill``, ``decode`` or ``drain``, attrs) of one pipeline step over ``inputs``
     (``TextGenerationInputs``): ``batch``, ``tokens``, ``new``, on a prefill ``requests`` (docs/max.md)."""
     try:
-        batch, tokens = list(_flat_batch(inputs)), 0
+        flat = getattr(inputs, "flat_batch", None)
+        batch, tokens = list(flat if flat is not None else [c for b in getattr(inputs, "batches", ()) for c in b]), 0
         new: list[str] = []
         for ctx in batch:
             t = getattr(ctx, "tokens", None)
@@ -74,11 +75,6 @@ def step_stage(inputs: Any) -> tuple[str, dict[str, int | str]]:
     return "decode", attrs
 
 
-def _flat_batch(inputs: Any) -> Iterable[Any]:
-    flat = getattr(inputs, "flat_batch", None)
-    return flat if flat is not None else [ctx for batch in getattr(inputs, "batches", ()) for ctx in batch]
-
-
 def request_key(context: Any) -> str:  # a context's ``request_id`` as text (MAX's RequestID: its value)
     rid = getattr(context, "request_id", None)
     return str(getattr(rid, "value", rid))
@@ -87,8 +83,7 @@ def request_key(context: Any) -> str:  # a context's ``request_id`` as text (MAX
 def model_execute_spec(pipeline: Any, name: str = "forward") -> tuple[str | None, str | None]:
     """``(spec, None)``: the ``--stage`` spec wrapping ``execute`` of ``pipeline._pipeline_model``'s class
     (``Llama3Model``), or ``(None, why)``."""
-    model = getattr(pipeline, "_pipeline_model", None)
-    if model is None:
+    if (model := getattr(pipeline, "_pipeline_model", None)) is None:
         return None, f"{type(pipeline).__qualname__} has no _pipeline_model (MAX {MAX_RELEASE} had one)"
     cls = type(model)
     if not callable(getattr(cls, "execute", None)):

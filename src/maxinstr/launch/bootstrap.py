@@ -46,8 +46,7 @@ class CaptureWindow:
         def profiler_start(*args, **kwargs):
             result, ctx = original(*args, **kwargs), self._context_fn()
             if not result and ctx is None:
-                retried = self._retry_fn(lambda: original(*args, **kwargs))
-                if retried is not None:
+                if (retried := self._retry_fn(lambda: original(*args, **kwargs))) is not None:
                     result, ctx = retried
             if result:
                 self._arm(ctx)
@@ -130,8 +129,7 @@ def startup(environ: dict[str, str] | os._Environ = os.environ) -> None:  # once
 
 
 def _apply_specs_step(environ) -> None:  # lazily (now for modules imported), each outcome recorded
-    specs = config.stage_specs(environ)
-    if not specs:
+    if not (specs := config.stage_specs(environ)):
         return
     on_outcome(layout.record_spec_outcome)
     for text in specs:
@@ -142,12 +140,6 @@ def _apply_specs_step(environ) -> None:  # lazily (now for modules imported), ea
         except Exception as exc:  # noqa: BLE001 - one spec never takes the others (or the program) down
             _say(f"--stage {text}: {type(exc).__name__}: {exc}")
     rebind_aliases(specs)
-
-
-def _run_sink():  # where the root session writes, or None (no import of maxinstr.record: it joins the run)
-    process = sys.modules.get("maxinstr.record.process")
-    root = process.PROCESS.root if process is not None else None
-    return None if root is None or root.closed else root.sink
 
 
 def _capture_step(environ) -> None:
@@ -165,8 +157,7 @@ def _max_markers_step(environ) -> None:
     level = environ.get("MODULAR_ENABLE_PROFILING", "off").strip().lower()
     if level in _MARKERS_OFF:
         return
-    problem = max_profiling_problem()
-    if problem is None:
+    if (problem := max_profiling_problem()) is None:
         return
     if config.max_profiling_by_run(environ):
         # MAX reads the variable when it is first imported, after this hook
@@ -197,8 +188,7 @@ def _session_step(environ) -> None:
         # which must come after the specs and the capture window
         from maxinstr.record.session import ensure_env_session
 
-        session = ensure_env_session()
-        if session is not None:
+        if (session := ensure_env_session()) is not None:
             for message in _run_warnings:
                 session._event("warning", message)  # the run's events.jsonl: what the run went without
 
@@ -267,10 +257,12 @@ def _say_unapplied() -> None:
     never = {text: why for text, why in unapplied.items() if why.startswith("no process of the run")}
     if never:
         _say("never applied: " + "; ".join(f"--stage {text} ({why})" for text, why in never.items()))
-    sink = _run_sink()
-    if sink is not None:
+    # where the root session writes (no import of maxinstr.record here: that joins the run)
+    process = sys.modules.get("maxinstr.record.process")
+    root = process.PROCESS.root if process is not None else None
+    if root is not None and not root.closed:
         for text, why in unapplied.items():
-            sink.event("warning", f"--stage {text} was never applied: {why}")
+            root.sink.event("warning", f"--stage {text} was never applied: {why}")
 
 
 if __name__ == "__main__":

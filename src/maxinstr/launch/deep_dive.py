@@ -50,18 +50,6 @@ def function_name(name: str) -> str:
     return head.split("::")[-1].split()[-1] if head else name
 
 
-def _launch_times(trace: Any) -> np.ndarray:  # per op, its launch call's start, else its own
-    calls, ops = trace.calls, trace.ops
-    if len(calls) == 0:
-        return ops.start_ns.astype(np.int64)
-    order = np.argsort(calls.correlation_id, kind="stable")
-    corr_sorted = calls.correlation_id[order]
-    pos = np.searchsorted(corr_sorted, ops.correlation_id)
-    pos_c = np.minimum(pos, len(corr_sorted) - 1)
-    has_call = (pos < len(corr_sorted)) & (corr_sorted[pos_c] == ops.correlation_id)
-    return np.where(has_call, calls.start_ns[order[pos_c]], ops.start_ns).astype(np.int64)
-
-
 def stage_ops(analysis: Any, stage: str) -> tuple[np.ndarray, np.ndarray, int, str]:
     """The ops the report's ``stages[].mix`` counts for ``stage`` (a key, or a name taking its every key):
     (op indices, one per enclosing steady instance (all when none); their instances; instances used; keys)."""
@@ -126,7 +114,12 @@ def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | Non
     # place it: the kernel names sharing its function name (per name, not per op) are what ncu's filter counts
     base, kernel_ids = function_name(name), np.unique(ops.name_id[is_kernel])
     same_base = np.array([i for i in kernel_ids.tolist() if function_name(str(strings[i])) == base], dtype=np.int64)
-    launch_t = _launch_times(trace)
+    launch_t = ops.start_ns.astype(np.int64)  # per op, its launch call's start, else its own
+    if len(calls := trace.calls):
+        order = np.argsort(calls.correlation_id, kind="stable")
+        pos = np.minimum(np.searchsorted(calls.correlation_id[order], ops.correlation_id), len(order) - 1)
+        has_call = calls.correlation_id[order[pos]] == ops.correlation_id
+        launch_t = np.where(has_call, calls.start_ns[order[pos]], ops.start_ns).astype(np.int64)
     cand = np.flatnonzero(is_kernel & np.isin(ops.name_id, same_base))
     cand = cand[np.lexsort((ops.start_ns[cand], launch_t[cand]))]
     chosen = np.flatnonzero(in_stage[cand] & (ops.name_id[cand] == name_id))

@@ -119,8 +119,7 @@ def _nvml_devices() -> list[str] | None:
 
 
 def _smi_devices(tool: str, args: list[str], pattern: str) -> list[str] | None:
-    path = shutil.which(tool)
-    if path is None:
+    if (path := shutil.which(tool)) is None:
         return None
     try:
         out = subprocess.run([path, *args], capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
@@ -132,14 +131,11 @@ def _smi_devices(tool: str, args: list[str], pattern: str) -> list[str] | None:
 def detect_vendor() -> tuple[str, str, list[str]]:
     """(vendor, how it was detected, device names). NVML first, then the SMI tools (not amdsmi:
     its import prints and can fail in odd ways; ``rocm-smi`` answers from a subprocess)."""
-    names = _nvml_devices()
-    if names:
+    if names := _nvml_devices():
         return "nvidia", "nvml", names
-    names = _smi_devices("nvidia-smi", ["-L"], r"^GPU \d+: (.+?) \(UUID")
-    if names:
+    if names := _smi_devices("nvidia-smi", ["-L"], r"^GPU \d+: (.+?) \(UUID"):
         return "nvidia", "nvidia-smi", names
-    names = _smi_devices("rocm-smi", ["--showproductname"], r"Card [Ss]eries:\s*(.+)$")
-    if names is not None:
+    if (names := _smi_devices("rocm-smi", ["--showproductname"], r"Card [Ss]eries:\s*(.+)$")) is not None:
         return "amd", "rocm-smi", names
     if os.path.exists("/dev/kfd"):
         return "amd", "/dev/kfd", []

@@ -60,10 +60,6 @@ def _record() -> Any:
     return maxinstr.record
 
 
-def _default_stage_factory(name: str) -> Callable[[Callable], Callable]:
-    return HOOKS[name[len(HOOK_PREFIX):]] if name.startswith(HOOK_PREFIX) else _record().stage(name)
-
-
 def _called_by_maxinstr(frame: Any) -> bool:
     """Whether the frame is maxinstr's own code (a module of it run with ``-m`` too: ``__main__``)."""
     if frame is None:
@@ -95,18 +91,6 @@ def _skip_own_calls(func: Callable, staged: Callable) -> Callable:
     return dispatch
 
 
-def _wrap_callable(func: Callable, name: str, stage_factory: Callable[[str], Any]) -> Callable:
-    wrapped = stage_factory(name)(func)
-    if wrapped is func:  # a factory that returned the function untouched (disabled mode)
-        return func
-    if getattr(wrapped, "__wrapped__", None) is None:
-        functools.update_wrapper(wrapped, func)
-    wrapped = _skip_own_calls(func, wrapped)
-    with contextlib.suppress(AttributeError, TypeError):
-        setattr(wrapped, _WRAPPED_FLAG, name)
-    return wrapped
-
-
 def apply_spec(spec: StageSpec, module: ModuleType, stage_factory: Callable[[str], Any] | None = None) -> None:
     """Replace ``spec.qualname`` inside the imported ``module`` by its stage-wrapped version."""
     parts = spec.qualname.split(".")
@@ -130,7 +114,15 @@ def apply_spec(spec: StageSpec, module: ModuleType, stage_factory: Callable[[str
         raise MaxinstrError(f"--stage {spec.target}: {spec.qualname} is a {type(raw).__name__}, not a function or method")
     if getattr(func, _WRAPPED_FLAG, None) is not None:
         return  # already instrumented (the same spec given twice, or a module reload)
-    new: Any = _wrap_callable(func, spec.name, stage_factory or _default_stage_factory)
+    name = spec.name
+    new: Any = stage_factory(name)(func) if stage_factory else (
+        HOOKS[name[len(HOOK_PREFIX):]] if name.startswith(HOOK_PREFIX) else _record().stage(name))(func)
+    if new is not func:  # (a factory in disabled mode returns the function untouched)
+        if getattr(new, "__wrapped__", None) is None:
+            functools.update_wrapper(new, func)
+        new = _skip_own_calls(func, new)
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(new, _WRAPPED_FLAG, name)
     try:
         setattr(owner, attr, new if rewrap is None else rewrap(new))
     except (TypeError, AttributeError) as exc:

@@ -39,8 +39,7 @@ def clear_previous_run(run_dir: Path) -> list[str]:
     """A new run replaces the old one there (two never merge): only the names a run writes (returned); a run a
     live process still writes: MaxinstrError."""
     with owners.locked(run_dir):
-        live = owners.live_writers(run_dir)
-        if live:
+        if live := owners.live_writers(run_dir):
             raise MaxinstrError(f"{run_dir}: still written by a live process ({'; '.join(live[:3])}): "
                                 "give another -o, or run again once it has ended")
         if not (run_dir / "meta.json").exists() and not (run_dir / LAUNCH_FILE).exists():
@@ -66,8 +65,7 @@ def record_spec_outcome(spec: StageSpec, problem: str | None) -> None:
     """Record in the run directory, as it happens, that this process applied a --stage spec or failed to: a
     whole line at once (a helper's part opens only at its first record, a fork child ends with ``os._exit``,
     a killed process runs no exit code, yet what they applied counts)."""
-    run_dir = config.run_dir()
-    if not run_dir:
+    if not (run_dir := config.run_dir()):
         return
     line = json.dumps({"stage_spec": spec.text, "applied": problem is None, "problem": problem, "pid": os.getpid()})
     with contextlib.suppress(OSError):  # the run then says the spec was never applied; the program goes on

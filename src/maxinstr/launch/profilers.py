@@ -117,8 +117,7 @@ class Nsys(Profiler):
         rep, qdstrm, sqlite_path = (Path(f"{output_base}{ext}") for ext in (".nsys-rep", ".qdstrm", ".sqlite"))
         if not rep.exists() and qdstrm.exists():
             # nsys leaves only the raw stream when its importer is not beside it
-            importer = shutil.which("QdstrmImporter")
-            if importer:
+            if importer := shutil.which("QdstrmImporter"):
                 art.add(run_tool([importer, "-i", str(qdstrm)], timeout_s))
             else:
                 art.problems.append(f"{qdstrm}: only the raw stream was written and QdstrmImporter is not on PATH")

@@ -284,25 +284,9 @@ def _read_json(path: Path) -> Any:  # of a regular file (a FIFO never blocks); N
         return None
 
 
-def _merge_meta(run_dir: Path, profiler: Profiler, wrapped: list[str], artifact: Artifact | None,
-                maxinstr_command: list[str] | None) -> None:
-    """The profiler, and the command that makes the run again, into meta.json (the child closed it)."""
-    meta = _read_json(run_dir / "meta.json")
-    if not isinstance(meta, dict):
-        return
-    meta["profiler"] = None if profiler.name == "none" else {
-        "name": profiler.name, "command": wrapped, "capture": profiler.capture,
-        "window_s": profiler.window_s if profiler.uses_capture_range else None,
-        "trace": artifact.trace if artifact else None}
-    if maxinstr_command is not None:
-        meta["maxinstr_command"] = maxinstr_command
-    write_json(run_dir / "meta.json", meta)
-
-
 def execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
     """Run one planned process end to end; MaxinstrError when it cannot start, leaving nothing behind."""
-    problem = command_problem(spec.command, {**os.environ, **spec.env})
-    if problem is not None:
+    if (problem := command_problem(spec.command, {**os.environ, **spec.env})) is not None:
         raise NotStarted(f"{problem}; nothing was started")
     made = _missing(spec.run_dir)[1]  # the folders this run makes
     try:
@@ -371,7 +355,14 @@ def _execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
     meta_if_none(run_dir, spec.command)
     artifact = profiler.collect(output_base) if profiler.name != "none" else None
     outcome = RunOutcome(spec, result, artifact, warm=warm)
-    _merge_meta(run_dir, profiler, wrapped, artifact, rerun_command(spec, options))
+    if isinstance(meta := _read_json(run_dir / "meta.json"), dict):  # the profiler, the rerun (the child closed it)
+        meta["profiler"] = None if profiler.name == "none" else {
+            "name": profiler.name, "command": wrapped, "capture": profiler.capture,
+            "window_s": profiler.window_s if profiler.uses_capture_range else None,
+            "trace": artifact.trace if artifact else None}
+        if (rerun := rerun_command(spec, options)) is not None:
+            meta["maxinstr_command"] = rerun
+        write_json(run_dir / "meta.json", meta)
     outcome.unapplied = unapplied_stage_specs(run_dir, options.all_stage_specs())
     _note_unapplied(run_dir, outcome.unapplied)
     outcome.files = {"run directory": str(run_dir), "child log": str(run_dir / LOG_FILE),
@@ -430,8 +421,7 @@ def _write_launch(run_dir: Path, spec: RunSpec, options: RunOptions, wrapped: li
 
 
 def add_to_launch(run_dir: Path, key: str, value: Any) -> None:  # after the run; nothing without launch.json
-    record = read_launch(run_dir)
-    if record is not None:
+    if (record := read_launch(run_dir)) is not None:
         record[key] = value
         write_json(run_dir / LAUNCH_FILE, record)
 

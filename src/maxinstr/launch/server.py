@@ -55,8 +55,7 @@ class ServerState:
         """The server started in ``run_dir`` (never the ``run_dir`` the file names: maxinstr writes there)."""
         path = Path(run_dir) / STATE_FILE
         unreadable = lambda p, why: MaxinstrError(f"{p}: unreadable server state ({why})")  # noqa: E731
-        raw = read_regular(path, unreadable)
-        if raw is None:
+        if (raw := read_regular(path, unreadable)) is None:
             raise MaxinstrError(f"{path}: no server started here (run `maxinstr server start -o {run_dir} -- CMD`)")
         data = parse_json(raw, path, unreadable)
         if not isinstance(data, dict):
@@ -67,7 +66,8 @@ class ServerState:
             if key in data and not ok(data[key]):
                 text = json.dumps(data[key], ensure_ascii=True, default=str)
                 raise unreadable(path, f'"{key}" is not {what}: {text if len(text) <= 60 else text[:57] + "..."}')
-        return cls(**{**{k: data.get(k) for k in _FIELDS}, "run_dir": Path(run_dir).resolve()})
+        known: dict[str, Any] = {**{k: data.get(k) for k in _FIELDS}, "run_dir": Path(run_dir).resolve()}
+        return cls(**known)
 
     def alive(self) -> bool:
         """Whether the process ``pid`` exists and is not a zombie (maybe another process: :func:`verify`)."""
@@ -137,8 +137,7 @@ def boot_id() -> str | None:
 
 
 def _environ(pid: int) -> dict[str, str] | None:
-    raw = _read(f"/proc/{pid}/environ", 1 << 22)
-    if raw is None:
+    if (raw := _read(f"/proc/{pid}/environ", 1 << 22)) is None:
         return None
     pairs = (item.partition(b"=") for item in raw.split(b"\0"))
     return {k.decode("utf-8", "surrogateescape"): v.decode("utf-8", "surrogateescape") for k, sep, v in pairs if sep}
@@ -156,8 +155,7 @@ def verify(state: ServerState) -> str | None:
         return f"pid {state.pid} is not running"
     if state.token is None or state.start_ticks is None:
         return "server.json has no start time or token to check the process against (written before 2026-12?)"
-    started = process_start_ticks(state.pid)
-    if started is None:
+    if (started := process_start_ticks(state.pid)) is None:
         return f"the start time of pid {state.pid} cannot be read (/proc/{state.pid}/stat)"
     if started != state.start_ticks or (state.boot_id and boot_id() not in (None, state.boot_id)):
         return f"pid {state.pid} started at another time than the server: the pid was reused by another process"
@@ -167,8 +165,7 @@ def verify(state: ServerState) -> str | None:
         return f"pid {state.pid} is not running"
     if group != state.pgid:
         return f"pid {state.pid} is in process group {group}, not the server's {state.pgid}"
-    env = _environ(state.pid)
-    if env is None:
+    if (env := _environ(state.pid)) is None:
         return f"the environment of pid {state.pid} cannot be read to check it is the server"
     if env.get(config.SERVER_TOKEN) != state.token:
         return f"pid {state.pid} does not hold this server's token: not the process `maxinstr server start` made"
@@ -236,8 +233,7 @@ def _wait_ready(state: ServerState, ready: str | None, timeout_s: float, pattern
 def _kill_group(state: ServerState, grace_s: float = 10.0) -> None:
     """SIGTERM then SIGKILL to the process group we started, each once :func:`verify` proves it the server."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        problem = verify(state)
-        if problem is not None:
+        if (problem := verify(state)) is not None:
             if state.alive():
                 raise _refuse(state, problem, "it was not signalled")
             return
@@ -327,8 +323,7 @@ def profile_window(run_dir: Path, *, duration_s: float | None = None, bench: lis
     state = ServerState.load(run_dir)
     if not state.alive():
         raise MaxinstrError(f"{run_dir}: the server (pid {state.pid}) is not running; see {state.run_dir / LOG_FILE}")
-    problem = verify(state)
-    if problem is not None:
+    if (problem := verify(state)) is not None:
         raise _refuse(state, problem, "no window was captured")
     k = len(state.windows) + 1
     output = state.run_dir / f"window-{k}"
@@ -383,8 +378,7 @@ def stop_server(run_dir: Path, grace_s: float = 20.0, say: Callable[[str], None]
     if not state.alive():
         _reap(state.pid)
         return state  # nothing left to stop
-    problem = verify(state)
-    if problem is not None:
+    if (problem := verify(state)) is not None:
         raise _refuse(state, problem, "nothing was signalled")
     nsys = None
     if state.profiler == "nsys":
