@@ -1,5 +1,5 @@
-"""Columnar interval machinery for attribution: innermost containing range, segmented unions.
-The only Python loops run over threads or over nesting depth, never over trace rows."""
+"""Columnar intervals for attribution (innermost containing range, segmented unions): Python loops run over
+threads or nesting depth, never over trace rows."""
 
 from __future__ import annotations
 
@@ -94,10 +94,9 @@ class IntervalIndex:
 
 def segmented_union(group: np.ndarray, start: np.ndarray, end: np.ndarray,
                     index: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per group of intervals sorted by (group, start): (groups, min start, max end, union length), the
-    union counting overlaps once (GPU busy time across streams); with ``index``, interval i is
-    ``(start[index[i]], end[index[i]])``. Native when built; the numpy path gives the same numbers: one
-    ``np.maximum.accumulate`` over groups lifted into bands of the int64 line, temporaries reused."""
+    """Per group of intervals sorted by (group, start): (groups, min start, max end, union length, overlaps
+    once); with ``index``, interval i is ``(start[index[i]], end[index[i]])``. Native when built; else one
+    ``np.maximum.accumulate`` over groups lifted into bands of the int64 line (the same numbers)."""
     if not (n := len(group)):
         z = np.empty(0, np.int64)
         return z, z, z, z

@@ -155,9 +155,7 @@ def _max_markers_step(environ) -> None:
     """MAX's markers abort MAX where NVTX's v2 entry points are missing (CUDA 13): provided before MAX is
     imported, or `maxinstr run`'s own default turned off, or a level the user set refused at MAX's import."""
     level = environ.get("MODULAR_ENABLE_PROFILING", "off").strip().lower()
-    if level in _MARKERS_OFF:
-        return
-    if (problem := max_profiling_problem()) is None:
+    if level in _MARKERS_OFF or (problem := max_profiling_problem()) is None:
         return
     if config.max_profiling_by_run(environ):
         # MAX reads the variable when it is first imported, after this hook

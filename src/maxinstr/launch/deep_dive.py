@@ -96,8 +96,7 @@ def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | Non
         if not is_kernel.any():
             raise MaxinstrError(f"{trace.source}: the trace has no kernels")
     # Per distinct op name over the stage's ops (copies included: the share's denominator).
-    ids = ops.name_id[op_idx]
-    uniq, inv = np.unique(ids, return_inverse=True)
+    uniq, inv = np.unique(ops.name_id[op_idx], return_inverse=True)
     inv = inv.reshape(-1)
     totals = np.bincount(inv, weights=dur[op_idx], minlength=len(uniq)).astype(np.int64)
     counts = np.bincount(inv, minlength=len(uniq)).astype(np.int64)
@@ -109,8 +108,6 @@ def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | Non
     pick = rank[_pick([str(strings[uniq[i]]) for i in rank], kernel, f"{trace.source}: no kernel in {where} matches {kernel!r}")]
     name_id = int(uniq[pick])
     name, stage_total = str(strings[name_id]), int(totals.sum())
-    in_stage = np.zeros(len(ops), bool)
-    in_stage[op_idx] = True
     # place it: the kernel names sharing its function name (per name, not per op) are what ncu's filter counts
     base, kernel_ids = function_name(name), np.unique(ops.name_id[is_kernel])
     same_base = np.array([i for i in kernel_ids.tolist() if function_name(str(strings[i])) == base], dtype=np.int64)
@@ -122,7 +119,7 @@ def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | Non
         launch_t = np.where(has_call, calls.start_ns[order[pos]], ops.start_ns).astype(np.int64)
     cand = np.flatnonzero(is_kernel & np.isin(ops.name_id, same_base))
     cand = cand[np.lexsort((ops.start_ns[cand], launch_t[cand]))]
-    chosen = np.flatnonzero(in_stage[cand] & (ops.name_id[cand] == name_id))
+    chosen = np.flatnonzero(np.isin(cand, op_idx) & (ops.name_id[cand] == name_id))
     launch_skip = int(chosen[0]) if len(chosen) else 0
     if len(same_base) > 1:
         notes.append(f"{len(same_base)} kernel names share the function name {base!r}: launch-skip counts them all")
@@ -137,8 +134,7 @@ def _pick(names: list[str], kernel: str | None, missing: str) -> int:  # the fir
     if kernel is None:
         return 0
     rx = re.compile(kernel)
-    hit = next((i for i, name in enumerate(names) if rx.search(name)), None)
-    if hit is None:
+    if (hit := next((i for i, name in enumerate(names) if rx.search(name)), None)) is None:
         raise MaxinstrError(missing)
     return hit
 
@@ -196,11 +192,9 @@ def ncu_import_command(report: str | Path, ncu: str = "ncu") -> list[str]:  # th
 
 def amd_equivalent(choice: KernelChoice | None, app: list[str]) -> str:  # where Nsight Compute does not apply
     kernel = f" --kernel '{choice.name}'" if choice else ""
-    return (
-        "Nsight Compute is NVIDIA-only. On AMD use ROCm Compute Profiler: "
-        f"`rocprof-compute profile -n deepdive{kernel} -- {' '.join(app) or 'CMD'}` then "
-        "`rocprof-compute analyze -p workloads/deepdive/<GPU>` (occupancy, roofline, memory chart)."
-    )
+    return ("Nsight Compute is NVIDIA-only. On AMD use ROCm Compute Profiler: "
+            f"`rocprof-compute profile -n deepdive{kernel} -- {' '.join(app) or 'CMD'}` then "
+            "`rocprof-compute analyze -p workloads/deepdive/<GPU>` (occupancy, roofline, memory chart).")
 
 
 @dataclass

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from maxinstr import config
+from maxinstr._files import open_write_file
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch.instrument import StageSpec, parse_spec
 from maxinstr.rundir import format as fmt
@@ -70,11 +71,8 @@ def record_spec_outcome(spec: StageSpec, problem: str | None) -> None:
     line = json.dumps({"stage_spec": spec.text, "applied": problem is None, "problem": problem, "pid": os.getpid()})
     with contextlib.suppress(OSError):  # the run then says the spec was never applied; the program goes on
         os.makedirs(run_dir, exist_ok=True)
-        fd = os.open(os.path.join(run_dir, STAGE_SPECS_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
-        try:
-            os.write(fd, (line + "\n").encode("utf-8", "backslashreplace"))
-        finally:
-            os.close(fd)
+        with open_write_file(os.path.join(run_dir, STAGE_SPECS_FILE)) as f:  # appended, one write
+            f.write((line + "\n").encode("utf-8", "backslashreplace"))
 
 
 def unapplied_stage_specs(run_dir: Path, stage_specs: list[str]) -> dict[str, str]:

@@ -428,13 +428,11 @@ def add_to_launch(run_dir: Path, key: str, value: Any) -> None:  # after the run
 
 def _note_unapplied(run_dir: Path, unapplied: dict[str, str]) -> None:
     """Each spec never applied as a warning in the owner part's events.jsonl (the program has ended)."""
-    if not unapplied:
-        return
     parts = sorted(p for p in (run_dir / fmt.PARTS_DIR).glob("*/") if p.is_dir() and not p.is_symlink())
-    roles = [d.get("role") if isinstance(d := _read_json(p / fmt.PART_FILE), dict) else None for p in parts]
-    owner = parts[roles.index("owner")] if "owner" in roles else parts[0] if parts else None
-    if owner is None:
+    if not unapplied or not parts:
         return
+    roles = [d.get("role") if isinstance(d := _read_json(p / fmt.PART_FILE), dict) else None for p in parts]
+    owner = parts[roles.index("owner")] if "owner" in roles else parts[0]
     lines = b"".join(json_line({"time_ns": time.monotonic_ns(), "kind": "warning",
                                 "message": f"--stage {text} was never applied: {why}", "by": "maxinstr run"})
                      for text, why in unapplied.items())

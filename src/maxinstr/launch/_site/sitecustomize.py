@@ -21,8 +21,8 @@ class _MaxinstrTrigger:
     """Starts maxinstr at the first import of a watched top-level name, once the module has run (its loader
     wrapped), or before it for ``max`` (MAX reads its markers' setting when imported). Finding a module
     without running it (``importlib.util.find_spec``, runpy's ``-m``) does not use the trigger up."""
-    def __init__(self, after, before, wanted):
-        self.after, self.before, self.wanted = frozenset(after), frozenset(before), wanted
+    def __init__(self, after, before):
+        self.after, self.before = frozenset(after), frozenset(before)
         self.fired = False  # maxinstr started, or starts once the import in progress has finished
         self._finding = set()  # (thread, name) being looked up through the other finders: no re-entry
 
@@ -35,16 +35,11 @@ class _MaxinstrTrigger:
         before = fullname in self.before
         if before:
             self.fired = True
-            _start_maxinstr(self.wanted)
-        spec = None
+            _start_maxinstr()
         self._finding.add(finding)
-        try:
-            for finder in list(sys.meta_path):  # maxinstr's own finders (the --stage wraps) come first now
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
+        try:  # maxinstr's own finders (the --stage wraps) come first now
+            spec = next((s for f in list(sys.meta_path) if f is not self and hasattr(f, "find_spec")
+                         and (s := f.find_spec(fullname, path, target)) is not None), None)
         finally:
             self._finding.discard(finding)
         if before:
@@ -53,7 +48,7 @@ class _MaxinstrTrigger:
             spec.loader = _StartAfter(spec.loader, self)  # type: ignore[assignment]
         else:  # nothing to run first (the import fails as it would), or nothing to wrap
             self.fired = True
-            _start_when_safe(self.wanted)
+            _start_when_safe()
         return spec
 
 
@@ -77,19 +72,19 @@ class _StartAfter:  # runs the module with its own loader, then starts maxinstr 
             if spec is not None and spec.loader is self:
                 spec.loader = self._inner
             if first:
-                _start_when_safe(self._trigger.wanted, spec)
+                _start_when_safe(spec)
 
     def __getattr__(self, item):  # get_source, is_package, get_filename ...
         return getattr(self._inner, item)
 
 
-def _start_when_safe(wanted, own=None):
+def _start_when_safe(own=None):
     """Start maxinstr once the import of ``own`` (the module that asked) has finished, never in the middle
     of an import on this thread that starting maxinstr would meet half-done (numpy imports math,
     maxinstr imports numpy): then once the outermost such import has. Without either, now."""
     wait = _outermost_loading(own)
-    if wait is None or not _start_after_load(wait, wanted):
-        _start_maxinstr(wanted)
+    if wait is None or not _start_after_load(wait):
+        _start_maxinstr()
 
 
 def _outermost_loading(own):
@@ -110,7 +105,7 @@ def _outermost_loading(own):
     return found if found is not None else (own if own_loading else None)
 
 
-_after_load: dict = {}  # id(spec) -> wanted: the imports whose end starts maxinstr
+_after_load: set = set()  # id(spec) of the imports whose end starts maxinstr
 _watching_classes: dict = {}  # spec class -> its subclass that sees ``_initializing`` set
 
 
@@ -124,9 +119,9 @@ def _loading_set(spec, value):
         return
     # importlib's last act on a finished (or failed) import; the spec is as it was again
     spec.__class__ = type(spec).__mro__[1]
-    wanted = _after_load.pop(id(spec), None)
-    if wanted is None:
+    if id(spec) not in _after_load:
         return
+    _after_load.remove(id(spec))
     # bind a submodule on its package now, as importlib does next: starting maxinstr finds `email.message`
     parent, _, child = str(getattr(spec, "name", "")).rpartition(".")
     module = sys.modules.get(spec.name) if parent else None
@@ -135,10 +130,10 @@ def _loading_set(spec, value):
             setattr(sys.modules[parent], child, module)
         except Exception:  # noqa: BLE001 - importlib says nothing of this either
             pass
-    _start_maxinstr(wanted)
+    _start_maxinstr()
 
 
-def _start_after_load(spec, wanted):
+def _start_after_load(spec):
     """Have importlib's ``spec._initializing = False`` (the import's end) start maxinstr; False: unwatchable."""
     base = type(spec)
     try:
@@ -147,22 +142,21 @@ def _start_after_load(spec, wanted):
             watching = type(base.__name__, (base,), {"__slots__": (), "__module__": base.__module__,
                                                      "_initializing": property(_loading_get, _loading_set)})
             _watching_classes[base] = watching
-        _after_load[id(spec)] = wanted
+        _after_load.add(id(spec))
         spec.__class__ = watching
     except Exception:  # noqa: BLE001 - an odd spec class: start now, as before
-        _after_load.pop(id(spec), None)
+        _after_load.discard(id(spec))
         return False
     return True
 
 
-def _start_maxinstr(wanted):
+def _start_maxinstr():
     try:
         from maxinstr.launch.bootstrap import startup
     except Exception as exc:  # noqa: BLE001 - maxinstr is not importable in this interpreter
-        found = _from_own_site() if wanted else None
+        found = _from_own_site()
         if found is None:
-            if wanted:
-                sys.stderr.write(f"maxinstr: not importable in {sys.executable} ({exc}); this process is not instrumented\n")
+            sys.stderr.write(f"maxinstr: not importable in {sys.executable} ({exc}); this process is not instrumented\n")
             return
         startup = found
     startup()
@@ -208,9 +202,9 @@ def _maxinstr_install():
         return
     if any(name in sys.modules for name in after):
         # Python's own start-up imported it (os, io; a .pth file): maxinstr starts once `site` has
-        _start_when_safe(True)
+        _start_when_safe()
         return
-    sys.meta_path.insert(0, _MaxinstrTrigger(after, before, wanted=True))
+    sys.meta_path.insert(0, _MaxinstrTrigger(after, before))
 
 
 def _chain_shadowed_sitecustomize():
