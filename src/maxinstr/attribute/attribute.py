@@ -371,7 +371,6 @@ def _range_sums(att: Attribution, op_call: np.ndarray | list[np.ndarray],
         idx = np.arange(lo, lo + len(oc), dtype=np.int64)
         has = oc >= 0
         first_op[oc[has][::-1]] = idx[has][::-1]
-    # A handful of bincounts over (range, kind) and (range, rule) keys, block by block.
     by_kind, ns_kind, bytes_kind = (np.zeros(3 * n, np.float64) for _ in range(3))
     launches, by_rule = np.zeros(n, np.float64), np.zeros(n_rules * n, np.float64)
     owned_count = 0
@@ -414,8 +413,7 @@ def _range_sums(att: Attribution, op_call: np.ndarray | list[np.ndarray],
     for i, col in enumerate(cols):
         col = np.ascontiguousarray(col)
         for rows in levels:  # push sums up, deepest level first
-            # (no row of a level is another's parent: one bincount adds the level at once;
-            # the sums are of integers, exact in float64 in any order)
+            # (no row of a level is another's parent: one bincount adds it; integer sums, exact in float64)
             col += np.bincount(parent[rows], weights=col[rows], minlength=n)
         cols[i] = np.rint(col).astype(np.int64)
         del col
@@ -479,8 +477,7 @@ def _range_spans(att: Attribution) -> None:
             packed <<= 32
             for lo in range(0, len(packed), _CHUNK):
                 packed[lo : lo + _CHUNK] |= np.arange(lo, min(len(packed), lo + _CHUNK), dtype=np.int64)
-            # The keys are unique, so any sort gives the same order; they come out nearly (on
-            # nsys exports: exactly) sorted, which timsort ("stable") detects in one pass,
+            # Unique keys, nearly (nsys exports: exactly) sorted: timsort ("stable") sees that in one pass,
             # where quicksort takes ~70 ms per million.
             packed.sort(kind="stable")
             if level == 0:  # the last level: positions no longer needed

@@ -65,8 +65,7 @@ class IntervalIndex:
         qs = np.flatnonzero(has)
         if not len(qs):
             return np.full(len(q_group), -1, np.int64)
-        # Sort queries by group so each group's search runs over one contiguous slice.
-        qs = qs[np.argsort(gi_c[qs], kind="stable")]
+        qs = qs[np.argsort(gi_c[qs], kind="stable")]  # by group: each group's search over one slice
         qg = gi_c[qs]
         bounds = np.searchsorted(qg, np.arange(len(self.group_ids) + 1))
         for k in np.flatnonzero(bounds[1:] > bounds[:-1]):  # groups (threads), not rows

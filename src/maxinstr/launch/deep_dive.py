@@ -233,9 +233,8 @@ def parse_ncu_csv(text: str, source: str = "ncu output") -> list[NcuLaunch]:
     for row in reader:
         if not row.get("ID") or not (row["ID"].strip().isdigit()):
             continue
-        launch = launches.get(row["ID"])
         get = lambda key, row=row: row.get(key) or ""  # noqa: E731 - an empty cell and a missing column alike
-        if launch is None:
+        if (launch := launches.get(row["ID"])) is None:
             launch = launches[row["ID"]] = NcuLaunch(id=row["ID"], kernel=get("Kernel Name"), block=get("Block Size"),
                                                      grid=get("Grid Size"), device=get("Device"), cc=get("CC"))
         section, metric, rule = get("Section Name"), get("Metric Name"), get("Rule Name")

@@ -405,8 +405,7 @@ def stop_server(run_dir: Path, grace_s: float = 20.0, say: Callable[[str], None]
 
 
 def _reap(pid: int) -> None:
-    proc = _children.get(pid)
-    if proc is not None and proc.poll() is not None:
+    if (proc := _children.get(pid)) is not None and proc.poll() is not None:
         _children.pop(pid, None)
 
 

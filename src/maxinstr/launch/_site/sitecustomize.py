@@ -1,9 +1,7 @@
-"""maxinstr's start-up hook (`maxinstr run` puts this folder first on PYTHONPATH). Until the program asks
-for maxinstr it is unseen (no import beyond what Python has loaded, no thread, GPU call, signal handler
-or environment change: tests/launch/test_hook_unseen.py): a finder waits for the first import of
-``maxinstr``, a ``--stage`` target's package, or ``max`` (MAX's markers on), then runs
-``maxinstr.launch.bootstrap.startup()``. It never breaks the program, and runs the sitecustomize it shadows.
-"""
+"""maxinstr's start-up hook (first on PYTHONPATH under `maxinstr run`): no import, thread, GPU call, signal handler
+or environment change (tests/launch/test_hook_unseen.py) until a finder sees the first import of ``maxinstr``, a
+``--stage`` target's package, or ``max`` (MAX's markers on), then runs ``maxinstr.launch.bootstrap.startup()``.
+It never breaks the program, and runs the sitecustomize it shadows."""
 
 # Only what every Python has loaded when site runs this file (glob, importlib.machinery: where used)
 import _frozen_importlib
