@@ -20,23 +20,16 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover  (`X as X`: re-exported, for type checkers and linters)
-    from maxinstr.launch.instrument import instrument as instrument
-    from maxinstr.record import disable as disable
-    from maxinstr.record import enable as enable
-    from maxinstr.record import is_enabled as is_enabled
-    from maxinstr.record import mark as mark
-    from maxinstr.record import set_gpu_budget as set_gpu_budget
     from maxinstr._native import stage as stage  # what maxinstr.record.stage is (a submodule shares the name)
-    from maxinstr.record.session import Session as Session
-    from maxinstr.record.session import current_session as current_session
-    from maxinstr.record.session import session as session
-    from maxinstr.rundir import Run as Run
-    from maxinstr.rundir import load as load
+    from maxinstr.launch.instrument import instrument as instrument
+    from maxinstr.record import disable as disable, enable as enable, is_enabled as is_enabled, mark as mark
+    from maxinstr.record import set_gpu_budget as set_gpu_budget
+    from maxinstr.record.session import Session as Session, current_session as current_session, session as session
+    from maxinstr.rundir import Run as Run, load as load
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    if (module := _EXPORTS.get(name)) is None:
         raise AttributeError(f"module 'maxinstr' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value

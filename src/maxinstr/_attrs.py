@@ -1,9 +1,7 @@
-"""Stage attrs are data, not references (docs/sessions.md, "Attrs"): the native core hands attrs
-holding anything but ``str``/``int``/``float``/``bool``/``None`` to :func:`plain`, which returns the
-JSON data they are written as, so no object passed is kept alive. Nothing here raises. A base
-module because the recording side installs :func:`plain` as the core's hook and the run-directory
-writer falls back on it: in ``maxinstr.rundir`` it would make ``import maxinstr.record`` load the
-run reader and numpy as well.
+"""Stage attrs are data, not references (docs/sessions.md, "Attrs"): the native core hands attrs holding
+anything but ``str``/``int``/``float``/``bool``/``None`` to :func:`plain`, which returns the JSON data they
+are written as (no object kept alive); it never raises. A base module: in ``maxinstr.rundir`` it would
+make ``import maxinstr.record`` load the run reader and numpy as well.
 """
 
 from __future__ import annotations

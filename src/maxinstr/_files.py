@@ -1,7 +1,5 @@
-"""Reading a file named by a run directory or a user: only regular files (a FIFO blocks forever), only
-the size it had when opened (a link to ``/dev/zero`` never ends; a file being appended to reads as a
-consistent prefix); and writing inside a run directory, never through a link planted there.
-"""
+"""Reading a file named by a run directory or a user: regular files only (a FIFO blocks forever), the size it
+had when opened (a link to ``/dev/zero`` never ends); writing in a run directory, never through a link."""
 
 from __future__ import annotations
 
@@ -24,8 +22,8 @@ MAX_JSON_DEPTH = 64  # maxinstr writes at most ~40 levels (user metadata is cut 
 
 
 def open_regular(path: Path, error: MakeError) -> tuple[int, int] | None:
-    """``(fd, size)`` of the regular file ``path`` opened for reading (the caller closes fd); None when
-    nothing is there; anything else (a FIFO, a device, a dangling link...) raises ``error(path, problem)``."""
+    """``(fd, size)`` of the regular file ``path`` opened for reading (the caller closes fd); None when nothing
+    is there; anything else (a FIFO, a device, a dangling link...) raises ``error(path, problem)``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -51,8 +49,7 @@ def _kind(mode: int) -> str:
 def read_at(fd: int, offset: int, size: int) -> bytes:  # (fewer bytes only at the end of the file)
     chunks = []
     while size > 0:
-        chunk = os.pread(fd, min(size, 1 << 24), offset)
-        if not chunk:
+        if not (chunk := os.pread(fd, min(size, 1 << 24), offset)):
             break
         chunks.append(chunk)
         offset, size = offset + len(chunk), size - len(chunk)
@@ -60,8 +57,7 @@ def read_at(fd: int, offset: int, size: int) -> bytes:  # (fewer bytes only at t
 
 
 def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
-    """The ``[start, end)`` byte ranges of ``fd`` that hold data; the rest is holes (a sparse
-    file), which read as zeros. The whole file where the file system cannot tell."""
+    """The ``[start, end)`` byte ranges of ``fd`` holding data, not holes (the whole file where unknown)."""
     extents: list[tuple[int, int]] = []
     pos = 0
     try:
@@ -83,9 +79,8 @@ def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
 
 
 def read_regular(path: Path, error: MakeError) -> bytes | None:
-    """The bytes of the regular file ``path`` (None: nothing there); else as :func:`open_regular` raises."""
-    opened = open_regular(path, error)
-    if opened is None:
+    """The bytes of the regular file ``path`` (None: nothing there), or as :func:`open_regular` raises."""
+    if (opened := open_regular(path, error)) is None:
         return None
     fd, size = opened
     try:
@@ -110,8 +105,7 @@ def _depth(obj: Any, limit: int) -> bool:  # nests no deeper than limit (iterati
 
 
 def parse_json(data: bytes, path: Path, error: MakeError, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """JSON from ``data``; any way it is not (bad syntax or UTF-8, nested past ``max_depth`` or the
-    recursion limit, a number too long) raises ``error(path, problem)``."""
+    """JSON from ``data``; bad syntax or UTF-8, nesting past ``max_depth``, a number too long: ``error(...)``."""
     try:
         doc = json.loads(data)
     except RecursionError:
@@ -124,10 +118,9 @@ def parse_json(data: bytes, path: Path, error: MakeError, *, max_depth: int = MA
     return doc
 
 
-# Writing inside a run directory: one may be handed to us (copied, unpacked, shared), and a link
-# planted in it (parts/p123/stages.bin -> ~/.bashrc) must not turn maxinstr's writes into writes to
-# its target. Every file maxinstr writes there is opened with O_NOFOLLOW and every folder below
-# the run directory is checked to be a real folder; the run directory itself is the user's to name.
+# A run directory may be handed to us (copied, unpacked, shared): a link planted in it (parts/p123/stages.bin
+# -> ~/.bashrc) must not turn maxinstr's writes into writes to its target. Files are opened O_NOFOLLOW, and
+# every folder below the run directory checked to be a real folder.
 
 LINK_REFUSED = "a symbolic link inside a run directory (maxinstr never writes through one)"
 
@@ -137,8 +130,8 @@ def _refuse_link(path: str | os.PathLike[str]) -> OSError:
 
 
 def real_dirs(root: str | os.PathLike[str], below: str | os.PathLike[str]) -> Path:
-    """Make the folder ``below`` (inside ``root``) and its missing parents up to ``root``, each a
-    real folder: a symbolic link or a file in the way raises OSError naming it. Returns it."""
+    """Make the folder ``below`` (inside ``root``) and its missing parents, each a real folder (a link or a
+    file in the way: OSError naming it). Returns it."""
     root_p, target = Path(root), Path(below)
     try:
         rel = target.relative_to(root_p).parts
@@ -159,8 +152,8 @@ def real_dirs(root: str | os.PathLike[str], below: str | os.PathLike[str]) -> Pa
 
 
 def open_write(path: str | os.PathLike[str], *, append: bool = True, exclusive: bool = False, mode: int = 0o644) -> int:
-    """A file descriptor to write ``path``: O_NOFOLLOW (a link there: OSError naming it), a regular file
-    only (a FIFO would block), appended to or truncated; ``exclusive``: it must not exist yet."""
+    """A file descriptor to write ``path``: O_NOFOLLOW (a link there: OSError naming it), a regular file only
+    (a FIFO would block), appended to or truncated; ``exclusive``: it must not exist yet."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
         fd = os.open(path, flags | (os.O_APPEND if append else 0) | (os.O_EXCL if exclusive else 0), mode)
@@ -191,8 +184,8 @@ def open_write_file(path: str | os.PathLike[str], text: bool = False, *, append:
 
 
 def replace_atomic(path: str | os.PathLike[str], data: bytes, *, fsync: bool = False) -> None:
-    """Write ``data`` to ``path`` through a new temporary file beside it (exclusive, a random name) and a
-    rename: a reader sees the old file or the new one; a link at ``path`` is replaced, never followed."""
+    """Write ``data`` to ``path`` through a new temporary file beside it and a rename: a reader sees the old
+    file or the new; a link at ``path`` is replaced, never followed."""
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = open_write(tmp, append=False, exclusive=True)

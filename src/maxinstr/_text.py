@@ -1,6 +1,5 @@
-"""Names as text any view can show: a name is data, and can hold what no terminal, file or page should
-receive raw: control characters (ESC starts a terminal escape sequence), line separators, lone
-surrogates (printing them raises). :func:`visible` shows those as escapes; markup is each renderer's.
+"""Names as text any view can show: a name is data, and may hold what no terminal, file or page should get
+raw (control characters: ESC starts an escape sequence; line separators; lone surrogates: printing raises).
 """
 
 from __future__ import annotations
@@ -23,20 +22,17 @@ def visible(name: object) -> str:
     return _HIDDEN.sub(_escape, s) if _HIDDEN.search(s) else s
 
 
+# What a view shows of one text: a name of 3 MB took the text report 33 s and 25 MB of output, 10 MB past
+# 120 s (rich folds it into a hundred thousand lines). The JSON report keeps every name whole.
 DISPLAY_CHARS = 1000
-"""What a view shows of one text (a name, a note, a command): a name of 3 MB took the text report
-33 s and 25 MB of output, 10 MB past 120 s (rich folds it into a hundred thousand lines). The
-JSON report keeps every name whole: it is data."""
 
 
-def clip_text(s: str, limit: int = DISPLAY_CHARS) -> str:
-    """``s`` cut to ``limit`` characters, the cut said; unchanged when it is not longer."""
+def clip_text(s: str, limit: int = DISPLAY_CHARS) -> str:  # cut to ``limit`` characters, the cut said
     return s if len(s) <= limit else f"{s[:limit]}… (+{len(s) - limit:,} characters)"
 
 
 def shown(value: object, limit: int = DISPLAY_CHARS) -> str:
-    """:func:`visible` of ``value`` cut to ``limit`` characters, the cut said
-    (``… (+9,999,000 characters)``): what every view (text, Markdown, HTML, Perfetto) shows."""
+    """:func:`visible` of ``value`` cut to ``limit`` characters (``… (+9,999,000 characters)``): what views show."""
     return visible(clip_text(value if isinstance(value, str) else str(value), limit))
 
 
@@ -49,19 +45,16 @@ def safe_name(name: str) -> str:
     return _UNKEEPABLE.sub(_escape, name) if _UNKEEPABLE.search(name) else name
 
 
-KERNEL_LABEL_SCAN = 4096
-"""Characters of a kernel name the label is made from (real names run to ~5,000; a hostile one to
-megabytes: the label is for reading, --format json keeps the name whole)."""
+KERNEL_LABEL_SCAN = 4096  # characters a label is made from (real names run to ~5,000; a hostile one to megabytes)
 _NAMESPACE = re.compile(r"\(anonymous namespace\)::|<unnamed>::|\b[A-Za-z_][A-Za-z0-9_]*::")
 _CAST = re.compile(r"\((?:unsigned |signed )?(?:int|bool|long|short|char|long long)\)(?=-?\d)")
+# Templates that only wrap the kernel that tells one apart (CUTLASS's device_kernel<GemmUniversal<...>>)
 _WRAPPERS = ("device_kernel<", "enable_3x_kernel_for_sm9x<", "enable_sm90_or_later<", "enable_sm80_to_sm89<",
              "Kernel<", "Kernel2<")
-"""Templates that only wrap the kernel that tells one apart (CUTLASS's device_kernel<GemmUniversal<...>>)."""
 
 
 def _top_level(s: str, stop: str) -> int:
-    """Index of the first ``stop`` character outside template brackets and parentheses (a '>'
-    inside ``(8)>(0)`` is a comparison, not a bracket), or -1."""
+    """Index of the first ``stop`` outside template brackets and parentheses (``(8)>(0)`` compares), or -1."""
     angle = paren = 0
     for i, c in enumerate(s):
         if c == stop and angle == 0 and paren == 0 and i > 0:
@@ -78,9 +71,8 @@ def _top_level(s: str, stop: str) -> int:
 
 
 def kernel_label(name: str) -> str:
-    """A kernel's name as a reader tells kernels apart by: no ``void``, namespaces, parameter list or
-    ``(int)`` casts, CUTLASS's wrapper templates unwrapped (``device_kernel<GemmUniversal<...`` ->
-    ``GemmUniversal<...``), whitespace collapsed. The full name stays in --format json and deep-dive."""
+    """A kernel's name as a reader tells kernels apart by: no ``void``, namespaces, parameter list or ``(int)``
+    casts, CUTLASS's wrapper templates unwrapped, whitespace collapsed (--format json keeps the name)."""
     s = name[:KERNEL_LABEL_SCAN].strip()
     if not (s.startswith("void ") or "::" in s or "<" in s):
         return s  # not a C++ signature: a copy ("Memcpy HtoD (Pageable -> Device)"), a mangled or plain name

@@ -1,5 +1,4 @@
-"""Durations as short text for the analysis (finding titles) and the views alike, without one depending
-on the other."""
+"""Durations as short text for the analysis (finding titles) and the views alike."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Errors maxinstr raises at its boundaries. Vendor errors are translated into these where
-they enter, so callers never handle pynvml/amdsmi/sqlite exception types."""
+"""Errors maxinstr raises at its boundaries (vendor errors are translated into these where they enter)."""
 
 from __future__ import annotations
 
@@ -8,16 +7,10 @@ class MaxinstrError(Exception):
     """Base of every error maxinstr raises on purpose."""
 
 
-def one_line(text: str) -> str:
-    """``text`` with every run of whitespace (newlines included) as one space: problems quoted
-    from a library (SQLite quotes a corrupt schema's SQL, newlines and all) stay on one line."""
-    return " ".join(text.split())
-
-
 class _PathError(MaxinstrError):
     def __init__(self, path: object, problem: str) -> None:
         self.path = str(path)
-        self.problem = one_line(problem)
+        self.problem = " ".join(problem.split())  # a library's quoted problem (SQL, newlines and all) on one line
         super().__init__(f"{self.path}: {self.problem}")
 
 

@@ -1,11 +1,8 @@
-"""The warm-up rule: which stage instances a run's ``warmup=N`` keeps out of steady state, written
-once (the rule, in words: docs/sessions.md, "Warm-up and steady state"). The report flags its
-instances with :func:`warmup_flags` (``analyze/instances.py`` adds the cold starts),
-``Run.warmup_mask()`` is the same over a run's records, and the steady-state capture starts at the
-instant :func:`steady_can_begin` names (fired by the native core's ``steady_watch``; the tests
-replay real runs through the core against this function): no instance the rule calls steady
-starts before it, as a steady instance always has at the top of its nesting an instance whose
-name had started N times before in its process.
+"""The warm-up rule, written once (docs/sessions.md, "Warm-up and steady state"): which stage instances a
+run's ``warmup=N`` keeps out of steady state (:func:`warmup_flags`, for the report and
+``Run.warmup_mask()``), and the instant the steady-state capture may start (:func:`steady_can_begin`,
+which the native core's ``steady_watch`` fires at; the tests replay real runs through the core against
+it): a steady instance always has at the top of its nesting one whose name had started N times before.
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
 
 
 def _up(parent: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Up the parent chains a level at a time (at most MAX_LEVELS): who still has a parent there, and it."""
+    """Up the parent chains a level at a time (at most MAX_LEVELS): who has a parent there, and it."""
     cur = np.asarray(parent, np.int64).copy()
     live = np.flatnonzero(cur >= 0)
     for _ in range(MAX_LEVELS):
@@ -44,24 +41,21 @@ def _up(parent: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         live = live[cur[live] >= 0]
 
 
-def levels(parent: np.ndarray) -> np.ndarray:
-    """Per instance, its nesting level among the instances (0: no enclosing instance)."""
+def levels(parent: np.ndarray) -> np.ndarray:  # per instance, its nesting level (0: none enclosing)
     level = np.zeros(len(parent), np.int64)
     for live, _ in _up(parent):
         level[live] += 1
     return level
 
 
-def inside(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:
-    """Per instance: whether any enclosing instance (parent, grandparent, ...) has ``flag``."""
+def inside(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:  # per instance: has an enclosing one ``flag``?
     out = np.zeros(len(parent), dtype=bool)
     for live, above in _up(parent):
         out[live] |= flag[above]
     return out
 
 
-def top_ancestor(parent: np.ndarray) -> np.ndarray:
-    """Per instance: its outermost enclosing instance (itself at the top level)."""
+def top_ancestor(parent: np.ndarray) -> np.ndarray:  # per instance: its outermost enclosing one (or itself)
     root = np.arange(len(parent))
     for live, above in _up(parent):
         root[live] = above
@@ -70,8 +64,7 @@ def top_ancestor(parent: np.ndarray) -> np.ndarray:
 
 def occurrences(part_code: np.ndarray, name_code: np.ndarray, is_mark: np.ndarray,
                 host_start_ns: np.ndarray) -> np.ndarray:
-    """Per instance, how many instances of its name started before it in its process (at any
-    level; marks are counted apart from stages of the same name, as the core never enters them)."""
+    """Per instance, how many of its name started before it in its process, at any level (marks apart)."""
     if len(name_code) == 0:
         return np.empty(0, np.int64)
     n_names = int(np.max(name_code)) + 1
@@ -82,8 +75,8 @@ def occurrences(part_code: np.ndarray, name_code: np.ndarray, is_mark: np.ndarra
 def pipeline_iterations(part_code: np.ndarray, name_code: np.ndarray, level: np.ndarray, is_mark: np.ndarray,
                         host_start_ns: np.ndarray, occurrence: np.ndarray, parent: np.ndarray,
                         warmup_n: int) -> tuple[np.ndarray, dict[int, int]]:
-    """Per instance the pipeline iteration it ran in (step 1 of the rule; nested: its top-level
-    ancestor's), and per process (part code) with a head, the head's name code."""
+    """Per instance the pipeline iteration it ran in (step 1 of the rule; nested: its top-level ancestor's),
+    and per process (part code) with a head, the head's name code."""
     if len(name_code) == 0:
         return np.empty(0, np.int64), {}
     top = (level == 0) & ~is_mark
@@ -109,9 +102,7 @@ def pipeline_iterations(part_code: np.ndarray, name_code: np.ndarray, level: np.
 
 
 @dataclass
-class WarmupFlags:
-    """The rule's columns, one value per instance."""
-
+class WarmupFlags:  # the rule's columns, one value per instance
     occurrence: np.ndarray  # how many instances of its name started before it in its process
     level: np.ndarray  # nesting level (0: top level)
     iteration: np.ndarray  # the pipeline iteration (-1: before the first)
@@ -121,15 +112,14 @@ class WarmupFlags:
     is_mark: np.ndarray  # instant marks (never warm-up: they have no time to keep out)
 
     @property
-    def kept_out(self) -> np.ndarray:
-        """What the rule keeps out of steady state: warm-up and the stages nested in it."""
+    def kept_out(self) -> np.ndarray:  # warm-up and the stages nested in it
         return (self.warmup | self.nested) & ~self.is_mark
 
 
 def warmup_flags(part_code: np.ndarray, name_code: np.ndarray, parent: np.ndarray, host_start_ns: np.ndarray,
                  is_mark: np.ndarray, warmup_n: int, level: np.ndarray | None = None) -> WarmupFlags:
-    """The rule over stage instances: ``part_code`` the process, ``name_code`` per name, ``parent`` the
-    enclosing instance's row (-1 none), ``level`` the nesting level when already known."""
+    """The rule over stage instances: ``part_code`` the process, ``parent`` the enclosing instance's row
+    (-1 none), ``level`` the nesting level when already known."""
     part_code, name_code, parent, host_start_ns = (np.asarray(a, np.int64) for a in (part_code, name_code, parent, host_start_ns))
     is_mark = np.asarray(is_mark, bool)
     n = len(name_code)
@@ -146,8 +136,8 @@ def warmup_flags(part_code: np.ndarray, name_code: np.ndarray, parent: np.ndarra
 
 def steady_can_begin(part_code: np.ndarray, name_code: np.ndarray, level: np.ndarray, is_mark: np.ndarray,
                      host_start_ns: np.ndarray, warmup_n: int) -> np.ndarray:
-    """Per instance, whether steady state can begin at its start: per process, the first top-level
-    instance (by start) whose name had started ``warmup_n`` times before, at any level (0: the first)."""
+    """Per instance, whether steady state can begin at its start: per process, the first top-level one
+    whose name had started ``warmup_n`` times before, at any level."""
     out = np.zeros(len(name_code), bool)
     if len(out) == 0:
         return out

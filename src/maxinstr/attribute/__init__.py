@@ -1,6 +1,5 @@
-"""Attribution: which range launched each GPU op, and per-range-instance GPU totals (docs/attribution.md).
-After this import ``maxinstr.attribute.attribute`` names the function, not the module.
-"""
+"""Attribution: which range launched each GPU op, per-range GPU totals (docs/attribution.md). After this
+import ``maxinstr.attribute.attribute`` names the function, not the module."""
 
 from __future__ import annotations
 

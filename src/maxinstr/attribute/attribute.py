@@ -1,10 +1,6 @@
-"""Exact per-range attribution of GPU ops: ``attribute(trace, run=None) -> Attribution``, by the rules
-docs/attribution.md states, in order: ``SAME_THREAD`` (nsys's: the launch call inside a range on
-its own thread; ``GRAPH`` for a graph replay's kernels), ``START_END`` (a start/end range ended on
-another thread, on its start or end thread), ``CROSS_THREAD`` (no range on the launching thread:
-the innermost over the process's other threads), ``TIME_OVERLAP`` (no launch call: the op's GPU
-start). Per-range numbers are inclusive of nested ranges, as ``nsys stats`` counts them. Where the
-trace holds maxinstr's stages and other domains' ranges too, stages own the work they submit.
+"""Exact per-range attribution of GPU ops: ``attribute(trace, run=None) -> Attribution``, by the rules of
+docs/attribution.md (:class:`Rule`, in order). Per-range numbers include nested ranges, as ``nsys stats``
+counts them; where the trace holds other domains' ranges too, maxinstr's stages own the work they submit.
 """
 
 from __future__ import annotations
@@ -20,17 +16,13 @@ from maxinstr.attribute.model import Attribution, JoinMethod, Rule
 from maxinstr.columns import correlation_join
 from maxinstr.traces.model import OP_CALL_KEY, CallKind, OpKind, RangeStyle, Trace
 
-OP_STAGE_KEY = "op_stage_id"
-"""``trace.meta[OP_STAGE_KEY]``: per op, the stage record id that launched it, when the trace
-knows it exactly (in-process collection, :mod:`maxinstr.traces.inprocess`); -1 for none."""
+OP_STAGE_KEY = "op_stage_id"  # trace.meta's per op stage record id that launched it (in-process traces), -1 none
 CALIBRATION_KERNEL = "maxinstr_spin"  # the stage core's own GPU-floor kernel (csrc/core/floor.cpp)
 
 _CHUNK = 1 << 20  # ops (or op, range pairs) per block of the per-op passes: bounds the temporaries on 10M-op traces
 
 ALL_RULES = frozenset({Rule.SAME_THREAD, Rule.START_END, Rule.CROSS_THREAD, Rule.GRAPH, Rule.TIME_OVERLAP})
-NSYS_RULES = frozenset({Rule.SAME_THREAD, Rule.GRAPH})
-"""What ``nsys stats -r nvtx_gpu_proj_sum`` attributes: same-thread launches, graph replays
-included (through the graph launch's correlation id)."""
+NSYS_RULES = frozenset({Rule.SAME_THREAD, Rule.GRAPH})  # what ``nsys stats -r nvtx_gpu_proj_sum`` attributes
 
 
 def join_ops_to_calls(trace: Trace) -> np.ndarray:
@@ -44,9 +36,8 @@ def join_ops_to_calls(trace: Trace) -> np.ndarray:
 
 
 def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = None) -> Attribution:
-    """Attribute every GPU op of ``trace`` to the ranges that launched it. ``rules`` limits the
-    rules used (default: all; ``NSYS_RULES`` reproduces ``nsys stats``). With ``run`` (a run
-    directory or a loaded run) ranges are joined to its stage records (:mod:`.join`)."""
+    """Attribute every GPU op of ``trace`` to the ranges that launched it, by ``rules`` (default: all;
+    ``NSYS_RULES`` as ``nsys stats``); with ``run`` ranges are joined to its stage records (:mod:`.join`)."""
     use = ALL_RULES if rules is None else frozenset(Rule(r) for r in rules)
     owner = trace.meta.get(OP_STAGE_KEY) if isinstance(trace.meta, dict) else None
     if isinstance(owner, np.ndarray) and len(owner) == len(trace.ops):
@@ -139,8 +130,7 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
         notes.append("the trace has no ranges: every op has op_range -1 (kernel breakdown only)")
     for r, what in ((Rule.CROSS_THREAD, "launched from another thread than the range's"),
                     (Rule.START_END, "inside start/end ranges ended on another thread")):  # fmt: skip
-        k = int((op_rule == r).sum())
-        if k:
+        if k := int((op_rule == r).sum()):
             notes.append(f"{k} GPU ops attributed by rule {r.name}: {what}")
     if linked:
         notes.append(f"{linked} ranges of other domains on threads that hold no stage (a runtime's worker: MAX "
@@ -164,8 +154,7 @@ def attribute(trace: Trace, run: Any = None, *, rules: Iterable[Rule] | None = N
 
 
 def stage_domain_mask(trace: Trace) -> np.ndarray | None:
-    """Per range, whether it is a maxinstr stage (NVTX domain ``maxinstr``), when the trace also holds
-    other domains' ranges (MAX's op ranges); None otherwise: every range then takes part alike."""
+    """Per range, whether it is a maxinstr stage, when the trace also holds other domains' ranges; else None."""
     stage = in_maxinstr_domain(trace) & (trace.ranges.style != RangeStyle.MARK)
     return None if not stage.any() or stage.all() else stage
 
@@ -173,10 +162,10 @@ def stage_domain_mask(trace: Trace) -> np.ndarray | None:
 def _own_by_stages(trace: Trace, stage: np.ndarray, same_thread: np.ndarray, r_thread: np.ndarray,
                    c_thread: np.ndarray, cidx: np.ndarray, parent: np.ndarray, call_range: np.ndarray,
                    call_rule: np.ndarray) -> int:
-    """Stages own the work they submit, whoever launches it (docs/attribution.md): each launch call
-    (rows ``cidx``) gets its stage from the stage ranges alone; ``call_range`` keeps the innermost
-    range of any domain when it lies under that stage, and a range of another domain on a thread
-    that holds no stage nests under the stage of its first launch. Returns the ranges so linked."""
+    """Stages own the work they submit, whoever launches it (docs/attribution.md): each launch call (rows
+    ``cidx``) gets its stage from the stage ranges alone; ``call_range`` keeps the innermost range of any
+    domain under that stage; another domain's range on a thread without stages nests under the stage of
+    its first launch. Returns the ranges so linked."""
     R, C = trace.ranges, trace.calls
     srows = np.flatnonzero(same_thread & stage)
     if not len(srows) or not len(cidx):
@@ -219,8 +208,7 @@ def _own_by_stages(trace: Trace, stage: np.ndarray, same_thread: np.ndarray, r_t
 
 
 def _stage_ancestry(stage: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per range: the nearest stage among itself and its ancestors (-1 none), and its top-level
-    ancestor (itself when it has no parent), one nesting level at a time."""
+    """Per range: the nearest stage among itself and its ancestors (-1 none), and its top-level ancestor."""
     n = len(parent)
     nearest, top = np.where(stage, np.arange(n), -1), np.arange(n)
     up = parent.copy()
@@ -235,8 +223,7 @@ def _stage_ancestry(stage: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, 
 
 
 def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribution:
-    """Attribution when the trace says, per op, which stage record launched it (in-process
-    collection): the range whose payload is that id, as nsys would find it (docs/attribution.md)."""
+    """Attribution where the trace names, per op, the stage record that launched it: that record's range."""
     R, O = trace.ranges, trace.ops
     m = len(O)
     notes: list[str] = []
@@ -289,8 +276,7 @@ def _attribute_by_stage_id(trace: Trace, owner: np.ndarray, run: Any) -> Attribu
 
 def _cross_thread_untagged(trace: Trace, owner: np.ndarray, op_call: np.ndarray, op_range: np.ndarray,
                            r_thread: np.ndarray, threads: np.ndarray, rows1: np.ndarray, idx1: IntervalIndex) -> np.ndarray:
-    """In-process ops whose launch named no stage because their thread holds none (MAX's worker):
-    rule CROSS_THREAD; sets their ``op_range``, returns their rows."""
+    """In-process ops launched by a thread holding no stage (MAX's worker): CROSS_THREAD; their rows."""
     C = trace.calls
     left = np.flatnonzero((owner < 0) & (op_range < 0) & (op_call >= 0))
     if not len(left) or not len(rows1):
@@ -304,8 +290,8 @@ def _cross_thread_untagged(trace: Trace, owner: np.ndarray, op_call: np.ndarray,
 
 
 def _range_tree(trace: Trace, r_thread: np.ndarray) -> tuple[np.ndarray, np.ndarray, IntervalIndex, np.ndarray]:
-    """(same-thread ranges mask, their rows, their index, per range its parent): a range's parent
-    is the innermost same-thread range holding it on its thread, a mark's the one open around it."""
+    """(same-thread ranges mask, their rows, their index, per range its parent: the innermost same-thread
+    range holding it, a mark's the one open around it)."""
     R = trace.ranges
     same_thread = (R.style == RangeStyle.PUSH_POP) | ((R.style == RangeStyle.START_END) & (R.end_tid == R.tid))
     rows1 = np.flatnonzero(same_thread)
@@ -321,8 +307,8 @@ def _range_tree(trace: Trace, r_thread: np.ndarray) -> tuple[np.ndarray, np.ndar
 def _innermost_elsewhere(trace: Trace, idx: IntervalIndex, rows: np.ndarray, r_thread: np.ndarray, q: np.ndarray,
                          pid: np.ndarray, start: np.ndarray, end: np.ndarray,
                          thread: np.ndarray | None = None) -> np.ndarray:
-    """Per query row ``q`` of the columns, the latest-starting range of ``idx`` holding it on a thread of
-    its process other than its own ``thread`` (when given); -1 none. One pass per thread holding ranges."""
+    """Per query row ``q``, the latest-starting range of ``idx`` holding it on another thread of its process
+    than ``thread`` (when given); -1 none. One pass per thread holding ranges."""
     R, best = trace.ranges, np.full(len(q), -1, np.int64)
     for t in np.unique(r_thread[rows]):
         pid_t = R.pid[rows][r_thread[rows] == t][0]
@@ -339,22 +325,15 @@ def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
 
 def _thread_ids(threads: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
     """int32 position of each (pid, tid) in the sorted ``threads`` keys, -1 when absent, block by block."""
-    out = np.empty(len(pid), np.int32 if len(threads) < (1 << 31) else np.int64)
-    for lo in range(0, len(pid), _CHUNK):
-        out[lo : lo + _CHUNK] = _lookup(threads, _thread_key(pid[lo : lo + _CHUNK], tid[lo : lo + _CHUNK]))
+    out = np.full(len(pid), -1, np.int32 if len(threads) < (1 << 31) else np.int64)
+    for lo in range(0, len(pid) if len(threads) else 0, _CHUNK):
+        keys = _thread_key(pid[lo : lo + _CHUNK], tid[lo : lo + _CHUNK])
+        pos = np.minimum(np.searchsorted(threads, keys), len(threads) - 1)
+        out[lo : lo + _CHUNK] = np.where(threads[pos] == keys, pos, -1)
     return out
 
 
-def _lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """Position of each key in ``sorted_keys``, -1 when absent."""
-    if not len(sorted_keys):
-        return np.full(len(keys), -1, np.int64)
-    pos = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
-    return np.where(sorted_keys[pos] == keys, pos, -1)
-
-
-def _later(start: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per element, whichever of ranges a/b started later (-1 = none)."""
+def _later(start: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:  # whichever of ranges a, b started later
     sa = np.where(a >= 0, start[np.maximum(a, 0)], np.iinfo(np.int64).min)
     sb = np.where(b >= 0, start[np.maximum(b, 0)], np.iinfo(np.int64).min)
     return np.where(sb > sa, b, a)
@@ -372,9 +351,9 @@ def _depth(parent: np.ndarray) -> np.ndarray:
 
 def _range_sums(att: Attribution, op_call: np.ndarray | list[np.ndarray],
                 call_launch: np.ndarray | None = None) -> None:
-    """Counts, times, bytes, launches and rules per range: summed per innermost range and pushed up the
-    tree a level at a time. ``op_call`` handed over in a one-element list is freed after the per-op
-    pass; ``call_launch``: the range of each launch call that has one (launches counted per call)."""
+    """Counts, times, bytes, launches and rules per innermost range, pushed up the tree a level at a time.
+    ``op_call`` handed over in a one-element list is freed after the per-op pass; ``call_launch``: the
+    range of each launch call that has one (launches counted per call)."""
     if isinstance(op_call, list):
         op_call = op_call.pop()
     trace = att.trace
@@ -392,7 +371,6 @@ def _range_sums(att: Attribution, op_call: np.ndarray | list[np.ndarray],
         idx = np.arange(lo, lo + len(oc), dtype=np.int64)
         has = oc >= 0
         first_op[oc[has][::-1]] = idx[has][::-1]
-    # A handful of bincounts over (range, kind) and (range, rule) keys, block by block.
     by_kind, ns_kind, bytes_kind = (np.zeros(3 * n, np.float64) for _ in range(3))
     launches, by_rule = np.zeros(n, np.float64), np.zeros(n_rules * n, np.float64)
     owned_count = 0
@@ -435,8 +413,7 @@ def _range_sums(att: Attribution, op_call: np.ndarray | list[np.ndarray],
     for i, col in enumerate(cols):
         col = np.ascontiguousarray(col)
         for rows in levels:  # push sums up, deepest level first
-            # (no row of a level is another's parent: one bincount adds the level at once;
-            # the sums are of integers, exact in float64 in any order)
+            # (no row of a level is another's parent: one bincount adds it; integer sums, exact in float64)
             col += np.bincount(parent[rows], weights=col[rows], minlength=n)
         cols[i] = np.rint(col).astype(np.int64)
         del col
@@ -449,7 +426,7 @@ def _range_sums(att: Attribution, op_call: np.ndarray | list[np.ndarray],
 
 
 def _where32(mask: np.ndarray) -> np.ndarray:
-    """``np.flatnonzero(mask)`` as int32 when it fits, built block by block."""
+    """``np.flatnonzero(mask)`` as int32 when it fits, block by block."""
     if len(mask) >= (1 << 31):
         return np.flatnonzero(mask)
     parts = [np.flatnonzero(mask[lo : lo + _CHUNK]).astype(np.int32) + np.int32(lo) for lo in range(0, len(mask), _CHUNK)]
@@ -500,8 +477,7 @@ def _range_spans(att: Attribution) -> None:
             packed <<= 32
             for lo in range(0, len(packed), _CHUNK):
                 packed[lo : lo + _CHUNK] |= np.arange(lo, min(len(packed), lo + _CHUNK), dtype=np.int64)
-            # The keys are unique, so any sort gives the same order; they come out nearly (on
-            # nsys exports: exactly) sorted, which timsort ("stable") detects in one pass,
+            # Unique keys, nearly (nsys exports: exactly) sorted: timsort ("stable") sees that in one pass,
             # where quicksort takes ~70 ms per million.
             packed.sort(kind="stable")
             if level == 0:  # the last level: positions no longer needed

@@ -1,5 +1,5 @@
-"""Columnar interval machinery for attribution: innermost containing range, segmented unions.
-The only Python loops run over threads or over nesting depth, never over trace rows."""
+"""Columnar intervals for attribution (innermost containing range, segmented unions): Python loops run over
+threads or nesting depth, never over trace rows."""
 
 from __future__ import annotations
 
@@ -65,8 +65,7 @@ class IntervalIndex:
         qs = np.flatnonzero(has)
         if not len(qs):
             return np.full(len(q_group), -1, np.int64)
-        # Sort queries by group so each group's search runs over one contiguous slice.
-        qs = qs[np.argsort(gi_c[qs], kind="stable")]
+        qs = qs[np.argsort(gi_c[qs], kind="stable")]  # by group: each group's search over one slice
         qg = gi_c[qs]
         bounds = np.searchsorted(qg, np.arange(len(self.group_ids) + 1))
         for k in np.flatnonzero(bounds[1:] > bounds[:-1]):  # groups (threads), not rows
@@ -94,16 +93,13 @@ class IntervalIndex:
 
 def segmented_union(group: np.ndarray, start: np.ndarray, end: np.ndarray,
                     index: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per group of intervals sorted by (group, start): (groups, min start, max end, union length), the
-    union counting overlaps once (GPU busy time across streams); with ``index``, interval i is
-    ``(start[index[i]], end[index[i]])``. Native when built; the numpy path gives the same numbers: one
-    ``np.maximum.accumulate`` over groups lifted into bands of the int64 line, temporaries reused."""
-    n = len(group)
-    if not n:
+    """Per group of intervals sorted by (group, start): (groups, min start, max end, union length, overlaps
+    once); with ``index``, interval i is ``(start[index[i]], end[index[i]])``. Native when built; else one
+    ``np.maximum.accumulate`` over groups lifted into bands of the int64 line (the same numbers)."""
+    if not (n := len(group)):
         z = np.empty(0, np.int64)
         return z, z, z, z
-    native = columns.function("segmented_union")
-    if native is not None:
+    if (native := columns.function("segmented_union")) is not None:
         return native(group, start, end, None if index is None else np.asarray(index, np.int64))
     if index is not None:
         start, end = start[index], end[index]

@@ -1,9 +1,7 @@
-"""Join trace ranges to a run directory's stage records (docs/formats.md, "How records join"):
-``PAYLOAD`` (exact) whenever a range of NVTX domain ``maxinstr`` carries a record id of the run
-as int64 payload; else ``THREAD_NAME_ORDER`` (roctx has no payload): the k-th range named N on
-thread T is the k-th record named N on tid T by start, marks with marks. Only ranges of domain
-``maxinstr`` take part when the trace has it; traces without domains offer all their ranges.
-"""
+"""Join trace ranges to a run directory's stage records (docs/formats.md, "How records join"): ``PAYLOAD``
+where a range of NVTX domain ``maxinstr`` carries a record id as payload; else ``THREAD_NAME_ORDER``
+(roctx has no payload): the k-th range named N on thread T is the k-th such record by start, marks
+with marks. Only domain ``maxinstr``'s ranges take part when the trace has it."""
 
 from __future__ import annotations
 
@@ -22,36 +20,24 @@ from maxinstr.traces.model import RangeStyle, StringTable, Trace
 MAXINSTR_DOMAIN = "maxinstr"
 
 
-def _records(run: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(stages structured array, per-record names) from a Run or a run directory path."""
-    if isinstance(run, (str, Path)):
-        run = load(run)
-    stages = run.stages
-    names = run.stage_names() if hasattr(run, "stage_names") else np.asarray(run.names)[stages["name_id"]]
-    return stages, np.asarray(names, dtype=object)
-
-
-def in_maxinstr_domain(trace: Trace) -> np.ndarray:
-    """Per range, whether it is in NVTX domain ``maxinstr``."""
+def in_maxinstr_domain(trace: Trace) -> np.ndarray:  # per range, whether it is in NVTX domain ``maxinstr``
     strings = np.asarray(trace.strings, dtype=object)
     dom = np.flatnonzero(strings == MAXINSTR_DOMAIN) if len(strings) else np.empty(0, np.int64)
     return np.isin(trace.ranges.domain_id, dom) if len(dom) else np.zeros(len(trace.ranges), bool)
-
-
-def candidate_ranges(trace: Trace) -> np.ndarray:
-    """Rows of ``trace.ranges`` that may be maxinstr stages."""
-    in_domain = in_maxinstr_domain(trace)
-    return np.flatnonzero(in_domain) if in_domain.any() else np.arange(len(trace.ranges))
 
 
 def join_records(att: Attribution, run: Any) -> None:
     """Fill ``att.range_record_id`` and ``att.join_method`` from the run's stage records."""
     trace = att.trace
     R = trace.ranges
-    stages, rec_names = _records(run)
+    run = load(run) if isinstance(run, (str, Path)) else run
+    stages = run.stages
+    rec_names = run.stage_names() if hasattr(run, "stage_names") else np.asarray(run.names)[stages["name_id"]]
+    rec_names = np.asarray(rec_names, dtype=object)
     att.range_record_id = np.full(len(R), -1, np.int64)
     att.join_method = JoinMethod.NONE
-    cand = candidate_ranges(trace)
+    in_domain = in_maxinstr_domain(trace)  # the ranges that may be stages
+    cand = np.flatnonzero(in_domain) if in_domain.any() else np.arange(len(R))
     if not len(stages) or not len(cand):
         att.notes.append("no stage records or no candidate ranges: ranges not joined to the run")
         return
@@ -69,7 +55,7 @@ def join_records(att: Attribution, run: Any) -> None:
     r_names = np.array([trace.name(int(i)) for i in R.name_id[cand]], dtype=object)
     r_mark = (R.style[cand] == RangeStyle.MARK).astype(np.int64)
     s_mark = ((stages["flags"] & MARK) != 0).astype(np.int64)
-    all_names, name_code = factorize(np.concatenate([r_names, rec_names]))
+    name_code = factorize(np.concatenate([r_names, rec_names]))[1]
     name_code = name_code.reshape(-1).astype(np.int64)
     tid = np.concatenate([R.tid[cand], stages["tid"].astype(np.int64)])
     mark = np.concatenate([r_mark, s_mark])
@@ -97,10 +83,8 @@ def _note(att: Attribution, joined: int, ranges: int, records: int, how: str) ->
 
 
 def place_run_stages(trace: Trace, run: Any) -> tuple[Trace, str] | None:
-    """The trace with the run's stage records added as ranges (domain ``maxinstr``, payload = record
-    id) placed on its clock, when the trace records none of its own and its clock is the wall clock
-    (a torch.profiler trace: docs/attribution.md); (trace, note), or None (nothing to add, or no
-    common clock)."""
+    """(the trace with the run's stage records added as ranges of domain ``maxinstr`` on its clock, note),
+    where it has none of its own and a wall clock (torch.profiler: docs/attribution.md); else None."""
     if trace.format != "kineto" or run is None:
         return None
     if isinstance(run, (str, Path)):

@@ -1,5 +1,4 @@
-"""What attribution produces, as columns aligned with ``trace.ops`` and ``trace.ranges``: analysis and
-rendering read only this (plus the run directory), never re-joining the trace."""
+"""What attribution produces: columns aligned with ``trace.ops`` and ``trace.ranges`` (never re-joined)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from maxinstr.traces.model import Trace
 
 
 class Rule(IntEnum):
-    """How an op was tied to a range. Reported per stage so users know what to trust."""
+    """How an op was tied to a range (reported per stage: what to trust)."""
 
     NONE = 0  # not attributed
     SAME_THREAD = 1  # launch call inside the range, on the range's thread (nsys's rule)

@@ -1,6 +1,5 @@
-"""nsys's tables over an attribution (``gpu_proj_sum``, ``nvtx_sum``, ``kern_sum``: the rows and column
-names of ``nsys stats``, held to its output on the fixtures), and :func:`kernels_by_range`.
-"""
+"""nsys's tables over an attribution (``gpu_proj_sum``, ``nvtx_sum``, ``kern_sum``: the rows and columns
+of ``nsys stats``, held to its output on the fixtures), and :func:`kernels_by_range`."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ _STYLE = {int(RangeStyle.PUSH_POP): "PushPop", int(RangeStyle.START_END): "Start
 
 
 def range_names(trace: Trace) -> np.ndarray:
-    """``domain:text`` per range, as nsys names them (empty domain gives ``:text``)."""
+    """``domain:text`` per range, as nsys names them (``:text`` without a domain)."""
     R = trace.ranges
     pairs, inv = np.unique(np.stack([R.domain_id, R.name_id], axis=1), axis=0, return_inverse=True)
     labels = np.array([f"{trace.name(int(d))}:{trace.name(int(t))}" for d, t in pairs], dtype=object)
@@ -31,17 +30,15 @@ def _stats(values: np.ndarray) -> dict[str, float]:
 
 def _groups(labels: np.ndarray, mask: np.ndarray) -> list[tuple[Any, np.ndarray]]:
     rows = np.flatnonzero(mask)
-    if not len(rows):
-        return []
     uniq, inv = np.unique(labels[rows], return_inverse=True)
-    order = np.argsort(inv, kind="stable")
-    bounds = np.searchsorted(inv[order], np.arange(len(uniq) + 1))
-    return [(uniq[i], rows[order[bounds[i] : bounds[i + 1]]]) for i in range(len(uniq))]
+    order = np.argsort(inv.reshape(-1), kind="stable")
+    counts = np.bincount(inv.reshape(-1), minlength=len(uniq))
+    return list(zip(uniq, np.split(rows[order], np.cumsum(counts)[:-1])))
 
 
 def gpu_proj_sum(att: Attribution) -> list[dict[str, object]]:
-    """One row per (range name, style) over the range instances that own GPU ops, sorted by
-    total projected time (nsys ``nvtx_gpu_proj_sum``). "GPU Ops" counts launches."""
+    """nsys ``nvtx_gpu_proj_sum``: per (range name, style) over the instances owning GPU ops, by projected
+    time. "GPU Ops" counts launches."""
     trace = att.trace
     R = trace.ranges
     projected = att.proj_start_ns >= 0
@@ -72,21 +69,14 @@ def nvtx_sum(trace: Trace) -> list[dict[str, object]]:
                     for name, style, rows in _range_groups(trace, R.style != RangeStyle.MARK)], "Range")
 
 
-def kern_sum(trace: Trace, ops: np.ndarray | None = None) -> list[dict[str, object]]:
-    """Kernel time per kernel name (nsys ``cuda_gpu_kern_sum``), over ``ops`` rows if given."""
-    O = trace.ops
-    mask = O.kind == OpKind.KERNEL
-    if ops is not None:
-        sel = np.zeros(len(O), bool)
-        sel[ops] = True
-        mask &= sel
-    dur = O.end_ns - O.start_ns
-    return _shares([{"Name": trace.name(int(name_id)), **_time_row(dur[rows])} for name_id, rows in _groups(O.name_id, mask)],
-                   "Name")
+def kern_sum(trace: Trace) -> list[dict[str, object]]:
+    """Kernel time per kernel name (nsys ``cuda_gpu_kern_sum``)."""
+    O, dur = trace.ops, trace.ops.end_ns - trace.ops.start_ns
+    return _shares([{"Name": trace.name(int(name_id)), **_time_row(dur[rows])}
+                    for name_id, rows in _groups(O.name_id, O.kind == OpKind.KERNEL)], "Name")
 
 
-def _range_groups(trace: Trace, mask: np.ndarray) -> list[tuple[str, str, np.ndarray]]:
-    """(range name, style, rows) per (name, style) among the ranges of ``mask``."""
+def _range_groups(trace: Trace, mask: np.ndarray) -> list[tuple[str, str, np.ndarray]]:  # per (name, style)
     key = np.array([f"{n}\x00{_STYLE[int(s)]}" for n, s in zip(range_names(trace), trace.ranges.style)], dtype=object)
     return [(*str(label).split("\x00"), rows) for label, rows in _groups(key, mask)]  # type: ignore[misc]
 
@@ -106,9 +96,7 @@ def _shares(rows: list[dict[str, Any]], name: str) -> list[dict[str, object]]:
 
 
 @dataclass
-class RangeKernels:
-    """Kernels per range instance, one row per (range, kernel name): columnar."""
-
+class RangeKernels:  # kernels per range instance, one row per (range, kernel name)
     range_index: np.ndarray  # index into trace.ranges
     name_id: np.ndarray  # kernel name id into trace.strings
     count: np.ndarray

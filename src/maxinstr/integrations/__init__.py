@@ -1,3 +1,1 @@
-"""Small helpers for the frameworks maxinstr users run (MAX, PyTorch, CuPy; none a dependency):
-each imports its framework inside the function that needs it and answers `None` where the
-framework or a GPU is missing, so the same script runs on a laptop and on an H200."""
+"""Helpers for MAX, PyTorch, CuPy (none a dependency: imported where needed; `None` without it or a GPU)."""

@@ -1,7 +1,6 @@
-"""Make the CUDA context that owns a stream current on the calling thread, as the CUDA runtime would at
-its first call: the core times a stage on the GPU only where a context is current (it creates none),
-and a framework may keep its context current only inside its own calls or threads.
-"""
+"""Make the CUDA context owning a stream current on this thread, as the CUDA runtime would: the core times
+a stage on the GPU only where a context is current, and a framework may keep its own current only inside
+its calls."""
 
 from __future__ import annotations
 
@@ -29,18 +28,15 @@ def _libcuda() -> ctypes.CDLL | None:
         return _lib
 
 
-def nvidia_driver_present() -> bool:
-    """An NVIDIA driver (libcuda) can be loaded in this process."""
+def nvidia_driver_present() -> bool:  # libcuda can be loaded in this process
     return _libcuda() is not None
 
 
 def ensure_stream_context(stream_handle: int | None) -> bool:
-    """True when a CUDA context is current on this thread afterwards (the stream's own if none was);
-    False without libcuda, for a null handle, or when the driver refuses. Never raises."""
+    """Whether a CUDA context is current on this thread afterwards (the stream's own if none was). Never raises."""
     if not stream_handle:
         return False
-    lib = _libcuda()
-    if lib is None:
+    if (lib := _libcuda()) is None:
         return False
     current = ctypes.c_void_p()
     if lib.cuCtxGetCurrent(ctypes.byref(current)) != 0:

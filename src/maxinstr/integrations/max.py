@@ -1,8 +1,6 @@
-"""Modular MAX helpers (docs/max.md): the native stream of a MAX device's default queue (a
-non-blocking stream of its own, which events on the legacy default stream do not wait for), and
-MAX's own profiling markers, which abort the process where NVTX's v2 entry points are missing (CUDA
-13): :func:`provide_nvtx_v2` loads a library that exports them. `max` is imported only inside the
-functions that need it: importing this module costs nothing and works where MAX is not installed.
+"""Modular MAX helpers (docs/max.md): the native stream of a MAX device's default queue (non-blocking: events
+on the legacy default stream do not wait for it), and MAX's own markers, which abort the process where
+NVTX's v2 entry points are missing (CUDA 13: :func:`provide_nvtx_v2`). `max` is imported only where needed.
 """
 
 from __future__ import annotations
@@ -26,10 +24,9 @@ _LEVELS: tuple[str, ...] = ("off", "on", "detailed")
 
 
 def max_stream_handle(device_or_queue: Any, *, make_context_current: bool = True) -> int | None:
-    """The native stream (CUstream / hipStream_t, as an int) of a MAX device's default queue, from a
-    `max.driver.Device` or `DeviceQueue`; None for a CPU device or anything else (host times only,
-    not the wrong stream). With `make_context_current`, the stream's own CUDA context is made
-    current on this thread when none is (docs/max.md): call it on the thread that enters the stages."""
+    """The native stream (CUstream / hipStream_t) of a `max.driver.Device`'s or `DeviceQueue`'s queue; None for
+    a CPU device or anything else (host times only). With `make_context_current`, the stream's context is
+    made current on this thread when none is: call it on the thread that enters the stages."""
     if device_or_queue is None:
         return None
     queue = getattr(device_or_queue, "default_queue", device_or_queue)
@@ -56,14 +53,10 @@ class MaxProfilingUnavailable(MaxinstrError):
     """MAX's profiling markers were asked for where they would abort the process."""
 
 
-def _exports_nvtx_v2(lib: ctypes.CDLL) -> bool:
-    return hasattr(lib, NVTX_V2_SYMBOL)
-
-
 def nvtx_v2_candidates(search_path: Iterable[str] | None = None, environ: Mapping[str, str] | None = None,
                        toolkit_dirs: Iterable[str] = NVTX_V2_TOOLKIT_DIRS) -> list[str]:
-    """Files that may export NVTX's v2 entry points, most specific first: the wheels' folders under
-    ``search_path`` (``sys.path``), then ``CUDA_HOME``'s (or ``CUDA_PATH``'s) and the toolkit's."""
+    """Files that may export NVTX's v2 entry points: the wheels' under ``search_path``, then ``CUDA_HOME``'s,
+    then the toolkit's."""
     env = os.environ if environ is None else environ
     entries = sys.path if search_path is None else search_path
     dirs = [Path(entry) / sub for entry in entries if entry for sub in NVTX_V2_WHEEL_DIRS]
@@ -75,28 +68,26 @@ def nvtx_v2_candidates(search_path: Iterable[str] | None = None, environ: Mappin
 
 
 def load_nvtx_v2(names_or_paths: Iterable[str]) -> str | None:
-    """Load the first of ``names_or_paths`` that exports NVTX's v2 entry points, with ``RTLD_GLOBAL``
-    (a later lookup by name anywhere in the process finds them); its name, or None. Never raises."""
+    """Load the first of ``names_or_paths`` exporting NVTX's v2 entry points, ``RTLD_GLOBAL``; its name or None."""
     for name_or_path in names_or_paths:
         try:
             lib = ctypes.CDLL(name_or_path, mode=os.RTLD_NOW | ctypes.RTLD_GLOBAL)
         except OSError:
             continue
-        if _exports_nvtx_v2(lib):
+        if hasattr(lib, NVTX_V2_SYMBOL):
             return str(getattr(lib, "_name", name_or_path))
     return None
 
 
 def provide_nvtx_v2() -> str | None:
-    """Make NVTX's v2 entry points resolvable by name anywhere in this process (MAX's kernel markers need
-    them): "process" when something provides them, else the library's path, or None. Never raises."""
+    """Make NVTX's v2 entry points resolvable in this process: "process" when already, else the library, or None."""
     global _nvtx_v2
     if _nvtx_v2 is not None:
         return _nvtx_v2
     if config.no_nvtx_v2():
         return "disabled"  # diagnosis only: see what MAX does without it (benchmarks/device/65-max.sh)
     with contextlib.suppress(OSError):
-        if _exports_nvtx_v2(ctypes.CDLL(None)):
+        if hasattr(ctypes.CDLL(None), NVTX_V2_SYMBOL):
             _nvtx_v2 = "process"
             return _nvtx_v2
     # the loader's own search path first (LD_LIBRARY_PATH, ldconfig), then known folders
@@ -105,8 +96,7 @@ def provide_nvtx_v2() -> str | None:
 
 
 def max_profiling_problem() -> str | None:
-    """Why MAX's markers would abort this process, in one line, or None: where an NVIDIA driver is
-    present they need NVTX's v2 entry points, and :func:`provide_nvtx_v2` found no library."""
+    """Why MAX's markers would abort this process (a driver, no NVTX v2 library found), in one line, or None."""
     if provide_nvtx_v2() is not None or not _nvidia_driver_present():
         return None
     return ("MAX's profiling markers need NVTX's v2 library (one of " + ", ".join(NVTX_V2_LIBRARIES)
@@ -115,10 +105,9 @@ def max_profiling_problem() -> str | None:
 
 
 def enable_max_profiling(level: ProfilingLevel = "detailed", session: Any = None) -> None:
-    """Turn on MAX's own NVTX ranges so they nest under maxinstr's stages in nsys (docs/max.md): sets
-    `MODULAR_ENABLE_PROFILING=level`, switches MAX's runtime state now when MAX is imported, and with
-    `session` adds kernel-level markers to graphs loaded after this call. Where they would abort MAX,
-    `MaxProfilingUnavailable` is raised before MAX is touched."""
+    """Turn on MAX's own NVTX ranges (docs/max.md): `MODULAR_ENABLE_PROFILING=level`, MAX's runtime state when
+    MAX is imported, with `session` kernel markers for graphs loaded after this. Where they would abort
+    MAX, `MaxProfilingUnavailable` is raised before MAX is touched."""
     if level not in _LEVELS:
         raise ValueError(f"MAX profiling level must be one of {', '.join(_LEVELS)}, not {level!r}")
     problem = max_profiling_problem() if level != "off" else None
@@ -137,8 +126,7 @@ def enable_max_profiling(level: ProfilingLevel = "detailed", session: Any = None
         session.gpu_profiling(level)
 
 
-def max_versions() -> dict[str, str]:
-    """Versions of the MAX packages installed (empty when MAX is not installed); cheap."""
+def max_versions() -> dict[str, str]:  # versions of the MAX packages installed (empty without MAX); cheap
     out: dict[str, str] = {}
     for dist in ("max", "max-core", "mojo-compiler"):
         try:

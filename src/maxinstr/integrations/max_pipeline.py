@@ -1,19 +1,16 @@
-"""MAX's own pipelines as the ``max`` preset sees them: where to wrap, what a wrapped call means. Layer
-1: nothing imports MAX; every MAX object arrives as an argument and is read by attribute, and any
-surprise gives a plain answer, not an error (these run inside MAX's calls).
-"""
+"""MAX's own pipelines as the ``max`` preset sees them: where to wrap, what a wrapped call means. Nothing
+imports MAX: its objects arrive as arguments, read by attribute; a surprise gives a plain answer, not an
+error (these run inside MAX's calls)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-MAX_RELEASE = "26.7"
-"""The MAX release these wrap points were read from (tests/examples/test_max_wrap_points.py holds
-them to the installed MAX; a new release is checked by running that test against it)."""
+MAX_RELEASE = "26.7"  # the release the wrap points were read from (tests/examples/test_max_wrap_points.py)
 
 _TG = "max.pipelines.lib.pipeline_variants.text_generation"
 _OVERLAP = "max.pipelines.lib.pipeline_variants.overlap_text_generation"
@@ -23,9 +20,7 @@ _ENGINE = "max.engine.api"
 
 
 @dataclass(frozen=True)
-class WrapPoint:
-    """One ``--stage`` spec of the preset and what it stands for."""
-
+class WrapPoint:  # one ``--stage`` spec of the preset and what it stands for
     spec: str  # MODULE:QUALNAME=name, or =@hook for a wrap with logic (launch/instrument.py)
     what: str  # one line for the docs and the plan
 
@@ -58,11 +53,11 @@ QUEUED_MARK = "queued"
 
 
 def step_stage(inputs: Any) -> tuple[str, dict[str, int | str]]:
-    """The stage (name, attrs) for one pipeline step over ``inputs`` (``TextGenerationInputs``):
-    ``prefill``, ``decode`` or ``drain`` by its batch, with the attrs ``batch``, ``tokens``, ``new``
-    and, on a prefill, ``requests`` (docs/max.md: the max preset)."""
+    """The stage (``prefill``, ``decode`` or ``drain``, attrs) of one pipeline step over ``inputs``
+    (``TextGenerationInputs``): ``batch``, ``tokens``, ``new``, on a prefill ``requests`` (docs/max.md)."""
     try:
-        batch, tokens = list(_flat_batch(inputs)), 0
+        flat = getattr(inputs, "flat_batch", None)
+        batch, tokens = list(flat if flat is not None else [c for b in getattr(inputs, "batches", ()) for c in b]), 0
         new: list[str] = []
         for ctx in batch:
             t = getattr(ctx, "tokens", None)
@@ -80,22 +75,15 @@ def step_stage(inputs: Any) -> tuple[str, dict[str, int | str]]:
     return "decode", attrs
 
 
-def _flat_batch(inputs: Any) -> Iterable[Any]:
-    flat = getattr(inputs, "flat_batch", None)
-    return flat if flat is not None else [ctx for batch in getattr(inputs, "batches", ()) for ctx in batch]
-
-
-def request_key(context: Any) -> str:
-    """A request's id as text (a context's ``request_id``; MAX's RequestID prints its value)."""
+def request_key(context: Any) -> str:  # a context's ``request_id`` as text (MAX's RequestID: its value)
     rid = getattr(context, "request_id", None)
     return str(getattr(rid, "value", rid))
 
 
 def model_execute_spec(pipeline: Any, name: str = "forward") -> tuple[str | None, str | None]:
-    """``(spec, None)``: the ``--stage`` spec that wraps the ``execute`` of the class of
-    ``pipeline._pipeline_model`` (``Llama3Model`` for a Llama), or ``(None, why)``."""
-    model = getattr(pipeline, "_pipeline_model", None)
-    if model is None:
+    """``(spec, None)``: the ``--stage`` spec wrapping ``execute`` of ``pipeline._pipeline_model``'s class
+    (``Llama3Model``), or ``(None, why)``."""
+    if (model := getattr(pipeline, "_pipeline_model", None)) is None:
         return None, f"{type(pipeline).__qualname__} has no _pipeline_model (MAX {MAX_RELEASE} had one)"
     cls = type(model)
     if not callable(getattr(cls, "execute", None)):
@@ -109,8 +97,7 @@ MAX_ENTRY_MODULES = ("max.entrypoints", "max._entrypoints")
 
 
 def is_max_command(command: Sequence[str]) -> bool:
-    """Whether ``command`` runs MAX's own entry point: the ``max`` program (``max generate``,
-    ``max serve``, by path too), or ``python -m max.entrypoints...`` / ``-m max._entrypoints...``."""
+    """Whether ``command`` runs MAX's own entry point: the ``max`` program or ``python -m max.entrypoints...``."""
     if not command:
         return False
     if Path(command[0]).name == "max":
@@ -125,20 +112,16 @@ def is_max_command(command: Sequence[str]) -> bool:
     return False
 
 
-TELEMETRY_VARIABLE = "MAX_SERVE_DISABLE_TELEMETRY"
-"""MAX serve's telemetry switch: on, MAX starts no telemetry process or exporter threads and
-sends nothing out (launch/presets.py sets it unless you did)."""
+TELEMETRY_VARIABLE = "MAX_SERVE_DISABLE_TELEMETRY"  # on: no telemetry process or exporter threads, nothing sent
 
 
 def compile_cache_dirs(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Where MAX keeps what it compiled: ``$MODULAR_DERIVED_PATH/cache``, else ``~/.cache/modular`` (MAX
-    26.7), holding ``.max_cache`` (graphs), ``.mogg_cache`` and ``.mojo_cache`` (kernels)."""
+    """Where MAX keeps what it compiled: ``$MODULAR_DERIVED_PATH/cache``, else ``~/.cache/modular`` (26.7)."""
     env = os.environ if environ is None else environ
     derived = env.get("MODULAR_DERIVED_PATH")
     root = os.path.join(derived, "cache") if derived else os.path.join(os.path.expanduser("~"), ".cache", "modular")
     return {sub: os.path.join(root, f".{sub}_cache") for sub in ("max", "mogg", "mojo")}
 
 
-def cache_entries(dirs: Mapping[str, str]) -> dict[str, int]:
-    """Files each cache folder holds now (0: none): a run that adds entries compiled cold."""
+def cache_entries(dirs: Mapping[str, str]) -> dict[str, int]:  # files each holds (a run adding some compiled cold)
     return {key: sum(len(files) for _root, _dirs, files in os.walk(path)) for key, path in dirs.items()}

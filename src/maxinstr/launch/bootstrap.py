@@ -1,9 +1,7 @@
-"""Start-up code that `maxinstr run` injects into the profiled Python process, through its
-``sitecustomize`` (every Python the command starts runs :func:`startup` before the user's code) or
-``python -m maxinstr.launch.bootstrap [--stage SPEC]... script.py ARGS``: the ``--stage`` specs,
-the capture window, and the session writing ``MAXINSTR_RUN_DIR`` for a script that opens none.
-Nothing here may break the user's program: every problem is one line on stderr.
-"""
+"""Start-up code `maxinstr run` injects into every Python process it starts (its ``sitecustomize``, or
+``python -m maxinstr.launch.bootstrap [--stage SPEC]... script.py ARGS``): the ``--stage`` specs, the
+capture window, the session writing ``MAXINSTR_RUN_DIR``. Nothing here may break the user's program:
+every problem is one line on stderr."""
 
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ import os
 import runpy
 import sys
 import threading
-import time
 from pathlib import Path
 
 from maxinstr import _native, config
@@ -30,17 +27,14 @@ def _say(message: str) -> None:
 
 
 class CaptureWindow:
-    """Makes the session's steady-state capture start reliably, and ends it after a window (docs/cli.md,
-    "The steady-state capture"): the session may call ``_native.profiler_start()`` from its flusher
-    thread, where no CUDA context is current and cuProfilerStart fails; it is retried with device 0's
-    primary context current (only if the program activated it), and with ``window_s`` a timer calls
-    ``cuProfilerStop`` on that same context."""
+    """The steady-state capture started reliably and ended after a window (docs/cli.md): a
+    ``_native.profiler_start()`` from the flusher thread (no CUDA context current: it fails) is retried
+    with device 0's primary context current, if active; a timer calls ``cuProfilerStop`` on it."""
 
     def __init__(self, window_s: float | None, stop=None, context=None, retry=None) -> None:
         self.window_s = window_s
         self._stop_fn, self._context_fn = stop or _cuda_profiler_stop, context or _current_cuda_context
         self._retry_fn = retry or _call_with_primary_context
-        self.started_at: float | None = None
         self.stopped = threading.Event()
         self._timer: threading.Timer | None = None
 
@@ -52,8 +46,7 @@ class CaptureWindow:
         def profiler_start(*args, **kwargs):
             result, ctx = original(*args, **kwargs), self._context_fn()
             if not result and ctx is None:
-                retried = self._retry_fn(lambda: original(*args, **kwargs))
-                if retried is not None:
+                if (retried := self._retry_fn(lambda: original(*args, **kwargs))) is not None:
                     result, ctx = retried
             if result:
                 self._arm(ctx)
@@ -66,7 +59,6 @@ class CaptureWindow:
     def _arm(self, ctx) -> None:
         if self._timer is not None or not self.window_s:
             return
-        self.started_at = time.monotonic()
         self._timer = threading.Timer(self.window_s, self._stop, args=(ctx,))
         self._timer.daemon = True
         self._timer.start()
@@ -92,8 +84,8 @@ def _current_cuda_context():
 
 
 def _call_with_primary_context(fn):
-    """``(fn(), ctx)`` with device 0's primary context current on this thread for the call, or
-    None when libcuda is absent or that context is not active (never created here)."""
+    """``(fn(), ctx)`` with device 0's primary context current for the call; None without libcuda or
+    where that context is not active (never created here)."""
     try:
         lib = _libcuda()
     except OSError:
@@ -123,8 +115,7 @@ def _cuda_profiler_stop(ctx) -> None:
         raise RuntimeError(f"cuProfilerStop returned CUresult {rc}")
 
 
-def startup(environ: dict[str, str] | os._Environ = os.environ) -> None:
-    """Apply what `maxinstr run` asked for, once per process. Never raises."""
+def startup(environ: dict[str, str] | os._Environ = os.environ) -> None:  # once per process; never raises
     global _started
     if _started:
         return
@@ -137,10 +128,8 @@ def startup(environ: dict[str, str] | os._Environ = os.environ) -> None:
             _say(f"start-up hook failed: {exc.__class__.__name__}: {exc}")
 
 
-def _apply_specs_step(environ) -> None:
-    """The specs, applied lazily (now for modules already imported), each outcome recorded."""
-    specs = config.stage_specs(environ)
-    if not specs:
+def _apply_specs_step(environ) -> None:  # lazily (now for modules imported), each outcome recorded
+    if not (specs := config.stage_specs(environ)):
         return
     on_outcome(layout.record_spec_outcome)
     for text in specs:
@@ -151,13 +140,6 @@ def _apply_specs_step(environ) -> None:
         except Exception as exc:  # noqa: BLE001 - one spec never takes the others (or the program) down
             _say(f"--stage {text}: {type(exc).__name__}: {exc}")
     rebind_aliases(specs)
-
-
-def _run_sink():
-    """Where this process's root session writes, or None (no import of maxinstr.record: it joins the run)."""
-    process = sys.modules.get("maxinstr.record.process")
-    root = process.PROCESS.root if process is not None else None
-    return None if root is None or root.closed else root.sink
 
 
 def _capture_step(environ) -> None:
@@ -171,28 +153,22 @@ _run_warnings: list[str] = []  # said on stderr before the session opened; kept 
 
 def _max_markers_step(environ) -> None:
     """MAX's markers abort MAX where NVTX's v2 entry points are missing (CUDA 13): provided before MAX is
-    imported; where they cannot be, `maxinstr run`'s own default is turned off (said in one line), and
-    a level the user set is refused in one line when the program imports MAX."""
+    imported, or `maxinstr run`'s own default turned off, or a level the user set refused at MAX's import."""
     level = environ.get("MODULAR_ENABLE_PROFILING", "off").strip().lower()
-    if level in _MARKERS_OFF:
-        return
-    problem = max_profiling_problem()
-    if problem is None:
+    if level in _MARKERS_OFF or (problem := max_profiling_problem()) is None:
         return
     if config.max_profiling_by_run(environ):
         # MAX reads the variable when it is first imported, after this hook
         environ["MODULAR_ENABLE_PROFILING"] = "off"
-        message = (f"running without MAX's op ranges (MODULAR_ENABLE_PROFILING=off, not maxinstr run's detailed): "
-                   f"{problem}")
-        _say(message)
-        _run_warnings.append(message)
+        _run_warnings.append(f"running without MAX's op ranges (MODULAR_ENABLE_PROFILING=off, not maxinstr run's "
+                             f"detailed): {problem}")
+        _say(_run_warnings[-1])
     else:
         sys.meta_path.insert(0, RefuseMaxImport(f"MODULAR_ENABLE_PROFILING={level}: {problem}"))
 
 
 class RefuseMaxImport:
-    """A meta-path finder that stops the program, with one line and exit status 2, when it
-    imports MAX, where the user turned MAX's markers on and they would abort MAX at its first."""
+    """A finder that stops the program at MAX's import (one line, status 2): the markers would abort it."""
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -210,8 +186,7 @@ def _session_step(environ) -> None:
         # which must come after the specs and the capture window
         from maxinstr.record.session import ensure_env_session
 
-        session = ensure_env_session()
-        if session is not None:
+        if (session := ensure_env_session()) is not None:
             for message in _run_warnings:
                 session._event("warning", message)  # the run's events.jsonl: what the run went without
 
@@ -221,7 +196,7 @@ USAGE = "usage: python -m maxinstr.launch.bootstrap [--stage SPEC]... [-o RUN_DI
 
 def main(argv: list[str] | None = None) -> int:
     """:data:`USAGE`. The run directory: ``-o``, else ``MAXINSTR_RUN_DIR``, else (unless joining another's
-    session) ``runs/<script>-<time>``, said in one line: records kept only in memory are lost at exit."""
+    session) ``runs/<script>-<time>``, said: records kept only in memory are lost at exit."""
     args = list(sys.argv[1:] if argv is None else argv)
     specs: list[str] = []
     out: str | None = None
@@ -271,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _say_unapplied() -> None:
-    """At the end of the program: the specs it never applied, in the run as `maxinstr run` says them, and
-    in one line those whose module it never imported (a failed one was said when it failed)."""
+    """At the end: the specs never applied, in the run as `maxinstr run` says them, and in one line those
+    whose module was never imported (a failed one was said when it failed)."""
     run_dir, specs = config.run_dir(), config.stage_specs()
     if not run_dir or not specs:
         return
@@ -280,11 +255,12 @@ def _say_unapplied() -> None:
     never = {text: why for text, why in unapplied.items() if why.startswith("no process of the run")}
     if never:
         _say("never applied: " + "; ".join(f"--stage {text} ({why})" for text, why in never.items()))
-    sink = _run_sink()
-    if sink is not None:
+    # where the root session writes (no import of maxinstr.record here: that joins the run)
+    process = sys.modules.get("maxinstr.record.process")
+    root = process.PROCESS.root if process is not None else None
+    if root is not None and not root.closed:
         for text, why in unapplied.items():
-            sink.event("warning", f"--stage {text} was never applied: {why}")
-
+            root.sink.event("warning", f"--stage {text} was never applied: {why}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,6 @@
-"""Why is this one kernel slow: hand the dominant kernel of a stage to Nsight Compute (docs/cli.md,
-`maxinstr deep-dive`), in plain functions: choose the kernel as the report counts it
-(:func:`stage_ops`), place it (``--launch-skip`` in process-wide launch order), build the ``ncu``
-command, read its CSV back into a :class:`Verdict`; on AMD, :func:`amd_equivalent`.
-"""
+"""`maxinstr deep-dive` (docs/cli.md): choose a stage's dominant kernel as the report counts it, place it
+(``--launch-skip`` in process-wide launch order), build the ``ncu`` command, read its CSV back into a
+:class:`Verdict`; on AMD, :func:`amd_equivalent`."""
 
 from __future__ import annotations
 
@@ -25,9 +23,7 @@ LATENCY_BOUND_PCT = 60.0  # below this % of peak for SM and memory, ncu's SOLBot
 
 
 @dataclass
-class KernelChoice:
-    """The kernel to deep-dive and where its steady-state instance is."""
-
+class KernelChoice:  # the kernel to deep-dive and where its steady-state instance is
     name: str
     stage: str | None
     total_ns: int = 0
@@ -43,8 +39,7 @@ class KernelChoice:
 
 
 def function_name(name: str) -> str:
-    """The bare function name of a kernel, as ncu's ``--kernel-name-base function`` and
-    nsys's short names give it: no return type, namespace, template or parameter list.
+    """A kernel's bare function name, as ncu's ``--kernel-name-base function`` gives it.
 
     >>> function_name("void at::native::reduce_kernel<(int)512, (int)1>(T3)")
     'reduce_kernel'"""
@@ -55,23 +50,9 @@ def function_name(name: str) -> str:
     return head.split("::")[-1].split()[-1] if head else name
 
 
-def _launch_times(trace: Any) -> np.ndarray:
-    """Per op, its launch call's start (launch order), or the op's own start when it has no call."""
-    calls, ops = trace.calls, trace.ops
-    if len(calls) == 0:
-        return ops.start_ns.astype(np.int64)
-    order = np.argsort(calls.correlation_id, kind="stable")
-    corr_sorted = calls.correlation_id[order]
-    pos = np.searchsorted(corr_sorted, ops.correlation_id)
-    pos_c = np.minimum(pos, len(corr_sorted) - 1)
-    has_call = (pos < len(corr_sorted)) & (corr_sorted[pos_c] == ops.correlation_id)
-    return np.where(has_call, calls.start_ns[order[pos_c]], ops.start_ns).astype(np.int64)
-
-
 def stage_ops(analysis: Any, stage: str) -> tuple[np.ndarray, np.ndarray, int, str]:
-    """The ops the report's ``stages[].mix`` counts for ``stage`` (a stage key, or a bare name taking every
-    key of it), from its own analysis: those of its steady instances (all when none) and nested stages.
-    Returns (op indices, one per enclosing instance; the instance of each; instances used; keys matched)."""
+    """The ops the report's ``stages[].mix`` counts for ``stage`` (a key, or a name taking its every key):
+    (op indices, one per enclosing steady instance (all when none); their instances; instances used; keys)."""
     from maxinstr.analyze.kernels import op_instance_pairs  # (here: the analysis is loaded for a trace only)
 
     inst, trace = analysis.instances, analysis.trace
@@ -92,10 +73,9 @@ def stage_ops(analysis: Any, stage: str) -> tuple[np.ndarray, np.ndarray, int, s
 
 def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | None = None,
                       warmup_instances: int | None = 0, top: int = 5, run: Any = None, analysis: Any = None) -> KernelChoice:
-    """The dominant kernel of ``stage`` (or of the trace), or the top one matching ``kernel``; its ops,
-    time and share (of all the stage's GPU time, copies included) as the report counts them
-    (:func:`stage_ops`; ``run`` and ``warmup_instances`` as `maxinstr report RUN --trace T --warmup N`).
-    ``launch_skip``: the earlier launches of its function name, in process-wide launch order."""
+    """The dominant kernel of ``stage`` (or the trace), or the top one matching ``kernel``, counted as the
+    report counts (``run``, ``warmup_instances``: `report RUN --trace T --warmup N`); ``launch_skip``:
+    the earlier launches of its function name, in process-wide launch order."""
     ops, strings = trace.ops, np.asarray(trace.strings, dtype=object)
     is_kernel = ops.kind == OpKind.KERNEL
     notes: list[str] = []
@@ -116,8 +96,7 @@ def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | Non
         if not is_kernel.any():
             raise MaxinstrError(f"{trace.source}: the trace has no kernels")
     # Per distinct op name over the stage's ops (copies included: the share's denominator).
-    ids = ops.name_id[op_idx]
-    uniq, inv = np.unique(ids, return_inverse=True)
+    uniq, inv = np.unique(ops.name_id[op_idx], return_inverse=True)
     inv = inv.reshape(-1)
     totals = np.bincount(inv, weights=dur[op_idx], minlength=len(uniq)).astype(np.int64)
     counts = np.bincount(inv, minlength=len(uniq)).astype(np.int64)
@@ -129,15 +108,18 @@ def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | Non
     pick = rank[_pick([str(strings[uniq[i]]) for i in rank], kernel, f"{trace.source}: no kernel in {where} matches {kernel!r}")]
     name_id = int(uniq[pick])
     name, stage_total = str(strings[name_id]), int(totals.sum())
-    in_stage = np.zeros(len(ops), bool)
-    in_stage[op_idx] = True
     # place it: the kernel names sharing its function name (per name, not per op) are what ncu's filter counts
     base, kernel_ids = function_name(name), np.unique(ops.name_id[is_kernel])
     same_base = np.array([i for i in kernel_ids.tolist() if function_name(str(strings[i])) == base], dtype=np.int64)
-    launch_t = _launch_times(trace)
+    launch_t = ops.start_ns.astype(np.int64)  # per op, its launch call's start, else its own
+    if len(calls := trace.calls):
+        order = np.argsort(calls.correlation_id, kind="stable")
+        pos = np.minimum(np.searchsorted(calls.correlation_id[order], ops.correlation_id), len(order) - 1)
+        has_call = calls.correlation_id[order[pos]] == ops.correlation_id
+        launch_t = np.where(has_call, calls.start_ns[order[pos]], ops.start_ns).astype(np.int64)
     cand = np.flatnonzero(is_kernel & np.isin(ops.name_id, same_base))
     cand = cand[np.lexsort((ops.start_ns[cand], launch_t[cand]))]
-    chosen = np.flatnonzero(in_stage[cand] & (ops.name_id[cand] == name_id))
+    chosen = np.flatnonzero(np.isin(cand, op_idx) & (ops.name_id[cand] == name_id))
     launch_skip = int(chosen[0]) if len(chosen) else 0
     if len(same_base) > 1:
         notes.append(f"{len(same_base)} kernel names share the function name {base!r}: launch-skip counts them all")
@@ -148,13 +130,11 @@ def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | Non
                         source=str(trace.source), notes=notes, candidates=candidates)
 
 
-def _pick(names: list[str], kernel: str | None, missing: str) -> int:
-    """The first of ``names`` (by time) matching the regex ``kernel`` (the first when None)."""
+def _pick(names: list[str], kernel: str | None, missing: str) -> int:  # the first matching regex ``kernel``
     if kernel is None:
         return 0
     rx = re.compile(kernel)
-    hit = next((i for i, name in enumerate(names) if rx.search(name)), None)
-    if hit is None:
+    if (hit := next((i for i, name in enumerate(names) if rx.search(name)), None)) is None:
         raise MaxinstrError(missing)
     return hit
 
@@ -189,18 +169,13 @@ def choose_from_report(data: dict, *, stage: str | None = None, kernel: str | No
                         notes=["the report has no launch order: launch-skip 0 (give --trace to land on a steady-state instance)"])
 
 
-def kernel_regex(name: str) -> tuple[str, str]:
-    """(``--kernel-name-base``, ``--kernel-name``) for a kernel name: its bare function name, which nsys
-    and ncu agree on (their demangled signatures differ: ``(int)512`` vs ``512``), any namespace before."""
-    return "function", f"regex:(^|::){re.escape(function_name(name))}$"
-
-
 def ncu_command(choice: KernelChoice, app: list[str], *, output: str | Path, ncu: str = "ncu",
                 sections: tuple[str, ...] = DEFAULT_SECTIONS, metrics: tuple[str, ...] = SPILL_METRICS,
                 from_capture_start: bool = False, launch_count: int = 1) -> list[str]:
-    """The Nsight Compute command that profiles one steady-state launch of the chosen kernel."""
-    base, rx = kernel_regex(choice.name)
-    cmd = [ncu, "--target-processes", "all", "--kernel-name-base", base, "--kernel-name", rx, "--launch-skip",
+    """The Nsight Compute command that profiles one steady-state launch of the chosen kernel: named by its
+    bare function name, which nsys and ncu agree on (their signatures differ: ``(int)512`` vs ``512``)."""
+    rx = f"regex:(^|::){re.escape(function_name(choice.name))}$"
+    cmd = [ncu, "--target-processes", "all", "--kernel-name-base", "function", "--kernel-name", rx, "--launch-skip",
            str(choice.launch_skip), "--launch-count", str(launch_count), "--clock-control", "none"]
     cmd += [word for s in sections for word in ("--section", s)]
     if metrics:
@@ -211,33 +186,26 @@ def ncu_command(choice: KernelChoice, app: list[str], *, output: str | Path, ncu
     return cmd + list(app)
 
 
-def ncu_import_command(report: str | Path, ncu: str = "ncu") -> list[str]:
-    """Read an .ncu-rep back as the details page in CSV, in base units (ns, byte, hz)."""
+def ncu_import_command(report: str | Path, ncu: str = "ncu") -> list[str]:  # the details page as CSV, base units
     return [ncu, "--import", str(report), "--csv", "--page", "details", "--print-units", "base"]
 
 
-def amd_equivalent(choice: KernelChoice | None, app: list[str]) -> str:
-    """What to run on AMD, where Nsight Compute does not apply."""
+def amd_equivalent(choice: KernelChoice | None, app: list[str]) -> str:  # where Nsight Compute does not apply
     kernel = f" --kernel '{choice.name}'" if choice else ""
-    return (
-        "Nsight Compute is NVIDIA-only. On AMD use ROCm Compute Profiler: "
-        f"`rocprof-compute profile -n deepdive{kernel} -- {' '.join(app) or 'CMD'}` then "
-        "`rocprof-compute analyze -p workloads/deepdive/<GPU>` (occupancy, roofline, memory chart)."
-    )
+    return ("Nsight Compute is NVIDIA-only. On AMD use ROCm Compute Profiler: "
+            f"`rocprof-compute profile -n deepdive{kernel} -- {' '.join(app) or 'CMD'}` then "
+            "`rocprof-compute analyze -p workloads/deepdive/<GPU>` (occupancy, roofline, memory chart).")
 
 
 @dataclass
-class NcuLaunch:
-    """One profiled launch from ``ncu --csv --page details``."""
-
+class NcuLaunch:  # one profiled launch from ``ncu --csv --page details``
     id: str
     kernel: str
     block: str = ""
     grid: str = ""
     device: str = ""
     cc: str = ""
-    metrics: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
-    """(section, metric name) -> (unit, raw value as printed)."""
+    metrics: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # (section, name) -> (unit, raw)
     rules: list[dict[str, str]] = field(default_factory=list)
 
     def value(self, name: str, section: str | None = None) -> float | None:
@@ -255,8 +223,7 @@ class NcuLaunch:
 
 
 def parse_ncu_csv(text: str, source: str = "ncu output") -> list[NcuLaunch]:
-    """Parse ``ncu --csv --page details`` output (``==PROF==`` lines and app output before
-    the header are skipped). One :class:`NcuLaunch` per ``ID``, in file order."""
+    """One :class:`NcuLaunch` per ``ID`` of ``ncu --csv --page details`` output, in file order."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID","Process ID"')), None)
     if start is None:
@@ -266,9 +233,8 @@ def parse_ncu_csv(text: str, source: str = "ncu output") -> list[NcuLaunch]:
     for row in reader:
         if not row.get("ID") or not (row["ID"].strip().isdigit()):
             continue
-        launch = launches.get(row["ID"])
         get = lambda key, row=row: row.get(key) or ""  # noqa: E731 - an empty cell and a missing column alike
-        if launch is None:
+        if (launch := launches.get(row["ID"])) is None:
             launch = launches[row["ID"]] = NcuLaunch(id=row["ID"], kernel=get("Kernel Name"), block=get("Block Size"),
                                                      grid=get("Grid Size"), device=get("Device"), cc=get("CC"))
         section, metric, rule = get("Section Name"), get("Metric Name"), get("Rule Name")
@@ -283,9 +249,7 @@ def parse_ncu_csv(text: str, source: str = "ncu output") -> list[NcuLaunch]:
 
 
 @dataclass
-class Verdict:
-    """Why this kernel is as fast as it is, in a few numbers and one classification."""
-
+class Verdict:  # why this kernel is as fast as it is, in a few numbers and one classification
     kernel: str
     duration_ns: float | None
     sm_throughput_pct: float | None
@@ -314,8 +278,7 @@ _LIMITERS = (("Block Limit Registers", "registers"), ("Block Limit Shared Mem", 
 
 
 def make_verdict(launch: NcuLaunch) -> Verdict:
-    """Classify one launch: compute-, memory- or latency-bound; occupancy and its limiter;
-    registers and local-memory (spill) traffic. Facts state the numbers they rest on."""
+    """Compute-, memory- or latency-bound; occupancy and its limiter; registers and spills: facts with numbers."""
     v = launch.value
     sm, mem, dram = v("Compute (SM) Throughput"), v("Memory Throughput"), v("DRAM Throughput")
     dur, unit = v("Duration"), (launch.unit("Duration") or "ns").strip()
@@ -343,11 +306,8 @@ def make_verdict(launch: NcuLaunch) -> Verdict:
         if limiter:
             facts.append(f"theoretical occupancy is limited by {limiter}")
         if theoretical > 0 and achieved < 0.8 * theoretical:
-            advice.append(
-                "achieved occupancy is well below theoretical: load imbalance, a partial last wave"
-                + (f" ({waves:.2f} waves per SM)" if waves is not None else "")
-                + " or too few blocks"
-            )
+            advice.append("achieved occupancy is well below theoretical: load imbalance, a partial last wave"
+                          + (f" ({waves:.2f} waves per SM)" if waves is not None else "") + " or too few blocks")
     if regs is not None:
         facts.append(f"{regs:.0f} registers per thread")
     if local is not None:
@@ -362,8 +322,7 @@ def make_verdict(launch: NcuLaunch) -> Verdict:
                    block=launch.block, grid=launch.grid, waves_per_sm=waves, bound=bound, facts=facts, advice=advice)
 
 
-def verdict_lines(verdict: Verdict, rules: list[dict[str, str]] | None = None) -> list[str]:
-    """The verdict as short lines for the terminal (rendering kept apart from analysis)."""
+def verdict_lines(verdict: Verdict, rules: list[dict[str, str]] | None = None) -> list[str]:  # for the terminal
     def pct(x: float | None, form: str = "{:.1f}%") -> str:
         return "n/a" if x is None else form.format(x)
 
@@ -388,8 +347,7 @@ def verdict_lines(verdict: Verdict, rules: list[dict[str, str]] | None = None) -
 
 
 def load_report_json(path: str | Path) -> dict:
-    """A saved report, checked as `maxinstr report REPORT.json` checks it (a regular file, its
-    schema, version and field types), or a one-line error naming the file."""
+    """A saved report, checked as `maxinstr report REPORT.json` checks it, or a one-line error."""
     from maxinstr.analyze.schema_check import read_report  # (here: a saved report's path only)
 
     return dict(read_report(path))

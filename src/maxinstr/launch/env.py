@@ -1,7 +1,5 @@
-"""What this machine can profile with (GPU vendor, profilers installed), asked before anything starts:
-a missing profiler is said with its install step up front. Every probe is best effort: one that
-fails or hangs makes the answer "absent", never an exception.
-"""
+"""What this machine can profile with (GPU vendor, profilers installed), asked before anything starts. Every
+probe is best effort: one that fails or hangs makes the answer "absent", never an exception."""
 
 from __future__ import annotations
 
@@ -38,9 +36,7 @@ _VERSION_RE = re.compile(r"\b(\d{4}\.\d+(?:\.\d+)*|\d+\.\d+\.\d+(?:\.\d+)*)\b")
 
 
 @dataclass
-class Tool:
-    """One profiler executable: where it is and which version it says it is."""
-
+class Tool:  # one profiler executable: where it is and which version it says it is
     name: str
     path: str | None = None
     version: str | None = None
@@ -57,9 +53,7 @@ class Tool:
 
 
 @dataclass
-class Environment:
-    """The GPU vendor of this machine and the profilers present."""
-
+class Environment:  # the GPU vendor of this machine and the profilers present
     vendor: str  # "nvidia" | "amd" | "none"
     vendor_source: str  # how the vendor was detected ("nvml", "nvidia-smi", ...)
     devices: list[str] = field(default_factory=list)
@@ -87,8 +81,7 @@ class Environment:
                           for n, t in self.tools.items()}}
 
 
-def find_tool(name: str, *, probe_version: bool = True, search_known: bool = True) -> Tool:
-    """Locate ``name`` on PATH (then in known install folders) and read its version."""
+def find_tool(name: str, *, probe_version: bool = True, search_known: bool = True) -> Tool:  # PATH, known folders
     path, off_path = shutil.which(name), False
     if path is None and search_known:
         for pattern in _KNOWN_LOCATIONS.get(name, ()):
@@ -126,8 +119,7 @@ def _nvml_devices() -> list[str] | None:
 
 
 def _smi_devices(tool: str, args: list[str], pattern: str) -> list[str] | None:
-    path = shutil.which(tool)
-    if path is None:
+    if (path := shutil.which(tool)) is None:
         return None
     try:
         out = subprocess.run([path, *args], capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
@@ -139,14 +131,11 @@ def _smi_devices(tool: str, args: list[str], pattern: str) -> list[str] | None:
 def detect_vendor() -> tuple[str, str, list[str]]:
     """(vendor, how it was detected, device names). NVML first, then the SMI tools (not amdsmi:
     its import prints and can fail in odd ways; ``rocm-smi`` answers from a subprocess)."""
-    names = _nvml_devices()
-    if names:
+    if names := _nvml_devices():
         return "nvidia", "nvml", names
-    names = _smi_devices("nvidia-smi", ["-L"], r"^GPU \d+: (.+?) \(UUID")
-    if names:
+    if names := _smi_devices("nvidia-smi", ["-L"], r"^GPU \d+: (.+?) \(UUID"):
         return "nvidia", "nvidia-smi", names
-    names = _smi_devices("rocm-smi", ["--showproductname"], r"Card [Ss]eries:\s*(.+)$")
-    if names is not None:
+    if (names := _smi_devices("rocm-smi", ["--showproductname"], r"Card [Ss]eries:\s*(.+)$")) is not None:
         return "amd", "rocm-smi", names
     if os.path.exists("/dev/kfd"):
         return "amd", "/dev/kfd", []

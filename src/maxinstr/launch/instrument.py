@@ -1,8 +1,6 @@
-"""Wrap functions and methods of code you cannot edit in maxinstr stages (``"package.module:QualName"``,
-a function or ``Class.method``); lazily, the wrap is applied at the module's first import (an import
-hook, which also catches a later ``from module import func``). A name ``@HOOK`` wraps with one of
-:data:`HOOKS` instead of a stage, for wrap points that need logic.
-"""
+"""Wrap functions and methods of code you cannot edit in maxinstr stages (``"package.module:QualName"``);
+lazily, at the module's first import (an import hook: a later ``from module import func`` gets it too).
+A name ``@HOOK`` wraps with one of :data:`HOOKS` instead, for wrap points that need logic."""
 
 from __future__ import annotations
 
@@ -25,9 +23,7 @@ _WRAPPED_FLAG, HOOK_PREFIX = "__maxinstr_stage__", "@"
 
 
 @dataclass(frozen=True)
-class StageSpec:
-    """One ``MODULE:QUALNAME[=name]`` target."""
-
+class StageSpec:  # one ``MODULE:QUALNAME[=name]`` target
     module: str
     qualname: str
     name: str
@@ -58,20 +54,14 @@ def parse_spec(text: str) -> StageSpec:
 
 
 def _record() -> Any:
-    """maxinstr.record, at the first wrap and not before: its import joins the run's session
-    (record/__init__.py), which a program that never reaches a wrap point must not do."""
+    """maxinstr.record, at the first wrap and not before: its import joins the run's session."""
     import maxinstr.record
 
     return maxinstr.record
 
 
-def _default_stage_factory(name: str) -> Callable[[Callable], Callable]:
-    return HOOKS[name[len(HOOK_PREFIX):]] if name.startswith(HOOK_PREFIX) else _record().stage(name)
-
-
 def _called_by_maxinstr(frame: Any) -> bool:
-    """Whether the calling frame is maxinstr's own code (its writers, flusher, sampler, and a
-    module of it run with ``-m``, whose ``__name__`` is ``__main__``)."""
+    """Whether the frame is maxinstr's own code (a module of it run with ``-m`` too: ``__main__``)."""
     if frame is None:
         return False
     name = frame.f_globals.get("__name__", "")
@@ -101,18 +91,6 @@ def _skip_own_calls(func: Callable, staged: Callable) -> Callable:
     return dispatch
 
 
-def _wrap_callable(func: Callable, name: str, stage_factory: Callable[[str], Any]) -> Callable:
-    wrapped = stage_factory(name)(func)
-    if wrapped is func:  # a factory that returned the function untouched (disabled mode)
-        return func
-    if getattr(wrapped, "__wrapped__", None) is None:
-        functools.update_wrapper(wrapped, func)
-    wrapped = _skip_own_calls(func, wrapped)
-    with contextlib.suppress(AttributeError, TypeError):
-        setattr(wrapped, _WRAPPED_FLAG, name)
-    return wrapped
-
-
 def apply_spec(spec: StageSpec, module: ModuleType, stage_factory: Callable[[str], Any] | None = None) -> None:
     """Replace ``spec.qualname`` inside the imported ``module`` by its stage-wrapped version."""
     parts = spec.qualname.split(".")
@@ -123,8 +101,7 @@ def apply_spec(spec: StageSpec, module: ModuleType, stage_factory: Callable[[str
         except AttributeError:
             raise MaxinstrError(f"--stage {spec.target}: {module.__name__} has no {'.'.join(parts[: i + 1])}") from None
     attr = parts[-1]
-    # Look in the owner's own __dict__ first: staticmethod/classmethod must be unwrapped
-    # and rewrapped, and an inherited method is wrapped on the named class only.
+    # the owner's own __dict__: staticmethod/classmethod are rewrapped, an inherited method wrapped here only
     raw = inspect.getattr_static(owner, attr, None) if inspect.isclass(owner) else getattr(owner, attr, None)
     if raw is None:
         raise MaxinstrError(f"--stage {spec.target}: {module.__name__} has no {spec.qualname}")
@@ -137,7 +114,15 @@ def apply_spec(spec: StageSpec, module: ModuleType, stage_factory: Callable[[str
         raise MaxinstrError(f"--stage {spec.target}: {spec.qualname} is a {type(raw).__name__}, not a function or method")
     if getattr(func, _WRAPPED_FLAG, None) is not None:
         return  # already instrumented (the same spec given twice, or a module reload)
-    new: Any = _wrap_callable(func, spec.name, stage_factory or _default_stage_factory)
+    name = spec.name
+    new: Any = stage_factory(name)(func) if stage_factory else (
+        HOOKS[name[len(HOOK_PREFIX):]] if name.startswith(HOOK_PREFIX) else _record().stage(name))(func)
+    if new is not func:  # (a factory in disabled mode returns the function untouched)
+        if getattr(new, "__wrapped__", None) is None:
+            functools.update_wrapper(new, func)
+        new = _skip_own_calls(func, new)
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(new, _WRAPPED_FLAG, name)
     try:
         setattr(owner, attr, new if rewrap is None else rewrap(new))
     except (TypeError, AttributeError) as exc:
@@ -154,16 +139,13 @@ _listeners: list[Callable[[StageSpec, str | None], None]] = []
 
 
 def on_outcome(listener: Callable[[StageSpec, str | None], None]) -> None:
-    """Call ``listener(spec, problem)`` whenever a lazy spec is applied (``problem`` None) or
-    fails to apply (``problem``: the one line printed): the start-up hook records them in the run."""
+    """Call ``listener(spec, problem)`` as each lazy spec is applied (``problem`` None) or fails to."""
     with _lock:
         if listener not in _listeners:
             _listeners.append(listener)
 
 
-class _ApplyAfterExec(importlib.abc.Loader):
-    """Delegates to the real loader, then applies the pending specs of the module."""
-
+class _ApplyAfterExec(importlib.abc.Loader):  # the real loader, then the module's pending specs
     def __init__(self, inner: importlib.abc.Loader, fullname: str) -> None:
         self._inner, self._fullname = inner, fullname
 
@@ -186,15 +168,9 @@ class _StageImportHook(importlib.abc.MetaPathFinder):
         with _lock:
             if fullname not in _pending:
                 return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+        spec = next((s for f in sys.meta_path if f is not self and hasattr(f, "find_spec")
+                     and (s := f.find_spec(fullname, path, target)) is not None), None)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
             spec.loader = _ApplyAfterExec(spec.loader, fullname)
         return spec
 
@@ -203,7 +179,7 @@ _hook = _StageImportHook()
 
 
 def _apply_or_say(spec: StageSpec, module: ModuleType, factory: Callable[[str], Any] | None) -> bool:
-    """apply_spec, a problem said in one line, not raised: it runs inside the user's import, never broken."""
+    """apply_spec, a problem said in one line, not raised: it runs inside the user's import."""
     try:
         apply_spec(spec, module, factory)
         problem = None
@@ -219,10 +195,9 @@ def _apply_or_say(spec: StageSpec, module: ModuleType, factory: Callable[[str], 
 
 def instrument(target: str, name: str | None = None, *, lazy: bool = False,
                stage_factory: Callable[[str], Any] | None = None) -> bool:
-    """Wrap ``"module:QualName"`` in a stage named ``name`` (default: the QualName): now, the module
-    imported, errors raised; with ``lazy``, at the module's first import (now when imported), problems
-    said in one line, never raised into the importing code. True when applied now. ``stage_factory``
-    replaces :func:`maxinstr.stage` (tests, custom recorders)."""
+    """Wrap ``"module:QualName"`` in a stage named ``name`` (default: the QualName): now, importing the
+    module, errors raised; with ``lazy``, at the module's first import, problems said in one line, never
+    raised. True when applied now. ``stage_factory`` replaces :func:`maxinstr.stage` (tests)."""
     spec = parse_spec(target if name is None else f"{target}={name}")
     module = sys.modules.get(spec.module)
     if module is None and not lazy:
@@ -243,10 +218,9 @@ def instrument(target: str, name: str | None = None, *, lazy: bool = False,
 
 
 def rebind_aliases(specs: list[str]) -> None:
-    """A module-level function wrapped after its module ran may already be bound under other names
-    (``from .sub import f`` in its package's ``__init__``): those get the wrapped function too, as
-    when the hook wrapped the module as soon as it ran (docs/cli.md); the defining module's own
-    other names for it stay, as then, and so do maxinstr's."""
+    """A module-level function wrapped after its module ran may be bound under other names already
+    (``from .sub import f``): those get the wrapped function too, as had the hook wrapped it at once
+    (docs/cli.md); the defining module's other names for it stay, as then, and so do maxinstr's."""
     wrapped: dict[int, tuple[Any, Any, str]] = {}  # id(original) -> (original, wrapped, its module)
     for text in specs:
         try:
@@ -277,18 +251,16 @@ def pending_targets() -> list[str]:
         return [s.target for specs in _pending.values() for s, _ in specs]
 
 
-def instrument_errors() -> list[str]:
-    return list(_errors)  # problems met applying lazy targets (also printed when they happened)
+def instrument_errors() -> list[str]:  # problems met applying lazy targets (printed when they happened)
+    return list(_errors)
 
 
-# Hooks (``MODULE:QUALNAME=@HOOK`` wraps with HOOKS[HOOK](func)): each returns a function of the same kind
-# that calls func exactly once and never lets a problem of its own reach the program. A spec names a
-# hook, never code of its own.
+# Hooks (``MODULE:QUALNAME=@HOOK`` wraps with HOOKS[HOOK](func)): each calls func exactly once and never lets
+# a problem of its own reach the program. A spec names a hook, never code of its own.
 
 
 def max_step(func: Callable) -> Callable:
-    """A pipeline's ``execute(inputs)``: in a stage ``prefill``, ``decode`` or ``drain`` with the
-    batch's attrs (:func:`maxinstr.integrations.max_pipeline.step_stage`)."""
+    """A pipeline's ``execute(inputs)`` in a stage ``prefill``, ``decode`` or ``drain`` (``step_stage``)."""
     stage = _record().stage
 
     @functools.wraps(func)
@@ -302,8 +274,7 @@ def max_step(func: Callable) -> Callable:
 
 
 def max_model(func: Callable) -> Callable:
-    """A pipeline's ``__init__``: once it has run, the class of its model (``Llama3Model``) gets
-    its ``execute`` wrapped in a stage ``forward``, as a ``--stage`` spec applied now."""
+    """A pipeline's ``__init__``: then its model's class (``Llama3Model``) gets ``execute`` wrapped as ``forward``."""
 
     @functools.wraps(func)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -322,8 +293,7 @@ def max_model(func: Callable) -> Callable:
 
 
 def max_arrival(func: Callable) -> Callable:
-    """A tokenizer's ``new_context(request)``: once the request's context is made, a mark
-    ``queued`` with the attr ``request`` (its id): the start of its wait for a first step."""
+    """A tokenizer's ``new_context(request)``, then a mark ``queued`` (attr ``request``): its wait starts."""
     mark = _record().mark
 
     def said(context: Any) -> Any:
@@ -338,19 +308,13 @@ def max_arrival(func: Callable) -> Callable:
             return said(await func(*args, **kwargs))
 
         return new_context
-
-    @functools.wraps(func)
-    def new_context_sync(*args: Any, **kwargs: Any) -> Any:
-        return said(func(*args, **kwargs))
-
-    return new_context_sync
+    return functools.wraps(func)(lambda *args, **kwargs: said(func(*args, **kwargs)))
 
 
 def max_tokenize(func: Callable) -> Callable:
-    """MAX's ``run_with_default_executor(fn, *args)``, the tokenizer's way of running its work in a
-    thread pool: ``fn`` runs in a stage ``tokenize`` on the pool's thread. A stage around the
-    awaiting coroutine would open on the event loop's thread, where a server's concurrent
-    requests interleave: each would nest inside the one before."""
+    """MAX's ``run_with_default_executor(fn, *args)`` (the tokenizer's thread pool): ``fn`` in a stage
+    ``tokenize`` on the pool's thread; around the coroutine, on the event loop's thread, a server's
+    concurrent requests would each nest inside the one before."""
     if not inspect.iscoroutinefunction(func):
         raise MaxinstrError(f"@max-tokenize: {func.__qualname__} is not a coroutine function (MAX {max_pipeline.MAX_RELEASE}'s was)")
     stage = _record().stage

@@ -1,6 +1,5 @@
-"""A run directory as `maxinstr run` lays it out, for the launcher (runner.py) and the start-up hook
-of every process it starts (bootstrap.py): its names, the default folder, replacing a previous
-run, the record of which --stage specs each process applied."""
+"""A run directory as `maxinstr run` lays it out, for the launcher (runner.py) and every process's start-up
+hook (bootstrap.py): its names, the default folder, replacing a previous run, the specs each applied."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from maxinstr import config
+from maxinstr._files import open_write_file
 from maxinstr.errors import MaxinstrError
 from maxinstr.launch.instrument import StageSpec, parse_spec
 from maxinstr.rundir import format as fmt
@@ -37,11 +37,10 @@ def default_run_dir(command: list[str], root: str | Path = "runs", now: _dt.date
 
 
 def clear_previous_run(run_dir: Path) -> list[str]:
-    """A new run in a run directory replaces the old one, so two runs never merge: only a folder holding a
-    run, only the names a run writes (returned); one a live process still writes: MaxinstrError."""
+    """A new run replaces the old one there (two never merge): only the names a run writes (returned); a run a
+    live process still writes: MaxinstrError."""
     with owners.locked(run_dir):
-        live = owners.live_writers(run_dir)
-        if live:
+        if live := owners.live_writers(run_dir):
             raise MaxinstrError(f"{run_dir}: still written by a live process ({'; '.join(live[:3])}): "
                                 "give another -o, or run again once it has ended")
         if not (run_dir / "meta.json").exists() and not (run_dir / LAUNCH_FILE).exists():
@@ -64,26 +63,20 @@ def clear_previous_run(run_dir: Path) -> list[str]:
 
 
 def record_spec_outcome(spec: StageSpec, problem: str | None) -> None:
-    """Record in the run directory, as it happens, that this process applied a --stage spec or failed
-    to (with the line it printed): a whole line at a time by every process, as a helper process's
-    part opens only at its first record, a fork child ends with ``os._exit`` and a killed process
-    runs no exit code, yet what they applied counts."""
-    run_dir = config.run_dir()
-    if not run_dir:
+    """Record in the run directory, as it happens, that this process applied a --stage spec or failed to: a
+    whole line at once (a helper's part opens only at its first record, a fork child ends with ``os._exit``,
+    a killed process runs no exit code, yet what they applied counts)."""
+    if not (run_dir := config.run_dir()):
         return
     line = json.dumps({"stage_spec": spec.text, "applied": problem is None, "problem": problem, "pid": os.getpid()})
     with contextlib.suppress(OSError):  # the run then says the spec was never applied; the program goes on
         os.makedirs(run_dir, exist_ok=True)
-        fd = os.open(os.path.join(run_dir, STAGE_SPECS_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
-        try:
-            os.write(fd, (line + "\n").encode("utf-8", "backslashreplace"))
-        finally:
-            os.close(fd)
+        with open_write_file(os.path.join(run_dir, STAGE_SPECS_FILE)) as f:  # appended, one write
+            f.write((line + "\n").encode("utf-8", "backslashreplace"))
 
 
 def unapplied_stage_specs(run_dir: Path, stage_specs: list[str]) -> dict[str, str]:
-    """The ``--stage`` specs no process of the run applied (a worker, a fork child, one killed later count),
-    each with why: the problem met applying it, or that no process imported its module."""
+    """The ``--stage`` specs no process of the run applied, each with why (its problem, or no import)."""
     if not stage_specs:
         return {}
     said: list[Any]
@@ -93,10 +86,8 @@ def unapplied_stage_specs(run_dir: Path, stage_specs: list[str]) -> dict[str, st
         said = []  # unreadable: every spec is then "never applied", which the run's log can correct
     lines = [x for x in said if isinstance(x, dict) and isinstance(x.get("stage_spec"), str)]
     applied = {x["stage_spec"] for x in lines if x.get("applied") is True}
-    failed: dict[str, str] = {}
-    for x in lines:
-        if x.get("applied") is not True and isinstance(x.get("problem"), str):
-            failed.setdefault(x["stage_spec"], x["problem"])
+    failed = {x["stage_spec"]: x["problem"] for x in reversed(lines)
+              if x.get("applied") is not True and isinstance(x.get("problem"), str)}  # (the first said)
     # some process started maxinstr (the start-up hook starts it only at the first import that asks)
     hooked = bool(said) or any(p.name != fmt.SAMPLER_PART for p in (run_dir / fmt.PARTS_DIR).glob("*/"))
     out: dict[str, str] = {}

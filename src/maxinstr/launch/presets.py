@@ -1,6 +1,5 @@
-"""Named presets of ``--stage`` wrap points for a framework's own code (``--preset max``, applied by
-itself to MAX's commands; ``--no-preset`` not): they travel to every process as ``--stage`` specs do.
-"""
+"""Named presets of ``--stage`` wrap points for a framework's own code (``--preset max``, by itself for MAX's
+commands; ``--no-preset`` not): they travel to every process as ``--stage`` specs do."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ PRESETS: dict[str, Preset] = {
                   applies_to="MAX's commands")}
 
 
-def preset(name: str) -> Preset:
-    """The preset called ``name``; MaxinstrError naming the known ones otherwise."""
+def preset(name: str) -> Preset:  # MaxinstrError naming the known ones when there is no such preset
     try:
         return PRESETS[name]
     except KeyError:
@@ -41,8 +39,8 @@ def preset(name: str) -> Preset:
 
 
 def recorded_specs(launch: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """``(--stage specs given, presets)`` of a run as launch.json recorded them, to run it again as it ran;
-    a preset counts only where all its specs were recorded (``stage_specs`` holds them too)."""
+    """``(--stage specs given, presets)`` of a run's launch.json, to run it again: a preset counts only
+    where all its specs were recorded (``stage_specs`` holds them too)."""
     recorded = {t for t in (launch.get("stage_specs") or []) if isinstance(t, str)}
     names = [n for n in (launch.get("presets") or []) if isinstance(n, str) and n in PRESETS
              and set(PRESETS[n].specs) <= recorded]
@@ -50,6 +48,5 @@ def recorded_specs(launch: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     return [t for t in (launch.get("stage_specs") or []) if isinstance(t, str) and t not in from_presets], names
 
 
-def auto_presets(command: Sequence[str]) -> list[str]:
-    """The presets a command gets without asking: ``max`` for MAX's own entry points."""
+def auto_presets(command: Sequence[str]) -> list[str]:  # the presets a command gets without asking
     return ["max"] if max_pipeline.is_max_command(command) else []

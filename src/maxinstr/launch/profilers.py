@@ -1,10 +1,10 @@
-"""The vendor tracers `maxinstr run` drives, behind one small interface: a :class:`Profiler` wraps
-the user's command, says which environment variables the child needs (so maxinstr's session
-drives the capture range), and after the run finds, verifies and exports the artifact.
-"""
+"""The vendor tracers `maxinstr run` drives: a :class:`Profiler` wraps the command, says what the child
+needs in its environment (maxinstr's session drives the capture range), then finds, verifies and
+exports the artifact."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import shutil
 import sqlite3
@@ -21,9 +21,7 @@ MIN_ARTIFACT_BYTES = 4096  # smaller than this, an .nsys-rep/.sqlite holds no da
 
 
 @dataclass
-class Artifact:
-    """What a profiler left, and whether it is usable."""
-
+class Artifact:  # what a profiler left, and whether it is usable
     profiler: str
     files: dict[str, str] = field(default_factory=dict)  # role -> path: report, sqlite, folder, trace (what readers open)
     kernels: int = 0
@@ -34,12 +32,16 @@ class Artifact:
     def trace(self) -> str | None:
         return self.files.get("trace")
 
+    def add(self, problem: str | None) -> None:
+        if problem is not None:
+            self.problems.append(problem)
+
     def to_json(self) -> dict:
         return {"profiler": self.profiler, "files": self.files, "kernels": self.kernels, "ok": self.ok, "problems": self.problems}
 
 
 class Profiler:
-    """One vendor tracer. Subclasses build commands; the base is the interface."""
+    """One vendor tracer; as it is, none: stages, GPU events and samples still go to the run directory."""
 
     name = "none"
     uses_capture_range = False  # the child's session calls profiler start/stop (MAXINSTR_CAPTURE)
@@ -59,19 +61,12 @@ class Profiler:
     def flags_text(self) -> str:
         return "(no profiler)"
 
-    def collect(self, output_base: Path, *, timeout_s: float = 600.0) -> Artifact:
-        """Find, verify and export what the run left under ``output_base``."""
+    def collect(self, output_base: Path, *, timeout_s: float = 600.0) -> Artifact:  # found, verified, exported
         return Artifact(profiler=self.name, ok=True)
 
 
-class NoProfiler(Profiler):
-    """The command as is: stages, GPU events and samples still go to the run directory."""
-
-
 @dataclass
-class NsysOptions:
-    """What `maxinstr run` lets users change about an Nsight Systems capture."""
-
+class NsysOptions:  # what `maxinstr run` lets users change about an Nsight Systems capture
     osrt: bool = False
     capture: str = "steady"  # "steady": cudaProfilerApi range driven by the session; "all": whole run
     window_s: float | None = DEFAULT_WINDOW_S
@@ -80,9 +75,8 @@ class NsysOptions:
 
 
 class Nsys(Profiler):
-    """Nsight Systems: CUDA + NVTX trace, no CPU sampling (``--sample=none --cpuctxsw=none``: without them
-    a tiny script wrote a 2 GB .qdstrm). ``capture="steady"``: from the session's ``cuProfilerStart``
-    (after warm-up) to ``cuProfilerStop``, the window enforced in the child."""
+    """Nsight Systems: CUDA + NVTX, no CPU sampling (without it a tiny script wrote a 2 GB .qdstrm);
+    ``capture="steady"``: from the session's ``cuProfilerStart`` (after warm-up) to ``cuProfilerStop``."""
 
     name, records_markers = "nsys", True
 
@@ -123,9 +117,8 @@ class Nsys(Profiler):
         rep, qdstrm, sqlite_path = (Path(f"{output_base}{ext}") for ext in (".nsys-rep", ".qdstrm", ".sqlite"))
         if not rep.exists() and qdstrm.exists():
             # nsys leaves only the raw stream when its importer is not beside it
-            importer = shutil.which("QdstrmImporter")
-            if importer:
-                _run_quiet([importer, "-i", str(qdstrm)], timeout_s, art)
+            if importer := shutil.which("QdstrmImporter"):
+                art.add(run_tool([importer, "-i", str(qdstrm)], timeout_s))
             else:
                 art.problems.append(f"{qdstrm}: only the raw stream was written and QdstrmImporter is not on PATH")
         if not rep.exists():
@@ -137,8 +130,8 @@ class Nsys(Profiler):
         art.files["report"] = str(rep)
         if rep.stat().st_size < MIN_ARTIFACT_BYTES:
             art.problems.append(f"{rep}: only {rep.stat().st_size} bytes, nothing was captured")
-        _run_quiet([self.path, "export", "--type=sqlite", "--force-overwrite=true", f"--output={sqlite_path}", str(rep)],
-                   timeout_s, art)
+        art.add(run_tool([self.path, "export", "--type=sqlite", "--force-overwrite=true", f"--output={sqlite_path}",
+                          str(rep)], timeout_s))
         if not sqlite_path.exists():
             art.problems.append(f"{sqlite_path}: `nsys export --type=sqlite` wrote nothing")
             return art
@@ -154,20 +147,14 @@ class Nsys(Profiler):
 def count_nsys_kernels(path: Path) -> int:
     """Kernel rows in an nsys SQLite export (0 when the table is absent)."""
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as con:
+            return int(con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0])
     except sqlite3.Error:
         return 0
-    try:
-        return int(con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0])
-    except sqlite3.Error:
-        return 0
-    finally:
-        con.close()
 
 
 class Rocprofv3(Profiler):
-    """rocprofv3: kernel, marker and HIP runtime traces as CSV. No start/stop API tied to the session
-    here: the whole run is traced; the report keeps warm-up apart by the session's ``warmup``."""
+    """rocprofv3: kernel, marker and HIP runtime traces as CSV, the whole run (the report keeps warm-up apart)."""
 
     name, records_markers = "rocprofv3", True
 
@@ -199,23 +186,21 @@ class Rocprofv3(Profiler):
         return art
 
 
-def _run_quiet(cmd: list[str], timeout_s: float, art: Artifact) -> None:
+def run_tool(cmd: list[str], timeout_s: float, *, words: int = 2) -> str | None:
+    """Run a profiler's command quietly: None, or what went wrong in one line (its last line of output)."""
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        art.problems.append(f"{' '.join(cmd[:2])}: {exc}")
-        return
-    if out.returncode != 0:
-        tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or [""]
-        art.problems.append(f"{' '.join(cmd[:2])} exited {out.returncode}: {tail[0]}")
+        return f"{' '.join(cmd[:2])}: {exc}"
+    tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or [""]
+    return f"{' '.join(cmd[:words])} exited {out.returncode}: {tail[0]}" if out.returncode != 0 else None
 
 
-def make_profiler(name: str, path: str | None = None, **options) -> Profiler:
-    """A profiler by name ('nsys', 'rocprofv3', 'none'); ``options`` go to its options."""
+def make_profiler(name: str, path: str | None = None, **options) -> Profiler:  # ``options``: its options
     if name == "nsys":
         return Nsys(path or "nsys", NsysOptions(**options))
     if name == "rocprofv3":
         return Rocprofv3(path or "rocprofv3", extra=options.get("extra"))
     if name == "none":
-        return NoProfiler()
+        return Profiler()
     raise MaxinstrError(f"unknown profiler {name!r} (choose nsys, rocprofv3 or none)")

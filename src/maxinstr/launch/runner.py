@@ -1,7 +1,5 @@
-"""`maxinstr run`, apart from the CLI so it can be driven and tested directly: plan (:func:`plan_runs`),
-show (:func:`plan_lines`), execute (:func:`execute`: a warm run, the profiled run under a supervisor,
-the profiler's artifact verified and exported, merged into the run directory).
-"""
+"""`maxinstr run` apart from the CLI: plan (:func:`plan_runs`), show (:func:`plan_lines`), execute
+(:func:`execute`: a warm run, the profiled run supervised, the profiler's artifact merged into the run)."""
 
 from __future__ import annotations
 
@@ -24,7 +22,7 @@ from maxinstr.launch import supervise as sv
 from maxinstr.launch.layout import LAUNCH_FILE, LOG_FILE, PROFILE_BASE, RUN_NAMES, WARM_DIR, site_dir, unapplied_stage_specs
 from maxinstr.launch.layout import clear_previous_run, default_run_dir as default_run_dir  # (cli/run.py's, from here)
 from maxinstr.launch.presets import preset
-from maxinstr.launch.profilers import Artifact, NoProfiler, Profiler
+from maxinstr.launch.profilers import Artifact, Profiler
 from maxinstr.rundir import format as fmt
 from maxinstr.rundir import metadata
 from maxinstr.rundir.reader import read_launch
@@ -51,7 +49,7 @@ class RunSpec:
 class RunOptions:
     """Settings shared by every run of one `maxinstr run` invocation."""
 
-    profiler: Profiler = field(default_factory=NoProfiler)
+    profiler: Profiler = field(default_factory=Profiler)
     warm_run: bool = False
     warmup: int | None = None
     stage_specs: list[str] = field(default_factory=list)
@@ -62,19 +60,14 @@ class RunOptions:
     environment: dict | None = None  # detect_environment().to_json(), stored with the run
     max_ops: str | None = None  # --max-ops: MAX's op markers on where a profiler records them; None: as MAX is
     presets: list[str] = field(default_factory=list)  # named presets of --stage specs, applied before stage_specs
-    rerun_args: list[str] | None = None
-    """The options of `maxinstr run` that make a run what it is, as command-line words, less where it
-    writes, how it shows it and the plan's shape (:func:`rerun_command`); None: not from a command line."""
+    rerun_args: list[str] | None = None  # the options that make a run what it is (:func:`rerun_command`)
 
-    def all_stage_specs(self) -> list[str]:
-        """The presets' specs, then the ones given with --stage: what every process applies."""
+    def all_stage_specs(self) -> list[str]:  # the presets' specs, then --stage's: what every process applies
         return [text for name in self.presets for text in preset(name).specs] + list(self.stage_specs)
 
 
 @dataclass
 class RunOutcome:
-    """What one run produced."""
-
     spec: RunSpec
     result: sv.ChildResult
     artifact: Artifact | None
@@ -103,10 +96,9 @@ def plan_runs(command: list[str], out: Path, *, repeat: int = 1, sweep: str | No
             raise MaxinstrError(f"--sweep {sweep!r}: expected NAME=a,b,c (an env var, or a flag such as --batch-size=1,8)")
         if not name.startswith("-") and not name.replace("_", "").isalnum():
             raise MaxinstrError(f"--sweep {sweep!r}: {name!r} is neither an environment variable name nor a flag")
-        if name.startswith("-"):
-            axis = [(f"{name.lstrip('-')}={v}", {}, [name, v], f"{name}={v}") for v in items]
-        else:
-            axis = [(f"{name}={v}", {name: v}, [], f"{name}={v}") for v in items]
+        flag = name.startswith("-")
+        axis = [(f"{name.lstrip('-')}={v}", {} if flag else {name: v}, [name, v] if flag else [], f"{name}={v}")
+                for v in items]
     specs: list[RunSpec] = []
     for label, env, extra_args, value in axis:
         side = out / label if label else out
@@ -127,8 +119,7 @@ def sweep_label(label: str) -> str:
 
 
 def compare_hint(specs: list[RunSpec]) -> str | None:
-    """What to compare after a plan of several runs, as a line: the --sweep values (each value's repeats
-    pooled), or repeats alone as one side against another set; None for a single run."""
+    """What to compare after several runs, as a line: the --sweep values, or repeats alone as one side."""
     sides = list(dict.fromkeys(spec.side or spec.run_dir for spec in specs))
     if len(specs) < 2:
         return None
@@ -141,20 +132,26 @@ def compare_hint(specs: list[RunSpec]) -> str | None:
 
 
 def rerun_command(spec: RunSpec, options: RunOptions) -> list[str] | None:
-    """The `maxinstr run` command that makes this run again: its options, its own ``--sweep`` value, its
-    program; no ``-o`` (never over this one), no ``--repeat``; None when not planned from a command line."""
+    """The `maxinstr run` command that makes this run again (its own ``--sweep`` value; no ``-o``, no
+    ``--repeat``); None when not planned from a command line."""
     if options.rerun_args is None:
         return None
     sweep = [f"--sweep={spec.sweep}"] if spec.sweep else []
     return ["maxinstr", "run", *options.rerun_args, *sweep, "--", *(spec.program or spec.command)]
 
 
-def run_dir_problem(path: str | Path) -> str | None:
-    """Why ``path`` cannot be made a run directory, or None: it, or the nearest of its parents that
-    exists, must be a directory this process may write in (asked before anything starts)."""
-    probe = Path(path)
+def _missing(path: str | Path) -> tuple[Path, list[Path]]:
+    """(the nearest of ``path`` and its parents that exists, the folders missing below it, deepest first)."""
+    probe, missing = Path(path), []
     while not os.path.lexists(probe) and probe.parent != probe:
+        missing.append(probe)
         probe = probe.parent
+    return probe, missing
+
+
+def run_dir_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot be made a run directory (asked before anything starts), or None."""
+    probe = _missing(path)[0]
     if probe.is_symlink() and not probe.exists():
         return f"{probe} is a broken symbolic link"
     if not probe.is_dir():
@@ -165,8 +162,8 @@ def run_dir_problem(path: str | Path) -> str | None:
 
 
 def command_problem(command: list[str], env: dict[str, str] | None = None) -> str | None:
-    """Why ``command`` cannot be started, or None: a program not on the PATH the child will have,
-    or a path that is not an executable file (asked before a run directory is made or cleared)."""
+    """Why ``command`` cannot be started (a program not on the child's PATH, a path not an executable
+    file: asked before a run directory is made or cleared), or None."""
     program = command[0] if command else ""
     if not program:
         return "no command to run"
@@ -181,11 +178,11 @@ def command_problem(command: list[str], env: dict[str, str] | None = None) -> st
 
 
 class NotStarted(MaxinstrError):
-    """The run's command could not be started (the run directory holds nothing of it)."""
+    """The command could not start (the run directory holds nothing of it)."""
 
 
 def child_env(spec: RunSpec, options: RunOptions, run_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: the user's, plus what maxinstr needs (and nothing else)."""
+    """The user's environment plus what maxinstr needs (and nothing else)."""
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (site_dir(), env.get("PYTHONPATH", "")) if p)
     env[config.RUN_DIR] = str(run_dir.resolve())
@@ -210,8 +207,7 @@ _KEPT_VARIABLES = (MAX_PROFILING, "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
                    "MAX_SERVE_DISABLE_TELEMETRY", "MODULAR_DERIVED_PATH")  # with every MAXINSTR_*, never the whole env
 
 
-def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:
-    """The plan shown before running: commands, profiler flags, window, output paths."""
+def plan_lines(specs: list[RunSpec], options: RunOptions) -> list[str]:  # shown before running
     prof = options.profiler
     lines = [f"profiler: {prof.name}" + (f"  flags: {prof.flags_text()}" if prof.name != "none" else "")]
     if prof.name == "nsys" and prof.uses_capture_range:
@@ -276,13 +272,11 @@ def python_flag_skipping_hook(command: list[str]) -> str | None:
     return None
 
 
-def write_json(path: Path, data: dict) -> None:
-    """``data`` as JSON at ``path``, atomically, never through a link planted there."""
+def write_json(path: Path, data: dict) -> None:  # atomically, never through a link planted there
     replace_atomic(path, (json.dumps(data, indent=2, default=str) + "\n").encode("utf-8", "backslashreplace"))
 
 
-def _read_json(path: Path) -> Any:
-    """The JSON of a regular file (a FIFO never blocks), None when absent or unreadable."""
+def _read_json(path: Path) -> Any:  # of a regular file (a FIFO never blocks); None: absent or unreadable
     try:
         data = read_regular(path, MaxinstrError)
         return parse_json(data, path, MaxinstrError) if data is not None else None
@@ -290,34 +284,11 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def merge_meta(run_dir: Path, profiler: Profiler, wrapped: list[str], artifact: Artifact | None,
-               maxinstr_command: list[str] | None = None) -> bool:
-    """Record the profiler in the session's meta.json (after the child closed it), and the
-    `maxinstr run` command that makes the run again (:func:`rerun_command`)."""
-    meta = _read_json(run_dir / "meta.json")
-    if not isinstance(meta, dict):
-        return False
-    meta["profiler"] = None if profiler.name == "none" else {
-        "name": profiler.name, "command": wrapped, "capture": profiler.capture,
-        "window_s": profiler.window_s if profiler.uses_capture_range else None,
-        "trace": artifact.trace if artifact else None}
-    if maxinstr_command is not None:
-        meta["maxinstr_command"] = maxinstr_command
-    write_json(run_dir / "meta.json", meta)
-    return True
-
-
 def execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
-    """Run one planned process end to end. Raises MaxinstrError when the command cannot start:
-    then nothing is left behind (no run directory, no log; a previous run there is kept)."""
-    problem = command_problem(spec.command, {**os.environ, **spec.env})
-    if problem is not None:
+    """Run one planned process end to end; MaxinstrError when it cannot start, leaving nothing behind."""
+    if (problem := command_problem(spec.command, {**os.environ, **spec.env})) is not None:
         raise NotStarted(f"{problem}; nothing was started")
-    made = []  # the folders this run makes, deepest first
-    probe = Path(spec.run_dir)
-    while not os.path.lexists(probe) and probe.parent != probe:
-        made.append(probe)
-        probe = probe.parent
+    made = _missing(spec.run_dir)[1]  # the folders this run makes
     try:
         Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -329,8 +300,7 @@ def execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
         raise NotStarted(f"{exc}; nothing was started" + (f" (left in place: {', '.join(left)})" if left else "")) from None
 
 
-def _undo_start(run_dir: Path, made: list[Path]) -> list[str]:
-    """After a command that never started: the empty logs and folders this run made go; what is left."""
+def _undo_start(run_dir: Path, made: list[Path]) -> list[str]:  # the empty logs and folders go; what is left
     for log in (run_dir / WARM_DIR / LOG_FILE, run_dir / LOG_FILE):
         with contextlib.suppress(OSError):
             if log.is_file() and not log.is_symlink() and log.stat().st_size == 0:
@@ -385,7 +355,14 @@ def _execute(spec: RunSpec, options: RunOptions) -> RunOutcome:
     meta_if_none(run_dir, spec.command)
     artifact = profiler.collect(output_base) if profiler.name != "none" else None
     outcome = RunOutcome(spec, result, artifact, warm=warm)
-    merge_meta(run_dir, profiler, wrapped, artifact, rerun_command(spec, options))
+    if isinstance(meta := _read_json(run_dir / "meta.json"), dict):  # the profiler, the rerun (the child closed it)
+        meta["profiler"] = None if profiler.name == "none" else {
+            "name": profiler.name, "command": wrapped, "capture": profiler.capture,
+            "window_s": profiler.window_s if profiler.uses_capture_range else None,
+            "trace": artifact.trace if artifact else None}
+        if (rerun := rerun_command(spec, options)) is not None:
+            meta["maxinstr_command"] = rerun
+        write_json(run_dir / "meta.json", meta)
     outcome.unapplied = unapplied_stage_specs(run_dir, options.all_stage_specs())
     _note_unapplied(run_dir, outcome.unapplied)
     outcome.files = {"run directory": str(run_dir), "child log": str(run_dir / LOG_FILE),
@@ -405,8 +382,7 @@ def _stop(sampler: Any) -> None:
 
 
 def meta_if_none(run_dir: Path, command: list[str]) -> None:
-    """A program that never imported maxinstr (nor a --stage target) opened no session and wrote
-    no meta.json: write one for it, so the run's samples and trace still make a report."""
+    """A meta.json for a program that opened no session: its samples and trace still make a report."""
     if (run_dir / "meta.json").exists():
         return
     try:
@@ -444,23 +420,19 @@ def _write_launch(run_dir: Path, spec: RunSpec, options: RunOptions, wrapped: li
         "environment": options.environment})
 
 
-def add_to_launch(run_dir: Path, key: str, value: Any) -> None:
-    """Add one key to the run's launch.json (after the run; nothing when there is none)."""
-    record = read_launch(run_dir)
-    if record is not None:
+def add_to_launch(run_dir: Path, key: str, value: Any) -> None:  # after the run; nothing without launch.json
+    if (record := read_launch(run_dir)) is not None:
         record[key] = value
         write_json(run_dir / LAUNCH_FILE, record)
 
 
 def _note_unapplied(run_dir: Path, unapplied: dict[str, str]) -> None:
-    """Each spec never applied as a warning in the owner part's events.jsonl, which the report lists
-    (written after the program ended: no process writes that part any more)."""
-    if not unapplied:
-        return
+    """Each spec never applied as a warning in the owner part's events.jsonl (the program has ended)."""
     parts = sorted(p for p in (run_dir / fmt.PARTS_DIR).glob("*/") if p.is_dir() and not p.is_symlink())
-    owner = next((p for p in parts if _is_owner(p)), parts[0] if parts else None)
-    if owner is None:
+    if not unapplied or not parts:
         return
+    roles = [d.get("role") if isinstance(d := _read_json(p / fmt.PART_FILE), dict) else None for p in parts]
+    owner = parts[roles.index("owner")] if "owner" in roles else parts[0]
     lines = b"".join(json_line({"time_ns": time.monotonic_ns(), "kind": "warning",
                                 "message": f"--stage {text} was never applied: {why}", "by": "maxinstr run"})
                      for text, why in unapplied.items())
@@ -469,16 +441,10 @@ def _note_unapplied(run_dir: Path, unapplied: dict[str, str]) -> None:
             f.write(lines)
 
 
-def _is_owner(part: Path) -> bool:
-    doc = _read_json(part / fmt.PART_FILE)
-    return isinstance(doc, dict) and doc.get("role") == "owner"
-
-
 _OPEN_HINTS = ((".nsys-rep", "nsys-ui {0}   (or `nsys stats {0}`)"), (".sqlite", "maxinstr report RUN --trace {0}   (or sqlite3 {0})"),
                (".ncu-rep", "ncu-ui {0}   (or `ncu --import {0} --page details`)"))
 
 
-def open_hint(role: str, path: str) -> str:
-    """How to open a file we produced."""
+def open_hint(role: str, path: str) -> str:  # how to open a file we produced
     hint = next((h for ext, h in _OPEN_HINTS if path.endswith(ext)), "less {0}" if role.endswith("log") else "{0}")
     return hint.format(path)

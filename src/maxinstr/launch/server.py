@@ -1,8 +1,6 @@
 """Profiling a long-running server around benchmark windows (docs/cli.md, `maxinstr server`): under
-``nsys launch`` with a named session, a window is ``nsys start`` ... ``nsys stop``. State lives in
-``RUN/server.json`` so start, window and stop can be separate commands; only the process group
-recorded there is signalled, once :func:`verify` proved it is the server.
-"""
+``nsys launch``, a window is ``nsys start`` ... ``nsys stop``. State lives in ``RUN/server.json``; only
+the process group recorded there is signalled, once :func:`verify` proved it is the server."""
 
 from __future__ import annotations
 
@@ -25,17 +23,15 @@ from maxinstr.errors import MaxinstrError
 from maxinstr.launch import layout, runner
 from maxinstr.launch import supervise as sv
 from maxinstr.launch.env import find_tool
-from maxinstr.launch.profilers import Artifact, Nsys, NsysOptions
+from maxinstr.launch.profilers import Artifact, Nsys, NsysOptions, run_tool
 
 STATE_FILE, LOG_FILE = "server.json", "server.log"
 
 
 @dataclass
 class ServerState:
-    """What `maxinstr server start` left for the commands that follow. ``server.json`` is data
-    (whoever can write the run directory can write it): nothing in it is run (nsys is the one
-    on PATH now) and nothing it names is signalled until :func:`verify` proved the process is the
-    server `server start` made for this run directory."""
+    """What `maxinstr server start` left for the commands that follow. ``server.json`` is data: nothing in
+    it is run (nsys is the one on PATH now), nothing it names signalled before :func:`verify`."""
 
     run_dir: Path
     pid: int
@@ -56,12 +52,10 @@ class ServerState:
 
     @classmethod
     def load(cls, run_dir: str | Path) -> ServerState:
-        """The state of the server started in ``run_dir`` (the folder named on the command line:
-        the ``run_dir`` written in the file is never where maxinstr writes)."""
+        """The server started in ``run_dir`` (never the ``run_dir`` the file names: maxinstr writes there)."""
         path = Path(run_dir) / STATE_FILE
         unreadable = lambda p, why: MaxinstrError(f"{p}: unreadable server state ({why})")  # noqa: E731
-        raw = read_regular(path, unreadable)
-        if raw is None:
+        if (raw := read_regular(path, unreadable)) is None:
             raise MaxinstrError(f"{path}: no server started here (run `maxinstr server start -o {run_dir} -- CMD`)")
         data = parse_json(raw, path, unreadable)
         if not isinstance(data, dict):
@@ -70,7 +64,8 @@ class ServerState:
             if key not in data and key not in _OPTIONAL:
                 raise unreadable(path, f'no "{key}"')
             if key in data and not ok(data[key]):
-                raise unreadable(path, f'"{key}" is not {what}: {_clip(data[key])}')
+                text = json.dumps(data[key], ensure_ascii=True, default=str)
+                raise unreadable(path, f'"{key}" is not {what}: {text if len(text) <= 60 else text[:57] + "..."}')
         known: dict[str, Any] = {**{k: data.get(k) for k in _FIELDS}, "run_dir": Path(run_dir).resolve()}
         return cls(**known)
 
@@ -84,29 +79,15 @@ class ServerState:
             return False
         except PermissionError:
             return True
-        try:  # a zombie (exited, not yet reaped by its parent) is not alive
-            with open(f"/proc/{self.pid}/stat", encoding="ascii") as fh:
-                return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
-        except OSError:
-            return True
+        return (_stat_fields(self.pid) or ["?"])[0] != "Z"  # a zombie (exited, not yet reaped) is not alive
 
-    def ours(self) -> bool:
-        """Started by this very process (``server run``, a test): no need to ask /proc."""
+    def ours(self) -> bool:  # started by this very process (``server run``, a test): no need to ask /proc
         proc = _children.get(self.pid)
         return proc is not None and proc.poll() is None
 
 
-def _clip(value: object) -> str:
-    text = json.dumps(value, ensure_ascii=True, default=str)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _is_pid(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 2 <= v < 2**31
-
-
-def _str_list(v: object) -> bool:
-    return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 
 def _opt_str(v: object) -> bool:
@@ -114,10 +95,11 @@ def _opt_str(v: object) -> bool:
 
 
 _SESSION_RE = re.compile(r"maxinstr-[A-Za-z0-9-]{1,120}")
+_STR_LIST = (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings")
 _FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "run_dir": (lambda v: isinstance(v, str), "a path"), "pid": (_is_pid, "a process id"),
-    "pgid": (_is_pid, "a process group id"), "command": (_str_list, "a list of strings"),
-    "launch_command": (_str_list, "a list of strings"), "profiler": (lambda v: v in ("nsys", "none"), '"nsys" or "none"'),
+    "pgid": (_is_pid, "a process group id"), "command": _STR_LIST, "launch_command": _STR_LIST,
+    "profiler": (lambda v: v in ("nsys", "none"), '"nsys" or "none"'),
     "session": (lambda v: v is None or (isinstance(v, str) and _SESSION_RE.fullmatch(v) is not None),
                 "an nsys session name maxinstr makes (maxinstr-...)"),
     "nsys": (_opt_str, "a path or null"),
@@ -128,42 +110,43 @@ _FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
 _OPTIONAL = ("start_ticks", "boot_id", "token")  # absent from a server.json of before 2026-12
 
 
-def _read_text(path: str) -> str | None:
+def _read(path: str, limit: int = 1 << 20) -> bytes | None:
     try:
         with open(path, "rb") as fh:
-            return fh.read(1 << 20).decode("utf-8", "replace")
+            return fh.read(limit)
     except OSError:
         return None
 
 
+def _stat_fields(pid: int) -> list[str] | None:  # /proc/<pid>/stat from field 3 (state) on
+    raw = _read(f"/proc/{pid}/stat")
+    return None if raw is None else raw.decode("utf-8", "replace").rsplit(")", 1)[-1].split()
+
+
 def process_start_ticks(pid: int) -> int | None:
     """When ``pid`` started, in clock ticks since boot (/proc stat field 22; a reused pid has another)."""
-    try:  # the fields after the command: state is field 3, starttime field 22
-        return int((_read_text(f"/proc/{pid}/stat") or "").rsplit(")", 1)[-1].split()[19])
+    try:
+        return int((_stat_fields(pid) or [])[19])
     except (IndexError, ValueError):
         return None
 
 
 def boot_id() -> str | None:
-    text = _read_text("/proc/sys/kernel/random/boot_id")
-    return text.strip() if text else None
+    raw = _read("/proc/sys/kernel/random/boot_id")
+    return raw.decode("utf-8", "replace").strip() if raw else None
 
 
 def _environ(pid: int) -> dict[str, str] | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            raw = fh.read(1 << 22)
-    except OSError:
+    if (raw := _read(f"/proc/{pid}/environ", 1 << 22)) is None:
         return None
     pairs = (item.partition(b"=") for item in raw.split(b"\0"))
     return {k.decode("utf-8", "surrogateescape"): v.decode("utf-8", "surrogateescape") for k, sep, v in pairs if sep}
 
 
 def verify(state: ServerState) -> str | None:
-    """Why the process ``state`` names is not the server `maxinstr server start` made for
-    ``state.run_dir``, or None when it is: alive, its own group's leader, started at the recorded
-    time of this boot, holding in its environment the token and the run directory server.json
-    was written with. Only then is it signalled or its nsys session driven."""
+    """Why the process ``state`` names is not the server `maxinstr server start` made for ``state.run_dir``,
+    or None: alive, its group's leader, started at the recorded time of this boot, holding in its
+    environment the token and run directory of server.json. Only then is it signalled or driven."""
     if state.ours():
         return None
     if state.pgid != state.pid:
@@ -172,8 +155,7 @@ def verify(state: ServerState) -> str | None:
         return f"pid {state.pid} is not running"
     if state.token is None or state.start_ticks is None:
         return "server.json has no start time or token to check the process against (written before 2026-12?)"
-    started = process_start_ticks(state.pid)
-    if started is None:
+    if (started := process_start_ticks(state.pid)) is None:
         return f"the start time of pid {state.pid} cannot be read (/proc/{state.pid}/stat)"
     if started != state.start_ticks or (state.boot_id and boot_id() not in (None, state.boot_id)):
         return f"pid {state.pid} started at another time than the server: the pid was reused by another process"
@@ -183,23 +165,17 @@ def verify(state: ServerState) -> str | None:
         return f"pid {state.pid} is not running"
     if group != state.pgid:
         return f"pid {state.pid} is in process group {group}, not the server's {state.pgid}"
-    env = _environ(state.pid)
-    if env is None:
+    if (env := _environ(state.pid)) is None:
         return f"the environment of pid {state.pid} cannot be read to check it is the server"
     if env.get(config.SERVER_TOKEN) != state.token:
         return f"pid {state.pid} does not hold this server's token: not the process `maxinstr server start` made"
     if env.get(config.RUN_DIR) != str(state.run_dir):
         return f"pid {state.pid} was started for another run directory ({env.get(config.RUN_DIR)!r})"
     if state.session is not None:
-        argv = (_read_text(f"/proc/{state.pid}/cmdline") or "").split("\0")
+        argv = (_read(f"/proc/{state.pid}/cmdline") or b"").decode("utf-8", "replace").split("\0")
         if f"--session-new={state.session}" not in argv:
             return f"pid {state.pid} did not launch the nsys session server.json names ({state.session})"
     return None
-
-
-def session_name(run_dir: Path) -> str:  # a unique nsys session name (letters, digits, dashes)
-    stem = re.sub(r"[^A-Za-z0-9-]+", "-", run_dir.name).strip("-")[:40] or "run"
-    return f"maxinstr-{stem}-{os.getpid()}-{int(time.time())}"
 
 
 START_SETTLE_S = 0.5  # `nsys start` returns before collection is live: wait this long before the benchmark
@@ -210,8 +186,7 @@ def _nsys(path: str | None) -> Nsys:
 
 
 def _nsys_now(state: ServerState, echo: Callable[[str], None] | None = None) -> Nsys:
-    """The nsys found on PATH now: never the program server.json names (a file is data; a
-    planted ``"nsys": "/tmp/x.sh"`` would otherwise run as whoever stops the server)."""
+    """The nsys on PATH now, never the one server.json names (a planted ``/tmp/x.sh`` would run)."""
     tool = find_tool("nsys", probe_version=False)
     if not tool.found or tool.path is None:
         raise MaxinstrError(f"nsys is not installed: {tool.install_hint()}")
@@ -258,8 +233,7 @@ def _wait_ready(state: ServerState, ready: str | None, timeout_s: float, pattern
 def _kill_group(state: ServerState, grace_s: float = 10.0) -> None:
     """SIGTERM then SIGKILL to the process group we started, each once :func:`verify` proves it the server."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        problem = verify(state)
-        if problem is not None:
+        if (problem := verify(state)) is not None:
             if state.alive():
                 raise _refuse(state, problem, "it was not signalled")
             return
@@ -297,8 +271,9 @@ def start_server(command: list[str], run_dir: Path, *, profiler: str = "nsys", n
     session, cmd = None, list(command)
     if profiler == "nsys":
         # `nsys launch`: nothing collected until start; what to trace is set here, sampling not (nsys
-        # 2025.3 refuses --sample and --cpuctxsw on launch, seen on the H200)
-        nsys, session = _nsys(nsys_path), session_name(run_dir)
+        # 2025.3 refuses --sample and --cpuctxsw on launch, seen on the H200); a unique session name
+        stem = re.sub(r"[^A-Za-z0-9-]+", "-", run_dir.name).strip("-")[:40] or "run"
+        nsys, session = _nsys(nsys_path), f"maxinstr-{stem}-{os.getpid()}-{int(time.time())}"
         cmd = [nsys.path, "launch", f"--session-new={session}", *nsys.trace_flags_launch(), *command]
     elif profiler != "none":
         raise MaxinstrError(f"server profiling supports nsys or none, not {profiler!r} (on AMD: `maxinstr run --profiler rocprofv3` around the whole server)")
@@ -328,8 +303,8 @@ _children: dict[int, subprocess.Popen] = {}
 
 
 def clear_previous_server(run_dir: Path) -> list[str]:
-    """A server started on a run directory holding an earlier (ended) server's run replaces it, as `maxinstr
-    run` does (its log would answer --ready first): only the names a server run writes."""
+    """An earlier (ended) server's run here is replaced, as `maxinstr run` does (its log would answer
+    --ready first): only the names a server run writes."""
     removed = layout.clear_previous_run(run_dir)
     if not (run_dir / STATE_FILE).exists():
         return removed  # no server ran here: its files are not ours to remove
@@ -344,13 +319,11 @@ def clear_previous_server(run_dir: Path) -> list[str]:
 def profile_window(run_dir: Path, *, duration_s: float | None = None, bench: list[str] | None = None,
                    echo: Callable[[str], None] | None = sv.print_line, timeout_s: float | None = None,
                    say: Callable[[str], None] | None = None) -> tuple[dict, Artifact | None, sv.ChildResult | None]:
-    """One capture window: ``nsys start``, then the benchmark command (or ``duration_s``
-    seconds), then ``nsys stop``; verify and export that window's report."""
+    """``nsys start``, the benchmark command (or ``duration_s`` seconds), ``nsys stop``; the report exported."""
     state = ServerState.load(run_dir)
     if not state.alive():
         raise MaxinstrError(f"{run_dir}: the server (pid {state.pid}) is not running; see {state.run_dir / LOG_FILE}")
-    problem = verify(state)
-    if problem is not None:
+    if (problem := verify(state)) is not None:
         raise _refuse(state, problem, "no window was captured")
     k = len(state.windows) + 1
     output = state.run_dir / f"window-{k}"
@@ -405,8 +378,7 @@ def stop_server(run_dir: Path, grace_s: float = 20.0, say: Callable[[str], None]
     if not state.alive():
         _reap(state.pid)
         return state  # nothing left to stop
-    problem = verify(state)
-    if problem is not None:
+    if (problem := verify(state)) is not None:
         raise _refuse(state, problem, "nothing was signalled")
     nsys = None
     if state.profiler == "nsys":
@@ -433,16 +405,10 @@ def stop_server(run_dir: Path, grace_s: float = 20.0, say: Callable[[str], None]
 
 
 def _reap(pid: int) -> None:
-    proc = _children.get(pid)
-    if proc is not None and proc.poll() is not None:
+    if (proc := _children.get(pid)) is not None and proc.poll() is not None:
         _children.pop(pid, None)
 
 
 def _check(cmd: list[str]) -> None:
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise MaxinstrError(f"{' '.join(cmd[:2])}: {exc}") from None
-    if out.returncode != 0:
-        msg = (out.stderr or out.stdout).strip().splitlines()
-        raise MaxinstrError(f"{' '.join(cmd[:3])} exited {out.returncode}: {msg[-1] if msg else ''}")
+    if (problem := run_tool(cmd, 120, words=3)) is not None:
+        raise MaxinstrError(problem)

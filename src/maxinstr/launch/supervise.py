@@ -1,7 +1,5 @@
-"""Run a child command in its own process group, watch its log, stop it fast when it fails
-(docs/cli.md, "Failing fast"): a run that died at start-up is reported within seconds, a Ctrl-C
-leaves a usable partial result, only the process group maxinstr started is ever signalled.
-"""
+"""Run a child command in its own process group, watch its log, stop it fast when it fails (docs/cli.md,
+"Failing fast"); a Ctrl-C leaves a partial result; only the group maxinstr started is ever signalled."""
 
 from __future__ import annotations
 
@@ -50,8 +48,7 @@ class SignalInterrupt(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def _signals_interrupt() -> Iterator[None]:
-    """While a child runs: SIGTERM and SIGHUP raise :class:`SignalInterrupt` (main thread only, and
-    only where they had their default action: a program embedding this keeps its own)."""
+    """While a child runs, SIGTERM and SIGHUP raise :class:`SignalInterrupt` (main thread, default action only)."""
     saved: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -69,9 +66,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 
 @dataclass
-class ChildResult:
-    """How a supervised child ended."""
-
+class ChildResult:  # how a supervised child ended
     command: list[str]
     status: str
     returncode: int | None
@@ -107,8 +102,7 @@ def compile_patterns(patterns: tuple[tuple[str, str], ...] | list[tuple[str, str
     return [(label, re.compile(rx)) for label, rx in patterns]
 
 
-class _LogPump(threading.Thread):
-    """Copies the child's output to the log (and terminal) line by line; notes the first fatal line."""
+class _LogPump(threading.Thread):  # the child's output to the log (and terminal); notes the first fatal line
 
     def __init__(self, stream: IO[bytes], log: IO[bytes] | None, echo: Callable[[str], None] | None,
                  patterns: list[tuple[str, re.Pattern[str]]]) -> None:

@@ -1,32 +1,26 @@
-"""maxinstr's start-up hook (`maxinstr run` puts this folder first on PYTHONPATH). It leaves the program
-as it would be without maxinstr until the program asks for it (no import beyond what Python has
-loaded, no thread, GPU call, signal handler or environment change: tests/launch/test_hook_unseen.py):
-one finder waits for the first import of ``maxinstr``, a ``--stage`` target's package, or ``max``
-when MAX's markers are on, and only then runs ``maxinstr.launch.bootstrap.startup()``. It never
-breaks the program, and runs the sitecustomize it shadows afterwards.
-"""
+"""maxinstr's start-up hook (first on PYTHONPATH under `maxinstr run`): no import, thread, GPU call, signal handler
+or environment change (tests/launch/test_hook_unseen.py) until a finder sees the first import of ``maxinstr``, a
+``--stage`` target's package, or ``max`` (MAX's markers on), then runs ``maxinstr.launch.bootstrap.startup()``.
+It never breaks the program, and runs the sitecustomize it shadows."""
 
-# Only what every Python has loaded when site runs this file (glob and importlib.machinery are not:
-# imported where used, they would show in the program's sys.modules otherwise)
+# Only what every Python has loaded when site runs this file (glob, importlib.machinery: where used)
 import _frozen_importlib
 import _frozen_importlib_external
 import _thread
 import os
 import sys
 
-# Top-level names that starting maxinstr imports besides the standard library's (its own, its
-# dependencies, the optional GPU libraries it reads at start-up); tests/launch/test_hook_triggers.py
-# checks the list against what startup() really imports.
+# Top-level names starting maxinstr imports besides the standard library's (tests/launch/test_hook_triggers.py
+# checks them against what startup() imports)
 _MAXINSTR_NEEDS = frozenset(("maxinstr", "numpy", "rich", "click", "pynvml", "amdsmi"))
 
 
 class _MaxinstrTrigger:
-    """A meta-path finder that starts maxinstr at the first import of a watched top-level name, once the
-    module has run (its loader wrapped), or before it for ``max`` (MAX reads its markers' setting when
-    imported). Starting never imports a module of ``after`` first (it would run twice); finding it
+    """Starts maxinstr at the first import of a watched top-level name, once the module has run (its loader
+    wrapped), or before it for ``max`` (MAX reads its markers' setting when imported). Finding a module
     without running it (``importlib.util.find_spec``, runpy's ``-m``) does not use the trigger up."""
-    def __init__(self, after, before, wanted):
-        self.after, self.before, self.wanted = frozenset(after), frozenset(before), wanted
+    def __init__(self, after, before):
+        self.after, self.before = frozenset(after), frozenset(before)
         self.fired = False  # maxinstr started, or starts once the import in progress has finished
         self._finding = set()  # (thread, name) being looked up through the other finders: no re-entry
 
@@ -39,16 +33,11 @@ class _MaxinstrTrigger:
         before = fullname in self.before
         if before:
             self.fired = True
-            _start_maxinstr(self.wanted)
-        spec = None
+            _start_maxinstr()
         self._finding.add(finding)
-        try:
-            for finder in list(sys.meta_path):  # maxinstr's own finders (the --stage wraps) come first now
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
+        try:  # maxinstr's own finders (the --stage wraps) come first now
+            spec = next((s for f in list(sys.meta_path) if f is not self and hasattr(f, "find_spec")
+                         and (s := f.find_spec(fullname, path, target)) is not None), None)
         finally:
             self._finding.discard(finding)
         if before:
@@ -57,12 +46,11 @@ class _MaxinstrTrigger:
             spec.loader = _StartAfter(spec.loader, self)  # type: ignore[assignment]
         else:  # nothing to run first (the import fails as it would), or nothing to wrap
             self.fired = True
-            _start_when_safe(self.wanted)
+            _start_when_safe()
         return spec
 
 
-class _StartAfter:
-    """Runs the module with its own loader, then starts maxinstr (whatever the module did)."""
+class _StartAfter:  # runs the module with its own loader, then starts maxinstr (whatever the module did)
     def __init__(self, inner, trigger):
         self._inner, self._trigger = inner, trigger
 
@@ -82,26 +70,24 @@ class _StartAfter:
             if spec is not None and spec.loader is self:
                 spec.loader = self._inner
             if first:
-                _start_when_safe(self._trigger.wanted, spec)
+                _start_when_safe(spec)
 
     def __getattr__(self, item):  # get_source, is_package, get_filename ...
         return getattr(self._inner, item)
 
 
-def _start_when_safe(wanted, own=None):
-    """Start maxinstr once the import of ``own`` (the module that asked) has finished (in
-    sys.modules, or a failed one taken out: a retried import then gets the stage), and never in
-    the middle of an import on this thread that starting maxinstr would meet half-done (numpy
-    imports math, maxinstr imports numpy): then once the outermost such import has finished.
-    Without either (a module run by hand, not imported), now."""
+def _start_when_safe(own=None):
+    """Start maxinstr once the import of ``own`` (the module that asked) has finished, never in the middle
+    of an import on this thread that starting maxinstr would meet half-done (numpy imports math,
+    maxinstr imports numpy): then once the outermost such import has. Without either, now."""
     wait = _outermost_loading(own)
-    if wait is None or not _start_after_load(wait, wanted):
-        _start_maxinstr(wanted)
+    if wait is None or not _start_after_load(wait):
+        _start_maxinstr()
 
 
 def _outermost_loading(own):
-    """Of the imports this thread is running (importlib's _load_unlocked frames), the outermost
-    whose top-level package starting maxinstr imports, else ``own`` when it is one, else None."""
+    """Of the imports this thread runs (importlib's _load_unlocked frames), the outermost whose top-level
+    package starting maxinstr imports, else ``own`` when it is one, else None."""
     needs = _MAXINSTR_NEEDS | getattr(sys, "stdlib_module_names", frozenset())
     found, own_loading = None, False
     frame = sys._getframe(1)
@@ -117,7 +103,7 @@ def _outermost_loading(own):
     return found if found is not None else (own if own_loading else None)
 
 
-_after_load: dict = {}  # id(spec) -> wanted: the imports whose end starts maxinstr
+_after_load: set = set()  # id(spec) of the imports whose end starts maxinstr
 _watching_classes: dict = {}  # spec class -> its subclass that sees ``_initializing`` set
 
 
@@ -131,9 +117,9 @@ def _loading_set(spec, value):
         return
     # importlib's last act on a finished (or failed) import; the spec is as it was again
     spec.__class__ = type(spec).__mro__[1]
-    wanted = _after_load.pop(id(spec), None)
-    if wanted is None:
+    if id(spec) not in _after_load:
         return
+    _after_load.remove(id(spec))
     # bind a submodule on its package now, as importlib does next: starting maxinstr finds `email.message`
     parent, _, child = str(getattr(spec, "name", "")).rpartition(".")
     module = sys.modules.get(spec.name) if parent else None
@@ -142,12 +128,11 @@ def _loading_set(spec, value):
             setattr(sys.modules[parent], child, module)
         except Exception:  # noqa: BLE001 - importlib says nothing of this either
             pass
-    _start_maxinstr(wanted)
+    _start_maxinstr()
 
 
-def _start_after_load(spec, wanted):
-    """Have importlib's ``spec._initializing = False`` (the end of that import) start maxinstr;
-    False when the spec cannot be watched (the caller starts it now)."""
+def _start_after_load(spec):
+    """Have importlib's ``spec._initializing = False`` (the import's end) start maxinstr; False: unwatchable."""
     base = type(spec)
     try:
         watching = _watching_classes.get(base)
@@ -155,31 +140,30 @@ def _start_after_load(spec, wanted):
             watching = type(base.__name__, (base,), {"__slots__": (), "__module__": base.__module__,
                                                      "_initializing": property(_loading_get, _loading_set)})
             _watching_classes[base] = watching
-        _after_load[id(spec)] = wanted
+        _after_load.add(id(spec))
         spec.__class__ = watching
     except Exception:  # noqa: BLE001 - an odd spec class: start now, as before
-        _after_load.pop(id(spec), None)
+        _after_load.discard(id(spec))
         return False
     return True
 
 
-def _start_maxinstr(wanted):
+def _start_maxinstr():
     try:
         from maxinstr.launch.bootstrap import startup
     except Exception as exc:  # noqa: BLE001 - maxinstr is not importable in this interpreter
-        found = _from_own_site() if wanted else None
+        found = _from_own_site()
         if found is None:
-            if wanted:
-                sys.stderr.write(f"maxinstr: not importable in {sys.executable} ({exc}); this process is not instrumented\n")
+            sys.stderr.write(f"maxinstr: not importable in {sys.executable} ({exc}); this process is not instrumented\n")
             return
         startup = found
     startup()
 
 
 def _from_own_site():
-    """bootstrap.startup from the site folder this file is in, when this interpreter can load its native
-    module, else None: for a process that lost its venv (Mojo's runtime sets PYTHONEXECUTABLE to the
-    `python3` on PATH, so MAX's `spawn` workers start without its site-packages). Last on sys.path."""
+    """bootstrap.startup from the site folder this file is in, if this interpreter loads its native module:
+    for a process that lost its venv (Mojo's runtime sets PYTHONEXECUTABLE to the `python3` on PATH, so
+    MAX's `spawn` workers start without its site-packages). Last on sys.path."""
     import glob
     import importlib.machinery
 
@@ -197,8 +181,8 @@ def _from_own_site():
 
 
 def _watched_names(environ):
-    """``(after, before)``: the top-level names whose first import starts maxinstr. The one read
-    of MAXINSTR_* outside maxinstr.config, on purpose: reading them through maxinstr would import it."""
+    """``(after, before)``: the top-level names whose first import starts maxinstr (MAXINSTR_* read here,
+    not through maxinstr.config: that would import maxinstr)."""
     run = bool(environ.get("MAXINSTR_RUN_DIR", "").strip())
     specs = [line.strip() for line in environ.get("MAXINSTR_STAGES", "").splitlines() if line.strip()]
     if not run and not specs:
@@ -215,16 +199,15 @@ def _maxinstr_install():
     if not after and not before:
         return
     if any(name in sys.modules for name in after):
-        # Python's own start-up imported it (os, io; a .pth file's import): maxinstr starts with
-        # the program, once `site` (being imported now, with any sitecustomize this one shadows) has
-        _start_when_safe(True)
+        # Python's own start-up imported it (os, io; a .pth file): maxinstr starts once `site` has
+        _start_when_safe()
         return
-    sys.meta_path.insert(0, _MaxinstrTrigger(after, before, wanted=True))
+    sys.meta_path.insert(0, _MaxinstrTrigger(after, before))
 
 
 def _chain_shadowed_sitecustomize():
-    # Our folder shadows any other sitecustomize (a distro's, a venv's): run that one too, through
-    # importlib's frozen core (always loaded), not importlib.util (the program would find it loaded)
+    # Ours shadows any other sitecustomize (a distro's, a venv's): run that one too, through importlib's
+    # frozen core (always loaded), not importlib.util (the program would find it loaded)
     here = os.path.dirname(os.path.abspath(__file__))
     path = [p for p in sys.path if os.path.abspath(p or ".") != here]
     spec = _frozen_importlib_external.PathFinder.find_spec("sitecustomize", path)
