@@ -6,7 +6,6 @@ are paired here, per thread, columnarly). Times are rocprofiler-sdk ns."""
 from __future__ import annotations
 
 import csv
-import functools
 import io
 import json
 import re
@@ -103,10 +102,7 @@ _CSV_REQUIRED = {"kernel": ("Kernel_Name", "Correlation_Id", "Start_Timestamp", 
 
 def csv_kind(name: str) -> str | None:
     """Which table of the rocprofv3 CSV set a file name holds, or None."""
-    for suffix, kind in _CSV_KINDS.items():
-        if name.endswith(suffix):
-            return kind
-    return None
+    return next((kind for suffix, kind in _CSV_KINDS.items() if name.endswith(suffix)), None)
 
 
 # -- CSV set -------------------------------------------------------------------------------------
@@ -246,7 +242,9 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
             start, end, *columns = times.drop(f.name, [start, end, *t.values()], names=("Start_Timestamp", "End_Timestamp"))
             t = dict(zip(t, columns))
             n = len(start)
-            ints = functools.partial(_ints, t, f)
+            def ints(column: str, t: dict = t, f: Path = f) -> np.ndarray:
+                return int_column(t[column], f, column)
+
             stream_col = next((c for c in ("Stream_Id", "Queue_Id") if c in t), None)
             if kind in ("hip", "marker"):
                 pids.append(pid := ints("Process_Id"))
@@ -278,10 +276,6 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
     if len(groups) > 1:
         b.notes.append(f"{len(groups)} CSV sets read; correlation ids offset by set index << 40")
     return assemble(b, {"files": files, "header": sorted(headers)})
-
-
-def _ints(table: dict[str, np.ndarray], path: Path, column: str) -> np.ndarray:
-    return int_column(table[column], path, column)
 
 
 def _agent_map(path: Path) -> dict[int, int] | None:
@@ -517,7 +511,7 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
         a = np.flatnonzero(is_api)
         if len(m):
             b.add(Ranges, **_rocpd_markers(start[m], end[m], name[m], ext[m], tid[m], pid[m], b.notes))
-            _pop_time_ranges(b, start[a], end[a], tid[a], pid[a], cat[m])
+            _pop_time_ranges(b, start[a], tid[a], pid[a], cat[m])
         b.add(Calls, start_ns=start[a], end_ns=end[a], tid=tid[a], pid=pid[a], correlation_id=corr[a], name=name[a])
         meta["region_categories"] = sorted(set(cat.tolist()))
     marks = _rocpd_marks(src, fetch, times, ext_sql)
@@ -591,16 +585,18 @@ def _rocpd_correlation_column(con: sqlite3.Connection, event_source: str) -> str
     return "correlation_id"
 
 
-def _marker_message(extdata: str) -> str:
-    """``$.message`` of an event's extdata JSON ('' when none)."""
-    if not extdata or "message" not in extdata:
-        return ""
-    try:
-        doc = json.loads(extdata)
-    except ValueError:
-        return ""
-    msg = doc.get("message") if isinstance(doc, dict) else None
-    return str(msg) if msg is not None else ""
+def _messages(ext: np.ndarray, default: str = "") -> np.ndarray:
+    """``$.message`` of each event's extdata JSON (``default`` when none), parsed once per distinct value."""
+    uniq, inv = np.unique(ext.astype(str), return_inverse=True)
+    out = []
+    for u in uniq.tolist():
+        try:
+            doc = json.loads(u) if "message" in u else None
+        except ValueError:
+            doc = None
+        msg = doc.get("message") if isinstance(doc, dict) else None
+        out.append((str(msg) if msg is not None else "") or default)
+    return np.array(out, dtype=object)[inv]
 
 
 def _rocpd_markers(start: np.ndarray, end: np.ndarray, name: np.ndarray, ext: np.ndarray, tid: np.ndarray,
@@ -610,8 +606,7 @@ def _rocpd_markers(start: np.ndarray, end: np.ndarray, name: np.ndarray, ext: np
     is push/pop, roctxProcessRangeA start/stop on the thread that stopped it); raw push/pop rows
     are paired as in the CSV."""
     ops = name.astype(str)
-    uniq, inv = np.unique(ext.astype(str), return_inverse=True)
-    message = np.array([_marker_message(u) for u in uniq], dtype=object)[inv]
+    message = _messages(ext)
     label = np.where(message != "", message, name).astype(object)
     if np.isin(ops, ["roctxRangePushA", "roctxRangePush", "roctxRangePop", "roctxRangePopA"]).any():
         return markers_from_rows(start, end, label, tid, pid, ops, notes)
@@ -626,7 +621,7 @@ def _rocpd_markers(start: np.ndarray, end: np.ndarray, name: np.ndarray, ext: np
                 end_tid=tid)
 
 
-def _pop_time_ranges(b: TraceBuilder, c_start: np.ndarray, c_end: np.ndarray, c_tid: np.ndarray, c_pid: np.ndarray,
+def _pop_time_ranges(b: TraceBuilder, c_start: np.ndarray, c_tid: np.ndarray, c_pid: np.ndarray,
                      categories: np.ndarray) -> None:
     """roctx ranges stored at their Pop/Stop time (rocprof-sys before ROCm/rocm-systems PR #2793,
     docs/traces.md), seen as all shorter than 50 us and none holding an API call of its thread
@@ -683,7 +678,5 @@ def _rocpd_marks(src: dict[str, str], fetch: Callable[[str, str], list[np.ndarra
         return None
     ts, tid, pid, ext = ts[sel], tid[sel], pid[sel], ext[sel]
     ts, _, tid, pid, ext = times.drop("rocpd_sample (marks)", [ts, ts, tid, pid, ext], names=("timestamp", "timestamp"))
-    uniq, inv = np.unique(ext.astype(str), return_inverse=True)
-    message = np.array([_marker_message(u) or "roctxMarkA" for u in uniq], dtype=object)[inv]
-    return dict(start_ns=ts, end_ns=ts, name=message, tid=tid, pid=pid, style=int(RangeStyle.MARK))
+    return dict(start_ns=ts, end_ns=ts, name=_messages(ext, "roctxMarkA"), tid=tid, pid=pid, style=int(RangeStyle.MARK))
 

@@ -84,23 +84,19 @@ def read_rocprof_v1_db(path: str | Path, *, progress: Progress | None = None) ->
     return _util.read_sqlite(path, "rocprof v1", lambda path, con, db_path: _read_db(path, con, db_path, progress))
 
 
+_DEFAULTS = {"t": str(INVALID_NS), "i": "-1", "s": "NULL"}
+
+
 class _Table:
     """Named columns of one table, read by name (a missing optional column gives its default)."""
 
     def __init__(self, path: Path, db_path: Path, table: str, present: set[str], spec: list[tuple[str, str]]) -> None:
-        exprs, kinds = [], ""
-        for col, kind in spec:
-            if kind == "t":
-                exprs.append(f'ifnull("{col}", {INVALID_NS})' if col in present else str(INVALID_NS))
-            elif kind == "i":
-                exprs.append(f'ifnull("{col}", -1)' if col in present else "-1")
-            else:
-                exprs.append(f'"{col}"' if col in present else "NULL")
-            kinds += kind
+        exprs = [(f'ifnull("{c}", {_DEFAULTS[k]})' if k != "s" else f'"{c}"') if c in present else _DEFAULTS[k]
+                 for c, k in spec]
         sql = f'SELECT {", ".join(exprs)} FROM "{table}" ORDER BY rowid'
-        cols = _util.query_columns(path, db_path, sql, kinds, f"rocprof v1 table {table}")
-        self.name = table
-        self.cols = dict(zip((c for c, _ in spec), cols))
+        kinds = "".join(k for _, k in spec)
+        self.cols = dict(zip((c for c, _ in spec), _util.query_columns(path, db_path, sql, kinds,
+                                                                       f"rocprof v1 table {table}")))
         self.present = present
 
     def __getitem__(self, col: str) -> np.ndarray:
@@ -181,13 +177,9 @@ def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progr
                 launch = (np.zeros(len(launch[0]), np.int64), launch[1], launch[2])
             c_pid = np.zeros(len(corr), np.int64) if old else copies[cpid]
             nbytes = _copy_bytes(c_pid, corr, launch, b.notes)
-            is_set = np.array([bool(re.search(r"Fill|Memset", n)) for n in names.tolist()], bool)
-            stream = _stream(copies, old) if hip_flavour else copies["tid"]
-            for sel, kind in ((~is_set, OpKind.MEMCPY), (is_set, OpKind.MEMSET)):
-                if sel.any():
-                    b.add(GpuOps, kind=kind, start_ns=copies["BeginNs"][sel], end_ns=copies["EndNs"][sel],
-                          name=names[sel], device_id=copies["dev-id"][sel], stream_id=stream[sel],
-                          pid=copies[cpid][sel], correlation_id=corr[sel], bytes=nbytes[sel])
+            _add_copies(b, names, start_ns=copies["BeginNs"], end_ns=copies["EndNs"], device_id=copies["dev-id"],
+                        stream_id=_stream(copies, old) if hip_flavour else copies["tid"], pid=copies[cpid],
+                        correlation_id=corr, bytes=nbytes)
             op_pids.append(copies[cpid])
 
     # KERN dispatches: kernels when the HIP activity trace gave none
@@ -201,7 +193,10 @@ def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progr
             kern = table(kern_name, [("BeginNs", "t"), ("EndNs", "t"), ("DispatchNs", "t"), ("KernelName", "s"),
                                      ("gpu-id", "i"), ("queue-id", "i"), ("pid", "i"), ("tid", "i"), ("Index", "i")])
             if kern is not None and len(kern):
-                _kern_ops(kern, b, times)
+                _kern_ops(b, times, kern_name, kern["DispatchNs"] if "DispatchNs" in kern.present else None,
+                          kern["tid"], start_ns=kern["BeginNs"], end_ns=kern["EndNs"],
+                          name=_map_names(kern["KernelName"], _kernel_name), device_id=kern["gpu-id"],
+                          stream_id=kern["queue-id"], pid=kern["pid"], correlation_id=kern["Index"] + _KERN_OFFSET)
                 op_pids.append(kern["pid"])
 
     # rocTX ranges
@@ -262,27 +257,33 @@ def _copy_bytes(op_pid: np.ndarray, op_corr: np.ndarray, calls: tuple | None, no
     return nbytes
 
 
+def _add_copies(b: TraceBuilder, names: np.ndarray, **columns: np.ndarray) -> None:
+    """Copies as MEMCPY ops, fills and memsets as MEMSET ops."""
+    is_set = np.array([bool(re.search(r"Fill|Memset", n)) for n in names.tolist()], bool)
+    for sel, kind in ((~is_set, OpKind.MEMCPY), (is_set, OpKind.MEMSET)):
+        if sel.any():
+            b.add(GpuOps, kind=kind, name=names[sel], **{k: v[sel] for k, v in columns.items()})
+
+
 def _size_of(args: str) -> int:
     m = _SIZE.search(args)
     return int(m.group(1) or m.group(2)) if m else 0
 
 
-def _kern_ops(kern: _Table, b: TraceBuilder, times: TimeCheck) -> None:
+def _kern_ops(b: TraceBuilder, times: TimeCheck, table: str, dispatch: np.ndarray | None, tid: np.ndarray,
+              **op: np.ndarray) -> None:
     """KERN rows as kernels, each with a stand-in launch call at its dispatch time on its dispatching
-    thread: the table has no API calls, so a kernel belongs to the range open on that thread when it
+    thread: there are no API calls, so a kernel belongs to the range open on that thread when it
     was dispatched (the thread-and-time rule)."""
-    corr = kern["Index"] + _KERN_OFFSET
-    names = _map_names(kern["KernelName"], _kernel_name)
-    b.add(GpuOps, kind=OpKind.KERNEL, start_ns=kern["BeginNs"], end_ns=kern["EndNs"], name=names,
-          device_id=kern["gpu-id"], stream_id=kern["queue-id"], pid=kern["pid"], correlation_id=corr)
-    dispatch = kern["DispatchNs"]
-    if "DispatchNs" not in kern.present:
-        b.notes.append(f"{kern.name}: no DispatchNs column: kernels are placed in ranges by GPU start time")
+    b.add(GpuOps, kind=OpKind.KERNEL, **op)
+    if dispatch is None:
+        b.notes.append(f"{table}: no DispatchNs column: kernels are placed in ranges by GPU start time")
         return
-    ok = times.keep(f"{kern.name}.DispatchNs", dispatch, dispatch, names=("DispatchNs", "DispatchNs"))
+    ok = times.keep(f"{table}.DispatchNs" if table else "DispatchNs", dispatch, dispatch,
+                    names=("DispatchNs", "DispatchNs"))
     sel = slice(None) if ok is None else ok
-    b.add(Calls, start_ns=dispatch[sel], end_ns=dispatch[sel], tid=kern["tid"][sel], pid=kern["pid"][sel],
-          correlation_id=corr[sel], name=np.full(len(dispatch[sel]), _DISPATCH, dtype=object))
+    b.add(Calls, start_ns=dispatch[sel], end_ns=dispatch[sel], tid=tid[sel], pid=op["pid"][sel],
+          correlation_id=op["correlation_id"][sel], name=np.full(len(dispatch[sel]), _DISPATCH, dtype=object))
 
 
 def _ranges(start: np.ndarray, end: np.ndarray, name: np.ndarray, tid: np.ndarray, pid: np.ndarray,
@@ -412,12 +413,8 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
     # flows: t (the op's section, lane, ts) -> s (the call's section, thread, a time inside the call)
     s_id = {str(f.get("id")): f for f in flows_s}
     pairs = [(s_id[str(t.get("id"))], t) for t in flows_t if str(t.get("id")) in s_id]
-    f_sec = _ints([s.get("pid") for s, _ in pairs], path, "flow pid")
-    f_thr = _ints([s.get("tid") for s, _ in pairs], path, "flow tid")
-    f_ts = _ints([s.get("ts") for s, _ in pairs], path, "flow ts")
-    t_key = np.stack([_ints([t.get("pid") for _, t in pairs], path, "flow pid"),
-                      _ints([t.get("tid") for _, t in pairs], path, "flow tid"),
-                      _ints([t.get("ts") for _, t in pairs], path, "flow ts")]) if pairs else np.empty((3, 0))
+    (f_sec, f_thr, f_ts), t_key = (np.stack([_ints([p[j].get(k) for p in pairs], path, f"flow {k}")
+                                             for k in ("pid", "tid", "ts")]) for j in (0, 1))
     # the call of each flow: on its thread, the one that began last at or before the flow's start
     flow_call = _util.latest_at_or_before(_util.thread_key(calls_k[0], calls_k[1]), calls_k[2],
                                           _util.thread_key(f_sec, f_thr), f_ts)
@@ -445,19 +442,22 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
                                    "kernels: left out")
             dispatch = [ev["args"].get("DispatchNs") for ev in evs]
             if any(d is not None for d in dispatch):  # KERN rows (--stats): the dispatching thread and time
-                _json_kern(path, evs, start, end, names, dispatch, b, times)
-                op_pids.append(_ints(arg(evs, "pid"), path, "args.pid"))
+                k_pid = _ints(arg(evs, "pid"), path, "args.pid")
+                _kern_ops(b, times, "", int_column(dispatch, path, "DispatchNs", invalid=INVALID_NS),
+                          _ints(arg(evs, "tid"), path, "args.tid"), start_ns=start, end_ns=end,
+                          name=_map_names(names, _kernel_name), device_id=_ints(arg(evs, "gpu-id"), path, "gpu-id"),
+                          stream_id=_ints(arg(evs, "queue-id"), path, "queue-id"), pid=k_pid,
+                          correlation_id=np.arange(len(evs), dtype=np.int64) + _KERN_OFFSET)
+                b.notes.append("kernels tied to ranges by their dispatching thread and DispatchNs (no API calls)")
+                op_pids.append(k_pid)
                 continue
             k = ~barrier
             b.add(GpuOps, kind=OpKind.KERNEL, start_ns=start[k], end_ns=end[k], name=names[k], device_id=device[k],
                   stream_id=stream[k], pid=pid[k], correlation_id=corr[k])
             op_pids.append(pid[k])
         else:
-            is_set = np.array([bool(re.search(r"Fill|Memset", n)) for n in names.tolist()], bool)
-            for sel, kind in ((~is_set, OpKind.MEMCPY), (is_set, OpKind.MEMSET)):
-                if sel.any():
-                    b.add(GpuOps, kind=kind, start_ns=start[sel], end_ns=end[sel], name=names[sel],
-                          device_id=device[sel], stream_id=stream[sel], pid=pid[sel], correlation_id=corr[sel])
+            _add_copies(b, names, start_ns=start, end_ns=end, device_id=device, stream_id=stream, pid=pid,
+                        correlation_id=corr)
             op_pids.append(pid)
             b.notes.append("rocprof v1 JSON: copies carry no byte count (results.db's HIP arguments do)")
     unlinked = sum(int((part["correlation_id"] == NO_ID).sum()) for part in b.parts[GpuOps])
@@ -473,21 +473,4 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
     if old:
         _old_layout_pids(b, op_pids)
     return assemble(b, {"sections": sorted(set(labels.values())), "flows": len(pairs)})
-
-
-def _json_kern(path: Path, evs: list[dict], start: np.ndarray, end: np.ndarray, names: np.ndarray,
-               dispatch: list, b: TraceBuilder, times: TimeCheck) -> None:
-    corr = np.arange(len(evs), dtype=np.int64) + _KERN_OFFSET
-    pid = _ints([ev["args"].get("pid") for ev in evs], path, "args.pid")
-    tid = _ints([ev["args"].get("tid") for ev in evs], path, "args.tid")
-    b.add(GpuOps, kind=OpKind.KERNEL, start_ns=start, end_ns=end, name=_map_names(names, _kernel_name),
-          device_id=_ints([ev["args"].get("gpu-id") for ev in evs], path, "gpu-id"),
-          stream_id=_ints([ev["args"].get("queue-id") for ev in evs], path, "queue-id"), pid=pid,
-          correlation_id=corr)
-    d = int_column(dispatch, path, "DispatchNs", invalid=INVALID_NS)
-    ok = times.keep("DispatchNs", d, d, names=("DispatchNs", "DispatchNs"))
-    sel = slice(None) if ok is None else ok
-    b.add(Calls, start_ns=d[sel], end_ns=d[sel], tid=tid[sel], pid=pid[sel], correlation_id=corr[sel],
-          name=np.full(len(d[sel]), _DISPATCH, dtype=object))
-    b.notes.append("kernels tied to ranges by their dispatching thread and DispatchNs (no API calls)")
 
