@@ -13,6 +13,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -127,16 +128,9 @@ class _Reader:
         # nsys times count from the session start, so 0 is a time the clock can read
         self.times = TimeCheck(db, self.notes, start_can_be_zero=True)
 
-    def col(self, table: str, name: str, default: str = "-1") -> str:
-        """``ifnull(name, default)`` when the column exists in this version, else the literal."""
-        return f'ifnull("{name}", {default})' if name in self.schema.get(table, ()) else default
-
     def small(self, sql: str) -> list[tuple]:
-        con = cols.connect(self.db)
-        try:
+        with closing(cols.connect(self.db)) as con:
             return con.execute(sql).fetchall()
-        finally:
-            con.close()
 
     def rowid_label(self, table: str, rows: np.ndarray | None = None) -> Callable[[int], str]:
         """Names the i-th row read from ``table`` (``rows[i]``: its position when only some were kept) by its rowid."""
@@ -214,23 +208,18 @@ class _Reader:
                 add_table(key, t, op_columns + [IntCol("bytes", 0), kind_col, IntCol("graphNodeId", -1)],
                           pieces=True)
         if _NVTX in self.schema:
-            n = _NVTX
-            payload = ", ".join(
-                f'"{c}"' for c in ("int64Value", "uint64Value", "int32Value", "uint32Value") if c in self.schema[n]
-            )
-            payload_sql = f"coalesce({payload}, -1)" if payload else "-1"
-            text_sql = '"text"' if "text" in self.schema[n] else "NULL"
-            present = self.schema[n]
+            present = self.schema[_NVTX]
+            payload = ", ".join(f'"{c}"' for c in ("int64Value", "uint64Value", "int32Value", "uint32Value")
+                                if c in present)
             # end NULL: a range never ended (or a mark); any other non-integer time is damage
-            start_sql = IntCol("start", INVALID_NS, "t").sql(present)
-            end_sql = IntCol("end", -1, "t").sql(present)
-            add(
-                "nvtx",
-                f'SELECT {start_sql}, {end_sql}, eventType, {self.col(n, "globalTid", "0")}, '
-                f'{self.col(n, "endGlobalTid")}, {self.col(n, "textId")}, {self.col(n, "domainId", "0")}, '
-                f'{self.col(n, "category")}, {payload_sql}, {text_sql} FROM {n}',
-                "ttiiiiiiis",
-            )
+            head = [IntCol("start", INVALID_NS, "t"), IntCol("end", -1, "t")]
+            tail = [IntCol("globalTid", 0), IntCol("endGlobalTid"), IntCol("textId"), IntCol("domainId", 0),
+                    IntCol("category")]
+            payload_sql = f"coalesce({payload}, -1)" if payload else "-1"
+            text_sql = '"text"' if "text" in present else "NULL"
+            add("nvtx", f"SELECT {', '.join(c.sql(present) for c in head)}, eventType, "
+                        f"{', '.join(c.sql(present) for c in tail)}, {payload_sql}, {text_sql} FROM {_NVTX}",
+                "ttiiiiiiis")
         if "ThreadNames" in self.schema:
             add("threads", "SELECT globalTid, nameId FROM ThreadNames", "ii")
 

@@ -434,6 +434,16 @@ _ROCPD_TABLES = ("rocpd_string", "rocpd_info_process", "rocpd_info_thread", "roc
 _ROCPD_REQUIRED = ("rocpd_string", "rocpd_event", "rocpd_region", "rocpd_kernel_dispatch", "rocpd_info_kernel_symbol")
 
 
+_GPU_INDEX = "COALESCE(I.type_index, I.logical_index, I.absolute_index)"
+
+
+def _lookup(src: dict[str, str], info: str, value: str, key: str) -> str:
+    """SQL for ``value`` (alias ``I``) of the row of table ``info`` whose id is ``key`` (``X.pid``:
+    in X's guid), or ``key`` itself where the file has no such table."""
+    table = src.get(info)
+    return f"(SELECT {value} FROM {table} I WHERE I.id = {key} AND I.guid = {key.split('.')[0]}.guid)" if table else key
+
+
 def is_rocpd(tables: dict[str, str]) -> bool:
     """Whether a SQLite database's tables look like rocpd (ROCm >= 7), not RPD."""
     return any(t.startswith("rocpd_kernel_dispatch") or t.startswith("rocpd_info_process") for t in tables)
@@ -471,11 +481,10 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
     meta: dict[str, object] = {}
     if "rocpd_metadata" in tables:
         meta["rocpd_metadata"] = {str(k): str(v) for k, v in con.execute('SELECT tag, value FROM "rocpd_metadata"')}
-    proc = src.get("rocpd_info_process")
     thr = src.get("rocpd_info_thread")
-    pid_sql = f"(SELECT P.pid FROM {proc} P WHERE P.id = X.pid AND P.guid = X.guid)" if proc else "X.pid"
-    tid_sql = f"(SELECT T.tid FROM {thr} T WHERE T.id = X.tid AND T.guid = X.guid)" if thr else "X.tid"
-    cat_sql = f"(SELECT S.string FROM {src['rocpd_string']} S WHERE S.id = E.category_id AND S.guid = E.guid)"
+    pid_sql = _lookup(src, "rocpd_info_process", "I.pid", "X.pid")
+    tid_sql = _lookup(src, "rocpd_info_thread", "I.tid", "X.tid")
+    cat_sql = _lookup(src, "rocpd_string", "I.string", "E.category_id")
 
     def fetch(sql: str, kinds: str) -> list[np.ndarray]:
         return _util.query_columns(path, db_path, sql, kinds, "rocpd")
@@ -520,12 +529,7 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
 
     report(progress, "reading rocpd kernel dispatches")
     agent = src.get("rocpd_info_agent")
-    dev_sql = (
-        f"(SELECT COALESCE(A.type_index, A.logical_index, A.absolute_index) FROM {agent} A "
-        "WHERE A.id = X.agent_id AND A.guid = X.guid)"
-        if agent
-        else "X.agent_id"
-    )
+    dev_sql = _lookup(src, "rocpd_info_agent", _GPU_INDEX, "X.agent_id")
     start, end, name, dev, stream, pid, corr = fetch(
         f"""SELECT {start_sql}, {end_sql}, COALESCE(K.display_name, K.kernel_name, ''),
                    ifnull({dev_sql}, -1), ifnull(X.stream_id, -1), ifnull({pid_sql}, -1), ifnull(E.{corr_col}, -1)
@@ -541,11 +545,9 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
               device_id=dev, stream_id=stream, pid=pid, correlation_id=corr)
     if "rocpd_memory_copy" in src:
         report(progress, "reading rocpd memory copies")
-        dst_sql = dev_sql.replace("X.agent_id", "X.dst_agent_id")
-        src_sql = dev_sql.replace("X.agent_id", "X.src_agent_id")
-        gpu = (
-            f"(SELECT A.type FROM {agent} A WHERE A.id = X.dst_agent_id AND A.guid = X.guid)" if agent else "'GPU'"
-        )
+        dst_sql = _lookup(src, "rocpd_info_agent", _GPU_INDEX, "X.dst_agent_id")
+        src_sql = _lookup(src, "rocpd_info_agent", _GPU_INDEX, "X.src_agent_id")
+        gpu = _lookup(src, "rocpd_info_agent", "I.type", "X.dst_agent_id") if agent else "'GPU'"
         start, end, name, dst, srcd, dst_type, stream, pid, corr, size = fetch(
             f"""SELECT {start_sql}, {end_sql}, S.string, ifnull({dst_sql}, -1),
                        ifnull({src_sql}, -1), {gpu}, ifnull(X.stream_id, -1), ifnull({pid_sql}, -1),
@@ -660,14 +662,11 @@ def _rocpd_marks(src: dict[str, str], fetch: Callable[[str, str], list[np.ndarra
     event's extdata), on a track of the marker category."""
     if "rocpd_sample" not in src or "rocpd_track" not in src:
         return None
-    thr = src.get("rocpd_info_thread")
-    proc = src.get("rocpd_info_process")
-    tid_sql = f"(SELECT T2.tid FROM {thr} T2 WHERE T2.id = T.tid AND T2.guid = T.guid)" if thr else "T.tid"
-    pid_sql = f"(SELECT P.pid FROM {proc} P WHERE P.id = T.pid AND P.guid = T.guid)" if proc else "T.pid"
+    tid_sql = _lookup(src, "rocpd_info_thread", "I.tid", "T.tid")
+    pid_sql = _lookup(src, "rocpd_info_process", "I.pid", "T.pid")
     ts, tid, pid, cat, ext = fetch(
         f"""SELECT ifnull(X.timestamp, {INVALID_NS}), ifnull({tid_sql}, -1), ifnull({pid_sql}, -1),
-                   (SELECT S.string FROM {src['rocpd_string']} S WHERE S.id = E.category_id AND S.guid = E.guid),
-                   {ext_sql}
+                   {_lookup(src, "rocpd_string", "I.string", "E.category_id")}, {ext_sql}
             FROM {src['rocpd_sample']} X
             JOIN {src['rocpd_track']} T ON T.id = X.track_id AND T.guid = X.guid
             JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
