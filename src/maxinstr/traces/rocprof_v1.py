@@ -340,8 +340,8 @@ def _section_labels(events: list) -> dict[int, str]:
     return out
 
 
-def _ints(values: list, path: Path, what: str) -> np.ndarray:
-    return int_column(values, path, what, invalid=NO_ID)
+def _ints(values: list) -> np.ndarray:
+    return int_column(values, None, "", invalid=NO_ID)  # (never raises: what is no integer is NO_ID)
 
 
 def read_rocprof_v1_json(path: str | Path, *, progress: Progress | None = None, document: object = None) -> Trace:
@@ -376,20 +376,23 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
         elif ph in ("t", "f"):
             flows_t.append(e)
 
-    def arg(evs: list[dict], key: str, default=None) -> list:
+    def raw(evs: list[dict], key: str, default=None) -> list:
         return [ev["args"].get(key, default) for ev in evs]
+
+    def arg(evs: list[dict], key: str, default=None) -> np.ndarray:
+        return _ints(raw(evs, key, default))
 
     def timed(label: str) -> tuple[list[dict], np.ndarray, np.ndarray]:
         evs = by_section.get(label, [])
-        start = int_column(arg(evs, "BeginNs"), path, f"{label}.BeginNs", invalid=INVALID_NS)
-        end = int_column(arg(evs, "EndNs"), path, f"{label}.EndNs", invalid=INVALID_NS)
+        start = int_column(raw(evs, "BeginNs"), path, f"{label}.BeginNs", invalid=INVALID_NS)
+        end = int_column(raw(evs, "EndNs"), path, f"{label}.EndNs", invalid=INVALID_NS)
         start, end, evs = times.drop(f"'{label}' events", [start, end, evs], row=lambda i: f"event {i}",
                                      names=("BeginNs", "EndNs"), unit="events")
         return evs, start, end
 
     def lane_keys(evs: list[dict]) -> tuple[np.ndarray, ...]:
         # the event's own section (pid), lane (tid) and ts (us), as the flow events name them
-        return tuple(_ints([ev.get(key) for ev in evs], path, key) for key in ("pid", "tid", "ts"))
+        return tuple(_ints([ev.get(key) for ev in evs]) for key in ("pid", "tid", "ts"))
 
     # calls: one row per event, in file order; the correlation id is the row number
     call_key: list[np.ndarray] = []
@@ -401,8 +404,7 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
         sec, lane, ts = lane_keys(evs)
         corr = np.arange(n_calls, n_calls + len(evs), dtype=np.int64)
         n_calls += len(evs)
-        b.add(Calls, start_ns=start, end_ns=end, tid=_ints(arg(evs, "tid"), path, "args.tid"),
-              pid=_ints(arg(evs, "pid"), path, "args.pid"), correlation_id=corr,
+        b.add(Calls, start_ns=start, end_ns=end, tid=arg(evs, "tid"), pid=arg(evs, "pid"), correlation_id=corr,
               name=np.array([ev.get("name", "") for ev in evs], dtype=object))
         # of calls that began in the same microsecond, the later-beginning, then the shorter one is
         # taken for a flow there (hipMemcpyToSymbol holds the hipMemcpy that launched the copy)
@@ -413,8 +415,8 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
     # flows: t (the op's section, lane, ts) -> s (the call's section, thread, a time inside the call)
     s_id = {str(f.get("id")): f for f in flows_s}
     pairs = [(s_id[str(t.get("id"))], t) for t in flows_t if str(t.get("id")) in s_id]
-    (f_sec, f_thr, f_ts), t_key = (np.stack([_ints([p[j].get(k) for p in pairs], path, f"flow {k}")
-                                             for k in ("pid", "tid", "ts")]) for j in (0, 1))
+    (f_sec, f_thr, f_ts), t_key = (np.stack([_ints([p[j].get(k) for p in pairs]) for k in ("pid", "tid", "ts")])
+                                   for j in (0, 1))
     # the call of each flow: on its thread, the one that began last at or before the flow's start
     flow_call = _util.latest_at_or_before(_util.thread_key(calls_k[0], calls_k[1]), calls_k[2],
                                           _util.thread_key(f_sec, f_thr), f_ts)
@@ -428,13 +430,12 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
             continue
         names = np.array([_strip_quotes(str(ev.get("name", ""))) for ev in evs], dtype=object)
         old = old or any("proc-id" in ev["args"] for ev in evs[:1])
-        pid = _ints(arg(evs, "proc-id") if old else arg(evs, "pid"), path, "args.pid")
+        pid = arg(evs, "proc-id" if old else "pid")
         sec, lane, ts = lane_keys(evs)
         corr = _util.match_rows(np.stack([sec, lane, ts]), t_key, flow_corr, NO_ID)
-        device = _ints(arg(evs, "dev-id", NO_ID), path, "args.dev-id")
-        stream = _ints(arg(evs, "stream-id", None), path, "args.stream-id")
+        device, stream = arg(evs, "dev-id", NO_ID), arg(evs, "stream-id")
         if not any(ev["args"].get("stream-id") is not None for ev in evs[:1]):
-            stream = lane if label == "GPU" or old else _ints(arg(evs, "queue-id", NO_ID), path, "queue-id")
+            stream = lane if label == "GPU" or old else arg(evs, "queue-id", NO_ID)
         if label == "GPU":
             barrier = np.isin(names, list(_BARRIERS))
             if barrier.any():
@@ -442,11 +443,10 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
                                    "kernels: left out")
             dispatch = [ev["args"].get("DispatchNs") for ev in evs]
             if any(d is not None for d in dispatch):  # KERN rows (--stats): the dispatching thread and time
-                k_pid = _ints(arg(evs, "pid"), path, "args.pid")
-                _kern_ops(b, times, "", int_column(dispatch, path, "DispatchNs", invalid=INVALID_NS),
-                          _ints(arg(evs, "tid"), path, "args.tid"), start_ns=start, end_ns=end,
-                          name=_map_names(names, _kernel_name), device_id=_ints(arg(evs, "gpu-id"), path, "gpu-id"),
-                          stream_id=_ints(arg(evs, "queue-id"), path, "queue-id"), pid=k_pid,
+                k_pid = arg(evs, "pid")
+                _kern_ops(b, times, "", int_column(dispatch, path, "DispatchNs", invalid=INVALID_NS), arg(evs, "tid"),
+                          start_ns=start, end_ns=end, name=_map_names(names, _kernel_name), device_id=arg(evs, "gpu-id"),
+                          stream_id=arg(evs, "queue-id"), pid=k_pid,
                           correlation_id=np.arange(len(evs), dtype=np.int64) + _KERN_OFFSET)
                 b.notes.append("kernels tied to ranges by their dispatching thread and DispatchNs (no API calls)")
                 op_pids.append(k_pid)
@@ -466,10 +466,8 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
 
     evs, start, end = timed("Markers and Ranges")
     if evs:
-        lane = _ints([ev.get("tid") for ev in evs], path, "tid")
         b.add(Ranges, **_ranges(start, end, np.array([str(ev.get("name", "")) for ev in evs], dtype=object),
-                                _ints(arg(evs, "tid"), path, "args.tid"),
-                                _ints(arg(evs, "pid"), path, "args.pid"), lane, b.notes))
+                                arg(evs, "tid"), arg(evs, "pid"), _ints([ev.get("tid") for ev in evs]), b.notes))
     if old:
         _old_layout_pids(b, op_pids)
     return assemble(b, {"sections": sorted(set(labels.values())), "flows": len(pairs)})
