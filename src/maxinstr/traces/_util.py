@@ -12,7 +12,7 @@ import tempfile
 import threading
 import zlib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -55,7 +55,7 @@ def int_column(values, path: object, what: str, *, invalid: int | None = None) -
     if arr.ndim != 1 or len(arr) != len(values):  # lists in the values ([1] where 1 belongs): never a 2-D column
         arr = np.empty(len(values), dtype=object)
         arr[:] = list(values)
-    try:
+    with suppress(ValueError, TypeError, OverflowError):
         if arr.dtype.kind in "iu":
             if arr.dtype.kind == "u" and len(arr) and arr.max() > np.iinfo(np.int64).max:
                 raise OverflowError
@@ -73,8 +73,6 @@ def int_column(values, path: object, what: str, *, invalid: int | None = None) -
             if out.shape == arr.shape and (invalid is None or arr.dtype.kind != "O"
                                            or all(type(v) in (int, str) for v in arr.tolist())):
                 return out
-    except (ValueError, TypeError, OverflowError):
-        pass
     if invalid is not None:
         return np.array([_int_or(v, invalid) for v in arr.tolist()], dtype=np.int64)
     for i, value in enumerate(arr.tolist()):
@@ -463,26 +461,20 @@ class TempCleanup:
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in (signal.SIGTERM, signal.SIGHUP):
-            try:
+            with suppress(OSError, ValueError):
                 if signal.getsignal(sig) is signal.SIG_DFL:
                     self.saved[sig] = signal.signal(sig, _exit_on_signal)
-            except (OSError, ValueError):
-                pass
 
     def close(self) -> None:
         for sig, handler in self.saved.items():
-            try:
+            with suppress(OSError, ValueError):
                 signal.signal(sig, handler)  # type: ignore[arg-type]
-            except (OSError, ValueError):
-                pass
         self.saved.clear()
         if os.path.isdir(self.folder) and not os.path.islink(self.folder):
             shutil.rmtree(self.folder, ignore_errors=True)
         else:
-            try:
+            with suppress(OSError):
                 os.unlink(self.folder)
-            except OSError:
-                pass
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
