@@ -622,11 +622,8 @@ def match_rows(keys: np.ndarray, ref_keys: np.ndarray, ref_value: np.ndarray, mi
         return out
     dt = np.dtype([(f"k{i}", np.int64) for i in range(keys.shape[0])])
 
-    def rec(k: np.ndarray) -> np.ndarray:
-        r = np.empty(k.shape[1], dt)
-        for i in range(k.shape[0]):
-            r[f"k{i}"] = k[i]
-        return r
+    def rec(k: np.ndarray) -> np.ndarray:  # each column's keys as one record
+        return np.ascontiguousarray(k.T).view(dt).ravel()
 
     ref = rec(ref_keys)
     order = np.argsort(ref, kind="stable")

@@ -159,12 +159,9 @@ class _Reader:
             # Big tables are read in rowid slices on parallel connections (native backend);
             # slices concatenated in rowid order equal one table scan.
             table = sql.split(" FROM ")[1].split()[0]
-            bounds = [None]
             top = self.small(f"SELECT ifnull(max(rowid), 0) FROM {table}")[0][0]
-            if workers > 1:
-                n = min(workers, max(1, top // _ROWS_PER_SLICE))
-                if n > 1:
-                    bounds = [(top * i // n, top * (i + 1) // n) for i in range(n)]
+            n = min(workers, max(1, top // _ROWS_PER_SLICE))
+            bounds = [(top * i // n, top * (i + 1) // n) for i in range(n)] if n > 1 else [None]
             slots[key] = []
             for b in bounds:
                 q = sql
