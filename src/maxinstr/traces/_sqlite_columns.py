@@ -243,12 +243,9 @@ class NativeBackend:
         root, order = layout
         specs = []
         for c in columns:
-            if c.name in order:
-                src = order[c.name]
-                if src < 0:
-                    return None  # the rowid alias, a generated column, or a column with a default
-            else:
-                src = -1
+            src = order.get(c.name, -1)  # (-1 for a column the table lacks: its default)
+            if c.name in order and src < 0:
+                return None  # the rowid alias, a generated column, or a column with a default
             if c.kind not in ("i", "t", "n") or not (0 <= c.shift < 64) or not (-(1 << 63) <= c.default < (1 << 63)):
                 return None
             # ('t' is 'i' here: the scan reads integers and NULLs only, and declines anything else)

@@ -182,11 +182,9 @@ def _read_csv_python(path: Path) -> dict[str, np.ndarray]:
     width = len(header)
     if width == 0 or len(set(header)) != width:
         raise TraceError(path, "bad CSV header")
-    lengths = np.fromiter((len(r) for r in body), np.int64, len(body))
-    bad = np.flatnonzero(lengths != width)
-    if len(bad):
-        i = int(bad[0])
-        raise TraceError(path, f"row {i + 2} has {lengths[i]} fields, the header has {width} (truncated or corrupt?)")
+    bad = next((i for i, r in enumerate(body) if len(r) != width), None)
+    if bad is not None:
+        raise TraceError(path, f"row {bad + 2} has {len(body[bad])} fields, the header has {width} (truncated or corrupt?)")
     if not body:
         return {name: np.empty(0, dtype=object) for name in header}
     return {name: np.array(col, dtype=object) for name, col in zip(header, zip(*body))}
