@@ -89,7 +89,7 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
                 continue
             meta, rows, names = got
             rows = _valid_times(rows, pdir / ACTIVITY_FILE, label, notes)
-        except (RunDirError, TraceError) as exc:  # (damaged, or every row of a kind): this part's kernels left out, said
+        except (RunDirError, TraceError) as exc:  # damaged, or every row of a kind: this part's kernels left out
             any_activity = True
             notes.append(f"{label}: in-process kernels not read: {exc}")
             continue

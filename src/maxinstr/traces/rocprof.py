@@ -184,7 +184,8 @@ def _read_csv_python(path: Path) -> dict[str, np.ndarray]:
         raise TraceError(path, "bad CSV header")
     bad = next((i for i, r in enumerate(body) if len(r) != width), None)
     if bad is not None:
-        raise TraceError(path, f"row {bad + 2} has {len(body[bad])} fields, the header has {width} (truncated or corrupt?)")
+        raise TraceError(path, f"row {bad + 2} has {len(body[bad])} fields, the header has {width} "
+                               "(truncated or corrupt?)")
     if not body:
         return {name: np.empty(0, dtype=object) for name in header}
     return {name: np.array(col, dtype=object) for name, col in zip(header, zip(*body))}

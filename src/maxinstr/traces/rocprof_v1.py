@@ -445,8 +445,8 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
             if any(d is not None for d in dispatch):  # KERN rows (--stats): the dispatching thread and time
                 k_pid = arg(evs, "pid")
                 _kern_ops(b, times, "", int_column(dispatch, path, "DispatchNs", invalid=INVALID_NS), arg(evs, "tid"),
-                          start_ns=start, end_ns=end, name=_map_names(names, _kernel_name), device_id=arg(evs, "gpu-id"),
-                          stream_id=arg(evs, "queue-id"), pid=k_pid,
+                          start_ns=start, end_ns=end, name=_map_names(names, _kernel_name),
+                          device_id=arg(evs, "gpu-id"), stream_id=arg(evs, "queue-id"), pid=k_pid,
                           correlation_id=np.arange(len(evs), dtype=np.int64) + _KERN_OFFSET)
                 b.notes.append("kernels tied to ranges by their dispatching thread and DispatchNs (no API calls)")
                 op_pids.append(k_pid)
