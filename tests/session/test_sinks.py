@@ -50,7 +50,7 @@ def test_a_native_writer_that_cannot_start_leaves_the_python_writer(tmp_path, na
 
     monkeypatch.delenv("MAXINSTR_NATIVE_WRITER", raising=False)
     monkeypatch.setattr(native, "writer_start", refuse)
-    monkeypatch.setattr(sess, "_PYTHON_WRITER_SAID", False)
+    monkeypatch.setattr(sess, "_SAID", set())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with maxinstr.session(tmp_path / "run", sample_hz=0) as s:

@@ -296,10 +296,8 @@ def _exit_locked(proc: Process, reason: str) -> None:
         root = proc.root
         if root is None:
             return
-        try:
+        with contextlib.suppress(Exception):  # the stages still open are lost; the rest is written
             native_core().close_open(reason)
-        except Exception:  # noqa: BLE001 - the stages still open are lost; the rest is written
-            pass
         for s in list(proc.stack):
             s.closed = True
         root.closed = True
@@ -376,11 +374,9 @@ def restore_signal_handlers(saved: dict[int, Any], owner_pid: int) -> None:
     # handler when no session is open, so the program's own handling is kept either way.
     if threading.current_thread() is threading.main_thread() and os.getpid() == owner_pid:
         for signum in list(saved):
-            try:
+            with contextlib.suppress(ValueError, OSError):
                 if signal.getsignal(signum) is on_signal:  # leave a handler set after ours alone
                     signal.signal(signum, _SAVED_SIGNALS.pop(signum, signal.SIG_DFL))
-            except (ValueError, OSError):
-                pass
     saved.clear()
 
 
@@ -412,10 +408,8 @@ def _before_fork() -> None:
 
 
 def _after_fork_parent() -> None:
-    try:
+    with contextlib.suppress(RuntimeError):
         PROCESS.lock.release()
-    except RuntimeError:
-        pass
 
 
 def _after_fork_child() -> None:
@@ -432,10 +426,8 @@ def _after_fork_child() -> None:
     ensure_flusher(proc)
     mp_util = sys.modules.get("multiprocessing.util")
     if mp_util is not None:
-        try:
+        with contextlib.suppress(Exception):  # as register_mp_exit_hook
             mp_util.register_after_fork(_MP_TOKEN, lambda _: mp_util.Finalize(None, exit_process, exitpriority=-100))
-        except Exception:  # noqa: BLE001 - as register_mp_exit_hook
-            pass
 
 
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child)

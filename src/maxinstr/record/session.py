@@ -64,8 +64,13 @@ def _bounded_interval(name: str, value: Any) -> float:
     return bounded
 
 
-_PYTHON_WRITER_SAID = False  # the fallback to the Python writer was said (once per process)
-_KERNELS_WARNED: set[str] = set()
+_SAID: set[str] = set()  # warnings said once per process: the Python writer fallback, each kernels=True reason
+
+
+def _warn_once(key: str, message: str, stacklevel: int) -> None:
+    if key not in _SAID:
+        _SAID.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
 
 
 class Session:
@@ -378,11 +383,8 @@ class Session:
 
     def _python_writer(self, why: str) -> None:
         self._event("warning", f"{why}: the Python flusher writes the stage records")
-        global _PYTHON_WRITER_SAID
-        if not _PYTHON_WRITER_SAID:
-            _PYTHON_WRITER_SAID = True
-            warnings.warn(f"maxinstr: {why}; the Python flusher writes the stage records (a SIGKILL can lose the "
-                          "records of the last flush interval)", RuntimeWarning, stacklevel=4)
+        _warn_once("python writer", f"maxinstr: {why}; the Python flusher writes the stage records (a SIGKILL can "
+                   "lose the records of the last flush interval)", stacklevel=4)
 
     # -- what attaches to the part: the kernel collector, the sampler ---------------------------
     def _start_kernels(self, part_dir: Path) -> None:
@@ -401,7 +403,7 @@ class Session:
         if reason:
             info["status"], info["reason"] = "unavailable", reason
             self._event("warning", f"kernels=True: {reason}")
-            _warn_kernels_once(reason)
+            _warn_once(reason, f"maxinstr: kernels=True: {reason}", stacklevel=5)
         if self.meta is not None:
             self.meta["kernels"] = info
             self._write_meta()
@@ -476,14 +478,6 @@ class Session:
             else:
                 os.environ[key] = value
         self._env_saved.clear()
-
-
-def _warn_kernels_once(reason: str) -> None:
-    """One plain warning per process and reason: kernels=True could not collect here."""
-    if reason in _KERNELS_WARNED:
-        return
-    _KERNELS_WARNED.add(reason)
-    warnings.warn(f"maxinstr: kernels=True: {reason}", RuntimeWarning, stacklevel=6)
 
 
 def _clear_previous_run(path: Path) -> None:

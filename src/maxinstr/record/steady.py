@@ -11,6 +11,7 @@ decode steps of 0.4 ms had all run). meta.json ``steady_state`` records when it 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -55,10 +56,8 @@ class SteadyState:
     def disarm(self) -> None:
         """At close: the core stops watching (the trigger holds a reference to this session)."""
         if self.pending:
-            try:
+            with contextlib.suppress(Exception):  # no core: nothing was watching
                 self._core().steady_watch(-1, None)
-            except Exception:  # noqa: BLE001 - no core: nothing was watching
-                pass
         self.pending = False
 
     def _watch(self, n: int) -> None:
@@ -104,9 +103,7 @@ class SteadyState:
         self.disarm()
         if not self.capture_started:
             return
-        try:
+        with contextlib.suppress(Exception):  # the profiler is gone or refused: the run closes regardless
             self._core().profiler_stop()
-        except Exception:  # noqa: BLE001 - the profiler is gone or refused: the run closes regardless
-            pass
         if self.meta is not None:
             self.meta.setdefault("capture", {})["stop_ns"] = self._clock_ns()

@@ -9,6 +9,7 @@ import os
 import re
 import sqlite3
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -86,10 +87,9 @@ class PythonBackend:
     def query(self, path: str, sql: str, kinds: str) -> list[Any]:
         # Rows are fetched and converted in batches: a whole fetchall() of millions of rows
         # holds a tuple per row and an int object per value at once (GBs at 10M rows).
-        con = connect(path)
         tables: list[dict[str, int]] = [{} for _ in kinds]
         chunks: list[list[np.ndarray]] = [[] for _ in kinds]
-        try:
+        with closing(connect(path)) as con:
             cur = con.execute(sql)
             while True:
                 rows = cur.fetchmany(_BATCH)
@@ -104,8 +104,6 @@ class PythonBackend:
                             (-1 if v is None else t.setdefault(str(v), len(t)) for v in col),
                             dtype=np.int32, count=len(col)))  # fmt: skip
                 del rows
-        finally:
-            con.close()
         out: list[Any] = []
         for c, k in enumerate(kinds):
             if not chunks[c]:
@@ -132,8 +130,7 @@ class PythonBackend:
         ids = np.asarray(ids, dtype=np.int64)
         if len(ids) == 0:
             return []
-        con = connect(path)
-        try:
+        with closing(connect(path)) as con:
             found: dict[int, str] = {}
             step = 500  # stay under SQLite's host-parameter limit on old builds
             for i in range(0, len(ids), step):
@@ -141,8 +138,6 @@ class PythonBackend:
                 marks = ",".join("?" * len(chunk))
                 for key, value in con.execute(f"SELECT id, value FROM {table} WHERE id IN ({marks})", chunk):
                     found[int(key)] = str(value)
-        finally:
-            con.close()
         return [found.get(int(x), "") for x in ids]
 
 
@@ -164,10 +159,7 @@ def _time64(col: tuple) -> np.ndarray:
 
 def _narrow(col: np.ndarray) -> np.ndarray:
     """int64 -> int32 as the native reader does it: out-of-range values become -1."""
-    bad = (col < np.iinfo(np.int32).min) | (col > np.iinfo(np.int32).max)
-    if bad.any():
-        col = np.where(bad, -1, col)
-    return col.astype(np.int32)
+    return np.where((col < np.iinfo(np.int32).min) | (col > np.iinfo(np.int32).max), -1, col).astype(np.int32)
 
 
 def _sqlite_int(v: object) -> int:
@@ -251,12 +243,9 @@ class NativeBackend:
         root, order = layout
         specs = []
         for c in columns:
-            if c.name in order:
-                src = order[c.name]
-                if src < 0:
-                    return None  # the rowid alias, a generated column, or a column with a default
-            else:
-                src = -1
+            src = order.get(c.name, -1)  # (-1 for a column the table lacks: its default)
+            if c.name in order and src < 0:
+                return None  # the rowid alias, a generated column, or a column with a default
             if c.kind not in ("i", "t", "n") or not (0 <= c.shift < 64) or not (-(1 << 63) <= c.default < (1 << 63)):
                 return None
             # ('t' is 'i' here: the scan reads integers and NULLs only, and declines anything else)
@@ -340,16 +329,13 @@ def table_layout(path: str | Path, table: str) -> tuple[int, dict[str, int]] | N
     INTEGER PRIMARY KEY, which is stored as NULL and read as the rowid; a column with a DEFAULT,
     which rows written before an ALTER TABLE ADD COLUMN take without storing it). None for
     anything but an ordinary table (views, virtual, WITHOUT ROWID, generated columns)."""
-    con = connect(path)
-    try:
+    with closing(connect(path)) as con:
         row = con.execute("SELECT rootpage, sql FROM sqlite_master WHERE type='table' AND name=?", (table,)).fetchone()
         if row is None or not row[0] or row[1] is None:
             return None
         if "WITHOUT ROWID" in " ".join(str(row[1]).upper().split()):
             return None
         info = con.execute(f"PRAGMA table_xinfo('{table}')").fetchall()
-    finally:
-        con.close()
     order: dict[str, int] = {}
     pos = 0
     for _cid, name, ctype, _notnull, default, pk, *rest in info:
@@ -363,9 +349,6 @@ def table_layout(path: str | Path, table: str) -> tuple[int, dict[str, int]] | N
 
 def table_columns(path: str | Path) -> dict[str, set[str]]:
     """Every table of the database and its column names (schema probing is tiny: Python is fine)."""
-    con = connect(path)
-    try:
+    with closing(connect(path)) as con:
         names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
         return {n: {r[1] for r in con.execute(f"PRAGMA table_info('{n}')")} for n in names}
-    finally:
-        con.close()

@@ -12,7 +12,7 @@ import tempfile
 import threading
 import zlib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,10 +39,9 @@ def report(progress: Progress | None, message: str) -> None:
 
 
 def int_column(values, path: object, what: str, *, invalid: int | None = None) -> np.ndarray:
-    """``values`` (strings, ints or floats) as int64; a TraceError naming the first bad value,
-    unless ``invalid`` is given: then a value that is not an integer (text, a fraction, a bool,
-    None, out of the int64 range) becomes ``invalid`` (time columns: model.INVALID_NS, so that
-    model.TimeCheck drops and counts the row)."""
+    """``values`` (strings, ints or floats) as int64; a TraceError naming the first bad value, unless
+    ``invalid`` is given: then a value that is no int64 (text, a fraction, a bool, None) becomes it
+    (time columns: model.INVALID_NS, which model.TimeCheck drops and counts)."""
     if isinstance(values, np.ndarray):
         arr = values
     elif invalid is not None and not all(type(v) is int for v in values):
@@ -56,7 +55,7 @@ def int_column(values, path: object, what: str, *, invalid: int | None = None) -
     if arr.ndim != 1 or len(arr) != len(values):  # lists in the values ([1] where 1 belongs): never a 2-D column
         arr = np.empty(len(values), dtype=object)
         arr[:] = list(values)
-    try:
+    with suppress(ValueError, TypeError, OverflowError):
         if arr.dtype.kind in "iu":
             if arr.dtype.kind == "u" and len(arr) and arr.max() > np.iinfo(np.int64).max:
                 raise OverflowError
@@ -74,8 +73,6 @@ def int_column(values, path: object, what: str, *, invalid: int | None = None) -
             if out.shape == arr.shape and (invalid is None or arr.dtype.kind != "O"
                                            or all(type(v) in (int, str) for v in arr.tolist())):
                 return out
-    except (ValueError, TypeError, OverflowError):
-        pass
     if invalid is not None:
         return np.array([_int_or(v, invalid) for v in arr.tolist()], dtype=np.int64)
     for i, value in enumerate(arr.tolist()):
@@ -87,9 +84,8 @@ def int_column(values, path: object, what: str, *, invalid: int | None = None) -
 
 
 def intern(strings: StringTable, values) -> np.ndarray:
-    """int32 ids in ``strings`` for a column of names. Unlike ``StringTable.ids_for`` this builds no
-    fixed-width unicode array (kernel names run to thousands of characters: a 1M-row '<U4000' array
-    would need 16 GB): a dict codes them in one pass, and each distinct name is interned once."""
+    """int32 ids in ``strings`` for a column of names, through a dict: ``StringTable.ids_for``'s
+    fixed-width array of 1M kernel names of thousands of characters ('<U4000') would need 16 GB."""
     seq = values.tolist() if isinstance(values, np.ndarray) else list(values)
     if not seq:
         return np.empty(0, dtype=np.int32)
@@ -144,15 +140,10 @@ def trailing_int(values: np.ndarray, path: object, what: str) -> np.ndarray:
 def pair_push_pop(
     tid: np.ndarray, time_ns: np.ndarray, is_push: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """Pair push and pop events per thread, without a Python loop over events.
-
-    Returns ``(push_index, pop_index, unmatched_pops, unclosed_pushes)``: indices into the
-    input arrays of each matched pair. Within one thread the nesting depth is a +1/-1 walk;
-    a push that reaches depth d and the next pop that leaves depth d belong together, and
-    in each (thread, d) group pushes and pops strictly alternate. A pop with no earlier push
-    (group starts with a pop) and a push never popped (group ends with a push) are dropped
-    and counted.
-    """
+    """``(push_index, pop_index, unmatched_pops, unclosed_pushes)``: push and pop events paired per
+    thread, columnarly. The nesting depth is a +1/-1 walk per thread; a push reaching depth d pairs
+    with the next pop leaving d (in each (thread, d) group they alternate). A pop with no earlier
+    push and a push never popped are dropped and counted."""
     n = len(tid)
     if n == 0:
         empty = np.empty(0, np.int64)
@@ -161,7 +152,6 @@ def pair_push_pop(
     t_sorted = tid[order]
     step = np.where(is_push[order], 1, -1).astype(np.int64)
     depth = np.cumsum(step)
-    # restart the walk at each thread boundary
     starts = np.flatnonzero(np.r_[True, t_sorted[1:] != t_sorted[:-1]])
     base = np.repeat(depth[starts] - step[starts], np.diff(np.r_[starts, n]))
     depth = depth - base
@@ -193,9 +183,9 @@ _ZERO = ("bytes", "kind", "style")  # columns that default to 0 (a kernel moves 
 
 
 def make_table(cls: type[T], parts: list[dict[str, Any]], strings: StringTable, *, sort: bool = True) -> T:
-    """One ``cls`` table (Ranges, Calls or GpuOps) of ``parts``, dicts of columns by field name: a
-    scalar stands for a whole column, ``name`` (strings) is interned, a field left out is NO_ID (0 for
-    ``bytes``, ``kind``, ``style``; ``end_tid`` is ``tid``). Rows sorted by start unless not ``sort``."""
+    """One ``cls`` table of ``parts``, dicts of columns by field name: a scalar stands for a whole
+    column, ``name`` (strings) is interned, a field left out is NO_ID (0 for ``_ZERO``; ``end_tid``
+    is ``tid``). Rows sorted by start unless not ``sort``."""
     columns: dict[str, list[np.ndarray]] = {}
     for part in parts:
         n = len(part["start_ns"])
@@ -215,14 +205,12 @@ def make_table(cls: type[T], parts: list[dict[str, Any]], strings: StringTable, 
 
 
 def by_start(table: T) -> T:
-    """``table`` sorted by start time (stable)."""
     return table.take(np.argsort(table.start_ns, kind="stable"))  # type: ignore[attr-defined]
 
 
 class TraceBuilder:
-    """The one way a reader makes its Trace: it adds the parts of each table as it finds them
-    (:meth:`add`), interns names through :attr:`strings`, appends to :attr:`notes`, and calls
-    :meth:`trace`, which joins the parts (:func:`make_table`), makes the Trace and validates it."""
+    """How a reader makes its Trace: it adds the parts of each table (:meth:`add`), interns names
+    through :attr:`strings`, appends to :attr:`notes`, and calls :meth:`trace`."""
 
     def __init__(self, source: object, format: str, clock: str) -> None:
         self.source, self.format, self.clock = str(source), format, clock
@@ -232,11 +220,9 @@ class TraceBuilder:
         self.parts: dict[type, list[dict[str, Any]]] = {Ranges: [], Calls: [], GpuOps: []}
 
     def names(self, values: Any) -> np.ndarray:
-        """int32 ids of a column of names (:func:`intern`)."""
         return intern(self.strings, values)
 
     def add(self, cls: type, **columns: Any) -> None:
-        """One part of the ``cls`` table (see :func:`make_table`)."""
         self.parts[cls].append(columns)
 
     def table(self, cls: type[T], *, sort: bool = True) -> T:
@@ -247,7 +233,7 @@ class TraceBuilder:
     def trace(self, *, calls: Calls | None = None, ops: GpuOps | None = None, ranges: Ranges | None = None,
               **fields: Any) -> Trace:
         """The Trace, validated; a table not given is made of its parts (calls, ops, then ranges: the
-        order names are interned in). ``fields``: the Trace's others (meta, session_start_utc_ns)."""
+        order names are interned in)."""
         calls = self.table(Calls) if calls is None else calls
         ops = self.table(GpuOps) if ops is None else ops
         ranges = self.table(Ranges) if ranges is None else ranges
@@ -273,7 +259,7 @@ def first_rows(*keys: np.ndarray) -> np.ndarray:
 
 
 def name_flags(strings: StringTable, name_id: np.ndarray, test: Callable[[str], object]) -> np.ndarray:
-    """``test`` of each row's name (False for NO_ID), called once per distinct string."""
+    """``test`` of each row's name (False for NO_ID), once per string."""
     flags = np.array([bool(test(str(s))) for s in strings.to_array()] + [False], bool)
     return flags[name_id]
 
@@ -313,10 +299,9 @@ HIP_GRAPH_NOTE = "graph node ids are stand-ins: the order of each op within its 
 
 
 def graph_stand_ins(ops: GpuOps, calls: Calls, notes: list[str], note: str) -> None:
-    """Stand-in graph node ids where a trace records none (rocprofv3, RPD, Kineto): an op replayed by
-    a graph launch call (sharing its correlation id) gets its order within that launch (0, 1, ... by
-    start time), which names the same node across replays of one graph; ``note`` (``{n}``: how many
-    ops) says so. Ops that have a node id keep it."""
+    """Stand-in graph node ids where a trace records none: an op of a graph launch call (sharing its
+    correlation id) without one gets its order by start within that launch, which names the same node
+    across replays of one graph; ``note`` (``{n}``: how many ops) says so."""
     graph_corr = calls.correlation_id[calls.kind == int(CallKind.GRAPH)]
     idx = np.flatnonzero(np.isin(ops.correlation_id, graph_corr) & (ops.correlation_id != NO_ID))
     order = idx[np.lexsort((ops.start_ns[idx], ops.correlation_id[idx]))]
@@ -331,7 +316,6 @@ def graph_stand_ins(ops: GpuOps, calls: Calls, notes: list[str], note: str) -> N
 
 
 def read_head(path: Path, n: int = 64) -> bytes:
-    """The first ``n`` bytes of a file (TraceError when unreadable)."""
     try:
         with open(path, "rb") as fh:
             return fh.read(n)
@@ -346,11 +330,6 @@ GUNZIP_RATIO, GUNZIP_FLOOR_BYTES, GUNZIP_CAP_BYTES = 100, 64 << 20, 16 << 30
 _INFLATE_CHUNK = 1 << 20
 
 
-def gunzip_limit(compressed_bytes: int) -> int:
-    """How many bytes a gzip file of ``compressed_bytes`` may inflate to."""
-    return min(max(GUNZIP_RATIO * compressed_bytes, GUNZIP_FLOOR_BYTES), GUNZIP_CAP_BYTES)
-
-
 def _size(n: int) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= scale:
@@ -359,17 +338,15 @@ def _size(n: int) -> str:
 
 
 def inflate(path: Path, sink: Callable[[bytes], object]) -> int:
-    """Gunzip the file ``path`` into ``sink`` a chunk at a time, never more than
-    :func:`gunzip_limit` of its size; returns the inflated size. A file that would inflate past
-    it is a TraceError saying so (a decompression bomb, or a trace to gunzip by hand); corrupt
-    or truncated data is a TraceError too. Every gzip member is read (as ``gzip`` does)."""
+    """Gunzip the file ``path`` into ``sink`` a chunk at a time, every member (as ``gzip`` does);
+    returns the inflated size. Inflating past the GUNZIP bound, corrupt or truncated data: TraceError."""
     try:
         fh = open(path, "rb")
     except OSError as exc:
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
     with fh:
         size = os.fstat(fh.fileno()).st_size
-        limit = gunzip_limit(size)
+        limit = min(max(GUNZIP_RATIO * size, GUNZIP_FLOOR_BYTES), GUNZIP_CAP_BYTES)
         total = 0
 
         def take(out: bytes) -> None:
@@ -410,8 +387,7 @@ def inflate(path: Path, sink: Callable[[bytes], object]) -> int:
 
 
 def read_bytes(path: Path) -> bytes | bytearray:
-    """The whole file, gunzipped when it is gzip, inflating to at most :func:`gunzip_limit` of
-    its size (TraceError when unreadable, corrupt, or past that bound)."""
+    """The whole file, gunzipped (:func:`inflate`) when it is gzip."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(2)
@@ -425,8 +401,8 @@ def read_bytes(path: Path) -> bytes | bytearray:
 
 
 def read_sqlite(path: str | Path, what: str, read: Callable[[Path, sqlite3.Connection, Path], Trace]) -> Trace:
-    """``read(path, connection, database file)`` on a SQLite trace (see :func:`sqlite_db`); a
-    sqlite3 error on the way is a TraceError naming ``what``."""
+    """``read(path, connection, database file)`` on a SQLite trace (:func:`sqlite_db`); a sqlite3
+    error on the way is a TraceError naming ``what``."""
     path = Path(path)
     with sqlite_db(path) as (con, db_path):
         try:
@@ -475,11 +451,9 @@ def sqlite_db(path: Path) -> Iterator[tuple[sqlite3.Connection, Path]]:
 
 
 class TempCleanup:
-    """Removes a temporary folder or file on :meth:`close`, and when SIGTERM or SIGHUP arrives while it
-    exists: those signals (whose default action would kill the process with the folder left
-    behind, a 653 MB ``/tmp/maxinstr-*`` once) raise :class:`SystemExit` in the main thread
-    instead, so every ``finally`` runs; the handlers that were there come back at close. A
-    handler the program set itself is left alone (it decides what its signals do)."""
+    """Removes a temporary folder or file on :meth:`close`. Until then SIGTERM and SIGHUP, whose default
+    action once left a 653 MB ``/tmp/maxinstr-*`` behind, raise SystemExit in the main thread so every
+    ``finally`` runs (a handler the program set itself is left alone)."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
@@ -487,26 +461,20 @@ class TempCleanup:
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in (signal.SIGTERM, signal.SIGHUP):
-            try:
+            with suppress(OSError, ValueError):
                 if signal.getsignal(sig) is signal.SIG_DFL:
                     self.saved[sig] = signal.signal(sig, _exit_on_signal)
-            except (OSError, ValueError):
-                pass
 
     def close(self) -> None:
         for sig, handler in self.saved.items():
-            try:
+            with suppress(OSError, ValueError):
                 signal.signal(sig, handler)  # type: ignore[arg-type]
-            except (OSError, ValueError):
-                pass
         self.saved.clear()
         if os.path.isdir(self.folder) and not os.path.islink(self.folder):
             shutil.rmtree(self.folder, ignore_errors=True)
         else:
-            try:
+            with suppress(OSError):
                 os.unlink(self.folder)
-            except OSError:
-                pass
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
@@ -514,12 +482,10 @@ def _exit_on_signal(signum: int, frame: object) -> None:
 
 
 def sqlite_tables(con: sqlite3.Connection) -> dict[str, str]:
-    """name -> type ('table' / 'view') of every table and view."""
     return {name: kind for name, kind in con.execute("SELECT name, type FROM sqlite_master WHERE type IN ('table','view')")}
 
 
 def sqlite_columns(con: sqlite3.Connection, table: str) -> set[str]:
-    """Column names of a table or view."""
     return {row[1] for row in con.execute(f'PRAGMA table_info("{table}")')}
 
 
@@ -551,8 +517,7 @@ def json_document(path: Path, document: object, progress: Progress | None) -> ob
 
 
 def chrome_events(path: Path, document: object, what: str, progress: Progress | None = None) -> list:
-    """The event list of a Chrome trace (``{"traceEvents": [...]}`` or a bare list); one TraceError
-    line without one."""
+    """The event list of a Chrome trace (``{"traceEvents": [...]}`` or a bare list)."""
     document = json_document(path, document, progress)
     events = document.get("traceEvents") if isinstance(document, dict) else document
     if not isinstance(events, list):
@@ -562,8 +527,7 @@ def chrome_events(path: Path, document: object, what: str, progress: Progress | 
 
 @contextmanager
 def malformed(path: object, what: str) -> Iterator[None]:
-    """Translate the errors malformed content raises while a reader picks it apart (a JSON
-    document of the wrong shape) into TraceError."""
+    """The errors content of the wrong shape raises while a reader picks it apart, as TraceError."""
     try:
         yield
     except TraceError:
@@ -575,10 +539,8 @@ def malformed(path: object, what: str) -> Iterator[None]:
 
 
 def query_columns(path: Path, db_path: Path, sql: str, kinds: str, what: str) -> list[np.ndarray]:
-    """One SELECT through the columnar SQLite backend (native when built): ``i`` and ``t`` columns
-    come back int64 (NULLs must be ``ifnull``-ed in SQL), ``s`` columns as object arrays whose rows
-    share one string per distinct value (NULL -> ''). Backend errors become a TraceError naming
-    ``what`` (the format or table)."""
+    """One SELECT through the columnar SQLite backend: ``i`` and ``t`` columns int64 (``ifnull`` NULLs
+    in SQL), ``s`` columns object arrays sharing one string per distinct value (NULL -> '')."""
     try:
         raw = _sqlite_columns.backend("auto").query(str(db_path), sql, kinds)
     except (RuntimeError, ValueError, TypeError, OverflowError, sqlite3.Error) as exc:
@@ -595,15 +557,12 @@ def query_columns(path: Path, db_path: Path, sql: str, kinds: str, what: str) ->
 
 
 def thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
-    """(process, thread) as one int64 key."""
     return (np.asarray(pid, np.int64) << np.int64(32)) ^ (np.asarray(tid, np.int64) & np.int64(0xFFFFFFFF))
 
 
 def latest_at_or_before(row_key: np.ndarray, row_t: np.ndarray, q_key: np.ndarray, q_t: np.ndarray) -> np.ndarray:
     """Per query, the row with the same key and the greatest ``row_t <= q_t`` (of equal times, the
-    later row in input order), or -1: an as-of join in one sort. Rows and queries are sorted
-    together by (key, time), rows first at equal times; the last row at or before each query in
-    that order is its match when its key is the query's."""
+    later row), or -1: rows and queries sorted together by (key, time), rows first at equal times."""
     n, m = len(row_key), len(q_key)
     if not n or not m:
         return np.full(m, -1, np.int64)
@@ -623,10 +582,8 @@ def latest_at_or_before(row_key: np.ndarray, row_t: np.ndarray, q_key: np.ndarra
 
 
 def decimal_us_to_ns(values: list, path: object, what: str) -> np.ndarray:
-    """Microsecond times written as JSON strings or numbers (``"8306017670485"``,
-    ``"12.345"``, ``12``) as int64 ns, exactly for strings (parsed as decimals, rounded to the ns);
-    a value that is no number reads as :data:`~maxinstr.traces.model.INVALID_NS` (the row is then
-    dropped by ``TimeCheck``). Parsed once per distinct value."""
+    """Microsecond times as JSON strings or numbers (``"8306017670485"``, ``"12.345"``, ``12``) as
+    int64 ns, exactly for strings (decimals rounded to the ns); no number: INVALID_NS."""
     local: dict = {}
     codes = np.fromiter((local.setdefault(v, len(local)) if isinstance(v, (str, int, float)) and not isinstance(v, bool)
                          else -1 for v in values), dtype=np.int64, count=len(values))
@@ -657,20 +614,16 @@ def _us_ns(value: str | int | float) -> int:
 
 
 def match_rows(keys: np.ndarray, ref_keys: np.ndarray, ref_value: np.ndarray, missing: int = -1) -> np.ndarray:
-    """Per column of ``keys`` (k rows of int64 keys), the ``ref_value`` of the column of
-    ``ref_keys`` with the same k keys (the first such in a stable sort), or ``missing``: an exact
-    join on several integer keys through one sort and one search of a structured view."""
+    """Per column of ``keys`` (k rows of int64 keys), the ``ref_value`` of the first column of
+    ``ref_keys`` with the same keys, or ``missing``: one sort and one search of a structured view."""
     keys, ref_keys = np.asarray(keys, np.int64), np.asarray(ref_keys, np.int64)
     out = np.full(keys.shape[1], missing, np.int64)
     if not keys.shape[1] or not ref_keys.shape[1]:
         return out
     dt = np.dtype([(f"k{i}", np.int64) for i in range(keys.shape[0])])
 
-    def rec(k: np.ndarray) -> np.ndarray:
-        r = np.empty(k.shape[1], dt)
-        for i in range(k.shape[0]):
-            r[f"k{i}"] = k[i]
-        return r
+    def rec(k: np.ndarray) -> np.ndarray:  # each column's keys as one record
+        return np.ascontiguousarray(k.T).view(dt).ravel()
 
     ref = rec(ref_keys)
     order = np.argsort(ref, kind="stable")

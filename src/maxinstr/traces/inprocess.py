@@ -85,19 +85,15 @@ def read_run(run: Any) -> tuple[Trace | None, list[str]]:
         label = f"part {part.get('name')}"
         try:
             got = read_part_activity(pdir)
-        except RunDirError as exc:  # this part's kernels are left out, said; the rest still read
+            if got is None:
+                continue
+            meta, rows, names = got
+            rows = _valid_times(rows, pdir / ACTIVITY_FILE, label, notes)
+        except (RunDirError, TraceError) as exc:  # damaged, or every row of a kind: this part's kernels left out
             any_activity = True
             notes.append(f"{label}: in-process kernels not read: {exc}")
             continue
-        if got is None:
-            continue
-        meta, rows, names = got
         any_activity = True
-        try:
-            rows = _valid_times(rows, pdir / ACTIVITY_FILE, label, notes)
-        except TraceError as exc:  # every row of a kind damaged: this part's kernels are left out, said
-            notes.append(f"{label}: in-process kernels not read: {exc}")
-            continue
         notes += meta["notes"]
         if meta.get("stage_correlation"):
             how.add(meta["stage_correlation"])

@@ -182,23 +182,23 @@ def _read(path: Path, doc: dict, events: list, where: str, progress: Progress | 
                                      names=("ts", "dur"), unit="events")
         return evs, start, end
 
-    def ints(evs: list, key: str, what: str, args: bool = False) -> np.ndarray:
-        return _loose_ints(_args_col(evs, key) if args else _col(evs, key), path, what)
+    def ints(evs: list, c: str, key: str) -> np.ndarray:  # (key "args.x": the event's args field x)
+        arg = key.removeprefix("args.")
+        return _loose_ints(_args_col(evs, arg) if arg != key else _col(evs, key), path, f"{c}: {key}")
 
     for c in (c for c in HOST_RANGE_CATS if c in by_cat):
         evs, start, end = category(c)
-        b.add(Ranges, start_ns=start, end_ns=end, name_id=b.names(_col(evs, "name", "")), tid=ints(evs, "tid", f"{c}: tid"),
-              pid=ints(evs, "pid", f"{c}: pid"), domain_id=b.strings.intern(c))
+        b.add(Ranges, start_ns=start, end_ns=end, name_id=b.names(_col(evs, "name", "")), tid=ints(evs, c, "tid"),
+              pid=ints(evs, c, "pid"), domain_id=b.strings.intern(c))
     ranges = b.table(Ranges)
 
     # runtime / driver calls: those that can launch work, one per (correlation id, layer)
     sizes = []
     for c, kind in ((c, k) for c, k in CALL_CATS.items() if c in by_cat):
         evs, start, end = category(c)
-        b.add(Calls, start_ns=start, end_ns=end, name_id=b.names(_col(evs, "name", "")), tid=ints(evs, "tid", f"{c}: tid"),
-              pid=ints(evs, "pid", f"{c}: pid"), correlation_id=ints(evs, "correlation", f"{c}: args.correlation", True),
-              kind=int(kind))
-        sizes.append(ints(evs, "size", f"{c}: args.size", True))
+        b.add(Calls, start_ns=start, end_ns=end, name_id=b.names(_col(evs, "name", "")), tid=ints(evs, c, "tid"),
+              pid=ints(evs, c, "pid"), correlation_id=ints(evs, c, "args.correlation"), kind=int(kind))
+        sizes.append(ints(evs, c, "args.size"))
     calls = b.table(Calls, sort=False)
     call_size = np.concatenate(sizes) if sizes else np.empty(0, np.int64)
     mark_graph_calls(b.strings, calls, lambda name: "GraphLaunch" in name)
@@ -216,14 +216,14 @@ def _read(path: Path, doc: dict, events: list, where: str, progress: Progress | 
     op_events = []
     for c, op_kind in ((c, k) for c, k in OP_CATS.items() if c in by_cat):
         evs, start, end = category(c)
-        device = ints(evs, "device", f"{c}: args.device", True)
-        device = np.where(device == NO_ID, ints(evs, "pid", f"{c}: pid"), device)
-        stream = ints(evs, "stream", f"{c}: args.stream", True)
-        stream = np.where(stream == NO_ID, ints(evs, "tid", f"{c}: tid"), stream)
+        device = ints(evs, c, "args.device")
+        device = np.where(device == NO_ID, ints(evs, c, "pid"), device)
+        stream = ints(evs, c, "args.stream")
+        stream = np.where(stream == NO_ID, ints(evs, c, "tid"), stream)
         b.add(GpuOps, start_ns=start, end_ns=end, kind=int(op_kind), name_id=b.names(_col(evs, "name", "")),
-              device_id=device, stream_id=stream, correlation_id=ints(evs, "correlation", f"{c}: args.correlation", True),
-              bytes=0 if op_kind == OpKind.KERNEL else np.maximum(ints(evs, "bytes", f"{c}: args.bytes", True), 0),
-              graph_node_id=ints(evs, "graph node id", f"{c}: args.graph node id", True))
+              device_id=device, stream_id=stream, correlation_id=ints(evs, c, "args.correlation"),
+              bytes=0 if op_kind == OpKind.KERNEL else np.maximum(ints(evs, c, "args.bytes"), 0),
+              graph_node_id=ints(evs, c, "args.graph node id"))
         op_events += evs
     ops = b.table(GpuOps, sort=False)
     if (ops.correlation_id == NO_ID).any():  # only then: where each op sits, to find its ac2g flow end
@@ -247,8 +247,7 @@ def _read(path: Path, doc: dict, events: list, where: str, progress: Progress | 
         evs, start, end = category("gpu_user_annotation")
         meta["gpu_annotations"] = make_table(Ranges, [dict(
             start_ns=start, end_ns=end, name_id=b.names(_col(evs, "name", "")),
-            tid=ints(evs, "stream", "gpu_user_annotation: args.stream", True),
-            pid=ints(evs, "device", "gpu_user_annotation: args.device", True),
+            tid=ints(evs, "gpu_user_annotation", "args.stream"), pid=ints(evs, "gpu_user_annotation", "args.device"),
             domain_id=b.strings.intern("gpu_user_annotation"))], b.strings)
     meta.update({k: doc[k] for k in ("schemaVersion", "cuda_runtime_version", "cuda_driver_version", "trace_id",
                                      "distributedInfo") if k in doc})

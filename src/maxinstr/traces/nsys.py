@@ -13,6 +13,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -127,20 +128,12 @@ class _Reader:
         # nsys times count from the session start, so 0 is a time the clock can read
         self.times = TimeCheck(db, self.notes, start_can_be_zero=True)
 
-    def col(self, table: str, name: str, default: str = "-1") -> str:
-        """``ifnull(name, default)`` when the column exists in this version, else the literal."""
-        return f'ifnull("{name}", {default})' if name in self.schema.get(table, ()) else default
-
     def small(self, sql: str) -> list[tuple]:
-        con = cols.connect(self.db)
-        try:
+        with closing(cols.connect(self.db)) as con:
             return con.execute(sql).fetchall()
-        finally:
-            con.close()
 
     def rowid_label(self, table: str, rows: np.ndarray | None = None) -> Callable[[int], str]:
-        """Names the i-th row read from ``table`` (in rowid order; ``rows[i]`` is its position in
-        the table when only some rows were kept) by its rowid, for a note about that row."""
+        """Names the i-th row read from ``table`` (``rows[i]``: its position when only some were kept) by its rowid."""
 
         def label(i: int) -> str:
             pos = int(rows[i]) if rows is not None else i
@@ -166,12 +159,9 @@ class _Reader:
             # Big tables are read in rowid slices on parallel connections (native backend);
             # slices concatenated in rowid order equal one table scan.
             table = sql.split(" FROM ")[1].split()[0]
-            bounds = [None]
             top = self.small(f"SELECT ifnull(max(rowid), 0) FROM {table}")[0][0]
-            if workers > 1:
-                n = min(workers, max(1, top // _ROWS_PER_SLICE))
-                if n > 1:
-                    bounds = [(top * i // n, top * (i + 1) // n) for i in range(n)]
+            n = min(workers, max(1, top // _ROWS_PER_SLICE))
+            bounds = [(top * i // n, top * (i + 1) // n) for i in range(n)] if n > 1 else [None]
             slots[key] = []
             for b in bounds:
                 q = sql
@@ -198,43 +188,35 @@ class _Reader:
                 sql += f" WHERE {columns[where_not[0]].sql(present)} != {where_not[1]}"
             scans[key] = (table, columns, where_not, filter_col, mask, sql, "".join(c.kind for c in columns), pieces)
 
-        def times() -> list[IntCol]:
-            # a NULL or non-integer time reads as INVALID_NS: the row is dropped and counted (_ops, _calls)
-            return [IntCol("start", INVALID_NS, "t"), IntCol("end", INVALID_NS, "t")]
-
-        def op_columns() -> list[IntCol]:
-            return times() + [IntCol("deviceId", -1, "n"), IntCol("streamId", -1),
-                    IntCol("correlationId", -1), IntCol("globalPid", 0, "n", 24, TID_MASK)]
+        # a NULL or non-integer time reads as INVALID_NS: the row is dropped and counted (_ops, _calls)
+        times = [IntCol("start", INVALID_NS, "t"), IntCol("end", INVALID_NS, "t")]
+        op_columns = times + [IntCol("deviceId", -1, "n"), IntCol("streamId", -1), IntCol("correlationId", -1),
+                              IntCol("globalPid", 0, "n", 24, TID_MASK)]
 
         k = _KERNEL
         if k in self.schema:
             name_col = "demangledName" if "demangledName" in self.schema[k] else "shortName"
             # int32 ('n') device, 24-bit pid and string id: 10M-row columns
             # (pieces: the reader threads' arrays, joined once with the other op tables in _ops)
-            add_table("kernel", k, op_columns() + [IntCol(name_col, -1, "n"), IntCol("graphNodeId", -1)], pieces=True)
+            add_table("kernel", k, op_columns + [IntCol(name_col, -1, "n"), IntCol("graphNodeId", -1)], pieces=True)
         for key, t in (("memcpy", _MEMCPY), ("memset", _MEMSET)):
             if t in self.schema:
                 kind_col = IntCol("copyKind", 0, "n") if key == "memcpy" else IntCol("", 0, "n")  # "": always 0
-                add_table(key, t, op_columns() + [IntCol("bytes", 0), kind_col, IntCol("graphNodeId", -1)],
+                add_table(key, t, op_columns + [IntCol("bytes", 0), kind_col, IntCol("graphNodeId", -1)],
                           pieces=True)
         if _NVTX in self.schema:
-            n = _NVTX
-            payload = ", ".join(
-                f'"{c}"' for c in ("int64Value", "uint64Value", "int32Value", "uint32Value") if c in self.schema[n]
-            )
-            payload_sql = f"coalesce({payload}, -1)" if payload else "-1"
-            text_sql = '"text"' if "text" in self.schema[n] else "NULL"
-            present = self.schema[n]
+            present = self.schema[_NVTX]
+            payload = ", ".join(f'"{c}"' for c in ("int64Value", "uint64Value", "int32Value", "uint32Value")
+                                if c in present)
             # end NULL: a range never ended (or a mark); any other non-integer time is damage
-            start_sql = IntCol("start", INVALID_NS, "t").sql(present)
-            end_sql = IntCol("end", -1, "t").sql(present)
-            add(
-                "nvtx",
-                f'SELECT {start_sql}, {end_sql}, eventType, {self.col(n, "globalTid", "0")}, '
-                f'{self.col(n, "endGlobalTid")}, {self.col(n, "textId")}, {self.col(n, "domainId", "0")}, '
-                f'{self.col(n, "category")}, {payload_sql}, {text_sql} FROM {n}',
-                "ttiiiiiiis",
-            )
+            head = [IntCol("start", INVALID_NS, "t"), IntCol("end", -1, "t")]
+            tail = [IntCol("globalTid", 0), IntCol("endGlobalTid"), IntCol("textId"), IntCol("domainId", 0),
+                    IntCol("category")]
+            payload_sql = f"coalesce({payload}, -1)" if payload else "-1"
+            text_sql = '"text"' if "text" in present else "NULL"
+            add("nvtx", f"SELECT {', '.join(c.sql(present) for c in head)}, eventType, "
+                        f"{', '.join(c.sql(present) for c in tail)}, {payload_sql}, {text_sql} FROM {_NVTX}",
+                "ttiiiiiiis")
         if "ThreadNames" in self.schema:
             add("threads", "SELECT globalTid, nameId FROM ThreadNames", "ii")
 
@@ -295,7 +277,7 @@ class _Reader:
                 "runtime",
                 _RUNTIME,
                 # 24-bit pid/tid, string id and event class as int32
-                times() + [IntCol("globalTid", 0, "n", 24, TID_MASK),
+                times + [IntCol("globalTid", 0, "n", 24, TID_MASK),
                  IntCol("globalTid", 0, "n", 0, TID_MASK), IntCol("correlationId", -1), IntCol("nameId", -1, "n"),
                  IntCol("eventClass", 0, "n")],
                 where_not=(6, _EVENT_CLASS_BACKTRACE),
@@ -361,8 +343,9 @@ class _Reader:
             self.b.thread_names = {int(t): str(strings[n]) for t, n in zip(tids, by_sid(thread_rows[1])) if n >= 0}
         self.b.thread_names.update(nvtx_parts["thread_names"])
         self.b.source = str(source)
-        return self.b.trace(calls=calls, ops=ops, ranges=ranges, session_start_utc_ns=self._session_start(),
-                            meta=self._meta(nvtx_parts))
+        if (utc := self._session_value("utcEpochNs")) is None:
+            self.notes.append("no session start time: wall-clock times unknown")
+        return self.b.trace(calls=calls, ops=ops, ranges=ranges, session_start_utc_ns=utc, meta=self._meta(nvtx_parts))
 
     def enum_labels(self, table: str, defaults: dict[int, str]) -> dict[int, str]:
         found = dict(defaults)
@@ -396,22 +379,23 @@ class _Reader:
         parts: list[dict[str, Any]] = []
         name_sid: list[np.ndarray] = []
         copy_rows = copy_kind = None  # rows (in the op table) and copy kinds of the memcpy ops
-        if "kernel" in got:
-            s, e, dev, stream, corr, gpid, name, node = checked("kernel", _KERNEL)
-            parts.append(dict(start=s, end=e, dev=dev, stream=stream, corr=corr, gpid=gpid,
-                              node=node, bytes=[np.zeros(size(s), np.int64)], kind=OpKind.KERNEL, n=size(s)))  # fmt: skip
-            name_sid.extend(name)
-            del s, e, dev, stream, corr, gpid, name, node
-        for key, kind, table in (("memcpy", OpKind.MEMCPY, _MEMCPY), ("memset", OpKind.MEMSET, _MEMSET)):
-            if key in got:
-                s, e, dev, stream, corr, gpid, nbytes, ckind, node = checked(key, table)
-                if kind == OpKind.MEMCPY and size(s):
-                    first = sum(p["n"] for p in parts)
-                    copy_rows, copy_kind = np.arange(first, first + size(s), dtype=np.int64), whole(ckind)
-                parts.append(dict(start=s, end=e, dev=dev, stream=stream, corr=corr, gpid=gpid,
-                                  node=node, bytes=nbytes, kind=kind, n=size(s)))  # fmt: skip
-                name_sid.append(np.full(size(s), -1, np.int32))
-                del s, e, dev, stream, corr, gpid, nbytes, ckind, node
+        for key, kind, table in (("kernel", OpKind.KERNEL, _KERNEL), ("memcpy", OpKind.MEMCPY, _MEMCPY),
+                                 ("memset", OpKind.MEMSET, _MEMSET)):
+            if key not in got:
+                continue
+            s, e, dev, stream, corr, gpid, *rest, node = checked(key, table)  # rest: name, or bytes and copy kind
+            n = size(s)
+            if kind == OpKind.KERNEL:
+                name_sid.extend(rest.pop())
+                rest = [[np.zeros(n, np.int64)]]
+            else:
+                name_sid.append(np.full(n, -1, np.int32))
+            if kind == OpKind.MEMCPY and n:
+                first = sum(p["n"] for p in parts)
+                copy_rows, copy_kind = np.arange(first, first + n, dtype=np.int64), whole(rest[1])
+            parts.append(dict(start=s, end=e, dev=dev, stream=stream, corr=corr, gpid=gpid, node=node, bytes=rest[0],
+                              kind=kind, n=n))
+            del s, e, dev, stream, corr, gpid, rest, node
         if not parts:
             self.notes.append("no kernel, memcpy or memset table: the trace has no GPU ops")
             return GpuOps(), np.empty(0, np.int32), None
@@ -543,12 +527,6 @@ class _Reader:
         t = "TARGET_INFO_SESSION_START_TIME"
         rows = self.small(f"SELECT {column} FROM {t} LIMIT 1") if column in self.schema.get(t, ()) else []
         return int(rows[0][0]) if rows and rows[0][0] is not None else None
-
-    def _session_start(self) -> int | None:
-        utc = self._session_value("utcEpochNs")
-        if utc is None:
-            self.notes.append("no session start time: wall-clock times unknown")
-        return utc
 
     def _meta(self, parts: dict[str, Any]) -> dict[str, object]:
         meta: dict[str, object] = {"reader_backend": self.be.name}

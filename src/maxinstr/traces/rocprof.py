@@ -6,7 +6,6 @@ are paired here, per thread, columnarly). Times are rocprofiler-sdk ns."""
 from __future__ import annotations
 
 import csv
-import functools
 import io
 import json
 import re
@@ -103,10 +102,7 @@ _CSV_REQUIRED = {"kernel": ("Kernel_Name", "Correlation_Id", "Start_Timestamp", 
 
 def csv_kind(name: str) -> str | None:
     """Which table of the rocprofv3 CSV set a file name holds, or None."""
-    for suffix, kind in _CSV_KINDS.items():
-        if name.endswith(suffix):
-            return kind
-    return None
+    return next((kind for suffix, kind in _CSV_KINDS.items() if name.endswith(suffix)), None)
 
 
 # -- CSV set -------------------------------------------------------------------------------------
@@ -186,11 +182,10 @@ def _read_csv_python(path: Path) -> dict[str, np.ndarray]:
     width = len(header)
     if width == 0 or len(set(header)) != width:
         raise TraceError(path, "bad CSV header")
-    lengths = np.fromiter((len(r) for r in body), np.int64, len(body))
-    bad = np.flatnonzero(lengths != width)
-    if len(bad):
-        i = int(bad[0])
-        raise TraceError(path, f"row {i + 2} has {lengths[i]} fields, the header has {width} (truncated or corrupt?)")
+    bad = next((i for i, r in enumerate(body) if len(r) != width), None)
+    if bad is not None:
+        raise TraceError(path, f"row {bad + 2} has {len(body[bad])} fields, the header has {width} "
+                               "(truncated or corrupt?)")
     if not body:
         return {name: np.empty(0, dtype=object) for name in header}
     return {name: np.array(col, dtype=object) for name, col in zip(header, zip(*body))}
@@ -246,7 +241,9 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
             start, end, *columns = times.drop(f.name, [start, end, *t.values()], names=("Start_Timestamp", "End_Timestamp"))
             t = dict(zip(t, columns))
             n = len(start)
-            ints = functools.partial(_ints, t, f)
+            def ints(column: str, t: dict = t, f: Path = f) -> np.ndarray:
+                return int_column(t[column], f, column)
+
             stream_col = next((c for c in ("Stream_Id", "Queue_Id") if c in t), None)
             if kind in ("hip", "marker"):
                 pids.append(pid := ints("Process_Id"))
@@ -278,10 +275,6 @@ def read_rocprof_csv(path: str | Path, *, progress: Progress | None = None) -> T
     if len(groups) > 1:
         b.notes.append(f"{len(groups)} CSV sets read; correlation ids offset by set index << 40")
     return assemble(b, {"files": files, "header": sorted(headers)})
-
-
-def _ints(table: dict[str, np.ndarray], path: Path, column: str) -> np.ndarray:
-    return int_column(table[column], path, column)
 
 
 def _agent_map(path: Path) -> dict[int, int] | None:
@@ -440,6 +433,16 @@ _ROCPD_TABLES = ("rocpd_string", "rocpd_info_process", "rocpd_info_thread", "roc
 _ROCPD_REQUIRED = ("rocpd_string", "rocpd_event", "rocpd_region", "rocpd_kernel_dispatch", "rocpd_info_kernel_symbol")
 
 
+_GPU_INDEX = "COALESCE(I.type_index, I.logical_index, I.absolute_index)"
+
+
+def _lookup(src: dict[str, str], info: str, value: str, key: str) -> str:
+    """SQL for ``value`` (alias ``I``) of the row of table ``info`` whose id is ``key`` (``X.pid``:
+    in X's guid), or ``key`` itself where the file has no such table."""
+    table = src.get(info)
+    return f"(SELECT {value} FROM {table} I WHERE I.id = {key} AND I.guid = {key.split('.')[0]}.guid)" if table else key
+
+
 def is_rocpd(tables: dict[str, str]) -> bool:
     """Whether a SQLite database's tables look like rocpd (ROCm >= 7), not RPD."""
     return any(t.startswith("rocpd_kernel_dispatch") or t.startswith("rocpd_info_process") for t in tables)
@@ -477,11 +480,10 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
     meta: dict[str, object] = {}
     if "rocpd_metadata" in tables:
         meta["rocpd_metadata"] = {str(k): str(v) for k, v in con.execute('SELECT tag, value FROM "rocpd_metadata"')}
-    proc = src.get("rocpd_info_process")
     thr = src.get("rocpd_info_thread")
-    pid_sql = f"(SELECT P.pid FROM {proc} P WHERE P.id = X.pid AND P.guid = X.guid)" if proc else "X.pid"
-    tid_sql = f"(SELECT T.tid FROM {thr} T WHERE T.id = X.tid AND T.guid = X.guid)" if thr else "X.tid"
-    cat_sql = f"(SELECT S.string FROM {src['rocpd_string']} S WHERE S.id = E.category_id AND S.guid = E.guid)"
+    pid_sql = _lookup(src, "rocpd_info_process", "I.pid", "X.pid")
+    tid_sql = _lookup(src, "rocpd_info_thread", "I.tid", "X.tid")
+    cat_sql = _lookup(src, "rocpd_string", "I.string", "E.category_id")
 
     def fetch(sql: str, kinds: str) -> list[np.ndarray]:
         return _util.query_columns(path, db_path, sql, kinds, "rocpd")
@@ -517,7 +519,7 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
         a = np.flatnonzero(is_api)
         if len(m):
             b.add(Ranges, **_rocpd_markers(start[m], end[m], name[m], ext[m], tid[m], pid[m], b.notes))
-            _pop_time_ranges(b, start[a], end[a], tid[a], pid[a], cat[m])
+            _pop_time_ranges(b, start[a], tid[a], pid[a], cat[m])
         b.add(Calls, start_ns=start[a], end_ns=end[a], tid=tid[a], pid=pid[a], correlation_id=corr[a], name=name[a])
         meta["region_categories"] = sorted(set(cat.tolist()))
     marks = _rocpd_marks(src, fetch, times, ext_sql)
@@ -526,12 +528,7 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
 
     report(progress, "reading rocpd kernel dispatches")
     agent = src.get("rocpd_info_agent")
-    dev_sql = (
-        f"(SELECT COALESCE(A.type_index, A.logical_index, A.absolute_index) FROM {agent} A "
-        "WHERE A.id = X.agent_id AND A.guid = X.guid)"
-        if agent
-        else "X.agent_id"
-    )
+    dev_sql = _lookup(src, "rocpd_info_agent", _GPU_INDEX, "X.agent_id")
     start, end, name, dev, stream, pid, corr = fetch(
         f"""SELECT {start_sql}, {end_sql}, COALESCE(K.display_name, K.kernel_name, ''),
                    ifnull({dev_sql}, -1), ifnull(X.stream_id, -1), ifnull({pid_sql}, -1), ifnull(E.{corr_col}, -1)
@@ -547,11 +544,9 @@ def _read_rocpd(path: Path, con: sqlite3.Connection, db_path: Path, progress: Pr
               device_id=dev, stream_id=stream, pid=pid, correlation_id=corr)
     if "rocpd_memory_copy" in src:
         report(progress, "reading rocpd memory copies")
-        dst_sql = dev_sql.replace("X.agent_id", "X.dst_agent_id")
-        src_sql = dev_sql.replace("X.agent_id", "X.src_agent_id")
-        gpu = (
-            f"(SELECT A.type FROM {agent} A WHERE A.id = X.dst_agent_id AND A.guid = X.guid)" if agent else "'GPU'"
-        )
+        dst_sql = _lookup(src, "rocpd_info_agent", _GPU_INDEX, "X.dst_agent_id")
+        src_sql = _lookup(src, "rocpd_info_agent", _GPU_INDEX, "X.src_agent_id")
+        gpu = _lookup(src, "rocpd_info_agent", "I.type", "X.dst_agent_id") if agent else "'GPU'"
         start, end, name, dst, srcd, dst_type, stream, pid, corr, size = fetch(
             f"""SELECT {start_sql}, {end_sql}, S.string, ifnull({dst_sql}, -1),
                        ifnull({src_sql}, -1), {gpu}, ifnull(X.stream_id, -1), ifnull({pid_sql}, -1),
@@ -591,16 +586,18 @@ def _rocpd_correlation_column(con: sqlite3.Connection, event_source: str) -> str
     return "correlation_id"
 
 
-def _marker_message(extdata: str) -> str:
-    """``$.message`` of an event's extdata JSON ('' when none)."""
-    if not extdata or "message" not in extdata:
-        return ""
-    try:
-        doc = json.loads(extdata)
-    except ValueError:
-        return ""
-    msg = doc.get("message") if isinstance(doc, dict) else None
-    return str(msg) if msg is not None else ""
+def _messages(ext: np.ndarray, default: str = "") -> np.ndarray:
+    """``$.message`` of each event's extdata JSON (``default`` when none), parsed once per distinct value."""
+    uniq, inv = np.unique(ext.astype(str), return_inverse=True)
+    out = []
+    for u in uniq.tolist():
+        try:
+            doc = json.loads(u) if "message" in u else None
+        except ValueError:
+            doc = None
+        msg = doc.get("message") if isinstance(doc, dict) else None
+        out.append((str(msg) if msg is not None else "") or default)
+    return np.array(out, dtype=object)[inv]
 
 
 def _rocpd_markers(start: np.ndarray, end: np.ndarray, name: np.ndarray, ext: np.ndarray, tid: np.ndarray,
@@ -610,8 +607,7 @@ def _rocpd_markers(start: np.ndarray, end: np.ndarray, name: np.ndarray, ext: np
     is push/pop, roctxProcessRangeA start/stop on the thread that stopped it); raw push/pop rows
     are paired as in the CSV."""
     ops = name.astype(str)
-    uniq, inv = np.unique(ext.astype(str), return_inverse=True)
-    message = np.array([_marker_message(u) for u in uniq], dtype=object)[inv]
+    message = _messages(ext)
     label = np.where(message != "", message, name).astype(object)
     if np.isin(ops, ["roctxRangePushA", "roctxRangePush", "roctxRangePop", "roctxRangePopA"]).any():
         return markers_from_rows(start, end, label, tid, pid, ops, notes)
@@ -626,7 +622,7 @@ def _rocpd_markers(start: np.ndarray, end: np.ndarray, name: np.ndarray, ext: np
                 end_tid=tid)
 
 
-def _pop_time_ranges(b: TraceBuilder, c_start: np.ndarray, c_end: np.ndarray, c_tid: np.ndarray, c_pid: np.ndarray,
+def _pop_time_ranges(b: TraceBuilder, c_start: np.ndarray, c_tid: np.ndarray, c_pid: np.ndarray,
                      categories: np.ndarray) -> None:
     """roctx ranges stored at their Pop/Stop time (rocprof-sys before ROCm/rocm-systems PR #2793,
     docs/traces.md), seen as all shorter than 50 us and none holding an API call of its thread
@@ -665,14 +661,11 @@ def _rocpd_marks(src: dict[str, str], fetch: Callable[[str, str], list[np.ndarra
     event's extdata), on a track of the marker category."""
     if "rocpd_sample" not in src or "rocpd_track" not in src:
         return None
-    thr = src.get("rocpd_info_thread")
-    proc = src.get("rocpd_info_process")
-    tid_sql = f"(SELECT T2.tid FROM {thr} T2 WHERE T2.id = T.tid AND T2.guid = T.guid)" if thr else "T.tid"
-    pid_sql = f"(SELECT P.pid FROM {proc} P WHERE P.id = T.pid AND P.guid = T.guid)" if proc else "T.pid"
+    tid_sql = _lookup(src, "rocpd_info_thread", "I.tid", "T.tid")
+    pid_sql = _lookup(src, "rocpd_info_process", "I.pid", "T.pid")
     ts, tid, pid, cat, ext = fetch(
         f"""SELECT ifnull(X.timestamp, {INVALID_NS}), ifnull({tid_sql}, -1), ifnull({pid_sql}, -1),
-                   (SELECT S.string FROM {src['rocpd_string']} S WHERE S.id = E.category_id AND S.guid = E.guid),
-                   {ext_sql}
+                   {_lookup(src, "rocpd_string", "I.string", "E.category_id")}, {ext_sql}
             FROM {src['rocpd_sample']} X
             JOIN {src['rocpd_track']} T ON T.id = X.track_id AND T.guid = X.guid
             JOIN {src['rocpd_event']} E ON E.id = X.event_id AND E.guid = X.guid""",
@@ -683,7 +676,5 @@ def _rocpd_marks(src: dict[str, str], fetch: Callable[[str, str], list[np.ndarra
         return None
     ts, tid, pid, ext = ts[sel], tid[sel], pid[sel], ext[sel]
     ts, _, tid, pid, ext = times.drop("rocpd_sample (marks)", [ts, ts, tid, pid, ext], names=("timestamp", "timestamp"))
-    uniq, inv = np.unique(ext.astype(str), return_inverse=True)
-    message = np.array([_marker_message(u) or "roctxMarkA" for u in uniq], dtype=object)[inv]
-    return dict(start_ns=ts, end_ns=ts, name=message, tid=tid, pid=pid, style=int(RangeStyle.MARK))
+    return dict(start_ns=ts, end_ns=ts, name=_messages(ext, "roctxMarkA"), tid=tid, pid=pid, style=int(RangeStyle.MARK))
 

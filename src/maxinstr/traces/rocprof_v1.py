@@ -84,23 +84,19 @@ def read_rocprof_v1_db(path: str | Path, *, progress: Progress | None = None) ->
     return _util.read_sqlite(path, "rocprof v1", lambda path, con, db_path: _read_db(path, con, db_path, progress))
 
 
+_DEFAULTS = {"t": str(INVALID_NS), "i": "-1", "s": "NULL"}
+
+
 class _Table:
     """Named columns of one table, read by name (a missing optional column gives its default)."""
 
     def __init__(self, path: Path, db_path: Path, table: str, present: set[str], spec: list[tuple[str, str]]) -> None:
-        exprs, kinds = [], ""
-        for col, kind in spec:
-            if kind == "t":
-                exprs.append(f'ifnull("{col}", {INVALID_NS})' if col in present else str(INVALID_NS))
-            elif kind == "i":
-                exprs.append(f'ifnull("{col}", -1)' if col in present else "-1")
-            else:
-                exprs.append(f'"{col}"' if col in present else "NULL")
-            kinds += kind
+        exprs = [(f'ifnull("{c}", {_DEFAULTS[k]})' if k != "s" else f'"{c}"') if c in present else _DEFAULTS[k]
+                 for c, k in spec]
         sql = f'SELECT {", ".join(exprs)} FROM "{table}" ORDER BY rowid'
-        cols = _util.query_columns(path, db_path, sql, kinds, f"rocprof v1 table {table}")
-        self.name = table
-        self.cols = dict(zip((c for c, _ in spec), cols))
+        kinds = "".join(k for _, k in spec)
+        self.cols = dict(zip((c for c, _ in spec), _util.query_columns(path, db_path, sql, kinds,
+                                                                       f"rocprof v1 table {table}")))
         self.present = present
 
     def __getitem__(self, col: str) -> np.ndarray:
@@ -181,13 +177,9 @@ def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progr
                 launch = (np.zeros(len(launch[0]), np.int64), launch[1], launch[2])
             c_pid = np.zeros(len(corr), np.int64) if old else copies[cpid]
             nbytes = _copy_bytes(c_pid, corr, launch, b.notes)
-            is_set = np.array([bool(re.search(r"Fill|Memset", n)) for n in names.tolist()], bool)
-            stream = _stream(copies, old) if hip_flavour else copies["tid"]
-            for sel, kind in ((~is_set, OpKind.MEMCPY), (is_set, OpKind.MEMSET)):
-                if sel.any():
-                    b.add(GpuOps, kind=kind, start_ns=copies["BeginNs"][sel], end_ns=copies["EndNs"][sel],
-                          name=names[sel], device_id=copies["dev-id"][sel], stream_id=stream[sel],
-                          pid=copies[cpid][sel], correlation_id=corr[sel], bytes=nbytes[sel])
+            _add_copies(b, names, start_ns=copies["BeginNs"], end_ns=copies["EndNs"], device_id=copies["dev-id"],
+                        stream_id=_stream(copies, old) if hip_flavour else copies["tid"], pid=copies[cpid],
+                        correlation_id=corr, bytes=nbytes)
             op_pids.append(copies[cpid])
 
     # KERN dispatches: kernels when the HIP activity trace gave none
@@ -201,7 +193,10 @@ def _read_db(path: Path, con: sqlite3.Connection, db_path: Path, progress: Progr
             kern = table(kern_name, [("BeginNs", "t"), ("EndNs", "t"), ("DispatchNs", "t"), ("KernelName", "s"),
                                      ("gpu-id", "i"), ("queue-id", "i"), ("pid", "i"), ("tid", "i"), ("Index", "i")])
             if kern is not None and len(kern):
-                _kern_ops(kern, b, times)
+                _kern_ops(b, times, kern_name, kern["DispatchNs"] if "DispatchNs" in kern.present else None,
+                          kern["tid"], start_ns=kern["BeginNs"], end_ns=kern["EndNs"],
+                          name=_map_names(kern["KernelName"], _kernel_name), device_id=kern["gpu-id"],
+                          stream_id=kern["queue-id"], pid=kern["pid"], correlation_id=kern["Index"] + _KERN_OFFSET)
                 op_pids.append(kern["pid"])
 
     # rocTX ranges
@@ -262,27 +257,33 @@ def _copy_bytes(op_pid: np.ndarray, op_corr: np.ndarray, calls: tuple | None, no
     return nbytes
 
 
+def _add_copies(b: TraceBuilder, names: np.ndarray, **columns: np.ndarray) -> None:
+    """Copies as MEMCPY ops, fills and memsets as MEMSET ops."""
+    is_set = np.array([bool(re.search(r"Fill|Memset", n)) for n in names.tolist()], bool)
+    for sel, kind in ((~is_set, OpKind.MEMCPY), (is_set, OpKind.MEMSET)):
+        if sel.any():
+            b.add(GpuOps, kind=kind, name=names[sel], **{k: v[sel] for k, v in columns.items()})
+
+
 def _size_of(args: str) -> int:
     m = _SIZE.search(args)
     return int(m.group(1) or m.group(2)) if m else 0
 
 
-def _kern_ops(kern: _Table, b: TraceBuilder, times: TimeCheck) -> None:
+def _kern_ops(b: TraceBuilder, times: TimeCheck, table: str, dispatch: np.ndarray | None, tid: np.ndarray,
+              **op: np.ndarray) -> None:
     """KERN rows as kernels, each with a stand-in launch call at its dispatch time on its dispatching
-    thread: the table has no API calls, so a kernel belongs to the range open on that thread when it
+    thread: there are no API calls, so a kernel belongs to the range open on that thread when it
     was dispatched (the thread-and-time rule)."""
-    corr = kern["Index"] + _KERN_OFFSET
-    names = _map_names(kern["KernelName"], _kernel_name)
-    b.add(GpuOps, kind=OpKind.KERNEL, start_ns=kern["BeginNs"], end_ns=kern["EndNs"], name=names,
-          device_id=kern["gpu-id"], stream_id=kern["queue-id"], pid=kern["pid"], correlation_id=corr)
-    dispatch = kern["DispatchNs"]
-    if "DispatchNs" not in kern.present:
-        b.notes.append(f"{kern.name}: no DispatchNs column: kernels are placed in ranges by GPU start time")
+    b.add(GpuOps, kind=OpKind.KERNEL, **op)
+    if dispatch is None:
+        b.notes.append(f"{table}: no DispatchNs column: kernels are placed in ranges by GPU start time")
         return
-    ok = times.keep(f"{kern.name}.DispatchNs", dispatch, dispatch, names=("DispatchNs", "DispatchNs"))
+    ok = times.keep(f"{table}.DispatchNs" if table else "DispatchNs", dispatch, dispatch,
+                    names=("DispatchNs", "DispatchNs"))
     sel = slice(None) if ok is None else ok
-    b.add(Calls, start_ns=dispatch[sel], end_ns=dispatch[sel], tid=kern["tid"][sel], pid=kern["pid"][sel],
-          correlation_id=corr[sel], name=np.full(len(dispatch[sel]), _DISPATCH, dtype=object))
+    b.add(Calls, start_ns=dispatch[sel], end_ns=dispatch[sel], tid=tid[sel], pid=op["pid"][sel],
+          correlation_id=op["correlation_id"][sel], name=np.full(len(dispatch[sel]), _DISPATCH, dtype=object))
 
 
 def _ranges(start: np.ndarray, end: np.ndarray, name: np.ndarray, tid: np.ndarray, pid: np.ndarray,
@@ -339,8 +340,8 @@ def _section_labels(events: list) -> dict[int, str]:
     return out
 
 
-def _ints(values: list, path: Path, what: str) -> np.ndarray:
-    return int_column(values, path, what, invalid=NO_ID)
+def _ints(values: list) -> np.ndarray:
+    return int_column(values, None, "", invalid=NO_ID)  # (never raises: what is no integer is NO_ID)
 
 
 def read_rocprof_v1_json(path: str | Path, *, progress: Progress | None = None, document: object = None) -> Trace:
@@ -375,20 +376,23 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
         elif ph in ("t", "f"):
             flows_t.append(e)
 
-    def arg(evs: list[dict], key: str, default=None) -> list:
+    def raw(evs: list[dict], key: str, default=None) -> list:
         return [ev["args"].get(key, default) for ev in evs]
+
+    def arg(evs: list[dict], key: str, default=None) -> np.ndarray:
+        return _ints(raw(evs, key, default))
 
     def timed(label: str) -> tuple[list[dict], np.ndarray, np.ndarray]:
         evs = by_section.get(label, [])
-        start = int_column(arg(evs, "BeginNs"), path, f"{label}.BeginNs", invalid=INVALID_NS)
-        end = int_column(arg(evs, "EndNs"), path, f"{label}.EndNs", invalid=INVALID_NS)
+        start = int_column(raw(evs, "BeginNs"), path, f"{label}.BeginNs", invalid=INVALID_NS)
+        end = int_column(raw(evs, "EndNs"), path, f"{label}.EndNs", invalid=INVALID_NS)
         start, end, evs = times.drop(f"'{label}' events", [start, end, evs], row=lambda i: f"event {i}",
                                      names=("BeginNs", "EndNs"), unit="events")
         return evs, start, end
 
     def lane_keys(evs: list[dict]) -> tuple[np.ndarray, ...]:
         # the event's own section (pid), lane (tid) and ts (us), as the flow events name them
-        return tuple(_ints([ev.get(key) for ev in evs], path, key) for key in ("pid", "tid", "ts"))
+        return tuple(_ints([ev.get(key) for ev in evs]) for key in ("pid", "tid", "ts"))
 
     # calls: one row per event, in file order; the correlation id is the row number
     call_key: list[np.ndarray] = []
@@ -400,8 +404,7 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
         sec, lane, ts = lane_keys(evs)
         corr = np.arange(n_calls, n_calls + len(evs), dtype=np.int64)
         n_calls += len(evs)
-        b.add(Calls, start_ns=start, end_ns=end, tid=_ints(arg(evs, "tid"), path, "args.tid"),
-              pid=_ints(arg(evs, "pid"), path, "args.pid"), correlation_id=corr,
+        b.add(Calls, start_ns=start, end_ns=end, tid=arg(evs, "tid"), pid=arg(evs, "pid"), correlation_id=corr,
               name=np.array([ev.get("name", "") for ev in evs], dtype=object))
         # of calls that began in the same microsecond, the later-beginning, then the shorter one is
         # taken for a flow there (hipMemcpyToSymbol holds the hipMemcpy that launched the copy)
@@ -412,12 +415,8 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
     # flows: t (the op's section, lane, ts) -> s (the call's section, thread, a time inside the call)
     s_id = {str(f.get("id")): f for f in flows_s}
     pairs = [(s_id[str(t.get("id"))], t) for t in flows_t if str(t.get("id")) in s_id]
-    f_sec = _ints([s.get("pid") for s, _ in pairs], path, "flow pid")
-    f_thr = _ints([s.get("tid") for s, _ in pairs], path, "flow tid")
-    f_ts = _ints([s.get("ts") for s, _ in pairs], path, "flow ts")
-    t_key = np.stack([_ints([t.get("pid") for _, t in pairs], path, "flow pid"),
-                      _ints([t.get("tid") for _, t in pairs], path, "flow tid"),
-                      _ints([t.get("ts") for _, t in pairs], path, "flow ts")]) if pairs else np.empty((3, 0))
+    (f_sec, f_thr, f_ts), t_key = (np.stack([_ints([p[j].get(k) for p in pairs]) for k in ("pid", "tid", "ts")])
+                                   for j in (0, 1))
     # the call of each flow: on its thread, the one that began last at or before the flow's start
     flow_call = _util.latest_at_or_before(_util.thread_key(calls_k[0], calls_k[1]), calls_k[2],
                                           _util.thread_key(f_sec, f_thr), f_ts)
@@ -431,13 +430,12 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
             continue
         names = np.array([_strip_quotes(str(ev.get("name", ""))) for ev in evs], dtype=object)
         old = old or any("proc-id" in ev["args"] for ev in evs[:1])
-        pid = _ints(arg(evs, "proc-id") if old else arg(evs, "pid"), path, "args.pid")
+        pid = arg(evs, "proc-id" if old else "pid")
         sec, lane, ts = lane_keys(evs)
         corr = _util.match_rows(np.stack([sec, lane, ts]), t_key, flow_corr, NO_ID)
-        device = _ints(arg(evs, "dev-id", NO_ID), path, "args.dev-id")
-        stream = _ints(arg(evs, "stream-id", None), path, "args.stream-id")
+        device, stream = arg(evs, "dev-id", NO_ID), arg(evs, "stream-id")
         if not any(ev["args"].get("stream-id") is not None for ev in evs[:1]):
-            stream = lane if label == "GPU" or old else _ints(arg(evs, "queue-id", NO_ID), path, "queue-id")
+            stream = lane if label == "GPU" or old else arg(evs, "queue-id", NO_ID)
         if label == "GPU":
             barrier = np.isin(names, list(_BARRIERS))
             if barrier.any():
@@ -445,19 +443,21 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
                                    "kernels: left out")
             dispatch = [ev["args"].get("DispatchNs") for ev in evs]
             if any(d is not None for d in dispatch):  # KERN rows (--stats): the dispatching thread and time
-                _json_kern(path, evs, start, end, names, dispatch, b, times)
-                op_pids.append(_ints(arg(evs, "pid"), path, "args.pid"))
+                k_pid = arg(evs, "pid")
+                _kern_ops(b, times, "", int_column(dispatch, path, "DispatchNs", invalid=INVALID_NS), arg(evs, "tid"),
+                          start_ns=start, end_ns=end, name=_map_names(names, _kernel_name),
+                          device_id=arg(evs, "gpu-id"), stream_id=arg(evs, "queue-id"), pid=k_pid,
+                          correlation_id=np.arange(len(evs), dtype=np.int64) + _KERN_OFFSET)
+                b.notes.append("kernels tied to ranges by their dispatching thread and DispatchNs (no API calls)")
+                op_pids.append(k_pid)
                 continue
             k = ~barrier
             b.add(GpuOps, kind=OpKind.KERNEL, start_ns=start[k], end_ns=end[k], name=names[k], device_id=device[k],
                   stream_id=stream[k], pid=pid[k], correlation_id=corr[k])
             op_pids.append(pid[k])
         else:
-            is_set = np.array([bool(re.search(r"Fill|Memset", n)) for n in names.tolist()], bool)
-            for sel, kind in ((~is_set, OpKind.MEMCPY), (is_set, OpKind.MEMSET)):
-                if sel.any():
-                    b.add(GpuOps, kind=kind, start_ns=start[sel], end_ns=end[sel], name=names[sel],
-                          device_id=device[sel], stream_id=stream[sel], pid=pid[sel], correlation_id=corr[sel])
+            _add_copies(b, names, start_ns=start, end_ns=end, device_id=device, stream_id=stream, pid=pid,
+                        correlation_id=corr)
             op_pids.append(pid)
             b.notes.append("rocprof v1 JSON: copies carry no byte count (results.db's HIP arguments do)")
     unlinked = sum(int((part["correlation_id"] == NO_ID).sum()) for part in b.parts[GpuOps])
@@ -466,28 +466,9 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
 
     evs, start, end = timed("Markers and Ranges")
     if evs:
-        lane = _ints([ev.get("tid") for ev in evs], path, "tid")
         b.add(Ranges, **_ranges(start, end, np.array([str(ev.get("name", "")) for ev in evs], dtype=object),
-                                _ints(arg(evs, "tid"), path, "args.tid"),
-                                _ints(arg(evs, "pid"), path, "args.pid"), lane, b.notes))
+                                arg(evs, "tid"), arg(evs, "pid"), _ints([ev.get("tid") for ev in evs]), b.notes))
     if old:
         _old_layout_pids(b, op_pids)
     return assemble(b, {"sections": sorted(set(labels.values())), "flows": len(pairs)})
-
-
-def _json_kern(path: Path, evs: list[dict], start: np.ndarray, end: np.ndarray, names: np.ndarray,
-               dispatch: list, b: TraceBuilder, times: TimeCheck) -> None:
-    corr = np.arange(len(evs), dtype=np.int64) + _KERN_OFFSET
-    pid = _ints([ev["args"].get("pid") for ev in evs], path, "args.pid")
-    tid = _ints([ev["args"].get("tid") for ev in evs], path, "args.tid")
-    b.add(GpuOps, kind=OpKind.KERNEL, start_ns=start, end_ns=end, name=_map_names(names, _kernel_name),
-          device_id=_ints([ev["args"].get("gpu-id") for ev in evs], path, "gpu-id"),
-          stream_id=_ints([ev["args"].get("queue-id") for ev in evs], path, "queue-id"), pid=pid,
-          correlation_id=corr)
-    d = int_column(dispatch, path, "DispatchNs", invalid=INVALID_NS)
-    ok = times.keep("DispatchNs", d, d, names=("DispatchNs", "DispatchNs"))
-    sel = slice(None) if ok is None else ok
-    b.add(Calls, start_ns=d[sel], end_ns=d[sel], tid=tid[sel], pid=pid[sel], correlation_id=corr[sel],
-          name=np.full(len(d[sel]), _DISPATCH, dtype=object))
-    b.notes.append("kernels tied to ranges by their dispatching thread and DispatchNs (no API calls)")
 

@@ -264,15 +264,15 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
                                      unit="events")
         return evs, start, end
 
-    def ints(values: list, what: str) -> np.ndarray:
-        return int_column(values, path, what, invalid=NO_ID)
+    def ints(evs: list[dict], key: str) -> np.ndarray:  # (never raises: what is no integer is NO_ID)
+        return int_column(col(evs, key), path, key, invalid=NO_ID)
 
     # host: API calls and roctx ranges (UserMarker: the message is both the name and args.desc)
     host_ev, h_start, h_end = timed(host_ev, "host events")
     h_name = np.array([str(ev.get("name", "")) for ev in host_ev], dtype=object)
     h_desc = np.array([str((ev.get("args") or {}).get("desc", "")) for ev in host_ev], dtype=object)
     is_marker = h_name == h_desc
-    h_pid, h_tid = ints(col(host_ev, "pid"), "pid"), ints(col(host_ev, "tid"), "tid")
+    h_pid, h_tid = ints(host_ev, "pid"), ints(host_ev, "tid")
     c = np.flatnonzero(~is_marker)
     corr = np.arange(len(c), dtype=np.int64)  # the call's row: RPD's own api id is not in the export
     b.add(Calls, start_ns=h_start[c], end_ns=h_end[c], tid=h_tid[c], pid=h_pid[c], correlation_id=corr,
@@ -287,18 +287,19 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
     if (kind < 0).any():
         other = sorted({d for d, k in zip(desc, kind.tolist()) if k < 0})[:5]
         notes.append(f"{int((kind < 0).sum())} GPU events of other types left out ({', '.join(other)})")
-    o_pid, o_tid = ints(col(ops_ev, "pid"), "pid"), ints(col(ops_ev, "tid"), "tid")
+    o_pid, o_tid = ints(ops_ev, "pid"), ints(ops_ev, "tid")
 
     # api_op flows: f at (gpu, queue, op start) -> s at (pid, tid, call end - 2 us or op start)
     pairs = [(flow_s[str(f.get("id"))], f) for f in flow_f if str(f.get("id")) in flow_s]
     s_t = _util.decimal_us_to_ns([s.get("ts") for s, _ in pairs], path, "flow ts")
     f_t = _util.decimal_us_to_ns([f.get("ts") for _, f in pairs], path, "flow ts")
-    s_key = _util.thread_key(ints([s.get("pid") for s, _ in pairs], "flow pid"), ints([s.get("tid") for s, _ in pairs], "flow tid"))
+    starts, ends = [s for s, _ in pairs], [f for _, f in pairs]
+    s_key = _util.thread_key(ints(starts, "pid"), ints(starts, "tid"))
     # the call began at or before the flow's start + 2 us (its end), and began last on that thread
     # (of calls beginning in one microsecond, the later-listed: rpd2tracing writes them in id order)
     flow_call = _util.latest_at_or_before(_util.thread_key(calls.pid, calls.tid), calls.start_ns, s_key,
                                           np.where(s_t < f_t, s_t + _FLOW_SLACK_NS, s_t))
-    f_key = np.stack([ints([f.get("pid") for _, f in pairs], "flow pid"), ints([f.get("tid") for _, f in pairs], "flow tid"), f_t])
+    f_key = np.stack([ints(ends, "pid"), ints(ends, "tid"), f_t])
     op_corr = _util.match_rows(np.stack([o_pid, o_tid, o_start]), f_key, np.where(flow_call >= 0, corr[np.maximum(flow_call, 0)], NO_ID), NO_ID)
     names = np.array([str(ev.get("name", "")) for ev in ops_ev], dtype=object)
     b.add(GpuOps, start_ns=o_start, end_ns=o_end, kind=kind, name_id=b.names(names), device_id=o_pid, stream_id=o_tid,
@@ -317,8 +318,8 @@ def _read_json(path: Path, events: list, progress: Progress | None) -> Trace:
     r_end = np.r_[h_end[m], k_start]
     r_name = np.r_[h_name[m], np.array([str(ev.get("name", "")) for ev in marks], dtype=object)].astype(object)
     style = np.r_[np.full(len(m), int(RangeStyle.PUSH_POP), np.int8), np.full(len(marks), int(RangeStyle.MARK), np.int8)]
-    b.add(Ranges, start_ns=r_start, end_ns=r_end, name=r_name, tid=np.r_[h_tid[m], ints(col(marks, "tid"), "tid")],
-          pid=np.r_[h_pid[m], ints(col(marks, "pid"), "pid")], style=style)
+    b.add(Ranges, start_ns=r_start, end_ns=r_end, name=r_name, tid=np.r_[h_tid[m], ints(marks, "tid")],
+          pid=np.r_[h_pid[m], ints(marks, "pid")], style=style)
     if skipped:
         notes.append(f"{skipped} rpd2tracing summary spans on the GPU lanes (UserMarker frames, graph spans) skipped")
     if len(o_start) and not (np.r_[o_start, h_start] % 1000).any():
