@@ -12,7 +12,7 @@ void ctx_calibrate(int c);
 
 // Loads the floor's spin kernel `maxinstr_spin(u64 ns)` (PTX, JIT-compiled by the CUDA driver)
 // into a new module of the current context: 0, or the driver's status (then *mod is null or
-// loaded, and the caller unloads it). The benchmark probes (probes.cpp) launch it too.
+// loaded, and the caller unloads it). benchmarks/native/probes.cpp launches it too.
 int spin_kernel_load(void** mod, void** fn);
 
 }  // namespace maxinstr
