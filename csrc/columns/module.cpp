@@ -38,6 +38,13 @@ py::array adopt(std::vector<T>* v) {
                         owner);
 }
 
+// f() with the GIL released: the unit's work.
+template <typename F>
+auto nogil(F&& f) {
+  py::gil_scoped_release release;
+  return f();
+}
+
 py::str decode(const std::string& s) {
   PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
   if (!o) throw py::error_already_set();
@@ -74,10 +81,7 @@ py::list py_query_many(const std::string& uri, const std::vector<py::tuple>& spe
         throw std::runtime_error("filter column out of range");
     }
   }
-  {
-    py::gil_scoped_release release;
-    run_queries(uri, queries, threads);
-  }
+  nogil([&] { run_queries(uri, queries, threads); });
   for (auto& q : queries)
     if (!q.error.empty()) throw std::runtime_error(q.error);
   py::list out;
@@ -106,11 +110,7 @@ py::list py_query_many(const std::string& uri, const std::vector<py::tuple>& spe
 }
 
 py::list py_strings_by_id(const std::string& uri, const std::string& table, py::array_t<int64_t, py::array::c_style> ids) {
-  std::vector<std::string> values;
-  {
-    py::gil_scoped_release release;
-    values = strings_by_id(uri, table, ids.data(), static_cast<size_t>(ids.size()));
-  }
+  const auto values = nogil([&] { return strings_by_id(uri, table, ids.data(), static_cast<size_t>(ids.size())); });
   py::list out;
   for (const auto& s : values) out.append(decode(s));
   return out;
@@ -171,12 +171,7 @@ py::object py_scan_table(const std::string& path, int64_t root, const std::vecto
   spec.exclude_col = exclude_col;
   spec.exclude_value = exclude_value;
   std::vector<ScanOut> parts;
-  bool ok;
-  {
-    py::gil_scoped_release release;
-    ok = scan_table(path, root, spec, threads, expected_rows, parts);
-  }
-  if (!ok) return py::none();
+  if (!nogil([&] { return scan_table(path, root, spec, threads, expected_rows, parts); })) return py::none();
   py::list out;
   for (size_t c = 0; c < spec.cols.size(); ++c)
     out.append(spec.cols[c].kind == 'n' ? scan_column<int32_t>(parts, c, pieces) : scan_column<int64_t>(parts, c, pieces));
@@ -190,30 +185,31 @@ void check_groups(const char* name, const I64& codes, const py::array& values, i
   if (n_groups < 0) throw std::runtime_error(std::string(name) + ": n_groups < 0");
 }
 
+// A grouped unit's result: throws on a code out of range; false when a value is one the caller's
+// sort must decide (the binding returns None).
+bool grouped(const char* name, int bad) {
+  if (bad == kBadCode) throw std::runtime_error(std::string(name) + ": a code outside 0..n_groups-1");
+  return bad != kSortDecides;
+}
+
 py::tuple py_group_order_stats(I64 codes, I64 values, int64_t n_groups) {
   check_groups("group_order_stats", codes, values, n_groups);
-  py::array_t<double> median(static_cast<py::ssize_t>(n_groups)), maximum(static_cast<py::ssize_t>(n_groups));
-  int bad;
-  {
-    py::gil_scoped_release release;
-    bad = group_medians(codes.data(), values.data(), static_cast<size_t>(codes.size()), static_cast<size_t>(n_groups),
-                        median.mutable_data(), maximum.mutable_data());
-  }
-  if (bad) throw std::runtime_error("group_order_stats: a code outside 0..n_groups-1");
+  py::array_t<double> median(n_groups), maximum(n_groups);
+  grouped("group_order_stats", nogil([&] {
+            return group_medians(codes.data(), values.data(), static_cast<size_t>(codes.size()),
+                                 static_cast<size_t>(n_groups), median.mutable_data(), maximum.mutable_data());
+          }));
   return py::make_tuple(median, maximum);
 }
 
 py::object py_group_medians_f64(I64 codes, F64 values, int64_t n_groups) {
   check_groups("group_medians_f64", codes, values, n_groups);
-  py::array_t<double> median(static_cast<py::ssize_t>(n_groups));
-  int bad;
-  {
-    py::gil_scoped_release release;
-    bad = group_medians(codes.data(), values.data(), static_cast<size_t>(codes.size()), static_cast<size_t>(n_groups),
-                        median.mutable_data());
-  }
-  if (bad == kBadCode) throw std::runtime_error("group_medians_f64: a code outside 0..n_groups-1");
-  if (bad == kSortDecides) return py::none();
+  py::array_t<double> median(n_groups);
+  if (!grouped("group_medians_f64", nogil([&] {
+                 return group_medians(codes.data(), values.data(), static_cast<size_t>(codes.size()),
+                                      static_cast<size_t>(n_groups), median.mutable_data());
+               })))
+    return py::none();
   return median;
 }
 
@@ -222,14 +218,11 @@ py::object py_group_sort_f64(I64 codes, F64 values, int64_t n_groups) {
     throw std::runtime_error("group_sort_f64: codes and values must be 1-d of one length");
   const size_t n = static_cast<size_t>(codes.size());
   py::array_t<double> stable(static_cast<py::ssize_t>(n)), sorted(static_cast<py::ssize_t>(n));
-  int bad;
-  {
-    py::gil_scoped_release release;
-    bad = group_sort_f64(codes.data(), values.data(), n, static_cast<size_t>(n_groups), stable.mutable_data(),
-                                  sorted.mutable_data());
-  }
-  if (bad == kBadCode) throw std::runtime_error("group_sort_f64: a code outside 0..n_groups-1");
-  if (bad == kSortDecides) return py::none();
+  if (!grouped("group_sort_f64", nogil([&] {
+                 return group_sort_f64(codes.data(), values.data(), n, static_cast<size_t>(n_groups),
+                                       stable.mutable_data(), sorted.mutable_data());
+               })))
+    return py::none();
   return py::make_tuple(stable, sorted);
 }
 
@@ -249,29 +242,22 @@ py::tuple py_segmented_union(I64 group, I64 start, I64 end, py::object index_obj
   }
   const auto heads = static_cast<py::ssize_t>(count_groups(group.data(), n));
   py::array_t<int64_t> gid(heads), first(heads), last(heads), uni(heads);
-  {
-    py::gil_scoped_release release;
+  nogil([&] {
     segmented_union(group.data(), start.data(), end.data(), ix, n, gid.mutable_data(), first.mutable_data(),
-                             last.mutable_data(), uni.mutable_data());
-  }
+                    last.mutable_data(), uni.mutable_data());
+  });
   return py::make_tuple(gid, first, last, uni);
 }
 
 py::array_t<int64_t> py_running_counts(I64 keys) {
   py::array_t<int64_t> out(keys.size());
-  {
-    py::gil_scoped_release release;
-    running_counts(keys.data(), static_cast<size_t>(keys.size()), out.mutable_data());
-  }
+  nogil([&] { running_counts(keys.data(), static_cast<size_t>(keys.size()), out.mutable_data()); });
   return out;
 }
 
 py::array_t<int64_t> py_searchsorted_i64(I64 a, I64 v, bool right) {
   py::array_t<int64_t> out(v.size());
-  {
-    py::gil_scoped_release release;
-    searchsorted_i64(a.data(), a.size(), v.data(), static_cast<size_t>(v.size()), right, out.mutable_data());
-  }
+  nogil([&] { searchsorted_i64(a.data(), a.size(), v.data(), static_cast<size_t>(v.size()), right, out.mutable_data()); });
   return out;
 }
 

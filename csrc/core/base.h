@@ -11,6 +11,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <strings.h>
 #include <time.h>
 
 #include <cerrno>
@@ -59,16 +60,9 @@ inline int parse_flag(const char* v) {
   while (env_blank(*v)) ++v;
   size_t n = strlen(v);
   while (n && env_blank(v[n - 1])) --n;
-  if (n == 0 || n > 5) return -1;
-  char w[6];
-  for (size_t i = 0; i < n; ++i) w[i] = (v[i] >= 'A' && v[i] <= 'Z') ? (char)(v[i] - 'A' + 'a') : v[i];
-  w[n] = 0;
-  static const char* const yes[] = {"1", "true", "yes", "on"};
-  static const char* const no[] = {"0", "false", "no", "off"};
-  for (const char* t : yes)
-    if (strcmp(w, t) == 0) return 1;
-  for (const char* t : no)
-    if (strcmp(w, t) == 0) return 0;
+  static const char* const words[] = {"0", "false", "no", "off", "1", "true", "yes", "on"};
+  for (int i = 0; i < 8; i++)
+    if (strlen(words[i]) == n && strncasecmp(v, words[i], n) == 0) return i >= 4;
   return -1;
 }
 

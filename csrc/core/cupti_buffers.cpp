@@ -7,11 +7,8 @@
 #include "base.h"
 
 #include <atomic>
-#include <cstring>
 #include <mutex>
 #include <new>
-#include <string>
-#include <vector>
 
 #include "dispatch.h"
 #include "state.h"

@@ -1,8 +1,6 @@
 // CUPTI external correlation (cupti_link.h): cupti_link() and cupti_stats().
 #include "cupti_link.h"
 
-#include <string>
-
 #include "dispatch.h"
 #include "state.h"
 

@@ -2,7 +2,6 @@
 #include "events.h"
 
 #include <cmath>
-#include <string>
 
 #include "writer.h"
 

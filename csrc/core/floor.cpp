@@ -2,7 +2,6 @@
 #include "floor.h"
 
 #include <cmath>
-#include <string>
 
 #include "dispatch.h"
 #include "events.h"

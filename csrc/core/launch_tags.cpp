@@ -6,10 +6,7 @@
 // outermost call: a runtime launch's own driver call is folded into its tag.
 #include "base.h"
 
-#include <atomic>
 #include <mutex>
-#include <string>
-#include <vector>
 
 #include "dispatch.h"
 #include "stage.h"

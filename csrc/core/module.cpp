@@ -4,14 +4,6 @@
 // every other unit adds its own functions (a PyMethodDef table).
 #include "base.h"
 
-#include <strings.h>
-#include <unistd.h>
-
-#include <cstring>
-#include <deque>
-#include <string>
-#include <vector>
-
 #include "attrs_json.h"
 #include "cupti_link.h"
 #include "dispatch.h"
@@ -189,42 +181,30 @@ fail:
 }
 
 PyObject* py_names(PyObject*, PyObject*) {
-  PyObject* out = PyList_New((Py_ssize_t)name_table.entries.size());
-  if (!out) return nullptr;
-  for (size_t i = 0; i < name_table.entries.size(); i++) {
-    PyObject* t = Py_BuildValue("(iO)", (int)i, name_table.entries[i].str);
-    if (!t) {
-      Py_DECREF(out);
-      return nullptr;
-    }
-    PyList_SET_ITEM(out, (Py_ssize_t)i, t);
-  }
+  PyObject* out = PyList_New(0);
+  for (size_t i = 0; out && i < name_table.entries.size(); i++)
+    if (!append_new(out, Py_BuildValue("(iO)", (int)i, name_table.entries[i].str))) Py_CLEAR(out);
   return out;
 }
 
-PyObject* py_resolve(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  int block = 0;
-  PyObject* b = nullptr;
-  if (!one_arg(args, nargs, kwnames, "block", &b)) return nullptr;
-  if (b) {
-    block = PyObject_IsTrue(b);
-    if (block < 0) return nullptr;
-  }
+// resolve_all() timed: the program's own threads wait for a pass that holds the GIL.
+PyObject* resolve_counted(bool block, bool defer) {
   if (vendor.gpu.backend == BK_NONE || pending_count() == 0) return PyLong_FromLong(0);
   int64_t t0 = now_ns();
-  size_t k = resolve_all(block != 0);
-  if (!block) events.gpu_cost_ns += now_ns() - t0;  // the flusher's pass holds the GIL: the program waits
+  size_t k = resolve_all(block, defer);
+  if (!block) events.gpu_cost_ns += now_ns() - t0;
   return PyLong_FromSize_t(k);
 }
 
-// The session flusher's pass: events not placed yet go to the placer thread.
-PyObject* py_resolve_async(PyObject*, PyObject*) {
-  if (vendor.gpu.backend == BK_NONE || pending_count() == 0) return PyLong_FromLong(0);
-  int64_t t0 = now_ns();
-  size_t k = resolve_all(false, true);
-  events.gpu_cost_ns += now_ns() - t0;
-  return PyLong_FromSize_t(k);
+PyObject* py_resolve(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  PyObject* b = nullptr;
+  if (!one_arg(args, nargs, kwnames, "block", &b)) return nullptr;
+  const int block = b ? PyObject_IsTrue(b) : 0;
+  return block < 0 ? nullptr : resolve_counted(block != 0, false);
 }
+
+// The session flusher's pass: events not placed yet go to the placer thread.
+PyObject* py_resolve_async(PyObject*, PyObject*) { return resolve_counted(false, true); }
 
 PyObject* py_close_open(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   PyObject* a = nullptr;
@@ -294,8 +274,8 @@ PyObject* py_configure_events(PyObject*, PyObject* args, PyObject* kwargs) {
     long long n = PyLong_AsLongLong(floor);
     if (n == -1 && PyErr_Occurred()) return nullptr;
     events.floor_fixed = n < 0 ? -1 : n;
-    for (auto& cx : events.ctxs)
-      if (n >= 0) {
+    if (n >= 0)
+      for (auto& cx : events.ctxs) {
         cx.floor_ns = n;
         cx.floor_state = 2;
       }
@@ -389,16 +369,11 @@ void atfork_child() {
   tls_guard.ts = nullptr;
   process.threads.clear();  // the parent's thread states are leaked on purpose (no Python calls here)
   completed.done.clear();
-  completed.done_head = 0;
-  completed.done_pushed = 0;
-  completed.done_drained = 0;
   completed.attrs.clear();
-  completed.attrs_head = 0;
-  name_table.reported = 0;
-  completed.records = 0;
-  completed.dropped_records = 0;
-  process.attrs_unconverted = 0;  // per-process counts: the child's part says its own
-  process.depth_refused = 0;
+  completed.done_head = completed.done_pushed = completed.done_drained = completed.attrs_head = 0;
+  completed.records = completed.dropped_records = name_table.reported = 0;
+  // per-process counts: the child's part says its own
+  process.attrs_unconverted = process.depth_refused = 0;
   events.pending.clear();
   events.slots.clear();
   events.ctxs.clear();

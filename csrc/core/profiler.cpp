@@ -2,8 +2,6 @@
 // thread has none), or roctxProfilerResume/Pause where the markers are roctx's.
 #include "base.h"
 
-#include <string>
-
 #include "dispatch.h"
 #include "events.h"
 #include "markers.h"

@@ -1,13 +1,10 @@
 // The native writer (writer.h): push_done, its thread, its syncer, and writer_* of the module.
 #include "writer.h"
 
-#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <cstring>
 
 #include "attrs_json.h"
 
@@ -68,15 +65,11 @@ int append_all(int fd, const char* p, size_t n, int64_t& size) {
   size_t off = 0;
   while (off < n) {
     ssize_t k = ::write(fd, p + off, n - off);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      int e = errno;
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      int e = k < 0 ? errno : EIO;
       if (off) (void)!ftruncate(fd, size);
       return e;
-    }
-    if (k == 0) {
-      if (off) (void)!ftruncate(fd, size);
-      return EIO;
     }
     off += (size_t)k;
   }
@@ -149,11 +142,7 @@ void* writer_main(void*) {
         err = append_all(writer.fd_stages, (const char*)batch.data(), n * sizeof(Record), writer.stages_size);
         if (err) err_file = "stages";
       }
-      if (err) {
-        dropped = n;
-      } else {
-        written = n;
-      }
+      (err ? dropped : written) = n;
     }
     took = n != 0;
     pthread_mutex_lock(&writer.mu);
@@ -248,11 +237,7 @@ void writer_at_exit() {  // C atexit: never leave the thread running into static
 
 // A new run's requests, flags and counters (writer_start; the child after fork: trivial work only).
 void reset_run() {
-  writer.stop = false;
-  writer.sync_stop = false;
-  writer.dirty = false;
-  writer.signalled = false;
-  writer.idle = false;
+  writer.stop = writer.sync_stop = writer.dirty = writer.signalled = writer.idle = false;
   writer.flush_req = writer.flush_done = 0;
   writer.names_written = 0;
   writer.counts = {};
