@@ -1,6 +1,4 @@
-// maxinstr._columns: the bindings of the columns units (the only file that knows Python). Each
-// function checks its arguments with the GIL held, runs the unit's work with it released, and
-// hands vectors to numpy without a copy.
+// maxinstr._columns: the bindings of the columns units (docs/architecture.md, "The native core").
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -102,9 +100,8 @@ py::list py_query_many(const std::string& uri, const std::vector<py::tuple>& spe
     }
     out.append(cols);
   }
-  // The reader threads' malloc arenas keep SQLite's page caches and scratch after the connections
-  // close: hand that memory back, so that peak RSS reflects the columns only (unless the caller
-  // is a batch process that will reuse it: trim=False).
+  // The reader threads' malloc arenas keep SQLite's page caches after the connections close:
+  // given back, peak RSS is the columns' (trim=False: a batch process that will reuse it).
   if (trim) trim_heap();
   return out;
 }
@@ -257,7 +254,9 @@ py::array_t<int64_t> py_running_counts(I64 keys) {
 
 py::array_t<int64_t> py_searchsorted_i64(I64 a, I64 v, bool right) {
   py::array_t<int64_t> out(v.size());
-  nogil([&] { searchsorted_i64(a.data(), a.size(), v.data(), static_cast<size_t>(v.size()), right, out.mutable_data()); });
+  nogil([&] {
+    searchsorted_i64(a.data(), a.size(), v.data(), static_cast<size_t>(v.size()), right, out.mutable_data());
+  });
   return out;
 }
 
@@ -271,18 +270,16 @@ PYBIND11_MODULE(_columns, m) {
         "slices and scratch otherwise stay in the process's RSS.");
   m.def("sqlite_version", [] { return std::string(require().libversion()); });
   m.def("query_many", &py_query_many, py::arg("uri"), py::arg("queries"), py::arg("threads") = 1, py::arg("trim") = true,
-        "Run [(sql, kinds[, filter_column, uint8_mask[, expected_rows]]), ...] on parallel read-only connections; per query "
-        "a list of columns: int64 ('i'; 't': INT64_MIN for a value that is not an integer, NULL included), int32 ('n', out-of-range values -1) or float64 ('f') arrays, or (int32 codes, [distinct strings]) for kind 's'. "
-        "With a mask, only rows whose filter column value v has mask[v] != 0 are kept.");
+        "Run [(sql, kinds[, filter_column, uint8_mask[, expected_rows]]), ...] on parallel read-only connections; "
+        "per query its columns by kind (query.h: 'i' 't' 'n' 'f' arrays, 's' (codes, [strings])), only rows "
+        "whose filter column value v has mask[v] != 0.");
   m.def("scan_table", &py_scan_table, py::arg("path"), py::arg("root"), py::arg("columns"), py::arg("filter_col") = -1,
         py::arg("mask") = py::none(), py::arg("exclude_col") = -1, py::arg("exclude_value") = 0, py::arg("threads") = 1,
         py::arg("expected_rows") = 0, py::arg("pieces") = false,
-        "Integer columns of an ordinary rowid table read straight from the file's table b-tree, in rowid order: "
-        "columns [(record_index or -1, null_value, 'i'|'n', shift, and_mask)] give ((ifnull(col, null_value) >> shift) "
-        "& and_mask); rows whose exclude_col value equals exclude_value, or (with a mask) whose filter_col value v "
-        "has mask[v] == 0, are dropped. None when the file or a value is outside what it handles (WAL mode, "
-        "overflow pages, a non-integer value, damage): then run the query through SQLite. With pieces, each column "
-        "is a list of arrays (one per reader thread, in row order) to be joined by the caller.");
+        "Integer columns [(record_index or -1, null_value, 'i'|'n', shift, and_mask)] of a rowid table read from "
+        "the file's b-tree in rowid order, as ((ifnull(col, null_value) >> shift) & and_mask), less the rows "
+        "excluded or masked out (btree.h); None where it cannot (then ask SQLite). pieces: each column a list of "
+        "the reader threads' arrays.");
   m.def("group_order_stats", &py_group_order_stats, py::arg("codes"), py::arg("values"), py::arg("n_groups"),
         "(median, max) of int64 values per group code 0..n_groups-1, as float64 arrays (NaN and 0 for an empty "
         "group); the median of an even count is (lower + upper) / 2.0 of the int64 middle values.");

@@ -22,11 +22,11 @@ void run_query(const std::string& uri, Query& q) {
     Column& col = q.columns[c];
     col.kind = q.kinds[c];
     if (col.kind == 'i' || col.kind == 't')
-      col.ints = std::make_unique<std::vector<int64_t>>();
+      (col.ints = std::make_unique<std::vector<int64_t>>())->reserve(reserve);
     else if (col.kind == 'n' || col.kind == 's')
-      col.narrow = std::make_unique<std::vector<int32_t>>();
+      (col.narrow = std::make_unique<std::vector<int32_t>>())->reserve(reserve);
     else if (col.kind == 'f')
-      col.reals = std::make_unique<std::vector<double>>();
+      (col.reals = std::make_unique<std::vector<double>>())->reserve(reserve);
     else
       throw std::runtime_error(std::string("unknown column kind '") + col.kind + "'");
   }
@@ -36,11 +36,6 @@ void run_query(const std::string& uri, Query& q) {
   if (ncol != static_cast<int>(q.kinds.size()))
     throw std::runtime_error("query returns " + std::to_string(ncol) + " columns but " +
                              std::to_string(q.kinds.size()) + " kinds were given");
-  for (auto& col : q.columns) {
-    if (col.ints) col.ints->reserve(reserve);
-    if (col.narrow) col.narrow->reserve(reserve);
-    if (col.reals) col.reals->reserve(reserve);
-  }
   const Filter& filter = q.filter;
   std::string key;
   for (;;) {

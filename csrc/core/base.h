@@ -1,10 +1,7 @@
-// What every unit of the stage core uses: Python.h, branch hints, the namespace, the host clock,
-// the readers of MAXINSTR_* variables.
-//
-// `namespace maxinstr MAXINSTR_HIDDEN`: hidden visibility on the declarations themselves (not
-// only on definitions, which -fvisibility=hidden covers) lets a unit reach another's globals and
-// functions PC-relative, as when the core was one file: no GOT load, no PLT call. The module's
-// one export is PyInit__native (tests/core/test_build.py).
+// What every unit of the stage core uses. `namespace maxinstr MAXINSTR_HIDDEN`: hidden visibility
+// on the declarations themselves (-fvisibility=hidden covers only definitions) lets a unit reach
+// another's globals and functions PC-relative: no GOT load, no PLT call. The module's one export
+// is PyInit__native (tests/core/test_build.py).
 #pragma once
 
 // Python.h first: it sets feature macros the C library reads.
@@ -32,8 +29,7 @@
 
 namespace maxinstr MAXINSTR_HIDDEN {
 
-// The host clock of every record and sample.
-inline int64_t now_ns() {
+inline int64_t now_ns() {  // the host clock of every record and sample
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
@@ -70,7 +66,6 @@ inline void env_warn(const char* k, const char* v, const char* expected, const c
   fprintf(stderr, "maxinstr: %s='%s' is not %s; the default (%s) is used\n", k, v, expected, dflt);
 }
 
-// A yes/no variable under the truth rule.
 inline bool env_flag(const char* k, bool dflt) {
   const char* v = env(k);
   if (!v) return dflt;

@@ -1,9 +1,7 @@
-// CUPTI activity buffers handled natively (session kernels=True): CUPTI hands completed buffers to
-// buffer_completed() on its own thread, or inside cuptiActivityFlushAll; these callbacks never
-// touch Python, so they never need the GIL (none can deadlock with a thread that holds it, nor
-// compete with the program's thread for it). cupti_take(), on the session's flusher thread,
-// copies the completed buffers out with their record offsets (walked with
-// cuptiActivityGetNextRecord); the records become rows there, with numpy.
+// CUPTI activity buffers handled natively (kernels=True): CUPTI hands completed buffers to
+// buffer_completed() on its own thread or inside cuptiActivityFlushAll; these callbacks never touch
+// Python, so they never need the GIL. cupti_take(), on the session's flusher thread, copies them
+// out with their record offsets; the records become rows there, with numpy.
 #include "base.h"
 
 #include <atomic>

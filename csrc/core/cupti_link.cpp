@@ -10,8 +10,7 @@ Correlation correlation;
 
 namespace {
 
-// cupti_link(path, kind) -> bool: tag stages with kind `kind` from now on, through the libcupti
-// already loaded at `path`; cupti_link(None) stops (stages already tagged still pop their id).
+// cupti_link(None) stops (stages already tagged still pop their id).
 PyObject* py_cupti_link(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs < 1 || nargs > 2) {
     PyErr_SetString(PyExc_TypeError, "cupti_link(path_or_None, kind=0)");

@@ -11,7 +11,7 @@ Dispatch vendor;
 
 namespace {
 
-// only_if_loaded: RTLD_NOLOAD, take a library the process has already loaded, never load one.
+// only_if_loaded: RTLD_NOLOAD, a library the process has already loaded, never a new one.
 void* open_library(const char* path, bool only_if_loaded) {
   return dlopen(path, RTLD_NOW | RTLD_LOCAL | (only_if_loaded ? RTLD_NOLOAD : 0));
 }
@@ -94,7 +94,6 @@ void gpu_try_load() {
   load_loaded_hip();
 }
 
-// markers.cpp decides whether to use roctx, and which library.
 bool roctx_load(const char* path) {
   void* h = open_library(path, false);
   if (!h) return false;

@@ -17,7 +17,7 @@ void slot_release(int s) {
 
 namespace {
 
-// Creates up to 64 events in the current context. Only called where ctx is current.
+// Up to 64 new events in context c, which is current.
 bool pool_grow(int c) {
   int room = events.pool_max - events.pool_total;
   if (room <= 0) return false;
@@ -188,10 +188,9 @@ void placer_submit() {
   if (!placer::submit()) release_items(placer::state.staged, false);
 }
 
-// Hands slot s of context cx to the placer. True: staged (or already with it, or the batch is
-// full: a later pass stages it); false: place it inline (a batch holds one context's events, and
-// a program with several contexts is rare enough to pay for it). Every slot of a batch, and its
-// anchor, holds an extra reference until the batch is consumed: none is recorded again meanwhile.
+// Hands slot s of context cx to the placer. True: staged (or already there, or the batch is full:
+// a later pass stages it); false: place it inline (a batch holds one context's events). A batch's
+// slots and anchors hold an extra reference until it is consumed: none is recorded again meanwhile.
 bool placer_stage(Ctx& cx, int s) {
   Slot& sl = events.slots[(size_t)s];
   if (sl.placing || placer::state.staged.size() >= placer::kMaxBatch) return true;
@@ -278,10 +277,9 @@ int resolve_failed(Pending& p, int rc) {
   return finish_pending(p);
 }
 
-// Work on one stream completes in order: once an exit event of a (context, stream) is complete,
-// every record of that stream recorded no later (rec_seq) is complete too. A pass finds, per
-// stream, the newest complete exit among the records it looks at: one query of the newest, else
-// a binary search (docs/stage-core.md, "Resolution": a query per record cost too much under load).
+// Work on one stream completes in order, so a pass finds per (context, stream) the newest complete
+// exit (rec_seq) among its records: one query of the newest, else a binary search
+// (docs/stage-core.md, "Resolution": a query per record cost too much under load).
 struct StreamDone {
   int ctx;
   uint64_t stream;

@@ -1,9 +1,8 @@
-// Launch tags through CUPTI's callback API (docs/kernels.md): kernels=True gives each kernel, copy
-// and set its stage. The API activity records that could carry a stage id to each op cost a
-// launch-bound H200 step ~13-19 % (benchmarks/cupti_configs.py); here a native callback on the
-// launch/copy/set functions only reads, on the calling thread, the correlation id CUPTI gives the
-// call (kernel records carry it too) and that thread's innermost open stage. One tag per
-// outermost call: a runtime launch's own driver call is folded into its tag.
+// Launch tags through CUPTI's callback API (docs/kernels.md): each kernel, copy and set gets its
+// stage. The API activity records that could carry it cost a launch-bound H200 step ~13-19 %
+// (benchmarks/cupti_configs.py); this callback only reads the call's correlation id and the
+// calling thread's innermost open stage. One tag per outermost call (a runtime launch's own
+// driver call is folded into its tag).
 #include "base.h"
 
 #include <mutex>
@@ -123,8 +122,7 @@ int enable_cbids(PyObject* cbids, int domain, uint32_t on) {
 
 }  // namespace cuptitag
 
-// cupti_tags(path, runtime_cbids, driver_cbids, flags=1) -> True, False (no such library or
-// symbols) or cuptiSubscribe's error code (39: another subscriber holds CUPTI's one slot).
+// True, False (no such library or symbols) or cuptiSubscribe's error (39: another subscriber).
 PyObject* py_cupti_tags(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs == 1 && args[0] == Py_None) {
     if (cuptitag::sub && cuptitag::unsubscribe) cuptitag::unsubscribe(cuptitag::sub);
@@ -165,8 +163,7 @@ PyObject* py_cupti_tags(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_TRUE;
 }
 
-// cupti_tags_enable(domain, cbids, on) -> bool: the callback on or off for those functions of
-// the domain (1 driver, 2 runtime) while subscribed; False when not subscribed or CUPTI refused.
+// False when not subscribed or CUPTI refused.
 PyObject* py_cupti_tags_enable(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3) {
     PyErr_SetString(PyExc_TypeError, "cupti_tags_enable(domain, cbids, on)");
@@ -180,8 +177,6 @@ PyObject* py_cupti_tags_enable(PyObject*, PyObject* const* args, Py_ssize_t narg
   return ok < 0 ? nullptr : PyBool_FromLong(ok);
 }
 
-// cupti_tags_take() -> bytes: the tags of the calls that ended since the last take (48-byte
-// records, see Tag).
 PyObject* py_cupti_tags_take(PyObject*, PyObject*) {
   std::vector<cuptitag::Tag> out;
   {

@@ -1,7 +1,5 @@
-// maxinstr._native: the stage core (docs/stage-core.md; its files and their order:
-// docs/architecture.md, "The native core"). This unit is the module: its init, its fork handler,
-// and the functions over the whole process (drain, stats, resolve, close_open, configuration);
-// every other unit adds its own functions (a PyMethodDef table).
+// maxinstr._native (docs/stage-core.md; its units: docs/architecture.md, "The native core"): the
+// module's init, fork handler and functions over the whole process; each unit adds its own.
 #include "base.h"
 
 #include "attrs_json.h"
@@ -17,7 +15,6 @@
 
 namespace maxinstr MAXINSTR_HIDDEN {
 
-// The units that only add functions (they have no header).
 extern PyMethodDef profiler_methods[], launch_tags_methods[], cupti_buffers_methods[], probe_methods[];
 void cupti_buffers_atfork_child();
 
@@ -76,7 +73,7 @@ PyObject* py_set_enabled(PyObject*, PyObject* on) {
 }
 PyObject* py_is_enabled(PyObject*, PyObject*) { return PyBool_FromLong(process.enabled); }
 
-// _env_flag(name, default): base.h's env_flag, for the test that C and Python read yes/no alike.
+// For the test that C and Python read yes/no alike (tests/test_config.py).
 PyObject* py_env_flag(PyObject*, PyObject* args) {
   const char* name = nullptr;
   int dflt = 0;
@@ -355,8 +352,7 @@ PyObject* py_stats(PyObject*, PyObject*) {
   return d;
 }
 
-// After fork() the child starts clean (docs/stage-core.md, "fork()"). Only trivial work: we are
-// inside fork().
+// After fork() the child starts clean (docs/stage-core.md, "fork()"); only trivial work in fork().
 void atfork_child() {
   placer::atfork_child();
   process.pid = (int64_t)getpid();
@@ -415,7 +411,6 @@ PyMethodDef module_methods[] = {
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_native", "maxinstr native stage core", -1, module_methods,
                           nullptr, nullptr, nullptr, nullptr};
 
-// The functions of the other units, added after the module's own.
 PyMethodDef* const unit_methods[] = {
     stage_module_methods, profiler_methods, cupti_link_methods, launch_tags_methods, cupti_buffers_methods,
     attrs_json_methods,

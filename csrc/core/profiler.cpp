@@ -21,12 +21,9 @@ int profiler_cuda(int (*f)()) {
     add_error("profiler start/stop: no current context and no primary-context functions in the driver");
     return 0;
   }
-  int dev = -1;
+  int dev = -1;  // the first context's with a known device
   for (auto& cx : events.ctxs)
-    if (cx.device >= 0) {
-      dev = cx.device;
-      break;
-    }
+    if (dev < 0) dev = cx.device;
   unsigned flags = 0;
   int active = 0;
   if (dev < 0 && a.dev_count && a.dev_get) {

@@ -215,7 +215,7 @@ PyObject* stage_enter(PyObject* o, PyObject*) {
     if (key) c = ctx_index(key);
   }
   if (!probe) {
-    marker_push(r.name_id, r.id);
+    marker_at(r.name_id, r.id, false);
     cupti_enter(s, r.id);
   }
   if (timed && !events.gpu_off_after_fork) {
@@ -482,16 +482,12 @@ bool parse_stream(PyObject* v, uint64_t* out) {
     return !PyErr_Occurred();
   }
   // torch.cuda.Stream.cuda_stream, cupy Stream.ptr, MAX DeviceStream native handle
-  static const char* names[] = {"cuda_stream", "ptr", "native_stream_handle", "handle", nullptr};
-  for (int i = 0; names[i]; i++) {
-    PyObject* h = PyObject_GetAttrString(v, names[i]);
-    if (!h) {
-      PyErr_Clear();
-      continue;
-    }
-    bool ok = PyLong_Check(h);
+  for (const char* attr : {"cuda_stream", "ptr", "native_stream_handle", "handle"}) {
+    PyObject* h = PyObject_GetAttrString(v, attr);
+    if (!h) PyErr_Clear();
+    const bool ok = h && PyLong_Check(h);
     if (ok) *out = (uint64_t)PyLong_AsUnsignedLongLongMask(h);
-    Py_DECREF(h);
+    Py_XDECREF(h);
     if (ok) return !PyErr_Occurred();
   }
   PyErr_Format(PyExc_TypeError,
@@ -586,7 +582,7 @@ PyObject* py_mark(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* 
   r.name_id = nid;
   r.depth = parent ? (int16_t)(parent->rec.depth + 1) : 0;
   r.flags = F_MARK;
-  marker_mark(nid, r.id);
+  marker_at(nid, r.id, true);
   push_done(r, attrs);
   Py_XDECREF(attrs);
   Py_RETURN_NONE;

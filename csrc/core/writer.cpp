@@ -59,8 +59,7 @@ namespace {
 
 struct timespec at_ns(int64_t t) { return {(time_t)(t / 1000000000LL), (long)(t % 1000000000LL)}; }
 
-// Appends n bytes; on any failure cuts the file back to `size` (whole records only) and
-// returns errno. `size` advances on success.
+// Appends n bytes (`size` advances), else cuts the file back to `size` and returns errno.
 int append_all(int fd, const char* p, size_t n, int64_t& size) {
   size_t off = 0;
   while (off < n) {
@@ -167,8 +166,8 @@ void* writer_main(void*) {
   return nullptr;
 }
 
-// The syncer: fsyncs the part's files at most every fsync interval while the writer writes,
-// and once more after it stopped (so a closed part is on disk), off the writer's thread.
+// The syncer: fsyncs the part's files at most every fsync interval while the writer writes, and
+// once more after it stopped (a closed part is on disk).
 void* syncer_main(void*) {
   pthread_mutex_lock(&writer.mu);
   int64_t last = now_ns();
@@ -269,9 +268,8 @@ void writer_atfork_child() {
 }
 
 int open_append(const std::string& path, int64_t& size) {
-  // O_NOFOLLOW: a link planted in a run directory (stages.bin -> ~/.bashrc) is refused, never
-  // written through; O_NONBLOCK: a FIFO with no reader there fails at once instead of blocking.
-  // (The session's PartWriter opened these paths first and refused anything but a regular file.)
+  // O_NOFOLLOW: a link planted in a run directory (stages.bin -> ~/.bashrc) is refused;
+  // O_NONBLOCK: a FIFO with no reader there fails at once instead of blocking.
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
   if (fd < 0) return -1;
   int fl = fcntl(fd, F_GETFL);
@@ -281,7 +279,6 @@ int open_append(const std::string& path, int64_t& size) {
   return fd;
 }
 
-// writer_start(stages_path, strings_path, interval_ms=2.0, threshold=8192, fsync_interval_s=1.0)
 PyObject* py_writer_start(PyObject*, PyObject* args, PyObject* kwargs) {
   static const char* kw[] = {"stages_path", "strings_path", "interval_ms", "threshold", "fsync_interval_s", nullptr};
   const char *sp = nullptr, *np = nullptr;
@@ -343,8 +340,7 @@ PyObject* py_writer_start(PyObject*, PyObject* args, PyObject* kwargs) {
   Py_RETURN_TRUE;
 }
 
-// writer_flush(timeout_s=5.0) -> bool: every record completed before the call is written (or
-// dropped after a write error) when it returns True. GIL released while waiting.
+// True: every record completed before the call is written (or dropped after a write error).
 PyObject* py_writer_flush(PyObject*, PyObject* args) {
   double timeout_s = 5.0;
   if (!PyArg_ParseTuple(args, "|d", &timeout_s)) return nullptr;
@@ -367,7 +363,7 @@ PyObject* py_writer_flush(PyObject*, PyObject* args) {
   Py_RETURN_FALSE;
 }
 
-PyObject* writer_status_dict() {
+PyObject* writer_status_dict(PyObject* = nullptr, PyObject* = nullptr) {
   pthread_mutex_lock(&writer.mu);
   const NativeWriter::Counts c = writer.counts;
   const int e = writer.err;
@@ -386,9 +382,6 @@ PyObject* writer_status_dict() {
                        (long long)c.max_batch, "interval_ms", (double)iv / 1e6, "threshold", (Py_ssize_t)th, "error", err);
 }
 
-PyObject* py_writer_status(PyObject*, PyObject*) { return writer_status_dict(); }
-
-// writer_stop() -> status dict: final take-and-write, join, close the files.
 PyObject* py_writer_stop(PyObject*, PyObject*) {
   writer_join(true);
   return writer_status_dict();
@@ -409,7 +402,7 @@ PyMethodDef writer_methods[] = {
     {"writer_flush", py_writer_flush, METH_VARARGS,
      "writer_flush(timeout_s=5.0) -> bool: wait (GIL released) until every record completed so far is written"},
     {"writer_stop", py_writer_stop, METH_NOARGS, "writer_stop() -> status: final write, join the thread"},
-    {"writer_status", py_writer_status, METH_NOARGS, "writer_status() -> dict of the native writer's counters"},
+    {"writer_status", writer_status_dict, METH_NOARGS, "writer_status() -> dict of the native writer's counters"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace maxinstr
