@@ -90,9 +90,6 @@ void read_pages(const File& f, uint64_t first, size_t count, std::vector<uint8_t
   }
 }
 
-// Header of the b-tree page in buf (page 1 has the file header first).
-inline const uint8_t* page_header(const std::vector<uint8_t>& buf, uint64_t no) { return buf.data() + (no == 1 ? 100 : 0); }
-
 // Leaf pages of the table b-tree rooted at `root`, in key order (all leaves are at one depth).
 std::vector<uint32_t> table_leaves(const File& f, uint64_t root) {
   std::vector<uint32_t> level{static_cast<uint32_t>(root)};
@@ -105,7 +102,7 @@ std::vector<uint32_t> table_leaves(const File& f, uint64_t root) {
       const uint32_t no = level[i];
       read_pages(f, no, 1, buf);
       if (++visited > f.pages) throw Unsupported{};
-      const uint8_t* h = page_header(buf, no);
+      const uint8_t* h = buf.data() + (no == 1 ? 100 : 0);  // page 1 has the file header first
       if (h[0] == 0x0d) {  // table leaf
         if (i == 0) leaves = true;
         if (!leaves) throw Unsupported{};

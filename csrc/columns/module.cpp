@@ -43,10 +43,14 @@ auto nogil(F&& f) {
   return f();
 }
 
-py::str decode(const std::string& s) {
-  PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
-  if (!o) throw py::error_already_set();
-  return py::reinterpret_steal<py::str>(o);
+py::list decode_all(const std::vector<std::string>& strings) {
+  py::list out;
+  for (const auto& s : strings) {
+    PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+    if (!o) throw py::error_already_set();
+    out.append(py::reinterpret_steal<py::str>(o));
+  }
+  return out;
 }
 
 // Gives freed heap memory back to the OS (glibc): false where there is no such call.
@@ -86,17 +90,14 @@ py::list py_query_many(const std::string& uri, const std::vector<py::tuple>& spe
   for (auto& q : queries) {
     py::list cols;
     for (auto& col : q.columns) {
-      if (col.ints) {
+      if (col.ints)
         cols.append(adopt(col.ints.release()));
-      } else if (col.reals) {
+      else if (col.reals)
         cols.append(adopt(col.reals.release()));
-      } else if (col.kind == 'n') {
+      else if (col.kind == 'n')
         cols.append(adopt(col.narrow.release()));
-      } else {
-        py::list values;
-        for (const auto& s : col.values) values.append(decode(s));
-        cols.append(py::make_tuple(adopt(col.narrow.release()), values));
-      }
+      else
+        cols.append(py::make_tuple(adopt(col.narrow.release()), decode_all(col.values)));
     }
     out.append(cols);
   }
@@ -107,10 +108,7 @@ py::list py_query_many(const std::string& uri, const std::vector<py::tuple>& spe
 }
 
 py::list py_strings_by_id(const std::string& uri, const std::string& table, py::array_t<int64_t, py::array::c_style> ids) {
-  const auto values = nogil([&] { return strings_by_id(uri, table, ids.data(), static_cast<size_t>(ids.size())); });
-  py::list out;
-  for (const auto& s : values) out.append(decode(s));
-  return out;
+  return decode_all(nogil([&] { return strings_by_id(uri, table, ids.data(), static_cast<size_t>(ids.size())); }));
 }
 
 // One column of every reader thread's rows: joined, or (pieces) a list of the threads' arrays.
