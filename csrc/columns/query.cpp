@@ -53,9 +53,8 @@ void run_query(const std::string& uri, Query& q) {
           col.ints->push_back(a.column_int64(st.st, c));  // NULL reads as 0: callers ifnull() in SQL
           break;
         case 't':
-          // A time: SQLite's conversion would read text as 0 ('abc') or its leading digits and
-          // truncate a float, which then pass for real times; anything but an integer reads as
-          // INT64_MIN (maxinstr.traces.model.INVALID_NS), for the reader to drop and count.
+          // A time: SQLite would read text as 0 or its leading digits and truncate a float; anything
+          // but an integer reads INT64_MIN (maxinstr.traces.model.INVALID_NS), dropped and counted.
           col.ints->push_back(a.column_type(st.st, c) == SQLITE_INTEGER ? a.column_int64(st.st, c)
                                                                        : std::numeric_limits<int64_t>::min());
           break;

@@ -1,8 +1,6 @@
-// attrs_lines(items) -> (bytes, rest): the attrs.jsonl lines (docs/formats.md) of the pairs whose
-// attrs are a dict of str keys and JSON scalars, byte for byte what rundir.writer.attrs_line makes
-// of them; the other pairs come back in `rest`. Why C++: a json.dumps per record cost 3 to 6 us,
-// slower than a loop records them: a close with a million pending attrs took 12 s and the flusher
-// fell behind (issue 29). A line here costs about a tenth of that.
+// attrs_lines(): attrs.jsonl lines byte for byte as rundir.writer.attrs_line makes them. Why C++: a
+// json.dumps per record cost 3 to 6 us, slower than a loop records them (a close with a million
+// pending attrs took 12 s, issue 29); a line here costs about a tenth of that.
 #include "attrs_json.h"
 
 #include <cmath>

@@ -35,10 +35,8 @@ inline int64_t now_ns() {  // the host clock of every record and sample
   return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-// Every read of the environment in the core, with the rules of src/maxinstr/config.py: unset or
-// blank is the default; a value not of the variable's kind is one line on stderr and the
-// default. Yes/no: 1/true/yes/on or 0/false/no/off, ASCII case and blanks around ignored
-// (tests/test_config.py holds C and Python equal).
+// Every read of the environment in the core, with src/maxinstr/config.py's rules (unset or blank:
+// the default; a bad value: one line on stderr and the default); tests/test_config.py holds them equal.
 
 inline bool env_blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 

@@ -70,9 +70,8 @@ bool load_loaded_hip() {
 
 }  // namespace
 
-// Loads the driver once. CUDA: libcuda.so.1 (MAXINSTR_CUDA_LIBRARY overrides). HIP: only a HIP
-// runtime the process has already loaded (so we never initialise a runtime the program does not
-// use), or MAXINSTR_HIP_LIBRARY. Loading is not initialising: no context is ever created here.
+// CUDA: libcuda.so.1 (MAXINSTR_CUDA_LIBRARY overrides). HIP: only a runtime the process has already
+// loaded (never one the program does not use), or MAXINSTR_HIP_LIBRARY. No context is created.
 void gpu_try_load() {
   if (vendor.gpu.backend != BK_NONE) return;
   if (vendor.gpu_tried) {

@@ -92,9 +92,8 @@ bool ctx_pair_reference(int c) {
   return true;
 }
 
-// Boundary sharing (docs/stage-core.md): submitting GPU work costs the host more than ~1 us, so
-// no work of this thread can sit between two of its boundaries on one stream closer than
-// share_ns: the stream position is the same, and one event stands for both.
+// Boundary sharing (docs/stage-core.md): submitting GPU work costs the host over ~1 us, so none of
+// this thread's can sit between two of its boundaries on a stream closer than share_ns: one event.
 int gpu_point(ThreadState* ts, int c, uint64_t stream, int64_t t_now, int may_create) {
   Boundary* b = nullptr;
   for (auto& x : ts->bnd)
@@ -204,9 +203,8 @@ bool placer_stage(Ctx& cx, int s) {
   return true;
 }
 
-// Host-clock time of a completed event, once per recording (cached in the slot): anchor +
-// elapsed(anchor, event), the anchor being the newest placed event of the context so that the
-// float milliseconds keep ~ns precision. Returns the driver status (0 ok, 600 not ready).
+// Host time of a completed event, cached per recording: anchor + elapsed(anchor, event), the
+// anchor the context's newest placed event (float ms keep ~ns precision). 0, or the driver status.
 int slot_place(Ctx& cx, int s, int64_t* out) {
   Slot& sl = events.slots[(size_t)s];
   if (sl.host_ns != kUnplaced) {

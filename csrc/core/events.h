@@ -1,6 +1,5 @@
-// GPU events (docs/stage-core.md, "GPU events"): a bounded pool reused, one event per stage
-// boundary (boundaries close in time share one), lazy non-blocking resolution, GPU times mapped
-// onto the host clock through a reference event per context.
+// GPU events (docs/stage-core.md, "GPU events"): a bounded pool, one event per stage boundary (close
+// ones share), lazy resolution, GPU times on the host clock through a reference event per context.
 #pragma once
 
 #include "base.h"
@@ -90,9 +89,8 @@ struct DrvTime {
   }
 };
 
-// While a stream captures a CUDA graph in the default global mode, cuEventQuery/Synchronize from
-// any thread invalidate that capture: our queries run with this thread in relaxed capture mode,
-// the documented opt-out for such bookkeeping, and restore its mode afterwards.
+// cuEventQuery/Synchronize from any thread invalidate a graph capture in the default global mode:
+// ours run with this thread in relaxed capture mode (the documented opt-out), restored afterwards.
 struct RelaxedCapture {
   int old = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED == hipStreamCaptureModeRelaxed == 2
   bool on = false;

@@ -29,9 +29,8 @@ struct Tag {  // 48 bytes
 };
 static_assert(sizeof(Tag) == 48, "Tag layout is read by Python (kernels/cupti.py TAG_DTYPE)");
 
-// flags of cupti_tags(): TIMES takes start/end (two clock reads a call: CLOCK_MONOTONIC, ~25 ns
-// each, where cuptiGetTimestamp cost a launch-bound H200 step ~2 %); NOOP makes the callback
-// return at once (benchmarks: what CUPTI's dispatch alone costs).
+// cupti_tags() flags: TIMES takes start/end (CLOCK_MONOTONIC, ~25 ns a read, where cuptiGetTimestamp
+// cost a launch-bound H200 step ~2 %); NOOP returns at once (benchmarks: CUPTI's dispatch alone).
 constexpr int TAG_TIMES = 1, TAG_NOOP = 2;
 
 // This thread's call in progress: trivially constructible, so no guard on each access.

@@ -1,6 +1,5 @@
-// Markers: NVTX3 (header-only, domain "maxinstr", registered strings, int64 payload = record id)
-// or roctx (dlopened through dispatch.h; no payload). The push/pop/mark calls are on the hot path:
-// inline here.
+// Markers: NVTX3 (header-only, domain "maxinstr", registered strings) or roctx (dispatch.h); the
+// calls are on the hot path: inline here.
 #pragma once
 
 #include "base.h"

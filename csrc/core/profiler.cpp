@@ -11,9 +11,8 @@ namespace maxinstr MAXINSTR_HIDDEN {
 
 namespace {
 
-// cuProfilerStart/Stop act on the current context. Where there is none (a session's flusher
-// thread), the primary context of the device our stages used (else the first active one) is
-// pushed around the call; a primary context that is not active is never retained (created).
+// cuProfilerStart/Stop act on the current context; where none is (a flusher thread) the active
+// primary context of our stages' device (else the first active one) is pushed around the call.
 int profiler_cuda(int (*f)()) {
   GpuApi& a = vendor.gpu;
   if (gpu_current_key()) return f() == 0;

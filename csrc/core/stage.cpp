@@ -56,9 +56,8 @@ int32_t intern_name(PyObject* name) {
   return id;
 }
 
-// The context state of `key` (the current context), made, paired and calibrated on first use;
-// -1 while its reference pairing fails (retried at most once a second: a graph capture may be
-// running). Internal linkage: inlined into stage enter, its one caller.
+// The index of context `key` (current), paired and calibrated on first use; -1 while its pairing
+// fails (retried at most once a second: a graph capture may be running). Inlined into stage enter.
 inline int ctx_index(void* key) {
   int c = events.last_ctx;
   if (c < 0 || events.ctxs[(size_t)c].key != key) {
@@ -245,9 +244,8 @@ inline bool json_scalar(PyObject* v) {
   return v == Py_None || PyUnicode_CheckExact(v) || PyLong_CheckExact(v) || PyFloat_CheckExact(v) || PyBool_Check(v);
 }
 
-// What a record keeps of `attrs` (a new reference, or NULL): the dict itself when every value is
-// what JSON holds as is, else the hook's plain-data copy (process.attrs_hook). Never leaves an
-// exception set: a failing hook means the attrs are not kept, and counted.
+// What a record keeps of `attrs` (new reference or NULL): the dict when every value is a JSON
+// scalar, else the hook's plain-data copy; a failing hook keeps none (counted, no exception set).
 PyObject* record_attrs(PyObject* attrs) {
   if (!attrs || PyDict_GET_SIZE(attrs) == 0) return nullptr;
   Py_ssize_t pos = 0;
@@ -287,9 +285,8 @@ void stage_finish(StageObject* s, int64_t t, uint16_t flags, PyObject* attrs_ove
       events.pending.push_back(Pending{r, s->ev0, ev1, s->gpu_ctx, s->stream, attrs});
       s->ev0 = -1;
       s->gpu_ctx = -1;
-      // Opportunistic (most resolution is the session's resolve()): one scan query per stream
-      // resolves a batch, so batches are large and rare: every 32nd GPU exit, or every 8th while
-      // more than a quarter of the pool waits.
+      // Opportunistic (most resolution is the session's): one query per stream resolves a batch, so
+      // every 32nd GPU exit, or every 8th while more than a quarter of the pool waits.
       uint64_t x = ++events.gpu_exits;
       if ((x & 31) == 0 || ((x & 7) == 0 && (int)pending_count() * 4 > events.pool_max)) {
         int64_t t0 = now_ns();
@@ -395,10 +392,9 @@ PyObject* stage_repr(PyObject* o) {
                               s->state == ST_OPEN ? " open" : "");
 }
 
-// `with` binds __enter__/__exit__, which for a C method allocates a bound method each time (~20 ns
-// apiece): each Stage embeds its two bound callables instead, handed out by descriptors. One owns
-// a reference to its Stage while its own refcount is above zero (taken on 0 -> 1 in descr_get,
-// given back by tp_dealloc on 1 -> 0); its memory is the Stage's.
+// `with` binds __enter__/__exit__, a new bound method each time (~20 ns apiece): each Stage embeds
+// its two instead, handed out by descriptors. One holds a reference to its Stage while its own
+// count is above zero (taken on 0 -> 1 in descr_get, given back on 1 -> 0); its memory is the Stage's.
 PyObject* bound_enter_vc(PyObject* b, PyObject* const* args, size_t nargsf, PyObject* kw) {
   if (PyVectorcall_NARGS(nargsf) != 0 || (kw && PyTuple_GET_SIZE(kw))) {
     PyErr_SetString(PyExc_TypeError, "__enter__() takes no arguments");
