@@ -143,14 +143,9 @@ py::object py_scan_table(const std::string& path, int64_t root, const std::vecto
                       bool pieces) {
   ScanSpec spec;
   for (const auto& t : columns) {
-    ScanCol c;
-    c.src = t[0].cast<int>();
-    c.null_value = t[1].cast<int64_t>();
     const std::string kind = t[2].cast<std::string>();
     if (kind != "i" && kind != "n") throw std::runtime_error("scan_table: kind must be 'i' or 'n'");
-    c.kind = kind[0];
-    c.shift = t[3].cast<int>();
-    c.and_mask = t[4].cast<int64_t>();
+    const ScanCol c{t[0].cast<int>(), t[1].cast<int64_t>(), kind[0], t[3].cast<int>(), t[4].cast<int64_t>()};
     if (c.shift < 0 || c.shift > 63) throw std::runtime_error("scan_table: shift out of range");
     spec.cols.push_back(c);
   }

@@ -133,11 +133,8 @@ PyObject* py_cupti_tags(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "cupti_tags(path, runtime_cbids, driver_cbids, flags=1) or cupti_tags(None)");
     return nullptr;
   }
-  long f = cuptitag::TAG_TIMES;
-  if (nargs == 4) {
-    f = PyLong_AsLong(args[3]);
-    if (f == -1 && PyErr_Occurred()) return nullptr;
-  }
+  const long f = nargs == 4 ? PyLong_AsLong(args[3]) : cuptitag::TAG_TIMES;
+  if (f == -1 && PyErr_Occurred()) return nullptr;
   cuptitag::flags.store((int)f);
   if (cuptitag::sub) Py_RETURN_TRUE;
   const char* path = PyUnicode_AsUTF8(args[0]);

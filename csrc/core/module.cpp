@@ -113,13 +113,10 @@ bool one_arg(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, const c
 }
 
 PyObject* py_drain(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  long long maxr = -1;
   PyObject* a = nullptr;
   if (!one_arg(args, nargs, kwnames, "max_records", &a)) return nullptr;
-  if (a) {
-    maxr = PyLong_AsLongLong(a);
-    if (maxr == -1 && PyErr_Occurred()) return nullptr;
-  }
+  const long long maxr = a ? PyLong_AsLongLong(a) : -1;
+  if (maxr == -1 && PyErr_Occurred()) return nullptr;
   sweep_threads();
   // While the native writer runs it owns the records: drain() returns names and attrs only.
   const bool writer_on = writer.running;
@@ -301,10 +298,8 @@ PyObject* py_stats(PyObject*, PyObject*) {
     for (StageObject* s : ts->stack)
       if (s->state == ST_OPEN) open_stages++;
   PyObject* errs = PyList_New(0);
-  for (size_t i = 0; errs && i < process.errors.size(); i++) {
-    const std::string& e = process.errors[i];
-    if (!append_new(errs, PyUnicode_DecodeUTF8(e.data(), (Py_ssize_t)e.size(), "replace"))) Py_CLEAR(errs);
-  }
+  for (const std::string& e : process.errors)
+    if (errs && !append_new(errs, PyUnicode_DecodeUTF8(e.data(), (Py_ssize_t)e.size(), "replace"))) Py_CLEAR(errs);
   if (!errs) return nullptr;
   const char* backend = vendor.gpu.backend == BK_CUDA ? "cuda" : vendor.gpu.backend == BK_HIP ? "hip" : "none";
   const char* marker_kind = markers.kind == MK_NVTX ? "nvtx" : markers.kind == MK_ROCTX ? "roctx" : "none";
