@@ -24,7 +24,7 @@ ORDER: dict[str, list[tuple[str, ...]]] = {
         ("markers", "placer", "writer", "cupti_link", "cupti_buffers"),
         ("events",),
         ("floor", "profiler"),
-        ("stage", "probes"),
+        ("stage",),
         ("launch_tags",),
         ("module",),
     ],

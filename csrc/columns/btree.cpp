@@ -90,9 +90,6 @@ void read_pages(const File& f, uint64_t first, size_t count, std::vector<uint8_t
   }
 }
 
-// Header of the b-tree page in buf (page 1 has the file header first).
-inline const uint8_t* page_header(const std::vector<uint8_t>& buf, uint64_t no) { return buf.data() + (no == 1 ? 100 : 0); }
-
 // Leaf pages of the table b-tree rooted at `root`, in key order (all leaves are at one depth).
 std::vector<uint32_t> table_leaves(const File& f, uint64_t root) {
   std::vector<uint32_t> level{static_cast<uint32_t>(root)};
@@ -105,7 +102,7 @@ std::vector<uint32_t> table_leaves(const File& f, uint64_t root) {
       const uint32_t no = level[i];
       read_pages(f, no, 1, buf);
       if (++visited > f.pages) throw Unsupported{};
-      const uint8_t* h = page_header(buf, no);
+      const uint8_t* h = buf.data() + (no == 1 ? 100 : 0);  // page 1 has the file header first
       if (h[0] == 0x0d) {  // table leaf
         if (i == 0) leaves = true;
         if (!leaves) throw Unsupported{};
@@ -207,43 +204,38 @@ void scan_leaves(const File& f, const uint32_t* leaves, size_t n_leaves, const S
       // Rows of an export mostly repeat the previous row's serial types (same integer widths):
       // then the types and offsets found for it hold as they are.
       const size_t hlen = static_cast<size_t>(hend - hp);
-      if (hlen == last_header.size() && hlen && std::memcmp(hp, last_header.data(), hlen) == 0 &&
-          last_body_size <= body_size) {
-        goto decode;
-      }
-      {
-      uint64_t at = 0;  // offset of the next value in the body
-      size_t col = 0;
-      const uint8_t* h0 = hp;
-      for (; hp < hend && col < nsrc; ++col) {
-        uint64_t t = *hp;
-        if (t < 0x80)
-          ++hp;  // nearly every serial type is one byte
-        else
-          hp = varint(hp, hend, t);
-        if (t >= 12) {  // text or blob: skipped; a column we read must be an integer
-          if (needed[col]) throw Unsupported{};
-          at += (t - 12) / 2;
-          if (at > body_size) throw Unsupported{};
-          continue;
+      if (hlen != last_header.size() || !hlen || std::memcmp(hp, last_header.data(), hlen) != 0 ||
+          last_body_size > body_size) {
+        uint64_t at = 0;  // offset of the next value in the body
+        size_t col = 0;
+        const uint8_t* h0 = hp;
+        for (; hp < hend && col < nsrc; ++col) {
+          uint64_t t = *hp;
+          if (t < 0x80)
+            ++hp;  // nearly every serial type is one byte
+          else
+            hp = varint(hp, hend, t);
+          if (t >= 12) {  // text or blob: skipped; a column we read must be an integer
+            if (needed[col]) throw Unsupported{};
+            at += (t - 12) / 2;
+            if (at > body_size) throw Unsupported{};
+            continue;
+          }
+          static constexpr int8_t kLen[12] = {0, 1, 2, 3, 4, 6, 8, 8, 0, 0, -1, -1};
+          const int len = kLen[t];
+          if (len < 0) throw Unsupported{};  // 10, 11: reserved
+          if (at + static_cast<uint64_t>(len) > body_size) throw Unsupported{};
+          if (needed[col]) {
+            if (t == 7) throw Unsupported{};  // a float: SQL converts it
+            type[col] = static_cast<uint8_t>(t);
+            offset[col] = static_cast<uint32_t>(at);
+          }
+          at += static_cast<uint64_t>(len);
         }
-        static constexpr int8_t kLen[12] = {0, 1, 2, 3, 4, 6, 8, 8, 0, 0, -1, -1};
-        const int len = kLen[t];
-        if (len < 0) throw Unsupported{};  // 10, 11: reserved
-        if (at + static_cast<uint64_t>(len) > body_size) throw Unsupported{};
-        if (needed[col]) {
-          if (t == 7) throw Unsupported{};  // a float: SQL converts it
-          type[col] = static_cast<uint8_t>(t);
-          offset[col] = static_cast<uint32_t>(at);
-        }
-        at += static_cast<uint64_t>(len);
+        for (; col < nsrc; ++col) type[col] = 0;  // short record (ALTER TABLE ADD COLUMN): NULL
+        last_header.assign(h0, hend);
+        last_body_size = at;  // the body bytes these types need (checked against each row's body)
       }
-      for (; col < nsrc; ++col) type[col] = 0;  // short record (ALTER TABLE ADD COLUMN): NULL
-      last_header.assign(h0, hend);
-      last_body_size = at;  // the body bytes these types need (checked against each row's body)
-      }
-    decode:
-      (void)rowid;
       bool keep = true;
       for (size_t k = 0; k < ncol; ++k) {
         const size_t c = order[k];

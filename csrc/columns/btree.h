@@ -1,11 +1,8 @@
-// Integer columns of an ordinary rowid table read straight from the SQLite file, without SQLite.
-// Why: stepping a statement costs ~100 ns per row plus ~35 ns per column value in SQLite's
-// virtual machine; a 1M-kernel export has 3.7M rows in its kernel and CUDA API tables, most of a
-// second. A table b-tree's leaf pages hold, in key order, records of varint serial types and
-// big-endian integers (https://www.sqlite.org/fileformat.html). Only the plain case is read:
-// anything else (a WAL-mode or damaged file, a page of the wrong type, a cell that spills to
-// overflow pages, a value not an integer or NULL, too many pages visited) makes the caller run the
-// same query through SQLite.
+// Integer columns of an ordinary rowid table read straight from the SQLite file's table b-tree
+// (https://www.sqlite.org/fileformat.html). Why: SQLite's virtual machine costs ~100 ns per row plus
+// ~35 ns per value, and a 1M-kernel export has 3.7M rows in its kernel and CUDA API tables. Only
+// the plain case is read: anything else (WAL mode, damage, overflow pages, a value not an integer
+// or NULL) makes the caller run the same query through SQLite.
 #pragma once
 
 #include <cstdint>
@@ -37,9 +34,8 @@ struct ScanOut {  // one reader thread's rows
   int64_t rows = 0;
 };
 
-// Rows of the table whose b-tree root page is `root`, in rowid order, split into consecutive leaf
-// ranges read on up to `threads` threads (`parts`, in order). False when the file or a value is
-// outside what this reader handles. Throws std::bad_alloc.
+// Rows of the table rooted at page `root` in rowid order, as consecutive leaf ranges read on up to
+// `threads` threads (`parts`, in order); false where this reader cannot. Throws std::bad_alloc.
 bool scan_table(const std::string& path, int64_t root, const ScanSpec& spec, int threads, int64_t expected_rows,
                 std::vector<ScanOut>& parts);
 

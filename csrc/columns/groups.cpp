@@ -80,11 +80,9 @@ int group_sort_f64(const int64_t* codes, const double* values, size_t n, size_t 
 void running_counts(const int64_t* k, size_t n, int64_t* o) {
   int64_t lo = 0, hi = -1;
   if (n) {
-    lo = hi = k[0];
-    for (size_t i = 1; i < n; ++i) {
-      lo = std::min(lo, k[i]);
-      hi = std::max(hi, k[i]);
-    }
+    const auto [a, b] = std::minmax_element(k, k + n);
+    lo = *a;
+    hi = *b;
   }
   const uint64_t span = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo);
   if (n && span < 4 * static_cast<uint64_t>(n) + 1024) {  // dense keys: a table

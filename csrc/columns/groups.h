@@ -1,10 +1,7 @@
-// Grouped order statistics and keyed searches over int64/float64 columns, for the report: what a
-// sort of the combined (group, value) key gives, in O(n) (a counting sort by group, then
-// nth_element per group). The report takes per-kernel and per-(stage, kernel) medians over
-// millions of ops; numpy's sort of that key was a sixth of the report's time.
-//
-// Group codes are 0..g-1. The grouped functions return kOk, kBadCode (a code outside 0..g-1) or
-// kSortDecides (a float64 value whose place a sort decides by its own rule: NaN, -0.0).
+// Grouped order statistics and keyed searches for the report, in O(n): a counting sort by group,
+// then nth_element per group (numpy's sort of the (group, value) key was a sixth of the report's
+// time). Group codes are 0..g-1; the grouped functions return kOk, kBadCode (a code outside
+// 0..g-1) or kSortDecides (a float64 value whose place a sort decides by its own rule: NaN, -0.0).
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,7 @@
 // The union of intervals per group (intervals.h).
 #include "intervals.h"
 
+#include <algorithm>
 #include <limits>
 
 namespace columns {
@@ -21,26 +22,19 @@ void segmented_union(const int64_t* g, const int64_t* s, const int64_t* e, const
     const int64_t si = s[r], ei = e[r];
     int64_t from;
     if (i == 0 || g[i] != g[i - 1]) {
-      if (k >= 0) {
-        ol[k] = run;
-        ou[k] = static_cast<int64_t>(acc);
-      }
       ++k;
       og[k] = g[i];
       of[k] = si;
       acc = 0;
-      from = si;  // numpy: max(INT64_MIN // 2, start)
-      if (si < std::numeric_limits<int64_t>::min() / 2) from = std::numeric_limits<int64_t>::min() / 2;
+      from = std::max(si, std::numeric_limits<int64_t>::min() / 2);  // numpy: max(INT64_MIN // 2, start)
       run = ei;
     } else {
-      from = run > si ? run : si;
-      if (ei > run) run = ei;
+      from = std::max(run, si);
+      run = std::max(run, ei);
     }
     const int64_t add = static_cast<int64_t>(static_cast<uint64_t>(ei) - static_cast<uint64_t>(from));
     acc += static_cast<double>(add > 0 ? add : 0);
-  }
-  if (k >= 0) {
-    ol[k] = run;
+    ol[k] = run;  // the group's so far: its last row leaves the final values
     ou[k] = static_cast<int64_t>(acc);
   }
 }

@@ -1,6 +1,5 @@
-// The union of intervals per group, as maxinstr.attribute.intervals.segmented_union computes it
-// with numpy (the union summed in float64 in row order, then truncated to int64, as its bincount
-// does).
+// The union of intervals per group as maxinstr.attribute.intervals.segmented_union computes it
+// (summed in float64 in row order, then truncated to int64, as its bincount does).
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,4 @@
-// maxinstr._columns: the bindings of the columns units (the only file that knows Python). Each
-// function checks its arguments with the GIL held, runs the unit's work with it released, and
-// hands vectors to numpy without a copy.
+// maxinstr._columns: the bindings of the columns units (docs/architecture.md, "The native core").
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -38,10 +36,21 @@ py::array adopt(std::vector<T>* v) {
                         owner);
 }
 
-py::str decode(const std::string& s) {
-  PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
-  if (!o) throw py::error_already_set();
-  return py::reinterpret_steal<py::str>(o);
+// f() with the GIL released: the unit's work.
+template <typename F>
+auto nogil(F&& f) {
+  py::gil_scoped_release release;
+  return f();
+}
+
+py::list decode_all(const std::vector<std::string>& strings) {
+  py::list out;
+  for (const auto& s : strings) {
+    PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+    if (!o) throw py::error_already_set();
+    out.append(py::reinterpret_steal<py::str>(o));
+  }
+  return out;
 }
 
 // Gives freed heap memory back to the OS (glibc): false where there is no such call.
@@ -74,46 +83,32 @@ py::list py_query_many(const std::string& uri, const std::vector<py::tuple>& spe
         throw std::runtime_error("filter column out of range");
     }
   }
-  {
-    py::gil_scoped_release release;
-    run_queries(uri, queries, threads);
-  }
+  nogil([&] { run_queries(uri, queries, threads); });
   for (auto& q : queries)
     if (!q.error.empty()) throw std::runtime_error(q.error);
   py::list out;
   for (auto& q : queries) {
     py::list cols;
     for (auto& col : q.columns) {
-      if (col.ints) {
+      if (col.ints)
         cols.append(adopt(col.ints.release()));
-      } else if (col.reals) {
+      else if (col.reals)
         cols.append(adopt(col.reals.release()));
-      } else if (col.kind == 'n') {
+      else if (col.kind == 'n')
         cols.append(adopt(col.narrow.release()));
-      } else {
-        py::list values;
-        for (const auto& s : col.values) values.append(decode(s));
-        cols.append(py::make_tuple(adopt(col.narrow.release()), values));
-      }
+      else
+        cols.append(py::make_tuple(adopt(col.narrow.release()), decode_all(col.values)));
     }
     out.append(cols);
   }
-  // The reader threads' malloc arenas keep SQLite's page caches and scratch after the connections
-  // close: hand that memory back, so that peak RSS reflects the columns only (unless the caller
-  // is a batch process that will reuse it: trim=False).
+  // The reader threads' malloc arenas keep SQLite's page caches after the connections close:
+  // given back, peak RSS is the columns' (trim=False: a batch process that will reuse it).
   if (trim) trim_heap();
   return out;
 }
 
 py::list py_strings_by_id(const std::string& uri, const std::string& table, py::array_t<int64_t, py::array::c_style> ids) {
-  std::vector<std::string> values;
-  {
-    py::gil_scoped_release release;
-    values = strings_by_id(uri, table, ids.data(), static_cast<size_t>(ids.size()));
-  }
-  py::list out;
-  for (const auto& s : values) out.append(decode(s));
-  return out;
+  return decode_all(nogil([&] { return strings_by_id(uri, table, ids.data(), static_cast<size_t>(ids.size())); }));
 }
 
 // One column of every reader thread's rows: joined, or (pieces) a list of the threads' arrays.
@@ -148,14 +143,9 @@ py::object py_scan_table(const std::string& path, int64_t root, const std::vecto
                       bool pieces) {
   ScanSpec spec;
   for (const auto& t : columns) {
-    ScanCol c;
-    c.src = t[0].cast<int>();
-    c.null_value = t[1].cast<int64_t>();
     const std::string kind = t[2].cast<std::string>();
     if (kind != "i" && kind != "n") throw std::runtime_error("scan_table: kind must be 'i' or 'n'");
-    c.kind = kind[0];
-    c.shift = t[3].cast<int>();
-    c.and_mask = t[4].cast<int64_t>();
+    const ScanCol c{t[0].cast<int>(), t[1].cast<int64_t>(), kind[0], t[3].cast<int>(), t[4].cast<int64_t>()};
     if (c.shift < 0 || c.shift > 63) throw std::runtime_error("scan_table: shift out of range");
     spec.cols.push_back(c);
   }
@@ -171,12 +161,7 @@ py::object py_scan_table(const std::string& path, int64_t root, const std::vecto
   spec.exclude_col = exclude_col;
   spec.exclude_value = exclude_value;
   std::vector<ScanOut> parts;
-  bool ok;
-  {
-    py::gil_scoped_release release;
-    ok = scan_table(path, root, spec, threads, expected_rows, parts);
-  }
-  if (!ok) return py::none();
+  if (!nogil([&] { return scan_table(path, root, spec, threads, expected_rows, parts); })) return py::none();
   py::list out;
   for (size_t c = 0; c < spec.cols.size(); ++c)
     out.append(spec.cols[c].kind == 'n' ? scan_column<int32_t>(parts, c, pieces) : scan_column<int64_t>(parts, c, pieces));
@@ -190,30 +175,31 @@ void check_groups(const char* name, const I64& codes, const py::array& values, i
   if (n_groups < 0) throw std::runtime_error(std::string(name) + ": n_groups < 0");
 }
 
+// A grouped unit's result: throws on a code out of range; false when a value is one the caller's
+// sort must decide (the binding returns None).
+bool grouped(const char* name, int bad) {
+  if (bad == kBadCode) throw std::runtime_error(std::string(name) + ": a code outside 0..n_groups-1");
+  return bad != kSortDecides;
+}
+
 py::tuple py_group_order_stats(I64 codes, I64 values, int64_t n_groups) {
   check_groups("group_order_stats", codes, values, n_groups);
-  py::array_t<double> median(static_cast<py::ssize_t>(n_groups)), maximum(static_cast<py::ssize_t>(n_groups));
-  int bad;
-  {
-    py::gil_scoped_release release;
-    bad = group_medians(codes.data(), values.data(), static_cast<size_t>(codes.size()), static_cast<size_t>(n_groups),
-                        median.mutable_data(), maximum.mutable_data());
-  }
-  if (bad) throw std::runtime_error("group_order_stats: a code outside 0..n_groups-1");
+  py::array_t<double> median(n_groups), maximum(n_groups);
+  grouped("group_order_stats", nogil([&] {
+            return group_medians(codes.data(), values.data(), static_cast<size_t>(codes.size()),
+                                 static_cast<size_t>(n_groups), median.mutable_data(), maximum.mutable_data());
+          }));
   return py::make_tuple(median, maximum);
 }
 
 py::object py_group_medians_f64(I64 codes, F64 values, int64_t n_groups) {
   check_groups("group_medians_f64", codes, values, n_groups);
-  py::array_t<double> median(static_cast<py::ssize_t>(n_groups));
-  int bad;
-  {
-    py::gil_scoped_release release;
-    bad = group_medians(codes.data(), values.data(), static_cast<size_t>(codes.size()), static_cast<size_t>(n_groups),
-                        median.mutable_data());
-  }
-  if (bad == kBadCode) throw std::runtime_error("group_medians_f64: a code outside 0..n_groups-1");
-  if (bad == kSortDecides) return py::none();
+  py::array_t<double> median(n_groups);
+  if (!grouped("group_medians_f64", nogil([&] {
+                 return group_medians(codes.data(), values.data(), static_cast<size_t>(codes.size()),
+                                      static_cast<size_t>(n_groups), median.mutable_data());
+               })))
+    return py::none();
   return median;
 }
 
@@ -222,14 +208,11 @@ py::object py_group_sort_f64(I64 codes, F64 values, int64_t n_groups) {
     throw std::runtime_error("group_sort_f64: codes and values must be 1-d of one length");
   const size_t n = static_cast<size_t>(codes.size());
   py::array_t<double> stable(static_cast<py::ssize_t>(n)), sorted(static_cast<py::ssize_t>(n));
-  int bad;
-  {
-    py::gil_scoped_release release;
-    bad = group_sort_f64(codes.data(), values.data(), n, static_cast<size_t>(n_groups), stable.mutable_data(),
-                                  sorted.mutable_data());
-  }
-  if (bad == kBadCode) throw std::runtime_error("group_sort_f64: a code outside 0..n_groups-1");
-  if (bad == kSortDecides) return py::none();
+  if (!grouped("group_sort_f64", nogil([&] {
+                 return group_sort_f64(codes.data(), values.data(), n, static_cast<size_t>(n_groups),
+                                       stable.mutable_data(), sorted.mutable_data());
+               })))
+    return py::none();
   return py::make_tuple(stable, sorted);
 }
 
@@ -249,29 +232,24 @@ py::tuple py_segmented_union(I64 group, I64 start, I64 end, py::object index_obj
   }
   const auto heads = static_cast<py::ssize_t>(count_groups(group.data(), n));
   py::array_t<int64_t> gid(heads), first(heads), last(heads), uni(heads);
-  {
-    py::gil_scoped_release release;
+  nogil([&] {
     segmented_union(group.data(), start.data(), end.data(), ix, n, gid.mutable_data(), first.mutable_data(),
-                             last.mutable_data(), uni.mutable_data());
-  }
+                    last.mutable_data(), uni.mutable_data());
+  });
   return py::make_tuple(gid, first, last, uni);
 }
 
 py::array_t<int64_t> py_running_counts(I64 keys) {
   py::array_t<int64_t> out(keys.size());
-  {
-    py::gil_scoped_release release;
-    running_counts(keys.data(), static_cast<size_t>(keys.size()), out.mutable_data());
-  }
+  nogil([&] { running_counts(keys.data(), static_cast<size_t>(keys.size()), out.mutable_data()); });
   return out;
 }
 
 py::array_t<int64_t> py_searchsorted_i64(I64 a, I64 v, bool right) {
   py::array_t<int64_t> out(v.size());
-  {
-    py::gil_scoped_release release;
+  nogil([&] {
     searchsorted_i64(a.data(), a.size(), v.data(), static_cast<size_t>(v.size()), right, out.mutable_data());
-  }
+  });
   return out;
 }
 
@@ -285,18 +263,16 @@ PYBIND11_MODULE(_columns, m) {
         "slices and scratch otherwise stay in the process's RSS.");
   m.def("sqlite_version", [] { return std::string(require().libversion()); });
   m.def("query_many", &py_query_many, py::arg("uri"), py::arg("queries"), py::arg("threads") = 1, py::arg("trim") = true,
-        "Run [(sql, kinds[, filter_column, uint8_mask[, expected_rows]]), ...] on parallel read-only connections; per query "
-        "a list of columns: int64 ('i'; 't': INT64_MIN for a value that is not an integer, NULL included), int32 ('n', out-of-range values -1) or float64 ('f') arrays, or (int32 codes, [distinct strings]) for kind 's'. "
-        "With a mask, only rows whose filter column value v has mask[v] != 0 are kept.");
+        "Run [(sql, kinds[, filter_column, uint8_mask[, expected_rows]]), ...] on parallel read-only connections; "
+        "per query its columns by kind (query.h: 'i' 't' 'n' 'f' arrays, 's' (codes, [strings])), only rows "
+        "whose filter column value v has mask[v] != 0.");
   m.def("scan_table", &py_scan_table, py::arg("path"), py::arg("root"), py::arg("columns"), py::arg("filter_col") = -1,
         py::arg("mask") = py::none(), py::arg("exclude_col") = -1, py::arg("exclude_value") = 0, py::arg("threads") = 1,
         py::arg("expected_rows") = 0, py::arg("pieces") = false,
-        "Integer columns of an ordinary rowid table read straight from the file's table b-tree, in rowid order: "
-        "columns [(record_index or -1, null_value, 'i'|'n', shift, and_mask)] give ((ifnull(col, null_value) >> shift) "
-        "& and_mask); rows whose exclude_col value equals exclude_value, or (with a mask) whose filter_col value v "
-        "has mask[v] == 0, are dropped. None when the file or a value is outside what it handles (WAL mode, "
-        "overflow pages, a non-integer value, damage): then run the query through SQLite. With pieces, each column "
-        "is a list of arrays (one per reader thread, in row order) to be joined by the caller.");
+        "Integer columns [(record_index or -1, null_value, 'i'|'n', shift, and_mask)] of a rowid table read from "
+        "the file's b-tree in rowid order, as ((ifnull(col, null_value) >> shift) & and_mask), less the rows "
+        "excluded or masked out (btree.h); None where it cannot (then ask SQLite). pieces: each column a list of "
+        "the reader threads' arrays.");
   m.def("group_order_stats", &py_group_order_stats, py::arg("codes"), py::arg("values"), py::arg("n_groups"),
         "(median, max) of int64 values per group code 0..n_groups-1, as float64 arrays (NaN and 0 for an empty "
         "group); the median of an even count is (lower + upper) / 2.0 of the int64 middle values.");

@@ -22,11 +22,11 @@ void run_query(const std::string& uri, Query& q) {
     Column& col = q.columns[c];
     col.kind = q.kinds[c];
     if (col.kind == 'i' || col.kind == 't')
-      col.ints = std::make_unique<std::vector<int64_t>>();
+      (col.ints = std::make_unique<std::vector<int64_t>>())->reserve(reserve);
     else if (col.kind == 'n' || col.kind == 's')
-      col.narrow = std::make_unique<std::vector<int32_t>>();
+      (col.narrow = std::make_unique<std::vector<int32_t>>())->reserve(reserve);
     else if (col.kind == 'f')
-      col.reals = std::make_unique<std::vector<double>>();
+      (col.reals = std::make_unique<std::vector<double>>())->reserve(reserve);
     else
       throw std::runtime_error(std::string("unknown column kind '") + col.kind + "'");
   }
@@ -36,11 +36,6 @@ void run_query(const std::string& uri, Query& q) {
   if (ncol != static_cast<int>(q.kinds.size()))
     throw std::runtime_error("query returns " + std::to_string(ncol) + " columns but " +
                              std::to_string(q.kinds.size()) + " kinds were given");
-  for (auto& col : q.columns) {
-    if (col.ints) col.ints->reserve(reserve);
-    if (col.narrow) col.narrow->reserve(reserve);
-    if (col.reals) col.reals->reserve(reserve);
-  }
   const Filter& filter = q.filter;
   std::string key;
   for (;;) {
@@ -58,9 +53,8 @@ void run_query(const std::string& uri, Query& q) {
           col.ints->push_back(a.column_int64(st.st, c));  // NULL reads as 0: callers ifnull() in SQL
           break;
         case 't':
-          // A time: SQLite's conversion would read text as 0 ('abc') or its leading digits and
-          // truncate a float, which then pass for real times; anything but an integer reads as
-          // INT64_MIN (maxinstr.traces.model.INVALID_NS), for the reader to drop and count.
+          // A time: SQLite would read text as 0 or its leading digits and truncate a float; anything
+          // but an integer reads INT64_MIN (maxinstr.traces.model.INVALID_NS), dropped and counted.
           col.ints->push_back(a.column_type(st.st, c) == SQLITE_INTEGER ? a.column_int64(st.st, c)
                                                                        : std::numeric_limits<int64_t>::min());
           break;

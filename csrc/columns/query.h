@@ -1,8 +1,6 @@
-// SQLite result columns into growing buffers. Why: a 1M-kernel nsys export has ~3M rows to read;
-// Python's sqlite3 builds a tuple and an int object per value and needs seconds. Each SELECT is
-// stepped into int64/int32/double vectors (that numpy adopts without a copy); text is interned
-// into a table of distinct strings (trace names repeat massively). Queries run on parallel
-// threads, each with its own read-only connection.
+// SQLite result columns stepped into vectors numpy adopts, text interned (names repeat massively),
+// queries on parallel threads. Why: Python's sqlite3 builds a tuple and an int object per value
+// and needs seconds for the ~3M rows of a 1M-kernel nsys export.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,5 @@
-// The slice of SQLite's C API the columns module calls (declared here, never included): the
-// system's libsqlite3.so.0 is dlopened on first use, so nothing links it at build time; without
-// it the Python sqlite3 path gives the same results, slower.
+// The slice of SQLite's C API the columns module calls, from the system's libsqlite3.so.0 dlopened
+// on first use (without it the Python sqlite3 path gives the same results, slower).
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,6 @@
-// attrs_lines(items) -> (bytes, rest): the attrs.jsonl lines (docs/formats.md) of the pairs whose
-// attrs are a dict of str keys and JSON scalars, byte for byte what rundir.writer.attrs_line makes
-// of them; the other pairs come back in `rest`. Why C++: a json.dumps per record cost 3 to 6 us,
-// slower than a loop records them: a close with a million pending attrs took 12 s and the flusher
-// fell behind (issue 29). A line here costs about a tenth of that.
+// attrs_lines(): attrs.jsonl lines byte for byte as rundir.writer.attrs_line makes them. Why C++: a
+// json.dumps per record cost 3 to 6 us, slower than a loop records them (a close with a million
+// pending attrs took 12 s, issue 29); a line here costs about a tenth of that.
 #include "attrs_json.h"
 
 #include <cmath>
@@ -13,28 +11,30 @@ namespace maxinstr MAXINSTR_HIDDEN {
 void json_escape_into(std::string& out, const char* s, size_t n) {
   static const char hex[] = "0123456789abcdef";
   for (size_t i = 0; i < n; i++) {
-    unsigned char c = (unsigned char)s[i];
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          out += "\\u00";
-          out += hex[c >> 4];
-          out += hex[c & 15];
-        } else {
-          out += (char)c;  // UTF-8 as is (json.dumps's ensure_ascii=False)
-        }
+    const unsigned char c = (unsigned char)s[i];
+    if (c >= 0x20 && c != '"' && c != '\\') {
+      out += (char)c;  // UTF-8 as is (json.dumps's ensure_ascii=False)
+    } else if (c >= 0x20 || (c >= '\b' && c <= '\r' && c != '\v')) {
+      out += '\\';
+      out += c >= 0x20 ? (char)c : "btn?fr"[c - '\b'];  // \b \t \n \f \r are 8, 9, 10, 12, 13
+    } else {
+      out += "\\u00";
+      out += hex[c >> 4];
+      out += hex[c & 15];
     }
   }
 }
 
 namespace {
+
+// x of an int, false (no exception set) when it is not one that fits a long long.
+bool to_ll(PyObject* v, long long* x) {
+  int overflow = 0;
+  *x = PyLong_AsLongLongAndOverflow(v, &overflow);
+  if (!overflow && !(*x == -1 && PyErr_Occurred())) return true;
+  PyErr_Clear();
+  return false;
+}
 
 // A quoted JSON string (json_escape_into); false (no exception set) for a str with a lone
 // surrogate: the Python path escapes it.
@@ -60,12 +60,8 @@ bool put_value(std::string& out, PyObject* v) {
   } else if (v == Py_False) {
     out += "false";
   } else if (PyLong_CheckExact(v)) {
-    int overflow = 0;
-    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-    if (overflow || (x == -1 && PyErr_Occurred())) {
-      PyErr_Clear();
-      return false;
-    }
+    long long x = 0;
+    if (!to_ll(v, &x)) return false;
     out += std::to_string(x);
   } else if (PyFloat_CheckExact(v)) {
     double d = PyFloat_AS_DOUBLE(v);
@@ -95,13 +91,8 @@ bool put_line(std::string& out, PyObject* item) {
   if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) return false;
   PyObject* rid = PyTuple_GET_ITEM(item, 0);
   PyObject* attrs = PyTuple_GET_ITEM(item, 1);
-  if (!PyLong_CheckExact(rid) || !PyDict_CheckExact(attrs)) return false;
-  int overflow = 0;
-  long long id = PyLong_AsLongLongAndOverflow(rid, &overflow);
-  if (overflow || (id == -1 && PyErr_Occurred())) {
-    PyErr_Clear();
-    return false;
-  }
+  long long id = 0;
+  if (!PyLong_CheckExact(rid) || !PyDict_CheckExact(attrs) || !to_ll(rid, &id)) return false;
   size_t mark = out.size();
   out += "{\"id\":";
   out += std::to_string(id);

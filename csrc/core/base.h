@@ -1,16 +1,14 @@
-// What every unit of the stage core uses: Python.h, branch hints, the namespace, the host clock,
-// the readers of MAXINSTR_* variables.
-//
-// `namespace maxinstr MAXINSTR_HIDDEN`: hidden visibility on the declarations themselves (not
-// only on definitions, which -fvisibility=hidden covers) lets a unit reach another's globals and
-// functions PC-relative, as when the core was one file: no GOT load, no PLT call. The module's
-// one export is PyInit__native (tests/core/test_build.py).
+// What every unit of the stage core uses. `namespace maxinstr MAXINSTR_HIDDEN`: hidden visibility
+// on the declarations themselves (-fvisibility=hidden covers only definitions) lets a unit reach
+// another's globals and functions PC-relative: no GOT load, no PLT call. The module's one export
+// is PyInit__native (tests/core/test_build.py).
 #pragma once
 
 // Python.h first: it sets feature macros the C library reads.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <strings.h>
 #include <time.h>
 
 #include <cerrno>
@@ -31,17 +29,14 @@
 
 namespace maxinstr MAXINSTR_HIDDEN {
 
-// The host clock of every record and sample.
-inline int64_t now_ns() {
+inline int64_t now_ns() {  // the host clock of every record and sample
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-// Every read of the environment in the core, with the rules of src/maxinstr/config.py: unset or
-// blank is the default; a value not of the variable's kind is one line on stderr and the
-// default. Yes/no: 1/true/yes/on or 0/false/no/off, ASCII case and blanks around ignored
-// (tests/test_config.py holds C and Python equal).
+// Every read of the environment in the core, with src/maxinstr/config.py's rules (unset or blank:
+// the default; a bad value: one line on stderr and the default); tests/test_config.py holds them equal.
 
 inline bool env_blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
@@ -59,16 +54,9 @@ inline int parse_flag(const char* v) {
   while (env_blank(*v)) ++v;
   size_t n = strlen(v);
   while (n && env_blank(v[n - 1])) --n;
-  if (n == 0 || n > 5) return -1;
-  char w[6];
-  for (size_t i = 0; i < n; ++i) w[i] = (v[i] >= 'A' && v[i] <= 'Z') ? (char)(v[i] - 'A' + 'a') : v[i];
-  w[n] = 0;
-  static const char* const yes[] = {"1", "true", "yes", "on"};
-  static const char* const no[] = {"0", "false", "no", "off"};
-  for (const char* t : yes)
-    if (strcmp(w, t) == 0) return 1;
-  for (const char* t : no)
-    if (strcmp(w, t) == 0) return 0;
+  static const char* const words[] = {"0", "false", "no", "off", "1", "true", "yes", "on"};
+  for (int i = 0; i < 8; i++)
+    if (strlen(words[i]) == n && strncasecmp(v, words[i], n) == 0) return i >= 4;
   return -1;
 }
 
@@ -76,7 +64,6 @@ inline void env_warn(const char* k, const char* v, const char* expected, const c
   fprintf(stderr, "maxinstr: %s='%s' is not %s; the default (%s) is used\n", k, v, expected, dflt);
 }
 
-// A yes/no variable under the truth rule.
 inline bool env_flag(const char* k, bool dflt) {
   const char* v = env(k);
   if (!v) return dflt;

@@ -1,17 +1,12 @@
-// CUPTI activity buffers handled natively (session kernels=True): CUPTI hands completed buffers to
-// buffer_completed() on its own thread, or inside cuptiActivityFlushAll; these callbacks never
-// touch Python, so they never need the GIL (none can deadlock with a thread that holds it, nor
-// compete with the program's thread for it). cupti_take(), on the session's flusher thread,
-// copies the completed buffers out with their record offsets (walked with
-// cuptiActivityGetNextRecord); the records become rows there, with numpy.
+// CUPTI activity buffers handled natively (kernels=True): CUPTI hands completed buffers to
+// buffer_completed() on its own thread or inside cuptiActivityFlushAll; these callbacks never touch
+// Python, so they never need the GIL. cupti_take(), on the session's flusher thread, copies them
+// out with their record offsets; the records become rows there, with numpy.
 #include "base.h"
 
 #include <atomic>
-#include <cstring>
 #include <mutex>
 #include <new>
-#include <string>
-#include <vector>
 
 #include "dispatch.h"
 #include "state.h"
@@ -81,25 +76,21 @@ void buffer_completed(void*, uint32_t, uint8_t* buffer, size_t, size_t valid) {
     put_back(buffer);
     return;
   }
-  bool drop = false;
   {
     std::lock_guard<std::mutex> lk(mu);
-    if (pending_bytes + valid > max_pending_bytes) drop = true;
-    else {
+    if (pending_bytes + valid <= max_pending_bytes) {
       done.push_back({buffer, valid});
       pending_bytes += valid;
+      return;
     }
   }
-  if (drop) {
-    dropped_buffers++;
-    dropped_records += count_records(buffer, valid);
-    put_back(buffer);
-  }
+  dropped_buffers++;
+  dropped_records += count_records(buffer, valid);
+  put_back(buffer);
 }
 }  // namespace cuptibuf
 
-// cupti_buffers(path, buffer_bytes=8 MiB, max_pending_bytes=512 MiB) -> bool: register the
-// buffer callbacks above with the libcupti loaded at `path` (the instance cupti-python uses).
+// The buffer callbacks above registered with the libcupti loaded at `path` (cupti-python's).
 PyObject* py_cupti_buffers(PyObject*, PyObject* args) {
   const char* path = nullptr;
   unsigned long long bytes = 8u << 20, pending = 512u << 20;
@@ -109,9 +100,7 @@ PyObject* py_cupti_buffers(PyObject*, PyObject* args) {
     Py_RETURN_FALSE;
   }
   auto reg = vendor.cupti.register_callbacks;
-  auto next = vendor.cupti.next_record;
-  auto flush = vendor.cupti.flush_all;
-  if (!reg || !next || !flush) {
+  if (!reg || !vendor.cupti.next_record || !vendor.cupti.flush_all) {
     add_error(std::string("cupti: ") + path + " lacks cuptiActivityRegisterCallbacks/GetNextRecord/FlushAll");
     Py_RETURN_FALSE;
   }
@@ -125,8 +114,8 @@ PyObject* py_cupti_buffers(PyObject*, PyObject* args) {
     cuptibuf::buf_bytes = (size_t)bytes;
     cuptibuf::max_pending_bytes = (size_t)pending;
   }
-  cuptibuf::next = next;
-  cuptibuf::flush = flush;
+  cuptibuf::next = vendor.cupti.next_record;
+  cuptibuf::flush = vendor.cupti.flush_all;
   // two buffers made and touched now, so the first ones CUPTI fills (on the program's thread)
   // take no page faults; emptied buffers come back to this pool, already touched
   while (true) {
@@ -147,8 +136,6 @@ PyObject* py_cupti_buffers(PyObject*, PyObject* args) {
   Py_RETURN_TRUE;
 }
 
-// cupti_flush(flag=0) -> int: cuptiActivityFlushAll(flag) with the GIL released (completed
-// buffers land in the queue cupti_take() empties). Returns CUPTI's result code.
 PyObject* py_cupti_flush(PyObject*, PyObject* args) {
   unsigned int flag = 0;
   if (!PyArg_ParseTuple(args, "|I", &flag)) return nullptr;
@@ -161,8 +148,7 @@ PyObject* py_cupti_flush(PyObject*, PyObject* args) {
   Py_END_ALLOW_THREADS return PyLong_FromLong(rc);
 }
 
-// cupti_take() -> [(data: bytes, offsets: bytes of int64)]: the completed buffers (their valid
-// bytes, copied) and each record's offset in them, oldest first; the buffers go back for reuse.
+// The completed buffers' valid bytes, copied, oldest first; the buffers go back for reuse.
 PyObject* py_cupti_take(PyObject*, PyObject*) {
   std::vector<cuptibuf::Done> got;
   {

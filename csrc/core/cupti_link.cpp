@@ -1,8 +1,6 @@
 // CUPTI external correlation (cupti_link.h): cupti_link() and cupti_stats().
 #include "cupti_link.h"
 
-#include <string>
-
 #include "dispatch.h"
 #include "state.h"
 
@@ -12,8 +10,7 @@ Correlation correlation;
 
 namespace {
 
-// cupti_link(path, kind) -> bool: tag stages with kind `kind` from now on, through the libcupti
-// already loaded at `path`; cupti_link(None) stops (stages already tagged still pop their id).
+// cupti_link(None) stops (stages already tagged still pop their id).
 PyObject* py_cupti_link(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs < 1 || nargs > 2) {
     PyErr_SetString(PyExc_TypeError, "cupti_link(path_or_None, kind=0)");

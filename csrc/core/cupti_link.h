@@ -1,14 +1,12 @@
-// CUPTI external correlation (session kernels=True): each stage pushes its record id on CUPTI's
-// external-correlation stack at enter and pops it at exit (stage.cpp: cupti_enter/cupti_exit), so
-// every CUDA API call made while it is the innermost stage of its thread carries its id.
+// CUPTI external correlation (kernels=True): each stage pushes its record id at enter and pops it
+// at exit (stage.h), so every CUDA API call made while it is its thread's innermost carries it.
 #pragma once
 
 #include "base.h"
 
 namespace maxinstr MAXINSTR_HIDDEN {
 
-// Protected by the GIL. push/pop are taken from the libcupti the Python side loaded
-// (cupti-python), through dispatch.h, by cupti_link().
+// Protected by the GIL; push/pop set by cupti_link() from dispatch.h's libcupti.
 struct Correlation {
   int (*push)(int, uint64_t) = nullptr;   // cuptiActivityPushExternalCorrelationId
   int (*pop)(int, uint64_t*) = nullptr;   // cuptiActivityPopExternalCorrelationId

@@ -11,7 +11,7 @@ Dispatch vendor;
 
 namespace {
 
-// only_if_loaded: RTLD_NOLOAD, take a library the process has already loaded, never load one.
+// only_if_loaded: RTLD_NOLOAD, a library the process has already loaded, never a new one.
 void* open_library(const char* path, bool only_if_loaded) {
   return dlopen(path, RTLD_NOW | RTLD_LOCAL | (only_if_loaded ? RTLD_NOLOAD : 0));
 }
@@ -70,9 +70,8 @@ bool load_loaded_hip() {
 
 }  // namespace
 
-// Loads the driver once. CUDA: libcuda.so.1 (MAXINSTR_CUDA_LIBRARY overrides). HIP: only a HIP
-// runtime the process has already loaded (so we never initialise a runtime the program does not
-// use), or MAXINSTR_HIP_LIBRARY. Loading is not initialising: no context is ever created here.
+// CUDA: libcuda.so.1 (MAXINSTR_CUDA_LIBRARY overrides). HIP: only a runtime the process has already
+// loaded (never one the program does not use), or MAXINSTR_HIP_LIBRARY. No context is created.
 void gpu_try_load() {
   if (vendor.gpu.backend != BK_NONE) return;
   if (vendor.gpu_tried) {
@@ -94,7 +93,6 @@ void gpu_try_load() {
   load_loaded_hip();
 }
 
-// markers.cpp decides whether to use roctx, and which library.
 bool roctx_load(const char* path) {
   void* h = open_library(path, false);
   if (!h) return false;

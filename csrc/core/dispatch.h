@@ -1,7 +1,6 @@
-// The vendor dispatch table: every function the core calls in a vendor library (the CUDA driver or
-// the HIP runtime, roctx, libcupti), taken with dlopen + dlsym at run time by dispatch.cpp, the
-// only unit that calls them; the module links no vendor library (tests/core/test_build.py). The
-// hot path calls straight through these pointers: no lazy lookup per call.
+// The vendor dispatch table: every function the core calls in the CUDA driver or HIP runtime,
+// roctx and libcupti, taken with dlopen + dlsym by dispatch.cpp; the module links no vendor
+// library (tests/core/test_build.py). The hot path calls straight through these pointers.
 #pragma once
 
 #include "base.h"
@@ -13,12 +12,9 @@ namespace maxinstr MAXINSTR_HIDDEN {
 
 enum Backend { BK_NONE = 0, BK_CUDA = 1, BK_HIP = 2 };
 
-// The functions used of the CUDA driver or the HIP runtime, which share these shapes (status int:
-// 0 success, 600 not ready; opaque handles): (member, signature, CUDA name, its older name, HIP
-// name). The events need the first five and the backend's current-context one (CUDA ctx_current,
-// HIP get_device); the rest are optional: stream capture (CUDA 10+/HIP 5+: RelaxedCapture,
-// gpu_point), the floor's kernel on a private stream (floor.cpp), a primary context pushed for
-// profiler_start/stop on a thread with none (profiler.cpp).
+// (member, signature, CUDA name, its older name, HIP name) of the CUDA driver / HIP runtime
+// functions, which share these shapes (status 0 success, 600 not ready). The events need the first
+// five and ctx_current (CUDA) or get_device (HIP); the rest are optional.
 #define GPU_FUNCTIONS(X)                                                                              \
   X(ev_create, int(void**, unsigned), "cuEventCreate", nullptr, "hipEventCreateWithFlags")                     \
   X(ev_record, int(void*, void*), "cuEventRecord", nullptr, "hipEventRecord")                                  \
@@ -66,8 +62,7 @@ struct RoctxApi {  // set when a roctx library loaded (markers.cpp picks it)
   int (*resume)(uint64_t) = nullptr;      // roctxProfilerResume (optional)
 };
 
-// The libcupti the Python side loaded (cupti-python), taken with RTLD_NOLOAD. Functions it lacks
-// stay null: each user checks those it needs.
+// The libcupti cupti-python loaded, taken with RTLD_NOLOAD; each user checks the functions it needs.
 struct CuptiApi {
   void* lib = nullptr;
   std::string path;
@@ -94,8 +89,7 @@ struct Dispatch {
 };
 extern Dispatch vendor;
 
-// Loads the driver once (see dispatch.cpp); no context is ever created.
-void gpu_try_load();
+void gpu_try_load();  // the driver, loaded once (dispatch.cpp); no context is ever created
 
 // The current context's key: the CUcontext, or (device + 1) for HIP; nullptr for none.
 inline void* gpu_current_key() {
@@ -114,7 +108,6 @@ inline void* gpu_current_key() {
 
 // roctx from `path` into vendor.roctx; false (an error line if it lacks the range functions) when not.
 bool roctx_load(const char* path);
-
 // The libcupti already loaded at `path` into vendor.cupti (once per path); false when none is.
 bool cupti_load(const char* path);
 

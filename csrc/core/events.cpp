@@ -2,7 +2,6 @@
 #include "events.h"
 
 #include <cmath>
-#include <string>
 
 #include "writer.h"
 
@@ -18,7 +17,7 @@ void slot_release(int s) {
 
 namespace {
 
-// Creates up to 64 events in the current context. Only called where ctx is current.
+// Up to 64 new events in context c, which is current.
 bool pool_grow(int c) {
   int room = events.pool_max - events.pool_total;
   if (room <= 0) return false;
@@ -93,9 +92,8 @@ bool ctx_pair_reference(int c) {
   return true;
 }
 
-// Boundary sharing (docs/stage-core.md): submitting GPU work costs the host more than ~1 us, so
-// no work of this thread can sit between two of its boundaries on one stream closer than
-// share_ns: the stream position is the same, and one event stands for both.
+// Boundary sharing (docs/stage-core.md): submitting GPU work costs the host over ~1 us, so none of
+// this thread's can sit between two of its boundaries on a stream closer than share_ns: one event.
 int gpu_point(ThreadState* ts, int c, uint64_t stream, int64_t t_now, int may_create) {
   Boundary* b = nullptr;
   for (auto& x : ts->bnd)
@@ -189,10 +187,9 @@ void placer_submit() {
   if (!placer::submit()) release_items(placer::state.staged, false);
 }
 
-// Hands slot s of context cx to the placer. True: staged (or already with it, or the batch is
-// full: a later pass stages it); false: place it inline (a batch holds one context's events, and
-// a program with several contexts is rare enough to pay for it). Every slot of a batch, and its
-// anchor, holds an extra reference until the batch is consumed: none is recorded again meanwhile.
+// Hands slot s of context cx to the placer. True: staged (or already there, or the batch is full:
+// a later pass stages it); false: place it inline (a batch holds one context's events). A batch's
+// slots and anchors hold an extra reference until it is consumed: none is recorded again meanwhile.
 bool placer_stage(Ctx& cx, int s) {
   Slot& sl = events.slots[(size_t)s];
   if (sl.placing || placer::state.staged.size() >= placer::kMaxBatch) return true;
@@ -206,9 +203,8 @@ bool placer_stage(Ctx& cx, int s) {
   return true;
 }
 
-// Host-clock time of a completed event, once per recording (cached in the slot): anchor +
-// elapsed(anchor, event), the anchor being the newest placed event of the context so that the
-// float milliseconds keep ~ns precision. Returns the driver status (0 ok, 600 not ready).
+// Host time of a completed event, cached per recording: anchor + elapsed(anchor, event), the
+// anchor the context's newest placed event (float ms keep ~ns precision). 0, or the driver status.
 int slot_place(Ctx& cx, int s, int64_t* out) {
   Slot& sl = events.slots[(size_t)s];
   if (sl.host_ns != kUnplaced) {
@@ -279,10 +275,9 @@ int resolve_failed(Pending& p, int rc) {
   return finish_pending(p);
 }
 
-// Work on one stream completes in order: once an exit event of a (context, stream) is complete,
-// every record of that stream recorded no later (rec_seq) is complete too. A pass finds, per
-// stream, the newest complete exit among the records it looks at: one query of the newest, else
-// a binary search (docs/stage-core.md, "Resolution": a query per record cost too much under load).
+// Work on one stream completes in order, so a pass finds per (context, stream) the newest complete
+// exit (rec_seq) among its records: one query of the newest, else a binary search
+// (docs/stage-core.md, "Resolution": a query per record cost too much under load).
 struct StreamDone {
   int ctx;
   uint64_t stream;

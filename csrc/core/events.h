@@ -1,6 +1,5 @@
-// GPU events (docs/stage-core.md, "GPU events"): a bounded pool reused, one event per stage
-// boundary (boundaries close in time share one), lazy non-blocking resolution, GPU times mapped
-// onto the host clock through a reference event per context.
+// GPU events (docs/stage-core.md, "GPU events"): a bounded pool, one event per stage boundary (close
+// ones share), lazy resolution, GPU times on the host clock through a reference event per context.
 #pragma once
 
 #include "base.h"
@@ -44,7 +43,6 @@ struct Ctx {
   int floor_state = 0;    // 0 not calibrated, 1 calibrated, 2 fixed by MAXINSTR_GPU_FLOOR_NS, -1 failed
 };
 
-// Protected by the GIL, as all process state (state.h).
 struct Events {
   bool gpu_off_after_fork = false;
   std::vector<Slot> slots;
@@ -63,14 +61,11 @@ struct Events {
   uint64_t event_queries = 0;   // cuEventQuery/Synchronize calls made to resolve records
   uint64_t event_elapsed = 0;   // cuEventElapsedTime calls made to resolve records
   bool warned_no_ctx = false;
-  // MAXINSTR_TIME_DRIVER=1 (benchmarks): host ns inside each driver call of the hot path and
-  // inside opportunistic resolution (drv_ns), to split a GPU-timed stage's cost into the
-  // driver's and ours. Off by default: two clock reads per call.
+  // MAXINSTR_TIME_DRIVER=1 (benchmarks): host ns inside each driver call of the hot path and in
+  // opportunistic resolution (drv_ns). Off by default: two clock reads per call.
   bool time_driver = false;
-  // The GPU-timing budget (docs/stage-core.md): stages with gpu=None are GPU-timed while what
-  // their events cost the program's threads stays within `gpu_budget` of wall time. A token
-  // bucket: it earns gpu_budget ns per ns, holds at most kBudgetCreditNs (idle time saves up no
-  // burst of fully timed steps) and pays for the events' cost.
+  // The GPU-timing budget (docs/stage-core.md): a token bucket earning gpu_budget ns per ns of
+  // wall time, holding at most kBudgetCreditNs (idle time saves up no burst), paying for events.
   double gpu_budget = 0.0025;
   int64_t gpu_cost_ns = 0;      // host ns spent recording and resolving events on the program's threads
   int64_t gpu_budget_t0 = 0;    // host time of the first GPU event
@@ -94,9 +89,8 @@ struct DrvTime {
   }
 };
 
-// While a stream captures a CUDA graph in the default global mode, cuEventQuery/Synchronize from
-// any thread invalidate that capture: our queries run with this thread in relaxed capture mode,
-// the documented opt-out for such bookkeeping, and restore its mode afterwards.
+// cuEventQuery/Synchronize from any thread invalidate a graph capture in the default global mode:
+// ours run with this thread in relaxed capture mode (the documented opt-out), restored afterwards.
 struct RelaxedCapture {
   int old = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED == hipStreamCaptureModeRelaxed == 2
   bool on = false;

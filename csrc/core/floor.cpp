@@ -2,7 +2,6 @@
 #include "floor.h"
 
 #include <cmath>
-#include <string>
 
 #include "dispatch.h"
 #include "events.h"
@@ -12,13 +11,10 @@ namespace maxinstr MAXINSTR_HIDDEN {
 
 namespace {
 
-// The floor (docs/stage-core.md, "The floor"): between an event and the next kernel's first
-// instruction, and between a kernel's last and the next event, the GPU front end spends a fixed
-// time (about 2.9 us on an H200, queued back to back). It is measured on a private non-blocking
-// stream (no user stream is touched or waited for): a busy kernel keeps the stream occupied so
-// that [event, empty kernel, event] are queued back to back. CUDA only (the kernel is PTX, which
-// the driver JIT-compiles). The first header JITs on any GPU since Maxwell; should a driver
-// refuse that target, the second (PTX ISA 8.0, sm_90) is tried.
+// The floor (docs/stage-core.md, "The floor": about 2.9 us on an H200) is measured on a private
+// non-blocking stream, where a busy kernel keeps [event, empty kernel, event] queued back to back.
+// CUDA only (PTX the driver JIT-compiles): the first header JITs on any GPU since Maxwell; should a
+// driver refuse that target, the second (PTX ISA 8.0, sm_90) is tried.
 const char* const kSpinPtxHeads[] = {".version 6.0\n.target sm_50\n", ".version 8.0\n.target sm_90\n"};
 const char kSpinPtx[] =
     ".address_size 64\n"

@@ -10,9 +10,8 @@ namespace maxinstr MAXINSTR_HIDDEN {
 // its floor (measured, fixed by MAXINSTR_GPU_FLOOR_NS, or none for HIP).
 void ctx_calibrate(int c);
 
-// Loads the floor's spin kernel `maxinstr_spin(u64 ns)` (PTX, JIT-compiled by the CUDA driver)
-// into a new module of the current context: 0, or the driver's status (then *mod is null or
-// loaded, and the caller unloads it). The benchmark probes (probes.cpp) launch it too.
+// The spin kernel `maxinstr_spin(u64 ns)` loaded into a new module of the current context: 0, or
+// the driver's status (*mod null or loaded: the caller unloads it). benchmarks/native/probes.cpp too.
 int spin_kernel_load(void** mod, void** fn);
 
 }  // namespace maxinstr

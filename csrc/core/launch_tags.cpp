@@ -1,15 +1,11 @@
-// Launch tags through CUPTI's callback API (docs/kernels.md): kernels=True gives each kernel, copy
-// and set its stage. The API activity records that could carry a stage id to each op cost a
-// launch-bound H200 step ~13-19 % (benchmarks/cupti_configs.py); here a native callback on the
-// launch/copy/set functions only reads, on the calling thread, the correlation id CUPTI gives the
-// call (kernel records carry it too) and that thread's innermost open stage. One tag per
-// outermost call: a runtime launch's own driver call is folded into its tag.
+// Launch tags through CUPTI's callback API (docs/kernels.md): each kernel, copy and set gets its
+// stage. The API activity records that could carry it cost a launch-bound H200 step ~13-19 %
+// (benchmarks/cupti_configs.py); this callback only reads the call's correlation id and the
+// calling thread's innermost open stage. One tag per outermost call (a runtime launch's own
+// driver call is folded into its tag).
 #include "base.h"
 
-#include <atomic>
 #include <mutex>
-#include <string>
-#include <vector>
 
 #include "dispatch.h"
 #include "stage.h"
@@ -33,9 +29,8 @@ struct Tag {  // 48 bytes
 };
 static_assert(sizeof(Tag) == 48, "Tag layout is read by Python (kernels/cupti.py TAG_DTYPE)");
 
-// flags of cupti_tags(): TIMES takes start/end (two clock reads a call: CLOCK_MONOTONIC, ~25 ns
-// each, where cuptiGetTimestamp cost a launch-bound H200 step ~2 %); NOOP makes the callback
-// return at once (benchmarks: what CUPTI's dispatch alone costs).
+// cupti_tags() flags: TIMES takes start/end (CLOCK_MONOTONIC, ~25 ns a read, where cuptiGetTimestamp
+// cost a launch-bound H200 step ~2 %); NOOP returns at once (benchmarks: CUPTI's dispatch alone).
 constexpr int TAG_TIMES = 1, TAG_NOOP = 2;
 
 // This thread's call in progress: trivially constructible, so no guard on each access.
@@ -126,8 +121,7 @@ int enable_cbids(PyObject* cbids, int domain, uint32_t on) {
 
 }  // namespace cuptitag
 
-// cupti_tags(path, runtime_cbids, driver_cbids, flags=1) -> True, False (no such library or
-// symbols) or cuptiSubscribe's error code (39: another subscriber holds CUPTI's one slot).
+// True, False (no such library or symbols) or cuptiSubscribe's error (39: another subscriber).
 PyObject* py_cupti_tags(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs == 1 && args[0] == Py_None) {
     if (cuptitag::sub && cuptitag::unsubscribe) cuptitag::unsubscribe(cuptitag::sub);
@@ -139,11 +133,8 @@ PyObject* py_cupti_tags(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "cupti_tags(path, runtime_cbids, driver_cbids, flags=1) or cupti_tags(None)");
     return nullptr;
   }
-  long f = cuptitag::TAG_TIMES;
-  if (nargs == 4) {
-    f = PyLong_AsLong(args[3]);
-    if (f == -1 && PyErr_Occurred()) return nullptr;
-  }
+  const long f = nargs == 4 ? PyLong_AsLong(args[3]) : cuptitag::TAG_TIMES;
+  if (f == -1 && PyErr_Occurred()) return nullptr;
   cuptitag::flags.store((int)f);
   if (cuptitag::sub) Py_RETURN_TRUE;
   const char* path = PyUnicode_AsUTF8(args[0]);
@@ -168,8 +159,7 @@ PyObject* py_cupti_tags(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_TRUE;
 }
 
-// cupti_tags_enable(domain, cbids, on) -> bool: the callback on or off for those functions of
-// the domain (1 driver, 2 runtime) while subscribed; False when not subscribed or CUPTI refused.
+// False when not subscribed or CUPTI refused.
 PyObject* py_cupti_tags_enable(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3) {
     PyErr_SetString(PyExc_TypeError, "cupti_tags_enable(domain, cbids, on)");
@@ -183,8 +173,6 @@ PyObject* py_cupti_tags_enable(PyObject*, PyObject* const* args, Py_ssize_t narg
   return ok < 0 ? nullptr : PyBool_FromLong(ok);
 }
 
-// cupti_tags_take() -> bytes: the tags of the calls that ended since the last take (48-byte
-// records, see Tag).
 PyObject* py_cupti_tags_take(PyObject*, PyObject*) {
   std::vector<cuptitag::Tag> out;
   {

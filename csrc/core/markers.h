@@ -1,11 +1,8 @@
-// Markers: NVTX3 (header-only, domain "maxinstr", registered strings, int64 payload = record id)
-// or roctx (dlopened through dispatch.h; no payload). The push/pop/mark calls are on the hot path:
-// inline here.
+// Markers: NVTX3 (header-only, domain "maxinstr", registered strings) or roctx (dispatch.h); the
+// calls are on the hot path: inline here.
 #pragma once
 
 #include "base.h"
-
-#include <cstring>
 
 #include <nvtx3/nvToolsExt.h>
 
@@ -30,25 +27,23 @@ inline nvtxStringHandle_t marker_register(const std::string& utf8) {
   return (markers.kind == MK_NVTX) ? nvtxDomainRegisterStringA(markers.domain, utf8.c_str()) : nullptr;
 }
 
-// A range or mark of registered name `name_id` with the record id as its int64 payload.
-inline nvtxEventAttributes_t nvtx_attributes(int32_t name_id, int64_t id) {
-  nvtxEventAttributes_t a;
-  memset(&a, 0, sizeof(a));
-  a.version = NVTX_VERSION;
-  a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
-  a.messageType = NVTX_MESSAGE_TYPE_REGISTERED;
-  a.message.registered = name_table.entries[name_id].nvtx;
-  a.payloadType = NVTX_PAYLOAD_TYPE_INT64;
-  a.payload.llValue = id;
-  return a;
-}
-
-inline void marker_push(int32_t name_id, int64_t id) {
+// A range pushed, or (mark) an instant, of registered name `name_id`; NVTX's carry the record id
+// as their int64 payload.
+inline void marker_at(int32_t name_id, int64_t id, bool mark) {
   if (markers.kind == MK_NVTX) {
-    nvtxEventAttributes_t a = nvtx_attributes(name_id, id);
-    nvtxDomainRangePushEx(markers.domain, &a);
+    nvtxEventAttributes_t a{};
+    a.version = NVTX_VERSION;
+    a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    a.messageType = NVTX_MESSAGE_TYPE_REGISTERED;
+    a.message.registered = name_table.entries[name_id].nvtx;
+    a.payloadType = NVTX_PAYLOAD_TYPE_INT64;
+    a.payload.llValue = id;
+    if (mark) nvtxDomainMarkEx(markers.domain, &a);
+    else nvtxDomainRangePushEx(markers.domain, &a);
   } else if (markers.kind == MK_ROCTX) {
-    vendor.roctx.push(name_table.entries[name_id].utf8.c_str());
+    const char* name = name_table.entries[name_id].utf8.c_str();
+    if (!mark) vendor.roctx.push(name);
+    else if (vendor.roctx.mark) vendor.roctx.mark(name);
   }
 }
 
@@ -57,15 +52,6 @@ inline void marker_pop() {
     nvtxDomainRangePop(markers.domain);
   else if (markers.kind == MK_ROCTX)
     vendor.roctx.pop();
-}
-
-inline void marker_mark(int32_t name_id, int64_t id) {
-  if (markers.kind == MK_NVTX) {
-    nvtxEventAttributes_t a = nvtx_attributes(name_id, id);
-    nvtxDomainMarkEx(markers.domain, &a);
-  } else if (markers.kind == MK_ROCTX && vendor.roctx.mark) {
-    vendor.roctx.mark(name_table.entries[name_id].utf8.c_str());
-  }
 }
 
 }  // namespace maxinstr

@@ -1,16 +1,6 @@
-// maxinstr._native: the stage core (docs/stage-core.md; its files and their order:
-// docs/architecture.md, "The native core"). This unit is the module: its init, its fork handler,
-// and the functions over the whole process (drain, stats, resolve, close_open, configuration);
-// every other unit adds its own functions (a PyMethodDef table).
+// maxinstr._native (docs/stage-core.md; its units: docs/architecture.md, "The native core"): the
+// module's init, fork handler and functions over the whole process; each unit adds its own.
 #include "base.h"
-
-#include <strings.h>
-#include <unistd.h>
-
-#include <cstring>
-#include <deque>
-#include <string>
-#include <vector>
 
 #include "attrs_json.h"
 #include "cupti_link.h"
@@ -25,7 +15,6 @@
 
 namespace maxinstr MAXINSTR_HIDDEN {
 
-// The units that only add functions (they have no header).
 extern PyMethodDef profiler_methods[], launch_tags_methods[], cupti_buffers_methods[], probe_methods[];
 void cupti_buffers_atfork_child();
 
@@ -84,7 +73,7 @@ PyObject* py_set_enabled(PyObject*, PyObject* on) {
 }
 PyObject* py_is_enabled(PyObject*, PyObject*) { return PyBool_FromLong(process.enabled); }
 
-// _env_flag(name, default): base.h's env_flag, for the test that C and Python read yes/no alike.
+// For the test that C and Python read yes/no alike (tests/test_config.py).
 PyObject* py_env_flag(PyObject*, PyObject* args) {
   const char* name = nullptr;
   int dflt = 0;
@@ -124,13 +113,10 @@ bool one_arg(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, const c
 }
 
 PyObject* py_drain(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  long long maxr = -1;
   PyObject* a = nullptr;
   if (!one_arg(args, nargs, kwnames, "max_records", &a)) return nullptr;
-  if (a) {
-    maxr = PyLong_AsLongLong(a);
-    if (maxr == -1 && PyErr_Occurred()) return nullptr;
-  }
+  const long long maxr = a ? PyLong_AsLongLong(a) : -1;
+  if (maxr == -1 && PyErr_Occurred()) return nullptr;
   sweep_threads();
   // While the native writer runs it owns the records: drain() returns names and attrs only.
   const bool writer_on = writer.running;
@@ -189,42 +175,30 @@ fail:
 }
 
 PyObject* py_names(PyObject*, PyObject*) {
-  PyObject* out = PyList_New((Py_ssize_t)name_table.entries.size());
-  if (!out) return nullptr;
-  for (size_t i = 0; i < name_table.entries.size(); i++) {
-    PyObject* t = Py_BuildValue("(iO)", (int)i, name_table.entries[i].str);
-    if (!t) {
-      Py_DECREF(out);
-      return nullptr;
-    }
-    PyList_SET_ITEM(out, (Py_ssize_t)i, t);
-  }
+  PyObject* out = PyList_New(0);
+  for (size_t i = 0; out && i < name_table.entries.size(); i++)
+    if (!append_new(out, Py_BuildValue("(iO)", (int)i, name_table.entries[i].str))) Py_CLEAR(out);
   return out;
 }
 
-PyObject* py_resolve(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  int block = 0;
-  PyObject* b = nullptr;
-  if (!one_arg(args, nargs, kwnames, "block", &b)) return nullptr;
-  if (b) {
-    block = PyObject_IsTrue(b);
-    if (block < 0) return nullptr;
-  }
+// resolve_all() timed: the program's own threads wait for a pass that holds the GIL.
+PyObject* resolve_counted(bool block, bool defer) {
   if (vendor.gpu.backend == BK_NONE || pending_count() == 0) return PyLong_FromLong(0);
   int64_t t0 = now_ns();
-  size_t k = resolve_all(block != 0);
-  if (!block) events.gpu_cost_ns += now_ns() - t0;  // the flusher's pass holds the GIL: the program waits
+  size_t k = resolve_all(block, defer);
+  if (!block) events.gpu_cost_ns += now_ns() - t0;
   return PyLong_FromSize_t(k);
 }
 
-// The session flusher's pass: events not placed yet go to the placer thread.
-PyObject* py_resolve_async(PyObject*, PyObject*) {
-  if (vendor.gpu.backend == BK_NONE || pending_count() == 0) return PyLong_FromLong(0);
-  int64_t t0 = now_ns();
-  size_t k = resolve_all(false, true);
-  events.gpu_cost_ns += now_ns() - t0;
-  return PyLong_FromSize_t(k);
+PyObject* py_resolve(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  PyObject* b = nullptr;
+  if (!one_arg(args, nargs, kwnames, "block", &b)) return nullptr;
+  const int block = b ? PyObject_IsTrue(b) : 0;
+  return block < 0 ? nullptr : resolve_counted(block != 0, false);
 }
+
+// The session flusher's pass: events not placed yet go to the placer thread.
+PyObject* py_resolve_async(PyObject*, PyObject*) { return resolve_counted(false, true); }
 
 PyObject* py_close_open(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   PyObject* a = nullptr;
@@ -294,8 +268,8 @@ PyObject* py_configure_events(PyObject*, PyObject* args, PyObject* kwargs) {
     long long n = PyLong_AsLongLong(floor);
     if (n == -1 && PyErr_Occurred()) return nullptr;
     events.floor_fixed = n < 0 ? -1 : n;
-    for (auto& cx : events.ctxs)
-      if (n >= 0) {
+    if (n >= 0)
+      for (auto& cx : events.ctxs) {
         cx.floor_ns = n;
         cx.floor_state = 2;
       }
@@ -324,10 +298,8 @@ PyObject* py_stats(PyObject*, PyObject*) {
     for (StageObject* s : ts->stack)
       if (s->state == ST_OPEN) open_stages++;
   PyObject* errs = PyList_New(0);
-  for (size_t i = 0; errs && i < process.errors.size(); i++) {
-    const std::string& e = process.errors[i];
-    if (!append_new(errs, PyUnicode_DecodeUTF8(e.data(), (Py_ssize_t)e.size(), "replace"))) Py_CLEAR(errs);
-  }
+  for (const std::string& e : process.errors)
+    if (errs && !append_new(errs, PyUnicode_DecodeUTF8(e.data(), (Py_ssize_t)e.size(), "replace"))) Py_CLEAR(errs);
   if (!errs) return nullptr;
   const char* backend = vendor.gpu.backend == BK_CUDA ? "cuda" : vendor.gpu.backend == BK_HIP ? "hip" : "none";
   const char* marker_kind = markers.kind == MK_NVTX ? "nvtx" : markers.kind == MK_ROCTX ? "roctx" : "none";
@@ -375,8 +347,7 @@ PyObject* py_stats(PyObject*, PyObject*) {
   return d;
 }
 
-// After fork() the child starts clean (docs/stage-core.md, "fork()"). Only trivial work: we are
-// inside fork().
+// After fork() the child starts clean (docs/stage-core.md, "fork()"); only trivial work in fork().
 void atfork_child() {
   placer::atfork_child();
   process.pid = (int64_t)getpid();
@@ -389,16 +360,11 @@ void atfork_child() {
   tls_guard.ts = nullptr;
   process.threads.clear();  // the parent's thread states are leaked on purpose (no Python calls here)
   completed.done.clear();
-  completed.done_head = 0;
-  completed.done_pushed = 0;
-  completed.done_drained = 0;
   completed.attrs.clear();
-  completed.attrs_head = 0;
-  name_table.reported = 0;
-  completed.records = 0;
-  completed.dropped_records = 0;
-  process.attrs_unconverted = 0;  // per-process counts: the child's part says its own
-  process.depth_refused = 0;
+  completed.done_head = completed.done_pushed = completed.done_drained = completed.attrs_head = 0;
+  completed.records = completed.dropped_records = name_table.reported = 0;
+  // per-process counts: the child's part says its own
+  process.attrs_unconverted = process.depth_refused = 0;
   events.pending.clear();
   events.slots.clear();
   events.ctxs.clear();
@@ -440,7 +406,6 @@ PyMethodDef module_methods[] = {
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_native", "maxinstr native stage core", -1, module_methods,
                           nullptr, nullptr, nullptr, nullptr};
 
-// The functions of the other units, added after the module's own.
 PyMethodDef* const unit_methods[] = {
     stage_module_methods, profiler_methods, cupti_link_methods, launch_tags_methods, cupti_buffers_methods,
     attrs_json_methods,

@@ -1,7 +1,6 @@
-// The placer thread: cuEventElapsedTime off the program's threads (docs/stage-core.md, "The
-// placer thread"; under launch load the call costs ~3 us). events.cpp stages items and submits a
-// batch; the placer makes its context current on itself and fills in each item's ms and rc;
-// events.cpp consumes the batch. While a batch is in flight only the placer touches it.
+// The placer thread: cuEventElapsedTime (~3 us under launch load) off the program's threads
+// (docs/stage-core.md, "The placer thread"). events.cpp stages and submits a batch, the placer
+// fills in each item's ms and rc, events.cpp consumes it; only the placer touches it in flight.
 #pragma once
 
 #include "base.h"
@@ -15,9 +14,8 @@
 
 namespace maxinstr MAXINSTR_HIDDEN {
 
-// Host ns the placer spent in elapsed-time calls since the GPU-timing budget began: they count
-// against the budget too (budget_skips), since they take the driver's locks the program's
-// launches need (H100, decoder_ab: ~1 point of a step while the program's threads counted 0.25 %).
+// The placer's host ns in elapsed-time calls count against the budget too: they take the driver locks
+// the program's launches need (H100, decoder_ab: ~1 point of a step while its threads counted 0.25 %).
 inline std::atomic<int64_t> budget_offthread_ns{0};
 
 namespace placer {

@@ -2,8 +2,6 @@
 // thread has none), or roctxProfilerResume/Pause where the markers are roctx's.
 #include "base.h"
 
-#include <string>
-
 #include "dispatch.h"
 #include "events.h"
 #include "markers.h"
@@ -13,9 +11,8 @@ namespace maxinstr MAXINSTR_HIDDEN {
 
 namespace {
 
-// cuProfilerStart/Stop act on the current context. Where there is none (a session's flusher
-// thread), the primary context of the device our stages used (else the first active one) is
-// pushed around the call; a primary context that is not active is never retained (created).
+// cuProfilerStart/Stop act on the current context; where none is (a flusher thread) the active
+// primary context of our stages' device (else the first active one) is pushed around the call.
 int profiler_cuda(int (*f)()) {
   GpuApi& a = vendor.gpu;
   if (gpu_current_key()) return f() == 0;
@@ -23,12 +20,9 @@ int profiler_cuda(int (*f)()) {
     add_error("profiler start/stop: no current context and no primary-context functions in the driver");
     return 0;
   }
-  int dev = -1;
+  int dev = -1;  // the first context's with a known device
   for (auto& cx : events.ctxs)
-    if (cx.device >= 0) {
-      dev = cx.device;
-      break;
-    }
+    if (dev < 0) dev = cx.device;
   unsigned flags = 0;
   int active = 0;
   if (dev < 0 && a.dev_count && a.dev_get) {

@@ -1,5 +1,4 @@
-// What the core records: the record layout, the names records refer to, and the queue of completed
-// records waiting for drain() or the native writer (which fills it: push_done, writer.h).
+// The record layout, the names records refer to, and the queue of completed records (push_done).
 #pragma once
 
 #include "base.h"
@@ -50,14 +49,14 @@ struct NameTable {
 };
 inline NameTable name_table;
 
-// Completed records, FIFO: done[done_head:] are undrained (the GIL is their lock, and the native
-// writer's mutex too while it runs: see push_done).
 struct AttrEntry {
   uint64_t done_index;  // position of the record in the completed stream
   int64_t id;
   PyObject* attrs;  // strong ref
 };
 
+// Completed records, FIFO: done[done_head:] are undrained (the GIL is their lock, and the native
+// writer's mutex too while it runs: see push_done).
 struct CompletedRecords {
   std::vector<Record> done;
   size_t done_head = 0;

@@ -2,7 +2,6 @@
 #include "stage.h"
 
 #include <cstddef>
-#include <cstring>
 
 #include "dispatch.h"
 #include "events.h"
@@ -25,8 +24,7 @@ int32_t intern_name(PyObject* name) {
   }
   Py_ssize_t n = 0;
   const char* u = PyUnicode_AsUTF8AndSize(name, &n);
-  PyObject* shown = name;  // the name as recorded
-  PyObject* escaped = nullptr;
+  PyObject* shown = u ? Py_NewRef(name) : nullptr;  // the name as recorded
   if (!u) {
     // A lone surrogate (os.fsdecode of a non-UTF-8 file name) has no UTF-8: record the name
     // with it escaped as \udcff, as the readers show it (maxinstr/_text.py safe_name).
@@ -34,31 +32,23 @@ int32_t intern_name(PyObject* name) {
     PyErr_Clear();
     PyObject* b = PyUnicode_AsEncodedString(name, "utf-8", "backslashreplace");
     if (!b) return -1;
-    escaped = PyUnicode_FromEncodedObject(b, "utf-8", "strict");
+    shown = PyUnicode_FromEncodedObject(b, "utf-8", "strict");
     Py_DECREF(b);
-    if (!escaped) return -1;
-    u = PyUnicode_AsUTF8AndSize(escaped, &n);
-    if (!u) {
-      Py_DECREF(escaped);
+    if (!shown || !(u = PyUnicode_AsUTF8AndSize(shown, &n))) {
+      Py_XDECREF(shown);
       return -1;
     }
-    shown = escaped;
   }
   int32_t id = (int32_t)name_table.entries.size();
   PyObject* idobj = PyLong_FromLong(id);
-  if (!idobj) {
-    Py_XDECREF(escaped);
-    return -1;
-  }
-  if (PyDict_SetItem(name_table.dict, name, idobj) < 0) {
-    Py_DECREF(idobj);
-    Py_XDECREF(escaped);
+  if (!idobj || PyDict_SetItem(name_table.dict, name, idobj) < 0) {
+    Py_XDECREF(idobj);
+    Py_DECREF(shown);
     return -1;
   }
   Py_DECREF(idobj);
   NameEntry e;
-  e.str = shown;
-  if (!escaped) Py_INCREF(shown);  // (escaped: its reference moves into the entry)
+  e.str = shown;  // its reference moves into the entry
   e.utf8.assign(u, (size_t)n);
   e.nvtx = marker_register(e.utf8);
   writer_add_name(e.utf8);
@@ -66,35 +56,28 @@ int32_t intern_name(PyObject* name) {
   return id;
 }
 
-// The context state of `key` (the current context), made, paired and calibrated on first use;
-// -1 while its reference pairing fails (retried at most once a second: a graph capture may be
-// running). Internal linkage: inlined into stage enter, its one caller.
+// The index of context `key` (current), paired and calibrated on first use; -1 while its pairing
+// fails (retried at most once a second: a graph capture may be running). Inlined into stage enter.
 inline int ctx_index(void* key) {
-  int found = -1;
-  if (events.last_ctx >= 0 && events.ctxs[(size_t)events.last_ctx].key == key) {
-    found = events.last_ctx;
-  } else {
+  int c = events.last_ctx;
+  if (c < 0 || events.ctxs[(size_t)c].key != key) {
+    c = -1;
     for (size_t i = 0; i < events.ctxs.size(); i++)
-      if (events.ctxs[i].key == key) found = (int)i;
+      if (events.ctxs[i].key == key) c = (int)i;
+    if (c < 0) {  // first met: paired below, as a failed pairing is retried
+      Ctx cx;
+      cx.key = key;
+      events.ctxs.push_back(cx);
+      c = (int)events.ctxs.size() - 1;
+    }
   }
-  if (found >= 0) {
-    events.last_ctx = found;
-    Ctx& cx = events.ctxs[(size_t)found];
-    if (LIKELY(cx.ok)) return found;
-    int64_t t = now_ns();
-    if (t < cx.retry_ns) return -1;
-    cx.ok = ctx_pair_reference(found);
-    if (!cx.ok) events.ctxs[(size_t)found].retry_ns = t + 1000000000LL;
-    else ctx_calibrate(found);
-    return events.ctxs[(size_t)found].ok ? found : -1;
-  }
-  Ctx cx;
-  cx.key = key;
-  events.ctxs.push_back(cx);
-  int c = (int)events.ctxs.size() - 1;
   events.last_ctx = c;
-  events.ctxs[(size_t)c].ok = ctx_pair_reference(c);
-  if (!events.ctxs[(size_t)c].ok) events.ctxs[(size_t)c].retry_ns = now_ns() + 1000000000LL;
+  if (LIKELY(events.ctxs[(size_t)c].ok)) return c;
+  int64_t t = now_ns();
+  if (t < events.ctxs[(size_t)c].retry_ns) return -1;
+  const bool ok = ctx_pair_reference(c);
+  events.ctxs[(size_t)c].ok = ok;
+  if (!ok) events.ctxs[(size_t)c].retry_ns = t + 1000000000LL;
   else ctx_calibrate(c);
   return events.ctxs[(size_t)c].ok ? c : -1;
 }
@@ -231,7 +214,7 @@ PyObject* stage_enter(PyObject* o, PyObject*) {
     if (key) c = ctx_index(key);
   }
   if (!probe) {
-    marker_push(r.name_id, r.id);
+    marker_at(r.name_id, r.id, false);
     cupti_enter(s, r.id);
   }
   if (timed && !events.gpu_off_after_fork) {
@@ -261,9 +244,8 @@ inline bool json_scalar(PyObject* v) {
   return v == Py_None || PyUnicode_CheckExact(v) || PyLong_CheckExact(v) || PyFloat_CheckExact(v) || PyBool_Check(v);
 }
 
-// What a record keeps of `attrs` (a new reference, or NULL): the dict itself when every value is
-// what JSON holds as is, else the hook's plain-data copy (process.attrs_hook). Never leaves an
-// exception set: a failing hook means the attrs are not kept, and counted.
+// What a record keeps of `attrs` (new reference or NULL): the dict when every value is a JSON
+// scalar, else the hook's plain-data copy; a failing hook keeps none (counted, no exception set).
 PyObject* record_attrs(PyObject* attrs) {
   if (!attrs || PyDict_GET_SIZE(attrs) == 0) return nullptr;
   Py_ssize_t pos = 0;
@@ -303,9 +285,8 @@ void stage_finish(StageObject* s, int64_t t, uint16_t flags, PyObject* attrs_ove
       events.pending.push_back(Pending{r, s->ev0, ev1, s->gpu_ctx, s->stream, attrs});
       s->ev0 = -1;
       s->gpu_ctx = -1;
-      // Opportunistic (most resolution is the session's resolve()): one scan query per stream
-      // resolves a batch, so batches are large and rare: every 32nd GPU exit, or every 8th while
-      // more than a quarter of the pool waits.
+      // Opportunistic (most resolution is the session's): one query per stream resolves a batch, so
+      // every 32nd GPU exit, or every 8th while more than a quarter of the pool waits.
       uint64_t x = ++events.gpu_exits;
       if ((x & 31) == 0 || ((x & 7) == 0 && (int)pending_count() * 4 > events.pool_max)) {
         int64_t t0 = now_ns();
@@ -411,10 +392,9 @@ PyObject* stage_repr(PyObject* o) {
                               s->state == ST_OPEN ? " open" : "");
 }
 
-// `with` binds __enter__/__exit__, which for a C method allocates a bound method each time (~20 ns
-// apiece): each Stage embeds its two bound callables instead, handed out by descriptors. One owns
-// a reference to its Stage while its own refcount is above zero (taken on 0 -> 1 in descr_get,
-// given back by tp_dealloc on 1 -> 0); its memory is the Stage's.
+// `with` binds __enter__/__exit__, a new bound method each time (~20 ns apiece): each Stage embeds
+// its two instead, handed out by descriptors. One holds a reference to its Stage while its own
+// count is above zero (taken on 0 -> 1 in descr_get, given back on 1 -> 0); its memory is the Stage's.
 PyObject* bound_enter_vc(PyObject* b, PyObject* const* args, size_t nargsf, PyObject* kw) {
   if (PyVectorcall_NARGS(nargsf) != 0 || (kw && PyTuple_GET_SIZE(kw))) {
     PyErr_SetString(PyExc_TypeError, "__enter__() takes no arguments");
@@ -498,16 +478,12 @@ bool parse_stream(PyObject* v, uint64_t* out) {
     return !PyErr_Occurred();
   }
   // torch.cuda.Stream.cuda_stream, cupy Stream.ptr, MAX DeviceStream native handle
-  static const char* names[] = {"cuda_stream", "ptr", "native_stream_handle", "handle", nullptr};
-  for (int i = 0; names[i]; i++) {
-    PyObject* h = PyObject_GetAttrString(v, names[i]);
-    if (!h) {
-      PyErr_Clear();
-      continue;
-    }
-    bool ok = PyLong_Check(h);
+  for (const char* attr : {"cuda_stream", "ptr", "native_stream_handle", "handle"}) {
+    PyObject* h = PyObject_GetAttrString(v, attr);
+    if (!h) PyErr_Clear();
+    const bool ok = h && PyLong_Check(h);
     if (ok) *out = (uint64_t)PyLong_AsUnsignedLongLongMask(h);
-    Py_DECREF(h);
+    Py_XDECREF(h);
     if (ok) return !PyErr_Occurred();
   }
   PyErr_Format(PyExc_TypeError,
@@ -545,25 +521,16 @@ PyObject* py_stage(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject*
       if (kw_is(k, kw_stream)) {
         if (!parse_stream(v, &s->stream)) goto fail;
       } else if (kw_is(k, kw_gpu)) {
-        if (v == Py_None)
-          s->gpu_mode = -1;
-        else {
-          int t = PyObject_IsTrue(v);
-          if (t < 0) goto fail;
-          s->gpu_mode = (int8_t)t;
-        }
+        const int t = v == Py_None ? -1 : PyObject_IsTrue(v);
+        if (t < 0 && v != Py_None) goto fail;
+        s->gpu_mode = (int8_t)t;
       } else if (kw_is(k, kw_step)) {
-        if (v == Py_None)
-          s->step_arg = -1;
-        else {
-          long long st = PyLong_AsLongLong(v);
-          if (st == -1 && PyErr_Occurred()) goto fail;
-          if (st < 0) {
-            PyErr_SetString(PyExc_ValueError, "step must be >= 0 or None");
-            goto fail;
-          }
-          s->step_arg = st;
+        const long long st = v == Py_None ? -1 : PyLong_AsLongLong(v);
+        if (st < 0 && v != Py_None) {
+          if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "step must be >= 0 or None");
+          goto fail;
         }
+        s->step_arg = st;
       } else {
         if (!s->attrs && !(s->attrs = PyDict_New())) goto fail;
         if (PyDict_SetItem(s->attrs, k, v) < 0) goto fail;
@@ -611,7 +578,7 @@ PyObject* py_mark(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* 
   r.name_id = nid;
   r.depth = parent ? (int16_t)(parent->rec.depth + 1) : 0;
   r.flags = F_MARK;
-  marker_mark(nid, r.id);
+  marker_at(nid, r.id, true);
   push_done(r, attrs);
   Py_XDECREF(attrs);
   Py_RETURN_NONE;

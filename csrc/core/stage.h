@@ -82,8 +82,7 @@ inline void pop_zombies(ThreadState* ts) {
 // Finishes s's record at host time t (GPU exit event, then pending or done). Stack untouched.
 void stage_finish(StageObject* s, int64_t t, uint16_t flags, PyObject* attrs_override);
 
-// Module init: the types readied (before the module exists), then added to m. False with a
-// Python error set.
+// Module init: the types readied before the module exists, then added to m (false: an error set).
 bool stage_types_ready();
 bool stage_module_add(PyObject* m);
 

@@ -1,9 +1,6 @@
-// Process-wide state of the stage core: record ids, the per-OS-thread stacks of open stages, the
-// error lines stats() reports.
-//
-// The GIL is the lock of all shared state (docs/stage-core.md, "Threads"). Without it run: the
-// thread-exit hook (an atomic flag), the native writer (writer.h: the completed records, under
-// its mutex), the placer (placer.h: the batch it was handed), the CUPTI callbacks.
+// Process-wide state of the stage core. The GIL is the lock of all shared state (docs/stage-core.md,
+// "Threads"); without it run the thread-exit hook (an atomic flag), the native writer (writer.h),
+// the placer (placer.h) and the CUPTI callbacks.
 #pragma once
 
 #include "base.h"
@@ -39,7 +36,6 @@ struct ThreadState {
   }
 };
 
-// Protected by the GIL (see above).
 struct Process {
   bool enabled = true;
   int64_t pid = 0;

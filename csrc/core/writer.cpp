@@ -1,13 +1,10 @@
 // The native writer (writer.h): push_done, its thread, its syncer, and writer_* of the module.
 #include "writer.h"
 
-#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <cstring>
 
 #include "attrs_json.h"
 
@@ -62,21 +59,16 @@ namespace {
 
 struct timespec at_ns(int64_t t) { return {(time_t)(t / 1000000000LL), (long)(t % 1000000000LL)}; }
 
-// Appends n bytes; on any failure cuts the file back to `size` (whole records only) and
-// returns errno. `size` advances on success.
+// Appends n bytes (`size` advances), else cuts the file back to `size` and returns errno.
 int append_all(int fd, const char* p, size_t n, int64_t& size) {
   size_t off = 0;
   while (off < n) {
     ssize_t k = ::write(fd, p + off, n - off);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      int e = errno;
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      int e = k < 0 ? errno : EIO;
       if (off) (void)!ftruncate(fd, size);
       return e;
-    }
-    if (k == 0) {
-      if (off) (void)!ftruncate(fd, size);
-      return EIO;
     }
     off += (size_t)k;
   }
@@ -149,11 +141,7 @@ void* writer_main(void*) {
         err = append_all(writer.fd_stages, (const char*)batch.data(), n * sizeof(Record), writer.stages_size);
         if (err) err_file = "stages";
       }
-      if (err) {
-        dropped = n;
-      } else {
-        written = n;
-      }
+      (err ? dropped : written) = n;
     }
     took = n != 0;
     pthread_mutex_lock(&writer.mu);
@@ -178,8 +166,8 @@ void* writer_main(void*) {
   return nullptr;
 }
 
-// The syncer: fsyncs the part's files at most every fsync interval while the writer writes,
-// and once more after it stopped (so a closed part is on disk), off the writer's thread.
+// The syncer: fsyncs the part's files at most every fsync interval while the writer writes, and
+// once more after it stopped (a closed part is on disk).
 void* syncer_main(void*) {
   pthread_mutex_lock(&writer.mu);
   int64_t last = now_ns();
@@ -248,11 +236,7 @@ void writer_at_exit() {  // C atexit: never leave the thread running into static
 
 // A new run's requests, flags and counters (writer_start; the child after fork: trivial work only).
 void reset_run() {
-  writer.stop = false;
-  writer.sync_stop = false;
-  writer.dirty = false;
-  writer.signalled = false;
-  writer.idle = false;
+  writer.stop = writer.sync_stop = writer.dirty = writer.signalled = writer.idle = false;
   writer.flush_req = writer.flush_done = 0;
   writer.names_written = 0;
   writer.counts = {};
@@ -284,9 +268,8 @@ void writer_atfork_child() {
 }
 
 int open_append(const std::string& path, int64_t& size) {
-  // O_NOFOLLOW: a link planted in a run directory (stages.bin -> ~/.bashrc) is refused, never
-  // written through; O_NONBLOCK: a FIFO with no reader there fails at once instead of blocking.
-  // (The session's PartWriter opened these paths first and refused anything but a regular file.)
+  // O_NOFOLLOW: a link planted in a run directory (stages.bin -> ~/.bashrc) is refused;
+  // O_NONBLOCK: a FIFO with no reader there fails at once instead of blocking.
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
   if (fd < 0) return -1;
   int fl = fcntl(fd, F_GETFL);
@@ -296,7 +279,6 @@ int open_append(const std::string& path, int64_t& size) {
   return fd;
 }
 
-// writer_start(stages_path, strings_path, interval_ms=2.0, threshold=8192, fsync_interval_s=1.0)
 PyObject* py_writer_start(PyObject*, PyObject* args, PyObject* kwargs) {
   static const char* kw[] = {"stages_path", "strings_path", "interval_ms", "threshold", "fsync_interval_s", nullptr};
   const char *sp = nullptr, *np = nullptr;
@@ -358,8 +340,7 @@ PyObject* py_writer_start(PyObject*, PyObject* args, PyObject* kwargs) {
   Py_RETURN_TRUE;
 }
 
-// writer_flush(timeout_s=5.0) -> bool: every record completed before the call is written (or
-// dropped after a write error) when it returns True. GIL released while waiting.
+// True: every record completed before the call is written (or dropped after a write error).
 PyObject* py_writer_flush(PyObject*, PyObject* args) {
   double timeout_s = 5.0;
   if (!PyArg_ParseTuple(args, "|d", &timeout_s)) return nullptr;
@@ -382,7 +363,7 @@ PyObject* py_writer_flush(PyObject*, PyObject* args) {
   Py_RETURN_FALSE;
 }
 
-PyObject* writer_status_dict() {
+PyObject* writer_status_dict(PyObject* = nullptr, PyObject* = nullptr) {
   pthread_mutex_lock(&writer.mu);
   const NativeWriter::Counts c = writer.counts;
   const int e = writer.err;
@@ -401,9 +382,6 @@ PyObject* writer_status_dict() {
                        (long long)c.max_batch, "interval_ms", (double)iv / 1e6, "threshold", (Py_ssize_t)th, "error", err);
 }
 
-PyObject* py_writer_status(PyObject*, PyObject*) { return writer_status_dict(); }
-
-// writer_stop() -> status dict: final take-and-write, join, close the files.
 PyObject* py_writer_stop(PyObject*, PyObject*) {
   writer_join(true);
   return writer_status_dict();
@@ -424,7 +402,7 @@ PyMethodDef writer_methods[] = {
     {"writer_flush", py_writer_flush, METH_VARARGS,
      "writer_flush(timeout_s=5.0) -> bool: wait (GIL released) until every record completed so far is written"},
     {"writer_stop", py_writer_stop, METH_NOARGS, "writer_stop() -> status: final write, join the thread"},
-    {"writer_status", py_writer_status, METH_NOARGS, "writer_status() -> dict of the native writer's counters"},
+    {"writer_status", writer_status_dict, METH_NOARGS, "writer_status() -> dict of the native writer's counters"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace maxinstr

@@ -1,12 +1,8 @@
-// The native writer (docs/sessions.md "The native writer"): a thread of ours (never taking the
-// GIL) appends completed records to stages.bin, new names to strings.jsonl first. fsync runs on
-// a second thread: a SIGKILL loses only what was not yet handed to write(2).
-//
-// Locking: writer.mu guards completed.done/done_head/done_drained while the writer runs
-// (push_done and drain() take it only then: `writer.running` is read and written with the GIL
-// held), and writer.names, the counters and requests always; the writer holds it only to swap
-// buffers and copy new names. fork: the prepare handler takes writer.mu, so the child never
-// inherits it held mid-swap; the child gets fresh primitives, no threads, no descriptors.
+// The native writer (docs/sessions.md "The native writer"): a thread of ours, never taking the
+// GIL, appends completed records to stages.bin (new names to strings.jsonl first); fsync runs on a
+// second thread. writer.mu guards the completed records while the writer runs (`running` is
+// read and written with the GIL held), and the names, counters and requests always. fork: the
+// prepare handler takes writer.mu, so the child never inherits it held mid-swap.
 #pragma once
 
 #include "base.h"

@@ -97,11 +97,6 @@ def _configure_events(
     floor_ns: int | None = None,
     gpu_budget: float | None = None,
 ) -> dict[str, float]: ...
-# The two probes exist only in a build with MAXINSTR_BENCH_PROBES=ON (csrc/core/CMakeLists.txt).
-def _driver_costs(n: int = 2000, stream: int = 0) -> dict[str, float]:
-    """Benchmarks: ns per driver call a GPU-timed stage makes, timed in C (synchronises)."""
-def _event_diag(n: int = 4000, stream: int = 0) -> dict[str, dict[str, float]]:
-    """Benchmarks: host ns per launch/event-record pattern (issue, and with the final sync)."""
 def cupti_link(path: str | None, kind: int = 0) -> bool: ...
 def cupti_stats() -> dict[str, Any]: ...
 def cupti_tags(path: str | None, runtime_cbids: Sequence[int] = ..., driver_cbids: Sequence[int] = ...,

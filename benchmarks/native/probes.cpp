@@ -1,6 +1,7 @@
 // Benchmark-only probes: _driver_costs() and _event_diag() time the driver calls a GPU-timed stage
 // makes, in C (benchmarks/stage_overhead.py, benchmarks/event_diag.py; tests/core runs them
-// against the stand-in driver). Built only with the CMake option MAXINSTR_BENCH_PROBES.
+// against the stand-in driver). Built into maxinstr._native only with the CMake option
+// MAXINSTR_BENCH_PROBES (csrc/core/CMakeLists.txt); it includes the core's headers from there.
 #include "base.h"
 
 #include <string>
