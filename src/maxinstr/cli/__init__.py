@@ -20,23 +20,18 @@ from maxinstr._version import __version__
 from maxinstr.errors import MaxinstrError
 
 # name -> module under maxinstr.cli exposing `command` (a click.Command)
-SUBCOMMANDS: dict[str, str] = {
-    "report": "report",
-    "compare": "compare",
-    "run": "run",
-    "snapshot": "snapshot",
-    "deep-dive": "deep_dive",
-    "server": "server",
-}
+SUBCOMMANDS = {name: name.replace("-", "_") for name in ("report", "compare", "run", "snapshot", "deep-dive", "server")}
 
 
-def without_gc(command):
-    """Run a batch command with the cyclic garbage collector paused: a report builds millions of
+def batch_command(command):
+    """A command that reads a big trace once and exits (``report``, ``compare``): run after
+    :func:`batch_process`, with the cyclic garbage collector paused: a report builds millions of
     small dicts and lists that hold no cycles, and the collector's passes over them were a quarter
     of the time of a report of 50,000 stage names (reference counting still frees everything)."""
 
     @functools.wraps(command)
     def run(*args, **kwargs):
+        batch_process()
         was_on = gc.isenabled()
         gc.disable()
         try:
@@ -44,19 +39,6 @@ def without_gc(command):
         finally:
             if was_on:
                 gc.enable()
-
-    return run
-
-
-def batch_command(command):
-    """:func:`without_gc`, plus :func:`batch_process`: a command that reads a big trace once and
-    exits (``report``, ``compare``)."""
-    inner = without_gc(command)
-
-    @functools.wraps(command)
-    def run(*args, **kwargs):
-        batch_process()
-        return inner(*args, **kwargs)
 
     return run
 
@@ -151,9 +133,7 @@ class _LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         module = SUBCOMMANDS.get(cmd_name)
-        if module is None:
-            return None
-        return importlib.import_module(f"maxinstr.cli.{module}").command
+        return None if module is None else importlib.import_module(f"maxinstr.cli.{module}").command
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

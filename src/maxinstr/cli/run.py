@@ -38,8 +38,7 @@ def choose_profiler(requested: str, env, *, window_s: float, capture: str, osrt:
                          else "no GPU found: running without a profiler (stages still record host times)")
     if name == "none":
         return make_profiler("none"), notes
-    tool = env.tool(name)
-    if not tool.found:
+    if not (tool := env.tool(name)).found:
         raise MaxinstrError(f"{name} is not installed: {tool.install_hint()}")
     if tool.off_path:
         notes.append(f"using {tool.path} ({name} is not on PATH)")
@@ -112,8 +111,7 @@ def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, 
     maxinstr run -- max generate --model-path DIR ...      (the max preset applies by itself)
     maxinstr run --preset max -- python my_max_pipeline.py
     """
-    cmd = after_dashes(command)
-    if not cmd:
+    if not (cmd := after_dashes(command)):
         raise click.UsageError("give the command to run after --")
     for text in stages:
         parse_spec(text)  # fail before starting anything
@@ -121,11 +119,9 @@ def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, 
     out_dir = out or runner.default_run_dir(cmd)
     specs = runner.plan_runs(cmd, Path(out_dir), repeat=repeat, sweep=sweep)
     for spec in specs:  # a bad -o, or a command that cannot start: one line, nothing made or cleared
-        problem = runner.run_dir_problem(spec.run_dir)
-        if problem is not None:
+        if (problem := runner.run_dir_problem(spec.run_dir)) is not None:
             raise UserError(f"{'-o ' + str(out) if out else spec.run_dir}: {problem}; nothing was started")
-        problem = runner.command_problem(spec.command, {**os.environ, **spec.env})
-        if problem is not None:
+        if (problem := runner.command_problem(spec.command, {**os.environ, **spec.env})) is not None:
             raise UserError(f"{problem}; nothing was started")
     env = detect_environment()
     for line in env.summary_lines(install_hints=profiler != "none"):
@@ -155,8 +151,7 @@ def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, 
         if outcome.result.status == runner.sv.STATUS_INTERRUPTED:
             interrupted = True
             break  # Ctrl-C ends the whole plan; what ran so far is kept
-    hint = runner.compare_hint(specs)
-    if hint and not interrupted:
+    if (hint := runner.compare_hint(specs)) and not interrupted:
         click.echo(f"maxinstr: {hint}")
     if interrupted:
         sig = outcomes[-1].result.signal
@@ -244,8 +239,7 @@ def _summarize(outcome: runner.RunOutcome, *, no_report: bool) -> None:
     if outcome.unapplied:
         click.echo(f"maxinstr: {tag}never applied: " + "; ".join(
             f"--stage {text} ({why})" for text, why in outcome.unapplied.items()), err=True)
-    art = outcome.artifact
-    if art is not None:
+    if (art := outcome.artifact) is not None:
         if art.ok:
             click.echo(f"maxinstr: {tag}{art.profiler} trace: {art.kernels} kernels in {art.trace}", err=True)
         for problem in art.problems:
@@ -254,8 +248,7 @@ def _summarize(outcome: runner.RunOutcome, *, no_report: bool) -> None:
         click.echo(f"maxinstr: {tag}files:", err=True)
         for role, path in outcome.files.items():
             click.echo(f"    {role}: {runner.open_hint(role, path)}", err=True)
-        asked = _requested_path(outcome.spec.run_dir)
-        if asked:
+        if asked := _requested_path(outcome.spec.run_dir):
             # the script's own session named a directory: it wrote here instead (one run, one place)
             click.echo(f"    (the script's session asked for {asked}: under maxinstr run its records are in "
                        f"{outcome.spec.run_dir}; -o {asked} writes them there)", err=True)

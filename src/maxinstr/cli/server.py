@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shlex
 from pathlib import Path
 
@@ -21,8 +22,7 @@ from maxinstr.rundir import load
 def _nsys_path(profiler: str) -> str | None:
     if profiler != "nsys":
         return None
-    tool = find_tool("nsys", probe_version=False)
-    if not tool.found:
+    if not (tool := find_tool("nsys", probe_version=False)).found:
         raise MaxinstrError(f"nsys is not installed: {tool.install_hint()}")
     return tool.path
 
@@ -58,11 +58,7 @@ _start_options = [
 
 
 def _apply(options):
-    def deco(f):
-        for opt in reversed(options):
-            f = opt(f)
-        return f
-    return deco
+    return lambda f: functools.reduce(lambda g, opt: opt(g), reversed(options), f)
 
 
 def _start(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_fail_fast, cmd) -> srv.ServerState:
@@ -72,11 +68,9 @@ def _start(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_f
         raise click.UsageError("give the server command after --")
     chosen = choose_presets(cmd, presets, no_preset)
     # as `maxinstr run`: a bad -o or a command that cannot start is one line, and nothing is made
-    problem = runner.run_dir_problem(out)
-    if problem is not None:
+    if (problem := runner.run_dir_problem(out)) is not None:
         raise UserError(f"-o {out}: {problem}; nothing was started")
-    problem = runner.command_problem(cmd)
-    if problem is not None:
+    if (problem := runner.command_problem(cmd)) is not None:
         raise UserError(f"{problem}; nothing was started")
     state = srv.start_server(cmd, out, profiler=profiler, nsys_path=_nsys_path(profiler), ready=ready,
                              ready_timeout_s=ready_timeout, stage_specs=list(stages), presets=chosen,

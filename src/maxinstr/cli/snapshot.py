@@ -21,9 +21,7 @@ from maxinstr.cli import Seconds, UserError
 
 
 def _fmt_pct(mean: float, peak: float) -> str:
-    if not math.isfinite(mean):
-        return "-"
-    return f"{mean:.0f}/{peak:.0f}"
+    return f"{mean:.0f}/{peak:.0f}" if math.isfinite(mean) else "-"
 
 
 def _fmt_gib(x: float) -> str:

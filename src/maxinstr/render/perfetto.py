@@ -224,8 +224,7 @@ def _op_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dict[s
 def _call_events(tl: Timeline, analysis: Analysis, op_tids: np.ndarray, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
     """Host API calls that launched GPU work, on a track beside their thread, and a flow arrow
     from each launch to the op it launched (:func:`~maxinstr.analyze.timeline.launch_calls`)."""
-    trace = analysis.trace
-    if trace is None:
+    if (trace := analysis.trace) is None:
         return
     calls, ops = trace.calls, trace.ops
     counts["api_calls"] = counts["launch_flows"] = 0

@@ -21,7 +21,7 @@ from maxinstr.render.terminal import text_width
 if TYPE_CHECKING:
     from maxinstr.analyze.compare import CompareResult, DeltaRow
     from maxinstr.analyze.report import Analysis
-    from maxinstr.analyze.schema import FamilyRow, Populations, Report, Stage, StartupRow
+    from maxinstr.analyze.schema import FamilyRow, Populations, Report, Stage
 
 
 def _cell(value: Any) -> Any:
@@ -210,8 +210,7 @@ def _shown_stages(stages: list[Stage]) -> list[Stage]:
 
 
 def _stage_table(report: Report) -> Any:
-    all_stages = report.get("stages") or []
-    if not all_stages:
+    if not (all_stages := report.get("stages") or []):
         return None
     stages = _shown_stages(all_stages)
     gpu_labels = {f.gpu_stat(s)[0] for s in stages} - {""}
@@ -235,8 +234,7 @@ def _stage_table(report: Report) -> Any:
         notes.append("busy: share of that trace span in which a kernel ran; kernels: per instance")
     notes += _sample_notes(short_util, short_power, "busy" if trace_cols else "GPU time" if gpu_labels else
                            "the HTML report's timeline", throttle_col)
-    only_warm = [s["name"] for s in stages if not s["steady"] and f.excluded(s)]
-    if only_warm:
+    if only_warm := [s["name"] for s in stages if not s["steady"] and f.excluded(s)]:
         notes.append(f"n (+k): steady instances (+ warm-up / cold-start ones); {', '.join(only_warm[:3])}"
                      f"{' ...' if len(only_warm) > 3 else ''} ran only as warm-up: see Startup below")
     if sampled and any((s.get("samples") or {}).get("power_source") == "reading" and not _limited(s, "power_limited")
@@ -354,8 +352,7 @@ _BASIS = {"gpu_busy_ns": "GPU busy", "gpu_event_ns": "GPU", "gpu_proj_ns": "GPU 
 
 
 def _bottlenecks(report: Report) -> Fitted | None:
-    rows = report.get("bottlenecks") or []
-    if not rows:
+    if not (rows := report.get("bottlenecks") or []):
         return None
     cols = [Col("#"), Col("stage", "left", key=True), Col("share"), Col("self time, total"),
             Col("top kernel", "left", cut=True, move=2), Col("findings", "left", move=1)]
@@ -400,8 +397,7 @@ def _inside_stages(report: Report) -> Fitted | Text | None:
 
 
 def _diagnosis(report: Report) -> Panel | None:
-    fs = report.get("diagnosis") or []
-    if not fs:
+    if not (fs := report.get("diagnosis") or []):
         return None
     parts: list[Any] = []
     styles = {"Facts": "bold green", "Hypotheses": "bold yellow"}
@@ -424,16 +420,12 @@ def _diagnosis(report: Report) -> Panel | None:
     return Panel(Group(*parts), title="Diagnosis", title_align="left")
 
 
-def _startup_gpu(r: StartupRow) -> str:
-    basis, v = f.startup_gpu(r)
-    return f.ns(v) + (" p" if basis == "proj" else "")
-
-
 def _startup(report: Report) -> Fitted | None:
     if not report.get("startup"):
         return None
     rows, caption = f.startup_shown(report)
-    body = [[r["stage"], str(r["occurrence"]), r["reason"].replace("_", " "), f.ns(r["host_ns"]), _startup_gpu(r),
+    body = [[r["stage"], str(r["occurrence"]), r["reason"].replace("_", " "), f.ns(r["host_ns"]),
+             f.ns(f.startup_gpu(r)[1]) + (" p" if f.startup_gpu(r)[0] == "proj" else ""),
              str(r.get("nested") or "-"), f"{r['robust_z']:.0f}" if r.get("robust_z") is not None else "-"]
             for r in rows]
     cols = [Col("stage", "left", key=True), Col("#"), Col("why", "left"), Col("host"), Col("GPU", move=2),
@@ -451,8 +443,7 @@ def _notes(report: Report) -> Group | None:
 
 def _ranks(report: Report) -> Group | None:
     """Per-rank stage statistics and the stragglers (multi-rank runs only)."""
-    sec = rk.section(report)
-    if sec is None:
+    if (sec := rk.section(report)) is None:
         return None
     (rank_head, rank_rows), (stage_head, stage_rows) = rk.rank_rows(sec), rk.stage_rows(sec)
     lines = rk.straggler_lines(sec)
@@ -528,8 +519,7 @@ def compare_renderables(result: CompareResult) -> list[Any]:
                                 [Col(h, "left" if h in ("stage", "findings", "share of GPU time") else "right",
                                      key=h == "stage", wrap=h in ("findings", "share of GPU time"),
                                      move={"findings": 2, "share of GPU time": 1}.get(h, 0)) for h in header], body))
-        fams = [r for r in c["families"] if r["changed"]]
-        if fams:
+        if fams := [r for r in c["families"] if r["changed"]]:
             parts.append(Fitted("Kernel-mix changes (share of GPU time)",
                                 [Col("family", "left", key=True), Col("A"), Col("B"), Col("change")],
                                 [[r["family"], f.pct(r["a_share"], 1), f.pct(r["b_share"], 1),
