@@ -29,9 +29,8 @@ _RUN_OWN = ("env.MAXINSTR_RUN_DIR",)
 """Keys every run has its own value of (where ``maxinstr run`` put it)."""
 
 
-# ----------------------------------------------------------------------------- the result's types
-# (docs/report.md says what each key means; a value that cannot be computed is None, never NaN),
-# in the functional form: a type a line or two, where ruff's UP013 wants a key a line.
+# The result's types (docs/report.md says what each key means; a value that cannot be computed is
+# None, never NaN), in the functional form: a type a line or two, where ruff's UP013 wants a key a line.
 # ruff: noqa: UP013
 SideStat = TypedDict("SideStat", {"n": int, "median": float, "p90": float, "runs": int, "run_medians": list[float]})
 Delta = TypedDict("Delta", {
@@ -106,24 +105,17 @@ class Side:
         """The stage's row in every run that has it."""
         return [index[name] for index in self._stages if name in index]
 
-    def run_values(self, name: str, key: StepBasis) -> list[np.ndarray] | None:
-        """Steady values of a stage, an array a run (None when a run has only summaries)."""
+    def values(self, name: str, key: StepBasis) -> np.ndarray | None:
+        """All runs' steady values of a stage, pooled (None when a run has only summaries)."""
         if len(self.analyses) != len(self.reports):
             return None
-        out = []
+        out = [np.empty(0, np.int64)]
         for a in self.analyses:
             inst = a.headline_instances if (key == "host_ns" and a.headline_instances is not None) else a.instances
-            if (rows := self._rows_of(inst).get(name)) is None:
-                out.append(np.empty(0, np.int64))
-                continue
-            v = {"host_ns": inst.host_ns, "gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": inst.proj_ns}[key][rows]
-            out.append(v[v >= 0])
-        return out
-
-    def values(self, name: str, key: StepBasis) -> np.ndarray | None:
-        """All runs' steady values of a stage, pooled (None without raw values)."""
-        runs = self.run_values(name, key)
-        return None if runs is None else np.concatenate(runs) if runs else np.empty(0, np.int64)
+            if (rows := self._rows_of(inst).get(name)) is not None:
+                v = {"host_ns": inst.host_ns, "gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": inst.proj_ns}[key][rows]
+                out.append(v[v >= 0])
+        return np.concatenate(out)
 
     def _rows_of(self, inst: StageInstances) -> dict[str, np.ndarray]:
         if id(inst) not in self._rows:
@@ -146,9 +138,8 @@ T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 
 
 
 def run_to_run_bound(a: list[float], b: list[float]) -> float:
-    """Half-width of a 95% interval of the difference of the mean run medians, from the spread of
-    the runs' medians on each side (Student's t on ka + kb - 2 degrees of freedom). NaN with
-    fewer than two runs on a side: one run cannot show how much a fresh process moves."""
+    """Half-width of a 95% interval of the difference of the sides' mean run medians (Student's t,
+    ka + kb - 2 degrees of freedom); NaN under two runs a side: one run cannot show a fresh process's move."""
     if len(a) < 2 or len(b) < 2:
         return float("nan")
     t95 = next((v for k, v in sorted(T95.items()) if len(a) + len(b) - 2 <= k), 2.0)
@@ -231,10 +222,9 @@ def _population_labels(p: Populations) -> tuple[str | None, list[str]]:
 
 
 def _populations(a: Side, b: Side, name: str, key: StepBasis) -> PopulationDeltas | None:
-    """A stage whose steady instances form two populations on either side: what each side has,
-    and, when every run of both sides has the same two (same feature, same groups), a delta row
-    per population from its statistics (a pooled median of two populations lies between them, a
-    time no instance took, and moves with their mix). None when neither side has two."""
+    """A stage with two populations of steady instances on either side: what each side has, and when
+    every run of both has the same two, a delta row per population (a pooled median of two populations
+    lies between them, a time no instance took, and moves with their mix). None when neither has two."""
     pa = [st.get("populations") for st in a.stages_of_runs(name)]
     pb = [st.get("populations") for st in b.stages_of_runs(name)]
     if not any(pa) and not any(pb):
@@ -307,7 +297,6 @@ def kernel_key(name: str) -> str:
 
 
 def _strip_params(name: str) -> str:
-    """The name without its trailing parameter list."""
     if not name.endswith(")"):
         return name
     depth = 0

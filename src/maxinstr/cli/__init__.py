@@ -19,15 +19,14 @@ from maxinstr import config
 from maxinstr._version import __version__
 from maxinstr.errors import MaxinstrError
 
-# name -> module under maxinstr.cli exposing `command` (a click.Command)
 SUBCOMMANDS = {name: name.replace("-", "_") for name in ("report", "compare", "run", "snapshot", "deep-dive", "server")}
+"""Command name -> its module under maxinstr.cli, which holds its click ``command``."""
 
 
 def batch_command(command):
-    """A command that reads a big trace once and exits (``report``, ``compare``): run after
-    :func:`batch_process`, with the cyclic garbage collector paused: a report builds millions of
-    small dicts and lists that hold no cycles, and the collector's passes over them were a quarter
-    of the time of a report of 50,000 stage names (reference counting still frees everything)."""
+    """A command that reads a big trace once and exits (``report``, ``compare``): after :func:`batch_process`,
+    with the cyclic garbage collector paused: a report's millions of small dicts and lists hold no cycles, and
+    its passes over them were a quarter of the time of a report of 50,000 stage names."""
 
     @functools.wraps(command)
     def run(*args, **kwargs):
@@ -102,9 +101,8 @@ def after_dashes(words: tuple[str, ...]) -> list[str]:
 
 
 class Seconds(click.FloatRange):
-    """A number of seconds for an option: a finite number > 0 (>= 0 with ``zero_ok``). Every
-    numeric option is range-checked by click, so a bad value is a usage error before anything
-    starts; ``FloatRange`` alone lets ``nan`` and ``inf`` through (no comparison fails them)."""
+    """A number of seconds for an option: finite, > 0 (>= 0 with ``zero_ok``), else a usage error before
+    anything starts; ``FloatRange`` alone lets ``nan`` and ``inf`` through (no comparison fails them)."""
 
     name = "seconds"
 

@@ -240,10 +240,6 @@ def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str 
                f"verdict {out_dir / 'verdict.json'}, log {log}", err=True)
 
 
-def _interactive() -> bool:
-    return sys.stdin.isatty() and sys.stderr.isatty()
-
-
 def _confirm_recorded(app: list[str], specs: list[str], where: Path, yes: bool) -> None:
     """A command read from a file (a run directory may come from anyone) runs only when the user
     says so: shown, then confirmed on a terminal (default no), or ``--yes``; refused otherwise."""
@@ -254,7 +250,7 @@ def _confirm_recorded(app: list[str], specs: list[str], where: Path, yes: bool) 
         click.echo(f"    with --stage {shown(spec)} (imports its module in the program)", err=True)
     if yes:
         return
-    if not _interactive():
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
         raise UserError(f"{where}: a command read from a file is run only when you confirm it: "
                         "give --yes to run it, or the command to run after --; ncu was not started")
     if shown(text) != visible(text) or any(shown(s) != visible(s) for s in specs):

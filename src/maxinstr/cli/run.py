@@ -22,10 +22,6 @@ from maxinstr.launch.presets import auto_presets, preset
 from maxinstr.launch.profilers import DEFAULT_WINDOW_S, Profiler, make_profiler
 
 
-def _interactive() -> bool:
-    return sys.stdin.isatty() and sys.stdout.isatty()
-
-
 def choose_profiler(requested: str, env, *, window_s: float, capture: str, osrt: bool, extra: list[str]) -> tuple[Profiler, list[str]]:
     """The profiler to use and lines to tell the user about the choice (missing tools first)."""
     notes: list[str] = []
@@ -137,7 +133,7 @@ def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, 
     click.echo("maxinstr: plan", err=True)
     for line in runner.plan_lines(specs, options):
         click.echo(f"  {line}", err=True)
-    if not yes and _interactive() and not click.confirm("Start?", default=True, err=True):
+    if not yes and sys.stdin.isatty() and sys.stdout.isatty() and not click.confirm("Start?", default=True, err=True):
         raise click.Abort()
 
     outcomes = []

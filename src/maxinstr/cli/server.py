@@ -27,8 +27,7 @@ def _nsys_path(profiler: str) -> str | None:
     return tool.path
 
 
-def _say(line: str) -> None:
-    click.echo(line, err=True)
+_say = functools.partial(click.echo, err=True)
 
 
 @click.group("server", short_help="Profile a long-running server around benchmark windows.")

@@ -159,6 +159,3 @@ def command(duration: float | None, interval: float, as_json: bool, cmd: tuple[s
     if code:
         # a command killed by a signal exits like a shell reports it: 128 + signal number
         raise click.exceptions.Exit(128 - code if code < 0 else code)
-
-
-__all__ = ["command", "render"]

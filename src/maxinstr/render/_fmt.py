@@ -91,9 +91,8 @@ def startup_shown(report: Report, n: int = STARTUP_SHOWN) -> tuple[list[StartupR
 
 
 def population_row(g: PopulationGroup) -> Stage:
-    """One of a stage's two populations as a row of a stage table: its own statistics (the keys
-    it shares with a stage row) and its instances as the steady count; it has no warm-up, kernel
-    mix or samples of its own, so those read as absent."""
+    """One of a stage's two populations as a stage table's row: its statistics, its instances as the
+    steady count; no warm-up, kernel mix or samples of its own, so those read as absent."""
     return cast("Stage", dict(g, steady=g["instances"]))
 
 
@@ -185,8 +184,7 @@ def _label(key: str) -> str:
 
 
 def _value(key: str, v: Any) -> str | None:
-    """A value with the unit its key names; None for what a sentence cannot hold (lists, dicts,
-    flags)."""
+    """A value with the unit its key names; None for what a sentence cannot hold (lists, dicts, flags)."""
     if v is None or isinstance(v, (bool, list, dict)):
         return None
     if isinstance(v, str):
@@ -245,9 +243,8 @@ def finding_groups(findings: list[Any]) -> list[tuple[str, list[Any]]]:
 
 
 def delta_rows(rows: list[DeltaRow]) -> list[tuple[str, DeltaRow]]:
-    """compare's delta rows as (stage cell, row): each stage, then, when its two populations were
-    compared one by one, a row per population under it ('· CUDA graph replay', as the report's
-    stage table shows them)."""
+    """compare's delta rows as (stage cell, row): each stage, then a row per population under it when
+    they were compared one by one ('· CUDA graph replay', as the report's stage table shows them)."""
     out: list[tuple[str, DeltaRow]] = []
     for r in rows:
         out.append((r["stage"], r))

@@ -87,7 +87,6 @@ def e(text: Any) -> str:
     return html.escape("" if text is None else shown(text), quote=True)
 
 
-# ----------------------------------------------------------------------------- SVG helpers
 def _svg(width: float, height: float, body: Iterable[str], label: str, cls: str = "") -> str:
     return (f'<svg class="{cls}" viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="{e(label)}" '
             f'xmlns="http://www.w3.org/2000/svg">' + "".join(body) + "</svg>")
@@ -130,7 +129,6 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]], td: Sequence[st
 
 
 def _kname(name: str, n: int = 80) -> str:
-    """A kernel's label (:func:`maxinstr._text.kernel_label`), cut to ``n``."""
     return f.short(kernel_label(name), n)
 
 
@@ -138,7 +136,6 @@ def _family_color(fam: str) -> str:
     return FAMILY_COLORS.get(fam, FAMILY_COLORS["other"])
 
 
-# ----------------------------------------------------------------------------- sections
 def _header(report: Report) -> str:
     src = report.get("sources") or {}
     env = report.get("environment") or {}
@@ -245,7 +242,6 @@ def _stage_table(stages: Sequence[Stage]) -> str:
                    "share of top level"], rows, [""] + [NUM] * 8, ' class="stages"')
 
 
-# ----------------------------------------------------------------------------- timeline
 def _merge_spans(start: np.ndarray, end: np.ndarray, min_gap: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Merge spans closer than ``min_gap`` (one pixel): (start, end, instances merged)."""
     if len(start) == 0:
@@ -334,7 +330,7 @@ def timeline_section(report: Report, analysis: Analysis | None) -> str:
         return [_rect(a, y, max(b - a, 0.6), h, colors[k], f"{what}: {c} instance{'s' if c > 1 else ''}, "
                       f"{f.ns((b - a) * px_ns)}", extra) for a, b, c in zip(X(s_).tolist(), X(e_).tolist(), n_.tolist())]
 
-    # stage strips, each with its GPU work under it: projected spans (trace), else GPU events
+    # under each stage strip its GPU work: projected spans (trace), else GPU events
     y = 8
     strip_body: list[str] = []
     bands: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -433,7 +429,6 @@ def timeline_section(report: Report, analysis: Analysis | None) -> str:
                         f'stroke-width="1.4"{da}>{tip}</polyline>')
         body.insert(title_at, _text(plot_x, y0 + 10, title, 12, weight="bold"))
         y0 += chart_h + gap
-    # time axis
     step = _nice_step(span / 1e9, 8)
     ax_y = total_h - 22
     body.append(f'<line x1="{plot_x}" y1="{ax_y}" x2="{plot_x + plot_w}" y2="{ax_y}" stroke="#5b6577"/>')
@@ -459,7 +454,6 @@ def timeline_section(report: Report, analysis: Analysis | None) -> str:
             + f'<div class="legend">{series_items}</div></section>')
 
 
-# ----------------------------------------------------------------------------- kernels
 def mix_svg(mix: Mix) -> str:
     """A 100% stacked bar of the stage's kernel families."""
     x = 0.0
@@ -537,7 +531,6 @@ def _kernel_table(kernels: Sequence[MixKernel | GpuKernel], per_instance: bool) 
             + "".join(rows) + "</tbody></table>")
 
 
-# ----------------------------------------------------------------------------- steps
 def steps_svg(stage: Stage) -> str | None:
     """Per-step median (GPU when measured, else host) of a stage with marked or derived steps."""
     per, steps = stage.get("per_step"), stage.get("steps")
@@ -578,7 +571,6 @@ def _steps_section(report: Report) -> str:
             '(re-running the prompt each step, a growing cache) shows up here.</p>' + "".join(charts[:6]) + "</section>")
 
 
-# ----------------------------------------------------------------------------- diagnosis
 def _finding(d: Finding) -> str:
     cls = "fact" if d.get("verdict") == "fact" else "hypothesis"
     ev = f.evidence_text(d.get("evidence") or {}, d.get("id"), limit=8)
@@ -645,7 +637,6 @@ def _env_section(report: Report) -> str:
 
 
 def _ranks_section(report: Report) -> str:
-    """Per-rank stage statistics and the stragglers (multi-rank runs only)."""
     if (sec := rk.section(report)) is None:
         return ""
 

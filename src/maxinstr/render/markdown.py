@@ -221,7 +221,6 @@ def _reproduce(report: Report) -> list[str]:
 
 
 def _ranks(report: Report) -> list[str]:
-    """Per-rank stage statistics and the stragglers (multi-rank runs only)."""
     if (sec := rk.section(report)) is None:
         return []
     out = ["## Ranks", "", _text(rk.summary_line(sec) + f". Clock: {sec.get('clock')}."), ""]

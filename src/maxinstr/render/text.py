@@ -34,11 +34,6 @@ def _lines(lines: list[str], style: str = "") -> Text:
     return Text("\n".join(shown(x) for x in lines), style=style)
 
 
-def _title(title: str) -> Text:
-    """A table title that may quote names: text, not console markup (rich parses a str title)."""
-    return Text(shown(title), style="table.title")
-
-
 class Col:
     """A column of a :class:`Fitted` table. ``key``: the row key (the stage), repeated in every
     continuation table; ``wrap``: free text folded into the width left over; ``cut``: free text
@@ -103,10 +98,8 @@ class Fitted:
         # a cut column's header is cut with its cells: keep it whole; others wrap it at spaces
         head = self._len(col.header) if col.cut else max((self._len(w) for w in col.header.split()), default=1)
         nat = max(cells + [head, 1])
-        if col.key:
-            # a key longer than half the console folds (never cut), leaving room for its numbers
-            nat = min(nat, max(KEY_MIN, width // 2))
-        return nat
+        # a key longer than half the console folds (never cut), leaving room for its numbers
+        return min(nat, max(KEY_MIN, width // 2)) if col.key else nat
 
     def _plan(self, width: int) -> list[list[int]]:
         nat = [self._natural(i, width) for i in range(len(self.cols))]
@@ -118,8 +111,7 @@ class Fitted:
         while rest:
             cols = list(rest)
             while need(keys + cols) > width and len(cols) > 1:
-                out = max(cols, key=lambda i: (self.cols[i].move, i))
-                cols.remove(out)
+                cols.remove(max(cols, key=lambda i: (self.cols[i].move, i)))
             tables.append(sorted(keys + cols))
             rest = [i for i in rest if i not in cols]
         return tables or [keys]
@@ -147,9 +139,9 @@ class Fitted:
                              "and json have them)")
             if k == len(plan) - 1 and self.caption:
                 notes += [self.caption] if isinstance(self.caption, str) else self.caption
-            # the title on a line of its own at the console's width: as the table's title it
-            # wrapped at the table's width, which a continuation table makes narrow
-            yield _title(self.title if k == 0 else f"{self.title} (continued)")
+            # the title on a line of its own at the console's width (as the table's title it wrapped at
+            # the table's width, which a continuation table makes narrow), as text: rich parses a str as markup
+            yield Text(shown(self.title if k == 0 else f"{self.title} (continued)"), style="table.title")
             t = Table(header_style="bold")
             for i in idx:  # only a key longer than half the console is narrower than its cells: it folds
                 c = self.cols[i]
@@ -442,7 +434,6 @@ def _notes(report: Report) -> Group | None:
 
 
 def _ranks(report: Report) -> Group | None:
-    """Per-rank stage statistics and the stragglers (multi-rank runs only)."""
     if (sec := rk.section(report)) is None:
         return None
     (rank_head, rank_rows), (stage_head, stage_rows) = rk.rank_rows(sec), rk.stage_rows(sec)
@@ -482,7 +473,6 @@ def print_report(report: Report, console: Console | None = None) -> None:
     console.print(Group(*renderables(report)))
 
 
-# ----------------------------------------------------------------------------- compare
 _VERDICT_STYLE = {"faster": "green", "slower": "red", "within noise": "dim", "cannot tell": "yellow"}
 
 
