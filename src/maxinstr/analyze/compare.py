@@ -378,8 +378,7 @@ SHARE_CHECKS = {"attention_dominated_decode": "attention", "moe_routing_overhead
 
 
 def _share(stage: Stage, what: str) -> float | None:
-    """A stage's share of GPU time in what a finding's validation names (``SHARE_CHECKS``), as
-    the finding measures it; None without kernels."""
+    """A stage's share of GPU time in what a finding's validation names (``SHARE_CHECKS``); None without kernels."""
     if not (mix := stage.get("mix")):
         return None
     if what == "naive matmul":
@@ -395,8 +394,7 @@ def _median(stat: Statistic | None) -> float | None:
 
 
 def _stage_checks(a: Side, b: Side, names: list[str]) -> list[Check]:
-    """Per stage, what the diagnosis' validation lines ask to check, on each side (the median
-    over its runs), and the findings about the stage."""
+    """Per stage, what the diagnosis' validation lines ask to check (a side's median over its runs), its findings."""
     def findings(side: Side, name: str) -> list[str]:
         return sorted({f["id"] for f in side.report.get("diagnosis") or [] if f.get("stage") == name})
 

@@ -61,16 +61,14 @@ def _one_program(path: str, runs: list[Path]) -> None:
 
 
 def _sweep_folders(p: Path) -> list[Path]:
-    """The folders inside ``p`` that are sides of a --sweep (``maxinstr run --sweep ... --repeat N``
-    writes one folder of repeats per value)."""
+    """The folders of repeats inside ``p``, one per value of a ``maxinstr run --sweep ... --repeat N``."""
     if not p.is_dir() or (p / "meta.json").exists():
         return []
     return sorted(c for c in p.iterdir() if c.is_dir() and not (c / "meta.json").exists() and _runs_in(c))
 
 
 def _analyze_run(run_dir: Path, trace: str | None, warmup: int | None, quiet: bool) -> tuple[Analysis, list[str]]:
-    """One run directory, with the trace and unprofiled warm run `maxinstr run` left beside it
-    (as `maxinstr report` finds them: cli.report.discover) unless a trace is given."""
+    """One run directory with the trace and warm run beside it (as cli.report.discover finds them) unless given."""
     from maxinstr.analyze.report import analyze  # numpy
     from maxinstr.rundir import load
 

@@ -28,8 +28,7 @@ if TYPE_CHECKING:
 
 
 class Progress:
-    """A spinner on stderr while inputs load and the report is computed (nothing when quiet
-    or when stderr is not a terminal)."""
+    """A spinner on stderr while inputs load and the report is computed (none when quiet or not on a terminal)."""
 
     def __init__(self, quiet: bool = False) -> None:
         self._status = None

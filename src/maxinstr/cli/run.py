@@ -168,8 +168,7 @@ def choose_presets(cmd: list[str], named: tuple[str, ...], no_preset: bool) -> l
 
 
 def max_cache_before(presets: list[str], spec: runner.RunSpec) -> tuple[dict[str, str], dict[str, int]] | None:
-    """With the max preset: MAX's compile cache folders (as the program will see them) and how
-    many files they hold before the run."""
+    """With the max preset: MAX's compile cache folders (as the program sees them) and their file counts."""
     if "max" not in presets:
         return None
     dirs = compile_cache_dirs({**os.environ, **spec.env})
@@ -258,8 +257,7 @@ def _summarize(outcome: runner.RunOutcome, *, no_report: bool) -> None:
 
 
 def _requested_path(run_dir: Path) -> str | None:
-    """The directory the script's own ``maxinstr.session(...)`` asked for (meta.json
-    ``requested_path``), when it is not where the run is."""
+    """The directory the script's own session asked for (meta.json ``requested_path``), when not the run's."""
     try:
         asked = json.loads((Path(run_dir) / "meta.json").read_text(encoding="utf-8")).get("requested_path")
     except (OSError, ValueError, AttributeError):

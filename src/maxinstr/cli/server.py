@@ -93,8 +93,7 @@ def start_cmd(out, profiler, ready, ready_timeout, stages, presets, no_preset, n
 
 
 def serving_lines(run_dir: str | Path, start_ns: int | None = None, end_ns: int | None = None) -> list[str]:
-    """The serving loop of the run over [start_ns, end_ns] of the host clock, as text lines
-    (analyze/serving.py): its batched prefill and decode steps, the requests' queueing."""
+    """The run's serving loop over [start_ns, end_ns] (host clock) as text lines: batched steps, queueing."""
     from maxinstr.analyze.serving import serving_summary  # the analysis stack: only after a window
 
     try:

@@ -97,8 +97,7 @@ def population_row(g: PopulationGroup) -> Stage:
 
 
 def excluded(stage: Stage) -> int:
-    """Instances of a stage kept out of its statistics: warm-up, cold start, and those nested in
-    a warm-up or cold-start instance of an enclosing stage."""
+    """Instances kept out of a stage's statistics: warm-up, cold start, and those nested in either."""
     return int(stage.get("warmup", 0) + stage.get("cold_start", 0) + stage.get("inside_startup", 0))
 
 
@@ -315,8 +314,7 @@ def runs_n(row: DeltaRow) -> str:
 
 
 def check_rows(checks: list[Check]) -> tuple[list[str], list[list[str]]]:
-    """compare's per-stage checks (GPU busy, kernels per instance, matmul growth, findings) as
-    table rows: each value 'A -> B'."""
+    """compare's per-stage checks as table rows, each value 'A -> B'."""
     def one(v: Any, fmt: Callable[[Any], str]) -> str:
         return fmt(v) if isinstance(v, (int, float)) and math.isfinite(v) else "-"
 

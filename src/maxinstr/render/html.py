@@ -121,8 +121,7 @@ NUM = " class=num"
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[Any]], td: Sequence[str], cls: str = "") -> str:
-    """A table of HTML cells; ``td``: each column's cell attributes (a ``class=num`` column's
-    header is right-aligned too)."""
+    """A table of HTML cells; ``td``: each column's cell attributes (a ``class=num`` column's header too)."""
     th = "".join(f"<th{NUM if a == NUM else ''}>{e(h)}</th>" for h, a in zip(header, td))
     body = "".join("<tr>" + "".join(f"<td{a}>{c}</td>" for c, a in zip(r, td)) + "</tr>" for r in rows)
     return f"<table{cls}><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"

@@ -248,8 +248,7 @@ def _call_events(tl: Timeline, trace: Trace, op_tids: np.ndarray, tracks: _Track
 
 def _range_events(tl: Timeline, trace: Trace, attribution: Attribution | None, tracks: _Tracks, counts: dict[str, int]
                   ) -> Iterator[str]:
-    """The trace's other host ranges (framework ops, other NVTX domains: not stages), on a
-    track beside their thread, nested as they ran."""
+    """The trace's other host ranges (framework ops, other NVTX domains), beside their thread, nested as they ran."""
     r = trace.ranges
     used = np.zeros(len(r), bool)
     ri = np.asarray(tl.inst.range_index, np.int64)

@@ -155,8 +155,7 @@ class Fitted:
 
 
 def _header(report: Report) -> Panel:
-    """The sources, the GPU, the join and the warm-up, a key and its value a row: a value that
-    wraps stays under its value, not under the keys."""
+    """The sources, the GPU, the join and the warm-up: a key and its value a row."""
     src, env = report.get("sources", {}), report.get("environment", {})
     gpus = env.get("gpus") or []
     perturbed = report.get("perturbed") and report.get("headline_source") != "unprofiled_run"
