@@ -29,9 +29,8 @@ _RUN_OWN = ("env.MAXINSTR_RUN_DIR",)
 """Keys every run has its own value of (where ``maxinstr run`` put it)."""
 
 
-# ----------------------------------------------------------------------------- the result's types
-# (docs/report.md says what each key means; a value that cannot be computed is None, never NaN),
-# in the functional form: a type a line or two, where ruff's UP013 wants a key a line.
+# The result's types (docs/report.md says what each key means; a value that cannot be computed is
+# None, never NaN), in the functional form: a type a line or two, where ruff's UP013 wants a key a line.
 # ruff: noqa: UP013
 SideStat = TypedDict("SideStat", {"n": int, "median": float, "p90": float, "runs": int, "run_medians": list[float]})
 Delta = TypedDict("Delta", {
@@ -106,25 +105,17 @@ class Side:
         """The stage's row in every run that has it."""
         return [index[name] for index in self._stages if name in index]
 
-    def run_values(self, name: str, key: StepBasis) -> list[np.ndarray] | None:
-        """Steady values of a stage, an array a run (None when a run has only summaries)."""
+    def values(self, name: str, key: StepBasis) -> np.ndarray | None:
+        """All runs' steady values of a stage, pooled (None when a run has only summaries)."""
         if len(self.analyses) != len(self.reports):
             return None
-        out = []
+        out = [np.empty(0, np.int64)]
         for a in self.analyses:
             inst = a.headline_instances if (key == "host_ns" and a.headline_instances is not None) else a.instances
-            rows = self._rows_of(inst).get(name)
-            if rows is None:
-                out.append(np.empty(0, np.int64))
-                continue
-            v = {"host_ns": inst.host_ns, "gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": inst.proj_ns}[key][rows]
-            out.append(v[v >= 0])
-        return out
-
-    def values(self, name: str, key: StepBasis) -> np.ndarray | None:
-        """All runs' steady values of a stage, pooled (None without raw values)."""
-        runs = self.run_values(name, key)
-        return None if runs is None else np.concatenate(runs) if runs else np.empty(0, np.int64)
+            if (rows := self._rows_of(inst).get(name)) is not None:
+                v = {"host_ns": inst.host_ns, "gpu_event_ns": inst.gpu_event_ns, "gpu_proj_ns": inst.proj_ns}[key][rows]
+                out.append(v[v >= 0])
+        return np.concatenate(out)
 
     def _rows_of(self, inst: StageInstances) -> dict[str, np.ndarray]:
         if id(inst) not in self._rows:
@@ -133,12 +124,12 @@ class Side:
         return self._rows[id(inst)]
 
 
+_HEADLINE: dict[str, Literal["headline_host_ns", "headline_gpu_event_ns"]] = {
+    "host_ns": "headline_host_ns", "gpu_event_ns": "headline_gpu_event_ns"}
+
+
 def _stat_of(stage: Stage, key: StepBasis) -> Statistic:
-    if key == "host_ns":
-        return stage.get("headline_host_ns") or stage.get("host_ns") or {"n": 0}
-    if key == "gpu_event_ns":
-        return stage.get("headline_gpu_event_ns") or stage.get("gpu_event_ns") or {"n": 0}
-    return stage.get(key) or {"n": 0}
+    return (stage.get(_HEADLINE[key]) if key in _HEADLINE else None) or stage.get(key) or {"n": 0}
 
 
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
@@ -147,9 +138,8 @@ T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 
 
 
 def run_to_run_bound(a: list[float], b: list[float]) -> float:
-    """Half-width of a 95% interval of the difference of the mean run medians, from the spread of
-    the runs' medians on each side (Student's t on ka + kb - 2 degrees of freedom). NaN with
-    fewer than two runs on a side: one run cannot show how much a fresh process moves."""
+    """Half-width of a 95% interval of the difference of the sides' mean run medians (Student's t,
+    ka + kb - 2 degrees of freedom); NaN under two runs a side: one run cannot show a fresh process's move."""
     if len(a) < 2 or len(b) < 2:
         return float("nan")
     t95 = next((v for k, v in sorted(T95.items()) if len(a) + len(b) - 2 <= k), 2.0)
@@ -182,18 +172,15 @@ def _delta(runs_a: list[Statistic], runs_b: list[Statistic], va: np.ndarray | No
     pooled = np.isfinite(between)
     d, d90 = tb["median"] - ta["median"], tb["p90"] - ta["p90"]
     bound = max(within, between) if pooled else within
-    if not np.isfinite(within):
-        verdict = "too few instances"
-    elif abs(d) <= bound:
-        verdict = "within noise"
-    else:  # beyond one run's own spread, fresh processes of one program differ by more than that
-        verdict = ("slower" if d > 0 else "faster") if pooled else "cannot tell"
-    if not np.isfinite(within90):
-        v90 = "too few instances"
-    elif abs(d90) <= max(within90, 1.5 * between if pooled else 0.0):
-        v90 = "within noise"
-    else:
-        v90 = ("slower" if d90 > 0 else "faster") if pooled else "cannot tell"
+
+    def verdict(delta: float, within: float, bound: float) -> str:
+        if not np.isfinite(within):
+            return "too few instances"
+        if abs(delta) <= bound:
+            return "within noise"
+        # beyond one run's own spread, fresh processes of one program differ by more than that
+        return ("slower" if delta > 0 else "faster") if pooled else "cannot tell"
+
     return {
         "a": {"n": ta["n"], "median": ta["median"], "p90": ta["p90"], "runs": len(runs_a), "run_medians": med_a},
         "b": {"n": tb["n"], "median": tb["median"], "p90": tb["p90"], "runs": len(runs_b), "run_medians": med_b},
@@ -201,7 +188,8 @@ def _delta(runs_a: list[Statistic], runs_b: list[Statistic], va: np.ndarray | No
         "p90_delta_ns": d90, "p90_delta_rel": d90 / ta["p90"] if ta["p90"] else None,
         "noise_bound_ns": bound, "p90_noise_bound_ns": within90, "noise_method": f"runs+{method}" if pooled else method,
         "within_run_bound_ns": within, "run_to_run_bound_ns": between if pooled else None,
-        "verdict": verdict, "p90_verdict": v90,
+        "verdict": verdict(d, within, bound),
+        "p90_verdict": verdict(d90, within90, max(within90, 1.5 * between if pooled else 0.0)),
     }
 
 
@@ -210,13 +198,12 @@ def _delta_row(a: Side, b: Side, name: str, key: StepBasis) -> DeltaRow | None:
     if sa is None or sb is None:
         return {"stage": name, "basis": key, "verdict": f"only in {a.label if sa is not None else b.label}",
                 "only_in": "a" if sa is not None else "b"}
-    runs_a = [st for st in (_stat_of(x, key) for x in a.stages_of_runs(name)) if st.get("n")]
-    runs_b = [st for st in (_stat_of(x, key) for x in b.stages_of_runs(name)) if st.get("n")]
+    runs_a, runs_b = ([st for st in (_stat_of(x, key) for x in side.stages_of_runs(name)) if st.get("n")]
+                      for side in (a, b))
     if not runs_a or not runs_b:
         return None
     row: DeltaRow = {"stage": name, "basis": key, **_delta(runs_a, runs_b, a.values(name, key), b.values(name, key))}
-    pops = _populations(a, b, name, key)
-    if pops is not None:
+    if (pops := _populations(a, b, name, key)) is not None:
         row["populations"] = pops
     return row
 
@@ -235,18 +222,16 @@ def _population_labels(p: Populations) -> tuple[str | None, list[str]]:
 
 
 def _populations(a: Side, b: Side, name: str, key: StepBasis) -> PopulationDeltas | None:
-    """A stage whose steady instances form two populations on either side: what each side has,
-    and, when every run of both sides has the same two (same feature, same groups), a delta row
-    per population from its statistics (a pooled median of two populations lies between them, a
-    time no instance took, and moves with their mix). None when neither side has two."""
+    """A stage with two populations of steady instances on either side: what each side has, and when
+    every run of both has the same two, a delta row per population (a pooled median of two populations
+    lies between them, a time no instance took, and moves with their mix). None when neither has two."""
     pa = [st.get("populations") for st in a.stages_of_runs(name)]
     pb = [st.get("populations") for st in b.stages_of_runs(name)]
     if not any(pa) and not any(pb):
         return None
 
     def side(ps: list[Populations | None]) -> PopulationSide | None:
-        have = [p for p in ps if p]
-        if not have:
+        if not (have := [p for p in ps if p]):
             return None
         by, labels = _population_labels(have[0])
         return {"by": by, "groups": labels, "median_in_gap": any(bool(p.get("median_in_gap")) for p in have),
@@ -273,13 +258,8 @@ def _populations(a: Side, b: Side, name: str, key: StepBasis) -> PopulationDelta
 
 def _group_stats(ps: list[Populations | None], label: str, key: StepBasis) -> list[Statistic]:
     """The statistic ``key`` of the population ``label`` in each run (those with values)."""
-    out: list[Statistic] = []
-    for p in ps:
-        if p:
-            st: Statistic = (p.get("groups") or [])[_population_labels(p)[1].index(label)].get(key) or {"n": 0}
-            if st.get("n"):
-                out.append(st)
-    return out
+    stats = [(p.get("groups") or [])[_population_labels(p)[1].index(label)].get(key) for p in ps if p]
+    return [st for st in stats if st and st.get("n")]
 
 
 def _families(a: Report, b: Report) -> list[FamilyChange]:
@@ -317,7 +297,6 @@ def kernel_key(name: str) -> str:
 
 
 def _strip_params(name: str) -> str:
-    """The name without its trailing parameter list."""
     if not name.endswith(")"):
         return name
     depth = 0
@@ -399,10 +378,8 @@ SHARE_CHECKS = {"attention_dominated_decode": "attention", "moe_routing_overhead
 
 
 def _share(stage: Stage, what: str) -> float | None:
-    """A stage's share of GPU time in what a finding's validation names (``SHARE_CHECKS``), as
-    the finding measures it; None without kernels."""
-    mix = stage.get("mix")
-    if not mix:
+    """A stage's share of GPU time in what a finding's validation names (``SHARE_CHECKS``); None without kernels."""
+    if not (mix := stage.get("mix")):
         return None
     if what == "naive matmul":
         return float(sum(k["share"] for k in mix.get("top_kernels", []) if NAIVE_MATMUL.search(k["name"])))
@@ -417,8 +394,7 @@ def _median(stat: Statistic | None) -> float | None:
 
 
 def _stage_checks(a: Side, b: Side, names: list[str]) -> list[Check]:
-    """Per stage, what the diagnosis' validation lines ask to check, on each side (the median
-    over its runs), and the findings about the stage."""
+    """Per stage, what the diagnosis' validation lines ask to check (a side's median over its runs), its findings."""
     def findings(side: Side, name: str) -> list[str]:
         return sorted({f["id"] for f in side.report.get("diagnosis") or [] if f.get("stage") == name})
 
@@ -448,20 +424,14 @@ def compare_pair(a: Side, b: Side) -> Comparison:
     """Everything that changed from ``a`` to ``b``."""
     names = [s["name"] for s in a.report.get("stages", [])]
     names += [s["name"] for s in b.report.get("stages", []) if s["name"] not in names]
-    gpu = []
-    for n in names:
-        sa, sb = a.stage(n), b.stage(n)
-        key = _gpu_key(sa, sb) if sa is not None and sb is not None else None
-        row = _delta_row(a, b, n, key) if key else None
-        if row is not None:
-            gpu.append(row)
+    gpu_keys = [(n, _gpu_key(a.stage(n), b.stage(n))) for n in names]
     appeared, gone, refamilied = _kernels(a.report, b.report)
     ga, gb = a.report.get("gpu") or {}, b.report.get("gpu") or {}
     return {
         "a": a.label,
         "b": b.label,
         "stages": [r for r in (_delta_row(a, b, n, "host_ns") for n in names) if r is not None],
-        "gpu_stages": gpu,
+        "gpu_stages": [r for n, key in gpu_keys if key and (r := _delta_row(a, b, n, key)) is not None],
         "gpu_total": {"a_gpu_ns": ga.get("gpu_ns"), "b_gpu_ns": gb.get("gpu_ns"),
                       "a_ops": ga.get("ops"), "b_ops": gb.get("ops")} if (ga or gb) else None,
         "families": _families(a.report, b.report),
@@ -476,9 +446,9 @@ def compare_pair(a: Side, b: Side) -> Comparison:
     }
 
 
-def _gpu_key(a: Stage, b: Stage) -> StepBasis | None:
+def _gpu_key(a: Stage | None, b: Stage | None) -> StepBasis | None:
     keys: tuple[StepBasis, ...] = ("gpu_event_ns", "gpu_proj_ns")
-    return next((key for key in keys if (a.get(key) or {}).get("n") and (b.get(key) or {}).get("n")), None)
+    return next((key for key in keys if a and b and (a.get(key) or {}).get("n") and (b.get(key) or {}).get("n")), None)
 
 
 def compare(sides: list[Side]) -> CompareResult:

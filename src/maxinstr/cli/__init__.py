@@ -19,24 +19,18 @@ from maxinstr import config
 from maxinstr._version import __version__
 from maxinstr.errors import MaxinstrError
 
-# name -> module under maxinstr.cli exposing `command` (a click.Command)
-SUBCOMMANDS: dict[str, str] = {
-    "report": "report",
-    "compare": "compare",
-    "run": "run",
-    "snapshot": "snapshot",
-    "deep-dive": "deep_dive",
-    "server": "server",
-}
+SUBCOMMANDS = {name: name.replace("-", "_") for name in ("report", "compare", "run", "snapshot", "deep-dive", "server")}
+"""Command name -> its module under maxinstr.cli, which holds its click ``command``."""
 
 
-def without_gc(command):
-    """Run a batch command with the cyclic garbage collector paused: a report builds millions of
-    small dicts and lists that hold no cycles, and the collector's passes over them were a quarter
-    of the time of a report of 50,000 stage names (reference counting still frees everything)."""
+def batch_command(command):
+    """A command that reads a big trace once and exits (``report``, ``compare``): after :func:`batch_process`,
+    with the cyclic garbage collector paused: a report's millions of small dicts and lists hold no cycles, and
+    its passes over them were a quarter of the time of a report of 50,000 stage names."""
 
     @functools.wraps(command)
     def run(*args, **kwargs):
+        batch_process()
         was_on = gc.isenabled()
         gc.disable()
         try:
@@ -44,19 +38,6 @@ def without_gc(command):
         finally:
             if was_on:
                 gc.enable()
-
-    return run
-
-
-def batch_command(command):
-    """:func:`without_gc`, plus :func:`batch_process`: a command that reads a big trace once and
-    exits (``report``, ``compare``)."""
-    inner = without_gc(command)
-
-    @functools.wraps(command)
-    def run(*args, **kwargs):
-        batch_process()
-        return inner(*args, **kwargs)
 
     return run
 
@@ -120,9 +101,8 @@ def after_dashes(words: tuple[str, ...]) -> list[str]:
 
 
 class Seconds(click.FloatRange):
-    """A number of seconds for an option: a finite number > 0 (>= 0 with ``zero_ok``). Every
-    numeric option is range-checked by click, so a bad value is a usage error before anything
-    starts; ``FloatRange`` alone lets ``nan`` and ``inf`` through (no comparison fails them)."""
+    """A number of seconds for an option: finite, > 0 (>= 0 with ``zero_ok``), else a usage error before
+    anything starts; ``FloatRange`` alone lets ``nan`` and ``inf`` through (no comparison fails them)."""
 
     name = "seconds"
 
@@ -151,9 +131,7 @@ class _LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         module = SUBCOMMANDS.get(cmd_name)
-        if module is None:
-            return None
-        return importlib.import_module(f"maxinstr.cli.{module}").command
+        return None if module is None else importlib.import_module(f"maxinstr.cli.{module}").command
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 import click
 
 from maxinstr.analyze.schema import is_report_file
+from maxinstr.analyze.schema_check import read_report
 from maxinstr.cli import batch_command, write_output
-from maxinstr.cli.report import discover, load_report_file, open_trace_with_progress
+from maxinstr.cli.report import discover, open_trace_with_progress
 from maxinstr.errors import MaxinstrError
 from maxinstr.render import compare_view
 from maxinstr.render.terminal import text_width
@@ -60,16 +61,14 @@ def _one_program(path: str, runs: list[Path]) -> None:
 
 
 def _sweep_folders(p: Path) -> list[Path]:
-    """The folders inside ``p`` that are sides of a --sweep (``maxinstr run --sweep ... --repeat N``
-    writes one folder of repeats per value)."""
+    """The folders of repeats inside ``p``, one per value of a ``maxinstr run --sweep ... --repeat N``."""
     if not p.is_dir() or (p / "meta.json").exists():
         return []
     return sorted(c for c in p.iterdir() if c.is_dir() and not (c / "meta.json").exists() and _runs_in(c))
 
 
 def _analyze_run(run_dir: Path, trace: str | None, warmup: int | None, quiet: bool) -> tuple[Analysis, list[str]]:
-    """One run directory, with the trace and unprofiled warm run `maxinstr run` left beside it
-    (as `maxinstr report` finds them: cli.report.discover) unless a trace is given."""
+    """One run directory with the trace and warm run beside it (as cli.report.discover finds them) unless given."""
     from maxinstr.analyze.report import analyze  # numpy
     from maxinstr.rundir import load
 
@@ -87,13 +86,12 @@ def _side(path: str, trace: str | None, warmup: int | None, quiet: bool) -> Side
     if is_report_file(path):
         if trace:
             raise MaxinstrError(f"{path}: a saved report has its kernels already: give --trace {NO_TRACE} for it")
-        return Side(path, load_report_file(path))
+        return Side(path, read_report(path))
     p = Path(path)
     if p.is_dir() and (p / "meta.json").exists():
         analysis, notes = _analyze_run(p, trace, warmup, quiet)
         return Side(path, analysis, notes)
-    repeats = _runs_in(p)
-    if repeats:
+    if repeats := _runs_in(p):
         # fresh-process repeats of one program: pooled into one side; their spread is the noise
         if trace and len(repeats) > 1:
             raise MaxinstrError(f"{path}: one --trace cannot belong to {len(repeats)} runs: each run's own trace comes "
@@ -105,8 +103,7 @@ def _side(path: str, trace: str | None, warmup: int | None, quiet: bool) -> Side
             analyses.append(analysis)
             notes += [f"{r.name}: {n}" for n in found]
         return Side(path, analyses, notes)
-    sweep = _sweep_folders(p)
-    if sweep:
+    if sweep := _sweep_folders(p):
         raise MaxinstrError(f"{path}: a --sweep folder (one folder of runs per value), not one side: compare the values, "
                             f"maxinstr compare {' '.join(shlex.quote(str(c)) for c in sweep)}")
     if p.exists():  # a bare trace file or folder
@@ -154,7 +151,7 @@ def command(runs: tuple[str, ...], traces: tuple[str, ...], fmt: str, output: st
         raise click.UsageError(f"--trace given {len(traces)} time(s) for {len(runs)} runs: give one per run or none")
     from maxinstr.analyze.compare import compare  # numpy
 
-    given = [None if not traces or traces[i] == NO_TRACE else traces[i] for i in range(len(runs))]
-    result = compare([_side(r, given[i], warmup, quiet) for i, r in enumerate(runs)])
+    given = traces or (NO_TRACE,) * len(runs)
+    result = compare([_side(r, None if t == NO_TRACE else t, warmup, quiet) for r, t in zip(runs, given)])
     color = output is None and fmt == "text" and sys.stdout.isatty()
     write_output(output, compare_view(fmt).render_compare(result, width=text_width(color, width), color=color))

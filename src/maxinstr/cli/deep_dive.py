@@ -49,8 +49,7 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
         else:
             app = list(meta.get("command") or [])
             app_from = source / "meta.json"
-        trace_path = trace_path or run_artifact(source, (meta.get("profiler") or {}).get("trace"))
-        if not trace_path:
+        if not (trace_path := trace_path or run_artifact(source, (meta.get("profiler") or {}).get("trace"))):
             from maxinstr.traces.inprocess import has_activity  # numpy, the readers: only here
 
             if has_activity(source):  # kernels=True: the run directory holds its own kernels
@@ -62,8 +61,7 @@ def _resolve(source: Path, trace_opt: str | None, stage: str | None, kernel: str
         run_src = (report.get("sources") or {}).get("run")
         join_run = Path(run_src) if run_src and (Path(run_src) / "meta.json").exists() else None
         if run_src and Path(run_src).is_dir():
-            launch = runner.read_launch(run_src)
-            if launch:
+            if launch := runner.read_launch(run_src):
                 app = list(launch.get("command") or [])
                 app_from = Path(run_src) / "launch.json"
                 specs = list(launch.get("stage_specs") or [])
@@ -164,8 +162,7 @@ def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str 
         _print_verdicts(dd.parse_ncu_csv(csv_file.read_text(encoding="utf-8", errors="replace"), str(csv_file)), as_json)
         return
     choice, app, from_capture, run_dir, specs, run_warmup, app_from = _resolve(source, trace_opt, stage, kernel, warmup)
-    cmd_args = after_dashes(command)
-    if cmd_args:
+    if cmd_args := after_dashes(command):
         app, app_from = cmd_args, None  # typed by the user
     if launch_skip is not None:
         choice.launch_skip = launch_skip
@@ -183,8 +180,7 @@ def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str 
         click.echo(f"maxinstr: {dd.amd_equivalent(choice, app)}")
         return
     out_dir = out or ((run_dir / "deep-dive") if run_dir else Path("deep-dive"))
-    problem = runner.run_dir_problem(out_dir)
-    if problem is not None:
+    if (problem := runner.run_dir_problem(out_dir)) is not None:
         raise UserError(f"{'-o ' if out else ''}{out_dir}: {problem}")
     rep = (out_dir / "kernel.ncu-rep").resolve()
     ncu = ncu_path or env_info.tool("ncu").path or "ncu"
@@ -195,8 +191,7 @@ def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str 
         return
     if not app:
         raise MaxinstrError("no program to profile: give it after -- (the run records none)")
-    problem = runner.command_problem(app)
-    if problem is not None:
+    if (problem := runner.command_problem(app)) is not None:
         raise UserError(f"{problem}; ncu was not started")
     if app_from is not None:
         _confirm_recorded(app, specs, app_from, yes)
@@ -245,10 +240,6 @@ def command(source: Path, trace_opt: str | None, stage: str | None, kernel: str 
                f"verdict {out_dir / 'verdict.json'}, log {log}", err=True)
 
 
-def _interactive() -> bool:
-    return sys.stdin.isatty() and sys.stderr.isatty()
-
-
 def _confirm_recorded(app: list[str], specs: list[str], where: Path, yes: bool) -> None:
     """A command read from a file (a run directory may come from anyone) runs only when the user
     says so: shown, then confirmed on a terminal (default no), or ``--yes``; refused otherwise."""
@@ -259,7 +250,7 @@ def _confirm_recorded(app: list[str], specs: list[str], where: Path, yes: bool) 
         click.echo(f"    with --stage {shown(spec)} (imports its module in the program)", err=True)
     if yes:
         return
-    if not _interactive():
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
         raise UserError(f"{where}: a command read from a file is run only when you confirm it: "
                         "give --yes to run it, or the command to run after --; ncu was not started")
     if shown(text) != visible(text) or any(shown(s) != visible(s) for s in specs):

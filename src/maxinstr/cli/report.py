@@ -23,23 +23,20 @@ from maxinstr.render.terminal import text_width
 
 if TYPE_CHECKING:
     from maxinstr.analyze.report import TraceArg
-    from maxinstr.analyze.schema import Report
     from maxinstr.rundir import Run
     from maxinstr.traces.model import Trace
 
 
 class Progress:
-    """A spinner on stderr while inputs load and the report is computed (nothing when quiet
-    or when stderr is not a terminal)."""
+    """A spinner on stderr while inputs load and the report is computed (none when quiet or not on a terminal)."""
 
     def __init__(self, quiet: bool = False) -> None:
         self._status = None
-        if quiet or not _may_be_terminal():
-            return  # rich is not imported at all (a tenth of the imports of a report)
-        from rich.console import Console  # rich: only on a terminal
+        if not quiet and _may_be_terminal():  # else rich is not imported at all (a tenth of the imports of a report)
+            from rich.console import Console
 
-        console = Console(stderr=True)
-        self._status = None if not console.is_terminal else console.status("maxinstr report ...")
+            console = Console(stderr=True)
+            self._status = console.status("maxinstr report ...") if console.is_terminal else None
 
     def __enter__(self) -> Progress:
         if self._status is not None:
@@ -109,11 +106,6 @@ def discover(run_dir: str, meta: dict, trace_path: str | None, unprofiled: str |
         unprofiled = str(warm)
         notes.append(f"headline timings from the unprofiled warm run {warm}")
     return trace_path, unprofiled, notes
-
-
-def load_report_file(path: str) -> Report:
-    """A saved JSON report (``--format json`` output)."""
-    return read_report(path)  # a regular file only, every field of its type
 
 
 def _program(command: object) -> tuple[str | None, list[str]]:
@@ -213,7 +205,7 @@ def command(run_dir: str | None, trace_paths: tuple[str, ...], fmt: str, output:
         raise click.UsageError("several --trace files are one per rank: give the RUN_DIR they belong to")
     analysis = None
     if run_dir and is_report_file(run_dir):
-        report = load_report_file(run_dir)
+        report = read_report(run_dir)  # a regular file only, every field of its type
     else:
         # numpy: imported after batch_process()
         from maxinstr.analyze.ranks import assign_trace_ranks, part_ranks, trace_rank_from_name

@@ -22,10 +22,6 @@ from maxinstr.launch.presets import auto_presets, preset
 from maxinstr.launch.profilers import DEFAULT_WINDOW_S, Profiler, make_profiler
 
 
-def _interactive() -> bool:
-    return sys.stdin.isatty() and sys.stdout.isatty()
-
-
 def choose_profiler(requested: str, env, *, window_s: float, capture: str, osrt: bool, extra: list[str]) -> tuple[Profiler, list[str]]:
     """The profiler to use and lines to tell the user about the choice (missing tools first)."""
     notes: list[str] = []
@@ -38,8 +34,7 @@ def choose_profiler(requested: str, env, *, window_s: float, capture: str, osrt:
                          else "no GPU found: running without a profiler (stages still record host times)")
     if name == "none":
         return make_profiler("none"), notes
-    tool = env.tool(name)
-    if not tool.found:
+    if not (tool := env.tool(name)).found:
         raise MaxinstrError(f"{name} is not installed: {tool.install_hint()}")
     if tool.off_path:
         notes.append(f"using {tool.path} ({name} is not on PATH)")
@@ -112,8 +107,7 @@ def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, 
     maxinstr run -- max generate --model-path DIR ...      (the max preset applies by itself)
     maxinstr run --preset max -- python my_max_pipeline.py
     """
-    cmd = after_dashes(command)
-    if not cmd:
+    if not (cmd := after_dashes(command)):
         raise click.UsageError("give the command to run after --")
     for text in stages:
         parse_spec(text)  # fail before starting anything
@@ -121,11 +115,9 @@ def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, 
     out_dir = out or runner.default_run_dir(cmd)
     specs = runner.plan_runs(cmd, Path(out_dir), repeat=repeat, sweep=sweep)
     for spec in specs:  # a bad -o, or a command that cannot start: one line, nothing made or cleared
-        problem = runner.run_dir_problem(spec.run_dir)
-        if problem is not None:
+        if (problem := runner.run_dir_problem(spec.run_dir)) is not None:
             raise UserError(f"{'-o ' + str(out) if out else spec.run_dir}: {problem}; nothing was started")
-        problem = runner.command_problem(spec.command, {**os.environ, **spec.env})
-        if problem is not None:
+        if (problem := runner.command_problem(spec.command, {**os.environ, **spec.env})) is not None:
             raise UserError(f"{problem}; nothing was started")
     env = detect_environment()
     for line in env.summary_lines(install_hints=profiler != "none"):
@@ -141,7 +133,7 @@ def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, 
     click.echo("maxinstr: plan", err=True)
     for line in runner.plan_lines(specs, options):
         click.echo(f"  {line}", err=True)
-    if not yes and _interactive() and not click.confirm("Start?", default=True, err=True):
+    if not yes and sys.stdin.isatty() and sys.stdout.isatty() and not click.confirm("Start?", default=True, err=True):
         raise click.Abort()
 
     outcomes = []
@@ -155,8 +147,7 @@ def command(ctx: click.Context, out, profiler, window_s, capture, osrt, warmup, 
         if outcome.result.status == runner.sv.STATUS_INTERRUPTED:
             interrupted = True
             break  # Ctrl-C ends the whole plan; what ran so far is kept
-    hint = runner.compare_hint(specs)
-    if hint and not interrupted:
+    if (hint := runner.compare_hint(specs)) and not interrupted:
         click.echo(f"maxinstr: {hint}")
     if interrupted:
         sig = outcomes[-1].result.signal
@@ -177,8 +168,7 @@ def choose_presets(cmd: list[str], named: tuple[str, ...], no_preset: bool) -> l
 
 
 def max_cache_before(presets: list[str], spec: runner.RunSpec) -> tuple[dict[str, str], dict[str, int]] | None:
-    """With the max preset: MAX's compile cache folders (as the program will see them) and how
-    many files they hold before the run."""
+    """With the max preset: MAX's compile cache folders (as the program sees them) and their file counts."""
     if "max" not in presets:
         return None
     dirs = compile_cache_dirs({**os.environ, **spec.env})
@@ -244,8 +234,7 @@ def _summarize(outcome: runner.RunOutcome, *, no_report: bool) -> None:
     if outcome.unapplied:
         click.echo(f"maxinstr: {tag}never applied: " + "; ".join(
             f"--stage {text} ({why})" for text, why in outcome.unapplied.items()), err=True)
-    art = outcome.artifact
-    if art is not None:
+    if (art := outcome.artifact) is not None:
         if art.ok:
             click.echo(f"maxinstr: {tag}{art.profiler} trace: {art.kernels} kernels in {art.trace}", err=True)
         for problem in art.problems:
@@ -254,8 +243,7 @@ def _summarize(outcome: runner.RunOutcome, *, no_report: bool) -> None:
         click.echo(f"maxinstr: {tag}files:", err=True)
         for role, path in outcome.files.items():
             click.echo(f"    {role}: {runner.open_hint(role, path)}", err=True)
-        asked = _requested_path(outcome.spec.run_dir)
-        if asked:
+        if asked := _requested_path(outcome.spec.run_dir):
             # the script's own session named a directory: it wrote here instead (one run, one place)
             click.echo(f"    (the script's session asked for {asked}: under maxinstr run its records are in "
                        f"{outcome.spec.run_dir}; -o {asked} writes them there)", err=True)
@@ -269,8 +257,7 @@ def _summarize(outcome: runner.RunOutcome, *, no_report: bool) -> None:
 
 
 def _requested_path(run_dir: Path) -> str | None:
-    """The directory the script's own ``maxinstr.session(...)`` asked for (meta.json
-    ``requested_path``), when it is not where the run is."""
+    """The directory the script's own session asked for (meta.json ``requested_path``), when not the run's."""
     try:
         asked = json.loads((Path(run_dir) / "meta.json").read_text(encoding="utf-8")).get("requested_path")
     except (OSError, ValueError, AttributeError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shlex
 from pathlib import Path
 
@@ -21,14 +22,12 @@ from maxinstr.rundir import load
 def _nsys_path(profiler: str) -> str | None:
     if profiler != "nsys":
         return None
-    tool = find_tool("nsys", probe_version=False)
-    if not tool.found:
+    if not (tool := find_tool("nsys", probe_version=False)).found:
         raise MaxinstrError(f"nsys is not installed: {tool.install_hint()}")
     return tool.path
 
 
-def _say(line: str) -> None:
-    click.echo(line, err=True)
+_say = functools.partial(click.echo, err=True)
 
 
 @click.group("server", short_help="Profile a long-running server around benchmark windows.")
@@ -58,11 +57,7 @@ _start_options = [
 
 
 def _apply(options):
-    def deco(f):
-        for opt in reversed(options):
-            f = opt(f)
-        return f
-    return deco
+    return lambda f: functools.reduce(lambda g, opt: opt(g), reversed(options), f)
 
 
 def _start(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_fail_fast, cmd) -> srv.ServerState:
@@ -72,11 +67,9 @@ def _start(out, profiler, ready, ready_timeout, stages, presets, no_preset, no_f
         raise click.UsageError("give the server command after --")
     chosen = choose_presets(cmd, presets, no_preset)
     # as `maxinstr run`: a bad -o or a command that cannot start is one line, and nothing is made
-    problem = runner.run_dir_problem(out)
-    if problem is not None:
+    if (problem := runner.run_dir_problem(out)) is not None:
         raise UserError(f"-o {out}: {problem}; nothing was started")
-    problem = runner.command_problem(cmd)
-    if problem is not None:
+    if (problem := runner.command_problem(cmd)) is not None:
         raise UserError(f"{problem}; nothing was started")
     state = srv.start_server(cmd, out, profiler=profiler, nsys_path=_nsys_path(profiler), ready=ready,
                              ready_timeout_s=ready_timeout, stage_specs=list(stages), presets=chosen,
@@ -100,8 +93,7 @@ def start_cmd(out, profiler, ready, ready_timeout, stages, presets, no_preset, n
 
 
 def serving_lines(run_dir: str | Path, start_ns: int | None = None, end_ns: int | None = None) -> list[str]:
-    """The serving loop of the run over [start_ns, end_ns] of the host clock, as text lines
-    (analyze/serving.py): its batched prefill and decode steps, the requests' queueing."""
+    """The run's serving loop over [start_ns, end_ns] (host clock) as text lines: batched steps, queueing."""
     from maxinstr.analyze.serving import serving_summary  # the analysis stack: only after a window
 
     try:

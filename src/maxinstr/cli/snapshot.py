@@ -21,9 +21,7 @@ from maxinstr.cli import Seconds, UserError
 
 
 def _fmt_pct(mean: float, peak: float) -> str:
-    if not math.isfinite(mean):
-        return "-"
-    return f"{mean:.0f}/{peak:.0f}"
+    return f"{mean:.0f}/{peak:.0f}" if math.isfinite(mean) else "-"
 
 
 def _fmt_gib(x: float) -> str:
@@ -161,6 +159,3 @@ def command(duration: float | None, interval: float, as_json: bool, cmd: tuple[s
     if code:
         # a command killed by a signal exits like a shell reports it: 128 + signal number
         raise click.exceptions.Exit(128 - code if code < 0 else code)
-
-
-__all__ = ["command", "render"]

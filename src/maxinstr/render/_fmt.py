@@ -57,8 +57,7 @@ def gpu_tables(report: Report) -> tuple[list[Any], list[Any], str, str]:
     own = gpu.get("own_ops") or {}
     own_note = (f"; maxinstr's own {own['count']} calibration kernels ({ns(own.get('gpu_ns'))}) not counted"
                 if own.get("count") else "")
-    st = gpu.get("steady")
-    if st:
+    if st := gpu.get("steady"):
         caption = (f"steady state: {st['ops']} ops, {ns(st['gpu_ns'])} of GPU time; the {st['startup_ops']} ops "
                    f"({ns(st['startup_gpu_ns'])}) of warm-up and cold-start instances not counted (whole trace: "
                    f"{gpu.get('ops')} ops, {ns(gpu.get('gpu_ns'))}){own_note}")
@@ -92,15 +91,13 @@ def startup_shown(report: Report, n: int = STARTUP_SHOWN) -> tuple[list[StartupR
 
 
 def population_row(g: PopulationGroup) -> Stage:
-    """One of a stage's two populations as a row of a stage table: its own statistics (the keys
-    it shares with a stage row) and its instances as the steady count; it has no warm-up, kernel
-    mix or samples of its own, so those read as absent."""
+    """One of a stage's two populations as a stage table's row: its statistics, its instances as the
+    steady count; no warm-up, kernel mix or samples of its own, so those read as absent."""
     return cast("Stage", dict(g, steady=g["instances"]))
 
 
 def excluded(stage: Stage) -> int:
-    """Instances of a stage kept out of its statistics: warm-up, cold start, and those nested in
-    a warm-up or cold-start instance of an enclosing stage."""
+    """Instances kept out of a stage's statistics: warm-up, cold start, and those nested in either."""
     return int(stage.get("warmup", 0) + stage.get("cold_start", 0) + stage.get("inside_startup", 0))
 
 
@@ -186,8 +183,7 @@ def _label(key: str) -> str:
 
 
 def _value(key: str, v: Any) -> str | None:
-    """A value with the unit its key names; None for what a sentence cannot hold (lists, dicts,
-    flags)."""
+    """A value with the unit its key names; None for what a sentence cannot hold (lists, dicts, flags)."""
     if v is None or isinstance(v, (bool, list, dict)):
         return None
     if isinstance(v, str):
@@ -212,13 +208,11 @@ def _value(key: str, v: Any) -> str | None:
 def evidence_text(evidence: dict[str, Any], finding_id: str | None = None, limit: int = 5) -> str:
     """A few named numbers with units, for people: the keys EVIDENCE_SHOWN lists for the finding
     (the first scalar ones otherwise), each as 'label value'. The full evidence is in the JSON."""
-    keys = EVIDENCE_SHOWN.get(finding_id or "")
-    if keys is None:
+    if (keys := EVIDENCE_SHOWN.get(finding_id or "")) is None:
         keys = tuple(k for k, v in evidence.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
     parts = []
     for k in keys:
-        v = _value(k, evidence.get(k))
-        if v is not None:
+        if (v := _value(k, evidence.get(k))) is not None:
             parts.append(f"{_label(k)} {v}")
         if len(parts) == limit:
             break
@@ -248,9 +242,8 @@ def finding_groups(findings: list[Any]) -> list[tuple[str, list[Any]]]:
 
 
 def delta_rows(rows: list[DeltaRow]) -> list[tuple[str, DeltaRow]]:
-    """compare's delta rows as (stage cell, row): each stage, then, when its two populations were
-    compared one by one, a row per population under it ('· CUDA graph replay', as the report's
-    stage table shows them)."""
+    """compare's delta rows as (stage cell, row): each stage, then a row per population under it when
+    they were compared one by one ('· CUDA graph replay', as the report's stage table shows them)."""
     out: list[tuple[str, DeltaRow]] = []
     for r in rows:
         out.append((r["stage"], r))
@@ -261,8 +254,7 @@ def delta_rows(rows: list[DeltaRow]) -> list[tuple[str, DeltaRow]]:
 def compare_notes(rows: list[DeltaRow]) -> list[str]:
     """What a compare delta table shows, said from its rows: only the cases it holds (a note
     about pooled runs under a table of single runs misleads)."""
-    shown = [r for _, r in delta_rows(rows) if "a" in r]
-    if not shown:
+    if not (shown := [r for _, r in delta_rows(rows) if "a" in r]):
         return []
     pooled = any(max(r["a"].get("runs", 1), r["b"].get("runs", 1)) > 1 for r in shown)
     notes = ["n A/B: steady instances on each side" + (", (runs) the fresh-process runs pooled into it" if pooled else "")]
@@ -288,8 +280,7 @@ def compare_notes(rows: list[DeltaRow]) -> list[str]:
 
 def population_note(row: DeltaRow) -> str | None:
     """What compare says of a stage whose instances form two populations on either side."""
-    p = row.get("populations")
-    if not p:
+    if not (p := row.get("populations")):
         return None
     sides = [(x, side) for x, side in (("A", p["a"]), ("B", p["b"])) if side]
     which = "both sides" if len(sides) == 2 else f"side {sides[0][0]} only"
@@ -323,8 +314,7 @@ def runs_n(row: DeltaRow) -> str:
 
 
 def check_rows(checks: list[Check]) -> tuple[list[str], list[list[str]]]:
-    """compare's per-stage checks (GPU busy, kernels per instance, matmul growth, findings) as
-    table rows: each value 'A -> B'."""
+    """compare's per-stage checks as table rows, each value 'A -> B'."""
     def one(v: Any, fmt: Callable[[Any], str]) -> str:
         return fmt(v) if isinstance(v, (int, float)) and math.isfinite(v) else "-"
 
@@ -397,8 +387,7 @@ def inside_stages(report: Report, n_stages: int = 4, n_ranges: int = 6) -> tuple
 def footprint_line(report: Report) -> str | None:
     """What watching cost, in one sentence (after 'watching'), or None when not estimated."""
     fp = report.get("footprint") or {}
-    share = fp.get("overall_share")
-    if share is None:
+    if (share := fp.get("overall_share")) is None:
         return None
     by = {k: float(v) for k, v in (fp.get("overall_ns_by_source") or {}).items() if isinstance(v, (int, float)) and v > 0}
     total = sum(by.values())

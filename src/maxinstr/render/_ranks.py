@@ -20,8 +20,7 @@ def section(report: Report) -> RanksSection | None:
 
 
 def rank_rows(sec: RanksSection) -> tuple[list[str], list[list[str]]]:
-    """One row per rank: identity, records, and GPU time with its collective share when a
-    trace was given."""
+    """One row per rank: identity, records, and GPU time with its collective share when a trace was given."""
     gpu = {g["rank"]: g for g in sec.get("gpu") or []}
     header = ["rank", "local rank", "host", "pids", "records"]
     if gpu:

@@ -87,7 +87,6 @@ def e(text: Any) -> str:
     return html.escape("" if text is None else shown(text), quote=True)
 
 
-# ----------------------------------------------------------------------------- SVG helpers
 def _svg(width: float, height: float, body: Iterable[str], label: str, cls: str = "") -> str:
     return (f'<svg class="{cls}" viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="{e(label)}" '
             f'xmlns="http://www.w3.org/2000/svg">' + "".join(body) + "</svg>")
@@ -107,10 +106,7 @@ def _text(x: float, y: float, text: str, size: int = 12, anchor: str = "start", 
 def _nice_step(span: float, target: int = 8) -> float:
     raw = span / max(target, 1)
     mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
-    for m in (1, 2, 2.5, 5, 10):
-        if raw <= m * mag:
-            return m * mag
-    return 10 * mag
+    return next((m * mag for m in (1, 2, 2.5, 5) if raw <= m * mag), 10 * mag)
 
 
 def _time_label(seconds: float, step: float) -> str:
@@ -121,8 +117,17 @@ def _time_label(seconds: float, step: float) -> str:
     return f"{seconds * 1e6:.0f} us"
 
 
+NUM = " class=num"
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]], td: Sequence[str], cls: str = "") -> str:
+    """A table of HTML cells; ``td``: each column's cell attributes (a ``class=num`` column's header too)."""
+    th = "".join(f"<th{NUM if a == NUM else ''}>{e(h)}</th>" for h, a in zip(header, td))
+    body = "".join("<tr>" + "".join(f"<td{a}>{c}</td>" for c, a in zip(r, td)) + "</tr>" for r in rows)
+    return f"<table{cls}><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
 def _kname(name: str, n: int = 80) -> str:
-    """A kernel's label (:func:`maxinstr._text.kernel_label`), cut to ``n``."""
     return f.short(kernel_label(name), n)
 
 
@@ -130,7 +135,6 @@ def _family_color(fam: str) -> str:
     return FAMILY_COLORS.get(fam, FAMILY_COLORS["other"])
 
 
-# ----------------------------------------------------------------------------- sections
 def _header(report: Report) -> str:
     src = report.get("sources") or {}
     env = report.get("environment") or {}
@@ -163,8 +167,7 @@ def _cards(report: Report) -> str:
         cards.append((f.ns(gpu.get("gpu_ns")), f"GPU time in {gpu.get('ops', 0):,} ops"))
         if gpu.get("attributed_share") is not None:
             cards.append((f.pct(gpu.get("attributed_share")), "of GPU time inside a stage"))
-    b = next(iter(report.get("bottlenecks") or []), None)
-    if b:
+    if b := next(iter(report.get("bottlenecks") or []), None):
         cards.append((f"{b['stage']}", f"top bottleneck ({f.pct(b.get('share'))} of self {b.get('basis', '').replace('_ns', '')})"))
     facts = sum(1 for d in report.get("diagnosis") or [] if d.get("verdict") == "fact")
     cards.append((f"{facts} / {len(report.get('diagnosis') or []) - facts}", "facts / hypotheses"))
@@ -197,12 +200,10 @@ def breakdown_svg(stages: Sequence[Stage]) -> str:
                f"{f.ns(busy) if busy else '-'} ({f.pct(frac) if frac is not None else '-'}) per instance (median), "
                f"{s.get('steady')} steady instances; totals host {f.ns(host_t)}, GPU {f.ns(gpu_t) if gpu_t else '-'}")
         body.append(_rect(bar_x, y + 4, bar_w, 16, "#f1f3f7", tip))
-        if host_t:
-            body.append(_rect(bar_x, y + 4, bar_w * host_t / common, 16, C_HOST, tip))
-        if gpu_t:
-            body.append(_rect(bar_x, y + 7, bar_w * gpu_t / common, 10, C_SPAN, tip))
-        if busy_t:
-            body.append(_rect(bar_x, y + 7, bar_w * min(busy_t, gpu_t or busy_t) / common, 10, C_BUSY, tip))
+        for t, dy, h, color in ((host_t, 4, 16, C_HOST), (gpu_t, 7, 10, C_SPAN),
+                                (min(busy_t, gpu_t or busy_t), 7, 10, C_BUSY)):
+            if t:
+                body.append(_rect(bar_x, y + dy, bar_w * t / common, h, color, tip))
         txt = f"{f.ns(host)} · {f.ns(gpu) if gpu else '-'} · {f.pct(frac) if frac is not None else '-'} · {s.get('steady')}"
         body.append(_text(W - 8, y + 16, txt, 12, "end"))
     legend = ('<div class="legend"><span><span class="sw" style="background:%s"></span>host time</span>'
@@ -212,8 +213,7 @@ def breakdown_svg(stages: Sequence[Stage]) -> str:
 
 
 def _breakdown_section(report: Report) -> str:
-    stages = report.get("stages") or []
-    if not stages:
+    if not (stages := report.get("stages") or []):
         return '<section id="stages"><h2>Where the time goes</h2><p class="note">No stages in this input.</p></section>'
     return ('<section id="stages"><h2>Where the time goes, stage by stage</h2>'
             '<p class="note">Steady state only: warm-up and cold-start instances are excluded (counted in the table). '
@@ -224,32 +224,23 @@ def _breakdown_section(report: Report) -> str:
 
 
 def _stage_table(stages: Sequence[Stage]) -> str:
-    rows = []
     units = []
     for s in stages:  # two populations: each in its own row under the stage (its median is neither's)
         units.append((s, e(s["name"]), int(s.get("depth", 0)), f.excluded(s), s.get("share_of_top")))
         units += [(f.population_row(grp), "· " + e(grp["label"]), int(s.get("depth", 0)) + 1, 0, None)
                   for grp in (s.get("populations") or {}).get("groups") or []]
+    rows = []
     for s, name, depth, excluded, share in units:
         head = s.get("headline_host_ns") or s["host_ns"]
         label, g = f.gpu_stat(s)
-        rows.append(
-            "<tr>"
-            f"<td>{'&nbsp;' * 3 * depth}{name}</td>"
-            f"<td class=num>{s.get('steady', 0)}</td><td class=num>{excluded}</td>"
-            f"<td class=num>{e(f.ns(f.stat(head)))}</td><td class=num>{e(f.ns(f.stat(head, 'p90')))}</td>"
-            f"<td class=num>{e(f.ns(f.stat(g)) + (' (' + label + ')' if g else ''))}</td>"
-            f"<td class=num>{e(f.ns(f.stat(g, 'p90')))}</td>"
-            f"<td class=num>{e(f.pct(f.stat(s.get('gpu_busy_frac'))))}</td>"
-            f"<td class=num>{e(f.pct(share) if share is not None else '-')}</td>"
-            "</tr>")
-    return ('<table class="stages"><thead><tr><th>stage</th><th class=num>steady n</th><th class=num>excluded</th>'
-            '<th class=num>host median</th><th class=num>host p90</th><th class=num>GPU median</th><th class=num>GPU p90</th>'
-            '<th class=num>GPU busy</th><th class=num>share of top level</th></tr></thead><tbody>'
-            + "".join(rows) + "</tbody></table>")
+        rows.append(["&nbsp;" * 3 * depth + name, s.get("steady", 0), excluded, e(f.ns(f.stat(head))),
+                     e(f.ns(f.stat(head, "p90"))), e(f.ns(f.stat(g)) + (" (" + label + ")" if g else "")),
+                     e(f.ns(f.stat(g, "p90"))), e(f.pct(f.stat(s.get("gpu_busy_frac")))),
+                     e(f.pct(share) if share is not None else "-")])
+    return _table(["stage", "steady n", "excluded", "host median", "host p90", "GPU median", "GPU p90", "GPU busy",
+                   "share of top level"], rows, [""] + [NUM] * 8, ' class="stages"')
 
 
-# ----------------------------------------------------------------------------- timeline
 def _merge_spans(start: np.ndarray, end: np.ndarray, min_gap: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Merge spans closer than ``min_gap`` (one pixel): (start, end, instances merged)."""
     if len(start) == 0:
@@ -338,7 +329,7 @@ def timeline_section(report: Report, analysis: Analysis | None) -> str:
         return [_rect(a, y, max(b - a, 0.6), h, colors[k], f"{what}: {c} instance{'s' if c > 1 else ''}, "
                       f"{f.ns((b - a) * px_ns)}", extra) for a, b, c in zip(X(s_).tolist(), X(e_).tolist(), n_.tolist())]
 
-    # stage strips, each with its GPU work under it: projected spans (trace), else GPU events
+    # under each stage strip its GPU work: projected spans (trace), else GPU events
     y = 8
     strip_body: list[str] = []
     bands: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -437,7 +428,6 @@ def timeline_section(report: Report, analysis: Analysis | None) -> str:
                         f'stroke-width="1.4"{da}>{tip}</polyline>')
         body.insert(title_at, _text(plot_x, y0 + 10, title, 12, weight="bold"))
         y0 += chart_h + gap
-    # time axis
     step = _nice_step(span / 1e9, 8)
     ax_y = total_h - 22
     body.append(f'<line x1="{plot_x}" y1="{ax_y}" x2="{plot_x + plot_w}" y2="{ax_y}" stroke="#5b6577"/>')
@@ -463,7 +453,6 @@ def timeline_section(report: Report, analysis: Analysis | None) -> str:
             + f'<div class="legend">{series_items}</div></section>')
 
 
-# ----------------------------------------------------------------------------- kernels
 def mix_svg(mix: Mix) -> str:
     """A 100% stacked bar of the stage's kernel families."""
     x = 0.0
@@ -517,11 +506,9 @@ def _inside_section(report: Report) -> str:
     if tied:
         out.append(f'<p class="note">Ops tied to their stage: {e("; ".join(tied))}.</p>')
     if rows:
-        out.append("<table><thead><tr><th>stage</th><th>range</th><th>share</th><th>ops / inst</th><th>GPU / inst</th>"
-                   "</tr></thead><tbody>" + "".join(
-                       f"<tr><td>{e(r['stage'])}</td><td><code>{e(r['range'])}</code></td><td>{f.pct(r['share'])}</td>"
-                       f"<td>{r['per_instance']:.4g}</td><td>{f.ns(r['gpu_per_instance_ns'])}</td></tr>" for r in rows)
-                   + "</tbody></table>")
+        out.append(_table(["stage", "range", "share", "ops / inst", "GPU / inst"],
+                          ([e(r["stage"]), f"<code>{e(r['range'])}</code>", f.pct(r["share"]),
+                            f"{r['per_instance']:.4g}", f.ns(r["gpu_per_instance_ns"])] for r in rows), [""] * 5))
     return "".join(out) + "</section>"
 
 
@@ -543,7 +530,6 @@ def _kernel_table(kernels: Sequence[MixKernel | GpuKernel], per_instance: bool) 
             + "".join(rows) + "</tbody></table>")
 
 
-# ----------------------------------------------------------------------------- steps
 def steps_svg(stage: Stage) -> str | None:
     """Per-step median (GPU when measured, else host) of a stage with marked or derived steps."""
     per, steps = stage.get("per_step"), stage.get("steps")
@@ -584,7 +570,6 @@ def _steps_section(report: Report) -> str:
             '(re-running the prompt each step, a growing cache) shows up here.</p>' + "".join(charts[:6]) + "</section>")
 
 
-# ----------------------------------------------------------------------------- diagnosis
 def _finding(d: Finding) -> str:
     cls = "fact" if d.get("verdict") == "fact" else "hypothesis"
     ev = f.evidence_text(d.get("evidence") or {}, d.get("id"), limit=8)
@@ -604,23 +589,19 @@ def _diagnosis_section(report: Report) -> str:
     for group, title, cls, none in (("Facts", "Facts (measured)", "facts", "none"),
                                     ("Hypotheses", "Hypotheses (to confirm)", "hypotheses", "none fired"),
                                     ("Also noted (nothing at stake)", "Also noted (nothing at stake)", "facts", "")):
-        fs = groups.get(group, [])
-        if fs or none:  # (the first two always, "none" when empty)
+        if (fs := groups.get(group, [])) or none:  # (the first two always, "none" when empty)
             out.append(f'<h3>{title} <span class="note">{len(fs)}</span></h3><div class="findings {cls}">'
                        + ("".join(_finding(d) for d in fs) or f'<p class="note">{none}</p>') + "</div>")
-    b = report.get("bottlenecks") or []
-    if b:
-        out.append('<h3>Ranked bottlenecks</h3><table><thead><tr><th class=num>#</th><th>stage</th><th class=num>self time'
-                   '</th><th class=num>share</th><th>top family</th><th>top kernel</th><th>findings</th></tr></thead><tbody>')
-        for r in b[:12]:
-            out.append(f"<tr><td class=num>{r.get('rank')}</td><td>{e(r.get('stage'))}</td>"
-                       f"<td class=num>{e(f.ns(r.get('self_ns')))} <span class=note>({e(str(r.get('basis', '')).replace('_ns', ''))})</span></td>"
-                       f"<td class=num><span class=bar style=\"width:{60 * float(r.get('share') or 0):.0f}px\"></span> {f.pct(r.get('share'))}</td>"
-                       f"<td>{e(r.get('top_family') or '-')}</td><td class=kname>{e(_kname(r.get('top_kernel') or '-', 70))}</td>"
-                       f"<td>{e(', '.join(r.get('findings') or []))}</td></tr>")
-        out.append("</tbody></table>")
-    out.append("</section>")
-    return "".join(out)
+    if b := report.get("bottlenecks") or []:
+        out.append("<h3>Ranked bottlenecks</h3>" + _table(
+            ["#", "stage", "self time", "share", "top family", "top kernel", "findings"],
+            ([r.get("rank"), e(r.get("stage")),
+              f"{e(f.ns(r.get('self_ns')))} <span class=note>({e(str(r.get('basis', '')).replace('_ns', ''))})</span>",
+              f'<span class=bar style="width:{60 * float(r.get("share") or 0):.0f}px"></span> {f.pct(r.get("share"))}',
+              e(r.get("top_family") or "-"), e(_kname(r.get("top_kernel") or "-", 70)),
+              e(", ".join(r.get("findings") or []))]
+             for r in b[:12]), [NUM, "", NUM, NUM, "", " class=kname", ""]))
+    return "".join(out) + "</section>"
 
 
 def _env_section(report: Report) -> str:
@@ -655,17 +636,12 @@ def _env_section(report: Report) -> str:
 
 
 def _ranks_section(report: Report) -> str:
-    """Per-rank stage statistics and the stragglers (multi-rank runs only)."""
-    sec = rk.section(report)
-    if sec is None:
+    if (sec := rk.section(report)) is None:
         return ""
 
     def table(header: list[str], rows: list[list[str]]) -> str:
-        num = [h not in ("stage", "host", "pids", "top family") for h in header]
-        head = "".join(f"<th{' class=num' if n else ''}>{e(h)}</th>" for h, n in zip(header, num))
-        body = "".join("<tr>" + "".join(f"<td{' class=num' if n else ''}>{e(c)}</td>" for c, n in zip(r, num)) + "</tr>"
-                       for r in rows)
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        return _table(header, ([e(c) for c in r] for r in rows),
+                      ["" if h in ("stage", "host", "pids", "top family") else NUM for h in header])
 
     lines = rk.straggler_lines(sec)
     return (f'<section id="ranks"><h2>Ranks</h2><p class="note">{e(rk.summary_line(sec))}. Clock: {e(sec.get("clock"))}.</p>'

@@ -58,14 +58,9 @@ def _fenced(command: str, info: str = "sh") -> list[str]:
     return [fence + info, body, fence]
 
 
-def _cell(value: Any) -> str:
-    return value if isinstance(value, Md) else _text(value)
-
-
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows]
-    return out + [""]
+    return out + ["| " + " | ".join(c if isinstance(c, Md) else _text(c) for c in r) + " |" for r in rows] + [""]
 
 
 def _baseline(report: Report) -> list[str]:
@@ -97,8 +92,7 @@ def _baseline(report: Report) -> list[str]:
 
 
 def _stages(report: Report) -> list[str]:
-    stages = report.get("stages") or []
-    if not stages:
+    if not (stages := report.get("stages") or []):
         return ["## Stage timings", "", "No stages in this input.", ""]
     gpu_cols = any(f.gpu_stat(s)[1] for s in stages)
     busy_col = any((s.get("gpu_busy_frac") or {}).get("n") for s in stages)
@@ -138,8 +132,7 @@ def _stages(report: Report) -> list[str]:
 
 
 def _bottlenecks(report: Report) -> list[str]:
-    rows = report.get("bottlenecks") or []
-    if not rows:
+    if not (rows := report.get("bottlenecks") or []):
         return []
     body = [[r["rank"], r["stage"] + (" (self)" if r.get("has_children") else ""), f.pct(r["share"]), f.ns(r["self_ns"]), r["basis"],
              f"{r['top_family']} {f.pct(r.get('top_family_share'))}" if r.get("top_family") else "-",
@@ -149,22 +142,25 @@ def _bottlenecks(report: Report) -> list[str]:
         ["#", "stage", "share", "self time", "basis", "top family", "top kernel", "findings"], body)
 
 
-def _findings(report: Report, verdict: str, title: str) -> list[str]:
+def _findings(report: Report) -> list[str]:
     groups = dict(f.finding_groups(report.get("diagnosis") or []))
-    fs = groups.get({"fact": "Facts", "hypothesis": "Hypotheses"}.get(verdict, verdict), [])
-    if not fs:
-        return [f"## {title}", "", "None.", ""] if verdict in ("fact", "hypothesis") else []
-    out = [f"## {title}", ""]
-    for x in fs:
-        out.append(f"- **{_text(x['id'])}** ({f.at_stake(x.get('score'))}): {_text(x['title'])}")
-        ev = f.evidence_text(x.get("evidence") or {}, x["id"], limit=8)
-        if ev:
-            out.append(f"  - evidence: {_text(ev)}")
-        if x.get("next_step"):
-            out.append(f"  - next step: {_text(x['next_step'])}")
-        if x.get("command"):
-            out.append(f"  - command: {_code(x['command'], in_table=False)}")
-    return out + [""]
+    out: list[str] = []
+    for group, title in (("Facts", "Facts (measured)"), ("Hypotheses", "Hypotheses (to confirm)"),
+                         ("Also noted (nothing at stake)", "Also noted (nothing at stake)")):
+        if not (fs := groups.get(group, [])):
+            out += [f"## {title}", "", "None.", ""] if group != title else []  # (facts and hypotheses always)
+            continue
+        out += [f"## {title}", ""]
+        for x in fs:
+            out.append(f"- **{_text(x['id'])}** ({f.at_stake(x.get('score'))}): {_text(x['title'])}")
+            if ev := f.evidence_text(x.get("evidence") or {}, x["id"], limit=8):
+                out.append(f"  - evidence: {_text(ev)}")
+            if x.get("next_step"):
+                out.append(f"  - next step: {_text(x['next_step'])}")
+            if x.get("command"):
+                out.append(f"  - command: {_code(x['command'], in_table=False)}")
+        out.append("")
+    return out
 
 
 def _optimisations(report: Report) -> list[str]:
@@ -225,9 +221,7 @@ def _reproduce(report: Report) -> list[str]:
 
 
 def _ranks(report: Report) -> list[str]:
-    """Per-rank stage statistics and the stragglers (multi-rank runs only)."""
-    sec = rk.section(report)
-    if sec is None:
+    if (sec := rk.section(report)) is None:
         return []
     out = ["## Ranks", "", _text(rk.summary_line(sec) + f". Clock: {sec.get('clock')}."), ""]
     out += _table(*rk.rank_rows(sec))
@@ -236,8 +230,7 @@ def _ranks(report: Report) -> list[str]:
             "steps where the rank took longest / started last; vs others: median excess over the other ranks; wait: "
             "time waiting for the last rank in a [sync] stage (one that the ranks leave together)._", ""]
     out += _table(*rk.stage_rows(sec))
-    lines = rk.straggler_lines(sec)
-    if lines:
+    if lines := rk.straggler_lines(sec):
         out += ["**Stragglers**", ""] + [f"- {_item(x)}" for x in lines] + [""]
     return out
 
@@ -250,22 +243,12 @@ def render(report: Report, analysis: Analysis | None = None, *, width: int = 120
              f"_maxinstr {report.get('generated', {}).get('maxinstr', '?')}, "
              f"{report.get('generated', {}).get('utc', '')}; report schema {report.get('schema')} v{report.get('version')}_", ""]
     lines += _baseline(report)
-    watching = f.footprint_line(report)
-    if watching:
+    if watching := f.footprint_line(report):
         lines += [f"_Watching: {_text(watching)}._", ""]
-    lines += _stages(report)
-    lines += _ranks(report)
-    lines += _bottlenecks(report)
-    lines += _findings(report, "fact", "Facts (measured)")
-    lines += _findings(report, "hypothesis", "Hypotheses (to confirm)")
-    lines += _findings(report, "Also noted (nothing at stake)", "Also noted (nothing at stake)")
-    lines += _optimisations(report)
-    lines += _startup(report)
-    lines += _families(report)
-    lines += _inside_stages(report)
-    lines += _reproduce(report)
-    notes = src.get("notes") or []
-    if notes:
+    for part in (_stages, _ranks, _bottlenecks, _findings, _optimisations, _startup, _families, _inside_stages,
+                 _reproduce):
+        lines += part(report)
+    if notes := src.get("notes") or []:
         lines += ["## Notes", ""] + [f"- {_item(n)}" for n in notes] + [""]
     return "\n".join(lines)
 
@@ -287,8 +270,7 @@ def render_compare(result: CompareResult, *, width: int = 120, color: bool = Fal
                  for stage, r in f.delta_rows(rows)])
         if c.get("checks"):
             lines += ["## What the diagnosis asks to check", ""] + _table(*f.check_rows(c["checks"]))
-        fams = [r for r in c["families"] if r["changed"]]
-        if fams:
+        if fams := [r for r in c["families"] if r["changed"]]:
             lines += ["## Kernel-mix changes", ""] + _table(
                 ["family", "A share", "B share"], [[r["family"], f.pct(r["a_share"], 1), f.pct(r["b_share"], 1)] for r in fams])
         for ks, title in ((c["kernels_appeared"], "Kernels only in B"), (c["kernels_disappeared"], "Kernels only in A")):

@@ -30,15 +30,14 @@ from maxinstr.columns import factorize
 from maxinstr.errors import MaxinstrError
 
 if TYPE_CHECKING:
-    from maxinstr.analyze.report import Analysis
+    from maxinstr.analyze.report import Analysis, Attribution, Trace
     from maxinstr.analyze.schema import Report
 
 CHUNK = 65_536
 """Rows formatted per write."""
 
 PID_BASE = 1 << 23
-"""Synthetic process ids start above Linux's largest pid (2**22), so they never collide
-with a real host process."""
+"""Synthetic process ids start above Linux's largest pid (2**22), so they never collide with a real host process."""
 
 SPANS_PID = PID_BASE
 GPU_PID = PID_BASE + 16
@@ -49,18 +48,12 @@ GZIP_LEVEL = 3
 
 # (column, track label, unit key, scale): the sampler metrics shown as counter tracks
 COUNTERS: tuple[tuple[str, str, str, float], ...] = (
-    ("gpu_util_pct", "util", "%", 1.0),
-    ("sm_active_pct", "SM active", "%", 1.0),
-    ("sm_occupancy_pct", "SM occupancy", "%", 1.0),
-    ("tensor_active_pct", "tensor active", "%", 1.0),
-    ("dram_bw_util_pct", "DRAM bandwidth", "%", 1.0),
-    ("mem_util_pct", "memory controller", "%", 1.0),
-    ("power_w", "power", "W", 1.0),
-    ("mem_used_bytes", "memory used", "GiB", 1.0 / 2**30),
-    ("sm_clock_mhz", "SM clock", "MHz", 1.0),
-    ("mem_clock_mhz", "memory clock", "MHz", 1.0),
-    ("temp_c", "temperature", "C", 1.0),
-)
+    ("gpu_util_pct", "util", "%", 1.0), ("sm_active_pct", "SM active", "%", 1.0),
+    ("sm_occupancy_pct", "SM occupancy", "%", 1.0), ("tensor_active_pct", "tensor active", "%", 1.0),
+    ("dram_bw_util_pct", "DRAM bandwidth", "%", 1.0), ("mem_util_pct", "memory controller", "%", 1.0),
+    ("power_w", "power", "W", 1.0), ("mem_used_bytes", "memory used", "GiB", 1.0 / 2**30),
+    ("sm_clock_mhz", "SM clock", "MHz", 1.0), ("mem_clock_mhz", "memory clock", "MHz", 1.0),
+    ("temp_c", "temperature", "C", 1.0))
 
 
 def _esc(values: Iterable[str]) -> np.ndarray:
@@ -112,7 +105,6 @@ def _us(ns: np.ndarray) -> np.ndarray:
     return np.asarray(ns, np.float64) / 1000.0
 
 
-# ----------------------------------------------------------------------------- events
 def _stage_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
     inst = tl.inst
     if len(inst) == 0:
@@ -155,7 +147,6 @@ def _stage_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iter
                      leaf_json[mk], pid[mk], out_tid[mk], ts[mk], *(c[mk] for c in arg_cols))
     counts["marks"] = len(mk)
 
-    # GPU spans per stage key: projected (trace) and event-timed (run)
     tracks.process(SPANS_PID, "stage GPU spans", 1)
     next_tid = 1
     for label, s, e, counter in (("projected GPU span", tl.proj_start_ns, tl.proj_end_ns, "gpu_projected_spans"),
@@ -181,10 +172,8 @@ def _stage_events(tl: Timeline, tracks: _Tracks, counts: dict[str, int]) -> Iter
                          ts[rows], busy[rows], frac, kernels[rows])
 
 
-def _op_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
-    trace, op_family = analysis.trace, analysis.op_family
-    if trace is None:
-        return
+def _op_events(tl: Timeline, trace: Trace, op_family: np.ndarray, tracks: _Tracks, counts: dict[str, int]
+               ) -> Iterator[str]:
     ops = trace.ops
     n = len(ops)
     counts["ops"] = n
@@ -221,12 +210,10 @@ def _op_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dict[s
                      stage, np.asarray(ops.correlation_id, np.int64), np.asarray(ops.bytes, np.int64))
 
 
-def _call_events(tl: Timeline, analysis: Analysis, op_tids: np.ndarray, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
+def _call_events(tl: Timeline, trace: Trace, op_tids: np.ndarray, tracks: _Tracks, counts: dict[str, int]
+                 ) -> Iterator[str]:
     """Host API calls that launched GPU work, on a track beside their thread, and a flow arrow
     from each launch to the op it launched (:func:`~maxinstr.analyze.timeline.launch_calls`)."""
-    trace = analysis.trace
-    if trace is None:
-        return
     calls, ops = trace.calls, trace.ops
     counts["api_calls"] = counts["launch_flows"] = 0
     if len(calls) == 0:
@@ -259,12 +246,9 @@ def _call_events(tl: Timeline, analysis: Analysis, op_tids: np.ndarray, tracks: 
     counts["launch_flows"] = len(hit)
 
 
-def _range_events(tl: Timeline, analysis: Analysis, tracks: _Tracks, counts: dict[str, int]) -> Iterator[str]:
-    """The trace's other host ranges (framework ops, other NVTX domains: not stages), on a
-    track beside their thread, nested as they ran."""
-    trace, attribution = analysis.trace, analysis.attribution
-    if trace is None:
-        return
+def _range_events(tl: Timeline, trace: Trace, attribution: Attribution | None, tracks: _Tracks, counts: dict[str, int]
+                  ) -> Iterator[str]:
+    """The trace's other host ranges (framework ops, other NVTX domains), beside their thread, nested as they ran."""
     r = trace.ranges
     used = np.zeros(len(r), bool)
     ri = np.asarray(tl.inst.range_index, np.int64)
@@ -358,10 +342,10 @@ def events(report: Report, analysis: Analysis) -> Iterator[str]:
     counts: dict[str, int] = {}
     yield '{"displayTimeUnit":"ns","traceEvents":[\n'
     yield from _stage_events(tl, tracks, counts)
-    if analysis.trace is not None:
-        yield from _op_events(tl, analysis, tracks, counts)
-        yield from _call_events(tl, analysis, tracks.op_tids, tracks, counts)
-        yield from _range_events(tl, analysis, tracks, counts)
+    if (trace := analysis.trace) is not None:
+        yield from _op_events(tl, trace, analysis.op_family, tracks, counts)
+        yield from _call_events(tl, trace, tracks.op_tids, tracks, counts)
+        yield from _range_events(tl, trace, analysis.attribution, tracks, counts)
     yield from _counter_events(tl, tracks, counts)
     counts["metadata"] = len(tracks.meta)
     # metadata last (tracks are named as events are planned); the array's last element

@@ -21,7 +21,7 @@ from maxinstr.render.terminal import text_width
 if TYPE_CHECKING:
     from maxinstr.analyze.compare import CompareResult, DeltaRow
     from maxinstr.analyze.report import Analysis
-    from maxinstr.analyze.schema import FamilyRow, Populations, Report, Stage, StartupRow
+    from maxinstr.analyze.schema import FamilyRow, Populations, Report, Stage
 
 
 def _cell(value: Any) -> Any:
@@ -32,11 +32,6 @@ def _cell(value: Any) -> Any:
 
 def _lines(lines: list[str], style: str = "") -> Text:
     return Text("\n".join(shown(x) for x in lines), style=style)
-
-
-def _title(title: str) -> Text:
-    """A table title that may quote names: text, not console markup (rich parses a str title)."""
-    return Text(shown(title), style="table.title")
 
 
 class Col:
@@ -103,10 +98,8 @@ class Fitted:
         # a cut column's header is cut with its cells: keep it whole; others wrap it at spaces
         head = self._len(col.header) if col.cut else max((self._len(w) for w in col.header.split()), default=1)
         nat = max(cells + [head, 1])
-        if col.key:
-            # a key longer than half the console folds (never cut), leaving room for its numbers
-            nat = min(nat, max(KEY_MIN, width // 2))
-        return nat
+        # a key longer than half the console folds (never cut), leaving room for its numbers
+        return min(nat, max(KEY_MIN, width // 2)) if col.key else nat
 
     def _plan(self, width: int) -> list[list[int]]:
         nat = [self._natural(i, width) for i in range(len(self.cols))]
@@ -118,8 +111,7 @@ class Fitted:
         while rest:
             cols = list(rest)
             while need(keys + cols) > width and len(cols) > 1:
-                out = max(cols, key=lambda i: (self.cols[i].move, i))
-                cols.remove(out)
+                cols.remove(max(cols, key=lambda i: (self.cols[i].move, i)))
             tables.append(sorted(keys + cols))
             rest = [i for i in rest if i not in cols]
         return tables or [keys]
@@ -147,9 +139,9 @@ class Fitted:
                              "and json have them)")
             if k == len(plan) - 1 and self.caption:
                 notes += [self.caption] if isinstance(self.caption, str) else self.caption
-            # the title on a line of its own at the console's width: as the table's title it
-            # wrapped at the table's width, which a continuation table makes narrow
-            yield _title(self.title if k == 0 else f"{self.title} (continued)")
+            # the title on a line of its own at the console's width (as the table's title it wrapped at
+            # the table's width, which a continuation table makes narrow), as text: rich parses a str as markup
+            yield Text(shown(self.title if k == 0 else f"{self.title} (continued)"), style="table.title")
             t = Table(header_style="bold")
             for i in idx:  # only a key longer than half the console is narrower than its cells: it folds
                 c = self.cols[i]
@@ -163,8 +155,7 @@ class Fitted:
 
 
 def _header(report: Report) -> Panel:
-    """The sources, the GPU, the join and the warm-up, a key and its value a row: a value that
-    wraps stays under its value, not under the keys."""
+    """The sources, the GPU, the join and the warm-up: a key and its value a row."""
     src, env = report.get("sources", {}), report.get("environment", {})
     gpus = env.get("gpus") or []
     perturbed = report.get("perturbed") and report.get("headline_source") != "unprofiled_run"
@@ -210,8 +201,7 @@ def _shown_stages(stages: list[Stage]) -> list[Stage]:
 
 
 def _stage_table(report: Report) -> Any:
-    all_stages = report.get("stages") or []
-    if not all_stages:
+    if not (all_stages := report.get("stages") or []):
         return None
     stages = _shown_stages(all_stages)
     gpu_labels = {f.gpu_stat(s)[0] for s in stages} - {""}
@@ -235,8 +225,7 @@ def _stage_table(report: Report) -> Any:
         notes.append("busy: share of that trace span in which a kernel ran; kernels: per instance")
     notes += _sample_notes(short_util, short_power, "busy" if trace_cols else "GPU time" if gpu_labels else
                            "the HTML report's timeline", throttle_col)
-    only_warm = [s["name"] for s in stages if not s["steady"] and f.excluded(s)]
-    if only_warm:
+    if only_warm := [s["name"] for s in stages if not s["steady"] and f.excluded(s)]:
         notes.append(f"n (+k): steady instances (+ warm-up / cold-start ones); {', '.join(only_warm[:3])}"
                      f"{' ...' if len(only_warm) > 3 else ''} ran only as warm-up: see Startup below")
     if sampled and any((s.get("samples") or {}).get("power_source") == "reading" and not _limited(s, "power_limited")
@@ -354,8 +343,7 @@ _BASIS = {"gpu_busy_ns": "GPU busy", "gpu_event_ns": "GPU", "gpu_proj_ns": "GPU 
 
 
 def _bottlenecks(report: Report) -> Fitted | None:
-    rows = report.get("bottlenecks") or []
-    if not rows:
+    if not (rows := report.get("bottlenecks") or []):
         return None
     cols = [Col("#"), Col("stage", "left", key=True), Col("share"), Col("self time, total"),
             Col("top kernel", "left", cut=True, move=2), Col("findings", "left", move=1)]
@@ -400,8 +388,7 @@ def _inside_stages(report: Report) -> Fitted | Text | None:
 
 
 def _diagnosis(report: Report) -> Panel | None:
-    fs = report.get("diagnosis") or []
-    if not fs:
+    if not (fs := report.get("diagnosis") or []):
         return None
     parts: list[Any] = []
     styles = {"Facts": "bold green", "Hypotheses": "bold yellow"}
@@ -424,16 +411,12 @@ def _diagnosis(report: Report) -> Panel | None:
     return Panel(Group(*parts), title="Diagnosis", title_align="left")
 
 
-def _startup_gpu(r: StartupRow) -> str:
-    basis, v = f.startup_gpu(r)
-    return f.ns(v) + (" p" if basis == "proj" else "")
-
-
 def _startup(report: Report) -> Fitted | None:
     if not report.get("startup"):
         return None
     rows, caption = f.startup_shown(report)
-    body = [[r["stage"], str(r["occurrence"]), r["reason"].replace("_", " "), f.ns(r["host_ns"]), _startup_gpu(r),
+    body = [[r["stage"], str(r["occurrence"]), r["reason"].replace("_", " "), f.ns(r["host_ns"]),
+             f.ns(f.startup_gpu(r)[1]) + (" p" if f.startup_gpu(r)[0] == "proj" else ""),
              str(r.get("nested") or "-"), f"{r['robust_z']:.0f}" if r.get("robust_z") is not None else "-"]
             for r in rows]
     cols = [Col("stage", "left", key=True), Col("#"), Col("why", "left"), Col("host"), Col("GPU", move=2),
@@ -450,9 +433,7 @@ def _notes(report: Report) -> Group | None:
 
 
 def _ranks(report: Report) -> Group | None:
-    """Per-rank stage statistics and the stragglers (multi-rank runs only)."""
-    sec = rk.section(report)
-    if sec is None:
+    if (sec := rk.section(report)) is None:
         return None
     (rank_head, rank_rows), (stage_head, stage_rows) = rk.rank_rows(sec), rk.stage_rows(sec)
     lines = rk.straggler_lines(sec)
@@ -491,7 +472,6 @@ def print_report(report: Report, console: Console | None = None) -> None:
     console.print(Group(*renderables(report)))
 
 
-# ----------------------------------------------------------------------------- compare
 _VERDICT_STYLE = {"faster": "green", "slower": "red", "within noise": "dim", "cannot tell": "yellow"}
 
 
@@ -528,8 +508,7 @@ def compare_renderables(result: CompareResult) -> list[Any]:
                                 [Col(h, "left" if h in ("stage", "findings", "share of GPU time") else "right",
                                      key=h == "stage", wrap=h in ("findings", "share of GPU time"),
                                      move={"findings": 2, "share of GPU time": 1}.get(h, 0)) for h in header], body))
-        fams = [r for r in c["families"] if r["changed"]]
-        if fams:
+        if fams := [r for r in c["families"] if r["changed"]]:
             parts.append(Fitted("Kernel-mix changes (share of GPU time)",
                                 [Col("family", "left", key=True), Col("A"), Col("B"), Col("change")],
                                 [[r["family"], f.pct(r["a_share"], 1), f.pct(r["b_share"], 1),
