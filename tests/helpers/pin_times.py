@@ -23,19 +23,20 @@ def pin_host_durations(run_dir: str | Path, durations_ns: dict[str, int]) -> int
         names = {d["id"]: d["s"] for d in map(json.loads, (part / fmt.STRINGS_FILE).read_text().splitlines())}
         rows = np.fromfile(part / fmt.STAGES_FILE, dtype=fmt.STAGE_DTYPE)
         row_of = {int(i): k for k, i in enumerate(rows["id"])}
-
-        def path(k: int) -> str:
-            p = int(rows["parent_id"][k])
-            own = names[int(rows["name_id"][k])]
-            return own if p < 0 or p not in row_of else f"{path(row_of[p])}/{own}"
-
-        for k in range(len(rows)):
-            want = durations_ns.get(path(k))
+        paths: list[str] = []
+        for k in range(len(rows)):  # a parent is recorded when it closes, after its children: walk up
+            chain, j = [], k
+            while j is not None:
+                chain.append(names[int(rows["name_id"][j])])
+                j = row_of.get(int(rows["parent_id"][j]))
+            paths.append("/".join(reversed(chain)))
+        for k, path in enumerate(paths):
+            want = durations_ns.get(path)
             if want is None:
                 continue
             got = int(rows["host_end_ns"][k] - rows["host_start_ns"][k])
             if got < want:
-                raise AssertionError(f"{path(k)} record {k} lasted {got} ns, less than the {want} ns pinned")
+                raise AssertionError(f"{path} record {k} lasted {got} ns, less than the {want} ns pinned")
             rows["host_end_ns"][k] = rows["host_start_ns"][k] + want
             pinned += 1
         rows.tofile(part / fmt.STAGES_FILE)
