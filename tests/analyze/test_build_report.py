@@ -9,6 +9,7 @@ import time
 import pytest
 
 from helpers.fixture_columns import DATA, nvtx_proj_csv, run_from_nsys_fixture
+from helpers.pin_times import pin_host_durations
 from maxinstr.analyze.report import SCHEMA, VERSION, build_report
 from maxinstr.render.json import render as render_json
 
@@ -140,6 +141,9 @@ def test_unprofiled_run_gives_headline_timings(tmp_path):
             for i in range(6):
                 with maxinstr.stage("decode", step=i):
                     time.sleep(sleep_s)
+        # each step exactly its sleep: a 1 ms sleep measured 4.1 ms on a loaded machine (and a
+        # slow one among the first steps is a cold start), so the headline's numbers were the load's
+        assert pin_host_durations(path, {"decode": int(sleep_s * 1e9)}) == 6
         return maxinstr.load(path)
 
     profiled = record(tmp_path / "profiled", 0.004)
@@ -148,10 +152,11 @@ def test_unprofiled_run_gives_headline_timings(tmp_path):
     r = build_report(run=profiled, unprofiled_run=plain)
     dec = _stage(r, "decode")
     assert r["headline_source"] == "unprofiled_run" and r["perturbed"]
-    # 6 instances, 1 warm-up; sleep jitter on a busy machine may add a cold-start outlier
-    assert dec["warmup"] == 1 and dec["host_ns"]["n"] == dec["steady"] >= 2
-    assert 2 <= dec["headline_host_ns"]["n"] <= 5
-    assert dec["headline_host_ns"]["median"] < dec["host_ns"]["median"]
+    # 6 instances, 1 warm-up, the other 5 steady (each run keeps one pace: no cold start)
+    assert dec["warmup"] == 1 and dec["host_ns"]["n"] == dec["steady"] == 5 and dec["cold_start"] == 0
+    assert dec["headline_host_ns"]["n"] == 5
+    # the headline is the unprofiled run's 1 ms, the profiled numbers stay the profiled run's 4 ms
+    assert dec["headline_host_ns"]["median"] == 1_000_000 and dec["host_ns"]["median"] == 4_000_000
     assert "profiled_timings" not in [f["id"] for f in r["diagnosis"]]
     r2 = build_report(run=profiled)
     assert "profiled_timings" in [f["id"] for f in r2["diagnosis"]]
@@ -179,6 +184,9 @@ def test_same_name_under_different_parents_is_two_populations(tmp_path):
                     with maxinstr.stage("layer"):
                         time.sleep(0.001)
                 maxinstr.mark("token")
+    # each layer exactly its sleep: a loaded machine stretched a 1 ms one past 2 ms (below the 10x
+    # asserted), or a first 20 ms one into a cold start of its own population
+    assert pin_host_durations(tmp_path / "run", {"prefill/layer": 20_000_000, "decode/layer": 1_000_000}) == 36
     r = build_report(run=tmp_path / "run")
     names = [s["name"] for s in r["stages"]]
     assert names == ["prefill", "prefill/layer", "decode", "decode/layer"]

@@ -828,10 +828,13 @@ def test_gpu_budget_samples_whole_top_level_stages(run_fake):
         """
         n._configure_events(share_ns=0, gpu_budget=0.01)
         fk.fake_set_tick(0)
+        cost, step_cost = 0, 0
         for i in range(200_000):
             with n.stage("step", step=i):
                 with n.stage("inner"):
                     pass
+            c = n.stats()["gpu_cost_ns"]           # what this step's events cost, as the budget saw it
+            step_cost, cost = max(step_cost, c - cost), c
             if i % 200 == 199:                   # the GPU keeps up (4 events a step: the pool holds 1000 steps)
                 fk.fake_complete_all()
                 if n.stats()["gpu_sampled_out"] > 3000:
@@ -839,15 +842,23 @@ def test_gpu_budget_samples_whole_top_level_stages(run_fake):
         fk.fake_complete_all(); n.resolve(block=True)
         st = n.stats()
         t_end = n.clock_ns()
-        for i in range(300):  # the budget is spent: gpu=True children are timed all the same
+        # the budget is spent: gpu=True children are timed all the same. At least 300 steps, and on
+        # until a step is sampled out: a loaded machine's pause before here refills the bucket to
+        # its credit, which 300 steps did not always spend
+        n2 = 0
+        while n2 < 300 or (n.stats()["gpu_sampled_out"] == st["gpu_sampled_out"] and n2 < 200_000):
             with n.stage("step2"):
                 with n.stage("forced", gpu=True):
                     pass
+            n2 += 1
+            if n2 % 200 == 0:
+                fk.fake_complete_all()
         fk.fake_complete_all(); n.resolve(block=True)
         r = drained()
-        out = dict(cost=st["gpu_cost_ns"], sampled=st["gpu_sampled_out"], budget=st["gpu_budget"],
-                   flags=r["flags"].tolist(), depth=r["depth"].tolist(), parent=r["parent_id"].tolist(),
-                   ids=r["id"].tolist(), host0=int(r["host_start_ns"].min()), host1=t_end)
+        out = dict(cost=st["gpu_cost_ns"], sampled=st["gpu_sampled_out"], budget=st["gpu_budget"], n2=n2,
+                   step_cost=step_cost, flags=r["flags"].tolist(), depth=r["depth"].tolist(),
+                   parent=r["parent_id"].tolist(), ids=r["id"].tolist(), host0=int(r["host_start_ns"].min()),
+                   host1=t_end)
         n._configure_events(gpu_budget=0)
         for i in range(2000):
             with n.stage("all"):
@@ -881,10 +892,15 @@ def test_gpu_budget_samples_whole_top_level_stages(run_fake):
     kid_timed = (flags[kids] & TIMED) != 0
     assert (kid_sampled <= parent_sampled).all()  # a child is sampled out only with its step
     assert (kid_timed | kid_sampled).all(), np.unique(flags[kids], return_counts=True)  # and every other child is timed
-    forced = kids[-300:]
+    forced = kids[-out["n2"]:]
     assert ((flags[forced] & TIMED) != 0).all() and top_sampled[[by_id[p] for p in parent[forced]]].any()
     wall = out["host1"] - out["host0"]
-    assert out["cost"] <= 0.01 * wall + 250_000 + 200_000  # budget x wall + credit (+ one pass's slack)
+    # budget x wall + credit, + what the last step let in cost: a step is admitted while the bucket
+    # is not in debt, and pays its events after. That step's cost is measured, not assumed (0.2 ms
+    # was): the cost is host time inside event calls, and a loaded machine's scheduler pauses a
+    # thread there for tens of ms (45 ms seen), which the budget then charges as event work
+    assert out["cost"] <= 0.01 * wall + 250_000 + out["step_cost"], out["step_cost"]
+    assert out["step_cost"] > 0
     assert out["all_flags"] == [TIMED]
     assert "gpu_budget" in out["bad"]
 

@@ -163,7 +163,15 @@ def test_sigkill_while_new_names_appear_every_row_has_its_name(tmp_path):
     """
     proc = start(script(tmp_path, body), str(tmp_path / "run"))
     wait_for(proc, "GO")
-    time.sleep(0.4)
+    # kill once over 1000 records are on disk: a fixed 0.4 s sleep left how many to the load
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if len(maxinstr.load(tmp_path / "run")) > 1000:
+                break
+        except Exception:  # noqa: BLE001 - the part may not be readable yet
+            pass
+        time.sleep(0.05)
     proc.kill()
     proc.wait()
     run = maxinstr.load(tmp_path / "run")

@@ -216,6 +216,8 @@ def test_a_hung_vendor_call_does_not_hang_stop(tmp_path):
     time.sleep(0.4)
     t0 = time.monotonic()
     s.stop()
-    assert time.monotonic() - t0 < 3.5
+    # stop() gives the hung thread 2 s; the point is that it does not wait for the read (10 s),
+    # not how fast a loaded machine runs the rest, so the bound sits below 10 s, not at 2 s + 1.5
+    assert time.monotonic() - t0 < 8.0
     assert any("did not stop" in e["message"] for e in read_samples(tmp_path).errors)
     release.set()
