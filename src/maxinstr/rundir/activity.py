@@ -18,7 +18,8 @@ from maxinstr._files import open_write, parse_json, read_regular, real_dirs, rep
 from maxinstr._text import safe_name
 from maxinstr.errors import RunDirError
 from maxinstr.rundir.format import MAX_TIME_NS
-from maxinstr.rundir.reader import Fields, Skipped, check_fields, clip, is_int, keep_rows, missing_name, read_jsonl
+from maxinstr.rundir.reader import (COUNT64, PID, STRING, STRINGS, Fields, Skipped, check_fields, clip, is_int, keep_rows,
+                                    missing_name, read_jsonl)
 from maxinstr.rundir.writer import write_all
 
 ACTIVITY_FILE = "activity.bin"
@@ -208,10 +209,6 @@ def read_part_activity(part_dir: Path) -> tuple[dict[str, Any], np.ndarray, list
     return meta, rows, names
 
 
-def _count(v: Any) -> bool:
-    return is_int(v, 0, 2**63)
-
-
 def _times(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 and all(is_int(t, 0, MAX_TIME_NS) for t in p)
                                        for p in v)
@@ -220,14 +217,10 @@ def _times(v: Any) -> bool:
 # The activity.json fields the reader and the report interpret, and what each must be (null or
 # absent is allowed: a part that never collected has none of them); others are kept as they are.
 _META_FIELDS: Fields = {
-    "status": (lambda v: isinstance(v, str), "a string"),
-    "reason": (lambda v: isinstance(v, str), "a string"),
-    "stage_correlation": (lambda v: isinstance(v, str), "a string"),
-    "notes": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
-    "pid": (lambda v: is_int(v, 0, 2**31), "a process id"),
-    "rows": (_count, "a count (an integer from 0)"),
-    "dropped_cupti": (_count, "a count (an integer from 0)"),
-    "dropped_queue": (_count, "a count (an integer from 0)"),
+    **dict.fromkeys(("status", "reason", "stage_correlation"), STRING),
+    "notes": STRINGS,
+    "pid": PID,
+    **dict.fromkeys(("rows", "dropped_cupti", "dropped_queue"), COUNT64),
     "external_kind": (lambda v: is_int(v, -(2**31), 2**31), "an int32"),
     "clock_pairs": (_times, "a list of [host_ns, collector_ns] pairs of times in [0, 2**62)"),
 }

@@ -226,20 +226,8 @@ def is_int(v: Any, lo: int, hi: int) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and lo <= v < hi
 
 
-def _count(v: Any) -> bool:
-    return is_int(v, 0, 2**31)
-
-
 def _time(v: Any) -> bool:
     return is_int(v, 0, fmt.MAX_TIME_NS)
-
-
-def _strings(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(x, str) for x in v)
-
-
-def _str_map(v: Any) -> bool:
-    return isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
 
 
 def _times_in(*keys: str) -> Callable[[Any], bool]:
@@ -252,15 +240,17 @@ absent is always allowed; any other field is kept as it is). A field of another 
 RunDirError naming it, never a TypeError three calls later."""
 STRING = (lambda v: isinstance(v, str), "a string")
 OBJECT = (lambda v: isinstance(v, dict), "an object")
-STRINGS = (_strings, "a list of strings")
-STR_MAP = (_str_map, "an object of strings")
+STRINGS = (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings")
+STR_MAP = (lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()), "an object of strings")
+COUNT = (lambda v: is_int(v, 0, 2**31), "a count (an integer from 0)")
+PID = (lambda v: is_int(v, 0, 2**31), "a process id")
+COUNT64 = (lambda v: is_int(v, 0, 2**63), "a count (an integer from 0)")
 
 _META_FIELDS: Fields = {
-    "warmup": (_count, "a count (an integer from 0)"),
+    "warmup": COUNT,
     "status": STRING,
-    "command": STRINGS,
-    "argv": STRINGS,
-    "pid": (_count, "a process id"),
+    **dict.fromkeys(("command", "argv"), STRINGS),
+    "pid": PID,
     "session": (_times_in("start_ns", "end_ns"), "an object with times in ns"),
     "steady_state": (_times_in("start_ns", "detected_ns"), "an object with times in ns"),
     "gpus": (lambda v: isinstance(v, list) and all(isinstance(g, dict) for g in v), "a list of objects"),
@@ -268,16 +258,13 @@ _META_FIELDS: Fields = {
 }
 # launch.json (docs/cli.md "Files of a run")
 _LAUNCH_FIELDS: Fields = {
-    "command": STRINGS,
-    "profiled_command": STRINGS,
-    "stage_specs": STRINGS,
-    "env": STR_MAP,
-    "sweep": STR_MAP,
+    **dict.fromkeys(("command", "profiled_command", "stage_specs"), STRINGS),
+    **dict.fromkeys(("env", "sweep"), STR_MAP),
     "label": STRING,
     "maxinstr_command": STRINGS,
     "profiler": (lambda v: isinstance(v, dict) and all(v.get(k) is None or isinstance(v.get(k), str)
                                                        for k in ("name", "capture", "flags")), "an object"),
-    "artifact": (lambda v: isinstance(v, dict) and (v.get("files") is None or _str_map(v.get("files"))), "an object"),
+    "artifact": (lambda v: isinstance(v, dict) and (v.get("files") is None or STR_MAP[0](v.get("files"))), "an object"),
     **dict.fromkeys(("run", "startup", "environment"), OBJECT),
     "stage_specs_unapplied": STR_MAP,
 }
@@ -285,14 +272,12 @@ _LAUNCH_FIELDS: Fields = {
 # what the folder name says), nor local_rank and world_size: they come from the program's
 # environment (LOCAL_RANK=-1 is the user's to set), are only shown, and one no int32 shows as none.
 _PART_FIELDS: Fields = {
-    "status": STRING,
-    "host": STRING,
-    "started_ns": (_time, "a time in ns"),
-    "closed_ns": (_time, "a time in ns"),
+    **dict.fromkeys(("status", "host"), STRING),
+    **dict.fromkeys(("started_ns", "closed_ns"), (_time, "a time in ns")),
     "started_unix_ns": (lambda v: is_int(v, 0, 2**63), "a time in ns"),
-    "ppid": (_count, "a process id"),
+    "ppid": PID,
     **dict.fromkeys(("rows_written", "dropped_records", "rows_dropped_disk", "attrs_dropped_disk", "attrs_dropped_close",
-                     "attrs_unconverted", "depth_refused"), (lambda v: is_int(v, 0, 2**63), "a count (an integer from 0)")),
+                     "attrs_unconverted", "depth_refused"), COUNT64),
 }
 
 
@@ -688,21 +673,10 @@ class Samples:
     meta: dict[str, Any] = field(default_factory=dict)
     torn_bytes: int = 0
 
-    @property
-    def t_ns(self) -> np.ndarray:
-        return self.rows["t_ns"]
-
-    @property
-    def device(self) -> np.ndarray:
-        return self.rows["device"]
-
-    @property
-    def flags(self) -> np.ndarray:
-        return self.rows["flags"]
-
-    @property
-    def throttle(self) -> np.ndarray:
-        return self.rows["throttle"]
+    t_ns = property(lambda self: self.rows["t_ns"])
+    device = property(lambda self: self.rows["device"])
+    flags = property(lambda self: self.rows["flags"])
+    throttle = property(lambda self: self.rows["throttle"])
 
     @property
     def devices(self) -> list[dict[str, Any]]:
@@ -716,13 +690,8 @@ class Samples:
     def units(self) -> dict[str, str]:
         return {f["name"]: f.get("unit", "") for f in self.meta.get("row", {}).get("fields", [])}
 
-    @property
-    def errors(self) -> list[dict[str, Any]]:
-        return list(self.meta.get("errors", []))
-
-    @property
-    def unavailable(self) -> str | None:
-        return self.meta.get("unavailable")
+    errors = property(lambda self: list(self.meta.get("errors", [])))
+    unavailable = property(lambda self: self.meta.get("unavailable"))
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -393,22 +393,15 @@ def stage_samples(samples: Samples, start_ns: np.ndarray, end_ns: np.ndarray, na
                 np.fmax.at(out, inverse, p)
             return out
 
-        put("gpu_util_mean_pct", wmean("gpu_util_pct"))
-        put("gpu_util_peak_pct", gmax("gpu_util_pct"))
-        put("mem_util_mean_pct", wmean("mem_util_pct"))
-        put("sm_active_mean_pct", wmean("sm_active_pct"))
-        sm_peak = gmax("sm_active_pct")
-        if "sm_active_pct" in inst.mean:  # window-filled instances count towards the peak too
-            np.fmax.at(sm_peak, inverse, inst.mean["sm_active_pct"])
-        put("sm_active_peak_pct", sm_peak)
-        put("sm_occupancy_mean_pct", wmean("sm_occupancy_pct"))
-        put("sm_clock_mean_mhz", wmean("sm_clock_mhz"))
-        put("tensor_active_mean_pct", wmean("tensor_active_pct"))
-        put("dram_bw_util_mean_pct", wmean("dram_bw_util_pct"))
-        put("mem_used_peak_bytes", gmax("mem_used_bytes"))
-        put("power_mean_w", wmean("power_w"))
-        put("power_peak_w", gmax("power_w"))
-        put("temp_peak_c", gmax("temp_c"))
+        for col in _MEAN_COLUMNS:  # gpu_util_pct -> gpu_util_mean_pct
+            base, unit = col.rsplit("_", 1)
+            put(f"{base}_mean_{unit}", wmean(col))
+        for col in _PEAK_COLUMNS:
+            base, unit = col.rsplit("_", 1)
+            peak = gmax(col)
+            if col == "sm_active_pct" and col in inst.mean:  # window-filled instances count towards the peak too
+                np.fmax.at(peak, inverse, inst.mean[col])
+            put(f"{base}_peak_{unit}", peak)
         e_ok = ~np.isnan(inst.energy_j)
         e_sum = np.bincount(inverse, weights=np.where(e_ok, inst.energy_j, 0.0), minlength=k)
         e_n = np.bincount(inverse, weights=e_ok.astype(np.float64), minlength=k).astype(np.int64)
@@ -420,9 +413,8 @@ def stage_samples(samples: Samples, start_ns: np.ndarray, end_ns: np.ndarray, na
         c_ns = np.bincount(inverse, weights=inst.energy_covered_ns.astype(np.float64), minlength=k)
         with np.errstate(invalid="ignore", divide="ignore"):
             put("energy_power_w", np.where(c_ns > 0, c_j / np.maximum(c_ns, 1) * 1e9, np.nan))
-        put("hw_throttle_samples", np.bincount(inverse, weights=inst.hw_throttle_samples, minlength=k).astype(np.int64))
-        put("power_cap_samples", np.bincount(inverse, weights=inst.power_cap_samples, minlength=k).astype(np.int64))
-        put("thermal_hw_samples", np.bincount(inverse, weights=inst.thermal_hw_samples, minlength=k).astype(np.int64))
+        for name in ("hw_throttle_samples", "power_cap_samples", "thermal_hw_samples"):
+            put(name, np.bincount(inverse, weights=getattr(inst, name), minlength=k).astype(np.int64))
         mask = np.zeros(k, dtype=np.uint32)
         np.bitwise_or.at(mask, inverse, inst.throttle)
         put("throttle_mask", mask)

@@ -22,8 +22,9 @@ between (flag GPM marks the others; a value covers the time since the previous G
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from maxinstr import config
@@ -170,10 +171,10 @@ class NvmlDevice(ProbeDevice):
     def _fast_probes(self) -> tuple[Probe, ...]:
         if self._released is not None:
             try:
-                released = self._direct_probes(self._released)
+                released = self._row_probes(self._released)
                 if self._direct is None:
                     return released
-                held = self._direct_probes(self._direct)
+                held = self._row_probes(self._direct)
                 self.held = True
                 return tuple(Probe(p.name, p.fn, p.columns, released_fn=r.fn) for p, r in zip(held, released))
             except Exception as exc:  # noqa: BLE001 - fall back to pynvml's wrappers
@@ -182,111 +183,90 @@ class NvmlDevice(ProbeDevice):
                                  idx, None)
                 self._direct = self._released = None
                 self.held = False
-        nv, h = self.nv, self.h
+        return self._row_probes(None)
+
+    def _getter(self, lib: Any, name: str, out_type: Any, *args: Any) -> Callable[[], Any]:
+        """What pynvml's ``name(handle, *args)`` returns, as a function of no argument: through
+        pynvml (``lib`` None) or straight through ``lib`` into a preallocated ``out_type`` (a
+        ctypes number is returned as its value), a failure raised as ``nv.NVMLError(code)``."""
+        if lib is None:
+            return functools.partial(getattr(self.nv, name), self.h, *args)
+        fn, out, err = getattr(lib, name), out_type(), self.nv.NVMLError
+        call = (self.h, *args, ctypes.byref(out))
+        if isinstance(out, ctypes.Structure):
+            def get() -> Any:
+                ret = fn(*call)
+                if ret:
+                    raise err(ret)
+                return out
+        else:
+            def get() -> Any:
+                ret = fn(*call)
+                if ret:
+                    raise err(ret)
+                return out.value
+        return get
+
+    def _row_probes(self, lib: Any) -> tuple[Probe, ...]:
+        """The per-row reads, through ``lib`` (a ctypes view of the library) or pynvml (None)."""
+        nv, h, get = self.nv, self.h, functools.partial(self._getter, lib)
         c_gpu, c_mem, c_used = COL["gpu_util_pct"], COL["mem_util_pct"], COL["mem_used_bytes"]
         c_sm, c_mclk, c_pow, c_en = COL["sm_clock_mhz"], COL["mem_clock_mhz"], COL["power_w"], COL["energy_j"]
+        get_util = get("nvmlDeviceGetUtilizationRates", nv.c_nvmlUtilization_t)
+        get_mem = get("nvmlDeviceGetMemoryInfo", nv.c_nvmlMemory_t)
+        get_sm = get("nvmlDeviceGetClockInfo", ctypes.c_uint, CLOCK_SM)
+        get_mclk = get("nvmlDeviceGetClockInfo", ctypes.c_uint, CLOCK_MEM)
+        get_pow = get("nvmlDeviceGetPowerUsage", ctypes.c_uint)
+        get_en = get("nvmlDeviceGetTotalEnergyConsumption", ctypes.c_ulonglong)
+        if lib is not None:  # drivers before 535 lack the "ClocksEvent" name
+            why = "Event" if hasattr(lib, "nvmlDeviceGetCurrentClocksEventReasons") else "Throttle"
+            get_why = get(f"nvmlDeviceGetCurrentClocks{why}Reasons", ctypes.c_ulonglong)
+        else:
+            reasons = [nv.nvmlDeviceGetCurrentClocksEventReasons]
+
+            def get_why() -> Any:
+                try:
+                    return reasons[0](h)
+                except nv.NVMLError as exc:  # the old name, once
+                    old = nv.nvmlDeviceGetCurrentClocksThrottleReasons
+                    if _code(exc) != ERR_FUNCTION_NOT_FOUND or reasons[0] is old:
+                        raise
+                    reasons[0] = nv.nvmlDeviceGetCurrentClocksThrottleReasons
+                    return reasons[0](h)
 
         def util(v: list) -> None:
-            u = nv.nvmlDeviceGetUtilizationRates(h)
+            u = get_util()
             v[c_gpu] = u.gpu
             v[c_mem] = u.memory
 
         def memory(v: list) -> None:
-            v[c_used] = nv.nvmlDeviceGetMemoryInfo(h).used
+            v[c_used] = get_mem().used
 
         def sm_clock(v: list) -> None:
-            v[c_sm] = nv.nvmlDeviceGetClockInfo(h, CLOCK_SM)
+            v[c_sm] = get_sm()
 
         def mem_clock(v: list) -> None:
-            v[c_mclk] = nv.nvmlDeviceGetClockInfo(h, CLOCK_MEM)
+            v[c_mclk] = get_mclk()
 
         def power(v: list) -> None:
-            v[c_pow] = nv.nvmlDeviceGetPowerUsage(h) * 1e-3  # mW -> W
+            v[c_pow] = get_pow() * 1e-3  # mW -> W
 
         def energy(v: list) -> None:
-            v[c_en] = nv.nvmlDeviceGetTotalEnergyConsumption(h) * 1e-3  # mJ -> J
-
-        reasons = [nv.nvmlDeviceGetCurrentClocksEventReasons]
+            v[c_en] = get_en() * 1e-3  # mJ -> J
 
         def throttle(v: list) -> None:
-            try:
-                self._throttle_raw = reasons[0](h)
-            except nv.NVMLError as exc:
-                # drivers before 535 lack the "ClocksEvent" name: fall back to the old one, once
-                if _code(exc) != ERR_FUNCTION_NOT_FOUND or reasons[0] is nv.nvmlDeviceGetCurrentClocksThrottleReasons:
-                    raise
-                reasons[0] = nv.nvmlDeviceGetCurrentClocksThrottleReasons
-                self._throttle_raw = reasons[0](h)
+            self._throttle_raw = get_why()
 
-        return _row_probes(util, memory, sm_clock, mem_clock, power, energy, throttle)
-
-    def _direct_probes(self, lib: Any) -> tuple[Probe, ...]:
-        """The per-row reads through ``lib``, out-parameters preallocated; the same columns, units
-        and errors (``nv.NVMLError(code)``) as pynvml's."""
-        nv, h, err = self.nv, self.h, self.nv.NVMLError
-        c_gpu, c_mem, c_used = COL["gpu_util_pct"], COL["mem_util_pct"], COL["mem_used_bytes"]
-        c_sm, c_mclk, c_pow, c_en = COL["sm_clock_mhz"], COL["mem_clock_mhz"], COL["power_w"], COL["energy_j"]
-        util, mem = nv.c_nvmlUtilization_t(), nv.c_nvmlMemory_t()
-        u_sm, u_mclk, u_pow = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint()
-        q_en, q_why = ctypes.c_ulonglong(), ctypes.c_ulonglong()
-        r_util, r_mem, r_sm, r_mclk = ctypes.byref(util), ctypes.byref(mem), ctypes.byref(u_sm), ctypes.byref(u_mclk)
-        r_pow, r_en, r_why = ctypes.byref(u_pow), ctypes.byref(q_en), ctypes.byref(q_why)
-        f_util, f_mem = lib.nvmlDeviceGetUtilizationRates, lib.nvmlDeviceGetMemoryInfo
-        f_clock, f_pow, f_en = lib.nvmlDeviceGetClockInfo, lib.nvmlDeviceGetPowerUsage, lib.nvmlDeviceGetTotalEnergyConsumption
-        try:
-            f_why = lib.nvmlDeviceGetCurrentClocksEventReasons
-        except AttributeError:  # drivers before 535
-            f_why = lib.nvmlDeviceGetCurrentClocksThrottleReasons
-
-        def util_(v: list) -> None:
-            ret = f_util(h, r_util)
-            if ret:
-                raise err(ret)
-            v[c_gpu] = util.gpu
-            v[c_mem] = util.memory
-
-        def memory(v: list) -> None:
-            ret = f_mem(h, r_mem)
-            if ret:
-                raise err(ret)
-            v[c_used] = mem.used
-
-        def sm_clock(v: list) -> None:
-            ret = f_clock(h, CLOCK_SM, r_sm)
-            if ret:
-                raise err(ret)
-            v[c_sm] = u_sm.value
-
-        def mem_clock(v: list) -> None:
-            ret = f_clock(h, CLOCK_MEM, r_mclk)
-            if ret:
-                raise err(ret)
-            v[c_mclk] = u_mclk.value
-
-        def power(v: list) -> None:
-            ret = f_pow(h, r_pow)
-            if ret:
-                raise err(ret)
-            v[c_pow] = u_pow.value * 1e-3  # mW -> W
-
-        def energy(v: list) -> None:
-            ret = f_en(h, r_en)
-            if ret:
-                raise err(ret)
-            v[c_en] = q_en.value * 1e-3  # mJ -> J
-
-        def throttle(v: list) -> None:
-            ret = f_why(h, r_why)
-            if ret:
-                raise err(ret)
-            self._throttle_raw = q_why.value
-
-        return _row_probes(util_, memory, sm_clock, mem_clock, power, energy, throttle)
+        return (Probe("gpu_util_pct", util, ("gpu_util_pct", "mem_util_pct")), Probe("mem_used_bytes", memory),
+                Probe("sm_clock_mhz", sm_clock), Probe("mem_clock_mhz", mem_clock), Probe("power_w", power),
+                Probe("energy_j", energy), Probe("throttle", throttle, ()))
 
     def _slow_probes(self, pids: Collection[int] | None) -> tuple[Probe, ...]:
         nv, h = self.nv, self.h
         c_proc, c_temp = COL["proc_mem_bytes"], COL["temp_c"]
         watched = None if pids is None else frozenset(pids)
+        lib = self._released if hasattr(self._released, "nvmlDeviceGetTemperature") else None
+        get_temp = self._getter(lib, "nvmlDeviceGetTemperature", ctypes.c_uint, TEMPERATURE_GPU)
 
         def proc_mem(v: list) -> None:
             total = 0
@@ -297,18 +277,8 @@ class NvmlDevice(ProbeDevice):
                         total += used
             v[c_proc] = total
 
-        if self._released is not None and hasattr(self._released, "nvmlDeviceGetTemperature"):
-            f_temp, u_temp = self._released.nvmlDeviceGetTemperature, ctypes.c_uint()
-            r_temp, err = ctypes.byref(u_temp), nv.NVMLError
-
-            def temp(v: list) -> None:
-                ret = f_temp(h, TEMPERATURE_GPU, r_temp)
-                if ret:
-                    raise err(ret)
-                v[c_temp] = u_temp.value
-        else:
-            def temp(v: list) -> None:
-                v[c_temp] = nv.nvmlDeviceGetTemperature(h, TEMPERATURE_GPU)
+        def temp(v: list) -> None:
+            v[c_temp] = get_temp()
 
         return (Probe("proc_mem_bytes", proc_mem), Probe("temp_c", temp))
 
@@ -413,13 +383,6 @@ class NvmlDevice(ProbeDevice):
             except Exception:  # noqa: BLE001 - best effort at close
                 pass
         self._gpm_samples = []
-
-
-def _row_probes(util: Any, memory: Any, sm_clock: Any, mem_clock: Any, power: Any, energy: Any, throttle: Any
-                ) -> tuple[Probe, ...]:
-    return (Probe("gpu_util_pct", util, ("gpu_util_pct", "mem_util_pct")), Probe("mem_used_bytes", memory),
-            Probe("sm_clock_mhz", sm_clock), Probe("mem_clock_mhz", mem_clock), Probe("power_w", power),
-            Probe("energy_j", energy), Probe("throttle", throttle, ()))
 
 
 class NvmlBackend(Backend):
