@@ -7,6 +7,7 @@ Cheap and side-effect free: no framework is imported that the program has not im
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as md
 import json
 import os
@@ -23,35 +24,13 @@ from maxinstr import config
 from maxinstr._version import __version__
 from maxinstr.rundir import format as fmt
 
-ENV_NAMES = {
-    "MODULAR_ENABLE_PROFILING",
-    "CUDA_VISIBLE_DEVICES",
-    "CUDA_LAUNCH_BLOCKING",
-    "CUDA_DEVICE_MAX_CONNECTIONS",
-    "CUDA_MODULE_LOADING",
-    "CUBLAS_WORKSPACE_CONFIG",
-    "NVIDIA_TF32_OVERRIDE",
-    "PYTORCH_CUDA_ALLOC_CONF",
-    "PYTORCH_HIP_ALLOC_CONF",
-    "TORCH_CUDA_ARCH_LIST",
-    "TORCHINDUCTOR_CACHE_DIR",
-    "HIP_VISIBLE_DEVICES",
-    "ROCR_VISIBLE_DEVICES",
-    "GPU_DEVICE_ORDINAL",
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "OMP_NUM_THREADS",
-    "XLA_FLAGS",
-    "XLA_PYTHON_CLIENT_PREALLOCATE",
-    "XLA_PYTHON_CLIENT_MEM_FRACTION",
-    "JAX_PLATFORMS",
-    "NVTX_INJECTION64_PATH",
-}
+ENV_NAMES = frozenset("""
+    MODULAR_ENABLE_PROFILING CUDA_VISIBLE_DEVICES CUDA_LAUNCH_BLOCKING CUDA_DEVICE_MAX_CONNECTIONS CUDA_MODULE_LOADING
+    CUBLAS_WORKSPACE_CONFIG NVIDIA_TF32_OVERRIDE PYTORCH_CUDA_ALLOC_CONF PYTORCH_HIP_ALLOC_CONF TORCH_CUDA_ARCH_LIST
+    TORCHINDUCTOR_CACHE_DIR HIP_VISIBLE_DEVICES ROCR_VISIBLE_DEVICES GPU_DEVICE_ORDINAL RANK LOCAL_RANK WORLD_SIZE
+    LOCAL_WORLD_SIZE GROUP_RANK MASTER_ADDR MASTER_PORT OMP_NUM_THREADS XLA_FLAGS XLA_PYTHON_CLIENT_PREALLOCATE
+    XLA_PYTHON_CLIENT_MEM_FRACTION JAX_PLATFORMS NVTX_INJECTION64_PATH
+""".split())
 ENV_PREFIXES = ("NCCL_", "MAXINSTR_", "MODULAR_", "RCCL_", "HSA_")
 _SECRET = re.compile(r"TOKEN|SECRET|PASSW|KEY|CREDENTIAL|AUTH", re.IGNORECASE)
 
@@ -99,15 +78,9 @@ def collect(*, warmup: int = 0, user: dict[str, Any] | None = None, requested_pa
 def _clock_pair() -> tuple[int, int]:
     """CLOCK_MONOTONIC and wall-clock ns read back to back (the tighter of 3 tries), so
     host times can be placed on the wall clock."""
-    best = None
-    for _ in range(3):
-        a = time.monotonic_ns()
-        r = time.time_ns()
-        b = time.monotonic_ns()
-        if best is None or b - a < best[0]:
-            best = (b - a, (a + b) // 2, r)
-    assert best is not None
-    return best[1], best[2]
+    tries = [(time.monotonic_ns(), time.time_ns(), time.monotonic_ns()) for _ in range(3)]
+    a, r, b = min(tries, key=lambda t: t[2] - t[0])
+    return (a + b) // 2, r
 
 
 def _script_dir() -> Path:
@@ -202,12 +175,9 @@ def _quietly(fn: Any) -> Any:
 
 def _rocm_version() -> str | None:
     for base in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
-        if not base:
-            continue
-        try:
-            return Path(base, ".info", "version").read_text().strip() or None
-        except OSError:
-            continue
+        if base:
+            with contextlib.suppress(OSError):
+                return Path(base, ".info", "version").read_text().strip() or None
     return None
 
 

@@ -1,9 +1,7 @@
-"""The sampler's small vendor interface and the null backend.
-
-A :class:`Backend` opens a vendor library and hands out one :class:`Device` per visible GPU. A
-device fills a list of metric values (:data:`COL`; ``NaN``: not read in this row) and returns the
-throttle bits it saw; it never raises into the sampler: vendor errors are translated where they
-enter (``nvml.py``, ``amdsmi.py``) and recorded once each in :class:`ErrorLog`.
+"""The sampler's vendor interface: a :class:`Backend` opens a vendor library and hands out one
+:class:`Device` per visible GPU, which fills a list of metric values (:data:`COL`; ``NaN``: not
+read in this row). Vendor errors are translated where they enter (``nvml.py``, ``amdsmi.py``),
+never raised into the sampler, and recorded once each in :class:`ErrorLog`.
 """
 
 from __future__ import annotations
@@ -35,8 +33,7 @@ class ErrorLog:
         self.on_new = on_new
 
     def once(self, key: tuple, kind: str, message: str, device: int | None = None, metric: str | None = None) -> bool:
-        """Record ``message`` unless ``key`` was seen; True when it was new. ``device`` is the
-        GPU's visible index (``cuda:N``)."""
+        """Record ``message`` unless ``key`` was seen; True when it was new. ``device``: the visible index."""
         with self._lock:
             if key in self._seen:
                 return False
@@ -58,7 +55,7 @@ class DeviceInfo:
     """What a device is, written into samples.json once. Units in names."""
 
     vendor: str  # "nvidia", "amd", "null"
-    visible_index: int  # the index the user's framework calls it (cuda:N / hip:N)
+    visible_index: int  # cuda:N / hip:N
     physical_index: int  # the vendor library's enumeration index (-1 for MIG / unknown)
     name: str = ""
     uuid: str = ""
@@ -81,8 +78,7 @@ class DeviceLost(Exception):
 
 class Device(ABC):
     """One visible GPU. ``read`` fills ``values`` (pre-filled with NaN) and returns
-    ``(flags, throttle_bits, throttle_raw)``. It may raise :class:`DeviceLost`; any other
-    vendor error must be handled inside (metric marked absent or error recorded once)."""
+    ``(flags, throttle_bits, throttle_raw)``; of vendor errors it raises only :class:`DeviceLost`."""
 
     info: DeviceInfo
 
@@ -92,8 +88,7 @@ class Device(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook: per-device vendor resources (GPM sample buffers)
         pass
 
-    def probe_stats(self) -> dict[str, Any]:
-        """Per-metric read cost (calls, wall ns per call, cadence), for samples.json."""
+    def probe_stats(self) -> dict[str, Any]:  # per-metric read cost, for samples.json
         return {}
 
 
@@ -105,8 +100,7 @@ class Backend(ABC):
     @abstractmethod
     def devices(self) -> list[Device]: ...
 
-    def versions(self) -> dict[str, str]:
-        """Driver / library versions, for samples.json."""
+    def versions(self) -> dict[str, str]:  # driver / library versions, for samples.json
         return {}
 
     def shutdown(self) -> None:  # noqa: B027 - optional hook: close the vendor library
@@ -139,7 +133,6 @@ class NullBackend(Backend):
 
 
 def nan_values() -> list[float]:
-    """A fresh values list, all metrics absent."""
     return [NAN] * len(METRICS)
 
 
@@ -155,11 +148,10 @@ ABSENT, LOST, RETRY = "absent", "lost", "retry"
 MAX_FAILS_IN_A_ROW = 100
 
 SLOW_CALL_NS = 50_000
-"""A per-row vendor call that takes longer than this is "moved": read every ``moved_every``-th
-row (0.1 s by default) with the GIL released. Measured, not assumed: the median of
-:data:`CALIBRATION_CALLS` calls at start, or :data:`OVER_IN_A_ROW` GIL-held calls in a row while
-sampling. Why: a call made with the GIL held stops the user's Python for its whole duration,
-and on the H200 (run 1) the per-row NVML calls took ~2.8 ms per row (docs/sampler.md)."""
+"""A per-row vendor call slower than this (the median of :data:`CALIBRATION_CALLS` at start, or
+:data:`OVER_IN_A_ROW` GIL-held calls in a row) is "moved": read every ``moved_every``-th row with
+the GIL released. A GIL-held call stops the user's Python: on the H200 (run 1) the per-row NVML
+calls took ~2.8 ms per row (docs/sampler.md)."""
 CALIBRATION_CALLS = 5
 OVER_IN_A_ROW = 5
 _RING = 1024  # recent per-call times kept per probe, for percentiles (a power of two)
@@ -167,12 +159,9 @@ perf_ns = time.perf_counter_ns
 
 
 class Probe:
-    """One metric read: ``fn(values)`` fills its columns. ``columns`` are marked absent
-    when the probe is dropped. ``released_fn``: the same read with the GIL released, used
-    instead of ``fn`` once the probe is moved off the per-row cadence (None: ``fn`` is kept).
-
-    Every call is timed (wall ns; two ``perf_counter_ns`` calls, ~0.1 us): the sampler's
-    cost per metric is stored with the run (``samples.json`` ``cost.probes``)."""
+    """One metric read: ``fn(values)`` fills ``columns`` (marked absent when it is dropped).
+    ``released_fn``: the same read with the GIL released, used once the probe is moved off the
+    per-row cadence. Every call is timed (~0.1 us) into ``samples.json`` ``cost.probes``."""
 
     __slots__ = ("name", "fn", "columns", "fails", "released_fn", "calls", "ns_sum", "ns_max", "ring", "over",
                  "cadence", "moved", "calibration_ns", "cpu_ns_sum", "cpu_calls")
@@ -204,7 +193,6 @@ class Probe:
             self.ns_max = dt_ns
 
     def stats(self) -> dict[str, Any]:
-        """Calls and wall time per call (ns) of this probe, for samples.json."""
         out: dict[str, Any] = {"cadence": self.cadence, "calls": self.calls}
         if self.moved:
             out["moved"] = self.moved
@@ -222,17 +210,14 @@ class Probe:
 
 
 class ProbeDevice(Device):
-    """A device read by fixed tuples of probes (fast: every row; slow: every ``slow_every``-th
-    row; moved: per-row probes measured slow, every ``moved_every``-th row). Subclasses translate their vendor's errors in ``classify``:
-    ABSENT drops the probe (recorded once), LOST raises :class:`DeviceLost`, RETRY records
-    once per error and drops the probe after ``MAX_FAILS_IN_A_ROW`` failures in a row.
+    """A device read by tuples of probes (fast: every row; slow: every ``slow_every``-th row;
+    moved: fast probes measured slow, every ``moved_every``-th row). ``classify`` translates the
+    vendor's errors: ABSENT drops the probe (recorded once), LOST raises :class:`DeviceLost`,
+    RETRY records once per error and drops the probe after ``MAX_FAILS_IN_A_ROW`` in a row.
 
-    Cost control (set by the subclass): with ``slow_call_ns`` set, :meth:`calibrate` times
-    each fast probe and moves the slow ones to the moved cadence; with ``held`` also set (the
-    fast probes run with the GIL held), a fast probe that takes longer than ``slow_call_ns``
-    ``OVER_IN_A_ROW`` times in a row is moved while sampling. Moved probes call their
-    ``released_fn`` (GIL released) when they have one. ``profile`` also records each
-    call's thread CPU time (a syscall per call, so off by default)."""
+    With ``slow_call_ns`` set, :meth:`calibrate` moves the slow fast probes; with ``held`` too
+    (fast probes run with the GIL held), one slower than it ``OVER_IN_A_ROW`` times in a row is
+    moved while sampling. ``profile`` records each call's thread CPU (a syscall per call)."""
 
     _fast: tuple[Probe, ...] = ()
     _slow: tuple[Probe, ...] = ()
@@ -256,9 +241,8 @@ class ProbeDevice(Device):
             raise DeviceLost(what)
         probe.fails += 1
         if kind == ABSENT or probe.fails >= MAX_FAILS_IN_A_ROW:
-            self._fast = tuple(p for p in self._fast if p is not probe)
-            self._slow = tuple(p for p in self._slow if p is not probe)
-            self._moved = tuple(p for p in self._moved if p is not probe)
+            for name in ("_fast", "_slow", "_moved"):
+                setattr(self, name, tuple(p for p in getattr(self, name) if p is not probe))
             for col in probe.columns:
                 if col not in self.info.absent:
                     self.info.absent.append(col)
@@ -268,7 +252,6 @@ class ProbeDevice(Device):
             self.errors.once((idx, probe.name, key), "metric", f"gpu{idx}: {probe.name}: {what} (retrying)", idx, probe.name)
 
     def move(self, probe: Probe, why: str) -> None:
-        """Move a slow fast probe to the moved cadence (GIL released where the vendor allows)."""
         if probe not in self._fast:
             return
         self._fast = tuple(p for p in self._fast if p is not probe)
@@ -284,8 +267,8 @@ class ProbeDevice(Device):
                          f"gpu{idx}: {probe.name} read {when}, GIL released: {why}", idx, probe.name)
 
     def calibrate(self) -> None:
-        """Time each fast probe ``CALIBRATION_CALLS`` times (into a scratch row) and move those
-        whose median exceeds ``slow_call_ns`` to the moved cadence. Runs before sampling starts."""
+        """Before sampling: move the fast probes whose median of ``CALIBRATION_CALLS`` calls
+        exceeds ``slow_call_ns``."""
         limit = self.slow_call_ns
         if limit is None:
             return
@@ -302,8 +285,8 @@ class ProbeDevice(Device):
                     break
                 times.append(perf_ns() - t0)
             probe.calibration_ns = times
-            if times and sorted(times)[len(times) // 2] > limit:
-                med = sorted(times)[len(times) // 2]
+            med = sorted(times)[len(times) // 2] if times else 0
+            if med > limit:
                 self.move(probe, f"a call takes {med / 1e3:.0f} us (median of {len(times)}) > {limit / 1e3:.0f} us")
 
     def probe_stats(self) -> dict[str, Any]:
@@ -338,7 +321,7 @@ class ProbeDevice(Device):
                     probe.over = 0
 
     def read_probes(self, values: list[float], tick: int) -> int:
-        """Run the fast probes, and the slow ones on their ticks; returns FLAG_SLOW or 0."""
+        """Run the fast probes, the moved and slow ones on their ticks; FLAG_SLOW or 0."""
         self._run(self._fast, values, self.slow_call_ns if self.held else None)
         if self._moved and not tick % self._moved_every:
             self._run(self._moved, values, None)

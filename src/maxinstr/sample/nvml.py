@@ -33,15 +33,12 @@ from maxinstr.sample.base import (ABSENT, COL, LOST, MAX_FAILS_IN_A_ROW, RETRY, 
                                   DeviceInfo, ErrorLog, Probe, ProbeDevice, perf_ns, try_call)
 from maxinstr.sample.devices import MigInstance, PhysicalGpu, nvidia_visible
 
-# NVML's ABI values (nvml.h); stable across releases. Kept here rather than read from the
-# module so a mocked module cannot change them (tests check them against nvidia-ml-py).
+# NVML's ABI values (nvml.h), here so a mocked module cannot change them (tests check them).
 NVML_SUCCESS = 0
 ERR_UNINITIALIZED = 1
 ERR_NOT_SUPPORTED = 3
 ERR_NO_PERMISSION = 4
-ERR_NOT_FOUND = 6
 ERR_DRIVER_NOT_LOADED = 9
-ERR_LIBRARY_NOT_FOUND = 12
 ERR_FUNCTION_NOT_FOUND = 13
 ERR_GPU_IS_LOST = 15
 ERR_RESET_REQUIRED = 16
@@ -60,12 +57,10 @@ GPM_ANY_TENSOR_UTIL = 5
 GPM_DRAM_BW_UTIL = 10
 GPM_METRICS_GET_VERSION = 1
 GPM_MIN_INTERVAL_S = 0.1
-SLOW_INTERVAL_S = 0.5
-"""Cadence of the slow metrics: this process's memory (process list) and temperature."""
+SLOW_INTERVAL_S = 0.5  # cadence of the slow metrics: process memory and temperature
 MOVED_INTERVAL_S = 0.1
-"""Cadence of a per-row call measured slower than SLOW_CALL_NS (GIL released). 0.1 s because
-NVML's counters do not change faster: the H200's energy counter and power value moved in
-~100 ms steps in run 1 (tests/sample/data/h200_run1), so reading them more often adds nothing."""
+"""Cadence of a per-row call measured slower than SLOW_CALL_NS: NVML's counters change no faster
+(the H200's energy and power moved in ~100 ms steps in run 1, tests/sample/data/h200_run1)."""
 
 GPM_COLUMNS: tuple[tuple[int, str], ...] = (  # (GPM metric id, column)
     (GPM_SM_UTIL, "sm_active_pct"),
@@ -74,31 +69,23 @@ GPM_COLUMNS: tuple[tuple[int, str], ...] = (  # (GPM metric id, column)
     (GPM_DRAM_BW_UTIL, "dram_bw_util_pct"),
 )
 
-# NVML clocks-event reasons 0x1..0x100 are, bit for bit, our neutral bits 0..8 (idle,
-# app_clocks, sw_power_cap, hw_slowdown, sync_boost, sw_thermal, hw_thermal, hw_power_brake,
-# display_clocks). UserDefinedClocks is an alias of ApplicationsClocksSetting (0x2) in NVML.
+# NVML clocks-event reasons 0x1..0x100 are, bit for bit, our neutral bits 0..8 (UserDefinedClocks
+# is an alias of ApplicationsClocksSetting, 0x2).
 NVML_REASON_MASK = 0x1FF
 
 _ABSENT = {ERR_NOT_SUPPORTED, ERR_NO_PERMISSION, ERR_FUNCTION_NOT_FOUND, ERR_ARGUMENT_VERSION_MISMATCH, ERR_DEPRECATED}
 _LOST = {ERR_GPU_IS_LOST, ERR_GPU_NOT_FOUND, ERR_RESET_REQUIRED, ERR_DRIVER_NOT_LOADED, ERR_UNINITIALIZED,
          ERR_LIB_RM_VERSION_MISMATCH}  # fmt: skip
 
-NVML_LIB_ENV = config.SAMPLER_NVML_LIB
-"""Tests and benchmarks: path of a stand-in libnvidia-ml for pynvml to use (in this process and
-in a sampler child process) instead of the driver's."""
+NVML_LIB_ENV = config.SAMPLER_NVML_LIB  # tests and benchmarks: a stand-in libnvidia-ml for pynvml
 
 
 def direct_library(nv: Any, *, hold_gil: bool = True) -> Any:
-    """A view of the NVML library pynvml loaded: ``ctypes.PyDLL`` (GIL held) or, with
-    ``hold_gil=False``, ``ctypes.CDLL`` (GIL released). None unless ``nv`` is the real pynvml with
-    its library loaded.
-
-    Why hold the GIL: pynvml's CDLL releases it around every call and wraps each in a few
-    microseconds of Python; in a program busy in Python each re-acquisition costs that program a
-    thread switch and can wait up to the 5 ms switch interval, about eight per row. Through
-    PyDLL the cheap per-row calls (microseconds in the driver) make a row one acquisition; each
-    is timed, and the slow ones move to the CDLL view (:meth:`ProbeDevice.calibrate
-    <maxinstr.sample.base.ProbeDevice.calibrate>`)."""
+    """A view of the NVML library the real pynvml loaded: ``ctypes.PyDLL`` (GIL held) or, with
+    ``hold_gil=False``, ``ctypes.CDLL``; else None. Why hold the GIL: pynvml releases it around
+    every call, and in a program busy in Python each re-acquisition costs a thread switch and can
+    wait up to the 5 ms switch interval, about eight per row; through PyDLL a row is one. Slow
+    calls move to the CDLL view (:meth:`~maxinstr.sample.base.ProbeDevice.calibrate`)."""
     try:
         lib = getattr(nv, "nvmlLib", None)
         if not isinstance(lib, ctypes.CDLL) or not isinstance(getattr(nv, "c_nvmlMemory_t", None), type):
@@ -122,7 +109,6 @@ def _code(exc: BaseException) -> int | None:
 
 
 def import_pynvml() -> Any:
-    """The pynvml module, or :class:`Unavailable`."""
     try:
         import pynvml  # optional (maxinstr[nvidia]), and only when sampling starts
     except ImportError as exc:
@@ -139,8 +125,7 @@ class NvmlDevice(ProbeDevice):
     def __init__(self, backend: NvmlBackend, handle: Any, info: DeviceInfo, parent: Any = None,
                  gpu_instance_id: int = -1) -> None:
         self.nv = backend.nv
-        self._direct = backend._direct  # PyDLL view (GIL held) or None
-        self._released = backend._released  # CDLL view (GIL released) or None
+        self._direct, self._released = backend._direct, backend._released  # PyDLL and CDLL views, or None
         self.h = handle
         self.info = info
         self.errors = backend.errors
@@ -148,8 +133,7 @@ class NvmlDevice(ProbeDevice):
         self._moved_every = backend._moved_every
         self.moved_interval_s = backend._moved_every * backend._interval_s
         self._throttle_raw = 0
-        self._parent = parent
-        self._gi = gpu_instance_id
+        self._parent, self._gi = parent, gpu_instance_id
         self.profile = backend._profile
         self._fast: tuple[Probe, ...] = self._fast_probes()
         self._slow: tuple[Probe, ...] = self._slow_probes(backend._pids)

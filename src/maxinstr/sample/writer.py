@@ -48,21 +48,14 @@ def open_backend(errors: ErrorLog, *, interval_s: float = DEFAULT_INTERVAL_S, en
     nothing can be sampled. Never raises."""
     reasons: list[str] = []
     for name in [prefer] if prefer else ["nvml", "amdsmi"]:
+        vendor = nvml if name == "nvml" else amdsmi
         try:
-            if name == "nvml":
-                try:
-                    backend: Backend = nvml.NvmlBackend(errors, env=env, pids=pids, interval_s=interval_s)
-                except nvml.Unavailable as exc:
-                    reasons.append(str(exc))
-                    continue
-                count = backend.nv.nvmlDeviceGetCount()  # type: ignore[attr-defined]
-            else:
-                try:
-                    backend = amdsmi.AmdSmiBackend(errors, env=env, pids=pids, interval_s=interval_s)
-                except amdsmi.Unavailable as exc:
-                    reasons.append(str(exc))
-                    continue
-                count = len(backend.smi.amdsmi_get_processor_handles())
+            backend: Any = (nvml.NvmlBackend if name == "nvml" else amdsmi.AmdSmiBackend)(
+                errors, env=env, pids=pids, interval_s=interval_s)
+            count = backend.nv.nvmlDeviceGetCount() if name == "nvml" else len(backend.smi.amdsmi_get_processor_handles())
+        except vendor.Unavailable as exc:
+            reasons.append(str(exc))
+            continue
         except Exception as exc:  # noqa: BLE001 - a vendor module misbehaving: try the next one
             reasons.append(f"{name}: {type(exc).__name__}: {exc}")
             continue
