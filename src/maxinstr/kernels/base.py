@@ -1,7 +1,5 @@
-"""The collector interface: what a session attaches to its part. The kernel collectors
-(:mod:`.cupti` on NVIDIA; :class:`NullCollector`, which records nothing and says why) hand rows
-to a :class:`~maxinstr.rundir.activity.ActivityWriter`; the GPU sampler
-(:class:`maxinstr.sample.SessionSampler`) writes its own files."""
+"""The collector interface: what a session attaches to its part (the kernel collectors, which write
+through an :class:`~maxinstr.rundir.activity.ActivityWriter`, and :class:`maxinstr.sample.SessionSampler`)."""
 
 from __future__ import annotations
 
@@ -35,10 +33,10 @@ class NullCollector:
         self.reason = reason
 
     def start(self) -> None:
-        return None
+        pass
 
     def flush(self, final: bool = False) -> None:
-        return None
+        pass
 
     def stop(self) -> dict[str, Any]:
         return {"rows": 0}

@@ -1,18 +1,18 @@
 """NVIDIA: kernels, copies and sets per stage through CUPTI's activity API, in-process
 (docs/kernels.md): the collector's lifecycle (:mod:`.convert` makes the rows).
 
-cupti-python (``maxinstr[cupti]``) is imported only for ``kernels=True``. Each launch's stage comes
+cupti-python (``maxinstr[cupti]``) is imported only for ``kernels=True``. A launch's stage comes
 from the core's launch tags (CUPTI's callback API, the default) or from API records beside the
-external-correlation records of the stage ids the core pushes (``MAXINSTR_CUPTI_TAGS=0``). CUPTI
-has one subscriber slot: when another tool holds it, stages are recorded with events only, never
-with records taken from that tool. CUPTI fills buffers the core hands out (C callbacks: nothing on
-CUPTI's thread touches Python), or cupti-python's callback copies them; the session's flusher,
-at most every ``FLUSH_EVERY_S``, makes CUPTI deliver and converts. Records CUPTI dropped and
-records we dropped (queues over their bounds) are counted in activity.json and said in the report.
+external-correlation records of the stage ids the core pushes (``MAXINSTR_CUPTI_TAGS=0``). When
+another tool holds CUPTI's one subscriber slot, stages are recorded with events only. CUPTI fills
+buffers the core hands out (nothing on CUPTI's thread touches Python), or cupti-python's callback
+copies them; the session's flusher, at most every ``FLUSH_EVERY_S``, makes CUPTI deliver and
+converts. Records dropped (by CUPTI, or by our bounded queues) are counted in activity.json.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import operator
 import os
@@ -32,10 +32,9 @@ from maxinstr.rundir.activity import ACTIVITY_DTYPE, ActivityWriter
 BUFFER_BYTES = 16 << 20
 FLUSH_EVERY_S = 0.25
 # Driver API records: needed only for work launched through the driver API (CuPy, Triton, MAX,
-# NCCL's cuLaunchKernelEx...); a program launching through the runtime (PyTorch) gets none of
-# them, yet with DRIVER on every API call pays for it (about 6 % of a launch-bound step on an
-# H200, benchmarks/cupti_configs.py). After this many GPU ops with no driver API record, DRIVER
-# goes off; an op whose launch then left no API record turns it back on (docs/kernels.md).
+# NCCL...), yet every API call pays for them (~6 % of a launch-bound step on an H200,
+# benchmarks/cupti_configs.py). After this many GPU ops with no driver API record they go off; an
+# op whose launch then left no API record turns them back on (docs/kernels.md).
 DRIVER_PROBE_OPS = 5000
 RECENT_RUNTIME_IDS = 1 << 16
 MAX_QUEUED_ROWS = 8 << 20  # ~640 MB of rows waiting for the flusher: beyond, rows are dropped
@@ -43,24 +42,18 @@ MAX_PENDING_BYTES = 512 << 20  # completed CUPTI buffers not yet taken: beyond, 
 CLOCK_PAIRS_MAX = 512
 _PTR = operator.attrgetter("ptr")
 
-# API records are kept only for the functions that launch GPU work: the report joins each
-# kernel, copy and set to the call that launched it (same correlation id) and reads the stage
-# from that call's external-correlation record; every other call (cuEventRecord around each
-# stage, cuDevicePrimaryCtxGetState, cuKernelGetAttribute... inside each launch) would only add
-# records (and CUPTI's cost of writing them) to the program's thread. An op whose launching
-# function were missed here would show up as "no launch-call record" in the report's notes.
+# API records are kept only for the functions that launch GPU work (the report joins each op to
+# its launch call by correlation id); every other call (cuEventRecord around each stage,
+# cuKernelGetAttribute inside each launch...) would only add records and CUPTI's cost of writing
+# them. An op whose launching function were missed shows as "no launch-call record" in the report.
 _LAUNCH_WORDS = ("Launch", "Memcpy", "Memset")
 _NOT_FUNCTIONS = ("INVALID", "SIZE", "FORCE_INT")
 
 
 def _functions(c: Any, enum_name: str) -> list[tuple[Any, bool]]:
     """The API functions of one of cupti-python's cbid enums, and whether each launches GPU work."""
-    out = []
-    for member in getattr(c, enum_name, None) or []:
-        name = str(getattr(member, "name", ""))
-        if name and name not in _NOT_FUNCTIONS:
-            out.append((member, any(w in name for w in _LAUNCH_WORDS)))
-    return out
+    named = ((m, str(getattr(m, "name", ""))) for m in getattr(c, enum_name, None) or [])
+    return [(m, any(w in name for w in _LAUNCH_WORDS)) for m, name in named if name and name not in _NOT_FUNCTIONS]
 
 
 def _held(text: str) -> str:
@@ -69,10 +62,8 @@ def _held(text: str) -> str:
 
 
 def _quietly(fn: Callable[..., Any], *args: Any) -> None:
-    try:
+    with contextlib.suppress(Exception):  # teardown: undo what can be undone
         fn(*args)
-    except Exception:  # noqa: BLE001 - teardown: undo what can be undone
-        pass
 
 
 def _noop_callback(*args: Any) -> None:  # the subscriber enables no domain: never called
@@ -93,7 +84,7 @@ def _error_text(cupti: Any, exc: BaseException) -> str:
 
 
 def _loaded_cupti_paths() -> list[str]:
-    """The libcupti files this process has mapped, in load order (usually one)."""
+    """The libcupti files this process has mapped, in load order."""
     try:
         with open("/proc/self/maps") as f:
             return list(dict.fromkeys(line.split(None, 5)[-1].strip() for line in f if "libcupti.so" in line))
@@ -127,8 +118,7 @@ def _same_instance_path(c: Any, kind: int) -> str | None:
 
 
 class CuptiCollector:
-    """The lifecycle of kernels=True on NVIDIA (start, flush, stop, CUPTI's errors in one line);
-    what the records become is :class:`~maxinstr.kernels.convert.Converter`'s."""
+    """kernels=True on NVIDIA: start, flush, stop, CUPTI's errors in one line."""
 
     name = "cupti"
 
@@ -163,9 +153,8 @@ class CuptiCollector:
         self._raw: list[tuple[bytes, np.ndarray]] = []  # (buffer bytes, record offsets) waiting for conversion
         self._raw_bytes = 0
         self._take_s = 0.0
-        # stages from the core's launch tags (CUPTI callback API, csrc/core/launch_tags.cpp): on the
-        # H200 they cost a launch-bound step less than API + external-correlation activity records
-        # and read the same (docs/kernels.md); MAXINSTR_CUPTI_TAGS=0 goes back to those records
+        # stages from the core's launch tags (csrc/core/launch_tags.cpp): on the H200 they cost a
+        # launch-bound step less than API + external-correlation records (docs/kernels.md)
         self._tags = config.cupti_tags()
         self._tag_kind = 0
         self._tags_at_start: dict[str, int] = {}  # the core's tag counters (process-wide) when this session began
@@ -242,8 +231,7 @@ class CuptiCollector:
                                api_filter_errors=self._api_filter_errors,
                                stage_correlation="launch tags (CUPTI callback API)" if self._tags else "external correlation records")
 
-    def _launch_cbids(self) -> tuple[list[int], list[int]]:
-        """Callback ids of the runtime and driver functions that launch GPU work."""
+    def _launch_cbids(self) -> tuple[list[int], list[int]]:  # the runtime and driver launch functions (benchmarks too)
         runtime, driver = ([int(m) for m, launches in _functions(self._c, e) if launches]
                            for e in ("runtime_api_trace_cbid", "driver_api_trace_cbid"))
         return runtime, driver
@@ -259,18 +247,14 @@ class CuptiCollector:
         self._kept_api = len(runtime_ids) + len(driver_ids)
         self._tag_kind = kind_value
         self._tags_at_start = dict(self._native.cupti_tags_stats())
-        # the driver functions' callbacks go off, as driver records do, once the program is seen
-        # to launch through the runtime alone: each is two more CUPTI dispatches inside every
-        # runtime launch (H100, decoder_ab: the tags cost a launch-bound step 3 points over
-        # CUPTI's floor with both domains on)
+        # the driver functions' callbacks go off as driver records do: each is two more CUPTI
+        # dispatches inside every runtime launch (H100, decoder_ab: 3 points of a launch-bound step)
         self._tag_driver_ids = driver_ids
         self._driver = "probing"
 
     def _trace_launches_only(self) -> None:
-        """API records only for the functions that launch GPU work (names with Launch, Memcpy or
-        Memset); every other runtime and driver function CUPTI knows is switched off. A function
-        CUPTI refuses to switch off keeps its records (counted in ``api_filter_errors``), as do
-        all on a CUPTI without per-function control (correct, only more records)."""
+        """API records only for the functions that launch GPU work; a function CUPTI refuses to
+        switch off keeps its records (``api_filter_errors``), as all do without per-function control."""
         self._quiet = self._kept_api = self._api_filter_errors = 0
         for enum_name, fn_name in (("driver_api_trace_cbid", "activity_enable_driver_api"),
                                    ("runtime_api_trace_cbid", "activity_enable_runtime_api")):  # fmt: skip
@@ -377,9 +361,8 @@ class CuptiCollector:
         return BUFFER_BYTES, 0
 
     def _buffer_completed(self, activities: Any) -> None:
-        """cupti-python's completed-buffer callback (on CUPTI's thread, holding the GIL): copy
-        the buffer's bytes and the records' offsets, queue them, return. Converting happens on
-        the flusher thread. Records without bytes (no ``ptr``) are converted here, by attribute."""
+        """cupti-python's completed-buffer callback (CUPTI's thread, GIL held): queue the bytes
+        and record offsets for the flusher; records without bytes (no ``ptr``) convert here."""
         t0 = time.perf_counter()
         try:
             n = len(activities)
@@ -523,9 +506,8 @@ class CuptiCollector:
         self.writer.write(np.concatenate(chunks) if chunks else np.empty(0, ACTIVITY_DTYPE), names)
 
     def _clock_pair(self) -> None:
-        """One (host clock, CUPTI clock) pair: the host time is the midpoint of two reads around
-        the CUPTI read; of three tries, the one whose host reads were closest (a thread preempted
-        between them would put the pair off by up to the gap)."""
+        """One (host clock, CUPTI clock) pair: the midpoint of two host reads around the CUPTI read,
+        of three tries the one whose host reads were closest (a preempted thread widens the gap)."""
         if len(self._pairs) >= CLOCK_PAIRS_MAX:
             self._pairs = self._pairs[::2]
         best: tuple[int, int, int] | None = None

@@ -1,22 +1,22 @@
 """AMD devices through AMD SMI (the ``amdsmi`` package, imported when sampling starts).
 
-``import amdsmi`` misbehaves where ROCm is missing or partial: it prints, and raises whatever its
-ctypes loader hits (a ``KeyError`` for ``libamd_smi.so`` in 7.0.2, ``OSError``, even
-``SystemExit``): none of it reaches the user (output captured, every exception but
-KeyboardInterrupt an :class:`Unavailable` saying it). A metric returning NOT_SUPPORTED (or "N/A")
-is dropped for that device and recorded once; it never stops sampling (``max benchmark`` dies
-exactly there on consumer Radeon cards, modular#7141).
+``import amdsmi`` where ROCm is missing or partial prints and raises whatever its loader hits
+(``KeyError`` in 7.0.2, ``OSError``, even ``SystemExit``): output captured, every exception but
+KeyboardInterrupt an :class:`Unavailable`. A metric returning NOT_SUPPORTED (or "N/A") is dropped
+and recorded once, never stopping sampling (``max benchmark`` dies there on Radeon, modular#7141).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
+import operator
 import os
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from maxinstr.rundir.samples import THROTTLE_BIT
+from maxinstr.rundir.samples import GPM_METRICS, THROTTLE_BIT
 from maxinstr.sample.base import (ABSENT, COL, LOST, RETRY, Backend, Device, DeviceInfo, ErrorLog, Probe, ProbeDevice,
                                   try_call)
 from maxinstr.sample.devices import PhysicalGpu, amd_visible
@@ -36,8 +36,7 @@ _LOST = {STATUS_NOT_FOUND, STATUS_NOT_INIT, STATUS_DRIVER_NOT_LOADED, STATUS_AMD
 
 MIB = 1024 * 1024
 
-# amdgpu SMU "independent throttler" bits (linux drivers/gpu/drm/amd/pm/swsmu/inc/amdgpu_smu.h),
-# grouped onto our neutral bits.
+# amdgpu SMU "independent throttler" bits (linux drivers/gpu/drm/amd/pm/swsmu/inc/amdgpu_smu.h)
 _INDEP_GROUPS: tuple[tuple[int, str], ...] = (
     (0x00000000000000FF, "sw_power_cap"),  # PPT0..3, SPL, FPPT, SPPT, SPPT_APU
     (0x0000000000FF0000, "current_limit"),  # TDC_*, EDC_*, APCC
@@ -70,8 +69,7 @@ _import_failure: str | None = None  # a failed import is not retried in this pro
 
 
 def import_amdsmi() -> Any:
-    """The amdsmi module, or :class:`Unavailable` (remembered for the life of the process).
-    Never prints, never raises anything else but KeyboardInterrupt."""
+    """The amdsmi module, or :class:`Unavailable` (remembered for the process's life)."""
     global _import_failure
     if _import_failure is not None:
         raise Unavailable(_import_failure)
@@ -98,11 +96,7 @@ def import_amdsmi() -> Any:
 
 def decode_indep_throttle(raw: int) -> int:
     """Neutral throttle bits for an amdgpu ``indep_throttle_status`` mask."""
-    bits = 0
-    for mask, name in _INDEP_GROUPS:
-        if raw & mask:
-            bits |= THROTTLE_BIT[name]
-    return bits
+    return functools.reduce(operator.or_, (THROTTLE_BIT[name] for mask, name in _INDEP_GROUPS if raw & mask), 0)
 
 
 def _num(value: Any) -> float:
@@ -174,15 +168,9 @@ class AmdSmiDevice(ProbeDevice):
                 if status.get(key) is True:
                     self._throttle_bits |= THROTTLE_BIT[name]
 
-        return (
-            Probe("gpu_util_pct", activity, ("gpu_util_pct", "mem_util_pct")),
-            Probe("mem_used_bytes", vram),
-            Probe("sm_clock_mhz", gfx_clock),
-            Probe("mem_clock_mhz", mem_clock),
-            Probe("power_w", power),
-            Probe("energy_j", energy),
-            Probe("violation_status", violations, ()),
-        )
+        return (Probe("gpu_util_pct", activity, ("gpu_util_pct", "mem_util_pct")), Probe("mem_used_bytes", vram),
+                Probe("sm_clock_mhz", gfx_clock), Probe("mem_clock_mhz", mem_clock), Probe("power_w", power),
+                Probe("energy_j", energy), Probe("violation_status", violations, ()))
 
     def _slow_probes(self, pids: Collection[int] | None) -> tuple[Probe, ...]:
         smi, h = self.smi, self.h
@@ -258,11 +246,8 @@ class AmdSmiBackend(Backend):
         self.source = ""
 
     def versions(self) -> dict[str, str]:
-        out: dict[str, str] = {}
         version = getattr(self.smi, "__version__", None)
-        if isinstance(version, str):
-            out["amdsmi"] = version
-        return out
+        return {"amdsmi": version} if isinstance(version, str) else {}
 
     def devices(self) -> list[Device]:
         smi = self.smi
@@ -279,19 +264,13 @@ class AmdSmiBackend(Backend):
             gfx = try_call(smi.amdsmi_get_clock_info, h, smi.AmdSmiClkType.GFX) or {}
             mem = try_call(smi.amdsmi_get_clock_info, h, smi.AmdSmiClkType.MEM) or {}
             total = vram.get("vram_total")
-            info = DeviceInfo(
-                vendor="amd",
-                visible_index=g.visible_index,
-                physical_index=g.physical_index,
-                name=str(asic.get("market_name", "")),
-                uuid=g.uuid,
-                pci_bus_id=str(try_call(smi.amdsmi_get_gpu_device_bdf, h) or ""),
-                sm_clock_max_mhz=gfx.get("max_clk") if isinstance(gfx.get("max_clk"), int) else None,
-                mem_clock_max_mhz=mem.get("max_clk") if isinstance(mem.get("max_clk"), int) else None,
-                mem_total_bytes=float(total) * MIB if isinstance(total, int) else None,
-                gpm=False,
-                absent=["sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_util_pct"],
-            )
+            info = DeviceInfo(vendor="amd", visible_index=g.visible_index, physical_index=g.physical_index,
+                              name=str(asic.get("market_name", "")), uuid=g.uuid,
+                              pci_bus_id=str(try_call(smi.amdsmi_get_gpu_device_bdf, h) or ""),
+                              sm_clock_max_mhz=gfx.get("max_clk") if isinstance(gfx.get("max_clk"), int) else None,
+                              mem_clock_max_mhz=mem.get("max_clk") if isinstance(mem.get("max_clk"), int) else None,
+                              mem_total_bytes=float(total) * MIB if isinstance(total, int) else None,
+                              gpm=False, absent=list(GPM_METRICS))
             out.append(AmdSmiDevice(smi, h, info, self.errors, pids=self._pids, slow_every=self._slow_every))
         return out
 

@@ -1,8 +1,7 @@
-"""Per-GPU summary of a sampling window and the "is my GPU used?" verdict (``snapshot``;
-rendering is ``maxinstr.cli.snapshot``'s), over the active window (first to last sample with any
-utilization: start-up and tear-down do not dilute it). The rules are :data:`THRESHOLDS`; a busy
-GPU whose kernels fill few SMs is launch/sync-bound: NVML "utilization" is the share of time
-*some* kernel ran, not how much of the GPU it used, which SM activity (Hopper+ GPM) says.
+"""Per-GPU summary of a sampling window and the "is my GPU used?" verdict (``snapshot``), over
+the active window (first to last sample with any utilization). The rules are :data:`THRESHOLDS`;
+a busy GPU whose kernels fill few SMs is launch/sync-bound: NVML "utilization" is the share of
+time *some* kernel ran, not how much of the GPU it used, which SM activity (Hopper+ GPM) says.
 """
 
 from __future__ import annotations
@@ -66,7 +65,7 @@ def _stat(fn, x: np.ndarray) -> float:
 
 
 def verdict(util_mean: float, util_peak: float, sm_active_mean: float) -> tuple[str, str]:
-    """The verdict and the rule that fired, with the numbers and thresholds."""
+    """The verdict and the rule that fired."""
     if not np.isfinite(util_peak):
         return "unknown", "this device does not report utilization (e.g. a MIG instance)"
     if util_peak < IDLE_PEAK_UTIL_PCT:
@@ -82,7 +81,6 @@ def verdict(util_mean: float, util_peak: float, sm_active_mean: float) -> tuple[
 
 
 def summarize(samples: Samples) -> list[GpuSummary]:
-    """One :class:`GpuSummary` per device that has rows."""
     out: list[GpuSummary] = []
     devices = samples.devices
     for d in sorted(set(int(x) for x in np.unique(samples.device))):

@@ -1,12 +1,7 @@
-"""The sampler thread: reads every visible device at a fixed rate and appends one fixed-size
-row per device to ``samples.bin`` (:mod:`maxinstr.rundir.samples`).
-
-Rows are packed into a preallocated buffer and handed to the OS in one ``os.write`` per flush
-interval (default 0.1 s), so a SIGKILL loses at most that much. Writing less often matters:
-``os.write`` releases the GIL, and taking it back from a program busy in Python costs a thread
-switch and can wait up to the interpreter's 5 ms switch interval. ``samples.json`` is replaced
-atomically at start, when a new error is seen, and at stop. Nothing here raises into the user's
-program: failures become entries in ``samples.json``'s ``errors``.
+"""The sampler thread: reads every visible device at a fixed rate and appends one fixed-size row
+per device to ``samples.bin`` (:mod:`maxinstr.rundir.samples`), in one ``os.write`` per flush
+interval (a SIGKILL loses at most that). ``samples.json`` is replaced atomically at start, at a
+new error and at stop. Nothing here raises into the user's program: failures go to ``errors``.
 """
 
 from __future__ import annotations
@@ -28,12 +23,11 @@ from maxinstr.rundir.samples import (FLAG_GPM, FLAG_LOST, FLAG_SLOW, METRICS, RO
 from maxinstr.sample import amdsmi, nvml
 from maxinstr.sample.base import NAN, Backend, Device, DeviceLost, ErrorLog, NullBackend, try_call
 
+clock_ns: Callable[[], int]
 try:  # the native core's clock (CLOCK_MONOTONIC ns, the clock stage records use)
-    from maxinstr._native import clock_ns as _clock_ns
+    from maxinstr._native import clock_ns
 except Exception:  # noqa: BLE001 - no native build: time.monotonic_ns is CLOCK_MONOTONIC on Linux
-    _clock_ns = time.monotonic_ns
-
-clock_ns: Callable[[], int] = _clock_ns
+    clock_ns = time.monotonic_ns
 
 DEFAULT_INTERVAL_S = 0.01
 """100 Hz: fast enough to see a decode step. Cost measured in docs/benchmarks.md (target <= 1%)."""
@@ -43,9 +37,8 @@ _U32_MAX = 0xFFFFFFFF
 
 def open_backend(errors: ErrorLog, *, interval_s: float = DEFAULT_INTERVAL_S, env: Mapping[str, str] | None = None,
                  pids: Collection[int] | None = None, prefer: str | None = None) -> tuple[Backend, str]:
-    """The first vendor backend with at least one visible device: NVML, then AMD SMI (``prefer``:
-    only that one). ``(backend, "")``, or ``(NullBackend, reason)`` saying in one line why
-    nothing can be sampled. Never raises."""
+    """``(backend, "")`` for the first vendor with a visible device (NVML, then AMD SMI; ``prefer``:
+    only that one), or ``(NullBackend, why)``. Never raises."""
     reasons: list[str] = []
     for name in [prefer] if prefer else ["nvml", "amdsmi"]:
         vendor = nvml if name == "nvml" else amdsmi
@@ -128,15 +121,12 @@ class Sampler:
         return self
 
     def stop(self) -> None:
-        """Stop the thread, write the final samples.json, close the vendor library.
-        Idempotent; never raises."""
+        """Stop the thread, write the final samples.json, close the vendor library. Never raises."""
         if self._stopped:
             return
-        if os.getpid() != self._pid:
-            # a forked child (its copy of this object has no thread): the part belongs to the parent
-            self._stopped = True
-            return
         self._stopped = True
+        if os.getpid() != self._pid:  # a forked child's copy (no thread): the part is the parent's
+            return
         leak_fd = False  # a vendor call hangs (a wedged GPU): a reused descriptor would take the thread's late writes
         try:
             atexit.unregister(self.stop)
@@ -316,8 +306,7 @@ class Sampler:
                            (json.dumps(_finite(doc), indent=1, allow_nan=False, default=str) + "\n").encode())
 
 
-def _finite(obj: Any) -> Any:
-    """JSON cannot hold NaN: replace non-finite floats by None."""
+def _finite(obj: Any) -> Any:  # JSON cannot hold NaN: non-finite floats become None
     if isinstance(obj, float):
         return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
     if isinstance(obj, dict):
