@@ -5,6 +5,7 @@ with the one-line reason (the session then warns once and records stages with ev
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -40,11 +41,9 @@ def _tool_attached() -> str | None:
         return f"{tool} (CUDA_INJECTION64_PATH is set)"
     torch = sys.modules.get("torch")
     if torch is not None:
-        try:
+        with contextlib.suppress(Exception):  # a torch without that flag: no profiler known to run
             if torch.autograd.profiler._is_profiler_enabled:  # torch.profiler / Kineto running
                 return "torch.profiler (Kineto)"
-        except Exception:  # noqa: BLE001 - a torch without that flag: no profiler known to run
-            pass
     return None
 
 

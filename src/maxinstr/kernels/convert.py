@@ -60,7 +60,6 @@ CUPTI_ENUMS = {
 
 @dataclass(frozen=True)
 class RecordLayout:  # how one kind of record is read: cupti-python's struct description and class
-
     family: str
     name: str  # the record class, e.g. "ActivityKernel13"
     dtype: np.dtype
@@ -131,13 +130,11 @@ def _unsupported(problems: list[str]) -> str:
 
 
 def _cupti_pin() -> str:  # the cupti-python requirement of maxinstr's ``cupti`` extra
-    try:
+    with contextlib.suppress(Exception):  # metadata missing or broken: name the docs instead
         for req in requires("maxinstr") or []:
             spec, _, marker = req.partition(";")
             if spec.strip().startswith("cupti-python") and "cupti" in marker:
                 return spec.strip()
-    except Exception:  # noqa: BLE001 - metadata missing or broken: name the docs instead
-        pass
     return "cupti-python, see docs/kernels.md"
 
 
@@ -247,7 +244,6 @@ class Names:
 
 
 class Kinds:  # cupti-python's ActivityKind values, and the record layout read for each
-
     def __init__(self, c: Any, layouts: dict[str, RecordLayout]) -> None:
         K = c.ActivityKind
         self.kernel, self.kernel2 = int(K.CONCURRENT_KERNEL), int(K.KERNEL)

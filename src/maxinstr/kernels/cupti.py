@@ -75,16 +75,13 @@ def _error_text(cupti: Any, exc: BaseException) -> str:
     if status is None and getattr(exc, "args", None) and isinstance(exc.args[0], int):
         status = exc.args[0]
     name = None
-    try:
+    with contextlib.suppress(Exception):  # a status this cupti-python cannot name: the text alone
         name = cupti.Result(int(status)).name if status is not None else None
-    except Exception:  # noqa: BLE001 - a status this cupti-python cannot name: the text alone
-        pass
     text = str(exc) or (name or type(exc).__name__)
     return f"CUPTI_{name}" if name and name not in text else text
 
 
 def _loaded_cupti_paths() -> list[str]:
-    """The libcupti files this process has mapped, in load order."""
     try:
         with open("/proc/self/maps") as f:
             return list(dict.fromkeys(line.split(None, 5)[-1].strip() for line in f if "libcupti.so" in line))
@@ -129,30 +126,21 @@ class CuptiCollector:
         self._enabled: list[Any] = []
         self._lock = threading.Lock()
         self._queue: list[np.ndarray] = []
-        self._queued = 0
         self._conv: Converter  # at start, once cupti-python is checked
-        self._dropped_queue = 0
-        self._convert_errors = 0
-        self._callback_s = 0.0
-        self._buffers = 0
-        self._last_flush = 0.0
+        self._queued = self._dropped_queue = self._convert_errors = self._buffers = 0
+        self._callback_s = self._last_flush = self._take_s = 0.0
         self._pairs: list[list[int]] = []
         self._driver = "probing"  # "probing" (on), "needed" (on for good), "off"
-        self._ops_seen = 0
-        self._driver_rows = 0
+        self._ops_seen = self._driver_rows = 0
         self._runtime_ids = np.empty(0, np.int64)  # recent runtime correlation ids, sorted
         self._ops_without_api = 0  # GPU ops launched while driver records were off: no stage
         self._driver_note = ""
         self._native: Any = None
-        self._linked = False
-        self._stopped = False
-        self._quiet = 0
-        self._kept_api = 0
-        self._api_filter_errors = 0
+        self._linked = self._stopped = False
+        self._quiet = self._kept_api = self._api_filter_errors = 0
         self._mode = "none"  # "native": buffers handled by the stage core; "python": cupti-python's callbacks
         self._raw: list[tuple[bytes, np.ndarray]] = []  # (buffer bytes, record offsets) waiting for conversion
         self._raw_bytes = 0
-        self._take_s = 0.0
         # stages from the core's launch tags (csrc/core/launch_tags.cpp): on the H200 they cost a
         # launch-bound step less than API + external-correlation records (docs/kernels.md)
         self._tags = config.cupti_tags()
@@ -164,9 +152,8 @@ class CuptiCollector:
         try:
             from cupti import cupti  # the optional extra maxinstr[cupti]
         except ImportError as exc:
-            raise KernelsUnavailable(
-                f"cupti-python is not installed ({exc}); install the extra: pip install 'maxinstr[cupti]'"
-            ) from None
+            raise KernelsUnavailable(f"cupti-python is not installed ({exc}); install the extra: "
+                                     "pip install 'maxinstr[cupti]'") from None
         except Exception as exc:  # noqa: BLE001 - a broken install: say so, record stages anyway
             raise KernelsUnavailable(f"cupti-python failed to import: {type(exc).__name__}: {exc}") from None
         self._c = c = cupti
@@ -188,9 +175,8 @@ class CuptiCollector:
             c.get_timestamp()
             path = _same_instance_path(c, kind_value)
             if not path:
-                raise KernelsUnavailable(
-                    f"could not tell which loaded libcupti cupti-python uses ({_loaded_cupti_paths() or 'none mapped'})"
-                )
+                raise KernelsUnavailable("could not tell which loaded libcupti cupti-python uses "
+                                         f"({_loaded_cupti_paths() or 'none mapped'})")
             # buffers before any activity kind is on: no record is ever written to a buffer we cannot read
             if native.cupti_buffers(path, BUFFER_BYTES, MAX_PENDING_BYTES):
                 self._mode = "native"
@@ -218,9 +204,8 @@ class CuptiCollector:
             text = _error_text(c, exc)
             self._teardown()
             if "MULTIPLE_SUBSCRIBERS" in text:
-                raise KernelsUnavailable(
-                    f"another tool already holds CUPTI in this process ({text}): stages are recorded with events only"
-                ) from None
+                raise KernelsUnavailable(f"another tool already holds CUPTI in this process ({text}): stages are "
+                                         "recorded with events only") from None
             raise KernelsUnavailable(f"CUPTI activity could not be enabled: {text}") from None
         self._clock_pair()
         self.writer.write_meta(status="collecting", collector="cupti", buffers_by=self._mode, cupti_library=path,
@@ -333,21 +318,13 @@ class CuptiCollector:
             launch_tags = {k: int(now[k]) - int(self._tags_at_start.get(k, 0)) for k in ("calls", "dropped")}
             self._dropped_queue += launch_tags["dropped"]
         stats: dict[str, Any] = {
-            "status": "closed",
-            "clock_pairs": self._pairs,
-            "dropped_cupti": dropped_cupti,
-            "dropped_queue": self._dropped_queue,
-            "convert_errors": self._convert_errors,
-            "buffers": self._buffers,
-            "fast_path": self._conv.fast_note,
-            "record_free_errors": self._conv.record_free_errors[0],
-            "callback_s": round(self._callback_s, 6),
-            "convert_s": round(self._take_s, 6),
+            "status": "closed", "clock_pairs": self._pairs, "dropped_cupti": dropped_cupti,
+            "dropped_queue": self._dropped_queue, "convert_errors": self._convert_errors, "buffers": self._buffers,
+            "fast_path": self._conv.fast_note, "record_free_errors": self._conv.record_free_errors[0],
+            "callback_s": round(self._callback_s, 6), "convert_s": round(self._take_s, 6),
             "stage_pushes": int(self._native.cupti_stats().get("pushes", 0)),
-            "driver_api_records": self._driver,
-            "driver_api_note": self._driver_note,
-            "ops_without_api": self._ops_without_api,
-            "push_errors": int(self._native.cupti_stats().get("errors", 0)),
+            "driver_api_records": self._driver, "driver_api_note": self._driver_note,
+            "ops_without_api": self._ops_without_api, "push_errors": int(self._native.cupti_stats().get("errors", 0)),
         }
         if native_buffers is not None:
             stats["native_buffers"] = native_buffers
@@ -511,15 +488,13 @@ class CuptiCollector:
         if len(self._pairs) >= CLOCK_PAIRS_MAX:
             self._pairs = self._pairs[::2]
         best: tuple[int, int, int] | None = None
-        try:
+        with contextlib.suppress(Exception):  # CUPTI's clock unreadable now: the tries that worked, if any
             for _ in range(3):
                 h0 = int(self._native.clock_ns())
                 t = int(self._c.get_timestamp())
                 h1 = int(self._native.clock_ns())
                 if best is None or h1 - h0 < best[0]:
                     best = (h1 - h0, (h0 + h1) // 2, t)
-        except Exception:  # noqa: BLE001 - CUPTI's clock unreadable now: the tries that worked, if any
-            pass
         if best is not None:
             self._pairs.append([best[1], best[2]])
 

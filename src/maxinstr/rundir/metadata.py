@@ -49,29 +49,16 @@ def collect(*, warmup: int = 0, user: dict[str, Any] | None = None, requested_pa
     """The metadata of docs/formats.md's meta.json for a run starting now."""
     mono, real = _clock_pair()
     meta: dict[str, Any] = {
-        "format": fmt.FORMAT_NAME,
-        "version": fmt.FORMAT_VERSION,
-        "status": "running",
-        "warmup": int(warmup),
+        "format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION, "status": "running", "warmup": int(warmup),
         "clock": {"host": "CLOCK_MONOTONIC", "monotonic_ns": mono, "realtime_ns": real},
         "command": list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]),
-        "argv": list(sys.argv),
-        "cwd": os.getcwd(),
-        "git": git_info(_script_dir()),
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "python_executable": sys.executable,
-        "maxinstr": __version__,
-        "pid": os.getpid(),
+        "argv": list(sys.argv), "cwd": os.getcwd(), "git": git_info(_script_dir()), "host": socket.gethostname(),
+        "platform": platform.platform(), "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
+        "python_executable": sys.executable, "maxinstr": __version__, "pid": os.getpid(),
     }
     meta.update(gpu_info())
-    meta["frameworks"] = framework_versions()
-    meta["env"] = relevant_env()
-    meta["user"] = dict(user or {})
-    meta["requested_path"] = requested_path
-    meta["profiler"] = _profiler_from_env()
+    meta.update(frameworks=framework_versions(), env=relevant_env(), user=dict(user or {}),
+                requested_path=requested_path, profiler=_profiler_from_env())
     return meta
 
 
@@ -92,8 +79,7 @@ def git_info(where: Path) -> dict[str, Any] | None:
     """``{"commit", "dirty", "root"}`` of the git repo containing ``where``; None outside one."""
     try:
         def git(*args: str) -> str:
-            # the repository's own config is data: settings that name a program to run (an
-            # fsmonitor hook on `status`, a pager) are overridden, so recording a run never runs one
+            # the repository's config is data: a program it names (fsmonitor, pager) is never run
             safe = ["-c", "core.fsmonitor=false", "-c", "core.pager=cat", "--no-optional-locks"]
             out = subprocess.run(
                 ["git", *safe, "-C", str(where), *args], capture_output=True, text=True, timeout=3, check=True
@@ -117,13 +103,11 @@ def gpu_info() -> dict[str, Any]:
         out["rocm"] = rocm
     torch = sys.modules.get("torch")
     if torch is not None:
-        try:
+        with contextlib.suppress(Exception):
             out["cuda_runtime"] = getattr(torch.version, "cuda", None)
             hip = getattr(torch.version, "hip", None)
             if hip:
                 out["hip_runtime"] = hip
-        except Exception:  # noqa: BLE001
-            pass
     return out
 
 
@@ -182,8 +166,7 @@ def _rocm_version() -> str | None:
 
 
 def framework_versions() -> dict[str, Any]:
-    """Versions of the GPU frameworks: from the module when already imported, else from the
-    installed distribution's metadata (without importing it). cuDNN only when torch is loaded."""
+    """Versions of the GPU frameworks: the module's when imported, else the installed metadata's."""
     out: dict[str, Any] = {}
     for module, dists in FRAMEWORKS.items():
         loaded = sys.modules.get(module)
@@ -208,12 +191,9 @@ CUDNN_DISTS = ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn-cu11", "n
 
 def cudnn_version() -> str | None:
     """cuDNN's version as ``CUDNN_VERSION`` spells it (9.19.0 -> "91900", 8.9.7 -> "8907"), from
-    the installed cuDNN wheel's metadata; None without one.
-
-    Never through torch: ``torch.backends.cudnn.version()`` checks the devices' compute
-    capability with ``torch.cuda.get_device_capability`` (torch >= 2.8, cuDNN >= 9.11), which
-    runs ``torch.cuda._lazy_init()``: a session started before ``fork`` then made the child
-    fail with "Cannot re-initialize CUDA in forked subprocess" (H200, torch 2.11)."""
+    the installed wheel's metadata. Never through torch: ``torch.backends.cudnn.version()`` runs
+    ``torch.cuda._lazy_init()`` (torch >= 2.8), and a session started before ``fork`` then made the
+    child fail with "Cannot re-initialize CUDA in forked subprocess" (H200, torch 2.11)."""
     for dist in CUDNN_DISTS:
         try:
             version = md.version(dist)

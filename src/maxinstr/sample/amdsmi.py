@@ -18,7 +18,7 @@ from typing import Any
 
 from maxinstr.rundir.samples import GPM_METRICS, THROTTLE_BIT
 from maxinstr.sample.base import (ABSENT, COL, LOST, RETRY, Backend, Device, DeviceInfo, ErrorLog, Probe, ProbeDevice,
-                                  try_call)
+                                  Unavailable, try_call)
 from maxinstr.sample.devices import PhysicalGpu, amd_visible
 
 # amdsmi_status_t values (amdsmi.h / amdsmi_wrapper.py), kept here so a mocked module cannot change them
@@ -54,10 +54,6 @@ _VIOLATIONS: tuple[tuple[str, str], ...] = (
     ("active_hbm_thrm", "hw_thermal"),
     ("active_prochot_thrm", "hw_slowdown"),
 )
-
-
-class Unavailable(Exception):
-    """AMD SMI cannot be used here; the message says why in one line."""
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -111,7 +107,6 @@ class _NotAvailable(Exception):
 
 
 class AmdSmiDevice(ProbeDevice):
-    """One visible AMD GPU."""
 
     def __init__(self, smi: Any, handle: Any, info: DeviceInfo, errors: ErrorLog, *,
                  pids: Collection[int] | None, slow_every: int) -> None:
@@ -210,9 +205,7 @@ class AmdSmiDevice(ProbeDevice):
         if isinstance(exc, self.smi.AmdSmiLibraryException):
             code = getattr(exc, "err_code", None)
             what = f"amdsmi error {code}"
-            if code in _LOST:
-                return LOST, what, code
-            return (ABSENT if code in _ABSENT else RETRY), what, code
+            return (LOST if code in _LOST else ABSENT if code in _ABSENT else RETRY), what, code
         if isinstance(exc, (KeyError, TypeError, AttributeError)):
             # the amdsmi version returns another shape (renamed key, older signature)
             return ABSENT, f"{type(exc).__name__}: {exc}", type(exc).__name__
@@ -226,7 +219,6 @@ class AmdSmiDevice(ProbeDevice):
 
 
 class AmdSmiBackend(Backend):
-    """AMD SMI opened; one :class:`AmdSmiDevice` per visible GPU."""
 
     name = "amdsmi"
 

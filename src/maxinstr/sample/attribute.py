@@ -28,17 +28,13 @@ NVML_UTIL_PERIODS_NS = (166_666_667, 200_000_000, 250_000_000, 333_333_333, 500_
 """Sample periods NVML documents (by GPU); the H200 changes the value every 200.0 ms (docs/sampler.md)."""
 NVML_UTIL_PERIOD_MAX_NS = 1_000_000_000
 NVML_UTIL_LAG_NS = 25_000_000
-"""How long before it is first read an NVML utilization window ends. H200 (driver 580.159.04,
-.coord/device5 report/kvcache-plain-run): the GPU went from idle to back-to-back decode kernels
-at a CUDA-event time 7544.5 ms; the value first read at 7570.1 ms (previous row 7560.1) still
-said idle (3 %), the next one 200 ms later said 100 %: the window ended 23-26 ms before it was
-read."""
+"""How long before it is first read an NVML utilization window ends: 23-26 ms on the H200 (driver
+580.159.04, .coord/device5 report/kvcache-plain-run: busy from 7544.5 ms, the value read at 7570.1
+ms still said idle, the next one 200 ms later 100 %)."""
 NVML_GPM_LAG_NS = 87_000_000
-"""How long before their row a GPM value's counters were taken. H200, same runs: SM activity
-rose ~87 ms after the CUDA-event time the GPU became busy (kvcache-plain-run: 1.7 % for
-[7500, 7610] ms, 63 % for [7610, 7720] against 77 % steady, busy from 7544.5), and the
-utilization and GPM edges of run/window's two busy phases agree on 86-93 ms once both lags are
-applied. Re-measured by benchmarks/device/35-util-windows.sh."""
+"""How long before their row a GPM value's counters were taken: on the H200 (same runs) SM activity
+rose ~87 ms after the GPU became busy, and run/window's utilization and GPM edges agree on 86-93
+ms with both lags applied. Re-measured by benchmarks/device/35-util-windows.sh."""
 WINDOW_SHARE_MIN = 0.5
 """Below this share of its windows' time in the stage, a windowed value describes mostly other
 stages or idle time: the report says so instead of printing it."""

@@ -6,6 +6,7 @@ never raised into the sampler, and recorded once each in :class:`ErrorLog`.
 
 from __future__ import annotations
 
+import contextlib
 import array
 import math
 import threading
@@ -40,10 +41,8 @@ class ErrorLog:
             self._seen.add(key)
             self.entries.append({"t_ns": self._clock(), "kind": kind, "device": device, "metric": metric, "message": message})
         if self.on_new is not None:
-            try:
+            with contextlib.suppress(Exception):  # persisting an error must never raise into sampling
                 self.on_new()
-            except Exception:  # noqa: BLE001 - persisting an error must never raise into sampling
-                pass
         return True
 
     def snapshot(self) -> list[dict[str, Any]]:
@@ -72,6 +71,10 @@ class DeviceInfo:
         return asdict(self)
 
 
+class Unavailable(Exception):
+    """A vendor library cannot be used here; the message says why in one line."""
+
+
 class DeviceLost(Exception):
     """Raised by a vendor device's ``read`` when the GPU is gone; the sampler stops that device."""
 
@@ -92,8 +95,7 @@ class Device(ABC):
         return {}
 
 
-class Backend(ABC):
-    """A vendor library opened for sampling."""
+class Backend(ABC):  # a vendor library opened for sampling
 
     name: str = "none"
 
@@ -171,18 +173,12 @@ class Probe:
         self.name = name
         self.fn = fn
         self.columns = (name,) if columns is None else columns
-        self.fails = 0
         self.released_fn = released_fn
-        self.calls = 0
-        self.ns_sum = 0
-        self.ns_max = 0
+        self.fails = self.calls = self.ns_sum = self.ns_max = self.over = self.cpu_ns_sum = self.cpu_calls = 0
         self.ring = array.array("q", bytes(8 * _RING))
-        self.over = 0
         self.cadence = "fast"
         self.moved = ""
         self.calibration_ns: list[int] = []
-        self.cpu_ns_sum = 0
-        self.cpu_calls = 0
 
     def record(self, dt_ns: int) -> None:
         n = self.calls

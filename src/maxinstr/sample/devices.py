@@ -68,9 +68,7 @@ def _match_uuid(token: str, gpus: Sequence[PhysicalGpu]) -> tuple[PhysicalGpu, M
         if not t.startswith("gpu-"):
             t = "gpu-" + t  # ROCR accepts the bare hex too
         hits = [(g, None) for g in gpus if _norm(g.uuid).startswith(t)]
-    if len(hits) == 1:
-        return hits[0]
-    return f"{'ambiguous' if hits else 'unknown'} device id {token!r}"
+    return hits[0] if len(hits) == 1 else f"{'ambiguous' if hits else 'unknown'} device id {token!r}"
 
 
 def _select(value: str, gpus: Sequence[PhysicalGpu], var: str, notes: list[str]) -> list[tuple[PhysicalGpu, MigInstance | None]]:

@@ -21,6 +21,7 @@ between (flag GPM marks the others; a value covers the time since the previous G
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -30,7 +31,7 @@ from typing import Any
 from maxinstr import config
 from maxinstr.rundir.samples import FLAG_GPM
 from maxinstr.sample.base import (ABSENT, COL, LOST, MAX_FAILS_IN_A_ROW, RETRY, SLOW_CALL_NS, Backend, Device,
-                                  DeviceInfo, ErrorLog, Probe, ProbeDevice, perf_ns, try_call)
+                                  DeviceInfo, ErrorLog, Probe, ProbeDevice, Unavailable, perf_ns, try_call)
 from maxinstr.sample.devices import MigInstance, PhysicalGpu, nvidia_visible
 
 # NVML's ABI values (nvml.h), here so a mocked module cannot change them (tests check them).
@@ -95,10 +96,6 @@ def direct_library(nv: Any, *, hold_gil: bool = True) -> Any:
         return None
 
 
-class Unavailable(Exception):
-    """NVML cannot be used here; the message says why in one line."""
-
-
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
@@ -140,8 +137,7 @@ class NvmlDevice(ProbeDevice):
         self._throttle_probe = next((p for p in self._fast if p.name == "throttle"), None)
         self._gpm_ns = int(max(backend._gpm_interval_s, GPM_MIN_INTERVAL_S) * 1e9)
         self._gpm_t = -(1 << 62)
-        self._gpm_ok = False
-        self._gpm_fails = 0
+        self._gpm_ok, self._gpm_fails = False, 0
         self._gpm_samples: list[Any] = []
         self._gpm_probe = Probe("gpm", lambda v: None, ())  # timing of the GPM reads only
         self._gpm_probe.cadence = "gpm"
@@ -325,9 +321,7 @@ class NvmlDevice(ProbeDevice):
             return ABSENT, f"{type(exc).__name__}: {exc}", type(exc).__name__
         code = _code(exc)
         what = f"NVML: {_text(exc)}"
-        if code in _LOST:
-            return LOST, what, code
-        return (ABSENT if code in _ABSENT else RETRY), what, code
+        return (LOST if code in _LOST else ABSENT if code in _ABSENT else RETRY), what, code
 
     def read(self, values: list[float], tick: int, now_ns: int) -> tuple[int, int, int]:
         tp = self._throttle_probe
@@ -362,15 +356,12 @@ class NvmlDevice(ProbeDevice):
 
     def close(self) -> None:
         for sample in self._gpm_samples:
-            try:
+            with contextlib.suppress(Exception):  # best effort at close
                 self.nv.nvmlGpmSampleFree(sample)
-            except Exception:  # noqa: BLE001 - best effort at close
-                pass
         self._gpm_samples = []
 
 
 class NvmlBackend(Backend):
-    """NVML opened; one :class:`NvmlDevice` per visible GPU."""
 
     name = "nvml"
 
@@ -410,10 +401,8 @@ class NvmlBackend(Backend):
             self.gil += "; profile: thread CPU per call recorded"
 
     def versions(self) -> dict[str, str]:
-        out = {}
         driver = try_call(self.nv.nvmlSystemGetDriverVersion)
-        if driver is not None:
-            out["driver"] = _text(driver)
+        out: dict[str, str] = {} if driver is None else {"driver": _text(driver)}
         cuda = try_call(self.nv.nvmlSystemGetCudaDriverVersion)
         if isinstance(cuda, int):
             out["cuda_driver"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
@@ -452,20 +441,14 @@ class NvmlBackend(Backend):
             mem = try_call(nv.nvmlDeviceGetMemoryInfo, h)
             limit_mw = try_call(nv.nvmlDeviceGetEnforcedPowerLimit, h)
             pci = try_call(nv.nvmlDeviceGetPciInfo, parent)
-            info = DeviceInfo(
-                vendor="nvidia",
-                visible_index=g.visible_index,
-                physical_index=g.physical_index,
-                name=_text(try_call(nv.nvmlDeviceGetName, h) or ""),
-                uuid=g.uuid,
-                pci_bus_id=_text(pci.busId) if pci is not None else "",
-                mig=g.mig is not None,
-                sm_clock_max_mhz=try_call(nv.nvmlDeviceGetMaxClockInfo, h, CLOCK_SM),
-                mem_clock_max_mhz=try_call(nv.nvmlDeviceGetMaxClockInfo, h, CLOCK_MEM),
-                mem_total_bytes=float(mem.total) if mem is not None else None,
-                power_limit_w=limit_mw * 1e-3 if isinstance(limit_mw, (int, float)) else None,
-                gpm=bool(getattr(gpm_support, "isSupportedDevice", 0)) if gpm_support is not None else False,
-            )
+            info = DeviceInfo(vendor="nvidia", visible_index=g.visible_index, physical_index=g.physical_index,
+                              name=_text(try_call(nv.nvmlDeviceGetName, h) or ""), uuid=g.uuid,
+                              pci_bus_id=_text(pci.busId) if pci is not None else "", mig=g.mig is not None,
+                              sm_clock_max_mhz=try_call(nv.nvmlDeviceGetMaxClockInfo, h, CLOCK_SM),
+                              mem_clock_max_mhz=try_call(nv.nvmlDeviceGetMaxClockInfo, h, CLOCK_MEM),
+                              mem_total_bytes=float(mem.total) if mem is not None else None,
+                              power_limit_w=limit_mw * 1e-3 if isinstance(limit_mw, (int, float)) else None,
+                              gpm=gpm_support is not None and bool(getattr(gpm_support, "isSupportedDevice", 0)))
             if not info.gpm:
                 info.absent.extend(c for _, c in GPM_COLUMNS)
                 self.errors.once((g.visible_index, "gpm"), "absent",

@@ -47,8 +47,7 @@ class ProcessSampler:
         self.ready_timeout_s = ready_timeout_s
         self.extra = dict(extra or {})
         self.devices: list[SimpleNamespace] = []  # what the parent knows of the child's devices: .info
-        self.unavailable = ""
-        self.failure = ""
+        self.unavailable = self.failure = ""
         self.notes: list[str] = []
         self._proc: subprocess.Popen | None = None
         self._stderr: Any = None
@@ -122,13 +121,11 @@ class ProcessSampler:
 
     def _close_stderr(self) -> None:
         if self._stderr is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self._stderr.close()
                 path = self.part_dir / STDERR_FILE
                 if path.lstat().st_size == 0 and not path.is_symlink():
                     path.unlink()
-            except OSError:
-                pass
             self._stderr = None
 
     @property
@@ -148,12 +145,10 @@ class ProcessSampler:
         try:
             atexit.unregister(self.stop)
             if proc is not None:
-                try:
+                with contextlib.suppress(OSError):  # the child is gone already
                     assert proc.stdin is not None
                     proc.stdin.write(b"stop\n")
                     proc.stdin.close()
-                except OSError:  # the child is gone already
-                    pass
                 try:
                     proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
@@ -182,10 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ready.write(json.dumps({"unavailable": s.unavailable, "devices": [d.info.to_json() for d in s.devices],
                             "notes": s.notes}) + "\n")
     ready.flush()
-    try:
+    with contextlib.suppress(OSError, KeyboardInterrupt):
         sys.stdin.buffer.readline()  # "stop", or b"" when the parent is gone
-    except (OSError, KeyboardInterrupt):
-        pass
     s.stop()
     return 0
 

@@ -6,6 +6,7 @@ new error and at stop. Nothing here raises into the user's program: failures go 
 
 from __future__ import annotations
 
+import contextlib
 import array
 import atexit
 import json
@@ -21,7 +22,7 @@ from maxinstr._files import open_write, real_dirs, replace_atomic
 from maxinstr.rundir.samples import (FLAG_GPM, FLAG_LOST, FLAG_SLOW, METRICS, ROW_FORMAT, ROW_SIZE, SAMPLES_FILE,
                                      SAMPLES_FORMAT, SAMPLES_LAYOUT_FILE, SAMPLES_VERSION, THROTTLE_BITS, row_layout)
 from maxinstr.sample import amdsmi, nvml
-from maxinstr.sample.base import NAN, Backend, Device, DeviceLost, ErrorLog, NullBackend, try_call
+from maxinstr.sample.base import NAN, Backend, Device, DeviceLost, ErrorLog, NullBackend, Unavailable, try_call
 
 clock_ns: Callable[[], int]
 try:  # the native core's clock (CLOCK_MONOTONIC ns, the clock stage records use)
@@ -41,12 +42,12 @@ def open_backend(errors: ErrorLog, *, interval_s: float = DEFAULT_INTERVAL_S, en
     only that one), or ``(NullBackend, why)``. Never raises."""
     reasons: list[str] = []
     for name in [prefer] if prefer else ["nvml", "amdsmi"]:
-        vendor = nvml if name == "nvml" else amdsmi
         try:
             backend: Any = (nvml.NvmlBackend if name == "nvml" else amdsmi.AmdSmiBackend)(
                 errors, env=env, pids=pids, interval_s=interval_s)
-            count = backend.nv.nvmlDeviceGetCount() if name == "nvml" else len(backend.smi.amdsmi_get_processor_handles())
-        except vendor.Unavailable as exc:
+            count = (backend.nv.nvmlDeviceGetCount() if name == "nvml"
+                     else len(backend.smi.amdsmi_get_processor_handles()))
+        except Unavailable as exc:
             reasons.append(str(exc))
             continue
         except Exception as exc:  # noqa: BLE001 - a vendor module misbehaving: try the next one
@@ -86,13 +87,9 @@ class Sampler:
         self.stopped_ns: int | None = None
         self._pid = os.getpid()
         # cost accounting (written by the thread only)
-        self.ticks = 0
-        self.rows = 0
-        self.missed_ticks = 0
-        self._cost_sum_ns = 0
-        self._cost_max_ns = 0
+        self.ticks = self.rows = self.missed_ticks = 0
+        self._cost_sum_ns = self._cost_max_ns = self._thread_cpu_ns = 0
         self._costs = array.array("q", bytes(8 * _COST_RING))
-        self._thread_cpu_ns = 0
 
     def start(self) -> Sampler:
         try:
@@ -146,10 +143,8 @@ class Sampler:
             pass
         finally:
             if self._fd >= 0 and not leak_fd:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(self._fd)
-                except OSError:
-                    pass
                 self._fd = -1
 
     @property
@@ -196,13 +191,11 @@ class Sampler:
                     t0 = clock()
                     try:
                         flags, bits, raw = dev.read(values, tick, t0)
-                    except DeviceLost:
-                        flags, bits, raw = FLAG_LOST, 0, 0
-                        lost.append(k)
-                    except Exception as exc:  # noqa: BLE001 - a vendor module bug: stop that device only
-                        vis = dev.info.visible_index
-                        self.errors.once((vis, "internal"), "internal",
-                                         f"gpu{vis}: sampling stopped: {type(exc).__name__}: {exc}", vis)
+                    except Exception as exc:  # noqa: BLE001 - DeviceLost, or a vendor module bug: stop that device
+                        if not isinstance(exc, DeviceLost):
+                            vis = dev.info.visible_index
+                            self.errors.once((vis, "internal"), "internal",
+                                             f"gpu{vis}: sampling stopped: {type(exc).__name__}: {exc}", vis)
                         flags, bits, raw = FLAG_LOST, 0, 0
                         lost.append(k)
                     read_ns = clock() - t0
@@ -278,28 +271,17 @@ class Sampler:
 
     def write_json(self, status: str) -> None:
         doc: dict[str, Any] = {
-            "format": SAMPLES_FORMAT,
-            "version": SAMPLES_VERSION,
-            "status": status,
-            "clock": "CLOCK_MONOTONIC",
-            "backend": self.backend.name if not self.unavailable else "none",
-            "unavailable": self.unavailable or None,
+            "format": SAMPLES_FORMAT, "version": SAMPLES_VERSION, "status": status, "clock": "CLOCK_MONOTONIC",
+            "backend": self.backend.name if not self.unavailable else "none", "unavailable": self.unavailable or None,
             "backend_versions": try_call(self.backend.versions) or {},
-            "visible": getattr(self.backend, "source", "") or None,
-            "gil": getattr(self.backend, "gil", None),
-            "interval_s": self.interval_s,
-            "flush_interval_s": max(self.interval_s, self.flush_interval_s),
+            "visible": getattr(self.backend, "source", "") or None, "gil": getattr(self.backend, "gil", None),
+            "interval_s": self.interval_s, "flush_interval_s": max(self.interval_s, self.flush_interval_s),
             **self.extra,
-            "row": row_layout(),
-            "flags": {"GPM": FLAG_GPM, "SLOW": FLAG_SLOW, "LOST": FLAG_LOST},
+            "row": row_layout(), "flags": {"GPM": FLAG_GPM, "SLOW": FLAG_SLOW, "LOST": FLAG_LOST},
             "throttle_bits": [{"bit": i, "name": n, "group": g} for i, (n, g) in enumerate(THROTTLE_BITS)],
-            "devices": [d.info.to_json() for d in self.devices],
-            "pids": self.pids,
-            "started_ns": self.started_ns,
-            "stopped_ns": self.stopped_ns,
-            "cost": self.cost_summary(),
-            "notes": self.notes,
-            "errors": self.errors.snapshot(),
+            "devices": [d.info.to_json() for d in self.devices], "pids": self.pids,
+            "started_ns": self.started_ns, "stopped_ns": self.stopped_ns, "cost": self.cost_summary(),
+            "notes": self.notes, "errors": self.errors.snapshot(),
         }
         with self._json_lock:
             replace_atomic(self.part_dir / SAMPLES_LAYOUT_FILE,
