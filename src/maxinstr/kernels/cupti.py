@@ -186,10 +186,8 @@ class CuptiCollector:
             K = c.ActivityKind
             if self._tags:
                 self._start_tags(path, kind_value)
-                kinds: tuple[Any, ...] = (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET)
-            else:
-                kinds = (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.RUNTIME, K.DRIVER, K.EXTERNAL_CORRELATION)
-            for kind in kinds:
+            records = () if self._tags else (K.RUNTIME, K.DRIVER, K.EXTERNAL_CORRELATION)  # tags: no API records
+            for kind in (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, *records):
                 c.activity_enable(kind)
                 self._enabled.append(kind)
             if not self._tags:

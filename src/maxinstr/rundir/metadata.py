@@ -97,10 +97,7 @@ def git_info(where: Path) -> dict[str, Any] | None:
 def gpu_info() -> dict[str, Any]:
     """GPU names and driver/CUDA/ROCm versions from NVML / ROCm files, never a CUDA context."""
     out: dict[str, Any] = {"gpus": [], "driver": None, "cuda": None, "rocm": None}
-    out.update({k: v for k, v in _nvml_info().items() if v})
-    rocm = _rocm_version()
-    if rocm:
-        out["rocm"] = rocm
+    out.update({k: v for k, v in {**_nvml_info(), "rocm": _rocm_version()}.items() if v})
     torch = sys.modules.get("torch")
     if torch is not None:
         with contextlib.suppress(Exception):

@@ -614,16 +614,13 @@ def _read_samples(pdir: Path, notes: list[str]) -> Any:
 
 
 def _pid_rank_from_name(name: str) -> tuple[int | None, int | None]:
-    pid = rank = None
+    found: dict[str, int] = {}
     for piece in name.split("."):
         # ASCII digits only ("²".isdigit() is True; int() refuses it), and at most 9 of them:
         # the number goes into an int32 column
-        number = int(piece[1:]) if piece[1:].isascii() and piece[1:].isdigit() and len(piece) <= 10 else None
-        if piece[:1] == "p" and number is not None:
-            pid = number
-        elif piece[:1] == "r" and number is not None:
-            rank = number
-    return pid, rank
+        if piece[:1] in ("p", "r") and piece[1:].isascii() and piece[1:].isdigit() and len(piece) <= 10:
+            found[piece[0]] = int(piece[1:])
+    return found.get("p"), found.get("r")
 
 
 def clip(obj: Any) -> str:  # a value quoted in a one-line error: JSON cut to 80 characters

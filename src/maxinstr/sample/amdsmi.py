@@ -107,7 +107,6 @@ class _NotAvailable(Exception):
 
 
 class AmdSmiDevice(ProbeDevice):
-
     def __init__(self, smi: Any, handle: Any, info: DeviceInfo, errors: ErrorLog, *,
                  pids: Collection[int] | None, slow_every: int) -> None:
         self.smi = smi
@@ -115,8 +114,7 @@ class AmdSmiDevice(ProbeDevice):
         self.info = info
         self.errors = errors
         self._slow_every = max(1, slow_every)
-        self._throttle_bits = 0
-        self._throttle_raw = 0
+        self._throttle_bits = self._throttle_raw = 0
         self._fast = self._fast_probes()
         self._slow = self._slow_probes(pids)
 
@@ -174,13 +172,9 @@ class AmdSmiDevice(ProbeDevice):
         hotspot, current = smi.AmdSmiTemperatureType.HOTSPOT, smi.AmdSmiTemperatureMetric.CURRENT
 
         def proc_mem(v: list) -> None:
-            total = 0
-            for p in smi.amdsmi_get_gpu_process_list(h):
-                if watched is None or p.get("pid") in watched:
-                    used = (p.get("memory_usage") or {}).get("vram_mem")
-                    if isinstance(used, int):
-                        total += used
-            v[c_proc] = total
+            used = ((p.get("memory_usage") or {}).get("vram_mem") for p in smi.amdsmi_get_gpu_process_list(h)
+                    if watched is None or p.get("pid") in watched)
+            v[c_proc] = sum(u for u in used if isinstance(u, int))
 
         def temp(v: list) -> None:
             v[c_temp] = _num(smi.amdsmi_get_temp_metric(h, hotspot, current))
@@ -212,14 +206,12 @@ class AmdSmiDevice(ProbeDevice):
         return RETRY, f"{type(exc).__name__}: {exc}", type(exc).__name__
 
     def read(self, values: list[float], tick: int, now_ns: int) -> tuple[int, int, int]:
-        self._throttle_bits = 0
-        self._throttle_raw = 0
+        self._throttle_bits = self._throttle_raw = 0
         flags = self.read_probes(values, tick)
         return flags, self._throttle_bits, self._throttle_raw
 
 
 class AmdSmiBackend(Backend):
-
     name = "amdsmi"
 
     def __init__(self, errors: ErrorLog, *, env: Mapping[str, str] | None = None,

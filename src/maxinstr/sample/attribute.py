@@ -213,14 +213,11 @@ def window_means(ws: np.ndarray, we: np.ndarray, v: np.ndarray, start: np.ndarra
     if len(ws) == 0 or n == 0:
         return np.full(n, np.nan), np.zeros(n)
     length = (we - ws).astype(np.float64)
-    edges = np.empty(2 * len(ws), np.float64)
-    edges[0::2], edges[1::2] = ws, we
-    f = np.zeros(2 * len(ws))
-    c = np.zeros(2 * len(ws))
+    edges = np.column_stack((ws, we)).ravel().astype(np.float64)  # each window's start and end, in order
     cum_f = np.concatenate(([0.0], np.cumsum(v * length)))
     cum_c = np.concatenate(([0.0], np.cumsum(length)))
-    f[0::2], f[1::2] = cum_f[:-1], cum_f[1:]
-    c[0::2], c[1::2] = cum_c[:-1], cum_c[1:]
+    f = np.column_stack((cum_f[:-1], cum_f[1:])).ravel()
+    c = np.column_stack((cum_c[:-1], cum_c[1:])).ravel()
     base = float(edges[0])  # keep interpolation exact on large clocks
     e = edges - base
     a = np.asarray(start, np.float64) - base
@@ -268,23 +265,17 @@ def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np
     nvidia = vendor == "nvidia"
     mean: dict[str, np.ndarray] = {}
     count: dict[str, np.ndarray] = {}
-    peak: dict[str, np.ndarray] = {}
     windows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     gpm_window = np.zeros(len(start), dtype=bool)
     flags = dev.rows["flags"] if "flags" in names else None
-    for col in _MEAN_COLUMNS:
-        if col not in names:
-            continue
+    for col in [c for c in _MEAN_COLUMNS if c in names]:
         x = dev.rows[col].astype(np.float64)
-        if col in GPM_METRICS or (nvidia and col in NVML_UTIL_COLUMNS):
-            if col in GPM_METRICS:
-                ws, we, v = gpm_windows(t, x, flags, lag_ns=NVML_GPM_LAG_NS if nvidia else 0)
-            else:
-                ws, we, v = util_windows(t, x)
+        gpm = col in GPM_METRICS
+        if gpm or (nvidia and col in NVML_UTIL_COLUMNS):
+            ws, we, v = gpm_windows(t, x, flags, lag_ns=NVML_GPM_LAG_NS if nvidia else 0) if gpm else util_windows(t, x)
             m, c = window_means(ws, we, v, start, end)
-            if col in GPM_METRICS:
-                inside = _range_sum_count(x, lo, hi)[1]
-                gpm_window |= (inside == 0) & (c > 0)
+            if gpm:  # no GPM row inside, but a window covering it
+                gpm_window |= (_range_sum_count(x, lo, hi)[1] == 0) & (c > 0)
             windows[col] = (ws, we)
         else:
             s, c = _range_sum_count(x, lo, hi)
@@ -293,9 +284,8 @@ def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np
             c = c.astype(np.float64)
         mean[col] = m
         count[col] = c
-    for col in _PEAK_COLUMNS:
-        if col in names:
-            peak[col] = _range_reduce(np.fmax, dev.rows[col].astype(np.float64), lo, hi, np.nan)
+    peak = {col: _range_reduce(np.fmax, dev.rows[col].astype(np.float64), lo, hi, np.nan)
+            for col in _PEAK_COLUMNS if col in names}
     energy = np.full(len(start), np.nan)
     cov_j = np.zeros(len(start))
     cov_ns = np.zeros(len(start), np.int64)
@@ -344,10 +334,9 @@ def stage_samples(samples: Samples, start_ns: np.ndarray, end_ns: np.ndarray, na
     for d in devs:
         inst = instance_samples(samples.for_device(d), d, start_ns, end_ns)
         per_instance.append(inst)
-        cnt = np.bincount(inverse, minlength=k)
         put("name_id", uniq.astype(np.int32))
         put("device", np.full(k, d, dtype=np.int32))
-        put("instances", cnt.astype(np.int64))
+        put("instances", np.bincount(inverse, minlength=k).astype(np.int64))
         put("samples", np.bincount(inverse, weights=inst.n_samples, minlength=k).astype(np.int64))
 
         def wmean(col: str, inst: InstanceSamples = inst) -> np.ndarray:  # this device's

@@ -248,14 +248,9 @@ class NvmlDevice(ProbeDevice):
         lib = self._released if hasattr(self._released, "nvmlDeviceGetTemperature") else None
         get_temp = self._getter(lib, "nvmlDeviceGetTemperature", ctypes.c_uint, TEMPERATURE_GPU)
 
-        def proc_mem(v: list) -> None:
-            total = 0
-            for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
-                if watched is None or p.pid in watched:
-                    used = p.usedGpuMemory
-                    if used is not None:  # None: not available (e.g. Windows WDDM)
-                        total += used
-            v[c_proc] = total
+        def proc_mem(v: list) -> None:  # usedGpuMemory None: not available (e.g. Windows WDDM)
+            v[c_proc] = sum(p.usedGpuMemory or 0 for p in nv.nvmlDeviceGetComputeRunningProcesses(h)
+                            if watched is None or p.pid in watched)
 
         def temp(v: list) -> None:
             v[c_temp] = get_temp()
@@ -276,8 +271,7 @@ class NvmlDevice(ProbeDevice):
         except Exception as exc:  # noqa: BLE001 - vendor boundary
             self._absent_gpm(f"GPM set-up failed: {_text(exc)}")
             return False
-        self._gpm_cur = 0
-        self._gpm_have_prev = False
+        self._gpm_cur, self._gpm_have_prev = 0, False
         self._gpm_cols = tuple(COL[c] for _, c in GPM_COLUMNS)
         return True
 
@@ -362,7 +356,6 @@ class NvmlDevice(ProbeDevice):
 
 
 class NvmlBackend(Backend):
-
     name = "nvml"
 
     def __init__(self, errors: ErrorLog, *, env: Mapping[str, str] | None = None, pids: Collection[int] | None = None,
