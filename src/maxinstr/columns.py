@@ -190,8 +190,7 @@ def correlation_join(
         found = searchsorted(skey, key)  # leftmost: the best rank, then first row, of the key
         np.minimum(found, last, out=found)
         if n_rank > 1:
-            # key is id * n_rank (rank 0) and skey[found] >= key unless clipped: the same id
-            # exactly when the difference is below n_rank (no integer division per op)
+            # key is id * n_rank: the same id exactly when skey[found] - key is in [0, n_rank)
             hit = skey[found] - key
             hit = (hit >= 0) & (hit < n_rank)
         else:

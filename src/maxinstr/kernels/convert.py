@@ -34,10 +34,9 @@ TAG_DTYPE = np.dtype([("correlation_id", "<u4"), ("domain", "<i4"), ("stage_id",
 FAST_CHECK_ROWS = 128
 FAST_CHECK_SLICE = 16
 
-# The fields read from each kind of record, through cupti-python's struct description
-# (``activity_<kind>N_dtype``) and, to check it, its record class (``Activity<Kind>N``). Each
-# release describes its own CUDA minor's structs (13.0.x: ActivityKernel10; 13.4.0: 9 to 13); these
-# fields keep their offsets in every release checked (tests/data/cupti/cupti_python/, docs/kernels.md).
+# The fields read per kind of record, through ``activity_<kind>N_dtype`` (checked by ``Activity<Kind>N``);
+# each release describes its CUDA minor's structs (13.0.x: ActivityKernel10; 13.4.0: 9 to 13), these
+# fields at the same offsets in every release checked (tests/data/cupti/cupti_python/, docs/kernels.md).
 RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     "kernel": ("kind", "start", "end", "device_id", "stream_id", "correlation_id", "name", "graph_node_id"),
     "memcpy": ("kind", "copy_kind", "bytes", "start", "end", "device_id", "stream_id", "correlation_id", "graph_node_id"),
@@ -453,8 +452,7 @@ class Converter:
         if not len(offs):
             return []
         classes = {k: r.record_class for k, r in self.kinds.records.items()}
-        # the records' span with room for a whole struct after the last: an object of a newer struct
-        # than libcupti wrote (cupti-python 13.4 over libcupti 13.0) stays inside memory we own
+        # room for a whole struct after the last record: a newer struct than libcupti wrote stays in our memory
         lo, hi = int(offs.min()), int(offs.max())
         buf = np.zeros(hi - lo + max(int(r.dtype.itemsize) for r in self.kinds.records.values()), np.uint8)
         span = np.frombuffer(data, np.uint8)[lo:]

@@ -31,10 +31,9 @@ from maxinstr.rundir.activity import ACTIVITY_DTYPE, ActivityWriter
 
 BUFFER_BYTES = 16 << 20
 FLUSH_EVERY_S = 0.25
-# Driver API records: needed only for work launched through the driver API (CuPy, Triton, MAX,
-# NCCL...), yet every API call pays for them (~6 % of a launch-bound step on an H200,
-# benchmarks/cupti_configs.py). After this many GPU ops with no driver API record they go off; an
-# op whose launch then left no API record turns them back on (docs/kernels.md).
+# Driver API records: needed only for work launched through the driver API (CuPy, Triton, MAX), yet
+# every call pays for them (~6 % of a launch-bound H200 step, benchmarks/cupti_configs.py): off after
+# this many GPU ops without one, back on at an op whose launch left no API record (docs/kernels.md).
 DRIVER_PROBE_OPS = 5000
 RECENT_RUNTIME_IDS = 1 << 16
 MAX_QUEUED_ROWS = 8 << 20  # ~640 MB of rows waiting for the flusher: beyond, rows are dropped
@@ -42,10 +41,9 @@ MAX_PENDING_BYTES = 512 << 20  # completed CUPTI buffers not yet taken: beyond, 
 CLOCK_PAIRS_MAX = 512
 _PTR = operator.attrgetter("ptr")
 
-# API records are kept only for the functions that launch GPU work (the report joins each op to
-# its launch call by correlation id); every other call (cuEventRecord around each stage,
-# cuKernelGetAttribute inside each launch...) would only add records and CUPTI's cost of writing
-# them. An op whose launching function were missed shows as "no launch-call record" in the report.
+# API records only for the functions that launch GPU work (each op joins its launch call): the
+# others (cuEventRecord, cuKernelGetAttribute...) would only add records and CUPTI's cost. An op
+# whose launching function were missed shows as "no launch-call record" in the report.
 _LAUNCH_WORDS = ("Launch", "Memcpy", "Memset")
 _NOT_FUNCTIONS = ("INVALID", "SIZE", "FORCE_INT")
 
@@ -147,7 +145,6 @@ class CuptiCollector:
         self._tag_kind = 0
         self._tags_at_start: dict[str, int] = {}  # the core's tag counters (process-wide) when this session began
 
-    # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
         try:
             from cupti import cupti  # the optional extra maxinstr[cupti]
@@ -170,8 +167,7 @@ class CuptiCollector:
             raise KernelsUnavailable(_held(text) if "MULTIPLE_SUBSCRIBERS" in text else f"CUPTI could not start: {text}") from None
         try:
             kind_value = int(c.ExternalCorrelationKind.CUSTOM2)
-            # cupti-python maps libcupti at its first call, and in tags mode nothing above called
-            # it: where no framework loaded libcupti first (MAX, CuPy: no torch), none is mapped yet
+            # cupti-python maps libcupti at its first call: in tags mode, without torch, none is mapped yet
             c.get_timestamp()
             path = _same_instance_path(c, kind_value)
             if not path:
@@ -230,8 +226,7 @@ class CuptiCollector:
         self._kept_api = len(runtime_ids) + len(driver_ids)
         self._tag_kind = kind_value
         self._tags_at_start = dict(self._native.cupti_tags_stats())
-        # the driver functions' callbacks go off as driver records do: each is two more CUPTI
-        # dispatches inside every runtime launch (H100, decoder_ab: 3 points of a launch-bound step)
+        # driver callbacks go off as driver records do: 3 points of a launch-bound step (H100, decoder_ab)
         self._tag_driver_ids = driver_ids
         self._driver = "probing"
 
@@ -331,7 +326,7 @@ class CuptiCollector:
         self.writer.write_meta(**stats)
         return stats
 
-    # -- CUPTI callbacks (python mode only; any thread) ---------------------------------------
+    # CUPTI callbacks (python mode only; any thread)
     def _buffer_requested(self) -> tuple[int, int]:
         return BUFFER_BYTES, 0
 
@@ -377,7 +372,6 @@ class CuptiCollector:
             self._queue.append(rows)
             self._queued += len(rows)
 
-    # -- flusher side: buffers -> rows ------------------------------------------------------
     def _take(self) -> None:
         """Turn the buffers delivered so far into queued rows (flusher thread)."""
         t0 = time.perf_counter()

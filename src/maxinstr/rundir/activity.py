@@ -142,8 +142,7 @@ def read_part_activity(part_dir: Path) -> tuple[dict[str, Any], np.ndarray, list
     part = part_dir.name
     names_path = part_dir / ACTIVITY_NAMES_FILE
     lines, names_skipped = read_jsonl(names_path)
-    # ids from 0 in order: one at or past the number of lines is not maxinstr's, and must not size
-    # the list (an id of 1e9 in a 17-byte file once asked for 8 GB)
+    # an id at or past the number of lines is not maxinstr's (1e9 in a 17-byte file asked for 8 GB)
     count = names_skipped.total
     named: list[str | None] = [None] * count
     for number, line in lines:
@@ -178,8 +177,7 @@ def read_part_activity(part_dir: Path) -> tuple[dict[str, Any], np.ndarray, list
     ], skipped, "an activity record", "an activity.bin")
     skipped.say(notes)
 
-    # a name id with no line: its rows are kept under a placeholder, numbered on from the lines
-    # (the list grows by the distinct ids used, never by an id's value)
+    # a name id with no line: a placeholder numbered on from the lines (never sized by the id)
     past = rows["name_id"] >= len(names)
     if past.any():
         extra = np.unique(rows["name_id"][past])

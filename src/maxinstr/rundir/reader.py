@@ -257,8 +257,7 @@ _LAUNCH_FIELDS: Fields = {
     **dict.fromkeys(("run", "startup", "environment"), OBJECT),
     "stage_specs_unapplied": STR_MAP,
 }
-# part.json: the fields maxinstr writes itself. Not pid and rank (damaged: the folder name says
-# them), nor local_rank and world_size (the program's environment's: one no int32 shows as none).
+# part.json: the fields maxinstr writes itself (not pid, rank, local_rank and world_size: see _read_part)
 _PART_FIELDS: Fields = {
     **dict.fromkeys(("status", "host"), STRING),
     **dict.fromkeys(("started_ns", "closed_ns"), (_time, "a time in ns")),
@@ -330,8 +329,7 @@ def _read_part(pdir: Path, index: int, names: StringTable, samples: dict[str, An
     info["rows"] = len(rows)
     said = info.get("rows_written")
     if info.get("status") not in (None, "running") and said is not None and said > skipped.total:
-        # a closed part says how many rows it wrote: fewer on disk is a cut or damaged file
-        # (rows on disk but not stage records are counted as skipped, not again here)
+        # a closed part says how many rows it wrote: fewer on disk (skipped ones aside) is a cut file
         skipped.also(f"{said - skipped.total} of the {said} stage record(s) part.json says were written are missing "
                      "(the file was cut or damaged)")
     skipped.say(notes)
@@ -344,8 +342,7 @@ def _read_part(pdir: Path, index: int, names: StringTable, samples: dict[str, An
         if missing:
             names_skipped.also(f"{len(missing)} name id(s) used by stages are not defined, shown as "
                                f"{missing_name(missing[0], part)}" + (" ..." if len(missing) > 1 else ""))
-        # a placeholder names its part: name 17 of one part and name 17 of another are
-        # different stages, never merged
+        # a placeholder names its part: name 17 of two parts are two stages, never merged
         mapping = np.array([names.intern(local_names[i] if i in local_names else missing_name(i, part))
                             for i in used.tolist()], dtype=np.int32)
         table["name_id"] = mapping[np.searchsorted(used, rows["name_id"])]
@@ -475,8 +472,7 @@ def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
     first_bad: tuple[int, str] | None = None
     try:
         row = 0
-        # the file's data extents: rows wholly inside a hole of a sparse file are zero rows, never
-        # a record (sequence 0), counted without being read
+        # rows wholly inside a hole of a sparse file are zero rows (sequence 0), counted unread
         for start, end in data_extents(fd, count * width) + [(count * width, count * width)]:
             lo, hi = start // width, min(-(-end // width), count)
             if lo > row:
@@ -524,8 +520,7 @@ def _check_stage_rows(rows: np.ndarray, skipped: Skipped, offset: int) -> tuple[
     found = _bad_rows(len(rows), [
         ((rows["flags"] & ~np.uint16(fmt.KNOWN_FLAGS)) != 0,
          lambda i: f"flags 0x{int(rows['flags'][i]):04x} has bits maxinstr does not write"),
-        # ids are (pid << 32) | seq with seq from 1: an all-zero row (a zero-filled block left by
-        # a crash or a preallocating file system) has seq 0
+        # ids are (pid << 32) | seq with seq from 1: a zero-filled row (crash, preallocation) has seq 0
         ((rows["id"] & 0xFFFFFFFF) == 0, lambda i: f"record id {int(rows['id'][i])} has sequence 0 (a zero-filled row?)"),
         (rows["depth"] < 0, lambda i: f"a negative depth ({int(rows['depth'][i])})"),
         (rows["name_id"] < 0, lambda i: f"a negative name id ({int(rows['name_id'][i])})"),
@@ -616,8 +611,7 @@ def _read_samples(pdir: Path, notes: list[str]) -> Any:
 def _pid_rank_from_name(name: str) -> tuple[int | None, int | None]:
     found: dict[str, int] = {}
     for piece in name.split("."):
-        # ASCII digits only ("²".isdigit() is True; int() refuses it), and at most 9 of them:
-        # the number goes into an int32 column
+        # at most 9 ASCII digits ("²".isdigit() is True, int() refuses it): an int32 column
         if piece[:1] in ("p", "r") and piece[1:].isascii() and piece[1:].isdigit() and len(piece) <= 10:
             found[piece[0]] = int(piece[1:])
     return found.get("p"), found.get("r")

@@ -49,10 +49,8 @@ FLAG_GPM = 1
 FLAG_SLOW = 2
 FLAG_LOST = 4
 
-# Vendor-neutral reasons a GPU's clocks are below maximum. Groups: "idle"; "setting" (someone's
-# configuration); "power_cap" (under the board's power limit: "power-bound", normal for a loaded
-# GPU); "thermal_hw" (heat, power brake, current limit: what a report flags). Both limiting
-# groups are HW_THROTTLE_MASK.
+# Vendor-neutral reasons a GPU's clocks are below maximum, by group: "power_cap" is "power-bound",
+# normal for a loaded GPU; "thermal_hw" (heat, power brake, current limit) is what a report flags.
 THROTTLE_BITS: tuple[tuple[str, str], ...] = (
     ("idle", "idle"),  # 0: nothing to do, clocks lowered
     ("app_clocks", "setting"),  # 1: applications clocks setting

@@ -378,8 +378,7 @@ class PartWriter:
             return
         self.failed = f"{exc.strerror or exc}"
         where = exc.filename or self.part_dir
-        # not "stages are no longer saved": the native writer may still append the rows (a
-        # failed attrs.jsonl under `ulimit -f` once said so while every row was kept)
+        # not "stages are no longer saved": the native writer may still append the rows (`ulimit -f`)
         warnings.warn(
             f"maxinstr: {what} run directory {where}: {self.failed}; the program continues, and what "
             "is not written from now on is counted in part.json and said in the report",

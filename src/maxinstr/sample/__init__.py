@@ -104,8 +104,7 @@ def _start_child(part_dir: Path, interval: float, pids: list[int], devices: Coll
                  flush_interval_s: float, env: Mapping[str, str] | None, notes: list[str],
                  extra: dict[str, Any]) -> Any:
     try:
-        # here, not at the top: `python -m maxinstr.sample.process` must not find the package
-        # importing it first (runpy would warn on the child's stderr)
+        # not at the top: `python -m maxinstr.sample.process` would find it imported (runpy warns)
         from maxinstr.sample.process import ProcessSampler
 
         child_env = dict(os.environ)

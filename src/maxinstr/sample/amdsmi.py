@@ -80,8 +80,7 @@ def import_amdsmi() -> Any:
         if isinstance(exc, ModuleNotFoundError):
             why = "amdsmi is not installed: pip install 'maxinstr[amd]'" if exc.name == "amdsmi" else f"amdsmi failed to import: {exc}"
         elif "libamd_smi.so" in f"{exc} {said}":
-            # the Python package without ROCm's library (a machine with no AMD GPU): no advice to
-            # install amd-smi-lib on an NVIDIA or CPU machine
+            # the package without ROCm's library: no advice to install amd-smi-lib on an NVIDIA machine
             why = "no AMD SMI library (libamd_smi.so not found: no ROCm here)"
         else:
             why = f"amdsmi failed to import ({type(exc).__name__}: {exc})" + (f"; it said: {said}" if said else "")

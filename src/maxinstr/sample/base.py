@@ -274,8 +274,7 @@ class ProbeDevice(Device):
             for _ in range(CALIBRATION_CALLS):
                 t0 = perf_ns()
                 try:
-                    # the per-row function itself: with the GIL held the time is the call's own,
-                    # not a wait for the GIL behind another thread
+                    # the per-row function itself: GIL held, the time is the call's, not a wait for the GIL
                     probe.fn(scratch)
                 except Exception:  # noqa: BLE001 - errors are handled when sampling; this only times
                     break

@@ -147,7 +147,6 @@ class NvmlDevice(ProbeDevice):
             self.slow_call_ns = SLOW_CALL_NS
             self.calibrate()
 
-    # -- probes ------------------------------------------------------------------------
     def _fast_probes(self) -> tuple[Probe, ...]:
         if self._released is not None:
             try:
@@ -257,7 +256,6 @@ class NvmlDevice(ProbeDevice):
 
         return (Probe("proc_mem_bytes", proc_mem), Probe("temp_c", temp))
 
-    # -- GPM ---------------------------------------------------------------------------
     def _gpm_setup(self) -> bool:
         nv = self.nv
         try:

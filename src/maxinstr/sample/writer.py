@@ -205,8 +205,7 @@ class Sampler:
                 if lost:
                     active = [a for k, a in enumerate(active) if k not in lost]
                 now = clock()
-                # os.write releases the GIL, and getting it back from a busy program costs a
-                # thread switch (and up to the 5 ms switch interval): write once per flush interval
+                # os.write releases the GIL (retaking it can wait the 5 ms switch interval): once a flush
                 if now - last_flush >= flush_ns or off + ROW_SIZE * len(active) > cap or lost:
                     os.write(fd, view[:off])
                     off = 0
@@ -225,8 +224,7 @@ class Sampler:
                     self.missed_ticks += skipped
                     next_ns += skipped * interval_ns
                 delay = (next_ns - now) * 1e-9
-                # time.sleep is one syscall; Event.wait is a lock dance in Python (~2x the CPU).
-                # Long waits use the event so that stop() is not held up.
+                # time.sleep is one syscall, Event.wait ~2x the CPU: the event only for long waits (stop)
                 if delay <= 0.05:
                     sleep(delay)
                 else:
@@ -260,8 +258,7 @@ class Sampler:
             if stats:
                 probes[str(d.info.visible_index)] = stats
         if probes:
-            # per metric and visible GPU: cadence, calls, wall ns per call (and why a call was
-            # moved off the per-row cadence); see docs/sampler.md "What a sample costs"
+            # per metric and GPU: cadence, calls, ns per call (docs/sampler.md "What a sample costs")
             out["probes"] = probes
         if self.stopped_ns is not None and self._thread_cpu_ns:
             elapsed = max(1, self.stopped_ns - self.started_ns)
