@@ -45,10 +45,9 @@ def searchsorted(a: np.ndarray, v: np.ndarray, side: Literal["left", "right"] = 
 
 
 def factorize(values: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``(uniques, codes)`` of a column of strings (a value not a str taken as ``str(value)``):
-    what ``np.unique(values.astype(str), return_inverse=True)`` gives, without its fixed-width
-    copy of the column, len(column) x the longest string x 4 bytes (one 50 MB name among a
-    million rows asks for 200 TB). One dict lookup a value; the sort only over distinct values."""
+    """``np.unique(values.astype(str), return_inverse=True)`` without its fixed-width copy of the
+    column (one 50 MB name among a million rows asks for 200 TB): a dict lookup a value, the sort
+    only over distinct values."""
     seq = values.tolist() if isinstance(values, np.ndarray) else list(values)
     index: dict[str, int] = {}
     setdefault = index.setdefault
@@ -108,9 +107,8 @@ def correlation_join(
     """Per left row, the right row with the same (pid, correlation id), or -1.
 
     Of right rows sharing a key the lowest ``right_rank`` (small ints) wins, then the first;
-    negative ids never match. Dense ids (CUDA/HIP's are small): a direct-address table (O(n));
-    else one stable sort of the right keys (skipped when sorted) and a ``searchsorted``. The left
-    side (millions of GPU ops) is taken in blocks, so the temporaries stay small."""
+    negative ids never match. Dense ids: a direct-address table; else one stable sort of the right
+    keys and a ``searchsorted``. The left side is taken in blocks: the temporaries stay small."""
     nl = len(left_corr)
     out = np.full(nl, -1, np.int64)
     if not nl or not len(right_corr):

@@ -11,9 +11,8 @@ class KernelsUnavailable(Exception):
 
 
 class Collector(Protocol):
-    """Started when the part opens (raises with the reason when it cannot), flushed at each
-    round of the session's flusher (``final``: everything, at close), stopped at close
-    (returns its counters: activity.json's for kernels)."""
+    """Started when the part opens (raises the reason when it cannot), flushed at each round of the
+    session's flusher (``final``: at close), stopped at close (returns its counters)."""
 
     name: str
 

@@ -157,9 +157,8 @@ def _is_record_free_error(exc_type: Any, tb: Any) -> bool:
 @contextlib.contextmanager
 def _quiet_record_objects(counter: list[int]) -> Iterator[None]:
     """cupti-python <= 13.0.1 reports each free of a record object over our buffers as a KeyError
-    traceback on stderr, twice (sys.excepthook, then sys.unraisablehook): 2,000 in a PyTorch
-    program on the H200. In this block they are counted in ``counter``, anything else goes to the
-    hooks in place (put back after unless someone replaced them meanwhile)."""
+    traceback on stderr, twice (sys.excepthook, sys.unraisablehook): 2,000 in a PyTorch program on
+    the H200. Here they are counted in ``counter``; anything else goes to the hooks in place."""
     prev_except, prev_unraisable = sys.excepthook, sys.unraisablehook
 
     def excepthook(exc_type, value, tb):

@@ -88,9 +88,8 @@ def _loaded_cupti_paths() -> list[str]:
 
 
 def _same_instance_path(c: Any, kind: int) -> str | None:
-    """The mapped libcupti that cupti-python talks to: an id pushed through a candidate file's own
-    symbol must come back from cupti-python's pop (two copies of libcupti in one process would
-    each keep their own stack). None when no candidate answers."""
+    """The mapped libcupti cupti-python talks to (of two copies, each keeps its own stack): an id
+    pushed through a candidate's own symbol comes back from cupti-python's pop. None: no answer."""
     for path in _loaded_cupti_paths():
         try:
             lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW)

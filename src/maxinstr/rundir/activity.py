@@ -119,9 +119,8 @@ def read_part_activity(part_dir: Path) -> tuple[dict[str, Any], np.ndarray, list
     """(activity.json, rows, names) of one part folder, or None when it has no activity.json.
 
     Read by the run directory's rules (:mod:`maxinstr.rundir.reader`): what is not the format is
-    left out, said in ``meta["notes"]``; a name id without its line reads as a placeholder naming
-    the part, every name id indexes the names (memory a small multiple of the files' size). A file
-    meaningless as a whole is a RunDirError."""
+    left out and said in ``meta["notes"]``, a name id without its line reads as a placeholder; a
+    file meaningless as a whole is a RunDirError."""
     part_dir = Path(part_dir)
     meta_path = part_dir / ACTIVITY_META_FILE
     data = read_regular(meta_path, RunDirError)

@@ -70,9 +70,8 @@ def run_artifact(run_dir: str | Path, recorded: str | None) -> str | None:
 
 
 def inside(run_dir: str | Path, path: str | Path) -> bool:
-    """Whether ``path`` (links resolved) is inside ``run_dir``: the only place a path a run names
-    may lead unasked (elsewhere, `report` would read, `nsys export` write beside, a file the user
-    never named)."""
+    """Whether ``path`` (links resolved) is inside ``run_dir``, the only place a path a run names may
+    lead unasked (elsewhere `report` would read a file the user never named)."""
     try:
         Path(path).resolve().relative_to(Path(run_dir).resolve())
         return True

@@ -72,11 +72,9 @@ _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
     """Write ``obj`` as pretty JSON to ``path`` through a temporary file and a rename (a reader sees
-    the old file or the new one). ``exclusive``: an existing file is left alone (False then).
-
-    The file is padded with spaces past the next 4 KiB: on a full disk the last version (part.json
-    and meta.json at close) is overwritten in place, in blocks the file has, so a run cut by a full
-    disk reads as closed with its losses counted, not as killed."""
+    the old file or the new one). ``exclusive``: an existing file is left alone (False then). The
+    file is padded past the next 4 KiB: on a full disk the last version is overwritten in place, so
+    a run cut by a full disk reads as closed with its losses counted, not as killed."""
     _remove_stale_tmp(path)
     tmp = path.with_name(f".{path.name}.{_HOST}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp")
     try:

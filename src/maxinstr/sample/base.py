@@ -208,12 +208,10 @@ class Probe:
 class ProbeDevice(Device):
     """A device read by tuples of probes (fast: every row; slow: every ``slow_every``-th row;
     moved: fast probes measured slow, every ``moved_every``-th row). ``classify`` translates the
-    vendor's errors: ABSENT drops the probe (recorded once), LOST raises :class:`DeviceLost`,
-    RETRY records once per error and drops the probe after ``MAX_FAILS_IN_A_ROW`` in a row.
-
-    With ``slow_call_ns`` set, :meth:`calibrate` moves the slow fast probes; with ``held`` too
-    (fast probes run with the GIL held), one slower than it ``OVER_IN_A_ROW`` times in a row is
-    moved while sampling. ``profile`` records each call's thread CPU (a syscall per call)."""
+    vendor's errors: ABSENT drops the probe, LOST raises :class:`DeviceLost`, RETRY records once
+    per error and drops the probe after ``MAX_FAILS_IN_A_ROW`` in a row. With ``slow_call_ns``,
+    :meth:`calibrate` moves slow fast probes, and with ``held`` (GIL held) so does one slower than
+    it ``OVER_IN_A_ROW`` times in a row. ``profile`` records each call's thread CPU (a syscall)."""
 
     _fast: tuple[Probe, ...] = ()
     _slow: tuple[Probe, ...] = ()
