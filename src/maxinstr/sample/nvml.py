@@ -1,22 +1,20 @@
 """NVIDIA devices through NVML (nvidia-ml-py, imported when sampling starts).
 
-NVML errors are translated here and nowhere else (:meth:`NvmlDevice.classify`): a metric a device
-does not support is dropped and recorded once (its column stays NaN); a lost GPU raises
-:class:`~maxinstr.sample.base.DeviceLost`; anything else is recorded once per (metric, error) and
-retried next row. How calls are made (``MAXINSTR_SAMPLER_GIL``, written to samples.json ``gil``):
+NVML errors are translated here only (:meth:`NvmlDevice.classify`): an unsupported metric is
+dropped and recorded once (its column stays NaN), a lost GPU raises
+:class:`~maxinstr.sample.base.DeviceLost`, anything else is recorded once per (metric, error) and
+retried. How calls are made (``MAXINSTR_SAMPLER_GIL``, samples.json ``gil``):
 
 - ``auto``: per-row calls go straight to the library through a ``ctypes.PyDLL`` view (GIL held:
-  one GIL hand-over per row instead of one per call, :func:`direct_library`). A call slower than
-  :data:`~maxinstr.sample.base.SLOW_CALL_NS` is moved to every :data:`MOVED_INTERVAL_S`, GIL
-  released (a ``ctypes.CDLL`` view), so a millisecond call never stops the user's Python.
-- ``release``: every call releases the GIL (CDLL view); each return waits for the GIL (up to the
+  one hand-over per row, not per call, :func:`direct_library`); a call slower than
+  :data:`~maxinstr.sample.base.SLOW_CALL_NS` moves to every :data:`MOVED_INTERVAL_S`, GIL released.
+- ``release``: every call releases the GIL (``ctypes.CDLL``); each return waits for it (up to the
   5 ms switch interval in a program busy in Python).
-- ``process`` (the default): the sampler runs in a child process (:mod:`maxinstr.sample.process`),
-  which uses ``auto``.
+- ``process`` (the default): a child process (:mod:`maxinstr.sample.process`) that uses ``auto``.
 
-GPM (Hopper and later: SM activity, occupancy, tensor activity, DRAM bandwidth) compares two GPM
-samples that NVML wants >= 100 ms apart: it has its own cadence, its columns are NaN in the rows
-between (flag GPM marks the others; a value covers the time since the previous GPM row).
+GPM (Hopper+: SM activity, occupancy, tensor activity, DRAM bandwidth) compares two samples NVML
+wants >= 100 ms apart: its own cadence, its columns NaN in the rows between (flag GPM marks the
+others; a value covers the time since the previous GPM row).
 """
 
 from __future__ import annotations
