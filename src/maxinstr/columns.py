@@ -1,5 +1,4 @@
-"""The columnar primitives readers and analysis share (``searchsorted``, ``correlation_join``,
-``factorize``, :class:`StringTable`), below both, and the native column module
+"""The columnar primitives readers and analysis share, below both, and the native column module
 (``maxinstr._columns``: the SQLite scan, group statistics, joins), looked up once; every caller
 keeps a numpy path for when it is not built."""
 
@@ -14,7 +13,7 @@ from maxinstr import config
 
 
 def native_module() -> Any | None:
-    """The native module, or None when it is not built or the system SQLite cannot be loaded."""
+    """The native module, or None (not built, or the system SQLite cannot be loaded)."""
     if config.no_native_columns():
         return None
     try:
@@ -37,8 +36,8 @@ def function(name: str) -> Callable[..., Any] | None:
 
 
 def searchsorted(a: np.ndarray, v: np.ndarray, side: Literal["left", "right"] = "left") -> np.ndarray:
-    """``np.searchsorted(a, v, side)`` (int64 positions); for int64 columns by the native
-    galloping search when built: keys that come nearly sorted (ids, times) cost a few steps."""
+    """``np.searchsorted(a, v, side)`` (int64); for int columns the native galloping search when
+    built: nearly sorted keys (ids, times) cost a few steps."""
     native = function("searchsorted_i64") if len(v) >= 4096 else None
     if native is not None and a.dtype.kind == "i" and v.dtype.kind == "i" and a.itemsize <= 8 and v.itemsize <= 8:
         return native(a, v, side == "right")
@@ -46,10 +45,9 @@ def searchsorted(a: np.ndarray, v: np.ndarray, side: Literal["left", "right"] = 
 
 
 def factorize(values: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``(uniques, codes)`` of a column of strings (a value not a str taken as ``str(value)``):
-    what ``np.unique(values.astype(str), return_inverse=True)`` gives, without its fixed-width
-    copy of the column, len(column) x the longest string x 4 bytes (one 50 MB name among a
-    million rows asks for 200 TB). One dict lookup a value; the sort only over distinct values."""
+    """``np.unique(values.astype(str), return_inverse=True)`` without its fixed-width copy of the
+    column (one 50 MB name among a million rows asks for 200 TB): a dict lookup a value, the sort
+    only over distinct values."""
     seq = values.tolist() if isinstance(values, np.ndarray) else list(values)
     index: dict[str, int] = {}
     setdefault = index.setdefault
@@ -63,12 +61,8 @@ def factorize(values: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def isin_strings(values: Any, wanted: Any) -> np.ndarray:
-    """``np.isin(values.astype(str), wanted)`` for a column of strings, decided once per distinct
-    value (:func:`factorize`: no fixed-width copy of the column)."""
-    uniques, codes = factorize(values)
-    wanted_set = {str(w) for w in wanted}
-    hit = np.fromiter((u in wanted_set for u in uniques.tolist()), bool, len(uniques))
-    return hit[codes] if len(codes) else np.zeros(0, bool)
+    """``np.isin(values.astype(str), wanted)`` for a column of strings, without its fixed-width copy."""
+    return per_string(values, {str(w) for w in wanted}.__contains__)
 
 
 def per_string(values: Any, test: Callable[[str], bool]) -> np.ndarray:
@@ -79,14 +73,13 @@ def per_string(values: Any, test: Callable[[str], bool]) -> np.ndarray:
 
 
 class StringTable:
-    """Interns names while a reader builds its columns; ``ids_for`` works on whole arrays."""
+    """Interns names while a reader builds its columns."""
 
     def __init__(self) -> None:
         self._index: dict[str, int] = {}
         self._values: list[str] = []
 
     def intern(self, value: str) -> int:
-        """The id of ``value``, adding it when new."""
         found = self._index.get(value)
         if found is None:
             found = self._index[value] = len(self._values)
@@ -94,13 +87,11 @@ class StringTable:
         return found
 
     def ids_for(self, values: np.ndarray) -> np.ndarray:
-        """int32 ids for an array of strings (interning each distinct value once)."""
         uniques, inverse = factorize(values)  # no fixed-width copy of the column (a 50 MB name)
         mapping = np.fromiter((self.intern(u) for u in uniques), dtype=np.int32, count=len(uniques))
         return mapping[inverse].astype(np.int32, copy=False)
 
     def to_array(self) -> np.ndarray:
-        """The interned strings, indexable by id."""
         out = np.empty(len(self._values), dtype=object)
         out[:] = self._values
         return out
@@ -115,14 +106,9 @@ def correlation_join(
 ) -> np.ndarray:
     """Per left row, the right row with the same (pid, correlation id), or -1.
 
-    Where several right rows share a key, the one with the lowest ``right_rank`` (small
-    non-negative ints; default all equal) wins, then the first in row order; negative ids
-    never match. Correlation ids are small integers in CUDA/HIP traces: when dense enough the
-    join is a direct-address table (O(n), no sort); otherwise one stable sort of the right
-    keys (skipped when they come sorted, as a trace's calls usually do) and a
-    ``searchsorted``. The left side (millions of GPU ops) is taken in blocks and never copied
-    or widened as a whole, so beyond the int64 result the temporaries stay small.
-    """
+    Of right rows sharing a key the lowest ``right_rank`` (small ints) wins, then the first;
+    negative ids never match. Dense ids: a direct-address table; else one stable sort of the right
+    keys and a ``searchsorted``. The left side is taken in blocks: the temporaries stay small."""
     nl = len(left_corr)
     out = np.full(nl, -1, np.int64)
     if not nl or not len(right_corr):
@@ -202,8 +188,7 @@ def correlation_join(
         found = searchsorted(skey, key)  # leftmost: the best rank, then first row, of the key
         np.minimum(found, last, out=found)
         if n_rank > 1:
-            # key is id * n_rank (rank 0) and skey[found] >= key unless clipped: the same id
-            # exactly when the difference is below n_rank (no integer division per op)
+            # key is id * n_rank: the same id exactly when skey[found] - key is in [0, n_rank)
             hit = skey[found] - key
             hit = (hit >= 0) & (hit < n_rank)
         else:
@@ -217,11 +202,8 @@ def correlation_join(
 
 
 def occurrence_index(keys: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """For each row, how many earlier rows (by ``order``) share its key: 0 for the first.
-
-    ``keys`` may be any sortable array (ints, or strings as object arrays); ties in ``order``
-    keep input order.
-    """
+    """For each row, how many earlier rows (by ``order``, ties in input order) share its key.
+    ``keys``: any sortable array (ints, or strings as object arrays)."""
     keys = np.asarray(keys)
     n = len(keys)
     if n == 0:

@@ -1,13 +1,11 @@
 """In-process kernels per stage (``maxinstr.session(..., kernels=True)``): docs/kernels.md.
-
-:class:`SessionKernels` is what a session attaches: it picks this machine's collector and starts
-it, or raises :class:`KernelsUnavailable` with the one-line reason (the session then warns once
-and records stages with events only). :func:`start` returns the running collector, or a
-:class:`~maxinstr.kernels.base.NullCollector` holding the reason.
+:class:`SessionKernels` starts this machine's collector or raises :class:`KernelsUnavailable`
+with the one-line reason (the session then warns once and records stages with events only).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -34,7 +32,7 @@ def _amd() -> bool:
 
 
 def _tool_attached() -> str | None:
-    """Another CUDA profiling tool already in the process (it holds CUPTI): its name, else None."""
+    """The name of another CUDA profiling tool already in the process (it holds CUPTI)."""
     if os.environ.get("NSYS_PROFILING_SESSION_ID"):
         return "nsys (NSYS_PROFILING_SESSION_ID is set)"
     inj = os.environ.get("CUDA_INJECTION64_PATH")
@@ -43,17 +41,15 @@ def _tool_attached() -> str | None:
         return f"{tool} (CUDA_INJECTION64_PATH is set)"
     torch = sys.modules.get("torch")
     if torch is not None:
-        try:
+        with contextlib.suppress(Exception):  # a torch without that flag: no profiler known to run
             if torch.autograd.profiler._is_profiler_enabled:  # torch.profiler / Kineto running
                 return "torch.profiler (Kineto)"
-        except Exception:  # noqa: BLE001 - a torch without that flag: no profiler known to run
-            pass
     return None
 
 
 class SessionKernels:
-    """``kernels=True`` as a session attaches it (:class:`~maxinstr.kernels.base.Collector`);
-    when no collector can run, activity.json says ``status: unavailable`` and why."""
+    """``kernels=True`` as a session attaches it; when no collector can run, activity.json says
+    ``status: unavailable`` and why."""
 
     def __init__(self, part_dir: Path, info: dict[str, Any]) -> None:
         self.writer = ActivityWriter(part_dir, info)
@@ -85,8 +81,7 @@ class SessionKernels:
 
 
 def start(part_dir: Path, info: dict[str, Any]) -> tuple[Collector, ActivityWriter]:
-    """The running collector for this process and its writer (a NullCollector with the reason
-    when none can run)."""
+    """The running collector and its writer (a NullCollector with the reason when none can run)."""
     kernels = SessionKernels(part_dir, info)
     try:
         kernels.start()
@@ -96,8 +91,7 @@ def start(part_dir: Path, info: dict[str, Any]) -> tuple[Collector, ActivityWrit
     return kernels.active, kernels.writer
 
 
-def _reason_before_start() -> str | None:
-    """Why no collector can start here, known before trying (None: try CUPTI)."""
+def _reason_before_start() -> str | None:  # None: try CUPTI
     if _amd():
         return AMD_NOTE
     holder = _tool_attached()
@@ -108,8 +102,7 @@ def _reason_before_start() -> str | None:
 
 
 def _reason_after(exc: KernelsUnavailable) -> str:
-    """CUPTI's reason, or the real one when there is no NVIDIA driver at all (not whatever
-    CUPTI lacked on the way)."""
+    """CUPTI's reason, or the real one when there is no NVIDIA driver at all."""
     if "already holds CUPTI" not in str(exc) and not nvidia_driver_present():
         return ("no NVIDIA driver in this process (libcuda.so.1 cannot be loaded): "
                 "kernels=True collects on NVIDIA GPUs; stages get host times here")

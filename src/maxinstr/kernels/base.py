@@ -1,7 +1,5 @@
-"""The collector interface: what a session attaches to its part. The kernel collectors
-(:mod:`.cupti` on NVIDIA; :class:`NullCollector`, which records nothing and says why) hand rows
-to a :class:`~maxinstr.rundir.activity.ActivityWriter`; the GPU sampler
-(:class:`maxinstr.sample.SessionSampler`) writes its own files."""
+"""The collector interface: what a session attaches to its part (the kernel collectors, which write
+through an :class:`~maxinstr.rundir.activity.ActivityWriter`, and :class:`maxinstr.sample.SessionSampler`)."""
 
 from __future__ import annotations
 
@@ -13,9 +11,8 @@ class KernelsUnavailable(Exception):
 
 
 class Collector(Protocol):
-    """Started when the part opens (raises with the reason when it cannot), flushed at each
-    round of the session's flusher (``final``: everything, at close), stopped at close
-    (returns its counters: activity.json's for kernels)."""
+    """Started when the part opens (raises the reason when it cannot), flushed at each round of the
+    session's flusher (``final``: at close), stopped at close (returns its counters)."""
 
     name: str
 
@@ -35,10 +32,10 @@ class NullCollector:
         self.reason = reason
 
     def start(self) -> None:
-        return None
+        pass
 
     def flush(self, final: bool = False) -> None:
-        return None
+        pass
 
     def stop(self) -> dict[str, Any]:
         return {"rows": 0}

@@ -28,18 +28,15 @@ from maxinstr.rundir.activity import (ACTIVITY_DTYPE, KIND_DRIVER, KIND_EXTERNAL
 # The native launch tags (_native.cupti_tags; csrc/core/launch_tags.cpp: struct Tag)
 TAG_DTYPE = np.dtype([("correlation_id", "<u4"), ("domain", "<i4"), ("stage_id", "<i8"), ("tid", "<i8"),
                       ("start_ns", "<i8"), ("end_ns", "<i8"), ("cbid", "<u4"), ("inner_correlation_id", "<u4")])  # fmt: skip
-# Records converted both ways (and compared) before the fast path is trusted. A record object
-# costs ~60 us with the GIL held (cupti-python 13.0.1: made, read, freed): 1,000 of them stalled
-# the H200 MAX decoder's main thread ~90 ms once, mid-run (389.5 against 1235.8 tokens/s plain,
-# 2026-12-04), so few, in slices that hand the GIL back in between.
+# Records converted both ways (and compared) before the fast path is trusted: few, in slices that
+# hand the GIL back, as a record object costs ~60 us with the GIL held (cupti-python 13.0.1):
+# 1,000 stalled the H200 MAX decoder ~90 ms (389.5 against 1235.8 tokens/s plain, 2026-12-04).
 FAST_CHECK_ROWS = 128
 FAST_CHECK_SLICE = 16
 
-# The fields read from each kind of record, through cupti-python's description of its struct
-# (``activity_<kind>N_dtype``) and, to check that path, its record class (``Activity<Kind>N``).
-# Each cupti-python release describes the structs of its own CUDA minor (13.0.x: ActivityKernel10;
-# 13.2.0: 11 only; 13.3.0: 12 only; 13.4.0: 9 to 13); a newer struct appends fields, these keep
-# their offsets in every release checked (tests/data/cupti/cupti_python/, docs/kernels.md).
+# The fields read per kind of record, through ``activity_<kind>N_dtype`` (checked by ``Activity<Kind>N``);
+# each release describes its CUDA minor's structs (13.0.x: ActivityKernel10; 13.4.0: 9 to 13), these
+# fields at the same offsets in every release checked (tests/data/cupti/cupti_python/, docs/kernels.md).
 RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     "kernel": ("kind", "start", "end", "device_id", "stream_id", "correlation_id", "name", "graph_node_id"),
     "memcpy": ("kind", "copy_kind", "bytes", "start", "end", "device_id", "stream_id", "correlation_id", "graph_node_id"),
@@ -49,8 +46,7 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
 }
 _RECORD_CLASS_STEM = {"kernel": "Kernel", "memcpy": "Memcpy", "memset": "Memset", "api": "API",
                       "external_correlation": "ExternalCorrelation"}  # fmt: skip
-# cupti-python's functions and enums the collector cannot do without (the others it calls have a
-# fallback: activity_enable_*_api, get_callback_name, activity_get_num_dropped_records)
+# cupti-python's functions and enums the collector cannot do without (the others have a fallback)
 CUPTI_FUNCTIONS = ("activity_enable", "activity_disable", "activity_flush_all", "activity_register_callbacks",
                    "activity_pop_external_correlation_id", "get_timestamp", "subscribe", "unsubscribe")  # fmt: skip
 CUPTI_ENUMS = {
@@ -62,9 +58,7 @@ CUPTI_ENUMS = {
 
 
 @dataclass(frozen=True)
-class RecordLayout:
-    """How one kind of record is read: cupti-python's struct description and record class."""
-
+class RecordLayout:  # how one kind of record is read: cupti-python's struct description and class
     family: str
     name: str  # the record class, e.g. "ActivityKernel13"
     dtype: np.dtype
@@ -73,7 +67,7 @@ class RecordLayout:
 
 
 def _unreadable(dt: Any, fields: tuple[str, ...]) -> list[str]:
-    """What keeps ``dt`` from giving these fields as little-endian integers aligned to their size."""
+    """What keeps ``dt`` from giving ``fields`` as aligned little-endian integers."""
     bad = []
     for f in fields:
         got = (getattr(dt, "fields", None) or {}).get(f)
@@ -87,8 +81,8 @@ def _unreadable(dt: Any, fields: tuple[str, ...]) -> list[str]:
 
 
 def record_layouts(c: Any) -> dict[str, RecordLayout]:
-    """For each kind of record read, the newest struct this cupti-python describes that has every
-    field read; :class:`KernelsUnavailable` naming what is missing."""
+    """Per kind of record, the newest struct this cupti-python describes with every field read
+    (:class:`KernelsUnavailable` naming what is missing)."""
     out: dict[str, RecordLayout] = {}
     problems = []
     names = dir(c)
@@ -134,20 +128,16 @@ def _unsupported(problems: list[str]) -> str:
             f"install the versions maxinstr was checked with: pip install 'maxinstr[cupti]' ({_cupti_pin()})")
 
 
-def _cupti_pin() -> str:
-    """The cupti-python requirement of maxinstr's ``cupti`` extra, as installed."""
-    try:
+def _cupti_pin() -> str:  # the cupti-python requirement of maxinstr's ``cupti`` extra
+    with contextlib.suppress(Exception):  # metadata missing or broken: name the docs instead
         for req in requires("maxinstr") or []:
             spec, _, marker = req.partition(";")
             if spec.strip().startswith("cupti-python") and "cupti" in marker:
                 return spec.strip()
-    except Exception:  # noqa: BLE001 - metadata missing or broken: name the docs instead
-        pass
     return "cupti-python, see docs/kernels.md"
 
 
 def installed(dist: str) -> str | None:
-    """The installed version of ``dist``, None when unknown."""
     try:
         return version(dist)
     except Exception:  # noqa: BLE001 - not installed, or broken metadata
@@ -166,12 +156,9 @@ def _is_record_free_error(exc_type: Any, tb: Any) -> bool:
 
 @contextlib.contextmanager
 def _quiet_record_objects(counter: list[int]) -> Iterator[None]:
-    """While record objects over our buffers live and die: cupti-python <= 13.0.1 reports each
-    one's free as a KeyError traceback on stderr, twice (Cython's __dealloc__ goes through
-    sys.excepthook, then sys.unraisablehook): 2,000 tracebacks in a PyTorch program on the H200.
-    Those are swallowed and counted in ``counter``; anything else goes to the hooks in place.
-    The hooks are process-wide, so they are ours only for this block, and put back only if
-    nobody replaced them meanwhile."""
+    """cupti-python <= 13.0.1 reports each free of a record object over our buffers as a KeyError
+    traceback on stderr, twice (sys.excepthook, sys.unraisablehook): 2,000 in a PyTorch program on
+    the H200. Here they are counted in ``counter``; anything else goes to the hooks in place."""
     prev_except, prev_unraisable = sys.excepthook, sys.unraisablehook
 
     def excepthook(exc_type, value, tb):
@@ -196,8 +183,7 @@ def _quiet_record_objects(counter: list[int]) -> Iterator[None]:
 
 
 class Names:
-    """Kernel and API function names as ids into activity_names.jsonl; thread-safe (CUPTI's
-    thread in python-callback mode, the flusher)."""
+    """Kernel and API function names as ids into activity_names.jsonl; thread-safe."""
 
     def __init__(self, c: Any) -> None:
         self.c = c
@@ -223,7 +209,6 @@ class Names:
             return list(self.names)
 
     def api_id(self, kind: int, cbid: int, driver: bool) -> int:
-        """The name id of an API function (CUPTI's name for its callback id)."""
         nid = self.api.get((kind, cbid))
         if nid is not None:
             return nid
@@ -244,8 +229,7 @@ class Names:
         ids = np.array([self.api_id(kind, v, driver) for v in uniq.tolist()], np.int32)
         return ids[inv.reshape(-1)]
 
-    def kernel_ids(self, pointers: np.ndarray) -> np.ndarray:
-        """Name ids of kernel records from their (shared, CUPTI-owned) name pointers."""
+    def kernel_ids(self, pointers: np.ndarray) -> np.ndarray:  # from the records' (CUPTI-owned) name pointers
         cache = self._pointers
         uniq, inv = np.unique(pointers.astype(np.int64), return_inverse=True)
         ids = np.empty(len(uniq), np.int32)
@@ -257,9 +241,7 @@ class Names:
         return ids[inv.reshape(-1)]
 
 
-class Kinds:
-    """cupti-python's ActivityKind values, and the record layout read for each."""
-
+class Kinds:  # cupti-python's ActivityKind values, and the record layout read for each
     def __init__(self, c: Any, layouts: dict[str, RecordLayout]) -> None:
         K = c.ActivityKind
         self.kernel, self.kernel2 = int(K.CONCURRENT_KERNEL), int(K.KERNEL)
@@ -272,8 +254,8 @@ class Kinds:
 
 
 def rows_from_bytes(data: bytes, off: np.ndarray, kinds: Kinds, names: Names) -> np.ndarray:
-    """Rows of the records at ``off`` in a buffer: one numpy gather per field from typed views.
-    CUPTI records are 8-byte aligned: anything unaligned or out of the buffer raises."""
+    """Rows of the records at ``off`` in a buffer: one numpy gather per field from typed views;
+    anything not 8-byte aligned (as CUPTI's records are) or out of the buffer raises."""
     n = len(off)
     if n == 0:
         return np.empty(0, ACTIVITY_DTYPE)
@@ -374,8 +356,8 @@ def rows_from_records(activities: Any, kinds: Kinds, names: Names) -> np.ndarray
 
 
 def rows_from_tags(tags: np.ndarray, kinds: Kinds, names: Names, pairs: list[list[int]], tag_kind: int) -> np.ndarray:
-    """Rows from the core's launch tags (:data:`TAG_DTYPE`): an API row per outermost launch call
-    and, inside a stage, an external-correlation row naming it, as CUPTI's records would be."""
+    """Rows from the core's launch tags (:data:`TAG_DTYPE`), as CUPTI's records would be: an API
+    row per outermost launch call and, inside a stage, an external-correlation row naming it."""
     n = len(tags)
     if not n:
         return np.empty(0, ACTIVITY_DTYPE)
@@ -386,8 +368,7 @@ def rows_from_tags(tags: np.ndarray, kinds: Kinds, names: Names, pairs: list[lis
     name_ids = [names.api_id(kinds.driver if key & 1 else kinds.runtime, key >> 1, bool(key & 1))
                 for key in keys.tolist()]  # one name lookup per function, not per call
     api["name_id"] = np.asarray(name_ids, np.int32)[inverse]
-    # the tags carry the core's host clock; rows are on CUPTI's (the pair taken just before
-    # this take covers them). A tag is kept at its call's exit, so end is set with start.
+    # the tags carry the core's host clock, rows CUPTI's (the pair taken just before covers them)
     coll = to_collector_clock(np.stack([tags["start_ns"], tags["end_ns"]]).ravel(), pairs).reshape(2, n)
     timed = tags["start_ns"] >= 0
     api["start_ns"] = np.where(timed, coll[0], -1)
@@ -398,8 +379,7 @@ def rows_from_tags(tags: np.ndarray, kinds: Kinds, names: Names, pairs: list[lis
     for col in ("external_id", "stream_id", "graph_node_id", "device_id"):
         api[col] = -1
     inside = tags["stage_id"] >= 0
-    # the driver call a runtime launch made inside itself is named too, so an op that
-    # carries either call's id finds its stage
+    # the driver call inside a runtime launch is named too: an op with either id finds its stage
     inner = inside & (tags["inner_correlation_id"] != 0)
     ext = np.zeros(int(inside.sum() + inner.sum()), ACTIVITY_DTYPE)
     ext["kind"] = KIND_EXTERNAL
@@ -413,9 +393,8 @@ def rows_from_tags(tags: np.ndarray, kinds: Kinds, names: Names, pairs: list[lis
 
 
 class Converter:
-    """A session's buffers -> rows: :func:`rows_from_bytes`, checked against the record objects
-    on the first ``FAST_CHECK_ROWS`` records (a slice at a time), then trusted; the record
-    objects for everything once the two differed."""
+    """A session's buffers -> rows: :func:`rows_from_bytes`, trusted once it matched the record
+    objects on the first ``FAST_CHECK_ROWS`` records; the record objects for all if they differ."""
 
     def __init__(self, c: Any, layouts: dict[str, RecordLayout] | None = None) -> None:
         self.names = Names(c)
@@ -463,9 +442,8 @@ class Converter:
         return fast
 
     def from_objects(self, data: bytes, offs: np.ndarray) -> np.ndarray:
-        """Rows through cupti-python's record objects over the buffer's bytes (``from_ptr``: what
-        its completed-buffer callback would have handed us), made and freed inside, with
-        cupti-python's complaints about freeing them kept off stderr."""
+        """Rows through cupti-python's record objects over the buffer (``from_ptr``, as its
+        completed-buffer callback would hand them), their free's complaints kept off stderr."""
         with _quiet_record_objects(self.record_free_errors):
             return rows_from_records(self._objects(data, offs), self.kinds, self.names)
 
@@ -473,9 +451,7 @@ class Converter:
         if not len(offs):
             return []
         classes = {k: r.record_class for k, r in self.kinds.records.items()}
-        # the records' span, copied with room for a whole struct after the last record: an object
-        # of a newer struct than the libcupti wrote (cupti-python 13.4 over libcupti 13.0) stays
-        # inside memory we own
+        # room for a whole struct after the last record: a newer struct than libcupti wrote stays in our memory
         lo, hi = int(offs.min()), int(offs.max())
         buf = np.zeros(hi - lo + max(int(r.dtype.itemsize) for r in self.kinds.records.values()), np.uint8)
         span = np.frombuffer(data, np.uint8)[lo:]

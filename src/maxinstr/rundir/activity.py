@@ -1,7 +1,6 @@
 """The in-process kernel collector's files in a part folder (docs/kernels.md "Files"):
-``activity.bin`` (rows of :data:`ACTIVITY_DTYPE` on the collector's clock), ``activity_names.jsonl``
-(``[name_id, "name"]``, each id once) and ``activity.json`` (how collecting went, and the
-``clock_pairs`` that map the rows' times onto the stage records' host clock).
+``activity.bin`` (:data:`ACTIVITY_DTYPE` rows, collector clock), ``activity_names.jsonl``
+(``[name_id, "name"]``) and ``activity.json`` (how it went; ``clock_pairs`` to the host clock).
 """
 
 from __future__ import annotations
@@ -18,7 +17,8 @@ from maxinstr._files import open_write, parse_json, read_regular, real_dirs, rep
 from maxinstr._text import safe_name
 from maxinstr.errors import RunDirError
 from maxinstr.rundir.format import MAX_TIME_NS
-from maxinstr.rundir.reader import Fields, Skipped, check_fields, clip, is_int, keep_rows, missing_name, read_jsonl
+from maxinstr.rundir.reader import (COUNT64, PID, STRING, STRINGS, Fields, Skipped, check_fields, clip, is_int,
+                                    keep_rows, missing_name, read_jsonl)
 from maxinstr.rundir.writer import write_all
 
 ACTIVITY_FILE = "activity.bin"
@@ -29,32 +29,22 @@ ACTIVITY_VERSION = 1
 
 KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, KIND_RUNTIME, KIND_DRIVER, KIND_EXTERNAL = 0, 1, 2, 3, 4, 5
 
-ACTIVITY_DTYPE = np.dtype(
-    [
-        ("kind", "<i1"),
-        ("copy_kind", "<i1"),  # memcpy: CUpti_ActivityMemcpyKind (1 HtoD, 2 DtoH, 8 DtoD, ...)
-        ("flags", "<u2"),
-        ("name_id", "<i4"),  # kernels and API calls: index into activity_names.jsonl; -1 none
-        ("start_ns", "<i8"),  # collector clock
-        ("end_ns", "<i8"),
-        ("correlation_id", "<i8"),
-        ("external_id", "<i8"),  # external correlation rows: the stage record id; -1 otherwise
-        ("stream_id", "<i8"),
-        ("tid", "<i8"),  # API rows: the collector's thread id; -1 otherwise
-        ("graph_node_id", "<i8"),  # 0 / -1: not replayed from a graph
-        ("bytes", "<i8"),
-        ("device_id", "<i4"),
-        ("cbid", "<i4"),  # API rows: the callback id of the function
-    ]
-)
+ACTIVITY_DTYPE = np.dtype([
+    ("kind", "<i1"), ("copy_kind", "<i1"),  # memcpy: CUpti_ActivityMemcpyKind (1 HtoD, 2 DtoH, 8 DtoD, ...)
+    ("flags", "<u2"), ("name_id", "<i4"),  # kernels and API calls: index into activity_names.jsonl; -1 none
+    ("start_ns", "<i8"), ("end_ns", "<i8"), ("correlation_id", "<i8"),  # times: the collector's clock
+    ("external_id", "<i8"),  # external correlation rows: the stage record id; -1 otherwise
+    ("stream_id", "<i8"), ("tid", "<i8"),  # tid: API rows' collector thread id; -1 otherwise
+    ("graph_node_id", "<i8"), ("bytes", "<i8"),  # graph_node_id 0 / -1: not replayed from a graph
+    ("device_id", "<i4"), ("cbid", "<i4"),  # cbid: API rows' callback id of the function
+])
 assert ACTIVITY_DTYPE.itemsize == 80
 
 
 def to_host_clock(ts: np.ndarray, pairs: list[list[int]] | None) -> tuple[np.ndarray, bool]:
     """Collector timestamps -> host-clock ns through ``pairs`` of (host_ns, collector_ns), and
-    whether there was a pair to map them with. The offset (collector - host) is interpolated in
-    collector time between pairs (constant outside them); integer arithmetic around the first
-    pair keeps ns precision whatever the clocks' epochs."""
+    whether there was a pair. The offset is interpolated in collector time between pairs
+    (constant outside); integers around the first pair keep ns precision whatever the epochs."""
     ts = np.asarray(ts, np.int64)
     if not pairs:
         return ts.copy(), False
@@ -70,15 +60,14 @@ def to_host_clock(ts: np.ndarray, pairs: list[list[int]] | None) -> tuple[np.nda
 
 
 def to_collector_clock(host_ns: np.ndarray, pairs: list[list[int]] | None) -> np.ndarray:
-    """Host-clock ns -> the collector's clock, through the same ``pairs`` (the inverse of
-    :func:`to_host_clock`: the offset interpolated in host time); unchanged when no pair."""
+    """The inverse of :func:`to_host_clock` (the offset interpolated in host time)."""
     swapped = [[c, h] for h, c in pairs] if pairs else None
     return to_host_clock(host_ns, swapped)[0]
 
 
 class ActivityWriter:
-    """Appends activity rows and new names to a part folder; rewrites activity.json. Thread-safe;
-    best effort after a disk error (kept in ``error``, and in activity.json when it can be)."""
+    """Appends activity rows and new names, rewrites activity.json. Thread-safe; a disk error is
+    kept in ``error`` (and activity.json when it can be)."""
 
     def __init__(self, part_dir: Path, info: dict[str, Any]) -> None:
         self.part_dir = Path(part_dir)
@@ -89,8 +78,7 @@ class ActivityWriter:
         self.error: str | None = None
         self._names_written = 0
 
-    def write(self, rows: np.ndarray, names: list[str]) -> None:
-        """Append ``rows`` and the names ``names[already written:]``."""
+    def write(self, rows: np.ndarray, names: list[str]) -> None:  # and the names not written yet
         with self.lock:
             if self.error:
                 return
@@ -130,12 +118,9 @@ def _append(path: Path, data: bytes) -> None:
 def read_part_activity(part_dir: Path) -> tuple[dict[str, Any], np.ndarray, list[str]] | None:
     """(activity.json, rows, names) of one part folder, or None when it has no activity.json.
 
-    Read by the run directory's rules (:mod:`maxinstr.rundir.reader`): a row or line that is not
-    the format, or torn, is left out and said in one note per file in ``meta["notes"]``; a name id
-    whose line was left out reads as a placeholder naming the part; every name id is an index
-    below the number of name lines (memory stays a small multiple of the files' size). A file
-    meaningless as a whole (activity.json unreadable, of another format or version; a special
-    file; an activity.bin without one activity record) is a RunDirError."""
+    Read by the run directory's rules (:mod:`maxinstr.rundir.reader`): what is not the format is
+    left out and said in ``meta["notes"]``, a name id without its line reads as a placeholder; a
+    file meaningless as a whole is a RunDirError."""
     part_dir = Path(part_dir)
     meta_path = part_dir / ACTIVITY_META_FILE
     data = read_regular(meta_path, RunDirError)
@@ -156,9 +141,7 @@ def read_part_activity(part_dir: Path) -> tuple[dict[str, Any], np.ndarray, list
     part = part_dir.name
     names_path = part_dir / ACTIVITY_NAMES_FILE
     lines, names_skipped = read_jsonl(names_path)
-    # each id once, from 0 in order (ActivityWriter): an id at or past the number of lines
-    # (damaged ones included) is not one maxinstr wrote, and must not size the list (an id of
-    # 1e9 in a 17-byte file once asked for 8 GB)
+    # an id at or past the number of lines is not maxinstr's (1e9 in a 17-byte file asked for 8 GB)
     count = names_skipped.total
     named: list[str | None] = [None] * count
     for number, line in lines:
@@ -193,9 +176,7 @@ def read_part_activity(part_dir: Path) -> tuple[dict[str, Any], np.ndarray, list
     ], skipped, "an activity record", "an activity.bin")
     skipped.say(notes)
 
-    # a name id with no line (the names file cut or damaged): the rows are kept, named by a
-    # placeholder each; the ids past the lines are numbered on from them, so the list grows by
-    # the distinct ids used (at most the rows), never by an id's value
+    # a name id with no line: a placeholder numbered on from the lines (never sized by the id)
     past = rows["name_id"] >= len(names)
     if past.any():
         extra = np.unique(rows["name_id"][past])
@@ -208,26 +189,17 @@ def read_part_activity(part_dir: Path) -> tuple[dict[str, Any], np.ndarray, list
     return meta, rows, names
 
 
-def _count(v: Any) -> bool:
-    return is_int(v, 0, 2**63)
-
-
 def _times(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 and all(is_int(t, 0, MAX_TIME_NS) for t in p)
                                        for p in v)
 
 
-# The activity.json fields the reader and the report interpret, and what each must be (null or
-# absent is allowed: a part that never collected has none of them); others are kept as they are.
+# The activity.json fields the reader and the report interpret
 _META_FIELDS: Fields = {
-    "status": (lambda v: isinstance(v, str), "a string"),
-    "reason": (lambda v: isinstance(v, str), "a string"),
-    "stage_correlation": (lambda v: isinstance(v, str), "a string"),
-    "notes": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
-    "pid": (lambda v: is_int(v, 0, 2**31), "a process id"),
-    "rows": (_count, "a count (an integer from 0)"),
-    "dropped_cupti": (_count, "a count (an integer from 0)"),
-    "dropped_queue": (_count, "a count (an integer from 0)"),
+    **dict.fromkeys(("status", "reason", "stage_correlation"), STRING),
+    "notes": STRINGS,
+    "pid": PID,
+    **dict.fromkeys(("rows", "dropped_cupti", "dropped_queue"), COUNT64),
     "external_kind": (lambda v: is_int(v, -(2**31), 2**31), "an int32"),
     "clock_pairs": (_times, "a list of [host_ns, collector_ns] pairs of times in [0, 2**62)"),
 }

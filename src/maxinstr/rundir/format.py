@@ -1,5 +1,4 @@
-"""Run directory format, version 1: the constants every writer and reader shares (the
-specification is docs/formats.md; keep them equal)."""
+"""Run directory format, version 1: the constants writers and readers share (docs/formats.md)."""
 
 from __future__ import annotations
 
@@ -20,25 +19,11 @@ STRINGS_FILE = "strings.jsonl"
 ATTRS_FILE = "attrs.jsonl"
 EVENTS_FILE = "events.jsonl"
 PART_FILE = "part.json"
-SAMPLER_PART = "sampler"
-"""``parts/sampler/``: the GPU samples `maxinstr run` takes from its own process for the whole run
-(only samples.bin and samples.json; no process of the program writes there)."""
+SAMPLER_PART = "sampler"  # the samples `maxinstr run` takes from its own process for the whole run
 
-STAGE_DTYPE = np.dtype(
-    [
-        ("id", "<i8"),
-        ("parent_id", "<i8"),
-        ("tid", "<i8"),
-        ("host_start_ns", "<i8"),
-        ("host_end_ns", "<i8"),
-        ("gpu_start_ns", "<i8"),
-        ("gpu_end_ns", "<i8"),
-        ("step", "<i8"),
-        ("name_id", "<i4"),
-        ("depth", "<i2"),
-        ("flags", "<u2"),
-    ]
-)
+STAGE_DTYPE = np.dtype([(name, "<i8") for name in ("id", "parent_id", "tid", "host_start_ns", "host_end_ns",
+                                                     "gpu_start_ns", "gpu_end_ns", "step")]
+                       + [("name_id", "<i4"), ("depth", "<i2"), ("flags", "<u2")])
 """One stage record as stored in ``stages.bin`` (72 bytes, little-endian, no padding)."""
 
 assert STAGE_DTYPE.itemsize == 72
@@ -55,10 +40,6 @@ KNOWN_FLAGS = EXCEPTION | GPU_TIMED | MARK | GPU_DROPPED | UNCLOSED | GPU_SAMPLE
 MAX_TIME_NS = 1 << 62
 """Times in a run (CLOCK_MONOTONIC ns) are below this: any difference of two fits an int64."""
 
-NO_VALUE = -1
-"""Sentinel for a missing int64 value (parent_id, gpu_*_ns, step)."""
-
-
 def part_name(pid: int | None = None, rank: int | str | None = None) -> str:
     """The part folder name of a process: ``p<pid>``, or ``r<rank>.p<pid>`` with a rank
     (``rank=None``: torchrun's ``RANK`` when set)."""
@@ -73,11 +54,9 @@ def part_name(pid: int | None = None, rank: int | str | None = None) -> str:
 
 
 def run_artifact(run_dir: str | Path, recorded: str | None) -> str | None:
-    """Where a file `maxinstr run` recorded for a run (its trace) is now: the file of that name
-    inside the run directory when there is one (`maxinstr run` writes its traces there, and a
-    run directory that was moved or copied keeps them while the recorded absolute path may name
-    another run's file), else the recorded path (relative ones are relative to the run
-    directory) when it exists; None otherwise."""
+    """Where a file `maxinstr run` recorded (its trace) is now: the file of that name inside the
+    run directory (a moved or copied run keeps it, while the recorded path may name another run's),
+    else the recorded path (relative to the run directory) when it exists and is inside it."""
     if not recorded:
         return None
     path = Path(str(recorded))
@@ -86,15 +65,13 @@ def run_artifact(run_dir: str | Path, recorded: str | None) -> str | None:
         return str(beside)
     path = path if path.is_absolute() else Path(run_dir) / path
     if not inside(run_dir, path):
-        return None  # a file is data: a path it names outside the run is never read (nor exported beside) unasked
+        return None  # a file is data: a path it names outside the run is never read unasked
     return str(path) if path.exists() else None
 
 
 def inside(run_dir: str | Path, path: str | Path) -> bool:
-    """Whether ``path`` (links resolved) is inside ``run_dir``: where a path a run directory
-    names may lead without the user naming it (`maxinstr run` writes its traces there; a path
-    elsewhere, in a copied or crafted run, would have `report` read and `nsys export` write
-    beside a file the user never named)."""
+    """Whether ``path`` (links resolved) is inside ``run_dir``, the only place a path a run names may
+    lead unasked (elsewhere `report` would read a file the user never named)."""
     try:
         Path(path).resolve().relative_to(Path(run_dir).resolve())
         return True

@@ -25,8 +25,7 @@ class LaunchRecord:
 
 
 def launch_record(run_dir: str | Path, meta: dict[str, Any], trace: str | None) -> LaunchRecord:
-    """The record of ``run_dir`` (empty where it has none or a damaged one: only the suggested
-    commands and the sweep label depend on it); ``trace``: the report's trace, if any."""
+    """The record of ``run_dir`` (empty where none or damaged); ``trace``: the report's trace."""
     prof = meta.get("profiler")
     try:
         found = run_artifact(run_dir, prof.get("trace")) if trace and isinstance(prof, dict) else None

@@ -7,6 +7,7 @@ Cheap and side-effect free: no framework is imported that the program has not im
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as md
 import json
 import os
@@ -23,35 +24,13 @@ from maxinstr import config
 from maxinstr._version import __version__
 from maxinstr.rundir import format as fmt
 
-ENV_NAMES = {
-    "MODULAR_ENABLE_PROFILING",
-    "CUDA_VISIBLE_DEVICES",
-    "CUDA_LAUNCH_BLOCKING",
-    "CUDA_DEVICE_MAX_CONNECTIONS",
-    "CUDA_MODULE_LOADING",
-    "CUBLAS_WORKSPACE_CONFIG",
-    "NVIDIA_TF32_OVERRIDE",
-    "PYTORCH_CUDA_ALLOC_CONF",
-    "PYTORCH_HIP_ALLOC_CONF",
-    "TORCH_CUDA_ARCH_LIST",
-    "TORCHINDUCTOR_CACHE_DIR",
-    "HIP_VISIBLE_DEVICES",
-    "ROCR_VISIBLE_DEVICES",
-    "GPU_DEVICE_ORDINAL",
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "OMP_NUM_THREADS",
-    "XLA_FLAGS",
-    "XLA_PYTHON_CLIENT_PREALLOCATE",
-    "XLA_PYTHON_CLIENT_MEM_FRACTION",
-    "JAX_PLATFORMS",
-    "NVTX_INJECTION64_PATH",
-}
+ENV_NAMES = frozenset("""
+    MODULAR_ENABLE_PROFILING CUDA_VISIBLE_DEVICES CUDA_LAUNCH_BLOCKING CUDA_DEVICE_MAX_CONNECTIONS CUDA_MODULE_LOADING
+    CUBLAS_WORKSPACE_CONFIG NVIDIA_TF32_OVERRIDE PYTORCH_CUDA_ALLOC_CONF PYTORCH_HIP_ALLOC_CONF TORCH_CUDA_ARCH_LIST
+    TORCHINDUCTOR_CACHE_DIR HIP_VISIBLE_DEVICES ROCR_VISIBLE_DEVICES GPU_DEVICE_ORDINAL RANK LOCAL_RANK WORLD_SIZE
+    LOCAL_WORLD_SIZE GROUP_RANK MASTER_ADDR MASTER_PORT OMP_NUM_THREADS XLA_FLAGS XLA_PYTHON_CLIENT_PREALLOCATE
+    XLA_PYTHON_CLIENT_MEM_FRACTION JAX_PLATFORMS NVTX_INJECTION64_PATH
+""".split())
 ENV_PREFIXES = ("NCCL_", "MAXINSTR_", "MODULAR_", "RCCL_", "HSA_")
 _SECRET = re.compile(r"TOKEN|SECRET|PASSW|KEY|CREDENTIAL|AUTH", re.IGNORECASE)
 
@@ -70,44 +49,25 @@ def collect(*, warmup: int = 0, user: dict[str, Any] | None = None, requested_pa
     """The metadata of docs/formats.md's meta.json for a run starting now."""
     mono, real = _clock_pair()
     meta: dict[str, Any] = {
-        "format": fmt.FORMAT_NAME,
-        "version": fmt.FORMAT_VERSION,
-        "status": "running",
-        "warmup": int(warmup),
+        "format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION, "status": "running", "warmup": int(warmup),
         "clock": {"host": "CLOCK_MONOTONIC", "monotonic_ns": mono, "realtime_ns": real},
         "command": list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]),
-        "argv": list(sys.argv),
-        "cwd": os.getcwd(),
-        "git": git_info(_script_dir()),
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "python_executable": sys.executable,
-        "maxinstr": __version__,
-        "pid": os.getpid(),
+        "argv": list(sys.argv), "cwd": os.getcwd(), "git": git_info(_script_dir()), "host": socket.gethostname(),
+        "platform": platform.platform(), "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
+        "python_executable": sys.executable, "maxinstr": __version__, "pid": os.getpid(),
     }
     meta.update(gpu_info())
-    meta["frameworks"] = framework_versions()
-    meta["env"] = relevant_env()
-    meta["user"] = dict(user or {})
-    meta["requested_path"] = requested_path
-    meta["profiler"] = _profiler_from_env()
+    meta.update(frameworks=framework_versions(), env=relevant_env(), user=dict(user or {}),
+                requested_path=requested_path, profiler=_profiler_from_env())
     return meta
 
 
 def _clock_pair() -> tuple[int, int]:
     """CLOCK_MONOTONIC and wall-clock ns read back to back (the tighter of 3 tries), so
     host times can be placed on the wall clock."""
-    best = None
-    for _ in range(3):
-        a = time.monotonic_ns()
-        r = time.time_ns()
-        b = time.monotonic_ns()
-        if best is None or b - a < best[0]:
-            best = (b - a, (a + b) // 2, r)
-    assert best is not None
-    return best[1], best[2]
+    tries = [(time.monotonic_ns(), time.time_ns(), time.monotonic_ns()) for _ in range(3)]
+    a, r, b = min(tries, key=lambda t: t[2] - t[0])
+    return (a + b) // 2, r
 
 
 def _script_dir() -> Path:
@@ -119,8 +79,7 @@ def git_info(where: Path) -> dict[str, Any] | None:
     """``{"commit", "dirty", "root"}`` of the git repo containing ``where``; None outside one."""
     try:
         def git(*args: str) -> str:
-            # the repository's own config is data: settings that name a program to run (an
-            # fsmonitor hook on `status`, a pager) are overridden, so recording a run never runs one
+            # the repository's config is data: a program it names (fsmonitor, pager) is never run
             safe = ["-c", "core.fsmonitor=false", "-c", "core.pager=cat", "--no-optional-locks"]
             out = subprocess.run(
                 ["git", *safe, "-C", str(where), *args], capture_output=True, text=True, timeout=3, check=True
@@ -138,19 +97,14 @@ def git_info(where: Path) -> dict[str, Any] | None:
 def gpu_info() -> dict[str, Any]:
     """GPU names and driver/CUDA/ROCm versions from NVML / ROCm files, never a CUDA context."""
     out: dict[str, Any] = {"gpus": [], "driver": None, "cuda": None, "rocm": None}
-    out.update({k: v for k, v in _nvml_info().items() if v})
-    rocm = _rocm_version()
-    if rocm:
-        out["rocm"] = rocm
+    out.update({k: v for k, v in {**_nvml_info(), "rocm": _rocm_version()}.items() if v})
     torch = sys.modules.get("torch")
     if torch is not None:
-        try:
+        with contextlib.suppress(Exception):
             out["cuda_runtime"] = getattr(torch.version, "cuda", None)
             hip = getattr(torch.version, "hip", None)
             if hip:
                 out["hip_runtime"] = hip
-        except Exception:  # noqa: BLE001
-            pass
     return out
 
 
@@ -202,18 +156,14 @@ def _quietly(fn: Any) -> Any:
 
 def _rocm_version() -> str | None:
     for base in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
-        if not base:
-            continue
-        try:
-            return Path(base, ".info", "version").read_text().strip() or None
-        except OSError:
-            continue
+        if base:
+            with contextlib.suppress(OSError):
+                return Path(base, ".info", "version").read_text().strip() or None
     return None
 
 
 def framework_versions() -> dict[str, Any]:
-    """Versions of the GPU frameworks: from the module when already imported, else from the
-    installed distribution's metadata (without importing it). cuDNN only when torch is loaded."""
+    """Versions of the GPU frameworks: the module's when imported, else the installed metadata's."""
     out: dict[str, Any] = {}
     for module, dists in FRAMEWORKS.items():
         loaded = sys.modules.get(module)
@@ -244,12 +194,9 @@ CUDNN_DISTS = ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn-cu11", "n
 
 def cudnn_version() -> str | None:
     """cuDNN's version as ``CUDNN_VERSION`` spells it (9.19.0 -> "91900", 8.9.7 -> "8907"), from
-    the installed cuDNN wheel's metadata; None without one.
-
-    Never through torch: ``torch.backends.cudnn.version()`` checks the devices' compute
-    capability with ``torch.cuda.get_device_capability`` (torch >= 2.8, cuDNN >= 9.11), which
-    runs ``torch.cuda._lazy_init()``: a session started before ``fork`` then made the child
-    fail with "Cannot re-initialize CUDA in forked subprocess" (H200, torch 2.11)."""
+    the installed wheel's metadata. Never through torch: ``torch.backends.cudnn.version()`` runs
+    ``torch.cuda._lazy_init()`` (torch >= 2.8), and a session started before ``fork`` then made the
+    child fail with "Cannot re-initialize CUDA in forked subprocess" (H200, torch 2.11)."""
     for dist in CUDNN_DISTS:
         try:
             version = md.version(dist)

@@ -1,8 +1,7 @@
 """Who still writes a run directory: a session replaces the run there only when every process of
-it is gone (docs/sessions.md, "Two sessions on one directory"); else it joins with a part of its
-own. A process is alive when its part (or meta.json) says ``running`` and it ran on another host
-(assumed alive: it cannot be known from here) or its pid exists here and did not start after
-the part did (a reused pid is not the run's writer).
+it is gone, else it joins with a part of its own (docs/sessions.md). A process is alive when its
+part (or meta.json) says ``running`` and it ran on another host (unknowable from here) or its pid
+exists here and did not start after the part did (a reused pid).
 """
 
 from __future__ import annotations
@@ -23,9 +22,8 @@ _START_SLACK_NS = 2_000_000_000  # /proc gives a process's start to a clock tick
 
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """An exclusive flock on the directory itself (no lock file left in it) while a session
-    decides whether to replace the run there: two sessions opened at once decide in turn. Best
-    effort where flock is refused."""
+    """An exclusive flock on the directory itself (no lock file) while a session decides whether to
+    replace the run there: two sessions opened at once decide in turn. Best effort."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
@@ -39,27 +37,16 @@ def locked(path: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _boot_unix_ns() -> int | None:
-    try:
-        for line in Path("/proc/stat").read_text().splitlines():
-            if line.startswith("btime "):
-                return int(line.split()[1]) * 1_000_000_000
-    except (OSError, ValueError):
-        pass
-    return None
-
-
 def _started_unix_ns(pid: int) -> int | None:
     """When process ``pid`` started (Unix ns, to a clock tick), from /proc; None when unknown."""
-    boot = _boot_unix_ns()
     try:
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
         stat = Path(f"/proc/{pid}/stat").read_text()
         ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, after the parenthesised name
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError, StopIteration):
         return None
-    if boot is None:
-        return None
-    return boot + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    return boot * 1_000_000_000 + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 def pid_alive(pid: int, started_unix_ns: int | None = None) -> bool:
@@ -104,8 +91,7 @@ def _writer(doc: dict[str, Any], pid: Any, started_unix_ns: Any, where: str) -> 
 
 
 def live_writers(run_dir: Path) -> list[str]:
-    """One line per process that may still write the run in ``run_dir`` (empty: the run there,
-    if any, is a previous one and may be replaced)."""
+    """One line per process that may still write the run in ``run_dir`` (empty: it may be replaced)."""
     found: dict[str, str] = {}  # repr(pid) -> line: the owner shows in meta.json and its part
     meta = _load(run_dir / fmt.META_FILE)
     if meta is not None and meta.get("format") == fmt.FORMAT_NAME:

@@ -1,11 +1,10 @@
 """Read a run directory back into numpy columns (docs/formats.md, "Reading rules").
 
-What the user recorded is never refused for a damaged neighbour: a torn tail (a kill or a full
-disk cut the last row or line) and any row or line that is not the format are left out,
-counted and said in one note per file (:class:`Skipped`); only a file meaningless as a whole
-(meta.json unreadable or of another format or version, a special file, a stages.bin without one
-stage record) is a :class:`~maxinstr.errors.RunDirError` naming the file and the problem. A part
-with such a file is left out of a run of several parts.
+What the user recorded is never refused for a damaged neighbour: a torn tail and any row or line
+that is not the format are left out, counted and said in one note per file (:class:`Skipped`);
+only a file meaningless as a whole (meta.json unreadable or of another format or version, a
+special file, a stages.bin without one stage record) is a :class:`~maxinstr.errors.RunDirError`
+naming the file and the problem, and leaves its part out of a run of several.
 """
 
 from __future__ import annotations
@@ -29,16 +28,14 @@ from maxinstr.rundir.samples import (HEADER_FIELDS, HW_THROTTLE_MASK, SAMPLES_FI
                                      SAMPLES_LAYOUT_FILE, SAMPLES_VERSION)
 
 RUN_STAGE_DTYPE = np.dtype(list(fmt.STAGE_DTYPE.descr) + [("part", "<i4"), ("pid", "<i8"), ("rank", "<i4")])
-"""The columns of :attr:`Run.stages`: the file's (``name_id`` re-numbered into :attr:`Run.names`),
-the record's part index, process id and rank (-1: none)."""
+""":attr:`Run.stages`: the file's columns (``name_id`` into :attr:`Run.names`), part, pid and rank (-1: none)."""
 
 
 @dataclass
 class Run:
-    """A loaded run: ``stages`` (:data:`RUN_STAGE_DTYPE`, sorted by ``host_start_ns``; their
-    names are ``names[stages["name_id"]]``), ``attrs`` by record id, ``parts`` (each part.json
-    plus ``name``, ``path``, ``rows``), ``samples`` by part name (:class:`Samples`, or
-    ``{"layout": ..., "raw": bytes}`` when they could not be read)."""
+    """A loaded run: ``stages`` (:data:`RUN_STAGE_DTYPE` by ``host_start_ns``, named
+    ``names[stages["name_id"]]``), ``attrs`` by record id, ``parts`` (part.json plus ``name``,
+    ``path``, ``rows``), ``samples`` by part (:class:`Samples`, or ``{"layout", "raw"}`` unread)."""
 
     path: Path | None
     meta: dict[str, Any]
@@ -72,8 +69,8 @@ class Run:
         return self.names[self.stages["name_id"]] if len(self.stages) else np.empty(0, dtype=object)
 
     def warmup_mask(self, warmup: int | None = None) -> np.ndarray:
-        """True for records the report keeps out as warm-up (:mod:`maxinstr.warmup`'s rule;
-        marks never are). Cold starts, which the report finds from the timings, are not in it."""
+        """True for records the report keeps out as warm-up (:mod:`maxinstr.warmup`'s rule; never
+        marks, nor the cold starts the report finds from the timings)."""
         n = self.warmup if warmup is None else int(warmup)
         s = self.stages
         if n <= 0 or len(s) == 0:
@@ -106,9 +103,7 @@ class Run:
 
 
 @dataclass
-class _Part:
-    """What one part gave, kept apart until the part is known to be readable."""
-
+class _Part:  # what one part gave, kept apart until the part is known to be readable
     info: dict[str, Any]
     table: np.ndarray
     attrs: dict[int, dict[str, Any]]
@@ -157,11 +152,8 @@ def load(path: str | Path) -> Run:
         raise refused[0]  # nothing of the run can be read: the first file that says why
 
     parts = [p.info for p in read]
-    if read:
-        stages = np.concatenate([p.table for p in read])
-        stages = stages[np.argsort(stages["host_start_ns"], kind="stable")]
-    else:
-        stages = np.empty(0, dtype=RUN_STAGE_DTYPE)
+    stages = np.concatenate([p.table for p in read]) if read else np.empty(0, dtype=RUN_STAGE_DTYPE)
+    stages = stages[np.argsort(stages["host_start_ns"], kind="stable")]
     if meta.get("status") == "running":
         notes.append("the run was not closed (still running, or killed): its last records may be missing")
     else:
@@ -175,7 +167,7 @@ def load(path: str | Path) -> Run:
 
 
 def read_meta(path: Path) -> dict[str, Any]:
-    """A run's meta.json, checked (RunDirError naming the file and the problem)."""
+    """A run's meta.json, checked."""
     data = read_regular(path, RunDirError)
     if data is None:
         try:
@@ -191,9 +183,8 @@ def read_meta(path: Path) -> dict[str, Any]:
         raise RunDirError(path, f"not a maxinstr run (\"format\" is not {fmt.FORMAT_NAME!r})")
     version = meta.get("version")
     if version != fmt.FORMAT_VERSION:
-        raise RunDirError(
-            path, f"run directory format version {version!r} is not supported (this maxinstr reads {fmt.FORMAT_VERSION})"
-        )
+        raise RunDirError(path, f"run directory format version {version!r} is not supported (this maxinstr reads "
+                                f"{fmt.FORMAT_VERSION})")
     check_fields(meta, path, _META_FIELDS)
     return meta
 
@@ -202,9 +193,8 @@ LAUNCH_FILE = "launch.json"
 
 
 def read_launch(run_dir: str | Path) -> dict[str, Any] | None:
-    """The record `maxinstr run` left in ``run_dir`` (launch.json), None when there is none.
-    Read as data: only a regular file, JSON of at most 64 levels, the fields maxinstr
-    interprets of their type (else RunDirError naming the file and the field)."""
+    """The record `maxinstr run` left in ``run_dir`` (launch.json), None when there is none; read
+    as data (a regular file, JSON of at most 64 levels, the fields maxinstr interprets checked)."""
     return _read_object(Path(run_dir) / LAUNCH_FILE, _LAUNCH_FIELDS)
 
 
@@ -220,26 +210,13 @@ def _read_object(path: Path, fields: Fields) -> dict[str, Any] | None:
 
 
 def is_int(v: Any, lo: int, hi: int) -> bool:
-    """Whether the JSON value ``v`` is an integer in ``[lo, hi)``: not a bool, not a float
-    (``1e400`` reads as infinity, ``1.5`` would be cut), not a string of digits. Every JSON
-    number a reader turns into an int, an index or a numpy value goes through this first."""
+    """Whether the JSON value ``v`` is an integer in ``[lo, hi)`` (not a bool, a float or digits).
+    Every JSON number a reader turns into an int, an index or a numpy value goes through this."""
     return isinstance(v, int) and not isinstance(v, bool) and lo <= v < hi
-
-
-def _count(v: Any) -> bool:
-    return is_int(v, 0, 2**31)
 
 
 def _time(v: Any) -> bool:
     return is_int(v, 0, fmt.MAX_TIME_NS)
-
-
-def _strings(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(x, str) for x in v)
-
-
-def _str_map(v: Any) -> bool:
-    return isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
 
 
 def _times_in(*keys: str) -> Callable[[Any], bool]:
@@ -247,59 +224,52 @@ def _times_in(*keys: str) -> Callable[[Any], bool]:
 
 
 Fields = dict[str, tuple[Callable[[Any], bool], str]]
-"""field -> (test, what it must be): the fields of a JSON object a reader interprets (None or
-absent is always allowed; any other field is kept as it is). A field of another type is a
-RunDirError naming it, never a TypeError three calls later."""
+"""field -> (test, what it must be), for the fields a reader interprets (None or absent allowed):
+another type is a RunDirError naming it, never a TypeError three calls later."""
 STRING = (lambda v: isinstance(v, str), "a string")
 OBJECT = (lambda v: isinstance(v, dict), "an object")
-STRINGS = (_strings, "a list of strings")
-STR_MAP = (_str_map, "an object of strings")
+OBJECTS = (lambda v: isinstance(v, list) and all(isinstance(d, dict) for d in v), "a list of objects")
+STRINGS = (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings")
+STR_MAP = (lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()), "an object of strings")
+COUNT = (lambda v: is_int(v, 0, 2**31), "a count (an integer from 0)")
+PID = (lambda v: is_int(v, 0, 2**31), "a process id")
+COUNT64 = (lambda v: is_int(v, 0, 2**63), "a count (an integer from 0)")
 
 _META_FIELDS: Fields = {
-    "warmup": (_count, "a count (an integer from 0)"),
+    "warmup": COUNT,
     "status": STRING,
-    "command": STRINGS,
-    "argv": STRINGS,
-    "frameworks_loaded": STRINGS,
-    "pid": (_count, "a process id"),
+    **dict.fromkeys(("command", "argv", "frameworks_loaded"), STRINGS),
+    "pid": PID,
     "session": (_times_in("start_ns", "end_ns"), "an object with times in ns"),
     "steady_state": (_times_in("start_ns", "detected_ns"), "an object with times in ns"),
-    "gpus": (lambda v: isinstance(v, list) and all(isinstance(g, dict) for g in v), "a list of objects"),
+    "gpus": OBJECTS,
     **dict.fromkeys(("profiler", "user", "env", "frameworks", "git"), OBJECT),
 }
 # launch.json (docs/cli.md "Files of a run")
 _LAUNCH_FIELDS: Fields = {
-    "command": STRINGS,
-    "profiled_command": STRINGS,
-    "stage_specs": STRINGS,
-    "env": STR_MAP,
-    "sweep": STR_MAP,
+    **dict.fromkeys(("command", "profiled_command", "stage_specs"), STRINGS),
+    **dict.fromkeys(("env", "sweep"), STR_MAP),
     "label": STRING,
     "maxinstr_command": STRINGS,
     "profiler": (lambda v: isinstance(v, dict) and all(v.get(k) is None or isinstance(v.get(k), str)
                                                        for k in ("name", "capture", "flags")), "an object"),
-    "artifact": (lambda v: isinstance(v, dict) and (v.get("files") is None or _str_map(v.get("files"))), "an object"),
+    "artifact": (lambda v: isinstance(v, dict) and (v.get("files") is None or STR_MAP[0](v.get("files"))), "an object"),
     **dict.fromkeys(("run", "startup", "environment"), OBJECT),
     "stage_specs_unapplied": STR_MAP,
 }
-# part.json: the fields maxinstr writes itself. Not pid and rank (a damaged one falls back to
-# what the folder name says), nor local_rank and world_size: they come from the program's
-# environment (LOCAL_RANK=-1 is the user's to set), are only shown, and one no int32 shows as none.
+# part.json: the fields maxinstr writes itself (not pid, rank, local_rank and world_size: see _read_part)
 _PART_FIELDS: Fields = {
-    "status": STRING,
-    "host": STRING,
-    "started_ns": (_time, "a time in ns"),
-    "closed_ns": (_time, "a time in ns"),
+    **dict.fromkeys(("status", "host"), STRING),
+    **dict.fromkeys(("started_ns", "closed_ns"), (_time, "a time in ns")),
     "started_unix_ns": (lambda v: is_int(v, 0, 2**63), "a time in ns"),
-    "ppid": (_count, "a process id"),
+    "ppid": PID,
     **dict.fromkeys(("rows_written", "dropped_records", "rows_dropped_disk", "attrs_dropped_disk", "attrs_dropped_close",
-                     "attrs_unconverted", "depth_refused"), (lambda v: is_int(v, 0, 2**63), "a count (an integer from 0)")),
+                     "attrs_unconverted", "depth_refused"), COUNT64),
 }
 
 
 def check_fields(doc: dict[str, Any], path: Path, fields: Fields) -> None:
-    """Raise RunDirError naming ``path`` for the first field of ``doc`` that is present, not
-    null, and not what ``fields`` says it must be."""
+    """RunDirError for the first field of ``doc`` that is not null and not what ``fields`` says."""
     for key, (ok, what) in fields.items():
         value = doc.get(key)
         if value is not None and not ok(value):
@@ -313,8 +283,7 @@ def _read_part(pdir: Path, index: int, names: StringTable, samples: dict[str, An
     try:
         info.update(_read_object(pdir / fmt.PART_FILE, _PART_FIELDS) or {})
     except RunDirError as exc:
-        # part.json only describes the part (pid, rank, status, counts): one that is torn (a
-        # kill mid-write) or damaged is read as a missing one, never refusing the part's records
+        # part.json only describes the part: a torn or damaged one never refuses the part's records
         notes.append(f"{exc}: the part is read without it (pid and rank from its folder name, "
                      "its status and counts unknown)")
     pid, rank = _pid_rank_from_name(part)
@@ -324,8 +293,7 @@ def _read_part(pdir: Path, index: int, names: StringTable, samples: dict[str, An
     for key in ("local_rank", "world_size"):
         if not is_int(info.get(key), -(2**31), 2**31):
             info[key] = None
-    info["name"] = part
-    info["path"] = str(pdir)
+    info.update(name=part, path=str(pdir))
 
     lines, names_skipped = read_jsonl(pdir / fmt.STRINGS_FILE)
     local_names: dict[int, str] = {}
@@ -356,16 +324,12 @@ def _read_part(pdir: Path, index: int, names: StringTable, samples: dict[str, An
         events.append({"part": part, **rec})
     skipped.say(notes)
 
-    for key, why in (("dropped_records", "the record buffer was full"), ("rows_dropped_disk", "the disk write failed")):
-        if info.get(key):
-            notes.append(f"{part}: {info[key]} stage record(s) dropped while recording ({why})")
     notes += _loss_notes(part, info)
     rows, skipped = _read_stages(pdir / fmt.STAGES_FILE)
     info["rows"] = len(rows)
     said = info.get("rows_written")
     if info.get("status") not in (None, "running") and said is not None and said > skipped.total:
-        # a closed part says how many rows it wrote: fewer on disk is a cut or damaged file
-        # (rows on disk but not stage records are counted as skipped, not again here)
+        # a closed part says how many rows it wrote: fewer on disk (skipped ones aside) is a cut file
         skipped.also(f"{said - skipped.total} of the {said} stage record(s) part.json says were written are missing "
                      "(the file was cut or damaged)")
     skipped.say(notes)
@@ -378,8 +342,7 @@ def _read_part(pdir: Path, index: int, names: StringTable, samples: dict[str, An
         if missing:
             names_skipped.also(f"{len(missing)} name id(s) used by stages are not defined, shown as "
                                f"{missing_name(missing[0], part)}" + (" ..." if len(missing) > 1 else ""))
-        # a placeholder names its part: name 17 of one part and name 17 of another are
-        # different stages, never merged
+        # a placeholder names its part: name 17 of two parts are two stages, never merged
         mapping = np.array([names.intern(local_names[i] if i in local_names else missing_name(i, part))
                             for i in used.tolist()], dtype=np.int32)
         table["name_id"] = mapping[np.searchsorted(used, rows["name_id"])]
@@ -393,9 +356,10 @@ def _read_part(pdir: Path, index: int, names: StringTable, samples: dict[str, An
     return _Part(info, table, attrs, events, notes)
 
 
-# What part.json counts as lost (its own fields, written at close; the native writer's): each
-# count above zero is a note of the report, never only a number in a file (issue 29).
+# What part.json counts as lost: each count above zero is a note of the report (issue 29).
 _LOSSES = (
+    (None, "dropped_records", "{n} stage record(s) dropped while recording (the record buffer was full)"),
+    (None, "rows_dropped_disk", "{n} stage record(s) dropped while recording (the disk write failed)"),
     (None, "attrs_dropped_disk", "the attrs of {n} stage record(s) were not written (a disk error, or a file of the "
                                  "run directory refused)"),
     (None, "attrs_dropped_close", "the attrs of {n} stage record(s) were still unwritten when the session closed "
@@ -418,16 +382,13 @@ def _loss_notes(part: str, info: dict[str, Any]) -> list[str]:
 
 
 def missing_name(name_id: int | str, part: str) -> str:
-    """What a name id with no (valid) line reads as: visibly a placeholder naming its part
-    (name ids are numbered per part)."""
+    """A name id with no valid line: a placeholder naming its part (ids are numbered per part)."""
     return safe_name(f"<name {name_id} missing in {part}>")
 
 
 class Skipped:
-    """The rows or lines of one file left out because they are not the format, and its torn
-    tail: counted, and said in one note naming the file, how many were skipped of how many, the
-    first one's number (rows count from 0, lines from 1) and what was wrong with it (only the
-    first one's value is quoted)."""
+    """The rows or lines of one file left out (not the format), and its torn tail, said in one
+    note: how many of how many, and the first one's number (rows from 0, lines from 1) and fault."""
 
     def __init__(self, path: Path, unit: str, what: str = "") -> None:
         self.path = path
@@ -440,17 +401,14 @@ class Skipped:
         self._also: list[str] = []
 
     def add(self, number: int, problem: str, value: Any = None, count: int = 1) -> None:
-        """``count`` more skipped, the first of all at ``number`` (``problem``, quoting ``value``)."""
         self.count += count
         if self.first is None:
             self.first = (number, problem if value is None else f"{problem}: {clip(value)}")
 
-    def also(self, text: str) -> None:
-        """Something more the file's note says (what the skipped lines cost)."""
+    def also(self, text: str) -> None:  # more for the file's note (what the skipped lines cost)
         self._also.append(text)
 
     def say(self, notes: list[str], consequence: str = "") -> None:
-        """The file's one note into ``notes``, when something was left out."""
         said = []
         if self.first is not None:
             number, why = self.first
@@ -467,8 +425,7 @@ Checks = list[tuple[np.ndarray, Callable[[int], str]]]
 
 
 def _bad_rows(n: int, checks: Checks) -> tuple[np.ndarray, int, str] | None:
-    """The rows any check (a mask of bad rows, and what is wrong with a row of it) marks bad,
-    the first of them and what is wrong with it; None when none is."""
+    """The rows any check (a mask, and what is wrong with a row of it) marks bad, the first and its fault."""
     bad = np.zeros(n, dtype=bool)
     for mask, _ in checks:
         bad |= mask
@@ -479,9 +436,8 @@ def _bad_rows(n: int, checks: Checks) -> tuple[np.ndarray, int, str] | None:
 
 
 def keep_rows(rows: np.ndarray, checks: Checks, skipped: Skipped, record: str, whole: str) -> np.ndarray:
-    """``rows`` without those ``checks`` marks bad, counted in ``skipped``. When every row is bad
-    the file holds no ``record`` (e.g. "a stage record"): it is damaged as a whole or not what
-    its name says (``whole``, e.g. "a stages.bin"), a RunDirError naming it."""
+    """``rows`` without those ``checks`` marks bad (counted in ``skipped``); a RunDirError when all
+    are: the file holds no ``record`` and is damaged or not ``whole`` (e.g. "a stages.bin")."""
     found = _bad_rows(len(rows), checks)
     if found is None:
         return rows
@@ -516,8 +472,7 @@ def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
     first_bad: tuple[int, str] | None = None
     try:
         row = 0
-        # the file's data extents: rows wholly inside a hole of a sparse file are zero rows, never
-        # a record (sequence 0), counted without being read
+        # rows wholly inside a hole of a sparse file are zero rows (sequence 0), counted unread
         for start, end in data_extents(fd, count * width) + [(count * width, count * width)]:
             lo, hi = start // width, min(-(-end // width), count)
             if lo > row:
@@ -552,8 +507,7 @@ def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
 
 
 def _check_stage_rows(rows: np.ndarray, skipped: Skipped, offset: int) -> tuple[np.ndarray, tuple[int, str] | None]:
-    """The stage records among ``rows`` (row ``offset`` of the file onward), the others counted
-    in ``skipped``; and the first bad one's (number, why), or None."""
+    """The stage records among ``rows`` (from row ``offset``), and the first bad one's (number, why)."""
     if len(rows) and not rows.dtype.isnative:
         rows = rows.astype(rows.dtype.newbyteorder("="))
     timed = (rows["flags"] & fmt.GPU_TIMED) != 0
@@ -566,8 +520,7 @@ def _check_stage_rows(rows: np.ndarray, skipped: Skipped, offset: int) -> tuple[
     found = _bad_rows(len(rows), [
         ((rows["flags"] & ~np.uint16(fmt.KNOWN_FLAGS)) != 0,
          lambda i: f"flags 0x{int(rows['flags'][i]):04x} has bits maxinstr does not write"),
-        # ids are (pid << 32) | seq with seq from 1: an all-zero row (a zero-filled block left by
-        # a crash or a preallocating file system) has seq 0
+        # ids are (pid << 32) | seq with seq from 1: a zero-filled row (crash, preallocation) has seq 0
         ((rows["id"] & 0xFFFFFFFF) == 0, lambda i: f"record id {int(rows['id'][i])} has sequence 0 (a zero-filled row?)"),
         (rows["depth"] < 0, lambda i: f"a negative depth ({int(rows['depth'][i])})"),
         (rows["name_id"] < 0, lambda i: f"a negative name id ({int(rows['name_id'][i])})"),
@@ -583,11 +536,9 @@ def _check_stage_rows(rows: np.ndarray, skipped: Skipped, offset: int) -> tuple[
 
 
 def read_jsonl(path: Path) -> tuple[list[tuple[int, Any]], Skipped]:
-    """The values of the JSON lines file ``path`` with their line numbers (from 1), and what
-    was skipped: lines that are not JSON (or nest too deep), and a torn last line (no newline:
-    a kill mid-write). The caller adds the lines whose value is not of the file's shape, and
-    says the file's note (:meth:`Skipped.say`). No file: nothing. A special file (a FIFO, a
-    device) is a RunDirError naming it."""
+    """The values of the JSON lines file ``path`` with their line numbers (from 1), and the lines
+    skipped (not JSON, too deep, a torn last line); the caller adds those not of the file's shape
+    and says the note. No file: nothing; a special file (a FIFO) is a RunDirError."""
     skipped = Skipped(path, "line")
     data = read_regular(path, RunDirError)
     if data is None:
@@ -616,18 +567,15 @@ def read_jsonl(path: Path) -> tuple[list[tuple[int, Any]], Skipped]:
     return out, skipped
 
 
-class _LineRefused(Exception):
-    """parse_json's refusal of one line (skipped, not raised)."""
-
+class _LineRefused(Exception):  # parse_json's refusal of one line (skipped, not raised)
     def __init__(self, path: Path, problem: str) -> None:
         super().__init__(problem)
 
 
 def _parse_lines(lines: list[bytes]) -> list[Any] | None:
-    """Every line parsed in one ``json.loads`` of them as an array (30 ms for 50,000 names, 80 ms
-    line by line), or None when that cannot be trusted: a line not JSON on its own (joined, ``[1``
-    and ``2]`` would be one value: the count differs), or one with more brackets than
-    MAX_JSON_DEPTH (checked line by line then). Joined by newlines: no JSON string holds one."""
+    """Every line parsed in one ``json.loads`` as an array (30 ms for 50,000 names, 80 ms line by
+    line), or None when that cannot be trusted: a line not JSON on its own (``[1`` and ``2]`` join
+    into one value: the count differs), or one with more brackets than MAX_JSON_DEPTH."""
     if any(line.count(b"[") + line.count(b"{") >= MAX_JSON_DEPTH for line in lines):
         return None
     try:
@@ -638,8 +586,8 @@ def _parse_lines(lines: list[bytes]) -> list[Any] | None:
 
 
 def _read_samples(pdir: Path, notes: list[str]) -> Any:
-    """The part's :class:`Samples`; when they cannot be read (a newer format, a damaged layout),
-    its layout and raw bytes, said in ``notes``: samples must not make the stages unreadable."""
+    """The part's :class:`Samples`, or (a newer format, a damaged layout) its layout and raw bytes,
+    said in ``notes``: samples must not make the stages unreadable."""
     try:
         result = read_samples(pdir)
         if result.torn_bytes:
@@ -661,49 +609,32 @@ def _read_samples(pdir: Path, notes: list[str]) -> Any:
 
 
 def _pid_rank_from_name(name: str) -> tuple[int | None, int | None]:
-    pid = rank = None
+    found: dict[str, int] = {}
     for piece in name.split("."):
-        # ASCII digits only ("²".isdigit() is True; int() refuses it), and at most 9 of them:
-        # the number goes into an int32 column
-        number = int(piece[1:]) if piece[1:].isascii() and piece[1:].isdigit() and len(piece) <= 10 else None
-        if piece[:1] == "p" and number is not None:
-            pid = number
-        elif piece[:1] == "r" and number is not None:
-            rank = number
-    return pid, rank
+        # at most 9 ASCII digits ("²".isdigit() is True, int() refuses it): an int32 column
+        if piece[:1] in ("p", "r") and piece[1:].isascii() and piece[1:].isdigit() and len(piece) <= 10:
+            found[piece[0]] = int(piece[1:])
+    return found.get("p"), found.get("r")
 
 
-def clip(obj: Any) -> str:
-    """``obj`` as JSON cut to 80 characters: a value quoted in a one-line error."""
+def clip(obj: Any) -> str:  # a value quoted in a one-line error: JSON cut to 80 characters
     text = json.dumps(obj, default=str)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass(repr=False)
 class Samples:
-    """Sampler rows of one part, one row per (tick, device), in time order per device: ``rows``
-    (fields as ``meta['row']`` names them; float metrics NaN where absent or not read in that
-    row) and samples.json as ``meta``, whose ``devices`` the ``device`` column indexes."""
+    """Sampler rows of one part, one per (tick, device), in time order per device (float metrics
+    NaN where not read), and samples.json as ``meta``, whose ``devices`` the ``device`` column indexes."""
 
     rows: np.ndarray
     meta: dict[str, Any] = field(default_factory=dict)
     torn_bytes: int = 0
 
-    @property
-    def t_ns(self) -> np.ndarray:
-        return self.rows["t_ns"]
-
-    @property
-    def device(self) -> np.ndarray:
-        return self.rows["device"]
-
-    @property
-    def flags(self) -> np.ndarray:
-        return self.rows["flags"]
-
-    @property
-    def throttle(self) -> np.ndarray:
-        return self.rows["throttle"]
+    t_ns = property(lambda self: self.rows["t_ns"])
+    device = property(lambda self: self.rows["device"])
+    flags = property(lambda self: self.rows["flags"])
+    throttle = property(lambda self: self.rows["throttle"])
 
     @property
     def devices(self) -> list[dict[str, Any]]:
@@ -717,13 +648,8 @@ class Samples:
     def units(self) -> dict[str, str]:
         return {f["name"]: f.get("unit", "") for f in self.meta.get("row", {}).get("fields", [])}
 
-    @property
-    def errors(self) -> list[dict[str, Any]]:
-        return list(self.meta.get("errors", []))
-
-    @property
-    def unavailable(self) -> str | None:
-        return self.meta.get("unavailable")
+    errors = property(lambda self: list(self.meta.get("errors", [])))
+    unavailable = property(lambda self: self.meta.get("unavailable"))
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -734,21 +660,17 @@ class Samples:
         return f"Samples({len(self)} rows, devices={names}, backend={self.meta.get('backend')!r}{why})"
 
     def column(self, name: str) -> np.ndarray:
-        """One metric column (float, NaN where absent)."""
         return self.rows[name]
 
     def for_device(self, device: int) -> Samples:
-        """Only the rows of ``device`` (an index into ``devices``), in time order."""
         rows = self.rows[self.rows["device"] == device]
         return Samples(rows[np.argsort(rows["t_ns"], kind="stable")], self.meta, 0)
 
-    def hw_throttled(self) -> np.ndarray:
-        """Per row: hardware/firmware throttling (not idle, not a clock setting) was seen."""
+    def hw_throttled(self) -> np.ndarray:  # per row: clocks held down by a limit (not idle, not a setting)
         return (self.rows["throttle"] & HW_THROTTLE_MASK) != 0
 
 
 def dtype_from_layout(layout: dict[str, Any], where: Path) -> np.dtype:
-    """The numpy dtype of a samples.bin row described in samples.json."""
     try:
         dtype = np.dtype([(f["name"], f["type"]) for f in layout["fields"]])
         size = int(layout["size"])
@@ -756,8 +678,7 @@ def dtype_from_layout(layout: dict[str, Any], where: Path) -> np.dtype:
         raise RunDirError(where, f"bad row layout in {SAMPLES_LAYOUT_FILE}: {exc}") from None
     if dtype.itemsize != size:
         raise RunDirError(where, f"{SAMPLES_LAYOUT_FILE} says rows are {size} bytes but its fields add up to {dtype.itemsize}")
-    # the columns every reader uses (a layout without t_ns, or with it as text, was a
-    # ValueError from inside the HTML view); metrics may come and go
+    # the columns every reader uses (a t_ns as text was a ValueError inside the HTML view)
     for name, kind in (("t_ns", "i"), ("device", "iu"), ("flags", "iu"), ("throttle", "iu")):
         if name not in (dtype.names or ()) or dtype[name].kind not in kind:
             raise RunDirError(where, f"bad row layout in {SAMPLES_LAYOUT_FILE}: no integer field {name!r}")
@@ -768,13 +689,9 @@ def dtype_from_layout(layout: dict[str, Any], where: Path) -> np.dtype:
     return dtype
 
 
-def _objects(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(d, dict) for d in v)
-
-
 def read_samples(part_dir: Path | str) -> Samples:
-    """The samples in ``part_dir``; empty when neither file is there (the sampler never ran).
-    A samples.bin without samples.json, or a malformed samples.json, is a RunDirError."""
+    """The samples in ``part_dir``; empty when neither file is there. A samples.bin without
+    samples.json, or a malformed samples.json, is a RunDirError."""
     part = Path(part_dir)
     meta_path, bin_path = part / SAMPLES_LAYOUT_FILE, part / SAMPLES_FILE
     text = read_regular(meta_path, RunDirError)
@@ -791,9 +708,7 @@ def read_samples(part_dir: Path | str) -> Samples:
         raise RunDirError(meta_path, f"samples format version {_clip40(version)} is not a number")
     if version > SAMPLES_VERSION:
         raise RunDirError(meta_path, f"samples format version {version} is newer than this maxinstr reads (1)")
-    for key, ok, what in (("devices", _objects, "a list of objects"), ("errors", _objects, "a list of objects"),
-                          ("unavailable", lambda v: isinstance(v, str), "a string"),
-                          ("row", lambda v: isinstance(v, dict), "an object")):
+    for key, (ok, what) in {"devices": OBJECTS, "errors": OBJECTS, "unavailable": STRING, "row": OBJECT}.items():
         if meta.get(key) is not None and not ok(meta[key]):
             raise RunDirError(meta_path, f'"{key}" is not {what}: {_clip40(meta[key])}')
     dtype = dtype_from_layout(meta.get("row") or {}, meta_path)

@@ -1,7 +1,6 @@
 """The GPU sampler's files in a part folder (docs/formats.md): ``samples.bin``, fixed-size rows
-of the layout below, and ``samples.json``, which describes them (so a reader needs no vendor
-knowledge, and older or newer writers stay readable). :func:`maxinstr.rundir.reader.read_samples`
-reads them. No numpy here: the sampler's child process imports this and nothing heavier.
+of the layout below, and ``samples.json``, which describes them (a reader needs no vendor
+knowledge). No numpy here: the sampler's child process imports this and nothing heavier.
 """
 
 from __future__ import annotations
@@ -14,9 +13,7 @@ SAMPLES_LAYOUT_FILE = "samples.json"
 SAMPLES_FORMAT = "maxinstr-samples"
 SAMPLES_VERSION = 1
 
-# (name, struct code, unit, what). Header fields first, then metrics. Float metrics are NaN when
-# absent (unsupported on this device, or not read in this row: GPM and "slow" metrics have their
-# own cadence, see flags).
+# (name, struct code, unit, what). Float metrics are NaN when absent or not read in this row.
 HEADER: tuple[tuple[str, str, str, str], ...] = (
     ("t_ns", "q", "ns", "host clock (CLOCK_MONOTONIC) when this device's read began"),
     ("device", "H", "", "index into samples.json 'devices'"),
@@ -52,12 +49,8 @@ FLAG_GPM = 1
 FLAG_SLOW = 2
 FLAG_LOST = 4
 
-# Vendor-neutral reasons a GPU's clocks are below maximum. Groups: "idle" is not a problem,
-# "setting" is someone's configuration, "power_cap" is the driver holding clocks down to stay
-# under the board's power limit (normal for a GPU that is fully loaded: it means "power-bound",
-# not "broken"), "thermal_hw" is thermal or hardware slowdown (heat, power brake, current
-# limit: what a report must flag as a problem). Both limiting groups together are
-# HW_THROTTLE_MASK ("clocks held below maximum by a limit"), kept for existing readers.
+# Vendor-neutral reasons a GPU's clocks are below maximum, by group: "power_cap" is "power-bound",
+# normal for a loaded GPU; "thermal_hw" (heat, power brake, current limit) is what a report flags.
 THROTTLE_BITS: tuple[tuple[str, str], ...] = (
     ("idle", "idle"),  # 0: nothing to do, clocks lowered
     ("app_clocks", "setting"),  # 1: applications clocks setting
@@ -79,8 +72,7 @@ THERMAL_HW_MASK = sum(1 << i for i, (_, group) in enumerate(THROTTLE_BITS) if gr
 HW_THROTTLE_MASK = POWER_CAP_MASK | THERMAL_HW_MASK
 
 
-def row_layout() -> dict[str, Any]:
-    """The samples.bin row layout as written into samples.json."""
+def row_layout() -> dict[str, Any]:  # as written into samples.json
     return {
         "size": ROW_SIZE,
         "byteorder": "little",

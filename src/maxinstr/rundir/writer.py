@@ -1,15 +1,15 @@
 """Append-only writer of one part of a run directory (docs/formats.md).
 
-Crash safety comes from the order and shape of the writes, not from fsync: each batch is whole
-lines and whole 72-byte rows, one ``write`` per ``O_APPEND`` file (once it returns, the bytes
-survive a SIGKILL; only a machine crash can lose them, bounded by the fsync interval); names and
-attrs go before the rows that use them; a short write (disk full) is cut back to the last whole
-record. Disk errors never reach the program: the writer warns once (:class:`RunDirWarning`),
-stops writing, and counts what it had to drop.
+Crash safety comes from the order and shape of the writes, not fsync: each batch is whole lines
+and whole rows, one ``write`` per ``O_APPEND`` file (then only a machine crash can lose it);
+names and attrs go before the rows that use them; a short write (disk full) is cut back to the
+last whole record. Disk errors never reach the program: the writer warns once
+(:class:`RunDirWarning`), stops writing, and counts what it had to drop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -36,17 +36,15 @@ class RunDirWarning(RuntimeWarning):
 
 
 def json_line(obj: Any) -> bytes:
-    """One compact JSON line (non-JSON values become their ``str``). A lone surrogate (a file
-    name from ``os.fsdecode``) has no UTF-8: it is written as the JSON escape ``\\udcff``, which
-    reads back as the same string."""
+    """One compact JSON line (non-JSON values become their ``str``; a lone surrogate, from
+    ``os.fsdecode``, its JSON escape ``\\udcff``, which reads back as the same string)."""
     return (json.dumps(obj, separators=(",", ":"), default=str, ensure_ascii=False) + "\n").encode(
         "utf-8", "backslashreplace")
 
 
 def attrs_line(record_id: int, attrs: dict[str, Any]) -> bytes:
-    """The attrs.jsonl line of one record, whatever its attrs hold (they are data already when
-    the core's attrs hook ran; :func:`maxinstr._attrs.plain` again when not, or when JSON
-    refused a value, such as an int of more than 4300 digits)."""
+    """The attrs.jsonl line of one record, whatever its attrs hold (:func:`maxinstr._attrs.plain`
+    when JSON refuses a value, such as an int of more than 4300 digits)."""
     try:
         return json_line({"id": record_id, "attrs": attrs})
     except Exception:  # noqa: BLE001 - the record's row must not be lost to one value
@@ -55,36 +53,28 @@ def attrs_line(record_id: int, attrs: dict[str, Any]) -> bytes:
 
 def attrs_lines(pairs: list[tuple[int, dict[str, Any]]]) -> bytes:
     """The attrs.jsonl lines of ``pairs`` (record id, attrs): the core's C++ encoder for attrs of
-    JSON scalars (``_native.attrs_lines``, the same bytes as :func:`attrs_line`, ten times
-    faster), :func:`attrs_line` for the others."""
+    JSON scalars (the same bytes, ten times faster), :func:`attrs_line` for the others."""
     rest: Any = pairs
     head = b""
-    try:
+    with contextlib.suppress(ImportError, AttributeError):
         # looked up at each call: the session tests run against a stand-in core without it
         import maxinstr._native as _native
 
         head, rest = _native.attrs_lines(pairs)
-    except (ImportError, AttributeError):
-        pass
     return head + b"".join(attrs_line(rid, a) for rid, a in rest) if rest else head
 
 
-ATTRS_CHUNK = 65536
-"""Attrs are written this many records at a time, the close deadline checked between chunks."""
+ATTRS_CHUNK = 65536  # attrs written per chunk, the close deadline checked between chunks
 
 _RESERVE_BYTES = 4096
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
-    """Write ``obj`` as pretty JSON to ``path`` through a temporary file and a rename: a reader
-    sees the old file or the new one, never half of one. ``exclusive``: an existing file is left
-    alone (False then).
-
-    The file is padded with spaces to the next 4 KiB past its text: when the disk is full, the
-    last version (part.json and meta.json at close: status and drop counts) is overwritten in
-    place, in blocks the file has; a run cut by a full disk reads as closed with its losses
-    counted, not as killed."""
+    """Write ``obj`` as pretty JSON to ``path`` through a temporary file and a rename (a reader sees
+    the old file or the new one). ``exclusive``: an existing file is left alone (False then). The
+    file is padded past the next 4 KiB: on a full disk the last version is overwritten in place, so
+    a run cut by a full disk reads as closed with its losses counted, not as killed."""
     _remove_stale_tmp(path)
     tmp = path.with_name(f".{path.name}.{_HOST}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp")
     try:
@@ -109,27 +99,22 @@ def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> bool:
         tmp.unlink(missing_ok=True)  # a signal mid-write (KeyboardInterrupt): no .tmp left behind
         raise
     try:
-        if exclusive:
-            try:
-                os.link(tmp, path)  # fails when path exists: no clobbering another writer
-            except FileExistsError:
-                return False
-            return True
-        os.replace(tmp, path)
+        (os.link if exclusive else os.replace)(tmp, path)  # a link fails when path exists: no clobbering
         return True
+    except FileExistsError:
+        if not exclusive:
+            raise
+        return False
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
 
 
 _HOST = hashlib.sha1(socket.gethostname().encode("utf-8", "surrogateescape")).hexdigest()[:8]
 
 
 def _remove_stale_tmp(path: Path) -> None:
-    """Remove the temporary files a process of this host left beside ``path`` when it was killed
-    mid-write (a signal during session start left a run directory holding only
-    ``.meta.json.*.tmp``). Only this host's (a shared run directory on NFS has other hosts'
-    writers, whose pids mean nothing here), and only a dead process's."""
+    """Remove the temporary files a dead process of this host left beside ``path`` when killed
+    mid-write (only this host's: other hosts' pids on a shared NFS run mean nothing here)."""
     prefix = f".{path.name}.{_HOST}."
     try:
         names = [n for n in os.listdir(path.parent) if n.startswith(prefix) and n.endswith(".tmp")]
@@ -146,14 +131,11 @@ def _remove_stale_tmp(path: Path) -> None:
             pass
         except (PermissionError, OverflowError):
             continue
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(path.parent / name)
-        except OSError:
-            pass
 
 
-def _overwrite_in_place(path: Path, text: bytes) -> bool:
-    """Write ``text`` over ``path``'s own bytes, padded to its size (no new block needed)."""
+def _overwrite_in_place(path: Path, text: bytes) -> bool:  # padded to the file's size: no new block
     try:
         fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -178,9 +160,7 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-class _AppendFile:
-    """One O_APPEND file that writes whole records or is cut back to the last whole one."""
-
+class _AppendFile:  # one O_APPEND file that writes whole records or is cut back to the last whole one
     def __init__(self, path: Path) -> None:
         self.path = path
         self.fd = open_write(path)  # O_NOFOLLOW: a planted link is refused, never written through
@@ -193,10 +173,8 @@ class _AppendFile:
             write_all(self.fd, data)
         except OSError as exc:
             # Keep the file aligned on whole records: drop what part of this batch got out.
-            try:
+            with contextlib.suppress(OSError):
                 os.ftruncate(self.fd, self.size)
-            except OSError:
-                pass
             if exc.filename is None:  # the warning names the file that failed (attrs.jsonl, not the part)
                 raise OSError(exc.errno, exc.strerror, str(self.path)) from None
             raise
@@ -210,10 +188,8 @@ class _AppendFile:
                 raise
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.close(self.fd)
-        except OSError:
-            pass
 
 
 class PartWriter:
@@ -224,16 +200,13 @@ class PartWriter:
         self.info = dict(part_info)
         self.fsync_interval_s = fsync_interval_s
         self.failed: str | None = None  # first disk error, when writing stopped
-        self.rows_written = 0
-        self.rows_dropped = 0  # rows lost to a disk error
+        self.rows_written = self.rows_dropped = 0  # rows dropped: lost to a disk error
         self.attrs_dropped_disk = 0  # records whose attrs a disk error (or a refused file) lost
         self.attrs_dropped_close = 0  # records whose attrs were still unwritten at the close deadline
-        # time.monotonic() past which the attrs not yet written are counted, not written: close is
-        # bounded whatever other threads still record (Sink.begin_close)
+        # time.monotonic() past which unwritten attrs are counted, not written (Sink.begin_close)
         self.deadline: float | None = None
         # rows appended by the core's native writer thread to this part (the session polls it)
-        self.native_rows_written = 0
-        self.native_rows_dropped = 0
+        self.native_rows_written = self.native_rows_dropped = 0
         self._files: dict[str, _AppendFile] = {}
         self._names_written: set[int] = set()
         self._names_bitmap = np.zeros(64, dtype=bool)
@@ -245,8 +218,7 @@ class PartWriter:
     def is_open(self) -> bool:
         return self._opened
 
-    def open(self) -> None:
-        """Create the part folder and its files now (raises OSError when it cannot)."""
+    def open(self) -> None:  # raises OSError when it cannot
         if self._opened:
             return
         # RUN/parts/<part>: real folders, never a planted link (the run directory itself is the user's)
@@ -257,7 +229,6 @@ class PartWriter:
         self.write_part_json(status="running")
 
     def open_or_warn(self) -> bool:
-        """:meth:`open`, a failure turned into the one warning; True when open."""
         if self.failed:
             return False
         try:
@@ -268,8 +239,8 @@ class PartWriter:
             return False
 
     def write(self, rows: np.ndarray, names: dict[int, str], attrs: Iterable[tuple[int, dict[str, Any]]] = ()) -> None:
-        """Append stage ``rows`` (STAGE_DTYPE), the names of ``names`` (every id the process
-        knows) they use that this part lacks, and their attrs."""
+        """Append stage ``rows``, the names they use this part lacks (``names``: every id the
+        process knows), and their attrs."""
         attrs = attrs if isinstance(attrs, list) else list(attrs)
         if len(rows) == 0 and not attrs:
             return
@@ -303,8 +274,8 @@ class PartWriter:
             self.fail(exc, "cannot write to")
 
     def _write_attrs(self, attrs: list[tuple[int, dict[str, Any]]]) -> None:
-        """Append the attrs lines a chunk at a time; past :attr:`deadline` the rest are counted
-        (``attrs_dropped_close``), and a disk error counts those not written (then raises)."""
+        """Append the attrs a chunk at a time; past :attr:`deadline` or at a disk error (raised)
+        the rest are counted."""
         out = self._files[fmt.ATTRS_FILE]
         for start in range(0, len(attrs), ATTRS_CHUNK):
             if self.deadline is not None and time.monotonic() >= self.deadline:
@@ -317,8 +288,7 @@ class PartWriter:
                 raise
 
     def _new_name_ids(self, ids: np.ndarray) -> list[int]:
-        """Name ids in ``ids`` not yet written to this part (a bitmap test, no sort, in the
-        common case where every name is known)."""
+        """Name ids in ``ids`` not yet written to this part (a bitmap test when all are known)."""
         seen = self._names_bitmap
         if len(ids) == 0:
             return []
@@ -327,8 +297,7 @@ class PartWriter:
             return []
         return [i for i in np.unique(ids).tolist() if i not in self._names_written]
 
-    def mark_names_written(self, new: list[int]) -> None:
-        """Name ids now in strings.jsonl (written here, or by the core's writer thread)."""
+    def mark_names_written(self, new: list[int]) -> None:  # here, or by the core's writer thread
         self._names_written.update(new)
         top = max(self._names_written) + 1
         if top > len(self._names_bitmap):
@@ -337,8 +306,7 @@ class PartWriter:
             self._names_bitmap = grown
         self._names_bitmap[[i for i in new if i >= 0]] = True
 
-    def event(self, kind: str, message: str, **fields: Any) -> None:
-        """Append one warning/error line to events.jsonl (best effort)."""
+    def event(self, kind: str, message: str, **fields: Any) -> None:  # one events.jsonl line, best effort
         if self.failed or not self._opened:
             return
         try:
@@ -354,9 +322,8 @@ class PartWriter:
             f.fsync()
 
     def _fsync_in_background(self) -> None:
-        """fsync on a thread of its own: a SIGKILL loses only what write() has not handed to
-        the kernel, so the flusher must not wait for the disk (an fsync of a large file took
-        270 ms); fsync only narrows what a machine crash can lose. One at a time."""
+        """fsync on a thread of its own, one at a time: it only narrows what a machine crash can
+        lose, and the flusher must not wait for the disk (an fsync of a large file took 270 ms)."""
         if self._syncer is not None and self._syncer.is_alive():
             return
         self._last_fsync = time.monotonic()
@@ -364,10 +331,8 @@ class PartWriter:
 
         def run() -> None:
             for fd in fds:
-                try:
+                with contextlib.suppress(OSError):  # a failing disk shows in the next write, which warns
                     os.fsync(fd)
-                except OSError:
-                    pass  # a failing disk shows in the next write, which warns
 
         self._syncer = threading.Thread(target=run, name="maxinstr-fsync", daemon=True)
         self._syncer.start()
@@ -380,8 +345,7 @@ class PartWriter:
         self.info["attrs_dropped_close"] = self.attrs_dropped_close
         write_json_atomic(self.part_dir / fmt.PART_FILE, self.info)
 
-    def close(self, **updates: Any) -> None:
-        """Write the final part.json, fsync and close the files (best effort)."""
+    def close(self, **updates: Any) -> None:  # the final part.json, fsync, close (best effort)
         if self._syncer is not None:
             self._syncer.join()  # it uses the descriptors closed below
             self._syncer = None
@@ -389,16 +353,14 @@ class PartWriter:
             try:
                 if not self.failed:
                     self.fsync()
-                # after a write error too: part.json is what says the part closed, and how many
-                # records the disk took (write_json_atomic can still write it on a full disk)
+                # after a write error too: part.json says the part closed and what the disk took
                 self.write_part_json(**updates)
             except OSError as exc:
                 self.fail(exc, "cannot write to")
         self._close_files()
 
     def abandon(self) -> None:
-        """Close the files without writing anything, for good: a fork child holds its parent's
-        writer, whose part is not the child's to write."""
+        """Close the files for good, writing nothing: a fork child's copy of its parent's writer."""
         self._close_files()
         self.failed = self.failed or "abandoned in a fork child"
 
@@ -409,13 +371,12 @@ class PartWriter:
         self._opened = False
 
     def fail(self, exc: OSError, what: str) -> None:
-        """Stop writing after a disk error: said once (:class:`RunDirWarning`), kept in ``failed``."""
+        """Stop writing after a disk error, said once (:class:`RunDirWarning`)."""
         if self.failed:
             return
         self.failed = f"{exc.strerror or exc}"
         where = exc.filename or self.part_dir
-        # not "stages are no longer saved": the native writer may still append the rows (a
-        # failed attrs.jsonl under `ulimit -f` once said so while every row was kept)
+        # not "stages are no longer saved": the native writer may still append the rows (`ulimit -f`)
         warnings.warn(
             f"maxinstr: {what} run directory {where}: {self.failed}; the program continues, and what "
             "is not written from now on is counted in part.json and said in the report",

@@ -33,14 +33,12 @@ def start_sampler(part_dir: Path | str, interval_s: float = DEFAULT_INTERVAL_S, 
                   extra: dict[str, Any] | None = None, flush_interval_s: float = 0.1,
                   devices: Collection[int] | None = None, mode: str | None = None) -> Sampler:
     """Start sampling every visible GPU (``devices``: these visible indices) into ``part_dir``;
-    rows reach the file every ``flush_interval_s`` (a SIGKILL loses at most that). ``pids``: whose
-    GPU memory is ``proc_mem_bytes`` (default: this process). By default (``mode`` or
-    ``MAXINSTR_SAMPLER_GIL``: ``process``) NVIDIA GPUs are sampled by a child process
-    (:class:`~maxinstr.sample.process.ProcessSampler`), never taking this process's GIL; else, and
-    when it cannot start, a thread here (:class:`~maxinstr.sample.writer.Sampler`). Both have
-    ``stop()``, ``running``, ``devices``, ``unavailable``, ``notes``. Never raises; with no GPU
-    nothing runs and samples.json says why."""
-    # a given backend already reports into its own log: share it
+    rows reach the file every ``flush_interval_s``. ``pids``: whose GPU memory is
+    ``proc_mem_bytes`` (default: this process). By default (``mode`` or ``MAXINSTR_SAMPLER_GIL``:
+    ``process``) NVIDIA GPUs are sampled by a child process
+    (:class:`~maxinstr.sample.process.ProcessSampler`), else (or when it cannot start) by a thread here
+    (:class:`~maxinstr.sample.writer.Sampler`); both have ``stop()``, ``running``, ``devices``,
+    ``unavailable``, ``notes``. Never raises; with no GPU samples.json says why."""
     errors = getattr(backend, "errors", None) if backend is not None else None
     if not isinstance(errors, ErrorLog):
         errors = ErrorLog(clock_ns)
@@ -105,10 +103,8 @@ def sampler_mode() -> str:
 def _start_child(part_dir: Path, interval: float, pids: list[int], devices: Collection[int] | None,
                  flush_interval_s: float, env: Mapping[str, str] | None, notes: list[str],
                  extra: dict[str, Any]) -> Any:
-    """A started :class:`~maxinstr.sample.process.ProcessSampler`, or None (why in ``notes``)."""
     try:
-        # here, not at the top: `python -m maxinstr.sample.process` must not find the package
-        # importing it first (runpy would warn on the child's stderr)
+        # not at the top: `python -m maxinstr.sample.process` would find it imported (runpy warns)
         from maxinstr.sample.process import ProcessSampler
 
         child_env = dict(os.environ)

@@ -1,24 +1,24 @@
 """AMD devices through AMD SMI (the ``amdsmi`` package, imported when sampling starts).
 
-``import amdsmi`` misbehaves where ROCm is missing or partial: it prints, and raises whatever its
-ctypes loader hits (a ``KeyError`` for ``libamd_smi.so`` in 7.0.2, ``OSError``, even
-``SystemExit``): none of it reaches the user (output captured, every exception but
-KeyboardInterrupt an :class:`Unavailable` saying it). A metric returning NOT_SUPPORTED (or "N/A")
-is dropped for that device and recorded once; it never stops sampling (``max benchmark`` dies
-exactly there on consumer Radeon cards, modular#7141).
+``import amdsmi`` where ROCm is missing or partial prints and raises whatever its loader hits
+(``KeyError`` in 7.0.2, ``OSError``, even ``SystemExit``): output captured, every exception but
+KeyboardInterrupt an :class:`Unavailable`. A metric returning NOT_SUPPORTED (or "N/A") is dropped
+and recorded once, never stopping sampling (``max benchmark`` dies there on Radeon, modular#7141).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
+import operator
 import os
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from maxinstr.rundir.samples import THROTTLE_BIT
+from maxinstr.rundir.samples import GPM_METRICS, THROTTLE_BIT
 from maxinstr.sample.base import (ABSENT, COL, LOST, RETRY, Backend, Device, DeviceInfo, ErrorLog, Probe, ProbeDevice,
-                                  try_call)
+                                  Unavailable, try_call)
 from maxinstr.sample.devices import PhysicalGpu, amd_visible
 
 # amdsmi_status_t values (amdsmi.h / amdsmi_wrapper.py), kept here so a mocked module cannot change them
@@ -36,8 +36,7 @@ _LOST = {STATUS_NOT_FOUND, STATUS_NOT_INIT, STATUS_DRIVER_NOT_LOADED, STATUS_AMD
 
 MIB = 1024 * 1024
 
-# amdgpu SMU "independent throttler" bits (linux drivers/gpu/drm/amd/pm/swsmu/inc/amdgpu_smu.h),
-# grouped onto our neutral bits.
+# amdgpu SMU "independent throttler" bits (linux drivers/gpu/drm/amd/pm/swsmu/inc/amdgpu_smu.h)
 _INDEP_GROUPS: tuple[tuple[int, str], ...] = (
     (0x00000000000000FF, "sw_power_cap"),  # PPT0..3, SPL, FPPT, SPPT, SPPT_APU
     (0x0000000000FF0000, "current_limit"),  # TDC_*, EDC_*, APCC
@@ -57,10 +56,6 @@ _VIOLATIONS: tuple[tuple[str, str], ...] = (
 )
 
 
-class Unavailable(Exception):
-    """AMD SMI cannot be used here; the message says why in one line."""
-
-
 def _one_line(text: str, limit: int = 200) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -70,8 +65,7 @@ _import_failure: str | None = None  # a failed import is not retried in this pro
 
 
 def import_amdsmi() -> Any:
-    """The amdsmi module, or :class:`Unavailable` (remembered for the life of the process).
-    Never prints, never raises anything else but KeyboardInterrupt."""
+    """The amdsmi module, or :class:`Unavailable` (remembered for the process's life)."""
     global _import_failure
     if _import_failure is not None:
         raise Unavailable(_import_failure)
@@ -86,8 +80,7 @@ def import_amdsmi() -> Any:
         if isinstance(exc, ModuleNotFoundError):
             why = "amdsmi is not installed: pip install 'maxinstr[amd]'" if exc.name == "amdsmi" else f"amdsmi failed to import: {exc}"
         elif "libamd_smi.so" in f"{exc} {said}":
-            # the Python package without ROCm's library (a machine with no AMD GPU): no advice to
-            # install amd-smi-lib on an NVIDIA or CPU machine
+            # the package without ROCm's library: no advice to install amd-smi-lib on an NVIDIA machine
             why = "no AMD SMI library (libamd_smi.so not found: no ROCm here)"
         else:
             why = f"amdsmi failed to import ({type(exc).__name__}: {exc})" + (f"; it said: {said}" if said else "")
@@ -98,11 +91,7 @@ def import_amdsmi() -> Any:
 
 def decode_indep_throttle(raw: int) -> int:
     """Neutral throttle bits for an amdgpu ``indep_throttle_status`` mask."""
-    bits = 0
-    for mask, name in _INDEP_GROUPS:
-        if raw & mask:
-            bits |= THROTTLE_BIT[name]
-    return bits
+    return functools.reduce(operator.or_, (THROTTLE_BIT[name] for mask, name in _INDEP_GROUPS if raw & mask), 0)
 
 
 def _num(value: Any) -> float:
@@ -117,8 +106,6 @@ class _NotAvailable(Exception):
 
 
 class AmdSmiDevice(ProbeDevice):
-    """One visible AMD GPU."""
-
     def __init__(self, smi: Any, handle: Any, info: DeviceInfo, errors: ErrorLog, *,
                  pids: Collection[int] | None, slow_every: int) -> None:
         self.smi = smi
@@ -126,8 +113,7 @@ class AmdSmiDevice(ProbeDevice):
         self.info = info
         self.errors = errors
         self._slow_every = max(1, slow_every)
-        self._throttle_bits = 0
-        self._throttle_raw = 0
+        self._throttle_bits = self._throttle_raw = 0
         self._fast = self._fast_probes()
         self._slow = self._slow_probes(pids)
 
@@ -174,15 +160,9 @@ class AmdSmiDevice(ProbeDevice):
                 if status.get(key) is True:
                     self._throttle_bits |= THROTTLE_BIT[name]
 
-        return (
-            Probe("gpu_util_pct", activity, ("gpu_util_pct", "mem_util_pct")),
-            Probe("mem_used_bytes", vram),
-            Probe("sm_clock_mhz", gfx_clock),
-            Probe("mem_clock_mhz", mem_clock),
-            Probe("power_w", power),
-            Probe("energy_j", energy),
-            Probe("violation_status", violations, ()),
-        )
+        return (Probe("gpu_util_pct", activity, ("gpu_util_pct", "mem_util_pct")), Probe("mem_used_bytes", vram),
+                Probe("sm_clock_mhz", gfx_clock), Probe("mem_clock_mhz", mem_clock), Probe("power_w", power),
+                Probe("energy_j", energy), Probe("violation_status", violations, ()))
 
     def _slow_probes(self, pids: Collection[int] | None) -> tuple[Probe, ...]:
         smi, h = self.smi, self.h
@@ -191,13 +171,9 @@ class AmdSmiDevice(ProbeDevice):
         hotspot, current = smi.AmdSmiTemperatureType.HOTSPOT, smi.AmdSmiTemperatureMetric.CURRENT
 
         def proc_mem(v: list) -> None:
-            total = 0
-            for p in smi.amdsmi_get_gpu_process_list(h):
-                if watched is None or p.get("pid") in watched:
-                    used = (p.get("memory_usage") or {}).get("vram_mem")
-                    if isinstance(used, int):
-                        total += used
-            v[c_proc] = total
+            used = ((p.get("memory_usage") or {}).get("vram_mem") for p in smi.amdsmi_get_gpu_process_list(h)
+                    if watched is None or p.get("pid") in watched)
+            v[c_proc] = sum(u for u in used if isinstance(u, int))
 
         def temp(v: list) -> None:
             v[c_temp] = _num(smi.amdsmi_get_temp_metric(h, hotspot, current))
@@ -222,24 +198,19 @@ class AmdSmiDevice(ProbeDevice):
         if isinstance(exc, self.smi.AmdSmiLibraryException):
             code = getattr(exc, "err_code", None)
             what = f"amdsmi error {code}"
-            if code in _LOST:
-                return LOST, what, code
-            return (ABSENT if code in _ABSENT else RETRY), what, code
+            return (LOST if code in _LOST else ABSENT if code in _ABSENT else RETRY), what, code
         if isinstance(exc, (KeyError, TypeError, AttributeError)):
             # the amdsmi version returns another shape (renamed key, older signature)
             return ABSENT, f"{type(exc).__name__}: {exc}", type(exc).__name__
         return RETRY, f"{type(exc).__name__}: {exc}", type(exc).__name__
 
     def read(self, values: list[float], tick: int, now_ns: int) -> tuple[int, int, int]:
-        self._throttle_bits = 0
-        self._throttle_raw = 0
+        self._throttle_bits = self._throttle_raw = 0
         flags = self.read_probes(values, tick)
         return flags, self._throttle_bits, self._throttle_raw
 
 
 class AmdSmiBackend(Backend):
-    """AMD SMI opened; one :class:`AmdSmiDevice` per visible GPU."""
-
     name = "amdsmi"
 
     def __init__(self, errors: ErrorLog, *, env: Mapping[str, str] | None = None,
@@ -258,11 +229,8 @@ class AmdSmiBackend(Backend):
         self.source = ""
 
     def versions(self) -> dict[str, str]:
-        out: dict[str, str] = {}
         version = getattr(self.smi, "__version__", None)
-        if isinstance(version, str):
-            out["amdsmi"] = version
-        return out
+        return {"amdsmi": version} if isinstance(version, str) else {}
 
     def devices(self) -> list[Device]:
         smi = self.smi
@@ -279,19 +247,13 @@ class AmdSmiBackend(Backend):
             gfx = try_call(smi.amdsmi_get_clock_info, h, smi.AmdSmiClkType.GFX) or {}
             mem = try_call(smi.amdsmi_get_clock_info, h, smi.AmdSmiClkType.MEM) or {}
             total = vram.get("vram_total")
-            info = DeviceInfo(
-                vendor="amd",
-                visible_index=g.visible_index,
-                physical_index=g.physical_index,
-                name=str(asic.get("market_name", "")),
-                uuid=g.uuid,
-                pci_bus_id=str(try_call(smi.amdsmi_get_gpu_device_bdf, h) or ""),
-                sm_clock_max_mhz=gfx.get("max_clk") if isinstance(gfx.get("max_clk"), int) else None,
-                mem_clock_max_mhz=mem.get("max_clk") if isinstance(mem.get("max_clk"), int) else None,
-                mem_total_bytes=float(total) * MIB if isinstance(total, int) else None,
-                gpm=False,
-                absent=["sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_util_pct"],
-            )
+            info = DeviceInfo(vendor="amd", visible_index=g.visible_index, physical_index=g.physical_index,
+                              name=str(asic.get("market_name", "")), uuid=g.uuid,
+                              pci_bus_id=str(try_call(smi.amdsmi_get_gpu_device_bdf, h) or ""),
+                              sm_clock_max_mhz=gfx.get("max_clk") if isinstance(gfx.get("max_clk"), int) else None,
+                              mem_clock_max_mhz=mem.get("max_clk") if isinstance(mem.get("max_clk"), int) else None,
+                              mem_total_bytes=float(total) * MIB if isinstance(total, int) else None,
+                              gpm=False, absent=list(GPM_METRICS))
             out.append(AmdSmiDevice(smi, h, info, self.errors, pids=self._pids, slow_every=self._slow_every))
         return out
 

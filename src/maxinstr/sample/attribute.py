@@ -1,21 +1,17 @@
-"""Samples -> stages: what the GPU did while each stage was open on the host. Sort +
-searchsorted + cumulative sums over numpy columns; no Python loop over rows or instances.
+"""Samples -> stages: what the GPU did while each stage was open on the host, by sort,
+searchsorted and cumulative sums over numpy columns (no Python loop over rows or instances).
 
-- mean / peak of a metric: over the samples inside the instance's ``[start, end)`` (nested
-  stages each get them, as inclusive times do; NaN rows skipped).
-- Windowed metrics go by the time their value describes, not the time it was read. A GPM value
+- mean / peak: over the samples inside the instance's ``[start, end)`` (NaN rows skipped).
+- Windowed metrics go by the time their value describes, not the time it was read: a GPM value
   covers the time since the previous GPM row; NVIDIA's ``gpu_util_pct``/``mem_util_pct`` is the
-  share of the driver's last sample period (200 ms on the H200) in which a kernel ran, read
-  after that period ended: taking the rows inside a 0.25 s matmul stage gave it the idle
-  period before it (H200: 15 % for a stage the GPU ran back to back). Such an instance's value
-  is the mean of the windows' values weighted by their overlap with it, ``count`` the covered
-  ns, and per name ``window_share`` how much of the windows' time the stage itself filled (a
-  low share: the value describes mostly other stages, which a report must say instead).
-- energy: the counter's difference, interpolated at the instance's start and end (a stage
-  shorter than the sampling interval still gets its share); NaN outside the sampled time.
-- throttling: the OR of the throttle bits inside; ``hw_throttle_samples`` counts samples with
-  clocks held down by a limit, split into ``power_cap_samples`` (power-bound) and
-  ``thermal_hw_samples`` (thermal or hardware slowdown).
+  share of the driver's last sample period (200 ms on the H200) in which a kernel ran, read after
+  it ended (the rows inside a 0.25 s matmul stage gave it the idle period before: 15 % for a
+  stage run back to back). The value is the windows' mean weighted by their overlap, ``count``
+  the covered ns, and per name ``window_share`` how much of the windows' time the stage filled.
+- energy: the counter's difference, interpolated at the instance's start and end; NaN outside
+  the sampled time.
+- throttling: the OR of the bits inside; ``hw_throttle_samples`` counts samples with clocks held
+  down by a limit, split into ``power_cap_samples`` and ``thermal_hw_samples``.
 """
 
 from __future__ import annotations
@@ -29,24 +25,19 @@ from maxinstr.rundir.samples import FLAG_GPM, GPM_METRICS, HW_THROTTLE_MASK, POW
 
 NVML_UTIL_COLUMNS = ("gpu_util_pct", "mem_util_pct")  # windowed on NVIDIA (:func:`util_windows`)
 NVML_UTIL_PERIODS_NS = (166_666_667, 200_000_000, 250_000_000, 333_333_333, 500_000_000, 1_000_000_000)
-"""Sample periods NVML documents (1/6 s to 1 s, by GPU). The period is found from the rows: the
-times at which the value changes; the H200 changes it every 200.0 ms (docs/sampler.md)."""
+"""Sample periods NVML documents (by GPU); the H200 changes the value every 200.0 ms (docs/sampler.md)."""
 NVML_UTIL_PERIOD_MAX_NS = 1_000_000_000
 NVML_UTIL_LAG_NS = 25_000_000
-"""How long before it is first read an NVML utilization window ends. H200 (driver 580.159.04,
-.coord/device5 report/kvcache-plain-run): the GPU went from idle to back-to-back decode kernels
-at a CUDA-event time 7544.5 ms; the value first read at 7570.1 ms (previous row 7560.1) still
-said idle (3 %), the next one 200 ms later said 100 %: the window ended 23-26 ms before it was
-read."""
+"""How long before it is first read an NVML utilization window ends: 23-26 ms on the H200 (driver
+580.159.04, .coord/device5 report/kvcache-plain-run: busy from 7544.5 ms, the value read at 7570.1
+ms still said idle, the next one 200 ms later 100 %)."""
 NVML_GPM_LAG_NS = 87_000_000
-"""How long before their row a GPM value's counters were taken. H200, same runs: SM activity
-rose ~87 ms after the CUDA-event time the GPU became busy (kvcache-plain-run: 1.7 % for
-[7500, 7610] ms, 63 % for [7610, 7720] against 77 % steady, busy from 7544.5), and the
-utilization and GPM edges of run/window's two busy phases agree on 86-93 ms once both lags are
-applied. Re-measured by benchmarks/device/35-util-windows.sh."""
+"""How long before their row a GPM value's counters were taken: on the H200 (same runs) SM activity
+rose ~87 ms after the GPU became busy, and run/window's utilization and GPM edges agree on 86-93
+ms with both lags applied. Re-measured by benchmarks/device/35-util-windows.sh."""
 WINDOW_SHARE_MIN = 0.5
-"""Below this share of its windows' time spent in the stage itself, a windowed value describes
-mostly other stages or idle time: the report says so and does not print it."""
+"""Below this share of its windows' time in the stage, a windowed value describes mostly other
+stages or idle time: the report says so instead of printing it."""
 
 _MEAN_COLUMNS = ("gpu_util_pct", "mem_util_pct", "power_w", "sm_clock_mhz") + GPM_METRICS
 _PEAK_COLUMNS = ("gpu_util_pct", "mem_used_bytes", "power_w", "sm_active_pct", "temp_c")
@@ -67,13 +58,11 @@ class InstanceSamples:
     gpm_window: np.ndarray  # bool: GPM values came from the enclosing GPM window
     power_cap_samples: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     thermal_hw_samples: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-    windows: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    """column -> (start_ns, end_ns) of the windows its values describe (windowed columns only)."""
+    windows: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # column -> windows' (start, end)
     energy_covered_j: np.ndarray = field(default_factory=lambda: np.empty(0))
-    """Energy over the part of the instance inside the counter's readings (0 with none)."""
+    """Energy over the part of the instance inside the counter's readings, and that part's ns
+    (an instance the sampler stopped reading in the middle of still gets its power)."""
     energy_covered_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-    """That part's length: power over it is energy_covered_j / energy_covered_ns (an instance
-    the sampler stopped reading in the middle of still gets its power)."""
 
 
 @dataclass
@@ -99,23 +88,20 @@ class StageSamples:
     power_peak_w: np.ndarray = field(default_factory=lambda: np.empty(0))
     temp_peak_c: np.ndarray = field(default_factory=lambda: np.empty(0))
     energy_total_j: np.ndarray = field(default_factory=lambda: np.empty(0))
-    energy_per_instance_j: np.ndarray = field(default_factory=lambda: np.empty(0))
-    """Mean over the instances that have an energy value."""
+    energy_per_instance_j: np.ndarray = field(default_factory=lambda: np.empty(0))  # over those with a value
     energy_instances: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     energy_power_w: np.ndarray = field(default_factory=lambda: np.empty(0))
     """Energy over the covered time of the name's instances, per second (NaN: none covered)."""
     energy_window_share: np.ndarray = field(default_factory=lambda: np.empty(0))
-    """Share of the time between the energy readings around the name's instances that was spent
-    in them: the counter's difference is interpolated linearly between readings, so a stage that
-    fills little of those intervals gets the power of what ran around it."""
+    """Share of the time between the energy readings around the name's instances spent in them
+    (interpolated linearly, a stage filling little of it gets the power of what ran around it)."""
     hw_throttle_samples: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     power_cap_samples: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     thermal_hw_samples: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     throttle_mask: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint32))
     gpm_window_instances: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     gpu_util_window_share: np.ndarray = field(default_factory=lambda: np.empty(0))
-    """Share of the time of the utilization windows touching the name's instances that was spent
-    in those instances (NaN: utilization not windowed, or no window covers them)."""
+    """Share of the utilization windows' time spent in the name's instances (NaN: none covers them)."""
     sm_active_window_share: np.ndarray = field(default_factory=lambda: np.empty(0))
 
     def __len__(self) -> int:
@@ -156,16 +142,13 @@ def util_windows(t: np.ndarray, x: np.ndarray, *, lag_ns: int = NVML_UTIL_LAG_NS
                  periods: tuple[int, ...] = NVML_UTIL_PERIODS_NS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(start_ns, end_ns, value)`` of the windows NVML utilization values describe.
 
-    NVML updates the value once per sample period P; a value first read at t was published at
-    an update u <= t and describes ``[u - lag - P, u - lag]``. Updates are found where the value
-    changes (between the row before and the row at the change: the midpoint); between two of
-    them lie round(gap / P) updates, evenly spaced (the H200's updates keep a 200 ms period but
-    their phase can jump by ~20 ms, so no global grid is assumed); before the first and after
-    the last change, updates every P. P is the NVML period (1/6 s to 1 s) the gaps are
-    multiples of. With too few changes to find P (a constant value, e.g. idle all along) P is
-    taken as NVML's longest (1 s) and only the span every reading certainly covers is kept,
-    ``[t_first - lag, t_last - P - lag]``: a stage after it gets no utilization rather than the
-    idle value read before its work was counted."""
+    NVML updates the value once per period P; a value first read at t was published at an update
+    u <= t and describes ``[u - lag - P, u - lag]``. Updates are found where the value changes
+    (the midpoint of the rows around it); between two lie round(gap / P) evenly spaced (the
+    H200's phase can jump by ~20 ms: no global grid), and every P before the first and after the
+    last. With too few changes to find P (idle all along), P is NVML's longest (1 s) and only
+    ``[t_first - lag, t_last - P - lag]`` is kept: a later stage gets no utilization rather than
+    the idle value read before its work was counted."""
     ok = ~np.isnan(x)
     tu, vu = t[ok].astype(np.int64), x[ok].astype(np.float64)
     if len(tu) == 0:
@@ -211,10 +194,7 @@ def gpm_windows(t: np.ndarray, x: np.ndarray, flags: np.ndarray | None = None, *
     """``(start_ns, end_ns, value)`` of GPM windows: each GPM value covers the time since the
     previous GPM row (flag GPM; the first one, whose start has no row, is left out), shifted
     back by ``lag_ns``."""
-    if flags is not None:
-        g = (np.asarray(flags) & FLAG_GPM) != 0
-    else:
-        g = ~np.isnan(x)
+    g = (np.asarray(flags) & FLAG_GPM) != 0 if flags is not None else ~np.isnan(x)
     tg = t[g].astype(np.int64)
     xg = x[g].astype(np.float64)
     if len(tg) < 2:
@@ -233,14 +213,11 @@ def window_means(ws: np.ndarray, we: np.ndarray, v: np.ndarray, start: np.ndarra
     if len(ws) == 0 or n == 0:
         return np.full(n, np.nan), np.zeros(n)
     length = (we - ws).astype(np.float64)
-    edges = np.empty(2 * len(ws), np.float64)
-    edges[0::2], edges[1::2] = ws, we
-    f = np.zeros(2 * len(ws))
-    c = np.zeros(2 * len(ws))
+    edges = np.column_stack((ws, we)).ravel().astype(np.float64)  # each window's start and end, in order
     cum_f = np.concatenate(([0.0], np.cumsum(v * length)))
     cum_c = np.concatenate(([0.0], np.cumsum(length)))
-    f[0::2], f[1::2] = cum_f[:-1], cum_f[1:]
-    c[0::2], c[1::2] = cum_c[:-1], cum_c[1:]
+    f = np.column_stack((cum_f[:-1], cum_f[1:])).ravel()
+    c = np.column_stack((cum_c[:-1], cum_c[1:])).ravel()
     base = float(edges[0])  # keep interpolation exact on large clocks
     e = edges - base
     a = np.asarray(start, np.float64) - base
@@ -273,9 +250,8 @@ def window_share(ws: np.ndarray, we: np.ndarray, start: np.ndarray, end: np.ndar
 
 def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np.ndarray,
                      vendor: str | None = None) -> InstanceSamples:
-    """Per-instance sample statistics for one device's rows (``dev``: rows of that device,
-    sorted by time) and stage host intervals ``[start_ns, end_ns)``. ``vendor`` (default: from
-    samples.json's device list) decides whether utilization is windowed (NVIDIA)."""
+    """Per-instance statistics of one device's rows (``dev``, time-sorted) over stage intervals
+    ``[start_ns, end_ns)``. ``vendor`` (default: samples.json's) windows utilization on NVIDIA."""
     start = np.asarray(start_ns, dtype=np.int64)
     end = np.maximum(np.asarray(end_ns, dtype=np.int64), start)
     t = dev.t_ns.astype(np.int64, copy=False)
@@ -289,23 +265,17 @@ def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np
     nvidia = vendor == "nvidia"
     mean: dict[str, np.ndarray] = {}
     count: dict[str, np.ndarray] = {}
-    peak: dict[str, np.ndarray] = {}
     windows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     gpm_window = np.zeros(len(start), dtype=bool)
     flags = dev.rows["flags"] if "flags" in names else None
-    for col in _MEAN_COLUMNS:
-        if col not in names:
-            continue
+    for col in [c for c in _MEAN_COLUMNS if c in names]:
         x = dev.rows[col].astype(np.float64)
-        if col in GPM_METRICS or (nvidia and col in NVML_UTIL_COLUMNS):
-            if col in GPM_METRICS:
-                ws, we, v = gpm_windows(t, x, flags, lag_ns=NVML_GPM_LAG_NS if nvidia else 0)
-            else:
-                ws, we, v = util_windows(t, x)
+        gpm = col in GPM_METRICS
+        if gpm or (nvidia and col in NVML_UTIL_COLUMNS):
+            ws, we, v = gpm_windows(t, x, flags, lag_ns=NVML_GPM_LAG_NS if nvidia else 0) if gpm else util_windows(t, x)
             m, c = window_means(ws, we, v, start, end)
-            if col in GPM_METRICS:
-                inside = _range_sum_count(x, lo, hi)[1]
-                gpm_window |= (inside == 0) & (c > 0)
+            if gpm:  # no GPM row inside, but a window covering it
+                gpm_window |= (_range_sum_count(x, lo, hi)[1] == 0) & (c > 0)
             windows[col] = (ws, we)
         else:
             s, c = _range_sum_count(x, lo, hi)
@@ -314,9 +284,8 @@ def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np
             c = c.astype(np.float64)
         mean[col] = m
         count[col] = c
-    for col in _PEAK_COLUMNS:
-        if col in names:
-            peak[col] = _range_reduce(np.fmax, dev.rows[col].astype(np.float64), lo, hi, np.nan)
+    peak = {col: _range_reduce(np.fmax, dev.rows[col].astype(np.float64), lo, hi, np.nan)
+            for col in _PEAK_COLUMNS if col in names}
     energy = np.full(len(start), np.nan)
     cov_j = np.zeros(len(start))
     cov_ns = np.zeros(len(start), np.int64)
@@ -350,11 +319,8 @@ def instance_samples(dev: Samples, device: int, start_ns: np.ndarray, end_ns: np
 
 def stage_samples(samples: Samples, start_ns: np.ndarray, end_ns: np.ndarray, name_id: np.ndarray,
                   devices: list[int] | None = None) -> tuple[StageSamples, list[InstanceSamples]]:
-    """Per stage name and device, from stage host intervals and their name ids.
-
-    Returns the per-name table and the per-instance statistics (one per device, aligned
-    with the given intervals) for renderers that want distributions.
-    """
+    """Per stage name and device: the table, and the per-instance statistics (one per device,
+    aligned with the intervals) for renderers that want distributions."""
     name_id = np.asarray(name_id, dtype=np.int32)
     devs = sorted(set(int(d) for d in np.unique(samples.device))) if devices is None else devices
     uniq, inverse = np.unique(name_id, return_inverse=True)
@@ -368,10 +334,9 @@ def stage_samples(samples: Samples, start_ns: np.ndarray, end_ns: np.ndarray, na
     for d in devs:
         inst = instance_samples(samples.for_device(d), d, start_ns, end_ns)
         per_instance.append(inst)
-        cnt = np.bincount(inverse, minlength=k)
         put("name_id", uniq.astype(np.int32))
         put("device", np.full(k, d, dtype=np.int32))
-        put("instances", cnt.astype(np.int64))
+        put("instances", np.bincount(inverse, minlength=k).astype(np.int64))
         put("samples", np.bincount(inverse, weights=inst.n_samples, minlength=k).astype(np.int64))
 
         def wmean(col: str, inst: InstanceSamples = inst) -> np.ndarray:  # this device's
@@ -393,22 +358,15 @@ def stage_samples(samples: Samples, start_ns: np.ndarray, end_ns: np.ndarray, na
                 np.fmax.at(out, inverse, p)
             return out
 
-        put("gpu_util_mean_pct", wmean("gpu_util_pct"))
-        put("gpu_util_peak_pct", gmax("gpu_util_pct"))
-        put("mem_util_mean_pct", wmean("mem_util_pct"))
-        put("sm_active_mean_pct", wmean("sm_active_pct"))
-        sm_peak = gmax("sm_active_pct")
-        if "sm_active_pct" in inst.mean:  # window-filled instances count towards the peak too
-            np.fmax.at(sm_peak, inverse, inst.mean["sm_active_pct"])
-        put("sm_active_peak_pct", sm_peak)
-        put("sm_occupancy_mean_pct", wmean("sm_occupancy_pct"))
-        put("sm_clock_mean_mhz", wmean("sm_clock_mhz"))
-        put("tensor_active_mean_pct", wmean("tensor_active_pct"))
-        put("dram_bw_util_mean_pct", wmean("dram_bw_util_pct"))
-        put("mem_used_peak_bytes", gmax("mem_used_bytes"))
-        put("power_mean_w", wmean("power_w"))
-        put("power_peak_w", gmax("power_w"))
-        put("temp_peak_c", gmax("temp_c"))
+        for col in _MEAN_COLUMNS:  # gpu_util_pct -> gpu_util_mean_pct
+            base, unit = col.rsplit("_", 1)
+            put(f"{base}_mean_{unit}", wmean(col))
+        for col in _PEAK_COLUMNS:
+            base, unit = col.rsplit("_", 1)
+            peak = gmax(col)
+            if col == "sm_active_pct" and col in inst.mean:  # window-filled instances count towards the peak too
+                np.fmax.at(peak, inverse, inst.mean[col])
+            put(f"{base}_peak_{unit}", peak)
         e_ok = ~np.isnan(inst.energy_j)
         e_sum = np.bincount(inverse, weights=np.where(e_ok, inst.energy_j, 0.0), minlength=k)
         e_n = np.bincount(inverse, weights=e_ok.astype(np.float64), minlength=k).astype(np.int64)
@@ -420,9 +378,8 @@ def stage_samples(samples: Samples, start_ns: np.ndarray, end_ns: np.ndarray, na
         c_ns = np.bincount(inverse, weights=inst.energy_covered_ns.astype(np.float64), minlength=k)
         with np.errstate(invalid="ignore", divide="ignore"):
             put("energy_power_w", np.where(c_ns > 0, c_j / np.maximum(c_ns, 1) * 1e9, np.nan))
-        put("hw_throttle_samples", np.bincount(inverse, weights=inst.hw_throttle_samples, minlength=k).astype(np.int64))
-        put("power_cap_samples", np.bincount(inverse, weights=inst.power_cap_samples, minlength=k).astype(np.int64))
-        put("thermal_hw_samples", np.bincount(inverse, weights=inst.thermal_hw_samples, minlength=k).astype(np.int64))
+        for name in ("hw_throttle_samples", "power_cap_samples", "thermal_hw_samples"):
+            put(name, np.bincount(inverse, weights=getattr(inst, name), minlength=k).astype(np.int64))
         mask = np.zeros(k, dtype=np.uint32)
         np.bitwise_or.at(mask, inverse, inst.throttle)
         put("throttle_mask", mask)

@@ -1,13 +1,12 @@
-"""The sampler's small vendor interface and the null backend.
-
-A :class:`Backend` opens a vendor library and hands out one :class:`Device` per visible GPU. A
-device fills a list of metric values (:data:`COL`; ``NaN``: not read in this row) and returns the
-throttle bits it saw; it never raises into the sampler: vendor errors are translated where they
-enter (``nvml.py``, ``amdsmi.py``) and recorded once each in :class:`ErrorLog`.
+"""The sampler's vendor interface: a :class:`Backend` opens a vendor library and hands out one
+:class:`Device` per visible GPU, which fills a list of metric values (:data:`COL`; ``NaN``: not
+read in this row). Vendor errors are translated where they enter (``nvml.py``, ``amdsmi.py``),
+never raised into the sampler, and recorded once each in :class:`ErrorLog`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import array
 import math
 import threading
@@ -35,18 +34,15 @@ class ErrorLog:
         self.on_new = on_new
 
     def once(self, key: tuple, kind: str, message: str, device: int | None = None, metric: str | None = None) -> bool:
-        """Record ``message`` unless ``key`` was seen; True when it was new. ``device`` is the
-        GPU's visible index (``cuda:N``)."""
+        """Record ``message`` unless ``key`` was seen; True when it was new. ``device``: the visible index."""
         with self._lock:
             if key in self._seen:
                 return False
             self._seen.add(key)
             self.entries.append({"t_ns": self._clock(), "kind": kind, "device": device, "metric": metric, "message": message})
         if self.on_new is not None:
-            try:
+            with contextlib.suppress(Exception):  # persisting an error must never raise into sampling
                 self.on_new()
-            except Exception:  # noqa: BLE001 - persisting an error must never raise into sampling
-                pass
         return True
 
     def snapshot(self) -> list[dict[str, Any]]:
@@ -58,7 +54,7 @@ class DeviceInfo:
     """What a device is, written into samples.json once. Units in names."""
 
     vendor: str  # "nvidia", "amd", "null"
-    visible_index: int  # the index the user's framework calls it (cuda:N / hip:N)
+    visible_index: int  # cuda:N / hip:N
     physical_index: int  # the vendor library's enumeration index (-1 for MIG / unknown)
     name: str = ""
     uuid: str = ""
@@ -75,14 +71,17 @@ class DeviceInfo:
         return asdict(self)
 
 
+class Unavailable(Exception):
+    """A vendor library cannot be used here; the message says why in one line."""
+
+
 class DeviceLost(Exception):
     """Raised by a vendor device's ``read`` when the GPU is gone; the sampler stops that device."""
 
 
 class Device(ABC):
     """One visible GPU. ``read`` fills ``values`` (pre-filled with NaN) and returns
-    ``(flags, throttle_bits, throttle_raw)``. It may raise :class:`DeviceLost`; any other
-    vendor error must be handled inside (metric marked absent or error recorded once)."""
+    ``(flags, throttle_bits, throttle_raw)``; of vendor errors it raises only :class:`DeviceLost`."""
 
     info: DeviceInfo
 
@@ -92,21 +91,18 @@ class Device(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook: per-device vendor resources (GPM sample buffers)
         pass
 
-    def probe_stats(self) -> dict[str, Any]:
-        """Per-metric read cost (calls, wall ns per call, cadence), for samples.json."""
+    def probe_stats(self) -> dict[str, Any]:  # per-metric read cost, for samples.json
         return {}
 
 
-class Backend(ABC):
-    """A vendor library opened for sampling."""
+class Backend(ABC):  # a vendor library opened for sampling
 
     name: str = "none"
 
     @abstractmethod
     def devices(self) -> list[Device]: ...
 
-    def versions(self) -> dict[str, str]:
-        """Driver / library versions, for samples.json."""
+    def versions(self) -> dict[str, str]:  # driver / library versions, for samples.json
         return {}
 
     def shutdown(self) -> None:  # noqa: B027 - optional hook: close the vendor library
@@ -139,7 +135,6 @@ class NullBackend(Backend):
 
 
 def nan_values() -> list[float]:
-    """A fresh values list, all metrics absent."""
     return [NAN] * len(METRICS)
 
 
@@ -155,11 +150,10 @@ ABSENT, LOST, RETRY = "absent", "lost", "retry"
 MAX_FAILS_IN_A_ROW = 100
 
 SLOW_CALL_NS = 50_000
-"""A per-row vendor call that takes longer than this is "moved": read every ``moved_every``-th
-row (0.1 s by default) with the GIL released. Measured, not assumed: the median of
-:data:`CALIBRATION_CALLS` calls at start, or :data:`OVER_IN_A_ROW` GIL-held calls in a row while
-sampling. Why: a call made with the GIL held stops the user's Python for its whole duration,
-and on the H200 (run 1) the per-row NVML calls took ~2.8 ms per row (docs/sampler.md)."""
+"""A per-row vendor call slower than this (the median of :data:`CALIBRATION_CALLS` at start, or
+:data:`OVER_IN_A_ROW` GIL-held calls in a row) is "moved": read every ``moved_every``-th row with
+the GIL released. A GIL-held call stops the user's Python: on the H200 (run 1) the per-row NVML
+calls took ~2.8 ms per row (docs/sampler.md)."""
 CALIBRATION_CALLS = 5
 OVER_IN_A_ROW = 5
 _RING = 1024  # recent per-call times kept per probe, for percentiles (a power of two)
@@ -167,12 +161,9 @@ perf_ns = time.perf_counter_ns
 
 
 class Probe:
-    """One metric read: ``fn(values)`` fills its columns. ``columns`` are marked absent
-    when the probe is dropped. ``released_fn``: the same read with the GIL released, used
-    instead of ``fn`` once the probe is moved off the per-row cadence (None: ``fn`` is kept).
-
-    Every call is timed (wall ns; two ``perf_counter_ns`` calls, ~0.1 us): the sampler's
-    cost per metric is stored with the run (``samples.json`` ``cost.probes``)."""
+    """One metric read: ``fn(values)`` fills ``columns`` (marked absent when it is dropped).
+    ``released_fn``: the same read with the GIL released, used once the probe is moved off the
+    per-row cadence. Every call is timed (~0.1 us) into ``samples.json`` ``cost.probes``."""
 
     __slots__ = ("name", "fn", "columns", "fails", "released_fn", "calls", "ns_sum", "ns_max", "ring", "over",
                  "cadence", "moved", "calibration_ns", "cpu_ns_sum", "cpu_calls")
@@ -182,18 +173,12 @@ class Probe:
         self.name = name
         self.fn = fn
         self.columns = (name,) if columns is None else columns
-        self.fails = 0
         self.released_fn = released_fn
-        self.calls = 0
-        self.ns_sum = 0
-        self.ns_max = 0
+        self.fails = self.calls = self.ns_sum = self.ns_max = self.over = self.cpu_ns_sum = self.cpu_calls = 0
         self.ring = array.array("q", bytes(8 * _RING))
-        self.over = 0
         self.cadence = "fast"
         self.moved = ""
         self.calibration_ns: list[int] = []
-        self.cpu_ns_sum = 0
-        self.cpu_calls = 0
 
     def record(self, dt_ns: int) -> None:
         n = self.calls
@@ -204,7 +189,6 @@ class Probe:
             self.ns_max = dt_ns
 
     def stats(self) -> dict[str, Any]:
-        """Calls and wall time per call (ns) of this probe, for samples.json."""
         out: dict[str, Any] = {"cadence": self.cadence, "calls": self.calls}
         if self.moved:
             out["moved"] = self.moved
@@ -222,17 +206,12 @@ class Probe:
 
 
 class ProbeDevice(Device):
-    """A device read by fixed tuples of probes (fast: every row; slow: every ``slow_every``-th
-    row; moved: per-row probes measured slow, every ``moved_every``-th row). Subclasses translate their vendor's errors in ``classify``:
-    ABSENT drops the probe (recorded once), LOST raises :class:`DeviceLost`, RETRY records
-    once per error and drops the probe after ``MAX_FAILS_IN_A_ROW`` failures in a row.
-
-    Cost control (set by the subclass): with ``slow_call_ns`` set, :meth:`calibrate` times
-    each fast probe and moves the slow ones to the moved cadence; with ``held`` also set (the
-    fast probes run with the GIL held), a fast probe that takes longer than ``slow_call_ns``
-    ``OVER_IN_A_ROW`` times in a row is moved while sampling. Moved probes call their
-    ``released_fn`` (GIL released) when they have one. ``profile`` also records each
-    call's thread CPU time (a syscall per call, so off by default)."""
+    """A device read by tuples of probes (fast: every row; slow: every ``slow_every``-th row;
+    moved: fast probes measured slow, every ``moved_every``-th row). ``classify`` translates the
+    vendor's errors: ABSENT drops the probe, LOST raises :class:`DeviceLost`, RETRY records once
+    per error and drops the probe after ``MAX_FAILS_IN_A_ROW`` in a row. With ``slow_call_ns``,
+    :meth:`calibrate` moves slow fast probes, and with ``held`` (GIL held) so does one slower than
+    it ``OVER_IN_A_ROW`` times in a row. ``profile`` records each call's thread CPU (a syscall)."""
 
     _fast: tuple[Probe, ...] = ()
     _slow: tuple[Probe, ...] = ()
@@ -256,9 +235,8 @@ class ProbeDevice(Device):
             raise DeviceLost(what)
         probe.fails += 1
         if kind == ABSENT or probe.fails >= MAX_FAILS_IN_A_ROW:
-            self._fast = tuple(p for p in self._fast if p is not probe)
-            self._slow = tuple(p for p in self._slow if p is not probe)
-            self._moved = tuple(p for p in self._moved if p is not probe)
+            for name in ("_fast", "_slow", "_moved"):
+                setattr(self, name, tuple(p for p in getattr(self, name) if p is not probe))
             for col in probe.columns:
                 if col not in self.info.absent:
                     self.info.absent.append(col)
@@ -268,7 +246,6 @@ class ProbeDevice(Device):
             self.errors.once((idx, probe.name, key), "metric", f"gpu{idx}: {probe.name}: {what} (retrying)", idx, probe.name)
 
     def move(self, probe: Probe, why: str) -> None:
-        """Move a slow fast probe to the moved cadence (GIL released where the vendor allows)."""
         if probe not in self._fast:
             return
         self._fast = tuple(p for p in self._fast if p is not probe)
@@ -284,8 +261,8 @@ class ProbeDevice(Device):
                          f"gpu{idx}: {probe.name} read {when}, GIL released: {why}", idx, probe.name)
 
     def calibrate(self) -> None:
-        """Time each fast probe ``CALIBRATION_CALLS`` times (into a scratch row) and move those
-        whose median exceeds ``slow_call_ns`` to the moved cadence. Runs before sampling starts."""
+        """Before sampling: move the fast probes whose median of ``CALIBRATION_CALLS`` calls
+        exceeds ``slow_call_ns``."""
         limit = self.slow_call_ns
         if limit is None:
             return
@@ -295,15 +272,14 @@ class ProbeDevice(Device):
             for _ in range(CALIBRATION_CALLS):
                 t0 = perf_ns()
                 try:
-                    # the per-row function itself: with the GIL held the time is the call's own,
-                    # not a wait for the GIL behind another thread
+                    # the per-row function itself: GIL held, the time is the call's, not a wait for the GIL
                     probe.fn(scratch)
                 except Exception:  # noqa: BLE001 - errors are handled when sampling; this only times
                     break
                 times.append(perf_ns() - t0)
             probe.calibration_ns = times
-            if times and sorted(times)[len(times) // 2] > limit:
-                med = sorted(times)[len(times) // 2]
+            med = sorted(times)[len(times) // 2] if times else 0
+            if med > limit:
                 self.move(probe, f"a call takes {med / 1e3:.0f} us (median of {len(times)}) > {limit / 1e3:.0f} us")
 
     def probe_stats(self) -> dict[str, Any]:
@@ -338,7 +314,7 @@ class ProbeDevice(Device):
                     probe.over = 0
 
     def read_probes(self, values: list[float], tick: int) -> int:
-        """Run the fast probes, and the slow ones on their ticks; returns FLAG_SLOW or 0."""
+        """Run the fast probes, the moved and slow ones on their ticks; FLAG_SLOW or 0."""
         self._run(self._fast, values, self.slow_call_ns if self.held else None)
         if self._moved and not tick % self._moved_every:
             self._run(self._moved, values, None)

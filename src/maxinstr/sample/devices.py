@@ -1,10 +1,9 @@
-"""Which GPUs a program sees (CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES),
-so rows carry the index the program's framework uses (``cuda:0``) and only its GPUs are
-sampled. The rules are the CUDA and ROCm runtimes': unset, every GPU; empty, none; a list of
-indices, ``GPU-<uuid>`` (a unique prefix), ``MIG-<uuid>`` or ``MIG-GPU-<uuid>/<gi>/<ci>`` that ends
-at the first entry invalid, out of range, ambiguous or repeated; on AMD, ROCR filters first and
-HIP (or CUDA) indexes into what it left. NVML and amdsmi enumerate in PCI bus order, CUDA only
-with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: a note says so when the orders may differ.
+"""Which GPUs a program sees, so rows carry its framework's index (``cuda:0``) and only its GPUs
+are sampled. The CUDA and ROCm runtimes' rules: unset, every GPU; empty, none; a list of indices,
+``GPU-<uuid>`` (a unique prefix), ``MIG-<uuid>`` or ``MIG-GPU-<uuid>/<gi>/<ci>`` that ends at the
+first entry invalid, out of range, ambiguous or repeated; on AMD, ROCR filters first and HIP (or
+CUDA) indexes into what it left. NVML and amdsmi enumerate in PCI bus order, CUDA only with
+``CUDA_DEVICE_ORDER=PCI_BUS_ID``: a note says so when the orders may differ.
 """
 
 from __future__ import annotations
@@ -13,10 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True)
-class MigInstance:
-    """A MIG instance of a physical GPU (as NVML enumerates it)."""
+def _norm(uuid: str) -> str:
+    return uuid.strip().lower()
 
+
+@dataclass(frozen=True)
+class MigInstance:  # as NVML enumerates it
     uuid: str  # "MIG-xxxxxxxx-..."
     gpu_instance_id: int = -1
     compute_instance_id: int = -1
@@ -24,9 +25,7 @@ class MigInstance:
 
 
 @dataclass(frozen=True)
-class PhysicalGpu:
-    """One GPU as the vendor library enumerates it."""
-
+class PhysicalGpu:  # as the vendor library enumerates it
     index: int
     uuid: str
     name: str = ""
@@ -34,9 +33,7 @@ class PhysicalGpu:
 
 
 @dataclass(frozen=True)
-class VisibleGpu:
-    """A GPU (or MIG instance) the program sees, with the index it sees it under."""
-
+class VisibleGpu:  # a GPU (or MIG instance) the program sees
     visible_index: int
     physical_index: int
     uuid: str
@@ -44,42 +41,34 @@ class VisibleGpu:
 
 
 @dataclass
-class Visibility:
-    """The result: visible GPUs in visible order, the variable used, and plain notes."""
-
+class Visibility:  # visible GPUs in visible order, the variable used, and notes
     gpus: list[VisibleGpu]
     source: str  # e.g. "CUDA_VISIBLE_DEVICES=1,0" or "all"
     notes: list[str] = field(default_factory=list)
 
 
-def _norm_uuid(s: str) -> str:
-    return s.strip().lower()
-
-
 def _match_uuid(token: str, gpus: Sequence[PhysicalGpu]) -> tuple[PhysicalGpu, MigInstance | None] | str:
     """Find the GPU or MIG instance a UUID token names; a string is the reason it fails."""
-    t = _norm_uuid(token)
+    t = _norm(token)
     if t.startswith("mig-gpu-"):  # legacy MIG-GPU-<uuid>/<gi>/<ci>
         parts = t[len("mig-"):].split("/")
         if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
             return f"malformed MIG id {token!r}"
         gi, ci = int(parts[1]), int(parts[2])
         for g in gpus:
-            if _norm_uuid(g.uuid) == parts[0]:
+            if _norm(g.uuid) == parts[0]:
                 for m in g.mig:
                     if m.gpu_instance_id == gi and m.compute_instance_id == ci:
                         return g, m
         return f"no MIG instance {token!r}"
     if t.startswith("mig-"):
         hits: list[tuple[PhysicalGpu, MigInstance | None]] = [
-            (g, m) for g in gpus for m in g.mig if _norm_uuid(m.uuid).startswith(t)]
+            (g, m) for g in gpus for m in g.mig if _norm(m.uuid).startswith(t)]
     else:
         if not t.startswith("gpu-"):
             t = "gpu-" + t  # ROCR accepts the bare hex too
-        hits = [(g, None) for g in gpus if _norm_uuid(g.uuid).startswith(t)]
-    if len(hits) == 1:
-        return hits[0]
-    return f"{'ambiguous' if hits else 'unknown'} device id {token!r}"
+        hits = [(g, None) for g in gpus if _norm(g.uuid).startswith(t)]
+    return hits[0] if len(hits) == 1 else f"{'ambiguous' if hits else 'unknown'} device id {token!r}"
 
 
 def _select(value: str, gpus: Sequence[PhysicalGpu], var: str, notes: list[str]) -> list[tuple[PhysicalGpu, MigInstance | None]]:
@@ -111,10 +100,7 @@ def _select(value: str, gpus: Sequence[PhysicalGpu], var: str, notes: list[str])
 
 
 def _visible(chosen: list[tuple[PhysicalGpu, MigInstance | None]]) -> list[VisibleGpu]:
-    return [
-        VisibleGpu(visible_index=i, physical_index=g.index, uuid=m.uuid if m else g.uuid, mig=m)
-        for i, (g, m) in enumerate(chosen)
-    ]
+    return [VisibleGpu(i, g.index, m.uuid if m else g.uuid, m) for i, (g, m) in enumerate(chosen)]
 
 
 def nvidia_visible(gpus: Sequence[PhysicalGpu], env: Mapping[str, str]) -> Visibility:
@@ -129,10 +115,8 @@ def nvidia_visible(gpus: Sequence[PhysicalGpu], env: Mapping[str, str]) -> Visib
         source = f"CUDA_VISIBLE_DEVICES={value}"
     names = {g.name for g, _ in chosen}
     if len(names) > 1 and env.get("CUDA_DEVICE_ORDER", "").upper() != "PCI_BUS_ID":
-        notes.append(
-            "GPUs of different kinds and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA may number them "
-            "differently from NVML (visible_index follows PCI bus order)"
-        )
+        notes.append("GPUs of different kinds and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA may number them "
+                     "differently from NVML (visible_index follows PCI bus order)")
     return Visibility(_visible(chosen), source, notes)
 
 

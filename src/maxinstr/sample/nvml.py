@@ -1,46 +1,43 @@
 """NVIDIA devices through NVML (nvidia-ml-py, imported when sampling starts).
 
-NVML errors are translated here and nowhere else (:meth:`NvmlDevice.classify`): a metric a device
-does not support is dropped and recorded once (its column stays NaN); a lost GPU raises
-:class:`~maxinstr.sample.base.DeviceLost`; anything else is recorded once per (metric, error) and
-retried next row. How calls are made (``MAXINSTR_SAMPLER_GIL``, written to samples.json ``gil``):
+NVML errors are translated here only (:meth:`NvmlDevice.classify`): an unsupported metric is
+dropped and recorded once (its column stays NaN), a lost GPU raises
+:class:`~maxinstr.sample.base.DeviceLost`, anything else is recorded once per (metric, error) and
+retried. How calls are made (``MAXINSTR_SAMPLER_GIL``, samples.json ``gil``):
 
 - ``auto``: per-row calls go straight to the library through a ``ctypes.PyDLL`` view (GIL held:
-  one GIL hand-over per row instead of one per call, :func:`direct_library`). A call slower than
-  :data:`~maxinstr.sample.base.SLOW_CALL_NS` is moved to every :data:`MOVED_INTERVAL_S`, GIL
-  released (a ``ctypes.CDLL`` view), so a millisecond call never stops the user's Python.
-- ``release``: every call releases the GIL (CDLL view); each return waits for the GIL (up to the
+  one hand-over per row, not per call, :func:`direct_library`); a call slower than
+  :data:`~maxinstr.sample.base.SLOW_CALL_NS` moves to every :data:`MOVED_INTERVAL_S`, GIL released.
+- ``release``: every call releases the GIL (``ctypes.CDLL``); each return waits for it (up to the
   5 ms switch interval in a program busy in Python).
-- ``process`` (the default): the sampler runs in a child process (:mod:`maxinstr.sample.process`),
-  which uses ``auto``.
+- ``process`` (the default): a child process (:mod:`maxinstr.sample.process`) that uses ``auto``.
 
-GPM (Hopper and later: SM activity, occupancy, tensor activity, DRAM bandwidth) compares two GPM
-samples that NVML wants >= 100 ms apart: it has its own cadence, its columns are NaN in the rows
-between (flag GPM marks the others; a value covers the time since the previous GPM row).
+GPM (Hopper+: SM activity, occupancy, tensor activity, DRAM bandwidth) compares two samples NVML
+wants >= 100 ms apart: its own cadence, its columns NaN in the rows between (flag GPM marks the
+others; a value covers the time since the previous GPM row).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from maxinstr import config
 from maxinstr.rundir.samples import FLAG_GPM
 from maxinstr.sample.base import (ABSENT, COL, LOST, MAX_FAILS_IN_A_ROW, RETRY, SLOW_CALL_NS, Backend, Device,
-                                  DeviceInfo, ErrorLog, Probe, ProbeDevice, perf_ns, try_call)
+                                  DeviceInfo, ErrorLog, Probe, ProbeDevice, Unavailable, perf_ns, try_call)
 from maxinstr.sample.devices import MigInstance, PhysicalGpu, nvidia_visible
 
-# NVML's ABI values (nvml.h); stable across releases. Kept here rather than read from the
-# module so a mocked module cannot change them (tests check them against nvidia-ml-py).
+# NVML's ABI values (nvml.h), here so a mocked module cannot change them (tests check them).
 NVML_SUCCESS = 0
 ERR_UNINITIALIZED = 1
 ERR_NOT_SUPPORTED = 3
 ERR_NO_PERMISSION = 4
-ERR_NOT_FOUND = 6
 ERR_DRIVER_NOT_LOADED = 9
-ERR_LIBRARY_NOT_FOUND = 12
 ERR_FUNCTION_NOT_FOUND = 13
 ERR_GPU_IS_LOST = 15
 ERR_RESET_REQUIRED = 16
@@ -59,12 +56,10 @@ GPM_ANY_TENSOR_UTIL = 5
 GPM_DRAM_BW_UTIL = 10
 GPM_METRICS_GET_VERSION = 1
 GPM_MIN_INTERVAL_S = 0.1
-SLOW_INTERVAL_S = 0.5
-"""Cadence of the slow metrics: this process's memory (process list) and temperature."""
+SLOW_INTERVAL_S = 0.5  # cadence of the slow metrics: process memory and temperature
 MOVED_INTERVAL_S = 0.1
-"""Cadence of a per-row call measured slower than SLOW_CALL_NS (GIL released). 0.1 s because
-NVML's counters do not change faster: the H200's energy counter and power value moved in
-~100 ms steps in run 1 (tests/sample/data/h200_run1), so reading them more often adds nothing."""
+"""Cadence of a per-row call measured slower than SLOW_CALL_NS: NVML's counters change no faster
+(the H200's energy and power moved in ~100 ms steps in run 1, tests/sample/data/h200_run1)."""
 
 GPM_COLUMNS: tuple[tuple[int, str], ...] = (  # (GPM metric id, column)
     (GPM_SM_UTIL, "sm_active_pct"),
@@ -73,31 +68,23 @@ GPM_COLUMNS: tuple[tuple[int, str], ...] = (  # (GPM metric id, column)
     (GPM_DRAM_BW_UTIL, "dram_bw_util_pct"),
 )
 
-# NVML clocks-event reasons 0x1..0x100 are, bit for bit, our neutral bits 0..8 (idle,
-# app_clocks, sw_power_cap, hw_slowdown, sync_boost, sw_thermal, hw_thermal, hw_power_brake,
-# display_clocks). UserDefinedClocks is an alias of ApplicationsClocksSetting (0x2) in NVML.
+# NVML clocks-event reasons 0x1..0x100 are, bit for bit, our neutral bits 0..8 (UserDefinedClocks
+# is an alias of ApplicationsClocksSetting, 0x2).
 NVML_REASON_MASK = 0x1FF
 
 _ABSENT = {ERR_NOT_SUPPORTED, ERR_NO_PERMISSION, ERR_FUNCTION_NOT_FOUND, ERR_ARGUMENT_VERSION_MISMATCH, ERR_DEPRECATED}
 _LOST = {ERR_GPU_IS_LOST, ERR_GPU_NOT_FOUND, ERR_RESET_REQUIRED, ERR_DRIVER_NOT_LOADED, ERR_UNINITIALIZED,
          ERR_LIB_RM_VERSION_MISMATCH}  # fmt: skip
 
-NVML_LIB_ENV = config.SAMPLER_NVML_LIB
-"""Tests and benchmarks: path of a stand-in libnvidia-ml for pynvml to use (in this process and
-in a sampler child process) instead of the driver's."""
+NVML_LIB_ENV = config.SAMPLER_NVML_LIB  # tests and benchmarks: a stand-in libnvidia-ml for pynvml
 
 
 def direct_library(nv: Any, *, hold_gil: bool = True) -> Any:
-    """A view of the NVML library pynvml loaded: ``ctypes.PyDLL`` (GIL held) or, with
-    ``hold_gil=False``, ``ctypes.CDLL`` (GIL released). None unless ``nv`` is the real pynvml with
-    its library loaded.
-
-    Why hold the GIL: pynvml's CDLL releases it around every call and wraps each in a few
-    microseconds of Python; in a program busy in Python each re-acquisition costs that program a
-    thread switch and can wait up to the 5 ms switch interval, about eight per row. Through
-    PyDLL the cheap per-row calls (microseconds in the driver) make a row one acquisition; each
-    is timed, and the slow ones move to the CDLL view (:meth:`ProbeDevice.calibrate
-    <maxinstr.sample.base.ProbeDevice.calibrate>`)."""
+    """A view of the NVML library the real pynvml loaded: ``ctypes.PyDLL`` (GIL held) or, with
+    ``hold_gil=False``, ``ctypes.CDLL``; else None. Why hold the GIL: pynvml releases it around
+    every call, and in a program busy in Python each re-acquisition costs a thread switch and can
+    wait up to the 5 ms switch interval, about eight per row; through PyDLL a row is one. Slow
+    calls move to the CDLL view (:meth:`~maxinstr.sample.base.ProbeDevice.calibrate`)."""
     try:
         lib = getattr(nv, "nvmlLib", None)
         if not isinstance(lib, ctypes.CDLL) or not isinstance(getattr(nv, "c_nvmlMemory_t", None), type):
@@ -105,10 +92,6 @@ def direct_library(nv: Any, *, hold_gil: bool = True) -> Any:
         return (ctypes.PyDLL if hold_gil else ctypes.CDLL)(lib._name, handle=lib._handle)
     except Exception:  # noqa: BLE001 - an optimization only
         return None
-
-
-class Unavailable(Exception):
-    """NVML cannot be used here; the message says why in one line."""
 
 
 def _text(value: Any) -> str:
@@ -121,7 +104,6 @@ def _code(exc: BaseException) -> int | None:
 
 
 def import_pynvml() -> Any:
-    """The pynvml module, or :class:`Unavailable`."""
     try:
         import pynvml  # optional (maxinstr[nvidia]), and only when sampling starts
     except ImportError as exc:
@@ -138,8 +120,7 @@ class NvmlDevice(ProbeDevice):
     def __init__(self, backend: NvmlBackend, handle: Any, info: DeviceInfo, parent: Any = None,
                  gpu_instance_id: int = -1) -> None:
         self.nv = backend.nv
-        self._direct = backend._direct  # PyDLL view (GIL held) or None
-        self._released = backend._released  # CDLL view (GIL released) or None
+        self._direct, self._released = backend._direct, backend._released  # PyDLL and CDLL views, or None
         self.h = handle
         self.info = info
         self.errors = backend.errors
@@ -147,16 +128,14 @@ class NvmlDevice(ProbeDevice):
         self._moved_every = backend._moved_every
         self.moved_interval_s = backend._moved_every * backend._interval_s
         self._throttle_raw = 0
-        self._parent = parent
-        self._gi = gpu_instance_id
+        self._parent, self._gi = parent, gpu_instance_id
         self.profile = backend._profile
         self._fast: tuple[Probe, ...] = self._fast_probes()
         self._slow: tuple[Probe, ...] = self._slow_probes(backend._pids)
         self._throttle_probe = next((p for p in self._fast if p.name == "throttle"), None)
         self._gpm_ns = int(max(backend._gpm_interval_s, GPM_MIN_INTERVAL_S) * 1e9)
         self._gpm_t = -(1 << 62)
-        self._gpm_ok = False
-        self._gpm_fails = 0
+        self._gpm_ok, self._gpm_fails = False, 0
         self._gpm_samples: list[Any] = []
         self._gpm_probe = Probe("gpm", lambda v: None, ())  # timing of the GPM reads only
         self._gpm_probe.cadence = "gpm"
@@ -166,14 +145,13 @@ class NvmlDevice(ProbeDevice):
             self.slow_call_ns = SLOW_CALL_NS
             self.calibrate()
 
-    # -- probes ------------------------------------------------------------------------
     def _fast_probes(self) -> tuple[Probe, ...]:
         if self._released is not None:
             try:
-                released = self._direct_probes(self._released)
+                released = self._row_probes(self._released)
                 if self._direct is None:
                     return released
-                held = self._direct_probes(self._direct)
+                held = self._row_probes(self._direct)
                 self.held = True
                 return tuple(Probe(p.name, p.fn, p.columns, released_fn=r.fn) for p, r in zip(held, released))
             except Exception as exc:  # noqa: BLE001 - fall back to pynvml's wrappers
@@ -182,137 +160,100 @@ class NvmlDevice(ProbeDevice):
                                  idx, None)
                 self._direct = self._released = None
                 self.held = False
-        nv, h = self.nv, self.h
+        return self._row_probes(None)
+
+    def _getter(self, lib: Any, name: str, out_type: Any, *args: Any) -> Callable[[], Any]:
+        """What pynvml's ``name(handle, *args)`` returns, as a function of no argument: through
+        pynvml (``lib`` None) or straight through ``lib`` into a preallocated ``out_type`` (a
+        ctypes number is returned as its value), a failure raised as ``nv.NVMLError(code)``."""
+        if lib is None:
+            return functools.partial(getattr(self.nv, name), self.h, *args)
+        fn, out, err = getattr(lib, name), out_type(), self.nv.NVMLError
+        call = (self.h, *args, ctypes.byref(out))
+        if isinstance(out, ctypes.Structure):
+            def get() -> Any:
+                ret = fn(*call)
+                if ret:
+                    raise err(ret)
+                return out
+        else:
+            def get() -> Any:
+                ret = fn(*call)
+                if ret:
+                    raise err(ret)
+                return out.value
+        return get
+
+    def _row_probes(self, lib: Any) -> tuple[Probe, ...]:
+        """The per-row reads, through ``lib`` (a ctypes view of the library) or pynvml (None)."""
+        nv, h, get = self.nv, self.h, functools.partial(self._getter, lib)
         c_gpu, c_mem, c_used = COL["gpu_util_pct"], COL["mem_util_pct"], COL["mem_used_bytes"]
         c_sm, c_mclk, c_pow, c_en = COL["sm_clock_mhz"], COL["mem_clock_mhz"], COL["power_w"], COL["energy_j"]
+        get_util = get("nvmlDeviceGetUtilizationRates", nv.c_nvmlUtilization_t)
+        get_mem = get("nvmlDeviceGetMemoryInfo", nv.c_nvmlMemory_t)
+        get_sm = get("nvmlDeviceGetClockInfo", ctypes.c_uint, CLOCK_SM)
+        get_mclk = get("nvmlDeviceGetClockInfo", ctypes.c_uint, CLOCK_MEM)
+        get_pow = get("nvmlDeviceGetPowerUsage", ctypes.c_uint)
+        get_en = get("nvmlDeviceGetTotalEnergyConsumption", ctypes.c_ulonglong)
+        if lib is not None:  # drivers before 535 lack the "ClocksEvent" name
+            why = "Event" if hasattr(lib, "nvmlDeviceGetCurrentClocksEventReasons") else "Throttle"
+            get_why = get(f"nvmlDeviceGetCurrentClocks{why}Reasons", ctypes.c_ulonglong)
+        else:
+            reasons = [nv.nvmlDeviceGetCurrentClocksEventReasons]
+
+            def get_why() -> Any:
+                try:
+                    return reasons[0](h)
+                except nv.NVMLError as exc:  # the old name, once
+                    old = nv.nvmlDeviceGetCurrentClocksThrottleReasons
+                    if _code(exc) != ERR_FUNCTION_NOT_FOUND or reasons[0] is old:
+                        raise
+                    reasons[0] = nv.nvmlDeviceGetCurrentClocksThrottleReasons
+                    return reasons[0](h)
 
         def util(v: list) -> None:
-            u = nv.nvmlDeviceGetUtilizationRates(h)
+            u = get_util()
             v[c_gpu] = u.gpu
             v[c_mem] = u.memory
 
         def memory(v: list) -> None:
-            v[c_used] = nv.nvmlDeviceGetMemoryInfo(h).used
+            v[c_used] = get_mem().used
 
         def sm_clock(v: list) -> None:
-            v[c_sm] = nv.nvmlDeviceGetClockInfo(h, CLOCK_SM)
+            v[c_sm] = get_sm()
 
         def mem_clock(v: list) -> None:
-            v[c_mclk] = nv.nvmlDeviceGetClockInfo(h, CLOCK_MEM)
+            v[c_mclk] = get_mclk()
 
         def power(v: list) -> None:
-            v[c_pow] = nv.nvmlDeviceGetPowerUsage(h) * 1e-3  # mW -> W
+            v[c_pow] = get_pow() * 1e-3  # mW -> W
 
         def energy(v: list) -> None:
-            v[c_en] = nv.nvmlDeviceGetTotalEnergyConsumption(h) * 1e-3  # mJ -> J
-
-        reasons = [nv.nvmlDeviceGetCurrentClocksEventReasons]
+            v[c_en] = get_en() * 1e-3  # mJ -> J
 
         def throttle(v: list) -> None:
-            try:
-                self._throttle_raw = reasons[0](h)
-            except nv.NVMLError as exc:
-                # drivers before 535 lack the "ClocksEvent" name: fall back to the old one, once
-                if _code(exc) != ERR_FUNCTION_NOT_FOUND or reasons[0] is nv.nvmlDeviceGetCurrentClocksThrottleReasons:
-                    raise
-                reasons[0] = nv.nvmlDeviceGetCurrentClocksThrottleReasons
-                self._throttle_raw = reasons[0](h)
+            self._throttle_raw = get_why()
 
-        return _row_probes(util, memory, sm_clock, mem_clock, power, energy, throttle)
-
-    def _direct_probes(self, lib: Any) -> tuple[Probe, ...]:
-        """The per-row reads through ``lib``, out-parameters preallocated; the same columns, units
-        and errors (``nv.NVMLError(code)``) as pynvml's."""
-        nv, h, err = self.nv, self.h, self.nv.NVMLError
-        c_gpu, c_mem, c_used = COL["gpu_util_pct"], COL["mem_util_pct"], COL["mem_used_bytes"]
-        c_sm, c_mclk, c_pow, c_en = COL["sm_clock_mhz"], COL["mem_clock_mhz"], COL["power_w"], COL["energy_j"]
-        util, mem = nv.c_nvmlUtilization_t(), nv.c_nvmlMemory_t()
-        u_sm, u_mclk, u_pow = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint()
-        q_en, q_why = ctypes.c_ulonglong(), ctypes.c_ulonglong()
-        r_util, r_mem, r_sm, r_mclk = ctypes.byref(util), ctypes.byref(mem), ctypes.byref(u_sm), ctypes.byref(u_mclk)
-        r_pow, r_en, r_why = ctypes.byref(u_pow), ctypes.byref(q_en), ctypes.byref(q_why)
-        f_util, f_mem = lib.nvmlDeviceGetUtilizationRates, lib.nvmlDeviceGetMemoryInfo
-        f_clock, f_pow, f_en = lib.nvmlDeviceGetClockInfo, lib.nvmlDeviceGetPowerUsage, lib.nvmlDeviceGetTotalEnergyConsumption
-        try:
-            f_why = lib.nvmlDeviceGetCurrentClocksEventReasons
-        except AttributeError:  # drivers before 535
-            f_why = lib.nvmlDeviceGetCurrentClocksThrottleReasons
-
-        def util_(v: list) -> None:
-            ret = f_util(h, r_util)
-            if ret:
-                raise err(ret)
-            v[c_gpu] = util.gpu
-            v[c_mem] = util.memory
-
-        def memory(v: list) -> None:
-            ret = f_mem(h, r_mem)
-            if ret:
-                raise err(ret)
-            v[c_used] = mem.used
-
-        def sm_clock(v: list) -> None:
-            ret = f_clock(h, CLOCK_SM, r_sm)
-            if ret:
-                raise err(ret)
-            v[c_sm] = u_sm.value
-
-        def mem_clock(v: list) -> None:
-            ret = f_clock(h, CLOCK_MEM, r_mclk)
-            if ret:
-                raise err(ret)
-            v[c_mclk] = u_mclk.value
-
-        def power(v: list) -> None:
-            ret = f_pow(h, r_pow)
-            if ret:
-                raise err(ret)
-            v[c_pow] = u_pow.value * 1e-3  # mW -> W
-
-        def energy(v: list) -> None:
-            ret = f_en(h, r_en)
-            if ret:
-                raise err(ret)
-            v[c_en] = q_en.value * 1e-3  # mJ -> J
-
-        def throttle(v: list) -> None:
-            ret = f_why(h, r_why)
-            if ret:
-                raise err(ret)
-            self._throttle_raw = q_why.value
-
-        return _row_probes(util_, memory, sm_clock, mem_clock, power, energy, throttle)
+        return (Probe("gpu_util_pct", util, ("gpu_util_pct", "mem_util_pct")), Probe("mem_used_bytes", memory),
+                Probe("sm_clock_mhz", sm_clock), Probe("mem_clock_mhz", mem_clock), Probe("power_w", power),
+                Probe("energy_j", energy), Probe("throttle", throttle, ()))
 
     def _slow_probes(self, pids: Collection[int] | None) -> tuple[Probe, ...]:
         nv, h = self.nv, self.h
         c_proc, c_temp = COL["proc_mem_bytes"], COL["temp_c"]
         watched = None if pids is None else frozenset(pids)
+        lib = self._released if hasattr(self._released, "nvmlDeviceGetTemperature") else None
+        get_temp = self._getter(lib, "nvmlDeviceGetTemperature", ctypes.c_uint, TEMPERATURE_GPU)
 
-        def proc_mem(v: list) -> None:
-            total = 0
-            for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
-                if watched is None or p.pid in watched:
-                    used = p.usedGpuMemory
-                    if used is not None:  # None: not available (e.g. Windows WDDM)
-                        total += used
-            v[c_proc] = total
+        def proc_mem(v: list) -> None:  # usedGpuMemory None: not available (e.g. Windows WDDM)
+            v[c_proc] = sum(p.usedGpuMemory or 0 for p in nv.nvmlDeviceGetComputeRunningProcesses(h)
+                            if watched is None or p.pid in watched)
 
-        if self._released is not None and hasattr(self._released, "nvmlDeviceGetTemperature"):
-            f_temp, u_temp = self._released.nvmlDeviceGetTemperature, ctypes.c_uint()
-            r_temp, err = ctypes.byref(u_temp), nv.NVMLError
-
-            def temp(v: list) -> None:
-                ret = f_temp(h, TEMPERATURE_GPU, r_temp)
-                if ret:
-                    raise err(ret)
-                v[c_temp] = u_temp.value
-        else:
-            def temp(v: list) -> None:
-                v[c_temp] = nv.nvmlDeviceGetTemperature(h, TEMPERATURE_GPU)
+        def temp(v: list) -> None:
+            v[c_temp] = get_temp()
 
         return (Probe("proc_mem_bytes", proc_mem), Probe("temp_c", temp))
 
-    # -- GPM ---------------------------------------------------------------------------
     def _gpm_setup(self) -> bool:
         nv = self.nv
         try:
@@ -326,8 +267,7 @@ class NvmlDevice(ProbeDevice):
         except Exception as exc:  # noqa: BLE001 - vendor boundary
             self._absent_gpm(f"GPM set-up failed: {_text(exc)}")
             return False
-        self._gpm_cur = 0
-        self._gpm_have_prev = False
+        self._gpm_cur, self._gpm_have_prev = 0, False
         self._gpm_cols = tuple(COL[c] for _, c in GPM_COLUMNS)
         return True
 
@@ -371,9 +311,7 @@ class NvmlDevice(ProbeDevice):
             return ABSENT, f"{type(exc).__name__}: {exc}", type(exc).__name__
         code = _code(exc)
         what = f"NVML: {_text(exc)}"
-        if code in _LOST:
-            return LOST, what, code
-        return (ABSENT if code in _ABSENT else RETRY), what, code
+        return (LOST if code in _LOST else ABSENT if code in _ABSENT else RETRY), what, code
 
     def read(self, values: list[float], tick: int, now_ns: int) -> tuple[int, int, int]:
         tp = self._throttle_probe
@@ -408,23 +346,12 @@ class NvmlDevice(ProbeDevice):
 
     def close(self) -> None:
         for sample in self._gpm_samples:
-            try:
+            with contextlib.suppress(Exception):  # best effort at close
                 self.nv.nvmlGpmSampleFree(sample)
-            except Exception:  # noqa: BLE001 - best effort at close
-                pass
         self._gpm_samples = []
 
 
-def _row_probes(util: Any, memory: Any, sm_clock: Any, mem_clock: Any, power: Any, energy: Any, throttle: Any
-                ) -> tuple[Probe, ...]:
-    return (Probe("gpu_util_pct", util, ("gpu_util_pct", "mem_util_pct")), Probe("mem_used_bytes", memory),
-            Probe("sm_clock_mhz", sm_clock), Probe("mem_clock_mhz", mem_clock), Probe("power_w", power),
-            Probe("energy_j", energy), Probe("throttle", throttle, ()))
-
-
 class NvmlBackend(Backend):
-    """NVML opened; one :class:`NvmlDevice` per visible GPU."""
-
     name = "nvml"
 
     def __init__(self, errors: ErrorLog, *, env: Mapping[str, str] | None = None, pids: Collection[int] | None = None,
@@ -463,10 +390,8 @@ class NvmlBackend(Backend):
             self.gil += "; profile: thread CPU per call recorded"
 
     def versions(self) -> dict[str, str]:
-        out = {}
         driver = try_call(self.nv.nvmlSystemGetDriverVersion)
-        if driver is not None:
-            out["driver"] = _text(driver)
+        out: dict[str, str] = {} if driver is None else {"driver": _text(driver)}
         cuda = try_call(self.nv.nvmlSystemGetCudaDriverVersion)
         if isinstance(cuda, int):
             out["cuda_driver"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
@@ -505,20 +430,14 @@ class NvmlBackend(Backend):
             mem = try_call(nv.nvmlDeviceGetMemoryInfo, h)
             limit_mw = try_call(nv.nvmlDeviceGetEnforcedPowerLimit, h)
             pci = try_call(nv.nvmlDeviceGetPciInfo, parent)
-            info = DeviceInfo(
-                vendor="nvidia",
-                visible_index=g.visible_index,
-                physical_index=g.physical_index,
-                name=_text(try_call(nv.nvmlDeviceGetName, h) or ""),
-                uuid=g.uuid,
-                pci_bus_id=_text(pci.busId) if pci is not None else "",
-                mig=g.mig is not None,
-                sm_clock_max_mhz=try_call(nv.nvmlDeviceGetMaxClockInfo, h, CLOCK_SM),
-                mem_clock_max_mhz=try_call(nv.nvmlDeviceGetMaxClockInfo, h, CLOCK_MEM),
-                mem_total_bytes=float(mem.total) if mem is not None else None,
-                power_limit_w=limit_mw * 1e-3 if isinstance(limit_mw, (int, float)) else None,
-                gpm=bool(getattr(gpm_support, "isSupportedDevice", 0)) if gpm_support is not None else False,
-            )
+            info = DeviceInfo(vendor="nvidia", visible_index=g.visible_index, physical_index=g.physical_index,
+                              name=_text(try_call(nv.nvmlDeviceGetName, h) or ""), uuid=g.uuid,
+                              pci_bus_id=_text(pci.busId) if pci is not None else "", mig=g.mig is not None,
+                              sm_clock_max_mhz=try_call(nv.nvmlDeviceGetMaxClockInfo, h, CLOCK_SM),
+                              mem_clock_max_mhz=try_call(nv.nvmlDeviceGetMaxClockInfo, h, CLOCK_MEM),
+                              mem_total_bytes=float(mem.total) if mem is not None else None,
+                              power_limit_w=limit_mw * 1e-3 if isinstance(limit_mw, (int, float)) else None,
+                              gpm=gpm_support is not None and bool(getattr(gpm_support, "isSupportedDevice", 0)))
             if not info.gpm:
                 info.absent.extend(c for _, c in GPM_COLUMNS)
                 self.errors.once((g.visible_index, "gpm"), "absent",

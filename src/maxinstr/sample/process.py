@@ -1,21 +1,18 @@
-"""The sampler in a process of its own (``MAXINSTR_SAMPLER_GIL=process``, the default).
+"""The sampler in a process of its own (``MAXINSTR_SAMPLER_GIL=process``, the default): a thread
+in the user's process hands the GIL over and back every tick (docs/sampler.md, "What a sample
+costs"); ``python -m maxinstr.sample.process`` has its own, and writes the same files
+(CLOCK_MONOTONIC is system-wide).
 
-A sampler thread in the user's process shares its GIL: every tick hands it over and back
-(docs/sampler.md, "What a sample costs"). Here the same sampler runs in a child process
-(``python -m maxinstr.sample.process``) with its own GIL, costing CPU on another core; it writes
-the same files (CLOCK_MONOTONIC is system-wide: its times line up with the parent's stages).
-
-Protocol: the parent starts the child with a pipe on its stdin and waits (``ready_timeout_s``) for
-one JSON line on the child's original stdout: ``{"unavailable": ..., "devices": [...]}`` (what a
-vendor library prints goes to the child's stderr, kept in ``sampler-stderr.txt`` when not
-empty). ``stop()`` writes ``stop`` and closes the pipe; the child writes its final samples.json
-and exits, as it does when the parent dies. If the child does not come up,
-:func:`~maxinstr.sample.start_sampler` samples in-process and says so in ``notes``.
+Protocol: the parent waits (``ready_timeout_s``) for one JSON line on the child's original
+stdout, ``{"unavailable": ..., "devices": [...]}``; the child's other output goes to
+``sampler-stderr.txt`` (kept when not empty). ``stop()`` writes ``stop`` and closes the child's
+stdin; the child writes its final samples.json and exits, as it does when the parent dies.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -36,8 +33,7 @@ STDERR_FILE = "sampler-stderr.txt"
 
 
 class ProcessSampler:
-    """A sampler running in a child process; the same ``stop()`` / ``running`` / ``devices`` /
-    ``unavailable`` surface as :class:`~maxinstr.sample.writer.Sampler`. Never raises."""
+    """A sampler in a child process, with :class:`~maxinstr.sample.writer.Sampler`'s surface. Never raises."""
 
     def __init__(self, part_dir: Path, interval_s: float, *, pids: list[int], devices: Collection[int] | None,
                  flush_interval_s: float, env: dict[str, str] | None = None, ready_timeout_s: float = 20.0,
@@ -51,8 +47,7 @@ class ProcessSampler:
         self.ready_timeout_s = ready_timeout_s
         self.extra = dict(extra or {})
         self.devices: list[SimpleNamespace] = []  # what the parent knows of the child's devices: .info
-        self.unavailable = ""
-        self.failure = ""
+        self.unavailable = self.failure = ""
         self.notes: list[str] = []
         self._proc: subprocess.Popen | None = None
         self._stderr: Any = None
@@ -60,8 +55,8 @@ class ProcessSampler:
         self._pid = os.getpid()
 
     def start(self) -> bool:
-        """Start the child and wait until it samples (or says why it cannot). False, with
-        ``failure`` set, when the child did not come up; nothing is left running then."""
+        """Start the child and wait until it samples (or says why not); False (``failure``: why)
+        when it did not come up, nothing left running."""
         try:
             real_dirs(self.part_dir.parent, self.part_dir)
             cmd = [sys.executable, "-m", "maxinstr.sample.process", str(self.part_dir), repr(self.interval_s),
@@ -118,23 +113,19 @@ class ProcessSampler:
         self.failure = why
         self._stopped = True
         if self._proc is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self._proc.kill()
                 self._proc.wait(timeout=5)
-            except Exception:  # noqa: BLE001
-                pass
         self._close_stderr()
         return False
 
     def _close_stderr(self) -> None:
         if self._stderr is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self._stderr.close()
                 path = self.part_dir / STDERR_FILE
                 if path.lstat().st_size == 0 and not path.is_symlink():
                     path.unlink()
-            except OSError:
-                pass
             self._stderr = None
 
     @property
@@ -146,8 +137,7 @@ class ProcessSampler:
         return self._proc.pid if self._proc is not None else None
 
     def stop(self) -> None:
-        """Ask the child to stop (it writes the final samples.json) and wait for it; kill it
-        after 10 s. Idempotent; never raises; a forked copy of this object does nothing."""
+        """Ask the child to stop and wait for it (killed after 10 s). Never raises; a forked copy does nothing."""
         if self._stopped or os.getpid() != self._pid:
             return
         self._stopped = True
@@ -155,12 +145,10 @@ class ProcessSampler:
         try:
             atexit.unregister(self.stop)
             if proc is not None:
-                try:
+                with contextlib.suppress(OSError):  # the child is gone already
                     assert proc.stdin is not None
                     proc.stdin.write(b"stop\n")
                     proc.stdin.close()
-                except OSError:  # the child is gone already
-                    pass
                 try:
                     proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
@@ -175,7 +163,7 @@ class ProcessSampler:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The child: sample until told to stop or until the parent's pipe closes."""
+    """The child: sample until told to stop or the parent's pipe closes."""
     args = sys.argv[1:] if argv is None else argv
     part, interval, pids, devices, flush, parent, extra_json = args
     # the parent reads one line from our stdout: keep it for that, send everything else to stderr
@@ -189,10 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ready.write(json.dumps({"unavailable": s.unavailable, "devices": [d.info.to_json() for d in s.devices],
                             "notes": s.notes}) + "\n")
     ready.flush()
-    try:
+    with contextlib.suppress(OSError, KeyboardInterrupt):
         sys.stdin.buffer.readline()  # "stop", or b"" when the parent is gone
-    except (OSError, KeyboardInterrupt):
-        pass
     s.stop()
     return 0
 

@@ -1,8 +1,7 @@
-"""Per-GPU summary of a sampling window and the "is my GPU used?" verdict (``snapshot``;
-rendering is ``maxinstr.cli.snapshot``'s), over the active window (first to last sample with any
-utilization: start-up and tear-down do not dilute it). The rules are :data:`THRESHOLDS`; a busy
-GPU whose kernels fill few SMs is launch/sync-bound: NVML "utilization" is the share of time
-*some* kernel ran, not how much of the GPU it used, which SM activity (Hopper+ GPM) says.
+"""Per-GPU summary of a sampling window and the "is my GPU used?" verdict (``snapshot``), over
+the active window (first to last sample with any utilization). The rules are :data:`THRESHOLDS`;
+a busy GPU whose kernels fill few SMs is launch/sync-bound: NVML "utilization" is the share of
+time *some* kernel ran, not how much of the GPU it used, which SM activity (Hopper+ GPM) says.
 """
 
 from __future__ import annotations
@@ -66,7 +65,7 @@ def _stat(fn, x: np.ndarray) -> float:
 
 
 def verdict(util_mean: float, util_peak: float, sm_active_mean: float) -> tuple[str, str]:
-    """The verdict and the rule that fired, with the numbers and thresholds."""
+    """The verdict and the rule that fired."""
     if not np.isfinite(util_peak):
         return "unknown", "this device does not report utilization (e.g. a MIG instance)"
     if util_peak < IDLE_PEAK_UTIL_PCT:
@@ -82,7 +81,6 @@ def verdict(util_mean: float, util_peak: float, sm_active_mean: float) -> tuple[
 
 
 def summarize(samples: Samples) -> list[GpuSummary]:
-    """One :class:`GpuSummary` per device that has rows."""
     out: list[GpuSummary] = []
     devices = samples.devices
     for d in sorted(set(int(x) for x in np.unique(samples.device))):
@@ -99,39 +97,25 @@ def summarize(samples: Samples) -> list[GpuSummary]:
         e_ok = energy[~np.isnan(energy)]
         thr = w["throttle"]
         n = max(1, len(w))
-        throttle_pct = {
-            name: 100.0 * float(np.count_nonzero(thr & (1 << i))) / n
-            for i, (name, _) in enumerate(THROTTLE_BITS)
-            if np.any(thr & (1 << i))
-        }
+        throttle_pct = {name: 100.0 * float(np.count_nonzero(thr & (1 << i))) / n
+                        for i, (name, _) in enumerate(THROTTLE_BITS) if np.any(thr & (1 << i))}
         u_mean, u_peak, sm_mean = _stat(np.mean, wu), _stat(np.max, wu), _stat(np.mean, sm)
         v, why = verdict(u_mean, u_peak, sm_mean)
-        out.append(
-            GpuSummary(
-                device=d,
-                visible_index=int(info.get("visible_index", d)),
-                name=str(info.get("name", "")),
-                samples=len(rows),
-                window_s=float(t[-1] - t[0]) * 1e-9 if len(t) > 1 else 0.0,
-                active_s=float(w["t_ns"][-1] - w["t_ns"][0]) * 1e-9 if len(w) > 1 else 0.0,
-                util_mean_pct=u_mean,
-                util_peak_pct=u_peak,
-                sm_active_mean_pct=sm_mean,
-                sm_active_peak_pct=_stat(np.max, sm),
-                tensor_active_mean_pct=_stat(np.mean, w["tensor_active_pct"].astype(np.float64)),
-                mem_used_peak_bytes=_stat(np.max, rows.column("mem_used_bytes").astype(np.float64)),
-                mem_total_bytes=float(info.get("mem_total_bytes") or np.nan),
-                power_mean_w=_stat(np.mean, w["power_w"].astype(np.float64)),
-                power_peak_w=_stat(np.max, rows.column("power_w").astype(np.float64)),
-                energy_j=float(e_ok[-1] - e_ok[0]) if len(e_ok) > 1 else float("nan"),
-                sm_clock_mean_mhz=_stat(np.mean, w["sm_clock_mhz"].astype(np.float64)),
-                sm_clock_max_mhz=float(info.get("sm_clock_max_mhz") or np.nan),
-                throttle_pct=throttle_pct,
-                hw_throttle_pct=100.0 * float(np.count_nonzero(thr & HW_THROTTLE_MASK)) / n,
-                power_cap_pct=100.0 * float(np.count_nonzero(thr & POWER_CAP_MASK)) / n,
-                thermal_hw_pct=100.0 * float(np.count_nonzero(thr & THERMAL_HW_MASK)) / n,
-                verdict=v,
-                why=why,
-            )
-        )
+        out.append(GpuSummary(
+            device=d, visible_index=int(info.get("visible_index", d)), name=str(info.get("name", "")),
+            samples=len(rows), window_s=float(t[-1] - t[0]) * 1e-9 if len(t) > 1 else 0.0,
+            active_s=float(w["t_ns"][-1] - w["t_ns"][0]) * 1e-9 if len(w) > 1 else 0.0,
+            util_mean_pct=u_mean, util_peak_pct=u_peak, sm_active_mean_pct=sm_mean,
+            sm_active_peak_pct=_stat(np.max, sm),
+            tensor_active_mean_pct=_stat(np.mean, w["tensor_active_pct"].astype(np.float64)),
+            mem_used_peak_bytes=_stat(np.max, rows.column("mem_used_bytes").astype(np.float64)),
+            mem_total_bytes=float(info.get("mem_total_bytes") or np.nan),
+            power_mean_w=_stat(np.mean, w["power_w"].astype(np.float64)),
+            power_peak_w=_stat(np.max, rows.column("power_w").astype(np.float64)),
+            energy_j=float(e_ok[-1] - e_ok[0]) if len(e_ok) > 1 else float("nan"),
+            sm_clock_mean_mhz=_stat(np.mean, w["sm_clock_mhz"].astype(np.float64)),
+            sm_clock_max_mhz=float(info.get("sm_clock_max_mhz") or np.nan), throttle_pct=throttle_pct,
+            hw_throttle_pct=100.0 * float(np.count_nonzero(thr & HW_THROTTLE_MASK)) / n,
+            power_cap_pct=100.0 * float(np.count_nonzero(thr & POWER_CAP_MASK)) / n,
+            thermal_hw_pct=100.0 * float(np.count_nonzero(thr & THERMAL_HW_MASK)) / n, verdict=v, why=why))
     return out

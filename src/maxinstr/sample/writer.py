@@ -1,16 +1,12 @@
-"""The sampler thread: reads every visible device at a fixed rate and appends one fixed-size
-row per device to ``samples.bin`` (:mod:`maxinstr.rundir.samples`).
-
-Rows are packed into a preallocated buffer and handed to the OS in one ``os.write`` per flush
-interval (default 0.1 s), so a SIGKILL loses at most that much. Writing less often matters:
-``os.write`` releases the GIL, and taking it back from a program busy in Python costs a thread
-switch and can wait up to the interpreter's 5 ms switch interval. ``samples.json`` is replaced
-atomically at start, when a new error is seen, and at stop. Nothing here raises into the user's
-program: failures become entries in ``samples.json``'s ``errors``.
+"""The sampler thread: reads every visible device at a fixed rate and appends one fixed-size row
+per device to ``samples.bin`` (:mod:`maxinstr.rundir.samples`), in one ``os.write`` per flush
+interval (a SIGKILL loses at most that). ``samples.json`` is replaced atomically at start, at a
+new error and at stop. Nothing here raises into the user's program: failures go to ``errors``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import array
 import atexit
 import json
@@ -26,14 +22,13 @@ from maxinstr._files import open_write, real_dirs, replace_atomic
 from maxinstr.rundir.samples import (FLAG_GPM, FLAG_LOST, FLAG_SLOW, METRICS, ROW_FORMAT, ROW_SIZE, SAMPLES_FILE,
                                      SAMPLES_FORMAT, SAMPLES_LAYOUT_FILE, SAMPLES_VERSION, THROTTLE_BITS, row_layout)
 from maxinstr.sample import amdsmi, nvml
-from maxinstr.sample.base import NAN, Backend, Device, DeviceLost, ErrorLog, NullBackend, try_call
+from maxinstr.sample.base import NAN, Backend, Device, DeviceLost, ErrorLog, NullBackend, Unavailable, try_call
 
+clock_ns: Callable[[], int]
 try:  # the native core's clock (CLOCK_MONOTONIC ns, the clock stage records use)
-    from maxinstr._native import clock_ns as _clock_ns
+    from maxinstr._native import clock_ns
 except Exception:  # noqa: BLE001 - no native build: time.monotonic_ns is CLOCK_MONOTONIC on Linux
-    _clock_ns = time.monotonic_ns
-
-clock_ns: Callable[[], int] = _clock_ns
+    clock_ns = time.monotonic_ns
 
 DEFAULT_INTERVAL_S = 0.01
 """100 Hz: fast enough to see a decode step. Cost measured in docs/benchmarks.md (target <= 1%)."""
@@ -43,26 +38,18 @@ _U32_MAX = 0xFFFFFFFF
 
 def open_backend(errors: ErrorLog, *, interval_s: float = DEFAULT_INTERVAL_S, env: Mapping[str, str] | None = None,
                  pids: Collection[int] | None = None, prefer: str | None = None) -> tuple[Backend, str]:
-    """The first vendor backend with at least one visible device: NVML, then AMD SMI (``prefer``:
-    only that one). ``(backend, "")``, or ``(NullBackend, reason)`` saying in one line why
-    nothing can be sampled. Never raises."""
+    """``(backend, "")`` for the first vendor with a visible device (NVML, then AMD SMI; ``prefer``:
+    only that one), or ``(NullBackend, why)``. Never raises."""
     reasons: list[str] = []
     for name in [prefer] if prefer else ["nvml", "amdsmi"]:
         try:
-            if name == "nvml":
-                try:
-                    backend: Backend = nvml.NvmlBackend(errors, env=env, pids=pids, interval_s=interval_s)
-                except nvml.Unavailable as exc:
-                    reasons.append(str(exc))
-                    continue
-                count = backend.nv.nvmlDeviceGetCount()  # type: ignore[attr-defined]
-            else:
-                try:
-                    backend = amdsmi.AmdSmiBackend(errors, env=env, pids=pids, interval_s=interval_s)
-                except amdsmi.Unavailable as exc:
-                    reasons.append(str(exc))
-                    continue
-                count = len(backend.smi.amdsmi_get_processor_handles())
+            backend: Any = (nvml.NvmlBackend if name == "nvml" else amdsmi.AmdSmiBackend)(
+                errors, env=env, pids=pids, interval_s=interval_s)
+            count = (backend.nv.nvmlDeviceGetCount() if name == "nvml"
+                     else len(backend.smi.amdsmi_get_processor_handles()))
+        except Unavailable as exc:
+            reasons.append(str(exc))
+            continue
         except Exception as exc:  # noqa: BLE001 - a vendor module misbehaving: try the next one
             reasons.append(f"{name}: {type(exc).__name__}: {exc}")
             continue
@@ -100,13 +87,9 @@ class Sampler:
         self.stopped_ns: int | None = None
         self._pid = os.getpid()
         # cost accounting (written by the thread only)
-        self.ticks = 0
-        self.rows = 0
-        self.missed_ticks = 0
-        self._cost_sum_ns = 0
-        self._cost_max_ns = 0
+        self.ticks = self.rows = self.missed_ticks = 0
+        self._cost_sum_ns = self._cost_max_ns = self._thread_cpu_ns = 0
         self._costs = array.array("q", bytes(8 * _COST_RING))
-        self._thread_cpu_ns = 0
 
     def start(self) -> Sampler:
         try:
@@ -135,15 +118,12 @@ class Sampler:
         return self
 
     def stop(self) -> None:
-        """Stop the thread, write the final samples.json, close the vendor library.
-        Idempotent; never raises."""
+        """Stop the thread, write the final samples.json, close the vendor library. Never raises."""
         if self._stopped:
             return
-        if os.getpid() != self._pid:
-            # a forked child (its copy of this object has no thread): the part belongs to the parent
-            self._stopped = True
-            return
         self._stopped = True
+        if os.getpid() != self._pid:  # a forked child's copy (no thread): the part is the parent's
+            return
         leak_fd = False  # a vendor call hangs (a wedged GPU): a reused descriptor would take the thread's late writes
         try:
             atexit.unregister(self.stop)
@@ -163,10 +143,8 @@ class Sampler:
             pass
         finally:
             if self._fd >= 0 and not leak_fd:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(self._fd)
-                except OSError:
-                    pass
                 self._fd = -1
 
     @property
@@ -213,13 +191,11 @@ class Sampler:
                     t0 = clock()
                     try:
                         flags, bits, raw = dev.read(values, tick, t0)
-                    except DeviceLost:
-                        flags, bits, raw = FLAG_LOST, 0, 0
-                        lost.append(k)
-                    except Exception as exc:  # noqa: BLE001 - a vendor module bug: stop that device only
-                        vis = dev.info.visible_index
-                        self.errors.once((vis, "internal"), "internal",
-                                         f"gpu{vis}: sampling stopped: {type(exc).__name__}: {exc}", vis)
+                    except Exception as exc:  # noqa: BLE001 - DeviceLost, or a vendor module bug: stop that device
+                        if not isinstance(exc, DeviceLost):
+                            vis = dev.info.visible_index
+                            self.errors.once((vis, "internal"), "internal",
+                                             f"gpu{vis}: sampling stopped: {type(exc).__name__}: {exc}", vis)
                         flags, bits, raw = FLAG_LOST, 0, 0
                         lost.append(k)
                     read_ns = clock() - t0
@@ -229,8 +205,7 @@ class Sampler:
                 if lost:
                     active = [a for k, a in enumerate(active) if k not in lost]
                 now = clock()
-                # os.write releases the GIL, and getting it back from a busy program costs a
-                # thread switch (and up to the 5 ms switch interval): write once per flush interval
+                # os.write releases the GIL (retaking it can wait the 5 ms switch interval): once a flush
                 if now - last_flush >= flush_ns or off + ROW_SIZE * len(active) > cap or lost:
                     os.write(fd, view[:off])
                     off = 0
@@ -249,8 +224,7 @@ class Sampler:
                     self.missed_ticks += skipped
                     next_ns += skipped * interval_ns
                 delay = (next_ns - now) * 1e-9
-                # time.sleep is one syscall; Event.wait is a lock dance in Python (~2x the CPU).
-                # Long waits use the event so that stop() is not held up.
+                # time.sleep is one syscall, Event.wait ~2x the CPU: the event only for long waits (stop)
                 if delay <= 0.05:
                     sleep(delay)
                 else:
@@ -284,8 +258,7 @@ class Sampler:
             if stats:
                 probes[str(d.info.visible_index)] = stats
         if probes:
-            # per metric and visible GPU: cadence, calls, wall ns per call (and why a call was
-            # moved off the per-row cadence); see docs/sampler.md "What a sample costs"
+            # per metric and GPU: cadence, calls, ns per call (docs/sampler.md "What a sample costs")
             out["probes"] = probes
         if self.stopped_ns is not None and self._thread_cpu_ns:
             elapsed = max(1, self.stopped_ns - self.started_ns)
@@ -295,36 +268,24 @@ class Sampler:
 
     def write_json(self, status: str) -> None:
         doc: dict[str, Any] = {
-            "format": SAMPLES_FORMAT,
-            "version": SAMPLES_VERSION,
-            "status": status,
-            "clock": "CLOCK_MONOTONIC",
-            "backend": self.backend.name if not self.unavailable else "none",
-            "unavailable": self.unavailable or None,
+            "format": SAMPLES_FORMAT, "version": SAMPLES_VERSION, "status": status, "clock": "CLOCK_MONOTONIC",
+            "backend": self.backend.name if not self.unavailable else "none", "unavailable": self.unavailable or None,
             "backend_versions": try_call(self.backend.versions) or {},
-            "visible": getattr(self.backend, "source", "") or None,
-            "gil": getattr(self.backend, "gil", None),
-            "interval_s": self.interval_s,
-            "flush_interval_s": max(self.interval_s, self.flush_interval_s),
+            "visible": getattr(self.backend, "source", "") or None, "gil": getattr(self.backend, "gil", None),
+            "interval_s": self.interval_s, "flush_interval_s": max(self.interval_s, self.flush_interval_s),
             **self.extra,
-            "row": row_layout(),
-            "flags": {"GPM": FLAG_GPM, "SLOW": FLAG_SLOW, "LOST": FLAG_LOST},
+            "row": row_layout(), "flags": {"GPM": FLAG_GPM, "SLOW": FLAG_SLOW, "LOST": FLAG_LOST},
             "throttle_bits": [{"bit": i, "name": n, "group": g} for i, (n, g) in enumerate(THROTTLE_BITS)],
-            "devices": [d.info.to_json() for d in self.devices],
-            "pids": self.pids,
-            "started_ns": self.started_ns,
-            "stopped_ns": self.stopped_ns,
-            "cost": self.cost_summary(),
-            "notes": self.notes,
-            "errors": self.errors.snapshot(),
+            "devices": [d.info.to_json() for d in self.devices], "pids": self.pids,
+            "started_ns": self.started_ns, "stopped_ns": self.stopped_ns, "cost": self.cost_summary(),
+            "notes": self.notes, "errors": self.errors.snapshot(),
         }
         with self._json_lock:
             replace_atomic(self.part_dir / SAMPLES_LAYOUT_FILE,
                            (json.dumps(_finite(doc), indent=1, allow_nan=False, default=str) + "\n").encode())
 
 
-def _finite(obj: Any) -> Any:
-    """JSON cannot hold NaN: replace non-finite floats by None."""
+def _finite(obj: Any) -> Any:  # JSON cannot hold NaN: non-finite floats become None
     if isinstance(obj, float):
         return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
     if isinstance(obj, dict):
