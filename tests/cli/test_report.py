@@ -7,6 +7,7 @@ import re
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from helpers.fixture_columns import DATA
@@ -97,6 +98,35 @@ def _session_run(path: Path, sleep_s: float, n: int = 12) -> Path:
     return path
 
 
+# steady steps' spread around a run's level (ns): what a quiet machine shows, pinned
+JITTER_NS = (0, 30_000, -20_000, 50_000, 10_000, -40_000, 20_000, 0, -10_000, 40_000)
+
+
+def _pinned_run(path: Path, level_ns: int, warmup: int = 2, warmup_ns: int = 20_000_000) -> Path:
+    """A closed run directory as a session writes it: ``warmup`` warm-up steps of ``warmup_ns``,
+    then a ``decode`` step per JITTER_NS of ``level_ns`` + jitter. The durations are the test's,
+    not a loaded machine's sleeps."""
+    from maxinstr.rundir import format as fmt
+
+    steps = [warmup_ns] * warmup + [level_ns + j for j in JITTER_NS]
+    rows = np.zeros(len(steps), dtype=fmt.STAGE_DTYPE)
+    rows["id"] = (7 << 32) | np.arange(1, len(steps) + 1)
+    rows["parent_id"] = -1
+    rows["tid"] = 7
+    rows["host_start_ns"] = 10**9 + np.arange(len(steps), dtype=np.int64) * 50_000_000
+    rows["host_end_ns"] = rows["host_start_ns"] + np.array(steps, dtype=np.int64)
+    rows["gpu_start_ns"] = rows["gpu_end_ns"] = -1
+    rows["step"] = np.arange(len(steps))
+    part = path / "parts" / "p7"
+    part.mkdir(parents=True)
+    (part / fmt.STAGES_FILE).write_bytes(rows.tobytes())
+    (part / fmt.STRINGS_FILE).write_text(json.dumps({"id": 0, "s": "decode"}) + "\n")
+    (part / fmt.PART_FILE).write_text(json.dumps({"pid": 7, "status": "closed", "rows_written": len(steps)}))
+    (path / fmt.META_FILE).write_text(json.dumps({"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION,
+                                                  "status": "closed", "warmup": warmup}))
+    return path
+
+
 def test_report_on_a_recorded_run(tmp_path, capsys):
     run = _session_run(tmp_path / "run", 0.001)
     rc, out, _ = run_cli(capsys, "report", str(run), "--format", "json")
@@ -116,20 +146,21 @@ def test_compare_runs_says_slower_and_within_noise(tmp_path, capsys):
     one CPU command were called 68% faster): beyond the run's own spread it says "cannot tell".
     Folders of fresh-process repeats (maxinstr run --repeat N) are pooled, and the spread of
     their run medians bounds the noise."""
-    a = [_session_run(tmp_path / "a" / f"r{i}", 0.002) for i in (1, 2)]
-    b = [_session_run(tmp_path / "b" / f"r{i}", 0.008) for i in (1, 2)]
+    # A's runs step at 2.0 and 2.1 ms, B's at 8.0 and 8.2 ms (each +- 50 us of pinned jitter)
+    a = [_pinned_run(tmp_path / "a" / f"r{i}", lvl) for i, lvl in ((1, 2_000_000), (2, 2_100_000))]
+    b = [_pinned_run(tmp_path / "b" / f"r{i}", lvl) for i, lvl in ((1, 8_000_000), (2, 8_200_000))]
     rc, out, _ = run_cli(capsys, "compare", str(a[0]), str(b[0]), "--format", "json")
     assert rc == 0
     doc = json.loads(out)
     assert doc["schema"] == "maxinstr-compare" and doc["baseline"] == str(a[0])
     row = doc["comparisons"][0]["stages"][0]
     assert row["stage"] == "decode" and row["verdict"] == "cannot tell" and row["noise_method"] == "bootstrap"
-    assert row["median_delta_ns"] > 4e6 and row["run_to_run_bound_ns"] is None
+    assert row["median_delta_ns"] == 6_000_000 and row["run_to_run_bound_ns"] is None
     rc, out, _ = run_cli(capsys, "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--format", "json")
     c = json.loads(out)["comparisons"][0]
     row = c["stages"][0]
-    # 2 runs x 10 steady steps, less a step a loaded machine's sleep made a cold start
-    assert c["runs"] == {"a": 2, "b": 2} and row["a"]["runs"] == 2 and 18 <= row["a"]["n"] <= 20
+    # 2 runs x 10 steady steps, the 2 warm-up steps of each run apart
+    assert c["runs"] == {"a": 2, "b": 2} and row["a"]["runs"] == 2 and row["a"]["n"] == 20
     assert row["verdict"] == "slower" and row["noise_method"] == "runs+bootstrap"
     assert row["noise_bound_ns"] >= row["run_to_run_bound_ns"] and row["noise_bound_ns"] < row["median_delta_ns"]
     rc, out, _ = run_cli(capsys, "compare", str(a[0]), str(a[0]), "--format", "json")
@@ -144,9 +175,9 @@ def test_compare_bound_holds_run_to_run(tmp_path, capsys):
     A's two runs take 3 and 5 ms a step, B's two 4 ms. Pooled, the medians' spread across runs
     bounds the noise (each run alone is tight: its own bootstrap bound would call any pair of
     them a change)."""
-    for side, sleeps in (("a", (0.003, 0.005)), ("b", (0.004, 0.004))):
-        for i, sl in enumerate(sleeps):
-            _session_run(tmp_path / side / f"r{i}", sl)
+    for side, levels in (("a", (3_000_000, 5_000_000)), ("b", (4_000_000, 4_000_000))):
+        for i, lvl in enumerate(levels):
+            _pinned_run(tmp_path / side / f"r{i}", lvl)
     rc, out, _ = run_cli(capsys, "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--format", "json")
     row = json.loads(out)["comparisons"][0]["stages"][0]
     assert rc == 0 and row["verdict"] == "within noise", row

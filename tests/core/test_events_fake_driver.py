@@ -254,9 +254,14 @@ def test_driver_errors_flag_gpu_dropped(run_fake, fail, expect):
             pass
         fk.fake_complete_all(); n.resolve()
         r = drained()
-        emit(dict(flags=r["flags"].tolist(), errors=n.stats()["errors"], dropped=n.stats()["events_dropped"]))
+        emit(dict(flags=r["flags"].tolist(), errors=n.stats()["errors"], dropped=n.stats()["events_dropped"],
+                  sampled_out=n.stats()["gpu_sampled_out"]))
         """
     )
+    # No stage left to the GPU budget (run_fake sets it to 0): with the default budget, one record of
+    # "warm" preempted for 5 ms on a loaded machine sampled "bad" and "good" out (flags [32, 32]),
+    # and the failure set for "bad" was never met.
+    assert out["sampled_out"] == 0
     assert out["flags"] == [8, 2]  # GPU_DROPPED then a good, GPU_TIMED record
     assert out["dropped"] == 1
     assert any(expect in e and "999" in e for e in out["errors"])
