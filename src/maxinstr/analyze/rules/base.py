@@ -32,6 +32,8 @@ WORDS: dict[FindingId, str] = {
     "moe_decode": "its kernel mix", "moe_routing_overhead": "its MoE routing", "low_bit_weights": "its kernel mix",
     "low_bit_quant_overhead": "its quantization kernels", "unfused_custom_architecture": "its unfused kernels"}
 """Findings named in another finding's words, so its prose reads without the rule ids."""
+PLURAL_WORDS: frozenset[FindingId] = frozenset({"low_bit_quant_overhead", "unfused_custom_architecture"})
+"""Those whose words are plural ("its unfused kernels come second")."""
 
 LAUNCH_BOUND_BUSY = 0.6
 HOST_BOUND_GPU_OVER_HOST = 0.3
@@ -93,7 +95,7 @@ class Draft:
             title += f" (but {self.but})"
         if self.secondary:
             said = " and ".join(WORDS[x] for x in self.secondary)
-            one = len(self.secondary) == 1 and not said.endswith("kernels")  # "its unfused kernels come second"
+            one = len(self.secondary) == 1 and self.secondary[0] not in PLURAL_WORDS
             ev["secondary"] = list(self.secondary)
             title += f"; this sets the stage's pace, {said} come{'s' if one else ''} second"
             step = f"This limits the stage first: {said} matter{'s' if one else ''} once it is fixed. " + step
