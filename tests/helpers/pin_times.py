@@ -7,21 +7,30 @@ one the program asked for, never longer than what was recorded."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+
+
+def part_records(run_dir: str | Path) -> Iterator[tuple[Path, dict[int, str], np.ndarray]]:
+    """Each part of a run directory (in name order) as (folder, name of each name id, its stage
+    rows); rows changed by the caller are written back when it asks for the next part."""
+    from maxinstr.rundir import format as fmt
+
+    for part in sorted((Path(run_dir) / "parts").iterdir()):
+        names = {d["id"]: d["s"] for d in map(json.loads, (part / fmt.STRINGS_FILE).read_text().splitlines())}
+        rows = np.fromfile(part / fmt.STAGES_FILE, dtype=fmt.STAGE_DTYPE)
+        yield part, names, rows
+        rows.tofile(part / fmt.STAGES_FILE)
 
 
 def pin_host_durations(run_dir: str | Path, durations_ns: dict[str, int]) -> int:
     """Set every record whose name path (``"decode"``, ``"decode/layer"``: the names from its
     top-level stage down) is a key of ``durations_ns`` to last exactly that long. Returns how
     many records were pinned; a record shorter than its pinned duration is an error."""
-    from maxinstr.rundir import format as fmt
-
     pinned = 0
-    for part in sorted((Path(run_dir) / "parts").iterdir()):
-        names = {d["id"]: d["s"] for d in map(json.loads, (part / fmt.STRINGS_FILE).read_text().splitlines())}
-        rows = np.fromfile(part / fmt.STAGES_FILE, dtype=fmt.STAGE_DTYPE)
+    for _, names, rows in part_records(run_dir):
         row_of = {int(i): k for k, i in enumerate(rows["id"])}
         paths: list[str] = []
         for k in range(len(rows)):  # a parent is recorded when it closes, after its children: walk up
@@ -39,5 +48,4 @@ def pin_host_durations(run_dir: str | Path, durations_ns: dict[str, int]) -> int
                 raise AssertionError(f"{path} record {k} lasted {got} ns, less than the {want} ns pinned")
             rows["host_end_ns"][k] = rows["host_start_ns"][k] + want
             pinned += 1
-        rows.tofile(part / fmt.STAGES_FILE)
     return pinned

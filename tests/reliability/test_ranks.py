@@ -20,6 +20,8 @@ import maxinstr
 from maxinstr.analyze import ranks as rk
 from maxinstr.analyze.families import classify_one
 
+from helpers.pin_times import part_records
+
 HERE = Path(__file__).parent
 DATA = HERE.parent / "data"
 SRC = str(Path(maxinstr.__file__).parents[1])
@@ -65,10 +67,9 @@ def pin_steps(run_dir: Path, compute_ms: dict[int, float], outside_ms: dict[int,
 
     outside_ms = outside_ms or {}
     parts = []
-    for part in sorted((run_dir / "parts").iterdir()):
+    for part, names, rows in part_records(run_dir):  # all read first: the timeline needs every rank
         rank = json.loads((part / fmt.PART_FILE).read_text())["rank"]
-        ids = {d["s"]: d["id"] for d in map(json.loads, (part / fmt.STRINGS_FILE).read_text().splitlines())}
-        rows = np.fromfile(part / fmt.STAGES_FILE, dtype=fmt.STAGE_DTYPE)
+        ids = {s: i for i, s in names.items()}
         sel = {name: np.flatnonzero(rows["name_id"] == ids[name]) for name in ("step", "compute", "allreduce")}
         sel = {name: i[np.argsort(rows["host_start_ns"][i], kind="stable")] for name, i in sel.items()}
         assert len(set(map(len, sel.values()))) == 1 and len(rows) == 3 * len(sel["step"])  # nothing else recorded
