@@ -3,8 +3,10 @@
 # (default .old/, e.g. `git archive 8f7e610 pyproject.toml CMakeLists.txt src csrc README.md | tar
 # -x -C .old`, carried) built into /tmp/site_old, against the checkout run_all.sh built into
 # /tmp/site. Each round runs, for each tree, benchmarks/decoder_ab.py (the PyTorch decode step:
-# bare, nvtx, default, kernels=True, CUPTI's floor) and benchmarks/stage_overhead.py --quick; the
-# benchmark scripts are this checkout's for both. Results in $OUT/trees-ab/.
+# bare, nvtx, default, kernels=True, CUPTI's floor; TREE_AB=0 skips it) and
+# benchmarks/stage_overhead.py --quick; with TREE_SAMPLER=1 also benchmarks/sampler_cost.py on the
+# machine's GPU (the sampler in its child process). The benchmark scripts are this checkout's for
+# both. Results in $OUT/trees-ab/.
 set -uo pipefail
 out="${OUT:-/tmp/out}/trees-ab"
 mkdir -p "$out"
@@ -20,9 +22,11 @@ for r in $(seq "${TREE_ROUNDS:-2}"); do
   for tree in old new; do
     if [ $tree = old ]; then pp=/tmp/site_old:/tmp/site; else pp=/tmp/site; fi
     echo "=== round $r, $tree ($(PYTHONPATH=$pp python3 -c 'import maxinstr; print(maxinstr.__file__)'))"
-    PYTHONPATH=$pp timeout -k 5 "${AB_TIMEOUT:-120}" python3 benchmarks/decoder_ab.py --rounds "${AB_ROUNDS:-6}" \
+    [ "${TREE_AB:-1}" = 1 ] && PYTHONPATH=$pp timeout -k 5 "${AB_TIMEOUT:-120}" python3 benchmarks/decoder_ab.py --rounds "${AB_ROUNDS:-6}" \
       --steps "${AB_STEPS:-128}" --modes "$modes" --json "$out/ab-$tree-$r.json" 2>&1 | tee "$out/ab-$tree-$r.txt" | sed -n '/^mode/,/^$/p'
     PYTHONPATH=$pp timeout -k 5 60 python3 benchmarks/stage_overhead.py --quick 2>&1 | tee "$out/stage-$tree-$r.txt" | tail -n 12
+    [ "${TREE_SAMPLER:-0}" = 1 ] && PYTHONPATH=$pp timeout -k 5 90 python3 benchmarks/sampler_cost.py --device real \
+      --modes process --rounds 4 --seconds 0.5 --json "$out/sampler-$tree-$r.json" 2>&1 | tee "$out/sampler-$tree-$r.txt" | tail -n 12
   done
 done
 exit 0
