@@ -601,3 +601,19 @@ def test_the_kernel_regex_picks_each_top_kernel_of_its_stage(args, capsys):
                 assert next(o["name"] for o in kernels if re.search(rx, o["name"])) == k["name"], (rx, k["name"])
                 checked += 1
     assert checked
+
+
+def test_compare_kernel_lists_do_not_follow_the_hash_seed():
+    """Kernels only on one side with equal GPU time come by name, so the 50 listed and their order
+    are the same in every process (they followed the set's order, which the hash seed picks)."""
+    from maxinstr.analyze.compare import _kernels
+
+    def report(names, family):
+        return {"gpu": {"kernels": [{"name": n, "family": family, "gpu_ns": 1000, "share": 0.01} for n in names]}}
+
+    only_b = [f"kernel_b_{i:02d}" for i in range(60)]
+    both = [f"kernel_both_{i:02d}" for i in range(20)]
+    appeared, disappeared, refamilied = _kernels(report(both, "gemm"), report(both + only_b, "gemv"))
+    assert [k["name"] for k in appeared] == sorted(only_b)
+    assert disappeared == []
+    assert [r["name"] for r in refamilied] == sorted(both)

@@ -324,11 +324,11 @@ def _kernels(a: Report, b: Report) -> tuple[list[KernelChange], list[KernelChang
     def listed(side: dict[str, GpuKernel], keys: set[str]) -> list[KernelChange]:
         rows: list[KernelChange] = [{"name": side[n]["name"], "family": side[n]["family"], "gpu_ns": side[n]["gpu_ns"],
                                      "share": side[n]["share"]} for n in keys]
-        return sorted(rows, key=lambda r: -r["gpu_ns"])
+        return sorted(rows, key=lambda r: (-r["gpu_ns"], r["name"]))  # (names break ties: not the hash seed)
 
     ka, kb = by_key(a), by_key(b)
     refamilied = [{"name": ka[n]["name"], "a_family": ka[n]["family"], "b_family": kb[n]["family"]}
-                  for n in ka.keys() & kb.keys() if ka[n]["family"] != kb[n]["family"]]
+                  for n in sorted(ka.keys() & kb.keys()) if ka[n]["family"] != kb[n]["family"]]
     return listed(kb, kb.keys() - ka.keys()), listed(ka, ka.keys() - kb.keys()), refamilied
 
 
