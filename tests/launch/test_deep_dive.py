@@ -33,11 +33,37 @@ def _check_placement(trace, choice, stage_op_set: set[int]) -> None:
     counts for the stage, among the kernels of the same function name (what ncu's filter counts)."""
     tr = trace
     base = dd.function_name(choice.name)
-    call_t = {int(c): int(t) for c, t in zip(tr.calls.correlation_id, tr.calls.start_ns)}
+    call_t: dict[tuple[int, int], int] = {}
+    for p, c, t in zip(tr.calls.pid.tolist(), tr.calls.correlation_id.tolist(), tr.calls.start_ns.tolist()):
+        call_t.setdefault((p, c), t)  # (correlation ids are per process)
     same = [op for op in range(len(tr.ops)) if tr.ops.kind[op] == 0 and dd.function_name(tr.strings[tr.ops.name_id[op]]) == base]
-    same.sort(key=lambda op: (call_t.get(int(tr.ops.correlation_id[op]), int(tr.ops.start_ns[op])), int(tr.ops.start_ns[op])))
+    same.sort(key=lambda op: (call_t.get((int(tr.ops.pid[op]), int(tr.ops.correlation_id[op])), int(tr.ops.start_ns[op])),
+                              int(tr.ops.start_ns[op])))
     first = next(i for i, op in enumerate(same) if op in stage_op_set and tr.strings[tr.ops.name_id[op]] == choice.name)
     assert choice.launch_skip == first
+
+
+def test_launch_order_joins_each_op_to_its_own_processs_call(decode_trace):
+    """Two processes reuse correlation ids: an op takes its launch time from its own process's call.
+    The trace is the fixture merged with itself (the second copy 10 s earlier, as a second process
+    started first); joined on the correlation id alone, the early process's ops took the late one's
+    launch times and launch-skip came out twice what it is."""
+    import dataclasses
+
+    from maxinstr.analyze.report import analyze
+    from maxinstr.traces.merge import merge_rank_traces
+
+    def shifted(tr, d):
+        def sh(tab):
+            return dataclasses.replace(tab, start_ns=tab.start_ns + d, end_ns=tab.end_ns + d)
+        return dataclasses.replace(tr, ops=sh(tr.ops), calls=sh(tr.calls), ranges=sh(tr.ranges))
+
+    merged, _ = merge_rank_traces([decode_trace, shifted(decode_trace, -10**10)], [0, 1])
+    a = analyze(trace=merged, warmup=0)
+    choice = dd.choose_from_trace(merged, stage="decode", analysis=a)
+    ops, _inst, _n, _key = dd.stage_ops(a, "decode")
+    _check_placement(merged, choice, set(ops.tolist()))
+    assert any("several processes" in n for n in choice.notes)
 
 
 @pytest.mark.parametrize("stage,warmup", [("decode", 2), ("sample", 0), ("prefill", 1)])

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from maxinstr.columns import correlation_join
 from maxinstr.errors import MaxinstrError
 from maxinstr.traces.model import OpKind
 
@@ -112,11 +113,9 @@ def choose_from_trace(trace: Any, *, stage: str | None = None, kernel: str | Non
     base, kernel_ids = function_name(name), np.unique(ops.name_id[is_kernel])
     same_base = np.array([i for i in kernel_ids.tolist() if function_name(str(strings[i])) == base], dtype=np.int64)
     launch_t = ops.start_ns.astype(np.int64)  # per op, its launch call's start, else its own
-    if len(calls := trace.calls):
-        order = np.argsort(calls.correlation_id, kind="stable")
-        pos = np.minimum(np.searchsorted(calls.correlation_id[order], ops.correlation_id), len(order) - 1)
-        has_call = calls.correlation_id[order[pos]] == ops.correlation_id
-        launch_t = np.where(has_call, calls.start_ns[order[pos]], ops.start_ns).astype(np.int64)
+    if len(calls := trace.calls):  # (correlation ids are per process: joined on both)
+        call = correlation_join(ops.pid, ops.correlation_id, calls.pid, calls.correlation_id)
+        launch_t = np.where(call >= 0, calls.start_ns[call], launch_t)
     cand = np.flatnonzero(is_kernel & np.isin(ops.name_id, same_base))
     cand = cand[np.lexsort((ops.start_ns[cand], launch_t[cand]))]
     chosen = np.flatnonzero(np.isin(cand, op_idx) & (ops.name_id[cand] == name_id))
