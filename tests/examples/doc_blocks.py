@@ -9,7 +9,9 @@ A runnable block is a fenced block whose info string starts with `console`:
     ```
 
 Lines starting with `$ ` are commands (a trailing backslash continues one on the next line);
-every other line is output shown to the reader and not checked. Words after `console`:
+every other line is output shown to the reader. Of that output, the rows of a table (a line with
+three or more `│`) must stand, as shown, in what the block's commands printed (at 120 columns):
+a doc whose numbers went stale fails. Words after `console`:
 
 - `requires=MOD[,MOD]`: needs an interpreter that imports MOD (tests/examples/examples_runner.py)
 - `gpu`: needs a GPU (the test carries `@pytest.mark.gpu`; the H200 step runs it)
@@ -42,6 +44,7 @@ class Block:
     gpu: bool = False
     status: int = 0
     tags: tuple[str, ...] = field(default=())
+    table_rows: list[str] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -76,7 +79,8 @@ def parse(text: str, path: str) -> list[Block]:
                 if not pending.endswith("\\"):
                     commands.append(pending)
                     pending = ""
-            block = Block(path, i + 1, commands, tags=tuple(info[1:]))
+            rows = [ln for ln in body if not ln.startswith("$ ") and ln.count("│") >= 3]
+            block = Block(path, i + 1, commands, tags=tuple(info[1:]), table_rows=rows)
             for tag in info[1:]:
                 if tag.startswith("requires="):
                     block.requires = tuple(t for t in tag.split("=", 1)[1].split(",") if t)

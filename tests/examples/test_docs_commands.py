@@ -62,6 +62,7 @@ def test_doc_block_runs(block, tmp_path_factory):
     env = child_env(python, COLUMNS="120")
     env["PATH"] = f"{_bin_dir(d, python)}{os.pathsep}{env['PATH']}"
     keep = os.environ.get("MAXINSTR_DOCS_OUT")  # the H200 step keeps what the gpu blocks printed
+    printed = ""
     for command in block.commands:
         done = subprocess.run(["bash", "-c", command], cwd=d, env=env, capture_output=True, text=True, timeout=900)
         if keep:
@@ -73,6 +74,9 @@ def test_doc_block_runs(block, tmp_path_factory):
             f"{block.id}: `{command}` exited {done.returncode}, expected {block.status}\n"
             f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
         )
+        printed += done.stdout
+    stale = [row for row in block.table_rows if row not in printed]
+    assert not stale, f"{block.id}: table rows shown in the doc that the commands did not print:\n" + "\n".join(stale)
 
 
 def test_parser_reads_tags_commands_and_continuations():
