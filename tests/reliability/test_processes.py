@@ -305,6 +305,58 @@ def test_os_fork_child_writes_its_own_part(tmp_path):
         assert sorted(p["rows_written"] for p in run.parts) == [1, 2]
 
 
+@pytest.mark.parametrize("how", ["os.fork", "multiprocessing fork"])
+def test_fork_child_ended_by_os_exit_keeps_the_stages_its_writer_wrote(tmp_path, how):
+    """A fork child's part opens at its first stage, so its native writer writes its records
+    within its interval, as any process's; they survive os._exit(). The child waits until it
+    sees its rows on disk (no timing assumed); the flusher never runs a round in the child
+    (flush_interval_s=3600). Before, the part opened only at the flusher's next round: a child
+    that ended within 50 ms of its stages lost them all and left no part."""
+    if not _native_writer():
+        pytest.skip("the Python writer's bound is the flush interval")
+    body = f"""
+    import multiprocessing as mp, os, sys, time, maxinstr
+    run_dir = sys.argv[1]
+
+    def child():
+        for i in range(10):
+            with maxinstr.stage("forked", step=i):
+                pass
+        stages = os.path.join(run_dir, "parts", f"p{{os.getpid()}}", "stages.bin")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if os.path.exists(stages) and os.path.getsize(stages) >= 10 * {fmt.STAGE_DTYPE.itemsize}:
+                break
+            time.sleep(0.005)
+        os._exit(0)  # no exit handler runs: as SIGKILL
+
+    if __name__ == "__main__":
+        with maxinstr.session(run_dir, sample_hz=0, flush_interval_s=3600):
+            with maxinstr.stage("parent"):
+                pass
+            if {how!r} == "os.fork":
+                pid = os.fork()
+                if pid == 0:
+                    child()
+                os.waitpid(pid, 0)
+            else:
+                p = mp.get_context("fork").Process(target=child)
+                p.start()
+                p.join()
+                pid = p.pid
+        print("CHILD", pid, flush=True)
+    """
+    proc = start(script(tmp_path, body), str(tmp_path / "run"))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    child = int(out.split("CHILD")[1].split()[0])
+    run = maxinstr.load(tmp_path / "run")
+    parts = _by_part(run)
+    assert parts == {f"p{proc.pid}": {"parent"}, f"p{child}": {"forked"}}
+    assert run["step"][run["name"] == "forked"].tolist() == list(range(10))
+    assert any(f"p{child}" in n and "did not close" in n for n in run.notes), run.notes  # said, as a kill is
+
+
 def test_python_writer_fallback_env(tmp_path):
     """MAXINSTR_NATIVE_WRITER=0: the Python flusher writes the records, as before."""
     body = """

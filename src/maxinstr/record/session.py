@@ -214,8 +214,8 @@ class Session:
             self.steady.arm(self.meta, capture=config.capture_request())
             if self.sample_hz > 0 and config.local_rank() in (None, 0):
                 self._start_sampler(part_dir)
-        # children create their part lazily, at their first record (before_drain): a helper
-        # process that records nothing leaves no empty part behind
+        else:
+            self._open_at_first_stage()
         self._signals = proc_mod.install_signal_handlers()
         proc_mod.register_mp_exit_hook()
 
@@ -329,16 +329,37 @@ class Session:
         return self.flush_interval_s
 
     def before_drain(self, native: Any) -> None:
-        """A child's part opens at its first record: then its native writer starts."""
-        sink = self.sink
-        if not isinstance(sink, NativeSink) or sink.state != "pending":
+        """A child's part opens at its first record (marks alone: here) or stage (the trigger)."""
+        if not self._part_pending():
             return
         try:
             pending = int(native.stats().get("pending_records", 0) or 0)
         except Exception:  # noqa: BLE001 - ask again at the next drain
             return
-        if pending and sink.part.open_or_warn():
+        if pending:
+            self._open_part()
+
+    def _part_pending(self) -> bool:
+        return isinstance(self.sink, NativeSink) and self.sink.state == "pending"
+
+    def _open_part(self) -> None:
+        assert isinstance(self.sink, NativeSink)
+        if self.sink.part.open_or_warn():
             self._start_native_writer()
+
+    def _open_at_first_stage(self) -> None:
+        """A child (fork, spawn, subprocess) creates its part when it records (a helper process that
+        records nothing leaves none): at its first stage's enter, through the core's trigger (before
+        the stage's time is taken), so the native writer holds its records from the first, as any
+        process's. The flusher's next round found them up to ``flush_interval_s`` later: a fork child
+        that ended with os._exit() within 50 ms of its stages lost them all, without a part."""
+        if self._part_pending():
+            attempt(self._event, "first-stage trigger", lambda: native_core().steady_watch(0, self._first_stage))
+
+    def _first_stage(self, name_id: int, at_ns: int) -> None:
+        with PROCESS.lock:
+            if PROCESS.root is self and not self.closed and self._part_pending():
+                self._open_part()
 
     def after_drain(self, rows: np.ndarray, *, periodic: bool) -> None:
         assert self.sink is not None
@@ -362,8 +383,9 @@ class Session:
         part = PartWriter(self.path / fmt.PARTS_DIR / joined.part, joined._part_info(),
                           fsync_interval_s=self.fsync_interval_s)
         # the core's writer thread did not follow the fork: the child starts its own writer on
-        # its own part once it has records (before_drain)
+        # its own part once it records
         joined.sink = joined._part_sink(part)
+        joined._open_at_first_stage()
         if isinstance(self.sink, PythonSink):
             self.sink.part.abandon()  # the parent's descriptors: not ours to write
         return joined

@@ -169,7 +169,7 @@ class NativeSink(PythonSink):
     """The core's writer thread writes the rows and names of this part (no GIL); the session's
     drains hand :meth:`write` the attrs, and after :meth:`stop` the rows completed since the
     thread's last take. ``pending`` until :meth:`start` (a fork or spawn child starts it at its
-    first record, so a helper process that records nothing leaves no part)."""
+    first stage's enter, so a helper process that records nothing leaves no part)."""
 
     kind = "native"
 
