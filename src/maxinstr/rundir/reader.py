@@ -130,7 +130,9 @@ def load(path: str | Path) -> Run:
     elif parts_root.exists():
         raise RunDirError(parts_root, "not a directory")
     if not [p for p in part_dirs if p.name != fmt.SAMPLER_PART]:
-        notes.append("the run has no parts yet: no stage was recorded")
+        # a session always makes its part folder: a closed one without it lost them (deleted, not copied)
+        notes.append(PARTS_MISSING if meta.get("status") == "closed" and meta.get("session") else
+                     "the run has no parts yet: no stage was recorded")
 
     names = StringTable()
     read: list[_Part] = []
@@ -146,8 +148,19 @@ def load(path: str | Path) -> Run:
             refused.append(exc)
             notes.append(f"{exc}; that part ({pdir.name}) is left out")
             continue
-        read.append(part)
-        notes += part.notes
+        twin = next((q for q in read if _same_records(q.table, part.table)), None)
+        if twin is None:
+            read.append(part)
+            notes += part.notes
+            continue
+        if part.info.get("part") == part.info["name"] and twin.info.get("part") != twin.info["name"]:
+            # the copy was read first: keep the folder part.json names, in the copy's place
+            part.table["part"] = twin.table["part"][0]
+            read[read.index(twin)] = part
+            part, twin = twin, part
+        samples.pop(part.info["name"], None)
+        notes.append(f"{part.info['path']}: holds the same {len(part.table)} stage record(s) as part "
+                     f"{twin.info['name']} (a copy of that part folder?): left out, its records counted once")
     if refused and not read:
         raise refused[0]  # nothing of the run can be read: the first file that says why
 
@@ -164,6 +177,15 @@ def load(path: str | Path) -> Run:
     return Run(path=root, meta=meta, stages=stages, names=names.to_array(),
                attrs={k: v for p in read for k, v in p.attrs.items()}, parts=parts,
                events=[e for p in read for e in p.events], samples=samples, notes=notes)
+
+
+PARTS_MISSING = "the run was closed but its parts folder is missing (deleted, or not copied): its stages are not here"
+
+
+def _same_records(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two parts hold the same stage records (record ids carry the pid: a copied part folder)."""
+    return (len(a) == len(b) > 0 and a["id"][0] == b["id"][0]
+            and all(np.array_equal(a[c], b[c]) for c in fmt.STAGE_DTYPE.names or ()))
 
 
 def read_meta(path: Path) -> dict[str, Any]:
@@ -326,13 +348,11 @@ def _read_part(pdir: Path, index: int, names: StringTable, samples: dict[str, An
 
     notes += _loss_notes(part, info)
     rows, skipped = _read_stages(pdir / fmt.STAGES_FILE)
-    info["rows"] = len(rows)
     said = info.get("rows_written")
     if info.get("status") not in (None, "running") and said is not None and said > skipped.total:
         # a closed part says how many rows it wrote: fewer on disk (skipped ones aside) is a cut file
         skipped.also(f"{said - skipped.total} of the {said} stage record(s) part.json says were written are missing "
                      "(the file was cut or damaged)")
-    skipped.say(notes)
     table = np.zeros(len(rows), dtype=RUN_STAGE_DTYPE)
     for col in fmt.STAGE_DTYPE.names or ():
         table[col] = rows[col]
@@ -347,6 +367,9 @@ def _read_part(pdir: Path, index: int, names: StringTable, samples: dict[str, An
                             for i in used.tolist()], dtype=np.int32)
         table["name_id"] = mapping[np.searchsorted(used, rows["name_id"])]
     names_skipped.say(notes)
+    table = _check_records(table, info, skipped)
+    info["rows"] = len(table)
+    skipped.say(notes)
     table["part"] = index
     table["pid"] = -1 if info["pid"] is None else info["pid"]
     table["rank"] = -1 if info["rank"] is None else info["rank"]
@@ -402,7 +425,8 @@ class Skipped:
 
     def add(self, number: int, problem: str, value: Any = None, count: int = 1) -> None:
         self.count += count
-        if self.first is None:
+        # lines are added not in file order (not JSON first, then not of the file's shape)
+        if self.first is None or number < self.first[0]:
             self.first = (number, problem if value is None else f"{problem}: {clip(value)}")
 
     def also(self, text: str) -> None:  # more for the file's note (what the skipped lines cost)
@@ -533,6 +557,65 @@ def _check_stage_rows(rows: np.ndarray, skipped: Skipped, offset: int) -> tuple[
     bad, first, why = found
     skipped.add(offset + first, why, count=int(bad.sum()))
     return rows[~bad], (offset + first, why)
+
+
+FAR_NS = 86_400 * 10**9
+"""A time further than this (or 10 times the part's window, if more) outside the part's window
+(part.json ``started_ns`` to ``closed_ns``, else the median host start and end) is damage."""
+
+
+def _check_records(table: np.ndarray, info: dict[str, Any], skipped: Skipped) -> np.ndarray:
+    """The checks no single row can fail (docs/formats.md, "Reading rules"): a record id seen
+    before, times far outside the part's window, GPU times that cannot be, a parent that cannot
+    enclose; each said in the stages.bin note."""
+    if not len(table):
+        return table
+    order = np.argsort(table["id"], kind="stable")
+    again = table["id"][order[1:]] == table["id"][order[:-1]]
+    if again.any():  # ids are unique in a part: the first in the file is kept
+        later, earlier = order[1:][again], order[:-1][again]
+        same = np.ones(len(later), bool)
+        for col in fmt.STAGE_DTYPE.names or ():
+            same &= table[col][later] == table[col][earlier]
+        if same.any():
+            skipped.also(f"dropped {int(same.sum())} row(s) repeating an earlier row (same record id and content)")
+        if not same.all():
+            skipped.also(f"dropped {int((~same).sum())} row(s) reusing the record id of an earlier row with other "
+                         "content (the earlier kept)")
+        table = np.delete(table, later)
+    lo, hi = info.get("started_ns"), info.get("closed_ns")
+    lo = int(np.median(table["host_start_ns"])) if lo is None else lo
+    hi = max(lo, int(np.median(table["host_end_ns"])) if hi is None else hi)
+    slack = max(10 * (hi - lo), FAR_NS)
+
+    def far(col: str) -> np.ndarray:
+        return (table[col] < lo - slack) | (table[col] > hi + slack)
+
+    host = far("host_start_ns") | far("host_end_ns")
+    if host.any() and not host.all():  # all of them: the window is what is wrong
+        skipped.also(f"skipped {int(host.sum())} row(s) with a host time more than {slack / 3.6e12:.0f} h outside "
+                     f"the part's window (first: record id {int(table['id'][np.argmax(host)])})")
+        table = table[~host]
+    gpu = ((table["flags"] & fmt.GPU_TIMED) != 0) & (
+        (table["gpu_end_ns"] < table["gpu_start_ns"]) | far("gpu_start_ns") | far("gpu_end_ns"))
+    if gpu.any():
+        skipped.also(f"{int(gpu.sum())} row(s) have GPU times that cannot be (end before start, or far outside the "
+                     "part's window): read without GPU times")
+        table["flags"][gpu] &= ~np.uint16(fmt.GPU_TIMED)
+        table["gpu_start_ns"][gpu] = table["gpu_end_ns"][gpu] = -1
+    # a parent entered first on the same thread, one level up: its id is smaller (ids count
+    # entries), so a chain of them never cycles
+    parent = rule.parent_rows(table["id"], table["parent_id"])
+    child = np.flatnonzero(parent >= 0)
+    parent = parent[child]
+    bad = child[(table["id"][parent] >= table["id"][child]) | (table["tid"][parent] != table["tid"][child])
+                | (table["depth"][parent].astype(np.int32) + 1 != table["depth"][child])
+                | (table["host_start_ns"][parent] > table["host_start_ns"][child])]
+    if len(bad):
+        skipped.also(f"{len(bad)} row(s) name a parent that cannot enclose them (not entered before them on their "
+                     "thread one level up: a cycle or damage): read as top-level")
+        table["parent_id"][bad] = -1
+    return table
 
 
 def read_jsonl(path: Path) -> tuple[list[tuple[int, Any]], Skipped]:
