@@ -57,8 +57,8 @@ def test_rows_written_three_times_are_counted_once(run):
     _write(run, np.concatenate([rows, rows, rows]))
     got = load(run)
     assert len(got) == len(rows) and len(np.unique(got["id"])) == len(rows)
-    assert any(f"dropped {2 * len(rows)} row(s) repeating an earlier row (same record id and content)" in n
-               for n in got.notes), got.notes
+    assert any(f"skipped {2 * len(rows)} of {3 * len(rows)} row(s) that are not stage records (first: row "
+               f"{len(rows)}, it repeats row 0 (same record id and content))" in n for n in got.notes), got.notes
 
 
 def test_a_reused_record_id_keeps_the_first_row(run):
@@ -69,7 +69,8 @@ def test_a_reused_record_id_keeps_the_first_row(run):
     got = load(run)
     assert len(got) == len(rows)
     assert got.stages[got["id"] == rows["id"][0]]["host_end_ns"][0] == rows["host_end_ns"][0]
-    assert any("dropped 1 row(s) reusing the record id of an earlier row with other content" in n for n in got.notes)
+    assert any(f"skipped 1 of {len(rows) + 1} row(s) that are not stage records (first: row {len(rows)}, it reuses "
+               "the record id of row 0 (the earlier is kept))" in n for n in got.notes), got.notes
 
 
 def test_a_copied_part_folder_is_counted_once(run):
@@ -123,8 +124,9 @@ def test_a_time_far_outside_the_run_is_skipped(run):
     assert len(got) == len(rows) - 1 and rows["id"][3] not in got["id"]
     assert (got.stages[got["id"] == rows["id"][7]]["flags"] & fmt.GPU_TIMED == 0).all()
     said = _notes(run, "stages.bin")
-    assert len(said) == 1 and f"skipped 1 row(s) with a host time more than 24 h outside the part's window (first: " \
-                               f"record id {rows['id'][3]})" in said[0] and "1 row(s) have GPU times" in said[0], said
+    assert len(said) == 1 and (f"skipped 1 of {len(rows)} row(s) that are not stage records (first: row 3, a host time "
+                               "more than 24 h outside the part's window)") in said[0], said
+    assert "; 1 row(s) have GPU times that cannot be" in said[0], said
     assert got["host_end_ns"].max() < 2**50
 
 

@@ -347,7 +347,7 @@ def _read_part(pdir: Path, index: int, names: StringTable, samples: dict[str, An
     skipped.say(notes)
 
     notes += _loss_notes(part, info)
-    rows, skipped = _read_stages(pdir / fmt.STAGES_FILE)
+    rows, numbers, skipped = _read_stages(pdir / fmt.STAGES_FILE)
     said = info.get("rows_written")
     if info.get("status") not in (None, "running") and said is not None and said > skipped.total:
         # a closed part says how many rows it wrote: fewer on disk (skipped ones aside) is a cut file
@@ -367,7 +367,7 @@ def _read_part(pdir: Path, index: int, names: StringTable, samples: dict[str, An
                             for i in used.tolist()], dtype=np.int32)
         table["name_id"] = mapping[np.searchsorted(used, rows["name_id"])]
     names_skipped.say(notes)
-    table = _check_records(table, info, skipped)
+    table = _check_records(table, numbers, info, skipped)
     info["rows"] = len(table)
     skipped.say(notes)
     table["part"] = index
@@ -480,11 +480,12 @@ one chunk, whatever the file's size (a 20 GB sparse stages.bin was read whole, t
 _ZERO_ROW = "record id 0 has sequence 0 (a zero-filled row?)"
 
 
-def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
+def _read_stages(path: Path) -> tuple[np.ndarray, np.ndarray | None, Skipped]:
+    """The stage records of ``path``, their row numbers in the file (None: rows 0, 1, ...)."""
     skipped = Skipped(path, "row", " that are not stage records")
     opened = open_regular(path, RunDirError)
     if opened is None:
-        return np.empty(0, dtype=fmt.STAGE_DTYPE), skipped
+        return np.empty(0, dtype=fmt.STAGE_DTYPE), None, skipped
     fd, size = opened
     width = fmt.STAGE_DTYPE.itemsize
     count = size // width
@@ -493,6 +494,7 @@ def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
     if torn:
         skipped.torn = f"ignored a torn last record ({torn} of {width} bytes)"
     kept: list[np.ndarray] = []
+    kept_at: list[tuple[int, int, np.ndarray | None]] = []  # (first row, rows, which kept) per chunk read
     first_bad: tuple[int, str] | None = None
     try:
         row = 0
@@ -509,8 +511,8 @@ def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
                 rows = np.frombuffer(data, dtype=fmt.STAGE_DTYPE, count=len(data) // width)
                 good, bad = _check_stage_rows(rows, skipped, row)
                 first_bad = first_bad or bad
-                if len(good):
-                    kept.append(good)
+                kept.append(rows if good is None else rows[good])
+                kept_at.append((row, len(rows), good))
                 row += len(rows)
                 if len(rows) < n:  # the file was cut while being read: what was read is all
                     skipped.total = row
@@ -521,17 +523,20 @@ def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
         raise RunDirError(path, f"cannot read: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
+    kept = [k for k in kept if len(k)]
     if count and not kept:
         number, why = first_bad or (0, "unreadable")
         raise RunDirError(path, f"none of its {count} row(s) is a stage record (row {number}: {why}): "
                                 "file damaged or not a stages.bin")
     if not kept:
-        return np.empty(0, dtype=fmt.STAGE_DTYPE), skipped
-    return (kept[0] if len(kept) == 1 else np.concatenate(kept)), skipped
+        return np.empty(0, dtype=fmt.STAGE_DTYPE), None, skipped
+    numbers = None if skipped.first is None else np.concatenate(
+        [np.arange(at, at + n) if good is None else np.flatnonzero(good) + at for at, n, good in kept_at])
+    return (kept[0] if len(kept) == 1 else np.concatenate(kept)), numbers, skipped
 
 
-def _check_stage_rows(rows: np.ndarray, skipped: Skipped, offset: int) -> tuple[np.ndarray, tuple[int, str] | None]:
-    """The stage records among ``rows`` (from row ``offset``), and the first bad one's (number, why)."""
+def _check_stage_rows(rows: np.ndarray, skipped: Skipped, offset: int) -> tuple[np.ndarray | None, tuple[int, str] | None]:
+    """Which of ``rows`` (from row ``offset``) are stage records (None: all), and the first bad one's (number, why)."""
     if len(rows) and not rows.dtype.isnative:
         rows = rows.astype(rows.dtype.newbyteorder("="))
     timed = (rows["flags"] & fmt.GPU_TIMED) != 0
@@ -553,10 +558,10 @@ def _check_stage_rows(rows: np.ndarray, skipped: Skipped, offset: int) -> tuple[
         (timed & (outside("gpu_start_ns") | outside("gpu_end_ns")), lambda i: "a GPU time outside [0, 2**62) ns"),
     ])
     if found is None:
-        return rows, None
+        return None, None
     bad, first, why = found
     skipped.add(offset + first, why, count=int(bad.sum()))
-    return rows[~bad], (offset + first, why)
+    return ~bad, (offset + first, why)
 
 
 FAR_NS = 86_400 * 10**9
@@ -564,12 +569,68 @@ FAR_NS = 86_400 * 10**9
 (part.json ``started_ns`` to ``closed_ns``, else the median host start and end) is damage."""
 
 
-def _check_records(table: np.ndarray, info: dict[str, Any], skipped: Skipped) -> np.ndarray:
+def _check_records(table: np.ndarray, numbers: np.ndarray | None, info: dict[str, Any], skipped: Skipped) -> np.ndarray:
     """The checks no single row can fail (docs/formats.md, "Reading rules"): a record id seen
-    before, times far outside the part's window, GPU times that cannot be, a parent that cannot
-    enclose; each said in the stages.bin note."""
+    before and times far outside the part's window skip the row (``numbers``: the rows' numbers in
+    the file, None for 0, 1, ...); GPU times that cannot be and a parent that cannot enclose are
+    read as none, said in the note."""
     if not len(table):
         return table
+    ids = np.ascontiguousarray(table["id"])
+    order = np.argsort(ids, kind="stable")
+    again = np.flatnonzero(ids[order[1:]] == ids[order[:-1]])
+    drop = np.zeros(len(table), bool)
+    if len(again):  # ids are unique in a part: the first in the file is kept
+        later, earlier = order[again + 1], order[again]
+        same = np.ones(len(later), bool)
+        for col in fmt.STAGE_DTYPE.names or ():
+            same &= table[col][later] == table[col][earlier]
+        numbers = np.arange(len(table)) if numbers is None else numbers
+        i = int(np.argmin(numbers[later]))
+        skipped.add(int(numbers[later[i]]), ("it repeats row {} (same record id and content)" if same[i] else
+                                             "it reuses the record id of row {} (the earlier is kept)").format(
+                                                 int(numbers[earlier[i]])), count=len(later))
+        drop[later] = True
+    lo, hi = info.get("started_ns"), info.get("closed_ns")
+    lo = int(np.median(table["host_start_ns"])) if lo is None else lo
+    hi = max(lo, int(np.median(table["host_end_ns"])) if hi is None else hi)
+    slack = max(10 * (hi - lo), FAR_NS)
+
+    def far(start: str, end: str) -> np.ndarray:  # for rows that end after they start
+        return (table[start] < lo - slack) | (table[end] > hi + slack)
+
+    host = far("host_start_ns", "host_end_ns")
+    if host.any() and not (host | drop).all():  # all of them: the window is what is wrong
+        numbers = np.arange(len(table)) if numbers is None else numbers
+        i = int(np.argmax(host))
+        skipped.add(int(numbers[i]), f"a host time more than {slack / 3.6e12:.0f} h outside the part's window",
+                    count=int((host & ~drop).sum()))
+        drop |= host
+    if drop.any():
+        table, ids = table[~drop], ids[~drop]
+        order = np.argsort(ids, kind="stable")
+    gpu = ((table["flags"] & fmt.GPU_TIMED) != 0) & (
+        (table["gpu_end_ns"] < table["gpu_start_ns"]) | far("gpu_start_ns", "gpu_end_ns"))
+    if gpu.any():
+        skipped.also(f"{int(gpu.sum())} row(s) have GPU times that cannot be (end before start, or far outside the "
+                     "part's window): read without GPU times")
+        table["flags"][gpu] &= ~np.uint16(fmt.GPU_TIMED)
+        table["gpu_start_ns"][gpu] = table["gpu_end_ns"][gpu] = -1
+    # a parent entered first on the same thread, one level up: its id is smaller (ids count
+    # entries), so a chain of them never cycles
+    parent_ids = np.ascontiguousarray(table["parent_id"])
+    child = np.flatnonzero(parent_ids >= 0)
+    pos = np.minimum(np.searchsorted(ids[order], parent_ids[child]), len(ids) - 1)
+    found = ids[order[pos]] == parent_ids[child]
+    child, parent = child[found], order[pos[found]]
+    tid, depth, start = (np.ascontiguousarray(table[c]) for c in ("tid", "depth", "host_start_ns"))
+    bad = child[(ids[parent] >= ids[child]) | (tid[parent] != tid[child])
+                | (depth[parent].astype(np.int32) + 1 != depth[child]) | (start[parent] > start[child])]
+    if len(bad):
+        skipped.also(f"{len(bad)} row(s) name a parent that cannot enclose them (not entered before them on their "
+                     "thread one level up: a cycle or damage): read as top-level")
+        table["parent_id"][bad] = -1
+    return table
     order = np.argsort(table["id"], kind="stable")
     again = table["id"][order[1:]] == table["id"][order[:-1]]
     if again.any():  # ids are unique in a part: the first in the file is kept
@@ -588,16 +649,16 @@ def _check_records(table: np.ndarray, info: dict[str, Any], skipped: Skipped) ->
     hi = max(lo, int(np.median(table["host_end_ns"])) if hi is None else hi)
     slack = max(10 * (hi - lo), FAR_NS)
 
-    def far(col: str) -> np.ndarray:
-        return (table[col] < lo - slack) | (table[col] > hi + slack)
+    def far(start: str, end: str) -> np.ndarray:  # for rows that end after they start
+        return (table[start] < lo - slack) | (table[end] > hi + slack)
 
-    host = far("host_start_ns") | far("host_end_ns")
+    host = far("host_start_ns", "host_end_ns")
     if host.any() and not host.all():  # all of them: the window is what is wrong
         skipped.also(f"skipped {int(host.sum())} row(s) with a host time more than {slack / 3.6e12:.0f} h outside "
                      f"the part's window (first: record id {int(table['id'][np.argmax(host)])})")
         table = table[~host]
     gpu = ((table["flags"] & fmt.GPU_TIMED) != 0) & (
-        (table["gpu_end_ns"] < table["gpu_start_ns"]) | far("gpu_start_ns") | far("gpu_end_ns"))
+        (table["gpu_end_ns"] < table["gpu_start_ns"]) | far("gpu_start_ns", "gpu_end_ns"))
     if gpu.any():
         skipped.also(f"{int(gpu.sum())} row(s) have GPU times that cannot be (end before start, or far outside the "
                      "part's window): read without GPU times")
