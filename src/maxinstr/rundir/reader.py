@@ -130,7 +130,9 @@ def load(path: str | Path) -> Run:
     elif parts_root.exists():
         raise RunDirError(parts_root, "not a directory")
     if not [p for p in part_dirs if p.name != fmt.SAMPLER_PART]:
-        notes.append("the run has no parts yet: no stage was recorded")
+        # a session always makes its part folder: a closed one without it lost them (deleted, not copied)
+        notes.append(PARTS_MISSING if meta.get("status") == "closed" and meta.get("session") else
+                     "the run has no parts yet: no stage was recorded")
 
     names = StringTable()
     read: list[_Part] = []
@@ -146,8 +148,19 @@ def load(path: str | Path) -> Run:
             refused.append(exc)
             notes.append(f"{exc}; that part ({pdir.name}) is left out")
             continue
-        read.append(part)
-        notes += part.notes
+        twin = next((q for q in read if _same_records(q.table, part.table)), None)
+        if twin is None:
+            read.append(part)
+            notes += part.notes
+            continue
+        if part.info.get("part") == part.info["name"] and twin.info.get("part") != twin.info["name"]:
+            # the copy was read first: keep the folder part.json names, in the copy's place
+            part.table["part"] = twin.table["part"][0]
+            read[read.index(twin)] = part
+            part, twin = twin, part
+        samples.pop(part.info["name"], None)
+        notes.append(f"{part.info['path']}: holds the same {len(part.table)} stage record(s) as part "
+                     f"{twin.info['name']} (a copy of that part folder?): left out, its records counted once")
     if refused and not read:
         raise refused[0]  # nothing of the run can be read: the first file that says why
 
@@ -164,6 +177,15 @@ def load(path: str | Path) -> Run:
     return Run(path=root, meta=meta, stages=stages, names=names.to_array(),
                attrs={k: v for p in read for k, v in p.attrs.items()}, parts=parts,
                events=[e for p in read for e in p.events], samples=samples, notes=notes)
+
+
+PARTS_MISSING = "the run was closed but its parts folder is missing (deleted, or not copied): its stages are not here"
+
+
+def _same_records(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two parts hold the same stage records (record ids carry the pid: a copied part folder)."""
+    return (len(a) == len(b) > 0 and a["id"][0] == b["id"][0]
+            and all(np.array_equal(a[c], b[c]) for c in fmt.STAGE_DTYPE.names or ()))
 
 
 def read_meta(path: Path) -> dict[str, Any]:
@@ -325,14 +347,12 @@ def _read_part(pdir: Path, index: int, names: StringTable, samples: dict[str, An
     skipped.say(notes)
 
     notes += _loss_notes(part, info)
-    rows, skipped = _read_stages(pdir / fmt.STAGES_FILE)
-    info["rows"] = len(rows)
+    rows, numbers, skipped = _read_stages(pdir / fmt.STAGES_FILE)
     said = info.get("rows_written")
     if info.get("status") not in (None, "running") and said is not None and said > skipped.total:
         # a closed part says how many rows it wrote: fewer on disk (skipped ones aside) is a cut file
         skipped.also(f"{said - skipped.total} of the {said} stage record(s) part.json says were written are missing "
                      "(the file was cut or damaged)")
-    skipped.say(notes)
     table = np.zeros(len(rows), dtype=RUN_STAGE_DTYPE)
     for col in fmt.STAGE_DTYPE.names or ():
         table[col] = rows[col]
@@ -347,6 +367,9 @@ def _read_part(pdir: Path, index: int, names: StringTable, samples: dict[str, An
                             for i in used.tolist()], dtype=np.int32)
         table["name_id"] = mapping[np.searchsorted(used, rows["name_id"])]
     names_skipped.say(notes)
+    table = _check_records(table, numbers, info, skipped)
+    info["rows"] = len(table)
+    skipped.say(notes)
     table["part"] = index
     table["pid"] = -1 if info["pid"] is None else info["pid"]
     table["rank"] = -1 if info["rank"] is None else info["rank"]
@@ -402,7 +425,8 @@ class Skipped:
 
     def add(self, number: int, problem: str, value: Any = None, count: int = 1) -> None:
         self.count += count
-        if self.first is None:
+        # lines are added not in file order (not JSON first, then not of the file's shape)
+        if self.first is None or number < self.first[0]:
             self.first = (number, problem if value is None else f"{problem}: {clip(value)}")
 
     def also(self, text: str) -> None:  # more for the file's note (what the skipped lines cost)
@@ -456,11 +480,12 @@ one chunk, whatever the file's size (a 20 GB sparse stages.bin was read whole, t
 _ZERO_ROW = "record id 0 has sequence 0 (a zero-filled row?)"
 
 
-def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
+def _read_stages(path: Path) -> tuple[np.ndarray, np.ndarray | None, Skipped]:
+    """The stage records of ``path``, their row numbers in the file (None: rows 0, 1, ...)."""
     skipped = Skipped(path, "row", " that are not stage records")
     opened = open_regular(path, RunDirError)
     if opened is None:
-        return np.empty(0, dtype=fmt.STAGE_DTYPE), skipped
+        return np.empty(0, dtype=fmt.STAGE_DTYPE), None, skipped
     fd, size = opened
     width = fmt.STAGE_DTYPE.itemsize
     count = size // width
@@ -469,6 +494,7 @@ def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
     if torn:
         skipped.torn = f"ignored a torn last record ({torn} of {width} bytes)"
     kept: list[np.ndarray] = []
+    kept_at: list[tuple[int, int, np.ndarray | None]] = []  # (first row, rows, which kept) per chunk read
     first_bad: tuple[int, str] | None = None
     try:
         row = 0
@@ -485,8 +511,8 @@ def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
                 rows = np.frombuffer(data, dtype=fmt.STAGE_DTYPE, count=len(data) // width)
                 good, bad = _check_stage_rows(rows, skipped, row)
                 first_bad = first_bad or bad
-                if len(good):
-                    kept.append(good)
+                kept.append(rows if good is None else rows[good])
+                kept_at.append((row, len(rows), good))
                 row += len(rows)
                 if len(rows) < n:  # the file was cut while being read: what was read is all
                     skipped.total = row
@@ -497,17 +523,20 @@ def _read_stages(path: Path) -> tuple[np.ndarray, Skipped]:
         raise RunDirError(path, f"cannot read: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
+    kept = [k for k in kept if len(k)]
     if count and not kept:
         number, why = first_bad or (0, "unreadable")
         raise RunDirError(path, f"none of its {count} row(s) is a stage record (row {number}: {why}): "
                                 "file damaged or not a stages.bin")
     if not kept:
-        return np.empty(0, dtype=fmt.STAGE_DTYPE), skipped
-    return (kept[0] if len(kept) == 1 else np.concatenate(kept)), skipped
+        return np.empty(0, dtype=fmt.STAGE_DTYPE), None, skipped
+    numbers = None if skipped.first is None else np.concatenate(
+        [np.arange(at, at + n) if good is None else np.flatnonzero(good) + at for at, n, good in kept_at])
+    return (kept[0] if len(kept) == 1 else np.concatenate(kept)), numbers, skipped
 
 
-def _check_stage_rows(rows: np.ndarray, skipped: Skipped, offset: int) -> tuple[np.ndarray, tuple[int, str] | None]:
-    """The stage records among ``rows`` (from row ``offset``), and the first bad one's (number, why)."""
+def _check_stage_rows(rows: np.ndarray, skipped: Skipped, offset: int) -> tuple[np.ndarray | None, tuple[int, str] | None]:
+    """Which of ``rows`` (from row ``offset``) are stage records (None: all), and the first bad one's (number, why)."""
     if len(rows) and not rows.dtype.isnative:
         rows = rows.astype(rows.dtype.newbyteorder("="))
     timed = (rows["flags"] & fmt.GPU_TIMED) != 0
@@ -529,10 +558,125 @@ def _check_stage_rows(rows: np.ndarray, skipped: Skipped, offset: int) -> tuple[
         (timed & (outside("gpu_start_ns") | outside("gpu_end_ns")), lambda i: "a GPU time outside [0, 2**62) ns"),
     ])
     if found is None:
-        return rows, None
+        return None, None
     bad, first, why = found
     skipped.add(offset + first, why, count=int(bad.sum()))
-    return rows[~bad], (offset + first, why)
+    return ~bad, (offset + first, why)
+
+
+FAR_NS = 86_400 * 10**9
+"""A time further than this (or 10 times the part's window, if more) outside the part's window
+(part.json ``started_ns`` to ``closed_ns``, else the median host start and end) is damage."""
+
+
+def _check_records(table: np.ndarray, numbers: np.ndarray | None, info: dict[str, Any], skipped: Skipped) -> np.ndarray:
+    """The checks no single row can fail (docs/formats.md, "Reading rules"): a record id seen
+    before and times far outside the part's window skip the row (``numbers``: the rows' numbers in
+    the file, None for 0, 1, ...); GPU times that cannot be and a parent that cannot enclose are
+    read as none, said in the note."""
+    if not len(table):
+        return table
+    ids = np.ascontiguousarray(table["id"])
+    order = np.argsort(ids, kind="stable")
+    again = np.flatnonzero(ids[order[1:]] == ids[order[:-1]])
+    drop = np.zeros(len(table), bool)
+    if len(again):  # ids are unique in a part: the first in the file is kept
+        later, earlier = order[again + 1], order[again]
+        same = np.ones(len(later), bool)
+        for col in fmt.STAGE_DTYPE.names or ():
+            same &= table[col][later] == table[col][earlier]
+        numbers = np.arange(len(table)) if numbers is None else numbers
+        i = int(np.argmin(numbers[later]))
+        skipped.add(int(numbers[later[i]]), ("it repeats row {} (same record id and content)" if same[i] else
+                                             "it reuses the record id of row {} (the earlier is kept)").format(
+                                                 int(numbers[earlier[i]])), count=len(later))
+        drop[later] = True
+    lo, hi = info.get("started_ns"), info.get("closed_ns")
+    lo = int(np.median(table["host_start_ns"])) if lo is None else lo
+    hi = max(lo, int(np.median(table["host_end_ns"])) if hi is None else hi)
+    slack = max(10 * (hi - lo), FAR_NS)
+
+    def far(start: str, end: str) -> np.ndarray:  # for rows that end after they start
+        return (table[start] < lo - slack) | (table[end] > hi + slack)
+
+    host = far("host_start_ns", "host_end_ns")
+    if host.any() and not (host | drop).all():  # all of them: the window is what is wrong
+        numbers = np.arange(len(table)) if numbers is None else numbers
+        i = int(np.argmax(host))
+        skipped.add(int(numbers[i]), f"a host time more than {slack / 3.6e12:.0f} h outside the part's window",
+                    count=int((host & ~drop).sum()))
+        drop |= host
+    if drop.any():
+        table, ids = table[~drop], ids[~drop]
+        order = np.argsort(ids, kind="stable")
+    gpu = ((table["flags"] & fmt.GPU_TIMED) != 0) & (
+        (table["gpu_end_ns"] < table["gpu_start_ns"]) | far("gpu_start_ns", "gpu_end_ns"))
+    if gpu.any():
+        skipped.also(f"{int(gpu.sum())} row(s) have GPU times that cannot be (end before start, or far outside the "
+                     "part's window): read without GPU times")
+        table["flags"][gpu] &= ~np.uint16(fmt.GPU_TIMED)
+        table["gpu_start_ns"][gpu] = table["gpu_end_ns"][gpu] = -1
+    # a parent entered first on the same thread, one level up: its id is smaller (ids count
+    # entries), so a chain of them never cycles
+    parent_ids = np.ascontiguousarray(table["parent_id"])
+    child = np.flatnonzero(parent_ids >= 0)
+    pos = np.minimum(np.searchsorted(ids[order], parent_ids[child]), len(ids) - 1)
+    found = ids[order[pos]] == parent_ids[child]
+    child, parent = child[found], order[pos[found]]
+    tid, depth, start = (np.ascontiguousarray(table[c]) for c in ("tid", "depth", "host_start_ns"))
+    bad = child[(ids[parent] >= ids[child]) | (tid[parent] != tid[child])
+                | (depth[parent].astype(np.int32) + 1 != depth[child]) | (start[parent] > start[child])]
+    if len(bad):
+        skipped.also(f"{len(bad)} row(s) name a parent that cannot enclose them (not entered before them on their "
+                     "thread one level up: a cycle or damage): read as top-level")
+        table["parent_id"][bad] = -1
+    return table
+    order = np.argsort(table["id"], kind="stable")
+    again = table["id"][order[1:]] == table["id"][order[:-1]]
+    if again.any():  # ids are unique in a part: the first in the file is kept
+        later, earlier = order[1:][again], order[:-1][again]
+        same = np.ones(len(later), bool)
+        for col in fmt.STAGE_DTYPE.names or ():
+            same &= table[col][later] == table[col][earlier]
+        if same.any():
+            skipped.also(f"dropped {int(same.sum())} row(s) repeating an earlier row (same record id and content)")
+        if not same.all():
+            skipped.also(f"dropped {int((~same).sum())} row(s) reusing the record id of an earlier row with other "
+                         "content (the earlier kept)")
+        table = np.delete(table, later)
+    lo, hi = info.get("started_ns"), info.get("closed_ns")
+    lo = int(np.median(table["host_start_ns"])) if lo is None else lo
+    hi = max(lo, int(np.median(table["host_end_ns"])) if hi is None else hi)
+    slack = max(10 * (hi - lo), FAR_NS)
+
+    def far(start: str, end: str) -> np.ndarray:  # for rows that end after they start
+        return (table[start] < lo - slack) | (table[end] > hi + slack)
+
+    host = far("host_start_ns", "host_end_ns")
+    if host.any() and not host.all():  # all of them: the window is what is wrong
+        skipped.also(f"skipped {int(host.sum())} row(s) with a host time more than {slack / 3.6e12:.0f} h outside "
+                     f"the part's window (first: record id {int(table['id'][np.argmax(host)])})")
+        table = table[~host]
+    gpu = ((table["flags"] & fmt.GPU_TIMED) != 0) & (
+        (table["gpu_end_ns"] < table["gpu_start_ns"]) | far("gpu_start_ns", "gpu_end_ns"))
+    if gpu.any():
+        skipped.also(f"{int(gpu.sum())} row(s) have GPU times that cannot be (end before start, or far outside the "
+                     "part's window): read without GPU times")
+        table["flags"][gpu] &= ~np.uint16(fmt.GPU_TIMED)
+        table["gpu_start_ns"][gpu] = table["gpu_end_ns"][gpu] = -1
+    # a parent entered first on the same thread, one level up: its id is smaller (ids count
+    # entries), so a chain of them never cycles
+    parent = rule.parent_rows(table["id"], table["parent_id"])
+    child = np.flatnonzero(parent >= 0)
+    parent = parent[child]
+    bad = child[(table["id"][parent] >= table["id"][child]) | (table["tid"][parent] != table["tid"][child])
+                | (table["depth"][parent].astype(np.int32) + 1 != table["depth"][child])
+                | (table["host_start_ns"][parent] > table["host_start_ns"][child])]
+    if len(bad):
+        skipped.also(f"{len(bad)} row(s) name a parent that cannot enclose them (not entered before them on their "
+                     "thread one level up: a cycle or damage): read as top-level")
+        table["parent_id"][bad] = -1
+    return table
 
 
 def read_jsonl(path: Path) -> tuple[list[tuple[int, Any]], Skipped]:

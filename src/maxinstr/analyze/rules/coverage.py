@@ -8,16 +8,20 @@ from maxinstr._units import ns_text
 from maxinstr.analyze.commands import Commands
 from maxinstr.analyze.rules.base import HOST_BOUND_GPU_OVER_HOST, Draft, any_stage_has, significant, stage_weight
 from maxinstr.analyze.schema import Report, Stage
+from maxinstr.rundir.reader import PARTS_MISSING
 
 
 def rule_no_stages(report: Report, cmd: Commands) -> list[Draft]:
     if report.get("stages"):
         return []
     gpu = report.get("gpu") or {}
+    lost = PARTS_MISSING in (report.get("sources") or {}).get("notes", [])  # the stages were recorded, not copied
     return [Draft(
         "no_stages", "No stages in this input: only a whole-program kernel breakdown is possible", "fact", None,
         {"ops": gpu.get("ops", 0), "gpu_ns": gpu.get("gpu_ns", 0)},
-        "Mark the pipeline's stages with maxinstr.stage(...) (or NVTX/roctx ranges) and capture again.", cmd.rerun())]
+        "Report the run directory whole, its parts/ folder included (the stages are there), or record again."
+        if lost else "Mark the pipeline's stages with maxinstr.stage(...) (or NVTX/roctx ranges) and capture again.",
+        cmd.rerun())]
 
 
 def rule_no_gpu_data(report: Report, cmd: Commands) -> list[Draft]:
