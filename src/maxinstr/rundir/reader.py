@@ -631,52 +631,6 @@ def _check_records(table: np.ndarray, numbers: np.ndarray | None, info: dict[str
                      "thread one level up: a cycle or damage): read as top-level")
         table["parent_id"][bad] = -1
     return table
-    order = np.argsort(table["id"], kind="stable")
-    again = table["id"][order[1:]] == table["id"][order[:-1]]
-    if again.any():  # ids are unique in a part: the first in the file is kept
-        later, earlier = order[1:][again], order[:-1][again]
-        same = np.ones(len(later), bool)
-        for col in fmt.STAGE_DTYPE.names or ():
-            same &= table[col][later] == table[col][earlier]
-        if same.any():
-            skipped.also(f"dropped {int(same.sum())} row(s) repeating an earlier row (same record id and content)")
-        if not same.all():
-            skipped.also(f"dropped {int((~same).sum())} row(s) reusing the record id of an earlier row with other "
-                         "content (the earlier kept)")
-        table = np.delete(table, later)
-    lo, hi = info.get("started_ns"), info.get("closed_ns")
-    lo = int(np.median(table["host_start_ns"])) if lo is None else lo
-    hi = max(lo, int(np.median(table["host_end_ns"])) if hi is None else hi)
-    slack = max(10 * (hi - lo), FAR_NS)
-
-    def far(start: str, end: str) -> np.ndarray:  # for rows that end after they start
-        return (table[start] < lo - slack) | (table[end] > hi + slack)
-
-    host = far("host_start_ns", "host_end_ns")
-    if host.any() and not host.all():  # all of them: the window is what is wrong
-        skipped.also(f"skipped {int(host.sum())} row(s) with a host time more than {slack / 3.6e12:.0f} h outside "
-                     f"the part's window (first: record id {int(table['id'][np.argmax(host)])})")
-        table = table[~host]
-    gpu = ((table["flags"] & fmt.GPU_TIMED) != 0) & (
-        (table["gpu_end_ns"] < table["gpu_start_ns"]) | far("gpu_start_ns", "gpu_end_ns"))
-    if gpu.any():
-        skipped.also(f"{int(gpu.sum())} row(s) have GPU times that cannot be (end before start, or far outside the "
-                     "part's window): read without GPU times")
-        table["flags"][gpu] &= ~np.uint16(fmt.GPU_TIMED)
-        table["gpu_start_ns"][gpu] = table["gpu_end_ns"][gpu] = -1
-    # a parent entered first on the same thread, one level up: its id is smaller (ids count
-    # entries), so a chain of them never cycles
-    parent = rule.parent_rows(table["id"], table["parent_id"])
-    child = np.flatnonzero(parent >= 0)
-    parent = parent[child]
-    bad = child[(table["id"][parent] >= table["id"][child]) | (table["tid"][parent] != table["tid"][child])
-                | (table["depth"][parent].astype(np.int32) + 1 != table["depth"][child])
-                | (table["host_start_ns"][parent] > table["host_start_ns"][child])]
-    if len(bad):
-        skipped.also(f"{len(bad)} row(s) name a parent that cannot enclose them (not entered before them on their "
-                     "thread one level up: a cycle or damage): read as top-level")
-        table["parent_id"][bad] = -1
-    return table
 
 
 def read_jsonl(path: Path) -> tuple[list[tuple[int, Any]], Skipped]:
