@@ -6,7 +6,7 @@ import numpy as np
 
 import maxinstr
 from maxinstr import warmup
-from maxinstr.analyze.instances import MAX_LEVELS
+MAX_LEVELS = 64  # the levels the report shows (maxinstr.analyze.instances.MAX_LEVELS)
 from maxinstr.analyze.report import build_report
 from maxinstr.render import html, markdown, text
 
