@@ -6,9 +6,10 @@ import numpy as np
 
 import maxinstr
 from maxinstr import warmup
-MAX_LEVELS = 64  # the levels the report shows (maxinstr.analyze.instances.MAX_LEVELS)
 from maxinstr.analyze.report import build_report
 from maxinstr.render import html, markdown, text
+
+MAX_LEVELS = 64  # the levels the report shows (maxinstr.analyze.instances.MAX_LEVELS)
 
 
 def _deep(n: int) -> None:
