@@ -131,8 +131,10 @@ def stage_name(name: str) -> str:
     """A stage key as views show it: an empty name as ``''`` (a blank cell reads as no stage), a run of
     three or more levels of one name (a recursion) as ``name×N`` (``d/d/d/d`` is ``d×4``); ``--format
     json`` has the key as it is."""
+    if not name:
+        return "''"
     parts = name.split("/")
-    if len(parts) < 3 and all(parts):
+    if len(parts) < 3:
         return name
     runs: list[list] = []
     for part in parts:
@@ -142,8 +144,7 @@ def stage_name(name: str) -> str:
             runs.append([part, 1])
     shown: list[str] = []
     for part, k in runs:
-        q = part or "''"
-        shown += [q] * k if k < 3 else [f"{q}×{k}"]
+        shown += [part] * k if k < 3 or not part else [f"{part}×{k}"]
     return "/".join(shown)
 
 
