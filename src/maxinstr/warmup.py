@@ -7,14 +7,12 @@ it): a steady instance always has at the top of its nesting one whose name had s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from maxinstr.columns import occurrence_index
 
-MAX_LEVELS = 64  # nesting levels followed up a parent chain (a deeper or cyclic chain stops there)
 
 
 def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
@@ -29,37 +27,41 @@ def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
     return np.where(found, order[pos], -1).astype(np.int64)
 
 
-def _up(parent: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Up the parent chains a level at a time (at most MAX_LEVELS): who has a parent there, and it."""
-    cur = np.asarray(parent, np.int64).copy()
-    live = np.flatnonzero(cur >= 0)
-    for _ in range(MAX_LEVELS):
-        if len(live) == 0:
+ENDLESS = 2**31  # the level of an instance whose parent chain never ends (a cycle)
+
+
+def _chains(parent: np.ndarray, flag: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per instance: (its nesting level, its outermost enclosing instance or itself, whether an enclosing
+    one is ``flag``), by pointer doubling: log2 of the depth passes, exact at any depth (a pass a level
+    stopped at 64 and gave the deeper ones wrong levels and keys). A chain that never ends (a parent cycle
+    in a damaged file) gets the level :data:`ENDLESS`, itself as the outermost, and stops the passes."""
+    parent = np.asarray(parent, np.int64)
+    n = len(parent)
+    has = parent >= 0
+    up = np.where(has, parent, np.arange(n))  # the 2**k-th enclosing instance, or the outermost
+    level = has.astype(np.int64)  # how many levels up ``up`` is
+    above = has & (np.asarray(flag, bool)[up] if flag is not None else False)
+    for _ in range(n.bit_length() + 1):
+        nxt = up[up]
+        if np.array_equal(nxt, up):
             break
-        yield live, cur[live]
-        cur[live] = parent[cur[live]]
-        live = live[cur[live] >= 0]
+        level, above, up = level + level[up], above | above[up], nxt
+    endless = has[up] | (up[up] != up)  # the outermost found has a parent still: a cycle
+    if endless.any():
+        level[endless], up[endless] = ENDLESS, np.flatnonzero(endless)
+    return level, up, above
 
 
 def levels(parent: np.ndarray) -> np.ndarray:  # per instance, its nesting level (0: none enclosing)
-    level = np.zeros(len(parent), np.int64)
-    for live, _ in _up(parent):
-        level[live] += 1
-    return level
+    return _chains(parent)[0]
 
 
 def inside(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:  # per instance: has an enclosing one ``flag``?
-    out = np.zeros(len(parent), dtype=bool)
-    for live, above in _up(parent):
-        out[live] |= flag[above]
-    return out
+    return _chains(parent, flag)[2]
 
 
 def top_ancestor(parent: np.ndarray) -> np.ndarray:  # per instance: its outermost enclosing one (or itself)
-    root = np.arange(len(parent))
-    for live, above in _up(parent):
-        root[live] = above
-    return root
+    return _chains(parent)[1]
 
 
 def occurrences(part_code: np.ndarray, name_code: np.ndarray, is_mark: np.ndarray,

@@ -4,7 +4,7 @@ joined by record id. Analysis reads only this table and the per-op columns."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -23,6 +23,13 @@ FRAMEWORK_OP_DOMAINS = frozenset({"cpu_op", "python_function", "cuda_runtime", "
 """Domains of ranges a framework or library emits by itself (one per aten op or API call), and
 C++-qualified names (``aten::mm``: RPD/roctx op markers carry no domain): not stages (their ops
 still count to the enclosing stage), unless nothing else exists."""
+
+
+MAX_LEVELS = 64
+"""Nesting levels the report shows as stages of their own: an instance nested deeper (or in a parent
+cycle of a damaged file) is left out of the table, its time counted in its enclosing instance at the
+last level shown (``Run.stages`` keeps every record). A key is the path of names above it: a deeper
+one would be a line of hundreds of characters."""
 
 
 def _i64(n: int, fill: int = -1) -> np.ndarray:
@@ -228,11 +235,29 @@ def _finish(inst: StageInstances, warmup_n: int, detect_cold: bool = True,
     instance, so a request's cold start takes its decode steps with it."""
     n = len(inst)
     name_code = name_codes(inst.name) if name_code is None else np.asarray(name_code, np.int64)
-    inst.key, inst.level, inst.key_code, inst.keys = stage_keys(inst.name, inst.parent, name_code)
     part_code = np.unique(inst.part, return_inverse=True)[1].reshape(-1).astype(np.int64) if n else _i64(0)
+    # the rule over every instance (as Run.warmup_mask() has it), then the deepest left out
+    rule = warmup_rule.warmup_flags(part_code, name_code, inst.parent, inst.host_start_ns, inst.is_mark, warmup_n)
+    deep = rule.level >= MAX_LEVELS
+    if deep.any():
+        keep = np.flatnonzero(~deep)
+        new_row = np.cumsum(~deep) - 1
+        for f in fields(inst):
+            col = getattr(inst, f.name)
+            if isinstance(col, np.ndarray) and len(col) == n:
+                setattr(inst, f.name, col[keep])
+        for f in fields(rule):
+            col = getattr(rule, f.name)
+            if isinstance(col, np.ndarray):
+                setattr(rule, f.name, col[keep])
+        inst.parent = np.where(inst.parent >= 0, new_row[np.maximum(inst.parent, 0)], -1)
+        name_code, part_code, n = name_code[keep], part_code[keep], len(keep)
+        k = int(deep.sum())
+        inst.notes.append(f"{k} stage instance{'s' if k > 1 else ''} nested more than {MAX_LEVELS} levels deep (or in "
+                          f"a parent cycle): not shown as stages of {'their' if k > 1 else 'its'} own; "
+                          f"{'their' if k > 1 else 'its'} time is in the enclosing stage at depth {MAX_LEVELS - 1}")
+    inst.key, inst.level, inst.key_code, inst.keys = stage_keys(inst.name, inst.parent, name_code)
     n_names = int(name_code.max()) + 1 if n else 1
-    rule = warmup_rule.warmup_flags(part_code, name_code, inst.parent, inst.host_start_ns, inst.is_mark, warmup_n,
-                                    level=inst.level)
     inst.occurrence, inst.iteration, inst.warmup = rule.occurrence, rule.iteration, rule.warmup
     inst.pipeline_head = _head_name(inst, part_code, name_code, rule.heads)
     if n:  # without a marked step: the position among same-named siblings of the same parent
@@ -347,7 +372,7 @@ def descendant_counts(parent: np.ndarray) -> np.ndarray:
     out = np.zeros(n, dtype=np.int64)
     cur = parent.copy()
     live = np.flatnonzero(cur >= 0)
-    for _ in range(warmup_rule.MAX_LEVELS):
+    for _ in range(MAX_LEVELS):
         if len(live) == 0:
             break
         out += np.bincount(cur[live], minlength=n)

@@ -172,7 +172,7 @@ def _share_of_top(inst: inst_mod.StageInstances, code: np.ndarray, n_stages: int
     cur = parent.copy()
     nested_in_same = np.zeros(len(inst), dtype=bool)
     live = np.flatnonzero(cur >= 0)
-    for _ in range(warmup_rule.MAX_LEVELS):
+    for _ in range(inst_mod.MAX_LEVELS):
         if len(live) == 0:
             break
         up = cur[live]

@@ -121,6 +121,53 @@ def warmup_line(w: WarmupSummary) -> str:
               "of an enclosing stage is warm-up too)")
 
 
+INDENT_LEVELS = 8
+"""Nesting levels a stage table indents: a deeper stage is indented as this deep and its key, as shown,
+cut in the middle past KEY_SHOWN characters, so its row stays one line at 80 columns."""
+KEY_SHOWN = 40
+
+
+def stage_name(name: str) -> str:
+    """A stage key as views show it: an empty name as ``''`` (a blank cell reads as no stage), a run of
+    three or more levels of one name (a recursion) as ``name×N`` (``d/d/d/d`` is ``d×4``); ``--format
+    json`` has the key as it is."""
+    if not name:
+        return "''"
+    parts = name.split("/")
+    if len(parts) < 3:
+        return name
+    runs: list[list] = []
+    for part in parts:
+        if runs and runs[-1][0] == part:
+            runs[-1][1] += 1
+        else:
+            runs.append([part, 1])
+    shown: list[str] = []
+    for part, k in runs:
+        shown += [part] * k if k < 3 or not part else [f"{part}×{k}"]
+    return "/".join(shown)
+
+
+def stage_label(name: str, depth: int) -> tuple[int, str]:
+    """(levels to indent, key as shown) of a stage table's row."""
+    text = stage_name(name)
+    if depth <= INDENT_LEVELS:
+        return depth, text
+    return INDENT_LEVELS, text if len(text) <= KEY_SHOWN else text[:12] + "…" + text[13 - KEY_SHOWN:]
+
+
+def raised_note(stages: list) -> str | None:
+    """Which stages raised an exception (``stages[].exceptions``), in how many of their instances."""
+    raised = [s for s in stages if s.get("exceptions")]
+    if not raised:
+        return None
+    listed = ", ".join(f"{stage_name(s['name'])} ({s['exceptions']} of {s['instances']} instance"
+                       f"{'s' if s['instances'] > 1 else ''})" for s in raised[:5])
+    more = f" and {len(raised) - 5} more stages" if len(raised) > 5 else ""
+    return (f"raised an exception: {listed}{more}; an instance that raised is timed to the raise and counted "
+            "as any other")
+
+
 def short(name: str | None, n: int = 60) -> str:
     if not name:
         return "-"
@@ -187,7 +234,7 @@ def _value(key: str, v: Any) -> str | None:
     if v is None or isinstance(v, (bool, list, dict)):
         return None
     if isinstance(v, str):
-        return v
+        return stage_name(v) if key.endswith("stage") else v
     parts = key.split("_")
     if "ns" in parts:
         return ns(v)

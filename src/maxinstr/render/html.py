@@ -168,7 +168,7 @@ def _cards(report: Report) -> str:
         if gpu.get("attributed_share") is not None:
             cards.append((f.pct(gpu.get("attributed_share")), "of GPU time inside a stage"))
     if b := next(iter(report.get("bottlenecks") or []), None):
-        cards.append((f"{b['stage']}", f"top bottleneck ({f.pct(b.get('share'))} of self {b.get('basis', '').replace('_ns', '')})"))
+        cards.append((f.stage_name(b["stage"]), f"top bottleneck ({f.pct(b.get('share'))} of self {b.get('basis', '').replace('_ns', '')})"))
     facts = sum(1 for d in report.get("diagnosis") or [] if d.get("verdict") == "fact")
     cards.append((f"{facts} / {len(report.get('diagnosis') or []) - facts}", "facts / hypotheses"))
     return '<div class="cards">' + "".join(
@@ -194,8 +194,9 @@ def breakdown_svg(stages: Sequence[Stage]) -> str:
         host, gpu, busy = f.stat(head) or 0.0, f.stat(g) or 0.0, f.stat(s.get("gpu_busy_ns")) or 0.0
         frac = f.stat(s.get("gpu_busy_frac"))
         host_t, gpu_t, busy_t = total(head), total(g), total(s.get("gpu_busy_ns"))
-        indent = 14 * int(s.get("depth", 0))
-        body.append(_text(8 + indent, y + 16, f.short(s["name"], 32 - indent // 7), 12))
+        depth, label = f.stage_label(s["name"], int(s.get("depth", 0)))
+        indent = 14 * depth
+        body.append(_text(8 + indent, y + 16, f.short(label, 32 - indent // 7), 12))
         tip = (f"{s['name']}: host {f.ns(host)}, GPU {glabel or '-'} {f.ns(gpu) if gpu else '-'}, busy "
                f"{f.ns(busy) if busy else '-'} ({f.pct(frac) if frac is not None else '-'}) per instance (median), "
                f"{s.get('steady')} steady instances; totals host {f.ns(host_t)}, GPU {f.ns(gpu_t) if gpu_t else '-'}")
@@ -220,14 +221,17 @@ def _breakdown_section(report: Report) -> str:
             'Busy = GPU busy time / the trace span of the stage\'s GPU work (first kernel start to last kernel end); '
             'a GPU median from events can be longer, since it also counts the stream\'s wait for the first launch. '
             'Low busy with a long span means the GPU waits for launches or the host.</p>'
-            + breakdown_svg(stages) + _stage_table(stages) + "</section>")
+            + breakdown_svg(stages) + _stage_table(stages)
+            + (f'<p class="note">{e(raised[0].upper() + raised[1:])}.</p>' if (raised := f.raised_note(stages)) else "")
+            + "</section>")
 
 
 def _stage_table(stages: Sequence[Stage]) -> str:
     units = []
     for s in stages:  # two populations: each in its own row under the stage (its median is neither's)
-        units.append((s, e(s["name"]), int(s.get("depth", 0)), f.excluded(s), s.get("share_of_top")))
-        units += [(f.population_row(grp), "· " + e(grp["label"]), int(s.get("depth", 0)) + 1, 0, None)
+        depth, label = f.stage_label(s["name"], int(s.get("depth", 0)))
+        units.append((s, e(label), depth, f.excluded(s), s.get("share_of_top")))
+        units += [(f.population_row(grp), "· " + e(grp["label"]), depth + 1, 0, None)
                   for grp in (s.get("populations") or {}).get("groups") or []]
     rows = []
     for s, name, depth, excluded, share in units:
@@ -337,7 +341,7 @@ def timeline_section(report: Report, analysis: Analysis | None) -> str:
         sel = (keys == k) & ~inst.is_mark & (inst.host_end_ns >= t0) & (inst.host_start_ns <= t1)
         host = spans(inst.host_start_ns[sel], inst.host_end_ns[sel])
         bands[k] = host[:2]
-        strip_body.append(_text(plot_x - 6, y + 11, f.short(k, 22), 11, "end"))
+        strip_body.append(_text(plot_x - 6, y + 11, f.short(f.stage_name(k), 22), 11, "end"))
         strip_body += bars(k, host, y, 11, k)
         y += 14
         for gs, ge, what in ((tl.proj_start_ns, tl.proj_end_ns, "projected GPU span"),
@@ -507,7 +511,7 @@ def _inside_section(report: Report) -> str:
         out.append(f'<p class="note">Ops tied to their stage: {e("; ".join(tied))}.</p>')
     if rows:
         out.append(_table(["stage", "range", "share", "ops / inst", "GPU / inst"],
-                          ([e(r["stage"]), f"<code>{e(r['range'])}</code>", f.pct(r["share"]),
+                          ([e(f.stage_name(r["stage"])), f"<code>{e(r['range'])}</code>", f.pct(r["share"]),
                             f"{r['per_instance']:.4g}", f.ns(r["gpu_per_instance_ns"])] for r in rows), [""] * 5))
     return "".join(out) + "</section>"
 
@@ -595,7 +599,7 @@ def _diagnosis_section(report: Report) -> str:
     if b := report.get("bottlenecks") or []:
         out.append("<h3>Ranked bottlenecks</h3>" + _table(
             ["#", "stage", "self time", "share", "top family", "top kernel", "findings"],
-            ([r.get("rank"), e(r.get("stage")),
+            ([r.get("rank"), e(f.stage_name(r.get("stage") or "")),
               f"{e(f.ns(r.get('self_ns')))} <span class=note>({e(str(r.get('basis', '')).replace('_ns', ''))})</span>",
               f'<span class=bar style="width:{60 * float(r.get("share") or 0):.0f}px"></span> {f.pct(r.get("share"))}',
               e(r.get("top_family") or "-"), e(_kname(r.get("top_kernel") or "-", 70)),

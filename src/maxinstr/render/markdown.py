@@ -102,8 +102,9 @@ def _stages(report: Report) -> list[str]:
     rows = []
     pops = []
     for s in stages:
-        indent = "&nbsp;&nbsp;" * s.get("depth", 0)
-        units = [(s, Md(indent + _text(s["name"])), f.excluded(s))]
+        depth, label = f.stage_label(s["name"], s.get("depth", 0))
+        indent = "&nbsp;&nbsp;" * depth
+        units = [(s, Md(indent + _text(label)), f.excluded(s))]
         groups = (s.get("populations") or {}).get("groups") or []
         units += [(f.population_row(g), Md(indent + "&nbsp;&nbsp;· " + _text(g["label"])), 0)
                   for g in groups]
@@ -126,6 +127,8 @@ def _stages(report: Report) -> list[str]:
                  + (f"told apart by {_text(p['by'])}" if p.get("by") else _text(f.unexplained_populations(p.get("basis") == "host_ns")))
                  + "), each in its own row" + ("; the stage's median lies between them" if p.get("median_in_gap") else "")
                  + ".")
+    if raised := f.raised_note(stages):
+        note += f" {_text(raised[0].upper() + raised[1:])}."
     if any(s.get("headline_from") == "unprofiled_run" for s in stages):
         note += " Host times come from the unprofiled run; GPU columns from the profiled one."
     return ["## Stage timings (steady state)", "", note, ""] + _table(header, rows)
@@ -134,7 +137,7 @@ def _stages(report: Report) -> list[str]:
 def _bottlenecks(report: Report) -> list[str]:
     if not (rows := report.get("bottlenecks") or []):
         return []
-    body = [[r["rank"], r["stage"] + (" (self)" if r.get("has_children") else ""), f.pct(r["share"]), f.ns(r["self_ns"]), r["basis"],
+    body = [[r["rank"], f.stage_name(r["stage"]) + (" (self)" if r.get("has_children") else ""), f.pct(r["share"]), f.ns(r["self_ns"]), r["basis"],
              f"{r['top_family']} {f.pct(r.get('top_family_share'))}" if r.get("top_family") else "-",
              _code(f.short(kernel_label(r.get("top_kernel") or ""), 60)) if r.get("top_kernel") else "-",
              ", ".join(r["findings"]) or "-"] for r in rows]
@@ -196,7 +199,7 @@ def _inside_stages(report: Report) -> list[str]:
         return tied_line
     return [f"## {f.INSIDE_TITLE}", ""] + _table(
         ["stage", "range", "share", "ops / inst", "GPU / inst"],
-        [[r["stage"], _code(r["range"]), f.pct(r["share"]), f"{r['per_instance']:.4g}", f.ns(r["gpu_per_instance_ns"])]
+        [[f.stage_name(r["stage"]), _code(r["range"]), f.pct(r["share"]), f"{r['per_instance']:.4g}", f.ns(r["gpu_per_instance_ns"])]
          for r in rows]) + tied_line
 
 
@@ -209,7 +212,7 @@ def _startup(report: Report) -> list[str]:
         basis, v = f.startup_gpu(r)
         return f"{f.ns(v)} ({basis})" if basis else "-"
 
-    body = [[r["stage"], r["occurrence"], r["reason"].replace("_", " "), f.ns(r["host_ns"]), gpu(r),
+    body = [[f.stage_name(r["stage"]), r["occurrence"], r["reason"].replace("_", " "), f.ns(r["host_ns"]), gpu(r),
              r.get("nested") or "-", f"{r['robust_z']:.0f}" if r.get("robust_z") is not None else "-"] for r in rows]
     return ["## Startup (kept out of the numbers above)", ""] + _table(
         ["stage", "#", "why", "host", "GPU", "nested", "robust z"], body) + [_text(caption[0].upper() + caption[1:]) + ".", ""]

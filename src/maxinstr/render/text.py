@@ -247,12 +247,15 @@ def _stage_table(report: Report) -> Any:
     shape = (gpu_labels, trace_cols, sampled, throttle_col)
     rows = []
     for s in stages:
-        rows.append(_stage_cells(s, s["name"], s.get("depth", 0), shape))
+        depth, label = f.stage_label(s["name"], s.get("depth", 0))
+        rows.append(_stage_cells(s, label, depth, shape))
         pops = s.get("populations") or {}
-        rows += [_stage_cells(f.population_row(g), f"· {g['label']}", s.get("depth", 0) + 1, shape, population=True)
+        rows += [_stage_cells(f.population_row(g), f"· {g['label']}", depth + 1, shape, population=True)
                  for g in pops.get("groups") or []]
         if pops.get("groups"):
             notes.append(_population_note(s, pops))
+    if raised := f.raised_note(all_stages):
+        notes.append(raised)
     unexplained = [p for s in stages if (p := s.get("populations")) and p.get("groups") and not p.get("by")]
     if unexplained:  # why, once for every such stage
         notes.append(f.unexplained_populations(all(p.get("basis") == "host_ns" for p in unexplained)))
@@ -347,7 +350,7 @@ def _bottlenecks(report: Report) -> Fitted | None:
         return None
     cols = [Col("#"), Col("stage", "left", key=True), Col("share"), Col("self time, total"),
             Col("top kernel", "left", cut=True, move=2), Col("findings", "left", move=1)]
-    body = [[str(r["rank"]), r["stage"] + (" (self)" if r.get("has_children") else ""), f.pct(r["share"]),
+    body = [[str(r["rank"]), f.stage_name(r["stage"]) + (" (self)" if r.get("has_children") else ""), f.pct(r["share"]),
              f.ns(r["self_ns"]) + f" ({_BASIS.get(r['basis'], r['basis'])})",
              f"{f.pct(r.get('top_kernel_share'))} {kernel_label(r.get('top_kernel') or '')}" if r.get("top_kernel") else "-",
              ", ".join(r["findings"]) or "-"] for r in rows[:10]]
@@ -382,7 +385,7 @@ def _inside_stages(report: Report) -> Fitted | Text | None:
         return _lines(["ops tied to their stage: " + "; ".join(tied)]) if tied else None
     cols = [Col("stage", "left", key=True), Col("range", "left", wrap=True), Col("share"), Col("ops / inst", move=2),
             Col("GPU / inst", move=1)]
-    body = [[r["stage"] if k == 0 or rows[k - 1]["stage"] != r["stage"] else "", r["range"],
+    body = [[f.stage_name(r["stage"]) if k == 0 or rows[k - 1]["stage"] != r["stage"] else "", r["range"],
              f.pct(r["share"]), f"{r['per_instance']:.4g}", f.ns(r["gpu_per_instance_ns"])] for k, r in enumerate(rows)]
     return Fitted(f.INSIDE_TITLE, cols, body, caption="ops tied to their stage: " + "; ".join(tied) if tied else None)
 
@@ -415,7 +418,7 @@ def _startup(report: Report) -> Fitted | None:
     if not report.get("startup"):
         return None
     rows, caption = f.startup_shown(report)
-    body = [[r["stage"], str(r["occurrence"]), r["reason"].replace("_", " "), f.ns(r["host_ns"]),
+    body = [[f.stage_name(r["stage"]), str(r["occurrence"]), r["reason"].replace("_", " "), f.ns(r["host_ns"]),
              f.ns(f.startup_gpu(r)[1]) + (" p" if f.startup_gpu(r)[0] == "proj" else ""),
              str(r.get("nested") or "-"), f"{r['robust_z']:.0f}" if r.get("robust_z") is not None else "-"]
             for r in rows]

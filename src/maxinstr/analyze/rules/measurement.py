@@ -96,6 +96,7 @@ def rule_warmup_contamination(report: Report, cmd: Commands) -> list[Draft]:
         k = evidence["suggested_warmup"] = max(suggested, warm_n)
         covered = (f"the first {'pipeline iteration' if k == 1 else f'{k} pipeline iterations'}, each from one '{top_stage}' "
                    "to the next" if report.get("warmup", {}).get("pipeline_head") == top_stage
+                   else f"the first '{top_stage}' and everything inside it" if k == 1
                    else f"the first {k} '{top_stage}' and everything inside them")
         step = (f"Already excluded from the headline numbers. Declare them as warm-up so every tool agrees: "
                 f"maxinstr.session(..., warmup={k}) ({covered}), or run warm-up iterations before the measured loop.")
