@@ -148,7 +148,7 @@ def load(path: str | Path) -> Run:
             refused.append(exc)
             notes.append(f"{exc}; that part ({pdir.name}) is left out")
             continue
-        twin = next((q for q in read if _same_records(q.table, part.table)), None)
+        twin = next((q for q in read if _same_records(q, part)), None)
         if twin is None:
             read.append(part)
             notes += part.notes
@@ -182,9 +182,12 @@ def load(path: str | Path) -> Run:
 PARTS_MISSING = "the run was closed but its parts folder is missing (deleted, or not copied): its stages are not here"
 
 
-def _same_records(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two parts hold the same stage records (record ids carry the pid: a copied part folder)."""
+def _same_records(p: _Part, q: _Part) -> bool:
+    """Whether two parts are one copied part folder: the same process in part.json (two ranks made
+    from one recording are not a copy) and the same stage records."""
+    a, b = p.table, q.table
     return (len(a) == len(b) > 0 and a["id"][0] == b["id"][0]
+            and all(p.info.get(k) == q.info.get(k) for k in ("pid", "rank", "host"))
             and all(np.array_equal(a[c], b[c]) for c in fmt.STAGE_DTYPE.names or ()))
 
 
