@@ -87,7 +87,7 @@ output_option = click.option("-o", "--output", metavar="PATH", callback=lambda _
                              help="Write here instead of stdout ('-': stdout).")
 # --width COLUMNS: 40 fits a stage and a number column; past 1000 no table needs more (names are whole at 200)
 width_option = click.option("--width", type=click.IntRange(min=40, max=1000), default=None, metavar="COLUMNS",
-                            help="Text width, 40 to 1000 (default: COLUMNS, else the terminal's, else 120).")
+                            help="Text width (default: COLUMNS, else the terminal's, else 120).")
 
 
 def write_output(output: str | None, text: str | Callable[[str], object]) -> None:
