@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -628,6 +629,8 @@ def test_o_never_overwrites_what_the_command_reads(tmp_path, capsys, monkeypatch
     monkeypatch.chdir(tmp_path)
     shutil.copytree(DATA / "nsys" / "h200_kvcache-run", "o1")
     shutil.copy(DATA / "nsys" / "h200_small.sqlite", "t.sqlite")
+    shutil.copy(DATA / "nsys" / "h200_small.nsys-rep", "t.nsys-rep")
+    os.utime("t.sqlite", (Path("t.nsys-rep").stat().st_mtime + 1,) * 2)  # its export, read beside it
     stages = next(Path("o1/parts").glob("*/stages.bin"))
     Path("link.json").symlink_to("o1/meta.json")
     assert run_cli(capsys, "report", "o1", "--quiet", "--format", "json", "-o", "saved.json")[0] == 0
@@ -636,7 +639,7 @@ def test_o_never_overwrites_what_the_command_reads(tmp_path, capsys, monkeypatch
                  ["report", "o1", "-o", str(stages)], ["report", "o1", "-o", "link.json"],
                  ["report", "t.sqlite", "-o", "./t.sqlite"], ["report", "o1", "--trace", "t.sqlite", "-o", "t.sqlite"],
                  ["report", "saved.json", "-o", "saved.json"], ["compare", "o1", "saved.json", "-o", "o1/meta.json"],
-                 ["compare", "t.sqlite", "o1", "-o", "t.sqlite"]):
+                 ["compare", "t.sqlite", "o1", "-o", "t.sqlite"], ["report", "t.nsys-rep", "-o", "t.sqlite"]):
         rc, out, err = run_cli(capsys, *args, "--quiet")
         assert rc == 2 and err.count("\n") == 1 and "nothing written" in err and not out, (args, err)
     assert before == {p: p.read_bytes() for p in before}

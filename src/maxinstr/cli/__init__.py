@@ -114,7 +114,8 @@ def refuse_input_as_output(output: str | None, inputs: list[str | None]) -> None
     from maxinstr.launch.layout import RUN_NAMES
 
     out = out.resolve()
-    for given in inputs:
+    exports = [str(Path(g).with_suffix(".sqlite")) for g in inputs if g and g.endswith((".nsys-rep", ".qdrep"))]
+    for given in [*inputs, *exports]:  # (a .nsys-rep is read through the SQLite export beside it)
         if not given or not (p := Path(given)).exists():
             continue
         if os.path.samefile(out, p):
