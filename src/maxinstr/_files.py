@@ -7,8 +7,10 @@ import contextlib
 import errno
 import json
 import os
+import re
 import secrets
 import stat
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -104,15 +106,25 @@ def _depth(obj: Any, limit: int) -> bool:  # nests no deeper than limit (iterati
     return True
 
 
+def json_problem(exc: ValueError, data: bytes | bytearray) -> str:
+    """What ``json.loads(data)`` refused, in a few words: its message, but for a number too long to convert
+    where it is, not Python's advice (sys.set_int_max_str_digits) cut mid-word."""
+    if "max_str_digits" not in str(exc):
+        return str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+    limit = sys.get_int_max_str_digits()
+    found = re.search(rb"(?:^|(?<=[\s\[,:]))-?\d{%d,}" % (limit + 1), data)
+    line = data.count(b"\n", 0, found.start()) + 1 if found else None
+    return f"a number of more than {limit} digits" + (f" at line {line}" if line else "")
+
+
 def parse_json(data: bytes, path: Path, error: MakeError, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """JSON from ``data``; bad syntax or UTF-8, nesting past ``max_depth``, a number too long: ``error(...)``."""
     try:
         doc = json.loads(data)
     except RecursionError:
         raise error(path, "not valid JSON (nested too deeply)") from None
-    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, int digits limit
-        text = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        raise error(path, f"not valid JSON ({text})") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, int digits limit
+        raise error(path, f"not valid JSON ({json_problem(exc, data)})") from None
     if not _depth(doc, max_depth):
         raise error(path, f"nested deeper than {max_depth} levels: not a file maxinstr wrote")
     return doc

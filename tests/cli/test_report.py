@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -617,3 +618,61 @@ def test_compare_kernel_lists_do_not_follow_the_hash_seed():
     assert [k["name"] for k in appeared] == sorted(only_b)
     assert disappeared == []
     assert [r["name"] for r in refamilied] == sorted(both)
+
+
+def test_o_never_overwrites_what_the_command_reads(tmp_path, capsys, monkeypatch):
+    """-o naming an input (a run directory's own file, the trace or report read; through `..` or a
+    link too) is one line, exit 2, nothing written; a new file in the run directory is still written,
+    and written again."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(DATA / "nsys" / "h200_kvcache-run", "o1")
+    shutil.copy(DATA / "nsys" / "h200_small.sqlite", "t.sqlite")
+    shutil.copy(DATA / "nsys" / "h200_small.nsys-rep", "t.nsys-rep")
+    os.utime("t.sqlite", (Path("t.nsys-rep").stat().st_mtime + 1,) * 2)  # its export, read beside it
+    stages = next(Path("o1/parts").glob("*/stages.bin"))
+    Path("link.json").symlink_to("o1/meta.json")
+    assert run_cli(capsys, "report", "o1", "--quiet", "--format", "json", "-o", "saved.json")[0] == 0
+    before = {p: p.read_bytes() for p in [*Path("o1").rglob("*"), Path("t.sqlite"), Path("saved.json")] if p.is_file()}
+    for args in (["report", "o1", "-o", "o1/meta.json"], ["report", "o1", "-o", "o1/../o1/./meta.json"],
+                 ["report", "o1", "-o", str(stages)], ["report", "o1", "-o", "link.json"],
+                 ["report", "t.sqlite", "-o", "./t.sqlite"], ["report", "o1", "--trace", "t.sqlite", "-o", "t.sqlite"],
+                 ["report", "saved.json", "-o", "saved.json"], ["compare", "o1", "saved.json", "-o", "o1/meta.json"],
+                 ["compare", "t.sqlite", "o1", "-o", "t.sqlite"], ["report", "t.nsys-rep", "-o", "t.sqlite"]):
+        rc, out, err = run_cli(capsys, *args, "--quiet")
+        assert rc == 2 and err.count("\n") == 1 and "nothing written" in err and not out, (args, err)
+    assert before == {p: p.read_bytes() for p in before}
+    for _ in range(2):  # a report of the user's own beside the run: written, and rewritten
+        rc, _, err = run_cli(capsys, "report", "o1", "--quiet", "--format", "md", "-o", "o1/report.md")
+        assert rc == 0 and err == "maxinstr: wrote o1/report.md\n"
+    assert run_cli(capsys, "report", "o1", "--quiet")[0] == 0
+
+
+@pytest.mark.parametrize("command", [["report", "nsys/h200_small.sqlite"],
+                                     ["compare", "nsys/h200_small.sqlite", "nsys/h200_decode.sqlite"]])
+def test_o_dash_is_stdout(command, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = [str(DATA / a) if "/" in a else a for a in command]
+    rc, out, err = run_cli(capsys, *args, "--quiet", "--format", "md", "-o", "-")
+    assert rc == 0 and out.startswith("# ") and "wrote" not in err and not Path("-").exists()
+
+
+def test_width_has_an_upper_bound(capsys):
+    rc, out, err = run_cli(capsys, "report", str(DATA / "nsys" / "h200_small.sqlite"), "--quiet", "--width", "100000")
+    assert rc == 2 and not out and "'--width': 100000 is not in the range 40<=x<=1000" in err
+    assert run_cli(capsys, "report", str(DATA / "nsys" / "h200_small.sqlite"), "--quiet", "--width", "1000")[0] == 0
+
+
+def test_a_number_too_long_says_where_not_how_to_raise_pythons_limit(tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "nsys" / "h200_kvcache-run", run)
+    meta = (run / "meta.json").read_text()
+    (run / "meta.json").write_text(meta.replace("{", '{\n"huge": ' + "7" * 5000 + ",", 1))
+    trace = tmp_path / "t.json"
+    trace.write_text('{"traceEvents": [\n{"ph": "X", "ts": -' + "9" * 5000 + "}]}")
+    for path, line in ((run / "meta.json", 2), (trace, 2)):
+        rc, _, err = run_cli(capsys, "report", str(path.parent if path.name == "meta.json" else path), "--quiet")
+        assert rc == 2 and err == f"maxinstr: {path}: not valid JSON (a number of more than 4300 digits at line {line})\n"

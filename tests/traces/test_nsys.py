@@ -5,6 +5,7 @@ agreeing, .nsys-rep handling and one-line errors."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -212,6 +213,25 @@ def test_nsys_rep_uses_the_export_beside_it(tmp_path, monkeypatch):
     shutil.copy(DATA / "h200_small.sqlite", tmp_path / "h200_small.sqlite")
     trace = read_nsys(rep)
     assert trace.source == str(rep) and len(trace.ops) == 242
+    assert any("read from the SQLite export beside it" in n and "h200_small.sqlite" in n for n in trace.notes)
+
+
+def test_nsys_rep_never_reads_an_older_export_beside_it(tmp_path, monkeypatch):
+    """An export older than the .nsys-rep may be of another capture (nsys stats exports again then):
+    without nsys a one-line error naming both files, never that export's kernels under the report's name."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nsys
+    rep, beside = tmp_path / "h200_small.nsys-rep", tmp_path / "h200_small.sqlite"
+    shutil.copy(DATA / "h200_small.nsys-rep", rep)
+    shutil.copy(DATA / "h200_decode.sqlite", beside)  # another capture's export
+    os.utime(beside, (1577836800, 1577836800))  # 2020-01-01: older than the report
+    with pytest.raises(TraceError) as info:
+        read_nsys(rep)
+    msg = str(info.value)
+    assert "\n" not in msg and str(rep) in msg and str(beside) in msg and "older than the report" in msg
+    assert "nsys export --type sqlite --force-overwrite true -o h200_small.sqlite h200_small.nsys-rep" in msg
+    os.utime(beside, (rep.stat().st_mtime + 1,) * 2)  # now the newer: read, and said
+    trace = read_nsys(rep)
+    assert trace.notes[0] == f"h200_small.nsys-rep: read from the SQLite export beside it, {beside} (not older than the .nsys-rep)"
 
 
 def test_nsys_rep_exported_with_nsys(tmp_path):
@@ -223,10 +243,12 @@ def test_nsys_rep_exported_with_nsys(tmp_path):
     fake.chmod(0o755)
     rep = tmp_path / "r.nsys-rep"
     shutil.copy(DATA / "h200_small.nsys-rep", rep)
+    shutil.copy(DATA / "h200_decode.sqlite", tmp_path / "r.sqlite")
+    os.utime(tmp_path / "r.sqlite", (1577836800, 1577836800))  # older than the report: exported again
     from maxinstr.traces.nsys_export import sqlite_for_report
 
-    out = sqlite_for_report(rep, nsys=str(fake))
-    assert out == tmp_path / "r.sqlite" and out.is_file()
+    out, how = sqlite_for_report(rep, nsys=str(fake))
+    assert out == tmp_path / "r.sqlite" and out.is_file() and how == f"exported to SQLite by nsys export: {out}"
     assert len(read_nsys(out).ops) == 242
 
 

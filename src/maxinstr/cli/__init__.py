@@ -82,6 +82,14 @@ def batch_process() -> None:
             pass
 
 
+# -o PATH of report and compare; ``-o -`` is stdout, as for any Unix tool (``-o ./-`` for a file named -)
+output_option = click.option("-o", "--output", metavar="PATH", callback=lambda _c, _p, v: None if v == "-" else v,
+                             help="Write here instead of stdout ('-': stdout).")
+# --width COLUMNS: 40 fits a stage and a number column; past 1000 no table needs more (names are whole at 200)
+width_option = click.option("--width", type=click.IntRange(min=40, max=1000), default=None, metavar="COLUMNS",
+                            help="Text width (default: COLUMNS, else the terminal's, else 120).")
+
+
 def write_output(output: str | None, text: str | Callable[[str], object]) -> None:
     """What a command made, to stdout or to ``-o PATH``: ``text``, or a function that writes it
     to the path itself (a Perfetto trace is streamed); an unwritable path is one line."""
@@ -93,6 +101,33 @@ def write_output(output: str | None, text: str | Callable[[str], object]) -> Non
     except OSError as exc:
         raise MaxinstrError(f"{output}: cannot write ({exc.strerror or exc})") from None
     click.echo(f"maxinstr: wrote {output}", err=True)
+
+
+def refuse_input_as_output(output: str | None, inputs: list[str | None]) -> None:
+    """``-o`` naming what the command reads is a usage error before anything is written (one slip of a
+    path made a report of meta.json): a file read (a trace, a saved report), a file in a folder read as
+    a trace, a run directory's own files (meta.json, parts/, profile.*...). A new file is always fine,
+    and so is one of the user's in a run directory (report.md). Compared resolved: links and ``..``
+    do not get round it."""
+    if not output or not (out := Path(output)).exists():
+        return
+    from maxinstr.launch.layout import RUN_NAMES
+
+    out = out.resolve()
+    exports = [str(Path(g).with_suffix(".sqlite")) for g in inputs if g and g.endswith((".nsys-rep", ".qdrep"))]
+    for given in [*inputs, *exports]:  # (a .nsys-rep is read through the SQLite export beside it)
+        if not given or not (p := Path(given)).exists():
+            continue
+        if os.path.samefile(out, p):
+            raise UserError(f"-o {output}: the input {given} itself; nothing written (give another path)")
+        try:
+            below = out.relative_to(p.resolve()).parts
+        except ValueError:
+            continue
+        run_dir = (p / "meta.json").is_file()
+        if not run_dir or below[0] in RUN_NAMES:
+            raise UserError(f"-o {output}: a file of the {'run directory' if run_dir else 'folder'} {given}, which "
+                            "this command reads; nothing written (give a new file)")
 
 
 def after_dashes(words: tuple[str, ...]) -> list[str]:

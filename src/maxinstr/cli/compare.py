@@ -12,7 +12,7 @@ import click
 
 from maxinstr.analyze.schema import is_report_file
 from maxinstr.analyze.schema_check import read_report
-from maxinstr.cli import batch_command, write_output
+from maxinstr.cli import batch_command, output_option, refuse_input_as_output, width_option, write_output
 from maxinstr.cli.report import discover, open_trace_with_progress
 from maxinstr.errors import MaxinstrError
 from maxinstr.render import compare_view
@@ -67,19 +67,21 @@ def _sweep_folders(p: Path) -> list[Path]:
     return sorted(c for c in p.iterdir() if c.is_dir() and not (c / "meta.json").exists() and _runs_in(c))
 
 
-def _analyze_run(run_dir: Path, trace: str | None, warmup: int | None, quiet: bool) -> tuple[Analysis, list[str]]:
+def _analyze_run(run_dir: Path, trace: str | None, warmup: int | None, quiet: bool,
+                 output: str | None = None) -> tuple[Analysis, list[str]]:
     """One run directory with the trace and warm run beside it (as cli.report.discover finds them) unless given."""
     from maxinstr.analyze.report import analyze  # numpy
     from maxinstr.rundir import load
 
     run = load(run_dir)
     trace_path, unprofiled, notes = discover(str(run_dir), run.meta, trace, None)
+    refuse_input_as_output(output, [trace_path])  # the trace its meta.json names
     tr = open_trace_with_progress(trace_path, quiet) if trace_path else None  # spinner on a terminal
     unprof = load(unprofiled) if unprofiled else None
     return analyze(run=run, trace=tr, unprofiled_run=unprof, warmup=warmup), notes
 
 
-def _side(path: str, trace: str | None, warmup: int | None, quiet: bool) -> Side:
+def _side(path: str, trace: str | None, warmup: int | None, quiet: bool, output: str | None = None) -> Side:
     from maxinstr.analyze.compare import Side  # numpy
     from maxinstr.analyze.report import analyze
 
@@ -89,7 +91,7 @@ def _side(path: str, trace: str | None, warmup: int | None, quiet: bool) -> Side
         return Side(path, read_report(path))
     p = Path(path)
     if p.is_dir() and (p / "meta.json").exists():
-        analysis, notes = _analyze_run(p, trace, warmup, quiet)
+        analysis, notes = _analyze_run(p, trace, warmup, quiet, output)
         return Side(path, analysis, notes)
     if repeats := _runs_in(p):
         # fresh-process repeats of one program: pooled into one side; their spread is the noise
@@ -99,7 +101,7 @@ def _side(path: str, trace: str | None, warmup: int | None, quiet: bool) -> Side
         _one_program(path, repeats)
         analyses, notes = [], []
         for r in repeats:
-            analysis, found = _analyze_run(r, trace, warmup, quiet)  # a trace given: the folder's one run
+            analysis, found = _analyze_run(r, trace, warmup, quiet, output)  # a trace given: the folder's one run
             analyses.append(analysis)
             notes += [f"{r.name}: {n}" for n in found]
         return Side(path, analyses, notes)
@@ -120,11 +122,10 @@ def _side(path: str, trace: str | None, warmup: int | None, quiet: bool) -> Side
                    "repeats, a run whose meta.json names its trace). Without it a run directory's own trace "
                    "(meta.json) is used, as by maxinstr report.")
 @click.option("--format", "fmt", type=click.Choice(("text", "json", "md")), default="text", show_default=True)
-@click.option("-o", "--output", metavar="PATH", help="Write here instead of stdout.")
+@output_option
 @click.option("--warmup", type=click.IntRange(min=0), default=None, help="Warm-up instances per stage (overrides the sessions').")
 @click.option("--quiet", is_flag=True, help="No progress display.")
-@click.option("--width", type=click.IntRange(min=40), default=None, metavar="COLUMNS",
-              help="Text width (default: COLUMNS, else the terminal's, else 120).")
+@width_option
 @batch_command
 def command(runs: tuple[str, ...], traces: tuple[str, ...], fmt: str, output: str | None, warmup: int | None, quiet: bool,
             width: int | None) -> None:
@@ -152,6 +153,7 @@ def command(runs: tuple[str, ...], traces: tuple[str, ...], fmt: str, output: st
     from maxinstr.analyze.compare import compare  # numpy
 
     given = traces or (NO_TRACE,) * len(runs)
-    result = compare([_side(r, None if t == NO_TRACE else t, warmup, quiet) for r, t in zip(runs, given)])
+    refuse_input_as_output(output, [*runs, *(t for t in traces if t != NO_TRACE)])
+    result = compare([_side(r, None if t == NO_TRACE else t, warmup, quiet, output) for r, t in zip(runs, given)])
     color = output is None and fmt == "text" and sys.stdout.isatty()
     write_output(output, compare_view(fmt).render_compare(result, width=text_width(color, width), color=color))

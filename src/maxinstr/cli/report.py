@@ -16,7 +16,7 @@ import click
 from maxinstr._text import visible
 from maxinstr.analyze.schema import is_report_file
 from maxinstr.analyze.schema_check import read_report
-from maxinstr.cli import batch_command, write_output
+from maxinstr.cli import batch_command, output_option, refuse_input_as_output, width_option, write_output
 from maxinstr.errors import MaxinstrError, TraceError
 from maxinstr.render import VIEWS, view
 from maxinstr.render.terminal import text_width
@@ -164,12 +164,11 @@ def _is_bare_trace(path: str) -> bool:
                    "multi-rank run, one trace per rank: the rank comes from RANK=FILE, else from the file name "
                    "(r0.sqlite, rank1.nsys-rep), else from the order of the ranks.")
 @click.option("--format", "fmt", type=click.Choice(tuple(VIEWS)), default="text", show_default=True)
-@click.option("-o", "--output", metavar="PATH", help="Write here instead of stdout.")
+@output_option
 @click.option("--unprofiled", metavar="RUN_DIR", help="An unprofiled run of the same program: headline timings come from it.")
 @click.option("--warmup", type=click.IntRange(min=0), default=None, help="Warm-up instances per stage (overrides the session's).")
 @click.option("--quiet", is_flag=True, help="No progress display.")
-@click.option("--width", type=click.IntRange(min=40), default=None, metavar="COLUMNS",
-              help="Text width (default: COLUMNS, else the terminal's, else 120).")
+@width_option
 @batch_command
 def command(run_dir: str | None, trace_paths: tuple[str, ...], fmt: str, output: str | None, unprofiled: str | None,
             warmup: int | None, quiet: bool, width: int | None) -> None:
@@ -205,6 +204,7 @@ def command(run_dir: str | None, trace_paths: tuple[str, ...], fmt: str, output:
         raise click.UsageError("several --trace files are one per rank: give the RUN_DIR they belong to")
     analysis = None
     if run_dir and is_report_file(run_dir):
+        refuse_input_as_output(output, [run_dir])
         report = read_report(run_dir)  # a regular file only, every field of its type
     else:
         # numpy: imported after batch_process()
@@ -219,6 +219,7 @@ def command(run_dir: str | None, trace_paths: tuple[str, ...], fmt: str, output:
                 progress.update(f"reading {run_dir} ...")
                 run = load(run_dir)
                 trace_path, unprofiled, auto_notes = discover(run_dir, run.meta, trace_path, unprofiled)
+            refuse_input_as_output(output, [run_dir, trace_path, unprofiled, *paths, *(p.partition("=")[2] for p in paths)])
             trace_ranks = None
             trace: TraceArg | list[TraceArg] | None
             run_ranks = sorted(set(part_ranks(run.parts).tolist()) - {-1}) if run is not None else []

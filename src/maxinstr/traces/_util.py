@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from maxinstr._files import json_problem
 from maxinstr._text import safe_name
 from maxinstr.columns import factorize
 from maxinstr.errors import TraceError
@@ -504,8 +505,8 @@ def load_json(data: bytes | bytearray, path: object) -> object:
         return json.loads(data)
     except RecursionError:
         raise TraceError(path, "not valid JSON (nested too deeply)") from None
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-        raise TraceError(path, f"not valid JSON ({str(exc)[:80]})") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, a number too long
+        raise TraceError(path, f"not valid JSON ({json_problem(exc, data)})") from None
 
 
 def json_document(path: Path, document: object, progress: Progress | None) -> object:

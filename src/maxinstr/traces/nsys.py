@@ -95,7 +95,7 @@ def read_nsys(path: str | Path, *, backend: str = "auto", progress: Callable[[st
     ``"auto"``; both give identical traces. ``progress`` gets a one-line message per step."""
     source = Path(path)
     report(progress, f"reading {source.name} (Nsight Systems)")
-    db = sqlite_for_report(source) if source.suffix in (".nsys-rep", ".qdrep") else source
+    db, how = sqlite_for_report(source) if source.suffix in (".nsys-rep", ".qdrep") else (source, None)
     if not db.exists():
         raise TraceError(db, "no such file")
     try:
@@ -107,6 +107,7 @@ def read_nsys(path: str | Path, *, backend: str = "auto", progress: Callable[[st
     try:
         be = cols.backend(backend)
         trace = _Reader(str(db), schema, be).read(source)
+        trace.notes[:0] = [f"{source.name}: {how}"] if how else []
         cols.release_memory()
         return trace
     except sqlite3.DatabaseError as exc:

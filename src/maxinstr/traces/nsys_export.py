@@ -1,7 +1,7 @@
-"""``.nsys-rep`` -> SQLite, in ``nsys stats``'s order: ``NAME.sqlite`` beside the report (unless older
-than it while nsys is on PATH to export again); else ``nsys export`` beside it when that folder is
-writable, or into a per-user cache keyed by the report's path, size and mtime; else a TraceError
-saying how to get the SQLite.
+"""``.nsys-rep`` -> SQLite, in ``nsys stats``'s order: ``NAME.sqlite`` beside the report when it is not
+older than the report; else ``nsys export`` beside it when that folder is writable, or into a per-user
+cache keyed by the report's path, size and mtime; else a TraceError saying how to get the SQLite (an
+export older than the report may be of another capture: never read in its place).
 """
 
 from __future__ import annotations
@@ -35,17 +35,22 @@ def _cache_dir() -> Path:
         return path
 
 
-def sqlite_for_report(report: str | Path, *, nsys: str | None = None, timeout_s: float = 600.0) -> Path:
-    """The SQLite export of ``report`` (exporting it with nsys when needed)."""
+def sqlite_for_report(report: str | Path, *, nsys: str | None = None, timeout_s: float = 600.0) -> tuple[Path, str]:
+    """The SQLite export of ``report`` (exporting it with nsys when needed), and a note saying which it is."""
     report = Path(report)
     if not report.is_file():
         raise TraceError(report, "no such file")
     beside = report.with_suffix(".sqlite")
     stat = report.stat()
     exe = nsys or shutil.which("nsys")
-    if beside.is_file() and (beside.stat().st_mtime >= stat.st_mtime or exe is None):
-        return beside
+    if beside.is_file() and beside.stat().st_mtime_ns >= stat.st_mtime_ns:
+        return beside, f"read from the SQLite export beside it, {beside} (not older than the .nsys-rep)"
     if exe is None:
+        if beside.is_file():
+            raise TraceError(report, f"the SQLite export beside it, {beside}, is older than the report (an export of "
+                                     "another capture?) and nsys is not on PATH to export again: run `nsys export "
+                                     f"--type sqlite --force-overwrite true -o {beside.name} {report.name}` where nsys "
+                                     f"is, or delete it; `touch {beside.name}` if it is this report's export")
         raise TraceError(report, "nsys is not on PATH: " + HOW.format(stem=report.stem, name=report.name))
     if os.access(report.parent, os.W_OK):
         target = beside
@@ -53,7 +58,7 @@ def sqlite_for_report(report: str | Path, *, nsys: str | None = None, timeout_s:
         key = hashlib.sha1(f"{report.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
         target = _cache_dir() / f"{report.stem}-{key}.sqlite"
         if target.is_file():
-            return target
+            return target, f"read from its SQLite export {target} (made earlier by nsys export)"
     # a folder of our own beside the target (random name, created exclusively): nsys writes its
     # export there, never through a link planted at a guessable name; removed on every way out
     # (SIGTERM and SIGHUP included) but SIGKILL
@@ -72,4 +77,4 @@ def sqlite_for_report(report: str | Path, *, nsys: str | None = None, timeout_s:
         os.replace(tmp, target)  # atomic: a reader never sees half an export
     finally:
         cleanup.close()
-    return target
+    return target, f"exported to SQLite by nsys export: {target}"
