@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 # The top-level modules of maxinstr that make up "base" (they may import one another); _native and
 # _columns are built from csrc/.
-BASE = {"config", "errors", "columns", "warmup", "_columns", "_native", "_attrs", "_text", "_units", "_files", "_version"}
+BASE = {"config", "errors", "columns", "warmup", "_columns", "_native", "_attrs", "_text", "_units", "_files", "_threads", "_version"}
 # Units that may import only the base and the units named (beyond the layer rule).
 ONLY_FROM = {"render": {"analyze"}}
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from maxinstr._files import open_write_file
+from maxinstr._threads import block_terminating_signals
 
 # Lines that mean the run is lost: a match starts a grace period, after which a child still running
 # (a server that logged a traceback and hangs) is stopped
@@ -112,6 +113,7 @@ class _LogPump(threading.Thread):  # the child's output to the log (and terminal
         self.fatal: tuple[str, str, float] | None = None
 
     def run(self) -> None:
+        block_terminating_signals()
         for raw in iter(self.stream.readline, b""):
             if self.log is not None:
                 self.log.write(raw)

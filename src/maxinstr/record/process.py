@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from maxinstr import config
+from maxinstr._threads import start_thread
 from maxinstr.record.sinks import MemorySink, Sink
 from maxinstr.rundir import format as fmt
 
@@ -258,8 +259,7 @@ def ensure_flusher(proc: Process) -> None:
     if proc.flusher is not None and proc.flusher.is_alive():
         return
     proc.stop.clear()
-    proc.flusher = threading.Thread(target=_flusher_main, args=(weakref.ref(proc),), name="maxinstr-flusher", daemon=True)
-    proc.flusher.start()
+    proc.flusher = start_thread(_flusher_main, "maxinstr-flusher", weakref.ref(proc))
 
 
 def stop_flusher_if_idle(proc: Process) -> None:

@@ -28,6 +28,7 @@ import numpy as np
 
 from maxinstr._attrs import plain
 from maxinstr._files import open_write, real_dirs
+from maxinstr._threads import start_thread
 from maxinstr.rundir import format as fmt
 
 
@@ -334,8 +335,7 @@ class PartWriter:
                 with contextlib.suppress(OSError):  # a failing disk shows in the next write, which warns
                     os.fsync(fd)
 
-        self._syncer = threading.Thread(target=run, name="maxinstr-fsync", daemon=True)
-        self._syncer.start()
+        self._syncer = start_thread(run, "maxinstr-fsync")
 
     def write_part_json(self, **updates: Any) -> None:
         self.info.update(updates)

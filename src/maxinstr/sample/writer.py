@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from maxinstr._files import open_write, real_dirs, replace_atomic
+from maxinstr._threads import start_thread
 from maxinstr.rundir.samples import (FLAG_GPM, FLAG_LOST, FLAG_SLOW, METRICS, ROW_FORMAT, ROW_SIZE, SAMPLES_FILE,
                                      SAMPLES_FORMAT, SAMPLES_LAYOUT_FILE, SAMPLES_VERSION, THROTTLE_BITS, row_layout)
 from maxinstr.sample import amdsmi, nvml
@@ -110,8 +111,7 @@ class Sampler:
             self._fd = open_write(self.part_dir / SAMPLES_FILE)
             self.write_json("running")
             if self.devices:
-                self._thread = threading.Thread(target=self._run, name="maxinstr-sampler", daemon=True)
-                self._thread.start()
+                self._thread = start_thread(self._run, "maxinstr-sampler")
                 atexit.register(self.stop)
         except Exception as exc:  # noqa: BLE001 - the sampler never raises into the user's program
             self.errors.once(("start",), "internal", f"sampler did not start: {type(exc).__name__}: {exc}")
