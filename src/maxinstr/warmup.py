@@ -14,7 +14,6 @@ import numpy as np
 from maxinstr.columns import occurrence_index
 
 
-
 def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
     """Per record, the row of its parent record (-1: none, or a parent not among ``ids``)."""
     ids, parent_ids = np.asarray(ids, np.int64), np.asarray(parent_ids, np.int64)
