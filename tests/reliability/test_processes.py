@@ -635,3 +635,50 @@ def test_fork_while_threads_record_and_the_writer_writes(tmp_path):
         if part["name"] != f"p{proc.pid}":
             assert run["step"][run["part"] == index].tolist() == list(range(100))
     _ids_match_parts(run)
+
+
+def test_a_pool_workers_sigterm_whose_handler_never_runs_still_ends_it(tmp_path):
+    """A pool ends idle workers with SIGTERM; one arriving as a worker began to wait on the queue's
+    lock left Python's handler unrun and the worker waiting for ever (2-3 pool exits in 40 under
+    load). The same state, made deterministic: SIGTERM taken by another thread of the program while
+    the main thread waits in C. The flusher finishes the run and ends the child (exit 143); before,
+    it waited for ever."""
+    body = """
+    import multiprocessing as mp, signal, sys, threading, time
+    import maxinstr
+
+    def signal_once_main_waits(main_tid):
+        # once the main thread sleeps in the kernel, SIGTERM to this thread: its C handler runs here,
+        # and Python's waits for the main thread, which no signal wakes
+        while open(f"/proc/self/task/{main_tid}/stat").read().rsplit(")", 1)[1].split()[0] != "S":
+            time.sleep(0.01)
+        time.sleep(0.2)
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+        time.sleep(60)
+
+    def child():
+        with maxinstr.stage("child-work"):
+            pass
+        lock = threading.Lock()
+        lock.acquire()
+        threading.Thread(target=signal_once_main_waits, args=(threading.get_native_id(),), daemon=True).start()
+        lock.acquire()  # waits in C for ever
+
+    if __name__ == "__main__":
+        with maxinstr.session(sys.argv[1], sample_hz=0):
+            p = mp.get_context("fork").Process(target=child)
+            p.start()
+            p.join(timeout=60)
+            print("EXIT", p.exitcode, p.pid, flush=True)
+            if p.exitcode is None:
+                p.kill()
+    """
+    proc = start(script(tmp_path, body), str(tmp_path / "run"))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    exitcode, pid = out.split("EXIT")[1].split()[:2]
+    # 143: the flusher ended it; -15: the main thread ran the handler after all (it had not begun to wait)
+    assert exitcode in (str(128 + signal.SIGTERM), str(-signal.SIGTERM)), f"the child still ran: {out}"
+    run = maxinstr.load(tmp_path / "run")
+    assert _by_part(run)[f"p{pid}"] == {"child-work"}
+    assert not any("did not close" in n for n in run.notes), run.notes  # the flusher closed its part

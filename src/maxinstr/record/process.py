@@ -97,6 +97,8 @@ class Process:
         self.pending_signal: int | None = None
         self.flushing_thread: int | None = None  # thread id inside flush_locked
         self.deferred_signal: int | None = None
+        self.signal_seen: tuple[int, float] | None = None  # (signal, monotonic s) read off the wakeup pipe
+        self.signal_ran = False  # on_signal ran (the watchdog stands down)
 
 
 PROCESS = Process()
@@ -250,9 +252,32 @@ def _flusher_main(proc_ref: weakref.ref[Process]) -> None:
                 drained = flush_locked(proc, periodic=True)
         except Exception:  # noqa: BLE001 - a flusher that dies loses the run; keep going
             drained = 0
+        _watch_signals(proc)
         if drained < BUSY_ROWS:
             proc.stop.wait(interval)
         del proc, root
+
+
+_WAKE_FD: int | None = None  # read end of the signal wakeup pipe a multiprocessing child set (_as_mp_child)
+UNRUN_HANDLER_S = 0.25  # a signal whose Python handler has not run for this long is finished by the flusher
+
+
+def _watch_signals(proc: Process) -> None:
+    """The flusher's watch, in a multiprocessing child, on a SIGTERM/SIGHUP whose Python handler never
+    ran: a pool ends idle workers with SIGTERM, and one arriving as the worker began waiting on the
+    queue's lock (between the wait's signal check and its sem_wait) left the handler unrun and the
+    worker waiting for ever (faulthandler: main thread in SemLock.__enter__; 2-3 pool exits in 40
+    under load). CPython writes each signal's number to the wakeup fd as it arrives; after
+    UNRUN_HANDLER_S the flusher finishes the run and ends the process as the signal would."""
+    if _WAKE_FD is None or proc.signal_ran:
+        return
+    with contextlib.suppress(BlockingIOError, OSError):
+        for signum in os.read(_WAKE_FD, 64):
+            if signum in (signal.SIGTERM, signal.SIGHUP) and proc.signal_seen is None:
+                proc.signal_seen = (signum, time.monotonic())
+    if proc.signal_seen is not None and time.monotonic() - proc.signal_seen[1] > UNRUN_HANDLER_S:
+        exit_process(reason=signal.Signals(proc.signal_seen[0]).name)
+        os._exit(128 + proc.signal_seen[0])  # (SIG_DFL cannot be set off the main thread: the shell's status)
 
 
 def ensure_flusher(proc: Process) -> None:
@@ -314,6 +339,7 @@ _SAVED_SIGNALS: dict[int, Any] = {}  # signal -> the handler ours replaced (proc
 
 def on_signal(signum: int, frame: Any) -> None:
     proc = PROCESS
+    proc.signal_ran = True
     if proc.closing:
         # A second signal while the run is being finished (multiprocessing's terminate()
         # can send two): let the first finish; it dies by this signal afterwards.
@@ -395,11 +421,35 @@ def register_mp_exit_hook() -> None:
             return
         from multiprocessing import util  # (a child of multiprocessing: it is imported already)
 
-        util.Finalize(None, exit_process, exitpriority=-100)
+        _as_mp_child()
         # a child's bootstrap clears finalizers registered before it; this re-registers after
-        util.register_after_fork(_MP_TOKEN, lambda _: util.Finalize(None, exit_process, exitpriority=-100))
+        util.register_after_fork(_MP_TOKEN, lambda _: _as_mp_child())
     except Exception:  # noqa: BLE001 - an odd multiprocessing: the child's records end at its last flush
         pass
+
+
+def _as_mp_child() -> None:
+    """A multiprocessing child closes its part at its normal exit (a finalizer: it ends with
+    os._exit), and its flusher watches for a terminating signal whose handler never ran
+    (:func:`_watch_signals`) through a signal wakeup pipe, unless the program set a wakeup fd."""
+    global _WAKE_FD
+    from multiprocessing import util
+
+    util.Finalize(None, exit_process, exitpriority=-100)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    with contextlib.suppress(OSError, ValueError):
+        if _WAKE_FD is not None:  # a fork child of a child: the parent's pipe, inherited
+            os.close(_WAKE_FD)
+            _WAKE_FD = None
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        if previous != -1:  # the program's own: put it back, no watch
+            signal.set_wakeup_fd(previous)
+            os.close(r)
+            os.close(w)
+        else:
+            _WAKE_FD = r
 
 
 def _before_fork() -> None:
@@ -427,7 +477,7 @@ def _after_fork_child() -> None:
     mp_util = sys.modules.get("multiprocessing.util")
     if mp_util is not None:
         with contextlib.suppress(Exception):  # as register_mp_exit_hook
-            mp_util.register_after_fork(_MP_TOKEN, lambda _: mp_util.Finalize(None, exit_process, exitpriority=-100))
+            mp_util.register_after_fork(_MP_TOKEN, lambda _: _as_mp_child())
 
 
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child)
