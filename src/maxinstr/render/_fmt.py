@@ -448,5 +448,5 @@ def footprint_line(report: Report) -> str | None:
     stages = fp.get("share_by_stage") or {}
     worst = max(stages.items(), key=lambda kv: kv[1]) if stages else None
     if worst and worst[1] >= 2 * share and worst[1] >= 0.02:
-        line += f", {share_text(worst[1])} of {worst[0]}"
+        line += f", {share_text(worst[1])} of {stage_name(worst[0])}"
     return line + " (estimated; a profiler's own cost comes on top)"
