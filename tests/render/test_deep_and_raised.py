@@ -84,3 +84,11 @@ def test_warmup_suggestion_of_one_reads_as_english():
     r = build_report(trace=open_trace(DATA / "nsys/h200_kvcache.sqlite"))
     step = next(d for d in r["diagnosis"] if d["id"] == "warmup_contamination")["next_step"]
     assert "warmup=1" in step and "(the first 'request' and everything inside it)" in step
+
+
+def test_the_watching_line_shows_a_deep_key_as_the_tables_do():
+    from maxinstr.render._fmt import footprint_line
+
+    line = footprint_line({"footprint": {"overall_share": 0.01, "overall_ns_by_source": {"stages": 5},
+                                         "share_by_stage": {"d/d/d/d/sib": 0.5}}})
+    assert line is not None and "of d×4/sib" in line, line
