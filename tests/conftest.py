@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -25,6 +26,14 @@ def _has_gpu() -> bool:
 
 
 HAS_GPU = _has_gpu()
+
+# The signal tests send SIGINT/SIGHUP to the programs they start, which inherit an ignored signal
+# from this process: a suite started in the background (a shell ignores SIGINT for `cmd &`) or
+# under nohup (SIGHUP) failed them. The defaults back, as an interactive shell gives them.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def pytest_collection_modifyitems(config, items):
