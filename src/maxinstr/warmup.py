@@ -14,13 +14,14 @@ import numpy as np
 from maxinstr.columns import occurrence_index
 
 
-def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
-    """Per record, the row of its parent record (-1: none, or a parent not among ``ids``)."""
+def parent_rows(ids: np.ndarray, parent_ids: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
+    """Per record, the row of its parent record (-1: none, or a parent not among ``ids``); ``order``:
+    ``ids``' stable argsort when the caller has it."""
     ids, parent_ids = np.asarray(ids, np.int64), np.asarray(parent_ids, np.int64)
     n = len(ids)
     if n == 0:
         return np.empty(0, np.int64)
-    order = np.argsort(ids, kind="stable")
+    order = np.argsort(ids, kind="stable") if order is None else order
     pos = np.clip(np.searchsorted(ids, parent_ids, sorter=order), 0, n - 1)
     found = (parent_ids >= 0) & (ids[order[pos]] == parent_ids)
     return np.where(found, order[pos], -1).astype(np.int64)

@@ -621,11 +621,9 @@ def _check_records(table: np.ndarray, numbers: np.ndarray | None, info: dict[str
         table["gpu_start_ns"][gpu] = table["gpu_end_ns"][gpu] = -1
     # a parent entered first on the same thread, one level up: its id is smaller (ids count
     # entries), so a chain of them never cycles
-    parent_ids = np.ascontiguousarray(table["parent_id"])
-    child = np.flatnonzero(parent_ids >= 0)
-    pos = np.minimum(np.searchsorted(ids[order], parent_ids[child]), len(ids) - 1)
-    found = ids[order[pos]] == parent_ids[child]
-    child, parent = child[found], order[pos[found]]
+    parent = rule.parent_rows(ids, table["parent_id"], order)
+    child = np.flatnonzero(parent >= 0)
+    parent = parent[child]
     tid, depth, start = (np.ascontiguousarray(table[c]) for c in ("tid", "depth", "host_start_ns"))
     bad = child[(ids[parent] >= ids[child]) | (tid[parent] != tid[child])
                 | (depth[parent].astype(np.int32) + 1 != depth[child]) | (start[parent] > start[child])]
